@@ -1,0 +1,1 @@
+"""mnemo: memory for LLM agents."""

@@ -1,0 +1,69 @@
+"""`Config`: every tunable of a repo or session, frozen, with defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mnemo.errors import InvalidInputError
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Settings for a repo, inherited by its sessions.
+
+    An unknown field is a `TypeError` (dataclass behaviour); a value out of range is an
+    `InvalidInputError`. Times are seconds; `None` means never.
+    """
+
+    auto_commit: bool = False
+    flush_timeout: float | None = 120.0
+    session_timeout: float | None = 600.0
+    trajectory_threshold: float = 0.75
+    max_pending_ops: int = 5
+    append_timeout: float = 60.0
+    extraction_timeout: float = 60.0
+    intent_merge_threshold: float = 0.8
+    intent_identity_threshold: float = 0.95
+    llm_concurrency: int = 16
+    # Recall v1: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
+    recall_candidates: int = 50
+    rrf_k: int = 60
+    hop_decay: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("flush_timeout", "session_timeout"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise InvalidInputError(f"Config.{name} must be a positive number or None, got {value!r}")
+        for name in ("append_timeout", "extraction_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise InvalidInputError(f"Config.{name} must be a positive number, got {value!r}")
+        for name in ("trajectory_threshold", "intent_merge_threshold", "intent_identity_threshold",
+                     "hop_decay"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and -1.0 <= value <= 1.0):
+                raise InvalidInputError(f"Config.{name} must be within [-1, 1], got {value!r}")
+        if self.intent_merge_threshold > self.intent_identity_threshold:
+            raise InvalidInputError(
+                "Config.intent_merge_threshold must not exceed intent_identity_threshold "
+                f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
+            )
+        for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        """Reads what `to_json` wrote; fields this version does not know are dropped."""
+        raw: dict[str, Any] = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})

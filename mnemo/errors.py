@@ -1,0 +1,81 @@
+"""Every exception mnemo raises on purpose.
+
+```
+MnemoError
+├── InvalidInputError (ValueError)     bad arguments, raised before anything is stored
+├── NotFoundError (LookupError)        unknown session or repo: .resource, .id
+├── ConflictError                      same id, different payload
+├── SessionError                       a call the session's state refuses: .reason, .state
+├── PipelineError                      close_and_commit / ingest gave up: .reason
+└── AdapterError                       a model or embedding provider failed
+    ├── LLMError
+    │   └── LLMTimeout (TimeoutError)
+    └── EmbeddingError
+```
+
+Foreign errors are translated where they enter mnemo: an adapter's exception becomes the
+`__cause__` of an `LLMError` or `EmbeddingError`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mnemo.session.machine import State
+
+
+class MnemoError(Exception):
+    """Root of every error mnemo raises on purpose."""
+
+
+class InvalidInputError(MnemoError, ValueError):
+    """An argument is malformed; nothing was stored."""
+
+
+class NotFoundError(MnemoError, LookupError):
+    """An unknown session or repo."""
+
+    def __init__(self, resource: str, id: str) -> None:
+        super().__init__(f"unknown {resource}: {id!r}")
+        self.resource = resource
+        self.id = id
+
+
+class ConflictError(MnemoError):
+    """An id is already taken by a different payload."""
+
+
+class SessionError(MnemoError):
+    """A session call that its state refuses, or an async operation that did not run."""
+
+    def __init__(self, reason: str, *, state: State | None, session_id: str | None = None) -> None:
+        where = f"{session_id}: " if session_id else ""
+        super().__init__(f"{where}{reason} (state {state})")
+        self.reason = reason
+        self.state = state
+        self.session_id = session_id
+
+
+class PipelineError(MnemoError):
+    """A pipeline gave up: `reason` is "extraction_failed" or "extraction_timeout"."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class AdapterError(MnemoError):
+    """A model or embedding provider failed."""
+
+
+class LLMError(AdapterError):
+    """The LLM failed, timed out, or kept answering something unusable."""
+
+
+class LLMTimeout(LLMError, TimeoutError):
+    """The LLM did not answer in time."""
+
+
+class EmbeddingError(AdapterError):
+    """The embedder failed or produced vectors of the wrong shape."""

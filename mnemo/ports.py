@@ -1,0 +1,109 @@
+"""The two ports mnemo talks through: an `LLM` and an `Embedder`, and their values.
+
+Every task mnemo asks of an LLM is one `LLMRequest`: a system prompt saying what to do, and one
+user message holding the instructions followed by the task's inputs as a JSON document after
+the line `INPUT:`. Real models read that JSON like any prompt; the offline LLM parses it back
+with `task_inputs`, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+INPUT_MARKER = "\nINPUT:\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens spent by one call (or summed over many), and its cost when priced."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (
+            other.cost or 0.0
+        )
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens, cost
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call in an LLM reply."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    """One task for the LLM. When `schema` is set, the reply's `data` must match it."""
+
+    task: str
+    system: str
+    messages: list[dict[str, Any]]
+    schema: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    """An LLM reply: free `text`, schema-shaped `data`, and tool calls."""
+
+    text: str = ""
+    data: Any = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+
+
+@runtime_checkable
+class LLM(Protocol):
+    async def generate(self, request: LLMRequest) -> LLMResponse: ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    dim: int
+
+    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]: ...
+
+
+def task_request(
+    task: str,
+    *,
+    system: str,
+    instructions: str,
+    inputs: dict[str, Any],
+    schema: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
+) -> LLMRequest:
+    """Builds the request for one task: instructions, then the inputs as JSON."""
+    content = instructions.strip() + INPUT_MARKER + json.dumps(inputs, ensure_ascii=False, indent=1)
+    return LLMRequest(
+        task=task,
+        system=system,
+        messages=[{"role": "user", "content": content}],
+        schema=schema,
+        max_tokens=max_tokens,
+    )
+
+
+def task_inputs(request: LLMRequest) -> dict[str, Any]:
+    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+    for message in reversed(request.messages):
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
+            try:
+                value = json.loads(content.rsplit(INPUT_MARKER, 1)[1])
+            except json.JSONDecodeError:
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}

@@ -38,7 +38,9 @@ class Config:
         for name in ("flush_timeout", "session_timeout"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and value > 0):
-                raise InvalidInputError(f"Config.{name} must be a positive number or None, got {value!r}")
+                raise InvalidInputError(
+                    f"Config.{name} must be a positive number or None, got {value!r}"
+                )
         for name in ("append_timeout", "extraction_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):

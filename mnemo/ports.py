@@ -9,11 +9,18 @@ with `task_inputs`, so the two never drift apart.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.errors import LLMError
 
 INPUT_MARKER = "\nINPUT:\n"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +76,15 @@ class LLM(Protocol):
     async def generate(self, request: LLMRequest) -> LLMResponse: ...
 
 
+# What an embedder returns: one vector per text, as nested sequences or a 2-D numpy array.
+Vectors = Sequence[Sequence[float]] | npt.NDArray[np.floating[Any]]
+
+
 @runtime_checkable
 class Embedder(Protocol):
     dim: int
 
-    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]: ...
+    async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
 def task_request(
@@ -107,3 +118,34 @@ def task_inputs(request: LLMRequest) -> dict[str, Any]:
                 return {}
             return value if isinstance(value, dict) else {}
     return {}
+
+
+async def ask(
+    llm: LLM,
+    request: LLMRequest,
+    parse: Callable[[LLMResponse], T],
+    *,
+    attempts: int = 3,
+) -> T:
+    """Sends `request` and parses the reply, asking again when the reply is unusable.
+
+    An exception from the LLM is not retried here (adapters retry their own transport
+    errors); a reply `parse` rejects with `ValueError` is asked again, up to `attempts` times.
+
+    Raises:
+        LLMError: the LLM raised (its exception is the `__cause__`), or every reply was unusable
+            (the message says what was wrong with the last one).
+    """
+    problem = ""
+    for _ in range(attempts):
+        try:
+            response = await llm.generate(request)
+        except Exception as exc:
+            raise LLMError(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
+        try:
+            return parse(response)
+        except ValueError as exc:
+            problem = str(exc)
+    raise LLMError(
+        f"the LLM's reply to task {request.task!r} was unusable {attempts} times: {problem}"
+    )

@@ -1,0 +1,149 @@
+"""Annotating a step: its state summary, subgoal and subgoal embedding, and the previous
+step's deferred reward; and deciding whether it starts a new trajectory."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio
+import numpy as np
+
+from mnemo.episode.model import StepRecord
+from mnemo.episode.prompts import (
+    parse_reward,
+    parse_state,
+    parse_subgoal,
+    reward_request,
+    state_request,
+    subgoal_request,
+)
+from mnemo.errors import EmbeddingError
+from mnemo.graph.model import Vector
+from mnemo.graph.vectors import cosine
+from mnemo.ports import LLM, Embedder, ask
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    state_summary: str
+    subgoal: str
+    subgoal_vec: Vector
+    previous_reward: float | None
+
+
+async def annotate(
+    llm: LLM,
+    embedder: Embedder,
+    *,
+    goal: str,
+    observation: str,
+    action: str,
+    previous: StepRecord | None,
+    recent: Sequence[str],
+) -> Annotation:
+    """Asks the LLM for state, subgoal and the previous step's reward at once, then embeds the
+    subgoal.
+
+    Raises:
+        LLMError: the LLM failed or kept answering unusably.
+        EmbeddingError: the embedder failed or returned a vector of the wrong dimension.
+    """
+    results: dict[str, object] = {}
+
+    async def state() -> None:
+        request = state_request(
+            goal=goal,
+            observation=observation,
+            action=action,
+            previous_state=previous.state_summary if previous else None,
+        )
+        results["state"] = await ask(llm, request, parse_state)
+
+    async def subgoal() -> None:
+        request = subgoal_request(
+            goal=goal,
+            observation=observation,
+            action=action,
+            previous_subgoal=previous.subgoal if previous else None,
+            recent_steps=list(recent),
+        )
+        results["subgoal"] = await ask(llm, request, parse_subgoal)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(state)
+        tg.start_soon(subgoal)
+        if previous is not None:
+            tg.start_soon(_reward_into, results, llm, goal, previous, observation)
+    subgoal_text = str(results["subgoal"])
+    if previous is not None and subgoal_text == previous.subgoal:
+        vector = previous.subgoal_vec  # same words, same vector: no need to ask the embedder
+    else:
+        vector = (await embed(embedder, [subgoal_text]))[0]
+    reward = results.get("reward")
+    return Annotation(
+        state_summary=str(results["state"]),
+        subgoal=subgoal_text,
+        subgoal_vec=vector,
+        previous_reward=float(reward) if isinstance(reward, float) else None,
+    )
+
+
+async def _reward_into(
+    results: dict[str, object], llm: LLM, goal: str, step: StepRecord, next_observation: str
+) -> None:
+    results["reward"] = await score_reward(llm, goal, step, next_observation)
+
+
+async def score_reward(
+    llm: LLM, goal: str, step: StepRecord, next_observation: str | None
+) -> float:
+    """The step's reward in [0, 1] judged by what came next; 0.5 when the reply is unusable.
+
+    Raises:
+        LLMError: the LLM itself failed.
+    """
+    request = reward_request(
+        goal=goal,
+        subgoal=step.subgoal,
+        observation=step.observation,
+        action=step.action,
+        next_observation=next_observation,
+    )
+    return await ask(llm, request, parse_reward, attempts=1)
+
+
+def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:
+    """A new trajectory starts when consecutive subgoals are less similar than `threshold`."""
+    return previous is not None and cosine(previous.subgoal_vec, vector) < threshold
+
+
+async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
+    """The embedder's vectors as a float32 matrix, checked for shape.
+
+    Raises:
+        EmbeddingError: the embedder failed (its exception is the `__cause__`) or returned
+            the wrong number of vectors or the wrong dimension.
+    """
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    try:
+        raw = await embedder.embed(list(texts))
+    except Exception as exc:
+        raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+    try:
+        matrix = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(f"the embedder returned something that is not vectors: {exc}") from exc
+    if matrix.ndim != 2 or matrix.shape[0] != len(texts):
+        raise EmbeddingError(
+            f"the embedder returned {matrix.shape} for {len(texts)} texts"
+        )
+    if matrix.shape[1] != embedder.dim:
+        raise EmbeddingError(
+            f"the embedder returned vectors of dimension {matrix.shape[1]}, "
+            f"but it declares dimension {embedder.dim}"
+        )
+    if not np.all(np.isfinite(matrix)):
+        raise EmbeddingError("the embedder returned a vector with NaN or infinite values")
+    return matrix

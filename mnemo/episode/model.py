@@ -1,0 +1,55 @@
+"""Steps as mnemo stores them, and what `append` tells the caller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mnemo.graph.model import Vector
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What `append` returns once the step is annotated and stored."""
+
+    index: int
+    trajectory_id: str
+    boundary_detected: bool
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One annotated step of an episode. `reward` is scored by the next append (or close)."""
+
+    id: str
+    index: int
+    trajectory_id: str
+    observation: str
+    action: str
+    state_summary: str
+    subgoal: str
+    subgoal_vec: Vector
+    reward: float | None = None
+    metadata: dict[str, Any] | None = None
+    committed_in: str | None = None
+
+    @property
+    def line(self) -> str:
+        """The step as one line, "obs -> act"."""
+        return f"{self.observation} -> {self.action}"
+
+
+@dataclass(slots=True)
+class EpisodeRecord:
+    """The episode a session is collecting (or extracting): its goal and steps."""
+
+    id: str
+    goal: str
+    steps: list[StepRecord] = field(default_factory=list)
+
+    def trajectories(self, steps: list[StepRecord] | None = None) -> list[list[StepRecord]]:
+        """`steps` (default: all) grouped by trajectory, in order of first step."""
+        groups: dict[str, list[StepRecord]] = {}
+        for step in self.steps if steps is None else steps:
+            groups.setdefault(step.trajectory_id, []).append(step)
+        return list(groups.values())

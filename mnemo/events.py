@@ -1,0 +1,48 @@
+"""`Event`: what mnemo reports to an `on_event` callback, and how it is delivered."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("mnemo")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened: `kind` is e.g. "transition", "step_appended",
+    "trajectory_committed", "changeset_applied", "recall_executed", "session_expired"."""
+
+    kind: str
+    session_id: str | None
+    repo: str | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+EventCallback = Callable[[Event], Awaitable[None] | None]
+
+
+class Events:
+    """Delivers events to the user's callback, in order, in the task that caused them.
+
+    A callback that raises is logged, never propagated into the session.
+    """
+
+    def __init__(self, callback: EventCallback | None) -> None:
+        self._callback = callback
+
+    async def emit(
+        self, kind: str, *, session_id: str | None = None, repo: str | None = None, **data: Any
+    ) -> None:
+        if self._callback is None:
+            return
+        event = Event(kind, session_id, repo, data)
+        try:
+            result = self._callback(event)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("on_event callback failed on %s event", kind)

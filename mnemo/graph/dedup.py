@@ -1,0 +1,101 @@
+"""How a changeset's TAG and INTENT nodes meet the ones already there.
+
+Tags are the same when their normalised labels are equal. Intents are compared by raw cosine:
+at or above the identity threshold the new one is dropped, at or above the merge threshold the
+two are merged into one wording by the LLM (the existing wording stays when that fails), below
+it the new intent is kept. Either way whatever linked to a dropped or merged node is linked to
+the survivor. Both checks run against the batch itself and against the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from mnemo.graph.model import Link, NodeDraft, NodeType, Vector
+from mnemo.graph.vectors import VectorIndex, cosine
+
+# Merges two intent wordings into one, with its vector; None keeps the existing wording.
+IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
+# Looks up (id, text) of existing intents by id.
+TextLookup = Callable[[list[str]], Awaitable[dict[str, str]]]
+
+
+@dataclass(slots=True)
+class Resolution:
+    """What survives of a changeset: drafts to insert, id remaps, and rewordings."""
+
+    remap: dict[str, str] = field(default_factory=dict)
+    rewordings: dict[str, tuple[str, Vector]] = field(default_factory=dict)
+
+    def survivor(self, node_id: str) -> str:
+        return self.remap.get(node_id, node_id)
+
+
+def resolve_tags(drafts: list[NodeDraft], existing: dict[str, str], out: Resolution) -> None:
+    """Maps each TAG draft whose key is taken (by the graph or an earlier draft) to the owner."""
+    owners = dict(existing)
+    for draft in drafts:
+        if draft.type is not NodeType.TAG or draft.key is None:
+            continue
+        owner = owners.setdefault(draft.key, draft.id)
+        if owner != draft.id:
+            out.remap[draft.id] = owner
+
+
+async def resolve_intents(
+    drafts: list[NodeDraft],
+    index: VectorIndex,
+    texts_of: TextLookup,
+    merge: IntentMerger,
+    *,
+    identity_threshold: float,
+    merge_threshold: float,
+    out: Resolution,
+) -> None:
+    """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts."""
+    kept: dict[str, tuple[str, Vector]] = {}  # batch intents that survive: id -> (text, vector)
+    for draft in drafts:
+        if draft.type is not NodeType.INTENT:
+            continue
+        best_id, best_sim = None, -2.0
+        for node_id, sim in index.search(draft.vector, 1, [NodeType.INTENT]):
+            best_id, best_sim = node_id, sim
+        if best_id is not None and best_id in out.rewordings:
+            best_sim = cosine(draft.vector, out.rewordings[best_id][1])
+        for node_id, (_, vector) in kept.items():
+            sim = cosine(draft.vector, vector)
+            if sim > best_sim:
+                best_id, best_sim = node_id, sim
+        if best_id is None or best_sim < merge_threshold:
+            kept[draft.id] = (draft.text, draft.vector)
+            continue
+        out.remap[draft.id] = best_id
+        if best_sim >= identity_threshold:
+            continue
+        if best_id in kept:
+            existing_text = kept[best_id][0]
+        elif best_id in out.rewordings:
+            existing_text = out.rewordings[best_id][0]
+        else:
+            existing_text = (await texts_of([best_id])).get(best_id, "")
+        merged = await merge(existing_text, draft.text)
+        if merged is None:
+            continue
+        if best_id in kept:
+            kept[best_id] = merged
+        out.rewordings[best_id] = merged
+
+
+def remap_links(links: list[Link], resolution: Resolution) -> list[Link]:
+    """Links redirected to survivors, without self-links or duplicates, in order."""
+    seen: set[tuple[str, str, str]] = set()
+    result: list[Link] = []
+    for link in links:
+        src, dst = resolution.survivor(link.src), resolution.survivor(link.dst)
+        key = (src, dst, link.type.value)
+        if src == dst or key in seen:
+            continue
+        seen.add(key)
+        result.append(Link(src, dst, link.type))
+    return result

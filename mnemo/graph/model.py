@@ -1,0 +1,159 @@
+"""The knowledge graph's values: node and link types, nodes, changesets and receipts."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, NewType
+
+import numpy as np
+import numpy.typing as npt
+
+NodeId = NewType("NodeId", str)
+Vector = npt.NDArray[np.float32]
+
+
+class NodeType(StrEnum):
+    EPISODIC = "episodic"
+    SEMANTIC = "semantic"
+    PROCEDURAL = "procedural"
+    SUBGOAL = "subgoal"
+    SOURCE = "source"
+    TAG = "tag"
+    INTENT = "intent"
+
+
+class LinkType(StrEnum):
+    MEMBERSHIP = "membership"  # tag - semantic
+    HIERARCHICAL = "hierarchical"  # intent - procedural, episodic - subgoal
+    PROVENANCE = "provenance"  # semantic/procedural - episodic, episodic - source
+    SIBLING = "sibling"  # semantic - semantic of one trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node of a repo's graph. `text` is its proposition, instruction, label, ..."""
+
+    id: str
+    type: NodeType
+    text: str
+    data: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDraft:
+    """A node a changeset proposes. `key` identifies a TAG by its normalised label."""
+
+    id: str
+    type: NodeType
+    text: str
+    data: dict[str, Any]
+    vector: Vector
+    key: str | None = None
+    source_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    src: str
+    dst: str
+    type: LinkType
+
+
+@dataclass(frozen=True, slots=True)
+class Changeset:
+    """What one extraction proposes to add to a repo. Applying it twice adds nothing."""
+
+    id: str
+    repo: str
+    nodes: list[NodeDraft] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    step_ids: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "id": self.id,
+                "repo": self.repo,
+                "nodes": [_draft_to_dict(n) for n in self.nodes],
+                "links": [[link.src, link.dst, link.type.value] for link in self.links],
+                "step_ids": self.step_ids,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Changeset:
+        raw = json.loads(text)
+        return cls(
+            id=raw["id"],
+            repo=raw["repo"],
+            nodes=[_draft_from_dict(n) for n in raw["nodes"]],
+            links=[Link(src, dst, LinkType(kind)) for src, dst, kind in raw["links"]],
+            step_ids=list(raw["step_ids"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CommitReceipt:
+    """What a commit added: the ids of the nodes it created, durable when returned."""
+
+    changeset_id: str
+    repo: str
+    node_ids: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CommitReceipt:
+        raw = json.loads(text)
+        return cls(raw["changeset_id"], raw["repo"], list(raw["node_ids"]))
+
+
+def normalise_label(label: str) -> str:
+    """A tag's identity: trimmed, lower-case, inner whitespace collapsed."""
+    return " ".join(label.split()).lower()
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def vector_to_blob(vector: Vector) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
+
+
+def vector_from_blob(blob: bytes) -> Vector:
+    return np.frombuffer(blob, dtype=np.float32)
+
+
+def _draft_to_dict(node: NodeDraft) -> dict[str, Any]:
+    return {
+        "id": node.id,
+        "type": node.type.value,
+        "text": node.text,
+        "data": node.data,
+        "vector": base64.b64encode(vector_to_blob(node.vector)).decode("ascii"),
+        "key": node.key,
+        "source_id": node.source_id,
+    }
+
+
+def _draft_from_dict(raw: dict[str, Any]) -> NodeDraft:
+    return NodeDraft(
+        id=raw["id"],
+        type=NodeType(raw["type"]),
+        text=raw["text"],
+        data=raw["data"],
+        vector=vector_from_blob(base64.b64decode(raw["vector"])),
+        key=raw["key"],
+        source_id=raw["source_id"],
+    )

@@ -1,0 +1,448 @@
+"""The knowledge graph store: the `GraphStore` port and its SQLite implementation.
+
+Commits to one repo are serialised by a per-repo lock; each is one transaction, recorded in
+`applied_changesets`, so applying the same changeset twice returns the first receipt and adds
+nothing. A commit may carry `also` writes (a session's state change, steps marked committed)
+that land in the same transaction: the graph and the session never disagree about what was
+committed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+import numpy as np
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+from mnemo.graph.dedup import IntentMerger, Resolution, remap_links, resolve_intents, resolve_tags
+from mnemo.graph.model import (
+    Changeset,
+    CommitReceipt,
+    LinkType,
+    Node,
+    NodeType,
+    Vector,
+    now_utc,
+    vector_to_blob,
+)
+from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.db import Database
+
+# A write that must land in the same transaction as a commit.
+AlsoWrite = Callable[[SqliteUtilsDatabase], None]
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbor:
+    """A node one link away from `origin`."""
+
+    origin: str
+    node_id: str
+    link_type: LinkType
+
+
+@dataclass(frozen=True, slots=True)
+class IntentPolicy:
+    identity_threshold: float
+    merge_threshold: float
+    merge: IntentMerger
+
+
+class GraphStore(Protocol):
+    """What the rest of mnemo needs from a graph backend (SQLite today, PostgreSQL next)."""
+
+    async def apply(
+        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[AlsoWrite] = ()
+    ) -> CommitReceipt: ...
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
+
+    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
+
+    async def neighbors(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
+    ) -> list[Neighbor]: ...
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
+
+    async def search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]: ...
+
+    async def search_vectors(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]: ...
+
+
+def fts_query(text: str) -> str:
+    """A safe FTS5 query for any user text: each word quoted, OR-combined ('' if none)."""
+    words = _WORD.findall(text)
+    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
+class SqliteGraph:
+    """`GraphStore` over mnemo's SQLite file."""
+
+    def __init__(self, database: Database, dims: Callable[[str], int]) -> None:
+        self._database = database
+        self._dims = dims
+        self._locks: dict[str, anyio.Lock] = {}
+        self._indexes: dict[str, VectorIndex] = {}
+        self._index_loading: dict[str, anyio.Lock] = {}
+
+    def lock(self, repo: str) -> anyio.Lock:
+        """The repo's write lock: commits and maintenance hold it."""
+        return self._locks.setdefault(repo, anyio.Lock())
+
+    async def apply(
+        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[AlsoWrite] = ()
+    ) -> CommitReceipt:
+        """Adds the changeset's nodes and links (deduplicated), durably, once.
+
+        Raises:
+            sqlite3.Error: the transaction failed; nothing of it was written.
+        """
+        repo = changeset.repo
+        async with self.lock(repo):
+            done = await self.receipt(changeset.id)
+            if done is not None:
+                if also:
+                    await self._database.run(lambda db: _run_in_transaction(db, also))
+                return done
+            index = await self._index(repo)
+            resolution = Resolution()
+            tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
+            resolve_tags(changeset.nodes, await self._tag_owners(repo, tag_keys), resolution)
+            await resolve_intents(
+                changeset.nodes,
+                index,
+                self._texts,
+                intents.merge,
+                identity_threshold=intents.identity_threshold,
+                merge_threshold=intents.merge_threshold,
+                out=resolution,
+            )
+            present = await self._present(repo, [n.id for n in changeset.nodes])
+            drafts = [
+                n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present
+            ]
+            links = remap_links(changeset.links, resolution)
+            created = now_utc().isoformat()
+            node_rows = []
+            for n in drafts:
+                text, vector = resolution.rewordings.get(n.id, (n.text, n.vector))
+                node_rows.append((n, text, vector))
+            receipt = CommitReceipt(changeset.id, repo, [n.id for n, _, _ in node_rows])
+            existing_rewordings = {
+                node_id: value
+                for node_id, value in resolution.rewordings.items()
+                if node_id not in {n.id for n in drafts}
+            }
+
+            def write(db: SqliteUtilsDatabase) -> None:
+                with db.atomic():
+                    conn = db.conn
+                    conn.executemany(
+                        "INSERT OR IGNORE INTO nodes(id, repo, type, text, data, key, source_id,"
+                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [
+                            (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
+                             n.key, n.source_id, created)
+                            for n, text, _ in node_rows
+                        ],
+                    )
+                    conn.executemany(
+                        "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
+                        [(n.id, repo, vector_to_blob(vector)) for n, _, vector in node_rows],
+                    )
+                    for node_id, (text, vector) in existing_rewordings.items():
+                        conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
+                        conn.execute(
+                            "UPDATE vectors SET vec = ? WHERE node_id = ?",
+                            (vector_to_blob(vector), node_id),
+                        )
+                    conn.executemany(
+                        "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
+                        [(repo, link.src, link.dst, link.type.value) for link in links],
+                    )
+                    conn.execute(
+                        "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
+                        " VALUES (?, ?, ?, ?)",
+                        (changeset.id, repo, receipt.to_json(), created),
+                    )
+                    for extra in also:
+                        extra(db)
+
+            await self._database.run(write)
+            index.add(
+                [n.id for n, _, _ in node_rows],
+                [n.type for n, _, _ in node_rows],
+                np.array([v for _, _, v in node_rows], dtype=np.float32).reshape(
+                    len(node_rows), index.dim
+                ),
+            )
+            for node_id, (_, vector) in existing_rewordings.items():
+                index.add([node_id], [NodeType.INTENT], np.asarray(vector)[None, :])
+            return receipt
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None:
+        """The receipt of an applied changeset, None if it was never applied."""
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT receipt FROM applied_changesets WHERE id = ?", (changeset_id,)
+            ).fetchall()
+        )
+        return CommitReceipt.from_json(rows[0][0]) if rows else None
+
+    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
+        """The nodes with these ids, in the order asked (unknown ids are left out)."""
+        if not node_ids:
+            return []
+        ids = list(dict.fromkeys(node_ids))
+
+        def read(db: SqliteUtilsDatabase) -> list[Node]:
+            found: dict[str, Node] = {}
+            for chunk in _chunks(ids, 500):
+                marks = ",".join("?" * len(chunk))
+                for row in db.conn.execute(
+                    f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({marks})",
+                    [repo, *chunk],
+                ):
+                    node = _node(row)
+                    found[node.id] = node
+            return [found[i] for i in ids if i in found]
+
+        return await self._database.run(read)
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
+        """Every node of these types, oldest first."""
+        kinds = [NodeType(t).value for t in types]
+        if not kinds:
+            return []
+        marks = ",".join("?" * len(kinds))
+        return await self._database.run(
+            lambda db: [
+                _node(row)
+                for row in db.conn.execute(
+                    f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
+                    " ORDER BY rowid",
+                    [repo, *kinds],
+                )
+            ]
+        )
+
+    async def neighbors(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
+    ) -> list[Neighbor]:
+        """Every link touching these nodes, seen from each of them, in either direction."""
+        if not node_ids:
+            return []
+        ids = list(dict.fromkeys(node_ids))
+
+        def read(db: SqliteUtilsDatabase) -> list[Neighbor]:
+            found: list[Neighbor] = []
+            kind = "" if link_type is None else " AND type = ?"
+            for chunk in _chunks(ids, 400):
+                marks = ",".join("?" * len(chunk))
+                extra = [] if link_type is None else [link_type.value]
+                for src, dst, typ in db.conn.execute(
+                    f"SELECT src, dst, type FROM links WHERE repo = ? AND src IN ({marks}){kind}"
+                    f" UNION ALL SELECT src, dst, type FROM links WHERE repo = ?"
+                    f" AND dst IN ({marks}){kind}",
+                    [repo, *chunk, *extra, repo, *chunk, *extra],
+                ):
+                    if src in chunk:
+                        found.append(Neighbor(src, dst, LinkType(typ)))
+                    if dst in chunk:
+                        found.append(Neighbor(dst, src, LinkType(typ)))
+            return list(dict.fromkeys(found))
+
+        return await self._database.run(read)
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
+        """The newest `top_k` nodes of these types, newest first."""
+        kinds = [NodeType(t).value for t in types]
+        if not kinds or top_k <= 0:
+            return []
+        marks = ",".join("?" * len(kinds))
+        return await self._database.run(
+            lambda db: [
+                _node(row)
+                for row in db.conn.execute(
+                    f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
+                    " ORDER BY rowid DESC LIMIT ?",
+                    [repo, *kinds, top_k],
+                )
+            ]
+        )
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
+        """Deletes nodes with their links, vectors and search entries; returns how many went."""
+        ids = list(dict.fromkeys(node_ids))
+        if not ids:
+            return 0
+        async with self.lock(repo):
+
+            def delete(db: SqliteUtilsDatabase) -> int:
+                gone = 0
+                with db.atomic():
+                    for chunk in _chunks(ids, 500):
+                        marks = ",".join("?" * len(chunk))
+                        gone += db.conn.execute(
+                            f"DELETE FROM nodes WHERE repo = ? AND id IN ({marks})",
+                            [repo, *chunk],
+                        ).rowcount
+                return gone
+
+            gone = await self._database.run(delete)
+            if repo in self._indexes:
+                self._indexes[repo].remove(ids)
+            return gone
+
+    async def search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]:
+        """Nodes matching any word of `query` by FTS5 BM25, best first (higher is better)."""
+        match = fts_query(query)
+        if not match or limit <= 0:
+            return []
+        kinds = None if types is None else [NodeType(t).value for t in types]
+        type_filter = "" if kinds is None else f" AND n.type IN ({','.join('?' * len(kinds))})"
+
+        def read(db: SqliteUtilsDatabase) -> list[tuple[str, float]]:
+            rows = db.conn.execute(
+                "SELECT n.id, bm25(nodes_fts) AS score FROM nodes_fts"
+                " JOIN nodes n ON n.rowid = nodes_fts.rowid"
+                f" WHERE nodes_fts MATCH ? AND n.repo = ?{type_filter}"
+                " ORDER BY score LIMIT ?",
+                [match, repo, *(kinds or []), limit],
+            ).fetchall()
+            return [(node_id, -float(score)) for node_id, score in rows]
+
+        return await self._database.run(read)
+
+    async def search_vectors(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]:
+        """Nodes nearest to `vector` by cosine, best first."""
+        index = await self._index(repo)
+        kinds = None if types is None else list(types)
+        if len(index) < 20_000:
+            return index.search(vector, limit, kinds)
+        return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
+
+    async def vector_of(self, repo: str, node_id: str) -> Vector | None:
+        return (await self._index(repo)).get(node_id)
+
+    async def _index(self, repo: str) -> VectorIndex:
+        index = self._indexes.get(repo)
+        if index is not None:
+            return index
+        async with self._index_loading.setdefault(repo, anyio.Lock()):
+            index = self._indexes.get(repo)
+            if index is None:
+                index = VectorIndex(self._dims(repo))
+                ids, types, vectors = await self._database.run(lambda db: _load_vectors(db, repo))
+                index.add(ids, types, vectors.reshape(len(ids), index.dim))
+                self._indexes[repo] = index
+        return index
+
+    async def _tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
+        if not keys:
+            return {}
+        unique = list(dict.fromkeys(keys))
+
+        def read(db: SqliteUtilsDatabase) -> dict[str, str]:
+            owners: dict[str, str] = {}
+            for chunk in _chunks(unique, 500):
+                marks = ",".join("?" * len(chunk))
+                owners.update(
+                    db.conn.execute(
+                        f"SELECT key, id FROM nodes WHERE repo = ? AND type = 'tag'"
+                        f" AND key IN ({marks})",
+                        [repo, *chunk],
+                    ).fetchall()
+                )
+            return owners
+
+        return await self._database.run(read)
+
+    async def _present(self, repo: str, node_ids: list[str]) -> set[str]:
+        """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
+
+        def read(db: SqliteUtilsDatabase) -> set[str]:
+            found: set[str] = set()
+            for chunk in _chunks(node_ids, 500):
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    row[0]
+                    for row in db.conn.execute(
+                        f"SELECT id FROM nodes WHERE id IN ({marks})", chunk
+                    )
+                )
+            return found
+
+        return await self._database.run(read) if node_ids else set()
+
+    async def _texts(self, node_ids: list[str]) -> dict[str, str]:
+        marks = ",".join("?" * len(node_ids))
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                f"SELECT id, text FROM nodes WHERE id IN ({marks})", node_ids
+            ).fetchall()
+        )
+        return dict(rows)
+
+
+_NODE_COLUMNS = "id, type, text, data, created_at"
+
+
+def _node(row: tuple[Any, ...]) -> Node:
+    node_id, kind, text, data, created_at = row
+    return Node(node_id, NodeType(kind), text, json.loads(data), datetime.fromisoformat(created_at))
+
+
+def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _run_in_transaction(db: SqliteUtilsDatabase, writes: Sequence[AlsoWrite]) -> None:
+    with db.atomic():
+        for write in writes:
+            write(db)
+
+
+def _load_vectors(
+    db: SqliteUtilsDatabase, repo: str
+) -> tuple[list[str], list[NodeType], Vector]:
+    ids: list[str] = []
+    types: list[NodeType] = []
+    blobs: list[bytes] = []
+    for node_id, kind, blob in db.conn.execute(
+        "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
+        " WHERE v.repo = ? ORDER BY n.rowid",
+        (repo,),
+    ):
+        ids.append(node_id)
+        types.append(NodeType(kind))
+        blobs.append(blob)
+    matrix = (
+        np.frombuffer(b"".join(blobs), dtype=np.float32)
+        if blobs
+        else np.zeros(0, dtype=np.float32)
+    )
+    return ids, types, matrix

@@ -1,0 +1,124 @@
+"""`VectorIndex`: exact cosine search over one repo's node vectors, in memory.
+
+The rows in SQLite are the truth; this index is built from them when a repo is first searched
+and kept in step by the graph store after each commit or delete. Rows are stored unit-length,
+so a dot product is the raw cosine. Exact numpy search measured 0.14 ms at 10k vectors and
+6 ms at 100k on this machine (../shared/EMBEDDINGS.md).
+
+Searches may run in a worker thread while the event loop appends: an append writes only past
+the row count a search has already read, and a delete replaces the arrays instead of editing
+them, so a search always sees one consistent snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.graph.model import NodeType, Vector
+
+TYPE_CODES: dict[NodeType, int] = {t: i for i, t in enumerate(NodeType)}
+
+
+def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """Rows scaled to length 1 (zero rows stay zero)."""
+    matrix = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    result: npt.NDArray[np.float32] = np.divide(
+        matrix, norms, out=np.zeros_like(matrix), where=norms > 0
+    )
+    return result
+
+
+def cosine(a: Vector, b: Vector) -> float:
+    """Raw cosine similarity of two vectors (0 when either is zero)."""
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+class VectorIndex:
+    """Unit vectors of one repo's nodes, with their ids and types."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self._matrix = np.zeros((0, dim), dtype=np.float32)
+        self._types = np.zeros(0, dtype=np.int8)
+        self._ids: list[str] = []
+        self._rows: dict[str, int] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._rows
+
+    def add(self, ids: Sequence[str], types: Sequence[NodeType], vectors: npt.ArrayLike) -> None:
+        """Adds (or replaces) rows; `vectors` has one row per id."""
+        if not ids:
+            return
+        rows = unit(vectors)
+        if rows.shape != (len(ids), self.dim):
+            raise ValueError(f"expected {len(ids)} vectors of dim {self.dim}, got {rows.shape}")
+        fresh: list[int] = []
+        for i, node_id in enumerate(ids):
+            row = self._rows.get(node_id)
+            if row is None:
+                fresh.append(i)
+            else:
+                self._matrix[row] = rows[i]
+                self._types[row] = TYPE_CODES[types[i]]
+        if not fresh:
+            return
+        need = self._count + len(fresh)
+        if need > len(self._matrix):
+            capacity = max(need, 2 * len(self._matrix), 1024)
+            matrix = np.zeros((capacity, self.dim), dtype=np.float32)
+            matrix[: self._count] = self._matrix[: self._count]
+            codes = np.zeros(capacity, dtype=np.int8)
+            codes[: self._count] = self._types[: self._count]
+            self._matrix, self._types = matrix, codes
+        start = self._count
+        self._matrix[start:need] = rows[fresh]
+        self._types[start:need] = [TYPE_CODES[types[i]] for i in fresh]
+        for offset, i in enumerate(fresh):
+            self._rows[ids[i]] = start + offset
+            self._ids.append(ids[i])
+        self._count = need
+
+    def remove(self, ids: Iterable[str]) -> None:
+        """Drops rows; rebuilds the arrays so running searches keep their snapshot."""
+        gone = {i for i in ids if i in self._rows}
+        if not gone:
+            return
+        keep = [row for row, node_id in enumerate(self._ids) if node_id not in gone]
+        self._matrix = self._matrix[keep].copy()
+        self._types = self._types[keep].copy()
+        self._ids = [self._ids[row] for row in keep]
+        self._rows = {node_id: row for row, node_id in enumerate(self._ids)}
+        self._count = len(self._ids)
+
+    def get(self, node_id: str) -> Vector | None:
+        row = self._rows.get(node_id)
+        return None if row is None else self._matrix[row]
+
+    def search(
+        self, query: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]:
+        """The `k` nearest rows by cosine, best first, optionally of the given types only."""
+        count, matrix, codes, ids = self._count, self._matrix, self._types, self._ids
+        if count == 0 or k <= 0:
+            return []
+        q = unit(query)[0]
+        scores = matrix[:count] @ q
+        if types is not None:
+            allowed = np.isin(codes[:count], [TYPE_CODES[t] for t in types])
+            scores = np.where(allowed, scores, -np.inf)
+        k = min(k, count)
+        top = np.argpartition(-scores, k - 1)[:k] if k < count else np.arange(count)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(ids[i], float(scores[i])) for i in top if np.isfinite(scores[i])]

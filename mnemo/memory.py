@@ -1,0 +1,396 @@
+"""`Memory`: the one object an app opens. A thin facade over the parts:
+
+- `storage.Database` owns the SQLite file;
+- `graph.SqliteGraph` keeps each repo's knowledge graph;
+- `session.SessionService` runs every session's state machine, queue and background work;
+- `recall` searches a repo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mnemo.adapters.hashing import HashEmbedder
+from mnemo.adapters.offline import OfflineLLM
+from mnemo.config import Config
+from mnemo.episode.model import StepInfo
+from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.events import EventCallback, Events
+from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
+from mnemo.graph.store import SqliteGraph
+from mnemo.ports import LLM, Embedder
+from mnemo.recall.engine import RecallResult, recall
+from mnemo.session.machine import State
+from mnemo.session.queue import Callback
+from mnemo.session.service import Runtime, SessionContext, SessionService
+from mnemo.session.store import RepoRow, SqliteSessions
+from mnemo.storage.db import Database
+
+
+def _embedder_name(embedder: Embedder) -> str:
+    return str(getattr(embedder, "name", type(embedder).__name__))
+
+
+class Memory:
+    """An agent's memory in one SQLite file (or `":memory:"`).
+
+    `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
+    embedded default embedder. Use it as an async context manager, or call `aclose()`.
+    """
+
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        llm: LLM | None = None,
+        embedder: Embedder | None = None,
+        config: Config | None = None,
+        on_event: EventCallback | None = None,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        self._database = Database(path, synchronous=synchronous)
+        self._llm: LLM = llm if llm is not None else OfflineLLM()
+        default_embedder: Embedder = HashEmbedder() if embedder is None else embedder
+        self._embedder = default_embedder
+        self._config = config or Config()
+        self._events = Events(on_event)
+        self._sessions_store = SqliteSessions(self._database)
+        self._repos: dict[str, Runtime] = {}
+        self._dims: dict[str, int] = {}
+        self._limiters: dict[int, tuple[LLM, anyio.CapacityLimiter]] = {}
+        self._graph = SqliteGraph(self._database, self._dim)
+        self._service = SessionService(
+            store=self._sessions_store,
+            graph=self._graph,
+            events=self._events,
+            repo_runtime=self._runtime,
+            slots=self._slots,
+        )
+        self._tg: TaskGroup | None = None
+
+    # ---- opening and closing --------------------------------------------------------------
+
+    async def __aenter__(self) -> Memory:
+        await self._database.open()
+        try:
+            for row in await self._sessions_store.load_repos():
+                self._repos[row.name] = Runtime(self._llm, self._embedder, row.config)
+                self._dims[row.name] = row.dim
+            live = await self._sessions_store.load_live()
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
+            await self._tg.start(self._service.run)
+        except BaseException:
+            await self._database.close()
+            raise
+        self._service.restore([s for s in live if s.repo in self._repos])
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stops background work (an interrupted extraction resumes on the next open) and
+        closes the database."""
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+        await self._database.close()
+
+    # ---- repos ----------------------------------------------------------------------------
+
+    async def open_repo(
+        self,
+        name: str,
+        *,
+        llm: LLM | None = None,
+        embedder: Embedder | None = None,
+        config: Config | None = None,
+    ) -> None:
+        """Creates the repo if needed and sets the llm, embedder and config its sessions
+        inherit. Idempotent. Restored sessions of the repo resume their extraction now.
+
+        Raises:
+            InvalidInputError: a blank name or a config that is not a `Config`.
+            EmbeddingError: the embedder's dimension differs from the repo's vectors'.
+        """
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidInputError(f"repo name must be a non-blank string, got {name!r}")
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        chosen_embedder: Embedder = embedder or self._embedder
+        known = self._repos.get(name)
+        if known is not None and self._dims[name] != chosen_embedder.dim:
+            raise EmbeddingError(
+                f"repo {name!r} holds vectors of dimension {self._dims[name]}, but the "
+                f"embedder {_embedder_name(chosen_embedder)} makes dimension "
+                f"{chosen_embedder.dim}"
+            )
+        chosen_config = config or (known.config if known else self._config)
+        if known is None or chosen_config != known.config:
+            await self._sessions_store.save_repo(
+                RepoRow(name, chosen_config, chosen_embedder.dim, _embedder_name(chosen_embedder))
+            )
+        if known is None:
+            self._repos[name] = Runtime(llm or self._llm, chosen_embedder, chosen_config)
+            self._dims[name] = chosen_embedder.dim
+        else:
+            # Sessions hold this Runtime: updating it in place is what they see next.
+            known.llm = llm or self._llm
+            known.embedder, known.config = chosen_embedder, chosen_config
+        self._service.resume_repo(name)
+
+    async def list_repos(self) -> list[str]:
+        """The names of every repo in the file, oldest first."""
+        return list(self._repos)
+
+    def _repo(self, name: str) -> Runtime:
+        runtime = self._repos.get(name) if isinstance(name, str) else None
+        if runtime is None:
+            raise NotFoundError("repo", str(name))
+        return runtime
+
+    def _runtime(self, name: str) -> Runtime:
+        return self._repo(name)
+
+    def _dim(self, name: str) -> int:
+        return self._dims[name]
+
+    def _slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
+        """One limiter per LLM provider object, sized by the first config that asks."""
+        entry = self._limiters.get(id(llm))
+        if entry is None or entry[0] is not llm:
+            entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
+            self._limiters[id(llm)] = entry
+        return entry[1]
+
+    # ---- sessions -------------------------------------------------------------------------
+
+    async def start_session(
+        self,
+        goal: str,
+        *,
+        repo: str,
+        llm: LLM | None = None,
+        embedder: Embedder | None = None,
+        config: Config | None = None,
+    ) -> str:
+        """Opens a session collecting its first episode towards `goal`; returns its id.
+
+        Raises:
+            InvalidInputError: a blank goal or a config that is not a `Config`.
+            NotFoundError: an unknown repo.
+            EmbeddingError: the embedder override's dimension differs from the repo's.
+        """
+        if not isinstance(goal, str) or not goal.strip():
+            raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
+        base = self._repo(repo)
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        if embedder is not None and embedder.dim != self._dims[repo]:
+            raise EmbeddingError(
+                f"repo {repo!r} holds vectors of dimension {self._dims[repo]}, but the "
+                f"embedder override {_embedder_name(embedder)} makes dimension {embedder.dim}"
+            )
+        override = None
+        if llm is not None or embedder is not None:
+            override = Runtime(llm or base.llm, embedder or base.embedder, config or base.config)
+        return await self._service.start_session(
+            goal, repo=repo, override=override, config=config or base.config
+        )
+
+    async def append(
+        self,
+        session_id: str,
+        observation: str,
+        action: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+    ) -> StepInfo:
+        """Annotates and stores one step; returns once it is durable.
+
+        Raises:
+            InvalidInputError: observation or action is not a string.
+            SessionError: the session is not collecting.
+            LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
+        """
+        return await self._service.append(session_id, observation, action, metadata)
+
+    async def close(self, session_id: str) -> None:
+        """Ends the episode and starts extraction in the background (state `extracting`)."""
+        await self._service.close(session_id)
+
+    async def commit(self, session_id: str) -> CommitReceipt | None:
+        """`ready`: applies the changeset durably and returns its receipt (state `idle`).
+        `failed`: retries the extraction (state `extracting`) and returns None."""
+        return await self._service.commit(session_id)
+
+    async def discard(self, session_id: str) -> None:
+        """Drops a ready changeset or a failed extraction (state `idle`)."""
+        await self._service.discard(session_id)
+
+    async def start_episode(self, session_id: str, goal: str) -> None:
+        """Starts a new episode in an idle session (state `collecting`)."""
+        await self._service.start_episode(session_id, goal)
+
+    async def close_and_commit(
+        self,
+        session_id: str,
+        *,
+        max_retries: int = 2,
+        max_polls: int = 200,
+        poll_interval: float = 0.05,
+    ) -> CommitReceipt:
+        """Closes, waits for extraction, and commits; retries a failed extraction up to
+        `max_retries` times. In auto-commit the receipt holds what the close committed.
+
+        Raises:
+            PipelineError: "extraction_failed" or "extraction_timeout".
+        """
+        return await self._service.close_and_commit(
+            session_id, max_retries=max_retries, max_polls=max_polls, poll_interval=poll_interval
+        )
+
+    async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
+        self._service.submit(session_id, "commit", (), callback)
+
+    async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
+        self._service.submit(session_id, "discard", (), callback)
+
+    async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
+        self._service.submit(session_id, "close", (), callback)
+
+    async def start_episode_async(
+        self, session_id: str, goal: str, callback: Callback | None = None
+    ) -> None:
+        if not isinstance(goal, str) or not goal.strip():
+            raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
+        self._service.submit(session_id, "start_episode", (goal,), callback)
+
+    async def append_async(
+        self, session_id: str, observation: str, action: str, callback: Callback | None = None
+    ) -> None:
+        for what, value in (("observation", observation), ("action", action)):
+            if not isinstance(value, str):
+                raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+        self._service.submit(session_id, "append", (observation, action), callback)
+
+    async def session_state(self, session_id: str) -> State:
+        return self._service.state_of(session_id)
+
+    async def session_context(self, session_id: str) -> SessionContext | None:
+        """The goal and last 5 steps ("obs -> act") of a live episode; None when idle."""
+        return self._service.context(session_id)
+
+    async def end_session(self, session_id: str) -> None:
+        """Stops the session; its id is then unknown."""
+        await self._service.end_session(session_id)
+
+    # ---- the graph ------------------------------------------------------------------------
+
+    async def get_node(self, repo: str, node_id: str) -> Node | None:
+        """The node, or None if the repo has no such node."""
+        self._repo(repo)
+        nodes = await self._graph.get_nodes(repo, [node_id])
+        return nodes[0] if nodes else None
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
+        """Every node of these types, oldest first."""
+        self._repo(repo)
+        return await self._graph.get_nodes_by_type(repo, _types(types))
+
+    async def get_linked_nodes(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
+    ) -> list[Node]:
+        """The nodes linked to any of `node_ids` (either direction), not those themselves."""
+        self._repo(repo)
+        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
+        neighbors = await self._graph.neighbors(
+            repo, ids, None if link_type is None else LinkType(link_type)
+        )
+        asked = set(ids)
+        linked = [n.node_id for n in neighbors if n.node_id not in asked]
+        return await self._graph.get_nodes(repo, linked)
+
+    async def latest(
+        self,
+        repo: str,
+        *,
+        types: Iterable[NodeType] = (NodeType.SEMANTIC, NodeType.PROCEDURAL),
+        top_k: int = 10,
+    ) -> list[Node]:
+        """The newest nodes of these types, newest first."""
+        self._repo(repo)
+        return await self._graph.latest(repo, _types(types), top_k)
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
+        """Deletes nodes with their links, vectors and search entries; returns how many."""
+        self._repo(repo)
+        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
+        return await self._graph.delete_nodes(repo, ids)
+
+    # ---- recall ---------------------------------------------------------------------------
+
+    async def recall(
+        self, repo: str, query: str, *, k: int = 10, types: Iterable[NodeType] | None = None
+    ) -> RecallResult:
+        """The repo's memories most relevant to `query`, best first.
+
+        Raises:
+            InvalidInputError: a blank query or a k below 1.
+            NotFoundError: an unknown repo.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
+        runtime = self._repo(repo)
+        result = await recall(
+            self._graph,
+            runtime.embedder,
+            runtime.config,
+            repo=repo,
+            query=query,
+            k=k,
+            types=None if types is None else _types(types),
+        )
+        await self._events.emit(
+            "recall_executed", repo=repo, query=query, k=k,
+            node_ids=[m.node.id for m in result.memories],
+        )
+        return result
+
+    async def recall_in_context(
+        self, repo: str, session_id: str, query: str, *, k: int = 10
+    ) -> RecallResult:
+        """`recall` with the session's goal and last 3 steps added to the query; an unknown or
+        idle session falls back to the plain query."""
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        try:
+            context = self._service.context(session_id, steps=3)
+        except NotFoundError:
+            context = None
+        if context is not None:
+            query = "\n".join([query, context.goal, *context.recent_steps])
+        return await self.recall(repo, query, k=k)
+
+
+def _types(types: Iterable[NodeType]) -> list[NodeType]:
+    if isinstance(types, str):
+        return [NodeType(types)]
+    return [NodeType(t) for t in types]

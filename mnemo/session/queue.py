@@ -1,0 +1,134 @@
+"""The pieces of a session's async operation queue: operations, their results, the state
+projection that validates a queued operation, and the turnstile that keeps appends in call
+order."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from mnemo.errors import SessionError
+from mnemo.session.machine import State
+
+log = logging.getLogger("mnemo")
+
+S = State
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """What an async operation's callback receives."""
+
+    ok: bool
+    value: str | None = None
+    error: SessionError | None = None
+
+
+Callback = Callable[[OpResult], Awaitable[None] | None]
+
+# What each operation reports when it succeeds.
+VALUES = {
+    "commit": "committed",
+    "discard": "discarded",
+    "start_episode": "started",
+    "close": "closed",
+    "append": "appended",
+}
+
+
+@dataclass(slots=True)
+class Op:
+    """One accepted async operation. `applied` is set once its state change has happened."""
+
+    kind: str
+    args: tuple[Any, ...]
+    callback: Callback | None
+    ticket: int | None = None
+    applied: bool = False
+    done: bool = field(default=False)
+
+
+def projected_move(state: State, kind: str, *, auto_commit: bool) -> State | None:
+    """Where a queued operation takes the projected state; None when it is invalid there."""
+    moves: dict[tuple[State, str], State] = {
+        (S.READY, "commit"): S.IDLE,
+        (S.READY, "discard"): S.IDLE,
+        (S.IDLE, "start_episode"): S.COLLECTING,
+        (S.COLLECTING, "close"): S.IDLE if auto_commit else S.READY,
+        (S.COLLECTING, "append"): S.COLLECTING,
+    }
+    return moves.get((state, kind))
+
+
+def project(start: State, ops: Iterable[Op], *, auto_commit: bool) -> State | None:
+    """The state after `ops` from `start`, or None if one of them is invalid on the way."""
+    state: State | None = start
+    for op in ops:
+        if state is None:
+            return None
+        state = projected_move(state, op.kind, auto_commit=auto_commit)
+    return state
+
+
+async def deliver(callback: Callback | None, result: OpResult) -> None:
+    """Calls a sync or async callback; an exception it raises is logged, never propagated."""
+    if callback is None:
+        return
+    try:
+        outcome = callback(result)
+        if inspect.isawaitable(outcome):
+            await outcome
+    except Exception:
+        log.exception("an operation callback failed")
+
+
+class Turnstile:
+    """Lets holders of numbered tickets through one at a time, in ticket order.
+
+    A ticket taken and then abandoned (its operation failed or was cancelled before its turn)
+    is skipped, so no later holder waits forever.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._serving = 0
+        self._waiting: dict[int, anyio.Event] = {}
+        self._abandoned: set[int] = set()
+
+    def take(self) -> int:
+        ticket = self._next
+        self._next += 1
+        return ticket
+
+    async def wait(self, ticket: int) -> None:
+        """Returns when it is `ticket`'s turn; the holder must then call `leave`."""
+        if ticket == self._serving:
+            return
+        event = self._waiting.setdefault(ticket, anyio.Event())
+        try:
+            await event.wait()
+        except BaseException:
+            self._waiting.pop(ticket, None)
+            if ticket == self._serving:
+                self.leave(ticket)  # our turn came as we were cancelled: pass it on
+            else:
+                self._abandoned.add(ticket)
+            raise
+
+    def leave(self, ticket: int) -> None:
+        """Ends `ticket`'s turn (or abandons it, if its turn has not come)."""
+        if ticket != self._serving:
+            self._abandoned.add(ticket)
+            return
+        self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+        event = self._waiting.pop(self._serving, None)
+        if event is not None:
+            event.set()

@@ -1,0 +1,311 @@
+"""Durable sessions: the `SessionStore` port and its SQLite implementation.
+
+Every accepted step, episode and state change is written here before the call that made it
+returns; `load_live` brings back every session that had not ended. Small keyed writes run
+inline on the event loop (see `mnemo.storage.db`); loads run in the worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+from mnemo.config import Config
+from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
+from mnemo.graph.store import AlsoWrite
+from mnemo.session.machine import State
+from mnemo.storage.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class RepoRow:
+    name: str
+    config: Config
+    dim: int
+    embedder: str
+
+
+@dataclass(slots=True)
+class LiveSession:
+    """A session as `load_live` finds it after a restart."""
+
+    id: str
+    repo: str
+    state: State
+    config: Config
+    episode: EpisodeRecord | None
+    changeset: Changeset | None = None
+    created_at: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class SessionStore(Protocol):
+    async def load_repos(self) -> list[RepoRow]: ...
+    async def save_repo(self, row: RepoRow) -> None: ...
+    async def create_session(
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
+    ) -> None: ...
+    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None: ...
+    async def add_step(
+        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
+    ) -> None: ...
+    async def set_state(self, session_id: str, state: State) -> None: ...
+    async def save_extraction(
+        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
+    ) -> None: ...
+    def committed(
+        self, session_id: str, episode_id: str | None, steps: Sequence[StepRecord],
+        changeset_id: str, state: State | None,
+    ) -> AlsoWrite: ...
+    async def discard(self, session_id: str, episode_id: str | None) -> None: ...
+    async def end(self, session_id: str) -> None: ...
+    async def load_live(self) -> list[LiveSession]: ...
+
+
+class SqliteSessions:
+    """`SessionStore` over mnemo's SQLite file."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    async def load_repos(self) -> list[RepoRow]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT name, config, dim, embedder FROM repos ORDER BY created_at, name"
+            ).fetchall()
+        )
+        return [
+            RepoRow(name, Config.from_json(config), dim, embedder)
+            for name, config, dim, embedder in rows
+        ]
+
+    async def save_repo(self, row: RepoRow) -> None:
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT INTO repos(name, config, dim, embedder, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT(name) DO UPDATE SET config = excluded.config",
+                    (row.name, row.config.to_json(), row.dim, row.embedder, _now()),
+                )
+
+        await self._database.run(write)
+
+    async def create_session(
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
+    ) -> None:
+        now = _now()
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
+                    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, repo, State.COLLECTING.value, config.to_json(), episode.id,
+                     now, now),
+                )
+                _insert_episode(db, session_id, episode, now)
+
+        await self._database.run_inline(write)
+
+    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None:
+        now = _now()
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                _insert_episode(db, session_id, episode, now)
+                db.conn.execute(
+                    "UPDATE sessions SET state = ?, episode_id = ?, updated_at = ? WHERE id = ?",
+                    (State.COLLECTING.value, episode.id, now, session_id),
+                )
+
+        await self._database.run_inline(write)
+
+    async def add_step(
+        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
+    ) -> None:
+        row = (
+            step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
+            step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
+            step.reward, _json_or_none(step.metadata), _now(),
+        )
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id,"
+                    " observation, action, state_summary, subgoal, subgoal_vec, reward,"
+                    " metadata, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+                if previous is not None:
+                    db.conn.execute(
+                        "UPDATE steps SET reward = ? WHERE id = ?", (previous.reward, previous.id)
+                    )
+
+        await self._database.run_inline(write)
+
+    async def set_state(self, session_id: str, state: State) -> None:
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                _set_state(db, session_id, state)
+
+        await self._database.run_inline(write)
+
+    async def save_extraction(
+        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
+    ) -> None:
+        """Keeps a ready session's changeset, the rewards scored at close, and the READY state."""
+        payload = changeset.to_json()
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
+                db.conn.execute(
+                    "INSERT INTO changesets(id, repo, session_id, payload, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (changeset.id, changeset.repo, session_id, payload, _now()),
+                )
+                _save_rewards(db, scored)
+                _set_state(db, session_id, State.READY)
+
+        await self._database.run(write)
+
+    def committed(
+        self,
+        session_id: str,
+        episode_id: str | None,
+        steps: Sequence[StepRecord],
+        changeset_id: str,
+        state: State | None,
+    ) -> AlsoWrite:
+        """The writes that mark a commit on the session side, for the commit's transaction.
+
+        `state` None leaves the state alone (a background auto-commit while collecting);
+        otherwise the episode is over.
+        """
+        step_rows = [(changeset_id, s.reward, s.id) for s in steps]
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            db.conn.executemany(
+                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?", step_rows
+            )
+            if state is not None:
+                db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
+                _set_state(db, session_id, state)
+                if episode_id is not None:
+                    db.conn.execute(
+                        "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",
+                        (_now(), episode_id),
+                    )
+
+        return write
+
+    async def discard(self, session_id: str, episode_id: str | None) -> None:
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
+                if episode_id is not None:
+                    db.conn.execute(
+                        "UPDATE episodes SET status = 'discarded', closed_at = ? WHERE id = ?",
+                        (_now(), episode_id),
+                    )
+                _set_state(db, session_id, State.IDLE)
+
+        await self._database.run_inline(write)
+
+    async def end(self, session_id: str) -> None:
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "UPDATE sessions SET ended = 1, updated_at = ? WHERE id = ?",
+                    (_now(), session_id),
+                )
+
+        await self._database.run_inline(write)
+
+    async def load_live(self) -> list[LiveSession]:
+        return await self._database.run(_load_live)
+
+
+def _now() -> str:
+    return now_utc().isoformat()
+
+
+def _json_or_none(value: object) -> str | None:
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def _insert_episode(db: SqliteUtilsDatabase, session_id: str, episode: EpisodeRecord,
+                    now: str) -> None:
+    db.conn.execute(
+        "INSERT INTO episodes(id, session_id, goal, status, started_at) VALUES (?, ?, ?, ?, ?)",
+        (episode.id, session_id, episode.goal, "open", now),
+    )
+
+
+def _set_state(db: SqliteUtilsDatabase, session_id: str, state: State) -> None:
+    db.conn.execute(
+        "UPDATE sessions SET state = ?, updated_at = ? WHERE id = ?",
+        (state.value, _now(), session_id),
+    )
+
+
+def _save_rewards(db: SqliteUtilsDatabase, steps: Sequence[StepRecord]) -> None:
+    db.conn.executemany(
+        "UPDATE steps SET reward = ? WHERE id = ?", [(s.reward, s.id) for s in steps]
+    )
+
+
+def _load_live(db: SqliteUtilsDatabase) -> list[LiveSession]:
+    live: list[LiveSession] = []
+    sessions = db.conn.execute(
+        "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status"
+        " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
+        " WHERE s.ended = 0 ORDER BY s.created_at"
+    ).fetchall()
+    for sid, repo, state, config, created, episode_id, goal, status in sessions:
+        episode = None
+        if episode_id is not None and status == "open":
+            episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
+        changeset = None
+        row = db.conn.execute(
+            "SELECT payload FROM changesets WHERE session_id = ?", (sid,)
+        ).fetchone()
+        if row is not None:
+            changeset = Changeset.from_json(row[0])
+        live.append(
+            LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
+                        created)
+        )
+    return live
+
+
+def _load_steps(db: SqliteUtilsDatabase, episode_id: str) -> list[StepRecord]:
+    return [
+        StepRecord(
+            id=sid,
+            index=idx,
+            trajectory_id=trajectory,
+            observation=observation,
+            action=action,
+            state_summary=summary,
+            subgoal=subgoal,
+            subgoal_vec=vector_from_blob(vec).copy(),
+            reward=reward,
+            metadata=None if metadata is None else json.loads(metadata),
+            committed_in=committed,
+        )
+        for (sid, idx, trajectory, observation, action, summary, subgoal, vec, reward,
+             metadata, committed) in db.conn.execute(
+            "SELECT id, idx, trajectory_id, observation, action, state_summary, subgoal,"
+            " subgoal_vec, reward, metadata, committed_in FROM steps WHERE episode_id = ?"
+            " ORDER BY idx",
+            (episode_id,),
+        )
+    ]

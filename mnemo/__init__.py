@@ -29,8 +29,7 @@ from mnemo.session.machine import State
 from mnemo.session.queue import OpResult
 from mnemo.session.service import SessionContext
 
-__all__ = [
-    "LLM",
+__all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "AdapterError",
     "CommitReceipt",
     "Config",
@@ -40,6 +39,7 @@ __all__ = [
     "Event",
     "HashEmbedder",
     "InvalidInputError",
+    "LLM",
     "LLMError",
     "LLMRequest",
     "LLMResponse",

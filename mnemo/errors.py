@@ -19,6 +19,8 @@ Foreign errors are translated where they enter mnemo: an adapter's exception bec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -79,3 +81,29 @@ class LLMTimeout(LLMError, TimeoutError):
 
 class EmbeddingError(AdapterError):
     """The embedder failed or produced vectors of the wrong shape."""
+
+
+@contextmanager
+def first_error() -> Iterator[None]:
+    """Re-raises the first error of a task group's `ExceptionGroup` as itself.
+
+    mnemo's task groups run sibling calls of one operation (state ∥ subgoal ∥ reward, or
+    semantic ∥ procedural); when one fails the others are cancelled, and the caller wants the
+    failure, not a group of one.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        for leaf in leaves:
+            if isinstance(leaf, Exception):
+                raise leaf from leaf.__cause__
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc

@@ -18,7 +18,7 @@ from mnemo.episode.prompts import (
     state_request,
     subgoal_request,
 )
-from mnemo.errors import EmbeddingError
+from mnemo.errors import EmbeddingError, first_error
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import cosine
 from mnemo.ports import LLM, Embedder, ask
@@ -70,16 +70,14 @@ async def annotate(
         )
         results["subgoal"] = await ask(llm, request, parse_subgoal)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(state)
-        tg.start_soon(subgoal)
-        if previous is not None:
-            tg.start_soon(_reward_into, results, llm, goal, previous, observation)
+    with first_error():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(state)
+            tg.start_soon(subgoal)
+            if previous is not None:
+                tg.start_soon(_reward_into, results, llm, goal, previous, observation)
     subgoal_text = str(results["subgoal"])
-    if previous is not None and subgoal_text == previous.subgoal:
-        vector = previous.subgoal_vec  # same words, same vector: no need to ask the embedder
-    else:
-        vector = (await embed(embedder, [subgoal_text]))[0]
+    vector = (await embed(embedder, [subgoal_text]))[0]
     reward = results.get("reward")
     return Annotation(
         state_summary=str(results["state"]),

@@ -17,7 +17,7 @@ import anyio
 
 from mnemo.episode.annotation import embed, score_reward
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import LLMError
+from mnemo.errors import LLMError, first_error
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
     parse_facts,
@@ -102,11 +102,12 @@ async def extract(
 
     if not score_last_step or not steps:
         last_scored.set()
-    async with anyio.create_task_group() as tg:
-        if score_last_step and steps:
-            tg.start_soon(score_last)
-        for i, group in enumerate(groups):
-            tg.start_soon(one, i, group)
+    with first_error():
+        async with anyio.create_task_group() as tg:
+            if score_last_step and steps:
+                tg.start_soon(score_last)
+            for i, group in enumerate(groups):
+                tg.start_soon(one, i, group)
     done = [r for r in results if r is not None]
     return await _changeset(repo, episode, source, done, embedder)
 
@@ -134,9 +135,10 @@ async def _extract_trajectory(
         request = procedural_request(goal=goal, subgoal=subgoal, steps=_step_dicts(steps))
         found["instructions"] = await ask(llm, request, parse_instructions)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(semantic)
-        tg.start_soon(procedural)
+    with first_error():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(semantic)
+            tg.start_soon(procedural)
     instructions: list[Instruction] = found["instructions"]
     returns: dict[int, int] = {}
     if instructions:

@@ -1,0 +1,238 @@
+"""Text heuristics shared by the offline LLM and the hashed embedder.
+
+Everything here is deterministic, English-centric and cheap (regular expressions and dict
+lookups, no models): a word tokenizer, a stopword list, a light suffix-stripping stemmer, a
+sentence splitter, and a score for how informative a word is, from which key phrases and
+concept labels are built.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+# A word is a run of letters/digits, optionally joined by ' . - (so "don't", "nginx.conf",
+# "3.11" and "e-mail" stay whole); trailing punctuation is never part of a word.
+_WORD = re.compile(r"[^\W_]+(?:['.\-][^\W_]+)*")
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
+# A sentence ends at . ! or ? followed by space and something that starts a sentence; the
+# capital/digit lookahead keeps "e.g. the" and "v1.2 is" whole.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+_BULLET = re.compile(r"^\s*(?:[-*\u2022>]+|\d+[.)])\s+")
+
+STOPWORDS: frozenset[str] = frozenset(
+    """
+    a about above after again against all almost along already also although always am among an
+    and another any anybody anyone anything anyway anyways are aren't around as at be because
+    been before being below between both but by can can't cannot could couldn't did didn't do
+    does doesn't doing don't done down during each either else enough even ever every
+    everybody everyone everything few for from further get gets getting give given go goes
+    going gone got gotten had hadn't has hasn't have haven't having he he'd he'll he's her here
+    here's hers herself him himself his how how's however i i'd i'll i'm i've if in into is
+    isn't it it'd it'll it's its itself just kind know let let's lets like likely made make
+    makes many may maybe me might mine more most much must mustn't my myself need needs neither
+    never no nobody none nor not nothing now of off often oh ok okay on once one ones only onto
+    or other others otherwise ought our ours ourselves out over own per perhaps please put quite
+    rather really right said same say says see seem seems shall shan't she she'd she'll she's
+    should shouldn't since so some somebody someone something sometimes somewhat soon still such
+    sure take tell than that that's the their theirs them themselves then there there's these
+    they they'd they'll they're they've thing things think this those though through thus to
+    too toward towards try trying under unless until up upon us use used using very via want
+    wants was wasn't way we we'd we'll we're we've well were weren't what what's whatever when
+    whenever where where's whereas wherever whether which while who who's whoever whom whose why
+    will with within without won't would wouldn't yeah yes yet you you'd you'll you're you've
+    your yours yourself yourselves
+    hi hello hey thanks thank thx cheers bye goodbye great awesome cool nice perfect alright
+    sounds hmm hm uh um ah wow lol
+    """.split()
+)
+
+# Words that open a sentence without carrying content ("Okay, so the build fails").
+FILLER_OPENERS: frozenset[str] = frozenset(
+    """
+    okay ok so well alright right sure yes yeah yep hmm hm oh ah um uh great cool nice perfect
+    awesome also actually anyway anyways basically now then thanks
+    """.split()
+)
+
+
+def normalise(text: str) -> str:
+    """The text with typographic apostrophes made ASCII (so "don't" tokenizes one way)."""
+    return text.translate(_APOSTROPHES)
+
+
+def words(text: str) -> list[str]:
+    """The words of `text` in order, case preserved."""
+    return _WORD.findall(normalise(text))
+
+
+def tokens(text: str) -> list[str]:
+    """The lower-cased words of `text` in order."""
+    return _WORD.findall(normalise(text).lower())
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """A light stem of a lower-cased word: plural, -ed, -ing and final -e stripped.
+
+    Deliberately conservative (no derivational suffixes): "proxies" -> "proxy", "configured",
+    "configures", "configuring" -> "configur", "stopped" -> "stop". Words with digits or of
+    three letters or fewer are returned unchanged.
+    """
+    if len(word) <= 3 or not word.isalpha():
+        return word
+    w = word
+    if w.endswith("ies") and len(w) > 4:
+        w = w[:-3] + "y"
+    elif w.endswith("sses"):
+        w = w[:-2]
+    elif w.endswith(("xes", "ches", "shes", "zes")):
+        w = w[:-2]
+    elif w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        w = w[:-1]
+    elif w.endswith("ing") and len(w) >= 6:
+        w = _undouble(w[:-3])
+    elif w.endswith("ed") and len(w) >= 5:
+        w = _undouble(w[:-2])
+    if len(w) >= 5 and w.endswith("e"):
+        w = w[:-1]
+    return w
+
+
+def _undouble(w: str) -> str:
+    if len(w) >= 3 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1] not in "aeiou":
+        return w[:-1]
+    return w
+
+
+def is_stopword(word: str) -> bool:
+    """Whether `word` (any case) is a function word or conversational filler."""
+    return word.lower() in STOPWORDS
+
+
+def is_acronym(word: str) -> bool:
+    """An all-capitals word of two or more characters, digits allowed ("AWS", "S3", "HTTP2")."""
+    return len(word) >= 2 and word.isupper() and any(c.isalpha() for c in word)
+
+
+def is_informative(word: str) -> bool:
+    """A content word: not a stopword, and 4+ characters long, or with a digit, or an acronym."""
+    if word.lower() in STOPWORDS:
+        return False
+    return len(word) >= 4 or any(c.isdigit() for c in word) or is_acronym(word)
+
+
+def content_stems(text: str) -> set[str]:
+    """The stems of the informative words of `text`."""
+    return {stem(w.lower()) for w in words(text) if is_informative(w)}
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of `text`: split at line breaks and at sentence-ending punctuation.
+
+    Bullet and numbering markers at the start of a line are dropped; blank pieces are skipped.
+    """
+    out: list[str] = []
+    for line in normalise(text).splitlines():
+        line = _BULLET.sub("", line).strip()
+        if not line:
+            continue
+        for piece in _SENTENCE_END.split(line):
+            piece = piece.strip()
+            if piece:
+                out.append(piece)
+    return out
+
+
+def first_sentence(text: str, *, max_words: int = 40) -> str:
+    """The first sentence of `text`, cut to `max_words` words ("" when there is none)."""
+    found = sentences(text)
+    if not found:
+        return ""
+    return clip_words(found[0], max_words)
+
+
+def clip_words(text: str, max_words: int) -> str:
+    """`text` with whitespace collapsed, cut after `max_words` words (marked with "...")."""
+    parts = text.split()
+    if len(parts) <= max_words:
+        return " ".join(parts)
+    return " ".join(parts[:max_words]).rstrip(",;:") + "..."
+
+
+def _word_score(word: str, *, sentence_initial: bool) -> float:
+    """How informative one word is: longer words, digits and proper names score higher."""
+    score = 1.0 + 0.1 * min(len(word), 12)
+    if any(c.isdigit() for c in word):
+        score += 0.8
+    if is_acronym(word):
+        score += 0.8
+    elif word[:1].isupper() and not sentence_initial:
+        score += 0.6
+    return score
+
+
+def key_phrase(text: str, *, max_words: int = 4) -> str:
+    """A lower-case key phrase of `text`: its most informative words, in order of appearance.
+
+    Words of the first sentence get a bonus (that is usually where the topic is named); each
+    stem is used once. Falls back to non-stopwords of 3+ letters when fewer than two words are
+    informative, and returns "" when the text has no content word at all.
+    """
+    picked: dict[str, tuple[float, int, str]] = {}
+    fallback: dict[str, tuple[float, int, str]] = {}
+    position = 0
+    for s_index, sentence in enumerate(sentences(text) or [text]):
+        for w_index, word in enumerate(words(sentence)):
+            position += 1
+            key = stem(word.lower())
+            if is_informative(word):
+                if key not in picked:
+                    score = _word_score(word, sentence_initial=w_index == 0)
+                    score += 0.5 if s_index == 0 else 0.0
+                    picked[key] = (score, position, word.lower())
+            elif not is_stopword(word) and len(word) >= 3 and key not in fallback:
+                fallback[key] = (0.5, position, word.lower())
+    if len(picked) < 2:
+        for key, value in fallback.items():
+            picked.setdefault(key, value)
+    best = sorted(picked.values(), key=lambda item: (-item[0], item[1]))[:max_words]
+    return " ".join(word for _, _, word in sorted(best, key=lambda item: item[1]))
+
+
+def concepts(text: str, *, limit: int = 4) -> list[str]:
+    """Up to `limit` lower-case concept labels of `text`, most informative first.
+
+    A run of capitalised words after the first word ("Visual Studio Code") is one label of at
+    most three words; otherwise labels are single informative words. Each stem appears once.
+    """
+    ws = words(text)
+    scored: list[tuple[float, int, str]] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(ws):
+        word = ws[i]
+        if i > 0 and word[:1].isupper() and not is_stopword(word):
+            j = i
+            while j < len(ws) and j - i < 3 and ws[j][:1].isupper() and not is_stopword(ws[j]):
+                j += 1
+            if j - i >= 2:
+                label = " ".join(ws[i:j]).lower()
+                if label not in seen:
+                    seen.add(label)
+                    seen.update(stem(w.lower()) for w in ws[i:j])
+                    scored.append((2.5 + 0.3 * (j - i), i, label))
+                i = j
+                continue
+        key = stem(word.lower())
+        if key not in seen and (is_informative(word) or is_name(word, sentence_initial=i == 0)):
+            seen.add(key)
+            scored.append((_word_score(word, sentence_initial=i == 0), i, word.lower()))
+        i += 1
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    return [label for _, _, label in scored[:limit]]
+
+
+def is_name(word: str, *, sentence_initial: bool) -> bool:
+    """A capitalised non-stopword that is not the first word of its sentence ("Bob", "Rust")."""
+    return not sentence_initial and word[:1].isupper() and not is_stopword(word)

@@ -1,0 +1,480 @@
+"""`OfflineLLM`: the default LLM, answering mnemo's tasks with rule-based heuristics.
+
+It makes no network call and uses no model: every answer is a deterministic function of the
+request's inputs (read back with `task_inputs`), computed in well under a millisecond. The
+heuristics are honest approximations of what a real model would say, good enough for
+segmentation, extraction and recall to work offline, not a substitute for one:
+
+- `state`: the observation's first sentence, then "Last action: <action>".
+- `subgoal`: the observation's key phrase (its most informative words, in order). If a previous
+  subgoal exists, the observation shares an informative word (stemmed) with it or with the
+  last recent step (or has no informative word at all), and no topic-shift marker ("now let's",
+  "moving on", ...) appears, the previous subgoal is repeated verbatim, so its embedding stays
+  identical and no trajectory boundary is detected.
+- `reward`: 0.9 when what happened next reads as success ("works", "fixed", "thanks"), 0.2 when
+  it reads as failure ("error", "failed", "not found"), 0.6 otherwise, 0.5 with nothing to read.
+- `semantic`: every informative declarative sentence of the observations and actions (4+ words,
+  2+ content words, not a question or a greeting), with leading filler stripped. A sentence that
+  opens with "It/This/That/They" gets the subgoal's key phrase as its topic instead of the
+  pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"): a crude stand-in for
+  coreference resolution, which is what makes the fact readable on its own.
+- `procedural`: one WHEN/DO/EXPECT instruction per step whose action does something (3+ words,
+  opening with a verb-like word), expecting the next step's first observed sentence.
+- `return`: 1 + 9 * reward of the step each instruction came from (5 when unknown).
+- `merge_intent`: the existing intent's wording, kept so a node's text never drifts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from mnemo.adapters import _text
+from mnemo.errors import LLMError
+from mnemo.ports import LLMRequest, LLMResponse, Usage, task_inputs
+
+_NO_USAGE = Usage(0, 0, 0.0)
+
+_TOPIC_SHIFT = re.compile(
+    r"\b(?:now,? let'?s|now let us|next,|moving on|move on to|switching to|switch to|"
+    r"let'?s switch|another thing|another question|one more thing|different topic|"
+    r"different question|different subject|new topic|new task|new question|"
+    r"change of topic|changing topic|unrelated (?:question|topic|note)|on another note|"
+    r"separate question|(?:ask|about|on to|talk about) something (?:else|different))(?!\w)",
+    re.IGNORECASE,
+)
+
+# Phrases are matched before single words so that "not working" counts as failure and
+# "no errors" as success; a matched phrase is blanked out before the word count.
+_FAILURE_PHRASES = re.compile(
+    r"\b(?:not (?:work\w*|fixed|resolved|solved|help\w*|right|correct)|"
+    r"(?:doesn't|does not|didn't|did not|won't|will not|isn't|is not|can't|cannot) "
+    r"(?:work\w*|help\w*|start\w*|run\w*|load\w*|compile\w*|connect\w*|find|open)|"
+    r"no luck|still (?:fail\w*|broken|wrong|getting)|same (?:error|problem|issue))\b",
+    re.IGNORECASE,
+)
+_SUCCESS_PHRASES = re.compile(
+    r"\b(?:no (?:more )?(?:errors?|failures?|issues?|problems?|warnings?)|"
+    r"without (?:any )?(?:errors?|issues?|problems?)|no longer (?:fail\w*|crash\w*|broken)|"
+    r"0 (?:errors?|failures?|failed))\b",
+    re.IGNORECASE,
+)
+_SUCCESS_WORDS = re.compile(
+    r"\b(?:works?|worked|working|passe[sd]|passing|succe(?:ss|ssful|ssfully|eded|eds)|done|"
+    r"complete[ds]?|finished|confirmed|correct|thanks|thank you|great|perfect|awesome|"
+    r"excellent|solved|fixed|resolved|installed|deployed|looks good|all good|that did it)\b",
+    re.IGNORECASE,
+)
+_STRONG_SUCCESS = re.compile(r"\b(?:fixed|resolved|solved|works now|working now)\b", re.IGNORECASE)
+_FAILURE_WORDS = re.compile(
+    r"\b(?:errors?|fail\w*|exceptions?|denied|not found|crash\w*|time[sd]? ?out|timeout|"
+    r"wrong|broken|invalid|refused|unable|traceback|panic\w*|fatal|missing|incorrect|"
+    r"404|500|segfault|bugs?|problems?|issues?)\b",
+    re.IGNORECASE,
+)
+
+_QUESTION_OPENERS = re.compile(
+    r"^(?:what|why|how|when|where|who|whom|whose|which|can you|could you|would you|will you|"
+    r"do you|does anyone|is there|are there|should i|shall we|may i)\b",
+    re.IGNORECASE,
+)
+_GREETING = re.compile(
+    r"^(?:thanks|thank you|thx|cheers|hi|hello|hey|good (?:morning|afternoon|evening|night)|"
+    r"bye|goodbye|welcome|you're welcome|no problem|sounds good|got it|of course)\b",
+    re.IGNORECASE,
+)
+_LEADING_PRONOUN = re.compile(r"^(it|they|this|that|these|those)(?:'(s|re))?\b\s*", re.IGNORECASE)
+# An opening word followed by a comma, "!" or ":" (group 2), or by plain space.
+_OPENER = re.compile(r"([A-Za-z]+)\s*([,!:])?\s+")
+# Interjections that open a sentence without content even with no comma after them.
+_ALWAYS_FILLER = frozenset(
+    "okay ok so well also actually basically anyway anyways alright hmm hm oh ah um uh yeah yep "
+    "yes now hi hello hey".split()
+)
+# A "this"/"that" followed by one of these is a pronoun subject ("That is why..."), otherwise it
+# is a determiner ("This server runs...").
+_VERB_AFTER_DEMONSTRATIVE = frozenset(
+    """is was are were will would can could should may might must has had have does did do
+    means meant seems seemed works worked fails failed happens happened makes made gives gave
+    shows showed explains sounds looks""".split()
+)
+# Lead-ins that come before the verb of an action ("Let me check the logs").
+_ACTION_LEAD_IN = re.compile(
+    r"^(?:(?:ok(?:ay)?|so|now|then|next|first|finally|alright|sure)[,:]?\s+)*"
+    r"(?:i(?:'ll| will| am going to|'m going to| should| can)|let me|let's|let us|"
+    r"we(?:'ll| will| should| can)|you (?:should|can|could|need to)|please|try to)?\s*",
+    re.IGNORECASE,
+)
+_NOT_AN_ACTION = frozenset(
+    """ok okay thanks thank yes no sure yeah yep nope hi hello hey great cool nice perfect fine
+    what why how when where who which is are was were do does did can could would should i you
+    we he she it they this that there the a an my your our""".split()
+)
+# Verbs an imperative or progressive action opens with (matched by stem, so "Checking" and
+# "checked" count as "check").
+_VERBS = frozenset(
+    _text.stem(verb)
+    for verb in """
+    add adjust allow answer apply ask avoid back backup bake book browse build buy calculate call
+    cancel cd change check choose clean clear click clone close commit compare compile compute
+    configure confirm connect consider convert cook copy create curl debug decrease define delete
+    deploy describe disable download draft drop edit email enable ensure enter examine execute
+    explain export fetch fill filter find fix follow format generate get give go grant grep
+    increase inspect install investigate kill launch limit list load locate log look lower make
+    mark measure merge migrate modify mount move navigate note open order patch pay pick pin
+    place plan point prepare press print pull push put raise read rebuild reboot recommend record
+    refresh register reinstall reload remove rename reorder repeat replace reply reproduce
+    request rerun reset resize respond restart restore retry return review revert rollback run
+    save scroll search select send set setup share show sign start stop submit suggest summarise
+    summarize switch sync take tell test track translate try turn type uninstall unzip update
+    upgrade upload use validate verify view visit wait watch write
+    """.split()
+)
+_MAX_ACTION_WORDS_IN_STATE = 40
+_SUBGOAL_WORDS = 5
+
+
+class OfflineLLM:
+    """An `LLM` that answers mnemo's tasks with deterministic heuristics (see the module doc).
+
+    Raises:
+        LLMError: for a task it has no heuristic for.
+    """
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        """Answers `request` from its inputs, with zero usage."""
+        handler = _HANDLERS.get(request.task)
+        if handler is None:
+            raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
+        return handler(task_inputs(request))
+
+
+# ---- typed access to the JSON inputs -------------------------------------------------------
+
+
+def _str(inputs: dict[str, Any], key: str) -> str:
+    value = inputs.get(key)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _str_list(inputs: dict[str, Any], key: str) -> list[str]:
+    value = inputs.get(key)
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, str)]
+
+
+def _dicts(inputs: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = inputs.get(key)
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, dict)]
+
+
+def _int(item: dict[str, Any], key: str, default: int) -> int:
+    value = item.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _field(item: dict[str, Any], key: str) -> str:
+    value = item.get(key)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _reward(item: dict[str, Any]) -> float | None:
+    value = item.get("reward")
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return min(1.0, max(0.0, float(value)))
+    return None
+
+
+# ---- state --------------------------------------------------------------------------------
+
+
+def _state(inputs: dict[str, Any]) -> LLMResponse:
+    observed = _text.first_sentence(_str(inputs, "observation"))
+    if not observed:
+        observed = _str(inputs, "previous_state") or "Nothing new was observed."
+    if observed[-1] not in ".!?":
+        observed += "."
+    action = _text.clip_words(_str(inputs, "action"), _MAX_ACTION_WORDS_IN_STATE)
+    text = f"{observed} Last action: {action}" if action else observed
+    return LLMResponse(text=text, usage=_NO_USAGE)
+
+
+# ---- subgoal ------------------------------------------------------------------------------
+
+
+def _subgoal(inputs: dict[str, Any]) -> LLMResponse:
+    observation = _str(inputs, "observation")
+    previous = _str(inputs, "previous_subgoal")
+    recent = _str_list(inputs, "recent_steps")
+    fresh = (
+        _text.key_phrase(observation, max_words=_SUBGOAL_WORDS)
+        or _text.key_phrase(_str(inputs, "action"), max_words=_SUBGOAL_WORDS)
+        or _text.key_phrase(_str(inputs, "goal"), max_words=_SUBGOAL_WORDS)
+        or "continue the task"
+    )
+    if not previous:
+        return _subgoal_reply("first subgoal: the key phrase of the observation", fresh)
+    shift = _TOPIC_SHIFT.search(observation)
+    if shift:
+        # The new topic is named after the marker ("... Now let's set up backups").
+        after = _text.key_phrase(observation[shift.end() :], max_words=_SUBGOAL_WORDS)
+        return _subgoal_reply(
+            f"topic shift: the observation says {shift.group(0)!r}; new key phrase",
+            after or fresh,
+        )
+    stems = _text.content_stems(observation)
+    if not stems:
+        return _subgoal_reply(
+            "continuity: the observation names no new topic, so the subgoal stays", previous
+        )
+    context = _text.content_stems(previous)
+    if recent:
+        context |= _text.content_stems(recent[-1])
+    shared = sorted(stems & context)
+    if shared:
+        return _subgoal_reply(
+            f"continuity: the observation shares {', '.join(shared[:3])} with the previous "
+            "subgoal or the last step",
+            previous,
+        )
+    return _subgoal_reply(
+        "new topic: no informative word in common with the previous subgoal or the last step",
+        fresh,
+    )
+
+
+def _subgoal_reply(reasoning: str, subgoal: str) -> LLMResponse:
+    return LLMResponse(data={"reasoning": reasoning, "subgoal": subgoal}, usage=_NO_USAGE)
+
+
+# ---- reward -------------------------------------------------------------------------------
+
+
+def outcome_reward(text: str) -> float:
+    """0.9 if `text` reads as success, 0.2 as failure, 0.6 if neither, 0.5 if blank."""
+    if not text.strip():
+        return 0.5
+    failure = len(_FAILURE_PHRASES.findall(text))
+    text = _FAILURE_PHRASES.sub(" ", text)
+    success = len(_SUCCESS_PHRASES.findall(text))
+    text = _SUCCESS_PHRASES.sub(" ", text)
+    # A resolution word outweighs the problem it names: "fixed the error" is a success.
+    success += len(_SUCCESS_WORDS.findall(text)) + len(_STRONG_SUCCESS.findall(text))
+    failure += len(_FAILURE_WORDS.findall(text))
+    if success > failure:
+        return 0.9
+    if failure > success:
+        return 0.2
+    return 0.6
+
+
+def _reward_task(inputs: dict[str, Any]) -> LLMResponse:
+    judged = _str(inputs, "next_observation") or _str(inputs, "observation")
+    return LLMResponse(data={"reward": outcome_reward(judged)}, usage=_NO_USAGE)
+
+
+# ---- semantic -----------------------------------------------------------------------------
+
+
+def _strip_filler(sentence: str, *, capitalise: bool = True) -> str:
+    """The sentence without leading interjections like "Okay, so" (capitalised again)."""
+    rest = sentence
+    while match := _OPENER.match(rest):
+        word = match.group(1).lower()
+        if word in _ALWAYS_FILLER:
+            if word == "so" and re.match(r"so\s+(?:far|much|many|that)\b", rest, re.I):
+                break
+        elif not (word in _text.FILLER_OPENERS and match.group(2)):
+            break
+        rest = rest[match.end() :]
+    return rest[:1].upper() + rest[1:] if capitalise else rest
+
+
+def _is_fact(sentence: str) -> bool:
+    if sentence.endswith("?") or _QUESTION_OPENERS.match(sentence):
+        return False
+    ws = _text.words(sentence)
+    if len(ws) < 4:
+        return False
+    informative = sum(
+        1
+        for i, w in enumerate(ws)
+        if _text.is_informative(w) or _text.is_name(w, sentence_initial=i == 0)
+    )
+    if informative < 2:
+        return False
+    return not (_GREETING.match(sentence) and informative < 3)
+
+
+def _resolve_pronoun(sentence: str, topic: str) -> str:
+    """Replaces an opening "It/They/This/That" with `topic` (a heuristic, see the module doc)."""
+    match = _LEADING_PRONOUN.match(sentence)
+    if not match or not topic:
+        return sentence
+    pronoun = match.group(1).lower()
+    rest = sentence[match.end() :]
+    if match.group(2):
+        rest = ("is " if match.group(2).lower() == "s" else "are ") + rest
+    if not rest:
+        return sentence
+    next_word = rest.split(maxsplit=1)[0].lower().strip(",.;:")
+    if pronoun in {"this", "that", "these", "those"} and next_word not in (
+        _VERB_AFTER_DEMONSTRATIVE
+    ):
+        rest = f"the {rest}"
+    return f"{topic[:1].upper()}{topic[1:]}: {rest}"
+
+
+def _confidence(sentence: str) -> float:
+    ws = _text.words(sentence)
+    informative = sum(1 for w in ws if _text.is_informative(w))
+    specific = any(any(c.isdigit() for c in w) or _text.is_acronym(w) for w in ws)
+    score = 0.6 + 0.05 * min(max(informative - 2, 0), 4) + (0.1 if specific else 0.0)
+    return round(min(0.9, score), 2)
+
+
+def _semantic(inputs: dict[str, Any]) -> LLMResponse:
+    topic = _text.key_phrase(_str(inputs, "subgoal")) or _text.key_phrase(_str(inputs, "goal"))
+    facts: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for position, step in enumerate(_dicts(inputs, "steps")):
+        index = _int(step, "index", position)
+        for part in (_field(step, "observation"), _field(step, "action")):
+            for raw in _text.sentences(part):
+                sentence = _strip_filler(raw)
+                if not _is_fact(sentence):
+                    continue
+                proposition = _resolve_pronoun(sentence, topic)
+                key = " ".join(proposition.lower().split())
+                if key in seen:
+                    continue
+                seen.add(key)
+                facts.append(
+                    {
+                        "proposition": proposition,
+                        "concepts": _text.concepts(sentence) or [topic or "general"],
+                        "confidence": _confidence(sentence),
+                        "steps": [index],
+                    }
+                )
+    return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
+
+
+# ---- procedural ---------------------------------------------------------------------------
+
+
+def _is_action(action: str) -> bool:
+    if len(_text.words(action)) < 3:
+        return False
+    # Judge the first sentence that says something ("Great. Restart nginx ..." -> "Restart").
+    body = ""
+    for sentence in _text.sentences(action):
+        body = _ACTION_LEAD_IN.sub("", _strip_filler(sentence, capitalise=False), count=1).strip()
+        if len(_text.words(body)) >= 2:
+            break
+    body_words = _text.words(body)
+    if not body_words:
+        return False
+    first = body_words[0]
+    # Tool-call shaped actions ("search[laptop]", "click(#buy)") are actions whatever the word.
+    if re.match(r"[\w.\-]+\s*[\[(]", body):
+        return True
+    if _text.stem(first.lower()) in _VERBS:
+        return True
+    # A lower-case opening word that is not a function word reads as a command ("git status",
+    # "kubectl get pods"); a capitalised one may just start a statement ("Paris is ...").
+    return first.islower() and first not in _NOT_AN_ACTION and not _text.is_stopword(first)
+
+
+def _procedural(inputs: dict[str, Any]) -> LLMResponse:
+    subgoal = _str(inputs, "subgoal")
+    steps = _dicts(inputs, "steps")
+    instructions: list[dict[str, Any]] = []
+    by_text: dict[str, dict[str, Any]] = {}
+    for position, step in enumerate(steps):
+        action = _field(step, "action")
+        if not _is_action(action):
+            continue
+        index = _int(step, "index", position)
+        key = " ".join(action.lower().split())
+        if key in by_text:
+            by_text[key]["steps"].append(index)
+            continue
+        situation = _text.key_phrase(_field(step, "observation"), max_words=5)
+        later = _field(steps[position + 1], "observation") if position + 1 < len(steps) else ""
+        item: dict[str, Any] = {
+            "intent": subgoal or _text.key_phrase(action) or action,
+            "condition": f"When {situation or subgoal or 'working on the task'}",
+            "instruction": action,
+            "expected_outcome": _text.first_sentence(later) or "the step succeeds",
+            "steps": [index],
+        }
+        by_text[key] = item
+        instructions.append(item)
+    return LLMResponse(data={"instructions": instructions}, usage=_NO_USAGE)
+
+
+# ---- return -------------------------------------------------------------------------------
+
+
+def _return(inputs: dict[str, Any]) -> LLMResponse:
+    steps = _dicts(inputs, "steps")
+    scores: list[dict[str, int]] = []
+    for position, item in enumerate(_dicts(inputs, "instructions")):
+        index = _int(item, "index", position)
+        reward = _matched_reward(_field(item, "instruction"), steps)
+        score = 5 if reward is None else round(1 + 9 * reward)
+        scores.append({"index": index, "return_score": score})
+    return LLMResponse(data={"scores": scores}, usage=_NO_USAGE)
+
+
+def _matched_reward(instruction: str, steps: list[dict[str, Any]]) -> float | None:
+    """The mean reward of the steps whose action is the instruction (or, failing that, of the
+    step whose action shares the most words with it, if at least half)."""
+    wanted = " ".join(instruction.lower().split())
+    if not wanted:
+        return None
+    exact = [
+        r
+        for step in steps
+        if " ".join(_field(step, "action").lower().split()) == wanted
+        and (r := _reward(step)) is not None
+    ]
+    if exact:
+        return sum(exact) / len(exact)
+    wanted_tokens = set(_text.tokens(wanted))
+    best: tuple[float, float | None] = (0.0, None)
+    for step in steps:
+        got = set(_text.tokens(_field(step, "action")))
+        if not got or not wanted_tokens:
+            continue
+        overlap = len(got & wanted_tokens) / len(got | wanted_tokens)
+        if overlap > best[0]:
+            best = (overlap, _reward(step))
+    return best[1] if best[0] >= 0.5 else None
+
+
+# ---- merge_intent -------------------------------------------------------------------------
+
+
+def _merge_intent(inputs: dict[str, Any]) -> LLMResponse:
+    # The surviving INTENT node keeps its text: rewording it on every merge would drift the
+    # node's embedding and make the identity/merge thresholds unstable.
+    intent = _str(inputs, "existing") or _str(inputs, "new")
+    return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
+
+
+_HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
+    "state": _state,
+    "subgoal": _subgoal,
+    "reward": _reward_task,
+    "semantic": _semantic,
+    "procedural": _procedural,
+    "return": _return,
+    "merge_intent": _merge_intent,
+}

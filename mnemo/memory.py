@@ -14,7 +14,6 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
 
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.offline import OfflineLLM
@@ -26,6 +25,7 @@ from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.graph.store import SqliteGraph
 from mnemo.ports import LLM, Embedder
 from mnemo.recall.engine import RecallResult, recall
+from mnemo.session.host import TaskHost
 from mnemo.session.machine import State
 from mnemo.session.queue import Callback
 from mnemo.session.service import Runtime, SessionContext, SessionService
@@ -74,7 +74,7 @@ class Memory:
             repo_runtime=self._runtime,
             slots=self._slots,
         )
-        self._tg: TaskGroup | None = None
+        self._host: TaskHost | None = None
 
     # ---- opening and closing --------------------------------------------------------------
 
@@ -85,9 +85,8 @@ class Memory:
                 self._repos[row.name] = Runtime(self._llm, self._embedder, row.config)
                 self._dims[row.name] = row.dim
             live = await self._sessions_store.load_live()
-            self._tg = anyio.create_task_group()
-            await self._tg.__aenter__()
-            await self._tg.start(self._service.run)
+            self._host = TaskHost()
+            await self._host.start(self._service.run)
         except BaseException:
             await self._database.close()
             raise
@@ -105,11 +104,12 @@ class Memory:
     async def aclose(self) -> None:
         """Stops background work (an interrupted extraction resumes on the next open) and
         closes the database."""
-        tg, self._tg = self._tg, None
-        if tg is not None:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-        await self._database.close()
+        host, self._host = self._host, None
+        try:
+            if host is not None:
+                await host.stop()
+        finally:
+            await self._database.close()
 
     # ---- repos ----------------------------------------------------------------------------
 

@@ -216,6 +216,10 @@ class SessionService:
                 session.scopes.add(scope)
                 try:
                     await fn(*args)
+                except Exception:
+                    # A bug in one session's work must not take every session down with the
+                    # task group: it is logged, and the session stays in its persisted state.
+                    log.exception("%s: background work crashed", session.id)
                 finally:
                     session.scopes.discard(scope)
 

@@ -1,0 +1,101 @@
+"""Shared fixtures: the fakes, a `Memory` on them with repo "r", and sessions in a given state."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+REPO = "r"
+
+T = TypeVar("T")
+Enter = Callable[[State], Awaitable[str]]
+
+
+@pytest.fixture
+def llm() -> FakeLLM:
+    return FakeLLM()
+
+
+@pytest.fixture
+def embedder() -> FakeEmbedder:
+    return FakeEmbedder()
+
+
+@pytest.fixture
+def events() -> EventLog:
+    return EventLog()
+
+
+async def _memory(
+    llm: FakeLLM, embedder: FakeEmbedder, events: EventLog, config: mnemo.Config | None
+) -> AsyncIterator[mnemo.Memory]:
+    # pytest-asyncio sets a fixture up and tears it down in two different tasks: entering the
+    # Memory here and leaving it in the teardown is itself a test that Memory allows that.
+    async with mnemo.Memory(":memory:", llm=llm, embedder=embedder, on_event=events) as m:
+        await m.open_repo(REPO, config=config)
+        try:
+            yield m
+        finally:
+            # A test may end with a call still held; let it go so closing does not wait on it.
+            llm.release_all()
+
+
+@pytest.fixture
+async def mem(
+    llm: FakeLLM, embedder: FakeEmbedder, events: EventLog
+) -> AsyncIterator[mnemo.Memory]:
+    async for m in _memory(llm, embedder, events, None):
+        yield m
+
+
+@pytest.fixture
+async def auto_mem(
+    llm: FakeLLM, embedder: FakeEmbedder, events: EventLog
+) -> AsyncIterator[mnemo.Memory]:
+    async for m in _memory(llm, embedder, events, mnemo.Config(auto_commit=True)):
+        yield m
+
+
+@pytest.fixture
+def enter(mem: mnemo.Memory, llm: FakeLLM, events: EventLog) -> Enter:
+    """A factory: `await enter(state)` starts a session in repo "r" and drives it to `state`.
+
+    EXTRACTING holds the "semantic" task (release it with `llm.holds["semantic"].release()`);
+    FAILED is reached through a failing "semantic" task, which is healthy again afterwards.
+    """
+
+    async def to(state: State) -> str:
+        sid = await mem.start_session("explore the house", repo=REPO)
+        if state is State.COLLECTING:
+            return sid
+        await mem.append(sid, "walk north", "go north")
+        if state is State.EXTRACTING:
+            held = llm.hold("semantic")
+            await mem.close(sid)
+            with anyio.fail_after(5):
+                await held.started.wait()
+            return sid
+        if state is State.FAILED:
+            llm.fail_tasks.add("semantic")
+            await mem.close(sid)
+            landed = await events.wait_state(mem, sid, State.FAILED, State.READY)
+            assert landed is State.FAILED
+            llm.fail_tasks.discard("semantic")
+            return sid
+        await mem.close(sid)
+        landed = await events.wait_state(mem, sid, State.READY, State.FAILED)
+        assert landed is State.READY
+        if state is State.READY:
+            return sid
+        assert state is State.IDLE
+        await mem.commit(sid)
+        return sid
+
+    return to

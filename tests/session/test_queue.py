@@ -1,0 +1,325 @@
+"""The async operation queue of API.md: run at once, queue while busy, project, fail in order."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from tests.conftest import REPO, Enter
+from tests.fakes import EventLog, FakeLLM, maybe_await
+
+Callback = Callable[[mnemo.OpResult], Any]
+Op = Callable[[mnemo.Memory, str, Callback], Awaitable[None] | None]
+
+OPS: dict[str, Op] = {
+    "commit": lambda mem, sid, cb: mem.commit_async(sid, callback=cb),
+    "discard": lambda mem, sid, cb: mem.discard_async(sid, callback=cb),
+    "close": lambda mem, sid, cb: mem.close_async(sid, callback=cb),
+    "start_episode": lambda mem, sid, cb: mem.start_episode_async(sid, "next goal", callback=cb),
+    "append": lambda mem, sid, cb: mem.append_async(sid, "walk west", "go west", callback=cb),
+}
+
+VALUES = {
+    "commit": "committed",
+    "discard": "discarded",
+    "close": "closed",
+    "start_episode": "started",
+    "append": "appended",
+}
+
+
+class Callbacks:
+    """Makes callbacks (sync or async) that record each result, in the order they arrive."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.results: list[tuple[str, mnemo.OpResult]] = []
+        self._arrived: anyio.Event | None = None
+
+    def _record(self, label: str, result: mnemo.OpResult) -> None:
+        self.results.append((label, result))
+        if self._arrived is not None:
+            self._arrived.set()
+
+    def __call__(self, label: str) -> Callback:
+        if self.kind == "sync":
+            return lambda result: self._record(label, result)
+
+        async def callback(result: mnemo.OpResult) -> None:
+            self._record(label, result)
+
+        return callback
+
+    async def wait(self, count: int) -> list[tuple[str, mnemo.OpResult]]:
+        with anyio.fail_after(5):
+            while len(self.results) < count:
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+        return self.results
+
+    def labels(self) -> list[str]:
+        return [label for label, _ in self.results]
+
+
+@pytest.fixture(params=["sync", "async"])
+def callbacks(request: pytest.FixtureRequest) -> Callbacks:
+    return Callbacks(request.param)
+
+
+async def submit(
+    mem: mnemo.Memory, sid: str, op: str, callbacks: Callbacks, label: str = ""
+) -> None:
+    """Submits `op` for `sid` with a callback recording its result under `label` (or `op`)."""
+    await maybe_await(OPS[op](mem, sid, callbacks(label or op)))
+
+
+async def state_of(mem: mnemo.Memory, sid: str) -> State:
+    return await maybe_await(mem.session_state(sid))
+
+
+@pytest.mark.parametrize(
+    ("state", "op", "final"),
+    [
+        (State.READY, "commit", State.IDLE),
+        (State.READY, "discard", State.IDLE),
+        (State.IDLE, "start_episode", State.COLLECTING),
+        (State.COLLECTING, "append", State.COLLECTING),
+        (State.COLLECTING, "close", State.READY),
+    ],
+)
+async def test_valid_op_runs_when_not_busy(
+    mem: mnemo.Memory,
+    enter: Enter,
+    events: EventLog,
+    callbacks: Callbacks,
+    state: State,
+    op: str,
+    final: State,
+) -> None:
+    """A valid operation on a session that is not busy runs, and its callback gets the value."""
+    sid = await enter(state)
+    await submit(mem, sid, op, callbacks)
+    [(_, result)] = await callbacks.wait(1)
+    assert result.ok is True
+    assert result.value == VALUES[op]
+    assert result.error is None
+    assert await events.wait_state(mem, sid, final, State.FAILED) == final
+
+
+@pytest.mark.parametrize(
+    ("state", "op"),
+    [
+        (State.IDLE, "append"),
+        (State.IDLE, "close"),
+        (State.IDLE, "commit"),
+        (State.IDLE, "discard"),
+        (State.COLLECTING, "start_episode"),
+        (State.COLLECTING, "commit"),
+        (State.COLLECTING, "discard"),
+        (State.READY, "start_episode"),
+        (State.READY, "append"),
+        (State.READY, "close"),
+    ],
+)
+async def test_invalid_op_when_not_busy(
+    mem: mnemo.Memory, enter: Enter, callbacks: Callbacks, state: State, op: str
+) -> None:
+    """An operation invalid in the current state of an idle queue raises invalid_operation."""
+    sid = await enter(state)
+    with pytest.raises(mnemo.SessionError) as caught:
+        await submit(mem, sid, op, callbacks)
+    assert caught.value.reason == "invalid_operation"
+    assert await state_of(mem, sid) == state
+
+
+@pytest.mark.parametrize("op", list(OPS))
+async def test_failed_refuses_every_async_op(
+    mem: mnemo.Memory, enter: Enter, callbacks: Callbacks, op: str
+) -> None:
+    """In failed every *_async call raises session_failed, commit and discard included."""
+    sid = await enter(State.FAILED)
+    with pytest.raises(mnemo.SessionError) as caught:
+        await submit(mem, sid, op, callbacks)
+    assert caught.value.reason == "session_failed"
+    assert await state_of(mem, sid) == State.FAILED
+
+
+@pytest.mark.parametrize("sixth", ["commit", "append"])
+async def test_sixth_pending_op_is_refused(
+    mem: mnemo.Memory, enter: Enter, callbacks: Callbacks, sixth: str
+) -> None:
+    """Five operations queue while extracting; a sixth, valid or not, gets pending_queue_full."""
+    sid = await enter(State.EXTRACTING)
+    # ready -commit-> idle -start_episode-> collecting -append-> -append-> -close-> ready
+    for op in ["commit", "start_episode", "append", "append", "close"]:
+        await submit(mem, sid, op, callbacks)
+    with pytest.raises(mnemo.SessionError) as caught:
+        await submit(mem, sid, sixth, callbacks)
+    assert caught.value.reason == "pending_queue_full"
+
+
+async def test_queued_ops_follow_the_projection(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, callbacks: Callbacks
+) -> None:
+    """Ops queued while extracting run in order once it ends, each callback with its value."""
+    sid = await enter(State.EXTRACTING)
+    sequence = ["commit", "start_episode", "append", "close", "commit"]
+    for op in sequence:
+        await submit(mem, sid, op, callbacks)
+    assert await state_of(mem, sid) == State.EXTRACTING
+    llm.holds["semantic"].release()
+    results = await callbacks.wait(len(sequence))
+    assert callbacks.labels() == sequence
+    assert [(r.ok, r.value, r.error) for _, r in results] == [
+        (True, VALUES[op], None) for op in sequence
+    ]
+    assert await state_of(mem, sid) == State.IDLE
+
+
+@pytest.mark.parametrize(
+    ("queued", "op"),
+    [
+        ([], "start_episode"),
+        ([], "append"),
+        ([], "close"),
+        (["commit"], "discard"),
+        (["commit"], "commit"),
+        (["commit"], "append"),
+        (["discard"], "close"),
+        (["commit", "start_episode"], "start_episode"),
+        (["commit", "start_episode"], "commit"),
+        (["commit", "start_episode", "close"], "close"),
+    ],
+)
+async def test_op_invalid_in_projection_is_refused(
+    mem: mnemo.Memory, enter: Enter, callbacks: Callbacks, queued: list[str], op: str
+) -> None:
+    """An op invalid in the state projected from ready past the queue: invalid_queued_operation."""
+    sid = await enter(State.EXTRACTING)
+    for earlier in queued:
+        await submit(mem, sid, earlier, callbacks)
+    with pytest.raises(mnemo.SessionError) as caught:
+        await submit(mem, sid, op, callbacks)
+    assert caught.value.reason == "invalid_queued_operation"
+    assert await state_of(mem, sid) == State.EXTRACTING
+
+
+async def test_extraction_failure_fails_queued_ops(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, callbacks: Callbacks
+) -> None:
+    """A failed extraction leaves the session failed and every queued op extraction_failed."""
+    sid = await enter(State.EXTRACTING)
+    llm.fail_tasks.add("semantic")
+    await submit(mem, sid, "commit", callbacks)
+    await submit(mem, sid, "start_episode", callbacks)
+    llm.holds["semantic"].release()
+    results = await callbacks.wait(2)
+    assert sorted(callbacks.labels()) == ["commit", "start_episode"]
+    for _, result in results:
+        assert result.ok is False
+        assert result.error is not None
+        assert result.error.reason == "extraction_failed"
+    assert await state_of(mem, sid) == State.FAILED
+
+
+async def test_failing_queued_op_fails_the_ones_after_it(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, callbacks: Callbacks
+) -> None:
+    """A queued op failing as it runs gets its own error, and the later ones preceding_op_failed."""
+    sid = await enter(State.EXTRACTING)
+    for op in ["commit", "start_episode", "append"]:
+        await submit(mem, sid, op, callbacks)
+    await submit(mem, sid, "append", callbacks, label="later append")
+    await submit(mem, sid, "close", callbacks)
+    # Only appends annotate with the "state" task, so this fails the first queued append alone.
+    llm.fail_tasks.add("state")
+    llm.holds["semantic"].release()
+    results = dict(await callbacks.wait(5))
+    assert callbacks.labels() == ["commit", "start_episode", "append", "later append", "close"]
+    assert (results["commit"].ok, results["commit"].value) == (True, "committed")
+    assert (results["start_episode"].ok, results["start_episode"].value) == (True, "started")
+    failed = results["append"]
+    assert failed.ok is False
+    assert isinstance(failed.error, mnemo.SessionError)
+    assert failed.error.reason != "preceding_op_failed"
+    for label in ["later append", "close"]:
+        skipped = results[label]
+        assert skipped.ok is False
+        assert skipped.error is not None
+        assert skipped.error.reason == "preceding_op_failed"
+    assert await state_of(mem, sid) == State.COLLECTING
+
+
+async def test_auto_commit_projection_starts_idle(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog, callbacks: Callbacks
+) -> None:
+    """In auto-commit, ops queued while extracting project from idle, and close projects to idle."""
+    sid = await auto_mem.start_session("explore the house", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await auto_mem.close(sid)
+    with anyio.fail_after(5):
+        await held.started.wait()
+    assert await state_of(auto_mem, sid) == State.EXTRACTING
+    with pytest.raises(mnemo.SessionError) as caught:
+        await submit(auto_mem, sid, "commit", callbacks)
+    assert caught.value.reason == "invalid_queued_operation"
+    sequence = ["start_episode", "append", "close", "start_episode"]
+    for op in sequence:
+        await submit(auto_mem, sid, op, callbacks)
+    held.release()
+    results = await callbacks.wait(len(sequence))
+    assert callbacks.labels() == sequence
+    assert [(r.ok, r.value) for _, r in results] == [(True, VALUES[op]) for op in sequence]
+    assert await events.wait_state(auto_mem, sid, State.COLLECTING) == State.COLLECTING
+
+
+async def test_auto_commit_trajectory_in_flight_is_busy(
+    auto_mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
+) -> None:
+    """While a trajectory commits in the background, ops queue and project from collecting."""
+    sid = await auto_mem.start_session("explore the house", repo=REPO)
+    held = llm.hold("semantic")
+    await auto_mem.append(sid, "walk north", "go north")
+    boundary = await auto_mem.append(sid, "open door", "push door")
+    assert boundary.boundary_detected
+    with anyio.fail_after(5):
+        await held.started.wait()
+    assert await state_of(auto_mem, sid) == State.COLLECTING
+    with pytest.raises(mnemo.SessionError) as caught:
+        await submit(auto_mem, sid, "commit", callbacks)
+    assert caught.value.reason == "invalid_queued_operation"
+    await submit(auto_mem, sid, "append", callbacks)
+    held.release()
+    [(_, result)] = await callbacks.wait(1)
+    assert (result.ok, result.value, result.error) == (True, "appended", None)
+
+
+async def test_auto_commit_background_failure(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog, callbacks: Callbacks
+) -> None:
+    """A failed background trajectory commit fails queued ops, keeps collecting, loses no step."""
+    sid = await auto_mem.start_session("explore the house", repo=REPO)
+    held = llm.hold("semantic")
+    await auto_mem.append(sid, "walk north", "go north")
+    await auto_mem.append(sid, "open door", "push door")
+    with anyio.fail_after(5):
+        await held.started.wait()
+    await submit(auto_mem, sid, "append", callbacks)
+    llm.fail_tasks.add("semantic")
+    held.release()
+    [(_, result)] = await callbacks.wait(1)
+    assert result.ok is False
+    assert result.error is not None
+    assert result.error.reason == "extraction_failed"
+    assert await state_of(auto_mem, sid) == State.COLLECTING
+    llm.fail_tasks.discard("semantic")
+    await auto_mem.close(sid)
+    assert await events.wait_state(auto_mem, sid, State.IDLE, State.FAILED) == State.IDLE
+    stored = await auto_mem.latest(REPO, types=(mnemo.NodeType.SEMANTIC,), top_k=50)
+    assert "fact: walk north" in {node.text for node in stored}

@@ -1,0 +1,373 @@
+"""The session state table of API.md, call by call, and what one append does."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from tests.conftest import REPO, Enter
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, maybe_await
+
+Call = Callable[[mnemo.Memory, str], Awaitable[object]]
+
+CALLS: dict[str, Call] = {
+    "start_episode": lambda mem, sid: mem.start_episode(sid, "a new goal"),
+    "append": lambda mem, sid: mem.append(sid, "walk east", "go east"),
+    "close": lambda mem, sid: mem.close(sid),
+    "commit": lambda mem, sid: mem.commit(sid),
+    "discard": lambda mem, sid: mem.discard(sid),
+}
+
+REJECTED: list[tuple[State, str, str]] = [
+    (State.IDLE, "append", "not_collecting"),
+    (State.IDLE, "close", "not_collecting"),
+    (State.IDLE, "commit", "not_ready"),
+    (State.IDLE, "discard", "not_discardable"),
+    (State.COLLECTING, "start_episode", "not_idle"),
+    (State.COLLECTING, "commit", "not_ready"),
+    (State.COLLECTING, "discard", "not_discardable"),
+    *[(State.EXTRACTING, call, "extraction_in_progress") for call in CALLS],
+    (State.READY, "start_episode", "not_idle"),
+    (State.READY, "append", "not_idle"),
+    (State.READY, "close", "not_idle"),
+    (State.FAILED, "start_episode", "session_failed"),
+    (State.FAILED, "append", "session_failed"),
+    (State.FAILED, "close", "session_failed"),
+]
+
+
+async def state_of(mem: mnemo.Memory, sid: str) -> State:
+    return await maybe_await(mem.session_state(sid))
+
+
+@pytest.mark.parametrize(
+    ("state", "call", "reason"), REJECTED, ids=[f"{s}-{c}" for s, c, _ in REJECTED]
+)
+async def test_call_refused_by_state(
+    mem: mnemo.Memory, enter: Enter, state: State, call: str, reason: str
+) -> None:
+    """A call the state table refuses raises SessionError with its reason and leaves the state."""
+    sid = await enter(state)
+    with pytest.raises(mnemo.SessionError) as caught:
+        await CALLS[call](mem, sid)
+    assert caught.value.reason == reason
+    assert caught.value.state == state
+    assert await state_of(mem, sid) == state
+
+
+async def test_start_session_is_collecting(mem: mnemo.Memory) -> None:
+    """start_session returns a "session_" id already collecting an episode with the goal."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    assert sid.startswith("session_")
+    assert await state_of(mem, sid) == State.COLLECTING
+    context = await maybe_await(mem.session_context(sid))
+    assert context is not None
+    assert context.goal == "explore the house"
+
+
+async def test_idle_start_episode_collects(mem: mnemo.Memory, enter: Enter) -> None:
+    """start_episode in idle starts collecting towards the new goal."""
+    sid = await enter(State.IDLE)
+    await mem.start_episode(sid, "find the key")
+    assert await state_of(mem, sid) == State.COLLECTING
+    context = await maybe_await(mem.session_context(sid))
+    assert context is not None
+    assert context.goal == "find the key"
+
+
+async def test_collecting_close_extracts(
+    mem: mnemo.Memory, llm: FakeLLM, events: EventLog, enter: Enter
+) -> None:
+    """close in collecting leaves the session extracting, then it becomes ready."""
+    sid = await enter(State.COLLECTING)
+    await mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await mem.close(sid)
+    assert await state_of(mem, sid) == State.EXTRACTING
+    held.release()
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+
+
+async def test_ready_commit_goes_idle(mem: mnemo.Memory, events: EventLog, enter: Enter) -> None:
+    """commit in ready returns a receipt of node ids, announced on the transition, then idle."""
+    sid = await enter(State.READY)
+    receipt = await mem.commit(sid)
+    assert isinstance(receipt, mnemo.CommitReceipt)
+    assert all(isinstance(node_id, str) for node_id in receipt.node_ids)
+    assert await state_of(mem, sid) == State.IDLE
+    announced = await events.wait_for(
+        lambda e: e.kind == "transition" and e.session_id == sid and "node_ids" in e.data
+    )
+    assert sorted(announced.data["node_ids"]) == sorted(receipt.node_ids)
+
+
+async def test_ready_discard_goes_idle(mem: mnemo.Memory, enter: Enter) -> None:
+    """discard in ready leaves the session idle."""
+    sid = await enter(State.READY)
+    await mem.discard(sid)
+    assert await state_of(mem, sid) == State.IDLE
+
+
+async def test_failed_discard_goes_idle(mem: mnemo.Memory, enter: Enter) -> None:
+    """discard in failed leaves the session idle."""
+    sid = await enter(State.FAILED)
+    await mem.discard(sid)
+    assert await state_of(mem, sid) == State.IDLE
+
+
+async def test_failed_commit_retries_extraction(
+    mem: mnemo.Memory, llm: FakeLLM, events: EventLog, enter: Enter
+) -> None:
+    """commit in failed returns None with the session extracting again; a success makes it ready."""
+    sid = await enter(State.FAILED)
+    held = llm.hold("semantic")
+    assert await mem.commit(sid) is None
+    assert await state_of(mem, sid) == State.EXTRACTING
+    held.release()
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+
+
+async def test_failed_commit_failing_again_is_failed(
+    mem: mnemo.Memory, llm: FakeLLM, events: EventLog, enter: Enter
+) -> None:
+    """A retried extraction that fails again leaves the session failed."""
+    sid = await enter(State.FAILED)
+    llm.fail_tasks.add("semantic")
+    assert await mem.commit(sid) is None
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.FAILED
+
+
+async def test_close_while_append_runs(mem: mnemo.Memory, llm: FakeLLM, enter: Enter) -> None:
+    """close while an append is annotating raises append_in_progress; the append still lands."""
+    sid = await enter(State.COLLECTING)
+    held = llm.hold("state")
+    appended: list[mnemo.StepInfo] = []
+
+    async def run_append() -> None:
+        appended.append(await mem.append(sid, "walk north", "go north"))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_append)
+            await held.started.wait()
+            with pytest.raises(mnemo.SessionError) as caught:
+                await mem.close(sid)
+            held.release()
+    assert caught.value.reason == "append_in_progress"
+    assert caught.value.state == State.COLLECTING
+    assert [info.index for info in appended] == [0]
+    assert await state_of(mem, sid) == State.COLLECTING
+
+
+async def test_appends_run_one_at_a_time_in_call_order(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter
+) -> None:
+    """A second append waits for the first: it does not annotate meanwhile and comes after it."""
+    sid = await enter(State.COLLECTING)
+    held = llm.hold("state")
+    appended: dict[str, mnemo.StepInfo] = {}
+
+    async def run_append(name: str, observation: str) -> None:
+        appended[name] = await mem.append(sid, observation, "go")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_append, "first", "walk north")
+            await held.started.wait()
+            tg.start_soon(run_append, "second", "walk south")
+            await anyio.wait_all_tasks_blocked()
+            assert llm.tasks().count("state") == 1
+            held.release()
+    assert appended["first"].index == 0
+    assert appended["second"].index == 1
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        *CALLS,
+        "end_session",
+        "session_state",
+        "session_context",
+    ],
+)
+async def test_ended_session_is_unknown(mem: mnemo.Memory, enter: Enter, call: str) -> None:
+    """After end_session every call on the id raises NotFoundError for the session."""
+    sid = await enter(State.COLLECTING)
+    await mem.end_session(sid)
+    make_call = CALLS.get(call) or (lambda mem, sid: maybe_await(getattr(mem, call)(sid)))
+    with pytest.raises(mnemo.NotFoundError) as caught:
+        await make_call(mem, sid)
+    assert caught.value.resource == "session"
+    assert caught.value.id == sid
+
+
+async def test_never_started_session_is_unknown(mem: mnemo.Memory) -> None:
+    """A session id that was never started raises NotFoundError for the session."""
+    with pytest.raises(mnemo.NotFoundError) as caught:
+        await mem.append("session_nope", "walk north", "go north")
+    assert caught.value.resource == "session"
+    assert caught.value.id == "session_nope"
+
+
+async def test_start_session_unknown_repo(mem: mnemo.Memory) -> None:
+    """start_session on a repo that was never opened raises NotFoundError for the repo."""
+    with pytest.raises(mnemo.NotFoundError) as caught:
+        await mem.start_session("explore", repo="nope")
+    assert caught.value.resource == "repo"
+    assert caught.value.id == "nope"
+
+
+async def test_session_context_idle_is_none(mem: mnemo.Memory, enter: Enter) -> None:
+    """session_context is None while the session is idle."""
+    sid = await enter(State.IDLE)
+    assert await maybe_await(mem.session_context(sid)) is None
+
+
+async def test_session_context_keeps_last_five_steps(mem: mnemo.Memory, enter: Enter) -> None:
+    """session_context gives the goal and the last five steps as "obs -> act", oldest first."""
+    sid = await enter(State.COLLECTING)
+    for i in range(3):
+        await mem.append(sid, f"walk step {i}", f"go {i}")
+    context = await maybe_await(mem.session_context(sid))
+    assert context is not None
+    assert context.goal == "explore the house"
+    assert list(context.recent_steps) == [f"walk step {i} -> go {i}" for i in range(3)]
+    for i in range(3, 7):
+        await mem.append(sid, f"walk step {i}", f"go {i}")
+    context = await maybe_await(mem.session_context(sid))
+    assert context is not None
+    assert list(context.recent_steps) == [f"walk step {i} -> go {i}" for i in range(2, 7)]
+
+
+async def test_empty_episode_commits_nothing(
+    mem: mnemo.Memory, events: EventLog, enter: Enter
+) -> None:
+    """Closing an episode with no steps is valid and its commit receipt has no node ids."""
+    sid = await enter(State.COLLECTING)
+    await mem.close(sid)
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+    receipt = await mem.commit(sid)
+    assert receipt is not None
+    assert receipt.node_ids == []
+    assert await state_of(mem, sid) == State.IDLE
+
+
+async def test_close_and_commit_nodes_are_stored(mem: mnemo.Memory, enter: Enter) -> None:
+    """close_and_commit returns a receipt whose node ids can be read back, and ends idle."""
+    sid = await enter(State.COLLECTING)
+    await mem.append(sid, "walk north", "go north")
+    await mem.append(sid, "open door", "push door")
+    with anyio.fail_after(5):
+        receipt = await mem.close_and_commit(sid)
+    assert receipt.node_ids
+    for node_id in receipt.node_ids:
+        node = await mem.get_node(REPO, node_id)
+        assert node is not None
+        assert node.id == node_id
+    assert await state_of(mem, sid) == State.IDLE
+
+
+async def test_step_indices_count_from_zero(mem: mnemo.Memory, enter: Enter) -> None:
+    """Each append returns a StepInfo whose index counts 0, 1, 2 within the episode."""
+    sid = await enter(State.COLLECTING)
+    infos = [await mem.append(sid, f"walk step {i}", f"go {i}") for i in range(3)]
+    assert all(isinstance(info, mnemo.StepInfo) for info in infos)
+    assert [info.index for info in infos] == [0, 1, 2]
+
+
+async def test_subgoal_change_starts_trajectory(
+    mem: mnemo.Memory, embedder: FakeEmbedder, enter: Enter
+) -> None:
+    """A new subgoal is a boundary with a new trajectory id; the same subgoal keeps the id."""
+    assert embedder.axis("walk") != embedder.axis("open")
+    sid = await enter(State.COLLECTING)
+    walk_1 = await mem.append(sid, "walk north", "go north")
+    walk_2 = await mem.append(sid, "walk south", "go south")
+    open_1 = await mem.append(sid, "open door", "push door")
+    open_2 = await mem.append(sid, "open window", "push window")
+    assert not walk_2.boundary_detected
+    assert walk_2.trajectory_id == walk_1.trajectory_id
+    assert open_1.boundary_detected
+    assert open_1.trajectory_id != walk_2.trajectory_id
+    assert not open_2.boundary_detected
+    assert open_2.trajectory_id == open_1.trajectory_id
+
+
+@pytest.mark.parametrize("task", ["state", "subgoal"])
+async def test_append_llm_failure_adds_no_step(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, task: str
+) -> None:
+    """An append whose LLM fails raises LLMError from it, adds no step and stays collecting."""
+    sid = await enter(State.COLLECTING)
+    await mem.append(sid, "walk north", "go north")
+    llm.fail_tasks.add(task)
+    with pytest.raises(mnemo.LLMError) as caught:
+        await mem.append(sid, "walk lost", "go lost")
+    assert caught.value.__cause__ in llm.raised
+    assert await state_of(mem, sid) == State.COLLECTING
+    llm.fail_tasks.discard(task)
+    info = await mem.append(sid, "walk south", "go south")
+    assert info.index == 1
+    context = await maybe_await(mem.session_context(sid))
+    assert context is not None
+    assert "walk lost -> go lost" not in context.recent_steps
+
+
+async def test_append_embedder_failure_adds_no_step(
+    mem: mnemo.Memory, embedder: FakeEmbedder, enter: Enter
+) -> None:
+    """An append whose embedder fails raises EmbeddingError from it and adds no step."""
+    sid = await enter(State.COLLECTING)
+    await mem.append(sid, "walk north", "go north")
+    embedder.fail = True
+    # A new subgoal ("look"), so no implementation can reuse an earlier embedding.
+    with pytest.raises(mnemo.EmbeddingError) as caught:
+        await mem.append(sid, "look around", "stare")
+    assert caught.value.__cause__ in embedder.raised
+    assert await state_of(mem, sid) == State.COLLECTING
+    embedder.fail = False
+    info = await mem.append(sid, "walk south", "go south")
+    assert info.index == 1
+
+
+async def test_unparsable_reward_does_not_fail_append(
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter
+) -> None:
+    """A reward reply that cannot be parsed (scored 0.5) does not fail the append."""
+    sid = await enter(State.COLLECTING)
+    llm.garbage_tasks.add("reward")
+    first = await mem.append(sid, "walk north", "go north")
+    second = await mem.append(sid, "walk south", "go south")
+    assert "reward" in llm.tasks()
+    assert [first.index, second.index] == [0, 1]
+
+
+async def test_append_timeout(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """An append running past append_timeout raises LLMError saying so and adds no step."""
+    sid = await mem.start_session(
+        "explore the house", repo=REPO, config=mnemo.Config(append_timeout=0.05)
+    )
+    held = llm.hold("state")
+    with anyio.fail_after(5), pytest.raises(mnemo.LLMError) as caught:
+        await mem.append(sid, "walk north", "go north")
+    assert re.search(r"time[ds]?\s?out", str(caught.value), re.IGNORECASE)
+    assert held.started.is_set()
+    assert await state_of(mem, sid) == State.COLLECTING
+    held.release()
+    info = await mem.append(sid, "walk south", "go south")
+    assert info.index == 0
+
+
+async def test_auto_commit_close_ends_idle(auto_mem: mnemo.Memory, events: EventLog) -> None:
+    """In auto-commit, close extracts and commits what is left and ends idle, never ready."""
+    sid = await auto_mem.start_session("explore the house", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    await auto_mem.close(sid)
+    assert await events.wait_state(auto_mem, sid, State.IDLE, State.FAILED) == State.IDLE
+    assert all(to != State.READY for _, to in events.transitions(sid))

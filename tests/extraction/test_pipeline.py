@@ -1,0 +1,142 @@
+"""Extraction: trajectories in parallel, semantic ∥ procedural within each, then returns; the
+changeset holds the 7 node types and 4 link types, deduplicated against batch and graph."""
+
+from __future__ import annotations
+
+import anyio
+
+import mnemo
+from mnemo.ports import task_inputs
+from tests.conftest import REPO
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+N = mnemo.NodeType
+L = mnemo.LinkType
+
+
+class CountingLLM:
+    """Holds every call of `task` until `n` of them are in flight at once, then lets them go."""
+
+    def __init__(self, inner: FakeLLM, task: str, n: int) -> None:
+        self.inner, self.task, self.n = inner, task, n
+        self.in_flight = 0
+        self.peak = 0
+        self.all_in = anyio.Event()
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task == self.task:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            if self.in_flight >= self.n:
+                self.all_in.set()
+            with anyio.fail_after(5):
+                await self.all_in.wait()
+            self.in_flight -= 1
+        return await self.inner.generate(request)
+
+
+async def test_trajectories_extract_in_parallel(events: EventLog) -> None:
+    """Every trajectory's semantic call is in flight at the same time."""
+    inner = FakeLLM()
+    llm = CountingLLM(inner, "semantic", 4)
+    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        for word in ("walk", "open", "read", "take"):
+            await mem.append(sid, f"{word} it", "act")
+        await mem.close_and_commit(sid)
+    assert llm.peak == 4
+
+
+async def test_semantic_and_procedural_run_side_by_side(events: EventLog) -> None:
+    """Within a trajectory, the semantic and procedural calls are in flight together: both
+    are held, and both start."""
+    inner = FakeLLM()
+    async with mnemo.Memory(llm=inner, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        semantic, procedural = inner.hold("semantic"), inner.hold("procedural")
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            await semantic.started.wait()
+            await procedural.started.wait()
+        assert "return" not in inner.tasks()
+        semantic.release()
+        procedural.release()
+        await events.wait_state(mem, sid, mnemo.State.READY)
+        assert inner.tasks()[-1] == "return"
+
+
+async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """A committed episode yields all 7 node types, linked by the 4 link types as API.md says."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    await mem.append(sid, "walk east", "go east")
+    await mem.append(sid, "open door", "push door")
+    receipt = await mem.close_and_commit(sid)
+    nodes = {n.id: n for n in [await mem.get_node(REPO, i) for i in receipt.node_ids] if n}
+    assert {n.type for n in nodes.values()} == set(N)
+    facts = [n for n in nodes.values() if n.type is N.SEMANTIC]
+    procedures = [n for n in nodes.values() if n.type is N.PROCEDURAL]
+    for fact in facts:
+        tags = await mem.get_linked_nodes(REPO, [fact.id], L.MEMBERSHIP)
+        assert [t.text for t in tags] == [fact.text.split()[1]]
+        steps = await mem.get_linked_nodes(REPO, [fact.id], L.PROVENANCE)
+        assert steps
+        assert all(s.type is N.EPISODIC for s in steps)
+    walk_facts = [f for f in facts if "walk" in f.text]
+    siblings = await mem.get_linked_nodes(REPO, [walk_facts[0].id], L.SIBLING)
+    assert [s.id for s in siblings] == [walk_facts[1].id]
+    for procedure in procedures:
+        intents = await mem.get_linked_nodes(REPO, [procedure.id], L.HIERARCHICAL)
+        assert [i.type for i in intents] == [N.INTENT]
+        assert procedure.data["return_score"] == 7
+    episodic = [n for n in nodes.values() if n.type is N.EPISODIC]
+    for step in episodic:
+        linked = await mem.get_linked_nodes(REPO, [step.id])
+        assert {n.type for n in linked} >= {N.SUBGOAL, N.SOURCE}
+    assert [n.data["reward"] for n in sorted(episodic, key=lambda n: n.data["index"])] == [
+        0.7, 0.7, 0.7
+    ]
+
+
+async def test_tags_dedup_against_the_graph(mem: mnemo.Memory) -> None:
+    """A second session's concept with another casing reuses the existing TAG node."""
+    for observation in ("walk north", "Walk south"):
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, observation, "go")
+        await mem.close_and_commit(sid)
+    tags = await mem.get_nodes_by_type(REPO, [N.TAG])
+    assert [t.text for t in tags] == ["walk"]
+    members = await mem.get_linked_nodes(REPO, [tags[0].id], L.MEMBERSHIP)
+    assert sorted(m.text for m in members) == ["fact: Walk south", "fact: walk north"]
+
+
+async def test_intent_merge_uses_the_llm_and_keeps_links(llm: FakeLLM, events: EventLog) -> None:
+    """An intent between the merge and identity thresholds is merged through the LLM into the
+    existing node, which then links both procedures."""
+
+    class TiltedEmbedder:
+        """Intents "do walk" and "do run" at cosine 0.9; everything else orthogonal."""
+
+        dim = 4
+
+        async def embed(self, texts: list[str]) -> list[list[float]]:
+            table = {"do walk": [1.0, 0.0, 0.0, 0.0], "do run": [0.9, 0.43589, 0.0, 0.0]}
+            return [table.get(t, [0.0, 0.0, 1.0, 0.0] if t.startswith("walk") else
+                              [0.0, 0.0, 0.0, 1.0]) for t in texts]
+
+    async with mnemo.Memory(llm=llm, embedder=TiltedEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO)
+        for observation in ("walk north", "run east"):
+            sid = await mem.start_session("explore", repo=REPO)
+            await mem.append(sid, observation, "go")
+            await mem.close_and_commit(sid)
+        intents = await mem.get_nodes_by_type(REPO, [N.INTENT])
+        assert [i.text for i in intents] == ["do walk"]
+        merges = [task_inputs(r) for r in llm.calls if r.task == "merge_intent"]
+        assert merges == [{"existing": "do walk", "new": "do run"}]
+        procedures = await mem.get_linked_nodes(REPO, [intents[0].id], L.HIERARCHICAL)
+        assert sorted(p.text for p in procedures) == ["go", "go"]
+        assert len(procedures) == 2

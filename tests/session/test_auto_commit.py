@@ -1,0 +1,158 @@
+"""Auto-commit: finished trajectories commit in the background, idle ones are flushed, idle
+sessions expire; no step is extracted twice and none is lost."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo.ports import task_inputs
+from tests.conftest import REPO
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+
+def extracted_observations(llm: FakeLLM) -> list[str]:
+    """Every step observation the semantic worker was asked about, in order."""
+    return [
+        step["observation"]
+        for request in llm.calls
+        if request.task == "semantic"
+        for step in task_inputs(request)["steps"]
+    ]
+
+
+async def episodic_indices(mem: mnemo.Memory) -> list[int]:
+    nodes = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+    return sorted(n.data["index"] for n in nodes)
+
+
+async def test_boundary_commits_previous_trajectory_while_collecting(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog
+) -> None:
+    """A trajectory boundary commits the previous trajectory in the background; the session
+    keeps collecting."""
+    sid = await auto_mem.start_session("explore", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    await auto_mem.append(sid, "walk east", "go east")
+    info = await auto_mem.append(sid, "open door", "push door")
+    assert info.boundary_detected
+    event = await events.wait_for(lambda e: e.kind == "trajectory_committed")
+    assert event.session_id == sid
+    assert await auto_mem.session_state(sid) is mnemo.State.COLLECTING
+    assert await episodic_indices(auto_mem) == [0, 1]
+    for node_id in event.data["node_ids"]:
+        assert await auto_mem.get_node(REPO, node_id) is not None
+
+
+async def test_close_commits_only_the_rest_and_ends_idle(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog
+) -> None:
+    """close in auto-commit extracts only uncommitted steps and ends idle, never ready; the
+    receipt of close_and_commit holds what the close committed."""
+    sid = await auto_mem.start_session("explore", repo=REPO)
+    for observation in ("walk north", "walk east", "open door", "open window"):
+        await auto_mem.append(sid, observation, "act")
+    await events.wait_for(lambda e: e.kind == "trajectory_committed")
+    receipt = await auto_mem.close_and_commit(sid)
+    assert await auto_mem.session_state(sid) is mnemo.State.IDLE
+    assert (mnemo.State.EXTRACTING.value, mnemo.State.READY.value) not in [
+        (str(a), str(b)) for a, b in events.transitions(sid)
+    ]
+    assert await episodic_indices(auto_mem) == [0, 1, 2, 3]
+    assert sorted(extracted_observations(llm)) == sorted(
+        ["walk north", "walk east", "open door", "open window"]
+    )
+    committed = {n.id for n in await auto_mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+                 if n.data["index"] >= 2}
+    assert committed <= set(receipt.node_ids)
+
+
+async def test_close_waits_for_a_background_commit_in_flight(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog
+) -> None:
+    """A close while a background trajectory extraction is in flight neither repeats nor
+    loses its steps."""
+    sid = await auto_mem.start_session("explore", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await auto_mem.append(sid, "open door", "push door")
+    with anyio.fail_after(5):
+        await held.started.wait()
+    await auto_mem.close(sid)
+    assert await auto_mem.session_state(sid) is mnemo.State.EXTRACTING
+    held.release()
+    assert await events.wait_state(auto_mem, sid, mnemo.State.IDLE) is mnemo.State.IDLE
+    assert sorted(extracted_observations(llm)) == ["open door", "walk north"]
+    assert await episodic_indices(auto_mem) == [0, 1]
+
+
+async def test_flush_timeout_commits_an_idle_trajectory(
+    llm: FakeLLM, events: EventLog
+) -> None:
+    """After flush_timeout without an append, the current trajectory's steps are committed."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.05, session_timeout=None)
+    async with mnemo.Memory(llm=llm, embedder=_embedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        await mem.append(sid, "walk east", "go east")
+        await events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert await episodic_indices(mem) == [0, 1]
+        assert await mem.session_state(sid) is mnemo.State.COLLECTING
+        await mem.append(sid, "walk south", "go south")
+        await mem.close_and_commit(sid)
+        assert await episodic_indices(mem) == [0, 1, 2]
+        assert extracted_observations(llm) == ["walk north", "walk east", "walk south"]
+
+
+async def test_session_timeout_commits_the_rest_and_ends_the_session(
+    llm: FakeLLM, events: EventLog
+) -> None:
+    """After session_timeout without activity the rest is committed and the session ends."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
+    async with mnemo.Memory(llm=llm, embedder=_embedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        event = await events.wait_for(lambda e: e.kind == "session_expired")
+        assert event.session_id == sid
+        assert await episodic_indices(mem) == [0]
+        with pytest.raises(mnemo.NotFoundError) as caught:
+            await mem.session_state(sid)
+        assert caught.value.resource == "session"
+
+
+async def test_failed_background_commit_keeps_collecting_and_retries_later(
+    auto_mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """A failed background extraction fails queued callbacks with extraction_failed, leaves the
+    session collecting, and its steps are committed by the next close."""
+    sid = await auto_mem.start_session("explore", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await auto_mem.append(sid, "open door", "push door")
+    with anyio.fail_after(5):
+        await held.started.wait()
+    results: list[mnemo.OpResult] = []
+    delivered = anyio.Event()
+
+    def callback(result: mnemo.OpResult) -> None:
+        results.append(result)
+        delivered.set()
+
+    await auto_mem.append_async(sid, "open window", "push window", callback)
+    llm.fail_tasks.add("semantic")  # the held call fails once released
+    held.release()
+    with anyio.fail_after(5):
+        await delivered.wait()
+    assert results[0].error is not None
+    assert results[0].error.reason == "extraction_failed"
+    assert await auto_mem.session_state(sid) is mnemo.State.COLLECTING
+    llm.fail_tasks.clear()
+    await auto_mem.close_and_commit(sid)
+    assert await episodic_indices(auto_mem) == [0, 1]
+
+
+def _embedder() -> FakeEmbedder:
+    return FakeEmbedder()

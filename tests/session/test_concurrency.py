@@ -1,0 +1,58 @@
+"""Many sessions at once: commits to one repo are serialised and deduplicated exactly."""
+
+from __future__ import annotations
+
+import anyio
+
+import mnemo
+from tests.conftest import REPO
+from tests.fakes import FakeLLM
+
+SESSIONS = 40
+WORDS = ["walk", "open", "read", "take", "look"]
+
+
+async def test_dozens_of_sessions_commit_to_one_repo(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """40 sessions appending and committing concurrently leave exact node counts: one TAG per
+    concept, one INTENT in all (the fakes embed every "do ..." intent alike), every step."""
+
+    async def one(n: int) -> None:
+        sid = await mem.start_session(f"session {n}", repo=REPO)
+        for word in WORDS:
+            await mem.append(sid, f"{word} thing {n}", f"act {n}")
+        await mem.close_and_commit(sid)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(SESSIONS):
+            tg.start_soon(one, n)
+
+    async def count(kind: mnemo.NodeType) -> int:
+        return len(await mem.get_nodes_by_type(REPO, [kind]))
+
+    steps = SESSIONS * len(WORDS)
+    assert await count(mnemo.NodeType.EPISODIC) == steps
+    assert await count(mnemo.NodeType.SEMANTIC) == steps
+    assert await count(mnemo.NodeType.PROCEDURAL) == steps
+    assert await count(mnemo.NodeType.SOURCE) == SESSIONS
+    assert await count(mnemo.NodeType.SUBGOAL) == steps  # every word starts a trajectory
+    assert sorted(n.text for n in await mem.get_nodes_by_type(REPO, [mnemo.NodeType.TAG])) == (
+        sorted(WORDS)
+    )
+    assert await count(mnemo.NodeType.INTENT) == 1
+
+
+async def test_appends_to_one_session_run_in_call_order(mem: mnemo.Memory) -> None:
+    """Concurrent appends to one session get indices in the order they were called."""
+    sid = await mem.start_session("explore", repo=REPO)
+    infos: dict[int, mnemo.StepInfo] = {}
+
+    async def one(n: int) -> None:
+        infos[n] = await mem.append(sid, f"walk {n}", f"go {n}")
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(one, n)
+    assert {n: info.index for n, info in infos.items()} == {n: n for n in range(20)}
+    context = await mem.session_context(sid)
+    assert context is not None
+    assert context.recent_steps == [f"walk {n} -> go {n}" for n in range(15, 20)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
 
 import anyio
 import pytest
@@ -14,7 +13,6 @@ from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
 REPO = "r"
 
-T = TypeVar("T")
 Enter = Callable[[State], Awaitable[str]]
 
 

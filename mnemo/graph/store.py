@@ -114,6 +114,7 @@ class SqliteGraph:
 
         Raises:
             sqlite3.Error: the transaction failed; nothing of it was written.
+            ValueError: a vector is not of the repo's dimension; nothing was written.
         """
         repo = changeset.repo
         async with self.lock(repo):
@@ -151,6 +152,16 @@ class SqliteGraph:
                 for node_id, value in resolution.rewordings.items()
                 if node_id not in {n.id for n in drafts}
             }
+            # Checked before writing: a committed row of the wrong size would make every later
+            # load of this repo's index fail.
+            for node_id, vector in [(n.id, v) for n, _, v in node_rows] + [
+                (node_id, v) for node_id, (_, v) in existing_rewordings.items()
+            ]:
+                if np.shape(vector) != (index.dim,):
+                    raise ValueError(
+                        f"node {node_id}: vector of shape {np.shape(vector)}, expected"
+                        f" ({index.dim},)"
+                    )
 
             def write(db: SqliteUtilsDatabase) -> None:
                 with db.atomic():

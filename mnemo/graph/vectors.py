@@ -50,6 +50,11 @@ class VectorIndex:
         self._ids: list[str] = []
         self._rows: dict[str, int] = {}
         self._count = 0
+        # What a search reads, published as one tuple: reading the four attributes one by one
+        # from a worker thread could pair a remove's new matrix with the old ids or type codes.
+        self._view: tuple[int, Vector, npt.NDArray[np.int8], list[str]] = (
+            0, self._matrix, self._types, self._ids
+        )
 
     def __len__(self) -> int:
         return self._count
@@ -89,6 +94,7 @@ class VectorIndex:
             self._rows[ids[i]] = start + offset
             self._ids.append(ids[i])
         self._count = need
+        self._view = (self._count, self._matrix, self._types, self._ids)
 
     def remove(self, ids: Iterable[str]) -> None:
         """Drops rows; rebuilds the arrays so running searches keep their snapshot."""
@@ -101,6 +107,7 @@ class VectorIndex:
         self._ids = [self._ids[row] for row in keep]
         self._rows = {node_id: row for row, node_id in enumerate(self._ids)}
         self._count = len(self._ids)
+        self._view = (self._count, self._matrix, self._types, self._ids)
 
     def get(self, node_id: str) -> Vector | None:
         row = self._rows.get(node_id)
@@ -110,7 +117,7 @@ class VectorIndex:
         self, query: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
         """The `k` nearest rows by cosine, best first, optionally of the given types only."""
-        count, matrix, codes, ids = self._count, self._matrix, self._types, self._ids
+        count, matrix, codes, ids = self._view
         if count == 0 or k <= 0:
             return []
         q = unit(query)[0]

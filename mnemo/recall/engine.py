@@ -70,13 +70,28 @@ async def recall(
     seeds = dict(sorted(fused.items(), key=lambda item: -item[1])[: 2 * k])
     neighbors = await graph.neighbors(repo, list(seeds))
     hopped = hop_scores(seeds, [(n.origin, n.node_id) for n in neighbors], config.hop_decay)
+    # A hop-0 candidate outside the seeds may also be a seed's neighbour: like a seed, it is
+    # listed once, at hop 0.
+    hopped = {node_id: s for node_id, s in hopped.items() if node_id not in fused}
     scored = [(node_id, score, phase[node_id], 0) for node_id, score in fused.items()]
     scored += [(node_id, score, "hop", 1) for node_id, score in hopped.items()]
-    scored.sort(key=lambda item: (-item[1], item[0]))
     nodes = {node.id: node for node in await graph.get_nodes(repo, [s[0] for s in scored])}
+    if wanted is None:
+        # A tag, intent or subgoal is a route to memories rather than one: unless asked for by
+        # type, it ranks as if one hop away, below the memories it leads to.
+        scored = [
+            (node_id, score * config.hop_decay if _routes(nodes, node_id) else score, by, hop)
+            for node_id, score, by, hop in scored
+        ]
+    scored.sort(key=lambda item: (-item[1], item[0]))
     memories = [
         Recalled(nodes[node_id], score, found_by, hop)
         for node_id, score, found_by, hop in scored
         if node_id in nodes and (wanted is None or nodes[node_id].type in wanted)
     ]
     return RecallResult(memories[:k], None, query)
+
+
+def _routes(nodes: dict[str, Node], node_id: str) -> bool:
+    node = nodes.get(node_id)
+    return node is not None and node.type in _ROUTING

@@ -1,0 +1,69 @@
+"""Helpers for the graph and recall tests: unit vectors, drafts and a recording merger."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mnemo.graph.model import NodeDraft, NodeType, Vector, normalise_label
+from mnemo.graph.store import IntentPolicy
+
+DIM = 8
+REPO = "r"
+
+
+def axis(i: int) -> Vector:
+    """The unit vector along axis `i`."""
+    vector = np.zeros(DIM, dtype=np.float32)
+    vector[i] = 1.0
+    return vector
+
+
+def at_cosine(c: float, base: int = 0, other: int = 1) -> Vector:
+    """A unit vector whose cosine with `axis(base)` is `c`."""
+    vector = np.zeros(DIM, dtype=np.float32)
+    vector[base], vector[other] = c, math.sqrt(1.0 - c * c)
+    return vector
+
+
+def draft(
+    node_id: str,
+    kind: NodeType,
+    text: str,
+    vector: Vector | None = None,
+    data: dict[str, Any] | None = None,
+) -> NodeDraft:
+    """A draft; a TAG gets its normalised label as key."""
+    return NodeDraft(
+        id=node_id,
+        type=kind,
+        text=text,
+        data=data if data is not None else {},
+        vector=axis(DIM - 1) if vector is None else vector,
+        key=normalise_label(text) if kind is NodeType.TAG else None,
+    )
+
+
+class Merger:
+    """An `IntentMerger` that records its calls and answers a fixed result."""
+
+    def __init__(self, result: tuple[str, Vector] | None = None) -> None:
+        self.result = result
+        self.calls: list[tuple[str, str]] = []
+
+    async def __call__(self, existing: str, new: str) -> tuple[str, Vector] | None:
+        self.calls.append((existing, new))
+        return self.result
+
+
+def policy(merge: Merger | None = None) -> IntentPolicy:
+    return IntentPolicy(
+        identity_threshold=0.95, merge_threshold=0.8, merge=merge if merge else Merger()
+    )
+
+
+def rounded(results: list[tuple[str, float]], places: int = 5) -> list[tuple[str, float]]:
+    """Search results with their scores rounded, to compare with exact expectations."""
+    return [(node_id, round(score, places)) for node_id, score in results]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import anyio
 import numpy as np
 import numpy.typing as npt
 
@@ -85,6 +86,18 @@ class Embedder(Protocol):
     dim: int
 
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+class LimitedLLM:
+    """An LLM whose calls each wait for a slot of its provider's limiter
+    (`Config.llm_concurrency`)."""
+
+    def __init__(self, llm: LLM, slots: anyio.CapacityLimiter) -> None:
+        self._llm, self._slots = llm, slots
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        async with self._slots:
+            return await self._llm.generate(request)
 
 
 def task_request(

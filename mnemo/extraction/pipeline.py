@@ -28,18 +28,7 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
-from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ask
-
-
-class _Limited:
-    """An LLM whose calls wait for a slot of the provider's limiter."""
-
-    def __init__(self, llm: LLM, slots: anyio.CapacityLimiter) -> None:
-        self._llm, self._slots = llm, slots
-
-    async def generate(self, request: LLMRequest) -> LLMResponse:
-        async with self._slots:
-            return await self._llm.generate(request)
+from mnemo.ports import LLM, Embedder, LimitedLLM, ask
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +70,7 @@ async def extract(
         LLMError, EmbeddingError: a worker failed for good.
         TimeoutError: a trajectory took longer than `time_limit` seconds.
     """
-    limited = _Limited(llm, slots)
+    limited = LimitedLLM(llm, slots)
     groups = episode.trajectories(list(steps))
     results: list[_Extracted | None] = [None] * len(groups)
     last_scored = anyio.Event()

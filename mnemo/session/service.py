@@ -40,7 +40,7 @@ from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.store import IntentPolicy, SqliteGraph
-from mnemo.ports import LLM, Embedder, ask
+from mnemo.ports import LLM, Embedder, LimitedLLM, ask
 from mnemo.session.machine import Machines, Move, Refuse, SessionModel, Stale, State, answer
 from mnemo.session.queue import (
     VALUES,
@@ -546,7 +546,7 @@ class SessionService:
         try:
             with anyio.fail_after(timeout):
                 note = await annotate(
-                    runtime.llm,
+                    LimitedLLM(runtime.llm, self._slots(runtime.llm, runtime.config)),
                     runtime.embedder,
                     goal=episode.goal,
                     observation=observation,

@@ -462,6 +462,8 @@ class SessionService:
     # ---- what each call does ------------------------------------------------------------
 
     def _refuse_unless(self, session: _Session, event: str) -> None:
+        if session.ended:  # ended while this call waited for its turn
+            raise NotFoundError("session", session.id)
         verdict = answer(session.state, event)
         if isinstance(verdict, Refuse):
             raise SessionError(verdict.reason, state=session.state, session_id=session.id)

@@ -56,3 +56,29 @@ async def test_appends_to_one_session_run_in_call_order(mem: mnemo.Memory) -> No
     context = await mem.session_context(sid)
     assert context is not None
     assert context.recent_steps == [f"walk {n} -> go {n}" for n in range(15, 20)]
+
+
+async def test_append_waiting_for_its_turn_when_the_session_ends(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """An append still waiting on the LLM when its session ends stores nothing and raises
+    NotFoundError."""
+    sid = await mem.start_session("explore", repo=REPO)
+    held = llm.hold("state")
+    outcome: list[BaseException] = []
+
+    async def append() -> None:
+        try:
+            await mem.append(sid, "walk north", "go north")
+        except mnemo.MnemoError as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(append)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await mem.end_session(sid)
+        held.release()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], mnemo.NotFoundError)
+    assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.offline import OfflineLLM
@@ -86,12 +87,20 @@ class Memory:
                 self._dims[row.name] = row.dim
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
-            await self._host.start(self._service.run)
+            await self._host.start(self._background)
         except BaseException:
             await self._database.close()
             raise
         self._service.restore([s for s in live if s.repo in self._repos])
         return self
+
+    async def _background(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._service.run)
+            await tg.start(self._database.maintain)
+            task_status.started()
 
     async def __aexit__(
         self,

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mnemo.graph.model import Link, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, cosine
+from mnemo.graph.vectors import VectorIndex, cosine, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
@@ -53,38 +55,54 @@ async def resolve_intents(
     merge_threshold: float,
     out: Resolution,
 ) -> None:
-    """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts."""
-    kept: dict[str, tuple[str, Vector]] = {}  # batch intents that survive: id -> (text, vector)
-    for draft in drafts:
-        if draft.type is not NodeType.INTENT:
-            continue
+    """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts.
+
+    Similarities come from two matrix products (drafts by graph intents, drafts by drafts), not
+    a cosine per pair: a big changeset's dedup was quadratic in Python (BENCHMARKS.md).
+    """
+    intents = [d for d in drafts if d.type is NodeType.INTENT]
+    if not intents:
+        return
+    vectors = unit(np.stack([d.vector for d in intents]))
+    graph_ids, graph_matrix = index.of_type(NodeType.INTENT)
+    to_graph = vectors @ graph_matrix.T if graph_ids else np.zeros((len(intents), 0))
+    to_batch = vectors @ vectors.T
+    kept: dict[int, tuple[str, Vector]] = {}  # draft position -> (text, vector) of survivors
+    position = {d.id: i for i, d in enumerate(intents)}
+    order: list[int] = []  # positions of kept drafts, in the order they were kept
+    reworded: set[int] = set()  # indices into `order` whose wording was merged
+    for i, draft in enumerate(intents):
         best_id, best_sim = None, -2.0
-        for node_id, sim in index.search(draft.vector, 1, [NodeType.INTENT]):
-            best_id, best_sim = node_id, sim
-        if best_id is not None and best_id in out.rewordings:
-            best_sim = cosine(draft.vector, out.rewordings[best_id][1])
-        for node_id, (_, vector) in kept.items():
-            sim = cosine(draft.vector, vector)
-            if sim > best_sim:
-                best_id, best_sim = node_id, sim
+        if graph_ids:
+            j = int(np.argmax(to_graph[i]))
+            best_id, best_sim = graph_ids[j], float(to_graph[i, j])
+            if best_id in out.rewordings:
+                best_sim = cosine(draft.vector, out.rewordings[best_id][1])
+        if order:
+            sims = to_batch[i, order]
+            for n in reworded:  # a merged wording has its own vector
+                sims[n] = cosine(draft.vector, out.rewordings[intents[order[n]].id][1])
+            n = int(np.argmax(sims))
+            if float(sims[n]) > best_sim:
+                best_id, best_sim = intents[order[n]].id, float(sims[n])
         if best_id is None or best_sim < merge_threshold:
-            kept[draft.id] = (draft.text, draft.vector)
+            kept[i] = (draft.text, draft.vector)
+            order.append(i)
             continue
         out.remap[draft.id] = best_id
         if best_sim >= identity_threshold:
             continue
-        if best_id in kept:
-            existing_text = kept[best_id][0]
-        elif best_id in out.rewordings:
+        if best_id in out.rewordings:
             existing_text = out.rewordings[best_id][0]
+        elif best_id in position:
+            existing_text = kept[position[best_id]][0]
         else:
             existing_text = (await texts_of([best_id])).get(best_id, "")
         merged = await merge(existing_text, draft.text)
-        if merged is None:
-            continue
-        if best_id in kept:
-            kept[best_id] = merged
-        out.rewordings[best_id] = merged
+        if merged is not None:
+            out.rewordings[best_id] = merged
+            if best_id in position:
+                reworded.add(order.index(position[best_id]))
 
 
 def remap_links(links: list[Link], resolution: Resolution) -> list[Link]:

@@ -109,6 +109,12 @@ class VectorIndex:
         self._count = len(self._ids)
         self._view = (self._count, self._matrix, self._types, self._ids)
 
+    def of_type(self, kind: NodeType) -> tuple[list[str], Vector]:
+        """The ids and unit vectors of every row of one type (a snapshot)."""
+        count, matrix, codes, ids = self._view
+        rows = np.flatnonzero(codes[:count] == TYPE_CODES[kind])
+        return [ids[i] for i in rows], matrix[rows]
+
     def get(self, node_id: str) -> Vector | None:
         row = self._rows.get(node_id)
         return None if row is None else self._matrix[row]

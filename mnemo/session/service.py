@@ -158,6 +158,7 @@ class SessionService:
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
         self._timer_wake = anyio.Event()
+        self._timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
 
     # ---- life of the service -------------------------------------------------------------
 
@@ -177,14 +178,22 @@ class SessionService:
             session.episode = row.episode
             session.changeset = row.changeset
             session.needs_extraction = row.state is S.EXTRACTING
-            session.last_activity = anyio.current_time()
-        self._timer_wake.set()
+            self._touch(session)
 
     def resume_repo(self, repo: str) -> None:
         """Restarts the extractions of restored sessions of `repo`."""
         for session in list(self._sessions.values()):
             if session.repo == repo:
                 self._resume(session)
+
+    def _touch(self, session: _Session) -> None:
+        """Records activity; an auto-commit session may now have an earlier deadline (a first
+        uncommitted step starts its flush clock), so the timers look again. Other sessions have
+        no timers: waking for them cost every append a scan of every session."""
+        session.last_activity = anyio.current_time()
+        if session.config.auto_commit:
+            self._timed.add(session.id)
+            self._timer_wake.set()
 
     def _add(
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
@@ -236,8 +245,7 @@ class SessionService:
         await self._store.create_session(session_id, repo, config, episode)
         session = self._add(session_id, repo, S.COLLECTING, config, override)
         session.episode = episode
-        session.last_activity = anyio.current_time()
-        self._timer_wake.set()
+        self._touch(session)
         await self._events.emit(
             "transition", session_id=session_id, repo=repo, **{"from": None, "to": S.COLLECTING}
         )
@@ -519,8 +527,7 @@ class SessionService:
             session.last_receipt = None
 
         await self._move(session, "start_episode", persist, op=op)
-        session.last_activity = anyio.current_time()
-        self._timer_wake.set()
+        self._touch(session)
 
     async def _do_append(
         self,
@@ -591,8 +598,7 @@ class SessionService:
                     previous.reward = previous_reward
                 raise
             episode.steps.append(step)
-        session.last_activity = anyio.current_time()
-        self._timer_wake.set()
+        self._touch(session)
         info = StepInfo(step.index, trajectory, boundary)
         await self._events.emit(
             "step_appended", session_id=session.id, repo=session.repo, index=step.index,
@@ -621,7 +627,8 @@ class SessionService:
         changeset = session.changeset
         episode = session.episode
         assert changeset is not None, "a ready session holds its changeset"
-        steps = [s for s in episode.steps if s.id in set(changeset.step_ids)] if episode else []
+        wanted = set(changeset.step_ids)
+        steps = [s for s in episode.steps if s.id in wanted] if episode else []
         receipts: list[CommitReceipt] = []
 
         async def persist() -> None:
@@ -829,7 +836,11 @@ class SessionService:
         while True:
             now = anyio.current_time()
             next_due = math.inf
-            for session in list(self._sessions.values()):
+            for session_id in list(self._timed):
+                session = self._sessions.get(session_id)
+                if session is None:
+                    self._timed.discard(session_id)
+                    continue
                 due = self._check_deadlines(session, now)
                 next_due = min(next_due, due)
             self._timer_wake = anyio.Event()

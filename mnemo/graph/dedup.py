@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mnemo.graph.model import Link, NodeDraft, NodeType, Vector
+from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, cosine, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
@@ -107,13 +107,14 @@ async def resolve_intents(
 
 def remap_links(links: list[Link], resolution: Resolution) -> list[Link]:
     """Links redirected to survivors, without self-links or duplicates, in order."""
-    seen: set[tuple[str, str, str]] = set()
+    survivor = resolution.remap.get
+    seen: set[tuple[str, str, LinkType]] = set()
     result: list[Link] = []
     for link in links:
-        src, dst = resolution.survivor(link.src), resolution.survivor(link.dst)
-        key = (src, dst, link.type.value)
+        src, dst = survivor(link.src, link.src), survivor(link.dst, link.dst)
+        key = (src, dst, link.type)
         if src == dst or key in seen:
             continue
         seen.add(key)
-        result.append(Link(src, dst, link.type))
+        result.append(link if (src, dst) == (link.src, link.dst) else Link(src, dst, link.type))
     return result

@@ -24,6 +24,8 @@ from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.graph.store import SqliteGraph
+from mnemo.ingest.model import IngestReceipt, Trajectory
+from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.ports import LLM, Embedder
 from mnemo.recall.engine import RecallResult, recall
 from mnemo.session.host import TaskHost
@@ -75,6 +77,7 @@ class Memory:
             repo_runtime=self._runtime,
             slots=self._slots,
         )
+        self._ingests = IngestService(self._database, self._graph, self._ingest_runtime)
         self._host: TaskHost | None = None
 
     # ---- opening and closing --------------------------------------------------------------
@@ -382,6 +385,42 @@ class Memory:
             node_ids=[m.node.id for m in result.memories],
         )
         return result
+
+    # ---- ingest and forget ---------------------------------------------------------------
+
+    async def ingest(
+        self, repo: str, trajectory: Trajectory, *, source_id: str
+    ) -> IngestReceipt:
+        """Stores a complete trajectory in one call (annotation, segmentation, extraction,
+        commit with the repo's llm and embedder); returns when its nodes are durable.
+
+        Idempotent by `source_id` within the repo, across reopening: the same payload again
+        returns the first receipt with `created=False`; concurrent identical calls do the work
+        once.
+
+        Raises:
+            InvalidInputError: a malformed trajectory or source id.
+            NotFoundError: an unknown repo.
+            ConflictError: the source id was used with a different payload.
+            PipelineError: "extraction_failed" (nothing was stored).
+        """
+        self._repo(repo)
+        return await self._ingests.ingest(repo, trajectory, source_id)
+
+    async def forget(self, repo: str, source_id: str) -> int:
+        """Removes every node the source produced, with its links, vectors and search
+        entries, and the tags and intents it left unlinked; returns how many nodes went (0
+        for an unknown source). The source id can then be ingested again."""
+        self._repo(repo)
+        return await self._ingests.forget(repo, source_id)
+
+    def _ingest_runtime(self, repo: str) -> IngestRuntime:
+        runtime = self._repo(repo)
+        slots = self._slots(runtime.llm, runtime.config)
+        return IngestRuntime(
+            runtime.llm, runtime.embedder, runtime.config, slots,
+            self._service.intent_policy(runtime),
+        )
 
     async def recall_in_context(
         self, repo: str, session_id: str, query: str, *, k: int = 10

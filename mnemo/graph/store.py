@@ -323,6 +323,49 @@ class SqliteGraph:
                 self._indexes[repo].remove(ids)
             return gone
 
+    async def delete_source(
+        self, repo: str, source_id: str, *, also: Sequence[AlsoWrite] = ()
+    ) -> int:
+        """Deletes every node a source produced, then the tags and intents that this left
+        without links (a tag a source created but another still uses stays); returns how
+        many nodes went."""
+        async with self.lock(repo):
+
+            def delete(db: SqliteUtilsDatabase) -> list[str]:
+                conn = db.conn
+                with db.atomic():
+                    own = [row[0] for row in conn.execute(
+                        "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
+                        " AND type NOT IN ('tag', 'intent')", (repo, source_id))]
+                    routes = {row[0] for row in conn.execute(
+                        "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
+                        " AND type IN ('tag', 'intent')", (repo, source_id))}
+                    for chunk in _chunks(own, 400):
+                        marks = ",".join("?" * len(chunk))
+                        routes.update(row[0] for row in conn.execute(
+                            f"SELECT n.id FROM links l JOIN nodes n ON n.id = l.src"
+                            f" WHERE l.dst IN ({marks}) AND n.type IN ('tag', 'intent')",
+                            chunk))
+                        conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+                    orphans = [
+                        node_id for node_id in sorted(routes)
+                        if conn.execute(
+                            "SELECT 1 FROM links WHERE src = ? OR dst = ? LIMIT 1",
+                            (node_id, node_id),
+                        ).fetchone() is None
+                    ]
+                    for chunk in _chunks(orphans, 400):
+                        marks = ",".join("?" * len(chunk))
+                        conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+                    for extra in also:
+                        extra(db)
+                return own + orphans
+
+            gone = await self._database.run(delete)
+            if repo in self._indexes:
+                self._indexes[repo].remove(gone)
+            return len(gone)
+
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:

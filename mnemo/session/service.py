@@ -807,7 +807,10 @@ class SessionService:
         self._kick(session)
 
     def _intent_policy(self, session: _Session) -> IntentPolicy:
-        runtime = session.runtime
+        return self.intent_policy(session.runtime)
+
+    def intent_policy(self, runtime: Runtime) -> IntentPolicy:
+        """How commits made with `runtime` deduplicate intents (merging through its LLM)."""
 
         async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
             try:

@@ -144,3 +144,114 @@ def m002_graph(db: Database) -> None:
         END;
         """,
     )
+
+
+@MIGRATIONS()
+def m003_conversation(db: Database) -> None:
+    # Conversation memory (issue 5). `threads.next_seq` is the per-thread counter that makes a
+    # seq never reused, even after TTL expiry or `clear`; `history_len` is how much of the
+    # caller's history is stored (`clear` resets it, the counter goes on). Message rows are
+    # never updated; `text` is what search indexes (content plus tool calls) and `content`
+    # is NULL when it equals `text`, so the common case stores the words once.
+    _execute_all(
+        db,
+        """
+        CREATE TABLE threads (
+            id TEXT PRIMARY KEY,
+            next_seq INTEGER NOT NULL,
+            history_len INTEGER NOT NULL,
+            boundary_seq INTEGER NOT NULL,
+            created_at TEXT NOT NULL
+        );
+        CREATE TABLE messages (
+            rowid INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            thread_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            text TEXT NOT NULL,
+            content TEXT,
+            data TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            recorded_at TEXT NOT NULL,
+            UNIQUE (thread_id, seq)
+        );
+        CREATE INDEX messages_by_time ON messages(thread_id, recorded_at);
+        CREATE TABLE message_vectors (
+            message_id TEXT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+            thread_id TEXT NOT NULL,
+            vec BLOB NOT NULL
+        );
+        CREATE INDEX message_vectors_by_thread ON message_vectors(thread_id);
+        CREATE TABLE compactions (
+            thread_id TEXT NOT NULL,
+            start_seq INTEGER NOT NULL,
+            end_seq INTEGER NOT NULL,
+            summary_text TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (thread_id, start_seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE snapshots (
+            rowid INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            thread_id TEXT NOT NULL,
+            level INTEGER NOT NULL,
+            start_seq INTEGER NOT NULL,
+            end_seq INTEGER NOT NULL,
+            text TEXT NOT NULL,
+            covered_by TEXT,
+            created_at TEXT NOT NULL
+        );
+        CREATE INDEX snapshots_by_thread ON snapshots(thread_id, level, start_seq);
+        CREATE TABLE goals (
+            id TEXT PRIMARY KEY,
+            thread_id TEXT NOT NULL,
+            description TEXT NOT NULL,
+            status TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            completed_at TEXT
+        );
+        CREATE INDEX goals_by_thread ON goals(thread_id, status);
+        CREATE TABLE pins (
+            message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            goal_id TEXT NOT NULL REFERENCES goals(id) ON DELETE CASCADE,
+            thread_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (message_id, goal_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX pins_by_thread ON pins(thread_id);
+        CREATE INDEX pins_by_goal ON pins(goal_id);
+        CREATE VIRTUAL TABLE messages_fts USING fts5(
+            text, content='messages', content_rowid='rowid', tokenize='porter unicode61'
+        );
+        CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts(rowid, text) VALUES (new.rowid, new.text);
+        END;
+        CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, text)
+                VALUES ('delete', old.rowid, old.text);
+        END;
+        CREATE TRIGGER messages_fts_update AFTER UPDATE OF text ON messages BEGIN
+            INSERT INTO messages_fts(messages_fts, rowid, text)
+                VALUES ('delete', old.rowid, old.text);
+            INSERT INTO messages_fts(rowid, text) VALUES (new.rowid, new.text);
+        END;
+        """,
+    )
+
+
+@MIGRATIONS()
+def m004_ingests(db: Database) -> None:
+    _execute_all(
+        db,
+        """
+        CREATE TABLE ingests (
+            repo TEXT NOT NULL,
+            source_id TEXT NOT NULL,
+            payload_hash TEXT NOT NULL,
+            changeset_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (repo, source_id)
+        ) WITHOUT ROWID;
+        """,
+    )

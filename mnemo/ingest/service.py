@@ -1,0 +1,255 @@
+"""`IngestService`: complete trajectories stored in one call, idempotent by source id.
+
+An ingest runs the session pipeline in memory (annotation, segmentation, extraction) and
+commits the changeset with its `ingests` row in one transaction, so a source is either fully
+stored with its receipt or not at all. Concurrent identical ingests of one source share the
+work: the first does it, the others wait for its receipt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+from mnemo.config import Config
+from mnemo.episode.annotation import annotate, starts_trajectory
+from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.errors import ConflictError, InvalidInputError, PipelineError
+from mnemo.extraction.pipeline import Source, extract, failure_reason
+from mnemo.graph.model import now_utc
+from mnemo.graph.store import IntentPolicy, SqliteGraph
+from mnemo.ingest.model import IngestReceipt, Trajectory
+from mnemo.ports import LLM, Embedder, LimitedLLM
+from mnemo.storage.db import Database
+
+
+@dataclass(frozen=True, slots=True)
+class IngestRuntime:
+    llm: LLM
+    embedder: Embedder
+    config: Config
+    slots: anyio.CapacityLimiter
+    intents: IntentPolicy
+
+
+@dataclass(slots=True)
+class _InFlight:
+    payload_hash: str
+    done: anyio.Event
+    receipt: IngestReceipt | None = None
+    error: BaseException | None = None
+
+
+def payload_of(trajectory: Trajectory) -> str:
+    """The canonical JSON of what identifies an ingest's payload.
+
+    Raises:
+        InvalidInputError: a field has the wrong type or is not JSON-serialisable.
+    """
+    if not isinstance(trajectory, Trajectory):
+        raise InvalidInputError(
+            f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}"
+        )
+    if not isinstance(trajectory.goal, str) or not trajectory.goal.strip():
+        raise InvalidInputError(f"trajectory.goal must be a non-blank string, got "
+                                f"{trajectory.goal!r}")
+    steps: list[dict[str, Any]] = []
+    for i, step in enumerate(trajectory.steps):
+        for name in ("observation", "action"):
+            value = getattr(step, name, None)
+            if not isinstance(value, str):
+                raise InvalidInputError(
+                    f"trajectory.steps[{i}].{name} must be a string, got {type(value).__name__}"
+                )
+        if step.metadata is not None and not isinstance(step.metadata, dict):
+            raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
+        steps.append(
+            {"observation": step.observation, "action": step.action, "metadata": step.metadata}
+        )
+    if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
+        raise InvalidInputError("trajectory.metadata must be a dict or None")
+    try:
+        return json.dumps(
+            {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"trajectory is not JSON-serialisable: {exc}") from exc
+
+
+class IngestService:
+    """Ingest and forget for every repo of one `Memory`."""
+
+    def __init__(
+        self,
+        database: Database,
+        graph: SqliteGraph,
+        runtime: Callable[[str], IngestRuntime],
+    ) -> None:
+        self._database = database
+        self._graph = graph
+        self._runtime = runtime
+        self._inflight: dict[tuple[str, str], _InFlight] = {}
+
+    async def ingest(self, repo: str, trajectory: Trajectory, source_id: str) -> IngestReceipt:
+        """Stores the trajectory's nodes durably, once per (repo, source_id).
+
+        Raises:
+            InvalidInputError: a malformed trajectory or source id (nothing stored).
+            ConflictError: the source id is taken by a different payload.
+            PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
+        """
+        if not isinstance(source_id, str) or not source_id.strip():
+            raise InvalidInputError(f"source_id must be a non-blank string, got {source_id!r}")
+        payload = payload_of(trajectory)
+        digest = hashlib.sha256(payload.encode()).hexdigest()
+        runtime = self._runtime(repo)
+        key = (repo, source_id)
+        running = self._inflight.get(key)
+        if running is not None:
+            return await self._join(running, digest, source_id)
+        mine = _InFlight(digest, anyio.Event())
+        self._inflight[key] = mine
+        try:
+            mine.receipt = await self._ingest_once(repo, trajectory, source_id, digest, runtime)
+            return mine.receipt
+        except BaseException as exc:
+            mine.error = exc
+            raise
+        finally:
+            del self._inflight[key]
+            mine.done.set()
+
+    async def _join(self, running: _InFlight, digest: str, source_id: str) -> IngestReceipt:
+        if running.payload_hash != digest:
+            raise ConflictError(
+                f"source {source_id!r} is being ingested with a different payload"
+            )
+        await running.done.wait()
+        if running.receipt is None:
+            raise PipelineError("extraction_failed", f"the ingest of {source_id!r} failed: "
+                                f"{running.error!r}") from running.error
+        return IngestReceipt(source_id, running.receipt.node_ids, created=False)
+
+    async def _ingest_once(
+        self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
+        runtime: IngestRuntime,
+    ) -> IngestReceipt:
+        known = await self._known(repo, source_id)
+        if known is not None:
+            known_digest, receipt = known
+            if known_digest != digest:
+                raise ConflictError(
+                    f"source {source_id!r} of repo {repo!r} was ingested with a different "
+                    "payload; forget it first to replace it"
+                )
+            return IngestReceipt(source_id, receipt.node_ids, created=False)
+        key = hashlib.sha1(f"{repo}\0{source_id}".encode()).hexdigest()[:20]
+        episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
+        llm = LimitedLLM(runtime.llm, runtime.slots)
+        try:
+            await self._annotate(episode, trajectory, llm, runtime)
+            changeset = await extract(
+                episode,
+                episode.steps,
+                repo=repo,
+                source=Source(
+                    node_id=f"source_ingest_{key}",
+                    text=trajectory.goal,
+                    data={"source_id": source_id, "goal": trajectory.goal,
+                          "metadata": trajectory.metadata},
+                    source_id=source_id,
+                ),
+                llm=runtime.llm,
+                embedder=runtime.embedder,
+                slots=runtime.slots,
+                time_limit=runtime.config.extraction_timeout,
+                score_last_step=bool(episode.steps),
+            )
+        except Exception as exc:
+            raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
+        created_at = now_utc().isoformat()
+
+        def record(db: SqliteUtilsDatabase) -> None:
+            # The receipt itself is the commit's, in applied_changesets: one source of truth.
+            db.conn.execute(
+                "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (repo, source_id, digest, changeset.id, created_at),
+            )
+
+        commit = await self._graph.apply(changeset, intents=runtime.intents, also=[record])
+        return IngestReceipt(source_id, commit.node_ids, created=True)
+
+    async def _annotate(
+        self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime
+    ) -> None:
+        """Annotates and segments the steps as appends would, one after another."""
+        for index, step in enumerate(trajectory.steps):
+            previous = episode.steps[-1] if episode.steps else None
+            with anyio.fail_after(runtime.config.append_timeout):
+                note = await annotate(
+                    llm,
+                    runtime.embedder,
+                    goal=episode.goal,
+                    observation=step.observation,
+                    action=step.action,
+                    previous=previous,
+                    recent=[s.line for s in episode.steps[-3:]],
+                )
+            boundary = starts_trajectory(
+                previous, note.subgoal_vec, runtime.config.trajectory_threshold
+            )
+            if previous is not None:
+                previous.reward = note.previous_reward
+            episode.steps.append(
+                StepRecord(
+                    id=f"{episode.id}:{index}",
+                    index=index,
+                    trajectory_id=(
+                        f"{episode.id}:t{index}" if previous is None or boundary
+                        else previous.trajectory_id
+                    ),
+                    observation=step.observation,
+                    action=step.action,
+                    state_summary=note.state_summary,
+                    subgoal=note.subgoal,
+                    subgoal_vec=note.subgoal_vec,
+                    metadata=step.metadata,
+                )
+            )
+
+    async def _known(self, repo: str, source_id: str) -> tuple[str, IngestReceipt] | None:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT i.payload_hash, a.receipt FROM ingests i"
+                " JOIN applied_changesets a ON a.id = i.changeset_id"
+                " WHERE i.repo = ? AND i.source_id = ?",
+                (repo, source_id),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        digest, receipt = rows[0]
+        node_ids = list(json.loads(receipt)["node_ids"])
+        return digest, IngestReceipt(source_id, node_ids, created=False)
+
+    async def forget(self, repo: str, source_id: str) -> int:
+        """Removes every node the source produced, and tags and intents left with no links;
+        returns how many nodes went (0 for an unknown source). The id is then free."""
+        if not isinstance(source_id, str) or not source_id.strip():
+            raise InvalidInputError(f"source_id must be a non-blank string, got {source_id!r}")
+
+        def drop_record(db: SqliteUtilsDatabase) -> None:
+            db.conn.execute(
+                "DELETE FROM ingests WHERE repo = ? AND source_id = ?", (repo, source_id)
+            )
+
+        return await self._graph.delete_source(repo, source_id, also=[drop_record])

@@ -22,7 +22,9 @@ from mnemo.errors import (
 )
 from mnemo.events import Event
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
+from mnemo.ingest.model import IngestReceipt, Step, Trajectory
 from mnemo.memory import Memory
+from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.recall.engine import Recalled, RecallResult
 from mnemo.session.machine import State
@@ -38,6 +40,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "EmbeddingError",
     "Event",
     "HashEmbedder",
+    "IngestReceipt",
     "InvalidInputError",
     "LLM",
     "LLMError",
@@ -46,6 +49,9 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "LLMTimeout",
     "LinkType",
     "Memory",
+    "MemoryFile",
+    "MemoryFiles",
+    "MemoryUpdate",
     "MnemoError",
     "Node",
     "NodeType",
@@ -58,7 +64,9 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "SessionContext",
     "SessionError",
     "State",
+    "Step",
     "StepInfo",
     "ToolCall",
+    "Trajectory",
     "Usage",
 ]

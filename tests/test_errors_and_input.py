@@ -50,7 +50,6 @@ CORE_NAMES = [
 # starts failing (as a reminder to drop the mark) the day the name lands.
 _LATER = {
     3: ["OpenAICompatible", "Anthropic", "OpenAIEmbedder"],
-    4: ["IngestReceipt", "Trajectory", "Step"],
     5: [
         "Message",
         "Recent",
@@ -62,7 +61,6 @@ _LATER = {
         "SearchHit",
         "MessageView",
     ],
-    6: ["MemoryFiles", "MemoryUpdate", "MemoryFile"],
 }
 OTHER_API_NAMES = [
     pytest.param(name, marks=pytest.mark.xfail(reason=f"lands with issue {issue}"))

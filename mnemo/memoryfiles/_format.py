@@ -1,0 +1,273 @@
+"""The on-disk shape of a topic file, and the pure rules for its lines.
+
+A file is a front matter block, then the body:
+
+```
+---
+topic: "Database"
+description: "Which database we run and how it is backed up"
+updated: 2025-01-01T09:30:00+00:00
+used: 2025-01-02T08:00:00+00:00
+---
+- We decided to use PostgreSQL 16.
+- Backups run nightly at 02:00 UTC.
+```
+
+Strings are written JSON-quoted (a JSON string is a valid YAML double-quoted scalar), times as
+UTC ISO-8601; `used` appears once the file has been recalled. The body holds one entry per
+line, oldest (least important) first: that order is what `fit` drops from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from mnemo.adapters import _text
+
+MAX_TOPIC_CHARS = 80
+MAX_DESCRIPTION_CHARS = 200
+_MAX_SLUG = 60
+_ELLIPSIS = "\u2026"
+# Names Windows refuses as file stems, whatever the extension.
+_RESERVED = frozenset(
+    ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)]
+)
+_BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)])\s+|^[-*+\u2022]$")
+_FRONT_LINE = re.compile(r"^([A-Za-z_][\w-]*)\s*:\s?(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    """A topic file read back: front matter fields (None when absent or unreadable) and body."""
+
+    topic: str | None
+    description: str
+    updated: datetime | None
+    used: datetime | None
+    body: str
+
+
+def one_line(text: str, max_chars: int) -> str:
+    """`text` as one printable line: whitespace collapsed, control characters dropped, clipped.
+
+    Control and format characters go because the front matter must stay one line per key
+    and readable as YAML.
+    """
+    printable = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+    return " ".join(printable.split())[:max_chars].rstrip()
+
+
+def topic_key(topic: str) -> str:
+    """The identity of a topic: its content words' stems, sorted and deduplicated.
+
+    "Database backups", "database backup" and "Backups of the database" are one topic, so a
+    topic never splits across files over wording. Falls back to all words, then to the
+    case-folded text, for topics made only of function words or symbols.
+    """
+    toks = _text.tokens(topic)
+    content = [t for t in toks if not _text.is_stopword(t)] or toks
+    if not content:
+        return " ".join(topic.casefold().split())
+    return " ".join(sorted({_text.stem(t) for t in content}))
+
+
+def slug(topic: str) -> str:
+    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes.
+
+    Never empty, never starting with "." or "-", at most 60 characters, never a name Windows
+    reserves; a topic with no ASCII letter or digit gets "topic-" and a hash of its key.
+    """
+    ascii_text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode("ascii")
+    stem = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:_MAX_SLUG].rstrip("-")
+    if not stem:
+        digest = hashlib.sha1(topic_key(topic).encode("utf-8")).hexdigest()[:10]
+        stem = f"topic-{digest}"
+    if stem in _RESERVED:
+        stem = f"{stem}-topic"
+    return stem
+
+
+def render(
+    *, topic: str, description: str, updated: datetime, used: datetime | None, content: str
+) -> str:
+    """The full text of a topic file: the front matter, then `content` as it is."""
+    head = [
+        "---",
+        f"topic: {_quote(topic)}",
+        f"description: {_quote(description)}",
+        f"updated: {_stamp(updated)}",
+    ]
+    if used is not None:
+        head.append(f"used: {_stamp(used)}")
+    head.append("---")
+    return "\n".join(head) + "\n" + content
+
+
+def parse(text: str) -> Parsed:
+    """Reads a topic file; a file without front matter is all body.
+
+    Lenient on purpose, since people edit these files by hand: unknown keys are ignored, a
+    value may be bare or quoted, and an unreadable time is None.
+    """
+    text = text.replace("\r\n", "\n")
+    fields: dict[str, str] = {}
+    rest = text
+    if text.startswith("---\n"):
+        end = text.find("\n---\n", 3)
+        if end == -1 and text.endswith("\n---"):
+            end = len(text) - 4
+        if end != -1:
+            for line in text[4:end].splitlines():
+                match = _FRONT_LINE.match(line.strip())
+                if match:
+                    fields[match.group(1).lower()] = _unquote(match.group(2).strip())
+            rest = text[end + 5 :]
+    topic = one_line(fields.get("topic", ""), MAX_TOPIC_CHARS) or None
+    return Parsed(
+        topic=topic,
+        description=one_line(fields.get("description", ""), MAX_DESCRIPTION_CHARS),
+        updated=_time(fields.get("updated")),
+        used=_time(fields.get("used")),
+        body=rest,
+    )
+
+
+def entries(text: str) -> list[str]:
+    """The entry lines of a body: blank lines dropped, every non-heading line a "- " bullet."""
+    out: list[str] = []
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            out.append(line)
+            continue
+        content = _BULLET.sub("", line, count=1).strip()
+        if content:
+            out.append(f"- {content}")
+    return out
+
+
+def entry_key(line: str) -> str:
+    """What makes two entries the same: case, spacing, bullets and final punctuation ignored."""
+    content = _BULLET.sub("", line.strip(), count=1)
+    return " ".join(content.casefold().split()).rstrip(" .!;")
+
+
+def dedupe(lines: list[str]) -> list[str]:
+    """`lines` without repeats (by `entry_key`), each kept at its first position."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for line in lines:
+        key = entry_key(line)
+        if key and key not in seen:
+            seen.add(key)
+            out.append(line)
+    return out
+
+
+def fit(lines: list[str], max_chars: int) -> list[str]:
+    """`lines` cut down so that `body(lines)` has at most `max_chars` characters.
+
+    A line too long to fit alone is truncated (marked with an ellipsis). Then the oldest
+    entries are dropped first, headings only after every entry, and the newest line always
+    stays: the body is ordered least important first (see the module doc).
+    """
+    limit = max_chars - 1  # each line carries its newline
+    cut = [_truncate(line, limit) for line in lines]
+    total = sum(len(line) + 1 for line in cut)
+    headings = [i for i, line in enumerate(cut) if line.startswith("#")]
+    order = [i for i in range(len(cut)) if i not in set(headings)] + headings
+    dropped: set[int] = set()
+    for i in order:
+        if total <= max_chars or len(dropped) == len(cut) - 1:
+            break
+        dropped.add(i)
+        total -= len(cut[i]) + 1
+    return [line for i, line in enumerate(cut) if i not in dropped]
+
+
+def merge(
+    current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool
+) -> list[str]:
+    """The entries of a file after a change, merged three ways.
+
+    `current` is the file now, `proposed` what the LLM wrote, `base` what the LLM was shown
+    (None: it saw no content, so `proposed` holds only additions). When the file has not
+    changed since the LLM saw it, the LLM's order is kept and entries it left out stay in
+    front (they are older); when another writer changed it meanwhile, that writer's entries
+    stay and only the LLM's additions are appended, so concurrent updates lose nothing.
+    Entries the LLM dropped are removed only when `allow_removal` (a correction).
+    """
+    proposed_keys = {entry_key(line) for line in proposed}
+    if base is None:
+        current_keys = {entry_key(line) for line in current}
+        return current + [line for line in proposed if entry_key(line) not in current_keys]
+    base_keys = {entry_key(line) for line in base}
+    removed = base_keys - proposed_keys if allow_removal else set()
+    if [entry_key(line) for line in current] == [entry_key(line) for line in base]:
+        kept = [
+            line
+            for line in current
+            if entry_key(line) not in proposed_keys and entry_key(line) not in removed
+        ]
+        return kept + proposed
+    current_keys = {entry_key(line) for line in current}
+    # A proposed line that was in `base` but is gone now was removed by the other writer.
+    added = [
+        line
+        for line in proposed
+        if entry_key(line) not in current_keys and entry_key(line) not in base_keys
+    ]
+    return [line for line in current if entry_key(line) not in removed] + added
+
+
+def body(lines: list[str]) -> str:
+    """The body text of `lines`: one per line, with a final newline ("" for none)."""
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _truncate(line: str, limit: int) -> str:
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    # Cut at a word boundary unless that would throw away much of the statement.
+    if space > 0.8 * limit:
+        cut = cut[:space]
+    return cut.rstrip() + _ELLIPSIS
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == '"':
+        try:
+            loaded = json.loads(value)
+        except json.JSONDecodeError:
+            return value.strip('"')
+        return loaded if isinstance(loaded, str) else value
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1].replace("''", "'")
+    return value
+
+
+def _stamp(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat()
+
+
+def _time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)

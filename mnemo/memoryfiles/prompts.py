@@ -1,0 +1,271 @@
+"""The memory-file tasks for the LLM, `memory_update` and `memory_persist`, with their parsers.
+
+Both go through `task_request`, so the offline LLM reads the same inputs a real model does.
+The parsers are strict about shape (a reply that does not match raises `ValueError` naming the
+first offending field, and `ask` asks again) and clean up what they keep: topics and
+descriptions become one printable line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
+from mnemo.ports import LLMRequest, LLMResponse, task_request
+
+SIGNALS = ("decision", "context", "correction", "preference")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicChange:
+    """One file the LLM wants changed: its topic, description, why, and its merged content."""
+
+    topic: str
+    description: str
+    signals: tuple[str, ...]
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Filed:
+    """Where the LLM files one statement to remember."""
+
+    topic: str
+    description: str
+    entry: str
+
+
+# ---- memory_update ------------------------------------------------------------------------
+
+MEMORY_UPDATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "files": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "topic": {"type": "string"},
+                    "description": {"type": "string"},
+                    "signals": {
+                        "type": "array",
+                        "items": {"type": "string", "enum": list(SIGNALS)},
+                    },
+                    "content": {"type": "string"},
+                },
+                "required": ["topic", "description", "signals", "content"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["files"],
+    "additionalProperties": False,
+}
+MEMORY_UPDATE_SYSTEM = (
+    "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
+    "reads before future work. You update them from a conversation, keeping only what will "
+    "still matter in later conversations."
+)
+MEMORY_UPDATE_INSTRUCTIONS = """\
+Read the conversation and decide which memory topics it touched, then write the merged content \
+of every file that should change.
+
+Only four kinds of signal qualify:
+- decision: an explicit decision ("we decided to ...", "let's go with ...", "we'll use ...").
+- context: new lasting context about the user, the project or its environment (names, roles,
+  the stack, conventions, constraints, deadlines) that stays true after this conversation.
+- correction: the user corrects something (a fact, an earlier decision, or something the
+  assistant or a memory file got wrong).
+- preference: a stated preference about how to work or answer ("I prefer ...", "always ...",
+  "never ...", "please don't ...").
+Signals come from the user's messages; an assistant message counts only where it confirms what
+the user said or decided. Ignore everything else: greetings, thanks, small talk, questions, the
+intermediate steps of the task, tool output, guesses, and whatever is true only for this
+conversation. If nothing qualifies, reply {"files": []}.
+
+Rules for the files:
+- `files` lists every existing memory file by topic and description; some also show their
+  current content.
+- A topic lives in exactly one file. When a signal belongs to an existing topic, reuse that
+  topic's name exactly. Create a new topic only when none fits: name it with a short noun
+  phrase (1 to 4 words, e.g. "database", "deployment", "code style") and describe in one line
+  what the file holds.
+- For a file whose content is shown, `content` is its complete merged content: the current
+  entries plus the new ones. Apply a correction by removing or rewriting the entry it
+  corrects, and list "correction" in `signals`; entries are only ever removed for a correction.
+- For an existing file whose content is not shown, `content` holds only the new entries; they
+  are appended to the file.
+- One entry per line, written as a Markdown bullet ("- ..."), each a self-contained statement:
+  name the things it is about instead of writing "it", "this" or "they". No headings. Never
+  repeat an entry that is already there.
+- Order entries from least to most important, new entries last unless they matter less: a file
+  is kept under `max_chars` characters by dropping its first entries.
+- `signals`: the kinds of signal (decision, context, correction, preference) behind the change.
+Only return files that change.
+Reply with JSON: {"files": [{"topic", "description", "signals", "content"}, ...]}."""
+
+
+def memory_update_request(
+    *, conversation: list[dict[str, str]], files: list[dict[str, str]], max_chars: int
+) -> LLMRequest:
+    """The "memory_update" task.
+
+    `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
+    for every existing file, plus "content" for those the LLM may rewrite in full. Read the
+    reply with `parse_update`.
+    """
+    return task_request(
+        "memory_update",
+        system=MEMORY_UPDATE_SYSTEM,
+        instructions=MEMORY_UPDATE_INSTRUCTIONS,
+        inputs={"conversation": conversation, "files": files, "max_chars": max_chars},
+        schema=MEMORY_UPDATE_SCHEMA,
+    )
+
+
+def parse_update(resp: LLMResponse) -> list[TopicChange]:
+    """The file changes of a "memory_update" reply, in order.
+
+    A missing or null `description` is "", missing or null `signals` none, and repeated
+    signals are dropped; a change without signals is returned as is (the caller skips it).
+
+    Raises:
+        ValueError: naming the first field that does not match the schema.
+    """
+    data = _data(resp)
+    if not isinstance(data, dict):
+        raise ValueError(f"memory_update reply must be a JSON object, got {_preview(data)}")
+    items = data.get("files")
+    if not isinstance(items, list):
+        raise ValueError(f"files must be a list, got {_preview(items)}")
+    changes: list[TopicChange] = []
+    for i, item in enumerate(items):
+        where = f"files[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be an object, got {_preview(item)}")
+        content = item.get("content")
+        if not isinstance(content, str):
+            raise ValueError(f"{where}.content must be a string, got {_preview(content)}")
+        changes.append(
+            TopicChange(
+                topic=_topic(item, where),
+                description=_description(item, where),
+                signals=_signals(item.get("signals"), where),
+                content=content,
+            )
+        )
+    return changes
+
+
+# ---- memory_persist -----------------------------------------------------------------------
+
+MEMORY_PERSIST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string"},
+        "description": {"type": "string"},
+        "entry": {"type": "string"},
+    },
+    "required": ["topic", "description", "entry"],
+    "additionalProperties": False,
+}
+MEMORY_PERSIST_SYSTEM = (
+    "You file statements into an agent's long-term memory: Markdown files, one per topic, "
+    "that the agent reads before future work."
+)
+MEMORY_PERSIST_INSTRUCTIONS = """\
+The user explicitly asked to remember `statement`. File it under one topic.
+- `files` lists the existing memory files by topic and description. A topic lives in exactly
+  one file: when the statement belongs to an existing topic, reuse that topic's name exactly.
+- Otherwise name a new topic with a short noun phrase (1 to 4 words, e.g. "database",
+  "deployment", "code style") and describe in one line what the file will hold.
+- `entry`: the statement as one self-contained line, keeping every detail: name the things it
+  is about instead of writing "it", "this" or "they". No bullet, no line breaks.
+- `description`: for an existing topic, its description (improved only if the statement
+  widens what the file holds).
+Reply with JSON: {"topic", "description", "entry"}."""
+
+
+def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LLMRequest:
+    """The "memory_persist" task: which topic `statement` belongs to, and its entry.
+
+    `files` holds {"topic", "description"} for every existing file. Read the reply with
+    `parse_persist`.
+    """
+    return task_request(
+        "memory_persist",
+        system=MEMORY_PERSIST_SYSTEM,
+        instructions=MEMORY_PERSIST_INSTRUCTIONS,
+        inputs={"statement": statement, "files": files},
+        schema=MEMORY_PERSIST_SCHEMA,
+    )
+
+
+def parse_persist(resp: LLMResponse) -> Filed:
+    """Where a "memory_persist" reply files the statement; the entry becomes one line.
+
+    Raises:
+        ValueError: naming the first field that does not match the schema.
+    """
+    data = _data(resp)
+    if not isinstance(data, dict):
+        raise ValueError(f"memory_persist reply must be a JSON object, got {_preview(data)}")
+    entry = data.get("entry")
+    if not isinstance(entry, str) or not entry.strip():
+        raise ValueError(f"entry must be a non-empty string, got {_preview(entry)}")
+    return Filed(
+        topic=_topic(data, "reply"),
+        description=_description(data, "reply"),
+        entry=" ".join(entry.split()),
+    )
+
+
+# ---- shared field readers -----------------------------------------------------------------
+
+
+def _data(resp: LLMResponse) -> Any:
+    """The reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset."""
+    if resp.data is not None or not isinstance(resp.text, str) or not resp.text.strip():
+        return resp.data
+    try:
+        return json.loads(resp.text)
+    except ValueError:
+        return None
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _topic(item: dict[str, Any], where: str) -> str:
+    value = item.get("topic")
+    topic = one_line(value, MAX_TOPIC_CHARS) if isinstance(value, str) else ""
+    if not topic:
+        raise ValueError(f"{where}.topic must be a non-empty string, got {_preview(value)}")
+    return topic
+
+
+def _description(item: dict[str, Any], where: str) -> str:
+    value = item.get("description")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{where}.description must be a string, got {_preview(value)}")
+    return one_line(value, MAX_DESCRIPTION_CHARS)
+
+
+def _signals(value: Any, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError(f"{where}.signals must be a list, got {_preview(value)}")
+    out: list[str] = []
+    for j, kind in enumerate(value):
+        if kind not in SIGNALS:
+            raise ValueError(f"{where}.signals[{j}] must be one of {SIGNALS}, got {kind!r}")
+        if kind not in out:
+            out.append(kind)
+    return tuple(out)

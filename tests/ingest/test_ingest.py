@@ -1,0 +1,131 @@
+"""ingest and forget: a trajectory in one call, idempotent by source id, and removable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+import mnemo
+from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
+
+N = mnemo.NodeType
+
+
+def trajectory(*observations: str, goal: str = "explore") -> mnemo.Trajectory:
+    return mnemo.Trajectory(
+        goal,
+        [mnemo.Step(o, f"do {o}", metadata={"turn": i}) for i, o in enumerate(observations)],
+        metadata={"origin": "test"},
+    )
+
+
+async def test_ingest_stores_a_trajectory_and_keeps_step_metadata(mem: mnemo.Memory) -> None:
+    """An ingest commits the trajectory's nodes; each EPISODIC node keeps its step metadata."""
+    receipt = await mem.ingest(REPO, trajectory("walk north", "open door"), source_id="s1")
+    assert receipt.created
+    assert receipt.source_id == "s1"
+    episodic = await mem.get_nodes_by_type(REPO, [N.EPISODIC])
+    assert sorted(n.data["metadata"]["turn"] for n in episodic) == [0, 1]
+    assert {n.id for n in episodic} <= set(receipt.node_ids)
+    for node_id in receipt.node_ids:
+        assert await mem.get_node(REPO, node_id) is not None
+    hits = await mem.recall(REPO, "open door")
+    assert hits.memories
+
+
+async def test_same_payload_again_adds_nothing(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """Ingesting the same payload under the same id returns the first receipt, created=False,
+    and asks the LLM nothing."""
+    first = await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    calls = len(llm.calls)
+    again = await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    assert (again.source_id, again.node_ids, again.created) == ("s1", first.node_ids, False)
+    assert len(llm.calls) == calls
+    assert len(await mem.get_nodes_by_type(REPO, list(N))) == len(first.node_ids)
+
+
+async def test_different_payload_under_the_same_id_conflicts(mem: mnemo.Memory) -> None:
+    """A different payload under a used source id raises ConflictError and stores nothing."""
+    await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    before = len(await mem.get_nodes_by_type(REPO, list(N)))
+    with pytest.raises(mnemo.ConflictError):
+        await mem.ingest(REPO, trajectory("walk south"), source_id="s1")
+    assert len(await mem.get_nodes_by_type(REPO, list(N))) == before
+
+
+async def test_concurrent_identical_ingests_do_the_work_once(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """Concurrent identical ingests coalesce: one created=True, the rest created=False, one
+    extraction."""
+    receipts: list[mnemo.IngestReceipt] = []
+
+    async def one() -> None:
+        receipts.append(await mem.ingest(REPO, trajectory("walk north"), source_id="s1"))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(one)
+    assert sorted(r.created for r in receipts) == [False] * 4 + [True]
+    assert len({tuple(r.node_ids) for r in receipts}) == 1
+    assert llm.tasks().count("semantic") == 1
+
+
+async def test_failed_extraction_stores_nothing(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """An ingest whose extraction fails raises PipelineError("extraction_failed"), stores
+    nothing, and leaves the id free."""
+    llm.fail_tasks.add("semantic")
+    with pytest.raises(mnemo.PipelineError) as caught:
+        await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    assert caught.value.reason == "extraction_failed"
+    assert await mem.get_nodes_by_type(REPO, list(N)) == []
+    llm.fail_tasks.clear()
+    assert (await mem.ingest(REPO, trajectory("walk north"), source_id="s1")).created
+
+
+async def test_idempotence_survives_reopening(tmp_path: Path) -> None:
+    """The source id is remembered in the file: after reopening, the same payload is not
+    ingested again."""
+    for attempt in range(2):
+        llm = FakeLLM()
+        async with mnemo.Memory(tmp_path / "m.db", llm=llm, embedder=FakeEmbedder()) as mem:
+            await mem.open_repo(REPO)
+            receipt = await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+            assert receipt.created is (attempt == 0)
+
+
+async def test_forget_removes_what_the_source_produced(mem: mnemo.Memory) -> None:
+    """forget deletes the source's nodes and the tags left unlinked, keeps tags another source
+    still uses, frees the id, and nothing of it can be recalled."""
+    kept = await mem.ingest(REPO, trajectory("walk east"), source_id="keep")
+    gone = await mem.ingest(REPO, trajectory("walk north", "open door"), source_id="gone")
+    count = await mem.forget(REPO, "gone")
+    remaining = await mem.get_nodes_by_type(REPO, list(N))
+    assert {n.id for n in remaining} == set(kept.node_ids)
+    assert count == len(gone.node_ids)
+    assert sorted(t.text for t in await mem.get_nodes_by_type(REPO, [N.TAG])) == ["walk"]
+    hits = await mem.recall(REPO, "open door")
+    assert all(m.node.id in set(kept.node_ids) for m in hits.memories)
+    assert await mem.forget(REPO, "gone") == 0
+    assert (await mem.ingest(REPO, trajectory("open window"), source_id="gone")).created
+
+
+@pytest.mark.parametrize(
+    ("source_id", "payload"),
+    [
+        ("", trajectory("walk")),
+        ("s", mnemo.Trajectory("  ", [])),
+        ("s", mnemo.Trajectory("g", [mnemo.Step(3, "x")])),  # type: ignore[arg-type]
+        ("s", mnemo.Trajectory("g", [mnemo.Step("o", "a", metadata={"x": object()})])),
+    ],
+)
+async def test_bad_input_is_refused_before_anything_is_stored(
+    mem: mnemo.Memory, source_id: str, payload: mnemo.Trajectory
+) -> None:
+    """Malformed ingests raise InvalidInputError and store nothing."""
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.ingest(REPO, payload, source_id=source_id)
+    assert await mem.get_nodes_by_type(REPO, list(N)) == []

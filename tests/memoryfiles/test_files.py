@@ -1,0 +1,570 @@
+"""MemoryFiles: when updates run, what they file, bounds, atomic writes, failures, recall."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mnemo
+from mnemo.memoryfiles import _format
+from tests.memoryfiles.fakes import USAGE, BarrierLLM, Clock, RecordingLLM, snapshot, user, write
+
+SIGNALS = [
+    "We decided to use PostgreSQL 16 for the main database.",
+    "I prefer tabs over spaces in Python code.",
+    "Our API gateway runs on port 8080.",
+    "My name is Ana and I work at Acme Corp.",
+]
+CHITCHAT = [
+    "Hi there! How are you today?",
+    "Thanks, that was really helpful.",
+    "The weather is lovely this morning.",
+    "Can you check the logs for me?",
+]
+
+
+def texts(files: mnemo.MemoryFiles) -> str:
+    return "\n".join(f.content for f in files.list())
+
+
+def change(topic: str, content: str, *signals: str, description: str = "") -> dict[str, Any]:
+    return {
+        "topic": topic,
+        "description": description,
+        "signals": list(signals or ["decision"]),
+        "content": content,
+    }
+
+
+# ---- when an update runs ------------------------------------------------------------------
+
+
+async def test_below_min_iterations_asks_nothing(
+    files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
+) -> None:
+    """Below min_iterations an update writes nothing and does not call the LLM."""
+    result = await files.update(user(*SIGNALS), llm=llm, iterations=9)
+    assert result == mnemo.MemoryUpdate(written=[], usage=None, error=None)
+    assert llm.calls == []
+    assert snapshot(directory) == {}
+
+
+async def test_subagent_asks_nothing(
+    files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
+) -> None:
+    """A sub-agent's update writes nothing and does not call the LLM, however long it ran."""
+    result = await files.update(user(*SIGNALS), llm=llm, iterations=500, is_subagent=True)
+    assert result == mnemo.MemoryUpdate()
+    assert llm.calls == []
+    assert snapshot(directory) == {}
+
+
+async def test_min_iterations_is_configurable(directory: Path, llm: RecordingLLM) -> None:
+    """An update runs from exactly min_iterations on, with the memory_update task."""
+    files = mnemo.MemoryFiles(directory, min_iterations=3)
+    assert (await files.update(user(SIGNALS[0]), llm=llm, iterations=2)).written == []
+    result = await files.update(user(SIGNALS[0]), llm=llm, iterations=3)
+    assert [r.task for r in llm.calls] == ["memory_update"]
+    assert result.written
+    assert result.error is None
+
+
+# ---- what an update files -----------------------------------------------------------------
+
+
+async def test_four_signals_are_filed_and_chitchat_is_not(files: mnemo.MemoryFiles) -> None:
+    """A decision, a preference, lasting context and a correction are filed; chit-chat is not."""
+    history = user(*CHITCHAT[:2], *SIGNALS, CHITCHAT[2])
+    history.append({"role": "user", "content": "Actually, our API gateway runs on port 8443."})
+    history.append({"role": "user", "content": CHITCHAT[3]})
+    result = await files.update(history, llm=None, iterations=10)
+    assert result.error is None
+    stored = texts(files)
+    for statement in [*SIGNALS[:2], SIGNALS[3], "Our API gateway runs on port 8443."]:
+        assert statement in stored
+    # The correction replaced the entry it corrects.
+    assert "port 8080" not in stored
+    for line in CHITCHAT:
+        assert line not in stored
+    assert sorted(result.written) == sorted(f.topic for f in files.list())
+    assert "Decision: We decided" in stored
+    assert "Preference: I prefer" in stored
+
+
+async def test_only_chitchat_writes_nothing(files: mnemo.MemoryFiles, directory: Path) -> None:
+    """A conversation without any of the four signals writes no file."""
+    result = await files.update(user(*CHITCHAT), llm=None, iterations=10)
+    assert result == mnemo.MemoryUpdate(written=[], usage=mnemo.Usage(0, 0, 0.0), error=None)
+    assert files.list() == []
+    assert snapshot(directory) == {}
+
+
+async def test_assistant_confirmation_is_filed(files: mnemo.MemoryFiles) -> None:
+    """An assistant message that confirms a decision counts; other assistant talk does not."""
+    history = [
+        {"role": "user", "content": "Which queue should we pick, Kafka or RabbitMQ?"},
+        {"role": "assistant", "content": "Got it, we'll use RabbitMQ for the job queue."},
+        {"role": "assistant", "content": "We use a lot of queues in general, I think."},
+    ]
+    result = await files.update(history, llm=None, iterations=10)
+    assert result.error is None
+    stored = texts(files)
+    assert "We'll use RabbitMQ for the job queue." in stored
+    assert "lot of queues" not in stored
+
+
+async def test_system_and_tool_messages_are_not_sent(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """Only user and assistant text reaches the LLM (a system prompt holds the files)."""
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "Memory: we decided to use MySQL."},
+        {"role": "user", "content": [{"type": "text", "text": SIGNALS[0]}]},
+        {"role": "tool", "content": "we decided to use Oracle", "tool_call_id": "1"},
+        {"role": "assistant", "content": ""},
+    ]
+    await files.update(history, llm=llm, iterations=10)
+    inputs = mnemo.ports.task_inputs(llm.calls[0])
+    assert inputs["conversation"] == [{"role": "user", "content": SIGNALS[0]}]
+    assert "MySQL" not in texts(files)
+    assert "Oracle" not in texts(files)
+
+
+async def test_update_request_shows_files(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
+    """The request names the four signals, carries a schema, and shows the existing files."""
+    await files.persist("Our staging server is staging2.acme.io.", llm=None)
+    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    request = llm.calls[0]
+    assert request.schema is not None
+    assert request.schema["required"] == ["files"]
+    prompt = request.messages[0]["content"]
+    for kind in ("decision", "context", "correction", "preference"):
+        assert f"- {kind}:" in prompt
+    (shown,) = mnemo.ports.task_inputs(request)["files"]
+    assert shown["content"] == "- Our staging server is staging2.acme.io.\n"
+    assert shown["topic"] == "staging server staging2.acme.io"
+
+
+async def test_same_topic_twice_is_one_merged_file(files: mnemo.MemoryFiles) -> None:
+    """Two updates touching one topic write one file, merged, without duplicate lines."""
+    first = await files.update(user(SIGNALS[0]), llm=None, iterations=10)
+    second = await files.update(
+        user(SIGNALS[0], "Our database backups run nightly at 02:00 UTC."), llm=None, iterations=10
+    )
+    assert first.written == second.written
+    (only,) = files.list()
+    lines = only.content.splitlines()
+    assert len(lines) == len(set(lines)) == 2
+    assert "PostgreSQL 16" in lines[0]
+    assert "backups" in lines[1]
+    again = await files.update(user(SIGNALS[0]), llm=None, iterations=10)
+    assert again.written == []
+    assert again.error is None
+
+
+async def test_topic_identity_is_normalised(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
+    """Topics differing only in case, plural or word order share one file."""
+    replies = iter(
+        [
+            {"files": [change("Database Backups", "- Backups run nightly.")]},
+            {"files": [change("backup of the database", "- Backups are kept 30 days.")]},
+            {
+                "files": [
+                    change("DATABASE backup", "- Backups go to S3."),
+                    change("database  backups", "- Restores are tested monthly."),
+                ]
+            },
+        ]
+    )
+    llm.reply = lambda _request: next(replies)
+    for _ in range(3):
+        result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+        assert result.error is None
+    (only,) = files.list()
+    assert only.topic == "Database Backups"
+    assert only.path.name == "database-backups.md"
+    assert only.content.count("\n") == 4
+
+
+async def test_entries_are_removed_only_by_a_correction(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A merged content that leaves out an entry keeps it, unless the change is a correction."""
+    await files.persist("The deploy window is Tuesday.", llm=None)
+    topic = files.list()[0].topic
+    llm.reply = lambda _request: {"files": [change(topic, "- Deploys need a review.")]}
+    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert files.list()[0].content == (
+        "- The deploy window is Tuesday.\n- Deploys need a review.\n"
+    )
+    fixed = "- The deploy window is Thursday.\n- Deploys need a review."
+    llm.reply = lambda _request: {"files": [change(topic, fixed, "correction")]}
+    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert files.list()[0].content == fixed + "\n"
+
+
+async def test_change_without_signal_is_skipped(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A change the LLM gives no signal for is not written."""
+    llm.reply = lambda _request: {
+        "files": [{"topic": "misc", "description": "", "signals": [], "content": "- Sunny."}]
+    }
+    result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert result.written == []
+    assert result.error is None
+    assert files.list() == []
+
+
+# ---- bounds -------------------------------------------------------------------------------
+
+
+async def test_full_file_drops_oldest_entries(directory: Path, clock: Clock) -> None:
+    """A file stays within max_chars by dropping its oldest entries; the newest stay."""
+    files = mnemo.MemoryFiles(directory, max_chars=120, clock=clock)
+    statements = [f"The build server number {n} runs Debian release {n}." for n in range(6)]
+    for statement in statements:
+        await files.persist(statement, llm=None)
+    (only,) = files.list()
+    assert len(only.content) <= 120
+    assert statements[-1] in only.content
+    assert statements[0] not in only.content
+    kept = [line.removeprefix("- ") for line in only.content.splitlines()]
+    assert kept == statements[-len(kept) :]
+
+
+async def test_long_statement_is_truncated(directory: Path, clock: Clock) -> None:
+    """A single statement longer than max_chars is truncated, not dropped."""
+    files = mnemo.MemoryFiles(directory, max_chars=100, clock=clock)
+    statement = "The release checklist says " + "verify the staging canary " * 20
+    stored = await files.persist(statement, llm=None)
+    assert len(stored.content) <= 100
+    assert stored.content.startswith("- The release checklist says verify")
+    assert stored.content.endswith("\u2026\n")
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    statements=st.lists(st.text(min_size=1, max_size=300), min_size=1, max_size=6),
+    max_chars=st.integers(min_value=20, max_value=400),
+)
+def test_any_statements_keep_files_bounded_and_parseable(
+    statements: list[str], max_chars: int
+) -> None:
+    """Whatever is persisted, every file is within max_chars and its front matter parses."""
+
+    async def main(directory: Path) -> None:
+        files = mnemo.MemoryFiles(directory, max_chars=max_chars)
+        for statement in statements:
+            if statement.strip():
+                await files.persist(statement, llm=None)
+            else:
+                with pytest.raises(mnemo.InvalidInputError):
+                    await files.persist(statement, llm=None)
+        listed = files.list()
+        assert len(listed) == len({_format.topic_key(f.topic) for f in listed})
+        for name, text in snapshot(directory).items():
+            assert name.endswith(".md")
+            assert not name.startswith(".")
+            parsed = _format.parse(text)
+            assert parsed.topic
+            assert parsed.updated is not None
+            assert len(parsed.body) <= max_chars
+
+    with tempfile.TemporaryDirectory() as tmp:
+        anyio.run(main, Path(tmp) / "memory")
+
+
+# ---- atomic writes ------------------------------------------------------------------------
+
+
+async def test_writes_leave_no_temporary_files(files: mnemo.MemoryFiles, directory: Path) -> None:
+    """After updates, persists and recalls the directory holds only the topic files."""
+    await files.update(user(*SIGNALS), llm=None, iterations=10)
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    await files.recall("wiki database")
+    names = sorted(snapshot(directory))
+    assert names == sorted(f.path.name for f in files.list())
+    assert all(name.endswith(".md") and not name.startswith(".") for name in names)
+
+
+async def test_failed_rename_leaves_old_file_intact(
+    files: mnemo.MemoryFiles, directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails before its rename leaves the old file and no temporary file."""
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    before = snapshot(directory)
+
+    def broken_replace(src: Any, dst: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        await files.persist("Our wiki search uses Elasticsearch.", llm=None)
+    history = user("Our wiki pages are reviewed weekly.")
+    result = await files.update(history, llm=None, iterations=10)
+    assert result.written == []
+    assert result.error is not None
+    assert "disk full" in result.error
+    assert snapshot(directory) == before
+
+
+# ---- failures -----------------------------------------------------------------------------
+
+
+async def test_llm_failure_is_reported_not_raised(
+    files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
+) -> None:
+    """An LLM that raises makes update report an error; nothing raises, no file changes."""
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    before = snapshot(directory)
+    llm.fail = True
+    result = await files.update(user(*SIGNALS), llm=llm, iterations=10)
+    assert result.written == []
+    assert result.usage is None
+    assert result.error is not None
+    assert "provider down" in result.error
+    assert snapshot(directory) == before
+
+
+async def test_garbage_reply_is_reported_with_its_cost(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A reply that never matches the schema is asked again, then reported with its usage."""
+    llm.garbage = True
+    result = await files.update(user(*SIGNALS), llm=llm, iterations=10)
+    assert result.written == []
+    assert result.error is not None
+    assert "unusable" in result.error
+    assert len(llm.calls) == 3
+    assert result.usage == USAGE + USAGE + USAGE
+    assert files.list() == []
+
+
+async def test_invalid_reply_fields_are_reported(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A reply with a blank topic or an unknown signal is unusable."""
+    llm.reply = lambda _request: {"files": [change("  ", "- x")]}
+    blank = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert blank.error is not None
+    assert "topic" in blank.error
+    llm.reply = lambda _request: {"files": [change("db", "- x", "rumour")]}
+    unknown = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert unknown.error is not None
+    assert "signals" in unknown.error
+
+
+async def test_usage_is_reported(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
+    """A successful update reports what its LLM call cost."""
+    result = await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert result.error is None
+    assert result.usage == USAGE
+
+
+@pytest.mark.parametrize("history", [None, "We decided to use Go.", 42])
+async def test_malformed_history_is_reported(files: mnemo.MemoryFiles, history: Any) -> None:
+    """A history that is not a list of messages is reported in error, not raised."""
+    result = await files.update(history, llm=None, iterations=10)
+    assert result.written == []
+    assert result.error is not None
+    assert "InvalidInputError" in result.error
+
+
+# ---- persist ------------------------------------------------------------------------------
+
+
+async def test_persist_offline_files_under_key_phrase(files: mnemo.MemoryFiles) -> None:
+    """Offline, persist files the statement itself under a topic named from its key phrase."""
+    stored = await files.persist("  The VPN password rotates every 90 days.  ", llm=None)
+    assert stored.topic == "vpn password 90"
+    assert stored.content == "- The VPN password rotates every 90 days.\n"
+    assert stored.path.name == "vpn-password-90.md"
+    assert stored.updated.tzinfo is not None
+    assert files.list() == [stored]
+
+
+async def test_persist_joins_an_existing_topic(files: mnemo.MemoryFiles) -> None:
+    """A statement sharing words with an existing topic joins its file; a repeat is not added."""
+    first = await files.persist("The VPN password rotates every 90 days.", llm=None)
+    second = await files.persist("Ask Bob for a new VPN token.", llm=None)
+    again = await files.persist("The VPN password rotates every 90 days", llm=None)
+    assert first.path == second.path == again.path
+    assert again.content == (
+        "- The VPN password rotates every 90 days.\n- Ask Bob for a new VPN token.\n"
+    )
+
+
+async def test_persist_uses_the_given_llm(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
+    """With an LLM, persist files the entry under the topic and description it picks."""
+    llm.reply = lambda _request: {
+        "topic": "Networking",
+        "description": "VPN and DNS settings",
+        "entry": "The VPN\npassword rotates every 90 days.",
+    }
+    stored = await files.persist("remember: vpn pw rotates 90d", llm=llm)
+    assert [r.task for r in llm.calls] == ["memory_persist"]
+    assert (stored.topic, stored.description) == ("Networking", "VPN and DNS settings")
+    assert stored.content == "- The VPN password rotates every 90 days.\n"
+
+
+@pytest.mark.parametrize("what", ["", "  \n", None, 7])
+async def test_persist_refuses_blank_input(files: mnemo.MemoryFiles, what: Any) -> None:
+    """persist of a blank or non-string statement raises InvalidInputError."""
+    with pytest.raises(mnemo.InvalidInputError):
+        await files.persist(what, llm=None)
+
+
+async def test_persist_llm_failure_raises(files: mnemo.MemoryFiles, llm: RecordingLLM) -> None:
+    """The explicit path raises LLMError when the LLM fails."""
+    llm.fail = True
+    with pytest.raises(mnemo.LLMError):
+        await files.persist("Our wiki lives at wiki.acme.io.", llm=llm)
+
+
+# ---- list ---------------------------------------------------------------------------------
+
+
+async def test_list_is_newest_first(files: mnemo.MemoryFiles, directory: Path) -> None:
+    """list returns every file, the most recently updated first; [] before any write."""
+    assert files.list() == []
+    await files.persist("The VPN password rotates every 90 days.", llm=None)
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    await files.persist("Ask Bob for a new VPN token.", llm=None)
+    listed = files.list()
+    assert [f.topic for f in listed] == ["vpn password 90", "wiki lives wiki.acme.io"]
+    assert listed[0].updated > listed[1].updated
+
+
+async def test_hand_written_file_is_listed(files: mnemo.MemoryFiles, directory: Path) -> None:
+    """A Markdown file without front matter is listed under its file name."""
+    write(directory / "release-process.md", "- Tag releases on main.\n")
+    write(directory / ".hidden.md", "- secret\n")
+    (listed,) = files.list()
+    assert (listed.topic, listed.content) == ("release process", "- Tag releases on main.\n")
+
+
+# ---- recall -------------------------------------------------------------------------------
+
+
+async def test_recall_ranks_topic_description_content(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """A query word in the topic outranks one in the description, which outranks content."""
+    llm.reply = lambda _request: {
+        "files": [
+            change("kafka", "- Brokers: three.", description="Message broker setup"),
+            change("queues", "- Jobs use RabbitMQ.", description="Which kafka topics exist"),
+            change("services", "- The billing service reads kafka events."),
+            change("style", "- Tabs, not spaces."),
+        ]
+    }
+    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    found = await files.recall("Kafka?")
+    assert [f.topic for f in found] == ["kafka", "queues", "services"]
+    assert [f.topic for f in await files.recall("kafka", limit=1)] == ["kafka"]
+    assert await files.recall("the and of") == []
+    assert await files.recall("zookeeper") == []
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\n\t"])
+async def test_recall_refuses_blank_query(files: mnemo.MemoryFiles, query: str) -> None:
+    """recall of a blank query raises InvalidInputError, which is a ValueError."""
+    with pytest.raises(mnemo.InvalidInputError) as caught:
+        await files.recall(query)
+    assert isinstance(caught.value, ValueError)
+
+
+async def test_recall_touches_what_it_returns(
+    files: mnemo.MemoryFiles, llm: RecordingLLM, directory: Path
+) -> None:
+    """Equal matches come most recently used first, and a recall counts as a use."""
+    llm.reply = lambda _request: {
+        "files": [
+            change("vpn", "- The office VPN uses WireGuard."),
+            change("wiki", "- The office wiki lives at wiki.acme.io."),
+        ]
+    }
+    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    wiki, vpn = files.list()
+    assert [f.topic for f in await files.recall("office")] == ["wiki", "vpn"]
+    await files.recall("wireguard")
+    assert [f.topic for f in await files.recall("office")] == ["vpn", "wiki"]
+    # The use is recorded in the front matter; the content and `updated` stay as they were.
+    text = snapshot(directory)[vpn.path.name]
+    assert "\nused: " in text
+    assert _format.parse(text).updated == vpn.updated
+    assert [f.content for f in files.list()] == [wiki.content, vpn.content]
+
+
+# ---- concurrency --------------------------------------------------------------------------
+
+
+async def test_concurrent_updates_lose_nothing(files: mnemo.MemoryFiles) -> None:
+    """Updates that all read the files before any writes still keep every entry, in one file."""
+    await files.persist("Our database runs on db1.acme.io.", llm=None)
+    decisions = [f"We decided the database keeps {n} replicas in zone {n}." for n in range(5)]
+    llm = BarrierLLM(len(decisions))
+    results: list[mnemo.MemoryUpdate] = []
+
+    async def run(statement: str) -> None:
+        results.append(await files.update(user(statement), llm=llm, iterations=10))
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for statement in decisions:
+                tg.start_soon(run, statement)
+    assert [r.error for r in results] == [None] * 5
+    (only,) = files.list()
+    for statement in decisions:
+        assert statement in only.content
+    assert "db1.acme.io" in only.content
+    assert len(only.content.splitlines()) == 6
+
+
+async def test_concurrent_persists_lose_nothing(
+    files: mnemo.MemoryFiles, llm: RecordingLLM
+) -> None:
+    """Persists racing to create one new topic make one file holding every statement."""
+    llm.reply = lambda request: {
+        "topic": "VPN gateways",
+        "description": "Where the VPN gateways are",
+        "entry": mnemo.ports.task_inputs(request)["statement"],
+    }
+    statements = [f"The VPN gateway {n} sits in rack {n}." for n in range(8)]
+    async with anyio.create_task_group() as tg:
+        for statement in statements:
+            tg.start_soon(partial(files.persist, statement, llm=llm))
+    (only,) = files.list()
+    assert sorted(only.content.splitlines()) == sorted(f"- {s}" for s in statements)
+
+
+# ---- construction -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs"),
+    [{"max_chars": 19}, {"max_chars": True}, {"min_iterations": -1}, {"min_iterations": 1.5}],
+)
+def test_bad_settings_are_refused(tmp_path: Path, kwargs: dict[str, Any]) -> None:
+    """A max_chars below 20 or a negative min_iterations raises InvalidInputError."""
+    with pytest.raises(mnemo.InvalidInputError):
+        mnemo.MemoryFiles(tmp_path, **kwargs)
+
+
+def test_directory_may_be_a_string(tmp_path: Path) -> None:
+    """The directory may be given as a str; nothing is created until the first write."""
+    files = mnemo.MemoryFiles(str(tmp_path / "m"))
+    assert files.directory == tmp_path / "m"
+    assert files.list() == []
+    assert not (tmp_path / "m").exists()

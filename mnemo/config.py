@@ -29,10 +29,34 @@ class Config:
     intent_merge_threshold: float = 0.8
     intent_identity_threshold: float = 0.95
     llm_concurrency: int = 16
-    # Recall v1: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
+    # Recall: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
     recall_candidates: int = 50
     rrf_k: int = 60
     hop_decay: float = 0.5
+    recall_max_hops: int = 2
+    # Routing: a tag (intent) leads on only when its raw cosine to the query reaches this.
+    recall_tag_threshold: float = 0.35
+    recall_intent_threshold: float = 0.5
+    # Per type: the most results of that type, and the least score one must have.
+    recall_top_k_semantic: int = 10
+    recall_top_k_episodic: int = 10
+    recall_top_k_procedural: int = 5
+    recall_min_score_semantic: float = 0.02
+    recall_min_score_episodic: float = 0.02
+    recall_min_score_procedural: float = 0.02
+    # One result per moment: a fact and the step it came from are one memory.
+    recall_distinct_steps: bool = True
+    # Extra hop rounds through bridge tags when the best results stop changing.
+    recall_refine_budget: int = 1
+    # "offline": plan recalls with the built-in heuristics; "llm": ask the repo's LLM.
+    recall_planner: str = "offline"
+    # Ask the LLM to synthesise an answer from the memories (RecallResult.reasoned).
+    recall_synthesis: bool = False
+    # The value function: relevance x recency decay x frequency floor x reward.
+    recency_half_life_days: float = 30.0
+    frequency_floor: float = 0.5
+    decay_threshold: float = 0.1
+    consolidate_threshold: float = 0.85
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):
@@ -55,7 +79,27 @@ class Config:
                 "Config.intent_merge_threshold must not exceed intent_identity_threshold "
                 f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
             )
-        for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k"):
+        for name in ("recall_tag_threshold", "recall_intent_threshold", "frequency_floor",
+                     "decay_threshold", "consolidate_threshold", "recall_min_score_semantic",
+                     "recall_min_score_episodic", "recall_min_score_procedural"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and -1.0 <= value <= 1.0):
+                raise InvalidInputError(f"Config.{name} must be within [-1, 1], got {value!r}")
+        if not (isinstance(self.recency_half_life_days, int | float)
+                and self.recency_half_life_days > 0):
+            raise InvalidInputError("Config.recency_half_life_days must be positive, got "
+                                    f"{self.recency_half_life_days!r}")
+        if self.recall_planner not in ("offline", "llm"):
+            raise InvalidInputError(
+                f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
+            )
+        for name in ("recall_max_hops", "recall_refine_budget"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")
+        for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k",
+                     "recall_top_k_semantic", "recall_top_k_episodic",
+                     "recall_top_k_procedural"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")

@@ -91,14 +91,22 @@ class Embedder(Protocol):
 
 class LimitedLLM:
     """An LLM whose calls each wait for a slot of its provider's limiter
-    (`Config.llm_concurrency`)."""
+    (`Config.llm_concurrency`), and whose replies' usage goes to `meter`."""
 
-    def __init__(self, llm: LLM, slots: anyio.CapacityLimiter) -> None:
-        self._llm, self._slots = llm, slots
+    def __init__(
+        self,
+        llm: LLM,
+        slots: anyio.CapacityLimiter,
+        meter: Callable[[Usage], None] | None = None,
+    ) -> None:
+        self._llm, self._slots, self._meter = llm, slots, meter
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         async with slot(self._slots):
-            return await self._llm.generate(request)
+            response = await self._llm.generate(request)
+        if self._meter is not None and response.usage is not None:
+            self._meter(response.usage)
+        return response
 
 
 @asynccontextmanager

@@ -3,7 +3,7 @@
 Every trajectory is extracted at once; within one, the semantic and procedural workers run
 side by side, then the returns of its instructions are scored. The critical path is therefore
 one trajectory's max(semantic, procedural) + return + embedding, whatever their number
-(BENCHMARKS.md). LLM calls are bounded by the provider's `CapacityLimiter`.
+(BENCHMARKS.md). The caller's LLM is already bounded by its provider's limiter and metered.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
-from mnemo.ports import LLM, Embedder, LimitedLLM, ask
+from mnemo.ports import LLM, Embedder, ask
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,6 @@ async def extract(
     source: Source,
     llm: LLM,
     embedder: Embedder,
-    slots: anyio.CapacityLimiter,
     time_limit: float,
     score_last_step: bool,
 ) -> Changeset:
@@ -70,7 +69,7 @@ async def extract(
         LLMError, EmbeddingError: a worker failed for good.
         TimeoutError: a trajectory took longer than `time_limit` seconds.
     """
-    limited = LimitedLLM(llm, slots)
+    limited = llm  # the caller's, bounded by its provider's limiter
     groups = episode.trajectories(list(steps))
     results: list[_Extracted | None] = [None] * len(groups)
     last_scored = anyio.Event()

@@ -25,7 +25,7 @@ from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
 from mnemo.graph.store import IntentPolicy, SqliteGraph
 from mnemo.ingest.model import IngestReceipt, Trajectory
-from mnemo.ports import LLM, Embedder, LimitedLLM
+from mnemo.ports import LLM, Embedder
 from mnemo.storage.db import Database
 
 
@@ -34,7 +34,6 @@ class IngestRuntime:
     llm: LLM
     embedder: Embedder
     config: Config
-    slots: anyio.CapacityLimiter
     intents: IntentPolicy
 
 
@@ -153,7 +152,7 @@ class IngestService:
             return IngestReceipt(source_id, receipt.node_ids, created=False)
         key = hashlib.sha1(f"{repo}\0{source_id}".encode()).hexdigest()[:20]
         episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
-        llm = LimitedLLM(runtime.llm, runtime.slots)
+        llm = runtime.llm  # bounded by its provider's limiter and metered, by the Memory
         try:
             await self._annotate(episode, trajectory, llm, runtime)
             changeset = await extract(
@@ -169,7 +168,6 @@ class IngestService:
                 ),
                 llm=runtime.llm,
                 embedder=runtime.embedder,
-                slots=runtime.slots,
                 time_limit=runtime.config.extraction_timeout,
                 score_last_step=bool(episode.steps),
             )

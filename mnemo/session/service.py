@@ -40,7 +40,7 @@ from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.store import IntentPolicy, SqliteGraph
-from mnemo.ports import LLM, Embedder, LimitedLLM, ask
+from mnemo.ports import LLM, Embedder, ask
 from mnemo.session.machine import Machines, Move, Refuse, SessionModel, Stale, State, answer
 from mnemo.session.queue import (
     VALUES,
@@ -147,13 +147,13 @@ class SessionService:
         graph: SqliteGraph,
         events: Events,
         repo_runtime: Callable[[str], Runtime],
-        slots: Callable[[LLM, Config], anyio.CapacityLimiter],
+        llm_for: Callable[[Runtime, str, str | None], LLM],
     ) -> None:
         self._store = store
         self._graph = graph
         self._events = events
         self._repo_runtime = repo_runtime
-        self._slots = slots
+        self._llm_for = llm_for
         self._machines = Machines()
         self._sessions: dict[str, _Session] = {}
         self._tg: TaskGroup | None = None
@@ -555,7 +555,7 @@ class SessionService:
         try:
             with anyio.fail_after(timeout):
                 note = await annotate(
-                    LimitedLLM(runtime.llm, self._slots(runtime.llm, runtime.config)),
+                    self._llm_for(runtime, session.repo, session.id),
                     runtime.embedder,
                     goal=episode.goal,
                     observation=observation,
@@ -696,9 +696,8 @@ class SessionService:
             steps,
             repo=session.repo,
             source=self._source(session, episode),
-            llm=runtime.llm,
+            llm=self._llm_for(runtime, session.repo, session.id),
             embedder=runtime.embedder,
-            slots=self._slots(runtime.llm, runtime.config),
             time_limit=runtime.config.extraction_timeout,
             score_last_step=bool(steps) and steps[-1].reward is None,
         )
@@ -807,16 +806,18 @@ class SessionService:
         self._kick(session)
 
     def _intent_policy(self, session: _Session) -> IntentPolicy:
-        return self.intent_policy(session.runtime)
+        runtime = session.runtime
+        return self.intent_policy(runtime, self._llm_for(runtime, session.repo, session.id))
 
-    def intent_policy(self, runtime: Runtime) -> IntentPolicy:
-        """How commits made with `runtime` deduplicate intents (merging through its LLM)."""
+    @staticmethod
+    def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
+        """How commits made with `runtime` deduplicate intents (merging through `llm`)."""
 
         async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
             try:
                 with anyio.fail_after(runtime.config.extraction_timeout):
                     text = await ask(
-                        runtime.llm,
+                        llm,
                         merge_intent_request(existing=existing, new=new),
                         parse_merged_intent,
                     )

@@ -1,0 +1,433 @@
+"""`Transport`: the one place where mnemo's HTTP adapters become robust.
+
+Every adapter (OpenAI-compatible chat, Anthropic, OpenAI embeddings) sends its requests through
+one `Transport`, which owns one `httpx.AsyncClient` and applies, in this order, to each attempt:
+
+1. a concurrency cap (`max_concurrency` requests in flight, an `anyio.CapacityLimiter`);
+2. client-side rate limits: requests/min and tokens/min token buckets (`RateGate`), plus a pause
+   shared by every caller after a 429, so one rate-limited reply slows all of them down;
+3. a timeout on the whole attempt (`anyio.fail_after`, covering connect, upload and download).
+
+A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
+HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not a JSON
+object (a truncated reply). `Retry-After` (seconds or an HTTP date, and OpenAI's
+`retry-after-ms`) replaces the computed delay, capped by `Backoff.max_retry_after`. Any other
+status is final at once. Giving up raises the adapter's error class (`LLMError`,
+`EmbeddingError`; `timeout_error` for timeouts) with a message naming the HTTP status and the
+provider's own error message; its `__cause__` is an `HTTPFailure` (status, message) or the
+connection error.
+
+Waiting goes through a `Clock`, so tests drive backoff and rate limits in virtual time instead
+of sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import Any, Protocol
+
+import anyio
+import httpx
+
+from mnemo.errors import AdapterError, InvalidInputError
+
+logger = logging.getLogger("mnemo.adapters")
+
+# Statuses worth another attempt: the server timed out, hit a conflict, rate-limited us, or
+# failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
+RETRY_STATUSES = frozenset({408, 409, 429})
+CHARS_PER_TOKEN = 4
+
+
+class Clock(Protocol):
+    """Monotonic time and sleeping: `SystemClock` in production, a virtual one in tests."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """`time.monotonic` and `anyio.sleep`."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)`.
+
+    "Full jitter" spreads the retries of many callers over the whole window, so they do not hit
+    a recovering provider in lockstep. A `Retry-After` header replaces the computed delay,
+    capped at `max_retry_after`.
+    """
+
+    base: float = 0.5
+    cap: float = 20.0
+    max_retry_after: float = 60.0
+    jitter: Callable[[], float] = field(default=random.random)
+
+    def delay(self, failures: int, retry_after: float | None) -> float:
+        """The wait after `failures` failed attempts (>= 1), given the server's Retry-After."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
+
+
+class HTTPFailure(Exception):
+    """A provider's HTTP error reply: `status` and the error `message` from its body.
+
+    It is the `__cause__` of the `AdapterError` a `Transport` raises, so an adapter can react to
+    a given status (the OpenAI adapter's structured-output fallback does).
+    """
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status} {_reason(status)}: {message}")
+        self.status = status
+        self.message = message
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
+    """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or HTTP date).
+
+    `now` is the current wall-clock time (Unix seconds), for the date form. None when absent or
+    unreadable; never negative.
+    """
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(float(millis) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - now
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
+class _Bucket:
+    """A token bucket: `per_minute` units refill continuously up to `capacity`.
+
+    The level may go negative: a request larger than the bucket is let through when the bucket
+    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
+    then delays later requests, so the average rate still holds.
+    """
+
+    def __init__(self, per_minute: float, capacity: float, now: float) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = capacity
+        self.level = capacity
+        self.stamp = now
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def wait_for(self, amount: float) -> float:
+        need = min(amount, self.capacity)
+        return 0.0 if self.level >= need else (need - self.level) / self.rate
+
+
+class RateGate:
+    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
+
+    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
+    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
+    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
+    so a large request is not starved by small ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        clock: Clock,
+        burst_seconds: float = 1.0,
+    ) -> None:
+        now = clock.now()
+        self._clock = clock
+        self._requests = (
+            _Bucket(requests_per_minute, max(1.0, requests_per_minute / 60.0 * burst_seconds), now)
+            if requests_per_minute
+            else None
+        )
+        self._tokens = (
+            _Bucket(tokens_per_minute, max(1.0, tokens_per_minute / 60.0 * burst_seconds), now)
+            if tokens_per_minute
+            else None
+        )
+        self._paused_until = -math.inf
+        self._lock = anyio.Lock()
+
+    async def acquire(self, tokens: int) -> None:
+        """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
+        async with self._lock:
+            while True:
+                wait = self._wait(tokens)
+                if wait <= 0:
+                    break
+                await self._clock.sleep(wait)
+            if self._requests is not None:
+                self._requests.level -= 1
+            if self._tokens is not None:
+                self._tokens.level -= tokens
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Corrects the tokens charged for a request once its real usage is known."""
+        if self._tokens is not None:
+            self._tokens.refill(self._clock.now())
+            self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)
+
+    def pause(self, seconds: float) -> None:
+        """Holds every request back for `seconds` from now (never shortens a longer pause)."""
+        self._paused_until = max(self._paused_until, self._clock.now() + seconds)
+
+    def _wait(self, tokens: int) -> float:
+        now = self._clock.now()
+        wait = self._paused_until - now
+        for bucket, amount in ((self._requests, 1), (self._tokens, tokens)):
+            if bucket is not None:
+                bucket.refill(now)
+                wait = max(wait, bucket.wait_for(amount))
+        return wait
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way another attempt may fix."""
+
+    def __init__(
+        self,
+        problem: str,
+        cause: BaseException,
+        *,
+        retry_after: float | None = None,
+        timed_out: bool = False,
+        rate_limited: bool = False,
+    ) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.cause = cause
+        self.retry_after = retry_after
+        self.timed_out = timed_out
+        self.rate_limited = rate_limited
+
+
+class Transport:
+    """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap.
+
+    `name` says who the provider is in error messages. `error` is the class raised on failure
+    (and `timeout_error` when the last attempt timed out). `tokens_used` reads the tokens a
+    reply really used from its body, to correct the tokens/min estimate (4 characters a token
+    of the request body).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        name: str,
+        error: type[AdapterError],
+        timeout_error: type[AdapterError] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        max_concurrency: int = 8,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        tokens_used: Callable[[Mapping[str, Any]], int | None] | None = None,
+    ) -> None:
+        _check_limits(timeout, max_retries, requests_per_minute, tokens_per_minute, max_concurrency)
+        self.name = name
+        self._error = error
+        self._timeout_error = timeout_error or error
+        self._timeout = timeout
+        self._max_retries = max_retries
+        self._backoff = backoff or Backoff()
+        self._clock: Clock = clock or SystemClock()
+        self._tokens_used = tokens_used
+        self._slots = anyio.CapacityLimiter(max_concurrency)
+        self._gate = RateGate(
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            clock=self._clock,
+        )
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            headers=dict(headers or {}),
+            # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
+            timeout=httpx.Timeout(timeout),
+            # As many pooled connections as requests in flight: httpx's default keeps only 20
+            # alive, and a wider cap would reconnect on every call past the 20th.
+            limits=httpx.Limits(
+                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
+            ),
+            transport=transport,
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being sent right now (at most `max_concurrency`)."""
+        return int(self._slots.borrowed_tokens)
+
+    async def post_json(
+        self, path: str, payload: Mapping[str, Any], headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
+
+        Retries as the module doc says, then gives up.
+
+        Raises:
+            AdapterError: (the `error` class) the provider refused the request (a 4xx other than
+                408/409/429) or every attempt failed; the message names the HTTP status and the
+                provider's error message, or the connection problem.
+            AdapterError: (the `timeout_error` class) the last attempt timed out.
+        """
+        body = json.dumps(payload, ensure_ascii=False).encode()
+        estimate = max(1, len(body) // CHARS_PER_TOKEN)
+        failures = 0
+        while True:
+            try:
+                return await self._attempt(path, body, headers, estimate)
+            except _Retryable as failed:
+                failures += 1
+                if failures > self._max_retries:
+                    raise self._give_up(failed, failures) from failed.cause
+                delay = self._backoff.delay(failures, failed.retry_after)
+                if failed.rate_limited:
+                    self._gate.pause(delay)
+                logger.warning(
+                    "%s: %s; retry %d of %d in %.2fs",
+                    self.name, failed.problem, failures, self._max_retries, delay,
+                )
+                await self._clock.sleep(delay)
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client and its connections."""
+        await self._client.aclose()
+
+    async def __aenter__(self) -> Transport:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _attempt(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None, estimate: int
+    ) -> dict[str, Any]:
+        async with self._slots:
+            await self._gate.acquire(estimate)
+            try:
+                with anyio.fail_after(self._timeout):
+                    response = await self._client.post(
+                        path,
+                        content=body,
+                        headers={"content-type": "application/json", **(headers or {})},
+                    )
+            except TimeoutError as exc:
+                raise _Retryable(
+                    f"no reply within {self._timeout:g}s", exc, timed_out=True
+                ) from exc
+            except httpx.TimeoutException as exc:
+                raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
+            except httpx.TransportError as exc:
+                raise _Retryable(f"connection failed: {exc!r}", exc) from exc
+        return self._read(response, estimate)
+
+    def _read(self, response: httpx.Response, estimate: int) -> dict[str, Any]:
+        status = response.status_code
+        if 200 <= status < 300:
+            try:
+                reply = response.json()
+            except ValueError:
+                reply = None
+            if not isinstance(reply, dict):
+                # A 2xx without a JSON object is a reply cut short (a proxy, a dropped stream).
+                problem = f"the body is not a JSON object: {_clip(response.text)}"
+                failure = HTTPFailure(status, problem)
+                raise _Retryable(str(failure), failure)
+            if self._tokens_used is not None:
+                used = self._tokens_used(reply)
+                if used is not None:
+                    self._gate.settle(estimate, used)
+            return reply
+        failure = HTTPFailure(status, _error_message(response))
+        if status in RETRY_STATUSES or status >= 500:
+            retry_after = parse_retry_after(response.headers, now=time.time())
+            raise _Retryable(
+                str(failure), failure, retry_after=retry_after, rate_limited=status == 429
+            )
+        raise self._error(f"{self.name} refused the request: {failure}") from failure
+
+    def _give_up(self, failed: _Retryable, attempts: int) -> AdapterError:
+        error = self._timeout_error if failed.timed_out else self._error
+        return error(f"{self.name} failed after {attempts} attempts: {failed.problem}")
+
+
+def _check_limits(
+    timeout: float,
+    max_retries: int,
+    requests_per_minute: float | None,
+    tokens_per_minute: float | None,
+    max_concurrency: int,
+) -> None:
+    if not timeout > 0:
+        raise InvalidInputError(f"timeout must be positive, got {timeout!r}")
+    if max_retries < 0:
+        raise InvalidInputError(f"max_retries must be >= 0, got {max_retries!r}")
+    for label, value in (
+        ("requests_per_minute", requests_per_minute),
+        ("tokens_per_minute", tokens_per_minute),
+    ):
+        if value is not None and not value > 0:
+            raise InvalidInputError(f"{label} must be positive or None, got {value!r}")
+    if max_concurrency < 1:
+        raise InvalidInputError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The provider's own error message: OpenAI and Anthropic put it at `error.message`,
+    Ollama and some proxies at `error` or `message`; else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return _clip(response.text) or "(empty body)"
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return _clip(error["message"])
+        for value in (error, body.get("message"), body.get("detail")):
+            if isinstance(value, str) and value:
+                return _clip(value)
+    return _clip(response.text)
+
+
+def _reason(status: int) -> str:
+    return httpx.codes.get_reason_phrase(status) or "error"
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,156 @@
+"""What the chat adapters share: reading a structured reply, checking it, tools and prices.
+
+A model's structured reply is decoded leniently (a ```json fence or prose around one JSON object
+is tolerated, since local models add them even when asked not to) and then validated strictly
+against the request's JSON schema with `jsonschema`. The problem found is phrased for two
+readers: the model, in the one re-ask (`reask_text`), and the user, in the `LLMError` raised
+when the re-ask fails too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from mnemo.ports import Usage
+
+# Prices in US dollars per million tokens (input, output), as published by the providers in
+# 2025. A model matches its own name or the longest entry it starts with followed by "-"
+# ("gpt-4o-mini-2024-07-18" is priced as "gpt-4o-mini"). Pass `prices=` to correct or extend.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "text-embedding-3-small": (0.02, 0.0),
+    "text-embedding-3-large": (0.13, 0.0),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-3-5-sonnet": (3.00, 15.00),
+    "claude-3-7-sonnet": (3.00, 15.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-opus-4": (15.00, 75.00),
+}
+
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+_MAX_PROBLEM = 400
+
+
+def decode_json(text: str) -> Any:
+    """The JSON value in a model's reply text.
+
+    Accepts the bare value, the value in a Markdown code fence, or prose around one object.
+
+    Raises:
+        ValueError: saying why no JSON value could be read.
+    """
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("the reply is empty, expected a JSON object")
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1).strip()
+    try:
+        return json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        start = stripped.find("{")
+        if start >= 0:
+            try:
+                value, _ = json.JSONDecoder().raw_decode(stripped[start:])
+                return value
+            except json.JSONDecodeError:
+                pass
+        raise ValueError(f"the reply is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+
+
+def schema_problem(data: Any, schema: Mapping[str, Any]) -> str | None:
+    """What is wrong with `data` against `schema`, in one line; None when it matches.
+
+    The most relevant error is named with its location ("at $.facts[0].confidence: 1.5 is
+    greater than the maximum of 1"), then how many others there are.
+    """
+    errors = list(_validator(_key(schema)).iter_errors(data))
+    if not errors:
+        return None
+    worst = best_match(errors)
+    text = f"at {_where(worst)}: {worst.message}"
+    if len(text) > _MAX_PROBLEM:
+        text = text[: _MAX_PROBLEM - 3] + "..."
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return text
+
+
+def reask_text(problem: str) -> str:
+    """The message that shows the model what was wrong with its reply."""
+    return f"Your reply did not match the schema: {problem}. Reply again with JSON only."
+
+
+def tool_spec(tool: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """(name, description, parameters schema) of a tool given in any usual shape.
+
+    Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's
+    {"type": "function", "function": {...}} and Anthropic's {"name", "input_schema"}.
+
+    Raises:
+        ValueError: the tool has no name.
+    """
+    inner = tool.get("function") if tool.get("type") == "function" else tool
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
+        raise ValueError(f"a tool needs a name, got {tool!r}")
+    parameters = inner.get("parameters", inner.get("input_schema"))
+    if not isinstance(parameters, dict):
+        parameters = {"type": "object", "properties": {}}
+    description = inner.get("description")
+    return inner["name"], description if isinstance(description, str) else "", parameters
+
+
+def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[float, float] | None:
+    """The (input, output) $/Mtok of `model`: its own entry or its longest "-" prefix."""
+    if model in prices:
+        return prices[model]
+    matches = [name for name in prices if model.startswith(name + "-")]
+    return prices[max(matches, key=len)] if matches else None
+
+
+def usage_of(
+    input_tokens: Any, output_tokens: Any, price: tuple[float, float] | None
+) -> Usage | None:
+    """A `Usage` from a reply's token counts (None when the reply gave none), priced if known."""
+    if not isinstance(input_tokens, int) and not isinstance(output_tokens, int):
+        return None
+    inp = input_tokens if isinstance(input_tokens, int) else 0
+    out = output_tokens if isinstance(output_tokens, int) else 0
+    cost = None if price is None else (inp * price[0] + out * price[1]) / 1_000_000
+    return Usage(inp, out, cost)
+
+
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """`total + more`, where None means "not reported"."""
+    if total is None:
+        return more
+    return total if more is None else total + more
+
+
+def _key(schema: Mapping[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True)
+
+
+@lru_cache(maxsize=64)
+def _validator(key: str) -> Draft202012Validator:
+    # Keyed by the schema's JSON text: mnemo's schemas are a handful of constants, so the
+    # compiled validators are built once each.
+    return Draft202012Validator(json.loads(key))
+
+
+def _where(error: ValidationError) -> str:
+    path = "$"
+    for part in error.absolute_path:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path

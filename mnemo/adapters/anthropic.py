@@ -1,0 +1,327 @@
+"""`Anthropic`: an `LLM` over Anthropic's Messages API.
+
+Structured output goes through a forced tool call: the request's schema becomes the input
+schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
+`input` is the data. The data is validated against the schema; an invalid reply gets one
+re-ask (a `tool_result` marked as an error, carrying the problem), then `LLMError`.
+
+mnemo's messages are OpenAI-shaped (`role`, `content`, optional `tool_calls` and
+`tool_call_id`); they are translated here: system messages join the top-level `system`, an
+assistant's tool calls become `tool_use` blocks, and a "tool" message a `tool_result`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from mnemo.adapters._http import Backoff, Clock, Transport
+from mnemo.adapters._schema import (
+    DEFAULT_PRICES,
+    add_usage,
+    decode_json,
+    price_of,
+    reask_text,
+    schema_problem,
+    tool_spec,
+    usage_of,
+)
+from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
+
+ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+ANTHROPIC_VERSION = "2023-06-01"
+_TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
+
+
+class Anthropic:
+    """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`.
+
+    `api_key` defaults to the environment's `ANTHROPIC_API_KEY`, read here, when the adapter is
+    created. `max_tokens` is used when a request sets none (the API requires one). Prices and
+    robustness arguments are as for `OpenAICompatible`.
+
+    Raises:
+        InvalidInputError: no API key for Anthropic's own API, or a bad limit.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str = ANTHROPIC_BASE_URL,
+        max_tokens: int = 1024,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        max_concurrency: int = 8,
+        prices: Mapping[str, tuple[float, float]] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        temperature: float | None = 0.0,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
+        base_url = base_url.rstrip("/")
+        if not key and base_url == ANTHROPIC_BASE_URL:
+            raise InvalidInputError(
+                "the Anthropic API needs a key: pass api_key= or set ANTHROPIC_API_KEY"
+            )
+        if max_tokens < 1:
+            raise InvalidInputError(f"max_tokens must be >= 1, got {max_tokens!r}")
+        headers = {"anthropic-version": ANTHROPIC_VERSION}
+        if key:
+            headers["x-api-key"] = key
+        self.model = model
+        self.name = f"anthropic:{model}"
+        self._max_tokens = max_tokens
+        self._temperature = temperature
+        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
+        self.total_usage = Usage()
+        self._http = Transport(
+            base_url,
+            name=f"{base_url} (model {model})",
+            error=LLMError,
+            timeout_error=LLMTimeout,
+            headers=headers,
+            timeout=timeout,
+            max_retries=max_retries,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            max_concurrency=max_concurrency,
+            backoff=backoff,
+            clock=clock,
+            transport=transport,
+            tokens_used=_tokens_used,
+        )
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        """Sends `request`; with a schema the reply's `data` is valid JSON for it.
+
+        Raises:
+            LLMTimeout: the API did not answer in time, on every attempt.
+            LLMError: the API refused the request or kept failing (the message names the HTTP
+                status and the API's message), or the reply did not match the schema even after
+                one re-ask (the message says where and why).
+        """
+        system, messages = _translate(request.system, request.messages)
+        if request.schema is None:
+            reply = await self._send(request, system, messages, tools=request.tools)
+            blocks = _blocks(reply)
+            return LLMResponse(
+                text=_text(blocks), tool_calls=self._tool_calls(blocks), usage=self._usage(reply)
+            )
+        return await self._structured(request, request.schema, system, messages)
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Anthropic:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _structured(
+        self,
+        request: LLMRequest,
+        schema: dict[str, Any],
+        system: str,
+        messages: list[dict[str, Any]],
+    ) -> LLMResponse:
+        tool = {"name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema}
+        reply = await self._send(request, system, messages, tools=[tool], force=request.task)
+        usage = self._usage(reply)
+        blocks = _blocks(reply)
+        data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"))
+        if problem is None:
+            return LLMResponse(text=_text(blocks), data=data, usage=usage)
+        messages = [*messages, {"role": "assistant", "content": blocks},
+                    _reask(blocks, request.task, problem)]
+        reply = await self._send(request, system, messages, tools=[tool], force=request.task)
+        usage = add_usage(usage, self._usage(reply))
+        blocks = _blocks(reply)
+        data, second = _check(blocks, request.task, schema, reply.get("stop_reason"))
+        if second is None:
+            return LLMResponse(text=_text(blocks), data=data, usage=usage)
+        raise LLMError(
+            f"{self._http.name}: the reply to task {request.task!r} did not match its schema, "
+            f"even after one re-ask: {second}"
+        )
+
+    async def _send(
+        self,
+        request: LLMRequest,
+        system: str,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None,
+        force: str | None = None,
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_tokens or self._max_tokens,
+            "messages": messages,
+        }
+        if system:
+            payload["system"] = system
+        if self._temperature is not None:
+            payload["temperature"] = self._temperature
+        if tools:
+            payload["tools"] = [_tool(tool) for tool in tools]
+        if force is not None:
+            payload["tool_choice"] = {"type": "tool", "name": force}
+        return await self._http.post_json("/v1/messages", payload)
+
+    def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
+        calls: list[ToolCall] = []
+        for block in blocks:
+            if block.get("type") != "tool_use" or not isinstance(block.get("name"), str):
+                continue
+            arguments = block.get("input")
+            if not isinstance(arguments, dict):
+                raise LLMError(
+                    f"{self._http.name}: the input of tool call {block['name']!r} is not a "
+                    f"JSON object: {arguments!r}"
+                )
+            block_id = block.get("id")
+            calls.append(ToolCall(block["name"], arguments,
+                                  block_id if isinstance(block_id, str) else None))
+        return calls
+
+    def _usage(self, reply: Mapping[str, Any]) -> Usage | None:
+        raw = reply.get("usage")
+        if not isinstance(raw, Mapping):
+            return None
+        usage = usage_of(raw.get("input_tokens"), raw.get("output_tokens"), self._price)
+        if usage is not None:
+            self.total_usage += usage
+        return usage
+
+
+def _check(
+    blocks: list[Mapping[str, Any]], task: str, schema: dict[str, Any], stop_reason: Any
+) -> tuple[Any, str | None]:
+    """(data, problem or None): the forced tool's input, else JSON in the text blocks."""
+    data: Any = None
+    found = False
+    for block in blocks:
+        if block.get("type") == "tool_use" and block.get("name") == task:
+            data, found = block.get("input"), True
+            break
+    problem: str | None
+    if not found:
+        try:
+            data = decode_json(_text(blocks))
+        except ValueError as exc:
+            problem = f"no {task!r} tool call, and {exc}"
+            return None, _cut_short(problem, stop_reason)
+    problem = schema_problem(data, schema)
+    return data, None if problem is None else _cut_short(problem, stop_reason)
+
+
+def _reask(blocks: list[Mapping[str, Any]], task: str, problem: str) -> dict[str, Any]:
+    """The user turn that answers a bad reply: a `tool_result` error for each tool call (the
+    API requires one per `tool_use`), or plain text when the model did not call the tool."""
+    uses = [b for b in blocks if b.get("type") == "tool_use" and isinstance(b.get("id"), str)]
+    if not uses:
+        return {"role": "user", "content": reask_text(problem)}
+    return {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": block["id"],
+                "is_error": True,
+                "content": reask_text(problem) if block.get("name") == task else "Not run.",
+            }
+            for block in uses
+        ],
+    }
+
+
+def _translate(system: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """mnemo's OpenAI-shaped messages as (system, Messages API messages)."""
+    systems = [system] if system else []
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content")
+        if role == "system":
+            if isinstance(content, str) and content:
+                systems.append(content)
+        elif role == "tool":
+            result = content if isinstance(content, str | list) else json.dumps(content)
+            out.append({
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": message.get("tool_call_id"),
+                             "content": result}],
+            })
+        elif role == "assistant" and message.get("tool_calls"):
+            blocks: list[dict[str, Any]] = []
+            if isinstance(content, str) and content:
+                blocks.append({"type": "text", "text": content})
+            blocks += [_tool_use(call) for call in message["tool_calls"]]
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": role, "content": content if content is not None else ""})
+    return "\n\n".join(systems), out
+
+
+def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped tool call ({"id", "function": {"name", "arguments"}}) or a ToolCall-like
+    dict ({"id", "name", "arguments"}) as a `tool_use` block."""
+    function = call.get("function")
+    source = function if isinstance(function, Mapping) else call
+    arguments = source.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            arguments = {"arguments": arguments}
+    return {"type": "tool_use", "id": call.get("id"), "name": source.get("name"),
+            "input": arguments}
+
+
+def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    name, description, parameters = tool_spec(tool)
+    out: dict[str, Any] = {"name": name, "input_schema": parameters}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _blocks(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    content = reply.get("content")
+    if not isinstance(content, list):
+        raise LLMError(f"the Messages API reply holds no content list: {str(reply)[:300]}")
+    return [block for block in content if isinstance(block, Mapping)]
+
+
+def _text(blocks: list[Mapping[str, Any]]) -> str:
+    return "".join(
+        block["text"] for block in blocks
+        if block.get("type") == "text" and isinstance(block.get("text"), str)
+    )
+
+
+def _cut_short(problem: str, stop_reason: Any) -> str:
+    if stop_reason == "max_tokens":
+        return f"{problem} (the reply was cut short at max_tokens)"
+    return problem
+
+
+def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+    usage = reply.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    counted = [v for v in (usage.get("input_tokens"), usage.get("output_tokens"))
+               if isinstance(v, int)]
+    return sum(counted) if counted else None

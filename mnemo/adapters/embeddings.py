@@ -1,0 +1,217 @@
+"""`OpenAIEmbedder`: an `Embedder` over OpenAI's `POST {base_url}/embeddings` (also served by
+Ollama, vLLM, llama.cpp server and most hosted embedding services).
+
+The vector dimension is the model's: give it as `dim`, or let the first reply tell it. A repo
+records its dimension when it is opened, so `Memory` awaits `detect_dim()` (one short request)
+before reading `dim`; reading `dim` while it is still unknown is an error rather than a guess
+(stores that assumed 1536 dimensions broke on every other model).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.adapters._http import Backoff, Clock, Transport
+from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
+from mnemo.errors import EmbeddingError, InvalidInputError, first_error
+from mnemo.ports import Usage
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+_PROBE_TEXT = "dimension probe"
+
+
+class DimensionUnknown(EmbeddingError, AttributeError):
+    """`dim` was read before it was given or detected.
+
+    Also an `AttributeError`, so `isinstance(embedder, Embedder)` (which looks the attribute up)
+    answers False instead of raising until the dimension is known.
+    """
+
+
+class OpenAIEmbedder:
+    """An `Embedder` calling `POST {base_url}/embeddings` with `{"model", "input": [...]}`.
+
+    Texts are sent `batch_size` at a time (batches run concurrently, within the transport's
+    `max_concurrency`); `embed` returns a float32 array of shape (len(texts), dim), row i
+    being text i (replies are ordered by their `index`, not their position). `api_key`
+    defaults to `OPENAI_API_KEY`, read when the embedder is created; with no key no
+    `Authorization` header is sent. Robustness arguments are `Transport`'s.
+
+    Raises:
+        InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = OPENAI_BASE_URL,
+        api_key: str | None = None,
+        dim: int | None = None,
+        batch_size: int = 128,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        max_concurrency: int = 4,
+        prices: Mapping[str, tuple[float, float]] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
+            raise InvalidInputError(f"dim must be a positive integer or None, got {dim!r}")
+        if batch_size < 1:
+            raise InvalidInputError(f"batch_size must be >= 1, got {batch_size!r}")
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        base_url = base_url.rstrip("/")
+        if not key and base_url == OPENAI_BASE_URL:
+            raise InvalidInputError(
+                "the OpenAI API needs a key: pass api_key= or set OPENAI_API_KEY"
+            )
+        self.model = model
+        self.name = f"openai-embeddings:{model}"
+        self._dim = dim
+        self._batch_size = batch_size
+        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
+        self.total_usage = Usage()
+        self._http = Transport(
+            base_url,
+            name=f"{base_url} (embedding model {model})",
+            error=EmbeddingError,
+            headers={"Authorization": f"Bearer {key}"} if key else None,
+            timeout=timeout,
+            max_retries=max_retries,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            max_concurrency=max_concurrency,
+            backoff=backoff,
+            clock=clock,
+            transport=transport,
+            tokens_used=_tokens_used,
+        )
+
+    @property
+    def dim(self) -> int:
+        """The vector dimension, given or detected.
+
+        Raises:
+            DimensionUnknown: (an `EmbeddingError`) neither given nor detected yet; await
+                `detect_dim()` first.
+        """
+        if self._dim is None:
+            raise DimensionUnknown(
+                f"{self.name}: the embedding dimension is not known yet; pass dim= or await "
+                "detect_dim() before opening a repo"
+            )
+        return self._dim
+
+    @dim.setter
+    def dim(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"dim must be a positive integer, got {value!r}")
+        self._dim = value
+
+    async def detect_dim(self) -> int:
+        """The vector dimension, asking the server with one short text if it is not known.
+
+        Raises:
+            EmbeddingError: the request failed, or the reply is malformed.
+        """
+        if self._dim is None:
+            await self.embed([_PROBE_TEXT])
+        return self.dim
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The embeddings of `texts`, one float32 row each, in order.
+
+        Raises:
+            EmbeddingError: the server failed (the message names the HTTP status), or a reply
+                has the wrong number of vectors or a dimension other than `dim` (both named).
+        """
+        if not texts:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        starts = range(0, len(texts), self._batch_size)
+        parts: list[npt.NDArray[np.float32] | None] = [None] * len(starts)
+
+        async def one(slot: int, start: int) -> None:
+            parts[slot] = await self._batch(texts[start : start + self._batch_size])
+
+        if len(parts) == 1:
+            await one(0, 0)
+        else:
+            with first_error():  # a failed batch raises its own EmbeddingError, not a group
+                async with anyio.create_task_group() as tg:
+                    for slot, start in enumerate(starts):
+                        tg.start_soon(one, slot, start)
+        return np.concatenate([part for part in parts if part is not None], axis=0)
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> OpenAIEmbedder:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def _batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        reply = await self._http.post_json(
+            "/embeddings", {"model": self.model, "input": list(texts)}
+        )
+        rows = self._rows(reply, len(texts))
+        if self._dim is None:
+            self._dim = len(rows[0])
+        for row in rows:
+            if len(row) != self._dim:
+                raise EmbeddingError(
+                    f"{self._http.name} returned vectors of dimension {len(row)}, but the "
+                    f"embedder's dimension is {self._dim}"
+                )
+        usage = reply.get("usage")
+        if isinstance(usage, Mapping):
+            counted = usage_of(usage.get("prompt_tokens"), 0, self._price)
+            if counted is not None:
+                self.total_usage += counted
+        try:
+            return np.asarray(rows, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise EmbeddingError(f"{self._http.name} returned non-numeric vectors") from exc
+
+    def _rows(self, reply: Mapping[str, Any], count: int) -> list[list[float]]:
+        """The reply's vectors ordered by `index`, checked to be one per text."""
+        data = reply.get("data")
+        if not isinstance(data, list):
+            raise EmbeddingError(f"{self._http.name}: the reply holds no data list")
+        indexed: dict[int, list[float]] = {}
+        for position, item in enumerate(data):
+            if not isinstance(item, Mapping) or not isinstance(item.get("embedding"), list):
+                raise EmbeddingError(f"{self._http.name}: data[{position}] holds no embedding")
+            index = item.get("index", position)
+            if not isinstance(index, int) or not 0 <= index < count or index in indexed:
+                raise EmbeddingError(
+                    f"{self._http.name}: data[{position}] has a bad index {index!r} "
+                    f"for {count} inputs"
+                )
+            indexed[index] = item["embedding"]
+        if len(indexed) != count:
+            raise EmbeddingError(
+                f"{self._http.name} returned {len(indexed)} vectors for {count} texts"
+            )
+        return [indexed[i] for i in range(count)]
+
+
+def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+    usage = reply.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    total = usage.get("total_tokens", usage.get("prompt_tokens"))
+    return total if isinstance(total, int) else None

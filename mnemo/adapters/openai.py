@@ -1,0 +1,366 @@
+"""`OpenAICompatible`: an `LLM` over the chat-completions protocol (OpenAI, Ollama, vLLM,
+llama.cpp server, and the many hosted services that speak it).
+
+Structured output, when a request has a schema, takes one of three forms (`structured=`):
+
+- "json_schema": `response_format: {"type": "json_schema", ...}` (OpenAI, recent Ollama, vLLM
+  and llama.cpp);
+- "tool": a function tool whose parameters are the schema, forced with `tool_choice`; the
+  reply's tool-call arguments are the data;
+- "json": `response_format: {"type": "json_object"}` with the schema written into the system
+  prompt, for servers that only know JSON mode.
+
+"auto" (the default) starts with "json_schema"; when the server answers 400 complaining about
+`response_format` it switches to "tool", and from "tool" to "json" on a complaint about tools,
+and keeps the mode that worked for the rest of the adapter's life (`structured_mode`).
+
+Whatever the form, the reply is validated against the schema; an invalid reply is shown its
+problem and asked again once, then the adapter raises `LLMError` saying what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
+
+import httpx
+
+from mnemo.adapters._http import Backoff, Clock, HTTPFailure, Transport
+from mnemo.adapters._schema import (
+    DEFAULT_PRICES,
+    add_usage,
+    decode_json,
+    price_of,
+    reask_text,
+    schema_problem,
+    tool_spec,
+    usage_of,
+)
+from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
+
+Structured = Literal["auto", "json_schema", "tool", "json"]
+Mode = Literal["json_schema", "tool", "json"]
+
+OPENAI_BASE_URL = "https://api.openai.com/v1"
+# The mode to try next when a server refuses one, and the words its 400 message must contain
+# for the refusal to be about that mode (rather than, say, an unknown model).
+_NEXT_MODE: dict[Mode, Mode] = {"json_schema": "tool", "tool": "json"}
+_COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
+    "json_schema": ("response_format", "response format", "json_schema", "schema"),
+    "tool": ("tool", "function"),
+}
+
+
+class OpenAICompatible:
+    """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`.
+
+    `api_key` defaults to the environment's `OPENAI_API_KEY`, read here, when the adapter is
+    created; with no key at all no `Authorization` header is sent (fine for local servers).
+    `prices` maps model names to (input, output) dollars per million tokens, on top of
+    `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature=None`
+    leaves it to the server. Robustness (`timeout`, `max_retries`, `requests_per_minute`,
+    `tokens_per_minute`, `max_concurrency`, `backoff`, `clock`) is `Transport`'s; `transport`
+    replaces httpx's network transport (tests).
+
+    Raises:
+        InvalidInputError: an unknown `structured` mode or a bad limit, or no API key for the
+            OpenAI API itself.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str = OPENAI_BASE_URL,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 5,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        max_concurrency: int = 8,
+        structured: Structured = "auto",
+        prices: Mapping[str, tuple[float, float]] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        temperature: float | None = 0.0,
+        backoff: Backoff | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if structured not in get_args(Structured):
+            raise InvalidInputError(
+                f"structured must be one of {get_args(Structured)}, got {structured!r}"
+            )
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        base_url = base_url.rstrip("/")
+        if not key and base_url == OPENAI_BASE_URL:
+            raise InvalidInputError(
+                "the OpenAI API needs a key: pass api_key= or set OPENAI_API_KEY"
+            )
+        self.model = model
+        self.name = f"openai-compatible:{model}"
+        self._auto = structured == "auto"
+        self._mode: Mode = "json_schema" if structured == "auto" else structured
+        self._temperature = temperature
+        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
+        self.total_usage = Usage()
+        self._http = Transport(
+            base_url,
+            name=f"{base_url} (model {model})",
+            error=LLMError,
+            timeout_error=LLMTimeout,
+            headers={"Authorization": f"Bearer {key}"} if key else None,
+            timeout=timeout,
+            max_retries=max_retries,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+            max_concurrency=max_concurrency,
+            backoff=backoff,
+            clock=clock,
+            transport=transport,
+            tokens_used=_tokens_used,
+        )
+
+    @property
+    def structured_mode(self) -> Mode:
+        """The structured-output form in use (after any "auto" fallback)."""
+        return self._mode
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        """Sends `request`; with a schema the reply's `data` is valid JSON for it.
+
+        Raises:
+            LLMTimeout: the server did not answer in time, on every attempt.
+            LLMError: the server refused the request or kept failing (the message names the
+                HTTP status and the server's message), or the reply did not match the schema
+                even after one re-ask (the message says where and why).
+        """
+        if request.schema is None:
+            return await self._free(request)
+        return await self._structured(request, request.schema)
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> OpenAICompatible:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ---- structured replies ----------------------------------------------------------------
+
+    async def _structured(self, request: LLMRequest, schema: dict[str, Any]) -> LLMResponse:
+        messages = list(request.messages)
+        reply, mode = await self._send_structured(request, schema, messages)
+        usage = self._usage(reply)
+        raw, data, problem = self._check(reply, mode, request.task, schema)
+        if problem is None:
+            return LLMResponse(text=raw, data=data, usage=usage)
+        # One re-ask, showing the model its own reply and what was wrong with it.
+        messages += [
+            {"role": "assistant", "content": raw},
+            {"role": "user", "content": reask_text(problem)},
+        ]
+        reply = await self._http.post_json(
+            "/chat/completions", self._payload(request, messages, mode, schema)
+        )
+        usage = add_usage(usage, self._usage(reply))
+        raw, data, second = self._check(reply, mode, request.task, schema)
+        if second is None:
+            return LLMResponse(text=raw, data=data, usage=usage)
+        raise LLMError(
+            f"{self._http.name}: the reply to task {request.task!r} did not match its schema, "
+            f"even after one re-ask: {second}"
+        )
+
+    async def _send_structured(
+        self, request: LLMRequest, schema: dict[str, Any], messages: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any], Mode]:
+        while True:
+            mode = self._mode
+            payload = self._payload(request, messages, mode, schema)
+            try:
+                return await self._http.post_json("/chat/completions", payload), mode
+            except LLMError as exc:
+                if not (self._auto and _refuses(mode, exc)):
+                    raise
+                # Concurrent calls may see the same refusal: only the first one moves on.
+                if self._mode == mode:
+                    self._mode = _NEXT_MODE[mode]
+
+    def _check(
+        self, reply: dict[str, Any], mode: Mode, task: str, schema: dict[str, Any]
+    ) -> tuple[str, Any, str | None]:
+        """(raw reply text, decoded data, problem or None)."""
+        message, finish = self._message(reply)
+        raw = _structured_text(message, mode, task)
+        try:
+            data = decode_json(raw)
+        except ValueError as exc:
+            return raw, None, _cut_short(str(exc), finish)
+        problem = schema_problem(data, schema)
+        return raw, data, None if problem is None else _cut_short(problem, finish)
+
+    # ---- free text and tool calls ------------------------------------------------------------
+
+    async def _free(self, request: LLMRequest) -> LLMResponse:
+        reply = await self._http.post_json(
+            "/chat/completions", self._payload(request, list(request.messages), None, None)
+        )
+        message, _ = self._message(reply)
+        content = message.get("content")
+        return LLMResponse(
+            text=content if isinstance(content, str) else "",
+            tool_calls=self._tool_calls(message),
+            usage=self._usage(reply),
+        )
+
+    def _tool_calls(self, message: Mapping[str, Any]) -> list[ToolCall]:
+        calls: list[ToolCall] = []
+        for call in _tool_call_items(message):
+            function = call.get("function")
+            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                raise LLMError(f"{self._http.name}: a tool call has no function name: {call!r}")
+            arguments = function.get("arguments")
+            try:
+                parsed = decode_json(arguments) if isinstance(arguments, str) else arguments
+            except ValueError as exc:
+                raise LLMError(
+                    f"{self._http.name}: the arguments of tool call {function['name']!r} "
+                    f"are not JSON: {exc}"
+                ) from exc
+            if parsed is None:
+                parsed = {}
+            if not isinstance(parsed, dict):
+                raise LLMError(
+                    f"{self._http.name}: the arguments of tool call {function['name']!r} "
+                    f"are not a JSON object: {parsed!r}"
+                )
+            call_id = call.get("id")
+            calls.append(ToolCall(function["name"], parsed, call_id if isinstance(call_id, str)
+                                  else None))
+        return calls
+
+    # ---- wire format -------------------------------------------------------------------------
+
+    def _payload(
+        self,
+        request: LLMRequest,
+        messages: list[dict[str, Any]],
+        mode: Mode | None,
+        schema: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        system = request.system
+        payload: dict[str, Any] = {"model": self.model}
+        if self._temperature is not None:
+            payload["temperature"] = self._temperature
+        if request.max_tokens is not None:
+            payload["max_tokens"] = request.max_tokens
+        if schema is not None and mode == "json_schema":
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": request.task, "schema": schema, "strict": False},
+            }
+        elif schema is not None and mode == "tool":
+            payload["tools"] = [_function(request.task, _TOOL_DESCRIPTION, schema)]
+            payload["tool_choice"] = {"type": "function", "function": {"name": request.task}}
+        elif schema is not None:
+            payload["response_format"] = {"type": "json_object"}
+            system = f"{system}\n\n{json_instructions(request.task, schema)}".strip()
+        elif request.tools:
+            payload["tools"] = [_function(*tool_spec(tool)) for tool in request.tools]
+        head = [{"role": "system", "content": system}] if system else []
+        payload["messages"] = head + messages
+        return payload
+
+    def _message(self, reply: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+        """The first choice's message and finish reason."""
+        choices = reply.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+            message = choices[0].get("message")
+            finish = choices[0].get("finish_reason")
+            if isinstance(message, Mapping):
+                return message, finish if isinstance(finish, str) else None
+        raise LLMError(f"{self._http.name}: the reply holds no message: {str(reply)[:300]}")
+
+    def _usage(self, reply: Mapping[str, Any]) -> Usage | None:
+        raw = reply.get("usage")
+        if not isinstance(raw, Mapping):
+            return None
+        usage = usage_of(raw.get("prompt_tokens"), raw.get("completion_tokens"), self._price)
+        if usage is not None:
+            self.total_usage += usage
+        return usage
+
+
+_TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
+
+
+def json_instructions(task: str, schema: Mapping[str, Any]) -> str:
+    """The system-prompt addition of "json" mode: the schema, and JSON only."""
+    return (
+        f'Reply with one JSON object only, no other text. It must match this JSON schema '
+        f'(named "{task}"):\n{json.dumps(schema, ensure_ascii=False)}'
+    )
+
+
+def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name, "parameters": parameters}
+    if description:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def _tool_call_items(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [call for call in calls if isinstance(call, Mapping)]
+
+
+def _structured_text(message: Mapping[str, Any], mode: Mode, task: str) -> str:
+    """The text holding the reply's JSON: the forced tool call's arguments in "tool" mode
+    (falling back to the content when the server answered in prose), else the content."""
+    if mode == "tool":
+        for call in _tool_call_items(message):
+            function = call.get("function")
+            if isinstance(function, Mapping) and function.get("name") in (task, None):
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):
+                    return arguments
+                if isinstance(arguments, dict):
+                    return json.dumps(arguments)
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+def _refuses(mode: Mode, exc: LLMError) -> bool:
+    """Whether `exc` is the server saying it does not support structured-output `mode`."""
+    failure = exc.__cause__
+    if mode not in _COMPLAINT_WORDS or not isinstance(failure, HTTPFailure):
+        return False
+    message = failure.message.lower()
+    return failure.status in (400, 422, 501) and any(
+        word in message for word in _COMPLAINT_WORDS[mode]
+    )
+
+
+def _cut_short(problem: str, finish: str | None) -> str:
+    if finish == "length":
+        return f"{problem} (the reply was cut short at max_tokens)"
+    return problem
+
+
+def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+    usage = reply.get("usage")
+    if not isinstance(usage, Mapping):
+        return None
+    total = usage.get("total_tokens")
+    if isinstance(total, int):
+        return total
+    parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
+    counted = [part for part in parts if isinstance(part, int)]
+    return sum(counted) if counted else None

@@ -1,0 +1,33 @@
+"""`UsageBook`: tokens and cost spent by the LLM, summed per session and per repo."""
+
+from __future__ import annotations
+
+from mnemo.ports import Usage
+
+
+class UsageBook:
+    """Sums the `Usage` of every LLM reply mnemo asked for, by repo and by session.
+
+    Kept in memory for the life of the `Memory` (it counts what this process spent).
+    """
+
+    def __init__(self) -> None:
+        self._repos: dict[str, Usage] = {}
+        self._sessions: dict[str, Usage] = {}
+
+    def add(self, repo: str, session_id: str | None, usage: Usage) -> None:
+        self._repos[repo] = self._repos.get(repo, Usage()) + usage
+        if session_id is not None:
+            self._sessions[session_id] = self._sessions.get(session_id, Usage()) + usage
+
+    def of_repo(self, repo: str) -> Usage:
+        return self._repos.get(repo, Usage())
+
+    def of_session(self, session_id: str) -> Usage:
+        return self._sessions.get(session_id, Usage())
+
+    def total(self) -> Usage:
+        result = Usage()
+        for usage in self._repos.values():
+            result = result + usage
+        return result

@@ -1,0 +1,322 @@
+"""Extraction over HTTP: close-to-ready time and rate-limited throughput, against a local server.
+
+Every LLM call goes over a real socket to the fake provider of `tests/adapters/provider_server.py`
+on 127.0.0.1 (a thread per connection; it answers mnemo's tasks with valid data after a fixed
+latency), through `OpenAICompatible` and its `Transport` (retries, rate gate, concurrency cap).
+The embedder is mnemo's in-process `HashEmbedder`, so only the LLM has latency.
+
+1. Close-to-ready. Episodes of 1, 2, 4, 8 and 16 trajectories of 2 steps each are appended at
+   zero latency; then the server's latency is set to `--latency` and the wall time runs from
+   `await mem.close(sid)` to the "transition" event to "ready" (an anyio.Event set by
+   `on_event`; nothing polls). The critical path is mnemo's longest chain of dependent calls,
+   the last step's reward -> the last trajectory's procedural -> its return, with semantic
+   beside procedural: 3 x latency, whatever the number of trajectories (they run side by side;
+   the repo's `llm_concurrency` and the adapter's cap are raised to 64 so neither is what is
+   measured). Goal: <= 1.2x the critical path.
+2. Throughput under a requests/min limit. 32 tasks call `generate` in a loop for `--seconds`
+   through an adapter with `requests_per_minute=--rpm`; completed calls per minute are
+   compared with the limit (goal >= 90%), and the busiest second the server saw shows that
+   the limiter smooths (one second's worth of burst, not a minute's).
+
+Run: `.venv/bin/python scripts/bench_extraction.py [--quick] [--latency 0.1] [--rpm 600]
+[--seconds 30]`. The full run takes about a minute, `--quick` under 20 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import anyio
+from _bench import facts_table, machine_facts, markdown_table, ms, ratio, verdict
+from rich.console import Console
+from rich.table import Table
+
+import mnemo
+from mnemo.adapters.openai import OpenAICompatible
+from mnemo.episode.prompts import reward_request
+
+# The fake provider lives with the tests that use it; the bench borrows it from there.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.adapters.provider_server import ProviderServer
+
+console = Console()
+READY_GOAL = 1.2
+THROUGHPUT_GOAL = 0.9
+CHAIN = 3  # reward(last step) -> procedural -> return
+WAIT_LIMIT_S = 60.0
+WORKERS = 32
+TOPICS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa"
+).split()
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    trajectories: tuple[int, ...]
+    repeats: int
+    seconds: float
+
+
+FULL = Sizes(trajectories=(1, 2, 4, 8, 16), repeats=3, seconds=30.0)
+QUICK = Sizes(trajectories=(1, 4, 16), repeats=1, seconds=6.0)
+
+
+class Ready:
+    """An `on_event` sink: `expect(sid)` gives an event set when the session reaches ready
+    or failed; `reached` says which."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, anyio.Event] = {}
+        self.reached: dict[str, str] = {}
+
+    def expect(self, session_id: str) -> anyio.Event:
+        self._waiting[session_id] = anyio.Event()
+        return self._waiting[session_id]
+
+    def __call__(self, event: mnemo.Event) -> None:
+        to = event.data.get("to")
+        if event.kind != "transition" or to not in (mnemo.State.READY, mnemo.State.FAILED):
+            return
+        waiter = self._waiting.pop(event.session_id or "", None)
+        if waiter is not None:
+            self.reached[event.session_id or ""] = str(to)
+            waiter.set()
+
+
+# ---- 1. close-to-ready ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyRow:
+    trajectories: int
+    walls_s: list[float]
+    calls: int
+    latency_s: float
+
+    @property
+    def expected_calls(self) -> int:
+        return 1 + 3 * self.trajectories  # last reward; semantic, procedural, return each
+
+    @property
+    def critical_s(self) -> float:
+        return CHAIN * self.latency_s
+
+    @property
+    def wall_s(self) -> float:
+        return median(self.walls_s)
+
+    @property
+    def vs_critical(self) -> float:
+        return self.wall_s / self.critical_s
+
+
+async def one_close(
+    mem: mnemo.Memory, server: ProviderServer, ready: Ready, trajectories: int, latency: float
+) -> tuple[float, int]:
+    """Appends `trajectories` x 2 steps at zero latency, then times close -> ready at
+    `latency`; returns (seconds, LLM calls made meanwhile)."""
+    server.latency = 0.0
+    sid = await mem.start_session("ship the release", repo="bench")
+    seen: set[str] = set()
+    for k in range(trajectories):
+        for j in range(2):
+            info = await mem.append(sid, f"{TOPICS[k]} step {j}", f"run task {k}.{j}")
+            seen.add(info.trajectory_id)
+    if len(seen) != trajectories:
+        raise RuntimeError(f"expected {trajectories} trajectories, got {len(seen)}")
+    server.latency = latency
+    before = len(server.requests)
+    arrived = ready.expect(sid)
+    start = time.perf_counter()
+    await mem.close(sid)
+    with anyio.fail_after(WAIT_LIMIT_S):
+        await arrived.wait()
+    wall = time.perf_counter() - start
+    if ready.reached.get(sid) != mnemo.State.READY:
+        raise RuntimeError(f"{sid} ended {ready.reached.get(sid)}, not ready")
+    calls = len(server.requests) - before
+    server.latency = 0.0
+    await mem.discard(sid)
+    await mem.end_session(sid)
+    return wall, calls
+
+
+async def bench_ready(server: ProviderServer, sizes: Sizes, latency: float) -> list[ReadyRow]:
+    ready = Ready()
+    rows: list[ReadyRow] = []
+    # Given to the Memory too: a provider's limiter is sized by the first config that asks,
+    # and the Memory's own default config may ask first.
+    config = mnemo.Config(llm_concurrency=64)
+    async with (
+        OpenAICompatible("bench", base_url=server.openai_url, max_concurrency=64) as llm,
+        mnemo.Memory(
+            ":memory:", llm=llm, embedder=mnemo.HashEmbedder(), config=config, on_event=ready
+        ) as mem,
+    ):
+        await mem.open_repo("bench", config=config)
+        for trajectories in sizes.trajectories:
+            console.log(f"close-to-ready: {trajectories} trajectories x {sizes.repeats}")
+            walls: list[float] = []
+            calls = 0
+            for _ in range(sizes.repeats):
+                wall, calls = await one_close(mem, server, ready, trajectories, latency)
+                walls.append(wall)
+            rows.append(ReadyRow(trajectories, walls, calls, latency))
+    return rows
+
+
+def ready_table(rows: list[ReadyRow], latency: float) -> Table:
+    table = Table(title=f"1. Close-to-ready over HTTP ({latency * 1000:.0f} ms per LLM call)")
+    for name in ("trajectories", "LLM calls (seen/expected)", "critical path ms", "median ms",
+                 "min-max ms", "x critical", "goal"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row.trajectories), f"{row.calls}/{row.expected_calls}", ms(row.critical_s),
+            ms(row.wall_s), f"{ms(min(row.walls_s))}-{ms(max(row.walls_s))}",
+            ratio(row.vs_critical), verdict(row.vs_critical <= READY_GOAL),
+        )
+    return table
+
+
+# ---- 2. throughput under a requests/min limit ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputRow:
+    rpm: float
+    seconds: float
+    completed: int
+    errors: int
+    busiest_second: int
+    latency_s: float
+
+    @property
+    def per_minute(self) -> float:
+        return self.completed / self.seconds * 60.0
+
+    @property
+    def share(self) -> float:
+        return self.per_minute / self.rpm
+
+
+async def bench_throughput(
+    server: ProviderServer, rpm: float, seconds: float, latency: float
+) -> ThroughputRow:
+    console.log(f"throughput: rpm={rpm:g} for {seconds:g} s, {WORKERS} callers")
+    server.latency = latency
+    request = reward_request(goal="ship the release", subgoal="build", observation="build ok",
+                             action="make", next_observation=None)
+    completed = errors = 0
+    before = len(server.requests)
+
+    async def caller(llm: OpenAICompatible) -> None:
+        nonlocal completed, errors
+        while True:
+            try:
+                await llm.generate(request)
+            except mnemo.LLMError:
+                errors += 1
+            else:
+                completed += 1
+
+    async with OpenAICompatible(
+        "bench", base_url=server.openai_url, requests_per_minute=rpm, max_concurrency=WORKERS
+    ) as llm:
+        # Cancelled at the deadline: a call still waiting then is not counted.
+        with anyio.move_on_after(seconds):
+            async with anyio.create_task_group() as tg:
+                for _ in range(WORKERS):
+                    tg.start_soon(caller, llm)
+    arrivals = sorted(r.at for r in server.requests[before:])
+    server.latency = 0.0
+    return ThroughputRow(rpm, seconds, completed, errors, busiest(arrivals, 1.0), latency)
+
+
+def busiest(times: list[float], window: float) -> int:
+    """The most arrivals in any `window` seconds (`times` sorted)."""
+    most = start = 0
+    for end, at in enumerate(times):
+        while at - times[start] >= window:
+            start += 1
+        most = max(most, end - start + 1)
+    return most
+
+
+def throughput_table(rows: list[ThroughputRow]) -> Table:
+    table = Table(title="2. Throughput under a requests/min limit")
+    for name in ("limit rpm", "window s", "completed", "errors", "achieved rpm", "of limit",
+                 "busiest second", "goal"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(
+            f"{row.rpm:g}", f"{row.seconds:g}", str(row.completed), str(row.errors),
+            f"{row.per_minute:,.0f}", f"{row.share:.0%}", f"{row.busiest_second} req",
+            verdict(row.share >= THROUGHPUT_GOAL),
+        )
+    return table
+
+
+# ---- summary and main -------------------------------------------------------------------------
+
+
+def summary(ready: list[ReadyRow], throughput: list[ThroughputRow], latency: float) -> str:
+    rows = [
+        [f"close-to-ready, {row.trajectories} trajectories ({row.calls} calls)",
+         f"{ms(row.wall_s)} ms", f"≤ {READY_GOAL}x {ms(row.critical_s)} ms",
+         f"{ratio(row.vs_critical)} {verdict(row.vs_critical <= READY_GOAL)}"]
+        for row in ready
+    ]
+    rows += [
+        [f"throughput at rpm={row.rpm:g} ({row.seconds:g} s, {WORKERS} callers)",
+         f"{row.per_minute:,.0f} rpm; busiest second {row.busiest_second}",
+         f"≥ {THROUGHPUT_GOAL:.0%} of limit",
+         f"{row.share:.0%} {verdict(row.share >= THROUGHPUT_GOAL)}"]
+        for row in throughput
+    ]
+    head = (f"LLM latency {latency * 1000:.0f} ms per call, over HTTP to a local fake provider "
+            "(scripts/bench_extraction.py)\n\n")
+    return head + markdown_table(["measure", "result", "goal", "outcome"], rows)
+
+
+def parse_args() -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, a 6 s window")
+    parser.add_argument("--latency", type=float, default=0.1, help="seconds per LLM call")
+    parser.add_argument("--rpm", type=float, default=600.0, help="requests/min limit")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="throughput window (default 30, quick 6)")
+    return parser.parse_args()
+
+
+async def run(sizes: Sizes, latency: float, rpm: float, seconds: float) -> None:
+    with ProviderServer() as server:
+        ready = await bench_ready(server, sizes, latency)
+        console.print(ready_table(ready, latency))
+        throughput = [await bench_throughput(server, rpm, seconds, latency)]
+        console.print(throughput_table(throughput))
+    console.rule("Summary (Markdown, for BENCHMARKS.md)")
+    console.print(summary(ready, throughput, latency), markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+def main() -> None:
+    args = parse_args()
+    sizes = QUICK if args.quick else FULL
+    seconds = args.seconds if args.seconds is not None else sizes.seconds
+    console.print(facts_table({**machine_facts(), "anyio backend": "asyncio",
+                               "sizes": "quick" if args.quick else "full"}))
+    started = time.perf_counter()
+    anyio.run(run, sizes, args.latency, args.rpm, seconds)
+    console.print(f"[dim]total {time.perf_counter() - started:.1f} s[/]")
+
+
+if __name__ == "__main__":
+    main()

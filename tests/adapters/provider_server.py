@@ -1,0 +1,514 @@
+"""A fake model provider on 127.0.0.1, for the adapter tests and `scripts/bench_extraction.py`.
+
+`ProviderServer` speaks three wire protocols over a real socket (stdlib `http.server`, one
+thread per connection):
+
+- OpenAI chat completions, `POST /v1/chat/completions` (structured output as `response_format`
+  json_schema or json_object, or a forced function tool);
+- OpenAI embeddings, `POST /v1/embeddings` (vectors come back in reverse order, so clients
+  must sort by `index`);
+- Anthropic messages, `POST /v1/messages` (structured output as a forced tool).
+
+By default it answers mnemo's tasks with valid data (`task_data`: the subgoal of a step is the
+first word of its observation, one fact and one procedure per step, ...); the task name is read
+from the json_schema name or the forced tool's name, as mnemo's adapters send it. A test
+scripts what comes next with `script(...)`: a queue of behaviours used in request order, then
+the default again. Every request is recorded (`requests`), with its headers and JSON body.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import anyio.lowlevel
+
+from mnemo.ports import INPUT_MARKER
+
+
+class _ByTask:
+    def __repr__(self) -> str:
+        return "BY_TASK"
+
+
+BY_TASK: Any = _ByTask()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A 200 reply. For a structured request, `data` (by default the task's valid answer) is
+    rendered the way the request asked: JSON content, a tool call's arguments, or a `tool_use`
+    block. `text` instead replies in prose (or with malformed JSON); `tool_calls` replies with
+    those calls; `fenced` wraps JSON content in a Markdown fence; `dim` overrides the embedding
+    size; `finish` is the finish/stop reason."""
+
+    data: Any = BY_TASK
+    text: str | None = None
+    tool_calls: tuple[tuple[str, dict[str, Any]], ...] = ()
+    fenced: bool = False
+    usage: tuple[int, int] = (10, 5)
+    dim: int | None = None
+    finish: str | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """An error reply: `status`, with `message` at `error.message` and extra `headers`."""
+
+    status: int
+    message: str = "something went wrong"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """A reply with exactly this status and body (e.g. a 200 that is not JSON)."""
+
+    body: bytes
+    status: int = 200
+    content_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class Slow:
+    """Waits `seconds` (or until the server stops), then behaves as `then`."""
+
+    seconds: float
+    then: Any = field(default_factory=Answer)
+
+
+@dataclass(frozen=True)
+class Hangup:
+    """Closes the connection without replying (a connection error for the client)."""
+
+
+Behaviour = Answer | Fail | Raw | Slow | Hangup
+
+
+def rate_limited(retry_after: str = "0") -> Fail:
+    """A 429 with a `Retry-After` header."""
+    return Fail(429, "Rate limit reached, slow down", {"Retry-After": retry_after})
+
+
+def retry_at(unix_time: float) -> Fail:
+    """A 429 whose `Retry-After` is an HTTP date."""
+    return Fail(429, "Rate limit reached", {"Retry-After": formatdate(unix_time, usegmt=True)})
+
+
+REJECT_RESPONSE_FORMAT = Fail(
+    400, "Invalid parameter: response_format of type json_schema is not supported with this model"
+)
+REJECT_TOOLS = Fail(400, "This server does not support tools / tool_choice")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request the server received."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    task: str | None
+    mode: str | None
+    at: float = 0.0  # time.monotonic() on arrival
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        messages = self.body.get("messages")
+        return messages if isinstance(messages, list) else []
+
+
+class ProviderServer:
+    """The fake provider (see the module doc). Use as a context manager, or `start`/`stop`.
+
+    `latency` delays every reply (the bench's model latency); `dim` is the embedding size;
+    `every_nth_fails` replies with `flaky` instead of the default to every n-th request;
+    `json_schema=False` makes it refuse `response_format` json_schema (like older Ollama,
+    vLLM and llama.cpp servers), `tools=False` refuse tools.
+    """
+
+    def __init__(
+        self,
+        *,
+        latency: float = 0.0,
+        dim: int = 8,
+        every_nth_fails: int = 0,
+        flaky: Behaviour | None = None,
+        json_schema: bool = True,
+        tools: bool = True,
+    ) -> None:
+        self.latency = latency
+        self.dim = dim
+        self.every_nth_fails = every_nth_fails
+        self.flaky: Behaviour = flaky or rate_limited("0")
+        self.json_schema = json_schema
+        self.tools = tools
+        self.requests: list[Recorded] = []
+        self.statuses: list[int] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._script: deque[Behaviour] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._count = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> ProviderServer:
+        server = _Server(self)
+        self._server = server
+        # A short poll keeps `stop()` (which waits for the loop to notice) quick.
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> ProviderServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """The Anthropic base URL (`{url}/v1/messages`)."""
+        assert self._server is not None, "start the server first"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI base URL (`{openai_url}/chat/completions`)."""
+        return f"{self.url}/v1"
+
+    # ---- scripting -------------------------------------------------------------------------
+
+    def script(self, *behaviours: Behaviour) -> None:
+        """Queues behaviours for the next requests, in order."""
+        with self._lock:
+            self._script.extend(behaviours)
+
+    def tasks(self) -> list[str | None]:
+        return [r.task for r in self.requests]
+
+    def _next(self, recorded: Recorded) -> Behaviour:
+        with self._lock:
+            self._count += 1
+            if self._script:
+                return self._script.popleft()
+            if self.every_nth_fails and self._count % self.every_nth_fails == 0:
+                return self.flaky
+        if recorded.mode == "json_schema" and not self.json_schema:
+            return REJECT_RESPONSE_FORMAT
+        if recorded.mode == "tool" and not self.tools:
+            return REJECT_TOOLS
+        return Answer()
+
+    def _enter(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def _leave(self, status: int) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            self.statuses.append(status)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle's algorithm the body would wait
+    # for the client's delayed ACK (40 ms on Linux) on every reply.
+    disable_nagle_algorithm = True
+    # Idle keep-alive connections give their thread back after this long.
+    timeout = 10
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        assert isinstance(self.server, _Server)
+        provider = self.server.provider
+        length = int(self.headers.get("content-length", "0"))
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {}
+        task, mode = _task_and_mode(self.path, body)
+        recorded = Recorded(
+            self.path,
+            {k.lower(): v for k, v in self.headers.items()},
+            body,
+            task,
+            mode,
+            time.monotonic(),
+        )
+        provider.requests.append(recorded)
+        provider._enter()
+        status = 0
+        try:
+            if provider.latency:
+                provider._stopping.wait(provider.latency)
+            status = self._behave(provider, provider._next(recorded), recorded)
+        finally:
+            provider._leave(status)
+
+    def _behave(self, provider: ProviderServer, behaviour: Behaviour, request: Recorded) -> int:
+        while isinstance(behaviour, Slow):
+            provider._stopping.wait(behaviour.seconds)
+            behaviour = behaviour.then
+        if isinstance(behaviour, Hangup):
+            self.close_connection = True
+            return 0
+        if isinstance(behaviour, Raw):
+            self._send(behaviour.status, behaviour.body, behaviour.content_type)
+            return behaviour.status
+        if isinstance(behaviour, Fail):
+            error = {"type": "error", "message": behaviour.message}
+            payload: dict[str, Any] = {"error": error}
+            if request.path.endswith("/messages"):
+                payload = {"type": "error", "error": error}
+            self._send(behaviour.status, json.dumps(payload).encode(), headers=behaviour.headers)
+            return behaviour.status
+        reply = _render(request, behaviour, provider.dim)
+        self._send(200, json.dumps(reply).encode())
+        return 200
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The stdlib default backlog of 5 resets connections when a close opens dozens at once.
+    request_queue_size = 256
+
+    def __init__(self, provider: ProviderServer) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.provider = provider
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out has closed its socket; the late reply's broken pipe is
+        # expected, not worth a traceback on stderr.
+        pass
+
+
+# ---- reading requests -----------------------------------------------------------------------
+
+_JSON_MODE_TASK = re.compile(r'JSON schema \(named "([\w-]+)"\)')
+
+
+def _task_and_mode(path: str, body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The task name and structured mode ("json_schema", "tool", "json" or None) of a request."""
+    if path.endswith("/embeddings"):
+        return None, None
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else choice.get("name")
+        if isinstance(name, str):
+            return name, "tool"
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict):
+        if response_format.get("type") == "json_schema":
+            return response_format.get("json_schema", {}).get("name"), "json_schema"
+        if response_format.get("type") == "json_object":
+            system = " ".join(
+                m.get("content", "") for m in body.get("messages", []) if m.get("role") == "system"
+            )
+            match = _JSON_MODE_TASK.search(system)
+            return (match.group(1) if match else None), "json"
+    return None, None
+
+
+def _inputs(request: Recorded) -> dict[str, Any]:
+    """The task inputs mnemo wrote after `INPUT:` in the latest user message that has them."""
+    for message in reversed(request.messages):
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
+            try:
+                value = json.loads(content.rsplit(INPUT_MARKER, 1)[1])
+            except ValueError:
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def first_word(text: str) -> str:
+    words = text.split()
+    return words[0].lower() if words else ""
+
+
+def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
+    """A valid answer to one of mnemo's tasks (None for an unknown or free-text task)."""
+    steps = [s for s in inputs.get("steps", []) if isinstance(s, dict)]
+    if task == "subgoal":
+        return {"reasoning": "same topic", "subgoal": first_word(inputs.get("observation", ""))}
+    if task == "reward":
+        return {"reward": 0.8}
+    if task == "semantic":
+        return {"facts": [
+            {"proposition": f"The agent observed: {s.get('observation', '')}",
+             "concepts": [first_word(s.get("observation", "")) or "general"],
+             "confidence": 0.9, "steps": [s.get("index", i)]}
+            for i, s in enumerate(steps)
+        ]}
+    if task == "procedural":
+        return {"instructions": [
+            {"intent": f"handle {s.get('action', '')}",
+             "condition": f"When {s.get('observation', '')}",
+             "instruction": s.get("action", ""), "expected_outcome": "it works",
+             "steps": [s.get("index", i)]}
+            for i, s in enumerate(steps)
+        ]}
+    if task == "return":
+        return {"scores": [
+            {"index": item.get("index", i), "return_score": 7}
+            for i, item in enumerate(inputs.get("instructions", []))
+        ]}
+    if task == "merge_intent":
+        return {"intent": inputs.get("existing", "")}
+    return None
+
+
+def vector(text: str, dim: int) -> list[float]:
+    """A deterministic unit vector for `text`: the axis its first word hashes to."""
+    out = [0.0] * dim
+    out[zlib.crc32(first_word(text).encode()) % dim] = 1.0
+    return out
+
+
+# ---- writing replies ------------------------------------------------------------------------
+
+
+def _render(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
+    if request.path.endswith("/embeddings"):
+        return _embeddings(request, answer, answer.dim or dim)
+    data = answer.data
+    text = answer.text
+    if data is BY_TASK:
+        data = None if text is not None else task_data(request.task, _inputs(request))
+        if data is None and text is None:
+            text = f"The agent is at: {_inputs(request).get('observation', 'somewhere')}"
+    if request.path.endswith("/messages"):
+        return _anthropic(request, answer, data, text)
+    return _openai_chat(request, answer, data, text)
+
+
+def _openai_chat(request: Recorded, answer: Answer, data: Any, text: str | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    calls = list(answer.tool_calls)
+    if data is not None and request.mode == "tool":
+        calls.append((request.task or "answer", data))
+    elif data is not None:
+        content = json.dumps(data)
+        message["content"] = f"```json\n{content}\n```" if answer.fenced else content
+    if text is not None:
+        message["content"] = text
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(arguments)}}
+            for i, (name, arguments) in enumerate(calls)
+        ]
+    finish = answer.finish or ("tool_calls" if calls else "stop")
+    prompt, completion = answer.usage
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "model": request.body.get("model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                  "total_tokens": prompt + completion},
+    }
+
+
+def _anthropic(request: Recorded, answer: Answer, data: Any, text: str | None) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = []
+    if text is not None:
+        blocks.append({"type": "text", "text": text})
+    calls = list(answer.tool_calls)
+    if data is not None:
+        calls.append((request.task or "answer", data))
+    blocks += [
+        {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": arguments}
+        for i, (name, arguments) in enumerate(calls)
+    ]
+    prompt, completion = answer.usage
+    return {
+        "id": "msg_test",
+        "type": "message",
+        "role": "assistant",
+        "model": request.body.get("model"),
+        "content": blocks,
+        "stop_reason": answer.finish or ("tool_use" if calls else "end_turn"),
+        "usage": {"input_tokens": prompt, "output_tokens": completion},
+    }
+
+
+def _embeddings(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
+    texts = request.body.get("input", [])
+    if isinstance(texts, str):
+        texts = [texts]
+    items = [
+        {"object": "embedding", "index": i, "embedding": vector(str(text), dim)}
+        for i, text in enumerate(texts)
+    ]
+    prompt = answer.usage[0]
+    return {
+        "object": "list",
+        "data": items[::-1],  # reversed on purpose: clients must order by index
+        "model": request.body.get("model"),
+        "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+    }
+
+
+# ---- virtual time ---------------------------------------------------------------------------
+
+
+class VirtualClock:
+    """A `Clock` whose sleeps return at once and move its time forward; records every sleep."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.time += seconds
+        await anyio.lowlevel.checkpoint()

@@ -1,0 +1,188 @@
+"""`Anthropic` over a real socket: headers, the forced tool, the re-ask through a tool_result,
+text and tool replies, message translation, usage, retries and keys."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from mnemo.adapters.anthropic import Anthropic, _translate
+from mnemo.errors import InvalidInputError, LLMError
+from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
+from mnemo.ports import LLMRequest, ToolCall
+from tests.adapters.provider_server import Answer, Fail, ProviderServer, VirtualClock
+
+STEPS = [{"index": 0, "observation": "nginx listens on 8080", "action": "curl localhost:8080"}]
+FACT = {"proposition": "Nginx listens on port 8080.", "concepts": ["nginx"], "confidence": 0.9}
+
+
+def semantic() -> LLMRequest:
+    return semantic_request(goal="serve the site", subgoal="configure nginx", steps=STEPS)
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as s:
+        yield s
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+async def llm(server: ProviderServer, clock: VirtualClock) -> AsyncIterator[Anthropic]:
+    async with Anthropic(
+        "claude-3-5-haiku-20241022", api_key="sk-ant-test", base_url=server.url, clock=clock
+    ) as adapter:
+        yield adapter
+
+
+async def test_structured_request_is_a_forced_tool(server: ProviderServer, llm: Anthropic) -> None:
+    """The schema becomes a tool's input_schema, forced by tool_choice; its input is the data."""
+    response = await llm.generate(semantic())
+    [sent] = server.requests
+    assert sent.path == "/v1/messages"
+    assert sent.headers["x-api-key"] == "sk-ant-test"
+    assert sent.headers["anthropic-version"] == "2023-06-01"
+    body = sent.body
+    assert body["system"] == semantic().system
+    assert body["max_tokens"] == 1024
+    assert [m["role"] for m in body["messages"]] == ["user"]
+    assert body["tools"] == [{
+        "name": "semantic",
+        "input_schema": SEMANTIC_SCHEMA,
+        "description": "Record your answer. Call this with your complete reply.",
+    }]
+    assert body["tool_choice"] == {"type": "tool", "name": "semantic"}
+    assert response.data["facts"][0]["steps"] == [0]
+
+
+async def test_usage_and_cost_from_the_price_table(llm: Anthropic, server: ProviderServer) -> None:
+    """input/output tokens become Usage, priced by the built-in table for the model family."""
+    server.script(Answer(usage=(2000, 100)))
+    response = await llm.generate(semantic())
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (2000, 100)
+    assert response.usage.cost == pytest.approx((2000 * 0.80 + 100 * 4.00) / 1e6)
+
+
+async def test_invalid_tool_input_is_reasked_through_a_tool_result(
+    server: ProviderServer, llm: Anthropic
+) -> None:
+    """A bad tool input is answered with an error tool_result naming the problem, once."""
+    bad = {"facts": [{"proposition": "x", "concepts": "nginx", "confidence": 0.5}]}
+    server.script(Answer(data=bad), Answer(data={"facts": [FACT]}))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": [FACT]}
+    messages = server.requests[1].messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == [
+        {"type": "tool_use", "id": "toolu_0", "name": "semantic", "input": bad}
+    ]
+    assert messages[2]["content"] == [{
+        "type": "tool_result",
+        "tool_use_id": "toolu_0",
+        "is_error": True,
+        "content": "Your reply did not match the schema: at $.facts[0].concepts: 'nginx' is not "
+        "of type 'array'. Reply again with JSON only.",
+    }]
+
+
+async def test_prose_instead_of_the_tool_is_reasked_as_text(
+    server: ProviderServer, llm: Anthropic
+) -> None:
+    """A text reply with no tool call gets a plain-text re-ask."""
+    server.script(Answer(text="I think the facts are..."), Answer(data={"facts": []}))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": []}
+    last = server.requests[1].messages[-1]
+    assert last["role"] == "user"
+    assert last["content"].startswith("Your reply did not match the schema: no 'semantic' tool")
+
+
+async def test_second_bad_reply_raises(server: ProviderServer, llm: Anthropic) -> None:
+    """Two bad replies: LLMError with the validation problem."""
+    server.script(Answer(data={"facts": [{}]}), Answer(data={"facts": [{}]}))
+    with pytest.raises(LLMError, match=r"even after one re-ask: at \$\.facts\[0\]: 'proposition'"):
+        await llm.generate(semantic())
+    assert len(server.requests) == 2
+
+
+async def test_text_and_tool_calls(server: ProviderServer, llm: Anthropic) -> None:
+    """Without a schema: text blocks are the text, tool_use blocks the ToolCalls."""
+    server.script(Answer(text="Saving.", tool_calls=(("save_snapshot", {"text": "hi"}),)))
+    tool = {"name": "save_snapshot", "description": "Save.",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
+    response = await llm.generate(
+        LLMRequest("evict", "Evict.", [{"role": "user", "content": "go"}], tools=[tool])
+    )
+    assert response.text == "Saving."
+    assert response.tool_calls == [ToolCall("save_snapshot", {"text": "hi"}, "toolu_0")]
+    body = server.requests[0].body
+    assert body["tools"] == [
+        {"name": "save_snapshot", "description": "Save.", "input_schema": tool["parameters"]}
+    ]
+    assert "tool_choice" not in body
+
+
+def test_openai_shaped_messages_are_translated() -> None:
+    """System messages join `system`; tool calls become tool_use; tool replies tool_result."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "evict"},
+        {"role": "assistant", "content": "ok", "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "everything_ok", "arguments": '{"why": "fine"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]
+    system, out = _translate("You evict.", messages)
+    assert system == "You evict.\n\nBe brief."
+    assert out == [
+        {"role": "user", "content": "evict"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "ok"},
+            {"type": "tool_use", "id": "c1", "name": "everything_ok", "input": {"why": "fine"}},
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "c1", "content": "done"}]},
+    ]
+
+
+async def test_overloaded_529_is_retried(
+    server: ProviderServer, llm: Anthropic, clock: VirtualClock
+) -> None:
+    """Anthropic's 529 overloaded_error is retried like a 5xx."""
+    server.script(Fail(529, "Overloaded"), Answer(data={"facts": [FACT]}))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": [FACT]}
+    assert server.statuses == [529, 200]
+    assert len(clock.sleeps) == 1
+
+
+async def test_refusal_names_status_and_message(server: ProviderServer, llm: Anthropic) -> None:
+    """A 401 is final, and the error carries Anthropic's message."""
+    server.script(Fail(401, "invalid x-api-key"))
+    with pytest.raises(LLMError, match="HTTP 401 Unauthorized: invalid x-api-key"):
+        await llm.generate(semantic())
+
+
+async def test_key_from_env_at_construction(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ANTHROPIC_API_KEY is read when the adapter is made."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env")
+    async with Anthropic("claude-x", base_url=server.url) as adapter:
+        monkeypatch.delenv("ANTHROPIC_API_KEY")
+        await adapter.generate(semantic())
+    assert server.requests[0].headers["x-api-key"] == "sk-ant-env"
+
+
+def test_anthropic_itself_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anthropic's API with no key is refused at construction."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with pytest.raises(InvalidInputError, match="ANTHROPIC_API_KEY"):
+        Anthropic("claude-3-5-haiku-latest")

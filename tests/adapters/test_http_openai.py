@@ -1,0 +1,351 @@
+"""`OpenAICompatible` over a real socket: wire format, structured output and its fallbacks,
+validation with one re-ask, tool calls, usage and cost, and keys."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from mnemo.adapters._http import Backoff
+from mnemo.adapters._schema import DEFAULT_PRICES, decode_json, price_of
+from mnemo.adapters.openai import OpenAICompatible
+from mnemo.errors import InvalidInputError, LLMError
+from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
+from mnemo.ports import LLMRequest, ToolCall, Usage
+from tests.adapters.provider_server import (
+    REJECT_RESPONSE_FORMAT,
+    REJECT_TOOLS,
+    Answer,
+    Fail,
+    ProviderServer,
+    VirtualClock,
+    rate_limited,
+)
+
+STEPS = [{"index": 0, "observation": "nginx listens on 8080", "action": "curl localhost:8080"}]
+FACT = {"proposition": "Nginx listens on port 8080.", "concepts": ["nginx"], "confidence": 0.9}
+
+
+def semantic() -> LLMRequest:
+    return semantic_request(goal="serve the site", subgoal="configure nginx", steps=STEPS)
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as s:
+        yield s
+
+
+@pytest.fixture
+async def llm(server: ProviderServer) -> AsyncIterator[OpenAICompatible]:
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, api_key="sk-test", clock=VirtualClock()
+    ) as adapter:
+        yield adapter
+
+
+async def test_structured_request_wire_format(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A schema request POSTs system + messages with a json_schema response_format."""
+    response = await llm.generate(semantic())
+    [sent] = server.requests
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["authorization"] == "Bearer sk-test"
+    assert sent.headers["content-type"] == "application/json"
+    body = sent.body
+    assert body["model"] == "m"
+    assert body["temperature"] == 0.0
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert body["messages"][0]["content"] == semantic().system
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "semantic", "schema": SEMANTIC_SCHEMA, "strict": False},
+    }
+    assert "tools" not in body
+    assert response.data["facts"][0]["proposition"].startswith("The agent observed")
+
+
+async def test_usage_and_cost(server: ProviderServer) -> None:
+    """Usage comes from prompt/completion tokens; cost from the price table; totals add up."""
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, prices={"m": (1.0, 2.0)}
+    ) as priced:
+        server.script(Answer(usage=(1000, 500)), Answer(usage=(10, 5)))
+        first = await priced.generate(semantic())
+        await priced.generate(semantic())
+    assert first.usage is not None
+    assert (first.usage.input_tokens, first.usage.output_tokens) == (1000, 500)
+    assert first.usage.cost == pytest.approx((1000 * 1.0 + 500 * 2.0) / 1e6)
+    assert priced.total_usage.input_tokens == 1010
+    assert priced.total_usage.output_tokens == 505
+
+
+async def test_unpriced_model_has_no_cost(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """A model with no price entry reports tokens and cost None."""
+    response = await llm.generate(semantic())
+    assert response.usage == Usage(10, 5, None)
+
+
+def test_default_prices_match_dated_models() -> None:
+    """A dated model name is priced as its family; the longest family wins."""
+    assert price_of("gpt-4o-mini-2024-07-18", DEFAULT_PRICES) == DEFAULT_PRICES["gpt-4o-mini"]
+    assert price_of("gpt-4o-2024-08-06", DEFAULT_PRICES) == DEFAULT_PRICES["gpt-4o"]
+    assert price_of("llama3.1:8b", DEFAULT_PRICES) is None
+
+
+def test_decode_json_tolerates_fences_and_prose() -> None:
+    """Fenced JSON and an object inside prose are read; no JSON is a ValueError."""
+    assert decode_json('```json\n{"a": 1}\n```') == {"a": 1}
+    assert decode_json('Sure! Here it is: {"a": [1, 2]} Hope that helps.') == {"a": [1, 2]}
+    with pytest.raises(ValueError, match="not valid JSON"):
+        decode_json("no json here")
+    with pytest.raises(ValueError, match="empty"):
+        decode_json("  ")
+
+
+async def test_fenced_json_is_accepted(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """A reply wrapped in a ```json fence is parsed without a re-ask."""
+    server.script(Answer(data={"facts": [FACT]}, fenced=True))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": [FACT]}
+    assert len(server.requests) == 1
+
+
+# ---- validation and the one re-ask ------------------------------------------------------------
+
+
+async def test_schema_violation_is_reasked_once(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """An invalid reply is sent back with its problem; the valid second reply is returned."""
+    bad = {"facts": [{"proposition": 3, "concepts": [], "confidence": 0.5}]}
+    server.script(Answer(data=bad), Answer(data={"facts": [FACT]}))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": [FACT]}
+    assert response.usage == Usage(20, 10, None)
+    first, second = server.requests
+    tail = second.messages[-2:]
+    assert tail[0]["role"] == "assistant"
+    assert decode_json(tail[0]["content"]) == bad
+    assert tail[1] == {
+        "role": "user",
+        "content": "Your reply did not match the schema: at $.facts[0].proposition: 3 is not of "
+        "type 'string'. Reply again with JSON only.",
+    }
+    assert second.messages[:-2] == first.messages
+
+
+async def test_malformed_json_is_reasked(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """A reply that is not JSON gets the re-ask too."""
+    server.script(Answer(text='{"facts": [{"proposition": '), Answer(data={"facts": []}))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": []}
+    assert "not valid JSON" in server.requests[1].messages[-1]["content"]
+
+
+async def test_second_bad_reply_raises_saying_what_was_wrong(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """Two invalid replies: LLMError names the task and the validation problem; no third ask."""
+    server.script(Answer(data={"facts": "none"}), Answer(data={"facts": [{"concepts": []}]}))
+    with pytest.raises(
+        LLMError,
+        match=r"task 'semantic' did not match its schema, even after one re-ask: "
+        r"at \$\.facts\[0\]: 'proposition' is a required property",
+    ):
+        await llm.generate(semantic())
+    assert len(server.requests) == 2
+
+
+async def test_cut_short_reply_says_so(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """A reply truncated at max_tokens says so in the error."""
+    server.script(*[Answer(text='{"facts": [', finish="length")] * 2)
+    with pytest.raises(LLMError, match="cut short at max_tokens"):
+        await llm.generate(semantic())
+
+
+# ---- structured-output modes and the auto fallback -------------------------------------------
+
+
+async def test_auto_falls_back_to_tool_and_remembers(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A 400 about response_format switches to a forced tool, for this and later requests."""
+    server.script(REJECT_RESPONSE_FORMAT)
+    response = await llm.generate(semantic())
+    assert response.data["facts"]
+    assert llm.structured_mode == "tool"
+    assert [r.mode for r in server.requests] == ["json_schema", "tool"]
+    tool_call = server.requests[1].body
+    assert tool_call["tools"] == [{
+        "type": "function",
+        "function": {"name": "semantic", "parameters": SEMANTIC_SCHEMA,
+                     "description": "Record your answer. Call this with your complete reply."},
+    }]
+    assert tool_call["tool_choice"] == {"type": "function", "function": {"name": "semantic"}}
+    assert "response_format" not in tool_call
+    await llm.generate(semantic())
+    assert [r.mode for r in server.requests] == ["json_schema", "tool", "tool"]
+
+
+async def test_auto_falls_back_to_json_mode(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """A server refusing json_schema and tools gets json_object with the schema in the prompt."""
+    server.script(REJECT_RESPONSE_FORMAT, REJECT_TOOLS)
+    response = await llm.generate(semantic())
+    assert response.data["facts"]
+    assert llm.structured_mode == "json"
+    body = server.requests[-1].body
+    assert body["response_format"] == {"type": "json_object"}
+    system = body["messages"][0]["content"]
+    assert system.startswith(semantic().system)
+    assert '"proposition"' in system
+    assert "JSON" in system
+
+
+async def test_tool_mode_reask_shows_the_arguments(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """In tool mode a bad tool call is re-asked with its arguments shown."""
+    server.script(REJECT_RESPONSE_FORMAT, Answer(data={"facts": [{"proposition": ""}]}))
+    response = await llm.generate(semantic())
+    assert response.data["facts"]
+    reask = server.requests[2].messages
+    assert decode_json(reask[-2]["content"]) == {"facts": [{"proposition": ""}]}
+    assert reask[-1]["content"].startswith("Your reply did not match the schema: at $.facts[0]")
+
+
+async def test_unrelated_400_does_not_fall_back(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A 400 about something else is an LLMError naming it; the mode stays."""
+    server.script(Fail(400, "context_length_exceeded: too many tokens"))
+    with pytest.raises(LLMError, match="HTTP 400 Bad Request: context_length_exceeded"):
+        await llm.generate(semantic())
+    assert llm.structured_mode == "json_schema"
+
+
+async def test_explicit_mode_never_falls_back(server: ProviderServer) -> None:
+    """structured="json_schema" raises on a refusal instead of switching."""
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, structured="json_schema"
+    ) as strict:
+        server.script(REJECT_RESPONSE_FORMAT)
+        with pytest.raises(LLMError, match="response_format"):
+            await strict.generate(semantic())
+        assert strict.structured_mode == "json_schema"
+
+
+@pytest.mark.parametrize("mode", ["tool", "json"])
+async def test_explicit_modes(server: ProviderServer, mode: Any) -> None:
+    """structured="tool" and "json" are used from the first request."""
+    async with OpenAICompatible("m", base_url=server.openai_url, structured=mode) as adapter:
+        response = await adapter.generate(semantic())
+    assert response.data["facts"]
+    assert server.requests[0].mode == mode
+
+
+def test_unknown_mode_is_refused() -> None:
+    """An unknown structured mode is an InvalidInputError."""
+    with pytest.raises(InvalidInputError, match="structured"):
+        OpenAICompatible("m", base_url="http://localhost:1/v1", structured="xml")  # type: ignore[arg-type]
+
+
+# ---- free text and tools --------------------------------------------------------------------
+
+
+async def test_text_reply(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """Without a schema the reply is text; max_tokens is passed on."""
+    server.script(Answer(text="The door is open."))
+    request = LLMRequest("state", "You summarise.", [{"role": "user", "content": "hi"}],
+                         max_tokens=50)
+    response = await llm.generate(request)
+    assert response.text == "The door is open."
+    assert response.data is None
+    body = server.requests[0].body
+    assert body["max_tokens"] == 50
+    assert "response_format" not in body
+    assert "tools" not in body
+
+
+async def test_tools_pass_through_and_calls_come_back(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """request.tools are sent as OpenAI functions; the reply's calls become ToolCalls."""
+    tool = {"name": "save_snapshot", "description": "Save it.",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
+    server.script(Answer(tool_calls=(("save_snapshot", {"text": "hello"}),)))
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "evict"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_9", "type": "function",
+             "function": {"name": "everything_ok", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_9", "content": "ok"},
+    ]
+    response = await llm.generate(LLMRequest("evict", "Evict.", history, tools=[tool]))
+    assert response.tool_calls == [ToolCall("save_snapshot", {"text": "hello"}, "call_0")]
+    body = server.requests[0].body
+    assert body["tools"] == [{"type": "function", "function": tool}]
+    assert body["messages"][1:] == history
+
+
+async def test_bad_tool_arguments_raise(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """Tool-call arguments that are not a JSON object are an LLMError, never dropped."""
+    server.script(Answer(tool_calls=(("save_snapshot", [1, 2]),)))  # type: ignore[arg-type]
+    with pytest.raises(LLMError, match="not a JSON object"):
+        await llm.generate(LLMRequest("evict", "Evict.", [{"role": "user", "content": "x"}],
+                                      tools=[{"name": "save_snapshot", "parameters": {}}]))
+
+
+# ---- retries through the adapter, keys --------------------------------------------------------
+
+
+async def test_rate_limited_call_is_retried(server: ProviderServer) -> None:
+    """A 429 then success: the caller only sees the success."""
+    clock = VirtualClock()
+    async with OpenAICompatible("m", base_url=server.openai_url, clock=clock) as adapter:
+        server.script(rate_limited("1"), Answer(data={"facts": [FACT]}))
+        response = await adapter.generate(semantic())
+    assert response.data == {"facts": [FACT]}
+    assert clock.sleeps == [1.0]
+
+
+async def test_gives_up_with_status(server: ProviderServer) -> None:
+    """Persistent 500s end in an LLMError naming the status and the server's message."""
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, max_retries=1, backoff=Backoff(base=0.001)
+    ) as adapter:
+        server.script(Fail(500, "boom"), Fail(500, "boom"))
+        with pytest.raises(LLMError, match="2 attempts: HTTP 500 Internal Server Error: boom"):
+            await adapter.generate(semantic())
+
+
+async def test_key_is_read_from_env_at_construction(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPENAI_API_KEY is read when the adapter is made: set after import it counts, changed
+    after construction it does not."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    async with OpenAICompatible("m", base_url=server.openai_url) as adapter:
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-changed")
+        await adapter.generate(semantic())
+    assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
+
+
+async def test_no_key_sends_no_authorization(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local server with no key gets no Authorization header."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    async with OpenAICompatible("m", base_url=server.openai_url) as adapter:
+        await adapter.generate(semantic())
+    assert "authorization" not in server.requests[0].headers
+
+
+def test_openai_itself_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OpenAI API with no key at all is refused at construction."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(InvalidInputError, match="OPENAI_API_KEY"):
+        OpenAICompatible("gpt-4o-mini")

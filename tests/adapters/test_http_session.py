@@ -1,0 +1,123 @@
+"""End to end over a real socket: a `Memory` session whose every LLM task (and, in one test,
+every embedding) is answered by the local `ProviderServer`, healthy or flaky."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+import mnemo
+from mnemo import NodeType
+from mnemo.adapters._http import Backoff
+from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.embeddings import OpenAIEmbedder
+from mnemo.adapters.openai import OpenAICompatible
+from mnemo.ports import LLM, Embedder
+from tests.adapters.provider_server import Fail, ProviderServer, rate_limited
+from tests.fakes import FakeEmbedder
+
+REPO = "r"
+# First words decide the trajectories: the server's subgoal is the observation's first word.
+STEPS = [
+    ("walk north along the corridor", "go north"),
+    ("walk south past the kitchen", "go south"),
+    ("open door to the garden", "pull the handle"),
+]
+FAST = Backoff(base=0.001, cap=0.01)
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as s:
+        yield s
+
+
+async def run_session(llm: LLM, embedder: Embedder) -> dict[NodeType, list[mnemo.Node]]:
+    """Opens a repo, records STEPS in one episode, closes and commits; the nodes by type."""
+    async with mnemo.Memory(":memory:", llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        for observation, action in STEPS:
+            await mem.append(sid, observation, action)
+        receipt = await mem.close_and_commit(sid)
+        assert receipt.node_ids
+        types = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL, NodeType.SUBGOAL)
+        return {kind: await mem.get_nodes_by_type(REPO, [kind]) for kind in types}
+
+
+def assert_nothing_lost(nodes: dict[NodeType, list[mnemo.Node]]) -> None:
+    """Every step, and the one fact and one procedure the server extracts per step, is there."""
+    assert sorted(n.text for n in nodes[NodeType.SEMANTIC]) == sorted(
+        f"The agent observed: {obs}" for obs, _ in STEPS
+    )
+    assert sorted(n.text for n in nodes[NodeType.PROCEDURAL]) == sorted(a for _, a in STEPS)
+    assert len(nodes[NodeType.EPISODIC]) == len(STEPS)
+    assert sorted(n.text for n in nodes[NodeType.SUBGOAL]) == ["open", "walk"]
+
+
+def test_the_fake_embedder_separates_the_trajectories() -> None:
+    """The two subgoals land on different axes, so they form two trajectories."""
+    embedder = FakeEmbedder()
+    assert embedder.axis("walk") != embedder.axis("open")
+
+
+async def test_session_through_openai_compatible(server: ProviderServer) -> None:
+    """Every task goes over HTTP; the committed graph holds every step, fact and procedure."""
+    async with OpenAICompatible("m", base_url=server.openai_url) as llm:
+        nodes = await run_session(llm, FakeEmbedder())
+    assert_nothing_lost(nodes)
+    tasks = set(server.tasks())
+    assert {"subgoal", "reward", "semantic", "procedural", "return"} <= tasks
+    assert None in tasks  # the free-text "state" task
+    assert llm.total_usage.input_tokens > 0
+
+
+async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:
+    """With every third request rate-limited (429, Retry-After: 0), nothing is lost."""
+    server.every_nth_fails = 3
+    server.flaky = rate_limited("0")
+    async with OpenAICompatible("m", base_url=server.openai_url, backoff=FAST) as llm:
+        nodes = await run_session(llm, FakeEmbedder())
+    assert_nothing_lost(nodes)
+    assert server.statuses.count(429) >= 5
+
+
+async def test_flaky_5xx_provider_loses_nothing(server: ProviderServer) -> None:
+    """With every other request failing with a 503, nothing is lost either."""
+    server.every_nth_fails = 2
+    server.flaky = Fail(503, "try again")
+    async with OpenAICompatible("m", base_url=server.openai_url, backoff=FAST) as llm:
+        nodes = await run_session(llm, FakeEmbedder())
+    assert_nothing_lost(nodes)
+
+
+async def test_server_without_json_schema(server: ProviderServer) -> None:
+    """A server that refuses json_schema (older Ollama, vLLM, llama.cpp) still works: the
+    adapter switches to a forced tool once, and keeps it."""
+    server.json_schema = False
+    async with OpenAICompatible("m", base_url=server.openai_url) as llm:
+        nodes = await run_session(llm, FakeEmbedder())
+    assert_nothing_lost(nodes)
+    assert llm.structured_mode == "tool"
+    assert server.statuses.count(400) <= 3  # only the calls already in flight when it switched
+
+
+async def test_session_through_anthropic(server: ProviderServer) -> None:
+    """The same session through the Messages API."""
+    async with Anthropic("claude-test", api_key="k", base_url=server.url) as llm:
+        nodes = await run_session(llm, FakeEmbedder())
+    assert_nothing_lost(nodes)
+    assert {r.path for r in server.requests} == {"/v1/messages"}
+
+
+async def test_session_with_http_embeddings(server: ProviderServer) -> None:
+    """LLM and embeddings both over HTTP; the dimension is detected before the repo opens."""
+    async with (
+        OpenAICompatible("m", base_url=server.openai_url) as llm,
+        OpenAIEmbedder("e", base_url=server.openai_url) as embedder,
+    ):
+        assert await embedder.detect_dim() == server.dim
+        nodes = await run_session(llm, embedder)
+    assert_nothing_lost(nodes)
+    assert any(r.path == "/v1/embeddings" for r in server.requests)

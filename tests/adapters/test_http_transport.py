@@ -1,0 +1,360 @@
+"""`Transport`: retries, Retry-After, timeouts, rate limits and the concurrency cap.
+
+Over a real socket (`ProviderServer`) for the wire behaviours, over `httpx.MockTransport` where
+a test must hold requests; waits go through a `VirtualClock`, so no test sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from email.utils import formatdate
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from mnemo.adapters._http import Backoff, HTTPFailure, RateGate, Transport, parse_retry_after
+from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
+from tests.adapters.provider_server import (
+    Answer,
+    Fail,
+    Hangup,
+    ProviderServer,
+    Raw,
+    Slow,
+    VirtualClock,
+    rate_limited,
+    retry_at,
+)
+
+PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as s:
+        yield s
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@asynccontextmanager
+async def transport(
+    base_url: str, clock: VirtualClock, **options: Any
+) -> AsyncIterator[Transport]:
+    options.setdefault("backoff", Backoff(base=0.1, jitter=lambda: 1.0))
+    options.setdefault("error", LLMError)
+    async with Transport(
+        base_url, name="test provider", timeout_error=LLMTimeout, clock=clock, **options
+    ) as t:
+        yield t
+
+
+# ---- retries -------------------------------------------------------------------------------
+
+
+async def test_retries_5xx_with_exponential_backoff(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """500 and 502 are retried after base and 2*base delays, then the reply is returned."""
+    server.script(Fail(500), Fail(502), Answer(text="hi"))
+    async with transport(server.openai_url, clock) as t:
+        reply = await t.post_json("/chat/completions", PAYLOAD)
+    assert reply["choices"][0]["message"]["content"] == "hi"
+    assert clock.sleeps == [0.1, 0.2]
+    assert server.statuses == [500, 502, 200]
+
+
+def test_backoff_is_full_jitter_capped() -> None:
+    """The delay is jitter() times min(cap, base * 2**(n-1)); Retry-After replaces it, capped."""
+    backoff = Backoff(base=1.0, cap=5.0, max_retry_after=7.0, jitter=lambda: 0.25)
+    assert [backoff.delay(n, None) for n in (1, 2, 3, 4, 5)] == [0.25, 0.5, 1.0, 1.25, 1.25]
+    assert backoff.delay(1, 3.0) == 3.0
+    assert backoff.delay(1, 100.0) == 7.0
+
+
+async def test_retry_after_seconds_is_honoured(server: ProviderServer, clock: VirtualClock) -> None:
+    """A 429 with Retry-After: 3 waits exactly 3 s before the retry."""
+    server.script(rate_limited("3"), Answer())
+    async with transport(server.openai_url, clock) as t:
+        await t.post_json("/chat/completions", PAYLOAD)
+    assert clock.sleeps == [3.0]
+    assert server.statuses == [429, 200]
+
+
+async def test_retry_after_http_date_is_honoured(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A Retry-After HTTP date 30 s ahead waits about 30 s (the date has 1 s resolution)."""
+    server.script(retry_at(time.time() + 30), Answer())
+    async with transport(server.openai_url, clock) as t:
+        await t.post_json("/chat/completions", PAYLOAD)
+    assert len(clock.sleeps) == 1
+    assert 28.0 <= clock.sleeps[0] <= 30.5
+
+
+async def test_retry_after_is_capped(server: ProviderServer, clock: VirtualClock) -> None:
+    """A Retry-After beyond max_retry_after waits max_retry_after."""
+    server.script(rate_limited("3600"), Answer())
+    backoff = Backoff(max_retry_after=5.0)
+    async with transport(server.openai_url, clock, backoff=backoff) as t:
+        await t.post_json("/chat/completions", PAYLOAD)
+    assert clock.sleeps == [5.0]
+
+
+def test_parse_retry_after_forms() -> None:
+    """Seconds, milliseconds and HTTP dates are read; garbage is None; the past is 0."""
+    now = 1_700_000_000.0
+    assert parse_retry_after({"retry-after": "2.5"}, now=now) == 2.5
+    assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}, now=now) == 1.5
+    date = formatdate(now + 12, usegmt=True)
+    assert parse_retry_after({"retry-after": date}, now=now) == pytest.approx(12.0)
+    assert parse_retry_after({"retry-after": formatdate(now - 60)}, now=now) == 0.0
+    assert parse_retry_after({"retry-after": "soon"}, now=now) is None
+    assert parse_retry_after({"retry-after": "-3"}, now=now) == 0.0
+    assert parse_retry_after({}, now=now) is None
+
+
+async def test_gives_up_naming_status_and_message(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """After max_retries the error names the attempts, the HTTP status and the body's message."""
+    server.script(*[Fail(503, "upstream overloaded")] * 3)
+    async with transport(server.openai_url, clock, max_retries=2) as t:
+        with pytest.raises(LLMError, match=r"3 attempts.*503.*upstream overloaded") as caught:
+            await t.post_json("/chat/completions", PAYLOAD)
+    assert isinstance(caught.value.__cause__, HTTPFailure)
+    assert caught.value.__cause__.status == 503
+    assert len(server.requests) == 3
+    assert len(clock.sleeps) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+async def test_client_errors_are_not_retried(
+    server: ProviderServer, clock: VirtualClock, status: int
+) -> None:
+    """A 4xx other than 408/409/429 fails at once, naming the status and the message."""
+    server.script(Fail(status, "field 'messages' is invalid"))
+    async with transport(server.openai_url, clock) as t:
+        with pytest.raises(LLMError, match=rf"refused.*HTTP {status}.*field 'messages' is invalid"):
+            await t.post_json("/chat/completions", PAYLOAD)
+    assert len(server.requests) == 1
+    assert clock.sleeps == []
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 529])
+async def test_transient_statuses_are_retried(
+    server: ProviderServer, clock: VirtualClock, status: int
+) -> None:
+    """408, 409, 429 and 5xx (Anthropic's 529 too) are retried."""
+    server.script(Fail(status), Answer())
+    async with transport(server.openai_url, clock) as t:
+        await t.post_json("/chat/completions", PAYLOAD)
+    assert server.statuses == [status, 200]
+
+
+async def test_error_class_is_the_callers(server: ProviderServer, clock: VirtualClock) -> None:
+    """An embedder's transport raises EmbeddingError."""
+    server.script(Fail(500), Fail(500))
+    async with transport(server.openai_url, clock, error=EmbeddingError, max_retries=1) as t:
+        with pytest.raises(EmbeddingError, match="HTTP 500"):
+            await t.post_json("/embeddings", {"model": "e", "input": ["x"]})
+
+
+async def test_ollama_style_error_body_is_read(server: ProviderServer, clock: VirtualClock) -> None:
+    """A body {"error": "..."} (Ollama) gives its message."""
+    server.script(Raw(json.dumps({"error": "model 'llama9' not found"}).encode(), status=404))
+    async with transport(server.openai_url, clock) as t:
+        with pytest.raises(LLMError, match="HTTP 404 Not Found: model 'llama9' not found"):
+            await t.post_json("/chat/completions", PAYLOAD)
+
+
+# ---- connection errors, timeouts, broken bodies ------------------------------------------------
+
+
+async def test_dropped_connection_is_retried(server: ProviderServer, clock: VirtualClock) -> None:
+    """A connection closed without a reply is retried."""
+    server.script(Hangup(), Answer(text="back"))
+    async with transport(server.openai_url, clock) as t:
+        reply = await t.post_json("/chat/completions", PAYLOAD)
+    assert reply["choices"][0]["message"]["content"] == "back"
+    assert len(server.requests) == 2
+    assert len(clock.sleeps) == 1
+
+
+async def test_refused_connection_gives_up(clock: VirtualClock) -> None:
+    """Nothing listening: every attempt fails to connect, then LLMError says so."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with transport(f"http://127.0.0.1:{port}/v1", clock, max_retries=2) as t:
+        with pytest.raises(LLMError, match="3 attempts: connection failed"):
+            await t.post_json("/chat/completions", PAYLOAD)
+    assert len(clock.sleeps) == 2
+
+
+async def test_timeout_is_retried_then_raises_llm_timeout(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A reply slower than `timeout` is abandoned and retried; then LLMTimeout (an LLMError)."""
+    server.script(Slow(5.0), Slow(5.0))
+    async with transport(server.openai_url, clock, timeout=0.05, max_retries=1) as t:
+        with pytest.raises(LLMTimeout, match=r"2 attempts: no reply within 0.05s") as caught:
+            await t.post_json("/chat/completions", PAYLOAD)
+    assert isinstance(caught.value, LLMError)
+    assert isinstance(caught.value, TimeoutError)
+    assert len(server.requests) == 2
+
+
+async def test_slow_reply_within_timeout_is_fine(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A reply that comes before the timeout is used, with no retry."""
+    server.script(Slow(0.05, Answer(text="late but fine")))
+    async with transport(server.openai_url, clock, timeout=5.0) as t:
+        reply = await t.post_json("/chat/completions", PAYLOAD)
+    assert reply["choices"][0]["message"]["content"] == "late but fine"
+    assert clock.sleeps == []
+
+
+async def test_body_that_is_not_json_is_retried(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A 200 whose body is cut short is retried; for good, the error quotes the body."""
+    server.script(Raw(b'{"choices": [{"mess'), Answer(text="whole"))
+    async with transport(server.openai_url, clock, max_retries=1) as t:
+        reply = await t.post_json("/chat/completions", PAYLOAD)
+        assert reply["choices"][0]["message"]["content"] == "whole"
+        server.script(Raw(b"<html>oops</html>", content_type="text/html"), Raw(b"[1, 2]"))
+        with pytest.raises(LLMError, match=r"HTTP 200 OK: the body is not a JSON object: \[1, 2\]"):
+            await t.post_json("/chat/completions", PAYLOAD)
+
+
+# ---- client-side rate limits ------------------------------------------------------------------
+
+
+async def test_requests_per_minute_bucket() -> None:
+    """rpm=120 with a one-second burst: two requests pass, the third waits 0.5 s."""
+    clock = VirtualClock()
+    gate = RateGate(requests_per_minute=120, tokens_per_minute=None, clock=clock)
+    for _ in range(3):
+        await gate.acquire(1)
+    assert clock.sleeps == [0.5]
+
+
+async def test_nth_plus_one_request_in_a_minute_waits() -> None:
+    """With a minute's burst and rpm=N, N requests pass and the (N+1)th waits 60/N s."""
+    clock = VirtualClock()
+    gate = RateGate(requests_per_minute=5, tokens_per_minute=None, clock=clock, burst_seconds=60)
+    for _ in range(5):
+        await gate.acquire(1)
+    assert clock.sleeps == []
+    await gate.acquire(1)
+    assert clock.sleeps == [pytest.approx(12.0)]
+
+
+async def test_tokens_per_minute_bucket_with_correction() -> None:
+    """tpm=600: a big request passes a full bucket, its debt delays the next; a smaller real
+    usage than estimated is refunded."""
+    clock = VirtualClock()
+    gate = RateGate(requests_per_minute=None, tokens_per_minute=600, clock=clock)
+    await gate.acquire(100)
+    assert clock.sleeps == []
+    gate.settle(estimated=100, actual=40)
+    await gate.acquire(5)
+    # Level 10 - 100 + 60 = -30; 5 more tokens need 35 at 10 tokens/s.
+    assert clock.sleeps == [pytest.approx(3.5)]
+
+
+async def test_pause_holds_everyone_back() -> None:
+    """After pause(2), the next request waits 2 s; a shorter pause never shortens it."""
+    clock = VirtualClock()
+    gate = RateGate(requests_per_minute=None, tokens_per_minute=None, clock=clock)
+    gate.pause(2.0)
+    gate.pause(1.0)
+    await gate.acquire(1)
+    assert clock.sleeps == [2.0]
+
+
+def _ok_handler(usage_tokens: int) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"usage": {"total_tokens": usage_tokens}})
+
+    return httpx.MockTransport(handle)
+
+
+async def test_transport_applies_requests_per_minute(clock: VirtualClock) -> None:
+    """With rpm=60 three quick calls wait 1 s before the second and the third."""
+    async with transport(
+        "http://provider.test", clock, requests_per_minute=60, transport=_ok_handler(1)
+    ) as t:
+        for _ in range(3):
+            await t.post_json("/x", PAYLOAD)
+    assert clock.sleeps == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(("used", "waits"), [(20, False), (1000, True)])
+async def test_tokens_per_minute_uses_reported_usage(
+    clock: VirtualClock, used: int, waits: bool
+) -> None:
+    """The reply's usage corrects the estimate: a reply that used many tokens delays the next."""
+
+    def tokens_used(reply: Any) -> int | None:
+        return int(reply["usage"]["total_tokens"])
+
+    async with transport(
+        "http://provider.test",
+        clock,
+        tokens_per_minute=6000,
+        transport=_ok_handler(used),
+        tokens_used=tokens_used,
+    ) as t:
+        await t.post_json("/x", PAYLOAD)
+        await t.post_json("/x", PAYLOAD)
+    assert bool(clock.sleeps) is waits
+
+
+async def test_429_pauses_without_double_waiting(clock: VirtualClock) -> None:
+    """A 429's Retry-After pauses the gate; the retry itself then waits only once."""
+    replies = iter(
+        [httpx.Response(429, headers={"Retry-After": "2"}), httpx.Response(200, json={})]
+    )
+    mock = httpx.MockTransport(lambda request: next(replies))
+    async with transport("http://provider.test", clock, transport=mock) as t:
+        await t.post_json("/x", PAYLOAD)
+    assert clock.sleeps == [2.0]
+
+
+async def test_concurrency_cap(clock: VirtualClock) -> None:
+    """With max_concurrency=2, five calls at once put exactly two in flight until released."""
+    arrived = 0
+    release = anyio.Event()
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal arrived
+        arrived += 1
+        await release.wait()
+        return httpx.Response(200, json={})
+
+    async with (
+        transport(
+            "http://provider.test", clock, max_concurrency=2, transport=httpx.MockTransport(handle)
+        ) as t,
+        anyio.create_task_group() as tg,
+    ):
+        for _ in range(5):
+            tg.start_soon(t.post_json, "/x", PAYLOAD)
+        await anyio.wait_all_tasks_blocked()
+        assert arrived == 2
+        assert t.in_flight == 2
+        release.set()
+    assert arrived == 5
+    assert t.in_flight == 0

@@ -1,0 +1,60 @@
+"""Usage is summed per session and repo; adapters given to a Memory are closed with it, and an
+embedder that learns its dimension is asked to before the repo records it."""
+
+from __future__ import annotations
+
+import mnemo
+from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
+
+
+async def test_usage_is_summed_per_session_and_repo(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """Every LLM reply's usage (the fake reports 1 in, 1 out) is booked to its session and
+    repo."""
+    sid = await mem.start_session("explore", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    after_append = mem.usage(sid)
+    assert after_append.input_tokens == len(llm.calls)
+    await mem.close_and_commit(sid)
+    calls = len(llm.calls)
+    assert mem.usage(sid) == mnemo.Usage(calls, calls)
+    assert mem.usage(repo=REPO) == mnemo.Usage(calls, calls)
+    assert mem.usage("session_unknown") == mnemo.Usage()
+    assert mem.usage() == mnemo.Usage(calls, calls)
+
+
+class ClosingEmbedder(FakeEmbedder):
+    """An embedder with an HTTP client to close, that learns its dimension late."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=0)
+        self.closed = 0
+        self.detected = False
+
+    async def detect_dim(self) -> int:
+        self.dim, self.detected = 8, True
+        return self.dim
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+class ClosingLLM(FakeLLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+async def test_adapters_are_closed_once_with_the_memory() -> None:
+    """The Memory's own adapters and those given to open_repo are closed once at aclose."""
+    llm, repo_llm, embedder = ClosingLLM(), ClosingLLM(), ClosingEmbedder()
+    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("a", llm=repo_llm, embedder=embedder)
+        await mem.open_repo("a", llm=repo_llm, embedder=embedder)
+        assert embedder.detected
+        sid = await mem.start_session("explore", repo="a")
+        await mem.append(sid, "walk north", "go north")
+    assert (llm.closed, repo_llm.closed, embedder.closed) == (1, 1, 1)

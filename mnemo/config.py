@@ -32,6 +32,8 @@ class Config:
     # Recall: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
     recall_candidates: int = 50
     rrf_k: int = 60
+    # Weight of the dense ranking against the lexical one in the fusion (lexical: 1).
+    recall_dense_weight: float = 0.5
     hop_decay: float = 0.5
     recall_max_hops: int = 2
     # Routing: a tag (intent) leads on only when its raw cosine to the query reaches this.
@@ -55,6 +57,9 @@ class Config:
     # The value function: relevance x recency decay x frequency floor x reward.
     recency_half_life_days: float = 30.0
     frequency_floor: float = 0.5
+    # How much value moves a recall's ranking: score = relevance x value ^ value_weight (0:
+    # relevance alone; 1: the full value, which let popular nodes crowd out relevant ones).
+    value_weight: float = 0.25
     decay_threshold: float = 0.1
     consolidate_threshold: float = 0.85
 
@@ -79,6 +84,10 @@ class Config:
                 "Config.intent_merge_threshold must not exceed intent_identity_threshold "
                 f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
             )
+        for name in ("recall_dense_weight", "value_weight"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
+                raise InvalidInputError(f"Config.{name} must be within [0, 1], got {value!r}")
         for name in ("recall_tag_threshold", "recall_intent_threshold", "frequency_floor",
                      "decay_threshold", "consolidate_threshold", "recall_min_score_semantic",
                      "recall_min_score_episodic", "recall_min_score_procedural"):

@@ -5,6 +5,10 @@ Commits to one repo are serialised by a per-repo lock; each is one transaction, 
 nothing. A commit may carry `also` writes (a session's state change, steps marked committed)
 that land in the same transaction: the graph and the session never disagree about what was
 committed.
+
+Vector search is exact (numpy) until a repo holds more than `ann_threshold` vectors; past it,
+and when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`), rebuilt from the
+SQLite rows whenever a repo's index is loaded.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import anyio.to_thread
 import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.graph import ann
 from mnemo.graph.dedup import IntentMerger, Resolution, remap_links, resolve_intents, resolve_tags
 from mnemo.graph.model import (
     Changeset,
@@ -32,7 +37,7 @@ from mnemo.graph.model import (
     now_utc,
     vector_to_blob,
 )
-from mnemo.graph.vectors import VectorIndex
+from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.db import Database
 
 # A write that must land in the same transaction as a commit.
@@ -96,12 +101,31 @@ def fts_query(text: str) -> str:
 class SqliteGraph:
     """`GraphStore` over mnemo's SQLite file."""
 
-    def __init__(self, database: Database, dims: Callable[[str], int]) -> None:
+    def __init__(
+        self,
+        database: Database,
+        dims: Callable[[str], int],
+        *,
+        ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
+        ann_params: ann.HnswParams | None = None,
+    ) -> None:
+        """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
+        (None: always exact)."""
         self._database = database
         self._dims = dims
+        self._ann_threshold = ann_threshold
+        self._ann_params = ann_params
         self._locks: dict[str, anyio.Lock] = {}
         self._indexes: dict[str, VectorIndex] = {}
         self._index_loading: dict[str, anyio.Lock] = {}
+
+    @property
+    def database(self) -> Database:
+        return self._database
+
+    def dim(self, repo: str) -> int:
+        """The dimension of the repo's vectors."""
+        return self._dims(repo)
 
     def lock(self, repo: str) -> anyio.Lock:
         """The repo's write lock: commits and maintenance hold it."""
@@ -398,8 +422,135 @@ class SqliteGraph:
             return index.search(vector, limit, kinds)
         return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
 
+    async def types_of(self, repo: str, node_ids: Sequence[str]) -> dict[str, NodeType]:
+        """The type of each of these nodes that exists."""
+        ids = list(dict.fromkeys(node_ids))
+
+        def read(db: SqliteUtilsDatabase) -> dict[str, NodeType]:
+            kinds: dict[str, NodeType] = {}
+            for chunk in _chunks(ids, 500):
+                marks = ",".join("?" * len(chunk))
+                for node_id, kind in db.conn.execute(
+                    f"SELECT id, type FROM nodes WHERE repo = ? AND id IN ({marks})",
+                    [repo, *chunk],
+                ):
+                    kinds[node_id] = NodeType(kind)
+            return kinds
+
+        return await self._database.run(read) if ids else {}
+
+    async def access_stats(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> dict[str, tuple[int, datetime | None]]:
+        """How often and when last each node was recalled."""
+        ids = list(dict.fromkeys(node_ids))
+
+        def read(db: SqliteUtilsDatabase) -> dict[str, tuple[int, datetime | None]]:
+            stats: dict[str, tuple[int, datetime | None]] = {}
+            for chunk in _chunks(ids, 500):
+                marks = ",".join("?" * len(chunk))
+                for node_id, count, last in db.conn.execute(
+                    f"SELECT id, access_count, last_access FROM nodes WHERE repo = ?"
+                    f" AND id IN ({marks})",
+                    [repo, *chunk],
+                ):
+                    stats[node_id] = (count, datetime.fromisoformat(last) if last else None)
+            return stats
+
+        return await self._database.run(read) if ids else {}
+
+    async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
+        """Counts one more access of each node, at `when` (a few keyed rows: inline)."""
+        ids = list(dict.fromkeys(node_ids))
+        stamp = when.isoformat()
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.executemany(
+                    "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
+                    " WHERE repo = ? AND id = ?",
+                    [(stamp, repo, node_id) for node_id in ids],
+                )
+
+        await self._database.run_inline(write)
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[list[tuple[str, float]]]:
+        """For each probe row, the `k` nodes of one type nearest by cosine (one matrix product
+        for all probes: recall probes the tags with the query and each search tag at once)."""
+        ids, matrix = (await self._index(repo)).of_type(kind)
+        if not ids or k <= 0:
+            return [[] for _ in range(len(probes))]
+        scores = unit(probes) @ matrix.T
+        k = min(k, len(ids))
+        result = []
+        for row in scores:
+            top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
+            top = top[np.argsort(-row[top], kind="stable")]
+            result.append([(ids[i], float(row[i])) for i in top])
+        return result
+
+    async def typed_links(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
+        """Every link touching these nodes, seen from each: (origin, its type, the node at the
+        other end, its type, link type), in one query (what a recall hop needs)."""
+        ids = list(dict.fromkeys(node_ids))
+
+        def read(db: SqliteUtilsDatabase) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
+            found = []
+            for chunk in _chunks(ids, 400):
+                marks = ",".join("?" * len(chunk))
+                for src, src_type, dst, dst_type, kind in db.conn.execute(
+                    "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
+                    " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+                    f" WHERE l.repo = ? AND (l.src IN ({marks}) OR l.dst IN ({marks}))",
+                    [repo, *chunk, *chunk],
+                ):
+                    link = LinkType(kind)
+                    if src in chunk:
+                        found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
+                    if dst in chunk:
+                        found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
+            return found
+
+        return await self._database.run(read) if ids else []
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]:
+        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product."""
+        index = await self._index(repo)
+        known = [(i, v) for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None]
+        if not known:
+            return {}
+        scores = np.stack([v for _, v in known]) @ unit(vector)[0]
+        return {node_id: float(score) for (node_id, _), score in zip(known, scores, strict=True)}
+
     async def vector_of(self, repo: str, node_id: str) -> Vector | None:
         return (await self._index(repo)).get(node_id)
+
+    async def vector_index(self, repo: str) -> VectorIndex:
+        """The repo's in-memory vectors, loaded from SQLite on first use. Whoever deletes
+        nodes outside this class removes them from it too (maintenance does)."""
+        return await self._index(repo)
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
+        insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
+        index = self._indexes.get(repo)
+        accelerator = None if index is None else index.accelerator
+        if isinstance(accelerator, ann.HnswAccelerator):
+            # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
+            while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
+                pass
+
+    async def aclose(self) -> None:
+        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
+        for index in self._indexes.values():
+            if isinstance(index.accelerator, ann.HnswAccelerator):
+                await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
 
     async def _index(self, repo: str) -> VectorIndex:
         index = self._indexes.get(repo)
@@ -411,6 +562,8 @@ class SqliteGraph:
                 index = VectorIndex(self._dims(repo))
                 ids, types, vectors = await self._database.run(lambda db: _load_vectors(db, repo))
                 index.add(ids, types, vectors.reshape(len(ids), index.dim))
+                if self._ann_threshold is not None:
+                    ann.attach(index, threshold=self._ann_threshold, params=self._ann_params)
                 self._indexes[repo] = index
         return index
 

@@ -8,11 +8,16 @@ so a dot product is the raw cosine. Exact numpy search measured 0.14 ms at 10k v
 Searches may run in a worker thread while the event loop appends: an append writes only past
 the row count a search has already read, and a delete replaces the arrays instead of editing
 them, so a search always sees one consistent snapshot.
+
+An `Accelerator` (the optional faiss HNSW of `mnemo.graph.ann`) may ride on the index: it hears
+of every add and remove, and answers a search when it can; when it cannot (not built yet, too
+far behind, too few results of the wanted types) the exact scan answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -40,21 +45,47 @@ def cosine(a: Vector, b: Vector) -> float:
     return float(np.dot(a, b) / (na * nb))
 
 
+class Snapshot(NamedTuple):
+    """What a search reads: rows below `size` of `matrix` and `codes` are valid; `rows` maps
+    an id to its row (it may also hold ids added later, at rows >= `size`)."""
+
+    size: int
+    matrix: Vector
+    codes: npt.NDArray[np.int8]
+    ids: list[str]
+    rows: dict[str, int]
+
+
+class Accelerator(Protocol):
+    """An approximate index kept in step with a `VectorIndex` (see `mnemo.graph.ann`)."""
+
+    def added(self, ids: Sequence[str]) -> None:
+        """The rows of `ids` were added or replaced (called after they are searchable)."""
+
+    def removed(self, ids: Collection[str]) -> None:
+        """The rows of `ids` are gone."""
+
+    def search(
+        self, query: Vector, k: int, codes: Collection[int] | None
+    ) -> list[tuple[str, float]] | None:
+        """The `k` best rows for the unit `query` (of these type codes), or None to let the
+        exact scan answer."""
+
+
 class VectorIndex:
     """Unit vectors of one repo's nodes, with their ids and types."""
 
     def __init__(self, dim: int) -> None:
         self.dim = dim
+        self.accelerator: Accelerator | None = None
         self._matrix = np.zeros((0, dim), dtype=np.float32)
         self._types = np.zeros(0, dtype=np.int8)
         self._ids: list[str] = []
         self._rows: dict[str, int] = {}
         self._count = 0
-        # What a search reads, published as one tuple: reading the four attributes one by one
-        # from a worker thread could pair a remove's new matrix with the old ids or type codes.
-        self._view: tuple[int, Vector, npt.NDArray[np.int8], list[str]] = (
-            0, self._matrix, self._types, self._ids
-        )
+        # What a search reads, published as one tuple: reading the attributes one by one from
+        # a worker thread could pair a remove's new matrix with the old ids or type codes.
+        self._view = Snapshot(0, self._matrix, self._types, self._ids, self._rows)
 
     def __len__(self) -> int:
         return self._count
@@ -78,6 +109,8 @@ class VectorIndex:
                 self._matrix[row] = rows[i]
                 self._types[row] = TYPE_CODES[types[i]]
         if not fresh:
+            if self.accelerator is not None:
+                self.accelerator.added(ids)
             return
         need = self._count + len(fresh)
         if need > len(self._matrix):
@@ -94,7 +127,9 @@ class VectorIndex:
             self._rows[ids[i]] = start + offset
             self._ids.append(ids[i])
         self._count = need
-        self._view = (self._count, self._matrix, self._types, self._ids)
+        self._view = Snapshot(self._count, self._matrix, self._types, self._ids, self._rows)
+        if self.accelerator is not None:
+            self.accelerator.added(ids)
 
     def remove(self, ids: Iterable[str]) -> None:
         """Drops rows; rebuilds the arrays so running searches keep their snapshot."""
@@ -107,11 +142,17 @@ class VectorIndex:
         self._ids = [self._ids[row] for row in keep]
         self._rows = {node_id: row for row, node_id in enumerate(self._ids)}
         self._count = len(self._ids)
-        self._view = (self._count, self._matrix, self._types, self._ids)
+        self._view = Snapshot(self._count, self._matrix, self._types, self._ids, self._rows)
+        if self.accelerator is not None:
+            self.accelerator.removed(gone)
+
+    def snapshot(self) -> Snapshot:
+        """The rows as they are now; later adds and removes do not change what it shows."""
+        return self._view
 
     def of_type(self, kind: NodeType) -> tuple[list[str], Vector]:
         """The ids and unit vectors of every row of one type (a snapshot)."""
-        count, matrix, codes, ids = self._view
+        count, matrix, codes, ids, _ = self._view
         rows = np.flatnonzero(codes[:count] == TYPE_CODES[kind])
         return [ids[i] for i in rows], matrix[rows]
 
@@ -123,13 +164,18 @@ class VectorIndex:
         self, query: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
         """The `k` nearest rows by cosine, best first, optionally of the given types only."""
-        count, matrix, codes, ids = self._view
+        count, matrix, codes, ids, _ = self._view
         if count == 0 or k <= 0:
             return []
         q = unit(query)[0]
+        wanted = None if types is None else sorted({TYPE_CODES[t] for t in types})
+        if self.accelerator is not None:
+            found = self.accelerator.search(q, k, wanted)
+            if found is not None:
+                return found
         scores = matrix[:count] @ q
-        if types is not None:
-            allowed = np.isin(codes[:count], [TYPE_CODES[t] for t in types])
+        if wanted is not None:
+            allowed = np.isin(codes[:count], wanted)
             scores = np.where(allowed, scores, -np.inf)
         k = min(k, count)
         top = np.argpartition(-scores, k - 1)[:k] if k < count else np.arange(count)

@@ -1,30 +1,62 @@
-"""Recall v1: hybrid search over one repo's graph.
+"""Recall: from a query to the repo's most valuable relevant memories.
 
-Hop 0 takes candidates from FTS5 BM25 over node text and from cosine over node vectors, fused
-by reciprocal rank; then one hop along links pulls in what the best candidates are linked to,
-at `hop_decay` of their score. Results are best first.
+The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs from it):
+
+1. **plan**: the query's mode (episodic / semantic / procedural / mixed) and search tags, from
+   the offline heuristics or the LLM (`Config.recall_planner`);
+2. **hop 0**: candidates from FTS5 BM25 over node text and from cosine over node vectors,
+   fused by reciprocal rank;
+3. **hops** (up to `recall_max_hops`) through routing nodes: tags lead to facts, intents to
+   procedures, facts to the steps they came from; a route is followed only when its raw cosine
+   to the query (or a search tag) reaches the type's threshold; when the best results stop
+   changing, one refinement round follows *bridge tags* shared by several of them;
+4. **provenance**: an episodic hit brings its SOURCE at half its score;
+5. **value**: relevance x recency decay x frequency floor x reward x the mode's weight for the
+   type, then per-type thresholds and top-k, one result per step, and the global k;
+6. **reinforcement**: every returned node's access count and last access are updated;
+7. optional **synthesis** of an answer by the LLM (`RecallResult.reasoned`).
+
+Every node scored on the way is in `RecallResult.touched`, and `trace` holds seconds per stage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from mnemo.adapters import _text
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
-from mnemo.graph.model import Node, NodeType
-from mnemo.graph.store import GraphStore
-from mnemo.ports import Embedder
-from mnemo.recall.fusion import hop_scores, reciprocal_rank_fusion
+from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
+from mnemo.graph.store import SqliteGraph
+from mnemo.ports import LLM, Embedder, ask
+from mnemo.recall.fusion import reciprocal_rank_fusion
+from mnemo.recall.prompts import Plan, parse_plan, parse_synthesis, plan_request, synthesis_request
+from mnemo.recall.value import node_value
 
-# Nodes that route a search to others: always searched at hop 0, so a type filter still
-# reaches the facts and procedures they lead to.
-_ROUTING = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL)
+log = logging.getLogger("mnemo")
+
+N = NodeType
+# Nodes that route a search to memories rather than being memories themselves.
+ROUTING = (N.TAG, N.INTENT, N.SUBGOAL)
+MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
+
+# How much each kind of memory counts for a query of each mode.
+_MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
+    "mixed": {},
+    "semantic": {N.SEMANTIC: 1.0, N.EPISODIC: 0.9, N.PROCEDURAL: 0.7},
+    "episodic": {N.EPISODIC: 1.0, N.SEMANTIC: 0.9, N.PROCEDURAL: 0.7},
+    "procedural": {N.PROCEDURAL: 1.0, N.SEMANTIC: 0.8, N.EPISODIC: 0.8},
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Recalled:
-    """One recalled node: its fused score, the phase that found it, and at which hop."""
+    """One recalled node: its score, the phase that found it, and at which hop."""
 
     node: Node
     score: float
@@ -33,65 +65,351 @@ class Recalled:
 
 
 @dataclass(frozen=True, slots=True)
+class Touched:
+    """A node the recall scored on its way, returned or not."""
+
+    node_id: str
+    phase: str
+    hop: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
 class RecallResult:
-    """What `recall` found, best first. `reasoned` is an optional LLM synthesis."""
+    """What `recall` found, best first. `reasoned` is an optional LLM synthesis; `touched`
+    lists every node scored on the way; `trace` holds seconds per stage."""
 
     memories: list[Recalled]
     reasoned: str | None = None
     query: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
+    mode: str = "mixed"
+    touched: list[Touched] = field(default_factory=list)
+    trace: dict[str, float] = field(default_factory=dict)
 
 
-async def recall(
-    graph: GraphStore,
-    embedder: Embedder,
-    config: Config,
-    *,
-    repo: str,
-    query: str,
-    k: int,
-    types: Iterable[NodeType] | None,
-) -> RecallResult:
-    wanted = None if types is None else {NodeType(t) for t in types}
-    searched = None if wanted is None else list(wanted | set(_ROUTING))
-    width = max(config.recall_candidates, k)
-    lexical = await graph.search_text(repo, query, width, searched)
-    vector = (await embed(embedder, [query]))[0]
-    dense = await graph.search_vectors(repo, vector, width, searched)
-    lexical_ids = [node_id for node_id, _ in lexical]
-    dense_ids = [node_id for node_id, score in dense if score > 0.0]
-    fused = reciprocal_rank_fusion([lexical_ids, dense_ids], config.rrf_k)
-    in_lexical, in_dense = set(lexical_ids), set(dense_ids)
-    phase = {
-        node_id: "hybrid" if node_id in in_lexical and node_id in in_dense
-        else "lexical" if node_id in in_lexical else "dense"
-        for node_id in fused
-    }
-    seeds = dict(sorted(fused.items(), key=lambda item: -item[1])[: 2 * k])
-    neighbors = await graph.neighbors(repo, list(seeds))
-    hopped = hop_scores(seeds, [(n.origin, n.node_id) for n in neighbors], config.hop_decay)
-    # A hop-0 candidate outside the seeds may also be a seed's neighbour: like a seed, it is
-    # listed once, at hop 0.
-    hopped = {node_id: s for node_id, s in hopped.items() if node_id not in fused}
-    scored = [(node_id, score, phase[node_id], 0) for node_id, score in fused.items()]
-    scored += [(node_id, score, "hop", 1) for node_id, score in hopped.items()]
-    nodes = {node.id: node for node in await graph.get_nodes(repo, [s[0] for s in scored])}
-    if wanted is None:
-        # A tag, intent or subgoal is a route to memories rather than one: unless asked for by
-        # type, it ranks as if one hop away, below the memories it leads to.
-        scored = [
-            (node_id, score * config.hop_decay if _routes(nodes, node_id) else score, by, hop)
-            for node_id, score, by, hop in scored
+@dataclass(slots=True)
+class _Candidate:
+    score: float
+    phase: str
+    hop: int
+
+
+class _Trace:
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self._start = time.perf_counter()
+
+    def mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._start
+        self._start = now
+
+
+@dataclass(frozen=True, slots=True)
+class Recaller:
+    """What a recall needs: the graph, the repo's embedder and config, and LLMs for planning
+    (the offline heuristics unless `recall_planner="llm"`) and synthesis."""
+
+    graph: SqliteGraph
+    embedder: Embedder
+    config: Config
+    planner: LLM
+    llm: LLM
+
+    async def recall(
+        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None
+    ) -> RecallResult:
+        trace = _Trace()
+        config = self.config
+        wanted = None if types is None else {NodeType(t) for t in types}
+        plan = await self._plan(query)
+        trace.mark("plan")
+        vectors = await embed(self.embedder, [query, *plan.tags])
+        query_vector, tag_vectors = vectors[0], vectors[1:]
+        trace.mark("embed")
+
+        found = await self._hop_zero(repo, query, query_vector, wanted, k)
+        trace.mark("hop0")
+        await self._hops(repo, found, query_vector, tag_vectors, k)
+        trace.mark("hops")
+        nodes = {n.id: n for n in await self.graph.get_nodes(repo, list(found))}
+        await self._provenance(repo, found, nodes, k)
+        trace.mark("provenance")
+
+        ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, k)
+        trace.mark("rank")
+        if ranked:
+            await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
+        trace.mark("reinforce")
+        reasoned = await self._synthesise(query, ranked) if config.recall_synthesis else None
+        trace.mark("synthesis")
+        touched = [Touched(i, c.phase, c.hop, c.score) for i, c in found.items()]
+        touched.sort(key=lambda t: -t.score)
+        return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages)
+
+    async def _plan(self, query: str) -> Plan:
+        try:
+            return await ask(self.planner, plan_request(query=query), parse_plan)
+        except Exception as exc:  # a plan only steers the search: go on without one
+            log.warning("recall planning failed, searching in mixed mode: %r", exc)
+            return Plan("mixed", ())
+
+    async def _hop_zero(
+        self, repo: str, query: str, vector: Vector, wanted: set[NodeType] | None, k: int
+    ) -> dict[str, _Candidate]:
+        searched = None if wanted is None else list(wanted | set(ROUTING))
+        width = max(self.config.recall_candidates, 2 * k)
+        lexical = await self.graph.search_text(repo, keywords(query), width, searched)
+        dense = await self.graph.search_vectors(repo, vector, width, searched)
+        lexical_ids = [node_id for node_id, _ in lexical]
+        dense_ids = [node_id for node_id, score in dense if score > 0.0]
+        fused = reciprocal_rank_fusion(
+            [lexical_ids, dense_ids], self.config.rrf_k, [1.0, self.config.recall_dense_weight]
+        )
+        in_lexical, in_dense = set(lexical_ids), set(dense_ids)
+        return {
+            node_id: _Candidate(
+                score,
+                "hybrid" if node_id in in_lexical and node_id in in_dense
+                else "lexical" if node_id in in_lexical else "dense",
+                0,
+            )
+            for node_id, score in fused.items()
+        }
+
+    async def _hops(
+        self,
+        repo: str,
+        found: dict[str, _Candidate],
+        query_vector: Vector,
+        tag_vectors: Vector,
+        k: int,
+    ) -> None:
+        """Follows routes from the candidates, hop by hop, into `found`."""
+        config = self.config
+        probes = np.vstack([query_vector[None, :], tag_vectors])
+        # Routes into the graph: tags near a search tag or the query, intents near the query.
+        for nearest in await self.graph.nearest_of_type(repo, probes, N.TAG, 3):
+            for tag_id, sim in nearest:
+                if sim >= config.recall_tag_threshold:
+                    _offer(found, tag_id, _Candidate(sim, "route", 0))
+        for nearest in await self.graph.nearest_of_type(repo, probes[:1], N.INTENT, 3):
+            for intent_id, sim in nearest:
+                if sim >= config.recall_intent_threshold:
+                    _offer(found, intent_id, _Candidate(sim, "route", 0))
+
+        width = 2 * k
+        frontier = self._best(found, width)
+        refinements = config.recall_refine_budget
+        hop = 0
+        while hop < config.recall_max_hops and frontier:
+            hop += 1
+            top_before = set(self._best(found, k))
+            reached = await self._expand(repo, frontier, found, query_vector, hop)
+            top_after = set(self._best(found, k))
+            # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
+            # hundreds of nodes, and each hop would multiply them.
+            frontier = {i for i in self._best(found, 4 * width) if i in reached}
+            if top_after == top_before and refinements > 0:
+                # A plateau: the hop changed nothing at the top. Tags shared by several of
+                # the best results bridge to memories the query's own words did not reach.
+                refinements -= 1
+                bridges = await self._bridge_tags(repo, list(top_after), found)
+                frontier = frontier | bridges
+
+    async def _expand(
+        self,
+        repo: str,
+        frontier: set[str],
+        found: dict[str, _Candidate],
+        query_vector: Vector,
+        hop: int,
+    ) -> set[str]:
+        """One hop from `frontier` along the links a route allows; returns what it reached.
+
+        A routing node leads on to at most `2 * recall_candidates / 10` of its members, the
+        ones nearest the query: a speaker's name or a long trajectory links hundreds.
+        """
+        config = self.config
+        links = [
+            (origin, target, target_kind, link)
+            for origin, origin_kind, target, target_kind, link in await self.graph.typed_links(
+                repo, sorted(frontier)
+            )
+            if origin in frontier and _routes(origin_kind, target_kind, link)
         ]
-    scored.sort(key=lambda item: (-item[1], item[0]))
-    memories = [
-        Recalled(nodes[node_id], score, found_by, hop)
-        for node_id, score, found_by, hop in scored
-        if node_id in nodes and (wanted is None or nodes[node_id].type in wanted)
-    ]
-    return RecallResult(memories[:k], None, query)
+        similarity = await self.graph.similarities(
+            repo, [target for _, target, _, _ in links], query_vector
+        )
+        fanout = max(2, config.recall_candidates // 5)
+        by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
+        for origin, target, target_kind, _ in links:
+            by_origin.setdefault(origin, []).append(
+                (similarity.get(target, 0.0), target, target_kind)
+            )
+        reached: set[str] = set()
+        for origin, targets in by_origin.items():
+            targets.sort(key=lambda item: -item[0])
+            parent = found[origin].score
+            for sim, target, target_kind in targets[:fanout]:
+                if target_kind is N.TAG and sim < config.recall_tag_threshold:
+                    continue
+                if target_kind is N.INTENT and sim < config.recall_intent_threshold:
+                    continue
+                score = parent * config.hop_decay * (0.5 + 0.5 * max(sim, 0.0))
+                if _offer(found, target, _Candidate(score, "hop", hop)):
+                    reached.add(target)
+        return reached
+
+    async def _bridge_tags(
+        self, repo: str, best: list[str], found: dict[str, _Candidate]
+    ) -> set[str]:
+        """Tags linked to at least two of `best`, scored by the mean of their scores."""
+        links = await self.graph.neighbors(repo, best, LinkType.MEMBERSHIP)
+        shared: dict[str, list[float]] = {}
+        for link in links:
+            shared.setdefault(link.node_id, []).append(found[link.origin].score)
+        bridges: set[str] = set()
+        for tag_id, scores in shared.items():
+            if len(scores) >= 2 and tag_id not in found:
+                # Found one hop out from the results, a bridge is discounted like a hop.
+                score = self.config.hop_decay * sum(scores) / len(scores)
+                found[tag_id] = _Candidate(score, "bridge", 0)
+                bridges.add(tag_id)
+        return bridges
+
+    async def _provenance(
+        self, repo: str, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
+    ) -> None:
+        best = self._best(found, 2 * k)
+        episodic = [i for i, n in nodes.items() if n.type is N.EPISODIC and i in best]
+        arrived: list[str] = []
+        for link in await self.graph.neighbors(repo, episodic, LinkType.PROVENANCE):
+            parent = found[link.origin]
+            candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
+            if _offer(found, link.node_id, candidate) and link.node_id not in nodes:
+                arrived.append(link.node_id)
+        for node in await self.graph.get_nodes(repo, arrived):
+            nodes[node.id] = node
+
+    async def _rank(
+        self,
+        repo: str,
+        found: dict[str, _Candidate],
+        nodes: dict[str, Node],
+        query_vector: Vector,
+        plan: Plan,
+        wanted: set[NodeType] | None,
+        k: int,
+    ) -> list[Recalled]:
+        config = self.config
+        stats = await self.graph.access_stats(repo, list(nodes))
+        weights = _MODE_WEIGHTS.get(plan.mode, {})
+        now = now_utc()
+        scored: list[tuple[float, Node, _Candidate]] = []
+        for node_id, candidate in found.items():
+            node = nodes.get(node_id)
+            if node is None or (wanted is not None and node.type not in wanted):
+                continue
+            count, last = stats.get(node_id, (0, None))
+            value = node_value(node.type, node.data, created_at=node.created_at,
+                               last_access=last, access_count=count, now=now, config=config)
+            score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
+            if wanted is None and node.type in ROUTING:
+                score *= config.hop_decay  # a route, not a memory: below what it leads to
+            candidate.score = score
+            scored.append((score, node, candidate))
+        scored.sort(key=lambda item: (-item[0], item[1].id))
+        steps = await self._steps_of(repo, [n for _, n, _ in scored]) \
+            if config.recall_distinct_steps else {}
+        per_type: dict[NodeType, int] = {}
+        seen_steps: set[str] = set()
+        ranked: list[Recalled] = []
+        for score, node, candidate in scored:
+            if score < _min_score(config, node.type):
+                continue
+            step = steps.get(node.id)
+            if step is not None and step in seen_steps:
+                continue
+            if per_type.get(node.type, 0) >= _top_k(config, node.type):
+                continue
+            per_type[node.type] = per_type.get(node.type, 0) + 1
+            if step is not None:
+                seen_steps.add(step)
+            ranked.append(Recalled(node, score, candidate.phase, candidate.hop))
+            if len(ranked) == k:
+                break
+        return ranked
+
+    async def _steps_of(self, repo: str, nodes: Sequence[Node]) -> dict[str, str]:
+        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
+        made from exactly one step that step."""
+        steps = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
+        derived = [n.id for n in nodes if n.type in (N.SEMANTIC, N.PROCEDURAL)]
+        origins: dict[str, list[str]] = {}
+        for link in await self.graph.neighbors(repo, derived, LinkType.PROVENANCE):
+            origins.setdefault(link.origin, []).append(link.node_id)
+        for node_id, sources in origins.items():
+            if len(sources) == 1:
+                steps[node_id] = sources[0]
+        return steps
+
+    async def _synthesise(self, query: str, ranked: list[Recalled]) -> str | None:
+        if not ranked:
+            return None
+        try:
+            request = synthesis_request(query=query, memories=[r.node.text for r in ranked])
+            return await ask(self.llm, request, parse_synthesis)
+        except Exception as exc:  # optional: the memories are the answer without it
+            log.warning("recall synthesis failed: %r", exc)
+            return None
+
+    @staticmethod
+    def _best(found: dict[str, _Candidate], n: int) -> set[str]:
+        return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
 
 
-def _routes(nodes: dict[str, Node], node_id: str) -> bool:
-    node = nodes.get(node_id)
-    return node is not None and node.type in _ROUTING
+def keywords(query: str) -> str:
+    """The query without stopwords, for BM25: "when did", "the" and "to" only add noise to an
+    OR query (measured on LoCoMo: R@10 0.40 -> 0.52 lexical-only). All of it if nothing is
+    left."""
+    kept = [w for w in _text.words(query) if not _text.is_stopword(w.lower())]
+    return " ".join(kept) if kept else query
+
+
+def _offer(found: dict[str, _Candidate], node_id: str, candidate: _Candidate) -> bool:
+    """Keeps the better of two ways to reach a node; True when `candidate` won."""
+    current = found.get(node_id)
+    if current is not None and current.score >= candidate.score:
+        return False
+    found[node_id] = candidate
+    return True
+
+
+def _routes(origin: NodeType, target: NodeType, link: LinkType) -> bool:
+    """Which links a hop follows: tag <-> fact, intent <-> procedure, fact or procedure ->
+    the steps they came from, step -> its subgoal's other steps (through the subgoal)."""
+    if link is LinkType.MEMBERSHIP:
+        return True
+    if link is LinkType.HIERARCHICAL:
+        return {origin, target} <= {N.INTENT, N.PROCEDURAL, N.SUBGOAL, N.EPISODIC}
+    if link is LinkType.PROVENANCE:
+        return target is N.EPISODIC
+    return False
+
+
+def _min_score(config: Config, kind: NodeType) -> float:
+    return {
+        N.SEMANTIC: config.recall_min_score_semantic,
+        N.EPISODIC: config.recall_min_score_episodic,
+        N.PROCEDURAL: config.recall_min_score_procedural,
+    }.get(kind, 0.0)
+
+
+def _top_k(config: Config, kind: NodeType) -> int:
+    return {
+        N.SEMANTIC: config.recall_top_k_semantic,
+        N.EPISODIC: config.recall_top_k_episodic,
+        N.PROCEDURAL: config.recall_top_k_procedural,
+    }.get(kind, 1_000_000)
+

@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[str]], k: int) -> dict[str, float]:
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[str]], k: int, weights: Sequence[float] | None = None
+) -> dict[str, float]:
     """Fuses rankings (best first) into scores normalised so that first place in every ranking
-    scores 1.0: score(d) = sum over rankings of 1 / (k + rank(d)), divided by its maximum."""
+    scores 1.0: score(d) = sum over rankings of w / (k + rank(d)), divided by its maximum."""
     if not rankings:
         return {}
-    best = len(rankings) / (k + 1)
+    weights = [1.0] * len(rankings) if weights is None else list(weights)
+    best = sum(weights) / (k + 1)
+    if best <= 0:
+        return {}
     scores: dict[str, float] = {}
-    for ranking in rankings:
+    for weight, ranking in zip(weights, rankings, strict=True):
         for rank, item in enumerate(ranking, start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+            scores[item] = scores.get(item, 0.0) + weight / (k + rank)
     return {item: score / best for item, score in scores.items()}
 
 

@@ -1,0 +1,396 @@
+"""An optional approximate index (faiss HNSW) riding on a repo's `VectorIndex`, for big repos.
+
+Why: the exact numpy scan is fine to about 100k vectors (6 ms a query here) but costs 49 ms at
+1M, while faiss `IndexHNSWFlat` with M = 32, efConstruction = 200 and efSearch = 256 answers in
+about 2 ms with recall@10 0.95 at 1M (../shared/EMBEDDINGS.md §2). faiss-cpu is an optional
+extra (`mnemo[faiss]`): without it `attach` returns None and every search stays exact.
+
+How it stays correct:
+
+- One HNSW graph per node type, so a search restricted to a few types (recall asks per type)
+  never has to filter the candidates of a much larger type away; a search over every type
+  merges the graphs' candidates.
+- Each graph returns `oversample` x k candidates; they are re-ranked exactly with the
+  `VectorIndex`'s float32 rows (the rows SQLite holds), and any candidate that is no longer a
+  row is dropped there. When fewer than k survive although the index holds more rows of the
+  wanted types, the search answers None and the exact scan answers instead.
+- The graphs are built in a worker thread from a snapshot of the index, first when the repo
+  holds more than `threshold` vectors (until then, and until the build is done, searches are
+  exact). Rows added afterwards wait in `pending`, scanned exactly by every search, until the
+  worker inserts them in small batches; a removed row only marks its label dead, and the graphs
+  are rebuilt once a quarter of the labels are dead. Nothing is persisted: the graphs are
+  rebuilt from SQLite each time a repo's index is loaded, so they are never a source of truth.
+
+Threads: `added` and `removed` run on the event loop thread (where the `VectorIndex` changes),
+`search` in whichever thread searches, and the builder in its own thread, which exits when it
+has nothing left to do. Two locks: `_faiss_lock` covers every call into a published graph (a
+faiss graph may not be searched while it is added to), for a search or a batch of
+`insert_batch` inserts; `_lock` covers the bookkeeping (pending rows, labels, counts) and is
+only ever held for dictionary updates, so the event loop never waits on faiss. Builds run
+outside both, on graphs nobody searches yet. Lock order: `_faiss_lock`, then `_lock`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.graph.model import Vector
+from mnemo.graph.vectors import Snapshot, VectorIndex
+
+log = logging.getLogger("mnemo")
+
+# Above this many vectors a repo's searches go through the HNSW graphs (EMBEDDINGS.md §2: the
+# exact scan takes 6 ms at 100k and grows linearly).
+DEFAULT_THRESHOLD = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class HnswParams:
+    """The HNSW settings measured in ../shared/EMBEDDINGS.md §2, and the upkeep policy."""
+
+    m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 256
+    # Candidates fetched per result wanted, then re-ranked exactly (4-10x is the usual range).
+    oversample: int = 8
+    # Dead labels (removed or replaced rows) past this fraction of all labels: rebuild.
+    rebuild_fraction: float = 0.25
+    # More rows than this waiting for insertion: searches are exact until the worker catches
+    # up (scanning a long pending list for every search would cost more than the exact scan).
+    max_pending: int = 4096
+    # Inserts per lock hold: at 1M rows one insert costs about 1 ms, and searches wait for it.
+    insert_batch: int = 32
+    # Rows added to a graph being built between two checks of the stop flag.
+    build_chunk: int = 20_000
+
+
+def load_faiss() -> Any | None:
+    """The faiss module, or None when faiss-cpu is not installed."""
+    try:
+        return importlib.import_module("faiss")
+    except ImportError:
+        return None
+
+
+def attach(
+    index: VectorIndex, *, threshold: int = DEFAULT_THRESHOLD, params: HnswParams | None = None
+) -> HnswAccelerator | None:
+    """Puts an `HnswAccelerator` on `index` (starting its build at once when the index is
+    already past `threshold`); returns it, or None when faiss is not installed."""
+    faiss = load_faiss()
+    if faiss is None:
+        return None
+    accelerator = HnswAccelerator(index, faiss, threshold=threshold, params=params)
+    index.accelerator = accelerator
+    accelerator.start_if_due()
+    return accelerator
+
+
+@dataclass(slots=True)
+class _Graph:
+    """One node type's HNSW graph: faiss label i is the node `labels[i]`."""
+
+    index: Any
+    labels: list[str] = field(default_factory=list)
+    dead: int = 0
+
+
+class HnswAccelerator:
+    """Per-type faiss HNSW graphs over a `VectorIndex`, kept in step with it (an
+    `Accelerator`). Use `attach` to create one."""
+
+    def __init__(
+        self,
+        index: VectorIndex,
+        faiss: Any,
+        *,
+        threshold: int = DEFAULT_THRESHOLD,
+        params: HnswParams | None = None,
+    ) -> None:
+        self.threshold = threshold
+        self.params = params or HnswParams()
+        self._index = index
+        self._faiss = faiss
+        self._lock = threading.Lock()
+        self._faiss_lock = threading.Lock()
+        self._graphs: dict[int, _Graph] = {}
+        # node id -> (type code, label) for live labels only.
+        self._labels: dict[str, tuple[int, int]] = {}
+        self._dead = 0
+        self._ready = False
+        self._started = False
+        self._seq = 0
+        # node id -> sequence number of its latest add, for rows not in a graph yet.
+        self._pending: dict[str, int] = {}
+        # Ids removed while a build runs (None otherwise), marked dead in the new graphs.
+        self._removed_in_build: set[str] | None = None
+        self._rebuild_due = False
+        self._stop = False
+        self._worker: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self.failure: BaseException | None = None
+
+    # ---- what the VectorIndex tells it (event loop thread) ---------------------------------
+
+    def start_if_due(self) -> None:
+        """Starts the first build once the index holds more than `threshold` rows."""
+        with self._lock:
+            if not self._started and len(self._index) > self.threshold:
+                self._started = True
+                self._rebuild_due = True
+                self._kick()
+
+    def added(self, ids: Sequence[str]) -> None:
+        """Queues new or replaced rows for insertion (a replaced row's old label dies)."""
+        if not self._started:
+            self.start_if_due()
+            return
+        with self._lock:
+            for node_id in ids:
+                self._seq += 1
+                self._pending.pop(node_id, None)
+                self._pending[node_id] = self._seq
+                self._kill(self._graphs, self._labels, node_id)
+            self._kick()
+
+    def removed(self, ids: Collection[str]) -> None:
+        """Marks the rows' labels dead; schedules a rebuild when too many are."""
+        if not self._started:
+            return
+        with self._lock:
+            for node_id in ids:
+                self._pending.pop(node_id, None)
+                self._kill(self._graphs, self._labels, node_id)
+            if self._removed_in_build is not None:
+                self._removed_in_build.update(ids)
+            elif self._dead > self.params.rebuild_fraction * max(self._label_count(), 1):
+                self._rebuild_due = True
+                self._kick()
+
+    # ---- searching (any thread) ------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Whether searches can use the graphs (built, not failed, not too far behind)."""
+        return (
+            self._ready
+            and self.failure is None
+            and len(self._pending) <= self.params.max_pending
+            and len(self._index) > self.threshold
+        )
+
+    def search(
+        self, query: Vector, k: int, codes: Collection[int] | None
+    ) -> list[tuple[str, float]] | None:
+        """The `k` best rows for the unit `query` among these type codes, re-ranked exactly;
+        None when the exact scan must answer (see the module docstring)."""
+        if not self.ready or k <= 0:
+            return None
+        snap = self._index.snapshot()
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
+        # Pending rows are read before the graphs: a row leaves `pending` only once its label
+        # is in its graph, so a row inserted in between is found in one or the other.
+        with self._lock:
+            if len(self._pending) > self.params.max_pending:
+                return None
+            candidates = list(self._pending)
+        with self._faiss_lock:
+            graphs = self._graphs
+            for code in graphs.keys() if codes is None else codes:
+                graph = graphs.get(code)
+                if graph is None or graph.index.ntotal == 0:
+                    continue
+                fetch = min(graph.index.ntotal, self.params.oversample * k)
+                _, found = graph.index.search(q, fetch)
+                labels = graph.labels
+                candidates.extend(labels[label] for label in found[0].tolist() if label >= 0)
+        return _rerank(snap, query, k, candidates, codes)
+
+    # ---- the worker ------------------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the worker has nothing left to do; False if `timeout` ran out first."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stops the worker (a build stops at its next chunk) and waits for it to exit."""
+        with self._lock:
+            self._stop = True
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
+
+    def stats(self) -> dict[str, int]:
+        """Labels in the graphs, dead labels, and rows waiting for insertion."""
+        with self._lock:
+            return {
+                "labels": self._label_count(),
+                "dead": self._dead,
+                "pending": len(self._pending),
+                "ready": int(self._ready),
+            }
+
+    def _kick(self) -> None:
+        # Caller holds the lock.
+        if self._worker is None and not self._stop:
+            self._idle.clear()
+            self._worker = threading.Thread(
+                target=self._work, name="mnemo-hnsw", daemon=True
+            )
+            self._worker.start()
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._stop or not (self._rebuild_due or self._pending):
+                        self._worker = None
+                        self._idle.set()
+                        return
+                    build = self._rebuild_due
+                    self._rebuild_due = False
+                    batch = list(islice(self._pending.items(), self.params.insert_batch))
+                if build:
+                    self._build()
+                else:
+                    self._insert(batch)
+        except Exception as exc:  # the exact scan keeps answering; nothing is lost
+            log.exception("mnemo: the HNSW index failed; searches stay exact")
+            with self._lock:
+                self.failure = exc
+                self._worker = None
+                self._idle.set()
+
+    def _new_graph(self) -> _Graph:
+        graph = self._faiss.IndexHNSWFlat(
+            self._index.dim, self.params.m, self._faiss.METRIC_INNER_PRODUCT
+        )
+        graph.hnsw.efConstruction = self.params.ef_construction
+        graph.hnsw.efSearch = self.params.ef_search
+        return _Graph(graph)
+
+    def _build(self) -> None:
+        # The sequence number is read before the snapshot: a row added in between is both in
+        # the snapshot and pending (harmless), never in neither.
+        with self._lock:
+            seq = self._seq
+            self._removed_in_build = set()
+        snap = self._index.snapshot()
+        codes = snap.codes[: snap.size]
+        graphs: dict[int, _Graph] = {}
+        for code in np.unique(codes).tolist():
+            rows = np.flatnonzero(codes == code)
+            graph = self._new_graph()
+            for start in range(0, len(rows), self.params.build_chunk):
+                if self._stop:
+                    with self._lock:
+                        self._removed_in_build = None
+                    return
+                chunk = rows[start : start + self.params.build_chunk]
+                graph.index.add(np.ascontiguousarray(snap.matrix[chunk]))
+            graph.labels = [snap.ids[row] for row in rows.tolist()]
+            graphs[int(code)] = graph
+        labels = {
+            node_id: (code, label)
+            for code, graph in graphs.items()
+            for label, node_id in enumerate(graph.labels)
+        }
+        with self._faiss_lock, self._lock:
+            removed, self._removed_in_build = self._removed_in_build or set(), None
+            pending = {node_id: s for node_id, s in self._pending.items() if s > seq}
+            for node_id in removed | pending.keys():
+                self._kill(graphs, labels, node_id)
+            self._graphs, self._labels, self._pending = graphs, labels, pending
+            self._dead = sum(graph.dead for graph in graphs.values())
+            self._ready = True
+
+    def _insert(self, batch: list[tuple[str, int]]) -> None:
+        snap = self._index.snapshot()
+        rows = [(node_id, s, snap.rows.get(node_id)) for node_id, s in batch]
+        by_code: dict[int, list[tuple[str, int, int]]] = {}
+        for node_id, s, row in rows:
+            # A row gone from the snapshot was removed meanwhile; its removal handled it.
+            if row is not None and row < snap.size:
+                by_code.setdefault(int(snap.codes[row]), []).append((node_id, s, row))
+        inserted: list[tuple[str, int, int, int]] = []
+        with self._faiss_lock:
+            for code, members in by_code.items():
+                graph = self._graphs.get(code)
+                if graph is None:
+                    graph = self._graphs[code] = self._new_graph()
+                first = len(graph.labels)
+                graph.index.add(np.ascontiguousarray(snap.matrix[[r for _, _, r in members]]))
+                for offset, (node_id, s, _) in enumerate(members):
+                    graph.labels.append(node_id)
+                    inserted.append((node_id, s, code, first + offset))
+        with self._lock:
+            for node_id, s, code, label in inserted:
+                if self._pending.get(node_id) == s:
+                    del self._pending[node_id]
+                    self._labels[node_id] = (code, label)
+                else:
+                    # Replaced or removed while it was being inserted: its label is stale.
+                    self._graphs[code].dead += 1
+                    self._dead += 1
+            for node_id, s in batch:
+                if self._pending.get(node_id) == s:
+                    del self._pending[node_id]
+
+    def _kill(
+        self, graphs: dict[int, _Graph], labels: dict[str, tuple[int, int]], node_id: str
+    ) -> None:
+        entry = labels.pop(node_id, None)
+        if entry is not None:
+            graph = graphs.get(entry[0])
+            if graph is not None:
+                graph.dead += 1
+                if graphs is self._graphs:
+                    self._dead += 1
+
+    def _label_count(self) -> int:
+        return sum(len(graph.labels) for graph in self._graphs.values())
+
+
+def _rerank(
+    snap: Snapshot,
+    query: Vector,
+    k: int,
+    candidates: list[str],
+    codes: Collection[int] | None,
+) -> list[tuple[str, float]] | None:
+    """The exact top `k` of the candidates still in the snapshot, or None when they are too
+    few although the snapshot holds more rows of the wanted types."""
+    rows_of = snap.rows
+    rows = np.fromiter(
+        (row for node_id in dict.fromkeys(candidates)
+         if (row := rows_of.get(node_id)) is not None and row < snap.size),
+        dtype=np.int64,
+    )
+    wanted: npt.NDArray[np.int8] | None = None
+    if codes is not None:
+        wanted = np.fromiter(codes, dtype=np.int8)
+        rows = rows[np.isin(snap.codes[rows], wanted)]
+    scores = snap.matrix[rows] @ query
+    order = np.argsort(-scores, kind="stable")[:k]
+    if len(order) < k:
+        present = codes_present(snap, wanted)
+        if present > len(order):
+            return None
+    return [(snap.ids[rows[i]], float(scores[i])) for i in order.tolist()]
+
+
+def codes_present(snap: Snapshot, wanted: npt.NDArray[np.int8] | None) -> int:
+    """How many rows of the snapshot have one of the wanted type codes (all when None)."""
+    if wanted is None:
+        return snap.size
+    return int(np.count_nonzero(np.isin(snap.codes[: snap.size], wanted)))

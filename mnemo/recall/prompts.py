@@ -1,0 +1,82 @@
+"""The recall tasks: planning a query, and synthesising an answer from memories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mnemo.ports import LLMRequest, LLMResponse, task_request
+
+MODES = ("episodic", "semantic", "procedural", "mixed")
+
+PLAN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "mode": {"type": "string", "enum": list(MODES)},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
+    },
+    "required": ["mode", "tags"],
+}
+
+SYNTHESIS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How to search: which kind of memory the query wants, and topic tags to route by."""
+
+    mode: str
+    tags: tuple[str, ...]
+
+
+def plan_request(*, query: str) -> LLMRequest:
+    return task_request(
+        "recall_plan",
+        system="You route queries to an agent's long-term memory.",
+        instructions=(
+            "Classify what the query asks of memory. mode: 'episodic' for what happened "
+            "(events, when something was done), 'semantic' for facts and preferences, "
+            "'procedural' for how to do something, 'mixed' when unsure. tags: 1 to 8 short "
+            "lower-case topic labels (names, things, activities) that memories about the "
+            "answer would be filed under; no question words."
+        ),
+        inputs={"query": query},
+        schema=PLAN_SCHEMA,
+    )
+
+
+def parse_plan(response: LLMResponse) -> Plan:
+    """Raises ValueError when the reply is not a plan."""
+    data = response.data
+    if not isinstance(data, dict) or data.get("mode") not in MODES:
+        raise ValueError(f"a plan needs a mode among {MODES}, got {data!r}")
+    tags = data.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ValueError("plan.tags must be a list of strings")
+    return Plan(str(data["mode"]), tuple(t.strip().lower() for t in tags if t.strip())[:8])
+
+
+def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
+    return task_request(
+        "recall_synthesis",
+        system="You answer from an agent's memories only.",
+        instructions=(
+            "Answer the query using only the numbered memories. Be brief; cite memory numbers "
+            "in brackets. If they do not contain the answer, say so."
+        ),
+        inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
+        schema=SYNTHESIS_SCHEMA,
+    )
+
+
+def parse_synthesis(response: LLMResponse) -> str:
+    data = response.data
+    if isinstance(data, dict) and isinstance(data.get("answer"), str) and data["answer"].strip():
+        return str(data["answer"]).strip()
+    if response.text.strip():
+        return response.text.strip()
+    raise ValueError("a synthesis needs a non-empty answer")

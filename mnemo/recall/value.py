@@ -1,0 +1,70 @@
+"""The value function: how much a node is worth beyond its relevance to a query.
+
+value = recency decay x frequency floor x reward; a recall ranks by
+relevance x value ^ `Config.value_weight`, and `decay` deletes what is worth less than
+`Config.decay_threshold`.
+
+- recency: 2^(-age / half-life), age counted from the last access (or creation);
+- frequency: log(1 + accesses) / log(1 + 10), never below `frequency_floor` (so a node
+  nobody has recalled yet is not buried, and ten recalls make it count double);
+- reward: what the pipeline learned of the node (an EPISODIC step's reward, a PROCEDURAL
+  instruction's return score / 10, a SEMANTIC fact's confidence), softened to 0.5 + r / 2 so a
+  failed step is still found, just after a successful one; 1 for nodes without one.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from mnemo.config import Config
+from mnemo.graph.model import NodeType
+
+_FULL_FREQUENCY = 10  # accesses at which frequency reaches 1
+
+
+def recency(age_days: float, half_life_days: float) -> float:
+    return float(2.0 ** (-max(age_days, 0.0) / half_life_days))
+
+
+def frequency(access_count: int, floor: float) -> float:
+    raw = math.log1p(max(access_count, 0)) / math.log1p(_FULL_FREQUENCY)
+    return max(floor, min(1.0, raw))
+
+
+def reward(kind: NodeType, data: dict[str, Any]) -> float:
+    """The node's learned reward in [0.5, 1] (1 when the type has none)."""
+    raw: object
+    if kind is NodeType.EPISODIC:
+        raw = data.get("reward")
+    elif kind is NodeType.PROCEDURAL:
+        score = data.get("return_score")
+        raw = score / 10 if isinstance(score, int | float) else None
+    elif kind is NodeType.SEMANTIC:
+        raw = data.get("confidence")
+    else:
+        return 1.0
+    if not isinstance(raw, int | float) or math.isnan(raw):
+        raw = 0.5
+    return 0.5 + min(max(float(raw), 0.0), 1.0) / 2
+
+
+def node_value(
+    kind: NodeType,
+    data: dict[str, Any],
+    *,
+    created_at: datetime,
+    last_access: datetime | None,
+    access_count: int,
+    now: datetime,
+    config: Config,
+) -> float:
+    """recency x frequency floor x reward, in (0, 1]."""
+    seen = max(created_at, last_access) if last_access else created_at
+    age_days = (now - seen).total_seconds() / 86400
+    return (
+        recency(age_days, config.recency_half_life_days)
+        * frequency(access_count, config.frequency_floor)
+        * reward(kind, data)
+    )

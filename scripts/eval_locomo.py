@@ -1,0 +1,268 @@
+"""Evidence recall of `Memory.recall` on LoCoMo (conversations 0-6, ../shared/data).
+
+Every conversation turn (speaker, session date, text, image caption) is ingested into one repo
+per conversation, one session a trajectory. For every question of categories 1-4, `recall`
+returns k nodes; a node counts for a turn when it was made from that turn (an EPISODIC node
+from its step; a fact or procedure through its PROVENANCE links). recall@k is the share of
+the question's evidence turns covered by the top k, averaged over questions; hit@10 is the
+share of questions with at least one evidence turn in the top 10.
+
+In the same run, over the same turns: a plain FTS5 BM25 baseline (one row per turn) and a
+dense-only baseline (cosine over the embedder's turn vectors).
+
+    .venv/bin/python scripts/eval_locomo.py [--conversations 0-6] [--embedder default|hash]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+import mnemo
+from mnemo.graph.store import fts_query
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_dev.json"
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+KS = (1, 5, 10)
+MEMORY_TYPES = [mnemo.NodeType.EPISODIC, mnemo.NodeType.SEMANTIC, mnemo.NodeType.PROCEDURAL]
+console = Console(width=160)
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    dia_id: str
+    session: int
+    text: str  # what is ingested and indexed: speaker, date, words, photo caption
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    text: str
+    category: int
+    evidence: frozenset[str]
+
+
+@dataclass(slots=True)
+class Conversation:
+    sample_id: str
+    sessions: dict[int, tuple[str, list[Turn]]]  # number -> (date, turns)
+    questions: list[Question]
+    unmatched: int = 0
+
+
+@dataclass(slots=True)
+class Scores:
+    """Per-question recall@k, grouped by category."""
+
+    by_category: dict[int, list[dict[int, float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    latencies: list[float] = field(default_factory=list)
+
+    def add(self, category: int, ranked_turns: Sequence[Iterable[str]], evidence: frozenset[str],
+            seconds: float = 0.0) -> None:
+        row: dict[int, float] = {}
+        for k in (*KS, 0):
+            covered: set[str] = set()
+            for turns in ranked_turns[: k or 10]:
+                covered.update(turns)
+            value = len(covered & evidence) / len(evidence)
+            row[k] = value if k else float(value > 0)  # key 0 holds hit@10
+        self.by_category[category].append(row)
+        self.latencies.append(seconds)
+
+    def mean(self, k: int, category: int | None = None) -> float:
+        rows = (self.by_category[category] if category is not None
+                else [r for rows in self.by_category.values() for r in rows])
+        return statistics.fmean(r[k] for r in rows) if rows else 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(len(rows) for rows in self.by_category.values())
+
+
+def normalise_dia_id(raw: str) -> str:
+    """'D1:3 ', 'D:1:3' and 'd1:3' all mean D1:3."""
+    digits = re.findall(r"\d+", raw)
+    return f"D{digits[0]}:{digits[1]}" if len(digits) >= 2 else raw.strip()
+
+
+def load(path: Path, picks: Sequence[int]) -> list[Conversation]:
+    raw = json.loads(path.read_text())
+    conversations = []
+    for i in picks:
+        item = raw[i]
+        talk = item["conversation"]
+        sessions: dict[int, tuple[str, list[Turn]]] = {}
+        for key, turns in talk.items():
+            match = re.fullmatch(r"session_(\d+)", key)
+            if not match:
+                continue
+            number = int(match.group(1))
+            date = talk.get(f"{key}_date_time", "")
+            sessions[number] = (date, [_turn(t, number, date) for t in turns])
+        known = {t.dia_id for _, turns in sessions.values() for t in turns}
+        questions, unmatched = [], 0
+        for qa in item["qa"]:
+            if qa.get("category") not in CATEGORIES:
+                continue
+            evidence = {normalise_dia_id(e) for e in qa.get("evidence", [])}
+            unmatched += len(evidence - known)
+            evidence &= known
+            if evidence:
+                questions.append(Question(qa["question"], qa["category"], frozenset(evidence)))
+        conversations.append(Conversation(item["sample_id"], dict(sorted(sessions.items())),
+                                          questions, unmatched))
+    return conversations
+
+
+def _turn(raw: dict[str, Any], session: int, date: str) -> Turn:
+    text = f"{raw['speaker']} ({date}): {raw['text']}"
+    if raw.get("blip_caption"):
+        text += f" [shares a photo of {raw['blip_caption']}]"
+    return Turn(normalise_dia_id(raw["dia_id"]), session, text)
+
+
+async def ingest(mem: mnemo.Memory, repo: str, conversation: Conversation,
+                 progress: Progress) -> None:
+    task = progress.add_task(f"ingest {conversation.sample_id}", total=len(conversation.sessions))
+    for number, (date, turns) in conversation.sessions.items():
+        trajectory = mnemo.Trajectory(
+            goal=f"Conversation session {number} on {date}",
+            steps=[mnemo.Step(t.text, "", metadata={"dia_id": t.dia_id}) for t in turns],
+        )
+        await mem.ingest(repo, trajectory, source_id=f"{conversation.sample_id}/{number}")
+        progress.advance(task)
+
+
+async def turns_of_nodes(mem: mnemo.Memory, repo: str) -> dict[str, frozenset[str]]:
+    """Which turns each node was made from."""
+    N = mnemo.NodeType
+    turn_of = {n.id: n.data["metadata"]["dia_id"]
+               for n in await mem.get_nodes_by_type(repo, [N.EPISODIC])}
+    made: dict[str, frozenset[str]] = {i: frozenset([d]) for i, d in turn_of.items()}
+    for node in await mem.get_nodes_by_type(repo, [N.SEMANTIC, N.PROCEDURAL]):
+        linked = await mem.get_linked_nodes(repo, [node.id], mnemo.LinkType.PROVENANCE)
+        made[node.id] = frozenset(turn_of[n.id] for n in linked if n.id in turn_of)
+    return made
+
+
+async def evaluate_recall(mem: mnemo.Memory, repo: str, conversation: Conversation,
+                          made: dict[str, frozenset[str]], scores: Scores,
+                          types: list[mnemo.NodeType] | None) -> None:
+    for q in conversation.questions:
+        start = time.perf_counter()
+        result = await mem.recall(repo, q.text, k=10, types=types)
+        seconds = time.perf_counter() - start
+        ranked = [made.get(m.node.id, frozenset()) for m in result.memories]
+        scores.add(q.category, ranked, q.evidence, seconds)
+
+
+def bm25_baseline(conversation: Conversation, scores: Scores) -> None:
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(dia_id UNINDEXED, text, "
+               "tokenize='porter unicode61')")
+    db.executemany("INSERT INTO t VALUES (?, ?)", [
+        (turn.dia_id, turn.text) for _, turns in conversation.sessions.values() for turn in turns
+    ])
+    for q in conversation.questions:
+        match = fts_query(q.text)
+        rows = db.execute("SELECT dia_id FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 10",
+                          (match,)).fetchall() if match else []
+        scores.add(q.category, [frozenset([r[0]]) for r in rows], q.evidence)
+
+
+async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
+                         scores: Scores) -> None:
+    turns = [t for _, ts in conversation.sessions.values() for t in ts]
+    matrix = np.asarray(await embedder.embed([t.text for t in turns]), dtype=np.float32)
+    matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    queries = np.asarray(await embedder.embed([q.text for q in conversation.questions]),
+                         dtype=np.float32)
+    queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    for q, vector in zip(conversation.questions, queries, strict=True):
+        top = np.argsort(-(matrix @ vector))[:10]
+        scores.add(q.category, [frozenset([turns[i].dia_id]) for i in top], q.evidence)
+
+
+def pick_embedder(name: str) -> mnemo.Embedder | None:
+    if name == "hash":
+        return mnemo.HashEmbedder()
+    return None  # the Memory's embedded default
+
+
+def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:
+    table = Table(title=f"LoCoMo evidence recall ({questions} questions of categories 1-4)")
+    table.add_column("retriever")
+    for k in KS:
+        table.add_column(f"R@{k}", justify="right")
+    table.add_column("hit@10", justify="right")
+    for label in CATEGORIES.values():
+        table.add_column(f"R@10 {label}", justify="right")
+    table.add_column("p50 / p95 ms", justify="right")
+    for name, scores in results.items():
+        lat = sorted(scores.latencies)
+        timing = (f"{1000 * lat[len(lat) // 2]:.1f} / {1000 * lat[int(len(lat) * 0.95)]:.1f}"
+                  if any(lat) else "")
+        table.add_row(name, *(f"{scores.mean(k):.3f}" for k in KS), f"{scores.mean(0):.3f}",
+                      *(f"{scores.mean(10, c):.3f}" for c in CATEGORIES), timing)
+    console.print(table)
+    console.print(f"evidence ids that match no turn (after normalising): {unmatched}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    first, _, last = args.conversations.partition("-")
+    picks = range(int(first), int(last or first) + 1)
+    conversations = load(args.data, picks)
+    results = {"mnemo recall": Scores(), "BM25 (FTS5) baseline": Scores(),
+               "dense-only baseline": Scores()}
+    embedder = pick_embedder(args.embedder)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.db) if args.db else Path(tmp) / "locomo.db"
+        async with mnemo.Memory(path, embedder=embedder) as mem:
+            with Progress(console=console, transient=True) as progress:
+                for conversation in conversations:
+                    repo = f"locomo-{conversation.sample_id}"
+                    await mem.open_repo(repo)
+                    await ingest(mem, repo, conversation, progress)
+            for conversation in conversations:
+                repo = f"locomo-{conversation.sample_id}"
+                made = await turns_of_nodes(mem, repo)
+                await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
+                                      MEMORY_TYPES if args.types == "memories" else None)
+                bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
+                dense_embedder = embedder or mem._repo(repo).embedder
+                await dense_baseline(dense_embedder, conversation, results["dense-only baseline"])
+    report(results, sum(c.unmatched for c in conversations),
+           sum(len(c.questions) for c in conversations))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--conversations", default="0-6", help="e.g. 0-6 or 2")
+    parser.add_argument("--embedder", choices=["default", "hash"], default="default")
+    parser.add_argument("--db", help="keep the ingested database at this path (reused)")
+    parser.add_argument("--types", choices=["memories", "all"], default="memories",
+                        help="recall memories (episodic, semantic, procedural) or every type")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    anyio.run(main, parse_args())

@@ -4,9 +4,26 @@ Sessions collect an agent's steps, extraction turns them into a per-repo knowled
 recall finds what was committed. Import everything from here: other module paths may move.
 """
 
+from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.adapters.openai import OpenAICompatible
 from mnemo.config import Config
+from mnemo.conversation.manager import ConversationManager
+from mnemo.conversation.model import (
+    Compaction,
+    EvictionResult,
+    Message,
+    MessageView,
+    Recent,
+    SearchHit,
+    Semantic,
+    Snapshot,
+    Summary,
+    ToolOutputPruner,
+    Viewport,
+)
 from mnemo.episode.model import StepInfo
 from mnemo.errors import (
     AdapterError,
@@ -33,12 +50,16 @@ from mnemo.session.service import SessionContext
 
 __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "AdapterError",
+    "Anthropic",
     "CommitReceipt",
+    "Compaction",
     "Config",
     "ConflictError",
+    "ConversationManager",
     "Embedder",
     "EmbeddingError",
     "Event",
+    "EvictionResult",
     "HashEmbedder",
     "IngestReceipt",
     "InvalidInputError",
@@ -52,21 +73,32 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "MemoryFile",
     "MemoryFiles",
     "MemoryUpdate",
+    "Message",
+    "MessageView",
     "MnemoError",
     "Node",
     "NodeType",
     "NotFoundError",
     "OfflineLLM",
     "OpResult",
+    "OpenAICompatible",
+    "OpenAIEmbedder",
     "PipelineError",
     "RecallResult",
     "Recalled",
+    "Recent",
+    "SearchHit",
+    "Semantic",
     "SessionContext",
     "SessionError",
+    "Snapshot",
     "State",
     "Step",
     "StepInfo",
+    "Summary",
     "ToolCall",
+    "ToolOutputPruner",
     "Trajectory",
     "Usage",
+    "Viewport",
 ]

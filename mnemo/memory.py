@@ -4,11 +4,14 @@
 - `graph.SqliteGraph` keeps each repo's knowledge graph;
 - `session.SessionService` runs every session's state machine, queue and background work;
 - `recall` searches a repo.
+- `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -19,21 +22,36 @@ from anyio.abc import TaskStatus
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.config import Config
+from mnemo.conversation.manager import ConversationManager
+from mnemo.conversation.model import (
+    Compression,
+    EvictionResult,
+    MessageView,
+    Retrieval,
+    SearchHit,
+    Viewport,
+)
+from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
 from mnemo.episode.model import StepInfo
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
+from mnemo.graph import maintenance
+from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.graph.store import SqliteGraph
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.ports import LLM, Embedder
-from mnemo.recall.engine import RecallResult, recall
+from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
+from mnemo.recall.engine import Recaller, RecallResult
 from mnemo.session.host import TaskHost
 from mnemo.session.machine import State
 from mnemo.session.queue import Callback
 from mnemo.session.service import Runtime, SessionContext, SessionService
 from mnemo.session.store import RepoRow, SqliteSessions
 from mnemo.storage.db import Database
+from mnemo.usage import UsageBook
+
+log = logging.getLogger("mnemo")
 
 
 def _embedder_name(embedder: Embedder) -> str:
@@ -60,7 +78,8 @@ class Memory:
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         self._database = Database(path, synchronous=synchronous)
-        self._llm: LLM = llm if llm is not None else OfflineLLM()
+        self._offline = OfflineLLM()
+        self._llm: LLM = llm if llm is not None else self._offline
         default_embedder: Embedder = HashEmbedder() if embedder is None else embedder
         self._embedder = default_embedder
         self._config = config or Config()
@@ -69,15 +88,26 @@ class Memory:
         self._repos: dict[str, Runtime] = {}
         self._dims: dict[str, int] = {}
         self._limiters: dict[int, tuple[LLM, anyio.CapacityLimiter]] = {}
+        self._usage = UsageBook()
+        # Every adapter this Memory was given, closed with it (each owns an HTTP client).
+        self._adapters: dict[int, object] = {}
+        self._adopt(self._llm, self._embedder)
         self._graph = SqliteGraph(self._database, self._dim)
         self._service = SessionService(
             store=self._sessions_store,
             graph=self._graph,
             events=self._events,
             repo_runtime=self._runtime,
-            slots=self._slots,
+            llm_for=self._llm_for,
         )
         self._ingests = IngestService(self._database, self._graph, self._ingest_runtime)
+        self._conversations = ConversationService(
+            self._database,
+            llm=LimitedLLM(self._llm, self._slots(self._llm, self._config)),
+            embedder=self._embedder,
+            config=self._config,
+            events=self._events,
+        )
         self._host: TaskHost | None = None
 
     # ---- opening and closing --------------------------------------------------------------
@@ -121,7 +151,20 @@ class Memory:
             if host is not None:
                 await host.stop()
         finally:
+            with anyio.move_on_after(2, shield=True):
+                for adapter in list(self._adapters.values()):
+                    close = getattr(adapter, "aclose", None)
+                    if close is not None:
+                        try:
+                            await close()
+                        except Exception:
+                            log.exception("closing %r failed", adapter)
             await self._database.close()
+
+    def _adopt(self, *adapters: object) -> None:
+        for adapter in adapters:
+            if adapter is not None:
+                self._adapters.setdefault(id(adapter), adapter)
 
     # ---- repos ----------------------------------------------------------------------------
 
@@ -145,6 +188,8 @@ class Memory:
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         chosen_embedder: Embedder = embedder or self._embedder
+        self._adopt(llm, embedder)
+        await _detect_dim(chosen_embedder)
         known = self._repos.get(name)
         if known is not None and self._dims[name] != chosen_embedder.dim:
             raise EmbeddingError(
@@ -183,12 +228,33 @@ class Memory:
         return self._dims[name]
 
     def _slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """One limiter per LLM provider object, sized by the first config that asks."""
+        """One limiter per LLM provider object, as wide as the widest `llm_concurrency` of
+        the configs that use it."""
         entry = self._limiters.get(id(llm))
         if entry is None or entry[0] is not llm:
             entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
             self._limiters[id(llm)] = entry
+        elif entry[1].total_tokens < config.llm_concurrency:
+            entry[1].total_tokens = config.llm_concurrency
         return entry[1]
+
+    def _llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM:
+        """The runtime's LLM, bounded by its provider's limiter, its usage booked to the repo
+        (and session)."""
+
+        def meter(usage: Usage) -> None:
+            self._usage.add(repo, session_id, usage)
+
+        return LimitedLLM(runtime.llm, self._slots(runtime.llm, runtime.config), meter)
+
+    def usage(self, session_id: str | None = None, *, repo: str | None = None) -> Usage:
+        """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
+        since this Memory was opened."""
+        if session_id is not None:
+            return self._usage.of_session(session_id)
+        if repo is not None:
+            return self._usage.of_repo(repo)
+        return self._usage.total()
 
     # ---- sessions -------------------------------------------------------------------------
 
@@ -213,6 +279,9 @@ class Memory:
         base = self._repo(repo)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        self._adopt(llm, embedder)
+        if embedder is not None:
+            await _detect_dim(embedder)
         if embedder is not None and embedder.dim != self._dims[repo]:
             raise EmbeddingError(
                 f"repo {repo!r} holds vectors of dimension {self._dims[repo]}, but the "
@@ -355,6 +424,42 @@ class Memory:
         ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
         return await self._graph.delete_nodes(repo, ids)
 
+    # ---- maintenance ----------------------------------------------------------------------
+
+    async def consolidate(self, repo: str, *, full: bool = False) -> ConsolidationReport:
+        """Merges SEMANTIC near-duplicates (raw cosine >= `Config.consolidate_threshold`) into
+        the most confident (then oldest) of them, keeping every link and the merged metadata,
+        then deletes tags left with no links. Only nodes not compared before are compared,
+        unless `full`. Safe while sessions commit: it holds the repo's write lock.
+
+        Raises:
+            NotFoundError: an unknown repo.
+        """
+        runtime = self._repo(repo)
+        return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
+
+    async def decay(self, repo: str, *, now: datetime | None = None) -> DecayReport:
+        """Deletes the memories whose value (recency decay x frequency floor x reward) at `now`
+        is below `Config.decay_threshold`, then the routing and source nodes left with no
+        links. Safe while sessions commit: it holds the repo's write lock.
+
+        Raises:
+            NotFoundError: an unknown repo.
+        """
+        runtime = self._repo(repo)
+        return await maintenance.decay(self._graph, repo, runtime.config, now=now)
+
+    async def validate_episodic(self, repo: str) -> ValidationReport:
+        """Checks episodic integrity (every step linked to its subgoal and source, no dangling
+        links, a vector of the right size per node, the full-text index in step) and repairs
+        what it can: missing step links, dangling links, the full-text index.
+
+        Raises:
+            NotFoundError: an unknown repo.
+        """
+        self._repo(repo)
+        return await maintenance.validate_episodic(self._graph, repo)
+
     # ---- recall ---------------------------------------------------------------------------
 
     async def recall(
@@ -371,14 +476,15 @@ class Memory:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._repo(repo)
-        result = await recall(
+        recaller = Recaller(
             self._graph,
             runtime.embedder,
             runtime.config,
-            repo=repo,
-            query=query,
-            k=k,
-            types=None if types is None else _types(types),
+            planner=runtime.llm if runtime.config.recall_planner == "llm" else self._offline,
+            llm=self._llm_for(runtime, repo),
+        )
+        result = await recaller.recall(
+            repo, query, k=k, types=None if types is None else _types(types)
         )
         await self._events.emit(
             "recall_executed", repo=repo, query=query, k=k,
@@ -416,10 +522,9 @@ class Memory:
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:
         runtime = self._repo(repo)
-        slots = self._slots(runtime.llm, runtime.config)
+        llm = self._llm_for(runtime, repo)
         return IngestRuntime(
-            runtime.llm, runtime.embedder, runtime.config, slots,
-            self._service.intent_policy(runtime),
+            llm, runtime.embedder, runtime.config, self._service.intent_policy(runtime, llm)
         )
 
     async def recall_in_context(
@@ -436,6 +541,117 @@ class Memory:
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])
         return await self.recall(repo, query, k=k)
+
+
+    # ---- conversation memory --------------------------------------------------------------
+
+    def conversation(
+        self,
+        *,
+        retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        compression: Compression | Sequence[Compression] | None = None,
+        ttl: float | timedelta | None = None,
+        auto_evict_budget: int | None = None,
+        eviction_fraction: float = 0.33,
+        clock: Callable[[], datetime] | None = None,
+    ) -> ConversationManager:
+        """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
+        or `Semantic(k)`, `compression` a `Summary`, a `ToolOutputPruner`, a list of both or
+        None, `ttl` seconds after which raw messages are erased (at load). With
+        `auto_evict_budget`, each save evicts when the tokens past the boundary exceed it.
+        `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
+
+        Raises:
+            InvalidInputError: a policy of the wrong type, a ttl that is not a positive
+                number, or a bad auto-eviction budget or fraction.
+        """
+        return self._conversations.manager(
+            retrieval=retrieval,
+            compression=compression,
+            ttl=ttl,
+            auto_evict_budget=auto_evict_budget,
+            eviction_fraction=eviction_fraction,
+            clock=clock,
+        )
+
+    async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
+        """What the agent sees of the thread within `token_budget` tokens: the messages from
+        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots and
+        messages pinned to open goals (see `mnemo.Viewport`). An unknown thread is empty.
+
+        Raises:
+            InvalidInputError: a blank thread id or a budget below 1.
+        """
+        return await self._conversations.viewport(thread_id, token_budget)
+
+    async def evict(
+        self, thread_id: str, *, token_budget: int, eviction_fraction: float = 0.33
+    ) -> EvictionResult:
+        """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
+        out of it: the LLM saves a snapshot and pins what must stay word for word, and the
+        boundary always advances, even when the LLM fails. One eviction runs per thread at a
+        time; a second one waits and starts from the new boundary.
+
+        Raises:
+            InvalidInputError: a blank thread id, a budget below 1 or a fraction outside (0, 1].
+            NotFoundError: the thread was never saved.
+        """
+        return await self._conversations.evict(thread_id, token_budget, eviction_fraction)
+
+    async def add_goal(self, thread_id: str, description: str) -> str:
+        """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
+
+        Raises:
+            InvalidInputError: a blank thread id or description.
+        """
+        return await self._conversations.add_goal(thread_id, description)
+
+    async def complete_goal(self, goal_id: str) -> None:
+        """Completes the goal; messages pinned to it are released when it was their last open
+        goal. Completing it again does nothing.
+
+        Raises:
+            NotFoundError: an unknown goal.
+        """
+        await self._conversations.complete_goal(goal_id)
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        thread_id: str | None = None,
+        limit: int = 5,
+        exclude_viewport_of: str | None = None,
+    ) -> list[SearchHit]:
+        """Messages of every thread (or of `thread_id`) matching the query's words, best
+        first: FTS5 with porter stemming, each word quoted (AND, OR, NOT kept as operators,
+        the rest OR-combined), bm25 weighted by recency, ~300-character snippets. Any text is
+        a safe query; one of only operators finds nothing. `exclude_viewport_of` leaves out
+        what that thread's viewport already shows (from its boundary on, and its pins).
+
+        Raises:
+            InvalidInputError: a blank query, or a limit outside 1..100.
+        """
+        return await self._conversations.search_messages(
+            query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of
+        )
+
+    async def view_messages(self, message_id: str, *, radius: int = 10) -> MessageView:
+        """The message with `radius` messages on each side (tool outputs reduced to ok or
+        error) and the 3 nearest snapshots before and after it.
+
+        Raises:
+            InvalidInputError: a blank id, or a radius outside 0..100.
+            NotFoundError: an unknown message.
+        """
+        return await self._conversations.view_messages(message_id, radius=radius)
+
+
+async def _detect_dim(embedder: Embedder) -> None:
+    """Lets an embedder that learns its dimension from its first reply do so."""
+    detect = getattr(embedder, "detect_dim", None)
+    if detect is not None:
+        await detect()
 
 
 def _types(types: Iterable[NodeType]) -> list[NodeType]:

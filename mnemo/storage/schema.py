@@ -255,3 +255,19 @@ def m004_ingests(db: Database) -> None:
         ) WITHOUT ROWID;
         """,
     )
+
+
+@MIGRATIONS()
+def m005_consolidation_marks(db: Database) -> None:
+    # `consolidate` compares only the SEMANTIC nodes not yet compared with the rest (a pair of
+    # nodes already compared never needs comparing again), so a run costs new x all rather
+    # than all x all. A mark, not a rowid watermark: SQLite reuses the largest rowid after a
+    # delete, so a new node could hide below a watermark.
+    _execute_all(
+        db,
+        """
+        ALTER TABLE nodes ADD COLUMN consolidated INTEGER NOT NULL DEFAULT 0;
+        CREATE INDEX nodes_unconsolidated ON nodes(repo)
+            WHERE type = 'semantic' AND consolidated = 0;
+        """,
+    )

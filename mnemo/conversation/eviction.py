@@ -1,0 +1,297 @@
+"""Eviction: the oldest part of the viewport leaves it, and the LLM decides what stays.
+
+One eviction (Anima's Mneme loop): the zone (see `viewport.eviction_zone`) is rendered
+compressed and given to the LLM (task "eviction") with three tools: `save_snapshot(text)`,
+`attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
+`MAX_ROUNDS` rounds, each telling the model what it already did, until it calls
+`everything_ok` or calls nothing. Then, in one transaction, the level-1 snapshot and the pins
+are written and the boundary moves past the zone.
+
+The boundary always advances: if the LLM fails (raises, times out), the snapshot is a note
+saying the messages left without a summary and that `search_messages` still finds them. Once
+5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
+"snapshot_fold"); a failed fold is retried after the next eviction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import anyio
+
+from mnemo.conversation.model import EvictionResult, Message, Snapshot
+from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
+from mnemo.conversation.render import render_zone
+from mnemo.conversation.snapshots import (
+    commit_eviction,
+    commit_fold,
+    due_for_fold,
+    fold_inputs,
+    read_zone_inputs,
+    uncovered_l1,
+)
+from mnemo.conversation.viewport import eviction_zone, snapshot_words
+from mnemo.events import Events
+from mnemo.ports import LLM, ToolCall, Usage, ask
+from mnemo.storage.db import Database
+
+log = logging.getLogger("mnemo")
+
+MAX_ROUNDS = 3
+
+
+@dataclass(slots=True)
+class EvictionTools:
+    """The tools of one eviction and what the model did with them.
+
+    Each call returns a short text for the model; bad arguments are answered with an error
+    text (the model can correct itself), never raised.
+    """
+
+    zone: Sequence[Message]
+    goal_ids: set[str]
+    max_words: int
+    snapshot_parts: list[str] = field(default_factory=list)
+    pins: list[tuple[str, str]] = field(default_factory=list)
+    finished: bool = False
+    calls: list[ToolCall] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)
+
+    def call(self, call: ToolCall) -> str:
+        """Runs one tool call; returns its result text."""
+        self.calls.append(call)
+        args = call.arguments if isinstance(call.arguments, dict) else {}
+        if call.name == "save_snapshot":
+            result = self.save_snapshot(args.get("text"))
+        elif call.name == "attach_messages_to_goals":
+            result = self.attach(args.get("message_ids"), args.get("goal_ids"))
+        elif call.name == "everything_ok":
+            self.finished = True
+            result = "ok: eviction finished"
+        else:
+            result = f"error: unknown tool {call.name!r}"
+        self.done.append(f"{call.name}: {result}")
+        return result
+
+    def save_snapshot(self, text: object) -> str:
+        if not isinstance(text, str) or not text.strip():
+            return "error: text must be a non-empty string"
+        words = text.split()
+        # Twice the asked length is tolerated; beyond that the snapshot would crowd out others.
+        limit = self.max_words * 2
+        clipped = " ".join(words[:limit]) + (" ..." if len(words) > limit else "")
+        self.snapshot_parts.append(clipped)
+        return f"ok: snapshot saved ({min(len(words), limit)} words)"
+
+    def attach(self, message_ids: object, goal_ids: object) -> str:
+        if not isinstance(message_ids, list) or not isinstance(goal_ids, list):
+            return "error: message_ids and goal_ids must be lists"
+        by_seq = {m.seq: m.id for m in self.zone}
+        by_id = {m.id for m in self.zone}
+        messages: list[str] = []
+        unknown: list[str] = []
+        for raw in message_ids:
+            mid = _message_ref(raw, by_seq, by_id)
+            if mid is None:
+                unknown.append(repr(raw))
+            else:
+                messages.append(mid)
+        goals = [g for g in goal_ids if isinstance(g, str) and g in self.goal_ids]
+        bad_goals = [repr(g) for g in goal_ids if not (isinstance(g, str) and g in self.goal_ids)]
+        for mid in messages:
+            for gid in goals:
+                if (mid, gid) not in self.pins:
+                    self.pins.append((mid, gid))
+        problems = []
+        if unknown:
+            problems.append(f"not messages of the zone: {', '.join(unknown)}")
+        if bad_goals:
+            problems.append(f"not open goals: {', '.join(bad_goals)}")
+        pinned = f"pinned {len(messages)} message(s) to {len(goals)} goal(s)"
+        return f"ok: {pinned}" + (f"; ignored {'; '.join(problems)}" if problems else "")
+
+    @property
+    def snapshot_text(self) -> str:
+        return "\n".join(self.snapshot_parts)
+
+
+def _message_ref(raw: object, by_seq: dict[int, str], by_id: set[str]) -> str | None:
+    """A message id from what the model wrote: a seq (int or digits, "message 12") or an id."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return by_seq.get(raw)
+    if isinstance(raw, str):
+        text = raw.strip().removeprefix("message").strip()
+        if text.isdigit():
+            return by_seq.get(int(text))
+        return raw if raw in by_id else None
+    return None
+
+
+def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
+    """The snapshot written when the LLM failed: an honest pointer, not a summary."""
+    return (
+        f"Messages {start_seq}-{end_seq} left the context window without a summary (the "
+        f"memory model failed: {error[:200]}). search_messages and view_messages still find "
+        "them word for word."
+    )
+
+
+async def run_loop(
+    llm: LLM,
+    tools: EvictionTools,
+    *,
+    zone_text: str,
+    zone: tuple[int, int],
+    goals: list[dict[str, str]],
+    previous_snapshot: str,
+    round_timeout: float,
+) -> tuple[str | None, Usage | None]:
+    """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
+
+    An LLM that raises, or runs past `round_timeout` seconds in a round, ends the loop with
+    the failure; cancellation is not caught.
+    """
+    usage: Usage | None = None
+    for _ in range(MAX_ROUNDS):
+        request = eviction_request(
+            zone=zone_text,
+            zone_start=zone[0],
+            zone_end=zone[1],
+            goals=goals,
+            previous_snapshot=previous_snapshot,
+            max_words=tools.max_words,
+            done=list(tools.done),
+        )
+        try:
+            with anyio.fail_after(round_timeout):
+                response = await llm.generate(request)
+        except TimeoutError:
+            return f"the eviction model timed out after {round_timeout:g} s", usage
+        except Exception as exc:
+            # Whatever the model did wrong, the boundary must still move: report, don't raise.
+            log.warning("eviction LLM call failed", exc_info=True)
+            return f"the eviction model failed: {exc!r}", usage
+        if response.usage is not None:
+            usage = response.usage if usage is None else usage + response.usage
+        if not response.tool_calls:
+            break
+        for call in response.tool_calls:
+            tools.call(call)
+        if tools.finished:
+            break
+    return None, usage
+
+
+class Evictor:
+    """Runs evictions and folds for the `ConversationService` (which holds the per-thread
+    eviction lock around each call)."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        llm: LLM,
+        events: Events,
+        clock: Callable[[], datetime],
+        timeout: float,
+    ) -> None:
+        self._database = database
+        self._llm = llm
+        self._events = events
+        self._clock = clock
+        self._timeout = timeout
+
+    async def tokens_past_boundary(self, thread_id: str) -> int:
+        """What the messages from the boundary on cost (0 for an unknown thread)."""
+        past: int = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT coalesce(sum(m.tokens), 0) FROM messages m JOIN threads t"
+                " ON t.id = m.thread_id WHERE m.thread_id = ? AND m.seq >= t.boundary_seq",
+                (thread_id,),
+            ).fetchone()[0]
+        )
+        return past
+
+    async def evict(
+        self, thread_id: str, token_budget: int, eviction_fraction: float
+    ) -> EvictionResult:
+        """One eviction (see the module doc).
+
+        Raises:
+            NotFoundError: the thread was never saved.
+        """
+        boundary, past, goals, previous = await self._database.run(
+            lambda db: read_zone_inputs(db, thread_id)
+        )
+        zone = eviction_zone(past, token_budget, eviction_fraction)
+        if not zone:
+            return EvictionResult(thread_id, boundary, boundary, None, None, 0, 0)
+        span = (zone[0].seq, zone[-1].seq)
+        tools = EvictionTools(
+            zone=zone,
+            goal_ids={g["id"] for g in goals},
+            max_words=snapshot_words(token_budget, 1),
+        )
+        error, usage = await run_loop(
+            self._llm,
+            tools,
+            zone_text=render_zone(zone),
+            zone=span,
+            goals=goals,
+            previous_snapshot=previous,
+            round_timeout=self._timeout,
+        )
+        text = tools.snapshot_text or (fallback_note(*span, error) if error else "")
+        after = zone[-1].seq + 1
+        now = self._clock()
+        snapshot = await self._database.run(
+            lambda db: commit_eviction(
+                db, thread_id, boundary_before=boundary, boundary_after=after, zone=span,
+                snapshot_text=text, pins=tools.pins, now=now,
+            )
+        )
+        folded = await self.fold(thread_id, token_budget)
+        pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
+        await self._events.emit(
+            "thread_evicted", thread_id=thread_id, start_seq=span[0], end_seq=span[1],
+            boundary=after, pinned=pinned, error=error,
+        )
+        return EvictionResult(
+            thread_id=thread_id,
+            boundary_before=boundary,
+            boundary_after=after,
+            start_seq=span[0],
+            end_seq=span[1],
+            evicted=len(zone),
+            tokens_evicted=sum(m.tokens for m in zone),
+            snapshot=snapshot,
+            folded=folded,
+            pinned=pinned,
+            tool_calls=list(tools.calls),
+            error=error,
+            usage=usage,
+        )
+
+    async def fold(self, thread_id: str, token_budget: int) -> Snapshot | None:
+        """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due.
+        A failed fold is logged and left for the next eviction."""
+        due = due_for_fold(await self._database.run(lambda db: uncovered_l1(db, thread_id)))
+        if not due:
+            return None
+        request = fold_request(
+            snapshots=fold_inputs(due), max_words=snapshot_words(token_budget, 2)
+        )
+        try:
+            with anyio.fail_after(self._timeout):
+                text = await ask(self._llm, request, parse_summary)
+        except Exception:
+            # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
+            log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
+            return None
+        now = self._clock()
+        return await self._database.run(lambda db: commit_fold(db, thread_id, due, text, now))

@@ -1,0 +1,275 @@
+"""`ConversationManager`: Phronomy's three axes over one Memory's thread log.
+
+Storage is the Memory's database; retrieval is `Recent(k)` or `Semantic(k)`; compression is
+`Summary(...)`, `ToolOutputPruner(...)`, both, or none; `ttl` erases old raw messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from mnemo.conversation.drafts import check_count, check_history, check_thread_id, draft
+from mnemo.conversation.model import (
+    Compaction,
+    Compression,
+    Message,
+    Retrieval,
+    Semantic,
+    Summary,
+    ToolOutputPruner,
+)
+from mnemo.conversation.prompts import parse_summary, summary_request
+from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
+from mnemo.conversation.selection import top_k, with_tool_pairs
+from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.ports import ask
+
+if TYPE_CHECKING:
+    from mnemo.conversation.service import ConversationService
+
+log = logging.getLogger("mnemo")
+
+# What one summary request may hold, in tokens of the messages it summarises (at least this,
+# or 4x the Summary's max_tokens): a first save of a long history is summarised in chunks.
+SUMMARY_CHUNK_TOKENS = 8000
+SUMMARY_MESSAGE_CHARS = 2000
+SUMMARY_TOOL_CHARS = 300
+
+
+class ConversationManager:
+    """Saves and loads threads with one retrieval and compression policy.
+
+    Get one from `Memory.conversation(...)`. Managers of one Memory share its per-thread
+    locks, so they may be used concurrently, even on the same thread.
+    """
+
+    def __init__(
+        self,
+        service: ConversationService,
+        *,
+        retrieval: Retrieval,
+        compression: tuple[Compression, ...],
+        ttl: float | None,
+        auto_evict_budget: int | None,
+        eviction_fraction: float,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._service = service
+        self.retrieval = retrieval
+        self.compression = compression
+        self.ttl = ttl
+        self.auto_evict_budget = auto_evict_budget
+        self.eviction_fraction = eviction_fraction
+        self._clock = clock
+
+    def __await__(self) -> Generator[Any, None, ConversationManager]:
+        """`await mem.conversation(...)` gives the manager too: the factory is synchronous,
+        but callers used to mnemo's async calls may await it."""
+        return self._itself().__await__()
+
+    async def _itself(self) -> ConversationManager:
+        return self
+
+    async def save(self, thread_id: str, messages: Sequence[dict[str, Any]]) -> list[Message]:
+        """Stores the messages of `messages` (the full history so far) past the stored length,
+        each with the next seq; returns them ([] when nothing was new).
+
+        The stored length counts every message ever saved to the thread since it was created
+        or cleared, expired ones included, so a history that is not longer than it (a repeat
+        save) appends nothing. With `Semantic` retrieval the new messages are embedded now (an
+        embedder failure is logged; they are embedded when next loaded). With `Summary`, the
+        uncompacted messages may then be summarised; a failed summary is logged and never
+        raised. With `auto_evict_budget`, an eviction runs when the messages past the
+        boundary exceed it.
+
+        Raises:
+            InvalidInputError: a blank thread id or a malformed message (naming it), raised
+                before anything is stored.
+            ConflictError: another process wrote to the thread at the same time.
+        """
+        check_thread_id(thread_id)
+        history = check_history(messages)
+        service = self._service
+        async with service.thread_lock(thread_id):
+            state = await service.log.state(thread_id)
+            stored = state.history_len if state else 0
+            if len(history) <= stored:
+                return []
+            drafts = [draft(m, stored + i) for i, m in enumerate(history[stored:])]
+            blobs: list[bytes] | None = None
+            if isinstance(self.retrieval, Semantic):
+                try:
+                    vectors = await service.embed([d.text for d in drafts])
+                    blobs = [row.tobytes() for row in vectors]
+                except EmbeddingError:
+                    # The log must not lose messages to an embedder outage; load embeds later.
+                    log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
+            appended = await service.log.append(
+                thread_id, drafts, expected_len=stored, recorded_at=self._clock(), vectors=blobs
+            )
+            for policy in self.compression:
+                if isinstance(policy, Summary):
+                    await self._summarise(thread_id, policy)
+        if self.auto_evict_budget is not None:
+            await service.auto_evict(thread_id, self.auto_evict_budget, self.eviction_fraction)
+        return appended
+
+    async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, Any]]:
+        """The thread for a model: each compaction as one system message holding its summary
+        (marked as untrusted memory), then the retrieval's selection of the uncompacted
+        messages, by seq; tool outputs cut by a `ToolOutputPruner`. With a ttl, messages older
+        than it are erased first. An unknown thread loads as [].
+
+        A blank `query` counts as none (`Semantic` then returns the last k messages).
+
+        Raises:
+            InvalidInputError: a blank thread id, or a query that is not a string.
+            EmbeddingError: `Semantic` with a query, and embedding failed.
+        """
+        check_thread_id(thread_id)
+        if query is not None and not isinstance(query, str):
+            raise InvalidInputError(f"query must be a string or None, got {type(query).__name__}")
+        await self._expire(thread_id)
+        service = self._service
+        if isinstance(self.retrieval, Semantic):
+            compactions, pool = await service.log.uncompacted(thread_id)
+            k = self.retrieval.k
+            if query is not None and query.strip() and pool:
+                vectors = await service.message_vectors(pool)
+                wanted = (await service.embed([query]))[0]
+                picked = with_tool_pairs(top_k(pool, vectors, wanted, k), pool)
+            else:
+                picked = with_tool_pairs(pool[-k:], pool)
+        else:
+            compactions, picked = await service.log.recent_turns(thread_id, self.retrieval.k)
+        out = [compaction_message(c) for c in compactions]
+        out.extend(m.to_dict() for m in picked)
+        for policy in self.compression:
+            if isinstance(policy, ToolOutputPruner):
+                out = prune_tool_outputs(out, policy.max_chars)
+        return out
+
+    async def save_compaction(
+        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str
+    ) -> Compaction:
+        """Records that `summary_text` stands for messages `start_seq`..`end_seq` (both
+        inclusive) in `load`. Existing compactions inside the range are replaced by it.
+
+        Raises:
+            InvalidInputError: a blank id or summary, seqs that are not integers with
+                0 <= start_seq <= end_seq < the next seq, or a range that partly overlaps an
+                existing compaction.
+            NotFoundError: the thread was never saved.
+        """
+        check_thread_id(thread_id)
+        check_count("start_seq", start_seq)
+        check_count("end_seq", end_seq, minimum=start_seq)
+        if not isinstance(summary_text, str) or not summary_text.strip():
+            raise InvalidInputError(
+                f"summary_text must be a non-blank string, got {summary_text!r}"
+            )
+        async with self._service.thread_lock(thread_id):
+            return await self._service.log.add_compaction(
+                thread_id, start_seq, end_seq, summary_text, self._clock()
+            )
+
+    async def compactions(self, thread_id: str) -> list[Compaction]:
+        """The thread's compaction records, by start_seq.
+
+        Raises:
+            InvalidInputError: a blank thread id.
+        """
+        check_thread_id(thread_id)
+        await self._expire(thread_id)
+        return await self._service.log.compactions(thread_id)
+
+    async def raw(self, thread_id: str) -> list[Message]:
+        """Every stored message of the thread, by seq (after the ttl's erasure, if any).
+
+        Raises:
+            InvalidInputError: a blank thread id.
+        """
+        check_thread_id(thread_id)
+        await self._expire(thread_id)
+        return await self._service.log.raw(thread_id)
+
+    async def clear(self, thread_id: str) -> None:
+        """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and
+        starts a new history (the next save stores from its first message on). Seqs go on
+        from the counter: none is reused. `purge` is the erasure without a trace.
+
+        Raises:
+            InvalidInputError: a blank thread id.
+        """
+        check_thread_id(thread_id)
+        await self._service.clear(thread_id)
+
+    async def purge(self, thread_id: str) -> None:
+        """Erases the thread: raw messages, compactions, snapshots, goals, pins, search index
+        entries, vectors and its seq counter (a new thread of that id starts at 0). Nothing
+        of it stays in the database file (see `ThreadLog.purge`).
+
+        Raises:
+            InvalidInputError: a blank thread id.
+        """
+        check_thread_id(thread_id)
+        await self._service.purge(thread_id)
+
+    async def _expire(self, thread_id: str) -> None:
+        if self.ttl is not None:
+            cutoff = self._clock() - timedelta(seconds=self.ttl)
+            await self._service.log.expire(thread_id, cutoff)
+
+    async def _summarise(self, thread_id: str, policy: Summary) -> None:
+        """Compacts all but the last `keep` uncompacted messages when they exceed
+        `max_tokens`, rolling the previous automatic summary in; in chunks when there is a lot.
+        Called under the thread lock. Failures are logged, never raised."""
+        service = self._service
+        compactions, tail = await service.log.uncompacted(thread_id)
+        if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
+            return
+        pending = tail[: len(tail) - policy.keep]
+        max_words = max(48, policy.max_tokens * 3 // 16)
+        chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
+        while pending:
+            chunk: list[Message] = []
+            used = 0
+            for message in pending:
+                if chunk and used + message.tokens > chunk_tokens:
+                    break
+                chunk.append(message)
+                used += message.tokens
+            pending = pending[len(chunk):]
+            earlier = [c for c in compactions if c.end_seq < chunk[0].seq]
+            previous = max(earlier, key=lambda c: c.end_seq) if earlier else None
+            request = summary_request(
+                previous_summary=previous.summary_text if previous else "",
+                messages=[_summary_input(m) for m in chunk],
+                max_words=max_words,
+            )
+            try:
+                with anyio.fail_after(service.timeout):
+                    summary = await ask(service.llm, request, parse_summary)
+            except Exception:
+                # The messages stay uncompacted and whole: load shows them, nothing is lost.
+                log.warning("summarising thread %r failed", thread_id, exc_info=True)
+                return
+            start = previous.start_seq if previous else chunk[0].seq
+            record = await service.log.add_compaction(
+                thread_id, start, chunk[-1].seq, summary, self._clock()
+            )
+            compactions = [c for c in compactions if not start <= c.start_seq <= chunk[-1].seq]
+            compactions.append(record)
+            await service.events.emit(
+                "thread_compacted", thread_id=thread_id, start_seq=start, end_seq=chunk[-1].seq
+            )
+
+
+def _summary_input(message: Message) -> dict[str, Any]:
+    limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
+    return {"seq": message.seq, "role": message.role, "text": flat(message.content, limit)}

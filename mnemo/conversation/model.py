@@ -1,0 +1,282 @@
+"""The values of conversation memory: stored messages, compactions, snapshots, the viewport,
+eviction results, search hits and message views, and the retrieval and compression policies.
+
+Every value is frozen. Policies validate their arguments when built, so a bad `Recent(k=0)`
+fails where it is written, before any thread is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from mnemo.conversation.render import memory_block, render_view
+from mnemo.errors import InvalidInputError
+from mnemo.ports import ToolCall, Usage
+
+# ---- policies -----------------------------------------------------------------------------
+
+
+def _positive(owner: str, name: str, value: object, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInputError(f"{owner}.{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Recent:
+    """Retrieval: the last `k` turns of the uncompacted messages (a turn starts at a user
+    message; with fewer than `k` turns, every uncompacted message).
+
+    Raises:
+        InvalidInputError: `k` is not an integer >= 1.
+    """
+
+    k: int = 10
+
+    def __post_init__(self) -> None:
+        _positive("Recent", "k", self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class Semantic:
+    """Retrieval: the `k` uncompacted messages most similar to the query, in log order, with
+    the calls or results that complete their tool calls. Without a query, the last `k`.
+
+    Each message is embedded once, by the Memory's default embedder, when first saved (or when
+    first needed, if that failed); the vectors are float32 blobs beside the messages.
+
+    Raises:
+        InvalidInputError: `k` is not an integer >= 1.
+    """
+
+    k: int = 10
+
+    def __post_init__(self) -> None:
+        _positive("Semantic", "k", self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Compression: when the uncompacted messages exceed `max_tokens`, all but the last `keep`
+    of them are summarised by the LLM (task "summary") into one compaction record that also
+    absorbs the previous automatic summary, so a thread carries one rolling summary.
+
+    A failed summary (the LLM raised, timed out or kept answering garbage) is logged and leaves
+    the messages uncompacted; `save` never raises because of it.
+
+    Raises:
+        InvalidInputError: `max_tokens` < 1 or `keep` < 0.
+    """
+
+    max_tokens: int = 4000
+    keep: int = 5
+
+    def __post_init__(self) -> None:
+        _positive("Summary", "max_tokens", self.max_tokens)
+        _positive("Summary", "keep", self.keep, minimum=0)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutputPruner:
+    """Compression: tool outputs longer than `max_chars` are cut (with a note saying how much
+    was cut) in what `load` returns. The stored log keeps them whole.
+
+    Raises:
+        InvalidInputError: `max_chars` is not an integer >= 1.
+    """
+
+    max_chars: int = 4000
+
+    def __post_init__(self) -> None:
+        _positive("ToolOutputPruner", "max_chars", self.max_chars)
+
+
+Retrieval = Recent | Semantic
+Compression = Summary | ToolOutputPruner
+
+
+# ---- stored values ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One stored message of a thread.
+
+    `seq` is 0-based per thread and never reused. `content` is the message's text (for a
+    message whose content was a list of parts or None, their text; the original is then in
+    `data["content"]`); `data` holds every other key of the message dict as saved (`name`,
+    `tool_calls`, `tool_call_id`, ...). `tokens` is what the message costs in a context window.
+    """
+
+    id: str
+    thread_id: str
+    seq: int
+    role: str
+    content: str
+    data: dict[str, Any]
+    recorded_at: datetime
+    tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as it was saved: `role`, `content` and the other keys."""
+        return {"role": self.role, "content": self.content, **self.data}
+
+    @property
+    def is_tool_result(self) -> bool:
+        """A tool's output: role "tool" (or "function"), or a user message of tool_result
+        parts (Anthropic's shape)."""
+        if self.role in {"tool", "function"}:
+            return True
+        parts = self.data.get("content")
+        return (
+            isinstance(parts, list)
+            and bool(parts)
+            and all(isinstance(p, dict) and p.get("type") == "tool_result" for p in parts)
+        )
+
+    @property
+    def tool_call_count(self) -> int:
+        """How many tool calls this message makes (OpenAI `tool_calls` or Anthropic
+        tool_use parts)."""
+        calls = self.data.get("tool_calls")
+        count = len(calls) if isinstance(calls, list) else 0
+        parts = self.data.get("content")
+        if isinstance(parts, list):
+            count += sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "tool_use")
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """A summary that stands for the messages `start_seq`..`end_seq` (both inclusive) in
+    `load`. Also readable as a mapping (`c["summary_text"]`) for dict-style callers."""
+
+    thread_id: str
+    start_seq: int
+    end_seq: int
+    summary_text: str
+    created_at: datetime
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in {"thread_id", "start_seq", "end_seq", "summary_text", "created_at"}:
+            raise KeyError(key)
+        return getattr(self, key)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What eviction kept of messages `start_seq`..`end_seq` that left the viewport.
+
+    `level` 1 is written by one eviction; 5 uncovered level-1 snapshots fold into one level-2
+    snapshot, which then `covered_by` names on each of them.
+    """
+
+    id: str
+    thread_id: str
+    level: int
+    start_seq: int
+    end_seq: int
+    text: str
+    created_at: datetime
+    covered_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    """A goal of a thread; messages pinned to it stay visible until it completes."""
+
+    id: str
+    thread_id: str
+    description: str
+    status: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Viewport:
+    """What an agent sees of a thread within `token_budget` tokens.
+
+    - `messages`: from the eviction boundary on, oldest first: the newest ones that fit.
+    - `snapshots`: level-2 (up to 5% of the budget) then uncovered level-1 (up to 15%),
+      oldest first.
+    - `pinned`: messages before the boundary pinned to an open goal (up to 5%), oldest first.
+
+    Unused snapshot and pin shares go to the messages. `tokens` is what all of it costs;
+    `tokens_past_boundary` counts every message from the boundary on, fitted or not.
+    """
+
+    thread_id: str
+    token_budget: int
+    boundary_seq: int
+    messages: list[Message]
+    snapshots: list[Snapshot]
+    pinned: list[Message]
+    tokens: int
+    tokens_past_boundary: int
+
+    def to_messages(self) -> list[dict[str, Any]]:
+        """The viewport as chat messages: one system message holding the snapshots and pinned
+        messages (marked as untrusted memory), when there are any, then the messages."""
+        out: list[dict[str, Any]] = []
+        block = memory_block(self.snapshots, self.pinned)
+        if block:
+            out.append({"role": "system", "content": block})
+        out.extend(m.to_dict() for m in self.messages)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionResult:
+    """What one eviction did.
+
+    The zone was messages `start_seq`..`end_seq` (None when there was nothing to evict); the
+    boundary moved from `boundary_before` to `boundary_after`. `snapshot` is the level-1
+    snapshot written (None when the LLM saved none), `folded` the level-2 snapshot made when
+    5 level-1 snapshots were uncovered, `pinned` the ids of the messages pinned. When the LLM
+    failed, `error` says how and `snapshot` is a note pointing the agent to search.
+    """
+
+    thread_id: str
+    boundary_before: int
+    boundary_after: int
+    start_seq: int | None
+    end_seq: int | None
+    evicted: int
+    tokens_evicted: int
+    snapshot: Snapshot | None = None
+    folded: Snapshot | None = None
+    pinned: list[str] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    error: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    """One message found by `search_messages`: `rank` is its score, higher is better (bm25,
+    negated, times a recency weight), and `snippet` about 300 characters around the match."""
+
+    message_id: str
+    thread_id: str
+    seq: int
+    snippet: str
+    rank: float
+    role: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """A message in context: `messages` holds up to `radius` messages on each side of the
+    `target` (and it), oldest first, with tool outputs reduced to "ok" or "error";
+    `snapshots_before` / `snapshots_after` the 3 nearest level-1 snapshots starting at or
+    before the target and after it."""
+
+    target: Message
+    messages: list[Message]
+    snapshots_before: list[Snapshot]
+    snapshots_after: list[Snapshot]
+
+    def render(self) -> str:
+        """The view as text for a model: snapshots before, the messages, snapshots after."""
+        return render_view(self)

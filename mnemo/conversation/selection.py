@@ -1,0 +1,82 @@
+"""Choosing messages for `load`: semantic ranking, and keeping tool calls with their results.
+
+Chat APIs refuse a tool result whose call is missing (and OpenAI a call whose results are),
+so a selection that is not a contiguous stretch (Semantic) is closed over tool-call ids: a
+picked call brings its results, a picked result brings its call. Ids are read from OpenAI's
+`tool_calls[].id` / `tool_call_id` and Anthropic's `tool_use.id` / `tool_result.tool_use_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.conversation.model import Message
+
+
+def call_ids(message: Message) -> set[str]:
+    """The ids of the tool calls a message makes."""
+    ids: set[str] = set()
+    calls = message.data.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        if isinstance(call, dict) and isinstance(call.get("id"), str):
+            ids.add(call["id"])
+    parts = message.data.get("content")
+    for part in parts if isinstance(parts, list) else []:
+        if isinstance(part, dict) and part.get("type") == "tool_use":
+            if isinstance(part.get("id"), str):
+                ids.add(part["id"])
+    return ids
+
+
+def result_ids(message: Message) -> set[str]:
+    """The ids of the tool calls a message answers."""
+    ids: set[str] = set()
+    if isinstance(message.data.get("tool_call_id"), str):
+        ids.add(message.data["tool_call_id"])
+    parts = message.data.get("content")
+    for part in parts if isinstance(parts, list) else []:
+        if isinstance(part, dict) and part.get("type") == "tool_result":
+            if isinstance(part.get("tool_use_id"), str):
+                ids.add(part["tool_use_id"])
+    return ids
+
+
+def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[Message]:
+    """`picked` plus the messages of `pool` that complete their tool calls, by seq."""
+    chosen = {m.seq: m for m in picked}
+    calls = {m.seq: call_ids(m) for m in pool}
+    results = {m.seq: result_ids(m) for m in pool}
+    by_seq = {m.seq: m for m in pool}
+    frontier = list(chosen.values())
+    while frontier:
+        message = frontier.pop()
+        wanted_calls = result_ids(message)
+        wanted_results = call_ids(message)
+        for seq, other in by_seq.items():
+            if seq in chosen:
+                continue
+            if calls[seq] & wanted_calls or results[seq] & wanted_results:
+                chosen[seq] = other
+                frontier.append(other)
+    return [chosen[seq] for seq in sorted(chosen)]
+
+
+def top_k(
+    messages: Sequence[Message], vectors: npt.NDArray[np.float32], query: npt.NDArray[np.float32],
+    k: int,
+) -> list[Message]:
+    """The `k` messages whose vectors are most cosine-similar to `query`; ties go to the newer
+    message. Returned by seq."""
+    if not messages:
+        return []
+    norms = np.linalg.norm(vectors, axis=1)
+    q_norm = float(np.linalg.norm(query))
+    scores = np.zeros(len(messages), dtype=np.float64)
+    if q_norm > 0:
+        np.divide(vectors @ query, norms * q_norm, out=scores, where=norms > 0)
+    # Sort by score, then by recency (seq): lexsort takes its primary key last.
+    order = np.lexsort((-np.array([m.seq for m in messages]), -scores))[:k]
+    return sorted((messages[i] for i in order), key=lambda m: m.seq)

@@ -1,0 +1,335 @@
+"""`ConversationService`: conversation memory behind `Memory`'s thread calls.
+
+It owns the per-thread locks, so every `ConversationManager` of one `Memory` shares them:
+
+- the *thread lock* serialises what reads then writes the log (`save`, `clear`, `purge`), so
+  concurrent saves of one thread never duplicate or collide;
+- the *eviction lock* lets one eviction run per thread at a time; a second `evict` waits and
+  then works from the boundary the first one left, so no zone is evicted twice. An automatic
+  eviction finding one under way skips instead of queueing.
+
+Locks exist only while held or awaited, so a million threads cost nothing when idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.config import Config
+from mnemo.conversation.drafts import check_count, check_thread_id, search_text
+from mnemo.conversation.eviction import Evictor
+from mnemo.conversation.goals import GoalStore
+from mnemo.conversation.log import ThreadLog
+from mnemo.conversation.manager import ConversationManager
+from mnemo.conversation.model import (
+    Compression,
+    EvictionResult,
+    Message,
+    MessageView,
+    Recent,
+    Retrieval,
+    SearchHit,
+    Semantic,
+    Summary,
+    ToolOutputPruner,
+    Viewport,
+)
+from mnemo.conversation.search import match_expression, search, view
+from mnemo.conversation.viewport import read_viewport
+from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.events import Events
+from mnemo.graph.model import now_utc
+from mnemo.ports import LLM, Embedder
+from mnemo.storage.db import Database
+
+Clock = Callable[[], datetime]
+
+DEFAULT_RETRIEVAL = Recent(k=10)
+MAX_SEARCH_LIMIT = 100
+MAX_RADIUS = 100
+
+
+class KeyedLocks:
+    """One `anyio.Lock` per key, alive only while someone holds or awaits it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (anyio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def busy(self, key: str) -> bool:
+        """Whether the key's lock is held or awaited."""
+        return key in self._locks
+
+
+class ConversationService:
+    """Threads, viewports, eviction, goals, search and erasure over one `Database`.
+
+    `llm` writes summaries, eviction snapshots and folds; `embedder` embeds messages for
+    `Semantic` retrieval; `config.extraction_timeout` bounds each model call.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        llm: LLM,
+        embedder: Embedder,
+        config: Config,
+        events: Events,
+        clock: Clock = now_utc,
+    ) -> None:
+        self.database = database
+        self.log = ThreadLog(database)
+        self.goals = GoalStore(database)
+        self.llm = llm
+        self.embedder = embedder
+        self.timeout = config.extraction_timeout
+        self.events = events
+        self.clock = clock
+        self.evictor = Evictor(
+            database, llm=llm, events=events, clock=clock, timeout=self.timeout
+        )
+        self._thread_locks = KeyedLocks()
+        self._evict_locks = KeyedLocks()
+
+    def manager(
+        self,
+        *,
+        retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        compression: Compression | Sequence[Compression] | None = None,
+        ttl: float | timedelta | None = None,
+        auto_evict_budget: int | None = None,
+        eviction_fraction: float = 0.33,
+        clock: Clock | None = None,
+    ) -> ConversationManager:
+        """A `ConversationManager` with these policies (see its docstring).
+
+        Raises:
+            InvalidInputError: a policy of the wrong type, a ttl that is not a positive
+                number of seconds, or a bad auto-eviction budget or fraction.
+        """
+        if not isinstance(retrieval, Recent | Semantic):
+            raise InvalidInputError(
+                f"retrieval must be mnemo.Recent or mnemo.Semantic, got {retrieval!r}"
+            )
+        if auto_evict_budget is not None:
+            check_count("auto_evict_budget", auto_evict_budget, minimum=1)
+        check_fraction(eviction_fraction)
+        return ConversationManager(
+            self,
+            retrieval=retrieval,
+            compression=_compressions(compression),
+            ttl=_ttl(ttl),
+            auto_evict_budget=auto_evict_budget,
+            eviction_fraction=eviction_fraction,
+            clock=clock or self.clock,
+        )
+
+    @asynccontextmanager
+    async def thread_lock(self, thread_id: str) -> AsyncIterator[None]:
+        """Held while a call reads then writes the thread's log."""
+        async with self._thread_locks.hold(thread_id):
+            yield
+
+    # ---- embeddings ---------------------------------------------------------------------
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The embeddings of `texts`, shape (len(texts), dim), float32.
+
+        Raises:
+            EmbeddingError: the embedder failed, timed out or gave the wrong shape.
+        """
+        if not texts:
+            return np.zeros((0, self.embedder.dim), dtype=np.float32)
+        try:
+            with anyio.fail_after(self.timeout):
+                raw = await self.embedder.embed(list(texts))
+        except TimeoutError as exc:
+            raise EmbeddingError(f"the embedder timed out after {self.timeout:g} s") from exc
+        except EmbeddingError:
+            raise
+        except Exception as exc:
+            raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
+        vectors = np.asarray(raw, dtype=np.float32)
+        if vectors.shape != (len(texts), self.embedder.dim):
+            raise EmbeddingError(
+                f"the embedder returned shape {vectors.shape} for {len(texts)} texts of "
+                f"dimension {self.embedder.dim}"
+            )
+        return vectors
+
+    async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
+        """The stored vectors of `messages` (one thread's), embedding and storing the ones
+        missing or of another dimension first: each message is embedded once.
+
+        Raises:
+            EmbeddingError: embedding the missing ones failed.
+        """
+        dim = self.embedder.dim
+        if not messages:
+            return np.zeros((0, dim), dtype=np.float32)
+        blobs = await self.log.vectors(messages[0].thread_id)
+        missing = [m for m in messages if len(blobs.get(m.id, b"")) != dim * 4]
+        if missing:
+            fresh = await self.embed(
+                [search_text(m.content, m.data.get("tool_calls")) for m in missing]
+            )
+            rows = [(m.id, fresh[i].tobytes()) for i, m in enumerate(missing)]
+            await self.log.save_vectors(messages[0].thread_id, rows)
+            blobs.update(rows)
+        return np.frombuffer(b"".join(blobs[m.id] for m in messages), dtype=np.float32).reshape(
+            len(messages), dim
+        )
+
+    # ---- viewport, eviction, goals ------------------------------------------------------
+
+    async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
+        """See `Memory.viewport`."""
+        check_thread_id(thread_id)
+        check_count("token_budget", token_budget, minimum=1)
+        return await self.database.run(lambda db: read_viewport(db, thread_id, token_budget))
+
+    async def evict(
+        self, thread_id: str, token_budget: int, eviction_fraction: float
+    ) -> EvictionResult:
+        """See `Memory.evict`."""
+        check_thread_id(thread_id)
+        check_count("token_budget", token_budget, minimum=1)
+        check_fraction(eviction_fraction)
+        async with self._evict_locks.hold(thread_id):
+            return await self.evictor.evict(thread_id, token_budget, eviction_fraction)
+
+    async def auto_evict(
+        self, thread_id: str, token_budget: int, eviction_fraction: float
+    ) -> EvictionResult | None:
+        """Evicts when the tokens past the boundary exceed the budget, unless an eviction of
+        the thread is already under way (then it skips: that one moves the boundary)."""
+        if self._evict_locks.busy(thread_id):
+            return None
+        async with self._evict_locks.hold(thread_id):
+            if await self.evictor.tokens_past_boundary(thread_id) <= token_budget:
+                return None
+            return await self.evictor.evict(thread_id, token_budget, eviction_fraction)
+
+    async def add_goal(self, thread_id: str, description: str) -> str:
+        """See `Memory.add_goal`."""
+        check_thread_id(thread_id)
+        if not isinstance(description, str) or not description.strip():
+            raise InvalidInputError(f"description must be a non-blank string, got {description!r}")
+        return await self.goals.add(thread_id, description.strip(), self.clock())
+
+    async def complete_goal(self, goal_id: str) -> None:
+        """See `Memory.complete_goal`."""
+        if not isinstance(goal_id, str) or not goal_id.strip():
+            raise InvalidInputError(f"goal_id must be a non-blank string, got {goal_id!r}")
+        await self.goals.complete(goal_id, self.clock())
+
+    # ---- search -------------------------------------------------------------------------
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        thread_id: str | None,
+        limit: int,
+        exclude_viewport_of: str | None,
+    ) -> list[SearchHit]:
+        """See `Memory.search_messages`."""
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
+        if thread_id is not None:
+            check_thread_id(thread_id)
+        if exclude_viewport_of is not None:
+            check_thread_id(exclude_viewport_of)
+        match = match_expression(query)
+        if not match:
+            return []
+        now = self.clock()
+        return await self.database.run(
+            lambda db: search(
+                db, match, limit=limit, now=now, thread_id=thread_id,
+                exclude_viewport_of=exclude_viewport_of,
+            )
+        )
+
+    async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
+        """See `Memory.view_messages`."""
+        if not isinstance(message_id, str) or not message_id.strip():
+            raise InvalidInputError(f"message_id must be a non-blank string, got {message_id!r}")
+        check_count("radius", radius, minimum=0, maximum=MAX_RADIUS)
+        return await self.database.run(lambda db: view(db, message_id, radius))
+
+    # ---- erasure ------------------------------------------------------------------------
+
+    async def clear(self, thread_id: str) -> None:
+        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+            await self.log.clear(thread_id)
+
+    async def purge(self, thread_id: str) -> int:
+        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+            gone = await self.log.purge(thread_id)
+        await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
+        return gone
+
+
+def check_fraction(value: object) -> float:
+    """An eviction fraction in (0, 1].
+
+    Raises:
+        InvalidInputError: anything else.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise InvalidInputError(f"eviction_fraction must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _compressions(
+    compression: Compression | Sequence[Compression] | None,
+) -> tuple[Compression, ...]:
+    items: tuple[object, ...]
+    if compression is None:
+        items = ()
+    elif isinstance(compression, Summary | ToolOutputPruner):
+        items = (compression,)
+    elif isinstance(compression, list | tuple):
+        items = tuple(compression)
+    else:
+        items = (compression,)
+    for item in items:
+        if not isinstance(item, Summary | ToolOutputPruner):
+            raise InvalidInputError(
+                f"compression must be mnemo.Summary or mnemo.ToolOutputPruner (or a list of "
+                f"them), got {item!r}"
+            )
+    return tuple(i for i in items if isinstance(i, Summary | ToolOutputPruner))
+
+
+def _ttl(ttl: float | timedelta | None) -> float | None:
+    if ttl is None:
+        return None
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
+        0 < seconds < float("inf")
+    ):
+        raise InvalidInputError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    return float(seconds)

@@ -1,0 +1,77 @@
+"""Helpers for the conversation tests: a settable clock, an offline LLM with failure controls,
+and message builders."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import mnemo
+from mnemo.adapters.offline import OfflineLLM
+
+
+class ManualClock:
+    """A clock the test moves by hand (`advance`), for TTLs and recency."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2025, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+class OfflineFake:
+    """The offline LLM, recording calls, with tasks that can be made to fail or answer junk."""
+
+    def __init__(self) -> None:
+        self._offline = OfflineLLM()
+        self.calls: list[mnemo.LLMRequest] = []
+        self.fail_tasks: set[str] = set()
+        self.garbage_tasks: set[str] = set()
+
+    def tasks(self) -> list[str]:
+        return [request.task for request in self.calls]
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        self.calls.append(request)
+        if request.task in self.fail_tasks:
+            raise RuntimeError(f"{request.task} boom")
+        if request.task in self.garbage_tasks:
+            return mnemo.LLMResponse(text="", data={"nonsense": True})
+        return await self._offline.generate(request)
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **extra}
+
+
+def tool_call(call_id: str, name: str = "run", arguments: str = "{}") -> dict[str, Any]:
+    """An assistant message making one OpenAI-style tool call."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        ],
+    }
+
+
+def tool_result(call_id: str, output: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def chat(turns: int, *, words: int = 8) -> list[dict[str, Any]]:
+    """`turns` user/assistant exchanges of about `words` words each, distinct per turn."""
+    out: list[dict[str, Any]] = []
+    filler = " ".join(f"word{i}" for i in range(words))
+    for i in range(turns):
+        out.append(user(f"Question {i} about topic{i}: {filler}"))
+        out.append(assistant(f"Answer {i} about topic{i}: {filler}"))
+    return out

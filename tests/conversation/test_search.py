@@ -1,0 +1,180 @@
+"""Keyword search over messages and drill-down: safe queries, ranking, filters, views."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio.from_thread
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mnemo
+from mnemo.conversation.search import match_expression, recency_weight
+from mnemo.graph.model import now_utc
+from tests.conversation._support import (
+    ManualClock,
+    OfflineFake,
+    assistant,
+    tool_call,
+    tool_result,
+    user,
+)
+from tests.fakes import FakeEmbedder
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("nginx proxy", '"nginx" OR "proxy"'),
+        ("nginx AND proxy", '"nginx" AND "proxy"'),
+        ("nginx AND NOT apache", '"nginx" NOT "apache"'),
+        ("AND nginx OR", '"nginx"'),
+        ("AND OR NOT", ""),
+        ('say "hi" NEAR(a b) col:x^*', '"say" OR "hi" OR "NEAR" OR "a" OR "b" OR "col" OR "x"'),
+        ("and or not", '"and" OR "or" OR "not"'),
+        ("", ""),
+    ],
+)
+def test_match_expression(query: str, expected: str) -> None:
+    """Words are quoted, capitalised AND/OR/NOT kept between words, the rest OR-combined."""
+    assert match_expression(query) == expected
+
+
+def test_recency_weight() -> None:
+    """Recency halves a score at most: 1 now, 0.75 after 30 days, towards 0.5 later."""
+    assert recency_weight(0) == 1.0
+    assert recency_weight(-5) == 1.0
+    assert recency_weight(30 * 86_400) == pytest.approx(0.75)
+    assert 0.5 <= recency_weight(3650 * 86_400) < 0.5001
+
+
+async def test_search_stems_and_snippets(cmem: mnemo.Memory) -> None:
+    """Porter stemming matches word forms; hits carry ids, seqs and ~300-char snippets."""
+    conv = cmem.conversation()
+    long_tail = " ".join(["filler"] * 200)
+    await conv.save("t", [user("How do I configure the reverse proxy?"),
+                          assistant(f"Configuring proxies: {long_tail} the upstream block.")])
+    hits = await cmem.search_messages("configured proxies")
+    assert {(h.thread_id, h.seq) for h in hits} == {("t", 0), ("t", 1)}
+    assert all(h.rank > 0 for h in hits)
+    assert all(len(h.snippet) <= 300 for h in hits)
+    raw = await conv.raw("t")
+    assert {h.message_id for h in hits} == {m.id for m in raw}
+
+
+async def test_search_filters_by_thread(cmem: mnemo.Memory) -> None:
+    """thread_id restricts the search to that thread; limit bounds the hits."""
+    conv = cmem.conversation()
+    for thread in ("a", "b", "c"):
+        await conv.save(thread, [user(f"kubernetes pods in cluster {thread}")] * 1)
+    assert {h.thread_id for h in await cmem.search_messages("kubernetes")} == {"a", "b", "c"}
+    assert [h.thread_id for h in await cmem.search_messages("kubernetes", thread_id="b")] == ["b"]
+    assert len(await cmem.search_messages("kubernetes", limit=2)) == 2
+
+
+async def test_search_operators(cmem: mnemo.Memory) -> None:
+    """AND and NOT narrow the match; a query of only operators finds nothing."""
+    conv = cmem.conversation()
+    await conv.save("t", [user("nginx and apache both run"), user("nginx alone"),
+                          user("apache alone")])
+    assert {h.seq for h in await cmem.search_messages("nginx OR apache")} == {0, 1, 2}
+    assert {h.seq for h in await cmem.search_messages("nginx AND apache")} == {0}
+    assert {h.seq for h in await cmem.search_messages("nginx NOT apache")} == {1}
+    assert await cmem.search_messages("AND OR NOT") == []
+    assert await cmem.search_messages("*** ((( )))") == []
+
+
+@pytest.mark.parametrize("query", ["", "   ", None, 3])
+async def test_blank_query_refused(cmem: mnemo.Memory, query: object) -> None:
+    """A blank or non-string query is InvalidInputError."""
+    with pytest.raises(mnemo.InvalidInputError):
+        await cmem.search_messages(query)  # type: ignore[arg-type]
+
+
+async def test_search_prefers_recent_on_a_tie(cmem: mnemo.Memory) -> None:
+    """Of two equally relevant messages the newer ranks first."""
+    clock = ManualClock(now_utc() - timedelta(days=90))
+    conv = cmem.conversation(clock=clock)
+    await conv.save("old", [user("the invoice total was wrong")])
+    clock.advance(days=89)
+    await conv.save("new", [user("the invoice total was wrong")])
+    hits = await cmem.search_messages("invoice total")
+    assert [h.thread_id for h in hits] == ["new", "old"]
+    assert hits[0].rank > hits[1].rank
+
+
+async def test_exclude_viewport_of(cmem: mnemo.Memory) -> None:
+    """exclude_viewport_of leaves out what that thread's viewport shows, not what it evicted
+    or what other threads hold."""
+    conv = cmem.conversation()
+    history = [user(f"database migration step {i} for the billing service") for i in range(12)]
+    await conv.save("t", history)
+    await conv.save("other", [user("database migration elsewhere")])
+    await cmem.evict("t", token_budget=10_000, eviction_fraction=0.5)
+    boundary = (await cmem.viewport("t", token_budget=10_000)).boundary_seq
+    hits = await cmem.search_messages("database migration", limit=20, exclude_viewport_of="t")
+    assert {(h.thread_id, h.seq) for h in hits} == {("other", 0)} | {
+        ("t", s) for s in range(boundary)
+    }
+
+
+def test_hostile_queries_are_safe() -> None:
+    """Any text is a safe query: no error, only hits (or none)."""
+    with anyio.from_thread.start_blocking_portal() as portal, portal.wrap_async_context_manager(
+        mnemo.Memory(":memory:", llm=OfflineFake(), embedder=FakeEmbedder())
+    ) as mem:
+        conv = mem.conversation()
+        portal.call(conv.save, "t", [user('quote " star * caret ^ colon : NEAR(x y) AND OR')])
+
+        @settings(max_examples=150, deadline=None)
+        @given(
+            st.text(min_size=1, max_size=60).filter(str.strip)
+            | st.lists(
+                st.sampled_from(['"', "*", "^", ":", "(", ")", "AND", "OR", "NOT", "NEAR",
+                                 "quote", "-", "+", "{", "}", "col:", "'", "\\", "\x00", "é"]),
+                min_size=1, max_size=8,
+            ).map(" ".join)
+        )
+        def check(query: str) -> None:
+            hits = portal.call(lambda: mem.search_messages(query, limit=3))
+            assert all(isinstance(h, mnemo.SearchHit) for h in hits)
+
+        check()
+
+
+async def test_view_messages(cmem: mnemo.Memory) -> None:
+    """view_messages shows `radius` messages each side, tool outputs as ok/error, and the
+    nearest snapshots before and after."""
+    conv = cmem.conversation()
+    history = [user(f"plain message {i} about the roadmap") for i in range(30)]
+    history[12] = tool_call("c1", "build")
+    history[13] = tool_result("c1", "Traceback (most recent call last): build failed")
+    history[14] = tool_call("c2", "test")
+    history[15] = tool_result("c2", "all 12 tests passed, no errors")
+    stored = await conv.save("t", history)
+    for _ in range(4):
+        await cmem.evict("t", token_budget=2000, eviction_fraction=0.2)
+    target = stored[14]
+    view = await cmem.view_messages(target.id, radius=2)
+    assert view.target == target
+    assert [m.seq for m in view.messages] == [12, 13, 14, 15, 16]
+    assert [m.content for m in view.messages[1:4:2]] == ["error", "ok"]
+    assert all(s.start_seq <= 14 for s in view.snapshots_before)
+    assert all(s.start_seq > 14 for s in view.snapshots_after)
+    assert len(view.snapshots_before) <= 3
+    assert len(view.snapshots_after) <= 3
+    assert view.snapshots_before or view.snapshots_after
+    text = view.render()
+    assert f"> message 14 [{target.id}]" in text
+
+
+async def test_view_messages_refuses(cmem: mnemo.Memory) -> None:
+    """Unknown ids are NotFoundError, bad radii InvalidInputError."""
+    with pytest.raises(mnemo.NotFoundError):
+        await cmem.view_messages("msg_nope")
+    stored = await cmem.conversation().save("t", [user("x")])
+    for radius in (-1, 101, True):
+        with pytest.raises(mnemo.InvalidInputError):
+            await cmem.view_messages(stored[0].id, radius=radius)
+    assert (await cmem.view_messages(stored[0].id, radius=0)).messages == stored

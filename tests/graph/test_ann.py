@@ -1,0 +1,295 @@
+"""The optional HNSW index: recall against exact search, consistency with adds and deletes,
+type filters, fallbacks, rebuilds, and exact search when faiss is absent."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from mnemo.graph import ann
+from mnemo.graph.ann import HnswAccelerator, HnswParams
+from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
+from mnemo.graph.store import SqliteGraph
+from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.db import Database
+from tests.graph._support import policy
+
+DIM = 32
+THRESHOLD = 500
+needs_faiss = pytest.mark.skipif(
+    ann.load_faiss() is None, reason="faiss-cpu is not installed (pip install 'mnemo[faiss]')"
+)
+
+
+def clustered(n: int, seed: int = 0, centres: int = 25) -> Vector:
+    """Unit vectors around a few random centres, like embeddings of a few topics."""
+    rng = np.random.default_rng(seed)
+    middle = rng.normal(size=(centres, DIM))
+    points = middle[rng.integers(0, centres, n)] + 0.6 * rng.normal(size=(n, DIM))
+    unit: Vector = (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
+    return unit
+
+
+def kinds(n: int) -> list[NodeType]:
+    """Mostly episodic, a few semantic, one procedural in fifty."""
+    return [
+        NodeType.PROCEDURAL if i % 50 == 0 else NodeType.SEMANTIC if i % 5 == 0
+        else NodeType.EPISODIC
+        for i in range(n)
+    ]
+
+
+def exact(index: VectorIndex, query: Vector, k: int, only: list[NodeType] | None = None) -> Any:
+    """The exact answer, with the accelerator out of the way."""
+    accelerator, index.accelerator = index.accelerator, None
+    try:
+        return index.search(query, k, only)
+    finally:
+        index.accelerator = accelerator
+
+
+def build() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+    vectors = clustered(2000)
+    index = VectorIndex(DIM)
+    index.add([f"n{i}" for i in range(2000)], kinds(2000), vectors)
+    accelerator = ann.attach(index, threshold=THRESHOLD)
+    assert accelerator is not None
+    assert accelerator.wait(30)
+    yield index, accelerator
+    accelerator.close(10)
+
+
+@pytest.fixture
+def accelerated() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+    """An index of 2,000 clustered rows with a built HNSW accelerator, for one test."""
+    yield from build()
+
+
+@pytest.fixture(scope="module")
+def built() -> Iterator[tuple[VectorIndex, HnswAccelerator]]:
+    """The same, shared by the tests that only search."""
+    yield from build()
+
+
+def recall_at(index: VectorIndex, queries: Vector, k: int, only: list[NodeType] | None) -> float:
+    hits = total = 0
+    for q in queries:
+        truth = {node_id for node_id, _ in exact(index, q, k, only)}
+        found = {node_id for node_id, _ in index.search(q, k, only)}
+        hits += len(truth & found)
+        total += len(truth)
+    return hits / total
+
+
+@needs_faiss
+def test_recall_at_10_against_exact(built: tuple[VectorIndex, HnswAccelerator]) -> None:
+    """Past the threshold the HNSW answers, and its top 10 matches the exact top 10 >= 90 %."""
+    index, accelerator = built
+    assert accelerator.ready
+    queries = clustered(100, seed=7)
+    assert recall_at(index, queries, 10, None) >= 0.9
+    assert recall_at(index, queries, 10, [NodeType.SEMANTIC]) >= 0.9
+    assert recall_at(index, queries, 10, [NodeType.PROCEDURAL, NodeType.SEMANTIC]) >= 0.9
+
+
+@needs_faiss
+def test_scores_are_exact_and_types_respected(
+    built: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """Scores are the exact cosines of the stored rows, and only the wanted types come back."""
+    index, _ = built
+    q = clustered(1, seed=3)[0]
+    found = index.search(q, 10, [NodeType.PROCEDURAL])
+    assert len(found) == 10
+    truth = dict(exact(index, q, 40, [NodeType.PROCEDURAL]))
+    for node_id, score in found:
+        assert int(node_id[1:]) % 50 == 0
+        assert score == pytest.approx(float(index.get(node_id) @ q), abs=1e-5)
+        assert node_id in truth
+
+
+@needs_faiss
+def test_adds_are_found_at_once_and_after_insertion(
+    accelerated: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """A row added after the build is found while pending and once inserted in the graph."""
+    index, accelerator = accelerated
+    fresh = clustered(50, seed=11)
+    ids = [f"new{i}" for i in range(50)]
+    index.add(ids, [NodeType.SEMANTIC] * 50, fresh)
+    for node_id, vector in zip(ids, fresh, strict=True):
+        assert index.search(vector, 1, [NodeType.SEMANTIC])[0][0] == node_id
+    assert accelerator.wait(30)
+    assert accelerator.stats()["pending"] == 0
+    for node_id, vector in zip(ids, fresh, strict=True):
+        assert index.search(vector, 1)[0][0] == node_id
+
+
+@needs_faiss
+def test_replaced_vector_is_found_by_its_new_value(
+    accelerated: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """Re-adding an id with a new vector kills its old label; searches see the new vector."""
+    index, accelerator = accelerated
+    target = clustered(1, seed=99)[0]
+    index.add(["n1"], [NodeType.EPISODIC], target[None, :])
+    assert index.search(target, 1)[0] == ("n1", pytest.approx(1.0, abs=1e-5))
+    assert accelerator.wait(30)
+    assert index.search(target, 1)[0][0] == "n1"
+    assert accelerator.stats()["dead"] == 1
+
+
+@needs_faiss
+def test_deleted_rows_never_come_back_and_many_trigger_a_rebuild(
+    accelerated: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """Removed rows are never returned; past a quarter dead, the graphs are rebuilt smaller."""
+    index, accelerator = accelerated
+    queries = clustered(30, seed=5)
+    gone = {node_id for q in queries for node_id, _ in index.search(q, 10)}
+    index.remove(gone)
+    for q in queries:
+        assert not {node_id for node_id, _ in index.search(q, 10)} & gone
+    assert accelerator.stats()["dead"] == len(gone)
+    index.remove([f"n{i}" for i in range(0, 1400)])
+    assert accelerator.wait(30)
+    stats = accelerator.stats()
+    assert stats["dead"] == 0
+    assert stats["labels"] == len(index)
+    assert recall_at(index, queries, 10, None) >= 0.9
+
+
+@needs_faiss
+def test_too_few_results_of_a_type_fall_back_to_exact(
+    built: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """A type with fewer graph hits than asked is answered by the exact scan, so nothing is
+    missed; a search past the threshold with nothing to find is empty."""
+    index, _ = built
+    q = clustered(1, seed=4)[0]
+    assert index.search(q, 100, [NodeType.PROCEDURAL]) == exact(
+        index, q, 100, [NodeType.PROCEDURAL]
+    )
+    assert index.search(q, 5, [NodeType.TAG]) == []
+
+
+@needs_faiss
+def test_below_the_threshold_and_before_the_build_search_is_exact() -> None:
+    """No graph below the threshold; crossing it starts a build, exact until it is ready."""
+    vectors = clustered(THRESHOLD + 100)
+    index = VectorIndex(DIM)
+    accelerator = ann.attach(index, threshold=THRESHOLD)
+    assert accelerator is not None
+    index.add([f"n{i}" for i in range(THRESHOLD)], kinds(THRESHOLD), vectors[:THRESHOLD])
+    assert not accelerator.ready
+    assert accelerator.wait(0)  # nothing started
+    index.add(
+        [f"m{i}" for i in range(100)], [NodeType.EPISODIC] * 100, vectors[THRESHOLD:]
+    )
+    assert accelerator.wait(30)
+    assert accelerator.ready
+    assert accelerator.stats()["labels"] == THRESHOLD + 100
+    accelerator.close(10)
+
+
+def test_without_faiss_every_search_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With faiss not installed nothing is attached and searches are exact."""
+    monkeypatch.setattr(ann, "load_faiss", lambda: None)
+    index = VectorIndex(DIM)
+    vectors = clustered(600)
+    index.add([f"n{i}" for i in range(600)], kinds(600), vectors)
+    assert ann.attach(index, threshold=10) is None
+    assert index.accelerator is None
+    assert index.search(vectors[0], 1)[0][0] == "n0"
+
+
+def test_a_failing_build_leaves_searches_exact(caplog: pytest.LogCaptureFixture) -> None:
+    """A build that raises is logged and turns the accelerator off; searches stay exact."""
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("no memory for the graph")
+
+    fake = types.SimpleNamespace(IndexHNSWFlat=broken, METRIC_INNER_PRODUCT=0)
+    index = VectorIndex(DIM)
+    vectors = clustered(600)
+    index.add([f"n{i}" for i in range(600)], kinds(600), vectors)
+    accelerator = HnswAccelerator(index, fake, threshold=100)
+    index.accelerator = accelerator
+    accelerator.start_if_due()
+    assert accelerator.wait(10)
+    assert isinstance(accelerator.failure, RuntimeError)
+    assert "HNSW index failed" in caplog.text
+    assert index.search(vectors[3], 1)[0][0] == "n3"
+
+
+def changeset(name: str, vectors: Vector, start: int) -> Changeset:
+    return Changeset(
+        name,
+        "r",
+        [
+            NodeDraft(f"v{start + i}", NodeType.EPISODIC, f"step {start + i}", {}, vector)
+            for i, vector in enumerate(vectors)
+        ],
+    )
+
+
+@needs_faiss
+async def test_store_uses_it_and_rebuilds_it_on_open(tmp_path: Path) -> None:
+    """Through SqliteGraph: commits and deletes stay consistent, and a store opened again on the
+    file rebuilds the graph from the SQLite rows alone."""
+    path = tmp_path / "ann.db"
+    vectors = clustered(900, seed=2)
+    database = Database(path)
+    await database.open()
+    graph = SqliteGraph(database, lambda repo: DIM, ann_threshold=THRESHOLD)
+    try:
+        await graph.apply(changeset("a", vectors[:600], 0), intents=policy())
+        assert await graph.search_vectors("r", vectors[0], 1) == [
+            ("v0", pytest.approx(1.0, abs=1e-5))
+        ]
+        with anyio.fail_after(30):
+            await graph.settle("r")
+        await graph.apply(changeset("b", vectors[600:], 600), intents=policy())
+        assert (await graph.search_vectors("r", vectors[700], 1))[0][0] == "v700"
+        await graph.delete_nodes("r", ["v700", "v1"])
+        assert "v700" not in {n for n, _ in await graph.search_vectors("r", vectors[700], 20)}
+        with anyio.fail_after(30):
+            await graph.settle("r")
+        index = await graph.vector_index("r")
+        assert isinstance(index.accelerator, HnswAccelerator)
+        assert index.accelerator.ready
+    finally:
+        await graph.aclose()
+        await database.close()
+
+    database = Database(path)
+    await database.open()
+    reopened = SqliteGraph(database, lambda repo: DIM, ann_threshold=THRESHOLD)
+    try:
+        assert (await reopened.search_vectors("r", vectors[5], 1))[0][0] == "v5"
+        with anyio.fail_after(30):
+            await reopened.settle("r")
+        index = await reopened.vector_index("r")
+        assert isinstance(index.accelerator, HnswAccelerator)
+        assert index.accelerator.stats()["labels"] == 898
+        assert (await reopened.search_vectors("r", vectors[800], 1))[0][0] == "v800"
+        assert "v1" not in {n for n, _ in await reopened.search_vectors("r", vectors[1], 20)}
+    finally:
+        await reopened.aclose()
+        await database.close()
+
+
+@needs_faiss
+def test_params_are_the_measured_ones(built: tuple[VectorIndex, HnswAccelerator]) -> None:
+    """The graphs use M = 32, efConstruction = 200, efSearch = 256 (EMBEDDINGS.md §2)."""
+    _, accelerator = built
+    assert accelerator.params == HnswParams()
+    graph = next(iter(accelerator._graphs.values())).index
+    assert (graph.hnsw.efConstruction, graph.hnsw.efSearch) == (200, 256)
+    assert graph.hnsw.nb_neighbors(1) == 32

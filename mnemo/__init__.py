@@ -7,6 +7,7 @@ recall finds what was committed. Import everything from here: other module paths
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.hashing import HashEmbedder
+from mnemo.adapters.minilm import MiniLMEmbedder, default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.config import Config
@@ -75,6 +76,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "MemoryUpdate",
     "Message",
     "MessageView",
+    "MiniLMEmbedder",
     "MnemoError",
     "Node",
     "NodeType",
@@ -101,4 +103,5 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "Trajectory",
     "Usage",
     "Viewport",
+    "default_embedder",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from mnemo.adapters.hashing import HashEmbedder
+from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.config import Config
 from mnemo.conversation.manager import ConversationManager
@@ -80,8 +80,8 @@ class Memory:
         self._database = Database(path, synchronous=synchronous)
         self._offline = OfflineLLM()
         self._llm: LLM = llm if llm is not None else self._offline
-        default_embedder: Embedder = HashEmbedder() if embedder is None else embedder
-        self._embedder = default_embedder
+        chosen: Embedder = default_embedder() if embedder is None else embedder
+        self._embedder = chosen
         self._config = config or Config()
         self._events = Events(on_event)
         self._sessions_store = SqliteSessions(self._database)
@@ -91,7 +91,7 @@ class Memory:
         self._usage = UsageBook()
         # Every adapter this Memory was given, closed with it (each owns an HTTP client).
         self._adapters: dict[int, object] = {}
-        self._adopt(self._llm, self._embedder)
+        self._adopt(llm, embedder)  # the caller's; the defaults need no closing
         self._graph = SqliteGraph(self._database, self._dim)
         self._service = SessionService(
             store=self._sessions_store,

@@ -68,6 +68,9 @@ _OUTPUT = "last_hidden_state"
 # each embedder's load hash the 23 MB model once per process.
 _digests: dict[tuple[str, int, int], str] = {}
 _warned = False
+# Loaded models, shared by every MiniLMEmbedder of the process (see `load_sync`).
+_SHARED: dict[tuple[str, str, int], tuple[Tokenizer, Any]] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class MiniLMEmbedder:
@@ -139,30 +142,43 @@ class MiniLMEmbedder:
             await anyio.to_thread.run_sync(self.load_sync, limiter=self._slot)
 
     def load_sync(self) -> None:
-        """`load` without the event loop, for callers already in a worker thread."""
+        """`load` without the event loop, for callers already in a worker thread.
+
+        The model is loaded once per process (and per file and thread count): every `Memory`
+        that embeds with the default gets its own `MiniLMEmbedder`, and 160 MB each would add
+        up. onnxruntime sessions and tokenizers are safe to share between threads.
+        """
         with self._load_lock:
             if self._session is not None:
                 return
             model = self._model_path if self._model_path is not None else bundled_model_path()
-            verify_sha256(model, self._model_sha256)
-            verify_sha256(TOKENIZER_PATH, TOKENIZER_SHA256)
-            ort, tokenizers = _import_runtime()
-            try:
-                tokenizer = tokenizers.Tokenizer.from_file(str(TOKENIZER_PATH))
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = self.threads
-                options.inter_op_num_threads = 1
-                options.log_severity_level = 3  # errors reach the caller as exceptions
-                session = ort.InferenceSession(
-                    str(model), options, providers=["CPUExecutionProvider"]
-                )
-            except Exception as exc:
-                raise EmbeddingError(f"could not load {model}: {exc!r}") from exc
-            _check_pair(model, session, tokenizer)
-            tokenizer.enable_truncation(max_length=MAX_TOKENS)
-            tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-            self._tokenizer = tokenizer
-            self._session = session
+            key = (str(model), self._model_sha256, self.threads)
+            with _SHARED_LOCK:
+                shared = _SHARED.get(key)
+                if shared is None:
+                    shared = self._load_files(model)
+                    _SHARED[key] = shared
+            self._tokenizer, self._session = shared
+
+    def _load_files(self, model: Path) -> tuple[Tokenizer, Any]:
+        verify_sha256(model, self._model_sha256)
+        verify_sha256(TOKENIZER_PATH, TOKENIZER_SHA256)
+        ort, tokenizers = _import_runtime()
+        try:
+            tokenizer = tokenizers.Tokenizer.from_file(str(TOKENIZER_PATH))
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = self.threads
+            options.inter_op_num_threads = 1
+            options.log_severity_level = 3  # errors reach the caller as exceptions
+            session = ort.InferenceSession(
+                str(model), options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise EmbeddingError(f"could not load {model}: {exc!r}") from exc
+        _check_pair(model, session, tokenizer)
+        tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        return tokenizer, session
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """The embeddings of `texts`, one unit-norm float32 row each; loads the model first.

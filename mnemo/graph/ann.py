@@ -155,6 +155,8 @@ class HnswAccelerator:
         if not self._started:
             self.start_if_due()
             return
+        if self._stop or self.failure is not None:
+            return  # never searched again: nothing to keep up to date
         with self._lock:
             for node_id in ids:
                 self._seq += 1
@@ -165,7 +167,7 @@ class HnswAccelerator:
 
     def removed(self, ids: Collection[str]) -> None:
         """Marks the rows' labels dead; schedules a rebuild when too many are."""
-        if not self._started:
+        if not self._started or self._stop or self.failure is not None:
             return
         with self._lock:
             for node_id in ids:

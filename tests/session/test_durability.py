@@ -48,6 +48,10 @@ async def test_killed_while_collecting_keeps_every_step(tmp_path: Path) -> None:
         episodic = await mem.get_nodes_by_type("r", [mnemo.NodeType.EPISODIC])
         assert sorted(n.data["index"] for n in episodic) == [0, 1, 2, 3]
         assert {n.id for n in episodic} <= set(receipt.node_ids)
+        # The deferred rewards the child's appends scored were durable too.
+        assert [n.data["reward"] for n in sorted(episodic, key=lambda n: n.data["index"])] == [
+            0.7, 0.7, 0.7, 0.7
+        ]
 
 
 async def test_killed_while_extracting_extracts_again(tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.recall.engine import Recalled, RecallResult
 from mnemo.session.machine import State
 from mnemo.session.queue import OpResult
-from mnemo.session.service import SessionContext
+from mnemo.session.service import SessionContext, SessionInfo
 
 __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "AdapterError",
@@ -93,6 +93,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "Semantic",
     "SessionContext",
     "SessionError",
+    "SessionInfo",
     "Snapshot",
     "State",
     "Step",

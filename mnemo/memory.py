@@ -46,7 +46,7 @@ from mnemo.recall.engine import Recaller, RecallResult
 from mnemo.session.host import TaskHost
 from mnemo.session.machine import State
 from mnemo.session.queue import Callback
-from mnemo.session.service import Runtime, SessionContext, SessionService
+from mnemo.session.service import Runtime, SessionContext, SessionInfo, SessionService
 from mnemo.session.store import RepoRow, SqliteSessions
 from mnemo.storage.db import Database
 from mnemo.usage import UsageBook
@@ -380,6 +380,11 @@ class Memory:
     async def end_session(self, session_id: str) -> None:
         """Stops the session; its id is then unknown."""
         await self._service.end_session(session_id)
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every live session (not ended, restored ones included), oldest first: id, repo,
+        state, the open episode's goal and its number of steps."""
+        return self._service.list_sessions()
 
     # ---- the graph ------------------------------------------------------------------------
 

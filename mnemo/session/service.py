@@ -66,6 +66,18 @@ class SessionContext:
     recent_steps: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A live session as `Memory.list_sessions` reports it: `goal` is the open episode's (None
+    when idle) and `steps` counts that episode's steps."""
+
+    id: str
+    repo: str
+    state: State
+    goal: str | None
+    steps: int
+
+
 @dataclass(slots=True)
 class Runtime:
     """The llm, embedder and config a repo (or one session) works with."""
@@ -260,6 +272,20 @@ class SessionService:
             return None
         recent = [step.line for step in session.episode.steps[-steps:]] if steps else []
         return SessionContext(session.episode.goal, recent)
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Every live session, oldest first. Reads only: unlike `_get`, it never resumes a
+        restored session's extraction, so looking does not start work."""
+        return [
+            SessionInfo(
+                s.id,
+                s.repo,
+                s.state,
+                s.episode.goal if s.episode is not None and s.state is not S.IDLE else None,
+                len(s.episode.steps) if s.episode is not None and s.state is not S.IDLE else 0,
+            )
+            for s in self._sessions.values()
+        ]
 
     def repo_of(self, session_id: str) -> str:
         return self._get(session_id).repo

@@ -3,6 +3,8 @@ type filters, fallbacks, rebuilds, and exact search when faiss is absent."""
 
 from __future__ import annotations
 
+import threading
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,3 +295,52 @@ def test_params_are_the_measured_ones(built: tuple[VectorIndex, HnswAccelerator]
     graph = next(iter(accelerator._graphs.values())).index
     assert (graph.hnsw.efConstruction, graph.hnsw.efSearch) == (200, 256)
     assert graph.hnsw.nb_neighbors(1) == 32
+
+
+@needs_faiss
+def test_searches_in_a_thread_while_rows_change(
+    accelerated: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """Searches in a worker thread stay well-formed while the owning thread adds, replaces and
+    removes rows and the builder inserts and rebuilds; afterwards every live row is found by
+    its own vector and no removed row is ever returned."""
+    index, accelerator = accelerated
+    fresh = clustered(400, seed=21)
+    queries = clustered(50, seed=22)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def search() -> None:
+        try:
+            while not stop.is_set():
+                for q in queries:
+                    found = index.search(q, 10, [NodeType.SEMANTIC, NodeType.EPISODIC])
+                    scores = [score for _, score in found]
+                    assert scores == sorted(scores, reverse=True)
+                    assert len({node_id for node_id, _ in found}) == len(found)
+        except BaseException as exc:  # reported by the test below
+            errors.append(exc)
+
+    searcher = threading.Thread(target=search)
+    searcher.start()
+    try:
+        for start in range(0, 400, 40):
+            ids = [f"new{i}" for i in range(start, start + 40)]
+            index.add(ids, [NodeType.SEMANTIC] * 40, fresh[start : start + 40])
+            index.remove([f"n{i}" for i in range(start, start + 40)])
+            index.add([f"n{1000 + start}"], [NodeType.EPISODIC], -fresh[start][None, :])
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        searcher.join(10)
+    assert not errors
+    assert accelerator.wait(30)
+    live = index.snapshot()
+    gone = {f"n{i}" for i in range(400)}
+    for row in range(0, live.size, 7):
+        node_id = live.ids[row]
+        if node_id in gone:
+            continue
+        assert index.search(live.matrix[row], 1)[0][0] == node_id
+    for q in queries:
+        assert not {node_id for node_id, _ in index.search(q, 20)} & gone

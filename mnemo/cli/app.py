@@ -1,0 +1,434 @@
+"""The `mnemo` command (typer): look inside a memory, fill it, and serve it over MCP.
+
+Every command takes `--db PATH` (default: `$MNEMO_DB`, else `memory.db`) and, where it prints
+results, `--json` for one JSON document on stdout. A problem the user can fix (a missing or
+foreign database file, an unknown repo, a malformed input file, a rejected argument) prints one
+line, `error: ...`, on stderr and exits with status 2, as usage errors do; anything else is a
+bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import anyio
+import anyio.to_thread
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from mnemo.cli import graph as graph_export
+from mnemo.cli._database import CliError, check_database
+from mnemo.cli._output import (
+    json_text,
+    print_json,
+    shorten,
+    stderr_console,
+    stdout_console,
+)
+from mnemo.cli.ingest import ingest_file, load_file
+from mnemo.cli.jsonable import hit_json, label, recall_json, session_json
+from mnemo.errors import MnemoError
+from mnemo.graph.model import NodeType
+from mnemo.memory import Memory
+
+app = typer.Typer(
+    name="mnemo",
+    help="mnemo: memory for LLM agents. Look inside a memory database, fill it, serve it.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Expected problems are reported in one line by `_run`; what escapes it is a bug, and a
+    # plain traceback is what a bug report needs.
+    pretty_exceptions_enable=False,
+)
+
+DEFAULT_DB = Path("memory.db")
+
+Db = Annotated[
+    Path,
+    typer.Option(
+        "--db",
+        envvar="MNEMO_DB",
+        help="The SQLite file of the memory (env MNEMO_DB).",
+        dir_okay=False,
+    ),
+]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
+
+
+class ExportFormat(StrEnum):
+    JSON = "json"
+    GRAPHML = "graphml"
+
+
+def _run(work: Callable[[], Awaitable[None]]) -> None:
+    """Runs a command's coroutine; a problem the user can fix exits 2 with one line."""
+    try:
+        anyio.run(work)
+    except (CliError, MnemoError, sqlite3.Error) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, sqlite3.Error):
+            message = f"database error: {message}"
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        # Nothing is half-written: every store is transactional and an ingest is idempotent,
+        # so running the command again carries on.
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+@asynccontextmanager
+async def _memory(db: Path, *, writes: bool = False) -> AsyncIterator[Memory]:
+    """The Memory at `db`, after checking the file (a read command needs it to exist)."""
+    check_database(db, must_exist=not writes)
+    async with Memory(db) as mem:
+        yield mem
+
+
+async def _check_repo(mem: Memory, repo: str) -> None:
+    repos = await mem.list_repos()
+    if repo not in repos:
+        known = ", ".join(repos) if repos else "none"
+        raise CliError(f"unknown repo {repo!r} (repos in this database: {known})")
+
+
+def _node_types(spec: str | None) -> list[NodeType] | None:
+    if spec is None:
+        return None
+    types: list[NodeType] = []
+    for part in spec.split(","):
+        name = part.strip().lower()
+        if not name:
+            continue
+        try:
+            types.append(NodeType(name))
+        except ValueError:
+            choices = ", ".join(t.value for t in NodeType)
+            raise CliError(f"unknown node type {part.strip()!r} (choose from {choices})") from None
+    if not types:
+        raise CliError("--types names no node type")
+    return types
+
+
+@app.command()
+def demo(
+    db: Annotated[
+        Path,
+        # Not MNEMO_DB: the demo deletes its database first, and must not take the user's.
+        typer.Option("--db", help="The demo's database; deleted and made anew.", dir_okay=False),
+    ] = Path("demo.db"),
+    data: Annotated[
+        Path | None,
+        typer.Option(help="A conversation JSON (default: the shipped demo conversation)."),
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """Replay a week of an assistant's work into a fresh database offline, then recall."""
+    from mnemo.cli.demo import run_demo
+
+    async def work() -> None:
+        # With --json the show goes quiet and only the summary is printed.
+        console = Console(quiet=True) if as_json else stdout_console()
+        summary = await run_demo(db, data, console=console)
+        if as_json:
+            print_json(summary)
+
+    _run(work)
+
+
+@app.command()
+def ingest(
+    file: Annotated[Path, typer.Argument(help="A conversation JSON or a LoCoMo-style file.")],
+    repo: Annotated[
+        str | None,
+        typer.Option("--repo", "-r", help="The repo to fill (default: the file's 'repo')."),
+    ] = None,
+    prefix: Annotated[
+        str | None,
+        typer.Option(help="Source id prefix for a conversation file (default: its stem)."),
+    ] = None,
+    threads: Annotated[
+        bool,
+        typer.Option(help="Also save each session as a conversation thread (for search)."),
+    ] = True,
+    db: Db = DEFAULT_DB,
+    as_json: Json = False,
+) -> None:
+    """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
+
+    async def work() -> None:
+        if not file.is_file():
+            raise CliError(f"no file at {file}")
+        parsed = load_file(file, prefix=prefix)
+        target = repo or parsed.repo
+        if not target:
+            raise CliError(f"{file} names no repo: pass --repo")
+        async with _memory(db, writes=True) as mem:
+            report = await ingest_file(
+                mem, target, parsed, threads=threads, console=stderr_console(),
+                show_progress=not as_json,
+            )
+        if as_json:
+            print_json(report.as_json())
+            return
+        table = Table(
+            title=f"Ingested into {escape(target)} ({parsed.shape})", title_justify="left"
+        )
+        for column in ("source", "new", "nodes", "steps", "messages saved"):
+            table.add_column(column, justify="left" if column == "source" else "right")
+        for s in report.sources:
+            table.add_row(
+                Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
+                str(s["steps"]), str(s["messages_saved"]),
+            )
+        summary = report.as_json()
+        console = stdout_console()
+        console.print(table)
+        console.print(
+            f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes"
+        )
+
+    _run(work)
+
+
+@app.command()
+def recall(
+    repo: Annotated[str, typer.Argument(help="The repo to search.")],
+    query: Annotated[str, typer.Argument(help="What to recall.")],
+    k: Annotated[int, typer.Option("-k", "--k", min=1, help="How many memories.")] = 10,
+    types: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated node types, e.g. semantic,episodic (default: all)."),
+    ] = None,
+    db: Db = DEFAULT_DB,
+    as_json: Json = False,
+) -> None:
+    """Recall a repo's memories for a query: score, type, phase, hop and text."""
+
+    async def work() -> None:
+        wanted = _node_types(types)
+        async with _memory(db) as mem:
+            await _check_repo(mem, repo)
+            # `open_repo` checks that this Memory's embedder makes the repo's dimension (a repo
+            # written with the hashed embedder is 512, MiniLM 384): a clear EmbeddingError
+            # instead of a shape error deep in the vector search.
+            await mem.open_repo(repo)
+            result = await mem.recall(repo, query, k=k, types=wanted)
+        if as_json:
+            print_json(recall_json(result))
+            return
+        table = Table(title=f"Recall: {escape(query)}", title_justify="left")
+        table.add_column("score", justify="right")
+        table.add_column("type")
+        table.add_column("phase")
+        table.add_column("hop", justify="right")
+        table.add_column("text", overflow="fold")
+        for m in result.memories:
+            table.add_row(
+                f"{m.score:.3f}", label(m.node.type), label(m.phase), str(m.hop),
+                Text(shorten(m.node.text, 200)),
+            )
+        if not result.memories:
+            table.add_row("", "", "", "", Text("(nothing recalled)", style="dim"))
+        stdout_console().print(table)
+
+    _run(work)
+
+
+@app.command()
+def sessions(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
+    """List every live session (not ended): id, repo, state, goal and steps."""
+
+    async def work() -> None:
+        async with _memory(db) as mem:
+            live = await mem.list_sessions()
+        if as_json:
+            print_json([session_json(s) for s in live])
+            return
+        table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
+        for column in ("id", "repo", "state", "goal", "steps"):
+            table.add_column(column, justify="right" if column == "steps" else "left")
+        for s in live:
+            table.add_row(
+                s.id, Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
+                str(s.steps),
+            )
+        if not live:
+            table.add_row("", "", "", Text("(no live sessions)", style="dim"), "")
+        stdout_console().print(table)
+
+    _run(work)
+
+
+@app.command()
+def graph(
+    repo: Annotated[str, typer.Argument(help="The repo whose graph to show.")],
+    export: Annotated[
+        ExportFormat | None,
+        typer.Option(help="Export every node and link (to stdout, or to --out)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write the export here (format from --export or the suffix).",
+                     dir_okay=False),
+    ] = None,
+    db: Db = DEFAULT_DB,
+    as_json: Json = False,
+) -> None:
+    """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
+    fmt = export
+    if fmt is None and out is not None:
+        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(
+            out.suffix.lower()
+        )
+
+    async def work() -> None:
+        if out is not None and fmt is None:
+            raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
+        async with _memory(db) as mem:
+            await _check_repo(mem, repo)
+            dumped = await graph_export.dump_graph(mem, db, repo)
+        counts = dumped.counts()
+        if fmt is not None:
+            text = (
+                graph_export.to_graphml(dumped) if fmt is ExportFormat.GRAPHML
+                else json_text(graph_export.to_json(dumped))
+            )
+            if out is None:
+                typer.echo(text, nl=False)
+                return
+            out.write_text(text, encoding="utf-8")
+            stderr_console().print(
+                f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
+                f"{escape(str(out))}"
+            )
+        if as_json:
+            print_json({"repo": repo, **counts, **({"out": str(out)} if out else {})})
+            return
+        table = Table(title=f"Graph of {escape(repo)}", title_justify="left")
+        table.add_column("kind")
+        table.add_column("type")
+        table.add_column("count", justify="right")
+        for kind in ("nodes", "links"):
+            for name, n in counts[kind].items():
+                table.add_row(kind[:-1], name, str(n))
+            table.add_row(f"[bold]{kind}", "[bold]total", f"[bold]{sum(counts[kind].values())}")
+            table.add_section()
+        stdout_console().print(table)
+
+    _run(work)
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Words to find in stored messages.")],
+    thread: Annotated[
+        str | None, typer.Option("--thread", "-t", help="Only this thread.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
+    db: Db = DEFAULT_DB,
+    as_json: Json = False,
+) -> None:
+    """Search the conversation threads' messages (full text, best first)."""
+
+    async def work() -> None:
+        async with _memory(db) as mem:
+            hits = await mem.search_messages(query, thread_id=thread, limit=limit)
+        if as_json:
+            print_json([hit_json(h) for h in hits])
+            return
+        table = Table(title=f"Messages matching: {escape(query)}", title_justify="left")
+        for column in ("rank", "thread", "seq", "role", "snippet", "message id"):
+            # Folded, never cut: the message id is what `view_messages` takes.
+            table.add_column(column, overflow="fold")
+        for h in hits:
+            table.add_row(
+                f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
+                Text(shorten(h.snippet, 200)), h.message_id,
+            )
+        if not hits:
+            table.add_row("", "", "", "", Text("(no message matches)", style="dim"), "")
+        stdout_console().print(table)
+
+    _run(work)
+
+
+@app.command()
+def purge(
+    thread: Annotated[str, typer.Argument(help="The thread to erase.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    repo: Annotated[
+        str | None,
+        typer.Option(help="Also forget the graph source of the same id in this repo "
+                          "(what `mnemo ingest` made from the session)."),
+    ] = None,
+    db: Db = DEFAULT_DB,
+    as_json: Json = False,
+) -> None:
+    """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
+
+    async def work() -> None:
+        if as_json and not yes:
+            raise CliError("--json cannot ask for confirmation: pass --yes")
+        async with _memory(db) as mem:
+            conversation = mem.conversation()
+            messages = len(await conversation.raw(thread))
+            if repo is not None:
+                await _check_repo(mem, repo)
+            elif not messages:
+                raise CliError(f"no thread {thread!r} in {db}")
+            if not yes:
+                also = f" and its source in repo {repo!r}" if repo else ""
+                question = f"Erase thread {thread!r} ({messages} messages){also} for good?"
+                await anyio.to_thread.run_sync(lambda: typer.confirm(question, abort=True))
+            await conversation.purge(thread)
+            forgotten = await mem.forget(repo, thread) if repo is not None else 0
+        if repo is not None and not messages and not forgotten:
+            raise CliError(f"no thread {thread!r} and no source {thread!r} in repo {repo!r}")
+        if as_json:
+            print_json({"thread_id": thread, "messages": messages, "nodes_forgotten": forgotten})
+            return
+        done = f"purged thread {thread!r}: {messages} messages"
+        if repo is not None:
+            done += f", {forgotten} nodes forgotten in {repo!r}"
+        stdout_console().print(Text(done))
+
+    _run(work)
+
+
+@app.command()
+def mcp(
+    db: Db = DEFAULT_DB,
+    memory_dir: Annotated[
+        Path | None,
+        typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
+                     file_okay=False),
+    ] = None,
+) -> None:
+    """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
+
+    async def work() -> None:
+        check_database(db, must_exist=False)
+        try:
+            from mnemo.mcp.server import serve
+        except ImportError as exc:
+            raise CliError(
+                f"the MCP server needs the `mcp` package ({exc}); install it with "
+                "pip install 'mcp>=2.3'"
+            ) from exc
+        await serve(db, memory_dir=memory_dir)
+
+    _run(work)
+
+
+def main() -> None:
+    """The console script's entry point."""
+    app(prog_name="mnemo")

@@ -1,0 +1,121 @@
+"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML.
+
+Nodes come through the `Memory` facade. Links have no public read (recall and maintenance read
+them inside the graph store), so the export reads the `links` table through its own read-only
+connection: a reader beside the Memory's writer, which WAL allows, and which cannot change the
+file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from mnemo.cli._database import CliError
+from mnemo.cli.jsonable import label, node_json
+from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.memory import Memory
+
+GRAPHML_NS = "http://graphml.graphdrawing.org/xmlns"
+# Characters XML 1.0 cannot carry at all, not even escaped.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    src: str
+    dst: str
+    type: LinkType
+
+
+@dataclass(frozen=True, slots=True)
+class GraphDump:
+    """A repo's nodes (oldest first) and links."""
+
+    repo: str
+    nodes: list[Node]
+    links: list[Edge]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Nodes and links by type, every type listed (0 when absent)."""
+        nodes = Counter(label(n.type) for n in self.nodes)
+        links = Counter(label(e.type) for e in self.links)
+        return {
+            "nodes": {t.value: nodes[t.value] for t in NodeType},
+            "links": {t.value: links[t.value] for t in LinkType},
+        }
+
+
+async def dump_graph(mem: Memory, db: Path, repo: str) -> GraphDump:
+    """Every node and link of `repo`."""
+    nodes = await mem.get_nodes_by_type(repo, list(NodeType))
+    return GraphDump(repo, nodes, _read_links(db, repo))
+
+
+def _read_links(db: Path, repo: str) -> list[Edge]:
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = conn.execute(
+            "SELECT src, dst, type FROM links WHERE repo = ? ORDER BY type, src, dst", (repo,)
+        ).fetchall()
+    except sqlite3.Error as exc:
+        raise CliError(f"cannot read the links of {repo!r} in {db}: {exc}") from exc
+    finally:
+        conn.close()
+    return [Edge(src, dst, LinkType(kind)) for src, dst, kind in rows]
+
+
+def to_json(graph: GraphDump) -> dict[str, Any]:
+    return {
+        "repo": graph.repo,
+        "counts": graph.counts(),
+        "nodes": [node_json(n) for n in graph.nodes],
+        "links": [{"src": e.src, "dst": e.dst, "type": label(e.type)} for e in graph.links],
+    }
+
+
+def to_graphml(graph: GraphDump) -> str:
+    """The graph as GraphML (directed, as links are stored): node attributes `type`, `text`,
+    `created_at` and `data` (JSON text), edge attribute `type`."""
+    ET.register_namespace("", GRAPHML_NS)
+    root = ET.Element(f"{{{GRAPHML_NS}}}graphml")
+    keys = [("node", "type"), ("node", "text"), ("node", "created_at"), ("node", "data"),
+            ("edge", "type")]
+    for scope, name in keys:
+        ET.SubElement(
+            root,
+            f"{{{GRAPHML_NS}}}key",
+            {"id": f"{scope}_{name}", "for": scope, "attr.name": name, "attr.type": "string"},
+        )
+    body = ET.SubElement(
+        root, f"{{{GRAPHML_NS}}}graph", {"id": graph.repo, "edgedefault": "directed"}
+    )
+    for node in graph.nodes:
+        element = ET.SubElement(body, f"{{{GRAPHML_NS}}}node", {"id": node.id})
+        values = {
+            "type": label(node.type),
+            "text": node.text,
+            "created_at": node.created_at.isoformat(),
+            "data": json.dumps(node.data, sort_keys=True, ensure_ascii=False),
+        }
+        for name, value in values.items():
+            _data(element, f"node_{name}", value)
+    for number, edge in enumerate(graph.links):
+        element = ET.SubElement(
+            body,
+            f"{{{GRAPHML_NS}}}edge",
+            {"id": f"e{number}", "source": edge.src, "target": edge.dst},
+        )
+        _data(element, "edge_type", label(edge.type))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _data(parent: ET.Element, key: str, value: str) -> None:
+    ET.SubElement(parent, f"{{{GRAPHML_NS}}}data", {"key": key}).text = _NOT_XML.sub("", value)

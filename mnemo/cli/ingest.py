@@ -1,0 +1,239 @@
+"""`mnemo ingest FILE`: the two file shapes it reads, and the ingest itself.
+
+- **A conversation** (the demo's shape, `mnemo/cli/data/demo_conversation.json`): an object
+  with `sessions`, each `{"goal": str, "steps": [{"observation": str, "action": str}]}`, and
+  optionally `repo` and `queries`. A single session object (`goal` and `steps`) is accepted too.
+  Session N becomes source `<prefix>/<N>` (the prefix is the file's stem unless given).
+- **LoCoMo-style**: a list of conversations (or one), each with `sample_id` and a
+  `conversation` object holding `session_N` turn lists (`speaker`, `text`, `dia_id`, optional
+  `blip_caption`) and `session_N_date_time`. Session N of a conversation becomes source
+  `<sample_id>/<N>`, with the very payload `scripts/eval_locomo.py` builds, so either can
+  reuse a database the other filled.
+
+Each source is one `Memory.ingest` (idempotent by source id: ingesting a file again adds
+nothing) and, unless disabled, the same session saved as a conversation thread of the same id,
+so that `mnemo search` finds its messages and `mnemo purge` can erase them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mnemo.cli._database import CliError
+from mnemo.ingest.model import Step, Trajectory
+from mnemo.memory import Memory
+
+_SESSION_KEY = re.compile(r"session_(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One session of the file: what `Memory.ingest` stores, and the same as thread messages."""
+
+    source_id: str
+    trajectory: Trajectory
+    messages: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One conversation of the file (a progress bar)."""
+
+    name: str
+    sources: list[Source]
+
+
+@dataclass(frozen=True, slots=True)
+class IngestFile:
+    """A parsed file: its shape, the repo it names (conversation files may), its batches."""
+
+    shape: str
+    repo: str | None
+    batches: list[Batch]
+
+
+@dataclass(slots=True)
+class IngestReport:
+    """What an ingest did, per source."""
+
+    repo: str
+    shape: str
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "repo": self.repo,
+            "format": self.shape,
+            "sources": self.sources,
+            "created": sum(1 for s in self.sources if s["created"]),
+            "nodes": sum(s["nodes"] for s in self.sources),
+        }
+
+
+def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
+    """Reads and checks a conversation or LoCoMo-style file.
+
+    Raises:
+        CliError: the file cannot be read, is not JSON, or has neither shape (naming the first
+            offending entry).
+    """
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CliError(f"{path} is not a JSON file: {exc}") from exc
+    if isinstance(raw, Mapping) and "conversation" in raw:
+        raw = [raw]
+    if isinstance(raw, list) and raw and all(
+        isinstance(item, Mapping) and "conversation" in item for item in raw
+    ):
+        return IngestFile("locomo", None, [_locomo_batch(item, i) for i, item in enumerate(raw)])
+    if isinstance(raw, Mapping) and ("sessions" in raw or "steps" in raw):
+        return _conversation_file(raw, prefix or path.stem, path.stem)
+    raise CliError(
+        f"{path} is neither a conversation (an object with 'sessions') nor a LoCoMo-style file "
+        "(a list of objects with 'conversation')"
+    )
+
+
+def _conversation_file(raw: Mapping[str, Any], prefix: str, name: str) -> IngestFile:
+    sessions = raw["sessions"] if "sessions" in raw else [raw]
+    if not isinstance(sessions, list) or not sessions:
+        raise CliError("'sessions' must be a non-empty list")
+    repo = raw.get("repo")
+    if repo is not None and (not isinstance(repo, str) or not repo.strip()):
+        raise CliError(f"'repo' must be a non-blank string, got {repo!r}")
+    sources = []
+    for number, session in enumerate(sessions, start=1):
+        where = f"sessions[{number - 1}]"
+        if not isinstance(session, Mapping):
+            raise CliError(f"{where} must be an object")
+        goal = _text(session, "goal", where)
+        steps_raw = session.get("steps")
+        if not isinstance(steps_raw, list) or not steps_raw:
+            raise CliError(f"{where}.steps must be a non-empty list")
+        steps: list[Step] = []
+        messages: list[dict[str, Any]] = []
+        for index, step in enumerate(steps_raw):
+            at = f"{where}.steps[{index}]"
+            if not isinstance(step, Mapping):
+                raise CliError(f"{at} must be an object")
+            observation = _text(step, "observation", at)
+            action = _text(step, "action", at, blank=True)
+            steps.append(Step(observation, action))
+            messages.append({"role": "user", "content": observation})
+            if action.strip():
+                messages.append({"role": "assistant", "content": action})
+        sources.append(Source(f"{prefix}/{number}", Trajectory(goal, steps), messages))
+    return IngestFile("conversation", repo, [Batch(name, sources)])
+
+
+def _locomo_batch(item: Mapping[str, Any], index: int) -> Batch:
+    where = f"[{index}]"
+    sample_id = item.get("sample_id", f"conv-{index}")
+    if not isinstance(sample_id, str) or not sample_id.strip():
+        raise CliError(f"{where}.sample_id must be a non-blank string")
+    talk = item["conversation"]
+    if not isinstance(talk, Mapping):
+        raise CliError(f"{where}.conversation must be an object")
+    numbered = sorted(
+        (int(match.group(1)), key)
+        for key in talk
+        if (match := _SESSION_KEY.fullmatch(str(key)))
+    )
+    if not numbered:
+        raise CliError(f"{where}.conversation has no session_N turn lists")
+    sources = []
+    for number, key in numbered:
+        turns = talk[key]
+        if not isinstance(turns, list):
+            raise CliError(f"{where}.conversation.{key} must be a list of turns")
+        date = str(talk.get(f"{key}_date_time", ""))
+        steps: list[Step] = []
+        messages: list[dict[str, Any]] = []
+        for t, turn in enumerate(turns):
+            at = f"{where}.conversation.{key}[{t}]"
+            if not isinstance(turn, Mapping):
+                raise CliError(f"{at} must be an object")
+            speaker = _text(turn, "speaker", at)
+            said = _text(turn, "text", at, blank=True)
+            dia_id = _normalise_dia_id(str(turn.get("dia_id", f"D{number}:{t + 1}")))
+            caption = turn.get("blip_caption")
+            shown = f" [shares a photo of {caption}]" if caption else ""
+            # The exact text and metadata of scripts/eval_locomo.py (see the module docstring).
+            steps.append(Step(f"{speaker} ({date}): {said}{shown}", "", {"dia_id": dia_id}))
+            messages.append(
+                {"role": "user", "name": speaker, "content": said + shown, "dia_id": dia_id}
+            )
+        if steps:
+            trajectory = Trajectory(f"Conversation session {number} on {date}", steps)
+            sources.append(Source(f"{sample_id}/{number}", trajectory, messages))
+    return Batch(sample_id, sources)
+
+
+def _text(obj: Mapping[str, Any], key: str, where: str, *, blank: bool = False) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or (not blank and not value.strip()):
+        wanted = "a string" if blank else "a non-blank string"
+        raise CliError(f"{where}.{key} must be {wanted}, got {value!r}")
+    return value
+
+
+def _normalise_dia_id(raw: str) -> str:
+    """'D1:3 ', 'D:1:3' and 'd1:3' all mean D1:3 (as scripts/eval_locomo.py reads them)."""
+    digits = re.findall(r"\d+", raw)
+    return f"D{digits[0]}:{digits[1]}" if len(digits) >= 2 else raw.strip()
+
+
+async def ingest_file(
+    mem: Memory,
+    repo: str,
+    parsed: IngestFile,
+    *,
+    threads: bool,
+    console: Console,
+    show_progress: bool,
+) -> IngestReport:
+    """Ingests every source of the file into `repo` (created if needed), one progress bar per
+    conversation; with `threads`, also saves each session as a conversation thread."""
+    await mem.open_repo(repo)
+    conversation = mem.conversation()
+    report = IngestReport(repo, parsed.shape)
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, disable=not show_progress) as progress:
+        for batch in parsed.batches:
+            task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
+            for source in batch.sources:
+                receipt = await mem.ingest(repo, source.trajectory, source_id=source.source_id)
+                saved = 0
+                if threads:
+                    # `save` takes the whole history and stores only what is past the stored
+                    # length, so a second ingest of the file appends nothing here either.
+                    saved = len(await conversation.save(source.source_id, source.messages))
+                report.sources.append(
+                    {
+                        "source_id": source.source_id,
+                        "created": receipt.created,
+                        "nodes": len(receipt.node_ids),
+                        "steps": len(source.trajectory.steps),
+                        "thread_id": source.source_id if threads else None,
+                        "messages_saved": saved,
+                    }
+                )
+                progress.advance(task)
+    return report
+

@@ -1,0 +1,117 @@
+"""mnemo's values as JSON: one contract for `mnemo ... --json` and the MCP server's tools.
+
+Explicit functions rather than a generic dataclass walk, so that the machine output is a stable
+shape and not whatever fields a value grows.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
+from mnemo.episode.model import StepInfo
+from mnemo.graph.model import Node
+from mnemo.memoryfiles.model import MemoryFile
+from mnemo.recall.engine import RecallResult
+from mnemo.session.service import SessionInfo
+
+
+def label(value: object) -> str:
+    """An enum member's value (`episodic`), anything else as text."""
+    return str(value.value) if isinstance(value, enum.Enum) else str(value)
+
+
+def node_json(node: Node) -> dict[str, Any]:
+    return {
+        "id": node.id,
+        "type": label(node.type),
+        "text": node.text,
+        "data": node.data,
+        "created_at": node.created_at.isoformat(),
+    }
+
+
+def recall_json(result: RecallResult) -> dict[str, Any]:
+    return {
+        "query": result.query,
+        "reasoned": result.reasoned,
+        "memories": [
+            {
+                "score": m.score,
+                "phase": label(m.phase),
+                "hop": m.hop,
+                "node": node_json(m.node),
+            }
+            for m in result.memories
+        ],
+    }
+
+
+def session_json(info: SessionInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "repo": info.repo,
+        "state": label(info.state),
+        "goal": info.goal,
+        "steps": info.steps,
+    }
+
+
+def hit_json(hit: SearchHit) -> dict[str, Any]:
+    return {
+        "message_id": hit.message_id,
+        "thread_id": hit.thread_id,
+        "seq": hit.seq,
+        "role": hit.role,
+        "snippet": hit.snippet,
+        "rank": hit.rank,
+    }
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    return {
+        "id": message.id,
+        "thread_id": message.thread_id,
+        "seq": message.seq,
+        "role": message.role,
+        "content": message.content,
+        "recorded_at": message.recorded_at.isoformat(),
+    }
+
+
+def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "id": snapshot.id,
+        "level": snapshot.level,
+        "start_seq": snapshot.start_seq,
+        "end_seq": snapshot.end_seq,
+        "text": snapshot.text,
+    }
+
+
+def view_json(view: MessageView) -> dict[str, Any]:
+    return {
+        "target": message_json(view.target),
+        "messages": [message_json(m) for m in view.messages],
+        "snapshots_before": [snapshot_json(s) for s in view.snapshots_before],
+        "snapshots_after": [snapshot_json(s) for s in view.snapshots_after],
+    }
+
+
+def memory_file_json(file: MemoryFile) -> dict[str, Any]:
+    return {
+        "topic": file.topic,
+        "description": file.description,
+        "path": str(file.path),
+        "updated": file.updated.isoformat(),
+        "content": file.content,
+    }
+
+
+def step_json(info: StepInfo) -> dict[str, Any]:
+    return {
+        "index": info.index,
+        "trajectory_id": info.trajectory_id,
+        "boundary_detected": info.boundary_detected,
+    }

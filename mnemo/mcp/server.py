@@ -1,0 +1,232 @@
+"""`mnemo mcp`: a stdio MCP server (the official `mcp` SDK's `MCPServer`) over one `Memory`.
+
+The Memory is opened once and lives as long as the server, so sessions started by one tool call
+are there for the next, and what a session commits is recalled by later calls. Every tool
+returns JSON text (the shapes of `mnemo.cli.jsonable`, the same as `mnemo ... --json`). A
+`MnemoError` becomes a tool error carrying its one-line message, which the agent can read and
+act on; anything else is a crash, logged with its traceback, of which the agent sees only the
+tool's name.
+
+Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
+`<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
+that root: the caller is an agent, and a prompt it read must not steer writes elsewhere.
+
+`mcp` is imported only here, when the server starts: it is heavy (pydantic, starlette), and
+`import mnemo` runs nothing it does not need.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Annotated
+
+from pydantic import Field
+
+from mnemo.cli.jsonable import (
+    hit_json,
+    memory_file_json,
+    recall_json,
+    step_json,
+    view_json,
+)
+from mnemo.errors import MnemoError
+from mnemo.memory import Memory
+from mnemo.memoryfiles import MemoryFiles
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+INSTRUCTIONS = """\
+mnemo is long-term memory. Before a task, `recall` what the repo knows about it. While working,
+`start_session` with the task's goal, `append` each step (what you observed, what you did), and
+`close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
+find. `search_messages` and `view_messages` search stored conversations; `persist_memory` files
+a statement to remember under a topic, and `recall_memory` reads those topic files back."""
+
+TOOL_NAMES = (
+    "recall",
+    "search_messages",
+    "view_messages",
+    "start_session",
+    "append",
+    "close_and_commit",
+    "persist_memory",
+    "recall_memory",
+)
+
+
+def default_memory_dir(db: Path) -> Path:
+    """Where memory files go when not told: `<db>.memory/` beside the database."""
+    return db.with_name(f"{db.name}.memory")
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+@contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """Turns mnemo's deliberate errors into tool errors whose message the agent sees."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    try:
+        yield
+    except MnemoError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+class MemoryTools:
+    """The server's tools over one open `Memory`; each returns JSON text."""
+
+    def __init__(self, mem: Memory, memory_dir: Path) -> None:
+        self._mem = mem
+        self._memory_dir = memory_dir
+        # One MemoryFiles per directory: it serialises its own writes, so two instances over
+        # one folder could interleave them.
+        self._files: dict[Path, MemoryFiles] = {}
+        self._checked: set[str] = set()  # repos whose embedder dimension was checked
+
+    async def recall(
+        self,
+        repo: Annotated[str, Field(description="The repo (knowledge graph) to search.")],
+        query: Annotated[str, Field(description="What you want to know, in words.")],
+        k: Annotated[int, Field(description="How many memories to return.", ge=1, le=100)] = 10,
+    ) -> str:
+        """Recalls the repo's memories (facts, procedures, steps) most relevant to the query,
+        best first, each with its score, the phase that found it and its hop. Errors: an
+        unknown repo, a blank query."""
+        with _as_tool_error():
+            if repo not in self._checked and repo in await self._mem.list_repos():
+                # Checks that the embedder makes the repo's dimension (see `mnemo recall`).
+                await self._mem.open_repo(repo)
+                self._checked.add(repo)
+            return _dumps(recall_json(await self._mem.recall(repo, query, k=k)))
+
+    async def search_messages(
+        self,
+        query: Annotated[str, Field(description="Words to look for in stored messages.")],
+        thread_id: Annotated[
+            str | None, Field(description="Only this conversation thread (default: all).")
+        ] = None,
+        limit: Annotated[int, Field(description="How many hits.", ge=1, le=100)] = 5,
+    ) -> str:
+        """Full-text search over stored conversation messages (every thread, or one), best
+        first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
+        with _as_tool_error():
+            hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit)
+            return _dumps([hit_json(h) for h in hits])
+
+    async def view_messages(
+        self,
+        message_id: Annotated[str, Field(description="A message_id from search_messages.")],
+        radius: Annotated[
+            int, Field(description="Messages to show on each side.", ge=0, le=100)
+        ] = 10,
+    ) -> str:
+        """The message with its neighbours on each side, and the snapshots around it. Errors:
+        an unknown message id."""
+        with _as_tool_error():
+            return _dumps(view_json(await self._mem.view_messages(message_id, radius=radius)))
+
+    async def start_session(
+        self,
+        goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
+        repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
+    ) -> str:
+        """Starts a session collecting steps towards the goal; returns its session_id for
+        `append` and `close_and_commit`. An unknown repo is created."""
+        with _as_tool_error():
+            if repo not in await self._mem.list_repos():
+                await self._mem.open_repo(repo)
+            session_id = await self._mem.start_session(goal, repo=repo)
+            return _dumps({"session_id": session_id, "repo": repo})
+
+    async def append(
+        self,
+        session_id: Annotated[str, Field(description="From start_session.")],
+        observation: Annotated[str, Field(description="What you saw: output, error, reply.")],
+        action: Annotated[str, Field(description="What you did about it.")],
+    ) -> str:
+        """Records one step of the session (once stored, it survives a restart); returns its
+        index, trajectory and whether it began a new trajectory (a change of subgoal)."""
+        with _as_tool_error():
+            return _dumps(step_json(await self._mem.append(session_id, observation, action)))
+
+    async def close_and_commit(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Ends the session: extracts facts and procedures from its steps, commits them to the
+        repo's graph (then `recall` finds them) and returns the committed node ids."""
+        with _as_tool_error():
+            receipt = await self._mem.close_and_commit(session_id)
+            # No tool can start a new episode in an idle session, so it is ended rather than
+            # left live forever (`mnemo sessions` lists live ones).
+            await self._mem.end_session(session_id)
+            return _dumps({"session_id": session_id, "node_ids": receipt.node_ids})
+
+    async def persist_memory(
+        self,
+        what: Annotated[str, Field(description="The statement to remember, self-contained.")],
+        directory: Annotated[
+            str | None,
+            Field(description="A sub-folder of the memory directory (default: its root)."),
+        ] = None,
+    ) -> str:
+        """Files a statement in the long-term topic memory files (one Markdown file per
+        topic); returns the file it went to."""
+        with _as_tool_error():
+            files = self._files_in(directory)
+            return _dumps(memory_file_json(await files.persist(what, llm=None)))
+
+    async def recall_memory(
+        self,
+        query: Annotated[str, Field(description="Words describing the topic.")],
+        directory: Annotated[
+            str | None,
+            Field(description="A sub-folder of the memory directory (default: its root)."),
+        ] = None,
+        limit: Annotated[int, Field(description="How many files.", ge=1, le=50)] = 5,
+    ) -> str:
+        """The topic memory files matching the query (topic, description, content), most
+        recently used first."""
+        with _as_tool_error():
+            files = self._files_in(directory)
+            return _dumps([memory_file_json(f) for f in await files.recall(query, limit=limit)])
+
+    def _files_in(self, directory: str | None) -> MemoryFiles:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        path = self._memory_dir
+        if directory:
+            relative = PurePath(directory)
+            if relative.is_absolute() or ".." in relative.parts:
+                raise ToolError(
+                    f"directory must be a relative folder inside the memory directory, "
+                    f"got {directory!r}"
+                )
+            path = path / relative
+        files = self._files.get(path)
+        if files is None:
+            files = self._files[path] = MemoryFiles(path)
+        return files
+
+
+def build_server(tools: MemoryTools) -> MCPServer:
+    """An `MCPServer` named "mnemo" exposing `tools`' methods (`TOOL_NAMES`)."""
+    from mcp.server import MCPServer
+
+    server = MCPServer("mnemo", instructions=INSTRUCTIONS, log_level="WARNING")
+    for name in TOOL_NAMES:
+        # structured_output=False: the result is the JSON text itself, not wrapped again.
+        server.add_tool(getattr(tools, name), name=name, structured_output=False)
+    return server
+
+
+async def serve(db: Path, *, memory_dir: Path | None = None) -> None:
+    """Opens the Memory at `db` and serves MCP over stdin/stdout until the client closes it."""
+    async with Memory(db) as mem:
+        tools = MemoryTools(mem, memory_dir or default_memory_dir(db))
+        await build_server(tools).run_stdio_async()

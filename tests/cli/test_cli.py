@@ -1,0 +1,415 @@
+"""The `mnemo` command line, through typer's CliRunner, on small databases made here.
+
+No `__init__.py` in this folder (as for `tests/mcp`): test module names are unique instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+import anyio
+import pytest
+from typer.testing import CliRunner, Result
+
+import mnemo
+from mnemo.cli import app
+
+REPO = "ops"
+CONVERSATION = {
+    "repo": REPO,
+    "sessions": [
+        {
+            "goal": "Fix the blog deploy",
+            "steps": [
+                {
+                    "observation": "nginx returns 502: gunicorn listens on port 8001.",
+                    "action": "Bind gunicorn to 127.0.0.1:8000 and reload nginx.",
+                },
+                {"observation": "The blog answers 200 again.", "action": "Close the ticket."},
+            ],
+        },
+        {
+            "goal": "Tune postgres",
+            "steps": [
+                {
+                    "observation": "Postgres runs out of connections at 100 clients.",
+                    "action": "Put pgbouncer in front of it with a pool of 20.",
+                }
+            ],
+        },
+    ],
+}
+LOCOMO = [
+    {
+        "sample_id": "conv-x",
+        "conversation": {
+            "speaker_a": "Ann",
+            "speaker_b": "Bo",
+            "session_1_date_time": "1:00 pm on 8 May, 2023",
+            "session_1": [
+                {"speaker": "Ann", "dia_id": "D1:1", "text": "I adopted a beagle named Rex."},
+                {"speaker": "Bo", "dia_id": "D1:2", "text": "Rex is a lovely name!"},
+            ],
+            "session_2_date_time": "2:00 pm on 9 May, 2023",
+            "session_2": [
+                {
+                    "speaker": "Ann",
+                    "dia_id": "D2:1",
+                    "text": "Rex chewed my violin.",
+                    "blip_caption": "a dog next to a broken violin",
+                },
+            ],
+        },
+        "qa": [],
+    }
+]
+
+runner = CliRunner()
+
+
+def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
+    return runner.invoke(app, list(args), input=input, env=env)
+
+
+def ok_json(*args: str) -> Any:
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def assert_clear_error(result: Result, *words: str) -> None:
+    """Exit 2 and one line on stderr naming the problem, no traceback."""
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for word in words:
+        assert word in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database with the two-session conversation ingested into repo "ops"."""
+    folder = tmp_path_factory.mktemp("filled")
+    source = folder / "week.json"
+    source.write_text(json.dumps(CONVERSATION))
+    db = folder / "memory.db"
+    result = invoke("ingest", str(source), "--db", str(db))
+    assert result.exit_code == 0, result.output
+    return db
+
+
+@pytest.fixture
+def db(filled: Path, tmp_path: Path) -> Path:
+    """A private copy of `filled`, for tests that change it."""
+    copy = tmp_path / "copy.db"
+    for suffix in ("", "-wal"):
+        if Path(f"{filled}{suffix}").exists():
+            shutil.copy(f"{filled}{suffix}", f"{copy}{suffix}")
+    return copy
+
+
+# ---- ingest ---------------------------------------------------------------------------------
+
+
+def test_ingest_reports_each_session_and_is_idempotent(filled: Path, tmp_path: Path) -> None:
+    """Each session is one source named after the file; ingesting again creates nothing."""
+    source = tmp_path / "week.json"
+    source.write_text(json.dumps(CONVERSATION))
+    report = ok_json("ingest", str(source), "--db", str(filled))
+    assert report["repo"] == REPO
+    assert report["format"] == "conversation"
+    assert [s["source_id"] for s in report["sources"]] == ["week/1", "week/2"]
+    assert report["created"] == 0
+    assert all(s["nodes"] > 0 and s["messages_saved"] == 0 for s in report["sources"])
+
+
+def test_ingest_reads_a_locomo_file_one_source_per_session(tmp_path: Path) -> None:
+    """A LoCoMo-style file: one source per session, turns kept with their dia_id."""
+    source = tmp_path / "locomo.json"
+    source.write_text(json.dumps(LOCOMO))
+    db = tmp_path / "l.db"
+    result = invoke("ingest", str(source), "--repo", "talk", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    assert "conv-x/1" in result.stdout
+    assert "conv-x/2" in result.stdout
+    hits = ok_json("search", "violin", "--db", str(db))
+    assert [h["thread_id"] for h in hits] == ["conv-x/2"]
+
+    async def dia_ids() -> set[str]:
+        async with mnemo.Memory(db) as mem:
+            nodes = await mem.get_nodes_by_type("talk", [mnemo.NodeType.EPISODIC])
+        return {n.data["metadata"]["dia_id"] for n in nodes}
+
+    assert anyio.run(dia_ids) == {"D1:1", "D1:2", "D2:1"}
+
+
+def test_ingest_rejects_bad_input(tmp_path: Path) -> None:
+    """A missing file, a non-JSON file, an unknown shape, a missing field, no repo: clear
+    errors, and no database is created."""
+    db = tmp_path / "never.db"
+    assert_clear_error(invoke("ingest", str(tmp_path / "none.json"), "--db", str(db)), "no file")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert_clear_error(invoke("ingest", str(bad), "--repo", "r", "--db", str(db)), "not a JSON")
+    bad.write_text(json.dumps({"hello": 1}))
+    assert_clear_error(invoke("ingest", str(bad), "--repo", "r", "--db", str(db)), "neither")
+    bad.write_text(json.dumps({"sessions": [{"goal": "g", "steps": [{"action": "a"}]}]}))
+    assert_clear_error(
+        invoke("ingest", str(bad), "--repo", "r", "--db", str(db)), "sessions[0].steps[0]"
+    )
+    bad.write_text(json.dumps({"sessions": CONVERSATION["sessions"]}))
+    assert_clear_error(invoke("ingest", str(bad), "--db", str(db)), "--repo")
+    assert not db.exists()
+
+
+# ---- recall ---------------------------------------------------------------------------------
+
+
+def test_recall_prints_a_table_and_json(filled: Path) -> None:
+    """Recall shows score, type, phase, hop and text; --json has the same memories."""
+    result = invoke("recall", REPO, "which port does gunicorn use?", "--db", str(filled))
+    assert result.exit_code == 0, result.output
+    for column in ("score", "type", "phase", "hop", "text"):
+        assert column in result.stdout
+    assert "gunicorn" in result.stdout
+    found = ok_json("recall", REPO, "which port does gunicorn use?", "-k", "3", "--db", str(filled))
+    assert 0 < len(found["memories"]) <= 3
+    first = found["memories"][0]
+    assert {"score", "phase", "hop", "node"} <= first.keys()
+    assert any("gunicorn" in m["node"]["text"] for m in found["memories"])
+    markup = invoke("recall", REPO, "gunicorn [/bold] [red]", "--db", str(filled))
+    assert markup.exit_code == 0, markup.output  # user text is never read as rich markup
+    assert "[/bold] [red]" in markup.stdout
+
+
+def test_recall_types_restricts_node_types(filled: Path) -> None:
+    """--types semantic,episodic returns only those types; an unknown type is an error."""
+    found = ok_json("recall", REPO, "gunicorn", "--types", "semantic,episodic", "--db", str(filled))
+    assert found["memories"]
+    assert {m["node"]["type"] for m in found["memories"]} <= {"semantic", "episodic"}
+    assert_clear_error(
+        invoke("recall", REPO, "gunicorn", "--types", "semantic,fact", "--db", str(filled)),
+        "'fact'",
+    )
+
+
+def test_recall_errors_are_one_line(filled: Path) -> None:
+    """An unknown repo names the known ones; a blank query is rejected."""
+    assert_clear_error(invoke("recall", "nope", "x", "--db", str(filled)), "'nope'", REPO)
+    assert_clear_error(invoke("recall", REPO, "   ", "--db", str(filled)), "query")
+
+
+def test_recall_names_an_embedder_dimension_mismatch(tmp_path: Path) -> None:
+    """A repo written with the hashed embedder (512) is refused by the default one (384) in
+    one line, not a shape error."""
+    db = tmp_path / "hashed.db"
+
+    async def fill() -> None:
+        async with mnemo.Memory(db, embedder=mnemo.HashEmbedder()) as mem:
+            await mem.open_repo("r")
+            await mem.ingest("r", mnemo.Trajectory("g", [mnemo.Step("nginx on 80", "ok")]),
+                             source_id="s")
+
+    anyio.run(fill)
+    assert_clear_error(invoke("recall", "r", "nginx", "--db", str(db)), "dimension")
+
+
+# ---- sessions -------------------------------------------------------------------------------
+
+
+def test_sessions_lists_live_sessions(db: Path) -> None:
+    """Sessions left open show with their repo, state, goal and steps; none at first."""
+    assert ok_json("sessions", "--db", str(db)) == []
+
+    async def leave_one_open() -> str:
+        async with mnemo.Memory(db) as mem:
+            sid = await mem.start_session("Rotate the TLS certificate", repo=REPO)
+            await mem.append(sid, "certbot says the certificate expires in 3 days.", "Renew it.")
+            return sid
+
+    sid = anyio.run(leave_one_open)
+    assert ok_json("sessions", "--db", str(db)) == [
+        {
+            "id": sid,
+            "repo": REPO,
+            "state": "collecting",
+            "goal": "Rotate the TLS certificate",
+            "steps": 1,
+        }
+    ]
+    table = invoke("sessions", "--db", str(db))
+    assert table.exit_code == 0
+    assert "collecting" in table.stdout
+    assert REPO in table.stdout
+
+
+# ---- graph ----------------------------------------------------------------------------------
+
+
+def test_graph_counts_by_node_and_link_type(filled: Path) -> None:
+    """Counts cover every node and link type; the table shows the same totals."""
+    counts = ok_json("graph", REPO, "--db", str(filled))
+    assert set(counts["nodes"]) == {t.value for t in mnemo.NodeType}
+    assert set(counts["links"]) == {t.value for t in mnemo.LinkType}
+    assert counts["nodes"]["episodic"] == 3
+    assert counts["nodes"]["source"] == 2
+    assert sum(counts["links"].values()) > 0
+    table = invoke("graph", REPO, "--db", str(filled))
+    assert table.exit_code == 0
+    assert str(sum(counts["nodes"].values())) in table.stdout
+
+
+def test_graph_exports_json_and_graphml(filled: Path, tmp_path: Path) -> None:
+    """--export json and graphml carry every node and link; --out writes a file."""
+    counts = ok_json("graph", REPO, "--db", str(filled))
+    n_nodes, n_links = sum(counts["nodes"].values()), sum(counts["links"].values())
+
+    exported = invoke("graph", REPO, "--export", "json", "--db", str(filled))
+    assert exported.exit_code == 0, exported.output
+    dump = json.loads(exported.stdout)
+    assert len(dump["nodes"]) == n_nodes
+    assert len(dump["links"]) == n_links
+    ids = {n["id"] for n in dump["nodes"]}
+    assert all(link["src"] in ids and link["dst"] in ids for link in dump["links"])
+
+    graphml = invoke("graph", REPO, "--export", "graphml", "--db", str(filled))
+    assert graphml.exit_code == 0, graphml.output
+    root = ET.fromstring(graphml.stdout.encode())
+    ns = {"g": "http://graphml.graphdrawing.org/xmlns"}
+    assert len(root.findall("g:graph/g:node", ns)) == n_nodes
+    assert len(root.findall("g:graph/g:edge", ns)) == n_links
+
+    out = tmp_path / "graph.graphml"
+    written = invoke("graph", REPO, "--out", str(out), "--db", str(filled))
+    assert written.exit_code == 0, written.output
+    assert len(ET.parse(out).getroot().findall("g:graph/g:node", ns)) == n_nodes
+    assert_clear_error(
+        invoke("graph", REPO, "--out", str(tmp_path / "graph.txt"), "--db", str(filled)),
+        "--export",
+    )
+
+
+# ---- search and purge -----------------------------------------------------------------------
+
+
+def test_search_finds_ingested_messages(filled: Path) -> None:
+    """Ingested sessions are threads: search finds their messages, by thread too."""
+    hits = ok_json("search", "gunicorn", "--db", str(filled))
+    assert hits
+    assert {h["thread_id"] for h in hits} == {"week/1"}
+    assert {"message_id", "thread_id", "seq", "role", "snippet", "rank"} <= hits[0].keys()
+    assert ok_json("search", "gunicorn", "--thread", "week/2", "--db", str(filled)) == []
+    assert len(ok_json("search", "gunicorn", "--limit", "1", "--db", str(filled))) == 1
+    table = invoke("search", "pgbouncer", "--db", str(filled))
+    assert table.exit_code == 0
+    assert "week/2" in table.stdout
+
+
+def test_purge_asks_then_erases_the_thread(db: Path) -> None:
+    """Without --yes it asks (no keeps everything); with --yes the thread is gone from search,
+    and --repo also forgets the session's graph source."""
+    declined = invoke("purge", "week/1", "--db", str(db), input="n\n")
+    assert declined.exit_code == 1
+    assert ok_json("search", "gunicorn", "--db", str(db))
+
+    done = ok_json("purge", "week/1", "--yes", "--repo", REPO, "--db", str(db))
+    assert done["messages"] == 4
+    assert done["nodes_forgotten"] > 0
+    assert ok_json("search", "gunicorn", "--db", str(db)) == []
+    counts = ok_json("graph", REPO, "--db", str(db))
+    assert counts["nodes"]["source"] == 1
+
+    assert_clear_error(invoke("purge", "week/1", "--yes", "--db", str(db)), "no thread")
+    assert_clear_error(invoke("purge", "week/2", "--json", "--db", str(db)), "--yes")
+
+
+# ---- the database file ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["recall", REPO, "x"],
+        ["sessions"],
+        ["graph", REPO],
+        ["search", "x"],
+        ["purge", "t", "--yes"],
+    ],
+)
+def test_read_commands_need_a_mnemo_database(command: list[str], tmp_path: Path) -> None:
+    """A missing file (never created), a non-SQLite file and a foreign SQLite file are clear
+    errors."""
+    missing = tmp_path / "missing.db"
+    assert_clear_error(invoke(*command, "--db", str(missing)), "no database")
+    assert not missing.exists()
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database at all")
+    assert_clear_error(invoke(*command, "--db", str(text)), "not a SQLite database")
+
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE things (x)")
+    conn.close()
+    assert_clear_error(invoke(*command, "--db", str(foreign)), "not a mnemo one")
+
+
+def test_writers_refuse_a_foreign_file_and_leave_it_alone(tmp_path: Path) -> None:
+    """ingest and demo never write into a SQLite file that is not mnemo's."""
+    foreign = tmp_path / "app.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE things (x)")
+    conn.close()
+    before = foreign.read_bytes()
+    source = tmp_path / "week.json"
+    source.write_text(json.dumps(CONVERSATION))
+    assert_clear_error(invoke("ingest", str(source), "--db", str(foreign)), "not a mnemo one")
+    assert_clear_error(invoke("demo", "--db", str(foreign)), "not a mnemo one")
+    assert foreign.read_bytes() == before
+
+
+def test_db_defaults_to_the_mnemo_db_variable(filled: Path) -> None:
+    """Without --db, MNEMO_DB names the database."""
+    result = invoke("graph", REPO, "--json", env={"MNEMO_DB": str(filled)})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["nodes"]["episodic"] == 3
+
+
+# ---- demo and python -m ---------------------------------------------------------------------
+
+
+def test_demo_replays_a_conversation_and_recalls(tmp_path: Path) -> None:
+    """`mnemo demo --data` runs the demo's sessions and questions on a fresh database."""
+    data = tmp_path / "demo.json"
+    data.write_text(json.dumps({**CONVERSATION, "queries": ["Which port does gunicorn use?"]}))
+    db = tmp_path / "demo.db"
+    db.write_bytes(b"")  # an empty file is a fresh start, not an error
+    result = invoke("demo", "--db", str(db), "--data", str(data))
+    assert result.exit_code == 0, result.output
+    for expected in ("Sessions", "What was committed", "Recall: Which port", "events:"):
+        assert expected in result.stdout
+    assert ok_json("graph", REPO, "--db", str(db))["nodes"]["source"] == 2
+    summary = ok_json("demo", "--db", str(db), "--data", str(data))
+    assert [s["steps"] for s in summary["sessions"]] == [2, 1]
+    assert summary["committed"]["source"] == 2
+    assert summary["recalls"][0]["memories"]
+
+
+def test_python_dash_m_mnemo_runs_the_cli() -> None:
+    """`python -m mnemo` is the same command line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "mnemo", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for command in ("demo", "ingest", "recall", "sessions", "graph", "search", "purge", "mcp"):
+        assert command in done.stdout

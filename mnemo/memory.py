@@ -116,7 +116,7 @@ class Memory:
         await self._database.open()
         try:
             for row in await self._sessions_store.load_repos():
-                self._repos[row.name] = Runtime(self._llm, self._embedder, row.config)
+                self._repos[row.name] = Runtime(self._llm, self._embedder, row.config, row.dim)
                 self._dims[row.name] = row.dim
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
@@ -203,7 +203,9 @@ class Memory:
                 RepoRow(name, chosen_config, chosen_embedder.dim, _embedder_name(chosen_embedder))
             )
         if known is None:
-            self._repos[name] = Runtime(llm or self._llm, chosen_embedder, chosen_config)
+            self._repos[name] = Runtime(
+                llm or self._llm, chosen_embedder, chosen_config, chosen_embedder.dim
+            )
             self._dims[name] = chosen_embedder.dim
         else:
             # Sessions hold this Runtime: updating it in place is what they see next.
@@ -223,6 +225,18 @@ class Memory:
 
     def _runtime(self, name: str) -> Runtime:
         return self._repo(name)
+
+    def _embedding(self, name: str) -> Runtime:
+        """The repo's runtime, checked to embed in the repo's dimension.
+
+        Raises:
+            NotFoundError: an unknown repo.
+            EmbeddingError: the embedder makes vectors of another dimension than the repo's
+                (e.g. a repo written with the hashed embedder, reopened with the default).
+        """
+        runtime = self._repo(name)
+        runtime.check_dim(name)
+        return runtime
 
     def _dim(self, name: str) -> int:
         return self._dims[name]
@@ -277,6 +291,8 @@ class Memory:
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
         base = self._repo(repo)
+        if embedder is None:
+            base.check_dim(repo)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         self._adopt(llm, embedder)
@@ -289,7 +305,9 @@ class Memory:
             )
         override = None
         if llm is not None or embedder is not None:
-            override = Runtime(llm or base.llm, embedder or base.embedder, config or base.config)
+            override = Runtime(
+                llm or base.llm, embedder or base.embedder, config or base.config, base.dim
+            )
         return await self._service.start_session(
             goal, repo=repo, override=override, config=config or base.config
         )
@@ -480,7 +498,7 @@ class Memory:
             raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
-        runtime = self._repo(repo)
+        runtime = self._embedding(repo)
         recaller = Recaller(
             self._graph,
             runtime.embedder,
@@ -526,7 +544,7 @@ class Memory:
         return await self._ingests.forget(repo, source_id)
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:
-        runtime = self._repo(repo)
+        runtime = self._embedding(repo)
         llm = self._llm_for(runtime, repo)
         return IngestRuntime(
             llm, runtime.embedder, runtime.config, self._service.intent_policy(runtime, llm)

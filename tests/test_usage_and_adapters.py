@@ -3,6 +3,10 @@ embedder that learns its dimension is asked to before the repo records it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 import mnemo
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -58,3 +62,25 @@ async def test_adapters_are_closed_once_with_the_memory() -> None:
         sid = await mem.start_session("explore", repo="a")
         await mem.append(sid, "walk north", "go north")
     assert (llm.closed, repo_llm.closed, embedder.closed) == (1, 1, 1)
+
+
+async def test_a_repo_reopened_with_an_embedder_of_another_dimension_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A repo written with 8-dimensional vectors, reopened under a 16-dimensional default,
+    refuses recall, ingest and new sessions with an EmbeddingError naming both dimensions;
+    reads that need no embedding still work."""
+    async with mnemo.Memory(tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder(8)) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        await mem.close_and_commit(sid)
+    async with mnemo.Memory(tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder(16)) as mem:
+        assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        for attempt in (
+            mem.recall(REPO, "walk"),
+            mem.start_session("again", repo=REPO),
+            mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("o", "a")]), source_id="s"),
+        ):
+            with pytest.raises(mnemo.EmbeddingError, match=r"dimension 8.*dimension 16"):
+                await attempt

@@ -80,11 +80,23 @@ class SessionInfo:
 
 @dataclass(slots=True)
 class Runtime:
-    """The llm, embedder and config a repo (or one session) works with."""
+    """The llm, embedder and config a repo (or one session) works with, and the dimension of
+    the repo's vectors (0 while the repo has none recorded)."""
 
     llm: LLM
     embedder: Embedder
     config: Config
+    dim: int = 0
+
+    def check_dim(self, repo: str) -> None:
+        """Raises EmbeddingError when the embedder's vectors would not fit the repo's."""
+        if self.dim and self.embedder.dim != self.dim:
+            raise EmbeddingError(
+                f"repo {repo!r} holds vectors of dimension {self.dim}, but the embedder "
+                f"{getattr(self.embedder, 'name', type(self.embedder).__name__)} makes "
+                f"dimension {self.embedder.dim}; open the repo with an embedder of its "
+                "dimension"
+            )
 
 
 @dataclass(eq=False, slots=True)
@@ -123,8 +135,8 @@ class _Session:
         restored session picks up what `open_repo` gives its repo)."""
         base = self.repo_runtime
         if self.override is None:
-            return Runtime(base.llm, base.embedder, self.config)
-        return Runtime(self.override.llm, self.override.embedder, self.config)
+            return Runtime(base.llm, base.embedder, self.config, base.dim)
+        return Runtime(self.override.llm, self.override.embedder, self.config, base.dim)
 
     @property
     def busy(self) -> bool:
@@ -576,6 +588,7 @@ class SessionService:
         episode = session.episode
         assert episode is not None, "a collecting session has an episode"
         runtime = session.runtime
+        runtime.check_dim(session.repo)
         previous = episode.steps[-1] if episode.steps else None
         timeout = runtime.config.append_timeout
         try:
@@ -717,6 +730,7 @@ class SessionService:
         self, session: _Session, episode: EpisodeRecord, steps: list[StepRecord]
     ) -> Changeset:
         runtime = session.runtime
+        runtime.check_dim(session.repo)
         return await extract(
             episode,
             steps,

@@ -7,17 +7,16 @@ commit resolves its tags and intents against the graph before writing, so a tag 
 between would leave it linking to a node that is gone. Only what is read inside the transaction
 (access counts, which recall updates without the lock) is taken as current there.
 
-The value function lives here, `node_value`, for `decay` and for recall's ranking alike.
+The value function, `node_value`, is in `graph/value.py`, for `decay` and recall alike.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio.to_thread
@@ -28,9 +27,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.config import Config
 from mnemo.graph.model import NodeType, Vector, now_utc
 from mnemo.graph.store import SqliteGraph
+from mnemo.graph.value import node_value
 
 # Accesses at which the frequency factor reaches 1.
-_FULL_FREQUENCY = 10
 # Nodes that route a search to memories; never valued, deleted only once nothing links them.
 # SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
 _ROUTES = (NodeType.TAG, NodeType.INTENT, NodeType.SUBGOAL, NodeType.SOURCE)
@@ -38,73 +37,6 @@ _VALUED = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
 _SQL_CHUNK = 400
-
-
-# ---- the value function ---------------------------------------------------------------------
-
-
-def recency(age_days: float, half_life_days: float) -> float:
-    """2^(-age / half-life): 1 when new, 1/2 after one half-life."""
-    return float(2.0 ** (-max(age_days, 0.0) / half_life_days))
-
-
-def frequency(access_count: int, floor: float) -> float:
-    """log(1 + accesses) / log(1 + 10), capped at 1 and never below `floor`, so a node nobody
-    has recalled yet is not buried and ten recalls make it count double."""
-    raw = math.log1p(max(access_count, 0)) / math.log1p(_FULL_FREQUENCY)
-    return max(floor, min(1.0, raw))
-
-
-def reward(kind: NodeType, data: Mapping[str, Any]) -> float:
-    """What the pipeline learned of the node, in [0.5, 1]: an EPISODIC step's `reward`, a
-    PROCEDURAL instruction's `return_score` / 10, a SEMANTIC fact's `confidence` (0.5 when
-    missing), softened to 0.5 + r / 2 so a failed step still counts, just less; 1 for the other
-    types."""
-    raw: object
-    if kind is NodeType.EPISODIC:
-        raw = data.get("reward")
-    elif kind is NodeType.PROCEDURAL:
-        score = data.get("return_score")
-        raw = score / 10 if isinstance(score, int | float) else None
-    elif kind is NodeType.SEMANTIC:
-        raw = data.get("confidence")
-    else:
-        return 1.0
-    if not isinstance(raw, int | float) or math.isnan(raw):
-        raw = 0.5
-    return 0.5 + min(max(float(raw), 0.0), 1.0) / 2
-
-
-def node_value(
-    kind: NodeType,
-    data: Mapping[str, Any],
-    *,
-    created_at: datetime,
-    last_access: datetime | None,
-    access_count: int,
-    now: datetime,
-    config: Config,
-) -> float:
-    """A node's worth apart from any query, in (0, 1]: recency decay x frequency floor x reward.
-
-    Recency counts from the last access, or from creation for a node never recalled, with
-    `config.recency_half_life_days`; the frequency factor never drops below
-    `config.frequency_floor`. Naive datetimes are taken as UTC. Recall multiplies it by the
-    relevance; `decay` deletes what falls below `config.decay_threshold`.
-    """
-    seen = _utc(created_at)
-    if last_access is not None:
-        seen = max(seen, _utc(last_access))
-    age_days = (_utc(now) - seen).total_seconds() / 86400
-    return (
-        recency(age_days, config.recency_half_life_days)
-        * frequency(access_count, config.frequency_floor)
-        * reward(kind, data)
-    )
-
-
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
 # ---- reports --------------------------------------------------------------------------------

@@ -33,10 +33,10 @@ from mnemo.config import Config
 from mnemo.episode.annotation import embed
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.store import SqliteGraph
+from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
 from mnemo.recall.fusion import reciprocal_rank_fusion
 from mnemo.recall.prompts import Plan, parse_plan, parse_synthesis, plan_request, synthesis_request
-from mnemo.recall.value import node_value
 
 log = logging.getLogger("mnemo")
 

@@ -16,13 +16,12 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
 from mnemo.config import Config
-from mnemo.graph import maintenance
+from mnemo.graph import maintenance, value
 from mnemo.graph.maintenance import (
     ConsolidationReport,
     DecayReport,
     consolidate,
     decay,
-    node_value,
     validate_episodic,
 )
 from mnemo.graph.model import (
@@ -37,6 +36,7 @@ from mnemo.graph.model import (
     now_utc,
 )
 from mnemo.graph.store import SqliteGraph
+from mnemo.graph.value import node_value
 from mnemo.storage.db import Database
 from tests.graph._support import REPO, at_cosine, axis, draft, policy
 
@@ -104,7 +104,7 @@ def test_value_of_a_new_node_is_floor_times_reward() -> None:
 )
 def test_reward_per_type(kind: NodeType, data: dict[str, Any], expected: float) -> None:
     """Reward: step reward, return score / 10, confidence; 0.5 when missing; clamped."""
-    assert maintenance.reward(kind, data) == pytest.approx(expected)
+    assert value.reward(kind, data) == pytest.approx(expected)
 
 
 def test_recency_halves_per_half_life_and_restarts_at_access() -> None:

@@ -15,7 +15,8 @@ relevance x value ^ `Config.value_weight`, and `decay` deletes what is worth les
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from mnemo.config import Config
@@ -23,18 +24,23 @@ from mnemo.graph.model import NodeType
 
 _FULL_FREQUENCY = 10  # accesses at which frequency reaches 1
 
-
 def recency(age_days: float, half_life_days: float) -> float:
+    """2^(-age / half-life): 1 when new, 1/2 after one half-life."""
     return float(2.0 ** (-max(age_days, 0.0) / half_life_days))
 
 
 def frequency(access_count: int, floor: float) -> float:
+    """log(1 + accesses) / log(1 + 10), capped at 1 and never below `floor`, so a node nobody
+    has recalled yet is not buried and ten recalls make it count double."""
     raw = math.log1p(max(access_count, 0)) / math.log1p(_FULL_FREQUENCY)
     return max(floor, min(1.0, raw))
 
 
-def reward(kind: NodeType, data: dict[str, Any]) -> float:
-    """The node's learned reward in [0.5, 1] (1 when the type has none)."""
+def reward(kind: NodeType, data: Mapping[str, Any]) -> float:
+    """What the pipeline learned of the node, in [0.5, 1]: an EPISODIC step's `reward`, a
+    PROCEDURAL instruction's `return_score` / 10, a SEMANTIC fact's `confidence` (0.5 when
+    missing), softened to 0.5 + r / 2 so a failed step still counts, just less; 1 for the other
+    types."""
     raw: object
     if kind is NodeType.EPISODIC:
         raw = data.get("reward")
@@ -52,7 +58,7 @@ def reward(kind: NodeType, data: dict[str, Any]) -> float:
 
 def node_value(
     kind: NodeType,
-    data: dict[str, Any],
+    data: Mapping[str, Any],
     *,
     created_at: datetime,
     last_access: datetime | None,
@@ -60,11 +66,23 @@ def node_value(
     now: datetime,
     config: Config,
 ) -> float:
-    """recency x frequency floor x reward, in (0, 1]."""
-    seen = max(created_at, last_access) if last_access else created_at
-    age_days = (now - seen).total_seconds() / 86400
+    """A node's worth apart from any query, in (0, 1]: recency decay x frequency floor x reward.
+
+    Recency counts from the last access, or from creation for a node never recalled, with
+    `config.recency_half_life_days`; the frequency factor never drops below
+    `config.frequency_floor`. Naive datetimes are taken as UTC. Recall multiplies it by the
+    relevance; `decay` deletes what falls below `config.decay_threshold`.
+    """
+    seen = _utc(created_at)
+    if last_access is not None:
+        seen = max(seen, _utc(last_access))
+    age_days = (_utc(now) - seen).total_seconds() / 86400
     return (
         recency(age_days, config.recency_half_life_days)
         * frequency(access_count, config.frequency_floor)
         * reward(kind, data)
     )
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment

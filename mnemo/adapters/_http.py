@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -83,6 +84,21 @@ class Backoff:
         if retry_after is not None:
             return min(max(retry_after, 0.0), self.max_retry_after)
         return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
+
+
+def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str,
+            provider: str) -> str | None:
+    """The key to send: the argument, else the environment variable `env` (read now, when
+    the adapter is made, never at import).
+
+    Raises:
+        InvalidInputError: there is none and `base_url` is the provider's own API (a local
+            server such as Ollama needs no key).
+    """
+    key = given if given is not None else os.environ.get(env)
+    if not key and base_url == provider_url:
+        raise InvalidInputError(f"the {provider} API needs a key: pass api_key= or set {env}")
+    return key or None
 
 
 class HTTPFailure(Exception):

@@ -13,13 +13,12 @@ assistant's tool calls become `tool_use` blocks, and a "tool" message a `tool_re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from mnemo.adapters._http import Backoff, Clock, Transport
+from mnemo.adapters._http import Backoff, Clock, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_PRICES,
     add_usage,
@@ -67,12 +66,11 @@ class Anthropic:
         backoff: Backoff | None = None,
         clock: Clock | None = None,
     ) -> None:
-        key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY")
         base_url = base_url.rstrip("/")
-        if not key and base_url == ANTHROPIC_BASE_URL:
-            raise InvalidInputError(
-                "the Anthropic API needs a key: pass api_key= or set ANTHROPIC_API_KEY"
-            )
+        key = resolve_key(
+            api_key, "ANTHROPIC_API_KEY", base_url=base_url, provider_url=ANTHROPIC_BASE_URL,
+            provider="Anthropic",
+        )
         if max_tokens < 1:
             raise InvalidInputError(f"max_tokens must be >= 1, got {max_tokens!r}")
         headers = {"anthropic-version": ANTHROPIC_VERSION}

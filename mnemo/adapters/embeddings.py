@@ -9,7 +9,6 @@ before reading `dim`; reading `dim` while it is still unknown is an error rather
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import Backoff, Clock, Transport
+from mnemo.adapters._http import Backoff, Clock, Transport, resolve_key
 from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
@@ -70,12 +69,11 @@ class OpenAIEmbedder:
             raise InvalidInputError(f"dim must be a positive integer or None, got {dim!r}")
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size!r}")
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         base_url = base_url.rstrip("/")
-        if not key and base_url == OPENAI_BASE_URL:
-            raise InvalidInputError(
-                "the OpenAI API needs a key: pass api_key= or set OPENAI_API_KEY"
-            )
+        key = resolve_key(
+            api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
+            provider="OpenAI",
+        )
         self.model = model
         self.name = f"openai-embeddings:{model}"
         self._dim = dim

@@ -21,13 +21,12 @@ problem and asked again once, then the adapter raises `LLMError` saying what was
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 import httpx
 
-from mnemo.adapters._http import Backoff, Clock, HTTPFailure, Transport
+from mnemo.adapters._http import Backoff, Clock, HTTPFailure, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_PRICES,
     add_usage,
@@ -92,12 +91,11 @@ class OpenAICompatible:
             raise InvalidInputError(
                 f"structured must be one of {get_args(Structured)}, got {structured!r}"
             )
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         base_url = base_url.rstrip("/")
-        if not key and base_url == OPENAI_BASE_URL:
-            raise InvalidInputError(
-                "the OpenAI API needs a key: pass api_key= or set OPENAI_API_KEY"
-            )
+        key = resolve_key(
+            api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
+            provider="OpenAI",
+        )
         self.model = model
         self.name = f"openai-compatible:{model}"
         self._auto = structured == "auto"

@@ -39,6 +39,7 @@ from mnemo.errors import (
     SessionError,
 )
 from mnemo.events import Event
+from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.ingest.model import IngestReceipt, Step, Trajectory
 from mnemo.memory import Memory
@@ -56,7 +57,9 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "Compaction",
     "Config",
     "ConflictError",
+    "ConsolidationReport",
     "ConversationManager",
+    "DecayReport",
     "Embedder",
     "EmbeddingError",
     "Event",
@@ -103,6 +106,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "ToolOutputPruner",
     "Trajectory",
     "Usage",
+    "ValidationReport",
     "Viewport",
     "default_embedder",
 ]

@@ -152,6 +152,7 @@ class Memory:
                 await host.stop()
         finally:
             with anyio.move_on_after(2, shield=True):
+                await self._graph.aclose()  # stops an HNSW build that is still running
                 for adapter in list(self._adapters.values()):
                     close = getattr(adapter, "aclose", None)
                     if close is not None:

@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.graph.model import Vector
-from mnemo.graph.vectors import Snapshot, VectorIndex
+from mnemo.graph.vectors import DEAD, Snapshot, VectorIndex
 
 log = logging.getLogger("mnemo")
 
@@ -291,6 +291,8 @@ class HnswAccelerator:
         codes = snap.codes[: snap.size]
         graphs: dict[int, _Graph] = {}
         for code in np.unique(codes).tolist():
+            if code == DEAD:
+                continue
             rows = np.flatnonzero(codes == code)
             graph = self._new_graph()
             for start in range(0, len(rows), self.params.build_chunk):
@@ -322,7 +324,7 @@ class HnswAccelerator:
         by_code: dict[int, list[tuple[str, int, int]]] = {}
         for node_id, s, row in rows:
             # A row gone from the snapshot was removed meanwhile; its removal handled it.
-            if row is not None and row < snap.size:
+            if row is not None and row < snap.size and snap.codes[row] != DEAD:
                 by_code.setdefault(int(snap.codes[row]), []).append((node_id, s, row))
         inserted: list[tuple[str, int, int, int]] = []
         with self._faiss_lock:
@@ -394,5 +396,6 @@ def _rerank(
 def codes_present(snap: Snapshot, wanted: npt.NDArray[np.int8] | None) -> int:
     """How many rows of the snapshot have one of the wanted type codes (all when None)."""
     if wanted is None:
-        return snap.size
-    return int(np.count_nonzero(np.isin(snap.codes[: snap.size], wanted)))
+        return int(np.count_nonzero(snap.codes[: snap.size] != DEAD))
+    # On a copy: np.isin reads the codes twice, and a remove may mark one dead between.
+    return int(np.count_nonzero(np.isin(snap.codes[: snap.size].copy(), wanted)))

@@ -344,3 +344,27 @@ def test_searches_in_a_thread_while_rows_change(
         assert index.search(live.matrix[row], 1)[0][0] == node_id
     for q in queries:
         assert not {node_id for node_id, _ in index.search(q, 20)} & gone
+
+
+def test_removed_rows_are_marked_dead_then_compacted() -> None:
+    """A remove marks rows dead in place (no copy of the matrix) and they are never found;
+    past a quarter of the rows (and 1,024) the arrays are compacted; adds go on working."""
+    vectors = clustered(3000, seed=8)
+    index = VectorIndex(DIM)
+    ids = [f"n{i}" for i in range(3000)]
+    index.add(ids, kinds(3000), vectors)
+    matrix = index.snapshot().matrix
+    index.remove(ids[:500])
+    snap = index.snapshot()
+    assert (len(index), snap.size, snap.dead) == (2500, 3000, 500)
+    assert snap.matrix is matrix
+    assert {node_id for node_id, _ in index.search(vectors[0], 3000)} == set(ids[500:])
+    assert index.get("n1") is None
+    assert index.search(vectors[1], 1)[0][0] != "n1"
+    index.remove(ids[500:1100])
+    snap = index.snapshot()
+    assert (len(index), snap.size, snap.dead) == (1900, 1900, 0)
+    assert set(snap.ids) == set(ids[1100:])
+    index.add(["n1"], [NodeType.TAG], vectors[1][None, :])
+    assert index.search(vectors[1], 1, [NodeType.TAG])[0][0] == "n1"
+    assert len(index) == 1901

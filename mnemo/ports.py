@@ -158,6 +158,23 @@ def task_inputs(request: LLMRequest) -> dict[str, Any]:
     return {}
 
 
+def reply_data(response: LLMResponse) -> Any:
+    """A task reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset
+    (None when neither holds JSON). Every task parser reads its reply through this."""
+    if response.data is not None or not isinstance(response.text, str) or not response.text.strip():
+        return response.data
+    try:
+        return json.loads(response.text)
+    except ValueError:
+        return None
+
+
+def preview(value: Any) -> str:
+    """`repr(value)` cut to 120 characters, for a parser's error message."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 async def ask(
     llm: LLM,
     request: LLMRequest,

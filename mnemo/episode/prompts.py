@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from mnemo.ports import LLMRequest, LLMResponse, task_request
+from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
 
 NEUTRAL_REWARD = 0.5
 
@@ -67,7 +67,7 @@ def parse_state(resp: LLMResponse) -> str:
         return data.strip()
     raise ValueError(
         "state reply holds no summary: expected a non-blank paragraph in text "
-        f"(or data.state), got text={resp.text!r} and data={_preview(resp.data)}"
+        f"(or data.state), got text={resp.text!r} and data={preview(resp.data)}"
     )
 
 
@@ -135,14 +135,14 @@ def parse_subgoal(resp: LLMResponse) -> str:
     Raises:
         ValueError: when the reply is not an object or its "subgoal" is missing or blank.
     """
-    data = _data(resp)
+    data = reply_data(resp)
     if not isinstance(data, dict):
-        raise ValueError(f"subgoal reply must be a JSON object, got {_preview(data)}")
+        raise ValueError(f"subgoal reply must be a JSON object, got {preview(data)}")
     if "subgoal" not in data:
-        raise ValueError(f"subgoal reply has no 'subgoal' field: {_preview(data)}")
+        raise ValueError(f"subgoal reply has no 'subgoal' field: {preview(data)}")
     subgoal = data["subgoal"]
     if not isinstance(subgoal, str):
-        raise ValueError(f"subgoal must be a string, got {_preview(subgoal)}")
+        raise ValueError(f"subgoal must be a string, got {preview(subgoal)}")
     if not subgoal.strip():
         raise ValueError("subgoal is blank")
     return subgoal.strip()
@@ -236,16 +236,5 @@ def parse_reward(resp: LLMResponse) -> float:
 # ---- shared -------------------------------------------------------------------------------
 
 
-def _data(resp: LLMResponse) -> Any:
-    """The reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset."""
-    if resp.data is not None or not isinstance(resp.text, str) or not resp.text.strip():
-        return resp.data
-    try:
-        return json.loads(resp.text)
-    except ValueError:
-        return None
 
 
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."

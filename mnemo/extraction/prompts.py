@@ -9,12 +9,11 @@ silently. An empty `facts` or `instructions` list is a valid answer.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from mnemo.extraction.model import Fact, Instruction
-from mnemo.ports import LLMRequest, LLMResponse, task_request
+from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
 
 DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10
@@ -93,12 +92,12 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    items = _list_field(_data(resp), "facts", "semantic")
+    items = _list_field(reply_data(resp), "facts", "semantic")
     facts: list[Fact] = []
     for i, item in enumerate(items):
         where = f"facts[{i}]"
         if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {_preview(item)}")
+            raise ValueError(f"{where} must be an object, got {preview(item)}")
         facts.append(
             Fact(
                 proposition=_required_text(item, "proposition", where),
@@ -179,12 +178,12 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    items = _list_field(_data(resp), "instructions", "procedural")
+    items = _list_field(reply_data(resp), "instructions", "procedural")
     out: list[Instruction] = []
     for i, item in enumerate(items):
         where = f"instructions[{i}]"
         if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {_preview(item)}")
+            raise ValueError(f"{where} must be an object, got {preview(item)}")
         out.append(
             Instruction(
                 intent=_required_text(item, "intent", where),
@@ -262,19 +261,19 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
     Raises:
         ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.
     """
-    items = _list_field(_data(resp), "scores", "return")
+    items = _list_field(reply_data(resp), "scores", "return")
     scores: dict[int, int] = {}
     for i, item in enumerate(items):
         where = f"scores[{i}]"
         if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {_preview(item)}")
+            raise ValueError(f"{where} must be an object, got {preview(item)}")
         index = _integer(item.get("index"))
         if index is None:
-            raise ValueError(f"{where}.index must be an integer, got {_preview(item.get('index'))}")
+            raise ValueError(f"{where}.index must be an integer, got {preview(item.get('index'))}")
         raw = item.get("return_score")
         score = _number(raw)
         if score is None or math.isnan(score):
-            raise ValueError(f"{where}.return_score must be a number, got {_preview(raw)}")
+            raise ValueError(f"{where}.return_score must be a number, got {preview(raw)}")
         if 0 <= index < count and index not in scores:
             clamped = min(float(MAX_RETURN), max(float(MIN_RETURN), score))
             scores[index] = round(clamped)
@@ -314,45 +313,34 @@ def parse_merged_intent(resp: LLMResponse) -> str:
     Raises:
         ValueError: when the reply is not an object with a non-blank "intent" string.
     """
-    data = _data(resp)
+    data = reply_data(resp)
     if not isinstance(data, dict):
-        raise ValueError(f"merge_intent reply must be a JSON object, got {_preview(data)}")
+        raise ValueError(f"merge_intent reply must be a JSON object, got {preview(data)}")
     return _required_text(data, "intent", "merge_intent reply")
 
 
 # ---- shared field readers -----------------------------------------------------------------
 
 
-def _data(resp: LLMResponse) -> Any:
-    """The reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset."""
-    if resp.data is not None or not isinstance(resp.text, str) or not resp.text.strip():
-        return resp.data
-    try:
-        return json.loads(resp.text)
-    except ValueError:
-        return None
 
 
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _list_field(data: Any, key: str, task: str) -> list[Any]:
     if not isinstance(data, dict):
-        raise ValueError(f"{task} reply must be a JSON object, got {_preview(data)}")
+        raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
     if key not in data:
-        raise ValueError(f"{task} reply has no {key!r} field: {_preview(data)}")
+        raise ValueError(f"{task} reply has no {key!r} field: {preview(data)}")
     value = data[key]
     if not isinstance(value, list):
-        raise ValueError(f"{key} must be a list, got {_preview(value)}")
+        raise ValueError(f"{key} must be a list, got {preview(value)}")
     return value
 
 
 def _required_text(item: dict[str, Any], key: str, where: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}.{key} must be a non-empty string, got {_preview(value)}")
+        raise ValueError(f"{where}.{key} must be a non-empty string, got {preview(value)}")
     return value.strip()
 
 
@@ -361,7 +349,7 @@ def _optional_text(item: dict[str, Any], key: str, where: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{where}.{key} must be a string, got {_preview(value)}")
+        raise ValueError(f"{where}.{key} must be a string, got {preview(value)}")
     return value.strip()
 
 
@@ -369,12 +357,12 @@ def _concepts(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise ValueError(f"{where}.concepts must be a list of strings, got {_preview(value)}")
+        raise ValueError(f"{where}.concepts must be a list of strings, got {preview(value)}")
     out: list[str] = []
     seen: set[str] = set()
     for j, concept in enumerate(value):
         if not isinstance(concept, str):
-            raise ValueError(f"{where}.concepts[{j}] must be a string, got {_preview(concept)}")
+            raise ValueError(f"{where}.concepts[{j}] must be a string, got {preview(concept)}")
         label = concept.strip()
         # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
         if label and label.lower() not in seen:
@@ -388,7 +376,7 @@ def _confidence(value: Any, where: str) -> float:
         return DEFAULT_CONFIDENCE
     number = _number(value)
     if number is None:
-        raise ValueError(f"{where}.confidence must be a number, got {_preview(value)}")
+        raise ValueError(f"{where}.confidence must be a number, got {preview(value)}")
     if math.isnan(number):
         return DEFAULT_CONFIDENCE
     return min(1.0, max(0.0, number))
@@ -398,12 +386,12 @@ def _steps(value: Any, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise ValueError(f"{where}.steps must be a list of integers, got {_preview(value)}")
+        raise ValueError(f"{where}.steps must be a list of integers, got {preview(value)}")
     out: list[int] = []
     for j, raw in enumerate(value):
         index = _integer(raw)
         if index is None:
-            raise ValueError(f"{where}.steps[{j}] must be an integer, got {_preview(raw)}")
+            raise ValueError(f"{where}.steps[{j}] must be an integer, got {preview(raw)}")
         if index not in out:
             out.append(index)
     return tuple(out)

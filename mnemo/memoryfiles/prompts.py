@@ -8,12 +8,11 @@ descriptions become one printable line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
-from mnemo.ports import LLMRequest, LLMResponse, task_request
+from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
 
 SIGNALS = ("decision", "context", "correction", "preference")
 
@@ -134,20 +133,20 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    data = _data(resp)
+    data = reply_data(resp)
     if not isinstance(data, dict):
-        raise ValueError(f"memory_update reply must be a JSON object, got {_preview(data)}")
+        raise ValueError(f"memory_update reply must be a JSON object, got {preview(data)}")
     items = data.get("files")
     if not isinstance(items, list):
-        raise ValueError(f"files must be a list, got {_preview(items)}")
+        raise ValueError(f"files must be a list, got {preview(items)}")
     changes: list[TopicChange] = []
     for i, item in enumerate(items):
         where = f"files[{i}]"
         if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {_preview(item)}")
+            raise ValueError(f"{where} must be an object, got {preview(item)}")
         content = item.get("content")
         if not isinstance(content, str):
-            raise ValueError(f"{where}.content must be a string, got {_preview(content)}")
+            raise ValueError(f"{where}.content must be a string, got {preview(content)}")
         changes.append(
             TopicChange(
                 topic=_topic(item, where),
@@ -209,12 +208,12 @@ def parse_persist(resp: LLMResponse) -> Filed:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    data = _data(resp)
+    data = reply_data(resp)
     if not isinstance(data, dict):
-        raise ValueError(f"memory_persist reply must be a JSON object, got {_preview(data)}")
+        raise ValueError(f"memory_persist reply must be a JSON object, got {preview(data)}")
     entry = data.get("entry")
     if not isinstance(entry, str) or not entry.strip():
-        raise ValueError(f"entry must be a non-empty string, got {_preview(entry)}")
+        raise ValueError(f"entry must be a non-empty string, got {preview(entry)}")
     return Filed(
         topic=_topic(data, "reply"),
         description=_description(data, "reply"),
@@ -225,26 +224,15 @@ def parse_persist(resp: LLMResponse) -> Filed:
 # ---- shared field readers -----------------------------------------------------------------
 
 
-def _data(resp: LLMResponse) -> Any:
-    """The reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset."""
-    if resp.data is not None or not isinstance(resp.text, str) or not resp.text.strip():
-        return resp.data
-    try:
-        return json.loads(resp.text)
-    except ValueError:
-        return None
 
 
-def _preview(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _topic(item: dict[str, Any], where: str) -> str:
     value = item.get("topic")
     topic = one_line(value, MAX_TOPIC_CHARS) if isinstance(value, str) else ""
     if not topic:
-        raise ValueError(f"{where}.topic must be a non-empty string, got {_preview(value)}")
+        raise ValueError(f"{where}.topic must be a non-empty string, got {preview(value)}")
     return topic
 
 
@@ -253,7 +241,7 @@ def _description(item: dict[str, Any], where: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{where}.description must be a string, got {_preview(value)}")
+        raise ValueError(f"{where}.description must be a string, got {preview(value)}")
     return one_line(value, MAX_DESCRIPTION_CHARS)
 
 
@@ -261,7 +249,7 @@ def _signals(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise ValueError(f"{where}.signals must be a list, got {_preview(value)}")
+        raise ValueError(f"{where}.signals must be a list, got {preview(value)}")
     out: list[str] = []
     for j, kind in enumerate(value):
         if kind not in SIGNALS:

@@ -46,29 +46,11 @@ CORE_NAMES = [
 ]
 
 # Named as `mnemo.X` elsewhere in API.md: ingest, memory files, adapters, conversation memory.
-# Names API.md gives to capabilities of later issues; each xfail is strict, so the test
-# starts failing (as a reminder to drop the mark) the day the name lands.
-_LATER = {
-}
-# Names of later issues that have landed, checked without a mark.
-_LANDED = {
-    5: [
-        "Message",
-        "Recent",
-        "Semantic",
-        "Summary",
-        "ToolOutputPruner",
-        "Viewport",
-        "EvictionResult",
-        "SearchHit",
-        "MessageView",
-    ],
-}
 OTHER_API_NAMES = [
-    pytest.param(name, marks=pytest.mark.xfail(reason=f"lands with issue {issue}"))
-    for issue, names in _LATER.items()
-    for name in names
-] + [name for names in _LANDED.values() for name in names]
+    "Anthropic", "EvictionResult", "IngestReceipt", "MemoryFile", "MemoryFiles", "MemoryUpdate",
+    "Message", "MessageView", "OpenAICompatible", "OpenAIEmbedder", "Recent", "SearchHit",
+    "Semantic", "Step", "Summary", "ToolOutputPruner", "Trajectory", "Viewport",
+]
 
 
 @pytest.mark.parametrize("goal", BLANK)

@@ -3,6 +3,8 @@ changeset holds the 7 node types and 4 link types, deduplicated against batch an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 
 import mnemo
@@ -122,7 +124,7 @@ async def test_intent_merge_uses_the_llm_and_keeps_links(llm: FakeLLM, events: E
 
         dim = 4
 
-        async def embed(self, texts: list[str]) -> list[list[float]]:
+        async def embed(self, texts: Sequence[str]) -> list[list[float]]:
             table = {"do walk": [1.0, 0.0, 0.0, 0.0], "do run": [0.9, 0.43589, 0.0, 0.0]}
             return [table.get(t, [0.0, 0.0, 1.0, 0.0] if t.startswith("walk") else
                               [0.0, 0.0, 0.0, 1.0]) for t in texts]

@@ -141,7 +141,8 @@ def test_replaced_vector_is_found_by_its_new_value(
     index, accelerator = accelerated
     target = clustered(1, seed=99)[0]
     index.add(["n1"], [NodeType.EPISODIC], target[None, :])
-    assert index.search(target, 1)[0] == ("n1", pytest.approx(1.0, abs=1e-5))
+    found_id, score = index.search(target, 1)[0]
+    assert (found_id, score) == ("n1", pytest.approx(1.0, abs=1e-5))  # type: ignore[comparison-overlap]
     assert accelerator.wait(30)
     assert index.search(target, 1)[0][0] == "n1"
     assert accelerator.stats()["dead"] == 1
@@ -252,7 +253,7 @@ async def test_store_uses_it_and_rebuilds_it_on_open(tmp_path: Path) -> None:
     graph = SqliteGraph(database, lambda repo: DIM, ann_threshold=THRESHOLD)
     try:
         await graph.apply(changeset("a", vectors[:600], 0), intents=policy())
-        assert await graph.search_vectors("r", vectors[0], 1) == [
+        assert await graph.search_vectors("r", vectors[0], 1) == [  # type: ignore[comparison-overlap]
             ("v0", pytest.approx(1.0, abs=1e-5))
         ]
         with anyio.fail_after(30):

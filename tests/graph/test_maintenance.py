@@ -275,7 +275,9 @@ async def test_decay_deletes_the_worthless_and_prunes_orphaned_routes(graph: Sql
               (now - timedelta(days=1)).isoformat())
     await sql(graph.database, "UPDATE nodes SET access_count = 4, last_access = ?"
               " WHERE id = 'known'", (now - timedelta(days=2)).isoformat())
-    assert await graph.search_vectors(REPO, axis(3), 1) == [("step", pytest.approx(1.0))]
+    [(found_id, score)] = await graph.search_vectors(REPO, axis(3), 1)
+    assert found_id == "step"
+    assert score == pytest.approx(1.0)
     report = await decay(graph, REPO, CONFIG, now=now)
     assert report == DecayReport(examined=5, deleted=2, pruned=3)
     assert await ids(graph) == {"known", "kitchen", "plain", "proc", "intent"}
@@ -472,8 +474,8 @@ async def test_maintenance_never_loses_a_concurrent_commit(
     assert len(present & {f"dup{i}" for i in range(4)}) == 1
     assert (await validate_episodic(graph, REPO)).ok
     # Topics 10-19 were only ever used by doomed facts: their tags went with them.
-    tags = await sql(database, "SELECT key FROM nodes WHERE type = 'tag'")
-    assert sorted(key for (key,) in tags) == sorted(f"topic {t}" for t in range(10))
+    rows = await sql(database, "SELECT key FROM nodes WHERE type = 'tag'")
+    assert sorted(row[0] for row in rows) == sorted(f"topic {t}" for t in range(10))
 
 
 # ---- through Memory -------------------------------------------------------------------------

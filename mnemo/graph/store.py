@@ -422,23 +422,6 @@ class SqliteGraph:
             return index.search(vector, limit, kinds)
         return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
 
-    async def types_of(self, repo: str, node_ids: Sequence[str]) -> dict[str, NodeType]:
-        """The type of each of these nodes that exists."""
-        ids = list(dict.fromkeys(node_ids))
-
-        def read(db: SqliteUtilsDatabase) -> dict[str, NodeType]:
-            kinds: dict[str, NodeType] = {}
-            for chunk in _chunks(ids, 500):
-                marks = ",".join("?" * len(chunk))
-                for node_id, kind in db.conn.execute(
-                    f"SELECT id, type FROM nodes WHERE repo = ? AND id IN ({marks})",
-                    [repo, *chunk],
-                ):
-                    kinds[node_id] = NodeType(kind)
-            return kinds
-
-        return await self._database.run(read) if ids else {}
-
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]
     ) -> dict[str, tuple[int, datetime | None]]:
@@ -532,9 +515,6 @@ class SqliteGraph:
             return {}
         scores = np.stack([v for _, v in known]) @ unit(vector)[0]
         return {node_id: float(score) for (node_id, _), score in zip(known, scores, strict=True)}
-
-    async def vector_of(self, repo: str, node_id: str) -> Vector | None:
-        return (await self._index(repo)).get(node_id)
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use. Whoever deletes

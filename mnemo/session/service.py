@@ -299,9 +299,6 @@ class SessionService:
             for s in self._sessions.values()
         ]
 
-    def repo_of(self, session_id: str) -> str:
-        return self._get(session_id).repo
-
     async def end_session(self, session_id: str) -> None:
         """Stops the session: its background work is cancelled, queued operations get
         "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
@@ -668,27 +665,12 @@ class SessionService:
         assert changeset is not None, "a ready session holds its changeset"
         wanted = set(changeset.step_ids)
         steps = [s for s in episode.steps if s.id in wanted] if episode else []
-        receipts: list[CommitReceipt] = []
-
-        async def persist() -> None:
-            receipts.append(
-                await self._graph.apply(
-                    changeset,
-                    intents=self._intent_policy(session),
-                    also=[self._store.committed(session.id, episode.id if episode else None,
-                                                steps, changeset.id, S.IDLE)],
-                )
-            )
-
         async with session.lock:
             self._refuse_unless(session, "commit")
-            await persist()
+            receipt = await self._commit_steps(session, changeset, steps, S.IDLE)
             Machines.fire(session.model, "commit")
             if op is not None:
                 op.applied = True
-            receipt = receipts[0]
-            for step in steps:
-                step.committed_in = changeset.id
             session.changeset = None
             session.episode = None
             session.last_receipt = receipt
@@ -776,20 +758,10 @@ class SessionService:
     async def _auto_commit_close(
         self, session: _Session, changeset: Changeset, steps: list[StepRecord]
     ) -> None:
-        episode = session.episode
         receipts: list[CommitReceipt] = []
 
         async def persist() -> None:
-            receipts.append(
-                await self._graph.apply(
-                    changeset,
-                    intents=self._intent_policy(session),
-                    also=[self._store.committed(session.id, episode.id if episode else None,
-                                                steps, changeset.id, S.IDLE)],
-                )
-            )
-            for step in steps:
-                step.committed_in = changeset.id
+            receipts.append(await self._commit_steps(session, changeset, steps, S.IDLE))
             session.last_receipt = receipts[0]
             session.episode = None
 
@@ -803,6 +775,25 @@ class SessionService:
             )
             self._kick(session)
 
+    async def _commit_steps(
+        self,
+        session: _Session,
+        changeset: Changeset,
+        steps: list[StepRecord],
+        state: State | None,
+    ) -> CommitReceipt:
+        """Applies `changeset` with the session's side (steps committed, and `state` unless
+        None) in the same transaction, then marks the steps committed in memory."""
+        episode_id = session.episode.id if session.episode else None
+        receipt = await self._graph.apply(
+            changeset,
+            intents=self._intent_policy(session),
+            also=[self._store.committed(session.id, episode_id, steps, changeset.id, state)],
+        )
+        for step in steps:
+            step.committed_in = changeset.id
+        return receipt
+
     def _start_background(self, session: _Session, steps: list[StepRecord]) -> None:
         session.claimed.update(s.id for s in steps)
         session.background += 1
@@ -814,13 +805,7 @@ class SessionService:
         try:
             assert episode is not None
             changeset = await self._extract_steps(session, episode, steps)
-            receipt = await self._graph.apply(
-                changeset,
-                intents=self._intent_policy(session),
-                also=[self._store.committed(session.id, episode.id, steps, changeset.id, None)],
-            )
-            for step in steps:
-                step.committed_in = changeset.id
+            receipt = await self._commit_steps(session, changeset, steps, None)
         except Exception as exc:
             log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
             session.claimed.difference_update(s.id for s in steps)

@@ -238,13 +238,14 @@ class MemoryFiles:
         bounded by `max_chars` like any other write.
 
         Raises:
-            InvalidInputError: `what` is not a string or is blank.
+            InvalidInputError: `what` is not a string, or has no words (blank, or only punctuation).
             LLMError: the LLM failed or kept answering something unusable.
             LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` seconds.
             OSError: the file could not be written (the old file is left intact).
         """
-        if not isinstance(what, str) or not what.strip():
-            raise InvalidInputError("what must be a non-blank string")
+        if not isinstance(what, str) or not _format.entry_key(what):
+            # Only bullets and punctuation (".") leave nothing to file.
+            raise InvalidInputError(f"what must be a statement with words, got {what!r}")
         statement = " ".join(what.split())
         stored = await anyio.to_thread.run_sync(self._scan)
         request = memory_persist_request(

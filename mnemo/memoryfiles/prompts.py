@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
 
@@ -212,7 +213,8 @@ def parse_persist(resp: LLMResponse) -> Filed:
     if not isinstance(data, dict):
         raise ValueError(f"memory_persist reply must be a JSON object, got {preview(data)}")
     entry = data.get("entry")
-    if not isinstance(entry, str) or not entry.strip():
+    # An entry of only bullets and punctuation would be dropped as empty when written.
+    if not isinstance(entry, str) or not _format.entry_key(entry):
         raise ValueError(f"entry must be a non-empty string, got {preview(entry)}")
     return Filed(
         topic=_topic(data, "reply"),

@@ -266,7 +266,7 @@ def test_any_statements_keep_files_bounded_and_parseable(
     async def main(directory: Path) -> None:
         files = mnemo.MemoryFiles(directory, max_chars=max_chars)
         for statement in statements:
-            if statement.strip():
+            if _format.entry_key(statement):
                 await files.persist(statement, llm=None)
             else:
                 with pytest.raises(mnemo.InvalidInputError):
@@ -568,3 +568,13 @@ def test_directory_may_be_a_string(tmp_path: Path) -> None:
     assert files.directory == tmp_path / "m"
     assert files.list() == []
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("what", [".", "- ", "!!!", "* ."])
+async def test_persist_of_only_punctuation_is_refused(tmp_path: Path, what: str) -> None:
+    """A statement of only bullets and punctuation has nothing to file: InvalidInputError, and
+    no file is written (it used to surface as a FileNotFoundError)."""
+    files = mnemo.MemoryFiles(tmp_path / "memory")
+    with pytest.raises(mnemo.InvalidInputError):
+        await files.persist(what, llm=None)
+    assert files.list() == []

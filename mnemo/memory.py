@@ -97,7 +97,7 @@ class Memory:
             store=self._sessions_store,
             graph=self._graph,
             events=self._events,
-            repo_runtime=self._runtime,
+            repo_runtime=self._repo,
             llm_for=self._llm_for,
         )
         self._ingests = IngestService(self._database, self._graph, self._ingest_runtime)
@@ -223,9 +223,6 @@ class Memory:
         if runtime is None:
             raise NotFoundError("repo", str(name))
         return runtime
-
-    def _runtime(self, name: str) -> Runtime:
-        return self._repo(name)
 
     def _embedding(self, name: str) -> Runtime:
         """The repo's runtime, checked to embed in the repo's dimension.

@@ -37,6 +37,7 @@ from mnemo.errors import (
     NotFoundError,
     PipelineError,
     SessionError,
+    StorageError,
 )
 from mnemo.events import Event
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
@@ -101,6 +102,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "State",
     "Step",
     "StepInfo",
+    "StorageError",
     "Summary",
     "ToolCall",
     "ToolOutputPruner",

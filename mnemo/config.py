@@ -29,6 +29,11 @@ class Config:
     intent_merge_threshold: float = 0.8
     intent_identity_threshold: float = 0.95
     llm_concurrency: int = 16
+    # Seconds a write waits for another writer (another process, the CLI) before
+    # `StorageError("busy")`; the wait happens off the event loop.
+    busy_timeout: float = 5.0
+    # Seconds after which background work held by a vanished `Memory` is taken over.
+    lease_timeout: float = 30.0
     # Recall: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
     recall_candidates: int = 50
     rrf_k: int = 60
@@ -70,10 +75,14 @@ class Config:
                 raise InvalidInputError(
                     f"Config.{name} must be a positive number or None, got {value!r}"
                 )
-        for name in ("append_timeout", "extraction_timeout"):
+        for name in ("append_timeout", "extraction_timeout", "lease_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
                 raise InvalidInputError(f"Config.{name} must be a positive number, got {value!r}")
+        if not (isinstance(self.busy_timeout, int | float) and 0 <= self.busy_timeout < math.inf):
+            raise InvalidInputError(
+                f"Config.busy_timeout must be a number >= 0, got {self.busy_timeout!r}"
+            )
         for name in ("trajectory_threshold", "intent_merge_threshold", "intent_identity_threshold",
                      "hop_decay"):
             value = getattr(self, name)

@@ -7,6 +7,7 @@ MnemoError
 ├── ConflictError                      same id, different payload
 ├── SessionError                       a call the session's state refuses: .reason, .state
 ├── PipelineError                      close_and_commit / ingest gave up: .reason
+├── StorageError                       the store failed or stayed locked: .reason
 └── AdapterError                       a model or embedding provider failed
     ├── LLMError
     │   └── LLMTimeout (TimeoutError)
@@ -14,7 +15,8 @@ MnemoError
 ```
 
 Foreign errors are translated where they enter mnemo: an adapter's exception becomes the
-`__cause__` of an `LLMError` or `EmbeddingError`.
+`__cause__` of an `LLMError` or `EmbeddingError`, a database driver's the `__cause__` of a
+`StorageError`.
 """
 
 from __future__ import annotations
@@ -61,6 +63,16 @@ class SessionError(MnemoError):
 
 class PipelineError(MnemoError):
     """A pipeline gave up: `reason` is "extraction_failed" or "extraction_timeout"."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class StorageError(MnemoError):
+    """The store failed: `reason` is "busy" (another writer held the lock past
+    `Config.busy_timeout`), "unavailable", "corrupt" or "extension_missing". Nothing of the
+    failed write was stored; the driver's exception is the `__cause__`."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)

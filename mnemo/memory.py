@@ -77,12 +77,14 @@ class Memory:
     ) -> None:
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
-        self._database = Database(path, synchronous=synchronous)
+        self._config = config or Config()
+        self._database = Database(
+            path, synchronous=synchronous, busy_timeout=self._config.busy_timeout
+        )
         self._offline = OfflineLLM()
         self._llm: LLM = llm if llm is not None else self._offline
         chosen: Embedder = default_embedder() if embedder is None else embedder
         self._embedder = chosen
-        self._config = config or Config()
         self._events = Events(on_event)
         self._sessions_store = SqliteSessions(self._database)
         self._repos: dict[str, Runtime] = {}
@@ -132,7 +134,6 @@ class Memory:
     ) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(self._service.run)
-            await tg.start(self._database.maintain)
             task_status.started()
 
     async def __aexit__(

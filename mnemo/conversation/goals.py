@@ -69,7 +69,7 @@ class GoalStore:
                     (goal_id, thread_id, description, OPEN, timestamp(now)),
                 )
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
         return goal_id
 
     async def complete(self, goal_id: str, now: datetime) -> int:
@@ -97,8 +97,8 @@ class GoalStore:
                 ).rowcount
                 return released
 
-        return await self._database.run_inline(write)
+        return await self._database.run(write)
 
     async def open_goals(self, thread_id: str) -> list[Goal]:
         """The thread's open goals, oldest first."""
-        return await self._database.run_inline(lambda db: read_open_goals(db, thread_id))
+        return await self._database.run(lambda db: read_open_goals(db, thread_id))

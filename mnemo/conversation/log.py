@@ -121,7 +121,7 @@ class ThreadLog:
 
     async def state(self, thread_id: str) -> ThreadState | None:
         """The thread's counters, None for a thread never saved (or purged)."""
-        return await self._database.run_inline(lambda db: read_state(db, thread_id))
+        return await self._database.run(lambda db: read_state(db, thread_id))
 
     async def append(
         self,
@@ -182,7 +182,7 @@ class ThreadLog:
             return [message_from_row(row) for row in rows]
 
         if len(drafts) <= _INLINE_APPEND:
-            return await self._database.run_inline(write)
+            return await self._database.run(write)
         return await self._database.run(write)
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
@@ -216,7 +216,7 @@ class ThreadLog:
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start."""
-        return await self._database.run_inline(lambda db: read_compactions(db, thread_id))
+        return await self._database.run(lambda db: read_compactions(db, thread_id))
 
     async def raw(self, thread_id: str) -> list[Message]:
         """Every stored message of the thread, by seq."""
@@ -308,7 +308,7 @@ class ThreadLog:
                 )
             return compaction_from_row(thread_id, (start_seq, end_seq, summary_text, stamp))
 
-        return await self._database.run_inline(write)
+        return await self._database.run(write)
 
     async def vectors(self, thread_id: str) -> dict[str, bytes]:
         """The stored vector blob of each message of the thread that has one."""

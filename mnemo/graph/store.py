@@ -455,7 +455,7 @@ class SqliteGraph:
                     [(stamp, repo, node_id) for node_id in ids],
                 )
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int

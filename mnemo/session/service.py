@@ -188,11 +188,17 @@ class SessionService:
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Owns every background task; returns when cancelled."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self._timers)
-            task_status.started()
-            await anyio.sleep_forever()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._timers)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            # Every accepted operation gets its callback, even when the Memory closes first.
+            with anyio.CancelScope(shield=True):
+                for session in list(self._sessions.values()):
+                    await self._fail_pending(session, "memory_closed")
 
     def restore(self, live: list[LiveSession]) -> None:
         """Brings back sessions that had not ended. One that was extracting extracts again as
@@ -444,19 +450,29 @@ class SessionService:
         return project(start, [*ops, *session.pending, op], auto_commit=auto)
 
     async def _run_op(self, session: _Session, op: Op) -> None:
+        """Runs an accepted operation and reports it: exactly one callback, whatever happens
+        (issue 9: an error that was not a `MnemoError` used to leave `running` set, so the
+        session's queue never moved again and no callback came)."""
         try:
             await self._execute(session, op)
-        except MnemoError as exc:
+        except Exception as exc:
             await self._finish_op(session, op, OpResult(False, None, _as_session_error(
                 exc, session)))
             await self._fail_pending(session, "preceding_op_failed")
+        except BaseException:
+            # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
+            with anyio.CancelScope(shield=True):
+                reason = "session_ended" if session.ended else "memory_closed"
+                await self._finish_op(session, op, OpResult(False, None, SessionError(
+                    reason, state=session.state, session_id=session.id)))
+            raise
         else:
             await self._finish_op(session, op, OpResult(True, VALUES[op.kind]))
         finally:
             if op.kind == "append":
                 session.appends_in_flight -= 1
-        if session.running is op:
-            session.running = None
+            if session.running is op:
+                session.running = None
         self._kick(session)
 
     async def _finish_op(self, session: _Session, op: Op, result: OpResult) -> None:
@@ -929,7 +945,7 @@ def _state(session: _Session) -> State:
     return session.state
 
 
-def _as_session_error(exc: MnemoError, session: _Session) -> SessionError:
+def _as_session_error(exc: Exception, session: _Session) -> SessionError:
     """The `SessionError` an async operation's callback receives for `exc`."""
     if isinstance(exc, SessionError):
         return exc

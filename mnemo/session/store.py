@@ -1,8 +1,8 @@
 """Durable sessions: the `SessionStore` port and its SQLite implementation.
 
 Every accepted step, episode and state change is written here before the call that made it
-returns; `load_live` brings back every session that had not ended. Small keyed writes run
-inline on the event loop (see `mnemo.storage.db`); loads run in the worker thread.
+returns; `load_live` brings back every session that had not ended. Every statement runs in the
+database's own thread (see `mnemo.storage.db`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class SqliteSessions:
                 )
                 _insert_episode(db, session_id, episode, now)
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None:
         now = _now()
@@ -124,7 +124,7 @@ class SqliteSessions:
                     (State.COLLECTING.value, episode.id, now, session_id),
                 )
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def add_step(
         self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
@@ -152,14 +152,14 @@ class SqliteSessions:
                 db.conn.rollback()
                 raise
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def set_state(self, session_id: str, state: State) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 _set_state(db, session_id, state)
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def save_extraction(
         self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
@@ -221,7 +221,7 @@ class SqliteSessions:
                     )
                 _set_state(db, session_id, State.IDLE)
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def end(self, session_id: str) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
@@ -231,7 +231,7 @@ class SqliteSessions:
                     (_now(), session_id),
                 )
 
-        await self._database.run_inline(write)
+        await self._database.run(write)
 
     async def load_live(self) -> list[LiveSession]:
         return await self._database.run(_load_live)

@@ -1,58 +1,161 @@
 """`Database`: the one owner of mnemo's SQLite connection.
 
-Every statement goes through `run` (in a worker thread) or `run_inline` (on the event loop
-thread), both under one `CapacityLimiter(1)`, so the connection is never used by two threads
-at once and a multi-statement write is never interleaved with another.
+Every statement runs through `run`, in one dedicated worker thread that owns the connection
+(issue 9): the event loop never waits on SQLite, not for the disk and not for another writer's
+lock. A hop to that thread costs about 45 µs here against about 115 µs for
+`anyio.to_thread.run_sync` (BENCHMARKS.md), because the thread is always there and a result
+comes back with one `call_soon_threadsafe`.
 
-Why two paths: a hop to a worker thread costs about 120 µs here, ten times a durable
-single-row insert (about 12 µs in WAL mode). Appends are the hot path, so their small writes
-run inline; anything that scans, writes many rows or may wait on the disk (commits, recall,
-restore, checkpoints) runs in the thread. See BENCHMARKS.md.
+Locks and errors: a transaction takes the write lock when it begins (`BEGIN IMMEDIATE`, see
+`_Connection.atomic`), so a writer that must wait for another process waits in SQLite's busy
+handler, in the worker thread, for at most `busy_timeout` seconds, and never fails half-way
+through because another writer slipped in after its first read. Whatever SQLite raises becomes a
+`StorageError` here, where it enters mnemo (`"busy"` when the lock could not be had, else
+`"unavailable"` or `"corrupt"`), with nothing of the failed transaction written.
 
 Durability: WAL with `synchronous=NORMAL` makes a commit durable against a killed process,
 which is mnemo's promise; `synchronous="FULL"` also survives power loss, at an fsync a commit.
 
-Checkpoints: SQLite's automatic checkpoint would run inside whichever write crosses the
-threshold, on the event loop for an inline write, for 1.5 to 16 ms (BENCHMARKS.md). It is turned
-off; `maintain` checkpoints from a second connection in a worker thread instead, which does not
-hold up the writer.
+The WAL: SQLite's automatic checkpoint (every 1000 pages) runs inside the write that crosses
+it, in the worker thread, and `journal_size_limit` truncates the WAL file back to 16 MB after
+each one, so sustained writes keep it small (issue 9: the side checkpointer this replaces let a
+WAL reach 2.6 GB).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import queue
+import random
 import sqlite3
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
-import anyio.to_thread
-from anyio.abc import TaskStatus
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.ports import slot
+from mnemo.errors import StorageError
 from mnemo.storage.schema import MIGRATIONS
 
 T = TypeVar("T")
 
-CHECKPOINT_EVERY = 500
-
 Work = Callable[[SqliteUtilsDatabase], T]
+
+# The WAL is truncated to this size after a checkpoint (it may grow past it between two).
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
+
+_BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+_CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+class _Connection(SqliteUtilsDatabase):
+    """sqlite-utils' `Database` whose outermost `atomic()` takes the write lock up front."""
+
+    @contextlib.contextmanager
+    def atomic(self) -> Generator[SqliteUtilsDatabase, None, None]:
+        if self.conn.in_transaction:
+            with super().atomic() as db:  # a savepoint inside the running transaction
+                yield db
+            return
+        # A deferred BEGIN would take the lock at the first write; in WAL mode a transaction
+        # that has read by then fails at once with SQLITE_BUSY_SNAPSHOT when another writer
+        # committed meanwhile, without waiting. IMMEDIATE waits in the busy handler instead.
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.rollback()
+            raise
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:
+                self.conn.rollback()
+            raise
+
+
+def storage_error(exc: sqlite3.Error) -> StorageError:
+    """The `StorageError` for a driver error (it becomes the `__cause__`)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary in _BUSY_CODES or "locked" in str(exc) or "busy" in str(exc):
+        reason = "busy"
+    elif primary in _CORRUPT_CODES:
+        reason = "corrupt"
+    else:
+        reason = "unavailable"
+    error = StorageError(reason, f"SQLite: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+class _Worker:
+    """The thread that owns the connection: runs one job at a time, in arrival order."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, future, loop = job
+            try:
+                result = fn()
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Runs `fn()` in the thread. A caller cancelled meanwhile still waits for the job to
+        end (shielded): a write is either wholly done or not, and the caller's cleanup may rely
+        on which."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, future, loop))
+        with anyio.CancelScope(shield=True):
+            result = await future
+        return result
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class Database:
     """The SQLite file (or `:memory:`) behind every store, with its one connection."""
 
-    def __init__(self, path: str | Path = ":memory:", *, synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout: float = 5.0,
+    ) -> None:
         if synchronous.upper() not in {"NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"synchronous must be NORMAL, FULL or EXTRA, got {synchronous!r}")
         self.path = str(path)
         self._synchronous = synchronous.upper()
-        self._slot = anyio.CapacityLimiter(1)
+        self._busy_ms = max(int(busy_timeout * 1000), 0)
         self._db: SqliteUtilsDatabase | None = None
-        self._checkpointer: sqlite3.Connection | None = None
-        self._writes = 0
-        self._checkpoint_due = anyio.Event()
+        self._worker: _Worker | None = None
 
     @property
     def db(self) -> SqliteUtilsDatabase:
@@ -61,75 +164,103 @@ class Database:
         return self._db
 
     async def open(self) -> None:
-        """Connects, enables WAL and applies pending migrations."""
-        await anyio.to_thread.run_sync(self._open_sync, limiter=self._slot)
+        """Connects, enables WAL and applies pending migrations.
+
+        Raises:
+            StorageError: the file cannot be opened or set up (`"busy"` when another process
+                held its write lock for longer than the busy timeout).
+        """
+        self._worker = _Worker(f"mnemo-db:{Path(self.path).name}")
+        try:
+            await self._call(self._open_sync)
+        except BaseException:
+            self._worker.stop()
+            self._worker = None
+            raise
 
     def _open_sync(self) -> None:
-        conn = sqlite3.connect(self.path, check_same_thread=False)
-        db = SqliteUtilsDatabase(conn, execute_plugins=False)
-        if self.path != ":memory:":
-            db.enable_wal()
-            conn.execute("PRAGMA wal_autocheckpoint=0")
-            self._checkpointer = sqlite3.connect(self.path, check_same_thread=False)
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.execute("PRAGMA busy_timeout=5000")
-        MIGRATIONS.apply(db)
+        # Autocommit mode: a statement outside `atomic()` is its own transaction, and
+        # `atomic()` opens every other one explicitly (no implicit BEGIN left open).
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            # Before anything else: switching to WAL and migrating wait for other processes
+            # opening the same new file (issue 9: two of them failed with "database is locked").
+            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            db = _Connection(conn, execute_plugins=False)
+            deadline = time.monotonic() + self._busy_ms / 1000
+            while True:
+                try:
+                    self._set_up(db)
+                    break
+                except sqlite3.OperationalError as exc:
+                    # Switching a new file to WAL, or reading a schema another process is
+                    # writing, can be refused at once without the busy handler's wait: try
+                    # again, in this thread, until the busy timeout is spent.
+                    if storage_error(exc).reason != "busy" or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(random.uniform(0.005, 0.03))
+        except BaseException:
+            conn.close()
+            raise
         self._db = db
 
-    async def close(self) -> None:
-        if self._db is None:
-            return
-        db, self._db = self._db, None
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._close_sync, db, limiter=self._slot)
+    def _set_up(self, db: SqliteUtilsDatabase) -> None:
+        conn = db.conn
+        if self.path != ":memory:":
+            db.enable_wal()
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        # Schema set-up is one IMMEDIATE transaction: a second process waits for the first
+        # to finish, then finds nothing pending. Each migration is a savepoint inside it.
+        if MIGRATIONS.pending(db):
+            with db.atomic():
+                if MIGRATIONS.pending(db):
+                    MIGRATIONS.apply(db)
 
-    def _close_sync(self, db: SqliteUtilsDatabase) -> None:
-        if db.conn.in_transaction:
-            db.conn.rollback()
-        if not db.memory:
-            db.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        db.conn.close()
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-            self._checkpointer = None
+    async def close(self) -> None:
+        if self._worker is None:
+            return
+        worker, self._worker = self._worker, None
+        db, self._db = self._db, None
+        try:
+            if db is not None:
+                with anyio.CancelScope(shield=True):
+                    await worker.call(lambda: _close_sync(db))
+        finally:
+            worker.stop()
 
     async def run(self, work: Work[T]) -> T:
-        """Runs `work(db)` in a worker thread, alone on the connection."""
-        db = self.db
-        self._wrote()
-        return await anyio.to_thread.run_sync(work, db, limiter=self._slot)
+        """Runs `work(db)` in the connection's thread, alone on the connection.
 
-    async def run_inline(self, work: Work[T]) -> T:
-        """Runs a small `work(db)` on the event loop thread, alone on the connection.
-
-        Only for statements that touch a handful of rows by key (see the module docstring).
+        Raises:
+            StorageError: SQLite failed (the transaction `work` opened is rolled back).
         """
         db = self.db
-        self._wrote()
-        async with slot(self._slot):
-            return work(db)
 
-    def _wrote(self) -> None:
-        # Counts calls, not pages: about one WAL frame each, so a checkpoint every
-        # CHECKPOINT_EVERY calls keeps the WAL near SQLite's default 1000-page threshold.
-        self._writes += 1
-        if self._writes >= CHECKPOINT_EVERY:
-            self._checkpoint_due.set()
+        def job() -> T:
+            try:
+                return work(db)
+            finally:
+                if db.conn.in_transaction:  # `work` failed inside a transaction of its own
+                    db.conn.rollback()
 
-    async def maintain(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Checkpoints the WAL whenever enough writes piled up; runs until cancelled."""
-        task_status.started()
-        while self._checkpointer is not None:
-            await self._checkpoint_due.wait()
-            self._checkpoint_due = anyio.Event()
-            self._writes = 0
-            await self.checkpoint()
+        return await self._call(job)
 
-    async def checkpoint(self) -> None:
-        """Moves the WAL into the database file (PASSIVE: never blocks the writer)."""
-        conn = self._checkpointer
-        if conn is not None:
-            await anyio.to_thread.run_sync(
-                lambda: conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            )
+    async def _call(self, fn: Callable[[], T]) -> T:
+        worker = self._worker
+        if worker is None:
+            raise RuntimeError("the database is not open")
+        try:
+            return await worker.call(fn)
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+
+
+def _close_sync(db: SqliteUtilsDatabase) -> None:
+    if db.conn.in_transaction:
+        db.conn.rollback()
+    if not db.memory:
+        with contextlib.suppress(sqlite3.Error):  # another process may hold the WAL
+            db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    db.conn.close()

@@ -430,20 +430,28 @@ async def test_maintenance_never_loses_a_concurrent_commit(
     receipts: list[CommitReceipt] = []
     committed = anyio.Event()
     order: list[str] = []
+    # The last wave waits for a maintenance round that began after the first commit, so
+    # maintenance runs between commits however the threads are scheduled.
+    round_after_first_commit = anyio.Event()
 
     async def commit_one(k: int) -> None:
         wave = k // 8
         await anyio.sleep(0.02 * wave + rng.random() * 0.002)
+        if wave == 9:
+            await round_after_first_commit.wait()
         changeset = episode(k, wave, rng, keep=k % 2 == 0)
         receipts.append(await graph.apply(changeset, intents=policy()))
         order.append("commit")
 
     async def maintain() -> None:
         while not committed.is_set():
+            after_a_commit = "commit" in order
             await consolidate(graph, REPO, CONFIG)
             order.append("consolidate")
             await decay(graph, REPO, CONFIG, now=now_utc() + timedelta(days=45))
             order.append("decay")
+            if after_a_commit:
+                round_after_first_commit.set()
             await anyio.lowlevel.checkpoint()
 
     async with anyio.create_task_group() as tg:

@@ -1,0 +1,112 @@
+"""Issue 9, item 1: an async operation that fails with any error reports it, and the queue and
+the session go on (they used to wedge for good on an error that was not a `MnemoError`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from tests.conftest import REPO, Enter
+from tests.fakes import EventLog, FakeLLM
+
+
+class Results:
+    def __init__(self) -> None:
+        self.got: dict[str, mnemo.OpResult] = {}
+        self._arrived = anyio.Event()
+
+    def __call__(self, label: str) -> Any:
+        def record(result: mnemo.OpResult) -> None:
+            assert label not in self.got, f"{label} called back twice"
+            self.got[label] = result
+            self._arrived.set()
+
+        return record
+
+    async def wait(self, *labels: str) -> None:
+        with anyio.fail_after(5):
+            while not set(labels) <= set(self.got):
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+
+
+@pytest.mark.parametrize("error", [ValueError("bad vector"), RuntimeError("driver blew up")])
+async def test_a_foreign_error_in_a_queued_commit_is_reported_and_the_session_goes_on(
+    mem: mnemo.Memory,
+    enter: Enter,
+    llm: FakeLLM,
+    events: EventLog,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+) -> None:
+    """A queued commit whose graph write raises a non-mnemo error gets operation_failed with
+    that error as cause; the op queued after it gets preceding_op_failed; then the session,
+    still ready, commits normally."""
+    sid = await enter(State.EXTRACTING)
+    graph = mem._graph
+    real_apply = graph.apply
+
+    async def failing_apply(*args: Any, **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(graph, "apply", failing_apply)
+    results = Results()
+    await mem.commit_async(sid, callback=results("commit"))
+    await mem.start_episode_async(sid, "next", callback=results("start"))
+    llm.holds["semantic"].release()
+    await results.wait("commit", "start")
+
+    failed = results.got["commit"]
+    assert failed.ok is False
+    assert failed.error is not None
+    assert failed.error.reason == "operation_failed"
+    assert failed.error.__cause__ is error
+    assert results.got["start"].error is not None
+    assert results.got["start"].error.reason == "preceding_op_failed"
+    assert await mem.session_state(sid) is State.READY
+
+    monkeypatch.setattr(graph, "apply", real_apply)
+    await mem.commit_async(sid, callback=results("again"))
+    await results.wait("again")
+    assert results.got["again"].ok is True
+    assert await events.wait_state(mem, sid, State.IDLE) is State.IDLE
+
+
+async def test_an_op_cancelled_by_end_session_still_gets_its_callback(
+    mem: mnemo.Memory, enter: Enter, llm: FakeLLM
+) -> None:
+    """An append running when its session ends is called back once, with session_ended, and so
+    is the op queued behind it."""
+    sid = await enter(State.COLLECTING)
+    held = llm.hold("state")
+    results = Results()
+    await mem.append_async(sid, "walk", "go", callback=results("append"))
+    with anyio.fail_after(5):
+        await held.started.wait()
+    await mem.close_async(sid, callback=results("close"))
+    await mem.end_session(sid)
+    await results.wait("append", "close")
+    assert {r.error.reason for r in results.got.values() if r.error} == {"session_ended"}
+
+
+async def test_ops_still_queued_when_the_memory_closes_get_their_callback(
+    llm: FakeLLM, embedder: Any
+) -> None:
+    """Closing the Memory calls back every accepted operation that had not run."""
+    results = Results()
+    async with mnemo.Memory(llm=llm, embedder=embedder) as m:
+        await m.open_repo(REPO)
+        sid = await m.start_session("goal", repo=REPO)
+        await m.append(sid, "walk", "go")
+        held = llm.hold("semantic")
+        await m.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await m.commit_async(sid, callback=results("commit"))
+    llm.release_all()
+    assert results.got["commit"].error is not None
+    assert results.got["commit"].error.reason == "memory_closed"

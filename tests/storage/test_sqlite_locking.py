@@ -1,0 +1,158 @@
+"""SQLite under another writer (issue 9): waits off the event loop, `StorageError("busy")`
+after `Config.busy_timeout`, nothing half-written, and new files opened by many processes."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+import pytest
+
+import mnemo
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+REPO = "r"
+
+
+@contextmanager
+def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection (a second process, the CLI) holding the file's write lock."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+class Ticker:
+    """A task ticking every 5 ms; `longest` is the longest gap between two ticks."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        last = anyio.current_time()
+        task_status.started()
+        while True:
+            await anyio.sleep(0.005)
+            now = anyio.current_time()
+            self.longest = max(self.longest, now - last)
+            last = now
+
+
+@pytest.fixture
+def events() -> EventLog:
+    return EventLog()
+
+
+@pytest.fixture
+async def mem(tmp_path: Path, events: EventLog) -> AsyncIterator[mnemo.Memory]:
+    config = mnemo.Config(busy_timeout=0.6)
+    async with mnemo.Memory(
+        tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder(), config=config, on_event=events
+    ) as m:
+        await m.open_repo(REPO)
+        yield m
+
+
+def step_count(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM steps").fetchone()[0])
+
+
+async def test_a_write_that_waits_for_another_writer_does_not_block_the_loop(
+    mem: mnemo.Memory, tmp_path: Path
+) -> None:
+    """While another connection holds the lock, an append waits off the loop (5 ms ticks go on),
+    then raises StorageError("busy") with the driver error as cause, and stores nothing."""
+    path = tmp_path / "m.db"
+    sid = await mem.start_session("explore", repo=REPO)
+    ticker = Ticker()
+    async with anyio.create_task_group() as tg:
+        await tg.start(ticker.run)
+        with write_lock_held(path):
+            with pytest.raises(mnemo.StorageError) as caught:
+                await mem.append(sid, "walk north", "go north")
+        tg.cancel_scope.cancel()
+    assert caught.value.reason == "busy"
+    assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+    assert ticker.longest < 0.25
+    assert step_count(path) == 0
+    assert await mem.session_state(sid) is mnemo.State.COLLECTING
+    info = await mem.append(sid, "walk north", "go north")  # the lock is gone: it works
+    assert info.index == 0
+    assert step_count(path) == 1
+
+
+async def test_a_busy_commit_stores_nothing_and_can_be_retried(
+    mem: mnemo.Memory, tmp_path: Path, events: EventLog
+) -> None:
+    """A commit that cannot get the lock raises StorageError("busy"), leaves the session ready
+    with no node written, and commits once the lock is free."""
+    path = tmp_path / "m.db"
+    sid = await mem.start_session("explore", repo=REPO)
+    await mem.append(sid, "The kitchen is north.", "go north")
+    await mem.close(sid)
+    assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+    with write_lock_held(path), pytest.raises(mnemo.StorageError, match="busy"):
+        await mem.commit(sid)
+    assert await mem.session_state(sid) is mnemo.State.READY
+    assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+    receipt = await mem.commit(sid)
+    assert receipt is not None
+    assert receipt.node_ids
+    assert await mem.session_state(sid) is mnemo.State.IDLE
+
+
+async def test_reads_and_repo_calls_never_raise_a_driver_error(tmp_path: Path) -> None:
+    """A store that is not a database surfaces as StorageError on open, not sqlite3.Error."""
+    path = tmp_path / "not-a.db"
+    path.write_bytes(b"this is not a database file at all, just text" * 100)
+    with pytest.raises(mnemo.StorageError) as caught:
+        async with mnemo.Memory(path, llm=FakeLLM(), embedder=FakeEmbedder()):
+            pass
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+
+
+def test_many_processes_open_the_same_new_store_at_once(tmp_path: Path) -> None:
+    """Four processes opening one new file at the same moment all succeed (schema set-up is
+    serialised), and each file ends with one schema and the repo; ten files in a row, since one
+    race may miss the window."""
+    paths = [str(tmp_path / f"new{i}.db") for i in range(10)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.storage.open_child", *paths],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        for _ in paths:
+            for child in children:  # every child is at the line before it opens the file
+                assert child.stdout is not None
+                line = child.stdout.readline()
+                if line != "ready\n":  # the child died: show why
+                    assert child.stderr is not None
+                    pytest.fail(f"a child failed: {child.stderr.read()}")
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write("go\n")
+                child.stdin.flush()
+        outcomes = [child.communicate(timeout=120) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    assert [c.returncode for c in children] == [0] * 4, [err for _, err in outcomes]
+    for path in paths:
+        with sqlite3.connect(path) as conn:
+            names = [r[0] for r in conn.execute("SELECT name FROM _sqlite_migrations")]
+            repos = [r[0] for r in conn.execute("SELECT name FROM repos")]
+        assert len(names) == len(set(names)) > 0
+        assert repos == ["shared"]

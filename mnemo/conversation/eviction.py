@@ -4,11 +4,14 @@ One eviction (Anima's Mneme loop): the zone (see `viewport.eviction_zone`) is re
 compressed and given to the LLM (task "eviction") with three tools: `save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
 `MAX_ROUNDS` rounds, each telling the model what it already did, until it calls
-`everything_ok` or calls nothing. Then, in one transaction, the level-1 snapshot and the pins
-are written and the boundary moves past the zone.
+`everything_ok` after saving a snapshot. The model answers only through its tools: a reply
+without tool calls is discarded and asked again. Then, in one transaction, the level-1
+snapshot and the pins are written and the boundary moves past the zone.
 
-The boundary always advances: if the LLM fails (raises, times out), the snapshot is a note
-saying the messages left without a summary and that `search_messages` still finds them. Once
+The boundary always advances and never passes a message that no snapshot covers: if the LLM
+fails (raises, times out, or saves no snapshot in `MAX_ROUNDS` rounds), the snapshot is a
+note saying the messages left without a summary and that `search_messages` still finds them,
+and `EvictionResult.error` says why. Once
 5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
 "snapshot_fold"); a failed fold is retried after the next eviction.
 """
@@ -69,8 +72,12 @@ class EvictionTools:
         elif call.name == "attach_messages_to_goals":
             result = self.attach(args.get("message_ids"), args.get("goal_ids"))
         elif call.name == "everything_ok":
-            self.finished = True
-            result = "ok: eviction finished"
+            if self.snapshot_parts:
+                self.finished = True
+                result = "ok: eviction finished"
+            else:
+                # Every zone needs a snapshot: the boundary never passes messages none covers.
+                result = "error: call save_snapshot first; every eviction saves a snapshot"
         else:
             result = f"error: unknown tool {call.name!r}"
         self.done.append(f"{call.name}: {result}")
@@ -132,6 +139,11 @@ def _message_ref(raw: object, by_seq: dict[int, str], by_id: set[str]) -> str | 
     return None
 
 
+NO_TOOL_CALL = (
+    "error: your reply called no tool and was discarded; answer only through the tools"
+)
+
+
 def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
     """The snapshot written when the LLM failed: an honest pointer, not a summary."""
     return (
@@ -153,10 +165,13 @@ async def run_loop(
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
 
-    An LLM that raises, or runs past `round_timeout` seconds in a round, ends the loop with
-    the failure; cancellation is not caught.
+    A reply without tool calls is discarded and asked again (the model answers only through
+    its tools); when the rounds run out without a snapshot, that is the failure. An LLM that
+    raises, or runs past `round_timeout` seconds in a round, ends the loop with the failure;
+    cancellation is not caught.
     """
     usage: Usage | None = None
+    silent = 0
     for _ in range(MAX_ROUNDS):
         request = eviction_request(
             zone=zone_text,
@@ -179,12 +194,18 @@ async def run_loop(
         if response.usage is not None:
             usage = response.usage if usage is None else usage + response.usage
         if not response.tool_calls:
-            break
+            silent += 1
+            tools.done.append(NO_TOOL_CALL)
+            continue
         for call in response.tool_calls:
             tools.call(call)
         if tools.finished:
             break
-    return None, usage
+    if tools.snapshot_parts:
+        return None, usage
+    if silent == MAX_ROUNDS:
+        return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage
+    return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds", usage
 
 
 class Evictor:
@@ -246,7 +267,7 @@ class Evictor:
             previous_snapshot=previous,
             round_timeout=self._timeout,
         )
-        text = tools.snapshot_text or (fallback_note(*span, error) if error else "")
+        text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
         now = self._clock()
         snapshot = await self._database.run(

@@ -75,3 +75,32 @@ def chat(turns: int, *, words: int = 8) -> list[dict[str, Any]]:
         out.append(user(f"Question {i} about topic{i}: {filler}"))
         out.append(assistant(f"Answer {i} about topic{i}: {filler}"))
     return out
+
+
+class ScriptedEviction:
+    """An LLM whose "eviction" replies come from a script (the last one repeats); other tasks
+    go to the offline LLM. Records every eviction request."""
+
+    def __init__(self, *replies: mnemo.LLMResponse) -> None:
+        self._offline = OfflineLLM()
+        self.replies = list(replies)
+        self.requests: list[mnemo.LLMRequest] = []
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task != "eviction":
+            return await self._offline.generate(request)
+        self.requests.append(request)
+        return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+
+
+def prose() -> mnemo.LLMResponse:
+    """A reply in prose, without tool calls: what a chatty model does with a tool prompt."""
+    return mnemo.LLMResponse(text="Sure! The zone discusses the deployment; nothing to pin.")
+
+
+def snapshot_call(text: str) -> mnemo.LLMResponse:
+    """A reply saving `text` as the snapshot and finishing."""
+    return mnemo.LLMResponse(tool_calls=[
+        mnemo.ToolCall("save_snapshot", {"text": text}, "c1"),
+        mnemo.ToolCall("everything_ok", {}, "c2"),
+    ])

@@ -227,17 +227,6 @@ class Evictor:
         self._clock = clock
         self._timeout = timeout
 
-    async def tokens_past_boundary(self, thread_id: str) -> int:
-        """What the messages from the boundary on cost (0 for an unknown thread)."""
-        past: int = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT coalesce(sum(m.tokens), 0) FROM messages m JOIN threads t"
-                " ON t.id = m.thread_id WHERE m.thread_id = ? AND m.seq >= t.boundary_seq",
-                (thread_id,),
-            ).fetchone()[0]
-        )
-        return past
-
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float
     ) -> EvictionResult:

@@ -83,11 +83,11 @@ def search(
     if exclude_viewport_of is not None:
         state = read_state(db, exclude_viewport_of)
         boundary = state.boundary_seq if state else 0
-        conditions.append(
-            "NOT (m.thread_id = ? AND (m.seq >= ? OR m.id IN"
-            " (SELECT message_id FROM pins WHERE thread_id = ?)))"
-        )
-        params += [exclude_viewport_of, boundary, exclude_viewport_of]
+        # Only the messages from the boundary on: every viewport shows them when eviction
+        # keeps up. Whether a pinned message is shown depends on the viewport's budget, which
+        # search does not know, so pins stay findable (a repeat beats a hidden message).
+        conditions.append("NOT (m.thread_id = ? AND m.seq >= ?)")
+        params += [exclude_viewport_of, boundary]
     if conditions:
         rows = conn.execute(
             "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"

@@ -104,3 +104,43 @@ def snapshot_call(text: str) -> mnemo.LLMResponse:
         mnemo.ToolCall("save_snapshot", {"text": text}, "c1"),
         mnemo.ToolCall("everything_ok", {}, "c2"),
     ])
+
+
+def tagged(seq: int, role: str, words: int) -> dict[str, Any]:
+    """A message holding the word `tag<seq>` (so search can find exactly it) and `words`
+    filler words."""
+    return {"role": role, "content": f"tag{seq} " + " ".join(["filler"] * words)}
+
+
+async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[str]:
+    """What breaks "Nothing hides from the agent" (API.md) in the thread's viewport of
+    `token_budget` tokens, one line each; [] when nothing does.
+
+    Every message must be in the viewport's messages, or before the boundary inside a
+    snapshot's range (covered ones included), or pinned and in the viewport's pinned; and
+    `search_messages(exclude_viewport_of=...)` must leave out only messages the viewport shows
+    (each message holds the word `tag<seq>`, see `tagged`).
+    """
+    view = await mem.viewport(thread_id, token_budget=token_budget)
+    raw = await mem.conversation().raw(thread_id)
+    spans = await mem._conversations.database.run(
+        lambda db: db.conn.execute(
+            "SELECT start_seq, end_seq FROM snapshots WHERE thread_id = ?", (thread_id,)
+        ).fetchall()
+    )
+    shown = {m.id for m in view.messages} | {m.id for m in view.pinned}
+    problems: list[str] = []
+    if view.tokens > token_budget:
+        problems.append(f"the viewport costs {view.tokens} tokens, over {token_budget}")
+    for message in raw:
+        covered = message.seq < view.boundary_seq and any(
+            start <= message.seq <= end for start, end in spans
+        )
+        if message.id not in shown and not covered:
+            problems.append(f"message {message.seq} is in no view and no snapshot")
+        hits = await mem.search_messages(
+            f"tag{message.seq}", thread_id=thread_id, exclude_viewport_of=thread_id
+        )
+        if message.id not in shown and message.id not in {h.message_id for h in hits}:
+            problems.append(f"message {message.seq} is not shown, yet search leaves it out")
+    return problems

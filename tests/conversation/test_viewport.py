@@ -68,12 +68,27 @@ async def test_eviction_zone_is_the_oldest_fraction(
 
 async def test_eviction_never_takes_the_newest(cmem: mnemo.Memory) -> None:
     """Even with fraction 1 the newest message stays; one message alone is not evicted."""
-    await saved(cmem, even(2))
-    result = await cmem.evict("t", token_budget=10, eviction_fraction=1.0)
+    cost = await saved(cmem, even(2))
+    result = await cmem.evict("t", token_budget=cost * 3, eviction_fraction=1.0)
     assert (result.start_seq, result.end_seq, result.boundary_after) == (0, 0, 1)
-    again = await cmem.evict("t", token_budget=10, eviction_fraction=1.0)
+    again = await cmem.evict("t", token_budget=cost * 3, eviction_fraction=1.0)
     assert (again.evicted, again.boundary_before, again.boundary_after) == (0, 1, 1)
     assert again.snapshot is None
+
+
+async def test_eviction_takes_a_newest_message_larger_than_the_budget(
+    cmem: mnemo.Memory,
+) -> None:
+    """A newest message that alone exceeds the budget cannot be shown: it is evicted into a
+    snapshot rather than left in no view at all."""
+    stored = await cmem.conversation().save("t", [user("short"), user("huge " * 400)])
+    budget = stored[1].tokens - 1
+    first = await cmem.evict("t", token_budget=budget, eviction_fraction=0.1)
+    assert (first.start_seq, first.end_seq) == (0, 0)
+    second = await cmem.evict("t", token_budget=budget, eviction_fraction=0.1)
+    assert (second.start_seq, second.end_seq, second.boundary_after) == (1, 1, 2)
+    assert second.snapshot is not None
+    assert (second.snapshot.start_seq, second.snapshot.end_seq) == (1, 1)
 
 
 async def test_eviction_keeps_tool_results_with_their_call(cmem: mnemo.Memory) -> None:
@@ -213,13 +228,16 @@ async def test_concurrent_evictions_never_share_a_zone(cmem: mnemo.Memory) -> No
 
 
 async def test_auto_eviction(cmem: mnemo.Memory, offline: OfflineFake) -> None:
-    """With auto_evict_budget, a save past the budget evicts once."""
+    """With auto_evict_budget, a save past the budget evicts until the viewport of that
+    budget shows every message from the boundary on."""
     conv = cmem.conversation(auto_evict_budget=200)
     await conv.save("t", even(4))
     assert "eviction" not in offline.tasks()
     await conv.save("t", even(30))
-    assert offline.tasks().count("eviction") == 1
-    assert (await cmem.viewport("t", token_budget=200)).boundary_seq > 0
+    assert offline.tasks().count("eviction") >= 1
+    view = await cmem.viewport("t", token_budget=200)
+    assert view.boundary_seq > 0
+    assert [m.seq for m in view.messages] == list(range(view.boundary_seq, 30))
 
 
 async def test_evict_refuses(cmem: mnemo.Memory) -> None:

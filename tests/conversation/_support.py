@@ -8,6 +8,7 @@ from typing import Any
 
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.conversation.model import Message
 
 
 class ManualClock:
@@ -132,15 +133,25 @@ async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[s
     problems: list[str] = []
     if view.tokens > token_budget:
         problems.append(f"the viewport costs {view.tokens} tokens, over {token_budget}")
+    unseen: list[Message] = []
     for message in raw:
         covered = message.seq < view.boundary_seq and any(
             start <= message.seq <= end for start, end in spans
         )
-        if message.id not in shown and not covered:
-            problems.append(f"message {message.seq} is in no view and no snapshot")
+        if message.id not in shown:
+            unseen.append(message)
+            if not covered:
+                problems.append(f"message {message.seq} is in no view and no snapshot")
+    # 32 words a query (search's cap), each matching one message: all fit in one page of hits.
+    for start in range(0, len(unseen), 32):
+        batch = unseen[start : start + 32]
         hits = await mem.search_messages(
-            f"tag{message.seq}", thread_id=thread_id, exclude_viewport_of=thread_id
+            " ".join(f"tag{m.seq}" for m in batch), thread_id=thread_id, limit=100,
+            exclude_viewport_of=thread_id,
         )
-        if message.id not in shown and message.id not in {h.message_id for h in hits}:
-            problems.append(f"message {message.seq} is not shown, yet search leaves it out")
+        found = {h.message_id for h in hits}
+        problems += [
+            f"message {m.seq} is not shown, yet search leaves it out"
+            for m in batch if m.id not in found
+        ]
     return problems

@@ -3,10 +3,35 @@ range, or pinned and shown, and search leaves out only what the viewport shows."
 
 from __future__ import annotations
 
+import functools
+from contextlib import ExitStack
 from typing import Any
 
+import anyio.from_thread
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
 import mnemo
-from tests.conversation._support import ScriptedEviction, hidden, snapshot_call, tagged, user
+from tests.conversation._support import (
+    OfflineFake,
+    ScriptedEviction,
+    hidden,
+    prose,
+    snapshot_call,
+    tagged,
+    tool_call,
+    tool_result,
+    user,
+)
 from tests.fakes import FakeEmbedder
 
 
@@ -69,3 +94,93 @@ async def test_snapshots_give_way_to_the_messages_past_the_boundary() -> None:
         assert [m.seq for m in view.messages] == [1, 2, 3, 4, 5]
         assert view.snapshots == []
         assert await hidden(mem, "t", budget) == []
+
+
+class ThreadRules(RuleBasedStateMachine):
+    """Random saves (auto-evicting at the thread's budget), evictions at any budget, goals
+    opened and completed (the offline model pins instructions to them), with an eviction
+    model that works, answers in prose, or fails: nothing ever hides."""
+
+    goals = Bundle("goals")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = ExitStack()
+        self.portal = self.stack.enter_context(anyio.from_thread.start_blocking_portal())
+        self.history: list[dict[str, Any]] = []
+        self.budget = 0
+
+    @initialize(
+        budget=st.integers(min_value=40, max_value=3000),
+        model=st.sampled_from(["offline", "prose", "failing"]),
+    )
+    def open(self, budget: int, model: str) -> None:
+        llm: mnemo.LLM
+        if model == "prose":
+            llm = ScriptedEviction(prose())
+        else:
+            llm = OfflineFake()
+            if model == "failing":
+                llm.fail_tasks.add("eviction")
+        self.mem = self.stack.enter_context(
+            self.portal.wrap_async_context_manager(
+                mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder())
+            )
+        )
+        self.budget = budget
+        self.conv = self.mem.conversation(auto_evict_budget=budget)
+
+    @rule(
+        sizes=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
+        instruction=st.booleans(),
+        tool=st.booleans(),
+    )
+    def save(self, sizes: list[int], instruction: bool, tool: bool) -> None:
+        for size in sizes:
+            role = "user" if len(self.history) % 2 == 0 else "assistant"
+            message = tagged(len(self.history), role, size)
+            if instruction and role == "user":
+                message["content"] += " Always deploy the proxy on port 8443."
+            self.history.append(message)
+        if tool:
+            seq = len(self.history)
+            call = {**tool_call(f"c{seq}", "run", f'{{"q": "tag{seq}"}}'), "content": f"tag{seq}"}
+            self.history += [call, tool_result(f"c{seq}", f"tag{seq + 1} " + "out " * sizes[0])]
+        self.portal.call(self.conv.save, "t", self.history)
+
+    @precondition(lambda self: bool(self.history))
+    @rule(
+        budget=st.none() | st.integers(min_value=20, max_value=3000),
+        fraction=st.floats(min_value=0.05, max_value=1.0),
+    )
+    def evict(self, budget: int | None, fraction: float) -> None:
+        self.portal.call(
+            functools.partial(
+                self.mem.evict, "t", token_budget=budget or self.budget,
+                eviction_fraction=fraction,
+            )
+        )
+
+    @rule(target=goals, description=st.sampled_from(["deploy the proxy", "choose the port"]))
+    def add_goal(self, description: str) -> str:
+        goal: str = self.portal.call(self.mem.add_goal, "t", description)
+        return goal
+
+    @rule(goal=consumes(goals))
+    def complete_goal(self, goal: str) -> None:
+        self.portal.call(self.mem.complete_goal, goal)
+
+    @invariant()
+    def nothing_hides(self) -> None:
+        if self.history:
+            assert self.portal.call(hidden, self.mem, "t", self.budget) == []
+
+    def teardown(self) -> None:
+        self.stack.close()
+
+
+ThreadRules.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=12, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_nothing_hides_after_any_call = ThreadRules.TestCase

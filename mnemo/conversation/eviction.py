@@ -1,7 +1,9 @@
 """Eviction: the oldest part of the viewport leaves it, and the LLM decides what stays.
 
-One eviction (Anima's Mneme loop): the zone (see `viewport.eviction_zone`) is rendered
-compressed and given to the LLM (task "eviction") with three tools: `save_snapshot(text)`,
+One eviction (Anima's Mneme loop): the context window is rendered compressed in three zones,
+the eviction zone (see `viewport.eviction_zone`), the middle and the recent one (see
+`render.render_window`, bounded whatever the backlog), and given to the LLM (task
+"eviction") with three tools: `save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
 `MAX_ROUNDS` rounds, each telling the model what it already did, until it calls
 `everything_ok` after saving a snapshot. The model answers only through its tools: a reply
@@ -27,7 +29,7 @@ import anyio
 
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
-from mnemo.conversation.render import render_zone
+from mnemo.conversation.render import render_window
 from mnemo.conversation.snapshots import (
     commit_eviction,
     commit_fold,
@@ -36,7 +38,7 @@ from mnemo.conversation.snapshots import (
     read_zone_inputs,
     uncovered_l1,
 )
-from mnemo.conversation.viewport import eviction_zone, snapshot_words
+from mnemo.conversation.viewport import context_zones, eviction_zone, snapshot_words
 from mnemo.events import Events
 from mnemo.ports import LLM, ToolCall, Usage, ask
 from mnemo.storage.db import Database
@@ -44,6 +46,9 @@ from mnemo.storage.db import Database
 log = logging.getLogger("mnemo")
 
 MAX_ROUNDS = 3
+# The newest lines of `done` the model is shown: a model making many calls must not grow the
+# prompt without bound.
+MAX_DONE = 20
 
 
 @dataclass(slots=True)
@@ -157,7 +162,7 @@ async def run_loop(
     llm: LLM,
     tools: EvictionTools,
     *,
-    zone_text: str,
+    window: tuple[str, str, str],
     zone: tuple[int, int],
     goals: list[dict[str, str]],
     previous_snapshot: str,
@@ -174,13 +179,15 @@ async def run_loop(
     silent = 0
     for _ in range(MAX_ROUNDS):
         request = eviction_request(
-            zone=zone_text,
+            zone=window[0],
+            middle=window[1],
+            recent=window[2],
             zone_start=zone[0],
             zone_end=zone[1],
             goals=goals,
             previous_snapshot=previous_snapshot,
             max_words=tools.max_words,
-            done=list(tools.done),
+            done=tools.done[-MAX_DONE:],
         )
         try:
             with anyio.fail_after(round_timeout):
@@ -250,7 +257,9 @@ class Evictor:
         error, usage = await run_loop(
             self._llm,
             tools,
-            zone_text=render_zone(zone),
+            window=render_window(
+                zone, *context_zones(past[len(zone):], token_budget, eviction_fraction)
+            ),
             zone=span,
             goals=goals,
             previous_snapshot=previous,

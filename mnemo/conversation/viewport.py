@@ -190,6 +190,24 @@ def eviction_zone(
     return zone
 
 
+def context_zones(
+    rest: Sequence[Message], token_budget: int, fraction: float
+) -> tuple[list[Message], list[Message]]:
+    """What stays past the eviction zone, as the middle and the recent zone: the recent one
+    is the newest messages up to `fraction` of the budget (or of what is there), at least
+    one; the middle one the messages between."""
+    target = fraction * min(token_budget, sum(m.tokens for m in rest))
+    count = 0
+    used = 0
+    for message in reversed(rest):
+        if count and used + message.tokens > target:
+            break
+        count += 1
+        used += message.tokens
+    split = len(rest) - count
+    return list(rest[:split]), list(rest[split:])
+
+
 def snapshot_words(token_budget: int, level: int) -> int:
     """The word budget of one snapshot: a fifth of the level-1 share, or half the level-2
     share at about 1.6 tokens a word (so five do fit), between 16 and 600 words."""

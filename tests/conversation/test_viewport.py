@@ -9,6 +9,7 @@ import pytest
 
 import mnemo
 from mnemo.conversation.render import render_zone
+from mnemo.ports import task_inputs
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
 
 
@@ -263,3 +264,41 @@ async def test_zone_rendering_of_calls_with_text(cmem: mnemo.Memory) -> None:
         "message 1: [1 tool results]\n"
         "message 2: assistant: Two files."
     )
+
+
+async def test_eviction_model_sees_three_zones(cmem: mnemo.Memory, offline: OfflineFake) -> None:
+    """The eviction model sees the eviction, middle and recent zones of the window, each under
+    a delimiter line, tool runs collapsed: what stays is context beside the zone."""
+    history = [user(f"plan step {i}: migrate table t{i}") for i in range(20)]
+    history += [tool_call("c1", "df"), tool_result("c1", "80% used"), user("now verify it")]
+    stored = await cmem.conversation().save("t", history)
+    result = await cmem.evict("t", token_budget=sum(m.tokens for m in stored))
+    assert result.end_seq is not None
+    inputs = task_inputs(next(r for r in offline.calls if r.task == "eviction"))
+    zone, middle, recent = (inputs[k].splitlines() for k in ("zone", "middle", "recent"))
+    assert zone[0] == (
+        f"--- eviction zone: messages 0-{result.end_seq}, leaving the context window now ---"
+    )
+    assert middle[0].startswith(f"--- middle zone: messages {result.end_seq + 1}-")
+    assert recent[0].startswith("--- recent zone: messages ")
+    assert recent[-1] == "message 22: user: now verify it"
+    assert "message 20-21: [1 tools called]" in middle + recent
+    shown = [line.split(":")[0] for line in zone[1:] + middle[1:] + recent[1:]]
+    assert shown == [f"message {i}" for i in range(20)] + ["message 20-21", "message 22"]
+
+
+async def test_eviction_prompt_is_bounded(cmem: mnemo.Memory, offline: OfflineFake) -> None:
+    """However long the backlog, the eviction prompt stays bounded, and says what it left
+    out."""
+    history = [user(f"message {i} " + "x" * 4000) for i in range(300)]
+    await cmem.conversation().save("t", history)
+    await cmem.evict("t", token_budget=10**6, eviction_fraction=0.5)
+    request = next(r for r in offline.calls if r.task == "eviction")
+    assert len(request.messages[0]["content"]) < 40_000
+    inputs = task_inputs(request)
+    assert "lines left out here; search_messages finds them" in inputs["zone"]
+    assert "lines left out here; search_messages finds them" in inputs["middle"]
+    last = inputs["recent"].splitlines()[-1]
+    assert last.startswith("message 299: user: message 299 xxx")
+    assert last.endswith("...")
+    assert len(last) < 650

@@ -127,7 +127,7 @@ def layout(db: SqliteUtilsDatabase, thread_id: str, token_budget: int) -> tuple[
             (thread_id, boundary),
         ).fetchone()[0]
     )
-    shown: list[tuple[int, list[Any]]] = [(snapshot_tokens(s), l2) for s in l2]
+    shown: list[tuple[int, list[Snapshot] | list[Message]]] = [(snapshot_tokens(s), l2) for s in l2]
     shown += [(snapshot_tokens(s), l1) for s in l1]
     shown += [(m.tokens, pinned) for m in pinned]
     memory_used = l2_used + l1_used + pins_used

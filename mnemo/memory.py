@@ -646,10 +646,11 @@ class Memory:
         exclude_viewport_of: str | None = None,
     ) -> list[SearchHit]:
         """Messages of every thread (or of `thread_id`) matching the query's words, best
-        first: FTS5 with porter stemming, each word quoted (AND, OR, NOT kept as operators,
-        the rest OR-combined), bm25 weighted by recency, ~300-character snippets. Any text is
-        a safe query; one of only operators finds nothing. `exclude_viewport_of` leaves out
-        what that thread's viewport already shows (from its boundary on, and its pins).
+        first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT
+        are words like any other), bm25 weighted by recency, ~300-character snippets. Any
+        text is a safe query; one without a word finds nothing. `exclude_viewport_of` leaves out
+        only what that thread's viewport shows: its messages from the boundary on (all shown
+        while eviction keeps up); pinned messages stay findable.
 
         Raises:
             InvalidInputError: a blank query, or a limit outside 1..100.

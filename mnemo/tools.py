@@ -64,8 +64,8 @@ class ToolSpec:
 SEARCH_MESSAGES = ToolSpec(
     "search_messages",
     "Search earlier conversation messages (this thread and others) by keywords. Each word is "
-    "matched with stemming; AND, OR and NOT in capitals work as operators, otherwise any "
-    "word may match. Returns snippets with message ids for view_messages.",
+    "matched with stemming and any word may match (AND, OR and NOT are plain words). "
+    "Returns snippets with message ids for view_messages.",
     {
         "type": "object",
         "properties": {

@@ -1,14 +1,19 @@
 """Eviction: the oldest part of the viewport leaves it, and the LLM decides what stays.
 
-One eviction (Anima's Mneme loop): the zone (see `viewport.eviction_zone`) is rendered
-compressed and given to the LLM (task "eviction") with three tools: `save_snapshot(text)`,
+One eviction (Anima's Mneme loop): the context window is rendered compressed in three zones,
+the eviction zone (see `viewport.eviction_zone`), the middle and the recent one (see
+`render.render_window`, bounded whatever the backlog), and given to the LLM (task
+"eviction") with three tools: `save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
 `MAX_ROUNDS` rounds, each telling the model what it already did, until it calls
-`everything_ok` or calls nothing. Then, in one transaction, the level-1 snapshot and the pins
-are written and the boundary moves past the zone.
+`everything_ok` after saving a snapshot. The model answers only through its tools: a reply
+without tool calls is discarded and asked again. Then, in one transaction, the level-1
+snapshot and the pins are written and the boundary moves past the zone.
 
-The boundary always advances: if the LLM fails (raises, times out), the snapshot is a note
-saying the messages left without a summary and that `search_messages` still finds them. Once
+The boundary always advances and never passes a message that no snapshot covers: if the LLM
+fails (raises, times out, or saves no snapshot in `MAX_ROUNDS` rounds), the snapshot is a
+note saying the messages left without a summary and that `search_messages` still finds them,
+and `EvictionResult.error` says why. Once
 5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
 "snapshot_fold"); a failed fold is retried after the next eviction.
 """
@@ -24,7 +29,7 @@ import anyio
 
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
-from mnemo.conversation.render import render_zone
+from mnemo.conversation.render import render_window
 from mnemo.conversation.snapshots import (
     commit_eviction,
     commit_fold,
@@ -33,7 +38,7 @@ from mnemo.conversation.snapshots import (
     read_zone_inputs,
     uncovered_l1,
 )
-from mnemo.conversation.viewport import eviction_zone, snapshot_words
+from mnemo.conversation.viewport import context_zones, eviction_zone, snapshot_words
 from mnemo.events import Events
 from mnemo.ports import LLM, ToolCall, Usage, ask
 from mnemo.storage.db import Database
@@ -41,6 +46,9 @@ from mnemo.storage.db import Database
 log = logging.getLogger("mnemo")
 
 MAX_ROUNDS = 3
+# The newest lines of `done` the model is shown: a model making many calls must not grow the
+# prompt without bound.
+MAX_DONE = 20
 
 
 @dataclass(slots=True)
@@ -69,8 +77,12 @@ class EvictionTools:
         elif call.name == "attach_messages_to_goals":
             result = self.attach(args.get("message_ids"), args.get("goal_ids"))
         elif call.name == "everything_ok":
-            self.finished = True
-            result = "ok: eviction finished"
+            if self.snapshot_parts:
+                self.finished = True
+                result = "ok: eviction finished"
+            else:
+                # Every zone needs a snapshot: the boundary never passes messages none covers.
+                result = "error: call save_snapshot first; every eviction saves a snapshot"
         else:
             result = f"error: unknown tool {call.name!r}"
         self.done.append(f"{call.name}: {result}")
@@ -132,6 +144,11 @@ def _message_ref(raw: object, by_seq: dict[int, str], by_id: set[str]) -> str | 
     return None
 
 
+NO_TOOL_CALL = (
+    "error: your reply called no tool and was discarded; answer only through the tools"
+)
+
+
 def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
     """The snapshot written when the LLM failed: an honest pointer, not a summary."""
     return (
@@ -145,7 +162,7 @@ async def run_loop(
     llm: LLM,
     tools: EvictionTools,
     *,
-    zone_text: str,
+    window: tuple[str, str, str],
     zone: tuple[int, int],
     goals: list[dict[str, str]],
     previous_snapshot: str,
@@ -153,19 +170,24 @@ async def run_loop(
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
 
-    An LLM that raises, or runs past `round_timeout` seconds in a round, ends the loop with
-    the failure; cancellation is not caught.
+    A reply without tool calls is discarded and asked again (the model answers only through
+    its tools); when the rounds run out without a snapshot, that is the failure. An LLM that
+    raises, or runs past `round_timeout` seconds in a round, ends the loop with the failure;
+    cancellation is not caught.
     """
     usage: Usage | None = None
+    silent = 0
     for _ in range(MAX_ROUNDS):
         request = eviction_request(
-            zone=zone_text,
+            zone=window[0],
+            middle=window[1],
+            recent=window[2],
             zone_start=zone[0],
             zone_end=zone[1],
             goals=goals,
             previous_snapshot=previous_snapshot,
             max_words=tools.max_words,
-            done=list(tools.done),
+            done=tools.done[-MAX_DONE:],
         )
         try:
             with anyio.fail_after(round_timeout):
@@ -179,12 +201,18 @@ async def run_loop(
         if response.usage is not None:
             usage = response.usage if usage is None else usage + response.usage
         if not response.tool_calls:
-            break
+            silent += 1
+            tools.done.append(NO_TOOL_CALL)
+            continue
         for call in response.tool_calls:
             tools.call(call)
         if tools.finished:
             break
-    return None, usage
+    if tools.snapshot_parts:
+        return None, usage
+    if silent == MAX_ROUNDS:
+        return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage
+    return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds", usage
 
 
 class Evictor:
@@ -205,17 +233,6 @@ class Evictor:
         self._events = events
         self._clock = clock
         self._timeout = timeout
-
-    async def tokens_past_boundary(self, thread_id: str) -> int:
-        """What the messages from the boundary on cost (0 for an unknown thread)."""
-        past: int = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT coalesce(sum(m.tokens), 0) FROM messages m JOIN threads t"
-                " ON t.id = m.thread_id WHERE m.thread_id = ? AND m.seq >= t.boundary_seq",
-                (thread_id,),
-            ).fetchone()[0]
-        )
-        return past
 
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float
@@ -240,13 +257,15 @@ class Evictor:
         error, usage = await run_loop(
             self._llm,
             tools,
-            zone_text=render_zone(zone),
+            window=render_window(
+                zone, *context_zones(past[len(zone):], token_budget, eviction_fraction)
+            ),
             zone=span,
             goals=goals,
             previous_snapshot=previous,
             round_timeout=self._timeout,
         )
-        text = tools.snapshot_text or (fallback_note(*span, error) if error else "")
+        text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
         now = self._clock()
         snapshot = await self._database.run(

@@ -84,8 +84,9 @@ class ConversationManager:
         save) appends nothing. With `Semantic` retrieval the new messages are embedded now (an
         embedder failure is logged; they are embedded when next loaded). With `Summary`, the
         uncompacted messages may then be summarised; a failed summary is logged and never
-        raised. With `auto_evict_budget`, an eviction runs when the messages past the
-        boundary exceed it.
+        raised. With `auto_evict_budget`, evictions run until the viewport of that
+        budget shows every message from the boundary on (the seed's rule: evict when the
+        boundary message would leave the viewport).
 
         Raises:
             InvalidInputError: a blank thread id or a malformed message (naming it), raised

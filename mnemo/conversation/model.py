@@ -197,13 +197,16 @@ class Goal:
 class Viewport:
     """What an agent sees of a thread within `token_budget` tokens.
 
-    - `messages`: from the eviction boundary on, oldest first: the newest ones that fit.
+    - `messages`: from the eviction boundary on, oldest first: all of them when eviction
+      keeps up, else the newest ones that fit.
     - `snapshots`: level-2 (up to 5% of the budget) then uncovered level-1 (up to 15%),
       oldest first.
-    - `pinned`: messages before the boundary pinned to an open goal (up to 5%), oldest first.
+    - `pinned`: messages before the boundary pinned to an open goal, oldest first; they
+      come before the snapshots in the memory's 25% of the budget.
 
-    Unused snapshot and pin shares go to the messages. `tokens` is what all of it costs;
-    `tokens_past_boundary` counts every message from the boundary on, fitted or not.
+    Unused memory goes to the messages, and the messages from the boundary on take memory
+    (oldest snapshots first, pins last) rather than leave the view. `tokens` is what all of it
+    costs; `tokens_past_boundary` counts every message from the boundary on, fitted or not.
     """
 
     thread_id: str
@@ -232,9 +235,10 @@ class EvictionResult:
 
     The zone was messages `start_seq`..`end_seq` (None when there was nothing to evict); the
     boundary moved from `boundary_before` to `boundary_after`. `snapshot` is the level-1
-    snapshot written (None when the LLM saved none), `folded` the level-2 snapshot made when
-    5 level-1 snapshots were uncovered, `pinned` the ids of the messages pinned. When the LLM
-    failed, `error` says how and `snapshot` is a note pointing the agent to search.
+    snapshot written (None only when there was nothing to evict), `folded` the level-2
+    snapshot made when 5 level-1 snapshots were uncovered, `pinned` the ids of the messages
+    pinned. When the LLM failed (raised, timed out, or saved no snapshot, e.g. it answered in
+    prose), `error` says how and `snapshot` is a note pointing the agent to search.
     """
 
     thread_id: str

@@ -1,5 +1,5 @@
-"""How conversation memory is shown to a model: memory blocks, the compressed eviction zone,
-message views, and tool outputs cut or reduced to ok/error.
+"""How conversation memory is shown to a model: memory blocks, the compressed zones of the
+eviction prompt, message views, and tool outputs cut or reduced to ok/error.
 
 Anything mnemo recalls into a context window (summaries, snapshots, pinned messages) is
 wrapped in a `<memory trust="untrusted">` block that says it is a record, not instructions:
@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from mnemo.conversation.model import Compaction, Message, MessageView, Snapshot
 
 ZONE_MESSAGE_CHARS = 1200
+# The eviction prompt stays bounded whatever the backlog: the zone to summarise gets the most
+# room; the middle and recent zones are context, shorter per message.
+ZONE_PROMPT_CHARS = 24_000
+CONTEXT_MESSAGE_CHARS = 300
+CONTEXT_PROMPT_CHARS = 6_000
 _CLOSING_TAG = re.compile(r"</\s*memory", re.IGNORECASE)
 _ERROR = re.compile(
     r"\b(?:error|errors|exception|traceback|failed|failure|fatal|denied|refused|not found|"
@@ -76,9 +81,10 @@ def flat(text: str, limit: int = ZONE_MESSAGE_CHARS) -> str:
     return one if len(one) <= limit else one[: limit - 3].rstrip() + "..."
 
 
-def render_zone(messages: Sequence[Message]) -> str:
-    """The eviction zone, compressed: one line per message as "message N: role: text", and
-    each run of tool calls and their results collapsed to "message N-M: [K tools called]"."""
+def render_zone(messages: Sequence[Message], limit: int = ZONE_MESSAGE_CHARS) -> str:
+    """Messages compressed: one line per message as "message N: role: text" (cut to `limit`
+    characters), and each run of tool calls and their results collapsed to
+    "message N-M: [K tools called]"."""
     lines: list[str] = []
     run: list[Message] = []
 
@@ -94,7 +100,7 @@ def render_zone(messages: Sequence[Message]) -> str:
         run.clear()
 
     for message in messages:
-        text = flat(message.content)
+        text = flat(message.content, limit)
         if message.is_tool_result or (message.tool_call_count and not text):
             run.append(message)
             continue
@@ -103,6 +109,58 @@ def render_zone(messages: Sequence[Message]) -> str:
         lines.append(f"message {message.seq}: {message.role}: {text}{suffix}")
     flush()
     return "\n".join(lines)
+
+
+def render_window(
+    zone: Sequence[Message], middle: Sequence[Message], recent: Sequence[Message]
+) -> tuple[str, str, str]:
+    """The three zones of the context window for the eviction model (Anima's Mneme), each
+    compressed under a delimiter line and within its share of a bounded prompt: the eviction
+    zone (leaving now), the middle zone and the recent zone (staying), so the model can tell
+    what still matters. A zone too long keeps its ends (the recent zone its newest lines),
+    with a line saying how many were left out."""
+    return (
+        _zone_block("eviction zone", "leaving the context window now", zone,
+                    ZONE_MESSAGE_CHARS, ZONE_PROMPT_CHARS, newest_only=False),
+        _zone_block("middle zone", "staying in the window for now", middle,
+                    CONTEXT_MESSAGE_CHARS, CONTEXT_PROMPT_CHARS, newest_only=False),
+        _zone_block("recent zone", "the newest messages", recent,
+                    CONTEXT_MESSAGE_CHARS * 2, CONTEXT_PROMPT_CHARS, newest_only=True),
+    )
+
+
+def _zone_block(
+    name: str, what: str, messages: Sequence[Message], per_message: int, cap: int, *,
+    newest_only: bool,
+) -> str:
+    if not messages:
+        return f"--- {name}: no messages ---"
+    header = f"--- {name}: messages {messages[0].seq}-{messages[-1].seq}, {what} ---"
+    lines = render_zone(messages, per_message).splitlines()
+    if sum(len(line) + 1 for line in lines) > cap:
+        lines = _ends(lines, cap, newest_only=newest_only)
+    return "\n".join([header, *lines])
+
+
+def _ends(lines: list[str], cap: int, *, newest_only: bool) -> list[str]:
+    """The first and last lines that fit in `cap` characters (only the last ones when
+    `newest_only`), with a line counting those left out between them."""
+    head: list[str] = []
+    used = 0
+    for line in [] if newest_only else lines:
+        if used + len(line) + 1 > cap // 2:
+            break
+        head.append(line)
+        used += len(line) + 1
+    tail: list[str] = []
+    for line in reversed(lines[len(head):]):
+        if used + len(line) + 1 > cap:
+            break
+        tail.append(line)
+        used += len(line) + 1
+    tail.reverse()
+    left_out = len(lines) - len(head) - len(tail)
+    return [*head, f"[{left_out} lines left out here; search_messages finds them]", *tail]
 
 
 def tool_status(message: Message) -> str:

@@ -1,9 +1,9 @@
 """Keyword search over every thread's messages, and drill-down around one message.
 
 Search runs on FTS5 (`porter unicode61`: stems, case and diacritics folded). Any user text is
-a safe query: it is split into words, each word is quoted (so nothing in it is FTS syntax),
-and the upper-case words AND, OR and NOT between them are kept as operators; words with no
-operator between them are OR-combined. A query of only operators matches nothing.
+a safe query: it is split into words, each word is quoted (so nothing in it is FTS syntax)
+and the words are OR-combined. AND, OR and NOT are words like any other (API.md): an agent
+writing "keep NOT delete" means the words, and an operator would silently drop matches.
 
 Ranking: FTS5's bm25 picks a pool of the best candidates (`POOL_FACTOR` times the limit, at
 least `MIN_POOL`), then each score is weighted by recency, `0.5 + 0.5 * 2^(-age / 30 days)`:
@@ -26,7 +26,6 @@ from mnemo.conversation.render import flat, reduced
 from mnemo.conversation.viewport import SNAPSHOT_COLUMNS, snapshot_from_row
 from mnemo.errors import NotFoundError
 
-OPERATORS = frozenset({"AND", "OR", "NOT"})
 MAX_QUERY_WORDS = 32
 POOL_FACTOR = 8
 MIN_POOL = 40
@@ -41,26 +40,10 @@ def match_expression(query: str) -> str:
     """The FTS5 MATCH expression for a user query ("" when it has no word).
 
     >>> match_expression('nginx "proxy" AND NOT port)')
-    '"nginx" OR "proxy" NOT "port"'
+    '"nginx" OR "proxy" OR "AND" OR "NOT" OR "port"'
     """
-    parts: list[str] = []
-    pending: str | None = None
-    words = 0
-    for token in _WORD.findall(query):
-        if token in OPERATORS:
-            # Operators only join two words: leading and trailing ones are dropped, and a run
-            # of them keeps NOT if it has one (FTS5 has no "AND NOT"), else the last one.
-            if parts:
-                pending = "NOT" if "NOT" in (token, pending) else token
-            continue
-        if words == MAX_QUERY_WORDS:
-            break
-        if parts:
-            parts.append(pending or "OR")
-        parts.append(f'"{token}"')
-        pending = None
-        words += 1
-    return " ".join(parts)
+    words = _WORD.findall(query)[:MAX_QUERY_WORDS]
+    return " OR ".join(f'"{word}"' for word in words)
 
 
 def recency_weight(age_seconds: float) -> float:
@@ -100,11 +83,11 @@ def search(
     if exclude_viewport_of is not None:
         state = read_state(db, exclude_viewport_of)
         boundary = state.boundary_seq if state else 0
-        conditions.append(
-            "NOT (m.thread_id = ? AND (m.seq >= ? OR m.id IN"
-            " (SELECT message_id FROM pins WHERE thread_id = ?)))"
-        )
-        params += [exclude_viewport_of, boundary, exclude_viewport_of]
+        # Only the messages from the boundary on: every viewport shows them when eviction
+        # keeps up. Whether a pinned message is shown depends on the viewport's budget, which
+        # search does not know, so pins stay findable (a repeat beats a hidden message).
+        conditions.append("NOT (m.thread_id = ? AND m.seq >= ?)")
+        params += [exclude_viewport_of, boundary]
     if conditions:
         rows = conn.execute(
             "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"

@@ -6,7 +6,7 @@ It owns the per-thread locks, so every `ConversationManager` of one `Memory` sha
   concurrent saves of one thread never duplicate or collide;
 - the *eviction lock* lets one eviction run per thread at a time; a second `evict` waits and
   then works from the boundary the first one left, so no zone is evicted twice. An automatic
-  eviction finding one under way skips instead of queueing.
+  eviction waits too, then evicts only if the viewport still needs it.
 
 Locks exist only while held or awaited, so a million threads cost nothing when idle.
 """
@@ -41,7 +41,7 @@ from mnemo.conversation.model import (
     Viewport,
 )
 from mnemo.conversation.search import match_expression, search, view
-from mnemo.conversation.viewport import read_viewport
+from mnemo.conversation.viewport import needs_eviction, read_viewport
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
@@ -74,10 +74,6 @@ class KeyedLocks:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
-
-    def busy(self, key: str) -> bool:
-        """Whether the key's lock is held or awaited."""
-        return key in self._locks
 
 
 class ConversationService:
@@ -220,15 +216,23 @@ class ConversationService:
 
     async def auto_evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float
-    ) -> EvictionResult | None:
-        """Evicts when the tokens past the boundary exceed the budget, unless an eviction of
-        the thread is already under way (then it skips: that one moves the boundary)."""
-        if self._evict_locks.busy(thread_id):
-            return None
+    ) -> list[EvictionResult]:
+        """Evicts until the viewport of `token_budget` shows every message from the boundary
+        on beside its pins and snapshots (or nothing more can leave); returns the evictions.
+
+        It waits for an eviction under way instead of skipping: that one may have run for
+        another budget, or before the newest messages came, and a skip left them hidden.
+        """
+        done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):
-            if await self.evictor.tokens_past_boundary(thread_id) <= token_budget:
-                return None
-            return await self.evictor.evict(thread_id, token_budget, eviction_fraction)
+            while await self.database.run(
+                lambda db: needs_eviction(db, thread_id, token_budget)
+            ):
+                result = await self.evictor.evict(thread_id, token_budget, eviction_fraction)
+                if not result.evicted:
+                    break
+                done.append(result)
+        return done
 
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.conversation.model import Message
 
 
 class ManualClock:
@@ -75,3 +76,82 @@ def chat(turns: int, *, words: int = 8) -> list[dict[str, Any]]:
         out.append(user(f"Question {i} about topic{i}: {filler}"))
         out.append(assistant(f"Answer {i} about topic{i}: {filler}"))
     return out
+
+
+class ScriptedEviction:
+    """An LLM whose "eviction" replies come from a script (the last one repeats); other tasks
+    go to the offline LLM. Records every eviction request."""
+
+    def __init__(self, *replies: mnemo.LLMResponse) -> None:
+        self._offline = OfflineLLM()
+        self.replies = list(replies)
+        self.requests: list[mnemo.LLMRequest] = []
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task != "eviction":
+            return await self._offline.generate(request)
+        self.requests.append(request)
+        return self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+
+
+def prose() -> mnemo.LLMResponse:
+    """A reply in prose, without tool calls: what a chatty model does with a tool prompt."""
+    return mnemo.LLMResponse(text="Sure! The zone discusses the deployment; nothing to pin.")
+
+
+def snapshot_call(text: str) -> mnemo.LLMResponse:
+    """A reply saving `text` as the snapshot and finishing."""
+    return mnemo.LLMResponse(tool_calls=[
+        mnemo.ToolCall("save_snapshot", {"text": text}, "c1"),
+        mnemo.ToolCall("everything_ok", {}, "c2"),
+    ])
+
+
+def tagged(seq: int, role: str, words: int) -> dict[str, Any]:
+    """A message holding the word `tag<seq>` (so search can find exactly it) and `words`
+    filler words."""
+    return {"role": role, "content": f"tag{seq} " + " ".join(["filler"] * words)}
+
+
+async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[str]:
+    """What breaks "Nothing hides from the agent" (API.md) in the thread's viewport of
+    `token_budget` tokens, one line each; [] when nothing does.
+
+    Every message must be in the viewport's messages, or before the boundary inside a
+    snapshot's range (covered ones included), or pinned and in the viewport's pinned; and
+    `search_messages(exclude_viewport_of=...)` must leave out only messages the viewport shows
+    (each message holds the word `tag<seq>`, see `tagged`).
+    """
+    view = await mem.viewport(thread_id, token_budget=token_budget)
+    raw = await mem.conversation().raw(thread_id)
+    spans = await mem._conversations.database.run(
+        lambda db: db.conn.execute(
+            "SELECT start_seq, end_seq FROM snapshots WHERE thread_id = ?", (thread_id,)
+        ).fetchall()
+    )
+    shown = {m.id for m in view.messages} | {m.id for m in view.pinned}
+    problems: list[str] = []
+    if view.tokens > token_budget:
+        problems.append(f"the viewport costs {view.tokens} tokens, over {token_budget}")
+    unseen: list[Message] = []
+    for message in raw:
+        covered = message.seq < view.boundary_seq and any(
+            start <= message.seq <= end for start, end in spans
+        )
+        if message.id not in shown:
+            unseen.append(message)
+            if not covered:
+                problems.append(f"message {message.seq} is in no view and no snapshot")
+    # 32 words a query (search's cap), each matching one message: all fit in one page of hits.
+    for start in range(0, len(unseen), 32):
+        batch = unseen[start : start + 32]
+        hits = await mem.search_messages(
+            " ".join(f"tag{m.seq}" for m in batch), thread_id=thread_id, limit=100,
+            exclude_viewport_of=thread_id,
+        )
+        found = {h.message_id for h in hits}
+        problems += [
+            f"message {m.seq} is not shown, yet search leaves it out"
+            for m in batch if m.id not in found
+        ]
+    return problems

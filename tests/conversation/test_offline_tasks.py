@@ -77,6 +77,8 @@ async def test_eviction_pins_instructions_and_corrections() -> None:
             "message 15: user: Actually, I meant the staging cluster, not production.",
             "message 16: user: The weather is nice today in Lisbon.",
         ),
+        middle="",
+        recent="",
         zone_start=10,
         zone_end=16,
         goals=[{"id": "g1", "description": "migrate the staging cluster"},
@@ -100,13 +102,13 @@ async def test_eviction_without_goals_pins_nothing_and_finishes_when_done() -> N
     """No goals: nothing is pinned. A second round only calls everything_ok."""
     zone = _zone("message 0: user: Always answer in French.")
     first = await OfflineLLM().generate(
-        eviction_request(zone=zone, zone_start=0, zone_end=0, goals=[], previous_snapshot="",
-                         max_words=30, done=[])
+        eviction_request(zone=zone, middle="", recent="", zone_start=0, zone_end=0, goals=[],
+                         previous_snapshot="", max_words=30, done=[])
     )
     assert [c.name for c in first.tool_calls] == ["save_snapshot", "everything_ok"]
     second = await OfflineLLM().generate(
-        eviction_request(zone=zone, zone_start=0, zone_end=0, goals=[], previous_snapshot="",
-                         max_words=30, done=["save_snapshot: ok"])
+        eviction_request(zone=zone, middle="", recent="", zone_start=0, zone_end=0, goals=[],
+                         previous_snapshot="", max_words=30, done=["save_snapshot: ok"])
     )
     assert [c.name for c in second.tool_calls] == ["everything_ok"]
 

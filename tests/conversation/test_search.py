@@ -27,17 +27,17 @@ from tests.fakes import FakeEmbedder
     ("query", "expected"),
     [
         ("nginx proxy", '"nginx" OR "proxy"'),
-        ("nginx AND proxy", '"nginx" AND "proxy"'),
-        ("nginx AND NOT apache", '"nginx" NOT "apache"'),
-        ("AND nginx OR", '"nginx"'),
-        ("AND OR NOT", ""),
+        ("nginx AND proxy", '"nginx" OR "AND" OR "proxy"'),
+        ("nginx AND NOT apache", '"nginx" OR "AND" OR "NOT" OR "apache"'),
+        ("AND OR NOT", '"AND" OR "OR" OR "NOT"'),
         ('say "hi" NEAR(a b) col:x^*', '"say" OR "hi" OR "NEAR" OR "a" OR "b" OR "col" OR "x"'),
         ("and or not", '"and" OR "or" OR "not"'),
+        ("*** ((( )))", ""),
         ("", ""),
     ],
 )
 def test_match_expression(query: str, expected: str) -> None:
-    """Words are quoted, capitalised AND/OR/NOT kept between words, the rest OR-combined."""
+    """Every word is quoted and OR-combined; AND, OR and NOT are words like any other."""
     assert match_expression(query) == expected
 
 
@@ -73,15 +73,16 @@ async def test_search_filters_by_thread(cmem: mnemo.Memory) -> None:
     assert len(await cmem.search_messages("kubernetes", limit=2)) == 2
 
 
-async def test_search_operators(cmem: mnemo.Memory) -> None:
-    """AND and NOT narrow the match; a query of only operators finds nothing."""
+async def test_search_reads_operators_as_words(cmem: mnemo.Memory) -> None:
+    """AND, OR and NOT are words: "keep NOT delete" finds a message about deleting, and a
+    query of only those words finds the messages that contain them."""
     conv = cmem.conversation()
-    await conv.save("t", [user("nginx and apache both run"), user("nginx alone"),
-                          user("apache alone")])
-    assert {h.seq for h in await cmem.search_messages("nginx OR apache")} == {0, 1, 2}
-    assert {h.seq for h in await cmem.search_messages("nginx AND apache")} == {0}
-    assert {h.seq for h in await cmem.search_messages("nginx NOT apache")} == {1}
-    assert await cmem.search_messages("AND OR NOT") == []
+    await conv.save("t", [user("never delete the production database"), user("nginx alone"),
+                          user("apache alone"), user("this is not a drill")])
+    assert {h.seq for h in await cmem.search_messages("keep NOT delete")} == {0, 3}
+    assert {h.seq for h in await cmem.search_messages("nginx AND apache")} == {1, 2}
+    assert {h.seq for h in await cmem.search_messages("nginx NOT apache")} == {1, 2, 3}
+    assert {h.seq for h in await cmem.search_messages("AND OR NOT")} == {3}
     assert await cmem.search_messages("*** ((( )))") == []
 
 

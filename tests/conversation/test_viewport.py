@@ -9,6 +9,7 @@ import pytest
 
 import mnemo
 from mnemo.conversation.render import render_zone
+from mnemo.ports import task_inputs
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
 
 
@@ -68,12 +69,27 @@ async def test_eviction_zone_is_the_oldest_fraction(
 
 async def test_eviction_never_takes_the_newest(cmem: mnemo.Memory) -> None:
     """Even with fraction 1 the newest message stays; one message alone is not evicted."""
-    await saved(cmem, even(2))
-    result = await cmem.evict("t", token_budget=10, eviction_fraction=1.0)
+    cost = await saved(cmem, even(2))
+    result = await cmem.evict("t", token_budget=cost * 3, eviction_fraction=1.0)
     assert (result.start_seq, result.end_seq, result.boundary_after) == (0, 0, 1)
-    again = await cmem.evict("t", token_budget=10, eviction_fraction=1.0)
+    again = await cmem.evict("t", token_budget=cost * 3, eviction_fraction=1.0)
     assert (again.evicted, again.boundary_before, again.boundary_after) == (0, 1, 1)
     assert again.snapshot is None
+
+
+async def test_eviction_takes_a_newest_message_larger_than_the_budget(
+    cmem: mnemo.Memory,
+) -> None:
+    """A newest message that alone exceeds the budget cannot be shown: it is evicted into a
+    snapshot rather than left in no view at all."""
+    stored = await cmem.conversation().save("t", [user("short"), user("huge " * 400)])
+    budget = stored[1].tokens - 1
+    first = await cmem.evict("t", token_budget=budget, eviction_fraction=0.1)
+    assert (first.start_seq, first.end_seq) == (0, 0)
+    second = await cmem.evict("t", token_budget=budget, eviction_fraction=0.1)
+    assert (second.start_seq, second.end_seq, second.boundary_after) == (1, 1, 2)
+    assert second.snapshot is not None
+    assert (second.snapshot.start_seq, second.snapshot.end_seq) == (1, 1)
 
 
 async def test_eviction_keeps_tool_results_with_their_call(cmem: mnemo.Memory) -> None:
@@ -213,13 +229,16 @@ async def test_concurrent_evictions_never_share_a_zone(cmem: mnemo.Memory) -> No
 
 
 async def test_auto_eviction(cmem: mnemo.Memory, offline: OfflineFake) -> None:
-    """With auto_evict_budget, a save past the budget evicts once."""
+    """With auto_evict_budget, a save past the budget evicts until the viewport of that
+    budget shows every message from the boundary on."""
     conv = cmem.conversation(auto_evict_budget=200)
     await conv.save("t", even(4))
     assert "eviction" not in offline.tasks()
     await conv.save("t", even(30))
-    assert offline.tasks().count("eviction") == 1
-    assert (await cmem.viewport("t", token_budget=200)).boundary_seq > 0
+    assert offline.tasks().count("eviction") >= 1
+    view = await cmem.viewport("t", token_budget=200)
+    assert view.boundary_seq > 0
+    assert [m.seq for m in view.messages] == list(range(view.boundary_seq, 30))
 
 
 async def test_evict_refuses(cmem: mnemo.Memory) -> None:
@@ -245,3 +264,41 @@ async def test_zone_rendering_of_calls_with_text(cmem: mnemo.Memory) -> None:
         "message 1: [1 tool results]\n"
         "message 2: assistant: Two files."
     )
+
+
+async def test_eviction_model_sees_three_zones(cmem: mnemo.Memory, offline: OfflineFake) -> None:
+    """The eviction model sees the eviction, middle and recent zones of the window, each under
+    a delimiter line, tool runs collapsed: what stays is context beside the zone."""
+    history = [user(f"plan step {i}: migrate table t{i}") for i in range(20)]
+    history += [tool_call("c1", "df"), tool_result("c1", "80% used"), user("now verify it")]
+    stored = await cmem.conversation().save("t", history)
+    result = await cmem.evict("t", token_budget=sum(m.tokens for m in stored))
+    assert result.end_seq is not None
+    inputs = task_inputs(next(r for r in offline.calls if r.task == "eviction"))
+    zone, middle, recent = (inputs[k].splitlines() for k in ("zone", "middle", "recent"))
+    assert zone[0] == (
+        f"--- eviction zone: messages 0-{result.end_seq}, leaving the context window now ---"
+    )
+    assert middle[0].startswith(f"--- middle zone: messages {result.end_seq + 1}-")
+    assert recent[0].startswith("--- recent zone: messages ")
+    assert recent[-1] == "message 22: user: now verify it"
+    assert "message 20-21: [1 tools called]" in middle + recent
+    shown = [line.split(":")[0] for line in zone[1:] + middle[1:] + recent[1:]]
+    assert shown == [f"message {i}" for i in range(20)] + ["message 20-21", "message 22"]
+
+
+async def test_eviction_prompt_is_bounded(cmem: mnemo.Memory, offline: OfflineFake) -> None:
+    """However long the backlog, the eviction prompt stays bounded, and says what it left
+    out."""
+    history = [user(f"message {i} " + "x" * 4000) for i in range(300)]
+    await cmem.conversation().save("t", history)
+    await cmem.evict("t", token_budget=10**6, eviction_fraction=0.5)
+    request = next(r for r in offline.calls if r.task == "eviction")
+    assert len(request.messages[0]["content"]) < 40_000
+    inputs = task_inputs(request)
+    assert "lines left out here; search_messages finds them" in inputs["zone"]
+    assert "lines left out here; search_messages finds them" in inputs["middle"]
+    last = inputs["recent"].splitlines()[-1]
+    assert last.startswith("message 299: user: message 299 xxx")
+    assert last.endswith("...")
+    assert len(last) < 650

@@ -1,0 +1,186 @@
+"""Nothing hides from the agent: every message is in the viewport, or inside a snapshot's
+range, or pinned and shown, and search leaves out only what the viewport shows."""
+
+from __future__ import annotations
+
+import functools
+from contextlib import ExitStack
+from typing import Any
+
+import anyio.from_thread
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import mnemo
+from tests.conversation._support import (
+    OfflineFake,
+    ScriptedEviction,
+    hidden,
+    prose,
+    snapshot_call,
+    tagged,
+    tool_call,
+    tool_result,
+    user,
+)
+from tests.fakes import FakeEmbedder
+
+
+async def test_auto_eviction_keeps_every_message_in_view(cmem: mnemo.Memory) -> None:
+    """80 saves of long turns under auto_evict_budget=1000: after each save, every message is
+    in the viewport or behind the boundary inside a snapshot, and findable when not shown."""
+    conv = cmem.conversation(auto_evict_budget=1000)
+    history: list[dict[str, Any]] = []
+    for turn in range(80):
+        history.append(tagged(len(history), "user", 40 + turn % 7 * 9))
+        history.append(tagged(len(history), "assistant", 120 + turn % 5 * 17))
+        await conv.save("t", history)
+        assert await hidden(cmem, "t", 1000) == [], f"after save {turn}"
+    view = await cmem.viewport("t", token_budget=1000)
+    assert view.boundary_seq > 0
+    assert view.messages[0].seq == view.boundary_seq
+
+
+async def test_a_pin_larger_than_its_old_share_is_shown(cmem: mnemo.Memory) -> None:
+    """A pinned message of a tenth of the budget (twice the old 5% pin share) is shown: pins
+    come before the snapshots in the memory share."""
+    goal = await cmem.add_goal("t", "deploy the nginx proxy")
+    instruction = "Always use port 8443 for the nginx proxy. " + "Keep the config terse. " * 70
+    stored = await cmem.conversation().save("t", [user(instruction), *map(user, ["ok"] * 30)])
+    budget = stored[0].tokens * 10
+    result = await cmem.evict("t", token_budget=budget, eviction_fraction=0.01)
+    assert result.pinned == [stored[0].id]
+    view = await cmem.viewport("t", token_budget=budget)
+    assert [m.id for m in view.pinned] == [stored[0].id]
+    assert view.tokens <= budget
+    await cmem.complete_goal(goal)
+    assert (await cmem.viewport("t", token_budget=budget)).pinned == []
+
+
+async def test_a_pin_too_large_to_show_stays_findable(cmem: mnemo.Memory) -> None:
+    """A pinned message larger than the whole memory share is not shown, and search with
+    exclude_viewport_of still finds it."""
+    await cmem.add_goal("t", "deploy the nginx proxy")
+    instruction = "Always use port 8443 for the nginx proxy. " + "Keep the config terse. " * 70
+    stored = await cmem.conversation().save("t", [user(instruction), *map(user, ["ok"] * 30)])
+    budget = stored[0].tokens * 3
+    result = await cmem.evict("t", token_budget=budget, eviction_fraction=0.01)
+    assert result.pinned == [stored[0].id]
+    assert (await cmem.viewport("t", token_budget=budget)).pinned == []
+    hits = await cmem.search_messages("8443", exclude_viewport_of="t")
+    assert [h.message_id for h in hits] == [stored[0].id]
+
+
+async def test_snapshots_give_way_to_the_messages_past_the_boundary() -> None:
+    """When an eviction's snapshot would crowd the boundary message out, the viewport drops
+    the snapshot from view (its range stays covered) rather than the message."""
+    llm = ScriptedEviction(snapshot_call("The user said ok. " * 12))
+    async with mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder()) as mem:
+        history = [tagged(0, "user", 0), *(tagged(i, "user", 100) for i in range(1, 6))]
+        stored = await mem.conversation().save("t", history)
+        budget = sum(m.tokens for m in stored)
+        result = await mem.evict("t", token_budget=budget, eviction_fraction=0.01)
+        assert (result.start_seq, result.end_seq) == (0, 0)
+        view = await mem.viewport("t", token_budget=budget)
+        assert [m.seq for m in view.messages] == [1, 2, 3, 4, 5]
+        assert view.snapshots == []
+        assert await hidden(mem, "t", budget) == []
+
+
+class ThreadRules(RuleBasedStateMachine):
+    """Random saves (auto-evicting at the thread's budget), evictions at any budget, goals
+    opened and completed (the offline model pins instructions to them), with an eviction
+    model that works, answers in prose, or fails: nothing ever hides."""
+
+    goals = Bundle("goals")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = ExitStack()
+        self.portal = self.stack.enter_context(anyio.from_thread.start_blocking_portal())
+        self.history: list[dict[str, Any]] = []
+        self.budget = 0
+
+    @initialize(
+        budget=st.integers(min_value=40, max_value=3000),
+        model=st.sampled_from(["offline", "prose", "failing"]),
+    )
+    def open(self, budget: int, model: str) -> None:
+        llm: mnemo.LLM
+        if model == "prose":
+            llm = ScriptedEviction(prose())
+        else:
+            llm = OfflineFake()
+            if model == "failing":
+                llm.fail_tasks.add("eviction")
+        self.mem = self.stack.enter_context(
+            self.portal.wrap_async_context_manager(
+                mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder())
+            )
+        )
+        self.budget = budget
+        self.conv = self.mem.conversation(auto_evict_budget=budget)
+
+    @rule(
+        sizes=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=4),
+        instruction=st.booleans(),
+        tool=st.booleans(),
+    )
+    def save(self, sizes: list[int], instruction: bool, tool: bool) -> None:
+        for size in sizes:
+            role = "user" if len(self.history) % 2 == 0 else "assistant"
+            message = tagged(len(self.history), role, size)
+            if instruction and role == "user":
+                message["content"] += " Always deploy the proxy on port 8443."
+            self.history.append(message)
+        if tool:
+            seq = len(self.history)
+            call = {**tool_call(f"c{seq}", "run", f'{{"q": "tag{seq}"}}'), "content": f"tag{seq}"}
+            self.history += [call, tool_result(f"c{seq}", f"tag{seq + 1} " + "out " * sizes[0])]
+        self.portal.call(self.conv.save, "t", self.history)
+
+    @precondition(lambda self: bool(self.history))
+    @rule(
+        budget=st.none() | st.integers(min_value=20, max_value=3000),
+        fraction=st.floats(min_value=0.05, max_value=1.0),
+    )
+    def evict(self, budget: int | None, fraction: float) -> None:
+        self.portal.call(
+            functools.partial(
+                self.mem.evict, "t", token_budget=budget or self.budget,
+                eviction_fraction=fraction,
+            )
+        )
+
+    @rule(target=goals, description=st.sampled_from(["deploy the proxy", "choose the port"]))
+    def add_goal(self, description: str) -> str:
+        goal: str = self.portal.call(self.mem.add_goal, "t", description)
+        return goal
+
+    @rule(goal=consumes(goals))
+    def complete_goal(self, goal: str) -> None:
+        self.portal.call(self.mem.complete_goal, goal)
+
+    @invariant()
+    def nothing_hides(self) -> None:
+        if self.history:
+            assert self.portal.call(hidden, self.mem, "t", self.budget) == []
+
+    def teardown(self) -> None:
+        self.stack.close()
+
+
+ThreadRules.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=12, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_nothing_hides_after_any_call = ThreadRules.TestCase

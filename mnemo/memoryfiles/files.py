@@ -14,13 +14,9 @@ then `os.replace`s the old one, so a reader sees the old file or the new one, ne
 from __future__ import annotations
 
 import builtins
-import contextlib
 import logging
 import os
-import stat
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -28,10 +24,9 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from mnemo.adapters import _text
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMTimeout
-from mnemo.memoryfiles import _format
+from mnemo.memoryfiles import _disk, _format, _select
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
@@ -48,35 +43,6 @@ T = TypeVar("T")
 
 LLM_TIMEOUT_S = 120.0
 MIN_MAX_CHARS = 20
-# Only the newest part of a long history is sent: a memory update runs every few iterations,
-# so older messages were already seen by an earlier update.
-_MAX_MESSAGE_CHARS = 4_000
-_MAX_CONVERSATION_CHARS = 60_000
-# At most this many files show their content to the LLM (all of them when there are no more).
-_MAX_SHOWN_FILES = 8
-_ROLES = frozenset({"user", "assistant"})
-# Recall weights a query word by where it matches (the best place counts).
-_TOPIC_WEIGHT, _DESCRIPTION_WEIGHT, _CONTENT_WEIGHT = 3, 2, 1
-
-
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    """One file as scanned: its resolved topic and times, and what it holds."""
-
-    path: Path
-    topic: str
-    description: str
-    updated: datetime
-    used: datetime | None
-    body: str
-
-    def file(self) -> MemoryFile:
-        return MemoryFile(self.topic, self.description, self.path, self.updated, self.body)
-
-    @property
-    def last_used(self) -> datetime:
-        # Writing a file is a use too: a file written after another was recalled is newer.
-        return max(self.used, self.updated) if self.used else self.updated
 
 
 class _Metered:
@@ -141,7 +107,7 @@ class MemoryFiles:
         A `.md` file without front matter (written by hand) is listed too: its topic is its
         file name, its `updated` its modification time. Hidden files are skipped.
         """
-        return [stored.file() for stored in _newest_first(self._scan())]
+        return [stored.file() for stored in _select.newest_first(self._scan())]
 
     async def recall(self, query: str, *, limit: int = 5) -> builtins.list[MemoryFile]:
         """The files that match the words of `query`, most relevant first, at most `limit`.
@@ -160,11 +126,11 @@ class MemoryFiles:
             raise InvalidInputError("query must be a non-blank string")
         if not _is_int(limit) or limit < 1:
             raise InvalidInputError(f"limit must be a positive int, got {limit!r}")
-        wanted = _stems(query)
+        wanted = _select.stems(query)
         if not wanted:
             return []
         stored = await anyio.to_thread.run_sync(self._scan)
-        scored = [(score, s) for s in stored if (score := _relevance(wanted, s)) > 0]
+        scored = [(score, s) for s in stored if (score := _select.relevance(wanted, s)) > 0]
         scored.sort(key=lambda item: item[1].topic)
         scored.sort(key=lambda item: (item[0], item[1].last_used), reverse=True)
         picked = [s for _, s in scored[:limit]]
@@ -204,12 +170,12 @@ class MemoryFiles:
         try:
             if is_subagent or iterations < self.min_iterations:
                 return MemoryUpdate()
-            conversation = _conversation(history)
+            conversation = _select.conversation(history)
             if not conversation:
                 return MemoryUpdate()
             metered = _Metered(llm if llm is not None else OfflineLLM())
             stored = await anyio.to_thread.run_sync(self._scan)
-            shown = _shown(stored, conversation)
+            shown = _select.shown(stored, conversation)
             files: builtins.list[dict[str, str]] = []
             base: dict[str, builtins.list[str]] = {}
             for s in stored:
@@ -222,7 +188,7 @@ class MemoryFiles:
                 conversation=conversation, files=files, max_chars=self.max_chars
             )
             changes = await _ask(metered, request, parse_update)
-            await self._commit(_combine(changes), base, written)
+            await self._commit(_select.combine(changes), base, written)
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
             usage = metered.usage if metered is not None else None
@@ -280,7 +246,7 @@ class MemoryFiles:
         paths: builtins.list[Path] = []
         async with self._lock:
             stored = await anyio.to_thread.run_sync(self._scan)
-            by_key: dict[str, _Stored] = {}
+            by_key: dict[str, _select.Stored] = {}
             for s in stored:
                 by_key.setdefault(_format.topic_key(s.topic), s)
             taken = {s.path.name.casefold() for s in stored}
@@ -327,7 +293,7 @@ class MemoryFiles:
             used=current.used if current else None,
             content=_format.body(lines),
         )
-        _atomic_write(path, text)
+        _disk.atomic_write(path, text)
         return True
 
     def _touch(self, path: Path, when: datetime) -> None:
@@ -335,7 +301,7 @@ class MemoryFiles:
         current = self._read(path)
         if current is None:
             return
-        _atomic_write(
+        _disk.atomic_write(
             path,
             _format.render(
                 topic=current.topic,
@@ -348,10 +314,10 @@ class MemoryFiles:
 
     # ---- files ----------------------------------------------------------------------------
 
-    def _scan(self) -> builtins.list[_Stored]:
+    def _scan(self) -> builtins.list[_select.Stored]:
         if not self.directory.is_dir():
             return []
-        found: builtins.list[_Stored] = []
+        found: builtins.list[_select.Stored] = []
         for path in sorted(self.directory.glob("*.md")):
             # Temporary files start with "." (see `_atomic_write`), and so do hidden files.
             if path.name.startswith("."):
@@ -361,7 +327,7 @@ class MemoryFiles:
                 found.append(stored)
         return found
 
-    def _read(self, path: Path) -> _Stored | None:
+    def _read(self, path: Path) -> _select.Stored | None:
         """The file at `path`, or None when it is gone or is not a regular file."""
         try:
             if not path.is_file():
@@ -371,7 +337,7 @@ class MemoryFiles:
         except OSError:
             return None
         parsed = _format.parse(text)
-        return _Stored(
+        return _select.Stored(
             path=path,
             topic=parsed.topic or path.stem.replace("-", " "),
             description=parsed.description,
@@ -414,160 +380,3 @@ async def _ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T])
         raise LLMTimeout(
             f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
         ) from exc
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Replaces the file at `path` with `text`, all or nothing.
-
-    The temporary file lives in the same directory (so `os.replace` is a rename on one file
-    system) and is fsynced before the rename, so a crash leaves the old or the new file. A
-    replaced file keeps its permission bits; a new one gets mkstemp's 0600, fitting for notes
-    about a user.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on Windows, where there is no O_DIRECTORY.
-    flag = getattr(os, "O_DIRECTORY", None)
-    if flag is None:
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY | flag)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _newest_first(stored: builtins.list[_Stored]) -> builtins.list[_Stored]:
-    ordered = sorted(stored, key=lambda s: s.topic)
-    ordered.sort(key=lambda s: s.updated, reverse=True)
-    return ordered
-
-
-def _content_text(content: object) -> str:
-    """The text of a message's content: a string, or the text parts of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence) and not isinstance(content, bytes | bytearray):
-        parts: builtins.list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "\n".join(parts)
-    return ""
-
-
-def _conversation(history: object) -> builtins.list[dict[str, str]]:
-    """The user and assistant messages of `history` that carry text, newest within budget.
-
-    System messages are left out on purpose: an agent's system prompt usually holds the
-    memory files themselves, which must not be filed again. Tool messages are left out too:
-    tool output is none of the four signals.
-
-    Raises:
-        InvalidInputError: `history` is not a list of messages.
-    """
-    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
-        raise InvalidInputError("history must be a list of message dicts")
-    messages: builtins.list[dict[str, str]] = []
-    for message in history:
-        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
-            continue
-        text = _content_text(message.get("content")).strip()
-        if text:
-            messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
-    kept: builtins.list[dict[str, str]] = []
-    total = 0
-    for message in reversed(messages):
-        total += len(message["content"])
-        if total > _MAX_CONVERSATION_CHARS and kept:
-            break
-        kept.append(message)
-    kept.reverse()
-    return kept
-
-
-def _shown(
-    stored: builtins.list[_Stored], conversation: builtins.list[dict[str, str]]
-) -> set[Path]:
-    """The files whose content the LLM sees: all of them when few, else those whose topic
-    and description share the most words with the conversation."""
-    if len(stored) <= _MAX_SHOWN_FILES:
-        return {s.path for s in stored}
-    said: set[str] = set()
-    for message in conversation:
-        said |= _text.content_stems(message["content"])
-    overlaps: builtins.list[tuple[int, _Stored]] = []
-    for s in stored:
-        overlap = len(said & _text.content_stems(f"{s.topic} {s.description}"))
-        if overlap:
-            overlaps.append((overlap, s))
-    overlaps.sort(key=lambda item: (item[0], item[1].updated), reverse=True)
-    return {s.path for _, s in overlaps[:_MAX_SHOWN_FILES]}
-
-
-def _combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
-    """One change per topic key, in first-seen order; changes without a signal are dropped.
-
-    The LLM may name one topic twice ("Database", "database"): merging here is what keeps a
-    topic in one file.
-    """
-    combined: dict[str, TopicChange] = {}
-    for change in changes:
-        if not change.signals:
-            continue
-        key = _format.topic_key(change.topic)
-        seen = combined.get(key)
-        if seen is None:
-            combined[key] = change
-            continue
-        combined[key] = TopicChange(
-            topic=seen.topic,
-            description=seen.description or change.description,
-            signals=tuple(dict.fromkeys(seen.signals + change.signals)),
-            content=f"{seen.content}\n{change.content}",
-        )
-    return builtins.list(combined.values())
-
-
-def _stems(text: str) -> set[str]:
-    return {_text.stem(t) for t in _text.tokens(text) if not _text.is_stopword(t)}
-
-
-def _relevance(wanted: set[str], stored: _Stored) -> int:
-    topic, description, content = (
-        _stems(stored.topic),
-        _stems(stored.description),
-        _stems(stored.body),
-    )
-    score = 0
-    for word in wanted:
-        if word in topic:
-            score += _TOPIC_WEIGHT
-        elif word in description:
-            score += _DESCRIPTION_WEIGHT
-        elif word in content:
-            score += _CONTENT_WEIGHT
-    return score

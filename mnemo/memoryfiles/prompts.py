@@ -226,10 +226,6 @@ def parse_persist(resp: LLMResponse) -> Filed:
 # ---- shared field readers -----------------------------------------------------------------
 
 
-
-
-
-
 def _topic(item: dict[str, Any], where: str) -> str:
     value = item.get("topic")
     topic = one_line(value, MAX_TOPIC_CHARS) if isinstance(value, str) else ""

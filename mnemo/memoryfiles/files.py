@@ -14,9 +14,11 @@ then `os.replace`s the old one, so a reader sees the old file or the new one, ne
 from __future__ import annotations
 
 import builtins
+import functools
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -25,13 +27,15 @@ import anyio
 import anyio.to_thread
 
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.errors import InvalidInputError, LLMTimeout
+from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.memoryfiles import _disk, _format, _select
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
+    memory_condense_request,
     memory_persist_request,
     memory_update_request,
+    parse_condense,
     parse_persist,
     parse_update,
 )
@@ -59,6 +63,21 @@ class _Metered:
         return response
 
 
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A change ready to merge into its file.
+
+    `base` is what the LLM was shown of the file (None: nothing, so the change only adds);
+    `allow_removal` lets entries of `base` the change left out go; `condensed`, once the
+    `memory_condense` task rewrote the change to fit, holds the entries it gave up.
+    """
+
+    change: TopicChange
+    base: builtins.list[str] | None
+    allow_removal: bool
+    condensed: tuple[str, ...] | None = None
+
+
 class MemoryFiles:
     """Long-term memory as one Markdown file per topic in `directory` (created when first
     written).
@@ -68,6 +87,12 @@ class MemoryFiles:
     keeps it) and a body of one entry per line, oldest first, at most `max_chars` characters.
     `update` files what a conversation decided, established, corrected or preferred; `persist`
     files one statement on request; `list` and `recall` read them back.
+
+    A write that would take a file past `max_chars` first asks the `memory_condense` task to
+    merge and shorten its entries (the model knows what matters); only when that fails are the
+    oldest entries dropped. `enabled=False` turns writing off: `update` and `persist` then ask
+    nothing and write nothing, and their results say `skipped="disabled"` (`list` and
+    `recall` still read).
 
     `clock` (UTC `datetime`s) stamps `updated` and `used`; tests inject one.
 
@@ -82,6 +107,7 @@ class MemoryFiles:
         *,
         max_chars: int = 4000,
         min_iterations: int = 10,
+        enabled: bool = True,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         if not _is_int(max_chars) or max_chars < MIN_MAX_CHARS:
@@ -95,6 +121,7 @@ class MemoryFiles:
         self.directory = Path(directory)
         self.max_chars = max_chars
         self.min_iterations = min_iterations
+        self.enabled = bool(enabled)
         self._clock = clock or _utc_now
         self._lock = anyio.Lock()
         self._file_locks: dict[str, anyio.Lock] = {}
@@ -153,21 +180,26 @@ class MemoryFiles:
         """Files what the conversation in `history` decided, established, corrected or
         preferred.
 
-        Does nothing and asks nothing for a sub-agent, when `iterations` is below
-        `min_iterations`, or when `history` holds no user or assistant text. Otherwise it
+        Does nothing and asks nothing when disabled (`skipped="disabled"`), for a sub-agent,
+        when `iterations` is below `min_iterations`, or when `history` holds no user or
+        assistant text. Otherwise it
         asks the `memory_update` task (of `llm`, or of the offline LLM when None) which
         topics the user and assistant messages touched, showing every file's topic and
         description and the content of the files most related to the conversation, and
         writes the merged files. Only a correction removes an entry; a
         topic's file is found by its normalised topic (`_format.topic_key`), so a topic never
-        splits across files; each file is bounded by `max_chars`.
+        splits across files; each file is bounded by `max_chars` (condensed by the LLM first,
+        see the class doc), and `files` reports what that cost.
 
         Never raises (cancellation aside): a failure is logged and returned in `error`, along
         with the topics written before it and the usage of every LLM call made.
         """
         metered: _Metered | None = None
         written: builtins.list[str] = []
+        results: builtins.list[MemoryFile] = []
         try:
+            if not self.enabled:
+                return MemoryUpdate(skipped="disabled")
             if is_subagent or iterations < self.min_iterations:
                 return MemoryUpdate()
             conversation = _select.conversation(history)
@@ -188,12 +220,16 @@ class MemoryFiles:
                 conversation=conversation, files=files, max_chars=self.max_chars
             )
             changes = await _ask(metered, request, parse_update)
-            await self._commit(_select.combine(changes), base, written)
+            planned = [
+                _Planned(c, base.get(_format.topic_key(c.topic)), "correction" in c.signals)
+                for c in _select.combine(changes)
+            ]
+            await self._commit(planned, metered, written, results)
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
             usage = metered.usage if metered is not None else None
-            return MemoryUpdate(written, usage, f"{type(exc).__name__}: {exc}")
-        return MemoryUpdate(written, metered.usage, None)
+            return MemoryUpdate(written, usage, f"{type(exc).__name__}: {exc}", results)
+        return MemoryUpdate(written, metered.usage, None, results)
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
         """Files the statement `what` on request ("remember this") and returns its file.
@@ -201,7 +237,9 @@ class MemoryFiles:
         The `memory_persist` task (of `llm`, or of the offline LLM when None, which files the
         statement itself under a topic named from its key phrase or an existing topic sharing
         its words) picks the topic; the entry is appended unless already there, and the file is
-        bounded by `max_chars` like any other write.
+        bounded by `max_chars` like any other write (the returned file says what that cost).
+        With `enabled=False` nothing is asked or written, and the result's `skipped` is
+        `"disabled"`.
 
         Raises:
             InvalidInputError: `what` is not a string, or has no words (blank, or only punctuation).
@@ -212,89 +250,154 @@ class MemoryFiles:
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
+        if not self.enabled:
+            return MemoryFile("", "", self.directory, self._now(), "", skipped="disabled")
         statement = " ".join(what.split())
         stored = await anyio.to_thread.run_sync(self._scan)
         request = memory_persist_request(
             statement=statement,
             files=[{"topic": s.topic, "description": s.description} for s in stored],
         )
-        filed = await _ask(llm if llm is not None else OfflineLLM(), request, parse_persist)
+        model = llm if llm is not None else OfflineLLM()
+        filed = await _ask(model, request, parse_persist)
         change = TopicChange(
             topic=filed.topic,
             description=filed.description,
             signals=("context",),
             content=f"- {filed.entry}",
         )
-        paths = await self._commit([change], {}, [])
-        stored_file = await anyio.to_thread.run_sync(self._read, paths[0])
-        if stored_file is None:  # removed by someone else right after the write
-            raise FileNotFoundError(paths[0])
-        return stored_file.file()
+        results: builtins.list[MemoryFile] = []
+        await self._commit([_Planned(change, None, False)], model, [], results)
+        return results[0]
+
+    async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
+        """`planned`, rewritten by the `memory_condense` task when it would take its file past
+        `max_chars`; as it is when it fits, or when the task fails (the write then drops the
+        oldest entries, and says so).
+
+        Runs outside every lock: what the LLM returns is merged three ways against the file
+        as it read it, like any change.
+        """
+        stored = await anyio.to_thread.run_sync(self._scan)
+        key = _format.topic_key(planned.change.topic)
+        existing = next((s for s in stored if _format.topic_key(s.topic) == key), None)
+        current = _format.entries(existing.body) if existing else []
+        lines = _format.dedupe(
+            _format.merge(
+                current,
+                _format.entries(planned.change.content),
+                planned.base,
+                allow_removal=planned.allow_removal,
+            )
+        )
+        if len(_format.body(lines)) <= self.max_chars:
+            return planned
+        description = planned.change.description or (existing.description if existing else "")
+        request = memory_condense_request(
+            topic=existing.topic if existing else planned.change.topic,
+            description=description,
+            entries=lines,
+            max_chars=self.max_chars,
+        )
+        try:
+            condensed = await _ask(
+                llm, request, functools.partial(parse_condense, max_chars=self.max_chars)
+            )
+        except LLMError as exc:
+            log.warning("condensing memory file %r failed: %r", planned.change.topic, exc)
+            return planned
+        kept = {_format.entry_key(line) for line in condensed.lines}
+        change = TopicChange(
+            topic=planned.change.topic,
+            description=condensed.description or description,
+            signals=planned.change.signals,
+            content=_format.body(condensed.lines),
+        )
+        gone = tuple(line for line in lines if _format.entry_key(line) not in kept)
+        return _Planned(change, current, True, gone)
 
     async def _commit(
         self,
-        changes: builtins.list[TopicChange],
-        base: dict[str, builtins.list[str]],
+        planned: builtins.list[_Planned],
+        llm: LLM,
         written: builtins.list[str],
-    ) -> builtins.list[Path]:
-        """Writes each change into its topic's file; returns the files, in order.
+        results: builtins.list[MemoryFile],
+    ) -> None:
+        """Writes each change into its topic's file, condensed first when it would not fit.
 
-        `base` maps a topic key to the entries the LLM was shown; `written` collects the
-        topics of the files that changed, as they change (so a failure part-way still reports
-        them).
+        `written` collects the topics of the files that changed and `results` the files as
+        written (or as they are, when unchanged), as they change: a failure part-way still
+        reports them.
         """
-        paths: builtins.list[Path] = []
+        planned = [await self._condense(llm, p) for p in planned]
         async with self._lock:
             stored = await anyio.to_thread.run_sync(self._scan)
             by_key: dict[str, _select.Stored] = {}
             for s in stored:
                 by_key.setdefault(_format.topic_key(s.topic), s)
             taken = {s.path.name.casefold() for s in stored}
-            for change in changes:
-                key = _format.topic_key(change.topic)
+            for p in planned:
+                key = _format.topic_key(p.change.topic)
                 existing = by_key.get(key)
                 if existing is not None:
                     path, topic = existing.path, existing.topic
                 else:
-                    path, topic = self._new_path(change.topic, taken), change.topic
+                    path, topic = self._new_path(p.change.topic, taken), p.change.topic
                     taken.add(path.name.casefold())
                 async with self._file_lock(path.name):
-                    changed = await anyio.to_thread.run_sync(
-                        self._merge_write, path, topic, change, base.get(key)
+                    changed, file = await anyio.to_thread.run_sync(
+                        self._merge_write, path, topic, p
                     )
                 if changed:
                     written.append(topic)
-                paths.append(path)
-        return paths
+                if file is not None:
+                    results.append(file)
 
     def _merge_write(
-        self, path: Path, topic: str, change: TopicChange, base: builtins.list[str] | None
-    ) -> bool:
-        """Merges `change` into the file at `path` and writes it; False when nothing changed
-        (or there is nothing to write: an empty file is never created)."""
+        self, path: Path, topic: str, planned: _Planned
+    ) -> tuple[bool, MemoryFile | None]:
+        """Merges the change into the file at `path` and writes it; returns whether it
+        changed, and the file as it now is (None when there is none: an empty file is never
+        created)."""
         current = self._read(path)
         current_lines = _format.entries(current.body) if current else []
         lines = _format.merge(
             current_lines,
-            _format.entries(change.content),
-            base,
-            allow_removal="correction" in change.signals,
+            _format.entries(planned.change.content),
+            planned.base,
+            allow_removal=planned.allow_removal,
         )
-        lines = _format.fit(_format.dedupe(lines), self.max_chars)
-        if not lines:
-            return False
-        description = change.description or (current.description if current else "")
-        if current is not None and lines == current_lines and description == current.description:
-            return False
+        fitted = _format.bound(_format.dedupe(lines), self.max_chars)
+        if not fitted.lines:
+            return False, current.file() if current else None
+        description = planned.change.description or (current.description if current else "")
+        if fitted.dropped:
+            # The entries the description was written for may be among those dropped.
+            description = _format.follow(description, fitted.lines)
+        unchanged = current is not None and fitted.lines == current_lines
+        if current is not None and unchanged and description == current.description:
+            return False, current.file()
+        updated = self._now()
+        content = _format.body(fitted.lines)
         text = _format.render(
             topic=topic,
             description=description,
-            updated=self._now(),
+            updated=updated,
             used=current.used if current else None,
-            content=_format.body(lines),
+            content=content,
         )
         _disk.atomic_write(path, text)
-        return True
+        file = MemoryFile(
+            topic,
+            description,
+            path,
+            updated,
+            content,
+            dropped=(planned.condensed or ()) + fitted.dropped,
+            condensed=planned.condensed is not None,
+            truncated=fitted.truncated,
+        )
+        return True, file
 
     def _touch(self, path: Path, when: datetime) -> None:
         """Records a use of the file at `path` in its front matter; its body is left as is."""

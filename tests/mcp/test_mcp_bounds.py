@@ -136,3 +136,25 @@ async def test_errors_quoting_huge_input_are_clipped(tools: MemoryTools) -> None
 def test_get_node_is_a_tool() -> None:
     """get_node is served next to recall."""
     assert "get_node" in TOOL_NAMES
+
+
+def test_the_cli_switch_turns_memory_updates_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mnemo mcp --no-memory-updates` serves with memory-file writes off."""
+    from typer.testing import CliRunner
+
+    import mnemo.mcp.server
+    from mnemo.cli.app import app
+
+    seen: list[bool] = []
+
+    async def fake_serve(db: Path, *, memory_dir: Path | None, memory_updates: bool) -> None:
+        seen.append(memory_updates)
+
+    monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)
+    db = str(tmp_path / "agent.db")
+    for args in (["mcp", "--db", db, "--no-memory-updates"], ["mcp", "--db", db]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    assert seen == [False, True]

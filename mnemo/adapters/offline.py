@@ -759,7 +759,7 @@ def _memory_condense(inputs: dict[str, Any]) -> LLMResponse:
             # Only the newest entry is shortened (to its leading sentences); older ones go.
             text = _shortened(text, room - 3) if not kept else ""
         if text:
-            kept.append(f"- {text}")
+            kept.append(text if text.startswith("#") else f"- {text}")
             room -= len(text) + 3
     kept.reverse()
     description = _str(inputs, "description")

@@ -196,7 +196,7 @@ class MemoryFiles:
         """
         metered: _Metered | None = None
         written: builtins.list[str] = []
-        results: builtins.list[MemoryFile] = []
+        results: builtins.list[tuple[bool, MemoryFile]] = []
         try:
             if not self.enabled:
                 return MemoryUpdate(skipped="disabled")
@@ -228,8 +228,9 @@ class MemoryFiles:
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
             usage = metered.usage if metered is not None else None
-            return MemoryUpdate(written, usage, f"{type(exc).__name__}: {exc}", results)
-        return MemoryUpdate(written, metered.usage, None, results)
+            error = f"{type(exc).__name__}: {exc}"
+            return MemoryUpdate(written, usage, error, [f for changed, f in results if changed])
+        return MemoryUpdate(written, metered.usage, None, [f for changed, f in results if changed])
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
         """Files the statement `what` on request ("remember this") and returns its file.
@@ -266,9 +267,9 @@ class MemoryFiles:
             signals=("context",),
             content=f"- {filed.entry}",
         )
-        results: builtins.list[MemoryFile] = []
+        results: builtins.list[tuple[bool, MemoryFile]] = []
         await self._commit([_Planned(change, None, False)], model, [], results)
-        return results[0]
+        return results[0][1]
 
     async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
         """`planned`, rewritten by the `memory_condense` task when it would take its file past
@@ -321,13 +322,13 @@ class MemoryFiles:
         planned: builtins.list[_Planned],
         llm: LLM,
         written: builtins.list[str],
-        results: builtins.list[MemoryFile],
+        results: builtins.list[tuple[bool, MemoryFile]],
     ) -> None:
         """Writes each change into its topic's file, condensed first when it would not fit.
 
-        `written` collects the topics of the files that changed and `results` the files as
-        written (or as they are, when unchanged), as they change: a failure part-way still
-        reports them.
+        `written` collects the topics of the files that changed and `results` each file as
+        written (or as it is, when unchanged) with whether it changed, as they change: a
+        failure part-way still reports them.
         """
         planned = [await self._condense(llm, p) for p in planned]
         async with self._lock:
@@ -351,7 +352,7 @@ class MemoryFiles:
                 if changed:
                     written.append(topic)
                 if file is not None:
-                    results.append(file)
+                    results.append((changed, file))
 
     def _merge_write(
         self, path: Path, topic: str, planned: _Planned

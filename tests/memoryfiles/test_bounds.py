@@ -174,3 +174,24 @@ def test_bound_reports_dropped_and_truncated() -> None:
     assert fitted.truncated
     assert len(_format.body(fitted.lines)) <= 40
     assert _format.bound(lines[:2], 400) == _format.Fitted(lines[:2], (), False)
+
+
+async def test_update_files_lists_only_changed_files(directory: Path, clock: Clock) -> None:
+    """MemoryUpdate.files holds the files an update changed, not those it left as they were."""
+    files = mnemo.MemoryFiles(directory, clock=clock)
+    llm = RecordingLLM()
+    llm.reply = lambda _request: {
+        "files": [
+            {
+                "topic": "db",
+                "description": "The database",
+                "signals": ["decision"],
+                "content": "- We use PostgreSQL 16.",
+            }
+        ]
+    }
+    first = await files.update(user("We decided on PostgreSQL 16."), llm=llm, iterations=10)
+    again = await files.update(user("We decided on PostgreSQL 16."), llm=llm, iterations=10)
+    assert [f.topic for f in first.files] == first.written == ["db"]
+    assert again.written == []
+    assert again.files == []

@@ -4,7 +4,8 @@ Memory tools an agent calls itself:
 
 - `search_messages(query, thread_id?, limit?)`: keyword search over every thread's messages;
 - `view_messages(message_id, radius?)`: the messages around a search hit, and snapshots;
-- `recall(query, k?)`: the knowledge graph of a repo.
+- `recall(query, k?)`: the knowledge graph of a repo, a snippet of each memory and its id;
+- `get_node(node_id, offset?)`: one memory whole, a page at a time.
 
 Eviction tools, for a model that manages a context window (what `Memory.evict` gives its
 LLM): `save_snapshot(text)`, `attach_messages_to_goals(message_ids, goal_ids)`,
@@ -17,24 +18,62 @@ text = await mnemo.tools.execute_tool(mem, call, thread_id="t1", repo="my-repo")
 
 `execute_tool` always answers with a string for the model: a bad argument, an unknown id or
 tool comes back as "error: ..." text (so the model can correct itself), never as an
-exception.
+exception. Every answer is bounded (the constants below): what is cut says how to get the
+rest.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from mnemo.conversation.eviction import EvictionTools
+from mnemo.conversation.model import Message
 from mnemo.conversation.prompts import EVICTION_TOOLS
+from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.ports import ToolCall
 
 if TYPE_CHECKING:
+    from mnemo.graph.model import Node
     from mnemo.memory import Memory
+    from mnemo.recall.engine import Recalled
+
+
+# A tool's answer goes straight into the agent's context, so each is bounded (issue 9: one
+# recall returned 2 MB of JSON). The MCP server uses the same bounds.
+MAX_OUTPUT_CHARS = 20_000  # the most any one tool answer holds (about 5k tokens)
+SNIPPET_CHARS = 300  # each memory's text in a recall answer; get_node has the rest
+PAGE_CHARS = 8_000  # one page of get_node (or of a viewed message over MCP)
+MESSAGE_CHARS = 1_000  # each message or snapshot shown around a viewed message (MCP)
+ERROR_CHARS = 500  # an error message (they may quote the input)
+_ELLIPSIS = "\u2026"
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + _ELLIPSIS
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a long text: `text` starts at `offset` of `total` characters; `next_offset`
+    is where the next page starts (None on the last)."""
+
+    text: str
+    offset: int
+    total: int
+    next_offset: int | None
+
+
+def page(text: str, offset: int, size: int = PAGE_CHARS) -> Page:
+    """The page of `text` starting at `offset` (empty past the end), at most `size` long."""
+    start = min(max(offset, 0), len(text))
+    end = min(start + size, len(text))
+    return Page(text[start:end], start, len(text), end if end < len(text) else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +136,7 @@ VIEW_MESSAGES = ToolSpec(
 RECALL = ToolSpec(
     "recall",
     "Recall long-term knowledge (facts and procedures learned in earlier work) relevant to a "
-    "query.",
+    "query. Each memory is shown as a snippet with its id; get_node shows one whole.",
     {
         "type": "object",
         "properties": {
@@ -109,16 +148,32 @@ RECALL = ToolSpec(
     },
 )
 
+GET_NODE = ToolSpec(
+    "get_node",
+    f"Show one memory (an id from recall) whole: its text a page of {PAGE_CHARS} characters "
+    "at a time (pass the next_offset it gives to read on), and its data.",
+    {
+        "type": "object",
+        "properties": {
+            "node_id": {"type": "string", "description": "An id from recall."},
+            "offset": {"type": "integer", "minimum": 0, "default": 0},
+        },
+        "required": ["node_id"],
+        "additionalProperties": False,
+    },
+)
+
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [
         SEARCH_MESSAGES,
         VIEW_MESSAGES,
         RECALL,
+        GET_NODE,
         *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOLS),
     ]
 }
-MEMORY_TOOLS = ("search_messages", "view_messages", "recall")
+MEMORY_TOOLS = ("search_messages", "view_messages", "recall", "get_node")
 EVICTION_TOOL_NAMES = ("save_snapshot", "attach_messages_to_goals", "everything_ok")
 
 
@@ -159,8 +214,12 @@ async def execute_tool(mem: Memory, call: ToolCall, **context: Any) -> str:
       act on (without it, they answer with an error text).
 
     Errors the model can fix (bad arguments, unknown ids, an unknown tool) come back as text
-    starting with "error:"; nothing is raised for them.
+    starting with "error:"; nothing is raised for them. No answer passes `MAX_OUTPUT_CHARS`.
     """
+    return clip(await _execute(mem, call, context), MAX_OUTPUT_CHARS)
+
+
+async def _execute(mem: Memory, call: ToolCall, context: dict[str, Any]) -> str:
     args = _arguments(call.arguments)
     if args is None:
         return "error: the arguments must be a JSON object"
@@ -177,26 +236,84 @@ async def execute_tool(mem: Memory, call: ToolCall, **context: Any) -> str:
             found = await mem.view_messages(
                 _text(args, "message_id"), radius=_integer(args, "radius", 10)
             )
-            return found.render()
+            # Each message renders at most ZONE_MESSAGE_CHARS; the nearest fill the answer.
+            kept = nearest(
+                found.messages,
+                found.target.seq,
+                MAX_OUTPUT_CHARS - 4_000,  # room for the six snapshot lines
+                lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60,
+            )
+            return replace(found, messages=kept).render()
         if call.name == "recall":
             repo = context.get("repo")
             if not isinstance(repo, str):
                 return "error: recall is not available here (no repo)"
             result = await mem.recall(repo, _text(args, "query"), k=_integer(args, "k", 10))
-            if not result.memories:
-                return "Nothing recalled."
-            return "\n".join(
-                f"{i}. [{m.node.type.value}] {m.node.text}"
-                for i, m in enumerate(result.memories, 1)
-            )
+            return _render_recall(result.memories)
+        if call.name == "get_node":
+            repo = context.get("repo")
+            if not isinstance(repo, str):
+                return "error: get_node is not available here (no repo)"
+            node_id = _text(args, "node_id")
+            node = await mem.get_node(repo, node_id)
+            if node is None:
+                return f"error: no memory {clip(node_id, 100)!r} in this repo"
+            return _render_node(node, _integer(args, "offset", 0))
         if call.name in EVICTION_TOOL_NAMES:
             eviction = context.get("eviction")
             if not isinstance(eviction, EvictionTools):
                 return f"error: {call.name} only runs during an eviction"
             return eviction.call(ToolCall(call.name, args, call.id))
     except (InvalidInputError, NotFoundError) as exc:
-        return f"error: {exc}"
+        return f"error: {clip(str(exc), ERROR_CHARS)}"
     return f"error: unknown tool {call.name!r}; known: {', '.join(sorted(TOOLS))}"
+
+
+def nearest(
+    messages: Sequence[Message], seq: int, budget: int, size: Callable[[Message], int]
+) -> list[Message]:
+    """The messages nearest to `seq` (the target first) whose sizes fit in `budget`, in
+    their order: a bounded view drops the far ends, never the target."""
+    kept: set[int] = set()
+    used = 0
+    for i in sorted(range(len(messages)), key=lambda i: abs(messages[i].seq - seq)):
+        cost = size(messages[i])
+        if kept and used + cost > budget:
+            break
+        kept.add(i)
+        used += cost
+    return [m for i, m in enumerate(messages) if i in kept]
+
+
+def _render_recall(memories: Sequence[Recalled]) -> str:
+    if not memories:
+        return "Nothing recalled."
+    lines: list[str] = []
+    size = 0
+    for i, m in enumerate(memories, 1):
+        text = " ".join(m.node.text.split())
+        more = f" [{len(text)} chars; get_node for all]" if len(text) > SNIPPET_CHARS else ""
+        line = f"{i}. [{m.node.type.value}] {m.node.id}: {clip(text, SNIPPET_CHARS)}{more}"
+        if lines and size + len(line) + 100 > MAX_OUTPUT_CHARS:
+            lines.append(f"({len(memories) - i + 1} more left out: ask for a smaller k)")
+            break
+        lines.append(line)
+        size += len(line) + 1
+    return "\n".join(lines)
+
+
+def _render_node(node: Node, offset: int) -> str:
+    if offset < 0:
+        raise InvalidInputError(f"offset must be >= 0, got {offset}")
+    part = page(node.text, offset)
+    head = f"[{node.type.value}] {node.id}, created {node.created_at.isoformat()}"
+    where = f"characters {part.offset}-{part.offset + len(part.text)} of {part.total}"
+    if part.next_offset is not None:
+        where += f"; more with offset={part.next_offset}"
+    lines = [head, f"text ({where}):", part.text]
+    if part.offset == 0 and node.data:
+        lines.append("data: " + clip(json.dumps(node.data, default=str), MESSAGE_CHARS))
+    return "\n".join(lines)
 
 
 def _arguments(raw: object) -> dict[str, Any] | None:

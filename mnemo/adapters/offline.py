@@ -33,6 +33,10 @@ segmentation, extraction and recall to work offline, not a substitute for one:
   a correction replaces the shown line it mostly repeats ("port 8080" -> "port 8443").
 - `memory_persist`: the statement itself, under the existing topic sharing the most words with
   it, or else a new topic named from its key phrase.
+- `memory_condense`: an entry that adds no word to a later one is merged into it; then, from
+  the newest back, every entry that still fits is kept, the newest cut to its leading sentences
+  when it alone is too long, and older ones that no longer fit go. The description is kept
+  unless it names nothing left (then the first entry, clipped).
 - `summary` / `snapshot_fold`: the most informative sentences of the messages (or snapshots)
   and of the previous summary, in order, within `max_words` ("User: ...", "Assistant: ...");
   a sentence scores its informative words, doubled for a user's instruction or correction,
@@ -537,6 +541,7 @@ _MEMORY_ABOUT_USER = re.compile(r"(?:my|i|i'm|call me)\b", re.IGNORECASE)
 _MEMORY_ENTRY_PREFIX = re.compile(
     r"^\s*(?:[-*+]\s+)?(?:(?:decision|context|correction|preference):\s*)?", re.IGNORECASE
 )
+_MEMORY_BULLET = re.compile(r"^\s*[-*+]\s+")
 _MEMORY_LABELS = {
     "decision": "Decision",
     "context": "Context",
@@ -736,6 +741,53 @@ def _memory_persist(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data=data, usage=_NO_USAGE)
 
 
+def _memory_condense(inputs: dict[str, Any]) -> LLMResponse:
+    limit = _int(inputs, "max_chars", 4000)
+    texts = [_MEMORY_BULLET.sub("", e).strip() for e in _str_list(inputs, "entries")]
+    texts = [t for t in texts if t]
+    stems = [_entry_stems(t) for t in texts]
+    # Merging: an entry that says nothing a later entry does not say goes.
+    merged = [
+        t
+        for i, t in enumerate(texts)
+        if not (stems[i] and any(stems[i] <= stems[j] for j in range(i + 1, len(texts))))
+    ]
+    kept: list[str] = []
+    room = limit
+    for text in reversed(merged):
+        if len(text) + 3 > room:
+            # Only the newest entry is shortened (to its leading sentences); older ones go.
+            text = _shortened(text, room - 3) if not kept else ""
+        if text:
+            kept.append(text if text.startswith("#") else f"- {text}")
+            room -= len(text) + 3
+    kept.reverse()
+    description = _str(inputs, "description")
+    said = set().union(*(_entry_stems(line) for line in kept))
+    if kept and not _text.content_stems(description) & said:
+        description = _text.clip_words(kept[0][2:], _MEMORY_DESCRIPTION_WORDS)
+    data = {"description": description, "content": "\n".join(kept)}
+    return LLMResponse(data=data, usage=_NO_USAGE)
+
+
+def _shortened(text: str, room: int) -> str:
+    """The leading sentences of `text` within `room` characters, else its leading words."""
+    out = ""
+    for sentence in _text.sentences(text):
+        longer = f"{out} {sentence}".strip()
+        if len(longer) > room:
+            break
+        out = longer
+    if out:
+        return out
+    words: list[str] = []
+    for word in text.split():
+        if len(" ".join([*words, word])) + 3 > room:
+            break
+        words.append(word)
+    return " ".join(words) + "\u2026" if words else ""
+
+
 # ---- summary / eviction / snapshot_fold (conversation memory) -----------------------------
 
 # A user (or system) sentence that gives an instruction or corrects the assistant: eviction
@@ -933,6 +985,7 @@ _HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
     "merge_intent": _merge_intent,
     "memory_update": _memory_update,
     "memory_persist": _memory_persist,
+    "memory_condense": _memory_condense,
     "summary": _summary_task,
     "eviction": _eviction,
     "snapshot_fold": _snapshot_fold,

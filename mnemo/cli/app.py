@@ -412,6 +412,10 @@ def mcp(
         typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
                      file_okay=False),
     ] = None,
+    memory_updates: Annotated[
+        bool,
+        typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
+    ] = True,
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
 
@@ -424,7 +428,7 @@ def mcp(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
                 "pip install 'mcp>=2.3'"
             ) from exc
-        await serve(db, memory_dir=memory_dir)
+        await serve(db, memory_dir=memory_dir, memory_updates=memory_updates)
 
     _run(work)
 

@@ -1,4 +1,5 @@
-"""mnemo's values as JSON: one contract for `mnemo ... --json` and the MCP server's tools.
+"""mnemo's values as JSON for `mnemo ... --json` (the MCP server's tools answer with bounded
+versions of these shapes, `mnemo.mcp._output`).
 
 Explicit functions rather than a generic dataclass walk, so that the machine output is a stable
 shape and not whatever fields a value grows.

@@ -2,10 +2,10 @@
 
 The Memory is opened once and lives as long as the server, so sessions started by one tool call
 are there for the next, and what a session commits is recalled by later calls. Every tool
-returns JSON text (the shapes of `mnemo.cli.jsonable`, the same as `mnemo ... --json`). A
-`MnemoError` becomes a tool error carrying its one-line message, which the agent can read and
-act on; anything else is a crash, logged with its traceback, of which the agent sees only the
-tool's name.
+returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never more than
+`mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its one-line
+message (clipped), which the agent can read and act on; anything else is a crash, logged with
+its traceback, of which the agent sees only the tool's name.
 
 Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
 `<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
@@ -25,22 +25,19 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from mnemo.cli.jsonable import (
-    hit_json,
-    memory_file_json,
-    recall_json,
-    step_json,
-    view_json,
-)
-from mnemo.errors import MnemoError
+from mnemo.cli.jsonable import step_json
+from mnemo.errors import MnemoError, NotFoundError
+from mnemo.mcp import _output
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
+from mnemo.tools import ERROR_CHARS, clip
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
 
 INSTRUCTIONS = """\
-mnemo is long-term memory. Before a task, `recall` what the repo knows about it. While working,
+mnemo is long-term memory. Before a task, `recall` what the repo knows about it (snippets;
+`get_node` reads one memory whole). While working,
 `start_session` with the task's goal, `append` each step (what you observed, what you did), and
 `close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
 find. `search_messages` and `view_messages` search stored conversations; `persist_memory` files
@@ -48,6 +45,7 @@ a statement to remember under a topic, and `recall_memory` reads those topic fil
 
 TOOL_NAMES = (
     "recall",
+    "get_node",
     "search_messages",
     "view_messages",
     "start_session",
@@ -75,15 +73,17 @@ def _as_tool_error() -> Iterator[None]:
     try:
         yield
     except MnemoError as exc:
-        raise ToolError(str(exc)) from exc
+        # The message may quote the input (a 1 MB query): the agent gets its start.
+        raise ToolError(clip(str(exc), ERROR_CHARS)) from exc
 
 
 class MemoryTools:
     """The server's tools over one open `Memory`; each returns JSON text."""
 
-    def __init__(self, mem: Memory, memory_dir: Path) -> None:
+    def __init__(self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True) -> None:
         self._mem = mem
         self._memory_dir = memory_dir
+        self._memory_updates = memory_updates
         # One MemoryFiles per directory: it serialises its own writes, so two instances over
         # one folder could interleave them.
         self._files: dict[Path, MemoryFiles] = {}
@@ -93,17 +93,39 @@ class MemoryTools:
         self,
         repo: Annotated[str, Field(description="The repo (knowledge graph) to search.")],
         query: Annotated[str, Field(description="What you want to know, in words.")],
-        k: Annotated[int, Field(description="How many memories to return.", ge=1, le=100)] = 10,
+        k: Annotated[int, Field(description="How many memories to return.", ge=1, le=50)] = 10,
     ) -> str:
         """Recalls the repo's memories (facts, procedures, steps) most relevant to the query,
-        best first, each with its score, the phase that found it and its hop. Errors: an
-        unknown repo, a blank query."""
+        best first, each with its score, the phase that found it, its hop, and its node: id,
+        type and a snippet of its text (`chars` is the whole length; `get_node` reads it
+        all). Errors: an unknown repo, a blank query."""
         with _as_tool_error():
-            if repo not in self._checked and repo in await self._mem.list_repos():
-                # Checks that the embedder makes the repo's dimension (see `mnemo recall`).
-                await self._mem.open_repo(repo)
-                self._checked.add(repo)
-            return _dumps(recall_json(await self._mem.recall(repo, query, k=k)))
+            await self._check(repo)
+            return _dumps(_output.recall_output(await self._mem.recall(repo, query, k=k)))
+
+    async def get_node(
+        self,
+        repo: Annotated[str, Field(description="The repo the node is in.")],
+        node_id: Annotated[str, Field(description="A node id from recall.")],
+        offset: Annotated[
+            int, Field(description="Where to start reading its text (next_offset).", ge=0)
+        ] = 0,
+    ) -> str:
+        """One memory whole: its text a page of 8,000 characters at a time (pass the
+        `next_offset` it returns to read on; null on the last page), and its data. Errors: an
+        unknown repo or node."""
+        with _as_tool_error():
+            await self._check(repo)
+            node = await self._mem.get_node(repo, node_id)
+            if node is None:
+                raise NotFoundError("node", clip(node_id, 100))
+            return _dumps(_output.node_output(node, offset))
+
+    async def _check(self, repo: str) -> None:
+        if repo not in self._checked and repo in await self._mem.list_repos():
+            # Checks that the embedder makes the repo's dimension (see `mnemo recall`).
+            await self._mem.open_repo(repo)
+            self._checked.add(repo)
 
     async def search_messages(
         self,
@@ -117,7 +139,7 @@ class MemoryTools:
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
         with _as_tool_error():
             hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit)
-            return _dumps([hit_json(h) for h in hits])
+            return _dumps(_output.hits_output(hits))
 
     async def view_messages(
         self,
@@ -125,11 +147,17 @@ class MemoryTools:
         radius: Annotated[
             int, Field(description="Messages to show on each side.", ge=0, le=100)
         ] = 10,
+        offset: Annotated[
+            int, Field(description="Where to start reading the target (next_offset).", ge=0)
+        ] = 0,
     ) -> str:
-        """The message with its neighbours on each side, and the snapshots around it. Errors:
-        an unknown message id."""
+        """The message (a page of its content from `offset`; `next_offset` reads on), the
+        snapshots around it, and as many of its neighbours as fit, nearest first, each cut
+        to a snippet (`messages_left_out` counts the others). Errors: an unknown message
+        id."""
         with _as_tool_error():
-            return _dumps(view_json(await self._mem.view_messages(message_id, radius=radius)))
+            view = await self._mem.view_messages(message_id, radius=radius)
+            return _dumps(_output.view_output(view, offset))
 
     async def start_session(
         self,
@@ -165,7 +193,13 @@ class MemoryTools:
             # No tool can start a new episode in an idle session, so it is ended rather than
             # left live forever (`mnemo sessions` lists live ones).
             await self._mem.end_session(session_id)
-            return _dumps({"session_id": session_id, "node_ids": receipt.node_ids})
+            return _dumps(
+                {
+                    "session_id": session_id,
+                    "node_ids": receipt.node_ids[: _output.MAX_LISTED],
+                    "node_count": len(receipt.node_ids),
+                }
+            )
 
     async def persist_memory(
         self,
@@ -176,10 +210,13 @@ class MemoryTools:
         ] = None,
     ) -> str:
         """Files a statement in the long-term topic memory files (one Markdown file per
-        topic); returns the file it went to."""
+        topic); returns the file it went to, and what keeping it within its size cost: the
+        entries `dropped` (merged by condensing, or the oldest left out), whether it was
+        `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
+        when the server's memory updates are off."""
         with _as_tool_error():
             files = self._files_in(directory)
-            return _dumps(memory_file_json(await files.persist(what, llm=None)))
+            return _dumps(_output.memory_file_output(await files.persist(what, llm=None)))
 
     async def recall_memory(
         self,
@@ -194,7 +231,8 @@ class MemoryTools:
         recently used first."""
         with _as_tool_error():
             files = self._files_in(directory)
-            return _dumps([memory_file_json(f) for f in await files.recall(query, limit=limit)])
+            found = await files.recall(query, limit=limit)
+            return _dumps(_output.memory_files_output(found))
 
     def _files_in(self, directory: str | None) -> MemoryFiles:
         from mcp.server.mcpserver.exceptions import ToolError
@@ -210,7 +248,7 @@ class MemoryTools:
             path = path / relative
         files = self._files.get(path)
         if files is None:
-            files = self._files[path] = MemoryFiles(path)
+            files = self._files[path] = MemoryFiles(path, enabled=self._memory_updates)
         return files
 
 
@@ -225,8 +263,14 @@ def build_server(tools: MemoryTools) -> MCPServer:
     return server
 
 
-async def serve(db: Path, *, memory_dir: Path | None = None) -> None:
-    """Opens the Memory at `db` and serves MCP over stdin/stdout until the client closes it."""
+async def serve(db: Path, *, memory_dir: Path | None = None, memory_updates: bool = True) -> None:
+    """Opens the Memory at `db` and serves MCP over stdin/stdout until the client closes it.
+
+    `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
+    and says so); `recall_memory` still reads.
+    """
     async with Memory(db) as mem:
-        tools = MemoryTools(mem, memory_dir or default_memory_dir(db))
+        tools = MemoryTools(
+            mem, memory_dir or default_memory_dir(db), memory_updates=memory_updates
+        )
         await build_server(tools).run_stdio_async()

@@ -171,8 +171,23 @@ def dedupe(lines: list[str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Fitted:
+    """What `bound` kept, and what it gave up to stay within the limit."""
+
+    lines: list[str]
+    dropped: tuple[str, ...]
+    truncated: bool
+
+
 def fit(lines: list[str], max_chars: int) -> list[str]:
-    """`lines` cut down so that `body(lines)` has at most `max_chars` characters.
+    """`lines` cut down so that `body(lines)` has at most `max_chars` characters (see `bound`)."""
+    return bound(lines, max_chars).lines
+
+
+def bound(lines: list[str], max_chars: int) -> Fitted:
+    """`lines` cut down so that `body(lines)` has at most `max_chars` characters, saying what
+    was dropped (as it was) and whether a line was truncated.
 
     A line too long to fit alone is truncated (marked with an ellipsis). Then the oldest
     entries are dropped first, headings only after every entry, and the newest line always
@@ -189,7 +204,21 @@ def fit(lines: list[str], max_chars: int) -> list[str]:
             break
         dropped.add(i)
         total -= len(cut[i]) + 1
-    return [line for i, line in enumerate(cut) if i not in dropped]
+    return Fitted(
+        lines=[line for i, line in enumerate(cut) if i not in dropped],
+        dropped=tuple(line for i, line in enumerate(lines) if i in dropped),
+        truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped),
+    )
+
+
+def follow(description: str, lines: list[str]) -> str:
+    """`description`, or, when it names nothing the entries `lines` still say (the entries it
+    described were dropped), their first entry as a description."""
+    said = _text.content_stems(body(lines))
+    if not lines or _text.content_stems(description) & said:
+        return description
+    first = _BULLET.sub("", lines[0], count=1)
+    return one_line(first, MAX_DESCRIPTION_CHARS)
 
 
 def merge(

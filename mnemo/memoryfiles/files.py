@@ -14,11 +14,9 @@ then `os.replace`s the old one, so a reader sees the old file or the new one, ne
 from __future__ import annotations
 
 import builtins
-import contextlib
+import functools
 import logging
 import os
-import stat
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,15 +26,16 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
-from mnemo.adapters import _text
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.errors import InvalidInputError, LLMTimeout
-from mnemo.memoryfiles import _format
+from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.memoryfiles import _disk, _format, _select
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
+    memory_condense_request,
     memory_persist_request,
     memory_update_request,
+    parse_condense,
     parse_persist,
     parse_update,
 )
@@ -48,35 +47,6 @@ T = TypeVar("T")
 
 LLM_TIMEOUT_S = 120.0
 MIN_MAX_CHARS = 20
-# Only the newest part of a long history is sent: a memory update runs every few iterations,
-# so older messages were already seen by an earlier update.
-_MAX_MESSAGE_CHARS = 4_000
-_MAX_CONVERSATION_CHARS = 60_000
-# At most this many files show their content to the LLM (all of them when there are no more).
-_MAX_SHOWN_FILES = 8
-_ROLES = frozenset({"user", "assistant"})
-# Recall weights a query word by where it matches (the best place counts).
-_TOPIC_WEIGHT, _DESCRIPTION_WEIGHT, _CONTENT_WEIGHT = 3, 2, 1
-
-
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    """One file as scanned: its resolved topic and times, and what it holds."""
-
-    path: Path
-    topic: str
-    description: str
-    updated: datetime
-    used: datetime | None
-    body: str
-
-    def file(self) -> MemoryFile:
-        return MemoryFile(self.topic, self.description, self.path, self.updated, self.body)
-
-    @property
-    def last_used(self) -> datetime:
-        # Writing a file is a use too: a file written after another was recalled is newer.
-        return max(self.used, self.updated) if self.used else self.updated
 
 
 class _Metered:
@@ -93,6 +63,21 @@ class _Metered:
         return response
 
 
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """A change ready to merge into its file.
+
+    `base` is what the LLM was shown of the file (None: nothing, so the change only adds);
+    `allow_removal` lets entries of `base` the change left out go; `condensed`, once the
+    `memory_condense` task rewrote the change to fit, holds the entries it gave up.
+    """
+
+    change: TopicChange
+    base: builtins.list[str] | None
+    allow_removal: bool
+    condensed: tuple[str, ...] | None = None
+
+
 class MemoryFiles:
     """Long-term memory as one Markdown file per topic in `directory` (created when first
     written).
@@ -102,6 +87,12 @@ class MemoryFiles:
     keeps it) and a body of one entry per line, oldest first, at most `max_chars` characters.
     `update` files what a conversation decided, established, corrected or preferred; `persist`
     files one statement on request; `list` and `recall` read them back.
+
+    A write that would take a file past `max_chars` first asks the `memory_condense` task to
+    merge and shorten its entries (the model knows what matters); only when that fails are the
+    oldest entries dropped. `enabled=False` turns writing off: `update` and `persist` then ask
+    nothing and write nothing, and their results say `skipped="disabled"` (`list` and
+    `recall` still read).
 
     `clock` (UTC `datetime`s) stamps `updated` and `used`; tests inject one.
 
@@ -116,6 +107,7 @@ class MemoryFiles:
         *,
         max_chars: int = 4000,
         min_iterations: int = 10,
+        enabled: bool = True,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         if not _is_int(max_chars) or max_chars < MIN_MAX_CHARS:
@@ -129,6 +121,7 @@ class MemoryFiles:
         self.directory = Path(directory)
         self.max_chars = max_chars
         self.min_iterations = min_iterations
+        self.enabled = bool(enabled)
         self._clock = clock or _utc_now
         self._lock = anyio.Lock()
         self._file_locks: dict[str, anyio.Lock] = {}
@@ -141,7 +134,7 @@ class MemoryFiles:
         A `.md` file without front matter (written by hand) is listed too: its topic is its
         file name, its `updated` its modification time. Hidden files are skipped.
         """
-        return [stored.file() for stored in _newest_first(self._scan())]
+        return [stored.file() for stored in _select.newest_first(self._scan())]
 
     async def recall(self, query: str, *, limit: int = 5) -> builtins.list[MemoryFile]:
         """The files that match the words of `query`, most relevant first, at most `limit`.
@@ -160,11 +153,11 @@ class MemoryFiles:
             raise InvalidInputError("query must be a non-blank string")
         if not _is_int(limit) or limit < 1:
             raise InvalidInputError(f"limit must be a positive int, got {limit!r}")
-        wanted = _stems(query)
+        wanted = _select.stems(query)
         if not wanted:
             return []
         stored = await anyio.to_thread.run_sync(self._scan)
-        scored = [(score, s) for s in stored if (score := _relevance(wanted, s)) > 0]
+        scored = [(score, s) for s in stored if (score := _select.relevance(wanted, s)) > 0]
         scored.sort(key=lambda item: item[1].topic)
         scored.sort(key=lambda item: (item[0], item[1].last_used), reverse=True)
         picked = [s for _, s in scored[:limit]]
@@ -187,29 +180,34 @@ class MemoryFiles:
         """Files what the conversation in `history` decided, established, corrected or
         preferred.
 
-        Does nothing and asks nothing for a sub-agent, when `iterations` is below
-        `min_iterations`, or when `history` holds no user or assistant text. Otherwise it
+        Does nothing and asks nothing when disabled (`skipped="disabled"`), for a sub-agent,
+        when `iterations` is below `min_iterations`, or when `history` holds no user or
+        assistant text. Otherwise it
         asks the `memory_update` task (of `llm`, or of the offline LLM when None) which
         topics the user and assistant messages touched, showing every file's topic and
         description and the content of the files most related to the conversation, and
         writes the merged files. Only a correction removes an entry; a
         topic's file is found by its normalised topic (`_format.topic_key`), so a topic never
-        splits across files; each file is bounded by `max_chars`.
+        splits across files; each file is bounded by `max_chars` (condensed by the LLM first,
+        see the class doc), and `files` reports what that cost.
 
         Never raises (cancellation aside): a failure is logged and returned in `error`, along
         with the topics written before it and the usage of every LLM call made.
         """
         metered: _Metered | None = None
         written: builtins.list[str] = []
+        results: builtins.list[tuple[bool, MemoryFile]] = []
         try:
+            if not self.enabled:
+                return MemoryUpdate(skipped="disabled")
             if is_subagent or iterations < self.min_iterations:
                 return MemoryUpdate()
-            conversation = _conversation(history)
+            conversation = _select.conversation(history)
             if not conversation:
                 return MemoryUpdate()
             metered = _Metered(llm if llm is not None else OfflineLLM())
             stored = await anyio.to_thread.run_sync(self._scan)
-            shown = _shown(stored, conversation)
+            shown = _select.shown(stored, conversation)
             files: builtins.list[dict[str, str]] = []
             base: dict[str, builtins.list[str]] = {}
             for s in stored:
@@ -222,12 +220,17 @@ class MemoryFiles:
                 conversation=conversation, files=files, max_chars=self.max_chars
             )
             changes = await _ask(metered, request, parse_update)
-            await self._commit(_combine(changes), base, written)
+            planned = [
+                _Planned(c, base.get(_format.topic_key(c.topic)), "correction" in c.signals)
+                for c in _select.combine(changes)
+            ]
+            await self._commit(planned, metered, written, results)
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
             usage = metered.usage if metered is not None else None
-            return MemoryUpdate(written, usage, f"{type(exc).__name__}: {exc}")
-        return MemoryUpdate(written, metered.usage, None)
+            error = f"{type(exc).__name__}: {exc}"
+            return MemoryUpdate(written, usage, error, [f for changed, f in results if changed])
+        return MemoryUpdate(written, metered.usage, None, [f for changed, f in results if changed])
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
         """Files the statement `what` on request ("remember this") and returns its file.
@@ -235,7 +238,9 @@ class MemoryFiles:
         The `memory_persist` task (of `llm`, or of the offline LLM when None, which files the
         statement itself under a topic named from its key phrase or an existing topic sharing
         its words) picks the topic; the entry is appended unless already there, and the file is
-        bounded by `max_chars` like any other write.
+        bounded by `max_chars` like any other write (the returned file says what that cost).
+        With `enabled=False` nothing is asked or written, and the result's `skipped` is
+        `"disabled"`.
 
         Raises:
             InvalidInputError: `what` is not a string, or has no words (blank, or only punctuation).
@@ -246,96 +251,161 @@ class MemoryFiles:
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
+        if not self.enabled:
+            return MemoryFile("", "", self.directory, self._now(), "", skipped="disabled")
         statement = " ".join(what.split())
         stored = await anyio.to_thread.run_sync(self._scan)
         request = memory_persist_request(
             statement=statement,
             files=[{"topic": s.topic, "description": s.description} for s in stored],
         )
-        filed = await _ask(llm if llm is not None else OfflineLLM(), request, parse_persist)
+        model = llm if llm is not None else OfflineLLM()
+        filed = await _ask(model, request, parse_persist)
         change = TopicChange(
             topic=filed.topic,
             description=filed.description,
             signals=("context",),
             content=f"- {filed.entry}",
         )
-        paths = await self._commit([change], {}, [])
-        stored_file = await anyio.to_thread.run_sync(self._read, paths[0])
-        if stored_file is None:  # removed by someone else right after the write
-            raise FileNotFoundError(paths[0])
-        return stored_file.file()
+        results: builtins.list[tuple[bool, MemoryFile]] = []
+        await self._commit([_Planned(change, None, False)], model, [], results)
+        return results[0][1]
+
+    async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
+        """`planned`, rewritten by the `memory_condense` task when it would take its file past
+        `max_chars`; as it is when it fits, or when the task fails (the write then drops the
+        oldest entries, and says so).
+
+        Runs outside every lock: what the LLM returns is merged three ways against the file
+        as it read it, like any change.
+        """
+        stored = await anyio.to_thread.run_sync(self._scan)
+        key = _format.topic_key(planned.change.topic)
+        existing = next((s for s in stored if _format.topic_key(s.topic) == key), None)
+        current = _format.entries(existing.body) if existing else []
+        lines = _format.dedupe(
+            _format.merge(
+                current,
+                _format.entries(planned.change.content),
+                planned.base,
+                allow_removal=planned.allow_removal,
+            )
+        )
+        if len(_format.body(lines)) <= self.max_chars:
+            return planned
+        description = planned.change.description or (existing.description if existing else "")
+        request = memory_condense_request(
+            topic=existing.topic if existing else planned.change.topic,
+            description=description,
+            entries=lines,
+            max_chars=self.max_chars,
+        )
+        try:
+            condensed = await _ask(
+                llm, request, functools.partial(parse_condense, max_chars=self.max_chars)
+            )
+        except LLMError as exc:
+            log.warning("condensing memory file %r failed: %r", planned.change.topic, exc)
+            return planned
+        kept = {_format.entry_key(line) for line in condensed.lines}
+        change = TopicChange(
+            topic=planned.change.topic,
+            description=condensed.description or description,
+            signals=planned.change.signals,
+            content=_format.body(condensed.lines),
+        )
+        gone = tuple(line for line in lines if _format.entry_key(line) not in kept)
+        return _Planned(change, current, True, gone)
 
     async def _commit(
         self,
-        changes: builtins.list[TopicChange],
-        base: dict[str, builtins.list[str]],
+        planned: builtins.list[_Planned],
+        llm: LLM,
         written: builtins.list[str],
-    ) -> builtins.list[Path]:
-        """Writes each change into its topic's file; returns the files, in order.
+        results: builtins.list[tuple[bool, MemoryFile]],
+    ) -> None:
+        """Writes each change into its topic's file, condensed first when it would not fit.
 
-        `base` maps a topic key to the entries the LLM was shown; `written` collects the
-        topics of the files that changed, as they change (so a failure part-way still reports
-        them).
+        `written` collects the topics of the files that changed and `results` each file as
+        written (or as it is, when unchanged) with whether it changed, as they change: a
+        failure part-way still reports them.
         """
-        paths: builtins.list[Path] = []
+        planned = [await self._condense(llm, p) for p in planned]
         async with self._lock:
             stored = await anyio.to_thread.run_sync(self._scan)
-            by_key: dict[str, _Stored] = {}
+            by_key: dict[str, _select.Stored] = {}
             for s in stored:
                 by_key.setdefault(_format.topic_key(s.topic), s)
             taken = {s.path.name.casefold() for s in stored}
-            for change in changes:
-                key = _format.topic_key(change.topic)
+            for p in planned:
+                key = _format.topic_key(p.change.topic)
                 existing = by_key.get(key)
                 if existing is not None:
                     path, topic = existing.path, existing.topic
                 else:
-                    path, topic = self._new_path(change.topic, taken), change.topic
+                    path, topic = self._new_path(p.change.topic, taken), p.change.topic
                     taken.add(path.name.casefold())
                 async with self._file_lock(path.name):
-                    changed = await anyio.to_thread.run_sync(
-                        self._merge_write, path, topic, change, base.get(key)
+                    changed, file = await anyio.to_thread.run_sync(
+                        self._merge_write, path, topic, p
                     )
                 if changed:
                     written.append(topic)
-                paths.append(path)
-        return paths
+                if file is not None:
+                    results.append((changed, file))
 
     def _merge_write(
-        self, path: Path, topic: str, change: TopicChange, base: builtins.list[str] | None
-    ) -> bool:
-        """Merges `change` into the file at `path` and writes it; False when nothing changed
-        (or there is nothing to write: an empty file is never created)."""
+        self, path: Path, topic: str, planned: _Planned
+    ) -> tuple[bool, MemoryFile | None]:
+        """Merges the change into the file at `path` and writes it; returns whether it
+        changed, and the file as it now is (None when there is none: an empty file is never
+        created)."""
         current = self._read(path)
         current_lines = _format.entries(current.body) if current else []
         lines = _format.merge(
             current_lines,
-            _format.entries(change.content),
-            base,
-            allow_removal="correction" in change.signals,
+            _format.entries(planned.change.content),
+            planned.base,
+            allow_removal=planned.allow_removal,
         )
-        lines = _format.fit(_format.dedupe(lines), self.max_chars)
-        if not lines:
-            return False
-        description = change.description or (current.description if current else "")
-        if current is not None and lines == current_lines and description == current.description:
-            return False
+        fitted = _format.bound(_format.dedupe(lines), self.max_chars)
+        if not fitted.lines:
+            return False, current.file() if current else None
+        description = planned.change.description or (current.description if current else "")
+        if fitted.dropped:
+            # The entries the description was written for may be among those dropped.
+            description = _format.follow(description, fitted.lines)
+        unchanged = current is not None and fitted.lines == current_lines
+        if current is not None and unchanged and description == current.description:
+            return False, current.file()
+        updated = self._now()
+        content = _format.body(fitted.lines)
         text = _format.render(
             topic=topic,
             description=description,
-            updated=self._now(),
+            updated=updated,
             used=current.used if current else None,
-            content=_format.body(lines),
+            content=content,
         )
-        _atomic_write(path, text)
-        return True
+        _disk.atomic_write(path, text)
+        file = MemoryFile(
+            topic,
+            description,
+            path,
+            updated,
+            content,
+            dropped=(planned.condensed or ()) + fitted.dropped,
+            condensed=planned.condensed is not None,
+            truncated=fitted.truncated,
+        )
+        return True, file
 
     def _touch(self, path: Path, when: datetime) -> None:
         """Records a use of the file at `path` in its front matter; its body is left as is."""
         current = self._read(path)
         if current is None:
             return
-        _atomic_write(
+        _disk.atomic_write(
             path,
             _format.render(
                 topic=current.topic,
@@ -348,10 +418,10 @@ class MemoryFiles:
 
     # ---- files ----------------------------------------------------------------------------
 
-    def _scan(self) -> builtins.list[_Stored]:
+    def _scan(self) -> builtins.list[_select.Stored]:
         if not self.directory.is_dir():
             return []
-        found: builtins.list[_Stored] = []
+        found: builtins.list[_select.Stored] = []
         for path in sorted(self.directory.glob("*.md")):
             # Temporary files start with "." (see `_atomic_write`), and so do hidden files.
             if path.name.startswith("."):
@@ -361,7 +431,7 @@ class MemoryFiles:
                 found.append(stored)
         return found
 
-    def _read(self, path: Path) -> _Stored | None:
+    def _read(self, path: Path) -> _select.Stored | None:
         """The file at `path`, or None when it is gone or is not a regular file."""
         try:
             if not path.is_file():
@@ -371,7 +441,7 @@ class MemoryFiles:
         except OSError:
             return None
         parsed = _format.parse(text)
-        return _Stored(
+        return _select.Stored(
             path=path,
             topic=parsed.topic or path.stem.replace("-", " "),
             description=parsed.description,
@@ -414,160 +484,3 @@ async def _ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T])
         raise LLMTimeout(
             f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
         ) from exc
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Replaces the file at `path` with `text`, all or nothing.
-
-    The temporary file lives in the same directory (so `os.replace` is a rename on one file
-    system) and is fsynced before the rename, so a crash leaves the old or the new file. A
-    replaced file keeps its permission bits; a new one gets mkstemp's 0600, fitting for notes
-    about a user.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on Windows, where there is no O_DIRECTORY.
-    flag = getattr(os, "O_DIRECTORY", None)
-    if flag is None:
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY | flag)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _newest_first(stored: builtins.list[_Stored]) -> builtins.list[_Stored]:
-    ordered = sorted(stored, key=lambda s: s.topic)
-    ordered.sort(key=lambda s: s.updated, reverse=True)
-    return ordered
-
-
-def _content_text(content: object) -> str:
-    """The text of a message's content: a string, or the text parts of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence) and not isinstance(content, bytes | bytearray):
-        parts: builtins.list[str] = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-        return "\n".join(parts)
-    return ""
-
-
-def _conversation(history: object) -> builtins.list[dict[str, str]]:
-    """The user and assistant messages of `history` that carry text, newest within budget.
-
-    System messages are left out on purpose: an agent's system prompt usually holds the
-    memory files themselves, which must not be filed again. Tool messages are left out too:
-    tool output is none of the four signals.
-
-    Raises:
-        InvalidInputError: `history` is not a list of messages.
-    """
-    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
-        raise InvalidInputError("history must be a list of message dicts")
-    messages: builtins.list[dict[str, str]] = []
-    for message in history:
-        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
-            continue
-        text = _content_text(message.get("content")).strip()
-        if text:
-            messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
-    kept: builtins.list[dict[str, str]] = []
-    total = 0
-    for message in reversed(messages):
-        total += len(message["content"])
-        if total > _MAX_CONVERSATION_CHARS and kept:
-            break
-        kept.append(message)
-    kept.reverse()
-    return kept
-
-
-def _shown(
-    stored: builtins.list[_Stored], conversation: builtins.list[dict[str, str]]
-) -> set[Path]:
-    """The files whose content the LLM sees: all of them when few, else those whose topic
-    and description share the most words with the conversation."""
-    if len(stored) <= _MAX_SHOWN_FILES:
-        return {s.path for s in stored}
-    said: set[str] = set()
-    for message in conversation:
-        said |= _text.content_stems(message["content"])
-    overlaps: builtins.list[tuple[int, _Stored]] = []
-    for s in stored:
-        overlap = len(said & _text.content_stems(f"{s.topic} {s.description}"))
-        if overlap:
-            overlaps.append((overlap, s))
-    overlaps.sort(key=lambda item: (item[0], item[1].updated), reverse=True)
-    return {s.path for _, s in overlaps[:_MAX_SHOWN_FILES]}
-
-
-def _combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
-    """One change per topic key, in first-seen order; changes without a signal are dropped.
-
-    The LLM may name one topic twice ("Database", "database"): merging here is what keeps a
-    topic in one file.
-    """
-    combined: dict[str, TopicChange] = {}
-    for change in changes:
-        if not change.signals:
-            continue
-        key = _format.topic_key(change.topic)
-        seen = combined.get(key)
-        if seen is None:
-            combined[key] = change
-            continue
-        combined[key] = TopicChange(
-            topic=seen.topic,
-            description=seen.description or change.description,
-            signals=tuple(dict.fromkeys(seen.signals + change.signals)),
-            content=f"{seen.content}\n{change.content}",
-        )
-    return builtins.list(combined.values())
-
-
-def _stems(text: str) -> set[str]:
-    return {_text.stem(t) for t in _text.tokens(text) if not _text.is_stopword(t)}
-
-
-def _relevance(wanted: set[str], stored: _Stored) -> int:
-    topic, description, content = (
-        _stems(stored.topic),
-        _stems(stored.description),
-        _stems(stored.body),
-    )
-    score = 0
-    for word in wanted:
-        if word in topic:
-            score += _TOPIC_WEIGHT
-        elif word in description:
-            score += _DESCRIPTION_WEIGHT
-        elif word in content:
-            score += _CONTENT_WEIGHT
-    return score

@@ -1,4 +1,5 @@
-"""The memory-file tasks for the LLM, `memory_update` and `memory_persist`, with their parsers.
+"""The memory-file tasks for the LLM (`memory_update`, `memory_persist`, `memory_condense`) and
+their parsers.
 
 Both go through `task_request`, so the offline LLM reads the same inputs a real model does.
 The parsers are strict about shape (a reply that does not match raises `ValueError` naming the
@@ -26,6 +27,14 @@ class TopicChange:
     description: str
     signals: tuple[str, ...]
     content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Condensed:
+    """A file rewritten by the LLM to fit `max_chars`: its new description and entries."""
+
+    description: str
+    lines: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +110,8 @@ Rules for the files:
   name the things it is about instead of writing "it", "this" or "they". No headings. Never
   repeat an entry that is already there.
 - Order entries from least to most important, new entries last unless they matter less: a file
-  is kept under `max_chars` characters by dropping its first entries.
+  that would pass `max_chars` characters is condensed, and failing that its first entries are
+  dropped.
 - `signals`: the kinds of signal (decision, context, correction, preference) behind the change.
 Only return files that change.
 Reply with JSON: {"files": [{"topic", "description", "signals", "content"}, ...]}."""
@@ -223,11 +233,85 @@ def parse_persist(resp: LLMResponse) -> Filed:
     )
 
 
+# ---- memory_condense ----------------------------------------------------------------------
+# Asked when a write would take a file past `max_chars` (issue 9): the model knows which entries
+# matter, so it merges and shortens them; dropping the oldest in code is only the fallback.
+# Inputs: {"topic": str, "description": str, "entries": [str] (oldest first, the new ones
+# last), "max_chars": int}. Reply: {"description": str, "content": str} (the whole new body).
+
+MEMORY_CONDENSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "description": {"type": "string"},
+        "content": {"type": "string"},
+    },
+    "required": ["description", "content"],
+    "additionalProperties": False,
+}
+MEMORY_CONDENSE_SYSTEM = (
+    "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
+    "reads before future work. Each file has a size limit."
+)
+MEMORY_CONDENSE_INSTRUCTIONS = """\
+The memory file on `topic` would grow past its limit of `max_chars` characters. `entries` holds
+all of its entries, oldest (least important) first; the last ones were just added. Rewrite the
+file so that it fits, deciding what matters:
+- Merge entries about the same thing into one entry, and shorten wordy entries, keeping their
+  facts (names, numbers, versions, dates).
+- Drop only what no longer matters: entries superseded by a later one, repeated, or trivial.
+  Keep every decision, preference and correction that still holds, and what the newest entries
+  say.
+- `content`: the whole new file, one entry per line as a Markdown bullet ("- ..."), each a
+  self-contained statement, least important first, at most `max_chars` characters in total
+  (each line counts its newline). No headings.
+- `description`: one line saying what the file now holds.
+Reply with JSON: {"description", "content"}."""
+
+
+def memory_condense_request(
+    *, topic: str, description: str, entries: list[str], max_chars: int
+) -> LLMRequest:
+    """The "memory_condense" task: `entries` rewritten to fit in `max_chars` characters.
+
+    Read the reply with `parse_condense`.
+    """
+    return task_request(
+        "memory_condense",
+        system=MEMORY_CONDENSE_SYSTEM,
+        instructions=MEMORY_CONDENSE_INSTRUCTIONS,
+        inputs={
+            "topic": topic,
+            "description": description,
+            "entries": entries,
+            "max_chars": max_chars,
+        },
+        schema=MEMORY_CONDENSE_SCHEMA,
+    )
+
+
+def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
+    """The condensed file of a "memory_condense" reply, as entry lines.
+
+    Raises:
+        ValueError: a field does not match the schema, the content holds no entry, or it is
+            still longer than `max_chars`.
+    """
+    data = reply_data(resp)
+    if not isinstance(data, dict):
+        raise ValueError(f"memory_condense reply must be a JSON object, got {preview(data)}")
+    content = data.get("content")
+    if not isinstance(content, str):
+        raise ValueError(f"content must be a string, got {preview(content)}")
+    lines = _format.dedupe(_format.entries(content))
+    if not lines:
+        raise ValueError(f"content must hold at least one entry, got {preview(content)}")
+    size = len(_format.body(lines))
+    if size > max_chars:
+        raise ValueError(f"content has {size} characters, more than max_chars ({max_chars})")
+    return Condensed(description=_description(data, "reply"), lines=lines)
+
+
 # ---- shared field readers -----------------------------------------------------------------
-
-
-
-
 
 
 def _topic(item: dict[str, Any], where: str) -> str:

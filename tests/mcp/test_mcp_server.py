@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TOOLS = {
     "recall",
+    "get_node",
     "search_messages",
     "view_messages",
     "start_session",

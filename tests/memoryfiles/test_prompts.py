@@ -14,8 +14,10 @@ from mnemo.memoryfiles.prompts import (
     MEMORY_UPDATE_SCHEMA,
     Filed,
     TopicChange,
+    memory_condense_request,
     memory_persist_request,
     memory_update_request,
+    parse_condense,
     parse_persist,
     parse_update,
 )
@@ -233,3 +235,31 @@ async def test_offline_persist_names_topic_from_key_phrase() -> None:
         await llm.generate(memory_persist_request(statement="Ask Bob for VPN tokens.", files=files))
     )
     assert joined == Filed("vpn access", "How to get on the VPN", "Ask Bob for VPN tokens.")
+
+
+def test_condense_request_and_parser() -> None:
+    """memory_condense carries the entries and the limit; its parser refuses an empty or an
+    oversized file and cleans what it keeps."""
+    request = memory_condense_request(
+        topic="db", description="The database", entries=["- a", "- b"], max_chars=50
+    )
+    assert request.task == "memory_condense"
+    assert task_inputs(request) == {
+        "topic": "db",
+        "description": "The database",
+        "entries": ["- a", "- b"],
+        "max_chars": 50,
+    }
+    ok = parse_condense(
+        LLMResponse(data={"description": " The\ndb ", "content": "* one\n\n- one\ntwo"}),
+        max_chars=50,
+    )
+    assert (ok.description, ok.lines) == ("The db", ["- one", "- two"])
+    for data, problem in (
+        ({"description": "d", "content": ""}, "at least one entry"),
+        ({"description": "d", "content": "- " + "x" * 60}, "more than max_chars"),
+        ({"description": "d"}, "content must be a string"),
+        ([], "JSON object"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            parse_condense(LLMResponse(data=data), max_chars=50)

@@ -1,0 +1,169 @@
+"""The MCP tools' answers as bounded JSON values (issue 9: one `recall` returned 2 MB).
+
+An answer goes straight into an agent's context, so none passes `MAX_OUTPUT_CHARS` (the
+bounds are `mnemo.tools`'): a list shares that budget among its items, a text too long for
+its share is cut and says how long it was (`chars`, `truncated`), and what is cut can be read
+whole: a node with `get_node`, a viewed message a page at a time with `offset`. Nothing echoes
+the caller's input back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from mnemo.cli.jsonable import hit_json, label
+from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
+from mnemo.graph.model import Node
+from mnemo.memoryfiles.model import MemoryFile
+from mnemo.recall.engine import RecallResult
+from mnemo.tools import (
+    MAX_OUTPUT_CHARS,
+    MESSAGE_CHARS,
+    PAGE_CHARS,
+    SNIPPET_CHARS,
+    clip,
+    nearest,
+    page,
+)
+
+# What one list item costs besides its text (keys, ids, numbers), so that the texts' shares
+# leave room for it.
+_ITEM_OVERHEAD = 250
+# A node's data (JSON) is shown whole up to this size, else as a clipped preview.
+DATA_CHARS = 2_000
+# At most this many ids or dropped entries are listed; the count says how many there were.
+MAX_LISTED = 200
+
+
+def size(value: object) -> int:
+    """The length of `value` as the JSON text a tool returns."""
+    return len(json.dumps(value, sort_keys=True, ensure_ascii=False))
+
+
+def _share(n: int, cap: int) -> int:
+    """Each of `n` items' share of the budget for its text, at most `cap`."""
+    return max(40, min(cap, MAX_OUTPUT_CHARS // max(n, 1) - _ITEM_OVERHEAD))
+
+
+def _text(text: str, limit: int, key: str = "text") -> dict[str, Any]:
+    return {key: clip(text, limit), "chars": len(text), "truncated": len(text) > limit}
+
+
+def recall_output(result: RecallResult) -> dict[str, Any]:
+    """Each memory's score, phase, hop and node (id, type, a snippet of its text); the
+    query is not echoed (`recall_in_context` makes it the goal and steps again)."""
+    limit = _share(len(result.memories), SNIPPET_CHARS)
+    return {
+        "reasoned": None if result.reasoned is None else clip(result.reasoned, SNIPPET_CHARS * 4),
+        "memories": [
+            {
+                "score": m.score,
+                "phase": label(m.phase),
+                "hop": m.hop,
+                "node": {"id": m.node.id, "type": label(m.node.type), **_text(m.node.text, limit)},
+            }
+            for m in result.memories
+        ],
+    }
+
+
+def node_output(node: Node, offset: int) -> dict[str, Any]:
+    """One page of a node's text (`next_offset` reads on) and its data."""
+    part = page(node.text, offset)
+    data = json.dumps(node.data, sort_keys=True, ensure_ascii=False, default=str)
+    out: dict[str, Any] = {
+        "id": node.id,
+        "type": label(node.type),
+        "created_at": node.created_at.isoformat(),
+        "text": part.text,
+        "offset": part.offset,
+        "chars": part.total,
+        "next_offset": part.next_offset,
+    }
+    if len(data) <= DATA_CHARS:
+        out["data"] = node.data
+    else:
+        out["data"] = None
+        out["data_preview"] = clip(data, DATA_CHARS)
+    return out
+
+
+def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, Any]]:
+    """The hits, each snippet within its share of the budget."""
+    limit = _share(len(hits), SNIPPET_CHARS)
+    return [{**hit_json(h), "snippet": clip(h.snippet, limit)} for h in hits]
+
+
+def _message(message: Message, limit: int) -> dict[str, Any]:
+    return {
+        "id": message.id,
+        "thread_id": message.thread_id,
+        "seq": message.seq,
+        "role": message.role,
+        "recorded_at": message.recorded_at.isoformat(),
+        **_text(message.content, limit, "content"),
+    }
+
+
+def _snapshot(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "id": snapshot.id,
+        "level": snapshot.level,
+        "start_seq": snapshot.start_seq,
+        "end_seq": snapshot.end_seq,
+        **_text(snapshot.text, MESSAGE_CHARS),
+    }
+
+
+def view_output(view: MessageView, offset: int) -> dict[str, Any]:
+    """The target (a page of its content), the snapshots around it, and as many of the
+    messages around it as fit, nearest first; `messages_left_out` counts the rest."""
+    part = page(view.target.content, offset)
+    target = {
+        **_message(view.target, PAGE_CHARS),
+        "content": part.text,
+        "offset": part.offset,
+        "next_offset": part.next_offset,
+        "truncated": len(part.text) < part.total,
+    }
+    out: dict[str, Any] = {
+        "target": target,
+        "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
+        "snapshots_after": [_snapshot(s) for s in view.snapshots_after],
+        "messages": [],
+        "messages_left_out": 0,
+    }
+    shown = {m.id: _message(m, MESSAGE_CHARS) for m in view.messages}
+    kept = nearest(
+        view.messages,
+        view.target.seq,
+        MAX_OUTPUT_CHARS - size(out) - 100,
+        lambda m: size(shown[m.id]) + 2,
+    )
+    out["messages"] = [shown[m.id] for m in kept]
+    out["messages_left_out"] = len(view.messages) - len(kept)
+    return out
+
+
+def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, Any]:
+    """A memory file with its content within `limit`, and what writing it cost."""
+    return {
+        "topic": file.topic,
+        "description": file.description,
+        "path": str(file.path),
+        "updated": file.updated.isoformat(),
+        **_text(file.content, limit, "content"),
+        "dropped": [clip(line, SNIPPET_CHARS) for line in file.dropped[:MAX_LISTED]],
+        "dropped_count": len(file.dropped),
+        "condensed": file.condensed,
+        "entry_truncated": file.truncated,
+        "skipped": file.skipped,
+    }
+
+
+def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, Any]]:
+    """Recalled memory files, each content within its share of the budget."""
+    limit = _share(len(files), PAGE_CHARS)
+    return [memory_file_output(f, limit) for f in files]

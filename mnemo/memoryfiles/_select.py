@@ -1,0 +1,158 @@
+"""Which messages and files a memory-file task sees, and how recall ranks files (pure)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from mnemo.adapters import _text
+from mnemo.errors import InvalidInputError
+from mnemo.memoryfiles import _format
+from mnemo.memoryfiles.model import MemoryFile
+from mnemo.memoryfiles.prompts import TopicChange
+
+# Only the newest part of a long history is sent: a memory update runs every few iterations,
+# so older messages were already seen by an earlier update.
+_MAX_MESSAGE_CHARS = 4_000
+_MAX_CONVERSATION_CHARS = 60_000
+# At most this many files show their content to the LLM (all of them when there are no more).
+_MAX_SHOWN_FILES = 8
+_ROLES = frozenset({"user", "assistant"})
+# Recall weights a query word by where it matches (the best place counts).
+_TOPIC_WEIGHT, _DESCRIPTION_WEIGHT, _CONTENT_WEIGHT = 3, 2, 1
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One file as scanned: its resolved topic and times, and what it holds."""
+
+    path: Path
+    topic: str
+    description: str
+    updated: datetime
+    used: datetime | None
+    body: str
+
+    def file(self) -> MemoryFile:
+        return MemoryFile(self.topic, self.description, self.path, self.updated, self.body)
+
+    @property
+    def last_used(self) -> datetime:
+        # Writing a file is a use too: a file written after another was recalled is newer.
+        return max(self.used, self.updated) if self.used else self.updated
+
+
+def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
+    ordered = sorted(stored, key=lambda s: s.topic)
+    ordered.sort(key=lambda s: s.updated, reverse=True)
+    return ordered
+
+
+def conversation(history: object) -> builtins.list[dict[str, str]]:
+    """The user and assistant messages of `history` that carry text, newest within budget.
+
+    System messages are left out on purpose: an agent's system prompt usually holds the
+    memory files themselves, which must not be filed again. Tool messages are left out too:
+    tool output is none of the four signals.
+
+    Raises:
+        InvalidInputError: `history` is not a list of messages.
+    """
+    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+        raise InvalidInputError("history must be a list of message dicts")
+    messages: builtins.list[dict[str, str]] = []
+    for message in history:
+        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+            continue
+        text = content_text(message.get("content")).strip()
+        if text:
+            messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
+    kept: builtins.list[dict[str, str]] = []
+    total = 0
+    for message in reversed(messages):
+        total += len(message["content"])
+        if total > _MAX_CONVERSATION_CHARS and kept:
+            break
+        kept.append(message)
+    kept.reverse()
+    return kept
+
+
+def shown(stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]) -> set[Path]:
+    """The files whose content the LLM sees: all of them when few, else those whose topic
+    and description share the most words with the conversation."""
+    if len(stored) <= _MAX_SHOWN_FILES:
+        return {s.path for s in stored}
+    said: set[str] = set()
+    for message in conversation:
+        said |= _text.content_stems(message["content"])
+    overlaps: builtins.list[tuple[int, Stored]] = []
+    for s in stored:
+        overlap = len(said & _text.content_stems(f"{s.topic} {s.description}"))
+        if overlap:
+            overlaps.append((overlap, s))
+    overlaps.sort(key=lambda item: (item[0], item[1].updated), reverse=True)
+    return {s.path for _, s in overlaps[:_MAX_SHOWN_FILES]}
+
+
+def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
+    """One change per topic key, in first-seen order; changes without a signal are dropped.
+
+    The LLM may name one topic twice ("Database", "database"): merging here is what keeps a
+    topic in one file.
+    """
+    combined: dict[str, TopicChange] = {}
+    for change in changes:
+        if not change.signals:
+            continue
+        key = _format.topic_key(change.topic)
+        seen = combined.get(key)
+        if seen is None:
+            combined[key] = change
+            continue
+        combined[key] = TopicChange(
+            topic=seen.topic,
+            description=seen.description or change.description,
+            signals=tuple(dict.fromkeys(seen.signals + change.signals)),
+            content=f"{seen.content}\n{change.content}",
+        )
+    return builtins.list(combined.values())
+
+
+def stems(text: str) -> set[str]:
+    return {_text.stem(t) for t in _text.tokens(text) if not _text.is_stopword(t)}
+
+
+def relevance(wanted: set[str], stored: Stored) -> int:
+    topic, description, content = (
+        stems(stored.topic),
+        stems(stored.description),
+        stems(stored.body),
+    )
+    score = 0
+    for word in wanted:
+        if word in topic:
+            score += _TOPIC_WEIGHT
+        elif word in description:
+            score += _DESCRIPTION_WEIGHT
+        elif word in content:
+            score += _CONTENT_WEIGHT
+    return score
+
+
+def content_text(content: object) -> str:
+    """The text of a message's content: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence) and not isinstance(content, bytes | bytearray):
+        parts: builtins.list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "\n".join(parts)
+    return ""

@@ -1,0 +1,160 @@
+"""The MCP tools' answers are bounded, and what they cut can be read whole (in process)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from mcp.server.mcpserver.exceptions import ToolError
+
+import mnemo
+from mnemo.adapters.hashing import HashEmbedder
+from mnemo.mcp.server import TOOL_NAMES, MemoryTools
+from mnemo.tools import ERROR_CHARS, MAX_OUTPUT_CHARS, SNIPPET_CHARS
+
+REPO = "blog"
+LONG = "The gunicorn worker binds port 8000 on the blog host after the deploy. " * 80
+
+
+@pytest.fixture
+async def mem() -> AsyncIterator[mnemo.Memory]:
+    async with mnemo.Memory(":memory:", embedder=HashEmbedder()) as m:
+        await m.open_repo(REPO)
+        yield m
+
+
+@pytest.fixture
+def tools(mem: mnemo.Memory, tmp_path: Path) -> MemoryTools:
+    return MemoryTools(mem, tmp_path / "memory")
+
+
+async def ingest_long_steps(mem: mnemo.Memory, n: int) -> None:
+    """One trajectory of `n` long steps: as many EPISODIC nodes of about 6,000 characters."""
+    steps = [
+        mnemo.Step(f"Step {i}: {LONG}", f"Reload nginx after binding gunicorn, attempt {i}.")
+        for i in range(n)
+    ]
+    await mem.ingest(REPO, mnemo.Trajectory("Deploy the blog", steps), source_id="log")
+
+
+async def test_recall_is_snippets_and_ids_without_the_query(
+    mem: mnemo.Memory, tools: MemoryTools
+) -> None:
+    """recall answers with a bounded snippet and the id of each node, never its whole text,
+    and does not echo the query; the answer stays within MAX_OUTPUT_CHARS."""
+    await ingest_long_steps(mem, 12)
+    query = "which port does the gunicorn worker bind on the blog host " * 20
+    text = await tools.recall(REPO, query, k=50)
+    assert len(text) <= MAX_OUTPUT_CHARS
+    answer = json.loads(text)
+    assert "query" not in answer
+    assert query.strip() not in text
+    nodes = [m["node"] for m in answer["memories"]]
+    assert nodes
+    assert all(len(n["text"]) <= SNIPPET_CHARS for n in nodes)
+    cut = [n for n in nodes if n["truncated"]]
+    assert cut, "the long EPISODIC nodes are cut"
+    assert all(n["chars"] > len(n["text"]) for n in cut)
+
+
+async def test_get_node_pages_through_a_node(mem: mnemo.Memory, tools: MemoryTools) -> None:
+    """get_node returns a page of a node's text; following next_offset reads all of it."""
+    step = mnemo.Step(LONG * 3, "Reload nginx after binding gunicorn.")
+    await mem.ingest(REPO, mnemo.Trajectory("Deploy the blog", [step]), source_id="log")
+    (node,) = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+    long_id = node.id
+
+    read, offset, pages = "", 0, 0
+    while offset is not None:
+        text = await tools.get_node(REPO, long_id, offset)
+        assert len(text) <= MAX_OUTPUT_CHARS
+        part = json.loads(text)
+        assert (part["id"], part["chars"], part["offset"]) == (long_id, len(node.text), offset)
+        read += part["text"]
+        offset = part["next_offset"]
+        pages += 1
+    assert read == node.text
+    assert pages == 3
+    with pytest.raises(ToolError, match="unknown node"):
+        await tools.get_node(REPO, "node_missing")
+
+
+async def test_search_and_view_are_bounded(mem: mnemo.Memory, tools: MemoryTools) -> None:
+    """search_messages with many long hits, and a view of many long messages, stay within
+    MAX_OUTPUT_CHARS; the view keeps the target, pages its content and counts what it left."""
+    words = "backup job details " * 400
+    history = [{"role": "user", "content": f"message {i}: {words}"} for i in range(100)]
+    stored = await mem.conversation().save("t", history)
+
+    hits = await tools.search_messages("backup job", limit=100)
+    assert len(hits) <= MAX_OUTPUT_CHARS
+    assert len(json.loads(hits)) == 100
+
+    target = stored[50]
+    text = await tools.view_messages(target.id, radius=100)
+    assert len(text) <= MAX_OUTPUT_CHARS
+    view = json.loads(text)
+    assert view["target"]["id"] == target.id
+    assert view["target"]["chars"] == len(target.content)
+    shown = [m["seq"] for m in view["messages"]]
+    assert 50 in shown
+    assert shown == sorted(shown)
+    assert view["messages_left_out"] == 100 - len(shown) > 0
+    rest = json.loads(await tools.view_messages(target.id, radius=0, offset=5_000))
+    assert rest["target"]["content"] == target.content[5_000:13_000]
+
+
+async def test_persist_memory_shows_what_bounding_cost(
+    mem: mnemo.Memory, tmp_path: Path
+) -> None:
+    """persist_memory reports dropped, condensed and cut entries; with memory updates off it
+    writes nothing and says so."""
+    tools = MemoryTools(mem, tmp_path / "memory")
+    first = json.loads(await tools.persist_memory("The staging cluster has three nodes."))
+    assert (first["dropped"], first["condensed"], first["skipped"]) == ([], False, None)
+    long = "The staging cluster deploy checklist: " + "verify the canary, " * 300
+    second = json.loads(await tools.persist_memory(long))
+    assert second["condensed"]
+    assert second["dropped_count"] == len(second["dropped"]) >= 1
+    assert len(json.dumps(second)) <= MAX_OUTPUT_CHARS
+
+    off = MemoryTools(mem, tmp_path / "off", memory_updates=False)
+    skipped = json.loads(await off.persist_memory("The staging cluster has three nodes."))
+    assert skipped["skipped"] == "disabled"
+    assert not (tmp_path / "off").exists()
+
+
+async def test_errors_quoting_huge_input_are_clipped(tools: MemoryTools) -> None:
+    """A MnemoError whose message quotes a huge input reaches the agent clipped."""
+    with pytest.raises(ToolError) as caught:
+        await tools.recall(REPO, " " * 100_000)
+    assert len(str(caught.value)) <= ERROR_CHARS
+
+
+def test_get_node_is_a_tool() -> None:
+    """get_node is served next to recall."""
+    assert "get_node" in TOOL_NAMES
+
+
+def test_the_cli_switch_turns_memory_updates_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mnemo mcp --no-memory-updates` serves with memory-file writes off."""
+    from typer.testing import CliRunner
+
+    import mnemo.mcp.server
+    from mnemo.cli.app import app
+
+    seen: list[bool] = []
+
+    async def fake_serve(db: Path, *, memory_dir: Path | None, memory_updates: bool) -> None:
+        seen.append(memory_updates)
+
+    monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)
+    db = str(tmp_path / "agent.db")
+    for args in (["mcp", "--db", db, "--no-memory-updates"], ["mcp", "--db", db]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    assert seen == [False, True]

@@ -1,0 +1,197 @@
+"""MemoryFiles at their limit: the LLM condenses, the fallback drops visibly, and the switch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mnemo
+from mnemo.memoryfiles import _format
+from mnemo.ports import task_inputs
+from tests.memoryfiles.fakes import Clock, RecordingLLM, snapshot, user
+
+OLD = "The staging cluster runs on three m5.large nodes in eu-west-1."
+LONG = "The production deploy checklist: " + ", ".join(
+    f"step {n} verifies canary metric {n} before promoting" for n in range(12)
+)
+
+
+def scripted(condense: dict[str, Any] | None) -> RecordingLLM:
+    """An LLM that files every statement as it is under "deploy" and answers
+    `memory_condense` with `condense` (with garbage when None)."""
+    llm = RecordingLLM()
+
+    def reply(request: mnemo.LLMRequest) -> Any:
+        if request.task == "memory_persist":
+            statement = task_inputs(request)["statement"]
+            return {"topic": "deploy", "description": "Where staging runs", "entry": statement}
+        return condense if condense is not None else {"nonsense": True}
+
+    llm.reply = reply
+    return llm
+
+
+async def test_a_full_file_is_condensed_by_the_llm(directory: Path, clock: Clock) -> None:
+    """A write past max_chars asks the LLM to condense the file; its content and description
+    are written, and the result says which entries are no longer there word for word."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    condensed = {
+        "description": "Staging hosts and the production deploy checklist",
+        "content": "- Staging: 3 m5.large nodes, eu-west-1.\n- Deploys check 12 canary metrics.",
+    }
+    llm = scripted(condensed)
+    await files.persist(OLD, llm=llm)
+    stored = await files.persist(LONG, llm=llm)
+
+    assert [r.task for r in llm.calls] == ["memory_persist", "memory_persist", "memory_condense"]
+    shown = task_inputs(llm.calls[-1])
+    assert shown["entries"] == [f"- {OLD}", f"- {LONG}"]
+    assert shown["max_chars"] == 200
+    assert stored.content == condensed["content"] + "\n"
+    assert stored.description == condensed["description"]
+    assert stored.condensed
+    assert not stored.truncated
+    assert stored.dropped == (f"- {OLD}", f"- {LONG}")
+    assert files.list()[0].content == stored.content
+
+
+async def test_failed_condense_falls_back_to_dropping_visibly(
+    directory: Path, clock: Clock
+) -> None:
+    """When condensing fails, the oldest entries are dropped and the long one cut, and the
+    result says so; the description follows what is left."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    llm = scripted(None)
+    first = await files.persist(OLD, llm=llm)
+    assert first.dropped == ()
+    assert not first.truncated
+
+    stored = await files.persist(LONG, llm=llm)
+    assert [r.task for r in llm.calls].count("memory_condense") == 3  # asked, then re-asked
+    assert len(stored.content) <= 200
+    assert OLD not in stored.content
+    assert stored.content.startswith("- The production deploy checklist")
+    assert stored.dropped == (f"- {OLD}",)
+    assert stored.truncated
+    assert not stored.condensed
+    assert "staging" not in stored.description.lower()
+    assert stored.description.startswith("The production deploy checklist")
+
+
+async def test_condense_reply_past_the_limit_is_asked_again(directory: Path, clock: Clock) -> None:
+    """A condensed file that still passes max_chars is not written as is: the bound holds."""
+    files = mnemo.MemoryFiles(directory, max_chars=100, clock=clock)
+    llm = scripted({"description": "d", "content": "- " + "x" * 150})
+    stored = await files.persist(LONG, llm=llm)
+    assert [r.task for r in llm.calls].count("memory_condense") == 3
+    assert len(stored.content) <= 100
+    assert stored.truncated
+
+
+async def test_condense_keeps_a_concurrent_writers_entry(directory: Path, clock: Clock) -> None:
+    """The condense call runs outside every lock: a statement persisted while it runs lands in
+    the file, next to the condensed entries."""
+    files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
+    condensed = {"description": "Deploys", "content": "- Deploys check 12 canary metrics."}
+    other = "Deploy windows are Tuesdays from 10:00 to 12:00 UTC."
+
+    class Racing(RecordingLLM):
+        async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+            if request.task == "memory_condense":
+                await files.persist(other, llm=scripted(None))
+            return await super().generate(request)
+
+    llm = Racing()
+    llm.reply = scripted(condensed).reply
+    await files.persist(OLD, llm=llm)
+    stored = await files.persist(LONG, llm=llm)
+    assert other in stored.content
+    assert "Deploys check 12 canary metrics." in stored.content
+    assert OLD not in stored.content
+    assert stored.condensed
+
+
+async def test_update_reports_what_bounding_cost(directory: Path, clock: Clock) -> None:
+    """An update that takes a file past max_chars reports the file with its dropped entries."""
+    files = mnemo.MemoryFiles(directory, max_chars=120, clock=clock)
+    llm = RecordingLLM()
+    llm.reply = lambda request: (
+        {
+            "files": [
+                {
+                    "topic": "db",
+                    "description": "The database",
+                    "signals": ["decision"],
+                    "content": f"- {OLD}\n- {LONG}",
+                }
+            ]
+        }
+        if request.task == "memory_update"
+        else {"x": 1}
+    )
+    result = await files.update(user("We decided on the staging layout."), llm=llm, iterations=10)
+    assert result.error is None
+    (written,) = result.files
+    assert written.topic == "db"
+    assert written.dropped == (f"- {OLD}",)
+    assert written.truncated
+    assert len(written.content) <= 120
+
+
+async def test_offline_condense_merges_and_fits(directory: Path, clock: Clock) -> None:
+    """Offline, a full file is condensed: a repeated entry is merged away, the rest fits."""
+    files = mnemo.MemoryFiles(directory, max_chars=140, clock=clock)
+    await files.persist("The deploy runs on Fridays.", llm=None)
+    await files.persist("The deploy runs on Fridays after the freeze at 14:00 UTC.", llm=None)
+    stored = await files.persist("The deploy needs two approvals from the platform team.", llm=None)
+    assert len(stored.content) <= 140
+    assert "after the freeze at 14:00 UTC" in stored.content
+    assert "- The deploy runs on Fridays.\n" not in stored.content
+    assert "two approvals" in stored.content
+    assert stored.condensed
+    assert stored.dropped == ("- The deploy runs on Fridays.",)
+
+
+async def test_disabled_files_ask_and_write_nothing(directory: Path, clock: Clock) -> None:
+    """With enabled=False, update and persist ask nothing, write nothing, and say so."""
+    files = mnemo.MemoryFiles(directory, min_iterations=0, enabled=False, clock=clock)
+    llm = RecordingLLM()
+    update = await files.update(user("We decided to use PostgreSQL 16."), llm=llm, iterations=50)
+    persisted = await files.persist("The VPN password rotates every 90 days.", llm=llm)
+    assert update == mnemo.MemoryUpdate(skipped="disabled")
+    assert persisted.skipped == "disabled"
+    assert (persisted.topic, persisted.content) == ("", "")
+    assert llm.calls == []
+    assert snapshot(directory) == {}
+    assert files.list() == []
+
+
+def test_bound_reports_dropped_and_truncated() -> None:
+    """bound says which entries it dropped (as they were) and whether it cut one."""
+    lines = ["- one two three", "- four five six", "- " + "seven " * 20]
+    fitted = _format.bound(lines, 40)
+    assert fitted.dropped == ("- one two three", "- four five six")
+    assert fitted.truncated
+    assert len(_format.body(fitted.lines)) <= 40
+    assert _format.bound(lines[:2], 400) == _format.Fitted(lines[:2], (), False)
+
+
+async def test_update_files_lists_only_changed_files(directory: Path, clock: Clock) -> None:
+    """MemoryUpdate.files holds the files an update changed, not those it left as they were."""
+    files = mnemo.MemoryFiles(directory, clock=clock)
+    llm = RecordingLLM()
+    llm.reply = lambda _request: {
+        "files": [
+            {
+                "topic": "db",
+                "description": "The database",
+                "signals": ["decision"],
+                "content": "- We use PostgreSQL 16.",
+            }
+        ]
+    }
+    first = await files.update(user("We decided on PostgreSQL 16."), llm=llm, iterations=10)
+    again = await files.update(user("We decided on PostgreSQL 16."), llm=llm, iterations=10)
+    assert [f.topic for f in first.files] == first.written == ["db"]
+    assert again.written == []
+    assert again.files == []

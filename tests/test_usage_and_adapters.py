@@ -69,8 +69,7 @@ async def test_usage_counts_the_reask_of_an_unusable_reply() -> None:
 
 
 async def test_usage_counts_transport_retries() -> None:
-    """A 429 retried by the adapter shows as a call and a retry in mem.usage(): every request
-    the provider saw is booked."""
+    """A 429 retried by the adapter is booked in mem.usage(): every request is a call."""
     with ProviderServer() as server:
         server.script(rate_limited("0"))
         async with (

@@ -149,8 +149,7 @@ async def test_malformed_json_is_reasked(server: ProviderServer, llm: OpenAIComp
 async def test_second_bad_reply_raises_saying_what_was_wrong(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """Invalid replies until the task's 3 calls are spent: LLMError names the task and the
-    last validation problem; no fourth ask."""
+    """Invalid replies until the 3 calls are spent: LLMError names the task and the problem."""
     server.script(
         *[Answer(data={"facts": "none"})] * 2, *[Answer(data={"facts": [{"concepts": []}]})] * 2
     )

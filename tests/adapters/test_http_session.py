@@ -74,8 +74,8 @@ async def test_session_through_openai_compatible(server: ProviderServer) -> None
 
 
 async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:
-    """With every third request rate-limited (429, Retry-After: 0) and a budget of 6 calls per
-    task (concurrent tasks share the failures, so 3 could all land on one), nothing is lost."""
+    """With every third request rate-limited and 6 calls per task, nothing is lost."""
+    # 6, not the default 3: concurrent tasks share the failures, so 3 could all land on one.
     server.every_nth_fails = 3
     server.flaky = rate_limited("0")
     async with OpenAICompatible(
@@ -87,8 +87,7 @@ async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:
 
 
 async def test_flaky_5xx_provider_loses_nothing(server: ProviderServer) -> None:
-    """With every other request failing with a 503 and 6 calls per task, nothing is lost
-    either."""
+    """With every other request failing with a 503 and 6 calls per task, nothing is lost."""
     server.every_nth_fails = 2
     server.flaky = Fail(503, "try again")
     async with OpenAICompatible(

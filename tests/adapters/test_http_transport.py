@@ -102,8 +102,7 @@ async def test_retry_after_http_date_is_honoured(
 
 
 async def test_retry_after_is_capped(server: ProviderServer, clock: VirtualClock) -> None:
-    """A Retry-After beyond max_retry_after (but within the task's seconds) waits
-    max_retry_after."""
+    """A Retry-After beyond max_retry_after (within the task's seconds) waits max_retry_after."""
     server.script(rate_limited("30"), Answer())
     backoff = Backoff(max_retry_after=5.0)
     async with transport(server.openai_url, clock, backoff=backoff) as t:

@@ -94,8 +94,7 @@ def clock() -> VirtualClock:
 async def test_garbage_through_ask_makes_exactly_the_budgeted_calls(
     clock: VirtualClock, max_calls: int
 ) -> None:
-    """A model that keeps answering invalid JSON gets max_calls requests in all (not the
-    adapter's re-asks times ask's), then LLMError names the validation failure."""
+    """A model that keeps failing the schema gets exactly max_calls requests, then LLMError."""
     provider = Provider(data(BAD))
     async with openai(provider, clock, retry=RetryPolicy(max_calls=max_calls)) as llm:
         with pytest.raises(LLMError, match=r"'proposition' is a required property"):
@@ -113,8 +112,7 @@ async def test_default_budget_is_three_calls(clock: VirtualClock) -> None:
 
 
 async def test_schema_reasks_and_parse_reasks_share_the_budget(clock: VirtualClock) -> None:
-    """The adapter's re-ask after a schema failure and ask's re-asks after parse rejections
-    together stay within the 3 calls; the error names the parser's problem."""
+    """Schema re-asks (adapter) and parse re-asks (ask) share the 3 calls."""
     provider = Provider(data(BAD), data(GOOD))
 
     def reject(response: LLMResponse) -> None:
@@ -137,8 +135,7 @@ async def test_a_429_storm_stops_at_the_budget(clock: VirtualClock) -> None:
 
 
 async def test_transport_retries_and_reasks_share_the_budget(clock: VirtualClock) -> None:
-    """Two 500s spend two of the task's calls, so the invalid reply that follows is not
-    re-asked: LLMError names its validation problem after 3 requests."""
+    """Two 500s spend two of the 3 calls, so the invalid reply after them is not re-asked."""
     provider = Provider(failing(), failing(), data(BAD), data(GOOD))
     async with openai(provider, clock) as llm:
         with pytest.raises(LLMError, match=r"did not match its schema after 3 of 3 calls"):
@@ -165,8 +162,7 @@ async def test_anthropic_draws_on_the_same_budget(clock: VirtualClock) -> None:
 
 
 async def test_retry_after_past_the_budget_fails_at_once(clock: VirtualClock) -> None:
-    """A Retry-After of an hour is beyond the task's 120 s: no wait, no retry, and the error
-    says what the provider asked for."""
+    """A Retry-After of an hour, past the task's 120 s, fails at once without waiting."""
     provider = Provider(too_many("3600"))
     async with openai(provider, clock) as llm:
         with pytest.raises(LLMError, match=r"HTTP 429.*asked to wait 3600 s"):
@@ -198,8 +194,7 @@ async def test_backoff_stops_when_the_seconds_run_out(clock: VirtualClock) -> No
 
 
 async def test_an_attempt_is_cut_to_the_seconds_left() -> None:
-    """A provider that never answers is abandoned when the task's seconds run out, even
-    though the adapter's own timeout is longer."""
+    """A provider that never answers is abandoned when the task's seconds run out."""
 
     async def silent(request: httpx.Request) -> httpx.Response:
         await anyio.sleep_forever()
@@ -230,8 +225,7 @@ async def test_ask_with_a_fake_llm_honours_the_budget(max_calls: int) -> None:
 
 
 async def test_an_llms_own_policy_is_used() -> None:
-    """An LLM carrying `retry_policy` sets the budget of the tasks asked of it, also when
-    wrapped in LimitedLLM."""
+    """An LLM's own `retry_policy` sets its tasks' budget, also behind LimitedLLM."""
 
     class Patient(FakeLLM):
         retry_policy = RetryPolicy(max_calls=5)
@@ -244,8 +238,7 @@ async def test_an_llms_own_policy_is_used() -> None:
 
 
 async def test_the_fake_path_stops_when_the_seconds_run_out() -> None:
-    """Each garbage reply takes 50 s of the task's 120: the third call ends past them, so no
-    fourth starts though ten calls are allowed."""
+    """Replies taking 50 s each: no call starts once the task's 120 s are spent."""
     clock = VirtualClock()
 
     class Slow(FakeLLM):
@@ -265,8 +258,7 @@ async def test_the_fake_path_stops_when_the_seconds_run_out() -> None:
 
 
 async def test_limited_llm_books_calls_retries_and_reasks(clock: VirtualClock) -> None:
-    """A task that met a 429 and an invalid reply books 3 calls, 1 retry and 1 re-ask, and
-    the tokens of the two replies."""
+    """A task that met a 429 and an invalid reply books 3 calls, 1 retry and 1 re-ask."""
     provider = Provider(too_many("0"), data(BAD), data(GOOD))
     booked: list[Usage] = []
     async with openai(provider, clock) as adapter:
@@ -308,8 +300,7 @@ def test_a_bad_policy_is_refused(make: Callable[[], object]) -> None:
 
 
 def test_max_retries_is_shorthand_for_max_calls() -> None:
-    """`max_retries=n` on an adapter means n + 1 calls per task; backoff and clock replace
-    theirs; everything else of the policy is kept."""
+    """`max_retries=n` means n + 1 calls; backoff and clock replace the policy's."""
     clock = VirtualClock()
     policy = policy_from(
         RetryPolicy(max_seconds=7), max_retries=4, backoff=FAST, clock=clock

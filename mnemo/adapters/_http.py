@@ -38,10 +38,7 @@ import anyio
 import httpx
 
 from mnemo.errors import AdapterError, InvalidInputError
-from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, SystemClock, policy_from
-
-# Re-exported: the adapters and their tests import the retry pieces from here.
-__all__ = ["Backoff", "Clock", "HTTPFailure", "RateGate", "SystemClock", "Transport"]
+from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 
 logger = logging.getLogger("mnemo.adapters")
 

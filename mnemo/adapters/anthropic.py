@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from mnemo.adapters._http import Backoff, Clock, Transport, resolve_key
+from mnemo.adapters._http import Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_PRICES,
     add_usage,
@@ -32,7 +32,7 @@ from mnemo.adapters._schema import (
 )
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
-from mnemo.retry import Budget, RetryPolicy, task_budget
+from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"

@@ -17,11 +17,11 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import Backoff, Clock, Transport, resolve_key
+from mnemo.adapters._http import Transport, resolve_key
 from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
-from mnemo.retry import RetryPolicy
+from mnemo.retry import Backoff, Clock, RetryPolicy
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 _PROBE_TEXT = "dimension probe"

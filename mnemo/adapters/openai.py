@@ -27,7 +27,7 @@ from typing import Any, Literal, get_args
 
 import httpx
 
-from mnemo.adapters._http import Backoff, Clock, HTTPFailure, Transport, resolve_key
+from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_PRICES,
     add_usage,
@@ -40,7 +40,7 @@ from mnemo.adapters._schema import (
 )
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
-from mnemo.retry import Budget, RetryPolicy, task_budget
+from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]

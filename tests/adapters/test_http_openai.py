@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from mnemo.adapters._http import Backoff
 from mnemo.adapters._schema import DEFAULT_PRICES, decode_json, price_of
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.errors import InvalidInputError, LLMError
 from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
 from mnemo.ports import LLMRequest, ToolCall, Usage
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
     REJECT_RESPONSE_FORMAT,
     REJECT_TOOLS,

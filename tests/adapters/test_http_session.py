@@ -9,11 +9,11 @@ import pytest
 
 import mnemo
 from mnemo import NodeType
-from mnemo.adapters._http import Backoff
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.ports import LLM, Embedder
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import Fail, ProviderServer, rate_limited
 from tests.fakes import FakeEmbedder
 

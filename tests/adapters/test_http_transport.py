@@ -18,8 +18,9 @@ import anyio
 import httpx
 import pytest
 
-from mnemo.adapters._http import Backoff, HTTPFailure, RateGate, Transport, parse_retry_after
+from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
     Answer,
     Fail,

@@ -15,14 +15,13 @@ import anyio
 import httpx
 import pytest
 
-from mnemo.adapters._http import Backoff
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.episode.prompts import parse_subgoal, subgoal_request
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LimitedLLM, LLMRequest, LLMResponse, Usage, ask
-from mnemo.retry import RetryPolicy, SystemClock, policy_from
+from mnemo.retry import Backoff, RetryPolicy, SystemClock, policy_from
 from tests.adapters.provider_server import VirtualClock
 from tests.fakes import FakeLLM
 

@@ -47,6 +47,7 @@ from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.recall.engine import Recalled, RecallResult
+from mnemo.retry import Backoff, RetryPolicy
 from mnemo.session.machine import State
 from mnemo.session.queue import OpResult
 from mnemo.session.service import SessionContext, SessionInfo
@@ -54,6 +55,7 @@ from mnemo.session.service import SessionContext, SessionInfo
 __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "AdapterError",
     "Anthropic",
+    "Backoff",
     "CommitReceipt",
     "Compaction",
     "Config",
@@ -93,6 +95,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "RecallResult",
     "Recalled",
     "Recent",
+    "RetryPolicy",
     "SearchHit",
     "Semantic",
     "SessionContext",

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.errors import LLMError
+from mnemo.retry import RetryPolicy, policy_of, task_budget
 
 INPUT_MARKER = "\nINPUT:\n"
 
@@ -27,18 +28,31 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens spent by one call (or summed over many), and its cost when priced."""
+    """Tokens spent by one call (or summed over many), and its cost when priced.
+
+    `calls` counts the model calls made, of which `retries` were transport retries and
+    `re_asks` were asked again after an unusable reply (`mnemo.retry` says what a task may
+    spend). Equality compares what was spent (tokens and cost), not how many calls it took.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float | None = None
+    calls: int = field(default=0, compare=False)
+    retries: int = field(default=0, compare=False)
+    re_asks: int = field(default=0, compare=False)
 
     def __add__(self, other: Usage) -> Usage:
         cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (
             other.cost or 0.0
         )
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens, cost
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            cost,
+            calls=self.calls + other.calls,
+            retries=self.retries + other.retries,
+            re_asks=self.re_asks + other.re_asks,
         )
 
 
@@ -91,7 +105,8 @@ class Embedder(Protocol):
 
 class LimitedLLM:
     """An LLM whose calls each wait for a slot of its provider's limiter
-    (`Config.llm_concurrency`), and whose replies' usage goes to `meter`."""
+    (`Config.llm_concurrency`), and whose replies' usage goes to `meter`, with the calls
+    (retries and re-asks among them) each `generate` charged to its task's budget."""
 
     def __init__(
         self,
@@ -101,9 +116,24 @@ class LimitedLLM:
     ) -> None:
         self._llm, self._slots, self._meter = llm, slots, meter
 
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The wrapped LLM's policy (`mnemo.retry.policy_of`)."""
+        return policy_of(self._llm)
+
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        async with slot(self._slots):
-            response = await self._llm.generate(request)
+        with task_budget(self.retry_policy) as budget:
+            before = budget.counts()
+            try:
+                async with slot(self._slots):
+                    response = await self._llm.generate(request)
+            finally:
+                # Booked even when the call failed: a 429 storm's calls were spent all the same.
+                budget.charge_bare(before)
+                if self._meter is not None:
+                    calls, retries, re_asks = budget.counts()
+                    self._meter(Usage(calls=calls - before[0], retries=retries - before[1],
+                                      re_asks=re_asks - before[2]))
         if self._meter is not None and response.usage is not None:
             self._meter(response.usage)
         return response
@@ -180,27 +210,35 @@ async def ask(
     request: LLMRequest,
     parse: Callable[[LLMResponse], T],
     *,
-    attempts: int = 3,
+    policy: RetryPolicy | None = None,
 ) -> T:
     """Sends `request` and parses the reply, asking again when the reply is unusable.
 
-    An exception from the LLM is not retried here (adapters retry their own transport
-    errors); a reply `parse` rejects with `ValueError` is asked again, up to `attempts` times.
+    The task has one budget (`policy`, else the LLM's `retry_policy`, else the default; see
+    `mnemo.retry`): the adapter's transport retries and schema re-asks, and the re-asks made
+    here for a reply `parse` rejects with `ValueError`, all count against it. An exception
+    from the LLM is not retried here: the adapter has already spent what it could.
 
     Raises:
-        LLMError: the LLM raised (its exception is the `__cause__`), or every reply was unusable
-            (the message says what was wrong with the last one).
+        LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
+            unusable replies (the message says what was wrong with the last one).
     """
-    problem = ""
-    for _ in range(attempts):
-        try:
-            response = await llm.generate(request)
-        except Exception as exc:
-            raise LLMError(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
-        try:
-            return parse(response)
-        except ValueError as exc:
-            problem = str(exc)
-    raise LLMError(
-        f"the LLM's reply to task {request.task!r} was unusable {attempts} times: {problem}"
-    )
+    with task_budget(policy or policy_of(llm)) as budget:
+        while True:
+            before = budget.counts()
+            try:
+                response = await llm.generate(request)
+            except Exception as exc:
+                budget.charge_bare(before)
+                raise LLMError(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
+            budget.charge_bare(before)
+            try:
+                return parse(response)
+            except ValueError as exc:
+                problem = str(exc)
+            if not budget.can_call():
+                raise LLMError(
+                    f"the LLM's reply to task {request.task!r} was unusable after "
+                    f"{budget.describe()}: {problem}"
+                )
+            budget.next_call("re_ask")

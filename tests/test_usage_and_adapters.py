@@ -1,5 +1,6 @@
-"""Usage is summed per session and repo; adapters given to a Memory are closed with it, and an
-embedder that learns its dimension is asked to before the repo records it."""
+"""Usage is summed per session and repo, calls, retries and re-asks included; adapters given to
+a Memory are closed with it, and an embedder that learns its dimension is asked to before the
+repo records it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 import pytest
 
 import mnemo
+from mnemo.adapters.openai import OpenAICompatible
+from mnemo.retry import Backoff
+from tests.adapters.provider_server import ProviderServer, rate_limited
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
 
@@ -25,6 +29,62 @@ async def test_usage_is_summed_per_session_and_repo(mem: mnemo.Memory, llm: Fake
     assert mem.usage(repo=REPO) == mnemo.Usage(calls, calls)
     assert mem.usage("session_unknown") == mnemo.Usage()
     assert mem.usage() == mnemo.Usage(calls, calls)
+    assert (mem.usage(sid).calls, mem.usage().retries, mem.usage().re_asks) == (calls, 0, 0)
+
+
+def test_usage_adds_call_counts_and_compares_what_was_spent() -> None:
+    """`+` sums tokens, cost and the call counts; equality looks at tokens and cost only."""
+    first = mnemo.Usage(1, 2, 0.5, calls=2, retries=1, re_asks=0)
+    second = mnemo.Usage(3, 4, None, calls=3, retries=0, re_asks=2)
+    total = first + second
+    assert (total.input_tokens, total.output_tokens, total.cost) == (4, 6, 0.5)
+    assert (total.calls, total.retries, total.re_asks) == (5, 1, 2)
+    assert total == mnemo.Usage(4, 6, 0.5)
+
+
+class OnceGarbledLLM(FakeLLM):
+    """Answers the first "subgoal" task with something that is not JSON, then correctly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.garbage_tasks.add("subgoal")
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        response = await super().generate(request)
+        if request.task == "subgoal":
+            self.garbage_tasks.discard("subgoal")
+        return response
+
+
+async def test_usage_counts_the_reask_of_an_unusable_reply() -> None:
+    """An unusable reply asked again shows as one more call and one re-ask in mem.usage()."""
+    llm = OnceGarbledLLM()
+    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        usage = mem.usage(sid)
+    assert llm.tasks().count("subgoal") == 2
+    assert (usage.calls, usage.retries, usage.re_asks) == (len(llm.calls), 0, 1)
+
+
+async def test_usage_counts_transport_retries() -> None:
+    """A 429 retried by the adapter is booked in mem.usage(): every request is a call."""
+    with ProviderServer() as server:
+        server.script(rate_limited("0"))
+        async with (
+            OpenAICompatible(
+                "m", base_url=server.openai_url, backoff=Backoff(base=0.001, cap=0.01)
+            ) as llm,
+            mnemo.Memory(llm=llm, embedder=FakeEmbedder()) as mem,
+        ):
+            await mem.open_repo(REPO)
+            sid = await mem.start_session("explore", repo=REPO)
+            await mem.append(sid, "walk north", "go north")
+            await mem.close_and_commit(sid)
+            usage = mem.usage()
+    assert server.statuses.count(429) == 1
+    assert (usage.calls, usage.retries, usage.re_asks) == (len(server.requests), 1, 0)
 
 
 class ClosingEmbedder(FakeEmbedder):

@@ -12,13 +12,15 @@ A failed attempt is retried with exponential backoff and full jitter when it may
 HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not a JSON
 object (a truncated reply). `Retry-After` (seconds or an HTTP date, and OpenAI's
 `retry-after-ms`) replaces the computed delay, capped by `Backoff.max_retry_after`. Any other
-status is final at once. Giving up raises the adapter's error class (`LLMError`,
-`EmbeddingError`; `timeout_error` for timeouts) with a message naming the HTTP status and the
-provider's own error message; its `__cause__` is an `HTTPFailure` (status, message) or the
-connection error.
+status is final at once. Every attempt is charged to the task's `mnemo.retry.Budget`: retries
+stop when it has no call left or the wait would end past its seconds (a far `Retry-After`
+fails at once), and an attempt's timeout is cut to the seconds left. Giving up raises the
+adapter's error class (`LLMError`, `EmbeddingError`; `timeout_error` for timeouts) with a
+message naming the HTTP status and the provider's own error message; its `__cause__` is an
+`HTTPFailure` (status, message) or the connection error.
 
-Waiting goes through a `Clock`, so tests drive backoff and rate limits in virtual time instead
-of sleeping.
+Waiting goes through the policy's `Clock`, so tests drive backoff and rate limits in virtual
+time instead of sleeping.
 """
 
 from __future__ import annotations
@@ -27,17 +29,16 @@ import json
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import httpx
 
 from mnemo.errors import AdapterError, InvalidInputError
+from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -45,45 +46,6 @@ logger = logging.getLogger("mnemo.adapters")
 # failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
 RETRY_STATUSES = frozenset({408, 409, 429})
 CHARS_PER_TOKEN = 4
-
-
-class Clock(Protocol):
-    """Monotonic time and sleeping: `SystemClock` in production, a virtual one in tests."""
-
-    def now(self) -> float: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    """`time.monotonic` and `anyio.sleep`."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await anyio.sleep(seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)`.
-
-    "Full jitter" spreads the retries of many callers over the whole window, so they do not hit
-    a recovering provider in lockstep. A `Retry-After` header replaces the computed delay,
-    capped at `max_retry_after`.
-    """
-
-    base: float = 0.5
-    cap: float = 20.0
-    max_retry_after: float = 60.0
-    jitter: Callable[[], float] = field(default=random.random)
-
-    def delay(self, failures: int, retry_after: float | None) -> float:
-        """The wait after `failures` failed attempts (>= 1), given the server's Retry-After."""
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
-        return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
 
 
 def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str,
@@ -251,8 +213,10 @@ class _Retryable(Exception):
 class Transport:
     """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap.
 
-    `name` says who the provider is in error messages. `error` is the class raised on failure
-    (and `timeout_error` when the last attempt timed out). `tokens_used` reads the tokens a
+    `retry` is the retry policy (`mnemo.retry`); `max_retries`, `backoff` and `clock` are
+    shorthands that replace its parts. `name` says who the provider is in error messages.
+    `error` is the class raised on failure (and `timeout_error` when the last attempt timed
+    out). `tokens_used` reads the tokens a
     reply really used from its body, to correct the tokens/min estimate (4 characters a token
     of the request body).
     """
@@ -266,7 +230,7 @@ class Transport:
         timeout_error: type[AdapterError] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float = 60.0,
-        max_retries: int = 5,
+        max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
@@ -274,15 +238,18 @@ class Transport:
         clock: Clock | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         tokens_used: Callable[[Mapping[str, Any]], int | None] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        _check_limits(timeout, max_retries, requests_per_minute, tokens_per_minute, max_concurrency)
+        _check_limits(timeout, requests_per_minute, tokens_per_minute, max_concurrency)
         self.name = name
         self._error = error
         self._timeout_error = timeout_error or error
         self._timeout = timeout
-        self._max_retries = max_retries
-        self._backoff = backoff or Backoff()
-        self._clock: Clock = clock or SystemClock()
+        self.retry_policy = policy_from(
+            retry, max_retries=max_retries, backoff=backoff, clock=clock
+        )
+        self._backoff = self.retry_policy.backoff
+        self._clock: Clock = self.retry_policy.clock
         self._tokens_used = tokens_used
         self._slots = anyio.CapacityLimiter(max_concurrency)
         self._gate = RateGate(
@@ -309,34 +276,49 @@ class Transport:
         return int(self._slots.borrowed_tokens)
 
     async def post_json(
-        self, path: str, payload: Mapping[str, Any], headers: Mapping[str, str] | None = None
+        self,
+        path: str,
+        payload: Mapping[str, Any],
+        headers: Mapping[str, str] | None = None,
+        *,
+        budget: Budget | None = None,
     ) -> dict[str, Any]:
         """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
 
-        Retries as the module doc says, then gives up.
+        Every attempt is charged to `budget` (the task's; a new one of `retry_policy` when
+        None). Retries as the module doc says, then gives up.
 
         Raises:
             AdapterError: (the `error` class) the provider refused the request (a 4xx other than
-                408/409/429) or every attempt failed; the message names the HTTP status and the
-                provider's error message, or the connection problem.
+                408/409/429), every attempt failed, or the budget was spent before the first;
+                the message names the HTTP status and the provider's error message, or the
+                connection problem, and the budget when it was what stopped the retries.
             AdapterError: (the `timeout_error` class) the last attempt timed out.
         """
+        budget = budget if budget is not None else Budget(self.retry_policy)
+        if not budget.can_call():
+            raise self._error(f"{self.name}: no call left in {budget.describe()}")
         body = json.dumps(payload, ensure_ascii=False).encode()
         estimate = max(1, len(body) // CHARS_PER_TOKEN)
         failures = 0
         while True:
+            budget.charge(retry=failures > 0)
             try:
-                return await self._attempt(path, body, headers, estimate)
+                return await self._attempt(
+                    path, body, headers, estimate, min(self._timeout, budget.seconds_left())
+                )
             except _Retryable as failed:
                 failures += 1
-                if failures > self._max_retries:
-                    raise self._give_up(failed, failures) from failed.cause
                 delay = self._backoff.delay(failures, failed.retry_after)
                 if failed.rate_limited:
                     self._gate.pause(delay)
+                # The server's own Retry-After, not the capped delay, says when a retry can
+                # succeed: one that falls past the budget fails now rather than after a wait.
+                if not budget.can_wait(max(delay, failed.retry_after or 0.0)):
+                    raise self._give_up(failed, failures, budget) from failed.cause
                 logger.warning(
-                    "%s: %s; retry %d of %d in %.2fs",
-                    self.name, failed.problem, failures, self._max_retries, delay,
+                    "%s: %s; retry %d in %.2fs (%s)",
+                    self.name, failed.problem, failures, delay, budget.describe(),
                 )
                 await self._clock.sleep(delay)
 
@@ -351,21 +333,24 @@ class Transport:
         await self.aclose()
 
     async def _attempt(
-        self, path: str, body: bytes, headers: Mapping[str, str] | None, estimate: int
+        self,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str] | None,
+        estimate: int,
+        seconds: float,
     ) -> dict[str, Any]:
         async with self._slots:
             await self._gate.acquire(estimate)
             try:
-                with anyio.fail_after(self._timeout):
+                with anyio.fail_after(seconds):
                     response = await self._client.post(
                         path,
                         content=body,
                         headers={"content-type": "application/json", **(headers or {})},
                     )
             except TimeoutError as exc:
-                raise _Retryable(
-                    f"no reply within {self._timeout:g}s", exc, timed_out=True
-                ) from exc
+                raise _Retryable(f"no reply within {seconds:g}s", exc, timed_out=True) from exc
             except httpx.TimeoutException as exc:
                 raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
             except httpx.TransportError as exc:
@@ -397,22 +382,26 @@ class Transport:
             )
         raise self._error(f"{self.name} refused the request: {failure}") from failure
 
-    def _give_up(self, failed: _Retryable, attempts: int) -> AdapterError:
+    def _give_up(self, failed: _Retryable, attempts: int, budget: Budget) -> AdapterError:
         error = self._timeout_error if failed.timed_out else self._error
-        return error(f"{self.name} failed after {attempts} attempts: {failed.problem}")
+        wait = (
+            "" if failed.retry_after is None
+            else f"; the provider asked to wait {failed.retry_after:g} s"
+        )
+        return error(
+            f"{self.name} failed after {attempts} attempts: {failed.problem} "
+            f"({budget.describe()}{wait})"
+        )
 
 
 def _check_limits(
     timeout: float,
-    max_retries: int,
     requests_per_minute: float | None,
     tokens_per_minute: float | None,
     max_concurrency: int,
 ) -> None:
     if not timeout > 0:
         raise InvalidInputError(f"timeout must be positive, got {timeout!r}")
-    if max_retries < 0:
-        raise InvalidInputError(f"max_retries must be >= 0, got {max_retries!r}")
     for label, value in (
         ("requests_per_minute", requests_per_minute),
         ("tokens_per_minute", tokens_per_minute),

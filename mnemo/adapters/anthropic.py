@@ -2,8 +2,9 @@
 
 Structured output goes through a forced tool call: the request's schema becomes the input
 schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
-`input` is the data. The data is validated against the schema; an invalid reply gets one
-re-ask (a `tool_result` marked as an error, carrying the problem), then `LLMError`.
+`input` is the data. The data is validated against the schema; an invalid reply is re-asked (a
+`tool_result` marked as an error, carrying the problem) while the task's retry budget lasts
+(`mnemo.retry`), then `LLMError`.
 
 mnemo's messages are OpenAI-shaped (`role`, `content`, optional `tool_calls` and
 `tool_call_id`); they are translated here: system messages join the top-level `system`, an
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from mnemo.adapters._http import Backoff, Clock, Transport, resolve_key
+from mnemo.adapters._http import Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_PRICES,
     add_usage,
@@ -31,6 +32,7 @@ from mnemo.adapters._schema import (
 )
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -41,8 +43,8 @@ class Anthropic:
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`.
 
     `api_key` defaults to the environment's `ANTHROPIC_API_KEY`, read here, when the adapter is
-    created. `max_tokens` is used when a request sets none (the API requires one). Prices and
-    robustness arguments are as for `OpenAICompatible`.
+    created. `max_tokens` is used when a request sets none (the API requires one). Prices,
+    robustness and the retry policy (`retry`, `retry_policy`) are as for `OpenAICompatible`.
 
     Raises:
         InvalidInputError: no API key for Anthropic's own API, or a bad limit.
@@ -56,7 +58,7 @@ class Anthropic:
         base_url: str = ANTHROPIC_BASE_URL,
         max_tokens: int = 1024,
         timeout: float = 60.0,
-        max_retries: int = 5,
+        max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
@@ -65,6 +67,7 @@ class Anthropic:
         temperature: float | None = 0.0,
         backoff: Backoff | None = None,
         clock: Clock | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         base_url = base_url.rstrip("/")
         key = resolve_key(
@@ -97,7 +100,9 @@ class Anthropic:
             clock=clock,
             transport=transport,
             tokens_used=_tokens_used,
+            retry=retry,
         )
+        self.retry_policy = self._http.retry_policy
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is valid JSON for it.
@@ -105,17 +110,19 @@ class Anthropic:
         Raises:
             LLMTimeout: the API did not answer in time, on every attempt.
             LLMError: the API refused the request or kept failing (the message names the HTTP
-                status and the API's message), or the reply did not match the schema even after
-                one re-ask (the message says where and why).
+                status and the API's message), or the reply did not match the schema when the
+                task's retry budget ran out (the message says where and why).
         """
         system, messages = _translate(request.system, request.messages)
-        if request.schema is None:
-            reply = await self._send(request, system, messages, tools=request.tools)
-            blocks = _blocks(reply)
-            return LLMResponse(
-                text=_text(blocks), tool_calls=self._tool_calls(blocks), usage=self._usage(reply)
-            )
-        return await self._structured(request, request.schema, system, messages)
+        with task_budget(self.retry_policy) as budget:
+            if request.schema is None:
+                reply = await self._send(request, system, messages, budget, tools=request.tools)
+                blocks = _blocks(reply)
+                return LLMResponse(
+                    text=_text(blocks), tool_calls=self._tool_calls(blocks),
+                    usage=self._usage(reply),
+                )
+            return await self._structured(request, request.schema, system, messages, budget)
 
     async def aclose(self) -> None:
         """Closes the HTTP client."""
@@ -133,32 +140,38 @@ class Anthropic:
         schema: dict[str, Any],
         system: str,
         messages: list[dict[str, Any]],
+        budget: Budget,
     ) -> LLMResponse:
         tool = {"name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema}
-        reply = await self._send(request, system, messages, tools=[tool], force=request.task)
+        reply = await self._send(
+            request, system, messages, budget, tools=[tool], force=request.task
+        )
         usage = self._usage(reply)
         blocks = _blocks(reply)
         data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"))
-        if problem is None:
-            return LLMResponse(text=_text(blocks), data=data, usage=usage)
-        messages = [*messages, {"role": "assistant", "content": blocks},
-                    _reask(blocks, request.task, problem)]
-        reply = await self._send(request, system, messages, tools=[tool], force=request.task)
-        usage = add_usage(usage, self._usage(reply))
-        blocks = _blocks(reply)
-        data, second = _check(blocks, request.task, schema, reply.get("stop_reason"))
-        if second is None:
-            return LLMResponse(text=_text(blocks), data=data, usage=usage)
-        raise LLMError(
-            f"{self._http.name}: the reply to task {request.task!r} did not match its schema, "
-            f"even after one re-ask: {second}"
-        )
+        while problem is not None:
+            if not budget.can_call():
+                raise LLMError(
+                    f"{self._http.name}: the reply to task {request.task!r} did not match its "
+                    f"schema after {budget.describe()}: {problem}"
+                )
+            messages = [*messages, {"role": "assistant", "content": blocks},
+                        _reask(blocks, request.task, problem)]
+            budget.next_call("re_ask")
+            reply = await self._send(
+                request, system, messages, budget, tools=[tool], force=request.task
+            )
+            usage = add_usage(usage, self._usage(reply))
+            blocks = _blocks(reply)
+            data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"))
+        return LLMResponse(text=_text(blocks), data=data, usage=usage)
 
     async def _send(
         self,
         request: LLMRequest,
         system: str,
         messages: list[dict[str, Any]],
+        budget: Budget,
         *,
         tools: list[dict[str, Any]] | None,
         force: str | None = None,
@@ -176,7 +189,7 @@ class Anthropic:
             payload["tools"] = [_tool(tool) for tool in tools]
         if force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
-        return await self._http.post_json("/v1/messages", payload)
+        return await self._http.post_json("/v1/messages", payload, budget=budget)
 
     def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
         calls: list[ToolCall] = []

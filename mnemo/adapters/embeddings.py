@@ -17,10 +17,11 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import Backoff, Clock, Transport, resolve_key
+from mnemo.adapters._http import Transport, resolve_key
 from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
+from mnemo.retry import Backoff, Clock, RetryPolicy
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 _PROBE_TEXT = "dimension probe"
@@ -41,7 +42,8 @@ class OpenAIEmbedder:
     `max_concurrency`); `embed` returns a float32 array of shape (len(texts), dim), row i
     being text i (replies are ordered by their `index`, not their position). `api_key`
     defaults to `OPENAI_API_KEY`, read when the embedder is created; with no key no
-    `Authorization` header is sent. Robustness arguments are `Transport`'s.
+    `Authorization` header is sent. Robustness arguments are `Transport`'s; each batch is one
+    task of the retry policy (`retry`, `retry_policy`; see `mnemo.retry`).
 
     Raises:
         InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API.
@@ -56,7 +58,7 @@ class OpenAIEmbedder:
         dim: int | None = None,
         batch_size: int = 128,
         timeout: float = 60.0,
-        max_retries: int = 5,
+        max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 4,
@@ -64,6 +66,7 @@ class OpenAIEmbedder:
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: Backoff | None = None,
         clock: Clock | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
             raise InvalidInputError(f"dim must be a positive integer or None, got {dim!r}")
@@ -94,7 +97,9 @@ class OpenAIEmbedder:
             clock=clock,
             transport=transport,
             tokens_used=_tokens_used,
+            retry=retry,
         )
+        self.retry_policy = self._http.retry_policy
 
     @property
     def dim(self) -> int:

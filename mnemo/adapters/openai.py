@@ -15,7 +15,8 @@ Structured output, when a request has a schema, takes one of three forms (`struc
 and keeps the mode that worked for the rest of the adapter's life (`structured_mode`).
 
 Whatever the form, the reply is validated against the schema; an invalid reply is shown its
-problem and asked again once, then the adapter raises `LLMError` saying what was wrong.
+problem and asked again while the task's retry budget lasts (`mnemo.retry`: transport retries
+and re-asks share it), then the adapter raises `LLMError` saying what was wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Literal, get_args
 
 import httpx
 
-from mnemo.adapters._http import Backoff, Clock, HTTPFailure, Transport, resolve_key
+from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_PRICES,
     add_usage,
@@ -39,6 +40,7 @@ from mnemo.adapters._schema import (
 )
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
@@ -60,9 +62,11 @@ class OpenAICompatible:
     created; with no key at all no `Authorization` header is sent (fine for local servers).
     `prices` maps model names to (input, output) dollars per million tokens, on top of
     `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature=None`
-    leaves it to the server. Robustness (`timeout`, `max_retries`, `requests_per_minute`,
-    `tokens_per_minute`, `max_concurrency`, `backoff`, `clock`) is `Transport`'s; `transport`
-    replaces httpx's network transport (tests).
+    leaves it to the server. Robustness (`timeout`, `requests_per_minute`,
+    `tokens_per_minute`, `max_concurrency`) is `Transport`'s. `retry` is the retry policy, the
+    budget of calls and seconds each task may spend (`mnemo.retry`; `retry_policy` holds it):
+    `max_retries` (calls after the first), `backoff` and `clock` are shorthands for its parts.
+    `transport` replaces httpx's network transport (tests).
 
     Raises:
         InvalidInputError: an unknown `structured` mode or a bad limit, or no API key for the
@@ -76,7 +80,7 @@ class OpenAICompatible:
         base_url: str = OPENAI_BASE_URL,
         api_key: str | None = None,
         timeout: float = 60.0,
-        max_retries: int = 5,
+        max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
@@ -86,6 +90,7 @@ class OpenAICompatible:
         temperature: float | None = 0.0,
         backoff: Backoff | None = None,
         clock: Clock | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if structured not in get_args(Structured):
             raise InvalidInputError(
@@ -118,7 +123,9 @@ class OpenAICompatible:
             clock=clock,
             transport=transport,
             tokens_used=_tokens_used,
+            retry=retry,
         )
+        self.retry_policy = self._http.retry_policy
 
     @property
     def structured_mode(self) -> Mode:
@@ -132,11 +139,12 @@ class OpenAICompatible:
             LLMTimeout: the server did not answer in time, on every attempt.
             LLMError: the server refused the request or kept failing (the message names the
                 HTTP status and the server's message), or the reply did not match the schema
-                even after one re-ask (the message says where and why).
+                when the task's retry budget ran out (the message says where and why).
         """
-        if request.schema is None:
-            return await self._free(request)
-        return await self._structured(request, request.schema)
+        with task_budget(self.retry_policy) as budget:
+            if request.schema is None:
+                return await self._free(request, budget)
+            return await self._structured(request, request.schema, budget)
 
     async def aclose(self) -> None:
         """Closes the HTTP client."""
@@ -150,44 +158,53 @@ class OpenAICompatible:
 
     # ---- structured replies ----------------------------------------------------------------
 
-    async def _structured(self, request: LLMRequest, schema: dict[str, Any]) -> LLMResponse:
+    async def _structured(
+        self, request: LLMRequest, schema: dict[str, Any], budget: Budget
+    ) -> LLMResponse:
         messages = list(request.messages)
-        reply, mode = await self._send_structured(request, schema, messages)
+        reply, mode = await self._send_structured(request, schema, messages, budget)
         usage = self._usage(reply)
         raw, data, problem = self._check(reply, mode, request.task, schema)
-        if problem is None:
-            return LLMResponse(text=raw, data=data, usage=usage)
-        # One re-ask, showing the model its own reply and what was wrong with it.
-        messages += [
-            {"role": "assistant", "content": raw},
-            {"role": "user", "content": reask_text(problem)},
-        ]
-        reply = await self._http.post_json(
-            "/chat/completions", self._payload(request, messages, mode, schema)
-        )
-        usage = add_usage(usage, self._usage(reply))
-        raw, data, second = self._check(reply, mode, request.task, schema)
-        if second is None:
-            return LLMResponse(text=raw, data=data, usage=usage)
-        raise LLMError(
-            f"{self._http.name}: the reply to task {request.task!r} did not match its schema, "
-            f"even after one re-ask: {second}"
-        )
+        while problem is not None:
+            if not budget.can_call():
+                raise LLMError(
+                    f"{self._http.name}: the reply to task {request.task!r} did not match its "
+                    f"schema after {budget.describe()}: {problem}"
+                )
+            # Re-ask, showing the model its own reply and what was wrong with it.
+            messages += [
+                {"role": "assistant", "content": raw},
+                {"role": "user", "content": reask_text(problem)},
+            ]
+            budget.next_call("re_ask")
+            reply = await self._http.post_json(
+                "/chat/completions", self._payload(request, messages, mode, schema), budget=budget
+            )
+            usage = add_usage(usage, self._usage(reply))
+            raw, data, problem = self._check(reply, mode, request.task, schema)
+        return LLMResponse(text=raw, data=data, usage=usage)
 
     async def _send_structured(
-        self, request: LLMRequest, schema: dict[str, Any], messages: list[dict[str, Any]]
+        self,
+        request: LLMRequest,
+        schema: dict[str, Any],
+        messages: list[dict[str, Any]],
+        budget: Budget,
     ) -> tuple[dict[str, Any], Mode]:
         while True:
             mode = self._mode
             payload = self._payload(request, messages, mode, schema)
             try:
-                return await self._http.post_json("/chat/completions", payload), mode
+                return await self._http.post_json(
+                    "/chat/completions", payload, budget=budget
+                ), mode
             except LLMError as exc:
                 if not (self._auto and _refuses(mode, exc)):
                     raise
                 # Concurrent calls may see the same refusal: only the first one moves on.
                 if self._mode == mode:
                     self._mode = _NEXT_MODE[mode]
+                budget.next_call("retry")
 
     def _check(
         self, reply: dict[str, Any], mode: Mode, task: str, schema: dict[str, Any]
@@ -204,9 +221,11 @@ class OpenAICompatible:
 
     # ---- free text and tool calls ------------------------------------------------------------
 
-    async def _free(self, request: LLMRequest) -> LLMResponse:
+    async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
         reply = await self._http.post_json(
-            "/chat/completions", self._payload(request, list(request.messages), None, None)
+            "/chat/completions",
+            self._payload(request, list(request.messages), None, None),
+            budget=budget,
         )
         message, _ = self._message(reply)
         content = message.get("content")

@@ -110,7 +110,7 @@ async def score_reward(
         action=step.action,
         next_observation=next_observation,
     )
-    return await ask(llm, request, parse_reward, attempts=1)
+    return await ask(llm, request, parse_reward)
 
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:

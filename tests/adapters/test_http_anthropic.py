@@ -104,12 +104,16 @@ async def test_prose_instead_of_the_tool_is_reasked_as_text(
     assert last["content"].startswith("Your reply did not match the schema: no 'semantic' tool")
 
 
-async def test_second_bad_reply_raises(server: ProviderServer, llm: Anthropic) -> None:
-    """Two bad replies: LLMError with the validation problem."""
-    server.script(Answer(data={"facts": [{}]}), Answer(data={"facts": [{}]}))
-    with pytest.raises(LLMError, match=r"even after one re-ask: at \$\.facts\[0\]: 'proposition'"):
+async def test_bad_replies_are_reasked_until_the_budget_is_spent(
+    server: ProviderServer, llm: Anthropic
+) -> None:
+    """Bad replies are re-asked up to the task's 3 calls, then LLMError names the problem."""
+    server.script(*[Answer(data={"facts": [{}]})] * 5)
+    with pytest.raises(
+        LLMError, match=r"after 3 of 3 calls.*: at \$\.facts\[0\]: 'proposition'"
+    ):
         await llm.generate(semantic())
-    assert len(server.requests) == 2
+    assert len(server.requests) == 3
 
 
 async def test_text_and_tool_calls(server: ProviderServer, llm: Anthropic) -> None:

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from mnemo.adapters._http import Backoff
 from mnemo.adapters.embeddings import DimensionUnknown, OpenAIEmbedder
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.ports import Embedder
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, Raw, vector
 
 FAST = Backoff(base=0.001)

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from mnemo.adapters._http import Backoff
 from mnemo.adapters._schema import DEFAULT_PRICES, decode_json, price_of
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.errors import InvalidInputError, LLMError
 from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
 from mnemo.ports import LLMRequest, ToolCall, Usage
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
     REJECT_RESPONSE_FORMAT,
     REJECT_TOOLS,
@@ -149,20 +149,22 @@ async def test_malformed_json_is_reasked(server: ProviderServer, llm: OpenAIComp
 async def test_second_bad_reply_raises_saying_what_was_wrong(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """Two invalid replies: LLMError names the task and the validation problem; no third ask."""
-    server.script(Answer(data={"facts": "none"}), Answer(data={"facts": [{"concepts": []}]}))
+    """Invalid replies until the 3 calls are spent: LLMError names the task and the problem."""
+    server.script(
+        *[Answer(data={"facts": "none"})] * 2, *[Answer(data={"facts": [{"concepts": []}]})] * 2
+    )
     with pytest.raises(
         LLMError,
-        match=r"task 'semantic' did not match its schema, even after one re-ask: "
+        match=r"task 'semantic' did not match its schema after 3 of 3 calls.*: "
         r"at \$\.facts\[0\]: 'proposition' is a required property",
     ):
         await llm.generate(semantic())
-    assert len(server.requests) == 2
+    assert len(server.requests) == 3
 
 
 async def test_cut_short_reply_says_so(server: ProviderServer, llm: OpenAICompatible) -> None:
     """A reply truncated at max_tokens says so in the error."""
-    server.script(*[Answer(text='{"facts": [', finish="length")] * 2)
+    server.script(*[Answer(text='{"facts": [', finish="length")] * 4)
     with pytest.raises(LLMError, match="cut short at max_tokens"):
         await llm.generate(semantic())
 

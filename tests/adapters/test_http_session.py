@@ -9,11 +9,11 @@ import pytest
 
 import mnemo
 from mnemo import NodeType
-from mnemo.adapters._http import Backoff
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.ports import LLM, Embedder
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import Fail, ProviderServer, rate_limited
 from tests.fakes import FakeEmbedder
 
@@ -74,20 +74,25 @@ async def test_session_through_openai_compatible(server: ProviderServer) -> None
 
 
 async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:
-    """With every third request rate-limited (429, Retry-After: 0), nothing is lost."""
+    """With every third request rate-limited and 6 calls per task, nothing is lost."""
+    # 6, not the default 3: concurrent tasks share the failures, so 3 could all land on one.
     server.every_nth_fails = 3
     server.flaky = rate_limited("0")
-    async with OpenAICompatible("m", base_url=server.openai_url, backoff=FAST) as llm:
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, backoff=FAST, max_retries=5
+    ) as llm:
         nodes = await run_session(llm, FakeEmbedder())
     assert_nothing_lost(nodes)
     assert server.statuses.count(429) >= 5
 
 
 async def test_flaky_5xx_provider_loses_nothing(server: ProviderServer) -> None:
-    """With every other request failing with a 503, nothing is lost either."""
+    """With every other request failing with a 503 and 6 calls per task, nothing is lost."""
     server.every_nth_fails = 2
     server.flaky = Fail(503, "try again")
-    async with OpenAICompatible("m", base_url=server.openai_url, backoff=FAST) as llm:
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, backoff=FAST, max_retries=5
+    ) as llm:
         nodes = await run_session(llm, FakeEmbedder())
     assert_nothing_lost(nodes)
 

@@ -18,8 +18,9 @@ import anyio
 import httpx
 import pytest
 
-from mnemo.adapters._http import Backoff, HTTPFailure, RateGate, Transport, parse_retry_after
+from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
+from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
     Answer,
     Fail,
@@ -102,8 +103,8 @@ async def test_retry_after_http_date_is_honoured(
 
 
 async def test_retry_after_is_capped(server: ProviderServer, clock: VirtualClock) -> None:
-    """A Retry-After beyond max_retry_after waits max_retry_after."""
-    server.script(rate_limited("3600"), Answer())
+    """A Retry-After beyond max_retry_after (within the task's seconds) waits max_retry_after."""
+    server.script(rate_limited("30"), Answer())
     backoff = Backoff(max_retry_after=5.0)
     async with transport(server.openai_url, clock, backoff=backoff) as t:
         await t.post_json("/chat/completions", PAYLOAD)

@@ -1,0 +1,218 @@
+"""The one retry policy of model calls, and the budget each task spends.
+
+A *task* is one thing mnemo asks of a model: one `ports.ask` (a request and the parsing of its
+reply), or one `generate` called on its own. Every model call made for a task is charged to one
+`Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
+
+| call | made by | counted in |
+| --- | --- | --- |
+| the first | transport (or the LLM, without one) | `calls` |
+| a retry: 408/409/429/5xx, connection error, timeout, cut body | transport | `calls`, `retries` |
+| a re-ask: the reply failed the request's schema | the adapter | `calls`, `re_asks` |
+| a re-ask: the task's parser rejected the reply | `ports.ask` | `calls`, `re_asks` |
+
+`RetryPolicy` sets the budget of one task:
+
+| limit | default | once reached |
+| --- | --- | --- |
+| `max_calls` | 3 | the last failure is raised: HTTP status, or validation problem |
+| `max_seconds` | 120 | no call starts and no wait begins that would end past it |
+
+So a `Retry-After` past the seconds left fails at once, and each HTTP attempt's timeout is cut to
+the seconds left. A single call of an LLM without a transport is not cut short (the caller's
+own `fail_after` bounds it); the budget is checked before each further call.
+
+Layers share the budget through a context variable: `ports.ask` opens it, and the adapter's
+`generate` (and `LimitedLLM`) join it instead of opening their own, so no layer multiplies
+another. The policy comes from the LLM (`retry_policy`, which every adapter has), else
+`RetryPolicy()`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import Literal, Protocol
+
+import anyio
+
+from mnemo.errors import InvalidInputError
+
+
+class Clock(Protocol):
+    """Monotonic time and sleeping: `SystemClock` in production, a virtual one in tests."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """`time.monotonic` and `anyio.sleep`."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)`.
+
+    "Full jitter" spreads the retries of many callers over the whole window, so they do not hit
+    a recovering provider in lockstep. A `Retry-After` header replaces the computed delay,
+    capped at `max_retry_after`.
+    """
+
+    base: float = 0.5
+    cap: float = 20.0
+    max_retry_after: float = 60.0
+    jitter: Callable[[], float] = field(default=random.random)
+
+    def delay(self, failures: int, retry_after: float | None) -> float:
+        """The wait after `failures` failed attempts (>= 1), given the server's Retry-After."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """The budget of one task (`max_calls` model calls and `max_seconds` in all, see the
+    module's table), the backoff between retries, and the clock that times both.
+
+    Raises:
+        InvalidInputError: `max_calls` below 1 or `max_seconds` not positive.
+    """
+
+    max_calls: int = 3
+    max_seconds: float = 120.0
+    backoff: Backoff = field(default_factory=Backoff)
+    clock: Clock = field(default_factory=SystemClock, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int) or (
+            self.max_calls < 1
+        ):
+            raise InvalidInputError(f"max_calls must be an integer >= 1, got {self.max_calls!r}")
+        if not (isinstance(self.max_seconds, int | float) and self.max_seconds > 0):
+            raise InvalidInputError(f"max_seconds must be positive, got {self.max_seconds!r}")
+
+
+def policy_from(
+    retry: RetryPolicy | None,
+    *,
+    max_retries: int | None = None,
+    backoff: Backoff | None = None,
+    clock: Clock | None = None,
+) -> RetryPolicy:
+    """`retry` (default `RetryPolicy()`) with the adapters' shorthands applied: `max_retries`
+    (calls after the first, so `max_calls = max_retries + 1`), `backoff` and `clock`.
+
+    Raises:
+        InvalidInputError: a negative `max_retries`, or a bad policy.
+    """
+    policy = retry if retry is not None else RetryPolicy()
+    if max_retries is not None:
+        if max_retries < 0:
+            raise InvalidInputError(f"max_retries must be >= 0, got {max_retries!r}")
+        policy = replace(policy, max_calls=max_retries + 1)
+    if backoff is not None:
+        policy = replace(policy, backoff=backoff)
+    if clock is not None:
+        policy = replace(policy, clock=clock)
+    return policy
+
+
+Kind = Literal["retry", "re_ask"]
+
+
+class Budget:
+    """What one task has spent of its `RetryPolicy`, and may still spend.
+
+    `calls` counts every model call (first ones, retries and re-asks); `retries` and `re_asks`
+    count those two kinds. A layer about to make a retry or a re-ask says so (`next_call`),
+    and the layer that really sends the call `charge`s it.
+    """
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.started = policy.clock.now()
+        self.calls = 0
+        self.retries = 0
+        self.re_asks = 0
+        self._next: Kind | None = None
+
+    def seconds_left(self) -> float:
+        return self.policy.max_seconds - (self.policy.clock.now() - self.started)
+
+    def can_call(self) -> bool:
+        """Whether one more call is within the budget (calls and seconds)."""
+        return self.calls < self.policy.max_calls and self.seconds_left() > 0
+
+    def can_wait(self, seconds: float) -> bool:
+        """Whether a call after waiting `seconds` would still be within the budget."""
+        return self.calls < self.policy.max_calls and seconds < self.seconds_left()
+
+    def next_call(self, kind: Kind) -> None:
+        """Marks the next charged call as a retry or a re-ask."""
+        self._next = kind
+
+    def charge(self, *, retry: bool = False) -> None:
+        """Counts one call being sent (a retry when `retry`, else of the marked kind)."""
+        kind = "retry" if retry else self._next
+        self._next = None
+        self.calls += 1
+        if kind == "retry":
+            self.retries += 1
+        elif kind == "re_ask":
+            self.re_asks += 1
+
+    def counts(self) -> tuple[int, int, int]:
+        """(calls, retries, re_asks) so far."""
+        return self.calls, self.retries, self.re_asks
+
+    def charge_bare(self, before: tuple[int, int, int]) -> None:
+        """Charges one call if none was charged since `before`: an LLM without a transport
+        (the offline one, a test fake) made exactly one call per `generate`."""
+        if self.calls == before[0]:
+            self.charge()
+
+    def describe(self) -> str:
+        """The budget in words, for error messages."""
+        used = self.policy.clock.now() - self.started
+        return (
+            f"{self.calls} of {self.policy.max_calls} calls, {used:.1f} of "
+            f"{self.policy.max_seconds:g} s of the task's retry budget"
+        )
+
+
+_current: ContextVar[Budget | None] = ContextVar("mnemo_task_budget", default=None)
+
+
+@contextmanager
+def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
+    """The budget of the task running in this context: the one an outer layer opened (its
+    policy wins), else a new one for `policy`, current until the block ends."""
+    outer = _current.get()
+    if outer is not None:
+        yield outer
+        return
+    budget = Budget(policy)
+    token = _current.set(budget)
+    try:
+        yield budget
+    finally:
+        _current.reset(token)
+
+
+def policy_of(llm: object) -> RetryPolicy:
+    """The LLM's own `retry_policy` (every adapter has one), else the default."""
+    policy = getattr(llm, "retry_policy", None)
+    return policy if isinstance(policy, RetryPolicy) else RetryPolicy()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import mnemo
+from mnemo.graph import store
 from mnemo.inputs import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_QUERY_TERMS,
@@ -12,6 +13,7 @@ from mnemo.inputs import (
     check_text,
     query_terms,
 )
+from tests.conftest import REPO
 
 
 def test_config_default_bound() -> None:
@@ -72,3 +74,21 @@ def test_query_terms_of_many_distinct_words() -> None:
     kept = query_terms(words)
     assert len(kept) == MAX_QUERY_TERMS
     assert kept == sorted(kept, key=words.index)
+
+
+async def test_recall_of_5000_distinct_words_searches_capped_terms(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall query of 5,000 distinct words reaches FTS5 as at most MAX_QUERY_TERMS terms."""
+    generated: list[str] = []
+    original = store.fts_query
+
+    def spy(text: str) -> str:
+        generated.append(original(text))
+        return generated[-1]
+
+    monkeypatch.setattr(store, "fts_query", spy)
+    query = " ".join(f"term{i}" for i in range(5000))
+    await mem.recall(REPO, query)
+    assert generated
+    assert all(g.count(" OR ") + 1 <= MAX_QUERY_TERMS for g in generated)

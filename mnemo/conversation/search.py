@@ -25,9 +25,9 @@ from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.render import flat, reduced
 from mnemo.conversation.viewport import SNAPSHOT_COLUMNS, snapshot_from_row
 from mnemo.errors import NotFoundError
+from mnemo.inputs import query_terms
 
 OPERATORS = frozenset({"AND", "OR", "NOT"})
-MAX_QUERY_WORDS = 32
 POOL_FACTOR = 8
 MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
@@ -43,23 +43,27 @@ def match_expression(query: str) -> str:
     >>> match_expression('nginx "proxy" AND NOT port)')
     '"nginx" OR "proxy" NOT "port"'
     """
+    tokens = _WORD.findall(query)
+    # The words kept are chosen as graph recall chooses its terms (distinct, the longest past
+    # the cap), so a long query costs no more than `MAX_QUERY_TERMS` terms.
+    kept = {w.casefold() for w in query_terms(t for t in tokens if t not in OPERATORS)}
     parts: list[str] = []
     pending: str | None = None
-    words = 0
-    for token in _WORD.findall(query):
+    for token in tokens:
         if token in OPERATORS:
             # Operators only join two words: leading and trailing ones are dropped, and a run
             # of them keeps NOT if it has one (FTS5 has no "AND NOT"), else the last one.
             if parts:
                 pending = "NOT" if "NOT" in (token, pending) else token
             continue
-        if words == MAX_QUERY_WORDS:
-            break
+        if token.casefold() not in kept:
+            pending = None  # a dropped word takes the operator before it along
+            continue
+        kept.discard(token.casefold())
         if parts:
             parts.append(pending or "OR")
         parts.append(f'"{token}"')
         pending = None
-        words += 1
     return " ".join(parts)
 
 

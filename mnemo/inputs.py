@@ -49,7 +49,7 @@ def check_json(value: object, what: str, *, limit: int) -> str:
         InvalidInputError: not JSON-serialisable, or its JSON is longer than `limit`.
     """
     try:
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
     if len(text) > limit:

@@ -41,6 +41,7 @@ from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.graph.store import SqliteGraph
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
+from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.recall.engine import Recaller, RecallResult
 from mnemo.session.host import TaskHost
@@ -223,6 +224,11 @@ class Memory:
         if runtime is None:
             raise NotFoundError("repo", str(name))
         return runtime
+
+    def _max_chars(self, repo: str) -> int:
+        """The text bound of the repo's config, or of this Memory's for an unknown repo."""
+        runtime = self._repos.get(repo) if isinstance(repo, str) else None
+        return (runtime.config if runtime is not None else self._config).max_text_chars
 
     def _embedding(self, name: str) -> Runtime:
         """The repo's runtime, checked to embed in the repo's dimension.
@@ -489,11 +495,11 @@ class Memory:
         """The repo's memories most relevant to `query`, best first.
 
         Raises:
-            InvalidInputError: a blank query or a k below 1.
+            InvalidInputError: a blank query, one longer than the repo's
+                `Config.max_text_chars`, or a k below 1.
             NotFoundError: an unknown repo.
         """
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        check_text(query, "query", limit=self._max_chars(repo))
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._embedding(repo)
@@ -552,15 +558,20 @@ class Memory:
         self, repo: str, session_id: str, query: str, *, k: int = 10
     ) -> RecallResult:
         """`recall` with the session's goal and last 3 steps added to the query; an unknown or
-        idle session falls back to the plain query."""
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        idle session falls back to the plain query. The context is cut to keep the whole
+        within the repo's `Config.max_text_chars`.
+
+        Raises:
+            InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
+        """
+        limit = self._max_chars(repo)
+        check_text(query, "query", limit=limit)
         try:
             context = self._service.context(session_id, steps=3)
         except NotFoundError:
             context = None
         if context is not None:
-            query = "\n".join([query, context.goal, *context.recent_steps])
+            query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
         return await self.recall(repo, query, k=k)
 
 

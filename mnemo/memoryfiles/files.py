@@ -31,6 +31,7 @@ import anyio.to_thread
 from mnemo.adapters import _text
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMTimeout
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
@@ -104,10 +105,12 @@ class MemoryFiles:
     files one statement on request; `list` and `recall` read them back.
 
     `clock` (UTC `datetime`s) stamps `updated` and `used`; tests inject one.
+    `max_text_chars` bounds every text given (a statement, a query, each history message), as
+    `Config.max_text_chars` does for `Memory`.
 
     Raises:
-        InvalidInputError: `max_chars` is not an int of at least 20, or `min_iterations` not a
-            non-negative int.
+        InvalidInputError: `max_chars` is not an int of at least 20, `min_iterations` not a
+            non-negative int, or `max_text_chars` not a positive int.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class MemoryFiles:
         max_chars: int = 4000,
         min_iterations: int = 10,
         clock: Callable[[], datetime] | None = None,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
     ) -> None:
         if not _is_int(max_chars) or max_chars < MIN_MAX_CHARS:
             raise InvalidInputError(
@@ -126,6 +130,11 @@ class MemoryFiles:
             raise InvalidInputError(
                 f"min_iterations must be a non-negative int, got {min_iterations!r}"
             )
+        if not _is_int(max_text_chars) or max_text_chars < 1:
+            raise InvalidInputError(
+                f"max_text_chars must be a positive int, got {max_text_chars!r}"
+            )
+        self.max_text_chars = max_text_chars
         self.directory = Path(directory)
         self.max_chars = max_chars
         self.min_iterations = min_iterations
@@ -153,11 +162,10 @@ class MemoryFiles:
         words matches nothing.
 
         Raises:
-            InvalidInputError: `query` is not a string or is blank, or `limit` is not a
-                positive int.
+            InvalidInputError: `query` is not a string, is blank or is longer than
+                `max_text_chars`, or `limit` is not a positive int.
         """
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError("query must be a non-blank string")
+        check_text(query, "query", limit=self.max_text_chars)
         if not _is_int(limit) or limit < 1:
             raise InvalidInputError(f"limit must be a positive int, got {limit!r}")
         wanted = _stems(query)
@@ -204,7 +212,7 @@ class MemoryFiles:
         try:
             if is_subagent or iterations < self.min_iterations:
                 return MemoryUpdate()
-            conversation = _conversation(history)
+            conversation = _conversation(history, self.max_text_chars)
             if not conversation:
                 return MemoryUpdate()
             metered = _Metered(llm if llm is not None else OfflineLLM())
@@ -238,7 +246,8 @@ class MemoryFiles:
         bounded by `max_chars` like any other write.
 
         Raises:
-            InvalidInputError: `what` is not a string, or has no words (blank, or only punctuation).
+            InvalidInputError: `what` is not a string, has no words (blank, or only
+                punctuation), or is longer than `max_text_chars`.
             LLMError: the LLM failed or kept answering something unusable.
             LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` seconds.
             OSError: the file could not be written (the old file is left intact).
@@ -246,6 +255,7 @@ class MemoryFiles:
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
+        check_text(what, "what", limit=self.max_text_chars)
         statement = " ".join(what.split())
         stored = await anyio.to_thread.run_sync(self._scan)
         request = memory_persist_request(
@@ -479,7 +489,7 @@ def _content_text(content: object) -> str:
     return ""
 
 
-def _conversation(history: object) -> builtins.list[dict[str, str]]:
+def _conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     """The user and assistant messages of `history` that carry text, newest within budget.
 
     System messages are left out on purpose: an agent's system prompt usually holds the
@@ -487,15 +497,19 @@ def _conversation(history: object) -> builtins.list[dict[str, str]]:
     tool output is none of the four signals.
 
     Raises:
-        InvalidInputError: `history` is not a list of messages.
+        InvalidInputError: `history` is not a list of messages, or a message's text is longer
+            than `limit`.
     """
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
     messages: builtins.list[dict[str, str]] = []
-    for message in history:
-        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+    for index, message in enumerate(history):
+        if not isinstance(message, Mapping):
             continue
-        text = _content_text(message.get("content")).strip()
+        text = check_text(_content_text(message.get("content")), f"history[{index}].content",
+                          limit=limit, blank_ok=True).strip()
+        if message.get("role") not in _ROLES:
+            continue
         if text:
             messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
     kept: builtins.list[dict[str, str]] = []

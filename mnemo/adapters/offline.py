@@ -14,7 +14,8 @@ segmentation, extraction and recall to work offline, not a substitute for one:
 - `reward`: 0.9 when what happened next reads as success ("works", "fixed", "thanks"), 0.2 when
   it reads as failure ("error", "failed", "not found"), 0.6 otherwise, 0.5 with nothing to read.
 - `semantic`: every informative declarative sentence of the observations and actions (4+ words,
-  2+ content words, not a question or a greeting), with leading filler stripped. A sentence that
+  2+ content words, not a question or a greeting), with leading filler stripped; past
+  `MAX_FACTS` (64) only the most informative of them, in order. A sentence that
   opens with "It/This/That/They" gets the subgoal's key phrase as its topic instead of the
   pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"): a crude stand-in for
   coreference resolution, which is what makes the fact readable on its own.
@@ -407,7 +408,20 @@ def _semantic(inputs: dict[str, Any]) -> LLMResponse:
                         "steps": [index],
                     }
                 )
+    if len(facts) > MAX_FACTS:
+        # A trajectory's facts are linked pairwise (SIBLING): 489 facts from one 32,000-
+        # character observation made 119,000 links and blocked the commit. Keep the most
+        # informative, in their order.
+        ranked = sorted(
+            range(len(facts)), key=lambda i: (-_sentence_score(facts[i]["proposition"]), i)
+        )
+        facts = [facts[i] for i in sorted(ranked[:MAX_FACTS])]
     return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
+
+
+# The most facts one "semantic" answer holds; a model asked for the facts worth remembering
+# gives a handful per trajectory, not one per sentence of a long tool output.
+MAX_FACTS = 64
 
 
 # ---- procedural ---------------------------------------------------------------------------

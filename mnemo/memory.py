@@ -288,7 +288,8 @@ class Memory:
         """Opens a session collecting its first episode towards `goal`; returns its id.
 
         Raises:
-            InvalidInputError: a blank goal or a config that is not a `Config`.
+            InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, or a
+                config that is not a `Config`.
             NotFoundError: an unknown repo.
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
@@ -327,7 +328,8 @@ class Memory:
         """Annotates and stores one step; returns once it is durable.
 
         Raises:
-            InvalidInputError: observation or action is not a string.
+            InvalidInputError: observation or action is not a string or is longer than the
+                session's `Config.max_text_chars` (metadata: its JSON); no step was added.
             SessionError: the session is not collecting.
             LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
         """
@@ -532,7 +534,8 @@ class Memory:
         once.
 
         Raises:
-            InvalidInputError: a malformed trajectory or source id.
+            InvalidInputError: a malformed trajectory or source id, or a goal, observation,
+                action or metadata (as JSON) longer than the repo's `Config.max_text_chars`.
             NotFoundError: an unknown repo.
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
@@ -634,7 +637,8 @@ class Memory:
         """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
 
         Raises:
-            InvalidInputError: a blank thread id or description.
+            InvalidInputError: a blank thread id, or a blank description or one longer than
+                `Config.max_text_chars`.
         """
         return await self._conversations.add_goal(thread_id, description)
 
@@ -662,7 +666,8 @@ class Memory:
         what that thread's viewport already shows (from its boundary on, and its pins).
 
         Raises:
-            InvalidInputError: a blank query, or a limit outside 1..100.
+            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
+                limit outside 1..100.
         """
         return await self._conversations.search_messages(
             query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of

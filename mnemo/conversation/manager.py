@@ -89,8 +89,9 @@ class ConversationManager:
         boundary exceed it.
 
         Raises:
-            InvalidInputError: a blank thread id or a malformed message (naming it), raised
-                before anything is stored.
+            InvalidInputError: a blank thread id or a malformed message (naming it), or one
+                whose text or other keys (as JSON) are longer than the Memory's
+                `Config.max_text_chars`, raised before anything is stored.
             ConflictError: another process wrote to the thread at the same time.
         """
         check_thread_id(thread_id)
@@ -132,7 +133,8 @@ class ConversationManager:
         A blank `query` counts as none (`Semantic` then returns the last k messages).
 
         Raises:
-            InvalidInputError: a blank thread id, or a query that is not a string.
+            InvalidInputError: a blank thread id, or a query that is not a string or is
+                longer than `Config.max_text_chars`.
             EmbeddingError: `Semantic` with a query, and embedding failed.
         """
         check_thread_id(thread_id)

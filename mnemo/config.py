@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo.errors import InvalidInputError
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,9 @@ class Config:
     value_weight: float = 0.25
     decay_threshold: float = 0.1
     consolidate_threshold: float = 0.85
+    # The longest observation, action, goal, message, query or statement accepted (and the
+    # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):
@@ -117,7 +121,7 @@ class Config:
                 raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")
         for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k",
                      "recall_top_k_semantic", "recall_top_k_episodic",
-                     "recall_top_k_procedural"):
+                     "recall_top_k_procedural", "max_text_chars"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")

@@ -41,6 +41,7 @@ from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.graph.store import SqliteGraph
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
+from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.recall.engine import Recaller, RecallResult
 from mnemo.session.host import TaskHost
@@ -225,6 +226,11 @@ class Memory:
             raise NotFoundError("repo", str(name))
         return runtime
 
+    def _max_chars(self, repo: str) -> int:
+        """The text bound of the repo's config, or of this Memory's for an unknown repo."""
+        runtime = self._repos.get(repo) if isinstance(repo, str) else None
+        return (runtime.config if runtime is not None else self._config).max_text_chars
+
     def _embedding(self, name: str) -> Runtime:
         """The repo's runtime, checked to embed in the repo's dimension.
 
@@ -283,7 +289,8 @@ class Memory:
         """Opens a session collecting its first episode towards `goal`; returns its id.
 
         Raises:
-            InvalidInputError: a blank goal or a config that is not a `Config`.
+            InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, or a
+                config that is not a `Config`.
             NotFoundError: an unknown repo.
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
@@ -322,7 +329,8 @@ class Memory:
         """Annotates and stores one step; returns once it is durable.
 
         Raises:
-            InvalidInputError: observation or action is not a string.
+            InvalidInputError: observation or action is not a string or is longer than the
+                session's `Config.max_text_chars` (metadata: its JSON); no step was added.
             SessionError: the session is not collecting.
             LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
         """
@@ -490,11 +498,11 @@ class Memory:
         """The repo's memories most relevant to `query`, best first.
 
         Raises:
-            InvalidInputError: a blank query or a k below 1.
+            InvalidInputError: a blank query, one longer than the repo's
+                `Config.max_text_chars`, or a k below 1.
             NotFoundError: an unknown repo.
         """
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        check_text(query, "query", limit=self._max_chars(repo))
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._embedding(repo)
@@ -527,7 +535,8 @@ class Memory:
         once.
 
         Raises:
-            InvalidInputError: a malformed trajectory or source id.
+            InvalidInputError: a malformed trajectory or source id, or a goal, observation,
+                action or metadata (as JSON) longer than the repo's `Config.max_text_chars`.
             NotFoundError: an unknown repo.
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
@@ -553,15 +562,20 @@ class Memory:
         self, repo: str, session_id: str, query: str, *, k: int = 10
     ) -> RecallResult:
         """`recall` with the session's goal and last 3 steps added to the query; an unknown or
-        idle session falls back to the plain query."""
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        idle session falls back to the plain query. The context is cut to keep the whole
+        within the repo's `Config.max_text_chars`.
+
+        Raises:
+            InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
+        """
+        limit = self._max_chars(repo)
+        check_text(query, "query", limit=limit)
         try:
             context = self._service.context(session_id, steps=3)
         except NotFoundError:
             context = None
         if context is not None:
-            query = "\n".join([query, context.goal, *context.recent_steps])
+            query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
         return await self.recall(repo, query, k=k)
 
 
@@ -624,7 +638,8 @@ class Memory:
         """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
 
         Raises:
-            InvalidInputError: a blank thread id or description.
+            InvalidInputError: a blank thread id, or a blank description or one longer than
+                `Config.max_text_chars`.
         """
         return await self._conversations.add_goal(thread_id, description)
 
@@ -653,7 +668,8 @@ class Memory:
         while eviction keeps up); pinned messages stay findable.
 
         Raises:
-            InvalidInputError: a blank query, or a limit outside 1..100.
+            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
+                limit outside 1..100.
         """
         return await self._conversations.search_messages(
             query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of

@@ -14,7 +14,8 @@ segmentation, extraction and recall to work offline, not a substitute for one:
 - `reward`: 0.9 when what happened next reads as success ("works", "fixed", "thanks"), 0.2 when
   it reads as failure ("error", "failed", "not found"), 0.6 otherwise, 0.5 with nothing to read.
 - `semantic`: every informative declarative sentence of the observations and actions (4+ words,
-  2+ content words, not a question or a greeting), with leading filler stripped. A sentence that
+  2+ content words, not a question or a greeting), with leading filler stripped; past
+  `MAX_FACTS` (64) only the most informative of them, in order. A sentence that
   opens with "It/This/That/They" gets the subgoal's key phrase as its topic instead of the
   pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"): a crude stand-in for
   coreference resolution, which is what makes the fact readable on its own.
@@ -54,6 +55,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
+import anyio.to_thread
 
 from mnemo.adapters import _text
 from mnemo.errors import LLMError
@@ -168,11 +172,33 @@ class OfflineLLM:
     """
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Answers `request` from its inputs, with zero usage."""
+        """Answers `request` from its inputs, with zero usage.
+
+        A long request is answered in a worker thread, so the event loop keeps running and a
+        `fail_after` around the call can fire (the thread then finishes on its own).
+        """
         handler = _HANDLERS.get(request.task)
         if handler is None:
             raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
-        return handler(task_inputs(request))
+        if _request_chars(request) < OFF_LOOP_CHARS:
+            return handler(task_inputs(request))
+        return await anyio.to_thread.run_sync(_answer, handler, request, abandon_on_cancel=True)
+
+
+# The heuristics cost about 0.4 µs per character of a request, a thread hop about 100 µs: past
+# this size (about 1.5 ms of work) the hop is worth it. Issue 9: 25,000 sentences kept the
+# loop blocked for minutes, so no `wait_for` could fire.
+OFF_LOOP_CHARS = 4_000
+
+
+def _request_chars(request: LLMRequest) -> int:
+    return sum(
+        len(content) for m in request.messages if isinstance(content := m.get("content"), str)
+    )
+
+
+def _answer(handler: Callable[[dict[str, Any]], LLMResponse], request: LLMRequest) -> LLMResponse:
+    return handler(task_inputs(request))
 
 
 # ---- typed access to the JSON inputs -------------------------------------------------------
@@ -386,7 +412,20 @@ def _semantic(inputs: dict[str, Any]) -> LLMResponse:
                         "steps": [index],
                     }
                 )
+    if len(facts) > MAX_FACTS:
+        # A trajectory's facts are linked pairwise (SIBLING): 489 facts from one 32,000-
+        # character observation made 119,000 links and blocked the commit. Keep the most
+        # informative, in their order.
+        ranked = sorted(
+            range(len(facts)), key=lambda i: (-_sentence_score(facts[i]["proposition"]), i)
+        )
+        facts = [facts[i] for i in sorted(ranked[:MAX_FACTS])]
     return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
+
+
+# The most facts one "semantic" answer holds; a model asked for the facts worth remembering
+# gives a handful per trajectory, not one per sentence of a long tool output.
+MAX_FACTS = 64
 
 
 # ---- procedural ---------------------------------------------------------------------------

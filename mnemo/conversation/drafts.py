@@ -17,6 +17,7 @@ from typing import Any
 
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,13 @@ def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
     return messages
 
 
-def draft(message: Mapping[str, Any], index: int) -> MessageDraft:
+def draft(
+    message: Mapping[str, Any], index: int, *, limit: int = DEFAULT_MAX_TEXT_CHARS
+) -> MessageDraft:
     """Checks one message and prepares its row.
+
+    Its text (the content with its tool calls, what search and the embedder see) and its
+    other keys as JSON must each fit in `limit` characters (`Config.max_text_chars`).
 
     Raises:
         InvalidInputError: naming the message and the offending key.
@@ -101,7 +107,9 @@ def draft(message: Mapping[str, Any], index: int) -> MessageDraft:
         data = json.loads(json.dumps(data, sort_keys=True, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{where} is not JSON-serialisable: {exc}") from exc
-    text = search_text(content, calls or [])
+    text = check_text(search_text(content, calls or []), f"{where}.content", limit=limit,
+                      blank_ok=True)
+    check_json({k: v for k, v in data.items() if k != "content"}, where, limit=limit)
     return MessageDraft(role, content, data, text, count_tokens(text) + MESSAGE_OVERHEAD)
 
 

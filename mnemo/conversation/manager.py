@@ -27,6 +27,7 @@ from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
 from mnemo.conversation.selection import top_k, with_tool_pairs
 from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.inputs import check_text
 from mnemo.ports import ask
 
 if TYPE_CHECKING:
@@ -89,8 +90,9 @@ class ConversationManager:
         boundary message would leave the viewport).
 
         Raises:
-            InvalidInputError: a blank thread id or a malformed message (naming it), raised
-                before anything is stored.
+            InvalidInputError: a blank thread id or a malformed message (naming it), or one
+                whose text or other keys (as JSON) are longer than the Memory's
+                `Config.max_text_chars`, raised before anything is stored.
             ConflictError: another process wrote to the thread at the same time.
         """
         check_thread_id(thread_id)
@@ -101,7 +103,10 @@ class ConversationManager:
             stored = state.history_len if state else 0
             if len(history) <= stored:
                 return []
-            drafts = [draft(m, stored + i) for i, m in enumerate(history[stored:])]
+            limit = service.max_text_chars
+            drafts = [
+                draft(m, stored + i, limit=limit) for i, m in enumerate(history[stored:])
+            ]
             blobs: list[bytes] | None = None
             if isinstance(self.retrieval, Semantic):
                 try:
@@ -129,12 +134,15 @@ class ConversationManager:
         A blank `query` counts as none (`Semantic` then returns the last k messages).
 
         Raises:
-            InvalidInputError: a blank thread id, or a query that is not a string.
+            InvalidInputError: a blank thread id, or a query that is not a string or is
+                longer than `Config.max_text_chars`.
             EmbeddingError: `Semantic` with a query, and embedding failed.
         """
         check_thread_id(thread_id)
         if query is not None and not isinstance(query, str):
             raise InvalidInputError(f"query must be a string or None, got {type(query).__name__}")
+        if query is not None:
+            check_text(query, "query", limit=self._service.max_text_chars, blank_ok=True)
         await self._expire(thread_id)
         service = self._service
         if isinstance(self.retrieval, Semantic):
@@ -174,6 +182,7 @@ class ConversationManager:
             raise InvalidInputError(
                 f"summary_text must be a non-blank string, got {summary_text!r}"
             )
+        check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
         async with self._service.thread_lock(thread_id):
             return await self._service.log.add_compaction(
                 thread_id, start_seq, end_seq, summary_text, self._clock()

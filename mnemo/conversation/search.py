@@ -25,8 +25,8 @@ from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.render import flat, reduced
 from mnemo.conversation.viewport import SNAPSHOT_COLUMNS, snapshot_from_row
 from mnemo.errors import NotFoundError
+from mnemo.inputs import query_terms
 
-MAX_QUERY_WORDS = 32
 POOL_FACTOR = 8
 MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
@@ -42,8 +42,9 @@ def match_expression(query: str) -> str:
     >>> match_expression('nginx "proxy" AND NOT port)')
     '"nginx" OR "proxy" OR "AND" OR "NOT" OR "port"'
     """
-    words = _WORD.findall(query)[:MAX_QUERY_WORDS]
-    return " OR ".join(f'"{word}"' for word in words)
+    # Distinct words, capped as graph recall caps its terms (the longest past the cap), so a
+    # long query costs no more than `MAX_QUERY_TERMS` terms; AND, OR and NOT are words too.
+    return " OR ".join(f'"{word}"' for word in query_terms(_WORD.findall(query)))
 
 
 def recency_weight(age_seconds: float) -> float:

@@ -45,6 +45,7 @@ from mnemo.conversation.viewport import needs_eviction, read_viewport
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
+from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.storage.db import Database
 
@@ -99,6 +100,8 @@ class ConversationService:
         self.llm = llm
         self.embedder = embedder
         self.timeout = config.extraction_timeout
+        # Threads belong to no repo: the Memory's config bounds their texts.
+        self.max_text_chars = config.max_text_chars
         self.events = events
         self.clock = clock
         self.evictor = Evictor(
@@ -237,8 +240,7 @@ class ConversationService:
     async def add_goal(self, thread_id: str, description: str) -> str:
         """See `Memory.add_goal`."""
         check_thread_id(thread_id)
-        if not isinstance(description, str) or not description.strip():
-            raise InvalidInputError(f"description must be a non-blank string, got {description!r}")
+        check_text(description, "description", limit=self.max_text_chars)
         return await self.goals.add(thread_id, description.strip(), self.clock())
 
     async def complete_goal(self, goal_id: str) -> None:
@@ -258,8 +260,7 @@ class ConversationService:
         exclude_viewport_of: str | None,
     ) -> list[SearchHit]:
         """See `Memory.search_messages`."""
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError(f"query must be a non-blank string, got {query!r}")
+        check_text(query, "query", limit=self.max_text_chars)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
             check_thread_id(thread_id)

@@ -38,6 +38,7 @@ from mnemo.graph.model import (
     vector_to_blob,
 )
 from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.inputs import query_terms
 from mnemo.storage.db import Database
 
 # A write that must land in the same transaction as a commit.
@@ -93,8 +94,9 @@ class GraphStore(Protocol):
 
 
 def fts_query(text: str) -> str:
-    """A safe FTS5 query for any user text: each word quoted, OR-combined ('' if none)."""
-    words = _WORD.findall(text)
+    """A safe FTS5 query for any user text: each distinct word quoted, OR-combined, at most
+    `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow with its length."""
+    words = query_terms(_WORD.findall(text))
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 

@@ -25,6 +25,7 @@ from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
 from mnemo.graph.store import IntentPolicy, SqliteGraph
 from mnemo.ingest.model import IngestReceipt, Trajectory
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.storage.db import Database
 
@@ -45,34 +46,34 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def payload_of(trajectory: Trajectory) -> str:
+def payload_of(trajectory: Trajectory, *, limit: int = DEFAULT_MAX_TEXT_CHARS) -> str:
     """The canonical JSON of what identifies an ingest's payload.
 
     Raises:
-        InvalidInputError: a field has the wrong type or is not JSON-serialisable.
+        InvalidInputError: a field has the wrong type or is not JSON-serialisable, or a text
+            (the goal, an observation, an action, a metadata's JSON) is longer than `limit`.
     """
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
             f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}"
         )
-    if not isinstance(trajectory.goal, str) or not trajectory.goal.strip():
-        raise InvalidInputError(f"trajectory.goal must be a non-blank string, got "
-                                f"{trajectory.goal!r}")
+    check_text(trajectory.goal, "trajectory.goal", limit=limit)
     steps: list[dict[str, Any]] = []
     for i, step in enumerate(trajectory.steps):
         for name in ("observation", "action"):
-            value = getattr(step, name, None)
-            if not isinstance(value, str):
-                raise InvalidInputError(
-                    f"trajectory.steps[{i}].{name} must be a string, got {type(value).__name__}"
-                )
+            check_text(getattr(step, name, None), f"trajectory.steps[{i}].{name}", limit=limit,
+                       blank_ok=True)
         if step.metadata is not None and not isinstance(step.metadata, dict):
             raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
+        if step.metadata is not None:
+            check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
         steps.append(
             {"observation": step.observation, "action": step.action, "metadata": step.metadata}
         )
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
+    if trajectory.metadata is not None:
+        check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
     try:
         return json.dumps(
             {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
@@ -107,9 +108,9 @@ class IngestService:
         """
         if not isinstance(source_id, str) or not source_id.strip():
             raise InvalidInputError(f"source_id must be a non-blank string, got {source_id!r}")
-        payload = payload_of(trajectory)
-        digest = hashlib.sha256(payload.encode()).hexdigest()
         runtime = self._runtime(repo)
+        payload = payload_of(trajectory, limit=runtime.config.max_text_chars)
+        digest = hashlib.sha256(payload.encode()).hexdigest()
         key = (repo, source_id)
         running = self._inflight.get(key)
         if running is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mnemo.adapters import _text
 from mnemo.errors import InvalidInputError
+from mnemo.inputs import check_text
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.memoryfiles.prompts import TopicChange
@@ -51,7 +52,7 @@ def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
     return ordered
 
 
-def conversation(history: object) -> builtins.list[dict[str, str]]:
+def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     """The user and assistant messages of `history` that carry text, newest within budget.
 
     System messages are left out on purpose: an agent's system prompt usually holds the
@@ -59,15 +60,19 @@ def conversation(history: object) -> builtins.list[dict[str, str]]:
     tool output is none of the four signals.
 
     Raises:
-        InvalidInputError: `history` is not a list of messages.
+        InvalidInputError: `history` is not a list of messages, or a message's text is longer
+            than `limit`.
     """
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
     messages: builtins.list[dict[str, str]] = []
-    for message in history:
-        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+    for index, message in enumerate(history):
+        if not isinstance(message, Mapping):
             continue
-        text = content_text(message.get("content")).strip()
+        text = check_text(content_text(message.get("content")), f"history[{index}].content",
+                          limit=limit, blank_ok=True).strip()
+        if message.get("role") not in _ROLES:
+            continue
         if text:
             messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
     kept: builtins.list[dict[str, str]] = []

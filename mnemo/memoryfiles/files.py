@@ -28,6 +28,7 @@ import anyio.to_thread
 
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
 from mnemo.memoryfiles import _disk, _format, _select
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
@@ -95,10 +96,12 @@ class MemoryFiles:
     `recall` still read).
 
     `clock` (UTC `datetime`s) stamps `updated` and `used`; tests inject one.
+    `max_text_chars` bounds every text given (a statement, a query, each history message), as
+    `Config.max_text_chars` does for `Memory`.
 
     Raises:
-        InvalidInputError: `max_chars` is not an int of at least 20, or `min_iterations` not a
-            non-negative int.
+        InvalidInputError: `max_chars` is not an int of at least 20, `min_iterations` not a
+            non-negative int, or `max_text_chars` not a positive int.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class MemoryFiles:
         min_iterations: int = 10,
         enabled: bool = True,
         clock: Callable[[], datetime] | None = None,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
     ) -> None:
         if not _is_int(max_chars) or max_chars < MIN_MAX_CHARS:
             raise InvalidInputError(
@@ -118,6 +122,11 @@ class MemoryFiles:
             raise InvalidInputError(
                 f"min_iterations must be a non-negative int, got {min_iterations!r}"
             )
+        if not _is_int(max_text_chars) or max_text_chars < 1:
+            raise InvalidInputError(
+                f"max_text_chars must be a positive int, got {max_text_chars!r}"
+            )
+        self.max_text_chars = max_text_chars
         self.directory = Path(directory)
         self.max_chars = max_chars
         self.min_iterations = min_iterations
@@ -146,11 +155,10 @@ class MemoryFiles:
         words matches nothing.
 
         Raises:
-            InvalidInputError: `query` is not a string or is blank, or `limit` is not a
-                positive int.
+            InvalidInputError: `query` is not a string, is blank or is longer than
+                `max_text_chars`, or `limit` is not a positive int.
         """
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidInputError("query must be a non-blank string")
+        check_text(query, "query", limit=self.max_text_chars)
         if not _is_int(limit) or limit < 1:
             raise InvalidInputError(f"limit must be a positive int, got {limit!r}")
         wanted = _select.stems(query)
@@ -202,7 +210,7 @@ class MemoryFiles:
                 return MemoryUpdate(skipped="disabled")
             if is_subagent or iterations < self.min_iterations:
                 return MemoryUpdate()
-            conversation = _select.conversation(history)
+            conversation = _select.conversation(history, self.max_text_chars)
             if not conversation:
                 return MemoryUpdate()
             metered = _Metered(llm if llm is not None else OfflineLLM())
@@ -243,7 +251,8 @@ class MemoryFiles:
         `"disabled"`.
 
         Raises:
-            InvalidInputError: `what` is not a string, or has no words (blank, or only punctuation).
+            InvalidInputError: `what` is not a string, has no words (blank, or only
+                punctuation), or is longer than `max_text_chars`.
             LLMError: the LLM failed or kept answering something unusable.
             LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` seconds.
             OSError: the file could not be written (the old file is left intact).
@@ -251,6 +260,7 @@ class MemoryFiles:
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
+        check_text(what, "what", limit=self.max_text_chars)
         if not self.enabled:
             return MemoryFile("", "", self.directory, self._now(), "", skipped="disabled")
         statement = " ".join(what.split())

@@ -40,6 +40,7 @@ from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.store import IntentPolicy, SqliteGraph
+from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder, ask
 from mnemo.session.machine import Machines, Move, Refuse, SessionModel, Stale, State, answer
 from mnemo.session.queue import (
@@ -153,12 +154,14 @@ class _Session:
         self.changed = anyio.Event()
 
 
-def _check_text(value: object, what: str, *, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-    if not allow_empty and not value.strip():
-        raise InvalidInputError(f"{what} must not be blank")
-    return value
+def _check_step(
+    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
+) -> None:
+    """Raises InvalidInputError for a step past `config.max_text_chars` (metadata: as JSON)."""
+    check_text(observation, "observation", limit=config.max_text_chars, blank_ok=True)
+    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
+    if metadata is not None:
+        check_json(metadata, "metadata", limit=config.max_text_chars)
 
 
 class SessionService:
@@ -269,7 +272,7 @@ class SessionService:
     async def start_session(
         self, goal: str, *, repo: str, override: Runtime | None, config: Config
     ) -> str:
-        _check_text(goal, "goal")
+        check_text(goal, "goal", limit=config.max_text_chars)
         session_id = f"session_{uuid.uuid4().hex}"
         episode = EpisodeRecord(f"episode_{uuid.uuid4().hex}", goal)
         await self._store.create_session(session_id, repo, config, episode)
@@ -321,19 +324,18 @@ class SessionService:
     # ---- the sync calls ----------------------------------------------------------------------
 
     async def start_episode(self, session_id: str, goal: str) -> None:
-        _check_text(goal, "goal")
         session = self._get(session_id)
+        check_text(goal, "goal", limit=session.config.max_text_chars)
         self._refuse_unless(session, "start_episode")
         await self._do_start_episode(session, goal)
 
     async def append(
         self, session_id: str, observation: str, action: str, metadata: dict[str, Any] | None
     ) -> StepInfo:
-        _check_text(observation, "observation", allow_empty=True)
-        _check_text(action, "action", allow_empty=True)
         if metadata is not None and not isinstance(metadata, dict):
             raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
         session = self._get(session_id)
+        _check_step(session.config, observation, action, metadata)
         self._refuse_unless(session, "append")
         session.appends_in_flight += 1
         ticket = session.turnstile.take()
@@ -412,6 +414,10 @@ class SessionService:
                 "invalid_queued_operation" (API.md's queue rules).
         """
         session = self._get(session_id)
+        if kind == "append":
+            _check_step(session.config, args[0], args[1], None)
+        elif kind == "start_episode":
+            check_text(args[0], "goal", limit=session.config.max_text_chars)
         if session.state is S.FAILED:
             raise SessionError("session_failed", state=session.state, session_id=session_id)
         op = Op(kind, args, callback)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import mnemo
 from mnemo.conversation.search import match_expression, recency_weight
 from mnemo.graph.model import now_utc
+from mnemo.inputs import MAX_QUERY_TERMS
 from tests.conversation._support import (
     ManualClock,
     OfflineFake,
@@ -179,3 +180,24 @@ async def test_view_messages_refuses(cmem: mnemo.Memory) -> None:
         with pytest.raises(mnemo.InvalidInputError):
             await cmem.view_messages(stored[0].id, radius=radius)
     assert (await cmem.view_messages(stored[0].id, radius=0)).messages == stored
+
+
+def test_match_expression_dedups_and_caps() -> None:
+    """Repeated words count once; a 5,000-word query keeps MAX_QUERY_TERMS distinct terms."""
+    assert match_expression("nginx Nginx proxy NGINX AND nginx") == '"nginx" OR "proxy" OR "AND"'
+    long_query = " ".join(f"w{i}" for i in range(5000))
+    expression = match_expression(long_query)
+    assert expression.count('"') == 2 * MAX_QUERY_TERMS
+    assert expression.count(" OR ") == MAX_QUERY_TERMS - 1
+
+
+def test_match_expression_keeps_the_longest_words_past_the_cap() -> None:
+    """Past the cap the shortest words are left out, operators' names included (they are
+    words like any other)."""
+    words = " ".join(f"longword{i}" for i in range(MAX_QUERY_TERMS - 1))
+    # 36 distinct words: the four shortest ("zz", "b", "OR", "NOT") are left out.
+    expression = match_expression(f"{words} zz NOT b OR gammaword")
+    assert expression.endswith(f'"longword{MAX_QUERY_TERMS - 2}" OR "gammaword"')
+    assert '"b"' not in expression
+    assert '"NOT"' not in expression
+    assert '"zz"' not in expression

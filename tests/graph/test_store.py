@@ -22,7 +22,8 @@ from mnemo.graph.model import (
     Vector,
     normalise_label,
 )
-from mnemo.graph.store import Neighbor, SqliteGraph
+from mnemo.graph.store import Neighbor, SqliteGraph, fts_query
+from mnemo.inputs import MAX_QUERY_TERMS
 from mnemo.storage.db import Database
 from tests.graph._support import DIM, REPO, Merger, at_cosine, axis, draft, policy, rounded
 
@@ -599,3 +600,10 @@ async def test_unrelated_repos_commit_independently(graph: SqliteGraph) -> None:
             tg.start_soon(apply, changeset)
     for repo in ("r1", "r2", "r3"):
         assert len(await graph.get_nodes_by_type(repo, [NodeType.TAG])) == 1
+
+
+def test_fts_query_dedups_and_caps_terms() -> None:
+    """fts_query keeps each word once (any case) and at most MAX_QUERY_TERMS of a long query."""
+    assert fts_query('Nginx port nginx PORT "x"') == '"Nginx" OR "port" OR "x"'
+    expression = fts_query(" ".join(f"word{i}" for i in range(5000)))
+    assert expression.count(" OR ") == MAX_QUERY_TERMS - 1

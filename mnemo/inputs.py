@@ -1,0 +1,78 @@
+"""Bounds on what callers hand mnemo: the size of every public text, and the terms of a query.
+
+Issue 9 (item 13): an unbounded observation was accepted and then kept the offline heuristics
+busy for minutes, and a recall query of 926 words became an FTS5 query of 926 OR terms (48 s
+in raw SQL). So every public text input is checked here against `Config.max_text_chars`
+before anything is stored, and every lexical query keeps at most `MAX_QUERY_TERMS` distinct
+terms: what a recall, a search or an extraction costs is then bounded by the input bound, not
+by what a caller sent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from mnemo.errors import InvalidInputError
+
+# About 8,000 tokens: a long tool output or several pages of text, while the worst input the
+# offline heuristics see still costs them tens of milliseconds (docs/DECISIONS.md).
+DEFAULT_MAX_TEXT_CHARS = 32_000
+# Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
+MAX_QUERY_TERMS = 32
+
+
+def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False) -> str:
+    """`value`, checked to be a string of at most `limit` characters (and not blank, unless
+    `blank_ok`).
+
+    Raises:
+        InvalidInputError: not a string, blank, or longer than `limit`.
+    """
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if not blank_ok and not value.strip():
+        raise InvalidInputError(f"{what} must not be blank")
+    if len(value) > limit:
+        raise InvalidInputError(
+            f"{what} is {len(value):,} characters long, more than the {limit:,} allowed "
+            "(Config.max_text_chars)"
+        )
+    return value
+
+
+def check_json(value: object, what: str, *, limit: int) -> str:
+    """The JSON text of `value` (keys sorted), checked to be at most `limit` characters: how
+    metadata is bounded, since it is stored and shown as that text.
+
+    Raises:
+        InvalidInputError: not JSON-serialisable, or its JSON is longer than `limit`.
+    """
+    try:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
+    if len(text) > limit:
+        raise InvalidInputError(
+            f"{what} is {len(text):,} characters long as JSON, more than the {limit:,} "
+            "allowed (Config.max_text_chars)"
+        )
+    return text
+
+
+def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
+    """The distinct words of a query (case-insensitively; the first spelling is kept), at
+    most `cap` of them, in query order.
+
+    Past the cap the longest words are kept (ties: the earlier one): without corpus
+    statistics, a word's length is the cheapest sign of how specific it is (frequent words are
+    short), and "the first 32" would let a long preamble push out the words that matter.
+    """
+    first: dict[str, tuple[int, str]] = {}
+    for position, word in enumerate(words):
+        first.setdefault(word.casefold(), (position, word))
+    distinct = list(first.values())
+    if len(distinct) > cap:
+        distinct = sorted(distinct, key=lambda item: (-len(item[1]), item[0]))[:cap]
+        distinct.sort()
+    return [word for _, word in distinct]

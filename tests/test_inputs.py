@@ -1,0 +1,264 @@
+"""The input bounds: `Config.max_text_chars`, the text and JSON checks, and query terms."""
+
+from __future__ import annotations
+
+import itertools
+import string
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import mnemo
+from mnemo import State
+from mnemo.graph import store
+from mnemo.inputs import (
+    DEFAULT_MAX_TEXT_CHARS,
+    MAX_QUERY_TERMS,
+    check_json,
+    check_text,
+    query_terms,
+)
+from tests.conftest import REPO
+from tests.fakes import open_test_memory
+
+
+def test_config_default_bound() -> None:
+    """Config.max_text_chars defaults to the documented bound and survives a JSON round trip."""
+    config = mnemo.Config()
+    assert config.max_text_chars == DEFAULT_MAX_TEXT_CHARS
+    assert mnemo.Config.from_json(mnemo.Config(max_text_chars=500).to_json()).max_text_chars == 500
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True, "100"])
+def test_config_rejects_bad_bound(bad: object) -> None:
+    """A max_text_chars that is not an integer >= 1 is an InvalidInputError."""
+    with pytest.raises(mnemo.InvalidInputError, match="max_text_chars"):
+        mnemo.Config(max_text_chars=bad)  # type: ignore[arg-type]
+
+
+def test_check_text_bound() -> None:
+    """A text of exactly the bound passes; one character more is refused, naming the bound."""
+    assert check_text("x" * 10, "goal", limit=10) == "x" * 10
+    with pytest.raises(mnemo.InvalidInputError, match=r"goal is 11 characters.*10 allowed"):
+        check_text("x" * 11, "goal", limit=10)
+
+
+def test_check_text_type_and_blank() -> None:
+    """Non-strings are refused; blank text only when it is not allowed."""
+    with pytest.raises(mnemo.InvalidInputError, match="must be a string"):
+        check_text(b"x", "observation", limit=10)
+    with pytest.raises(mnemo.InvalidInputError, match="blank"):
+        check_text("  ", "goal", limit=10)
+    assert check_text("", "action", limit=10, blank_ok=True) == ""
+
+
+def test_check_json_bound() -> None:
+    """Metadata is bounded by the length of its JSON; unserialisable metadata is refused."""
+    assert check_json({"a": 1}, "metadata", limit=8) == '{"a": 1}'
+    with pytest.raises(mnemo.InvalidInputError, match="as JSON"):
+        check_json({"a": "x" * 10}, "metadata", limit=8)
+    with pytest.raises(mnemo.InvalidInputError, match="JSON-serialisable"):
+        check_json({"a": object()}, "metadata", limit=100)
+
+
+def test_query_terms_dedup_case_insensitive() -> None:
+    """Repeated words count once, whatever their case; the first spelling is kept, in order."""
+    assert query_terms(["Nginx", "port", "NGINX", "nginx", "Port", "proxy"]) == [
+        "Nginx", "port", "proxy"
+    ]
+
+
+def test_query_terms_cap_keeps_longest_in_order() -> None:
+    """Past the cap the longest words stay (earlier first on ties), in query order."""
+    words = ["a", "bb", "ccc", "dd", "eeee", "f"]
+    assert query_terms(words, cap=3) == ["bb", "ccc", "eeee"]
+
+
+def test_query_terms_of_many_distinct_words() -> None:
+    """5,000 distinct words become MAX_QUERY_TERMS terms."""
+    words = [f"w{i}" for i in range(5000)]
+    kept = query_terms(words)
+    assert len(kept) == MAX_QUERY_TERMS
+    assert kept == sorted(kept, key=words.index)
+
+
+async def test_recall_of_5000_distinct_words_searches_capped_terms(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall query of 5,000 distinct words reaches FTS5 as at most MAX_QUERY_TERMS terms."""
+    generated: list[str] = []
+    original = store.fts_query
+
+    def spy(text: str) -> str:
+        generated.append(original(text))
+        return generated[-1]
+
+    monkeypatch.setattr(store, "fts_query", spy)
+    # Three-letter words: 5,000 of them fit in the default bound (20,000 characters).
+    query = " ".join("".join(w) for w in itertools.islice(
+        itertools.product(string.ascii_lowercase, repeat=3), 5000))
+    await mem.recall(REPO, query)
+    assert generated
+    assert all(g.count(" OR ") + 1 <= MAX_QUERY_TERMS for g in generated)
+
+
+# ---- every public text input, one character past the bound ----------------------------------
+
+LIMIT = 200
+LONG = "word " * 40 + "x"  # LIMIT + 1 characters
+FITS = "a statement that fits well within the bound of this test."
+
+
+@pytest.fixture
+async def small() -> AsyncIterator[mnemo.Memory]:
+    """A Memory (on the fakes) whose default Config allows texts of LIMIT characters."""
+    async with open_test_memory(config=mnemo.Config(max_text_chars=LIMIT)) as m:
+        await m.open_repo(REPO)
+        yield m
+
+
+def test_long_is_one_past_the_limit() -> None:
+    """The over-long text of these tests is exactly one character past the bound."""
+    assert len(LONG) == LIMIT + 1
+
+
+async def test_start_session_long_goal(small: mnemo.Memory) -> None:
+    """start_session with a goal past the bound raises and creates no session."""
+    with pytest.raises(mnemo.InvalidInputError, match="goal"):
+        await small.start_session(LONG, repo=REPO)
+    assert await small.list_sessions() == []
+
+
+@pytest.mark.parametrize(
+    ("observation", "action", "metadata"),
+    [(LONG, "go", None), ("look", LONG, None), ("look", "go", {"note": LONG})],
+)
+async def test_append_long_step(
+    small: mnemo.Memory, observation: str, action: str, metadata: dict[str, str] | None
+) -> None:
+    """append with an observation, action or metadata past the bound raises; no step is added."""
+    sid = await small.start_session("explore", repo=REPO)
+    with pytest.raises(mnemo.InvalidInputError):
+        await small.append(sid, observation, action, metadata=metadata)
+    with pytest.raises(mnemo.InvalidInputError):
+        await small.append_async(sid, observation if metadata is None else LONG, action)
+    context = await small.session_context(sid)
+    assert context is not None
+    assert context.recent_steps == []
+    assert await small.session_state(sid) is State.COLLECTING
+
+
+async def test_start_episode_long_goal(small: mnemo.Memory) -> None:
+    """start_episode(_async) with a goal past the bound raises; the session stays idle."""
+    sid = await small.start_session("explore", repo=REPO)
+    await small.close_and_commit(sid)
+    assert await small.session_state(sid) is State.IDLE
+    with pytest.raises(mnemo.InvalidInputError):
+        await small.start_episode(sid, LONG)
+    with pytest.raises(mnemo.InvalidInputError):
+        await small.start_episode_async(sid, LONG)
+    assert await small.session_state(sid) is State.IDLE
+
+
+async def test_session_config_governs_its_steps(small: mnemo.Memory) -> None:
+    """A session's own config sets its bound: a larger one accepts what the default refuses."""
+    sid = await small.start_session(
+        "explore", repo=REPO, config=mnemo.Config(max_text_chars=10 * LIMIT)
+    )
+    info = await small.append(sid, LONG, "go")
+    assert info.index == 0
+
+
+async def test_recall_long_query(small: mnemo.Memory) -> None:
+    """recall and recall_in_context with a query past the repo's bound raise."""
+    sid = await small.start_session("explore", repo=REPO)
+    with pytest.raises(mnemo.InvalidInputError, match="query"):
+        await small.recall(REPO, LONG)
+    with pytest.raises(mnemo.InvalidInputError, match="query"):
+        await small.recall_in_context(REPO, sid, LONG)
+
+
+async def test_recall_in_context_keeps_within_the_bound(small: mnemo.Memory) -> None:
+    """recall_in_context cuts the added context so that a query within the bound is served."""
+    sid = await small.start_session("g" * (LIMIT - 10), repo=REPO)
+    await small.append(sid, "o" * (LIMIT - 10), "a" * (LIMIT - 10))
+    result = await small.recall_in_context(REPO, sid, "q" * (LIMIT - 10))
+    assert len(result.query) == LIMIT
+
+
+@pytest.mark.parametrize(
+    "trajectory",
+    [
+        mnemo.Trajectory(LONG, [mnemo.Step("look", "go")]),
+        mnemo.Trajectory("explore", [mnemo.Step(LONG, "go")]),
+        mnemo.Trajectory("explore", [mnemo.Step("look", LONG)]),
+        mnemo.Trajectory("explore", [mnemo.Step("look", "go", {"note": LONG})]),
+        mnemo.Trajectory("explore", [mnemo.Step("look", "go")], {"note": LONG}),
+    ],
+)
+async def test_ingest_long_text(small: mnemo.Memory, trajectory: mnemo.Trajectory) -> None:
+    """ingest with any text (or metadata) past the bound raises and stores nothing."""
+    with pytest.raises(mnemo.InvalidInputError, match="trajectory"):
+        await small.ingest(REPO, trajectory, source_id="src")
+    assert await small.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+    fine = await small.ingest(REPO, mnemo.Trajectory("explore", []), source_id="src")
+    assert fine.created
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": LONG},
+        {"role": "user", "content": [{"type": "text", "text": LONG}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "1", "function": {"name": "f", "arguments": LONG}}]},
+        {"role": "user", "content": "hi", "extra": LONG},
+    ],
+)
+async def test_save_long_message(small: mnemo.Memory, message: dict[str, object]) -> None:
+    """save with a message past the bound raises and stores none of the history."""
+    threads = small.conversation()
+    with pytest.raises(mnemo.InvalidInputError, match=r"messages\[1\]"):
+        await threads.save("t", [{"role": "user", "content": FITS}, message])
+    assert await threads.raw("t") == []
+
+
+async def test_conversation_queries_and_goals(small: mnemo.Memory) -> None:
+    """search_messages, load, add_goal and save_compaction refuse texts past the bound."""
+    threads = small.conversation()
+    await threads.save("t", [{"role": "user", "content": FITS}])
+    with pytest.raises(mnemo.InvalidInputError, match="query"):
+        await small.search_messages(LONG)
+    with pytest.raises(mnemo.InvalidInputError, match="query"):
+        await threads.load("t", LONG)
+    with pytest.raises(mnemo.InvalidInputError, match="description"):
+        await small.add_goal("t", LONG)
+    with pytest.raises(mnemo.InvalidInputError, match="summary_text"):
+        await threads.save_compaction("t", 0, 0, LONG)
+    assert await threads.compactions("t") == []
+    assert (await small.viewport("t", token_budget=1000)).pinned == []
+
+
+async def test_memory_files_long_texts(tmp_path: Path) -> None:
+    """MemoryFiles refuses a statement or query past its bound; update reports it, writes none."""
+    files = mnemo.MemoryFiles(tmp_path, min_iterations=0, max_text_chars=LIMIT)
+    with pytest.raises(mnemo.InvalidInputError, match="what"):
+        await files.persist(LONG, llm=None)
+    with pytest.raises(mnemo.InvalidInputError, match="query"):
+        await files.recall(LONG)
+    update = await files.update(
+        [{"role": "user", "content": "We decided to use Postgres."},
+         {"role": "user", "content": LONG}],
+        llm=None, iterations=10,
+    )
+    assert update.error is not None
+    assert "InvalidInputError" in update.error
+    assert update.written == []
+    assert files.list() == []
+
+
+def test_memory_files_bound_validated(tmp_path: Path) -> None:
+    """MemoryFiles' max_text_chars must be a positive int."""
+    with pytest.raises(mnemo.InvalidInputError, match="max_text_chars"):
+        mnemo.MemoryFiles(tmp_path, max_text_chars=0)

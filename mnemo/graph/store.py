@@ -26,7 +26,13 @@ import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph import ann
-from mnemo.graph.dedup import IntentMerger, Resolution, remap_links, resolve_intents, resolve_tags
+from mnemo.graph.dedup import (
+    IntentMerger,
+    Resolution,
+    remap_links,
+    resolve_intents,
+    resolve_tags,
+)
 from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
@@ -43,6 +49,32 @@ from mnemo.storage.db import Database
 
 # A write that must land in the same transaction as a commit.
 AlsoWrite = Callable[[SqliteUtilsDatabase], None]
+
+# How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
+_MERGE_ROUNDS = 2
+
+
+class _Undecided(Exception):
+    """A merge that was not decided before the lock was taken."""
+
+
+def _has_intents(changeset: Changeset) -> bool:
+    return any(n.type is NodeType.INTENT for n in changeset.nodes)
+
+
+def _decided_merge(
+    decided: dict[tuple[str, str], tuple[str, Vector] | None], *, final: bool
+) -> IntentMerger:
+    """A merger that only looks up merges decided before the lock. An undecided one makes the
+    commit try again, or in the `final` round keeps the existing wording, as when a merge
+    fails."""
+
+    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
+        if (existing, new) not in decided and not final:
+            raise _Undecided
+        return decided.get((existing, new))
+
+    return merge
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -143,97 +175,147 @@ class SqliteGraph:
             ValueError: a vector is not of the repo's dimension; nothing was written.
         """
         repo = changeset.repo
-        async with self.lock(repo):
-            done = await self.receipt(changeset.id)
-            if done is not None:
-                if also:
-                    await self._database.run(lambda db: _run_in_transaction(db, also))
-                return done
-            index = await self._index(repo)
-            resolution = Resolution()
-            tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
-            resolve_tags(changeset.nodes, await self._tag_owners(repo, tag_keys), resolution)
-            await resolve_intents(
-                changeset.nodes,
-                index,
-                self._texts,
-                intents.merge,
-                identity_threshold=intents.identity_threshold,
-                merge_threshold=intents.merge_threshold,
-                out=resolution,
-            )
-            present = await self._present(repo, [n.id for n in changeset.nodes])
-            drafts = [
-                n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present
-            ]
-            links = remap_links(changeset.links, resolution)
-            created = now_utc().isoformat()
-            node_rows = []
-            for n in drafts:
-                text, vector = resolution.rewordings.get(n.id, (n.text, n.vector))
-                node_rows.append((n, text, vector))
-            receipt = CommitReceipt(changeset.id, repo, [n.id for n, _, _ in node_rows])
-            existing_rewordings = {
-                node_id: value
-                for node_id, value in resolution.rewordings.items()
-                if node_id not in {n.id for n in drafts}
-            }
-            # Checked before writing: a committed row of the wrong size would make every later
-            # load of this repo's index fail.
-            for node_id, vector in [(n.id, v) for n, _, v in node_rows] + [
-                (node_id, v) for node_id, (_, v) in existing_rewordings.items()
-            ]:
-                if np.shape(vector) != (index.dim,):
-                    raise ValueError(
-                        f"node {node_id}: vector of shape {np.shape(vector)}, expected"
-                        f" ({index.dim},)"
+        # Intent merges ask the LLM (up to `extraction_timeout` each): they are decided before
+        # the repo's lock is taken, and under it only looked up. A merge the graph made
+        # necessary meanwhile (another commit added a close intent) is decided after letting
+        # the lock go, and the commit tries again (issue 9: one slow provider stalled every
+        # commit to the repo).
+        decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
+        for attempt in range(_MERGE_ROUNDS + 1):
+            last = attempt == _MERGE_ROUNDS
+            if not last and _has_intents(changeset):
+                await self._decide_merges(changeset, intents, decided)
+            try:
+                async with self.lock(repo):
+                    return await self._apply_locked(
+                        changeset, _decided_merge(decided, final=last), intents, also
                     )
+            except _Undecided:
+                continue
+        raise AssertionError("the last round never raises _Undecided")
 
-            def write(db: SqliteUtilsDatabase) -> None:
-                with db.atomic():
-                    conn = db.conn
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO nodes(id, repo, type, text, data, key, source_id,"
-                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [
-                            (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
-                             n.key, n.source_id, created)
-                            for n, text, _ in node_rows
-                        ],
-                    )
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
-                        [(n.id, repo, vector_to_blob(vector)) for n, _, vector in node_rows],
-                    )
-                    for node_id, (text, vector) in existing_rewordings.items():
-                        conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
-                        conn.execute(
-                            "UPDATE vectors SET vec = ? WHERE node_id = ?",
-                            (vector_to_blob(vector), node_id),
-                        )
-                    conn.executemany(
-                        "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
-                        [(repo, link.src, link.dst, link.type.value) for link in links],
-                    )
+    async def _decide_merges(
+        self,
+        changeset: Changeset,
+        intents: IntentPolicy,
+        decided: dict[tuple[str, str], tuple[str, Vector] | None],
+    ) -> None:
+        """Runs the intent resolution against the graph as it is now, without the lock, and
+        records what each merge the LLM was asked for answered."""
+
+        async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
+            if (existing, new) not in decided:
+                decided[(existing, new)] = await intents.merge(existing, new)
+            return decided[(existing, new)]
+
+        await resolve_intents(
+            changeset.nodes,
+            await self._index(changeset.repo),
+            self._texts,
+            merge,
+            identity_threshold=intents.identity_threshold,
+            merge_threshold=intents.merge_threshold,
+            out=Resolution(),
+        )
+
+    async def _apply_locked(
+        self,
+        changeset: Changeset,
+        merge: IntentMerger,
+        intents: IntentPolicy,
+        also: Sequence[AlsoWrite],
+    ) -> CommitReceipt:
+        repo = changeset.repo
+        done = await self.receipt(changeset.id)
+        if done is not None:
+            if also:
+                await self._database.run(lambda db: _run_in_transaction(db, also))
+            return done
+        index = await self._index(repo)
+        resolution = Resolution()
+        tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
+        resolve_tags(changeset.nodes, await self._tag_owners(repo, tag_keys), resolution)
+        await resolve_intents(
+            changeset.nodes,
+            index,
+            self._texts,
+            merge,
+            identity_threshold=intents.identity_threshold,
+            merge_threshold=intents.merge_threshold,
+            out=resolution,
+        )
+        present = await self._present(repo, [n.id for n in changeset.nodes])
+        drafts = [
+            n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present
+        ]
+        links = remap_links(changeset.links, resolution)
+        created = now_utc().isoformat()
+        node_rows = []
+        for n in drafts:
+            text, vector = resolution.rewordings.get(n.id, (n.text, n.vector))
+            node_rows.append((n, text, vector))
+        receipt = CommitReceipt(changeset.id, repo, [n.id for n, _, _ in node_rows])
+        existing_rewordings = {
+            node_id: value
+            for node_id, value in resolution.rewordings.items()
+            if node_id not in {n.id for n in drafts}
+        }
+        # Checked before writing: a committed row of the wrong size would make every later
+        # load of this repo's index fail.
+        for node_id, vector in [(n.id, v) for n, _, v in node_rows] + [
+            (node_id, v) for node_id, (_, v) in existing_rewordings.items()
+        ]:
+            if np.shape(vector) != (index.dim,):
+                raise ValueError(
+                    f"node {node_id}: vector of shape {np.shape(vector)}, expected"
+                    f" ({index.dim},)"
+                )
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                conn = db.conn
+                conn.executemany(
+                    "INSERT OR IGNORE INTO nodes(id, repo, type, text, data, key, source_id,"
+                    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
+                         n.key, n.source_id, created)
+                        for n, text, _ in node_rows
+                    ],
+                )
+                conn.executemany(
+                    "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
+                    [(n.id, repo, vector_to_blob(vector)) for n, _, vector in node_rows],
+                )
+                for node_id, (text, vector) in existing_rewordings.items():
+                    conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
                     conn.execute(
-                        "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
-                        " VALUES (?, ?, ?, ?)",
-                        (changeset.id, repo, receipt.to_json(), created),
+                        "UPDATE vectors SET vec = ? WHERE node_id = ?",
+                        (vector_to_blob(vector), node_id),
                     )
-                    for extra in also:
-                        extra(db)
+                conn.executemany(
+                    "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
+                    [(repo, link.src, link.dst, link.type.value) for link in links],
+                )
+                conn.execute(
+                    "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (changeset.id, repo, receipt.to_json(), created),
+                )
+                for extra in also:
+                    extra(db)
 
-            await self._database.run(write)
-            index.add(
-                [n.id for n, _, _ in node_rows],
-                [n.type for n, _, _ in node_rows],
-                np.array([v for _, _, v in node_rows], dtype=np.float32).reshape(
-                    len(node_rows), index.dim
-                ),
-            )
-            for node_id, (_, vector) in existing_rewordings.items():
-                index.add([node_id], [NodeType.INTENT], np.asarray(vector)[None, :])
-            return receipt
+        await self._database.run(write)
+        index.add(
+            [n.id for n, _, _ in node_rows],
+            [n.type for n, _, _ in node_rows],
+            np.array([v for _, _, v in node_rows], dtype=np.float32).reshape(
+                len(node_rows), index.dim
+            ),
+        )
+        for node_id, (_, vector) in existing_rewordings.items():
+            index.add([node_id], [NodeType.INTENT], np.asarray(vector)[None, :])
+        return receipt
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""

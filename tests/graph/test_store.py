@@ -607,3 +607,72 @@ def test_fts_query_dedups_and_caps_terms() -> None:
     assert fts_query('Nginx port nginx PORT "x"') == '"Nginx" OR "port" OR "x"'
     expression = fts_query(" ".join(f"word{i}" for i in range(5000)))
     assert expression.count(" OR ") == MAX_QUERY_TERMS - 1
+
+
+class HeldMerger(Merger):
+    """A merger that waits for `release` before answering, like a slow LLM."""
+
+    def __init__(self, result: tuple[str, Vector] | None) -> None:
+        super().__init__(result)
+        self.asked = anyio.Event()
+        self.release = anyio.Event()
+
+    async def __call__(self, existing: str, new: str) -> tuple[str, Vector] | None:
+        self.calls.append((existing, new))
+        self.asked.set()
+        await self.release.wait()
+        return self.result
+
+
+async def test_a_slow_intent_merge_does_not_hold_up_other_commits(graph: SqliteGraph) -> None:
+    """The LLM merge of an intent is asked before the repo's lock is taken: while it hangs,
+    another commit to the repo lands; then the merged wording is applied (issue 9, item 4)."""
+    await graph.apply(
+        procedure_with_intent("a", "restart the web server", axis(0)), intents=policy()
+    )
+    merger = HeldMerger(("reload or restart nginx", at_cosine(0.3, base=0, other=3)))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: graph.apply(
+                procedure_with_intent("b", "reload nginx config", at_cosine(0.9)),
+                intents=policy(merger),
+            )
+        )
+        with anyio.fail_after(5):
+            await merger.asked.wait()
+            other = await graph.apply(
+                procedure_with_intent("c", "back up the database", axis(4)), intents=policy()
+            )
+        assert other.node_ids == ["c-intent", "c-proc"]
+        merger.release.set()
+    assert merger.calls == [("restart the web server", "reload nginx config")]
+    intents = {n.id: n.text for n in await graph.get_nodes_by_type(REPO, [NodeType.INTENT])}
+    assert intents == {"a-intent": "reload or restart nginx", "c-intent": "back up the database"}
+
+
+async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
+    graph: SqliteGraph,
+) -> None:
+    """An intent that became close to another only after its merges were decided (a commit
+    landed meanwhile) is merged all the same: the commit lets the lock go, asks, tries again."""
+    merger = Merger(("reload or restart nginx", at_cosine(0.3, base=0, other=3)))
+    async with anyio.create_task_group() as tg:
+        async with graph.lock(REPO):
+            tg.start_soon(
+                lambda: graph.apply(
+                    procedure_with_intent("b", "reload nginx config", at_cosine(0.9)),
+                    intents=policy(merger),
+                )
+            )
+            await anyio.wait_all_tasks_blocked()  # "b" decided (nothing to merge) and waits
+            assert merger.calls == []
+            # Another commit lands meanwhile, holding the lock as every commit does.
+            await graph._apply_locked(
+                procedure_with_intent("a", "restart the web server", axis(0)),
+                Merger(),
+                policy(),
+                (),
+            )
+    assert merger.calls == [("restart the web server", "reload nginx config")]
+    texts = sorted(n.text for n in await graph.get_nodes_by_type(REPO, [NodeType.INTENT]))
+    assert texts == ["reload or restart nginx"]

@@ -358,11 +358,13 @@ class Memory:
         session_id: str,
         *,
         max_retries: int = 2,
-        max_polls: int = 200,
+        max_polls: int | None = None,
         poll_interval: float = 0.05,
     ) -> CommitReceipt:
         """Closes, waits for extraction, and commits; retries a failed extraction up to
-        `max_retries` times. In auto-commit the receipt holds what the close committed.
+        `max_retries` times. Each wait lasts as long as the session's `extraction_timeout`
+        allows, or `max_polls * poll_interval` seconds when `max_polls` is given. In auto-commit
+        the receipt holds what the close committed.
 
         Raises:
             PipelineError: "extraction_failed" or "extraction_timeout".

@@ -103,6 +103,13 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
+def model_name(llm: LLM) -> str:
+    """What identifies a model for resuming work: `llm.name` when the object has one (e.g.
+    "openai:gpt-4o-mini"), else its class's qualified name."""
+    name = getattr(llm, "name", None)
+    return name if isinstance(name, str) and name else type(llm).__qualname__
+
+
 class LimitedLLM:
     """An LLM whose calls each wait for a slot of its provider's limiter
     (`Config.llm_concurrency`), and whose replies' usage goes to `meter`, with the calls

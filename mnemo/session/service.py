@@ -41,7 +41,7 @@ from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.store import IntentPolicy, SqliteGraph
 from mnemo.inputs import check_json, check_text
-from mnemo.ports import LLM, Embedder, ask
+from mnemo.ports import LLM, Embedder, ask, model_name
 from mnemo.session.machine import Machines, Move, Refuse, SessionModel, Stale, State, answer
 from mnemo.session.queue import (
     VALUES,
@@ -122,6 +122,8 @@ class _Session:
     changed: anyio.Event = field(default_factory=anyio.Event)
     scopes: set[anyio.CancelScope] = field(default_factory=set)
     needs_extraction: bool = False
+    # The model the session's extraction started with (`ports.model_name`); None: unknown.
+    extraction_model: str | None = None
     last_activity: float = 0.0
     flush_after: float = 0.0
     ended: bool = False
@@ -204,17 +206,20 @@ class SessionService:
                     await self._fail_pending(session, "memory_closed")
 
     def restore(self, live: list[LiveSession]) -> None:
-        """Brings back sessions that had not ended. One that was extracting extracts again as
-        soon as it is touched or its repo is opened (so it uses the llm given to the repo)."""
+        """Brings back sessions that had not ended. One that was extracting extracts again now
+        if its repo's model here is the one the extraction started with, else when `open_repo`
+        gives the repo that model (API.md: work is resumed only by a matching model)."""
         for row in live:
             session = self._add(row.id, row.repo, row.state, row.config, None)
             session.episode = row.episode
             session.changeset = row.changeset
             session.needs_extraction = row.state is S.EXTRACTING
+            session.extraction_model = row.model
             self._touch(session)
+            self._resume(session)
 
     def resume_repo(self, repo: str) -> None:
-        """Restarts the extractions of restored sessions of `repo`."""
+        """Restarts the extractions of restored sessions of `repo` that its model may finish."""
         for session in list(self._sessions.values()):
             if session.repo == repo:
                 self._resume(session)
@@ -241,13 +246,34 @@ class SessionService:
         session = self._sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None:
             raise NotFoundError("session", str(session_id))
-        self._resume(session)
         return session
 
     def _resume(self, session: _Session) -> None:
-        if session.needs_extraction and self._tg is not None:
-            session.needs_extraction = False
-            self._spawn(session, self._extract_episode, session)
+        """Restarts a restored extraction, if this Memory's model for it is the one it started
+        with (issue 9: a read through an offline `mnemo mcp` once finished a real model's
+        extraction with heuristics). Reads never call this."""
+        if not session.needs_extraction or self._tg is None:
+            return
+        recorded = session.extraction_model
+        here = model_name(session.runtime.llm)
+        if recorded is not None and recorded != here:
+            log.info("%s: extraction started with %s, not %s: left to a Memory with that model",
+                     session.id, recorded, here)
+            return
+        session.needs_extraction = False
+        self._spawn(session, self._extract_episode, session)
+
+    async def _start_extracting(self, session: _Session, event: str, op: Op | None) -> None:
+        """Moves the session to `extracting` (recording the model that will extract) and
+        starts the extraction."""
+        model = model_name(session.runtime.llm)
+
+        async def persist() -> None:
+            await self._store.set_state(session.id, S.EXTRACTING, model=model)
+            session.extraction_model = model
+
+        await self._move(session, event, persist, op=op)
+        self._spawn(session, self._extract_episode, session)
 
     def _spawn(self, session: _Session, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Starts `fn(*args)` in the service's group, cancellable by `end_session`."""
@@ -360,12 +386,13 @@ class SessionService:
         await self._do_discard(session)
 
     async def close_and_commit(
-        self, session_id: str, *, max_retries: int, max_polls: int, poll_interval: float
+        self, session_id: str, *, max_retries: int, max_polls: int | None, poll_interval: float
     ) -> CommitReceipt:
         """Closes, waits for the extraction and commits; retries a failed extraction.
 
-        Waits at most `max_polls * poll_interval` seconds for each extraction (it is woken by
-        the state change, it does not poll).
+        Each wait lasts as long as the session's `extraction_timeout` allows (plus a grace, so
+        that the extraction's own timeout reports first), or `max_polls * poll_interval`
+        seconds when `max_polls` is given (it is woken by the state change, it does not poll).
 
         Raises:
             PipelineError: "extraction_failed" after `max_retries` failed retries, or
@@ -376,7 +403,10 @@ class SessionService:
             self._refuse_close(session)
             await self._do_close(session)
         retries = 0
-        wait = max(max_polls, 1) * max(poll_interval, 0.0)
+        if max_polls is None:
+            wait = session.config.extraction_timeout * 1.1 + 1.0
+        else:
+            wait = max(max_polls, 1) * max(poll_interval, 0.0)
         while True:
             with anyio.move_on_after(wait if wait > 0 else math.inf) as scope:
                 while session.state is S.EXTRACTING and not session.ended:
@@ -669,18 +699,12 @@ class SessionService:
         return info
 
     async def _do_close(self, session: _Session, op: Op | None = None) -> None:
-        await self._move(
-            session, "close", lambda: self._store.set_state(session.id, S.EXTRACTING), op=op
-        )
-        self._spawn(session, self._extract_episode, session)
+        await self._start_extracting(session, "close", op)
 
     async def _do_commit(self, session: _Session, op: Op | None = None) -> CommitReceipt | None:
         if session.state is S.FAILED:
             session.failure = None
-            await self._move(
-                session, "commit", lambda: self._store.set_state(session.id, S.EXTRACTING), op=op
-            )
-            self._spawn(session, self._extract_episode, session)
+            await self._start_extracting(session, "commit", op)
             return None
         changeset = session.changeset
         episode = session.episode

@@ -42,6 +42,7 @@ class LiveSession:
     changeset: Changeset | None = None
     created_at: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
 
 
 class SessionStore(Protocol):
@@ -54,7 +55,9 @@ class SessionStore(Protocol):
     async def add_step(
         self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
     ) -> None: ...
-    async def set_state(self, session_id: str, state: State) -> None: ...
+    async def set_state(
+        self, session_id: str, state: State, *, model: str | None = None
+    ) -> None: ...
     async def save_extraction(
         self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
     ) -> None: ...
@@ -145,19 +148,22 @@ class SqliteSessions:
         params = [value for row in rows for value in row]
 
         def write(db: SqliteUtilsDatabase) -> None:
-            try:
-                db.conn.execute(sql, params)
-                db.conn.commit()
-            except BaseException:
-                db.conn.rollback()
-                raise
+            db.conn.execute(sql, params)
 
         await self._database.run(write)
 
-    async def set_state(self, session_id: str, state: State) -> None:
+    async def set_state(
+        self, session_id: str, state: State, *, model: str | None = None
+    ) -> None:
+        """Moves the session to `state`; `model` records the model its extraction starts with."""
+
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 _set_state(db, session_id, state)
+                if model is not None:
+                    db.conn.execute(
+                        "UPDATE sessions SET model = ? WHERE id = ?", (model, session_id)
+                    )
 
         await self._database.run(write)
 
@@ -279,11 +285,11 @@ def _save_rewards(db: SqliteUtilsDatabase, steps: Sequence[StepRecord]) -> None:
 def _load_live(db: SqliteUtilsDatabase) -> list[LiveSession]:
     live: list[LiveSession] = []
     sessions = db.conn.execute(
-        "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status"
+        "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model"
         " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
         " WHERE s.ended = 0 ORDER BY s.created_at"
     ).fetchall()
-    for sid, repo, state, config, created, episode_id, goal, status in sessions:
+    for sid, repo, state, config, created, episode_id, goal, status, model in sessions:
         episode = None
         if episode_id is not None and status == "open":
             episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
@@ -295,7 +301,7 @@ def _load_live(db: SqliteUtilsDatabase) -> list[LiveSession]:
             changeset = Changeset.from_json(row[0])
         live.append(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
-                        created)
+                        created, model=model)
         )
     return live
 

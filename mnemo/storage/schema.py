@@ -297,3 +297,10 @@ def m006_planner_statistics(db: Database) -> None:
         ],
     )
     db.execute("ANALYZE sqlite_schema")
+
+
+@MIGRATIONS()
+def m007_session_model(db: Database) -> None:
+    # The model an extraction started with (issue 9, item 16): work is resumed only by a Memory
+    # whose model for the repo is that one, never by one that merely reads.
+    db.execute("ALTER TABLE sessions ADD COLUMN model TEXT")

@@ -34,6 +34,7 @@ from mnemo.errors import (
     NotFoundError,
     PipelineError,
     SessionError,
+    StorageError,
 )
 from mnemo.events import Events
 from mnemo.extraction.pipeline import Source, extract, failure_reason
@@ -338,12 +339,15 @@ class SessionService:
         """Stops the session: its background work is cancelled, queued operations get
         "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
         session = self._get(session_id)
+        # Stored first: if the store refuses, nothing has changed and the session goes on.
+        await self._store.end(session_id)
+        if session.ended:  # ended by another call while this one waited for the store
+            return
         session.ended = True
         del self._sessions[session_id]
         self._machines.remove(session.model)
         for scope in list(session.scopes):
             scope.cancel()
-        await self._store.end(session_id)
         await self._fail_pending(session, "session_ended")
         session.notify()
 
@@ -771,9 +775,11 @@ class SessionService:
         )
 
     async def _extract_episode(self, session: _Session) -> None:
-        """The close's extraction: ready (or, in auto-commit, committed and idle) or failed."""
+        """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
+
+        Whatever fails on the way, storing the result included, ends in `failed`: the session
+        never stays extracting with nobody working on it."""
         episode = session.episode
-        auto = session.config.auto_commit
         try:
             while session.background:
                 await session.changed.wait()
@@ -782,24 +788,35 @@ class SessionService:
                 changeset = Changeset(f"changeset_{uuid.uuid4().hex}", session.repo)
             else:
                 changeset = await self._extract_steps(session, episode, steps)
-            if auto:
+            if session.config.auto_commit:
                 await self._auto_commit_close(session, changeset, steps)
                 return
+
+            async def persist() -> None:
+                await self._store.save_extraction(session.id, changeset, steps[-1:])
+                session.changeset = changeset
+
+            if await self._move(session, "extraction_succeeded", persist):
+                self._kick(session)
         except Exception as exc:
             log.warning("%s: extraction failed: %r", session.id, exc)
             session.failure = exc
-            if await self._move(
+            await self._extraction_failed(session)
+
+    async def _extraction_failed(self, session: _Session) -> None:
+        """Moves an extracting session to `failed` and fails what was queued behind it."""
+        try:
+            moved = await self._move(
                 session, "extraction_failed", lambda: self._store.set_state(session.id, S.FAILED)
-            ):
-                await self._fail_pending(session, "extraction_failed")
-            return
-
-        async def persist() -> None:
-            await self._store.save_extraction(session.id, changeset, steps[-1:])
-            session.changeset = changeset
-
-        if await self._move(session, "extraction_succeeded", persist):
-            self._kick(session)
+            )
+        except StorageError as exc:
+            # The store refuses even the failure: the session fails here all the same, so no
+            # caller waits on it; the store still says extracting, so a reopened store (or a
+            # `commit` here, which retries) extracts again.
+            log.warning("%s: could not store the failed state: %r", session.id, exc)
+            moved = await self._move(session, "extraction_failed")
+        if moved:
+            await self._fail_pending(session, "extraction_failed")
 
     async def _auto_commit_close(
         self, session: _Session, changeset: Changeset, steps: list[StepRecord]

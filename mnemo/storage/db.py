@@ -227,6 +227,8 @@ class Database:
             if db is not None:
                 with anyio.CancelScope(shield=True):
                     await worker.call(lambda: _close_sync(db))
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
         finally:
             worker.stop()
 

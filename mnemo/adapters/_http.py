@@ -38,6 +38,7 @@ import anyio
 import httpx
 
 from mnemo.errors import AdapterError, InvalidInputError
+from mnemo.ports import slot
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 
 logger = logging.getLogger("mnemo.adapters")
@@ -159,6 +160,12 @@ class RateGate:
 
     async def acquire(self, tokens: int) -> None:
         """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
+        if self._requests is None and self._tokens is None and not self._lock.locked() and (
+            self._paused_until <= self._clock.now()
+        ):
+            # No limits and no pause: nothing to wait for, so no trip through the event loop
+            # (anyio's Lock yields once even when free; issue 13, item 4).
+            return
         async with self._lock:
             while True:
                 wait = self._wait(tokens)
@@ -345,7 +352,7 @@ class Transport:
         seconds: float,
         refusal: Callable[[HTTPFailure], bool] | None,
     ) -> dict[str, Any]:
-        async with self._slots:
+        async with slot(self._slots):
             await self._gate.acquire(estimate)
             try:
                 with anyio.fail_after(seconds):

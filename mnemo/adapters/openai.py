@@ -124,6 +124,7 @@ class OpenAICompatible:
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         self._temperature = temperature
         self.max_tokens = checked_max_tokens(max_tokens)
+        self._tokens_field = "max_tokens"
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
         self._http = Transport(
@@ -196,9 +197,7 @@ class OpenAICompatible:
                 {"role": "user", "content": reask_text(problem)},
             ]
             budget.next_call("re_ask")
-            reply = await self._http.post_json(
-                "/chat/completions", self._payload(request, messages, mode, schema), budget=budget
-            )
+            reply = await self._post(self._payload(request, messages, mode, schema), budget)
             usage = add_usage(usage, self._usage(reply))
             raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         return LLMResponse(text=raw, data=data, usage=usage)
@@ -215,9 +214,8 @@ class OpenAICompatible:
             payload = self._payload(request, messages, mode, schema)
             can_fall_back = self._auto and mode in _NEXT_MODE
             try:
-                return await self._http.post_json(
-                    "/chat/completions", payload, budget=budget,
-                    refusal=_refusal_of(mode) if can_fall_back else None,
+                return await self._post(
+                    payload, budget, _refusal_of(mode) if can_fall_back else None
                 ), mode
             except LLMError as exc:
                 failure = exc.__cause__
@@ -233,6 +231,32 @@ class OpenAICompatible:
                     )
                 if not budget.can_call():
                     raise
+                budget.next_call("retry")
+
+    async def _post(
+        self,
+        payload: dict[str, Any],
+        budget: Budget,
+        refusal: Callable[[HTTPFailure], bool] | None = None,
+    ) -> dict[str, Any]:
+        """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
+        naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
+        while True:
+            if self._tokens_field != "max_tokens" and "max_tokens" in payload:
+                payload[self._tokens_field] = payload.pop("max_tokens")
+            try:
+                return await self._http.post_json(
+                    "/chat/completions", payload, budget=budget, refusal=refusal
+                )
+            except LLMError as exc:
+                failure = exc.__cause__
+                if not (
+                    self._tokens_field == "max_tokens" and "max_tokens" in payload
+                    and isinstance(failure, HTTPFailure) and failure.status == 400
+                    and "max_completion_tokens" in failure.message
+                ) or not budget.can_call():
+                    raise
+                self._tokens_field = "max_completion_tokens"
                 budget.next_call("retry")
 
     def _check(
@@ -256,10 +280,8 @@ class OpenAICompatible:
     # ---- free text and tool calls ------------------------------------------------------------
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        reply = await self._http.post_json(
-            "/chat/completions",
-            self._payload(request, list(request.messages), None, None),
-            budget=budget,
+        reply = await self._post(
+            self._payload(request, list(request.messages), None, None), budget
         )
         message, finish = self._message(reply)
         cap = reply_cap(request.max_tokens, self.max_tokens)

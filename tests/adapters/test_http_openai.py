@@ -453,3 +453,20 @@ async def test_control_characters_in_json_strings_are_tolerated(
     response = await llm.generate(semantic())
     assert response.data["facts"][0]["proposition"] == "Nginx listens\non port\t8080."
     assert len(server.requests) == 1
+
+
+async def test_reasoning_model_gets_max_completion_tokens(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A 400 asking for max_completion_tokens resends the cap under that name, from then on."""
+    server.script(Fail(400, "Unsupported parameter: 'max_tokens' is not supported with this "
+                            "model. Use 'max_completion_tokens' instead."))
+    response = await llm.generate(semantic())
+    await llm.generate(semantic())
+    assert response.data["facts"]
+    fields = [
+        (r.body.get("max_tokens"), r.body.get("max_completion_tokens")) for r in server.requests
+    ]
+    cap = semantic().max_tokens
+    assert fields == [(cap, None), (None, cap), (None, cap)]
+    assert llm.structured_mode == "json_schema"

@@ -12,15 +12,15 @@ A failed attempt is retried with exponential backoff and full jitter when it may
 HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not a JSON
 object (a truncated reply). `Retry-After` (seconds or an HTTP date, and OpenAI's
 `retry-after-ms`) replaces the computed delay, capped by `Backoff.max_retry_after`. Any other
-status is final at once. Every attempt is charged to the task's `mnemo.retry.Budget`: retries
-stop when it has no call left or the wait would end past its seconds (a far `Retry-After`
-fails at once), and an attempt's timeout is cut to the seconds left. Giving up raises the
-adapter's error class (`LLMError`, `EmbeddingError`; `timeout_error` for timeouts) with a
-message naming the HTTP status and the provider's own error message; its `__cause__` is an
-`HTTPFailure` (status, message) or the connection error.
-
-Waiting goes through the policy's `Clock`, so tests drive backoff and rate limits in virtual
-time instead of sleeping.
+status is final at once, and so is any error reply the caller's `refusal` predicate recognises
+(a local server refusing a request parameter with HTTP 500 will refuse it again). Every attempt
+is charged to the task's `mnemo.retry.Budget`: retries stop when it has no call left or the
+wait would end past its seconds (a far `Retry-After` fails at once), and an attempt's timeout
+is cut to the seconds left. Giving up raises the adapter's error class (`LLMError`,
+`EmbeddingError`; `timeout_error` for timeouts) with a message naming the HTTP status and the
+provider's own error message; its `__cause__` is an `HTTPFailure` (status, message) or the
+connection error. Waiting goes through the policy's `Clock`, so tests drive backoff and rate
+limits in virtual time instead of sleeping.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import anyio
 import httpx
 
 from mnemo.errors import AdapterError, InvalidInputError
+from mnemo.ports import slot
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 
 logger = logging.getLogger("mnemo.adapters")
@@ -159,6 +160,12 @@ class RateGate:
 
     async def acquire(self, tokens: int) -> None:
         """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
+        if self._requests is None and self._tokens is None and not self._lock.locked() and (
+            self._paused_until <= self._clock.now()
+        ):
+            # No limits and no pause: nothing to wait for, so no trip through the event loop
+            # (anyio's Lock yields once even when free; issue 13, item 4).
+            return
         async with self._lock:
             while True:
                 wait = self._wait(tokens)
@@ -282,15 +289,18 @@ class Transport:
         headers: Mapping[str, str] | None = None,
         *,
         budget: Budget | None = None,
+        refusal: Callable[[HTTPFailure], bool] | None = None,
     ) -> dict[str, Any]:
         """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
 
         Every attempt is charged to `budget` (the task's; a new one of `retry_policy` when
-        None). Retries as the module doc says, then gives up.
+        None). Retries as the module doc says, then gives up. An error reply for which
+        `refusal` returns True is final whatever its status: no retry.
 
         Raises:
             AdapterError: (the `error` class) the provider refused the request (a 4xx other than
-                408/409/429), every attempt failed, or the budget was spent before the first;
+                408/409/429, or a `refusal`), every attempt failed, or the budget was spent
+                before the first;
                 the message names the HTTP status and the provider's error message, or the
                 connection problem, and the budget when it was what stopped the retries.
             AdapterError: (the `timeout_error` class) the last attempt timed out.
@@ -305,7 +315,8 @@ class Transport:
             budget.charge(retry=failures > 0)
             try:
                 return await self._attempt(
-                    path, body, headers, estimate, min(self._timeout, budget.seconds_left())
+                    path, body, headers, estimate, min(self._timeout, budget.seconds_left()),
+                    refusal,
                 )
             except _Retryable as failed:
                 failures += 1
@@ -339,8 +350,9 @@ class Transport:
         headers: Mapping[str, str] | None,
         estimate: int,
         seconds: float,
+        refusal: Callable[[HTTPFailure], bool] | None,
     ) -> dict[str, Any]:
-        async with self._slots:
+        async with slot(self._slots):
             await self._gate.acquire(estimate)
             try:
                 with anyio.fail_after(seconds):
@@ -355,13 +367,20 @@ class Transport:
                 raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
             except httpx.TransportError as exc:
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
-        return self._read(response, estimate)
+        return self._read(response, estimate, refusal)
 
-    def _read(self, response: httpx.Response, estimate: int) -> dict[str, Any]:
+    def _read(
+        self,
+        response: httpx.Response,
+        estimate: int,
+        refusal: Callable[[HTTPFailure], bool] | None,
+    ) -> dict[str, Any]:
         status = response.status_code
         if 200 <= status < 300:
             try:
-                reply = response.json()
+                # strict=False: a raw control character inside a string is a sloppy server's
+                # JSON, still a complete reply, not a cut one worth another attempt.
+                reply = response.json(strict=False)
             except ValueError:
                 reply = None
             if not isinstance(reply, dict):
@@ -375,6 +394,8 @@ class Transport:
                     self._gate.settle(estimate, used)
             return reply
         failure = HTTPFailure(status, _error_message(response))
+        if refusal is not None and refusal(failure):
+            raise self._error(f"{self.name} refused the request: {failure}") from failure
         if status in RETRY_STATUSES or status >= 500:
             retry_after = parse_retry_after(response.headers, now=time.time())
             raise _Retryable(

@@ -18,6 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from mnemo.errors import InvalidInputError
 from mnemo.ports import Usage
 
 # Prices in US dollars per million tokens (input, output), as published by the providers in
@@ -40,12 +41,39 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 _MAX_PROBLEM = 400
+_LENIENT = json.JSONDecoder(strict=False)
+# The adapters' default `max_tokens`: the most tokens any reply may use, and what a request
+# that sets none gets. mnemo's own tasks ask for less, sized to their schemas (issue 13).
+DEFAULT_MAX_TOKENS = 4096
+
+
+def checked_max_tokens(value: int) -> int:
+    """`value`, an adapter's `max_tokens`.
+
+    Raises:
+        InvalidInputError: it is not an integer >= 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"max_tokens must be an integer >= 1, got {value!r}")
+    return value
+
+
+def reply_cap(requested: int | None, ceiling: int) -> int:
+    """The `max_tokens` to send: the request's own, at most the adapter's `ceiling`."""
+    return ceiling if requested is None else max(1, min(requested, ceiling))
+
+
+def cut_note(problem: str, max_tokens: int) -> str:
+    """`problem`, saying the reply stopped at the token cap (so it is incomplete)."""
+    return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
 
 
 def decode_json(text: str) -> Any:
     """The JSON value in a model's reply text.
 
-    Accepts the bare value, the value in a Markdown code fence, or prose around one object.
+    Accepts the bare value, the value in a Markdown code fence, or prose around one object, and
+    raw control characters (a newline, a tab) inside strings, which small local models write
+    and strict JSON forbids.
 
     Raises:
         ValueError: saying why no JSON value could be read.
@@ -57,12 +85,12 @@ def decode_json(text: str) -> Any:
     if fenced:
         stripped = fenced.group(1).strip()
     try:
-        return json.loads(stripped)
+        return json.loads(stripped, strict=False)
     except json.JSONDecodeError as exc:
         start = stripped.find("{")
         if start >= 0:
             try:
-                value, _ = json.JSONDecoder().raw_decode(stripped[start:])
+                value, _ = _LENIENT.raw_decode(stripped[start:])
                 return value
             except json.JSONDecodeError:
                 pass

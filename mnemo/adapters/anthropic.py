@@ -14,6 +14,7 @@ assistant's tool calls become `tool_use` blocks, and a "tool" message a `tool_re
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,18 +22,24 @@ import httpx
 
 from mnemo.adapters._http import Transport, resolve_key
 from mnemo.adapters._schema import (
+    DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
     add_usage,
+    checked_max_tokens,
+    cut_note,
     decode_json,
     price_of,
     reask_text,
+    reply_cap,
     schema_problem,
     tool_spec,
     usage_of,
 )
-from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.errors import LLMError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
+
+logger = logging.getLogger("mnemo.adapters")
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"
@@ -43,11 +50,12 @@ class Anthropic:
     """An `LLM` speaking Anthropic's `POST {base_url}/v1/messages`.
 
     `api_key` defaults to the environment's `ANTHROPIC_API_KEY`, read here, when the adapter is
-    created. `max_tokens` is used when a request sets none (the API requires one). Prices,
+    created. `max_tokens` is the most tokens any reply may use: the cap on each request's own
+    `max_tokens`, and the value sent when a request has none (the API requires one). Prices,
     robustness and the retry policy (`retry`, `retry_policy`) are as for `OpenAICompatible`.
 
     Raises:
-        InvalidInputError: no API key for Anthropic's own API, or a bad limit.
+        InvalidInputError: no API key for Anthropic's own API, a bad limit or `max_tokens`.
     """
 
     def __init__(
@@ -56,7 +64,7 @@ class Anthropic:
         *,
         api_key: str | None = None,
         base_url: str = ANTHROPIC_BASE_URL,
-        max_tokens: int = 1024,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         timeout: float = 60.0,
         max_retries: int | None = None,
         requests_per_minute: float | None = None,
@@ -74,14 +82,12 @@ class Anthropic:
             api_key, "ANTHROPIC_API_KEY", base_url=base_url, provider_url=ANTHROPIC_BASE_URL,
             provider="Anthropic",
         )
-        if max_tokens < 1:
-            raise InvalidInputError(f"max_tokens must be >= 1, got {max_tokens!r}")
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if key:
             headers["x-api-key"] = key
         self.model = model
         self.name = f"anthropic:{model}"
-        self._max_tokens = max_tokens
+        self.max_tokens = checked_max_tokens(max_tokens)
         self._temperature = temperature
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
@@ -118,6 +124,12 @@ class Anthropic:
             if request.schema is None:
                 reply = await self._send(request, system, messages, budget, tools=request.tools)
                 blocks = _blocks(reply)
+                if reply.get("stop_reason") == "max_tokens":
+                    logger.warning(
+                        "%s: the reply to task %r was cut short at max_tokens=%d, so it is "
+                        "incomplete", self._http.name, request.task,
+                        reply_cap(request.max_tokens, self.max_tokens),
+                    )
                 return LLMResponse(
                     text=_text(blocks), tool_calls=self._tool_calls(blocks),
                     usage=self._usage(reply),
@@ -148,7 +160,8 @@ class Anthropic:
         )
         usage = self._usage(reply)
         blocks = _blocks(reply)
-        data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"))
+        cap = reply_cap(request.max_tokens, self.max_tokens)
+        data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"), cap)
         while problem is not None:
             if not budget.can_call():
                 raise LLMError(
@@ -163,7 +176,7 @@ class Anthropic:
             )
             usage = add_usage(usage, self._usage(reply))
             blocks = _blocks(reply)
-            data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"))
+            data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"), cap)
         return LLMResponse(text=_text(blocks), data=data, usage=usage)
 
     async def _send(
@@ -178,7 +191,7 @@ class Anthropic:
     ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": request.max_tokens or self._max_tokens,
+            "max_tokens": reply_cap(request.max_tokens, self.max_tokens),
             "messages": messages,
         }
         if system:
@@ -218,7 +231,8 @@ class Anthropic:
 
 
 def _check(
-    blocks: list[Mapping[str, Any]], task: str, schema: dict[str, Any], stop_reason: Any
+    blocks: list[Mapping[str, Any]], task: str, schema: dict[str, Any], stop_reason: Any,
+    cap: int,
 ) -> tuple[Any, str | None]:
     """(data, problem or None): the forced tool's input, else JSON in the text blocks."""
     data: Any = None
@@ -233,9 +247,9 @@ def _check(
             data = decode_json(_text(blocks))
         except ValueError as exc:
             problem = f"no {task!r} tool call, and {exc}"
-            return None, _cut_short(problem, stop_reason)
+            return None, _cut_short(problem, stop_reason, cap)
     problem = schema_problem(data, schema)
-    return data, None if problem is None else _cut_short(problem, stop_reason)
+    return data, None if problem is None else _cut_short(problem, stop_reason, cap)
 
 
 def _reask(blocks: list[Mapping[str, Any]], task: str, problem: str) -> dict[str, Any]:
@@ -323,10 +337,8 @@ def _text(blocks: list[Mapping[str, Any]]) -> str:
     )
 
 
-def _cut_short(problem: str, stop_reason: Any) -> str:
-    if stop_reason == "max_tokens":
-        return f"{problem} (the reply was cut short at max_tokens)"
-    return problem
+def _cut_short(problem: str, stop_reason: Any, cap: int) -> str:
+    return cut_note(problem, cap) if stop_reason == "max_tokens" else problem
 
 
 def _tokens_used(reply: Mapping[str, Any]) -> int | None:

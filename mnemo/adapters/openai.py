@@ -10,9 +10,15 @@ Structured output, when a request has a schema, takes one of three forms (`struc
 - "json": `response_format: {"type": "json_object"}` with the schema written into the system
   prompt, for servers that only know JSON mode.
 
-"auto" (the default) starts with "json_schema"; when the server answers 400 complaining about
-`response_format` it switches to "tool", and from "tool" to "json" on a complaint about tools,
-and keeps the mode that worked for the rest of the adapter's life (`structured_mode`).
+"auto" (the default) starts with "json_schema"; when the server refuses it (an error reply
+about `response_format`, whatever its status: llama-cpp-python's server answers HTTP 500) it
+switches to "tool", and from "tool" to "json" on a refusal of tools, logs the switch, and keeps
+the mode that worked for the rest of the adapter's life (`structured_mode`). A refusal is never
+retried as if it were a server failure.
+
+Every request carries `max_tokens`: the task's own (sized to its schema), at most the adapter's
+`max_tokens`. A reply that stopped there (`finish_reason` "length", or `completion_tokens`
+reaching the cap, for servers that report neither) is incomplete: the error or the log says so.
 
 Whatever the form, the reply is validated against the schema; an invalid reply is shown its
 problem and asked again while the task's retry budget lasts (`mnemo.retry`: transport retries
@@ -22,18 +28,23 @@ and re-asks share it), then the adapter raises `LLMError` saying what was wrong.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
 import httpx
 
 from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
 from mnemo.adapters._schema import (
+    DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
     add_usage,
+    checked_max_tokens,
+    cut_note,
     decode_json,
     price_of,
     reask_text,
+    reply_cap,
     schema_problem,
     tool_spec,
     usage_of,
@@ -45,8 +56,10 @@ from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
 
+logger = logging.getLogger("mnemo.adapters")
+
 OPENAI_BASE_URL = "https://api.openai.com/v1"
-# The mode to try next when a server refuses one, and the words its 400 message must contain
+# The mode to try next when a server refuses one, and the words its error message must contain
 # for the refusal to be about that mode (rather than, say, an unknown model).
 _NEXT_MODE: dict[Mode, Mode] = {"json_schema": "tool", "tool": "json"}
 _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
@@ -62,15 +75,18 @@ class OpenAICompatible:
     created; with no key at all no `Authorization` header is sent (fine for local servers).
     `prices` maps model names to (input, output) dollars per million tokens, on top of
     `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature=None`
-    leaves it to the server. Robustness (`timeout`, `requests_per_minute`,
-    `tokens_per_minute`, `max_concurrency`) is `Transport`'s. `retry` is the retry policy, the
-    budget of calls and seconds each task may spend (`mnemo.retry`; `retry_policy` holds it):
-    `max_retries` (calls after the first), `backoff` and `clock` are shorthands for its parts.
+    leaves it to the server (small local models loop at 0; their servers' defaults are
+    sampled). `max_tokens` is the most tokens any reply may use: the cap on each request's own
+    `max_tokens`, and the value sent when a request has none. Robustness (`timeout`,
+    `requests_per_minute`, `tokens_per_minute`, `max_concurrency`) is `Transport`'s. `retry` is
+    the retry policy, the budget of calls and seconds each task may spend (`mnemo.retry`;
+    `retry_policy` holds it): `max_retries` (calls after the first), `backoff` and `clock` are
+    shorthands for its parts.
     `transport` replaces httpx's network transport (tests).
 
     Raises:
-        InvalidInputError: an unknown `structured` mode or a bad limit, or no API key for the
-            OpenAI API itself.
+        InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
+            key for the OpenAI API itself.
     """
 
     def __init__(
@@ -88,6 +104,7 @@ class OpenAICompatible:
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         temperature: float | None = 0.0,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         retry: RetryPolicy | None = None,
@@ -106,6 +123,8 @@ class OpenAICompatible:
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         self._temperature = temperature
+        self.max_tokens = checked_max_tokens(max_tokens)
+        self._tokens_field = "max_tokens"
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
         self.total_usage = Usage()
         self._http = Transport(
@@ -164,7 +183,8 @@ class OpenAICompatible:
         messages = list(request.messages)
         reply, mode = await self._send_structured(request, schema, messages, budget)
         usage = self._usage(reply)
-        raw, data, problem = self._check(reply, mode, request.task, schema)
+        cap = reply_cap(request.max_tokens, self.max_tokens)
+        raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         while problem is not None:
             if not budget.can_call():
                 raise LLMError(
@@ -177,11 +197,9 @@ class OpenAICompatible:
                 {"role": "user", "content": reask_text(problem)},
             ]
             budget.next_call("re_ask")
-            reply = await self._http.post_json(
-                "/chat/completions", self._payload(request, messages, mode, schema), budget=budget
-            )
+            reply = await self._post(self._payload(request, messages, mode, schema), budget)
             usage = add_usage(usage, self._usage(reply))
-            raw, data, problem = self._check(reply, mode, request.task, schema)
+            raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         return LLMResponse(text=raw, data=data, usage=usage)
 
     async def _send_structured(
@@ -194,20 +212,55 @@ class OpenAICompatible:
         while True:
             mode = self._mode
             payload = self._payload(request, messages, mode, schema)
+            can_fall_back = self._auto and mode in _NEXT_MODE
             try:
-                return await self._http.post_json(
-                    "/chat/completions", payload, budget=budget
+                return await self._post(
+                    payload, budget, _refusal_of(mode) if can_fall_back else None
                 ), mode
             except LLMError as exc:
-                if not (self._auto and _refuses(mode, exc)):
+                failure = exc.__cause__
+                if not (can_fall_back and isinstance(failure, HTTPFailure)
+                        and _refuses(mode, failure)):
                     raise
                 # Concurrent calls may see the same refusal: only the first one moves on.
                 if self._mode == mode:
                     self._mode = _NEXT_MODE[mode]
+                    logger.warning(
+                        "%s refused structured output %r (%s); using %r from now on",
+                        self._http.name, mode, failure, self._mode,
+                    )
+                if not budget.can_call():
+                    raise
+                budget.next_call("retry")
+
+    async def _post(
+        self,
+        payload: dict[str, Any],
+        budget: Budget,
+        refusal: Callable[[HTTPFailure], bool] | None = None,
+    ) -> dict[str, Any]:
+        """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
+        naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
+        while True:
+            if self._tokens_field != "max_tokens" and "max_tokens" in payload:
+                payload[self._tokens_field] = payload.pop("max_tokens")
+            try:
+                return await self._http.post_json(
+                    "/chat/completions", payload, budget=budget, refusal=refusal
+                )
+            except LLMError as exc:
+                failure = exc.__cause__
+                if not (
+                    self._tokens_field == "max_tokens" and "max_tokens" in payload
+                    and isinstance(failure, HTTPFailure) and failure.status == 400
+                    and "max_completion_tokens" in failure.message
+                ) or not budget.can_call():
+                    raise
+                self._tokens_field = "max_completion_tokens"
                 budget.next_call("retry")
 
     def _check(
-        self, reply: dict[str, Any], mode: Mode, task: str, schema: dict[str, Any]
+        self, reply: dict[str, Any], mode: Mode, task: str, schema: dict[str, Any], cap: int
     ) -> tuple[str, Any, str | None]:
         """(raw reply text, decoded data, problem or None)."""
         message, finish = self._message(reply)
@@ -215,19 +268,28 @@ class OpenAICompatible:
         try:
             data = decode_json(raw)
         except ValueError as exc:
-            return raw, None, _cut_short(str(exc), finish)
-        problem = schema_problem(data, schema)
-        return raw, data, None if problem is None else _cut_short(problem, finish)
+            problem: str | None = str(exc)
+        else:
+            problem = schema_problem(data, schema)
+            if problem is None:
+                return raw, data, None
+        if _was_cut(reply, finish, cap):
+            problem = cut_note(str(problem), cap)
+        return raw, None, problem
 
     # ---- free text and tool calls ------------------------------------------------------------
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        reply = await self._http.post_json(
-            "/chat/completions",
-            self._payload(request, list(request.messages), None, None),
-            budget=budget,
+        reply = await self._post(
+            self._payload(request, list(request.messages), None, None), budget
         )
-        message, _ = self._message(reply)
+        message, finish = self._message(reply)
+        cap = reply_cap(request.max_tokens, self.max_tokens)
+        if _was_cut(reply, finish, cap):
+            logger.warning(
+                "%s: the reply to task %r was cut short at max_tokens=%d, so it is incomplete",
+                self._http.name, request.task, cap,
+            )
         content = message.get("content")
         return LLMResponse(
             text=content if isinstance(content, str) else "",
@@ -274,8 +336,7 @@ class OpenAICompatible:
         payload: dict[str, Any] = {"model": self.model}
         if self._temperature is not None:
             payload["temperature"] = self._temperature
-        if request.max_tokens is not None:
-            payload["max_tokens"] = request.max_tokens
+        payload["max_tokens"] = reply_cap(request.max_tokens, self.max_tokens)
         if schema is not None and mode == "json_schema":
             payload["response_format"] = {
                 "type": "json_schema",
@@ -354,21 +415,31 @@ def _structured_text(message: Mapping[str, Any], mode: Mode, task: str) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _refuses(mode: Mode, exc: LLMError) -> bool:
-    """Whether `exc` is the server saying it does not support structured-output `mode`."""
-    failure = exc.__cause__
-    if mode not in _COMPLAINT_WORDS or not isinstance(failure, HTTPFailure):
+def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
+    """Whether `failure` is the server saying it does not support structured-output `mode`.
+
+    Any error status counts (llama-cpp-python's server refuses json_schema with a 500, older
+    llama.cpp servers refuse it and tools with a 500, vLLM and OpenAI with a 400) except the
+    rate-limit and timeout ones, which say nothing about the request.
+    """
+    if mode not in _COMPLAINT_WORDS or failure.status in (408, 429):
         return False
     message = failure.message.lower()
-    return failure.status in (400, 422, 501) and any(
-        word in message for word in _COMPLAINT_WORDS[mode]
-    )
+    return any(word in message for word in _COMPLAINT_WORDS[mode])
 
 
-def _cut_short(problem: str, finish: str | None) -> str:
+def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:
+    return lambda failure: _refuses(mode, failure)
+
+
+def _was_cut(reply: Mapping[str, Any], finish: str | None, cap: int) -> bool:
+    """Whether the reply stopped at the token cap: its finish reason says so, or (for servers
+    that report "stop" there) it used every token it was allowed."""
     if finish == "length":
-        return f"{problem} (the reply was cut short at max_tokens)"
-    return problem
+        return True
+    usage = reply.get("usage")
+    completion = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
+    return isinstance(completion, int) and completion >= cap
 
 
 def _tokens_used(reply: Mapping[str, Any]) -> int | None:

@@ -47,6 +47,9 @@ def state_request(
             "previous_state": previous_state,
         },
         schema=None,
+        # Under 80 words asked; the cap stops a small model that loops (issue 13: a state
+        # summary once ran to the 4k context, 91 s, past append_timeout).
+        max_tokens=256,
     )
 
 
@@ -126,6 +129,7 @@ def subgoal_request(
             "recent_steps": recent_steps,
         },
         schema=SUBGOAL_SCHEMA,
+        max_tokens=256,
     )
 
 
@@ -199,6 +203,7 @@ def reward_request(
             "next_observation": next_observation,
         },
         schema=REWARD_SCHEMA,
+        max_tokens=128,
     )
 
 

@@ -79,6 +79,8 @@ def semantic_request(*, goal: str, subgoal: str, steps: list[dict[str, Any]]) ->
         instructions=SEMANTIC_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "steps": steps},
         schema=SEMANTIC_SCHEMA,
+        # About 60 tokens a fact, a few facts a step.
+        max_tokens=min(4096, 256 + 256 * len(steps)),
     )
 
 
@@ -166,6 +168,8 @@ def procedural_request(*, goal: str, subgoal: str, steps: list[dict[str, Any]]) 
         instructions=PROCEDURAL_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "steps": steps},
         schema=PROCEDURAL_SCHEMA,
+        # About 120 tokens an instruction (four fields), at most a couple a step.
+        max_tokens=min(4096, 256 + 256 * len(steps)),
     )
 
 
@@ -249,6 +253,7 @@ def return_request(
         instructions=RETURN_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "instructions": instructions, "steps": steps},
         schema=RETURN_SCHEMA,
+        max_tokens=128 + 32 * len(instructions),
     )
 
 
@@ -304,6 +309,7 @@ def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
         instructions=MERGE_INTENT_INSTRUCTIONS,
         inputs={"existing": existing, "new": new},
         schema=MERGE_INTENT_SCHEMA,
+        max_tokens=256,
     )
 
 

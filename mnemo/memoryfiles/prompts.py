@@ -132,6 +132,8 @@ def memory_update_request(
         instructions=MEMORY_UPDATE_INSTRUCTIONS,
         inputs={"conversation": conversation, "files": files, "max_chars": max_chars},
         schema=MEMORY_UPDATE_SCHEMA,
+        # A file rewritten in full is up to max_chars characters, about max_chars / 4 tokens.
+        max_tokens=512 + max_chars // 2,
     )
 
 
@@ -210,6 +212,7 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
         instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files},
         schema=MEMORY_PERSIST_SCHEMA,
+        max_tokens=512,
     )
 
 
@@ -286,6 +289,7 @@ def memory_condense_request(
             "max_chars": max_chars,
         },
         schema=MEMORY_CONDENSE_SCHEMA,
+        max_tokens=256 + max_chars // 3,
     )
 
 

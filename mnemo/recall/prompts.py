@@ -46,6 +46,7 @@ def plan_request(*, query: str) -> LLMRequest:
         ),
         inputs={"query": query},
         schema=PLAN_SCHEMA,
+        max_tokens=256,
     )
 
 
@@ -70,6 +71,7 @@ def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
         ),
         inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
         schema=SYNTHESIS_SCHEMA,
+        max_tokens=512,
     )
 
 

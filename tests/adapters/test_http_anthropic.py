@@ -50,7 +50,7 @@ async def test_structured_request_is_a_forced_tool(server: ProviderServer, llm: 
     assert sent.headers["anthropic-version"] == "2023-06-01"
     body = sent.body
     assert body["system"] == semantic().system
-    assert body["max_tokens"] == 1024
+    assert body["max_tokens"] == semantic().max_tokens == 512
     assert [m["role"] for m in body["messages"]] == ["user"]
     assert body["tools"] == [{
         "name": "semantic",
@@ -190,3 +190,22 @@ def test_anthropic_itself_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     with pytest.raises(InvalidInputError, match="ANTHROPIC_API_KEY"):
         Anthropic("claude-3-5-haiku-latest")
+
+
+async def test_max_tokens_is_the_cap_and_the_default(server: ProviderServer) -> None:
+    """The adapter's max_tokens caps a request's own and stands in for a missing one."""
+    async with Anthropic(
+        "claude-x", api_key="k", base_url=server.url, max_tokens=300, clock=VirtualClock()
+    ) as capped:
+        await capped.generate(semantic())
+        await capped.generate(LLMRequest("chat", "", [{"role": "user", "content": "hi"}]))
+    assert [r.body["max_tokens"] for r in server.requests] == [300, 300]
+    with pytest.raises(InvalidInputError, match="max_tokens"):
+        Anthropic("claude-x", api_key="k", base_url=server.url, max_tokens=0)
+
+
+async def test_cut_reply_names_the_cap(server: ProviderServer, llm: Anthropic) -> None:
+    """A structured reply stopped at max_tokens says so, with the cap, in the error."""
+    server.script(*[Answer(text='{"facts": [', data=None, finish="max_tokens")] * 3)
+    with pytest.raises(LLMError, match=r"cut short at max_tokens=512, so it is incomplete"):
+        await llm.generate(semantic())

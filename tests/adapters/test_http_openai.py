@@ -351,3 +351,122 @@ def test_openai_itself_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(InvalidInputError, match="OPENAI_API_KEY"):
         OpenAICompatible("gpt-4o-mini")
+
+
+# ---- issue 13: local servers -----------------------------------------------------------------
+
+LLAMA_CPP_PYTHON_500 = Fail(
+    500,
+    "[{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}]",
+)
+
+
+async def test_refusal_with_500_falls_back_without_retrying(
+    server: ProviderServer, llm: OpenAICompatible, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 500 refusing json_schema is not retried: one request, then the tool mode, logged."""
+    server.script(LLAMA_CPP_PYTHON_500)
+    with caplog.at_level("WARNING", logger="mnemo.adapters"):
+        response = await llm.generate(semantic())
+    assert response.data["facts"]
+    assert [r.mode for r in server.requests] == ["json_schema", "tool"]
+    assert llm.structured_mode == "tool"
+    [line] = [r.getMessage() for r in caplog.records if "refused structured output" in r.message]
+    assert "'json_schema'" in line
+    assert "HTTP 500" in line
+    assert "using 'tool' from now on" in line
+
+
+async def test_plain_500_is_still_retried(server: ProviderServer, llm: OpenAICompatible) -> None:
+    """A 500 that says nothing about the mode is a server failure: retried, mode kept."""
+    server.script(Fail(500, "CUDA error: out of memory"))
+    response = await llm.generate(semantic())
+    assert response.data["facts"]
+    assert [r.mode for r in server.requests] == ["json_schema", "json_schema"]
+    assert llm.structured_mode == "json_schema"
+
+
+async def test_rate_limit_mentioning_schema_is_not_a_refusal(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A 429 is never taken for a refusal of the mode, whatever its message."""
+    server.script(Fail(429, "too many json_schema requests", {"Retry-After": "0"}))
+    await llm.generate(semantic())
+    assert llm.structured_mode == "json_schema"
+
+
+async def test_every_request_carries_max_tokens(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """The task's max_tokens is sent; a request without one gets the adapter's default."""
+    await llm.generate(semantic())
+    await llm.generate(LLMRequest("chat", "", [{"role": "user", "content": "hi"}]))
+    assert [r.body["max_tokens"] for r in server.requests] == [semantic().max_tokens, 4096]
+
+
+async def test_adapter_max_tokens_caps_the_task(server: ProviderServer) -> None:
+    """max_tokens= on the adapter caps every request; temperature= is sent as given."""
+    async with OpenAICompatible(
+        "m", base_url=server.openai_url, max_tokens=100, temperature=0.7
+    ) as capped:
+        await capped.generate(semantic())
+        assert capped.max_tokens == 100
+    body = server.requests[0].body
+    assert (body["max_tokens"], body["temperature"]) == (100, 0.7)
+    with pytest.raises(InvalidInputError, match="max_tokens"):
+        OpenAICompatible("m", base_url=server.openai_url, max_tokens=0)
+
+
+async def test_reply_using_every_token_is_reported_cut(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """completion_tokens reaching the cap marks a reply cut even when finish_reason is "stop"."""
+    cap = semantic().max_tokens
+    assert cap is not None
+    server.script(*[Answer(text='{"facts": [{"proposition": "Nginx', usage=(10, cap))] * 3)
+    with pytest.raises(LLMError, match=rf"cut short at max_tokens={cap}, so it is incomplete"):
+        await llm.generate(semantic())
+    reask = server.requests[1].messages[-1]["content"]
+    assert f"cut short at max_tokens={cap}" in reask
+
+
+async def test_cut_free_text_is_logged(
+    server: ProviderServer, llm: OpenAICompatible, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A free-text reply stopped at the cap is returned and a warning says it was cut."""
+    server.script(Answer(text="The agent is at the door and the door is", finish="length"))
+    request = LLMRequest("state", "", [{"role": "user", "content": "hi"}], max_tokens=12)
+    with caplog.at_level("WARNING", logger="mnemo.adapters"):
+        response = await llm.generate(request)
+    assert response.text.startswith("The agent")
+    assert any("'state' was cut short at max_tokens=12" in r.getMessage() for r in caplog.records)
+
+
+async def test_control_characters_in_json_strings_are_tolerated(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A raw newline or tab inside a JSON string is read, not re-asked."""
+    raw = '{"facts": [{"proposition": "Nginx listens\non port\t8080.", "concepts": ["nginx"], ' \
+        '"confidence": 0.9}]}'
+    server.script(Answer(text=raw))
+    response = await llm.generate(semantic())
+    assert response.data["facts"][0]["proposition"] == "Nginx listens\non port\t8080."
+    assert len(server.requests) == 1
+
+
+async def test_reasoning_model_gets_max_completion_tokens(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A 400 asking for max_completion_tokens resends the cap under that name, from then on."""
+    server.script(Fail(400, "Unsupported parameter: 'max_tokens' is not supported with this "
+                            "model. Use 'max_completion_tokens' instead."))
+    response = await llm.generate(semantic())
+    await llm.generate(semantic())
+    assert response.data["facts"]
+    fields = [
+        (r.body.get("max_tokens"), r.body.get("max_completion_tokens")) for r in server.requests
+    ]
+    cap = semantic().max_tokens
+    assert fields == [(cap, None), (None, cap), (None, cap)]
+    assert llm.structured_mode == "json_schema"

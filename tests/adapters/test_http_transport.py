@@ -359,3 +359,35 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
         release.set()
     assert arrived == 5
     assert t.in_flight == 0
+
+
+# ---- issue 13, item 4: the HTTP path's own cost ----------------------------------------------
+
+
+async def test_gate_without_limits_does_not_yield(clock: VirtualClock) -> None:
+    """With no limits and no pause, passing the gate takes no trip through the event loop."""
+    gate = RateGate(requests_per_minute=None, tokens_per_minute=None, clock=clock)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await gate.acquire(100)
+    assert not scope.cancelled_caught
+
+
+async def test_gate_still_waits_out_a_pause(clock: VirtualClock) -> None:
+    """A 429's pause holds the next request back even with no limits configured."""
+    gate = RateGate(requests_per_minute=None, tokens_per_minute=None, clock=clock)
+    gate.pause(2.5)
+    await gate.acquire(100)
+    assert clock.sleeps == [2.5]
+
+
+def test_transport_dependencies_are_declared() -> None:
+    """sniffio, which httpcore imports on every pool operation, is a declared dependency."""
+    import tomllib
+    from pathlib import Path
+
+    import sniffio  # noqa: F401  (importable in the environment the tests run in)
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    assert any(dep.startswith("sniffio>=") for dep in dependencies)

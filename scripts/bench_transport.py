@@ -1,0 +1,158 @@
+"""The HTTP path's own cost: one chat call through mnemo against a bare httpx POST.
+
+Every call goes over a real socket to the fake provider of `tests/adapters/provider_server.py`
+on 127.0.0.1, which answers at once, so what is timed is the client side plus the server's
+fixed cost (the same for every row). One call at a time, `--calls` of each kind after a
+warm-up, interleaved so that load on the machine hits every kind alike. Two clocks: the wall
+time of a call, and the CPU time of the event loop's thread during it (`time.thread_time`),
+which is the client's own work: the server answers from other threads, and waiting on the
+socket costs no CPU, so it holds steady when other work shares the machine and wall times
+do not.
+
+- `bare httpx`: `httpx.AsyncClient.post(json=...)` and `response.json()`, the floor;
+- `Transport.post_json`: mnemo's transport (retry budget, concurrency cap, rate gate, attempt
+  timeout) on the same payload;
+- `OpenAICompatible.generate`: the whole adapter on a "reward" task (payload building, the
+  reply's JSON decoded and validated against the task's schema, usage).
+
+`--hide-sniffio` runs the same with `sniffio` unimportable, as it was before mnemo declared it
+(issue 13, item 4): httpcore then retries `import sniffio`, a failed import that scans
+sys.path, on every connection-pool operation.
+
+Run: `.venv/bin/python scripts/bench_transport.py [--calls 2000] [--hide-sniffio]`
+(about 20 s). With no `--hide-sniffio` it also runs itself with it, in a subprocess, and prints
+both tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from statistics import mean, median
+from types import ModuleType
+from typing import Any
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+class _HideSniffio(importlib.abc.MetaPathFinder):
+    """Makes `import sniffio` fail the way a missing package does: a scan of sys.path."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name == "sniffio":
+            importlib.machinery.PathFinder.find_spec("sniffio_is_not_installed", None)
+            raise ModuleNotFoundError("No module named 'sniffio'", name=name)
+        return None
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--hide-sniffio", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON only")
+    return parser.parse_args()
+
+
+async def _measure(calls: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+    import httpx
+
+    from mnemo.adapters._http import Transport
+    from mnemo.adapters.openai import OpenAICompatible
+    from mnemo.episode.prompts import reward_request
+    from mnemo.errors import LLMError
+    from tests.adapters.provider_server import ProviderServer
+
+    request = reward_request(goal="serve the site", subgoal="configure nginx",
+                             observation="nginx listens on 8080",
+                             action="curl localhost:8080", next_observation="200 OK")
+    with ProviderServer() as server:
+        async with (
+            httpx.AsyncClient(base_url=server.openai_url) as bare,
+            Transport(server.openai_url, name="bench", error=LLMError) as transport,
+            OpenAICompatible("m", base_url=server.openai_url) as llm,
+        ):
+            payload = llm._payload(request, list(request.messages), "json_schema",
+                                   request.schema)
+
+            async def httpx_post() -> None:
+                response = await bare.post("/chat/completions", json=payload)
+                response.raise_for_status()
+                response.json()
+
+            async def transport_post() -> None:
+                await transport.post_json("/chat/completions", payload)
+
+            async def generate() -> None:
+                await llm.generate(request)
+
+            kinds: dict[str, Callable[[], Awaitable[None]]] = {
+                "bare httpx": httpx_post,
+                "Transport.post_json": transport_post,
+                "OpenAICompatible.generate": generate,
+            }
+            times: dict[str, dict[str, list[float]]] = {
+                kind: {"wall": [], "cpu": []} for kind in kinds
+            }
+            for i in range(warmup + calls):
+                for kind, call in kinds.items():
+                    start, cpu = time.perf_counter(), time.thread_time()
+                    await call()
+                    if i >= warmup:
+                        times[kind]["wall"].append(time.perf_counter() - start)
+                        times[kind]["cpu"].append(time.thread_time() - cpu)
+    return times
+
+
+def _table(times: dict[str, dict[str, list[float]]], title: str) -> str:
+    floor = median(times["bare httpx"]["cpu"])
+    lines = [
+        f"{title}",
+        "",
+        "| path | wall p50 µs | wall mean µs | client CPU p50 µs | CPU over bare httpx |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind, clocks in times.items():
+        cpu = median(clocks["cpu"])
+        lines.append(
+            f"| {kind} | {median(clocks['wall']) * 1e6:,.0f} | {mean(clocks['wall']) * 1e6:,.0f}"
+            f" | {cpu * 1e6:,.0f} | {(cpu - floor) * 1e6:+,.0f} µs ({cpu / floor:.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = _parse()
+    if args.hide_sniffio:
+        sys.modules.pop("sniffio", None)
+        sys.meta_path.insert(0, _HideSniffio())
+    times = anyio.run(_measure, args.calls, args.warmup)
+    if args.json:
+        print(json.dumps(times))
+        return
+    label = "sniffio hidden" if args.hide_sniffio else "sniffio importable"
+    print(_table(times, f"{args.calls} sequential calls each, {label}"))
+    if not args.hide_sniffio:
+        hidden = subprocess.run(
+            [sys.executable, __file__, "--calls", str(args.calls), "--warmup",
+             str(args.warmup), "--hide-sniffio", "--json"],
+            check=True, capture_output=True, text=True,
+        )
+        other: dict[str, Any] = json.loads(hidden.stdout)
+        print()
+        print(_table(other, f"{args.calls} sequential calls each, sniffio hidden"))
+
+
+if __name__ == "__main__":
+    main()

@@ -48,8 +48,10 @@ async def build_sample(db: Path) -> Sample:
             ]),
             source_id="chat-1",
         )
-        history = []
-        for i in range(24):
+        # An instruction in the evicted part: the offline eviction pins it to the goal.
+        history = [{"role": "user", "content": "Never run the orders_stage migration on a "
+                    "Friday: the release train leaves on Fridays."}]
+        for i in range(1, 24):
             role = "user" if i % 2 == 0 else "assistant"
             history.append({"role": role, "content": f"Message {i}: the staging database "
                             f"orders_stage needs migration step {i} before the release."})

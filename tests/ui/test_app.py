@@ -182,7 +182,8 @@ async def test_session_page_shows_episodes_trajectories_and_steps(
 async def test_threads_and_thread_page_show_boundary_snapshots_and_goal_pins(
     client: httpx.AsyncClient, memory: mnemo.Memory
 ) -> None:
-    """The thread page shows the viewport boundary, the snapshot and every message."""
+    """The thread page shows the viewport boundary, the snapshot, the pin and every
+    message marked by where it stands."""
     threads = await client.get("/threads")
     assert f"/thread?id={quote(THREAD, safe='')}" in _links(threads.text)
     page = await client.get("/thread", params={"id": THREAD, "budget": 300})
@@ -191,9 +192,14 @@ async def test_threads_and_thread_page_show_boundary_snapshots_and_goal_pins(
     assert viewport.boundary_seq > 0
     assert f"boundary at seq <b>{viewport.boundary_seq}</b>" in page.text
     assert page.text.count('class="message ') == 24
-    assert page.text.count('class="message evicted"') == viewport.boundary_seq
+    assert page.text.count('class="message evicted"') == viewport.boundary_seq - 1  # 1 pin
     snapshots = page.text.split('id="snapshots"')[1].split("</ul>")[0]
     assert f"seq 0..{viewport.boundary_seq - 1}" in snapshots
+    everything = await memory.viewport(THREAD, token_budget=10**6)
+    assert [m.seq for m in everything.pinned] == [0]
+    pins = page.text.split('id="pins"')[1].split("</ul>")[0]
+    assert "Never run the orders_stage migration" in pins
+    assert '<li class="message pinned" id="seq-0">' in page.text
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,11 @@ from mnemo.conversation.model import (
     Semantic,
     Snapshot,
     Summary,
+    ThreadInfo,
     ToolOutputPruner,
     Viewport,
 )
-from mnemo.episode.model import StepInfo
+from mnemo.episode.model import EpisodeLog, StepInfo
 from mnemo.errors import (
     AdapterError,
     ConflictError,
@@ -65,6 +66,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "DecayReport",
     "Embedder",
     "EmbeddingError",
+    "EpisodeLog",
     "Event",
     "EvictionResult",
     "HashEmbedder",
@@ -107,6 +109,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "StepInfo",
     "StorageError",
     "Summary",
+    "ThreadInfo",
     "ToolCall",
     "ToolOutputPruner",
     "Trajectory",

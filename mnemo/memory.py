@@ -29,10 +29,11 @@ from mnemo.conversation.model import (
     MessageView,
     Retrieval,
     SearchHit,
+    ThreadInfo,
     Viewport,
 )
 from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
-from mnemo.episode.model import StepInfo
+from mnemo.episode.model import EpisodeLog, StepInfo
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph import maintenance
@@ -408,6 +409,17 @@ class Memory:
         """Stops the session; its id is then unknown."""
         await self._service.end_session(session_id)
 
+    async def episodes(self, session_id: str) -> list[EpisodeLog]:
+        """Every episode the session stored (ended sessions too), oldest first, each with its
+        steps and their trajectories; [] for an id no session had. Reads only: a restored
+        session is not resumed by it."""
+        return await self._sessions_store.episodes(session_id)
+
+    async def episode(self, episode_id: str) -> EpisodeLog | None:
+        """The stored episode (with its session id and steps) that an EPISODIC node's
+        `data["episode_id"]` names; None for one no session stored (an ingest's)."""
+        return await self._sessions_store.episode(episode_id)
+
     async def list_sessions(self) -> list[SessionInfo]:
         """Every live session (not ended, restored ones included), oldest first: id, repo,
         state, the open episode's goal and its number of steps."""
@@ -449,6 +461,30 @@ class Memory:
         """The newest nodes of these types, newest first."""
         self._repo(repo)
         return await self._graph.latest(repo, _types(types), top_k)
+
+    async def search_nodes(
+        self,
+        repo: str,
+        query: str,
+        *,
+        limit: int = 20,
+        types: Iterable[NodeType] | None = None,
+    ) -> list[Node]:
+        """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
+        lookup, without recall's embedding, hops, value or reinforcement.
+
+        Raises:
+            InvalidInputError: a blank query, one longer than the repo's
+                `Config.max_text_chars`, or a limit below 1.
+            NotFoundError: an unknown repo.
+        """
+        self._repo(repo)
+        check_text(query, "query", limit=self._max_chars(repo))
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
+        kinds = None if types is None else _types(types)
+        found = await self._graph.search_text(repo, query, limit, kinds)
+        return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
@@ -495,9 +531,17 @@ class Memory:
     # ---- recall ---------------------------------------------------------------------------
 
     async def recall(
-        self, repo: str, query: str, *, k: int = 10, types: Iterable[NodeType] | None = None
+        self,
+        repo: str,
+        query: str,
+        *,
+        k: int = 10,
+        types: Iterable[NodeType] | None = None,
+        reinforce: bool = True,
     ) -> RecallResult:
-        """The repo's memories most relevant to `query`, best first.
+        """The repo's memories most relevant to `query`, best first. Each memory returned
+        counts as one access (its value grows), unless `reinforce=False`: a look that must not
+        change later rankings (an inspector, an evaluation).
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
@@ -516,7 +560,7 @@ class Memory:
             llm=self._llm_for(runtime, repo),
         )
         result = await recaller.recall(
-            repo, query, k=k, types=None if types is None else _types(types)
+            repo, query, k=k, types=None if types is None else _types(types), reinforce=reinforce
         )
         await self._events.emit(
             "recall_executed", repo=repo, query=query, k=k,
@@ -611,6 +655,11 @@ class Memory:
             eviction_fraction=eviction_fraction,
             clock=clock,
         )
+
+    async def list_threads(self) -> list[ThreadInfo]:
+        """Every stored conversation thread (not purged), oldest first: its number of raw
+        messages, next seq and viewport boundary."""
+        return await self._conversations.log.threads()
 
     async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
         """What the agent sees of the thread within `token_budget` tokens: the messages from

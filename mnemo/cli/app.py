@@ -433,6 +433,36 @@ def mcp(
     _run(work)
 
 
+@app.command()
+def ui(
+    db: Db = DEFAULT_DB,
+    host: Annotated[
+        str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
+                               "to the network.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="The port to listen on.")] = 8765,
+    allow_writes: Annotated[
+        bool,
+        typer.Option("--allow-writes", help="Let the recall playground count its results as "
+                                            "accesses, as an agent's recall does."),
+    ] = False,
+) -> None:
+    """Serve a local web app to browse a memory: repos, graph, sessions, threads, recall."""
+
+    async def work() -> None:
+        check_database(db, must_exist=True)
+        try:
+            from mnemo.ui import serve
+        except ImportError as exc:
+            raise CliError(
+                f"the web app needs the `ui` extra ({exc}); install it with "
+                "pip install 'mnemo[ui]'"
+            ) from exc
+        await serve(db, host=host, port=port, allow_writes=allow_writes)
+
+    _run(work)
+
+
 def main() -> None:
     """The console script's entry point."""
     app(prog_name="mnemo")

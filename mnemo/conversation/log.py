@@ -21,7 +21,7 @@ from typing import Any
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.conversation.drafts import MessageDraft
-from mnemo.conversation.model import Compaction, Message
+from mnemo.conversation.model import Compaction, Message, ThreadInfo
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.storage.db import Database
 
@@ -122,6 +122,20 @@ class ThreadLog:
     async def state(self, thread_id: str) -> ThreadState | None:
         """The thread's counters, None for a thread never saved (or purged)."""
         return await self._database.run(lambda db: read_state(db, thread_id))
+
+    async def threads(self) -> list[ThreadInfo]:
+        """Every stored thread (not purged), oldest first, with its number of messages."""
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT t.id, (SELECT count(*) FROM messages m WHERE m.thread_id = t.id),"
+                " t.next_seq, t.boundary_seq, t.created_at FROM threads t"
+                " ORDER BY t.created_at, t.id"
+            ).fetchall()
+        )
+        return [
+            ThreadInfo(thread_id, messages, next_seq, boundary, datetime.fromisoformat(created))
+            for thread_id, messages, next_seq, boundary, created in rows
+        ]
 
     async def append(
         self,

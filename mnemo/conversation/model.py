@@ -165,6 +165,18 @@ class Compaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    """A stored thread as `Memory.list_threads` reports it: how many raw messages it holds,
+    the seq its next message gets, and where its viewport starts (`boundary_seq`)."""
+
+    id: str
+    messages: int
+    next_seq: int
+    boundary_seq: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """What eviction kept of messages `start_seq`..`end_seq` that left the viewport.
 

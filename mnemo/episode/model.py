@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from mnemo.graph.model import Vector
@@ -51,5 +52,27 @@ class EpisodeRecord:
         """`steps` (default: all) grouped by trajectory, in order of first step."""
         groups: dict[str, list[StepRecord]] = {}
         for step in self.steps if steps is None else steps:
+            groups.setdefault(step.trajectory_id, []).append(step)
+        return list(groups.values())
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeLog:
+    """An episode as the step log keeps it, after the fact: its session, goal, `status`
+    ("open", "committed" or "discarded"), when it started and closed, and every step (each
+    step's `committed_in` names the changeset that committed it, None while uncommitted)."""
+
+    id: str
+    session_id: str
+    goal: str
+    status: str
+    started_at: datetime
+    closed_at: datetime | None
+    steps: list[StepRecord]
+
+    def trajectories(self) -> list[list[StepRecord]]:
+        """The steps grouped by trajectory, in order of first step."""
+        groups: dict[str, list[StepRecord]] = {}
+        for step in self.steps:
             groups.setdefault(step.trajectory_id, []).append(step)
         return list(groups.values())

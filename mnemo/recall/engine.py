@@ -117,7 +117,13 @@ class Recaller:
     llm: LLM
 
     async def recall(
-        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None
+        self,
+        repo: str,
+        query: str,
+        *,
+        k: int,
+        types: Iterable[NodeType] | None,
+        reinforce: bool = True,
     ) -> RecallResult:
         trace = _Trace()
         config = self.config
@@ -138,7 +144,7 @@ class Recaller:
 
         ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, k)
         trace.mark("rank")
-        if ranked:
+        if ranked and reinforce:
             await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
         trace.mark("reinforce")
         reasoned = await self._synthesise(query, ranked) if config.recall_synthesis else None

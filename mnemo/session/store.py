@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.graph.store import AlsoWrite
 from mnemo.session.machine import State
@@ -242,6 +243,19 @@ class SqliteSessions:
     async def load_live(self) -> list[LiveSession]:
         return await self._database.run(_load_live)
 
+    async def episodes(self, session_id: str) -> list[EpisodeLog]:
+        """Every episode of the session (ended or not), oldest first, with its steps; [] for
+        an unknown session. Reads only."""
+        return await self._database.run(
+            lambda db: _load_episodes(db, "session_id = ? ORDER BY started_at, rowid", session_id)
+        )
+
+    async def episode(self, episode_id: str) -> EpisodeLog | None:
+        """The episode with its steps, None if no session stored it (an ingest's episodes
+        live only in the graph). Reads only."""
+        found = await self._database.run(lambda db: _load_episodes(db, "id = ?", episode_id))
+        return found[0] if found else None
+
 
 def _now() -> str:
     return now_utc().isoformat()
@@ -328,4 +342,19 @@ def _load_steps(db: SqliteUtilsDatabase, episode_id: str) -> list[StepRecord]:
             " ORDER BY idx",
             (episode_id,),
         )
+    ]
+
+
+def _load_episodes(db: SqliteUtilsDatabase, where: str, value: str) -> list[EpisodeLog]:
+    rows = db.conn.execute(
+        f"SELECT id, session_id, goal, status, started_at, closed_at FROM episodes WHERE {where}",
+        (value,),
+    ).fetchall()
+    return [
+        EpisodeLog(
+            episode_id, session_id, goal, status, datetime.fromisoformat(started),
+            None if closed is None else datetime.fromisoformat(closed),
+            _load_steps(db, episode_id),
+        )
+        for episode_id, session_id, goal, status, started, closed in rows
     ]

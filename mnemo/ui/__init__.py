@@ -1,0 +1,42 @@
+"""`mnemo ui`: a small local web app to look inside a memory (see `mnemo.ui.app`).
+
+Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "mnemo[ui]"`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import uvicorn
+
+from mnemo.memory import Memory
+from mnemo.ui.app import create_app
+from mnemo.ui.source import MemorySource, MemoryView
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+
+@asynccontextmanager
+async def open_view(db: Path, *, allow_writes: bool = False) -> AsyncIterator[MemoryView]:
+    """A `MemoryView` over the memory at `db`, open while the block runs."""
+    async with Memory(db) as memory:
+        yield MemorySource(memory, reinforce=allow_writes)
+
+
+async def serve(
+    db: Path,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    allow_writes: bool = False,
+) -> None:
+    """Serves the web app over the memory at `db` until interrupted. Binds 127.0.0.1 unless
+    told otherwise: the pages show everything the memory holds, to whoever can connect."""
+    app = create_app(
+        open_view=lambda: open_view(db, allow_writes=allow_writes), allow_writes=allow_writes
+    )
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    await server.serve()

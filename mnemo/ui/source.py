@@ -1,0 +1,119 @@
+"""What the web app reads, as a Protocol of its own, and its implementation over `Memory`.
+
+The app knows no SQL and no store: every page is drawn from these reads, so a test can hand
+it a fake, and a later storage backend needs nothing UI-specific. `MemorySource` implements
+them through `Memory`'s public methods only; none of them starts or resumes work (no
+`open_repo`, no call that touches a session), so looking never changes what a session does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from mnemo.conversation.model import Message, ThreadInfo, Viewport
+from mnemo.episode.model import EpisodeLog
+from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.memory import Memory
+from mnemo.recall.engine import RecallResult
+from mnemo.session.service import SessionInfo
+
+
+@dataclass(frozen=True, slots=True)
+class LinkedNode:
+    """A node one link away from another, and the type of that link."""
+
+    link_type: LinkType
+    node: Node
+
+
+class MemoryView(Protocol):
+    """The reads the web app draws its pages from."""
+
+    async def repos(self) -> list[str]: ...
+
+    async def latest(self, repo: str, types: Sequence[NodeType], limit: int) -> list[Node]: ...
+
+    async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]: ...
+
+    async def search_nodes(self, repo: str, query: str, limit: int) -> list[Node]: ...
+
+    async def node(self, repo: str, node_id: str) -> Node | None: ...
+
+    async def links(self, repo: str, node_id: str) -> list[LinkedNode]: ...
+
+    async def episode(self, episode_id: str) -> EpisodeLog | None: ...
+
+    async def sessions(self) -> list[SessionInfo]: ...
+
+    async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
+
+    async def threads(self) -> list[ThreadInfo]: ...
+
+    async def messages(self, thread_id: str) -> list[Message]: ...
+
+    async def viewport(self, thread_id: str, token_budget: int) -> Viewport: ...
+
+    async def recall(
+        self, repo: str, query: str, k: int, types: Sequence[NodeType] | None
+    ) -> RecallResult: ...
+
+
+class MemorySource:
+    """`MemoryView` over an open `Memory`.
+
+    `reinforce` is whether a recall counts as an access of what it returns, as an agent's
+    recall does; off (the default), the playground changes nothing in the file.
+    """
+
+    def __init__(self, memory: Memory, *, reinforce: bool = False) -> None:
+        self._memory = memory
+        self._reinforce = reinforce
+
+    async def repos(self) -> list[str]:
+        return await self._memory.list_repos()
+
+    async def latest(self, repo: str, types: Sequence[NodeType], limit: int) -> list[Node]:
+        return await self._memory.latest(repo, types=types, top_k=limit)
+
+    async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]:
+        return await self._memory.get_nodes_by_type(repo, [node_type])
+
+    async def search_nodes(self, repo: str, query: str, limit: int) -> list[Node]:
+        return await self._memory.search_nodes(repo, query, limit=limit)
+
+    async def node(self, repo: str, node_id: str) -> Node | None:
+        return await self._memory.get_node(repo, node_id)
+
+    async def links(self, repo: str, node_id: str) -> list[LinkedNode]:
+        found: list[LinkedNode] = []
+        for link_type in LinkType:
+            for node in await self._memory.get_linked_nodes(repo, [node_id], link_type):
+                found.append(LinkedNode(link_type, node))
+        return found
+
+    async def episode(self, episode_id: str) -> EpisodeLog | None:
+        return await self._memory.episode(episode_id)
+
+    async def sessions(self) -> list[SessionInfo]:
+        return await self._memory.list_sessions()
+
+    async def episodes(self, session_id: str) -> list[EpisodeLog]:
+        return await self._memory.episodes(session_id)
+
+    async def threads(self) -> list[ThreadInfo]:
+        return await self._memory.list_threads()
+
+    async def messages(self, thread_id: str) -> list[Message]:
+        return await self._memory.conversation().raw(thread_id)
+
+    async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
+        return await self._memory.viewport(thread_id, token_budget=token_budget)
+
+    async def recall(
+        self, repo: str, query: str, k: int, types: Sequence[NodeType] | None
+    ) -> RecallResult:
+        return await self._memory.recall(
+            repo, query, k=k, types=types, reinforce=self._reinforce
+        )

@@ -1,0 +1,101 @@
+"""The reads added for inspection (issue 13, `mnemo ui`): threads, stored episodes, a plain
+node search, and a recall that does not count as an access."""
+
+from __future__ import annotations
+
+import pytest
+
+import mnemo
+from tests.conftest import REPO
+
+
+async def test_list_threads_lists_every_stored_thread_with_counts(mem: mnemo.Memory) -> None:
+    """list_threads reports each saved thread's messages and boundary; a purged one is gone."""
+    chat = mem.conversation()
+    await chat.save("a", [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}])
+    await chat.save("b/1", [{"role": "user", "content": "three"}])
+    await chat.save("gone", [{"role": "user", "content": "four"}])
+    await chat.purge("gone")
+    threads = await mem.list_threads()
+    assert [(t.id, t.messages, t.next_seq, t.boundary_seq) for t in threads] == [
+        ("a", 2, 2, 0),
+        ("b/1", 1, 1, 0),
+    ]
+
+
+async def test_episodes_keep_every_episode_of_a_session_even_after_it_ends(
+    mem: mnemo.Memory,
+) -> None:
+    """episodes() lists committed and open episodes with their steps, also once ended."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    await mem.append(sid, "open door", "push it")
+    await mem.close_and_commit(sid)
+    await mem.start_episode(sid, "find the key")
+    await mem.append(sid, "look under mat", "lift it")
+    await mem.end_session(sid)
+    episodes = await mem.episodes(sid)
+    assert [(e.goal, e.status, e.session_id) for e in episodes] == [
+        ("explore the house", "committed", sid),
+        ("find the key", "open", sid),
+    ]
+    assert [s.observation for s in episodes[0].steps] == ["walk north", "open door"]
+    assert all(s.committed_in for s in episodes[0].steps)
+    assert [len(t) for t in episodes[0].trajectories()] == [1, 1]  # "walk" and "open" differ
+    assert episodes[1].steps[0].committed_in is None
+    found = await mem.episode(episodes[1].id)
+    assert found is not None
+    assert found.session_id == sid
+    assert [s.action for s in found.steps] == ["lift it"]
+    assert await mem.episode("no-such-episode") is None
+    assert await mem.episodes("session_unknown") == []
+
+
+async def test_episodic_nodes_lead_back_to_their_stored_episode(mem: mnemo.Memory) -> None:
+    """An EPISODIC node's data["episode_id"] is what episode() takes: provenance to steps."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    receipt = await mem.close_and_commit(sid)
+    nodes = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+    assert {n.id for n in nodes} <= set(receipt.node_ids)
+    episode = await mem.episode(nodes[0].data["episode_id"])
+    assert episode is not None
+    assert episode.session_id == sid
+    assert episode.steps[0].id == nodes[0].data["step_id"]
+
+
+async def test_search_nodes_finds_text_without_recall(mem: mnemo.Memory) -> None:
+    """search_nodes is a full-text lookup over node text; bad input is refused."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north through the garden", "go north")
+    await mem.close_and_commit(sid)
+    found = await mem.search_nodes(REPO, "garden")
+    assert found
+    assert all("garden" in n.text for n in found)
+    assert await mem.search_nodes(REPO, "zeppelin") == []
+    assert len(await mem.search_nodes(REPO, "garden", limit=1)) == 1
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.search_nodes(REPO, "   ")
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.search_nodes(REPO, "garden", limit=0)
+    with pytest.raises(mnemo.NotFoundError):
+        await mem.search_nodes("nope", "garden")
+
+
+async def test_recall_without_reinforcement_changes_no_access_count(mem: mnemo.Memory) -> None:
+    """recall(reinforce=False) returns the same memories and counts no access."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north through the garden", "go north")
+    await mem.close_and_commit(sid)
+    graph = mem._graph
+
+    looked = await mem.recall(REPO, "garden", reinforce=False)
+    ids = [m.node.id for m in looked.memories]
+    assert ids
+    stats = await graph.access_stats(REPO, ids)
+    assert all(count == 0 and last is None for count, last in stats.values())
+
+    used = await mem.recall(REPO, "garden")
+    assert [m.node.id for m in used.memories] == ids
+    stats = await graph.access_stats(REPO, ids)
+    assert all(count == 1 for count, _ in stats.values())

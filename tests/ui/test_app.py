@@ -1,0 +1,263 @@
+"""Every route of the web app, through httpx against the ASGI app (no server, no browser)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+import mnemo
+from mnemo.ui.app import create_app
+from mnemo.ui.source import MemorySource
+from tests.ui.conftest import REPO, THREAD, Sample
+
+
+def _links(html: str) -> list[str]:
+    return [h.replace("&amp;", "&") for h in re.findall(r'(?:href|src)="([^"#]+)', html)]
+
+
+def _dump(db: Path) -> list[str]:
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+async def _node_ids(memory: mnemo.Memory, types: Sequence[mnemo.NodeType]) -> list[str]:
+    return [n.id for n in await memory.get_nodes_by_type(REPO, types)]
+
+
+async def test_index_lists_repos_sessions_and_threads(client: httpx.AsyncClient) -> None:
+    """The home page links each repo's graph and playground, sessions and threads."""
+    page = await client.get("/")
+    assert page.status_code == 200
+    assert "read-only" in page.text
+    links = _links(page.text)
+    assert f"/graph?repo={REPO}" in links
+    assert f"/recall?repo={REPO}" in links
+    assert "2 live sessions" in page.text
+    assert "1 thread<" in page.text
+
+
+async def test_graph_page_lists_nodes_tags_and_intents(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """The graph page shows the newest facts, each tag and each intent as node links."""
+    page = await client.get("/graph", params={"repo": REPO})
+    assert page.status_code == 200
+    for node_id in await _node_ids(
+        memory, [mnemo.NodeType.SEMANTIC, mnemo.NodeType.TAG, mnemo.NodeType.INTENT]
+    ):
+        assert f"/node?repo={REPO}&id={node_id}" in _links(page.text)
+    episodic = await client.get("/graph", params={"repo": REPO, "type": "episodic"})
+    assert "Bind gunicorn to 127.0.0.1:8000" in episodic.text
+
+
+async def test_graph_search_finds_nodes_by_text(client: httpx.AsyncClient) -> None:
+    """A search lists the nodes whose text holds the words; none for an unknown word."""
+    page = await client.get("/graph", params={"repo": REPO, "q": "certbot"})
+    results = page.text.split('id="results"')[1]
+    assert "certbot" in results
+    assert "matching “certbot”" in results
+    none = await client.get("/graph", params={"repo": REPO, "q": "zeppelin"})
+    assert "0 nodes matching" in none.text
+
+
+async def test_fact_page_shows_links_and_provenance_to_its_session_steps(
+    client: httpx.AsyncClient, memory: mnemo.Memory, sample: Sample
+) -> None:
+    """A fact's page lists its links by type and the steps it came from, linked to the
+    session page at the step."""
+    facts = await memory.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    fact = next(f for f in facts if "gunicorn" in f.text)
+    page = await client.get("/node", params={"repo": REPO, "id": fact.id})
+    assert page.status_code == 200
+    provenance = page.text.split('id="provenance"')[1].split("</section>")[0]
+    assert "nginx returns 502" in provenance
+    steps = await memory.get_linked_nodes(REPO, [fact.id], mnemo.LinkType.PROVENANCE)
+    step_id = steps[0].data["step_id"]
+    assert f"/session?id={sample.committed_session}#step-{step_id}" in provenance.replace(
+        "&amp;", "&"
+    )
+    links = page.text.split('id="links"')[1]
+    assert "provenance (" in links
+    assert "membership (" in links
+
+
+async def test_ingested_step_is_marked_as_ingested(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """A fact from an ingest leads to its step, which no session stored."""
+    facts = await memory.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    fact = next(f for f in facts if "vegetarian" in f.text)
+    page = await client.get("/node", params={"repo": REPO, "id": fact.id})
+    provenance = page.text.split('id="provenance"')[1].split("</section>")[0]
+    assert "Dana is vegetarian" in provenance
+    assert "ingested" in provenance
+    assert "/session?" not in provenance
+
+
+async def test_tag_and_intent_pages_list_their_facts_and_procedures(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """Facts by tag and procedures by intent: a routing node's page lists what it leads to."""
+    for kind, member in ((mnemo.NodeType.TAG, mnemo.LinkType.MEMBERSHIP),
+                         (mnemo.NodeType.INTENT, mnemo.LinkType.HIERARCHICAL)):
+        route = (await memory.get_nodes_by_type(REPO, [kind]))[0]
+        led = await memory.get_linked_nodes(REPO, [route.id], member)
+        page = await client.get("/node", params={"repo": REPO, "id": route.id})
+        members = page.text.split('id="members"')[1].split("</section>")[0]
+        for node in led:
+            assert f"/node?repo={REPO}&amp;id={node.id}" in members
+
+
+async def test_recall_playground_shows_phase_hop_and_score(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """A query returns the same memories as mem.recall, each with score, phase and hop."""
+    page = await client.get("/recall", params={"repo": REPO, "q": "which port for gunicorn?"})
+    assert page.status_code == 200
+    expected = await memory.recall(REPO, "which port for gunicorn?", reinforce=False)
+    rows = re.findall(
+        r'<td class="score">([\d.]+)</td>\s*<td class="phase">(\w+)</td>\s*'
+        r'<td class="hop">(\d+)</td>\s*<td><a class="node-link" href="/node\?repo=ops&amp;id=(\w+)',
+        page.text,
+    )
+    assert rows == [
+        (f"{m.score:.3f}", m.phase, str(m.hop), m.node.id) for m in expected.memories
+    ]
+    assert rows
+
+
+async def test_recall_playground_filters_types_and_k(client: httpx.AsyncClient) -> None:
+    """types and k narrow the playground's recall like recall's own arguments."""
+    page = await client.get(
+        "/recall", params={"repo": REPO, "q": "nginx gunicorn certbot", "k": 1,
+                           "types": "episodic"}
+    )
+    hits = re.findall(r'<tr class="hit">.*?type-(\w+)', page.text, re.S)
+    assert hits == ["episodic"]
+
+
+async def test_bad_recall_input_is_a_400_page_that_says_why(client: httpx.AsyncClient) -> None:
+    """A k out of range or an unknown type is a 400 with the reason, not a crash."""
+    page = await client.get("/recall", params={"repo": REPO, "q": "x", "k": "0"})
+    assert page.status_code == 400
+    assert "k must be between 1 and 50" in page.text
+    page = await client.get("/recall", params={"repo": REPO, "q": "x", "types": "bogus"})
+    assert page.status_code == 400
+    assert "unknown node type" in page.text
+
+
+async def test_sessions_page_shows_each_state(client: httpx.AsyncClient, sample: Sample) -> None:
+    """The sessions page lists live sessions with their state, goal and steps."""
+    page = await client.get("/sessions")
+    assert f"/session?id={sample.live_session}" in _links(page.text)
+    assert "state-collecting" in page.text
+    assert "state-idle" in page.text
+    assert "Tune postgres" in page.text
+
+
+async def test_session_page_shows_episodes_trajectories_and_steps(
+    client: httpx.AsyncClient, sample: Sample
+) -> None:
+    """A session page shows its state, each episode's trajectories and steps by id."""
+    page = await client.get("/session", params={"id": sample.committed_session})
+    assert page.status_code == 200
+    assert "Deploy the blog" in page.text
+    assert "committed" in page.text
+    assert page.text.count('class="step"') == 2
+    assert "Trajectory 1" in page.text
+    live = await client.get("/session", params={"id": sample.live_session})
+    assert "state-collecting" in live.text
+    assert "pgbouncer" in live.text
+
+
+async def test_threads_and_thread_page_show_boundary_snapshots_and_goal_pins(
+    client: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """The thread page shows the viewport boundary, the snapshot, the pin and every
+    message marked by where it stands."""
+    threads = await client.get("/threads")
+    assert f"/thread?id={quote(THREAD, safe='')}" in _links(threads.text)
+    page = await client.get("/thread", params={"id": THREAD, "budget": 300})
+    assert page.status_code == 200
+    viewport = await memory.viewport(THREAD, token_budget=300)
+    assert viewport.boundary_seq > 0
+    assert f"boundary at seq <b>{viewport.boundary_seq}</b>" in page.text
+    assert page.text.count('class="message ') == 24
+    assert page.text.count('class="message evicted"') == viewport.boundary_seq - 1  # 1 pin
+    snapshots = page.text.split('id="snapshots"')[1].split("</ul>")[0]
+    assert f"seq 0..{viewport.boundary_seq - 1}" in snapshots
+    everything = await memory.viewport(THREAD, token_budget=10**6)
+    assert [m.seq for m in everything.pinned] == [0]
+    pins = page.text.split('id="pins"')[1].split("</ul>")[0]
+    assert "Never run the orders_stage migration" in pins
+    assert '<li class="message pinned" id="seq-0">' in page.text
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "status", "says"),
+    [
+        ("/graph", {"repo": "nope"}, 404, "nope"),
+        ("/graph", {}, 400, "repo"),
+        ("/node", {"repo": REPO, "id": "node_missing"}, 404, "node_missing"),
+        ("/session", {"id": "session_missing"}, 404, "session_missing"),
+        ("/thread", {"id": "no-thread"}, 404, "no-thread"),
+        ("/thread", {"id": THREAD, "budget": "lots"}, 400, "budget"),
+    ],
+)
+async def test_unknown_things_are_error_pages(
+    client: httpx.AsyncClient, path: str, params: dict[str, str], status: int, says: str
+) -> None:
+    """Unknown repos, nodes, sessions and threads are 404 pages; bad parameters 400."""
+    page = await client.get(path, params=params)
+    assert page.status_code == status
+    assert says in page.text
+
+
+async def test_every_link_of_every_page_works_and_nothing_is_written(
+    client: httpx.AsyncClient, sample: Sample
+) -> None:
+    """Crawling every page from / (a recall included) gets no error and changes no row."""
+    before = _dump(sample.db)
+    seen: set[str] = set()
+    queue = ["/", f"/recall?repo={REPO}&q=gunicorn+port", f"/graph?repo={REPO}&q=nginx"]
+    while queue:
+        url = queue.pop()
+        if url in seen:
+            continue
+        seen.add(url)
+        page = await client.get(url)
+        assert page.status_code == 200, url
+        if page.headers["content-type"].startswith("text/html"):
+            queue.extend(link for link in _links(page.text) if link.startswith("/"))
+    assert len(seen) > 30
+    assert "/static/htmx.min.js" in seen
+    assert _dump(sample.db) == before
+
+
+async def test_allow_writes_lets_recall_count_accesses(memory: mnemo.Memory) -> None:
+    """With writes allowed, a playground recall counts as an access, as an agent's does."""
+    app = create_app(MemorySource(memory, reinforce=True), allow_writes=True)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://ui.test"
+    ) as c:
+        page = await c.get("/recall", params={"repo": REPO, "q": "gunicorn port"})
+    assert "writes allowed" in page.text
+    ids = re.findall(r'class="hit">.*?id=(\w+)', page.text, re.S)
+    stats = await memory._graph.access_stats(REPO, ids)
+    assert ids
+    assert all(count == 1 for count, _ in stats.values())
+
+
+def test_create_app_takes_one_view() -> None:
+    """create_app refuses neither or both of a view and a view factory."""
+    with pytest.raises(mnemo.InvalidInputError):
+        create_app()

@@ -297,3 +297,11 @@ def m006_planner_statistics(db: Database) -> None:
         ],
     )
     db.execute("ANALYZE sqlite_schema")
+
+
+@MIGRATIONS()
+def m007_repo_models(db: Database) -> None:
+    # A repo records the URI of its LLM (`embedder` already held the embedder's name), so that a
+    # Memory opened without models (the CLI, the MCP server, another worker) runs the repo's
+    # (issue 13). NULL for repos recorded before: they run the opening Memory's defaults.
+    db.execute("ALTER TABLE repos ADD COLUMN llm TEXT")

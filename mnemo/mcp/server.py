@@ -30,6 +30,7 @@ from mnemo.errors import MnemoError, NotFoundError
 from mnemo.mcp import _output
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
+from mnemo.ports import LLM, Embedder
 from mnemo.tools import ERROR_CHARS, clip
 
 if TYPE_CHECKING:
@@ -263,14 +264,22 @@ def build_server(tools: MemoryTools) -> MCPServer:
     return server
 
 
-async def serve(db: Path, *, memory_dir: Path | None = None, memory_updates: bool = True) -> None:
-    """Opens the Memory at `db` and serves MCP over stdin/stdout until the client closes it.
+async def serve(
+    store: str | Path,
+    *,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
+    memory_dir: Path | None = None,
+    memory_updates: bool = True,
+) -> None:
+    """Opens the Memory at `store` and serves MCP over stdin/stdout until the client closes it.
 
+    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults).
     `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
     and says so); `recall_memory` still reads.
     """
-    async with Memory(db) as mem:
+    async with Memory(store, llm=llm, embedder=embedder) as mem:
         tools = MemoryTools(
-            mem, memory_dir or default_memory_dir(db), memory_updates=memory_updates
+            mem, memory_dir or default_memory_dir(Path(store)), memory_updates=memory_updates
         )
         await build_server(tools).run_stdio_async()

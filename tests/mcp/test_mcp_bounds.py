@@ -149,7 +149,7 @@ def test_the_cli_switch_turns_memory_updates_off(
 
     seen: list[bool] = []
 
-    async def fake_serve(db: Path, *, memory_dir: Path | None, memory_updates: bool) -> None:
+    async def fake_serve(db: str | Path, *, memory_updates: bool, **options: object) -> None:
         seen.append(memory_updates)
 
     monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)

@@ -3,6 +3,8 @@
 `app` the typer application (each command module registers its commands on it)."""
 
 from mnemo.cli import app as _app
+from mnemo.cli import doctor as _doctor
+from mnemo.cli import manage as _manage
 from mnemo.cli._common import app
 
 __all__ = ["app", "main"]
@@ -13,4 +15,4 @@ def main() -> None:
     app(prog_name="mnemo")
 
 
-del _app
+del _app, _doctor, _manage

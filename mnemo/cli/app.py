@@ -144,7 +144,9 @@ def ingest(
             title=f"Ingested into {escape(target)} ({parsed.shape})", title_justify="left"
         )
         for column in ("source", "new", "nodes", "steps", "messages saved"):
-            table.add_column(column, justify="left" if column == "source" else "right")
+            table.add_column(
+                column, justify="left" if column == "source" else "right", overflow="fold"
+            )
         for s in report.sources:
             table.add_row(
                 Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
@@ -220,7 +222,12 @@ def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = F
             return
         table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
         for column in ("id", "repo", "state", "goal", "steps"):
-            table.add_column(column, justify="right" if column == "steps" else "left")
+            # Folded, never cut: the id is what `mnemo session ...` takes.
+            table.add_column(
+                column, justify="right" if column == "steps" else "left",
+                overflow="fold" if column in ("id", "repo") else "ellipsis",
+                no_wrap=column not in ("id", "repo", "goal"),
+            )
         for s in live:
             table.add_row(
                 s.id, Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),

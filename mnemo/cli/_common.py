@@ -102,8 +102,16 @@ async def open_memory(
     settings: Settings, *, writes: bool = False, on_event: EventCallback | None = None
 ) -> AsyncIterator[Memory]:
     """The Memory the settings choose, after checking the store."""
-    check_store(settings, writes=writes)
+    # The models first: a mistyped --llm is reported before anything about the store.
     llm, embedder = models(settings)
+    try:
+        check_store(settings, writes=writes)
+    except BaseException:
+        for model in (llm, embedder):
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
+        raise
     async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event) as mem:
         yield mem
 

@@ -145,7 +145,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     from typer.testing import CliRunner
 
     import mnemo.mcp.server
-    from mnemo.cli.app import app
+    from mnemo.cli import app
 
     seen: list[bool] = []
 

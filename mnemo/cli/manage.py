@@ -92,11 +92,15 @@ def view(
         table.add_column("message id", overflow="fold")
         for m in shown.messages:
             target = m.id == shown.target.id
-            content = m.content if target else shorten(m.content, 200)
             table.add_row(
-                str(m.seq), Text(m.role), Text(content, style="bold" if target else ""), m.id
+                str(m.seq), Text(m.role),
+                Text(shorten(m.content, 200), style="bold" if target else ""), m.id,
             )
         console.print(table)
+        # The target whole, below the table: its content is what the command is for.
+        whole = shown.target
+        console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
+        console.print(Text(whole.content), soft_wrap=True)
         for snapshot in shown.snapshots_after:
             console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
                                f"{shorten(snapshot.text, 300)}", style="dim"))

@@ -10,6 +10,7 @@ from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.minilm import MiniLMEmbedder, default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.adapters.uri import ModelURIError, embedder_from_uri, llm_from_uri
 from mnemo.config import Config
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
@@ -86,6 +87,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "MessageView",
     "MiniLMEmbedder",
     "MnemoError",
+    "ModelURIError",
     "Node",
     "NodeType",
     "NotFoundError",
@@ -117,4 +119,6 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "ValidationReport",
     "Viewport",
     "default_embedder",
+    "embedder_from_uri",
+    "llm_from_uri",
 ]

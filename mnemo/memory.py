@@ -21,6 +21,8 @@ from anyio.abc import TaskStatus
 
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.adapters.recorded import RepoModels
+from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
@@ -87,6 +89,10 @@ class Memory:
         self._llm: LLM = llm if llm is not None else self._offline
         chosen: Embedder = default_embedder() if embedder is None else embedder
         self._embedder = chosen
+        # Without models given, each repo runs the ones it recorded (issue 13).
+        self._models = RepoModels(
+            self._llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
+        )
         self._events = Events(on_event)
         self._sessions_store = SqliteSessions(self._database)
         self._repos: dict[str, Runtime] = {}
@@ -120,8 +126,10 @@ class Memory:
         await self._database.open()
         try:
             for row in await self._sessions_store.load_repos():
-                self._repos[row.name] = Runtime(self._llm, self._embedder, row.config, row.dim)
+                llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
+                self._repos[row.name] = Runtime(llm, embedder, row.config, row.dim)
                 self._dims[row.name] = row.dim
+            self._adopt(*self._models.built())
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
             await self._host.start(self._background)
@@ -191,7 +199,8 @@ class Memory:
             raise InvalidInputError(f"repo name must be a non-blank string, got {name!r}")
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
-        chosen_embedder: Embedder = embedder or self._embedder
+        chosen_embedder: Embedder = embedder or self._models.embedder(name)
+        chosen_llm: LLM = llm or self._models.llm(name)
         self._adopt(llm, embedder)
         await _detect_dim(chosen_embedder)
         known = self._repos.get(name)
@@ -202,18 +211,22 @@ class Memory:
                 f"{chosen_embedder.dim}"
             )
         chosen_config = config or (known.config if known else self._config)
-        if known is None or chosen_config != known.config:
-            await self._sessions_store.save_repo(
-                RepoRow(name, chosen_config, chosen_embedder.dim, _embedder_name(chosen_embedder))
-            )
+        # The models are recorded as URIs (never a key) for a Memory opened without them.
+        row = RepoRow(
+            name, chosen_config, chosen_embedder.dim, model_uri(chosen_embedder),
+            model_uri(chosen_llm),
+        )
+        models_changed = self._models.record(name, row.llm, row.embedder)
+        if known is None or chosen_config != known.config or models_changed:
+            await self._sessions_store.save_repo(row)
         if known is None:
             self._repos[name] = Runtime(
-                llm or self._llm, chosen_embedder, chosen_config, chosen_embedder.dim
+                chosen_llm, chosen_embedder, chosen_config, chosen_embedder.dim
             )
             self._dims[name] = chosen_embedder.dim
         else:
             # Sessions hold this Runtime: updating it in place is what they see next.
-            known.llm = llm or self._llm
+            known.llm = chosen_llm
             known.embedder, known.config = chosen_embedder, chosen_config
         self._service.resume_repo(name)
 

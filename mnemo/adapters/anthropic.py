@@ -86,7 +86,11 @@ class Anthropic:
         if key:
             headers["x-api-key"] = key
         self.model = model
-        self.name = f"anthropic:{model}"
+        # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
+        self.name = (
+            f"anthropic:{model}" if base_url == ANTHROPIC_BASE_URL
+            else f"anthropic:{model}@{base_url}"
+        )
         self.max_tokens = checked_max_tokens(max_tokens)
         self._temperature = temperature
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})

@@ -78,7 +78,8 @@ class OpenAIEmbedder:
             provider="OpenAI",
         )
         self.model = model
-        self.name = f"openai-embeddings:{model}"
+        # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
+        self.name = f"openai:{model}" + ("" if base_url == OPENAI_BASE_URL else f"@{base_url}")
         self._dim = dim
         self._batch_size = batch_size
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})

@@ -65,12 +65,12 @@ class HashEmbedder:
         ValueError: if `dim` is not a positive integer.
     """
 
-    name = "hash-ngram-v1"
-
     def __init__(self, dim: int = 512) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = dim
+        # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
+        self.name = "hash" if dim == 512 else f"hash:{dim}"
         # token -> (is_stopword, unigram hash, trigram hashes); bounded by clearing when full.
         self._tokens: dict[str, tuple[bool, int, tuple[int, ...]]] = {}
 

@@ -98,7 +98,8 @@ class MiniLMEmbedder:
             is missing, a file's sha256 differs from the pinned one, or onnxruntime fails.
     """
 
-    name = "all-MiniLM-L6-v2-int8"
+    # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
+    name = "minilm"
 
     def __init__(
         self,

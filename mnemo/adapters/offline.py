@@ -171,6 +171,9 @@ class OfflineLLM:
         LLMError: for a task it has no heuristic for.
     """
 
+    # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
+    name = "offline"
+
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Answers `request` from its inputs, with zero usage.
 

@@ -119,7 +119,11 @@ class OpenAICompatible:
             provider="OpenAI",
         )
         self.model = model
-        self.name = f"openai-compatible:{model}"
+        # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
+        self.name = (
+            f"openai:{model}" if base_url == OPENAI_BASE_URL
+            else f"openai-compatible:{model}@{base_url}"
+        )
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         self._temperature = temperature

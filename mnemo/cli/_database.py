@@ -38,7 +38,7 @@ def check_database(path: Path, *, must_exist: bool) -> None:
         if must_exist:
             raise CliError(
                 f"no database at {path} (create one with `mnemo ingest` or `mnemo demo`, "
-                "or pass --db)"
+                "or pass --store)"
             )
         return
     if path.is_dir():

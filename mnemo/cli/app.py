@@ -1,17 +1,16 @@
 """The `mnemo` command (typer): look inside a memory, fill it, and serve it over MCP.
 
-Every command takes `--db PATH` (default: `$MNEMO_DB`, else `memory.db`) and, where it prints
-results, `--json` for one JSON document on stdout. A problem the user can fix (a missing or
-foreign database file, an unknown repo, a malformed input file, a rejected argument) prints one
-line, `error: ...`, on stderr and exits with status 2, as usage errors do; anything else is a
-bug and keeps its traceback.
+Every command takes `--store` (alias `--db`: a SQLite file, or a PostgreSQL URL; see
+`_settings.py` for flags, environment and config file), those that use models `--llm` and
+`--embedder`, and those that print results `--json` for one JSON document on stdout. A problem
+the user can fix (a missing or foreign database file, an unknown repo, a malformed input file,
+a rejected argument, an unknown model provider or a missing key) prints one line,
+`error: ...`, on stderr and exits with status 2, as usage errors do; anything else is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -25,7 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli import graph as graph_export
-from mnemo.cli._database import CliError, check_database
+from mnemo.cli._common import Json, app, check_repo, check_store, models, open_memory, run
+from mnemo.cli._database import CliError
 from mnemo.cli._output import (
     json_text,
     print_json,
@@ -33,34 +33,17 @@ from mnemo.cli._output import (
     stderr_console,
     stdout_console,
 )
+from mnemo.cli._settings import (
+    ConfigOpt,
+    EmbedderOpt,
+    LlmOpt,
+    Settings,
+    StoreOpt,
+    resolve,
+)
 from mnemo.cli.ingest import ingest_file, load_file
 from mnemo.cli.jsonable import hit_json, label, recall_json, session_json
-from mnemo.errors import MnemoError
 from mnemo.graph.model import NodeType
-from mnemo.memory import Memory
-
-app = typer.Typer(
-    name="mnemo",
-    help="mnemo: memory for LLM agents. Look inside a memory database, fill it, serve it.",
-    no_args_is_help=True,
-    add_completion=False,
-    # Expected problems are reported in one line by `_run`; what escapes it is a bug, and a
-    # plain traceback is what a bug report needs.
-    pretty_exceptions_enable=False,
-)
-
-DEFAULT_DB = Path("memory.db")
-
-Db = Annotated[
-    Path,
-    typer.Option(
-        "--db",
-        envvar="MNEMO_DB",
-        help="The SQLite file of the memory (env MNEMO_DB).",
-        dir_okay=False,
-    ),
-]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
 
 
 class ExportFormat(StrEnum):
@@ -68,36 +51,10 @@ class ExportFormat(StrEnum):
     GRAPHML = "graphml"
 
 
-def _run(work: Callable[[], Awaitable[None]]) -> None:
-    """Runs a command's coroutine; a problem the user can fix exits 2 with one line."""
-    try:
-        anyio.run(work)
-    except (CliError, MnemoError, sqlite3.Error) as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, sqlite3.Error):
-            message = f"database error: {message}"
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        # Nothing is half-written: every store is transactional and an ingest is idempotent,
-        # so running the command again carries on.
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(130) from None
-
-
-@asynccontextmanager
-async def _memory(db: Path, *, writes: bool = False) -> AsyncIterator[Memory]:
-    """The Memory at `db`, after checking the file (a read command needs it to exist)."""
-    check_database(db, must_exist=not writes)
-    async with Memory(db) as mem:
-        yield mem
-
-
-async def _check_repo(mem: Memory, repo: str) -> None:
-    repos = await mem.list_repos()
-    if repo not in repos:
-        known = ", ".join(repos) if repos else "none"
-        raise CliError(f"unknown repo {repo!r} (repos in this database: {known})")
+def _settings(
+    store: str | None, config: Path | None, llm: str | None = None, embedder: str | None = None
+) -> Settings:
+    return resolve(store=store, config=config, llm=llm, embedder=embedder)
 
 
 def _node_types(spec: str | None) -> list[NodeType] | None:
@@ -141,7 +98,7 @@ def demo(
         if as_json:
             print_json(summary)
 
-    _run(work)
+    run(work)
 
 
 @app.command()
@@ -159,7 +116,10 @@ def ingest(
         bool,
         typer.Option(help="Also save each session as a conversation thread (for search)."),
     ] = True,
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    llm: LlmOpt = None,
+    embedder: EmbedderOpt = None,
+    config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
@@ -171,7 +131,8 @@ def ingest(
         target = repo or parsed.repo
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
-        async with _memory(db, writes=True) as mem:
+        settings = _settings(store, config, llm, embedder)
+        async with open_memory(settings, writes=True) as mem:
             report = await ingest_file(
                 mem, target, parsed, threads=threads, console=stderr_console(),
                 show_progress=not as_json,
@@ -183,7 +144,9 @@ def ingest(
             title=f"Ingested into {escape(target)} ({parsed.shape})", title_justify="left"
         )
         for column in ("source", "new", "nodes", "steps", "messages saved"):
-            table.add_column(column, justify="left" if column == "source" else "right")
+            table.add_column(
+                column, justify="left" if column == "source" else "right", overflow="fold"
+            )
         for s in report.sources:
             table.add_row(
                 Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
@@ -196,7 +159,7 @@ def ingest(
             f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes"
         )
 
-    _run(work)
+    run(work)
 
 
 @app.command()
@@ -208,15 +171,19 @@ def recall(
         str | None,
         typer.Option(help="Comma-separated node types, e.g. semantic,episodic (default: all)."),
     ] = None,
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    llm: LlmOpt = None,
+    embedder: EmbedderOpt = None,
+    config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
     """Recall a repo's memories for a query: score, type, phase, hop and text."""
 
     async def work() -> None:
         wanted = _node_types(types)
-        async with _memory(db) as mem:
-            await _check_repo(mem, repo)
+        settings = _settings(store, config, llm, embedder)
+        async with open_memory(settings) as mem:
+            await check_repo(mem, repo)
             # `open_repo` checks that this Memory's embedder makes the repo's dimension (a repo
             # written with the hashed embedder is 512, MiniLM 384): a clear EmbeddingError
             # instead of a shape error deep in the vector search.
@@ -240,22 +207,27 @@ def recall(
             table.add_row("", "", "", "", Text("(nothing recalled)", style="dim"))
         stdout_console().print(table)
 
-    _run(work)
+    run(work)
 
 
 @app.command()
-def sessions(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
+def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
     """List every live session (not ended): id, repo, state, goal and steps."""
 
     async def work() -> None:
-        async with _memory(db) as mem:
+        async with open_memory(_settings(store, config)) as mem:
             live = await mem.list_sessions()
         if as_json:
             print_json([session_json(s) for s in live])
             return
         table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
         for column in ("id", "repo", "state", "goal", "steps"):
-            table.add_column(column, justify="right" if column == "steps" else "left")
+            # Folded, never cut: the id is what `mnemo session ...` takes.
+            table.add_column(
+                column, justify="right" if column == "steps" else "left",
+                overflow="fold" if column in ("id", "repo") else "ellipsis",
+                no_wrap=column not in ("id", "repo", "goal"),
+            )
         for s in live:
             table.add_row(
                 s.id, Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
@@ -265,7 +237,7 @@ def sessions(db: Db = DEFAULT_DB, as_json: Json = False) -> None:
             table.add_row("", "", "", Text("(no live sessions)", style="dim"), "")
         stdout_console().print(table)
 
-    _run(work)
+    run(work)
 
 
 @app.command()
@@ -280,7 +252,8 @@ def graph(
         typer.Option(help="Write the export here (format from --export or the suffix).",
                      dir_okay=False),
     ] = None,
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
     """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
@@ -293,9 +266,12 @@ def graph(
     async def work() -> None:
         if out is not None and fmt is None:
             raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
-        async with _memory(db) as mem:
-            await _check_repo(mem, repo)
-            dumped = await graph_export.dump_graph(mem, db, repo)
+        settings = _settings(store, config)
+        if settings.is_url:
+            raise CliError("mnemo graph reads a SQLite store; it cannot read a URL yet")
+        async with open_memory(settings) as mem:
+            await check_repo(mem, repo)
+            dumped = await graph_export.dump_graph(mem, settings.path, repo)
         counts = dumped.counts()
         if fmt is not None:
             text = (
@@ -324,7 +300,7 @@ def graph(
             table.add_section()
         stdout_console().print(table)
 
-    _run(work)
+    run(work)
 
 
 @app.command()
@@ -334,13 +310,14 @@ def search(
         str | None, typer.Option("--thread", "-t", help="Only this thread.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
     """Search the conversation threads' messages (full text, best first)."""
 
     async def work() -> None:
-        async with _memory(db) as mem:
+        async with open_memory(_settings(store, config)) as mem:
             hits = await mem.search_messages(query, thread_id=thread, limit=limit)
         if as_json:
             print_json([hit_json(h) for h in hits])
@@ -358,7 +335,7 @@ def search(
             table.add_row("", "", "", "", Text("(no message matches)", style="dim"), "")
         stdout_console().print(table)
 
-    _run(work)
+    run(work)
 
 
 @app.command()
@@ -370,7 +347,8 @@ def purge(
         typer.Option(help="Also forget the graph source of the same id in this repo "
                           "(what `mnemo ingest` made from the session)."),
     ] = None,
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
@@ -378,13 +356,14 @@ def purge(
     async def work() -> None:
         if as_json and not yes:
             raise CliError("--json cannot ask for confirmation: pass --yes")
-        async with _memory(db) as mem:
+        settings = _settings(store, config)
+        async with open_memory(settings) as mem:
             conversation = mem.conversation()
             messages = len(await conversation.raw(thread))
             if repo is not None:
-                await _check_repo(mem, repo)
+                await check_repo(mem, repo)
             elif not messages:
-                raise CliError(f"no thread {thread!r} in {db}")
+                raise CliError(f"no thread {thread!r} in {settings.store}")
             if not yes:
                 also = f" and its source in repo {repo!r}" if repo else ""
                 question = f"Erase thread {thread!r} ({messages} messages){also} for good?"
@@ -401,12 +380,15 @@ def purge(
             done += f", {forgotten} nodes forgotten in {repo!r}"
         stdout_console().print(Text(done))
 
-    _run(work)
+    run(work)
 
 
 @app.command()
 def mcp(
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    llm: LlmOpt = None,
+    embedder: EmbedderOpt = None,
+    config: ConfigOpt = None,
     memory_dir: Annotated[
         Path | None,
         typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
@@ -420,7 +402,10 @@ def mcp(
     """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
 
     async def work() -> None:
-        check_database(db, must_exist=False)
+        settings = _settings(store, config, llm, embedder)
+        check_store(settings, writes=True)
+        if settings.is_url and memory_dir is None:
+            raise CliError("with a store URL, pass --memory-dir for the memory files")
         try:
             from mnemo.mcp.server import serve
         except ImportError as exc:
@@ -428,14 +413,21 @@ def mcp(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
                 "pip install 'mcp>=2.3'"
             ) from exc
-        await serve(db, memory_dir=memory_dir, memory_updates=memory_updates)
+        chosen_llm, chosen_embedder = models(settings)
+        await serve(
+            settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
+            memory_updates=memory_updates,
+        )
 
-    _run(work)
+    run(work)
 
 
 @app.command()
 def ui(
-    db: Db = DEFAULT_DB,
+    store: StoreOpt = None,
+    llm: LlmOpt = None,
+    embedder: EmbedderOpt = None,
+    config: ConfigOpt = None,
     host: Annotated[
         str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
                                "to the network.")
@@ -450,7 +442,8 @@ def ui(
     """Serve a local web app to browse a memory: repos, graph, sessions, threads, recall."""
 
     async def work() -> None:
-        check_database(db, must_exist=True)
+        settings = _settings(store, config, llm, embedder)
+        check_store(settings, writes=False)
         try:
             from mnemo.ui import serve
         except ImportError as exc:
@@ -458,11 +451,10 @@ def ui(
                 f"the web app needs the `ui` extra ({exc}); install it with "
                 "pip install 'mnemo[ui]'"
             ) from exc
-        await serve(db, host=host, port=port, allow_writes=allow_writes)
+        chosen_llm, chosen_embedder = models(settings)
+        await serve(
+            settings.store, host=host, port=port, allow_writes=allow_writes, llm=chosen_llm,
+            embedder=chosen_embedder,
+        )
 
-    _run(work)
-
-
-def main() -> None:
-    """The console script's entry point."""
-    app(prog_name="mnemo")
+    run(work)

@@ -17,20 +17,23 @@ that root: the caller is an agent, and a prompt it read must not steer writes el
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
-from mnemo.cli.jsonable import step_json
+from mnemo.cli._common import mnemo_version
+from mnemo.cli.jsonable import label, session_json, step_json
 from mnemo.errors import MnemoError, NotFoundError
 from mnemo.mcp import _output
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
-from mnemo.tools import ERROR_CHARS, clip
+from mnemo.ports import LLM, Embedder
+from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -40,20 +43,29 @@ mnemo is long-term memory. Before a task, `recall` what the repo knows about it 
 `get_node` reads one memory whole). While working,
 `start_session` with the task's goal, `append` each step (what you observed, what you did), and
 `close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
-find. `search_messages` and `view_messages` search stored conversations; `persist_memory` files
-a statement to remember under a topic, and `recall_memory` reads those topic files back."""
+find (`discard_session` drops a failed extraction, `end_session` ends a session). `save_messages`
+stores a conversation, and `search_messages` and `view_messages` search stored conversations;
+`list_repos` and `list_sessions` show what there is; `persist_memory` files a statement to
+remember under a topic, and `recall_memory` reads those topic files back."""
 
 TOOL_NAMES = (
     "recall",
     "get_node",
     "search_messages",
     "view_messages",
+    "save_messages",
+    "list_repos",
+    "list_sessions",
     "start_session",
     "append",
     "close_and_commit",
+    "discard_session",
+    "end_session",
     "persist_memory",
     "recall_memory",
 )
+# At most this many repos or sessions a page (`offset` reads on).
+PAGE_ITEMS = 50
 
 
 def default_memory_dir(db: Path) -> Path:
@@ -159,6 +171,68 @@ class MemoryTools:
             view = await self._mem.view_messages(message_id, radius=radius)
             return _dumps(_output.view_output(view, offset))
 
+    async def save_messages(
+        self,
+        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        messages: Annotated[
+            list[dict[str, Any]],
+            Field(description="The thread's whole history so far: dicts with role and content "
+                              "(only those past the stored length are added)."),
+        ],
+    ) -> str:
+        """Stores a conversation thread's messages (for `search_messages` and
+        `view_messages`): pass the whole history each time, and only the new messages are
+        appended. Returns how many were added and the thread's length."""
+        with _as_tool_error():
+            conversation = self._mem.conversation()
+            before = len(await conversation.raw(thread_id))
+            await conversation.save(thread_id, messages)
+            total = len(await conversation.raw(thread_id))
+            return _dumps({"thread_id": thread_id, "added": total - before, "messages": total})
+
+    async def list_repos(
+        self,
+        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+    ) -> str:
+        """The repos (knowledge graphs) in this memory, oldest first, a page at a time
+        (`next_offset` reads on; null on the last page)."""
+        with _as_tool_error():
+            names = await self._mem.list_repos()
+            return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
+
+    async def list_sessions(
+        self,
+        repo: Annotated[str | None, Field(description="Only this repo's (default: all).")] = None,
+        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+    ) -> str:
+        """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
+        the open episode's goal (a snippet) and its number of steps."""
+        with _as_tool_error():
+            live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
+            rows = [
+                {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
+                for s in live
+            ]
+            return _dumps(_page(rows, offset, "sessions"))
+
+    async def discard_session(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Drops a session's ready changeset or failed extraction (then `end_session`, or
+        keep it). Errors: a session that is neither ready nor failed."""
+        with _as_tool_error():
+            await self._mem.discard(session_id)
+            state = await self._mem.session_state(session_id)
+            return _dumps({"session_id": session_id, "state": label(state)})
+
+    async def end_session(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Ends a session for good (what it committed stays); its id is then unknown."""
+        with _as_tool_error():
+            await self._mem.end_session(session_id)
+            return _dumps({"session_id": session_id, "ended": True})
+
     async def start_session(
         self,
         goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
@@ -252,25 +326,72 @@ class MemoryTools:
         return files
 
 
-def build_server(tools: MemoryTools) -> MCPServer:
-    """An `MCPServer` named "mnemo" exposing `tools`' methods (`TOOL_NAMES`)."""
-    from mcp.server import MCPServer
+def _page(items: list[Any], offset: int, key: str) -> dict[str, Any]:
+    """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
+    end = offset + PAGE_ITEMS
+    return {
+        key: items[offset:end],
+        "total": len(items),
+        "offset": offset,
+        "next_offset": end if end < len(items) else None,
+    }
 
-    server = MCPServer("mnemo", instructions=INSTRUCTIONS, log_level="WARNING")
+
+def validation_message(tool: str, exc: ValidationError) -> str:
+    """A rejected call's arguments as one line: each field and what is wrong with it (never
+    the value, which is the caller's data)."""
+    problems = [
+        f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+        for error in exc.errors()
+    ]
+    return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
+
+
+def build_server(tools: MemoryTools) -> MCPServer:
+    """An `MCPServer` named "mnemo" (with mnemo's version) exposing `tools`' methods
+    (`TOOL_NAMES`), each described by its docstring without the source's indentation."""
+    from mcp.server import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    class _Server(MCPServer):
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                # pydantic's report spans lines and repeats the input; the agent gets one line.
+                if isinstance(exc.__cause__, ValidationError):
+                    raise ToolError(validation_message(name, exc.__cause__)) from exc.__cause__
+                raise
+
+    server = _Server(
+        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=mnemo_version()
+    )
     for name in TOOL_NAMES:
+        method = getattr(tools, name)
         # structured_output=False: the result is the JSON text itself, not wrapped again.
-        server.add_tool(getattr(tools, name), name=name, structured_output=False)
+        server.add_tool(
+            method, name=name, description=inspect.cleandoc(method.__doc__ or ""),
+            structured_output=False,
+        )
     return server
 
 
-async def serve(db: Path, *, memory_dir: Path | None = None, memory_updates: bool = True) -> None:
-    """Opens the Memory at `db` and serves MCP over stdin/stdout until the client closes it.
+async def serve(
+    store: str | Path,
+    *,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
+    memory_dir: Path | None = None,
+    memory_updates: bool = True,
+) -> None:
+    """Opens the Memory at `store` and serves MCP over stdin/stdout until the client closes it.
 
+    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults).
     `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
     and says so); `recall_memory` still reads.
     """
-    async with Memory(db) as mem:
+    async with Memory(store, llm=llm, embedder=embedder) as mem:
         tools = MemoryTools(
-            mem, memory_dir or default_memory_dir(db), memory_updates=memory_updates
+            mem, memory_dir or default_memory_dir(Path(store)), memory_updates=memory_updates
         )
         await build_server(tools).run_stdio_async()

@@ -25,10 +25,15 @@ from mnemo.storage.db import Database
 
 @dataclass(frozen=True, slots=True)
 class RepoRow:
+    """A repo's record: its config, its vectors' dimension, and the URIs of the embedder and
+    LLM it runs with (`mnemo.adapters.uri`; never a key; `llm` is None for a repo recorded
+    before models were)."""
+
     name: str
     config: Config
     dim: int
     embedder: str
+    llm: str | None = None
 
 
 @dataclass(slots=True)
@@ -80,22 +85,25 @@ class SqliteSessions:
     async def load_repos(self) -> list[RepoRow]:
         rows = await self._database.run(
             lambda db: db.conn.execute(
-                "SELECT name, config, dim, embedder FROM repos ORDER BY created_at, name"
+                "SELECT name, config, dim, embedder, llm FROM repos ORDER BY created_at, name"
             ).fetchall()
         )
         return [
-            RepoRow(name, Config.from_json(config), dim, embedder)
-            for name, config, dim, embedder in rows
+            RepoRow(name, Config.from_json(config), dim, embedder, llm)
+            for name, config, dim, embedder, llm in rows
         ]
 
     async def save_repo(self, row: RepoRow) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute(
-                    "INSERT INTO repos(name, config, dim, embedder, created_at)"
-                    " VALUES (?, ?, ?, ?, ?)"
-                    " ON CONFLICT(name) DO UPDATE SET config = excluded.config",
-                    (row.name, row.config.to_json(), row.dim, row.embedder, _now()),
+                    "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)"
+                    # The dimension is the repo's for good; the models may change (an
+                    # embedder of the same dimension, another LLM) and the record follows.
+                    " ON CONFLICT(name) DO UPDATE SET config = excluded.config,"
+                    " embedder = excluded.embedder, llm = excluded.llm",
+                    (row.name, row.config.to_json(), row.dim, row.embedder, row.llm, _now()),
                 )
 
         await self._database.run(write)

@@ -304,3 +304,11 @@ def m007_session_model(db: Database) -> None:
     # The model an extraction started with (issue 9, item 16): work is resumed only by a Memory
     # whose model for the repo is that one, never by one that merely reads.
     db.execute("ALTER TABLE sessions ADD COLUMN model TEXT")
+
+
+@MIGRATIONS()
+def m008_repo_models(db: Database) -> None:
+    # A repo records the URI of its LLM (`embedder` already held the embedder's name), so that a
+    # Memory opened without models (the CLI, the MCP server, another worker) runs the repo's
+    # (issue 13). NULL for repos recorded before: they run the opening Memory's defaults.
+    db.execute("ALTER TABLE repos ADD COLUMN llm TEXT")

@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from mnemo.memory import Memory
+from mnemo.ports import LLM, Embedder
 from mnemo.ui.app import create_app
 from mnemo.ui.source import MemorySource, MemoryView
 
@@ -20,23 +21,33 @@ DEFAULT_PORT = 8765
 
 
 @asynccontextmanager
-async def open_view(db: Path, *, allow_writes: bool = False) -> AsyncIterator[MemoryView]:
-    """A `MemoryView` over the memory at `db`, open while the block runs."""
-    async with Memory(db) as memory:
+async def open_view(
+    db: Path | str,
+    *,
+    allow_writes: bool = False,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
+) -> AsyncIterator[MemoryView]:
+    """A `MemoryView` over the memory at `db`, open while the block runs. Without models, each
+    repo's recorded ones are used (as by every other entry point)."""
+    async with Memory(db, llm=llm, embedder=embedder) as memory:
         yield MemorySource(memory, reinforce=allow_writes)
 
 
 async def serve(
-    db: Path,
+    db: Path | str,
     *,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     allow_writes: bool = False,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
 ) -> None:
     """Serves the web app over the memory at `db` until interrupted. Binds 127.0.0.1 unless
     told otherwise: the pages show everything the memory holds, to whoever can connect."""
     app = create_app(
-        open_view=lambda: open_view(db, allow_writes=allow_writes), allow_writes=allow_writes
+        open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),
+        allow_writes=allow_writes,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     await server.serve()

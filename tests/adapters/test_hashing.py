@@ -25,7 +25,7 @@ def test_hash_embedder_is_an_embedder() -> None:
     embedder = HashEmbedder()
     assert isinstance(embedder, Embedder)
     assert embedder.dim == 512
-    assert embedder.name == "hash-ngram-v1"
+    assert embedder.name == "hash"
 
 
 async def test_shape_dtype_and_norm() -> None:

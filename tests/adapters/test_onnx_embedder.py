@@ -95,7 +95,7 @@ def test_constructor_validates() -> None:
     """threads and batch_size must be positive integers; the embedder names itself."""
     embedder = MiniLMEmbedder()
     assert isinstance(embedder, Embedder)
-    assert (embedder.dim, embedder.name, embedder.loaded) == (384, "all-MiniLM-L6-v2-int8", False)
+    assert (embedder.dim, embedder.name, embedder.loaded) == (384, "minilm", False)
     with pytest.raises(ValueError, match="threads"):
         MiniLMEmbedder(threads=0)
     with pytest.raises(ValueError, match="batch_size"):

@@ -209,9 +209,9 @@ def test_recall_errors_are_one_line(filled: Path) -> None:
     assert_clear_error(invoke("recall", REPO, "   ", "--db", str(filled)), "query")
 
 
-def test_recall_names_an_embedder_dimension_mismatch(tmp_path: Path) -> None:
-    """A repo written with the hashed embedder (512) is refused by the default one (384) in
-    one line, not a shape error."""
+def test_recall_uses_the_repos_embedder_and_names_a_dimension_mismatch(tmp_path: Path) -> None:
+    """A repo written with the hashed embedder (512) is recalled with it without flags; an
+    --embedder of another dimension (384) is refused in one line, not a shape error."""
     db = tmp_path / "hashed.db"
 
     async def fill() -> None:
@@ -221,7 +221,11 @@ def test_recall_names_an_embedder_dimension_mismatch(tmp_path: Path) -> None:
                              source_id="s")
 
     anyio.run(fill)
-    assert_clear_error(invoke("recall", "r", "nginx", "--db", str(db)), "dimension")
+    found = ok_json("recall", "r", "nginx", "--db", str(db))
+    assert any("nginx" in m["node"]["text"] for m in found["memories"])
+    assert_clear_error(
+        invoke("recall", "r", "nginx", "--db", str(db), "--embedder", "hash:384"), "dimension"
+    )
 
 
 # ---- sessions -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio.lowlevel
 import pytest
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -145,11 +146,11 @@ def test_the_cli_switch_turns_memory_updates_off(
     from typer.testing import CliRunner
 
     import mnemo.mcp.server
-    from mnemo.cli.app import app
+    from mnemo.cli import app
 
     seen: list[bool] = []
 
-    async def fake_serve(db: Path, *, memory_dir: Path | None, memory_updates: bool) -> None:
+    async def fake_serve(db: str | Path, *, memory_updates: bool, **options: object) -> None:
         seen.append(memory_updates)
 
     monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)
@@ -158,3 +159,79 @@ def test_the_cli_switch_turns_memory_updates_off(
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 0, result.output
     assert seen == [False, True]
+
+
+# ---- conversation, repos and sessions (issue 13, item 6) ------------------------------------
+
+
+async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> None:
+    """save_messages takes the whole history; saving it again adds nothing, and the saved
+    messages are found by search_messages."""
+    history = [
+        {"role": "user", "content": "Why does nginx return 502?"},
+        {"role": "assistant", "content": "gunicorn listens on port 8001."},
+    ]
+    first = json.loads(await tools.save_messages("t1", history))
+    assert first == {"thread_id": "t1", "added": 2, "messages": 2}
+    longer = [*history, {"role": "user", "content": "ok"}]
+    again = json.loads(await tools.save_messages("t1", longer))
+    assert again == {"thread_id": "t1", "added": 1, "messages": 3}
+    hits = json.loads(await tools.search_messages("gunicorn"))
+    assert [h["thread_id"] for h in hits] == ["t1"]
+
+
+async def test_list_repos_pages_with_next_offset(mem: mnemo.Memory, tools: MemoryTools) -> None:
+    """list_repos returns at most PAGE_ITEMS a page and a next_offset that reads the rest."""
+    from mnemo.mcp.server import PAGE_ITEMS
+
+    for i in range(PAGE_ITEMS + 5):
+        await mem.open_repo(f"repo-{i:03d}")
+    first = json.loads(await tools.list_repos())
+    assert len(first["repos"]) == PAGE_ITEMS
+    assert first["total"] == PAGE_ITEMS + 6
+    rest = json.loads(await tools.list_repos(offset=first["next_offset"]))
+    assert rest["next_offset"] is None
+    assert first["repos"] + rest["repos"] == await mem.list_repos()
+
+
+async def test_list_discard_and_end_sessions(mem: mnemo.Memory, tools: MemoryTools) -> None:
+    """list_sessions shows live sessions (filtered by repo, goals clipped); discard_session
+    drops a ready changeset; end_session ends it; their errors are one-line tool errors."""
+    await mem.open_repo("other")
+    sid = json.loads(await tools.start_session(LONG, REPO))["session_id"]
+    await tools.start_session("Elsewhere", "other")
+    listed = json.loads(await tools.list_sessions(repo=REPO))
+    assert [s["id"] for s in listed["sessions"]] == [sid]
+    assert len(listed["sessions"][0]["goal"]) <= SNIPPET_CHARS
+    assert json.loads(await tools.list_sessions())["total"] == 2
+
+    await tools.append(sid, "nginx returns 502.", "Restart gunicorn.")
+    with pytest.raises(ToolError, match="not_discardable"):
+        await tools.discard_session(sid)
+    await mem.close(sid)
+    with anyio.fail_after(30):
+        # The offline extraction runs in the Memory's task group; yield until it has ended.
+        while await mem.session_state(sid) is mnemo.State.EXTRACTING:
+            await anyio.lowlevel.checkpoint()
+    assert json.loads(await tools.discard_session(sid))["state"] == "idle"
+    assert json.loads(await tools.end_session(sid)) == {"session_id": sid, "ended": True}
+    assert json.loads(await tools.list_sessions(repo=REPO))["sessions"] == []
+    with pytest.raises(ToolError, match="session"):
+        await tools.end_session(sid)
+
+
+def test_validation_errors_are_one_line_naming_the_field() -> None:
+    """A pydantic rejection becomes one line naming the field and the rule, not the value."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    from mnemo.mcp.server import validation_message
+
+    class Args(BaseModel):
+        k: int = Field(ge=1)
+
+    with pytest.raises(ValidationError) as caught:
+        Args(k=-7)
+    line = validation_message("recall", caught.value)
+    assert line.startswith("invalid arguments for recall: k: ")
+    assert "\n" not in line
+    assert "-7" not in line

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ TOOLS = {
     "close_and_commit",
     "persist_memory",
     "recall_memory",
+    "save_messages",
+    "list_repos",
+    "list_sessions",
+    "discard_session",
+    "end_session",
 }
 
 
@@ -61,9 +67,18 @@ async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path) -> None:
             stdio_client(params, errlog=errlog) as (read, write),
             ClientSession(read, write) as session,
         ):
-            await session.initialize()
+            init = await session.initialize()
+            assert init.server_info.name == "mnemo"
+            assert init.server_info.version == version("mnemo")
             listed = await session.list_tools()
             assert {tool.name for tool in listed.tools} == TOOLS
+            for tool in listed.tools:
+                assert tool.description
+                assert "\n    " not in tool.description, tool.name
+
+            bad = await call_failing(session, "recall", repo="assistant", query="x", k=0)
+            assert "\n" not in bad
+            assert "invalid arguments for recall: k:" in bad
 
             started = await call(
                 session, "start_session", goal="Deploy the blog", repo="assistant"

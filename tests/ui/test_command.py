@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
-from mnemo.cli.app import app
+from mnemo.cli import app
 from tests.ui.conftest import Sample
 
 

@@ -1,0 +1,135 @@
+"""The models a repo runs with when its `Memory` was given none: the ones the repo recorded.
+
+`open_repo` records the URIs of the repo's LLM and embedder (`mnemo.adapters.uri`). A later
+`Memory` opened without explicit models (the CLI, the MCP server, another worker) builds them
+again, keys from the environment, so that a repo built with `OpenAIEmbedder` is queried with
+it. A `Memory` given a model uses that one for every repo instead.
+
+What cannot be rebuilt:
+- a record no URI parser knows (an object without a URI name, or no record) runs the
+  Memory's default, as before models were recorded;
+- a known URI that cannot be built here (its key is not in the environment) becomes a
+  stand-in of the recorded name and dimension that raises `LLMError` / `EmbeddingError`
+  saying what to set when something calls it: reading nodes needs no model, recall needs the
+  embedder, an append both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mnemo.adapters.uri import ModelURIError, embedder_from_uri, llm_from_uri, model_uri
+from mnemo.errors import EmbeddingError, LLMError
+from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
+
+_LLM_SCHEMES = {"offline", "openai", "anthropic", "openai-compatible"}
+_EMBEDDER_SCHEMES = {"minilm", "hash", "openai"}
+# Names the embedders had before they were URIs (issue 13), for repos recorded then.
+_LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
+
+
+class UnavailableLLM:
+    """Stands in for a repo's recorded LLM that cannot be built here; every call says why."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name = name
+        self.problem = problem
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        raise LLMError(self.problem)
+
+
+class UnavailableEmbedder:
+    """Stands in for a repo's recorded embedder that cannot be built here (keeping the repo's
+    dimension, so reads that need no vectors work); every call says why."""
+
+    def __init__(self, name: str, dim: int, problem: str) -> None:
+        self.name = name
+        self.dim = dim
+        self.problem = problem
+
+    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
+        raise EmbeddingError(self.problem)
+
+
+def _scheme(uri: str) -> str:
+    return uri.partition(":")[0].strip().lower()
+
+
+def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
+    fix = f"set {exc.variable}" if exc.variable else "fix the record"
+    flag = "--llm / llm=" if kind == "LLM" else "--embedder / embedder="
+    return (
+        f"repo {repo!r} runs the {kind} {uri}, which cannot be built here: {exc}; {fix}, "
+        f"or choose another with {flag}"
+    )
+
+
+class RepoModels:
+    """Each repo's own models, built once from its record (see the module doc)."""
+
+    def __init__(
+        self, llm: LLM, embedder: Embedder, *, llm_given: bool, embedder_given: bool
+    ) -> None:
+        self._llm, self._embedder = llm, embedder
+        self._llm_given, self._embedder_given = llm_given, embedder_given
+        self._repos: dict[str, tuple[LLM, Embedder]] = {}
+        self._records: dict[str, tuple[str | None, str]] = {}
+        # One adapter per URI, shared by the repos that record it (one HTTP client, one
+        # concurrency limiter per provider).
+        self._llms: dict[str, LLM] = {}
+        self._embedders: dict[tuple[str, int], Embedder] = {}
+
+    def load(self, repo: str, llm: str | None, embedder: str, dim: int) -> tuple[LLM, Embedder]:
+        """The models `repo` runs with, given its record; remembered for `llm`/`embedder`."""
+        models = (self._recorded_llm(repo, llm), self._recorded_embedder(repo, embedder, dim))
+        self._repos[repo] = models
+        self._records[repo] = (llm, embedder)
+        return models
+
+    def record(self, repo: str, llm: str | None, embedder: str) -> bool:
+        """Notes the URIs `repo` now runs with; whether they differ from its stored record."""
+        changed = self._records.get(repo) != (llm, embedder)
+        self._records[repo] = (llm, embedder)
+        return changed
+
+    def llm(self, repo: str) -> LLM:
+        """The repo's LLM when `open_repo` is given none."""
+        return self._repos[repo][0] if repo in self._repos else self._llm
+
+    def embedder(self, repo: str) -> Embedder:
+        """The repo's embedder when `open_repo` is given none."""
+        return self._repos[repo][1] if repo in self._repos else self._embedder
+
+    def built(self) -> list[object]:
+        """The adapters built from records (to close with the Memory)."""
+        return [*self._llms.values(), *self._embedders.values()]
+
+    def _recorded_llm(self, repo: str, uri: str | None) -> LLM:
+        if self._llm_given or uri is None or _scheme(uri) not in _LLM_SCHEMES:
+            return self._llm
+        if uri == model_uri(self._llm):
+            return self._llm
+        built = self._llms.get(uri)
+        if built is None:
+            try:
+                built = self._llms[uri] = llm_from_uri(uri)
+            except ModelURIError as exc:
+                return UnavailableLLM(uri, _problem(repo, "LLM", uri, exc))
+        return built
+
+    def _recorded_embedder(self, repo: str, uri: str, dim: int) -> Embedder:
+        uri = _LEGACY_EMBEDDERS.get(uri, uri).format(dim=dim)
+        if uri == "hash:512":
+            uri = "hash"
+        if self._embedder_given or _scheme(uri) not in _EMBEDDER_SCHEMES:
+            return self._embedder
+        if uri == model_uri(self._embedder):
+            return self._embedder
+        built = self._embedders.get((uri, dim))
+        if built is None:
+            try:
+                built = self._embedders[uri, dim] = embedder_from_uri(uri, dim=dim)
+            except ModelURIError as exc:
+                return UnavailableEmbedder(uri, dim, _problem(repo, "embedder", uri, exc))
+        return built

@@ -1,0 +1,124 @@
+"""What every command shares: the typer application, running a command's coroutine with the
+one-line error rule, and opening the `Memory` its settings choose."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from typing import Annotated
+
+import anyio
+import typer
+
+from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
+from mnemo.cli._database import CliError, check_database
+from mnemo.cli._settings import Settings, check_backend
+from mnemo.errors import MnemoError
+from mnemo.events import EventCallback
+from mnemo.memory import Memory
+from mnemo.ports import LLM, Embedder
+
+
+def mnemo_version() -> str:
+    """The installed mnemo's version ("unknown" when running from a bare source tree)."""
+    try:
+        return package_version("mnemo")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mnemo {mnemo_version()}")
+        raise typer.Exit()
+
+
+app = typer.Typer(
+    name="mnemo",
+    help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Expected problems are reported in one line by `run`; what escapes it is a bug, and a
+    # plain traceback is what a bug report needs.
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """mnemo: memory for LLM agents. Look inside a memory, fill it, serve it."""
+
+
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
+
+
+def run(work: Callable[[], Awaitable[None]]) -> None:
+    """Runs a command's coroutine; a problem the user can fix exits 2 with one line."""
+    try:
+        anyio.run(work)
+    except (CliError, MnemoError, sqlite3.Error) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, sqlite3.Error):
+            message = f"database error: {message}"
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        # Nothing is half-written: every store is transactional and an ingest is idempotent,
+        # so running the command again carries on.
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(130) from None
+
+
+def models(settings: Settings) -> tuple[LLM | None, Embedder | None]:
+    """The LLM and embedder the settings name (None: each repo's own, else the default).
+
+    Raises:
+        ModelURIError: an unknown provider or a missing key, in one line.
+    """
+    llm = llm_from_uri(settings.llm) if settings.llm is not None else None
+    embedder = embedder_from_uri(settings.embedder) if settings.embedder is not None else None
+    return llm, embedder
+
+
+def check_store(settings: Settings, *, writes: bool) -> None:
+    """Checks the store before `Memory` touches it (a read command needs it to exist)."""
+    check_backend(settings)
+    if not settings.is_url:
+        check_database(settings.path, must_exist=not writes)
+
+
+@asynccontextmanager
+async def open_memory(
+    settings: Settings, *, writes: bool = False, on_event: EventCallback | None = None
+) -> AsyncIterator[Memory]:
+    """The Memory the settings choose, after checking the store."""
+    # The models first: a mistyped --llm is reported before anything about the store.
+    llm, embedder = models(settings)
+    try:
+        check_store(settings, writes=writes)
+    except BaseException:
+        for model in (llm, embedder):
+            close = getattr(model, "aclose", None)
+            if close is not None:
+                await close()
+        raise
+    async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event) as mem:
+        yield mem
+
+
+async def check_repo(mem: Memory, repo: str) -> None:
+    """Raises CliError naming the known repos when `repo` is not one of them."""
+    repos = await mem.list_repos()
+    if repo not in repos:
+        known = ", ".join(repos) if repos else "none"
+        raise CliError(f"unknown repo {repo!r} (repos in this database: {known})")

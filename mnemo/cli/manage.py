@@ -1,0 +1,213 @@
+"""`mnemo repos`, `mnemo view MESSAGE_ID` and `mnemo session close|commit|discard|end ID`.
+
+A session command acts through a `Memory` of its own, so it waits for what it started: `close`
+returns once the extraction has ended (`ready`, or `failed`), `commit` of a failed session once
+the retried extraction has. Waiting is on the session's transition events, for at most
+`--wait` seconds (120 by default); an extraction still running then is left to the next `Memory`
+that opens the repo (it resumes it), and the command says so.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import anyio
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from mnemo.cli._common import Json, app, check_repo, open_memory, run
+from mnemo.cli._database import CliError
+from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._settings import ConfigOpt, EmbedderOpt, LlmOpt, StoreOpt, resolve
+from mnemo.cli.jsonable import label, view_json
+from mnemo.events import Event
+from mnemo.memory import Memory
+from mnemo.session.machine import State
+
+session_app = typer.Typer(
+    name="session",
+    help="Act on one live session: close, commit, discard or end it.",
+    no_args_is_help=True,
+)
+app.add_typer(session_app, name="session")
+
+SessionId = Annotated[str, typer.Argument(help="The session's id (see `mnemo sessions`).")]
+# A close's extraction ends in one of these.
+_SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
+
+
+@app.command()
+def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
+    """List the repos: name and live sessions."""
+
+    async def work() -> None:
+        async with open_memory(resolve(store=store, config=config)) as mem:
+            names = await mem.list_repos()
+            live = await mem.list_sessions()
+        rows = [(name, sum(s.repo == name for s in live)) for name in names]
+        if as_json:
+            print_json([{"repo": name, "live_sessions": n} for name, n in rows])
+            return
+        table = Table(title=f"Repos ({len(rows)})", title_justify="left")
+        table.add_column("repo", overflow="fold")
+        table.add_column("live sessions", justify="right")
+        for name, n in rows:
+            table.add_row(Text(name), str(n))
+        if not rows:
+            table.add_row(Text("(no repos)", style="dim"), "")
+        stdout_console().print(table)
+
+    run(work)
+
+
+@app.command()
+def view(
+    message_id: Annotated[str, typer.Argument(help="A message id from `mnemo search`.")],
+    radius: Annotated[
+        int, typer.Option(min=0, max=100, help="Messages to show on each side.")
+    ] = 10,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    as_json: Json = False,
+) -> None:
+    """Show a stored message whole, with the messages and snapshots around it."""
+
+    async def work() -> None:
+        async with open_memory(resolve(store=store, config=config)) as mem:
+            shown = await mem.view_messages(message_id, radius=radius)
+        if as_json:
+            print_json(view_json(shown))
+            return
+        console = stdout_console()
+        for snapshot in shown.snapshots_before:
+            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
+                               f"{shorten(snapshot.text, 300)}", style="dim"))
+        table = Table(title=f"Thread {escape(shown.target.thread_id)}", title_justify="left")
+        table.add_column("seq", justify="right")
+        table.add_column("role")
+        table.add_column("content", overflow="fold")
+        table.add_column("message id", overflow="fold")
+        for m in shown.messages:
+            target = m.id == shown.target.id
+            table.add_row(
+                str(m.seq), Text(m.role),
+                Text(shorten(m.content, 200), style="bold" if target else ""), m.id,
+            )
+        console.print(table)
+        # The target whole, below the table: its content is what the command is for.
+        whole = shown.target
+        console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
+        console.print(Text(whole.content), soft_wrap=True)
+        for snapshot in shown.snapshots_after:
+            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
+                               f"{shorten(snapshot.text, 300)}", style="dim"))
+
+    run(work)
+
+
+class _Transitions:
+    """Wakes a waiter at each of one session's state changes (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.session_id: str | None = None
+        self._changed = anyio.Event()
+
+    def __call__(self, event: Event) -> None:
+        if event.kind == "transition" and event.session_id == self.session_id:
+            self._changed.set()
+
+    async def wait(self, mem: Memory, session_id: str, seconds: float) -> State:
+        """The session's state once it is no longer `extracting` (or after `seconds`)."""
+        with anyio.move_on_after(seconds):
+            while True:
+                # A new event before reading the state: a change in between still wakes us.
+                changed = self._changed = anyio.Event()
+                state = await mem.session_state(session_id)
+                if state in _SETTLED:
+                    return state
+                await changed.wait()
+        return await mem.session_state(session_id)
+
+
+class Action(StrEnum):
+    CLOSE = "close"
+    COMMIT = "commit"
+    DISCARD = "discard"
+    END = "end"
+
+
+async def _act(
+    mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float
+) -> dict[str, Any]:
+    info = next((s for s in await mem.list_sessions() if s.id == sid), None)
+    if info is None:
+        raise CliError(f"no live session {sid!r} (see `mnemo sessions`)")
+    await check_repo(mem, info.repo)
+    # Opening the repo resumes a restored session's interrupted extraction.
+    await mem.open_repo(info.repo)
+    transitions.session_id = sid
+    out: dict[str, Any] = {"session_id": sid, "repo": info.repo, "action": action.value}
+    if action is Action.END:
+        await mem.end_session(sid)
+        out["state"] = "ended"
+        return out
+    if action is Action.CLOSE:
+        await mem.close(sid)
+    elif action is Action.DISCARD:
+        await mem.discard(sid)
+    else:
+        if await mem.session_state(sid) is State.EXTRACTING:
+            await transitions.wait(mem, sid, wait)
+        receipt = await mem.commit(sid)
+        if receipt is not None:
+            out["node_ids"] = list(receipt.node_ids)
+    state = await transitions.wait(mem, sid, wait)
+    out["state"] = label(state)
+    if state is State.EXTRACTING:
+        out["note"] = "the extraction is still running; the next command on this repo resumes it"
+    return out
+
+
+def _session_command(action: Action) -> None:
+    def command(
+        session_id: SessionId,
+        store: StoreOpt = None,
+        llm: LlmOpt = None,
+        embedder: EmbedderOpt = None,
+        config: ConfigOpt = None,
+        wait: Annotated[
+            float, typer.Option(min=0, help="Seconds to wait for an extraction to end.")
+        ] = 120.0,
+        as_json: Json = False,
+    ) -> None:
+        async def work() -> None:
+            settings = resolve(store=store, llm=llm, embedder=embedder, config=config)
+            transitions = _Transitions()
+            async with open_memory(settings, on_event=transitions) as mem:
+                out = await _act(mem, transitions, action, session_id, wait)
+            if as_json:
+                print_json(out)
+                return
+            line = f"{action.value}: session {session_id} is now {out['state']}"
+            if "node_ids" in out:
+                line += f", {len(out['node_ids'])} nodes committed"
+            if "note" in out:
+                line += f" ({out['note']})"
+            stdout_console().print(Text(line))
+
+        run(work)
+
+    command.__doc__ = {
+        Action.CLOSE: "End the session's episode and extract it (waits until it is ready).",
+        Action.COMMIT: "Commit a ready session's changeset (a failed one: extract again).",
+        Action.DISCARD: "Drop a ready changeset or a failed extraction (back to idle).",
+        Action.END: "Stop the session for good; its id is then unknown.",
+    }[action]
+    session_app.command(action.value)(command)
+
+
+for _action in Action:
+    _session_command(_action)

@@ -1,0 +1,121 @@
+"""A repo remembers its models: a Memory opened without models runs the repo's recorded ones."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import mnemo
+from tests.adapters.provider_server import ProviderServer
+
+REPO = "r"
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer(dim=16) as s:
+        yield s
+
+
+def recorded(db: Path) -> dict[str, tuple[str, str | None, int]]:
+    """Each repo's (embedder, llm, dim) as stored."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT name, embedder, llm, dim FROM repos").fetchall()
+    return {name: (embedder, llm, dim) for name, embedder, llm, dim in rows}
+
+
+async def test_a_reopened_repo_runs_its_recorded_models(
+    tmp_path: Path, server: ProviderServer
+) -> None:
+    """A repo opened with a provider's LLM and embedder records both as URIs; a Memory opened
+    later without models sends its appends and recall to them."""
+    db = tmp_path / "m.db"
+    llm = mnemo.OpenAICompatible("chat-m", base_url=server.openai_url)
+    embedder = mnemo.OpenAIEmbedder("embed-m", base_url=server.openai_url)
+    async with mnemo.Memory(db, llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+    assert recorded(db)[REPO] == (
+        f"openai:embed-m@{server.openai_url}", f"openai-compatible:chat-m@{server.openai_url}", 16
+    )
+    before = len(server.requests)
+
+    async with mnemo.Memory(db) as mem:
+        sid = await mem.start_session("walk the house", repo=REPO)
+        await mem.append(sid, "walk north along the corridor", "go north")
+        await mem.close_and_commit(sid)
+        result = await mem.recall(REPO, "corridor")
+    assert result.memories
+    paths = {r.path for r in server.requests[before:]}
+    assert paths == {"/v1/chat/completions", "/v1/embeddings"}
+    models = {r.body.get("model") for r in server.requests[before:]}
+    assert models == {"chat-m", "embed-m"}
+
+
+async def test_explicit_models_win_over_the_record_and_are_recorded(tmp_path: Path) -> None:
+    """A Memory given models uses them for the repo, and open_repo records the new choice."""
+    db = tmp_path / "m.db"
+    async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(32)) as mem:
+        await mem.open_repo(REPO)
+    assert recorded(db)[REPO] == ("hash:32", "offline", 32)
+    async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(32), llm=mnemo.OpenAICompatible(
+        "m", base_url="http://127.0.0.1:9/v1"
+    )) as mem:
+        await mem.open_repo(REPO)
+    assert recorded(db)[REPO] == ("hash:32", "openai-compatible:m@http://127.0.0.1:9/v1", 32)
+
+
+async def test_no_key_is_ever_recorded(tmp_path: Path) -> None:
+    """The repos table holds the URIs, never the key the adapters were given."""
+    db = tmp_path / "m.db"
+    llm = mnemo.OpenAICompatible("gpt-4o-mini", api_key="sk-secret-1")
+    embedder = mnemo.OpenAIEmbedder("text-embedding-3-small", api_key="sk-secret-2", dim=8)
+    async with mnemo.Memory(db, llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+    assert recorded(db)[REPO] == ("openai:text-embedding-3-small", "openai:gpt-4o-mini", 8)
+    assert b"sk-secret" not in db.read_bytes()
+
+
+async def test_a_recorded_model_without_its_key_says_which_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reopened where OPENAI_API_KEY is unset, node reads still work, while recall and append
+    fail with one clear error naming the variable."""
+    db = tmp_path / "m.db"
+    async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(8)) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("nginx on 80", "ok")]),
+                         source_id="s")
+    llm = mnemo.OpenAICompatible("gpt-4o-mini", api_key="sk-x")
+    embedder = mnemo.OpenAIEmbedder("text-embedding-3-small", api_key="sk-x", dim=8)
+    async with mnemo.Memory(db, llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    async with mnemo.Memory(db) as mem:
+        assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        with pytest.raises(mnemo.EmbeddingError, match="OPENAI_API_KEY") as caught:
+            await mem.recall(REPO, "nginx")
+        assert "openai:text-embedding-3-small" in str(caught.value)
+        sid = await mem.start_session("g", repo=REPO)
+        with pytest.raises(mnemo.LLMError, match="OPENAI_API_KEY"):
+            await mem.append(sid, "obs", "act")
+
+
+async def test_a_repo_recorded_with_the_old_hash_name_still_opens(tmp_path: Path) -> None:
+    """A repo recorded before URIs (embedder "hash-ngram-v1", no llm) runs the hashed
+    embedder of its dimension and the default LLM, and recall works without flags."""
+    db = tmp_path / "m.db"
+    async with mnemo.Memory(db, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("nginx on 80", "ok")]),
+                         source_id="s")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE repos SET embedder = 'hash-ngram-v1', llm = NULL")
+    async with mnemo.Memory(db) as mem:
+        result = await mem.recall(REPO, "nginx")
+        assert any("nginx" in m.node.text for m in result.memories)
+        await mem.open_repo(REPO)
+    assert recorded(db)[REPO] == ("hash", "offline", 512)

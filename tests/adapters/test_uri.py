@@ -1,0 +1,145 @@
+"""Model URIs: every form builds its adapter named by its URI; errors are one line."""
+
+from __future__ import annotations
+
+import pytest
+
+import mnemo
+from mnemo.adapters.uri import ModelURIError, model_uri
+
+KEYS = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
+
+
+@pytest.mark.parametrize(
+    ("uri", "kind", "model"),
+    [
+        ("offline", mnemo.OfflineLLM, None),
+        ("openai:gpt-4o-mini", mnemo.OpenAICompatible, "gpt-4o-mini"),
+        ("anthropic:claude-3-5-haiku-latest", mnemo.Anthropic, "claude-3-5-haiku-latest"),
+        ("anthropic:claude-x@http://127.0.0.1:9/", mnemo.Anthropic, "claude-x"),
+        ("openai-compatible:llama3.2:3b@http://localhost:11434/v1", mnemo.OpenAICompatible,
+         "llama3.2:3b"),
+    ],
+)
+def test_each_llm_form_builds_its_adapter_named_by_its_uri(
+    uri: str, kind: type, model: str | None
+) -> None:
+    """llm_from_uri builds the adapter of each form; its name is the URI it came from."""
+    llm = mnemo.llm_from_uri(uri, env=KEYS)
+    assert isinstance(llm, kind)
+    assert getattr(llm, "model", None) == model
+    assert model_uri(llm) == uri.rstrip("/")
+    assert model_uri(mnemo.llm_from_uri(model_uri(llm), env=KEYS)) == model_uri(llm)
+
+
+@pytest.mark.parametrize(
+    ("uri", "dim", "name"),
+    [
+        ("hash", 512, "hash"),
+        ("hash:64", 64, "hash:64"),
+        ("HASH:64", 64, "hash:64"),
+        ("minilm", 384, "minilm"),
+    ],
+)
+def test_local_embedders_are_built_with_their_dimension(uri: str, dim: int, name: str) -> None:
+    """hash[:DIM] and minilm build local embedders whose name is the canonical URI."""
+    embedder = mnemo.embedder_from_uri(uri, env={})
+    assert (embedder.dim, model_uri(embedder)) == (dim, name)
+
+
+def test_openai_embedder_takes_a_base_url_and_a_known_dimension() -> None:
+    """openai:MODEL[@URL] builds OpenAIEmbedder, with `dim` given when the repo knows it."""
+    own = mnemo.embedder_from_uri("openai:text-embedding-3-small", env=KEYS, dim=1536)
+    assert isinstance(own, mnemo.OpenAIEmbedder)
+    assert (own.dim, model_uri(own)) == (1536, "openai:text-embedding-3-small")
+    local = mnemo.embedder_from_uri("openai:nomic@http://127.0.0.1:9/v1", env={})
+    assert model_uri(local) == "openai:nomic@http://127.0.0.1:9/v1"
+
+
+def test_adapters_made_by_hand_carry_the_same_uris() -> None:
+    """Adapters built directly name themselves with the URI that rebuilds them."""
+    assert mnemo.OpenAICompatible("m", api_key="k").name == "openai:m"
+    assert (
+        mnemo.OpenAICompatible("m", base_url="http://h:1/v1/").name
+        == "openai-compatible:m@http://h:1/v1"
+    )
+    assert mnemo.Anthropic("c", api_key="k").name == "anthropic:c"
+    assert mnemo.HashEmbedder(32).name == "hash:32"
+    assert mnemo.OfflineLLM().name == "offline"
+
+
+@pytest.mark.parametrize(
+    ("uri", "variable"),
+    [
+        ("openai:gpt-4o-mini", "OPENAI_API_KEY"),
+        ("anthropic:claude-3-5-haiku-latest", "ANTHROPIC_API_KEY"),
+    ],
+)
+def test_a_missing_key_names_its_variable(uri: str, variable: str) -> None:
+    """A provider's own API without its key is one line naming the variable to set."""
+    with pytest.raises(ModelURIError) as caught:
+        mnemo.llm_from_uri(uri, env={})
+    assert caught.value.variable == variable
+    assert variable in str(caught.value)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ModelURIError, match="OPENAI_API_KEY"):
+        mnemo.embedder_from_uri("openai:text-embedding-3-small", env={})
+
+
+def test_keys_come_from_the_process_environment_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without `env`, the key is read from os.environ when the model is built."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ModelURIError, match="OPENAI_API_KEY"):
+        mnemo.llm_from_uri("openai:gpt-4o-mini")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    assert model_uri(mnemo.llm_from_uri("openai:gpt-4o-mini")) == "openai:gpt-4o-mini"
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("gemini:pro", "unknown LLM provider 'gemini'"),
+        ("", "non-blank"),
+        ("openai:", "names no model"),
+        ("openai-compatible:llama", "names no server"),
+        ("openai:gpt@http://h/v1", "openai-compatible:gpt@http://h/v1"),
+        ("openai-compatible:m@localhost", "http(s)://"),
+        ("offline:x", "takes no model"),
+    ],
+)
+def test_bad_llm_uris_are_one_readable_line(uri: str, words: str) -> None:
+    """Each malformed or unknown LLM URI is an InvalidInputError of one line saying what."""
+    with pytest.raises(mnemo.InvalidInputError) as caught:
+        mnemo.llm_from_uri(uri, env=KEYS)
+    assert words in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("e5:small", "unknown embedder provider 'e5'"),
+        ("hash:0", "positive whole dimension"),
+        ("hash:x", "positive whole dimension"),
+        ("minilm:big", "takes no model"),
+        ("hash:8@http://h", "takes no URL"),
+        ("openai:", "names no model"),
+    ],
+)
+def test_bad_embedder_uris_are_one_readable_line(uri: str, words: str) -> None:
+    """Each malformed or unknown embedder URI is an InvalidInputError of one line."""
+    with pytest.raises(mnemo.InvalidInputError) as caught:
+        mnemo.embedder_from_uri(uri, env=KEYS)
+    assert words in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_object_without_a_uri_is_recorded_by_its_class() -> None:
+    """A model with no name is recorded by its qualified class name, which no parser knows."""
+
+    class Custom:
+        pass
+
+    assert model_uri(Custom()).endswith("Custom")

@@ -1,0 +1,148 @@
+"""`mnemo repos`, `view`, `session close|commit|discard|end` and `--version`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from typer.testing import CliRunner, Result
+
+import mnemo
+from mnemo.cli import app
+
+runner = CliRunner()
+REPO = "ops"
+
+
+def invoke(*args: str) -> Result:
+    return runner.invoke(app, list(args), env={"MNEMO_STORE": "", "MNEMO_DB": ""})
+
+
+def ok_json(*args: str) -> Any:
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "m.db"
+
+    async def make() -> None:
+        async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()) as mem:
+            await mem.open_repo(REPO)
+            await mem.open_repo("a-repo-with-a-rather-long-name-that-must-never-be-cut-short")
+
+    anyio.run(make)
+    return path
+
+
+async def open_session(db: Path, steps: int = 1) -> str:
+    async with mnemo.Memory(db) as mem:
+        sid = await mem.start_session("Rotate the TLS certificate", repo=REPO)
+        for i in range(steps):
+            await mem.append(sid, f"certbot says the certificate expires in {i} days.", "Renew.")
+        return sid
+
+
+def test_version_prints_the_package_version() -> None:
+    """--version prints `mnemo X.Y.Z` and exits 0."""
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"mnemo {mnemo_version()}"
+
+
+def mnemo_version() -> str:
+    from importlib.metadata import version
+
+    return version("mnemo")
+
+
+def test_repos_lists_each_repo_with_its_live_sessions(db: Path) -> None:
+    """Every repo is listed, with how many live sessions it has; names are never cut."""
+    anyio.run(open_session, db)
+    assert ok_json("repos", "--db", str(db)) == [
+        {"repo": REPO, "live_sessions": 1},
+        {"repo": "a-repo-with-a-rather-long-name-that-must-never-be-cut-short",
+         "live_sessions": 0},
+    ]
+    table = runner.invoke(app, ["repos", "--db", str(db)], terminal_width=40)
+    assert table.exit_code == 0
+    assert "…" not in table.stdout
+    assert "never-be-cut-short" in table.stdout.replace("\n", "").replace("│", "").replace(" ", "")
+
+
+def test_sessions_table_shows_whole_ids_on_a_narrow_terminal(db: Path) -> None:
+    """A session id folds onto lines in a narrow table but is never cut with an ellipsis."""
+    sid = anyio.run(open_session, db)
+    table = runner.invoke(app, ["sessions", "--db", str(db)], terminal_width=50)
+    assert table.exit_code == 0
+    flat = "".join(
+        cell.strip() for line in table.stdout.splitlines() for cell in line.split("│")[1:2]
+    )
+    assert sid in flat
+
+
+def test_session_close_then_commit_then_end(db: Path) -> None:
+    """close waits for the extraction (ready), commit applies it (idle, node ids), end ends
+    it: `mnemo sessions` no longer lists it."""
+    sid = anyio.run(open_session, db, 2)
+    closed = ok_json("session", "close", sid, "--db", str(db))
+    assert closed["state"] == "ready"
+    committed = ok_json("session", "commit", sid, "--db", str(db))
+    assert committed["state"] == "idle"
+    assert committed["node_ids"]
+    ended = ok_json("session", "end", sid, "--db", str(db))
+    assert ended["state"] == "ended"
+    assert ok_json("sessions", "--db", str(db)) == []
+
+    async def nodes() -> set[str]:
+        async with mnemo.Memory(db) as mem:
+            return {n.id for n in await mem.get_nodes_by_type(REPO, list(mnemo.NodeType))}
+
+    assert set(committed["node_ids"]) <= anyio.run(nodes)
+
+
+def test_session_discard_and_errors(db: Path) -> None:
+    """discard drops a ready changeset (idle); an unknown id or a call the state refuses is
+    one line on stderr with exit 2."""
+    sid = anyio.run(open_session, db)
+    ok_json("session", "close", sid, "--db", str(db))
+    assert ok_json("session", "discard", sid, "--db", str(db))["state"] == "idle"
+    refused = invoke("session", "commit", sid, "--db", str(db))
+    assert refused.exit_code == 2
+    assert "not_ready" in refused.stderr
+    unknown = invoke("session", "end", "session_nope", "--db", str(db))
+    assert unknown.exit_code == 2
+    assert "no live session 'session_nope'" in unknown.stderr
+
+
+def test_view_shows_a_message_whole_with_its_neighbours(db: Path) -> None:
+    """view prints the target message's whole content and its neighbours; --json the view;
+    an unknown id is one line."""
+    long_text = "The deploy log says: " + "gunicorn restarted. " * 40
+
+    async def save() -> str:
+        async with mnemo.Memory(db) as mem:
+            conversation = mem.conversation()
+            await conversation.save("t1", [
+                {"role": "user", "content": "Why is the blog down?"},
+                {"role": "assistant", "content": long_text},
+                {"role": "user", "content": "Thanks."},
+            ])
+            return (await conversation.raw("t1"))[1].id
+
+    message_id = anyio.run(save)
+    view = ok_json("view", message_id, "--db", str(db), "--radius", "1")
+    assert view["target"]["content"] == long_text
+    assert [m["seq"] for m in view["messages"]] == [0, 1, 2]
+    table = runner.invoke(app, ["view", message_id, "--db", str(db)], terminal_width=200)
+    assert table.exit_code == 0
+    whole = table.stdout.split(f"message {message_id} (seq 1, assistant):")[1]
+    assert "".join(whole.split()) == "".join(long_text.split())
+    unknown = invoke("view", "msg_nope", "--db", str(db))
+    assert unknown.exit_code == 2
+    assert unknown.stderr.startswith("error: ")

@@ -41,7 +41,6 @@ from mnemo.events import EventCallback, Events
 from mnemo.graph import maintenance
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
-from mnemo.graph.store import SqliteGraph
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.inputs import check_text
@@ -52,7 +51,8 @@ from mnemo.session.machine import State
 from mnemo.session.queue import Callback
 from mnemo.session.service import Runtime, SessionContext, SessionInfo, SessionService
 from mnemo.session.store import RepoRow, SqliteSessions
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.graph import SqliteGraph
 from mnemo.usage import UsageBook
 
 log = logging.getLogger("mnemo")
@@ -110,7 +110,7 @@ class Memory:
             repo_runtime=self._repo,
             llm_for=self._llm_for,
         )
-        self._ingests = IngestService(self._database, self._graph, self._ingest_runtime)
+        self._ingests = IngestService(self._graph, self._ingest_runtime)
         self._conversations = ConversationService(
             self._database,
             llm=LimitedLLM(self._llm, self._slots(self._llm, self._config)),

@@ -2,9 +2,10 @@
 
 The same INSERT (WAL, `synchronous=NORMAL`, autocommit) is timed four ways from an asyncio task:
 inline on the loop thread (what appends did before issue 9, and what blocked the loop while
-another writer held the lock), through mnemo's own connection thread (`storage.db._Worker`,
-what every statement uses now), through `anyio.to_thread.run_sync` with a limiter of one, and
-through a one-thread `ThreadPoolExecutor`. Each is the median of `--rounds` rounds of `--count`
+another writer held the lock), through mnemo's own connection thread
+(`storage.sqlite.database._Worker`, what every statement uses now), through
+`anyio.to_thread.run_sync` with a limiter of one, and through a one-thread
+`ThreadPoolExecutor`. Each is the median of `--rounds` rounds of `--count`
 inserts; the hop is the difference from inline.
 
 Run: `.venv/bin/python scripts/bench_hop.py [--count N] [--rounds R]`.
@@ -26,7 +27,7 @@ import anyio
 import anyio.to_thread
 from _bench import markdown_table
 
-from mnemo.storage.db import _Worker
+from mnemo.storage.sqlite.database import _Worker
 
 
 def connect(directory: Path) -> sqlite3.Connection:

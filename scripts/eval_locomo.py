@@ -35,7 +35,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 import mnemo
-from mnemo.graph.store import fts_query
+from mnemo.storage.sqlite.graph import fts_query
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_dev.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

@@ -11,7 +11,6 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.graph import store
 from mnemo.inputs import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_QUERY_TERMS,
@@ -19,6 +18,7 @@ from mnemo.inputs import (
     check_text,
     query_terms,
 )
+from mnemo.storage.sqlite import graph as store
 from tests.conftest import REPO
 from tests.fakes import open_test_memory
 

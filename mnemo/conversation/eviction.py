@@ -41,7 +41,7 @@ from mnemo.conversation.snapshots import (
 from mnemo.conversation.viewport import context_zones, eviction_zone, snapshot_words
 from mnemo.events import Events
 from mnemo.ports import LLM, ToolCall, Usage, ask
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
 
 log = logging.getLogger("mnemo")
 

@@ -16,7 +16,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.conversation.log import timestamp
 from mnemo.conversation.model import Goal
 from mnemo.errors import NotFoundError
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
 
 OPEN, COMPLETED = "open", "completed"
 

@@ -6,7 +6,7 @@ length and the eviction boundary), `messages` (+ the `messages_fts` index kept b
 
 Small keyed writes (an append of a few messages, a compaction record) run inline on the event
 loop; reads that may scan a thread and deletes of many rows run in the worker thread (see
-`mnemo.storage.db`).
+`mnemo.storage.sqlite.database`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.conversation.model import Compaction, Message, ThreadInfo
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
 
 # Appends of up to this many messages run inline; a first save of a long history does not.
 _INLINE_APPEND = 16

@@ -47,7 +47,7 @@ from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
 
 Clock = Callable[[], datetime]
 

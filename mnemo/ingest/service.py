@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, starts_trajectory
@@ -23,11 +22,10 @@ from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
-from mnemo.graph.store import IntentPolicy, SqliteGraph
+from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
 from mnemo.ports import LLM, Embedder
-from mnemo.storage.db import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +87,9 @@ class IngestService:
 
     def __init__(
         self,
-        database: Database,
-        graph: SqliteGraph,
+        graph: GraphStore,
         runtime: Callable[[str], IngestRuntime],
     ) -> None:
-        self._database = database
         self._graph = graph
         self._runtime = runtime
         self._inflight: dict[tuple[str, str], _InFlight] = {}
@@ -174,16 +170,7 @@ class IngestService:
             )
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
-        created_at = now_utc().isoformat()
-
-        def record(db: SqliteUtilsDatabase) -> None:
-            # The receipt itself is the commit's, in applied_changesets: one source of truth.
-            db.conn.execute(
-                "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (repo, source_id, digest, changeset.id, created_at),
-            )
-
+        record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())
         commit = await self._graph.apply(changeset, intents=runtime.intents, also=[record])
         return IngestReceipt(source_id, commit.node_ids, created=True)
 
@@ -226,18 +213,10 @@ class IngestService:
             )
 
     async def _known(self, repo: str, source_id: str) -> tuple[str, IngestReceipt] | None:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT i.payload_hash, a.receipt FROM ingests i"
-                " JOIN applied_changesets a ON a.id = i.changeset_id"
-                " WHERE i.repo = ? AND i.source_id = ?",
-                (repo, source_id),
-            ).fetchall()
-        )
-        if not rows:
+        found = await self._graph.ingested(repo, source_id)
+        if found is None:
             return None
-        digest, receipt = rows[0]
-        node_ids = list(json.loads(receipt)["node_ids"])
+        digest, node_ids = found
         return digest, IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
@@ -245,10 +224,6 @@ class IngestService:
         returns how many nodes went (0 for an unknown source). The id is then free."""
         if not isinstance(source_id, str) or not source_id.strip():
             raise InvalidInputError(f"source_id must be a non-blank string, got {source_id!r}")
-
-        def drop_record(db: SqliteUtilsDatabase) -> None:
-            db.conn.execute(
-                "DELETE FROM ingests WHERE repo = ? AND source_id = ?", (repo, source_id)
-            )
-
-        return await self._graph.delete_source(repo, source_id, also=[drop_record])
+        return await self._graph.delete_source(
+            repo, source_id, also=[SourceForgotten(repo, source_id)]
+        )

@@ -32,7 +32,7 @@ from mnemo.adapters import _text
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
-from mnemo.graph.store import SqliteGraph
+from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
 from mnemo.recall.fusion import reciprocal_rank_fusion
@@ -110,7 +110,7 @@ class Recaller:
     """What a recall needs: the graph, the repo's embedder and config, and LLMs for planning
     (the offline heuristics unless `recall_planner="llm"`) and synthesis."""
 
-    graph: SqliteGraph
+    graph: GraphStore
     embedder: Embedder
     config: Config
     planner: LLM

@@ -40,7 +40,7 @@ from mnemo.events import Events
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
-from mnemo.graph.store import IntentPolicy, SqliteGraph
+from mnemo.graph.ports import GraphStore, IntentPolicy, StepsCommitted
 from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder, ask, model_name
 from mnemo.session.machine import Machines, Move, Refuse, SessionModel, Stale, State, answer
@@ -174,7 +174,7 @@ class SessionService:
         self,
         *,
         store: SessionStore,
-        graph: SqliteGraph,
+        graph: GraphStore,
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
@@ -848,10 +848,15 @@ class SessionService:
         """Applies `changeset` with the session's side (steps committed, and `state` unless
         None) in the same transaction, then marks the steps committed in memory."""
         episode_id = session.episode.id if session.episode else None
+        side = StepsCommitted(
+            session.id,
+            episode_id,
+            changeset.id,
+            tuple((s.id, s.reward) for s in steps),
+            None if state is None else state.value,
+        )
         receipt = await self._graph.apply(
-            changeset,
-            intents=self._intent_policy(session),
-            also=[self._store.committed(session.id, episode_id, steps, changeset.id, state)],
+            changeset, intents=self._intent_policy(session), also=[side]
         )
         for step in steps:
             step.committed_in = changeset.id

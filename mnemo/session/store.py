@@ -2,7 +2,7 @@
 
 Every accepted step, episode and state change is written here before the call that made it
 returns; `load_live` brings back every session that had not ended. Every statement runs in the
-database's own thread (see `mnemo.storage.db`).
+database's own thread (see `mnemo.storage.sqlite.database`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
-from mnemo.graph.store import AlsoWrite
 from mnemo.session.machine import State
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +66,6 @@ class SessionStore(Protocol):
     async def save_extraction(
         self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
     ) -> None: ...
-    def committed(
-        self, session_id: str, episode_id: str | None, steps: Sequence[StepRecord],
-        changeset_id: str, state: State | None,
-    ) -> AlsoWrite: ...
     async def discard(self, session_id: str, episode_id: str | None) -> None: ...
     async def end(self, session_id: str) -> None: ...
     async def load_live(self) -> list[LiveSession]: ...
@@ -194,36 +189,6 @@ class SqliteSessions:
                 _set_state(db, session_id, State.READY)
 
         await self._database.run(write)
-
-    def committed(
-        self,
-        session_id: str,
-        episode_id: str | None,
-        steps: Sequence[StepRecord],
-        changeset_id: str,
-        state: State | None,
-    ) -> AlsoWrite:
-        """The writes that mark a commit on the session side, for the commit's transaction.
-
-        `state` None leaves the state alone (a background auto-commit while collecting);
-        otherwise the episode is over.
-        """
-        step_rows = [(changeset_id, s.reward, s.id) for s in steps]
-
-        def write(db: SqliteUtilsDatabase) -> None:
-            db.conn.executemany(
-                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?", step_rows
-            )
-            if state is not None:
-                db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
-                _set_state(db, session_id, state)
-                if episode_id is not None:
-                    db.conn.execute(
-                        "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",
-                        (_now(), episode_id),
-                    )
-
-        return write
 
     async def discard(self, session_id: str, episode_id: str | None) -> None:
         def write(db: SqliteUtilsDatabase) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from mnemo.graph.model import NodeDraft, NodeType, Vector, normalise_label
-from mnemo.graph.store import IntentPolicy
+from mnemo.graph.ports import IntentPolicy
 
 DIM = 8
 REPO = "r"

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mnemo.graph.store import SqliteGraph
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import DIM
 
 

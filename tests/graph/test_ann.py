@@ -17,9 +17,9 @@ import pytest
 from mnemo.graph import ann
 from mnemo.graph.ann import HnswAccelerator, HnswParams
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
-from mnemo.graph.store import SqliteGraph
 from mnemo.graph.vectors import VectorIndex
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import policy
 
 DIM = 32

@@ -35,9 +35,9 @@ from mnemo.graph.model import (
     normalise_label,
     now_utc,
 )
-from mnemo.graph.store import SqliteGraph
 from mnemo.graph.value import node_value
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import REPO, at_cosine, axis, draft, policy
 
 N = NodeType

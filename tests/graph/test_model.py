@@ -19,7 +19,7 @@ from mnemo.graph.model import (
     vector_from_blob,
     vector_to_blob,
 )
-from mnemo.graph.store import SqliteGraph
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import DIM, draft, policy
 from tests.strategies import changesets, commit_receipts, json_objects, vectors
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.errors import StorageError
 from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
@@ -22,9 +23,10 @@ from mnemo.graph.model import (
     Vector,
     normalise_label,
 )
-from mnemo.graph.store import Neighbor, SqliteGraph, fts_query
+from mnemo.graph.ports import Neighbor, SourceRecorded
 from mnemo.inputs import MAX_QUERY_TERMS
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.graph import SqliteGraph, fts_query
 from tests.graph._support import DIM, REPO, Merger, at_cosine, axis, draft, policy, rounded
 
 MEMBERSHIP, HIERARCHICAL = LinkType.MEMBERSHIP, LinkType.HIERARCHICAL
@@ -114,42 +116,28 @@ async def test_concurrent_applies_of_one_changeset_apply_it_once(
     assert (await counts(database))["nodes"] == 2
 
 
-async def test_also_writes_land_with_the_changeset(graph: SqliteGraph, database: Database) -> None:
-    """An `also` write is stored together with the changeset."""
-
-    def mark(db: SqliteUtilsDatabase) -> None:
-        db.conn.execute(
-            "INSERT INTO changesets(id, repo, payload, created_at) VALUES ('x', ?, '{}', 'now')",
-            (REPO,),
-        )
-
-    await graph.apply(fact_with_tag("a", "a fact", "tag"), intents=policy(), also=[mark])
-    rows = await database.run(lambda db: db.conn.execute("SELECT id FROM changesets").fetchall())
-    assert rows == [("x",)]
-
-
-async def test_failing_also_stores_nothing_of_the_changeset(
+async def test_side_writes_land_with_the_changeset(
     graph: SqliteGraph, database: Database
 ) -> None:
-    """When an `also` write raises, neither the changeset nor earlier `also` writes are stored."""
+    """A side write (here an ingested source recorded) is stored together with the changeset."""
+    changeset = fact_with_tag("a", "a fact", "tag")
+    record = SourceRecorded(REPO, "src-1", "hash", changeset.id, "2026-11-22T00:00:00+00:00")
+    await graph.apply(changeset, intents=policy(), also=[record])
+    assert await graph.ingested(REPO, "src-1") == ("hash", ["a-fact", "a-tag"])
 
-    def mark(db: SqliteUtilsDatabase) -> None:
-        db.conn.execute(
-            "INSERT INTO changesets(id, repo, payload, created_at) VALUES ('x', ?, '{}', 'now')",
-            (REPO,),
-        )
 
-    def fail(db: SqliteUtilsDatabase) -> None:
-        raise RuntimeError("the session write failed")
-
+async def test_failing_side_write_stores_nothing_of_the_changeset(
+    graph: SqliteGraph, database: Database
+) -> None:
+    """When a side write fails (a source recorded twice), neither the changeset nor earlier
+    side writes are stored, and the failure is a StorageError."""
     changeset = fact_with_tag("a", "nginx listens on port 8080", "nginx")
-    with pytest.raises(RuntimeError, match="session write failed"):
-        await graph.apply(changeset, intents=policy(), also=[mark, fail])
+    record = SourceRecorded(REPO, "src-1", "hash", changeset.id, "2026-11-22T00:00:00+00:00")
+    with pytest.raises(StorageError):
+        await graph.apply(changeset, intents=policy(), also=[record, record])
     assert await graph.receipt(changeset.id) is None
     assert await counts(database) == {"nodes": 0, "links": 0, "vectors": 0, "fts": 0}
-    assert (
-        await database.run(lambda db: db.conn.execute("SELECT * FROM changesets").fetchall()) == []
-    )
+    assert await graph.ingested(REPO, "src-1") is None
     assert await graph.search_vectors(REPO, axis(0), 5) == []
     assert await graph.search_text(REPO, "nginx", 5) == []
     # Nothing half-applied is left behind: the same changeset applies fully afterwards.

@@ -11,10 +11,10 @@ import pytest
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
-from mnemo.graph.store import SqliteGraph
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller, RecallResult
-from mnemo.storage.db import Database
+from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import policy
 
 REPO = "r"

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import mnemo
-from mnemo.storage.db import WAL_SIZE_LIMIT
+from mnemo.storage.sqlite.database import WAL_SIZE_LIMIT
 from tests.fakes import FakeEmbedder, FakeLLM
 
 # SQLite checkpoints every 1000 pages; the WAL may pass the limit by about that much between

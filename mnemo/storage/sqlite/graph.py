@@ -1,10 +1,10 @@
-"""The knowledge graph store: the `GraphStore` port and its SQLite implementation.
+"""`SqliteGraph`: the `GraphStore` port (`mnemo.graph.ports`) over mnemo's SQLite file.
 
 Commits to one repo are serialised by a per-repo lock; each is one transaction, recorded in
 `applied_changesets`, so applying the same changeset twice returns the first receipt and adds
-nothing. A commit may carry `also` writes (a session's state change, steps marked committed)
-that land in the same transaction: the graph and the session never disagree about what was
-committed.
+nothing. A commit may carry side writes (a session's state change and steps marked committed,
+or an ingested source recorded) that land in the same transaction: the graph and the session
+never disagree about what was committed.
 
 Vector search is exact (numpy) until a repo holds more than `ann_threshold` vectors; past it,
 and when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`), rebuilt from the
@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.to_thread
 import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.config import Config
 from mnemo.graph import ann
 from mnemo.graph.dedup import (
     IntentMerger,
@@ -33,6 +33,7 @@ from mnemo.graph.dedup import (
     resolve_intents,
     resolve_tags,
 )
+from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
@@ -43,12 +44,19 @@ from mnemo.graph.model import (
     now_utc,
     vector_to_blob,
 )
+from mnemo.graph.ports import (
+    IntentPolicy,
+    MergeResult,
+    Neighbor,
+    SideWrite,
+    SourceRecorded,
+    StepsCommitted,
+    SweepResult,
+)
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.inputs import query_terms
-from mnemo.storage.db import Database
-
-# A write that must land in the same transaction as a commit.
-AlsoWrite = Callable[[SqliteUtilsDatabase], None]
+from mnemo.storage.sqlite import maintenance
+from mnemo.storage.sqlite.database import Database
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 _MERGE_ROUNDS = 2
@@ -77,52 +85,6 @@ def _decided_merge(
     return merge
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-
-
-@dataclass(frozen=True, slots=True)
-class Neighbor:
-    """A node one link away from `origin`."""
-
-    origin: str
-    node_id: str
-    link_type: LinkType
-
-
-@dataclass(frozen=True, slots=True)
-class IntentPolicy:
-    identity_threshold: float
-    merge_threshold: float
-    merge: IntentMerger
-
-
-class GraphStore(Protocol):
-    """What the rest of mnemo needs from a graph backend (SQLite today, PostgreSQL next)."""
-
-    async def apply(
-        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[AlsoWrite] = ()
-    ) -> CommitReceipt: ...
-
-    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
-
-    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
-
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
-
-    async def neighbors(
-        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
-    ) -> list[Neighbor]: ...
-
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
-
-    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
-
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
-    ) -> list[tuple[str, float]]: ...
-
-    async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> list[tuple[str, float]]: ...
 
 
 def fts_query(text: str) -> str:
@@ -165,8 +127,40 @@ class SqliteGraph:
         """The repo's write lock: commits and maintenance hold it."""
         return self._locks.setdefault(repo, anyio.Lock())
 
+    # ---- maintenance (the caller holds the repo's lock) -----------------------------------
+
+    async def unconsolidated(self, repo: str) -> set[str]:
+        return await self._database.run(lambda db: maintenance.unconsolidated(db, repo))
+
+    async def merge_duplicates(
+        self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
+    ) -> MergeResult:
+        return await self._database.run(
+            lambda db: maintenance.merge_duplicates(db, repo, pairs, examined)
+        )
+
+    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
+        return await self._database.run(lambda db: maintenance.decay_sweep(db, repo, config, now))
+
+    async def validate(self, repo: str, dim: int) -> ValidationReport:
+        return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
+
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT i.payload_hash, a.receipt FROM ingests i"
+                " JOIN applied_changesets a ON a.id = i.changeset_id"
+                " WHERE i.repo = ? AND i.source_id = ?",
+                (repo, source_id),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        digest, receipt = rows[0]
+        return digest, CommitReceipt.from_json(receipt).node_ids
+
     async def apply(
-        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[AlsoWrite] = ()
+        self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
     ) -> CommitReceipt:
         """Adds the changeset's nodes and links (deduplicated), durably, once.
 
@@ -223,13 +217,13 @@ class SqliteGraph:
         changeset: Changeset,
         merge: IntentMerger,
         intents: IntentPolicy,
-        also: Sequence[AlsoWrite],
+        also: Sequence[SideWrite],
     ) -> CommitReceipt:
         repo = changeset.repo
         done = await self.receipt(changeset.id)
         if done is not None:
             if also:
-                await self._database.run(lambda db: _run_in_transaction(db, also))
+                await self._database.run(lambda db: _side_writes_alone(db, also))
             return done
         index = await self._index(repo)
         resolution = Resolution()
@@ -302,8 +296,7 @@ class SqliteGraph:
                     " VALUES (?, ?, ?, ?)",
                     (changeset.id, repo, receipt.to_json(), created),
                 )
-                for extra in also:
-                    extra(db)
+                side_writes(db, also)
 
         await self._database.run(write)
         index.add(
@@ -432,7 +425,7 @@ class SqliteGraph:
             return gone
 
     async def delete_source(
-        self, repo: str, source_id: str, *, also: Sequence[AlsoWrite] = ()
+        self, repo: str, source_id: str, *, also: Sequence[SideWrite] = ()
     ) -> int:
         """Deletes every node a source produced, then the tags and intents that this left
         without links (a tag a source created but another still uses stays); returns how
@@ -465,8 +458,7 @@ class SqliteGraph:
                     for chunk in _chunks(orphans, 400):
                         marks = ",".join("?" * len(chunk))
                         conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
-                    for extra in also:
-                        extra(db)
+                    side_writes(db, also)
                 return own + orphans
 
             gone = await self._database.run(delete)
@@ -696,10 +688,9 @@ def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
         yield items[start : start + size]
 
 
-def _run_in_transaction(db: SqliteUtilsDatabase, writes: Sequence[AlsoWrite]) -> None:
+def _side_writes_alone(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
     with db.atomic():
-        for write in writes:
-            write(db)
+        side_writes(db, writes)
 
 
 def _load_vectors(
@@ -722,3 +713,39 @@ def _load_vectors(
         else np.zeros(0, dtype=np.float32)
     )
     return ids, types, matrix
+
+
+def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
+    """Writes a commit's (or a forget's) side effects on other stores, inside its transaction."""
+    conn = db.conn
+    for write in writes:
+        if isinstance(write, StepsCommitted):
+            conn.executemany(
+                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?",
+                [(write.changeset_id, reward, step_id) for step_id, reward in write.steps],
+            )
+            if write.state is not None:
+                now = now_utc().isoformat()
+                conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))
+                conn.execute(
+                    "UPDATE sessions SET state = ?, updated_at = ? WHERE id = ?",
+                    (write.state, now, write.session_id),
+                )
+                if write.episode_id is not None:
+                    conn.execute(
+                        "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",
+                        (now, write.episode_id),
+                    )
+        elif isinstance(write, SourceRecorded):
+            # The receipt itself is the commit's, in applied_changesets: one source of truth.
+            conn.execute(
+                "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (write.repo, write.source_id, write.payload_hash, write.changeset_id,
+                 write.created_at),
+            )
+        else:
+            conn.execute(
+                "DELETE FROM ingests WHERE repo = ? AND source_id = ?",
+                (write.repo, write.source_id),
+            )

@@ -1,0 +1,204 @@
+"""The graph's port: what sessions, ingest, recall and maintenance need from a graph store, and
+the side writes a commit carries into its transaction.
+
+A backend (`mnemo.storage.sqlite`, `mnemo.storage.postgres`) implements `GraphStore`; nothing
+outside `mnemo/storage/` knows how. A commit is one unit of work across stores: the graph's
+rows and, in the same transaction, the session side (steps marked committed, the state
+change) or the ingest side (the source recorded), passed as plain values (`SideWrite`) that
+each backend knows how to write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+from mnemo.config import Config
+from mnemo.graph.dedup import IntentMerger
+from mnemo.graph.model import Changeset, CommitReceipt, LinkType, Node, NodeType, Vector
+from mnemo.graph.vectors import VectorIndex
+
+if TYPE_CHECKING:
+    from mnemo.graph.maintenance import ValidationReport
+
+__all__ = [
+    "GraphStore",
+    "IntentPolicy",
+    "MergeResult",
+    "Neighbor",
+    "SideWrite",
+    "SourceForgotten",
+    "SourceRecorded",
+    "StepsCommitted",
+    "SweepResult",
+    "TypedLink",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbor:
+    """A node one link away from `origin`."""
+
+    origin: str
+    node_id: str
+    link_type: LinkType
+
+
+# (origin, its type, the node at the other end, its type, link type): what a recall hop needs.
+TypedLink = tuple[str, NodeType, str, NodeType, LinkType]
+
+
+@dataclass(frozen=True, slots=True)
+class IntentPolicy:
+    """How a commit deduplicates intents: the raw-cosine thresholds and the LLM merge."""
+
+    identity_threshold: float
+    merge_threshold: float
+    merge: IntentMerger
+
+
+@dataclass(frozen=True, slots=True)
+class StepsCommitted:
+    """The session side of a commit: its steps are committed in `changeset_id` (with their
+    final rewards), and unless `state` is None the episode is over and the session moves to
+    `state` (a `mnemo.State` value)."""
+
+    session_id: str
+    episode_id: str | None
+    changeset_id: str
+    steps: tuple[tuple[str, float | None], ...]
+    state: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecorded:
+    """The ingest side of a commit: `source_id` of `repo` is the changeset's, by payload."""
+
+    repo: str
+    source_id: str
+    payload_hash: str
+    changeset_id: str
+    created_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourceForgotten:
+    """The ingest side of a forget: the source id is free again."""
+
+    repo: str
+    source_id: str
+
+
+SideWrite = StepsCommitted | SourceRecorded | SourceForgotten
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What one consolidation transaction did."""
+
+    deleted: list[str] = field(default_factory=list)
+    merged: int = 0
+    links_moved: int = 0
+    tags_pruned: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one decay transaction did: nodes examined, deleted for low value, and routing or
+    source nodes pruned because nothing linked to them any more."""
+
+    examined: int
+    doomed: list[str]
+    pruned: list[str]
+
+
+class GraphStore(Protocol):
+    """A repo's knowledge graph, as every consumer in mnemo sees it."""
+
+    def lock(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """The repo's write lock: commits and maintenance hold it."""
+        ...
+
+    def dim(self, repo: str) -> int: ...
+
+    async def apply(
+        self,
+        changeset: Changeset,
+        *,
+        intents: IntentPolicy,
+        also: Sequence[SideWrite] = (),
+    ) -> CommitReceipt: ...
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
+
+    async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]: ...
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
+
+    async def neighbors(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
+    ) -> list[Neighbor]: ...
+
+    async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
+
+    async def delete_source(
+        self, repo: str, source_id: str, *, also: Sequence[SideWrite] = ()
+    ) -> int: ...
+
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
+        """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
+        ...
+
+    async def search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]: ...
+
+    async def search_vectors(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]: ...
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[list[tuple[str, float]]]: ...
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]: ...
+
+    async def access_stats(
+        self, repo: str, node_ids: Sequence[str]
+    ) -> dict[str, tuple[int, datetime | None]]: ...
+
+    async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None: ...
+
+    async def vector_index(self, repo: str) -> VectorIndex: ...
+
+    # Maintenance: each runs under `lock(repo)`, held by the caller.
+
+    async def unconsolidated(self, repo: str) -> set[str]:
+        """The SEMANTIC nodes not yet compared by `consolidate`."""
+        ...
+
+    async def merge_duplicates(
+        self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
+    ) -> MergeResult: ...
+
+    async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
+        """Deletes the memories whose value at `now` is below `config.decay_threshold`, then
+        the routing and source nodes left with no links, in one transaction."""
+        ...
+
+    async def validate(self, repo: str, dim: int) -> ValidationReport:
+        """Checks (and repairs) the repo's episodic integrity, in one transaction."""
+        ...
+
+    async def settle(self, repo: str) -> None: ...
+
+    async def aclose(self) -> None: ...

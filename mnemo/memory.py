@@ -48,11 +48,12 @@ from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.recall.engine import Recaller, RecallResult
 from mnemo.session.host import TaskHost
 from mnemo.session.machine import State
+from mnemo.session.ports import RepoRow
 from mnemo.session.queue import Callback
 from mnemo.session.service import Runtime, SessionContext, SessionInfo, SessionService
-from mnemo.session.store import RepoRow, SqliteSessions
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
+from mnemo.storage.sqlite.sessions import SqliteSessions
 from mnemo.usage import UsageBook
 
 log = logging.getLogger("mnemo")

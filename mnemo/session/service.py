@@ -44,6 +44,7 @@ from mnemo.graph.ports import GraphStore, IntentPolicy, StepsCommitted
 from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder, ask, model_name
 from mnemo.session.machine import Machines, Move, Refuse, SessionModel, Stale, State, answer
+from mnemo.session.ports import LiveSession, SessionStore
 from mnemo.session.queue import (
     VALUES,
     Callback,
@@ -53,7 +54,6 @@ from mnemo.session.queue import (
     deliver,
     project,
 )
-from mnemo.session.store import LiveSession, SessionStore
 
 log = logging.getLogger("mnemo")
 

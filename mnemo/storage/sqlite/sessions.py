@@ -1,17 +1,13 @@
-"""Durable sessions: the `SessionStore` port and its SQLite implementation.
+"""`SqliteSessions`: the `SessionStore` port (`mnemo.session.ports`) over mnemo's SQLite file.
 
-Every accepted step, episode and state change is written here before the call that made it
-returns; `load_live` brings back every session that had not ended. Every statement runs in the
-database's own thread (see `mnemo.storage.sqlite.database`).
+Every statement runs in the database's own thread (see `mnemo.storage.sqlite.database`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -19,56 +15,8 @@ from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.session.machine import State
+from mnemo.session.ports import LiveSession, RepoRow
 from mnemo.storage.sqlite.database import Database
-
-
-@dataclass(frozen=True, slots=True)
-class RepoRow:
-    """A repo's record: its config, its vectors' dimension, and the URIs of the embedder and
-    LLM it runs with (`mnemo.adapters.uri`; never a key; `llm` is None for a repo recorded
-    before models were)."""
-
-    name: str
-    config: Config
-    dim: int
-    embedder: str
-    llm: str | None = None
-
-
-@dataclass(slots=True)
-class LiveSession:
-    """A session as `load_live` finds it after a restart."""
-
-    id: str
-    repo: str
-    state: State
-    config: Config
-    episode: EpisodeRecord | None
-    changeset: Changeset | None = None
-    created_at: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
-    model: str | None = None
-
-
-class SessionStore(Protocol):
-    async def load_repos(self) -> list[RepoRow]: ...
-    async def save_repo(self, row: RepoRow) -> None: ...
-    async def create_session(
-        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
-    ) -> None: ...
-    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None: ...
-    async def add_step(
-        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
-    ) -> None: ...
-    async def set_state(
-        self, session_id: str, state: State, *, model: str | None = None
-    ) -> None: ...
-    async def save_extraction(
-        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
-    ) -> None: ...
-    async def discard(self, session_id: str, episode_id: str | None) -> None: ...
-    async def end(self, session_id: str) -> None: ...
-    async def load_live(self) -> list[LiveSession]: ...
 
 
 class SqliteSessions:

@@ -40,7 +40,7 @@ from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph import maintenance
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.inputs import check_text
@@ -464,6 +464,16 @@ class Memory:
         asked = set(ids)
         linked = [n.node_id for n in neighbors if n.node_id not in asked]
         return await self._graph.get_nodes(repo, linked)
+
+    async def links(self, repo: str) -> list[Link]:
+        """Every link of the repo (`src`, `dst`, `type`), by type, then source, then
+        destination.
+
+        Raises:
+            NotFoundError: an unknown repo.
+        """
+        self._repo(repo)
+        return await self._graph.links(repo)
 
     async def latest(
         self,

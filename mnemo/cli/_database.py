@@ -10,7 +10,7 @@ tables to it. So every command checks the file first, reading it without writing
   file with no tables at all, but never a file that holds something else.
 
 A mnemo database is a SQLite file whose `_sqlite_migrations` table has rows of the migration
-set "mnemo" (`storage/schema.py`).
+set "mnemo" (`storage/sqlite/schema.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from mnemo.storage.sqlite.database import inspect_file
+
 SQLITE_HEADER = b"SQLite format 3\x00"
-MIGRATION_SET = "mnemo"
 
 
 class CliError(Exception):
@@ -55,31 +56,10 @@ def check_database(path: Path, *, must_exist: bool) -> None:
         return
     if header != SQLITE_HEADER:
         raise CliError(f"{path} is not a SQLite database")
-    has_tables, is_mnemo = _inspect(path)
+    try:
+        has_tables, is_mnemo = inspect_file(path)
+    except sqlite3.Error as exc:
+        raise CliError(f"{path} is not a readable SQLite database: {exc}") from exc
     if is_mnemo or (not must_exist and not has_tables):
         return
     raise CliError(f"{path} is a SQLite database but not a mnemo one (no mnemo migrations)")
-
-
-def _inspect(path: Path) -> tuple[bool, bool]:
-    """(the file has tables, it has mnemo's migrations), read through a read-only connection
-    so that checking never changes the file."""
-    uri = f"{path.resolve().as_uri()}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True)
-    except sqlite3.Error as exc:
-        raise CliError(f"cannot open {path}: {exc}") from exc
-    try:
-        tables = {
-            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        if "_sqlite_migrations" not in tables:
-            return bool(tables), False
-        (applied,) = conn.execute(
-            "SELECT count(*) FROM _sqlite_migrations WHERE migration_set = ?", (MIGRATION_SET,)
-        ).fetchone()
-        return True, applied > 0
-    except sqlite3.DatabaseError as exc:
-        raise CliError(f"{path} is not a readable SQLite database: {exc}") from exc
-    finally:
-        conn.close()

@@ -271,7 +271,7 @@ def graph(
             raise CliError("mnemo graph reads a SQLite store; it cannot read a URL yet")
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
-            dumped = await graph_export.dump_graph(mem, settings.path, repo)
+            dumped = await graph_export.dump_graph(mem, repo)
         counts = dumped.counts()
         if fmt is not None:
             text = (

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from mnemo.cli._database import CliError
 from mnemo.cli.jsonable import label, node_json
-from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.memory import Memory
 
 GRAPHML_NS = "http://graphml.graphdrawing.org/xmlns"
@@ -28,19 +25,12 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 @dataclass(frozen=True, slots=True)
-class Edge:
-    src: str
-    dst: str
-    type: LinkType
-
-
-@dataclass(frozen=True, slots=True)
 class GraphDump:
     """A repo's nodes (oldest first) and links."""
 
     repo: str
     nodes: list[Node]
-    links: list[Edge]
+    links: list[Link]
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Nodes and links by type, every type listed (0 when absent)."""
@@ -52,23 +42,10 @@ class GraphDump:
         }
 
 
-async def dump_graph(mem: Memory, db: Path, repo: str) -> GraphDump:
+async def dump_graph(mem: Memory, repo: str) -> GraphDump:
     """Every node and link of `repo`."""
     nodes = await mem.get_nodes_by_type(repo, list(NodeType))
-    return GraphDump(repo, nodes, _read_links(db, repo))
-
-
-def _read_links(db: Path, repo: str) -> list[Edge]:
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT src, dst, type FROM links WHERE repo = ? ORDER BY type, src, dst", (repo,)
-        ).fetchall()
-    except sqlite3.Error as exc:
-        raise CliError(f"cannot read the links of {repo!r} in {db}: {exc}") from exc
-    finally:
-        conn.close()
-    return [Edge(src, dst, LinkType(kind)) for src, dst, kind in rows]
+    return GraphDump(repo, nodes, await mem.links(repo))
 
 
 def to_json(graph: GraphDump) -> dict[str, Any]:

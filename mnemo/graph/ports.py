@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from mnemo.config import Config
 from mnemo.graph.dedup import IntentMerger
-from mnemo.graph.model import Changeset, CommitReceipt, LinkType, Node, NodeType, Vector
+from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 
 if TYPE_CHECKING:
@@ -145,6 +145,10 @@ class GraphStore(Protocol):
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
+
+    async def links(self, repo: str) -> list[Link]:
+        """Every link of the repo, by type, then source, then destination."""
+        ...
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
 

@@ -664,3 +664,23 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
     assert merger.calls == [("restart the web server", "reload nginx config")]
     texts = sorted(n.text for n in await graph.get_nodes_by_type(REPO, [NodeType.INTENT]))
     assert texts == ["reload or restart nginx"]
+
+
+async def test_links_lists_every_link_of_the_repo_in_order(tmp_path: Path) -> None:
+    """`Memory.links` reads a repo's links through the graph port, by type, source and
+    destination; an unknown repo is NotFoundError."""
+    import mnemo
+    from tests.fakes import FakeEmbedder, FakeLLM
+
+    async with mnemo.Memory(tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "The kitchen is north of the hall.", "go north")
+        await mem.close_and_commit(sid)
+        links = await mem.links(REPO)
+        assert links
+        assert links == sorted(links, key=lambda link: (link.type.value, link.src, link.dst))
+        nodes = {n.id for n in await mem.get_nodes_by_type(REPO, list(NodeType))}
+        assert {end for link in links for end in (link.src, link.dst)} <= nodes
+        with pytest.raises(mnemo.NotFoundError):
+            await mem.links("nope")

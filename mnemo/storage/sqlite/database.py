@@ -266,3 +266,25 @@ def _close_sync(db: SqliteUtilsDatabase) -> None:
         with contextlib.suppress(sqlite3.Error):  # another process may hold the WAL
             db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     db.conn.close()
+
+
+def inspect_file(path: Path) -> tuple[bool, bool]:
+    """(the file has tables, it has mnemo's migrations), read through a read-only connection so
+    that looking never changes the file (the CLI checks a path before `Memory` migrates it).
+
+    Raises:
+        sqlite3.Error: the file cannot be opened or read as SQLite.
+    """
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        tables = {
+            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if "_sqlite_migrations" not in tables:
+            return bool(tables), False
+        (applied,) = conn.execute(
+            "SELECT count(*) FROM _sqlite_migrations WHERE migration_set = ?", (MIGRATIONS.name,)
+        ).fetchone()
+        return True, applied > 0
+    finally:
+        conn.close()

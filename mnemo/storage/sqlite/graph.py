@@ -37,6 +37,7 @@ from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
+    Link,
     LinkType,
     Node,
     NodeType,
@@ -400,6 +401,14 @@ class SqliteGraph:
                 )
             ]
         )
+
+    async def links(self, repo: str) -> list[Link]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT src, dst, type FROM links WHERE repo = ? ORDER BY type, src, dst", (repo,)
+            ).fetchall()
+        )
+        return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many went."""

@@ -409,7 +409,7 @@ async def test_maintenance_never_loses_a_concurrent_commit(
     Without the lock this fails: a commit that found the tag links to it after decay pruned
     it (FOREIGN KEY constraint failed)."""
     graph = SqliteGraph(database, lambda repo: DIM64)
-    lookup = graph._present
+    lookup = graph.present
 
     async def slow_lookup(repo: str, node_ids: list[str]) -> set[str]:
         # Widens the gap between a commit's reads (tag owners) and its write, where
@@ -417,7 +417,7 @@ async def test_maintenance_never_loses_a_concurrent_commit(
         await anyio.sleep(0.002)
         return await lookup(repo, node_ids)
 
-    monkeypatch.setattr(graph, "_present", slow_lookup)
+    monkeypatch.setattr(graph, "present", slow_lookup)
     rng = random.Random(7)
     for k in range(100, 120):
         await graph.apply(episode(k, k % 20, rng, keep=False), intents=policy())

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
+from mnemo.graph import commit
 from mnemo.graph.model import (
     Changeset,
     CommitReceipt,
@@ -655,7 +656,8 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
             await anyio.wait_all_tasks_blocked()  # "b" decided (nothing to merge) and waits
             assert merger.calls == []
             # Another commit lands meanwhile, holding the lock as every commit does.
-            await graph._apply_locked(
+            await commit._apply_locked(
+                graph,
                 procedure_with_intent("a", "restart the web server", axis(0)),
                 Merger(),
                 policy(),

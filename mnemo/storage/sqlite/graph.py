@@ -25,14 +25,8 @@ import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.graph import ann
-from mnemo.graph.dedup import (
-    IntentMerger,
-    Resolution,
-    remap_links,
-    resolve_intents,
-    resolve_tags,
-)
+from mnemo.graph import ann, commit
+from mnemo.graph.commit import CommitPlan
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
     Changeset,
@@ -58,32 +52,6 @@ from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.inputs import query_terms
 from mnemo.storage.sqlite import maintenance
 from mnemo.storage.sqlite.database import Database
-
-# How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
-_MERGE_ROUNDS = 2
-
-
-class _Undecided(Exception):
-    """A merge that was not decided before the lock was taken."""
-
-
-def _has_intents(changeset: Changeset) -> bool:
-    return any(n.type is NodeType.INTENT for n in changeset.nodes)
-
-
-def _decided_merge(
-    decided: dict[tuple[str, str], tuple[str, Vector] | None], *, final: bool
-) -> IntentMerger:
-    """A merger that only looks up merges decided before the lock. An undecided one makes the
-    commit try again, or in the `final` round keeps the existing wording, as when a merge
-    fails."""
-
-    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
-        if (existing, new) not in decided and not final:
-            raise _Undecided
-        return decided.get((existing, new))
-
-    return merge
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -163,108 +131,17 @@ class SqliteGraph:
     async def apply(
         self, changeset: Changeset, *, intents: IntentPolicy, also: Sequence[SideWrite] = ()
     ) -> CommitReceipt:
-        """Adds the changeset's nodes and links (deduplicated), durably, once.
+        """Adds the changeset's nodes and links (deduplicated), durably, once
+        (`mnemo.graph.commit.apply`).
 
         Raises:
-            sqlite3.Error: the transaction failed; nothing of it was written.
+            StorageError: the transaction failed; nothing of it was written.
             ValueError: a vector is not of the repo's dimension; nothing was written.
         """
-        repo = changeset.repo
-        # Intent merges ask the LLM (up to `extraction_timeout` each): they are decided before
-        # the repo's lock is taken, and under it only looked up. A merge the graph made
-        # necessary meanwhile (another commit added a close intent) is decided after letting
-        # the lock go, and the commit tries again (issue 9: one slow provider stalled every
-        # commit to the repo).
-        decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
-        for attempt in range(_MERGE_ROUNDS + 1):
-            last = attempt == _MERGE_ROUNDS
-            if not last and _has_intents(changeset):
-                await self._decide_merges(changeset, intents, decided)
-            try:
-                async with self.lock(repo):
-                    return await self._apply_locked(
-                        changeset, _decided_merge(decided, final=last), intents, also
-                    )
-            except _Undecided:
-                continue
-        raise AssertionError("the last round never raises _Undecided")
+        return await commit.apply(self, changeset, intents=intents, also=also)
 
-    async def _decide_merges(
-        self,
-        changeset: Changeset,
-        intents: IntentPolicy,
-        decided: dict[tuple[str, str], tuple[str, Vector] | None],
-    ) -> None:
-        """Runs the intent resolution against the graph as it is now, without the lock, and
-        records what each merge the LLM was asked for answered."""
-
-        async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
-            if (existing, new) not in decided:
-                decided[(existing, new)] = await intents.merge(existing, new)
-            return decided[(existing, new)]
-
-        await resolve_intents(
-            changeset.nodes,
-            await self._index(changeset.repo),
-            self._texts,
-            merge,
-            identity_threshold=intents.identity_threshold,
-            merge_threshold=intents.merge_threshold,
-            out=Resolution(),
-        )
-
-    async def _apply_locked(
-        self,
-        changeset: Changeset,
-        merge: IntentMerger,
-        intents: IntentPolicy,
-        also: Sequence[SideWrite],
-    ) -> CommitReceipt:
-        repo = changeset.repo
-        done = await self.receipt(changeset.id)
-        if done is not None:
-            if also:
-                await self._database.run(lambda db: _side_writes_alone(db, also))
-            return done
-        index = await self._index(repo)
-        resolution = Resolution()
-        tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
-        resolve_tags(changeset.nodes, await self._tag_owners(repo, tag_keys), resolution)
-        await resolve_intents(
-            changeset.nodes,
-            index,
-            self._texts,
-            merge,
-            identity_threshold=intents.identity_threshold,
-            merge_threshold=intents.merge_threshold,
-            out=resolution,
-        )
-        present = await self._present(repo, [n.id for n in changeset.nodes])
-        drafts = [
-            n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present
-        ]
-        links = remap_links(changeset.links, resolution)
-        created = now_utc().isoformat()
-        node_rows = []
-        for n in drafts:
-            text, vector = resolution.rewordings.get(n.id, (n.text, n.vector))
-            node_rows.append((n, text, vector))
-        receipt = CommitReceipt(changeset.id, repo, [n.id for n, _, _ in node_rows])
-        existing_rewordings = {
-            node_id: value
-            for node_id, value in resolution.rewordings.items()
-            if node_id not in {n.id for n in drafts}
-        }
-        # Checked before writing: a committed row of the wrong size would make every later
-        # load of this repo's index fail.
-        for node_id, vector in [(n.id, v) for n, _, v in node_rows] + [
-            (node_id, v) for node_id, (_, v) in existing_rewordings.items()
-        ]:
-            if np.shape(vector) != (index.dim,):
-                raise ValueError(
-                    f"node {node_id}: vector of shape {np.shape(vector)}, expected"
-                    f" ({index.dim},)"
-                )
+    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
+        repo, created = plan.repo, plan.created_at
 
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
@@ -275,14 +152,14 @@ class SqliteGraph:
                     [
                         (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
                          n.key, n.source_id, created)
-                        for n, text, _ in node_rows
+                        for n, text, _ in plan.nodes
                     ],
                 )
                 conn.executemany(
                     "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
-                    [(n.id, repo, vector_to_blob(vector)) for n, _, vector in node_rows],
+                    [(n.id, repo, vector_to_blob(vector)) for n, _, vector in plan.nodes],
                 )
-                for node_id, (text, vector) in existing_rewordings.items():
+                for node_id, (text, vector) in plan.rewordings.items():
                     conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
                     conn.execute(
                         "UPDATE vectors SET vec = ? WHERE node_id = ?",
@@ -290,26 +167,29 @@ class SqliteGraph:
                     )
                 conn.executemany(
                     "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
-                    [(repo, link.src, link.dst, link.type.value) for link in links],
+                    [(repo, link.src, link.dst, link.type.value) for link in plan.links],
                 )
                 conn.execute(
                     "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
                     " VALUES (?, ?, ?, ?)",
-                    (changeset.id, repo, receipt.to_json(), created),
+                    (plan.changeset_id, repo, plan.receipt.to_json(), created),
                 )
                 side_writes(db, also)
 
         await self._database.run(write)
+        index = await self._index(repo)
         index.add(
-            [n.id for n, _, _ in node_rows],
-            [n.type for n, _, _ in node_rows],
-            np.array([v for _, _, v in node_rows], dtype=np.float32).reshape(
-                len(node_rows), index.dim
+            [n.id for n, _, _ in plan.nodes],
+            [n.type for n, _, _ in plan.nodes],
+            np.array([v for _, _, v in plan.nodes], dtype=np.float32).reshape(
+                len(plan.nodes), index.dim
             ),
         )
-        for node_id, (_, vector) in existing_rewordings.items():
+        for node_id, (_, vector) in plan.rewordings.items():
             index.add([node_id], [NodeType.INTENT], np.asarray(vector)[None, :])
-        return receipt
+
+    async def write_side(self, also: Sequence[SideWrite]) -> None:
+        await self._database.run(lambda db: _side_writes_alone(db, also))
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
@@ -637,7 +517,7 @@ class SqliteGraph:
                 self._indexes[repo] = index
         return index
 
-    async def _tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
+    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
         if not keys:
             return {}
         unique = list(dict.fromkeys(keys))
@@ -657,7 +537,7 @@ class SqliteGraph:
 
         return await self._database.run(read)
 
-    async def _present(self, repo: str, node_ids: list[str]) -> set[str]:
+    async def present(self, repo: str, node_ids: list[str]) -> set[str]:
         """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
 
         def read(db: SqliteUtilsDatabase) -> set[str]:
@@ -674,7 +554,7 @@ class SqliteGraph:
 
         return await self._database.run(read) if node_ids else set()
 
-    async def _texts(self, node_ids: list[str]) -> dict[str, str]:
+    async def texts(self, node_ids: list[str]) -> dict[str, str]:
         marks = ",".join("?" * len(node_ids))
         rows = await self._database.run(
             lambda db: db.conn.execute(

@@ -1,0 +1,213 @@
+"""How a changeset becomes part of a repo's graph, whatever the backend.
+
+`apply` is the one commit procedure: the backend (`CommitTarget`) gives it reads and one
+write, and it decides what the changeset adds. Tags are deduplicated by key against the batch
+and the graph, intents by raw cosine (`graph.dedup`); nodes already there are skipped; links
+are re-pointed to survivors. The write is one transaction, recorded with the receipt, so
+applying the same changeset twice returns the first receipt and adds nothing.
+
+Intent merges ask the LLM (up to `extraction_timeout` each): they are decided before the
+repo's lock is taken, and under it only looked up. A merge the graph made necessary
+meanwhile (another commit added a close intent) is decided after letting the lock go, and the
+commit tries again (issue 9: one slow provider stalled every commit to the repo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from mnemo.graph.dedup import (
+    IntentMerger,
+    Resolution,
+    TextLookup,
+    remap_links,
+    resolve_intents,
+    resolve_tags,
+)
+from mnemo.graph.model import Changeset, CommitReceipt, Link, NodeDraft, NodeType, Vector, now_utc
+from mnemo.graph.ports import IntentPolicy, SideWrite
+from mnemo.graph.vectors import VectorIndex
+
+# How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
+MERGE_ROUNDS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPlan:
+    """What one commit writes, in one transaction: new nodes (draft, final text, final vector),
+    existing intents reworded by a merge, links, and the receipt."""
+
+    repo: str
+    changeset_id: str
+    nodes: list[tuple[NodeDraft, str, Vector]]
+    rewordings: dict[str, tuple[str, Vector]]
+    links: list[Link]
+    receipt: CommitReceipt
+    created_at: str
+
+
+class CommitTarget(Protocol):
+    """What a backend gives the commit procedure."""
+
+    def lock(self, repo: str) -> AbstractAsyncContextManager[None]: ...
+
+    def dim(self, repo: str) -> int: ...
+
+    async def receipt(self, changeset_id: str) -> CommitReceipt | None: ...
+
+    async def vector_index(self, repo: str) -> VectorIndex:
+        """Where the graph's intents are compared (`of_type(INTENT)`)."""
+        ...
+
+    async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
+
+    async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
+
+    async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
+
+    async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
+        """Writes the plan and the side writes in one transaction (and updates whatever the
+        backend keeps beside its rows, e.g. an in-memory vector index, once it is durable)."""
+        ...
+
+    async def write_side(self, also: Sequence[SideWrite]) -> None:
+        """Writes side writes alone, in one transaction (the changeset was applied before)."""
+        ...
+
+
+class _Undecided(Exception):
+    """A merge that was not decided before the lock was taken."""
+
+
+async def apply(
+    target: CommitTarget,
+    changeset: Changeset,
+    *,
+    intents: IntentPolicy,
+    also: Sequence[SideWrite] = (),
+) -> CommitReceipt:
+    """Adds the changeset's nodes and links (deduplicated), durably, once.
+
+    Raises:
+        StorageError: the transaction failed; nothing of it was written.
+        ValueError: a vector is not of the repo's dimension; nothing was written.
+    """
+    decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
+    for attempt in range(MERGE_ROUNDS + 1):
+        last = attempt == MERGE_ROUNDS
+        if not last and any(n.type is NodeType.INTENT for n in changeset.nodes):
+            await _decide_merges(target, changeset, intents, decided)
+        try:
+            async with target.lock(changeset.repo):
+                return await _apply_locked(
+                    target, changeset, _decided_merge(decided, final=last), intents, also
+                )
+        except _Undecided:
+            continue
+    raise AssertionError("the last round never raises _Undecided")
+
+
+async def _decide_merges(
+    target: CommitTarget,
+    changeset: Changeset,
+    intents: IntentPolicy,
+    decided: dict[tuple[str, str], tuple[str, Vector] | None],
+) -> None:
+    """Runs the intent resolution against the graph as it is now, without the lock, and
+    records what each merge the LLM was asked for answered."""
+
+    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
+        if (existing, new) not in decided:
+            decided[(existing, new)] = await intents.merge(existing, new)
+        return decided[(existing, new)]
+
+    await resolve_intents(
+        changeset.nodes,
+        await target.vector_index(changeset.repo),
+        _texts(target),
+        merge,
+        identity_threshold=intents.identity_threshold,
+        merge_threshold=intents.merge_threshold,
+        out=Resolution(),
+    )
+
+
+def _decided_merge(
+    decided: dict[tuple[str, str], tuple[str, Vector] | None], *, final: bool
+) -> IntentMerger:
+    """A merger that only looks up merges decided before the lock. An undecided one makes the
+    commit try again, or in the `final` round keeps the existing wording, as when a merge
+    fails."""
+
+    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
+        if (existing, new) not in decided and not final:
+            raise _Undecided
+        return decided.get((existing, new))
+
+    return merge
+
+
+def _texts(target: CommitTarget) -> TextLookup:
+    return target.texts
+
+
+async def _apply_locked(
+    target: CommitTarget,
+    changeset: Changeset,
+    merge: IntentMerger,
+    intents: IntentPolicy,
+    also: Sequence[SideWrite],
+) -> CommitReceipt:
+    repo = changeset.repo
+    done = await target.receipt(changeset.id)
+    if done is not None:
+        if also:
+            await target.write_side(also)
+        return done
+    resolution = Resolution()
+    tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
+    resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
+    await resolve_intents(
+        changeset.nodes,
+        await target.vector_index(repo),
+        _texts(target),
+        merge,
+        identity_threshold=intents.identity_threshold,
+        merge_threshold=intents.merge_threshold,
+        out=resolution,
+    )
+    present = await target.present(repo, [n.id for n in changeset.nodes])
+    drafts = [n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present]
+    nodes = [(n, *resolution.rewordings.get(n.id, (n.text, n.vector))) for n in drafts]
+    new_ids = {n.id for n in drafts}
+    rewordings = {
+        node_id: value
+        for node_id, value in resolution.rewordings.items()
+        if node_id not in new_ids
+    }
+    # Checked before writing: a committed row of the wrong size would make every later load
+    # of this repo's vectors fail.
+    dim = target.dim(repo)
+    for node_id, vector in [(n.id, v) for n, _, v in nodes] + [
+        (node_id, v) for node_id, (_, v) in rewordings.items()
+    ]:
+        if np.shape(vector) != (dim,):
+            raise ValueError(
+                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
+            )
+    plan = CommitPlan(
+        repo=repo,
+        changeset_id=changeset.id,
+        nodes=nodes,
+        rewordings=rewordings,
+        links=remap_links(changeset.links, resolution),
+        receipt=CommitReceipt(changeset.id, repo, [n.id for n, _, _ in nodes]),
+        created_at=now_utc().isoformat(),
+    )
+    await target.write_commit(plan, also)
+    return plan.receipt

@@ -1,0 +1,57 @@
+"""The backend port: one object that opens a store and hands out its stores.
+
+A `Memory` asks `open_backend(path)` for the backend its path names (a SQLite file or
+`":memory:"`; a PostgreSQL URL) and then sees only the ports: `GraphStore`
+(`mnemo.graph.ports`), `SessionStore` (`mnemo.session.ports`) and the conversation store. A
+unit of work that spans them, a commit's graph rows with its session's state change, is a
+`GraphStore.apply` carrying `SideWrite` values, which each backend writes in one transaction.
+A third backend is one more folder under `mnemo/storage/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from mnemo.errors import StorageError
+from mnemo.graph.ports import GraphStore
+from mnemo.session.ports import SessionStore
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class Backend(Protocol):
+    """The stores of one database, open between `open` and `close`."""
+
+    graph: GraphStore
+    sessions: SessionStore
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def is_postgres(path: str | Path) -> bool:
+    return isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
+
+
+def open_backend(
+    path: str | Path,
+    *,
+    dims: Callable[[str], int],
+    busy_timeout: float,
+    synchronous: str = "NORMAL",
+) -> Backend:
+    """The backend `path` names; call `open()` on it before use.
+
+    Raises:
+        StorageError: "unavailable" for a PostgreSQL URL while that backend is not built in.
+    """
+    if is_postgres(path):
+        raise StorageError(
+            "unavailable", "the PostgreSQL backend is not available in this version of mnemo"
+        )
+    from mnemo.storage.sqlite import SqliteBackend
+
+    return SqliteBackend(path, dims=dims, busy_timeout=busy_timeout, synchronous=synchronous)

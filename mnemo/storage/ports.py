@@ -24,8 +24,11 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 class Backend(Protocol):
     """The stores of one database, open between `open` and `close`."""
 
-    graph: GraphStore
-    sessions: SessionStore
+    @property
+    def graph(self) -> GraphStore: ...
+
+    @property
+    def sessions(self) -> SessionStore: ...
 
     async def open(self) -> None: ...
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from mnemo.cli.jsonable import hit_json, label
+from mnemo.cli.jsonable import hit_json, label, message_json, snapshot_json
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.graph.model import Node
 from mnemo.memoryfiles.model import MemoryFile
@@ -97,24 +97,13 @@ def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, Any]]:
 
 
 def _message(message: Message, limit: int) -> dict[str, Any]:
-    return {
-        "id": message.id,
-        "thread_id": message.thread_id,
-        "seq": message.seq,
-        "role": message.role,
-        "recorded_at": message.recorded_at.isoformat(),
-        **_text(message.content, limit, "content"),
-    }
+    """The CLI's JSON shape of a message, its content bounded."""
+    return {**message_json(message), **_text(message.content, limit, "content")}
 
 
 def _snapshot(snapshot: Snapshot) -> dict[str, Any]:
-    return {
-        "id": snapshot.id,
-        "level": snapshot.level,
-        "start_seq": snapshot.start_seq,
-        "end_seq": snapshot.end_seq,
-        **_text(snapshot.text, MESSAGE_CHARS),
-    }
+    """The CLI's JSON shape of a snapshot, its text bounded."""
+    return {**snapshot_json(snapshot), **_text(snapshot.text, MESSAGE_CHARS)}
 
 
 def view_output(view: MessageView, offset: int) -> dict[str, Any]:

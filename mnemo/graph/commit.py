@@ -31,7 +31,7 @@ from mnemo.graph.dedup import (
 )
 from mnemo.graph.model import Changeset, CommitReceipt, Link, NodeDraft, NodeType, Vector, now_utc
 from mnemo.graph.ports import IntentPolicy, SideWrite
-from mnemo.graph.vectors import VectorIndex
+from mnemo.graph.vectors import Snapshot, VectorIndex
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
@@ -100,12 +100,14 @@ async def apply(
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS
+        prepared = None
         if not last and any(n.type is NodeType.INTENT for n in changeset.nodes):
-            await _decide_merges(target, changeset, intents, decided)
+            prepared = await _decide_merges(target, changeset, intents, decided)
         try:
             async with target.lock(changeset.repo):
                 return await _apply_locked(
-                    target, changeset, _decided_merge(decided, final=last), intents, also
+                    target, changeset, _decided_merge(decided, final=last), intents, also,
+                    prepared=prepared,
                 )
         except _Undecided:
             continue
@@ -117,24 +119,30 @@ async def _decide_merges(
     changeset: Changeset,
     intents: IntentPolicy,
     decided: dict[tuple[str, str], tuple[str, Vector] | None],
-) -> None:
+) -> tuple[Snapshot, Resolution]:
     """Runs the intent resolution against the graph as it is now, without the lock, and
-    records what each merge the LLM was asked for answered."""
+    records what each merge the LLM was asked for answered. Returns the resolution with the
+    vectors it was made against: if they are the same ones under the lock (no commit came
+    between), the resolution stands and is not computed again."""
 
     async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
         if (existing, new) not in decided:
             decided[(existing, new)] = await intents.merge(existing, new)
         return decided[(existing, new)]
 
+    index = await target.vector_index(changeset.repo)
+    seen = index.snapshot()
+    resolution = Resolution()
     await resolve_intents(
         changeset.nodes,
-        await target.vector_index(changeset.repo),
+        index,
         _texts(target),
         merge,
         identity_threshold=intents.identity_threshold,
         merge_threshold=intents.merge_threshold,
-        out=Resolution(),
+        out=resolution,
     )
+    return seen, resolution
 
 
 def _decided_merge(
@@ -162,6 +170,8 @@ async def _apply_locked(
     merge: IntentMerger,
     intents: IntentPolicy,
     also: Sequence[SideWrite],
+    *,
+    prepared: tuple[Snapshot, Resolution] | None = None,
 ) -> CommitReceipt:
     repo = changeset.repo
     done = await target.receipt(changeset.id)
@@ -169,18 +179,23 @@ async def _apply_locked(
         if also:
             await target.write_side(also)
         return done
-    resolution = Resolution()
+    index = await target.vector_index(repo)
+    if prepared is not None and index.snapshot() is prepared[0]:
+        # The intents were resolved against exactly these vectors, before the lock.
+        resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
+    else:
+        resolution = Resolution()
+        await resolve_intents(
+            changeset.nodes,
+            index,
+            _texts(target),
+            merge,
+            identity_threshold=intents.identity_threshold,
+            merge_threshold=intents.merge_threshold,
+            out=resolution,
+        )
     tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
     resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
-    await resolve_intents(
-        changeset.nodes,
-        await target.vector_index(repo),
-        _texts(target),
-        merge,
-        identity_threshold=intents.identity_threshold,
-        merge_threshold=intents.merge_threshold,
-        out=resolution,
-    )
     present = await target.present(repo, [n.id for n in changeset.nodes])
     drafts = [n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present]
     nodes = [(n, *resolution.rewordings.get(n.id, (n.text, n.vector))) for n in drafts]

@@ -99,6 +99,45 @@ async def test_close_and_commit_retry_reasks_only_the_failed_call(events: EventL
         assert Counter(n.type for n in nodes if n is not None)[N.PROCEDURAL] == 3
 
 
+async def test_auto_commit_close_reasks_only_what_the_background_commit_failed(
+    events: EventLog,
+) -> None:
+    """In auto-commit, a background commit whose procedural fails keeps its semantic result:
+    the close that commits those steps asks the walk trajectory's semantic no more."""
+    llm = FakeLLM()
+    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=mnemo.Config(auto_commit=True))
+        sid = await mem.start_session("explore the house", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        await mem.append(sid, "walk south", "go south")
+        held = llm.hold("procedural")
+        await mem.append(sid, "open door", "push door")  # a boundary: "walk" commits behind
+        with anyio.fail_after(5):
+            await held.started.wait()
+        failed = anyio.Event()
+        results: list[mnemo.OpResult] = []
+
+        def callback(result: mnemo.OpResult) -> None:
+            results.append(result)
+            failed.set()
+
+        await mem.append_async(sid, "open window", "push window", callback)
+        llm.fail_tasks.add("procedural")
+        held.release()
+        with anyio.fail_after(5):
+            await failed.wait()
+        assert results[0].error is not None
+        assert results[0].error.reason == "extraction_failed"
+        llm.fail_tasks.clear()
+        del llm.holds["procedural"]
+        mark = len(llm.calls)
+        await mem.close_and_commit(sid)
+        assert Counter(llm.tasks()[mark:]) == {
+            "semantic": 1, "procedural": 2, "reward": 1, "return": 1
+        }
+        assert mem.usage(sid).saved_calls == 1
+
+
 async def test_memo_answers_the_same_request_once_and_books_the_saving() -> None:
     """The same trajectory, task and request is asked once; asking again books its calls and
     tokens as saved on the metered LLM; another trajectory or another request asks anew."""

@@ -47,9 +47,6 @@ class TaskMemo:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def keys(self) -> list[Key]:
-        return list(self._kept)
-
     async def ask(
         self,
         llm: LLM,

@@ -138,6 +138,21 @@ async def test_auto_commit_close_reasks_only_what_the_background_commit_failed(
         assert mem.usage(sid).saved_calls == 1
 
 
+async def test_a_failed_return_scoring_keeps_the_cumulative_scores(events: EventLog) -> None:
+    """The optional "return" task failing does not fail the extraction: each instruction
+    keeps its score from the cumulative reward (0.7 with the fake -> 7)."""
+    llm = FakeLLM()
+    llm.fail_tasks.add("return")
+    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO)
+        sid = await _collect(mem)
+        receipt = await mem.close_and_commit(sid, max_retries=0)
+        assert "return" in llm.tasks()
+        nodes = [await mem.get_node(REPO, node_id) for node_id in receipt.node_ids]
+        procedures = [n for n in nodes if n is not None and n.type is N.PROCEDURAL]
+        assert [p.data["return_score"] for p in procedures] == [7, 7, 7]
+
+
 async def test_memo_answers_the_same_request_once_and_books_the_saving() -> None:
     """The same trajectory, task and request is asked once; asking again books its calls and
     tokens as saved on the metered LLM; another trajectory or another request asks anew."""

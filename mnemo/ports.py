@@ -32,7 +32,10 @@ class Usage:
 
     `calls` counts the model calls made, of which `retries` were transport retries and
     `re_asks` were asked again after an unusable reply (`mnemo.retry` says what a task may
-    spend). Equality compares what was spent (tokens and cost), not how many calls it took.
+    spend). `saved_calls`, `saved_input_tokens` and `saved_output_tokens` are what a retried
+    extraction did not spend again because a task's earlier result was kept
+    (`mnemo.extraction.memo`). Equality compares what was spent (tokens and cost), not how many
+    calls it took nor what was saved.
     """
 
     input_tokens: int = 0
@@ -41,6 +44,9 @@ class Usage:
     calls: int = field(default=0, compare=False)
     retries: int = field(default=0, compare=False)
     re_asks: int = field(default=0, compare=False)
+    saved_calls: int = field(default=0, compare=False)
+    saved_input_tokens: int = field(default=0, compare=False)
+    saved_output_tokens: int = field(default=0, compare=False)
 
     def __add__(self, other: Usage) -> Usage:
         cost = None if self.cost is None and other.cost is None else (self.cost or 0.0) + (
@@ -53,6 +59,9 @@ class Usage:
             calls=self.calls + other.calls,
             retries=self.retries + other.retries,
             re_asks=self.re_asks + other.re_asks,
+            saved_calls=self.saved_calls + other.saved_calls,
+            saved_input_tokens=self.saved_input_tokens + other.saved_input_tokens,
+            saved_output_tokens=self.saved_output_tokens + other.saved_output_tokens,
         )
 
 
@@ -144,6 +153,13 @@ class LimitedLLM:
         if self._meter is not None and response.usage is not None:
             self._meter(response.usage)
         return response
+
+
+def book(llm: LLM, usage: Usage) -> None:
+    """Books `usage` that no reply carried (what a retry saved) on `llm`'s meter, when `llm` is
+    a metered `LimitedLLM`; otherwise there is nowhere to book it."""
+    if isinstance(llm, LimitedLLM) and llm._meter is not None:
+        llm._meter(usage)
 
 
 @asynccontextmanager

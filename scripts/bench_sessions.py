@@ -512,16 +512,19 @@ def append_table(report: AppendReport) -> Table:
 # ---- 2. close-to-ready ---------------------------------------------------------------------
 
 
-def extraction_dag(trajectories: int) -> dict[str, tuple[str, ...]]:
+def extraction_dag(trajectories: int, instructions: int = 2) -> dict[str, tuple[str, ...]]:
     """The LLM calls a close makes, each with the calls it waits for (extraction/pipeline.py):
-    the last step's reward; per trajectory semantic ∥ procedural, then return. Only the last
-    trajectory's procedural waits for that reward (it needs the score)."""
+    the last step's reward and every trajectory's semantic and procedural at once; then, for a
+    trajectory with several instructions, its return scoring, which needs its procedural (and,
+    for the last trajectory, that reward)."""
     dag: dict[str, tuple[str, ...]] = {"reward(last step)": ()}
     for t in range(trajectories):
         last = t == trajectories - 1
         dag[f"semantic[{t}]"] = ()
-        dag[f"procedural[{t}]"] = ("reward(last step)",) if last else ()
-        dag[f"return[{t}]"] = (f"semantic[{t}]", f"procedural[{t}]")
+        dag[f"procedural[{t}]"] = ()
+        if instructions > 1:
+            needs = (f"semantic[{t}]", f"procedural[{t}]")
+            dag[f"return[{t}]"] = (*needs, "reward(last step)") if last else needs
     return dag
 
 
@@ -608,8 +611,8 @@ def ready_table(rows: list[ReadyRow]) -> Table:
             verdict(row.vs_critical <= READY_GOAL),
         )
     table.caption = (
-        "critical path = reward of the last step → procedural of the last trajectory → its "
-        "return (semantic runs beside them), x latency; goal ≤ "
+        "critical path = the last step's reward ∥ semantic ∥ procedural, then the return "
+        "scoring of each trajectory's instructions, x latency; goal ≤ "
         f"{READY_GOAL}x. Config(llm_concurrency=64) so the limiter is not the bottleneck; "
         "trajectories of 2 steps, 2 facts and 2 instructions each."
     )

@@ -1,13 +1,22 @@
-"""Extraction: from an episode's trajectories to one changeset.
+"""Extraction: from an episode's trajectories to one changeset, in at most two LLM rounds.
 
-Every trajectory is extracted at once; within one, the semantic and procedural workers run
-side by side, then the returns of its instructions are scored. The critical path is therefore
-one trajectory's max(semantic, procedural) + return + embedding, whatever their number
-(BENCHMARKS.md). The caller's LLM is already bounded by its provider's limiter and metered.
+Round 1 asks, all at once: the last step's deferred reward (it has no next observation, so
+`close` scores it), and every trajectory's semantic and procedural tasks. Each instruction's
+return then comes from the trajectory's cumulative reward, without a call. Round 2 asks the
+optional "return" task, and only for a trajectory with several instructions, where a model's
+judgement can tell them apart (one instruction takes the trajectory's score either way).
+The critical path is therefore two calls whatever the number of trajectories, one when no
+trajectory has several instructions (BENCHMARKS.md; the seed asked reward -> procedural ->
+return, three calls in a row).
+
+A failed task does not cancel its siblings: each validated result is kept in the episode's
+`TaskMemo`, so the retry re-asks only what failed. The caller's LLM is already bounded by its
+provider's limiter and metered.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,9 +24,11 @@ from typing import Any
 
 import anyio
 
-from mnemo.episode.annotation import embed, score_reward
+from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import LLMError, first_error
+from mnemo.episode.prompts import parse_reward, reward_request
+from mnemo.errors import AdapterError, LLMError, first_error
+from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
     parse_facts,
@@ -28,7 +39,13 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
-from mnemo.ports import LLM, Embedder, ask
+from mnemo.ports import LLM, Embedder
+
+log = logging.getLogger("mnemo")
+
+# The score of an instruction whose steps have no known reward: the "return" prompt's
+# "not enough evidence".
+NEUTRAL_RETURN = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +66,21 @@ class _Extracted:
     returns: dict[int, int]
 
 
+class _Round:
+    """What the tasks of one extraction share: the LLM, the memo, and the failures so far."""
+
+    def __init__(self, llm: LLM, memo: TaskMemo, goal: str) -> None:
+        self.llm, self.memo, self.goal = llm, memo, goal
+        self.failures: list[AdapterError] = []
+        # The deferred reward scored at close, by step id; written onto the step record only
+        # once the whole extraction succeeded, so that a retry builds the same requests.
+        self.rewards: dict[str, float] = {}
+        self.scored = anyio.Event()
+
+    def reward(self, step: StepRecord) -> float | None:
+        return self.rewards.get(step.id, step.reward)
+
+
 async def extract(
     episode: EpisodeRecord,
     steps: Sequence[StepRecord],
@@ -59,100 +91,178 @@ async def extract(
     embedder: Embedder,
     time_limit: float,
     score_last_step: bool,
+    memo: TaskMemo | None = None,
 ) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset.
 
-    When `score_last_step`, the last step's deferred reward is scored first (it has no next
-    observation); it is written onto the step record.
+    When `score_last_step`, the last step's deferred reward is scored beside the extraction
+    tasks; it is written onto the step record when the extraction succeeds. Results found in
+    `memo` are not asked again, and every result validated here is kept there, also when
+    another task fails.
 
     Raises:
-        LLMError, EmbeddingError: a worker failed for good.
+        LLMError, EmbeddingError: a task failed for good (the first failure; the other tasks
+            ran to their end all the same).
         TimeoutError: a trajectory took longer than `time_limit` seconds.
     """
-    limited = llm  # the caller's, bounded by its provider's limiter
+    memo = memo if memo is not None else TaskMemo(episode.id)
     groups = episode.trajectories(list(steps))
     results: list[_Extracted | None] = [None] * len(groups)
-    last_scored = anyio.Event()
+    work = _Round(llm, memo, episode.goal)
+    last = steps[-1] if steps else None
+    deferred = last if score_last_step and last is not None else None
 
-    async def score_last() -> None:
-        last = steps[-1]
+    async def score_last(step: StepRecord) -> None:
         try:
-            last.reward = await score_reward(limited, episode.goal, last, None)
+            with anyio.fail_after(time_limit):
+                request = reward_request(
+                    goal=episode.goal,
+                    subgoal=step.subgoal,
+                    observation=step.observation,
+                    action=step.action,
+                    next_observation=None,
+                )
+                work.rewards[step.id] = await memo.ask(
+                    llm, step.trajectory_id, request, parse_reward
+                )
+        except AdapterError as exc:
+            work.failures.append(exc)
         finally:
-            last_scored.set()
+            work.scored.set()
 
     async def one(i: int, group: list[StepRecord]) -> None:
         with anyio.fail_after(time_limit):
-            needs_last = score_last_step and group[-1] is steps[-1]
-            results[i] = await _extract_trajectory(
-                limited, episode.goal, group, last_scored if needs_last else None
-            )
+            waits = deferred is not None and group[-1] is deferred
+            results[i] = await _extract_trajectory(work, group, waits_for_reward=waits)
 
-    if not score_last_step or not steps:
-        last_scored.set()
     with first_error():
         async with anyio.create_task_group() as tg:
-            if score_last_step and steps:
-                tg.start_soon(score_last)
+            if deferred is not None:
+                tg.start_soon(score_last, deferred)
+            else:
+                work.scored.set()
             for i, group in enumerate(groups):
                 tg.start_soon(one, i, group)
+    if work.failures:
+        raise work.failures[0]
     done = [r for r in results if r is not None]
-    return await _changeset(repo, episode, source, done, embedder)
+    changeset = await _changeset(repo, episode, source, done, embedder, work.rewards)
+    if deferred is not None:
+        deferred.reward = work.rewards[deferred.id]
+    return changeset
 
 
 async def _extract_trajectory(
-    llm: LLM, goal: str, steps: list[StepRecord], last_reward: anyio.Event | None
-) -> _Extracted:
+    work: _Round, steps: list[StepRecord], *, waits_for_reward: bool
+) -> _Extracted | None:
+    """One trajectory's facts, instructions and returns; None when a task failed (the
+    failure is in `work.failures`)."""
+    trajectory = steps[0].trajectory_id
     subgoal = steps[0].subgoal
     found: dict[str, Any] = {}
 
     async def semantic() -> None:
         request = semantic_request(
-            goal=goal,
+            goal=work.goal,
             subgoal=subgoal,
             steps=[
                 {"index": i, "observation": s.observation, "action": s.action}
                 for i, s in enumerate(steps)
             ],
         )
-        found["facts"] = await ask(llm, request, parse_facts)
+        try:
+            found["facts"] = await work.memo.ask(work.llm, trajectory, request, parse_facts)
+        except AdapterError as exc:
+            work.failures.append(exc)
 
     async def procedural() -> None:
-        if last_reward is not None:
-            await last_reward.wait()
-        request = procedural_request(goal=goal, subgoal=subgoal, steps=_step_dicts(steps))
-        found["instructions"] = await ask(llm, request, parse_instructions)
+        # Not waiting for the last step's reward (null here, as the prompt allows) is what
+        # takes the seed's reward -> procedural round off the critical path. Only the records'
+        # rewards go in, never one scored meanwhile: a retry must build the same request.
+        request = procedural_request(goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps))
+        try:
+            found["instructions"] = await work.memo.ask(
+                work.llm, trajectory, request, parse_instructions
+            )
+        except AdapterError as exc:
+            work.failures.append(exc)
 
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(semantic)
-            tg.start_soon(procedural)
+            await procedural()
+    if waits_for_reward:
+        await work.scored.wait()
+    if "facts" not in found or "instructions" not in found or work.failures:
+        return None
     instructions: list[Instruction] = found["instructions"]
-    returns: dict[int, int] = {}
-    if instructions:
-        request = return_request(
-            goal=goal,
-            subgoal=subgoal,
-            instructions=[
-                {
-                    "index": i,
-                    "intent": ins.intent,
-                    "condition": ins.condition,
-                    "instruction": ins.instruction,
-                    "expected_outcome": ins.expected_outcome,
-                }
-                for i, ins in enumerate(instructions)
-            ],
-            steps=_step_dicts(steps),
-        )
-        count = len(instructions)
-        returns = await ask(llm, request, lambda r: parse_returns(r, count))
+    returns = cumulative_returns(instructions, [work.reward(s) for s in steps])
+    if len(instructions) > 1:
+        returns |= await _scored_returns(work, steps, instructions)
     return _Extracted(steps, found["facts"], instructions, returns)
 
 
-def _step_dicts(steps: list[StepRecord]) -> list[dict[str, Any]]:
+async def _scored_returns(
+    work: _Round, steps: list[StepRecord], instructions: list[Instruction]
+) -> dict[int, int]:
+    """The "return" task's scores; {} when it fails (the cumulative scores stand: the task is
+    optional, and failing the episode for it would throw the rest away)."""
+    request = return_request(
+        goal=work.goal,
+        subgoal=steps[0].subgoal,
+        instructions=[
+            {
+                "index": i,
+                "intent": ins.intent,
+                "condition": ins.condition,
+                "instruction": ins.instruction,
+                "expected_outcome": ins.expected_outcome,
+            }
+            for i, ins in enumerate(instructions)
+        ],
+        steps=_step_dicts(steps, work),
+    )
+    count = len(instructions)
+    try:
+        return await work.memo.ask(
+            work.llm, steps[0].trajectory_id, request, lambda r: parse_returns(r, count)
+        )
+    except LLMError as exc:
+        log.warning("return scoring failed, keeping the cumulative-reward scores: %r", exc)
+        return {}
+
+
+def cumulative_returns(
+    instructions: Sequence[Instruction], rewards: Sequence[float | None]
+) -> dict[int, int]:
+    """Each instruction's return score (1..10) from the trajectory's cumulative reward.
+
+    An instruction's return is the reward to go from the first step it came from (its
+    `steps`, else the trajectory's first step) to the trajectory's end, averaged over the
+    steps with a known reward and mapped from 0..1 onto 1..10; `NEUTRAL_RETURN` when no
+    step there has a reward.
+    """
+    scores: dict[int, int] = {}
+    for i, ins in enumerate(instructions):
+        valid = [k for k in ins.steps or () if 0 <= k < len(rewards)]
+        start = min(valid) if valid else 0
+        known = [r for r in rewards[start:] if r is not None]
+        if not known:
+            scores[i] = NEUTRAL_RETURN
+            continue
+        mean = sum(known) / len(known)
+        scores[i] = min(10, max(1, int(1 + 9 * mean + 0.5)))
+    return scores
+
+
+def _step_dicts(
+    steps: list[StepRecord], work: _Round | None = None
+) -> list[dict[str, Any]]:
+    """The steps as the procedural and return tasks see them: with `work`, the deferred
+    reward scored at close too; without, only the rewards on the step records."""
     return [
-        {"index": i, "observation": s.observation, "action": s.action, "reward": s.reward}
+        {"index": i, "observation": s.observation, "action": s.action,
+         "reward": work.reward(s) if work is not None else s.reward}
         for i, s in enumerate(steps)
     ]
 
@@ -171,8 +281,10 @@ async def _changeset(
     source: Source,
     extracted: list[_Extracted],
     embedder: Embedder,
+    rewards: dict[str, float],
 ) -> Changeset:
-    """Turns worker output into nodes and links; embeds every node's text in one call."""
+    """Turns worker output into nodes and links; embeds every node's text in one call.
+    `rewards` are the deferred rewards scored at close (not yet on their step records)."""
     if not extracted:
         return Changeset(id=_new_id("changeset"), repo=repo)
     pending: list[tuple[str, NodeType, str, dict[str, Any], str | None]] = []
@@ -205,7 +317,7 @@ async def _changeset(
                     "action": step.action,
                     "state": step.state_summary,
                     "subgoal": step.subgoal,
-                    "reward": step.reward,
+                    "reward": rewards.get(step.id, step.reward),
                     "index": step.index,
                     "trajectory_id": step.trajectory_id,
                     "episode_id": episode.id,

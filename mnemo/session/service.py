@@ -37,6 +37,7 @@ from mnemo.errors import (
     StorageError,
 )
 from mnemo.events import Events
+from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
@@ -128,6 +129,9 @@ class _Session:
     last_activity: float = 0.0
     flush_after: float = 0.0
     ended: bool = False
+    # The open episode's validated extraction results, so a retry re-asks only what failed
+    # (issue 13, item 5). In memory only until the store keeps them (storage refactor).
+    memo: TaskMemo | None = None
 
     @property
     def state(self) -> State:
@@ -763,6 +767,8 @@ class SessionService:
     ) -> Changeset:
         runtime = session.runtime
         runtime.check_dim(session.repo)
+        if session.memo is None or session.memo.episode_id != episode.id:
+            session.memo = TaskMemo(episode.id)
         return await extract(
             episode,
             steps,
@@ -772,6 +778,7 @@ class SessionService:
             embedder=runtime.embedder,
             time_limit=runtime.config.extraction_timeout,
             score_last_step=bool(steps) and steps[-1].reward is None,
+            memo=session.memo,
         )
 
     async def _extract_episode(self, session: _Session) -> None:

@@ -1,5 +1,6 @@
-"""Extraction: trajectories in parallel, semantic ∥ procedural within each, then returns; the
-changeset holds the 7 node types and 4 link types, deduplicated against batch and graph."""
+"""Extraction: trajectories in parallel, last reward ∥ semantic ∥ procedural within each, then
+returns; the changeset holds the 7 node types and 4 link types, deduplicated against batch and
+graph."""
 
 from __future__ import annotations
 
@@ -50,24 +51,24 @@ async def test_trajectories_extract_in_parallel(events: EventLog) -> None:
     assert llm.peak == 4
 
 
-async def test_semantic_and_procedural_run_side_by_side(events: EventLog) -> None:
-    """Within a trajectory, the semantic and procedural calls are in flight together: both
-    are held, and both start."""
+async def test_semantic_procedural_and_last_reward_run_side_by_side(events: EventLog) -> None:
+    """Within a trajectory, the semantic and procedural calls and the last step's reward are
+    in flight together: all three are held, and all three start; a one-instruction trajectory
+    takes its return from the cumulative reward, without a "return" call."""
     inner = FakeLLM()
     async with mnemo.Memory(llm=inner, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")
-        semantic, procedural = inner.hold("semantic"), inner.hold("procedural")
+        held = [inner.hold(task) for task in ("semantic", "procedural", "reward")]
         await mem.close(sid)
         with anyio.fail_after(5):
-            await semantic.started.wait()
-            await procedural.started.wait()
-        assert "return" not in inner.tasks()
-        semantic.release()
-        procedural.release()
+            for hold in held:
+                await hold.started.wait()
+        for hold in held:
+            hold.release()
         await events.wait_state(mem, sid, mnemo.State.READY)
-        assert inner.tasks()[-1] == "return"
+        assert "return" not in inner.tasks()
 
 
 async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:

@@ -185,7 +185,9 @@ def check_backend(settings: Settings) -> None:
     Raises:
         CliError: a PostgreSQL URL where mnemo's PostgreSQL backend is not installed.
     """
-    if settings.is_url and importlib.util.find_spec("mnemo.storage.postgres") is None:
+    # The store module, not the package: mnemo/storage/postgres/ holds the schema and the
+    # connection before the stores that Memory opens exist (issue 10).
+    if settings.is_url and importlib.util.find_spec("mnemo.storage.postgres.store") is None:
         raise CliError(
             "this mnemo has no PostgreSQL backend, so it cannot open a postgresql:// store; "
             "pass a SQLite file with --store"

@@ -1,0 +1,187 @@
+"""`Postgres`: the owner of mnemo's connections to one PostgreSQL database (psycopg 3's pool).
+
+Connections run in autocommit: a statement outside `transaction()` is its own transaction, and
+every other one is opened explicitly, so none is ever left open by accident.
+
+Waiting for another writer: `busy_timeout` becomes the server's `lock_timeout`, the bound on
+how long a statement waits for a row or table lock (SQLite's busy timeout, same meaning), and
+the bound on waiting for a free pooled connection. A statement may also be given a
+`statement_timeout`; none by default, since a large commit or an index build legitimately runs
+for longer than any lock wait should. The driver waits in the event loop's I/O selector, never
+blocking the loop.
+
+Errors: whatever the driver or the pool raises becomes a `StorageError` where it enters mnemo,
+in `storage_error`: `"busy"` for a lock or statement timeout, a serialization failure or a
+deadlock (retrying may succeed), `"extension_missing"` when pgvector is absent, else
+`"unavailable"`. The driver's exception is the `__cause__`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from mnemo.errors import StorageError
+
+Connection = psycopg.AsyncConnection[tuple[object, ...]]
+
+# SQLSTATEs that mean "another transaction was in the way; try again later": lock_not_available
+# (lock_timeout), query_canceled (statement_timeout), serialization_failure, deadlock_detected.
+_BUSY_STATES = {"55P03", "57014", "40001", "40P01"}
+
+# Every session searches HNSW indexes with this ef_search: at least the candidates a query
+# asks for (Config.recall_candidates, 50; an HNSW scan returns at most ef_search rows), and
+# twice that for recall at scale (docs/DECISIONS.md).
+HNSW_EF_SEARCH = 100
+
+
+def storage_error(exc: BaseException, reason: str | None = None) -> StorageError:
+    """The `StorageError` for a driver or pool error (it becomes the `__cause__`); `reason`
+    overrides the one read from the error."""
+    state = getattr(exc, "sqlstate", None)
+    message = str(exc)
+    if reason is not None:
+        pass
+    elif state in _BUSY_STATES:
+        reason = "busy"
+    elif _names_missing_vector(state, message):
+        reason = "extension_missing"
+    else:
+        reason = "unavailable"
+    error = StorageError(reason, f"PostgreSQL: {message.strip()}")
+    error.__cause__ = exc
+    return error
+
+
+def _names_missing_vector(state: str | None, message: str) -> bool:
+    # 42704 undefined_object: `type "vector" does not exist` (the extension is not created);
+    # 58P01 undefined_file: the server has no pgvector to create it from.
+    if state == "58P01":
+        return "vector" in message
+    return state == "42704" and '"vector"' in message
+
+
+def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
+             ef_search: int) -> str:
+    """`url` (a libpq URL or key=value string, e.g. `postgresql://me@/mnemo?host=/run/pg`) with
+    mnemo's session settings appended to its own `options`, which it keeps."""
+    params = conninfo_to_dict(url)
+    settings = [
+        f"-c lock_timeout={_ms(busy_timeout)}",
+        f"-c statement_timeout={_ms(statement_timeout) if statement_timeout else 0}",
+        # A placeholder until pgvector loads in the session, which then adopts it.
+        f"-c hnsw.ef_search={ef_search}",
+    ]
+    options = str(params.get("options") or "").strip()
+    params["options"] = " ".join([*([options] if options else []), *settings])
+    params.setdefault("application_name", "mnemo")
+    return make_conninfo("", **params)
+
+
+def _ms(seconds: float) -> int:
+    # 0 would mean "no timeout" to PostgreSQL; a positive wait shorter than 1 ms means 1 ms.
+    return max(int(seconds * 1000), 1)
+
+
+class Postgres:
+    """A pool of connections to one database, opened by `open()` (or `async with`).
+
+    Raises (from every method that touches the database):
+        StorageError: see the module docstring for the reasons.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        busy_timeout: float = 5.0,
+        statement_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        if busy_timeout < 0:
+            raise ValueError(f"busy_timeout must be >= 0, got {busy_timeout}")
+        self.url = url
+        self.busy_timeout = busy_timeout
+        self.connect_timeout = connect_timeout
+        self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(
+            conninfo(url, busy_timeout=busy_timeout, statement_timeout=statement_timeout,
+                     ef_search=HNSW_EF_SEARCH),
+            connection_class=psycopg.AsyncConnection,
+            kwargs={"autocommit": True},
+            min_size=min_size,
+            max_size=max_size,
+            timeout=max(busy_timeout, 0.001),
+            open=False,
+            name="mnemo",
+        )
+
+    async def open(self) -> None:
+        """Opens the pool and waits for its first connections.
+
+        Raises:
+            StorageError: `"unavailable"` when no connection could be made within
+                `connect_timeout` seconds.
+        """
+        try:
+            await self._pool.open(wait=True, timeout=self.connect_timeout)
+        except (psycopg.Error, PoolTimeout) as exc:
+            await self._pool.close()
+            raise storage_error(exc) from exc
+
+    async def close(self) -> None:
+        """Closes every connection; a second call does nothing."""
+        await self._pool.close()
+
+    async def __aenter__(self) -> Postgres:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """A pooled connection (autocommit) for the block; driver errors raised in the block
+        become `StorageError`.
+
+        Raises:
+            StorageError: `"busy"` when every connection stayed taken for `busy_timeout`
+                seconds, `"unavailable"` when none could be made.
+        """
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            # A pool that holds connections and had none free was busy; an empty one could
+            # not reach the server.
+            empty = self._pool.get_stats().get("pool_size", 0) == 0
+            raise storage_error(exc, "unavailable" if empty else "busy") from exc
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """A pooled connection inside one transaction: committed when the block ends, rolled
+        back (nothing written) when it raises or is cancelled.
+
+        Raises:
+            StorageError: as `connection`, and for any driver error of the block or the commit.
+        """
+        async with self.connection() as conn:
+            try:
+                async with conn.transaction():
+                    yield conn
+            except psycopg.Error as exc:
+                raise storage_error(exc) from exc

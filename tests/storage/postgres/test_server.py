@@ -1,0 +1,63 @@
+"""The PostgreSQL test server itself: up, with pgvector, one fresh database per test."""
+
+from __future__ import annotations
+
+import os
+
+import psycopg
+import pytest
+
+from tests.pg import TEMPLATE, Clones, PgServer
+
+# Each test records its database here; the next test checks that the fixture dropped it.
+_seen: list[str] = []
+
+
+def _dbname(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_server_runs_postgres_18_with_pgvector(pg_url: str) -> None:
+    """The server is PostgreSQL 18 and the copied database has the vector extension."""
+    with psycopg.connect(pg_url) as conn:
+        version = conn.execute("SHOW server_version_num").fetchone()
+        ext = conn.execute(
+            "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+        ).fetchone()
+        distance = conn.execute("SELECT '[1,0]'::vector <=> '[0,1]'::vector").fetchone()
+    assert version is not None
+    assert int(str(version[0])) // 10_000 == 18
+    assert ext is not None
+    assert tuple(int(p) for p in str(ext[0]).split(".")[:2]) >= (0, 8)
+    assert distance == (1.0,)
+
+
+def test_server_runs_as_root_under_its_own_user(pg_server: PgServer) -> None:
+    """Started by root, the server process belongs to another user (postgres refuses root)."""
+    with psycopg.connect(pg_server.url()) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    owner = os.stat(f"/proc/{row[0]}").st_uid
+    assert owner != 0 or os.geteuid() != 0
+
+
+@pytest.mark.parametrize("turn", [1, 2])
+def test_each_test_gets_a_fresh_database_dropped_after(
+    pg_server: PgServer, pg_clones: Clones, pg_url: str, turn: int
+) -> None:
+    """Two tests get two different databases with the schema, and the first is gone after it."""
+    name = _dbname(pg_url)
+    assert name not in _seen
+    assert all(pg_clones.wait_dropped(old) for old in _seen)
+    assert not set(_seen) & pg_server.databases()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tables = conn.execute("SELECT count(*) FROM mnemo_migrations").fetchone()
+        # The next test fails to create it again if it got this database.
+        conn.execute("CREATE TABLE scratch (x integer)")
+    assert tables is not None
+    assert tables[0] > 0
+    assert TEMPLATE in pg_server.databases()
+    _seen.append(name)

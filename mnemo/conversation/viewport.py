@@ -10,7 +10,7 @@ Messages pinned to open goals (from before the boundary) come first and may take
 level-1 snapshots up to 15%, then level-2 snapshots up to 5%, within what the pins left.
 Within each snapshot share the newest that fit are kept, stopping at the first that does
 not, so the snapshots shown are a contiguous recent stretch. The messages from the boundary
-on get the rest. When they do not all fit there, eviction is behind (`needs_eviction`, which
+on get the rest. When they do not all fit there, eviction is behind (`layout` says so, which
 auto-eviction checks after each save): the viewport then gives up memory for them, oldest
 snapshots first and pins last, and only when even the whole budget cannot hold them does it
 keep the newest that fit.

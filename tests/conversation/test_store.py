@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import ast
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mnemo
 from mnemo.conversation import ports
+from mnemo.conversation.model import Message, Snapshot
 from mnemo.conversation.ports import ThreadStore
 from mnemo.conversation.search import query_words
+from mnemo.conversation.viewport import layout
 from mnemo.graph.model import now_utc
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from tests.conversation._support import assistant, user
@@ -20,6 +25,7 @@ from tests.fakes import FakeEmbedder
 
 CONVERSATION = Path(ports.__file__).parent
 BACKENDS = ("mnemo.storage", "sqlite3", "sqlite_utils")
+EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -116,3 +122,48 @@ async def test_search_takes_words(store: tuple[mnemo.Memory, ThreadStore]) -> No
     hits = await threads.search(query_words('proxy" OR NEAR('), limit=5, now=now_utc())
     assert sorted(h.seq for h in hits) == [0, 1]
     assert await threads.search([], limit=5, now=now_utc()) == []
+
+
+def _message(seq: int, tokens: int, role: str) -> Message:
+    return Message(f"m{seq}", "t", seq, role, "x", {}, EPOCH, tokens)
+
+
+def _snapshot(level: int, start: int, words: int) -> Snapshot:
+    return Snapshot(f"s{level}-{start}", "t", level, start, start, "w " * words, EPOCH)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 60), max_size=40),
+    roles=st.lists(st.sampled_from(["user", "assistant", "tool"]), min_size=40, max_size=40),
+    pins=st.lists(st.integers(1, 40), max_size=4),
+    l1=st.lists(st.integers(1, 30), max_size=6),
+    l2=st.lists(st.integers(1, 30), max_size=3),
+    budget=st.integers(1, 400),
+)
+def test_bounded_newest_lays_out_as_the_whole_thread(
+    tokens: list[int],
+    roles: list[str],
+    pins: list[int],
+    l1: list[int],
+    l2: list[int],
+    budget: int,
+) -> None:
+    """The layout of the store's bounded read (newest messages up to the first past the
+    budget) equals the layout of every message past the boundary."""
+    past = [_message(100 + i, t, roles[i]) for i, t in enumerate(tokens)]
+    newest_all = past[::-1]
+    bounded: list[Message] = []
+    for message in newest_all:
+        bounded.append(message)
+        if sum(m.tokens for m in bounded) > budget:
+            break
+    common = {
+        "boundary_seq": 100,
+        "pinned": [_message(99 - i, t, "user") for i, t in enumerate(pins)],
+        "level1": [_snapshot(1, 90 - i, w) for i, w in enumerate(l1)],
+        "level2": [_snapshot(2, 50 - i, w) for i, w in enumerate(l2)],
+        "tokens_past_boundary": sum(tokens),
+    }
+    whole = layout("t", budget, ports.ViewportInputs(**common, newest=newest_all))
+    assert layout("t", budget, ports.ViewportInputs(**common, newest=bounded)) == whole

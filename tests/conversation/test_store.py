@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -158,12 +159,13 @@ def test_bounded_newest_lays_out_as_the_whole_thread(
         bounded.append(message)
         if sum(m.tokens for m in bounded) > budget:
             break
-    common = {
-        "boundary_seq": 100,
-        "pinned": [_message(99 - i, t, "user") for i, t in enumerate(pins)],
-        "level1": [_snapshot(1, 90 - i, w) for i, w in enumerate(l1)],
-        "level2": [_snapshot(2, 50 - i, w) for i, w in enumerate(l2)],
-        "tokens_past_boundary": sum(tokens),
-    }
-    whole = layout("t", budget, ports.ViewportInputs(**common, newest=newest_all))
-    assert layout("t", budget, ports.ViewportInputs(**common, newest=bounded)) == whole
+    inputs = ports.ViewportInputs(
+        boundary_seq=100,
+        pinned=[_message(99 - i, t, "user") for i, t in enumerate(pins)],
+        level1=[_snapshot(1, 90 - i, w) for i, w in enumerate(l1)],
+        level2=[_snapshot(2, 50 - i, w) for i, w in enumerate(l2)],
+        tokens_past_boundary=sum(tokens),
+        newest=newest_all,
+    )
+    whole = layout("t", budget, inputs)
+    assert layout("t", budget, replace(inputs, newest=bounded)) == whole

@@ -51,6 +51,7 @@ from mnemo.session.machine import State
 from mnemo.session.ports import RepoRow
 from mnemo.session.queue import Callback
 from mnemo.session.service import Runtime, SessionContext, SessionInfo, SessionService
+from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
 from mnemo.storage.sqlite.sessions import SqliteSessions
@@ -113,7 +114,7 @@ class Memory:
         )
         self._ingests = IngestService(self._graph, self._ingest_runtime)
         self._conversations = ConversationService(
-            self._database,
+            SqliteThreads(self._database),
             llm=LimitedLLM(self._llm, self._slots(self._llm, self._config)),
             embedder=self._embedder,
             config=self._config,
@@ -683,7 +684,7 @@ class Memory:
     async def list_threads(self) -> list[ThreadInfo]:
         """Every stored conversation thread (not purged), oldest first: its number of raw
         messages, next seq and viewport boundary."""
-        return await self._conversations.log.threads()
+        return await self._conversations.store.threads()
 
     async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
         """What the agent sees of the thread within `token_budget` tokens: the messages from

@@ -24,24 +24,22 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import anyio
 
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
+from mnemo.conversation.ports import ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
 from mnemo.conversation.render import render_window
-from mnemo.conversation.snapshots import (
-    commit_eviction,
-    commit_fold,
-    due_for_fold,
-    fold_inputs,
-    read_zone_inputs,
-    uncovered_l1,
+from mnemo.conversation.viewport import (
+    FOLD_AFTER,
+    context_zones,
+    eviction_zone,
+    snapshot_words,
 )
-from mnemo.conversation.viewport import context_zones, eviction_zone, snapshot_words
 from mnemo.events import Events
 from mnemo.ports import LLM, ToolCall, Usage, ask
-from mnemo.storage.sqlite.database import Database
 
 log = logging.getLogger("mnemo")
 
@@ -221,14 +219,14 @@ class Evictor:
 
     def __init__(
         self,
-        database: Database,
+        store: ThreadStore,
         *,
         llm: LLM,
         events: Events,
         clock: Callable[[], datetime],
         timeout: float,
     ) -> None:
-        self._database = database
+        self._store = store
         self._llm = llm
         self._events = events
         self._clock = clock
@@ -242,9 +240,9 @@ class Evictor:
         Raises:
             NotFoundError: the thread was never saved.
         """
-        boundary, past, goals, previous = await self._database.run(
-            lambda db: read_zone_inputs(db, thread_id)
-        )
+        inputs = await self._store.eviction_inputs(thread_id)
+        boundary, past = inputs.boundary_seq, inputs.past_boundary
+        goals = [{"id": g.id, "description": g.description} for g in inputs.goals]
         zone = eviction_zone(past, token_budget, eviction_fraction)
         if not zone:
             return EvictionResult(thread_id, boundary, boundary, None, None, 0, 0)
@@ -262,17 +260,15 @@ class Evictor:
             ),
             zone=span,
             goals=goals,
-            previous_snapshot=previous,
+            previous_snapshot=inputs.previous_snapshot,
             round_timeout=self._timeout,
         )
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
         now = self._clock()
-        snapshot = await self._database.run(
-            lambda db: commit_eviction(
-                db, thread_id, boundary_before=boundary, boundary_after=after, zone=span,
-                snapshot_text=text, pins=tools.pins, now=now,
-            )
+        snapshot = await self._store.commit_eviction(
+            thread_id, boundary_before=boundary, boundary_after=after, zone=span,
+            snapshot_text=text, pins=tools.pins, now=now,
         )
         folded = await self.fold(thread_id, token_budget)
         pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
@@ -299,7 +295,7 @@ class Evictor:
     async def fold(self, thread_id: str, token_budget: int) -> Snapshot | None:
         """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due.
         A failed fold is logged and left for the next eviction."""
-        due = due_for_fold(await self._database.run(lambda db: uncovered_l1(db, thread_id)))
+        due = due_for_fold(await self._store.uncovered_snapshots(thread_id))
         if not due:
             return None
         request = fold_request(
@@ -313,4 +309,13 @@ class Evictor:
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)
             return None
         now = self._clock()
-        return await self._database.run(lambda db: commit_fold(db, thread_id, due, text, now))
+        return await self._store.commit_fold(thread_id, due, text, now)
+
+
+def fold_inputs(snapshots: Sequence[Snapshot]) -> list[dict[str, Any]]:
+    return [{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text} for s in snapshots]
+
+
+def due_for_fold(snapshots: Sequence[Snapshot]) -> list[Snapshot]:
+    """The oldest `FOLD_AFTER` uncovered level-1 snapshots, once there are that many."""
+    return list(snapshots[:FOLD_AFTER]) if len(snapshots) >= FOLD_AFTER else []

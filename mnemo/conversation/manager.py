@@ -27,6 +27,7 @@ from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
 from mnemo.conversation.selection import top_k, with_tool_pairs
 from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.graph.model import Vector
 from mnemo.inputs import check_text
 from mnemo.ports import ask
 
@@ -99,7 +100,7 @@ class ConversationManager:
         history = check_history(messages)
         service = self._service
         async with service.thread_lock(thread_id):
-            state = await service.log.state(thread_id)
+            state = await service.store.state(thread_id)
             stored = state.history_len if state else 0
             if len(history) <= stored:
                 return []
@@ -107,16 +108,15 @@ class ConversationManager:
             drafts = [
                 draft(m, stored + i, limit=limit) for i, m in enumerate(history[stored:])
             ]
-            blobs: list[bytes] | None = None
+            vectors: list[Vector] | None = None
             if isinstance(self.retrieval, Semantic):
                 try:
-                    vectors = await service.embed([d.text for d in drafts])
-                    blobs = [row.tobytes() for row in vectors]
+                    vectors = list(await service.embed([d.text for d in drafts]))
                 except EmbeddingError:
                     # The log must not lose messages to an embedder outage; load embeds later.
                     log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
-            appended = await service.log.append(
-                thread_id, drafts, expected_len=stored, recorded_at=self._clock(), vectors=blobs
+            appended = await service.store.append(
+                thread_id, drafts, expected_len=stored, recorded_at=self._clock(), vectors=vectors
             )
             for policy in self.compression:
                 if isinstance(policy, Summary):
@@ -146,7 +146,7 @@ class ConversationManager:
         await self._expire(thread_id)
         service = self._service
         if isinstance(self.retrieval, Semantic):
-            compactions, pool = await service.log.uncompacted(thread_id)
+            compactions, pool = await service.store.uncompacted(thread_id)
             k = self.retrieval.k
             if query is not None and query.strip() and pool:
                 vectors = await service.message_vectors(pool)
@@ -155,7 +155,7 @@ class ConversationManager:
             else:
                 picked = with_tool_pairs(pool[-k:], pool)
         else:
-            compactions, picked = await service.log.recent_turns(thread_id, self.retrieval.k)
+            compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
         out = [compaction_message(c) for c in compactions]
         out.extend(m.to_dict() for m in picked)
         for policy in self.compression:
@@ -184,7 +184,7 @@ class ConversationManager:
             )
         check_text(summary_text, "summary_text", limit=self._service.max_text_chars)
         async with self._service.thread_lock(thread_id):
-            return await self._service.log.add_compaction(
+            return await self._service.store.add_compaction(
                 thread_id, start_seq, end_seq, summary_text, self._clock()
             )
 
@@ -196,7 +196,7 @@ class ConversationManager:
         """
         check_thread_id(thread_id)
         await self._expire(thread_id)
-        return await self._service.log.compactions(thread_id)
+        return await self._service.store.compactions(thread_id)
 
     async def raw(self, thread_id: str) -> list[Message]:
         """Every stored message of the thread, by seq (after the ttl's erasure, if any).
@@ -206,7 +206,7 @@ class ConversationManager:
         """
         check_thread_id(thread_id)
         await self._expire(thread_id)
-        return await self._service.log.raw(thread_id)
+        return await self._service.store.raw(thread_id)
 
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and
@@ -222,7 +222,7 @@ class ConversationManager:
     async def purge(self, thread_id: str) -> None:
         """Erases the thread: raw messages, compactions, snapshots, goals, pins, search index
         entries, vectors and its seq counter (a new thread of that id starts at 0). Nothing
-        of it stays in the database file (see `ThreadLog.purge`).
+        of it stays in the database file (see `ThreadStore.purge`).
 
         Raises:
             InvalidInputError: a blank thread id.
@@ -233,14 +233,14 @@ class ConversationManager:
     async def _expire(self, thread_id: str) -> None:
         if self.ttl is not None:
             cutoff = self._clock() - timedelta(seconds=self.ttl)
-            await self._service.log.expire(thread_id, cutoff)
+            await self._service.store.expire(thread_id, cutoff)
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
         """Compacts all but the last `keep` uncompacted messages when they exceed
         `max_tokens`, rolling the previous automatic summary in; in chunks when there is a lot.
         Called under the thread lock. Failures are logged, never raised."""
         service = self._service
-        compactions, tail = await service.log.uncompacted(thread_id)
+        compactions, tail = await service.store.uncompacted(thread_id)
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
             return
         pending = tail[: len(tail) - policy.keep]
@@ -270,7 +270,7 @@ class ConversationManager:
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)
                 return
             start = previous.start_seq if previous else chunk[0].seq
-            record = await service.log.add_compaction(
+            record = await service.store.add_compaction(
                 thread_id, start, chunk[-1].seq, summary, self._clock()
             )
             compactions = [c for c in compactions if not start <= c.start_seq <= chunk[-1].seq]

@@ -7,6 +7,7 @@ fails where it is written, before any thread is touched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -164,6 +165,20 @@ class Compaction:
         return getattr(self, key)
 
 
+def compacted_floor(compactions: Sequence[Compaction]) -> int:
+    """The lowest seq that the compactions (sorted by start) do not cover from 0 upwards."""
+    floor = 0
+    for c in compactions:
+        if c.start_seq > floor:
+            break
+        floor = max(floor, c.end_seq + 1)
+    return floor
+
+
+def covered(seq: int, compactions: Sequence[Compaction]) -> bool:
+    return any(c.start_seq <= seq <= c.end_seq for c in compactions)
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadInfo:
     """A stored thread as `Memory.list_threads` reports it: how many raw messages it holds,
@@ -192,6 +207,9 @@ class Snapshot:
     text: str
     created_at: datetime
     covered_by: str | None = None
+
+
+GOAL_OPEN, GOAL_COMPLETED = "open", "completed"
 
 
 @dataclass(frozen=True, slots=True)

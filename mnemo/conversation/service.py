@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import anyio
@@ -24,8 +25,6 @@ import numpy.typing as npt
 from mnemo.config import Config
 from mnemo.conversation.drafts import check_count, check_thread_id, search_text
 from mnemo.conversation.eviction import Evictor
-from mnemo.conversation.goals import GoalStore
-from mnemo.conversation.log import ThreadLog
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
     Compression,
@@ -40,14 +39,15 @@ from mnemo.conversation.model import (
     ToolOutputPruner,
     Viewport,
 )
-from mnemo.conversation.search import match_expression, search, view
-from mnemo.conversation.viewport import needs_eviction, read_viewport
+from mnemo.conversation.ports import ThreadStore
+from mnemo.conversation.render import reduced
+from mnemo.conversation.search import query_words
+from mnemo.conversation.viewport import layout
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder
-from mnemo.storage.sqlite.database import Database
 
 Clock = Callable[[], datetime]
 
@@ -78,7 +78,7 @@ class KeyedLocks:
 
 
 class ConversationService:
-    """Threads, viewports, eviction, goals, search and erasure over one `Database`.
+    """Threads, viewports, eviction, goals, search and erasure over one `ThreadStore`.
 
     `llm` writes summaries, eviction snapshots and folds; `embedder` embeds messages for
     `Semantic` retrieval; `config.extraction_timeout` bounds each model call.
@@ -86,7 +86,7 @@ class ConversationService:
 
     def __init__(
         self,
-        database: Database,
+        store: ThreadStore,
         *,
         llm: LLM,
         embedder: Embedder,
@@ -94,9 +94,7 @@ class ConversationService:
         events: Events,
         clock: Clock = now_utc,
     ) -> None:
-        self.database = database
-        self.log = ThreadLog(database)
-        self.goals = GoalStore(database)
+        self.store = store
         self.llm = llm
         self.embedder = embedder
         self.timeout = config.extraction_timeout
@@ -105,7 +103,7 @@ class ConversationService:
         self.events = events
         self.clock = clock
         self.evictor = Evictor(
-            database, llm=llm, events=events, clock=clock, timeout=self.timeout
+            store, llm=llm, events=events, clock=clock, timeout=self.timeout
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
@@ -186,18 +184,16 @@ class ConversationService:
         dim = self.embedder.dim
         if not messages:
             return np.zeros((0, dim), dtype=np.float32)
-        blobs = await self.log.vectors(messages[0].thread_id)
-        missing = [m for m in messages if len(blobs.get(m.id, b"")) != dim * 4]
+        stored = await self.store.vectors(messages[0].thread_id)
+        missing = [m for m in messages if m.id not in stored or stored[m.id].shape != (dim,)]
         if missing:
             fresh = await self.embed(
                 [search_text(m.content, m.data.get("tool_calls")) for m in missing]
             )
-            rows = [(m.id, fresh[i].tobytes()) for i, m in enumerate(missing)]
-            await self.log.save_vectors(messages[0].thread_id, rows)
-            blobs.update(rows)
-        return np.frombuffer(b"".join(blobs[m.id] for m in messages), dtype=np.float32).reshape(
-            len(messages), dim
-        )
+            rows = [(m.id, fresh[i]) for i, m in enumerate(missing)]
+            await self.store.save_vectors(messages[0].thread_id, rows)
+            stored.update(rows)
+        return np.stack([stored[m.id] for m in messages]).astype(np.float32, copy=False)
 
     # ---- viewport, eviction, goals ------------------------------------------------------
 
@@ -205,7 +201,12 @@ class ConversationService:
         """See `Memory.viewport`."""
         check_thread_id(thread_id)
         check_count("token_budget", token_budget, minimum=1)
-        return await self.database.run(lambda db: read_viewport(db, thread_id, token_budget))
+        return (await self._layout(thread_id, token_budget))[0]
+
+    async def _layout(self, thread_id: str, token_budget: int) -> tuple[Viewport, bool]:
+        """The viewport, and whether eviction is behind (see `viewport.layout`)."""
+        inputs = await self.store.viewport_inputs(thread_id, token_budget)
+        return layout(thread_id, token_budget, inputs)
 
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float
@@ -228,9 +229,7 @@ class ConversationService:
         """
         done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):
-            while await self.database.run(
-                lambda db: needs_eviction(db, thread_id, token_budget)
-            ):
+            while (await self._layout(thread_id, token_budget))[1]:
                 result = await self.evictor.evict(thread_id, token_budget, eviction_fraction)
                 if not result.evicted:
                     break
@@ -241,13 +240,13 @@ class ConversationService:
         """See `Memory.add_goal`."""
         check_thread_id(thread_id)
         check_text(description, "description", limit=self.max_text_chars)
-        return await self.goals.add(thread_id, description.strip(), self.clock())
+        return await self.store.add_goal(thread_id, description.strip(), self.clock())
 
     async def complete_goal(self, goal_id: str) -> None:
         """See `Memory.complete_goal`."""
         if not isinstance(goal_id, str) or not goal_id.strip():
             raise InvalidInputError(f"goal_id must be a non-blank string, got {goal_id!r}")
-        await self.goals.complete(goal_id, self.clock())
+        await self.store.complete_goal(goal_id, self.clock())
 
     # ---- search -------------------------------------------------------------------------
 
@@ -266,15 +265,12 @@ class ConversationService:
             check_thread_id(thread_id)
         if exclude_viewport_of is not None:
             check_thread_id(exclude_viewport_of)
-        match = match_expression(query)
-        if not match:
+        words = query_words(query)
+        if not words:
             return []
-        now = self.clock()
-        return await self.database.run(
-            lambda db: search(
-                db, match, limit=limit, now=now, thread_id=thread_id,
-                exclude_viewport_of=exclude_viewport_of,
-            )
+        return await self.store.search(
+            words, limit=limit, now=self.clock(), thread_id=thread_id,
+            exclude_viewport_of=exclude_viewport_of,
         )
 
     async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
@@ -282,17 +278,19 @@ class ConversationService:
         if not isinstance(message_id, str) or not message_id.strip():
             raise InvalidInputError(f"message_id must be a non-blank string, got {message_id!r}")
         check_count("radius", radius, minimum=0, maximum=MAX_RADIUS)
-        return await self.database.run(lambda db: view(db, message_id, radius))
+        view = await self.store.view(message_id, radius)
+        # The window's tool outputs are reduced to ok/error; `target` stays as stored.
+        return replace(view, messages=[reduced(m) for m in view.messages])
 
     # ---- erasure ------------------------------------------------------------------------
 
     async def clear(self, thread_id: str) -> None:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
-            await self.log.clear(thread_id)
+            await self.store.clear(thread_id)
 
     async def purge(self, thread_id: str) -> int:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
-            gone = await self.log.purge(thread_id)
+            gone = await self.store.purge(thread_id)
         await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
         return gone
 

@@ -10,7 +10,7 @@ Messages pinned to open goals (from before the boundary) come first and may take
 level-1 snapshots up to 15%, then level-2 snapshots up to 5%, within what the pins left.
 Within each snapshot share the newest that fit are kept, stopping at the first that does
 not, so the snapshots shown are a contiguous recent stretch. The messages from the boundary
-on get the rest. When they do not all fit there, eviction is behind (`needs_eviction`, which
+on get the rest. When they do not all fit there, eviction is behind (`layout` says so, which
 auto-eviction checks after each save): the viewport then gives up memory for them, oldest
 snapshots first and pins last, and only when even the whole budget cannot hold them does it
 keep the newest that fit.
@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from sqlite_utils import Database as SqliteUtilsDatabase
-
-from mnemo.conversation.log import MESSAGE_COLUMNS, iter_messages, message_from_row, read_state
 from mnemo.conversation.model import Message, Snapshot, Viewport
+from mnemo.conversation.ports import ViewportInputs
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 
 L1_SHARE = 0.15
@@ -43,15 +40,6 @@ MEMORY_SHARE = L1_SHARE + L2_SHARE + PIN_SHARE
 FOLD_AFTER = 5
 
 T = TypeVar("T")
-
-SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
-
-
-def snapshot_from_row(row: Sequence[Any]) -> Snapshot:
-    sid, thread_id, level, start, end, text, created_at, covered_by = row
-    return Snapshot(
-        sid, thread_id, level, start, end, text, datetime.fromisoformat(created_at), covered_by
-    )
 
 
 def snapshot_tokens(snapshot: Snapshot) -> int:
@@ -71,62 +59,35 @@ def _fit_newest(items: Iterable[tuple[int, T]], allowance: float) -> tuple[list[
     return kept, used
 
 
-def read_viewport(db: SqliteUtilsDatabase, thread_id: str, token_budget: int) -> Viewport:
-    """The thread's viewport (see the module doc), read in one go."""
-    return layout(db, thread_id, token_budget)[0]
-
-
-def needs_eviction(db: SqliteUtilsDatabase, thread_id: str, token_budget: int) -> bool:
-    """Whether the boundary message would leave the viewport at the usual shares (the seed's
-    rule for when to evict): the messages from the boundary on do not all fit beside the
-    pins and snapshots."""
-    return layout(db, thread_id, token_budget)[1]
-
-
-def layout(db: SqliteUtilsDatabase, thread_id: str, token_budget: int) -> tuple[Viewport, bool]:
+def layout(
+    thread_id: str, token_budget: int, inputs: ViewportInputs
+) -> tuple[Viewport, bool]:
     """The viewport, and whether it had to give up memory (or messages) for the messages
-    from the boundary on: then eviction is behind."""
-    conn = db.conn
-    state = read_state(db, thread_id)
-    boundary = state.boundary_seq if state else 0
+    from the boundary on: then eviction is behind (the seed's rule for when to evict: the
+    messages from the boundary on do not all fit beside the pins and snapshots).
+
+    `inputs` come from `ThreadStore.viewport_inputs` with a token limit of at least
+    `token_budget`.
+    """
+    boundary = inputs.boundary_seq
     memory = token_budget * MEMORY_SHARE
-    pin_rows = conn.execute(
-        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq < ? AND id IN"
-        " (SELECT message_id FROM pins WHERE thread_id = ?) ORDER BY seq DESC",
-        (thread_id, boundary, thread_id),
-    )
     pinned: list[Message] = []
     pins_used = 0
-    for pin in map(message_from_row, pin_rows):
+    for pin in inputs.pinned:
         # Pins are not a contiguous stretch: a long one left out does not hide shorter ones.
         if pins_used + pin.tokens <= memory:
             pinned.append(pin)
             pins_used += pin.tokens
     pinned.reverse()
-    l1_rows = conn.execute(
-        f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE thread_id = ? AND level = 1"
-        " AND covered_by IS NULL ORDER BY start_seq DESC",
-        (thread_id,),
-    )
     l1, l1_used = _fit_newest(
-        ((snapshot_tokens(s), s) for s in map(snapshot_from_row, l1_rows)),
+        ((snapshot_tokens(s), s) for s in inputs.level1),
         min(token_budget * L1_SHARE, memory - pins_used),
     )
-    l2_rows = conn.execute(
-        f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE thread_id = ? AND level = 2"
-        " ORDER BY start_seq DESC",
-        (thread_id,),
-    )
     l2, l2_used = _fit_newest(
-        ((snapshot_tokens(s), s) for s in map(snapshot_from_row, l2_rows)),
+        ((snapshot_tokens(s), s) for s in inputs.level2),
         min(token_budget * L2_SHARE, memory - pins_used - l1_used),
     )
-    past = int(
-        conn.execute(
-            "SELECT coalesce(sum(tokens), 0) FROM messages WHERE thread_id = ? AND seq >= ?",
-            (thread_id, boundary),
-        ).fetchone()[0]
-    )
+    past = inputs.tokens_past_boundary
     shown: list[tuple[int, list[Snapshot] | list[Message]]] = [(snapshot_tokens(s), l2) for s in l2]
     shown += [(snapshot_tokens(s), l1) for s in l1]
     shown += [(m.tokens, pinned) for m in pinned]
@@ -142,7 +103,9 @@ def layout(db: SqliteUtilsDatabase, thread_id: str, token_budget: int) -> tuple[
     window: list[Message] = []
     used = 0
     cut = False
-    for message in iter_messages(db, thread_id, from_seq=boundary, newest_first=True):
+    # `newest` ends with the first message past the store's limit (which is no less than
+    # this one), so the loop meets every cut a walk over the whole thread would.
+    for message in inputs.newest:
         if used + message.tokens > token_budget - memory_used:
             cut = True
             break

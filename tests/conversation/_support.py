@@ -124,11 +124,9 @@ async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[s
     """
     view = await mem.viewport(thread_id, token_budget=token_budget)
     raw = await mem.conversation().raw(thread_id)
-    spans = await mem._conversations.database.run(
-        lambda db: db.conn.execute(
-            "SELECT start_seq, end_seq FROM snapshots WHERE thread_id = ?", (thread_id,)
-        ).fetchall()
-    )
+    spans = [
+        (s.start_seq, s.end_seq) for s in await mem._conversations.store.snapshots(thread_id)
+    ]
     shown = {m.id for m in view.messages} | {m.id for m in view.pinned}
     problems: list[str] = []
     if view.tokens > token_budget:

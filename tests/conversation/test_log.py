@@ -442,7 +442,7 @@ async def test_ttl_erases_vectors_and_pins(cmem: mnemo.Memory, clock: ManualCloc
     fresh = await conv.save("t", [user("Always keep the apple pie warm."), assistant("ok"),
                                   user("banana")])
     await conv.load("t", query="banana")
-    vectors = await cmem._conversations.log.vectors("t")
+    vectors = await cmem._conversations.store.vectors("t")
     assert set(vectors) == {fresh[0].id}
     assert (await cmem.viewport("t", token_budget=1000)).pinned == []
     await cmem.complete_goal(goal)

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mnemo
-from mnemo.conversation.search import match_expression, recency_weight
+from mnemo.conversation.search import query_words, recency_weight
 from mnemo.graph.model import now_utc
 from mnemo.inputs import MAX_QUERY_TERMS
+from mnemo.storage.sqlite.conversation_search import match_expression as fts_match
 from tests.conversation._support import (
     ManualClock,
     OfflineFake,
@@ -22,6 +23,11 @@ from tests.conversation._support import (
     user,
 )
 from tests.fakes import FakeEmbedder
+
+
+def match_expression(query: str) -> str:
+    """The FTS5 MATCH expression SQLite searches for a user query."""
+    return fts_match(query_words(query))
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,262 @@
+"""The conversation store's port: `ThreadStore`, what conversation memory needs from a backend,
+and the values it reads back.
+
+The service, the manager and the evictor type against it; implementations live in
+`mnemo.storage.<backend>.conversation`. Every method is one coarse step (one transaction for a
+write) taking and giving typed values: no SQL, handle or query syntax crosses it. Search gets
+the query's words (`search.query_words`), and each backend builds its own full-text query
+from them (FTS5 MATCH, a tsquery). The layout of the viewport, the eviction zones, the ranking
+by recency and the snippets' length are pure code in `mnemo.conversation` that backends reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from mnemo.conversation.drafts import MessageDraft
+from mnemo.conversation.model import (
+    Compaction,
+    Goal,
+    Message,
+    MessageView,
+    SearchHit,
+    Snapshot,
+    ThreadInfo,
+)
+from mnemo.graph.model import Vector
+
+__all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadState:
+    """A thread's counters: the next seq to give, how many messages of the caller's history
+    are stored, and where the viewport starts."""
+
+    next_seq: int
+    history_len: int
+    boundary_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ViewportInputs:
+    """What the viewport's layout (`viewport.layout`) reads of a thread, bounded so that a
+    long thread is never read whole.
+
+    `pinned`: the messages before the boundary pinned to an open goal, newest first.
+    `level1`: the uncovered level-1 snapshots, newest first; `level2`: the level-2 ones,
+    newest first. `tokens_past_boundary`: the tokens of every message from the boundary on.
+    `newest`: the messages from the boundary on, newest first, up to the first one whose
+    running token sum passes the limit asked for (that one included, when there is one), so
+    the layout can tell that the older ones did not fit.
+    """
+
+    boundary_seq: int
+    pinned: list[Message]
+    level1: list[Snapshot]
+    level2: list[Snapshot]
+    tokens_past_boundary: int
+    newest: list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionInputs:
+    """What an eviction starts from: the boundary, the messages from it on (oldest first),
+    the thread's open goals (oldest first) and the newest uncovered level-1 snapshot's text
+    ("" when there is none)."""
+
+    boundary_seq: int
+    past_boundary: list[Message]
+    goals: list[Goal]
+    previous_snapshot: str
+
+
+class ThreadStore(Protocol):
+    """Every thread's log, compactions, vectors, goals and pins, snapshots and search index.
+
+    Writes are each one transaction; a write computed from a stale read (a history length,
+    a boundary, snapshots to fold) changes nothing, as each method says.
+    """
+
+    # ---- the log --------------------------------------------------------------------------
+
+    async def state(self, thread_id: str) -> ThreadState | None:
+        """The thread's counters, None for a thread never saved (or purged)."""
+        ...
+
+    async def threads(self) -> list[ThreadInfo]:
+        """Every stored thread (not purged), oldest first, with its number of messages."""
+        ...
+
+    async def append(
+        self,
+        thread_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        expected_len: int,
+        recorded_at: datetime,
+        vectors: Sequence[Vector] | None = None,
+    ) -> list[Message]:
+        """Appends `drafts` after the stored history of length `expected_len`, each with the
+        next seq (creating the thread), with one vector per draft when given.
+
+        Raises:
+            ConflictError: the stored history length is no longer `expected_len`; nothing
+                was written.
+        """
+        ...
+
+    async def expire(self, thread_id: str, cutoff: datetime) -> int:
+        """Erases the thread's messages recorded before `cutoff` (with their search entries,
+        vectors and pins), and the compactions and snapshots that only covered erased
+        messages; the seq counter is untouched. Returns how many messages went."""
+        ...
+
+    async def compactions(self, thread_id: str) -> list[Compaction]:
+        """The thread's compaction records, by start."""
+        ...
+
+    async def raw(self, thread_id: str) -> list[Message]:
+        """Every stored message of the thread, by seq."""
+        ...
+
+    async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
+        """The compactions and every message none of them covers, by seq, read together."""
+        ...
+
+    async def recent_turns(
+        self, thread_id: str, k: int
+    ) -> tuple[list[Compaction], list[Message]]:
+        """The compactions and the uncompacted messages of the last `k` turns (a turn starts
+        at a user message), by seq, read backwards no further than the k-th turn."""
+        ...
+
+    async def add_compaction(
+        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime
+    ) -> Compaction:
+        """Records that `summary_text` stands for messages `start_seq`..`end_seq`; records
+        the new range contains are replaced by it.
+
+        Raises:
+            NotFoundError: the thread was never saved.
+            InvalidInputError: `end_seq` is past the last seq given, or the range partly
+                overlaps (or lies inside) an existing compaction; nothing was written.
+        """
+        ...
+
+    async def vectors(self, thread_id: str) -> dict[str, Vector]:
+        """The stored vector of each message of the thread that has one, by message id."""
+        ...
+
+    async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
+        """Stores (or replaces) vectors of existing messages; ids no longer stored are skipped."""
+        ...
+
+    async def clear(self, thread_id: str) -> None:
+        """Deletes the thread's messages, vectors, compactions, snapshots, goals and pins, and
+        starts a new history; the seq counter goes on (no seq is reused)."""
+        ...
+
+    async def purge(self, thread_id: str) -> int:
+        """Erases the thread without a trace (its counter too, and whatever the backend keeps
+        of deleted rows); returns how many messages went."""
+        ...
+
+    # ---- goals and pins -------------------------------------------------------------------
+
+    async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
+        """Adds an open goal to the thread; returns its id ("goal_<hex>")."""
+        ...
+
+    async def complete_goal(self, goal_id: str, now: datetime) -> int:
+        """Marks the goal completed and releases its pins; returns how many pins went.
+        Completing a completed goal does nothing.
+
+        Raises:
+            NotFoundError: no such goal.
+        """
+        ...
+
+    async def open_goals(self, thread_id: str) -> list[Goal]:
+        """The thread's open goals, oldest first."""
+        ...
+
+    # ---- viewport, eviction and snapshots -------------------------------------------------
+
+    async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
+        """What the viewport of a thread is laid out from, `newest` bounded by `token_limit`
+        (see `ViewportInputs`); an unknown thread gives empty inputs at boundary 0."""
+        ...
+
+    async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
+        """What an eviction of the thread starts from, read together.
+
+        Raises:
+            NotFoundError: the thread was never saved.
+        """
+        ...
+
+    async def commit_eviction(
+        self,
+        thread_id: str,
+        *,
+        boundary_before: int,
+        boundary_after: int,
+        zone: tuple[int, int],
+        snapshot_text: str,
+        pins: Sequence[tuple[str, str]],
+        now: datetime,
+    ) -> Snapshot | None:
+        """Writes the level-1 snapshot of `zone` (none for a blank text) and the (message id,
+        goal id) pins whose message and open goal belong to the thread, and moves the
+        boundary, in one transaction; returns the snapshot.
+
+        Raises:
+            ConflictError: the boundary moved meanwhile (or the thread is gone); nothing
+                was written.
+        """
+        ...
+
+    async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
+        """The thread's level-1 snapshots no level-2 one covers, oldest first."""
+        ...
+
+    async def commit_fold(
+        self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
+    ) -> Snapshot | None:
+        """Writes the level-2 snapshot over `covered` and marks them covered by it, unless
+        one of them was covered (or deleted) meanwhile: then writes nothing and returns None."""
+        ...
+
+    async def snapshots(self, thread_id: str) -> list[Snapshot]:
+        """Every snapshot of the thread, covered ones included, by level then start."""
+        ...
+
+    # ---- search and drill-down ------------------------------------------------------------
+
+    async def search(
+        self,
+        words: Sequence[str],
+        *,
+        limit: int,
+        now: datetime,
+        thread_id: str | None = None,
+        exclude_viewport_of: str | None = None,
+    ) -> list[SearchHit]:
+        """The best `limit` messages matching any of `words` (stemmed full-text search),
+        ranked as `search.rank_by_recency` does with the backend's relevance score, within
+        `thread_id` when given, leaving out the messages of `exclude_viewport_of` from its
+        boundary on; each hit with a snippet of at most `search.SNIPPET_CHARS` characters."""
+        ...
+
+    async def view(self, message_id: str, radius: int) -> MessageView:
+        """The message, `radius` messages on each side of it (as stored), and the
+        `search.VIEW_SNAPSHOTS` nearest level-1 snapshots starting at or before it and after it.
+
+        Raises:
+            NotFoundError: no such message.
+        """
+        ...

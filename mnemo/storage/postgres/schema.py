@@ -1,6 +1,6 @@
 """The schema of mnemo's PostgreSQL database, as ordered migrations.
 
-The tables and columns are SQLite's (`mnemo/storage/schema.py`, as of its `m008`) with
+The tables and columns are SQLite's (`mnemo/storage/sqlite/schema.py`, as of its `m008`) with
 PostgreSQL's types: JSON in `jsonb`, times in `timestamptz`, flags in `boolean`, node and
 message vectors in pgvector's `vector`. A step's subgoal vector stays a float32 `bytea`: it is
 only ever read back whole, never searched. Words are searched through a generated `tsvector`

@@ -1,7 +1,7 @@
 """`Memory`: the one object an app opens. A thin facade over the parts:
 
-- `storage.Database` owns the SQLite file;
-- `graph.SqliteGraph` keeps each repo's knowledge graph;
+- a storage backend (`storage.ports.open_backend`: SQLite, or PostgreSQL by URL) holds every
+  store, seen only through its ports (graph, sessions, threads);
 - `session.SessionService` runs every session's state machine, queue and background work;
 - `recall` searches a repo.
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
@@ -51,10 +51,7 @@ from mnemo.session.machine import State
 from mnemo.session.ports import RepoRow
 from mnemo.session.queue import Callback
 from mnemo.session.service import Runtime, SessionContext, SessionInfo, SessionService
-from mnemo.storage.sqlite.conversation import SqliteThreads
-from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.graph import SqliteGraph
-from mnemo.storage.sqlite.sessions import SqliteSessions
+from mnemo.storage.ports import open_backend
 from mnemo.usage import UsageBook
 
 log = logging.getLogger("mnemo")
@@ -84,8 +81,8 @@ class Memory:
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         self._config = config or Config()
-        self._database = Database(
-            path, synchronous=synchronous, busy_timeout=self._config.busy_timeout
+        self._backend = open_backend(
+            path, dims=self._dim, busy_timeout=self._config.busy_timeout, synchronous=synchronous
         )
         self._offline = OfflineLLM()
         self._llm: LLM = llm if llm is not None else self._offline
@@ -96,7 +93,7 @@ class Memory:
             self._llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
         )
         self._events = Events(on_event)
-        self._sessions_store = SqliteSessions(self._database)
+        self._sessions_store = self._backend.sessions
         self._repos: dict[str, Runtime] = {}
         self._dims: dict[str, int] = {}
         self._limiters: dict[int, tuple[LLM, anyio.CapacityLimiter]] = {}
@@ -104,7 +101,7 @@ class Memory:
         # Every adapter this Memory was given, closed with it (each owns an HTTP client).
         self._adapters: dict[int, object] = {}
         self._adopt(llm, embedder)  # the caller's; the defaults need no closing
-        self._graph = SqliteGraph(self._database, self._dim)
+        self._graph = self._backend.graph
         self._service = SessionService(
             store=self._sessions_store,
             graph=self._graph,
@@ -114,7 +111,7 @@ class Memory:
         )
         self._ingests = IngestService(self._graph, self._ingest_runtime)
         self._conversations = ConversationService(
-            SqliteThreads(self._database),
+            self._backend.threads,
             llm=LimitedLLM(self._llm, self._slots(self._llm, self._config)),
             embedder=self._embedder,
             config=self._config,
@@ -125,7 +122,7 @@ class Memory:
     # ---- opening and closing --------------------------------------------------------------
 
     async def __aenter__(self) -> Memory:
-        await self._database.open()
+        await self._backend.open()
         try:
             for row in await self._sessions_store.load_repos():
                 llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
@@ -136,7 +133,7 @@ class Memory:
             self._host = TaskHost()
             await self._host.start(self._background)
         except BaseException:
-            await self._database.close()
+            await self._backend.close()
             raise
         self._service.restore([s for s in live if s.repo in self._repos])
         return self
@@ -165,7 +162,6 @@ class Memory:
                 await host.stop()
         finally:
             with anyio.move_on_after(2, shield=True):
-                await self._graph.aclose()  # stops an HNSW build that is still running
                 for adapter in list(self._adapters.values()):
                     close = getattr(adapter, "aclose", None)
                     if close is not None:
@@ -173,7 +169,7 @@ class Memory:
                             await close()
                         except Exception:
                             log.exception("closing %r failed", adapter)
-            await self._database.close()
+            await self._backend.close()
 
     def _adopt(self, *adapters: object) -> None:
         for adapter in adapters:

@@ -19,6 +19,8 @@ import anyio
 
 import mnemo
 from mnemo.ports import task_inputs
+from mnemo.storage.sqlite import SqliteBackend
+from mnemo.storage.sqlite.database import Database
 
 T = TypeVar("T")
 
@@ -257,3 +259,10 @@ async def open_test_memory(path: str = ":memory:", **kw: Any) -> AsyncIterator[m
     kw.setdefault("embedder", FakeEmbedder())
     async with mnemo.Memory(path, **kw) as mem:
         yield mem
+
+
+def sqlite_database(mem: mnemo.Memory) -> Database:
+    """The SQLite database behind `mem` (for tests that look at or fault its rows)."""
+    backend = mem._backend
+    assert isinstance(backend, SqliteBackend), "a test of SQLite internals on another backend"
+    return backend.database

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from mnemo.conversation.ports import ThreadStore
 from mnemo.errors import StorageError
 from mnemo.graph.ports import GraphStore
 from mnemo.session.ports import SessionStore
@@ -29,6 +30,9 @@ class Backend(Protocol):
 
     @property
     def sessions(self) -> SessionStore: ...
+
+    @property
+    def threads(self) -> ThreadStore: ...
 
     async def open(self) -> None: ...
 

@@ -22,7 +22,7 @@ from mnemo.conversation.viewport import layout
 from mnemo.graph.model import now_utc
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from tests.conversation._support import assistant, user
-from tests.fakes import FakeEmbedder
+from tests.fakes import FakeEmbedder, sqlite_database
 
 CONVERSATION = Path(ports.__file__).parent
 BACKENDS = ("mnemo.storage", "sqlite3", "sqlite_utils")
@@ -32,7 +32,7 @@ EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 @pytest.fixture
 async def store(embedder: FakeEmbedder) -> AsyncIterator[tuple[mnemo.Memory, ThreadStore]]:
     async with mnemo.Memory(":memory:", embedder=embedder) as mem:
-        threads: ThreadStore = SqliteThreads(mem._database)
+        threads: ThreadStore = SqliteThreads(sqlite_database(mem))
         yield mem, threads
 
 

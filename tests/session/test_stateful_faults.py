@@ -20,7 +20,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule
 
 import mnemo
 from mnemo import State
-from tests.fakes import EventLog, FakeLLM, invoke, open_test_memory
+from tests.fakes import EventLog, FakeLLM, invoke, open_test_memory, sqlite_database
 
 REPO = "r"
 KINDS = ["append", "append", "append", "close", "commit", "discard", "start_episode"]
@@ -82,7 +82,7 @@ class FaultyPrograms(RuleBasedStateMachine):
         self.ended: set[str] = set()
 
     def _inject(self) -> None:
-        database, graph, faults = self.mem._database, self.mem._graph, self.faults
+        database, graph, faults = sqlite_database(self.mem), self.mem._graph, self.faults
         real_call, real_apply = database._call, graph.apply
 
         async def call(fn: Callable[[], Any]) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import mnemo
 from mnemo.storage.sqlite.database import WAL_SIZE_LIMIT
-from tests.fakes import FakeEmbedder, FakeLLM
+from tests.fakes import FakeEmbedder, FakeLLM, sqlite_database
 
 # SQLite checkpoints every 1000 pages; the WAL may pass the limit by about that much between
 # two checkpoints before it is truncated.
@@ -35,7 +35,7 @@ async def test_sustained_writes_keep_the_wal_bounded(tmp_path: Path) -> None:
             )
             await manager.save("t", history)
             biggest = max(biggest, _file_size(wal))
-        used = await mem._database.run(
+        used = await sqlite_database(mem).run(
             lambda db: db.conn.execute(
                 "SELECT (page_count - freelist_count) * page_size"
                 " FROM pragma_page_count, pragma_freelist_count, pragma_page_size"

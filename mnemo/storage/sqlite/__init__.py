@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
 from mnemo.storage.sqlite.sessions import SqliteSessions
@@ -24,6 +25,7 @@ class SqliteBackend:
         self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout)
         self.graph = SqliteGraph(self.database, dims)
         self.sessions = SqliteSessions(self.database)
+        self.threads = SqliteThreads(self.database)
 
     async def open(self) -> None:
         await self.database.open()

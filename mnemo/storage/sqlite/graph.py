@@ -513,6 +513,8 @@ class SqliteGraph:
                 ids, types, vectors = await self._database.run(lambda db: _load_vectors(db, repo))
                 index.add(ids, types, vectors.reshape(len(ids), index.dim))
                 if self._ann_threshold is not None:
+                    # The first load imports faiss (about 90 ms): in a thread, not on the loop.
+                    await anyio.to_thread.run_sync(ann.load_faiss)
                     ann.attach(index, threshold=self._ann_threshold, params=self._ann_params)
                 self._indexes[repo] = index
         return index

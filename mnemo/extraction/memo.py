@@ -10,39 +10,87 @@ an earlier result changed, the request differs and the task is asked anew.
 What a kept result cost when it was asked is booked again, as saved, each time a retry uses it
 (`Usage.saved_calls`, `saved_input_tokens`, `saved_output_tokens`; see `Memory.usage`).
 
-The memo lives in memory, with the session (`mnemo.session.service`); a `Memory` reopened on
-the store asks everything again.
+Each kept result is also stored with its episode (through the `sink` the session gives, until
+the episode is committed or discarded), as the reply that passed validation: a `Memory`
+reopened on the store, or one taking the work over, starts from what was kept (the reply is
+parsed again, so no parsed type needs a format of its own).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar
 
+from mnemo.errors import MnemoError
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, ask, book
 from mnemo.retry import policy_of, task_budget
 
 T = TypeVar("T")
+
+log = logging.getLogger("mnemo")
 
 # (trajectory id, task, digest of the request)
 Key = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
-class _Kept:
-    value: object
+class KeptResult:
+    """One task's reply that passed validation, and what asking for it cost (as stored)."""
+
+    trajectory_id: str
+    task: str
+    digest: str
+    text: str
+    data: Any
     cost: Usage
+
+    @property
+    def key(self) -> Key:
+        return (self.trajectory_id, self.task, self.digest)
+
+    def reply_json(self) -> str:
+        return json.dumps({"text": self.text, "data": self.data}, sort_keys=True, default=str)
+
+    def cost_json(self) -> str:
+        cost = self.cost
+        return json.dumps(
+            {"calls": cost.calls, "input_tokens": cost.input_tokens,
+             "output_tokens": cost.output_tokens},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(
+        cls, trajectory_id: str, task: str, digest: str, reply: str, cost: str
+    ) -> KeptResult:
+        answer, spent = json.loads(reply), json.loads(cost)
+        return cls(
+            trajectory_id, task, digest, str(answer.get("text") or ""), answer.get("data"),
+            Usage(int(spent["input_tokens"]), int(spent["output_tokens"]),
+                  calls=int(spent["calls"])),
+        )
+
+
+# Stores a kept result with its episode.
+ResultSink = Callable[[str, KeptResult], Awaitable[None]]
 
 
 class TaskMemo:
     """Validated task results of one episode, by (trajectory id, task, request digest)."""
 
-    def __init__(self, episode_id: str) -> None:
+    def __init__(
+        self,
+        episode_id: str,
+        kept: Iterable[KeptResult] = (),
+        sink: ResultSink | None = None,
+    ) -> None:
         self.episode_id = episode_id
-        self._kept: dict[Key, _Kept] = {}
+        self._kept: dict[Key, KeptResult] = {k.key: k for k in kept}
+        self._sink = sink
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -60,25 +108,47 @@ class TaskMemo:
         Raises:
             LLMError: as `ports.ask`; nothing is kept then.
         """
-        key = (trajectory_id, request.task, request_digest(request))
-        kept = self._kept.get(key)
+        digest = request_digest(request)
+        kept = self._kept.get((trajectory_id, request.task, digest))
         if kept is not None:
-            book(llm, Usage(
-                saved_calls=kept.cost.calls,
-                saved_input_tokens=kept.cost.input_tokens,
-                saved_output_tokens=kept.cost.output_tokens,
-            ))
-            return cast(T, kept.value)
+            try:
+                value = parse(LLMResponse(text=kept.text, data=kept.data))
+            except ValueError:
+                pass  # kept under another parser's rules: ask again
+            else:
+                book(llm, Usage(
+                    saved_calls=kept.cost.calls,
+                    saved_input_tokens=kept.cost.input_tokens,
+                    saved_output_tokens=kept.cost.output_tokens,
+                ))
+                return value
         tokens = _Tokens(llm)
+        passed: list[LLMResponse] = []
+
+        def keep(response: LLMResponse) -> T:
+            parsed = parse(response)
+            passed.append(response)
+            return parsed
+
         # Opened here so that `ask` and the adapter join this budget: its count of calls
         # (retries and re-asks included) is what the task cost.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
-            value = await ask(tokens, request, parse, policy=budget.policy)
+            value = await ask(tokens, request, keep, policy=budget.policy)
             calls = budget.calls - before
-        self._kept[key] = _Kept(
-            value, Usage(tokens.input_tokens, tokens.output_tokens, calls=calls)
+        reply = passed[-1]
+        kept = KeptResult(
+            trajectory_id, request.task, digest, reply.text, reply.data,
+            Usage(tokens.input_tokens, tokens.output_tokens, calls=calls),
         )
+        self._kept[kept.key] = kept
+        if self._sink is not None:
+            try:
+                await self._sink(self.episode_id, kept)
+            except MnemoError as exc:
+                # Still kept here; only a restart would ask it again.
+                log.warning("could not store the %s result of %s: %r", request.task,
+                            self.episode_id, exc)
         return value
 
 

@@ -130,7 +130,7 @@ class _Session:
     flush_after: float = 0.0
     ended: bool = False
     # The open episode's validated extraction results, so a retry re-asks only what failed
-    # (issue 13, item 5). In memory only until the store keeps them (storage refactor).
+    # (issue 13, item 5), stored with the episode too.
     memo: TaskMemo | None = None
 
     @property
@@ -768,7 +768,11 @@ class SessionService:
         runtime = session.runtime
         runtime.check_dim(session.repo)
         if session.memo is None or session.memo.episode_id != episode.id:
-            session.memo = TaskMemo(episode.id)
+            # What an earlier extraction of this episode kept (here, or in a Memory before a
+            # restart) is asked no more.
+            session.memo = TaskMemo(
+                episode.id, await self._store.kept_results(episode.id), self._store.keep_result
+            )
         return await extract(
             episode,
             steps,

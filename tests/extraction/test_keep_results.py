@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
+from pathlib import Path
 
 import anyio
 import pytest
@@ -206,3 +208,42 @@ def test_cumulative_returns_score_the_reward_to_go() -> None:
     assert scores == {0: 7, 1: 10, 2: 10, 3: 7}
     assert cumulative_returns([_instruction()], [None, None]) == {0: 5}
     assert cumulative_returns([_instruction()], [0.0]) == {0: 1}
+
+
+async def test_kept_results_survive_a_restart_and_go_with_the_commit(tmp_path: Path) -> None:
+    """What a failed extraction kept is stored with the episode: a Memory reopened on the file
+    retries asking only the failed task, and once the episode is committed nothing of it is
+    left in the store."""
+    path = tmp_path / "m.db"
+    first = FakeLLM()
+    first.fail_tasks.add("procedural")
+    events = EventLog()
+    async with mnemo.Memory(path, llm=first, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO)
+        sid = await _collect(mem)
+        await mem.close(sid)
+        assert await events.wait_state(mem, sid, mnemo.State.FAILED) is mnemo.State.FAILED
+    assert "semantic" in first.tasks()
+    assert _kept_rows(path) > 0
+
+    second, events = FakeLLM(), EventLog()
+    async with mnemo.Memory(path, llm=second, embedder=FakeEmbedder(), on_event=events) as mem:
+        assert await mem.commit(sid) is None  # failed: retries the extraction
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        # Semantic and the last reward were kept; return scoring had not been reached.
+        assert set(second.tasks()) == {"procedural", "return"}
+        assert Counter(second.tasks())["procedural"] == 2
+        assert mem.usage(sid).saved_calls > 0
+        receipt = await mem.commit(sid)
+        assert receipt is not None
+        committed = set(receipt.node_ids)
+        nodes = await mem.get_nodes_by_type(REPO, [N.SEMANTIC, N.PROCEDURAL])
+        kinds = Counter(n.type for n in nodes if n.id in committed)
+        assert kinds[N.SEMANTIC] > 0
+        assert kinds[N.PROCEDURAL] > 0
+    assert _kept_rows(path) == 0
+
+
+def _kept_rows(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM task_results").fetchone()[0])

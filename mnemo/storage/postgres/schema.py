@@ -1,6 +1,6 @@
 """The schema of mnemo's PostgreSQL database, as ordered migrations.
 
-The tables and columns are SQLite's (`mnemo/storage/sqlite/schema.py`, as of its `m008`) with
+The tables and columns are SQLite's (`mnemo/storage/sqlite/schema.py`, as of its `m009`) with
 PostgreSQL's types: JSON in `jsonb`, times in `timestamptz`, flags in `boolean`, node and
 message vectors in pgvector's `vector`. A step's subgoal vector stays a float32 `bytea`: it is
 only ever read back whole, never searched. Words are searched through a generated `tsvector`
@@ -264,6 +264,21 @@ MIGRATIONS: tuple[Migration, ...] = (
                 changeset_id text NOT NULL,
                 created_at timestamptz NOT NULL,
                 PRIMARY KEY (repo, source_id)
+            )""",
+        ),
+    ),
+    Migration(
+        "m006_task_results",
+        (
+            """CREATE TABLE task_results (
+                episode_id text NOT NULL,
+                trajectory_id text NOT NULL,
+                task text NOT NULL,
+                digest text NOT NULL,
+                reply jsonb NOT NULL,
+                cost jsonb NOT NULL,
+                created_at timestamptz NOT NULL,
+                PRIMARY KEY (episode_id, trajectory_id, task, digest)
             )""",
         ),
     ),

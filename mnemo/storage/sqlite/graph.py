@@ -627,6 +627,10 @@ def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
                         "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",
                         (now, write.episode_id),
                     )
+                    # What the extraction kept for a retry is no longer needed.
+                    conn.execute(
+                        "DELETE FROM task_results WHERE episode_id = ?", (write.episode_id,)
+                    )
         elif isinstance(write, SourceRecorded):
             # The receipt itself is the commit's, in applied_changesets: one source of truth.
             conn.execute(

@@ -312,3 +312,25 @@ def m008_repo_models(db: Database) -> None:
     # Memory opened without models (the CLI, the MCP server, another worker) runs the repo's
     # (issue 13). NULL for repos recorded before: they run the opening Memory's defaults.
     db.execute("ALTER TABLE repos ADD COLUMN llm TEXT")
+
+
+@MIGRATIONS()
+def m009_task_results(db: Database) -> None:
+    # Each extraction task's validated reply, kept with its open episode so that a retry, a
+    # reopened store or a takeover asks only what failed (issue 13, item 5); deleted when the
+    # episode is committed or discarded.
+    _execute_all(
+        db,
+        """
+        CREATE TABLE task_results (
+            episode_id TEXT NOT NULL,
+            trajectory_id TEXT NOT NULL,
+            task TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            reply TEXT NOT NULL,
+            cost TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (episode_id, trajectory_id, task, digest)
+        ) WITHOUT ROWID;
+        """,
+    )

@@ -13,6 +13,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow
@@ -144,6 +145,9 @@ class SqliteSessions:
                 db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
                 if episode_id is not None:
                     db.conn.execute(
+                        "DELETE FROM task_results WHERE episode_id = ?", (episode_id,)
+                    )
+                    db.conn.execute(
                         "UPDATE episodes SET status = 'discarded', closed_at = ? WHERE id = ?",
                         (_now(), episode_id),
                     )
@@ -160,6 +164,27 @@ class SqliteSessions:
                 )
 
         await self._database.run(write)
+
+    async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
+        row = (episode_id, kept.trajectory_id, kept.task, kept.digest, kept.reply_json(),
+               kept.cost_json(), _now())
+        await self._database.run(
+            lambda db: db.conn.execute(
+                "INSERT OR REPLACE INTO task_results(episode_id, trajectory_id, task, digest,"
+                " reply, cost, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+        )
+
+    async def kept_results(self, episode_id: str) -> list[KeptResult]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT trajectory_id, task, digest, reply, cost FROM task_results"
+                " WHERE episode_id = ?",
+                (episode_id,),
+            ).fetchall()
+        )
+        return [KeptResult.from_json(*row) for row in rows]
 
     async def load_live(self) -> list[LiveSession]:
         return await self._database.run(_load_live)

@@ -228,9 +228,13 @@ class ProviderServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
-    def _leave(self, status: int) -> None:
+    def _leave(self) -> None:
         with self._lock:
             self.in_flight -= 1
+
+    def _answered(self, status: int) -> None:
+        # Recorded before the reply goes out: a client that has its reply may look at once.
+        with self._lock:
             self.statuses.append(status)
 
 
@@ -265,19 +269,19 @@ class _Handler(BaseHTTPRequestHandler):
         )
         provider.requests.append(recorded)
         provider._enter()
-        status = 0
         try:
             if provider.latency:
                 provider._stopping.wait(provider.latency)
-            status = self._behave(provider, provider._next(recorded), recorded)
+            self._behave(provider, provider._next(recorded), recorded)
         finally:
-            provider._leave(status)
+            provider._leave()
 
     def _behave(self, provider: ProviderServer, behaviour: Behaviour, request: Recorded) -> int:
         while isinstance(behaviour, Slow):
             provider._stopping.wait(behaviour.seconds)
             behaviour = behaviour.then
         if isinstance(behaviour, Hangup):
+            provider._answered(0)
             self.close_connection = True
             return 0
         if isinstance(behaviour, Raw):
@@ -301,6 +305,8 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str = "application/json",
         headers: dict[str, str] | None = None,
     ) -> None:
+        assert isinstance(self.server, _Server)
+        self.server.provider._answered(status)
         self.send_response(status)
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))

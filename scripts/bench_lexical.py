@@ -47,7 +47,16 @@ from pathlib import Path
 import anyio
 import numpy as np
 from _bench import machine_facts, markdown_table
-from bench_recall import REPO, WordVectorEmbedder, generate
+from bench_recall import (
+    ADJECTIVES,
+    NOUNS,
+    PEOPLE,
+    PLACES,
+    REPO,
+    VERBS,
+    WordVectorEmbedder,
+    generate,
+)
 from bench_recall import queries as recall_queries
 
 import mnemo
@@ -63,6 +72,28 @@ BASELINE_SQL = (
 )
 FORGET = 100
 Search = Callable[[str, int], list[int]]
+
+
+def in_context(questions: Sequence[str], seed: int = 3) -> list[str]:
+    """Each question with the goal and last three steps of a made-up session appended, as
+    `recall_in_context` builds its query: long, and full of words in a third of the store
+    ("sees", "shelf")."""
+    rng = np.random.default_rng(seed)
+
+    def pick(words: Sequence[str]) -> str:
+        return words[int(rng.integers(len(words)))]
+
+    out = []
+    for question in questions:
+        person, place = pick(PEOPLE), pick(PLACES)
+        parts = [question, f"{person} wants to {pick(VERBS)[0]} the {pick(ADJECTIVES)}"
+                 f" {pick(NOUNS)} in the {place}"]
+        for _ in range(3):
+            adj, noun = pick(ADJECTIVES), pick(NOUNS)
+            parts.append(f"{person} sees the {adj} {noun} on the {pick(PLACES)} shelf ->"
+                         f" {pick(VERBS)[0]} the {adj} {noun}")
+        out.append(" ".join(parts))
+    return out
 
 
 def terms(query: str) -> list[str]:
@@ -148,7 +179,9 @@ class Fts5:
         found = self.conn.execute("SELECT doc, term FROM temp.lex_stem_v").fetchall()
         return {words[doc]: term for doc, term in found}
 
-    def rare_words(self, query: str) -> list[str]:
+    def rare_words(self, query: str, budget: int | None = None) -> list[str]:
+        """The query's words whose stems pass the cut: a share of the documents, or (with
+        `budget`) the rarest first while their postings add up to at most `budget`."""
         words = terms(query)
         stem_of = self.stems(words)
         stems = sorted(set(stem_of.values()))
@@ -158,17 +191,14 @@ class Fts5:
             f"SELECT term, doc FROM temp.lex_vocab WHERE term IN ({','.join('?' * len(stems))})",
             stems,
         ).fetchall())
-        limit = self.df_cut * self.docs
-        kept = {s for s in stems if 0 < df.get(s, 0) <= limit}
-        if not kept:
-            present = sorted((df[s], s) for s in stems if df.get(s, 0) > 0)
-            kept = {s for _, s in present[: self.keep]}
+        present = sorted((df[s], s) for s in stems if df.get(s, 0) > 0)
+        kept = {s for _, s in cut(present, self.df_cut * self.docs, self.keep, budget)}
         self.kept.append(sum(df.get(s, 0) for s in kept))
         self.total.append(sum(df.values()))
         return [w for w in words if stem_of.get(w) in kept]
 
-    def idf(self, query: str, k: int) -> list[int]:
-        words = self.rare_words(query)
+    def idf(self, query: str, k: int, budget: int | None = None) -> list[int]:
+        words = self.rare_words(query, budget)
         if not words:
             return []
         match = " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
@@ -359,17 +389,15 @@ class Postgres:
         ).fetchone()
         return list(row[0]) if row else []
 
-    def idf(self, query: str, k: int) -> list[int]:
+    def idf(self, query: str, k: int, budget: int | None = None) -> list[int]:
         # One round trip: lexemes and their frequencies; the search is the second.
         rows = self.conn.execute(
             f"SELECT l, coalesce(d.ndoc, 0) FROM unnest(tsvector_to_array(to_tsvector("
             f"'english', %s))) AS l LEFT JOIN {self.df_table} d ON d.lexeme = l",
             [" ".join(terms(query))],
         ).fetchall()
-        limit = self.df_cut * self.docs
-        kept = [(df, lex) for lex, df in rows if 0 < df <= limit]
-        if not kept:
-            kept = sorted((df, lex) for lex, df in rows if df > 0)[: self.keep]
+        present = sorted((df, lex) for lex, df in rows if df > 0)
+        kept = cut(present, self.df_cut * self.docs, self.keep, budget)
         self.kept.append(sum(df for df, _ in kept))
         return self._search(or_query([lex for _, lex in kept]), k) if kept else []
 
@@ -415,6 +443,24 @@ class Postgres:
     def close(self) -> None:
         self.conn.close()
         self.server.cleanup()
+
+
+def cut(
+    present: Sequence[tuple[int, str]], limit: float, keep: int, budget: int | None
+) -> list[tuple[int, str]]:
+    """Terms (df, term), rarest first, that a query keeps. Without a budget: those in at
+    most `limit` documents, else the `keep` rarest. With one: the rarest while their
+    postings add up to at most `budget`, and always the rarest one."""
+    if budget is None:
+        return [t for t in present if t[0] <= limit] or list(present[:keep])
+    kept: list[tuple[int, str]] = []
+    total = 0
+    for df, term in present:
+        if kept and total + df > budget:
+            break
+        kept.append((df, term))
+        total += df
+    return kept
 
 
 def or_query(lexemes: Sequence[str]) -> str:
@@ -488,11 +534,21 @@ def pct(samples: Sequence[float], q: float) -> float:
     return float(np.percentile(samples, q)) if samples else float("nan")
 
 
-def run_size(size: int, args: argparse.Namespace, texts: list[str]) -> list[Row]:
+def run_size(size: int, args: argparse.Namespace, sets: dict[str, list[str]]) -> list[Row]:
+    """Every candidate on every query set; build, size and write costs with the first set."""
+    rows: list[Row] = []
+    for n, (label, texts) in enumerate(sets.items()):
+        print(f"\n{size:,} nodes, {label} queries", flush=True)
+        rows += run_set(size, args, texts, label, costs=n == 0)
+    return rows
+
+
+def run_set(
+    size: int, args: argparse.Namespace, texts: list[str], label: str, *, costs: bool
+) -> list[Row]:
     folder = args.cache / str(size)
     folder.mkdir(parents=True, exist_ok=True)
     corpus = folder / "corpus.db"
-    print(f"\n{size:,} nodes", flush=True)
     corpus_s = cached(folder / "corpus.json", lambda: build_corpus(corpus, size))
     fts = Fts5(corpus, args.df_cut, args.keep)
     victims = [r for r, in fts.conn.execute(
@@ -502,36 +558,45 @@ def run_size(size: int, args: argparse.Namespace, texts: list[str]) -> list[Row]
         victims)]
     probe = victim_texts[0]
     trajectory = [t for t, in fts.conn.execute("SELECT text FROM nodes LIMIT 13")]
-    base_ms, base = timed(fts.baseline, texts, 10)
+    base = [fts.baseline(text, 10) for text in texts]
     rows: list[Row] = []
+
+    def add(row: Row) -> Row:
+        row.candidate += f" [{label}]"
+        rows.append(row)
+        return row
+
     if "fts5" in args.only:
-        row = measure("fts5 (today)", size, fts.baseline, texts, base, fts.scores)
+        row = add(measure("fts5 (today)", size, fts.baseline, texts, base, fts.scores))
         fts.total.clear()
         for text in texts:
             fts.rare_words(text)
         row.postings = float(np.mean(fts.total))
-        row.build_s = corpus_s
-        row.index_mb = fts.index_bytes() / 2**20
-        row.forget_ms, row.leaked = fts.forget(victims, fts.baseline, probe)
-        row.add_ms = fts.add(trajectory)
-        rows.append(row)
+        if costs:
+            row.build_s = corpus_s
+            row.index_mb = fts.index_bytes() / 2**20
+            row.forget_ms, row.leaked = fts.forget(victims, fts.baseline, probe)
+            row.add_ms = fts.add(trajectory)
     if "fts5-idf" in args.only:
         fts.kept.clear()
-        row = measure(f"fts5-idf {args.df_cut:g}", size, fts.idf, texts, base, fts.scores)
+        row = add(measure(f"fts5-idf {args.df_cut:g}", size, fts.idf, texts, base, fts.scores))
         row.postings = float(np.mean(fts.kept))
-        rows.append(row)
+        fts.kept.clear()
+        row = add(measure(f"fts5-budget {args.budget:,}", size,
+                          lambda q, k: fts.idf(q, k, args.budget), texts, base, fts.scores))
+        row.postings = float(np.mean(fts.kept))
     if "tantivy" in args.only:
         index = Tantivy(folder / "tantivy")
-        row_build = cached(folder / "tantivy.json", lambda: index.build(fts.conn))
+        tantivy_s = cached(folder / "tantivy.json", lambda: index.build(fts.conn))
         for count in (False, True):
-            row = measure(f"tantivy count={count}", size,
-                          lambda q, k, c=count: index.search(q, k, count=c),  # type: ignore[misc]
-                          texts, base, fts.scores)
-            row.build_s = row_build
-            row.index_mb = dir_bytes(folder / "tantivy") / 2**20
-            rows.append(row)
-        rows[-2].forget_ms, rows[-2].leaked = index.forget(victims, victim_texts, probe)
-        rows[-2].add_ms = index.add(trajectory)
+            row = add(measure(f"tantivy count={count}", size,
+                              lambda q, k, c=count: index.search(q, k, count=c),  # type: ignore[misc]
+                              texts, base, fts.scores))
+            if costs and not count:
+                row.build_s = tantivy_s
+                row.index_mb = dir_bytes(folder / "tantivy") / 2**20
+                row.forget_ms, row.leaked = index.forget(victims, victim_texts, probe)
+                row.add_ms = index.add(trajectory)
     if "pg" in args.only:
         pg = Postgres(args.cache / "pg", size, args.df_cut, args.keep)
         try:
@@ -540,19 +605,22 @@ def run_size(size: int, args: argparse.Namespace, texts: list[str]) -> list[Row]
                 build_s = pg.build(fts.conn)
                 (folder / "pg.json").write_text(json.dumps({"build_s": build_s}))
                 pg.ready()
-            _, pg_base = timed(pg.baseline, texts, 10)
-            row = measure("pg ts_rank", size, pg.baseline, texts, pg_base, pg.scores)
-            row.build_s, row.index_mb = build_s, pg.index_bytes() / 2**20
-            row.forget_ms, row.leaked = pg.forget(victims, pg.baseline, probe)
-            row.add_ms = pg.add(trajectory)
-            rows.append(row)
+            pg_base = [pg.baseline(text, 10) for text in texts]
+            row = add(measure("pg ts_rank", size, pg.baseline, texts, pg_base, pg.scores))
+            if costs:
+                row.build_s, row.index_mb = build_s, pg.index_bytes() / 2**20
+                row.forget_ms, row.leaked = pg.forget(victims, pg.baseline, probe)
+                row.add_ms = pg.add(trajectory)
             pg.kept.clear()
-            row = measure(f"pg-idf {args.df_cut:g}", size, pg.idf, texts, pg_base, pg.scores)
+            row = add(measure(f"pg-idf {args.df_cut:g}", size, pg.idf, texts, pg_base,
+                              pg.scores))
             row.postings = float(np.mean(pg.kept))
-            rows.append(row)
+            pg.kept.clear()
+            row = add(measure(f"pg-budget {args.budget:,}", size,
+                              lambda q, k: pg.idf(q, k, args.budget), texts, pg_base, pg.scores))
+            row.postings = float(np.mean(pg.kept))
         finally:
             pg.close()
-    del base_ms
     fts.conn.close()
     return rows
 
@@ -594,6 +662,8 @@ def parse_args() -> argparse.Namespace:
                         help="drop query terms in more than this fraction of the documents")
     parser.add_argument("--keep", type=int, default=2,
                         help="rarest terms kept when the cut would leave none")
+    parser.add_argument("--budget", type=int, default=20_000,
+                        help="the budget variant's postings per query (rarest terms first)")
     args = parser.parse_args()
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",")]
     args.only = set(args.only.split(","))
@@ -603,8 +673,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
-    texts = recall_queries(args.queries)
-    rows = [row for size in args.sizes for row in run_size(size, args, texts)]
+    questions = recall_queries(args.queries)
+    sets = {"short": questions, "in-context": in_context(questions)}
+    rows = [row for size in args.sizes for row in run_size(size, args, sets)]
     report(rows, args)
 
 

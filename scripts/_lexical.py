@@ -159,8 +159,17 @@ class Tantivy:
         builder.add_text_field("text", tokenizer_name="en_stem", index_option="freq")
         builder.add_integer_field("rowid", indexed=True, fast=True)
         folder.mkdir(parents=True, exist_ok=True)
-        self.index = tantivy.Index(builder.build(), path=str(folder))
+        self.schema = builder.build()
+        self.index = tantivy.Index(self.schema, path=str(folder))
         self.index.config_reader(reload_policy="manual")
+        # The `en_stem` analyzer, to stem query words for `doc_freq` (a term-dictionary
+        # lookup, not a walk over the postings like FTS5's vocabulary table).
+        self.stemmer = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+                        .filter(tantivy.Filter.remove_long(40))
+                        .filter(tantivy.Filter.lowercase())
+                        .filter(tantivy.Filter.stemmer("english")).build())
+        self.docs = 0
+        self.kept: list[int] = []
 
     def build(self, conn: sqlite3.Connection) -> float:
         started = time.perf_counter()
@@ -180,6 +189,23 @@ class Tantivy:
         parsed = self.index.parse_query(" ".join(words), ["text"])
         searcher = self.index.searcher()
         hits = searcher.search(parsed, k, count=count).hits
+        return [int(v) for v in searcher.fast_field_values("rowid", [a for _, a in hits])]
+
+    def idf(self, query: str, k: int, df_cut: float, keep: int,
+            budget: int | None = None) -> list[int]:
+        """The same cuts as FTS5's, on tantivy's own document frequencies."""
+        searcher = self.index.searcher()
+        stems = {t for w in terms(query) for t in self.stemmer.analyze(w)}
+        present = sorted((df, s) for s in stems if (df := searcher.doc_freq("text", s)) > 0)
+        kept = cut(present, df_cut * searcher.num_docs, keep, budget)
+        self.kept.append(sum(df for df, _ in kept))
+        if not kept:
+            return []
+        tv = self.tv
+        parsed = tv.Query.boolean_query(
+            [(tv.Occur.Should, tv.Query.term_query(self.schema, "text", s, index_option="freq"))
+             for _, s in kept])
+        hits = searcher.search(parsed, k, count=False).hits
         return [int(v) for v in searcher.fast_field_values("rowid", [a for _, a in hits])]
 
     def forget(self, rowids: Sequence[int], texts: Sequence[str], probe: str) -> tuple[float, bool]:

@@ -184,6 +184,9 @@ def run_locomo(args: argparse.Namespace) -> None:
         f"fts5-idf {args.df_cut:g}": fts.idf,
         f"fts5-budget {args.budget:,}": lambda q, k: fts.idf(q, k, args.budget),
         "tantivy": index.search,
+        f"tantivy-idf {args.df_cut:g}": lambda q, k: index.idf(q, k, args.df_cut, args.keep),
+        f"tantivy-budget {args.budget:,}":
+            lambda q, k: index.idf(q, k, args.df_cut, args.keep, args.budget),
     }
     pg = Postgres(folder / "pg", "locomo", args.df_cut, args.keep)
     try:
@@ -353,6 +356,13 @@ def run_set(
                 row.index_mb = dir_bytes(folder / "tantivy") / 2**20
                 row.forget_ms, row.leaked = index.forget(victims, victim_texts, probe)
                 row.add_ms = index.add(trajectory)
+        for name, budget in ((f"tantivy-idf {args.df_cut:g}", None),
+                             (f"tantivy-budget {args.budget:,}", args.budget)):
+            def search(q: str, k: int, b: int | None = budget) -> list[int]:
+                return index.idf(q, k, args.df_cut, args.keep, b)
+
+            row = add(measure(name, size, search, texts, base, fts.scores))
+            row.postings = postings(index.kept, lambda text, s=search: s(text, 1), texts)
     if "pg" in args.only:
         pg = Postgres(args.cache / "pg", size, args.df_cut, args.keep)
         try:

@@ -10,28 +10,25 @@ an earlier result changed, the request differs and the task is asked anew.
 What a kept result cost when it was asked is booked again, as saved, each time a retry uses it
 (`Usage.saved_calls`, `saved_input_tokens`, `saved_output_tokens`; see `Memory.usage`).
 
-Each kept result is also stored with its episode (through the `sink` the session gives, until
-the episode is committed or discarded), as the reply that passed validation: a `Memory`
+When an extraction fails, the session stores what it kept with the episode (`unsaved`), as the
+replies that passed validation, until the episode is committed or discarded: a `Memory`
 reopened on the store, or one taking the work over, starts from what was kept (the reply is
-parsed again, so no parsed type needs a format of its own).
+parsed again, so no parsed type needs a format of its own). A successful extraction stores its
+changeset instead, so nothing is written per task.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from mnemo.errors import MnemoError
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, ask, book
 from mnemo.retry import policy_of, task_budget
 
 T = TypeVar("T")
-
-log = logging.getLogger("mnemo")
 
 # (trajectory id, task, digest of the request)
 Key = tuple[str, str, str]
@@ -75,22 +72,19 @@ class KeptResult:
         )
 
 
-# Stores a kept result with its episode.
-ResultSink = Callable[[str, KeptResult], Awaitable[None]]
-
 
 class TaskMemo:
     """Validated task results of one episode, by (trajectory id, task, request digest)."""
 
-    def __init__(
-        self,
-        episode_id: str,
-        kept: Iterable[KeptResult] = (),
-        sink: ResultSink | None = None,
-    ) -> None:
+    def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id
         self._kept: dict[Key, KeptResult] = {k.key: k for k in kept}
-        self._sink = sink
+        self._unsaved: list[KeptResult] = []
+
+    def unsaved(self) -> list[KeptResult]:
+        """The results kept since the last call (the caller stores them)."""
+        found, self._unsaved = self._unsaved, []
+        return found
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -142,13 +136,7 @@ class TaskMemo:
             Usage(tokens.input_tokens, tokens.output_tokens, calls=calls),
         )
         self._kept[kept.key] = kept
-        if self._sink is not None:
-            try:
-                await self._sink(self.episode_id, kept)
-            except MnemoError as exc:
-                # Still kept here; only a restart would ask it again.
-                log.warning("could not store the %s result of %s: %r", request.task,
-                            self.episode_id, exc)
+        self._unsaved.append(kept)
         return value
 
 

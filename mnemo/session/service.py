@@ -770,9 +770,7 @@ class SessionService:
         if session.memo is None or session.memo.episode_id != episode.id:
             # What an earlier extraction of this episode kept (here, or in a Memory before a
             # restart) is asked no more.
-            session.memo = TaskMemo(
-                episode.id, await self._store.kept_results(episode.id), self._store.keep_result
-            )
+            session.memo = TaskMemo(episode.id, await self._store.kept_results(episode.id))
         return await extract(
             episode,
             steps,
@@ -812,7 +810,22 @@ class SessionService:
         except Exception as exc:
             log.warning("%s: extraction failed: %r", session.id, exc)
             session.failure = exc
+            await self._store_kept(session)
             await self._extraction_failed(session)
+
+    async def _store_kept(self, session: _Session) -> None:
+        """Stores what a failed extraction kept, so that a retry after a restart (or by the
+        Memory taking the work over) asks only what failed. Best effort: if the store refuses,
+        the results stay kept here."""
+        memo = session.memo
+        if memo is None:
+            return
+        for kept in memo.unsaved():
+            try:
+                await self._store.keep_result(memo.episode_id, kept)
+            except StorageError as exc:
+                log.warning("%s: could not store a kept %s result: %r", session.id, kept.task, exc)
+                return
 
     async def _extraction_failed(self, session: _Session) -> None:
         """Moves an extracting session to `failed` and fails what was queued behind it."""
@@ -887,6 +900,7 @@ class SessionService:
             receipt = await self._commit_steps(session, changeset, steps, None)
         except Exception as exc:
             log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
+            await self._store_kept(session)
             session.claimed.difference_update(s.id for s in steps)
             session.background -= 1
             session.flush_after = anyio.current_time()  # the next flush waits a full timeout

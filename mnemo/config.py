@@ -66,6 +66,9 @@ class Config:
     # Pseudo-relevance feedback (issue 12): words shared by the best lexical hits, added to a
     # second lexical query; 0 turns it off.
     recall_prf_terms: int = 0
+    # The steps before and after each of the best episodic hits join the candidates at this
+    # share of its score (issue 12: multi-hop evidence is often the adjacent turn); 0: off.
+    recall_neighbour_weight: float = 0.0
     # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
     # one call per recall); meant for a real LLM: the offline one keeps the order.
     recall_rerank: bool = False
@@ -107,7 +110,8 @@ class Config:
                 "Config.intent_merge_threshold must not exceed intent_identity_threshold "
                 f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
             )
-        for name in ("recall_dense_weight", "value_weight", "recall_mmr_lambda"):
+        for name in ("recall_dense_weight", "value_weight", "recall_mmr_lambda",
+                     "recall_neighbour_weight"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
                 raise InvalidInputError(f"Config.{name} must be within [0, 1], got {value!r}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,8 +34,10 @@ from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.store import SqliteGraph
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
+from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
+from mnemo.recall.model import Recalled, RecallResult, Touched
 from mnemo.recall.prompts import (
     Plan,
     parse_plan,
@@ -46,6 +48,9 @@ from mnemo.recall.prompts import (
     synthesis_request,
 )
 from mnemo.recall.query import keywords, query_side
+
+# The result types live in recall.model and are re-exported, where callers import them from.
+__all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
 
 log = logging.getLogger("mnemo")
 
@@ -61,39 +66,6 @@ _MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
     "episodic": {N.EPISODIC: 1.0, N.SEMANTIC: 0.9, N.PROCEDURAL: 0.7},
     "procedural": {N.PROCEDURAL: 1.0, N.SEMANTIC: 0.8, N.EPISODIC: 0.8},
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Recalled:
-    """One recalled node: its score, the phase that found it, and at which hop."""
-
-    node: Node
-    score: float
-    phase: str
-    hop: int
-
-
-@dataclass(frozen=True, slots=True)
-class Touched:
-    """A node the recall scored on its way, returned or not."""
-
-    node_id: str
-    phase: str
-    hop: int
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class RecallResult:
-    """What `recall` found, best first. `reasoned` is an optional LLM synthesis; `touched`
-    lists every node scored on the way; `trace` holds seconds per stage."""
-
-    memories: list[Recalled]
-    reasoned: str | None = None
-    query: str = ""
-    mode: str = "mixed"
-    touched: list[Touched] = field(default_factory=list)
-    trace: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -150,6 +122,9 @@ class Recaller:
         nodes = {n.id: n for n in await self.graph.get_nodes(repo, list(found))}
         await self._provenance(repo, found, nodes, k)
         trace.mark("provenance")
+        if config.recall_neighbour_weight > 0:
+            await self._neighbours(repo, found, nodes, k)
+            trace.mark("neighbours")
 
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -331,6 +306,28 @@ class Recaller:
                 arrived.append(link.node_id)
         for node in await self.graph.get_nodes(repo, arrived):
             nodes[node.id] = node
+
+    async def _neighbours(
+        self, repo: str, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
+    ) -> None:
+        """The steps next to the best `2k` episodic hits come in at `recall_neighbour_weight`
+        of their score, as one hop; one read, bounded by k."""
+        weight = self.config.recall_neighbour_weight
+        offers: dict[str, _Candidate] = {}
+        for node_id in self._best(found, 2 * k):
+            node = nodes.get(node_id)
+            if node is None:
+                continue
+            parent = found[node_id]
+            for neighbour in adjacent_steps(node):
+                candidate = _Candidate(parent.score * weight, "hop", parent.hop + 1)
+                _offer(offers, neighbour, candidate)
+        missing = [i for i in offers if i not in nodes]
+        for node in await self.graph.get_nodes(repo, missing):
+            nodes[node.id] = node
+        for node_id, candidate in offers.items():
+            if node_id in nodes:
+                _offer(found, node_id, candidate)
 
     async def _rank(
         self,

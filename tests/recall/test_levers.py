@@ -1,5 +1,5 @@
-"""Issue 12's recall levers: MMR, pseudo-relevance feedback, the query side of an embedder,
-and the optional LLM re-ranking."""
+"""Issue 12's recall levers: MMR, pseudo-relevance feedback, neighbouring steps, the query
+side of an embedder, and the optional LLM re-ranking."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 
 import mnemo
+from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, now_utc
 from mnemo.graph.store import SqliteGraph
 from mnemo.ports import LLMRequest, LLMResponse, task_inputs
+from mnemo.recall.context import adjacent_steps
 from mnemo.recall.engine import Recaller
 from mnemo.recall.feedback import feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance
 from mnemo.recall.prompts import parse_rerank
 from mnemo.recall.query import query_side
+from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, REPO, check_invariants, graph
 
 __all__ = ["graph"]  # the fixture, re-used
@@ -144,3 +147,42 @@ async def test_mmr_and_feedback_recall_within_the_invariants(graph: SqliteGraph)
     config = mnemo.Config(recall_mmr_lambda=0.5, recall_prf_terms=4)
     ids = await recall(graph, config, mnemo.OfflineLLM(), 4)
     assert len(ids) == 4
+
+
+def step_node(episode: str, index: object) -> Node:
+    return Node(f"episodic_{episode}:{index}", NodeType.EPISODIC, "t",
+                {"episode_id": episode, "index": index}, now_utc())
+
+
+def test_adjacent_steps_are_the_neighbours_in_the_episode() -> None:
+    """Index +-1 (and +-2 with width 2), never below 0; nothing for other types or a node
+    without its place."""
+    assert adjacent_steps(step_node("ep", 3)) == ["episodic_ep:2", "episodic_ep:4"]
+    assert adjacent_steps(step_node("ep", 0), width=2) == ["episodic_ep:1", "episodic_ep:2"]
+    assert adjacent_steps(step_node("ep", "3")) == []
+    fact = Node("f", NodeType.SEMANTIC, "t", {"episode_id": "ep", "index": 1}, now_utc())
+    assert adjacent_steps(fact) == []
+
+
+async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: SqliteGraph) -> None:
+    """With recall_neighbour_weight the next step of the episode, sharing no word with the
+    query, is recalled one hop out at that share of the hit's score."""
+    steps = [("episodic_ep:0", "what did you paint last weekend"),
+             ("episodic_ep:1", "a lake at sunrise, with my kids"),
+             ("episodic_ep:2", "the weather was awful on monday")]
+    vectors = await EMBEDDER.embed([text for _, text in steps])
+    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "ep", "index": i},
+                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
+    await graph.apply(Changeset("cs-n", "n", drafts, []), intents=policy())
+    offline = mnemo.OfflineLLM()
+
+    async def ids(config: mnemo.Config) -> dict[str, mnemo.Recalled]:
+        recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=offline)
+        result = await recaller.recall("n", "what did Melanie paint", k=3, types=None)
+        check_invariants(result, 3, config)
+        return {m.node.id: m for m in result.memories}
+
+    assert "episodic_ep:1" not in await ids(mnemo.Config(value_weight=0.0))
+    found = await ids(mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.8))
+    assert (found["episodic_ep:1"].phase, found["episodic_ep:1"].hop) == ("hop", 1)
+    assert found["episodic_ep:1"].score == pytest.approx(0.8 * found["episodic_ep:0"].score)

@@ -249,8 +249,9 @@ async def main(args: argparse.Namespace) -> None:
     first, _, last = args.conversations.partition("-")
     picks = range(int(first), int(last or first) + 1)
     conversations = load(args.data, picks)
-    results = {"mnemo recall": Scores(), "BM25 (FTS5) baseline": Scores(),
-               "dense-only baseline": Scores()}
+    results = {"mnemo recall": Scores()}
+    if args.baselines:
+        results |= {"BM25 (FTS5) baseline": Scores(), "dense-only baseline": Scores()}
     embedder = pick_embedder(args.embedder)
     config = config_of(args.set)
     console.print(f"embedder {args.embedder}; config overrides: {args.set or 'none'}")
@@ -267,9 +268,11 @@ async def main(args: argparse.Namespace) -> None:
                 made = await turns_of_nodes(mem, repo)
                 await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
                                       MEMORY_TYPES if args.types == "memories" else None)
-                bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
-                dense_embedder = embedder or mem._repo(repo).embedder
-                await dense_baseline(dense_embedder, conversation, results["dense-only baseline"])
+                if args.baselines:
+                    bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
+                    dense_embedder = embedder or mem._repo(repo).embedder
+                    await dense_baseline(dense_embedder, conversation,
+                                         results["dense-only baseline"])
     report(results, sum(c.unmatched for c in conversations),
            sum(len(c.questions) for c in conversations))
 
@@ -283,6 +286,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "e5-small-q4")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a mnemo.Config field, e.g. recall_mmr_lambda=0.7")
+    parser.add_argument("--no-baselines", dest="baselines", action="store_false",
+                        help="time mnemo's recall alone (no BM25 and dense-only rows)")
     parser.add_argument("--db", help="keep the ingested database at this path (reused)")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")

@@ -62,13 +62,15 @@ class Config:
     recall_synthesis: bool = False
     # Maximal marginal relevance (issue 12): the next result maximises lambda x relevance -
     # (1 - lambda) x its cosine to those already chosen; 1.0 ranks by relevance alone.
-    recall_mmr_lambda: float = 1.0
+    # 0.7 measured best of 0.5 / 0.7 / 0.85 on LoCoMo (BENCHMARKS.md).
+    recall_mmr_lambda: float = 0.7
     # Pseudo-relevance feedback (issue 12): words shared by the best lexical hits, added to a
     # second lexical query; 0 turns it off.
     recall_prf_terms: int = 0
     # The steps before and after each of the best episodic hits join the candidates at this
-    # share of its score (issue 12: multi-hop evidence is often the adjacent turn); 0: off.
-    recall_neighbour_weight: float = 0.0
+    # share of its score (issue 12: evidence is often the adjacent turn); 0: off. 0.5 never
+    # reached the top 10 on LoCoMo, 0.8 did (BENCHMARKS.md).
+    recall_neighbour_weight: float = 0.8
     # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
     # one call per recall); meant for a real LLM: the offline one keeps the order.
     recall_rerank: bool = False

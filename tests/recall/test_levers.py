@@ -182,7 +182,11 @@ async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: SqliteGraph
         check_invariants(result, 3, config)
         return {m.node.id: m for m in result.memories}
 
-    assert "episodic_ep:1" not in await ids(mnemo.Config(value_weight=0.0))
-    found = await ids(mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.8))
+    assert "episodic_ep:1" not in await ids(
+        mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.0, recall_mmr_lambda=1.0)
+    )
+    found = await ids(
+        mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.8, recall_mmr_lambda=1.0)
+    )
     assert (found["episodic_ep:1"].phase, found["episodic_ep:1"].hop) == ("hop", 1)
     assert found["episodic_ep:1"].score == pytest.approx(0.8 * found["episodic_ep:0"].score)

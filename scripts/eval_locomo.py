@@ -43,6 +43,7 @@ from rich.table import Table
 import mnemo
 from mnemo.adapters.uri import embedder_from_uri
 from mnemo.graph.store import fts_query
+from mnemo.recall.query import query_side
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_dev.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -200,8 +201,9 @@ async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
     turns = [t for _, ts in conversation.sessions.values() for t in ts]
     matrix = np.asarray(await embedder.embed([t.text for t in turns]), dtype=np.float32)
     matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
-    queries = np.asarray(await embedder.embed([q.text for q in conversation.questions]),
-                         dtype=np.float32)
+    # As recall does: a query goes through the embedder's query side (e5's "query: " prefix).
+    questions = [q.text for q in conversation.questions]
+    queries = np.asarray(await query_side(embedder).embed(questions), dtype=np.float32)
     queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
     for q, vector in zip(conversation.questions, queries, strict=True):
         top = np.argsort(-(matrix @ vector))[:10]

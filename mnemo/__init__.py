@@ -5,6 +5,7 @@ recall finds what was committed. Import everything from here: other module paths
 """
 
 from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.e5 import E5SmallEmbedder
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.minilm import MiniLMEmbedder, default_embedder
@@ -65,6 +66,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "ConsolidationReport",
     "ConversationManager",
     "DecayReport",
+    "E5SmallEmbedder",
     "Embedder",
     "EmbeddingError",
     "EpisodeLog",

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench_recall import REPO
-from mnemo.graph.store import fts_query
 
 from mnemo.inputs import query_terms
 from mnemo.recall.engine import keywords
+from mnemo.storage.sqlite.graph import fts_query
 
 WORD = re.compile(r"\w+", re.UNICODE)
 BASELINE_SQL = (

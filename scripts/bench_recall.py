@@ -34,10 +34,11 @@ Then `mnemo.Memory(path, embedder=WordVectorEmbedder())` opens the file and, per
 Goal: recall p50 <= 20 ms at 1M nodes, flat in N.
 
 Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,100000,1000000] [--quick]
-[--queries 200] [--dir DIR] [--exact]`. The 1M size takes minutes to prepare and, with faiss,
-5-17 minutes to build the HNSW graphs on 2 cores; leave it out with `--sizes`. `--quick` is 10k
-with 50 queries. `--exact` hides faiss, to time the pipeline on exact search alone. `--dir`
-keeps the prepared files there and reuses them on the next run.
+[--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...]`. `--set` overrides a Config
+field of the repo, to time a recall lever (issue 12). The 1M size takes minutes to prepare
+and, with faiss, 5-17 minutes to build the HNSW graphs on 2 cores; leave it out with
+`--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss, to time the pipeline on
+exact search alone. `--dir` keeps the prepared files there and reuses them on the next run.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import anyio
 import numpy as np
@@ -377,9 +379,12 @@ def pct(samples: Sequence[float], q: float) -> float:
 
 
 async def measure(
-    path: Path, size: int, prepare_s: float | None, texts: list[str], embedder: WordVectorEmbedder
+    path: Path, size: int, prepare_s: float | None, texts: list[str], embedder: WordVectorEmbedder,
+    config: mnemo.Config | None = None,
 ) -> Result:
     async with mnemo.Memory(path, embedder=embedder) as mem:
+        if config is not None:
+            await mem.open_repo(REPO, embedder=embedder, config=config)
         # The store behind the facade: the benchmark times its index load and HNSW build
         # separately from recall, and reads the matrix for the exact scan (not public API).
         graph = mem._graph
@@ -469,7 +474,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 console.print(f"[bold]{size:,} nodes[/]: preparing {path} ...")
                 nodes, prepare_s = await prepare(path, size, embedder)
                 console.print(f"  {nodes:,} nodes written in {prepare_s:,.1f} s")
-            result = await measure(path, nodes, prepare_s, texts, embedder)
+            result = await measure(path, nodes, prepare_s, texts, embedder, args.config)
             console.print(
                 f"  recall p50 {result.p50:.2f} ms, p95 {result.p95:.2f} ms; exact scan p50"
                 f" {pct(result.exact_ms, 50):.2f} ms"
@@ -558,6 +563,18 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     print(markdown)
 
 
+def config_of(settings: Sequence[str]) -> mnemo.Config:
+    """A Config with each `FIELD=VALUE` of `settings` applied (VALUE as JSON, else a string)."""
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        name, _, raw = setting.partition("=")
+        try:
+            overrides[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[name.strip()] = raw
+    return mnemo.Config(**overrides)
+
+
 def parse_args() -> argparse.Namespace:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -569,7 +586,10 @@ def parse_args() -> argparse.Namespace:
                         help="keep the prepared files here and reuse them next time")
     parser.add_argument("--exact", action="store_true",
                         help="hide faiss: every vector search is the exact numpy scan")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a mnemo.Config field of the repo (as eval_locomo.py)")
     args = parser.parse_args()
+    args.config = config_of(args.set) if args.set else None
     default_sizes = "10000" if args.quick else "10000,100000,1000000"
     args.sizes = [int(s.replace("_", "")) for s in (args.sizes or default_sizes).split(",")]
     args.queries = args.queries or (50 if args.quick else 200)

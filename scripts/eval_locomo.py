@@ -10,7 +10,13 @@ share of questions with at least one evidence turn in the top 10.
 In the same run, over the same turns: a plain FTS5 BM25 baseline (one row per turn) and a
 dense-only baseline (cosine over the embedder's turn vectors).
 
-    .venv/bin/python scripts/eval_locomo.py [--conversations 0-6] [--embedder default|hash]
+    .venv/bin/python scripts/eval_locomo.py [--conversations 0-6]
+        [--embedder default|hash|e5-small-q4] [--set FIELD=VALUE ...] [--db PATH]
+
+`--set` overrides one `mnemo.Config` field for the repos of the run (repeat it; the value is
+read as JSON, else as a string): every lever of issue 12 is a Config field, so each measured
+row of BENCHMARKS.md is one command. A recall-side lever can reuse an ingested database
+(`--db`, after copying it: a recall reinforces what it returns, which moves the next run).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 import mnemo
+from mnemo.adapters.uri import embedder_from_uri
+from mnemo.recall.query import query_side
 from mnemo.storage.sqlite.graph import fts_query
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_dev.json"
@@ -193,8 +201,9 @@ async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
     turns = [t for _, ts in conversation.sessions.values() for t in ts]
     matrix = np.asarray(await embedder.embed([t.text for t in turns]), dtype=np.float32)
     matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
-    queries = np.asarray(await embedder.embed([q.text for q in conversation.questions]),
-                         dtype=np.float32)
+    # As recall does: a query goes through the embedder's query side (e5's "query: " prefix).
+    questions = [q.text for q in conversation.questions]
+    queries = np.asarray(await query_side(embedder).embed(questions), dtype=np.float32)
     queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
     for q, vector in zip(conversation.questions, queries, strict=True):
         top = np.argsort(-(matrix @ vector))[:10]
@@ -202,9 +211,21 @@ async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
 
 
 def pick_embedder(name: str) -> mnemo.Embedder | None:
-    if name == "hash":
-        return mnemo.HashEmbedder()
-    return None  # the Memory's embedded default
+    if name == "default":
+        return None  # the Memory's embedded default
+    return embedder_from_uri(name)
+
+
+def config_of(settings: Sequence[str]) -> mnemo.Config:
+    """A Config with each `FIELD=VALUE` of `settings` applied (VALUE as JSON, else a string)."""
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        name, _, raw = setting.partition("=")
+        try:
+            overrides[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[name.strip()] = raw
+    return mnemo.Config(**overrides)
 
 
 def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:
@@ -230,25 +251,30 @@ async def main(args: argparse.Namespace) -> None:
     first, _, last = args.conversations.partition("-")
     picks = range(int(first), int(last or first) + 1)
     conversations = load(args.data, picks)
-    results = {"mnemo recall": Scores(), "BM25 (FTS5) baseline": Scores(),
-               "dense-only baseline": Scores()}
+    results = {"mnemo recall": Scores()}
+    if args.baselines:
+        results |= {"BM25 (FTS5) baseline": Scores(), "dense-only baseline": Scores()}
     embedder = pick_embedder(args.embedder)
+    config = config_of(args.set)
+    console.print(f"embedder {args.embedder}; config overrides: {args.set or 'none'}")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.db) if args.db else Path(tmp) / "locomo.db"
-        async with mnemo.Memory(path, embedder=embedder) as mem:
+        async with mnemo.Memory(path, embedder=embedder, config=config) as mem:
             with Progress(console=console, transient=True) as progress:
                 for conversation in conversations:
                     repo = f"locomo-{conversation.sample_id}"
-                    await mem.open_repo(repo)
+                    await mem.open_repo(repo, config=config)
                     await ingest(mem, repo, conversation, progress)
             for conversation in conversations:
                 repo = f"locomo-{conversation.sample_id}"
                 made = await turns_of_nodes(mem, repo)
                 await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
                                       MEMORY_TYPES if args.types == "memories" else None)
-                bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
-                dense_embedder = embedder or mem._repo(repo).embedder
-                await dense_baseline(dense_embedder, conversation, results["dense-only baseline"])
+                if args.baselines:
+                    bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
+                    dense_embedder = embedder or mem._repo(repo).embedder
+                    await dense_baseline(dense_embedder, conversation,
+                                         results["dense-only baseline"])
     report(results, sum(c.unmatched for c in conversations),
            sum(len(c.questions) for c in conversations))
 
@@ -257,7 +283,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--conversations", default="0-6", help="e.g. 0-6 or 2")
-    parser.add_argument("--embedder", choices=["default", "hash"], default="default")
+    parser.add_argument("--embedder", default="default",
+                        help="default (the Memory's), or an embedder URI: hash, minilm, "
+                             "e5-small-q4")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a mnemo.Config field, e.g. recall_mmr_lambda=0.7")
+    parser.add_argument("--no-baselines", dest="baselines", action="store_false",
+                        help="time mnemo's recall alone (no BM25 and dense-only rows)")
     parser.add_argument("--db", help="keep the ingested database at this path (reused)")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")

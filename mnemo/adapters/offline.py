@@ -1017,6 +1017,12 @@ def _recall_synthesis(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"answer": answer}, usage=_NO_USAGE)
 
 
+def _recall_rerank(inputs: dict[str, Any]) -> LLMResponse:
+    """The retrieval's order: no model is there to judge relevance better than it."""
+    memories = _str_list(inputs, "memories")
+    return LLMResponse(data={"order": list(range(1, len(memories) + 1))}, usage=_NO_USAGE)
+
+
 _HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
     "state": _state,
     "subgoal": _subgoal,
@@ -1033,4 +1039,5 @@ _HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
     "snapshot_fold": _snapshot_fold,
     "recall_plan": _recall_plan,
     "recall_synthesis": _recall_synthesis,
+    "recall_rerank": _recall_rerank,
 }

@@ -3,8 +3,9 @@ record of its models hold.
 
 LLMs: `offline` (the default), `openai:MODEL`, `anthropic:MODEL[@BASE_URL]`,
 `openai-compatible:MODEL@BASE_URL` (Ollama, vLLM, llama.cpp, ...). Embedders: `minilm`,
-`hash[:DIM]`, `openai:MODEL[@BASE_URL]`. Each adapter's `.name` is its URI, so a repo records
-the URI of the models it was opened with and a later `Memory` builds them again.
+`e5-small-q4` (the `e5` extra), `hash[:DIM]`, `openai:MODEL[@BASE_URL]`. Each adapter's
+`.name` is its URI, so a repo records the URI of the models it was opened with and a later
+`Memory` builds them again.
 
 A URI never holds a key: keys come from the providers' usual variables, `OPENAI_API_KEY` and
 `ANTHROPIC_API_KEY` (read when the model is built, from `env`, by default the process's
@@ -20,6 +21,7 @@ from collections.abc import Mapping
 import httpx
 
 from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
+from mnemo.adapters.e5 import E5SmallEmbedder
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.minilm import MiniLMEmbedder
@@ -34,7 +36,7 @@ LLM_FORMS = (
     "anthropic:MODEL",
     "openai-compatible:MODEL@BASE_URL",
 )
-EMBEDDER_FORMS = ("minilm", "hash[:DIM]", "openai:MODEL[@BASE_URL]")
+EMBEDDER_FORMS = ("minilm", "e5-small-q4", "hash[:DIM]", "openai:MODEL[@BASE_URL]")
 
 # Which variable holds each provider's key, and whether the provider's own API needs it.
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -160,7 +162,7 @@ def embedder_from_uri(
     dim: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
-    """The embedder a URI names: `minilm`, `hash[:DIM]` (512 by default) or
+    """The embedder a URI names: `minilm`, `e5-small-q4`, `hash[:DIM]` (512 by default) or
     `openai:MODEL[@BASE_URL]`. `dim` is the dimension already known (a repo's), which spares an
     OpenAI embedder the request that detects it. Keys come from `env` (default: `os.environ`).
 
@@ -171,12 +173,16 @@ def embedder_from_uri(
     env = os.environ if env is None else env
     scheme, model, base_url = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()
-    if scheme in ("minilm", "hash") and base_url is not None:
+    if scheme in ("minilm", "e5-small-q4", "hash") and base_url is not None:
         raise ModelURIError(f"the {scheme} embedder runs here, it takes no URL: {text!r}", uri=text)
     if scheme == "minilm":
         if model:
             raise ModelURIError(f"the minilm embedder takes no model, got {text!r}", uri=text)
         return MiniLMEmbedder()
+    if scheme == "e5-small-q4":
+        if model:
+            raise ModelURIError(f"the e5-small-q4 embedder takes no model, got {text!r}", uri=text)
+        return E5SmallEmbedder()
     if scheme == "hash":
         if not model:
             return HashEmbedder()

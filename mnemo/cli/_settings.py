@@ -58,7 +58,8 @@ EmbedderOpt = Annotated[
     str | None,
     typer.Option(
         "--embedder",
-        help="The embedder: minilm, hash[:DIM], openai:MODEL[@URL] (env MNEMO_EMBEDDER; "
+        help="The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] "
+             "(env MNEMO_EMBEDDER; "
              "default: each repo's own).",
         show_default=False,
     ),

@@ -24,19 +24,33 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from mnemo.adapters import _text
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
-from mnemo.recall.fusion import reciprocal_rank_fusion
-from mnemo.recall.prompts import Plan, parse_plan, parse_synthesis, plan_request, synthesis_request
+from mnemo.recall.context import adjacent_steps
+from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
+from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
+from mnemo.recall.model import Recalled, RecallResult, Touched
+from mnemo.recall.prompts import (
+    Plan,
+    parse_plan,
+    parse_rerank,
+    parse_synthesis,
+    plan_request,
+    rerank_request,
+    synthesis_request,
+)
+from mnemo.recall.query import keywords, query_side
+
+# The result types live in recall.model and are re-exported, where callers import them from.
+__all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
 
 log = logging.getLogger("mnemo")
 
@@ -52,39 +66,6 @@ _MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
     "episodic": {N.EPISODIC: 1.0, N.SEMANTIC: 0.9, N.PROCEDURAL: 0.7},
     "procedural": {N.PROCEDURAL: 1.0, N.SEMANTIC: 0.8, N.EPISODIC: 0.8},
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Recalled:
-    """One recalled node: its score, the phase that found it, and at which hop."""
-
-    node: Node
-    score: float
-    phase: str
-    hop: int
-
-
-@dataclass(frozen=True, slots=True)
-class Touched:
-    """A node the recall scored on its way, returned or not."""
-
-    node_id: str
-    phase: str
-    hop: int
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class RecallResult:
-    """What `recall` found, best first. `reasoned` is an optional LLM synthesis; `touched`
-    lists every node scored on the way; `trace` holds seconds per stage."""
-
-    memories: list[Recalled]
-    reasoned: str | None = None
-    query: str = ""
-    mode: str = "mixed"
-    touched: list[Touched] = field(default_factory=list)
-    trace: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -130,7 +111,7 @@ class Recaller:
         wanted = None if types is None else {NodeType(t) for t in types}
         plan = await self._plan(query)
         trace.mark("plan")
-        vectors = await embed(self.embedder, [query, *plan.tags])
+        vectors = await embed(query_side(self.embedder), [query, *plan.tags])
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 
@@ -141,9 +122,19 @@ class Recaller:
         nodes = {n.id: n for n in await self.graph.get_nodes(repo, list(found))}
         await self._provenance(repo, found, nodes, k)
         trace.mark("provenance")
+        if config.recall_neighbour_weight > 0:
+            await self._neighbours(repo, found, nodes, k)
+            trace.mark("neighbours")
 
-        ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, k)
+        reranking = config.recall_rerank
+        width = max(k, config.recall_rerank_candidates) if reranking else k
+        ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, width)
         trace.mark("rank")
+        if reranking:
+            ranked = await self._rerank(query, ranked, k)
+            trace.mark("rerank")
+        if reranking or config.recall_mmr_lambda < 1.0:
+            ranked = _descending(ranked)
         if ranked and reinforce:
             await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
         trace.mark("reinforce")
@@ -163,15 +154,22 @@ class Recaller:
     async def _hop_zero(
         self, repo: str, query: str, vector: Vector, wanted: set[NodeType] | None, k: int
     ) -> dict[str, _Candidate]:
+        config = self.config
         searched = None if wanted is None else list(wanted | set(ROUTING))
-        width = max(self.config.recall_candidates, 2 * k)
-        lexical = await self.graph.search_text(repo, keywords(query), width, searched)
+        width = max(config.recall_candidates, 2 * k)
+        terms = keywords(query)
+        lexical = await self.graph.search_text(repo, terms, width, searched)
         dense = await self.graph.search_vectors(repo, vector, width, searched)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
-        fused = reciprocal_rank_fusion(
-            [lexical_ids, dense_ids], self.config.rrf_k, [1.0, self.config.recall_dense_weight]
-        )
+        rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
+        if config.recall_prf_terms and lexical_ids:
+            expanded = await self._feedback(repo, terms, lexical_ids, width, searched)
+            # Below the query's own ranking: the added words are guesses.
+            rankings.append(expanded)
+            weights.append(0.5)
+            lexical_ids = [*lexical_ids, *expanded]
+        fused = reciprocal_rank_fusion(rankings, config.rrf_k, weights)
         in_lexical, in_dense = set(lexical_ids), set(dense_ids)
         return {
             node_id: _Candidate(
@@ -182,6 +180,17 @@ class Recaller:
             )
             for node_id, score in fused.items()
         }
+
+    async def _feedback(
+        self, repo: str, terms: str, best: list[str], width: int, searched: list[NodeType] | None
+    ) -> list[str]:
+        """The ranking of a second lexical query: `terms` and the words the best hits share."""
+        documents = await self.graph.get_nodes(repo, best[:FEEDBACK_DOCS])
+        extra = feedback_terms(terms, [n.text for n in documents], self.config.recall_prf_terms)
+        if not extra:
+            return []
+        found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched)
+        return [node_id for node_id, _ in found]
 
     async def _hops(
         self,
@@ -298,6 +307,28 @@ class Recaller:
         for node in await self.graph.get_nodes(repo, arrived):
             nodes[node.id] = node
 
+    async def _neighbours(
+        self, repo: str, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
+    ) -> None:
+        """The steps next to the best `2k` episodic hits come in at `recall_neighbour_weight`
+        of their score, as one hop; one read, bounded by k."""
+        weight = self.config.recall_neighbour_weight
+        offers: dict[str, _Candidate] = {}
+        for node_id in self._best(found, 2 * k):
+            node = nodes.get(node_id)
+            if node is None:
+                continue
+            parent = found[node_id]
+            for neighbour in adjacent_steps(node):
+                candidate = _Candidate(parent.score * weight, "hop", parent.hop + 1)
+                _offer(offers, neighbour, candidate)
+        missing = [i for i in offers if i not in nodes]
+        for node in await self.graph.get_nodes(repo, missing):
+            nodes[node.id] = node
+        for node_id, candidate in offers.items():
+            if node_id in nodes:
+                _offer(found, node_id, candidate)
+
     async def _rank(
         self,
         repo: str,
@@ -326,6 +357,8 @@ class Recaller:
             candidate.score = score
             scored.append((score, node, candidate))
         scored.sort(key=lambda item: (-item[0], item[1].id))
+        if config.recall_mmr_lambda < 1.0:
+            scored = await self._diversify(repo, scored, 4 * k)
         steps = await self._steps_of(repo, [n for _, n, _ in scored]) \
             if config.recall_distinct_steps else {}
         per_type: dict[NodeType, int] = {}
@@ -346,6 +379,37 @@ class Recaller:
             if len(ranked) == k:
                 break
         return ranked
+
+    async def _diversify(
+        self, repo: str, scored: list[tuple[float, Node, _Candidate]], n: int
+    ) -> list[tuple[float, Node, _Candidate]]:
+        """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`."""
+        head = scored[:n]
+        index = await self.graph.vector_index(repo)
+        vectors = {}
+        for _, node, _ in head:
+            vector = index.get(node.id)
+            if vector is not None:
+                vectors[node.id] = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        by_id = {item[1].id: item for item in head}
+        order = maximal_marginal_relevance(
+            list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
+            self.config.recall_mmr_lambda,
+        )
+        return [by_id[i] for i in order] + scored[n:]
+
+    async def _rerank(self, query: str, ranked: list[Recalled], k: int) -> list[Recalled]:
+        """`ranked` in the order the LLM gives (task "recall_rerank"), cut to `k`; on any
+        failure the retrieval's order. One call; its prompt holds one snippet per candidate."""
+        if len(ranked) < 2:
+            return ranked[:k]
+        try:
+            request = rerank_request(query=query, memories=[r.node.text for r in ranked])
+            order = await ask(self.llm, request, lambda r: parse_rerank(r, len(ranked)))
+        except Exception as exc:  # optional: the retrieval's order stands without it
+            log.warning("recall re-ranking failed: %r", exc)
+            return ranked[:k]
+        return [ranked[i] for i in order][:k]
 
     async def _steps_of(self, repo: str, nodes: Sequence[Node]) -> dict[str, str]:
         """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
@@ -375,12 +439,15 @@ class Recaller:
         return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
 
 
-def keywords(query: str) -> str:
-    """The query without stopwords, for BM25: "when did", "the" and "to" only add noise to an
-    OR query (measured on LoCoMo: R@10 0.40 -> 0.52 lexical-only). All of it if nothing is
-    left."""
-    kept = [w for w in _text.words(query) if not _text.is_stopword(w.lower())]
-    return " ".join(kept) if kept else query
+def _descending(ranked: list[Recalled]) -> list[Recalled]:
+    """Scores capped by the one before: a result moved up by diversity or a re-ranking keeps
+    its own relevance only as far as its new place allows, so scores still read best first."""
+    out: list[Recalled] = []
+    for r in ranked:
+        if out and r.score > out[-1].score:
+            r = Recalled(r.node, out[-1].score, r.phase, r.hop)
+        out.append(r)
+    return out
 
 
 def _offer(found: dict[str, _Candidate], node_id: str, candidate: _Candidate) -> bool:

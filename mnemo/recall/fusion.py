@@ -1,8 +1,12 @@
-"""Pure ranking helpers for recall: reciprocal rank fusion and hop scoring."""
+"""Pure ranking helpers for recall: reciprocal rank fusion, hop scoring and maximal marginal
+relevance."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 
 def reciprocal_rank_fusion(
@@ -36,3 +40,35 @@ def hop_scores(
         if score > found.get(child, 0.0):
             found[child] = score
     return found
+
+
+def maximal_marginal_relevance(
+    order: Sequence[str],
+    relevance: Mapping[str, float],
+    vectors: Mapping[str, npt.NDArray[np.float32]],
+    lam: float,
+) -> list[str]:
+    """`order` re-ranked greedily: each next item maximises lam x relevance / best relevance -
+    (1 - lam) x its highest cosine to the items already chosen (Carbonell and Goldstein, 1998).
+    `vectors` are unit rows; an item without one is never penalised. lam = 1 keeps `order`.
+    Quadratic in len(order): callers pass a bounded head."""
+    if lam >= 1.0 or len(order) < 3:
+        return list(order)
+    top = max((relevance[i] for i in order), default=0.0)
+    scale = top if top > 0 else 1.0
+    left = list(order)
+    chosen: list[str] = []
+    # The highest cosine of each item left to any chosen item, updated as items are chosen.
+    nearest = dict.fromkeys(left, 0.0)
+    while left:
+        best = max(left, key=lambda i: lam * relevance[i] / scale - (1.0 - lam) * nearest[i])
+        left.remove(best)
+        chosen.append(best)
+        picked = vectors.get(best)
+        if picked is None:
+            continue
+        for item in left:
+            vector = vectors.get(item)
+            if vector is not None:
+                nearest[item] = max(nearest[item], float(vector @ picked))
+    return chosen

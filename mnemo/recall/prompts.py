@@ -1,4 +1,4 @@
-"""The recall tasks: planning a query, and synthesising an answer from memories."""
+"""The recall tasks: planning a query, re-ranking candidates, and synthesising an answer."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ SYNTHESIS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"answer": {"type": "string"}},
     "required": ["answer"],
+}
+
+
+RERANK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"order": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["order"],
 }
 
 
@@ -82,3 +89,35 @@ def parse_synthesis(response: LLMResponse) -> str:
     if response.text.strip():
         return response.text.strip()
     raise ValueError("a synthesis needs a non-empty answer")
+
+
+def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
+    return task_request(
+        "recall_rerank",
+        system="You rank an agent's memories by how much they help answer a query.",
+        instructions=(
+            "Order the numbered memories from most to least useful for answering the query: "
+            "those that hold the answer or a part of it (a date, a name, one step of a "
+            "multi-step answer) first. order: the memory numbers, best first; leave out none."
+        ),
+        inputs={"query": query, "memories": [f"[{i}] {m}" for i, m in enumerate(memories, 1)]},
+        schema=RERANK_SCHEMA,
+        max_tokens=16 + 6 * len(memories),
+    )
+
+
+def parse_rerank(response: LLMResponse, count: int) -> list[int]:
+    """0-based indexes into the `count` memories, best first: the reply's numbers (1-based,
+    duplicates and strangers dropped), then the ones it left out in their old order.
+
+    Raises ValueError when the reply holds no order."""
+    data = response.data
+    order = data.get("order") if isinstance(data, dict) else None
+    if not isinstance(order, list):
+        raise ValueError(f"a re-ranking needs an 'order' list, got {data!r}")
+    chosen: list[int] = []
+    for number in order:
+        if (isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= count
+                and number - 1 not in chosen):
+            chosen.append(number - 1)
+    return chosen + [i for i in range(count) if i not in chosen]

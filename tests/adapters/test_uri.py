@@ -39,6 +39,7 @@ def test_each_llm_form_builds_its_adapter_named_by_its_uri(
         ("hash:64", 64, "hash:64"),
         ("HASH:64", 64, "hash:64"),
         ("minilm", 384, "minilm"),
+        ("e5-small-q4", 384, "e5-small-q4"),
     ],
 )
 def test_local_embedders_are_built_with_their_dimension(uri: str, dim: int, name: str) -> None:

@@ -6,7 +6,7 @@ import re
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -126,10 +126,12 @@ async def test_recall_playground_shows_phase_hop_and_score(
     expected = await memory.recall(REPO, "which port for gunicorn?", reinforce=False)
     rows = re.findall(
         r'<td class="score">([\d.]+)</td>\s*<td class="phase">(\w+)</td>\s*'
-        r'<td class="hop">(\d+)</td>\s*<td><a class="node-link" href="/node\?repo=ops&amp;id=(\w+)',
+        r'<td class="hop">(\d+)</td>\s*<td><a class="node-link" '
+        r'href="/node\?repo=ops&amp;id=([^"&]+)',
         page.text,
     )
-    assert rows == [
+    # A step's id holds ':' ("episodic_<episode>:<index>"), percent-encoded in the link.
+    assert [(score, phase, hop, unquote(node)) for score, phase, hop, node in rows] == [
         (f"{m.score:.3f}", m.phase, str(m.hop), m.node.id) for m in expected.memories
     ]
     assert rows

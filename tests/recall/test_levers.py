@@ -1,0 +1,192 @@
+"""Issue 12's recall levers: MMR, pseudo-relevance feedback, neighbouring steps, the query
+side of an embedder, and the optional LLM re-ranking."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+import mnemo
+from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, now_utc
+from mnemo.ports import LLMRequest, LLMResponse, task_inputs
+from mnemo.recall.context import adjacent_steps
+from mnemo.recall.engine import Recaller
+from mnemo.recall.feedback import feedback_terms
+from mnemo.recall.fusion import maximal_marginal_relevance
+from mnemo.recall.prompts import parse_rerank
+from mnemo.recall.query import query_side
+from mnemo.storage.sqlite.graph import SqliteGraph
+from tests.graph._support import policy
+from tests.recall.test_engine import EMBEDDER, REPO, check_invariants, graph
+
+__all__ = ["graph"]  # the fixture, re-used
+
+
+def unit(*values: float) -> np.ndarray:
+    vector = np.asarray(values, dtype=np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def test_mmr_with_lambda_one_keeps_the_order() -> None:
+    """lambda = 1 ranks by relevance alone."""
+    order = ["a", "b", "c"]
+    vectors = {"a": unit(1, 0), "b": unit(1, 0), "c": unit(0, 1)}
+    assert maximal_marginal_relevance(order, {"a": 1.0, "b": 0.9, "c": 0.5}, vectors, 1.0) == order
+
+
+def test_mmr_moves_a_near_duplicate_below_a_distinct_item() -> None:
+    """A near copy of the first result drops below a less relevant but different one."""
+    relevance = {"a": 1.0, "b": 0.95, "c": 0.7}
+    vectors = {"a": unit(1, 0), "b": unit(1, 0.05), "c": unit(0, 1)}
+    assert maximal_marginal_relevance(["a", "b", "c"], relevance, vectors, 0.5) == ["a", "c", "b"]
+
+
+def test_mmr_never_penalises_an_item_without_a_vector() -> None:
+    """Without a vector an item competes on relevance alone, and every item comes back once."""
+    relevance = {"a": 1.0, "b": 0.95, "c": 0.7}
+    vectors = {"a": unit(1, 0), "c": unit(1, 0)}
+    result = maximal_marginal_relevance(["a", "b", "c"], relevance, vectors, 0.5)
+    assert result == ["a", "b", "c"]
+
+
+def test_feedback_terms_are_shared_content_words_absent_from_the_query() -> None:
+    """Words in at least two hits, not in the query, not stopwords or numbers, most shared
+    first."""
+    documents = [
+        "Caroline went to the pride parade in Boston last June",
+        "Caroline said the parade in Boston was loud",
+        "the parade again, 2023",
+        "Melanie painted a lake",
+    ]
+    terms = feedback_terms("When did Caroline go to a parade?", documents, 3)
+    assert terms == ["boston"]
+    assert feedback_terms("parade", documents, 1) == ["caroline"]
+    assert feedback_terms("parade", documents, 0) == []
+
+
+def test_parse_rerank_keeps_every_candidate_once() -> None:
+    """The reply's numbers first (1-based, strangers and repeats dropped), then the rest."""
+    reply = LLMResponse(data={"order": [3, 3, 9, 1, True]})
+    assert parse_rerank(reply, 4) == [2, 0, 1, 3]
+    with pytest.raises(ValueError, match="order"):
+        parse_rerank(LLMResponse(data={"ranking": [1]}), 2)
+
+
+class PrefixedEmbedder:
+    """Embeds queries as the hashed vector of 'q ' + text."""
+
+    dim = EMBEDDER.dim
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return await EMBEDDER.embed(list(texts))
+
+    async def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return await EMBEDDER.embed([f"q {t}" for t in texts])
+
+
+async def test_a_query_is_embedded_by_the_query_side_when_there_is_one() -> None:
+    """An embedder with embed_queries embeds queries through it; others through embed."""
+    prefixed = PrefixedEmbedder()
+    assert np.allclose(await query_side(prefixed).embed(["x"]), await EMBEDDER.embed(["q x"]))
+    assert query_side(EMBEDDER) is EMBEDDER
+
+
+class Reranker:
+    """A fake LLM that reverses every candidate list it is asked to re-rank."""
+
+    def __init__(self) -> None:
+        self.requests: list[LLMRequest] = []
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        if request.task != "recall_rerank":
+            raise mnemo.LLMError(f"unexpected task {request.task}")
+        memories = task_inputs(request)["memories"]
+        return LLMResponse(data={"order": list(range(len(memories), 0, -1))})
+
+
+async def recall(graph: SqliteGraph, config: mnemo.Config, llm: mnemo.LLM, k: int) -> list[str]:
+    offline = mnemo.OfflineLLM()
+    recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=llm)
+    result = await recaller.recall(REPO, "nginx postgres webserver database error", k=k,
+                                   types=None)
+    check_invariants(result, k, config)
+    return [m.node.id for m in result.memories]
+
+
+async def test_the_llm_reranks_the_candidates_in_one_call(graph: SqliteGraph) -> None:
+    """With recall_rerank the LLM's order of the best candidates is the result's, cut to k."""
+    # value_weight 0: reinforcement by the first recall must not move the second.
+    plain = await recall(graph, mnemo.Config(value_weight=0.0), mnemo.OfflineLLM(), 20)
+    llm = Reranker()
+    config = mnemo.Config(recall_rerank=True, recall_rerank_candidates=20, value_weight=0.0)
+    reranked = await recall(graph, config, llm, 3)
+    assert len(llm.requests) == 1
+    assert reranked == list(reversed(plain))[:3]
+
+
+async def test_the_offline_llm_keeps_the_order_and_a_failure_is_not_fatal(
+    graph: SqliteGraph,
+) -> None:
+    """Offline re-ranking keeps the retrieval's order; a failing LLM leaves it too."""
+    plain = await recall(graph, mnemo.Config(value_weight=0.0), mnemo.OfflineLLM(), 3)
+    config = mnemo.Config(recall_rerank=True, value_weight=0.0)
+    assert await recall(graph, config, mnemo.OfflineLLM(), 3) == plain
+
+    class Broken:
+        async def generate(self, request: LLMRequest) -> LLMResponse:
+            raise mnemo.LLMError("down")
+
+    assert await recall(graph, config, Broken(), 3) == plain
+
+
+async def test_mmr_and_feedback_recall_within_the_invariants(graph: SqliteGraph) -> None:
+    """With MMR and feedback on, a recall still returns at most k, best first, once each."""
+    config = mnemo.Config(recall_mmr_lambda=0.5, recall_prf_terms=4)
+    ids = await recall(graph, config, mnemo.OfflineLLM(), 4)
+    assert len(ids) == 4
+
+
+def step_node(episode: str, index: object) -> Node:
+    return Node(f"episodic_{episode}:{index}", NodeType.EPISODIC, "t",
+                {"episode_id": episode, "index": index}, now_utc())
+
+
+def test_adjacent_steps_are_the_neighbours_in_the_episode() -> None:
+    """Index +-1 (and +-2 with width 2), never below 0; nothing for other types or a node
+    without its place."""
+    assert adjacent_steps(step_node("ep", 3)) == ["episodic_ep:2", "episodic_ep:4"]
+    assert adjacent_steps(step_node("ep", 0), width=2) == ["episodic_ep:1", "episodic_ep:2"]
+    assert adjacent_steps(step_node("ep", "3")) == []
+    fact = Node("f", NodeType.SEMANTIC, "t", {"episode_id": "ep", "index": 1}, now_utc())
+    assert adjacent_steps(fact) == []
+
+
+async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: SqliteGraph) -> None:
+    """With recall_neighbour_weight the next step of the episode, sharing no word with the
+    query, is recalled one hop out at that share of the hit's score."""
+    steps = [("episodic_ep:0", "what did you paint last weekend"),
+             ("episodic_ep:1", "a lake at sunrise, with my kids"),
+             ("episodic_ep:2", "the weather was awful on monday")]
+    vectors = await EMBEDDER.embed([text for _, text in steps])
+    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "ep", "index": i},
+                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
+    await graph.apply(Changeset("cs-n", "n", drafts, []), intents=policy())
+    offline = mnemo.OfflineLLM()
+
+    async def ids(config: mnemo.Config) -> dict[str, mnemo.Recalled]:
+        recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=offline)
+        result = await recaller.recall("n", "what did Melanie paint", k=3, types=None)
+        check_invariants(result, 3, config)
+        return {m.node.id: m for m in result.memories}
+
+    assert "episodic_ep:1" not in await ids(
+        mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.0, recall_mmr_lambda=1.0)
+    )
+    found = await ids(
+        mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.8, recall_mmr_lambda=1.0)
+    )
+    assert (found["episodic_ep:1"].phase, found["episodic_ep:1"].hop) == ("hop", 1)
+    assert found["episodic_ep:1"].score == pytest.approx(0.8 * found["episodic_ep:0"].score)

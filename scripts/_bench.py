@@ -6,6 +6,7 @@ are collected as integer nanoseconds (`time.perf_counter_ns`) and shown in micro
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sqlite3
@@ -14,10 +15,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil  # type: ignore[import-untyped]  # no stubs in the dev group
 from rich.table import Table
+
+from mnemo.config import Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,3 +142,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     ]
     lines += ["| " + " | ".join(clean(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def config_of(settings: Sequence[str]) -> Config:
+    """A Config with each `FIELD=VALUE` of `settings` applied (VALUE as JSON, else a string)."""
+    overrides: dict[str, Any] = {}
+    for setting in settings:
+        name, _, raw = setting.partition("=")
+        try:
+            overrides[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[name.strip()] = raw
+    return Config(**overrides)

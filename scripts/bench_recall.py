@@ -56,12 +56,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from statistics import median
-from typing import Any
 
 import anyio
 import numpy as np
 import numpy.typing as npt
-from _bench import facts_table, machine_facts, markdown_table, rss_bytes, verdict
+from _bench import config_of, facts_table, machine_facts, markdown_table, rss_bytes, verdict
 from rich.console import Console
 from rich.table import Table
 
@@ -561,18 +560,6 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     # Plain print: a rich console would wrap the Markdown rows at its width.
     print()
     print(markdown)
-
-
-def config_of(settings: Sequence[str]) -> mnemo.Config:
-    """A Config with each `FIELD=VALUE` of `settings` applied (VALUE as JSON, else a string)."""
-    overrides: dict[str, Any] = {}
-    for setting in settings:
-        name, _, raw = setting.partition("=")
-        try:
-            overrides[name.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[name.strip()] = raw
-    return mnemo.Config(**overrides)
 
 
 def parse_args() -> argparse.Namespace:

@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+from _bench import config_of
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -214,18 +215,6 @@ def pick_embedder(name: str) -> mnemo.Embedder | None:
     if name == "default":
         return None  # the Memory's embedded default
     return embedder_from_uri(name)
-
-
-def config_of(settings: Sequence[str]) -> mnemo.Config:
-    """A Config with each `FIELD=VALUE` of `settings` applied (VALUE as JSON, else a string)."""
-    overrides: dict[str, Any] = {}
-    for setting in settings:
-        name, _, raw = setting.partition("=")
-        try:
-            overrides[name.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[name.strip()] = raw
-    return mnemo.Config(**overrides)
 
 
 def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:

@@ -132,17 +132,7 @@ async def _decide_merges(
 
     index = await target.vector_index(changeset.repo)
     seen = index.snapshot()
-    resolution = Resolution()
-    await resolve_intents(
-        changeset.nodes,
-        index,
-        _texts(target),
-        merge,
-        identity_threshold=intents.identity_threshold,
-        merge_threshold=intents.merge_threshold,
-        out=resolution,
-    )
-    return seen, resolution
+    return seen, await _resolve_intents(target, changeset, index, merge, intents)
 
 
 def _decided_merge(
@@ -162,6 +152,26 @@ def _decided_merge(
 
 def _texts(target: CommitTarget) -> TextLookup:
     return target.texts
+
+
+async def _resolve_intents(
+    target: CommitTarget,
+    changeset: Changeset,
+    index: VectorIndex,
+    merge: IntentMerger,
+    intents: IntentPolicy,
+) -> Resolution:
+    resolution = Resolution()
+    await resolve_intents(
+        changeset.nodes,
+        index,
+        _texts(target),
+        merge,
+        identity_threshold=intents.identity_threshold,
+        merge_threshold=intents.merge_threshold,
+        out=resolution,
+    )
+    return resolution
 
 
 async def _apply_locked(
@@ -184,16 +194,7 @@ async def _apply_locked(
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
-        resolution = Resolution()
-        await resolve_intents(
-            changeset.nodes,
-            index,
-            _texts(target),
-            merge,
-            identity_threshold=intents.identity_threshold,
-            merge_threshold=intents.merge_threshold,
-            out=resolution,
-        )
+        resolution = await _resolve_intents(target, changeset, index, merge, intents)
     tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
     resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
     present = await target.present(repo, [n.id for n in changeset.nodes])

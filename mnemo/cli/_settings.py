@@ -27,6 +27,7 @@ from typing import Annotated
 import typer
 
 from mnemo.cli._database import CliError
+from mnemo.storage.ports import is_postgres
 
 DEFAULT_STORE = "memory.db"
 FILE_KEYS = ("store", "llm", "embedder")
@@ -87,16 +88,12 @@ class Settings:
     @property
     def is_url(self) -> bool:
         """Whether the store is a PostgreSQL URL rather than a SQLite file."""
-        return is_postgres_url(self.store)
+        return is_postgres(self.store)
 
     @property
     def path(self) -> Path:
         """The SQLite file of the store."""
         return Path(self.store)
-
-
-def is_postgres_url(store: str) -> bool:
-    return store.startswith(("postgresql://", "postgres://"))
 
 
 def config_file(
@@ -140,7 +137,7 @@ def read_config(path: Path) -> dict[str, str]:
         if not isinstance(value, str) or not value.strip():
             raise CliError(f"{key} in {path} must be a non-blank string, got {value!r}")
         out[key] = value.strip()
-    if "store" in out and not is_postgres_url(out["store"]):
+    if "store" in out and not is_postgres(out["store"]):
         out["store"] = str(path.parent / Path(out["store"]).expanduser())
     return out
 

@@ -40,6 +40,7 @@ class Backend(Protocol):
 
 
 def is_postgres(path: str | Path) -> bool:
+    """Whether `path` names a PostgreSQL store (a `postgresql://` or `postgres://` URL)."""
     return isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
+
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
@@ -32,6 +34,8 @@ class SqliteBackend:
 
     async def close(self) -> None:
         try:
-            await self.graph.aclose()  # stops an HNSW build that is still running
+            # Stops an HNSW build that is still running; bounded, as it was in Memory.aclose.
+            with anyio.move_on_after(2, shield=True):
+                await self.graph.aclose()
         finally:
             await self.database.close()

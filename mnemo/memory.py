@@ -57,10 +57,6 @@ from mnemo.usage import UsageBook
 log = logging.getLogger("mnemo")
 
 
-def _embedder_name(embedder: Embedder) -> str:
-    return str(getattr(embedder, "name", type(embedder).__name__))
-
-
 class Memory:
     """An agent's memory in one SQLite file (or `":memory:"`).
 
@@ -205,7 +201,7 @@ class Memory:
         if known is not None and self._dims[name] != chosen_embedder.dim:
             raise EmbeddingError(
                 f"repo {name!r} holds vectors of dimension {self._dims[name]}, but the "
-                f"embedder {_embedder_name(chosen_embedder)} makes dimension "
+                f"embedder {model_uri(chosen_embedder)} makes dimension "
                 f"{chosen_embedder.dim}"
             )
         chosen_config = config or (known.config if known else self._config)
@@ -319,7 +315,7 @@ class Memory:
         if embedder is not None and embedder.dim != self._dims[repo]:
             raise EmbeddingError(
                 f"repo {repo!r} holds vectors of dimension {self._dims[repo]}, but the "
-                f"embedder override {_embedder_name(embedder)} makes dimension {embedder.dim}"
+                f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"
             )
         override = None
         if llm is not None or embedder is not None:

@@ -112,11 +112,15 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
-def model_name(llm: LLM) -> str:
-    """What identifies a model for resuming work: `llm.name` when the object has one (e.g.
-    "openai:gpt-4o-mini"), else its class's qualified name."""
-    name = getattr(llm, "name", None)
-    return name if isinstance(name, str) and name else type(llm).__qualname__
+def model_name(model: object) -> str:
+    """What identifies a model (an LLM or an embedder): its `name` when it has one (the URI it
+    is built from, e.g. "openai:gpt-4o-mini"), else its class's qualified name. A repo records
+    its models under it, and work is resumed only by a Memory whose model has the same."""
+    name = getattr(model, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    kind = type(model)
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class LimitedLLM:

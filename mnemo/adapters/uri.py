@@ -28,7 +28,7 @@ from mnemo.adapters.minilm import MiniLMEmbedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
 from mnemo.errors import InvalidInputError
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, model_name
 
 LLM_FORMS = (
     "offline",
@@ -53,13 +53,10 @@ class ModelURIError(InvalidInputError):
 
 
 def model_uri(model: object) -> str:
-    """The URI a model object is recorded under: its `name`, else its class's qualified
-    name (which no URI parser knows: such a model cannot be rebuilt from the record)."""
-    name = getattr(model, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    kind = type(model)
-    return f"{kind.__module__}.{kind.__qualname__}"
+    """The URI a model object is recorded under (`ports.model_name`: its `name`, else its
+    class's qualified name, which no URI parser knows: such a model cannot be rebuilt from the
+    record)."""
+    return model_name(model)
 
 
 def _split(uri: object, kind: str, forms: tuple[str, ...]) -> tuple[str, str, str | None]:

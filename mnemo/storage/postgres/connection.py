@@ -18,12 +18,18 @@ deadlock (retrying may succeed), `"extension_missing"` when pgvector is absent, 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import psycopg
+from psycopg.adapt import Dumper, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types import TypeInfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from mnemo.errors import StorageError
@@ -88,6 +94,51 @@ def _ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
 
 
+def vector_bytes(vector: npt.ArrayLike) -> bytes:
+    """pgvector's binary wire format of one vector: its dimension and an unused word (big-endian
+    int16 each), then big-endian float32s."""
+    values = np.asarray(vector, dtype=np.float32).reshape(-1)
+    return struct.pack(">HH", values.shape[0], 0) + values.astype(">f4").tobytes()
+
+
+def vector_from_bytes(data: bytes | bytearray | memoryview) -> npt.NDArray[np.float32]:
+    """A vector read in pgvector's binary format, as native float32."""
+    dim, _ = struct.unpack_from(">HH", data)
+    return np.frombuffer(data, dtype=">f4", count=dim, offset=4).astype(np.float32)
+
+
+async def register_vector(conn: Connection) -> None:
+    """Teaches `conn` pgvector's `vector` in binary: numpy arrays are sent as vectors (a
+    parameter that is an `np.ndarray` must be one) and vectors come back as float32 arrays.
+    Does nothing in a database without the extension (before the schema is applied)."""
+    info = await TypeInfo.fetch(conn, "vector")
+    if info is None:
+        return
+    info.register(conn)
+
+    class VectorDumper(Dumper):
+        format = psycopg.pq.Format.BINARY
+        oid = info.oid
+
+        def dump(self, obj: Any) -> bytes:
+            return vector_bytes(obj)
+
+    class VectorLoader(Loader):
+        format = psycopg.pq.Format.BINARY
+
+        def load(self, data: Any) -> npt.NDArray[np.float32]:
+            return vector_from_bytes(data)
+
+    class VectorTextLoader(Loader):
+        def load(self, data: Any) -> npt.NDArray[np.float32]:
+            text = bytes(data).decode("ascii").strip("[]")
+            return np.array(text.split(",") if text else [], dtype=np.float32)
+
+    conn.adapters.register_dumper(np.ndarray, VectorDumper)
+    conn.adapters.register_loader(info.oid, VectorLoader)
+    conn.adapters.register_loader(info.oid, VectorTextLoader)
+
+
 class Postgres:
     """A pool of connections to one database, opened by `open()` (or `async with`).
 
@@ -120,15 +171,32 @@ class Postgres:
             timeout=max(busy_timeout, 0.001),
             open=False,
             name="mnemo",
+            configure=register_vector,
         )
+        self._conninfo = conninfo(url, busy_timeout=busy_timeout,
+                                  statement_timeout=statement_timeout, ef_search=HNSW_EF_SEARCH)
 
-    async def open(self) -> None:
-        """Opens the pool and waits for its first connections.
+    async def open(self, *, migrate: bool = False) -> None:
+        """Opens the pool and waits for its first connections. With `migrate`, first applies
+        the schema's pending migrations on a connection of its own, so that every pooled
+        connection finds pgvector's type.
 
         Raises:
             StorageError: `"unavailable"` when no connection could be made within
-                `connect_timeout` seconds.
+                `connect_timeout` seconds; as `schema.apply` for the migrations.
         """
+        if migrate:
+            from mnemo.storage.postgres import schema
+
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo, autocommit=True,
+                    connect_timeout=max(1, int(self.connect_timeout)),
+                )
+            except psycopg.Error as exc:
+                raise storage_error(exc) from exc
+            async with conn:
+                await schema.apply(conn)
         try:
             await self._pool.open(wait=True, timeout=self.connect_timeout)
         except (psycopg.Error, PoolTimeout) as exc:

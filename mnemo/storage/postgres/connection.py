@@ -115,10 +115,11 @@ async def register_vector(conn: Connection) -> None:
     if info is None:
         return
     info.register(conn)
+    vector_oid = info.oid
 
     class VectorDumper(Dumper):
         format = psycopg.pq.Format.BINARY
-        oid = info.oid
+        oid = vector_oid
 
         def dump(self, obj: Any) -> bytes:
             return vector_bytes(obj)
@@ -135,8 +136,8 @@ async def register_vector(conn: Connection) -> None:
             return np.array(text.split(",") if text else [], dtype=np.float32)
 
     conn.adapters.register_dumper(np.ndarray, VectorDumper)
-    conn.adapters.register_loader(info.oid, VectorLoader)
-    conn.adapters.register_loader(info.oid, VectorTextLoader)
+    conn.adapters.register_loader(vector_oid, VectorLoader)
+    conn.adapters.register_loader(vector_oid, VectorTextLoader)
 
 
 class Postgres:

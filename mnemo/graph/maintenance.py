@@ -106,8 +106,7 @@ async def consolidate(
     """
     threshold = config.consolidate_threshold
     async with graph.lock(repo):
-        index = await graph.vector_index(repo)
-        ids, matrix = index.of_type(NodeType.SEMANTIC)
+        ids, matrix = await graph.vectors_of_type(repo, NodeType.SEMANTIC)
         if full:
             fresh = set(ids)
         else:
@@ -116,7 +115,6 @@ async def consolidate(
         pairs = await anyio.to_thread.run_sync(_similar_pairs, matrix, new_rows, threshold)
         named = [(ids[i], ids[j]) for i, j in pairs]
         result = await graph.merge_duplicates(repo, named, [ids[i] for i in new_rows.tolist()])
-        index.remove(result.deleted)
         return ConsolidationReport(
             examined=len(new_rows),
             merged=result.merged,
@@ -228,9 +226,7 @@ async def decay(
     """
     moment = now or now_utc()
     async with graph.lock(repo):
-        index = await graph.vector_index(repo)
         swept = await graph.decay_sweep(repo, config, now=moment)
-        index.remove([*swept.doomed, *swept.pruned])
         return DecayReport(
             examined=swept.examined, deleted=len(swept.doomed), pruned=len(swept.pruned)
         )

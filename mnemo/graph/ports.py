@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Protocol
 from mnemo.config import Config
 from mnemo.graph.dedup import IntentMerger
 from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
-from mnemo.graph.vectors import VectorIndex
 
 if TYPE_CHECKING:
     from mnemo.graph.maintenance import ValidationReport
@@ -182,7 +181,13 @@ class GraphStore(Protocol):
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None: ...
 
-    async def vector_index(self, repo: str) -> VectorIndex: ...
+    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
+        """The unit vector of each of these nodes that has one."""
+        ...
+
+    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        """The ids and unit vectors (one row each) of every node of one type."""
+        ...
 
     # Maintenance: each runs under `lock(repo)`, held by the caller.
 
@@ -192,7 +197,10 @@ class GraphStore(Protocol):
 
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
-    ) -> MergeResult: ...
+    ) -> MergeResult:
+        """Merges each pair's second node into its group's survivor and marks `examined`
+        consolidated, in one transaction."""
+        ...
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
         """Deletes the memories whose value at `now` is below `config.decay_threshold`, then

@@ -385,12 +385,7 @@ class Recaller:
     ) -> list[tuple[float, Node, _Candidate]]:
         """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`."""
         head = scored[:n]
-        index = await self.graph.vector_index(repo)
-        vectors = {}
-        for _, node, _ in head:
-            vector = index.get(node.id)
-            if vector is not None:
-                vectors[node.id] = vector / max(float(np.linalg.norm(vector)), 1e-12)
+        vectors = await self.graph.vectors(repo, [node.id for _, node, _ in head])
         by_id = {item[1].id: item for item in head}
         order = maximal_marginal_relevance(
             list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,

@@ -104,12 +104,22 @@ class SqliteGraph:
     async def merge_duplicates(
         self, repo: str, pairs: list[tuple[str, str]], examined: list[str]
     ) -> MergeResult:
-        return await self._database.run(
+        result = await self._database.run(
             lambda db: maintenance.merge_duplicates(db, repo, pairs, examined)
         )
+        self._forget_vectors(repo, result.deleted)
+        return result
 
     async def decay_sweep(self, repo: str, config: Config, *, now: datetime) -> SweepResult:
-        return await self._database.run(lambda db: maintenance.decay_sweep(db, repo, config, now))
+        swept = await self._database.run(
+            lambda db: maintenance.decay_sweep(db, repo, config, now)
+        )
+        self._forget_vectors(repo, [*swept.doomed, *swept.pruned])
+        return swept
+
+    def _forget_vectors(self, repo: str, node_ids: Sequence[str]) -> None:
+        if repo in self._indexes:
+            self._indexes[repo].remove(node_ids)
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
@@ -309,8 +319,7 @@ class SqliteGraph:
                 return gone
 
             gone = await self._database.run(delete)
-            if repo in self._indexes:
-                self._indexes[repo].remove(ids)
+            self._forget_vectors(repo, ids)
             return gone
 
     async def delete_source(
@@ -351,8 +360,7 @@ class SqliteGraph:
                 return own + orphans
 
             gone = await self._database.run(delete)
-            if repo in self._indexes:
-                self._indexes[repo].remove(gone)
+            self._forget_vectors(repo, gone)
             return len(gone)
 
     async def search_text(
@@ -482,9 +490,15 @@ class SqliteGraph:
         return {node_id: float(score) for (node_id, _), score in zip(known, scores, strict=True)}
 
     async def vector_index(self, repo: str) -> VectorIndex:
-        """The repo's in-memory vectors, loaded from SQLite on first use. Whoever deletes
-        nodes outside this class removes them from it too (maintenance does)."""
+        """The repo's in-memory vectors, loaded from SQLite on first use (`CommitTarget`)."""
         return await self._index(repo)
+
+    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
+        index = await self._index(repo)
+        return {i: v for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None}
+
+    async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        return (await self._index(repo)).of_type(kind)
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no

@@ -1,8 +1,17 @@
-"""Shared fixtures: the fakes, a `Memory` on them with repo "r", and sessions in a given state."""
+"""Shared fixtures: the store on each backend, the fakes, a `Memory` on them with repo "r", and
+sessions in a given state.
+
+`store` is where a test's `Memory` keeps everything, once per backend: a SQLite file, and a
+fresh database on the session's PostgreSQL server (tests/pg.py). Every test that stores
+something through `Memory` takes it (or `mem`, which does), so the whole suite runs on both. A
+test of one backend's own mechanics says so: it opens a SQLite file or a `pg_url` directly, and
+its docstring or module says why.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import pytest
@@ -10,10 +19,25 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.pg import pg_clones, pg_empty_url, pg_server, pg_template, pg_url
+
+__all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]
 
 REPO = "r"
 
 Enter = Callable[[State], Awaitable[str]]
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a test's Memory keeps everything: a SQLite file, or a new PostgreSQL database
+    with the schema applied (dropped after the test)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "memory.db")
+    return str(request.getfixturevalue("pg_url"))
 
 
 @pytest.fixture
@@ -32,11 +56,15 @@ def events() -> EventLog:
 
 
 async def _memory(
-    llm: FakeLLM, embedder: FakeEmbedder, events: EventLog, config: mnemo.Config | None
+    store: str,
+    llm: FakeLLM,
+    embedder: FakeEmbedder,
+    events: EventLog,
+    config: mnemo.Config | None,
 ) -> AsyncIterator[mnemo.Memory]:
     # pytest-asyncio sets a fixture up and tears it down in two different tasks: entering the
     # Memory here and leaving it in the teardown is itself a test that Memory allows that.
-    async with mnemo.Memory(":memory:", llm=llm, embedder=embedder, on_event=events) as m:
+    async with mnemo.Memory(store, llm=llm, embedder=embedder, on_event=events) as m:
         await m.open_repo(REPO, config=config)
         try:
             yield m
@@ -47,17 +75,17 @@ async def _memory(
 
 @pytest.fixture
 async def mem(
-    llm: FakeLLM, embedder: FakeEmbedder, events: EventLog
+    store: str, llm: FakeLLM, embedder: FakeEmbedder, events: EventLog
 ) -> AsyncIterator[mnemo.Memory]:
-    async for m in _memory(llm, embedder, events, None):
+    async for m in _memory(store, llm, embedder, events, None):
         yield m
 
 
 @pytest.fixture
 async def auto_mem(
-    llm: FakeLLM, embedder: FakeEmbedder, events: EventLog
+    store: str, llm: FakeLLM, embedder: FakeEmbedder, events: EventLog
 ) -> AsyncIterator[mnemo.Memory]:
-    async for m in _memory(llm, embedder, events, mnemo.Config(auto_commit=True)):
+    async for m in _memory(store, llm, embedder, events, mnemo.Config(auto_commit=True)):
         yield m
 
 

@@ -19,6 +19,7 @@ import anyio
 
 import mnemo
 from mnemo.ports import task_inputs
+from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite import SqliteBackend
 from mnemo.storage.sqlite.database import Database
 
@@ -261,8 +262,8 @@ async def open_test_memory(path: str = ":memory:", **kw: Any) -> AsyncIterator[m
         yield mem
 
 
-def sqlite_database(mem: mnemo.Memory) -> Database:
-    """The SQLite database behind `mem` (for tests that look at or fault its rows)."""
-    backend = mem._backend
+def sqlite_database(owner: mnemo.Memory | Backend) -> Database:
+    """The SQLite database behind `owner` (for tests that look at or fault its rows)."""
+    backend = owner._backend if isinstance(owner, mnemo.Memory) else owner
     assert isinstance(backend, SqliteBackend), "a test of SQLite internals on another backend"
     return backend.database

@@ -56,10 +56,10 @@ class OnceGarbledLLM(FakeLLM):
         return response
 
 
-async def test_usage_counts_the_reask_of_an_unusable_reply() -> None:
+async def test_usage_counts_the_reask_of_an_unusable_reply(store: str) -> None:
     """An unusable reply asked again shows as one more call and one re-ask in mem.usage()."""
     llm = OnceGarbledLLM()
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder()) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")
@@ -68,7 +68,7 @@ async def test_usage_counts_the_reask_of_an_unusable_reply() -> None:
     assert (usage.calls, usage.retries, usage.re_asks) == (len(llm.calls), 0, 1)
 
 
-async def test_usage_counts_transport_retries() -> None:
+async def test_usage_counts_transport_retries(store: str) -> None:
     """A 429 retried by the adapter is booked in mem.usage(): every request is a call."""
     with ProviderServer() as server:
         server.script(rate_limited("0"))
@@ -76,7 +76,7 @@ async def test_usage_counts_transport_retries() -> None:
             OpenAICompatible(
                 "m", base_url=server.openai_url, backoff=Backoff(base=0.001, cap=0.01)
             ) as llm,
-            mnemo.Memory(llm=llm, embedder=FakeEmbedder()) as mem,
+            mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem,
         ):
             await mem.open_repo(REPO)
             sid = await mem.start_session("explore", repo=REPO)
@@ -112,10 +112,10 @@ class ClosingLLM(FakeLLM):
         self.closed += 1
 
 
-async def test_adapters_are_closed_once_with_the_memory() -> None:
+async def test_adapters_are_closed_once_with_the_memory(store: str) -> None:
     """The Memory's own adapters and those given to open_repo are closed once at aclose."""
     llm, repo_llm, embedder = ClosingLLM(), ClosingLLM(), ClosingEmbedder()
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder()) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo("a", llm=repo_llm, embedder=embedder)
         await mem.open_repo("a", llm=repo_llm, embedder=embedder)
         assert embedder.detected

@@ -16,7 +16,6 @@ models it recorded, and a new repo the defaults (`offline`, the embedded embedde
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tomllib
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ from typing import Annotated
 import typer
 
 from mnemo.cli._database import CliError
-from mnemo.storage.ports import is_postgres
+from mnemo.storage.ports import has_postgres_driver, is_postgres
 
 DEFAULT_STORE = "memory.db"
 FILE_KEYS = ("store", "llm", "embedder")
@@ -183,10 +182,8 @@ def check_backend(settings: Settings) -> None:
     Raises:
         CliError: a PostgreSQL URL where mnemo's PostgreSQL backend is not installed.
     """
-    # The store module, not the package: mnemo/storage/postgres/ holds the schema and the
-    # connection before the stores that Memory opens exist (issue 10).
-    if settings.is_url and importlib.util.find_spec("mnemo.storage.postgres.store") is None:
+    if settings.is_url and not has_postgres_driver():
         raise CliError(
-            "this mnemo has no PostgreSQL backend, so it cannot open a postgresql:// store; "
-            "pass a SQLite file with --store"
+            "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "
+            "pip install 'mnemo[postgres]', or pass a SQLite file with --store"
         )

@@ -10,6 +10,7 @@ A third backend is one more folder under `mnemo/storage/`.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -44,6 +45,11 @@ def is_postgres(path: str | Path) -> bool:
     return isinstance(path, str) and path.startswith(POSTGRES_SCHEMES)
 
 
+def has_postgres_driver() -> bool:
+    """Whether this installation has mnemo's `postgres` extra (psycopg and its pool)."""
+    return all(importlib.util.find_spec(name) is not None for name in ("psycopg", "psycopg_pool"))
+
+
 def open_backend(
     path: str | Path,
     *,
@@ -54,12 +60,18 @@ def open_backend(
     """The backend `path` names; call `open()` on it before use.
 
     Raises:
-        StorageError: "unavailable" for a PostgreSQL URL while that backend is not built in.
+        StorageError: "unavailable" for a PostgreSQL URL when mnemo's `postgres` extra
+            (psycopg) is not installed.
     """
     if is_postgres(path):
-        raise StorageError(
-            "unavailable", "the PostgreSQL backend is not available in this version of mnemo"
-        )
+        if not has_postgres_driver():
+            raise StorageError(
+                "unavailable",
+                "a postgresql:// store needs the PostgreSQL driver: pip install 'mnemo[postgres]'",
+            )
+        from mnemo.storage.postgres.store import PostgresBackend
+
+        return PostgresBackend(str(path), dims=dims, busy_timeout=busy_timeout)
     from mnemo.storage.sqlite import SqliteBackend
 
     return SqliteBackend(path, dims=dims, busy_timeout=busy_timeout, synchronous=synchronous)

@@ -23,6 +23,8 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-async def cmem(offline: OfflineFake, embedder: FakeEmbedder) -> AsyncIterator[mnemo.Memory]:
-    async with mnemo.Memory(":memory:", llm=offline, embedder=embedder) as m:
+async def cmem(
+    offline: OfflineFake, embedder: FakeEmbedder, store: str
+) -> AsyncIterator[mnemo.Memory]:
+    async with mnemo.Memory(store, llm=offline, embedder=embedder) as m:
         yield m

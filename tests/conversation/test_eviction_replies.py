@@ -16,9 +16,9 @@ HISTORY = [user(f"step {i}: deploy the billing service to the staging cluster") 
 
 
 @pytest.fixture
-async def scripted() -> AsyncIterator[tuple[mnemo.Memory, ScriptedEviction]]:
+async def scripted(store: str) -> AsyncIterator[tuple[mnemo.Memory, ScriptedEviction]]:
     llm = ScriptedEviction(prose())
-    async with mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder()) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.conversation().save("t", HISTORY)
         yield mem, llm
 

@@ -403,10 +403,10 @@ message_dicts = st.fixed_dictionaries(
 )
 
 
-def test_message_round_trip() -> None:
+def test_message_round_trip(store: str) -> None:
     """Any message dict survives save -> row -> raw/load unchanged (value -> row -> value)."""
     with anyio.from_thread.start_blocking_portal() as portal, portal.wrap_async_context_manager(
-        mnemo.Memory(":memory:", llm=OfflineFake(), embedder=FakeEmbedder())
+        mnemo.Memory(store, llm=OfflineFake(), embedder=FakeEmbedder())
     ) as mem:
         conv = mem.conversation(retrieval=mnemo.Recent(k=1000))
         counter = iter(range(10**6))

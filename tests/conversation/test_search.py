@@ -127,10 +127,10 @@ async def test_exclude_viewport_of(cmem: mnemo.Memory) -> None:
     }
 
 
-def test_hostile_queries_are_safe() -> None:
+def test_hostile_queries_are_safe(store: str) -> None:
     """Any text is a safe query: no error, only hits (or none)."""
     with anyio.from_thread.start_blocking_portal() as portal, portal.wrap_async_context_manager(
-        mnemo.Memory(":memory:", llm=OfflineFake(), embedder=FakeEmbedder())
+        mnemo.Memory(store, llm=OfflineFake(), embedder=FakeEmbedder())
     ) as mem:
         conv = mem.conversation()
         portal.call(conv.save, "t", [user('quote " star * caret ^ colon : NEAR(x y) AND OR')])

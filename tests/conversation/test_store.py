@@ -20,9 +20,9 @@ from mnemo.conversation.ports import ThreadStore
 from mnemo.conversation.search import query_words
 from mnemo.conversation.viewport import layout
 from mnemo.graph.model import now_utc
-from mnemo.storage.sqlite.conversation import SqliteThreads
+from tests.backends import backend_of
 from tests.conversation._support import assistant, user
-from tests.fakes import FakeEmbedder, sqlite_database
+from tests.fakes import FakeEmbedder
 
 CONVERSATION = Path(ports.__file__).parent
 BACKENDS = ("mnemo.storage", "sqlite3", "sqlite_utils")
@@ -30,9 +30,12 @@ EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-async def store(embedder: FakeEmbedder) -> AsyncIterator[tuple[mnemo.Memory, ThreadStore]]:
-    async with mnemo.Memory(":memory:", embedder=embedder) as mem:
-        threads: ThreadStore = SqliteThreads(sqlite_database(mem))
+async def store(
+    embedder: FakeEmbedder, store: str
+) -> AsyncIterator[tuple[mnemo.Memory, ThreadStore]]:
+    """A Memory on the test's store (each backend in turn), and its conversation store."""
+    async with mnemo.Memory(store, embedder=embedder) as mem:
+        threads: ThreadStore = backend_of(mem).threads
         yield mem, threads
 
 

@@ -48,13 +48,13 @@ async def _collect(mem: mnemo.Memory) -> str:
 
 
 async def test_commit_after_a_failed_procedural_reasks_only_procedural(
-    events: EventLog,
+    events: EventLog, store: str
 ) -> None:
     """A failing `procedural` task fails the extraction; the retry (`commit` on the failed
     session) asks `procedural` again and neither semantic nor the last reward, and the
     changeset holds the kept facts and the new instructions; usage shows the saved calls."""
     llm = FakeLLM()
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await _collect(mem)
         llm.fail_tasks.add("procedural")
@@ -84,11 +84,13 @@ async def test_commit_after_a_failed_procedural_reasks_only_procedural(
         assert mem.usage().saved_calls == 3
 
 
-async def test_close_and_commit_retry_reasks_only_the_failed_call(events: EventLog) -> None:
+async def test_close_and_commit_retry_reasks_only_the_failed_call(
+    events: EventLog, store: str
+) -> None:
     """`close_and_commit`'s retry after one failed procedural call asks that one task again:
     every other task of the episode is asked exactly once in all."""
     llm = FailsOnce("procedural")
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await _collect(mem)
         mark = len(llm.calls)
@@ -102,12 +104,12 @@ async def test_close_and_commit_retry_reasks_only_the_failed_call(events: EventL
 
 
 async def test_auto_commit_close_reasks_only_what_the_background_commit_failed(
-    events: EventLog,
+    events: EventLog, store: str
 ) -> None:
     """In auto-commit, a background commit whose procedural fails keeps its semantic result:
     the close that commits those steps asks the walk trajectory's semantic no more."""
     llm = FakeLLM()
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO, config=mnemo.Config(auto_commit=True))
         sid = await mem.start_session("explore the house", repo=REPO)
         await mem.append(sid, "walk north", "go north")
@@ -140,12 +142,14 @@ async def test_auto_commit_close_reasks_only_what_the_background_commit_failed(
         assert mem.usage(sid).saved_calls == 1
 
 
-async def test_a_failed_return_scoring_keeps_the_cumulative_scores(events: EventLog) -> None:
+async def test_a_failed_return_scoring_keeps_the_cumulative_scores(
+    events: EventLog, store: str
+) -> None:
     """The optional "return" task failing does not fail the extraction: each instruction
     keeps its score from the cumulative reward (0.7 with the fake -> 7)."""
     llm = FakeLLM()
     llm.fail_tasks.add("return")
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await _collect(mem)
         receipt = await mem.close_and_commit(sid, max_retries=0)

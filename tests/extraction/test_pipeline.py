@@ -38,11 +38,11 @@ class CountingLLM:
         return await self.inner.generate(request)
 
 
-async def test_trajectories_extract_in_parallel(events: EventLog) -> None:
+async def test_trajectories_extract_in_parallel(events: EventLog, store: str) -> None:
     """Every trajectory's semantic call is in flight at the same time."""
     inner = FakeLLM()
     llm = CountingLLM(inner, "semantic", 4)
-    async with mnemo.Memory(llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         for word in ("walk", "open", "read", "take"):
@@ -51,12 +51,14 @@ async def test_trajectories_extract_in_parallel(events: EventLog) -> None:
     assert llm.peak == 4
 
 
-async def test_semantic_procedural_and_last_reward_run_side_by_side(events: EventLog) -> None:
+async def test_semantic_procedural_and_last_reward_run_side_by_side(
+    events: EventLog, store: str
+) -> None:
     """Within a trajectory, the semantic and procedural calls and the last step's reward are
     in flight together: all three are held, and all three start; a one-instruction trajectory
     takes its return from the cumulative reward, without a "return" call."""
     inner = FakeLLM()
-    async with mnemo.Memory(llm=inner, embedder=FakeEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=inner, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")
@@ -116,7 +118,9 @@ async def test_tags_dedup_against_the_graph(mem: mnemo.Memory) -> None:
     assert sorted(m.text for m in members) == ["fact: Walk south", "fact: walk north"]
 
 
-async def test_intent_merge_uses_the_llm_and_keeps_links(llm: FakeLLM, events: EventLog) -> None:
+async def test_intent_merge_uses_the_llm_and_keeps_links(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
     """An intent between the merge and identity thresholds is merged through the LLM into the
     existing node, which then links both procedures."""
 
@@ -130,7 +134,7 @@ async def test_intent_merge_uses_the_llm_and_keeps_links(llm: FakeLLM, events: E
             return [table.get(t, [0.0, 0.0, 1.0, 0.0] if t.startswith("walk") else
                               [0.0, 0.0, 0.0, 1.0]) for t in texts]
 
-    async with mnemo.Memory(llm=llm, embedder=TiltedEmbedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=TiltedEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         for observation in ("walk north", "run east"):
             sid = await mem.start_session("explore", repo=REPO)

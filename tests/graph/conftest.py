@@ -1,4 +1,4 @@
-"""Fixtures for the graph tests: a `SqliteGraph` on an in-memory database."""
+"""Fixtures for the graph tests: the graph store of a fresh store, on each backend."""
 
 from __future__ import annotations
 
@@ -6,19 +6,18 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.graph import SqliteGraph
+from mnemo.graph.ports import GraphStore
+from mnemo.storage.ports import Backend
+from tests.backends import open_stores
 from tests.graph._support import DIM
 
 
 @pytest.fixture
-async def database() -> AsyncIterator[Database]:
-    db = Database(":memory:")
-    await db.open()
-    yield db
-    await db.close()
+async def backend(store: str) -> AsyncIterator[Backend]:
+    async with open_stores(store, DIM) as opened:
+        yield opened
 
 
 @pytest.fixture
-def graph(database: Database) -> SqliteGraph:
-    return SqliteGraph(database, lambda repo: DIM)
+def graph(backend: Backend) -> GraphStore:
+    return backend.graph

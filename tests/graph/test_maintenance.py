@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,10 +36,12 @@ from mnemo.graph.model import (
     normalise_label,
     now_utc,
 )
+from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
-from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.graph import SqliteGraph
-from tests.graph._support import REPO, at_cosine, axis, draft, policy
+from mnemo.storage.ports import Backend
+from tests.backends import is_sqlite, open_stores, sql
+from tests.fakes import sqlite_database
+from tests.graph._support import DIM, REPO, at_cosine, axis, draft, policy
 
 N = NodeType
 MEMBERSHIP, HIERARCHICAL = LinkType.MEMBERSHIP, LinkType.HIERARCHICAL
@@ -47,34 +50,28 @@ CONFIG = Config()
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-async def commit(graph: SqliteGraph, name: str, nodes: list[NodeDraft], links: list[Link]) -> None:
+async def commit(graph: GraphStore, name: str, nodes: list[NodeDraft], links: list[Link]) -> None:
     await graph.apply(Changeset(name, REPO, nodes, links), intents=policy())
 
 
 def fact(node_id: str, text: str, vector: Vector, confidence: float, *concepts: str) -> NodeDraft:
-    return draft(node_id, N.SEMANTIC, text, vector, {"confidence": confidence,
-                                                      "concepts": list(concepts)})
+    return draft(
+        node_id, N.SEMANTIC, text, vector, {"confidence": confidence, "concepts": list(concepts)}
+    )
 
 
-async def sql(database: Database, statement: str, *params: object) -> list[tuple[Any, ...]]:
-    def run(db: SqliteUtilsDatabase) -> list[tuple[Any, ...]]:
-        with db.atomic():
-            return db.conn.execute(statement, params).fetchall()
-
-    return await database.run(run)
-
-
-async def links_of(graph: SqliteGraph, node_id: str) -> list[tuple[str, str, str]]:
+async def links_of(backend: Backend, node_id: str) -> list[tuple[str, str, str]]:
     rows = await sql(
-        graph.database,
+        backend,
         "SELECT src, dst, type FROM links WHERE src = ? OR dst = ? ORDER BY src, dst, type",
-        node_id, node_id,
+        node_id,
+        node_id,
     )
     return [(src, dst, kind) for src, dst, kind in rows]
 
 
-async def ids(graph: SqliteGraph) -> set[str]:
-    return {row[0] for row in await sql(graph.database, "SELECT id FROM nodes")}
+async def ids(backend: Backend) -> set[str]:
+    return {row[0] for row in await sql(backend, "SELECT id FROM nodes")}
 
 
 # ---- the value function ---------------------------------------------------------------------
@@ -82,11 +79,25 @@ async def ids(graph: SqliteGraph) -> set[str]:
 
 def test_value_of_a_new_node_is_floor_times_reward() -> None:
     """Never recalled and brand new: frequency floor x the type's softened reward."""
-    value = node_value(N.EPISODIC, {"reward": 1.0}, created_at=T0, last_access=None,
-                       access_count=0, now=T0, config=CONFIG)
+    value = node_value(
+        N.EPISODIC,
+        {"reward": 1.0},
+        created_at=T0,
+        last_access=None,
+        access_count=0,
+        now=T0,
+        config=CONFIG,
+    )
     assert value == pytest.approx(0.5)
-    failed = node_value(N.EPISODIC, {"reward": 0.0}, created_at=T0, last_access=None,
-                        access_count=0, now=T0, config=CONFIG)
+    failed = node_value(
+        N.EPISODIC,
+        {"reward": 0.0},
+        created_at=T0,
+        last_access=None,
+        access_count=0,
+        now=T0,
+        config=CONFIG,
+    )
     assert failed == pytest.approx(0.25)
 
 
@@ -113,8 +124,9 @@ def test_recency_halves_per_half_life_and_restarts_at_access() -> None:
     later = T0 + timedelta(days=CONFIG.recency_half_life_days)
 
     def value(last: datetime | None, count: int, now: datetime = later) -> float:
-        return node_value(N.TAG, {}, created_at=T0, last_access=last, access_count=count,
-                          now=now, config=CONFIG)
+        return node_value(
+            N.TAG, {}, created_at=T0, last_access=last, access_count=count, now=now, config=CONFIG
+        )
 
     assert value(None, 0) == pytest.approx(0.25)
     assert value(later, 0) == pytest.approx(0.5)
@@ -127,34 +139,53 @@ def test_recency_halves_per_half_life_and_restarts_at_access() -> None:
 
 
 @pytest.fixture
-async def kitchen(graph: SqliteGraph) -> SqliteGraph:
+async def kitchen(graph: GraphStore, backend: Backend) -> GraphStore:
     """A (older, surer) and B (cos 0.9 to A) say the same; C differs; "lonely" links nothing."""
-    await commit(graph, "c1", [
-        fact("A", "the kettle is in the kitchen", axis(0), 0.9, "kitchen"),
-        draft("T1", N.TAG, "kitchen"),
-        draft("E1", N.EPISODIC, "looked in the kitchen", axis(5), {"reward": 1.0}),
-    ], [Link("T1", "A", MEMBERSHIP), Link("A", "E1", PROVENANCE)])
-    await commit(graph, "c2", [
-        fact("B", "kettle sits in the kitchen cupboard", at_cosine(0.9), 0.6, "kettle",
-             "kitchen"),
-        draft("T2", N.TAG, "kettle"),
-        draft("T1b", N.TAG, "Kitchen"),
-        fact("C", "the garden has a shed", axis(3), 0.7, "garden"),
-        draft("E2", N.EPISODIC, "opened the cupboard", axis(6), {"reward": 1.0}),
-    ], [
-        Link("T2", "B", MEMBERSHIP), Link("T1b", "B", MEMBERSHIP), Link("B", "E2", PROVENANCE),
-        Link("B", "C", SIBLING), Link("C", "A", SIBLING), Link("B", "A", SIBLING),
-    ])
+    await commit(
+        graph,
+        "c1",
+        [
+            fact("A", "the kettle is in the kitchen", axis(0), 0.9, "kitchen"),
+            draft("T1", N.TAG, "kitchen"),
+            draft("E1", N.EPISODIC, "looked in the kitchen", axis(5), {"reward": 1.0}),
+        ],
+        [Link("T1", "A", MEMBERSHIP), Link("A", "E1", PROVENANCE)],
+    )
+    await commit(
+        graph,
+        "c2",
+        [
+            fact(
+                "B", "kettle sits in the kitchen cupboard", at_cosine(0.9), 0.6, "kettle", "kitchen"
+            ),
+            draft("T2", N.TAG, "kettle"),
+            draft("T1b", N.TAG, "Kitchen"),
+            fact("C", "the garden has a shed", axis(3), 0.7, "garden"),
+            draft("E2", N.EPISODIC, "opened the cupboard", axis(6), {"reward": 1.0}),
+        ],
+        [
+            Link("T2", "B", MEMBERSHIP),
+            Link("T1b", "B", MEMBERSHIP),
+            Link("B", "E2", PROVENANCE),
+            Link("B", "C", SIBLING),
+            Link("C", "A", SIBLING),
+            Link("B", "A", SIBLING),
+        ],
+    )
     await commit(graph, "c3", [draft("lonely", N.TAG, "lonely")], [])
-    await sql(graph.database, "UPDATE nodes SET access_count = 2, last_access = ? WHERE id = 'A'",
-              T0.isoformat())
-    await sql(graph.database, "UPDATE nodes SET access_count = 3, last_access = ? WHERE id = 'B'",
-              (T0 + timedelta(days=1)).isoformat())
+    await sql(
+        backend, "UPDATE nodes SET access_count = 2, last_access = ? WHERE id = 'A'", T0.isoformat()
+    )
+    await sql(
+        backend,
+        "UPDATE nodes SET access_count = 3, last_access = ? WHERE id = 'B'",
+        (T0 + timedelta(days=1)).isoformat(),
+    )
     return graph
 
 
 async def test_consolidate_merges_duplicates_keeping_links_and_metadata(
-    kitchen: SqliteGraph,
+    kitchen: GraphStore, backend: Backend
 ) -> None:
     """B folds into A: A gets B's links (no duplicate, no self-link), the union of concepts,
     the higher confidence and summed accesses; B's row, vector and search entry go, and so
@@ -162,8 +193,8 @@ async def test_consolidate_merges_duplicates_keeping_links_and_metadata(
     graph = kitchen
     report = await consolidate(graph, REPO, CONFIG)
     assert report == ConsolidationReport(examined=3, merged=1, links_moved=2, tags_pruned=1)
-    assert await ids(graph) == {"A", "C", "T1", "T2", "E1", "E2"}
-    assert await links_of(graph, "A") == [
+    assert await ids(backend) == {"A", "C", "T1", "T2", "E1", "E2"}
+    assert await links_of(backend, "A") == [
         ("A", "E1", "provenance"),
         ("A", "E2", "provenance"),
         ("C", "A", "sibling"),
@@ -173,56 +204,71 @@ async def test_consolidate_merges_duplicates_keeping_links_and_metadata(
     [a] = await graph.get_nodes(REPO, ["A"])
     assert a.text == "the kettle is in the kitchen"
     assert a.data == {"concepts": ["kitchen", "kettle"], "confidence": 0.9, "merged_from": ["B"]}
-    assert await sql(graph.database, "SELECT access_count, last_access FROM nodes WHERE id = 'A'") \
-        == [(5, (T0 + timedelta(days=1)).isoformat())]
+    assert await sql(backend, "SELECT access_count, last_access FROM nodes WHERE id = 'A'") == [
+        (5, (T0 + timedelta(days=1)).isoformat())
+    ]
     assert [n for n, _ in await graph.search_text(REPO, "cupboard", 10)] == ["E2"]
     assert "B" not in {n for n, _ in await graph.search_vectors(REPO, at_cosine(0.9), 10)}
-    assert await sql(graph.database, "SELECT count(*) FROM vectors WHERE node_id = 'B'") == [(0,)]
+    assert await sql(backend, "SELECT count(*) FROM vectors WHERE node_id = 'B'") == [(0,)]
 
 
-async def test_consolidate_compares_new_nodes_only_unless_full(kitchen: SqliteGraph) -> None:
+async def test_consolidate_compares_new_nodes_only_unless_full(
+    kitchen: GraphStore, backend: Backend
+) -> None:
     """A second run compares nothing; a new duplicate is compared and merged; `full`
     compares everything again."""
     graph = kitchen
     await consolidate(graph, REPO, CONFIG)
     assert await consolidate(graph, REPO, CONFIG) == ConsolidationReport(0, 0, 0, 0)
-    await commit(graph, "c4", [fact("D", "a shed stands in the garden", at_cosine(0.95, 3, 4),
-                                    0.5)], [])
+    await commit(
+        graph, "c4", [fact("D", "a shed stands in the garden", at_cosine(0.95, 3, 4), 0.5)], []
+    )
     assert await consolidate(graph, REPO, CONFIG) == ConsolidationReport(1, 1, 0, 0)
-    assert "D" not in await ids(graph)
+    assert "D" not in await ids(backend)
     assert (await consolidate(graph, REPO, CONFIG, full=True)).examined == 2
 
 
 @pytest.mark.parametrize(("cos", "merged"), [(0.86, 1), (0.84, 0)])
-async def test_consolidate_threshold(graph: SqliteGraph, cos: float, merged: int) -> None:
+async def test_consolidate_threshold(graph: GraphStore, cos: float, merged: int) -> None:
     """Raw cosine at or above 0.85 merges; below it does not."""
-    await commit(graph, "c", [fact("X", "x", axis(0), 0.5), fact("Y", "y", at_cosine(cos), 0.5)],
-                 [])
+    await commit(
+        graph, "c", [fact("X", "x", axis(0), 0.5), fact("Y", "y", at_cosine(cos), 0.5)], []
+    )
     assert (await consolidate(graph, REPO, CONFIG)).merged == merged
 
 
-async def test_survivor_is_the_most_confident_then_the_oldest(graph: SqliteGraph) -> None:
+async def test_survivor_is_the_most_confident_then_the_oldest(
+    graph: GraphStore, backend: Backend
+) -> None:
     """A younger but surer node survives; between equals the older one does."""
     await commit(graph, "c1", [fact("old", "o", axis(0), 0.4)], [])
     await commit(graph, "c2", [fact("sure", "s", at_cosine(0.9), 0.8)], [])
     await commit(graph, "c3", [fact("p", "p", axis(2), 0.5)], [])
     await commit(graph, "c4", [fact("q", "q", at_cosine(0.9, 2, 3), 0.5)], [])
     await consolidate(graph, REPO, CONFIG)
-    assert await ids(graph) == {"sure", "p"}
+    assert await ids(backend) == {"sure", "p"}
 
 
-async def test_no_merge_chains(graph: SqliteGraph) -> None:
+async def test_no_merge_chains(graph: GraphStore, backend: Backend) -> None:
     """X~Y and Y~Z but not X~Z: Y joins X, and Z stays (it is not similar to X)."""
     angle = math.radians(25)
 
     def at(theta: float) -> Vector:
         return np.array([math.cos(theta), math.sin(theta), 0, 0, 0, 0, 0, 0], dtype=np.float32)
 
-    await commit(graph, "c", [fact("X", "x", at(0), 0.5), fact("Y", "y", at(angle), 0.5),
-                              fact("Z", "z", at(2 * angle), 0.5)], [])
+    await commit(
+        graph,
+        "c",
+        [
+            fact("X", "x", at(0), 0.5),
+            fact("Y", "y", at(angle), 0.5),
+            fact("Z", "z", at(2 * angle), 0.5),
+        ],
+        [],
+    )
     report = await consolidate(graph, REPO, CONFIG)
     assert report.merged == 1
-    assert await ids(graph) == {"X", "Z"}
+    assert await ids(backend) == {"X", "Z"}
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -240,7 +286,8 @@ def test_similar_pairs_blockwise_matches_brute_force(
     fresh = set(new.tolist())
     expected = {
         (i, j) if i in fresh else (j, i)
-        for i in range(60) for j in range(i + 1, 60)
+        for i in range(60)
+        for j in range(i + 1, 60)
         if (i in fresh or j in fresh) and float(matrix[i] @ matrix[j]) >= 0.85
     }
     assert len(found) == len(set(found))
@@ -250,121 +297,163 @@ def test_similar_pairs_blockwise_matches_brute_force(
 # ---- decay ----------------------------------------------------------------------------------
 
 
-async def test_decay_deletes_the_worthless_and_prunes_orphaned_routes(graph: SqliteGraph) -> None:
+async def test_decay_deletes_the_worthless_and_prunes_orphaned_routes(
+    graph: GraphStore, backend: Backend
+) -> None:
     """Sixty days on: a failed step and an unsure fact go, with the tag, subgoal and source
     that only they used; a recalled fact, a fresh procedure and its intent stay."""
-    await commit(graph, "c", [
-        draft("src", N.SOURCE, "episode goal", axis(1)),
-        draft("sg", N.SUBGOAL, "find the kettle", axis(2)),
-        draft("step", N.EPISODIC, "looked around", axis(3), {"reward": 0.0}),
-        fact("unsure", "maybe the kettle is blue", axis(4), 0.0, "colour"),
-        draft("colour", N.TAG, "colour"),
-        fact("known", "the kettle is in the kitchen", axis(5), 1.0, "kitchen"),
-        draft("kitchen", N.TAG, "kitchen"),
-        fact("plain", "the kitchen has a window", axis(0), 1.0),
-        draft("proc", N.PROCEDURAL, "boil water first", axis(6), {"return_score": 2}),
-        draft("intent", N.INTENT, "make tea", axis(7)),
-    ], [
-        Link("sg", "step", HIERARCHICAL), Link("step", "src", PROVENANCE),
-        Link("unsure", "step", PROVENANCE), Link("colour", "unsure", MEMBERSHIP),
-        Link("kitchen", "known", MEMBERSHIP), Link("intent", "proc", HIERARCHICAL),
-    ])
+    await commit(
+        graph,
+        "c",
+        [
+            draft("src", N.SOURCE, "episode goal", axis(1)),
+            draft("sg", N.SUBGOAL, "find the kettle", axis(2)),
+            draft("step", N.EPISODIC, "looked around", axis(3), {"reward": 0.0}),
+            fact("unsure", "maybe the kettle is blue", axis(4), 0.0, "colour"),
+            draft("colour", N.TAG, "colour"),
+            fact("known", "the kettle is in the kitchen", axis(5), 1.0, "kitchen"),
+            draft("kitchen", N.TAG, "kitchen"),
+            fact("plain", "the kitchen has a window", axis(0), 1.0),
+            draft("proc", N.PROCEDURAL, "boil water first", axis(6), {"return_score": 2}),
+            draft("intent", N.INTENT, "make tea", axis(7)),
+        ],
+        [
+            Link("sg", "step", HIERARCHICAL),
+            Link("step", "src", PROVENANCE),
+            Link("unsure", "step", PROVENANCE),
+            Link("colour", "unsure", MEMBERSHIP),
+            Link("kitchen", "known", MEMBERSHIP),
+            Link("intent", "proc", HIERARCHICAL),
+        ],
+    )
     now = T0 + timedelta(days=60)
-    await sql(graph.database, "UPDATE nodes SET created_at = ?", T0.isoformat())
-    await sql(graph.database, "UPDATE nodes SET created_at = ? WHERE id = 'proc'",
-              (now - timedelta(days=1)).isoformat())
-    await sql(graph.database, "UPDATE nodes SET access_count = 4, last_access = ?"
-              " WHERE id = 'known'", (now - timedelta(days=2)).isoformat())
+    await sql(backend, "UPDATE nodes SET created_at = ?", T0.isoformat())
+    await sql(
+        backend,
+        "UPDATE nodes SET created_at = ? WHERE id = 'proc'",
+        (now - timedelta(days=1)).isoformat(),
+    )
+    await sql(
+        backend,
+        "UPDATE nodes SET access_count = 4, last_access = ? WHERE id = 'known'",
+        (now - timedelta(days=2)).isoformat(),
+    )
     [(found_id, score)] = await graph.search_vectors(REPO, axis(3), 1)
     assert found_id == "step"
     assert score == pytest.approx(1.0)
     report = await decay(graph, REPO, CONFIG, now=now)
     assert report == DecayReport(examined=5, deleted=2, pruned=3)
-    assert await ids(graph) == {"known", "kitchen", "plain", "proc", "intent"}
+    assert await ids(backend) == {"known", "kitchen", "plain", "proc", "intent"}
     assert "step" not in {n for n, _ in await graph.search_vectors(REPO, axis(3), 10)}
     assert await graph.search_text(REPO, "blue", 5) == []
     later = await decay(graph, REPO, CONFIG, now=now + timedelta(days=365))
     assert later == DecayReport(examined=3, deleted=3, pruned=2)
-    assert await ids(graph) == set()
+    assert await ids(backend) == set()
 
 
 # ---- validate -------------------------------------------------------------------------------
 
 
 @pytest.fixture
-async def trajectory(graph: SqliteGraph) -> SqliteGraph:
+async def trajectory(graph: GraphStore) -> GraphStore:
     """One episode "ep1": source, subgoal of trajectory "t1", two steps."""
+    return await _trajectory(graph)
+
+
+async def _trajectory(graph: GraphStore) -> GraphStore:
     step = {"trajectory_id": "t1", "episode_id": "ep1", "reward": 1.0}
-    await commit(graph, "c", [
-        draft("source_ep1", N.SOURCE, "tidy the kitchen", axis(1)),
-        draft("subgoal_t1", N.SUBGOAL, "find the kettle", axis(2)),
-        draft("s1", N.EPISODIC, "walked to the kitchen", axis(3), step),
-        draft("s2", N.EPISODIC, "opened the cupboard", axis(4), step),
-    ], [
-        Link("subgoal_t1", "s1", HIERARCHICAL), Link("subgoal_t1", "s2", HIERARCHICAL),
-        Link("s1", "source_ep1", PROVENANCE), Link("s2", "source_ep1", PROVENANCE),
-    ])
+    await commit(
+        graph,
+        "c",
+        [
+            draft("source_ep1", N.SOURCE, "tidy the kitchen", axis(1)),
+            draft("subgoal_t1", N.SUBGOAL, "find the kettle", axis(2)),
+            draft("s1", N.EPISODIC, "walked to the kitchen", axis(3), step),
+            draft("s2", N.EPISODIC, "opened the cupboard", axis(4), step),
+        ],
+        [
+            Link("subgoal_t1", "s1", HIERARCHICAL),
+            Link("subgoal_t1", "s2", HIERARCHICAL),
+            Link("s1", "source_ep1", PROVENANCE),
+            Link("s2", "source_ep1", PROVENANCE),
+        ],
+    )
     return graph
 
 
-async def test_validate_a_healthy_graph(trajectory: SqliteGraph) -> None:
+async def test_validate_a_healthy_graph(trajectory: GraphStore) -> None:
     """Nothing wrong, nothing done."""
     report = await validate_episodic(trajectory, REPO)
     assert report.ok
     assert report.episodic == 2
 
 
-async def test_validate_relinks_steps(trajectory: SqliteGraph) -> None:
+async def test_validate_relinks_steps(trajectory: GraphStore, backend: Backend) -> None:
     """A step without its subgoal link gets its sibling's subgoal; steps without a source get
     `source_<episode_id>`."""
     graph = trajectory
-    await sql(graph.database, "DELETE FROM links WHERE dst = 's2' AND type = 'hierarchical'")
-    await sql(graph.database, "DELETE FROM links WHERE type = 'provenance'")
+    await sql(backend, "DELETE FROM links WHERE dst = 's2' AND type = 'hierarchical'")
+    await sql(backend, "DELETE FROM links WHERE type = 'provenance'")
     report = await validate_episodic(graph, REPO)
     assert (report.missing_subgoal, report.missing_source, report.links_restored) == (1, 2, 3)
     assert not report.ok
     assert (await validate_episodic(graph, REPO)).ok
-    assert ("subgoal_t1", "s2", "hierarchical") in await links_of(graph, "s2")
-    assert ("s1", "source_ep1", "provenance") in await links_of(graph, "s1")
+    assert ("subgoal_t1", "s2", "hierarchical") in await links_of(backend, "s2")
+    assert ("s1", "source_ep1", "provenance") in await links_of(backend, "s1")
 
 
-async def test_validate_removes_dangling_links(trajectory: SqliteGraph) -> None:
+async def test_validate_removes_dangling_links(trajectory: GraphStore, backend: Backend) -> None:
     """A link to a node that does not exist (foreign keys were off) is counted and deleted."""
     graph = trajectory
 
-    def sneak(db: SqliteUtilsDatabase) -> None:
-        db.conn.execute("PRAGMA foreign_keys=OFF")
-        db.conn.execute("INSERT INTO links VALUES ('r', 's1', 'ghost', 'provenance')")
-        db.conn.commit()
-        db.conn.execute("PRAGMA foreign_keys=ON")
+    if is_sqlite(backend):
 
-    await graph.database.run(sneak)
+        def sneak(db: SqliteUtilsDatabase) -> None:
+            db.conn.execute("PRAGMA foreign_keys=OFF")
+            db.conn.execute("INSERT INTO links VALUES ('r', 's1', 'ghost', 'provenance')")
+            db.conn.commit()
+            db.conn.execute("PRAGMA foreign_keys=ON")
+
+        await sqlite_database(backend).run(sneak)
+    else:
+        # PostgreSQL enforces the foreign key for anyone but a superuser replicating rows.
+        await sql(backend, "SET session_replication_role = replica")
+        await sql(backend, "INSERT INTO links VALUES ('r', 's1', 'ghost', 'provenance')")
+        await sql(backend, "SET session_replication_role = DEFAULT")
     report = await validate_episodic(graph, REPO)
     assert report.dangling_links == 1
     assert (await validate_episodic(graph, REPO)).ok
 
 
-async def test_validate_reports_missing_and_bad_vectors(trajectory: SqliteGraph) -> None:
+async def test_validate_reports_missing_and_bad_vectors(
+    trajectory: GraphStore, backend: Backend
+) -> None:
     """Vectors cannot be made again here: missing and wrong-size ones are reported, each run."""
     graph = trajectory
-    await sql(graph.database, "DELETE FROM vectors WHERE node_id = 's1'")
-    await sql(graph.database, "UPDATE vectors SET vec = zeroblob(12) WHERE node_id = 's2'")
+    await sql(backend, "DELETE FROM vectors WHERE node_id = 's1'")
+    wrong = "zeroblob(12)" if is_sqlite(backend) else "'[0, 0, 0]'"
+    await sql(backend, f"UPDATE vectors SET vec = {wrong} WHERE node_id = 's2'")
     for _ in range(2):
         report = await validate_episodic(graph, REPO)
         assert (report.missing_vectors, report.bad_vectors) == (1, 1)
 
 
-async def test_validate_rebuilds_the_search_index(trajectory: SqliteGraph) -> None:
-    """A search entry that went missing makes the integrity check fail: the index is rebuilt
-    and the node can be found again."""
-    graph = trajectory
-    await sql(graph.database, "INSERT INTO nodes_fts(nodes_fts, rowid, text) SELECT 'delete',"
-              " rowid, text FROM nodes WHERE id = 's2'")
-    assert await graph.search_text(REPO, "cupboard", 5) == []
-    report = await validate_episodic(graph, REPO)
-    assert report.fts_rebuilt
-    assert [n for n, _ in await graph.search_text(REPO, "cupboard", 5)] == ["s2"]
-    assert not (await validate_episodic(graph, REPO)).fts_rebuilt
+async def test_validate_rebuilds_the_search_index(tmp_path: Path) -> None:
+    """SQLite: a search entry that went missing (FTS5 keeps them in a table of their own)
+    makes the integrity check fail: the index is rebuilt and the node can be found again. On
+    PostgreSQL a node's search entry is a generated column of its row and cannot go missing."""
+    async with open_stores(str(tmp_path / "g.db"), DIM) as backend:
+        graph = await _trajectory(backend.graph)
+        await sql(
+            backend,
+            "INSERT INTO nodes_fts(nodes_fts, rowid, text) SELECT 'delete',"
+            " rowid, text FROM nodes WHERE id = 's2'",
+        )
+        assert await graph.search_text(REPO, "cupboard", 5) == []
+        report = await validate_episodic(graph, REPO)
+        assert report.fts_rebuilt
+        assert [n for n, _ in await graph.search_text(REPO, "cupboard", 5)] == ["s2"]
+        assert not (await validate_episodic(graph, REPO)).fts_rebuilt
 
 
 # ---- no commit is lost ----------------------------------------------------------------------
@@ -387,19 +476,26 @@ def episode(k: int, topic: int, rng: random.Random, *, keep: bool) -> Changeset:
         NodeDraft(f"src{k}", N.SOURCE, f"goal {k}", {}, random_unit(rng)),
         NodeDraft(f"sg{k}", N.SUBGOAL, f"subgoal {k}", {}, random_unit(rng)),
         NodeDraft(f"e{k}", N.EPISODIC, f"step {k}", {"reward": score}, random_unit(rng)),
-        NodeDraft(f"f{k}", N.SEMANTIC, f"fact {k}", {"confidence": score, "concepts": [label]},
-                  random_unit(rng)),
+        NodeDraft(
+            f"f{k}",
+            N.SEMANTIC,
+            f"fact {k}",
+            {"confidence": score, "concepts": [label]},
+            random_unit(rng),
+        ),
         NodeDraft(f"t{k}", N.TAG, label, {}, random_unit(rng), key=normalise_label(label)),
     ]
     links = [
-        Link(f"sg{k}", f"e{k}", HIERARCHICAL), Link(f"e{k}", f"src{k}", PROVENANCE),
-        Link(f"f{k}", f"e{k}", PROVENANCE), Link(f"t{k}", f"f{k}", MEMBERSHIP),
+        Link(f"sg{k}", f"e{k}", HIERARCHICAL),
+        Link(f"e{k}", f"src{k}", PROVENANCE),
+        Link(f"f{k}", f"e{k}", PROVENANCE),
+        Link(f"t{k}", f"f{k}", MEMBERSHIP),
     ]
     return Changeset(f"cs{k}", REPO, nodes, links)
 
 
 async def test_maintenance_never_loses_a_concurrent_commit(
-    database: Database, monkeypatch: pytest.MonkeyPatch
+    store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Consolidate and decay (45 days on) run over and over while 80 episodes commit in waves
     of 8 sharing a topic, half of them doomed: decay keeps deleting the doomed facts and
@@ -408,7 +504,12 @@ async def test_maintenance_never_loses_a_concurrent_commit(
 
     Without the lock this fails: a commit that found the tag links to it after decay pruned
     it (FOREIGN KEY constraint failed)."""
-    graph = SqliteGraph(database, lambda repo: DIM64)
+    async with open_stores(store, DIM64) as backend:
+        await _never_lose_a_commit(backend, monkeypatch)
+
+
+async def _never_lose_a_commit(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = backend.graph
     lookup = graph.present
 
     async def slow_lookup(repo: str, node_ids: list[str]) -> set[str]:
@@ -422,11 +523,23 @@ async def test_maintenance_never_loses_a_concurrent_commit(
     for k in range(100, 120):
         await graph.apply(episode(k, k % 20, rng, keep=False), intents=policy())
     base = random_unit(rng)
-    await graph.apply(Changeset("dups", REPO, [
-        NodeDraft(f"dup{i}", N.SEMANTIC, f"the same fact {i}", {"confidence": 1.0},
-                  base + 0.05 * random_unit(rng))
-        for i in range(4)
-    ]), intents=policy())
+    await graph.apply(
+        Changeset(
+            "dups",
+            REPO,
+            [
+                NodeDraft(
+                    f"dup{i}",
+                    N.SEMANTIC,
+                    f"the same fact {i}",
+                    {"confidence": 1.0},
+                    base + 0.05 * random_unit(rng),
+                )
+                for i in range(4)
+            ],
+        ),
+        intents=policy(),
+    )
     receipts: list[CommitReceipt] = []
     committed = anyio.Event()
     order: list[str] = []
@@ -467,14 +580,15 @@ async def test_maintenance_never_loses_a_concurrent_commit(
     # Maintenance really ran between commits, not just before or after them all.
     first, last = order.index("commit"), len(order) - order[::-1].index("commit")
     assert {"consolidate", "decay"} <= set(order[first:last])
-    present = await ids(graph)
+    present = await ids(backend)
     for k in range(0, 80, 2):
         assert {f"src{k}", f"sg{k}", f"e{k}", f"f{k}"} <= present
-        assert set(await links_of(graph, f"e{k}")) >= {
-            (f"sg{k}", f"e{k}", "hierarchical"), (f"e{k}", f"src{k}", "provenance"),
+        assert set(await links_of(backend, f"e{k}")) >= {
+            (f"sg{k}", f"e{k}", "hierarchical"),
+            (f"e{k}", f"src{k}", "provenance"),
             (f"f{k}", f"e{k}", "provenance"),
         }
-        tags = [src for src, dst, kind in await links_of(graph, f"f{k}") if kind == "membership"]
+        tags = [src for src, dst, kind in await links_of(backend, f"f{k}") if kind == "membership"]
         [tag] = await graph.get_nodes(REPO, tags)
         assert normalise_label(tag.text) == f"topic {k // 8}"
     doomed = [*range(1, 80, 2), *range(100, 120)]
@@ -482,22 +596,24 @@ async def test_maintenance_never_loses_a_concurrent_commit(
     assert len(present & {f"dup{i}" for i in range(4)}) == 1
     assert (await validate_episodic(graph, REPO)).ok
     # Topics 10-19 were only ever used by doomed facts: their tags went with them.
-    rows = await sql(database, "SELECT key FROM nodes WHERE type = 'tag'")
+    rows = await sql(backend, "SELECT key FROM nodes WHERE type = 'tag'")
     assert sorted(row[0] for row in rows) == sorted(f"topic {t}" for t in range(10))
 
 
 # ---- through Memory -------------------------------------------------------------------------
 
 
-async def test_memory_maintenance_methods() -> None:
+async def test_memory_maintenance_methods(store: str) -> None:
     """`Memory.consolidate`, `decay` and `validate_episodic` work on an ingested trajectory,
     and raise NotFoundError for an unknown repo."""
     trajectory = mnemo.Trajectory(
         "make tea",
-        [mnemo.Step("The kettle is in the kitchen.", "walk to the kitchen"),
-         mnemo.Step("The kettle is full of water.", "switch the kettle on")],
+        [
+            mnemo.Step("The kettle is in the kitchen.", "walk to the kitchen"),
+            mnemo.Step("The kettle is full of water.", "switch the kettle on"),
+        ],
     )
-    async with mnemo.Memory(":memory:") as mem:
+    async with mnemo.Memory(store) as mem:
         await mem.open_repo("r")
         receipt = await mem.ingest("r", trajectory, source_id="tea")
         assert (await mem.validate_episodic("r")).ok

@@ -1,17 +1,16 @@
-"""`SqliteGraph`: idempotent durable commits, deduplication, deletes, search and reads."""
+"""The graph store, on each backend: idempotent durable commits, deduplication, deletes,
+search and reads."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import anyio
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph import commit
@@ -24,33 +23,35 @@ from mnemo.graph.model import (
     Vector,
     normalise_label,
 )
-from mnemo.graph.ports import Neighbor, SourceRecorded
+from mnemo.graph.ports import GraphStore, Neighbor, SourceRecorded
 from mnemo.inputs import MAX_QUERY_TERMS
-from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.graph import SqliteGraph, fts_query
+from mnemo.storage.ports import Backend
+from mnemo.storage.sqlite.graph import fts_query
+from tests.backends import is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, Merger, at_cosine, axis, draft, policy, rounded
 
 MEMBERSHIP, HIERARCHICAL = LinkType.MEMBERSHIP, LinkType.HIERARCHICAL
 
 
-async def counts(database: Database, repo: str = REPO) -> dict[str, int]:
+async def counts(backend: Backend, repo: str = REPO) -> dict[str, int]:
     """How many nodes, links, vectors and search entries the repo has, read with SQL."""
 
-    def read(db: SqliteUtilsDatabase) -> dict[str, int]:
-        def one(sql: str) -> int:
-            return int(db.conn.execute(sql, (repo,)).fetchone()[0])
+    async def one(statement: str) -> int:
+        return int((await sql(backend, statement, repo))[0][0])
 
-        return {
-            "nodes": one("SELECT count(*) FROM nodes WHERE repo = ?"),
-            "links": one("SELECT count(*) FROM links WHERE repo = ?"),
-            "vectors": one("SELECT count(*) FROM vectors WHERE repo = ?"),
-            "fts": one(
-                "SELECT count(*) FROM nodes_fts f JOIN nodes n ON n.rowid = f.rowid"
-                " WHERE n.repo = ?"
-            ),
-        }
-
-    return await database.run(read)
+    # SQLite's search entries are FTS5 rows beside the nodes; PostgreSQL's are a column of
+    # the node's row, so a node has one when its search vector holds a word.
+    searched = (
+        "SELECT count(*) FROM nodes_fts f JOIN nodes n ON n.rowid = f.rowid WHERE n.repo = ?"
+        if is_sqlite(backend)
+        else "SELECT count(*) FROM nodes WHERE repo = ? AND length(search) > 0"
+    )
+    return {
+        "nodes": await one("SELECT count(*) FROM nodes WHERE repo = ?"),
+        "links": await one("SELECT count(*) FROM links WHERE repo = ?"),
+        "vectors": await one("SELECT count(*) FROM vectors WHERE repo = ?"),
+        "fts": await one(searched),
+    }
 
 
 def fact_with_tag(prefix: str, fact: str, label: str, vector_axis: int = 0) -> Changeset:
@@ -87,21 +88,21 @@ def targets(neighbors: list[Neighbor]) -> set[str]:
 
 
 async def test_apply_twice_returns_the_same_receipt_and_adds_nothing(
-    graph: SqliteGraph, database: Database
+    graph: GraphStore, backend: Backend
 ) -> None:
     """Applying the same changeset again returns the first receipt and stores nothing more."""
     changeset = fact_with_tag("a", "nginx listens on port 8080", "nginx")
     first = await graph.apply(changeset, intents=policy())
-    after_first = await counts(database)
+    after_first = await counts(backend)
     second = await graph.apply(changeset, intents=policy())
     assert second == first
     assert first.node_ids == ["a-fact", "a-tag"]
     assert await graph.receipt(changeset.id) == first
-    assert await counts(database) == after_first == {"nodes": 2, "links": 1, "vectors": 2, "fts": 2}
+    assert await counts(backend) == after_first == {"nodes": 2, "links": 1, "vectors": 2, "fts": 2}
 
 
 async def test_concurrent_applies_of_one_changeset_apply_it_once(
-    graph: SqliteGraph, database: Database
+    graph: GraphStore, backend: Backend
 ) -> None:
     """Many concurrent applies of one changeset all get the same receipt; it is stored once."""
     changeset = fact_with_tag("a", "nginx listens on port 8080", "nginx")
@@ -114,12 +115,10 @@ async def test_concurrent_applies_of_one_changeset_apply_it_once(
         for _ in range(8):
             tg.start_soon(apply)
     assert len({r.to_json() for r in receipts}) == 1
-    assert (await counts(database))["nodes"] == 2
+    assert (await counts(backend))["nodes"] == 2
 
 
-async def test_side_writes_land_with_the_changeset(
-    graph: SqliteGraph, database: Database
-) -> None:
+async def test_side_writes_land_with_the_changeset(graph: GraphStore, backend: Backend) -> None:
     """A side write (here an ingested source recorded) is stored together with the changeset."""
     changeset = fact_with_tag("a", "a fact", "tag")
     record = SourceRecorded(REPO, "src-1", "hash", changeset.id, "2026-11-22T00:00:00+00:00")
@@ -128,7 +127,7 @@ async def test_side_writes_land_with_the_changeset(
 
 
 async def test_failing_side_write_stores_nothing_of_the_changeset(
-    graph: SqliteGraph, database: Database
+    graph: GraphStore, backend: Backend
 ) -> None:
     """When a side write fails (a source recorded twice), neither the changeset nor earlier
     side writes are stored, and the failure is a StorageError."""
@@ -137,7 +136,7 @@ async def test_failing_side_write_stores_nothing_of_the_changeset(
     with pytest.raises(StorageError):
         await graph.apply(changeset, intents=policy(), also=[record, record])
     assert await graph.receipt(changeset.id) is None
-    assert await counts(database) == {"nodes": 0, "links": 0, "vectors": 0, "fts": 0}
+    assert await counts(backend) == {"nodes": 0, "links": 0, "vectors": 0, "fts": 0}
     assert await graph.ingested(REPO, "src-1") is None
     assert await graph.search_vectors(REPO, axis(0), 5) == []
     assert await graph.search_text(REPO, "nginx", 5) == []
@@ -147,7 +146,9 @@ async def test_failing_side_write_stores_nothing_of_the_changeset(
     assert [i for i, _ in await graph.search_vectors(REPO, axis(0), 1)] == ["a-fact"]
 
 
-async def test_wrong_dimension_stores_nothing(graph: SqliteGraph, database: Database) -> None:
+async def test_wrong_dimension_stores_nothing(
+    graph: GraphStore, backend: Backend, store: str
+) -> None:
     """A vector of another dimension raises ValueError before anything is written."""
     bad = Changeset(
         "bad",
@@ -160,26 +161,21 @@ async def test_wrong_dimension_stores_nothing(graph: SqliteGraph, database: Data
     with pytest.raises(ValueError, match="wrong"):
         await graph.apply(bad, intents=policy())
     assert await graph.receipt("bad") is None
-    assert (await counts(database))["nodes"] == 0
+    assert (await counts(backend))["nodes"] == 0
     # The repo still loads: a fresh store over the same database can search it.
-    assert await SqliteGraph(database, lambda repo: DIM).search_vectors(REPO, axis(0), 5) == []
+    async with open_stores(store, DIM) as other:
+        assert await other.graph.search_vectors(REPO, axis(0), 5) == []
 
 
-async def test_commit_survives_reopening(tmp_path: Path) -> None:
-    """After closing and reopening the file, nodes, links, vectors, search and receipts remain."""
-    path = tmp_path / "graph.db"
+async def test_commit_survives_reopening(store: str) -> None:
+    """After closing and reopening the store, nodes, links, vectors, search and receipts
+    remain."""
     changeset = fact_with_tag("a", "nginx listens on port 8080", "nginx", vector_axis=2)
-    first = Database(path)
-    await first.open()
-    try:
-        receipt = await SqliteGraph(first, lambda repo: DIM).apply(changeset, intents=policy())
-    finally:
-        await first.close()
+    async with open_stores(store, DIM) as first:
+        receipt = await first.graph.apply(changeset, intents=policy())
 
-    again = Database(path)
-    await again.open()
-    try:
-        graph = SqliteGraph(again, lambda repo: DIM)
+    async with open_stores(store, DIM) as again:
+        graph = again.graph
         nodes = await graph.get_nodes(REPO, ["a-fact", "a-tag"])
         assert [(n.id, n.type, n.text) for n in nodes] == [
             ("a-fact", NodeType.SEMANTIC, "nginx listens on port 8080"),
@@ -191,14 +187,12 @@ async def test_commit_survives_reopening(tmp_path: Path) -> None:
         assert await graph.receipt(changeset.id) == receipt
         assert await graph.apply(changeset, intents=policy()) == receipt
         assert (await counts(again))["nodes"] == 2
-    finally:
-        await again.close()
 
 
 # Tag deduplication
 
 
-async def test_tags_deduplicate_within_a_batch(graph: SqliteGraph, database: Database) -> None:
+async def test_tags_deduplicate_within_a_batch(graph: GraphStore, backend: Backend) -> None:
     """Tags of one batch with the same normalised label become one node holding every link."""
     labels = ["Nginx", " nginx ", "NGINX"]
     changeset = Changeset(
@@ -215,7 +209,7 @@ async def test_tags_deduplicate_within_a_batch(graph: SqliteGraph, database: Dat
     assert targets(await graph.neighbors(REPO, ["tag0"], MEMBERSHIP)) == {"fact0", "fact1", "fact2"}
 
 
-async def test_tags_deduplicate_against_the_graph(graph: SqliteGraph, database: Database) -> None:
+async def test_tags_deduplicate_against_the_graph(graph: GraphStore, backend: Backend) -> None:
     """A tag whose label normalises to an existing tag's adds no node; its links go there."""
     await graph.apply(fact_with_tag("a", "nginx listens on 8080", "nginx", 0), intents=policy())
     receipt = await graph.apply(
@@ -226,10 +220,10 @@ async def test_tags_deduplicate_against_the_graph(graph: SqliteGraph, database: 
     assert await graph.get_nodes(REPO, ["b-tag"]) == []
     assert targets(await graph.neighbors(REPO, ["a-tag"], MEMBERSHIP)) == {"a-fact", "b-fact"}
     assert await graph.neighbors(REPO, ["b-fact"]) == [Neighbor("b-fact", "a-tag", MEMBERSHIP)]
-    assert (await counts(database))["nodes"] == 3
+    assert (await counts(backend))["nodes"] == 3
 
 
-async def test_tags_are_per_repo(graph: SqliteGraph) -> None:
+async def test_tags_are_per_repo(graph: GraphStore) -> None:
     """The same label in another repo is another tag."""
     await graph.apply(fact_with_tag("a", "fact", "nginx"), intents=policy())
     other = Changeset("o-cs", "other", [draft("o-tag", NodeType.TAG, "nginx")])
@@ -241,7 +235,7 @@ async def test_tags_are_per_repo(graph: SqliteGraph) -> None:
 
 @pytest.mark.parametrize("similarity", [1.0, 0.97])
 async def test_identical_intent_is_dropped_and_linked_to_the_existing_one(
-    graph: SqliteGraph, similarity: float
+    graph: GraphStore, similarity: float
 ) -> None:
     """An intent at or above the identity threshold is dropped; its procedure links the old one."""
     merger = Merger(("never used", axis(5)))
@@ -260,7 +254,7 @@ async def test_identical_intent_is_dropped_and_linked_to_the_existing_one(
 
 
 async def test_similar_intent_is_merged_into_the_existing_one(
-    graph: SqliteGraph, database: Database
+    graph: GraphStore, store: str
 ) -> None:
     """Between the thresholds the merger gets both wordings; the old node takes the merged one."""
     merged_vector = at_cosine(0.3, base=0, other=3)
@@ -283,13 +277,12 @@ async def test_similar_intent_is_merged_into_the_existing_one(
     assert [i for i, _ in await graph.search_text(REPO, "reload", 5)] == ["a-intent"]
     assert await graph.search_text(REPO, "server", 5) == []
     # And it is durable: a fresh index, loaded from the rows, has the merged vector too.
-    fresh = SqliteGraph(database, lambda repo: DIM)
-    assert rounded(await fresh.search_vectors(REPO, merged_vector, 1)) == [("a-intent", 1.0)]
+    async with open_stores(store, DIM) as other:
+        found = await other.graph.search_vectors(REPO, merged_vector, 1)
+    assert rounded(found) == [("a-intent", 1.0)]
 
 
-async def test_failed_merge_keeps_the_existing_wording(
-    graph: SqliteGraph, database: Database
-) -> None:
+async def test_failed_merge_keeps_the_existing_wording(graph: GraphStore, backend: Backend) -> None:
     """When the merger answers None the existing intent keeps its text and vector."""
     merger = Merger(None)
     await graph.apply(
@@ -307,7 +300,7 @@ async def test_failed_merge_keeps_the_existing_wording(
     assert targets(await graph.neighbors(REPO, ["a-intent"], HIERARCHICAL)) == {"a-proc", "b-proc"}
 
 
-async def test_dissimilar_intent_is_kept(graph: SqliteGraph) -> None:
+async def test_dissimilar_intent_is_kept(graph: GraphStore) -> None:
     """Below the merge threshold a new intent is its own node, and the merger is not asked."""
     merger = Merger(("never used", axis(5)))
     await graph.apply(
@@ -323,7 +316,7 @@ async def test_dissimilar_intent_is_kept(graph: SqliteGraph) -> None:
     assert targets(await graph.neighbors(REPO, ["b-intent"])) == {"b-proc"}
 
 
-async def test_intents_of_one_batch_deduplicate_among_themselves(graph: SqliteGraph) -> None:
+async def test_intents_of_one_batch_deduplicate_among_themselves(graph: GraphStore) -> None:
     """Within one changeset a duplicate intent is dropped and a similar one merged."""
     merged_vector = at_cosine(0.99)
     merger = Merger(("restart or reload nginx", merged_vector))
@@ -355,7 +348,7 @@ async def test_intents_of_one_batch_deduplicate_among_themselves(graph: SqliteGr
 
 
 async def test_delete_removes_links_vectors_and_search_entries(
-    graph: SqliteGraph, database: Database
+    graph: GraphStore, backend: Backend, store: str
 ) -> None:
     """A deleted node is gone from reads, links, vector search and text search."""
     await graph.apply(
@@ -372,13 +365,14 @@ async def test_delete_removes_links_vectors_and_search_entries(
     assert [i for i, _ in await graph.search_text(REPO, "listens", 5)] == ["b-fact"]
     assert await graph.search_text(REPO, "8080", 5) == []
     assert "a-fact" not in [i for i, _ in await graph.search_vectors(REPO, axis(0), 10)]
-    assert await counts(database) == {"nodes": 3, "links": 1, "vectors": 3, "fts": 3}
+    assert await counts(backend) == {"nodes": 3, "links": 1, "vectors": 3, "fts": 3}
     # The rows are gone too: an index loaded afresh does not bring it back.
-    fresh = SqliteGraph(database, lambda repo: DIM)
-    assert "a-fact" not in [i for i, _ in await fresh.search_vectors(REPO, axis(0), 10)]
+    async with open_stores(store, DIM) as other:
+        found = await other.graph.search_vectors(REPO, axis(0), 10)
+    assert "a-fact" not in [i for i, _ in found]
 
 
-async def test_delete_only_touches_its_repo(graph: SqliteGraph) -> None:
+async def test_delete_only_touches_its_repo(graph: GraphStore) -> None:
     """Deleting from another repo, or nothing, removes nothing."""
     await graph.apply(fact_with_tag("a", "fact", "tag"), intents=policy())
     assert await graph.delete_nodes("other", ["a-fact"]) == 0
@@ -390,7 +384,7 @@ async def test_delete_only_touches_its_repo(graph: SqliteGraph) -> None:
 
 
 @pytest.fixture
-async def searchable(graph: SqliteGraph) -> SqliteGraph:
+async def searchable(graph: GraphStore) -> GraphStore:
     await graph.apply(
         fact_with_tag("a", 'nginx "proxy" NEAR port: 8080 (default) AND more*', "nginx"),
         intents=policy(),
@@ -438,13 +432,13 @@ hostile = st.one_of(
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=hostile)
-async def test_search_text_never_raises(searchable: SqliteGraph, query: str) -> None:
+async def test_search_text_never_raises(searchable: GraphStore, query: str) -> None:
     """Any string is a safe text query: it returns matches or nothing, never an error."""
     results = await searchable.search_text(REPO, query, 10)
     assert {i for i, _ in results} <= {"a-fact", "a-tag"}
 
 
-async def test_search_text_finds_words_and_ranks_better_first(searchable: SqliteGraph) -> None:
+async def test_search_text_finds_words_and_ranks_better_first(searchable: GraphStore) -> None:
     """Words match by stem, syntax characters are plain text, and the scores are descending."""
     assert [i for i, _ in await searchable.search_text(REPO, 'NEAR("proxy"', 5)] == ["a-fact"]
     results = await searchable.search_text(REPO, "nginx proxies", 5)
@@ -454,7 +448,7 @@ async def test_search_text_finds_words_and_ranks_better_first(searchable: Sqlite
     assert await searchable.search_text(REPO, "nginx", 0) == []
 
 
-async def test_search_text_respects_types_and_repo(searchable: SqliteGraph) -> None:
+async def test_search_text_respects_types_and_repo(searchable: GraphStore) -> None:
     """A type filter and the repo both narrow text search."""
     assert [i for i, _ in await searchable.search_text(REPO, "nginx", 5, [NodeType.TAG])] == [
         "a-tag"
@@ -463,7 +457,7 @@ async def test_search_text_respects_types_and_repo(searchable: SqliteGraph) -> N
     assert await searchable.search_text("other", "nginx", 5) == []
 
 
-async def test_search_vectors_respects_types_and_repo(graph: SqliteGraph) -> None:
+async def test_search_vectors_respects_types_and_repo(graph: GraphStore) -> None:
     """Vector search is per repo and honours a type filter."""
     await graph.apply(fact_with_tag("a", "fact", "tag", vector_axis=0), intents=policy())
     await graph.apply(
@@ -479,7 +473,7 @@ async def test_search_vectors_respects_types_and_repo(graph: SqliteGraph) -> Non
 # Reads
 
 
-async def test_get_nodes_keeps_the_order_asked(graph: SqliteGraph) -> None:
+async def test_get_nodes_keeps_the_order_asked(graph: GraphStore) -> None:
     """get_nodes answers in the order asked, once per id, leaving out unknown ids."""
     await graph.apply(fact_with_tag("a", "fact", "tag"), intents=policy())
     got = await graph.get_nodes(REPO, ["a-tag", "missing", "a-fact", "a-tag"])
@@ -488,7 +482,7 @@ async def test_get_nodes_keeps_the_order_asked(graph: SqliteGraph) -> None:
     assert await graph.get_nodes(REPO, []) == []
 
 
-async def test_latest_is_newest_first_and_respects_top_k(graph: SqliteGraph) -> None:
+async def test_latest_is_newest_first_and_respects_top_k(graph: GraphStore) -> None:
     """latest gives the newest nodes of the types asked, newest first, at most top_k."""
     for i in range(5):
         await graph.apply(fact_with_tag(f"n{i}", f"fact {i}", f"tag {i}"), intents=policy())
@@ -503,7 +497,7 @@ async def test_latest_is_newest_first_and_respects_top_k(graph: SqliteGraph) -> 
     assert await graph.latest(REPO, [NodeType.INTENT], 3) == []
 
 
-async def test_neighbors_in_both_directions_with_a_type_filter(graph: SqliteGraph) -> None:
+async def test_neighbors_in_both_directions_with_a_type_filter(graph: GraphStore) -> None:
     """neighbors sees links from either end, and a link type narrows them."""
     changeset = Changeset(
         "cs",
@@ -543,9 +537,7 @@ async def test_neighbors_in_both_directions_with_a_type_filter(graph: SqliteGrap
 # Concurrency
 
 
-async def test_concurrent_applies_share_tags_exactly(
-    graph: SqliteGraph, database: Database
-) -> None:
+async def test_concurrent_applies_share_tags_exactly(graph: GraphStore, backend: Backend) -> None:
     """Thirty concurrent commits sharing tag labels leave one tag per label and every fact."""
     labels = ["nginx", "postgres", "docker", "redis", "tls"]
     spellings: list[Callable[[str], str]] = [str.lower, str.upper, str.title, "  {} ".format]
@@ -569,13 +561,13 @@ async def test_concurrent_applies_share_tags_exactly(
     tags = await graph.get_nodes_by_type(REPO, [NodeType.TAG])
     assert sorted(normalise_label(t.text) for t in tags) == sorted(labels)
     label_of = {t.id: normalise_label(t.text) for t in tags}
-    assert (await counts(database))["nodes"] == 30 + len(labels)
+    assert (await counts(backend))["nodes"] == 30 + len(labels)
     for i, (_, chosen) in enumerate(changesets):
         linked = await graph.neighbors(REPO, [f"fact{i}"], MEMBERSHIP)
         assert {label_of[n.node_id] for n in linked} == chosen
 
 
-async def test_unrelated_repos_commit_independently(graph: SqliteGraph) -> None:
+async def test_unrelated_repos_commit_independently(graph: GraphStore) -> None:
     """Commits to different repos do not deduplicate against each other."""
 
     async def apply(changeset: Changeset) -> None:
@@ -613,7 +605,7 @@ class HeldMerger(Merger):
         return self.result
 
 
-async def test_a_slow_intent_merge_does_not_hold_up_other_commits(graph: SqliteGraph) -> None:
+async def test_a_slow_intent_merge_does_not_hold_up_other_commits(graph: GraphStore) -> None:
     """The LLM merge of an intent is asked before the repo's lock is taken: while it hangs,
     another commit to the repo lands; then the merged wording is applied (issue 9, item 4)."""
     await graph.apply(
@@ -640,7 +632,7 @@ async def test_a_slow_intent_merge_does_not_hold_up_other_commits(graph: SqliteG
 
 
 async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
-    graph: SqliteGraph,
+    graph: GraphStore,
 ) -> None:
     """An intent that became close to another only after its merges were decided (a commit
     landed meanwhile) is merged all the same: the commit lets the lock go, asks, tries again."""
@@ -668,13 +660,13 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
     assert texts == ["reload or restart nginx"]
 
 
-async def test_links_lists_every_link_of_the_repo_in_order(tmp_path: Path) -> None:
+async def test_links_lists_every_link_of_the_repo_in_order(store: str) -> None:
     """`Memory.links` reads a repo's links through the graph port, by type, source and
     destination; an unknown repo is NotFoundError."""
     import mnemo
     from tests.fakes import FakeEmbedder, FakeLLM
 
-    async with mnemo.Memory(tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "The kitchen is north of the hall.", "go north")

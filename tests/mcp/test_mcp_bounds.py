@@ -20,8 +20,8 @@ LONG = "The gunicorn worker binds port 8000 on the blog host after the deploy. "
 
 
 @pytest.fixture
-async def mem() -> AsyncIterator[mnemo.Memory]:
-    async with mnemo.Memory(":memory:", embedder=HashEmbedder()) as m:
+async def mem(store: str) -> AsyncIterator[mnemo.Memory]:
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as m:
         await m.open_repo(REPO)
         yield m
 

@@ -11,10 +11,10 @@ import pytest
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
+from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller, RecallResult
-from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.graph import SqliteGraph
+from tests.backends import open_stores
 from tests.graph._support import policy
 
 REPO = "r"
@@ -39,7 +39,7 @@ LINKS = [
 
 
 async def build(
-    graph: SqliteGraph, nodes: list[tuple[str, NodeType, str]], links: list[Link], repo: str = REPO
+    graph: GraphStore, nodes: list[tuple[str, NodeType, str]], links: list[Link], repo: str = REPO
 ) -> None:
     vectors = await EMBEDDER.embed([text for _, _, text in nodes])
     drafts = [
@@ -50,17 +50,14 @@ async def build(
 
 
 @pytest.fixture
-async def graph() -> AsyncIterator[SqliteGraph]:
-    db = Database(":memory:")
-    await db.open()
-    graph = SqliteGraph(db, lambda repo: EMBEDDER.dim)
-    await build(graph, NODES, LINKS)
-    yield graph
-    await db.close()
+async def graph(store: str) -> AsyncIterator[GraphStore]:
+    async with open_stores(store, EMBEDDER.dim) as backend:
+        await build(backend.graph, NODES, LINKS)
+        yield backend.graph
 
 
 async def run(
-    graph: SqliteGraph,
+    graph: GraphStore,
     query: str,
     *,
     k: int = 10,
@@ -94,7 +91,7 @@ def by_id(result: RecallResult) -> dict[str, mnemo.Recalled]:
     return {m.node.id: m for m in result.memories}
 
 
-async def test_the_matching_node_comes_first(graph: SqliteGraph) -> None:
+async def test_the_matching_node_comes_first(graph: GraphStore) -> None:
     """The node whose text is the query is first, found by both channels at hop 0."""
     result = await run(graph, "postgres keeps its data under var lib postgresql")
     first = result.memories[0]
@@ -104,7 +101,7 @@ async def test_the_matching_node_comes_first(graph: SqliteGraph) -> None:
     assert result.reasoned is None
 
 
-async def test_type_filter_still_reaches_facts_through_tags(graph: SqliteGraph) -> None:
+async def test_type_filter_still_reaches_facts_through_tags(graph: GraphStore) -> None:
     """With types=SEMANTIC, a query matching only a tag still finds the fact under it, one
     hop away."""
     result = await run(graph, "webserver", types=[NodeType.SEMANTIC])
@@ -115,13 +112,13 @@ async def test_type_filter_still_reaches_facts_through_tags(graph: SqliteGraph) 
     assert all(m.node.type is NodeType.SEMANTIC for m in result.memories)
 
 
-async def test_type_filter_reaches_procedures_through_intents(graph: SqliteGraph) -> None:
+async def test_type_filter_reaches_procedures_through_intents(graph: GraphStore) -> None:
     """A query for an intent's wording finds the procedure under it."""
     result = await run(graph, "restart the webserver", types=[NodeType.PROCEDURAL])
     assert [m.node.id for m in result.memories] == ["p-reload"]
 
 
-async def test_routing_nodes_rank_below_the_memories_they_lead_to(graph: SqliteGraph) -> None:
+async def test_routing_nodes_rank_below_the_memories_they_lead_to(graph: GraphStore) -> None:
     """Without a type filter a tag matching the query exactly still ranks below a memory with
     the same relevance; asked for by type, it keeps its own score."""
     everything = by_id(await run(graph, "webserver"))
@@ -129,7 +126,7 @@ async def test_routing_nodes_rank_below_the_memories_they_lead_to(graph: SqliteG
     assert tags_only["t-web"].score == pytest.approx(everything["t-web"].score / 0.5)
 
 
-async def test_an_episodic_hit_brings_its_source_at_half_its_score(graph: SqliteGraph) -> None:
+async def test_an_episodic_hit_brings_its_source_at_half_its_score(graph: GraphStore) -> None:
     """Provenance: the SOURCE of an episodic hit comes in at half the hit's relevance."""
     await build(
         graph,
@@ -144,19 +141,19 @@ async def test_an_episodic_hit_brings_its_source_at_half_its_score(graph: Sqlite
     assert touched["src"].hop == 1
 
 
-async def test_k_limits_the_results(graph: SqliteGraph) -> None:
+async def test_k_limits_the_results(graph: GraphStore) -> None:
     """k bounds how many memories come back."""
     result = await run(graph, "nginx postgres webserver database error", k=2)
     assert len(result.memories) == 2
 
 
-async def test_an_unmatched_query_on_an_empty_repo_finds_nothing(graph: SqliteGraph) -> None:
+async def test_an_unmatched_query_on_an_empty_repo_finds_nothing(graph: GraphStore) -> None:
     """A repo with no nodes returns no memories."""
     result = await run(graph, "anything at all", repo="empty")
     assert result.memories == []
 
 
-async def test_recall_reinforces_what_it_returns(graph: SqliteGraph) -> None:
+async def test_recall_reinforces_what_it_returns(graph: GraphStore) -> None:
     """Every returned node's access count goes up by one per recall, with its last access."""
     result = await run(graph, "postgres data", k=1)
     returned = result.memories[0].node.id
@@ -167,7 +164,7 @@ async def test_recall_reinforces_what_it_returns(graph: SqliteGraph) -> None:
     assert stats["t-db"][0] == 0
 
 
-async def test_value_prefers_the_rewarded_of_two_equal_memories(graph: SqliteGraph) -> None:
+async def test_value_prefers_the_rewarded_of_two_equal_memories(graph: GraphStore) -> None:
     """Of two steps equally relevant, the one with the higher reward ranks first; with
     value_weight 0 only relevance counts."""
     vectors = await EMBEDDER.embed(["deploy failed on friday"] * 2)
@@ -185,7 +182,7 @@ async def test_value_prefers_the_rewarded_of_two_equal_memories(graph: SqliteGra
     assert flat.memories[0].score == pytest.approx(1.0)  # relevance alone: first in both
 
 
-async def test_one_memory_per_step(graph: SqliteGraph) -> None:
+async def test_one_memory_per_step(graph: GraphStore) -> None:
     """A fact and the step it came from are one memory: only the better of them is returned,
     unless recall_distinct_steps is off."""
     await build(
@@ -202,7 +199,7 @@ async def test_one_memory_per_step(graph: SqliteGraph) -> None:
     assert {m.node.id for m in both.memories} >= {"fact", "step"}
 
 
-async def test_the_plan_sets_the_mode(graph: SqliteGraph) -> None:
+async def test_the_plan_sets_the_mode(graph: GraphStore) -> None:
     """A how-to query is planned as procedural, a when-did query as episodic."""
     assert (await run(graph, "how do I restart the webserver")).mode == "procedural"
     assert (await run(graph, "when did the error happen")).mode == "episodic"
@@ -224,7 +221,7 @@ class PlanningLLM:
         return LLMResponse(data={"answer": "postgres keeps its data under /var/lib"})
 
 
-async def test_an_llm_planner_and_synthesis(graph: SqliteGraph) -> None:
+async def test_an_llm_planner_and_synthesis(graph: GraphStore) -> None:
     """With an LLM planner its plan is used; with synthesis on, its answer is `reasoned`."""
     llm = PlanningLLM()
     config = mnemo.Config(recall_planner="llm", recall_synthesis=True)
@@ -237,7 +234,7 @@ async def test_an_llm_planner_and_synthesis(graph: SqliteGraph) -> None:
 
 
 async def test_a_failing_planner_or_synthesis_does_not_fail_the_recall(
-    graph: SqliteGraph,
+    graph: GraphStore,
 ) -> None:
     """Planning and synthesis only steer and decorate: when the LLM fails, recall still
     answers, in mixed mode and without `reasoned`."""

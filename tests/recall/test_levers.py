@@ -10,6 +10,7 @@ import pytest
 
 import mnemo
 from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, now_utc
+from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse, task_inputs
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.engine import Recaller
@@ -17,7 +18,6 @@ from mnemo.recall.feedback import feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance
 from mnemo.recall.prompts import parse_rerank
 from mnemo.recall.query import query_side
-from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, REPO, check_invariants, graph
 
@@ -107,7 +107,7 @@ class Reranker:
         return LLMResponse(data={"order": list(range(len(memories), 0, -1))})
 
 
-async def recall(graph: SqliteGraph, config: mnemo.Config, llm: mnemo.LLM, k: int) -> list[str]:
+async def recall(graph: GraphStore, config: mnemo.Config, llm: mnemo.LLM, k: int) -> list[str]:
     offline = mnemo.OfflineLLM()
     recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=llm)
     result = await recaller.recall(REPO, "nginx postgres webserver database error", k=k,
@@ -116,7 +116,7 @@ async def recall(graph: SqliteGraph, config: mnemo.Config, llm: mnemo.LLM, k: in
     return [m.node.id for m in result.memories]
 
 
-async def test_the_llm_reranks_the_candidates_in_one_call(graph: SqliteGraph) -> None:
+async def test_the_llm_reranks_the_candidates_in_one_call(graph: GraphStore) -> None:
     """With recall_rerank the LLM's order of the best candidates is the result's, cut to k."""
     # value_weight 0: reinforcement by the first recall must not move the second.
     plain = await recall(graph, mnemo.Config(value_weight=0.0), mnemo.OfflineLLM(), 20)
@@ -128,7 +128,7 @@ async def test_the_llm_reranks_the_candidates_in_one_call(graph: SqliteGraph) ->
 
 
 async def test_the_offline_llm_keeps_the_order_and_a_failure_is_not_fatal(
-    graph: SqliteGraph,
+    graph: GraphStore,
 ) -> None:
     """Offline re-ranking keeps the retrieval's order; a failing LLM leaves it too."""
     plain = await recall(graph, mnemo.Config(value_weight=0.0), mnemo.OfflineLLM(), 3)
@@ -142,7 +142,7 @@ async def test_the_offline_llm_keeps_the_order_and_a_failure_is_not_fatal(
     assert await recall(graph, config, Broken(), 3) == plain
 
 
-async def test_mmr_and_feedback_recall_within_the_invariants(graph: SqliteGraph) -> None:
+async def test_mmr_and_feedback_recall_within_the_invariants(graph: GraphStore) -> None:
     """With MMR and feedback on, a recall still returns at most k, best first, once each."""
     config = mnemo.Config(recall_mmr_lambda=0.5, recall_prf_terms=4)
     ids = await recall(graph, config, mnemo.OfflineLLM(), 4)
@@ -164,7 +164,7 @@ def test_adjacent_steps_are_the_neighbours_in_the_episode() -> None:
     assert adjacent_steps(fact) == []
 
 
-async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: SqliteGraph) -> None:
+async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: GraphStore) -> None:
     """With recall_neighbour_weight the next step of the episode, sharing no word with the
     query, is recalled one hop out at that share of the hit's score."""
     steps = [("episodic_ep:0", "what did you paint last weekend"),

@@ -88,11 +88,11 @@ async def test_close_waits_for_a_background_commit_in_flight(
 
 
 async def test_flush_timeout_commits_an_idle_trajectory(
-    llm: FakeLLM, events: EventLog
+    llm: FakeLLM, events: EventLog, store: str
 ) -> None:
     """After flush_timeout without an append, the current trajectory's steps are committed."""
     config = mnemo.Config(auto_commit=True, flush_timeout=0.05, session_timeout=None)
-    async with mnemo.Memory(llm=llm, embedder=_embedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=_embedder(), on_event=events) as mem:
         await mem.open_repo(REPO, config=config)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")
@@ -107,11 +107,11 @@ async def test_flush_timeout_commits_an_idle_trajectory(
 
 
 async def test_session_timeout_commits_the_rest_and_ends_the_session(
-    llm: FakeLLM, events: EventLog
+    llm: FakeLLM, events: EventLog, store: str
 ) -> None:
     """After session_timeout without activity the rest is committed and the session ends."""
     config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
-    async with mnemo.Memory(llm=llm, embedder=_embedder(), on_event=events) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=_embedder(), on_event=events) as mem:
         await mem.open_repo(REPO, config=config)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")

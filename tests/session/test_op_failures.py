@@ -94,11 +94,11 @@ async def test_an_op_cancelled_by_end_session_still_gets_its_callback(
 
 
 async def test_ops_still_queued_when_the_memory_closes_get_their_callback(
-    llm: FakeLLM, embedder: Any
+    llm: FakeLLM, embedder: Any, store: str
 ) -> None:
     """Closing the Memory calls back every accepted operation that had not run."""
     results = Results()
-    async with mnemo.Memory(llm=llm, embedder=embedder) as m:
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as m:
         await m.open_repo(REPO)
         sid = await m.start_session("goal", repo=REPO)
         await m.append(sid, "walk", "go")

@@ -21,11 +21,11 @@ class OtherModel(FakeLLM):
 
 
 async def test_close_and_commit_waits_as_long_as_the_extraction_may_take(
-    llm: FakeLLM, embedder: FakeEmbedder
+    llm: FakeLLM, embedder: FakeEmbedder, store: str
 ) -> None:
     """With the default max_polls, an extraction slower than max_polls' old fixed wait
     (200 x poll_interval) is waited for, since extraction_timeout allows it."""
-    async with mnemo.Memory(llm=llm, embedder=embedder) as mem:
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "The kitchen is north.", "go north")

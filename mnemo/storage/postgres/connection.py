@@ -80,8 +80,13 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
     settings = [
         f"-c lock_timeout={_ms(busy_timeout)}",
         f"-c statement_timeout={_ms(statement_timeout) if statement_timeout else 0}",
-        # A placeholder until pgvector loads in the session, which then adopts it.
+        # Placeholders until pgvector loads in the session, which then adopts them. A filtered
+        # HNSW scan (a recall of some node types) goes on past ef_search until it has its
+        # rows, in roughly distance order (the caller sorts what it gets).
         f"-c hnsw.ef_search={ef_search}",
+        "-c hnsw.iterative_scan=relaxed_order",
+        # timestamptz values come back in UTC, as every time mnemo hands out is.
+        "-c timezone=UTC",
     ]
     options = str(params.get("options") or "").strip()
     params["options"] = " ".join([*([options] if options else []), *settings])

@@ -1,7 +1,1 @@
-"""The PostgreSQL test server's fixtures (tests/pg.py), for the tests of this folder."""
-
-from __future__ import annotations
-
-from tests.pg import pg_clones, pg_empty_url, pg_server, pg_template, pg_url
-
-__all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]
+"""The PostgreSQL test server's fixtures (tests/pg.py) come from the root conftest."""

@@ -1,0 +1,46 @@
+"""The PostgreSQL backend: every store of one database, over one pool of connections."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.conversation import PgThreads
+from mnemo.storage.postgres.graph import PgGraph
+from mnemo.storage.postgres.sessions import PgSessions
+
+# Connections one Memory may hold: a commit holds one for its repo's advisory lock and uses
+# another, a recall runs its channels on two or three at once; ten leaves room for several of
+# each (BENCHMARKS.md: the count under 100 concurrent sessions).
+MAX_CONNECTIONS = 10
+
+
+class PostgresBackend:
+    """Every store of one PostgreSQL database (`mnemo.storage.ports.Backend`)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        dims: Callable[[str], int],
+        busy_timeout: float,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.postgres = Postgres(url, busy_timeout=busy_timeout, max_size=max_connections)
+        self.graph = PgGraph(self.postgres, dims)
+        self.sessions = PgSessions(self.postgres)
+        self.threads = PgThreads(self.postgres)
+
+    async def open(self) -> None:
+        """Applies pending migrations, then opens the pool.
+
+        Raises:
+            StorageError: the server could not be reached ("unavailable"), pgvector is
+                missing ("extension_missing"), or another process held the schema lock for
+                longer than the busy timeout ("busy").
+        """
+        await self.postgres.open(migrate=True)
+
+    async def close(self) -> None:
+        await self.graph.aclose()
+        await self.postgres.close()

@@ -1,0 +1,59 @@
+"""Test helpers that reach under a store on either backend: open its stores without a
+`Memory`, and run raw SQL on it (to look at rows, or to fault them).
+
+SQL here is written once with `?` placeholders and runs on both backends (`%s` on PostgreSQL);
+a statement only one backend understands belongs in a test that says which backend it is for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mnemo
+from mnemo.storage.ports import Backend, open_backend
+from mnemo.storage.sqlite import SqliteBackend
+
+
+@asynccontextmanager
+async def open_stores(store: str, dim: int | Callable[[str], int]) -> AsyncIterator[Backend]:
+    """The backend of `store` (a SQLite path or a PostgreSQL URL), opened, closed after."""
+    dims = dim if callable(dim) else (lambda repo: dim)
+    backend = open_backend(store, dims=dims, busy_timeout=5.0)
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+def backend_of(owner: mnemo.Memory | Backend) -> Backend:
+    backend: Backend = owner._backend if isinstance(owner, mnemo.Memory) else owner
+    return backend
+
+
+def is_sqlite(owner: mnemo.Memory | Backend) -> bool:
+    return isinstance(backend_of(owner), SqliteBackend)
+
+
+async def sql(
+    owner: mnemo.Memory | Backend, statement: str, *params: object
+) -> list[tuple[Any, ...]]:
+    """Runs one statement (with `?` placeholders) on the store and returns its rows (none for a
+    statement that returns none), committed."""
+    backend = backend_of(owner)
+    if isinstance(backend, SqliteBackend):
+
+        def run(db: Any) -> list[tuple[Any, ...]]:
+            with db.atomic():
+                cursor = db.conn.execute(statement, params)
+                return [tuple(row) for row in cursor.fetchall()]
+
+        return await backend.database.run(run)
+    from mnemo.storage.postgres.store import PostgresBackend
+
+    assert isinstance(backend, PostgresBackend)
+    async with backend.postgres.transaction() as conn:
+        cur = await conn.execute(statement.replace("?", "%s"), params)  # type: ignore[arg-type]
+        return [tuple(row) for row in await cur.fetchall()] if cur.description else []

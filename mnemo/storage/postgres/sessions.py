@@ -1,0 +1,421 @@
+"""`PgSessions`: the `SessionStore` port (`mnemo.session.ports`) over PostgreSQL, and
+`side_writes`, the session and ingest side of a graph commit.
+
+The rows and their meaning are SQLite's (`mnemo.storage.sqlite.sessions`): the same upserts,
+the same orders (insertion order through the `rowid` identity where SQLite uses its rowid,
+byte order of text where SQLite compares text), and what a `str` field of a row held there
+(`LiveSession.created_at`: the ISO text of a UTC time) it holds here. Times are written as
+aware datetimes taken in this process, as SQLite's are, so both order sessions alike.
+
+A write of one statement runs alone in autocommit (one transaction, no BEGIN/COMMIT round
+trips); every other write runs in `Postgres.transaction()`. A read of several statements runs
+in one REPEATABLE READ transaction, so it sees one snapshot even while other tasks write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from mnemo.config import Config
+from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
+from mnemo.extraction.memo import KeptResult
+from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
+from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.session.machine import State
+from mnemo.session.ports import LiveSession, RepoRow
+from mnemo.storage.postgres.connection import Connection, Postgres
+
+__all__ = ["PgSessions", "side_writes"]
+
+_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+_STEP_COLUMNS = (
+    "id, idx, trajectory_id, observation, action, state_summary, subgoal, subgoal_vec,"
+    " reward, metadata, committed_in"
+)
+
+
+class PgSessions:
+    """`SessionStore` over a PostgreSQL database (its schema applied)."""
+
+    def __init__(self, pg: Postgres) -> None:
+        self._pg = pg
+
+    async def load_repos(self) -> list[RepoRow]:
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                "SELECT name, config::text, dim, embedder, llm FROM repos"
+                ' ORDER BY created_at, name COLLATE "C"'
+            )
+            rows = await cur.fetchall()
+        return [
+            RepoRow(str(name), Config.from_json(str(config)), _int(dim), str(embedder),
+                    _str_or_none(llm))
+            for name, config, dim, embedder, llm in rows
+        ]
+
+    async def save_repo(self, row: RepoRow) -> None:
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)"
+                # The dimension is the repo's for good; the models may change (an embedder
+                # of the same dimension, another LLM) and the record follows.
+                " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
+                " embedder = excluded.embedder, llm = excluded.llm",
+                (row.name, _jsonb(row.config.to_json()), row.dim, row.embedder, row.llm,
+                 now_utc()),
+            )
+
+    async def create_session(
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
+    ) -> None:
+        now = now_utc()
+        async with self._pg.transaction() as conn:
+            await conn.execute(
+                "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
+                " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (session_id, repo, State.COLLECTING.value, _jsonb(config.to_json()),
+                 episode.id, now, now),
+            )
+            await _insert_episode(conn, session_id, episode, now)
+
+    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None:
+        now = now_utc()
+        async with self._pg.transaction() as conn:
+            await _insert_episode(conn, session_id, episode, now)
+            await conn.execute(
+                "UPDATE sessions SET state = %s, episode_id = %s, updated_at = %s"
+                " WHERE id = %s",
+                (State.COLLECTING.value, episode.id, now, session_id),
+            )
+
+    async def add_step(
+        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
+    ) -> None:
+        now = now_utc()
+        rows = [_step_row(session_id, episode_id, step, now)]
+        if previous is not None:
+            rows.append(_step_row(session_id, episode_id, previous, now))
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+        # One statement in autocommit, so one transaction and one round trip: the new step,
+        # and the previous step's deferred reward as an upsert of its (existing) row.
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id,"
+                " observation, action, state_summary, subgoal, subgoal_vec, reward, metadata,"
+                f" recorded_at) VALUES {values}"
+                " ON CONFLICT (id) DO UPDATE SET reward = excluded.reward",
+                [value for row in rows for value in row],
+            )
+
+    async def set_state(
+        self, session_id: str, state: State, *, model: str | None = None
+    ) -> None:
+        """Moves the session to `state`; `model` records the model its extraction starts with."""
+        async with self._pg.connection() as conn:
+            # One statement: the model only changes when one is given.
+            await conn.execute(
+                "UPDATE sessions SET state = %s, updated_at = %s,"
+                " model = coalesce(%s, model) WHERE id = %s",
+                (state.value, now_utc(), model, session_id),
+            )
+
+    async def save_extraction(
+        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
+    ) -> None:
+        """Keeps a ready session's changeset, the rewards scored at close, and the READY state."""
+        payload = _jsonb(changeset.to_json())
+        now = now_utc()
+        async with self._pg.transaction() as conn:
+            await conn.execute("DELETE FROM changesets WHERE session_id = %s", (session_id,))
+            await conn.execute(
+                "INSERT INTO changesets(id, repo, session_id, payload, created_at)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                (changeset.id, changeset.repo, session_id, payload, now),
+            )
+            await _save_rewards(conn, ((s.id, s.reward) for s in scored))
+            await _set_state(conn, session_id, State.READY.value, now)
+
+    async def discard(self, session_id: str, episode_id: str | None) -> None:
+        now = now_utc()
+        async with self._pg.transaction() as conn:
+            await conn.execute("DELETE FROM changesets WHERE session_id = %s", (session_id,))
+            if episode_id is not None:
+                await conn.execute(
+                    "DELETE FROM task_results WHERE episode_id = %s", (episode_id,)
+                )
+                await conn.execute(
+                    "UPDATE episodes SET status = 'discarded', closed_at = %s WHERE id = %s",
+                    (now, episode_id),
+                )
+            await _set_state(conn, session_id, State.IDLE.value, now)
+
+    async def end(self, session_id: str) -> None:
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "UPDATE sessions SET ended = true, updated_at = %s WHERE id = %s",
+                (now_utc(), session_id),
+            )
+
+    async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
+        # SQLite's INSERT OR REPLACE: the last reply kept for a key wins.
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "INSERT INTO task_results(episode_id, trajectory_id, task, digest, reply,"
+                " cost, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (episode_id, trajectory_id, task, digest) DO UPDATE SET"
+                " reply = excluded.reply, cost = excluded.cost,"
+                " created_at = excluded.created_at",
+                (episode_id, kept.trajectory_id, kept.task, kept.digest,
+                 _jsonb(kept.reply_json()), _jsonb(kept.cost_json()), now_utc()),
+            )
+
+    async def kept_results(self, episode_id: str) -> list[KeptResult]:
+        async with self._pg.connection() as conn:
+            # SQLite's table is WITHOUT ROWID: its rows come in key order, bytewise.
+            cur = await conn.execute(
+                "SELECT trajectory_id, task, digest, reply::text, cost::text FROM task_results"
+                ' WHERE episode_id = %s ORDER BY trajectory_id COLLATE "C",'
+                ' task COLLATE "C", digest COLLATE "C"',
+                (episode_id,),
+            )
+            rows = await cur.fetchall()
+        return [
+            KeptResult.from_json(str(trajectory), str(task), str(digest), str(reply),
+                                 str(cost))
+            for trajectory, task, digest, reply, cost in rows
+        ]
+
+    async def load_live(self) -> list[LiveSession]:
+        async with self._pg.transaction() as conn:
+            await conn.execute(_SNAPSHOT)
+            cur = await conn.execute(
+                "SELECT s.id, s.repo, s.state, s.config::text, s.created_at, e.id, e.goal,"
+                " e.status, s.model, c.payload::text"
+                " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
+                " LEFT JOIN LATERAL (SELECT payload FROM changesets"
+                "   WHERE session_id = s.id LIMIT 1) c ON true"
+                # The id breaks a tie of creation times, which SQLite leaves to its scan.
+                ' WHERE NOT s.ended ORDER BY s.created_at, s.id COLLATE "C"'
+            )
+            sessions = await cur.fetchall()
+            open_ids = [str(row[5]) for row in sessions if row[5] is not None
+                        and row[7] == "open"]
+            steps = await _load_steps(conn, open_ids)
+        live: list[LiveSession] = []
+        for (sid, repo, state, config, created, episode_id, goal, status, model,
+             payload) in sessions:
+            episode = None
+            if episode_id is not None and status == "open":
+                episode = EpisodeRecord(str(episode_id), str(goal),
+                                        steps.get(str(episode_id), []))
+            live.append(
+                LiveSession(
+                    str(sid), str(repo), State(str(state)), Config.from_json(str(config)),
+                    episode, None if payload is None else Changeset.from_json(str(payload)),
+                    _utc(created).isoformat(), model=_str_or_none(model),
+                )
+            )
+        return live
+
+    async def episodes(self, session_id: str) -> list[EpisodeLog]:
+        """Every episode of the session (ended or not), oldest first, with its steps; [] for
+        an unknown session. Reads only."""
+        return await self._load_episodes(
+            "session_id = %s ORDER BY started_at, rowid", session_id
+        )
+
+    async def episode(self, episode_id: str) -> EpisodeLog | None:
+        """The episode with its steps, None if no session stored it (an ingest's episodes
+        live only in the graph). Reads only."""
+        found = await self._load_episodes("id = %s", episode_id)
+        return found[0] if found else None
+
+    async def _load_episodes(self, where: str, value: str) -> list[EpisodeLog]:
+        async with self._pg.transaction() as conn:
+            await conn.execute(_SNAPSHOT)
+            cur = await conn.execute(
+                "SELECT id, session_id, goal, status, started_at, closed_at FROM episodes"
+                f" WHERE {where}",
+                (value,),
+            )
+            rows = await cur.fetchall()
+            steps = await _load_steps(conn, [str(row[0]) for row in rows])
+        return [
+            EpisodeLog(
+                str(episode_id), str(session_id), str(goal), str(status), _utc(started),
+                None if closed is None else _utc(closed), steps.get(str(episode_id), []),
+            )
+            for episode_id, session_id, goal, status, started, closed in rows
+        ]
+
+
+async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
+    """Writes a commit's (or a forget's) side effects on other stores, inside its transaction:
+    `conn` is the connection of the graph's open transaction (`Postgres.transaction()`)."""
+    for write in writes:
+        if isinstance(write, StepsCommitted):
+            await _save_rewards(conn, write.steps, committed_in=write.changeset_id)
+            if write.state is not None:
+                now = now_utc()
+                await conn.execute(
+                    "DELETE FROM changesets WHERE session_id = %s", (write.session_id,)
+                )
+                await _set_state(conn, write.session_id, write.state, now)
+                if write.episode_id is not None:
+                    await conn.execute(
+                        "UPDATE episodes SET status = 'committed', closed_at = %s"
+                        " WHERE id = %s",
+                        (now, write.episode_id),
+                    )
+                    # What the extraction kept for a retry is no longer needed.
+                    await conn.execute(
+                        "DELETE FROM task_results WHERE episode_id = %s", (write.episode_id,)
+                    )
+        elif isinstance(write, SourceRecorded):
+            # The receipt itself is the commit's, in applied_changesets: one source of truth.
+            await conn.execute(
+                "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id, created_at)"
+                " VALUES (%s, %s, %s, %s, %s::timestamptz)",
+                (write.repo, write.source_id, write.payload_hash, write.changeset_id,
+                 write.created_at),
+            )
+        else:
+            await conn.execute(
+                "DELETE FROM ingests WHERE repo = %s AND source_id = %s",
+                (write.repo, write.source_id),
+            )
+
+
+def _jsonb(text: str) -> Jsonb:
+    # The text is already JSON (written with sort_keys, as SQLite keeps it): sent as it is,
+    # not parsed and dumped again.
+    return Jsonb(text, dumps=_as_is)
+
+
+def _as_is(text: Any) -> str:
+    return str(text)
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int):
+        raise TypeError(f"expected an integer column, got {value!r}")
+    return value
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _float_or_none(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, float | int):
+        raise TypeError(f"expected a double precision column, got {value!r}")
+    return float(value)
+
+
+def _bytes(value: object) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"expected a bytea column, got {value!r}")
+    return bytes(value)
+
+
+def _dict_or_none(value: object) -> dict[str, Any] | None:
+    # jsonb comes back parsed; a step's metadata is always an object.
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a jsonb object, got {value!r}")
+    return value
+
+
+def _utc(value: object) -> datetime:
+    # timestamptz comes back in the connection's TimeZone; SQLite's rows hold UTC.
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected a timestamptz column, got {value!r}")
+    return value.astimezone(UTC)
+
+
+def _step_row(
+    session_id: str, episode_id: str, step: StepRecord, now: datetime
+) -> tuple[object, ...]:
+    return (
+        step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
+        step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
+        step.reward, None if step.metadata is None else Jsonb(step.metadata), now,
+    )
+
+
+async def _insert_episode(
+    conn: Connection, session_id: str, episode: EpisodeRecord, now: datetime
+) -> None:
+    await conn.execute(
+        "INSERT INTO episodes(id, session_id, goal, status, started_at)"
+        " VALUES (%s, %s, %s, 'open', %s)",
+        (episode.id, session_id, episode.goal, now),
+    )
+
+
+async def _set_state(conn: Connection, session_id: str, state: str, now: datetime) -> None:
+    await conn.execute(
+        "UPDATE sessions SET state = %s, updated_at = %s WHERE id = %s",
+        (state, now, session_id),
+    )
+
+
+async def _save_rewards(
+    conn: Connection,
+    steps: Iterable[tuple[str, float | None]],
+    *,
+    committed_in: str | None = None,
+) -> None:
+    """Sets each step's reward (and, given `committed_in`, the changeset that committed it)
+    in one statement; of a step listed twice the last reward wins, as in SQLite's loop."""
+    rewards = dict(steps)
+    if not rewards:
+        return
+    assignments = "reward = v.reward"
+    if committed_in is not None:
+        assignments += ", committed_in = %(changeset)s"
+    await conn.execute(
+        f"UPDATE steps SET {assignments}"
+        " FROM unnest(%(ids)s::text[], %(rewards)s::float8[]) AS v(id, reward)"
+        " WHERE steps.id = v.id",
+        {"ids": list(rewards), "rewards": list(rewards.values()), "changeset": committed_in},
+    )
+
+
+async def _load_steps(conn: Connection, episode_ids: list[str]) -> dict[str, list[StepRecord]]:
+    """The steps of each of `episode_ids`, in index order (one query for all of them)."""
+    if not episode_ids:
+        return {}
+    cur = await conn.execute(
+        f"SELECT episode_id, {_STEP_COLUMNS} FROM steps WHERE episode_id = ANY(%s)"
+        " ORDER BY episode_id, idx",
+        (episode_ids,),
+    )
+    found: dict[str, list[StepRecord]] = {}
+    for (episode_id, sid, idx, trajectory, observation, action, summary, subgoal, vec,
+         reward, metadata, committed) in await cur.fetchall():
+        found.setdefault(str(episode_id), []).append(
+            StepRecord(
+                id=str(sid),
+                index=_int(idx),
+                trajectory_id=str(trajectory),
+                observation=str(observation),
+                action=str(action),
+                state_summary=str(summary),
+                subgoal=str(subgoal),
+                subgoal_vec=vector_from_blob(_bytes(vec)).copy(),
+                reward=_float_or_none(reward),
+                metadata=_dict_or_none(metadata),
+                committed_in=_str_or_none(committed),
+            )
+        )
+    return found

@@ -50,9 +50,12 @@ async def merge_duplicates(
     # The survivor keeps the latest access as a time, not as text: compared as datetimes.
     lasts: dict[str, datetime | None] = {}
     if involved:
+        # FOR UPDATE: SQLite's transaction holds the write lock from its first read; here a
+        # recall that counts an access of a member between this read and its deletion would
+        # be lost from the survivor's sum, so it waits for this transaction instead.
         cur = await conn.execute(
             "SELECT id, rowid, data, access_count, last_access FROM nodes"
-            " WHERE repo = %s AND id = ANY(%s)",
+            " WHERE repo = %s AND id = ANY(%s) ORDER BY rowid FOR UPDATE",
             (repo, involved),
         )
         for node_id, rowid, data, count, last in await cur.fetchall():
@@ -120,15 +123,45 @@ async def _move_links(conn: Connection, member: str, survivor: str) -> int:
 async def decay_sweep(conn: Connection, repo: str, config: Config, now: datetime) -> SweepResult:
     """Deletes the repo's memories whose `node_value` at `now` is below
     `config.decay_threshold`, then the routing and source nodes left with no link."""
+    examined, candidates = await _below_threshold(
+        conn, "repo = %s AND type = ANY(%s)", (repo, [kind.value for kind in _VALUED]),
+        config, now,
+    )
+    # The scan took no locks (locking every memory of the repo would write every row). SQLite
+    # holds the write lock from its first read, so a recall's access counted meanwhile is
+    # seen; here the candidates are locked and valued again with what is now current, and a
+    # recall that comes later waits for this transaction.
+    doomed: list[str] = []
+    if candidates:
+        _, doomed = await _below_threshold(
+            conn, "id = ANY(%s)", (candidates,), config, now, lock=True
+        )
+    await _delete(conn, doomed)
+    pruned = await _orphans(conn, repo, _ROUTES)
+    await _delete(conn, pruned)
+    return SweepResult(examined, doomed, pruned)
+
+
+async def _below_threshold(
+    conn: Connection,
+    where: str,
+    params: tuple[object, ...],
+    config: Config,
+    now: datetime,
+    *,
+    lock: bool = False,
+) -> tuple[int, list[str]]:
+    """How many nodes `where` selects, and the ids (in rowid order) of those whose
+    `node_value` at `now` is below `config.decay_threshold`."""
     # `->` hands back only the fields the rewards read, already parsed from jsonb.
     cur = await conn.execute(
         "SELECT id, type, created_at, last_access, access_count,"
         " data -> 'reward', data -> 'return_score', data -> 'confidence'"
-        " FROM nodes WHERE repo = %s AND type = ANY(%s) ORDER BY rowid",
-        (repo, [kind.value for kind in _VALUED]),
+        f" FROM nodes WHERE {where} ORDER BY rowid" + (" FOR UPDATE" if lock else ""),
+        params,
     )
     examined = 0
-    doomed: list[str] = []
+    below: list[str] = []
     for node_id, kind, created, last, count, step_reward, score, confidence in (
         await cur.fetchall()
     ):
@@ -146,11 +179,8 @@ async def decay_sweep(conn: Connection, repo: str, config: Config, now: datetime
             config=config,
         )
         if value < config.decay_threshold:
-            doomed.append(str(node_id))
-    await _delete(conn, doomed)
-    pruned = await _orphans(conn, repo, _ROUTES)
-    await _delete(conn, pruned)
-    return SweepResult(examined, doomed, pruned)
+            below.append(str(node_id))
+    return examined, below
 
 
 async def validate(conn: Connection, repo: str, dim: int) -> ValidationReport:

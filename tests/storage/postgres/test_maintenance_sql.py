@@ -4,12 +4,13 @@ SQLite twin: the same small graph on both, the same operation, equal results and
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anyio
 import numpy as np
 import pytest
 from sqlite_utils import Database as SqliteUtilsDatabase
@@ -207,6 +208,34 @@ async def twins(pg_url: str, tmp_path: Path) -> AsyncIterator[Twins]:
         await sqlite.close()
 
 
+async def _until_a_lock_wait(pg: Postgres) -> None:
+    """Returns once a session of the database waits for a lock (PostgreSQL announces no such
+    event: its activity view is read until it shows one)."""
+    with anyio.fail_after(10):
+        async with pg.connection() as conn:
+            while True:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    return
+                await anyio.sleep(0.005)
+
+
+async def _during_uncommitted(
+    twins: Twins, statement: str, work: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
+    """Runs `work` while a PostgreSQL transaction that ran `statement` is open, and commits
+    that transaction once `work` waits for its locks."""
+    async with anyio.create_task_group() as tg:
+        async with twins.pg.transaction() as other:
+            await other.execute(statement)
+            tg.start_soon(work)
+            await _until_a_lock_wait(twins.pg)
+
+
 # ---- consolidate ----------------------------------------------------------------------------
 
 
@@ -279,6 +308,28 @@ async def test_merge_with_nothing_to_merge_only_marks_the_examined(twins: Twins)
     assert rows.nodes[0][8] is True
 
 
+async def test_merge_counts_an_access_committed_while_it_waited(twins: Twins) -> None:
+    """PostgreSQL: a recall that counted an access of a member, committed after the merge
+    began, is in the survivor's sum (SQLite's write lock orders the two the same way)."""
+    await twins.insert([
+        Row("a", N.SEMANTIC, "fact a", {"confidence": 0.9}, axis(0), access_count=2),
+        Row("b", N.SEMANTIC, "fact b", {"confidence": 0.5}, axis(0), access_count=5),
+    ], [])
+    results: list[MergeResult] = []
+
+    async def merge() -> None:
+        async with twins.pg.transaction() as conn:
+            results.append(
+                await pg_maintenance.merge_duplicates(conn, REPO, [("a", "b")], ["a", "b"]))
+
+    await _during_uncommitted(
+        twins, "UPDATE nodes SET access_count = access_count + 1 WHERE id = 'b'", merge)
+    assert results == [MergeResult(["b"], 1, 0, 0)]
+    async with twins.pg.connection() as conn:
+        cur = await conn.execute("SELECT id, access_count FROM nodes")
+        assert await cur.fetchall() == [("a", 8)]
+
+
 # ---- decay ----------------------------------------------------------------------------------
 
 
@@ -334,6 +385,32 @@ async def test_decay_sweep_deletes_as_sqlite_does(twins: Twins) -> None:
                                               ["intent", "kitchen"])
     rows = await twins.assert_same_rows()
     assert [node[0] for node in rows.nodes] == ["other"]
+
+
+async def test_decay_keeps_a_memory_recalled_while_it_waited(twins: Twins) -> None:
+    """PostgreSQL: a step whose access was counted by a recall committed after the sweep
+    began is valued with that access and kept."""
+    now = T0 + timedelta(days=60)
+    await twins.insert([
+        Row("step", N.EPISODIC, "looked around", {"reward": 0.0}, axis(3)),
+        Row("gone", N.EPISODIC, "looked again", {"reward": 0.0}, axis(4)),
+    ], [])
+    results: list[SweepResult] = []
+
+    async def sweep() -> None:
+        async with twins.pg.transaction() as conn:
+            results.append(await pg_maintenance.decay_sweep(conn, REPO, CONFIG, now))
+
+    await _during_uncommitted(
+        twins,
+        "UPDATE nodes SET access_count = access_count + 1,"
+        f" last_access = '{now.isoformat()}' WHERE id = 'step'",
+        sweep,
+    )
+    assert results == [SweepResult(2, ["gone"], [])]
+    async with twins.pg.connection() as conn:
+        cur = await conn.execute("SELECT id FROM nodes")
+        assert await cur.fetchall() == [("step",)]
 
 
 # ---- validate -------------------------------------------------------------------------------

@@ -3,7 +3,9 @@ the same assertions, and PostgreSQL keeps the counters' checks under concurrent 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,10 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
 from mnemo.conversation.drafts import MessageDraft, draft
@@ -35,19 +41,79 @@ def backend(request: pytest.FixtureRequest) -> str | None:
     return url
 
 
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A store and a way to find what its database still holds of a text."""
+
+    threads: ThreadStore
+    holding: Callable[[str], Awaitable[dict[str, int]]]
+
+
 @pytest.fixture
-async def threads(backend: str | None, tmp_path: Path) -> AsyncIterator[ThreadStore]:
+async def opened(backend: str | None, tmp_path: Path) -> AsyncIterator[Opened]:
     """The store on each backend, over a new database."""
     if backend is None:
         database = Database(tmp_path / "t.db")
         await database.open()
         try:
-            yield SqliteThreads(database)
+            yield Opened(SqliteThreads(database), lambda text: sqlite_holding(database, text))
         finally:
             await database.close()
     else:
         async with Postgres(backend) as pg:
-            yield PgThreads(pg)
+            yield Opened(PgThreads(pg), lambda text: pg_holding(pg, text))
+
+
+@pytest.fixture
+def threads(opened: Opened) -> ThreadStore:
+    return opened.threads
+
+
+async def sqlite_holding(database: Database, text: str) -> dict[str, int]:
+    """How many rows of each SQLite table hold `text` in any column (FTS5's index included,
+    through MATCH: its shadow tables store words prefix-compressed)."""
+
+    def count(db: SqliteUtilsDatabase) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for table in db.table_names():
+            if table.startswith("messages_fts"):
+                continue
+            columns = [c.name for c in db[table].columns]
+            where = " OR ".join(f"instr(CAST([{c}] AS TEXT), ?) > 0" for c in columns)
+            n = db.conn.execute(
+                f"SELECT count(*) FROM [{table}] WHERE {where}", [text] * len(columns)
+            ).fetchone()[0]
+            if n:
+                found[table] = n
+        n = db.conn.execute(
+            "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (f'"{text}"',)
+        ).fetchone()[0]
+        if n:
+            found["messages_fts"] = n
+        return found
+
+    return await database.run(count)
+
+
+async def pg_holding(pg: Postgres, text: str) -> dict[str, int]:
+    """How many rows of each PostgreSQL table hold `text`, any case, in any column: a row as
+    text shows every column, its search vector's lexemes included."""
+    found: dict[str, int] = {}
+    async with pg.connection() as conn:
+        cur = await conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        )
+        for (table,) in await cur.fetchall():
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*) FROM {} t WHERE t::text ILIKE %s").format(
+                    sql.Identifier(str(table))),
+                (f"%{text}%",),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            if row[0]:
+                found[str(table)] = int(row[0])  # type: ignore[call-overload]
+    return found
 
 
 def drafts(*texts: str, role: str = "user") -> list[MessageDraft]:
@@ -408,3 +474,97 @@ async def test_racing_folds_one_wins(threads: ThreadStore) -> None:
             tg.start_soon(attempt, i)
     assert sum(w is not None for w in written) == 1
     assert len([s for s in await threads.snapshots("t") if s.level == 2]) == 1
+
+
+# ---- erasure ------------------------------------------------------------------------------
+
+
+async def test_purge_leaves_nothing(opened: Opened) -> None:
+    """After purge no row of any table holds the thread's id or a word of it (messages, tool
+    calls, search index, vectors, compaction, snapshot, goal, pins); other threads stay."""
+    threads = opened.threads
+    marker = f"zq{uuid.uuid4().hex}qz"
+    thread = f"thread-{marker}"
+    call = draft({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "tag", "arguments": f'{{"tag": "{marker}"}}'}}]}, 0)
+    batch = [*drafts(f"tag the build {marker}", f"step {marker} done"), call]
+    saved = await save(threads, thread, batch, vectors=[np.ones(3, np.float32)] * 3)
+    await save(threads, "keeper", drafts("unrelated gardening"))
+    goal = await threads.add_goal(thread, f"ship {marker}", EPOCH)
+    await threads.add_compaction(thread, 0, 0, f"summary of {marker}", EPOCH)
+    await threads.commit_eviction(thread, boundary_before=0, boundary_after=2, zone=(0, 1),
+                                  snapshot_text=f"snapshot {marker}",
+                                  pins=[(saved[0].id, goal)], now=EPOCH)
+    assert await threads.search([marker], limit=5, now=EPOCH)
+    before = await opened.holding(marker)
+    assert before.get("messages") == 3, before
+    assert await threads.purge(thread) == 3
+    assert await opened.holding(marker) == {}
+    assert await threads.state(thread) is None
+    assert await threads.search([marker], limit=5, now=EPOCH) == []
+    assert [t.id for t in await threads.threads()] == ["keeper"]
+    assert [m.content for m in await threads.raw("keeper")] == ["unrelated gardening"]
+    assert await threads.purge(thread) == 0
+
+
+# ---- both backends agree ------------------------------------------------------------------
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(0, 4), st.integers(0, 3)),
+        st.tuples(st.just("compact"), st.integers(0, 12), st.integers(0, 4)),
+        st.tuples(st.just("expire"), st.integers(0, 4), st.just(0)),
+        st.tuples(st.just("clear"), st.just(0), st.just(0)),
+    ),
+    max_size=12,
+)
+
+
+async def _apply(threads: ThreadStore, thread: str, op: tuple[str, int, int], step: int) -> str:
+    """One operation; what it raised, by name ("" when nothing)."""
+    kind, a, b = op
+    at = EPOCH + timedelta(days=b)
+    try:
+        if kind == "append":
+            await save(threads, thread, drafts(*[f"step {step} word{i}" for i in range(a)]), at)
+        elif kind == "compact":
+            await threads.add_compaction(thread, a, a + b, f"summary {step}", EPOCH)
+        elif kind == "expire":
+            await threads.expire(thread, EPOCH + timedelta(days=a))
+        else:
+            await threads.clear(thread)
+    except mnemo.MnemoError as exc:
+        return type(exc).__name__
+    return ""
+
+
+async def _seen(threads: ThreadStore, thread: str) -> tuple[object, ...]:
+    """What a thread reads as, message ids aside (each backend makes its own)."""
+    raw = [(m.seq, m.role, m.content, m.data, m.recorded_at, m.tokens)
+           for m in await threads.raw(thread)]
+    return raw, await threads.compactions(thread), await threads.state(thread)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=_OPS)
+def test_backends_agree(pg_url: str, tmp_path: Path, ops: list[tuple[str, int, int]]) -> None:
+    """Random appends, compactions, expiries and clears leave SQLite and PostgreSQL with equal
+    logs, compactions and counters, and refuse the same operations."""
+    thread = f"t-{uuid.uuid4().hex}"  # examples share the databases
+
+    async def run() -> None:
+        database = Database(tmp_path / "agree.db")
+        await database.open()
+        try:
+            async with Postgres(pg_url) as pg:
+                lite, post = SqliteThreads(database), PgThreads(pg)
+                for step, op in enumerate(ops):
+                    assert await _apply(lite, thread, op, step) == await _apply(
+                        post, thread, op, step), op
+                    assert await _seen(lite, thread) == await _seen(post, thread), op
+        finally:
+            await database.close()
+
+    anyio.run(run)

@@ -1,0 +1,156 @@
+"""Keyword search over every thread's messages, and drill-down around one message, on
+PostgreSQL.
+
+Search runs on the messages' generated `search` column (`to_tsvector('mnemo_english', text)`,
+GIN-indexed): Snowball's English stemmer, case folded, no stop word dropped. Each word of the
+query becomes `phraseto_tsquery('mnemo_english', word)` (a parameter, so nothing in it is query
+syntax; a word the parser splits, such as `foo_bar`, stays one phrase, as a quoted FTS5 string
+does) and the words are OR-combined with `||` (`tsquery`). `ts_rank` with length normalisation
+picks the pool of candidates that `rank_by_recency` reorders (see `mnemo.conversation.search`);
+`ts_headline` is asked only for the hits returned (docs/DECISIONS.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
+from mnemo.conversation.search import VIEW_SNAPSHOTS, clip, pool_size, rank_by_recency
+from mnemo.errors import NotFoundError
+from mnemo.storage.postgres._thread_rows import (
+    MESSAGE_COLUMNS,
+    SNAPSHOT_COLUMNS,
+    fetch,
+    message_from_row,
+    snapshot_from_row,
+    utc,
+)
+from mnemo.storage.postgres.connection import Connection
+from mnemo.storage.postgres.schema import TEXT_SEARCH_CONFIG
+
+# ts_rank's normalisation 1 divides by 1 + log(words in the message): a long message that
+# mentions a word once ranks below a short one about it, as bm25's length term does.
+RANK_NORMALIZATION = 1
+
+# About SQLite's 48-token snippet; `clip` then bounds it to SNIPPET_CHARS.
+HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
+
+
+def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The SQL of a tsquery ORing every word, and its parameters ("" when there are none).
+
+    >>> tsquery(["nginx", "NOT"])[0].count("phraseto_tsquery")
+    2
+    """
+    sql = " || ".join(f"phraseto_tsquery('{TEXT_SEARCH_CONFIG}', %s)" for _ in words)
+    return sql, list(words)
+
+
+async def search(
+    conn: Connection,
+    words: Sequence[str],
+    *,
+    limit: int,
+    now: datetime,
+    thread_id: str | None = None,
+    exclude_viewport_of: str | None = None,
+) -> list[SearchHit]:
+    """The best `limit` messages for the words (see the module doc); call inside one read
+    transaction, so the hits' snippets come from the rows that were ranked."""
+    query, params = tsquery(words)
+    if not query:
+        return []
+    conditions = ["m.search @@ q.query"]
+    filters: list[Any] = []
+    if thread_id is not None:
+        conditions.append("m.thread_id = %s")
+        filters.append(thread_id)
+    if exclude_viewport_of is not None:
+        # Only the messages from the boundary on: every viewport shows them when eviction
+        # keeps up. Whether a pinned message is shown depends on the viewport's budget, which
+        # search does not know, so pins stay findable (a repeat beats a hidden message).
+        conditions.append(
+            "NOT (m.thread_id = %s AND m.seq >= coalesce("
+            "(SELECT boundary_seq FROM threads WHERE id = %s), 0))"
+        )
+        filters += [exclude_viewport_of, exclude_viewport_of]
+    rows = await fetch(
+        conn,
+        f"WITH q AS (SELECT {query} AS query)"
+        f" SELECT m.rowid, ts_rank(m.search, q.query, {RANK_NORMALIZATION}), m.recorded_at"
+        f" FROM messages m, q WHERE {' AND '.join(conditions)}"
+        " ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
+        [*params, *filters, pool_size(limit)],
+    )
+    scored = rank_by_recency(
+        ((int(rowid), float(score), utc(at)) for rowid, score, at in rows),
+        now=now,
+        limit=limit,
+    )
+    if not scored:
+        return []
+    rows = await fetch(
+        conn,
+        f"WITH q AS (SELECT {query} AS query)"
+        " SELECT m.rowid, m.id, m.thread_id, m.seq, m.role,"
+        f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s)"
+        " FROM messages m, q WHERE m.rowid = ANY(%s)",
+        [*params, HEADLINE_OPTIONS, [rowid for _, rowid in scored]],
+    )
+    found = {int(row[0]): row[1:] for row in rows}
+    hits: list[SearchHit] = []
+    for rank, rowid in scored:
+        if rowid in found:
+            mid, tid, seq, role, snippet = found[rowid]
+            hits.append(SearchHit(mid, tid, seq, clip(snippet), rank, role))
+    return hits
+
+
+async def view(conn: Connection, message_id: str, radius: int) -> MessageView:
+    """`radius` messages on each side of the message, as stored, and the 3 nearest level-1
+    snapshots on each side.
+
+    Raises:
+        NotFoundError: no such message.
+    """
+    cur = await conn.execute(
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = %s", (message_id,)
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise NotFoundError("message", message_id)
+    target = message_from_row(row)
+    before = await _around(conn, target, radius, "<", "DESC")
+    after = await _around(conn, target, radius, ">", "ASC")
+    snaps_before = await _snapshots(conn, target, "<=", "DESC")
+    snaps_after = await _snapshots(conn, target, ">", "ASC")
+    return MessageView(
+        target=target,
+        messages=[*reversed(before), target, *after],
+        snapshots_before=list(reversed(snaps_before)),
+        snapshots_after=snaps_after,
+    )
+
+
+async def _around(conn: Connection, target: Message, radius: int, op: str, order: str) -> (
+    list[Message]
+):
+    if radius == 0:
+        return []
+    cur = await conn.execute(
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s AND seq {op} %s"
+        f" ORDER BY seq {order} LIMIT %s",
+        (target.thread_id, target.seq, radius),
+    )
+    return [message_from_row(r) for r in await cur.fetchall()]
+
+
+async def _snapshots(conn: Connection, target: Message, op: str, order: str) -> list[Snapshot]:
+    cur = await conn.execute(
+        f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE thread_id = %s AND level = 1"
+        f" AND start_seq {op} %s ORDER BY start_seq {order} LIMIT %s",
+        (target.thread_id, target.seq, VIEW_SNAPSHOTS),
+    )
+    return [snapshot_from_row(r) for r in await cur.fetchall()]

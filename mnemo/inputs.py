@@ -22,15 +22,21 @@ DEFAULT_MAX_TEXT_CHARS = 32_000
 MAX_QUERY_TERMS = 32
 
 
-def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False) -> str:
+def check_text(
+    value: object, what: str, *, limit: int, blank_ok: bool = False, stored: bool = True
+) -> str:
     """`value`, checked to be a string of at most `limit` characters (and not blank, unless
-    `blank_ok`).
+    `blank_ok`). A text that is `stored` must not hold NUL; a query (not stored) may, as its
+    words never do.
 
     Raises:
-        InvalidInputError: not a string, blank, or longer than `limit`.
+        InvalidInputError: not a string, blank, longer than `limit`, or holding a NUL
+            character (U+0000: PostgreSQL's text cannot store it, so no backend takes it).
     """
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if stored and "\x00" in value:
+        raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not blank_ok and not value.strip():
         raise InvalidInputError(f"{what} must not be blank")
     if len(value) > limit:
@@ -46,18 +52,31 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     metadata is bounded, since it is stored and shown as that text.
 
     Raises:
-        InvalidInputError: not JSON-serialisable, or its JSON is longer than `limit`.
+        InvalidInputError: not JSON-serialisable, its JSON is longer than `limit`, or it holds
+            a NUL character (escaped in JSON, but PostgreSQL's jsonb refuses it).
     """
     try:
         text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
+    if _holds_nul(value):
+        raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if len(text) > limit:
         raise InvalidInputError(
             f"{what} is {len(text):,} characters long as JSON, more than the {limit:,} "
             "allowed (Config.max_text_chars)"
         )
     return text
+
+
+def _holds_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(item) for item in value)
+    return False
 
 
 def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:

@@ -496,7 +496,7 @@ class Memory:
             NotFoundError: an unknown repo.
         """
         self._repo(repo)
-        check_text(query, "query", limit=self._max_chars(repo))
+        check_text(query, "query", limit=self._max_chars(repo), stored=False)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
         kinds = None if types is None else _types(types)
@@ -565,7 +565,7 @@ class Memory:
                 `Config.max_text_chars`, or a k below 1.
             NotFoundError: an unknown repo.
         """
-        check_text(query, "query", limit=self._max_chars(repo))
+        check_text(query, "query", limit=self._max_chars(repo), stored=False)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._embedding(repo)
@@ -632,7 +632,7 @@ class Memory:
             InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
         """
         limit = self._max_chars(repo)
-        check_text(query, "query", limit=limit)
+        check_text(query, "query", limit=limit, stored=False)
         try:
             context = self._service.context(session_id, steps=3)
         except NotFoundError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
 import mnemo
@@ -41,7 +42,8 @@ async def sql(
     owner: mnemo.Memory | Backend, statement: str, *params: object
 ) -> list[tuple[Any, ...]]:
     """Runs one statement (with `?` placeholders) on the store and returns its rows (none for a
-    statement that returns none), committed."""
+    statement that returns none), committed. PostgreSQL's times come back as SQLite holds
+    them, ISO 8601 text."""
     backend = backend_of(owner)
     if isinstance(backend, SqliteBackend):
 
@@ -55,5 +57,13 @@ async def sql(
 
     assert isinstance(backend, PostgresBackend)
     async with backend.postgres.transaction() as conn:
-        cur = await conn.execute(statement.replace("?", "%s"), params)  # type: ignore[arg-type]
-        return [tuple(row) for row in await cur.fetchall()] if cur.description else []
+        # Without parameters, several statements may go in one call (`SET LOCAL ...; ...`).
+        cur = await conn.execute(
+            statement.replace("?", "%s"), params or None  # type: ignore[arg-type]
+        )
+        rows = await cur.fetchall() if cur.description else []
+        return [tuple(_as_sqlite(value) for value in row) for row in rows]
+
+
+def _as_sqlite(value: object) -> object:
+    return value.isoformat() if isinstance(value, datetime) else value

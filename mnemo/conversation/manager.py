@@ -142,7 +142,9 @@ class ConversationManager:
         if query is not None and not isinstance(query, str):
             raise InvalidInputError(f"query must be a string or None, got {type(query).__name__}")
         if query is not None:
-            check_text(query, "query", limit=self._service.max_text_chars, blank_ok=True)
+            check_text(
+                query, "query", limit=self._service.max_text_chars, blank_ok=True, stored=False
+            )
         await self._expire(thread_id)
         service = self._service
         if isinstance(self.retrieval, Semantic):

@@ -259,7 +259,7 @@ class ConversationService:
         exclude_viewport_of: str | None,
     ) -> list[SearchHit]:
         """See `Memory.search_messages`."""
-        check_text(query, "query", limit=self.max_text_chars)
+        check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
             check_thread_id(thread_id)

@@ -158,7 +158,7 @@ class MemoryFiles:
             InvalidInputError: `query` is not a string, is blank or is longer than
                 `max_text_chars`, or `limit` is not a positive int.
         """
-        check_text(query, "query", limit=self.max_text_chars)
+        check_text(query, "query", limit=self.max_text_chars, stored=False)
         if not _is_int(limit) or limit < 1:
             raise InvalidInputError(f"limit must be a positive int, got {limit!r}")
         wanted = _select.stems(query)

@@ -17,6 +17,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
 from mnemo.config import Config
+from mnemo.errors import StorageError
 from mnemo.graph import maintenance, value
 from mnemo.graph.maintenance import (
     ConsolidationReport,
@@ -417,9 +418,8 @@ async def test_validate_removes_dangling_links(trajectory: GraphStore, backend: 
         await sqlite_database(backend).run(sneak)
     else:
         # PostgreSQL enforces the foreign key for anyone but a superuser replicating rows.
-        await sql(backend, "SET session_replication_role = replica")
-        await sql(backend, "INSERT INTO links VALUES ('r', 's1', 'ghost', 'provenance')")
-        await sql(backend, "SET session_replication_role = DEFAULT")
+        await sql(backend, "SET LOCAL session_replication_role = replica;"
+                  " INSERT INTO links VALUES ('r', 's1', 'ghost', 'provenance')")
     report = await validate_episodic(graph, REPO)
     assert report.dangling_links == 1
     assert (await validate_episodic(graph, REPO)).ok
@@ -431,11 +431,17 @@ async def test_validate_reports_missing_and_bad_vectors(
     """Vectors cannot be made again here: missing and wrong-size ones are reported, each run."""
     graph = trajectory
     await sql(backend, "DELETE FROM vectors WHERE node_id = 's1'")
-    wrong = "zeroblob(12)" if is_sqlite(backend) else "'[0, 0, 0]'"
-    await sql(backend, f"UPDATE vectors SET vec = {wrong} WHERE node_id = 's2'")
+    bad = 0
+    if is_sqlite(backend):
+        await sql(backend, "UPDATE vectors SET vec = zeroblob(12) WHERE node_id = 's2'")
+        bad = 1
+    else:
+        # PostgreSQL refuses a vector of another size: the repo's HNSW index casts each one.
+        with pytest.raises(StorageError, match="dimensions"):
+            await sql(backend, "UPDATE vectors SET vec = '[0, 0, 0]' WHERE node_id = 's2'")
     for _ in range(2):
         report = await validate_episodic(graph, REPO)
-        assert (report.missing_vectors, report.bad_vectors) == (1, 1)
+        assert (report.missing_vectors, report.bad_vectors) == (1, bad)
 
 
 async def test_validate_rebuilds_the_search_index(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from mnemo.graph.model import (
 )
 from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import DIM, draft, policy
-from tests.strategies import changesets, commit_receipts, json_objects, vectors
+from tests.strategies import changesets, commit_receipts, json_objects, texts, vectors
 
 # Node types whose drafts are never deduplicated away (tags and intents have their own tests).
 PLAIN_TYPES = [t for t in NodeType if t not in (NodeType.TAG, NodeType.INTENT)]
@@ -79,7 +79,7 @@ def test_vector_blob_round_trip(vector: np.ndarray[Any, np.dtype[np.float32]]) -
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     nodes=st.lists(
-        st.tuples(st.sampled_from(PLAIN_TYPES), st.text(), json_objects), min_size=1, max_size=4
+        st.tuples(st.sampled_from(PLAIN_TYPES), texts(), json_objects), min_size=1, max_size=4
     )
 )
 async def test_node_row_round_trip(

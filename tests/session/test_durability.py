@@ -1,5 +1,6 @@
 """A killed process loses nothing accepted: a child drives a Memory to a point and dies with
-`os._exit` (no cleanup at all), then a new Memory on the same file carries on."""
+`os._exit` (no cleanup at all), then a new Memory on the same store carries on (a SQLite file,
+a PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_child(db: Path, mode: str) -> tuple[str, str]:
+def run_child(db: str, mode: str) -> tuple[str, str]:
     """Runs the child to its point of death; returns (session id, stderr)."""
     done = subprocess.run(
         [sys.executable, "-m", "tests.session.durability_child", str(db), mode],
@@ -26,15 +27,15 @@ def run_child(db: Path, mode: str) -> tuple[str, str]:
     return done.stdout.strip().splitlines()[-1], done.stderr
 
 
-def reopen(db: Path, llm: FakeLLM, events: EventLog) -> mnemo.Memory:
+def reopen(db: str, llm: FakeLLM, events: EventLog) -> mnemo.Memory:
     return mnemo.Memory(db, llm=llm, embedder=FakeEmbedder(), on_event=events)
 
 
-async def test_killed_while_collecting_keeps_every_step(tmp_path: Path) -> None:
+async def test_killed_while_collecting_keeps_every_step(store: str) -> None:
     """A session killed while collecting comes back collecting, with all its steps."""
-    sid, _ = run_child(tmp_path / "m.db", "collecting")
+    sid, _ = run_child(store, "collecting")
     llm, events = FakeLLM(), EventLog()
-    async with reopen(tmp_path / "m.db", llm, events) as mem:
+    async with reopen(store, llm, events) as mem:
         assert await mem.list_repos() == ["r"]
         assert await mem.session_state(sid) is mnemo.State.COLLECTING
         context = await mem.session_context(sid)
@@ -54,12 +55,12 @@ async def test_killed_while_collecting_keeps_every_step(tmp_path: Path) -> None:
         ]
 
 
-async def test_killed_while_extracting_extracts_again(tmp_path: Path) -> None:
+async def test_killed_while_extracting_extracts_again(store: str) -> None:
     """A session killed mid-extraction is extracting after reopening, extracts again with the
     new Memory's LLM, and commits every step."""
-    sid, _ = run_child(tmp_path / "m.db", "extracting")
+    sid, _ = run_child(store, "extracting")
     llm, events = FakeLLM(), EventLog()
-    async with reopen(tmp_path / "m.db", llm, events) as mem:
+    async with reopen(store, llm, events) as mem:
         await mem.open_repo("r")
         assert await mem.session_state(sid) in (mnemo.State.EXTRACTING, mnemo.State.READY)
         await events.wait_state(mem, sid, mnemo.State.READY, mnemo.State.FAILED)
@@ -72,12 +73,12 @@ async def test_killed_while_extracting_extracts_again(tmp_path: Path) -> None:
                                                  "fact: walk south"]
 
 
-async def test_killed_when_ready_keeps_the_changeset(tmp_path: Path) -> None:
+async def test_killed_when_ready_keeps_the_changeset(store: str) -> None:
     """A ready session survives a kill with its changeset: commit applies it without asking
     the LLM again."""
-    sid, _ = run_child(tmp_path / "m.db", "ready")
+    sid, _ = run_child(store, "ready")
     llm, events = FakeLLM(), EventLog()
-    async with reopen(tmp_path / "m.db", llm, events) as mem:
+    async with reopen(store, llm, events) as mem:
         assert await mem.session_state(sid) is mnemo.State.READY
         receipt = await mem.commit(sid)
         assert receipt is not None
@@ -86,23 +87,23 @@ async def test_killed_when_ready_keeps_the_changeset(tmp_path: Path) -> None:
         assert await mem.session_state(sid) is mnemo.State.IDLE
 
 
-async def test_killed_after_commit_keeps_the_nodes(tmp_path: Path) -> None:
+async def test_killed_after_commit_keeps_the_nodes(store: str) -> None:
     """Once commit returned, its nodes survive a kill and the session is idle."""
-    sid, stderr = run_child(tmp_path / "m.db", "committed")
+    sid, stderr = run_child(store, "committed")
     node_ids = stderr.strip().splitlines()[-1].split()
     llm, events = FakeLLM(), EventLog()
-    async with reopen(tmp_path / "m.db", llm, events) as mem:
+    async with reopen(store, llm, events) as mem:
         assert await mem.session_state(sid) is mnemo.State.IDLE
         for node_id in node_ids:
             assert await mem.get_node("r", node_id) is not None
 
 
-async def test_killed_during_auto_commit_loses_and_repeats_nothing(tmp_path: Path) -> None:
+async def test_killed_during_auto_commit_loses_and_repeats_nothing(store: str) -> None:
     """An auto-commit session killed while collecting its second trajectory comes back with
     the first committed and the second uncommitted; closing commits exactly the rest."""
-    sid, _ = run_child(tmp_path / "m.db", "auto")
+    sid, _ = run_child(store, "auto")
     llm, events = FakeLLM(), EventLog()
-    async with reopen(tmp_path / "m.db", llm, events) as mem:
+    async with reopen(store, llm, events) as mem:
         assert await mem.session_state(sid) is mnemo.State.COLLECTING
         await mem.close_and_commit(sid)
         assert await mem.session_state(sid) is mnemo.State.IDLE
@@ -117,10 +118,10 @@ async def test_killed_during_auto_commit_loses_and_repeats_nothing(tmp_path: Pat
 
 
 @pytest.mark.parametrize("mode", ["collecting", "extracting"])
-async def test_repos_and_their_config_persist(tmp_path: Path, mode: str) -> None:
+async def test_repos_and_their_config_persist(store: str, mode: str) -> None:
     """Repos and their config come back after a kill."""
-    run_child(tmp_path / "m.db", mode)
-    async with reopen(tmp_path / "m.db", FakeLLM(), EventLog()) as mem:
+    run_child(store, mode)
+    async with reopen(store, FakeLLM(), EventLog()) as mem:
         assert await mem.list_repos() == ["r"]
         with anyio.fail_after(5):
             await mem.open_repo("r")

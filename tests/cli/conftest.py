@@ -1,0 +1,7 @@
+"""The PostgreSQL test server's fixtures (tests/pg.py), for tests/cli/test_migrate.py."""
+
+from __future__ import annotations
+
+from tests.pg import pg_clones, pg_server, pg_template, pg_url
+
+__all__ = ["pg_clones", "pg_server", "pg_template", "pg_url"]

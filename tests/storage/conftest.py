@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.pg import pg_clones, pg_server, pg_template, pg_url
+from tests.pg import pg_clones, pg_empty_url, pg_server, pg_template, pg_url
 
-__all__ = ["pg_clones", "pg_server", "pg_template", "pg_url"]
+__all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]

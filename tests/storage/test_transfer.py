@@ -114,6 +114,10 @@ async def test_postgres_back_to_sqlite_is_the_original(
 ) -> None:
     """SQLite -> PostgreSQL -> a new SQLite file gives the original's rows, as stored, and
     the copy's search finds nodes and messages by a word."""
+    with psycopg.connect(pg_url, autocommit=True) as pg:
+        # Times come back in the session's time zone: the copy must still hold UTC text.
+        name = pg.info.dbname
+        pg.execute(f"ALTER DATABASE {name} SET timezone = 'Asia/Kolkata'")
     await move(str(source), pg_url, batch=5)
     copy = tmp_path / "copy.db"
     report = await move(pg_url, str(copy), batch=5)
@@ -166,4 +170,15 @@ async def test_a_missing_source_is_refused(tmp_path: Path) -> None:
     with pytest.raises(mnemo.StorageError, match="no mnemo database"):
         await move(str(tmp_path / "absent.db"), str(tmp_path / "copy.db"))
     assert not (tmp_path / "absent.db").exists()
+    assert not (tmp_path / "copy.db").exists()
+
+
+async def test_a_postgres_database_without_mnemo_is_no_source(
+    pg_empty_url: str, tmp_path: Path
+) -> None:
+    """A PostgreSQL database without mnemo's schema is refused as a source, left as it was."""
+    with pytest.raises(mnemo.StorageError, match="no mnemo store"):
+        await move(pg_empty_url, str(tmp_path / "copy.db"))
+    with psycopg.connect(pg_empty_url) as pg:
+        assert pg.execute("SELECT to_regclass('mnemo_migrations')").fetchone() == (None,)
     assert not (tmp_path / "copy.db").exists()

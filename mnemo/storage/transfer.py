@@ -196,7 +196,9 @@ class TransferReport:
 
 
 # (table, rows done, rows in the source) after each batch; (table, 0, total) before the first.
+# The first "table" is CHECK: the source's nodes compared with the target's before copying.
 Progress = Callable[[str, int, int], None]
+CHECK = "check node ids"
 
 
 async def transfer(
@@ -212,7 +214,10 @@ async def transfer(
         StorageError: `"mismatch"` when, after copying, a table's row counts or the node
             checksums differ (the message names the table); as either store otherwise.
     """
-    conflicts, example = 0, ""
+    conflicts, example, checked = 0, "", 0
+    nodes = await source.count(NODES)
+    if progress is not None:
+        progress(CHECK, 0, nodes)
     async for rows in source.read(NODES, batch):
         pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
         held = await target.node_texts(list(pairs))
@@ -220,6 +225,9 @@ async def transfer(
             if pairs[node_id] != text:
                 conflicts += 1
                 example = example or node_id
+        checked += len(rows)
+        if progress is not None:
+            progress(CHECK, checked, max(nodes, checked))
     if conflicts:
         raise ConflictError(
             f"{conflicts} node id(s) of the source hold another text in the target"

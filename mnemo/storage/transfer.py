@@ -196,9 +196,12 @@ class TransferReport:
 
 
 # (table, rows done, rows in the source) after each batch; (table, 0, total) before the first.
-# The first "table" is CHECK: the source's nodes compared with the target's before copying.
+# Besides the tables: CHECK, the source's nodes compared with the target's before copying;
+# FINISH, the target's indexes built after; VERIFY, the counts and checksums compared.
 Progress = Callable[[str, int, int], None]
 CHECK = "check node ids"
+FINISH = "build indexes"
+VERIFY = "verify"
 
 
 async def transfer(
@@ -245,12 +248,20 @@ async def transfer(
             if progress is not None:
                 progress(table.name, done, max(total, done))
         copied[table.name] = (done, inserted)
+    if progress is not None:
+        progress(FINISH, 0, 1)
     await target.finish()
-    return await verify(source, target, copied)
+    if progress is not None:
+        progress(FINISH, 1, 1)
+    return await verify(source, target, copied, progress=progress)
 
 
 async def verify(
-    source: Dump, target: Dump, copied: dict[str, tuple[int, int]] | None = None
+    source: Dump,
+    target: Dump,
+    copied: dict[str, tuple[int, int]] | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> TransferReport:
     """The counts of every table and the node checksums of both stores, which must agree.
 
@@ -259,7 +270,10 @@ async def verify(
             when their checksums do.
     """
     counts = []
-    for table in TABLES:
+    steps = len(TABLES) + 1  # each table's counts, then the checksums
+    for done, table in enumerate(TABLES):
+        if progress is not None:
+            progress(VERIFY, done, steps)
         have, held = await source.count(table), await target.count(table)
         if have != held:
             raise StorageError(
@@ -274,6 +288,8 @@ async def verify(
         raise StorageError(
             "mismatch", "table nodes: the node texts differ (checksums of ids and texts)"
         )
+    if progress is not None:
+        progress(VERIFY, steps, steps)
     return TransferReport(tuple(counts), checksum)
 
 

@@ -44,7 +44,7 @@ def test_to_postgres_and_back(source: Path, pg_url: str, tmp_path: Path) -> None
     assert report["copied"] == total(source)
     assert {t["table"]: t["target"] for t in report["tables"]} == {
         t.name: len(sqlite_rows(source, t)) for t in TABLES}
-    for name in ("check node ids", "nodes", "messages"):
+    for name in ("check node ids", "nodes", "messages", "build indexes", "verify"):
         assert name in there.stderr  # the progress bars, one per table
     back = migrate(pg_url, tmp_path / "back.db")
     assert back.exit_code == 0, back.stderr

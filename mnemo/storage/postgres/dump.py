@@ -83,11 +83,12 @@ class PostgresDump:
         positions = [table.names.index(name) for name in order]
         last: tuple[object, ...] | None = None
         while True:
-            async with self._pg.connection() as conn:
+            # Binary results: a vector's text form costs more to parse than the rest of its row.
+            async with self._pg.connection() as conn, conn.cursor(binary=True) as cur:
                 if last is None:
-                    cur = await conn.execute(first, (batch,))
+                    await cur.execute(first, (batch,))
                 else:
-                    cur = await conn.execute(after, (*last, batch))
+                    await cur.execute(after, (*last, batch))
                 raw = await cur.fetchall()
             if not raw:
                 return

@@ -4,6 +4,7 @@ PostgreSQL and back, every table's rows equal, idempotent, refusing conflicts, v
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -12,7 +13,7 @@ import pytest
 import mnemo
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.sqlite.dump import _WITHOUT_ROWID
-from mnemo.storage.transfer import TABLES, TransferReport, open_dump, transfer
+from mnemo.storage.transfer import TABLES, Row, Table, TransferReport, open_dump, transfer
 from tests.fakes import FakeEmbedder
 from tests.storage.filled import (
     MESSAGE_WORD,
@@ -27,6 +28,7 @@ from tests.storage.filled import (
 # Not copied: each backend's bookkeeping and search indexes.
 SQLITE_SKIPPED = {"_sqlite_migrations", "sqlite_stat1"}
 POSTGRES_SKIPPED = {"mnemo_migrations"}
+MESSAGES = next(t for t in TABLES if t.name == "messages")
 
 
 @pytest.fixture
@@ -182,3 +184,35 @@ async def test_a_postgres_database_without_mnemo_is_no_source(
     with psycopg.connect(pg_empty_url) as pg:
         assert pg.execute("SELECT to_regclass('mnemo_migrations')").fetchone() == (None,)
     assert not (tmp_path / "copy.db").exists()
+
+
+class _Interrupted(Exception):
+    """The copy stopped half-way (a killed process, a lost connection)."""
+
+
+async def test_an_interrupted_copy_carries_on(source: Path, pg_url: str) -> None:
+    """A copy stopped after some batches leaves whole batches only; running it again copies
+    the rest, and the target verifies."""
+    written = 0
+
+    async with open_dump(str(source), must_exist=True) as a, \
+            open_dump(pg_url, must_exist=False) as b:
+        write = b.write
+
+        async def failing(table: Table, rows: Sequence[Row]) -> int:
+            nonlocal written
+            if table.name == "messages" and written:
+                raise _Interrupted
+            done = await write(table, rows)
+            written += done if table.name == "messages" else 0
+            return done
+
+        b.write = failing  # type: ignore[method-assign]
+        with pytest.raises(_Interrupted):
+            await transfer(a, b, batch=4)
+    assert len(postgres_rows(pg_url, MESSAGES)) == 4
+    report = await move(str(source), pg_url, batch=4)
+    expected = sum(len(sqlite_rows(source, t)) for t in TABLES)
+    assert 0 < report.copied < expected
+    for table in TABLES:
+        assert postgres_rows(pg_url, table) == sqlite_rows(source, table), table.name

@@ -100,6 +100,7 @@ class SqliteDump:
         marks = ", ".join("?" for _ in order)
         first = f"{select} ORDER BY {keys} LIMIT ?"
         after = f"{select} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT ?"
+        positions = [table.names.index(name) for name in order if name in table.names]
         last: tuple[object, ...] | None = None
         while True:
             statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
@@ -107,7 +108,6 @@ class SqliteDump:
             if not raw:
                 return
             if table.name in _WITHOUT_ROWID:
-                positions = [table.names.index(name) for name in order]
                 last = tuple(raw[-1][i] for i in positions)
                 values = raw
             else:

@@ -1,0 +1,143 @@
+"""`mnemo migrate --from SRC --to DST`: copy a memory to another store, and verify the copy.
+
+SRC and DST are each a SQLite file or a `postgresql://` URL (issue 10: the day a memory
+outgrows one machine, and back). The target is created or migrated to this mnemo's schema
+first; every row whose key it holds already is skipped, so running the command again copies
+nothing and says so. Progress is one bar per table on stderr; the result is a table of counts
+and the checksum of the nodes' ids and texts, both verified equal on the two sides.
+
+Exit status: 0 when copied and verified; 2 when refused before copying (no source, the same
+store twice, a node id the target holds with another text); 1 when the copy does not verify
+(a table's counts or the checksums differ: the message names the table).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from mnemo.cli._common import Json, app, run
+from mnemo.cli._database import CliError, check_database
+from mnemo.cli._output import print_json, stderr_console, stdout_console
+from mnemo.errors import StorageError
+from mnemo.storage.ports import is_postgres
+from mnemo.storage.transfer import TransferReport, open_dump, same_store, transfer
+
+SourceOpt = Annotated[
+    str,
+    typer.Option("--from", help="The memory to copy: a SQLite file or a postgresql:// URL.",
+                 show_default=False),
+]
+TargetOpt = Annotated[
+    str,
+    typer.Option("--to", help="Where to copy it: a SQLite file (created if missing) or a "
+                 "postgresql:// URL (its schema is created if missing).", show_default=False),
+]
+
+
+def display(store: str) -> str:
+    """`store` as it may be printed: a URL's password hidden."""
+    return re.sub(r"^([a-z]+://[^:/@]*):[^@]*@", r"\1:***@", store)
+
+
+def check_stores(source: str, target: str) -> None:
+    """Refuses what `migrate` must not start on (see the module docstring).
+
+    Raises:
+        CliError: a missing source, the same store twice, a file that is not a mnemo
+            database, or a PostgreSQL URL where psycopg is not installed.
+    """
+    for store in (source, target):
+        if is_postgres(store) and importlib.util.find_spec("psycopg") is None:
+            raise CliError(
+                "PostgreSQL needs the driver: pip install \"mnemo[postgres]\""
+            )
+    if not is_postgres(source):
+        if not Path(source).exists():
+            raise CliError(f"no database at {source}")
+        check_database(Path(source), must_exist=True)
+    if not is_postgres(target):
+        check_database(Path(target), must_exist=False)
+    if same_store(source, target):
+        raise CliError(f"--from and --to name the same store ({display(source)})")
+
+
+class _Bars:
+    """One progress bar per table, made when the table's copy starts."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, table: str, done: int, total: int) -> None:
+        task = self._tasks.get(table)
+        if task is None:
+            task = self._tasks[table] = self._progress.add_task(table, total=total)
+        self._progress.update(task, completed=done, total=total)
+
+
+def report_json(source: str, target: str, report: TransferReport) -> dict[str, object]:
+    return {
+        "from": display(source),
+        "to": display(target),
+        "copied": report.copied,
+        "checksum": report.checksum,
+        "tables": [
+            {"table": t.table, "source": t.source, "copied": t.copied, "target": t.target}
+            for t in report.tables
+        ],
+    }
+
+
+@app.command()
+def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None:
+    """Copy a memory to another store (SQLite <-> PostgreSQL), verified by counts and a
+    checksum; running it again copies nothing."""
+
+    async def work() -> None:
+        check_stores(source, target)
+        progress = Progress(
+            TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), console=stderr_console(),
+        )
+        try:
+            async with open_dump(source, must_exist=True) as src, \
+                    open_dump(target, must_exist=False) as dst:
+                with progress:
+                    report = await transfer(src, dst, progress=_Bars(progress))
+        except StorageError as exc:
+            if exc.reason != "mismatch":
+                raise
+            typer.echo(f"error: the copy does not verify: {exc}", err=True)
+            raise typer.Exit(1) from None
+        if as_json:
+            print_json(report_json(source, target, report))
+            return
+        console = stdout_console()
+        table = Table(title=f"{display(source)} -> {display(target)}", title_justify="left")
+        table.add_column("table")
+        for column in ("source", "copied", "target"):
+            table.add_column(column, justify="right")
+        for t in report.tables:
+            table.add_row(t.table, str(t.source), str(t.copied), str(t.target))
+        console.print(table)
+        console.print(f"node checksum (sha256 of ids and texts), equal on both: {report.checksum}")
+        if report.copied:
+            console.print(f"Copied {report.copied} rows; verified.")
+        else:
+            console.print("Nothing to copy: the target already holds every row; verified.")
+
+    run(work)

@@ -1,0 +1,191 @@
+"""The PostgreSQL side of `mnemo migrate` (`mnemo.storage.transfer`): tables read and written
+in neutral values.
+
+A batch is written in one transaction: `COPY` in binary into a temporary table shaped like the
+target's columns, then `INSERT ... SELECT ... ON CONFLICT DO NOTHING`, so a row whose key (or
+rowid) is there already is skipped and the rest go in at COPY's speed. The `tsvector` columns
+are generated, never written. Rowids are copied as they are (the identity columns are BY
+DEFAULT), so `finish` moves each identity sequence past the largest, and builds each repo's
+HNSW index (`schema.ensure_vector_index`) once its vectors are in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+
+import numpy as np
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from mnemo.errors import StorageError
+from mnemo.storage.postgres import schema
+from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.transfer import TABLES, Kind, NodeChecksum, Row, Table
+
+_STAGE = sql.Identifier("mnemo_transfer")
+
+
+def _load(kind: Kind, value: object) -> object:
+    if value is None:
+        return None
+    if kind is Kind.TIME:
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC)
+    if kind is Kind.FLOAT:
+        return float(value)  # type: ignore[arg-type]
+    if kind is Kind.BOOL:
+        return bool(value)
+    if kind is Kind.BYTES:
+        assert isinstance(value, bytes)
+        return value
+    if kind is Kind.VECTOR:
+        return np.asarray(value, dtype=np.float32)
+    return value
+
+
+def _columns(names: Sequence[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(name) for name in names)
+
+
+def _order(table: Table) -> tuple[str, ...]:
+    return ("rowid",) if table.has_rowid else table.key
+
+
+class PostgresDump:
+    """The `Dump` of one open `Postgres`."""
+
+    def __init__(self, pg: Postgres) -> None:
+        self._pg = pg
+        self._types: dict[str, list[int]] = {}
+
+    async def count(self, table: Table) -> int:
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table.name))
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        assert isinstance(row[0], int)
+        return row[0]
+
+    async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+        order = _order(table)
+        select = sql.SQL("SELECT {} FROM {}").format(
+            _columns(table.names), sql.Identifier(table.name)
+        )
+        keys = _columns(order)
+        first = sql.SQL("{} ORDER BY {} LIMIT %s").format(select, keys)
+        after = sql.SQL("{} WHERE ({}) > ({}) ORDER BY {} LIMIT %s").format(
+            select, keys, sql.SQL(", ").join(sql.Placeholder() for _ in order), keys
+        )
+        positions = [table.names.index(name) for name in order]
+        last: tuple[object, ...] | None = None
+        while True:
+            # Binary results: a vector's text form costs more to parse than the rest of its row.
+            async with self._pg.connection() as conn, conn.cursor(binary=True) as cur:
+                if last is None:
+                    await cur.execute(first, (batch,))
+                else:
+                    await cur.execute(after, (*last, batch))
+                raw = await cur.fetchall()
+            if not raw:
+                return
+            last = tuple(raw[-1][i] for i in positions)
+            yield [
+                tuple(_load(kind, value) for kind, value in zip(table.kinds, row, strict=True))
+                for row in raw
+            ]
+            if len(raw) < batch:
+                return
+
+    async def write(self, table: Table, rows: Sequence[Row]) -> int:
+        if not rows:
+            return 0
+        target = sql.Identifier(table.name)
+        columns = _columns(table.names)
+        async with self._pg.transaction() as conn:
+            await conn.execute(
+                sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                .format(_STAGE, columns, target)
+            )
+            types = self._types.get(table.name)
+            if types is None:
+                cur = await conn.execute(sql.SQL("SELECT {} FROM {}").format(columns, _STAGE))
+                types = [column.type_code for column in cur.description or ()]
+                self._types[table.name] = types
+            async with conn.cursor() as cur:
+                async with cur.copy(
+                    sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(_STAGE, columns)
+                ) as copy:
+                    copy.set_types(types)
+                    for row in rows:
+                        await copy.write_row(row)
+                await cur.execute(
+                    sql.SQL(
+                        "INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {} ON CONFLICT DO NOTHING"
+                    ).format(target, columns, columns, _STAGE, _columns(_order(table)))
+                )
+                return max(cur.rowcount, 0)
+
+    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                "SELECT id, text FROM nodes WHERE id = ANY(%s)", (list(ids),)
+            )
+            rows = await cur.fetchall()
+        return {str(node_id): str(text) for node_id, text in rows}
+
+    async def checksum(self) -> str:
+        digest = NodeChecksum()
+        async with self._pg.connection() as conn, conn.transaction():
+            # COLLATE "C": byte order of the UTF-8 ids, which is SQLite's BINARY order.
+            async with conn.cursor(name="mnemo_checksum") as cur:
+                cur.itersize = 1000
+                await cur.execute('SELECT id, text FROM nodes ORDER BY id COLLATE "C"')
+                async for node_id, text in cur:
+                    digest.add(str(node_id), str(text))
+        return digest.hexdigest()
+
+    async def finish(self) -> None:
+        async with self._pg.transaction() as conn:
+            for table in TABLES:
+                if table.has_rowid:
+                    # setval(NULL) on an empty table changes nothing.
+                    await conn.execute(
+                        sql.SQL(
+                            "SELECT setval(pg_get_serial_sequence({}, 'rowid'), max(rowid))"
+                            " FROM {}"
+                        ).format(sql.Literal(table.name), sql.Identifier(table.name))
+                    )
+            cur = await conn.execute("SELECT name, dim FROM repos ORDER BY name")
+            repos = [(str(name), int(dim)) for name, dim in await cur.fetchall()]  # type: ignore[call-overload]
+        async with self._pg.connection() as conn:
+            for name, dim in repos:
+                if dim > 0:
+                    await schema.ensure_vector_index(conn, name, dim)
+
+
+@asynccontextmanager
+async def open_postgres_dump(url: str, *, must_exist: bool) -> AsyncIterator[PostgresDump]:
+    """The dump of the PostgreSQL database `url` names, opened (and migrated) for the block.
+
+    Raises:
+        StorageError: `"unavailable"` when `must_exist` and the database holds no mnemo schema,
+            or it cannot be reached; as `schema.apply` otherwise.
+    """
+    pg = Postgres(url)
+    await pg.open(migrate=not must_exist)
+    try:
+        if must_exist:
+            async with pg.connection() as conn:
+                cur = await conn.execute("SELECT to_regclass('mnemo_migrations') IS NOT NULL")
+                row = await cur.fetchone()
+                if row is None or not row[0]:
+                    name = conninfo_to_dict(url).get("dbname", "")
+                    raise StorageError("unavailable", f"no mnemo store in the database {name!r}")
+                await schema.apply(conn)
+        yield PostgresDump(pg)
+    finally:
+        await pg.close()

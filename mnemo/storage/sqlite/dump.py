@@ -1,0 +1,195 @@
+"""The SQLite side of `mnemo migrate` (`mnemo.storage.transfer`): tables read and written in
+neutral values.
+
+SQLite keeps JSON as text (written with sorted keys, as every store here writes it), times as
+ISO-8601 text of UTC datetimes, flags as 0/1 and vectors as float32 blobs. A table is read in
+rowid order, so the target receives rows in the order they were inserted; a table WITHOUT
+ROWID in key order. Copied nodes and messages reach FTS5 through the tables' insert triggers,
+and a row skipped as already there fires none.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+from mnemo.errors import StorageError
+from mnemo.graph.model import vector_from_blob, vector_to_blob
+from mnemo.storage.sqlite.database import Database, inspect_file
+from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
+
+# Declared WITHOUT ROWID in schema.py: read in key order.
+_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results"}
+
+
+def _load(kind: Kind, value: object) -> object:
+    if value is None:
+        return None
+    if kind is Kind.TIME:
+        moment = datetime.fromisoformat(str(value))
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
+    if kind is Kind.JSON:
+        return json.loads(str(value))
+    if kind is Kind.BOOL:
+        return bool(value)
+    if kind is Kind.FLOAT:
+        return float(value)  # type: ignore[arg-type]
+    if kind is Kind.VECTOR:
+        assert isinstance(value, bytes)
+        return vector_from_blob(value)
+    if kind is Kind.BYTES:
+        assert isinstance(value, bytes)
+        return value
+    return value
+
+
+def _store(kind: Kind, value: object) -> object:
+    if value is None:
+        return None
+    if kind is Kind.TIME:
+        assert isinstance(value, datetime)
+        return value.astimezone(UTC).isoformat()
+    if kind is Kind.JSON:
+        return json.dumps(value, sort_keys=True)
+    if kind is Kind.BOOL:
+        return int(bool(value))
+    if kind is Kind.VECTOR:
+        return vector_to_blob(np.asarray(value, dtype=np.float32))
+    return value
+
+
+def _fetch(
+    statement: str, params: Sequence[object]
+) -> Callable[[SqliteUtilsDatabase], list[tuple[Any, ...]]]:
+    def work(db: SqliteUtilsDatabase) -> list[tuple[Any, ...]]:
+        return list(db.execute(statement, list(params)).fetchall())
+
+    return work
+
+
+class SqliteDump:
+    """The `Dump` of one open SQLite `Database`."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    async def count(self, table: Table) -> int:
+        (count,) = await self._db.run(
+            lambda db: db.execute(f'SELECT count(*) FROM "{table.name}"').fetchone()
+        )
+        return int(count)
+
+    async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+        columns = ", ".join(f'"{name}"' for name in table.names)
+        if table.name in _WITHOUT_ROWID:
+            order = table.key
+            select = f'SELECT {columns} FROM "{table.name}"'
+        else:
+            order = ("rowid",)
+            select = f'SELECT rowid, {columns} FROM "{table.name}"'
+        keys = ", ".join(f'"{name}"' for name in order)
+        marks = ", ".join("?" for _ in order)
+        first = f"{select} ORDER BY {keys} LIMIT ?"
+        after = f"{select} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT ?"
+        positions = [table.names.index(name) for name in order if name in table.names]
+        last: tuple[object, ...] | None = None
+        while True:
+            statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
+            raw = await self._db.run(_fetch(statement, params))
+            if not raw:
+                return
+            if table.name in _WITHOUT_ROWID:
+                last = tuple(raw[-1][i] for i in positions)
+                values = raw
+            else:
+                last = (raw[-1][0],)
+                values = [r[1:] for r in raw]
+            yield [
+                tuple(_load(kind, value) for kind, value in zip(table.kinds, row, strict=True))
+                for row in values
+            ]
+            if len(raw) < batch:
+                return
+
+    async def write(self, table: Table, rows: Sequence[Row]) -> int:
+        columns = ", ".join(f'"{name}"' for name in table.names)
+        marks = ", ".join("?" for _ in table.names)
+        statement = f'INSERT OR IGNORE INTO "{table.name}" ({columns}) VALUES ({marks})'
+        stored = [
+            tuple(_store(kind, value) for kind, value in zip(table.kinds, row, strict=True))
+            for row in rows
+        ]
+
+        def work(db: SqliteUtilsDatabase) -> int:
+            with db.atomic():
+                # rowcount counts the rows inserted, not those ignored or the FTS triggers'.
+                return db.conn.executemany(statement, stored).rowcount
+
+        return await self._db.run(work)
+
+    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        # SQLite allows 32766 parameters; a batch is far below that.
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start:start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            rows = await self._db.run(
+                _fetch(f"SELECT id, text FROM nodes WHERE id IN ({marks})", chunk)
+            )
+            found.update((str(node_id), str(text)) for node_id, text in rows)
+        return found
+
+    async def checksum(self) -> str:
+        digest = NodeChecksum()
+        last: str | None = None
+        while True:
+            if last is None:
+                rows = await self._db.run(
+                    _fetch("SELECT id, text FROM nodes ORDER BY id LIMIT 1000", ())
+                )
+            else:
+                rows = await self._db.run(_fetch(
+                    "SELECT id, text FROM nodes WHERE id > ? ORDER BY id LIMIT 1000", (last,)
+                ))
+            for node_id, text in rows:
+                digest.add(str(node_id), str(text))
+            if len(rows) < 1000:
+                return digest.hexdigest()
+            last = str(rows[-1][0])
+
+    async def finish(self) -> None:
+        """Nothing to do: the FTS5 triggers indexed each inserted row as it came."""
+
+
+def _is_mnemo(path: Path) -> bool:
+    try:
+        return path.is_file() and inspect_file(path)[1]
+    except sqlite3.Error:
+        return False
+
+
+@asynccontextmanager
+async def open_sqlite_dump(path: Path, *, must_exist: bool) -> AsyncIterator[SqliteDump]:
+    """The dump of the mnemo database at `path`, opened (and migrated) for the block.
+
+    Raises:
+        StorageError: `"unavailable"` when `must_exist` and `path` holds no mnemo database;
+            as `Database.open` otherwise.
+    """
+    if must_exist and not await anyio.to_thread.run_sync(_is_mnemo, path):
+        raise StorageError("unavailable", f"no mnemo database at {path}")
+    database = Database(path)
+    await database.open()
+    try:
+        yield SqliteDump(database)
+    finally:
+        await database.close()

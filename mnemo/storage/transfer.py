@@ -1,0 +1,324 @@
+"""Moving a memory from one store to another (`mnemo migrate`, issue 10): backend-neutral.
+
+Both backends hold the same tables with the same columns (`sqlite/schema.py`,
+`postgres/schema.py`); `TABLES` names them in dependency order, each column with its `Kind`.
+A backend's `Dump` (`sqlite/dump.py`, `postgres/dump.py`) reads a table's rows as neutral
+Python values (str, int, float, bool, bytes, aware UTC datetimes, parsed JSON, float32 numpy
+vectors) and writes them, skipping every row whose key the target already holds: so a second
+run copies nothing, and an interrupted one carries on. `transfer` drives two of them.
+
+What is not copied: the bookkeeping of each backend (migration ledgers, SQLite's planner
+statistics) and the search indexes, which each target builds from the copied rows itself
+(SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns).
+The rowids that order episodes, nodes, messages and snapshots are carried over.
+
+Verification: after copying, every table holds as many rows on both sides and the nodes' ids
+and texts hash alike (`NodeChecksum`), else `StorageError("mismatch")` names the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+from mnemo.errors import ConflictError, StorageError
+from mnemo.storage.ports import is_postgres
+
+# A neutral row: one value per column of its table, in the table's column order.
+Row = tuple[object, ...]
+
+BATCH = 1000
+
+
+class Kind(StrEnum):
+    """What a column holds, and so how each backend stores it."""
+
+    TEXT = "text"
+    INT = "int"
+    FLOAT = "float"
+    BOOL = "bool"  # SQLite 0/1, PostgreSQL boolean
+    TIME = "time"  # SQLite ISO-8601 text, PostgreSQL timestamptz
+    JSON = "json"  # SQLite text, PostgreSQL jsonb
+    VECTOR = "vector"  # SQLite float32 blob, PostgreSQL pgvector's vector
+    BYTES = "bytes"
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One table to copy: its columns (with kinds) and its primary key.
+
+    `rowid` tables carry the integer that orders their rows (SQLite's rowid, PostgreSQL's
+    identity column of that name) as their first column.
+    """
+
+    name: str
+    columns: tuple[tuple[str, Kind], ...]
+    key: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.columns)
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        return tuple(kind for _, kind in self.columns)
+
+    @property
+    def has_rowid(self) -> bool:
+        return self.columns[0][0] == "rowid"
+
+
+def _table(name: str, key: str | tuple[str, ...], *columns: str) -> Table:
+    """A table from "column:kind" strings (a bare name is TEXT)."""
+    parsed = []
+    for column in columns:
+        column_name, _, kind = column.partition(":")
+        parsed.append((column_name, Kind(kind or "text")))
+    return Table(name, tuple(parsed), (key,) if isinstance(key, str) else key)
+
+
+# In dependency order: a row's parents are copied before it (both backends check foreign keys).
+TABLES: tuple[Table, ...] = (
+    _table("repos", "name", "name", "config:json", "dim:int", "embedder", "created_at:time",
+           "llm"),
+    _table("sessions", "id", "id", "repo", "state", "config:json", "episode_id",
+           "created_at:time", "updated_at:time", "ended:bool", "model"),
+    _table("episodes", "id", "rowid:int", "id", "session_id", "goal", "status",
+           "started_at:time", "closed_at:time"),
+    _table("steps", "id", "id", "session_id", "episode_id", "idx:int", "trajectory_id",
+           "observation", "action", "state_summary", "subgoal", "subgoal_vec:bytes",
+           "reward:float", "metadata:json", "committed_in", "recorded_at:time"),
+    _table("changesets", "id", "id", "repo", "session_id", "episode_id", "payload:json",
+           "created_at:time"),
+    _table("nodes", "id", "rowid:int", "id", "repo", "type", "text", "data:json", "key",
+           "source_id", "created_at:time", "access_count:int", "last_access:time",
+           "consolidated:bool"),
+    _table("links", ("src", "dst", "type"), "repo", "src", "dst", "type"),
+    _table("vectors", "node_id", "node_id", "repo", "vec:vector"),
+    _table("applied_changesets", "id", "id", "repo", "receipt:json", "applied_at:time"),
+    _table("threads", "id", "id", "next_seq:int", "history_len:int", "boundary_seq:int",
+           "created_at:time"),
+    _table("messages", "id", "rowid:int", "id", "thread_id", "seq:int", "role", "text",
+           "content", "data:json", "tokens:int", "recorded_at:time"),
+    _table("message_vectors", "message_id", "message_id", "thread_id", "vec:vector"),
+    _table("compactions", ("thread_id", "start_seq"), "thread_id", "start_seq:int",
+           "end_seq:int", "summary_text", "created_at:time"),
+    _table("snapshots", "id", "rowid:int", "id", "thread_id", "level:int", "start_seq:int",
+           "end_seq:int", "text", "covered_by", "created_at:time"),
+    _table("goals", "id", "id", "thread_id", "description", "status", "created_at:time",
+           "completed_at:time"),
+    _table("pins", ("message_id", "goal_id"), "message_id", "goal_id", "thread_id",
+           "created_at:time"),
+    _table("ingests", ("repo", "source_id"), "repo", "source_id", "payload_hash",
+           "changeset_id", "created_at:time"),
+    _table("task_results", ("episode_id", "trajectory_id", "task", "digest"), "episode_id",
+           "trajectory_id", "task", "digest", "reply:json", "cost:json", "created_at:time"),
+)
+
+NODES = next(t for t in TABLES if t.name == "nodes")
+_NODE_ID, _NODE_TEXT = NODES.names.index("id"), NODES.names.index("text")
+
+
+class Dump(Protocol):
+    """One open store, read and written table by table in neutral values."""
+
+    async def count(self, table: Table) -> int:
+        """How many rows `table` holds."""
+        ...
+
+    def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+        """Every row of `table` in batches of at most `batch`, in the table's natural order
+        (its rowid where it has one, else its key)."""
+        ...
+
+    async def write(self, table: Table, rows: Sequence[Row]) -> int:
+        """Inserts `rows` in one transaction, skipping each whose key (or rowid) is already
+        there; returns how many were inserted."""
+        ...
+
+    async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
+        """The text of each node among `ids` that this store holds."""
+        ...
+
+    async def checksum(self) -> str:
+        """`NodeChecksum` over every node, in the order of its id's UTF-8 bytes."""
+        ...
+
+    async def finish(self) -> None:
+        """Brings what the copied rows need up to date (identity sequences, vector indexes)."""
+        ...
+
+
+class NodeChecksum:
+    """sha256 over each node's id and text, each length-prefixed so that no two sequences of
+    pairs hash alike by shifting characters between them."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def add(self, node_id: str, text: str) -> None:
+        for part in (node_id, text):
+            data = part.encode()
+            self._hash.update(len(data).to_bytes(8, "big"))
+            self._hash.update(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class TableCount:
+    """One table after a transfer: rows in the source, rows this run copied, rows in the
+    target."""
+
+    table: str
+    source: int
+    copied: int
+    target: int
+
+
+@dataclass(frozen=True, slots=True)
+class TransferReport:
+    """What `transfer` did, verified: the counts per table and the nodes' checksum (equal on
+    both sides)."""
+
+    tables: tuple[TableCount, ...]
+    checksum: str
+
+    @property
+    def copied(self) -> int:
+        return sum(t.copied for t in self.tables)
+
+
+# (table, rows done, rows in the source) after each batch; (table, 0, total) before the first.
+# Besides the tables: CHECK, the source's nodes compared with the target's before copying;
+# FINISH, the target's indexes built after; VERIFY, the counts and checksums compared.
+Progress = Callable[[str, int, int], None]
+CHECK = "check node ids"
+FINISH = "build indexes"
+VERIFY = "verify"
+
+
+async def transfer(
+    source: Dump, target: Dump, *, batch: int = BATCH, progress: Progress | None = None
+) -> TransferReport:
+    """Copies every table of `source` into `target`, then verifies the copy.
+
+    Rows whose key the target holds already are skipped (a second run copies nothing).
+
+    Raises:
+        ConflictError: a node id of the source holds another text in the target; checked
+            before anything is written, so nothing was copied.
+        StorageError: `"mismatch"` when, after copying, a table's row counts or the node
+            checksums differ (the message names the table); as either store otherwise.
+    """
+    conflicts, example, checked = 0, "", 0
+    nodes = await source.count(NODES)
+    if progress is not None:
+        progress(CHECK, 0, nodes)
+    async for rows in source.read(NODES, batch):
+        pairs = {str(row[_NODE_ID]): str(row[_NODE_TEXT]) for row in rows}
+        held = await target.node_texts(list(pairs))
+        for node_id, text in held.items():
+            if pairs[node_id] != text:
+                conflicts += 1
+                example = example or node_id
+        checked += len(rows)
+        if progress is not None:
+            progress(CHECK, checked, max(nodes, checked))
+    if conflicts:
+        raise ConflictError(
+            f"{conflicts} node id(s) of the source hold another text in the target"
+            f" (e.g. {example!r}); nothing was copied"
+        )
+    copied: dict[str, tuple[int, int]] = {}
+    for table in TABLES:
+        total = await source.count(table)
+        done = inserted = 0
+        if progress is not None:
+            progress(table.name, 0, total)
+        async for rows in source.read(table, batch):
+            inserted += await target.write(table, rows)
+            done += len(rows)
+            if progress is not None:
+                progress(table.name, done, max(total, done))
+        copied[table.name] = (done, inserted)
+    if progress is not None:
+        progress(FINISH, 0, 1)
+    await target.finish()
+    if progress is not None:
+        progress(FINISH, 1, 1)
+    return await verify(source, target, copied, progress=progress)
+
+
+async def verify(
+    source: Dump,
+    target: Dump,
+    copied: dict[str, tuple[int, int]] | None = None,
+    *,
+    progress: Progress | None = None,
+) -> TransferReport:
+    """The counts of every table and the node checksums of both stores, which must agree.
+
+    Raises:
+        StorageError: `"mismatch"`, naming the first table whose counts differ, or the nodes
+            when their checksums do.
+    """
+    counts = []
+    steps = len(TABLES) + 1  # each table's counts, then the checksums
+    for done, table in enumerate(TABLES):
+        if progress is not None:
+            progress(VERIFY, done, steps)
+        have, held = await source.count(table), await target.count(table)
+        if have != held:
+            raise StorageError(
+                "mismatch",
+                f"table {table.name}: the source holds {have} rows, the target {held}"
+                " (the target held other rows, or the source changed during the copy)",
+            )
+        counts.append(TableCount(table.name, have, (copied or {}).get(table.name, (0, 0))[1],
+                                 held))
+    checksum = await source.checksum()
+    if await target.checksum() != checksum:
+        raise StorageError(
+            "mismatch", "table nodes: the node texts differ (checksums of ids and texts)"
+        )
+    if progress is not None:
+        progress(VERIFY, steps, steps)
+    return TransferReport(tuple(counts), checksum)
+
+
+def same_store(a: str, b: str) -> bool:
+    """Whether `a` and `b` name the same store (one file, or one PostgreSQL URL)."""
+    if is_postgres(a) or is_postgres(b):
+        return a.rstrip("/") == b.rstrip("/")
+    first, second = Path(a), Path(b)
+    if first.exists() and second.exists():
+        return first.samefile(second)
+    return first.resolve() == second.resolve()
+
+
+@asynccontextmanager
+async def open_dump(store: str, *, must_exist: bool) -> AsyncIterator[Dump]:
+    """The `Dump` of the store `store` names (a SQLite file or a `postgresql://` URL), opened
+    and migrated to this mnemo's schema.
+
+    Raises:
+        StorageError: `"unavailable"` when `must_exist` and there is no mnemo store there;
+            as the backend when it cannot be opened.
+    """
+    if is_postgres(store):
+        from mnemo.storage.postgres.dump import open_postgres_dump
+
+        async with open_postgres_dump(store, must_exist=must_exist) as dump:
+            yield dump
+    else:
+        from mnemo.storage.sqlite.dump import open_sqlite_dump
+
+        async with open_sqlite_dump(Path(store), must_exist=must_exist) as dump:
+            yield dump

@@ -1,0 +1,123 @@
+"""`mnemo migrate --from SRC --to DST` (issue 10, item 4): SQLite to PostgreSQL and back, with
+a progress bar, counts and a checksum; idempotent; refusals exit 2, a failed check exits 1."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import psycopg
+import pytest
+from typer.testing import CliRunner, Result
+
+from mnemo.cli import app
+from mnemo.cli.migrate import display
+from mnemo.storage.transfer import TABLES
+from tests.storage.filled import fill, sqlite_rows
+
+runner = CliRunner()
+
+
+def migrate(source: str | Path, target: str | Path, *extra: str) -> Result:
+    return runner.invoke(app, ["migrate", "--from", str(source), "--to", str(target), *extra])
+
+
+@pytest.fixture
+async def source(tmp_path: Path) -> Path:
+    """A SQLite memory with rows in every copied table."""
+    path = tmp_path / "memory.db"
+    await fill(path)
+    return path
+
+
+def total(path: Path) -> int:
+    return sum(len(sqlite_rows(path, t)) for t in TABLES)
+
+
+def test_to_postgres_and_back(source: Path, pg_url: str, tmp_path: Path) -> None:
+    """The memory goes to PostgreSQL and back to a new file equal to the original, each run
+    printing counts per table and the node checksum."""
+    there = migrate(source, pg_url, "--json")
+    assert there.exit_code == 0, there.stderr
+    report = json.loads(there.stdout)
+    assert report["copied"] == total(source)
+    assert {t["table"]: t["target"] for t in report["tables"]} == {
+        t.name: len(sqlite_rows(source, t)) for t in TABLES}
+    for name in ("check node ids", "nodes", "messages", "build indexes", "verify"):
+        assert name in there.stderr  # the progress bars, one per table
+    back = migrate(pg_url, tmp_path / "back.db")
+    assert back.exit_code == 0, back.stderr
+    assert report["checksum"] in back.stdout.replace("\n", "")
+    assert f"Copied {total(source)} rows; verified." in back.stdout
+    for table in TABLES:
+        assert sqlite_rows(tmp_path / "back.db", table, raw=True) == sqlite_rows(
+            source, table, raw=True), table.name
+
+
+def test_second_run_says_nothing_to_copy(source: Path, pg_url: str) -> None:
+    """Run twice, the command copies nothing the second time and says so."""
+    assert migrate(source, pg_url).exit_code == 0
+    again = migrate(source, pg_url)
+    assert again.exit_code == 0, again.stderr
+    assert "Nothing to copy" in again.stdout
+    report = json.loads(migrate(source, pg_url, "--json").stdout)
+    assert report["copied"] == 0
+    assert all(t["copied"] == 0 for t in report["tables"])
+
+
+@pytest.mark.parametrize("case", ["missing", "same", "same-by-another-path", "not-mnemo"])
+def test_refusals_exit_2(source: Path, tmp_path: Path, case: str) -> None:
+    """A missing source, the same store twice or a target that is not a mnemo file are
+    refused with one line, exit 2, nothing created."""
+    target = tmp_path / "copy.db"
+    if case == "missing":
+        result, expected = migrate(tmp_path / "absent.db", target), "no database at"
+    elif case == "same":
+        result, expected = migrate(source, source), "the same store"
+    elif case == "same-by-another-path":
+        other = tmp_path / "sub" / ".." / source.name
+        (tmp_path / "sub").mkdir()
+        result, expected = migrate(source, other), "the same store"
+    else:
+        with sqlite3.connect(target) as conn:
+            conn.execute("CREATE TABLE mine (x)")
+        conn.close()
+        result, expected = migrate(source, target), "not a mnemo one"
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "absent.db").exists()
+    if case != "not-mnemo":
+        assert not target.exists()
+
+
+def test_conflicting_node_exits_2(source: Path, pg_url: str) -> None:
+    """A node id the target holds with another text is refused (exit 2), nothing copied."""
+    assert migrate(source, pg_url).exit_code == 0
+    with psycopg.connect(pg_url) as pg:
+        pg.execute("UPDATE nodes SET text = 'changed' WHERE rowid = 1")
+        pg.execute("DELETE FROM ingests")
+    result = migrate(source, pg_url)
+    assert result.exit_code == 2, result.output
+    assert "1 node id(s) of the source hold another text" in result.stderr
+    with psycopg.connect(pg_url) as pg:
+        assert pg.execute("SELECT count(*) FROM ingests").fetchone() == (0,)
+
+
+def test_a_copy_that_does_not_verify_exits_1(source: Path, pg_url: str) -> None:
+    """A target with rows the source lacks fails verification: exit 1, the table named."""
+    with psycopg.connect(pg_url) as pg:
+        pg.execute("INSERT INTO goals VALUES ('g-other', 't', 'other', 'open', now(), NULL)")
+    result = migrate(source, pg_url)
+    assert result.exit_code == 1, result.output
+    assert "table goals" in result.stderr
+    assert "does not verify" in result.stderr
+
+
+def test_a_password_is_never_printed() -> None:
+    """A URL's password is hidden where the command prints the store."""
+    hidden = display("postgresql://me:s3cret@db.example/mnemo")
+    assert hidden == "postgresql://me:***@db.example/mnemo"
+    assert display("postgresql://me@db/mnemo") == "postgresql://me@db/mnemo"
+    assert display("memory.db") == "memory.db"

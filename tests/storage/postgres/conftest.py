@@ -1,1 +1,0 @@
-"""The PostgreSQL test server's fixtures (tests/pg.py) come from the root conftest."""

@@ -12,9 +12,14 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+import pytest
+
 import mnemo
 from mnemo.storage.ports import Backend, open_backend
 from mnemo.storage.sqlite import SqliteBackend
+
+# The `store` fixture's parameters: every test that stores something runs once on each.
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @asynccontextmanager

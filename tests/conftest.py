@@ -18,6 +18,7 @@ import pytest
 
 import mnemo
 from mnemo import State
+from tests.backends import BACKENDS
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 from tests.pg import pg_clones, pg_empty_url, pg_server, pg_template, pg_url
 
@@ -26,9 +27,6 @@ __all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]
 REPO = "r"
 
 Enter = Callable[[State], Awaitable[str]]
-
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -267,8 +267,6 @@ def graph(
         if out is not None and fmt is None:
             raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
         settings = _settings(store, config)
-        if settings.is_url:
-            raise CliError("mnemo graph reads a SQLite store; it cannot read a URL yet")
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             dumped = await graph_export.dump_graph(mem, repo)

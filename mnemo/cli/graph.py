@@ -1,9 +1,7 @@
 """`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML.
 
-Nodes come through the `Memory` facade. Links have no public read (recall and maintenance read
-them inside the graph store), so the export reads the `links` table through its own read-only
-connection: a reader beside the Memory's writer, which WAL allows, and which cannot change the
-file.
+Nodes and links come through the `Memory` facade (`get_nodes_by_type`, `links`), so the
+command reads any store, SQLite or PostgreSQL.
 """
 
 from __future__ import annotations

@@ -10,16 +10,22 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
 import anyio
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from typer.testing import CliRunner, Result
 
 import mnemo
 from mnemo.cli import app
+from mnemo.storage.ports import is_postgres
+from tests.backends import BACKENDS
+from tests.pg import PgServer
 
 REPO = "ops"
 CONVERSATION = {
@@ -96,32 +102,46 @@ def assert_clear_error(result: Result, *words: str) -> None:
     assert "Traceback" not in result.output
 
 
-@pytest.fixture(scope="module")
-def filled(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A database with the two-session conversation ingested into repo "ops"."""
+@pytest.fixture(scope="module", params=BACKENDS)
+def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store (a SQLite file, a PostgreSQL database) with the two-session conversation
+    ingested into repo "ops"."""
     folder = tmp_path_factory.mktemp("filled")
     source = folder / "week.json"
     source.write_text(json.dumps(CONVERSATION))
-    db = folder / "memory.db"
-    result = invoke("ingest", str(source), "--db", str(db))
+    if request.param == "sqlite":
+        db = str(folder / "memory.db")
+    else:
+        server: PgServer = request.getfixturevalue("pg_server")
+        name = f"cli_{uuid.uuid4().hex[:12]}"
+        server.admin(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        db = server.url(name)
+    result = invoke("ingest", str(source), "--db", db)
     assert result.exit_code == 0, result.output
     return db
 
 
 @pytest.fixture
-def db(filled: Path, tmp_path: Path) -> Path:
+def db(filled: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """A private copy of `filled`, for tests that change it."""
-    copy = tmp_path / "copy.db"
-    for suffix in ("", "-wal"):
-        if Path(f"{filled}{suffix}").exists():
-            shutil.copy(f"{filled}{suffix}", f"{copy}{suffix}")
-    return copy
+    if not is_postgres(filled):
+        copy = tmp_path / "copy.db"
+        for suffix in ("", "-wal"):
+            if Path(f"{filled}{suffix}").exists():
+                shutil.copy(f"{filled}{suffix}", f"{copy}{suffix}")
+        return str(copy)
+    server: PgServer = request.getfixturevalue("pg_server")
+    name = f"cli_{uuid.uuid4().hex[:12]}"
+    source = conninfo_to_dict(filled)["dbname"]
+    server.admin(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+        sql.Identifier(name), sql.Identifier(str(source))))
+    return server.url(name)
 
 
 # ---- ingest ---------------------------------------------------------------------------------
 
 
-def test_ingest_reports_each_session_and_is_idempotent(filled: Path, tmp_path: Path) -> None:
+def test_ingest_reports_each_session_and_is_idempotent(filled: str, tmp_path: Path) -> None:
     """Each session is one source named after the file; ingesting again creates nothing."""
     source = tmp_path / "week.json"
     source.write_text(json.dumps(CONVERSATION))
@@ -175,7 +195,7 @@ def test_ingest_rejects_bad_input(tmp_path: Path) -> None:
 # ---- recall ---------------------------------------------------------------------------------
 
 
-def test_recall_prints_a_table_and_json(filled: Path) -> None:
+def test_recall_prints_a_table_and_json(filled: str) -> None:
     """Recall shows score, type, phase, hop and text; --json has the same memories."""
     result = invoke("recall", REPO, "which port does gunicorn use?", "--db", str(filled))
     assert result.exit_code == 0, result.output
@@ -192,7 +212,7 @@ def test_recall_prints_a_table_and_json(filled: Path) -> None:
     assert "[/bold] [red]" in markup.stdout
 
 
-def test_recall_types_restricts_node_types(filled: Path) -> None:
+def test_recall_types_restricts_node_types(filled: str) -> None:
     """--types semantic,episodic returns only those types; an unknown type is an error."""
     found = ok_json("recall", REPO, "gunicorn", "--types", "semantic,episodic", "--db", str(filled))
     assert found["memories"]
@@ -203,7 +223,7 @@ def test_recall_types_restricts_node_types(filled: Path) -> None:
     )
 
 
-def test_recall_errors_are_one_line(filled: Path) -> None:
+def test_recall_errors_are_one_line(filled: str) -> None:
     """An unknown repo names the known ones; a blank query is rejected."""
     assert_clear_error(invoke("recall", "nope", "x", "--db", str(filled)), "'nope'", REPO)
     assert_clear_error(invoke("recall", REPO, "   ", "--db", str(filled)), "query")
@@ -231,7 +251,7 @@ def test_recall_uses_the_repos_embedder_and_names_a_dimension_mismatch(tmp_path:
 # ---- sessions -------------------------------------------------------------------------------
 
 
-def test_sessions_lists_live_sessions(db: Path) -> None:
+def test_sessions_lists_live_sessions(db: str) -> None:
     """Sessions left open show with their repo, state, goal and steps; none at first."""
     assert ok_json("sessions", "--db", str(db)) == []
 
@@ -260,7 +280,7 @@ def test_sessions_lists_live_sessions(db: Path) -> None:
 # ---- graph ----------------------------------------------------------------------------------
 
 
-def test_graph_counts_by_node_and_link_type(filled: Path) -> None:
+def test_graph_counts_by_node_and_link_type(filled: str) -> None:
     """Counts cover every node and link type; the table shows the same totals."""
     counts = ok_json("graph", REPO, "--db", str(filled))
     assert set(counts["nodes"]) == {t.value for t in mnemo.NodeType}
@@ -273,7 +293,7 @@ def test_graph_counts_by_node_and_link_type(filled: Path) -> None:
     assert str(sum(counts["nodes"].values())) in table.stdout
 
 
-def test_graph_exports_json_and_graphml(filled: Path, tmp_path: Path) -> None:
+def test_graph_exports_json_and_graphml(filled: str, tmp_path: Path) -> None:
     """--export json and graphml carry every node and link; --out writes a file."""
     counts = ok_json("graph", REPO, "--db", str(filled))
     n_nodes, n_links = sum(counts["nodes"].values()), sum(counts["links"].values())
@@ -306,7 +326,7 @@ def test_graph_exports_json_and_graphml(filled: Path, tmp_path: Path) -> None:
 # ---- search and purge -----------------------------------------------------------------------
 
 
-def test_search_finds_ingested_messages(filled: Path) -> None:
+def test_search_finds_ingested_messages(filled: str) -> None:
     """Ingested sessions are threads: search finds their messages, by thread too."""
     hits = ok_json("search", "gunicorn", "--db", str(filled))
     assert hits
@@ -319,7 +339,7 @@ def test_search_finds_ingested_messages(filled: Path) -> None:
     assert "week/2" in table.stdout
 
 
-def test_purge_asks_then_erases_the_thread(db: Path) -> None:
+def test_purge_asks_then_erases_the_thread(db: str) -> None:
     """Without --yes it asks (no keeps everything); with --yes the thread is gone from search,
     and --repo also forgets the session's graph source."""
     declined = invoke("purge", "week/1", "--db", str(db), input="n\n")
@@ -382,7 +402,7 @@ def test_writers_refuse_a_foreign_file_and_leave_it_alone(tmp_path: Path) -> Non
     assert foreign.read_bytes() == before
 
 
-def test_db_defaults_to_the_mnemo_db_variable(filled: Path) -> None:
+def test_db_defaults_to_the_mnemo_db_variable(filled: str) -> None:
     """Without --db, MNEMO_DB names the database."""
     result = invoke("graph", REPO, "--json", env={"MNEMO_DB": str(filled)})
     assert result.exit_code == 0, result.output

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -28,8 +27,9 @@ def ok_json(*args: str) -> Any:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "m.db"
+def db(store: str) -> str:
+    """A store (each backend in turn) with two repos."""
+    path = store
 
     async def make() -> None:
         async with mnemo.Memory(path, embedder=mnemo.HashEmbedder()) as mem:
@@ -40,7 +40,7 @@ def db(tmp_path: Path) -> Path:
     return path
 
 
-async def open_session(db: Path, steps: int = 1) -> str:
+async def open_session(db: str, steps: int = 1) -> str:
     async with mnemo.Memory(db) as mem:
         sid = await mem.start_session("Rotate the TLS certificate", repo=REPO)
         for i in range(steps):
@@ -61,7 +61,7 @@ def mnemo_version() -> str:
     return version("mnemo")
 
 
-def test_repos_lists_each_repo_with_its_live_sessions(db: Path) -> None:
+def test_repos_lists_each_repo_with_its_live_sessions(db: str) -> None:
     """Every repo is listed, with how many live sessions it has; names are never cut."""
     anyio.run(open_session, db)
     assert ok_json("repos", "--db", str(db)) == [
@@ -75,7 +75,7 @@ def test_repos_lists_each_repo_with_its_live_sessions(db: Path) -> None:
     assert "never-be-cut-short" in table.stdout.replace("\n", "").replace("│", "").replace(" ", "")
 
 
-def test_sessions_table_shows_whole_ids_on_a_narrow_terminal(db: Path) -> None:
+def test_sessions_table_shows_whole_ids_on_a_narrow_terminal(db: str) -> None:
     """A session id folds onto lines in a narrow table but is never cut with an ellipsis."""
     sid = anyio.run(open_session, db)
     table = runner.invoke(app, ["sessions", "--db", str(db)], terminal_width=50)
@@ -86,7 +86,7 @@ def test_sessions_table_shows_whole_ids_on_a_narrow_terminal(db: Path) -> None:
     assert sid in flat
 
 
-def test_session_close_then_commit_then_end(db: Path) -> None:
+def test_session_close_then_commit_then_end(db: str) -> None:
     """close waits for the extraction (ready), commit applies it (idle, node ids), end ends
     it: `mnemo sessions` no longer lists it."""
     sid = anyio.run(open_session, db, 2)
@@ -106,7 +106,7 @@ def test_session_close_then_commit_then_end(db: Path) -> None:
     assert set(committed["node_ids"]) <= anyio.run(nodes)
 
 
-def test_session_discard_and_errors(db: Path) -> None:
+def test_session_discard_and_errors(db: str) -> None:
     """discard drops a ready changeset (idle); an unknown id or a call the state refuses is
     one line on stderr with exit 2."""
     sid = anyio.run(open_session, db)
@@ -120,7 +120,7 @@ def test_session_discard_and_errors(db: Path) -> None:
     assert "no live session 'session_nope'" in unknown.stderr
 
 
-def test_view_shows_a_message_whole_with_its_neighbours(db: Path) -> None:
+def test_view_shows_a_message_whole_with_its_neighbours(db: str) -> None:
     """view prints the target message's whole content and its neighbours; --json the view;
     an unknown id is one line."""
     long_text = "The deploy log says: " + "gunicorn restarted. " * 40

@@ -17,6 +17,8 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import TextContent
 
+from mnemo.storage.ports import is_postgres
+
 ROOT = Path(__file__).resolve().parents[2]
 
 TOOLS = {
@@ -55,13 +57,16 @@ async def call_failing(session: ClientSession, tool: str, **arguments: Any) -> s
     return block.text
 
 
-async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path) -> None:
-    """Over stdio: the tools are listed, a session is started, appended to and committed, and
-    recall then finds it; memory files go beside the db; mnemo's errors are tool errors."""
-    db = tmp_path / "agent.db"
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "mnemo", "mcp", "--db", str(db)], cwd=str(ROOT)
-    )
+async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path, store: str) -> None:
+    """Over stdio, on each backend: the tools are listed, a session is started, appended to
+    and committed, and recall then finds it; memory files go beside a SQLite db (a store URL
+    names their folder); mnemo's errors are tool errors."""
+    args = ["-m", "mnemo", "mcp", "--db", store]
+    files = Path(f"{store}.memory")
+    if is_postgres(store):
+        files = tmp_path / "files"
+        args += ["--memory-dir", str(files)]
+    params = StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
     with (tmp_path / "server.log").open("w") as errlog, anyio.fail_after(60):
         async with (
             stdio_client(params, errlog=errlog) as (read, write),
@@ -107,11 +112,11 @@ async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path) -> None:
             assert await call(session, "search_messages", query="gunicorn") == []
 
             filed = await call(session, "persist_memory", what="The blog runs on port 8000.")
-            assert Path(filed["path"]).parent == tmp_path / "agent.db.memory"
+            assert Path(filed["path"]).parent == files
             recalled = await call(session, "recall_memory", query="blog port")
             assert [f["path"] for f in recalled] == [filed["path"]]
             escape = await call_failing(
                 session, "persist_memory", what="x", directory="../elsewhere"
             )
             assert "inside the memory directory" in escape
-    assert db.exists()
+    assert is_postgres(store) or await anyio.Path(store).exists()

@@ -37,6 +37,8 @@ def check_text(
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if stored and "\x00" in value:
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
+    if not _encodable(value):
+        raise InvalidInputError(f"{what} is not valid Unicode (a lone surrogate)")
     if not blank_ok and not value.strip():
         raise InvalidInputError(f"{what} must not be blank")
     if len(value) > limit:
@@ -60,7 +62,9 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
     if _holds_nul(value):
-        raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
+        raise InvalidInputError(
+            f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
+        )
     if len(text) > limit:
         raise InvalidInputError(
             f"{what} is {len(text):,} characters long as JSON, more than the {limit:,} "
@@ -69,9 +73,17 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     return text
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _holds_nul(value: object) -> bool:
     if isinstance(value, str):
-        return "\x00" in value
+        return "\x00" in value or not _encodable(value)
     if isinstance(value, dict):
         return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
     if isinstance(value, list | tuple):

@@ -83,6 +83,23 @@ async def test_append_non_string(mem: mnemo.Memory, enter: Enter, field: str, ba
     assert info.index == 0
 
 
+@pytest.mark.parametrize("bad", ["walk\x00north", "walk \ud800 north"])
+async def test_text_no_store_can_keep_is_refused(mem: mnemo.Memory, enter: Enter, bad: str) -> None:
+    """A NUL (PostgreSQL's text cannot hold it) or a lone surrogate (not Unicode) in an
+    observation, a step's metadata or a message is InvalidInputError on every backend, and
+    nothing is stored; a query may hold a NUL (it is not stored)."""
+    sid = await enter(State.COLLECTING)
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.append(sid, bad, "go north")
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.append(sid, "walk north", "go north", metadata={"note": bad})
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.conversation().save("t", [{"role": "user", "content": bad}])
+    assert (await mem.append(sid, "walk north", "go north")).index == 0
+    assert await mem.conversation().raw("t") == []
+    await mem.recall(REPO, "walk\x00north")
+
+
 @pytest.mark.parametrize("query", BLANK)
 async def test_recall_blank_query(mem: mnemo.Memory, query: str) -> None:
     """recall with a blank query raises InvalidInputError."""

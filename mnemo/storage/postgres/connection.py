@@ -259,3 +259,16 @@ class Postgres:
                     yield conn
             except psycopg.Error as exc:
                 raise storage_error(exc) from exc
+
+    async def fetch_all(
+        self, statement: Any, params: Any = None, *, binary: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one statement (vectors as float32 arrays with `binary`), run on a
+        pooled connection in autocommit.
+
+        Raises:
+            StorageError: as `connection`.
+        """
+        async with self.connection() as conn, conn.cursor(binary=binary) as cur:
+            await cur.execute(statement, params)
+            return await cur.fetchall()

@@ -5,19 +5,15 @@ advisory lock on a connection held for the block, so that commits of several pro
 database take turns too. Each commit is one transaction recorded in `applied_changesets`, with
 its side writes (a session's state change, an ingested source) in the same transaction.
 
-Vectors live in pgvector. A repo of at most `exact_below` vectors is searched exactly (a scan
-ordered by cosine distance, ties by insertion); past it, through the repo's partial HNSW index
-(`schema.ensure_vector_index`), whose `WHERE repo = <literal>` the query repeats so the planner
-can use it. The routing nodes' vectors (TAG and INTENT) are also kept in memory: a recall probes
-them with every query and each commit compares its intents with them, and they are a small part
-of a repo. Words are searched in the rows' generated `tsvector` (GIN), with every word of the
-query a word of an OR query, as SQLite's FTS5 query is.
+Vectors live in pgvector and are searched by `PgVectors` (mnemo/storage/postgres/vectors.py:
+exact scans for a small repo, the repo's HNSW index above). Words are searched in the rows'
+generated `tsvector` (GIN), with every word of the query a word of an OR query, as SQLite's
+FTS5 query is.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -25,7 +21,6 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-import numpy as np
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -43,19 +38,15 @@ from mnemo.graph.model import (
     Vector,
 )
 from mnemo.graph.ports import IntentPolicy, MergeResult, Neighbor, SideWrite, SweepResult, TypedLink
-from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.postgres import maintenance, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.sessions import side_writes
+from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_ROUTES = (NodeType.TAG, NodeType.INTENT)
 _NODE_COLUMNS = "id, type, text, data, created_at"
-
-# Below this many vectors a repo is searched exactly: a scan of 10k 384-d rows takes a few
-# milliseconds, and an exact answer keeps small repos' order independent of the HNSW graph.
-EXACT_BELOW = 10_000
 
 
 def repo_lock_key(repo: str) -> int:
@@ -72,12 +63,8 @@ class PgGraph:
     ) -> None:
         self._pg = pg
         self._dims = dims
-        self._exact_below = exact_below
         self._locks: dict[str, anyio.Lock] = {}
-        self._routes: dict[str, VectorIndex] = {}
-        self._routes_loading: dict[str, anyio.Lock] = {}
-        self._sizes: dict[str, int] = {}
-        self._indexed: set[str] = set()
+        self._vectors = PgVectors(pg, dims, exact_below=exact_below)
 
     def dim(self, repo: str) -> int:
         return self._dims(repo)
@@ -112,7 +99,7 @@ class PgGraph:
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
-        await self._ensure_index(repo)
+        await self._vectors.ensure_index(repo)
         async with self._pg.transaction() as conn, conn.cursor() as cur:
             await cur.executemany(
                 "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at)"
@@ -123,12 +110,12 @@ class PgGraph:
             await cur.executemany(
                 "INSERT INTO vectors (node_id, repo, vec) VALUES (%s, %s, %s)"
                 " ON CONFLICT DO NOTHING",
-                [(n.id, repo, _array(vector)) for n, _, vector in plan.nodes],
+                [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
             )
             for node_id, (text, vector) in plan.rewordings.items():
                 await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
                 await cur.execute(
-                    "UPDATE vectors SET vec = %s WHERE node_id = %s", (_array(vector), node_id)
+                    "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
                 )
             await cur.executemany(
                 "INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
@@ -141,15 +128,12 @@ class PgGraph:
                 (plan.changeset_id, repo, plan.receipt.to_json(), created),
             )
             await side_writes(conn, also)
-        if repo in self._sizes:
-            self._sizes[repo] += len(plan.nodes)
-        routes = self._routes.get(repo)
-        if routes is not None:
-            new = [(n.id, n.type, v) for n, _, v in plan.nodes if n.type in _ROUTES]
-            new += [(i, NodeType.INTENT, v) for i, (_, v) in plan.rewordings.items()]
-            if new:
-                routes.add([i for i, _, _ in new], [t for _, t, _ in new],
-                           np.array([v for _, _, v in new], dtype=np.float32))
+        self._vectors.added(
+            repo,
+            [(n.id, n.type, v) for n, _, v in plan.nodes]
+            + [(i, NodeType.INTENT, v) for i, (_, v) in plan.rewordings.items()],
+            len(plan.nodes),
+        )
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         async with self._pg.transaction() as conn:
@@ -202,7 +186,7 @@ class PgGraph:
         return [found[i] for i in ids if i in found]
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        kinds = _kinds(types)
+        kinds = kind_values(types)
         if not kinds:
             return []
         rows = await self._all(
@@ -213,7 +197,7 @@ class PgGraph:
         return [_node(row) for row in rows]
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        kinds = _kinds(types)
+        kinds = kind_values(types)
         if not kinds or top_k <= 0:
             return []
         rows = await self._all(
@@ -344,10 +328,7 @@ class PgGraph:
             return len(own) + len(orphans)
 
     def _forget(self, repo: str, node_ids: Sequence[str]) -> None:
-        if repo in self._sizes:
-            self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
-        if repo in self._routes:
-            self._routes[repo].remove(node_ids)
+        self._vectors.removed(repo, node_ids)
 
     # ---- search ---------------------------------------------------------------------------
 
@@ -364,7 +345,7 @@ class PgGraph:
             )
             for word in words
         )
-        kinds = None if types is None else _kinds(types)
+        kinds = None if types is None else kind_values(types)
         statement = sql.SQL(
             "SELECT id, ts_rank_cd(search, q) AS score FROM nodes, (SELECT {}) AS query(q)"
             " WHERE repo = %s AND search @@ q{} ORDER BY score DESC, rowid LIMIT %s"
@@ -377,83 +358,27 @@ class PgGraph:
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
         """Nodes nearest to `vector` by cosine (similarity, best first)."""
-        if limit <= 0:
-            return []
-        kinds = None if types is None else _kinds(types)
-        return (await self._nearest(repo, [vector], kinds, limit))[0]
+        return await self._vectors.search(repo, vector, limit, types)
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
     ) -> list[list[tuple[str, float]]]:
-        """For each probe row, the `k` nodes of one type nearest by cosine."""
-        if k <= 0:
-            return [[] for _ in range(len(probes))]
-        if kind in _ROUTES:
-            ids, matrix = (await self._routes_of(repo)).of_type(kind)
-            return _top(unit(probes) @ matrix.T, ids, k) if ids else [[] for _ in probes]
-        return await self._nearest(repo, list(probes), [kind.value], k)
+        return await self._vectors.nearest_of_type(repo, probes, kind, k)
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]:
-        found = await self.vectors(repo, node_ids)
-        if not found:
-            return {}
-        scores = np.stack(list(found.values())) @ unit(vector)[0]
-        return {node_id: float(score) for node_id, score in zip(found, scores, strict=True)}
+        return await self._vectors.similarities(repo, node_ids, vector)
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return {}
-        rows = await self._all(
-            "SELECT node_id, vec FROM vectors WHERE repo = %s AND node_id = ANY(%s)",
-            (repo, ids), binary=True,
-        )
-        found = {str(i): unit(v)[0] for i, v in rows}
-        return {i: found[i] for i in ids if i in found}
+        return await self._vectors.of_nodes(repo, node_ids)
 
     async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        if kind in _ROUTES:
-            return (await self._routes_of(repo)).of_type(kind)
-        ids, _, matrix = await self._load(repo, [kind.value])
-        return ids, unit(matrix) if ids else matrix
+        return await self._vectors.of_type(repo, kind)
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors, in memory (`CommitTarget`)."""
-        return await self._routes_of(repo)
-
-    async def _nearest(
-        self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int
-    ) -> list[list[tuple[str, float]]]:
-        dim = self._dims(repo)
-        exact = await self._size(repo) <= self._exact_below
-        # The HNSW index matches `vec::vector(dim)` under `repo = <literal>`; without the cast
-        # the planner cannot use it and the scan is exact.
-        distance = sql.SQL("v.vec <=> %(q)s") if exact else sql.SQL(
-            "v.vec::vector({}) <=> %(q)s::vector({})").format(sql.Literal(dim), sql.Literal(dim))
-        statement = sql.SQL(
-            "SELECT v.node_id, {distance} AS d FROM vectors v"
-            "{join} WHERE v.repo = {repo}{kind} ORDER BY {distance}{tie} LIMIT %(k)s"
-        ).format(
-            distance=distance,
-            join=sql.SQL("" if kinds is None and not exact else
-                         " JOIN nodes n ON n.id = v.node_id"),
-            repo=sql.Literal(repo),
-            kind=sql.SQL("" if kinds is None else " AND n.type = ANY(%(kinds)s)"),
-            tie=sql.SQL(", n.rowid" if exact else ""),
-        )
-        results = []
-        async with self._pg.connection() as conn:
-            for probe in probes:
-                cur = await conn.execute(statement, {"q": _array(probe), "kinds": kinds, "k": k})
-                # A zero vector has no direction: its distance is NaN, and it is never near.
-                distances = [(str(i), float(d)) for i, d in await cur.fetchall()
-                             if isinstance(d, float)]
-                rows = [(i, 1.0 - d) for i, d in distances if math.isfinite(d)]
-                # An iterative HNSW scan returns rows in roughly distance order.
-                results.append(rows if exact else sorted(rows, key=lambda r: -r[1]))
-        return results
+        return await self._vectors.routes(repo)
 
     # ---- maintenance (the caller holds the repo's lock) -----------------------------------
 
@@ -485,67 +410,12 @@ class PgGraph:
     async def aclose(self) -> None:
         """Nothing to stop: the connections belong to the backend."""
 
-    # ---- helpers --------------------------------------------------------------------------
-
-    async def _ensure_index(self, repo: str) -> None:
-        if repo not in self._indexed:
-            async with self._pg.connection() as conn:
-                await schema.ensure_vector_index(conn, repo, self._dims(repo))
-            self._indexed.add(repo)
-
-    async def _size(self, repo: str) -> int:
-        if repo not in self._sizes:
-            row = await self._one("SELECT count(*) FROM vectors WHERE repo = %s", (repo,))
-            self._sizes[repo] = int(row[0]) if row else 0
-        return self._sizes[repo]
-
-    async def _routes_of(self, repo: str) -> VectorIndex:
-        index = self._routes.get(repo)
-        if index is not None:
-            return index
-        async with self._routes_loading.setdefault(repo, anyio.Lock()):
-            index = self._routes.get(repo)
-            if index is None:
-                index = VectorIndex(self._dims(repo))
-                ids, types, matrix = await self._load(repo, [t.value for t in _ROUTES])
-                index.add(ids, types, matrix)
-                self._routes[repo] = index
-        return index
-
-    async def _load(
-        self, repo: str, kinds: list[str]
-    ) -> tuple[list[str], list[NodeType], Vector]:
-        rows = await self._all(
-            "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
-            " WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
-            (repo, kinds), binary=True,
-        )
-        dim = self._dims(repo)
-        matrix = np.zeros((len(rows), dim), dtype=np.float32)
-        for i, (_, _, vec) in enumerate(rows):
-            matrix[i] = vec
-        return [str(r[0]) for r in rows], [NodeType(r[1]) for r in rows], matrix
-
-    async def _all(
-        self, statement: Any, params: Any = None, *, binary: bool = False
-    ) -> list[tuple[Any, ...]]:
-        async with self._pg.connection() as conn, conn.cursor(binary=binary) as cur:
-            await cur.execute(statement, params)
-            return await cur.fetchall()
+    async def _all(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        return await self._pg.fetch_all(statement, params)
 
     async def _one(self, statement: Any, params: Any = None) -> tuple[Any, ...] | None:
-        rows = await self._all(statement, params)
+        rows = await self._pg.fetch_all(statement, params)
         return rows[0] if rows else None
-
-
-def _kinds(types: Iterable[NodeType]) -> list[str]:
-    return [NodeType(t).value for t in types]
-
-
-def _array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
-    return np.asarray(vector, dtype=np.float32).reshape(-1)
-
-
 def _node(row: tuple[Any, ...]) -> Node:
     node_id, kind, text, data, created_at = row
     return Node(str(node_id), NodeType(kind), str(text), dict(data), created_at)
@@ -556,13 +426,3 @@ def _receipt(value: Any) -> CommitReceipt:
     if isinstance(value, str):
         return CommitReceipt.from_json(value)
     return CommitReceipt(value["changeset_id"], value["repo"], list(value["node_ids"]))
-
-
-def _top(scores: Vector, ids: list[str], k: int) -> list[list[tuple[str, float]]]:
-    k = min(k, len(ids))
-    result = []
-    for row in scores:
-        top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
-        top = top[np.argsort(-row[top], kind="stable")]
-        result.append([(ids[i], float(row[i])) for i in top])
-    return result

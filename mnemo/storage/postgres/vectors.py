@@ -1,0 +1,208 @@
+"""`PgVectors`: a PostgreSQL graph's vector searches, over pgvector, for `PgGraph`.
+
+A repo of at most `exact_below` vectors is searched exactly (a scan ordered by cosine
+distance, ties by insertion); past it, through the repo's partial HNSW index
+(`schema.ensure_vector_index`), whose `WHERE repo = <literal>` the query repeats so that the
+planner can use it. The routing nodes' vectors (TAG and INTENT) are also kept in memory: a
+recall probes them with every query and each commit compares its intents with them, and they
+are a small part of a repo. Other vectors are read when needed, never held.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import anyio
+import numpy as np
+from psycopg import sql
+
+from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.storage.postgres import schema
+from mnemo.storage.postgres.connection import Postgres
+
+ROUTES = (NodeType.TAG, NodeType.INTENT)
+
+# Below this many vectors a repo is searched exactly: a scan of 10k 384-d rows takes a few
+# milliseconds, and an exact answer keeps small repos' order independent of the HNSW graph.
+EXACT_BELOW = 10_000
+
+Scored = list[tuple[str, float]]
+
+
+class PgVectors:
+    """The vector side of one database's graph; its caches follow this process's writes."""
+
+    def __init__(
+        self, pg: Postgres, dims: Callable[[str], int], *, exact_below: int = EXACT_BELOW
+    ) -> None:
+        self._pg = pg
+        self._dims = dims
+        self._exact_below = exact_below
+        self._routes: dict[str, VectorIndex] = {}
+        self._routes_loading: dict[str, anyio.Lock] = {}
+        self._sizes: dict[str, int] = {}
+        self._indexed: set[str] = set()
+
+    # ---- following writes -----------------------------------------------------------------
+
+    async def ensure_index(self, repo: str) -> None:
+        """Creates the repo's HNSW index unless this process saw it made (before a commit)."""
+        if repo not in self._indexed:
+            async with self._pg.connection() as conn:
+                await schema.ensure_vector_index(conn, repo, self._dims(repo))
+            self._indexed.add(repo)
+
+    def added(self, repo: str, rows: Sequence[tuple[str, NodeType, Vector]], new: int) -> None:
+        """A commit wrote `new` vectors and these `rows` (new or reworded) are durable."""
+        if repo in self._sizes:
+            self._sizes[repo] += new
+        routes = self._routes.get(repo)
+        kept = [row for row in rows if row[1] in ROUTES]
+        if routes is not None and kept:
+            routes.add([i for i, _, _ in kept], [t for _, t, _ in kept],
+                       np.array([v for _, _, v in kept], dtype=np.float32))
+
+    def removed(self, repo: str, node_ids: Sequence[str]) -> None:
+        if repo in self._sizes:
+            self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
+        if repo in self._routes:
+            self._routes[repo].remove(node_ids)
+
+    # ---- searches -------------------------------------------------------------------------
+
+    async def search(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Scored:
+        """Nodes nearest to `vector` by cosine (similarity, best first)."""
+        if limit <= 0:
+            return []
+        kinds = None if types is None else kind_values(types)
+        return (await self._nearest(repo, [vector], kinds, limit))[0]
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[Scored]:
+        """For each probe row, the `k` nodes of one type nearest by cosine."""
+        if k <= 0:
+            return [[] for _ in range(len(probes))]
+        if kind in ROUTES:
+            ids, matrix = (await self.routes(repo)).of_type(kind)
+            return _top(unit(probes) @ matrix.T, ids, k) if ids else [[] for _ in probes]
+        return await self._nearest(repo, list(probes), [kind.value], k)
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]:
+        found = await self.of_nodes(repo, node_ids)
+        if not found:
+            return {}
+        scores = np.stack(list(found.values())) @ unit(vector)[0]
+        return {node_id: float(score) for node_id, score in zip(found, scores, strict=True)}
+
+    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
+        """The unit vector of each of these nodes that has one."""
+        ids = list(dict.fromkeys(node_ids))
+        if not ids:
+            return {}
+        rows = await self._pg.fetch_all(
+            "SELECT node_id, vec FROM vectors WHERE repo = %s AND node_id = ANY(%s)",
+            (repo, ids), binary=True,
+        )
+        found = {str(i): unit(v)[0] for i, v in rows}
+        return {i: found[i] for i in ids if i in found}
+
+    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        """The ids and unit vectors of every node of one type, oldest first."""
+        if kind in ROUTES:
+            return (await self.routes(repo)).of_type(kind)
+        ids, _, matrix = await self._load(repo, [kind.value])
+        return ids, unit(matrix) if ids else matrix
+
+    async def routes(self, repo: str) -> VectorIndex:
+        """The repo's TAG and INTENT vectors, loaded on first use."""
+        index = self._routes.get(repo)
+        if index is not None:
+            return index
+        async with self._routes_loading.setdefault(repo, anyio.Lock()):
+            index = self._routes.get(repo)
+            if index is None:
+                index = VectorIndex(self._dims(repo))
+                ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
+                index.add(ids, types, matrix)
+                self._routes[repo] = index
+        return index
+
+    async def _nearest(
+        self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int
+    ) -> list[Scored]:
+        dim = self._dims(repo)
+        exact = await self._size(repo) <= self._exact_below
+        # The HNSW index matches `vec::vector(dim)` under `repo = <literal>`; without the cast
+        # the planner cannot use it and the scan is exact.
+        distance = sql.SQL("v.vec <=> %(q)s") if exact else sql.SQL(
+            "v.vec::vector({}) <=> %(q)s::vector({})").format(sql.Literal(dim), sql.Literal(dim))
+        statement = sql.SQL(
+            "SELECT v.node_id, {distance} AS d FROM vectors v"
+            "{join} WHERE v.repo = {repo}{kind} ORDER BY {distance}{tie} LIMIT %(k)s"
+        ).format(
+            distance=distance,
+            join=sql.SQL("" if kinds is None and not exact else
+                         " JOIN nodes n ON n.id = v.node_id"),
+            repo=sql.Literal(repo),
+            kind=sql.SQL("" if kinds is None else " AND n.type = ANY(%(kinds)s)"),
+            tie=sql.SQL(", n.rowid" if exact else ""),
+        )
+        results = []
+        async with self._pg.connection() as conn:
+            for probe in probes:
+                cur = await conn.execute(statement, {"q": as_array(probe), "kinds": kinds, "k": k})
+                # A zero vector has no direction: its distance is NaN, and it is never near.
+                distances = [(str(i), float(d)) for i, d in await cur.fetchall()
+                             if isinstance(d, float)]
+                rows = [(i, 1.0 - d) for i, d in distances if math.isfinite(d)]
+                # An iterative HNSW scan returns rows in roughly distance order.
+                results.append(rows if exact else sorted(rows, key=lambda r: -r[1]))
+        return results
+
+    async def _size(self, repo: str) -> int:
+        if repo not in self._sizes:
+            rows = await self._pg.fetch_all(
+                "SELECT count(*) FROM vectors WHERE repo = %s", (repo,)
+            )
+            self._sizes[repo] = int(rows[0][0]) if rows else 0
+        return self._sizes[repo]
+
+    async def _load(
+        self, repo: str, kinds: list[str]
+    ) -> tuple[list[str], list[NodeType], Vector]:
+        rows = await self._pg.fetch_all(
+            "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
+            " WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
+            (repo, kinds), binary=True,
+        )
+        matrix = np.zeros((len(rows), self._dims(repo)), dtype=np.float32)
+        for i, (_, _, vec) in enumerate(rows):
+            matrix[i] = vec
+        return [str(r[0]) for r in rows], [NodeType(r[1]) for r in rows], matrix
+
+
+def kind_values(types: Iterable[NodeType]) -> list[str]:
+    return [NodeType(t).value for t in types]
+
+
+def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
+    return np.asarray(vector, dtype=np.float32).reshape(-1)
+
+
+def _top(scores: Vector, ids: list[str], k: int) -> list[Scored]:
+    k = min(k, len(ids))
+    result = []
+    for row in scores:
+        top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
+        top = top[np.argsort(-row[top], kind="stable")]
+        result.append([(ids[i], float(row[i])) for i in top])
+    return result

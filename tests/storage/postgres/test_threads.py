@@ -61,7 +61,9 @@ async def opened(backend: str | None, tmp_path: Path) -> AsyncIterator[Opened]:
         finally:
             await database.close()
     else:
-        async with Postgres(backend) as pg:
+        # Connections made ahead, so that racing writers do run at once (a pool that grows
+        # on demand hands them out one after another).
+        async with Postgres(backend, min_size=8, max_size=10) as pg:
             yield Opened(PgThreads(pg), lambda text: pg_holding(pg, text))
 
 
@@ -412,24 +414,33 @@ async def test_view_shows_neighbours_and_snapshots(threads: ThreadStore) -> None
 # ---- concurrency (PostgreSQL holds the checks under racing writers) -----------------------
 
 
-async def test_racing_appends_one_wins(threads: ThreadStore) -> None:
-    """Of appends racing with the same expected length (a new thread's too), exactly one is
-    written and the others raise ConflictError."""
+async def race_appends(threads: ThreadStore, thread: str, stored: int, racers: int) -> list[str]:
+    """Each racer's outcome ("ok" or "conflict") of appending after `stored` messages at once."""
     outcomes: list[str] = []
 
     async def attempt(i: int) -> None:
         try:
-            await threads.append("t", drafts(f"racer {i}"), expected_len=0, recorded_at=EPOCH)
+            await threads.append(thread, drafts(f"racer {i}"), expected_len=stored,
+                                 recorded_at=EPOCH)
             outcomes.append("ok")
         except mnemo.ConflictError:
             outcomes.append("conflict")
 
     async with anyio.create_task_group() as tg:
-        for i in range(8):
+        for i in range(racers):
             tg.start_soon(attempt, i)
-    assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
-    assert len(await threads.raw("t")) == 1
-    assert await threads.state("t") == ThreadState(1, 1, 0)
+    return outcomes
+
+
+async def test_racing_appends_one_wins(threads: ThreadStore) -> None:
+    """Of appends racing with the same expected length (to a new thread or a stored one),
+    exactly one is written and the others raise ConflictError."""
+    await save(threads, "old", drafts("first"))
+    for thread, stored in (("new", 0), ("old", 1)):
+        outcomes = await race_appends(threads, thread, stored, racers=8)
+        assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
+        assert len(await threads.raw(thread)) == stored + 1
+        assert await threads.state(thread) == ThreadState(stored + 1, stored + 1, 0)
 
 
 async def test_racing_evictions_one_wins(threads: ThreadStore) -> None:

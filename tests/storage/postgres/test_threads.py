@@ -578,6 +578,7 @@ _OPS = st.lists(
         st.tuples(st.just("compact"), st.integers(0, 12), st.integers(0, 4)),
         st.tuples(st.just("expire"), st.integers(0, 4), st.just(0)),
         st.tuples(st.just("clear"), st.just(0), st.just(0)),
+        st.tuples(st.just("evict"), st.integers(0, 3), st.integers(-1, 1)),
     ),
     max_size=12,
 )
@@ -592,6 +593,14 @@ async def _apply(threads: ThreadStore, thread: str, op: tuple[str, int, int], st
             await save(threads, thread, drafts(*[f"step {step} word{i}" for i in range(a)]), at)
         elif kind == "compact":
             await threads.add_compaction(thread, a, a + b, f"summary {step}", EPOCH)
+        elif kind == "evict":
+            state = await threads.state(thread)
+            start = state.boundary_seq if state else 0
+            # b = -1: a stale boundary, which must conflict on both.
+            await threads.commit_eviction(
+                thread, boundary_before=start + min(b, 0), boundary_after=start + a,
+                zone=(start, start + a - 1), snapshot_text=f"snapshot {step}" * (b >= 0),
+                pins=[], now=EPOCH)
         elif kind == "expire":
             await threads.expire(thread, EPOCH + timedelta(days=a))
         else:
@@ -605,15 +614,17 @@ async def _seen(threads: ThreadStore, thread: str) -> tuple[object, ...]:
     """What a thread reads as, message ids aside (each backend makes its own)."""
     raw = [(m.seq, m.role, m.content, m.data, m.recorded_at, m.tokens)
            for m in await threads.raw(thread)]
-    return raw, await threads.compactions(thread), await threads.state(thread)
+    snapshots = [(s.level, s.start_seq, s.end_seq, s.text, s.created_at)
+                 for s in await threads.snapshots(thread)]
+    return raw, await threads.compactions(thread), await threads.state(thread), snapshots
 
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=_OPS)
 def test_backends_agree(pg_url: str, tmp_path: Path, ops: list[tuple[str, int, int]]) -> None:
-    """Random appends, compactions, expiries and clears leave SQLite and PostgreSQL with equal
-    logs, compactions and counters, and refuse the same operations."""
+    """Random appends, compactions, evictions, expiries and clears leave SQLite and PostgreSQL
+    with equal logs, compactions, counters and snapshots, and refuse the same operations."""
     thread = f"t-{uuid.uuid4().hex}"  # examples share the databases
 
     async def run() -> None:

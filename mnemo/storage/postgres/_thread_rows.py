@@ -9,10 +9,14 @@ datetimes and come back in UTC, as SQLite's ISO text reads back.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
+
+from psycopg.types.json import Jsonb
 
 from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, Snapshot
 from mnemo.conversation.ports import ThreadState
@@ -57,15 +61,56 @@ async def reading(pg: Postgres) -> AsyncIterator[Connection]:
         yield conn
 
 
+def _jsonb_keeps(value: object) -> bool:
+    """Whether jsonb gives `value` back equal and of the same types: it refuses NUL in
+    strings, stores numbers as `numeric` (1e16 comes back as the integer 10000000000000000,
+    -0.0 as 0.0) and has no NaN or infinity."""
+    if isinstance(value, str):
+        return "\x00" not in value
+    if isinstance(value, float):
+        return math.isfinite(value) and "e+" not in repr(value) and math.copysign(1, value) > 0
+    if isinstance(value, dict):
+        return all(_jsonb_keeps(k) and _jsonb_keeps(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_jsonb_keeps(v) for v in value)
+    return True
+
+
+def message_row(
+    message_id: str, thread_id: str, seq: int, role: str, text: str, content: str,
+    data: dict[str, Any], recorded_at: datetime, tokens: int,
+) -> tuple[Any, ...]:
+    """The parameters of a row of `MESSAGE_COLUMNS` for a message (see `message_from_row`).
+
+    A message's `data` is stored as a jsonb object, except when jsonb would not give it back
+    exactly, or the role or content holds NUL (which no PostgreSQL text may): then the jsonb
+    is a string, the JSON text of `data`, or of `[data, content, role]` (SQLite's text, which
+    keeps everything). The search text has NUL as U+FFFD: it is only searched and quoted.
+    """
+    nul = "\x00" in content or "\x00" in role
+    stored: object = data
+    if nul or not _jsonb_keeps(data):
+        stored = json.dumps([data, content, role] if nul else data, sort_keys=True,
+                            ensure_ascii=False)
+    kept = None if nul or content == text else content
+    return (message_id, thread_id, seq, role.replace("\x00", "\ufffd"),
+            text.replace("\x00", "\ufffd"), kept, Jsonb(stored), recorded_at, tokens)
+
+
 def message_from_row(row: Sequence[Any]) -> Message:
     """A `Message` from a row of `MESSAGE_COLUMNS`."""
     message_id, thread_id, seq, role, text, content, data, recorded_at, tokens = row
+    content = text if content is None else content
+    if isinstance(data, str):
+        data = json.loads(data)
+        if isinstance(data, list):
+            data, content, role = data
     return Message(
         id=message_id,
         thread_id=thread_id,
         seq=seq,
         role=role,
-        content=text if content is None else content,
+        content=content,
         data=data,
         recorded_at=utc(recorded_at),
         tokens=tokens,

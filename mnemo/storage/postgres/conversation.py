@@ -11,12 +11,12 @@ tables are described in `_thread_rows`; search and drill-down are in `conversati
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
 import numpy as np
-from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.conversation.model import (
@@ -44,6 +44,7 @@ from mnemo.storage.postgres._thread_rows import (
     insert_snapshot,
     iter_newest,
     message_from_row,
+    message_row,
     read_compactions,
     read_messages,
     read_open_goals,
@@ -115,10 +116,8 @@ class PgThreads:
                     f"messages stored, expected {expected_len}"
                 )
             rows = [
-                (
-                    ids[i], thread_id, state.next_seq + i, d.role, d.text,
-                    None if d.content == d.text else d.content, d.data, at, d.tokens,
-                )
+                message_row(ids[i], thread_id, state.next_seq + i, d.role, d.text, d.content,
+                            d.data, at, d.tokens)
                 for i, d in enumerate(drafts)
             ]
             async with conn.cursor() as cur:
@@ -126,7 +125,7 @@ class PgThreads:
                     await cur.executemany(
                         f"INSERT INTO messages({MESSAGE_COLUMNS})"
                         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        [(*row[:6], Jsonb(row[6]), *row[7:]) for row in rows],
+                        rows,
                     )
                 if arrays:
                     await cur.executemany(
@@ -138,7 +137,12 @@ class PgThreads:
                 "UPDATE threads SET next_seq = %s, history_len = %s WHERE id = %s",
                 (state.next_seq + len(drafts), state.history_len + len(drafts), thread_id),
             )
-        return [message_from_row(row) for row in rows]
+        # As read back: the data through JSON, as SQLite's append gives it.
+        return [
+            Message(ids[i], thread_id, state.next_seq + i, d.role, d.content,
+                    json.loads(json.dumps(d.data, sort_keys=True)), at, d.tokens)
+            for i, d in enumerate(drafts)
+        ]
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         async with self._pg.transaction() as conn:

@@ -27,6 +27,7 @@ from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
+from tests.strategies import json_values
 
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -60,7 +61,9 @@ async def opened(backend: str | None, tmp_path: Path) -> AsyncIterator[Opened]:
         finally:
             await database.close()
     else:
-        async with Postgres(backend) as pg:
+        # Connections made ahead, so that racing writers do run at once (a pool that grows
+        # on demand hands them out one after another).
+        async with Postgres(backend, min_size=8, max_size=10) as pg:
             yield Opened(PgThreads(pg), lambda text: pg_holding(pg, text))
 
 
@@ -411,24 +414,33 @@ async def test_view_shows_neighbours_and_snapshots(threads: ThreadStore) -> None
 # ---- concurrency (PostgreSQL holds the checks under racing writers) -----------------------
 
 
-async def test_racing_appends_one_wins(threads: ThreadStore) -> None:
-    """Of appends racing with the same expected length (a new thread's too), exactly one is
-    written and the others raise ConflictError."""
+async def race_appends(threads: ThreadStore, thread: str, stored: int, racers: int) -> list[str]:
+    """Each racer's outcome ("ok" or "conflict") of appending after `stored` messages at once."""
     outcomes: list[str] = []
 
     async def attempt(i: int) -> None:
         try:
-            await threads.append("t", drafts(f"racer {i}"), expected_len=0, recorded_at=EPOCH)
+            await threads.append(thread, drafts(f"racer {i}"), expected_len=stored,
+                                 recorded_at=EPOCH)
             outcomes.append("ok")
         except mnemo.ConflictError:
             outcomes.append("conflict")
 
     async with anyio.create_task_group() as tg:
-        for i in range(8):
+        for i in range(racers):
             tg.start_soon(attempt, i)
-    assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
-    assert len(await threads.raw("t")) == 1
-    assert await threads.state("t") == ThreadState(1, 1, 0)
+    return outcomes
+
+
+async def test_racing_appends_one_wins(threads: ThreadStore) -> None:
+    """Of appends racing with the same expected length (to a new thread or a stored one),
+    exactly one is written and the others raise ConflictError."""
+    await save(threads, "old", drafts("first"))
+    for thread, stored in (("new", 0), ("old", 1)):
+        outcomes = await race_appends(threads, thread, stored, racers=8)
+        assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
+        assert len(await threads.raw(thread)) == stored + 1
+        assert await threads.state(thread) == ThreadState(stored + 1, stored + 1, 0)
 
 
 async def test_racing_evictions_one_wins(threads: ThreadStore) -> None:
@@ -476,6 +488,56 @@ async def test_racing_folds_one_wins(threads: ThreadStore) -> None:
     assert len([s for s in await threads.snapshots("t") if s.level == 2]) == 1
 
 
+# ---- round trip ---------------------------------------------------------------------------
+
+_MESSAGES = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "assistant", "tool", "a\x00b"]),
+            "content": st.one_of(st.none(), st.text(max_size=20)),
+        },
+        optional={"name": st.text(min_size=1, max_size=8), "extra": json_values,
+                  "big": st.sampled_from([1e16, -0.0, 1.7976931348623157e308, 2**70, "\x00"])},
+    ),
+    min_size=1, max_size=4,
+)
+
+
+def _types(value: object) -> object:
+    """The value with each scalar replaced by its type (1 == 1.0, but not as JSON)."""
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(messages=_MESSAGES)
+def test_messages_round_trip(pg_url: str, tmp_path: Path, messages: list[dict[str, Any]]) -> None:
+    """Any message (NUL in its role, content or data, floats jsonb would turn into integers)
+    reads back from either backend as it was saved, and as append returned it."""
+    thread = f"t-{uuid.uuid4().hex}"
+
+    async def run() -> None:
+        database = Database(tmp_path / "trip.db")
+        await database.open()
+        try:
+            async with Postgres(pg_url) as pg:
+                for store in (SqliteThreads(database), PgThreads(pg)):
+                    batch = [draft(m, i) for i, m in enumerate(messages)]
+                    saved = await save(store, thread, batch)
+                    raw = await store.raw(thread)
+                    assert raw == saved
+                    assert [m.to_dict() for m in raw] == messages
+                    assert [_types(m.to_dict()) for m in raw] == [_types(m) for m in messages]
+        finally:
+            await database.close()
+
+    anyio.run(run)
+
+
 # ---- erasure ------------------------------------------------------------------------------
 
 
@@ -516,6 +578,7 @@ _OPS = st.lists(
         st.tuples(st.just("compact"), st.integers(0, 12), st.integers(0, 4)),
         st.tuples(st.just("expire"), st.integers(0, 4), st.just(0)),
         st.tuples(st.just("clear"), st.just(0), st.just(0)),
+        st.tuples(st.just("evict"), st.integers(0, 3), st.integers(-1, 1)),
     ),
     max_size=12,
 )
@@ -530,6 +593,14 @@ async def _apply(threads: ThreadStore, thread: str, op: tuple[str, int, int], st
             await save(threads, thread, drafts(*[f"step {step} word{i}" for i in range(a)]), at)
         elif kind == "compact":
             await threads.add_compaction(thread, a, a + b, f"summary {step}", EPOCH)
+        elif kind == "evict":
+            state = await threads.state(thread)
+            start = state.boundary_seq if state else 0
+            # b = -1: a stale boundary, which must conflict on both.
+            await threads.commit_eviction(
+                thread, boundary_before=start + min(b, 0), boundary_after=start + a,
+                zone=(start, start + a - 1), snapshot_text=f"snapshot {step}" * (b >= 0),
+                pins=[], now=EPOCH)
         elif kind == "expire":
             await threads.expire(thread, EPOCH + timedelta(days=a))
         else:
@@ -543,15 +614,17 @@ async def _seen(threads: ThreadStore, thread: str) -> tuple[object, ...]:
     """What a thread reads as, message ids aside (each backend makes its own)."""
     raw = [(m.seq, m.role, m.content, m.data, m.recorded_at, m.tokens)
            for m in await threads.raw(thread)]
-    return raw, await threads.compactions(thread), await threads.state(thread)
+    snapshots = [(s.level, s.start_seq, s.end_seq, s.text, s.created_at)
+                 for s in await threads.snapshots(thread)]
+    return raw, await threads.compactions(thread), await threads.state(thread), snapshots
 
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=_OPS)
 def test_backends_agree(pg_url: str, tmp_path: Path, ops: list[tuple[str, int, int]]) -> None:
-    """Random appends, compactions, expiries and clears leave SQLite and PostgreSQL with equal
-    logs, compactions and counters, and refuse the same operations."""
+    """Random appends, compactions, evictions, expiries and clears leave SQLite and PostgreSQL
+    with equal logs, compactions, counters and snapshots, and refuse the same operations."""
     thread = f"t-{uuid.uuid4().hex}"  # examples share the databases
 
     async def run() -> None:

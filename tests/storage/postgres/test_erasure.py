@@ -57,7 +57,8 @@ async def test_purge_leaves_no_row_holding_the_thread(pg_url: str) -> None:
         await conv.save("keeper", [user("unrelated thread about gardening tomatoes")])
         await conv.load(thread, query=f"checklist {marker}")
         result = await mem.evict(thread, token_budget=400, eviction_fraction=0.5)
-        assert result.snapshot is not None and marker in result.snapshot.text
+        assert result.snapshot is not None
+        assert marker in result.snapshot.text
         assert await conv.compactions(thread)
         before = await rows_holding(pg_url, needle)
         assert {"messages", "snapshots", "goals", "compactions"} <= set(before), before

@@ -64,7 +64,7 @@ async def sql(
     async with backend.postgres.transaction() as conn:
         # Without parameters, several statements may go in one call (`SET LOCAL ...; ...`).
         cur = await conn.execute(
-            statement.replace("?", "%s"), params or None  # type: ignore[arg-type]
+            statement.replace("?", "%s"), params or None
         )
         rows = await cur.fetchall() if cur.description else []
         return [tuple(_as_sqlite(value) for value in row) for row in rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import string
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,8 @@ from mnemo.inputs import (
     check_text,
     query_terms,
 )
-from mnemo.storage.sqlite import graph as store
+from mnemo.storage.postgres import graph as pg_graph
+from mnemo.storage.sqlite import graph as sqlite_graph
 from tests.conftest import REPO
 from tests.fakes import open_test_memory
 
@@ -86,21 +87,22 @@ def test_query_terms_of_many_distinct_words() -> None:
 async def test_recall_of_5000_distinct_words_searches_capped_terms(
     mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A recall query of 5,000 distinct words reaches FTS5 as at most MAX_QUERY_TERMS terms."""
-    generated: list[str] = []
-    original = store.fts_query
+    """A recall query of 5,000 distinct words reaches the full-text search (FTS5, a tsquery)
+    as at most MAX_QUERY_TERMS terms."""
+    generated: list[list[str]] = []
 
-    def spy(text: str) -> str:
-        generated.append(original(text))
+    def spy(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
+        generated.append(query_terms(words, cap=cap))
         return generated[-1]
 
-    monkeypatch.setattr(store, "fts_query", spy)
+    monkeypatch.setattr(sqlite_graph, "query_terms", spy)
+    monkeypatch.setattr(pg_graph, "query_terms", spy)
     # Three-letter words: 5,000 of them fit in the default bound (20,000 characters).
     query = " ".join("".join(w) for w in itertools.islice(
         itertools.product(string.ascii_lowercase, repeat=3), 5000))
     await mem.recall(REPO, query)
     assert generated
-    assert all(g.count(" OR ") + 1 <= MAX_QUERY_TERMS for g in generated)
+    assert all(len(terms) == MAX_QUERY_TERMS for terms in generated)
 
 
 # ---- every public text input, one character past the bound ----------------------------------

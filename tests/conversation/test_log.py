@@ -21,7 +21,7 @@ from tests.conversation._support import (
     user,
 )
 from tests.fakes import FakeEmbedder
-from tests.strategies import json_values
+from tests.strategies import json_values, texts
 
 
 async def test_empty_load(cmem: mnemo.Memory) -> None:
@@ -394,12 +394,12 @@ message_dicts = st.fixed_dictionaries(
         "role": st.sampled_from(["user", "assistant", "tool", "system"]),
         "content": st.one_of(
             st.none(),
-            st.text(max_size=40),
-            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=20)}),
+            texts(max_size=40),
+            st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts(max_size=20)}),
                      max_size=2),
         ),
     },
-    optional={"name": st.text(min_size=1, max_size=8), "extra": json_values},
+    optional={"name": texts(min_size=1, max_size=8), "extra": json_values},
 )
 
 

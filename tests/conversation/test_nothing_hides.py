@@ -187,8 +187,13 @@ class ThreadRules(RuleBasedStateMachine):
 def test_nothing_hides_after_any_call(store: str) -> None:
     """No program of saves, evictions and goals, whatever the eviction model answers, hides a
     message from both the viewport and search."""
+
+    class OnTheStore(ThreadRules):
+        def __init__(self) -> None:
+            super().__init__(store)
+
     run_state_machine_as_test(
-        lambda: ThreadRules(store),
+        OnTheStore,
         settings=settings(
             max_examples=30, stateful_step_count=12, deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import cast
 
 import anyio
 import numpy as np
@@ -649,7 +650,7 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
             assert merger.calls == []
             # Another commit lands meanwhile, holding the lock as every commit does.
             await commit._apply_locked(
-                graph,
+                cast(commit.CommitTarget, graph),
                 procedure_with_intent("a", "restart the web server", axis(0)),
                 Merger(),
                 policy(),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import mnemo
 from mnemo.memoryfiles import _format
 from tests.memoryfiles.fakes import USAGE, BarrierLLM, Clock, RecordingLLM, snapshot, user, write
+from tests.strategies import texts as stored_texts
 
 SIGNALS = [
     "We decided to use PostgreSQL 16 for the main database.",
@@ -258,7 +259,7 @@ async def test_long_statement_is_truncated(directory: Path, clock: Clock) -> Non
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    statements=st.lists(st.text(min_size=1, max_size=300), min_size=1, max_size=6),
+    statements=st.lists(stored_texts(min_size=1, max_size=300), min_size=1, max_size=6),
     max_chars=st.integers(min_value=20, max_value=400),
 )
 def test_any_statements_keep_files_bounded_and_parseable(

@@ -10,7 +10,7 @@ its docstring or module says why.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -20,7 +20,15 @@ import mnemo
 from mnemo import State
 from tests.backends import BACKENDS
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
-from tests.pg import pg_clones, pg_empty_url, pg_server, pg_template, pg_url
+from tests.pg import (
+    Clones,
+    PgServer,
+    pg_clones,
+    pg_empty_url,
+    pg_server,
+    pg_template,
+    pg_url,
+)
 
 __all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]
 
@@ -36,6 +44,28 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "memory.db")
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture(params=BACKENDS)
+def fresh_stores(request: pytest.FixtureRequest) -> Iterator[Callable[[], str]]:
+    """A factory of new, empty stores of one backend, for tests that need one per hypothesis
+    example: `":memory:"` databases, or copies of the migrated template (dropped after)."""
+    if request.param == "sqlite":
+        yield lambda: ":memory:"
+        return
+    server: PgServer = request.getfixturevalue("pg_server")
+    clones: Clones = request.getfixturevalue("pg_clones")
+    taken: list[str] = []
+
+    def make() -> str:
+        taken.append(clones.take())
+        return server.url(taken[-1])
+
+    try:
+        yield make
+    finally:
+        for name in taken:
+            clones.give_back(name)
 
 
 @pytest.fixture

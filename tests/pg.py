@@ -123,7 +123,7 @@ class Clones:
         self._server = server
         self._template = template
         self._ready: queue.Queue[str | BaseException] = queue.Queue(maxsize=ahead)
-        self._drops: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._drops: queue.SimpleQueue[str | None] = queue.SimpleQueue()  # "": a wake-up
         self._stop = threading.Event()
         self._dropped: set[str] = set()
         self._changed = threading.Condition()
@@ -132,6 +132,8 @@ class Clones:
 
     def take(self) -> str:
         item = self._ready.get(timeout=60)
+        # Wakes the thread, which may sleep until a drop: there is room for one more copy.
+        self._drops.put("")
         if isinstance(item, BaseException):
             raise item
         return item
@@ -160,11 +162,12 @@ class Clones:
                     name = self._drops.get_nowait()
                 except queue.Empty:
                     break
-                if name is not None:
+                if name:
                     self._drop(name)
             if self._ready.full():
-                name = self._drops.get()  # sleep until a test ends (or close wakes us)
-                if name is not None:
+                # Sleep until a test ends, takes a copy, or close wakes us.
+                name = self._drops.get()
+                if name:
                     self._drop(name)
                 continue
             try:

@@ -4,8 +4,6 @@ repo records it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import mnemo
@@ -125,17 +123,17 @@ async def test_adapters_are_closed_once_with_the_memory(store: str) -> None:
 
 
 async def test_a_repo_reopened_with_an_embedder_of_another_dimension_is_refused(
-    tmp_path: Path,
+    store: str,
 ) -> None:
     """A repo written with 8-dimensional vectors, reopened under a 16-dimensional default,
     refuses recall, ingest and new sessions with an EmbeddingError naming both dimensions;
     reads that need no embedding still work."""
-    async with mnemo.Memory(tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder(8)) as mem:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(8)) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")
         await mem.close_and_commit(sid)
-    async with mnemo.Memory(tmp_path / "m.db", llm=FakeLLM(), embedder=FakeEmbedder(16)) as mem:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(16)) as mem:
         assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
         for attempt in (
             mem.recall(REPO, "walk"),

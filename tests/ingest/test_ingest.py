@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anyio
 import pytest
 
@@ -86,12 +84,12 @@ async def test_failed_extraction_stores_nothing(mem: mnemo.Memory, llm: FakeLLM)
     assert (await mem.ingest(REPO, trajectory("walk north"), source_id="s1")).created
 
 
-async def test_idempotence_survives_reopening(tmp_path: Path) -> None:
-    """The source id is remembered in the file: after reopening, the same payload is not
+async def test_idempotence_survives_reopening(store: str) -> None:
+    """The source id is remembered in the store: after reopening, the same payload is not
     ingested again."""
     for attempt in range(2):
         llm = FakeLLM()
-        async with mnemo.Memory(tmp_path / "m.db", llm=llm, embedder=FakeEmbedder()) as mem:
+        async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
             await mem.open_repo(REPO)
             receipt = await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
             assert receipt.created is (attempt == 0)

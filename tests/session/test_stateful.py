@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -9,7 +10,13 @@ import anyio.from_thread
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 import mnemo
 from mnemo import State
@@ -45,7 +52,7 @@ OBSERVATIONS = ["walk north", "walk south", "open door", "take key"]
 class SessionRules(RuleBasedStateMachine):
     sessions = Bundle("sessions")
 
-    def __init__(self) -> None:
+    def __init__(self, store: str = ":memory:") -> None:
         super().__init__()
         self.llm = FakeLLM()
         self.events = EventLog()
@@ -54,7 +61,7 @@ class SessionRules(RuleBasedStateMachine):
             self.portal = setup.enter_context(anyio.from_thread.start_blocking_portal())
             self.mem = setup.enter_context(
                 self.portal.wrap_async_context_manager(
-                    open_test_memory(llm=self.llm, on_event=self.events)
+                    open_test_memory(store, llm=self.llm, on_event=self.events)
                 )
             )
             self.call("open_repo", REPO)
@@ -177,5 +184,14 @@ class SessionRules(RuleBasedStateMachine):
         self.stack.close()
 
 
-SessionRules.TestCase.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)
-TestSessionRules = SessionRules.TestCase
+def test_session_rules(fresh_stores: Callable[[], str]) -> None:
+    """Random programs of session calls keep the state table, on each backend (a new store
+    per example)."""
+
+    class OnAFreshStore(SessionRules):
+        def __init__(self) -> None:
+            super().__init__(fresh_stores())
+
+    run_state_machine_as_test(
+        OnAFreshStore, settings=settings(max_examples=50, stateful_step_count=30, deadline=None)
+    )

@@ -8,18 +8,21 @@ the faults stop, it settles and takes a valid operation at once), and no accepte
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
-from contextlib import ExitStack
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import ExitStack, asynccontextmanager
+from typing import Any, cast
 
 import anyio
 import anyio.from_thread
+import psycopg
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
 
 import mnemo
 from mnemo import State
+from mnemo.storage.postgres.store import PostgresBackend
+from tests.backends import backend_of, is_sqlite
 from tests.fakes import EventLog, FakeLLM, invoke, open_test_memory, sqlite_database
 
 REPO = "r"
@@ -62,7 +65,7 @@ class Ops:
 class FaultyPrograms(RuleBasedStateMachine):
     sessions = Bundle("sessions")
 
-    def __init__(self) -> None:
+    def __init__(self, store: str = ":memory:") -> None:
         super().__init__()
         self.llm = FakeLLM()
         self.events = EventLog()
@@ -72,7 +75,7 @@ class FaultyPrograms(RuleBasedStateMachine):
             self.portal = setup.enter_context(anyio.from_thread.start_blocking_portal())
             self.mem = setup.enter_context(
                 self.portal.wrap_async_context_manager(
-                    open_test_memory(llm=self.llm, on_event=self.events)
+                    open_test_memory(store, llm=self.llm, on_event=self.events)
                 )
             )
             self.call("open_repo", REPO)
@@ -82,18 +85,36 @@ class FaultyPrograms(RuleBasedStateMachine):
         self.ended: set[str] = set()
 
     def _inject(self) -> None:
-        database, graph, faults = sqlite_database(self.mem), self.mem._graph, self.faults
-        real_call, real_apply = database._call, graph.apply
+        graph, faults = self.mem._graph, self.faults
+        real_apply = graph.apply
+        if is_sqlite(self.mem):
+            database = sqlite_database(self.mem)
+            real_call = database._call
 
-        async def call(fn: Callable[[], Any]) -> Any:
-            if faults.storage > 0:
-                faults.storage -= 1
+            async def call(fn: Callable[[], Any]) -> Any:
+                if faults.storage > 0:
+                    faults.storage -= 1
 
-                def locked() -> None:
-                    raise sqlite3.OperationalError("database is locked")
+                    def locked() -> None:
+                        raise sqlite3.OperationalError("database is locked")
 
-                return await real_call(locked)
-            return await real_call(fn)
+                    return await real_call(locked)
+                return await real_call(fn)
+
+            database._call = call  # type: ignore[method-assign]
+        else:
+            pg = cast(PostgresBackend, backend_of(self.mem)).postgres
+            real_connection = pg.connection
+
+            @asynccontextmanager
+            async def connection() -> AsyncIterator[Any]:
+                async with real_connection() as conn:
+                    if faults.storage > 0:
+                        faults.storage -= 1
+                        raise psycopg.errors.LockNotAvailable("canceling statement: lock timeout")
+                    yield conn
+
+            pg.connection = connection  # type: ignore[method-assign]
 
         async def apply(*args: Any, **kwargs: Any) -> Any:
             if faults.apply > 0:
@@ -101,7 +122,6 @@ class FaultyPrograms(RuleBasedStateMachine):
                 raise ValueError("a vector of the wrong shape")
             return await real_apply(*args, **kwargs)
 
-        database._call = call  # type: ignore[method-assign]
         graph.apply = apply  # type: ignore[method-assign]
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -207,7 +227,15 @@ class FaultyPrograms(RuleBasedStateMachine):
         self.stack.close()
 
 
-FaultyPrograms.TestCase.settings = settings(
-    max_examples=40, stateful_step_count=25, deadline=None
-)
-TestFaultyPrograms = FaultyPrograms.TestCase
+def test_faulty_programs(fresh_stores: Callable[[], str]) -> None:
+    """Random programs of async operations, with storage faults (SQLite's "database is
+    locked", PostgreSQL's lock timeout), failing commits and failing LLM tasks: every accepted
+    operation is called back once, and no session is wedged; on each backend."""
+
+    class OnAFreshStore(FaultyPrograms):
+        def __init__(self) -> None:
+            super().__init__(fresh_stores())
+
+    run_state_machine_as_test(
+        OnAFreshStore, settings=settings(max_examples=40, stateful_step_count=25, deadline=None)
+    )

@@ -10,7 +10,6 @@ A third backend is one more folder under `mnemo/storage/`.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -47,7 +46,12 @@ def is_postgres(path: str | Path) -> bool:
 
 def has_postgres_driver() -> bool:
     """Whether this installation has mnemo's `postgres` extra (psycopg and its pool)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("psycopg", "psycopg_pool"))
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def open_backend(

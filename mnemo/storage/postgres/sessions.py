@@ -296,11 +296,7 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
 def _jsonb(text: str) -> Jsonb:
     # The text is already JSON (written with sort_keys, as SQLite keeps it): sent as it is,
     # not parsed and dumped again.
-    return Jsonb(text, dumps=_as_is)
-
-
-def _as_is(text: Any) -> str:
-    return str(text)
+    return Jsonb(text, dumps=str)
 
 
 def _int(value: object) -> int:

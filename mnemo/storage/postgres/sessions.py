@@ -14,6 +14,7 @@ in one REPEATABLE READ transaction, so it sees one snapshot even while other tas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -295,11 +296,7 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
 def _jsonb(text: str) -> Jsonb:
     # The text is already JSON (written with sort_keys, as SQLite keeps it): sent as it is,
     # not parsed and dumped again.
-    return Jsonb(text, dumps=_as_is)
-
-
-def _as_is(text: Any) -> str:
-    return str(text)
+    return Jsonb(text, dumps=str)
 
 
 def _int(value: object) -> int:
@@ -342,13 +339,18 @@ def _utc(value: object) -> datetime:
     return value.astimezone(UTC)
 
 
+def _reward(value: float | None) -> float | None:
+    # SQLite stores a NaN as NULL, so a NaN reward reads back as None there; the same here.
+    return None if value is None or math.isnan(value) else value
+
+
 def _step_row(
     session_id: str, episode_id: str, step: StepRecord, now: datetime
 ) -> tuple[object, ...]:
     return (
         step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
         step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
-        step.reward, None if step.metadata is None else Jsonb(step.metadata), now,
+        _reward(step.reward), None if step.metadata is None else Jsonb(step.metadata), now,
     )
 
 
@@ -377,7 +379,7 @@ async def _save_rewards(
 ) -> None:
     """Sets each step's reward (and, given `committed_in`, the changeset that committed it)
     in one statement; of a step listed twice the last reward wins, as in SQLite's loop."""
-    rewards = dict(steps)
+    rewards = {step_id: _reward(reward) for step_id, reward in steps}
     if not rewards:
         return
     assignments = "reward = v.reward"

@@ -24,6 +24,7 @@ from tests.storage.postgres.session_backends import (
     backend,
     backend_place,
     live_view,
+    open_backend,
     step,
     step_view,
 )
@@ -237,3 +238,29 @@ async def test_keep_result_is_idempotent_and_the_last_reply_wins(backend: Backen
     assert kept == [_kept("procedural", "steps", digest="d0"), _kept("semantic", "second")]
     assert [k.cost.calls for k in kept] == [2, 2]
     assert await store.kept_results("other") == []
+
+
+async def test_a_nan_reward_reads_back_as_none(backend: Backend) -> None:
+    """A NaN reward, appended or scored, is stored as no reward (SQLite's REAL keeps no NaN)."""
+    await _session(backend)
+    store = backend.sessions
+    await store.add_step("s1", "e1", step("st1", 0, reward=float("nan")), None)
+    await store.add_step("s1", "e1", step("st2", 1), step("st1", 0, reward=float("nan")))
+    await store.save_extraction("s1", _changeset("c1", []), [step("st2", 1, reward=float("nan"))])
+    [live] = await store.load_live()
+    assert live.episode is not None
+    assert [s.reward for s in live.episode.steps] == [None, None]
+
+
+async def test_a_nul_character_is_a_storage_error_on_postgres(pg_url: str) -> None:
+    """PostgreSQL's text holds no NUL character: a step with one is refused as a
+    `StorageError` and nothing of it is written (SQLite stores it)."""
+    async with open_backend("postgres", pg_url) as opened:
+        store = opened.sessions
+        await store.save_repo(RepoRow(REPO, Config(), DIM, "hash:4"))
+        await store.create_session("s1", REPO, Config(), EpisodeRecord("e1", "goal"))
+        bad = step("st1", 0)
+        bad.observation = "a\x00b"
+        with pytest.raises(StorageError):
+            await store.add_step("s1", "e1", bad, None)
+        assert await opened.rows("SELECT count(*) FROM steps") == [(0,)]

@@ -27,7 +27,7 @@ from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
-from tests.strategies import json_values
+from tests.strategies import json_values, texts
 
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -493,11 +493,11 @@ async def test_racing_folds_one_wins(threads: ThreadStore) -> None:
 _MESSAGES = st.lists(
     st.fixed_dictionaries(
         {
-            "role": st.sampled_from(["user", "assistant", "tool", "a\x00b"]),
-            "content": st.one_of(st.none(), st.text(max_size=20)),
+            "role": st.sampled_from(["user", "assistant", "tool"]),
+            "content": st.one_of(st.none(), texts(max_size=20)),
         },
-        optional={"name": st.text(min_size=1, max_size=8), "extra": json_values,
-                  "big": st.sampled_from([1e16, -0.0, 1.7976931348623157e308, 2**70, "\x00"])},
+        optional={"name": texts(min_size=1, max_size=8), "extra": json_values,
+                  "big": st.sampled_from([1e16, -0.0, 1.7976931348623157e308, 2**70])},
     ),
     min_size=1, max_size=4,
 )
@@ -512,12 +512,13 @@ def _types(value: object) -> object:
     return type(value)
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(messages=_MESSAGES)
 def test_messages_round_trip(pg_url: str, tmp_path: Path, messages: list[dict[str, Any]]) -> None:
-    """Any message (NUL in its role, content or data, floats jsonb would turn into integers)
-    reads back from either backend as it was saved, and as append returned it."""
+    """Any message a caller may save (floats jsonb would turn into integers included; NUL
+    is refused by mnemo.inputs) reads back from either backend as it was saved, and as append
+    returned it."""
     thread = f"t-{uuid.uuid4().hex}"
 
     async def run() -> None:

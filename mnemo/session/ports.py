@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Protocol
 
 from mnemo.config import Config
@@ -73,3 +74,86 @@ class SessionStore(Protocol):
     async def kept_results(self, episode_id: str) -> list[KeptResult]: ...
     async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
     async def episode(self, episode_id: str) -> EpisodeLog | None: ...
+
+
+# ---- many Memory objects on one store (issue 11) ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HolderInfo:
+    """An open `Memory` on the store: the holder of the background work it runs, and when it
+    last said it was alive (`seen_at`, renewed by its heartbeat)."""
+
+    id: str
+    host: str
+    pid: int
+    started_at: datetime
+    seen_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLease:
+    """What the multi-process rules read of a session's row: its state and `version` (every
+    transition compares and sets it), and who holds its background work until when."""
+
+    id: str
+    repo: str
+    state: State
+    version: int
+    holder: str | None
+    lease_until: datetime | None
+    model: str | None
+    ended: bool
+
+
+class Coordination(Protocol):
+    """How the `Memory` objects on one store agree on who does what: holders with a heartbeat,
+    and sessions moved by compare-and-set on their version. Each method is one transaction."""
+
+    async def register(self, holder: HolderInfo) -> None:
+        """Records an open `Memory` (again, after a restart with the same id: replaced)."""
+        ...
+
+    async def beat(self, holder_id: str, now: datetime, lease_until: datetime) -> int:
+        """The holder is alive at `now`: its `seen_at` moves on, and every lease it holds
+        lasts until `lease_until`. Returns how many leases were renewed."""
+        ...
+
+    async def retire(self, holder_id: str, now: datetime) -> None:
+        """The holder closes: its record goes and its leases end at `now`, so that another
+        `Memory` may take its work over at once."""
+        ...
+
+    async def holders(self) -> list[HolderInfo]:
+        """Every recorded holder, oldest first."""
+        ...
+
+    async def lease(self, session_id: str) -> SessionLease | None:
+        """The session's row (None for an unknown session)."""
+        ...
+
+    async def claim(
+        self,
+        session_id: str,
+        *,
+        version: int,
+        holder_id: str | None,
+        lease_until: datetime | None,
+        state: State | None = None,
+    ) -> int | None:
+        """Compare-and-set: when the session's version is still `version`, it becomes
+        `version + 1`, held by `holder_id` until `lease_until` (None, None: held by nobody),
+        in `state` when given. Returns the new version, or None when another `Memory` moved
+        the session first (nothing written)."""
+        ...
+
+    async def takeable(self, now: datetime, unseen_since: datetime) -> list[SessionLease]:
+        """The live sessions whose background work nobody holds any more: extracting, with
+        a lease that ended before `now`, or a holder that is gone or was last seen before
+        `unseen_since`. Oldest first."""
+        ...
+
+    async def change_token(self) -> int:
+        """A number that changes when another connection changed the store (a cheap read:
+        what a waiting `Memory` polls)."""
+        ...

@@ -17,7 +17,7 @@ from typing import Protocol
 from mnemo.conversation.ports import ThreadStore
 from mnemo.errors import StorageError
 from mnemo.graph.ports import GraphStore
-from mnemo.session.ports import SessionStore
+from mnemo.session.ports import Coordination, SessionStore
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -33,6 +33,9 @@ class Backend(Protocol):
 
     @property
     def threads(self) -> ThreadStore: ...
+
+    @property
+    def coordination(self) -> Coordination: ...
 
     async def open(self) -> None: ...
 

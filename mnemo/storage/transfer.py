@@ -8,7 +8,9 @@ vectors) and writes them, skipping every row whose key the target already holds:
 run copies nothing, and an interrupted one carries on. `transfer` drives two of them.
 
 What is not copied: the bookkeeping of each backend (migration ledgers, SQLite's planner
-statistics) and the search indexes, which each target builds from the copied rows itself
+statistics), which processes hold which work (`holders`, a session's `holder` and
+`lease_until`: the copy's sessions are free for the first Memory opened on it), and the search
+indexes, which each target builds from the copied rows itself
 (SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns).
 The rowids that order episodes, nodes, messages and snapshots are carried over.
 
@@ -87,7 +89,7 @@ TABLES: tuple[Table, ...] = (
     _table("repos", "name", "name", "config:json", "dim:int", "embedder", "created_at:time",
            "llm"),
     _table("sessions", "id", "id", "repo", "state", "config:json", "episode_id",
-           "created_at:time", "updated_at:time", "ended:bool", "model"),
+           "created_at:time", "updated_at:time", "ended:bool", "model", "version:int"),
     _table("episodes", "id", "rowid:int", "id", "session_id", "goal", "status",
            "started_at:time", "closed_at:time"),
     _table("steps", "id", "id", "session_id", "episode_id", "idx:int", "trajectory_id",

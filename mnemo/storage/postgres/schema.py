@@ -282,6 +282,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "m007_many_processes",
+        (
+            "ALTER TABLE sessions ADD COLUMN version integer NOT NULL DEFAULT 0",
+            "ALTER TABLE sessions ADD COLUMN holder text",
+            "ALTER TABLE sessions ADD COLUMN lease_until timestamptz",
+            "CREATE INDEX sessions_by_holder ON sessions (holder) WHERE holder IS NOT NULL",
+            """CREATE TABLE holders (
+                id text PRIMARY KEY,
+                host text NOT NULL,
+                pid integer NOT NULL,
+                started_at timestamptz NOT NULL,
+                seen_at timestamptz NOT NULL
+            )""",
+        ),
+    ),
 )
 
 _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
+from mnemo.storage.postgres.coordination import PgCoordination
 from mnemo.storage.postgres.graph import PgGraph
 from mnemo.storage.postgres.sessions import PgSessions
 
@@ -30,6 +31,7 @@ class PostgresBackend:
         self.graph = PgGraph(self.postgres, dims)
         self.sessions = PgSessions(self.postgres)
         self.threads = PgThreads(self.postgres)
+        self.coordination = PgCoordination(self.postgres)
 
     async def open(self) -> None:
         """Applies pending migrations, then opens the pool.

@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 
 from mnemo.storage.sqlite.conversation import SqliteThreads
+from mnemo.storage.sqlite.coordination import SqliteCoordination
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
 from mnemo.storage.sqlite.sessions import SqliteSessions
@@ -28,6 +29,7 @@ class SqliteBackend:
         self.graph = SqliteGraph(self.database, dims)
         self.sessions = SqliteSessions(self.database)
         self.threads = SqliteThreads(self.database)
+        self.coordination = SqliteCoordination(self.database)
 
     async def open(self) -> None:
         await self.database.open()

@@ -334,3 +334,27 @@ def m009_task_results(db: Database) -> None:
         ) WITHOUT ROWID;
         """,
     )
+
+
+@MIGRATIONS()
+def m010_many_processes(db: Database) -> None:
+    # Several Memory objects (processes) on one store (issue 11). Each open Memory is a
+    # holder with a heartbeat; a session row carries a version that every transition
+    # compares and sets, and the holder (and lease) of the background work it is in.
+    _execute_all(
+        db,
+        """
+        ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE sessions ADD COLUMN holder TEXT;
+        ALTER TABLE sessions ADD COLUMN lease_until TEXT;
+        CREATE INDEX sessions_by_holder ON sessions(holder) WHERE holder IS NOT NULL;
+        CREATE TABLE holders (
+            id TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            started_at TEXT NOT NULL,
+            seen_at TEXT NOT NULL
+        ) WITHOUT ROWID;
+        """,
+    )
+

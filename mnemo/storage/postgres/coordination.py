@@ -1,0 +1,114 @@
+"""`PgCoordination`: the `Coordination` port (`mnemo.session.ports`) over PostgreSQL, for
+`Memory` objects on any number of hosts sharing one database.
+
+A compare-and-set is one `UPDATE ... WHERE version = %s`: the row lock it takes serialises
+racers, and under READ COMMITTED the second one re-reads the committed row, finds the version
+moved and changes nothing. `takeable` reads without locking: taking the work is a `claim`,
+which only one `Memory` wins. The change token is the next transaction id of the server
+(`pg_snapshot_xmax(pg_current_snapshot())`): it moves whenever any transaction that wrote
+commits (on this server, so a wake-up may be spurious, never missed), and costs one cheap
+statement.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from mnemo.session.machine import State
+from mnemo.session.ports import HolderInfo, SessionLease
+from mnemo.storage.postgres.connection import Postgres
+
+_LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+
+
+class PgCoordination:
+    """`Coordination` over a PostgreSQL database."""
+
+    def __init__(self, pg: Postgres) -> None:
+        self._pg = pg
+
+    async def register(self, holder: HolderInfo) -> None:
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "INSERT INTO holders(id, host, pid, started_at, seen_at)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET"
+                " host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,"
+                " seen_at = excluded.seen_at",
+                (holder.id, holder.host, holder.pid, holder.started_at, holder.seen_at),
+            )
+
+    async def beat(self, holder_id: str, now: datetime, lease_until: datetime) -> int:
+        async with self._pg.transaction() as conn:
+            await conn.execute("UPDATE holders SET seen_at = %s WHERE id = %s", (now, holder_id))
+            cur = await conn.execute(
+                "UPDATE sessions SET lease_until = %s WHERE holder = %s AND NOT ended",
+                (lease_until, holder_id),
+            )
+            return cur.rowcount
+
+    async def retire(self, holder_id: str, now: datetime) -> None:
+        async with self._pg.transaction() as conn:
+            await conn.execute("DELETE FROM holders WHERE id = %s", (holder_id,))
+            await conn.execute(
+                "UPDATE sessions SET lease_until = %s WHERE holder = %s", (now, holder_id)
+            )
+
+    async def holders(self) -> list[HolderInfo]:
+        rows = await self._pg.fetch_all(
+            "SELECT id, host, pid, started_at, seen_at FROM holders ORDER BY started_at, id"
+        )
+        return [
+            HolderInfo(str(i), str(host), int(pid), started, seen)
+            for i, host, pid, started, seen in rows
+        ]
+
+    async def lease(self, session_id: str) -> SessionLease | None:
+        rows = await self._pg.fetch_all(
+            f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = %s", (session_id,)
+        )
+        return _lease(rows[0]) if rows else None
+
+    async def claim(
+        self,
+        session_id: str,
+        *,
+        version: int,
+        holder_id: str | None,
+        lease_until: datetime | None,
+        state: State | None = None,
+    ) -> int | None:
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE sessions SET version = version + 1, holder = %s, lease_until = %s,"
+                " state = coalesce(%s, state) WHERE id = %s AND version = %s",
+                (holder_id, lease_until, None if state is None else state.value, session_id,
+                 version),
+            )
+            return version + 1 if cur.rowcount else None
+
+    async def takeable(self, now: datetime, unseen_since: datetime) -> list[SessionLease]:
+        rows = await self._pg.fetch_all(
+            f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE NOT ended"
+            " AND state = 'extracting' AND (lease_until IS NULL OR lease_until < %s"
+            " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
+            " WHERE h.id = s.holder AND h.seen_at >= %s))"
+            ' ORDER BY created_at, id COLLATE "C"',
+            (now, unseen_since),
+        )
+        return [_lease(row) for row in rows]
+
+    async def change_token(self) -> int:
+        rows = await self._pg.fetch_all(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
+        )
+        return int(rows[0][0])
+
+
+def _lease(row: tuple[Any, ...]) -> SessionLease:
+    session_id, repo, state, version, holder, until, model, ended = row
+    return SessionLease(
+        str(session_id), str(repo), State(state), int(version),
+        None if holder is None else str(holder), until,
+        None if model is None else str(model), bool(ended),
+    )

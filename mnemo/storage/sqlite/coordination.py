@@ -1,0 +1,146 @@
+"""`SqliteCoordination`: the `Coordination` port (`mnemo.session.ports`) over mnemo's SQLite
+file, for several `Memory` objects (processes on one host) sharing it.
+
+A compare-and-set is one `UPDATE ... WHERE version = ?` inside a `BEGIN IMMEDIATE`
+transaction, so two processes racing for a session are serialised by SQLite's write lock and
+the second one finds the version moved. Times are stored as SQLite stores every time, UTC ISO
+8601 text, written with microseconds so that text order is time order. The change token is
+`PRAGMA data_version`: it moves when another connection commits, and reading it costs no I/O.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+from mnemo.session.machine import State
+from mnemo.session.ports import HolderInfo, SessionLease
+from mnemo.storage.sqlite.database import Database
+
+_LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+
+
+class SqliteCoordination:
+    """`Coordination` over a SQLite file."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    async def register(self, holder: HolderInfo) -> None:
+        row = (holder.id, holder.host, holder.pid, _text(holder.started_at),
+               _text(holder.seen_at))
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT OR REPLACE INTO holders(id, host, pid, started_at, seen_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    row,
+                )
+
+        await self._database.run(write)
+
+    async def beat(self, holder_id: str, now: datetime, lease_until: datetime) -> int:
+        def write(db: SqliteUtilsDatabase) -> int:
+            with db.atomic():
+                db.conn.execute(
+                    "UPDATE holders SET seen_at = ? WHERE id = ?", (_text(now), holder_id)
+                )
+                return db.conn.execute(
+                    "UPDATE sessions SET lease_until = ? WHERE holder = ? AND ended = 0",
+                    (_text(lease_until), holder_id),
+                ).rowcount
+
+        return await self._database.run(write)
+
+    async def retire(self, holder_id: str, now: datetime) -> None:
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute("DELETE FROM holders WHERE id = ?", (holder_id,))
+                db.conn.execute(
+                    "UPDATE sessions SET lease_until = ? WHERE holder = ?",
+                    (_text(now), holder_id),
+                )
+
+        await self._database.run(write)
+
+    async def holders(self) -> list[HolderInfo]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT id, host, pid, started_at, seen_at FROM holders"
+                " ORDER BY started_at, id"
+            ).fetchall()
+        )
+        return [
+            HolderInfo(str(i), str(host), int(pid), _time(started), _time(seen))
+            for i, host, pid, started, seen in rows
+        ]
+
+    async def lease(self, session_id: str) -> SessionLease | None:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+            ).fetchall()
+        )
+        return _lease(rows[0]) if rows else None
+
+    async def claim(
+        self,
+        session_id: str,
+        *,
+        version: int,
+        holder_id: str | None,
+        lease_until: datetime | None,
+        state: State | None = None,
+    ) -> int | None:
+        until = None if lease_until is None else _text(lease_until)
+
+        def write(db: SqliteUtilsDatabase) -> int | None:
+            with db.atomic():
+                moved = db.conn.execute(
+                    "UPDATE sessions SET version = version + 1, holder = ?, lease_until = ?,"
+                    " state = coalesce(?, state) WHERE id = ? AND version = ?",
+                    (holder_id, until, None if state is None else state.value, session_id,
+                     version),
+                ).rowcount
+            return version + 1 if moved else None
+
+        return await self._database.run(write)
+
+    async def takeable(self, now: datetime, unseen_since: datetime) -> list[SessionLease]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = 0"
+                " AND state = 'extracting' AND (lease_until IS NULL OR lease_until < ?"
+                " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
+                " WHERE h.id = s.holder AND h.seen_at >= ?))"
+                " ORDER BY created_at, id",
+                (_text(now), _text(unseen_since)),
+            ).fetchall()
+        )
+        return [_lease(row) for row in rows]
+
+    async def change_token(self) -> int:
+        rows = await self._database.run(
+            lambda db: db.conn.execute("PRAGMA data_version").fetchall()
+        )
+        return int(rows[0][0])
+
+
+def _text(moment: datetime) -> str:
+    return moment.isoformat(timespec="microseconds")
+
+
+def _time(text: Any) -> datetime:
+    return datetime.fromisoformat(str(text))
+
+
+def _lease(row: tuple[Any, ...]) -> SessionLease:
+    session_id, repo, state, version, holder, until, model, ended = row
+    return SessionLease(
+        str(session_id), str(repo), State(state), int(version),
+        None if holder is None else str(holder), None if until is None else _time(until),
+        None if model is None else str(model), bool(ended),
+    )

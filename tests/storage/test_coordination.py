@@ -1,0 +1,133 @@
+"""The `Coordination` port on both backends: holders and their heartbeat, compare-and-set
+on a session's version, and the work nobody holds any more (issue 11's primitives)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo.session.machine import State
+from mnemo.session.ports import HolderInfo
+from mnemo.storage.ports import Backend
+from tests.backends import open_stores, sql
+from tests.fakes import FakeEmbedder, FakeLLM
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def backend(store: str) -> AsyncIterator[Backend]:
+    """A store with one repo "r" and its stores opened without a Memory."""
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("r")
+    async with open_stores(store, FakeEmbedder().dim) as opened:
+        yield opened
+
+
+async def a_session(backend: Backend, store: str) -> str:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        return await mem.start_session("explore", repo="r")
+
+
+def holder(name: str, seen: datetime = T0) -> HolderInfo:
+    return HolderInfo(name, "host-1", 4242, T0, seen)
+
+
+async def test_holders_register_beat_and_retire(backend: Backend) -> None:
+    """A holder is listed once registered (again: replaced), its heartbeat moves `seen_at`,
+    and it is gone once retired."""
+    co = backend.coordination
+    await co.register(holder("b"))
+    await co.register(holder("a"))
+    await co.register(holder("a", seen=T0 + timedelta(seconds=1)))
+    assert [(h.id, h.seen_at) for h in await co.holders()] == [
+        ("a", T0 + timedelta(seconds=1)), ("b", T0)]
+    await co.beat("a", T0 + timedelta(seconds=5), T0 + timedelta(seconds=35))
+    assert {h.id: h.seen_at for h in await co.holders()}["a"] == T0 + timedelta(seconds=5)
+    await co.retire("a", T0 + timedelta(seconds=6))
+    assert [h.id for h in await co.holders()] == ["b"]
+
+
+async def test_claim_is_compare_and_set_on_the_version(backend: Backend, store: str) -> None:
+    """A claim at the current version wins and moves the version on; a second claim at the
+    same (now stale) version changes nothing; the lease and the state are written."""
+    co = backend.coordination
+    sid = await a_session(backend, store)
+    before = await co.lease(sid)
+    assert before is not None
+    assert (before.state, before.holder, before.lease_until) == (State.COLLECTING, None, None)
+    until = T0 + timedelta(seconds=30)
+    won = await co.claim(sid, version=before.version, holder_id="a", lease_until=until,
+                         state=State.EXTRACTING)
+    assert won == before.version + 1
+    assert await co.claim(sid, version=before.version, holder_id="b", lease_until=until) is None
+    after = await co.lease(sid)
+    assert after is not None
+    assert (after.state, after.version, after.holder, after.lease_until) == (
+        State.EXTRACTING, won, "a", until)
+    assert await co.lease("session_unknown") is None
+
+
+async def test_racing_claims_have_one_winner(backend: Backend, store: str) -> None:
+    """Ten claims of one version at once: exactly one wins."""
+    co = backend.coordination
+    sid = await a_session(backend, store)
+    lease = await co.lease(sid)
+    assert lease is not None
+    won: list[int | None] = []
+
+    async def claim(name: str) -> None:
+        won.append(await co.claim(sid, version=lease.version, holder_id=name,
+                                  lease_until=T0 + timedelta(seconds=30)))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(claim, f"h{i}")
+    assert sorted(w is not None for w in won) == [False] * 9 + [True]
+
+
+async def test_takeable_is_extracting_work_whose_holder_is_gone_or_late(
+    backend: Backend, store: str
+) -> None:
+    """Extracting sessions are takeable once their lease ended, their holder stopped beating,
+    or retired; a fresh lease with a living holder, and any other state, is not; a heartbeat
+    renews the lease of every session its holder holds."""
+    co = backend.coordination
+    await co.register(holder("alive"))
+    await co.register(holder("silent"))
+    sessions = [await a_session(backend, store) for _ in range(4)]
+    leases = {}
+    for sid, (name, until) in zip(sessions, [
+        ("alive", T0 + timedelta(seconds=30)),   # held
+        ("alive", T0 - timedelta(seconds=1)),    # its lease ended
+        ("silent", T0 + timedelta(seconds=30)),  # its holder stopped beating
+        ("gone", T0 + timedelta(seconds=30)),    # no such holder
+    ], strict=True):
+        lease = await co.lease(sid)
+        assert lease is not None
+        leases[sid] = await co.claim(sid, version=lease.version, holder_id=name,
+                                     lease_until=until, state=State.EXTRACTING)
+    await co.beat("alive", T0, T0 + timedelta(seconds=30))  # renews both of alive's leases
+    now, unseen_since = T0 + timedelta(seconds=1), T0 - timedelta(seconds=10)
+    await sql(backend, "UPDATE holders SET seen_at = ? WHERE id = 'silent'",
+              (T0 - timedelta(seconds=60)).isoformat(timespec="microseconds"))
+    found = [lease.id for lease in await co.takeable(now, unseen_since)]
+    assert found == sorted(found, key=sessions.index)
+    assert set(found) == {sessions[2], sessions[3]}
+    await co.retire("alive", now)
+    assert set(lease.id for lease in await co.takeable(now + timedelta(microseconds=1),
+                                                       unseen_since)) == set(sessions)
+
+
+async def test_the_change_token_moves_when_another_connection_writes(
+    backend: Backend, store: str
+) -> None:
+    """What a waiting Memory polls: another connection's commit moves the token."""
+    co = backend.coordination
+    first = await co.change_token()
+    await a_session(backend, store)  # another Memory: another connection
+    assert await co.change_token() != first

@@ -165,6 +165,7 @@ class Postgres:
         if busy_timeout < 0:
             raise ValueError(f"busy_timeout must be >= 0, got {busy_timeout}")
         self.url = url
+        self.max_size = max_size
         self.busy_timeout = busy_timeout
         self.connect_timeout = connect_timeout
         self._pool: AsyncConnectionPool[Connection] = AsyncConnectionPool(

@@ -64,6 +64,10 @@ class PgGraph:
         self._pg = pg
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
+        # A repo's lock holds a pooled connection for its whole block, and the block needs
+        # others for its work: at most half the pool holds locks, so commits to many repos
+        # at once never take every connection and wait for one that no lock will give back.
+        self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
         self._vectors = PgVectors(pg, dims, exact_below=exact_below)
 
     def dim(self, repo: str) -> int:
@@ -73,7 +77,11 @@ class PgGraph:
     async def lock(self, repo: str) -> AsyncIterator[None]:
         """The repo's write lock: this process's lock, then the database's advisory lock (the
         wait for another process is bounded by the busy timeout: StorageError "busy")."""
-        async with self._locks.setdefault(repo, anyio.Lock()), self._pg.connection() as conn:
+        async with (
+            self._locks.setdefault(repo, anyio.Lock()),
+            self._lock_slots,
+            self._pg.connection() as conn,
+        ):
             key = repo_lock_key(repo)
             await conn.execute("SELECT pg_advisory_lock(%s)", (key,))
             try:

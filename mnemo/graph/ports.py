@@ -63,13 +63,16 @@ class IntentPolicy:
 class StepsCommitted:
     """The session side of a commit: its steps are committed in `changeset_id` (with their
     final rewards), and unless `state` is None the episode is over and the session moves to
-    `state` (a `mnemo.State` value)."""
+    `state` (a `mnemo.State` value). With `version`, the session must still be at that
+    version (another `Memory` may have moved it): else the whole commit writes nothing and
+    raises `mnemo.session.ports.StaleSession`."""
 
     session_id: str
     episode_id: str | None
     changeset_id: str
     steps: tuple[tuple[str, float | None], ...]
     state: str | None
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

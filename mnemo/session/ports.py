@@ -49,22 +49,49 @@ class LiveSession:
 
 
 class SessionStore(Protocol):
+    """Every session's rows. A write that changes a session moves its `version` on and
+    returns the new one; given the `version` the caller read, it writes nothing and raises
+    `StaleSession` when another `Memory` moved the session first."""
+
     async def load_repos(self) -> list[RepoRow]: ...
     async def save_repo(self, row: RepoRow) -> None: ...
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
     ) -> None: ...
-    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None: ...
+    async def start_episode(
+        self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
+    ) -> int: ...
     async def add_step(
-        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
-    ) -> None: ...
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        version: int | None = None,
+    ) -> int:
+        """Stores the step (and the previous one's deferred reward) while the session is
+        still collecting this episode."""
+        ...
     async def set_state(
-        self, session_id: str, state: State, *, model: str | None = None
-    ) -> None: ...
+        self,
+        session_id: str,
+        state: State,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+    ) -> int: ...
     async def save_extraction(
-        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
-    ) -> None: ...
-    async def discard(self, session_id: str, episode_id: str | None) -> None: ...
+        self,
+        session_id: str,
+        changeset: Changeset,
+        scored: Sequence[StepRecord],
+        *,
+        version: int | None = None,
+    ) -> int: ...
+    async def discard(
+        self, session_id: str, episode_id: str | None, *, version: int | None = None
+    ) -> int: ...
     async def end(self, session_id: str) -> None: ...
     async def load_live(self) -> list[LiveSession]: ...
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
@@ -157,3 +184,12 @@ class Coordination(Protocol):
         """A number that changes when another connection changed the store (a cheap read:
         what a waiting `Memory` polls)."""
         ...
+
+
+class StaleSession(Exception):
+    """A write that carried the session's version found another one: another `Memory` moved
+    the session first, and nothing was written (the caller reads the session again)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"{session_id}: moved by another Memory")
+        self.session_id = session_id

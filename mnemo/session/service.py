@@ -580,7 +580,7 @@ class SessionService:
         self,
         session: _Session,
         event: str,
-        persist: Callable[[], Awaitable[None]] | None = None,
+        persist: Callable[[], Awaitable[object]] | None = None,
         *,
         op: Op | None = None,
         data: Callable[[], dict[str, Any]] | None = None,
@@ -1010,11 +1010,13 @@ class SessionService:
             # Ending it would leave its steps out of the graph: keep it for a retry.
             log.warning("%s: expired, but its last extraction failed; kept", session.id)
             return
+        state, committed = session.state, bool(session.last_receipt)
+        # Ended before it is reported: whoever hears "session_expired" finds the id unknown.
+        await self.end_session(session.id)
         await self._events.emit(
             "session_expired", session_id=session.id, repo=session.repo,
-            state=session.state, committed=bool(session.last_receipt),
+            state=state, committed=committed,
         )
-        await self.end_session(session.id)
 
 
 def _state(session: _Session) -> State:

@@ -27,7 +27,7 @@ from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
-from mnemo.session.ports import LiveSession, RepoRow
+from mnemo.session.ports import LiveSession, RepoRow, StaleSession
 from mnemo.storage.postgres.connection import Connection, Postgres
 
 __all__ = ["PgSessions", "side_writes"]
@@ -85,27 +85,38 @@ class PgSessions:
             )
             await _insert_episode(conn, session_id, episode, now)
 
-    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None:
+    async def start_episode(
+        self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
+    ) -> int:
         now = now_utc()
         async with self._pg.transaction() as conn:
-            await _insert_episode(conn, session_id, episode, now)
+            moved = await bump(conn, session_id, version, state=State.COLLECTING.value)
             await conn.execute(
-                "UPDATE sessions SET state = %s, episode_id = %s, updated_at = %s"
-                " WHERE id = %s",
-                (State.COLLECTING.value, episode.id, now, session_id),
+                "UPDATE sessions SET episode_id = %s WHERE id = %s", (episode.id, session_id)
             )
+            await _insert_episode(conn, session_id, episode, now)
+            return moved
 
     async def add_step(
-        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
-    ) -> None:
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        version: int | None = None,
+    ) -> int:
         now = now_utc()
         rows = [_step_row(session_id, episode_id, step, now)]
         if previous is not None:
             rows.append(_step_row(session_id, episode_id, previous, now))
         values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
-        # One statement in autocommit, so one transaction and one round trip: the new step,
-        # and the previous step's deferred reward as an upsert of its (existing) row.
-        async with self._pg.connection() as conn:
+        # The session's version moves on (checked: still collecting this episode at the
+        # version the caller read), then the new step and the previous step's deferred
+        # reward as an upsert of its (existing) row.
+        async with self._pg.transaction() as conn:
+            moved = await bump(conn, session_id, version, expect=State.COLLECTING.value,
+                               episode_id=episode_id)
             await conn.execute(
                 "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id,"
                 " observation, action, state_summary, subgoal, subgoal_vec, reward, metadata,"
@@ -113,26 +124,34 @@ class PgSessions:
                 " ON CONFLICT (id) DO UPDATE SET reward = excluded.reward",
                 [value for row in rows for value in row],
             )
+            return moved
 
     async def set_state(
-        self, session_id: str, state: State, *, model: str | None = None
-    ) -> None:
+        self,
+        session_id: str,
+        state: State,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+    ) -> int:
         """Moves the session to `state`; `model` records the model its extraction starts with."""
         async with self._pg.connection() as conn:
             # One statement: the model only changes when one is given.
-            await conn.execute(
-                "UPDATE sessions SET state = %s, updated_at = %s,"
-                " model = coalesce(%s, model) WHERE id = %s",
-                (state.value, now_utc(), model, session_id),
-            )
+            return await bump(conn, session_id, version, state=state.value, model=model)
 
     async def save_extraction(
-        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
-    ) -> None:
+        self,
+        session_id: str,
+        changeset: Changeset,
+        scored: Sequence[StepRecord],
+        *,
+        version: int | None = None,
+    ) -> int:
         """Keeps a ready session's changeset, the rewards scored at close, and the READY state."""
         payload = _jsonb(changeset.to_json())
         now = now_utc()
         async with self._pg.transaction() as conn:
+            moved = await bump(conn, session_id, version, state=State.READY.value)
             await conn.execute("DELETE FROM changesets WHERE session_id = %s", (session_id,))
             await conn.execute(
                 "INSERT INTO changesets(id, repo, session_id, payload, created_at)"
@@ -140,11 +159,14 @@ class PgSessions:
                 (changeset.id, changeset.repo, session_id, payload, now),
             )
             await _save_rewards(conn, ((s.id, s.reward) for s in scored))
-            await _set_state(conn, session_id, State.READY.value, now)
+            return moved
 
-    async def discard(self, session_id: str, episode_id: str | None) -> None:
+    async def discard(
+        self, session_id: str, episode_id: str | None, *, version: int | None = None
+    ) -> int:
         now = now_utc()
         async with self._pg.transaction() as conn:
+            moved = await bump(conn, session_id, version, state=State.IDLE.value)
             await conn.execute("DELETE FROM changesets WHERE session_id = %s", (session_id,))
             if episode_id is not None:
                 await conn.execute(
@@ -154,12 +176,13 @@ class PgSessions:
                     "UPDATE episodes SET status = 'discarded', closed_at = %s WHERE id = %s",
                     (now, episode_id),
                 )
-            await _set_state(conn, session_id, State.IDLE.value, now)
+            return moved
 
     async def end(self, session_id: str) -> None:
         async with self._pg.connection() as conn:
             await conn.execute(
-                "UPDATE sessions SET ended = true, updated_at = %s WHERE id = %s",
+                "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
+                " lease_until = NULL, updated_at = %s WHERE id = %s",
                 (now_utc(), session_id),
             )
 
@@ -267,7 +290,7 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
                 await conn.execute(
                     "DELETE FROM changesets WHERE session_id = %s", (write.session_id,)
                 )
-                await _set_state(conn, write.session_id, write.state, now)
+                await bump(conn, write.session_id, write.version, state=write.state)
                 if write.episode_id is not None:
                     await conn.execute(
                         "UPDATE episodes SET status = 'committed', closed_at = %s"
@@ -364,11 +387,37 @@ async def _insert_episode(
     )
 
 
-async def _set_state(conn: Connection, session_id: str, state: str, now: datetime) -> None:
-    await conn.execute(
-        "UPDATE sessions SET state = %s, updated_at = %s WHERE id = %s",
-        (state, now, session_id),
-    )
+async def bump(
+    conn: Connection,
+    session_id: str,
+    version: int | None,
+    *,
+    state: str | None = None,
+    model: str | None = None,
+    expect: str | None = None,
+    episode_id: str | None = None,
+) -> int:
+    """Moves the session's version on (its state to `state`, its model to `model` when
+    given), when it is still at `version` and not ended (any, when None), in state `expect`
+    and on episode `episode_id` when given. Returns the new version.
+
+    Raises:
+        StaleSession: the session moved (or ended, or is unknown); nothing was written.
+    """
+    sql = ("UPDATE sessions SET version = version + 1, updated_at = %s,"
+           " state = coalesce(%s, state), model = coalesce(%s, model) WHERE id = %s")
+    params: list[object] = [now_utc(), state, model, session_id]
+    if version is not None:
+        sql += " AND NOT ended"
+    for column, value in (("version", version), ("state", expect), ("episode_id", episode_id)):
+        if value is not None:
+            sql += f" AND {column} = %s"
+            params.append(value)
+    cur = await conn.execute(sql + " RETURNING version", params)
+    row = await cur.fetchone()
+    if row is None:
+        raise StaleSession(session_id)
+    return int(str(row[0]))
 
 
 async def _save_rewards(

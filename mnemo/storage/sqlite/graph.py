@@ -52,6 +52,7 @@ from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.inputs import query_terms
 from mnemo.storage.sqlite import maintenance
 from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.sessions import bump
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -632,10 +633,7 @@ def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
             if write.state is not None:
                 now = now_utc().isoformat()
                 conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))
-                conn.execute(
-                    "UPDATE sessions SET state = ?, updated_at = ? WHERE id = ?",
-                    (write.state, now, write.session_id),
-                )
+                bump(db, write.session_id, write.version, state=write.state)
                 if write.episode_id is not None:
                     conn.execute(
                         "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",

@@ -16,7 +16,7 @@ from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.session.machine import State
-from mnemo.session.ports import LiveSession, RepoRow
+from mnemo.session.ports import LiveSession, RepoRow, StaleSession
 from mnemo.storage.sqlite.database import Database
 
 
@@ -69,30 +69,39 @@ class SqliteSessions:
 
         await self._database.run(write)
 
-    async def start_episode(self, session_id: str, episode: EpisodeRecord) -> None:
+    async def start_episode(
+        self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
+    ) -> int:
         now = _now()
 
-        def write(db: SqliteUtilsDatabase) -> None:
+        def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                _insert_episode(db, session_id, episode, now)
+                moved = bump(db, session_id, version, state=State.COLLECTING)
                 db.conn.execute(
-                    "UPDATE sessions SET state = ?, episode_id = ?, updated_at = ? WHERE id = ?",
-                    (State.COLLECTING.value, episode.id, now, session_id),
+                    "UPDATE sessions SET episode_id = ? WHERE id = ?", (episode.id, session_id)
                 )
+                _insert_episode(db, session_id, episode, now)
+                return moved
 
-        await self._database.run(write)
+        return await self._database.run(write)
 
     async def add_step(
-        self, session_id: str, episode_id: str, step: StepRecord, previous: StepRecord | None
-    ) -> None:
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        version: int | None = None,
+    ) -> int:
         now = _now()
         rows = [_step_row(session_id, episode_id, step, now)]
         if previous is not None:
             rows.append(_step_row(session_id, episode_id, previous, now))
         values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(rows))
-        # One statement, so one implicit transaction: the new step, and the previous step's
-        # deferred reward as an upsert of its (existing) row. Four statements (BEGIN, INSERT,
-        # UPDATE, COMMIT) cost the append path about 20 µs more (BENCHMARKS.md).
+        # The new step, and the previous step's deferred reward as an upsert of its
+        # (existing) row, in one statement after the session's version moved on (checked:
+        # the session is still collecting this episode at the version the caller read).
         sql = (
             "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id, observation,"
             " action, state_summary, subgoal, subgoal_vec, reward, metadata, recorded_at)"
@@ -100,34 +109,50 @@ class SqliteSessions:
         )
         params = [value for row in rows for value in row]
 
-        def write(db: SqliteUtilsDatabase) -> None:
-            db.conn.execute(sql, params)
+        def write(db: SqliteUtilsDatabase) -> int:
+            with db.atomic():
+                moved = bump(db, session_id, version, expect=State.COLLECTING,
+                             episode_id=episode_id)
+                db.conn.execute(sql, params)
+                return moved
 
-        await self._database.run(write)
+        return await self._database.run(write)
 
     async def set_state(
-        self, session_id: str, state: State, *, model: str | None = None
-    ) -> None:
+        self,
+        session_id: str,
+        state: State,
+        *,
+        model: str | None = None,
+        version: int | None = None,
+    ) -> int:
         """Moves the session to `state`; `model` records the model its extraction starts with."""
 
-        def write(db: SqliteUtilsDatabase) -> None:
+        def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                _set_state(db, session_id, state)
+                moved = bump(db, session_id, version, state=state)
                 if model is not None:
                     db.conn.execute(
                         "UPDATE sessions SET model = ? WHERE id = ?", (model, session_id)
                     )
+                return moved
 
-        await self._database.run(write)
+        return await self._database.run(write)
 
     async def save_extraction(
-        self, session_id: str, changeset: Changeset, scored: Sequence[StepRecord]
-    ) -> None:
+        self,
+        session_id: str,
+        changeset: Changeset,
+        scored: Sequence[StepRecord],
+        *,
+        version: int | None = None,
+    ) -> int:
         """Keeps a ready session's changeset, the rewards scored at close, and the READY state."""
         payload = changeset.to_json()
 
-        def write(db: SqliteUtilsDatabase) -> None:
+        def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
+                moved = bump(db, session_id, version, state=State.READY)
                 db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
                 db.conn.execute(
                     "INSERT INTO changesets(id, repo, session_id, payload, created_at)"
@@ -135,13 +160,16 @@ class SqliteSessions:
                     (changeset.id, changeset.repo, session_id, payload, _now()),
                 )
                 _save_rewards(db, scored)
-                _set_state(db, session_id, State.READY)
+                return moved
 
-        await self._database.run(write)
+        return await self._database.run(write)
 
-    async def discard(self, session_id: str, episode_id: str | None) -> None:
-        def write(db: SqliteUtilsDatabase) -> None:
+    async def discard(
+        self, session_id: str, episode_id: str | None, *, version: int | None = None
+    ) -> int:
+        def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
+                moved = bump(db, session_id, version, state=State.IDLE)
                 db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
                 if episode_id is not None:
                     db.conn.execute(
@@ -151,15 +179,16 @@ class SqliteSessions:
                         "UPDATE episodes SET status = 'discarded', closed_at = ? WHERE id = ?",
                         (_now(), episode_id),
                     )
-                _set_state(db, session_id, State.IDLE)
+                return moved
 
-        await self._database.run(write)
+        return await self._database.run(write)
 
     async def end(self, session_id: str) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute(
-                    "UPDATE sessions SET ended = 1, updated_at = ? WHERE id = ?",
+                    "UPDATE sessions SET ended = 1, version = version + 1, holder = NULL,"
+                    " lease_until = NULL, updated_at = ? WHERE id = ?",
                     (_now(), session_id),
                 )
 
@@ -229,11 +258,42 @@ def _insert_episode(db: SqliteUtilsDatabase, session_id: str, episode: EpisodeRe
     )
 
 
-def _set_state(db: SqliteUtilsDatabase, session_id: str, state: State) -> None:
-    db.conn.execute(
-        "UPDATE sessions SET state = ?, updated_at = ? WHERE id = ?",
-        (state.value, _now(), session_id),
-    )
+def bump(
+    db: SqliteUtilsDatabase,
+    session_id: str,
+    version: int | None,
+    *,
+    state: State | str | None = None,
+    expect: State | None = None,
+    episode_id: str | None = None,
+) -> int:
+    """Moves the session's version on (and its state to `state`), when it is still at
+    `version` and not ended (any, when None), in state `expect` and on episode `episode_id`
+    when given. Returns the new version.
+
+    Raises:
+        StaleSession: the session moved (or ended, or is unknown); nothing was written.
+    """
+    sql = "UPDATE sessions SET version = version + 1, updated_at = ?"
+    params: list[object] = [_now()]
+    if state is not None:
+        sql += ", state = ?"
+        params.append(State(state).value)
+    sql += " WHERE id = ?"
+    params.append(session_id)
+    if version is not None:
+        # A write that read the session refuses an ended one; one that did not keeps
+        # today's unconditional behaviour.
+        sql += " AND ended = 0"
+    for column, value in (("version", version), ("state", None if expect is None else
+                                                   expect.value), ("episode_id", episode_id)):
+        if value is not None:
+            sql += f" AND {column} = ?"
+            params.append(value)
+    row = db.conn.execute(sql + " RETURNING version", params).fetchone()
+    if row is None:
+        raise StaleSession(session_id)
+    return int(row[0])
 
 
 def _save_rewards(db: SqliteUtilsDatabase, steps: Sequence[StepRecord]) -> None:

@@ -15,7 +15,7 @@ from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.ports import Usage
 from mnemo.session.machine import State
-from mnemo.session.ports import RepoRow
+from mnemo.session.ports import RepoRow, StaleSession
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
 from tests.storage.postgres.session_backends import (
     DIM,
@@ -105,11 +105,13 @@ async def test_add_step_appends_and_upserts_the_previous_reward(backend: Backend
     assert live.episode.steps[0].subgoal_vec.dtype == np.float32
 
 
-async def test_add_step_to_an_unknown_episode_is_a_storage_error(backend: Backend) -> None:
-    """A step must belong to a stored episode."""
+async def test_add_step_to_another_episode_is_refused(backend: Backend) -> None:
+    """A step must belong to the episode the session is collecting: else nothing is written
+    and the writer learns that the session moved (StaleSession)."""
     await _session(backend)
-    with pytest.raises(StorageError):
+    with pytest.raises(StaleSession):
         await backend.sessions.add_step("s1", "nope", step("st1", 0), None)
+    assert [e.steps for e in await backend.sessions.episodes("s1")] == [[]]
 
 
 async def test_set_state_records_the_model_only_when_given(backend: Backend) -> None:

@@ -30,7 +30,7 @@ from mnemo.graph.model import Changeset
 from mnemo.graph.ports import SideWrite, StepsCommitted
 from mnemo.ports import Usage
 from mnemo.session.machine import State
-from mnemo.session.ports import RepoRow
+from mnemo.session.ports import RepoRow, StaleSession
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
 from tests.storage.postgres.session_backends import (
     DIM,
@@ -131,8 +131,16 @@ class SessionStoresAgree(RuleBasedStateMachine):
             previous = StepRecord(last.id, last.index, last.trajectory_id, last.observation,
                                   last.action, last.state_summary, last.subgoal,
                                   last.subgoal_vec, reward, last.metadata)
-        self._each(lambda b: b.sessions.add_step(sid, episode, new, previous))
-        steps.append(new)
+        refused = []
+        for backend in self.backends:
+            try:
+                self.portal.call(backend.sessions.add_step, sid, episode, new, previous)
+            except StaleSession:
+                refused.append(backend)
+        # A step lands only while the session collects that episode: on both or on neither.
+        assert len(refused) in (0, len(self.backends))
+        if not refused:
+            steps.append(new)
 
     @rule(sid=sessions, state=states, model=st.none() | st.sampled_from(["a:llm", "b:llm"]))
     def set_state(self, sid: str, state: State, model: str | None) -> None:

@@ -105,14 +105,16 @@ async def graph_rows(url: str, repo: str) -> GraphRows:
 
 
 async def raw_commit(stores: Stores, rows: GraphRows, repo: str, dim: int, how: str,
-                     runs: int = 3) -> float:
+                     runs: int = 3, *, hnsw: bool = True) -> float:
     """Median seconds to write `rows` into a fresh database in one transaction, `how` being
-    "executemany" or "copy"; the repo's HNSW index exists first, as in mnemo's database."""
+    "executemany" or "copy"; the repo's HNSW index exists first, as in mnemo's database,
+    unless `hnsw` is false (to show what maintaining it costs)."""
     times = []
     for run in range(runs):
         url = str(await stores.fresh(POSTGRES, f"raw_{how}_{run}"))
         async with await connect(url) as conn:
-            await schema.ensure_vector_index(conn, repo, dim)
+            if hnsw:
+                await schema.ensure_vector_index(conn, repo, dim)
             gc.collect()
             start = time.perf_counter()
             async with conn.transaction(), conn.cursor(binary=True) as cur:

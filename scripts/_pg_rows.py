@@ -151,7 +151,8 @@ class Connections:
     samples: int
     peak: int
     at_end: int  # when the case's work ended, its Memory still open
-    after_close: int  # after its Memory closed
+    after_close: int  # right after its Memory closed
+    gone_after_s: float | None  # until none was left (a backend ends after its client)
 
 
 async def watch_connections(url: str, done: anyio.Event, found: list[int],
@@ -175,3 +176,19 @@ async def count_connections(conn: Conn) -> int:
 async def count_connections_at(url: str) -> int:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         return await count_connections(conn)
+
+
+async def connections_gone(url: str, limit: float = 5.0,
+                           period: float = 0.01) -> tuple[int, float | None]:
+    """The count right away, and the seconds until it reached 0 (None: not within `limit`).
+    A server process outlives its client's goodbye by a moment, so a count taken at once may
+    still show connections that are closing."""
+    start = time.perf_counter()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        first = count = await count_connections(conn)
+        while count:
+            if time.perf_counter() - start > limit:
+                return first, None
+            await anyio.sleep(period)  # a sampling period: nothing to wait on in the server
+            count = await count_connections(conn)
+    return first, time.perf_counter() - start

@@ -399,8 +399,8 @@ async def append_level(store: str | Path, sessions: int, steps_each: int, warmup
             at_end = await _pg_rows.count_connections_at(str(store))
     connections = None
     if watch:
-        after = await _pg_rows.count_connections_at(str(store))
-        connections = _pg_rows.Connections(len(counts), max(counts), at_end, after)
+        after, gone_s = await _pg_rows.connections_gone(str(store))
+        connections = _pg_rows.Connections(len(counts), max(counts), at_end, after, gone_s)
     return AppendLevel(sessions, steps_each, Latency.of(samples), len(samples) / wall, idle,
                        connections)
 
@@ -919,15 +919,20 @@ async def bench_connections(stores: Stores, backend: str, sizes: Sizes) -> Appen
                               steps_each, sizes.warmup_appends, watch=backend == POSTGRES)
 
 
+def _gone(seen: _pg_rows.Connections) -> str:
+    return "not within 5 s" if seen.gone_after_s is None else f"{ms(seen.gone_after_s)} ms"
+
+
 def connections_table(rows: list[tuple[str, AppendLevel]]) -> Table:
     table = Table(title=f"5. Connections under {CONNECTION_SESSIONS} concurrent sessions")
     for name in ("backend", "appends/s", "p50 µs", "p99 µs", "samples", "peak connections",
-                 "at the end (open)", "after close"):
+                 "at the end (open)", "right after close", "all gone after"):
         table.add_column(name, justify="left" if name == "backend" else "right")
     for backend, level in rows:
         lat, seen = level.latency, level.connections
-        counts = ["n/a"] * 4 if seen is None else [
-            f"{seen.samples:,}", str(seen.peak), str(seen.at_end), str(seen.after_close)]
+        counts = ["n/a"] * 5 if seen is None else [
+            f"{seen.samples:,}", str(seen.peak), str(seen.at_end), str(seen.after_close),
+            _gone(seen)]
         table.add_row(backend, f"{level.per_second:,.0f}", us(lat.p50_us), us(lat.p99_us),
                       *counts)
     table.caption = (
@@ -1026,8 +1031,8 @@ def _summary_rows(result: BackendResults) -> list[list[str]]:
     rows.append([
         b, f"connections, {CONNECTION_SESSIONS} sessions appending",
         "n/a" if seen is None else
-        f"peak {seen.peak}, {seen.at_end} when the appends ended, {seen.after_close} after "
-        f"close ({level.per_second:,.0f} appends/s)", "", "",
+        f"peak {seen.peak}, {seen.at_end} when the appends ended, {seen.after_close} right "
+        f"after close, all gone after {_gone(seen)} ({level.per_second:,.0f} appends/s)", "", "",
     ])
     return rows
 

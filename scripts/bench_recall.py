@@ -33,12 +33,19 @@ Then `mnemo.Memory(path, embedder=WordVectorEmbedder())` opens the file and, per
 
 Goal: recall p50 <= 20 ms at 1M nodes, flat in N.
 
+With `--store URL|embedded` (scripts/_stores.py), each size is also measured on PostgreSQL
+in the same run: the same graph and vectors are copied into a fresh database
+(scripts/_pg_recall.py), the repo's pgvector HNSW index is built and timed, and the same
+queries run through `mnemo.Memory(url)`; pgvector's dense search is compared with the exact
+numpy scan of the same vectors.
+
 Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,100000,1000000] [--quick]
-[--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...]`. `--set` overrides a Config
-field of the repo, to time a recall lever (issue 12). The 1M size takes minutes to prepare
-and, with faiss, 5-17 minutes to build the HNSW graphs on 2 cores; leave it out with
-`--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss, to time the pipeline on
-exact search alone. `--dir` keeps the prepared files there and reuses them on the next run.
+[--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...] [--store URL|embedded]`.
+`--set` overrides a Config field of the repo, to time a recall lever (issue 12). The 1M size
+takes minutes to prepare and, with faiss, 5-17 minutes to build the HNSW graphs on 2 cores;
+leave it out with `--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss, to time
+the pipeline on exact search alone. `--dir` keeps the prepared files there and reuses them on
+the next run.
 """
 
 from __future__ import annotations
@@ -49,24 +56,29 @@ import math
 import re
 import sqlite3
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from statistics import median
 
+import _pg_recall
 import anyio
 import numpy as np
 import numpy.typing as npt
 from _bench import config_of, facts_table, machine_facts, markdown_table, rss_bytes, verdict
+from _stores import POSTGRES, SQLITE, open_stores, store_argument
 from rich.console import Console
 from rich.table import Table
 
 import mnemo
 from mnemo.graph import ann
 from mnemo.graph.model import NodeType
+from mnemo.storage.postgres import schema
+from mnemo.storage.postgres.connection import HNSW_EF_SEARCH
+from mnemo.storage.postgres.graph import EXACT_BELOW
 
 REPO = "bench"
 DIM = 384
@@ -308,22 +320,29 @@ def queries(count: int, seed: int = 2) -> list[str]:
     return out
 
 
-async def prepare(path: Path, target: int, embedder: WordVectorEmbedder) -> tuple[int, float]:
+CHUNK = 20_000
+
+
+def node_vectors(graph: Graph, embedder: WordVectorEmbedder, start: int) -> npt.NDArray[np.float32]:
+    """The vectors of the nodes from `start` on, `CHUNK` of them at most (each chunk seeds its
+    own noise, so every backend gets the same vectors)."""
+    return embedder.vectors(graph.words[start : start + CHUNK], noise=0.25, seed=start)
+
+
+async def prepare(path: Path, graph: Graph, embedder: WordVectorEmbedder) -> tuple[int, float]:
     """Writes the synthetic graph into a fresh file; returns its node count and seconds."""
     started = time.perf_counter()
     async with mnemo.Memory(path, embedder=embedder) as mem:
         await mem.open_repo(REPO)
-    graph = generate(target, embedder)
     conn = sqlite3.connect(path)
     try:
         # A benchmark file: durability while writing it does not matter, speed does.
         conn.execute("PRAGMA synchronous=OFF")
-        chunk = 20_000
+        chunk = CHUNK
         with conn:
             for start in range(0, len(graph.nodes), chunk):
                 rows = graph.nodes[start : start + chunk]
-                vectors = embedder.vectors(graph.words[start : start + chunk], noise=0.25,
-                                           seed=start)
+                vectors = node_vectors(graph, embedder, start)
                 conn.executemany(
                     "INSERT INTO nodes(id, repo, type, text, data, key, source_id, created_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -350,6 +369,7 @@ async def prepare(path: Path, target: int, embedder: WordVectorEmbedder) -> tupl
 
 @dataclass
 class Result:
+    backend: str
     size: int
     prepare_s: float | None
     load_s: float
@@ -378,26 +398,35 @@ def pct(samples: Sequence[float], q: float) -> float:
 
 
 async def measure(
-    path: Path, size: int, prepare_s: float | None, texts: list[str], embedder: WordVectorEmbedder,
-    config: mnemo.Config | None = None,
+    store: Path | str, size: int, prepare_s: float | None, texts: list[str],
+    embedder: WordVectorEmbedder, config: mnemo.Config | None = None,
+    pg: _pg_recall.Prepared | None = None,
 ) -> Result:
-    async with mnemo.Memory(path, embedder=embedder) as mem:
+    """Recall and dense search over a prepared store; `pg` (a PostgreSQL store) brings the
+    vectors for the exact scan and the HNSW build time, which SQLite's index has itself."""
+    async with mnemo.Memory(store, embedder=embedder) as mem:
         if config is not None:
             await mem.open_repo(REPO, embedder=embedder, config=config)
         # The store behind the facade: the benchmark times its index load and HNSW build
         # separately from recall, and reads the matrix for the exact scan (not public API).
         graph = mem._graph
         started = time.perf_counter()
+        # On PostgreSQL: only the TAG and INTENT vectors, which PgGraph keeps in memory.
         index = await graph.vector_index(REPO)
         load_s = time.perf_counter() - started
         ann_s = None
-        if index.accelerator is not None and len(index) > ann.DEFAULT_THRESHOLD:
+        if pg is not None:
+            ann_s = pg.build_s
+            ann_used = await _pg_recall.uses_index(
+                str(store), REPO, DIM, (await embedder.embed(texts[:1]))[0])
+        elif index.accelerator is not None and len(index) > ann.DEFAULT_THRESHOLD:
             started = time.perf_counter()
             console.print(f"  building the HNSW graphs for {len(index):,} vectors ...")
             await graph.settle(REPO)
             ann_s = time.perf_counter() - started
-        accelerator = index.accelerator
-        ann_used = isinstance(accelerator, ann.HnswAccelerator) and accelerator.ready
+        if pg is None:
+            accelerator = index.accelerator
+            ann_used = isinstance(accelerator, ann.HnswAccelerator) and accelerator.ready
         for text in texts[:5]:
             await mem.recall(REPO, text, k=10)
         recall_ms: list[float] = []
@@ -413,8 +442,11 @@ async def measure(
                 for stage, seconds in trace.items():
                     stages.setdefault(stage, []).append(float(seconds) * 1000)
         vectors = await embedder.embed(texts)
-        snap = index.snapshot()
-        matrix = snap.matrix[: snap.size]
+        if pg is None:
+            snap = index.snapshot()
+            matrix, matrix_ids = snap.matrix[: snap.size], snap.ids
+        else:
+            matrix, matrix_ids = pg.matrix, pg.ids
         # One loop per method: interleaving them would leave each a cache the other evicted.
         dense_ms, dense_ids = [], []
         for vector in vectors:
@@ -434,8 +466,9 @@ async def measure(
             top = np.argpartition(-scores, 9)[:10]
             top = top[np.argsort(-scores[top])]
             exact_ms.append((time.perf_counter() - started) * 1000)
-            overlap += len({snap.ids[i] for i in top.tolist()} & found)
+            overlap += len({matrix_ids[i] for i in top.tolist()} & found)
         return Result(
+            backend=POSTGRES if pg is not None else SQLITE,
             size=size,
             prepare_s=prepare_s,
             load_s=load_s,
@@ -452,15 +485,17 @@ async def measure(
         )
 
 
-async def run(args: argparse.Namespace) -> list[Result]:
+async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
     embedder = WordVectorEmbedder()
     texts = queries(args.queries)
     results = []
     keep = Path(args.dir) if args.dir else None
-    with tempfile.TemporaryDirectory(prefix="mnemo-bench-recall-") as scratch:
-        folder = keep or Path(scratch)
+    async with open_stores(args.store, "mnemo-bench-recall-") as stores:
+        facts = await stores.facts()
+        folder = keep or stores.tmp
         folder.mkdir(parents=True, exist_ok=True)
         for size in args.sizes:
+            graph: Graph | None = None
             path = folder / f"recall-{size}.db"
             prepare_s = None
             if path.exists() and keep is not None:
@@ -471,20 +506,49 @@ async def run(args: argparse.Namespace) -> list[Result]:
             else:
                 path.unlink(missing_ok=True)
                 console.print(f"[bold]{size:,} nodes[/]: preparing {path} ...")
-                nodes, prepare_s = await prepare(path, size, embedder)
+                started = time.perf_counter()
+                graph = generate(size, embedder)
+                nodes, _ = await prepare(path, graph, embedder)
+                prepare_s = time.perf_counter() - started  # with generating the graph, as before
                 console.print(f"  {nodes:,} nodes written in {prepare_s:,.1f} s")
-            result = await measure(path, nodes, prepare_s, texts, embedder, args.config)
-            console.print(
-                f"  recall p50 {result.p50:.2f} ms, p95 {result.p95:.2f} ms; exact scan p50"
-                f" {pct(result.exact_ms, 50):.2f} ms"
-            )
-            results.append(result)
-    return results
+            results.append(await measure(path, nodes, prepare_s, texts, embedder, args.config))
+            _say(results[-1])
+            if POSTGRES not in stores.backends:
+                continue
+            graph = graph or generate(size, embedder)
+            url = str(await stores.fresh(POSTGRES, f"recall_{size}"))
+            console.print(f"[bold]{size:,} nodes[/]: preparing a PostgreSQL database ...")
+            pg = await _pg_recall.prepare(
+                url, REPO, DIM, embedder, graph.nodes, graph.links,
+                partial(node_vectors, graph, embedder), CHUNK)
+            console.print(f"  {pg.nodes:,} nodes copied in {pg.prepare_s:,.1f} s, HNSW index "
+                          f"built in {pg.build_s:,.1f} s" +
+                          "".join(f"\n  notice: {n}" for n in pg.notices))
+            facts[f"pgvector notices at {size:,}"] = "; ".join(pg.notices) or "none"
+            results.append(await measure(url, pg.nodes, pg.prepare_s, texts, embedder,
+                                         args.config, pg))
+            _say(results[-1])
+            del pg
+    return results, facts
 
 
-def report(results: list[Result], args: argparse.Namespace) -> None:
+def _say(result: Result) -> None:
+    console.print(
+        f"  {result.backend}: recall p50 {result.p50:.2f} ms, p95 {result.p95:.2f} ms; dense "
+        f"recall@10 {result.dense_recall:.3f}; exact scan p50 {pct(result.exact_ms, 50):.2f} ms"
+    )
+
+
+def dense_method(r: Result) -> str:
+    if r.backend == POSTGRES:
+        return (f"pgvector HNSW (ef_search {HNSW_EF_SEARCH})" if r.ann_used else
+                "pgvector exact scan")
+    return "HNSW + exact re-rank" if r.ann_used else "exact numpy"
+
+
+def report(results: list[Result], args: argparse.Namespace, facts: dict[str, str]) -> None:
     headers = [
-        "nodes", "prepare s", "index load s", "HNSW build s", "dense search",
+        "backend", "nodes", "prepare s", "index load s", "HNSW build s", "dense search",
         "recall p50 ms", "recall p95 ms", "dense p50 / p95 ms", "dense semantic-only p50 ms",
         "exact numpy p50 / p95 ms",
         "dense recall@10 vs exact", "memories / recall", "RSS GiB",
@@ -492,11 +556,12 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     rows = []
     for r in results:
         rows.append([
+            r.backend,
             f"{r.size:,}",
             "reused" if r.prepare_s is None else f"{r.prepare_s:,.1f}",
             f"{r.load_s:,.2f}",
             "-" if r.ann_s is None else f"{r.ann_s:,.1f}",
-            "HNSW + exact re-rank" if r.ann_used else "exact numpy",
+            dense_method(r),
             f"{r.p50:.2f}",
             f"{r.p95:.2f}",
             f"{pct(r.dense_ms, 50):.2f} / {pct(r.dense_ms, 95):.2f}",
@@ -514,31 +579,37 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     console.print(table)
     stage_names = sorted({stage for r in results for stage in r.stages})
     stage_rows = [
-        [f"{r.size:,}", *(f"{r.stages.get(stage, float('nan')):.2f}" for stage in stage_names)]
+        [r.backend, f"{r.size:,}",
+         *(f"{r.stages.get(stage, float('nan')):.2f}" for stage in stage_names)]
         for r in results
     ]
     if stage_names:
         stage_table = Table(title="median ms per recall stage (RecallResult.trace)")
+        stage_table.add_column("backend")
         stage_table.add_column("nodes", justify="right")
         for stage in stage_names:
             stage_table.add_column(stage, justify="right")
         for row in stage_rows:
             stage_table.add_row(*row)
         console.print(stage_table)
-    largest = max(results, key=lambda r: r.size)
-    smallest = min(results, key=lambda r: r.size)
-    goal_rows = [[
-        f"recall p50 at {largest.size:,} nodes", f"{largest.p50:.2f} ms", f"<= {GOAL_MS:.0f} ms",
-        verdict(largest.p50 <= GOAL_MS) if largest.size >= 1_000_000 else
-        "[yellow]not measured at 1M[/]",
-    ]]
-    if len(results) > 1:
-        growth = largest.p50 / smallest.p50
+    goal_rows = []
+    for backend in dict.fromkeys(r.backend for r in results):
+        mine = [r for r in results if r.backend == backend]
+        largest = max(mine, key=lambda r: r.size)
+        smallest = min(mine, key=lambda r: r.size)
         goal_rows.append([
-            f"p50 growth {smallest.size:,} -> {largest.size:,}", f"{growth:.2f}x",
-            "flat (<= 2x)", verdict(growth <= 2.0),
+            f"{backend}: recall p50 at {largest.size:,} nodes", f"{largest.p50:.2f} ms",
+            f"<= {GOAL_MS:.0f} ms",
+            verdict(largest.p50 <= GOAL_MS) if largest.size >= 1_000_000 else
+            "[yellow]not measured at 1M[/]",
         ])
-    console.print(facts_table(machine_facts()))
+        if len(mine) > 1:
+            growth = largest.p50 / smallest.p50
+            goal_rows.append([
+                f"{backend}: p50 growth {smallest.size:,} -> {largest.size:,}", f"{growth:.2f}x",
+                "flat (<= 2x)", verdict(growth <= 2.0),
+            ])
+    console.print(facts_table({**machine_facts(), **facts}))
     notes = [
         "Graph written with executemany into mnemo's schema (FTS5 by its triggers), not by"
         " the pipeline.",
@@ -549,11 +620,22 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         " installed" + (" (hidden by --exact in this run)." if args.exact else "."),
         f"faiss: {'installed' if ann.load_faiss() is not None else 'not installed'}.",
     ]
+    if any(r.backend == POSTGRES for r in results):
+        notes += [
+            "PostgreSQL: the same graph and vectors copied in (COPY; prepare s excludes"
+            " generating the graph, which SQLite's includes), then ANALYZE; HNSW build s is"
+            f" schema.ensure_vector_index (m={schema.HNSW_M},"
+            f" ef_construction={schema.HNSW_EF_CONSTRUCTION}) on the server's settings.",
+            "PostgreSQL: index load s is the TAG and INTENT vectors PgGraph keeps in memory;"
+            f" dense search goes to the HNSW index above {EXACT_BELOW:,} vectors (hnsw."
+            "iterative_scan=relaxed_order for a typed search); recall@10 is against the exact"
+            " numpy scan of the same vectors.",
+        ]
     markdown = "\n\n".join([
         "### Recall latency (scripts/bench_recall.py)",
         markdown_table(headers, rows),
-        markdown_table(["stage (median ms)", *stage_names],
-                       [[row[0], *row[1:]] for row in stage_rows]) if stage_names else "",
+        markdown_table(["backend", "nodes", *(f"{s} (median ms)" for s in stage_names)],
+                       stage_rows) if stage_names else "",
         markdown_table(["goal", "measured", "target", "met"], goal_rows),
         "\n".join(f"- {note}" for note in notes),
     ])
@@ -575,6 +657,9 @@ def parse_args() -> argparse.Namespace:
                         help="hide faiss: every vector search is the exact numpy scan")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a mnemo.Config field of the repo (as eval_locomo.py)")
+    parser.add_argument("--store", type=store_argument, default=None,
+                        help="also measure on PostgreSQL: a postgresql:// URL of a server "
+                             "whose role may CREATE DATABASE, or 'embedded'")
     args = parser.parse_args()
     args.config = config_of(args.set) if args.set else None
     default_sizes = "10000" if args.quick else "10000,100000,1000000"
@@ -587,8 +672,8 @@ def main() -> None:
     args = parse_args()
     if args.exact:
         ann.load_faiss = lambda: None  # type: ignore[assignment]  # --exact: as if not installed
-    results = anyio.run(run, args)
-    report(results, args)
+    results, facts = anyio.run(run, args)
+    report(results, args, facts)
 
 
 if __name__ == "__main__":

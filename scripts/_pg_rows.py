@@ -181,8 +181,8 @@ async def count_connections_at(url: str) -> int:
 async def connections_gone(url: str, limit: float = 5.0,
                            period: float = 0.01) -> tuple[int, float | None]:
     """The count right away, and the seconds from then until it reached 0 (None: not within
-    `limit`). A server process outlives its client's goodbye by a moment, so a count taken at once may
-    still show connections that are closing."""
+    `limit`). A server process outlives its client's goodbye by a moment, so a count taken at
+    once may still show connections that are closing."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         first = count = await count_connections(conn)
         start = time.perf_counter()

@@ -107,7 +107,6 @@ class PgGraph:
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
-        await self._vectors.ensure_index(repo)
         async with self._pg.transaction() as conn, conn.cursor() as cur:
             await cur.executemany(
                 "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at)"
@@ -142,6 +141,7 @@ class PgGraph:
             + [(i, NodeType.INTENT, v) for i, (_, v) in plan.rewordings.items()],
             len(plan.nodes),
         )
+        await self._vectors.index_if_large(repo)
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         async with self._pg.transaction() as conn:

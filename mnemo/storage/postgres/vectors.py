@@ -48,9 +48,12 @@ class PgVectors:
 
     # ---- following writes -----------------------------------------------------------------
 
-    async def ensure_index(self, repo: str) -> None:
-        """Creates the repo's HNSW index unless this process saw it made (before a commit)."""
-        if repo not in self._indexed:
+    async def index_if_large(self, repo: str) -> None:
+        """Creates the repo's HNSW index once it holds more vectors than are searched exactly
+        (after a commit). A smaller repo has none: searched exactly, it would never use one,
+        and each inserted vector would pay for a search of its graph (a commit goes 7-13x
+        faster without it, BENCHMARKS.md)."""
+        if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
                 await schema.ensure_vector_index(conn, repo, self._dims(repo))
             self._indexed.add(repo)

@@ -40,6 +40,7 @@ class Child:
     def __init__(self, process: anyio.abc.Process) -> None:
         self.process = process
         self.lines: list[str] = []
+        self.ended = False  # its stdout closed: it exited or was killed
         self._changed = anyio.Event()
 
     async def read(self) -> None:
@@ -52,12 +53,12 @@ class Child:
                 self.lines.extend(line.decode() for line in lines)
                 changed, self._changed = self._changed, anyio.Event()
                 changed.set()
-        changed, self._changed = self._changed, anyio.Event()
-        changed.set()
+        self.ended = True
+        self._changed.set()
 
     async def wait_lines(self, n: int) -> None:
         """Waits until the child printed `n` lines (or ended)."""
-        while len(self.lines) < n and self.process.returncode is None:
+        while len(self.lines) < n and not self.ended:
             await self._changed.wait()
 
     async def kill(self) -> int | None:

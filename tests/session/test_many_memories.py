@@ -1,0 +1,343 @@
+"""Several `Memory` objects on one store in one process (API.md, "Storage backends and many
+processes"): the store is the one truth, so a session or a repo made through one is known to
+every other, appends are serialised, a closed episode is committed once, reads never write,
+an accepted async operation calls back where it was accepted, and only a Memory with the
+work's model resumes it.
+
+Each Memory has its own fakes and event log, as a separate worker would. The tests marked
+xfail state the contract before the mechanism of issue 11 exists; the mark says what fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from tests.backends import sql
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+REPO = "r"
+STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
+# The rows a read could change: everything a session, its work or a commit writes.
+TABLES = ["repos", "sessions", "episodes", "steps", "changesets", "task_results", "nodes",
+          "links", "applied_changesets"]
+
+
+@dataclass
+class Worker:
+    """One Memory with its own fakes, as one worker process of an app would hold it."""
+
+    mem: mnemo.Memory
+    llm: FakeLLM = field(default_factory=FakeLLM)
+    events: EventLog = field(default_factory=EventLog)
+
+
+class OtherLLM(FakeLLM):
+    """The fake's answers under another model's name."""
+
+    name = "other:model"
+
+
+@asynccontextmanager
+async def workers(
+    store: str, n: int, *, open_repo: bool = True, llm: FakeLLM | None = None
+) -> AsyncIterator[list[Worker]]:
+    """`n` Memory objects open on `store` at once (each with repo "r" unless told not to)."""
+    async with AsyncExitStack() as stack:
+        opened: list[Worker] = []
+        for _ in range(n):
+            opened.append(await open_worker(stack, store, open_repo=open_repo, llm=llm))
+        try:
+            yield opened
+        finally:
+            for worker in opened:
+                worker.llm.release_all()
+
+
+async def open_worker(
+    stack: AsyncExitStack, store: str, *, open_repo: bool = True, llm: FakeLLM | None = None
+) -> Worker:
+    """A Memory entered on `stack` (closed with it)."""
+    chosen = llm if llm is not None else FakeLLM()
+    events = EventLog()
+    mem = await stack.enter_async_context(
+        mnemo.Memory(store, llm=chosen, embedder=FakeEmbedder(), on_event=events)
+    )
+    if open_repo:
+        await mem.open_repo(REPO)
+    return Worker(mem, chosen, events)
+
+
+async def fill(mem: mnemo.Memory) -> str:
+    """A session in repo "r" collecting its first episode, with the three STEPS."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    for observation, action in STEPS:
+        await mem.append(sid, observation, action)
+    return sid
+
+
+async def ready(worker: Worker, sid: str) -> None:
+    """Closes the session through `worker` and waits for its extraction there."""
+    await worker.mem.close(sid)
+    landed = await worker.events.wait_state(worker.mem, sid, State.READY, State.FAILED)
+    assert landed is State.READY
+
+
+async def node_texts(mem: mnemo.Memory) -> Counter[str]:
+    """How many times each SEMANTIC and PROCEDURAL node's text is in repo "r"."""
+    nodes = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC, mnemo.NodeType.PROCEDURAL])
+    return Counter(node.text for node in nodes)
+
+
+async def rows(mem: mnemo.Memory) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the tables a session writes, in a stable order."""
+    return {table: sorted(await sql(mem, f"SELECT * FROM {table}"), key=repr) for table in TABLES}
+
+
+@pytest.mark.xfail(
+    reason="issue 11: a Memory knows only the sessions live when it opened: B and C raise "
+    "NotFoundError for a session A started after",
+    raises=mnemo.NotFoundError,
+    strict=True,
+)
+async def test_a_session_started_in_one_is_known_to_the_others(store: str) -> None:
+    """A session started through A is seen and driven through B and C: state, context,
+    appends, close and commit, each seen at once through the others."""
+    async with workers(store, 3) as (a, b, c):
+        sid = await a.mem.start_session("explore the house", repo=REPO)
+        for other in (b, c):
+            assert await other.mem.session_state(sid) is State.COLLECTING
+            context = await other.mem.session_context(sid)
+            assert context is not None
+            assert context.goal == "explore the house"
+        assert (await b.mem.append(sid, "walk north", "go north")).index == 0
+        assert (await c.mem.append(sid, "walk east", "go east")).index == 1
+        context = await a.mem.session_context(sid)
+        assert context is not None
+        assert context.recent_steps == ["walk north -> go north", "walk east -> go east"]
+        assert [(s.id, s.steps) for s in await c.mem.list_sessions()] == [(sid, 2)]
+        await ready(b, sid)
+        assert await a.mem.session_state(sid) is State.READY
+        receipt = await c.mem.commit(sid)
+        assert receipt is not None
+        for worker in (a, b, c):
+            assert await worker.mem.session_state(sid) is State.IDLE
+        assert await node_texts(a.mem) == Counter(
+            {"fact: walk north": 1, "fact: walk east": 1, "go north": 1, "go east": 1}
+        )
+
+
+@pytest.mark.xfail(
+    reason="issue 11: a Memory knows only the repos there when it opened: B's list_repos is "
+    "empty (so start_session would raise NotFoundError('repo'))",
+    raises=AssertionError,
+    strict=True,
+)
+async def test_a_repo_opened_by_one_is_known_to_another(store: str) -> None:
+    """A repo opened through A after B opened is listed by B, and B can start sessions in
+    it with the repo's models."""
+    async with workers(store, 2, open_repo=False) as (a, b):
+        await a.mem.open_repo(REPO)
+        assert await b.mem.list_repos() == [REPO]
+        sid = await b.mem.start_session("explore the house", repo=REPO)
+        assert await a.mem.session_state(sid) is State.COLLECTING
+
+
+@pytest.mark.xfail(
+    reason="issue 11: each Memory numbers steps from its own copy of the session: appends "
+    "through A, B and C are given the same indexes",
+    raises=AssertionError,
+    strict=True,
+)
+async def test_appends_through_several_memories_are_serialised(store: str) -> None:
+    """Appends racing through A, B and C to one session all land, with unique, contiguous
+    indexes, and the stored episode holds every one."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await a.mem.start_session("explore the house", repo=REPO)
+        # B and C open after the session exists: they know it from the store even today, so
+        # what this test checks is the serialisation alone.
+        b = await open_worker(stack, store)
+        c = await open_worker(stack, store)
+        indexes: list[int] = []
+        outcomes: list[BaseException] = []
+
+        async def append_all(worker: Worker, name: str) -> None:
+            for i in range(4):
+                try:
+                    info = await worker.mem.append(sid, f"walk {name}{i}", f"go {name}{i}")
+                except mnemo.MnemoError as exc:
+                    outcomes.append(exc)
+                else:
+                    indexes.append(info.index)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for worker, name in ((a, "a"), (b, "b"), (c, "c")):
+                    tg.start_soon(append_all, worker, name)
+        assert outcomes == []
+        assert sorted(indexes) == list(range(12))
+        (episode,) = await a.mem.episodes(sid)
+        assert sorted(step.index for step in episode.steps) == list(range(12))
+        assert {step.observation for step in episode.steps} == {
+            f"walk {name}{i}" for name in "abc" for i in range(4)
+        }
+
+
+@pytest.mark.xfail(
+    reason="issue 11: A's copy of the session stays ready after B commits it: A's second "
+    "commit returns a receipt instead of SessionError('not_ready')",
+    strict=True,
+)
+async def test_a_session_closed_in_one_and_committed_in_another_is_committed_once(
+    store: str,
+) -> None:
+    """A closes, B commits; then A's commit changes nothing and says so (not_ready), and
+    every fact is in the repo once."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        await ready(a, sid)
+        b = await open_worker(stack, store)
+        receipt = await b.mem.commit(sid)
+        assert receipt is not None
+        before = await rows(a.mem)
+        with pytest.raises(mnemo.SessionError) as caught:
+            await a.mem.commit(sid)
+        assert caught.value.reason == "not_ready"
+        assert await rows(a.mem) == before
+        assert await a.mem.session_state(sid) is State.IDLE
+        assert set((await node_texts(b.mem)).values()) == {1}
+
+
+@pytest.mark.xfail(
+    reason="issue 11: A keeps collecting a session B closed and committed: A's append "
+    "succeeds and A's close extracts it again, so every fact lands twice",
+    strict=True,
+)
+async def test_a_session_committed_through_another_is_never_committed_again(store: str) -> None:
+    """The issue's case: B brings back A's live session and commits it; A's append and close
+    are then refused (the session is idle) and no fact is in the repo twice."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        await b.mem.close_and_commit(sid)
+        with pytest.raises(mnemo.SessionError) as refused_append:
+            await a.mem.append(sid, "walk west", "go west")
+        assert refused_append.value.reason == "not_collecting"
+        with pytest.raises(mnemo.SessionError) as refused_close:
+            await a.mem.close(sid)
+        assert refused_close.value.reason == "not_collecting"
+        with pytest.raises(mnemo.SessionError) as not_ready:
+            await a.mem.commit(sid)
+        assert not_ready.value.reason == "not_ready"
+        texts = await node_texts(b.mem)
+        assert texts["fact: walk north"] == 1
+        assert set(texts.values()) == {1}
+
+
+@pytest.mark.xfail(
+    reason="issue 11: B resumes the extraction A still holds as soon as it opens the repo: "
+    "B's LLM is asked the semantic task",
+    raises=AssertionError,
+    strict=True,
+)
+async def test_reads_through_another_memory_never_write(store: str) -> None:
+    """session_state, session_context, list_sessions, episodes and latest through B, on
+    sessions A holds collecting, extracting and ready, leave every row as it was, and B
+    does none of A's work."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        collecting = await fill(a.mem)
+        ready_sid = await fill(a.mem)
+        await ready(a, ready_sid)
+        extracting = await fill(a.mem)
+        held = a.llm.hold("semantic")
+        await a.mem.close(extracting)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        before = await rows(a.mem)
+        # B's model is A's: were B to take A's live work, its LLM would be asked (and held).
+        b_llm = FakeLLM()
+        b_held = b_llm.hold("semantic")
+        b = await open_worker(stack, store, llm=b_llm)
+        for sid in (collecting, extracting, ready_sid):
+            await b.mem.session_state(sid)
+            await b.mem.session_context(sid)
+            await b.mem.episodes(sid)
+        listed = await b.mem.list_sessions()
+        await b.mem.latest(REPO)
+        assert {(s.id, s.state) for s in listed} == {
+            (collecting, State.COLLECTING), (extracting, State.EXTRACTING),
+            (ready_sid, State.READY),
+        }
+        assert not b_held.started.is_set()
+        assert "semantic" not in b_llm.tasks()
+        assert await rows(b.mem) == before
+
+
+@pytest.mark.xfail(
+    reason="issue 11: B's close and extraction are unknown to A: A's commit_async finds the "
+    "session collecting and raises SessionError('invalid_operation')",
+    raises=mnemo.SessionError,
+    strict=True,
+)
+async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -> None:
+    """A commit accepted through A while B extracts the session runs when B's extraction
+    ends and calls back in A, with the commit's result."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = b.llm.hold("semantic")
+        await b.mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        results: list[mnemo.OpResult] = []
+        called = anyio.Event()
+
+        def callback(result: mnemo.OpResult) -> None:
+            results.append(result)
+            called.set()
+
+        await a.mem.commit_async(sid, callback)
+        held.release()
+        with anyio.fail_after(10):
+            await called.wait()
+        assert results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        assert await b.mem.session_state(sid) is State.IDLE
+        assert set((await node_texts(b.mem)).values()) == {1}
+        assert "semantic" not in a.llm.tasks()
+
+
+async def test_a_memory_with_another_model_never_resumes_the_work(store: str) -> None:
+    """An extraction A started and left (A closed mid-extraction) is not resumed by B, whose
+    model for the repo is another; C, with A's model, finishes it, with C's LLM alone."""
+    async with AsyncExitStack() as stack:
+        a_stack = await stack.enter_async_context(AsyncExitStack())
+        a = await open_worker(a_stack, store)
+        sid = await fill(a.mem)
+        held = a.llm.hold("semantic")
+        await a.mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await a_stack.aclose()  # A goes away holding the extraction
+        b = await open_worker(stack, store, llm=OtherLLM())
+        assert await b.mem.session_state(sid) is State.EXTRACTING
+        c = await open_worker(stack, store)
+        landed = await c.events.wait_state(c.mem, sid, State.READY, State.FAILED)
+        assert landed is State.READY
+        assert "semantic" in c.llm.tasks()
+        assert b.llm.calls == []
+        receipt = await c.mem.commit(sid)
+        assert receipt is not None
+        assert set((await node_texts(c.mem)).values()) == {1}

@@ -37,12 +37,13 @@ from mnemo.events import EventCallback, Events
 from mnemo.graph import maintenance
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType
-from mnemo.graph.reads import GraphReads, node_types
+from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
-from mnemo.recall.engine import Recaller, RecallResult
+from mnemo.recall.engine import RecallResult
+from mnemo.recall.service import RecallRuntime, RecallService
 from mnemo.repos import Repos
 from mnemo.session.host import TaskHost
 from mnemo.session.machine import State
@@ -76,7 +77,7 @@ class Memory:
         self._backend = open_backend(
             path, dims=self._dim, busy_timeout=self._config.busy_timeout, synchronous=synchronous
         )
-        self._repos = Repos(self._config, llm, embedder)
+        self._repos = repos = Repos(self._config, llm, embedder)
         self._events = Events(on_event)
         self._sessions_store = self._backend.sessions
         self._graph = self._backend.graph
@@ -84,15 +85,18 @@ class Memory:
             store=self._sessions_store,
             graph=self._graph,
             events=self._events,
-            repo_runtime=self._repos.get,
-            llm_for=self._repos.llm_for,
+            repo_runtime=repos.get,
+            llm_for=repos.llm_for,
         )
-        self._reads = GraphReads(self._graph, known=self._repos.get, max_chars=self._max_chars)
+        self._reads = GraphReads(self._graph, known=repos.get, max_chars=repos.max_chars)
+        self._recalls = RecallService(
+            self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
+        )
         self._ingests = IngestService(self._graph, self._ingest_runtime)
         self._conversations = ConversationService(
             self._backend.threads,
-            llm=LimitedLLM(self._repos.llm, self._repos.slots(self._repos.llm, self._config)),
-            embedder=self._repos.embedder,
+            llm=LimitedLLM(repos.llm, repos.slots(repos.llm, self._config)),
+            embedder=repos.embedder,
             config=self._config,
             events=self._events,
         )
@@ -166,9 +170,6 @@ class Memory:
     async def list_repos(self) -> list[str]:
         """The names of every repo in the file, oldest first."""
         return self._repos.names()
-
-    def _max_chars(self, repo: str) -> int:
-        return self._repos.max_chars(repo)
 
     def _dim(self, name: str) -> int:
         return self._repos.dim(name)
@@ -427,26 +428,14 @@ class Memory:
                 `Config.max_text_chars`, or a k below 1.
             NotFoundError: an unknown repo.
         """
-        check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
+        return await self._recalls.recall(repo, query, k=k, types=types, reinforce=reinforce)
+
+    def _recall_runtime(self, repo: str) -> RecallRuntime:
         runtime = self._repos.embedding(repo)
-        recaller = Recaller(
-            self._graph,
-            runtime.embedder,
-            runtime.config,
-            planner=runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline,
-            llm=self._repos.llm_for(runtime, repo),
+        planner = runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline
+        return RecallRuntime(
+            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo)
         )
-        result = await recaller.recall(
-            repo, query, k=k, types=None if types is None else node_types(types),
-            reinforce=reinforce,
-        )
-        await self._events.emit(
-            "recall_executed", repo=repo, query=query, k=k,
-            node_ids=[m.node.id for m in result.memories],
-        )
-        return result
 
     # ---- ingest and forget ---------------------------------------------------------------
 
@@ -494,7 +483,7 @@ class Memory:
         Raises:
             InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
         """
-        limit = self._max_chars(repo)
+        limit = self._repos.max_chars(repo)
         check_text(query, "query", limit=limit, stored=False)
         try:
             context = self._service.context(session_id, steps=3)

@@ -2,8 +2,10 @@
 
 - a storage backend (`storage.ports.open_backend`: SQLite, or PostgreSQL by URL) holds every
   store, seen only through its ports (graph, sessions, threads);
+- `repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the usage;
 - `session.SessionService` runs every session's state machine, queue and background work;
-- `recall` searches a repo.
+- `graph.reads.GraphReads` looks nodes up; `graph.maintenance` consolidates and decays;
+- `recall.service.RecallService` searches a repo; `ingest.IngestService` stores trajectories;
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
 """
 

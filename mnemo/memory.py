@@ -2,8 +2,10 @@
 
 - a storage backend (`storage.ports.open_backend`: SQLite, or PostgreSQL by URL) holds every
   store, seen only through its ports (graph, sessions, threads);
+- `repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the usage;
 - `session.SessionService` runs every session's state machine, queue and background work;
-- `recall` searches a repo.
+- `graph.reads.GraphReads` looks nodes up; `graph.maintenance` consolidates and decays;
+- `recall.service.RecallService` searches a repo; `ingest.IngestService` stores trajectories;
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
 """
 
@@ -19,10 +21,6 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from mnemo.adapters.minilm import default_embedder
-from mnemo.adapters.offline import OfflineLLM
-from mnemo.adapters.recorded import RepoModels
-from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
@@ -36,23 +34,24 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
 from mnemo.episode.model import EpisodeLog, StepInfo
-from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph import maintenance
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType
+from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
-from mnemo.recall.engine import Recaller, RecallResult
+from mnemo.recall.engine import RecallResult
+from mnemo.recall.service import RecallRuntime, RecallService
+from mnemo.repos import Repos
 from mnemo.session.host import TaskHost
 from mnemo.session.machine import State
-from mnemo.session.ports import RepoRow
 from mnemo.session.queue import Callback
-from mnemo.session.service import Runtime, SessionContext, SessionInfo, SessionService
+from mnemo.session.service import SessionContext, SessionInfo, SessionService
 from mnemo.storage.ports import open_backend
-from mnemo.usage import UsageBook
 
 log = logging.getLogger("mnemo")
 
@@ -80,36 +79,26 @@ class Memory:
         self._backend = open_backend(
             path, dims=self._dim, busy_timeout=self._config.busy_timeout, synchronous=synchronous
         )
-        self._offline = OfflineLLM()
-        self._llm: LLM = llm if llm is not None else self._offline
-        chosen: Embedder = default_embedder() if embedder is None else embedder
-        self._embedder = chosen
-        # Without models given, each repo runs the ones it recorded (issue 13).
-        self._models = RepoModels(
-            self._llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
-        )
+        self._repos = repos = Repos(self._config, llm, embedder)
         self._events = Events(on_event)
         self._sessions_store = self._backend.sessions
-        self._repos: dict[str, Runtime] = {}
-        self._dims: dict[str, int] = {}
-        self._limiters: dict[int, tuple[LLM, anyio.CapacityLimiter]] = {}
-        self._usage = UsageBook()
-        # Every adapter this Memory was given, closed with it (each owns an HTTP client).
-        self._adapters: dict[int, object] = {}
-        self._adopt(llm, embedder)  # the caller's; the defaults need no closing
         self._graph = self._backend.graph
         self._service = SessionService(
             store=self._sessions_store,
             graph=self._graph,
             events=self._events,
-            repo_runtime=self._repo,
-            llm_for=self._llm_for,
+            repo_runtime=repos.get,
+            llm_for=repos.llm_for,
+        )
+        self._reads = GraphReads(self._graph, known=repos.get, max_chars=repos.max_chars)
+        self._recalls = RecallService(
+            self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
         )
         self._ingests = IngestService(self._graph, self._ingest_runtime)
         self._conversations = ConversationService(
             self._backend.threads,
-            llm=LimitedLLM(self._llm, self._slots(self._llm, self._config)),
-            embedder=self._embedder,
+            llm=LimitedLLM(repos.llm, repos.slots(repos.llm, self._config)),
+            embedder=repos.embedder,
             config=self._config,
             events=self._events,
         )
@@ -120,18 +109,15 @@ class Memory:
     async def __aenter__(self) -> Memory:
         await self._backend.open()
         try:
-            for row in await self._sessions_store.load_repos():
-                llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
-                self._repos[row.name] = Runtime(llm, embedder, row.config, row.dim)
-                self._dims[row.name] = row.dim
-            self._adopt(*self._models.built())
+            self._repos.load(await self._sessions_store.load_repos())
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
             await self._host.start(self._background)
         except BaseException:
             await self._backend.close()
             raise
-        self._service.restore([s for s in live if s.repo in self._repos])
+        known = set(self._repos.names())
+        self._service.restore([s for s in live if s.repo in known])
         return self
 
     async def _background(
@@ -158,19 +144,8 @@ class Memory:
                 await host.stop()
         finally:
             with anyio.move_on_after(2, shield=True):
-                for adapter in list(self._adapters.values()):
-                    close = getattr(adapter, "aclose", None)
-                    if close is not None:
-                        try:
-                            await close()
-                        except Exception:
-                            log.exception("closing %r failed", adapter)
+                await self._repos.close_adapters()
             await self._backend.close()
-
-    def _adopt(self, *adapters: object) -> None:
-        for adapter in adapters:
-            if adapter is not None:
-                self._adapters.setdefault(id(adapter), adapter)
 
     # ---- repos ----------------------------------------------------------------------------
 
@@ -189,99 +164,26 @@ class Memory:
             InvalidInputError: a blank name or a config that is not a `Config`.
             EmbeddingError: the embedder's dimension differs from the repo's vectors'.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise InvalidInputError(f"repo name must be a non-blank string, got {name!r}")
-        if config is not None and not isinstance(config, Config):
-            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
-        chosen_embedder: Embedder = embedder or self._models.embedder(name)
-        chosen_llm: LLM = llm or self._models.llm(name)
-        self._adopt(llm, embedder)
-        await _detect_dim(chosen_embedder)
-        known = self._repos.get(name)
-        if known is not None and self._dims[name] != chosen_embedder.dim:
-            raise EmbeddingError(
-                f"repo {name!r} holds vectors of dimension {self._dims[name]}, but the "
-                f"embedder {model_uri(chosen_embedder)} makes dimension "
-                f"{chosen_embedder.dim}"
-            )
-        chosen_config = config or (known.config if known else self._config)
-        # The models are recorded as URIs (never a key) for a Memory opened without them.
-        row = RepoRow(
-            name, chosen_config, chosen_embedder.dim, model_uri(chosen_embedder),
-            model_uri(chosen_llm),
+        await self._repos.open(
+            name, llm=llm, embedder=embedder, config=config, save=self._sessions_store.save_repo
         )
-        models_changed = self._models.record(name, row.llm, row.embedder)
-        if known is None or chosen_config != known.config or models_changed:
-            await self._sessions_store.save_repo(row)
-        if known is None:
-            self._repos[name] = Runtime(
-                chosen_llm, chosen_embedder, chosen_config, chosen_embedder.dim
-            )
-            self._dims[name] = chosen_embedder.dim
-        else:
-            # Sessions hold this Runtime: updating it in place is what they see next.
-            known.llm = chosen_llm
-            known.embedder, known.config = chosen_embedder, chosen_config
         self._service.resume_repo(name)
 
     async def list_repos(self) -> list[str]:
         """The names of every repo in the file, oldest first."""
-        return list(self._repos)
-
-    def _repo(self, name: str) -> Runtime:
-        runtime = self._repos.get(name) if isinstance(name, str) else None
-        if runtime is None:
-            raise NotFoundError("repo", str(name))
-        return runtime
-
-    def _max_chars(self, repo: str) -> int:
-        """The text bound of the repo's config, or of this Memory's for an unknown repo."""
-        runtime = self._repos.get(repo) if isinstance(repo, str) else None
-        return (runtime.config if runtime is not None else self._config).max_text_chars
-
-    def _embedding(self, name: str) -> Runtime:
-        """The repo's runtime, checked to embed in the repo's dimension.
-
-        Raises:
-            NotFoundError: an unknown repo.
-            EmbeddingError: the embedder makes vectors of another dimension than the repo's
-                (e.g. a repo written with the hashed embedder, reopened with the default).
-        """
-        runtime = self._repo(name)
-        runtime.check_dim(name)
-        return runtime
+        return self._repos.names()
 
     def _dim(self, name: str) -> int:
-        return self._dims[name]
-
-    def _slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """One limiter per LLM provider object, as wide as the widest `llm_concurrency` of
-        the configs that use it."""
-        entry = self._limiters.get(id(llm))
-        if entry is None or entry[0] is not llm:
-            entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
-            self._limiters[id(llm)] = entry
-        elif entry[1].total_tokens < config.llm_concurrency:
-            entry[1].total_tokens = config.llm_concurrency
-        return entry[1]
-
-    def _llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM:
-        """The runtime's LLM, bounded by its provider's limiter, its usage booked to the repo
-        (and session)."""
-
-        def meter(usage: Usage) -> None:
-            self._usage.add(repo, session_id, usage)
-
-        return LimitedLLM(runtime.llm, self._slots(runtime.llm, runtime.config), meter)
+        return self._repos.dim(name)
 
     def usage(self, session_id: str | None = None, *, repo: str | None = None) -> Usage:
         """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
         since this Memory was opened."""
         if session_id is not None:
-            return self._usage.of_session(session_id)
+            return self._repos.usage.of_session(session_id)
         if repo is not None:
-            return self._usage.of_repo(repo)
-        return self._usage.total()
+            return self._repos.usage.of_repo(repo)
+        return self._repos.usage.total()
 
     # ---- sessions -------------------------------------------------------------------------
 
@@ -304,26 +206,9 @@ class Memory:
         """
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        base = self._repo(repo)
-        if embedder is None:
-            base.check_dim(repo)
-        if config is not None and not isinstance(config, Config):
-            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
-        self._adopt(llm, embedder)
-        if embedder is not None:
-            await _detect_dim(embedder)
-        if embedder is not None and embedder.dim != self._dims[repo]:
-            raise EmbeddingError(
-                f"repo {repo!r} holds vectors of dimension {self._dims[repo]}, but the "
-                f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"
-            )
-        override = None
-        if llm is not None or embedder is not None:
-            override = Runtime(
-                llm or base.llm, embedder or base.embedder, config or base.config, base.dim
-            )
+        override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
-            goal, repo=repo, override=override, config=config or base.config
+            goal, repo=repo, override=override, config=chosen
         )
 
     async def append(
@@ -436,27 +321,17 @@ class Memory:
 
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         """The node, or None if the repo has no such node."""
-        self._repo(repo)
-        nodes = await self._graph.get_nodes(repo, [node_id])
-        return nodes[0] if nodes else None
+        return await self._reads.get_node(repo, node_id)
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
         """Every node of these types, oldest first."""
-        self._repo(repo)
-        return await self._graph.get_nodes_by_type(repo, _types(types))
+        return await self._reads.get_nodes_by_type(repo, types)
 
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Node]:
         """The nodes linked to any of `node_ids` (either direction), not those themselves."""
-        self._repo(repo)
-        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
-        neighbors = await self._graph.neighbors(
-            repo, ids, None if link_type is None else LinkType(link_type)
-        )
-        asked = set(ids)
-        linked = [n.node_id for n in neighbors if n.node_id not in asked]
-        return await self._graph.get_nodes(repo, linked)
+        return await self._reads.get_linked_nodes(repo, node_ids, link_type)
 
     async def links(self, repo: str) -> list[Link]:
         """Every link of the repo (`src`, `dst`, `type`), by type, then source, then
@@ -465,8 +340,7 @@ class Memory:
         Raises:
             NotFoundError: an unknown repo.
         """
-        self._repo(repo)
-        return await self._graph.links(repo)
+        return await self._reads.links(repo)
 
     async def latest(
         self,
@@ -476,8 +350,7 @@ class Memory:
         top_k: int = 10,
     ) -> list[Node]:
         """The newest nodes of these types, newest first."""
-        self._repo(repo)
-        return await self._graph.latest(repo, _types(types), top_k)
+        return await self._reads.latest(repo, types, top_k)
 
     async def search_nodes(
         self,
@@ -495,19 +368,11 @@ class Memory:
                 `Config.max_text_chars`, or a limit below 1.
             NotFoundError: an unknown repo.
         """
-        self._repo(repo)
-        check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
-        kinds = None if types is None else _types(types)
-        found = await self._graph.search_text(repo, query, limit, kinds)
-        return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
+        return await self._reads.search_nodes(repo, query, limit, types)
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
-        self._repo(repo)
-        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
-        return await self._graph.delete_nodes(repo, ids)
+        return await self._reads.delete_nodes(repo, node_ids)
 
     # ---- maintenance ----------------------------------------------------------------------
 
@@ -520,7 +385,7 @@ class Memory:
         Raises:
             NotFoundError: an unknown repo.
         """
-        runtime = self._repo(repo)
+        runtime = self._repos.get(repo)
         return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
 
     async def decay(self, repo: str, *, now: datetime | None = None) -> DecayReport:
@@ -531,7 +396,7 @@ class Memory:
         Raises:
             NotFoundError: an unknown repo.
         """
-        runtime = self._repo(repo)
+        runtime = self._repos.get(repo)
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
     async def validate_episodic(self, repo: str) -> ValidationReport:
@@ -542,7 +407,7 @@ class Memory:
         Raises:
             NotFoundError: an unknown repo.
         """
-        self._repo(repo)
+        self._repos.get(repo)
         return await maintenance.validate_episodic(self._graph, repo)
 
     # ---- recall ---------------------------------------------------------------------------
@@ -565,25 +430,14 @@ class Memory:
                 `Config.max_text_chars`, or a k below 1.
             NotFoundError: an unknown repo.
         """
-        check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
-        runtime = self._embedding(repo)
-        recaller = Recaller(
-            self._graph,
-            runtime.embedder,
-            runtime.config,
-            planner=runtime.llm if runtime.config.recall_planner == "llm" else self._offline,
-            llm=self._llm_for(runtime, repo),
+        return await self._recalls.recall(repo, query, k=k, types=types, reinforce=reinforce)
+
+    def _recall_runtime(self, repo: str) -> RecallRuntime:
+        runtime = self._repos.embedding(repo)
+        planner = runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline
+        return RecallRuntime(
+            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo)
         )
-        result = await recaller.recall(
-            repo, query, k=k, types=None if types is None else _types(types), reinforce=reinforce
-        )
-        await self._events.emit(
-            "recall_executed", repo=repo, query=query, k=k,
-            node_ids=[m.node.id for m in result.memories],
-        )
-        return result
 
     # ---- ingest and forget ---------------------------------------------------------------
 
@@ -604,19 +458,19 @@ class Memory:
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
         """
-        self._repo(repo)
+        self._repos.get(repo)
         return await self._ingests.ingest(repo, trajectory, source_id)
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, with its links, vectors and search
         entries, and the tags and intents it left unlinked; returns how many nodes went (0
         for an unknown source). The source id can then be ingested again."""
-        self._repo(repo)
+        self._repos.get(repo)
         return await self._ingests.forget(repo, source_id)
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:
-        runtime = self._embedding(repo)
-        llm = self._llm_for(runtime, repo)
+        runtime = self._repos.embedding(repo)
+        llm = self._repos.llm_for(runtime, repo)
         return IngestRuntime(
             llm, runtime.embedder, runtime.config, self._service.intent_policy(runtime, llm)
         )
@@ -631,7 +485,7 @@ class Memory:
         Raises:
             InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
         """
-        limit = self._max_chars(repo)
+        limit = self._repos.max_chars(repo)
         check_text(query, "query", limit=limit, stored=False)
         try:
             context = self._service.context(session_id, steps=3)
@@ -752,16 +606,3 @@ class Memory:
             NotFoundError: an unknown message.
         """
         return await self._conversations.view_messages(message_id, radius=radius)
-
-
-async def _detect_dim(embedder: Embedder) -> None:
-    """Lets an embedder that learns its dimension from its first reply do so."""
-    detect = getattr(embedder, "detect_dim", None)
-    if detect is not None:
-        await detect()
-
-
-def _types(types: Iterable[NodeType]) -> list[NodeType]:
-    if isinstance(types, str):
-        return [NodeType(types)]
-    return [NodeType(t) for t in types]

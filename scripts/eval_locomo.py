@@ -261,7 +261,7 @@ async def main(args: argparse.Namespace) -> None:
                                       MEMORY_TYPES if args.types == "memories" else None)
                 if args.baselines:
                     bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
-                    dense_embedder = embedder or mem._repo(repo).embedder
+                    dense_embedder = embedder or mem._repos.get(repo).embedder
                     await dense_baseline(dense_embedder, conversation,
                                          results["dense-only baseline"])
     report(results, sum(c.unmatched for c in conversations),

@@ -1,0 +1,79 @@
+"""`GraphReads`: what `Memory` reads (and deletes) of a repo's graph by id, type, link or
+text, without recall's embedding, hops, value or reinforcement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from mnemo.errors import InvalidInputError
+from mnemo.graph.model import Link, LinkType, Node, NodeType
+from mnemo.graph.ports import GraphStore
+from mnemo.inputs import check_text
+
+
+class GraphReads:
+    """The graph lookups of `Memory`; each first checks the repo through `known` (which
+    raises NotFoundError for an unknown repo)."""
+
+    def __init__(
+        self,
+        graph: GraphStore,
+        *,
+        known: Callable[[str], object],
+        max_chars: Callable[[str], int],
+    ) -> None:
+        self._graph = graph
+        self._known = known
+        self._max_chars = max_chars
+
+    async def get_node(self, repo: str, node_id: str) -> Node | None:
+        self._known(repo)
+        nodes = await self._graph.get_nodes(repo, [node_id])
+        return nodes[0] if nodes else None
+
+    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
+        self._known(repo)
+        return await self._graph.get_nodes_by_type(repo, node_types(types))
+
+    async def get_linked_nodes(
+        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None
+    ) -> list[Node]:
+        self._known(repo)
+        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
+        neighbors = await self._graph.neighbors(
+            repo, ids, None if link_type is None else LinkType(link_type)
+        )
+        asked = set(ids)
+        linked = [n.node_id for n in neighbors if n.node_id not in asked]
+        return await self._graph.get_nodes(repo, linked)
+
+    async def links(self, repo: str) -> list[Link]:
+        self._known(repo)
+        return await self._graph.links(repo)
+
+    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
+        self._known(repo)
+        return await self._graph.latest(repo, node_types(types), top_k)
+
+    async def search_nodes(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None
+    ) -> list[Node]:
+        self._known(repo)
+        check_text(query, "query", limit=self._max_chars(repo), stored=False)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
+        kinds = None if types is None else node_types(types)
+        found = await self._graph.search_text(repo, query, limit, kinds)
+        return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
+
+    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
+        self._known(repo)
+        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
+        return await self._graph.delete_nodes(repo, ids)
+
+
+def node_types(types: Iterable[NodeType]) -> list[NodeType]:
+    """`types` as a list of `NodeType`; a lone string is one type, not its letters."""
+    if isinstance(types, str):
+        return [NodeType(types)]
+    return [NodeType(t) for t in types]

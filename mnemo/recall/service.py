@@ -1,0 +1,65 @@
+"""`RecallService`: a repo's recall as `Memory.recall` runs it: the input checked, a `Recaller`
+built with the repo's runtime, and the "recall_executed" event reported."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from mnemo.config import Config
+from mnemo.errors import InvalidInputError
+from mnemo.events import Events
+from mnemo.graph.model import NodeType
+from mnemo.graph.ports import GraphStore
+from mnemo.graph.reads import node_types
+from mnemo.inputs import check_text
+from mnemo.ports import LLM, Embedder
+from mnemo.recall.engine import Recaller, RecallResult
+
+
+@dataclass(frozen=True, slots=True)
+class RecallRuntime:
+    """What a recall in one repo runs with: its embedder and config, the LLM that plans the
+    query and the one that synthesises."""
+
+    embedder: Embedder
+    config: Config
+    planner: LLM
+    llm: LLM
+
+
+class RecallService:
+    """Recalls of every repo; `runtime` raises NotFoundError for an unknown repo."""
+
+    def __init__(
+        self,
+        graph: GraphStore,
+        events: Events,
+        *,
+        runtime: Callable[[str], RecallRuntime],
+        max_chars: Callable[[str], int],
+    ) -> None:
+        self._graph = graph
+        self._events = events
+        self._runtime = runtime
+        self._max_chars = max_chars
+
+    async def recall(
+        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool
+    ) -> RecallResult:
+        check_text(query, "query", limit=self._max_chars(repo), stored=False)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
+        runtime = self._runtime(repo)
+        recaller = Recaller(
+            self._graph, runtime.embedder, runtime.config, planner=runtime.planner, llm=runtime.llm
+        )
+        result = await recaller.recall(
+            repo, query, k=k, types=None if types is None else node_types(types),
+            reinforce=reinforce,
+        )
+        await self._events.emit(
+            "recall_executed", repo=repo, query=query, k=k,
+            node_ids=[m.node.id for m in result.memories],
+        )
+        return result

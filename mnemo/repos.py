@@ -1,0 +1,201 @@
+"""`Repos`: the repos a `Memory` knows and what each runs with.
+
+It holds each repo's `Runtime` (llm, embedder, config, vector dimension), the models recorded
+for repos opened without them (issue 13), one LLM limiter per provider, the usage book, and
+every adapter the Memory was given (each owns an HTTP client, closed with the Memory).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+from mnemo.adapters.minilm import default_embedder
+from mnemo.adapters.offline import OfflineLLM
+from mnemo.adapters.recorded import RepoModels
+from mnemo.adapters.uri import model_uri
+from mnemo.config import Config
+from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
+from mnemo.session.ports import RepoRow
+from mnemo.session.service import Runtime
+from mnemo.usage import UsageBook
+
+log = logging.getLogger("mnemo")
+
+
+class Repos:
+    """The repos of one Memory, their runtimes, and the adapters and limiters they share."""
+
+    def __init__(self, config: Config, llm: LLM | None, embedder: Embedder | None) -> None:
+        self.config = config
+        self.offline = OfflineLLM()
+        self.llm: LLM = llm if llm is not None else self.offline
+        chosen: Embedder = default_embedder() if embedder is None else embedder
+        self.embedder = chosen
+        # Without models given, each repo runs the ones it recorded (issue 13).
+        self._models = RepoModels(
+            self.llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
+        )
+        self._runtimes: dict[str, Runtime] = {}
+        self._dims: dict[str, int] = {}
+        self._limiters: dict[int, tuple[LLM, anyio.CapacityLimiter]] = {}
+        self.usage = UsageBook()
+        # Every adapter this Memory was given, closed with it (each owns an HTTP client).
+        self._adapters: dict[int, object] = {}
+        self.adopt(llm, embedder)  # the caller's; the defaults need no closing
+
+    def adopt(self, *adapters: object) -> None:
+        for adapter in adapters:
+            if adapter is not None:
+                self._adapters.setdefault(id(adapter), adapter)
+
+    async def close_adapters(self) -> None:
+        """Closes every adapter adopted; a failure is logged, the others still close."""
+        for adapter in list(self._adapters.values()):
+            close = getattr(adapter, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    log.exception("closing %r failed", adapter)
+
+    def load(self, rows: list[RepoRow]) -> None:
+        """Knows the stored repos, each with the models it recorded (or the Memory's)."""
+        for row in rows:
+            llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
+            self._runtimes[row.name] = Runtime(llm, embedder, row.config, row.dim)
+            self._dims[row.name] = row.dim
+        self.adopt(*self._models.built())
+
+    async def open(
+        self,
+        name: str,
+        *,
+        llm: LLM | None,
+        embedder: Embedder | None,
+        config: Config | None,
+        save: Callable[[RepoRow], Awaitable[None]],
+    ) -> None:
+        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo."""
+        if not isinstance(name, str) or not name.strip():
+            raise InvalidInputError(f"repo name must be a non-blank string, got {name!r}")
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        chosen_embedder: Embedder = embedder or self._models.embedder(name)
+        chosen_llm: LLM = llm or self._models.llm(name)
+        self.adopt(llm, embedder)
+        await detect_dim(chosen_embedder)
+        known = self._runtimes.get(name)
+        if known is not None and self._dims[name] != chosen_embedder.dim:
+            raise EmbeddingError(
+                f"repo {name!r} holds vectors of dimension {self._dims[name]}, but the "
+                f"embedder {model_uri(chosen_embedder)} makes dimension "
+                f"{chosen_embedder.dim}"
+            )
+        chosen_config = config or (known.config if known else self.config)
+        # The models are recorded as URIs (never a key) for a Memory opened without them.
+        row = RepoRow(
+            name, chosen_config, chosen_embedder.dim, model_uri(chosen_embedder),
+            model_uri(chosen_llm),
+        )
+        models_changed = self._models.record(name, row.llm, row.embedder)
+        if known is None or chosen_config != known.config or models_changed:
+            await save(row)
+        if known is None:
+            self._runtimes[name] = Runtime(
+                chosen_llm, chosen_embedder, chosen_config, chosen_embedder.dim
+            )
+            self._dims[name] = chosen_embedder.dim
+        else:
+            # Sessions hold this Runtime: updating it in place is what they see next.
+            known.llm = chosen_llm
+            known.embedder, known.config = chosen_embedder, chosen_config
+
+    def names(self) -> list[str]:
+        return list(self._runtimes)
+
+    def get(self, name: str) -> Runtime:
+        """Raises NotFoundError for an unknown repo."""
+        runtime = self._runtimes.get(name) if isinstance(name, str) else None
+        if runtime is None:
+            raise NotFoundError("repo", str(name))
+        return runtime
+
+    def max_chars(self, repo: str) -> int:
+        """The text bound of the repo's config, or of this Memory's for an unknown repo."""
+        runtime = self._runtimes.get(repo) if isinstance(repo, str) else None
+        return (runtime.config if runtime is not None else self.config).max_text_chars
+
+    def embedding(self, name: str) -> Runtime:
+        """The repo's runtime, checked to embed in the repo's dimension.
+
+        Raises:
+            NotFoundError: an unknown repo.
+            EmbeddingError: the embedder makes vectors of another dimension than the repo's
+                (e.g. a repo written with the hashed embedder, reopened with the default).
+        """
+        runtime = self.get(name)
+        runtime.check_dim(name)
+        return runtime
+
+    def dim(self, name: str) -> int:
+        return self._dims[name]
+
+    async def session_runtime(
+        self, repo: str, llm: LLM | None, embedder: Embedder | None, config: Config | None
+    ) -> tuple[Runtime | None, Config]:
+        """The overrides of a session started with these arguments (None when it runs its
+        repo's models) and its config; checks `Memory.start_session`'s input but the goal.
+
+        Raises:
+            NotFoundError, EmbeddingError, InvalidInputError: as `Memory.start_session`.
+        """
+        base = self.get(repo)
+        if embedder is None:
+            base.check_dim(repo)
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        self.adopt(llm, embedder)
+        if embedder is not None:
+            await detect_dim(embedder)
+        if embedder is not None and embedder.dim != self._dims[repo]:
+            raise EmbeddingError(
+                f"repo {repo!r} holds vectors of dimension {self._dims[repo]}, but the "
+                f"embedder override {model_uri(embedder)} makes dimension {embedder.dim}"
+            )
+        override = None
+        if llm is not None or embedder is not None:
+            override = Runtime(
+                llm or base.llm, embedder or base.embedder, config or base.config, base.dim
+            )
+        return override, config or base.config
+
+    def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
+        """One limiter per LLM provider object, as wide as the widest `llm_concurrency` of
+        the configs that use it."""
+        entry = self._limiters.get(id(llm))
+        if entry is None or entry[0] is not llm:
+            entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
+            self._limiters[id(llm)] = entry
+        elif entry[1].total_tokens < config.llm_concurrency:
+            entry[1].total_tokens = config.llm_concurrency
+        return entry[1]
+
+    def llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM:
+        """The runtime's LLM, bounded by its provider's limiter, its usage booked to the repo
+        (and session)."""
+
+        def meter(usage: Usage) -> None:
+            self.usage.add(repo, session_id, usage)
+
+        return LimitedLLM(runtime.llm, self.slots(runtime.llm, runtime.config), meter)
+
+
+async def detect_dim(embedder: Embedder) -> None:
+    """Lets an embedder that learns its dimension from its first reply do so."""
+    detect = getattr(embedder, "detect_dim", None)
+    if detect is not None:
+        await detect()

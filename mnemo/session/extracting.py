@@ -1,0 +1,259 @@
+"""The extraction runner: turns a session's steps into a changeset and commits it.
+
+- `start` moves a session to `extracting` (recording the model that extracts) and runs
+  `extract_episode` in the background: it ends `ready`, or, in auto-commit, committed and
+  `idle`, or `failed`; never extracting with nobody working on it.
+- `start_background` extracts and commits finished trajectories of an auto-commit session while
+  it keeps collecting (its steps are `claimed` meanwhile, so a close does not take them twice).
+- `commit_steps` applies a changeset together with the session's side of it, deduplicating
+  intents by `intent_policy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import anyio
+
+from mnemo.episode.annotation import embed
+from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.errors import EmbeddingError, LLMError, StorageError
+from mnemo.extraction.memo import TaskMemo
+from mnemo.extraction.pipeline import Source, extract
+from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
+from mnemo.graph.model import Changeset, CommitReceipt, Vector
+from mnemo.graph.ports import IntentPolicy, StepsCommitted
+from mnemo.ports import LLM, ask, model_name
+from mnemo.session import operations, transitions
+from mnemo.session.machine import State
+from mnemo.session.queue import Op
+from mnemo.session.records import Runtime, SessionRecord
+from mnemo.session.registry import Sessions
+
+log = logging.getLogger("mnemo")
+
+S = State
+
+
+async def start(live: Sessions, session: SessionRecord, event: str, op: Op | None) -> None:
+    """Moves the session to `extracting` (recording the model that will extract) and
+    starts the extraction."""
+    model = model_name(session.runtime.llm)
+
+    async def persist() -> None:
+        await live.store.set_state(session.id, S.EXTRACTING, model=model)
+        session.extraction_model = model
+
+    await transitions.move(live, session, event, persist, op=op)
+    live.spawn(session, extract_episode, live, session)
+
+
+def extractable(session: SessionRecord, step: StepRecord) -> bool:
+    return step.committed_in is None and step.id not in session.claimed
+
+
+def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
+    return Source(
+        node_id=f"source_{episode.id}",
+        text=episode.goal,
+        data={"session_id": session.id, "episode_id": episode.id, "goal": episode.goal},
+    )
+
+
+async def _extract_steps(
+    live: Sessions, session: SessionRecord, episode: EpisodeRecord, steps: list[StepRecord]
+) -> Changeset:
+    runtime = session.runtime
+    runtime.check_dim(session.repo)
+    if session.memo is None or session.memo.episode_id != episode.id:
+        # What an earlier extraction of this episode kept (here, or in a Memory before a
+        # restart) is asked no more.
+        session.memo = TaskMemo(episode.id, await live.store.kept_results(episode.id))
+    return await extract(
+        episode,
+        steps,
+        repo=session.repo,
+        source=_source(session, episode),
+        llm=live.llm_for(runtime, session.repo, session.id),
+        embedder=runtime.embedder,
+        time_limit=runtime.config.extraction_timeout,
+        score_last_step=bool(steps) and steps[-1].reward is None,
+        memo=session.memo,
+    )
+
+
+async def extract_episode(live: Sessions, session: SessionRecord) -> None:
+    """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
+
+    Whatever fails on the way, storing the result included, ends in `failed`: the session
+    never stays extracting with nobody working on it."""
+    episode = session.episode
+    try:
+        while session.background:
+            await session.changed.wait()
+        steps = [s for s in episode.steps if extractable(session, s)] if episode else []
+        if episode is None:
+            changeset = Changeset(f"changeset_{uuid.uuid4().hex}", session.repo)
+        else:
+            changeset = await _extract_steps(live, session, episode, steps)
+        if session.config.auto_commit:
+            await _auto_commit_close(live, session, changeset, steps)
+            return
+
+        async def persist() -> None:
+            await live.store.save_extraction(session.id, changeset, steps[-1:])
+            session.changeset = changeset
+
+        if await transitions.move(live, session, "extraction_succeeded", persist):
+            operations.kick(live, session)
+    except Exception as exc:
+        log.warning("%s: extraction failed: %r", session.id, exc)
+        session.failure = exc
+        await _store_kept(live, session)
+        await _extraction_failed(live, session)
+
+
+async def _store_kept(live: Sessions, session: SessionRecord) -> None:
+    """Stores what a failed extraction kept, so that a retry after a restart (or by the
+    Memory taking the work over) asks only what failed. Best effort: if the store refuses,
+    the results stay kept here."""
+    memo = session.memo
+    if memo is None:
+        return
+    for kept in memo.unsaved():
+        try:
+            await live.store.keep_result(memo.episode_id, kept)
+        except StorageError as exc:
+            log.warning("%s: could not store a kept %s result: %r", session.id, kept.task, exc)
+            return
+
+
+async def _extraction_failed(live: Sessions, session: SessionRecord) -> None:
+    """Moves an extracting session to `failed` and fails what was queued behind it."""
+    try:
+        moved = await transitions.move(
+            live, session, "extraction_failed",
+            lambda: live.store.set_state(session.id, S.FAILED),
+        )
+    except StorageError as exc:
+        # The store refuses even the failure: the session fails here all the same, so no
+        # caller waits on it; the store still says extracting, so a reopened store (or a
+        # `commit` here, which retries) extracts again.
+        log.warning("%s: could not store the failed state: %r", session.id, exc)
+        moved = await transitions.move(live, session, "extraction_failed")
+    if moved:
+        await operations.fail_pending(session, "extraction_failed")
+
+
+async def _auto_commit_close(
+    live: Sessions, session: SessionRecord, changeset: Changeset, steps: list[StepRecord]
+) -> None:
+    receipts: list[CommitReceipt] = []
+
+    async def persist() -> None:
+        receipts.append(await commit_steps(live, session, changeset, steps, S.IDLE))
+        session.last_receipt = receipts[0]
+        session.episode = None
+
+    moved = await transitions.move(
+        live, session, "auto_committed", persist,
+        data=lambda: {"node_ids": receipts[0].node_ids},
+    )
+    if moved:
+        await live.events.emit(
+            "changeset_applied", session_id=session.id, repo=session.repo,
+            node_ids=receipts[0].node_ids, changeset_id=changeset.id,
+        )
+        operations.kick(live, session)
+
+
+async def commit_steps(
+    live: Sessions,
+    session: SessionRecord,
+    changeset: Changeset,
+    steps: list[StepRecord],
+    state: State | None,
+) -> CommitReceipt:
+    """Applies `changeset` with the session's side (steps committed, and `state` unless
+    None) in the same transaction, then marks the steps committed in memory."""
+    episode_id = session.episode.id if session.episode else None
+    side = StepsCommitted(
+        session.id,
+        episode_id,
+        changeset.id,
+        tuple((s.id, s.reward) for s in steps),
+        None if state is None else state.value,
+    )
+    runtime = session.runtime
+    policy = intent_policy(runtime, live.llm_for(runtime, session.repo, session.id))
+    receipt = await live.graph.apply(changeset, intents=policy, also=[side])
+    for step in steps:
+        step.committed_in = changeset.id
+    return receipt
+
+
+def start_background(live: Sessions, session: SessionRecord, steps: list[StepRecord]) -> None:
+    """Extracts and commits `steps` while the session keeps collecting."""
+    session.claimed.update(s.id for s in steps)
+    session.background += 1
+    live.spawn(session, _background_commit, live, session, steps)
+
+
+async def _background_commit(
+    live: Sessions, session: SessionRecord, steps: list[StepRecord]
+) -> None:
+    """Auto-commit of finished steps while the session keeps collecting."""
+    episode = session.episode
+    try:
+        assert episode is not None
+        changeset = await _extract_steps(live, session, episode, steps)
+        receipt = await commit_steps(live, session, changeset, steps, None)
+    except Exception as exc:
+        log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
+        await _store_kept(live, session)
+        session.claimed.difference_update(s.id for s in steps)
+        session.background -= 1
+        session.flush_after = anyio.current_time()  # the next flush waits a full timeout
+        live.timer_wake.set()
+        session.notify()
+        await operations.fail_pending(session, "extraction_failed")
+        return
+    session.claimed.difference_update(s.id for s in steps)
+    session.background -= 1
+    session.notify()
+    trajectories = sorted({s.trajectory_id for s in steps})
+    await live.events.emit(
+        "changeset_applied", session_id=session.id, repo=session.repo,
+        node_ids=receipt.node_ids, changeset_id=receipt.changeset_id,
+    )
+    await live.events.emit(
+        "trajectory_committed", session_id=session.id, repo=session.repo,
+        node_ids=receipt.node_ids, trajectory_ids=trajectories,
+        step_indices=[s.index for s in steps],
+    )
+    operations.kick(live, session)
+
+
+def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
+    """How commits made with `runtime` deduplicate intents (merging through `llm`)."""
+
+    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
+        try:
+            with anyio.fail_after(runtime.config.extraction_timeout):
+                text = await ask(
+                    llm,
+                    merge_intent_request(existing=existing, new=new),
+                    parse_merged_intent,
+                )
+                vector = (await embed(runtime.embedder, [text]))[0]
+        except (LLMError, EmbeddingError, TimeoutError) as exc:
+            log.warning("intent merge failed, keeping %r: %r", existing, exc)
+            return None
+        return text, vector
+
+    return IntentPolicy(
+        identity_threshold=runtime.config.intent_identity_threshold,
+        merge_threshold=runtime.config.intent_merge_threshold,
+        merge=merge,
+    )

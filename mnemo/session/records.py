@@ -1,0 +1,147 @@
+"""The values the session service works with: a live session's record (`SessionRecord`), the
+`Runtime` it runs with, and what callers read of a session (`SessionContext`, `SessionInfo`).
+
+A `SessionRecord` is the in-memory side of one live session: its machine model, the episode it
+collects, its operation queue and its background work. Busy, for the async queue, means:
+extracting, an auto-commit extraction in flight, or an accepted operation still running
+(API.md, "The async operation queue").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from mnemo.config import Config
+from mnemo.episode.model import EpisodeRecord
+from mnemo.errors import EmbeddingError
+from mnemo.extraction.memo import TaskMemo
+from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.inputs import check_json, check_text
+from mnemo.ports import LLM, Embedder
+from mnemo.session.machine import SessionModel, State
+from mnemo.session.queue import Op, Turnstile
+
+S = State
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """A live session's goal and its last steps, each "obs -> act"."""
+
+    goal: str
+    recent_steps: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """A live session as `Memory.list_sessions` reports it: `goal` is the open episode's (None
+    when idle) and `steps` counts that episode's steps."""
+
+    id: str
+    repo: str
+    state: State
+    goal: str | None
+    steps: int
+
+
+@dataclass(slots=True)
+class Runtime:
+    """The llm, embedder and config a repo (or one session) works with, and the dimension of
+    the repo's vectors (0 while the repo has none recorded)."""
+
+    llm: LLM
+    embedder: Embedder
+    config: Config
+    dim: int = 0
+
+    def check_dim(self, repo: str) -> None:
+        """Raises EmbeddingError when the embedder's vectors would not fit the repo's."""
+        if self.dim and self.embedder.dim != self.dim:
+            raise EmbeddingError(
+                f"repo {repo!r} holds vectors of dimension {self.dim}, but the embedder "
+                f"{getattr(self.embedder, 'name', type(self.embedder).__name__)} makes "
+                f"dimension {self.embedder.dim}; open the repo with an embedder of its "
+                "dimension"
+            )
+
+
+@dataclass(eq=False, slots=True)
+class SessionRecord:
+    """One live session of this Memory: what the store holds of it, plus its lock, queue and
+    background work, which only this process knows."""
+
+    id: str
+    repo: str
+    model: SessionModel
+    repo_runtime: Runtime
+    override: Runtime | None
+    config: Config
+    episode: EpisodeRecord | None = None
+    changeset: Changeset | None = None
+    last_receipt: CommitReceipt | None = None
+    failure: BaseException | None = None
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    turnstile: Turnstile = field(default_factory=Turnstile)
+    appends_in_flight: int = 0
+    pending: deque[Op] = field(default_factory=deque)
+    running: Op | None = None
+    background: int = 0
+    claimed: set[str] = field(default_factory=set)
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    scopes: set[anyio.CancelScope] = field(default_factory=set)
+    needs_extraction: bool = False
+    # The model the session's extraction started with (`ports.model_name`); None: unknown.
+    extraction_model: str | None = None
+    last_activity: float = 0.0
+    flush_after: float = 0.0
+    ended: bool = False
+    # The open episode's validated extraction results, so a retry re-asks only what failed
+    # (issue 13, item 5), stored with the episode too.
+    memo: TaskMemo | None = None
+
+    @property
+    def state(self) -> State:
+        return self.model.state
+
+    @property
+    def runtime(self) -> Runtime:
+        """The session's llm and embedder: its own overrides, else its repo's (read late, so a
+        restored session picks up what `open_repo` gives its repo)."""
+        base = self.repo_runtime
+        if self.override is None:
+            return Runtime(base.llm, base.embedder, self.config, base.dim)
+        return Runtime(self.override.llm, self.override.embedder, self.config, base.dim)
+
+    @property
+    def busy(self) -> bool:
+        return (
+            self.state is S.EXTRACTING
+            or self.background > 0
+            or self.running is not None
+            or bool(self.pending)
+        )
+
+    def notify(self) -> None:
+        """Wakes whoever waits for this session to change."""
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+def current_state(session: SessionRecord) -> State:
+    """The session's state now: a call that awaits may have moved it, which mypy's narrowing
+    of `session.state` cannot know."""
+    return session.state
+
+
+def check_step(
+    config: Config, observation: object, action: object, metadata: dict[str, Any] | None
+) -> None:
+    """Raises InvalidInputError for a step past `config.max_text_chars` (metadata: as JSON)."""
+    check_text(observation, "observation", limit=config.max_text_chars, blank_ok=True)
+    check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
+    if metadata is not None:
+        check_json(metadata, "metadata", limit=config.max_text_chars)

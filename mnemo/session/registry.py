@@ -1,0 +1,94 @@
+"""`Sessions`: the state the session modules share: the live sessions of one Memory, the ports
+they work through, and the task group their background work runs in.
+
+`transitions`, `operations`, `extracting` and `timers` are functions over one `Sessions`;
+`SessionService` owns it and wires the public calls to them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mnemo.config import Config
+from mnemo.errors import NotFoundError
+from mnemo.events import Events
+from mnemo.graph.ports import GraphStore
+from mnemo.ports import LLM
+from mnemo.session.machine import Machines, SessionModel, State
+from mnemo.session.ports import SessionStore
+from mnemo.session.records import Runtime, SessionRecord
+
+log = logging.getLogger("mnemo")
+
+
+class Sessions:
+    """Every live session of one Memory, with the store, graph, events and LLMs they use."""
+
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        graph: GraphStore,
+        events: Events,
+        repo_runtime: Callable[[str], Runtime],
+        llm_for: Callable[[Runtime, str, str | None], LLM],
+    ) -> None:
+        self.store = store
+        self.graph = graph
+        self.events = events
+        self.repo_runtime = repo_runtime
+        self.llm_for = llm_for
+        self.machines = Machines()
+        self.by_id: dict[str, SessionRecord] = {}
+        self.tg: TaskGroup | None = None
+        self.timer_wake = anyio.Event()
+        self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
+
+    def add(
+        self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
+    ) -> SessionRecord:
+        model = SessionModel(session_id)
+        self.machines.add(model, state)
+        session = SessionRecord(session_id, repo, model, self.repo_runtime(repo), override, config)
+        self.by_id[session_id] = session
+        return session
+
+    def get(self, session_id: str) -> SessionRecord:
+        session = self.by_id.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise NotFoundError("session", str(session_id))
+        return session
+
+    def touch(self, session: SessionRecord) -> None:
+        """Records activity; an auto-commit session may now have an earlier deadline (a first
+        uncommitted step starts its flush clock), so the timers look again. Other sessions have
+        no timers: waking for them cost every append a scan of every session."""
+        session.last_activity = anyio.current_time()
+        if session.config.auto_commit:
+            self.timed.add(session.id)
+            self.timer_wake.set()
+
+    def spawn(
+        self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any
+    ) -> None:
+        """Starts `fn(*args)` in the service's group, cancellable by `end_session`."""
+        assert self.tg is not None, "the Memory is not open"
+
+        async def owned() -> None:
+            with anyio.CancelScope() as scope:
+                session.scopes.add(scope)
+                try:
+                    await fn(*args)
+                except Exception:
+                    # A bug in one session's work must not take every session down with the
+                    # task group: it is logged, and the session stays in its persisted state.
+                    log.exception("%s: background work crashed", session.id)
+                finally:
+                    session.scopes.discard(scope)
+
+        self.tg.start_soon(owned)

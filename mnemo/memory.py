@@ -85,6 +85,7 @@ class Memory:
         self._graph = self._backend.graph
         self._service = SessionService(
             store=self._sessions_store,
+            coordination=self._backend.coordination,
             graph=self._graph,
             events=self._events,
             repo_runtime=repos.get,
@@ -291,11 +292,11 @@ class Memory:
         self._service.submit(session_id, "append", (observation, action), callback)
 
     async def session_state(self, session_id: str) -> State:
-        return self._service.state_of(session_id)
+        return await self._service.state_of(session_id)
 
     async def session_context(self, session_id: str) -> SessionContext | None:
         """The goal and last 5 steps ("obs -> act") of a live episode; None when idle."""
-        return self._service.context(session_id)
+        return await self._service.context(session_id)
 
     async def end_session(self, session_id: str) -> None:
         """Stops the session; its id is then unknown."""
@@ -315,7 +316,7 @@ class Memory:
     async def list_sessions(self) -> list[SessionInfo]:
         """Every live session (not ended, restored ones included), oldest first: id, repo,
         state, the open episode's goal and its number of steps."""
-        return self._service.list_sessions()
+        return await self._service.list_sessions()
 
     # ---- the graph ------------------------------------------------------------------------
 
@@ -488,7 +489,7 @@ class Memory:
         limit = self._repos.max_chars(repo)
         check_text(query, "query", limit=limit, stored=False)
         try:
-            context = self._service.context(session_id, steps=3)
+            context = await self._service.context(session_id, steps=3)
         except NotFoundError:
             context = None
         if context is not None:

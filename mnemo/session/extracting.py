@@ -41,9 +41,12 @@ async def start(live: Sessions, session: SessionRecord, event: str, op: Op | Non
     starts the extraction."""
     model = model_name(session.runtime.llm)
 
-    async def persist() -> None:
-        await live.store.set_state(session.id, S.EXTRACTING, model=model)
+    async def persist() -> int:
+        version = await live.store.set_state(
+            session.id, S.EXTRACTING, model=model, version=session.version
+        )
         session.extraction_model = model
+        return version
 
     await transitions.move(live, session, event, persist, op=op)
     live.spawn(session, extract_episode, live, session)
@@ -101,9 +104,12 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
             await _auto_commit_close(live, session, changeset, steps)
             return
 
-        async def persist() -> None:
-            await live.store.save_extraction(session.id, changeset, steps[-1:])
+        async def persist() -> int:
+            version = await live.store.save_extraction(
+                session.id, changeset, steps[-1:], version=session.version
+            )
             session.changeset = changeset
+            return version
 
         if await transitions.move(live, session, "extraction_succeeded", persist):
             operations.kick(live, session)
@@ -134,7 +140,7 @@ async def _extraction_failed(live: Sessions, session: SessionRecord) -> None:
     try:
         moved = await transitions.move(
             live, session, "extraction_failed",
-            lambda: live.store.set_state(session.id, S.FAILED),
+            lambda: live.store.set_state(session.id, S.FAILED, version=session.version),
         )
     except StorageError as exc:
         # The store refuses even the failure: the session fails here all the same, so no
@@ -184,10 +190,14 @@ async def commit_steps(
         changeset.id,
         tuple((s.id, s.reward) for s in steps),
         None if state is None else state.value,
+        # A commit that moves the session checks that no other Memory moved it first.
+        None if state is None else session.version,
     )
     runtime = session.runtime
     policy = intent_policy(runtime, live.llm_for(runtime, session.repo, session.id))
     receipt = await live.graph.apply(changeset, intents=policy, also=[side])
+    if state is not None:
+        session.version += 1
     for step in steps:
         step.committed_in = changeset.id
     return receipt

@@ -136,6 +136,11 @@ class Machines:
     def add(self, model: SessionModel, state: State) -> None:
         self._machine.add_model(model, initial=state)
 
+    def force(self, model: SessionModel, state: State) -> None:
+        """Puts the model in `state` without an event: the store says another Memory moved
+        the session there."""
+        self._machine.set_state(state, model=model)
+
     def remove(self, model: SessionModel) -> None:
         self._machine.remove_model(model)
 

@@ -46,6 +46,7 @@ class LiveSession:
     created_at: str = ""
     extra: dict[str, str] = field(default_factory=dict)
     model: str | None = None
+    version: int = 0
 
 
 class SessionStore(Protocol):
@@ -94,6 +95,9 @@ class SessionStore(Protocol):
     ) -> int: ...
     async def end(self, session_id: str) -> None: ...
     async def load_live(self) -> list[LiveSession]: ...
+    async def load_one(self, session_id: str) -> LiveSession | None:
+        """One live session as `load_live` brings it back (None: unknown or ended)."""
+        ...
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         """Stores a task's validated reply with its open episode (kept until it is committed
         or discarded)."""

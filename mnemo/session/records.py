@@ -99,6 +99,9 @@ class SessionRecord:
     last_activity: float = 0.0
     flush_after: float = 0.0
     ended: bool = False
+    # The session row's version this record reflects: every write carries it, and one that
+    # finds another (a Memory elsewhere moved the session) writes nothing (issue 11).
+    version: int = 0
     # The open episode's validated extraction results, so a retry re-asks only what failed
     # (issue 13, item 5), stored with the episode too.
     memo: TaskMemo | None = None

@@ -20,7 +20,7 @@ from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLM
 from mnemo.session.machine import Machines, SessionModel, State
-from mnemo.session.ports import SessionStore
+from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.records import Runtime, SessionRecord
 
 log = logging.getLogger("mnemo")
@@ -33,12 +33,14 @@ class Sessions:
         self,
         *,
         store: SessionStore,
+        coordination: Coordination,
         graph: GraphStore,
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
     ) -> None:
         self.store = store
+        self.coordination = coordination
         self.graph = graph
         self.events = events
         self.repo_runtime = repo_runtime
@@ -63,6 +65,74 @@ class Sessions:
         if session is None:
             raise NotFoundError("session", str(session_id))
         return session
+
+    async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
+        """The session's record, read from the store when this Memory does not know it yet
+        (another Memory started it), and, when `fresh`, read again if the store's version is
+        another (another Memory moved it). Reads only: loading starts no work.
+
+        Raises:
+            NotFoundError: no live session has this id.
+        """
+        session = self.by_id.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            if not isinstance(session_id, str):
+                raise NotFoundError("session", str(session_id))
+            row = await self.store.load_one(session_id)
+            if row is None:
+                raise NotFoundError("session", session_id)
+            session = self.by_id.get(session_id)  # loaded meanwhile by another call
+            if session is None:
+                session = self.adopt(row)
+            return session
+        if fresh:
+            lease = await self.coordination.lease(session_id)
+            if lease is None or lease.ended or lease.version != session.version:
+                await self.reload(session)
+        return session
+
+    def adopt(self, row: LiveSession) -> SessionRecord:
+        """A record for a session the store holds (restored, or started elsewhere)."""
+        session = self.add(row.id, row.repo, row.state, row.config, None)
+        session.episode = row.episode
+        session.changeset = row.changeset
+        session.extraction_model = row.model
+        session.version = row.version
+        self.touch(session)
+        return session
+
+    async def reload(self, session: SessionRecord) -> None:
+        """Reads the session again from the store, which another Memory changed.
+
+        Raises:
+            NotFoundError: it ended meanwhile (its record goes too).
+        """
+        row = await self.store.load_one(session.id)
+        if row is None:
+            self.drop(session)
+            raise NotFoundError("session", session.id)
+        if row.version == session.version:
+            return
+        before = session.state
+        if row.state is not before:
+            self.machines.force(session.model, row.state)
+        session.episode = row.episode
+        session.changeset = row.changeset
+        session.extraction_model = row.model
+        session.version = row.version
+        if row.state is not before:
+            session.notify()
+
+    def drop(self, session: SessionRecord) -> None:
+        """Forgets an ended session (its background work is cancelled)."""
+        if session.ended:
+            return
+        session.ended = True
+        self.by_id.pop(session.id, None)
+        self.machines.remove(session.model)
+        for scope in list(session.scopes):
+            scope.cancel()
+        session.notify()
 
     def touch(self, session: SessionRecord) -> None:
         """Records activity; an auto-commit session may now have an earlier deadline (a first

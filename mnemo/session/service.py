@@ -34,7 +34,7 @@ from mnemo.inputs import check_text
 from mnemo.ports import LLM, model_name
 from mnemo.session import extracting, operations, timers, transitions
 from mnemo.session.machine import State
-from mnemo.session.ports import LiveSession, SessionStore
+from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.queue import Callback
 from mnemo.session.records import (
     Runtime,
@@ -60,13 +60,15 @@ class SessionService:
         self,
         *,
         store: SessionStore,
+        coordination: Coordination,
         graph: GraphStore,
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
     ) -> None:
         self._live = Sessions(
-            store=store, graph=graph, events=events, repo_runtime=repo_runtime, llm_for=llm_for
+            store=store, coordination=coordination, graph=graph, events=events,
+            repo_runtime=repo_runtime, llm_for=llm_for,
         )
 
     # ---- life of the service -------------------------------------------------------------
@@ -91,12 +93,8 @@ class SessionService:
         if its repo's model here is the one the extraction started with, else when `open_repo`
         gives the repo that model (API.md: work is resumed only by a matching model)."""
         for row in live:
-            session = self._live.add(row.id, row.repo, row.state, row.config, None)
-            session.episode = row.episode
-            session.changeset = row.changeset
+            session = self._live.adopt(row)
             session.needs_extraction = row.state is S.EXTRACTING
-            session.extraction_model = row.model
-            self._live.touch(session)
             self._resume(session)
 
     def resume_repo(self, repo: str) -> None:
@@ -137,19 +135,22 @@ class SessionService:
         )
         return session_id
 
-    def state_of(self, session_id: str) -> State:
-        return self._live.get(session_id).state
+    async def state_of(self, session_id: str) -> State:
+        """The session's state as the store holds it now. Reads only."""
+        return (await self._live.fetch(session_id, fresh=True)).state
 
-    def context(self, session_id: str, steps: int = 5) -> SessionContext | None:
-        session = self._live.get(session_id)
+    async def context(self, session_id: str, steps: int = 5) -> SessionContext | None:
+        """Reads only."""
+        session = await self._live.fetch(session_id, fresh=True)
         if session.state is S.IDLE or session.episode is None:
             return None
         recent = [step.line for step in session.episode.steps[-steps:]] if steps else []
         return SessionContext(session.episode.goal, recent)
 
-    def list_sessions(self) -> list[SessionInfo]:
-        """Every live session, oldest first. Reads only: it never resumes a
-        restored session's extraction, so looking does not start work."""
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every live session in the store (started through any Memory), oldest first.
+        Reads only: it never resumes a restored session's extraction, so looking does not
+        start work."""
         return [
             SessionInfo(
                 s.id,
@@ -158,13 +159,13 @@ class SessionService:
                 s.episode.goal if s.episode is not None and s.state is not S.IDLE else None,
                 len(s.episode.steps) if s.episode is not None and s.state is not S.IDLE else 0,
             )
-            for s in self._live.by_id.values()
+            for s in await self._live.store.load_live()
         ]
 
     async def end_session(self, session_id: str) -> None:
         """Stops the session: its background work is cancelled, queued operations get
         "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id)
         # Stored first: if the store refuses, nothing has changed and the session goes on.
         await self._live.store.end(session_id)
         if session.ended:  # ended by another call while this one waited for the store
@@ -180,7 +181,7 @@ class SessionService:
     # ---- the sync calls ----------------------------------------------------------------------
 
     async def start_episode(self, session_id: str, goal: str) -> None:
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id)
         check_text(goal, "goal", limit=session.config.max_text_chars)
         transitions.refuse_unless(session, "start_episode")
         await transitions.start_episode(self._live, session, goal)
@@ -190,7 +191,7 @@ class SessionService:
     ) -> StepInfo:
         if metadata is not None and not isinstance(metadata, dict):
             raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id)
         check_step(session.config, observation, action, metadata)
         transitions.refuse_unless(session, "append")
         session.appends_in_flight += 1
@@ -203,17 +204,17 @@ class SessionService:
             session.appends_in_flight -= 1
 
     async def close(self, session_id: str) -> None:
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id, fresh=True)
         transitions.refuse_close(session)
         await transitions.close(self._live, session)
 
     async def commit(self, session_id: str) -> CommitReceipt | None:
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id, fresh=True)
         transitions.refuse_unless(session, "commit")
         return await transitions.commit(self._live, session)
 
     async def discard(self, session_id: str) -> None:
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id, fresh=True)
         transitions.refuse_unless(session, "discard")
         await transitions.discard(self._live, session)
 
@@ -230,7 +231,7 @@ class SessionService:
             PipelineError: "extraction_failed" after `max_retries` failed retries, or
                 "extraction_timeout" when an extraction outlasts the wait.
         """
-        session = self._live.get(session_id)
+        session = await self._live.fetch(session_id, fresh=True)
         if session.state in (S.COLLECTING, S.IDLE):
             transitions.refuse_close(session)
             await transitions.close(self._live, session)

@@ -9,6 +9,7 @@ in. A close hands the episode to `extracting`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -18,10 +19,11 @@ import anyio
 
 from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepInfo, StepRecord
-from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, SessionError
+from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, SessionError, StorageError
 from mnemo.graph.model import CommitReceipt
 from mnemo.session import extracting
 from mnemo.session.machine import Machines, Refuse, Stale, State, answer
+from mnemo.session.ports import StaleSession
 from mnemo.session.queue import Op
 from mnemo.session.records import SessionRecord
 from mnemo.session.registry import Sessions
@@ -57,21 +59,39 @@ async def move(
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
 
+    `persist` writes with the version the record holds and returns the new one; when another
+    Memory moved the session first (`StaleSession`), the record is read again and the table
+    asked again about the session as it now is.
+
     Raises:
         SessionError: the table refuses `event` in the current state.
+        NotFoundError: the session ended (here or through another Memory).
     """
     async with session.lock:
-        if session.ended:
-            return False
-        before = session.state
-        verdict = answer(before, event)
-        if isinstance(verdict, Refuse):
-            raise SessionError(verdict.reason, state=before, session_id=session.id)
-        if isinstance(verdict, Stale):
-            log.info("%s: stale %s in state %s dropped", session.id, event, before)
-            return False
-        if persist is not None:
-            await persist()
+        for attempt in range(_ATTEMPTS):
+            if session.ended:
+                return False
+            before = session.state
+            verdict = answer(before, event)
+            if isinstance(verdict, Refuse):
+                raise SessionError(verdict.reason, state=before, session_id=session.id)
+            if isinstance(verdict, Stale):
+                log.info("%s: stale %s in state %s dropped", session.id, event, before)
+                return False
+            if persist is None:
+                break
+            try:
+                written = await persist()
+            except StaleSession as exc:
+                if attempt == _ATTEMPTS - 1:
+                    raise StorageError(
+                        "busy", f"{session.id}: other Memory objects keep moving it"
+                    ) from exc
+                await live.reload(session)
+                continue
+            if isinstance(written, int):
+                session.version = written
+            break
         after = Machines.fire(session.model, event)
         if op is not None:
             op.applied = True
@@ -84,15 +104,21 @@ async def move(
     return True
 
 
+# A write that finds the session moved reads it again and asks the table again; a session
+# another Memory keeps moving under this one is a conflict after this many tries.
+_ATTEMPTS = 3
+
+
 async def start_episode(
     live: Sessions, session: SessionRecord, goal: str, op: Op | None = None
 ) -> None:
     episode = EpisodeRecord(f"episode_{uuid.uuid4().hex}", goal)
 
-    async def persist() -> None:
-        await live.store.start_episode(session.id, episode)
+    async def persist() -> int:
+        version = await live.store.start_episode(session.id, episode, version=session.version)
         session.episode = episode
         session.last_receipt = None
+        return version
 
     await move(live, session, "start_episode", persist, op=op)
     live.touch(session)
@@ -121,7 +147,40 @@ async def _annotate_and_store(
     action: str,
     metadata: dict[str, Any] | None,
 ) -> StepInfo:
-    refuse_unless(session, "append")
+    while True:
+        refuse_unless(session, "append")
+        stored = await _try_append(live, session, observation, action, metadata)
+        if stored is not None:
+            break
+        # Another Memory moved the session (appended, or closed it): read it again, and
+        # annotate against the episode as it now is, or be refused. Each round one of the
+        # racing appends lands; each try is bounded by the append timeout.
+        await live.reload(session)
+    step, trajectory, boundary = stored
+    episode = session.episode
+    assert episode is not None
+    live.touch(session)
+    info = StepInfo(step.index, trajectory, boundary)
+    await live.events.emit(
+        "step_appended", session_id=session.id, repo=session.repo, index=step.index,
+        trajectory_id=trajectory, boundary_detected=boundary,
+    )
+    if boundary and session.config.auto_commit:
+        ready = [s for s in episode.steps[:-1] if extracting.extractable(session, s)]
+        if ready:
+            extracting.start_background(live, session, ready)
+    return info
+
+
+async def _try_append(
+    live: Sessions,
+    session: SessionRecord,
+    observation: str,
+    action: str,
+    metadata: dict[str, Any] | None,
+) -> tuple[StepRecord, str, bool] | None:
+    """Annotates and stores the step; None when the session moved in the store meanwhile
+    (nothing written)."""
     episode = session.episode
     assert episode is not None, "a collecting session has an episode"
     runtime = session.runtime
@@ -162,29 +221,24 @@ async def _annotate_and_store(
         subgoal_vec=note.subgoal_vec,
         metadata=metadata,
     )
-    if previous is not None:
-        previous_reward = previous.reward
-        previous.reward = note.previous_reward
     async with session.lock:
         refuse_unless(session, "append")
+        if session.episode is not episode or len(episode.steps) != step.index:
+            return None  # read again meanwhile: annotate against what the store holds
+        scored = None
+        if previous is not None:
+            scored = dataclasses.replace(previous, reward=note.previous_reward)
         try:
-            await live.store.add_step(session.id, episode.id, step, previous)
-        except BaseException:
-            if previous is not None:
-                previous.reward = previous_reward
-            raise
+            version = await live.store.add_step(
+                session.id, episode.id, step, scored, version=session.version
+            )
+        except StaleSession:
+            return None
+        session.version = version
+        if previous is not None:
+            previous.reward = note.previous_reward
         episode.steps.append(step)
-    live.touch(session)
-    info = StepInfo(step.index, trajectory, boundary)
-    await live.events.emit(
-        "step_appended", session_id=session.id, repo=session.repo, index=step.index,
-        trajectory_id=trajectory, boundary_detected=boundary,
-    )
-    if boundary and session.config.auto_commit:
-        ready = [s for s in episode.steps[:-1] if extracting.extractable(session, s)]
-        if ready:
-            extracting.start_background(live, session, ready)
-    return info
+    return step, trajectory, boundary
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
@@ -206,7 +260,13 @@ async def commit(
     steps = [s for s in episode.steps if s.id in wanted] if episode else []
     async with session.lock:
         refuse_unless(session, "commit")
-        receipt = await extracting.commit_steps(live, session, changeset, steps, S.IDLE)
+        try:
+            receipt = await extracting.commit_steps(live, session, changeset, steps, S.IDLE)
+        except StaleSession:
+            # Another Memory moved the session (committed it, say): nothing was written.
+            await live.reload(session)
+            refuse_unless(session, "commit")
+            raise SessionError("conflict", state=session.state, session_id=session.id) from None
         Machines.fire(session.model, "commit")
         if op is not None:
             op.applied = True
@@ -226,12 +286,12 @@ async def commit(
 
 
 async def discard(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
-    episode_id = session.episode.id if session.episode else None
-
-    async def persist() -> None:
-        await live.store.discard(session.id, episode_id)
+    async def persist() -> int:
+        episode_id = session.episode.id if session.episode else None
+        version = await live.store.discard(session.id, episode_id, version=session.version)
         session.changeset = None
         session.episode = None
         session.failure = None
+        return version
 
     await move(live, session, "discard", persist, op=op)

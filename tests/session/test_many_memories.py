@@ -102,12 +102,6 @@ async def rows(mem: mnemo.Memory) -> dict[str, list[tuple[Any, ...]]]:
     return {table: sorted(await sql(mem, f"SELECT * FROM {table}"), key=repr) for table in TABLES}
 
 
-@pytest.mark.xfail(
-    reason="issue 11: a Memory knows only the sessions live when it opened: B and C raise "
-    "NotFoundError for a session A started after",
-    raises=mnemo.NotFoundError,
-    strict=True,
-)
 async def test_a_session_started_in_one_is_known_to_the_others(store: str) -> None:
     """A session started through A is seen and driven through B and C: state, context,
     appends, close and commit, each seen at once through the others."""
@@ -151,12 +145,6 @@ async def test_a_repo_opened_by_one_is_known_to_another(store: str) -> None:
         assert await a.mem.session_state(sid) is State.COLLECTING
 
 
-@pytest.mark.xfail(
-    reason="issue 11: each Memory numbers steps from its own copy of the session: appends "
-    "through A, B and C are given the same indexes",
-    raises=AssertionError,
-    strict=True,
-)
 async def test_appends_through_several_memories_are_serialised(store: str) -> None:
     """Appends racing through A, B and C to one session all land, with unique, contiguous
     indexes, and the stored episode holds every one."""
@@ -192,11 +180,6 @@ async def test_appends_through_several_memories_are_serialised(store: str) -> No
         }
 
 
-@pytest.mark.xfail(
-    reason="issue 11: A's copy of the session stays ready after B commits it: A's second "
-    "commit returns a receipt instead of SessionError('not_ready')",
-    strict=True,
-)
 async def test_a_session_closed_in_one_and_committed_in_another_is_committed_once(
     store: str,
 ) -> None:
@@ -218,11 +201,6 @@ async def test_a_session_closed_in_one_and_committed_in_another_is_committed_onc
         assert set((await node_texts(b.mem)).values()) == {1}
 
 
-@pytest.mark.xfail(
-    reason="issue 11: A keeps collecting a session B closed and committed: A's append "
-    "succeeds and A's close extracts it again, so every fact lands twice",
-    strict=True,
-)
 async def test_a_session_committed_through_another_is_never_committed_again(store: str) -> None:
     """The issue's case: B brings back A's live session and commits it; A's append and close
     are then refused (the session is idle) and no fact is in the repo twice."""

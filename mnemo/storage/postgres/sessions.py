@@ -216,16 +216,25 @@ class PgSessions:
         ]
 
     async def load_live(self) -> list[LiveSession]:
+        # The id breaks a tie of creation times, which SQLite leaves to its scan.
+        return await self._load('NOT s.ended ORDER BY s.created_at, s.id COLLATE "C"', ())
+
+    async def load_one(self, session_id: str) -> LiveSession | None:
+        """The live session as `load_live` would bring it back (None: unknown or ended)."""
+        found = await self._load("NOT s.ended AND s.id = %s", (session_id,))
+        return found[0] if found else None
+
+    async def _load(self, where: str, params: tuple[object, ...]) -> list[LiveSession]:
         async with self._pg.transaction() as conn:
             await conn.execute(_SNAPSHOT)
             cur = await conn.execute(
                 "SELECT s.id, s.repo, s.state, s.config::text, s.created_at, e.id, e.goal,"
-                " e.status, s.model, c.payload::text"
+                " e.status, s.model, c.payload::text, s.version"
                 " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
                 " LEFT JOIN LATERAL (SELECT payload FROM changesets"
                 "   WHERE session_id = s.id LIMIT 1) c ON true"
-                # The id breaks a tie of creation times, which SQLite leaves to its scan.
-                ' WHERE NOT s.ended ORDER BY s.created_at, s.id COLLATE "C"'
+                f" WHERE {where}",
+                params,
             )
             sessions = await cur.fetchall()
             open_ids = [str(row[5]) for row in sessions if row[5] is not None
@@ -233,7 +242,7 @@ class PgSessions:
             steps = await _load_steps(conn, open_ids)
         live: list[LiveSession] = []
         for (sid, repo, state, config, created, episode_id, goal, status, model,
-             payload) in sessions:
+             payload, version) in sessions:
             episode = None
             if episode_id is not None and status == "open":
                 episode = EpisodeRecord(str(episode_id), str(goal),
@@ -243,6 +252,7 @@ class PgSessions:
                     str(sid), str(repo), State(str(state)), Config.from_json(str(config)),
                     episode, None if payload is None else Changeset.from_json(str(payload)),
                     _utc(created).isoformat(), model=_str_or_none(model),
+                    version=_int(version),
                 )
             )
         return live

@@ -218,6 +218,13 @@ class SqliteSessions:
     async def load_live(self) -> list[LiveSession]:
         return await self._database.run(_load_live)
 
+    async def load_one(self, session_id: str) -> LiveSession | None:
+        """The live session as `load_live` would bring it back (None: unknown or ended)."""
+        found = await self._database.run(
+            lambda db: _load_live(db, "s.ended = 0 AND s.id = ?", (session_id,))
+        )
+        return found[0] if found else None
+
     async def episodes(self, session_id: str) -> list[EpisodeLog]:
         """Every episode of the session (ended or not), oldest first, with its steps; [] for
         an unknown session. Reads only."""
@@ -302,14 +309,18 @@ def _save_rewards(db: SqliteUtilsDatabase, steps: Sequence[StepRecord]) -> None:
     )
 
 
-def _load_live(db: SqliteUtilsDatabase) -> list[LiveSession]:
+def _load_live(
+    db: SqliteUtilsDatabase, where: str = "s.ended = 0 ORDER BY s.created_at",
+    params: tuple[object, ...] = (),
+) -> list[LiveSession]:
     live: list[LiveSession] = []
     sessions = db.conn.execute(
-        "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model"
-        " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
-        " WHERE s.ended = 0 ORDER BY s.created_at"
+        "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model,"
+        " s.version FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
+        f" WHERE {where}",
+        params,
     ).fetchall()
-    for sid, repo, state, config, created, episode_id, goal, status, model in sessions:
+    for sid, repo, state, config, created, episode_id, goal, status, model, version in sessions:
         episode = None
         if episode_id is not None and status == "open":
             episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
@@ -321,7 +332,7 @@ def _load_live(db: SqliteUtilsDatabase) -> list[LiveSession]:
             changeset = Changeset.from_json(row[0])
         live.append(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
-                        created, model=model)
+                        created, model=model, version=int(version))
         )
     return live
 

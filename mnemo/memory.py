@@ -90,6 +90,8 @@ class Memory:
             events=self._events,
             repo_runtime=repos.get,
             llm_for=repos.llm_for,
+            learn_repo=self._learn_repos,
+            lease_timeout=self._config.lease_timeout,
         )
         self._reads = GraphReads(self._graph, known=repos.get, max_chars=repos.max_chars)
         self._recalls = RecallService(
@@ -171,8 +173,14 @@ class Memory:
         self._service.resume_repo(name)
 
     async def list_repos(self) -> list[str]:
-        """The names of every repo in the file, oldest first."""
+        """The names of every repo in the store (opened through any Memory), oldest first."""
+        await self._learn_repos()
         return self._repos.names()
+
+    async def _learn_repos(self, wanted: str | None = None) -> None:
+        """Knows the repos another Memory opened since (all, or when `wanted` is unknown)."""
+        if wanted is None or wanted not in self._repos.names():
+            self._repos.load(await self._sessions_store.load_repos())
 
     def _dim(self, name: str) -> int:
         return self._repos.dim(name)
@@ -207,6 +215,7 @@ class Memory:
         """
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
+        await self._learn_repos(repo if isinstance(repo, str) else None)
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
             goal, repo=repo, override=override, config=chosen

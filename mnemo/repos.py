@@ -63,8 +63,11 @@ class Repos:
                     log.exception("closing %r failed", adapter)
 
     def load(self, rows: list[RepoRow]) -> None:
-        """Knows the stored repos, each with the models it recorded (or the Memory's)."""
+        """Knows the stored repos, each with the models it recorded (or the Memory's); a repo
+        already known keeps its runtime (`open_repo` may have given it models)."""
         for row in rows:
+            if row.name in self._runtimes:
+                continue
             llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
             self._runtimes[row.name] = Runtime(llm, embedder, row.config, row.dim)
             self._dims[row.name] = row.dim

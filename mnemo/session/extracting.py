@@ -46,6 +46,13 @@ async def start(live: Sessions, session: SessionRecord, event: str, op: Op | Non
             session.id, S.EXTRACTING, model=model, version=session.version
         )
         session.extraction_model = model
+        if live.holder_id is not None and live.lease_until is not None:
+            # This Memory holds the work: another takes it over only once the lease ends.
+            claimed = await live.coordination.claim(
+                session.id, version=version, holder_id=live.holder_id,
+                lease_until=live.lease_until(),
+            )
+            return version if claimed is None else claimed
         return version
 
     await transitions.move(live, session, event, persist, op=op)

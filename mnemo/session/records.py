@@ -93,7 +93,6 @@ class SessionRecord:
     claimed: set[str] = field(default_factory=set)
     changed: anyio.Event = field(default_factory=anyio.Event)
     scopes: set[anyio.CancelScope] = field(default_factory=set)
-    needs_extraction: bool = False
     # The model the session's extraction started with (`ports.model_name`); None: unknown.
     extraction_model: str | None = None
     last_activity: float = 0.0

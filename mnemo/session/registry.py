@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -38,7 +39,13 @@ class Sessions:
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
+        learn_repo: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
+        self.learn_repo = learn_repo
+        # Who this Memory is as a holder of background work, and until when a claim made now
+        # holds (`leases.Holding` sets both when it starts).
+        self.holder_id: str | None = None
+        self.lease_until: Callable[[], datetime] | None = None
         self.store = store
         self.coordination = coordination
         self.graph = graph
@@ -81,6 +88,8 @@ class Sessions:
             row = await self.store.load_one(session_id)
             if row is None:
                 raise NotFoundError("session", session_id)
+            if self.learn_repo is not None:
+                await self.learn_repo(row.repo)  # opened through another Memory, maybe
             session = self.by_id.get(session_id)  # loaded meanwhile by another call
             if session is None:
                 session = self.adopt(row)

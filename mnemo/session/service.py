@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -31,8 +31,9 @@ from mnemo.extraction.pipeline import failure_reason
 from mnemo.graph.model import CommitReceipt
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from mnemo.inputs import check_text
-from mnemo.ports import LLM, model_name
+from mnemo.ports import LLM
 from mnemo.session import extracting, operations, timers, transitions
+from mnemo.session.leases import Holding
 from mnemo.session.machine import State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.queue import Callback
@@ -40,7 +41,6 @@ from mnemo.session.records import (
     Runtime,
     SessionContext,
     SessionInfo,
-    SessionRecord,
     check_step,
 )
 from mnemo.session.registry import Sessions
@@ -65,11 +65,14 @@ class SessionService:
         events: Events,
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
+        learn_repo: Callable[[str], Awaitable[None]] | None = None,
+        lease_timeout: float = 30.0,
     ) -> None:
         self._live = Sessions(
             store=store, coordination=coordination, graph=graph, events=events,
-            repo_runtime=repo_runtime, llm_for=llm_for,
+            repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
         )
+        self._holding = Holding(self._live, lease_timeout)
 
     # ---- life of the service -------------------------------------------------------------
 
@@ -80,6 +83,7 @@ class SessionService:
             async with anyio.create_task_group() as tg:
                 live.tg = tg
                 tg.start_soon(timers.run, live, self.end_session)
+                await tg.start(self._holding.run)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -89,34 +93,18 @@ class SessionService:
                     await operations.fail_pending(session, "memory_closed")
 
     def restore(self, live: list[LiveSession]) -> None:
-        """Brings back sessions that had not ended. One that was extracting extracts again now
-        if its repo's model here is the one the extraction started with, else when `open_repo`
-        gives the repo that model (API.md: work is resumed only by a matching model)."""
+        """Knows the sessions that had not ended. An extraction among them goes on when it
+        is nobody's any more and this Memory's model for its repo is the one it started with
+        (`leases.Holding`: API.md, work is resumed only by a matching model)."""
         for row in live:
-            session = self._live.adopt(row)
-            session.needs_extraction = row.state is S.EXTRACTING
-            self._resume(session)
+            if row.id not in self._live.by_id:  # the janitor may have taken it already
+                self._live.adopt(row)
+        self._holding.look()
 
     def resume_repo(self, repo: str) -> None:
-        """Restarts the extractions of restored sessions of `repo` that its model may finish."""
-        for session in list(self._live.by_id.values()):
-            if session.repo == repo:
-                self._resume(session)
-
-    def _resume(self, session: SessionRecord) -> None:
-        """Restarts a restored extraction, if this Memory's model for it is the one it started
-        with (issue 9: a read through an offline `mnemo mcp` once finished a real model's
-        extraction with heuristics). Reads never call this."""
-        if not session.needs_extraction or self._live.tg is None:
-            return
-        recorded = session.extraction_model
-        here = model_name(session.runtime.llm)
-        if recorded is not None and recorded != here:
-            log.info("%s: extraction started with %s, not %s: left to a Memory with that model",
-                     session.id, recorded, here)
-            return
-        session.needs_extraction = False
-        self._live.spawn(session, extracting.extract_episode, self._live, session)
+        """A repo was opened (perhaps with the model an interrupted extraction needs): the
+        janitor looks for work again."""
+        self._holding.look()
 
     # ---- sessions --------------------------------------------------------------------------
 

@@ -129,12 +129,6 @@ async def test_a_session_started_in_one_is_known_to_the_others(store: str) -> No
         )
 
 
-@pytest.mark.xfail(
-    reason="issue 11: a Memory knows only the repos there when it opened: B's list_repos is "
-    "empty (so start_session would raise NotFoundError('repo'))",
-    raises=AssertionError,
-    strict=True,
-)
 async def test_a_repo_opened_by_one_is_known_to_another(store: str) -> None:
     """A repo opened through A after B opened is listed by B, and B can start sessions in
     it with the repo's models."""
@@ -223,12 +217,6 @@ async def test_a_session_committed_through_another_is_never_committed_again(stor
         assert set(texts.values()) == {1}
 
 
-@pytest.mark.xfail(
-    reason="issue 11: B resumes the extraction A still holds as soon as it opens the repo: "
-    "B's LLM is asked the semantic task",
-    raises=AssertionError,
-    strict=True,
-)
 async def test_reads_through_another_memory_never_write(store: str) -> None:
     """session_state, session_context, list_sessions, episodes and latest through B, on
     sessions A holds collecting, extracting and ready, leave every row as it was, and B

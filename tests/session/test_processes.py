@@ -21,7 +21,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import pytest
 
 import mnemo
 from mnemo import State
@@ -110,12 +109,6 @@ def config() -> mnemo.Config:
     return mnemo.Config(lease_timeout=LEASE)
 
 
-@pytest.mark.xfail(
-    reason="issue 11: a Memory opened beside a live holder resumes its extraction at once, "
-    "without waiting for the holder's lease to lapse",
-    raises=AssertionError,
-    strict=True,
-)
 async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
     store: str, tmp_path: Path
 ) -> None:
@@ -169,12 +162,6 @@ def journal(path: Path) -> list[dict[str, Any]]:
 WORKERS, OPS, KILLS = 3, 30, 4
 
 
-@pytest.mark.xfail(
-    reason="issue 11: workers act on their own copies of shared sessions: appends through two "
-    "of them get the same index and accepted steps are lost",
-    raises=AssertionError,
-    strict=True,
-)
 async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
     store: str, tmp_path: Path
 ) -> None:

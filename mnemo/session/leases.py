@@ -1,0 +1,137 @@
+"""Who does a session's background work when several `Memory` objects share a store.
+
+Each open Memory is a holder (`Coordination.register`), alive while its heartbeat renews
+`seen_at` and the leases it holds, every third of `Config.lease_timeout`. A Memory that starts
+an extraction claims the session with a compare-and-set on its version, so that exactly one
+holds it. A janitor in every Memory looks for extractions nobody holds any more (a lease that
+ended, a holder not seen for a lease, one that closed, or, on this host, one whose process is
+gone) and takes one over by the same compare-and-set, if its model for the repo is the one
+the work started with. It looks when the Memory opens, when a repo is opened, and twice a
+lease; a Memory closing retires, and its leases end at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import anyio
+
+from mnemo.errors import MnemoError, NotFoundError
+from mnemo.ports import model_name
+from mnemo.session import extracting
+from mnemo.session.machine import State
+from mnemo.session.ports import HolderInfo
+from mnemo.session.records import SessionRecord
+from mnemo.session.registry import Sessions
+
+log = logging.getLogger("mnemo")
+
+HOST = socket.gethostname()
+
+
+class Holding:
+    """This Memory as a holder of background work: its heartbeat and its janitor."""
+
+    def __init__(self, live: Sessions, lease_timeout: float) -> None:
+        self.id = f"holder_{uuid.uuid4().hex}"
+        self._live = live
+        self._lease = timedelta(seconds=lease_timeout)
+        self._look = anyio.Event()
+        live.holder_id, live.lease_until = self.id, self.lease_until
+
+    def lease_until(self) -> datetime:
+        return datetime.now(UTC) + self._lease
+
+    async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Registers, then beats and looks for work to take over until cancelled; retires
+        when cancelled (its leases end, so another Memory may go on at once)."""
+        now = datetime.now(UTC)
+        co = self._live.coordination
+        await co.register(HolderInfo(self.id, HOST, os.getpid(), now, now))
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._beat)
+                tg.start_soon(self._janitor)
+                task_status.started()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                try:
+                    await co.retire(self.id, datetime.now(UTC))
+                except MnemoError as exc:
+                    log.warning("could not retire %s: %r", self.id, exc)
+
+    def look(self) -> None:
+        """Asks the janitor to look for work now (a repo was opened)."""
+        self._look.set()
+
+    async def claim(self, session: SessionRecord) -> bool:
+        """Holds the session's work (compare-and-set on the version the record holds)."""
+        version = await self._live.coordination.claim(
+            session.id, version=session.version, holder_id=self.id,
+            lease_until=self.lease_until(),
+        )
+        if version is None:
+            return False
+        session.version = version
+        return True
+
+    async def _beat(self) -> None:
+        period = self._lease.total_seconds() / 3
+        while True:
+            try:
+                await self._live.coordination.beat(self.id, datetime.now(UTC),
+                                                   self.lease_until())
+            except MnemoError as exc:
+                log.warning("%s: heartbeat failed: %r", self.id, exc)
+            await anyio.sleep(period)
+
+    async def _janitor(self) -> None:
+        period = self._lease.total_seconds() / 2
+        while True:
+            self._look = anyio.Event()
+            try:
+                await self._take_over()
+            except MnemoError as exc:
+                log.warning("%s: looking for work failed: %r", self.id, exc)
+            with anyio.move_on_after(period):
+                await self._look.wait()
+
+    async def _take_over(self) -> None:
+        co, live = self._live.coordination, self._live
+        now = datetime.now(UTC)
+        for holder in await co.holders():
+            if holder.id != self.id and holder.host == HOST and not _alive(holder.pid):
+                await co.retire(holder.id, now)
+        for lease in await co.takeable(now, now - self._lease):
+            try:
+                session = await live.fetch(lease.id, fresh=True)
+            except (NotFoundError, MnemoError):
+                continue
+            if session.state is not State.EXTRACTING or session.scopes:
+                continue  # moved on, or its work already runs here
+            try:
+                here = model_name(session.runtime.llm)
+            except NotFoundError:
+                continue  # a repo this Memory has not opened
+            if session.extraction_model is not None and session.extraction_model != here:
+                log.info("%s: extraction started with %s, not %s: left to a Memory with "
+                         "that model", session.id, session.extraction_model, here)
+                continue
+            if await self.claim(session):
+                log.info("%s: taking over its extraction", session.id)
+                live.spawn(session, extracting.extract_episode, live, session)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -277,20 +277,20 @@ class Memory:
         )
 
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._service.submit(session_id, "commit", (), callback)
+        await self._service.submit(session_id, "commit", (), callback)
 
     async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._service.submit(session_id, "discard", (), callback)
+        await self._service.submit(session_id, "discard", (), callback)
 
     async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._service.submit(session_id, "close", (), callback)
+        await self._service.submit(session_id, "close", (), callback)
 
     async def start_episode_async(
         self, session_id: str, goal: str, callback: Callback | None = None
     ) -> None:
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        self._service.submit(session_id, "start_episode", (goal,), callback)
+        await self._service.submit(session_id, "start_episode", (goal,), callback)
 
     async def append_async(
         self, session_id: str, observation: str, action: str, callback: Callback | None = None
@@ -298,7 +298,7 @@ class Memory:
         for what, value in (("observation", observation), ("action", action)):
             if not isinstance(value, str):
                 raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-        self._service.submit(session_id, "append", (observation, action), callback)
+        await self._service.submit(session_id, "append", (observation, action), callback)
 
     async def session_state(self, session_id: str) -> State:
         return await self._service.state_of(session_id)

@@ -25,7 +25,11 @@ S = State
 
 
 def submit(
-    live: Sessions, session_id: str, kind: str, args: tuple[Any, ...], callback: Callback | None
+    live: Sessions,
+    session: SessionRecord,
+    kind: str,
+    args: tuple[Any, ...],
+    callback: Callback | None,
 ) -> None:
     """Accepts an async operation: runs it now when the session is free, else queues it.
 
@@ -33,7 +37,7 @@ def submit(
         SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
             "invalid_queued_operation" (API.md's queue rules).
     """
-    session = live.get(session_id)
+    session_id = session.id
     if kind == "append":
         check_step(session.config, args[0], args[1], None)
     elif kind == "start_episode":
@@ -52,6 +56,8 @@ def submit(
             )
         _accept(session, op)
         session.pending.append(op)
+        if session.state is S.EXTRACTING and not session.scopes:
+            watch(live, session)
         return
     verdict = answer(session.state, kind)
     if not isinstance(verdict, Move) or (kind == "close" and session.appends_in_flight):
@@ -127,6 +133,40 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
             await transitions.discard(live, session, op)
         else:
             await transitions.start_episode(live, session, op.args[0], op=op)
+
+
+# How often a session whose work another Memory holds looks at the store's change token
+# while operations wait for that work (a cheap read; the session is read again only when the
+# token moved).
+WATCH_INTERVAL = 0.05
+
+
+def watch(live: Sessions, session: SessionRecord) -> None:
+    """Waits, while another Memory extracts the session and operations queued here wait for
+    it, until the store shows the extraction over; then runs them (or fails them, after a
+    failed extraction), here, where they were accepted."""
+    if session.watching:
+        return
+    session.watching = True
+
+    async def wait_for_the_store() -> None:
+        token: int | None = None
+        try:
+            while session.pending and not session.ended and session.state is S.EXTRACTING:
+                current = await live.coordination.change_token()
+                if current != token:
+                    token = current
+                    await live.fetch(session.id, fresh=True)
+                    continue
+                await anyio.sleep(WATCH_INTERVAL)
+        finally:
+            session.watching = False
+        if session.state is S.FAILED:
+            await fail_pending(session, "extraction_failed")
+        else:
+            kick(live, session)
+
+    live.spawn(session, wait_for_the_store)
 
 
 def kick(live: Sessions, session: SessionRecord) -> None:

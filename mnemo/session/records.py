@@ -101,6 +101,8 @@ class SessionRecord:
     # The session row's version this record reflects: every write carries it, and one that
     # finds another (a Memory elsewhere moved the session) writes nothing (issue 11).
     version: int = 0
+    # Queued operations wait for work another Memory holds: a watcher reads the store.
+    watching: bool = False
     # The open episode's validated extraction results, so a retry re-asks only what failed
     # (issue 13, item 5), stored with the episode too.
     memo: TaskMemo | None = None

@@ -256,15 +256,16 @@ class SessionService:
 
     # ---- the async calls ------------------------------------------------------------------
 
-    def submit(self, session_id: str, kind: str, args: tuple[Any, ...],
-               callback: Callback | None) -> None:
+    async def submit(self, session_id: str, kind: str, args: tuple[Any, ...],
+                     callback: Callback | None) -> None:
         """Accepts an async operation: runs it now when the session is free, else queues it.
 
         Raises:
             SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
                 "invalid_queued_operation" (API.md's queue rules).
         """
-        operations.submit(self._live, session_id, kind, args, callback)
+        session = await self._live.fetch(session_id, fresh=True)
+        operations.submit(self._live, session, kind, args, callback)
 
     @staticmethod
     def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:

@@ -5,7 +5,7 @@ an accepted async operation calls back where it was accepted, and only a Memory 
 work's model resumes it.
 
 Each Memory has its own fakes and event log, as a separate worker would. The tests marked
-xfail state the contract before the mechanism of issue 11 exists; the mark says what fails.
+xfail stated the contract before the mechanism of issue 11 existed; none is left.
 """
 
 from __future__ import annotations
@@ -251,12 +251,6 @@ async def test_reads_through_another_memory_never_write(store: str) -> None:
         assert await rows(b.mem) == before
 
 
-@pytest.mark.xfail(
-    reason="issue 11: B's close and extraction are unknown to A: A's commit_async finds the "
-    "session collecting and raises SessionError('invalid_operation')",
-    raises=mnemo.SessionError,
-    strict=True,
-)
 async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -> None:
     """A commit accepted through A while B extracts the session runs when B's extraction
     ends and calls back in A, with the commit's result."""

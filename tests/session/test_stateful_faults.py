@@ -156,12 +156,16 @@ class FaultyPrograms(RuleBasedStateMachine):
             reason = refused.reason
         except mnemo.NotFoundError:
             reason = "unknown"
+        except mnemo.StorageError:
+            # Accepting reads the session's row: a storage fault refuses the operation (no
+            # callback is owed), as it refuses a sync call.
+            reason = "storage"
         else:
             self.ops.accepted += 1
             return
         assert reason in {
             "invalid_operation", "invalid_queued_operation", "pending_queue_full",
-            "session_failed",
+            "session_failed", "storage",
         } or (reason == "unknown" and sid in self.ended)
 
     @rule(sid=sessions)

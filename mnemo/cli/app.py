@@ -212,7 +212,8 @@ def recall(
 
 @app.command()
 def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
-    """List every live session (not ended): id, repo, state, goal and steps."""
+    """List every live session (not ended) of every process on the store: id, repo, state,
+    goal, steps, and who holds its extraction until when."""
 
     async def work() -> None:
         async with open_memory(_settings(store, config)) as mem:
@@ -221,20 +222,21 @@ def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = F
             print_json([session_json(s) for s in live])
             return
         table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
-        for column in ("id", "repo", "state", "goal", "steps"):
+        for column in ("id", "repo", "state", "goal", "steps", "holder", "lease until"):
             # Folded, never cut: the id is what `mnemo session ...` takes.
             table.add_column(
                 column, justify="right" if column == "steps" else "left",
-                overflow="fold" if column in ("id", "repo") else "ellipsis",
-                no_wrap=column not in ("id", "repo", "goal"),
+                overflow="fold" if column in ("id", "repo", "holder") else "ellipsis",
+                no_wrap=column not in ("id", "repo", "goal", "holder"),
             )
         for s in live:
+            until = "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S")
             table.add_row(
                 s.id, Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
-                str(s.steps),
+                str(s.steps), Text(s.holder or "-"), until,
             )
         if not live:
-            table.add_row("", "", "", Text("(no live sessions)", style="dim"), "")
+            table.add_row("", "", "", Text("(no live sessions)", style="dim"), "", "", "")
         stdout_console().print(table)
 
     run(work)

@@ -56,6 +56,8 @@ def session_json(info: SessionInfo) -> dict[str, Any]:
         "state": label(info.state),
         "goal": info.goal,
         "steps": info.steps,
+        "holder": info.holder,
+        "lease_until": None if info.lease_until is None else info.lease_until.isoformat(),
     }
 
 

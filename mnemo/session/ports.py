@@ -47,6 +47,8 @@ class LiveSession:
     extra: dict[str, str] = field(default_factory=dict)
     model: str | None = None
     version: int = 0
+    holder: str | None = None
+    lease_until: datetime | None = None
 
 
 class SessionStore(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -39,13 +40,16 @@ class SessionContext:
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
     """A live session as `Memory.list_sessions` reports it: `goal` is the open episode's (None
-    when idle) and `steps` counts that episode's steps."""
+    when idle) and `steps` counts that episode's steps. `holder` is the `Memory` that holds its
+    background work (an extraction), until `lease_until` unless its heartbeat renews it."""
 
     id: str
     repo: str
     state: State
     goal: str | None
     steps: int
+    holder: str | None = None
+    lease_until: datetime | None = None
 
 
 @dataclass(slots=True)

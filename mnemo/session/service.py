@@ -146,6 +146,8 @@ class SessionService:
                 s.state,
                 s.episode.goal if s.episode is not None and s.state is not S.IDLE else None,
                 len(s.episode.steps) if s.episode is not None and s.state is not S.IDLE else 0,
+                s.holder if s.state is S.EXTRACTING else None,
+                s.lease_until if s.state is S.EXTRACTING else None,
             )
             for s in await self._live.store.load_live()
         ]

@@ -269,6 +269,8 @@ def test_sessions_lists_live_sessions(db: str) -> None:
             "state": "collecting",
             "goal": "Rotate the TLS certificate",
             "steps": 1,
+            "holder": None,
+            "lease_until": None,
         }
     ]
     table = invoke("sessions", "--db", str(db))

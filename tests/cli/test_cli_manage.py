@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -11,6 +14,9 @@ from typer.testing import CliRunner, Result
 
 import mnemo
 from mnemo.cli import app
+from tests.fakes import FakeLLM
+
+ROOT = Path(__file__).resolve().parents[2]
 
 runner = CliRunner()
 REPO = "ops"
@@ -146,3 +152,27 @@ def test_view_shows_a_message_whole_with_its_neighbours(db: str) -> None:
     unknown = invoke("view", "msg_nope", "--db", str(db))
     assert unknown.exit_code == 2
     assert unknown.stderr.startswith("error: ")
+
+
+async def test_sessions_shows_the_holder_of_a_running_extraction(db: str) -> None:
+    """`mnemo sessions`, run beside a live app on the same store, lists the app's sessions
+    and, for one extracting, the holder that runs it and its lease."""
+    llm = FakeLLM()
+    async with mnemo.Memory(db, llm=llm, embedder=mnemo.HashEmbedder()) as mem:
+        sid = await mem.start_session("Rotate the TLS certificate", repo=REPO)
+        await mem.append(sid, "certbot says the certificate expires in 3 days.", "Renew it.")
+        held = llm.hold("semantic")
+        await mem.close(sid)
+        with anyio.fail_after(10):
+            await held.started.wait()
+        done = await anyio.run_process(
+            [sys.executable, "-m", "mnemo", "sessions", "--json", "--db", db],
+            cwd=str(ROOT), check=False,
+        )
+        held.release()
+    assert done.returncode == 0, done.stderr.decode()
+    [listed] = [s for s in json.loads(done.stdout) if s["id"] == sid]
+    assert listed["state"] == "extracting"
+    assert listed["holder"].startswith("holder_")
+    until = datetime.fromisoformat(listed["lease_until"])
+    assert until > datetime.now(UTC)

@@ -229,7 +229,7 @@ class PgSessions:
             await conn.execute(_SNAPSHOT)
             cur = await conn.execute(
                 "SELECT s.id, s.repo, s.state, s.config::text, s.created_at, e.id, e.goal,"
-                " e.status, s.model, c.payload::text, s.version"
+                " e.status, s.model, c.payload::text, s.version, s.holder, s.lease_until"
                 " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
                 " LEFT JOIN LATERAL (SELECT payload FROM changesets"
                 "   WHERE session_id = s.id LIMIT 1) c ON true"
@@ -242,7 +242,7 @@ class PgSessions:
             steps = await _load_steps(conn, open_ids)
         live: list[LiveSession] = []
         for (sid, repo, state, config, created, episode_id, goal, status, model,
-             payload, version) in sessions:
+             payload, version, holder, until) in sessions:
             episode = None
             if episode_id is not None and status == "open":
                 episode = EpisodeRecord(str(episode_id), str(goal),
@@ -252,7 +252,8 @@ class PgSessions:
                     str(sid), str(repo), State(str(state)), Config.from_json(str(config)),
                     episode, None if payload is None else Changeset.from_json(str(payload)),
                     _utc(created).isoformat(), model=_str_or_none(model),
-                    version=_int(version),
+                    version=_int(version), holder=_str_or_none(holder),
+                    lease_until=until if isinstance(until, datetime) else None,
                 )
             )
         return live

@@ -316,11 +316,13 @@ def _load_live(
     live: list[LiveSession] = []
     sessions = db.conn.execute(
         "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model,"
-        " s.version FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
+        " s.version, s.holder, s.lease_until"
+        " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
         f" WHERE {where}",
         params,
     ).fetchall()
-    for sid, repo, state, config, created, episode_id, goal, status, model, version in sessions:
+    for (sid, repo, state, config, created, episode_id, goal, status, model, version, holder,
+         until) in sessions:
         episode = None
         if episode_id is not None and status == "open":
             episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
@@ -332,7 +334,8 @@ def _load_live(
             changeset = Changeset.from_json(row[0])
         live.append(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
-                        created, model=model, version=int(version))
+                        created, model=model, version=int(version), holder=holder,
+                        lease_until=None if until is None else datetime.fromisoformat(until))
         )
     return live
 

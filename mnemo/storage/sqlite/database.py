@@ -154,6 +154,7 @@ class Database:
         self.path = str(path)
         self._synchronous = synchronous.upper()
         self._busy_ms = max(int(busy_timeout * 1000), 0)
+        self.busy_timeout = max(busy_timeout, 0.0)
         self._db: SqliteUtilsDatabase | None = None
         self._worker: _Worker | None = None
 

@@ -13,18 +13,23 @@ SQLite rows whenever a repo's index is loaded.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import filelock
 import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
+from mnemo.errors import StorageError
 from mnemo.graph import ann, commit
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.maintenance import ValidationReport
@@ -93,9 +98,39 @@ class SqliteGraph:
         """The dimension of the repo's vectors."""
         return self._dims(repo)
 
-    def lock(self, repo: str) -> anyio.Lock:
-        """The repo's write lock: commits and maintenance hold it."""
-        return self._locks.setdefault(repo, anyio.Lock())
+    @asynccontextmanager
+    async def lock(self, repo: str) -> AsyncIterator[None]:
+        """The repo's write lock: commits and maintenance hold it. This process's lock, then,
+        for a file, a lock file beside it that every process on the host takes for the repo
+        (its commits read the graph, then write: SQLite's write lock covers the write only).
+        The wait for another process is bounded by the busy timeout (StorageError "busy")."""
+        async with self._locks.setdefault(repo, anyio.Lock()):
+            held = self._repo_file_lock(repo)
+            if held is None:
+                yield
+                return
+            timeout = self._database.busy_timeout
+            try:
+                # Shielded: a lock taken in the thread must be released, not abandoned.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(functools.partial(held.acquire,
+                                                                     timeout=timeout))
+            except filelock.Timeout as exc:
+                raise StorageError(
+                    "busy", f"another process held repo {repo!r}'s lock for {timeout}s"
+                ) from exc
+            try:
+                yield
+            finally:
+                held.release()
+
+    def _repo_file_lock(self, repo: str) -> filelock.FileLock | None:
+        path = self._database.path
+        if path == ":memory:" or path.startswith("file:"):
+            return None
+        digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
+        # Not thread-local: taken in a worker thread, released on the event loop's.
+        return filelock.FileLock(f"{path}-repo-{digest}.lock", thread_local=False)
 
     # ---- maintenance (the caller holds the repo's lock) -----------------------------------
 

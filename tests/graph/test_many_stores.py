@@ -3,6 +3,7 @@ processes' worth of connections) are serialised: a tag both add is one node."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 import anyio
@@ -24,6 +25,19 @@ def tagged(prefix: str) -> Changeset:
     )
 
 
+def slowed(
+    owners: Callable[[str, list[str]], Awaitable[dict[str, str]]],
+) -> Callable[[str, list[str]], Awaitable[dict[str, str]]]:
+    """`owners`, then a pause: widens the gap between a commit's read and its write."""
+
+    async def slow(repo: str, keys: list[str]) -> dict[str, str]:
+        found = await owners(repo, keys)
+        await anyio.sleep(0.05)
+        return found
+
+    return slow
+
+
 async def test_two_stores_committing_one_new_tag_make_one_node(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -33,14 +47,7 @@ async def test_two_stores_committing_one_new_tag_make_one_node(
     async with open_stores(store, DIM) as first, open_stores(store, DIM) as second:
         for backend in (first, second):
             target = cast(CommitTarget, backend.graph)
-            owners = target.tag_owners
-
-            async def slow(repo: str, keys: list[str], owners=owners) -> dict[str, str]:  # type: ignore[no-untyped-def]
-                found = await owners(repo, keys)
-                await anyio.sleep(0.05)  # widens the gap between a commit's read and write
-                return found
-
-            monkeypatch.setattr(target, "tag_owners", slow)
+            monkeypatch.setattr(target, "tag_owners", slowed(target.tag_owners))
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: first.graph.apply(tagged("a"), intents=policy()))

@@ -2,9 +2,6 @@
 worker processes (tests/session/worker_child.py) killed by SIGKILL: an extraction held by a
 killed process is taken over within the lease, and under random kills nothing accepted is
 lost and nothing is committed twice.
-
-The tests marked xfail state the contract before the mechanism of issue 11 exists; the mark
-says what fails today.
 """
 
 from __future__ import annotations

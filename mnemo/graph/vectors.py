@@ -202,3 +202,18 @@ class VectorIndex:
         top = np.argpartition(-scores, k - 1)[:k] if k < count else np.arange(count)
         top = top[np.argsort(-scores[top], kind="stable")]
         return [(ids[i], float(scores[i])) for i in top if np.isfinite(scores[i])]
+
+
+def top_per_row(
+    scores: npt.NDArray[np.float32], ids: Sequence[str], k: int
+) -> list[list[tuple[str, float]]]:
+    """For each row of `scores` (one column per id), the `k` best ids with their scores,
+    best first (ties in id order)."""
+    k = min(k, len(ids))
+    result = []
+    for row in scores:
+        top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
+        top = top[np.argsort(-row[top], kind="stable")]
+        result.append([(ids[i], float(row[i])) for i in top])
+    return result
+

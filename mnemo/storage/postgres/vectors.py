@@ -19,7 +19,7 @@ import numpy as np
 from psycopg import sql
 
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.graph.vectors import VectorIndex, top_per_row, unit
 from mnemo.storage.postgres import schema
 from mnemo.storage.postgres.connection import Postgres
 
@@ -93,7 +93,7 @@ class PgVectors:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
             ids, matrix = (await self.routes(repo)).of_type(kind)
-            return _top(unit(probes) @ matrix.T, ids, k) if ids else [[] for _ in probes]
+            return top_per_row(unit(probes) @ matrix.T, ids, k) if ids else [[] for _ in probes]
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
@@ -199,13 +199,3 @@ def kind_values(types: Iterable[NodeType]) -> list[str]:
 def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
     """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
     return np.asarray(vector, dtype=np.float32).reshape(-1)
-
-
-def _top(scores: Vector, ids: list[str], k: int) -> list[Scored]:
-    k = min(k, len(ids))
-    result = []
-    for row in scores:
-        top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
-        top = top[np.argsort(-row[top], kind="stable")]
-        result.append([(ids[i], float(row[i])) for i in top])
-    return result

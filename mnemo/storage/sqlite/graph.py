@@ -53,7 +53,7 @@ from mnemo.graph.ports import (
     StepsCommitted,
     SweepResult,
 )
-from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.graph.vectors import VectorIndex, top_per_row, unit
 from mnemo.inputs import query_terms
 from mnemo.storage.sqlite import maintenance
 from mnemo.storage.sqlite.database import Database
@@ -479,14 +479,7 @@ class SqliteGraph:
         ids, matrix = index.of_type(kind)
         if not ids or k <= 0:
             return [[] for _ in range(len(probes))]
-        scores = unit(probes) @ matrix.T
-        k = min(k, len(ids))
-        result = []
-        for row in scores:
-            top = np.argpartition(-row, k - 1)[:k] if k < len(ids) else np.arange(len(ids))
-            top = top[np.argsort(-row[top], kind="stable")]
-            result.append([(ids[i], float(row[i])) for i in top])
-        return result
+        return top_per_row(unit(probes) @ matrix.T, ids, k)
 
     async def typed_links(
         self, repo: str, node_ids: Sequence[str]

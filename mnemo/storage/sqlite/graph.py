@@ -1,14 +1,11 @@
 """`SqliteGraph`: the `GraphStore` port (`mnemo.graph.ports`) over mnemo's SQLite file.
 
-Commits to one repo are serialised by a per-repo lock; each is one transaction, recorded in
-`applied_changesets`, so applying the same changeset twice returns the first receipt and adds
-nothing. A commit may carry side writes (a session's state change and steps marked committed,
-or an ingested source recorded) that land in the same transaction: the graph and the session
-never disagree about what was committed.
-
-Vector search is exact (numpy) until a repo holds more than `ann_threshold` vectors; past it,
-and when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`), rebuilt from the
-SQLite rows whenever a repo's index is loaded.
+Commits to one repo are serialised by a per-repo lock (across the processes of the host too);
+each is one transaction, recorded in `applied_changesets`, so applying the same changeset twice
+returns the first receipt and adds nothing. A commit may carry side writes (a session's state
+change and steps marked committed, or an ingested source recorded; `sessions.side_writes`) that
+land in the same transaction: the graph and the session never disagree about what was
+committed. Vectors are held and searched by `SqliteVectors` (`vectors.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ from mnemo.graph.model import (
     Node,
     NodeType,
     Vector,
-    now_utc,
     vector_to_blob,
 )
 from mnemo.graph.ports import (
@@ -49,15 +45,14 @@ from mnemo.graph.ports import (
     MergeResult,
     Neighbor,
     SideWrite,
-    SourceRecorded,
-    StepsCommitted,
     SweepResult,
 )
-from mnemo.graph.vectors import VectorIndex, top_per_row, unit
+from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.sqlite import maintenance
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.sqlite.sessions import bump
+from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
+from mnemo.storage.sqlite.vectors import SqliteVectors
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -84,11 +79,10 @@ class SqliteGraph:
         (None: always exact)."""
         self._database = database
         self._dims = dims
-        self._ann_threshold = ann_threshold
-        self._ann_params = ann_params
         self._locks: dict[str, anyio.Lock] = {}
-        self._indexes: dict[str, VectorIndex] = {}
-        self._index_loading: dict[str, anyio.Lock] = {}
+        self._vectors = SqliteVectors(
+            database, dims, ann_threshold=ann_threshold, ann_params=ann_params
+        )
 
     @property
     def database(self) -> Database:
@@ -154,8 +148,7 @@ class SqliteGraph:
         return swept
 
     def _forget_vectors(self, repo: str, node_ids: Sequence[str]) -> None:
-        if repo in self._indexes:
-            self._indexes[repo].remove(node_ids)
+        self._vectors.forget(repo, node_ids)
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
@@ -223,7 +216,7 @@ class SqliteGraph:
                 side_writes(db, also)
 
         await self._database.run(write)
-        index = await self._index(repo)
+        index = await self._vectors.index(repo)
         index.add(
             [n.id for n, _, _ in plan.nodes],
             [n.type for n, _, _ in plan.nodes],
@@ -235,7 +228,7 @@ class SqliteGraph:
             index.add([node_id], [NodeType.INTENT], np.asarray(vector)[None, :])
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
-        await self._database.run(lambda db: _side_writes_alone(db, also))
+        await self._database.run(lambda db: side_writes_alone(db, also))
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
@@ -421,16 +414,6 @@ class SqliteGraph:
 
         return await self._database.run(read)
 
-    async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine, best first."""
-        index = await self._index(repo)
-        kinds = None if types is None else list(types)
-        if len(index) < 20_000:
-            return index.search(vector, limit, kinds)
-        return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
-
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]
     ) -> dict[str, tuple[int, datetime | None]]:
@@ -466,21 +449,6 @@ class SqliteGraph:
 
         await self._database.run(write)
 
-    async def nearest_of_type(
-        self, repo: str, probes: Vector, kind: NodeType, k: int
-    ) -> list[list[tuple[str, float]]]:
-        """For each probe row, the `k` nodes of one type nearest by cosine (one matrix product
-        for all probes: recall probes the tags with the query and each search tag at once)."""
-        index = await self._index(repo)
-        if index.accelerator is not None:
-            # A big repo: its per-type HNSW graph answers each probe in about a millisecond,
-            # where gathering every row of the type costs tens (bench_recall, 1M nodes).
-            return [index.search(probe, k, [kind]) for probe in probes]
-        ids, matrix = index.of_type(kind)
-        if not ids or k <= 0:
-            return [[] for _ in range(len(probes))]
-        return top_per_row(unit(probes) @ matrix.T, ids, k)
-
     async def typed_links(
         self, repo: str, node_ids: Sequence[str]
     ) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
@@ -507,60 +475,38 @@ class SqliteGraph:
 
         return await self._database.run(read) if ids else []
 
+    async def search_vectors(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]:
+        """Nodes nearest to `vector` by cosine, best first."""
+        return await self._vectors.search(repo, vector, limit, types)
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[list[tuple[str, float]]]:
+        return await self._vectors.nearest_of_type(repo, probes, kind, k)
+
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]:
-        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product."""
-        index = await self._index(repo)
-        known = [(i, v) for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None]
-        if not known:
-            return {}
-        scores = np.stack([v for _, v in known]) @ unit(vector)[0]
-        return {node_id: float(score) for (node_id, _), score in zip(known, scores, strict=True)}
+        return await self._vectors.similarities(repo, node_ids, vector)
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use (`CommitTarget`)."""
-        return await self._index(repo)
+        return await self._vectors.index(repo)
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
-        index = await self._index(repo)
-        return {i: v for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None}
+        return await self._vectors.of_nodes(repo, node_ids)
 
     async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        return (await self._index(repo)).of_type(kind)
+        return await self._vectors.of_type(repo, kind)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
-        insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-        index = self._indexes.get(repo)
-        accelerator = None if index is None else index.accelerator
-        if isinstance(accelerator, ann.HnswAccelerator):
-            # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
-            while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
-                pass
+        """Waits until the repo's HNSW index (if any) has caught up with its rows."""
+        await self._vectors.settle(repo)
 
     async def aclose(self) -> None:
-        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        for index in self._indexes.values():
-            if isinstance(index.accelerator, ann.HnswAccelerator):
-                await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
-
-    async def _index(self, repo: str) -> VectorIndex:
-        index = self._indexes.get(repo)
-        if index is not None:
-            return index
-        async with self._index_loading.setdefault(repo, anyio.Lock()):
-            index = self._indexes.get(repo)
-            if index is None:
-                index = VectorIndex(self._dims(repo))
-                ids, types, vectors = await self._database.run(lambda db: _load_vectors(db, repo))
-                index.add(ids, types, vectors.reshape(len(ids), index.dim))
-                if self._ann_threshold is not None:
-                    # The first load imports faiss (about 90 ms): in a thread, not on the loop.
-                    await anyio.to_thread.run_sync(ann.load_faiss)
-                    ann.attach(index, threshold=self._ann_threshold, params=self._ann_params)
-                self._indexes[repo] = index
-        return index
+        await self._vectors.aclose()
 
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
         if not keys:
@@ -620,67 +566,3 @@ def _node(row: tuple[Any, ...]) -> Node:
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _side_writes_alone(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
-    with db.atomic():
-        side_writes(db, writes)
-
-
-def _load_vectors(
-    db: SqliteUtilsDatabase, repo: str
-) -> tuple[list[str], list[NodeType], Vector]:
-    ids: list[str] = []
-    types: list[NodeType] = []
-    blobs: list[bytes] = []
-    for node_id, kind, blob in db.conn.execute(
-        "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
-        " WHERE v.repo = ? ORDER BY n.rowid",
-        (repo,),
-    ):
-        ids.append(node_id)
-        types.append(NodeType(kind))
-        blobs.append(blob)
-    matrix = (
-        np.frombuffer(b"".join(blobs), dtype=np.float32)
-        if blobs
-        else np.zeros(0, dtype=np.float32)
-    )
-    return ids, types, matrix
-
-
-def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
-    """Writes a commit's (or a forget's) side effects on other stores, inside its transaction."""
-    conn = db.conn
-    for write in writes:
-        if isinstance(write, StepsCommitted):
-            conn.executemany(
-                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?",
-                [(write.changeset_id, reward, step_id) for step_id, reward in write.steps],
-            )
-            if write.state is not None:
-                now = now_utc().isoformat()
-                conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))
-                bump(db, write.session_id, write.version, state=write.state)
-                if write.episode_id is not None:
-                    conn.execute(
-                        "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",
-                        (now, write.episode_id),
-                    )
-                    # What the extraction kept for a retry is no longer needed.
-                    conn.execute(
-                        "DELETE FROM task_results WHERE episode_id = ?", (write.episode_id,)
-                    )
-        elif isinstance(write, SourceRecorded):
-            # The receipt itself is the commit's, in applied_changesets: one source of truth.
-            conn.execute(
-                "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (write.repo, write.source_id, write.payload_hash, write.changeset_id,
-                 write.created_at),
-            )
-        else:
-            conn.execute(
-                "DELETE FROM ingests WHERE repo = ? AND source_id = ?",
-                (write.repo, write.source_id),
-            )

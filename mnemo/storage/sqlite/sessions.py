@@ -15,6 +15,7 @@ from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
+from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession
 from mnemo.storage.sqlite.database import Database
@@ -378,3 +379,45 @@ def _load_episodes(db: SqliteUtilsDatabase, where: str, value: str) -> list[Epis
         )
         for episode_id, session_id, goal, status, started, closed in rows
     ]
+
+
+def side_writes_alone(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
+    with db.atomic():
+        side_writes(db, writes)
+
+
+def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
+    """Writes a commit's (or a forget's) side effects on other stores, inside its transaction."""
+    conn = db.conn
+    for write in writes:
+        if isinstance(write, StepsCommitted):
+            conn.executemany(
+                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?",
+                [(write.changeset_id, reward, step_id) for step_id, reward in write.steps],
+            )
+            if write.state is not None:
+                now = now_utc().isoformat()
+                conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))
+                bump(db, write.session_id, write.version, state=write.state)
+                if write.episode_id is not None:
+                    conn.execute(
+                        "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",
+                        (now, write.episode_id),
+                    )
+                    # What the extraction kept for a retry is no longer needed.
+                    conn.execute(
+                        "DELETE FROM task_results WHERE episode_id = ?", (write.episode_id,)
+                    )
+        elif isinstance(write, SourceRecorded):
+            # The receipt itself is the commit's, in applied_changesets: one source of truth.
+            conn.execute(
+                "INSERT INTO ingests(repo, source_id, payload_hash, changeset_id, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (write.repo, write.source_id, write.payload_hash, write.changeset_id,
+                 write.created_at),
+            )
+        else:
+            conn.execute(
+                "DELETE FROM ingests WHERE repo = ? AND source_id = ?",
+                (write.repo, write.source_id),
+            )

@@ -19,7 +19,7 @@ from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import LiveSession, RepoRow, SessionStore
 from mnemo.storage.postgres import sessions as pg_sessions
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.sqlite import graph as sqlite_graph
+from mnemo.storage.sqlite import sessions as sqlite_sessions
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import SqliteSessions
 
@@ -46,7 +46,7 @@ class Backend:
 
         def write(db: Any) -> None:
             with db.atomic():
-                sqlite_graph.side_writes(db, writes)
+                sqlite_sessions.side_writes(db, writes)
 
         await self.database.run(write)
 

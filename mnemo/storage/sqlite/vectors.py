@@ -1,0 +1,148 @@
+"""`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, for `SqliteGraph`.
+
+Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use and kept in step
+by the graph's writes. Search is exact (numpy) until a repo holds more than `ann_threshold`
+vectors; past it, and when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`),
+rebuilt from the rows whenever a repo's index is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import anyio
+import anyio.to_thread
+import numpy as np
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+from mnemo.graph import ann
+from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.vectors import VectorIndex, top_per_row, unit
+from mnemo.storage.sqlite.database import Database
+
+
+class SqliteVectors:
+    """Every repo's vectors in memory, loaded from one SQLite file."""
+
+    def __init__(
+        self,
+        database: Database,
+        dims: Callable[[str], int],
+        *,
+        ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
+        ann_params: ann.HnswParams | None = None,
+    ) -> None:
+        self._database = database
+        self._dims = dims
+        self._ann_threshold = ann_threshold
+        self._ann_params = ann_params
+        self._indexes: dict[str, VectorIndex] = {}
+        self._index_loading: dict[str, anyio.Lock] = {}
+
+    def loaded(self, repo: str) -> VectorIndex | None:
+        """The repo's index if it is loaded (writes need not load one to update it)."""
+        return self._indexes.get(repo)
+
+    def forget(self, repo: str, node_ids: Sequence[str]) -> None:
+        """The nodes were deleted."""
+        if repo in self._indexes:
+            self._indexes[repo].remove(node_ids)
+
+    async def search(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]:
+        """Nodes nearest to `vector` by cosine, best first."""
+        index = await self.index(repo)
+        kinds = None if types is None else list(types)
+        if len(index) < 20_000:
+            return index.search(vector, limit, kinds)
+        return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[list[tuple[str, float]]]:
+        """For each probe row, the `k` nodes of one type nearest by cosine (one matrix product
+        for all probes: recall probes the tags with the query and each search tag at once)."""
+        index = await self.index(repo)
+        if index.accelerator is not None:
+            # A big repo: its per-type HNSW graph answers each probe in about a millisecond,
+            # where gathering every row of the type costs tens (bench_recall, 1M nodes).
+            return [index.search(probe, k, [kind]) for probe in probes]
+        ids, matrix = index.of_type(kind)
+        if not ids or k <= 0:
+            return [[] for _ in range(len(probes))]
+        return top_per_row(unit(probes) @ matrix.T, ids, k)
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]:
+        """Raw cosine of each node (that has a vector) to `vector`, in one matrix product."""
+        index = await self.index(repo)
+        known = [(i, v) for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None]
+        if not known:
+            return {}
+        scores = np.stack([v for _, v in known]) @ unit(vector)[0]
+        return {node_id: float(score) for (node_id, _), score in zip(known, scores, strict=True)}
+
+    async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
+        index = await self.index(repo)
+        return {i: v for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None}
+
+    async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
+        return (await self.index(repo)).of_type(kind)
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
+        insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
+        index = self._indexes.get(repo)
+        accelerator = None if index is None else index.accelerator
+        if isinstance(accelerator, ann.HnswAccelerator):
+            # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
+            while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
+                pass
+
+    async def aclose(self) -> None:
+        """Stops the HNSW builders (a build in progress stops at its next chunk)."""
+        for index in self._indexes.values():
+            if isinstance(index.accelerator, ann.HnswAccelerator):
+                await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
+
+    async def index(self, repo: str) -> VectorIndex:
+        """The repo's in-memory vectors, loaded from SQLite on first use."""
+        index = self._indexes.get(repo)
+        if index is not None:
+            return index
+        async with self._index_loading.setdefault(repo, anyio.Lock()):
+            index = self._indexes.get(repo)
+            if index is None:
+                index = VectorIndex(self._dims(repo))
+                ids, types, vectors = await self._database.run(lambda db: _load_vectors(db, repo))
+                index.add(ids, types, vectors.reshape(len(ids), index.dim))
+                if self._ann_threshold is not None:
+                    # The first load imports faiss (about 90 ms): in a thread, not on the loop.
+                    await anyio.to_thread.run_sync(ann.load_faiss)
+                    ann.attach(index, threshold=self._ann_threshold, params=self._ann_params)
+                self._indexes[repo] = index
+        return index
+
+
+def _load_vectors(
+    db: SqliteUtilsDatabase, repo: str
+) -> tuple[list[str], list[NodeType], Vector]:
+    ids: list[str] = []
+    types: list[NodeType] = []
+    blobs: list[bytes] = []
+    for node_id, kind, blob in db.conn.execute(
+        "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
+        " WHERE v.repo = ? ORDER BY n.rowid",
+        (repo,),
+    ):
+        ids.append(node_id)
+        types.append(NodeType(kind))
+        blobs.append(blob)
+    matrix = (
+        np.frombuffer(b"".join(blobs), dtype=np.float32)
+        if blobs
+        else np.zeros(0, dtype=np.float32)
+    )
+    return ids, types, matrix

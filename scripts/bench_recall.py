@@ -498,7 +498,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
             graph: Graph | None = None
             path = folder / f"recall-{size}.db"
             prepare_s = None
-            if path.exists() and keep is not None:
+            if args.skip_sqlite and POSTGRES in stores.backends:
+                pass
+            elif path.exists() and keep is not None:
                 console.print(f"[bold]{size:,} nodes[/]: reusing {path}")
                 conn = sqlite3.connect(path)
                 nodes = int(conn.execute("SELECT count(*) FROM nodes").fetchone()[0])
@@ -511,8 +513,10 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
                 nodes, _ = await prepare(path, graph, embedder)
                 prepare_s = time.perf_counter() - started  # with generating the graph, as before
                 console.print(f"  {nodes:,} nodes written in {prepare_s:,.1f} s")
-            results.append(await measure(path, nodes, prepare_s, texts, embedder, args.config))
-            _say(results[-1])
+            if not (args.skip_sqlite and POSTGRES in stores.backends):
+                results.append(await measure(path, nodes, prepare_s, texts, embedder,
+                                             args.config))
+                _say(results[-1])
             if POSTGRES not in stores.backends:
                 continue
             graph = graph or generate(size, embedder)
@@ -657,6 +661,9 @@ def parse_args() -> argparse.Namespace:
                         help="hide faiss: every vector search is the exact numpy scan")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a mnemo.Config field of the repo (as eval_locomo.py)")
+    parser.add_argument("--skip-sqlite", action="store_true",
+                        help="with --store: measure PostgreSQL only (a 1M SQLite run takes "
+                        "its own half hour)")
     parser.add_argument("--store", type=store_argument, default=None,
                         help="also measure on PostgreSQL: a postgresql:// URL of a server "
                              "whose role may CREATE DATABASE, or 'embedded'")

@@ -27,6 +27,7 @@ from mnemo.graph.ports import IntentPolicy, StepsCommitted
 from mnemo.ports import LLM, ask, model_name
 from mnemo.session import operations, transitions
 from mnemo.session.machine import State
+from mnemo.session.ports import StaleSession
 from mnemo.session.queue import Op
 from mnemo.session.records import Runtime, SessionRecord
 from mnemo.session.registry import Sessions
@@ -42,17 +43,22 @@ async def start(live: Sessions, session: SessionRecord, event: str, op: Op | Non
     model = model_name(session.runtime.llm)
 
     async def persist() -> int:
-        version = await live.store.set_state(
-            session.id, S.EXTRACTING, model=model, version=session.version
-        )
-        session.extraction_model = model
-        if live.holder_id is not None and live.lease_until is not None:
-            # This Memory holds the work: another takes it over only once the lease ends.
-            claimed = await live.coordination.claim(
-                session.id, version=version, holder_id=live.holder_id,
-                lease_until=live.lease_until(),
+        if live.holder_id is None or live.lease_until is None or live.register_holder is None:
+            version = await live.store.set_state(
+                session.id, S.EXTRACTING, model=model, version=session.version
             )
-            return version if claimed is None else claimed
+        else:
+            # Extracting and held by this Memory in one compare-and-set: no moment in which
+            # the row is extracting and nobody's (a janitor would take it over).
+            await live.register_holder()
+            claimed = await live.coordination.claim(
+                session.id, version=session.version, holder_id=live.holder_id,
+                lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
+            )
+            if claimed is None:
+                raise StaleSession(session.id)
+            version = claimed
+        session.extraction_model = model
         return version
 
     await transitions.move(live, session, event, persist, op=op)

@@ -42,28 +42,43 @@ class Holding:
         self._live = live
         self._lease = timedelta(seconds=lease_timeout)
         self._look = anyio.Event()
+        self._registered = anyio.Event()
+        self._registering = anyio.Lock()
         live.holder_id, live.lease_until = self.id, self.lease_until
+        live.register_holder = self.register
 
     def lease_until(self) -> datetime:
         return datetime.now(UTC) + self._lease
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Registers, then beats and looks for work to take over until cancelled; retires
-        when cancelled (its leases end, so another Memory may go on at once)."""
-        now = datetime.now(UTC)
+        """Looks for work to take over until cancelled and, once this Memory holds work,
+        beats; retires when cancelled (its leases end, so another Memory may go on at once).
+        A Memory that only reads writes nothing: it registers when it first claims work."""
         co = self._live.coordination
-        await co.register(HolderInfo(self.id, HOST, os.getpid(), now, now))
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._beat)
                 tg.start_soon(self._janitor)
                 task_status.started()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                try:
-                    await co.retire(self.id, datetime.now(UTC))
-                except MnemoError as exc:
-                    log.warning("could not retire %s: %r", self.id, exc)
+            if self._registered.is_set():
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    try:
+                        await co.retire(self.id, datetime.now(UTC))
+                    except MnemoError as exc:
+                        log.warning("could not retire %s: %r", self.id, exc)
+
+    async def register(self) -> None:
+        """Records this Memory as a holder, once (before its first claim)."""
+        if self._registered.is_set():
+            return
+        async with self._registering:
+            if not self._registered.is_set():
+                now = datetime.now(UTC)
+                await self._live.coordination.register(
+                    HolderInfo(self.id, HOST, os.getpid(), now, now)
+                )
+                self._registered.set()
 
     def look(self) -> None:
         """Asks the janitor to look for work now (a repo was opened)."""
@@ -71,6 +86,7 @@ class Holding:
 
     async def claim(self, session: SessionRecord) -> bool:
         """Holds the session's work (compare-and-set on the version the record holds)."""
+        await self.register()
         version = await self._live.coordination.claim(
             session.id, version=session.version, holder_id=self.id,
             lease_until=self.lease_until(),
@@ -82,6 +98,7 @@ class Holding:
 
     async def _beat(self) -> None:
         period = self._lease.total_seconds() / 3
+        await self._registered.wait()
         while True:
             try:
                 await self._live.coordination.beat(self.id, datetime.now(UTC),
@@ -104,10 +121,12 @@ class Holding:
     async def _take_over(self) -> None:
         co, live = self._live.coordination, self._live
         now = datetime.now(UTC)
-        for holder in await co.holders():
-            if holder.id != self.id and holder.host == HOST and not _alive(holder.pid):
-                await co.retire(holder.id, now)
-        for lease in await co.takeable(now, now - self._lease):
+        # Reads only: a holder whose process is gone is treated as gone, not retired here.
+        gone = [h.id for h in await co.holders()
+                if h.id != self.id and h.host == HOST and not _alive(h.pid)]
+        for lease in await co.takeable(now, now - self._lease, gone):
+            if lease.holder == self.id:
+                continue  # this Memory's own work, starting or running
             try:
                 session = await live.fetch(lease.id, fresh=True)
             except (NotFoundError, MnemoError):

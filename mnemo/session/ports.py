@@ -173,17 +173,20 @@ class Coordination(Protocol):
         holder_id: str | None,
         lease_until: datetime | None,
         state: State | None = None,
+        model: str | None = None,
     ) -> int | None:
         """Compare-and-set: when the session's version is still `version`, it becomes
         `version + 1`, held by `holder_id` until `lease_until` (None, None: held by nobody),
-        in `state` when given. Returns the new version, or None when another `Memory` moved
-        the session first (nothing written)."""
+        in `state` and recording `model` when given. Returns the new version, or None when
+        another `Memory` moved the session first (nothing written)."""
         ...
 
-    async def takeable(self, now: datetime, unseen_since: datetime) -> list[SessionLease]:
+    async def takeable(
+        self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[SessionLease]:
         """The live sessions whose background work nobody holds any more: extracting, with
-        a lease that ended before `now`, or a holder that is gone or was last seen before
-        `unseen_since`. Oldest first."""
+        a lease that ended before `now`, or a holder that is gone, in `gone`, or was last seen
+        before `unseen_since`. Oldest first. Reads only."""
         ...
 
     async def change_token(self) -> int:

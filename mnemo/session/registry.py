@@ -46,6 +46,7 @@ class Sessions:
         # holds (`leases.Holding` sets both when it starts).
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
+        self.register_holder: Callable[[], Awaitable[None]] | None = None
         self.store = store
         self.coordination = coordination
         self.graph = graph

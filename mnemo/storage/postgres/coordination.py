@@ -12,6 +12,7 @@ statement.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -77,24 +78,28 @@ class PgCoordination:
         holder_id: str | None,
         lease_until: datetime | None,
         state: State | None = None,
+        model: str | None = None,
     ) -> int | None:
         async with self._pg.connection() as conn:
             cur = await conn.execute(
                 "UPDATE sessions SET version = version + 1, holder = %s, lease_until = %s,"
-                " state = coalesce(%s, state) WHERE id = %s AND version = %s",
-                (holder_id, lease_until, None if state is None else state.value, session_id,
-                 version),
+                " state = coalesce(%s, state), model = coalesce(%s, model)"
+                " WHERE id = %s AND version = %s",
+                (holder_id, lease_until, None if state is None else state.value, model,
+                 session_id, version),
             )
             return version + 1 if cur.rowcount else None
 
-    async def takeable(self, now: datetime, unseen_since: datetime) -> list[SessionLease]:
+    async def takeable(
+        self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[SessionLease]:
         rows = await self._pg.fetch_all(
             f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE NOT ended"
             " AND state = 'extracting' AND (lease_until IS NULL OR lease_until < %s"
             " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
-            " WHERE h.id = s.holder AND h.seen_at >= %s))"
+            " WHERE h.id = s.holder AND h.seen_at >= %s) OR holder = ANY(%s))"
             ' ORDER BY created_at, id COLLATE "C"',
-            (now, unseen_since),
+            (now, unseen_since, list(gone)),
         )
         return [_lease(row) for row in rows]
 

@@ -10,6 +10,7 @@ the second one finds the version moved. Times are stored as SQLite stores every 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -94,6 +95,7 @@ class SqliteCoordination:
         holder_id: str | None,
         lease_until: datetime | None,
         state: State | None = None,
+        model: str | None = None,
     ) -> int | None:
         until = None if lease_until is None else _text(lease_until)
 
@@ -101,23 +103,28 @@ class SqliteCoordination:
             with db.atomic():
                 moved = db.conn.execute(
                     "UPDATE sessions SET version = version + 1, holder = ?, lease_until = ?,"
-                    " state = coalesce(?, state) WHERE id = ? AND version = ?",
-                    (holder_id, until, None if state is None else state.value, session_id,
-                     version),
+                    " state = coalesce(?, state), model = coalesce(?, model)"
+                    " WHERE id = ? AND version = ?",
+                    (holder_id, until, None if state is None else state.value, model,
+                     session_id, version),
                 ).rowcount
             return version + 1 if moved else None
 
         return await self._database.run(write)
 
-    async def takeable(self, now: datetime, unseen_since: datetime) -> list[SessionLease]:
+    async def takeable(
+        self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[SessionLease]:
+        marks = ",".join("?" * len(gone))
+        also = f" OR holder IN ({marks})" if gone else ""
         rows = await self._database.run(
             lambda db: db.conn.execute(
                 f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = 0"
                 " AND state = 'extracting' AND (lease_until IS NULL OR lease_until < ?"
                 " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
-                " WHERE h.id = s.holder AND h.seen_at >= ?))"
+                f" WHERE h.id = s.holder AND h.seen_at >= ?){also})"
                 " ORDER BY created_at, id",
-                (_text(now), _text(unseen_since)),
+                (_text(now), _text(unseen_since), *gone),
             ).fetchall()
         )
         return [_lease(row) for row in rows]

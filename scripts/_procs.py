@@ -260,6 +260,10 @@ def _run_workers(specs: list[WorkerSpec], llm: Factory,
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
+                proc.join()
+        for channel in (ready, results):
+            channel.close()
+            channel.join_thread()
     return begun, collected
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-# The scripts import their helpers by bare name (they run as `python scripts/x.py`); spawned
-# workers inherit this path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+# The scripts import their helpers by bare name (they run as `python scripts/x.py`). Last on
+# the path, so no script shadows a module other tests import; spawned workers inherit it.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import _procs
 import bench_sessions

@@ -36,9 +36,14 @@ baselines (scripts/_pg_rows.py) are the same rows written without mnemo: one tra
 `steps` row through psycopg, and the commit's rows read back from mnemo's database and
 written into a fresh one in one transaction by `executemany` and by binary `COPY`.
 
-Run: `.venv/bin/python scripts/bench_sessions.py [--quick] [--profile] [--store URL|embedded]`.
-`--quick` shrinks every size (10-20 s on SQLite alone); `--profile` adds cProfile listings of
-the append and commit paths (SQLite).
+6. Many processes on one store (issue 11). With `--processes 1,2,4` the run measures only
+   this (scripts/_procs.py): for each count N, N worker processes, each with its own Memory on
+   one fresh store, append to their own sessions, run start/append/close_and_commit cycles,
+   and all append to one shared session; appends/s, p50/p99, commits/s and nodes/s.
+
+Run: `.venv/bin/python scripts/bench_sessions.py [--quick] [--profile] [--store URL|embedded]
+[--processes N[,N...]]`. `--quick` shrinks every size (10-20 s on SQLite alone); `--profile`
+adds cProfile listings of the append and commit paths (SQLite).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from statistics import median
 from typing import Any
 
 import _pg_rows
+import _procs
 import anyio
 import anyio.to_thread
 import numpy as np
@@ -1046,6 +1052,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--store", type=store_argument, default=None,
                         help="also run every case on PostgreSQL: a postgresql:// URL of a "
                              "server whose role may CREATE DATABASE, or 'embedded'")
+    parser.add_argument("--processes", type=_procs.parse_processes, default=None,
+                        metavar="N[,N...]",
+                        help="instead of sections 1-5: N worker processes on one store, "
+                             "for each N given (e.g. 1,2,4)")
     return parser.parse_args()
 
 
@@ -1099,13 +1109,35 @@ async def run(sizes: Sizes, profile: bool, store: str | None) -> None:
     console.print(summary(results), markup=False, highlight=False, soft_wrap=True)
 
 
+async def run_processes(counts: tuple[int, ...], sizes: _procs.ProcSizes,
+                        store: str | None) -> None:
+    async with open_stores(store, "mnemo-bench-procs-") as stores:
+        facts = await stores.facts()
+        if facts:
+            console.print(facts_table(facts, title="PostgreSQL"))
+        rows: list[_procs.ProcRow] = []
+        for backend in stores.backends:
+            found = await _procs.bench_processes(stores, backend, counts, sizes, FastLLM,
+                                                 FastEmbedder, console.log)
+            console.print(_procs.procs_table(found, sizes))
+            rows += found
+    console.rule("All backends")
+    console.print(_procs.procs_table(rows, sizes))
+    console.rule("Summary (Markdown, for BENCHMARKS.md)")
+    console.print(_procs.procs_markdown(rows), markup=False, highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     args = parse_args()
     sizes = QUICK if args.quick else FULL
     console.print(facts_table({**machine_facts(), "anyio backend": "asyncio",
                                "sizes": "quick" if args.quick else "full"}))
     started = time.perf_counter()
-    anyio.run(run, sizes, args.profile, args.store)
+    if args.processes is not None:
+        procs = _procs.QUICK_PROCS if args.quick else _procs.FULL_PROCS
+        anyio.run(run_processes, args.processes, procs, args.store)
+    else:
+        anyio.run(run, sizes, args.profile, args.store)
     console.print(f"[dim]total {time.perf_counter() - started:.1f} s[/]")
 
 

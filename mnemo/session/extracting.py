@@ -125,7 +125,7 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
             return version
 
         if await transitions.move(live, session, "extraction_succeeded", persist):
-            operations.kick(live, session)
+            await operations.run_stored(live, session)
     except Exception as exc:
         log.warning("%s: extraction failed: %r", session.id, exc)
         session.failure = exc
@@ -163,6 +163,7 @@ async def _extraction_failed(live: Sessions, session: SessionRecord) -> None:
         moved = await transitions.move(live, session, "extraction_failed")
     if moved:
         await operations.fail_pending(session, "extraction_failed")
+        await operations.run_stored(live, session)
 
 
 async def _auto_commit_close(
@@ -184,7 +185,7 @@ async def _auto_commit_close(
             "changeset_applied", session_id=session.id, repo=session.repo,
             node_ids=receipts[0].node_ids, changeset_id=changeset.id,
         )
-        operations.kick(live, session)
+        await operations.run_stored(live, session)
 
 
 async def commit_steps(

@@ -9,14 +9,17 @@ result, or a `SessionError` when it, or one before it, failed, or the session en
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
-from mnemo.errors import EmbeddingError, LLMError, SessionError
+from mnemo.errors import EmbeddingError, LLMError, NotFoundError, SessionError
 from mnemo.inputs import check_text
 from mnemo.session import transitions
 from mnemo.session.machine import Move, State, answer
+from mnemo.session.ports import StoredOp
 from mnemo.session.queue import VALUES, Callback, Op, OpResult, deliver, project
 from mnemo.session.records import SessionRecord, check_step
 from mnemo.session.registry import Sessions
@@ -56,8 +59,6 @@ def submit(
             )
         _accept(session, op)
         session.pending.append(op)
-        if session.state is S.EXTRACTING and not session.scopes:
-            watch(live, session)
         return
     verdict = answer(session.state, kind)
     if not isinstance(verdict, Move) or (kind == "close" and session.appends_in_flight):
@@ -135,16 +136,50 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
             await transitions.start_episode(live, session, op.args[0], op=op)
 
 
-# How often a session whose work another Memory holds looks at the store's change token
-# while operations wait for that work (a cheap read; the session is read again only when the
-# token moved).
+# How often a Memory whose stored operations wait for work another Memory holds looks at the
+# store's change token (a cheap read; results and the session are read only when it moved).
 WATCH_INTERVAL = 0.05
 
 
+async def submit_remote(
+    live: Sessions,
+    session: SessionRecord,
+    kind: str,
+    args: tuple[Any, ...],
+    callback: Callback | None,
+) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
+
+    Raises:
+        SessionError: as `submit`.
+    """
+    if kind == "append":
+        check_step(session.config, args[0], args[1], None)
+    elif kind == "start_episode":
+        check_text(args[0], "goal", limit=session.config.max_text_chars)
+    waiting = live.remote.get(session.id, [])
+    if len(waiting) >= session.config.max_pending_ops:
+        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+    auto = session.config.auto_commit
+    queued = [Op(k, (), None) for _, k, _ in waiting]
+    if project(S.IDLE if auto else S.READY, [*queued, Op(kind, args, callback)],
+               auto_commit=auto) is None:
+        raise SessionError(
+            "invalid_queued_operation", state=session.state, session_id=session.id
+        )
+    op_id = f"op_{uuid.uuid4().hex}"
+    await live.coordination.queue_op(StoredOp(
+        op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
+    ))
+    live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+    watch(live, session)
+
+
 def watch(live: Sessions, session: SessionRecord) -> None:
-    """Waits, while another Memory extracts the session and operations queued here wait for
-    it, until the store shows the extraction over; then runs them (or fails them, after a
-    failed extraction), here, where they were accepted."""
+    """Waits, while operations this Memory stored for the session wait for work held
+    elsewhere, for their results (and calls back), or for the work to end with nobody to run
+    them (then runs them here)."""
     if session.watching:
         return
     session.watching = True
@@ -152,21 +187,93 @@ def watch(live: Sessions, session: SessionRecord) -> None:
     async def wait_for_the_store() -> None:
         token: int | None = None
         try:
-            while session.pending and not session.ended and session.state is S.EXTRACTING:
+            while live.remote.get(session.id):
                 current = await live.coordination.change_token()
-                if current != token:
-                    token = current
-                    await live.fetch(session.id, fresh=True)
+                if current == token:
+                    await anyio.sleep(WATCH_INTERVAL)
                     continue
-                await anyio.sleep(WATCH_INTERVAL)
+                token = current
+                await deliver_results(live, session)
+                if not live.remote.get(session.id):
+                    break
+                try:
+                    await live.fetch(session.id, fresh=True)
+                except NotFoundError:
+                    await fail_remote(live, session, "session_ended")
+                    break
+                if session.state is not S.EXTRACTING:
+                    await run_stored(live, session)
         finally:
             session.watching = False
-        if session.state is S.FAILED:
-            await fail_pending(session, "extraction_failed")
-        else:
-            kick(live, session)
 
     live.spawn(session, wait_for_the_store)
+
+
+async def deliver_results(live: Sessions, session: SessionRecord) -> None:
+    """Calls back for the operations this Memory stored whose results another wrote."""
+    mine = live.remote.get(session.id, [])
+    results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
+    if not results:
+        return
+    done = [entry for entry in mine if entry[0] in results]
+    live.remote[session.id] = [entry for entry in mine if entry[0] not in results]
+    await live.coordination.drop_ops([op_id for op_id, _, _ in done])
+    for op_id, _, callback in done:
+        await deliver(callback, _op_result(results[op_id], session))
+
+
+async def run_stored(live: Sessions, session: SessionRecord) -> None:
+    """Takes the session's stored operations nobody took yet and runs them here, in the order
+    they were accepted (after a failed extraction they fail with "extraction_failed"); each
+    result goes to the Memory that accepted it."""
+    if live.holder_id is None:
+        return
+    for stored in await live.coordination.take_ops(session.id, live.holder_id):
+        callback = _result_to(live, stored.id)
+        if session.state is S.FAILED:
+            error = SessionError("extraction_failed", state=session.state, session_id=session.id)
+            await deliver(callback, OpResult(False, None, error))
+            continue
+        op = Op(stored.kind, tuple(stored.args), callback)
+        _accept(session, op)
+        session.pending.append(op)
+    kick(live, session)
+
+
+def _result_to(live: Sessions, op_id: str) -> Callback:
+    """Where a stored operation's result goes: its callback, when this Memory accepted it;
+    else the store, for the Memory that did."""
+
+    async def report(result: OpResult) -> None:
+        for entries in live.remote.values():
+            for entry in entries:
+                if entry[0] == op_id:
+                    entries.remove(entry)
+                    await live.coordination.drop_ops([op_id])
+                    await deliver(entry[2], result)
+                    return
+        await live.coordination.finish_op(op_id, {
+            "ok": result.ok, "value": result.value,
+            "error": None if result.error is None else result.error.reason,
+        })
+
+    return report
+
+
+async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
+    """Answers every operation this Memory stored for the session with `reason` (they stay
+    stored: another Memory may still run them)."""
+    for _, _, callback in live.remote.pop(session.id, []):
+        error = SessionError(reason, state=session.state, session_id=session.id)
+        await deliver(callback, OpResult(False, None, error))
+
+
+def _op_result(stored: dict[str, Any], session: SessionRecord) -> OpResult:
+    reason = stored.get("error")
+    error = None if reason is None else SessionError(
+        str(reason), state=session.state, session_id=session.id
+    )
+    return OpResult(bool(stored.get("ok")), stored.get("value"), error)
 
 
 def kick(live: Sessions, session: SessionRecord) -> None:

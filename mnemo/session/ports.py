@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
@@ -139,6 +139,18 @@ class SessionLease:
     ended: bool
 
 
+@dataclass(frozen=True, slots=True)
+class StoredOp:
+    """An async operation stored with its session (`args`: JSON values)."""
+
+    id: str
+    session_id: str
+    kind: str
+    args: list[Any]
+    accepted_by: str
+    created_at: datetime
+
+
 class Coordination(Protocol):
     """How the `Memory` objects on one store agree on who does what: holders with a heartbeat,
     and sessions moved by compare-and-set on their version. Each method is one transaction."""
@@ -187,6 +199,27 @@ class Coordination(Protocol):
         """The live sessions whose background work nobody holds any more: extracting, with
         a lease that ended before `now`, or a holder that is gone, in `gone`, or was last seen
         before `unseen_since`. Oldest first. Reads only."""
+        ...
+
+    async def queue_op(self, op: StoredOp) -> None:
+        """Stores an async operation accepted while another Memory holds the session's work."""
+        ...
+
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+        """Takes the session's stored operations nobody took yet (each is taken once), in
+        the order they were accepted."""
+        ...
+
+    async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
+        """Records a taken operation's result for the Memory that accepted it."""
+        ...
+
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The results recorded so far of these operations."""
+        ...
+
+    async def drop_ops(self, op_ids: Sequence[str]) -> None:
+        """Forgets operations whose results were delivered."""
         ...
 
     async def change_token(self) -> int:

@@ -22,6 +22,7 @@ from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLM
 from mnemo.session.machine import Machines, SessionModel, State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
+from mnemo.session.queue import Callback
 from mnemo.session.records import Runtime, SessionRecord
 
 log = logging.getLogger("mnemo")
@@ -47,6 +48,9 @@ class Sessions:
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
+        # Operations this Memory accepted and stored for work another Memory holds, by
+        # session: (op id, kind, callback), in the order accepted (`operations.submit_remote`).
+        self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
         self.store = store
         self.coordination = coordination
         self.graph = graph

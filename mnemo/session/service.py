@@ -91,6 +91,7 @@ class SessionService:
             with anyio.CancelScope(shield=True):
                 for session in list(live.by_id.values()):
                     await operations.fail_pending(session, "memory_closed")
+                    await operations.fail_remote(live, session, "memory_closed")
 
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it
@@ -267,6 +268,10 @@ class SessionService:
                 "invalid_queued_operation" (API.md's queue rules).
         """
         session = await self._live.fetch(session_id, fresh=True)
+        if session.state is S.EXTRACTING and not session.scopes:
+            # Another Memory extracts it: the operation is stored with the session.
+            await operations.submit_remote(self._live, session, kind, args, callback)
+            return
         operations.submit(self._live, session, kind, args, callback)
 
     @staticmethod

@@ -301,3 +301,26 @@ async def test_a_memory_with_another_model_never_resumes_the_work(store: str) ->
         receipt = await c.mem.commit(sid)
         assert receipt is not None
         assert set((await node_texts(c.mem)).values()) == {1}
+
+
+async def test_an_operation_stored_by_a_closed_memory_still_runs(store: str) -> None:
+    """A commit accepted through A while B extracts is stored with the session: A closes
+    (its callback says so), and B runs the commit when its extraction ends."""
+    async with AsyncExitStack() as stack:
+        a_stack = await stack.enter_async_context(AsyncExitStack())
+        a = await open_worker(a_stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = b.llm.hold("semantic")
+        await b.mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        results: list[mnemo.OpResult] = []
+        await a.mem.commit_async(sid, results.append)
+        await a_stack.aclose()  # A goes away before the work ends
+        assert [r.error.reason for r in results if r.error] == ["memory_closed"]
+        held.release()
+        landed = await b.events.wait_state(b.mem, sid, State.IDLE)
+        assert landed is State.IDLE
+        assert set((await node_texts(b.mem)).values()) == {1}
+        assert "semantic" not in a.llm.tasks()

@@ -26,8 +26,8 @@ from tests.storage.filled import (
 )
 
 # Not copied: each backend's bookkeeping, which process holds what, and search indexes.
-SQLITE_SKIPPED = {"_sqlite_migrations", "sqlite_stat1", "holders"}
-POSTGRES_SKIPPED = {"mnemo_migrations", "holders"}
+SQLITE_SKIPPED = {"_sqlite_migrations", "sqlite_stat1", "holders", "ops"}
+POSTGRES_SKIPPED = {"mnemo_migrations", "holders", "ops"}
 HELD = {"holder", "lease_until"}  # columns of sessions
 MESSAGES = next(t for t in TABLES if t.name == "messages")
 

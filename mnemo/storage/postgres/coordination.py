@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from psycopg.types.json import Jsonb
+
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, SessionLease
+from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.postgres.connection import Postgres
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
@@ -102,6 +104,46 @@ class PgCoordination:
             (now, unseen_since, list(gone)),
         )
         return [_lease(row) for row in rows]
+
+    async def queue_op(self, op: StoredOp) -> None:
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                (op.id, op.session_id, op.kind, Jsonb(op.args), op.accepted_by, op.created_at),
+            )
+
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                "UPDATE ops SET taken_by = %s WHERE session_id = %s AND taken_by IS NULL"
+                " RETURNING id, session_id, kind, args, accepted_by, created_at",
+                (holder_id, session_id),
+            )
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+        ops = [StoredOp(str(i), str(s), str(k), list(a), str(by), at)
+               for i, s, k, a, by, at in rows]
+        return sorted(ops, key=lambda op: (op.created_at, op.id))
+
+    async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
+        async with self._pg.connection() as conn:
+            await conn.execute("UPDATE ops SET result = %s WHERE id = %s",
+                               (Jsonb(result), op_id))
+
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        if not op_ids:
+            return {}
+        rows = await self._pg.fetch_all(
+            "SELECT id, result FROM ops WHERE id = ANY(%s) AND result IS NOT NULL",
+            (list(op_ids),),
+        )
+        return {str(i): dict(r) for i, r in rows}
+
+    async def drop_ops(self, op_ids: Sequence[str]) -> None:
+        if not op_ids:
+            return
+        async with self._pg.connection() as conn:
+            await conn.execute("DELETE FROM ops WHERE id = ANY(%s)", (list(op_ids),))
 
     async def change_token(self) -> int:
         rows = await self._pg.fetch_all(

@@ -298,6 +298,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        "m008_stored_operations",
+        (
+            """CREATE TABLE ops (
+                id text PRIMARY KEY,
+                session_id text NOT NULL,
+                kind text NOT NULL,
+                args jsonb NOT NULL,
+                accepted_by text NOT NULL,
+                created_at timestamptz NOT NULL,
+                taken_by text,
+                result jsonb
+            )""",
+            "CREATE INDEX ops_by_session ON ops (session_id, created_at)",
+        ),
+    ),
 )
 
 _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (

@@ -10,6 +10,7 @@ the second one finds the version moved. Times are stored as SQLite stores every 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, SessionLease
+from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.sqlite.database import Database
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
@@ -128,6 +129,68 @@ class SqliteCoordination:
             ).fetchall()
         )
         return [_lease(row) for row in rows]
+
+    async def queue_op(self, op: StoredOp) -> None:
+        row = (op.id, op.session_id, op.kind, json.dumps(op.args), op.accepted_by,
+               _text(op.created_at))
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+
+        await self._database.run(write)
+
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+        def write(db: SqliteUtilsDatabase) -> list[tuple[Any, ...]]:
+            with db.atomic():
+                return db.conn.execute(
+                    "UPDATE ops SET taken_by = ? WHERE session_id = ? AND taken_by IS NULL"
+                    " RETURNING id, session_id, kind, args, accepted_by, created_at",
+                    (holder_id, session_id),
+                ).fetchall()
+
+        rows = await self._database.run(write)
+        ops = [StoredOp(str(i), str(s), str(k), list(json.loads(a)), str(by), _time(at))
+               for i, s, k, a, by, at in rows]
+        return sorted(ops, key=lambda op: (op.created_at, op.id))
+
+    async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "UPDATE ops SET result = ? WHERE id = ?", (json.dumps(result), op_id)
+                )
+
+        await self._database.run(write)
+
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        ids = list(op_ids)
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                f"SELECT id, result FROM ops WHERE id IN ({marks}) AND result IS NOT NULL",
+                ids,
+            ).fetchall()
+        )
+        return {str(i): dict(json.loads(r)) for i, r in rows}
+
+    async def drop_ops(self, op_ids: Sequence[str]) -> None:
+        ids = list(op_ids)
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(f"DELETE FROM ops WHERE id IN ({marks})", ids)
+
+        await self._database.run(write)
 
     async def change_token(self) -> int:
         rows = await self._database.run(

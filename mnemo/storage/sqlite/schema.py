@@ -358,3 +358,26 @@ def m010_many_processes(db: Database) -> None:
         """,
     )
 
+
+@MIGRATIONS()
+def m011_stored_operations(db: Database) -> None:
+    # An async operation accepted while another Memory holds the session's work is stored with
+    # the session (issue 11): whoever ends that work runs it, and the result waits here for the
+    # Memory that accepted it, which calls back.
+    _execute_all(
+        db,
+        """
+        CREATE TABLE ops (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            args TEXT NOT NULL,
+            accepted_by TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            taken_by TEXT,
+            result TEXT
+        ) WITHOUT ROWID;
+        CREATE INDEX ops_by_session ON ops(session_id, created_at);
+        """,
+    )
+

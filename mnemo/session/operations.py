@@ -9,13 +9,14 @@ result, or a `SessionError` when it, or one before it, failed, or the session en
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 
-from mnemo.errors import EmbeddingError, LLMError, NotFoundError, SessionError
+from mnemo.errors import EmbeddingError, LLMError, MnemoError, NotFoundError, SessionError
 from mnemo.inputs import check_text
 from mnemo.session import transitions
 from mnemo.session.machine import Move, State, answer
@@ -25,6 +26,8 @@ from mnemo.session.records import SessionRecord, check_step
 from mnemo.session.registry import Sessions
 
 S = State
+
+log = logging.getLogger("mnemo")
 
 
 def submit(
@@ -228,8 +231,11 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
     result goes to the Memory that accepted it."""
     if live.holder_id is None:
         return
-    for stored in await live.coordination.take_ops(session.id, live.holder_id):
-        callback = _result_to(live, stored.id)
+    taken = await live.coordination.take_ops(session.id, live.holder_id)
+    # An operation whose Memory closed before it ran has nobody to call back: forgotten now.
+    await live.coordination.drop_ops([op.id for op in taken if not op.accepted_by])
+    for stored in taken:
+        callback = _result_to(live, stored.id) if stored.accepted_by else None
         if session.state is S.FAILED:
             error = SessionError("extraction_failed", state=session.state, session_id=session.id)
             await deliver(callback, OpResult(False, None, error))
@@ -262,8 +268,14 @@ def _result_to(live: Sessions, op_id: str) -> Callback:
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
     """Answers every operation this Memory stored for the session with `reason` (they stay
-    stored: another Memory may still run them)."""
-    for _, _, callback in live.remote.pop(session.id, []):
+    stored: another Memory may still run them, and forgets each once it ran)."""
+    entries = live.remote.pop(session.id, [])
+    if entries and reason == "memory_closed":
+        try:
+            await live.coordination.orphan_ops([op_id for op_id, _, _ in entries])
+        except MnemoError as exc:
+            log.warning("%s: could not leave its stored operations: %r", session.id, exc)
+    for _, _, callback in entries:
         error = SessionError(reason, state=session.state, session_id=session.id)
         await deliver(callback, OpResult(False, None, error))
 

@@ -211,7 +211,13 @@ class Coordination(Protocol):
         ...
 
     async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
-        """Records a taken operation's result for the Memory that accepted it."""
+        """Records a taken operation's result for the Memory that accepted it (forgets the
+        operation when that Memory closed: nobody is left to call back)."""
+        ...
+
+    async def orphan_ops(self, op_ids: Sequence[str]) -> None:
+        """The Memory that accepted these operations closes: those done are forgotten, the
+        others are forgotten once done."""
         ...
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -277,6 +277,7 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -
         assert await b.mem.session_state(sid) is State.IDLE
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
+        assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
 
 
 async def test_a_memory_with_another_model_never_resumes_the_work(store: str) -> None:
@@ -324,3 +325,4 @@ async def test_an_operation_stored_by_a_closed_memory_still_runs(store: str) -> 
         assert landed is State.IDLE
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
+        assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back

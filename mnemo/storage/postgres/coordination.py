@@ -126,9 +126,19 @@ class PgCoordination:
         return sorted(ops, key=lambda op: (op.created_at, op.id))
 
     async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
-        async with self._pg.connection() as conn:
+        async with self._pg.transaction() as conn:
+            await conn.execute("DELETE FROM ops WHERE id = %s AND accepted_by = ''", (op_id,))
             await conn.execute("UPDATE ops SET result = %s WHERE id = %s",
                                (Jsonb(result), op_id))
+
+    async def orphan_ops(self, op_ids: Sequence[str]) -> None:
+        if not op_ids:
+            return
+        async with self._pg.transaction() as conn:
+            await conn.execute("DELETE FROM ops WHERE id = ANY(%s) AND result IS NOT NULL",
+                               (list(op_ids),))
+            await conn.execute("UPDATE ops SET accepted_by = '' WHERE id = ANY(%s)",
+                               (list(op_ids),))
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not op_ids:

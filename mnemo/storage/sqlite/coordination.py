@@ -161,9 +161,25 @@ class SqliteCoordination:
     async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
+                db.conn.execute("DELETE FROM ops WHERE id = ? AND accepted_by = ''", (op_id,))
                 db.conn.execute(
                     "UPDATE ops SET result = ? WHERE id = ?", (json.dumps(result), op_id)
                 )
+
+        await self._database.run(write)
+
+    async def orphan_ops(self, op_ids: Sequence[str]) -> None:
+        ids = list(op_ids)
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    f"DELETE FROM ops WHERE id IN ({marks}) AND result IS NOT NULL", ids
+                )
+                db.conn.execute(f"UPDATE ops SET accepted_by = '' WHERE id IN ({marks})", ids)
 
         await self._database.run(write)
 

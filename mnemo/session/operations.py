@@ -23,7 +23,7 @@ from mnemo.session.machine import Move, State, answer
 from mnemo.session.ports import StoredOp
 from mnemo.session.queue import VALUES, Callback, Op, OpResult, deliver, project
 from mnemo.session.records import SessionRecord, check_step
-from mnemo.session.registry import Sessions
+from mnemo.session.registry import POLL_INTERVAL, Sessions
 
 S = State
 
@@ -141,7 +141,7 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
 
 # How often a Memory whose stored operations wait for work another Memory holds looks at the
 # store's change token (a cheap read; results and the session are read only when it moved).
-WATCH_INTERVAL = 0.05
+WATCH_INTERVAL = POLL_INTERVAL
 
 
 async def submit_remote(

@@ -28,6 +28,10 @@ from mnemo.session.records import Runtime, SessionRecord
 log = logging.getLogger("mnemo")
 
 
+# How often a wait for work another Memory holds looks at the store's change token.
+POLL_INTERVAL = 0.05
+
+
 class Sessions:
     """Every live session of one Memory, with the store, graph, events and LLMs they use."""
 
@@ -136,6 +140,23 @@ class Sessions:
         session.version = row.version
         if row.state is not before:
             session.notify()
+
+    async def wait_moved(self, session: SessionRecord) -> None:
+        """Waits until the session may have moved: its event here, or, while another Memory
+        extracts it, a change in the store (the change token, looked at every
+        `POLL_INTERVAL` seconds; the session is then read again)."""
+        if session.scopes or session.state is not State.EXTRACTING:
+            await session.changed.wait()
+            return
+        token = await self.coordination.change_token()
+        while True:
+            with anyio.move_on_after(POLL_INTERVAL):
+                await session.changed.wait()
+                return
+            current = await self.coordination.change_token()
+            if current != token:
+                await self.fetch(session.id, fresh=True)
+                return
 
     def drop(self, session: SessionRecord) -> None:
         """Forgets an ended session (its background work is cancelled)."""

@@ -234,7 +234,7 @@ class SessionService:
         while True:
             with anyio.move_on_after(wait if wait > 0 else math.inf) as scope:
                 while session.state is S.EXTRACTING and not session.ended:
-                    await session.changed.wait()
+                    await self._live.wait_moved(session)
             if scope.cancelled_caught:
                 raise PipelineError("extraction_timeout", f"{session_id} still extracting")
             if session.ended:

@@ -326,3 +326,27 @@ async def test_an_operation_stored_by_a_closed_memory_still_runs(store: str) -> 
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
         assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
+
+
+async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(store: str) -> None:
+    """A's close_and_commit on a session B is extracting waits for B's extraction (seen in the
+    store) and commits it once, with B's result."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = b.llm.hold("semantic")
+        await b.mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        async with anyio.create_task_group() as tg:
+            receipts: list[mnemo.CommitReceipt] = []
+
+            async def commit_through_a() -> None:
+                receipts.append(await a.mem.close_and_commit(sid))
+
+            tg.start_soon(commit_through_a)
+            await anyio.wait_all_tasks_blocked()
+            held.release()
+        assert receipts[0].node_ids
+        assert await b.mem.session_state(sid) is State.IDLE
+        assert set((await node_texts(a.mem)).values()) == {1}
+        assert "semantic" not in a.llm.tasks()

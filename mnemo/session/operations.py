@@ -44,10 +44,7 @@ def submit(
             "invalid_queued_operation" (API.md's queue rules).
     """
     session_id = session.id
-    if kind == "append":
-        check_step(session.config, args[0], args[1], None)
-    elif kind == "start_episode":
-        check_text(args[0], "goal", limit=session.config.max_text_chars)
+    _check_args(session, kind, args)
     if session.state is S.FAILED:
         raise SessionError("session_failed", state=session.state, session_id=session_id)
     op = Op(kind, args, callback)
@@ -69,6 +66,14 @@ def submit(
     _accept(session, op)
     session.running = op
     live.spawn(session, _run_op, live, session, op)
+
+
+def _check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
+    """Raises InvalidInputError for an operation's text past the session's bounds."""
+    if kind == "append":
+        check_step(session.config, args[0], args[1], None)
+    elif kind == "start_episode":
+        check_text(args[0], "goal", limit=session.config.max_text_chars)
 
 
 def _accept(session: SessionRecord, op: Op) -> None:
@@ -157,10 +162,7 @@ async def submit_remote(
     Raises:
         SessionError: as `submit`.
     """
-    if kind == "append":
-        check_step(session.config, args[0], args[1], None)
-    elif kind == "start_episode":
-        check_text(args[0], "goal", limit=session.config.max_text_chars)
+    _check_args(session, kind, args)
     waiting = live.remote.get(session.id, [])
     if len(waiting) >= session.config.max_pending_ops:
         raise SessionError("pending_queue_full", state=session.state, session_id=session.id)

@@ -145,14 +145,17 @@ class Sessions:
         """Waits until the session may have moved: its event here, or, while another Memory
         extracts it, a change in the store (the change token, looked at every
         `POLL_INTERVAL` seconds; the session is then read again)."""
+        event = session.changed  # taken before any await: a notify from now on wakes us
         if session.scopes or session.state is not State.EXTRACTING:
-            await session.changed.wait()
+            await event.wait()
             return
         token = await self.coordination.change_token()
         while True:
             with anyio.move_on_after(POLL_INTERVAL):
-                await session.changed.wait()
+                await event.wait()
                 return
+            if session.scopes or session.state is not State.EXTRACTING:
+                return  # its work runs here now, or it moved while we looked at the store
             current = await self.coordination.change_token()
             if current != token:
                 await self.fetch(session.id, fresh=True)

@@ -86,6 +86,10 @@ class Config:
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
+    # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
+    # it off (the store's own full-text search answers). Read from the Memory's config only.
+    lexical_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):

@@ -77,7 +77,11 @@ class Memory:
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         self._config = config or Config()
         self._backend = open_backend(
-            path, dims=self._dim, busy_timeout=self._config.busy_timeout, synchronous=synchronous
+            path,
+            dims=self._dim,
+            busy_timeout=self._config.busy_timeout,
+            synchronous=synchronous,
+            lexical_dir=self._config.lexical_dir,
         )
         self._repos = repos = Repos(self._config, llm, embedder)
         self._events = Events(on_event)

@@ -23,10 +23,13 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @asynccontextmanager
-async def open_stores(store: str, dim: int | Callable[[str], int]) -> AsyncIterator[Backend]:
-    """The backend of `store` (a SQLite path or a PostgreSQL URL), opened, closed after."""
+async def open_stores(
+    store: str, dim: int | Callable[[str], int], *, lexical_dir: str | None = None
+) -> AsyncIterator[Backend]:
+    """The backend of `store` (a SQLite path or a PostgreSQL URL), opened, closed after;
+    `lexical_dir=""` leaves its lexical index out (the store's own text search answers)."""
     dims = dim if callable(dim) else (lambda repo: dim)
-    backend = open_backend(store, dims=dims, busy_timeout=5.0)
+    backend = open_backend(store, dims=dims, busy_timeout=5.0, lexical_dir=lexical_dir)
     await backend.open()
     try:
         yield backend

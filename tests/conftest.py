@@ -37,6 +37,15 @@ REPO = "r"
 Enter = Callable[[State], Awaitable[str]]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lexical_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """PostgreSQL stores' lexical indexes go to a temporary folder, not the user's cache."""
+    folder = tmp_path_factory.mktemp("lexical")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MNEMO_LEXICAL_DIR", str(folder))
+        yield folder
+
+
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where a test's Memory keeps everything: a SQLite file, or a new PostgreSQL database

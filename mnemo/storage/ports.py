@@ -63,8 +63,10 @@ def open_backend(
     dims: Callable[[str], int],
     busy_timeout: float,
     synchronous: str = "NORMAL",
+    lexical_dir: str | Path | None = None,
 ) -> Backend:
-    """The backend `path` names; call `open()` on it before use.
+    """The backend `path` names; call `open()` on it before use. `lexical_dir`: where recall's
+    lexical index lives (None: the backend's default; "": no index).
 
     Raises:
         StorageError: "unavailable" for a PostgreSQL URL when mnemo's `postgres` extra
@@ -78,7 +80,15 @@ def open_backend(
             )
         from mnemo.storage.postgres.store import PostgresBackend
 
-        return PostgresBackend(str(path), dims=dims, busy_timeout=busy_timeout)
+        return PostgresBackend(
+            str(path), dims=dims, busy_timeout=busy_timeout, lexical_dir=lexical_dir
+        )
     from mnemo.storage.sqlite import SqliteBackend
 
-    return SqliteBackend(path, dims=dims, busy_timeout=busy_timeout, synchronous=synchronous)
+    return SqliteBackend(
+        path,
+        dims=dims,
+        busy_timeout=busy_timeout,
+        synchronous=synchronous,
+        lexical_dir=lexical_dir,
+    )

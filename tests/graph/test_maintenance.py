@@ -442,8 +442,9 @@ async def test_validate_reports_missing_and_bad_vectors(
 async def test_validate_rebuilds_the_search_index(tmp_path: Path) -> None:
     """SQLite: a search entry that went missing (FTS5 keeps them in a table of their own)
     makes the integrity check fail: the index is rebuilt and the node can be found again. On
-    PostgreSQL a node's search entry is a generated column of its row and cannot go missing."""
-    async with open_stores(str(tmp_path / "g.db"), DIM) as backend:
+    PostgreSQL a node's search entry is a generated column of its row and cannot go missing.
+    Without the lexical index, which would answer instead of FTS5."""
+    async with open_stores(str(tmp_path / "g.db"), DIM, lexical_dir="") as backend:
         graph = await _trajectory(backend.graph)
         await sql(
             backend,

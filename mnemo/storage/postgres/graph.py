@@ -40,6 +40,7 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import IntentPolicy, MergeResult, Neighbor, SideWrite, SweepResult, TypedLink
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
+from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import maintenance, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.sessions import side_writes
@@ -59,10 +60,16 @@ class PgGraph:
     """`GraphStore` over a PostgreSQL database."""
 
     def __init__(
-        self, pg: Postgres, dims: Callable[[str], int], *, exact_below: int = EXACT_BELOW
+        self,
+        pg: Postgres,
+        dims: Callable[[str], int],
+        *,
+        exact_below: int = EXACT_BELOW,
+        lexical: LexicalIndex | None = None,
     ) -> None:
         self._pg = pg
         self._dims = dims
+        self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
         # A repo's lock holds a pooled connection for its whole block, and the block needs
         # others for its work: at most half the pool holds locks, so commits to many repos
@@ -343,7 +350,14 @@ class PgGraph:
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
-        """Nodes matching any word of `query` (stemmed), best `ts_rank_cd` first."""
+        """Nodes matching words of `query` by BM25, best first: from the lexical index, or
+        from PostgreSQL's full-text search (stemmed, `ts_rank_cd`) when there is none or it
+        cannot answer now."""
+        kinds = None if types is None else kind_values(types)
+        if self._lexical is not None:
+            found = await self._lexical.search(repo, query, limit, kinds)
+            if found is not None:
+                return found
         words = query_terms(_WORD.findall(query))
         if not words or limit <= 0:
             return []
@@ -353,7 +367,6 @@ class PgGraph:
             )
             for word in words
         )
-        kinds = None if types is None else kind_values(types)
         statement = sql.SQL(
             "SELECT id, ts_rank_cd(search, q) AS score FROM nodes, (SELECT {}) AS query(q)"
             " WHERE repo = %s AND search @@ q{} ORDER BY score DESC, rowid LIMIT %s"
@@ -416,7 +429,9 @@ class PgGraph:
         """Nothing to wait for: pgvector's index is written with the rows."""
 
     async def aclose(self) -> None:
-        """Nothing to stop: the connections belong to the backend."""
+        """Stops the lexical index's work (the connections belong to the backend)."""
+        if self._lexical is not None:
+            await self._lexical.aclose()
 
     async def _all(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
         return await self._pg.fetch_all(statement, params)

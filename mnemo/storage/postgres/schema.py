@@ -314,6 +314,72 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX ops_by_session ON ops (session_id, created_at)",
         ),
     ),
+    # Recall's lexical index is a cache outside the database (mnemo/storage/lexical.py):
+    # every change of a node's text is logged under a per-repo sequence in the writer's own
+    # transaction. Taking the next number locks the repo's `lexical_repos` row until commit,
+    # so a repo's sequence numbers commit in order (a bigserial's would not). Inserts and
+    # deletes log once per statement (transition tables); a text change, rare, per row.
+    # Repos that already have nodes start at horizon 1: an index rebuilds them.
+    Migration(
+        "m009_lexical_log",
+        (
+            """CREATE TABLE lexical_repos (
+                repo text PRIMARY KEY,
+                seq bigint NOT NULL,
+                horizon bigint NOT NULL DEFAULT 0
+            )""",
+            """CREATE TABLE lexical_log (
+                repo text NOT NULL,
+                seq bigint NOT NULL,
+                node bigint NOT NULL,
+                PRIMARY KEY (repo, seq)
+            )""",
+            "CREATE TABLE lexical_epoch (epoch text NOT NULL)",
+            "INSERT INTO lexical_epoch VALUES (md5(random()::text || clock_timestamp()::text))",
+            "INSERT INTO lexical_repos (repo, seq, horizon) SELECT DISTINCT repo, 1, 1 FROM nodes",
+            """CREATE FUNCTION mnemo_lexical_log(changed_repo text, changed bigint[])
+            RETURNS void LANGUAGE plpgsql AS $$
+            DECLARE
+                last bigint;
+            BEGIN
+                INSERT INTO lexical_repos AS l (repo, seq)
+                    VALUES (changed_repo, cardinality(changed))
+                    ON CONFLICT (repo) DO UPDATE SET seq = l.seq + cardinality(changed)
+                    RETURNING seq INTO last;
+                INSERT INTO lexical_log (repo, seq, node)
+                    SELECT changed_repo, last - cardinality(changed) + n.i, n.node
+                    FROM unnest(changed) WITH ORDINALITY AS n(node, i);
+            END $$""",
+            """CREATE FUNCTION mnemo_lexical_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE
+                r record;
+            BEGIN
+                FOR r IN SELECT repo, array_agg(rowid ORDER BY rowid) AS nodes
+                         FROM changed GROUP BY repo ORDER BY repo LOOP
+                    PERFORM mnemo_lexical_log(r.repo, r.nodes);
+                END LOOP;
+                RETURN NULL;
+            END $$""",
+            """CREATE FUNCTION mnemo_lexical_row() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM mnemo_lexical_log(OLD.repo, ARRAY[OLD.rowid]);
+                IF NEW.repo IS DISTINCT FROM OLD.repo OR NEW.rowid IS DISTINCT FROM OLD.rowid THEN
+                    PERFORM mnemo_lexical_log(NEW.repo, ARRAY[NEW.rowid]);
+                END IF;
+                RETURN NULL;
+            END $$""",
+            "CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON nodes"
+            " REFERENCING NEW TABLE AS changed FOR EACH STATEMENT"
+            " EXECUTE FUNCTION mnemo_lexical_rows()",
+            "CREATE TRIGGER nodes_lexical_delete AFTER DELETE ON nodes"
+            " REFERENCING OLD TABLE AS changed FOR EACH STATEMENT"
+            " EXECUTE FUNCTION mnemo_lexical_rows()",
+            "CREATE TRIGGER nodes_lexical_update AFTER UPDATE ON nodes FOR EACH ROW"
+            " WHEN (OLD.text IS DISTINCT FROM NEW.text OR OLD.type IS DISTINCT FROM NEW.type"
+            " OR OLD.id IS DISTINCT FROM NEW.id OR OLD.repo IS DISTINCT FROM NEW.repo)"
+            " EXECUTE FUNCTION mnemo_lexical_row()",
+        ),
+    ),
 )
 
 _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (

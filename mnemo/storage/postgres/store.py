@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.postgres.coordination import PgCoordination
 from mnemo.storage.postgres.graph import PgGraph
+from mnemo.storage.postgres.lexical import PgLexicalSource, default_folder
 from mnemo.storage.postgres.sessions import PgSessions
 
 # Connections one Memory may hold: a commit holds one for its repo's advisory lock and uses
@@ -26,9 +29,18 @@ class PostgresBackend:
         dims: Callable[[str], int],
         busy_timeout: float,
         max_connections: int = MAX_CONNECTIONS,
+        lexical_dir: str | Path | None = None,
     ) -> None:
+        """`lexical_dir`: the folder of recall's lexical index (None: `$MNEMO_LEXICAL_DIR` or
+        the user's cache folder; "": none, PostgreSQL's full-text search answers)."""
         self.postgres = Postgres(url, busy_timeout=busy_timeout, max_size=max_connections)
-        self.graph = PgGraph(self.postgres, dims)
+        lexical = None
+        if lexical_dir != "":
+            lexical = LexicalIndex(
+                Path(lexical_dir) if lexical_dir is not None else default_folder(),
+                PgLexicalSource(url, busy_timeout),
+            )
+        self.graph = PgGraph(self.postgres, dims, lexical=lexical)
         self.sessions = PgSessions(self.postgres)
         self.threads = PgThreads(self.postgres)
         self.coordination = PgCoordination(self.postgres)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 
+from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.coordination import SqliteCoordination
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
+from mnemo.storage.sqlite.lexical import SqliteLexicalSource
 from mnemo.storage.sqlite.sessions import SqliteSessions
 
 
@@ -24,9 +27,14 @@ class SqliteBackend:
         dims: Callable[[str], int],
         busy_timeout: float,
         synchronous: str = "NORMAL",
+        lexical_dir: str | Path | None = None,
     ) -> None:
+        """`lexical_dir`: the folder of recall's lexical index (None: beside the file; "" or a
+        `:memory:` store: none, FTS5 answers)."""
         self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout)
-        self.graph = SqliteGraph(self.database, dims)
+        self.graph = SqliteGraph(
+            self.database, dims, lexical=_lexical_index(path, lexical_dir, busy_timeout)
+        )
         self.sessions = SqliteSessions(self.database)
         self.threads = SqliteThreads(self.database)
         self.coordination = SqliteCoordination(self.database)
@@ -41,3 +49,17 @@ class SqliteBackend:
                 await self.graph.aclose()
         finally:
             await self.database.close()
+
+
+def _lexical_index(
+    path: str | Path, folder: str | Path | None, busy_timeout: float
+) -> LexicalIndex | None:
+    if str(path) == ":memory:" or folder == "":
+        return None
+    if folder is None:
+        where = Path(f"{path}.lexical")
+    else:
+        # One folder may serve many stores: each gets its own, named by the file's path.
+        name = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+        where = Path(folder) / f"sqlite-{name}"
+    return LexicalIndex(where, SqliteLexicalSource(path, busy_timeout))

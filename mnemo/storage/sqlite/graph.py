@@ -49,6 +49,7 @@ from mnemo.graph.ports import (
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
+from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import maintenance
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
@@ -74,10 +75,12 @@ class SqliteGraph:
         *,
         ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
         ann_params: ann.HnswParams | None = None,
+        lexical: LexicalIndex | None = None,
     ) -> None:
         """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
-        (None: always exact)."""
+        (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5)."""
         self._database = database
+        self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
         self._vectors = SqliteVectors(
@@ -395,7 +398,13 @@ class SqliteGraph:
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
-        """Nodes matching any word of `query` by FTS5 BM25, best first (higher is better)."""
+        """Nodes matching words of `query` by BM25, best first (higher is better): from the
+        lexical index, or from FTS5 when there is none or it cannot answer now."""
+        if self._lexical is not None:
+            kinds = None if types is None else [NodeType(t).value for t in types]
+            found = await self._lexical.search(repo, query, limit, kinds)
+            if found is not None:
+                return found
         match = fts_query(query)
         if not match or limit <= 0:
             return []
@@ -506,7 +515,11 @@ class SqliteGraph:
         await self._vectors.settle(repo)
 
     async def aclose(self) -> None:
-        await self._vectors.aclose()
+        try:
+            await self._vectors.aclose()
+        finally:
+            if self._lexical is not None:
+                await self._lexical.aclose()
 
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]:
         if not keys:

@@ -381,3 +381,53 @@ def m011_stored_operations(db: Database) -> None:
         """,
     )
 
+
+
+@MIGRATIONS()
+def m012_lexical_log(db: Database) -> None:
+    # Recall's lexical index is a cache outside the file (mnemo/storage/lexical.py): every
+    # change of a node's text is logged under a per-repo sequence in the writer's own
+    # transaction, so an index can tell what it missed. SQLite has one writer at a time, so
+    # the sequences are in commit order. The log holds rowids, never text. Repos that
+    # already have nodes start with horizon 1: an index (which has applied 0) rebuilds them.
+    _execute_all(
+        db,
+        """
+        CREATE TABLE lexical_repos (
+            repo TEXT PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            horizon INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID;
+        CREATE TABLE lexical_log (
+            repo TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            node INTEGER NOT NULL,
+            PRIMARY KEY (repo, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE lexical_epoch (epoch TEXT NOT NULL);
+        INSERT INTO lexical_epoch VALUES (lower(hex(randomblob(16))));
+        INSERT INTO lexical_repos (repo, seq, horizon) SELECT DISTINCT repo, 1, 1 FROM nodes;
+        CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON nodes BEGIN
+            INSERT INTO lexical_repos (repo, seq) VALUES (new.repo, 1)
+                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+            INSERT INTO lexical_log (repo, seq, node)
+                SELECT new.repo, seq, new.rowid FROM lexical_repos WHERE repo = new.repo;
+        END;
+        CREATE TRIGGER nodes_lexical_delete AFTER DELETE ON nodes BEGIN
+            INSERT INTO lexical_repos (repo, seq) VALUES (old.repo, 1)
+                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+            INSERT INTO lexical_log (repo, seq, node)
+                SELECT old.repo, seq, old.rowid FROM lexical_repos WHERE repo = old.repo;
+        END;
+        CREATE TRIGGER nodes_lexical_update AFTER UPDATE OF text, type, id, repo ON nodes BEGIN
+            INSERT INTO lexical_repos (repo, seq) VALUES (old.repo, 1)
+                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+            INSERT INTO lexical_log (repo, seq, node)
+                SELECT old.repo, seq, old.rowid FROM lexical_repos WHERE repo = old.repo;
+            INSERT INTO lexical_repos (repo, seq) VALUES (new.repo, 1)
+                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+            INSERT INTO lexical_log (repo, seq, node)
+                SELECT new.repo, seq, new.rowid FROM lexical_repos WHERE repo = new.repo;
+        END;
+        """,
+    )

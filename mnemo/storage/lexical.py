@@ -1,0 +1,363 @@
+"""Recall's lexical channel: a tantivy index of the graph's node texts, kept from the store.
+
+The store stays the one truth. Every insert, text change and delete of a node also writes a
+row to the store's `lexical_log` (by trigger, in the writer's own transaction) under a
+per-repo sequence number; the index is a cache that applies that log:
+
+- **Before each search** the index reads the repo's sequence (one keyed row) and applies what
+  it has not seen, so a search never misses a committed node nor returns an erased one.
+- **What it has applied is in the index itself**: a meta document per repo holds the last
+  sequence applied, committed with the documents it covers. A process killed mid-write
+  reopens the index at its last commit and applies the log again from there (applying is
+  idempotent: a node's document is replaced or deleted by its key).
+- **A repo behind the log's horizon** (a store migrated from before the index, a log
+  trimmed past it) or ahead of it (another store at the same place) is rebuilt from the
+  store's nodes in a background thread; its searches go to the store's own full-text search
+  meanwhile (`search` returns None), which is what they did before.
+- **Many processes**: each process takes one of several slots (index folders) by tantivy's
+  writer lock, an OS file lock that dies with its process, and keeps it while it lives; a
+  process needs no other process's help to bring its slot up to date.
+
+Why the cost is bounded (BENCHMARKS.md, "Lexical candidates at scale"): tantivy scores a match
+in Rust about 100x faster than FTS5 or `ts_rank`, and query terms in more than
+`DF_CUT` of the documents are dropped (unless that leaves none), so near-stopwords do not drag
+in half the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio.to_thread
+
+from mnemo.inputs import query_terms
+
+log = logging.getLogger("mnemo.lexical")
+
+# Query terms in more of the documents than this are dropped (unless that leaves none, then
+# the `KEEP_RAREST` rarest stay): measured on LoCoMo, 20 % costs 0.555 -> 0.549 evidence
+# recall@10 and cuts 1M-node in-context queries from 12.4 to 3.7 ms (BENCHMARKS.md).
+DF_CUT = 0.2
+KEEP_RAREST = 2
+# Changes applied inline before a search; a longer backlog is applied in the background
+# while the store's own search answers.
+INLINE_CHANGES = 2_000
+BATCH = 5_000
+LOCK_WAIT = 0.5
+SLOTS = 16
+FORMAT = "v1"  # the folder's layout: a change of schema goes to a new folder
+_WORD = re.compile(r"\w+", re.UNICODE)
+_META = "\x01meta/"
+_EPOCH = "\x01epoch"
+_HEAP = 32_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A node as the index sees it."""
+
+    rowid: int
+    id: str
+    type: str
+    text: str
+
+
+class LexicalSource(Protocol):
+    """The store's side, read from worker threads (one call at a time, under the index's
+    lock) on a connection of its own."""
+
+    def place(self) -> str:
+        """The store's own folder inside the index's base folder ("" for none)."""
+        ...
+
+    def epoch(self) -> str:
+        """A value that differs between two stores (random, written when the store was made)."""
+        ...
+
+    def state(self, repo: str) -> tuple[int, int]:
+        """(seq, horizon) of a repo's log: the last sequence number written and the one below
+        which the log no longer holds every change ((0, 0) for a repo never written)."""
+        ...
+
+    def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
+        """The nodes touched by the log's entries in (after, upto]: those that exist now, and
+        the rowids of those that do not."""
+        ...
+
+    def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
+        """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _schema() -> Any:
+    import tantivy
+
+    builder = tantivy.SchemaBuilder()
+    # `key` is "<repo>/<rowid>" (a rowid can be reused after a delete, in another repo too);
+    # `id` is what recall gets back; `text` keeps frequencies, no positions (no phrase queries).
+    builder.add_text_field("key", tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("id", tokenizer_name="raw", stored=True, index_option="basic")
+    builder.add_text_field("repo", tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("text", tokenizer_name="en_stem", index_option="freq")
+    builder.add_integer_field("seq", stored=True)
+    return builder.build()
+
+
+class LexicalIndex:
+    """One process's slot of the index for one store."""
+
+    def __init__(self, folder: Path, source: LexicalSource) -> None:
+        self._base = folder
+        self._folder = folder
+        self._source = source
+        self._lock = threading.Lock()  # the writer, `_applied`, the source's connection
+        self._opened = False
+        self._index: Any = None
+        self._writer: Any = None
+        self._schema: Any = None
+        self._analyzer: Any = None
+        self._applied: dict[str, int] = {}
+        self._behind: set[str] = set()  # repos the background thread is bringing up
+        self._worker: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.slot: Path | None = None
+
+    # ---- searching -------------------------------------------------------------------------
+
+    async def search(
+        self, repo: str, query: str, limit: int, types: Iterable[str] | None
+    ) -> list[tuple[str, float]] | None:
+        """Node ids matching `query`, best BM25 first; None when the index cannot answer for
+        this repo now (unavailable, or being brought up in the background)."""
+        words = query_terms(_WORD.findall(query))
+        if not words or limit <= 0:
+            return []
+        kinds = None if types is None else list(types)
+        return await anyio.to_thread.run_sync(self._search, repo, words, limit, kinds)
+
+    def _search(
+        self, repo: str, words: list[str], limit: int, kinds: list[str] | None
+    ) -> list[tuple[str, float]] | None:
+        # A rebuild holds the lock for seconds: rather than wait, the store's search answers.
+        if not self._lock.acquire(timeout=LOCK_WAIT):
+            return None
+        try:
+            if not self._open() or not self._current(repo):
+                return None
+            searcher = self._index.searcher()
+        finally:
+            self._lock.release()
+        import tantivy as tv
+
+        stems = dict.fromkeys(t for w in words for t in self._analyzer.analyze(w))
+        present = sorted(
+            (df, stem) for stem in stems if (df := searcher.doc_freq("text", stem)) > 0
+        )
+        if not present:
+            return []
+        kept = [s for df, s in present if df <= DF_CUT * searcher.num_docs] or [
+            s for _, s in present[:KEEP_RAREST]
+        ]
+        match = tv.Query.boolean_query(
+            [(tv.Occur.Should, tv.Query.term_query(self._schema, "text", s)) for s in kept]
+        )
+        clauses = [
+            (tv.Occur.Must, tv.Query.const_score_query(
+                tv.Query.term_query(self._schema, "repo", repo), 0.0)),
+            (tv.Occur.Must, match),
+        ]
+        if kinds is not None:
+            clauses.append((tv.Occur.Must, tv.Query.const_score_query(
+                tv.Query.term_set_query(self._schema, "type", kinds), 0.0)))
+        hits = searcher.search(tv.Query.boolean_query(clauses), limit, count=False).hits
+        return [(searcher.doc(address)["id"][0], float(score)) for score, address in hits]
+
+    def _current(self, repo: str) -> bool:
+        """Brings the repo's documents up to the log (inline if the backlog is short);
+        whether the index answers for it now. Holds the lock."""
+        if repo in self._behind:
+            return False
+        seq, horizon = self._source.state(repo)
+        applied = self._applied.get(repo, 0)
+        if applied == seq:
+            return True
+        if applied < horizon or applied > seq or seq - applied > INLINE_CHANGES:
+            self._behind.add(repo)
+            self._start_worker()
+            return False
+        self._apply(repo, applied, seq)
+        self._commit()
+        return True
+
+    # ---- keeping up with the store (under the lock) ----------------------------------------
+
+    def _apply(self, repo: str, after: int, upto: int) -> None:
+        present, gone = self._source.changes(repo, after, upto)
+        for rowid in gone:
+            self._writer.delete_documents_by_term("key", f"{repo}/{rowid}")
+        for row in present:
+            self._put(repo, row)
+        self._mark(repo, upto)
+
+    def _put(self, repo: str, row: Row) -> None:
+        import tantivy as tv
+
+        key = f"{repo}/{row.rowid}"
+        self._writer.delete_documents_by_term("key", key)
+        self._writer.add_document(
+            tv.Document(key=key, id=row.id, repo=repo, type=row.type, text=row.text)
+        )
+
+    def _mark(self, repo: str, seq: int) -> None:
+        import tantivy as tv
+
+        self._writer.delete_documents_by_term("key", _META + repo)
+        self._writer.add_document(tv.Document(key=_META + repo, id=repo, type=_META, seq=seq))
+        self._applied[repo] = seq
+
+    def _commit(self) -> None:
+        self._writer.commit()
+        self._index.reload()
+
+    def _rebuild_step(self, repo: str) -> bool:
+        """One batch of bringing `repo` up: a rebuild from its nodes when the log cannot, else
+        the log's next entries. True when the repo is current. Holds the lock."""
+        seq, horizon = self._source.state(repo)
+        applied = self._applied.get(repo, 0)
+        if applied < horizon or applied > seq:
+            # From the nodes as they are now; what changes meanwhile is past `seq` in the log.
+            self._writer.delete_documents_by_term("repo", repo)
+            self._applied[repo] = 0
+            after = 0
+            while not self._closing.is_set():
+                rows = self._source.nodes(repo, after, BATCH)
+                for row in rows:
+                    self._put(repo, row)
+                if len(rows) < BATCH:
+                    break
+                after = rows[-1].rowid
+            else:
+                return False
+            self._mark(repo, seq)
+            self._commit()
+            return False
+        if applied < seq:
+            self._apply(repo, applied, min(seq, applied + BATCH))
+            self._commit()
+            return False
+        return True
+
+    def _start_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(
+                target=self._work, name="mnemo-lexical", daemon=True
+            )
+            self._worker.start()
+
+    def _work(self) -> None:
+        while not self._closing.is_set():
+            with self._lock:
+                if not self._behind:
+                    return
+                repo = next(iter(self._behind))
+                try:
+                    if self._rebuild_step(repo):
+                        self._behind.discard(repo)
+                except Exception:
+                    # The store's own search keeps answering for the repo; next search retries.
+                    log.exception("lexical index: bringing repo %r up failed", repo)
+                    self._behind.discard(repo)
+                    return
+
+    # ---- the slot --------------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        """Takes a free slot and reads what it has applied; False if no slot can be used (the
+        store's own search then answers). Holds the lock."""
+        if self._opened:
+            return self._writer is not None
+        self._opened = True
+        try:
+            import tantivy as tv
+
+            self._schema = _schema()
+            self._analyzer = (
+                tv.TextAnalyzerBuilder(tv.Tokenizer.simple())
+                .filter(tv.Filter.remove_long(40))
+                .filter(tv.Filter.lowercase())
+                .filter(tv.Filter.stemmer("english"))
+                .build()
+            )
+            self._folder = self._base / self._source.place() / FORMAT
+            epoch = self._source.epoch()
+            for number in range(SLOTS):
+                folder = self._folder / f"slot-{number}"
+                if self._take(folder, epoch):
+                    self.slot = folder
+                    return True
+            log.warning("lexical index: all %d slots in %s are taken", SLOTS, self._folder)
+        except Exception:
+            log.exception("lexical index: %s cannot be used", self._folder)
+        self._writer = None
+        return False
+
+    def _take(self, folder: Path, epoch: str) -> bool:
+        import tantivy as tv
+
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            index = tv.Index(self._schema, path=str(folder))
+            writer = index.writer(heap_size=_HEAP, num_threads=1)
+        except ValueError as error:
+            if "LockBusy" in str(error):
+                return False
+            # Unreadable (a disk that lost the last write): the store has it all, start over.
+            log.warning("lexical index: %s is unreadable (%s); rebuilding it", folder, error)
+            shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            index = tv.Index(self._schema, path=str(folder))
+            writer = index.writer(heap_size=_HEAP, num_threads=1)
+        index.config_reader(reload_policy="manual")
+        self._index, self._writer = index, writer
+        searcher = index.searcher()
+        marks = searcher.search(tv.Query.term_query(self._schema, "key", _EPOCH), 1).hits
+        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch:
+            writer.delete_all_documents()
+            writer.add_document(tv.Document(key=_EPOCH, id=epoch))
+            self._commit()
+            return True
+        meta = tv.Query.term_query(self._schema, "type", _META)
+        for _, address in searcher.search(meta, max(1, searcher.num_docs)).hits:
+            doc = searcher.doc(address)
+            self._applied[doc["id"][0]] = int(doc["seq"][0])
+        return True
+
+    async def aclose(self) -> None:
+        self._closing.set()
+        worker = self._worker
+        if worker is not None:
+            await anyio.to_thread.run_sync(worker.join, 10.0)
+        await anyio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        with self._lock:
+            try:
+                if self._writer is not None:
+                    # Uncommitted work is dropped: what was applied is in the last commit,
+                    # and the log has the rest.
+                    self._writer.rollback()
+                    self._writer = None
+                    self._index = None
+            finally:
+                self._source.close()
+

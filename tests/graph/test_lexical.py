@@ -1,0 +1,176 @@
+"""Recall's lexical index (mnemo/storage/lexical.py), on each backend: it answers what the
+store holds now, after commits, deletes, text changes, an index left behind by a closed or
+killed process, a store made again at the same place, and with several processes at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+from mnemo.graph import commit
+from mnemo.graph.model import Changeset, NodeType
+from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.ports import Backend
+from tests.backends import backend_of, is_sqlite, open_stores, sql
+from tests.graph._support import DIM, REPO, axis, draft, policy
+
+
+def lexical(backend: Backend) -> LexicalIndex:
+    index = backend_of(backend).graph._lexical  # type: ignore[attr-defined]
+    assert isinstance(index, LexicalIndex)
+    return index
+
+
+async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = REPO) -> None:
+    """Commits one changeset of SEMANTIC nodes (id -> text)."""
+    nodes = [draft(i, NodeType.SEMANTIC, t, axis(n % DIM)) for n, (i, t) in enumerate(texts.items())]
+    await commit.apply(backend.graph, Changeset(name, repo, nodes), intents=policy())
+
+
+async def found(backend: Backend, word: str, repo: str = REPO) -> set[str]:
+    """The ids the index returns for one word; fails if the index did not answer."""
+    result = await lexical(backend).search(repo, word, 100, None)
+    assert result is not None, "the lexical index did not answer"
+    return {node_id for node_id, _ in result}
+
+
+async def settled(backend: Backend) -> None:
+    """Waits for the index's background work (a rebuild) to end."""
+    worker = lexical(backend)._worker
+    if worker is not None:
+        await anyio.to_thread.run_sync(worker.join)
+
+
+async def test_a_commit_is_found_at_once_and_a_delete_is_gone_at_once(backend: Backend) -> None:
+    """The index applies the store's log before each search: no stale hit, no missed node."""
+    await add(backend, "c1", {"a": "the zebra grazes", "b": "a zebra sleeps", "c": "quiet owl"})
+    assert await found(backend, "zebra") == {"a", "b"}
+    assert await backend.graph.search_text(REPO, "zebra", 10) != []
+    await backend.graph.delete_nodes(REPO, ["a"])
+    assert await found(backend, "zebra") == {"b"}
+    await sql(backend, "UPDATE nodes SET text = 'a heron sleeps' WHERE id = 'b'")
+    assert await found(backend, "zebra") == set()
+    assert await found(backend, "heron") == {"b"}
+
+
+async def test_types_and_repos_filter(backend: Backend) -> None:
+    """A search sees its own repo only, and only the node types asked for."""
+    await add(backend, "c1", {"f": "lantern fact"})
+    steps = [draft("s", NodeType.EPISODIC, "lantern step", axis(1))]
+    await commit.apply(backend.graph, Changeset("c2", REPO, steps), intents=policy())
+    await add(backend, "c3", {"o": "lantern elsewhere"}, repo="other")
+    assert await found(backend, "lantern") == {"f", "s"}
+    only = await lexical(backend).search(REPO, "lantern", 10, [NodeType.EPISODIC.value])
+    assert [node_id for node_id, _ in only or []] == ["s"]
+    assert await found(backend, "lantern", "other") == {"o"}
+
+
+async def test_an_index_left_behind_catches_up_from_the_log(store: str) -> None:
+    """Changes made while no index ran (another process, one killed before it applied them)
+    are in the store's log: the next search applies them."""
+    async with open_stores(store, DIM) as backend:
+        await add(backend, "c1", {"a": "amber kettle", "b": "amber lamp"})
+        assert await found(backend, "amber") == {"a", "b"}
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await add(backend, "c2", {"c": "amber door"})
+        await backend.graph.delete_nodes(REPO, ["a"])
+    async with open_stores(store, DIM) as backend:
+        assert await found(backend, "amber") == {"b", "c"}
+
+
+async def test_a_repo_past_the_horizon_is_rebuilt_while_the_store_answers(store: str) -> None:
+    """A repo whose log no longer reaches the index's point (a store from before the index)
+    is rebuilt in the background; meanwhile the store's own search answers."""
+    async with open_stores(store, DIM) as backend:
+        await add(backend, "c1", {"a": "cobalt vase", "b": "cobalt bowl"})
+        assert await found(backend, "cobalt") == {"a", "b"}
+        await sql(backend, "UPDATE lexical_repos SET horizon = seq + 1, seq = seq + 1")
+        assert await lexical(backend).search(REPO, "cobalt", 10, None) is None
+        assert {n for n, _ in await backend.graph.search_text(REPO, "cobalt", 10)} == {"a", "b"}
+        await settled(backend)
+        assert await found(backend, "cobalt") == {"a", "b"}
+
+
+async def test_a_new_store_at_the_same_place_is_not_answered_from_the_old_index(
+    store: str, tmp_path: Path
+) -> None:
+    """The index belongs to one store (its epoch): a store made again at the same path, with
+    other nodes under the same rowids, starts from an empty index."""
+    folder = str(tmp_path / "lexical")
+    async with open_stores(store, DIM, lexical_dir=folder) as backend:
+        await add(backend, "c1", {"a": "saffron cake"})
+        assert await found(backend, "saffron") == {"a"}
+        # Another store's identity (PostgreSQL: the folder is per database; SQLite: per path).
+        await sql(backend, "UPDATE lexical_epoch SET epoch = 'another store'")
+        await sql(backend, "DELETE FROM nodes")
+        await sql(backend, "DELETE FROM lexical_log")
+        await sql(backend, "UPDATE lexical_repos SET seq = 0, horizon = 0")
+    async with open_stores(store, DIM, lexical_dir=folder) as backend:
+        await add(backend, "c2", {"z": "plain bread"})
+        assert await found(backend, "saffron") == set()
+        assert await found(backend, "bread") == {"z"}
+
+
+async def test_two_processes_take_two_slots_and_both_answer(store: str) -> None:
+    """Each open index holds a slot (an OS lock that dies with its process); a second one
+    takes the next, brings it up from the store, and both answer the same."""
+    async with open_stores(store, DIM) as first, open_stores(store, DIM) as second:
+        await add(first, "c1", {"a": "violet kite"})
+        assert await found(first, "violet") == {"a"}
+        await add(second, "c2", {"b": "violet string"})
+        assert await found(second, "violet") == {"a", "b"}
+        assert await found(first, "violet") == {"a", "b"}
+        slots = {lexical(first).slot, lexical(second).slot}
+        assert len(slots) == 2 and None not in slots
+
+
+async def test_an_unreadable_slot_is_rebuilt_from_the_store(store: str, tmp_path: Path) -> None:
+    """A slot whose files are damaged is started over; the store has everything."""
+    folder = tmp_path / "lexical"
+    async with open_stores(store, DIM, lexical_dir=str(folder)) as backend:
+        await add(backend, "c1", {"a": "indigo scarf"})
+        assert await found(backend, "indigo") == {"a"}
+        slot = lexical(backend).slot
+    assert slot is not None
+    for name in os.listdir(slot):
+        if name == "meta.json":
+            (slot / name).write_text("{ not json")
+    async with open_stores(store, DIM, lexical_dir=str(folder)) as backend:
+        await add(backend, "c2", {"b": "indigo coat"})
+        result = await lexical(backend).search(REPO, "indigo", 10, None)
+        if result is None:  # the repo is being rebuilt from the store
+            await settled(backend)
+        assert await found(backend, "indigo") == {"a", "b"}
+
+
+async def test_an_index_that_cannot_be_made_leaves_the_store_answering(
+    store: str, tmp_path: Path
+) -> None:
+    """A folder that cannot be written (a file in its place) turns the index off, not recall."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    async with open_stores(store, DIM, lexical_dir=str(blocker)) as backend:
+        await add(backend, "c1", {"a": "copper pot"})
+        assert await lexical(backend).search(REPO, "copper", 10, None) is None
+        assert [n for n, _ in await backend.graph.search_text(REPO, "copper", 10)] == ["a"]
+
+
+async def test_sqlite_index_lives_beside_the_file(tmp_path: Path) -> None:
+    """SQLite: the index is a folder beside the file by default (`<file>.lexical`); removing
+    it loses nothing, the next search rebuilds it from the file."""
+    path = tmp_path / "m.db"
+    async with open_stores(str(path), DIM) as backend:
+        await add(backend, "c1", {"a": "walnut desk"})
+        assert await found(backend, "walnut") == {"a"}
+        assert is_sqlite(backend)
+    assert (tmp_path / "m.db.lexical").is_dir()
+    shutil.rmtree(tmp_path / "m.db.lexical")
+    async with open_stores(str(path), DIM) as backend:
+        await settled(backend)
+        result = await lexical(backend).search(REPO, "walnut", 10, None)
+        if result is None:
+            await settled(backend)
+        assert await found(backend, "walnut") == {"a"}

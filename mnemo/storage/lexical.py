@@ -50,7 +50,7 @@ KEEP_RAREST = 2
 # while the store's own search answers.
 INLINE_CHANGES = 2_000
 BATCH = 5_000
-LOCK_WAIT = 0.5
+LOCK_WAIT = 5.0
 SLOTS = 16
 FORMAT = "v1"  # the folder's layout: a change of schema goes to a new folder
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -121,13 +121,16 @@ class LexicalIndex:
         self._folder = folder
         self._source = source
         self._lock = threading.Lock()  # the writer, `_applied`, the source's connection
+        self._queue = threading.Lock()  # `_behind`, `_dirty`, `_worker`: held for moments
         self._opened = False
         self._index: Any = None
         self._writer: Any = None
         self._schema: Any = None
         self._analyzer: Any = None
         self._applied: dict[str, int] = {}
-        self._behind: set[str] = set()  # repos the background thread is bringing up
+        self._behind: set[str] = set()  # repos being rebuilt: the store's search answers
+        self._dirty: set[str] = set()  # repos written since: applied ahead of their search
+        self._rebuilds: dict[str, tuple[int, int]] = {}  # repo -> (its seq, last rowid done)
         self._worker: threading.Thread | None = None
         self._closing = threading.Event()
         self.slot: Path | None = None
@@ -148,7 +151,10 @@ class LexicalIndex:
     def _search(
         self, repo: str, words: list[str], limit: int, kinds: list[str] | None
     ) -> list[tuple[str, float]] | None:
-        # A rebuild holds the lock for seconds: rather than wait, the store's search answers.
+        if repo in self._behind:
+            return None  # being rebuilt: the store's search answers
+        # Held by the background thread for one batch at most; a disk that stalls for longer
+        # lets the store's search answer.
         if not self._lock.acquire(timeout=LOCK_WAIT):
             return None
         try:
@@ -192,8 +198,7 @@ class LexicalIndex:
         if applied == seq:
             return True
         if applied < horizon or applied > seq or seq - applied > INLINE_CHANGES:
-            self._behind.add(repo)
-            self._start_worker()
+            self._enqueue(self._behind, repo)
             return False
         self._apply(repo, applied, seq)
         self._commit()
@@ -230,54 +235,74 @@ class LexicalIndex:
         self._index.reload()
 
     def _rebuild_step(self, repo: str) -> bool:
-        """One batch of bringing `repo` up: a rebuild from its nodes when the log cannot, else
-        the log's next entries. True when the repo is current. Holds the lock."""
-        seq, horizon = self._source.state(repo)
-        applied = self._applied.get(repo, 0)
-        if applied < horizon or applied > seq:
-            # From the nodes as they are now; what changes meanwhile is past `seq` in the log.
-            self._writer.delete_documents_by_term("repo", repo)
-            self._applied[repo] = 0
-            after = 0
-            while not self._closing.is_set():
-                rows = self._source.nodes(repo, after, BATCH)
-                for row in rows:
-                    self._put(repo, row)
-                if len(rows) < BATCH:
-                    break
-                after = rows[-1].rowid
-            else:
+        """One batch of bringing `repo` up: of a rebuild from its nodes when the log cannot
+        (a rebuild is done batch by batch, letting go of the lock between them), else of the
+        log's next entries. True when the repo is current. Holds the lock."""
+        cursor = self._rebuilds.get(repo)
+        if cursor is None:
+            seq, horizon = self._source.state(repo)
+            applied = self._applied.get(repo, 0)
+            if applied == seq:
+                return True
+            if horizon <= applied < seq:
+                self._apply(repo, applied, min(seq, applied + BATCH))
+                self._commit()
                 return False
-            self._mark(repo, seq)
+            # From the nodes as they are from now on; what changes meanwhile is past `seq`
+            # in the log, applied once the rebuild is done.
+            self._writer.delete_documents_by_term("repo", repo)
+            self._applied.pop(repo, None)
+            cursor = (seq, 0)
+        target, after = cursor
+        rows = self._source.nodes(repo, after, BATCH)
+        for row in rows:
+            self._put(repo, row)
+        if len(rows) < BATCH:
+            self._rebuilds.pop(repo, None)
+            self._mark(repo, target)
             self._commit()
-            return False
-        if applied < seq:
-            self._apply(repo, applied, min(seq, applied + BATCH))
-            self._commit()
-            return False
-        return True
+        else:
+            self._rebuilds[repo] = (target, rows[-1].rowid)
+        return False
 
-    def _start_worker(self) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(
-                target=self._work, name="mnemo-lexical", daemon=True
-            )
-            self._worker.start()
+    def changed(self, repo: str) -> None:
+        """The repo was written (its write lock was let go): brings the slot up in the
+        background, so that the next search finds it current rather than paying the index's
+        commit. An index no search has opened yet stays closed."""
+        if self._writer is not None and not self._closing.is_set():
+            self._enqueue(self._dirty, repo)
+
+    def _enqueue(self, queue: set[str], repo: str) -> None:
+        with self._queue:
+            queue.add(repo)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="mnemo-lexical", daemon=True
+                )
+                self._worker.start()
 
     def _work(self) -> None:
         while not self._closing.is_set():
-            with self._lock:
-                if not self._behind:
+            with self._queue:
+                repo = next(iter(self._behind), None) or next(iter(self._dirty), None)
+                if repo is None:
+                    self._worker = None
                     return
-                repo = next(iter(self._behind))
-                try:
-                    if self._rebuild_step(repo):
-                        self._behind.discard(repo)
-                except Exception:
-                    # The store's own search keeps answering for the repo; next search retries.
-                    log.exception("lexical index: bringing repo %r up failed", repo)
+            try:
+                with self._lock:
+                    current = self._writer is None or self._rebuild_step(repo)
+            except Exception:
+                # The store's own search keeps answering for the repo; the next search retries.
+                log.exception("lexical index: bringing repo %r up failed", repo)
+                with self._lock:
+                    self._rebuilds.pop(repo, None)
+                current = True
+            if current:
+                with self._queue:
                     self._behind.discard(repo)
-                    return
+                    self._dirty.discard(repo)
+        with self._queue:
+            self._worker = None
 
     # ---- the slot --------------------------------------------------------------------------
 
@@ -344,7 +369,8 @@ class LexicalIndex:
 
     async def aclose(self) -> None:
         self._closing.set()
-        worker = self._worker
+        with self._queue:
+            worker = self._worker
         if worker is not None:
             await anyio.to_thread.run_sync(worker.join, 10.0)
         await anyio.to_thread.run_sync(self._close)

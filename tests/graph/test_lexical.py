@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+
 from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType
 from mnemo.storage.lexical import LexicalIndex
@@ -26,7 +27,10 @@ def lexical(backend: Backend) -> LexicalIndex:
 
 async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = REPO) -> None:
     """Commits one changeset of SEMANTIC nodes (id -> text)."""
-    nodes = [draft(i, NodeType.SEMANTIC, t, axis(n % DIM)) for n, (i, t) in enumerate(texts.items())]
+    nodes = [
+        draft(node_id, NodeType.SEMANTIC, text, axis(n % DIM))
+        for n, (node_id, text) in enumerate(texts.items())
+    ]
     await commit.apply(backend.graph, Changeset(name, repo, nodes), intents=policy())
 
 
@@ -124,7 +128,8 @@ async def test_two_processes_take_two_slots_and_both_answer(store: str) -> None:
         assert await found(second, "violet") == {"a", "b"}
         assert await found(first, "violet") == {"a", "b"}
         slots = {lexical(first).slot, lexical(second).slot}
-        assert len(slots) == 2 and None not in slots
+        assert None not in slots
+        assert len(slots) == 2
 
 
 async def test_an_unreadable_slot_is_rebuilt_from_the_store(store: str, tmp_path: Path) -> None:

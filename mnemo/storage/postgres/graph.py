@@ -97,6 +97,8 @@ class PgGraph:
                 # Shielded: a cancelled block must not hand a locked connection to the pool.
                 with anyio.CancelScope(shield=True):
                     await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                if self._lexical is not None:
+                    self._lexical.changed(repo)
 
     # ---- commits --------------------------------------------------------------------------
 

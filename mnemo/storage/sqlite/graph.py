@@ -101,6 +101,15 @@ class SqliteGraph:
         for a file, a lock file beside it that every process on the host takes for the repo
         (its commits read the graph, then write: SQLite's write lock covers the write only).
         The wait for another process is bounded by the busy timeout (StorageError "busy")."""
+        try:
+            async with self._repo_lock(repo):
+                yield
+        finally:
+            if self._lexical is not None:
+                self._lexical.changed(repo)
+
+    @asynccontextmanager
+    async def _repo_lock(self, repo: str) -> AsyncIterator[None]:
         async with self._locks.setdefault(repo, anyio.Lock()):
             held = self._repo_file_lock(repo)
             if held is None:

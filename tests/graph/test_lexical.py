@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import anyio
+import anyio.from_thread
 import anyio.to_thread
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.ports import Backend
+from mnemo.storage.ports import Backend, open_backend
 from tests.backends import backend_of, is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, axis, draft, policy
 
@@ -179,3 +185,100 @@ async def test_sqlite_index_lives_beside_the_file(tmp_path: Path) -> None:
         if result is None:
             await settled(backend)
         assert await found(backend, "walnut") == {"a"}
+
+
+# ---- random writes, reopenings and searches against a model ---------------------------------
+
+WORDS = ["alder", "birch", "cedar", "damson", "elder", "fennel"]
+
+
+class IndexRules(RuleBasedStateMachine):
+    """Nodes added, deleted, renamed (with and without an index running, the latter like a
+    process that wrote and was killed before applying), the index reopened: a search for a
+    word returns exactly the nodes whose text holds it now."""
+
+    def __init__(self, store: str) -> None:
+        super().__init__()
+        self.store = store
+        self.texts: dict[str, str] = {}
+        self.count = 0
+        self.stack = ExitStack()
+        self.portal = self.stack.enter_context(anyio.from_thread.start_blocking_portal())
+        self.backend: Backend | None = None
+        self.indexed = True
+        self.reopen(indexed=True)
+
+    def reopen(self, *, indexed: bool) -> None:
+        if self.backend is not None:
+            self.portal.call(self.backend.close)
+        backend = open_backend(
+            self.store, dims=lambda repo: DIM, busy_timeout=5.0,
+            lexical_dir=None if indexed else "",
+        )
+        self.portal.call(backend.open)
+        self.backend, self.indexed = backend, indexed
+
+    @rule(words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=3))
+    def add(self, words: list[str]) -> None:
+        self.count += 1
+        node_id = f"n{self.count}"
+        self.texts[node_id] = " ".join(words)
+        assert self.backend is not None
+        self.portal.call(add, self.backend, f"c{self.count}", {node_id: self.texts[node_id]})
+
+    @precondition(lambda self: self.texts)
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        node_id = data.draw(st.sampled_from(sorted(self.texts)))
+        del self.texts[node_id]
+        assert self.backend is not None
+        self.portal.call(self.backend.graph.delete_nodes, REPO, [node_id])
+
+    @precondition(lambda self: self.texts)
+    @rule(data=st.data(), word=st.sampled_from(WORDS))
+    def rename(self, data: st.DataObject, word: str) -> None:
+        node_id = data.draw(st.sampled_from(sorted(self.texts)))
+        self.texts[node_id] = word
+        assert self.backend is not None
+        self.portal.call(sql, self.backend, "UPDATE nodes SET text = ? WHERE id = ?", word,
+                         node_id)
+
+    @rule(indexed=st.booleans())
+    def reopen_store(self, indexed: bool) -> None:
+        self.reopen(indexed=indexed)
+
+    @precondition(lambda self: self.indexed)
+    @rule(word=st.sampled_from(WORDS))
+    def search(self, word: str) -> None:
+        assert self.backend is not None
+        backend = self.backend
+        result = self.portal.call(lexical(backend).search, REPO, word, 100, None)
+        if result is None:  # a rebuild under way: wait for it, then the index must answer
+            self.portal.call(settled, backend)
+            result = self.portal.call(lexical(backend).search, REPO, word, 100, None)
+        assert result is not None
+        expected = {i for i, text in self.texts.items() if word in text.split()}
+        assert {node_id for node_id, _ in result} == expected
+
+    def teardown(self) -> None:
+        with self.stack:
+            if self.backend is not None:
+                self.portal.call(self.backend.close)
+
+
+def test_index_rules(fresh_stores: Callable[[], str], tmp_path: Path) -> None:
+    """The lexical index never disagrees with the store, on random histories."""
+    files = iter(range(10**6))
+
+    def fresh() -> str:
+        store = fresh_stores()
+        # SQLite: a file (a `:memory:` database has no index, and is lost when reopened).
+        return str(tmp_path / f"{next(files)}.db") if store == ":memory:" else store
+
+    class OnAFreshStore(IndexRules):
+        def __init__(self) -> None:
+            super().__init__(fresh())
+
+    run_state_machine_as_test(
+        OnAFreshStore, settings=settings(max_examples=25, stateful_step_count=25, deadline=None)
+    )

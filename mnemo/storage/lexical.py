@@ -51,6 +51,8 @@ KEEP_RAREST = 2
 INLINE_CHANGES = 2_000
 BATCH = 5_000
 LOCK_WAIT = 5.0
+# A backlog longer than this (or an empty slot) is cheaper to rebuild from the nodes.
+REBUILD_ABOVE = 50_000
 SLOTS = 16
 FORMAT = "v1"  # the folder's layout: a change of schema goes to a new folder
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -191,7 +193,7 @@ class LexicalIndex:
     def _current(self, repo: str) -> bool:
         """Brings the repo's documents up to the log (inline if the backlog is short);
         whether the index answers for it now. Holds the lock."""
-        if repo in self._behind:
+        if repo in self._behind or repo in self._rebuilds:
             return False
         seq, horizon = self._source.state(repo)
         applied = self._applied.get(repo, 0)
@@ -244,7 +246,7 @@ class LexicalIndex:
             applied = self._applied.get(repo, 0)
             if applied == seq:
                 return True
-            if horizon <= applied < seq:
+            if 0 < applied < seq and applied >= horizon and seq - applied <= REBUILD_ABOVE:
                 self._apply(repo, applied, min(seq, applied + BATCH))
                 self._commit()
                 return False
@@ -264,6 +266,23 @@ class LexicalIndex:
         else:
             self._rebuilds[repo] = (target, rows[-1].rowid)
         return False
+
+    async def settle(self, repo: str) -> None:
+        """Brings the repo's documents up to the store, rebuilding them if need be, and
+        returns when done (a benchmark's or an operator's wait; recall never waits)."""
+        await anyio.to_thread.run_sync(self._settle, repo)
+
+    def _settle(self, repo: str) -> None:
+        with self._lock:
+            if not self._open():
+                return
+        self._enqueue(self._dirty, repo)
+        while True:
+            with self._queue:
+                worker = self._worker
+            if worker is None:
+                return
+            worker.join()
 
     def changed(self, repo: str) -> None:
         """The repo was written (its write lock was let go): brings the slot up in the

@@ -5,10 +5,14 @@ killed process, a store made again at the same place, and with several processes
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import cast
 
 import anyio
 import anyio.from_thread
@@ -37,7 +41,8 @@ async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = RE
         draft(node_id, NodeType.SEMANTIC, text, axis(n % DIM))
         for n, (node_id, text) in enumerate(texts.items())
     ]
-    await commit.apply(backend.graph, Changeset(name, repo, nodes), intents=policy())
+    target = cast(commit.CommitTarget, backend.graph)
+    await commit.apply(target, Changeset(name, repo, nodes), intents=policy())
 
 
 async def found(backend: Backend, word: str, repo: str = REPO) -> set[str]:
@@ -70,7 +75,8 @@ async def test_types_and_repos_filter(backend: Backend) -> None:
     """A search sees its own repo only, and only the node types asked for."""
     await add(backend, "c1", {"f": "lantern fact"})
     steps = [draft("s", NodeType.EPISODIC, "lantern step", axis(1))]
-    await commit.apply(backend.graph, Changeset("c2", REPO, steps), intents=policy())
+    target = cast(commit.CommitTarget, backend.graph)
+    await commit.apply(target, Changeset("c2", REPO, steps), intents=policy())
     await add(backend, "c3", {"o": "lantern elsewhere"}, repo="other")
     assert await found(backend, "lantern") == {"f", "s"}
     only = await lexical(backend).search(REPO, "lantern", 10, [NodeType.EPISODIC.value])
@@ -282,3 +288,49 @@ def test_index_rules(fresh_stores: Callable[[], str], tmp_path: Path) -> None:
     run_state_machine_as_test(
         OnAFreshStore, settings=settings(max_examples=25, stateful_step_count=25, deadline=None)
     )
+
+
+# ---- killed processes -------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(store: str, seed: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.graph.lexical_child", store, str(seed)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+
+
+async def test_indexes_of_killed_processes_agree_with_the_store(store: str) -> None:
+    """Processes that commit, delete and search (their index slots applying and committing
+    all the while) are SIGKILLed at random moments, several at once; then every word's search
+    returns exactly the nodes whose text holds it, from whichever slot the next process
+    takes."""
+    rng = random.Random(7)
+    for round_ in range(3):
+        children = [spawn(store, round_ * 10 + c) for c in range(2)]
+        try:
+            # Each is killed after a random number of rounds, wherever its next round is then:
+            # mid-commit, mid-apply or between.
+            for child in children:
+                assert child.stdout is not None
+                for _ in range(rng.randint(1, 6)):
+                    line = await anyio.to_thread.run_sync(child.stdout.readline)
+                    assert line == b"round\n", "the child died"
+        finally:
+            for child in children:
+                child.kill()
+                child.wait()
+                assert child.stdout is not None
+                child.stdout.close()
+    async with open_stores(store, DIM) as backend:
+        rows = await sql(backend, "SELECT id, text FROM nodes WHERE repo = ?", REPO)
+        assert rows, "the children committed nothing"
+        for word in WORDS:
+            result = await lexical(backend).search(REPO, word, 10**6, None)
+            if result is None:
+                await settled(backend)
+                result = await lexical(backend).search(REPO, word, 10**6, None)
+            assert result is not None
+            assert {i for i, _ in result} == {i for i, text in rows if word in text.split()}

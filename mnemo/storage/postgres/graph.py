@@ -428,7 +428,10 @@ class PgGraph:
             return await maintenance.validate(conn, repo, dim)
 
     async def settle(self, repo: str) -> None:
-        """Nothing to wait for: pgvector's index is written with the rows."""
+        """Waits until the repo's lexical index (if any) has caught up with its rows
+        (pgvector's index is written with the rows)."""
+        if self._lexical is not None:
+            await self._lexical.settle(repo)
 
     async def aclose(self) -> None:
         """Stops the lexical index's work (the connections belong to the backend)."""

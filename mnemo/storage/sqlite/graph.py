@@ -520,8 +520,11 @@ class SqliteGraph:
         return await self._vectors.of_type(repo, kind)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's HNSW index (if any) has caught up with its rows."""
+        """Waits until the repo's HNSW and lexical indexes (if any) have caught up with its
+        rows."""
         await self._vectors.settle(repo)
+        if self._lexical is not None:
+            await self._lexical.settle(repo)
 
     async def aclose(self) -> None:
         try:

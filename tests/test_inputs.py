@@ -18,6 +18,7 @@ from mnemo.inputs import (
     check_text,
     query_terms,
 )
+from mnemo.storage import lexical
 from mnemo.storage.postgres import graph as pg_graph
 from mnemo.storage.sqlite import graph as sqlite_graph
 from tests.conftest import REPO
@@ -87,8 +88,8 @@ def test_query_terms_of_many_distinct_words() -> None:
 async def test_recall_of_5000_distinct_words_searches_capped_terms(
     mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A recall query of 5,000 distinct words reaches the full-text search (FTS5, a tsquery)
-    as at most MAX_QUERY_TERMS terms."""
+    """A recall query of 5,000 distinct words reaches the lexical index (or the store's
+    full-text search: FTS5, a tsquery) as at most MAX_QUERY_TERMS terms."""
     generated: list[list[str]] = []
 
     def spy(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
@@ -97,6 +98,7 @@ async def test_recall_of_5000_distinct_words_searches_capped_terms(
 
     monkeypatch.setattr(sqlite_graph, "query_terms", spy)
     monkeypatch.setattr(pg_graph, "query_terms", spy)
+    monkeypatch.setattr(lexical, "query_terms", spy)
     # Three-letter words: 5,000 of them fit in the default bound (20,000 characters).
     query = " ".join("".join(w) for w in itertools.islice(
         itertools.product(string.ascii_lowercase, repeat=3), 5000))

@@ -12,7 +12,8 @@ statistics), which processes hold which work (`holders`, a session's `holder` an
 `lease_until`: the copy's sessions are free for the first Memory opened on it; `ops`, the
 operations stored for their callbacks in a running Memory), and the search indexes, which
 each target builds from the copied rows itself
-(SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns).
+(SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns; the
+lexical index's log likewise, by the target's triggers).
 The rowids that order episodes, nodes, messages and snapshots are carried over.
 
 Verification: after copying, every table holds as many rows on both sides and the nodes' ids

@@ -92,3 +92,27 @@ async def uses_index(url: str, repo: str, dim: int, probe: npt.NDArray[np.float3
         cur = await conn.execute(statement, (probe,))
         plan = " ".join(str(row[0]) for row in await cur.fetchall())
     return schema.vector_index_name(repo) in plan
+
+
+async def exists(admin_url: str, name: str) -> bool:
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+        return await cur.fetchone() is not None
+
+
+async def create(admin_url: str, name: str) -> None:
+    async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def reused(
+    nodes: Sequence[tuple[Any, ...]], dim: int,
+    vectors_from: Callable[[int], npt.NDArray[np.float32]], chunk: int,
+) -> Prepared:
+    """A database prepared by an earlier run (`--keep-pg`): the same vectors, made again for
+    the exact scan; its copy and build times are not this run's (reported as nan)."""
+    matrix = np.zeros((len(nodes), dim), dtype=np.float32)
+    for start in range(0, len(nodes), chunk):
+        block = vectors_from(start)
+        matrix[start : start + len(block)] = block
+    return Prepared(len(nodes), float("nan"), float("nan"), [str(r[0]) for r in nodes], matrix)

@@ -526,14 +526,25 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
             if POSTGRES not in stores.backends:
                 continue
             graph = graph or generate(size, embedder)
-            url = str(await stores.fresh(POSTGRES, f"recall_{size}"))
-            console.print(f"[bold]{size:,} nodes[/]: preparing a PostgreSQL database ...")
-            pg = await _pg_recall.prepare(
-                url, REPO, DIM, embedder, graph.nodes, graph.links,
-                partial(node_vectors, graph, embedder), CHUNK)
-            console.print(f"  {pg.nodes:,} nodes copied in {pg.prepare_s:,.1f} s, HNSW index "
-                          f"built in {pg.build_s:,.1f} s" +
-                          "".join(f"\n  notice: {n}" for n in pg.notices))
+            kept = f"recall_{size}_kept"
+            if args.keep_pg and await _pg_recall.exists(stores.url("postgres"), kept):
+                url = stores.url(kept)
+                console.print(f"[bold]{size:,} nodes[/]: reusing the PostgreSQL database {kept}")
+                pg = _pg_recall.reused(graph.nodes, DIM, partial(node_vectors, graph, embedder),
+                                       CHUNK)
+            else:
+                if args.keep_pg:
+                    await _pg_recall.create(stores.url("postgres"), kept)
+                    url = stores.url(kept)
+                else:
+                    url = str(await stores.fresh(POSTGRES, f"recall_{size}"))
+                console.print(f"[bold]{size:,} nodes[/]: preparing a PostgreSQL database ...")
+                pg = await _pg_recall.prepare(
+                    url, REPO, DIM, embedder, graph.nodes, graph.links,
+                    partial(node_vectors, graph, embedder), CHUNK)
+                console.print(f"  {pg.nodes:,} nodes copied in {pg.prepare_s:,.1f} s, HNSW "
+                              f"index built in {pg.build_s:,.1f} s" +
+                              "".join(f"\n  notice: {n}" for n in pg.notices))
             facts[f"pgvector notices at {size:,}"] = "; ".join(pg.notices) or "none"
             results.append(await measure(url, pg.nodes, pg.prepare_s, texts, embedder,
                                          args.config, pg))
@@ -672,6 +683,9 @@ def parse_args() -> argparse.Namespace:
                         help="hide faiss: every vector search is the exact numpy scan")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a mnemo.Config field of the repo (as eval_locomo.py)")
+    parser.add_argument("--keep-pg", action="store_true",
+                        help="with --store URL: keep each size's PostgreSQL database"
+                        " (recall_SIZE_kept) and reuse it when it exists")
     parser.add_argument("--skip-sqlite", action="store_true",
                         help="with --store: measure PostgreSQL only (a 1M SQLite run takes "
                         "its own half hour)")

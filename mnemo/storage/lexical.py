@@ -51,8 +51,9 @@ KEEP_RAREST = 2
 INLINE_CHANGES = 2_000
 BATCH = 5_000
 LOCK_WAIT = 5.0
-# A backlog longer than this (or an empty slot) is cheaper to rebuild from the nodes.
-REBUILD_ABOVE = 50_000
+# A backlog longer than this (or an empty slot) is cheaper to rebuild from the nodes, so the
+# store's log keeps no more of a repo's entries (its triggers drop older ones).
+LOG_KEEP = 50_000
 SLOTS = 16
 FORMAT = "v1"  # the folder's layout: a change of schema goes to a new folder
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -246,7 +247,7 @@ class LexicalIndex:
             applied = self._applied.get(repo, 0)
             if applied == seq:
                 return True
-            if 0 < applied < seq and applied >= horizon and seq - applied <= REBUILD_ABOVE:
+            if 0 < applied < seq and applied >= horizon and seq - applied <= LOG_KEEP:
                 self._apply(repo, applied, min(seq, applied + BATCH))
                 self._commit()
                 return False

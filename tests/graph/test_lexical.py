@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType
-from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical import LOG_KEEP, LexicalIndex
 from mnemo.storage.ports import Backend, open_backend
 from tests.backends import backend_of, is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, axis, draft, policy
@@ -334,3 +334,33 @@ async def test_indexes_of_killed_processes_agree_with_the_store(store: str) -> N
                 result = await lexical(backend).search(REPO, word, 10**6, None)
             assert result is not None
             assert {i for i, _ in result} == {i for i, text in rows if word in text.split()}
+
+
+async def test_the_log_keeps_a_bounded_tail_and_a_slot_behind_it_rebuilds(store: str) -> None:
+    """Each write drops the entry LOG_KEEP back (raising the horizon), so the log stays
+    bounded; a slot left further behind than that rebuilds from the nodes."""
+    async with open_stores(store, DIM) as backend:
+        await add(backend, "c1", {"a": "teal mug"})
+        assert await found(backend, "teal") == {"a"}
+    bulk = LOG_KEEP + 10
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await sql(
+            backend,
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)"
+            " INSERT INTO nodes (id, repo, type, text, data, created_at)"
+            " SELECT 'bulk' || i, 'r', 'semantic', 'teal cup', '{}', '2026-01-01T00:00:00+00:00'"
+            " FROM n",
+            bulk,
+        )
+        (count,), = await sql(backend, "SELECT count(*) FROM lexical_log WHERE repo = ?", REPO)
+        (seq, horizon), = await sql(
+            backend, "SELECT seq, horizon FROM lexical_repos WHERE repo = ?", REPO
+        )
+        assert count == LOG_KEEP
+        assert (seq, horizon) == (bulk + 1, bulk + 1 - LOG_KEEP)
+    async with open_stores(store, DIM) as backend:
+        assert await lexical(backend).search(REPO, "teal", 10, None) is None  # rebuilding
+        await settled(backend)
+        result = await lexical(backend).search(REPO, "teal", 10**6, None)
+        assert result is not None
+        assert len(result) == bulk + 1

@@ -27,6 +27,7 @@ import psycopg
 from psycopg import sql
 
 from mnemo.errors import StorageError
+from mnemo.storage.lexical import LOG_KEEP
 from mnemo.storage.postgres.connection import Connection, storage_error
 
 # Any fixed 64-bit number works; every mnemo process must use the same one. This one is the
@@ -319,7 +320,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     # transaction. Taking the next number locks the repo's `lexical_repos` row until commit,
     # so a repo's sequence numbers commit in order (a bigserial's would not). Inserts and
     # deletes log once per statement (transition tables); a text change, rare, per row.
-    # Repos that already have nodes start at horizon 1: an index rebuilds them.
+    # Repos that already have nodes start at horizon 1: an index rebuilds them. The log keeps
+    # a repo's last LOG_KEEP entries (each write drops older ones, raising `horizon`): an
+    # index further behind rebuilds from the nodes anyway.
     Migration(
         "m009_lexical_log",
         (
@@ -337,18 +340,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE TABLE lexical_epoch (epoch text NOT NULL)",
             "INSERT INTO lexical_epoch VALUES (md5(random()::text || clock_timestamp()::text))",
             "INSERT INTO lexical_repos (repo, seq, horizon) SELECT DISTINCT repo, 1, 1 FROM nodes",
-            """CREATE FUNCTION mnemo_lexical_log(changed_repo text, changed bigint[])
+            f"""CREATE FUNCTION mnemo_lexical_log(changed_repo text, changed bigint[])
             RETURNS void LANGUAGE plpgsql AS $$
             DECLARE
                 last bigint;
             BEGIN
                 INSERT INTO lexical_repos AS l (repo, seq)
                     VALUES (changed_repo, cardinality(changed))
-                    ON CONFLICT (repo) DO UPDATE SET seq = l.seq + cardinality(changed)
+                    ON CONFLICT (repo) DO UPDATE SET seq = l.seq + cardinality(changed),
+                        horizon = greatest(l.horizon, l.seq + cardinality(changed) - {LOG_KEEP})
                     RETURNING seq INTO last;
                 INSERT INTO lexical_log (repo, seq, node)
                     SELECT changed_repo, last - cardinality(changed) + n.i, n.node
                     FROM unnest(changed) WITH ORDINALITY AS n(node, i);
+                DELETE FROM lexical_log WHERE repo = changed_repo AND seq <= last - {LOG_KEEP};
             END $$""",
             """CREATE FUNCTION mnemo_lexical_rows() RETURNS trigger LANGUAGE plpgsql AS $$
             DECLARE

@@ -10,6 +10,8 @@ import sqlite3
 from sqlite_utils import Database
 from sqlite_utils.migrations import Migrations
 
+from mnemo.storage.lexical import LOG_KEEP
+
 MIGRATIONS = Migrations("mnemo")
 
 
@@ -390,6 +392,8 @@ def m012_lexical_log(db: Database) -> None:
     # transaction, so an index can tell what it missed. SQLite has one writer at a time, so
     # the sequences are in commit order. The log holds rowids, never text. Repos that
     # already have nodes start with horizon 1: an index (which has applied 0) rebuilds them.
+    # The log keeps a repo's last LOG_KEEP entries (each write drops the one that many back,
+    # raising `horizon`): an index further behind rebuilds from the nodes anyway.
     _execute_all(
         db,
         """
@@ -409,25 +413,37 @@ def m012_lexical_log(db: Database) -> None:
         INSERT INTO lexical_repos (repo, seq, horizon) SELECT DISTINCT repo, 1, 1 FROM nodes;
         CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON nodes BEGIN
             INSERT INTO lexical_repos (repo, seq) VALUES (new.repo, 1)
-                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+                ON CONFLICT (repo) DO UPDATE
+                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
             INSERT INTO lexical_log (repo, seq, node)
                 SELECT new.repo, seq, new.rowid FROM lexical_repos WHERE repo = new.repo;
+            DELETE FROM lexical_log WHERE repo = new.repo
+                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = new.repo);
         END;
         CREATE TRIGGER nodes_lexical_delete AFTER DELETE ON nodes BEGIN
             INSERT INTO lexical_repos (repo, seq) VALUES (old.repo, 1)
-                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+                ON CONFLICT (repo) DO UPDATE
+                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
             INSERT INTO lexical_log (repo, seq, node)
                 SELECT old.repo, seq, old.rowid FROM lexical_repos WHERE repo = old.repo;
+            DELETE FROM lexical_log WHERE repo = old.repo
+                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = old.repo);
         END;
         CREATE TRIGGER nodes_lexical_update AFTER UPDATE OF text, type, id, repo ON nodes BEGIN
             INSERT INTO lexical_repos (repo, seq) VALUES (old.repo, 1)
-                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+                ON CONFLICT (repo) DO UPDATE
+                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
             INSERT INTO lexical_log (repo, seq, node)
                 SELECT old.repo, seq, old.rowid FROM lexical_repos WHERE repo = old.repo;
+            DELETE FROM lexical_log WHERE repo = old.repo
+                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = old.repo);
             INSERT INTO lexical_repos (repo, seq) VALUES (new.repo, 1)
-                ON CONFLICT (repo) DO UPDATE SET seq = seq + 1;
+                ON CONFLICT (repo) DO UPDATE
+                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
             INSERT INTO lexical_log (repo, seq, node)
                 SELECT new.repo, seq, new.rowid FROM lexical_repos WHERE repo = new.repo;
+            DELETE FROM lexical_log WHERE repo = new.repo
+                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = new.repo);
         END;
-        """,
+        """.replace("{keep}", str(LOG_KEEP)),
     )

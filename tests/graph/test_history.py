@@ -121,3 +121,30 @@ async def test_unknown_commits_and_bad_limits_are_invalid_input(store: str) -> N
         with pytest.raises(mnemo.InvalidInputError):
             await history.diff(graph, "other", "a-cs")
         assert int((await sql(backend, "SELECT count(*) FROM commits"))[0][0]) == 1
+
+
+async def test_sessions_and_ingests_are_listed_commits(mem: mnemo.Memory) -> None:
+    """A session's commit names the session, an ingest's its source; reverting the ingest
+    frees the source id (ingesting it again creates anew)."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    receipt = await mem.close_and_commit(sid)
+    assert receipt is not None
+    trajectory = mnemo.Trajectory("cook", [mnemo.Step("the oven is cold", "turn it on")])
+    ingested = await mem.ingest(REPO, trajectory, source_id="recipe")
+    newest, oldest = await mem.history(REPO)
+    assert (oldest.id, oldest.session_id, oldest.source_id) == (receipt.changeset_id, sid, None)
+    assert set(oldest.node_ids) == set(receipt.node_ids)
+    assert (newest.session_id, newest.source_id) == (None, "recipe")
+    assert set(newest.node_ids) == set(ingested.node_ids)
+    diff = await mem.commit_diff(REPO, newest.id)
+    assert {n.id for n in diff.nodes} == set(ingested.node_ids)
+
+    await mem.revert(REPO, newest.id)
+    assert [c.id for c in await mem.history(REPO, limit=5)] == [oldest.id]
+    for node_id in ingested.node_ids:
+        assert await mem.get_node(REPO, node_id) is None
+    again = await mem.ingest(REPO, trajectory, source_id="recipe")
+    assert again.created
+    with pytest.raises(mnemo.NotFoundError):
+        await mem.history("nope")

@@ -346,6 +346,12 @@ class PgGraph:
                     (sorted(routes),),
                 )
                 orphans = [str(i) for (i,) in await cur.fetchall()]
+                # A tag or intent the source created that another still uses stays, but no
+                # longer names the source (its id is the user's text: erasure).
+                await conn.execute(
+                    "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s",
+                    (repo, source_id),
+                )
                 await history.forget_source(conn, repo, source_id)
                 await side_writes(conn, also)
             self._forget(repo, own + orphans)

@@ -401,6 +401,12 @@ class SqliteGraph:
                     for chunk in _chunks(orphans, 400):
                         marks = ",".join("?" * len(chunk))
                         conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+                    # A tag or intent the source created that another still uses stays, but
+                    # no longer names the source (its id is the user's text: erasure).
+                    conn.execute(
+                        "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?",
+                        (repo, source_id),
+                    )
                     history.forget_source(conn, repo, source_id)
                     side_writes(db, also)
                 return own + orphans

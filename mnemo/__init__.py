@@ -43,6 +43,7 @@ from mnemo.errors import (
     StorageError,
 )
 from mnemo.events import Event
+from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
 from mnemo.ingest.model import IngestReceipt, Step, Trajectory
@@ -59,7 +60,9 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "AdapterError",
     "Anthropic",
     "Backoff",
+    "CommitDiff",
     "CommitReceipt",
+    "CommitRecord",
     "Compaction",
     "Config",
     "ConflictError",

@@ -36,7 +36,9 @@ from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
 from mnemo.episode.model import EpisodeLog, StepInfo
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
+from mnemo.graph import history as commit_history
 from mnemo.graph import maintenance
+from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType
 from mnemo.graph.reads import GraphReads
@@ -387,6 +389,45 @@ class Memory:
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
         return await self._reads.delete_nodes(repo, node_ids)
+
+    # ---- history --------------------------------------------------------------------------
+
+    async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
+        """The repo's `limit` newest commits (every applied changeset: a session's commit, an
+        ingest), newest first: id, time, session or source, and the ids of what each added,
+        retired and reworded (no text).
+
+        Raises:
+            InvalidInputError: a limit below 1.
+            NotFoundError: an unknown repo.
+        """
+        self._repos.get(repo)
+        return await commit_history.history(self._graph, repo, limit)
+
+    async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
+        """What one commit changed: the nodes it added and the facts it retired (those still
+        in the graph), and the links it added.
+
+        Raises:
+            InvalidInputError: no such commit in the repo.
+            NotFoundError: an unknown repo.
+        """
+        self._repos.get(repo)
+        return await commit_history.diff(self._graph, repo, commit_id)
+
+    async def revert(self, repo: str, commit_id: str) -> CommitDiff:
+        """Undoes one commit in one transaction: the nodes and links it added go, the facts it
+        retired hold again, and it leaves the history (an ingested source's id is free
+        again). Returns what was undone.
+
+        Raises:
+            InvalidInputError: no such commit in the repo.
+            ConflictError: a later change built on it (linked to, merged into, retired or
+                reworded one of its nodes): revert that first.
+            NotFoundError: an unknown repo.
+        """
+        self._repos.get(repo)
+        return await commit_history.revert(self._graph, repo, commit_id)
 
     # ---- maintenance ----------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `sessions`,
-`session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate` and `mcp`. `main` is the
-console script; `app` the typer application (each command module registers its commands on
-it)."""
+`session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`, `revert` and
+`mcp`. `main` is the console script; `app` the typer application (each command module
+registers its commands on it)."""
 
 from mnemo.cli import app as _app
 from mnemo.cli import doctor as _doctor
+from mnemo.cli import history as _history
 from mnemo.cli import manage as _manage
 from mnemo.cli import migrate as _migrate
 from mnemo.cli._common import app
@@ -17,4 +18,4 @@ def main() -> None:
     app(prog_name="mnemo")
 
 
-del _app, _doctor, _manage, _migrate
+del _app, _doctor, _history, _manage, _migrate

@@ -20,6 +20,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -28,6 +29,7 @@ from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
+from mnemo.extraction import dates
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
@@ -289,6 +291,12 @@ async def _changeset(
         return Changeset(id=_new_id("changeset"), repo=repo)
     pending: list[tuple[str, NodeType, str, dict[str, Any], str | None]] = []
     links: list[Link] = []
+    # When each fact began to hold (issue 14): a date it names, resolved against its steps'
+    # date (their metadata's, else one their text names), else the session's (the goal's).
+    valid: dict[str, datetime] = {}
+    session_date = dates.metadata_date(
+        extracted[0].steps[0].metadata if extracted[0].steps else None
+    ) or dates.named_date(episode.goal)
 
     def add(kind: NodeType, text: str, data: dict[str, Any], *, node_id: str | None = None,
             key: str | None = None) -> str:
@@ -336,6 +344,14 @@ async def _changeset(
             chosen = [steps[i] for i in step_indices if 0 <= i < len(steps)]
             return chosen or steps
 
+        def held_from(text: str, step_indices: tuple[int, ...] | None,
+                      part: _Extracted = part) -> datetime | None:
+            chosen = [part.steps[i] for i in step_indices or () if 0 <= i < len(part.steps)]
+            step = (chosen or part.steps)[0]
+            anchor = (dates.metadata_date(step.metadata)
+                      or dates.named_date(step.observation) or session_date)
+            return dates.named_date(text, anchor) or anchor
+
         facts: list[str] = []
         for fact in part.facts:
             fact_id = add(
@@ -348,6 +364,9 @@ async def _changeset(
                 },
             )
             facts.append(fact_id)
+            held = held_from(fact.proposition, fact.steps)
+            if held is not None:
+                valid[fact_id] = held
             for step_id in origin(fact.steps):
                 links.append(Link(fact_id, step_id, LinkType.PROVENANCE))
             for concept in fact.concepts:
@@ -370,6 +389,9 @@ async def _changeset(
                     "trajectory_id": first.trajectory_id,
                 },
             )
+            held = held_from(ins.instruction, ins.steps)
+            if held is not None:
+                valid[proc_id] = held
             for step_id in origin(ins.steps):
                 links.append(Link(proc_id, step_id, LinkType.PROVENANCE))
             intent_id = add(NodeType.INTENT, ins.intent, {"intent": ins.intent})
@@ -389,6 +411,7 @@ async def _changeset(
             vector=subgoal_vectors[node_id] if node_id in subgoal_vectors else next(vectors),
             key=key,
             source_id=source.source_id,
+            valid_from=valid.get(node_id),
         )
         for node_id, kind, text, data, key in pending
     ]

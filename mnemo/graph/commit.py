@@ -30,7 +30,7 @@ from mnemo.graph.dedup import (
     resolve_tags,
 )
 from mnemo.graph.model import Changeset, CommitReceipt, Link, NodeDraft, NodeType, Vector, now_utc
-from mnemo.graph.ports import IntentPolicy, SideWrite
+from mnemo.graph.ports import IntentPolicy, SideWrite, SourceRecorded, StepsCommitted
 from mnemo.graph.vectors import Snapshot, VectorIndex
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
@@ -49,6 +49,11 @@ class CommitPlan:
     links: list[Link]
     receipt: CommitReceipt
     created_at: str
+    # Where the changeset came from, for its commit record (issue 14).
+    session_id: str | None = None
+    source_id: str | None = None
+    # Facts the changeset's facts contradict: they get valid_to and retired_at (issue 14).
+    retired: tuple[str, ...] = ()
 
 
 class CommitTarget(Protocol):
@@ -224,6 +229,8 @@ async def _apply_locked(
         links=remap_links(changeset.links, resolution),
         receipt=CommitReceipt(changeset.id, repo, [n.id for n, _, _ in nodes]),
         created_at=now_utc().isoformat(),
+        session_id=next((w.session_id for w in also if isinstance(w, StepsCommitted)), None),
+        source_id=next((w.source_id for w in also if isinstance(w, SourceRecorded)), None),
     )
     await target.write_commit(plan, also)
     return plan.receipt

@@ -42,6 +42,17 @@ class Node:
     text: str
     data: dict[str, Any]
     created_at: datetime
+    # Bi-temporal facts (issue 14; SEMANTIC and PROCEDURAL nodes): when the fact held in the
+    # world, and when mnemo recorded and retired it. None where unknown or still open.
+    valid_from: datetime | None = None
+    valid_to: datetime | None = None
+    recorded_at: datetime | None = None
+    retired_at: datetime | None = None
+
+    @property
+    def retired(self) -> bool:
+        """Whether a later fact contradicted this one (it stays, with `valid_to`)."""
+        return self.retired_at is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +66,8 @@ class NodeDraft:
     vector: Vector
     key: str | None = None
     source_id: str | None = None
+    # When a fact began to hold in the world (issue 14); None: when it was recorded.
+    valid_from: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +157,7 @@ def _draft_to_dict(node: NodeDraft) -> dict[str, Any]:
         "vector": base64.b64encode(vector_to_blob(node.vector)).decode("ascii"),
         "key": node.key,
         "source_id": node.source_id,
+        "valid_from": None if node.valid_from is None else node.valid_from.isoformat(),
     }
 
 
@@ -156,4 +170,7 @@ def _draft_from_dict(raw: dict[str, Any]) -> NodeDraft:
         vector=vector_from_blob(base64.b64decode(raw["vector"])),
         key=raw["key"],
         source_id=raw["source_id"],
+        valid_from=(
+            datetime.fromisoformat(raw["valid_from"]) if raw.get("valid_from") else None
+        ),
     )

@@ -21,6 +21,7 @@ from mnemo.graph.dedup import IntentMerger
 from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
 
 if TYPE_CHECKING:
+    from mnemo.graph.history import CommitRecord
     from mnemo.graph.maintenance import ValidationReport
 
 __all__ = [
@@ -212,6 +213,21 @@ class GraphStore(Protocol):
 
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         """Checks (and repairs) the repo's episodic integrity, in one transaction."""
+        ...
+
+    # History (issue 14, `mnemo.graph.history`).
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        """The repo's commits, newest first: the `limit` newest (all if None), or every one
+        after `after_seq`."""
+        ...
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
+
+    async def undo_commit(self, commit: CommitRecord) -> None:
+        """Undoes the commit in one transaction (the caller holds the repo's lock)."""
         ...
 
     async def settle(self, repo: str) -> None:

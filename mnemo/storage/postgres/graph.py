@@ -25,8 +25,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph import commit
+from mnemo.graph import commit, facts
 from mnemo.graph.commit import CommitPlan
+from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
     Changeset,
@@ -41,13 +42,13 @@ from mnemo.graph.ports import IntentPolicy, MergeResult, Neighbor, SideWrite, Sw
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.postgres import maintenance, schema
+from mnemo.storage.postgres import history, maintenance, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_NODE_COLUMNS = "id, type, text, data, created_at"
+_NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
 
 
 def repo_lock_key(repo: str) -> int:
@@ -118,9 +119,11 @@ class PgGraph:
         repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
         async with self._pg.transaction() as conn, conn.cursor() as cur:
             await cur.executemany(
-                "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                [(n.id, repo, n.type.value, text, Jsonb(n.data), n.key, n.source_id, created)
+                "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at,"
+                " recorded_at, valid_from) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+                " %s::timestamptz, %s::timestamptz) ON CONFLICT DO NOTHING",
+                [(n.id, repo, n.type.value, text, Jsonb(n.data), n.key, n.source_id, created,
+                  *facts.times(n, plan.created_at))
                  for n, text, _ in plan.nodes],
             )
             await cur.executemany(
@@ -133,16 +136,13 @@ class PgGraph:
                 await cur.execute(
                     "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
                 )
-            await cur.executemany(
-                "INSERT INTO links (repo, src, dst, type) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT DO NOTHING",
-                [(repo, link.src, link.dst, link.type.value) for link in plan.links],
-            )
+            added = await history.insert_links(conn, repo, plan.links)
             await cur.execute(
                 "INSERT INTO applied_changesets (id, repo, receipt, applied_at)"
                 " VALUES (%s, %s, %s, %s)",
                 (plan.changeset_id, repo, plan.receipt.to_json(), created),
             )
+            await history.record(conn, plan, added)
             await side_writes(conn, also)
         self._vectors.added(
             repo,
@@ -155,6 +155,21 @@ class PgGraph:
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         async with self._pg.transaction() as conn:
             await side_writes(conn, also)
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        async with self._pg.connection() as conn:
+            return await history.log(conn, repo, limit=limit, after_seq=after_seq)
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
+        async with self._pg.connection() as conn:
+            return await history.one(conn, repo, commit_id)
+
+    async def undo_commit(self, commit: CommitRecord) -> None:
+        async with self._pg.transaction() as conn:
+            gone = await history.undo(conn, commit)
+        self._forget(commit.repo, gone)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
@@ -340,6 +355,13 @@ class PgGraph:
                     (sorted(routes),),
                 )
                 orphans = [str(i) for (i,) in await cur.fetchall()]
+                # A tag or intent the source created that another still uses stays, but no
+                # longer names the source (its id is the user's text: erasure).
+                await conn.execute(
+                    "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s",
+                    (repo, source_id),
+                )
+                await history.forget_source(conn, repo, source_id)
                 await side_writes(conn, also)
             self._forget(repo, own + orphans)
             return len(own) + len(orphans)
@@ -445,8 +467,8 @@ class PgGraph:
         rows = await self._pg.fetch_all(statement, params)
         return rows[0] if rows else None
 def _node(row: tuple[Any, ...]) -> Node:
-    node_id, kind, text, data, created_at = row
-    return Node(str(node_id), NodeType(kind), str(text), dict(data), created_at)
+    node_id, kind, text, data, created_at, *times = row
+    return Node(str(node_id), NodeType(kind), str(text), dict(data), created_at, *times)
 
 
 def _receipt(value: Any) -> CommitReceipt:

@@ -385,6 +385,31 @@ MIGRATIONS: tuple[Migration, ...] = (
             " EXECUTE FUNCTION mnemo_lexical_row()",
         ),
     ),
+    Migration(
+        # Issue 14: commits one can list, diff and revert (ids and counts, never text), and
+        # bi-temporal facts. SQLite's m013_commit_history.
+        "m010_commit_history",
+        (
+            """CREATE TABLE commits (
+                id text PRIMARY KEY,
+                repo text NOT NULL,
+                seq bigint NOT NULL,
+                committed_at timestamptz NOT NULL,
+                session_id text,
+                source_id text,
+                nodes jsonb NOT NULL,
+                links jsonb NOT NULL,
+                retired jsonb NOT NULL,
+                reworded jsonb NOT NULL
+            )""",
+            "CREATE UNIQUE INDEX commits_by_repo ON commits (repo, seq)",
+            "ALTER TABLE nodes ADD COLUMN valid_from timestamptz",
+            "ALTER TABLE nodes ADD COLUMN valid_to timestamptz",
+            "ALTER TABLE nodes ADD COLUMN recorded_at timestamptz",
+            "ALTER TABLE nodes ADD COLUMN retired_at timestamptz",
+            "UPDATE nodes SET recorded_at = created_at WHERE type IN ('semantic', 'procedural')",
+        ),
+    ),
 )
 
 _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (

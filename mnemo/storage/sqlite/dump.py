@@ -28,7 +28,7 @@ from mnemo.storage.sqlite.database import Database, inspect_file
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
-_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results"}
+_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results", "commits"}
 
 
 def _load(kind: Kind, value: object) -> object:

@@ -27,8 +27,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.errors import StorageError
-from mnemo.graph import ann, commit
+from mnemo.graph import ann, commit, facts
 from mnemo.graph.commit import CommitPlan
+from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
     Changeset,
@@ -50,7 +51,7 @@ from mnemo.graph.ports import (
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.sqlite import maintenance
+from mnemo.storage.sqlite import history, maintenance
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
@@ -199,10 +200,10 @@ class SqliteGraph:
                 conn = db.conn
                 conn.executemany(
                     "INSERT OR IGNORE INTO nodes(id, repo, type, text, data, key, source_id,"
-                    " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " created_at, recorded_at, valid_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
-                         n.key, n.source_id, created)
+                         n.key, n.source_id, created, *facts.times(n, created))
                         for n, text, _ in plan.nodes
                     ],
                 )
@@ -216,15 +217,13 @@ class SqliteGraph:
                         "UPDATE vectors SET vec = ? WHERE node_id = ?",
                         (vector_to_blob(vector), node_id),
                     )
-                conn.executemany(
-                    "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
-                    [(repo, link.src, link.dst, link.type.value) for link in plan.links],
-                )
+                added = history.insert_links(conn, repo, plan.links)
                 conn.execute(
                     "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
                     " VALUES (?, ?, ?, ?)",
                     (plan.changeset_id, repo, plan.receipt.to_json(), created),
                 )
+                history.record(conn, plan, added)
                 side_writes(db, also)
 
         await self._database.run(write)
@@ -241,6 +240,23 @@ class SqliteGraph:
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]:
+        return await self._database.run(
+            lambda db: history.log(db.conn, repo, limit=limit, after_seq=after_seq)
+        )
+
+    async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
+        return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
+
+    async def undo_commit(self, commit: CommitRecord) -> None:
+        def undo(db: SqliteUtilsDatabase) -> list[str]:
+            with db.atomic():
+                return history.undo(db.conn, commit)
+
+        self._forget_vectors(commit.repo, await self._database.run(undo))
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
@@ -397,6 +413,13 @@ class SqliteGraph:
                     for chunk in _chunks(orphans, 400):
                         marks = ",".join("?" * len(chunk))
                         conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+                    # A tag or intent the source created that another still uses stays, but
+                    # no longer names the source (its id is the user's text: erasure).
+                    conn.execute(
+                        "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?",
+                        (repo, source_id),
+                    )
+                    history.forget_source(conn, repo, source_id)
                     side_writes(db, also)
                 return own + orphans
 
@@ -580,12 +603,15 @@ class SqliteGraph:
         return dict(rows)
 
 
-_NODE_COLUMNS = "id, type, text, data, created_at"
+_NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
 
 
 def _node(row: tuple[Any, ...]) -> Node:
-    node_id, kind, text, data, created_at = row
-    return Node(node_id, NodeType(kind), text, json.loads(data), datetime.fromisoformat(created_at))
+    node_id, kind, text, data, created_at, *times = row
+    return Node(
+        node_id, NodeType(kind), text, json.loads(data), datetime.fromisoformat(created_at),
+        *(None if t is None else datetime.fromisoformat(t) for t in times),
+    )
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

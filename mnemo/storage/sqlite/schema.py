@@ -447,3 +447,35 @@ def m012_lexical_log(db: Database) -> None:
         END;
         """.replace("{keep}", str(LOG_KEEP)),
     )
+
+
+@MIGRATIONS()
+def m013_commit_history(db: Database) -> None:
+    # Issue 14: every applied changeset is a commit one can list, diff and revert. A record
+    # holds ids and counts, never text, so that erasing a node erases it from history too.
+    # `seq` orders a repo's commits (they take the repo's lock, so max + 1 is unique).
+    # The four times make SEMANTIC and PROCEDURAL facts bi-temporal: when the fact held in the
+    # world (valid_from, valid_to) and when mnemo learned and retired it.
+    _execute_all(
+        db,
+        """
+        CREATE TABLE commits (
+            id TEXT PRIMARY KEY,
+            repo TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            committed_at TEXT NOT NULL,
+            session_id TEXT,
+            source_id TEXT,
+            nodes TEXT NOT NULL,
+            links TEXT NOT NULL,
+            retired TEXT NOT NULL,
+            reworded TEXT NOT NULL
+        ) WITHOUT ROWID;
+        CREATE UNIQUE INDEX commits_by_repo ON commits(repo, seq);
+        ALTER TABLE nodes ADD COLUMN valid_from TEXT;
+        ALTER TABLE nodes ADD COLUMN valid_to TEXT;
+        ALTER TABLE nodes ADD COLUMN recorded_at TEXT;
+        ALTER TABLE nodes ADD COLUMN retired_at TEXT;
+        UPDATE nodes SET recorded_at = created_at WHERE type IN ('semantic', 'procedural');
+        """,
+    )

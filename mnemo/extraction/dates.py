@@ -1,0 +1,131 @@
+"""The date a text names, for bi-temporal facts (issue 14): "2023-05-08", "8 May, 2023",
+"May 8 2023", "May 2023", and, against an anchor (the session's date), "yesterday", "last
+week", "three days ago", "next month". No model: a fact holds from the date it names, else
+from its session's date, else from when it was recorded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+_MONTHS = {
+    name: number
+    for number, names in enumerate(
+        [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"),
+         ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
+         ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
+         ("december", "dec")],
+        start=1,
+    )
+    for name in names
+}
+_MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_TIME = r"(?:(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<ampm>am|pm)\s+on\s+)?"
+_ISO = re.compile(
+    r"\b(?P<year>\d{4})-(?P<month>\d{2})-(?P<day>\d{2})(?:[T ](?P<hour>\d{2}):(?P<minute>\d{2}))?"
+)
+_DAY_MONTH_YEAR = re.compile(
+    _TIME + r"\b(?P<day>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTH
+    + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE,
+)
+_MONTH_DAY_YEAR = re.compile(
+    _TIME + r"\b" + _MONTH + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?P<year>\d{4})\b",
+    re.IGNORECASE,
+)
+_MONTH_YEAR = re.compile(r"\b" + _MONTH + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE)
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+            "seven": 7, "eight": 8, "nine": 9, "ten": 10, "few": 3, "couple of": 2}
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+_AGO = re.compile(
+    r"\b(?P<n>\d+|" + "|".join(_NUMBERS) + r")\s+(?P<unit>day|week|month|year)s?\s+ago\b",
+    re.IGNORECASE,
+)
+_RELATIVE = re.compile(
+    r"\b(?P<word>yesterday|today|tomorrow|tonight|(?:last|next|this)\s+"
+    r"(?:week|month|year|weekend))\b",
+    re.IGNORECASE,
+)
+_SHIFT = {"yesterday": -1, "today": 0, "tonight": 0, "tomorrow": 1}
+# Metadata keys that may carry a step's or trajectory's time.
+TIME_KEYS = ("date", "datetime", "time", "timestamp", "date_time", "when")
+
+
+def _absolute(text: str) -> datetime | None:
+    for pattern in (_ISO, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR, _MONTH_YEAR):
+        found = pattern.search(text)
+        if found is None:
+            continue
+        parts = found.groupdict()
+        month = parts["month"]
+        month_number = int(month) if month.isdigit() else _MONTHS[month.lower().rstrip(".")]
+        hour = int(parts.get("hour") or 0)
+        if (parts.get("ampm") or "").lower() == "pm" and hour < 12:
+            hour += 12
+        elif (parts.get("ampm") or "").lower() == "am" and hour == 12:
+            hour = 0
+        try:
+            return datetime(
+                int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
+                int(parts.get("minute") or 0), tzinfo=UTC,
+            )
+        except ValueError:
+            continue
+    return None
+
+
+def _relative(text: str, anchor: datetime) -> datetime | None:
+    found = _AGO.search(text)
+    if found is not None:
+        raw = found["n"].lower()
+        n = int(raw) if raw.isdigit() else _NUMBERS[raw]
+        return anchor - timedelta(days=n * _UNIT_DAYS[found["unit"].lower()])
+    found = _RELATIVE.search(text)
+    if found is None:
+        return None
+    word = " ".join(found["word"].lower().split())
+    if word in _SHIFT:
+        return anchor + timedelta(days=_SHIFT[word])
+    which, unit = word.split()
+    days = 2 if unit == "weekend" else _UNIT_DAYS[unit]
+    sign = {"last": -1, "next": 1, "this": 0}[which]
+    return anchor + timedelta(days=sign * days)
+
+
+def named_date(text: str, anchor: datetime | None = None) -> datetime | None:
+    """The date `text` names (UTC): an absolute one, else one relative to `anchor`. A text
+    stamped with its anchor's own day ("Dana (8 May, 2023): I moved yesterday") names the
+    relative one."""
+    absolute = _absolute(text)
+    if anchor is None or (absolute is not None and absolute.date() != anchor.date()):
+        return absolute
+    return _relative(text, anchor) or absolute
+
+
+def metadata_date(metadata: Mapping[str, Any] | None) -> datetime | None:
+    """The time a step's or trajectory's metadata gives (ISO text or a named date)."""
+    if not metadata:
+        return None
+    for key in TIME_KEYS:
+        value = metadata.get(key)
+        if isinstance(value, str) and value.strip():
+            try:
+                moment = datetime.fromisoformat(value.strip())
+            except ValueError:
+                found = named_date(value)
+                if found is not None:
+                    return found
+                continue
+            return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return None
+
+
+def first_date(texts: Iterable[str], anchor: datetime | None = None) -> datetime | None:
+    """The first date any of `texts` names."""
+    for text in texts:
+        found = named_date(text, anchor)
+        if found is not None:
+            return found
+    return None

@@ -16,7 +16,7 @@ import time
 
 os.environ.setdefault("MEM0_TELEMETRY", "False")
 
-from mem0 import Memory  # noqa: E402  # after the telemetry switch, which mem0 reads at import
+from mem0 import Memory  # after the telemetry switch, which mem0 reads at import
 
 USER = "bench"
 

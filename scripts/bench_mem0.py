@@ -216,7 +216,7 @@ def mem0_half(python: str, url: str, folder: Path, texts: list[str], asks: list[
     return result
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     server = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -231,7 +231,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             exact = [texts[i] for i in range(0, size, max(1, size // 20))][:20]
             with tempfile.TemporaryDirectory(prefix="mnemo-bench-mem0-") as tmp:
                 console.print(f"[bold]{size:,} memories[/]: mnemo ...")
-                ours = await mnemo_half(url, Path(tmp), texts, questions, exact)
+                ours = anyio.run(mnemo_half, url, Path(tmp), texts, questions, exact)
                 theirs = None
                 if not args.skip_mem0:
                     console.print(f"[bold]{size:,} memories[/]: mem0 ...")
@@ -316,7 +316,7 @@ def main() -> None:
     if args.serve:
         serve()
         return
-    rows = anyio.run(run, args)
+    rows = run(args)
     report(rows, args)
 
 

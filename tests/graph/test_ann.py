@@ -389,7 +389,12 @@ async def test_nearest_of_type_below_the_threshold_is_one_product(
         assert not index.accelerator.ready
         scans: list[object] = []
         exact = index.search
-        monkeypatch.setattr(index, "search", lambda *a, **kw: scans.append(a) or exact(*a, **kw))
+
+        def scan(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
+            scans.append(args)
+            return exact(*args, **kwargs)
+
+        monkeypatch.setattr(index, "search", scan)
         probes = vectors[:4]
         found = await graph.nearest_of_type("r", probes, NodeType.EPISODIC, 3)
         assert scans == []

@@ -44,12 +44,13 @@ from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
     Neighbor,
+    NodeContext,
     SideWrite,
     SweepResult,
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
-from mnemo.storage.sqlite import maintenance
+from mnemo.storage.sqlite import maintenance, recall_reads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
@@ -303,6 +304,16 @@ class SqliteGraph:
             return list(dict.fromkeys(found))
 
         return await self._database.run(read)
+
+    async def node_context(
+        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+    ) -> NodeContext:
+        if not node_ids:
+            return NodeContext([], {}, [])
+        kinds = list(linked)
+        return await self._database.run(
+            lambda db: recall_reads.node_context(db, repo, node_ids, kinds, link_type)
+        )
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         """The newest `top_k` nodes of these types, newest first."""

@@ -48,7 +48,7 @@ from mnemo.recall.prompts import (
     rerank_request,
     synthesis_request,
 )
-from mnemo.recall.query import keywords, query_side
+from mnemo.recall.query import keywords, query_side, restatement, words
 
 # The result types live in recall.model and are re-exported, where callers import them from.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
@@ -149,7 +149,7 @@ class Recaller:
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
         context = await self._context(repo, found, k, width, trace)
-        ranked = await self._rank(repo, found, context, query_vector, plan, wanted, width)
+        ranked = await self._rank(repo, found, context, query, plan, wanted, width)
         trace.mark("rank")
         if reranking:
             ranked = await self._rerank(query, ranked, k)
@@ -380,7 +380,7 @@ class Recaller:
         repo: str,
         found: dict[str, _Candidate],
         context: _Context,
-        query_vector: Vector,
+        query: str,
         plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
@@ -389,7 +389,9 @@ class Recaller:
         nodes, stats = context.nodes, context.stats
         weights = _MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
+        query_words = words(query)
         scored: list[tuple[float, Node, _Candidate]] = []
+        restated: dict[str, int] = {}
         for node_id, candidate in found.items():
             node = nodes.get(node_id)
             if node is None or (wanted is not None and node.type not in wanted):
@@ -402,7 +404,13 @@ class Recaller:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score
             scored.append((score, node, candidate))
-        scored.sort(key=lambda item: (-item[0], item[1].id))
+            tier = None if node.type in ROUTING else restatement(query_words, node.text)
+            if tier is not None:
+                restated[node_id] = tier
+        if restated:
+            scored = _restatements_first(scored, restated)
+        else:
+            scored.sort(key=lambda item: (-item[0], item[1].id))
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, 4 * k)
         steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
@@ -464,6 +472,25 @@ class Recaller:
     @staticmethod
     def _best(found: dict[str, _Candidate], n: int) -> set[str]:
         return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
+
+
+def _restatements_first(
+    scored: list[tuple[float, Node, _Candidate]], restated: dict[str, int]
+) -> list[tuple[float, Node, _Candidate]]:
+    """`scored` best first, with the memories that restate the query ahead of all others at
+    the best score, exact restatements before near-exact ones (tier 0, then 1): asked for in
+    so many words, a memory is the answer whatever its value or the other channels say
+    (issue 12: an exact restatement came first 12 times in 20). Within a tier, and among
+    the rest, the usual order."""
+    best = max(score for score, _, _ in scored)
+    others = 2
+    scored.sort(key=lambda item: (restated.get(item[1].id, others), -item[0], item[1].id))
+    out = []
+    for score, node, candidate in scored:
+        if node.id in restated:
+            candidate.score = score = max(score, best)
+        out.append((score, node, candidate))
+    return out
 
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:

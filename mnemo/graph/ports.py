@@ -158,6 +158,13 @@ class GraphStore(Protocol):
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
 
+    async def typed_links_near(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> tuple[list[TypedLink], dict[str, float]]:
+        """`typed_links(node_ids)`, and `similarities` to `vector` of the nodes at their
+        other ends, in one read (a recall hop)."""
+        ...
+
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
 
     async def node_context(

@@ -267,16 +267,14 @@ class Recaller:
         ones nearest the query: a speaker's name or a long trajectory links hundreds.
         """
         config = self.config
+        typed, similarity = await self.graph.typed_links_near(
+            repo, sorted(frontier), query_vector
+        )
         links = [
             (origin, target, target_kind, link)
-            for origin, origin_kind, target, target_kind, link in await self.graph.typed_links(
-                repo, sorted(frontier)
-            )
+            for origin, origin_kind, target, target_kind, link in typed
             if origin in frontier and _routes(origin_kind, target_kind, link)
         ]
-        similarity = await self.graph.similarities(
-            repo, [target for _, target, _, _ in links], query_vector
-        )
         fanout = max(2, config.recall_candidates // 5)
         by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
         for origin, target, target_kind, _ in links:

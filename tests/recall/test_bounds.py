@@ -116,3 +116,28 @@ def test_mmr_as_a_matrix_product_picks_as_the_greedy_loop(seed: int) -> None:
     assert maximal_marginal_relevance(order, relevance, vectors, lam) == reference_mmr(
         order, relevance, vectors, lam
     )
+
+
+async def test_a_hop_is_one_read(crowded: GraphStore) -> None:
+    """Each hop reads its links and the cosines of their far ends together: no separate
+    similarities read (a round trip each on PostgreSQL)."""
+    graph = Counting(crowded)
+    await run(cast(GraphStore, graph), "red kettle in the kitchen", k=5)
+    assert graph.calls["typed_links_near"] >= 1
+    assert graph.calls["typed_links"] == graph.calls["similarities"] == 0
+
+
+async def test_typed_links_near_is_typed_links_with_their_similarities(
+    crowded: GraphStore,
+) -> None:
+    """The batched read answers what the two reads it replaces answer, on both backends."""
+    ids = ["s3", "e3", "s4", "e7"]
+    query = (await EMBEDDER.embed(["kettle on the kitchen shelf"]))[0]
+    links, similarity = await crowded.typed_links_near("r", ids, query)
+    expected = await crowded.typed_links("r", ids)
+    assert sorted(links) == sorted(expected)
+    targets = [target for _, _, target, _, _ in expected]
+    wanted = await crowded.similarities("r", targets, query)
+    assert similarity.keys() == wanted.keys()
+    for node_id, cosine in wanted.items():
+        assert similarity[node_id] == pytest.approx(cosine, abs=1e-5)

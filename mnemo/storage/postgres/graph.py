@@ -253,6 +253,13 @@ class PgGraph:
             return NodeContext([], {}, [])
         return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type)
 
+    async def typed_links_near(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> tuple[list[TypedLink], dict[str, float]]:
+        if not node_ids:
+            return [], {}
+        return await recall_reads.typed_links_near(self._pg, repo, node_ids, vector)
+
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:
         ids = list(dict.fromkeys(node_ids))
         if not ids:

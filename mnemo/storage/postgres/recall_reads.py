@@ -1,15 +1,18 @@
-"""The batched reads of recall on PostgreSQL: a candidate set's nodes, access stats and links
-in one round trip (two statements in one pipeline on one connection)."""
+"""The batched reads of recall on PostgreSQL, one round trip each: a candidate set's nodes,
+access stats and links (two statements in one pipeline on one connection), and a hop's typed
+links with the cosine of their far ends to the query."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mnemo.graph.model import LinkType, Node, NodeType
-from mnemo.graph.ports import Neighbor, NodeContext
+from mnemo.graph.model import LinkType, Node, NodeType, Vector
+from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.vectors import as_array
 
 _NODES = (
     "SELECT id, type, text, data, created_at, access_count, last_access FROM nodes"
@@ -53,3 +56,38 @@ async def node_context(
         for side, src, dst in link_rows
     ]
     return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(seen)))
+
+
+# Each link seen from the end that was asked for (side 0 from `src`, side 1 from `dst`), with
+# the cosine of the other end to the query (NULL without a vector; NaN for a zero vector).
+_HOP = (
+    "SELECT 0, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s) FROM links l"
+    " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+    " LEFT JOIN vectors v ON v.node_id = l.dst"
+    " WHERE l.repo = %(repo)s AND l.src = ANY(%(ids)s)"
+    " UNION ALL SELECT 1, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s)"
+    " FROM links l JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+    " LEFT JOIN vectors v ON v.node_id = l.src"
+    " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s)"
+)
+
+
+async def typed_links_near(
+    pg: Postgres, repo: str, node_ids: Sequence[str], vector: Vector
+) -> tuple[list[TypedLink], dict[str, float]]:
+    """See `GraphStore.typed_links_near`."""
+    ids = list(dict.fromkeys(node_ids))
+    rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
+    links: list[TypedLink] = []
+    similarity: dict[str, float] = {}
+    for side, src, src_type, dst, dst_type, kind, cosine in rows:
+        link = LinkType(kind)
+        if side == 0:
+            links.append((str(src), NodeType(src_type), str(dst), NodeType(dst_type), link))
+            target = str(dst)
+        else:
+            links.append((str(dst), NodeType(dst_type), str(src), NodeType(src_type), link))
+            target = str(src)
+        if isinstance(cosine, float) and math.isfinite(cosine):
+            similarity[target] = cosine
+    return links, similarity

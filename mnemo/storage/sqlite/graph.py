@@ -486,6 +486,14 @@ class SqliteGraph:
 
         return await self._database.run(read) if ids else []
 
+    async def typed_links_near(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> tuple[list[tuple[str, NodeType, str, NodeType, LinkType]], dict[str, float]]:
+        links = await self.typed_links(repo, node_ids)
+        # The vectors are in memory: the cosines cost no second read.
+        targets = [target for _, _, target, _, _ in links]
+        return links, await self._vectors.similarities(repo, targets, vector)
+
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:

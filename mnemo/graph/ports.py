@@ -29,6 +29,7 @@ __all__ = [
     "IntentPolicy",
     "MergeResult",
     "Neighbor",
+    "NodeContext",
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
@@ -49,6 +50,17 @@ class Neighbor:
 
 # (origin, its type, the node at the other end, its type, link type): what a recall hop needs.
 TypedLink = tuple[str, NodeType, str, NodeType, LinkType]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """What recall reads about its best candidates in one round trip (`node_context`): the
+    nodes (in the order asked, unknown ids left out), their access stats (count, last
+    access), and the links of one type touching those of them whose type was asked for."""
+
+    nodes: list[Node]
+    stats: dict[str, tuple[int, datetime | None]]
+    links: list[Neighbor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +159,21 @@ class GraphStore(Protocol):
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]: ...
 
+    async def typed_links_near(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> tuple[list[TypedLink], dict[str, float]]:
+        """`typed_links(node_ids)`, and `similarities` to `vector` of the nodes at their
+        other ends, in one read (a recall hop)."""
+        ...
+
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
+
+    async def node_context(
+        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+    ) -> NodeContext:
+        """`get_nodes` and `access_stats` of `node_ids`, and `neighbors(..., link_type)` of
+        those of them whose type is in `linked`, in one read (recall: bounded by k)."""
+        ...
 
     async def links(self, repo: str) -> list[Link]:
         """Every link of the repo, by type, then source, then destination."""

@@ -25,13 +25,14 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import GraphStore, Neighbor
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
 from mnemo.recall.context import adjacent_steps
@@ -47,7 +48,7 @@ from mnemo.recall.prompts import (
     rerank_request,
     synthesis_request,
 )
-from mnemo.recall.query import keywords, query_side
+from mnemo.recall.query import keywords, query_side, restatement, words
 
 # The result types live in recall.model and are re-exported, where callers import them from.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
@@ -73,6 +74,32 @@ class _Candidate:
     score: float
     phase: str
     hop: int
+
+
+@dataclass(slots=True)
+class _Context:
+    """What recall read about its best candidates: nodes, access stats, and the sources of
+    each fact or procedure (its PROVENANCE links)."""
+
+    nodes: dict[str, Node]
+    stats: dict[str, tuple[int, datetime | None]]
+    sources: dict[str, list[str]]
+
+    def add_steps(self, links: Iterable[Neighbor]) -> None:
+        for link in links:
+            node = self.nodes.get(link.origin)
+            if node is not None and node.type in (N.SEMANTIC, N.PROCEDURAL):
+                self.sources.setdefault(link.origin, []).append(link.node_id)
+
+    def steps_of(self, nodes: Sequence[Node]) -> dict[str, str]:
+        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
+        made from exactly one step that step."""
+        steps = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
+        for node in nodes:
+            sources = self.sources.get(node.id, [])
+            if node.type in (N.SEMANTIC, N.PROCEDURAL) and len(sources) == 1:
+                steps[node.id] = sources[0]
+        return steps
 
 
 class _Trace:
@@ -119,16 +146,10 @@ class Recaller:
         trace.mark("hop0")
         await self._hops(repo, found, query_vector, tag_vectors, k)
         trace.mark("hops")
-        nodes = {n.id: n for n in await self.graph.get_nodes(repo, list(found))}
-        await self._provenance(repo, found, nodes, k)
-        trace.mark("provenance")
-        if config.recall_neighbour_weight > 0:
-            await self._neighbours(repo, found, nodes, k)
-            trace.mark("neighbours")
-
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
-        ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, width)
+        context = await self._context(repo, found, k, width, trace)
+        ranked = await self._rank(repo, found, context, query, plan, wanted, width)
         trace.mark("rank")
         if reranking:
             ranked = await self._rerank(query, ranked, k)
@@ -246,16 +267,14 @@ class Recaller:
         ones nearest the query: a speaker's name or a long trajectory links hundreds.
         """
         config = self.config
+        typed, similarity = await self.graph.typed_links_near(
+            repo, sorted(frontier), query_vector
+        )
         links = [
             (origin, target, target_kind, link)
-            for origin, origin_kind, target, target_kind, link in await self.graph.typed_links(
-                repo, sorted(frontier)
-            )
+            for origin, origin_kind, target, target_kind, link in typed
             if origin in frontier and _routes(origin_kind, target_kind, link)
         ]
-        similarity = await self.graph.similarities(
-            repo, [target for _, target, _, _ in links], query_vector
-        )
         fanout = max(2, config.recall_candidates // 5)
         by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
         for origin, target, target_kind, _ in links:
@@ -293,27 +312,57 @@ class Recaller:
                 bridges.add(tag_id)
         return bridges
 
-    async def _provenance(
-        self, repo: str, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
-    ) -> None:
-        best = self._best(found, 2 * k)
-        episodic = [i for i, n in nodes.items() if n.type is N.EPISODIC and i in best]
+    async def _context(
+        self, repo: str, found: dict[str, _Candidate], k: int, width: int, trace: _Trace
+    ) -> _Context:
+        """The nodes, access stats and steps of the best candidates, with provenance and
+        neighbours offered, in two reads bounded by k: the best `max(4 * width,
+        recall_candidates)` candidates (what ranking can pick from: the others are
+        touched, never read), then what provenance and neighbours brought in."""
+        config = self.config
+        ranked = sorted(found.items(), key=lambda item: -item[1].score)
+        best = [i for i, _ in ranked[: max(4 * width, config.recall_candidates)]]
+        first = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE)
+        context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {})
+        nodes = context.nodes
+        # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
+        # at half its score.
+        top = {i for i, _ in ranked[: 2 * k]}
         arrived: list[str] = []
-        for link in await self.graph.neighbors(repo, episodic, LinkType.PROVENANCE):
+        for link in first.links:
+            if nodes[link.origin].type is not N.EPISODIC or link.origin not in top:
+                continue
             parent = found[link.origin]
             candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
             if _offer(found, link.node_id, candidate) and link.node_id not in nodes:
                 arrived.append(link.node_id)
-        for node in await self.graph.get_nodes(repo, arrived):
-            nodes[node.id] = node
+        context.add_steps(first.links)
+        trace.mark("provenance")
+        offers = self._neighbour_offers(found, nodes, k)
+        more = [*dict.fromkeys([*arrived, *(i for i in offers if i not in nodes)])]
+        if more:
+            second = await self.graph.node_context(
+                repo, more, (N.SEMANTIC, N.PROCEDURAL), LinkType.PROVENANCE
+            )
+            nodes.update((n.id, n) for n in second.nodes)
+            context.stats.update(second.stats)
+            context.add_steps(second.links)
+        for node_id, candidate in offers.items():
+            if node_id in nodes:
+                _offer(found, node_id, candidate)
+        if config.recall_neighbour_weight > 0:
+            trace.mark("neighbours")
+        return context
 
-    async def _neighbours(
-        self, repo: str, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
-    ) -> None:
-        """The steps next to the best `2k` episodic hits come in at `recall_neighbour_weight`
-        of their score, as one hop; one read, bounded by k."""
+    def _neighbour_offers(
+        self, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
+    ) -> dict[str, _Candidate]:
+        """The steps next to the best `2k` episodic hits, at `recall_neighbour_weight` of
+        their score, as one hop."""
         weight = self.config.recall_neighbour_weight
         offers: dict[str, _Candidate] = {}
+        if weight <= 0:
+            return offers
         for node_id in self._best(found, 2 * k):
             node = nodes.get(node_id)
             if node is None:
@@ -322,28 +371,25 @@ class Recaller:
             for neighbour in adjacent_steps(node):
                 candidate = _Candidate(parent.score * weight, "hop", parent.hop + 1)
                 _offer(offers, neighbour, candidate)
-        missing = [i for i in offers if i not in nodes]
-        for node in await self.graph.get_nodes(repo, missing):
-            nodes[node.id] = node
-        for node_id, candidate in offers.items():
-            if node_id in nodes:
-                _offer(found, node_id, candidate)
+        return offers
 
     async def _rank(
         self,
         repo: str,
         found: dict[str, _Candidate],
-        nodes: dict[str, Node],
-        query_vector: Vector,
+        context: _Context,
+        query: str,
         plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
     ) -> list[Recalled]:
         config = self.config
-        stats = await self.graph.access_stats(repo, list(nodes))
+        nodes, stats = context.nodes, context.stats
         weights = _MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
+        query_words = words(query)
         scored: list[tuple[float, Node, _Candidate]] = []
+        restated: dict[str, int] = {}
         for node_id, candidate in found.items():
             node = nodes.get(node_id)
             if node is None or (wanted is not None and node.type not in wanted):
@@ -356,11 +402,16 @@ class Recaller:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score
             scored.append((score, node, candidate))
-        scored.sort(key=lambda item: (-item[0], item[1].id))
+            tier = None if node.type in ROUTING else restatement(query_words, node.text)
+            if tier is not None:
+                restated[node_id] = tier
+        if restated:
+            scored = _restatements_first(scored, restated)
+        else:
+            scored.sort(key=lambda item: (-item[0], item[1].id))
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, 4 * k)
-        steps = await self._steps_of(repo, [n for _, n, _ in scored]) \
-            if config.recall_distinct_steps else {}
+        steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
         per_type: dict[NodeType, int] = {}
         seen_steps: set[str] = set()
         ranked: list[Recalled] = []
@@ -406,19 +457,6 @@ class Recaller:
             return ranked[:k]
         return [ranked[i] for i in order][:k]
 
-    async def _steps_of(self, repo: str, nodes: Sequence[Node]) -> dict[str, str]:
-        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
-        made from exactly one step that step."""
-        steps = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
-        derived = [n.id for n in nodes if n.type in (N.SEMANTIC, N.PROCEDURAL)]
-        origins: dict[str, list[str]] = {}
-        for link in await self.graph.neighbors(repo, derived, LinkType.PROVENANCE):
-            origins.setdefault(link.origin, []).append(link.node_id)
-        for node_id, sources in origins.items():
-            if len(sources) == 1:
-                steps[node_id] = sources[0]
-        return steps
-
     async def _synthesise(self, query: str, ranked: list[Recalled]) -> str | None:
         if not ranked:
             return None
@@ -432,6 +470,25 @@ class Recaller:
     @staticmethod
     def _best(found: dict[str, _Candidate], n: int) -> set[str]:
         return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
+
+
+def _restatements_first(
+    scored: list[tuple[float, Node, _Candidate]], restated: dict[str, int]
+) -> list[tuple[float, Node, _Candidate]]:
+    """`scored` best first, with the memories that restate the query ahead of all others at
+    the best score, exact restatements before near-exact ones (tier 0, then 1): asked for in
+    so many words, a memory is the answer whatever its value or the other channels say
+    (issue 12: an exact restatement came first 12 times in 20). Within a tier, and among
+    the rest, the usual order."""
+    best = max(score for score, _, _ in scored)
+    others = 2
+    scored.sort(key=lambda item: (restated.get(item[1].id, others), -item[0], item[1].id))
+    out = []
+    for score, node, candidate in scored:
+        if node.id in restated:
+            candidate.score = score = max(score, best)
+        out.append((score, node, candidate))
+    return out
 
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:

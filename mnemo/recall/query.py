@@ -35,3 +35,38 @@ def keywords(query: str) -> str:
     left."""
     kept = [w for w in _text.words(query) if not _text.is_stopword(w.lower())]
     return " ".join(kept) if kept else query
+
+
+def words(query: str) -> list[str]:
+    """The query's lower-cased words, as `restates` compares them."""
+    return _text.tokens(query)
+
+
+# A near-exact restatement may differ by one word only when it is at least this long: in a
+# shorter text one word is too much of its meaning.
+_NEAR_EXACT_WORDS = 5
+
+
+def restatement(query: Sequence[str], text: str) -> int | None:
+    """How closely `text` restates the query whose lower-cased words (`words`) are `query`:
+    0 for the same words in the same order (case, punctuation and spacing aside), 1 for a
+    near-exact restatement (five words or more, one word added, dropped or changed), None
+    otherwise."""
+    other = _text.tokens(text)
+    if other == list(query):
+        return 0
+    if min(len(query), len(other)) < _NEAR_EXACT_WORDS or abs(len(query) - len(other)) > 1:
+        return None
+    return 1 if _one_edit(list(query), other) else None
+
+
+def _one_edit(a: list[str], b: list[str]) -> bool:
+    """At most one word inserted, deleted or substituted between `a` and `b`."""
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) == len(b):
+        return a[i + 1 :] == b[i + 1 :]
+    return a[i:] == b[i + 1 :]

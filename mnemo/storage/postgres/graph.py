@@ -38,11 +38,19 @@ from mnemo.graph.model import (
     NodeType,
     Vector,
 )
-from mnemo.graph.ports import IntentPolicy, MergeResult, Neighbor, SideWrite, SweepResult, TypedLink
+from mnemo.graph.ports import (
+    IntentPolicy,
+    MergeResult,
+    Neighbor,
+    NodeContext,
+    SideWrite,
+    SweepResult,
+    TypedLink,
+)
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.postgres import history, maintenance, schema
+from mnemo.storage.postgres import history, maintenance, recall_reads, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
@@ -261,6 +269,20 @@ class PgGraph:
             if dst in wanted:
                 found.append(Neighbor(dst, src, LinkType(typ)))
         return list(dict.fromkeys(found))
+
+    async def node_context(
+        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+    ) -> NodeContext:
+        if not node_ids:
+            return NodeContext([], {}, [])
+        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type)
+
+    async def typed_links_near(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> tuple[list[TypedLink], dict[str, float]]:
+        if not node_ids:
+            return [], {}
+        return await recall_reads.typed_links_near(self._pg, repo, node_ids, vector)
 
     async def typed_links(self, repo: str, node_ids: Sequence[str]) -> list[TypedLink]:
         ids = list(dict.fromkeys(node_ids))

@@ -45,13 +45,14 @@ from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
     Neighbor,
+    NodeContext,
     SideWrite,
     SweepResult,
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.sqlite import history, maintenance
+from mnemo.storage.sqlite import history, maintenance, recall_reads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
@@ -332,6 +333,16 @@ class SqliteGraph:
 
         return await self._database.run(read)
 
+    async def node_context(
+        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+    ) -> NodeContext:
+        if not node_ids:
+            return NodeContext([], {}, [])
+        kinds = list(linked)
+        return await self._database.run(
+            lambda db: recall_reads.node_context(db, repo, node_ids, kinds, link_type)
+        )
+
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         """The newest `top_k` nodes of these types, newest first."""
         kinds = [NodeType(t).value for t in types]
@@ -515,6 +526,14 @@ class SqliteGraph:
             return found
 
         return await self._database.run(read) if ids else []
+
+    async def typed_links_near(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> tuple[list[tuple[str, NodeType, str, NodeType, LinkType]], dict[str, float]]:
+        links = await self.typed_links(repo, node_ids)
+        # The vectors are in memory: the cosines cost no second read.
+        targets = [target for _, _, target, _, _ in links]
+        return links, await self._vectors.similarities(repo, targets, vector)
 
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None

@@ -64,9 +64,11 @@ class SqliteVectors:
         """For each probe row, the `k` nodes of one type nearest by cosine (one matrix product
         for all probes: recall probes the tags with the query and each search tag at once)."""
         index = await self.index(repo)
-        if index.accelerator is not None:
+        accelerator = index.accelerator
+        if isinstance(accelerator, ann.HnswAccelerator) and accelerator.ready:
             # A big repo: its per-type HNSW graph answers each probe in about a millisecond,
             # where gathering every row of the type costs tens (bench_recall, 1M nodes).
+            # Below its threshold (not ready) each probe would be a scan of every row.
             return [index.search(probe, k, [kind]) for probe in probes]
         ids, matrix = index.of_type(kind)
         if not ids or k <= 0:

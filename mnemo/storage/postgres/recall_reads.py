@@ -1,0 +1,93 @@
+"""The batched reads of recall on PostgreSQL, one round trip each: a candidate set's nodes,
+access stats and links (two statements in one pipeline on one connection), and a hop's typed
+links with the cosine of their far ends to the query."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from mnemo.graph.model import LinkType, Node, NodeType, Vector
+from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
+from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.vectors import as_array
+
+_NODES = (
+    "SELECT id, type, text, data, created_at, access_count, last_access FROM nodes"
+    " WHERE repo = %(repo)s AND id = ANY(%(ids)s)"
+)
+# Seen from the end whose type was asked for: side 0 from `src`, side 1 from `dst`.
+_LINKS = (
+    "SELECT 0, l.src, l.dst FROM links l JOIN nodes n ON n.id = l.src"
+    " WHERE l.repo = %(repo)s AND l.src = ANY(%(ids)s) AND l.type = %(link)s"
+    " AND n.type = ANY(%(kinds)s)"
+    " UNION ALL SELECT 1, l.src, l.dst FROM links l JOIN nodes n ON n.id = l.dst"
+    " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s) AND l.type = %(link)s"
+    " AND n.type = ANY(%(kinds)s)"
+)
+
+
+async def node_context(
+    pg: Postgres,
+    repo: str,
+    node_ids: Sequence[str],
+    linked: Iterable[NodeType],
+    link_type: LinkType,
+) -> NodeContext:
+    """See `GraphStore.node_context`."""
+    ids = list(dict.fromkeys(node_ids))
+    params = {"repo": repo, "ids": ids, "link": link_type.value,
+              "kinds": sorted(NodeType(t).value for t in linked)}
+    async with pg.connection() as conn, conn.pipeline():
+        nodes = await conn.execute(_NODES, params)
+        links = await conn.execute(_LINKS, params)
+        node_rows: list[tuple[Any, ...]] = await nodes.fetchall()
+        link_rows: list[tuple[Any, ...]] = await links.fetchall()
+    found: dict[str, Node] = {}
+    stats: dict[str, tuple[int, datetime | None]] = {}
+    for node_id, kind, text, data, created, count, last in node_rows:
+        found[str(node_id)] = Node(str(node_id), NodeType(kind), str(text), dict(data), created)
+        stats[str(node_id)] = (int(count), last)
+    seen = [
+        Neighbor(str(src), str(dst), link_type) if side == 0
+        else Neighbor(str(dst), str(src), link_type)
+        for side, src, dst in link_rows
+    ]
+    return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(seen)))
+
+
+# Each link seen from the end that was asked for (side 0 from `src`, side 1 from `dst`), with
+# the cosine of the other end to the query (NULL without a vector; NaN for a zero vector).
+_HOP = (
+    "SELECT 0, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s) FROM links l"
+    " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+    " LEFT JOIN vectors v ON v.node_id = l.dst"
+    " WHERE l.repo = %(repo)s AND l.src = ANY(%(ids)s)"
+    " UNION ALL SELECT 1, l.src, a.type, l.dst, b.type, l.type, 1 - (v.vec <=> %(q)s)"
+    " FROM links l JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+    " LEFT JOIN vectors v ON v.node_id = l.src"
+    " WHERE l.repo = %(repo)s AND l.dst = ANY(%(ids)s)"
+)
+
+
+async def typed_links_near(
+    pg: Postgres, repo: str, node_ids: Sequence[str], vector: Vector
+) -> tuple[list[TypedLink], dict[str, float]]:
+    """See `GraphStore.typed_links_near`."""
+    ids = list(dict.fromkeys(node_ids))
+    rows = await pg.fetch_all(_HOP, {"repo": repo, "ids": ids, "q": as_array(vector)})
+    links: list[TypedLink] = []
+    similarity: dict[str, float] = {}
+    for side, src, src_type, dst, dst_type, kind, cosine in rows:
+        link = LinkType(kind)
+        if side == 0:
+            links.append((str(src), NodeType(src_type), str(dst), NodeType(dst_type), link))
+            target = str(dst)
+        else:
+            links.append((str(dst), NodeType(dst_type), str(src), NodeType(src_type), link))
+            target = str(src)
+        if isinstance(cosine, float) and math.isfinite(cosine):
+            similarity[target] = cosine
+    return links, similarity

@@ -1,0 +1,143 @@
+"""What a recall reads is bounded by k, not by the candidates it touched (issue 12): the nodes,
+stats and provenance of its best candidates in one read, what they bring in in another."""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+import mnemo
+from mnemo.graph.model import Link, LinkType, NodeType
+from mnemo.graph.ports import GraphStore
+from mnemo.recall.fusion import maximal_marginal_relevance
+from tests.backends import open_stores
+from tests.recall.test_engine import EMBEDDER, build, run
+
+# Nodes whose ids are read by these calls.
+READS = ("get_nodes", "access_stats", "node_context", "neighbors", "vectors")
+
+
+class Counting:
+    """A GraphStore that counts its calls and the node ids each read asks for."""
+
+    def __init__(self, inner: GraphStore) -> None:
+        self.inner = inner
+        self.calls: Counter[str] = Counter()
+        self.read: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            if name in READS:
+                self.read.update(cast(Sequence[str], args[1]))
+            return await attr(*args, **kwargs)
+
+        return counted
+
+
+# 120 facts that all match the query's words, each from its own step.
+FACTS = [(f"s{i}", NodeType.SEMANTIC, f"the red kettle number {i} is kept in the kitchen")
+         for i in range(120)]
+STEPS = [(f"e{i}", NodeType.EPISODIC, f"saw kettle {i} on the kitchen shelf") for i in range(120)]
+
+
+@pytest.fixture
+async def crowded(store: str) -> AsyncIterator[GraphStore]:
+    async with open_stores(store, EMBEDDER.dim) as backend:
+        links = [Link(f"s{i}", f"e{i}", LinkType.PROVENANCE) for i in range(120)]
+        await build(backend.graph, [*FACTS, *STEPS], links)
+        yield backend.graph
+
+
+async def test_recall_reads_only_its_best_candidates(crowded: GraphStore) -> None:
+    """Of the nodes a recall touches, it reads the nodes, stats and links of at most
+    max(4k, recall_candidates) of them, plus the one source or fact and the two neighbours
+    each of the best 2k may bring in."""
+    config = mnemo.Config(recall_candidates=20)
+    graph = Counting(crowded)
+    result = await run(cast(GraphStore, graph), "red kettle in the kitchen", k=2, config=config)
+    assert len(result.memories) == 2
+    touched = {t.node_id for t in result.touched}
+    assert graph.read <= touched
+    assert len(graph.read) <= 20 + 3 * 2 * 2 < len(touched)
+
+
+async def test_after_the_hops_two_reads_and_one_write(crowded: GraphStore) -> None:
+    """Nodes, access stats, provenance and the steps of the best candidates are one read, what
+    provenance and neighbours bring in a second; then reinforcement writes once."""
+    graph = Counting(crowded)
+    await run(cast(GraphStore, graph), "red kettle in the kitchen", k=5)
+    assert graph.calls["node_context"] <= 2
+    assert graph.calls["get_nodes"] == graph.calls["access_stats"] == 0
+    assert graph.calls["reinforce"] == 1
+
+
+def reference_mmr(order: list[str], relevance: dict[str, float],
+                  vectors: dict[str, np.ndarray], lam: float) -> list[str]:
+    """The greedy loop of Carbonell and Goldstein, item by item, to check the matrix form."""
+    if lam >= 1.0 or len(order) < 3:
+        return list(order)
+    scale = max(relevance.values()) or 1.0
+    left, chosen = list(order), []
+    nearest = dict.fromkeys(left, 0.0)
+    while left:
+        best = max(left, key=lambda i: lam * relevance[i] / scale - (1 - lam) * nearest[i])
+        left.remove(best)
+        chosen.append(best)
+        if best in vectors:
+            for item in left:
+                if item in vectors:
+                    nearest[item] = max(nearest[item], float(vectors[item] @ vectors[best]))
+    return chosen
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mmr_as_a_matrix_product_picks_as_the_greedy_loop(seed: int) -> None:
+    """The matrix form of MMR chooses the same order as the item-by-item loop (distinct
+    relevances, some items without a vector)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 40))
+    order = [f"n{i}" for i in range(n)]
+    relevance = {i: float(r) for i, r in zip(order, np.sort(rng.random(n))[::-1], strict=True)}
+    raw = rng.normal(size=(n, 16)).astype(np.float32)
+    raw[1::3] = raw[0]  # near duplicates of the first
+    raw /= np.linalg.norm(raw, axis=1, keepdims=True)
+    vectors = {i: raw[row] for row, i in enumerate(order) if row % 7 != 5}
+    lam = float(rng.uniform(0.3, 0.95))
+    assert maximal_marginal_relevance(order, relevance, vectors, lam) == reference_mmr(
+        order, relevance, vectors, lam
+    )
+
+
+async def test_a_hop_is_one_read(crowded: GraphStore) -> None:
+    """Each hop reads its links and the cosines of their far ends together: no separate
+    similarities read (a round trip each on PostgreSQL)."""
+    graph = Counting(crowded)
+    await run(cast(GraphStore, graph), "red kettle in the kitchen", k=5)
+    assert graph.calls["typed_links_near"] >= 1
+    assert graph.calls["typed_links"] == graph.calls["similarities"] == 0
+
+
+async def test_typed_links_near_is_typed_links_with_their_similarities(
+    crowded: GraphStore,
+) -> None:
+    """The batched read answers what the two reads it replaces answer, on both backends."""
+    ids = ["s3", "e3", "s4", "e7"]
+    query = (await EMBEDDER.embed(["kettle on the kitchen shelf"]))[0]
+    links, similarity = await crowded.typed_links_near("r", ids, query)
+    expected = await crowded.typed_links("r", ids)
+    assert sorted(links) == sorted(expected)
+    targets = [target for _, _, target, _, _ in expected]
+    wanted = await crowded.similarities("r", targets, query)
+    assert similarity.keys() == wanted.keys()
+    for node_id, cosine in wanted.items():
+        assert similarity[node_id] == pytest.approx(cosine, abs=1e-5)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from hypothesis import settings
 
 import mnemo
 from mnemo import State
@@ -33,6 +34,11 @@ from tests.pg import (
 __all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]
 
 REPO = "r"
+
+# Tests do not time things: hypothesis's per-example deadline (200 ms) failed examples that
+# open a store or an index on a loaded machine, which says nothing about the behaviour.
+settings.register_profile("mnemo", deadline=None)
+settings.load_profile("mnemo")
 
 Enter = Callable[[State], Awaitable[str]]
 

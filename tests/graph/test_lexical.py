@@ -17,6 +17,7 @@ from typing import cast
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
@@ -24,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType
 from mnemo.storage.lexical import LOG_KEEP, LexicalIndex
+from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.ports import Backend, open_backend
 from tests.backends import backend_of, is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, axis, draft, policy
@@ -364,3 +366,33 @@ async def test_the_log_keeps_a_bounded_tail_and_a_slot_behind_it_rebuilds(store:
         result = await lexical(backend).search(REPO, "teal", 10**6, None)
         assert result is not None
         assert len(result) == bulk + 1
+
+
+async def test_changes_not_yet_committed_rank_as_they_will_once_committed(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search right after a write scores what the index has not committed yet itself
+    (mnemo/storage/lexical/fresh.py, tantivy's BM25): the same order as once committed."""
+    await add(backend, "c0", {f"f{i}": f"filler words number {i}" for i in range(30)})
+    await backend.graph.settle(REPO)
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)  # nothing commits meanwhile
+    await add(backend, "c1", {
+        "once": "a wren sang over the long quiet water at dawn",
+        "twice": "wren and wren",
+        "short": "wren",
+        "other": "a heron",
+    })
+    index = lexical(backend)
+    fresh = await index.search(REPO, "wren heron", 10, None)
+    assert len(index._fresh) == 4  # the search scored them itself
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 0.0)
+    await backend.graph.settle(REPO)
+    assert len(index._fresh) == 0
+    committed = await index.search(REPO, "wren heron", 10, None)
+    assert fresh is not None
+    assert committed is not None
+    assert [i for i, _ in fresh] == [i for i, _ in committed]
+    for (_, a), (_, b) in zip(fresh, committed, strict=True):
+        # Within a third: the average length is estimated from the uncommitted documents
+        # (tantivy's own is not exposed), and tantivy's length norms are coarser.
+        assert a == pytest.approx(b, rel=0.33)

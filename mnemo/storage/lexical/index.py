@@ -38,6 +38,14 @@ from typing import Any, Protocol
 import anyio.to_thread
 
 from mnemo.inputs import query_terms
+from mnemo.storage.lexical.fresh import (
+    AverageLength,
+    Fresh,
+    FreshDoc,
+    document_frequencies,
+    idf,
+    scores,
+)
 
 log = logging.getLogger("mnemo.lexical")
 
@@ -55,7 +63,11 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-FORMAT = "v1"  # the folder's layout: a change of schema goes to a new folder
+FORMAT = "v2"  # the folder's layout: a change of schema goes to a new folder
+# Applied changes wait this long for more before they are committed, or this many.
+COMMIT_AFTER = 0.5
+COMMIT_ABOVE = 2_000
+SAMPLE = 500  # nodes read to estimate the average document length
 _WORD = re.compile(r"\w+", re.UNICODE)
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
@@ -107,7 +119,7 @@ def _schema() -> Any:
     builder = tantivy.SchemaBuilder()
     # `key` is "<repo>/<rowid>" (a rowid can be reused after a delete, in another repo too);
     # `id` is what recall gets back; `text` keeps frequencies, no positions (no phrase queries).
-    builder.add_text_field("key", tokenizer_name="raw", index_option="basic")
+    builder.add_text_field("key", tokenizer_name="raw", stored=True, index_option="basic")
     builder.add_text_field("id", tokenizer_name="raw", stored=True, index_option="basic")
     builder.add_text_field("repo", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
@@ -136,6 +148,9 @@ class LexicalIndex:
         self._rebuilds: dict[str, tuple[int, int]] = {}  # repo -> (its seq, last rowid done)
         self._worker: threading.Thread | None = None
         self._closing = threading.Event()
+        self._wake = threading.Event()  # new work for the background thread
+        self._fresh = Fresh()  # applied, not yet committed (under `_lock`)
+        self._lengths: AverageLength | None = None  # sampled at the first search
         self.slot: Path | None = None
 
     # ---- searching -------------------------------------------------------------------------
@@ -164,21 +179,23 @@ class LexicalIndex:
             if not self._open() or not self._current(repo):
                 return None
             searcher = self._index.searcher()
+            fresh = self._fresh.of(repo)
+            average = self._average_length(repo)
         finally:
             self._lock.release()
         import tantivy as tv
 
-        stems = dict.fromkeys(t for w in words for t in self._analyzer.analyze(w))
+        stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
+        added = document_frequencies(fresh.values(), stems)
+        documents = searcher.num_docs + sum(1 for doc in fresh.values() if doc is not None)
         present = sorted(
-            (df, stem) for stem in stems if (df := searcher.doc_freq("text", stem)) > 0
+            (df, stem) for stem in stems if (df := searcher.doc_freq("text", stem) + added[stem])
         )
         if not present:
             return []
-        kept = [s for df, s in present if df <= DF_CUT * searcher.num_docs] or [
-            s for _, s in present[:KEEP_RAREST]
-        ]
+        kept = [(df, s) for df, s in present if df <= DF_CUT * documents] or present[:KEEP_RAREST]
         match = tv.Query.boolean_query(
-            [(tv.Occur.Should, tv.Query.term_query(self._schema, "text", s)) for s in kept]
+            [(tv.Occur.Should, tv.Query.term_query(self._schema, "text", s)) for _, s in kept]
         )
         clauses = [
             (tv.Occur.Must, tv.Query.const_score_query(
@@ -188,8 +205,28 @@ class LexicalIndex:
         if kinds is not None:
             clauses.append((tv.Occur.Must, tv.Query.const_score_query(
                 tv.Query.term_set_query(self._schema, "type", kinds), 0.0)))
-        hits = searcher.search(tv.Query.boolean_query(clauses), limit, count=False).hits
-        return [(searcher.doc(address)["id"][0], float(score)) for score, address in hits]
+        # Committed copies of what changed since are dropped: ask for that many more.
+        query = tv.Query.boolean_query(clauses)
+        hits = searcher.search(query, limit + len(fresh), count=False).hits
+        found = []
+        for score, address in hits:
+            doc = searcher.doc(address)
+            if doc["key"][0] not in fresh:
+                found.append((doc["id"][0], float(score)))
+        if fresh:
+            weights = {s: idf(documents, df) for df, s in kept}
+            found += scores(fresh.values(), weights, kinds, average)
+            found.sort(key=lambda hit: -hit[1])
+        return found[:limit]
+
+    def _average_length(self, repo: str) -> float:
+        """BM25's average document length for uncommitted documents: a sample of the repo's
+        nodes, and every document applied since. Holds the lock."""
+        if self._lengths is None:
+            self._lengths = AverageLength()
+            for row in self._source.nodes(repo, 0, SAMPLE):
+                self._lengths.add(len(self._analyzer.analyze(row.text)))
+        return self._lengths.value
 
     def _current(self, repo: str) -> bool:
         """Brings the repo's documents up to the log (inline if the backlog is short);
@@ -204,7 +241,10 @@ class LexicalIndex:
             self._enqueue(self._behind, repo)
             return False
         self._apply(repo, applied, seq)
-        self._commit()
+        if len(self._fresh) >= COMMIT_ABOVE:
+            self._commit()  # scoring them here would cost more than the commit
+        else:
+            self._wake_worker()  # to commit them soon
         return True
 
     # ---- keeping up with the store (under the lock) ----------------------------------------
@@ -212,12 +252,16 @@ class LexicalIndex:
     def _apply(self, repo: str, after: int, upto: int) -> None:
         present, gone = self._source.changes(repo, after, upto)
         for rowid in gone:
-            self._writer.delete_documents_by_term("key", f"{repo}/{rowid}")
+            key = f"{repo}/{rowid}"
+            self._writer.delete_documents_by_term("key", key)
+            self._fresh.put(repo, key, None)
         for row in present:
-            self._put(repo, row)
+            self._put(repo, row, fresh=True)
         self._mark(repo, upto)
 
-    def _put(self, repo: str, row: Row) -> None:
+    def _put(self, repo: str, row: Row, *, fresh: bool = False) -> None:
+        """Adds (or replaces) the row's document; `fresh`: searches see it before the next
+        commit (a rebuild's documents wait for theirs: the store's search answers)."""
         import tantivy as tv
 
         key = f"{repo}/{row.rowid}"
@@ -225,6 +269,11 @@ class LexicalIndex:
         self._writer.add_document(
             tv.Document(key=key, id=row.id, repo=repo, type=row.type, text=row.text)
         )
+        if fresh:
+            stems = self._analyzer.analyze(row.text)
+            self._fresh.put(repo, key, FreshDoc.of(row.id, row.type, stems))
+            if self._lengths is not None:
+                self._lengths.add(len(stems))
 
     def _mark(self, repo: str, seq: int) -> None:
         import tantivy as tv
@@ -234,8 +283,10 @@ class LexicalIndex:
         self._applied[repo] = seq
 
     def _commit(self) -> None:
+        upto = self._fresh.version
         self._writer.commit()
         self._index.reload()
+        self._fresh.committed(upto)
 
     def _rebuild_step(self, repo: str) -> bool:
         """One batch of bringing `repo` up: of a rebuild from its nodes when the log cannot
@@ -249,7 +300,8 @@ class LexicalIndex:
                 return True
             if 0 < applied < seq and applied >= horizon and seq - applied <= LOG_KEEP:
                 self._apply(repo, applied, min(seq, applied + BATCH))
-                self._commit()
+                if len(self._fresh) >= COMMIT_ABOVE:
+                    self._commit()
                 return False
             # From the nodes as they are from now on; what changes meanwhile is past `seq`
             # in the log, applied once the rebuild is done.
@@ -295,6 +347,11 @@ class LexicalIndex:
     def _enqueue(self, queue: set[str], repo: str) -> None:
         with self._queue:
             queue.add(repo)
+        self._wake_worker()
+
+    def _wake_worker(self) -> None:
+        with self._queue:
+            self._wake.set()
             if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._work, name="mnemo-lexical", daemon=True
@@ -302,10 +359,20 @@ class LexicalIndex:
                 self._worker.start()
 
     def _work(self) -> None:
+        """Brings queued repos up, then commits what was applied once no more comes for
+        `COMMIT_AFTER` seconds; ends when nothing is left to do."""
         while not self._closing.is_set():
             with self._queue:
+                self._wake.clear()
                 repo = next(iter(self._behind), None) or next(iter(self._dirty), None)
-                if repo is None:
+            if repo is None:
+                if self._wake.wait(COMMIT_AFTER):
+                    continue
+                with self._lock, self._queue:
+                    if self._wake.is_set():
+                        continue
+                    if len(self._fresh) and self._writer is not None:
+                        self._commit()
                     self._worker = None
                     return
             try:
@@ -399,9 +466,12 @@ class LexicalIndex:
         with self._lock:
             try:
                 if self._writer is not None:
-                    # Uncommitted work is dropped: what was applied is in the last commit,
-                    # and the log has the rest.
-                    self._writer.rollback()
+                    # What was applied is committed (the next process starts from there);
+                    # a rebuild under way is dropped (it starts again from the store).
+                    if self._rebuilds:
+                        self._writer.rollback()
+                    elif len(self._fresh):
+                        self._commit()
                     self._writer = None
                     self._index = None
             finally:

@@ -1,0 +1,125 @@
+"""The index's changes that are applied but not yet committed, and their BM25 scores.
+
+A tantivy commit is an fsync and a new segment: tens of milliseconds on a quiet disk, hundreds
+on a busy one (BENCHMARKS.md). A search right after a commit must see its nodes, so rather than
+commit before each search the index keeps what it applied since its last commit here, and a
+search scores these documents itself, with tantivy's BM25 (k1 1.2, b 0.75) and the index's
+document frequencies, beside the committed ones (whose stale copies it drops). The background
+thread commits them within a second, or sooner when they are many.
+
+The one approximation: BM25's average document length, which tantivy does not expose, is
+estimated from a sample of the store's nodes and the documents applied since, so their scores
+may differ from what tantivy gives them once committed by a fraction (tantivy's length norms
+are coarser too; tests/graph/test_lexical.py bounds it); they are only ever compared with
+committed documents' scores, and recall fuses ranks, not scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+K1, B = 1.2, 0.75
+
+
+@dataclass(frozen=True, slots=True)
+class FreshDoc:
+    """A document as a search scores it: its stems' counts and its length in tokens."""
+
+    id: str
+    type: str
+    terms: Mapping[str, int]
+    length: int
+
+    @classmethod
+    def of(cls, node_id: str, kind: str, stems: list[str]) -> FreshDoc:
+        return cls(node_id, kind, Counter(stems), len(stems))
+
+
+class Fresh:
+    """Per repo, the documents (or deletions: None) applied since the last commit, by key."""
+
+    def __init__(self) -> None:
+        self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
+        self._version = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def put(self, repo: str, key: str, doc: FreshDoc | None) -> None:
+        self._version += 1
+        entries = self._repos.setdefault(repo, {})
+        if key not in entries:
+            self._count += 1
+        entries[key] = (self._version, doc)
+
+    def committed(self, upto: int) -> None:
+        """Forgets what a commit that saw `version == upto` wrote."""
+        for repo in list(self._repos):
+            kept = {k: v for k, v in self._repos[repo].items() if v[0] > upto}
+            self._count -= len(self._repos[repo]) - len(kept)
+            if kept:
+                self._repos[repo] = kept
+            else:
+                del self._repos[repo]
+
+    def of(self, repo: str) -> dict[str, FreshDoc | None]:
+        """A copy of the repo's entries (taken under the index's lock)."""
+        return {key: doc for key, (_, doc) in self._repos.get(repo, {}).items()}
+
+
+def document_frequencies(docs: Iterable[FreshDoc | None], stems: Collection[str]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for doc in docs:
+        if doc is not None:
+            counts.update(stem for stem in stems if stem in doc.terms)
+    return counts
+
+
+class AverageLength:
+    """A running mean of documents' lengths in tokens (BM25's average document length)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.documents = 0
+
+    def add(self, length: int) -> None:
+        self.tokens += length
+        self.documents += 1
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.documents if self.documents else 12.0
+
+
+def scores(
+    docs: Iterable[FreshDoc | None],
+    idf: Mapping[str, float],
+    kinds: Collection[str] | None,
+    average: float,
+) -> list[tuple[str, float]]:
+    """BM25 of each document holding a stem of `idf`, over those of the wanted kinds."""
+    live = [d for d in docs if d is not None and (kinds is None or d.type in kinds)]
+    found = []
+    for doc in live:
+        norm = K1 * (1 - B + B * doc.length / average)
+        score = sum(
+            weight * tf * (K1 + 1) / (tf + norm)
+            for stem, weight in idf.items()
+            if (tf := doc.terms.get(stem, 0))
+        )
+        if score > 0:
+            found.append((doc.id, score))
+    return found
+
+
+def idf(documents: int, frequency: int) -> float:
+    """tantivy's (and Lucene's) BM25 idf."""
+    return math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))

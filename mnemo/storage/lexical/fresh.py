@@ -39,10 +39,12 @@ class FreshDoc:
 
 
 class Fresh:
-    """Per repo, the documents (or deletions: None) applied since the last commit, by key."""
+    """Per repo, the documents (or deletions: None) applied since the last commit, by key,
+    with the keys of the documents holding each stem (a search reads only those)."""
 
     def __init__(self) -> None:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
+        self._postings: dict[str, dict[str, set[str]]] = {}
         self._version = 0
         self._count = 0
 
@@ -56,30 +58,50 @@ class Fresh:
     def put(self, repo: str, key: str, doc: FreshDoc | None) -> None:
         self._version += 1
         entries = self._repos.setdefault(repo, {})
-        if key not in entries:
+        postings = self._postings.setdefault(repo, {})
+        old = entries.get(key)
+        if old is None:
             self._count += 1
+        elif old[1] is not None:
+            for stem in old[1].terms:
+                postings[stem].discard(key)
         entries[key] = (self._version, doc)
+        if doc is not None:
+            for stem in doc.terms:
+                postings.setdefault(stem, set()).add(key)
 
     def committed(self, upto: int) -> None:
         """Forgets what a commit that saw `version == upto` wrote."""
         for repo in list(self._repos):
-            kept = {k: v for k, v in self._repos[repo].items() if v[0] > upto}
-            self._count -= len(self._repos[repo]) - len(kept)
-            if kept:
-                self._repos[repo] = kept
-            else:
+            entries = self._repos[repo]
+            gone = [k for k, (version, _) in entries.items() if version <= upto]
+            for key in gone:
+                doc = entries.pop(key)[1]
+                if doc is not None:
+                    for stem in doc.terms:
+                        self._postings[repo][stem].discard(key)
+            self._count -= len(gone)
+            if not entries:
                 del self._repos[repo]
+                del self._postings[repo]
 
-    def of(self, repo: str) -> dict[str, FreshDoc | None]:
-        """A copy of the repo's entries (taken under the index's lock)."""
-        return {key: doc for key, (_, doc) in self._repos.get(repo, {}).items()}
+    def of(self, repo: str, stems: Iterable[str]) -> tuple[set[str], dict[str, FreshDoc]]:
+        """The keys of every entry of the repo (their committed copies are stale), and the
+        live documents holding one of `stems` (taken under the index's lock)."""
+        entries = self._repos.get(repo, {})
+        postings = self._postings.get(repo, {})
+        holding = set().union(*(postings.get(stem, ()) for stem in stems))
+        live = {key: doc for key in holding if (doc := entries[key][1]) is not None}
+        return set(entries), live
+
+    def live_count(self, repo: str) -> int:
+        return sum(1 for _, doc in self._repos.get(repo, {}).values() if doc is not None)
 
 
-def document_frequencies(docs: Iterable[FreshDoc | None], stems: Collection[str]) -> Counter[str]:
+def document_frequencies(docs: Iterable[FreshDoc], stems: Collection[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
     for doc in docs:
-        if doc is not None:
-            counts.update(stem for stem in stems if stem in doc.terms)
+        counts.update(stem for stem in stems if stem in doc.terms)
     return counts
 
 
@@ -100,13 +122,13 @@ class AverageLength:
 
 
 def scores(
-    docs: Iterable[FreshDoc | None],
+    docs: Iterable[FreshDoc],
     idf: Mapping[str, float],
     kinds: Collection[str] | None,
     average: float,
 ) -> list[tuple[str, float]]:
     """BM25 of each document holding a stem of `idf`, over those of the wanted kinds."""
-    live = [d for d in docs if d is not None and (kinds is None or d.type in kinds)]
+    live = [d for d in docs if kinds is None or d.type in kinds]
     found = []
     for doc in live:
         norm = K1 * (1 - B + B * doc.length / average)

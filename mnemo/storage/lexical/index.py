@@ -179,15 +179,15 @@ class LexicalIndex:
             if not self._open() or not self._current(repo):
                 return None
             searcher = self._index.searcher()
-            fresh = self._fresh.of(repo)
+            stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
+            stale, fresh = self._fresh.of(repo, stems)
+            documents = searcher.num_docs + self._fresh.live_count(repo)
             average = self._average_length(repo)
         finally:
             self._lock.release()
         import tantivy as tv
 
-        stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
         added = document_frequencies(fresh.values(), stems)
-        documents = searcher.num_docs + sum(1 for doc in fresh.values() if doc is not None)
         present = sorted(
             (df, stem) for stem in stems if (df := searcher.doc_freq("text", stem) + added[stem])
         )
@@ -207,11 +207,11 @@ class LexicalIndex:
                 tv.Query.term_set_query(self._schema, "type", kinds), 0.0)))
         # Committed copies of what changed since are dropped: ask for that many more.
         query = tv.Query.boolean_query(clauses)
-        hits = searcher.search(query, limit + len(fresh), count=False).hits
+        hits = searcher.search(query, limit + len(stale), count=False).hits
         found = []
         for score, address in hits:
             doc = searcher.doc(address)
-            if doc["key"][0] not in fresh:
+            if doc["key"][0] not in stale:
                 found.append((doc["id"][0], float(score)))
         if fresh:
             weights = {s: idf(documents, df) for df, s in kept}

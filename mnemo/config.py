@@ -86,6 +86,10 @@ class Config:
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # Issue 14: the live facts of its type each new fact is compared with, per recall channel
+    # (vector, words), by the LLM's "contradiction" task (up to twice this many calls per
+    # fact); 0: facts are never retired.
+    contradiction_candidates: int = 3
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):
@@ -131,7 +135,8 @@ class Config:
             raise InvalidInputError(
                 f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
             )
-        for name in ("recall_max_hops", "recall_refine_budget", "recall_prf_terms"):
+        for name in ("recall_max_hops", "recall_refine_budget", "recall_prf_terms",
+                     "contradiction_candidates"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")

@@ -128,8 +128,10 @@ async def apply(
     # Asked before the lock, as merges are (issue 9): one slow provider must not stall the
     # repo's commits.
     retiring = (
-        await contradiction.retirements(target, changeset, intents.contradicts)
-        if intents.contradicts is not None else []
+        await contradiction.retirements(
+            target, changeset, intents.contradicts, intents.contradiction_candidates
+        )
+        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
     )
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS

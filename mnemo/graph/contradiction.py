@@ -21,7 +21,8 @@ from mnemo.graph.model import Changeset, Node, NodeType, Vector
 # Whether the new fact (second) ends the existing one (first).
 Contradicts = Callable[[str, str], Awaitable[bool]]
 
-# Live facts compared with each new one, per channel (vector, words).
+# Live facts compared with each new one, per channel (vector, words): the default of
+# `Config.contradiction_candidates`.
 CANDIDATES = 3
 
 
@@ -48,9 +49,11 @@ class Retirement:
 
 
 async def retirements(
-    graph: FactSearch, changeset: Changeset, contradicts: Contradicts
+    graph: FactSearch, changeset: Changeset, contradicts: Contradicts,
+    candidates: int = CANDIDATES,
 ) -> list[Retirement]:
-    """The facts the changeset's facts contradict, asked before the commit's lock."""
+    """The facts the changeset's facts contradict (each compared with `candidates` live facts
+    per channel), asked before the commit's lock."""
     found: list[Retirement] = []
     own = {n.id for n in changeset.nodes}
     seen: set[str] = set()
@@ -59,9 +62,9 @@ async def retirements(
             continue
         kinds = [node.type]
         ids = [i for i, _ in await graph.search_vectors(
-            changeset.repo, node.vector, CANDIDATES, kinds)]
+            changeset.repo, node.vector, candidates, kinds)]
         ids += [i for i, _ in await graph.search_text(
-            changeset.repo, node.text, CANDIDATES, kinds)]
+            changeset.repo, node.text, candidates, kinds)]
         fresh = [i for i in dict.fromkeys(ids) if i not in own and i not in seen]
         for old in await graph.get_nodes(changeset.repo, fresh):
             if old.retired or not await contradicts(old.text, node.text):

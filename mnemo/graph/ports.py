@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from mnemo.config import Config
-from mnemo.graph.contradiction import Contradicts
+from mnemo.graph.contradiction import CANDIDATES, Contradicts
 from mnemo.graph.dedup import IntentMerger
 from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
 
@@ -63,6 +63,7 @@ class IntentPolicy:
     # Whether a new fact ends an existing one (issue 14: `mnemo.graph.contradiction`); None:
     # facts are never retired.
     contradicts: Contradicts | None = None
+    contradiction_candidates: int = CANDIDATES
 
 
 @dataclass(frozen=True, slots=True)

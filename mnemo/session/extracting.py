@@ -293,4 +293,5 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
         merge_threshold=runtime.config.intent_merge_threshold,
         merge=merge,
         contradicts=contradicts,
+        contradiction_candidates=runtime.config.contradiction_candidates,
     )

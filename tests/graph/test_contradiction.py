@@ -14,6 +14,7 @@ from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.backends import open_stores
 from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
 from tests.graph._support import DIM, axis, draft, policy
 
 SUPERSEDES = LinkType.SUPERSEDES
@@ -126,3 +127,26 @@ async def test_ingests_retire_what_they_contradict(mem: mnemo.Memory) -> None:
     assert lisbon.valid_to == datetime(2023, 6, 1, tzinfo=UTC)
     assert not porto.retired
     assert (await mem.history(REPO, limit=1))[0].retired == (lisbon.id,)
+
+
+async def test_no_candidates_means_nothing_is_retired(
+    store: str, llm: FakeLLM, embedder: FakeEmbedder
+) -> None:
+    """With Config.contradiction_candidates=0 no fact is retired and the LLM is never asked
+    the "contradiction" task."""
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO, config=mnemo.Config(contradiction_candidates=0))
+        for source, text in (("m", "Dana lives in Lisbon."), ("j", "Dana lives in Porto.")):
+            await mem.ingest(REPO, mnemo.Trajectory("chat", [mnemo.Step(text, "Note it.")]),
+                             source_id=source)
+        facts = await mem.get_nodes_by_type(REPO, [NodeType.SEMANTIC])
+    assert len(facts) == 2
+    assert not any(f.retired for f in facts)
+    assert "contradiction" not in {call.task for call in llm.calls}
+
+
+def test_a_negative_candidate_count_is_invalid() -> None:
+    """Config.contradiction_candidates must be an integer >= 0."""
+    for bad in (-1, 1.5, True):
+        with pytest.raises(mnemo.InvalidInputError):
+            mnemo.Config(contradiction_candidates=bad)  # type: ignore[arg-type]

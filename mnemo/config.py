@@ -90,6 +90,10 @@ class Config:
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
     # it off (the store's own full-text search answers). Read from the Memory's config only.
     lexical_dir: str | None = None
+    # Issue 14: the live facts of its type each new fact is compared with, per recall channel
+    # (vector, words), by the LLM's "contradiction" task (up to twice this many calls per
+    # fact); 0: facts are never retired.
+    contradiction_candidates: int = 3
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):
@@ -135,7 +139,8 @@ class Config:
             raise InvalidInputError(
                 f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
             )
-        for name in ("recall_max_hops", "recall_refine_budget", "recall_prf_terms"):
+        for name in ("recall_max_hops", "recall_refine_budget", "recall_prf_terms",
+                     "contradiction_candidates"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")

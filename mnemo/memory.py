@@ -475,17 +475,22 @@ class Memory:
         k: int = 10,
         types: Iterable[NodeType] | None = None,
         reinforce: bool = True,
+        as_of: datetime | None = None,
     ) -> RecallResult:
         """The repo's memories most relevant to `query`, best first. Each memory returned
         counts as one access (its value grows), unless `reinforce=False`: a look that must not
-        change later rankings (an inspector, an evaluation).
+        change later rankings (an inspector, an evaluation). What holds now comes first: a
+        fact a later one contradicted ranks below it and says so (`Recalled.retired`); with
+        `as_of`, the answer is the memory as it stood then (nodes recorded later left out).
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, or a k below 1.
+                `Config.max_text_chars`, a k below 1, or an `as_of` not a datetime.
             NotFoundError: an unknown repo.
         """
-        return await self._recalls.recall(repo, query, k=k, types=types, reinforce=reinforce)
+        return await self._recalls.recall(
+            repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
+        )
 
     def _recall_runtime(self, repo: str) -> RecallRuntime:
         runtime = self._repos.embedding(repo)

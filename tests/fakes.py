@@ -18,6 +18,7 @@ from typing import Any, TypeVar, overload
 import anyio
 
 import mnemo
+from mnemo.adapters._contradiction import contradicts as offline_contradicts
 from mnemo.ports import task_inputs
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite import SqliteBackend
@@ -144,6 +145,10 @@ class FakeLLM:
         elif task == "merge_intent":
             existing = inputs.get("existing", "")
             data = {"intent": existing if isinstance(existing, str) else str(existing)}
+        elif task == "contradiction":
+            # The offline heuristic: a test states contradictions the way it reads them.
+            data = {"contradicts": offline_contradicts(
+                str(inputs.get("existing", "")), str(inputs.get("new", "")))}
         else:
             return mnemo.LLMResponse(usage=usage)
         return mnemo.LLMResponse(data=data, usage=usage)

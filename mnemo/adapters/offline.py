@@ -23,6 +23,7 @@ segmentation, extraction and recall to work offline, not a substitute for one:
   opening with a verb-like word), expecting the next step's first observed sentence.
 - `return`: 1 + 9 * reward of the step each instruction came from (5 when unknown).
 - `merge_intent`: the existing intent's wording, kept so a node's text never drifts.
+- `contradiction`: same subject and functional relation, different value (`_contradiction`).
 - `memory_update`: the sentences of user messages (and of assistant messages that open by
   confirming, "Got it, ...") that carry one of the four signals: a decision ("we decided",
   "let's go with", "we'll use"), a preference ("I prefer", "always", "never", "please
@@ -59,7 +60,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from mnemo.adapters import _text
+from mnemo.adapters import _contradiction, _text
 from mnemo.errors import LLMError
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage, task_inputs
 
@@ -533,6 +534,11 @@ def _merge_intent(inputs: dict[str, Any]) -> LLMResponse:
     # node's embedding and make the identity/merge thresholds unstable.
     intent = _str(inputs, "existing") or _str(inputs, "new")
     return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
+
+
+def _contradiction_task(inputs: dict[str, Any]) -> LLMResponse:
+    verdict = _contradiction.contradicts(_str(inputs, "existing"), _str(inputs, "new"))
+    return LLMResponse(data={"contradicts": verdict}, usage=_NO_USAGE)
 
 
 # ---- memory_update / memory_persist -------------------------------------------------------
@@ -1031,6 +1037,7 @@ _HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
     "procedural": _procedural,
     "return": _return,
     "merge_intent": _merge_intent,
+    "contradiction": _contradiction_task,
     "memory_update": _memory_update,
     "memory_persist": _memory_persist,
     "memory_condense": _memory_condense,

@@ -294,9 +294,10 @@ async def _changeset(
     # When each fact began to hold (issue 14): a date it names, resolved against its steps'
     # date (their metadata's, else one their text names), else the session's (the goal's).
     valid: dict[str, datetime] = {}
+    step_dates: dict[str, datetime | None] = {}
     session_date = dates.metadata_date(
         extracted[0].steps[0].metadata if extracted[0].steps else None
-    ) or dates.named_date(episode.goal)
+    ) or dates.named_date(episode.goal[:MAX_DATED_CHARS])
 
     def add(kind: NodeType, text: str, data: dict[str, Any], *, node_id: str | None = None,
             key: str | None = None) -> str:
@@ -348,9 +349,14 @@ async def _changeset(
                       part: _Extracted = part) -> datetime | None:
             chosen = [part.steps[i] for i in step_indices or () if 0 <= i < len(part.steps)]
             step = (chosen or part.steps)[0]
-            anchor = (dates.metadata_date(step.metadata)
-                      or dates.named_date(step.observation) or session_date)
-            return dates.named_date(text, anchor) or anchor
+            if step.id not in step_dates:
+                # A step's stamp opens it ("Dana (8 May, 2023): ..."); reading only the
+                # start keeps a maximal observation from costing seconds per fact.
+                step_dates[step.id] = (dates.metadata_date(step.metadata)
+                                       or dates.named_date(step.observation[:STAMP_CHARS])
+                                       or session_date)
+            anchor = step_dates[step.id]
+            return dates.named_date(text[:MAX_DATED_CHARS], anchor) or anchor
 
         facts: list[str] = []
         for fact in part.facts:
@@ -417,6 +423,11 @@ async def _changeset(
     ]
     return Changeset(id=_new_id("changeset"), repo=repo, nodes=nodes, links=links,
                      step_ids=step_ids)
+
+
+# How much of a step's observation may carry its date stamp, and of a fact its date.
+STAMP_CHARS = 200
+MAX_DATED_CHARS = 2_000
 
 
 def failure_reason(exc: BaseException) -> str:

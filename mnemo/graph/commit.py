@@ -14,13 +14,14 @@ commit tries again (issue 9: one slow provider stalled every commit to the repo)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from mnemo.graph import contradiction
 from mnemo.graph.dedup import (
     IntentMerger,
     Resolution,
@@ -29,7 +30,17 @@ from mnemo.graph.dedup import (
     resolve_intents,
     resolve_tags,
 )
-from mnemo.graph.model import Changeset, CommitReceipt, Link, NodeDraft, NodeType, Vector, now_utc
+from mnemo.graph.model import (
+    Changeset,
+    CommitReceipt,
+    Link,
+    LinkType,
+    Node,
+    NodeDraft,
+    NodeType,
+    Vector,
+    now_utc,
+)
 from mnemo.graph.ports import IntentPolicy, SideWrite, SourceRecorded, StepsCommitted
 from mnemo.graph.vectors import Snapshot, VectorIndex
 
@@ -52,8 +63,9 @@ class CommitPlan:
     # Where the changeset came from, for its commit record (issue 14).
     session_id: str | None = None
     source_id: str | None = None
-    # Facts the changeset's facts contradict: they get valid_to and retired_at (issue 14).
-    retired: tuple[str, ...] = ()
+    # Facts the changeset's facts contradict (issue 14): (id, valid_to as ISO text, None for
+    # the commit's time); each gets valid_to and retired_at.
+    retired: tuple[tuple[str, str | None], ...] = ()
 
 
 class CommitTarget(Protocol):
@@ -74,6 +86,16 @@ class CommitTarget(Protocol):
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
+
+    async def search_vectors(
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]: ...
+
+    async def search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> list[tuple[str, float]]: ...
+
+    async def get_nodes(self, repo: str, node_ids: list[str]) -> list[Node]: ...
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         """Writes the plan and the side writes in one transaction (and updates whatever the
@@ -103,6 +125,14 @@ async def apply(
         ValueError: a vector is not of the repo's dimension; nothing was written.
     """
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
+    # Asked before the lock, as merges are (issue 9): one slow provider must not stall the
+    # repo's commits.
+    retiring = (
+        await contradiction.retirements(
+            target, changeset, intents.contradicts, intents.contradiction_candidates
+        )
+        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
+    )
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS
         prepared = None
@@ -112,7 +142,7 @@ async def apply(
             async with target.lock(changeset.repo):
                 return await _apply_locked(
                     target, changeset, _decided_merge(decided, final=last), intents, also,
-                    prepared=prepared,
+                    prepared=prepared, retiring=retiring,
                 )
         except _Undecided:
             continue
@@ -187,6 +217,7 @@ async def _apply_locked(
     also: Sequence[SideWrite],
     *,
     prepared: tuple[Snapshot, Resolution] | None = None,
+    retiring: list[contradiction.Retirement] | None = None,
 ) -> CommitReceipt:
     repo = changeset.repo
     done = await target.receipt(changeset.id)
@@ -221,16 +252,22 @@ async def _apply_locked(
             raise ValueError(
                 f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
             )
+    retired = await contradiction.still_live(target, repo, retiring or [], new_ids)
     plan = CommitPlan(
         repo=repo,
         changeset_id=changeset.id,
         nodes=nodes,
         rewordings=rewordings,
-        links=remap_links(changeset.links, resolution),
+        links=remap_links(changeset.links, resolution) + [
+            Link(r.successor, r.retired, LinkType.SUPERSEDES) for r in retired
+        ],
         receipt=CommitReceipt(changeset.id, repo, [n.id for n, _, _ in nodes]),
         created_at=now_utc().isoformat(),
         session_id=next((w.session_id for w in also if isinstance(w, StepsCommitted)), None),
         source_id=next((w.source_id for w in also if isinstance(w, SourceRecorded)), None),
+        retired=tuple(
+            (r.retired, None if r.valid_to is None else r.valid_to.isoformat()) for r in retired
+        ),
     )
     await target.write_commit(plan, also)
     return plan.receipt

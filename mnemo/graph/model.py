@@ -31,6 +31,7 @@ class LinkType(StrEnum):
     HIERARCHICAL = "hierarchical"  # intent - procedural, episodic - subgoal
     PROVENANCE = "provenance"  # semantic/procedural - episodic, episodic - source
     SIBLING = "sibling"  # semantic - semantic of one trajectory
+    SUPERSEDES = "supersedes"  # a fact - the fact it contradicted (retired, issue 14)
 
 
 @dataclass(frozen=True, slots=True)

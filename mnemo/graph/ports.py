@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from mnemo.config import Config
+from mnemo.graph.contradiction import CANDIDATES, Contradicts
 from mnemo.graph.dedup import IntentMerger
 from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
 
@@ -65,11 +66,16 @@ class NodeContext:
 
 @dataclass(frozen=True, slots=True)
 class IntentPolicy:
-    """How a commit deduplicates intents: the raw-cosine thresholds and the LLM merge."""
+    """How a commit deduplicates intents (the raw-cosine thresholds and the LLM merge) and
+    retires the facts its facts contradict."""
 
     identity_threshold: float
     merge_threshold: float
     merge: IntentMerger
+    # Whether a new fact ends an existing one (issue 14: `mnemo.graph.contradiction`); None:
+    # facts are never retired.
+    contradicts: Contradicts | None = None
+    contradiction_candidates: int = CANDIDATES
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore, Neighbor
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
+from mnemo.recall import temporal
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
@@ -132,6 +133,7 @@ class Recaller:
         k: int,
         types: Iterable[NodeType] | None,
         reinforce: bool = True,
+        as_of: datetime | None = None,
     ) -> RecallResult:
         trace = _Trace()
         config = self.config
@@ -149,7 +151,10 @@ class Recaller:
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
         context = await self._context(repo, found, k, width, trace)
-        ranked = await self._rank(repo, found, context, query, plan, wanted, width)
+        # With `as_of`, ranked wider: the nodes recorded since are left out (issue 14).
+        wide = width * temporal.AS_OF_WIDTH if as_of is not None else width
+        ranked = await self._rank(repo, found, context, query, plan, wanted, wide)
+        ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
         trace.mark("rank")
         if reranking:
             ranked = await self._rerank(query, ranked, k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from mnemo.graph.model import Node
 
@@ -15,6 +16,20 @@ class Recalled:
     score: float
     phase: str
     hop: int
+    # Issue 14: a fact a later one contradicted (at the recall's time) ranks below it and
+    # says so: `retired`, and the id of the fact that succeeded it.
+    retired: bool = False
+    superseded_by: str | None = None
+
+    @property
+    def valid_from(self) -> datetime | None:
+        """When the fact began to hold (None: not a fact, or unknown)."""
+        return self.node.valid_from
+
+    @property
+    def valid_to(self) -> datetime | None:
+        """When the fact stopped holding (None: it still holds, as far as mnemo knows)."""
+        return self.node.valid_to if self.retired else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from mnemo.config import Config
 from mnemo.errors import InvalidInputError
@@ -14,6 +15,7 @@ from mnemo.graph.ports import GraphStore
 from mnemo.graph.reads import node_types
 from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder
+from mnemo.recall import temporal
 from mnemo.recall.engine import Recaller, RecallResult
 
 
@@ -45,9 +47,11 @@ class RecallService:
         self._max_chars = max_chars
 
     async def recall(
-        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool
+        self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
+        as_of: datetime | None = None,
     ) -> RecallResult:
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
+        as_of = temporal.check_as_of(as_of)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._runtime(repo)
@@ -56,7 +60,7 @@ class RecallService:
         )
         result = await recaller.recall(
             repo, query, k=k, types=None if types is None else node_types(types),
-            reinforce=reinforce,
+            reinforce=reinforce, as_of=as_of,
         )
         await self._events.emit(
             "recall_executed", repo=repo, query=query, k=k,

@@ -19,6 +19,7 @@ import anyio
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, StorageError
+from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
@@ -276,8 +277,21 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
             return None
         return text, vector
 
+    async def contradicts(existing: str, new: str) -> bool:
+        try:
+            with anyio.fail_after(runtime.config.extraction_timeout):
+                return await ask(
+                    llm, contradiction_request(existing=existing, new=new), parse_contradiction
+                )
+        except (LLMError, TimeoutError) as exc:
+            # Not knowing is not contradicting: both facts stay live.
+            log.warning("contradiction check failed, keeping %r: %r", existing, exc)
+            return False
+
     return IntentPolicy(
         identity_threshold=runtime.config.intent_identity_threshold,
         merge_threshold=runtime.config.intent_merge_threshold,
         merge=merge,
+        contradicts=contradicts,
+        contradiction_candidates=runtime.config.contradiction_candidates,
     )

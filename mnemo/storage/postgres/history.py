@@ -42,16 +42,15 @@ async def record(conn: Connection, plan: CommitPlan, links: Sequence[Link]) -> N
             plan.changeset_id, plan.repo, at, plan.session_id, plan.source_id,
             Jsonb([n.id for n, _, _ in plan.nodes]),
             Jsonb([[k.src, k.dst, k.type.value] for k in links]),
-            Jsonb(list(plan.retired)),
+            Jsonb([node_id for node_id, _ in plan.retired]),
             Jsonb(sorted(plan.rewordings)),
             plan.repo,
         ),
     )
-    if plan.retired:
+    for node_id, until in plan.retired:
         await conn.execute(
-            "UPDATE nodes SET retired_at = %s, valid_to = COALESCE(valid_to, %s)"
-            " WHERE repo = %s AND id = ANY(%s)",
-            (at, at, plan.repo, list(plan.retired)),
+            "UPDATE nodes SET retired_at = %s, valid_to = %s WHERE repo = %s AND id = %s",
+            (at, at if until is None else datetime.fromisoformat(until), plan.repo, node_id),
         )
 
 

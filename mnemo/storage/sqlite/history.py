@@ -40,17 +40,15 @@ def record(conn: sqlite3.Connection, plan: CommitPlan, links: Sequence[Link]) ->
             plan.changeset_id, plan.repo, seq, plan.created_at, plan.session_id, plan.source_id,
             json.dumps([n.id for n, _, _ in plan.nodes]),
             json.dumps([[link.src, link.dst, link.type.value] for link in links]),
-            json.dumps(list(plan.retired)),
+            json.dumps([node_id for node_id, _ in plan.retired]),
             json.dumps(sorted(plan.rewordings)),
         ),
     )
-    if plan.retired:
-        marks = ",".join("?" * len(plan.retired))
-        conn.execute(
-            f"UPDATE nodes SET retired_at = ?, valid_to = COALESCE(valid_to, ?)"
-            f" WHERE repo = ? AND id IN ({marks})",
-            [plan.created_at, plan.created_at, plan.repo, *plan.retired],
-        )
+    conn.executemany(
+        "UPDATE nodes SET retired_at = ?, valid_to = ? WHERE repo = ? AND id = ?",
+        [(plan.created_at, until or plan.created_at, plan.repo, node_id)
+         for node_id, until in plan.retired],
+    )
 
 
 def log(

@@ -1,0 +1,99 @@
+"""Recall that respects time (issue 14).
+
+By default a recall prefers what holds now: a retired fact (one a later fact contradicted)
+scores `RETIRED_WEIGHT` of its relevance and always ranks below its successor, and says so
+(`Recalled.retired`, `superseded_by`, its validity window). With `as_of`, the recall answers
+as the memory stood then: nodes recorded later are left out, and a fact counts as retired only
+if it was retired by then (transaction time: what mnemo knew at `as_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from mnemo.errors import InvalidInputError
+from mnemo.graph.facts import TEMPORAL
+from mnemo.graph.model import LinkType, Node
+from mnemo.graph.ports import GraphStore
+from mnemo.recall.model import Recalled
+
+# A retired fact's share of its score: below what holds now, still found when asked for.
+RETIRED_WEIGHT = 0.5
+# How many more candidates to rank when `as_of` may leave some out.
+AS_OF_WIDTH = 3
+
+
+def check_as_of(as_of: object) -> datetime | None:
+    """`as_of` as an aware datetime (a naive one is UTC).
+
+    Raises:
+        InvalidInputError: not a datetime.
+    """
+    if as_of is None:
+        return None
+    if not isinstance(as_of, datetime):
+        raise InvalidInputError(f"as_of must be a datetime, got {type(as_of).__name__}")
+    return as_of if as_of.tzinfo else as_of.replace(tzinfo=UTC)
+
+
+def _recorded(node: Node) -> datetime:
+    return node.recorded_at or node.created_at
+
+
+def _retired_by(node: Node, as_of: datetime | None) -> bool:
+    if node.retired_at is None or node.type not in TEMPORAL:
+        return False
+    return as_of is None or node.retired_at <= as_of
+
+
+async def in_time(
+    graph: GraphStore, repo: str, ranked: list[Recalled], as_of: datetime | None
+) -> list[Recalled]:
+    """`ranked` as of `as_of` (None: now): later nodes left out, retired facts marked, scored
+    down and placed below their successors; best first."""
+    if as_of is not None:
+        ranked = [r for r in ranked if _recorded(r.node) <= as_of]
+    retired = [r.node.id for r in ranked if _retired_by(r.node, as_of)]
+    if not retired:
+        return ranked
+    successor = await _successors(graph, repo, retired, as_of)
+    marked = [
+        replace(r, score=r.score * RETIRED_WEIGHT, retired=True,
+                superseded_by=successor.get(r.node.id))
+        if _retired_by(r.node, as_of) else r
+        for r in ranked
+    ]
+    marked.sort(key=lambda r: -r.score)
+    # A retired fact below its successor, whatever their scores.
+    order = [r.node.id for r in marked]
+    for r in list(marked):
+        after = r.superseded_by
+        if after in order and order.index(after) > order.index(r.node.id):
+            order.remove(r.node.id)
+            order.insert(order.index(after) + 1, r.node.id)
+    by_id = {r.node.id: r for r in marked}
+    return [by_id[i] for i in order]
+
+
+async def _successors(
+    graph: GraphStore, repo: str, retired: list[str], as_of: datetime | None
+) -> dict[str, str]:
+    """The fact that succeeded each retired one: of the facts SUPERSEDES links it to (and
+    recorded by `as_of`), the live one that began to hold last."""
+    links = await graph.neighbors(repo, retired, LinkType.SUPERSEDES)
+    nodes = {n.id: n for n in await graph.get_nodes(repo, [n.node_id for n in links])}
+    found: dict[str, str] = {}
+    for link in links:
+        other = nodes.get(link.node_id)
+        if other is None or (as_of is not None and _recorded(other) > as_of):
+            continue
+        current = nodes.get(found.get(link.origin, ""))
+        if current is None or _rank(other, as_of) > _rank(current, as_of):
+            found[link.origin] = other.id
+    return found
+
+
+def _rank(node: Node, as_of: datetime | None) -> tuple[bool, datetime]:
+    """A successor is live rather than retired itself, then the latest to hold."""
+    return not _retired_by(node, as_of), node.valid_from or _recorded(node)

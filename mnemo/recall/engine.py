@@ -335,7 +335,8 @@ class Recaller:
         top = {i for i, _ in ranked[: 2 * k]}
         arrived: list[str] = []
         for link in first.links:
-            if nodes[link.origin].type is not N.EPISODIC or link.origin not in top:
+            origin = nodes.get(link.origin)  # None if deleted between the read's statements
+            if origin is None or origin.type is not N.EPISODIC or link.origin not in top:
                 continue
             parent = found[link.origin]
             candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)

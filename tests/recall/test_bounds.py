@@ -13,7 +13,7 @@ import pytest
 
 import mnemo
 from mnemo.graph.model import Link, LinkType, NodeType
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import GraphStore, Neighbor, NodeContext
 from mnemo.recall.fusion import maximal_marginal_relevance
 from tests.backends import open_stores
 from tests.recall.test_engine import EMBEDDER, build, run
@@ -141,3 +141,17 @@ async def test_typed_links_near_is_typed_links_with_their_similarities(
     assert similarity.keys() == wanted.keys()
     for node_id, cosine in wanted.items():
         assert similarity[node_id] == pytest.approx(cosine, abs=1e-5)
+
+
+async def test_a_link_of_a_node_deleted_during_the_read_is_ignored(crowded: GraphStore) -> None:
+    """On PostgreSQL the nodes and links of `node_context` are two statements: a link whose
+    node was deleted between them is skipped, not a KeyError."""
+
+    class Racing(Counting):
+        async def node_context(self, *args: Any, **kwargs: Any) -> NodeContext:
+            context = await self.inner.node_context(*args, **kwargs)
+            ghost = Neighbor("gone", "e1", LinkType.PROVENANCE)
+            return NodeContext(context.nodes, context.stats, [ghost, *context.links])
+
+    result = await run(cast(GraphStore, Racing(crowded)), "red kettle in the kitchen", k=3)
+    assert len(result.memories) == 3

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
@@ -503,7 +503,7 @@ def _descending(ranked: list[Recalled]) -> list[Recalled]:
     out: list[Recalled] = []
     for r in ranked:
         if out and r.score > out[-1].score:
-            r = Recalled(r.node, out[-1].score, r.phase, r.hop)
+            r = replace(r, score=out[-1].score)  # the rest as it was: retired, successor
         out.append(r)
     return out
 

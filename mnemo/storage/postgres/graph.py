@@ -52,11 +52,12 @@ from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import history, maintenance, recall_reads, schema
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.rows import NODE_COLUMNS
+from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 
 _WORD = re.compile(r"\w+", re.UNICODE)
-_NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
 
 
 def repo_lock_key(repo: str) -> int:
@@ -220,9 +221,9 @@ class PgGraph:
         if not ids:
             return []
         rows = await self._all(
-            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = %s AND id = ANY(%s)", (repo, ids)
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND id = ANY(%s)", (repo, ids)
         )
-        found = {node.id: node for node in map(_node, rows)}
+        found = {node.id: node for node in map(node_of, rows)}
         return [found[i] for i in ids if i in found]
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
@@ -230,22 +231,22 @@ class PgGraph:
         if not kinds:
             return []
         rows = await self._all(
-            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
             " ORDER BY rowid",
             (repo, kinds),
         )
-        return [_node(row) for row in rows]
+        return [node_of(row) for row in rows]
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         kinds = kind_values(types)
         if not kinds or top_k <= 0:
             return []
         rows = await self._all(
-            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND type = ANY(%s)"
             " ORDER BY rowid DESC LIMIT %s",
             (repo, kinds, top_k),
         )
-        return [_node(row) for row in rows]
+        return [node_of(row) for row in rows]
 
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -488,9 +489,6 @@ class PgGraph:
     async def _one(self, statement: Any, params: Any = None) -> tuple[Any, ...] | None:
         rows = await self._pg.fetch_all(statement, params)
         return rows[0] if rows else None
-def _node(row: tuple[Any, ...]) -> Node:
-    node_id, kind, text, data, created_at, *times = row
-    return Node(str(node_id), NodeType(kind), str(text), dict(data), created_at, *times)
 
 
 def _receipt(value: Any) -> CommitReceipt:

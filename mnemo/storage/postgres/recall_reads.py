@@ -12,10 +12,11 @@ from typing import Any
 from mnemo.graph.model import LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import as_array
 
 _NODES = (
-    "SELECT id, type, text, data, created_at, access_count, last_access FROM nodes"
+    f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
     " WHERE repo = %(repo)s AND id = ANY(%(ids)s)"
 )
 # Seen from the end whose type was asked for: side 0 from `src`, side 1 from `dst`.
@@ -47,9 +48,10 @@ async def node_context(
         link_rows: list[tuple[Any, ...]] = await links.fetchall()
     found: dict[str, Node] = {}
     stats: dict[str, tuple[int, datetime | None]] = {}
-    for node_id, kind, text, data, created, count, last in node_rows:
-        found[str(node_id)] = Node(str(node_id), NodeType(kind), str(text), dict(data), created)
-        stats[str(node_id)] = (int(count), last)
+    for row in node_rows:
+        found[str(row[0])] = node(row)
+        count, last = row[NODE_WIDTH:]
+        stats[str(row[0])] = (int(count), last)
     seen = [
         Neighbor(str(src), str(dst), link_type) if side == 0
         else Neighbor(str(dst), str(src), link_type)

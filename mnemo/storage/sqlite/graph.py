@@ -17,7 +17,6 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -54,6 +53,8 @@ from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import history, maintenance, recall_reads
 from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.rows import NODE_COLUMNS
+from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
@@ -279,10 +280,10 @@ class SqliteGraph:
             for chunk in _chunks(ids, 500):
                 marks = ",".join("?" * len(chunk))
                 for row in db.conn.execute(
-                    f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({marks})",
+                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({marks})",
                     [repo, *chunk],
                 ):
-                    node = _node(row)
+                    node = node_of(row)
                     found[node.id] = node
             return [found[i] for i in ids if i in found]
 
@@ -296,9 +297,9 @@ class SqliteGraph:
         marks = ",".join("?" * len(kinds))
         return await self._database.run(
             lambda db: [
-                _node(row)
+                node_of(row)
                 for row in db.conn.execute(
-                    f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
+                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
                     " ORDER BY rowid",
                     [repo, *kinds],
                 )
@@ -351,9 +352,9 @@ class SqliteGraph:
         marks = ",".join("?" * len(kinds))
         return await self._database.run(
             lambda db: [
-                _node(row)
+                node_of(row)
                 for row in db.conn.execute(
-                    f"SELECT {_NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
+                    f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND type IN ({marks})"
                     " ORDER BY rowid DESC LIMIT ?",
                     [repo, *kinds, top_k],
                 )
@@ -620,17 +621,6 @@ class SqliteGraph:
             ).fetchall()
         )
         return dict(rows)
-
-
-_NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
-
-
-def _node(row: tuple[Any, ...]) -> Node:
-    node_id, kind, text, data, created_at, *times = row
-    return Node(
-        node_id, NodeType(kind), text, json.loads(data), datetime.fromisoformat(created_at),
-        *(None if t is None else datetime.fromisoformat(t) for t in times),
-    )
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

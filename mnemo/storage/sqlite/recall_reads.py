@@ -4,7 +4,6 @@ small store pays more for than for its queries)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 
@@ -12,6 +11,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import Neighbor, NodeContext
+from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 
 _CHUNK = 400
 
@@ -30,15 +30,14 @@ def node_context(
     stats: dict[str, tuple[int, datetime | None]] = {}
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
-        for node_id, kind, text, data, created, count, last in db.conn.execute(
-            "SELECT id, type, text, data, created_at, access_count, last_access FROM nodes"
+        for row in db.conn.execute(
+            f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
             f" WHERE repo = ? AND id IN ({marks})",
             [repo, *chunk],
         ):
-            found[node_id] = Node(
-                node_id, NodeType(kind), text, json.loads(data), datetime.fromisoformat(created)
-            )
-            stats[node_id] = (count, datetime.fromisoformat(last) if last else None)
+            found[row[0]] = node(row)
+            count, last = row[NODE_WIDTH:]
+            stats[row[0]] = (count, datetime.fromisoformat(last) if last else None)
     origins = [i for i in ids if i in found and found[i].type in kinds]
     links: list[Neighbor] = []
     for chunk in _chunks(origins):

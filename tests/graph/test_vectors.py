@@ -258,3 +258,22 @@ def test_search_in_a_thread_during_removes_sees_one_snapshot() -> None:
         index.add([ids[i]], [kinds[i]], matrix[i : i + 1])
     worker.join()
     assert problems == []
+
+
+def test_of_type_is_gathered_once_until_the_index_changes() -> None:
+    """Recall asks for a type's rows at every call: they are gathered once, and again only
+    after an add or a remove (at 1M nodes each gathering copied 113 MB of intents)."""
+    index = VectorIndex(4)
+    index.add(["t1", "f1"], [NodeType.TAG, NodeType.SEMANTIC], np.eye(4, dtype=np.float32)[:2])
+    ids, matrix = index.of_type(NodeType.TAG)
+    again = index.of_type(NodeType.TAG)
+    assert again[1] is matrix
+    assert again[0] == ids == ["t1"]
+    index.add(["t1"], [NodeType.TAG], np.eye(4, dtype=np.float32)[2:3])  # replaced in place
+    ids, matrix = index.of_type(NodeType.TAG)
+    assert ids == ["t1"]
+    np.testing.assert_allclose(matrix, np.eye(4, dtype=np.float32)[2:3])
+    index.add(["t2"], [NodeType.TAG], np.eye(4, dtype=np.float32)[3:4])
+    assert index.of_type(NodeType.TAG)[0] == ["t1", "t2"]
+    index.remove(["t1"])
+    assert index.of_type(NodeType.TAG)[0] == ["t2"]

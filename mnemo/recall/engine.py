@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+import anyio
 import numpy as np
 
 from mnemo.config import Config
@@ -184,8 +185,20 @@ class Recaller:
         searched = None if wanted is None else list(wanted | set(ROUTING))
         width = max(config.recall_candidates, 2 * k)
         terms = keywords(query)
-        lexical = await self.graph.search_text(repo, terms, width, searched)
-        dense = await self.graph.search_vectors(repo, vector, width, searched)
+        # The two channels at once: each waits on something else (a worker thread, the
+        # database), and hop 0 is the stage a large store pays most for.
+        lexical: list[tuple[str, float]] = []
+        dense: list[tuple[str, float]] = []
+
+        async def by_words() -> None:
+            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
+
+        async def by_meaning() -> None:
+            dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
+
+        async with anyio.create_task_group() as channels:
+            channels.start_soon(by_words)
+            channels.start_soon(by_meaning)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]

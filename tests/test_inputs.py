@@ -18,7 +18,7 @@ from mnemo.inputs import (
     check_text,
     query_terms,
 )
-from mnemo.storage import lexical
+from mnemo.storage.lexical import index as lexical
 from mnemo.storage.postgres import graph as pg_graph
 from mnemo.storage.sqlite import graph as sqlite_graph
 from tests.conftest import REPO

@@ -73,6 +73,7 @@ class Conversation:
     sessions: dict[int, tuple[str, list[Turn]]]  # number -> (date, turns)
     questions: list[Question]
     unmatched: int = 0
+    index: int = 0  # its place in the data file
 
 
 @dataclass(slots=True)
@@ -137,7 +138,7 @@ def load(path: Path, picks: Sequence[int]) -> list[Conversation]:
             if evidence:
                 questions.append(Question(qa["question"], qa["category"], frozenset(evidence)))
         conversations.append(Conversation(item["sample_id"], dict(sorted(sessions.items())),
-                                          questions, unmatched))
+                                          questions, unmatched, i))
     return conversations
 
 
@@ -247,25 +248,40 @@ async def main(args: argparse.Namespace) -> None:
     config = config_of(args.set)
     console.print(f"embedder {args.embedder}; config overrides: {args.set or 'none'}")
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.db) if args.db else Path(tmp) / "locomo.db"
-        async with mnemo.Memory(path, embedder=embedder, config=config) as mem:
-            with Progress(console=console, transient=True) as progress:
-                for conversation in conversations:
-                    repo = f"locomo-{conversation.sample_id}"
-                    await mem.open_repo(repo, config=config)
-                    await ingest(mem, repo, conversation, progress)
-            for conversation in conversations:
-                repo = f"locomo-{conversation.sample_id}"
-                made = await turns_of_nodes(mem, repo)
-                await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
-                                      MEMORY_TYPES if args.types == "memories" else None)
-                if args.baselines:
-                    bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
-                    dense_embedder = embedder or mem._repos.get(repo).embedder
-                    await dense_baseline(dense_embedder, conversation,
-                                         results["dense-only baseline"])
+        for path, group in _databases(args.db, Path(tmp), conversations):
+            await _run(path, group, embedder, config, args, results)
     report(results, sum(c.unmatched for c in conversations),
            sum(len(c.questions) for c in conversations))
+
+
+def _databases(db: str | None, tmp: Path, conversations: list[Conversation]
+               ) -> list[tuple[Path, list[Conversation]]]:
+    """Which database holds which conversations: `{conversation}` in `--db` gives each its own
+    file, so several processes can ingest a split side by side."""
+    if db and "{conversation}" in db:
+        return [(Path(db.format(conversation=c.index)), [c]) for c in conversations]
+    return [(Path(db) if db else tmp / "locomo.db", conversations)]
+
+
+async def _run(path: Path, conversations: list[Conversation], embedder: mnemo.Embedder | None,
+               config: mnemo.Config, args: argparse.Namespace,
+               results: dict[str, Scores]) -> None:
+    async with mnemo.Memory(path, embedder=embedder, config=config) as mem:
+        with Progress(console=console, transient=True) as progress:
+            for conversation in conversations:
+                repo = f"locomo-{conversation.sample_id}"
+                await mem.open_repo(repo, config=config)
+                await ingest(mem, repo, conversation, progress)
+        for conversation in conversations:
+            repo = f"locomo-{conversation.sample_id}"
+            made = await turns_of_nodes(mem, repo)
+            await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
+                                  MEMORY_TYPES if args.types == "memories" else None)
+            if args.baselines:
+                bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
+                dense_embedder = embedder or mem._repos.get(repo).embedder
+                await dense_baseline(dense_embedder, conversation,
+                                     results["dense-only baseline"])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -279,7 +295,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="override a mnemo.Config field, e.g. recall_mmr_lambda=0.7")
     parser.add_argument("--no-baselines", dest="baselines", action="store_false",
                         help="time mnemo's recall alone (no BM25 and dense-only rows)")
-    parser.add_argument("--db", help="keep the ingested database at this path (reused)")
+    parser.add_argument("--db", help="keep the ingested database at this path (reused); "
+                        "'{conversation}' in it gives each conversation its own file")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")
     return parser.parse_args(argv)

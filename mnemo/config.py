@@ -86,6 +86,13 @@ class Config:
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # Ingest (issue 12): relative dates in a step ("yesterday", "last month") are followed by
+    # the date they mean, reckoned from the trajectory's day (its metadata's "date", else the
+    # first date in its goal), so a search naming the day finds the step.
+    ingest_resolve_dates: bool = False
+    # Ingest (issue 12): each step also joins a TAG per speaker and name it mentions
+    # (extraction.entities), a route from a name in a query straight to its steps.
+    ingest_entity_tags: bool = False
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):

@@ -93,6 +93,10 @@ class Config:
     # Ingest (issue 12): each step also joins a TAG per speaker and name it mentions
     # (extraction.entities), a route from a name in a query straight to its steps.
     ingest_entity_tags: bool = False
+    # Recall (issue 12): a candidate whose speaker ("Melanie (8 May): ...", or the step a fact
+    # came from) the query names scores 1 + this times more than the others; 0: off
+    # (recall.levers).
+    recall_speaker_boost: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):
@@ -120,7 +124,7 @@ class Config:
                 f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
             )
         for name in ("recall_dense_weight", "value_weight", "recall_mmr_lambda",
-                     "recall_neighbour_weight"):
+                     "recall_neighbour_weight", "recall_speaker_boost"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
                 raise InvalidInputError(f"Config.{name} must be within [0, 1], got {value!r}")

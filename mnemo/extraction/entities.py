@@ -31,6 +31,12 @@ _CALENDAR = frozenset(
 MAX_NAMES = 6
 
 
+def speaker_of(text: str) -> str | None:
+    """Who says a transcript line ("Caroline (8 May 2023): ..." -> "Caroline"), or None."""
+    match = _SPEAKER.match(text)
+    return match.group(1) if match else None
+
+
 def entity_names(text: str) -> list[str]:
     """The speaker and the names `text` mentions, in order, each once (case-insensitive)."""
     found: list[str] = []

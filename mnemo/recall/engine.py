@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,7 @@ from mnemo.ports import LLM, Embedder, ask
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
+from mnemo.recall.levers import speaker_boosts
 from mnemo.recall.model import Recalled, RecallResult, Touched
 from mnemo.recall.prompts import (
     Plan,
@@ -128,7 +129,11 @@ class Recaller:
 
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
-        ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, width)
+        boosts = await speaker_boosts(self.graph, repo, query, nodes,
+                                      config.recall_speaker_boost)
+        if boosts:
+            trace.mark("speaker")
+        ranked = await self._rank(repo, found, nodes, query_vector, plan, wanted, width, boosts)
         trace.mark("rank")
         if reranking:
             ranked = await self._rerank(query, ranked, k)
@@ -338,6 +343,7 @@ class Recaller:
         plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
+        boosts: Mapping[str, float],
     ) -> list[Recalled]:
         config = self.config
         stats = await self.graph.access_stats(repo, list(nodes))
@@ -352,6 +358,7 @@ class Recaller:
             value = node_value(node.type, node.data, created_at=node.created_at,
                                last_access=last, access_count=count, now=now, config=config)
             score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
+            score *= boosts.get(node_id, 1.0)
             if wanted is None and node.type in ROUTING:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score

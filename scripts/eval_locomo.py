@@ -237,7 +237,33 @@ def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:
     console.print(f"evidence ids that match no turn (after normalising): {unmatched}")
 
 
+def save(path: Path, results: dict[str, Scores], unmatched: int) -> None:
+    """Every question's scores and latency, to be combined with other runs' (`--combine`)."""
+    path.write_text(json.dumps({"unmatched": unmatched, "results": {
+        name: {"rows": {str(c): rows for c, rows in s.by_category.items()},
+               "latencies": s.latencies}
+        for name, s in results.items()}}))
+
+
+def combine(paths: Sequence[Path]) -> None:
+    """One report of runs saved by `--save` (e.g. one process per conversation)."""
+    results: dict[str, Scores] = defaultdict(Scores)
+    unmatched = 0
+    for path in paths:
+        saved = json.loads(path.read_text())
+        unmatched += saved["unmatched"]
+        for name, part in saved["results"].items():
+            for category, rows in part["rows"].items():
+                results[name].by_category[int(category)].extend(
+                    {int(k): v for k, v in row.items()} for row in rows)
+            results[name].latencies.extend(part["latencies"])
+    report(dict(results), unmatched, results["mnemo recall"].count)
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.combine:
+        combine(args.combine)
+        return
     first, _, last = args.conversations.partition("-")
     picks = range(int(first), int(last or first) + 1)
     conversations = load(args.data, picks)
@@ -250,8 +276,10 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for path, group in _databases(args.db, Path(tmp), conversations):
             await _run(path, group, embedder, config, args, results)
-    report(results, sum(c.unmatched for c in conversations),
-           sum(len(c.questions) for c in conversations))
+    unmatched = sum(c.unmatched for c in conversations)
+    report(results, unmatched, sum(len(c.questions) for c in conversations))
+    if args.save:
+        save(args.save, results, unmatched)
 
 
 def _databases(db: str | None, tmp: Path, conversations: list[Conversation]
@@ -297,6 +325,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="time mnemo's recall alone (no BM25 and dense-only rows)")
     parser.add_argument("--db", help="keep the ingested database at this path (reused); "
                         "'{conversation}' in it gives each conversation its own file")
+    parser.add_argument("--save", type=Path,
+                        help="also write every question's scores to this JSON file")
+    parser.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+                        help="report runs saved with --save together (nothing else runs)")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")
     return parser.parse_args(argv)

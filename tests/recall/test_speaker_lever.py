@@ -41,12 +41,13 @@ async def test_a_line_said_by_the_named_speaker_is_boosted(graph: GraphStore) ->
     await graph.apply(Changeset("cs-s", "s", drafts, links), intents=policy())
     offline = mnemo.OfflineLLM()
 
-    async def scores(boost: float) -> dict[str, float]:
+    async def scores(boost: float, query: str = "What swimming does Melanie do?"
+                     ) -> dict[str, float]:
         config = mnemo.Config(value_weight=0.0, recall_neighbour_weight=0.0,
                               recall_mmr_lambda=1.0, recall_distinct_steps=False,
                               recall_speaker_boost=boost)
         recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=offline)
-        result = await recaller.recall("s", "What swimming does Melanie do?", k=3,
+        result = await recaller.recall("s", query, k=3,
                                        types=[NodeType.EPISODIC, NodeType.SEMANTIC])
         check_invariants(result, 3, config)
         return {m.node.id: m.score for m in result.memories}
@@ -55,3 +56,6 @@ async def test_a_line_said_by_the_named_speaker_is_boosted(graph: GraphStore) ->
     assert boosted["episodic_ep:1"] == pytest.approx(plain["episodic_ep:1"])
     assert boosted["fact_1"] == pytest.approx(plain["fact_1"])
     assert boosted["episodic_ep:0"] == pytest.approx(plain["episodic_ep:0"] / 1.5)
+    # A query that names no speaker (or nobody) ranks as without the lever.
+    for query in ("What swimming do the kids do?", "What swimming does Bob do?"):
+        assert await scores(0.5, query) == pytest.approx(await scores(0.0, query))

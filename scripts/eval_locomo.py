@@ -73,6 +73,7 @@ class Conversation:
     sessions: dict[int, tuple[str, list[Turn]]]  # number -> (date, turns)
     questions: list[Question]
     unmatched: int = 0
+    index: int = 0  # its place in the data file
 
 
 @dataclass(slots=True)
@@ -137,7 +138,7 @@ def load(path: Path, picks: Sequence[int]) -> list[Conversation]:
             if evidence:
                 questions.append(Question(qa["question"], qa["category"], frozenset(evidence)))
         conversations.append(Conversation(item["sample_id"], dict(sorted(sessions.items())),
-                                          questions, unmatched))
+                                          questions, unmatched, i))
     return conversations
 
 
@@ -236,7 +237,33 @@ def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:
     console.print(f"evidence ids that match no turn (after normalising): {unmatched}")
 
 
+def save(path: Path, results: dict[str, Scores], unmatched: int) -> None:
+    """Every question's scores and latency, to be combined with other runs' (`--combine`)."""
+    path.write_text(json.dumps({"unmatched": unmatched, "results": {
+        name: {"rows": {str(c): rows for c, rows in s.by_category.items()},
+               "latencies": s.latencies}
+        for name, s in results.items()}}))
+
+
+def combine(paths: Sequence[Path]) -> None:
+    """One report of runs saved by `--save` (e.g. one process per conversation)."""
+    results: dict[str, Scores] = defaultdict(Scores)
+    unmatched = 0
+    for path in paths:
+        saved = json.loads(path.read_text())
+        unmatched += saved["unmatched"]
+        for name, part in saved["results"].items():
+            for category, rows in part["rows"].items():
+                results[name].by_category[int(category)].extend(
+                    {int(k): v for k, v in row.items()} for row in rows)
+            results[name].latencies.extend(part["latencies"])
+    report(dict(results), unmatched, results["mnemo recall"].count)
+
+
 async def main(args: argparse.Namespace) -> None:
+    if args.combine:
+        combine(args.combine)
+        return
     first, _, last = args.conversations.partition("-")
     picks = range(int(first), int(last or first) + 1)
     conversations = load(args.data, picks)
@@ -247,25 +274,42 @@ async def main(args: argparse.Namespace) -> None:
     config = config_of(args.set)
     console.print(f"embedder {args.embedder}; config overrides: {args.set or 'none'}")
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.db) if args.db else Path(tmp) / "locomo.db"
-        async with mnemo.Memory(path, embedder=embedder, config=config) as mem:
-            with Progress(console=console, transient=True) as progress:
-                for conversation in conversations:
-                    repo = f"locomo-{conversation.sample_id}"
-                    await mem.open_repo(repo, config=config)
-                    await ingest(mem, repo, conversation, progress)
+        for path, group in _databases(args.db, Path(tmp), conversations):
+            await _run(path, group, embedder, config, args, results)
+    unmatched = sum(c.unmatched for c in conversations)
+    report(results, unmatched, sum(len(c.questions) for c in conversations))
+    if args.save:
+        save(args.save, results, unmatched)
+
+
+def _databases(db: str | None, tmp: Path, conversations: list[Conversation]
+               ) -> list[tuple[Path, list[Conversation]]]:
+    """Which database holds which conversations: `{conversation}` in `--db` gives each its own
+    file, so several processes can ingest a split side by side."""
+    if db and "{conversation}" in db:
+        return [(Path(db.format(conversation=c.index)), [c]) for c in conversations]
+    return [(Path(db) if db else tmp / "locomo.db", conversations)]
+
+
+async def _run(path: Path, conversations: list[Conversation], embedder: mnemo.Embedder | None,
+               config: mnemo.Config, args: argparse.Namespace,
+               results: dict[str, Scores]) -> None:
+    async with mnemo.Memory(path, embedder=embedder, config=config) as mem:
+        with Progress(console=console, transient=True) as progress:
             for conversation in conversations:
                 repo = f"locomo-{conversation.sample_id}"
-                made = await turns_of_nodes(mem, repo)
-                await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
-                                      MEMORY_TYPES if args.types == "memories" else None)
-                if args.baselines:
-                    bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
-                    dense_embedder = embedder or mem._repos.get(repo).embedder
-                    await dense_baseline(dense_embedder, conversation,
-                                         results["dense-only baseline"])
-    report(results, sum(c.unmatched for c in conversations),
-           sum(len(c.questions) for c in conversations))
+                await mem.open_repo(repo, config=config)
+                await ingest(mem, repo, conversation, progress)
+        for conversation in conversations:
+            repo = f"locomo-{conversation.sample_id}"
+            made = await turns_of_nodes(mem, repo)
+            await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
+                                  MEMORY_TYPES if args.types == "memories" else None)
+            if args.baselines:
+                bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
+                dense_embedder = embedder or mem._repos.get(repo).embedder
+                await dense_baseline(dense_embedder, conversation,
+                                     results["dense-only baseline"])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -279,7 +323,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="override a mnemo.Config field, e.g. recall_mmr_lambda=0.7")
     parser.add_argument("--no-baselines", dest="baselines", action="store_false",
                         help="time mnemo's recall alone (no BM25 and dense-only rows)")
-    parser.add_argument("--db", help="keep the ingested database at this path (reused)")
+    parser.add_argument("--db", help="keep the ingested database at this path (reused); "
+                        "'{conversation}' in it gives each conversation its own file")
+    parser.add_argument("--save", type=Path,
+                        help="also write every question's scores to this JSON file")
+    parser.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
+                        help="report runs saved with --save together (nothing else runs)")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")
     return parser.parse_args(argv)

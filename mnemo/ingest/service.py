@@ -20,10 +20,12 @@ from mnemo.config import Config
 from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
+from mnemo.extraction.entities import with_entity_tags
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
 from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded
-from mnemo.ingest.model import IngestReceipt, Trajectory
+from mnemo.ingest.dates import resolver
+from mnemo.ingest.model import IngestReceipt, Step, Trajectory
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
 from mnemo.ports import LLM, Embedder
 
@@ -168,6 +170,8 @@ class IngestService:
                 time_limit=runtime.config.extraction_timeout,
                 score_last_step=bool(episode.steps),
             )
+            if runtime.config.ingest_entity_tags:
+                changeset = await with_entity_tags(changeset, runtime.embedder)
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
         record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())
@@ -178,7 +182,11 @@ class IngestService:
         self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime
     ) -> None:
         """Annotates and segments the steps as appends would, one after another."""
+        resolve = resolver(trajectory.goal, trajectory.metadata) \
+            if runtime.config.ingest_resolve_dates else None
         for index, step in enumerate(trajectory.steps):
+            if resolve is not None:
+                step = Step(resolve(step.observation), resolve(step.action), step.metadata)
             previous = episode.steps[-1] if episode.steps else None
             with anyio.fail_after(runtime.config.append_timeout):
                 note = await annotate(

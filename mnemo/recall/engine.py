@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -40,6 +40,7 @@ from mnemo.recall import temporal
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
+from mnemo.recall.levers import speaker_boosts
 from mnemo.recall.model import Recalled, RecallResult, Touched
 from mnemo.recall.prompts import (
     Plan,
@@ -152,9 +153,13 @@ class Recaller:
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
         context = await self._context(repo, found, k, width, trace)
+        boosts = await speaker_boosts(self.graph, repo, query, context.nodes,
+                                      config.recall_speaker_boost)
+        if boosts:
+            trace.mark("speaker")
         # With `as_of`, ranked wider: the nodes recorded since are left out (issue 14).
         wide = width * temporal.AS_OF_WIDTH if as_of is not None else width
-        ranked = await self._rank(repo, found, context, query, plan, wanted, wide)
+        ranked = await self._rank(repo, found, context, query, plan, wanted, wide, boosts)
         ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
         trace.mark("rank")
         if reranking:
@@ -401,6 +406,7 @@ class Recaller:
         plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
+        boosts: Mapping[str, float],
     ) -> list[Recalled]:
         config = self.config
         nodes, stats = context.nodes, context.stats
@@ -417,6 +423,7 @@ class Recaller:
             value = node_value(node.type, node.data, created_at=node.created_at,
                                last_access=last, access_count=count, now=now, config=config)
             score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
+            score *= boosts.get(node_id, 1.0)
             if wanted is None and node.type in ROUTING:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score

@@ -1,0 +1,112 @@
+"""Speakers and named entities of a step, as TAG nodes the step belongs to (issue 12).
+
+The extraction already files facts under their concept labels; a step itself reaches a tag
+only through a fact made from it. With entity tags, each EPISODIC node also gets a MEMBERSHIP
+link to a tag per name it mentions, and one for its speaker: "Caroline: ..." or "Caroline (8
+May 2023): ..." at the start of a transcript line. Recall's routes then lead from a name in
+the query straight to the steps that mention it (one hop instead of tag -> fact -> step).
+Names are found with the offline heuristics: capitalised words that are neither stopwords
+nor the first word of a sentence, a run of them ("Visual Studio Code") being one name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+from mnemo.adapters import _text
+from mnemo.episode.annotation import embed
+from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
+from mnemo.ports import Embedder
+
+# "Caroline:" or "Caroline (1:56 pm on 8 May, 2023):" opening a line of a transcript.
+_SPEAKER = re.compile(r"^\s*([A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?)\s*(?:\([^()]{0,80}\))?\s*:\s")
+# Capitalised, but a date rather than an entity.
+_CALENDAR = frozenset(
+    "january february march april may june july august september october november december "
+    "monday tuesday wednesday thursday friday saturday sunday".split()
+)
+# The most tags one step gets: a long tool output names dozens of things.
+MAX_NAMES = 6
+
+
+def speaker_of(text: str) -> str | None:
+    """Who says a transcript line ("Caroline (8 May 2023): ..." -> "Caroline"), or None."""
+    match = _SPEAKER.match(text)
+    return match.group(1) if match else None
+
+
+def entity_names(text: str) -> list[str]:
+    """The speaker and the names `text` mentions, in order, each once (case-insensitive)."""
+    found: list[str] = []
+    speaker = _SPEAKER.match(text)
+    if speaker:
+        found.append(speaker.group(1))
+        text = text[speaker.end() :]
+    for sentence in _text.sentences(text) or [text]:
+        words = _text.words(sentence)
+        i = 1  # the first word of a sentence is capitalised whatever it is
+        while i < len(words):
+            j = i
+            while j < len(words) and _is_name(words[j]) and j - i < 3:
+                j += 1
+            if j > i:
+                found.append(" ".join(words[i:j]))
+                i = j
+            else:
+                i += 1
+    names: list[str] = []
+    seen: set[str] = set()
+    for name in found:
+        key = normalise_label(name)
+        if key not in seen:
+            seen.add(key)
+            names.append(name)
+    return names[:MAX_NAMES]
+
+
+def _is_name(word: str) -> bool:
+    lower = word.lower()
+    return word[:1].isupper() and not _text.is_stopword(lower) and lower not in _CALENDAR
+
+
+async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changeset:
+    """`changeset` with a TAG per name of each EPISODIC node's text and a MEMBERSHIP link
+    from the tag to the node; a tag shares its key (the label, normalised) with the concept
+    tags, so a name that is also a fact's concept is one node. One embedding call."""
+    labels: dict[str, str] = {}
+    links: list[Link] = []
+    for node in changeset.nodes:
+        if node.type is not NodeType.EPISODIC:
+            continue
+        for name in entity_names(_observation(node)):
+            key = normalise_label(name)
+            labels.setdefault(key, " ".join(name.split()))
+            links.append(Link(_tag_id(changeset, key), node.id, LinkType.MEMBERSHIP))
+    if not links:
+        return changeset
+    keys = list(labels)
+    vectors = await embed(embedder, [labels[key] for key in keys])
+    tags = [
+        NodeDraft(id=_tag_id(changeset, key), type=NodeType.TAG, text=labels[key],
+                  data={"label": labels[key]}, vector=vector, key=key,
+                  source_id=_source_of(changeset.nodes))
+        for key, vector in zip(keys, vectors, strict=True)
+    ]
+    return Changeset(id=changeset.id, repo=changeset.repo, nodes=[*changeset.nodes, *tags],
+                     links=[*changeset.links, *links], step_ids=changeset.step_ids)
+
+
+def _observation(node: NodeDraft) -> str:
+    observation = node.data.get("observation")
+    return observation if isinstance(observation, str) else node.text
+
+
+def _tag_id(changeset: Changeset, key: str) -> str:
+    # Unique within the changeset; the commit maps a tag whose key exists onto that node.
+    return f"tag_{changeset.id}_{hashlib.sha1(key.encode()).hexdigest()[:16]}"
+
+
+def _source_of(nodes: Sequence[NodeDraft]) -> str | None:
+    return next((n.source_id for n in nodes if n.source_id is not None), None)

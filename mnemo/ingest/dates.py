@@ -1,0 +1,164 @@
+"""Relative dates in a step's text, resolved against the day the trajectory happened.
+
+"I went to a support group yesterday", said on 8 May 2023, is stored as "... yesterday
+(7 May 2023)": a search that names the day, the month or the year then finds the step, and
+whoever reads the memory later no longer has to know when it was said (issue 12; LoCoMo's
+temporal questions). English only, and only expressions with one clear answer: "a few days
+ago" or "recently" stay as they are. The original words are kept; the date follows them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from datetime import date, timedelta
+from typing import Any
+
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
+           "september", "october", "november", "december")
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "a couple of": 2, "three": 3, "four": 4,
+           "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+
+_MONTH = r"(?P<month>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?" \
+         r"|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+# "8 May, 2023", "8 May 2023", "May 8, 2023", "May 8th 2023", "2023-05-08".
+_ABSOLUTE = re.compile(
+    rf"\b(?:(?P<day>\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH}\.?,?\s+(?P<year>\d{{4}})"
+    rf"|{_MONTH.replace('month', 'month2')}\.?\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?,?\s+"
+    r"(?P<year2>\d{4})"
+    r"|(?P<iso>\d{4}-\d{2}-\d{2}))\b",
+    re.IGNORECASE,
+)
+_COUNT = r"(?P<count>\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|a couple of)"
+_RELATIVE = re.compile(
+    r"\b(?:(?P<day_word>yesterday|today|tonight|tomorrow|last night|this morning"
+    r"|this afternoon|this evening)"
+    rf"|{_COUNT}\s+(?P<unit>day|week|month|year)s?\s+ago"
+    r"|(?P<which>last|this|next)\s+(?P<span>week(?:end)?|month|year)"
+    rf"|(?P<which_day>last|next)\s+(?P<weekday>{'|'.join(_WEEKDAYS)}))\b",
+    re.IGNORECASE,
+)
+# Already followed by a date in brackets (written by hand, or resolved before): left alone.
+_RESOLVED = re.compile(r"\s*\((?:the )?(?:week(?:end)? of )?[^()]*\d{4}\)")
+
+
+def parse_date(text: str) -> date | None:
+    """The first absolute date written in `text`, or None."""
+    for match in _ABSOLUTE.finditer(text):
+        found = _date_of(match)
+        if found is not None:
+            return found
+    return None
+
+
+def _date_of(match: re.Match[str]) -> date | None:
+    groups = match.groupdict()
+    try:
+        if groups["iso"]:
+            return date.fromisoformat(groups["iso"])
+        month = groups["month"] or groups["month2"]
+        day = groups["day"] or groups["day2"]
+        year = groups["year"] or groups["year2"]
+        number = next(i for i, name in enumerate(_MONTHS, 1) if name.startswith(month.lower()))
+        return date(int(year), number, int(day))
+    except (ValueError, StopIteration):  # "31 February": not a date
+        return None
+
+
+def reference_date(goal: str, metadata: Mapping[str, Any] | None) -> date | None:
+    """The day a trajectory happened: its metadata's "date" when that parses, else the first
+    date written in its goal ("Conversation session 3 on 1:56 pm on 8 May, 2023")."""
+    given = (metadata or {}).get("date")
+    if isinstance(given, str):
+        found = parse_date(given)
+        if found is not None:
+            return found
+    return parse_date(goal)
+
+
+def resolve_dates(text: str, on: date) -> str:
+    """`text` with each relative date it names followed by that date, "(7 May 2023)"."""
+    out: list[str] = []
+    end = 0
+    for match in _RELATIVE.finditer(text):
+        resolved = _resolve(match, on)
+        if resolved is None or _RESOLVED.match(text, match.end()):
+            continue
+        out.append(text[end : match.end()])
+        out.append(f" ({resolved})")
+        end = match.end()
+    out.append(text[end:])
+    return "".join(out)
+
+
+def _resolve(match: re.Match[str], on: date) -> str | None:
+    groups = match.groupdict()
+    if groups["day_word"]:
+        word = groups["day_word"].lower()
+        shift = {"yesterday": -1, "last night": -1, "tomorrow": 1}.get(word, 0)
+        return _day(on + timedelta(days=shift))
+    if groups["unit"]:
+        count = _count(groups["count"])
+        return None if count is None else _ago(on, count, groups["unit"].lower())
+    if groups["span"]:
+        return _span(on, groups["which"].lower(), groups["span"].lower())
+    weekday = _WEEKDAYS.index(groups["weekday"].lower())
+    if groups["which_day"].lower() == "last":
+        return _day(on - timedelta(days=(on.weekday() - weekday - 1) % 7 + 1))
+    return _day(on + timedelta(days=(weekday - on.weekday() - 1) % 7 + 1))
+
+
+def _count(word: str) -> int | None:
+    word = " ".join(word.lower().split())
+    return int(word) if word.isdigit() else _COUNTS.get(word)
+
+
+def _ago(on: date, count: int, unit: str) -> str:
+    if unit == "day":
+        return _day(on - timedelta(days=count))
+    if unit == "week":
+        return f"the week of {_day(_monday(on - timedelta(weeks=count)))}"
+    if unit == "month":
+        return _month(*_months_back(on, count))
+    return str(on.year - count)
+
+
+def _span(on: date, which: str, span: str) -> str:
+    step = {"last": -1, "this": 0, "next": 1}[which]
+    if span == "week":
+        return f"the week of {_day(_monday(on) + timedelta(weeks=step))}"
+    if span == "weekend":
+        # The Saturday of this week, a week earlier for "last" (said on a Monday: the two
+        # days before) and a week later for "next".
+        saturday = _monday(on) + timedelta(days=5, weeks=step)
+        return f"the weekend of {_day(saturday)}"
+    if span == "month":
+        return _month(*_months_back(on, -step))
+    return str(on.year + step)
+
+
+def _monday(day: date) -> date:
+    return day - timedelta(days=day.weekday())
+
+
+def _months_back(on: date, count: int) -> tuple[int, int]:
+    index = on.year * 12 + on.month - 1 - count
+    return index // 12, index % 12 + 1
+
+
+def _day(day: date) -> str:
+    return f"{day.day} {_MONTHS[day.month - 1].capitalize()} {day.year}"
+
+
+def _month(year: int, month: int) -> str:
+    return f"{_MONTHS[month - 1].capitalize()} {year}"
+
+
+Resolver = Callable[[str], str]
+
+
+def resolver(goal: str, metadata: Mapping[str, Any] | None) -> Resolver | None:
+    """What resolves the relative dates of a trajectory's steps; None without a known day."""
+    on = reference_date(goal, metadata)
+    return None if on is None else (lambda text: resolve_dates(text, on))

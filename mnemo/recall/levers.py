@@ -1,0 +1,65 @@
+"""Recall levers of issue 12 that weigh a candidate by who it is about.
+
+**Speaker match** (`Config.recall_speaker_boost`): a question that names a person ("What
+activities does Melanie partake in?") is mostly answered by what that person said, and a
+transcript line says who speaks ("Melanie (8 May 2023): I'm off to go swimming"). A candidate
+whose speaker the query names scores `1 + boost` times more than the others (they are divided
+by it, so that scores stay within [0, 1]); a fact counts as said by the speaker of the one step
+it came from. The query's own words already find the lines that
+*mention* the name (BM25); the speaker is what they miss, since a line rarely names its own
+speaker in its words. The cost is a regular expression per candidate already read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from mnemo.adapters import _text
+from mnemo.extraction.entities import speaker_of
+from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.ports import GraphStore
+
+_POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
+
+
+def query_names(query: str) -> frozenset[str]:
+    """The names a query mentions, lower-case: its capitalised words that are not stopwords
+    (the first word too: "Melanie's pets?"), without a possessive "'s"."""
+    names = {
+        _POSSESSIVE.sub("", word).lower()
+        for word in _text.words(_text.normalise(query))
+        if word[:1].isupper()
+    }
+    return frozenset(n for n in names if n and not _text.is_stopword(n))
+
+
+async def speaker_boosts(
+    graph: GraphStore, repo: str, query: str, nodes: Mapping[str, Node], boost: float
+) -> dict[str, float]:
+    """The factor of each node of `nodes` whose speaker (its own, else that of the one step
+    it came from) the query does not name, when some candidate's speaker it names: 1 / (1 +
+    boost); nodes not listed keep their score. At most one link read and one node read, both
+    bounded by `len(nodes)` (the candidates, bounded by k)."""
+    names = query_names(query)
+    if not names or boost <= 0:
+        return {}
+    speakers = {i: s for i, n in nodes.items() if (s := speaker_of(n.text)) is not None}
+    derived = [i for i, n in nodes.items()
+               if i not in speakers and n.type in (NodeType.SEMANTIC, NodeType.PROCEDURAL)]
+    origins: dict[str, list[str]] = {}
+    for link in await graph.neighbors(repo, derived, LinkType.PROVENANCE):
+        origins.setdefault(link.origin, []).append(link.node_id)
+    step_of = {i: steps[0] for i, steps in origins.items() if len(steps) == 1}
+    missing = sorted({s for s in step_of.values() if s not in nodes})
+    texts = {i: n.text for i, n in nodes.items()}
+    texts |= {n.id: n.text for n in await graph.get_nodes(repo, missing)}
+    for node_id, step in step_of.items():
+        speaker = speaker_of(texts.get(step, ""))
+        if speaker is not None:
+            speakers[node_id] = speaker
+    said = {i for i, speaker in speakers.items() if set(speaker.lower().split()) & names}
+    if not said:
+        return {}
+    # The others go down rather than these up: a score stays within [0, 1].
+    return {i: 1.0 / (1.0 + boost) for i in nodes if i not in said}

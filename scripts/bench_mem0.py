@@ -26,7 +26,9 @@ stored sentence, counted when the first result's text is that sentence. Reading 
 issue's goal (docs/DECISIONS.md): mnemo's search p50 <= 0.5 x mem0's at 100 and 1,000.
 
 Run: `.venv/bin/python scripts/bench_mem0.py [--sizes 100,1000,10000] [--queries 100]
-[--mem0-python PATH] [--skip-mem0]`.
+[--mem0-python PATH] [--skip-mem0]` (from a git worktree, with `PYTHONPATH=.`: the venv's
+editable install points at the main checkout's mnemo). Under load the ratio swings with
+the machine more than with the code: run it on a quiet one, or twice.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -33,10 +33,13 @@ import numpy as np
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, Neighbor
+from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
 from mnemo.recall import temporal
+from mnemo.recall.candidates import Candidate as _Candidate
+from mnemo.recall.candidates import ReadContext as _Context
+from mnemo.recall.candidates import restatements_first
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
@@ -70,39 +73,6 @@ _MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
     "episodic": {N.EPISODIC: 1.0, N.SEMANTIC: 0.9, N.PROCEDURAL: 0.7},
     "procedural": {N.PROCEDURAL: 1.0, N.SEMANTIC: 0.8, N.EPISODIC: 0.8},
 }
-
-
-@dataclass(slots=True)
-class _Candidate:
-    score: float
-    phase: str
-    hop: int
-
-
-@dataclass(slots=True)
-class _Context:
-    """What recall read about its best candidates: nodes, access stats, and the sources of
-    each fact or procedure (its PROVENANCE links)."""
-
-    nodes: dict[str, Node]
-    stats: dict[str, tuple[int, datetime | None]]
-    sources: dict[str, list[str]]
-
-    def add_steps(self, links: Iterable[Neighbor]) -> None:
-        for link in links:
-            node = self.nodes.get(link.origin)
-            if node is not None and node.type in (N.SEMANTIC, N.PROCEDURAL):
-                self.sources.setdefault(link.origin, []).append(link.node_id)
-
-    def steps_of(self, nodes: Sequence[Node]) -> dict[str, str]:
-        """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
-        made from exactly one step that step."""
-        steps = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
-        for node in nodes:
-            sources = self.sources.get(node.id, [])
-            if node.type in (N.SEMANTIC, N.PROCEDURAL) and len(sources) == 1:
-                steps[node.id] = sources[0]
-        return steps
 
 
 class _Trace:
@@ -432,7 +402,7 @@ class Recaller:
             if tier is not None:
                 restated[node_id] = tier
         if restated:
-            scored = _restatements_first(scored, restated)
+            scored = restatements_first(scored, restated)
         else:
             scored.sort(key=lambda item: (-item[0], item[1].id))
         if config.recall_mmr_lambda < 1.0:
@@ -496,25 +466,6 @@ class Recaller:
     @staticmethod
     def _best(found: dict[str, _Candidate], n: int) -> set[str]:
         return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
-
-
-def _restatements_first(
-    scored: list[tuple[float, Node, _Candidate]], restated: dict[str, int]
-) -> list[tuple[float, Node, _Candidate]]:
-    """`scored` best first, with the memories that restate the query ahead of all others at
-    the best score, exact restatements before near-exact ones (tier 0, then 1): asked for in
-    so many words, a memory is the answer whatever its value or the other channels say
-    (issue 12: an exact restatement came first 12 times in 20). Within a tier, and among
-    the rest, the usual order."""
-    best = max(score for score, _, _ in scored)
-    others = 2
-    scored.sort(key=lambda item: (restated.get(item[1].id, others), -item[0], item[1].id))
-    out = []
-    for score, node, candidate in scored:
-        if node.id in restated:
-            candidate.score = score = max(score, best)
-        out.append((score, node, candidate))
-    return out
 
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:

@@ -122,15 +122,16 @@ class AverageLength:
 
 
 def scores(
-    docs: Iterable[FreshDoc],
+    docs: Mapping[str, FreshDoc],
     idf: Mapping[str, float],
     kinds: Collection[str] | None,
     average: float,
-) -> list[tuple[str, float]]:
-    """BM25 of each document holding a stem of `idf`, over those of the wanted kinds."""
-    live = [d for d in docs if kinds is None or d.type in kinds]
+) -> list[tuple[str, str, float]]:
+    """(key, id, BM25) of each document holding a stem of `idf`, of the wanted kinds."""
     found = []
-    for doc in live:
+    for key, doc in docs.items():
+        if kinds is not None and doc.type not in kinds:
+            continue
         norm = K1 * (1 - B + B * doc.length / average)
         score = sum(
             weight * tf * (K1 + 1) / (tf + norm)
@@ -138,7 +139,7 @@ def scores(
             if (tf := doc.terms.get(stem, 0))
         )
         if score > 0:
-            found.append((doc.id, score))
+            found.append((key, doc.id, score))
     return found
 
 

@@ -212,12 +212,14 @@ class LexicalIndex:
         for score, address in hits:
             doc = searcher.doc(address)
             if doc["key"][0] not in stale:
-                found.append((doc["id"][0], float(score)))
+                found.append((doc["key"][0], doc["id"][0], float(score)))
         if fresh:
             weights = {s: idf(documents, df) for df, s in kept}
-            found += scores(fresh.values(), weights, kinds, average)
-            found.sort(key=lambda hit: -hit[1])
-        return found[:limit]
+            found += scores(fresh, weights, kinds, average)
+        # Ties in the order the nodes were written (their rowids), as the store's own search
+        # and the dense channel break them: fused, the channels then agree on equal matches.
+        found.sort(key=lambda hit: (-hit[2], int(hit[0].rpartition("/")[2])))
+        return [(node_id, score) for _, node_id, score in found[:limit]]
 
     def _average_length(self, repo: str) -> float:
         """BM25's average document length for uncommitted documents: a sample of the repo's

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from mnemo.storage.lexical import Row
+from mnemo.storage.lexical.index import changed_rows
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, conninfo, storage_error
 
 
@@ -60,29 +61,20 @@ class PgLexicalSource:
         return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
-        present: list[Row] = []
-        gone: list[int] = []
-        for node, node_id, kind, text in self._rows(
+        return changed_rows(self._rows(
             "SELECT l.node, n.id, n.type, n.text FROM"
             " (SELECT DISTINCT node FROM lexical_log WHERE repo = %s AND seq > %s AND seq <= %s) l"
             " LEFT JOIN nodes n ON n.rowid = l.node AND n.repo = %s",
             (repo, after, upto, repo),
-        ):
-            if node_id is None:
-                gone.append(int(node))
-            else:
-                present.append(Row(int(node), str(node_id), str(kind), str(text)))
-        return present, gone
+        ))
 
     def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
-        return [
-            Row(int(rowid), str(node_id), str(kind), str(text))
-            for rowid, node_id, kind, text in self._rows(
-                "SELECT rowid, id, type, text FROM nodes WHERE repo = %s AND rowid > %s"
-                " ORDER BY rowid LIMIT %s",
-                (repo, after_rowid, limit),
-            )
-        ]
+        rows = self._rows(
+            "SELECT rowid, id, type, text FROM nodes WHERE repo = %s AND rowid > %s"
+            " ORDER BY rowid LIMIT %s",
+            (repo, after_rowid, limit),
+        )
+        return changed_rows(rows)[0]
 
     def close(self) -> None:
         if self._conn is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mnemo.storage.lexical import Row
+from mnemo.storage.lexical.index import changed_rows
 from mnemo.storage.sqlite.database import storage_error
 
 
@@ -45,29 +46,20 @@ class SqliteLexicalSource:
         return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
-        present: list[Row] = []
-        gone: list[int] = []
-        for node, node_id, kind, text in self._rows(
+        return changed_rows(self._rows(
             "SELECT l.node, n.id, n.type, n.text FROM"
             " (SELECT DISTINCT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?) l"
             " LEFT JOIN nodes n ON n.rowid = l.node AND n.repo = ?",
             (repo, after, upto, repo),
-        ):
-            if node_id is None:
-                gone.append(int(node))
-            else:
-                present.append(Row(int(node), str(node_id), str(kind), str(text)))
-        return present, gone
+        ))
 
     def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
-        return [
-            Row(int(rowid), str(node_id), str(kind), str(text))
-            for rowid, node_id, kind, text in self._rows(
-                "SELECT rowid, id, type, text FROM nodes WHERE repo = ? AND rowid > ?"
-                " ORDER BY rowid LIMIT ?",
-                (repo, after_rowid, limit),
-            )
-        ]
+        rows = self._rows(
+            "SELECT rowid, id, type, text FROM nodes WHERE repo = ? AND rowid > ?"
+            " ORDER BY rowid LIMIT ?",
+            (repo, after_rowid, limit),
+        )
+        return changed_rows(rows)[0]
 
     def close(self) -> None:
         if self._conn is not None:

@@ -14,7 +14,7 @@ commit tries again (issue 9: one slow provider stalled every commit to the repo)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,7 +35,6 @@ from mnemo.graph.model import (
     CommitReceipt,
     Link,
     LinkType,
-    Node,
     NodeDraft,
     NodeType,
     Vector,
@@ -68,7 +67,7 @@ class CommitPlan:
     retired: tuple[tuple[str, str | None], ...] = ()
 
 
-class CommitTarget(Protocol):
+class CommitTarget(contradiction.FactSearch, Protocol):
     """What a backend gives the commit procedure."""
 
     def lock(self, repo: str) -> AbstractAsyncContextManager[None]: ...
@@ -86,16 +85,6 @@ class CommitTarget(Protocol):
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
-
-    async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
-    ) -> list[tuple[str, float]]: ...
-
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
-    ) -> list[tuple[str, float]]: ...
-
-    async def get_nodes(self, repo: str, node_ids: list[str]) -> list[Node]: ...
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         """Writes the plan and the side writes in one transaction (and updates whatever the

@@ -113,19 +113,6 @@ class LexicalSource(Protocol):
     def close(self) -> None: ...
 
 
-def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], list[int]]:
-    """A source's `changes` from its rows of (logged rowid, id, type, text), the last three
-    NULL for a node that is gone: (the nodes that exist, the rowids of those that do not)."""
-    present: list[Row] = []
-    gone: list[int] = []
-    for rowid, node_id, kind, text in rows:
-        if node_id is None:
-            gone.append(int(rowid))
-        else:
-            present.append(Row(int(rowid), str(node_id), str(kind), str(text)))
-    return present, gone
-
-
 def _schema() -> Any:
     import tantivy
 

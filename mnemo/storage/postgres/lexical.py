@@ -10,8 +10,7 @@ from typing import Any
 
 import psycopg
 
-from mnemo.storage.lexical import Row
-from mnemo.storage.lexical.index import changed_rows
+from mnemo.storage.lexical.source import LogSource
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, conninfo, storage_error
 
 
@@ -25,8 +24,10 @@ def default_folder() -> Path:
     return Path(cache) / "mnemo" / "lexical"
 
 
-class PgLexicalSource:
+class PgLexicalSource(LogSource):
     """`LexicalSource` over a PostgreSQL database."""
+
+    placeholder = "%s"
 
     def __init__(self, url: str, busy_timeout: float) -> None:
         self._conninfo = conninfo(
@@ -52,29 +53,6 @@ class PgLexicalSource:
             " (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         return f"pg-{system}-{oid}"
-
-    def epoch(self) -> str:
-        return str(self._rows("SELECT epoch FROM lexical_epoch")[0][0])
-
-    def state(self, repo: str) -> tuple[int, int]:
-        rows = self._rows("SELECT seq, horizon FROM lexical_repos WHERE repo = %s", (repo,))
-        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
-
-    def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
-        return changed_rows(self._rows(
-            "SELECT l.node, n.id, n.type, n.text FROM"
-            " (SELECT DISTINCT node FROM lexical_log WHERE repo = %s AND seq > %s AND seq <= %s) l"
-            " LEFT JOIN nodes n ON n.rowid = l.node AND n.repo = %s",
-            (repo, after, upto, repo),
-        ))
-
-    def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
-        rows = self._rows(
-            "SELECT rowid, id, type, text FROM nodes WHERE repo = %s AND rowid > %s"
-            " ORDER BY rowid LIMIT %s",
-            (repo, after_rowid, limit),
-        )
-        return changed_rows(rows)[0]
 
     def close(self) -> None:
         if self._conn is not None:

@@ -412,41 +412,29 @@ def m012_lexical_log(db: Database) -> None:
         INSERT INTO lexical_epoch VALUES (lower(hex(randomblob(16))));
         INSERT INTO lexical_repos (repo, seq, horizon) SELECT DISTINCT repo, 1, 1 FROM nodes;
         CREATE TRIGGER nodes_lexical_insert AFTER INSERT ON nodes BEGIN
-            INSERT INTO lexical_repos (repo, seq) VALUES (new.repo, 1)
-                ON CONFLICT (repo) DO UPDATE
-                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
-            INSERT INTO lexical_log (repo, seq, node)
-                SELECT new.repo, seq, new.rowid FROM lexical_repos WHERE repo = new.repo;
-            DELETE FROM lexical_log WHERE repo = new.repo
-                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = new.repo);
+{new}
         END;
         CREATE TRIGGER nodes_lexical_delete AFTER DELETE ON nodes BEGIN
-            INSERT INTO lexical_repos (repo, seq) VALUES (old.repo, 1)
-                ON CONFLICT (repo) DO UPDATE
-                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
-            INSERT INTO lexical_log (repo, seq, node)
-                SELECT old.repo, seq, old.rowid FROM lexical_repos WHERE repo = old.repo;
-            DELETE FROM lexical_log WHERE repo = old.repo
-                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = old.repo);
+{old}
         END;
         CREATE TRIGGER nodes_lexical_update AFTER UPDATE OF text, type, id, repo ON nodes BEGIN
-            INSERT INTO lexical_repos (repo, seq) VALUES (old.repo, 1)
-                ON CONFLICT (repo) DO UPDATE
-                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
-            INSERT INTO lexical_log (repo, seq, node)
-                SELECT old.repo, seq, old.rowid FROM lexical_repos WHERE repo = old.repo;
-            DELETE FROM lexical_log WHERE repo = old.repo
-                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = old.repo);
-            INSERT INTO lexical_repos (repo, seq) VALUES (new.repo, 1)
-                ON CONFLICT (repo) DO UPDATE
-                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {keep});
-            INSERT INTO lexical_log (repo, seq, node)
-                SELECT new.repo, seq, new.rowid FROM lexical_repos WHERE repo = new.repo;
-            DELETE FROM lexical_log WHERE repo = new.repo
-                AND seq = (SELECT seq - {keep} FROM lexical_repos WHERE repo = new.repo);
+{old}
+{new}
         END;
-        """.replace("{keep}", str(LOG_KEEP)),
+        """.format(new=_logged("new"), old=_logged("old")),
     )
+
+
+def _logged(row: str) -> str:
+    """A trigger's statements that log a change of `row` ("new" or "old") in its repo."""
+    return f"""\
+            INSERT INTO lexical_repos (repo, seq) VALUES ({row}.repo, 1)
+                ON CONFLICT (repo) DO UPDATE
+                SET seq = seq + 1, horizon = max(horizon, seq + 1 - {LOG_KEEP});
+            INSERT INTO lexical_log (repo, seq, node)
+                SELECT {row}.repo, seq, {row}.rowid FROM lexical_repos WHERE repo = {row}.repo;
+            DELETE FROM lexical_log WHERE repo = {row}.repo
+                AND seq = (SELECT seq - {LOG_KEEP} FROM lexical_repos WHERE repo = {row}.repo);"""
 
 
 @MIGRATIONS()

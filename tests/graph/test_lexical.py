@@ -9,6 +9,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -84,6 +85,37 @@ async def test_types_and_repos_filter(backend: Backend) -> None:
     only = await lexical(backend).search(REPO, "lantern", 10, [NodeType.EPISODIC.value])
     assert [node_id for node_id, _ in only or []] == ["s"]
     assert await found(backend, "lantern", "other") == {"o"}
+
+
+async def test_a_write_never_waits_for_the_index_commit(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`changed` (called on the event loop as a repo's write lock is let go) does not wait
+    for the background thread's commit, an fsync (regression: the thread held the lock
+    `changed` takes across its idle commit)."""
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 0.0)  # commits as soon as idle
+    index = lexical(backend)
+    entered, release = threading.Event(), threading.Event()
+    original = index._commit
+
+    def stalled_commit() -> None:  # a disk that takes its time
+        entered.set()
+        release.wait(60)
+        original()
+
+    monkeypatch.setattr(index, "_commit", stalled_commit)
+    await add(backend, "c1", {"a": "ochre tile"})
+    try:
+        assert await found(backend, "ochre") == {"a"}  # applied; the thread then commits
+        assert await anyio.to_thread.run_sync(entered.wait, 60)
+        caller = threading.Thread(target=index.changed, args=(REPO,))
+        caller.start()
+        await anyio.to_thread.run_sync(caller.join, 10.0)
+        assert not caller.is_alive(), "changed() waited for the index's commit"
+    finally:
+        release.set()
+    await settled(backend)
+    assert await found(backend, "ochre") == {"a"}
 
 
 async def test_an_index_left_behind_catches_up_from_the_log(store: str) -> None:

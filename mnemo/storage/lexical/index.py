@@ -370,13 +370,20 @@ class LexicalIndex:
             if repo is None:
                 if self._wake.wait(COMMIT_AFTER):
                     continue
-                with self._lock, self._queue:
-                    if self._wake.is_set():
-                        continue
-                    if len(self._fresh) and self._writer is not None:
-                        self._commit()
-                    self._worker = None
-                    return
+                # The commit (an fsync) holds `_lock` only: `changed`, called on the event
+                # loop, takes `_queue` and must never wait for a disk.
+                with self._lock:
+                    if len(self._fresh) and self._writer is not None and not self._wake.is_set():
+                        try:
+                            self._commit()
+                        except Exception:
+                            # Still applied, still scored as fresh: the next commit retries.
+                            log.exception("lexical index: commit failed")
+                    with self._queue:
+                        if self._wake.is_set():
+                            continue
+                        self._worker = None
+                        return
             try:
                 with self._lock:
                     current = self._writer is None or self._rebuild_step(repo)

@@ -7,10 +7,14 @@ extra (`mnemo[faiss]`): without it `attach` returns None and every search stays 
 
 How it stays correct:
 
-- One HNSW graph per node type, so a search restricted to a few types (recall asks per type)
-  never has to filter the candidates of a much larger type away; a search over every type
-  merges the graphs' candidates.
-- Each graph returns `oversample` x k candidates; they are re-ranked exactly with the
+- One HNSW graph per node type, so a search restricted to a few types (recall's routes ask
+  for tags or intents) never has to filter the candidates of a much larger type away; and one
+  graph of every row, which answers a search over every type, or over types holding at least
+  half of the rows (recall's hop 0), in one walk instead of one per type: at 100k rows, seven
+  walks cost 7x one (BENCHMARKS.md, "One graph for every type"). Its candidates of other
+  types are dropped at the re-rank, and it fetches more of them to make up for it.
+- Each walk returns `oversample` x k candidates (at most efSearch, the walk's breadth, unless
+  k is more); they are re-ranked exactly with the
   `VectorIndex`'s float32 rows (the rows SQLite holds), and any candidate that is no longer a
   row is dropped there. When fewer than k survive although the index holds more rows of the
   wanted types, the search answers None and the exact scan answers instead.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +56,8 @@ log = logging.getLogger("mnemo")
 # Above this many vectors a repo's searches go through the HNSW graphs (EMBEDDINGS.md §2: the
 # exact scan takes 6 ms at 100k and grows linearly).
 DEFAULT_THRESHOLD = 100_000
+# The key of the graph holding every row (type codes are >= 0).
+ALL = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +67,8 @@ class HnswParams:
     m: int = 32
     ef_construction: int = 200
     ef_search: int = 256
-    # Candidates fetched per result wanted, then re-ranked exactly (4-10x is the usual range).
+    # Candidates fetched per result wanted, then re-ranked exactly (4-10x is the usual range),
+    # at most `ef_search` (or k) of them per walk.
     oversample: int = 8
     # Dead labels (removed or replaced rows) past this fraction of all labels: rebuild.
     rebuild_fraction: float = 0.25
@@ -97,7 +105,8 @@ def attach(
 
 @dataclass(slots=True)
 class _Graph:
-    """One node type's HNSW graph: faiss label i is the node `labels[i]`."""
+    """One node type's HNSW graph (or every row's, under `ALL`): faiss label i is the node
+    `labels[i]`."""
 
     index: Any
     labels: list[str] = field(default_factory=list)
@@ -123,8 +132,9 @@ class HnswAccelerator:
         self._lock = threading.Lock()
         self._faiss_lock = threading.Lock()
         self._graphs: dict[int, _Graph] = {}
-        # node id -> (type code, label) for live labels only.
-        self._labels: dict[str, tuple[int, int]] = {}
+        # node id -> (type code, label in its type's graph, label in the `ALL` graph), for
+        # live labels only.
+        self._labels: dict[str, tuple[int, int, int]] = {}
         self._dead = 0
         self._ready = False
         self._started = False
@@ -208,11 +218,15 @@ class HnswAccelerator:
             candidates = list(self._pending)
         with self._faiss_lock:
             graphs = self._graphs
-            for code in graphs.keys() if codes is None else codes:
+            wanted, share = _walks(graphs, codes)
+            for code in wanted:
                 graph = graphs.get(code)
                 if graph is None or graph.index.ntotal == 0:
                     continue
-                fetch = min(graph.index.ntotal, self.params.oversample * k)
+                # The walk's breadth is efSearch: more candidates than that cost a wider walk
+                # for nothing the re-rank needs (100k rows, k = 50: 4.4 -> 2.1 ms).
+                want = min(self.params.oversample * k, max(self.params.ef_search, k))
+                fetch = min(graph.index.ntotal, math.ceil(want / share))
                 _, found = graph.index.search(q, fetch)
                 labels = graph.labels
                 candidates.extend(labels[label] for label in found[0].tolist() if label >= 0)
@@ -304,11 +318,23 @@ class HnswAccelerator:
                 graph.index.add(np.ascontiguousarray(snap.matrix[chunk]))
             graph.labels = [snap.ids[row] for row in rows.tolist()]
             graphs[int(code)] = graph
+        every = self._new_graph()
+        rows = np.flatnonzero(codes != DEAD)
+        for start in range(0, len(rows), self.params.build_chunk):
+            if self._stop:
+                with self._lock:
+                    self._removed_in_build = None
+                return
+            chunk = rows[start : start + self.params.build_chunk]
+            every.index.add(np.ascontiguousarray(snap.matrix[chunk]))
+        every.labels = [snap.ids[row] for row in rows.tolist()]
+        in_all = {node_id: label for label, node_id in enumerate(every.labels)}
         labels = {
-            node_id: (code, label)
+            node_id: (code, label, in_all[node_id])
             for code, graph in graphs.items()
             for label, node_id in enumerate(graph.labels)
         }
+        graphs[ALL] = every
         with self._faiss_lock, self._lock:
             removed, self._removed_in_build = self._removed_in_build or set(), None
             pending = {node_id: s for node_id, s in self._pending.items() if s > seq}
@@ -326,32 +352,39 @@ class HnswAccelerator:
             # A row gone from the snapshot was removed meanwhile; its removal handled it.
             if row is not None and row < snap.size and snap.codes[row] != DEAD:
                 by_code.setdefault(int(snap.codes[row]), []).append((node_id, s, row))
-        inserted: list[tuple[str, int, int, int]] = []
+        inserted: list[tuple[str, int, int, int, int]] = []
         with self._faiss_lock:
+            every = self._graphs.get(ALL)
+            if every is None:
+                every = self._graphs[ALL] = self._new_graph()
             for code, members in by_code.items():
                 graph = self._graphs.get(code)
                 if graph is None:
                     graph = self._graphs[code] = self._new_graph()
-                first = len(graph.labels)
-                graph.index.add(np.ascontiguousarray(snap.matrix[[r for _, _, r in members]]))
+                first, first_in_all = len(graph.labels), len(every.labels)
+                vectors = np.ascontiguousarray(snap.matrix[[r for _, _, r in members]])
+                graph.index.add(vectors)
+                every.index.add(vectors)
                 for offset, (node_id, s, _) in enumerate(members):
                     graph.labels.append(node_id)
-                    inserted.append((node_id, s, code, first + offset))
+                    every.labels.append(node_id)
+                    inserted.append((node_id, s, code, first + offset, first_in_all + offset))
         with self._lock:
-            for node_id, s, code, label in inserted:
+            for node_id, s, code, label, label_in_all in inserted:
                 if self._pending.get(node_id) == s:
                     del self._pending[node_id]
-                    self._labels[node_id] = (code, label)
+                    self._labels[node_id] = (code, label, label_in_all)
                 else:
-                    # Replaced or removed while it was being inserted: its label is stale.
+                    # Replaced or removed while it was being inserted: its labels are stale.
                     self._graphs[code].dead += 1
+                    self._graphs[ALL].dead += 1
                     self._dead += 1
             for node_id, s in batch:
                 if self._pending.get(node_id) == s:
                     del self._pending[node_id]
 
     def _kill(
-        self, graphs: dict[int, _Graph], labels: dict[str, tuple[int, int]], node_id: str
+        self, graphs: dict[int, _Graph], labels: dict[str, tuple[int, int, int]], node_id: str
     ) -> None:
         entry = labels.pop(node_id, None)
         if entry is not None:
@@ -360,9 +393,30 @@ class HnswAccelerator:
                 graph.dead += 1
                 if graphs is self._graphs:
                     self._dead += 1
+            every = graphs.get(ALL)
+            if every is not None:
+                every.dead += 1
 
     def _label_count(self) -> int:
-        return sum(len(graph.labels) for graph in self._graphs.values())
+        """Labels in the type graphs (the `ALL` graph holds the same rows again)."""
+        return sum(len(graph.labels) for code, graph in self._graphs.items() if code != ALL)
+
+
+def _walks(graphs: dict[int, _Graph], codes: Collection[int] | None) -> tuple[list[int], float]:
+    """Which graphs a search of these type codes walks, and the share of their rows it wants:
+    the `ALL` graph for every type or for types holding at least half of the live rows (its
+    other rows are dropped at the re-rank, so it fetches 1 / share as many), else one graph
+    per wanted type."""
+    if ALL not in graphs:
+        return list(graphs) if codes is None else list(codes), 1.0
+    live = {code: len(g.labels) - g.dead for code, g in graphs.items() if code != ALL}
+    total = sum(live.values())
+    if codes is None:
+        return [ALL], 1.0
+    wanted = sum(live.get(code, 0) for code in codes)
+    if total > 0 and 2 * wanted >= total:
+        return [ALL], wanted / total
+    return list(codes), 1.0
 
 
 def _rerank(

@@ -17,7 +17,7 @@ import pytest
 from mnemo.graph import ann
 from mnemo.graph.ann import HnswAccelerator, HnswParams
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import VectorIndex
+from mnemo.graph.vectors import TYPE_CODES, VectorIndex
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import policy
@@ -166,6 +166,46 @@ def test_deleted_rows_never_come_back_and_many_trigger_a_rebuild(
     assert stats["dead"] == 0
     assert stats["labels"] == len(index)
     assert recall_at(index, queries, 10, None) >= 0.9
+
+
+class _Walks:
+    """A graph's faiss index that counts the searches (walks) made of it."""
+
+    def __init__(self, index: Any, walks: list[int], code: int) -> None:
+        self._index, self._walks, self._code = index, walks, code
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._index.ntotal)
+
+    def search(self, query: Vector, k: int) -> Any:
+        self._walks.append(self._code)
+        return self._index.search(query, k)
+
+
+@needs_faiss
+def test_a_search_of_every_type_walks_one_graph(
+    accelerated: tuple[VectorIndex, HnswAccelerator],
+) -> None:
+    """A search of every type, or of types holding at least half of the rows, walks the graph
+    of every row once instead of one graph per type (seven walks cost seven times one); a
+    rarer type walks its own graph. Each finds what the exact scan finds."""
+    index, accelerator = accelerated
+    walks: list[int] = []
+    for code, graph in accelerator._graphs.items():
+        graph.index = _Walks(graph.index, walks, code)
+    queries = clustered(30, seed=8)
+    semantic = TYPE_CODES[NodeType.SEMANTIC]
+    for only, walked in [
+        (None, [ann.ALL]),
+        ([NodeType.EPISODIC], [ann.ALL]),  # 78 % of the rows
+        ([NodeType.SEMANTIC], [semantic]),  # 20 %
+        ([NodeType.SEMANTIC, NodeType.PROCEDURAL], [semantic, TYPE_CODES[NodeType.PROCEDURAL]]),
+    ]:
+        walks.clear()
+        assert recall_at(index, queries, 10, only) >= 0.9
+        assert set(walks) == set(walked)
+        assert len(walks) == len(walked) * len(queries)
 
 
 @needs_faiss

@@ -116,9 +116,22 @@ class Recaller:
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 
-        found = await self._hop_zero(repo, query, query_vector, wanted, k)
+        # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
+        # each side waits on a worker thread (HNSW walks, the database).
+        found: dict[str, _Candidate] = {}
+        routes: list[tuple[str, _Candidate]] = []
+
+        async def zero() -> None:
+            found.update(await self._hop_zero(repo, query, query_vector, wanted, k))
+
+        async def route() -> None:
+            routes.extend(await self._routes(repo, query_vector, tag_vectors))
+
+        async with anyio.create_task_group() as both:
+            both.start_soon(zero)
+            both.start_soon(route)
         trace.mark("hop0")
-        await self._hops(repo, found, query_vector, tag_vectors, k)
+        await self._hops(repo, found, routes, query_vector, k)
         trace.mark("hops")
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -206,26 +219,40 @@ class Recaller:
         found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched)
         return [node_id for node_id, _ in found]
 
+    async def _routes(
+        self, repo: str, query_vector: Vector, tag_vectors: Vector
+    ) -> list[tuple[str, _Candidate]]:
+        """Routes into the graph: tags near a search tag or the query, intents near the
+        query."""
+        config = self.config
+        probes = np.vstack([query_vector[None, :], tag_vectors])
+        routes = [
+            (tag_id, _Candidate(sim, "route", 0))
+            for nearest in await self.graph.nearest_of_type(repo, probes, N.TAG, 3)
+            for tag_id, sim in nearest
+            if sim >= config.recall_tag_threshold
+        ]
+        routes += [
+            (intent_id, _Candidate(sim, "route", 0))
+            for nearest in await self.graph.nearest_of_type(repo, probes[:1], N.INTENT, 3)
+            for intent_id, sim in nearest
+            if sim >= config.recall_intent_threshold
+        ]
+        return routes
+
     async def _hops(
         self,
         repo: str,
         found: dict[str, _Candidate],
+        routes: list[tuple[str, _Candidate]],
         query_vector: Vector,
-        tag_vectors: Vector,
         k: int,
     ) -> None:
-        """Follows routes from the candidates, hop by hop, into `found`."""
+        """Offers the routes, then follows links from the candidates, hop by hop, into
+        `found`."""
         config = self.config
-        probes = np.vstack([query_vector[None, :], tag_vectors])
-        # Routes into the graph: tags near a search tag or the query, intents near the query.
-        for nearest in await self.graph.nearest_of_type(repo, probes, N.TAG, 3):
-            for tag_id, sim in nearest:
-                if sim >= config.recall_tag_threshold:
-                    _offer(found, tag_id, _Candidate(sim, "route", 0))
-        for nearest in await self.graph.nearest_of_type(repo, probes[:1], N.INTENT, 3):
-            for intent_id, sim in nearest:
-                if sim >= config.recall_intent_threshold:
-                    _offer(found, intent_id, _Candidate(sim, "route", 0))
+        for node_id, candidate in routes:
+            _offer(found, node_id, candidate)
 
         width = 2 * k
         frontier = self._best(found, width)

@@ -473,13 +473,16 @@ class PgGraph:
             return await maintenance.validate(conn, repo, dim)
 
     async def settle(self, repo: str) -> None:
-        """Waits until the repo's lexical index (if any) has caught up with its rows
-        (pgvector's index is written with the rows)."""
+        """Waits until the repo's lexical index and routes' HNSW graphs (if any) have caught up
+        with its rows (pgvector's index is written with the rows)."""
+        await self._vectors.settle(repo)
         if self._lexical is not None:
             await self._lexical.settle(repo)
 
     async def aclose(self) -> None:
-        """Stops the lexical index's work (the connections belong to the backend)."""
+        """Stops the lexical index's and the routes' HNSW work (the connections belong to the
+        backend)."""
+        await self._vectors.aclose()
         if self._lexical is not None:
             await self._lexical.aclose()
 

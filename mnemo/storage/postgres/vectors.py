@@ -18,12 +18,16 @@ import anyio
 import numpy as np
 from psycopg import sql
 
+from mnemo.graph import ann
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, top_per_row, unit
+from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import schema
 from mnemo.storage.postgres.connection import Postgres
 
 ROUTES = (NodeType.TAG, NodeType.INTENT)
+# Past this many routing vectors in a repo, recall's probes walk HNSW graphs instead of a
+# product with every row (1M nodes: 86k routes, an exact product per probe of tens of ms).
+ROUTES_ANN_FROM = 20_000
 
 # Below this many vectors a repo is searched exactly: a scan of 10k 384-d rows takes a few
 # milliseconds, and an exact answer keeps small repos' order independent of the HNSW graph.
@@ -92,8 +96,7 @@ class PgVectors:
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            ids, matrix = (await self.routes(repo)).of_type(kind)
-            return top_per_row(unit(probes) @ matrix.T, ids, k) if ids else [[] for _ in probes]
+            return await ann.nearest_of_type(await self.routes(repo), probes, kind, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
@@ -135,8 +138,26 @@ class PgVectors:
                 index = VectorIndex(self._dims(repo))
                 ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
                 index.add(ids, types, matrix)
+                # Past `ROUTES_ANN_FROM` routes, HNSW graphs answer the probes (faiss, if
+                # installed; the first load imports it, about 90 ms: in a thread).
+                await anyio.to_thread.run_sync(ann.load_faiss)
+                ann.attach(index, threshold=ROUTES_ANN_FROM)
                 self._routes[repo] = index
         return index
+
+    async def settle(self, repo: str) -> None:
+        """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
+        index = self._routes.get(repo)
+        accelerator = None if index is None else index.accelerator
+        if isinstance(accelerator, ann.HnswAccelerator):
+            while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
+                pass
+
+    async def aclose(self) -> None:
+        """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
+        for index in self._routes.values():
+            if isinstance(index.accelerator, ann.HnswAccelerator):
+                await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

@@ -17,7 +17,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph import ann
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, top_per_row, unit
+from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.sqlite.database import Database
 
 
@@ -54,26 +54,15 @@ class SqliteVectors:
         """Nodes nearest to `vector` by cosine, best first."""
         index = await self.index(repo)
         kinds = None if types is None else list(types)
-        if len(index) < 20_000:
+        if len(index) < ann.IN_THREAD_FROM:
             return index.search(vector, limit, kinds)
         return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int
     ) -> list[list[tuple[str, float]]]:
-        """For each probe row, the `k` nodes of one type nearest by cosine (one matrix product
-        for all probes: recall probes the tags with the query and each search tag at once)."""
-        index = await self.index(repo)
-        accelerator = index.accelerator
-        if isinstance(accelerator, ann.HnswAccelerator) and accelerator.ready:
-            # A big repo: its per-type HNSW graph answers each probe in about a millisecond,
-            # where gathering every row of the type costs tens (bench_recall, 1M nodes).
-            # Below its threshold (not ready) each probe would be a scan of every row.
-            return [index.search(probe, k, [kind]) for probe in probes]
-        ids, matrix = index.of_type(kind)
-        if not ids or k <= 0:
-            return [[] for _ in range(len(probes))]
-        return top_per_row(unit(probes) @ matrix.T, ids, k)
+        """For each probe row, the `k` nodes of one type nearest by cosine."""
+        return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import psycopg
+import pytest
 
+from mnemo.graph.ann import HnswAccelerator
 from mnemo.graph.model import Changeset, NodeDraft, NodeType
+from mnemo.graph.vectors import top_per_row, unit
+from mnemo.storage.postgres import vectors as pg_vectors
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.graph import PgGraph
 from mnemo.storage.postgres.schema import vector_index_name
@@ -38,3 +42,39 @@ async def test_the_hnsw_index_comes_when_exact_search_stops(pg_url: str) -> None
         after = [i for i, _ in await graph.search_vectors("r", vectors[5], 3)]
         assert before[0] == after[0] == "n5"
         assert [i for i, _ in await graph.search_vectors("r", vectors[10], 1)] == ["n10"]
+
+
+async def test_routes_past_the_threshold_are_probed_through_hnsw(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `ROUTES_ANN_FROM` routing vectors, recall's probes of tags and intents walk HNSW
+    graphs (in a worker thread) instead of a product with every routing row, find what that
+    product finds, and follow a route added after the graphs were built."""
+    monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
+    rng = np.random.default_rng(5)
+    vectors = rng.normal(size=(1000, DIM)).astype(np.float32)
+    kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
+    async with Postgres(pg_url) as pg:
+        graph = PgGraph(pg, lambda repo: DIM)
+        try:
+            nodes = [NodeDraft(f"n{i}", kinds[i], f"route {i}", {}, vectors[i])
+                     for i in range(999)]
+            await graph.apply(Changeset("cs", "r", nodes), intents=policy())
+            routes = await graph._vectors.routes("r")
+            await graph.settle("r")
+            assert isinstance(routes.accelerator, HnswAccelerator)
+            assert routes.accelerator.ready
+            probes = vectors[[1, 8, 21]]
+            for kind in (NodeType.TAG, NodeType.INTENT):
+                found = await graph.nearest_of_type("r", probes, kind, 3)
+                ids, matrix = routes.of_type(kind)
+                truth = top_per_row(unit(probes) @ matrix.T, ids, 3)
+                assert [[i for i, _ in row] for row in found] == [
+                    [i for i, _ in row] for row in truth
+                ]
+            late = NodeDraft("n999", NodeType.TAG, "route 999", {}, vectors[999])
+            await graph.apply(Changeset("late", "r", [late]), intents=policy())
+            found = await graph.nearest_of_type("r", vectors[999][None, :], NodeType.TAG, 1)
+            assert found[0][0][0] == "n999"
+        finally:
+            await graph.aclose()

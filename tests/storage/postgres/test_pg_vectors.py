@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import psycopg
 import pytest
 
+from mnemo.graph import ann
 from mnemo.graph.ann import HnswAccelerator
 from mnemo.graph.model import Changeset, NodeDraft, NodeType
 from mnemo.graph.vectors import top_per_row, unit
@@ -51,6 +54,7 @@ async def test_routes_past_the_threshold_are_probed_through_hnsw(
     graphs (in a worker thread) instead of a product with every routing row, find what that
     product finds, and follow a route added after the graphs were built."""
     monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
+    monkeypatch.setattr(ann, "WALK_FROM", 100)  # both types are walked, not multiplied
     rng = np.random.default_rng(5)
     vectors = rng.normal(size=(1000, DIM)).astype(np.float32)
     kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
@@ -64,6 +68,14 @@ async def test_routes_past_the_threshold_are_probed_through_hnsw(
             await graph.settle("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
             assert routes.accelerator.ready
+            walks: list[object] = []
+            search = routes.search
+
+            def walk(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
+                walks.append(args)
+                return search(*args, **kwargs)
+
+            monkeypatch.setattr(routes, "search", walk)
             probes = vectors[[1, 8, 21]]
             for kind in (NodeType.TAG, NodeType.INTENT):
                 found = await graph.nearest_of_type("r", probes, kind, 3)
@@ -72,6 +84,7 @@ async def test_routes_past_the_threshold_are_probed_through_hnsw(
                 assert [[i for i, _ in row] for row in found] == [
                     [i for i, _ in row] for row in truth
                 ]
+            assert len(walks) == 6  # one per probe and type
             late = NodeDraft("n999", NodeType.TAG, "route 999", {}, vectors[999])
             await graph.apply(Changeset("late", "r", [late]), intents=policy())
             found = await graph.nearest_of_type("r", vectors[999][None, :], NodeType.TAG, 1)

@@ -87,6 +87,27 @@ async def test_types_and_repos_filter(backend: Backend) -> None:
     assert await found(backend, "lantern", "other") == {"o"}
 
 
+async def test_a_repo_alone_is_searched_by_its_words_and_two_stay_apart(
+    backend: Backend,
+) -> None:
+    """While the committed index holds one repo, a search is the words alone (tantivy then
+    skips blocks that cannot enter the top k); once another repo's documents are committed,
+    each search is filtered to its repo again."""
+    index = lexical(backend)
+    await add(backend, "c1", {"a": "tulip bulb"})
+    assert await found(backend, "tulip") == {"a"}
+    await index.settle(REPO)  # committed: the searcher holds this repo alone
+    assert await found(backend, "tulip") == {"a"}
+    assert index._repos == [REPO]
+    await add(backend, "c2", {"b": "tulip field"}, repo="other")
+    assert await found(backend, "tulip", "other") == {"b"}
+    assert await found(backend, "tulip") == {"a"}
+    await index.settle("other")
+    assert await found(backend, "tulip") == {"a"}
+    assert await found(backend, "tulip", "other") == {"b"}
+    assert sorted(index._repos or []) == sorted([REPO, "other"])
+
+
 async def test_a_write_never_waits_for_the_index_commit(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,15 +19,19 @@ def _socket_url(pg_url: str) -> str:
 
 
 async def test_opens_a_socket_url_and_applies_session_settings(pg_url: str) -> None:
-    """A `?host=/dir` URL connects; lock_timeout comes from busy_timeout; own options stay."""
+    """A `?host=/dir` URL connects; lock_timeout comes from busy_timeout; own options stay;
+    no read starts parallel workers (their start costs more than mnemo's small reads)."""
     url = _socket_url(pg_url) + "&options=-c%20work_mem%3D7MB"
     async with Postgres(url, busy_timeout=0.25) as pg, pg.connection() as conn:
         cur = await conn.execute(
             "SELECT current_setting('lock_timeout'), current_setting('work_mem'),"
             " current_setting('statement_timeout'), current_setting('hnsw.ef_search'),"
-            " current_setting('application_name')"
+            " current_setting('application_name'),"
+            " current_setting('max_parallel_workers_per_gather')"
         )
-        assert await cur.fetchone() == ("250ms", "7MB", "0", str(HNSW_EF_SEARCH), "mnemo")
+        assert await cur.fetchone() == (
+            "250ms", "7MB", "0", str(HNSW_EF_SEARCH), "mnemo", "0"
+        )
 
 
 async def test_a_held_lock_past_busy_timeout_is_busy(pg_url: str) -> None:

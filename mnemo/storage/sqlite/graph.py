@@ -513,6 +513,7 @@ class SqliteGraph:
             found = []
             for chunk in _chunks(ids, 400):
                 marks = ",".join("?" * len(chunk))
+                asked = set(chunk)
                 for src, src_type, dst, dst_type, kind in db.conn.execute(
                     "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
                     " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
@@ -520,9 +521,9 @@ class SqliteGraph:
                     [repo, *chunk, *chunk],
                 ):
                     link = LinkType(kind)
-                    if src in chunk:
+                    if src in asked:
                         found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
-                    if dst in chunk:
+                    if dst in asked:
                         found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
             return found
 

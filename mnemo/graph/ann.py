@@ -11,13 +11,15 @@ How it stays correct:
   for tags or intents) never has to filter the candidates of a much larger type away; and one
   graph of every row, which answers a search over every type, or over types holding at least
   half of the rows (recall's hop 0), in one walk instead of one per type: at 100k rows, seven
-  walks cost 7x one (BENCHMARKS.md, "One graph for every type"). Its candidates of other
-  types are dropped at the re-rank, and it fetches more of them to make up for it.
+  walks cost 7x one (BENCHMARKS.md, "Recall at a million, session 5"). Its candidates of
+  other types are dropped at the re-rank, and it fetches more of them to make up for it. The
+  cost: the rows are in two graphs, so the build takes about twice as long and the graphs
+  twice the memory.
 - Each walk returns `oversample` x k candidates (at most efSearch, the walk's breadth, unless
-  k is more); they are re-ranked exactly with the
-  `VectorIndex`'s float32 rows (the rows SQLite holds), and any candidate that is no longer a
-  row is dropped there. When fewer than k survive although the index holds more rows of the
-  wanted types, the search answers None and the exact scan answers instead.
+  k is more); they are re-ranked exactly with the `VectorIndex`'s float32 rows (the rows
+  SQLite holds), and any candidate that is no longer a row is dropped there. When fewer than
+  k survive although the index holds more rows of the wanted types, the search answers None
+  and the exact scan answers instead.
 - The graphs are built in a worker thread from a snapshot of the index, first when the repo
   holds more than `threshold` vectors (until then, and until the build is done, searches are
   exact). Rows added afterwards wait in `pending`, scanned exactly by every search, until the

@@ -42,7 +42,7 @@ import importlib
 import logging
 import math
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -138,6 +138,23 @@ async def nearest_of_type(
     if len(ids) < IN_THREAD_FROM:
         return top_per_row(unit(probes) @ matrix.T, ids, k)
     return await anyio.to_thread.run_sync(lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
+
+
+async def settle(index: VectorIndex | None) -> None:
+    """Waits until the index's HNSW graphs (if any) have caught up with its rows (built, no
+    insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
+    accelerator = None if index is None else index.accelerator
+    if isinstance(accelerator, HnswAccelerator):
+        # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
+        while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
+            pass
+
+
+async def close(indexes: Iterable[VectorIndex]) -> None:
+    """Stops the indexes' HNSW builders (a build in progress stops at its next chunk)."""
+    for index in indexes:
+        if isinstance(index.accelerator, HnswAccelerator):
+            await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
 
 
 @dataclass(slots=True)
@@ -346,37 +363,21 @@ class HnswAccelerator:
         snap = self._index.snapshot()
         codes = snap.codes[: snap.size]
         graphs: dict[int, _Graph] = {}
-        for code in np.unique(codes).tolist():
-            if code == DEAD:
-                continue
-            rows = np.flatnonzero(codes == code)
-            graph = self._new_graph()
-            for start in range(0, len(rows), self.params.build_chunk):
-                if self._stop:
-                    with self._lock:
-                        self._removed_in_build = None
-                    return
-                chunk = rows[start : start + self.params.build_chunk]
-                graph.index.add(np.ascontiguousarray(snap.matrix[chunk]))
-            graph.labels = [snap.ids[row] for row in rows.tolist()]
-            graphs[int(code)] = graph
-        every = self._new_graph()
-        rows = np.flatnonzero(codes != DEAD)
-        for start in range(0, len(rows), self.params.build_chunk):
-            if self._stop:
+        for code in [*(c for c in np.unique(codes).tolist() if c != DEAD), ALL]:
+            members = codes != DEAD if code == ALL else codes == code
+            graph = self._graph_of(snap, np.flatnonzero(members))
+            if graph is None:
                 with self._lock:
                     self._removed_in_build = None
                 return
-            chunk = rows[start : start + self.params.build_chunk]
-            every.index.add(np.ascontiguousarray(snap.matrix[chunk]))
-        every.labels = [snap.ids[row] for row in rows.tolist()]
+            graphs[int(code)] = graph
+        every = graphs[ALL]
         in_all = {node_id: label for label, node_id in enumerate(every.labels)}
         labels = {
             node_id: (code, label, in_all[node_id])
-            for code, graph in graphs.items()
+            for code, graph in graphs.items() if code != ALL
             for label, node_id in enumerate(graph.labels)
         }
-        graphs[ALL] = every
         with self._faiss_lock, self._lock:
             removed, self._removed_in_build = self._removed_in_build or set(), None
             pending = {node_id: s for node_id, s in self._pending.items() if s > seq}
@@ -385,6 +386,17 @@ class HnswAccelerator:
             self._graphs, self._labels, self._pending = graphs, labels, pending
             self._dead = sum(graph.dead for graph in graphs.values())
             self._ready = True
+
+    def _graph_of(self, snap: Snapshot, rows: npt.NDArray[np.intp]) -> _Graph | None:
+        """A new graph of these rows of the snapshot, built chunk by chunk; None if stopped."""
+        graph = self._new_graph()
+        for start in range(0, len(rows), self.params.build_chunk):
+            if self._stop:
+                return None
+            chunk = rows[start : start + self.params.build_chunk]
+            graph.index.add(np.ascontiguousarray(snap.matrix[chunk]))
+        graph.labels = [snap.ids[row] for row in rows.tolist()]
+        return graph
 
     def _insert(self, batch: list[tuple[str, int]]) -> None:
         snap = self._index.snapshot()

@@ -147,17 +147,11 @@ class PgVectors:
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        index = self._routes.get(repo)
-        accelerator = None if index is None else index.accelerator
-        if isinstance(accelerator, ann.HnswAccelerator):
-            while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
-                pass
+        await ann.settle(self._routes.get(repo))
 
     async def aclose(self) -> None:
         """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        for index in self._routes.values():
-            if isinstance(index.accelerator, ann.HnswAccelerator):
-                await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
+        await ann.close(self._routes.values())
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

@@ -85,18 +85,11 @@ class SqliteVectors:
     async def settle(self, repo: str) -> None:
         """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
         insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-        index = self._indexes.get(repo)
-        accelerator = None if index is None else index.accelerator
-        if isinstance(accelerator, ann.HnswAccelerator):
-            # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
-            while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
-                pass
+        await ann.settle(self._indexes.get(repo))
 
     async def aclose(self) -> None:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        for index in self._indexes.values():
-            if isinstance(index.accelerator, ann.HnswAccelerator):
-                await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
+        await ann.close(self._indexes.values())
 
     async def index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use."""

@@ -6,9 +6,11 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 
 from mnemo.graph.model import NodeDraft, NodeType, Vector, normalise_label
 from mnemo.graph.ports import IntentPolicy
+from mnemo.graph.vectors import VectorIndex
 
 DIM = 8
 REPO = "r"
@@ -67,3 +69,17 @@ def policy(merge: Merger | None = None) -> IntentPolicy:
 def rounded(results: list[tuple[str, float]], places: int = 5) -> list[tuple[str, float]]:
     """Search results with their scores rounded, to compare with exact expectations."""
     return [(node_id, round(score, places)) for node_id, score in results]
+
+
+def searches_of(index: VectorIndex, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """A list that records the arguments of every `index.search` from now on (the search
+    still answers): which probes walked the index rather than being one product."""
+    calls: list[object] = []
+    search = index.search
+
+    def recorded(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
+        calls.append(args)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(index, "search", recorded)
+    return calls

@@ -20,7 +20,7 @@ from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
-from tests.graph._support import policy
+from tests.graph._support import policy, searches_of
 
 DIM = 32
 THRESHOLD = 500
@@ -427,14 +427,8 @@ async def test_nearest_of_type_below_the_threshold_is_one_product(
         index = await graph.vector_index("r")
         assert isinstance(index.accelerator, HnswAccelerator)
         assert not index.accelerator.ready
-        scans: list[object] = []
         exact = index.search
-
-        def scan(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
-            scans.append(args)
-            return exact(*args, **kwargs)
-
-        monkeypatch.setattr(index, "search", scan)
+        scans = searches_of(index, monkeypatch)
         probes = vectors[:4]
         found = await graph.nearest_of_type("r", probes, NodeType.EPISODIC, 3)
         assert scans == []
@@ -455,14 +449,7 @@ async def test_a_ready_index_walks_only_for_a_big_type(
     took 4 ms at 100k nodes); a bigger type is walked. Both find what the exact scan finds."""
     index, accelerator = accelerated
     assert accelerator.ready
-    walks: list[object] = []
-    search = index.search
-
-    def walk(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
-        walks.append(args)
-        return search(*args, **kwargs)
-
-    monkeypatch.setattr(index, "search", walk)
+    walks = searches_of(index, monkeypatch)
     probes = clustered(4, seed=12)
     truth = [[i for i, _ in exact(index, p, 3, [NodeType.SEMANTIC])] for p in probes]
     walks.clear()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import psycopg
 import pytest
@@ -16,7 +14,7 @@ from mnemo.storage.postgres import vectors as pg_vectors
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.graph import PgGraph
 from mnemo.storage.postgres.schema import vector_index_name
-from tests.graph._support import DIM, policy
+from tests.graph._support import DIM, policy, searches_of
 
 
 def has_index(url: str, repo: str) -> bool:
@@ -68,14 +66,7 @@ async def test_routes_past_the_threshold_are_probed_through_hnsw(
             await graph.settle("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
             assert routes.accelerator.ready
-            walks: list[object] = []
-            search = routes.search
-
-            def walk(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
-                walks.append(args)
-                return search(*args, **kwargs)
-
-            monkeypatch.setattr(routes, "search", walk)
+            walks = searches_of(routes, monkeypatch)
             probes = vectors[[1, 8, 21]]
             for kind in (NodeType.TAG, NodeType.INTENT):
                 found = await graph.nearest_of_type("r", probes, kind, 3)

@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 import anyio
-import numpy as np
 
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
@@ -36,13 +35,14 @@ from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
-from mnemo.recall import temporal
+from mnemo.recall import hops, temporal
 from mnemo.recall.candidates import Candidate as _Candidate
 from mnemo.recall.candidates import ReadContext as _Context
 from mnemo.recall.candidates import restatements_first
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
+from mnemo.recall.hops import best, offer
 from mnemo.recall.levers import speaker_boosts
 from mnemo.recall.model import Recalled, RecallResult, Touched
 from mnemo.recall.prompts import (
@@ -125,13 +125,14 @@ class Recaller:
             found.update(await self._hop_zero(repo, query, query_vector, wanted, k))
 
         async def route() -> None:
-            routes.extend(await self._routes(repo, query_vector, tag_vectors))
+            routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
+                                            tag_vectors))
 
         async with anyio.create_task_group() as both:
             both.start_soon(zero)
             both.start_soon(route)
         trace.mark("hop0")
-        await self._hops(repo, found, routes, query_vector, k)
+        await hops.follow(self.graph, self.config, repo, found, routes, query_vector, k)
         trace.mark("hops")
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -219,119 +220,6 @@ class Recaller:
         found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched)
         return [node_id for node_id, _ in found]
 
-    async def _routes(
-        self, repo: str, query_vector: Vector, tag_vectors: Vector
-    ) -> list[tuple[str, _Candidate]]:
-        """Routes into the graph: tags near a search tag or the query, intents near the
-        query."""
-        config = self.config
-        probes = np.vstack([query_vector[None, :], tag_vectors])
-        routes = [
-            (tag_id, _Candidate(sim, "route", 0))
-            for nearest in await self.graph.nearest_of_type(repo, probes, N.TAG, 3)
-            for tag_id, sim in nearest
-            if sim >= config.recall_tag_threshold
-        ]
-        routes += [
-            (intent_id, _Candidate(sim, "route", 0))
-            for nearest in await self.graph.nearest_of_type(repo, probes[:1], N.INTENT, 3)
-            for intent_id, sim in nearest
-            if sim >= config.recall_intent_threshold
-        ]
-        return routes
-
-    async def _hops(
-        self,
-        repo: str,
-        found: dict[str, _Candidate],
-        routes: list[tuple[str, _Candidate]],
-        query_vector: Vector,
-        k: int,
-    ) -> None:
-        """Offers the routes, then follows links from the candidates, hop by hop, into
-        `found`."""
-        config = self.config
-        for node_id, candidate in routes:
-            _offer(found, node_id, candidate)
-
-        width = 2 * k
-        frontier = self._best(found, width)
-        refinements = config.recall_refine_budget
-        hop = 0
-        while hop < config.recall_max_hops and frontier:
-            hop += 1
-            top_before = set(self._best(found, k))
-            reached = await self._expand(repo, frontier, found, query_vector, hop)
-            top_after = set(self._best(found, k))
-            # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
-            # hundreds of nodes, and each hop would multiply them.
-            frontier = {i for i in self._best(found, 4 * width) if i in reached}
-            if top_after == top_before and refinements > 0:
-                # A plateau: the hop changed nothing at the top. Tags shared by several of
-                # the best results bridge to memories the query's own words did not reach.
-                refinements -= 1
-                bridges = await self._bridge_tags(repo, list(top_after), found)
-                frontier = frontier | bridges
-
-    async def _expand(
-        self,
-        repo: str,
-        frontier: set[str],
-        found: dict[str, _Candidate],
-        query_vector: Vector,
-        hop: int,
-    ) -> set[str]:
-        """One hop from `frontier` along the links a route allows; returns what it reached.
-
-        A routing node leads on to at most `2 * recall_candidates / 10` of its members, the
-        ones nearest the query: a speaker's name or a long trajectory links hundreds.
-        """
-        config = self.config
-        typed, similarity = await self.graph.typed_links_near(
-            repo, sorted(frontier), query_vector
-        )
-        links = [
-            (origin, target, target_kind, link)
-            for origin, origin_kind, target, target_kind, link in typed
-            if origin in frontier and _routes(origin_kind, target_kind, link)
-        ]
-        fanout = max(2, config.recall_candidates // 5)
-        by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
-        for origin, target, target_kind, _ in links:
-            by_origin.setdefault(origin, []).append(
-                (similarity.get(target, 0.0), target, target_kind)
-            )
-        reached: set[str] = set()
-        for origin, targets in by_origin.items():
-            targets.sort(key=lambda item: -item[0])
-            parent = found[origin].score
-            for sim, target, target_kind in targets[:fanout]:
-                if target_kind is N.TAG and sim < config.recall_tag_threshold:
-                    continue
-                if target_kind is N.INTENT and sim < config.recall_intent_threshold:
-                    continue
-                score = parent * config.hop_decay * (0.5 + 0.5 * max(sim, 0.0))
-                if _offer(found, target, _Candidate(score, "hop", hop)):
-                    reached.add(target)
-        return reached
-
-    async def _bridge_tags(
-        self, repo: str, best: list[str], found: dict[str, _Candidate]
-    ) -> set[str]:
-        """Tags linked to at least two of `best`, scored by the mean of their scores."""
-        links = await self.graph.neighbors(repo, best, LinkType.MEMBERSHIP)
-        shared: dict[str, list[float]] = {}
-        for link in links:
-            shared.setdefault(link.node_id, []).append(found[link.origin].score)
-        bridges: set[str] = set()
-        for tag_id, scores in shared.items():
-            if len(scores) >= 2 and tag_id not in found:
-                # Found one hop out from the results, a bridge is discounted like a hop.
-                score = self.config.hop_decay * sum(scores) / len(scores)
-                found[tag_id] = _Candidate(score, "bridge", 0)
-                bridges.add(tag_id)
-        return bridges
-
     async def _context(
         self, repo: str, found: dict[str, _Candidate], k: int, width: int, trace: _Trace
     ) -> _Context:
@@ -355,7 +243,7 @@ class Recaller:
                 continue
             parent = found[link.origin]
             candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
-            if _offer(found, link.node_id, candidate) and link.node_id not in nodes:
+            if offer(found, link.node_id, candidate) and link.node_id not in nodes:
                 arrived.append(link.node_id)
         context.add_steps(first.links)
         trace.mark("provenance")
@@ -370,7 +258,7 @@ class Recaller:
             context.add_steps(second.links)
         for node_id, candidate in offers.items():
             if node_id in nodes:
-                _offer(found, node_id, candidate)
+                offer(found, node_id, candidate)
         if config.recall_neighbour_weight > 0:
             trace.mark("neighbours")
         return context
@@ -384,14 +272,14 @@ class Recaller:
         offers: dict[str, _Candidate] = {}
         if weight <= 0:
             return offers
-        for node_id in self._best(found, 2 * k):
+        for node_id in best(found, 2 * k):
             node = nodes.get(node_id)
             if node is None:
                 continue
             parent = found[node_id]
             for neighbour in adjacent_steps(node):
                 candidate = _Candidate(parent.score * weight, "hop", parent.hop + 1)
-                _offer(offers, neighbour, candidate)
+                offer(offers, neighbour, candidate)
         return offers
 
     async def _rank(
@@ -490,10 +378,6 @@ class Recaller:
             log.warning("recall synthesis failed: %r", exc)
             return None
 
-    @staticmethod
-    def _best(found: dict[str, _Candidate], n: int) -> set[str]:
-        return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
-
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:
     """Scores capped by the one before: a result moved up by diversity or a re-ranking keeps
@@ -504,27 +388,6 @@ def _descending(ranked: list[Recalled]) -> list[Recalled]:
             r = replace(r, score=out[-1].score)  # the rest as it was: retired, successor
         out.append(r)
     return out
-
-
-def _offer(found: dict[str, _Candidate], node_id: str, candidate: _Candidate) -> bool:
-    """Keeps the better of two ways to reach a node; True when `candidate` won."""
-    current = found.get(node_id)
-    if current is not None and current.score >= candidate.score:
-        return False
-    found[node_id] = candidate
-    return True
-
-
-def _routes(origin: NodeType, target: NodeType, link: LinkType) -> bool:
-    """Which links a hop follows: tag <-> fact, intent <-> procedure, fact or procedure ->
-    the steps they came from, step -> its subgoal's other steps (through the subgoal)."""
-    if link is LinkType.MEMBERSHIP:
-        return True
-    if link is LinkType.HIERARCHICAL:
-        return {origin, target} <= {N.INTENT, N.PROCEDURAL, N.SUBGOAL, N.EPISODIC}
-    if link is LinkType.PROVENANCE:
-        return target is N.EPISODIC
-    return False
 
 
 def _min_score(config: Config, kind: NodeType) -> float:

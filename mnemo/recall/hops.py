@@ -1,0 +1,152 @@
+"""Recall's walk through the graph after hop 0: the routes into it (tags and intents near the
+query) and the hops along links from the best candidates (see `mnemo.recall.engine`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnemo.config import Config
+from mnemo.graph.model import LinkType, NodeType, Vector
+from mnemo.graph.ports import GraphStore
+from mnemo.recall.candidates import Candidate
+
+N = NodeType
+
+
+async def routes(
+    graph: GraphStore, config: Config, repo: str, query_vector: Vector, tag_vectors: Vector
+) -> list[tuple[str, Candidate]]:
+    """Routes into the graph: tags near a search tag or the query, intents near the query
+    (they need only the query's vectors: recall asks for them beside hop 0)."""
+    probes = np.vstack([query_vector[None, :], tag_vectors])
+    found = [
+        (tag_id, Candidate(sim, "route", 0))
+        for nearest in await graph.nearest_of_type(repo, probes, N.TAG, 3)
+        for tag_id, sim in nearest
+        if sim >= config.recall_tag_threshold
+    ]
+    found += [
+        (intent_id, Candidate(sim, "route", 0))
+        for nearest in await graph.nearest_of_type(repo, probes[:1], N.INTENT, 3)
+        for intent_id, sim in nearest
+        if sim >= config.recall_intent_threshold
+    ]
+    return found
+
+
+async def follow(
+    graph: GraphStore,
+    config: Config,
+    repo: str,
+    found: dict[str, Candidate],
+    offered: list[tuple[str, Candidate]],
+    query_vector: Vector,
+    k: int,
+) -> None:
+    """Offers the routes, then follows links from the candidates, hop by hop, into
+    `found`."""
+    for node_id, candidate in offered:
+        offer(found, node_id, candidate)
+    width = 2 * k
+    frontier = best(found, width)
+    refinements = config.recall_refine_budget
+    hop = 0
+    while hop < config.recall_max_hops and frontier:
+        hop += 1
+        top_before = best(found, k)
+        reached = await _expand(graph, config, repo, frontier, found, query_vector, hop)
+        top_after = best(found, k)
+        # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
+        # hundreds of nodes, and each hop would multiply them.
+        frontier = {i for i in best(found, 4 * width) if i in reached}
+        if top_after == top_before and refinements > 0:
+            # A plateau: the hop changed nothing at the top. Tags shared by several of
+            # the best results bridge to memories the query's own words did not reach.
+            refinements -= 1
+            bridges = await _bridge_tags(graph, config, repo, list(top_after), found)
+            frontier = frontier | bridges
+
+
+async def _expand(
+    graph: GraphStore,
+    config: Config,
+    repo: str,
+    frontier: set[str],
+    found: dict[str, Candidate],
+    query_vector: Vector,
+    hop: int,
+) -> set[str]:
+    """One hop from `frontier` along the links a route allows; returns what it reached.
+
+    A routing node leads on to at most `2 * recall_candidates / 10` of its members, the
+    ones nearest the query: a speaker's name or a long trajectory links hundreds.
+    """
+    typed, similarity = await graph.typed_links_near(repo, sorted(frontier), query_vector)
+    links = [
+        (origin, target, target_kind, link)
+        for origin, origin_kind, target, target_kind, link in typed
+        if origin in frontier and follows(origin_kind, target_kind, link)
+    ]
+    fanout = max(2, config.recall_candidates // 5)
+    by_origin: dict[str, list[tuple[float, str, NodeType]]] = {}
+    for origin, target, target_kind, _ in links:
+        by_origin.setdefault(origin, []).append(
+            (similarity.get(target, 0.0), target, target_kind)
+        )
+    reached: set[str] = set()
+    for origin, targets in by_origin.items():
+        targets.sort(key=lambda item: -item[0])
+        parent = found[origin].score
+        for sim, target, target_kind in targets[:fanout]:
+            if target_kind is N.TAG and sim < config.recall_tag_threshold:
+                continue
+            if target_kind is N.INTENT and sim < config.recall_intent_threshold:
+                continue
+            score = parent * config.hop_decay * (0.5 + 0.5 * max(sim, 0.0))
+            if offer(found, target, Candidate(score, "hop", hop)):
+                reached.add(target)
+    return reached
+
+
+async def _bridge_tags(
+    graph: GraphStore, config: Config, repo: str, top: list[str], found: dict[str, Candidate]
+) -> set[str]:
+    """Tags linked to at least two of `top`, scored by the mean of their scores."""
+    links = await graph.neighbors(repo, top, LinkType.MEMBERSHIP)
+    shared: dict[str, list[float]] = {}
+    for link in links:
+        shared.setdefault(link.node_id, []).append(found[link.origin].score)
+    bridges: set[str] = set()
+    for tag_id, scores in shared.items():
+        if len(scores) >= 2 and tag_id not in found:
+            # Found one hop out from the results, a bridge is discounted like a hop.
+            score = config.hop_decay * sum(scores) / len(scores)
+            found[tag_id] = Candidate(score, "bridge", 0)
+            bridges.add(tag_id)
+    return bridges
+
+
+def best(found: dict[str, Candidate], n: int) -> set[str]:
+    """The ids of the `n` best-scored candidates."""
+    return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
+
+
+def offer(found: dict[str, Candidate], node_id: str, candidate: Candidate) -> bool:
+    """Keeps the better of two ways to reach a node; True when `candidate` won."""
+    current = found.get(node_id)
+    if current is not None and current.score >= candidate.score:
+        return False
+    found[node_id] = candidate
+    return True
+
+
+def follows(origin: NodeType, target: NodeType, link: LinkType) -> bool:
+    """Which links a hop follows: tag <-> fact, intent <-> procedure, fact or procedure ->
+    the steps they came from, step -> its subgoal's other steps (through the subgoal)."""
+    if link is LinkType.MEMBERSHIP:
+        return True
+    if link is LinkType.HIERARCHICAL:
+        return {origin, target} <= {N.INTENT, N.PROCEDURAL, N.SUBGOAL, N.EPISODIC}
+    if link is LinkType.PROVENANCE:
+        return target is N.EPISODIC
+    return False

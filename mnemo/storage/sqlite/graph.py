@@ -516,7 +516,10 @@ class SqliteGraph:
                 asked = set(chunk)
                 for src, src_type, dst, dst_type, kind in db.conn.execute(
                     "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
-                    " JOIN nodes a ON a.id = l.src JOIN nodes b ON b.id = l.dst"
+                    # The planner takes the id's unique index, which reads each node's row
+                    # for its type; (id, type) answers from the index alone (m014).
+                    " JOIN nodes a INDEXED BY nodes_id_type ON a.id = l.src"
+                    " JOIN nodes b INDEXED BY nodes_id_type ON b.id = l.dst"
                     f" WHERE l.repo = ? AND (l.src IN ({marks}) OR l.dst IN ({marks}))",
                     [repo, *chunk, *chunk],
                 ):

@@ -116,6 +116,9 @@ async def test_a_write_never_waits_for_the_index_commit(
     `changed` takes across its idle commit)."""
     monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 0.0)  # commits as soon as idle
     index = lexical(backend)
+    await add(backend, "c0", {"z": "slate roof"})
+    assert await found(backend, "slate") == {"z"}  # the slot is open (its first commit)
+    await settled(backend)
     entered, release = threading.Event(), threading.Event()
     original = index._commit
 
@@ -125,9 +128,9 @@ async def test_a_write_never_waits_for_the_index_commit(
         original()
 
     monkeypatch.setattr(index, "_commit", stalled_commit)
-    await add(backend, "c1", {"a": "ochre tile"})
     try:
-        assert await found(backend, "ochre") == {"a"}  # applied; the thread then commits
+        # The write wakes the thread, which applies it and, idle, commits: stalled.
+        await add(backend, "c1", {"a": "ochre tile"})
         assert await anyio.to_thread.run_sync(entered.wait, 60)
         caller = threading.Thread(target=index.changed, args=(REPO,))
         caller.start()

@@ -361,7 +361,9 @@ class HnswAccelerator:
             seq = self._seq
             self._removed_in_build = set()
         snap = self._index.snapshot()
-        codes = snap.codes[: snap.size]
+        # A copy: a remove marks the snapshot's codes dead in place, and every graph must be
+        # built from the same rows (those removed meanwhile are killed below, in each graph).
+        codes = snap.codes[: snap.size].copy()
         graphs: dict[int, _Graph] = {}
         for code in [*(c for c in np.unique(codes).tolist() if c != DEAD), ALL]:
             members = codes != DEAD if code == ALL else codes == code
@@ -384,7 +386,7 @@ class HnswAccelerator:
             for node_id in removed | pending.keys():
                 self._kill(graphs, labels, node_id)
             self._graphs, self._labels, self._pending = graphs, labels, pending
-            self._dead = sum(graph.dead for graph in graphs.values())
+            self._dead = sum(graph.dead for code, graph in graphs.items() if code != ALL)
             self._ready = True
 
     def _graph_of(self, snap: Snapshot, rows: npt.NDArray[np.intp]) -> _Graph | None:

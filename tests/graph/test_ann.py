@@ -459,3 +459,37 @@ async def test_a_ready_index_walks_only_for_a_big_type(
     found = await ann.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
     assert len(walks) == 4
     assert [[i for i, _ in row] for row in found] == truth
+
+
+@needs_faiss
+def test_a_row_removed_during_a_rebuild_is_dead_in_both_graphs_and_counted_once(
+    accelerated: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row removed while the graphs are rebuilt, after its type's graph took it, is marked
+    dead there and in the graph of every row, and counted once (`dead` counts rows, as
+    `labels` does). Regressions: the graph of every row read the snapshot's codes after the
+    removal had marked them, left the row out, and the rebuild failed (searches exact from
+    then on); and the rebuild summed both graphs' marks, so one removal counted two."""
+    index, accelerator = accelerated
+    graph_of = accelerator._graph_of
+    removed: list[str] = []
+
+    def removing_meanwhile(snap: Any, rows: Any) -> Any:
+        graph = graph_of(snap, rows)
+        if not removed:
+            removed.append(snap.ids[rows[0]])
+            index.remove(removed)  # after the build's snapshot, in the first graph built
+        return graph
+
+    monkeypatch.setattr(accelerator, "_graph_of", removing_meanwhile)
+    with accelerator._lock:
+        accelerator._rebuild_due = True
+        accelerator._kick()
+    assert accelerator.wait(30)
+    assert accelerator.failure is None
+    assert accelerator.ready
+    assert accelerator.stats()["dead"] == 1
+    assert accelerator.stats()["labels"] == 2000
+    queries = clustered(20, seed=9)
+    assert not {node_id for q in queries for node_id, _ in index.search(q, 10)} & set(removed)
+    assert recall_at(index, queries, 10, None) >= 0.9

@@ -137,7 +137,7 @@ class Recaller:
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
         context = await self._context(repo, found, k, width, trace)
-        boosts = await speaker_boosts(self.graph, repo, query, context.nodes,
+        boosts = await speaker_boosts(self.graph, repo, query, context,
                                       config.recall_speaker_boost)
         if boosts:
             trace.mark("speaker")

@@ -13,12 +13,11 @@ speaker in its words. The cost is a regular expression per candidate already rea
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 
 from mnemo.adapters import _text
 from mnemo.extraction.entities import speaker_of
-from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
+from mnemo.recall.candidates import ReadContext
 
 _POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
 
@@ -35,22 +34,22 @@ def query_names(query: str) -> frozenset[str]:
 
 
 async def speaker_boosts(
-    graph: GraphStore, repo: str, query: str, nodes: Mapping[str, Node], boost: float
+    graph: GraphStore, repo: str, query: str, context: ReadContext, boost: float
 ) -> dict[str, float]:
-    """The factor of each node of `nodes` whose speaker (its own, else that of the one step
-    it came from) the query does not name, when some candidate's speaker it names: 1 / (1 +
-    boost); nodes not listed keep their score. At most one link read and one node read, both
-    bounded by `len(nodes)` (the candidates, bounded by k)."""
+    """The factor of each node recall read (`context.nodes`) whose speaker (its own, else
+    that of the one step it came from) the query does not name, when some candidate's
+    speaker it names: 1 / (1 + boost); nodes not listed keep their score. The steps come from
+    the provenance links recall read with the nodes; at most one node read, of the steps not
+    read yet, bounded by `len(context.nodes)` (the candidates, bounded by k)."""
     names = query_names(query)
     if not names or boost <= 0:
         return {}
+    nodes = context.nodes
     speakers = {i: s for i, n in nodes.items() if (s := speaker_of(n.text)) is not None}
-    derived = [i for i, n in nodes.items()
-               if i not in speakers and n.type in (NodeType.SEMANTIC, NodeType.PROCEDURAL)]
-    origins: dict[str, list[str]] = {}
-    for link in await graph.neighbors(repo, derived, LinkType.PROVENANCE):
-        origins.setdefault(link.origin, []).append(link.node_id)
-    step_of = {i: steps[0] for i, steps in origins.items() if len(steps) == 1}
+    step_of = {
+        i: step for i, step in context.steps_of(list(nodes.values())).items()
+        if step != i and i not in speakers
+    }
     missing = sorted({s for s in step_of.values() if s not in nodes})
     texts = {i: n.text for i, n in nodes.items()}
     texts |= {n.id: n.text for n in await graph.get_nodes(repo, missing)}

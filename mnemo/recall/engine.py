@@ -132,11 +132,14 @@ class Recaller:
             both.start_soon(zero)
             both.start_soon(route)
         trace.mark("hop0")
-        await hops.follow(self.graph, self.config, repo, found, routes, query_vector, k)
-        trace.mark("hops")
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
-        context = await self._context(repo, found, k, width, trace)
+        # What ranking can pick from: the best `depth` candidates are read, the others only
+        # touched; the hops bring in nothing that could not be among them.
+        depth = max(4 * width, config.recall_candidates)
+        await hops.follow(self.graph, config, repo, found, routes, query_vector, k, depth)
+        trace.mark("hops")
+        context = await self._context(repo, found, k, depth, trace)
         boosts = await speaker_boosts(self.graph, repo, query, context,
                                       config.recall_speaker_boost)
         if boosts:
@@ -221,15 +224,14 @@ class Recaller:
         return [node_id for node_id, _ in found]
 
     async def _context(
-        self, repo: str, found: dict[str, _Candidate], k: int, width: int, trace: _Trace
+        self, repo: str, found: dict[str, _Candidate], k: int, depth: int, trace: _Trace
     ) -> _Context:
         """The nodes, access stats and steps of the best candidates, with provenance and
-        neighbours offered, in two reads bounded by k: the best `max(4 * width,
-        recall_candidates)` candidates (what ranking can pick from: the others are
-        touched, never read), then what provenance and neighbours brought in."""
-        config = self.config
+        neighbours offered, in two reads bounded by k: the best `depth` candidates (what
+        ranking can pick from: the others are touched, never read), then what provenance
+        and neighbours brought in."""
         ranked = sorted(found.items(), key=lambda item: -item[1].score)
-        best = [i for i, _ in ranked[: max(4 * width, config.recall_candidates)]]
+        best = [i for i, _ in ranked[:depth]]
         first = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE)
         context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {})
         nodes = context.nodes
@@ -259,7 +261,7 @@ class Recaller:
         for node_id, candidate in offers.items():
             if node_id in nodes:
                 offer(found, node_id, candidate)
-        if config.recall_neighbour_weight > 0:
+        if self.config.recall_neighbour_weight > 0:
             trace.mark("neighbours")
         return context
 

@@ -42,9 +42,17 @@ async def follow(
     offered: list[tuple[str, Candidate]],
     query_vector: Vector,
     k: int,
+    depth: int,
 ) -> None:
     """Offers the routes, then follows links from the candidates, hop by hop, into
-    `found`."""
+    `found`.
+
+    Ranking reads only the best `depth` candidates (the rest are touched, never read), so a
+    node is followed, and bridges are looked for, only while what they would bring in could
+    still score among those `depth`: a hop scores at most `hop_decay` times its parent, and
+    the `depth`-th best score only rises as candidates arrive. What this skips could never
+    have been read, so the recall's result is the same; its cost is bounded by k (a 1M-node
+    store's second hop rarely has a parent that qualifies)."""
     for node_id, candidate in offered:
         offer(found, node_id, candidate)
     width = 2 * k
@@ -53,8 +61,11 @@ async def follow(
     hop = 0
     while hop < config.recall_max_hops and frontier:
         hop += 1
+        floor = _floor(found, depth, config.hop_decay)
+        parents = {i for i in frontier if found[i].score >= floor}
         top_before = best(found, k)
-        reached = await _expand(graph, config, repo, frontier, found, query_vector, hop)
+        reached = (await _expand(graph, config, repo, parents, found, query_vector, hop)
+                   if parents else set())
         top_after = best(found, k)
         # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
         # hundreds of nodes, and each hop would multiply them.
@@ -62,9 +73,20 @@ async def follow(
         if top_after == top_before and refinements > 0:
             # A plateau: the hop changed nothing at the top. Tags shared by several of
             # the best results bridge to memories the query's own words did not reach.
+            # A bridge scores at most `hop_decay` times the best of them.
             refinements -= 1
-            bridges = await _bridge_tags(graph, config, repo, list(top_after), found)
-            frontier = frontier | bridges
+            if max((found[i].score for i in top_after), default=0.0) >= floor:
+                bridges = await _bridge_tags(graph, config, repo, list(top_after), found)
+                frontier = frontier | bridges
+
+
+def _floor(found: dict[str, Candidate], depth: int, decay: float) -> float:
+    """The lowest score a parent needs for a child (at most `decay` times its score) to reach
+    the best `depth` candidates: 0 while there are fewer."""
+    if len(found) < depth or decay <= 0:
+        return 0.0
+    scores = sorted((c.score for c in found.values()), reverse=True)
+    return scores[depth - 1] / decay
 
 
 async def _expand(

@@ -1,0 +1,121 @@
+"""Recall's hops follow a node only while what it leads to could be read by ranking (the best
+`depth` candidates): the bound skips links that could change no result (issue 12)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+
+import mnemo
+from mnemo.graph.model import Link, LinkType, NodeType
+from mnemo.graph.ports import GraphStore
+from mnemo.recall import hops
+from mnemo.recall.candidates import Candidate
+from tests.backends import open_stores
+from tests.recall.test_engine import EMBEDDER, REPO, build
+
+N = NodeType
+WORDS = ["kettle", "kitchen", "shelf", "red", "blue", "garden", "window", "lamp", "door", "tea"]
+
+
+def _graph(seed: int) -> tuple[list[tuple[str, NodeType, str]], list[Link]]:
+    """Tags, facts, steps, intents, procedures and subgoals, linked as the pipeline links
+    them, at random."""
+    rng = random.Random(seed)
+    kinds = {"t": N.TAG, "s": N.SEMANTIC, "e": N.EPISODIC, "i": N.INTENT, "p": N.PROCEDURAL,
+             "g": N.SUBGOAL}
+    nodes = [
+        (f"{prefix}{i}", kind, " ".join([kind.value, prefix, str(i), *rng.sample(WORDS, 3)]))
+        for prefix, kind in kinds.items() for i in range(8)
+    ]
+    pairs = [("t", "s", LinkType.MEMBERSHIP), ("s", "e", LinkType.PROVENANCE),
+             ("i", "p", LinkType.HIERARCHICAL), ("g", "e", LinkType.HIERARCHICAL),
+             ("p", "e", LinkType.PROVENANCE)]
+    links = {
+        (f"{a}{rng.randrange(8)}", f"{b}{rng.randrange(8)}", link)
+        for _ in range(60) for a, b, link in [rng.choice(pairs)]
+    }
+    return nodes, [Link(src, dst, link) for src, dst, link in sorted(links)]
+
+
+@pytest.fixture
+async def random_graph(store: str) -> AsyncIterator[GraphStore]:
+    async with open_stores(store, EMBEDDER.dim) as backend:
+        nodes, links = _graph(seed=7)
+        await build(backend.graph, nodes, links)
+        yield backend.graph
+
+
+class Asked:
+    """A GraphStore that records the nodes each hop asked the links of."""
+
+    def __init__(self, inner: GraphStore) -> None:
+        self.inner = inner
+        self.asked: list[set[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def typed_links_near(self, repo: str, node_ids: Sequence[str], vector: Any) -> Any:
+        self.asked.append(set(node_ids))
+        return await self.inner.typed_links_near(repo, node_ids, vector)
+
+
+async def _follow(graph: GraphStore, found: dict[str, Candidate], k: int, depth: int,
+                  config: mnemo.Config) -> dict[str, Candidate]:
+    vector = (await EMBEDDER.embed(["red kettle in the kitchen"]))[0]
+    await hops.follow(graph, config, REPO, found, [], vector, k, depth)
+    return found
+
+
+def _readable(found: dict[str, Candidate], depth: int) -> set[tuple[str, float, str, int]]:
+    """What ranking reads: the candidates scoring at least the `depth`-th best."""
+    scores = sorted((c.score for c in found.values()), reverse=True)
+    floor = scores[min(depth, len(scores)) - 1]
+    return {(i, c.score, c.phase, c.hop) for i, c in found.items() if c.score >= floor}
+
+
+async def test_a_parent_whose_children_cannot_be_read_is_not_followed(
+    random_graph: GraphStore,
+) -> None:
+    """With five candidates read, the fifth scoring 0.45, a child (at most half its parent's
+    score) can be read only if its parent scores 0.9 or more: s0 is followed, s1 is not."""
+    graph = Asked(random_graph)
+    found = {"s0": Candidate(1.0, "hybrid", 0), "s1": Candidate(0.8, "hybrid", 0),
+             **{f"e{i}": Candidate(0.45, "dense", 0) for i in range(4)}}
+    config = mnemo.Config(recall_max_hops=1, hop_decay=0.5)
+    await _follow(graph, found, k=2, depth=5, config=config)  # type: ignore[arg-type]
+    assert graph.asked == [{"s0"}]
+
+
+async def test_with_fewer_candidates_than_are_read_every_parent_is_followed(
+    random_graph: GraphStore,
+) -> None:
+    graph = Asked(random_graph)
+    found = {"s0": Candidate(1.0, "hybrid", 0), "s1": Candidate(0.1, "hybrid", 0)}
+    config = mnemo.Config(recall_max_hops=1)
+    await _follow(graph, found, k=2, depth=5, config=config)  # type: ignore[arg-type]
+    assert graph.asked == [{"s0", "s1"}]
+
+
+@pytest.mark.parametrize("seed", range(25))
+async def test_the_bound_changes_nothing_ranking_reads(random_graph: GraphStore, seed: int) -> None:
+    """Against the same hops with no bound (more candidates read than there are): the best
+    `depth` candidates, their scores and how they were reached are the same."""
+    rng = random.Random(seed)
+    nodes, _ = _graph(seed=7)
+    start = {node_id: Candidate(round(rng.random(), 3), rng.choice(["lexical", "dense"]), 0)
+             for node_id, _, _ in rng.sample(nodes, rng.randint(3, 30))}
+    k, depth = rng.randint(1, 6), rng.randint(1, 24)
+    config = mnemo.Config(recall_max_hops=rng.randint(1, 3), recall_refine_budget=1,
+                          hop_decay=rng.choice([0.3, 0.5, 0.8]), recall_candidates=10)
+
+    def copy() -> dict[str, Candidate]:
+        return {i: Candidate(c.score, c.phase, c.hop) for i, c in start.items()}
+
+    bounded = await _follow(random_graph, copy(), k, depth, config)
+    unbounded = await _follow(random_graph, copy(), k, 10**9, config)
+    assert _readable(bounded, depth) == _readable(unbounded, depth)

@@ -87,7 +87,7 @@ async def test_a_parent_whose_children_cannot_be_read_is_not_followed(
     found = {"s0": Candidate(1.0, "hybrid", 0), "s1": Candidate(0.8, "hybrid", 0),
              **{f"e{i}": Candidate(0.45, "dense", 0) for i in range(4)}}
     config = mnemo.Config(recall_max_hops=1, hop_decay=0.5)
-    await _follow(graph, found, k=2, depth=5, config=config)  # type: ignore[arg-type]
+    await _follow(graph, found, k=2, depth=5, config=config)
     assert graph.asked == [{"s0"}]
 
 
@@ -97,7 +97,7 @@ async def test_with_fewer_candidates_than_are_read_every_parent_is_followed(
     graph = Asked(random_graph)
     found = {"s0": Candidate(1.0, "hybrid", 0), "s1": Candidate(0.1, "hybrid", 0)}
     config = mnemo.Config(recall_max_hops=1)
-    await _follow(graph, found, k=2, depth=5, config=config)  # type: ignore[arg-type]
+    await _follow(graph, found, k=2, depth=5, config=config)
     assert graph.asked == [{"s0", "s1"}]
 
 

@@ -16,7 +16,9 @@ How it stays correct:
   cost: the rows are in two graphs, so the build takes about twice as long and the graphs
   twice the memory.
 - Each walk returns `oversample` x k candidates (at most efSearch, the walk's breadth, unless
-  k is more); they are re-ranked exactly with the `VectorIndex`'s float32 rows (the rows
+  k is more), and is only as broad as they need: efSearch is `oversample` x k, at least
+  `ef_min` and at most `ef_search` (hop 0's 50 candidates walk at 256, a route's 3 at 64);
+  they are re-ranked exactly with the `VectorIndex`'s float32 rows (the rows
   SQLite holds), and any candidate that is no longer a row is dropped there. When fewer than
   k survive although the index holds more rows of the wanted types, the search answers None
   and the exact scan answers instead.
@@ -65,9 +67,10 @@ ALL = -1
 # thread's round trip would cost more than the product); bigger ones in a worker thread.
 IN_THREAD_FROM = 20_000
 # A probe of a type with fewer rows than this is a product with its rows, not a walk of its
-# graph: a walk at efSearch 256 computes some 10k distances one by one, a product this many
-# in one BLAS call (100k nodes, 3.8k tags: 4 ms for four walks, under 0.5 ms for the product).
-WALK_FROM = 50_000
+# graph. A product reads every row of the type, a walk at efSearch 64 (a route's k of 3) a few
+# thousand: at 1M nodes one probe of 12.5k tags took 2.07 ms as a product and 0.42 ms as a
+# walk, of 2,000 rows 0.16 ms as a product (BENCHMARKS.md, "Recall at a million, session 6").
+WALK_FROM = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,10 @@ class HnswParams:
     m: int = 32
     ef_construction: int = 200
     ef_search: int = 256
+    # The narrowest walk: a route probe asks for 3 rows, and at efSearch 64 its recall@3
+    # against the exact scan was 1.000 (tags) and 0.997 (intents) at 1M nodes, at a third of
+    # the time of efSearch 256.
+    ef_min: int = 64
     # Candidates fetched per result wanted, then re-ranked exactly (4-10x is the usual range),
     # at most `ef_search` (or k) of them per walk.
     oversample: int = 8
@@ -280,13 +287,18 @@ class HnswAccelerator:
             wanted, share = _walks(graphs, codes)
             # The walk's breadth is efSearch: more candidates than that cost a wider walk for
             # nothing the re-rank needs (100k rows, k = 50: 4.4 -> 2.1 ms).
-            want = math.ceil(min(self.params.oversample * k, max(self.params.ef_search, k)) / share)
+            params = self.params
+            wanted_rows = min(params.oversample * k, max(params.ef_search, k))
+            want = math.ceil(wanted_rows / share)
+            # As broad as the candidates need (faiss widens a walk to k by itself).
+            breadth = self._faiss.SearchParametersHNSW(
+                efSearch=min(params.ef_search, max(params.ef_min, wanted_rows)))
             for code in wanted:
                 graph = graphs.get(code)
                 if graph is None or graph.index.ntotal == 0:
                     continue
                 fetch = min(graph.index.ntotal, want)
-                _, found = graph.index.search(q, fetch)
+                _, found = graph.index.search(q, fetch, params=breadth)
                 labels = graph.labels
                 candidates.extend(labels[label] for label in found[0].tolist() if label >= 0)
         return _rerank(snap, query, k, candidates, codes)

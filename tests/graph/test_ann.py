@@ -178,9 +178,9 @@ class _Walks:
     def ntotal(self) -> int:
         return int(self._index.ntotal)
 
-    def search(self, query: Vector, k: int) -> Any:
+    def search(self, query: Vector, k: int, **kwargs: Any) -> Any:
         self._walks.append(self._code)
-        return self._index.search(query, k)
+        return self._index.search(query, k, **kwargs)
 
 
 @needs_faiss
@@ -459,6 +459,32 @@ async def test_a_ready_index_walks_only_for_a_big_type(
     found = await ann.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
     assert len(walks) == 4
     assert [[i for i, _ in row] for row in found] == truth
+
+
+@needs_faiss
+def test_a_walk_is_as_broad_as_its_candidates_need(
+    accelerated: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """efSearch is `oversample` x k between `ef_min` and `ef_search`: a route's 3 rows walk at
+    64 (a third of the time of 256 at 1M nodes), hop 0's 50 at 256; the narrow walk still
+    finds what the exact scan finds."""
+    index, accelerator = accelerated
+    breadths: list[int] = []
+    faiss = accelerator._faiss
+
+    def recorded(**kwargs: Any) -> Any:
+        breadths.append(kwargs["efSearch"])
+        return faiss.SearchParametersHNSW(**kwargs)
+
+    monkeypatch.setattr(accelerator, "_faiss", types.SimpleNamespace(
+        SearchParametersHNSW=recorded))
+    queries = clustered(20, seed=13)
+    assert recall_at(index, queries, 3, None) == 1.0
+    assert set(breadths) == {64}
+    breadths.clear()
+    for k, breadth in ((10, 80), (50, 256)):
+        index.search(queries[0], k, None)
+        assert breadths[-1] == breadth
 
 
 @needs_faiss

@@ -641,7 +641,7 @@ def report(results: list[Result], args: argparse.Namespace, facts: dict[str, str
         " the timed queries.",
         "Vectors: bag of random word vectors (64-d subspace of R^384 plus noise), not a"
         " neural embedder; queries embedded by the same model.",
-        "HNSW (faiss IndexHNSWFlat, M=32, efC=200, efSearch=256, one graph per node type"
+        "HNSW (faiss IndexHNSWFlat, M=32, efC=200, efSearch 64-128, one graph per node type"
         " and one of every row for searches of most types, 8x candidates up to efSearch"
         " re-ranked exactly) is used above 100k vectors when faiss-cpu is installed"
         + (" (hidden by --exact in this run)." if args.exact else "."),

@@ -2,8 +2,9 @@
 
 Why: the exact numpy scan is fine to about 100k vectors (6 ms a query here) but costs 49 ms at
 1M, while faiss `IndexHNSWFlat` with M = 32, efConstruction = 200 and efSearch = 256 answers in
-about 2 ms with recall@10 0.95 at 1M (../shared/EMBEDDINGS.md §2). faiss-cpu is an optional
-extra (`mnemo[faiss]`): without it `attach` returns None and every search stays exact.
+about 2 ms with recall@10 0.95 at 1M (../shared/EMBEDDINGS.md §2; mnemo walks at efSearch
+64-128, see `HnswParams`). faiss-cpu is an optional extra (`mnemo[faiss]`): without it
+`attach` returns None and every search stays exact.
 
 How it stays correct:
 
@@ -17,7 +18,7 @@ How it stays correct:
   twice the memory.
 - Each walk returns `oversample` x k candidates (at most efSearch, the walk's breadth, unless
   k is more), and is only as broad as they need: efSearch is `oversample` x k, at least
-  `ef_min` and at most `ef_search` (hop 0's 50 candidates walk at 256, a route's 3 at 64);
+  `ef_min` and at most `ef_search` (hop 0's 50 candidates walk at 128, a route's 3 at 64);
   they are re-ranked exactly with the `VectorIndex`'s float32 rows (the rows
   SQLite holds), and any candidate that is no longer a row is dropped there. When fewer than
   k survive although the index holds more rows of the wanted types, the search answers None
@@ -79,7 +80,10 @@ class HnswParams:
 
     m: int = 32
     ef_construction: int = 200
-    ef_search: int = 256
+    # The broadest walk, hop 0's (50 candidates): at 1M nodes its recall@50 against the exact
+    # scan was 0.992 at 128 and 0.998 at 256, in half the time (BENCHMARKS.md, "Recall at a
+    # million, session 6").
+    ef_search: int = 128
     # The narrowest walk: a route probe asks for 3 rows, and at efSearch 64 its recall@3
     # against the exact scan was 1.000 (tags) and 0.997 (intents) at 1M nodes, at a third of
     # the time of efSearch 256.

@@ -22,6 +22,8 @@ from mnemo.ports import Embedder
 
 # "Caroline:" or "Caroline (1:56 pm on 8 May, 2023):" opening a line of a transcript.
 _SPEAKER = re.compile(r"^\s*([A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?)\s*(?:\([^()]{0,80}\))?\s*:\s")
+# The same opening with its time: "Caroline (1:56 pm on 8 May, 2023): " (see `embedding_text`).
+_TIMED_SPEAKER = re.compile(r"^(\s*[A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?)\s*\([^()]{0,80}\)\s*:\s")
 # Capitalised, but a date rather than an entity.
 _CALENDAR = frozenset(
     "january february march april may june july august september october november december "
@@ -29,6 +31,15 @@ _CALENDAR = frozenset(
 )
 # The most tags one step gets: a long tool output names dozens of things.
 MAX_NAMES = 6
+
+
+def embedding_text(text: str) -> str:
+    """What a node's vector is made of: its text, a transcript line without the time of its
+    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"). The time stays in the
+    node's text, where the words channel finds it; in the vector, the same date opening
+    every line of a session made the lines of one day alike whatever they said (LoCoMo dev,
+    BENCHMARKS.md "Recall at a million, session 7")."""
+    return _TIMED_SPEAKER.sub(r"\1: ", text, count=1)
 
 
 def speaker_of(text: str) -> str | None:

@@ -30,6 +30,7 @@ from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction import dates
+from mnemo.extraction.entities import embedding_text
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
@@ -406,7 +407,8 @@ async def _changeset(
     # Subgoals already have vectors; everything else is embedded in one call.
     subgoal_vectors = {f"subgoal_{p.steps[0].trajectory_id}": p.steps[0].subgoal_vec
                        for p in extracted}
-    to_embed = [text for node_id, _, text, _, _ in pending if node_id not in subgoal_vectors]
+    to_embed = [embedding_text(text) for node_id, _, text, _, _ in pending
+                if node_id not in subgoal_vectors]
     vectors = iter(await embed(embedder, to_embed))
     nodes = [
         NodeDraft(

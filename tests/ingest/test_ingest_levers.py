@@ -3,12 +3,14 @@ speakers and names as TAG nodes their steps belong to."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import date
+from typing import Any
 
 import pytest
 
 import mnemo
-from mnemo.extraction.entities import entity_names
+from mnemo.extraction.entities import embedding_text, entity_names
 from mnemo.ingest.dates import parse_date, reference_date, resolve_dates
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -111,3 +113,40 @@ async def test_entity_tags_link_steps_to_one_tag_per_name(store: str, on: bool) 
         assert await mem.get_nodes_by_type(REPO, [N.TAG, N.EPISODIC]) == []
     finally:
         await mem.__aexit__(None, None, None)
+
+
+def test_a_transcript_line_is_embedded_without_the_time_of_its_opening() -> None:
+    """Only the time between a speaker and the colon goes; other text is embedded as it is."""
+    assert embedding_text("Caroline (1:56 pm on 8 May, 2023): I paint (mostly lakes): yes") == (
+        "Caroline: I paint (mostly lakes): yes")
+    for text in ("Caroline: I paint", "I paint (mostly lakes): yes", "no speaker (x): here"):
+        assert embedding_text(text) == text
+
+
+class _Recording(mnemo.HashEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> Any:
+        self.texts.extend(texts)
+        return await super().embed(texts)
+
+
+async def test_ingest_embeds_a_transcript_line_without_its_time_and_stores_it_whole(
+    store: str,
+) -> None:
+    """The step's vector is made of "Caroline: ..." (the words channel still finds the time in
+    the stored text), and so is that of a fact made from the line."""
+    line = "Caroline (1:56 pm on 8 May, 2023): I painted a sunrise over the lake."
+    embedder = _Recording()
+    async with mnemo.Memory(store, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory(GOAL, [mnemo.Step(line, "")]),
+                         source_id="session-3")
+        (step,) = await mem.get_nodes_by_type(REPO, [N.EPISODIC])
+        assert step.text.startswith(line)
+        assert [t for t in embedder.texts if t.startswith("Caroline: I painted a sunrise")]
+        assert not [t for t in embedder.texts if t.startswith("Caroline (")]
+        found = await mem.recall(REPO, "1:56 pm", types=[N.EPISODIC], reinforce=False)
+        assert [m.node.id for m in found.memories] == [step.id]

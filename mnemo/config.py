@@ -105,6 +105,9 @@ class Config:
     # came from) the query names scores 1 + this times more than the others; 0: off
     # (recall.levers). 0.5 measured best of 0.5 / 1.0 on LoCoMo 0-1, and won on 2-6 too.
     recall_speaker_boost: float = 0.5
+    # Recall (issue 12): the dense channel embeds the query without the names it mentions
+    # (recall.levers.without_names); the words channel and the speaker match still use them.
+    recall_dense_without_names: bool = True
 
     def __post_init__(self) -> None:
         for name in ("flush_timeout", "session_timeout"):

@@ -43,7 +43,7 @@ from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
 from mnemo.recall.hops import best, offer
-from mnemo.recall.levers import speaker_boosts
+from mnemo.recall.levers import speaker_boosts, without_names
 from mnemo.recall.model import Recalled, RecallResult, Touched
 from mnemo.recall.prompts import (
     Plan,
@@ -112,7 +112,8 @@ class Recaller:
         wanted = None if types is None else {NodeType(t) for t in types}
         plan = await self._plan(query)
         trace.mark("plan")
-        vectors = await embed(query_side(self.embedder), [query, *plan.tags])
+        dense_query = without_names(query) if config.recall_dense_without_names else query
+        vectors = await embed(query_side(self.embedder), [dense_query, *plan.tags])
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 

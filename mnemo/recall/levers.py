@@ -1,4 +1,5 @@
-"""Recall levers of issue 12 that weigh a candidate by who it is about.
+"""Recall levers of issue 12 that weigh a candidate by who it is about (and the query's vector
+without the names it mentions, `without_names`).
 
 **Speaker match** (`Config.recall_speaker_boost`): a question that names a person ("What
 activities does Melanie partake in?") is mostly answered by what that person said, and a
@@ -31,6 +32,19 @@ def query_names(query: str) -> frozenset[str]:
         if word[:1].isupper()
     }
     return frozenset(n for n in names if n and not _text.is_stopword(n))
+
+
+def without_names(query: str) -> str:
+    """The query as the dense channel embeds it: without the names it mentions ("What did
+    Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names. A name
+    in a question is matched by the words channel and the speaker match; in its vector it
+    pulls towards every line near the name rather than towards the answer (LoCoMo dev,
+    BENCHMARKS.md "Recall at a million, session 7")."""
+    names = query_names(query)
+    if not names:
+        return query
+    kept = [w for w in query.split() if _POSSESSIVE.sub("", w.strip("?!.,;:")).lower() not in names]
+    return " ".join(kept) if kept else query
 
 
 async def speaker_boosts(

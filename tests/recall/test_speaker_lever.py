@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
 import mnemo
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.recall.engine import Recaller
-from mnemo.recall.levers import query_names
+from mnemo.recall.levers import query_names, without_names
 from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, check_invariants, graph
 
@@ -20,6 +23,37 @@ def test_query_names_are_capitalised_non_stopwords_without_possessives() -> None
     assert query_names("Melanie's pets? What does Caroline like, and did I?") == {
         "melanie", "caroline"}
     assert query_names("what did you paint") == frozenset()
+
+
+def test_the_dense_query_is_the_query_without_its_names() -> None:
+    """Names and their possessives go, punctuation and all; a query of names alone stays."""
+    assert without_names("What did Melanie's kids paint?") == "What did kids paint?"
+    assert without_names("what did you paint") == "what did you paint"
+    assert without_names("Melanie Caroline") == "Melanie Caroline"
+
+
+async def test_the_dense_channel_embeds_the_query_without_its_names(graph: GraphStore) -> None:
+    """By default recall embeds the query without the names it mentions (the words channel
+    and the speaker match still see them); `recall_dense_without_names=False` embeds it
+    whole."""
+    embedded: list[str] = []
+
+    class Recording:
+        dim = EMBEDDER.dim
+
+        async def embed(self, texts: Sequence[str]) -> Any:
+            embedded.extend(texts)
+            return await EMBEDDER.embed(texts)
+
+    offline = mnemo.OfflineLLM()
+    query = "Where does Caroline's nginx listen?"
+    for whole in (False, True):
+        embedded.clear()
+        config = mnemo.Config(recall_dense_without_names=not whole)
+        recaller = Recaller(graph, Recording(), config, planner=offline, llm=offline)
+        result = await recaller.recall("r", query, k=3, types=None)
+        check_invariants(result, 3, config)
+        assert embedded[0] == (query if whole else "Where does nginx listen?")
 
 
 async def test_a_line_said_by_the_named_speaker_is_boosted(graph: GraphStore) -> None:

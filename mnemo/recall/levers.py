@@ -21,6 +21,7 @@ from mnemo.graph.ports import GraphStore
 from mnemo.recall.candidates import ReadContext
 
 _POSSESSIVE = re.compile(r"['\u2019]s$", re.IGNORECASE)
+_PUNCTUATION = "?!.,;:\"()"
 
 
 def query_names(query: str) -> frozenset[str]:
@@ -39,11 +40,16 @@ def without_names(query: str) -> str:
     Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names. A name
     in a question is matched by the words channel and the speaker match; in its vector it
     pulls towards every line near the name rather than towards the answer (LoCoMo dev,
-    BENCHMARKS.md "Recall at a million, session 7")."""
-    names = query_names(query)
+    BENCHMARKS.md "Recall at a million, session 7"). The first word counts only with a
+    possessive ("Melanie's pets?"): capitalised there, "Restart the webserver" is no name."""
+    head, _, rest = query.strip().partition(" ")
+    names = query_names(rest)
+    if _POSSESSIVE.search(head.strip(_PUNCTUATION)):
+        names |= query_names(head)
     if not names:
         return query
-    kept = [w for w in query.split() if _POSSESSIVE.sub("", w.strip("?!.,;:")).lower() not in names]
+    kept = [w for w in query.split()
+            if _POSSESSIVE.sub("", w.strip(_PUNCTUATION)).lower() not in names]
     return " ".join(kept) if kept else query
 
 

@@ -26,10 +26,14 @@ def test_query_names_are_capitalised_non_stopwords_without_possessives() -> None
 
 
 def test_the_dense_query_is_the_query_without_its_names() -> None:
-    """Names and their possessives go, punctuation and all; a query of names alone stays."""
+    """Names and their possessives go, punctuation and all; a query of names alone stays; a
+    capitalised first word is a name only with a possessive."""
     assert without_names("What did Melanie's kids paint?") == "What did kids paint?"
+    assert without_names("Melanie's pets, and Caroline's?") == "pets, and"
+    assert without_names("Restart the webserver") == "Restart the webserver"
     assert without_names("what did you paint") == "what did you paint"
-    assert without_names("Melanie Caroline") == "Melanie Caroline"
+    assert without_names("Melanie's Caroline?") == "Melanie's Caroline?"
+    assert without_names("Caroline") == "Caroline"
 
 
 async def test_the_dense_channel_embeds_the_query_without_its_names(graph: GraphStore) -> None:

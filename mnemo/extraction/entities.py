@@ -20,10 +20,13 @@ from mnemo.episode.annotation import embed
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
 from mnemo.ports import Embedder
 
+# A speaker's name, and the time that may follow it: "Caroline (1:56 pm on 8 May, 2023)".
+_NAME = r"[A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?"
+_TIME = r"\([^()]{0,80}\)"
 # "Caroline:" or "Caroline (1:56 pm on 8 May, 2023):" opening a line of a transcript.
-_SPEAKER = re.compile(r"^\s*([A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?)\s*(?:\([^()]{0,80}\))?\s*:\s")
-# The same opening with its time: "Caroline (1:56 pm on 8 May, 2023): " (see `embedding_text`).
-_TIMED_SPEAKER = re.compile(r"^(\s*[A-Z][\w'\-]*(?: [A-Z][\w'\-]*)?)\s*\([^()]{0,80}\)\s*:\s")
+_SPEAKER = re.compile(rf"^\s*({_NAME})\s*(?:{_TIME})?\s*:\s")
+# The same opening with its time (see `embedding_text`).
+_TIMED_SPEAKER = re.compile(rf"^(\s*{_NAME})\s*{_TIME}\s*:\s")
 # Capitalised, but a date rather than an entity.
 _CALENDAR = frozenset(
     "january february march april may june july august september october november december "

@@ -154,6 +154,18 @@ class FakeLLM:
         return mnemo.LLMResponse(data=data, usage=usage)
 
 
+class RecordingEmbedder(mnemo.HashEmbedder):
+    """A `mnemo.HashEmbedder` that keeps every text it was asked to embed, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    async def embed(self, texts: Sequence[str]) -> Any:
+        self.texts.extend(texts)
+        return await super().embed(texts)
+
+
 class FakeEmbedder:
     """A deterministic `mnemo.Embedder`: a text becomes the unit vector of its first word's axis.
 

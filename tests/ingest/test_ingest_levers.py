@@ -3,9 +3,7 @@ speakers and names as TAG nodes their steps belong to."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import date
-from typing import Any
 
 import pytest
 
@@ -13,7 +11,7 @@ import mnemo
 from mnemo.extraction.entities import embedding_text, entity_names
 from mnemo.ingest.dates import parse_date, reference_date, resolve_dates
 from tests.conftest import REPO
-from tests.fakes import FakeEmbedder, FakeLLM
+from tests.fakes import FakeEmbedder, FakeLLM, RecordingEmbedder
 
 N = mnemo.NodeType
 MONDAY = date(2023, 5, 8)
@@ -123,23 +121,13 @@ def test_a_transcript_line_is_embedded_without_the_time_of_its_opening() -> None
         assert embedding_text(text) == text
 
 
-class _Recording(mnemo.HashEmbedder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.texts: list[str] = []
-
-    async def embed(self, texts: Sequence[str]) -> Any:
-        self.texts.extend(texts)
-        return await super().embed(texts)
-
-
 async def test_ingest_embeds_a_transcript_line_without_its_time_and_stores_it_whole(
     store: str,
 ) -> None:
     """The step's vector is made of "Caroline: ..." (the words channel still finds the time in
     the stored text), and so is that of a fact made from the line."""
     line = "Caroline (1:56 pm on 8 May, 2023): I painted a sunrise over the lake."
-    embedder = _Recording()
+    embedder = RecordingEmbedder()
     async with mnemo.Memory(store, embedder=embedder) as mem:
         await mem.open_repo(REPO)
         await mem.ingest(REPO, mnemo.Trajectory(GOAL, [mnemo.Step(line, "")]),

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 
 import mnemo
@@ -12,6 +9,7 @@ from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.recall.engine import Recaller
 from mnemo.recall.levers import query_names, without_names
+from tests.fakes import RecordingEmbedder
 from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, check_invariants, graph
 
@@ -40,24 +38,17 @@ async def test_the_dense_channel_embeds_the_query_without_its_names(graph: Graph
     """By default recall embeds the query without the names it mentions (the words channel
     and the speaker match still see them); `recall_dense_without_names=False` embeds it
     whole."""
-    embedded: list[str] = []
-
-    class Recording:
-        dim = EMBEDDER.dim
-
-        async def embed(self, texts: Sequence[str]) -> Any:
-            embedded.extend(texts)
-            return await EMBEDDER.embed(texts)
-
+    embedder = RecordingEmbedder()
+    assert embedder.dim == EMBEDDER.dim
     offline = mnemo.OfflineLLM()
     query = "Where does Caroline's nginx listen?"
     for whole in (False, True):
-        embedded.clear()
+        embedder.texts.clear()
         config = mnemo.Config(recall_dense_without_names=not whole)
-        recaller = Recaller(graph, Recording(), config, planner=offline, llm=offline)
+        recaller = Recaller(graph, embedder, config, planner=offline, llm=offline)
         result = await recaller.recall("r", query, k=3, types=None)
         check_invariants(result, 3, config)
-        assert embedded[0] == (query if whole else "Where does nginx listen?")
+        assert embedder.texts[0] == (query if whole else "Where does nginx listen?")
 
 
 async def test_a_line_said_by_the_named_speaker_is_boosted(graph: GraphStore) -> None:

@@ -55,7 +55,15 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import DEAD, TYPE_CODES, Snapshot, VectorIndex, top_per_row, unit
+from mnemo.graph.vectors import (
+    DEAD,
+    TYPE_CODES,
+    Snapshot,
+    VectorIndex,
+    of_codes,
+    top_per_row,
+    unit,
+)
 
 log = logging.getLogger("mnemo")
 
@@ -511,22 +519,17 @@ def _rerank(
          if (row := rows_of.get(node_id)) is not None and row < snap.size),
         dtype=np.int64,
     )
-    wanted: npt.NDArray[np.int8] | None = None
     if codes is not None:
-        wanted = np.fromiter(codes, dtype=np.int8)
-        rows = rows[np.isin(snap.codes[rows], wanted)]
+        rows = rows[of_codes(snap.codes[rows], codes)]
     scores = snap.matrix[rows] @ query
     order = np.argsort(-scores, kind="stable")[:k]
-    if len(order) < k:
-        present = codes_present(snap, wanted)
-        if present > len(order):
-            return None
+    if len(order) < k and codes_present(snap, codes) > len(order):
+        return None
     return [(snap.ids[rows[i]], float(scores[i])) for i in order.tolist()]
 
 
-def codes_present(snap: Snapshot, wanted: npt.NDArray[np.int8] | None) -> int:
+def codes_present(snap: Snapshot, wanted: Collection[int] | None) -> int:
     """How many rows of the snapshot have one of the wanted type codes (all when None)."""
     if wanted is None:
         return int(np.count_nonzero(snap.codes[: snap.size] != DEAD))
-    # On a copy: np.isin reads the codes twice, and a remove may mark one dead between.
-    return int(np.count_nonzero(np.isin(snap.codes[: snap.size].copy(), wanted)))
+    return int(np.count_nonzero(of_codes(snap.codes[: snap.size], wanted)))

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, cosine, unit
+from mnemo.graph.vectors import DEAD, VectorIndex, cosine, of_codes, unit
 from tests.graph._support import rounded
 from tests.strategies import matrices, node_types, vectors
 
@@ -82,6 +82,16 @@ def test_search_equals_brute_force(
     # Ties make the ids at the cut arbitrary, but the scores kept must be the top k.
     best = np.sort(ref[~np.isnan(ref)])[::-1][: len(result)]
     np.testing.assert_allclose(scores, best, atol=TOL)
+
+
+@given(
+    st.lists(st.integers(-128, 127), max_size=40),
+    st.sets(st.integers(-128, 127), max_size=8),
+)
+def test_of_codes_is_membership_and_never_dead(codes: list[int], wanted: set[int]) -> None:
+    array = np.array(codes, dtype=np.int8)
+    expected = [code in wanted and code != DEAD for code in codes]
+    assert of_codes(array, wanted).tolist() == expected
 
 
 def test_type_filter_returns_only_those_types() -> None:

@@ -23,6 +23,7 @@ from mnemo.graph.model import (
     NodeType,
     Vector,
     normalise_label,
+    now_utc,
 )
 from mnemo.graph.ports import GraphStore, Neighbor, SourceRecorded
 from mnemo.inputs import MAX_QUERY_TERMS
@@ -188,6 +189,21 @@ async def test_commit_survives_reopening(store: str) -> None:
         assert await graph.receipt(changeset.id) == receipt
         assert await graph.apply(changeset, intents=policy()) == receipt
         assert (await counts(again))["nodes"] == 2
+
+
+async def test_reinforcement_is_committed(store: str) -> None:
+    """Access counts written by `reinforce` are there for a store opened afterwards (on
+    PostgreSQL its transaction commits without waiting for the WAL flush, in a pipeline)."""
+    changeset = fact_with_tag("a", "nginx listens on port 8080", "nginx", vector_axis=2)
+    async with open_stores(store, DIM) as first:
+        await first.graph.apply(changeset, intents=policy())
+        for _ in range(3):
+            await first.graph.reinforce(REPO, ["a-fact", "a-fact"], now_utc())
+    async with open_stores(store, DIM) as again:
+        stats = await again.graph.access_stats(REPO, ["a-fact", "a-tag"])
+        assert stats["a-fact"][0] == 3
+        assert stats["a-fact"][1] is not None
+        assert stats["a-tag"][0] == 0
 
 
 # Tag deduplication

@@ -327,7 +327,13 @@ class PgGraph:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
-        async with self._pg.connection() as conn:
+        # Access stats are recall's bookkeeping, not a write a caller handed in: their commit
+        # does not wait for the WAL to reach the disk (1.7-3.6 ms a recall at 1M nodes). Like
+        # SQLite's WAL at synchronous=NORMAL, this survives a killed process, mnemo's or the
+        # server's; a crash of the machine may lose the last fraction of a second of counts
+        # (docs/DECISIONS.md). One round trip: the transaction runs in a pipeline.
+        async with self._pg.connection() as conn, conn.pipeline(), conn.transaction():
+            await conn.execute("SET LOCAL synchronous_commit = off")
             await conn.execute(
                 "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
                 " WHERE repo = %s AND id = ANY(%s)",

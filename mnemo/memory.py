@@ -84,6 +84,7 @@ class Memory:
             busy_timeout=self._config.busy_timeout,
             synchronous=synchronous,
             lexical_dir=self._config.lexical_dir,
+            ann_dir=self._config.ann_dir,
         )
         self._repos = repos = Repos(self._config, llm, embedder)
         self._events = Events(on_event)

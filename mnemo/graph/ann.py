@@ -27,16 +27,19 @@ How it stays correct:
   holds more than `threshold` vectors (until then, and until the build is done, searches are
   exact). Rows added afterwards wait in `pending`, scanned exactly by every search, until the
   worker inserts them in small batches; a removed row only marks its label dead, and the graphs
-  are rebuilt once a quarter of the labels are dead. Nothing is persisted: the graphs are
-  rebuilt from SQLite each time a repo's index is loaded, so they are never a source of truth.
+  are rebuilt once a quarter of the labels are dead.
+- With a folder (a SQLite store's "<file>.hnsw"), the graphs are saved after each build and
+  once a tenth of their labels are new, and a repo's first build reads them back instead,
+  checked row by row against the index (`ann_files`): they are a cache, never a truth.
 
 Threads: `added` and `removed` run on the event loop thread (where the `VectorIndex` changes),
 `search` in whichever thread searches, and the builder in its own thread, which exits when it
-has nothing left to do. Two locks: `_faiss_lock` covers every call into a published graph (a
-faiss graph may not be searched while it is added to), for a search or a batch of
-`insert_batch` inserts; `_lock` covers the bookkeeping (pending rows, labels, counts) and is
-only ever held for dictionary updates, so the event loop never waits on faiss. Builds run
-outside both, on graphs nobody searches yet. Lock order: `_faiss_lock`, then `_lock`.
+has nothing left to do (a save runs there too: only that thread changes a graph). Two locks:
+`_faiss_lock` covers every call into a published graph (a faiss graph may not be searched while
+it is added to), for a search or a batch of `insert_batch` inserts; `_lock` covers the
+bookkeeping (pending rows, labels, counts) and is only ever held for dictionary updates, so the
+event loop never waits on faiss. Builds run outside both, on graphs nobody searches yet. Lock
+order: `_faiss_lock`, then `_lock`.
 """
 
 from __future__ import annotations
@@ -46,21 +49,25 @@ import logging
 import math
 import threading
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+import filelock
 import numpy as np
 import numpy.typing as npt
 
+from mnemo.graph import ann_files
+from mnemo.graph.ann_files import GraphFolder
+from mnemo.graph.ann_search import ALL, Graph, rerank, walks
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import (
     DEAD,
     TYPE_CODES,
     Snapshot,
     VectorIndex,
-    of_codes,
     top_per_row,
     unit,
 )
@@ -70,8 +77,6 @@ log = logging.getLogger("mnemo")
 # Above this many vectors a repo's searches go through the HNSW graphs (EMBEDDINGS.md §2: the
 # exact scan takes 6 ms at 100k and grows linearly).
 DEFAULT_THRESHOLD = 100_000
-# The key of the graph holding every row (type codes are >= 0).
-ALL = -1
 # Searches of fewer rows than this run on the calling thread, the event loop's (a worker
 # thread's round trip would cost more than the product); bigger ones in a worker thread.
 IN_THREAD_FROM = 20_000
@@ -108,6 +113,13 @@ class HnswParams:
     insert_batch: int = 32
     # Rows added to a graph being built between two checks of the stop flag.
     build_chunk: int = 20_000
+    # With a folder to save the graphs in: saved again once this fraction of the labels was
+    # inserted since the last save (and after every build).
+    save_fraction: float = 0.1
+
+    def saved_settings(self) -> dict[str, int]:
+        """What a saved graph depends on (`ann_files.GraphFolder`)."""
+        return {"m": self.m, "ef_construction": self.ef_construction}
 
 
 def load_faiss() -> Any | None:
@@ -119,14 +131,21 @@ def load_faiss() -> Any | None:
 
 
 def attach(
-    index: VectorIndex, *, threshold: int = DEFAULT_THRESHOLD, params: HnswParams | None = None
+    index: VectorIndex,
+    *,
+    threshold: int = DEFAULT_THRESHOLD,
+    params: HnswParams | None = None,
+    folder: str | Path | None = None,
 ) -> HnswAccelerator | None:
     """Puts an `HnswAccelerator` on `index` (starting its build at once when the index is
-    already past `threshold`); returns it, or None when faiss is not installed."""
+    already past `threshold`); returns it, or None when faiss is not installed. With a
+    `folder`, the graphs are saved there and read back instead of built (`ann_files`)."""
     faiss = load_faiss()
     if faiss is None:
         return None
-    accelerator = HnswAccelerator(index, faiss, threshold=threshold, params=params)
+    params = params or HnswParams()
+    files = None if folder is None else GraphFolder(folder, params.saved_settings())
+    accelerator = HnswAccelerator(index, faiss, threshold=threshold, params=params, files=files)
     index.accelerator = accelerator
     accelerator.start_if_due()
     return accelerator
@@ -176,21 +195,6 @@ async def close(indexes: Iterable[VectorIndex]) -> None:
             await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
 
 
-@dataclass(slots=True)
-class _Graph:
-    """One node type's HNSW graph (or every row's, under `ALL`): faiss label i is the node
-    `labels[i]`."""
-
-    index: Any
-    labels: list[str] = field(default_factory=list)
-    dead: int = 0
-
-    @property
-    def live(self) -> int:
-        """Labels of rows still there."""
-        return len(self.labels) - self.dead
-
-
 class HnswAccelerator:
     """Per-type faiss HNSW graphs over a `VectorIndex`, kept in step with it (an
     `Accelerator`). Use `attach` to create one."""
@@ -202,14 +206,21 @@ class HnswAccelerator:
         *,
         threshold: int = DEFAULT_THRESHOLD,
         params: HnswParams | None = None,
+        files: GraphFolder | None = None,
     ) -> None:
         self.threshold = threshold
+        self.files = files
+        # Whether the saved graphs were tried (once, instead of the first build), and how
+        # many labels were inserted since the graphs were last saved.
+        self._tried_files = files is None
+        self._unsaved = 0
+        self._read = False  # whether the graphs searched were read from the files
         self.params = params or HnswParams()
         self._index = index
         self._faiss = faiss
         self._lock = threading.Lock()
         self._faiss_lock = threading.Lock()
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[int, Graph] = {}
         # node id -> (type code, label in its type's graph, label in the `ALL` graph), for
         # live labels only.
         self._labels: dict[str, tuple[int, int, int]] = {}
@@ -296,7 +307,7 @@ class HnswAccelerator:
             candidates = list(self._pending)
         with self._faiss_lock:
             graphs = self._graphs
-            wanted, share = _walks(graphs, codes)
+            wanted, share = walks(graphs, codes)
             # The walk's breadth is efSearch: more candidates than that cost a wider walk for
             # nothing the re-rank needs (100k rows, k = 50: 4.4 -> 2.1 ms).
             params = self.params
@@ -313,7 +324,7 @@ class HnswAccelerator:
                 _, found = graph.index.search(q, fetch, params=breadth)
                 labels = graph.labels
                 candidates.extend(labels[label] for label in found[0].tolist() if label >= 0)
-        return _rerank(snap, query, k, candidates, codes)
+        return rerank(snap, query, k, candidates, codes)
 
     # ---- the worker ------------------------------------------------------------------------
 
@@ -335,13 +346,15 @@ class HnswAccelerator:
         return 0 if graph is None else graph.live
 
     def stats(self) -> dict[str, int]:
-        """Labels in the graphs, dead labels, and rows waiting for insertion."""
+        """Labels in the graphs, dead labels, rows waiting for insertion, whether the graphs
+        are ready, and whether they were read from saved files (1) or built (0)."""
         with self._lock:
             return {
                 "labels": self._label_count(),
                 "dead": self._dead,
                 "pending": len(self._pending),
                 "ready": int(self._ready),
+                "read": int(self._read),
             }
 
     def _kick(self) -> None:
@@ -365,9 +378,16 @@ class HnswAccelerator:
                     self._rebuild_due = False
                     batch = list(islice(self._pending.items(), self.params.insert_batch))
                 if build:
-                    self._build()
+                    if not self._tried_files:
+                        self._tried_files = True
+                        if self._load():
+                            continue
+                    if self._build():
+                        self._save()
                 else:
                     self._insert(batch)
+                    if self._save_due():
+                        self._save()
         except Exception as exc:  # the exact scan keeps answering; nothing is lost
             log.exception("mnemo: the HNSW index failed; searches stay exact")
             with self._lock:
@@ -375,15 +395,16 @@ class HnswAccelerator:
                 self._worker = None
                 self._idle.set()
 
-    def _new_graph(self) -> _Graph:
+    def _new_graph(self) -> Graph:
         graph = self._faiss.IndexHNSWFlat(
             self._index.dim, self.params.m, self._faiss.METRIC_INNER_PRODUCT
         )
         graph.hnsw.efConstruction = self.params.ef_construction
         graph.hnsw.efSearch = self.params.ef_search
-        return _Graph(graph)
+        return Graph(graph)
 
-    def _build(self) -> None:
+    def _build(self) -> bool:
+        """Builds every graph from the index's rows and publishes them; False if stopped."""
         # The sequence number is read before the snapshot: a row added in between is both in
         # the snapshot and pending (harmless), never in neither.
         with self._lock:
@@ -393,14 +414,14 @@ class HnswAccelerator:
         # A copy: a remove marks the snapshot's codes dead in place, and every graph must be
         # built from the same rows (those removed meanwhile are killed below, in each graph).
         codes = snap.codes[: snap.size].copy()
-        graphs: dict[int, _Graph] = {}
+        graphs: dict[int, Graph] = {}
         for code in [*(c for c in np.unique(codes).tolist() if c != DEAD), ALL]:
             members = codes != DEAD if code == ALL else codes == code
             graph = self._graph_of(snap, np.flatnonzero(members))
             if graph is None:
                 with self._lock:
                     self._removed_in_build = None
-                return
+                return False
             graphs[int(code)] = graph
         every = graphs[ALL]
         in_all = {node_id: label for label, node_id in enumerate(every.labels)}
@@ -409,16 +430,84 @@ class HnswAccelerator:
             for code, graph in graphs.items() if code != ALL
             for label, node_id in enumerate(graph.labels)
         }
+        self._publish(graphs, labels, seq, [])
+        self._read = False
+        return True
+
+    def _publish(
+        self,
+        graphs: dict[int, Graph],
+        labels: dict[str, tuple[int, int, int]],
+        seq: int,
+        missing: list[str],
+    ) -> None:
+        """Makes new graphs the searched ones: rows removed since the snapshot they were made
+        from die in them, rows added since (and the `missing` ones) wait for insertion."""
         with self._faiss_lock, self._lock:
             removed, self._removed_in_build = self._removed_in_build or set(), None
             pending = {node_id: s for node_id, s in self._pending.items() if s > seq}
+            for node_id in missing:
+                if node_id not in pending and node_id not in removed:
+                    self._seq += 1
+                    pending[node_id] = self._seq
             for node_id in removed | pending.keys():
                 self._kill(graphs, labels, node_id)
             self._graphs, self._labels, self._pending = graphs, labels, pending
             self._dead = sum(graph.dead for code, graph in graphs.items() if code != ALL)
             self._ready = True
+            self._unsaved = 0
 
-    def _graph_of(self, snap: Snapshot, rows: npt.NDArray[np.intp]) -> _Graph | None:
+    def _load(self) -> bool:
+        """Publishes the saved graphs, checked against the index's rows; False (build them)
+        when there are none or too much changed since they were saved."""
+        assert self.files is not None
+        saved = self.files.load(self._faiss)
+        if saved is None or ALL not in saved:
+            return False
+        with self._lock:
+            seq = self._seq
+            self._removed_in_build = set()
+        snap = self._index.snapshot()
+        adopted = ann_files.adopt(saved, snap, ALL, self._faiss)
+        labels_total = sum(len(g.labels) for key, g in saved.items() if key != ALL)
+        stale = adopted.dead_total + len(adopted.missing)
+        if stale > self.params.rebuild_fraction * max(labels_total, 1):
+            log.info("mnemo: saved HNSW graphs too far behind the store (%d of %d rows); "
+                     "rebuilding", stale, labels_total)
+            with self._lock:
+                self._removed_in_build = None
+            return False
+        graphs = {}
+        for key, graph in saved.items():
+            graph.index.hnsw.efSearch = self.params.ef_search
+            graphs[key] = Graph(graph.index, graph.labels, adopted.dead.get(key, 0))
+        self._publish(graphs, dict(adopted.labels), seq, adopted.missing)
+        self._read = True
+        log.info("mnemo: HNSW graphs read from %s (%d rows to insert)", self.files.folder,
+                 len(adopted.missing))
+        return True
+
+    def _save_due(self) -> bool:
+        with self._lock:
+            return (self.files is not None and not self._pending
+                    and self._unsaved > self.params.save_fraction * self._label_count())
+
+    def _save(self) -> None:
+        """Saves the graphs (in the builder's thread, the only one that changes them)."""
+        if self.files is None or self._stop:
+            return
+        graphs = {key: ann_files.Saved(graph.index, graph.labels)
+                  for key, graph in self._graphs.items()}
+        try:
+            self.files.save(graphs, self._faiss)
+        except (OSError, RuntimeError, filelock.Timeout) as exc:
+            # A cache: the graphs in memory are unaffected, and the next save tries again.
+            log.warning("mnemo: saving the HNSW graphs in %s failed: %s", self.files.folder, exc)
+            return
+        with self._lock:
+            self._unsaved = 0
+
+    def _graph_of(self, snap: Snapshot, rows: npt.NDArray[np.intp]) -> Graph | None:
         """A new graph of these rows of the snapshot, built chunk by chunk; None if stopped."""
         graph = self._new_graph()
         for start in range(0, len(rows), self.params.build_chunk):
@@ -467,9 +556,10 @@ class HnswAccelerator:
             for node_id, s in batch:
                 if self._pending.get(node_id) == s:
                     del self._pending[node_id]
+            self._unsaved += len(inserted)
 
     def _kill(
-        self, graphs: dict[int, _Graph], labels: dict[str, tuple[int, int, int]], node_id: str
+        self, graphs: dict[int, Graph], labels: dict[str, tuple[int, int, int]], node_id: str
     ) -> None:
         entry = labels.pop(node_id, None)
         if entry is not None:
@@ -485,51 +575,3 @@ class HnswAccelerator:
     def _label_count(self) -> int:
         """Labels in the type graphs (the `ALL` graph holds the same rows again)."""
         return sum(len(graph.labels) for code, graph in self._graphs.items() if code != ALL)
-
-
-def _walks(graphs: dict[int, _Graph], codes: Collection[int] | None) -> tuple[list[int], float]:
-    """Which graphs a search of these type codes walks, and the share of their rows it wants:
-    the `ALL` graph for every type or for types holding at least half of the live rows (its
-    other rows are dropped at the re-rank, so it fetches 1 / share as many), else one graph
-    per wanted type."""
-    if ALL not in graphs:
-        return list(graphs) if codes is None else list(codes), 1.0
-    if codes is None:
-        return [ALL], 1.0
-    live = {code: graph.live for code, graph in graphs.items() if code != ALL}
-    total = sum(live.values())
-    wanted = sum(live.get(code, 0) for code in codes)
-    if total > 0 and 2 * wanted >= total:
-        return [ALL], wanted / total
-    return list(codes), 1.0
-
-
-def _rerank(
-    snap: Snapshot,
-    query: Vector,
-    k: int,
-    candidates: list[str],
-    codes: Collection[int] | None,
-) -> list[tuple[str, float]] | None:
-    """The exact top `k` of the candidates still in the snapshot, or None when they are too
-    few although the snapshot holds more rows of the wanted types."""
-    rows_of = snap.rows
-    rows = np.fromiter(
-        (row for node_id in dict.fromkeys(candidates)
-         if (row := rows_of.get(node_id)) is not None and row < snap.size),
-        dtype=np.int64,
-    )
-    if codes is not None:
-        rows = rows[of_codes(snap.codes[rows], codes)]
-    scores = snap.matrix[rows] @ query
-    order = np.argsort(-scores, kind="stable")[:k]
-    if len(order) < k and codes_present(snap, codes) > len(order):
-        return None
-    return [(snap.ids[rows[i]], float(scores[i])) for i in order.tolist()]
-
-
-def codes_present(snap: Snapshot, wanted: Collection[int] | None) -> int:
-    """How many rows of the snapshot have one of the wanted type codes (all when None)."""
-    if wanted is None:
-        return int(np.count_nonzero(snap.codes[: snap.size] != DEAD))
-    return int(np.count_nonzero(of_codes(snap.codes[: snap.size], wanted)))

@@ -64,9 +64,11 @@ def open_backend(
     busy_timeout: float,
     synchronous: str = "NORMAL",
     lexical_dir: str | Path | None = None,
+    ann_dir: str | Path | None = None,
 ) -> Backend:
     """The backend `path` names; call `open()` on it before use. `lexical_dir`: where recall's
-    lexical index lives (None: the backend's default; "": no index).
+    lexical index lives (None: the backend's default; "": no index); `ann_dir`: where a SQLite
+    store saves its HNSW graphs (None: beside the file; "": not saved).
 
     Raises:
         StorageError: "unavailable" for a PostgreSQL URL when mnemo's `postgres` extra
@@ -91,4 +93,5 @@ def open_backend(
         busy_timeout=busy_timeout,
         synchronous=synchronous,
         lexical_dir=lexical_dir,
+        ann_dir=ann_dir,
     )

@@ -28,12 +28,15 @@ class SqliteBackend:
         busy_timeout: float,
         synchronous: str = "NORMAL",
         lexical_dir: str | Path | None = None,
+        ann_dir: str | Path | None = None,
     ) -> None:
         """`lexical_dir`: the folder of recall's lexical index (None: beside the file; "" or a
-        `:memory:` store: none, FTS5 answers)."""
+        `:memory:` store: none, FTS5 answers); `ann_dir`: the folder the HNSW graphs are saved
+        in (None: beside the file; "" or a `:memory:` store: not saved)."""
         self.database = Database(path, synchronous=synchronous, busy_timeout=busy_timeout)
         self.graph = SqliteGraph(
-            self.database, dims, lexical=_lexical_index(path, lexical_dir, busy_timeout)
+            self.database, dims, lexical=_lexical_index(path, lexical_dir, busy_timeout),
+            ann_dir=_beside(path, ann_dir, "hnsw"),
         )
         self.sessions = SqliteSessions(self.database)
         self.threads = SqliteThreads(self.database)
@@ -54,12 +57,17 @@ class SqliteBackend:
 def _lexical_index(
     path: str | Path, folder: str | Path | None, busy_timeout: float
 ) -> LexicalIndex | None:
+    where = _beside(path, folder, "lexical")
+    return None if where is None else LexicalIndex(where, SqliteLexicalSource(path, busy_timeout))
+
+
+def _beside(path: str | Path, folder: str | Path | None, suffix: str) -> Path | None:
+    """The folder of a cache of the file's: "<file>.<suffix>" when `folder` is None, one of
+    its own inside `folder` otherwise, none for "" or a `:memory:` store."""
     if str(path) == ":memory:" or folder == "":
         return None
     if folder is None:
-        where = Path(f"{path}.lexical")
-    else:
-        # One folder may serve many stores: each gets its own, named by the file's path.
-        name = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
-        where = Path(folder) / f"sqlite-{name}"
-    return LexicalIndex(where, SqliteLexicalSource(path, busy_timeout))
+        return Path(f"{path}.{suffix}")
+    # One folder may serve many stores: each gets its own, named by the file's path.
+    name = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    return Path(folder) / f"sqlite-{name}"

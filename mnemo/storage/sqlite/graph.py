@@ -17,6 +17,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -79,15 +80,17 @@ class SqliteGraph:
         ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
         ann_params: ann.HnswParams | None = None,
         lexical: LexicalIndex | None = None,
+        ann_dir: Path | None = None,
     ) -> None:
         """`ann_threshold`: vectors a repo must exceed before its searches use the HNSW index
-        (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5)."""
+        (None: always exact); `lexical`: the index that answers `search_text` (None: FTS5);
+        `ann_dir`: where the HNSW graphs are saved (None: not saved)."""
         self._database = database
         self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
         self._vectors = SqliteVectors(
-            database, dims, ann_threshold=ann_threshold, ann_params=ann_params
+            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir
         )
 
     @property

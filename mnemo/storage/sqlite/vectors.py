@@ -3,12 +3,15 @@
 Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use and kept in step
 by the graph's writes. Search is exact (numpy) until a repo holds more than `ann_threshold`
 vectors; past it, and when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`),
-rebuilt from the rows whenever a repo's index is loaded.
+read back from the graphs saved beside the file when they still match the rows
+(`mnemo.graph.ann_files`), else built from them.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -31,11 +34,13 @@ class SqliteVectors:
         *,
         ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
         ann_params: ann.HnswParams | None = None,
+        ann_dir: Path | None = None,
     ) -> None:
         self._database = database
         self._dims = dims
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
+        self._ann_dir = ann_dir
         self._indexes: dict[str, VectorIndex] = {}
         self._index_loading: dict[str, anyio.Lock] = {}
 
@@ -105,9 +110,16 @@ class SqliteVectors:
                 if self._ann_threshold is not None:
                     # The first load imports faiss (about 90 ms): in a thread, not on the loop.
                     await anyio.to_thread.run_sync(ann.load_faiss)
-                    ann.attach(index, threshold=self._ann_threshold, params=self._ann_params)
+                    ann.attach(index, threshold=self._ann_threshold, params=self._ann_params,
+                               folder=self._graph_folder(repo))
                 self._indexes[repo] = index
         return index
+
+    def _graph_folder(self, repo: str) -> Path | None:
+        """Where the repo's HNSW graphs are saved: a folder per repo, named by its digest."""
+        if self._ann_dir is None:
+            return None
+        return self._ann_dir / hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
 def _load_vectors(

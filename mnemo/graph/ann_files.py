@@ -1,0 +1,229 @@
+"""HNSW graphs saved beside the store, so that opening a big repo does not rebuild them.
+
+Why: building the graphs of a 1M-node repo took 26-52 minutes on two cores, and until then
+every search is the exact scan (49 ms at 1M). Every process that opened the store paid it
+again. Reading the saved graphs back takes seconds.
+
+The store stays the one truth; the files are a cache of it, checked row by row when read:
+
+- A saved graph holds, per label, the node id and the vector it was built from (faiss's
+  `IndexHNSWFlat` keeps its vectors). At load, a label counts only if its node is in the
+  index loaded from the store, with that type and bit for bit that vector; every other
+  label is dead from the start (a node removed, replaced or reworded since the save, by
+  this process or another). Rows of the store that no live label holds are inserted as new
+  ones. A repo changed too much since the save (dead or missing rows past the rebuild
+  fraction) is rebuilt instead, and so is one whose files are unreadable, from another
+  faiss format, or for other HNSW settings.
+- A save writes a new folder (`v-<random>`) and then points `current` at it with an atomic
+  rename; older folders are deleted afterwards. A process killed mid-save leaves the
+  previous save current (or none); its half-written folder is deleted by the next save.
+- Several processes may share the folder: saves and loads take its lock file, so a load
+  never reads a folder another process is deleting.
+- What a removed node leaves: its vector stays in the saved files until the next save after
+  a rebuild (as a deleted row's bytes stay in SQLite's free pages), and is never searchable
+  again: the check above drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+import numpy as np
+import numpy.typing as npt
+
+from mnemo.graph.vectors import DEAD, Snapshot
+
+log = logging.getLogger("mnemo")
+
+FORMAT = 1
+# Labels compared per chunk at load (a chunk's vectors are copied once: 50k x 384 x 4 bytes).
+_CHUNK = 50_000
+# How long a load or save waits for another process's save before giving up on the files.
+_LOCK_WAIT = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One graph as read back: the faiss index and the node id of each label."""
+
+    index: Any
+    labels: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """What a load keeps of the saved graphs: per graph key, its live labels' count of dead
+    ones; per node id, its (type code, label, label in the every-row graph); the snapshot's
+    ids no live label holds; and how many labels died."""
+
+    dead: dict[int, int]
+    labels: dict[str, tuple[int, int, int]]
+    missing: list[str]
+    dead_total: int
+
+
+class GraphFolder:
+    """The saved HNSW graphs of one repo's vector index, in `folder`."""
+
+    def __init__(self, folder: str | Path, settings: Mapping[str, int]) -> None:
+        self.folder = Path(folder)
+        # What the graphs were built with; a save under other settings is not loaded.
+        self._settings = dict(settings)
+
+    def save(self, graphs: Mapping[int, Saved], faiss: Any) -> None:
+        """Writes the graphs as a new version and makes it current (in the caller's thread:
+        the builder's)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            name = f"v-{uuid.uuid4().hex}"
+            version = self.folder / name
+            version.mkdir()
+            keys = sorted(graphs)
+            for key in keys:
+                faiss.write_index(graphs[key].index, str(version / f"g{key}.faiss"))
+                (version / f"g{key}.ids.json").write_text(json.dumps(graphs[key].labels))
+            manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
+            (version / "manifest.json").write_text(json.dumps(manifest))
+            for child in version.iterdir():
+                _sync_file(child)
+            _sync_folder(version)
+            pointer = self.folder / f"current.{name}.tmp"
+            pointer.write_text(name)
+            _sync_file(pointer)
+            os.replace(pointer, self.folder / "current")
+            _sync_folder(self.folder)
+            for old in self.folder.iterdir():
+                if old.name != name and old.name.startswith(("v-", "current.")):
+                    if old.is_dir():
+                        shutil.rmtree(old, ignore_errors=True)
+                    else:
+                        old.unlink(missing_ok=True)
+
+    def load(self, faiss: Any) -> dict[int, Saved] | None:
+        """The current version's graphs, or None when there is none or it cannot be used
+        (a reason is logged)."""
+        if not (self.folder / "current").exists():
+            return None
+        try:
+            with self._lock():
+                version = self.folder / (self.folder / "current").read_text().strip()
+                manifest = json.loads((version / "manifest.json").read_text())
+                if manifest.get("format") != FORMAT or manifest.get("settings") != self._settings:
+                    log.info("mnemo: saved HNSW graphs in %s are for other settings", version)
+                    return None
+                graphs = {}
+                for key in manifest["graphs"]:
+                    index = faiss.read_index(str(version / f"g{key}.faiss"))
+                    labels = json.loads((version / f"g{key}.ids.json").read_text())
+                    if index.ntotal != len(labels):
+                        raise ValueError(f"graph {key}: {index.ntotal} vectors, {len(labels)} ids")
+                    graphs[int(key)] = Saved(index, [str(i) for i in labels])
+                return graphs
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, filelock.Timeout) as exc:
+            # RuntimeError: faiss's for a truncated or foreign file.
+            log.warning("mnemo: saved HNSW graphs in %s not used (%s); rebuilding", self.folder,
+                        exc)
+            return None
+
+    def clear(self) -> None:
+        """Deletes every saved version (the repo's index went away)."""
+        with contextlib.suppress(OSError, filelock.Timeout), self._lock():
+            for old in self.folder.iterdir():
+                if old.name.startswith(("v-", "current")):
+                    if old.is_dir():
+                        shutil.rmtree(old, ignore_errors=True)
+                    else:
+                        old.unlink(missing_ok=True)
+
+    def _lock(self) -> filelock.FileLock:
+        return filelock.FileLock(str(self.folder / "lock"), timeout=_LOCK_WAIT)
+
+
+def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int, faiss: Any) -> Adopted:
+    """Checks saved graphs against the index's rows (`snap`): see the module docstring.
+    `every` is the key of the graph of every row; the others are keyed by type code."""
+    live: dict[int, dict[str, int]] = {}
+    dead: dict[int, int] = {}
+    for key, saved in graphs.items():
+        kept = _matching(saved, snap, None if key == every else key, faiss)
+        live[key] = kept
+        dead[key] = len(saved.labels) - len(kept)
+    in_every = live.get(every, {})
+    labels: dict[str, tuple[int, int, int]] = {}
+    for key, kept in live.items():
+        if key == every:
+            continue
+        for node_id, label in kept.items():
+            label_in_every = in_every.get(node_id)
+            if label_in_every is not None:
+                labels[node_id] = (key, label, label_in_every)
+    # A node live in its type's graph but not in the every-row graph (or the reverse) is
+    # inserted again, into both; its surviving label dies.
+    for key, kept in live.items():
+        for node_id in kept:
+            if node_id not in labels:
+                dead[key] += 1
+    count, _, codes, ids, _, _ = snap
+    present = np.flatnonzero(codes[:count] != DEAD)
+    missing = [ids[row] for row in present.tolist() if ids[row] not in labels]
+    dead_total = sum(n for key, n in dead.items() if key != every)
+    return Adopted(dead, labels, missing, dead_total)
+
+
+def _matching(saved: Saved, snap: Snapshot, code: int | None, faiss: Any) -> dict[str, int]:
+    """node id -> label, for the labels whose node is a row of `snap` (of type `code`, or
+    of any type) with the very vector the label was built from; the last label of an id
+    wins when several match."""
+    labels = saved.labels
+    n = len(labels)
+    if n == 0:
+        return {}
+    count, matrix, codes, _, rows_of, _ = snap
+    rows = np.fromiter((rows_of.get(node_id, -1) for node_id in labels), dtype=np.int64,
+                       count=n)
+    ok = (rows >= 0) & (rows < count)
+    types = np.full(n, DEAD, dtype=np.int8)
+    types[ok] = codes[rows[ok]]
+    ok &= types != DEAD if code is None else types == code
+    stored = _vectors(saved.index, faiss)
+    for start in range(0, n, _CHUNK):
+        chunk = slice(start, min(start + _CHUNK, n))
+        idx = np.flatnonzero(ok[chunk]) + start
+        if len(idx):
+            same = np.all(stored[idx] == matrix[rows[idx]], axis=1)
+            ok[idx[~same]] = False
+    return {labels[label]: label for label in np.flatnonzero(ok).tolist()}
+
+
+def _vectors(index: Any, faiss: Any) -> npt.NDArray[np.float32]:
+    """The vectors an `IndexHNSWFlat` holds, one row per label (a view, not a copy)."""
+    storage = faiss.downcast_index(index.storage)
+    total = int(index.ntotal) * int(index.d)
+    if total == 0:
+        return np.zeros((0, int(index.d)), dtype=np.float32)
+    flat: npt.NDArray[np.float32] = faiss.rev_swig_ptr(storage.get_xb(), total)
+    return flat.reshape(int(index.ntotal), int(index.d))
+
+
+def _sync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    """Makes the folder's entries (a rename, a new file) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,242 @@
+"""HNSW graphs saved beside the store: read back instead of built, checked row by row against
+the store's rows, rebuilt when unusable, and safe against a save cut short."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mnemo.graph import ann, ann_files
+from mnemo.graph.ann import HnswAccelerator, HnswParams
+from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.sqlite import SqliteBackend
+from tests.graph._support import policy
+from tests.graph.test_ann import DIM, THRESHOLD, changeset, clustered, exact, kinds, needs_faiss
+
+pytestmark = needs_faiss
+N = 1500
+
+
+def index_of(vectors: Vector, ids: list[str] | None = None) -> VectorIndex:
+    index = VectorIndex(DIM)
+    index.add(ids or [f"n{i}" for i in range(len(vectors))], kinds(len(vectors)), vectors)
+    return index
+
+
+def accelerate(
+    index: VectorIndex, folder: Path, params: HnswParams | None = None
+) -> HnswAccelerator:
+    accelerator = ann.attach(index, threshold=THRESHOLD, params=params, folder=folder)
+    assert accelerator is not None
+    assert accelerator.wait(60)
+    assert accelerator.failure is None
+    return accelerator
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[Vector, Path]:
+    """Graphs of N clustered rows, built and saved in a folder; the rows and the folder."""
+    vectors = clustered(N, seed=3)
+    folder = tmp_path / "graphs"
+    accelerator = accelerate(index_of(vectors), folder)
+    assert accelerator.stats()["read"] == 0
+    accelerator.close(10)
+    return vectors, folder
+
+
+def test_saved_graphs_are_read_back_and_search_as_built(saved: tuple[Vector, Path]) -> None:
+    """A second index of the same rows reads the graphs instead of building them, and its
+    searches return what the built graphs returned."""
+    vectors, folder = saved
+    built_index = index_of(vectors)
+    built = accelerate(built_index, folder.parent / "elsewhere")
+    index = index_of(vectors)
+    read = accelerate(index, folder)
+    try:
+        assert read.stats() | {"read": 0} == built.stats()
+        assert read.stats()["read"] == 1
+        for q in clustered(20, seed=9):
+            assert index.search(q, 10) == built_index.search(q, 10)
+            assert index.search(q, 5, [NodeType.SEMANTIC]) == built_index.search(
+                q, 5, [NodeType.SEMANTIC])
+    finally:
+        read.close(10)
+        built.close(10)
+
+
+def test_rows_changed_since_the_save_are_never_answered_from_it(
+    saved: tuple[Vector, Path],
+) -> None:
+    """Against the store's rows: a removed node is not found, a node with another vector is
+    found by its new one (its saved label is dead), and a node added since is inserted."""
+    vectors, folder = saved
+    changed = vectors.copy()
+    changed[7] = -vectors[7]
+    ids = [f"n{i}" for i in range(N)]
+    ids[3] = "someone-else"  # n3 gone, a new node in its place
+    index = index_of(changed, ids)
+    extra = clustered(5, seed=11)
+    index.add([f"x{i}" for i in range(5)], [NodeType.EPISODIC] * 5, extra)
+    accelerator = accelerate(index, folder)
+    try:
+        stats = accelerator.stats()
+        assert stats["read"] == 1
+        assert stats["pending"] == 0
+        assert stats["labels"] - stats["dead"] == N + 5
+        assert "n3" not in {i for i, _ in index.search(vectors[3], 50)}
+        top = index.search(vectors[7], 50)
+        assert "n7" not in {i for i, _ in top}
+        assert index.search(-vectors[7], 1)[0][0] == "n7"
+        assert index.search(changed[3], 1)[0][0] == "someone-else"
+        for i in range(5):
+            assert index.search(extra[i], 1)[0][0] == f"x{i}"
+        # Every answer still matches the exact scan's best row.
+        for q in clustered(20, seed=12):
+            assert index.search(q, 1) == exact(index, q, 1)
+    finally:
+        accelerator.close(10)
+
+
+def test_a_store_that_changed_too_much_is_rebuilt(saved: tuple[Vector, Path]) -> None:
+    vectors, folder = saved
+    fresh = clustered(N, seed=4)
+    fresh[: N // 2] = vectors[: N // 2]  # half the rows as saved, half new vectors
+    accelerator = accelerate(index_of(fresh), folder)
+    try:
+        assert accelerator.stats()["read"] == 0
+        assert accelerator.stats()["dead"] == 0
+    finally:
+        accelerator.close(10)
+    # ... and the rebuilt graphs were saved in their place.
+    again = accelerate(index_of(fresh), folder)
+    try:
+        assert again.stats()["read"] == 1
+        assert again.stats()["dead"] == 0
+    finally:
+        again.close(10)
+
+
+@pytest.mark.parametrize("damage", ["truncated graph", "missing ids", "bad manifest"])
+def test_unreadable_files_are_rebuilt_with_a_warning(
+    saved: tuple[Vector, Path], damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    vectors, folder = saved
+    version = folder / (folder / "current").read_text()
+    if damage == "truncated graph":
+        graph = version / "g-1.faiss"
+        graph.write_bytes(graph.read_bytes()[:1000])
+    elif damage == "missing ids":
+        (version / "g0.ids.json").unlink()
+    else:
+        (version / "manifest.json").write_text("{not json")
+    index = index_of(vectors)
+    with caplog.at_level(logging.WARNING, logger="mnemo"):
+        accelerator = accelerate(index, folder)
+    try:
+        assert accelerator.stats()["read"] == 0
+        assert "not used" in caplog.text
+        q = clustered(1, seed=5)[0]
+        assert index.search(q, 1) == exact(index, q, 1)
+    finally:
+        accelerator.close(10)
+
+
+def test_graphs_saved_with_other_settings_are_not_read(saved: tuple[Vector, Path]) -> None:
+    vectors, folder = saved
+    accelerator = accelerate(index_of(vectors), folder, HnswParams(m=16))
+    try:
+        assert accelerator.stats()["read"] == 0
+    finally:
+        accelerator.close(10)
+
+
+def test_a_save_cut_short_leaves_the_previous_one_current(saved: tuple[Vector, Path]) -> None:
+    """A process killed mid-save leaves a half-written version folder and maybe the new
+    pointer's temporary file: the previous save is still the one read, and the next save
+    deletes what the dead one left."""
+    vectors, folder = saved
+    current = (folder / "current").read_text()
+    half = folder / "v-half"
+    half.mkdir()
+    (half / "g-1.faiss").write_bytes(b"\0" * 100)
+    (folder / "current.v-half.tmp").write_text("v-half")
+    index = index_of(vectors)
+    accelerator = accelerate(index, folder)
+    try:
+        assert accelerator.stats()["read"] == 1
+        graphs = {key: ann_files.Saved(g.index, g.labels)
+                  for key, g in accelerator._graphs.items()}
+        ann_files.GraphFolder(folder, HnswParams().saved_settings()).save(
+            graphs, ann.load_faiss())
+    finally:
+        accelerator.close(10)
+    names = {p.name for p in folder.iterdir()}
+    assert "v-half" not in names
+    assert current not in names
+    assert names == {"current", "lock", (folder / "current").read_text()}
+
+
+def test_inserts_are_saved_once_they_are_a_tenth_of_the_graphs(
+    saved: tuple[Vector, Path],
+) -> None:
+    vectors, folder = saved
+    index = index_of(vectors)
+    accelerator = accelerate(index, folder)
+    more = clustered(N // 5, seed=6)
+    try:
+        before = (folder / "current").read_text()
+        index.add([f"m{i}" for i in range(len(more))], [NodeType.EPISODIC] * len(more), more)
+        assert accelerator.wait(60)
+        assert (folder / "current").read_text() != before
+    finally:
+        accelerator.close(10)
+    reopened = index_of(vectors)
+    reopened.add([f"m{i}" for i in range(len(more))], [NodeType.EPISODIC] * len(more), more)
+    again = accelerate(reopened, folder)
+    try:
+        assert again.stats()["read"] == 1
+        assert again.stats()["pending"] == 0
+        assert again.stats()["dead"] == 0
+    finally:
+        again.close(10)
+
+
+async def test_a_sqlite_store_saves_its_graphs_beside_the_file(tmp_path: Path) -> None:
+    """Through the backend: the graphs go to "<file>.hnsw", and a store opened again on the
+    file reads them, with the nodes deleted in between gone from its searches."""
+    path = tmp_path / "store.db"
+    vectors = clustered(900, seed=2)
+
+    async def opened() -> SqliteBackend:
+        backend = SqliteBackend(path, dims=lambda repo: DIM, busy_timeout=5.0)
+        backend.graph._vectors._ann_threshold = THRESHOLD  # small enough to be built
+        await backend.open()
+        return backend
+
+    backend = await opened()
+    try:
+        await backend.graph.apply(changeset("a", vectors, 0), intents=policy())
+        await backend.graph.search_vectors("r", vectors[0], 1)
+        with anyio.fail_after(60):
+            await backend.graph.settle("r")
+    finally:
+        await backend.close()
+    assert await anyio.Path(f"{path}.hnsw").is_dir()
+
+    backend = await opened()
+    try:
+        await backend.graph.delete_nodes("r", ["v5"])
+        assert (await backend.graph.search_vectors("r", vectors[6], 1))[0][0] == "v6"
+        with anyio.fail_after(60):
+            await backend.graph.settle("r")
+        index = await backend.graph.vector_index("r")
+        assert isinstance(index.accelerator, HnswAccelerator)
+        assert index.accelerator.stats()["read"] == 1
+        assert "v5" not in {n for n, _ in await backend.graph.search_vectors("r", vectors[5], 20)}
+    finally:
+        await backend.close()
+

@@ -328,9 +328,8 @@ class PgGraph:
         if not ids:
             return
         # Access stats are recall's bookkeeping, not a write a caller handed in: their commit
-        # does not wait for the WAL to reach the disk (1.7-3.6 ms a recall at 1M nodes). Like
-        # SQLite's WAL at synchronous=NORMAL, this survives a killed process, mnemo's or the
-        # server's; a crash of the machine may lose the last fraction of a second of counts
+        # does not wait for the WAL to reach the disk. A killed mnemo process loses nothing; a
+        # crash of the server or the machine may lose the last fraction of a second of counts
         # (docs/DECISIONS.md). One round trip: the transaction runs in a pipeline.
         async with self._pg.connection() as conn, conn.pipeline(), conn.transaction():
             await conn.execute("SET LOCAL synchronous_commit = off")

@@ -192,8 +192,7 @@ async def test_commit_survives_reopening(store: str) -> None:
 
 
 async def test_reinforcement_is_committed(store: str) -> None:
-    """Access counts written by `reinforce` are there for a store opened afterwards (on
-    PostgreSQL its transaction commits without waiting for the WAL flush, in a pipeline)."""
+    """Access counts written by `reinforce` are there for a store opened afterwards."""
     changeset = fact_with_tag("a", "nginx listens on port 8080", "nginx", vector_axis=2)
     async with open_stores(store, DIM) as first:
         await first.graph.apply(changeset, intents=policy())

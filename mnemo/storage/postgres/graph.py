@@ -327,12 +327,7 @@ class PgGraph:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
-        # Access stats are recall's bookkeeping, not a write a caller handed in: their commit
-        # does not wait for the WAL to reach the disk. A killed mnemo process loses nothing; a
-        # crash of the server or the machine may lose the last fraction of a second of counts
-        # (docs/DECISIONS.md). One round trip: the transaction runs in a pipeline.
-        async with self._pg.connection() as conn, conn.pipeline(), conn.transaction():
-            await conn.execute("SET LOCAL synchronous_commit = off")
+        async with self._pg.connection() as conn:
             await conn.execute(
                 "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
                 " WHERE repo = %s AND id = ANY(%s)",

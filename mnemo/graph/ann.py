@@ -144,7 +144,8 @@ def attach(
     if faiss is None:
         return None
     params = params or HnswParams()
-    files = None if folder is None else GraphFolder(folder, params.saved_settings())
+    files = None if folder is None else GraphFolder(
+        folder, {**params.saved_settings(), "dim": index.dim})
     accelerator = HnswAccelerator(index, faiss, threshold=threshold, params=params, files=files)
     index.accelerator = accelerator
     accelerator.start_if_due()
@@ -380,7 +381,7 @@ class HnswAccelerator:
                 if build:
                     if not self._tried_files:
                         self._tried_files = True
-                        if self._load():
+                        if self._load_or_log():
                             continue
                     if self._build():
                         self._save()
@@ -456,6 +457,16 @@ class HnswAccelerator:
             self._dead = sum(graph.dead for code, graph in graphs.items() if code != ALL)
             self._ready = True
             self._unsaved = 0
+
+    def _load_or_log(self) -> bool:
+        """`_load`, with any failure logged and answered by a build (the files are a cache)."""
+        try:
+            return self._load()
+        except Exception:
+            log.exception("mnemo: reading the saved HNSW graphs failed; building them")
+            with self._lock:
+                self._removed_in_build = None
+            return False
 
     def _load(self) -> bool:
         """Publishes the saved graphs, checked against the index's rows; False (build them)

@@ -154,6 +154,41 @@ def test_graphs_saved_with_other_settings_are_not_read(saved: tuple[Vector, Path
         accelerator.close(10)
 
 
+def test_graphs_of_vectors_of_another_dimension_are_not_read(
+    saved: tuple[Vector, Path],
+) -> None:
+    """A repo whose embedder changed dimension (the store's rows were re-embedded) builds."""
+    _, folder = saved
+    index = VectorIndex(DIM * 2)
+    index.add([f"n{i}" for i in range(N)], kinds(N), clustered(N, seed=3).repeat(2, axis=1))
+    accelerator = accelerate(index, folder)
+    try:
+        assert accelerator.stats()["read"] == 0
+    finally:
+        accelerator.close(10)
+
+
+def test_a_failure_while_checking_the_files_falls_back_to_a_build(
+    saved: tuple[Vector, Path], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    vectors, folder = saved
+
+    def broken(*args: object) -> None:
+        raise MemoryError("no room to compare")
+
+    monkeypatch.setattr(ann_files, "adopt", broken)
+    index = index_of(vectors)
+    with caplog.at_level(logging.ERROR, logger="mnemo"):
+        accelerator = accelerate(index, folder)
+    try:
+        assert accelerator.stats()["read"] == 0
+        assert accelerator.ready
+        assert "reading the saved HNSW graphs failed" in caplog.text
+    finally:
+        accelerator.close(10)
+
+
 def test_a_save_cut_short_leaves_the_previous_one_current(saved: tuple[Vector, Path]) -> None:
     """A process killed mid-save leaves a half-written version folder and maybe the new
     pointer's temporary file: the previous save is still the one read, and the next save
@@ -170,8 +205,8 @@ def test_a_save_cut_short_leaves_the_previous_one_current(saved: tuple[Vector, P
         assert accelerator.stats()["read"] == 1
         graphs = {key: ann_files.Saved(g.index, g.labels)
                   for key, g in accelerator._graphs.items()}
-        ann_files.GraphFolder(folder, HnswParams().saved_settings()).save(
-            graphs, ann.load_faiss())
+        assert accelerator.files is not None
+        accelerator.files.save(graphs, ann.load_faiss())
     finally:
         accelerator.close(10)
     names = {p.name for p in folder.iterdir()}

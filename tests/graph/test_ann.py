@@ -16,6 +16,7 @@ import pytest
 
 from mnemo.graph import ann
 from mnemo.graph.ann import HnswAccelerator, HnswParams
+from mnemo.graph.ann_search import ALL
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex
 from mnemo.storage.sqlite.database import Database
@@ -197,8 +198,8 @@ def test_a_search_of_every_type_walks_one_graph(
     queries = clustered(30, seed=8)
     semantic = TYPE_CODES[NodeType.SEMANTIC]
     for only, walked in [
-        (None, [ann.ALL]),
-        ([NodeType.EPISODIC], [ann.ALL]),  # 78 % of the rows
+        (None, [ALL]),
+        ([NodeType.EPISODIC], [ALL]),  # 78 % of the rows
         ([NodeType.SEMANTIC], [semantic]),  # 20 %
         ([NodeType.SEMANTIC, NodeType.PROCEDURAL], [semantic, TYPE_CODES[NodeType.PROCEDURAL]]),
     ]:

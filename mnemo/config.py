@@ -90,9 +90,10 @@ class Config:
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
     # it off (the store's own full-text search answers). Read from the Memory's config only.
     lexical_dir: str | None = None
-    # Where a SQLite store's HNSW graphs are saved, so that opening a big repo reads them back
-    # instead of building them again (minutes at 1M nodes): None is beside the file
-    # ("<file>.hnsw"), "" turns saving off. A cache, checked against the store when read
+    # Where the HNSW graphs are saved, so that opening a big repo reads them back instead of
+    # building them again (minutes at 1M nodes): None is beside a SQLite file
+    # ("<file>.hnsw"), or the lexical index's default folder for PostgreSQL (its routing
+    # graphs); "" turns saving off. A cache, checked against the store when read
     # (mnemo.graph.ann_files). Read from the Memory's config only.
     ann_dir: str | None = None
     # Issue 14: the live facts of its type each new fact is compared with, per recall channel

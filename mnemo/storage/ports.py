@@ -67,8 +67,8 @@ def open_backend(
     ann_dir: str | Path | None = None,
 ) -> Backend:
     """The backend `path` names; call `open()` on it before use. `lexical_dir`: where recall's
-    lexical index lives (None: the backend's default; "": no index); `ann_dir`: where a SQLite
-    store saves its HNSW graphs (None: beside the file; "": not saved).
+    lexical index lives (None: the backend's default; "": no index); `ann_dir`: where the HNSW
+    graphs are saved (None: the backend's default; "": not saved).
 
     Raises:
         StorageError: "unavailable" for a PostgreSQL URL when mnemo's `postgres` extra
@@ -83,7 +83,8 @@ def open_backend(
         from mnemo.storage.postgres.store import PostgresBackend
 
         return PostgresBackend(
-            str(path), dims=dims, busy_timeout=busy_timeout, lexical_dir=lexical_dir
+            str(path), dims=dims, busy_timeout=busy_timeout, lexical_dir=lexical_dir,
+            ann_dir=ann_dir,
         )
     from mnemo.storage.sqlite import SqliteBackend
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -76,6 +77,7 @@ class PgGraph:
         *,
         exact_below: int = EXACT_BELOW,
         lexical: LexicalIndex | None = None,
+        ann_dir: Path | None = None,
     ) -> None:
         self._pg = pg
         self._dims = dims
@@ -85,7 +87,7 @@ class PgGraph:
         # others for its work: at most half the pool holds locks, so commits to many repos
         # at once never take every connection and wait for one that no lock will give back.
         self._lock_slots = anyio.CapacityLimiter(max(1, pg.max_size // 2))
-        self._vectors = PgVectors(pg, dims, exact_below=exact_below)
+        self._vectors = PgVectors(pg, dims, exact_below=exact_below, ann_dir=ann_dir)
 
     def dim(self, repo: str) -> int:
         return self._dims(repo)

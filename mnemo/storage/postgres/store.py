@@ -30,9 +30,12 @@ class PostgresBackend:
         busy_timeout: float,
         max_connections: int = MAX_CONNECTIONS,
         lexical_dir: str | Path | None = None,
+        ann_dir: str | Path | None = None,
     ) -> None:
         """`lexical_dir`: the folder of recall's lexical index (None: `$MNEMO_LEXICAL_DIR` or
-        the user's cache folder; "": none, PostgreSQL's full-text search answers)."""
+        the user's cache folder; "": none, PostgreSQL's full-text search answers); `ann_dir`:
+        where the routing vectors' HNSW graphs are saved (None: the lexical index's default
+        folder; "": not saved)."""
         self.postgres = Postgres(url, busy_timeout=busy_timeout, max_size=max_connections)
         lexical = None
         if lexical_dir != "":
@@ -40,7 +43,8 @@ class PostgresBackend:
                 Path(lexical_dir) if lexical_dir is not None else default_folder(),
                 PgLexicalSource(url, busy_timeout),
             )
-        self.graph = PgGraph(self.postgres, dims, lexical=lexical)
+        graphs = None if ann_dir == "" else Path(ann_dir) if ann_dir else default_folder()
+        self.graph = PgGraph(self.postgres, dims, lexical=lexical, ann_dir=graphs)
         self.sessions = PgSessions(self.postgres)
         self.threads = PgThreads(self.postgres)
         self.coordination = PgCoordination(self.postgres)

@@ -10,8 +10,10 @@ are a small part of a repo. Other vectors are read when needed, never held.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -40,11 +42,19 @@ class PgVectors:
     """The vector side of one database's graph; its caches follow this process's writes."""
 
     def __init__(
-        self, pg: Postgres, dims: Callable[[str], int], *, exact_below: int = EXACT_BELOW
+        self,
+        pg: Postgres,
+        dims: Callable[[str], int],
+        *,
+        exact_below: int = EXACT_BELOW,
+        ann_dir: Path | None = None,
     ) -> None:
+        """`ann_dir`: where the routes' HNSW graphs are saved, a folder per database inside
+        (None: not saved)."""
         self._pg = pg
         self._dims = dims
         self._exact_below = exact_below
+        self._ann_dir = ann_dir
         self._routes: dict[str, VectorIndex] = {}
         self._routes_loading: dict[str, anyio.Lock] = {}
         self._sizes: dict[str, int] = {}
@@ -141,7 +151,8 @@ class PgVectors:
                 # Past `ROUTES_ANN_FROM` routes, HNSW graphs answer the probes (faiss, if
                 # installed; the first load imports it, about 90 ms: in a thread).
                 await anyio.to_thread.run_sync(ann.load_faiss)
-                ann.attach(index, threshold=ROUTES_ANN_FROM)
+                ann.attach(index, threshold=ROUTES_ANN_FROM,
+                           folder=await self._graph_folder(repo))
                 self._routes[repo] = index
         return index
 
@@ -184,6 +195,18 @@ class PgVectors:
                 # An iterative HNSW scan returns rows in roughly distance order.
                 results.append(rows if exact else sorted(rows, key=lambda r: -r[1]))
         return results
+
+    async def _graph_folder(self, repo: str) -> Path | None:
+        """Where the repo's routing graphs are saved: per database (the cluster's identifier
+        and the database's oid, as the lexical index names its folder), then per repo."""
+        if self._ann_dir is None:
+            return None
+        (system, oid), = await self._pg.fetch_all(
+            "SELECT (SELECT system_identifier FROM pg_control_system()),"
+            " (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
+        return self._ann_dir / f"pg-{system}-{oid}" / "hnsw" / digest
 
     async def _size(self, repo: str) -> int:
         if repo not in self._sizes:

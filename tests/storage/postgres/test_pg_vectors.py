@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import anyio
 import numpy as np
 import psycopg
 import pytest
@@ -82,3 +85,44 @@ async def test_routes_past_the_threshold_are_probed_through_hnsw(
             assert found[0][0][0] == "n999"
         finally:
             await graph.aclose()
+
+
+async def test_routes_graphs_are_saved_and_read_back_by_the_next_process(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With a folder, the routes' graphs are saved once built; a graph store opened later on
+    the same database reads them instead of building them, and a route deleted in between
+    is never found through them."""
+    monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
+    monkeypatch.setattr(ann, "WALK_FROM", 100)
+    rng = np.random.default_rng(6)
+    vectors = rng.normal(size=(1000, DIM)).astype(np.float32)
+    kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
+    async with Postgres(pg_url) as pg:
+        graph = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)
+        try:
+            nodes = [NodeDraft(f"n{i}", kinds[i], f"route {i}", {}, vectors[i])
+                     for i in range(1000)]
+            await graph.apply(Changeset("cs", "r", nodes), intents=policy())
+            routes = await graph._vectors.routes("r")
+            await graph.settle("r")
+            assert isinstance(routes.accelerator, HnswAccelerator)
+            assert routes.accelerator.stats()["read"] == 0
+        finally:
+            await graph.aclose()
+        saved = [p async for p in anyio.Path(tmp_path).glob("pg-*/hnsw/*/current")]
+        assert len(saved) == 1
+
+        again = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)
+        try:
+            await again.delete_nodes("r", ["n8"])
+            routes = await again._vectors.routes("r")
+            await again.settle("r")
+            assert isinstance(routes.accelerator, HnswAccelerator)
+            assert routes.accelerator.stats()["read"] == 1
+            assert routes.accelerator.ready
+            found = await again.nearest_of_type("r", vectors[[8, 12]], NodeType.TAG, 1)
+            assert found[0][0][0] != "n8"
+            assert found[1][0][0] == "n12"
+        finally:
+            await again.aclose()

@@ -71,6 +71,9 @@ class Config:
     # share of its score (issue 12: evidence is often the adjacent turn); 0: off. 0.5 never
     # reached the top 10 on LoCoMo, 0.8 did (BENCHMARKS.md).
     recall_neighbour_weight: float = 0.8
+    # How many steps on each side of a hit are its neighbours: LoCoMo dev R@10 0.725 at 1,
+    # 0.742 at 2 (BENCHMARKS.md, "Recall at a million, session 8").
+    recall_neighbour_width: int = 2
     # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
     # one call per recall); meant for a real LLM: the offline one keeps the order.
     recall_rerank: bool = False
@@ -166,7 +169,8 @@ class Config:
                 raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")
         for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k",
                      "recall_top_k_semantic", "recall_top_k_episodic",
-                     "recall_top_k_procedural", "max_text_chars", "recall_rerank_candidates"):
+                     "recall_top_k_procedural", "max_text_chars", "recall_rerank_candidates",
+                     "recall_neighbour_width"):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")

@@ -269,8 +269,8 @@ class Recaller:
     def _neighbour_offers(
         self, found: dict[str, _Candidate], nodes: dict[str, Node], k: int
     ) -> dict[str, _Candidate]:
-        """The steps next to the best `2k` episodic hits, at `recall_neighbour_weight` of
-        their score, as one hop."""
+        """The steps up to `recall_neighbour_width` before and after the best `2k` episodic
+        hits, at `recall_neighbour_weight` of their score, as one hop."""
         weight = self.config.recall_neighbour_weight
         offers: dict[str, _Candidate] = {}
         if weight <= 0:
@@ -280,7 +280,7 @@ class Recaller:
             if node is None:
                 continue
             parent = found[node_id]
-            for neighbour in adjacent_steps(node):
+            for neighbour in adjacent_steps(node, self.config.recall_neighbour_width):
                 candidate = _Candidate(parent.score * weight, "hop", parent.hop + 1)
                 offer(offers, neighbour, candidate)
         return offers

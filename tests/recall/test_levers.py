@@ -190,3 +190,32 @@ async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: GraphStore)
     )
     assert (found["episodic_ep:1"].phase, found["episodic_ep:1"].hop) == ("hop", 1)
     assert found["episodic_ep:1"].score == pytest.approx(0.8 * found["episodic_ep:0"].score)
+
+
+async def test_neighbour_width_brings_the_steps_that_far_from_a_hit(graph: GraphStore) -> None:
+    """recall_neighbour_width 2 offers the steps two away from a hit too, at the same share
+    of its score; at 1 only the adjacent ones. A width below 1 is refused."""
+    steps = [("episodic_w:0", "what did you paint last weekend"),
+             ("episodic_w:1", "guess"),
+             ("episodic_w:2", "a lake at sunrise, with my kids"),
+             ("episodic_w:3", "the weather was awful on monday")]
+    vectors = await EMBEDDER.embed([text for _, text in steps])
+    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "w", "index": i},
+                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
+    await graph.apply(Changeset("cs-w", "w", drafts, []), intents=policy())
+    offline = mnemo.OfflineLLM()
+
+    async def found(width: int) -> dict[str, mnemo.Recalled]:
+        config = mnemo.Config(value_weight=0.0, recall_mmr_lambda=1.0,
+                              recall_neighbour_width=width)
+        recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=offline)
+        result = await recaller.recall("w", "what did Melanie paint", k=4, types=None)
+        check_invariants(result, 4, config)
+        return {m.node.id: m for m in result.memories}
+
+    assert "episodic_w:2" not in await found(1)
+    wide = await found(2)
+    assert (wide["episodic_w:2"].phase, wide["episodic_w:2"].hop) == ("hop", 1)
+    assert wide["episodic_w:2"].score == pytest.approx(0.8 * wide["episodic_w:0"].score)
+    with pytest.raises(mnemo.InvalidInputError, match="recall_neighbour_width"):
+        mnemo.Config(recall_neighbour_width=0)

@@ -26,7 +26,7 @@ The store stays the one truth; the files are a cache of it, checked row by row w
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import json
 import logging
 import os
@@ -87,27 +87,47 @@ class GraphFolder:
         with self._lock():
             name = f"v-{uuid.uuid4().hex}"
             version = self.folder / name
-            version.mkdir()
-            keys = sorted(graphs)
-            for key in keys:
-                faiss.write_index(graphs[key].index, str(version / f"g{key}.faiss"))
-                (version / f"g{key}.ids.json").write_text(json.dumps(graphs[key].labels))
-            manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
-            (version / "manifest.json").write_text(json.dumps(manifest))
-            for child in version.iterdir():
-                _sync_file(child)
-            _sync_folder(version)
             pointer = self.folder / f"current.{name}.tmp"
-            pointer.write_text(name)
-            _sync_file(pointer)
-            os.replace(pointer, self.folder / "current")
-            _sync_folder(self.folder)
+            try:
+                self._write(version, pointer, graphs, faiss)
+            except BaseException:
+                # A failed save leaves nothing behind (a full disk stays no fuller), unless
+                # it failed after `current` moved to it.
+                if self._current() != name:
+                    shutil.rmtree(version, ignore_errors=True)
+                pointer.unlink(missing_ok=True)
+                raise
             for old in self.folder.iterdir():
                 if old.name != name and old.name.startswith(("v-", "current.")):
                     if old.is_dir():
                         shutil.rmtree(old, ignore_errors=True)
                     else:
                         old.unlink(missing_ok=True)
+
+    def _write(
+        self, version: Path, pointer: Path, graphs: Mapping[int, Saved], faiss: Any
+    ) -> None:
+        """Writes one version's files, then points `current` at it."""
+        version.mkdir()
+        keys = sorted(graphs)
+        for key in keys:
+            faiss.write_index(graphs[key].index, str(version / f"g{key}.faiss"))
+            (version / f"g{key}.ids.json").write_text(json.dumps(graphs[key].labels))
+        manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
+        (version / "manifest.json").write_text(json.dumps(manifest))
+        for child in version.iterdir():
+            _sync_file(child)
+        _sync_folder(version)
+        pointer.write_text(version.name)
+        _sync_file(pointer)
+        os.replace(pointer, self.folder / "current")
+        _sync_folder(self.folder)
+
+    def _current(self) -> str | None:
+        try:
+            return (self.folder / "current").read_text().strip()
+        except OSError:
+            return None
 
     def load(self, faiss: Any) -> dict[int, Saved] | None:
         """The current version's graphs, or None when there is none or it cannot be used
@@ -134,16 +154,6 @@ class GraphFolder:
             log.warning("mnemo: saved HNSW graphs in %s not used (%s); rebuilding", self.folder,
                         exc)
             return None
-
-    def clear(self) -> None:
-        """Deletes every saved version (the repo's index went away)."""
-        with contextlib.suppress(OSError, filelock.Timeout), self._lock():
-            for old in self.folder.iterdir():
-                if old.name.startswith(("v-", "current")):
-                    if old.is_dir():
-                        shutil.rmtree(old, ignore_errors=True)
-                    else:
-                        old.unlink(missing_ok=True)
 
     def _lock(self) -> filelock.FileLock:
         return filelock.FileLock(str(self.folder / "lock"), timeout=_LOCK_WAIT)
@@ -221,9 +231,16 @@ def _sync_file(path: Path) -> None:
 
 
 def _sync_folder(folder: Path) -> None:
-    """Makes the folder's entries (a rename, a new file) durable."""
-    fd = os.open(folder, os.O_RDONLY)
+    """Makes the folder's entries (a rename, a new file) durable, where the system can (some
+    file systems and Windows cannot fsync a folder: the rename is all there is)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES):
+            raise
     finally:
         os.close(fd)

@@ -189,6 +189,72 @@ def test_a_failure_while_checking_the_files_falls_back_to_a_build(
         accelerator.close(10)
 
 
+def test_rows_changed_while_the_files_are_checked_are_not_lost(
+    saved: tuple[Vector, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row removed and a row added while a load checks the files against its snapshot
+    (the event loop goes on meanwhile): the removed one is dead, the added one inserted."""
+    vectors, folder = saved
+    index = index_of(vectors)
+    late = clustered(1, seed=13)
+    real = ann_files.adopt
+
+    def meanwhile(*args: object, **kwargs: object) -> ann_files.Adopted:
+        adopted = real(*args, **kwargs)  # type: ignore[arg-type]
+        assert "n10" in adopted.labels  # live when checked ...
+        index.remove(["n10"])  # ... and removed before the graphs are published
+        index.add(["late"], [NodeType.EPISODIC], late)
+        return adopted
+
+    monkeypatch.setattr(ann_files, "adopt", meanwhile)
+    accelerator = accelerate(index, folder)
+    try:
+        stats = accelerator.stats()
+        assert stats["read"] == 1
+        assert stats["pending"] == 0
+        assert stats["dead"] == 1
+        assert stats["labels"] - stats["dead"] == N
+        assert "n10" not in {i for i, _ in index.search(vectors[10], 50)}
+        assert index.search(late[0], 1)[0][0] == "late"
+    finally:
+        accelerator.close(10)
+
+
+def test_a_failed_save_leaves_nothing_behind_and_is_not_retried_at_once(
+    saved: tuple[Vector, Path], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A save that fails midway (a full disk) deletes what it wrote, keeps the previous save
+    current, and the graphs in memory go on answering."""
+    _, folder = saved
+    current = (folder / "current").read_text()
+    attempts: list[Path] = []
+
+    def full_disk(self: ann_files.GraphFolder, version: Path, *args: object) -> None:
+        attempts.append(version)
+        version.mkdir()
+        (version / "g-1.faiss").write_bytes(b"\0" * 1000)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ann_files.GraphFolder, "_write", full_disk)
+    fresh = clustered(N, seed=4)  # too different from the save: rebuilt, then saved
+    index = index_of(fresh)
+    with caplog.at_level(logging.WARNING, logger="mnemo"):
+        accelerator = accelerate(index, folder)
+    try:
+        assert len(attempts) == 1
+        assert "No space left" in caplog.text
+        assert accelerator.ready
+        assert {p.name for p in folder.iterdir()} == {"current", "lock", current}
+        more = clustered(20, seed=14)
+        index.add([f"m{i}" for i in range(20)], [NodeType.EPISODIC] * 20, more)
+        assert accelerator.wait(60)
+        assert len(attempts) == 1  # 20 inserts are not a tenth of the graphs
+        assert index.search(more[3], 1)[0][0] == "m3"
+    finally:
+        accelerator.close(10)
+
+
 def test_a_save_cut_short_leaves_the_previous_one_current(saved: tuple[Vector, Path]) -> None:
     """A process killed mid-save leaves a half-written version folder and maybe the new
     pointer's temporary file: the previous save is still the one read, and the next save
@@ -265,12 +331,14 @@ async def test_a_sqlite_store_saves_its_graphs_beside_the_file(tmp_path: Path) -
     backend = await opened()
     try:
         await backend.graph.delete_nodes("r", ["v5"])
-        assert (await backend.graph.search_vectors("r", vectors[6], 1))[0][0] == "v6"
+        await backend.graph.search_vectors("r", vectors[6], 1)  # loads the index
         with anyio.fail_after(60):
             await backend.graph.settle("r")
         index = await backend.graph.vector_index("r")
         assert isinstance(index.accelerator, HnswAccelerator)
         assert index.accelerator.stats()["read"] == 1
+        assert index.accelerator.stats()["dead"] == 1  # v5's label, checked against the rows
+        assert (await backend.graph.search_vectors("r", vectors[6], 1))[0][0] == "v6"
         assert "v5" not in {n for n, _ in await backend.graph.search_vectors("r", vectors[5], 20)}
     finally:
         await backend.close()

@@ -11,6 +11,7 @@ are a small part of a repo. Other vectors are read when needed, never held.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -20,11 +21,14 @@ import anyio
 import numpy as np
 from psycopg import sql
 
+from mnemo.errors import StorageError
 from mnemo.graph import ann
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import schema
 from mnemo.storage.postgres.connection import Postgres
+
+log = logging.getLogger("mnemo")
 
 ROUTES = (NodeType.TAG, NodeType.INTENT)
 # Past this many routing vectors in a repo, recall's probes walk HNSW graphs instead of a
@@ -55,6 +59,7 @@ class PgVectors:
         self._dims = dims
         self._exact_below = exact_below
         self._ann_dir = ann_dir
+        self._place: str | None = None  # the database's folder name, read once
         self._routes: dict[str, VectorIndex] = {}
         self._routes_loading: dict[str, anyio.Lock] = {}
         self._sizes: dict[str, int] = {}
@@ -145,14 +150,16 @@ class PgVectors:
         async with self._routes_loading.setdefault(repo, anyio.Lock()):
             index = self._routes.get(repo)
             if index is None:
+                # Past `ROUTES_ANN_FROM` routes, HNSW graphs answer the probes (faiss, if
+                # installed; the first load imports it, about 90 ms: in a thread). The
+                # folder first: between the rows' read and the index's registration, this
+                # process's writes would not reach the index.
+                faiss = await anyio.to_thread.run_sync(ann.load_faiss)
+                folder = None if faiss is None else await self._graph_folder(repo)
                 index = VectorIndex(self._dims(repo))
                 ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
                 index.add(ids, types, matrix)
-                # Past `ROUTES_ANN_FROM` routes, HNSW graphs answer the probes (faiss, if
-                # installed; the first load imports it, about 90 ms: in a thread).
-                await anyio.to_thread.run_sync(ann.load_faiss)
-                ann.attach(index, threshold=ROUTES_ANN_FROM,
-                           folder=await self._graph_folder(repo))
+                ann.attach(index, threshold=ROUTES_ANN_FROM, folder=folder)
                 self._routes[repo] = index
         return index
 
@@ -201,12 +208,21 @@ class PgVectors:
         and the database's oid, as the lexical index names its folder), then per repo."""
         if self._ann_dir is None:
             return None
-        (system, oid), = await self._pg.fetch_all(
-            "SELECT (SELECT system_identifier FROM pg_control_system()),"
-            " (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
+        if self._place is None:
+            try:
+                (system, oid), = await self._pg.fetch_all(
+                    "SELECT (SELECT system_identifier FROM pg_control_system()),"
+                    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            except StorageError as exc:
+                # pg_control_system() may be revoked (or absent on a compatible server): the
+                # graphs are then built at each open, as before, and recall goes on.
+                log.warning("mnemo: the routes' HNSW graphs will not be saved (%s)", exc)
+                self._ann_dir = None
+                return None
+            self._place = f"pg-{system}-{oid}"
         digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
-        return self._ann_dir / f"pg-{system}-{oid}" / "hnsw" / digest
+        return self._ann_dir / self._place / "hnsw" / digest
 
     async def _size(self, repo: str) -> int:
         if repo not in self._sizes:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
 import psycopg
 import pytest
 
+from mnemo.errors import StorageError
 from mnemo.graph import ann
 from mnemo.graph.ann import HnswAccelerator
 from mnemo.graph.model import Changeset, NodeDraft, NodeType
@@ -126,3 +129,36 @@ async def test_routes_graphs_are_saved_and_read_back_by_the_next_process(
             assert found[1][0][0] == "n12"
         finally:
             await again.aclose()
+
+
+async def test_routes_load_when_the_database_identity_cannot_be_read(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Where `pg_control_system()` is revoked (a managed server), the routes' graphs are not
+    saved, with a warning, and recall's probes work as without a folder."""
+    rng = np.random.default_rng(7)
+    vectors = rng.normal(size=(20, DIM)).astype(np.float32)
+    async with Postgres(pg_url) as pg:
+        real = pg.fetch_all
+
+        async def revoked(statement: Any, params: Any = None, **kwargs: Any) -> Any:
+            if "pg_control_system" in str(statement):
+                raise StorageError("unavailable", "permission denied for function")
+            return await real(statement, params, **kwargs)
+
+        monkeypatch.setattr(pg, "fetch_all", revoked)
+        graph = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)
+        try:
+            nodes = [NodeDraft(f"t{i}", NodeType.TAG, f"tag {i}", {}, vectors[i])
+                     for i in range(20)]
+            await graph.apply(Changeset("cs", "r", nodes), intents=policy())
+            with caplog.at_level(logging.WARNING, logger="mnemo"):
+                found = await graph.nearest_of_type("r", vectors[[4]], NodeType.TAG, 1)
+            assert found[0][0][0] == "t4"
+            assert "will not be saved" in caplog.text
+            routes = await graph._vectors.routes("r")
+            assert isinstance(routes.accelerator, HnswAccelerator)
+            assert routes.accelerator.files is None
+        finally:
+            await graph.aclose()

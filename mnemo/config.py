@@ -69,10 +69,11 @@ class Config:
     recall_prf_terms: int = 0
     # The steps before and after each of the best episodic hits join the candidates at this
     # share of its score (issue 12: evidence is often the adjacent turn); 0: off. 0.5 never
-    # reached the top 10 on LoCoMo, 0.8 did (BENCHMARKS.md).
-    recall_neighbour_weight: float = 0.8
+    # reached the top 10 on LoCoMo, 0.8 did; with two steps each side, 0.9 did best (LoCoMo
+    # dev R@10 0.752; 1.0 lost R@1; BENCHMARKS.md, "Recall at a million, session 8").
+    recall_neighbour_weight: float = 0.9
     # How many steps on each side of a hit are its neighbours: LoCoMo dev R@10 0.725 at 1,
-    # 0.742 at 2 (BENCHMARKS.md, "Recall at a million, session 8").
+    # 0.742 at 2, 0.736 at 3 (at weight 0.8).
     recall_neighbour_width: int = 2
     # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
     # one call per recall); meant for a real LLM: the offline one keeps the order.

@@ -207,7 +207,7 @@ async def test_neighbour_width_brings_the_steps_that_far_from_a_hit(graph: Graph
 
     async def found(width: int) -> dict[str, mnemo.Recalled]:
         config = mnemo.Config(value_weight=0.0, recall_mmr_lambda=1.0,
-                              recall_neighbour_width=width)
+                              recall_neighbour_weight=0.8, recall_neighbour_width=width)
         recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=offline)
         result = await recaller.recall("w", "what did Melanie paint", k=4, types=None)
         check_invariants(result, 4, config)

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import numpy.typing as npt
 import psycopg
 import pytest
 
@@ -51,23 +52,30 @@ async def test_the_hnsw_index_comes_when_exact_search_stops(pg_url: str) -> None
         assert [i for i, _ in await graph.search_vectors("r", vectors[10], 1)] == ["n10"]
 
 
+def many_routes(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> tuple[npt.NDArray[np.float32], list[NodeDraft]]:
+    """1,000 random routes (a tag in four, the rest intents), with the thresholds lowered
+    so that both types get HNSW graphs and are walked, not multiplied."""
+    monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
+    monkeypatch.setattr(ann, "WALK_FROM", 100)
+    vectors = np.random.default_rng(seed).normal(size=(1000, DIM)).astype(np.float32)
+    kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
+    return vectors, [NodeDraft(f"n{i}", kinds[i], f"route {i}", {}, vectors[i])
+                     for i in range(1000)]
+
+
 async def test_routes_past_the_threshold_are_probed_through_hnsw(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past `ROUTES_ANN_FROM` routing vectors, recall's probes of tags and intents walk HNSW
     graphs (in a worker thread) instead of a product with every routing row, find what that
     product finds, and follow a route added after the graphs were built."""
-    monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
-    monkeypatch.setattr(ann, "WALK_FROM", 100)  # both types are walked, not multiplied
-    rng = np.random.default_rng(5)
-    vectors = rng.normal(size=(1000, DIM)).astype(np.float32)
-    kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
+    vectors, nodes = many_routes(monkeypatch, seed=5)
     async with Postgres(pg_url) as pg:
         graph = PgGraph(pg, lambda repo: DIM)
         try:
-            nodes = [NodeDraft(f"n{i}", kinds[i], f"route {i}", {}, vectors[i])
-                     for i in range(999)]
-            await graph.apply(Changeset("cs", "r", nodes), intents=policy())
+            await graph.apply(Changeset("cs", "r", nodes[:999]), intents=policy())
             routes = await graph._vectors.routes("r")
             await graph.settle("r")
             assert isinstance(routes.accelerator, HnswAccelerator)
@@ -96,16 +104,10 @@ async def test_routes_graphs_are_saved_and_read_back_by_the_next_process(
     """With a folder, the routes' graphs are saved once built; a graph store opened later on
     the same database reads them instead of building them, and a route deleted in between
     is never found through them."""
-    monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
-    monkeypatch.setattr(ann, "WALK_FROM", 100)
-    rng = np.random.default_rng(6)
-    vectors = rng.normal(size=(1000, DIM)).astype(np.float32)
-    kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
+    vectors, nodes = many_routes(monkeypatch, seed=6)
     async with Postgres(pg_url) as pg:
         graph = PgGraph(pg, lambda repo: DIM, ann_dir=tmp_path)
         try:
-            nodes = [NodeDraft(f"n{i}", kinds[i], f"route {i}", {}, vectors[i])
-                     for i in range(1000)]
             await graph.apply(Changeset("cs", "r", nodes), intents=policy())
             routes = await graph._vectors.routes("r")
             await graph.settle("r")

@@ -48,13 +48,12 @@ import importlib
 import logging
 import math
 import threading
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import anyio.to_thread
 import filelock
 import numpy as np
 import numpy.typing as npt
@@ -62,14 +61,11 @@ import numpy.typing as npt
 from mnemo.graph import ann_files
 from mnemo.graph.ann_files import GraphFolder
 from mnemo.graph.ann_search import ALL, Graph, rerank, walks
-from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.model import Vector
 from mnemo.graph.vectors import (
     DEAD,
-    TYPE_CODES,
     Snapshot,
     VectorIndex,
-    top_per_row,
-    unit,
 )
 
 log = logging.getLogger("mnemo")
@@ -150,50 +146,6 @@ def attach(
     index.accelerator = accelerator
     accelerator.start_if_due()
     return accelerator
-
-
-async def nearest_of_type(
-    index: VectorIndex, probes: Vector, kind: NodeType, k: int
-) -> list[list[tuple[str, float]]]:
-    """For each probe row, the `k` rows of one type nearest by cosine (recall probes the tags
-    with the query and each search tag at once): a walk of the type's HNSW graph per probe
-    when the index has one ready (about a millisecond each, where gathering every row of the
-    type costs tens at 1M nodes), else, and for a type of fewer than `WALK_FROM` rows, one
-    matrix product for all probes. In a worker thread unless the rows are few."""
-    if k <= 0:
-        return [[] for _ in range(len(probes))]
-    accelerator = index.accelerator
-    if (
-        isinstance(accelerator, HnswAccelerator)
-        and accelerator.ready
-        and accelerator.rows_of(TYPE_CODES[kind]) >= WALK_FROM
-    ):
-        return await anyio.to_thread.run_sync(
-            lambda: [index.search(probe, k, [kind]) for probe in probes]
-        )
-    ids, matrix = index.of_type(kind)
-    if not ids:
-        return [[] for _ in range(len(probes))]
-    if len(ids) < IN_THREAD_FROM:
-        return top_per_row(unit(probes) @ matrix.T, ids, k)
-    return await anyio.to_thread.run_sync(lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
-
-
-async def settle(index: VectorIndex | None) -> None:
-    """Waits until the index's HNSW graphs (if any) have caught up with its rows (built, no
-    insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-    accelerator = None if index is None else index.accelerator
-    if isinstance(accelerator, HnswAccelerator):
-        # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
-        while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
-            pass
-
-
-async def close(indexes: Iterable[VectorIndex]) -> None:
-    """Stops the indexes' HNSW builders (a build in progress stops at its next chunk)."""
-    for index in indexes:
-        if isinstance(index.accelerator, HnswAccelerator):
-            await anyio.to_thread.run_sync(index.accelerator.close, 10.0)
 
 
 class HnswAccelerator:

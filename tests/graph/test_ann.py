@@ -14,7 +14,7 @@ import anyio
 import numpy as np
 import pytest
 
-from mnemo.graph import ann
+from mnemo.graph import ann, ann_calls
 from mnemo.graph.ann import HnswAccelerator, HnswParams
 from mnemo.graph.ann_search import ALL
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
@@ -455,10 +455,10 @@ async def test_a_ready_index_walks_only_for_a_big_type(
     probes = clustered(4, seed=12)
     truth = [[i for i, _ in exact(index, p, 3, [NodeType.SEMANTIC])] for p in probes]
     walks.clear()
-    found = await ann.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)  # 400 rows
+    found = await ann_calls.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)  # 400 rows
     assert (walks, [[i for i, _ in row] for row in found]) == ([], truth)
     monkeypatch.setattr(ann, "WALK_FROM", 100)
-    found = await ann.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
+    found = await ann_calls.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
     assert len(walks) == 4
     assert [[i for i, _ in row] for row in found] == truth
 

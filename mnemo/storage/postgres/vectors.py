@@ -22,7 +22,7 @@ import numpy as np
 from psycopg import sql
 
 from mnemo.errors import StorageError
-from mnemo.graph import ann
+from mnemo.graph import ann, ann_calls
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import schema
@@ -111,7 +111,7 @@ class PgVectors:
         if k <= 0:
             return [[] for _ in range(len(probes))]
         if kind in ROUTES:
-            return await ann.nearest_of_type(await self.routes(repo), probes, kind, k)
+            return await ann_calls.nearest_of_type(await self.routes(repo), probes, kind, k)
         return await self._nearest(repo, list(probes), [kind.value], k)
 
     async def similarities(
@@ -165,11 +165,11 @@ class PgVectors:
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann.settle(self._routes.get(repo))
+        await ann_calls.settle(self._routes.get(repo))
 
     async def aclose(self) -> None:
         """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann.close(self._routes.values())
+        await ann_calls.close(self._routes.values())
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

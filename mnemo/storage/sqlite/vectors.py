@@ -18,7 +18,7 @@ import anyio.to_thread
 import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph import ann
+from mnemo.graph import ann, ann_calls
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.sqlite.database import Database
@@ -67,7 +67,7 @@ class SqliteVectors:
         self, repo: str, probes: Vector, kind: NodeType, k: int
     ) -> list[list[tuple[str, float]]]:
         """For each probe row, the `k` nodes of one type nearest by cosine."""
-        return await ann.nearest_of_type(await self.index(repo), probes, kind, k)
+        return await ann_calls.nearest_of_type(await self.index(repo), probes, kind, k)
 
     async def similarities(
         self, repo: str, node_ids: Sequence[str], vector: Vector
@@ -90,11 +90,11 @@ class SqliteVectors:
     async def settle(self, repo: str) -> None:
         """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
         insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-        await ann.settle(self._indexes.get(repo))
+        await ann_calls.settle(self._indexes.get(repo))
 
     async def aclose(self) -> None:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        await ann.close(self._indexes.values())
+        await ann_calls.close(self._indexes.values())
 
     async def index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use."""

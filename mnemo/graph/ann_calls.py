@@ -1,0 +1,57 @@
+"""What the stores call on a repo's vector index beside its own search: probes of one type
+(recall's routes), and waiting for or stopping the HNSW builder (`mnemo.graph.ann`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import anyio.to_thread
+
+from mnemo.graph import ann
+from mnemo.graph.ann import HnswAccelerator
+from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.vectors import TYPE_CODES, VectorIndex, top_per_row, unit
+
+
+async def nearest_of_type(
+    index: VectorIndex, probes: Vector, kind: NodeType, k: int
+) -> list[list[tuple[str, float]]]:
+    """For each probe row, the `k` rows of one type nearest by cosine (recall probes the tags
+    with the query and each search tag at once): a walk of the type's HNSW graph per probe
+    when the index has one ready (about a millisecond each, where gathering every row of the
+    type costs tens at 1M nodes), else, and for a type of fewer than `WALK_FROM` rows, one
+    matrix product for all probes. In a worker thread unless the rows are few."""
+    if k <= 0:
+        return [[] for _ in range(len(probes))]
+    accelerator = index.accelerator
+    if (
+        isinstance(accelerator, HnswAccelerator)
+        and accelerator.ready
+        and accelerator.rows_of(TYPE_CODES[kind]) >= ann.WALK_FROM
+    ):
+        return await anyio.to_thread.run_sync(
+            lambda: [index.search(probe, k, [kind]) for probe in probes]
+        )
+    ids, matrix = index.of_type(kind)
+    if not ids:
+        return [[] for _ in range(len(probes))]
+    if len(ids) < ann.IN_THREAD_FROM:
+        return top_per_row(unit(probes) @ matrix.T, ids, k)
+    return await anyio.to_thread.run_sync(lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
+
+
+async def settle(index: VectorIndex | None) -> None:
+    """Waits until the index's HNSW graphs (if any) have caught up with its rows (built, no
+    insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
+    accelerator = None if index is None else index.accelerator
+    if isinstance(accelerator, HnswAccelerator):
+        # Short waits in a thread, so a cancelled wait leaves no thread behind for long.
+        while not await anyio.to_thread.run_sync(accelerator.wait, 0.1):
+            pass
+
+
+async def close(indexes: Iterable[VectorIndex]) -> None:
+    """Stops the indexes' HNSW builders (a build in progress stops at its next chunk)."""
+    for index in indexes:
+        if isinstance(index.accelerator, HnswAccelerator):
+            await anyio.to_thread.run_sync(index.accelerator.close, 10.0)

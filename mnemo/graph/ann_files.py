@@ -26,7 +26,6 @@ The store stays the one truth; the files are a cache of it, checked row by row w
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ import filelock
 import numpy as np
 import numpy.typing as npt
 
+from mnemo import disk
 from mnemo.graph.vectors import DEAD, Snapshot
 
 log = logging.getLogger("mnemo")
@@ -87,25 +87,25 @@ class GraphFolder:
         with self._lock():
             name = f"v-{uuid.uuid4().hex}"
             version = self.folder / name
-            pointer = self.folder / f"current.{name}.tmp"
             try:
-                self._write(version, pointer, graphs, faiss)
+                self._write(version, graphs, faiss)
             except BaseException:
                 # A failed save leaves nothing behind (a full disk stays no fuller), unless
                 # it failed after `current` moved to it.
                 if self._current() != name:
                     shutil.rmtree(version, ignore_errors=True)
-                pointer.unlink(missing_ok=True)
                 raise
+            # Older versions, and what a save killed midway left: its version folder and
+            # the pointer's temporary file (`disk.atomic_write`'s ".current.*.tmp").
             for old in self.folder.iterdir():
-                if old.name != name and old.name.startswith(("v-", "current.")):
+                if old.name != name and old.name.startswith(("v-", ".current.")):
                     if old.is_dir():
                         shutil.rmtree(old, ignore_errors=True)
                     else:
                         old.unlink(missing_ok=True)
 
     def _write(
-        self, version: Path, pointer: Path, graphs: Mapping[int, Saved], faiss: Any
+        self, version: Path, graphs: Mapping[int, Saved], faiss: Any
     ) -> None:
         """Writes one version's files, then points `current` at it."""
         version.mkdir()
@@ -117,11 +117,8 @@ class GraphFolder:
         (version / "manifest.json").write_text(json.dumps(manifest))
         for child in version.iterdir():
             _sync_file(child)
-        _sync_folder(version)
-        pointer.write_text(version.name)
-        _sync_file(pointer)
-        os.replace(pointer, self.folder / "current")
-        _sync_folder(self.folder)
+        disk.fsync_directory(version)
+        disk.atomic_write(self.folder / "current", version.name)
 
     def _current(self) -> str | None:
         try:
@@ -228,19 +225,3 @@ def _vectors(index: Any, faiss: Any) -> npt.NDArray[np.float32]:
 def _sync_file(path: Path) -> None:
     with open(path, "rb+") as handle:
         os.fsync(handle.fileno())
-
-
-def _sync_folder(folder: Path) -> None:
-    """Makes the folder's entries (a rename, a new file) durable, where the system can (some
-    file systems and Windows cannot fsync a folder: the rename is all there is)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES):
-            raise
-    finally:
-        os.close(fd)

@@ -26,10 +26,11 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
+from mnemo import disk
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
-from mnemo.memoryfiles import _disk, _format, _select
+from mnemo.memoryfiles import _format, _select
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
@@ -397,7 +398,7 @@ class MemoryFiles:
             used=current.used if current else None,
             content=content,
         )
-        _disk.atomic_write(path, text)
+        disk.atomic_write(path, text)
         file = MemoryFile(
             topic,
             description,
@@ -415,7 +416,7 @@ class MemoryFiles:
         current = self._read(path)
         if current is None:
             return
-        _disk.atomic_write(
+        disk.atomic_write(
             path,
             _format.render(
                 topic=current.topic,
@@ -433,7 +434,7 @@ class MemoryFiles:
             return []
         found: builtins.list[_select.Stored] = []
         for path in sorted(self.directory.glob("*.md")):
-            # Temporary files start with "." (see `_atomic_write`), and so do hidden files.
+            # Temporary files start with "." (see `disk.atomic_write`), and so do hidden files.
             if path.name.startswith("."):
                 continue
             stored = self._read(path)

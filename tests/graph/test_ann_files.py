@@ -264,7 +264,7 @@ def test_a_save_cut_short_leaves_the_previous_one_current(saved: tuple[Vector, P
     half = folder / "v-half"
     half.mkdir()
     (half / "g-1.faiss").write_bytes(b"\0" * 100)
-    (folder / "current.v-half.tmp").write_text("v-half")
+    (folder / ".current.half.tmp").write_text("v-half")  # disk.atomic_write's temporary
     index = index_of(vectors)
     accelerator = accelerate(index, folder)
     try:

@@ -1,4 +1,5 @@
-"""Atomic writes of topic files."""
+"""Durable writes of small files: all or nothing, and folders whose new entries survive a
+crash (memory files' topics, the saved HNSW graphs' pointer)."""
 
 from __future__ import annotations
 
@@ -31,10 +32,11 @@ def atomic_write(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Makes the folder's new entries (a rename, a new file) durable, where the system can."""
     # Makes the rename itself durable; not possible on Windows, where there is no O_DIRECTORY.
     flag = getattr(os, "O_DIRECTORY", None)
     if flag is None:

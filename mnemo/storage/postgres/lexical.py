@@ -24,6 +24,19 @@ def default_folder() -> Path:
     return Path(cache) / "mnemo" / "lexical"
 
 
+# The cluster's identifier and the database's oid: a database dropped and made again under
+# the same name (or a copy elsewhere) gets folders of its own (`place`).
+PLACE = (
+    "SELECT (SELECT system_identifier FROM pg_control_system()),"
+    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def place(system: object, oid: object) -> str:
+    """The name of a database's folder under `default_folder()`, from `PLACE`'s row."""
+    return f"pg-{system}-{oid}"
+
+
 class PgLexicalSource(LogSource):
     """`LexicalSource` over a PostgreSQL database."""
 
@@ -46,13 +59,8 @@ class PgLexicalSource(LogSource):
             raise storage_error(exc) from exc
 
     def place(self) -> str:
-        # The cluster's identifier and the database's oid: a database dropped and made again
-        # under the same name (or a copy elsewhere) gets a folder of its own.
-        (system, oid), = self._rows(
-            "SELECT (SELECT system_identifier FROM pg_control_system()),"
-            " (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        return f"pg-{system}-{oid}"
+        (system, oid), = self._rows(PLACE)
+        return place(system, oid)
 
     def close(self) -> None:
         if self._conn is not None:

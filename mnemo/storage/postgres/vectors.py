@@ -25,7 +25,7 @@ from mnemo.errors import StorageError
 from mnemo.graph import ann, ann_calls
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
-from mnemo.storage.postgres import schema
+from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 
 log = logging.getLogger("mnemo")
@@ -210,17 +210,14 @@ class PgVectors:
             return None
         if self._place is None:
             try:
-                (system, oid), = await self._pg.fetch_all(
-                    "SELECT (SELECT system_identifier FROM pg_control_system()),"
-                    " (SELECT oid FROM pg_database WHERE datname = current_database())"
-                )
+                (system, oid), = await self._pg.fetch_all(lexical.PLACE)
             except StorageError as exc:
                 # pg_control_system() may be revoked (or absent on a compatible server): the
                 # graphs are then built at each open, as before, and recall goes on.
                 log.warning("mnemo: the routes' HNSW graphs will not be saved (%s)", exc)
                 self._ann_dir = None
                 return None
-            self._place = f"pg-{system}-{oid}"
+            self._place = lexical.place(system, oid)
         digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
         return self._ann_dir / self._place / "hnsw" / digest
 

@@ -26,6 +26,7 @@ The store stays the one truth; the files are a cache of it, checked row by row w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -70,6 +71,12 @@ class Adopted:
     labels: dict[str, tuple[int, int, int]]
     missing: list[str]
     dead_total: int
+
+
+def repo_folder(root: Path, repo: str) -> Path:
+    """A repo's own folder under a store's graph folder, named by the repo's digest (a repo
+    name may hold any character)."""
+    return root / hashlib.sha256(repo.encode()).hexdigest()[:24]
 
 
 class GraphFolder:

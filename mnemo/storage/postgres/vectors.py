@@ -10,7 +10,6 @@ are a small part of a repo. Other vectors are read when needed, never held.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -22,7 +21,7 @@ import numpy as np
 from psycopg import sql
 
 from mnemo.errors import StorageError
-from mnemo.graph import ann, ann_calls
+from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import lexical, schema
@@ -218,8 +217,7 @@ class PgVectors:
                 self._ann_dir = None
                 return None
             self._place = lexical.place(system, oid)
-        digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
-        return self._ann_dir / self._place / "hnsw" / digest
+        return ann_files.repo_folder(self._ann_dir / self._place / "hnsw", repo)
 
     async def _size(self, repo: str) -> int:
         if repo not in self._sizes:

@@ -9,7 +9,6 @@ read back from the graphs saved beside the file when they still match the rows
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import anyio.to_thread
 import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph import ann, ann_calls
+from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.sqlite.database import Database
@@ -116,10 +115,8 @@ class SqliteVectors:
         return index
 
     def _graph_folder(self, repo: str) -> Path | None:
-        """Where the repo's HNSW graphs are saved: a folder per repo, named by its digest."""
-        if self._ann_dir is None:
-            return None
-        return self._ann_dir / hashlib.sha256(repo.encode()).hexdigest()[:24]
+        """Where the repo's HNSW graphs are saved (None: not saved)."""
+        return None if self._ann_dir is None else ann_files.repo_folder(self._ann_dir, repo)
 
 
 def _load_vectors(

@@ -62,11 +62,7 @@ from mnemo.graph import ann_files
 from mnemo.graph.ann_files import GraphFolder
 from mnemo.graph.ann_search import ALL, Graph, rerank, walks
 from mnemo.graph.model import Vector
-from mnemo.graph.vectors import (
-    DEAD,
-    Snapshot,
-    VectorIndex,
-)
+from mnemo.graph.vectors import DEAD, Snapshot, VectorIndex
 
 log = logging.getLogger("mnemo")
 
@@ -383,8 +379,7 @@ class HnswAccelerator:
             for code, graph in graphs.items() if code != ALL
             for label, node_id in enumerate(graph.labels)
         }
-        self._publish(graphs, labels, seq, [])
-        self._read = False
+        self._publish(graphs, labels, seq, [], read=False)
         return True
 
     def _publish(
@@ -393,9 +388,12 @@ class HnswAccelerator:
         labels: dict[str, tuple[int, int, int]],
         seq: int,
         missing: list[str],
+        *,
+        read: bool,
     ) -> None:
         """Makes new graphs the searched ones: rows removed since the snapshot they were made
-        from die in them, rows added since (and the `missing` ones) wait for insertion."""
+        from die in them, rows added since (and the `missing` ones) wait for insertion.
+        `read`: they were read from the saved files, not built."""
         # The missing rows' sequence numbers are taken first, their entries made outside the
         # locks (a load may miss a quarter of a million rows): under them, one dict merge.
         with self._lock:
@@ -414,6 +412,7 @@ class HnswAccelerator:
             self._graphs, self._labels, self._pending = graphs, labels, pending
             self._dead = sum(graph.dead for code, graph in graphs.items() if code != ALL)
             self._ready = True
+            self._read = read
             self._unsaved = 0
 
     def _load_or_log(self) -> bool:
@@ -454,8 +453,7 @@ class HnswAccelerator:
         for key, graph in saved.items():
             graph.index.hnsw.efSearch = self.params.ef_search
             graphs[key] = Graph(graph.index, graph.labels, adopted.dead.get(key, 0))
-        self._publish(graphs, dict(adopted.labels), seq, adopted.missing)
-        self._read = True
+        self._publish(graphs, dict(adopted.labels), seq, adopted.missing, read=True)
         log.info("mnemo: HNSW graphs read from %s (%d rows to insert)", self.files.folder,
                  len(adopted.missing))
         return True

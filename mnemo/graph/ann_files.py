@@ -63,9 +63,9 @@ class Saved:
 
 @dataclass(frozen=True, slots=True)
 class Adopted:
-    """What a load keeps of the saved graphs: per graph key, its live labels' count of dead
-    ones; per node id, its (type code, label, label in the every-row graph); the snapshot's
-    ids no live label holds; and how many labels died."""
+    """What a load keeps of the saved graphs: per graph key, how many of its labels are dead;
+    per live node id, its (type code, label, label in the every-row graph); the snapshot's
+    ids no live label holds; and how many labels of the type graphs are dead."""
 
     dead: dict[int, int]
     labels: dict[str, tuple[int, int, int]]
@@ -136,11 +136,14 @@ class GraphFolder:
     def load(self, faiss: Any) -> dict[int, Saved] | None:
         """The current version's graphs, or None when there is none or it cannot be used
         (a reason is logged)."""
-        if not (self.folder / "current").exists():
+        if self._current() is None:
             return None
         try:
             with self._lock():
-                version = self.folder / (self.folder / "current").read_text().strip()
+                name = self._current()
+                if name is None:
+                    return None
+                version = self.folder / name
                 manifest = json.loads((version / "manifest.json").read_text())
                 if manifest.get("format") != FORMAT or manifest.get("settings") != self._settings:
                     log.info("mnemo: saved HNSW graphs in %s are for other settings", version)

@@ -31,7 +31,6 @@ class Graph:
         return len(self.labels) - self.dead
 
 
-
 def walks(graphs: dict[int, Graph], codes: Collection[int] | None) -> tuple[list[int], float]:
     """Which graphs a search of these type codes walks, and the share of their rows it wants:
     the `ALL` graph for every type or for types holding at least half of the live rows (its

@@ -240,20 +240,22 @@ class HnswAccelerator:
         )
 
     def search(
-        self, query: Vector, k: int, codes: Collection[int] | None
-    ) -> list[tuple[str, float]] | None:
-        """The `k` best rows for the unit `query` among these type codes, re-ranked exactly;
-        None when the exact scan must answer (see the module docstring)."""
+        self, queries: Vector, k: int, codes: Collection[int] | None
+    ) -> list[list[tuple[str, float]]] | None:
+        """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
+        exactly; None when the exact scan must answer (see the module docstring). The rows
+        walk each graph in one call (a route's probes: 0.6 ms for four, 1.2 one by one)."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()
-        q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
+        q = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self._index.dim)
         # Pending rows are read before the graphs: a row leaves `pending` only once its label
         # is in its graph, so a row inserted in between is found in one or the other.
         with self._lock:
             if len(self._pending) > self.params.max_pending:
                 return None
-            candidates = list(self._pending)
+            pending = list(self._pending)
+        candidates = [list(pending) for _ in range(len(q))]
         with self._faiss_lock:
             graphs = self._graphs
             wanted, share = walks(graphs, codes)
@@ -272,8 +274,15 @@ class HnswAccelerator:
                 fetch = min(graph.index.ntotal, want)
                 _, found = graph.index.search(q, fetch, params=breadth)
                 labels = graph.labels
-                candidates.extend(labels[label] for label in found[0].tolist() if label >= 0)
-        return rerank(snap, query, k, candidates, codes)
+                for row, hits in zip(candidates, found.tolist(), strict=True):
+                    row.extend(labels[label] for label in hits if label >= 0)
+        result = []
+        for query, row in zip(q, candidates, strict=True):
+            best = rerank(snap, query, k, row, codes)
+            if best is None:
+                return None
+            result.append(best)
+        return result
 
     # ---- the worker ------------------------------------------------------------------------
 

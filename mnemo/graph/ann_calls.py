@@ -17,9 +17,9 @@ async def nearest_of_type(
     index: VectorIndex, probes: Vector, kind: NodeType, k: int
 ) -> list[list[tuple[str, float]]]:
     """For each probe row, the `k` rows of one type nearest by cosine (recall probes the tags
-    with the query and each search tag at once): a walk of the type's HNSW graph per probe
-    when the index has one ready (about a millisecond each, where gathering every row of the
-    type costs tens at 1M nodes), else, and for a type of fewer than `WALK_FROM` rows, one
+    with the query and each search tag at once): one walk of the type's HNSW graph for all
+    probes when the index has one ready (about 0.6 ms for four, where gathering every row of
+    the type costs tens at 1M nodes), else, and for a type of fewer than `WALK_FROM` rows, one
     matrix product for all probes. In a worker thread unless the rows are few."""
     if k <= 0:
         return [[] for _ in range(len(probes))]
@@ -29,9 +29,7 @@ async def nearest_of_type(
         and accelerator.ready
         and accelerator.rows_of(TYPE_CODES[kind]) >= ann.WALK_FROM
     ):
-        return await anyio.to_thread.run_sync(
-            lambda: [index.search(probe, k, [kind]) for probe in probes]
-        )
+        return await anyio.to_thread.run_sync(lambda: index.search_rows(probes, k, [kind]))
     ids, matrix = index.of_type(kind)
     if not ids:
         return [[] for _ in range(len(probes))]

@@ -85,10 +85,10 @@ class Accelerator(Protocol):
         """The rows of `ids` are gone."""
 
     def search(
-        self, query: Vector, k: int, codes: Collection[int] | None
-    ) -> list[tuple[str, float]] | None:
-        """The `k` best rows for the unit `query` (of these type codes), or None to let the
-        exact scan answer."""
+        self, queries: Vector, k: int, codes: Collection[int] | None
+    ) -> list[list[tuple[str, float]]] | None:
+        """For each unit row of `queries`, the `k` best rows (of these type codes); None to
+        let the exact scan answer."""
 
 
 class VectorIndex:
@@ -207,25 +207,37 @@ class VectorIndex:
         self, query: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
         """The `k` nearest rows by cosine, best first, optionally of the given types only."""
+        return self.search_rows(query, k, types)[0]
+
+    def search_rows(
+        self, queries: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """`search` for each row of `queries` at once: one walk of the HNSW graphs for all
+        of them (recall probes the tags with the query and each of its search tags)."""
+        probes = unit(queries)
         count, matrix, codes, ids, _, dead = self._view
         if count == 0 or k <= 0:
-            return []
-        q = unit(query)[0]
+            return [[] for _ in range(len(probes))]
         wanted = None if types is None else sorted({TYPE_CODES[t] for t in types})
         if self.accelerator is not None:
-            found = self.accelerator.search(q, k, wanted)
+            found = self.accelerator.search(probes, k, wanted)
             if found is not None:
                 return found
-        scores = matrix[:count] @ q
+        allowed = None
         if wanted is not None:
             allowed = of_codes(codes[:count], wanted)
-            scores = np.where(allowed, scores, -np.inf)
         elif dead:
-            scores = np.where(codes[:count] != DEAD, scores, -np.inf)
+            allowed = codes[:count] != DEAD
         k = min(k, count)
-        top = np.argpartition(-scores, k - 1)[:k] if k < count else np.arange(count)
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [(ids[i], float(scores[i])) for i in top if np.isfinite(scores[i])]
+        result = []
+        for probe in probes:
+            scores = matrix[:count] @ probe
+            if allowed is not None:
+                scores = np.where(allowed, scores, -np.inf)
+            top = np.argpartition(-scores, k - 1)[:k] if k < count else np.arange(count)
+            top = top[np.argsort(-scores[top], kind="stable")]
+            result.append([(ids[i], float(scores[i])) for i in top if np.isfinite(scores[i])])
+        return result
 
 
 def top_per_row(

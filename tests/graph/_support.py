@@ -72,14 +72,15 @@ def rounded(results: list[tuple[str, float]], places: int = 5) -> list[tuple[str
 
 
 def searches_of(index: VectorIndex, monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """A list that records the arguments of every `index.search` from now on (the search
-    still answers): which probes walked the index rather than being one product."""
+    """A list that records every probe `index.search` or `index.search_rows` answers from now
+    on, one entry per probe row (the search still answers): which probes walked the index
+    rather than being one product."""
     calls: list[object] = []
-    search = index.search
+    search_rows = index.search_rows
 
-    def recorded(*args: Any, **kwargs: Any) -> list[tuple[str, float]]:
-        calls.append(args)
-        return search(*args, **kwargs)
+    def recorded(queries: Any, *args: Any, **kwargs: Any) -> list[list[tuple[str, float]]]:
+        calls.extend((row, *args) for row in np.atleast_2d(queries))
+        return search_rows(queries, *args, **kwargs)
 
-    monkeypatch.setattr(index, "search", recorded)
+    monkeypatch.setattr(index, "search_rows", recorded)
     return calls

@@ -102,6 +102,25 @@ def test_recall_at_10_against_exact(built: tuple[VectorIndex, HnswAccelerator]) 
 
 
 @needs_faiss
+@pytest.mark.parametrize("only", [None, [NodeType.SEMANTIC], [NodeType.PROCEDURAL]])
+def test_rows_searched_at_once_answer_as_one_by_one(
+    built: tuple[VectorIndex, HnswAccelerator], only: list[NodeType] | None
+) -> None:
+    """`search_rows` walks each graph once for every probe (recall's route probes), and
+    answers each as `search` would alone, through the graphs and through the exact scan."""
+    index, _ = built
+    probes = clustered(5, seed=11)
+    together = index.search_rows(probes, 7, only)
+    assert together == [index.search(p, 7, only) for p in probes]
+    assert all(len(found) == 7 for found in together)
+    accelerator, index.accelerator = index.accelerator, None
+    try:
+        assert index.search_rows(probes, 7, only) == [index.search(p, 7, only) for p in probes]
+    finally:
+        index.accelerator = accelerator
+
+
+@needs_faiss
 def test_scores_are_exact_and_types_respected(
     built: tuple[VectorIndex, HnswAccelerator],
 ) -> None:

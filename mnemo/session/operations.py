@@ -16,7 +16,14 @@ from typing import Any
 
 import anyio
 
-from mnemo.errors import EmbeddingError, LLMError, MnemoError, NotFoundError, SessionError
+from mnemo.errors import (
+    EmbeddingError,
+    LLMError,
+    MnemoError,
+    NotFoundError,
+    SessionError,
+    StorageError,
+)
 from mnemo.inputs import check_text
 from mnemo.session import transitions
 from mnemo.session.machine import Move, State, answer
@@ -147,6 +154,8 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
 # How often a Memory whose stored operations wait for work another Memory holds looks at the
 # store's change token (a cheap read; results and the session are read only when it moved).
 WATCH_INTERVAL = POLL_INTERVAL
+# After storage faults in a row, the watcher pauses up to this many intervals (3.2 s).
+WATCH_BACKOFF = 64
 
 
 async def submit_remote(
@@ -191,23 +200,35 @@ def watch(live: Sessions, session: SessionRecord) -> None:
 
     async def wait_for_the_store() -> None:
         token: int | None = None
+        faults = 0
         try:
             while live.remote.get(session.id):
-                current = await live.coordination.change_token()
-                if current == token:
-                    await anyio.sleep(WATCH_INTERVAL)
-                    continue
-                token = current
-                await deliver_results(live, session)
-                if not live.remote.get(session.id):
-                    break
                 try:
-                    await live.fetch(session.id, fresh=True)
-                except NotFoundError:
-                    await fail_remote(live, session, "session_ended")
-                    break
-                if session.state is not S.EXTRACTING:
-                    await run_stored(live, session)
+                    current = await live.coordination.change_token()
+                    if current == token:
+                        await anyio.sleep(WATCH_INTERVAL)
+                        continue
+                    await deliver_results(live, session)
+                    if not live.remote.get(session.id):
+                        break
+                    try:
+                        await live.fetch(session.id, fresh=True)
+                    except NotFoundError:
+                        await fail_remote(live, session, "session_ended")
+                        break
+                    if session.state is not S.EXTRACTING:
+                        await run_stored(live, session)
+                except StorageError as exc:
+                    # The results are in the store, which is the one truth: a fault ends
+                    # nothing, and the operations still get their one callback once it
+                    # answers again (failing them here could contradict a result written
+                    # meanwhile). Looked at again after a growing pause.
+                    faults += 1
+                    log.warning("%s: waiting for operations held elsewhere: %s (attempt %d)",
+                                session.id, exc, faults)
+                    await anyio.sleep(WATCH_INTERVAL * min(2**faults, WATCH_BACKOFF))
+                    continue
+                token, faults = current, 0
         finally:
             session.watching = False
 

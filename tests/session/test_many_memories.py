@@ -280,6 +280,54 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -
         assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
 
 
+async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callback(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit accepted through A while B extracts: A's wait for the result meets storage
+    faults (the store unreachable for a while) and goes on waiting; the callback comes, once,
+    when B's extraction ends. Before, the first fault ended the wait and the callback never
+    came."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = b.llm.hold("semantic")
+        await b.mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        coordination = a.mem._backend.coordination
+        faults = {"change_token": 3, "op_results": 2}
+        met = anyio.Event()  # the wait has met its last fault
+        for name in faults:
+            real = getattr(coordination, name)
+
+            async def failing(*args: Any, _name: str = name, _real: Any = real) -> Any:
+                if faults[_name] > 0:
+                    faults[_name] -= 1
+                    if not any(faults.values()):
+                        met.set()
+                    raise mnemo.StorageError("the store is unreachable")
+                return await _real(*args)
+
+            monkeypatch.setattr(coordination, name, failing)
+        results: list[mnemo.OpResult] = []
+        called = anyio.Event()
+
+        def callback(result: mnemo.OpResult) -> None:
+            results.append(result)
+            called.set()
+
+        await a.mem.commit_async(sid, callback)
+        with anyio.fail_after(10):
+            await met.wait()
+        held.release()
+        with anyio.fail_after(10):
+            await called.wait()
+        assert faults == {"change_token": 0, "op_results": 0}
+        assert results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        assert set((await node_texts(b.mem)).values()) == {1}
+
+
 async def test_a_memory_with_another_model_never_resumes_the_work(store: str) -> None:
     """An extraction A started and left (A closed mid-extraction) is not resumed by B, whose
     model for the repo is another; C, with A's model, finishes it, with C's LLM alone."""

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import anyio.to_thread
 import numpy as np
 
+from mnemo.graph import ann, ann_calls
 from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, cosine, unit
 
@@ -64,8 +66,11 @@ async def resolve_intents(
     if not intents:
         return
     vectors = unit(np.stack([d.vector for d in intents]))
-    graph_ids, graph_matrix = index.of_type(NodeType.INTENT)
-    to_graph = vectors @ graph_matrix.T if graph_ids else np.zeros((len(intents), 0))
+    graph_ids, graph_matrix = await ann_calls.of_type(index, NodeType.INTENT)
+    if len(graph_ids) >= ann.IN_THREAD_FROM:  # tens of thousands of intents: off the loop
+        to_graph = await anyio.to_thread.run_sync(lambda: vectors @ graph_matrix.T)
+    else:
+        to_graph = vectors @ graph_matrix.T if graph_ids else np.zeros((len(intents), 0))
     to_batch = vectors @ vectors.T
     kept: dict[int, tuple[str, Vector]] = {}  # draft position -> (text, vector) of survivors
     position = {d.id: i for i, d in enumerate(intents)}

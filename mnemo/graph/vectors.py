@@ -199,6 +199,11 @@ class VectorIndex:
         self._by_type[kind] = (version, *found)
         return found
 
+    def has_of_type(self, kind: NodeType) -> bool:
+        """Whether `of_type(kind)` answers from its copy, without gathering the rows."""
+        cached = self._by_type.get(kind)
+        return cached is not None and cached[0] == self._version
+
     def get(self, node_id: str) -> Vector | None:
         row = self._rows.get(node_id)
         return None if row is None else self._matrix[row]

@@ -14,14 +14,15 @@ import anyio
 import numpy as np
 import pytest
 
-from mnemo.graph import ann, ann_calls
+from mnemo.graph import ann, ann_calls, dedup
 from mnemo.graph.ann import HnswAccelerator, HnswParams
 from mnemo.graph.ann_search import ALL
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, Vector
+from mnemo.graph.ports import GraphStore
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.graph import SqliteGraph
-from tests.graph._support import policy, searches_of
+from tests.graph._support import REPO, Merger, draft, policy, searches_of
 
 DIM = 32
 THRESHOLD = 500
@@ -540,3 +541,61 @@ def test_a_row_removed_during_a_rebuild_is_dead_in_both_graphs_and_counted_once(
     queries = clustered(20, seed=9)
     assert not {node_id for q in queries for node_id, _ in index.search(q, 10)} & set(removed)
     assert recall_at(index, queries, 10, None) >= 0.9
+
+
+async def test_a_big_gather_of_one_type_runs_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first `of_type` after a change copies every row of the type (113 MB of intents at
+    1M nodes): from a big index, the routes' exact probes and the intent dedup of a commit
+    gather in a worker thread; a gather already made answers on the loop."""
+    n = 300
+    index = VectorIndex(DIM)
+    index.add([f"i{i}" for i in range(n)], [NodeType.INTENT] * n, clustered(n))
+    monkeypatch.setattr(ann, "IN_THREAD_FROM", 100)
+    loop = threading.get_ident()
+    on_loop: list[bool] = []
+    gather = index.of_type
+
+    def recorded(kind: NodeType) -> tuple[list[str], Vector]:
+        on_loop.append(threading.get_ident() == loop)
+        return gather(kind)
+
+    monkeypatch.setattr(index, "of_type", recorded)
+    probes = clustered(2, seed=5)
+    truth = [exact(index, p, 3, [NodeType.INTENT]) for p in probes]
+    found = await ann_calls.nearest_of_type(index, probes, NodeType.INTENT, 3)
+    assert [[i for i, _ in row] for row in found] == [[i for i, _ in row] for row in truth]
+    assert on_loop == [False]
+    await ann_calls.nearest_of_type(index, probes, NodeType.INTENT, 3)
+    assert on_loop == [False, True]  # from the copy
+
+    index.add(["i0"], [NodeType.INTENT], clustered(1, seed=9))  # a change: gathered again
+    near = draft("new", NodeType.INTENT, "walk the dog", vector=index.get("i7"))
+    out = dedup.Resolution()
+
+    async def texts_of(ids: list[str]) -> dict[str, str]:
+        return {i: "walk the dog" for i in ids}
+
+    await dedup.resolve_intents([near], index, texts_of, Merger(), identity_threshold=0.95,
+                                merge_threshold=0.8, out=out)
+    assert on_loop == [False, True, False]
+    assert out.survivor("new") == "i7"  # the same vector: the graph's intent stands for it
+
+
+async def test_the_stores_gather_a_type_through_the_loop_safe_call(
+    graph: GraphStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store's `vectors_of_type` of the tags (its in-memory rows, on both backends) goes
+    through `ann_calls.of_type`, which gathers a big index's rows off the loop."""
+    kinds: list[NodeType] = []
+    gather = ann_calls.of_type
+
+    async def recorded(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
+        kinds.append(kind)
+        return await gather(index, kind)
+
+    monkeypatch.setattr(ann_calls, "of_type", recorded)
+    ids, matrix = await graph.vectors_of_type(REPO, NodeType.TAG)
+    assert (ids, matrix.shape[0]) == ([], 0)
+    assert kinds == [NodeType.TAG]

@@ -137,7 +137,7 @@ class PgVectors:
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
-            return (await self.routes(repo)).of_type(kind)
+            return await ann_calls.of_type(await self.routes(repo), kind)
         ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 

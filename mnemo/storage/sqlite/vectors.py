@@ -84,7 +84,7 @@ class SqliteVectors:
         return {i: v for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None}
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
-        return (await self.index(repo)).of_type(kind)
+        return await ann_calls.of_type(await self.index(repo), kind)
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no

@@ -41,7 +41,7 @@ async def nearest_of_type(
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
     """`index.of_type(kind)`, in a worker thread when it must gather the rows of a big index:
     the first gather after a change copies every row of the type (113 MB for 74,000 intents
-    at 1M nodes: tens of milliseconds the event loop would wait)."""
+    at 1M nodes: 80-240 ms the event loop would wait, measured)."""
     if len(index) < ann.IN_THREAD_FROM or index.has_of_type(kind):
         return index.of_type(kind)
     return await anyio.to_thread.run_sync(index.of_type, kind)

@@ -306,7 +306,7 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
                     faults[_name] -= 1
                     if not any(faults.values()):
                         met.set()
-                    raise mnemo.StorageError("the store is unreachable")
+                    raise mnemo.StorageError("unavailable", "the store is unreachable")
                 return await _real(*args)
 
             monkeypatch.setattr(coordination, name, failing)

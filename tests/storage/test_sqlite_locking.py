@@ -14,7 +14,11 @@ import anyio
 import pytest
 
 import mnemo
+from mnemo.graph.model import Changeset, NodeType
+from mnemo.storage.sqlite.graph import SqliteGraph
+from tests.backends import open_stores
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.graph._support import DIM, draft, policy
 
 REPO = "r"
 
@@ -156,3 +160,29 @@ def test_many_processes_open_the_same_new_store_at_once(tmp_path: Path) -> None:
             repos = [r[0] for r in conn.execute("SELECT name FROM repos")]
         assert len(names) == len(set(names)) > 0
         assert repos == ["shared"]
+
+
+async def test_a_repo_lock_file_that_cannot_be_made_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write takes its repo's lock file beside the database; when that file cannot be made
+    (the folder read-only, gone, or full), the write fails as `StorageError("unavailable")`
+    with nothing stored, not as the OSError of the lock library."""
+    async with open_stores(str(tmp_path / "m.db"), DIM) as backend:
+        graph = backend.graph
+        assert isinstance(graph, SqliteGraph)
+        lock_of = graph._repo_file_lock
+
+        def unmakeable(repo: str) -> object:
+            held = lock_of(repo)
+            assert held is not None
+            # Under a file, not a folder: no lock file can be made there.
+            return type(held)(str(tmp_path / "m.db" / "repo.lock"), thread_local=False)
+
+        monkeypatch.setattr(graph, "_repo_file_lock", unmakeable)
+        changeset = Changeset("c1", REPO, [draft("f1", NodeType.SEMANTIC, "the sky is blue")], [])
+        with pytest.raises(mnemo.StorageError) as raised:
+            await graph.apply(changeset, intents=policy())
+        assert raised.value.reason == "unavailable"
+        assert isinstance(raised.value.__cause__, OSError)
+        assert await graph.get_nodes(REPO, ["f1"]) == []

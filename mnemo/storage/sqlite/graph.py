@@ -131,6 +131,10 @@ class SqliteGraph:
                 raise StorageError(
                     "busy", f"another process held repo {repo!r}'s lock for {timeout}s"
                 ) from exc
+            except OSError as exc:  # its folder gone, read-only, full: no driver error out
+                raise StorageError(
+                    "unavailable", f"cannot take repo {repo!r}'s lock file: {exc}"
+                ) from exc
             try:
                 yield
             finally:

@@ -7,13 +7,17 @@
 - `graph.reads.GraphReads` looks nodes up; `graph.maintenance` consolidates and decays;
 - `recall.service.RecallService` searches a repo; `ingest.IngestService` stores trajectories;
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
+
+`Memory`'s methods over the graph (lookups, history, maintenance) and over conversation
+threads are in their capability's folder, `graph.facade.GraphMethods` and
+`conversation.facade.ConversationMethods`, which it inherits.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -22,25 +26,13 @@ import anyio
 from anyio.abc import TaskStatus
 
 from mnemo.config import Config
-from mnemo.conversation.manager import ConversationManager
-from mnemo.conversation.model import (
-    Compression,
-    EvictionResult,
-    MessageView,
-    Retrieval,
-    SearchHit,
-    ThreadInfo,
-    Viewport,
-)
-from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
+from mnemo.conversation.facade import ConversationMethods
+from mnemo.conversation.service import ConversationService
 from mnemo.episode.model import EpisodeLog, StepInfo
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
-from mnemo.graph import history as commit_history
-from mnemo.graph import maintenance
-from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType
+from mnemo.graph.facade import GraphMethods
+from mnemo.graph.model import CommitReceipt, NodeType
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
@@ -58,7 +50,7 @@ from mnemo.storage.ports import open_backend
 log = logging.getLogger("mnemo")
 
 
-class Memory:
+class Memory(GraphMethods, ConversationMethods):
     """An agent's memory in one SQLite file (or `":memory:"`).
 
     `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
@@ -334,138 +326,6 @@ class Memory:
         state, the open episode's goal and its number of steps."""
         return await self._service.list_sessions()
 
-    # ---- the graph ------------------------------------------------------------------------
-
-    async def get_node(self, repo: str, node_id: str) -> Node | None:
-        """The node, or None if the repo has no such node."""
-        return await self._reads.get_node(repo, node_id)
-
-    async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        """Every node of these types, oldest first."""
-        return await self._reads.get_nodes_by_type(repo, types)
-
-    async def get_linked_nodes(
-        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
-    ) -> list[Node]:
-        """The nodes linked to any of `node_ids` (either direction), not those themselves."""
-        return await self._reads.get_linked_nodes(repo, node_ids, link_type)
-
-    async def links(self, repo: str) -> list[Link]:
-        """Every link of the repo (`src`, `dst`, `type`), by type, then source, then
-        destination.
-
-        Raises:
-            NotFoundError: an unknown repo.
-        """
-        return await self._reads.links(repo)
-
-    async def latest(
-        self,
-        repo: str,
-        *,
-        types: Iterable[NodeType] = (NodeType.SEMANTIC, NodeType.PROCEDURAL),
-        top_k: int = 10,
-    ) -> list[Node]:
-        """The newest nodes of these types, newest first."""
-        return await self._reads.latest(repo, types, top_k)
-
-    async def search_nodes(
-        self,
-        repo: str,
-        query: str,
-        *,
-        limit: int = 20,
-        types: Iterable[NodeType] | None = None,
-    ) -> list[Node]:
-        """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
-        lookup, without recall's embedding, hops, value or reinforcement.
-
-        Raises:
-            InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, or a limit below 1.
-            NotFoundError: an unknown repo.
-        """
-        return await self._reads.search_nodes(repo, query, limit, types)
-
-    async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
-        """Deletes nodes with their links, vectors and search entries; returns how many."""
-        return await self._reads.delete_nodes(repo, node_ids)
-
-    # ---- history --------------------------------------------------------------------------
-
-    async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
-        """The repo's `limit` newest commits (every applied changeset: a session's commit, an
-        ingest), newest first: id, time, session or source, and the ids of what each added,
-        retired and reworded (no text).
-
-        Raises:
-            InvalidInputError: a limit below 1.
-            NotFoundError: an unknown repo.
-        """
-        self._repos.get(repo)
-        return await commit_history.history(self._graph, repo, limit)
-
-    async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
-        """What one commit changed: the nodes it added and the facts it retired (those still
-        in the graph), and the links it added.
-
-        Raises:
-            InvalidInputError: no such commit in the repo.
-            NotFoundError: an unknown repo.
-        """
-        self._repos.get(repo)
-        return await commit_history.diff(self._graph, repo, commit_id)
-
-    async def revert(self, repo: str, commit_id: str) -> CommitDiff:
-        """Undoes one commit in one transaction: the nodes and links it added go, the facts it
-        retired hold again, and it leaves the history (an ingested source's id is free
-        again). Returns what was undone.
-
-        Raises:
-            InvalidInputError: no such commit in the repo.
-            ConflictError: a later change built on it (linked to, merged into, retired or
-                reworded one of its nodes): revert that first.
-            NotFoundError: an unknown repo.
-        """
-        self._repos.get(repo)
-        return await commit_history.revert(self._graph, repo, commit_id)
-
-    # ---- maintenance ----------------------------------------------------------------------
-
-    async def consolidate(self, repo: str, *, full: bool = False) -> ConsolidationReport:
-        """Merges SEMANTIC near-duplicates (raw cosine >= `Config.consolidate_threshold`) into
-        the most confident (then oldest) of them, keeping every link and the merged metadata,
-        then deletes tags left with no links. Only nodes not compared before are compared,
-        unless `full`. Safe while sessions commit: it holds the repo's write lock.
-
-        Raises:
-            NotFoundError: an unknown repo.
-        """
-        runtime = self._repos.get(repo)
-        return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
-
-    async def decay(self, repo: str, *, now: datetime | None = None) -> DecayReport:
-        """Deletes the memories whose value (recency decay x frequency floor x reward) at `now`
-        is below `Config.decay_threshold`, then the routing and source nodes left with no
-        links. Safe while sessions commit: it holds the repo's write lock.
-
-        Raises:
-            NotFoundError: an unknown repo.
-        """
-        runtime = self._repos.get(repo)
-        return await maintenance.decay(self._graph, repo, runtime.config, now=now)
-
-    async def validate_episodic(self, repo: str) -> ValidationReport:
-        """Checks episodic integrity (every step linked to its subgoal and source, no dangling
-        links, a vector of the right size per node, the full-text index in step) and repairs
-        what it can: missing step links, dangling links, the full-text index.
-
-        Raises:
-            NotFoundError: an unknown repo.
-        """
-        self._repos.get(repo)
-        return await maintenance.validate_episodic(self._graph, repo)
-
     # ---- recall ---------------------------------------------------------------------------
 
     async def recall(
@@ -555,115 +415,3 @@ class Memory:
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
         return await self.recall(repo, query, k=k)
-
-
-    # ---- conversation memory --------------------------------------------------------------
-
-    def conversation(
-        self,
-        *,
-        retrieval: Retrieval = DEFAULT_RETRIEVAL,
-        compression: Compression | Sequence[Compression] | None = None,
-        ttl: float | timedelta | None = None,
-        auto_evict_budget: int | None = None,
-        eviction_fraction: float = 0.33,
-        clock: Callable[[], datetime] | None = None,
-    ) -> ConversationManager:
-        """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
-        or `Semantic(k)`, `compression` a `Summary`, a `ToolOutputPruner`, a list of both or
-        None, `ttl` seconds after which raw messages are erased (at load). With
-        `auto_evict_budget`, each save evicts when the tokens past the boundary exceed it.
-        `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
-
-        Raises:
-            InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number, or a bad auto-eviction budget or fraction.
-        """
-        return self._conversations.manager(
-            retrieval=retrieval,
-            compression=compression,
-            ttl=ttl,
-            auto_evict_budget=auto_evict_budget,
-            eviction_fraction=eviction_fraction,
-            clock=clock,
-        )
-
-    async def list_threads(self) -> list[ThreadInfo]:
-        """Every stored conversation thread (not purged), oldest first: its number of raw
-        messages, next seq and viewport boundary."""
-        return await self._conversations.store.threads()
-
-    async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
-        """What the agent sees of the thread within `token_budget` tokens: the messages from
-        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots and
-        messages pinned to open goals (see `mnemo.Viewport`). An unknown thread is empty.
-
-        Raises:
-            InvalidInputError: a blank thread id or a budget below 1.
-        """
-        return await self._conversations.viewport(thread_id, token_budget)
-
-    async def evict(
-        self, thread_id: str, *, token_budget: int, eviction_fraction: float = 0.33
-    ) -> EvictionResult:
-        """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
-        out of it: the LLM saves a snapshot and pins what must stay word for word, and the
-        boundary always advances, even when the LLM fails. One eviction runs per thread at a
-        time; a second one waits and starts from the new boundary.
-
-        Raises:
-            InvalidInputError: a blank thread id, a budget below 1 or a fraction outside (0, 1].
-            NotFoundError: the thread was never saved.
-        """
-        return await self._conversations.evict(thread_id, token_budget, eviction_fraction)
-
-    async def add_goal(self, thread_id: str, description: str) -> str:
-        """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
-
-        Raises:
-            InvalidInputError: a blank thread id, or a blank description or one longer than
-                `Config.max_text_chars`.
-        """
-        return await self._conversations.add_goal(thread_id, description)
-
-    async def complete_goal(self, goal_id: str) -> None:
-        """Completes the goal; messages pinned to it are released when it was their last open
-        goal. Completing it again does nothing.
-
-        Raises:
-            NotFoundError: an unknown goal.
-        """
-        await self._conversations.complete_goal(goal_id)
-
-    async def search_messages(
-        self,
-        query: str,
-        *,
-        thread_id: str | None = None,
-        limit: int = 5,
-        exclude_viewport_of: str | None = None,
-    ) -> list[SearchHit]:
-        """Messages of every thread (or of `thread_id`) matching the query's words, best
-        first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT
-        are words like any other), bm25 weighted by recency, ~300-character snippets. Any
-        text is a safe query; one without a word finds nothing. `exclude_viewport_of` leaves out
-        only what that thread's viewport shows: its messages from the boundary on (all shown
-        while eviction keeps up); pinned messages stay findable.
-
-        Raises:
-            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
-                limit outside 1..100.
-        """
-        return await self._conversations.search_messages(
-            query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of
-        )
-
-    async def view_messages(self, message_id: str, *, radius: int = 10) -> MessageView:
-        """The message with `radius` messages on each side (tool outputs reduced to ok or
-        error) and the 3 nearest snapshots before and after it.
-
-        Raises:
-            InvalidInputError: a blank id, or a radius outside 0..100.
-            NotFoundError: an unknown message.
-        """
-        return await self._conversations.view_messages(message_id, radius=radius)

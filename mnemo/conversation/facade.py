@@ -1,0 +1,136 @@
+"""Conversation memory's part of `mnemo.Memory`: managers over the store's threads, the
+viewport, eviction, goals and message search (`Memory` inherits it; see `mnemo.memory`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+
+from mnemo.conversation.manager import ConversationManager
+from mnemo.conversation.model import (
+    Compression,
+    EvictionResult,
+    MessageView,
+    Retrieval,
+    SearchHit,
+    ThreadInfo,
+    Viewport,
+)
+from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
+
+
+class ConversationMethods:
+    """`Memory`'s methods over conversation threads."""
+
+    _conversations: ConversationService
+
+    # ---- conversation memory --------------------------------------------------------------
+
+    def conversation(
+        self,
+        *,
+        retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        compression: Compression | Sequence[Compression] | None = None,
+        ttl: float | timedelta | None = None,
+        auto_evict_budget: int | None = None,
+        eviction_fraction: float = 0.33,
+        clock: Callable[[], datetime] | None = None,
+    ) -> ConversationManager:
+        """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
+        or `Semantic(k)`, `compression` a `Summary`, a `ToolOutputPruner`, a list of both or
+        None, `ttl` seconds after which raw messages are erased (at load). With
+        `auto_evict_budget`, each save evicts when the tokens past the boundary exceed it.
+        `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
+
+        Raises:
+            InvalidInputError: a policy of the wrong type, a ttl that is not a positive
+                number, or a bad auto-eviction budget or fraction.
+        """
+        return self._conversations.manager(
+            retrieval=retrieval,
+            compression=compression,
+            ttl=ttl,
+            auto_evict_budget=auto_evict_budget,
+            eviction_fraction=eviction_fraction,
+            clock=clock,
+        )
+
+    async def list_threads(self) -> list[ThreadInfo]:
+        """Every stored conversation thread (not purged), oldest first: its number of raw
+        messages, next seq and viewport boundary."""
+        return await self._conversations.store.threads()
+
+    async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
+        """What the agent sees of the thread within `token_budget` tokens: the messages from
+        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots and
+        messages pinned to open goals (see `mnemo.Viewport`). An unknown thread is empty.
+
+        Raises:
+            InvalidInputError: a blank thread id or a budget below 1.
+        """
+        return await self._conversations.viewport(thread_id, token_budget)
+
+    async def evict(
+        self, thread_id: str, *, token_budget: int, eviction_fraction: float = 0.33
+    ) -> EvictionResult:
+        """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
+        out of it: the LLM saves a snapshot and pins what must stay word for word, and the
+        boundary always advances, even when the LLM fails. One eviction runs per thread at a
+        time; a second one waits and starts from the new boundary.
+
+        Raises:
+            InvalidInputError: a blank thread id, a budget below 1 or a fraction outside (0, 1].
+            NotFoundError: the thread was never saved.
+        """
+        return await self._conversations.evict(thread_id, token_budget, eviction_fraction)
+
+    async def add_goal(self, thread_id: str, description: str) -> str:
+        """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
+
+        Raises:
+            InvalidInputError: a blank thread id, or a blank description or one longer than
+                `Config.max_text_chars`.
+        """
+        return await self._conversations.add_goal(thread_id, description)
+
+    async def complete_goal(self, goal_id: str) -> None:
+        """Completes the goal; messages pinned to it are released when it was their last open
+        goal. Completing it again does nothing.
+
+        Raises:
+            NotFoundError: an unknown goal.
+        """
+        await self._conversations.complete_goal(goal_id)
+
+    async def search_messages(
+        self,
+        query: str,
+        *,
+        thread_id: str | None = None,
+        limit: int = 5,
+        exclude_viewport_of: str | None = None,
+    ) -> list[SearchHit]:
+        """Messages of every thread (or of `thread_id`) matching the query's words, best
+        first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT
+        are words like any other), bm25 weighted by recency, ~300-character snippets. Any
+        text is a safe query; one without a word finds nothing. `exclude_viewport_of` leaves out
+        only what that thread's viewport shows: its messages from the boundary on (all shown
+        while eviction keeps up); pinned messages stay findable.
+
+        Raises:
+            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
+                limit outside 1..100.
+        """
+        return await self._conversations.search_messages(
+            query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of
+        )
+
+    async def view_messages(self, message_id: str, *, radius: int = 10) -> MessageView:
+        """The message with `radius` messages on each side (tool outputs reduced to ok or
+        error) and the 3 nearest snapshots before and after it.
+
+        Raises:
+            InvalidInputError: a blank id, or a radius outside 0..100.
+            NotFoundError: an unknown message.
+        """
+        return await self._conversations.view_messages(message_id, radius=radius)

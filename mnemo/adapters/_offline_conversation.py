@@ -1,0 +1,165 @@
+"""The offline LLM's heuristics for conversation memory's tasks: `summary`, `eviction` and
+`snapshot_fold` (see `mnemo.adapters.offline`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mnemo.adapters import _text
+from mnemo.adapters._offline_common import (
+    _GREETING,
+    _NO_USAGE,
+    _dicts,
+    _field,
+    _int,
+    _sentence_score,
+    _str,
+    _str_list,
+    _strip_filler,
+)
+from mnemo.ports import LLMResponse, ToolCall
+
+# A user (or system) sentence that gives an instruction or corrects the assistant: eviction
+# pins such messages word for word, since a summary would blur them.
+_CONVERSATION_INSTRUCTION = re.compile(
+    r"\b(?:always|never|make sure|be sure to|remember (?:to|that)|from now on|going forward|"
+    r"(?:don'?t|do not) (?:ever )?\w+|must(?: not)?|instead of|rather than|i prefer|"
+    r"i want you to|you (?:should|must|need to|have to)|please (?:use|keep|avoid|stop|"
+    r"always|never|don'?t|do not|make sure)|avoid|stick (?:to|with)|only use|use only)\b",
+    re.IGNORECASE,
+)
+
+
+_CONVERSATION_CORRECTION = re.compile(
+    r"^(?:no|nope|wrong|actually|correction|not quite|wait,? no)\b|"
+    r"\b(?:that'?s (?:wrong|incorrect|not (?:right|correct|what i))|"
+    r"you (?:misunderstood|got it wrong|were wrong)|i meant|not \w+(?: \w+)?,? but)\b",
+    re.IGNORECASE,
+)
+
+
+_ZONE_LINE = re.compile(r"^message (\d+)(?:-(\d+))?: (.*)$")
+
+
+_ZONE_ROLE = re.compile(r"^([\w-]+): (.*)$")
+
+
+_SPEAKERS = {"user": "User", "assistant": "Assistant", "system": "System", "developer": "System"}
+
+
+_SUMMARY_SENTENCE_WORDS = 40
+
+
+def _states_instruction(text: str) -> bool:
+    return any(
+        _CONVERSATION_INSTRUCTION.search(s) or _CONVERSATION_CORRECTION.search(s)
+        for s in _text.sentences(text)
+    )
+
+
+def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: str = "") -> str:
+    """The most informative sentences of `items` ((speaker, text) pairs, speaker "" for none)
+    and of a previous summary, in their order, within `max_words` words.
+
+    A sentence scores its informative words; instructions and corrections count double, tool
+    output half. The previous summary's sentences compete with the new ones, so a rolling
+    summary keeps what matters most from both.
+    """
+    candidates: list[tuple[float, int, str]] = []
+    order = 0
+    for sentence in _text.sentences(previous):
+        candidates.append((_sentence_score(sentence) + 0.5, order, sentence))
+        order += 1
+    for speaker, text in items:
+        for raw in _text.sentences(text):
+            sentence = _text.clip_words(_strip_filler(raw), _SUMMARY_SENTENCE_WORDS)
+            if len(_text.words(sentence)) < 3 or _GREETING.match(sentence):
+                continue
+            score = _sentence_score(sentence)
+            if speaker in {"User", "System"} and _states_instruction(sentence):
+                score *= 2
+            if speaker == "Tool":
+                score /= 2
+            shown = f"{speaker}: {sentence}" if speaker else sentence
+            candidates.append((score, order, shown))
+            order += 1
+    picked: list[tuple[int, str]] = []
+    used = 0
+    for score, position, sentence in sorted(candidates, key=lambda c: (-c[0], c[1])):
+        size = len(sentence.split())
+        if score > 0 and used + size <= max_words:
+            picked.append((position, sentence))
+            used += size
+    text = " ".join(s if s[-1:] in ".!?" else s + "." for _, s in sorted(picked))
+    return text
+
+
+def _speaker(role: str) -> str:
+    return _SPEAKERS.get(role, "Tool")
+
+
+def _summary_task(inputs: dict[str, Any]) -> LLMResponse:
+    messages = _dicts(inputs, "messages")
+    items = [(_speaker(_field(m, "role")), _field(m, "text")) for m in messages]
+    max_words = max(16, _int(inputs, "max_words", 200))
+    summary = _extractive_summary(items, max_words, _str(inputs, "previous_summary"))
+    if not summary:
+        # Nothing informative was said: say so rather than invent content.
+        summary = f"{len(messages)} earlier messages held no informative statement."
+    return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
+
+
+def _snapshot_fold(inputs: dict[str, Any]) -> LLMResponse:
+    snapshots = _dicts(inputs, "snapshots")
+    items = [("", _field(s, "text")) for s in snapshots]
+    max_words = max(16, _int(inputs, "max_words", 200))
+    summary = _extractive_summary(items, max_words) or _text.clip_words(
+        " ".join(text for _, text in items), max_words
+    )
+    if not summary:
+        summary = f"{len(snapshots)} earlier snapshots held no informative statement."
+    return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
+
+
+def _eviction(inputs: dict[str, Any]) -> LLMResponse:
+    if _str_list(inputs, "done"):
+        # The tools already ran in an earlier round: finish.
+        return LLMResponse(tool_calls=[ToolCall("everything_ok", {}, "call_0")], usage=_NO_USAGE)
+    messages: list[tuple[int, str, str]] = []
+    for line in _str(inputs, "zone").splitlines():
+        found = _ZONE_LINE.match(line.strip())
+        if not found or found.group(2):
+            continue  # a collapsed run of tool calls carries no sentence
+        said = _ZONE_ROLE.match(found.group(3))
+        if said:
+            messages.append((int(found.group(1)), said.group(1), said.group(2)))
+    max_words = max(16, _int(inputs, "max_words", 100))
+    calls: list[ToolCall] = []
+    snapshot = _extractive_summary([(_speaker(r), t) for _, r, t in messages], max_words)
+    if snapshot:
+        calls.append(ToolCall("save_snapshot", {"text": snapshot}, f"call_{len(calls)}"))
+    goals = _dicts(inputs, "goals")
+    for seq, role, text in messages:
+        if role not in {"user", "system", "developer"} or not _states_instruction(text):
+            continue
+        goal_ids = _goals_for(text, goals)
+        if goal_ids:
+            calls.append(
+                ToolCall(
+                    "attach_messages_to_goals",
+                    {"message_ids": [seq], "goal_ids": goal_ids},
+                    f"call_{len(calls)}",
+                )
+            )
+    calls.append(ToolCall("everything_ok", {}, f"call_{len(calls)}"))
+    return LLMResponse(tool_calls=calls, usage=_NO_USAGE)
+
+
+def _goals_for(text: str, goals: list[dict[str, Any]]) -> list[str]:
+    """The goals sharing a content word with `text`, else the newest goal (the current one)."""
+    stems = _text.content_stems(text)
+    ids = [_field(g, "id") for g in goals if stems & _text.content_stems(_field(g, "description"))]
+    if not ids and goals:
+        ids = [_field(goals[-1], "id")]
+    return [gid for gid in ids if gid]

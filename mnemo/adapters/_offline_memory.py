@@ -1,0 +1,334 @@
+"""The offline LLM's heuristics for the memory files' tasks: `memory_update`,
+`memory_persist` and `memory_condense` (see `mnemo.adapters.offline`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from mnemo.adapters import _text
+from mnemo.adapters._offline_common import (
+    _NO_USAGE,
+    _QUESTION_OPENERS,
+    _dicts,
+    _field,
+    _int,
+    _is_fact,
+    _str,
+    _str_list,
+    _strip_filler,
+)
+from mnemo.ports import LLMResponse
+
+# The four kinds of signal a memory file keeps (see the module doc). A pattern's match is the
+# marker; for a decision or a preference, what is left without it names the topic.
+_MEMORY_DECISION = re.compile(
+    r"\b(?:we(?:'ve| have)? (?:decided|agreed|settled on|chosen|chose|picked)|"
+    r"i(?:'ve| have)? decided|decided to|the decision is|"
+    r"let'?s (?:go with|stick with|settle on|standardi[sz]e on)|"
+    r"we(?:'ll| will| are going to|'re going to) (?:use|go with|stick with|switch to|adopt|"
+    r"keep using|standardi[sz]e on)|going forward,? we)\b",
+    re.IGNORECASE,
+)
+
+
+_MEMORY_PREFERENCE = re.compile(
+    r"^(?:always|never)\b|"
+    r"\b(?:i (?:really |strongly |much )?(?:prefer|(?:would|'d) (?:rather|prefer|like you to))|"
+    r"i (?:always|never|don'?t like|do not like|hate|like it when|want you to)|"
+    r"please (?:don'?t|do not|never|always|avoid|stop)|(?:don'?t|do not) ever|"
+    r"my preference is)\b",
+    re.IGNORECASE,
+)
+
+
+_MEMORY_CONTEXT = re.compile(
+    r"\b(?:my name(?:'s| is)|call me|i work (?:at|on|for|as|with)|i'?m (?:based|located) in|"
+    r"i live in|my (?:role|job|title|team|company|timezone|time zone|email|username) is|"
+    r"we(?:'re| are)? (?:use|using|run|running|deploy|host|target|support)|"
+    r"our (?:[\w.\-]+ ){0,2}(?:is|are|runs?|uses?|lives?|has|have|needs?|must|deploys?|"
+    r"targets?|supports?)|(?:the|this) (?:project|repo|repository|codebase|app|service|team|"
+    r"company) (?:is|uses|runs|has|needs|must|targets|supports|lives|deploys)|"
+    r"the deadline is)\b",
+    re.IGNORECASE,
+)
+
+
+_MEMORY_CORRECTION = re.compile(
+    r"^(?:actually|no|nope|correction|wait,? (?:no|actually)|i meant|to clarify|not quite)\b"
+    r"|\b(?:that'?s|that is|this is|it'?s|it is) (?:wrong|not right|incorrect|not correct|"
+    r"not true|outdated)\b",
+    re.IGNORECASE,
+)
+
+
+# An assistant message counts only when it opens by confirming what the user said.
+_MEMORY_CONFIRMATION = re.compile(
+    r"^(?:noted|got it|understood|will do|okay|ok|sure|confirmed|"
+    r"(?P<remember>i'll remember|i will remember|i've noted|i have noted|remembered))"
+    r"(?: that)?\b[\s,:;.!\u2014\-]*",
+    re.IGNORECASE,
+)
+
+
+_MEMORY_ABOUT_USER = re.compile(r"(?:my|i|i'm|call me)\b", re.IGNORECASE)
+
+
+# An entry's bullet and kind label, ignored when entries are compared.
+_MEMORY_ENTRY_PREFIX = re.compile(
+    r"^\s*(?:[-*+]\s+)?(?:(?:decision|context|correction|preference):\s*)?", re.IGNORECASE
+)
+
+
+_MEMORY_BULLET = re.compile(r"^\s*[-*+]\s+")
+
+
+_MEMORY_LABELS = {
+    "decision": "Decision",
+    "context": "Context",
+    "correction": "Correction",
+    "preference": "Preference",
+}
+
+
+_MEMORY_TOPIC_WORDS = 3
+
+
+_MEMORY_DESCRIPTION_WORDS = 12
+
+
+def _memory_statement(text: str) -> str:
+    text = " ".join(text.split()).strip(" ,;:-\u2014")
+    if not text:
+        return ""
+    text = text[:1].upper() + text[1:]
+    return text if text[-1] in ".!" else f"{text}."
+
+
+def _has_subject(text: str) -> bool:
+    """Whether `text` is about something: an informative word or a capitalised name."""
+    return any(
+        _text.is_informative(w) or (w[:1].isupper() and not _text.is_stopword(w))
+        for w in _text.words(text)
+    )
+
+
+def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
+    """The kind of signal `sentence` carries, the statement to keep, and the words that name
+    its topic (the sentence without its marker; "user" for what the user says about
+    themselves). ("pending", "", "") for a bare correction marker ("That's wrong."), whose
+    content is the next sentence."""
+    if sentence.endswith("?") or _QUESTION_OPENERS.match(sentence):
+        return None, "", ""
+    corrected = False
+    # Markers can stack ("No, that's wrong: ..."), so strip them all.
+    while correction := _MEMORY_CORRECTION.search(sentence):
+        sentence = (sentence[: correction.start()] + " " + sentence[correction.end() :]).strip(
+            " ,;:.!-\u2014"
+        )
+        corrected = True
+    if corrected:
+        if not _text.words(sentence):
+            return "pending", "", ""
+        if _is_fact(sentence):
+            return "correction", _memory_statement(sentence), sentence
+        # Otherwise the rest may still be a signal ("No, we use MySQL"): a correction too.
+    sentence = _strip_filler(sentence)
+    for kind, pattern in (
+        ("decision", _MEMORY_DECISION),
+        ("preference", _MEMORY_PREFERENCE),
+        ("context", _MEMORY_CONTEXT),
+    ):
+        match = pattern.search(sentence)
+        if not match:
+            continue
+        topic_words = sentence[: match.start()] + " " + sentence[match.end() :]
+        if not _has_subject(topic_words):
+            continue
+        if kind == "context":
+            # A context marker holds the subject ("Our database is ..."), so the whole
+            # sentence names the topic, except what users say about themselves.
+            about_user = _MEMORY_ABOUT_USER.match(match.group(0))
+            topic_words = "user" if about_user else sentence
+        return ("correction" if corrected else kind), _memory_statement(sentence), topic_words
+    return None, "", ""
+
+
+def _memory_signals(conversation: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(kind, statement, topic words) for every qualifying sentence, in conversation order."""
+    found: list[tuple[str, str, str]] = []
+    for message in conversation:
+        role, content = _field(message, "role"), _field(message, "content")
+        remember = False
+        if role == "assistant":
+            confirmation = _MEMORY_CONFIRMATION.match(content)
+            if not confirmation:
+                continue
+            remember = confirmation.group("remember") is not None
+            content = content[confirmation.end() :]
+        elif role != "user":
+            continue
+        pending = False
+        for sentence in _text.sentences(content):
+            kind, statement, topic_words = _memory_signal(sentence)
+            if kind is None and (pending or remember) and _is_fact(sentence):
+                # The sentence after "That's wrong." is the correction; after "I'll remember
+                # that" the assistant restates something to keep.
+                kind = "correction" if pending else "context"
+                statement = _memory_statement(_strip_filler(sentence))
+                topic_words = sentence
+            pending = kind == "pending"
+            if kind is not None and kind != "pending":
+                found.append((kind, statement, topic_words))
+    return found
+
+
+def _topic_stems(text: str) -> set[str]:
+    """The stems of the words that can name a topic, case-insensitively: topics are stored
+    lower-case, where "vpn" is no longer an acronym to `_text.is_informative`."""
+    return {
+        _text.stem(t)
+        for t in _text.tokens(text)
+        if not _text.is_stopword(t) and (len(t) >= 3 or any(c.isdigit() for c in t))
+    }
+
+
+def _entry_stems(line: str) -> set[str]:
+    return _text.content_stems(_MEMORY_ENTRY_PREFIX.sub("", line, count=1))
+
+
+def _near_duplicate(stems: set[str], line: str) -> bool:
+    """Whether a statement with these content stems says nothing `line` does not."""
+    other = _entry_stems(line)
+    return bool(stems) and stems <= other
+
+
+def _corrected(stems: set[str], line: str) -> bool:
+    """Whether a correction with these content stems replaces `line`: same subject, most
+    words shared ("The API runs on port 8080" by "... port 8443")."""
+    other = _entry_stems(line)
+    shared = stems & other
+    return len(shared) >= 2 and len(shared) >= 0.5 * len(stems | other)
+
+
+@dataclass(slots=True)
+class _MemoryTopic:
+    """A topic file as the `memory_update` heuristic builds it up."""
+
+    topic: str
+    description: str
+    stems: set[str]
+    lines: list[str]
+    signals: list[str] = field(default_factory=list)
+    changed: bool = False
+
+
+def _memory_update(inputs: dict[str, Any]) -> LLMResponse:
+    topics = [
+        _MemoryTopic(
+            topic=_field(item, "topic"),
+            description=_field(item, "description"),
+            stems=_topic_stems(_field(item, "topic")),
+            # Without "content" the file was not shown: its reply holds only the new entries.
+            lines=[line.strip() for line in _field(item, "content").splitlines() if line.strip()],
+        )
+        for item in _dicts(inputs, "files")
+        if _field(item, "topic")
+    ]
+    for kind, statement, topic_words in _memory_signals(_dicts(inputs, "conversation")):
+        stems = _text.content_stems(statement)
+        if any(_near_duplicate(stems, line) for t in topics for line in t.lines):
+            continue
+        about = _topic_stems(topic_words)
+        target = max(topics, key=lambda t: len(about & t.stems), default=None)
+        if target is None or not about & target.stems:
+            name = _text.key_phrase(topic_words, max_words=_MEMORY_TOPIC_WORDS) or "notes"
+            target = _MemoryTopic(
+                topic=name,
+                description=_text.clip_words(statement, _MEMORY_DESCRIPTION_WORDS),
+                stems=_topic_stems(name) or {name},
+                lines=[],
+            )
+            topics.append(target)
+        if kind == "correction":
+            target.lines = [line for line in target.lines if not _corrected(stems, line)]
+        target.lines.append(f"- {_MEMORY_LABELS[kind]}: {statement}")
+        target.changed = True
+        if kind not in target.signals:
+            target.signals.append(kind)
+    files = [
+        {
+            "topic": t.topic,
+            "description": t.description,
+            "signals": t.signals,
+            "content": "\n".join(t.lines),
+        }
+        for t in topics
+        if t.changed
+    ]
+    return LLMResponse(data={"files": files}, usage=_NO_USAGE)
+
+
+def _memory_persist(inputs: dict[str, Any]) -> LLMResponse:
+    statement = " ".join(_str(inputs, "statement").split())
+    stems = _topic_stems(statement)
+    best: tuple[int, dict[str, Any]] | None = None
+    for item in _dicts(inputs, "files"):
+        overlap = len(stems & _topic_stems(_field(item, "topic")))
+        if overlap and (best is None or overlap > best[0]):
+            best = (overlap, item)
+    if best is not None:
+        topic, description = _field(best[1], "topic"), _field(best[1], "description")
+    else:
+        topic = _text.key_phrase(statement, max_words=_MEMORY_TOPIC_WORDS) or "notes"
+        description = _text.clip_words(statement, _MEMORY_DESCRIPTION_WORDS)
+    data = {"topic": topic, "description": description, "entry": statement}
+    return LLMResponse(data=data, usage=_NO_USAGE)
+
+
+def _memory_condense(inputs: dict[str, Any]) -> LLMResponse:
+    limit = _int(inputs, "max_chars", 4000)
+    texts = [_MEMORY_BULLET.sub("", e).strip() for e in _str_list(inputs, "entries")]
+    texts = [t for t in texts if t]
+    stems = [_entry_stems(t) for t in texts]
+    # Merging: an entry that says nothing a later entry does not say goes.
+    merged = [
+        t
+        for i, t in enumerate(texts)
+        if not (stems[i] and any(stems[i] <= stems[j] for j in range(i + 1, len(texts))))
+    ]
+    kept: list[str] = []
+    room = limit
+    for text in reversed(merged):
+        if len(text) + 3 > room:
+            # Only the newest entry is shortened (to its leading sentences); older ones go.
+            text = _shortened(text, room - 3) if not kept else ""
+        if text:
+            kept.append(text if text.startswith("#") else f"- {text}")
+            room -= len(text) + 3
+    kept.reverse()
+    description = _str(inputs, "description")
+    said = set().union(*(_entry_stems(line) for line in kept))
+    if kept and not _text.content_stems(description) & said:
+        description = _text.clip_words(kept[0][2:], _MEMORY_DESCRIPTION_WORDS)
+    data = {"description": description, "content": "\n".join(kept)}
+    return LLMResponse(data=data, usage=_NO_USAGE)
+
+
+def _shortened(text: str, room: int) -> str:
+    """The leading sentences of `text` within `room` characters, else its leading words."""
+    out = ""
+    for sentence in _text.sentences(text):
+        longer = f"{out} {sentence}".strip()
+        if len(longer) > room:
+            break
+        out = longer
+    if out:
+        return out
+    words: list[str] = []
+    for word in text.split():
+        if len(" ".join([*words, word])) + 3 > room:
+            break
+        words.append(word)
+    return " ".join(words) + "\u2026" if words else ""

@@ -321,25 +321,9 @@ class SqliteGraph:
             return []
         ids = list(dict.fromkeys(node_ids))
 
-        def read(db: SqliteUtilsDatabase) -> list[Neighbor]:
-            found: list[Neighbor] = []
-            kind = "" if link_type is None else " AND type = ?"
-            for chunk in _chunks(ids, 400):
-                marks = ",".join("?" * len(chunk))
-                extra = [] if link_type is None else [link_type.value]
-                for src, dst, typ in db.conn.execute(
-                    f"SELECT src, dst, type FROM links WHERE repo = ? AND src IN ({marks}){kind}"
-                    f" UNION ALL SELECT src, dst, type FROM links WHERE repo = ?"
-                    f" AND dst IN ({marks}){kind}",
-                    [repo, *chunk, *extra, repo, *chunk, *extra],
-                ):
-                    if src in chunk:
-                        found.append(Neighbor(src, dst, LinkType(typ)))
-                    if dst in chunk:
-                        found.append(Neighbor(dst, src, LinkType(typ)))
-            return list(dict.fromkeys(found))
-
-        return await self._database.run(read)
+        return await self._database.run(
+            lambda db: recall_reads.neighbors(db, repo, ids, link_type)
+        )
 
     async def node_context(
         self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
@@ -460,19 +444,9 @@ class SqliteGraph:
         if not match or limit <= 0:
             return []
         kinds = None if types is None else [NodeType(t).value for t in types]
-        type_filter = "" if kinds is None else f" AND n.type IN ({','.join('?' * len(kinds))})"
-
-        def read(db: SqliteUtilsDatabase) -> list[tuple[str, float]]:
-            rows = db.conn.execute(
-                "SELECT n.id, bm25(nodes_fts) AS score FROM nodes_fts"
-                " JOIN nodes n ON n.rowid = nodes_fts.rowid"
-                f" WHERE nodes_fts MATCH ? AND n.repo = ?{type_filter}"
-                " ORDER BY score LIMIT ?",
-                [match, repo, *(kinds or []), limit],
-            ).fetchall()
-            return [(node_id, -float(score)) for node_id, score in rows]
-
-        return await self._database.run(read)
+        return await self._database.run(
+            lambda db: recall_reads.fts_search(db, repo, match, kinds, limit)
+        )
 
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]
@@ -515,29 +489,9 @@ class SqliteGraph:
         """Every link touching these nodes, seen from each: (origin, its type, the node at the
         other end, its type, link type), in one query (what a recall hop needs)."""
         ids = list(dict.fromkeys(node_ids))
-
-        def read(db: SqliteUtilsDatabase) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
-            found = []
-            for chunk in _chunks(ids, 400):
-                marks = ",".join("?" * len(chunk))
-                asked = set(chunk)
-                for src, src_type, dst, dst_type, kind in db.conn.execute(
-                    "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
-                    # The planner takes the id's unique index, which reads each node's row
-                    # for its type; (id, type) answers from the index alone (m014).
-                    " JOIN nodes a INDEXED BY nodes_id_type ON a.id = l.src"
-                    " JOIN nodes b INDEXED BY nodes_id_type ON b.id = l.dst"
-                    f" WHERE l.repo = ? AND (l.src IN ({marks}) OR l.dst IN ({marks}))",
-                    [repo, *chunk, *chunk],
-                ):
-                    link = LinkType(kind)
-                    if src in asked:
-                        found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
-                    if dst in asked:
-                        found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
-            return found
-
-        return await self._database.run(read) if ids else []
+        if not ids:
+            return []
+        return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
 
     async def typed_links_near(
         self, repo: str, node_ids: Sequence[str], vector: Vector

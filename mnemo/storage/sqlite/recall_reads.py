@@ -1,6 +1,7 @@
-"""The batched reads of recall on SQLite: a candidate set's nodes, access stats and links in
-one call on the database's worker thread (each call is a thread hop, which a recall of a
-small store pays more for than for its queries)."""
+"""The batched reads of recall on SQLite, each one call on the database's worker thread (each
+call is a thread hop, which a recall of a small store pays more for than for its queries): a
+candidate set's nodes, access stats and links; the links a hop follows, with the types of
+their ends; every link of some nodes; and the store's own full-text search."""
 
 from __future__ import annotations
 
@@ -56,6 +57,69 @@ def node_context(
     return NodeContext(
         [found[i] for i in ids if i in found], stats, list(dict.fromkeys(links))
     )
+
+
+def typed_links(
+    db: SqliteUtilsDatabase, repo: str, ids: list[str]
+) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
+    """See `GraphStore.typed_links`."""
+    found = []
+    for chunk in _chunks(ids):
+        marks = ",".join("?" * len(chunk))
+        asked = set(chunk)
+        for src, src_type, dst, dst_type, kind in db.conn.execute(
+            "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
+            # The planner takes the id's unique index, which reads each node's row
+            # for its type; (id, type) answers from the index alone (m014).
+            " JOIN nodes a INDEXED BY nodes_id_type ON a.id = l.src"
+            " JOIN nodes b INDEXED BY nodes_id_type ON b.id = l.dst"
+            f" WHERE l.repo = ? AND (l.src IN ({marks}) OR l.dst IN ({marks}))",
+            [repo, *chunk, *chunk],
+        ):
+            link = LinkType(kind)
+            if src in asked:
+                found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
+            if dst in asked:
+                found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
+    return found
+
+
+def neighbors(
+    db: SqliteUtilsDatabase, repo: str, ids: list[str], link_type: LinkType | None
+) -> list[Neighbor]:
+    """See `GraphStore.neighbors`."""
+    found: list[Neighbor] = []
+    kind = "" if link_type is None else " AND type = ?"
+    extra = [] if link_type is None else [link_type.value]
+    for chunk in _chunks(ids):
+        marks = ",".join("?" * len(chunk))
+        for src, dst, typ in db.conn.execute(
+            f"SELECT src, dst, type FROM links WHERE repo = ? AND src IN ({marks}){kind}"
+            f" UNION ALL SELECT src, dst, type FROM links WHERE repo = ?"
+            f" AND dst IN ({marks}){kind}",
+            [repo, *chunk, *extra, repo, *chunk, *extra],
+        ):
+            if src in chunk:
+                found.append(Neighbor(src, dst, LinkType(typ)))
+            if dst in chunk:
+                found.append(Neighbor(dst, src, LinkType(typ)))
+    return list(dict.fromkeys(found))
+
+
+def fts_search(
+    db: SqliteUtilsDatabase, repo: str, match: str, kinds: list[str] | None, limit: int
+) -> list[tuple[str, float]]:
+    """The store's own BM25 search (FTS5), for when the lexical index cannot answer: node ids
+    matching `match`, best first, with scores where higher is better."""
+    type_filter = "" if kinds is None else f" AND n.type IN ({','.join('?' * len(kinds))})"
+    rows = db.conn.execute(
+        "SELECT n.id, bm25(nodes_fts) AS score FROM nodes_fts"
+        " JOIN nodes n ON n.rowid = nodes_fts.rowid"
+        f" WHERE nodes_fts MATCH ? AND n.repo = ?{type_filter}"
+        " ORDER BY score LIMIT ?",
+        [match, repo, *(kinds or []), limit],
+    ).fetchall()
+    return [(node_id, -float(score)) for node_id, score in rows]
 
 
 def _chunks(items: list[str]) -> Iterator[list[str]]:

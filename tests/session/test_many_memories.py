@@ -22,7 +22,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.backends import sql
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
 REPO = "r"
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
@@ -74,6 +74,28 @@ async def open_worker(
     if open_repo:
         await mem.open_repo(REPO)
     return Worker(mem, chosen, events)
+
+
+async def extracting(worker: Worker, sid: str) -> Hold:
+    """Closes the session through `worker`, whose extraction then waits at its semantic call
+    until the returned hold is released."""
+    held = worker.llm.hold("semantic")
+    await worker.mem.close(sid)
+    with anyio.fail_after(5):
+        await held.started.wait()
+    return held
+
+
+class Called:
+    """A callback that keeps its results and sets `done` at the first."""
+
+    def __init__(self) -> None:
+        self.results: list[mnemo.OpResult] = []
+        self.done = anyio.Event()
+
+    def __call__(self, result: mnemo.OpResult) -> None:
+        self.results.append(result)
+        self.done.set()
 
 
 async def fill(mem: mnemo.Memory) -> str:
@@ -258,22 +280,13 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
-        held = b.llm.hold("semantic")
-        await b.mem.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
-        results: list[mnemo.OpResult] = []
-        called = anyio.Event()
-
-        def callback(result: mnemo.OpResult) -> None:
-            results.append(result)
-            called.set()
-
+        held = await extracting(b, sid)
+        callback = Called()
         await a.mem.commit_async(sid, callback)
         held.release()
         with anyio.fail_after(10):
-            await called.wait()
-        assert results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+            await callback.done.wait()
+        assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
         assert await b.mem.session_state(sid) is State.IDLE
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
@@ -291,10 +304,7 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
-        held = b.llm.hold("semantic")
-        await b.mem.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
+        held = await extracting(b, sid)
         coordination = a.mem._backend.coordination
         faults = {"change_token": 3, "op_results": 2}
         met = anyio.Event()  # the wait has met its last fault
@@ -310,21 +320,15 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
                 return await _real(*args)
 
             monkeypatch.setattr(coordination, name, failing)
-        results: list[mnemo.OpResult] = []
-        called = anyio.Event()
-
-        def callback(result: mnemo.OpResult) -> None:
-            results.append(result)
-            called.set()
-
+        callback = Called()
         await a.mem.commit_async(sid, callback)
         with anyio.fail_after(10):
             await met.wait()
         held.release()
         with anyio.fail_after(10):
-            await called.wait()
+            await callback.done.wait()
         assert faults == {"change_token": 0, "op_results": 0}
-        assert results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
         assert set((await node_texts(b.mem)).values()) == {1}
 
 
@@ -360,10 +364,7 @@ async def test_an_operation_stored_by_a_closed_memory_still_runs(store: str) -> 
         a = await open_worker(a_stack, store)
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
-        held = b.llm.hold("semantic")
-        await b.mem.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
+        held = await extracting(b, sid)
         results: list[mnemo.OpResult] = []
         await a.mem.commit_async(sid, results.append)
         await a_stack.aclose()  # A goes away before the work ends
@@ -381,10 +382,7 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
     store) and commits it once, with B's result."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
-        held = b.llm.hold("semantic")
-        await b.mem.close(sid)
-        with anyio.fail_after(5):
-            await held.started.wait()
+        held = await extracting(b, sid)
         async with anyio.create_task_group() as tg:
             receipts: list[mnemo.CommitReceipt] = []
 

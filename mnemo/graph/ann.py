@@ -241,14 +241,15 @@ class HnswAccelerator:
 
     def search(
         self, queries: Vector, k: int, codes: Collection[int] | None
-    ) -> list[list[tuple[str, float]]] | None:
+    ) -> list[list[tuple[str, float]] | None] | None:
         """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
-        exactly; None when the exact scan must answer (see the module docstring). The rows
-        walk each graph in one call (a route's probes: 0.6 ms for four, 1.2 one by one)."""
+        exactly, or None for a row the exact scan must answer (see the module docstring);
+        None for all when the graphs cannot answer now. The rows walk each graph in one call
+        (a route's probes: 0.6 ms for four, 1.2 one by one)."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()
-        q = np.ascontiguousarray(queries, dtype=np.float32).reshape(-1, self._index.dim)
+        q = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
         # Pending rows are read before the graphs: a row leaves `pending` only once its label
         # is in its graph, so a row inserted in between is found in one or the other.
         with self._lock:
@@ -276,13 +277,9 @@ class HnswAccelerator:
                 labels = graph.labels
                 for row, hits in zip(candidates, found.tolist(), strict=True):
                     row.extend(labels[label] for label in hits if label >= 0)
-        result = []
-        for query, row in zip(q, candidates, strict=True):
-            best = rerank(snap, query, k, row, codes)
-            if best is None:
-                return None
-            result.append(best)
-        return result
+        # Each row as alone: one too few survivors sends only that row to the exact scan.
+        pairs = zip(q, candidates, strict=True)
+        return [rerank(snap, query, k, pool, codes) for query, pool in pairs]
 
     # ---- the worker ------------------------------------------------------------------------
 

@@ -86,9 +86,9 @@ class Accelerator(Protocol):
 
     def search(
         self, queries: Vector, k: int, codes: Collection[int] | None
-    ) -> list[list[tuple[str, float]]] | None:
-        """For each unit row of `queries`, the `k` best rows (of these type codes); None to
-        let the exact scan answer."""
+    ) -> list[list[tuple[str, float]] | None] | None:
+        """For each unit row of `queries`, the `k` best rows (of these type codes), or None
+        for a row the exact scan must answer; None for all of them."""
 
 
 class VectorIndex:
@@ -125,7 +125,9 @@ class VectorIndex:
         rows = unit(vectors)
         if rows.shape != (len(ids), self.dim):
             raise ValueError(f"expected {len(ids)} vectors of dim {self.dim}, got {rows.shape}")
-        self._version += 1
+        # `_version` moves only once the change is published: a worker thread's `of_type`
+        # reads it before the view, so a gather in the middle of a change is never kept as
+        # the new version's.
         fresh: list[int] = []
         for i, node_id in enumerate(ids):
             row = self._rows.get(node_id)
@@ -135,6 +137,7 @@ class VectorIndex:
                 self._matrix[row] = rows[i]
                 self._types[row] = TYPE_CODES[types[i]]
         if not fresh:
+            self._version += 1
             if self.accelerator is not None:
                 self.accelerator.added(ids)
             return
@@ -156,6 +159,7 @@ class VectorIndex:
         self._view = Snapshot(
             self._count, self._matrix, self._types, self._ids, self._rows, self._dead
         )
+        self._version += 1
         if self.accelerator is not None:
             self.accelerator.added(ids)
 
@@ -165,7 +169,6 @@ class VectorIndex:
         gone = {i for i in ids if i in self._rows}
         if not gone:
             return
-        self._version += 1
         for node_id in gone:
             self._types[self._rows.pop(node_id)] = DEAD
         self._dead += len(gone)
@@ -178,6 +181,7 @@ class VectorIndex:
             self._rows = {node_id: row for row, node_id in enumerate(self._ids)}
             self._count, self._dead = len(self._ids), 0
             self._view = Snapshot(self._count, self._matrix, self._types, self._ids, self._rows)
+        self._version += 1  # after the change, as in `add`
         if self.accelerator is not None:
             self.accelerator.removed(gone)
 
@@ -224,10 +228,11 @@ class VectorIndex:
         if count == 0 or k <= 0:
             return [[] for _ in range(len(probes))]
         wanted = None if types is None else sorted({TYPE_CODES[t] for t in types})
-        if self.accelerator is not None:
-            found = self.accelerator.search(probes, k, wanted)
-            if found is not None:
-                return found
+        found = None if self.accelerator is None else self.accelerator.search(probes, k, wanted)
+        if found is None:
+            found = [None] * len(probes)
+        if all(rows is not None for rows in found):
+            return [rows for rows in found if rows is not None]
         allowed = None
         if wanted is not None:
             allowed = of_codes(codes[:count], wanted)
@@ -235,7 +240,10 @@ class VectorIndex:
             allowed = codes[:count] != DEAD
         k = min(k, count)
         result = []
-        for probe in probes:
+        for probe, approximate in zip(probes, found, strict=True):
+            if approximate is not None:
+                result.append(approximate)
+                continue
             scores = matrix[:count] @ probe
             if allowed is not None:
                 scores = np.where(allowed, scores, -np.inf)

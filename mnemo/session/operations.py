@@ -242,8 +242,10 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
     if not results:
         return
     done = [entry for entry in mine if entry[0] in results]
-    live.remote[session.id] = [entry for entry in mine if entry[0] not in results]
+    # Dropped from the store before they are forgotten here: a fault then leaves both as they
+    # were, and the next look finds the same results (one callback each, never none).
     await live.coordination.drop_ops([op_id for op_id, _, _ in done])
+    live.remote[session.id] = [entry for entry in mine if entry[0] not in results]
     for op_id, _, callback in done:
         await deliver(callback, _op_result(results[op_id], session))
 
@@ -255,8 +257,15 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
     if live.holder_id is None:
         return
     taken = await live.coordination.take_ops(session.id, live.holder_id)
-    # An operation whose Memory closed before it ran has nobody to call back: forgotten now.
-    await live.coordination.drop_ops([op.id for op in taken if not op.accepted_by])
+    # An operation whose Memory closed before it ran has nobody to call back: its row goes.
+    # The operations are taken (committed) by now, so a fault there must not keep them from
+    # running: the row stays, taken, and nobody waits for it.
+    orphans = [op.id for op in taken if not op.accepted_by]
+    try:
+        await live.coordination.drop_ops(orphans)
+    except StorageError as exc:
+        log.warning("%s: %d finished operation rows left in the store: %s",
+                    session.id, len(orphans), exc)
     for stored in taken:
         callback = _result_to(live, stored.id) if stored.accepted_by else None
         if session.state is S.FAILED:

@@ -71,15 +71,15 @@ def rounded(results: list[tuple[str, float]], places: int = 5) -> list[tuple[str
     return [(node_id, round(score, places)) for node_id, score in results]
 
 
-def searches_of(index: VectorIndex, monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """A list that records every probe `index.search` or `index.search_rows` answers from now
-    on, one entry per probe row (the search still answers): which probes walked the index
-    rather than being one product."""
-    calls: list[object] = []
+def searches_of(index: VectorIndex, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that records, for every search of `index` from now on (`search` or
+    `search_rows`; the search still answers), how many probe rows it took: which probes
+    walked the index rather than being one product, and how many walks they took."""
+    calls: list[int] = []
     search_rows = index.search_rows
 
     def recorded(queries: Any, *args: Any, **kwargs: Any) -> list[list[tuple[str, float]]]:
-        calls.extend((row, *args) for row in np.atleast_2d(queries))
+        calls.append(len(np.atleast_2d(queries)))
         return search_rows(queries, *args, **kwargs)
 
     monkeypatch.setattr(index, "search_rows", recorded)

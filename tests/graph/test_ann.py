@@ -479,7 +479,7 @@ async def test_a_ready_index_walks_only_for_a_big_type(
     assert (walks, [[i for i, _ in row] for row in found]) == ([], truth)
     monkeypatch.setattr(ann, "WALK_FROM", 100)
     found = await ann_calls.nearest_of_type(index, probes, NodeType.SEMANTIC, 3)
-    assert len(walks) == 4
+    assert walks == [4]  # one walk of the graph for the four probes
     assert [[i for i, _ in row] for row in found] == truth
 
 
@@ -599,3 +599,25 @@ async def test_the_stores_gather_a_type_through_the_loop_safe_call(
     ids, matrix = await graph.vectors_of_type(REPO, NodeType.TAG)
     assert (ids, matrix.shape[0]) == ([], 0)
     assert kinds == [NodeType.TAG]
+
+
+def test_a_row_the_graphs_cannot_answer_alone_goes_to_the_exact_scan() -> None:
+    """`search_rows` takes each row the graphs answered from them and scans only the rows
+    they could not (too few survivors), as each row searched alone would."""
+    vectors = clustered(600, seed=21)
+    index = VectorIndex(DIM)
+    index.add([f"n{i}" for i in range(600)], kinds(600), vectors)
+
+    class OneRowOnly:
+        def added(self, ids: Any) -> None: ...
+
+        def removed(self, ids: Any) -> None: ...
+
+        def search(self, queries: Any, k: int, codes: Any) -> Any:
+            return [[("from the graphs", 1.0)], None]
+
+    index.accelerator = OneRowOnly()
+    probes = clustered(2, seed=22)
+    found = index.search_rows(probes, 3)
+    index.accelerator = None
+    assert found == [[("from the graphs", 1.0)], index.search(probes[1], 3)]

@@ -6,6 +6,7 @@ import itertools
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -287,3 +288,25 @@ def test_of_type_is_gathered_once_until_the_index_changes() -> None:
     assert index.of_type(NodeType.TAG)[0] == ["t1", "t2"]
     index.remove(["t1"])
     assert index.of_type(NodeType.TAG)[0] == ["t2"]
+
+
+def test_a_gather_in_the_middle_of_an_add_is_not_kept_for_after_it() -> None:
+    """`of_type` runs in a worker thread while the event loop's thread adds rows: a gather
+    made while an add is half done is never answered once the add is over (it was, when the
+    version moved before the rows did: the new intent stayed out of recall's routes and a
+    commit's dedup)."""
+    index = VectorIndex(4)
+    eye = np.eye(4, dtype=np.float32)
+    index.add(["a"], [NodeType.INTENT], eye[:1])
+
+    class Meanwhile(list[NodeType]):
+        """The add's types, read while it is half done: a gather runs then, as a worker
+        thread's would."""
+
+        def __getitem__(self, i: Any) -> Any:
+            index.of_type(NodeType.INTENT)
+            return super().__getitem__(i)
+
+    index.add(["b"], Meanwhile([NodeType.INTENT]), eye[1:2])
+    assert index.of_type(NodeType.INTENT)[0] == ["a", "b"]
+    assert index.has_of_type(NodeType.INTENT)

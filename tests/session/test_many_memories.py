@@ -306,15 +306,17 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
         coordination = a.mem._backend.coordination
-        faults = {"change_token": 3, "op_results": 2}
-        met = anyio.Event()  # the wait has met its last fault
+        # Faults while B still extracts (the change token, the results), then one when A
+        # drops the finished operation's row, after its result is there.
+        faults = {"change_token": 3, "op_results": 2, "drop_ops": 1}
+        met = anyio.Event()  # the wait has met its faults before the result
         for name in faults:
             real = getattr(coordination, name)
 
             async def failing(*args: Any, _name: str = name, _real: Any = real) -> Any:
-                if faults[_name] > 0:
+                if faults[_name] > 0 and (_name != "drop_ops" or args[0]):
                     faults[_name] -= 1
-                    if not any(faults.values()):
+                    if not faults["change_token"] and not faults["op_results"]:
                         met.set()
                     raise mnemo.StorageError("unavailable", "the store is unreachable")
                 return await _real(*args)
@@ -327,8 +329,9 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         held.release()
         with anyio.fail_after(10):
             await callback.done.wait()
-        assert faults == {"change_token": 0, "op_results": 0}
+        assert faults["drop_ops"] == 0  # met after the result was in the store
         assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        assert await sql(b.mem, "SELECT id FROM ops") == []
         assert set((await node_texts(b.mem)).values()) == {1}
 
 
@@ -375,6 +378,37 @@ async def test_an_operation_stored_by_a_closed_memory_still_runs(store: str) -> 
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
         assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
+
+
+async def test_a_fault_dropping_an_orphaned_operation_still_runs_it(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but B's store fails when B drops the row of the operation whose Memory
+    closed: B has taken it by then, and still runs it (before, the fault ended B's run of the
+    stored operations, and nobody would take them again)."""
+    async with AsyncExitStack() as stack:
+        a_stack = await stack.enter_async_context(AsyncExitStack())
+        a = await open_worker(a_stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        await a.mem.commit_async(sid, lambda result: None)
+        await a_stack.aclose()
+        coordination = b.mem._backend.coordination
+        drop_ops = coordination.drop_ops
+        faults = [mnemo.StorageError("unavailable", "the store is away")]  # one, then none
+
+        async def failing(op_ids: Any) -> None:
+            if op_ids and faults:
+                raise faults.pop()
+            await drop_ops(op_ids)
+
+        monkeypatch.setattr(coordination, "drop_ops", failing)
+        held.release()
+        landed = await b.events.wait_state(b.mem, sid, State.IDLE)
+        assert landed is State.IDLE
+        assert faults == []  # the fault was met
+        assert set((await node_texts(b.mem)).values()) == {1}
 
 
 async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(store: str) -> None:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import anyio.to_thread
 
@@ -11,6 +12,8 @@ from mnemo.graph import ann
 from mnemo.graph.ann import HnswAccelerator
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import TYPE_CODES, VectorIndex, top_per_row, unit
+
+T = TypeVar("T")
 
 
 async def nearest_of_type(
@@ -33,18 +36,25 @@ async def nearest_of_type(
     ids, matrix = await of_type(index, kind)
     if not ids:
         return [[] for _ in range(len(probes))]
-    if len(ids) < ann.IN_THREAD_FROM:
-        return top_per_row(unit(probes) @ matrix.T, ids, k)
-    return await anyio.to_thread.run_sync(lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
+    return await by_size(len(ids), lambda: top_per_row(unit(probes) @ matrix.T, ids, k))
 
 
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
     """`index.of_type(kind)`, in a worker thread when it must gather the rows of a big index:
     the first gather after a change copies every row of the type (113 MB for 74,000 intents
     at 1M nodes: 80-240 ms the event loop would wait, measured)."""
-    if len(index) < ann.IN_THREAD_FROM or index.has_of_type(kind):
+    if index.has_of_type(kind):
         return index.of_type(kind)
-    return await anyio.to_thread.run_sync(index.of_type, kind)
+    return await by_size(len(index), lambda: index.of_type(kind))
+
+
+async def by_size(rows: int, work: Callable[[], T]) -> T:
+    """`work()` over `rows` rows: on the event loop below `ann.IN_THREAD_FROM` of them (a
+    thread hop costs more than the work), else in a worker thread (a product or a copy of
+    tens of thousands of rows takes milliseconds the loop would wait)."""
+    if rows < ann.IN_THREAD_FROM:
+        return work()
+    return await anyio.to_thread.run_sync(work)
 
 
 async def settle(index: VectorIndex | None) -> None:

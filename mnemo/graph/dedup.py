@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import anyio.to_thread
 import numpy as np
 
-from mnemo.graph import ann, ann_calls
+from mnemo.graph import ann_calls
 from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, cosine, unit
 
@@ -67,10 +66,10 @@ async def resolve_intents(
         return
     vectors = unit(np.stack([d.vector for d in intents]))
     graph_ids, graph_matrix = await ann_calls.of_type(index, NodeType.INTENT)
-    if len(graph_ids) >= ann.IN_THREAD_FROM:  # tens of thousands of intents: off the loop
-        to_graph = await anyio.to_thread.run_sync(lambda: vectors @ graph_matrix.T)
-    else:
-        to_graph = vectors @ graph_matrix.T if graph_ids else np.zeros((len(intents), 0))
+    to_graph = (
+        await ann_calls.by_size(len(graph_ids), lambda: vectors @ graph_matrix.T)
+        if graph_ids else np.zeros((len(intents), 0))
+    )
     to_batch = vectors @ vectors.T
     kept: dict[int, tuple[str, Vector]] = {}  # draft position -> (text, vector) of survivors
     position = {d.id: i for i, d in enumerate(intents)}

@@ -93,15 +93,16 @@ def neighbors(
     extra = [] if link_type is None else [link_type.value]
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
+        asked = set(chunk)
         for src, dst, typ in db.conn.execute(
             f"SELECT src, dst, type FROM links WHERE repo = ? AND src IN ({marks}){kind}"
             f" UNION ALL SELECT src, dst, type FROM links WHERE repo = ?"
             f" AND dst IN ({marks}){kind}",
             [repo, *chunk, *extra, repo, *chunk, *extra],
         ):
-            if src in chunk:
+            if src in asked:
                 found.append(Neighbor(src, dst, LinkType(typ)))
-            if dst in chunk:
+            if dst in asked:
                 found.append(Neighbor(dst, src, LinkType(typ)))
     return list(dict.fromkeys(found))
 

@@ -58,9 +58,7 @@ class SqliteVectors:
         """Nodes nearest to `vector` by cosine, best first."""
         index = await self.index(repo)
         kinds = None if types is None else list(types)
-        if len(index) < ann.IN_THREAD_FROM:
-            return index.search(vector, limit, kinds)
-        return await anyio.to_thread.run_sync(index.search, vector, limit, kinds)
+        return await ann_calls.by_size(len(index), lambda: index.search(vector, limit, kinds))
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int

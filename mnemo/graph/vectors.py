@@ -212,6 +212,17 @@ class VectorIndex:
         row = self._rows.get(node_id)
         return None if row is None else self._matrix[row]
 
+    def similarities(self, node_ids: Iterable[str], vector: npt.ArrayLike) -> dict[str, float]:
+        """The cosine to `vector` of each of these ids that has a row, in one product over
+        their rows (gathered by one index, not stacked one by one)."""
+        size, matrix, _, _, rows, _ = self._view
+        found = [i for i in dict.fromkeys(node_ids) if rows.get(i, size) < size]
+        if not found:
+            return {}
+        at = np.fromiter((rows[i] for i in found), dtype=np.intp, count=len(found))
+        scores = matrix[at] @ unit(vector)[0]
+        return dict(zip(found, scores.tolist(), strict=True))
+
     def search(
         self, query: npt.ArrayLike, k: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:

@@ -66,15 +66,19 @@ def maximal_marginal_relevance(
     # neither penalises nor is penalised. einsum, not `@`: a product this small is slower in
     # OpenBLAS's threads than in one loop, by milliseconds when the cores are busy.
     cosines = np.einsum("id,jd->ij", rows, rows)
+    # Each item's score to pick it: lam x relevance - (1 - lam) x its highest cosine to the
+    # items chosen so far (never below 0). A chosen item's gain becomes -inf, so its score
+    # stays -inf: four numpy calls a pick, on arrays this small each costs its call alone.
     gain = lam * np.array([relevance[i] for i in order], dtype=np.float64) / scale
-    # The highest cosine of each item to any chosen item (never below 0), updated per pick.
+    penalties = (1.0 - lam) * cosines.astype(np.float64)
     nearest = np.zeros(len(order), dtype=np.float64)
-    left = np.ones(len(order), dtype=bool)
+    score = gain.copy()
     chosen: list[str] = []
     for _ in range(len(order)):
         # argmax takes the first of equals: ties keep `order`, as a stable sort would.
-        best = int(np.argmax(np.where(left, gain - (1.0 - lam) * nearest, -np.inf)))
-        left[best] = False
+        best = int(score.argmax())
         chosen.append(order[best])
-        np.maximum(nearest, cosines[best], out=nearest)
+        gain[best] = -np.inf
+        np.maximum(nearest, penalties[best], out=nearest)
+        np.subtract(gain, nearest, out=score)
     return chosen

@@ -52,6 +52,12 @@ def restatement(query: Sequence[str], text: str) -> int | None:
     0 for the same words in the same order (case, punctuation and spacing aside), 1 for a
     near-exact restatement (five words or more, one word added, dropped or changed), None
     otherwise."""
+    # Every word of `text` is a substring of its lowered text, so a restatement leaves at most
+    # one of the query's words out of it: most candidates are turned away here, without
+    # tokenizing them.
+    lowered = _text.normalise(text).lower()
+    if sum(word not in lowered for word in set(query)) > 1:
+        return None
     other = _text.tokens(text)
     if other == list(query):
         return 0

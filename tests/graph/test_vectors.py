@@ -85,6 +85,30 @@ def test_search_equals_brute_force(
     np.testing.assert_allclose(scores, best, atol=TOL)
 
 
+
+@settings(max_examples=100)
+@given(
+    matrix=matrices(st.integers(1, 30), DIM),
+    query=vectors(DIM),
+    data=st.data(),
+)
+def test_similarities_are_the_cosine_of_each_known_id(
+    matrix: Vector, query: Vector, data: st.DataObject
+) -> None:
+    """`similarities` gives each asked id that has a row (once, in the order asked) its cosine
+    to the query; ids without a row, or removed, are left out."""
+    index, ids = index_of(matrix)
+    removed = data.draw(st.sets(st.sampled_from(ids)))
+    index.remove(removed)
+    asked = data.draw(st.lists(st.sampled_from([*ids, "stranger"]), max_size=40))
+    found = index.similarities(asked, query)
+    expected = [i for i in dict.fromkeys(asked) if i in ids and i not in removed]
+    assert list(found) == expected
+    ref = reference(matrix, query)
+    for node_id, score in found.items():
+        assert score == pytest.approx(ref[ids.index(node_id)], abs=TOL)
+
+
 @given(
     st.lists(st.integers(-128, 127), max_size=40),
     st.sets(st.integers(-128, 127), max_size=8),

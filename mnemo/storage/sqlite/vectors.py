@@ -19,7 +19,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.sqlite.database import Database
 
 
@@ -70,12 +70,7 @@ class SqliteVectors:
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]:
         """Raw cosine of each node (that has a vector) to `vector`, in one matrix product."""
-        index = await self.index(repo)
-        known = [(i, v) for i in dict.fromkeys(node_ids) if (v := index.get(i)) is not None]
-        if not known:
-            return {}
-        scores = np.stack([v for _, v in known]) @ unit(vector)[0]
-        return {node_id: float(score) for (node_id, _), score in zip(known, scores, strict=True)}
+        return (await self.index(repo)).similarities(node_ids, vector)
 
     async def of_nodes(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
         index = await self.index(repo)

@@ -150,6 +150,12 @@ class Sessions:
             await event.wait()
             return
         token = await self.coordination.change_token()
+        # The session is read again after the token is taken: a change between the caller's
+        # read and the token (the other Memory's extraction ending) is seen here, and any
+        # later one moves the token. Before, it was seen at the next write by anyone.
+        await self.fetch(session.id, fresh=True)
+        if event.is_set() or session.state is not State.EXTRACTING:
+            return
         while True:
             with anyio.move_on_after(POLL_INTERVAL):
                 await event.wait()

@@ -361,6 +361,35 @@ async def test_a_memory_with_another_model_never_resumes_the_work(store: str) ->
         assert set((await node_texts(c.mem)).values()) == {1}
 
 
+
+async def test_close_and_commit_sees_an_extraction_that_ends_while_it_starts_to_wait(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's extraction ends after A read the session (extracting) and before A took the
+    store's change token to wait on: A still sees it ready, at once. Before, A waited for
+    the next write to the store by anyone, B's heartbeat 10 s later (a flaky 10 s test)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(b, sid)
+        coordination = a.mem._backend.coordination
+        change_token = coordination.change_token
+
+        released: list[bool] = []
+
+        async def after_b_is_ready() -> int:  # A's only caller: the wait for B's work
+            if not released:
+                released.append(True)
+                held.release()
+                await b.events.wait_state(b.mem, sid, State.READY)
+            return await change_token()
+
+        monkeypatch.setattr(coordination, "change_token", after_b_is_ready)
+        with anyio.fail_after(5):
+            receipt = await a.mem.close_and_commit(sid)
+        assert receipt.node_ids
+        assert set((await node_texts(a.mem)).values()) == {1}
+
+
 @pytest.mark.parametrize("drop_fails", [False, True], ids=["", "drop-fault"])
 async def test_an_operation_stored_by_a_closed_memory_still_runs(
     store: str, monkeypatch: pytest.MonkeyPatch, drop_fails: bool

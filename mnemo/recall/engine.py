@@ -4,8 +4,10 @@ The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs 
 
 1. **plan**: the query's mode (episodic / semantic / procedural / mixed) and search tags, from
    the offline heuristics or the LLM (`Config.recall_planner`);
-2. **hop 0**: candidates from FTS5 BM25 over node text and from cosine over node vectors,
-   fused by reciprocal rank;
+2. **hop 0**: candidates from BM25 over node text (tantivy, or the store's own full-text
+   search), run while the query is embedded, and from cosine over node vectors, fused by
+   reciprocal rank (the words channel's time is in the trace's "embed" stage, which it
+   shares);
 3. **hops** (up to `recall_max_hops`) through routing nodes: tags lead to facts, intents to
    procedures, facts to the steps they came from; a route is followed only when its raw cosine
    to the query (or a search tag) reaches the type's threshold; when the best results stop
@@ -23,14 +25,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 import anyio
 
 from mnemo.config import Config
 from mnemo.episode.annotation import embed
+from mnemo.errors import first_error
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
@@ -112,26 +116,40 @@ class Recaller:
         wanted = None if types is None else {NodeType(t) for t in types}
         plan = await self._plan(query)
         trace.mark("plan")
+        searched = None if wanted is None else list(wanted | set(ROUTING))
+        width = max(config.recall_candidates, 2 * k)
+        terms = keywords(query)
         dense_query = without_names(query) if config.recall_dense_without_names else query
-        vectors = await embed(query_side(self.embedder), [dense_query, *plan.tags])
-        query_vector, tag_vectors = vectors[0], vectors[1:]
+        # The words channel needs no vector: it runs while the query is embedded (a model
+        # server's round trip, often the longest wait of a recall). Each side waits on
+        # something else: the embedder, a worker thread.
+        lexical: list[tuple[str, float]] = []
+        embedded: list[Vector] = []  # one matrix: the query's row, then each search tag's
+
+        async def by_words() -> None:
+            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
+
+        async def embedding() -> None:
+            embedded.append(await embed(query_side(self.embedder), [dense_query, *plan.tags]))
+
+        await _side_by_side(by_words, embedding)
+        query_vector, tag_vectors = embedded[0][0], embedded[0][1:]
         trace.mark("embed")
 
-        # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
-        # each side waits on a worker thread (HNSW walks, the database).
+        # The dense channel and the routes' probes at once: they need only the query's
+        # vectors, and each side waits on a worker thread (HNSW walks, the database).
         found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, query, query_vector, wanted, k))
+            found.update(await self._hop_zero(repo, terms, query_vector, searched, width,
+                                              lexical))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
-        async with anyio.create_task_group() as both:
-            both.start_soon(zero)
-            both.start_soon(route)
+        await _side_by_side(zero, route)
         trace.mark("hop0")
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -172,26 +190,18 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, query: str, vector: Vector, wanted: set[NodeType] | None, k: int
+        self,
+        repo: str,
+        terms: str,
+        vector: Vector,
+        searched: list[NodeType] | None,
+        width: int,
+        lexical: list[tuple[str, float]],
     ) -> dict[str, _Candidate]:
+        """The dense channel's candidates fused with the words channel's (`lexical`, found
+        while the query was embedded), by reciprocal rank."""
         config = self.config
-        searched = None if wanted is None else list(wanted | set(ROUTING))
-        width = max(config.recall_candidates, 2 * k)
-        terms = keywords(query)
-        # The two channels at once: each waits on something else (a worker thread, the
-        # database), and hop 0 is the stage a large store pays most for.
-        lexical: list[tuple[str, float]] = []
-        dense: list[tuple[str, float]] = []
-
-        async def by_words() -> None:
-            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
-
-        async def by_meaning() -> None:
-            dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
-
-        async with anyio.create_task_group() as channels:
-            channels.start_soon(by_words)
-            channels.start_soon(by_meaning)
+        dense = await self.graph.search_vectors(repo, vector, width, searched)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
@@ -380,6 +390,15 @@ class Recaller:
         except Exception as exc:  # optional: the memories are the answer without it
             log.warning("recall synthesis failed: %r", exc)
             return None
+
+
+async def _side_by_side(*calls: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Runs the calls at once; the first failure is raised as itself (a StorageError stays
+    one), not as a task group's ExceptionGroup, and cancels the others."""
+    with first_error():
+        async with anyio.create_task_group() as group:
+            for call in calls:
+                group.start_soon(call)
 
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:

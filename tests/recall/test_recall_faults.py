@@ -1,0 +1,37 @@
+"""A storage fault in the middle of a recall reaches the caller as `mnemo.StorageError`, on
+both backends: recall runs several reads side by side, in task groups, and their
+`ExceptionGroup` of one error had reached the caller (the contract says StorageError)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import mnemo
+from tests.fakes import FakeEmbedder, FakeLLM
+
+REPO = "r"
+# Each read recall makes, from hop 0 (side by side) to the ranking.
+READS = ["search_text", "search_vectors", "nearest_of_type", "typed_links_near", "node_context"]
+
+
+@pytest.mark.parametrize("read", READS)
+async def test_a_storage_fault_in_any_read_is_a_storage_error(
+    store: str, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for text in ["the kettle is in the kitchen", "the kettle boils water"]:
+            trajectory = mnemo.Trajectory(goal=text, steps=[mnemo.Step(observation=text,
+                                                                       action="boil")])
+            await mem.ingest(REPO, trajectory, source_id=text)
+        assert (await mem.recall(REPO, "kettle kitchen", k=3)).memories
+        graph = mem._backend.graph
+
+        async def fails(*args: Any, **kwargs: Any) -> Any:
+            raise mnemo.StorageError("unavailable", "the store is away")
+
+        monkeypatch.setattr(graph, read, fails)
+        with pytest.raises(mnemo.StorageError, match="away"):
+            await mem.recall(REPO, "kettle kitchen", k=3)

@@ -5,9 +5,7 @@ The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs 
 1. **plan**: the query's mode (episodic / semantic / procedural / mixed) and search tags, from
    the offline heuristics or the LLM (`Config.recall_planner`);
 2. **hop 0**: candidates from BM25 over node text (tantivy, or the store's own full-text
-   search), run while the query is embedded, and from cosine over node vectors, fused by
-   reciprocal rank (the words channel's time is in the trace's "embed" stage, which it
-   shares);
+   search) and from cosine over node vectors, fused by reciprocal rank;
 3. **hops** (up to `recall_max_hops`) through routing nodes: tags lead to facts, intents to
    procedures, facts to the steps they came from; a route is followed only when its raw cosine
    to the query (or a search tag) reaches the type's threshold; when the best results stop
@@ -116,34 +114,18 @@ class Recaller:
         wanted = None if types is None else {NodeType(t) for t in types}
         plan = await self._plan(query)
         trace.mark("plan")
-        searched = None if wanted is None else list(wanted | set(ROUTING))
-        width = max(config.recall_candidates, 2 * k)
-        terms = keywords(query)
         dense_query = without_names(query) if config.recall_dense_without_names else query
-        # The words channel needs no vector: it runs while the query is embedded (a model
-        # server's round trip, often the longest wait of a recall). Each side waits on
-        # something else: the embedder, a worker thread.
-        lexical: list[tuple[str, float]] = []
-        embedded: list[Vector] = []  # one matrix: the query's row, then each search tag's
-
-        async def by_words() -> None:
-            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
-
-        async def embedding() -> None:
-            embedded.append(await embed(query_side(self.embedder), [dense_query, *plan.tags]))
-
-        await _side_by_side(by_words, embedding)
-        query_vector, tag_vectors = embedded[0][0], embedded[0][1:]
+        vectors = await embed(query_side(self.embedder), [dense_query, *plan.tags])
+        query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 
-        # The dense channel and the routes' probes at once: they need only the query's
-        # vectors, and each side waits on a worker thread (HNSW walks, the database).
+        # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
+        # each side waits on a worker thread (HNSW walks, the database).
         found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, terms, query_vector, searched, width,
-                                              lexical))
+            found.update(await self._hop_zero(repo, query, query_vector, wanted, k))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
@@ -190,18 +172,24 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self,
-        repo: str,
-        terms: str,
-        vector: Vector,
-        searched: list[NodeType] | None,
-        width: int,
-        lexical: list[tuple[str, float]],
+        self, repo: str, query: str, vector: Vector, wanted: set[NodeType] | None, k: int
     ) -> dict[str, _Candidate]:
-        """The dense channel's candidates fused with the words channel's (`lexical`, found
-        while the query was embedded), by reciprocal rank."""
         config = self.config
-        dense = await self.graph.search_vectors(repo, vector, width, searched)
+        searched = None if wanted is None else list(wanted | set(ROUTING))
+        width = max(config.recall_candidates, 2 * k)
+        terms = keywords(query)
+        # The two channels at once: each waits on something else (a worker thread, the
+        # database), and hop 0 is the stage a large store pays most for.
+        lexical: list[tuple[str, float]] = []
+        dense: list[tuple[str, float]] = []
+
+        async def by_words() -> None:
+            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
+
+        async def by_meaning() -> None:
+            dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
+
+        await _side_by_side(by_words, by_meaning)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]

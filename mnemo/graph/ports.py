@@ -57,11 +57,13 @@ TypedLink = tuple[str, NodeType, str, NodeType, LinkType]
 class NodeContext:
     """What recall reads about its best candidates in one round trip (`node_context`): the
     nodes (in the order asked, unknown ids left out), their access stats (count, last
-    access), and the links of one type touching those of them whose type was asked for."""
+    access), the links of one type touching those of them whose type was asked for, and
+    their unit vectors (those that have one: MMR's, without a read of their own)."""
 
     nodes: list[Node]
     stats: dict[str, tuple[int, datetime | None]]
     links: list[Neighbor]
+    vectors: dict[str, Vector] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +179,9 @@ class GraphStore(Protocol):
     async def node_context(
         self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
     ) -> NodeContext:
-        """`get_nodes` and `access_stats` of `node_ids`, and `neighbors(..., link_type)` of
-        those of them whose type is in `linked`, in one read (recall: bounded by k)."""
+        """`get_nodes`, `access_stats` and `vectors` of `node_ids`, and
+        `neighbors(..., link_type)` of those of them whose type is in `linked`, in one read
+        (recall: bounded by k)."""
         ...
 
     async def links(self, repo: str) -> list[Link]:

@@ -4,10 +4,10 @@ best of them, and the rule that puts a restatement of the query first."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from mnemo.graph.model import Node, NodeType
+from mnemo.graph.model import Node, NodeType, Vector
 from mnemo.graph.ports import Neighbor
 
 N = NodeType
@@ -24,12 +24,13 @@ class Candidate:
 
 @dataclass(slots=True)
 class ReadContext:
-    """What recall read about its best candidates: nodes, access stats, and the sources of
-    each fact or procedure (its PROVENANCE links)."""
+    """What recall read about its best candidates: nodes, access stats, the sources of
+    each fact or procedure (its PROVENANCE links), and their vectors."""
 
     nodes: dict[str, Node]
     stats: dict[str, tuple[int, datetime | None]]
     sources: dict[str, list[str]]
+    vectors: dict[str, Vector] = field(default_factory=dict)
 
     def add_steps(self, links: Iterable[Neighbor]) -> None:
         for link in links:

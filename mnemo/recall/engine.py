@@ -232,7 +232,8 @@ class Recaller:
         ranked = sorted(found.items(), key=lambda item: -item[1].score)
         best = [i for i, _ in ranked[:depth]]
         first = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE)
-        context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {})
+        context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {},
+                           dict(first.vectors))
         nodes = context.nodes
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.
@@ -256,6 +257,7 @@ class Recaller:
             )
             nodes.update((n.id, n) for n in second.nodes)
             context.stats.update(second.stats)
+            context.vectors.update(second.vectors)
             context.add_steps(second.links)
         for node_id, candidate in offers.items():
             if node_id in nodes:
@@ -322,7 +324,7 @@ class Recaller:
         else:
             scored.sort(key=lambda item: (-item[0], item[1].id))
         if config.recall_mmr_lambda < 1.0:
-            scored = await self._diversify(repo, scored, 4 * k)
+            scored = await self._diversify(repo, scored, 4 * k, context.vectors)
         steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
         per_type: dict[NodeType, int] = {}
         seen_steps: set[str] = set()
@@ -344,11 +346,19 @@ class Recaller:
         return ranked
 
     async def _diversify(
-        self, repo: str, scored: list[tuple[float, Node, _Candidate]], n: int
+        self,
+        repo: str,
+        scored: list[tuple[float, Node, _Candidate]],
+        n: int,
+        known: Mapping[str, Vector],
     ) -> list[tuple[float, Node, _Candidate]]:
-        """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`."""
+        """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`.
+        Their vectors came with the nodes (`known`); a store that left some out is asked."""
         head = scored[:n]
-        vectors = await self.graph.vectors(repo, [node.id for _, node, _ in head])
+        vectors = {node.id: known[node.id] for _, node, _ in head if node.id in known}
+        missing = [node.id for _, node, _ in head if node.id not in known]
+        if missing:
+            vectors.update(await self.graph.vectors(repo, missing))
         by_id = {item[1].id: item for item in head}
         order = maximal_marginal_relevance(
             list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,

@@ -16,7 +16,7 @@ from mnemo.graph.model import Link, LinkType, NodeType
 from mnemo.graph.ports import GraphStore, Neighbor, NodeContext
 from mnemo.recall.fusion import maximal_marginal_relevance
 from tests.backends import open_stores
-from tests.recall.test_engine import EMBEDDER, build, run
+from tests.recall.test_engine import EMBEDDER, REPO, build, run
 
 # Nodes whose ids are read by these calls.
 READS = ("get_nodes", "access_stats", "node_context", "neighbors", "vectors")
@@ -73,14 +73,30 @@ async def test_recall_reads_only_its_best_candidates(crowded: GraphStore) -> Non
 
 
 async def test_after_the_hops_two_reads_and_one_write(crowded: GraphStore) -> None:
-    """Nodes, access stats, provenance and the steps of the best candidates are one read, what
-    provenance and neighbours bring in a second; then reinforcement writes once."""
+    """Nodes, access stats, provenance, vectors and the steps of the best candidates are one
+    read, what provenance and neighbours bring in a second; then reinforcement writes once.
+    MMR (on by default) takes its vectors from those reads: before, it asked for them again
+    (a round trip on PostgreSQL)."""
     graph = Counting(crowded)
     await run(cast(GraphStore, graph), "red kettle in the kitchen", k=5)
+    assert mnemo.Config().recall_mmr_lambda < 1.0
     assert graph.calls["node_context"] <= 2
     assert graph.calls["get_nodes"] == graph.calls["access_stats"] == 0
+    assert graph.calls["vectors"] == 0
     assert graph.calls["reinforce"] == 1
 
+
+
+async def test_node_context_brings_the_vectors_that_vectors_reads(crowded: GraphStore) -> None:
+    """`node_context`'s vectors are `vectors` of the same ids: unit rows, unknown ids left
+    out (the port's contract, on both backends)."""
+    ids = ["s1", "e1", "s7", "nobody"]
+    context = await crowded.node_context(REPO, ids, [NodeType.SEMANTIC], LinkType.PROVENANCE)
+    alone = await crowded.vectors(REPO, ids)
+    assert set(context.vectors) == set(alone) == {"s1", "e1", "s7"}
+    for node_id, vector in alone.items():
+        np.testing.assert_allclose(context.vectors[node_id], vector, atol=1e-6)
+        assert float(np.linalg.norm(context.vectors[node_id])) == pytest.approx(1.0, abs=1e-5)
 
 def reference_mmr(order: list[str], relevance: dict[str, float],
                   vectors: dict[str, np.ndarray], lam: float) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from mnemo.graph.model import LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
+from mnemo.graph.vectors import unit
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import as_array
@@ -19,6 +20,8 @@ _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
     " WHERE repo = %(repo)s AND id = ANY(%(ids)s)"
 )
+# The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).
+_VECTORS = "SELECT node_id, vec FROM vectors WHERE repo = %(repo)s AND node_id = ANY(%(ids)s)"
 # Seen from the end whose type was asked for: side 0 from `src`, side 1 from `dst`.
 _LINKS = (
     "SELECT 0, l.src, l.dst FROM links l JOIN nodes n ON n.id = l.src"
@@ -44,8 +47,10 @@ async def node_context(
     async with pg.connection() as conn, conn.pipeline():
         nodes = await conn.execute(_NODES, params)
         links = await conn.execute(_LINKS, params)
+        vectors = await conn.execute(_VECTORS, params, binary=True)
         node_rows: list[tuple[Any, ...]] = await nodes.fetchall()
         link_rows: list[tuple[Any, ...]] = await links.fetchall()
+        vector_rows: list[tuple[Any, ...]] = await vectors.fetchall()
     found: dict[str, Node] = {}
     stats: dict[str, tuple[int, datetime | None]] = {}
     for row in node_rows:
@@ -57,7 +62,8 @@ async def node_context(
         else Neighbor(str(dst), str(src), link_type)
         for side, src, dst in link_rows
     ]
-    return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(seen)))
+    return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(seen)),
+                       {str(i): unit(v)[0] for i, v in vector_rows})
 
 
 # Each link seen from the end that was asked for (side 0 from `src`, side 1 from `dst`), with

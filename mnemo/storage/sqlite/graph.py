@@ -331,9 +331,12 @@ class SqliteGraph:
         if not node_ids:
             return NodeContext([], {}, [])
         kinds = list(linked)
-        return await self._database.run(
+        context = await self._database.run(
             lambda db: recall_reads.node_context(db, repo, node_ids, kinds, link_type)
         )
+        # The vectors are in memory: no second read.
+        context.vectors.update(await self._vectors.of_nodes(repo, node_ids))
+        return context
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         """The newest `top_k` nodes of these types, newest first."""

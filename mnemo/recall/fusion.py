@@ -65,7 +65,8 @@ def maximal_marginal_relevance(
     # Every pairwise cosine in one product; an item without a vector is a zero row, so it
     # neither penalises nor is penalised. einsum, not `@`: a product this small is slower in
     # OpenBLAS's threads than in one loop, by milliseconds when the cores are busy.
-    cosines = np.einsum("id,jd->ij", rows, rows)
+    # A row that is not finite counts as no vector (its NaN would win every argmax below).
+    cosines = np.nan_to_num(np.einsum("id,jd->ij", rows, rows), nan=0.0, posinf=0.0, neginf=0.0)
     # Each item's score to pick it: lam x relevance - (1 - lam) x its highest cosine to the
     # items chosen so far (never below 0). A chosen item's gain becomes -inf, so its score
     # stays -inf: four numpy calls a pick, on arrays this small each costs its call alone.

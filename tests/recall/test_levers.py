@@ -92,6 +92,17 @@ def test_mmr_picks_as_the_greedy_definition_does(
     assert result == mmr_reference(order, relevance, vectors, lam)
 
 
+
+def test_mmr_returns_every_item_once_beside_a_vector_that_is_not_finite() -> None:
+    """A NaN vector neither penalises nor is picked again: every item comes back once (a
+    review found the faster loop repeating the NaN item)."""
+    relevance = {"a": 1.0, "b": 0.9, "c": 0.8, "d": 0.7}
+    vectors = {"a": unit(1, 0), "b": np.array([np.nan, 0.0], dtype=np.float32),
+               "c": unit(0, 1), "d": unit(1, 1)}
+    result = maximal_marginal_relevance(["a", "b", "c", "d"], relevance, vectors, 0.5)
+    assert sorted(result) == ["a", "b", "c", "d"]
+
+
 def test_feedback_terms_are_shared_content_words_absent_from_the_query() -> None:
     """Words in at least two hits, not in the query, not stopwords or numbers, most shared
     first."""

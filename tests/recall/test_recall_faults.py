@@ -1,6 +1,8 @@
 """A storage fault in the middle of a recall reaches the caller as `mnemo.StorageError`, on
 both backends: recall runs several reads side by side, in task groups, and their
-`ExceptionGroup` of one error had reached the caller (the contract says StorageError)."""
+`ExceptionGroup` of one error had reached the caller (the contract says StorageError). The
+first three reads run in those groups (they failed before); the last two run alone and
+are checked as well."""
 
 from __future__ import annotations
 

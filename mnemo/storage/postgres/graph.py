@@ -57,6 +57,7 @@ from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
+from mnemo.storage.typed_links import seen_from_asked
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -297,15 +298,7 @@ class PgGraph:
             " WHERE l.repo = %(repo)s AND (l.src = ANY(%(ids)s) OR l.dst = ANY(%(ids)s))",
             {"repo": repo, "ids": ids},
         )
-        wanted = set(ids)
-        found: list[TypedLink] = []
-        for src, src_type, dst, dst_type, kind in rows:
-            link = LinkType(kind)
-            if src in wanted:
-                found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
-            if dst in wanted:
-                found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
-        return found
+        return seen_from_asked(rows, set(ids))
 
     async def links(self, repo: str) -> list[Link]:
         rows = await self._all(

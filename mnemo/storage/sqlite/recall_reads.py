@@ -11,8 +11,9 @@ from datetime import datetime
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.model import LinkType, Node, NodeType
-from mnemo.graph.ports import Neighbor, NodeContext
+from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
+from mnemo.storage.typed_links import seen_from_asked
 
 _CHUNK = 400
 
@@ -61,13 +62,12 @@ def node_context(
 
 def typed_links(
     db: SqliteUtilsDatabase, repo: str, ids: list[str]
-) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
+) -> list[TypedLink]:
     """See `GraphStore.typed_links`."""
-    found = []
+    found: list[TypedLink] = []
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
-        asked = set(chunk)
-        for src, src_type, dst, dst_type, kind in db.conn.execute(
+        found += seen_from_asked(db.conn.execute(
             "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
             # The planner takes the id's unique index, which reads each node's row
             # for its type; (id, type) answers from the index alone (m014).
@@ -75,12 +75,7 @@ def typed_links(
             " JOIN nodes b INDEXED BY nodes_id_type ON b.id = l.dst"
             f" WHERE l.repo = ? AND (l.src IN ({marks}) OR l.dst IN ({marks}))",
             [repo, *chunk, *chunk],
-        ):
-            link = LinkType(kind)
-            if src in asked:
-                found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
-            if dst in asked:
-                found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
+        ), set(chunk))
     return found
 
 

@@ -1,0 +1,25 @@
+"""What both backends' `typed_links` reads make of their rows (one place: the SQL differs,
+the reading of a row does not)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import Any
+
+from mnemo.graph.model import LinkType, NodeType
+from mnemo.graph.ports import TypedLink
+
+
+def seen_from_asked(
+    rows: Iterable[tuple[Any, Any, Any, Any, Any]], asked: Collection[str]
+) -> list[TypedLink]:
+    """Rows of (src, its type, dst, its type, link type) as typed links seen from each end
+    that was asked for: a link between two asked nodes is seen from both."""
+    found: list[TypedLink] = []
+    for src, src_type, dst, dst_type, kind in rows:
+        link = LinkType(kind)
+        if src in asked:
+            found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
+        if dst in asked:
+            found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
+    return found

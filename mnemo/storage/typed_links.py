@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from mnemo.graph.model import LinkType, NodeType
+from mnemo.graph.model import LINK_TYPES, NODE_TYPES
 from mnemo.graph.ports import TypedLink
 
 
@@ -17,9 +17,9 @@ def seen_from_asked(
     that was asked for: a link between two asked nodes is seen from both."""
     found: list[TypedLink] = []
     for src, src_type, dst, dst_type, kind in rows:
-        link = LinkType(kind)
+        link = LINK_TYPES[kind]
         if src in asked:
-            found.append((src, NodeType(src_type), dst, NodeType(dst_type), link))
+            found.append((src, NODE_TYPES[src_type], dst, NODE_TYPES[dst_type], link))
         if dst in asked:
-            found.append((dst, NodeType(dst_type), src, NodeType(src_type), link))
+            found.append((dst, NODE_TYPES[dst_type], src, NODE_TYPES[src_type], link))
     return found

@@ -11,8 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mnemo.graph.model import (
+    LINK_TYPES,
+    NODE_TYPES,
     Changeset,
     CommitReceipt,
+    LinkType,
     NodeDraft,
     NodeType,
     normalise_label,
@@ -128,3 +131,12 @@ def test_normalise_label_examples() -> None:
     """ " Nginx  Proxy " is "nginx proxy"; a blank label is empty."""
     assert normalise_label(" Nginx  Proxy ") == "nginx proxy"
     assert normalise_label(" \t\n") == ""
+
+
+def test_type_tables_name_every_member_as_the_enums_do() -> None:
+    """The stores decode type names through `NODE_TYPES` and `LINK_TYPES` (a dict look-up,
+    not the enum's call): each maps every stored name to the member the enum would give."""
+    for table, enum in ((NODE_TYPES, NodeType), (LINK_TYPES, LinkType)):
+        assert set(table) == {member.value for member in enum}
+        for name, member in table.items():
+            assert member is enum(name)

@@ -31,6 +31,7 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
+    LINK_TYPES,
     Changeset,
     CommitReceipt,
     Link,
@@ -269,9 +270,9 @@ class PgGraph:
         found: list[Neighbor] = []
         for src, dst, typ in rows:
             if src in wanted:
-                found.append(Neighbor(src, dst, LinkType(typ)))
+                found.append(Neighbor(src, dst, LINK_TYPES[typ]))
             if dst in wanted:
-                found.append(Neighbor(dst, src, LinkType(typ)))
+                found.append(Neighbor(dst, src, LINK_TYPES[typ]))
         return list(dict.fromkeys(found))
 
     async def node_context(

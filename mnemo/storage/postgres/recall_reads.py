@@ -9,19 +9,16 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from mnemo.graph.model import LinkType, Node, NodeType, Vector
+from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
-from mnemo.graph.vectors import unit
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
-from mnemo.storage.postgres.vectors import as_array
+from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
 
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
     " WHERE repo = %(repo)s AND id = ANY(%(ids)s)"
 )
-# The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).
-_VECTORS = "SELECT node_id, vec FROM vectors WHERE repo = %(repo)s AND node_id = ANY(%(ids)s)"
 # Seen from the end whose type was asked for: side 0 from `src`, side 1 from `dst`.
 _LINKS = (
     "SELECT 0, l.src, l.dst FROM links l JOIN nodes n ON n.id = l.src"
@@ -47,7 +44,8 @@ async def node_context(
     async with pg.connection() as conn, conn.pipeline():
         nodes = await conn.execute(_NODES, params)
         links = await conn.execute(_LINKS, params)
-        vectors = await conn.execute(_VECTORS, params, binary=True)
+        # The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).
+        vectors = await conn.execute(OF_NODES, params, binary=True)
         node_rows: list[tuple[Any, ...]] = await nodes.fetchall()
         link_rows: list[tuple[Any, ...]] = await links.fetchall()
         vector_rows: list[tuple[Any, ...]] = await vectors.fetchall()
@@ -63,7 +61,7 @@ async def node_context(
         for side, src, dst in link_rows
     ]
     return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(seen)),
-                       {str(i): unit(v)[0] for i, v in vector_rows})
+                       unit_rows(vector_rows))
 
 
 # Each link seen from the end that was asked for (side 0 from `src`, side 1 from `dst`), with
@@ -89,12 +87,12 @@ async def typed_links_near(
     links: list[TypedLink] = []
     similarity: dict[str, float] = {}
     for side, src, src_type, dst, dst_type, kind, cosine in rows:
-        link = LinkType(kind)
+        link = LINK_TYPES[kind]
         if side == 0:
-            links.append((str(src), NodeType(src_type), str(dst), NodeType(dst_type), link))
+            links.append((str(src), NODE_TYPES[src_type], str(dst), NODE_TYPES[dst_type], link))
             target = str(dst)
         else:
-            links.append((str(dst), NodeType(dst_type), str(src), NodeType(src_type), link))
+            links.append((str(dst), NODE_TYPES[dst_type], str(src), NODE_TYPES[src_type], link))
             target = str(src)
         if isinstance(cosine, float) and math.isfinite(cosine):
             similarity[target] = cosine

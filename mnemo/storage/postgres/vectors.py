@@ -127,11 +127,8 @@ class PgVectors:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return {}
-        rows = await self._pg.fetch_all(
-            "SELECT node_id, vec FROM vectors WHERE repo = %s AND node_id = ANY(%s)",
-            (repo, ids), binary=True,
-        )
-        found = {str(i): unit(v)[0] for i, v in rows}
+        rows = await self._pg.fetch_all(OF_NODES, {"repo": repo, "ids": ids}, binary=True)
+        found = unit_rows(rows)
         return {i: found[i] for i in ids if i in found}
 
     async def of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
@@ -239,6 +236,19 @@ class PgVectors:
         for i, (_, _, vec) in enumerate(rows):
             matrix[i] = vec
         return [str(r[0]) for r in rows], [NodeType(r[1]) for r in rows], matrix
+
+
+# The vectors of some nodes (read in binary: `unit_rows` takes the rows).
+OF_NODES = "SELECT node_id, vec FROM vectors WHERE repo = %(repo)s AND node_id = ANY(%(ids)s)"
+
+
+def unit_rows(rows: Sequence[tuple[Any, ...]]) -> dict[str, Vector]:
+    """(node id, vector) rows as unit vectors by id, scaled in one numpy call (row by row,
+    scaling was a tenth of a 1M-node recall's time on the event loop)."""
+    if not rows:
+        return {}
+    matrix = unit(np.stack([vector for _, vector in rows]))
+    return {str(node_id): row for (node_id, _), row in zip(rows, matrix, strict=True)}
 
 
 def kind_values(types: Iterable[NodeType]) -> list[str]:

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.model import LINK_TYPES, LinkType, Node, NodeType
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.typed_links import seen_from_asked
@@ -96,9 +96,9 @@ def neighbors(
             [repo, *chunk, *extra, repo, *chunk, *extra],
         ):
             if src in asked:
-                found.append(Neighbor(src, dst, LinkType(typ)))
+                found.append(Neighbor(src, dst, LINK_TYPES[typ]))
             if dst in asked:
-                found.append(Neighbor(dst, src, LinkType(typ)))
+                found.append(Neighbor(dst, src, LINK_TYPES[typ]))
     return list(dict.fromkeys(found))
 
 

@@ -11,6 +11,8 @@ import numpy as np
 import numpy.typing as npt
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mnemo.errors import StorageError
 from mnemo.graph import ann
@@ -164,3 +166,20 @@ async def test_routes_load_when_the_database_identity_cannot_be_read(
             assert routes.accelerator.files is None
         finally:
             await graph.aclose()
+
+
+@given(
+    st.lists(
+        st.lists(st.floats(-1e3, 1e3, width=32), min_size=DIM, max_size=DIM),
+        max_size=12,
+    )
+)
+def test_unit_rows_scales_each_row_as_unit_does_alone(rows: list[list[float]]) -> None:
+    """`unit_rows` (one numpy call for a read's rows) gives each id the vector that `unit` of
+    its row alone gives, zero rows staying zero: recall's reads took 0.6 ms to scale 50 rows
+    one by one."""
+    read = [(f"n{i}", np.array(row, dtype=np.float32)) for i, row in enumerate(rows)]
+    scaled = pg_vectors.unit_rows(read)
+    assert list(scaled) == [node_id for node_id, _ in read]
+    for node_id, vector in read:
+        np.testing.assert_array_equal(scaled[node_id], unit(vector)[0])

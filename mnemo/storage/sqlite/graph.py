@@ -5,14 +5,14 @@ each is one transaction, recorded in `applied_changesets`, so applying the same 
 returns the first receipt and adds nothing. A commit may carry side writes (a session's state
 change and steps marked committed, or an ingested source recorded; `sessions.side_writes`) that
 land in the same transaction: the graph and the session never disagree about what was
-committed. Vectors are held and searched by `SqliteVectors` (`vectors.py`).
+committed. Vectors are held and searched by `SqliteVectors` (`vectors.py`); the SQL of a
+commit and of the deletes is in `commits.py` and `deletes.py`.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -27,7 +27,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.errors import StorageError
-from mnemo.graph import ann, commit, facts
+from mnemo.graph import ann, commit
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
@@ -39,7 +39,6 @@ from mnemo.graph.model import (
     Node,
     NodeType,
     Vector,
-    vector_to_blob,
 )
 from mnemo.graph.ports import (
     IntentPolicy,
@@ -52,11 +51,11 @@ from mnemo.graph.ports import (
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.sqlite import history, maintenance, recall_reads
+from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
-from mnemo.storage.sqlite.sessions import side_writes, side_writes_alone
+from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -176,17 +175,10 @@ class SqliteGraph:
         return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
 
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT i.payload_hash, a.receipt FROM ingests i"
-                " JOIN applied_changesets a ON a.id = i.changeset_id"
-                " WHERE i.repo = ? AND i.source_id = ?",
-                (repo, source_id),
-            ).fetchall()
-        )
-        if not rows:
+        found = await self._database.run(lambda db: commits.ingested(db, repo, source_id))
+        if found is None:
             return None
-        digest, receipt = rows[0]
+        digest, receipt = found
         return digest, CommitReceipt.from_json(receipt).node_ids
 
     async def apply(
@@ -202,40 +194,8 @@ class SqliteGraph:
         return await commit.apply(self, changeset, intents=intents, also=also)
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
-        repo, created = plan.repo, plan.created_at
-
-        def write(db: SqliteUtilsDatabase) -> None:
-            with db.atomic():
-                conn = db.conn
-                conn.executemany(
-                    "INSERT OR IGNORE INTO nodes(id, repo, type, text, data, key, source_id,"
-                    " created_at, recorded_at, valid_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
-                         n.key, n.source_id, created, *facts.times(n, created))
-                        for n, text, _ in plan.nodes
-                    ],
-                )
-                conn.executemany(
-                    "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
-                    [(n.id, repo, vector_to_blob(vector)) for n, _, vector in plan.nodes],
-                )
-                for node_id, (text, vector) in plan.rewordings.items():
-                    conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
-                    conn.execute(
-                        "UPDATE vectors SET vec = ? WHERE node_id = ?",
-                        (vector_to_blob(vector), node_id),
-                    )
-                added = history.insert_links(conn, repo, plan.links)
-                conn.execute(
-                    "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (plan.changeset_id, repo, plan.receipt.to_json(), created),
-                )
-                history.record(conn, plan, added)
-                side_writes(db, also)
-
-        await self._database.run(write)
+        repo = plan.repo
+        await self._database.run(lambda db: commits.write_commit(db, plan, also))
         index = await self._vectors.index(repo)
         index.add(
             [n.id for n, _, _ in plan.nodes],
@@ -269,12 +229,8 @@ class SqliteGraph:
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT receipt FROM applied_changesets WHERE id = ?", (changeset_id,)
-            ).fetchall()
-        )
-        return CommitReceipt.from_json(rows[0][0]) if rows else None
+        found = await self._database.run(lambda db: commits.receipt(db, changeset_id))
+        return None if found is None else CommitReceipt.from_json(found)
 
     async def get_nodes(self, repo: str, node_ids: Sequence[str]) -> list[Node]:
         """The nodes with these ids, in the order asked (unknown ids are left out)."""
@@ -369,19 +325,7 @@ class SqliteGraph:
         if not ids:
             return 0
         async with self.lock(repo):
-
-            def delete(db: SqliteUtilsDatabase) -> int:
-                gone = 0
-                with db.atomic():
-                    for chunk in _chunks(ids, 500):
-                        marks = ",".join("?" * len(chunk))
-                        gone += db.conn.execute(
-                            f"DELETE FROM nodes WHERE repo = ? AND id IN ({marks})",
-                            [repo, *chunk],
-                        ).rowcount
-                return gone
-
-            gone = await self._database.run(delete)
+            gone = await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
             self._forget_vectors(repo, ids)
             return gone
 
@@ -392,44 +336,9 @@ class SqliteGraph:
         without links (a tag a source created but another still uses stays); returns how
         many nodes went."""
         async with self.lock(repo):
-
-            def delete(db: SqliteUtilsDatabase) -> list[str]:
-                conn = db.conn
-                with db.atomic():
-                    own = [row[0] for row in conn.execute(
-                        "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
-                        " AND type NOT IN ('tag', 'intent')", (repo, source_id))]
-                    routes = {row[0] for row in conn.execute(
-                        "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
-                        " AND type IN ('tag', 'intent')", (repo, source_id))}
-                    for chunk in _chunks(own, 400):
-                        marks = ",".join("?" * len(chunk))
-                        routes.update(row[0] for row in conn.execute(
-                            f"SELECT n.id FROM links l JOIN nodes n ON n.id = l.src"
-                            f" WHERE l.dst IN ({marks}) AND n.type IN ('tag', 'intent')",
-                            chunk))
-                        conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
-                    orphans = [
-                        node_id for node_id in sorted(routes)
-                        if conn.execute(
-                            "SELECT 1 FROM links WHERE src = ? OR dst = ? LIMIT 1",
-                            (node_id, node_id),
-                        ).fetchone() is None
-                    ]
-                    for chunk in _chunks(orphans, 400):
-                        marks = ",".join("?" * len(chunk))
-                        conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
-                    # A tag or intent the source created that another still uses stays, but
-                    # no longer names the source (its id is the user's text: erasure).
-                    conn.execute(
-                        "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?",
-                        (repo, source_id),
-                    )
-                    history.forget_source(conn, repo, source_id)
-                    side_writes(db, also)
-                return own + orphans
-
-            gone = await self._database.run(delete)
+            gone = await self._database.run(
+                lambda db: deletes.delete_source(db, repo, source_id, also)
+            )
             self._forget_vectors(repo, gone)
             return len(gone)
 
@@ -548,47 +457,16 @@ class SqliteGraph:
         if not keys:
             return {}
         unique = list(dict.fromkeys(keys))
-
-        def read(db: SqliteUtilsDatabase) -> dict[str, str]:
-            owners: dict[str, str] = {}
-            for chunk in _chunks(unique, 500):
-                marks = ",".join("?" * len(chunk))
-                owners.update(
-                    db.conn.execute(
-                        f"SELECT key, id FROM nodes WHERE repo = ? AND type = 'tag'"
-                        f" AND key IN ({marks})",
-                        [repo, *chunk],
-                    ).fetchall()
-                )
-            return owners
-
-        return await self._database.run(read)
+        return await self._database.run(lambda db: commits.tag_owners(db, repo, unique))
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]:
         """Which of these ids are already nodes (a SOURCE shared by two commits, say)."""
-
-        def read(db: SqliteUtilsDatabase) -> set[str]:
-            found: set[str] = set()
-            for chunk in _chunks(node_ids, 500):
-                marks = ",".join("?" * len(chunk))
-                found.update(
-                    row[0]
-                    for row in db.conn.execute(
-                        f"SELECT id FROM nodes WHERE id IN ({marks})", chunk
-                    )
-                )
-            return found
-
-        return await self._database.run(read) if node_ids else set()
+        if not node_ids:
+            return set()
+        return await self._database.run(lambda db: commits.present(db, node_ids))
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]:
-        marks = ",".join("?" * len(node_ids))
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                f"SELECT id, text FROM nodes WHERE id IN ({marks})", node_ids
-            ).fetchall()
-        )
-        return dict(rows)
+        return await self._database.run(lambda db: commits.texts(db, node_ids))
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:

@@ -1,5 +1,5 @@
-"""What both backends' `typed_links` reads make of their rows (one place: the SQL differs,
-the reading of a row does not)."""
+"""What both backends' `typed_links` and `neighbors` reads make of their rows (one place: the
+SQL differs, the reading of a row does not)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES
-from mnemo.graph.ports import TypedLink
+from mnemo.graph.ports import Neighbor, TypedLink
 
 
 def seen_from_asked(
@@ -22,4 +22,19 @@ def seen_from_asked(
             found.append((src, NODE_TYPES[src_type], dst, NODE_TYPES[dst_type], link))
         if dst in asked:
             found.append((dst, NODE_TYPES[dst_type], src, NODE_TYPES[src_type], link))
+    return found
+
+
+def neighbors_seen_from_asked(
+    rows: Iterable[tuple[Any, Any, Any]], asked: Collection[str]
+) -> list[Neighbor]:
+    """Rows of (src, dst, link type) as neighbors seen from each end that was asked for: a
+    link between two asked nodes is seen from both."""
+    found: list[Neighbor] = []
+    for src, dst, kind in rows:
+        link = LINK_TYPES[kind]
+        if src in asked:
+            found.append(Neighbor(src, dst, link))
+        if dst in asked:
+            found.append(Neighbor(dst, src, link))
     return found

@@ -31,7 +31,6 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
-    LINK_TYPES,
     Changeset,
     CommitReceipt,
     Link,
@@ -58,7 +57,7 @@ from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
-from mnemo.storage.typed_links import seen_from_asked
+from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -266,14 +265,7 @@ class PgGraph:
             f" AND dst = ANY(%(ids)s){kind}",
             {"repo": repo, "ids": ids, "kind": None if link_type is None else link_type.value},
         )
-        wanted = set(ids)
-        found: list[Neighbor] = []
-        for src, dst, typ in rows:
-            if src in wanted:
-                found.append(Neighbor(src, dst, LINK_TYPES[typ]))
-            if dst in wanted:
-                found.append(Neighbor(dst, src, LINK_TYPES[typ]))
-        return list(dict.fromkeys(found))
+        return list(dict.fromkeys(neighbors_seen_from_asked(rows, set(ids))))
 
     async def node_context(
         self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType

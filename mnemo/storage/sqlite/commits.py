@@ -7,7 +7,7 @@ thread; the write under the repo's lock."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -16,6 +16,7 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.model import vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
+from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.sessions import side_writes
 
 
@@ -76,7 +77,7 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
 def tag_owners(db: SqliteUtilsDatabase, repo: str, keys: list[str]) -> dict[str, str]:
     """See `CommitTarget.tag_owners` (`keys` distinct)."""
     owners: dict[str, str] = {}
-    for chunk in _chunks(keys, 500):
+    for chunk in chunks(keys, 500):
         marks = ",".join("?" * len(chunk))
         owners.update(
             db.conn.execute(
@@ -91,7 +92,7 @@ def tag_owners(db: SqliteUtilsDatabase, repo: str, keys: list[str]) -> dict[str,
 def present(db: SqliteUtilsDatabase, node_ids: list[str]) -> set[str]:
     """See `CommitTarget.present`."""
     found: set[str] = set()
-    for chunk in _chunks(node_ids, 500):
+    for chunk in chunks(node_ids, 500):
         marks = ",".join("?" * len(chunk))
         found.update(
             row[0]
@@ -108,8 +109,3 @@ def texts(db: SqliteUtilsDatabase, node_ids: list[str]) -> dict[str, str]:
     return dict(
         db.conn.execute(f"SELECT id, text FROM nodes WHERE id IN ({marks})", node_ids).fetchall()
     )
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

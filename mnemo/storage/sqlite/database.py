@@ -31,7 +31,7 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -289,3 +289,10 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
         return True, applied > 0
     finally:
         conn.close()
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """`items` in slices of at most `size`: a statement's `IN (...)` list stays far below
+    SQLite's limit on host parameters (32,766)."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

@@ -4,12 +4,13 @@ forgets the vectors of what went)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
+from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.sessions import side_writes
 
 
@@ -17,7 +18,7 @@ def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> int:
     """See `GraphStore.delete_nodes`: returns how many of `ids` were rows."""
     gone = 0
     with db.atomic():
-        for chunk in _chunks(ids, 500):
+        for chunk in chunks(ids, 500):
             marks = ",".join("?" * len(chunk))
             gone += db.conn.execute(
                 f"DELETE FROM nodes WHERE repo = ? AND id IN ({marks})",
@@ -38,7 +39,7 @@ def delete_source(
         routes = {row[0] for row in conn.execute(
             "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
             " AND type IN ('tag', 'intent')", (repo, source_id))}
-        for chunk in _chunks(own, 400):
+        for chunk in chunks(own, 400):
             marks = ",".join("?" * len(chunk))
             routes.update(row[0] for row in conn.execute(
                 f"SELECT n.id FROM links l JOIN nodes n ON n.id = l.src"
@@ -52,7 +53,7 @@ def delete_source(
                 (node_id, node_id),
             ).fetchone() is None
         ]
-        for chunk in _chunks(orphans, 400):
+        for chunk in chunks(orphans, 400):
             marks = ",".join("?" * len(chunk))
             conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
         # A tag or intent the source created that another still uses stays, but
@@ -64,8 +65,3 @@ def delete_source(
         history.forget_source(conn, repo, source_id)
         side_writes(db, also)
     return own + orphans
-
-
-def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

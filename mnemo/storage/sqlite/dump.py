@@ -24,7 +24,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
-from mnemo.storage.sqlite.database import Database, inspect_file
+from mnemo.storage.sqlite.database import Database, chunks, inspect_file
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
@@ -138,9 +138,7 @@ class SqliteDump:
 
     async def node_texts(self, ids: Sequence[str]) -> dict[str, str]:
         found: dict[str, str] = {}
-        # SQLite allows 32766 parameters; a batch is far below that.
-        for start in range(0, len(ids), 500):
-            chunk = list(ids[start:start + 500])
+        for chunk in map(list, chunks(ids, 500)):
             marks = ", ".join("?" for _ in chunk)
             rows = await self._db.run(
                 _fetch(f"SELECT id, text FROM nodes WHERE id IN ({marks})", chunk)

@@ -52,7 +52,7 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
-from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.database import Database, chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
@@ -240,7 +240,7 @@ class SqliteGraph:
 
         def read(db: SqliteUtilsDatabase) -> list[Node]:
             found: dict[str, Node] = {}
-            for chunk in _chunks(ids, 500):
+            for chunk in chunks(ids, 500):
                 marks = ",".join("?" * len(chunk))
                 for row in db.conn.execute(
                     f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = ? AND id IN ({marks})",
@@ -368,7 +368,7 @@ class SqliteGraph:
 
         def read(db: SqliteUtilsDatabase) -> dict[str, tuple[int, datetime | None]]:
             stats: dict[str, tuple[int, datetime | None]] = {}
-            for chunk in _chunks(ids, 500):
+            for chunk in chunks(ids, 500):
                 marks = ",".join("?" * len(chunk))
                 for node_id, count, last in db.conn.execute(
                     f"SELECT id, access_count, last_access FROM nodes WHERE repo = ?"
@@ -467,8 +467,3 @@ class SqliteGraph:
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]:
         return await self._database.run(lambda db: commits.texts(db, node_ids))
-
-
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]

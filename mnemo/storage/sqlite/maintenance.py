@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +16,7 @@ from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
 from mnemo.graph.model import NodeType
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.graph.value import node_value
+from mnemo.storage.sqlite.database import chunks
 
 # Nodes that route a search to memories; never valued, deleted only once nothing links them.
 # SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
@@ -42,7 +43,7 @@ def merge_duplicates(
     with db.atomic():
         involved = sorted({node_id for pair in pairs for node_id in pair})
         rows: dict[str, tuple[int, dict[str, Any], int, str | None]] = {}
-        for chunk in _chunks(involved):
+        for chunk in chunks(involved, _SQL_CHUNK):
             marks = ",".join("?" * len(chunk))
             for node_id, rowid, data, count, last in conn.execute(
                 f"SELECT id, rowid, data, access_count, last_access FROM nodes"
@@ -69,7 +70,7 @@ def merge_duplicates(
         _delete(conn, merged)
         tags = _orphans(conn, repo, (NodeType.TAG,))
         _delete(conn, tags)
-        for chunk in _chunks(examined):
+        for chunk in chunks(examined, _SQL_CHUNK):
             marks = ",".join("?" * len(chunk))
             conn.execute(f"UPDATE nodes SET consolidated = 1 WHERE id IN ({marks})", chunk)
     return MergeResult(merged + tags, len(merged), moved, len(tags))
@@ -281,10 +282,5 @@ def _orphans(conn: sqlite3.Connection, repo: str, kinds: Sequence[NodeType]) -> 
 
 def _delete(conn: sqlite3.Connection, node_ids: list[str]) -> None:
     # Links and vectors go by ON DELETE CASCADE, search entries by the nodes_fts trigger.
-    for chunk in _chunks(node_ids):
+    for chunk in chunks(node_ids, _SQL_CHUNK):
         conn.execute(f"DELETE FROM nodes WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-
-
-def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
-    for start in range(0, len(items), _SQL_CHUNK):
-        yield items[start : start + _SQL_CHUNK]

@@ -5,15 +5,16 @@ their ends; every link of some nodes; and the store's own full-text search."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph.model import LINK_TYPES, LinkType, Node, NodeType
+from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
+from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
-from mnemo.storage.typed_links import seen_from_asked
+from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 
 _CHUNK = 400
 
@@ -30,7 +31,7 @@ def node_context(
     kinds = {NodeType(t) for t in linked}
     found: dict[str, Node] = {}
     stats: dict[str, tuple[int, datetime | None]] = {}
-    for chunk in _chunks(ids):
+    for chunk in chunks(ids, _CHUNK):
         marks = ",".join("?" * len(chunk))
         for row in db.conn.execute(
             f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
@@ -42,7 +43,7 @@ def node_context(
             stats[row[0]] = (count, datetime.fromisoformat(last) if last else None)
     origins = [i for i in ids if i in found and found[i].type in kinds]
     links: list[Neighbor] = []
-    for chunk in _chunks(origins):
+    for chunk in chunks(origins, _CHUNK):
         marks = ",".join("?" * len(chunk))
         wanted = set(chunk)
         for src, dst in db.conn.execute(
@@ -65,7 +66,7 @@ def typed_links(
 ) -> list[TypedLink]:
     """See `GraphStore.typed_links`."""
     found: list[TypedLink] = []
-    for chunk in _chunks(ids):
+    for chunk in chunks(ids, _CHUNK):
         marks = ",".join("?" * len(chunk))
         found += seen_from_asked(db.conn.execute(
             "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
@@ -86,19 +87,14 @@ def neighbors(
     found: list[Neighbor] = []
     kind = "" if link_type is None else " AND type = ?"
     extra = [] if link_type is None else [link_type.value]
-    for chunk in _chunks(ids):
+    for chunk in chunks(ids, _CHUNK):
         marks = ",".join("?" * len(chunk))
-        asked = set(chunk)
-        for src, dst, typ in db.conn.execute(
+        found += neighbors_seen_from_asked(db.conn.execute(
             f"SELECT src, dst, type FROM links WHERE repo = ? AND src IN ({marks}){kind}"
             f" UNION ALL SELECT src, dst, type FROM links WHERE repo = ?"
             f" AND dst IN ({marks}){kind}",
             [repo, *chunk, *extra, repo, *chunk, *extra],
-        ):
-            if src in asked:
-                found.append(Neighbor(src, dst, LINK_TYPES[typ]))
-            if dst in asked:
-                found.append(Neighbor(dst, src, LINK_TYPES[typ]))
+        ), set(chunk))
     return list(dict.fromkeys(found))
 
 
@@ -116,8 +112,3 @@ def fts_search(
         [match, repo, *(kinds or []), limit],
     ).fetchall()
     return [(node_id, -float(score)) for node_id, score in rows]
-
-
-def _chunks(items: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(items), _CHUNK):
-        yield items[start : start + _CHUNK]

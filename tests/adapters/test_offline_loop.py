@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import anyio
 import pytest
 
@@ -13,6 +11,7 @@ from mnemo.episode.annotation import annotate
 from mnemo.extraction.prompts import parse_facts, procedural_request, semantic_request
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS
 from tests.fakes import FakeEmbedder, open_test_memory
+from tests.loop import ticking
 
 # A bound a deployment might configure (Config.max_text_chars), and an observation that fills
 # it with distinct sentences: on the loop its heuristics would block it for about a second.
@@ -31,30 +30,12 @@ def big_observation(chars: int = MAX_CHARS) -> str:
     return " ".join(sentences)[:chars]
 
 
-class Ticker:
-    """A task that wakes every 5 ms and records how long each wait really took."""
-
-    def __init__(self) -> None:
-        self.gaps: list[float] = []
-        self.done = anyio.Event()
-
-    async def run(self) -> None:
-        last = time.perf_counter()
-        while not self.done.is_set():
-            await anyio.sleep(0.005)
-            now = time.perf_counter()
-            self.gaps.append(now - last)
-            last = now
-
-
 async def test_loop_keeps_running_while_offline_llm_annotates_and_extracts() -> None:
     """A 5 ms ticker never waits over 0.25 s while a max-size observation is annotated and
     extracted by the offline LLM."""
     llm = OfflineLLM()
     observation = big_observation()
-    ticker = Ticker()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ticker.run)
+    async with ticking() as ticker:
         await annotate(
             llm, FakeEmbedder(), goal="keep the fleet up", observation=observation,
             action="restart the cache on every server", previous=None, recent=[],
@@ -64,10 +45,9 @@ async def test_loop_keeps_running_while_offline_llm_annotates_and_extracts() -> 
             semantic_request(goal="keep the fleet up", subgoal="servers", steps=steps)
         ))
         await llm.generate(procedural_request(goal="g", subgoal="servers", steps=steps))
-        ticker.done.set()
     assert facts
     assert ticker.gaps
-    assert max(ticker.gaps) < 0.25
+    assert ticker.longest < 0.25
 
 
 async def test_semantic_keeps_the_most_informative_facts_in_order() -> None:
@@ -91,17 +71,16 @@ async def test_memory_commits_a_max_size_observation_without_blocking_the_loop()
     """With the offline defaults, appending and committing an observation of the default
     Config.max_text_chars leaves the loop free (no 5 ms tick late by 0.25 s), with bounded
     facts."""
-    ticker = Ticker()
-    async with open_test_memory(llm=None) as mem, anyio.create_task_group() as tg:
+    async with open_test_memory(llm=None) as mem:
         await mem.open_repo("r")
-        tg.start_soon(ticker.run)
-        sid = await mem.start_session("keep the fleet up", repo="r")
-        await mem.append(sid, big_observation(DEFAULT_MAX_TEXT_CHARS), "restart the cache")
-        await mem.close_and_commit(sid)
-        ticker.done.set()
+        async with ticking() as ticker:
+            sid = await mem.start_session("keep the fleet up", repo="r")
+            await mem.append(sid, big_observation(DEFAULT_MAX_TEXT_CHARS), "restart the cache")
+            await mem.close_and_commit(sid)
         facts = await mem.get_nodes_by_type("r", [mnemo.NodeType.SEMANTIC])
     assert 0 < len(facts) <= MAX_FACTS
-    assert max(ticker.gaps) < 0.25
+    assert ticker.gaps
+    assert ticker.longest < 0.25
 
 
 async def test_fail_after_fires_during_a_long_offline_call() -> None:

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import anyio
 import pytest
 
 import mnemo
@@ -19,6 +18,7 @@ from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.backends import open_stores
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 from tests.graph._support import DIM, draft, policy
+from tests.loop import ticking
 
 REPO = "r"
 
@@ -33,22 +33,6 @@ def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
     finally:
         conn.execute("ROLLBACK")
         conn.close()
-
-
-class Ticker:
-    """A task ticking every 5 ms; `longest` is the longest gap between two ticks."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        last = anyio.current_time()
-        task_status.started()
-        while True:
-            await anyio.sleep(0.005)
-            now = anyio.current_time()
-            self.longest = max(self.longest, now - last)
-            last = now
 
 
 @pytest.fixture
@@ -78,13 +62,10 @@ async def test_a_write_that_waits_for_another_writer_does_not_block_the_loop(
     then raises StorageError("busy") with the driver error as cause, and stores nothing."""
     path = tmp_path / "m.db"
     sid = await mem.start_session("explore", repo=REPO)
-    ticker = Ticker()
-    async with anyio.create_task_group() as tg:
-        await tg.start(ticker.run)
+    async with ticking() as ticker:
         with write_lock_held(path):
             with pytest.raises(mnemo.StorageError) as caught:
                 await mem.append(sid, "walk north", "go north")
-        tg.cancel_scope.cancel()
     assert caught.value.reason == "busy"
     assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
     assert ticker.longest < 0.25

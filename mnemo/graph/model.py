@@ -12,6 +12,8 @@ from typing import Any, NewType
 import numpy as np
 import numpy.typing as npt
 
+from mnemo.errors import StorageError
+
 NodeId = NewType("NodeId", str)
 Vector = npt.NDArray[np.float32]
 
@@ -34,10 +36,19 @@ class LinkType(StrEnum):
     SUPERSEDES = "supersedes"  # a fact - the fact it contradicted (retired, issue 14)
 
 
+class _StoredNames(dict[str, Any]):
+    """Stored type names to their members. A name no member has (a row another program or a
+    later version wrote) is a `StorageError("corrupt")`, as any unreadable row is, not a
+    KeyError from deep inside a read."""
+
+    def __missing__(self, name: str) -> Any:
+        raise StorageError("corrupt", f"a stored row names an unknown type {name!r}")
+
+
 # A stored type name's member by a dict lookup: `NodeType(name)` goes through the enum's
 # machinery, about 1 us a call, and a recall hop decodes hundreds of rows.
-NODE_TYPES: dict[str, NodeType] = {kind.value: kind for kind in NodeType}
-LINK_TYPES: dict[str, LinkType] = {kind.value: kind for kind in LinkType}
+NODE_TYPES: dict[str, NodeType] = _StoredNames((kind.value, kind) for kind in NodeType)
+LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in LinkType)
 
 
 @dataclass(frozen=True, slots=True)

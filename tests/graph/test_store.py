@@ -388,6 +388,25 @@ async def test_delete_removes_links_vectors_and_search_entries(
     assert "a-fact" not in [i for i, _ in found]
 
 
+async def test_an_unknown_stored_type_is_a_corrupt_store(
+    graph: GraphStore, backend: Backend
+) -> None:
+    """A row naming a type no member has (written by another program, or a later version)
+    is `StorageError("corrupt")` on every read that decodes it, not a KeyError."""
+    await graph.apply(fact_with_tag("a", "nginx listens on 8080", "nginx"), intents=policy())
+    await sql(backend, "UPDATE nodes SET type = 'gadget' WHERE id = 'a-fact'")
+    with pytest.raises(StorageError) as caught:
+        await graph.get_nodes(REPO, ["a-fact"])
+    assert caught.value.reason == "corrupt"
+    with pytest.raises(StorageError):
+        await graph.typed_links(REPO, ["a-tag"])
+    await sql(backend, "UPDATE nodes SET type = 'semantic' WHERE id = 'a-fact'")
+    await sql(backend, "UPDATE links SET type = 'rope' WHERE src = 'a-tag'")
+    with pytest.raises(StorageError) as caught:
+        await graph.neighbors(REPO, ["a-tag"])
+    assert caught.value.reason == "corrupt"
+
+
 async def test_delete_only_touches_its_repo(graph: GraphStore) -> None:
     """Deleting from another repo, or nothing, removes nothing."""
     await graph.apply(fact_with_tag("a", "fact", "tag"), intents=policy())

@@ -3,6 +3,8 @@ query) and the hops along links from the best candidates (see `mnemo.recall.engi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from mnemo.config import Config
@@ -58,14 +60,17 @@ async def follow(
     width = 2 * k
     frontier = best(found, width)
     refinements = config.recall_refine_budget
+    # The MEMBERSHIP neighbours of every node a hop has read the links of: a refinement's
+    # bridges are found among them without reading those links again.
+    members: dict[str, list[str]] = {}
     hop = 0
     while hop < config.recall_max_hops and frontier:
         hop += 1
         floor = _floor(found, depth, config.hop_decay)
         parents = {i for i in frontier if found[i].score >= floor}
         top_before = best(found, k)
-        reached = (await _expand(graph, config, repo, parents, found, query_vector, hop)
-                   if parents else set())
+        reached = (await _expand(graph, config, repo, parents, found, query_vector, hop,
+                                 members) if parents else set())
         top_after = best(found, k)
         # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
         # hundreds of nodes, and each hop would multiply them.
@@ -76,7 +81,8 @@ async def follow(
             # A bridge scores at most `hop_decay` times the best of them.
             refinements -= 1
             if max((found[i].score for i in top_after), default=0.0) >= floor:
-                bridges = await _bridge_tags(graph, config, repo, list(top_after), found)
+                bridges = await _bridge_tags(graph, config, repo, list(top_after), found,
+                                             members)
                 frontier = frontier | bridges
 
 
@@ -97,13 +103,16 @@ async def _expand(
     found: dict[str, Candidate],
     query_vector: Vector,
     hop: int,
+    members: dict[str, list[str]],
 ) -> set[str]:
-    """One hop from `frontier` along the links a route allows; returns what it reached.
+    """One hop from `frontier` along the links a route allows; returns what it reached, and
+    records the MEMBERSHIP neighbours of each node of `frontier` in `members`.
 
     A routing node leads on to at most `2 * recall_candidates / 10` of its members, the
     ones nearest the query: a speaker's name or a long trajectory links hundreds.
     """
     typed, similarity = await graph.typed_links_near(repo, sorted(frontier), query_vector)
+    _record_members(members, frontier, ((o, t, link) for o, _, t, _, link in typed))
     links = [
         (origin, target, target_kind, link)
         for origin, origin_kind, target, target_kind, link in typed
@@ -131,13 +140,23 @@ async def _expand(
 
 
 async def _bridge_tags(
-    graph: GraphStore, config: Config, repo: str, top: list[str], found: dict[str, Candidate]
+    graph: GraphStore,
+    config: Config,
+    repo: str,
+    top: list[str],
+    found: dict[str, Candidate],
+    members: dict[str, list[str]],
 ) -> set[str]:
-    """Tags linked to at least two of `top`, scored by the mean of their scores."""
-    links = await graph.neighbors(repo, top, LinkType.MEMBERSHIP)
+    """Tags linked to at least two of `top`, scored by the mean of their scores. The links
+    of `top` come from `members` where a hop read them, from the store for the others."""
+    unread = [i for i in top if i not in members]
+    if unread:
+        links = await graph.neighbors(repo, unread, LinkType.MEMBERSHIP)
+        _record_members(members, unread, ((n.origin, n.node_id, n.link_type) for n in links))
     shared: dict[str, list[float]] = {}
-    for link in links:
-        shared.setdefault(link.node_id, []).append(found[link.origin].score)
+    for origin in top:
+        for tag_id in members[origin]:
+            shared.setdefault(tag_id, []).append(found[origin].score)
     bridges: set[str] = set()
     for tag_id, scores in shared.items():
         if len(scores) >= 2 and tag_id not in found:
@@ -146,6 +165,19 @@ async def _bridge_tags(
             found[tag_id] = Candidate(score, "bridge", 0)
             bridges.add(tag_id)
     return bridges
+
+
+def _record_members(
+    members: dict[str, list[str]], asked: Iterable[str],
+    links: Iterable[tuple[str, str, LinkType]],
+) -> None:
+    """Records, for each node of `asked`, the other ends of its MEMBERSHIP links among
+    `links` (origin, other end, type), each once: `GraphStore.neighbors(asked, MEMBERSHIP)`."""
+    seen: dict[str, dict[str, None]] = {i: {} for i in asked}
+    for origin, other, link in links:
+        if link is LinkType.MEMBERSHIP and origin in seen:
+            seen[origin][other] = None
+    members.update((i, list(others)) for i, others in seen.items())
 
 
 def best(found: dict[str, Candidate], n: int) -> set[str]:

@@ -119,3 +119,55 @@ async def test_the_bound_changes_nothing_ranking_reads(random_graph: GraphStore,
     bounded = await _follow(random_graph, copy(), k, depth, config)
     unbounded = await _follow(random_graph, copy(), k, 10**9, config)
     assert _readable(bounded, depth) == _readable(unbounded, depth)
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_bridges_from_the_hops_links_are_those_neighbors_reads(
+    random_graph: GraphStore, seed: int
+) -> None:
+    """A refinement finds its bridge tags among the MEMBERSHIP links a hop already read:
+    the same tags, with the same scores, as reading the links of the best with `neighbors`
+    (the port's contract: `typed_links` is every link seen from each asked end)."""
+    rng = random.Random(seed)
+    nodes, _ = _graph(seed=7)
+    ids = [node_id for node_id, _, _ in nodes]
+    asked = rng.sample(ids, rng.randint(1, 20))
+    top = rng.sample(ids, rng.randint(1, 8))  # some were asked by the hop, some were not
+    found = {i: Candidate(round(rng.random(), 3), "dense", 0) for i in {*asked, *top}}
+    vector = (await EMBEDDER.embed(["red kettle in the kitchen"]))[0]
+    typed, _ = await random_graph.typed_links_near(REPO, sorted(asked), vector)
+    members: dict[str, list[str]] = {}
+    hops._record_members(members, asked, ((o, t, link) for o, _, t, _, link in typed))
+
+    def copy() -> dict[str, Candidate]:
+        return {i: Candidate(c.score, c.phase, c.hop) for i, c in found.items()}
+
+    config = mnemo.Config()
+    from_hop, read_again = copy(), copy()
+    bridges = await hops._bridge_tags(random_graph, config, REPO, top, from_hop, members)
+    expected = await hops._bridge_tags(random_graph, config, REPO, top, read_again, {})
+    assert bridges == expected
+    assert from_hop == read_again
+
+
+class Neighbors(Asked):
+    """Also records the nodes `neighbors` was asked about."""
+
+    def __init__(self, inner: GraphStore) -> None:
+        super().__init__(inner)
+        self.neighbors_asked: list[set[str]] = []
+
+    async def neighbors(self, repo: str, node_ids: Sequence[str], link_type: Any = None) -> Any:
+        self.neighbors_asked.append(set(node_ids))
+        return await self.inner.neighbors(repo, node_ids, link_type)
+
+
+async def test_a_refinement_reads_no_links_a_hop_has_read(random_graph: GraphStore) -> None:
+    """Every candidate is followed at hop 1 and nothing new reaches the best k (a plateau):
+    the refinement's bridges come from hop 1's links, with no `neighbors` read."""
+    graph = Neighbors(random_graph)
+    found = {"s0": Candidate(1.0, "hybrid", 0), "s1": Candidate(0.9, "hybrid", 0)}
+    config = mnemo.Config(recall_max_hops=2, recall_refine_budget=1)
+    await _follow(graph, found, k=2, depth=50, config=config)
+    assert graph.asked[0] == {"s0", "s1"}
+    assert graph.neighbors_asked == []

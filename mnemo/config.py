@@ -100,6 +100,11 @@ class Config:
     # graphs); "" turns saving off. A cache, checked against the store when read
     # (mnemo.graph.ann_files). Read from the Memory's config only.
     ann_dir: str | None = None
+    # The threads numpy's BLAS may use in this process, set when a Memory opens: its threads
+    # busy-wait after each product and held a core that recall's embedding needed
+    # (mnemo/graph/blas.py). None, or any of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
+    # MKL_NUM_THREADS, BLIS_NUM_THREADS set, leaves them alone. Read from the Memory's config.
+    blas_threads: int | None = 1
     # Issue 14: the live facts of its type each new fact is compared with, per recall channel
     # (vector, words), by the LLM's "contradiction" task (up to twice this many calls per
     # fact); 0: facts are never retired.
@@ -168,6 +173,13 @@ class Config:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")
+        if self.blas_threads is not None and not (
+            isinstance(self.blas_threads, int) and not isinstance(self.blas_threads, bool)
+            and self.blas_threads >= 1
+        ):
+            raise InvalidInputError(
+                f"Config.blas_threads must be None or an integer >= 1, got {self.blas_threads!r}"
+            )
         for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k",
                      "recall_top_k_semantic", "recall_top_k_episodic",
                      "recall_top_k_procedural", "max_text_chars", "recall_rerank_candidates",

@@ -31,6 +31,7 @@ from mnemo.conversation.service import ConversationService
 from mnemo.episode.model import EpisodeLog, StepInfo
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
+from mnemo.graph.blas import limit_blas_threads
 from mnemo.graph.facade import GraphMethods
 from mnemo.graph.model import CommitReceipt, NodeType
 from mnemo.graph.reads import GraphReads
@@ -109,6 +110,7 @@ class Memory(GraphMethods, ConversationMethods):
     # ---- opening and closing --------------------------------------------------------------
 
     async def __aenter__(self) -> Memory:
+        limit_blas_threads(self._config.blas_threads)
         await self._backend.open()
         try:
             self._repos.load(await self._sessions_store.load_repos())

@@ -1,0 +1,43 @@
+"""How many threads numpy's BLAS may use in this process (`Config.blas_threads`).
+
+mnemo's vector products are small (a hop's cosines, MMR's 40 x 40, an exact scan below the
+HNSW threshold), and a multi-threaded OpenBLAS gains little on them, but after each product
+its threads busy-wait for more work for a while, holding a core. On a 2-core machine that
+halved everything running beside them: a recall's query embedding took 35 ms right after a
+recall and 17 ms after 0.3 s of quiet, and recall p50 on a LoCoMo conversation's store went
+from 78 ms to 35 ms with one BLAS thread (BENCHMARKS.md, "Recall's neighbours on the CPU").
+
+The limit is set through threadpoolctl, on the BLAS libraries whose threads are their own
+(threading layer "pthreads": the OpenBLAS of numpy's wheels), not on OpenMP-based ones, whose
+threads faiss shares. It is the process's setting, not the Memory's: an application that sets
+`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS` or `BLIS_NUM_THREADS` has chosen,
+and mnemo leaves it alone, as it does with `Config.blas_threads=None`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+from threadpoolctl import ThreadpoolController
+
+log = logging.getLogger("mnemo")
+
+# Environment variables by which a process chooses its BLAS threads itself.
+CHOSEN_BY = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
+def limit_blas_threads(threads: int | None, environ: Mapping[str, str] = os.environ) -> bool:
+    """Limits numpy's own-threaded BLAS to `threads` threads, unless `threads` is None or the
+    environment already chose; True when a limit was set."""
+    if threads is None or any(environ.get(name) for name in CHOSEN_BY):
+        return False
+    libraries = ThreadpoolController().select(user_api="blas")
+    own = [lib for lib in libraries.lib_controllers
+           if lib.info().get("threading_layer") == "pthreads"]
+    for lib in own:
+        if lib.num_threads != threads:
+            lib.set_num_threads(threads)
+            log.debug("mnemo: %s limited to %d BLAS threads", lib.filepath, threads)
+    return bool(own)

@@ -24,14 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import anyio
 
 from mnemo.config import Config
-from mnemo.episode.annotation import embed
 from mnemo.errors import first_error
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
@@ -56,7 +55,8 @@ from mnemo.recall.prompts import (
     rerank_request,
     synthesis_request,
 )
-from mnemo.recall.query import keywords, query_side, restatement, words
+from mnemo.recall.query import keywords, restatement, words
+from mnemo.recall.tag_vectors import TagVectors
 
 # The result types live in recall.model and are re-exported, where callers import them from.
 __all__ = ["RecallResult", "Recalled", "Recaller", "Touched"]
@@ -98,6 +98,8 @@ class Recaller:
     config: Config
     planner: LLM
     llm: LLM
+    # The search tags' vectors of earlier recalls (RecallService shares one).
+    tag_vectors: TagVectors = field(default_factory=TagVectors)
 
     async def recall(
         self,
@@ -115,7 +117,7 @@ class Recaller:
         plan = await self._plan(query)
         trace.mark("plan")
         dense_query = without_names(query) if config.recall_dense_without_names else query
-        vectors = await embed(query_side(self.embedder), [dense_query, *plan.tags])
+        vectors = await self.tag_vectors.embed(self.embedder, dense_query, plan.tags)
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 

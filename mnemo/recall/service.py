@@ -17,6 +17,7 @@ from mnemo.inputs import check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import temporal
 from mnemo.recall.engine import Recaller, RecallResult
+from mnemo.recall.tag_vectors import TagVectors
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ class RecallService:
         self._events = events
         self._runtime = runtime
         self._max_chars = max_chars
+        self._tag_vectors = TagVectors()
 
     async def recall(
         self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
@@ -56,7 +58,8 @@ class RecallService:
             raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._runtime(repo)
         recaller = Recaller(
-            self._graph, runtime.embedder, runtime.config, planner=runtime.planner, llm=runtime.llm
+            self._graph, runtime.embedder, runtime.config, planner=runtime.planner,
+            llm=runtime.llm, tag_vectors=self._tag_vectors,
         )
         result = await recaller.recall(
             repo, query, k=k, types=None if types is None else node_types(types),

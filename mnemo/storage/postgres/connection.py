@@ -51,19 +51,19 @@ HNSW_EF_SEARCH = 100
 def storage_error(exc: BaseException, reason: str | None = None) -> StorageError:
     """The `StorageError` for a driver or pool error (it becomes the `__cause__`); `reason`
     overrides the one read from the error."""
-    state = getattr(exc, "sqlstate", None)
     message = str(exc)
-    if reason is not None:
-        pass
-    elif state in _BUSY_STATES:
-        reason = "busy"
-    elif _names_missing_vector(state, message):
-        reason = "extension_missing"
-    else:
-        reason = "unavailable"
-    error = StorageError(reason, f"PostgreSQL: {message.strip()}")
+    error = StorageError(reason or _reason_of(getattr(exc, "sqlstate", None), message),
+                         f"PostgreSQL: {message.strip()}")
     error.__cause__ = exc
     return error
+
+
+def _reason_of(state: str | None, message: str) -> str:
+    if state in _BUSY_STATES:
+        return "busy"
+    if _names_missing_vector(state, message):
+        return "extension_missing"
+    return "unavailable"
 
 
 def _names_missing_vector(state: str | None, message: str) -> bool:

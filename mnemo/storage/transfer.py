@@ -1,7 +1,7 @@
 """Moving a memory from one store to another (`mnemo migrate`, issue 10): backend-neutral.
 
 Both backends hold the same tables with the same columns (`sqlite/schema.py`,
-`postgres/schema.py`); `TABLES` names them in dependency order, each column with its `Kind`.
+`postgres/migrations.py`); `TABLES` names them in dependency order, each column with its `Kind`.
 A backend's `Dump` (`sqlite/dump.py`, `postgres/dump.py`) reads a table's rows as neutral
 Python values (str, int, float, bool, bytes, aware UTC datetimes, parsed JSON, float32 numpy
 vectors) and writes them, skipping every row whose key the target already holds: so a second

@@ -28,7 +28,7 @@ from mnemo.storage.postgres._thread_rows import (
     utc,
 )
 from mnemo.storage.postgres.connection import Connection
-from mnemo.storage.postgres.schema import TEXT_SEARCH_CONFIG
+from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
 
 # ts_rank's normalisation 1 divides by 1 + log(words in the message): a long message that
 # mentions a word once ranks below a short one about it, as bm25's length term does.

@@ -51,8 +51,9 @@ from mnemo.graph.ports import (
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_terms
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.postgres import history, maintenance, recall_reads, schema
+from mnemo.storage.postgres import history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
 from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
@@ -398,7 +399,7 @@ class PgGraph:
             return []
         tsquery = sql.SQL(" || ").join(
             sql.SQL("plainto_tsquery({}, {})").format(
-                sql.Literal(schema.TEXT_SEARCH_CONFIG), sql.Literal(word)
+                sql.Literal(TEXT_SEARCH_CONFIG), sql.Literal(word)
             )
             for word in words
         )

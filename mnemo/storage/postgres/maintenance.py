@@ -22,7 +22,7 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.graph.value import node_value
 from mnemo.storage.postgres.connection import Connection
-from mnemo.storage.postgres.schema import TEXT_SEARCH_CONFIG
+from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
 
 # Nodes that route a search to memories; never valued, deleted only once nothing links them.
 # SOURCE nodes exist only as provenance for episodic steps, so they go the same way.

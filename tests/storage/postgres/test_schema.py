@@ -13,7 +13,7 @@ from psycopg.conninfo import make_conninfo
 from sqlite_utils import Database
 
 from mnemo import StorageError
-from mnemo.storage.postgres import schema
+from mnemo.storage.postgres import migrations, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.pg import PgServer
@@ -145,7 +145,7 @@ async def test_search_stems_like_porter_and_keeps_every_word(pg_url: str) -> Non
         for word, hit in (("running", True), ("kitchen", True), ("the", True), ("cat", False)):
             cur = await conn.execute(
                 "SELECT count(*) FROM nodes WHERE search @@ to_tsquery(%s, %s)",
-                (schema.TEXT_SEARCH_CONFIG, word),
+                (migrations.TEXT_SEARCH_CONFIG, word),
             )
             assert await cur.fetchone() == (int(hit),), word
 

@@ -92,7 +92,7 @@ async def test_apply_twice_is_a_no_op(pg_empty_url: str) -> None:
         first = await schema.apply(conn)
         before = _catalog(pg_empty_url)
         second = await schema.apply(conn)
-    assert first == [m.name for m in schema.MIGRATIONS]
+    assert first == [m.name for m in migrations.MIGRATIONS]
     assert second == []
     assert _catalog(pg_empty_url) == before
 
@@ -108,10 +108,10 @@ async def test_six_concurrent_appliers_all_succeed(pg_empty_url: str) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(6):
             tg.start_soon(applier)
-    assert sorted(map(len, results)) == [0] * 5 + [len(schema.MIGRATIONS)]
+    assert sorted(map(len, results)) == [0] * 5 + [len(migrations.MIGRATIONS)]
     with psycopg.connect(pg_empty_url) as conn:
         count = conn.execute("SELECT count(*) FROM mnemo_migrations").fetchone()
-    assert count == (len(schema.MIGRATIONS),)
+    assert count == (len(migrations.MIGRATIONS),)
 
 
 async def test_a_role_that_may_not_create_vector_gets_extension_missing(

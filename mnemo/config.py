@@ -171,12 +171,9 @@ class Config:
         for name in ("recall_max_hops", "recall_refine_budget", "recall_prf_terms",
                      "contradiction_candidates"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            if not _whole(value, 0):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")
-        if self.blas_threads is not None and not (
-            isinstance(self.blas_threads, int) and not isinstance(self.blas_threads, bool)
-            and self.blas_threads >= 1
-        ):
+        if self.blas_threads is not None and not _whole(self.blas_threads, 1):
             raise InvalidInputError(
                 f"Config.blas_threads must be None or an integer >= 1, got {self.blas_threads!r}"
             )
@@ -185,7 +182,7 @@ class Config:
                      "recall_top_k_procedural", "max_text_chars", "recall_rerank_candidates",
                      "recall_neighbour_width"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            if not _whole(value, 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")
 
     def to_json(self) -> str:
@@ -197,3 +194,8 @@ class Config:
         raw: dict[str, Any] = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _whole(value: object, least: int) -> bool:
+    """`value` is an integer (not a bool) of at least `least`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

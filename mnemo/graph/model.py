@@ -149,6 +149,18 @@ class CommitReceipt:
         return cls(raw["changeset_id"], raw["repo"], list(raw["node_ids"]))
 
 
+def step_window(node_id: str, width: int) -> list[str]:
+    """The ids of the EPISODIC nodes up to `width` steps before and after the step whose node
+    is `node_id` in its episode, nearest first (those that exist or not); none for an id of
+    another shape. A step's id is "<episode id>:<index>" and its node's "episodic_<step id>"
+    (extraction.pipeline)."""
+    head, colon, index = node_id.rpartition(":")
+    if not (colon and head.startswith("episodic_") and index.isascii() and index.isdigit()):
+        return []
+    at = int(index)
+    return [f"{head}:{i}" for d in range(1, width + 1) for i in (at - d, at + d) if i >= 0]
+
+
 def normalise_label(label: str) -> str:
     """A tag's identity: trimmed, lower-case, inner whitespace collapsed."""
     return " ".join(label.split()).lower()

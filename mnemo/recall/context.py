@@ -7,7 +7,7 @@ reason to look at the next one and the one before.
 
 from __future__ import annotations
 
-from mnemo.graph.model import Node, NodeType
+from mnemo.graph.model import Node, NodeType, step_window
 
 
 def adjacent_steps(node: Node, width: int = 1) -> list[str]:
@@ -19,9 +19,4 @@ def adjacent_steps(node: Node, width: int = 1) -> list[str]:
     episode, index = node.data.get("episode_id"), node.data.get("index")
     if not isinstance(episode, str) or not isinstance(index, int) or isinstance(index, bool):
         return []
-    ids: list[str] = []
-    for distance in range(1, width + 1):
-        ids.extend(
-            f"episodic_{episode}:{i}" for i in (index - distance, index + distance) if i >= 0
-        )
-    return ids
+    return step_window(f"episodic_{episode}:{index}", width)

@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from mnemo.graph import commit
-from mnemo.graph.model import Changeset, NodeType
+from mnemo.graph.model import Changeset, NodeType, step_window
 from mnemo.storage.lexical import LOG_KEEP, LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
+from mnemo.storage.lexical.windows import WINDOW
 from mnemo.storage.ports import Backend, open_backend
 from tests.backends import backend_of, is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, axis, draft, policy
@@ -46,6 +47,23 @@ async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = RE
     ]
     target = cast(commit.CommitTarget, backend.graph)
     await commit.apply(target, Changeset(name, repo, nodes), intents=policy())
+
+
+async def add_steps(backend: Backend, name: str, steps: dict[str, str]) -> None:
+    """Commits one changeset of EPISODIC nodes (id -> text)."""
+    nodes = [draft(i, NodeType.EPISODIC, text, axis(n % DIM))
+             for n, (i, text) in enumerate(steps.items())]
+    target = cast(commit.CommitTarget, backend.graph)
+    await commit.apply(target, Changeset(name, REPO, nodes), intents=policy())
+
+
+def holding(texts: dict[str, str], steps: set[str], word: str) -> set[str]:
+    """The nodes whose document holds `word`: their text, or a step's window's texts."""
+    return {
+        i for i, text in texts.items()
+        if word in text.split() or (i in steps and any(
+            n in steps and word in texts[n].split() for n in step_window(i, WINDOW)))
+    }
 
 
 async def found(backend: Backend, word: str, repo: str = REPO) -> set[str]:
@@ -72,6 +90,34 @@ async def test_a_commit_is_found_at_once_and_a_delete_is_gone_at_once(backend: B
     await sql(backend, "UPDATE nodes SET text = 'a heron sleeps' WHERE id = 'b'")
     assert await found(backend, "zebra") == set()
     assert await found(backend, "heron") == {"b"}
+
+
+async def test_a_step_is_found_by_the_words_of_the_steps_around_it(backend: Backend) -> None:
+    """A step's document holds the steps up to WINDOW (2) before and after it in its episode
+    ("What did you paint?" finds the answer "A lake at sunrise"); facts and other episodes'
+    steps stay apart. Words of a step that changes or goes are gone from every window at
+    once, and a step written later joins its neighbours' windows."""
+    assert WINDOW == 2
+    words = ["oak", "ash", "yew", "elm", "fir"]
+    await add_steps(backend, "c1", {f"episodic_e:{i}": w for i, w in enumerate(words)})
+    await add_steps(backend, "c2", {"episodic_other:0": "paint"})
+    await add(backend, "c3", {"f": "yew fact"})
+    steps = {f"episodic_e:{i}" for i in range(5)}
+    assert await found(backend, "yew") == steps | {"f"}
+    assert await found(backend, "oak") == {"episodic_e:0", "episodic_e:1", "episodic_e:2"}
+    assert await found(backend, "paint") == {"episodic_other:0"}
+    await add_steps(backend, "c4", {"episodic_e:5": "lake"})
+    assert await found(backend, "lake") == {"episodic_e:3", "episodic_e:4", "episodic_e:5"}
+    await backend.graph.delete_nodes(REPO, ["episodic_e:2"])
+    assert await found(backend, "yew") == {"f"}
+    await sql(backend, "UPDATE nodes SET text = 'pine' WHERE id = 'episodic_e:1'")
+    assert await found(backend, "ash") == set()
+    assert await found(backend, "pine") == {"episodic_e:0", "episodic_e:1", "episodic_e:3"}
+    await lexical(backend).settle(REPO)  # committed: the same from tantivy's own segments
+    assert await found(backend, "pine") == {"episodic_e:0", "episodic_e:1", "episodic_e:3"}
+    await backend.graph.delete_nodes(REPO, ["episodic_e:3"])
+    assert await found(backend, "pine") == {"episodic_e:0", "episodic_e:1"}
+    assert await found(backend, "elm") == set()
 
 
 async def test_types_and_repos_filter(backend: Backend) -> None:
@@ -257,14 +303,16 @@ WORDS = ["alder", "birch", "cedar", "damson", "elder", "fennel"]
 
 
 class IndexRules(RuleBasedStateMachine):
-    """Nodes added, deleted, renamed (with and without an index running, the latter like a
-    process that wrote and was killed before applying), the index reopened: a search for a
-    word returns exactly the nodes whose text holds it now."""
+    """Nodes and an episode's steps added, deleted, renamed (with and without an index
+    running, the latter like a process that wrote and was killed before applying), the index
+    reopened: a search for a word returns exactly the nodes whose document holds it now (its
+    text, or a step's window's texts)."""
 
     def __init__(self, store: str) -> None:
         super().__init__()
         self.store = store
         self.texts: dict[str, str] = {}
+        self.steps: set[str] = set()
         self.count = 0
         self.stack = ExitStack()
         self.portal = self.stack.enter_context(anyio.from_thread.start_blocking_portal())
@@ -290,11 +338,24 @@ class IndexRules(RuleBasedStateMachine):
         assert self.backend is not None
         self.portal.call(add, self.backend, f"c{self.count}", {node_id: self.texts[node_id]})
 
+    @rule(at=st.integers(0, 7), words=st.lists(st.sampled_from(WORDS), min_size=1, max_size=2))
+    def add_step(self, at: int, words: list[str]) -> None:
+        node_id = f"episodic_e:{at}"
+        if node_id in self.steps:
+            return
+        self.count += 1
+        self.steps.add(node_id)
+        self.texts[node_id] = " ".join(words)
+        assert self.backend is not None
+        self.portal.call(add_steps, self.backend, f"c{self.count}",
+                         {node_id: self.texts[node_id]})
+
     @precondition(lambda self: self.texts)
     @rule(data=st.data())
     def delete(self, data: st.DataObject) -> None:
         node_id = data.draw(st.sampled_from(sorted(self.texts)))
         del self.texts[node_id]
+        self.steps.discard(node_id)
         assert self.backend is not None
         self.portal.call(self.backend.graph.delete_nodes, REPO, [node_id])
 
@@ -321,8 +382,7 @@ class IndexRules(RuleBasedStateMachine):
             self.portal.call(settled, backend)
             result = self.portal.call(lexical(backend).search, REPO, word, 100, None)
         assert result is not None
-        expected = {i for i, text in self.texts.items() if word in text.split()}
-        assert {node_id for node_id, _ in result} == expected
+        assert {node_id for node_id, _ in result} == holding(self.texts, self.steps, word)
 
     def teardown(self) -> None:
         with self.stack:
@@ -361,10 +421,10 @@ def spawn(store: str, seed: int) -> subprocess.Popen[bytes]:
 
 
 async def test_indexes_of_killed_processes_agree_with_the_store(store: str) -> None:
-    """Processes that commit, delete and search (their index slots applying and committing
-    all the while) are SIGKILLed at random moments, several at once; then every word's search
-    returns exactly the nodes whose text holds it, from whichever slot the next process
-    takes."""
+    """Processes that commit nodes and steps, delete and search (their index slots applying
+    and committing all the while) are SIGKILLed at random moments, several at once; then
+    every word's search returns exactly the nodes whose document holds it (a step's window
+    included), from whichever slot the next process takes."""
     rng = random.Random(7)
     for round_ in range(3):
         children = [spawn(store, round_ * 10 + c) for c in range(2)]
@@ -391,7 +451,9 @@ async def test_indexes_of_killed_processes_agree_with_the_store(store: str) -> N
                 await settled(backend)
                 result = await lexical(backend).search(REPO, word, 10**6, None)
             assert result is not None
-            assert {i for i, _ in result} == {i for i, text in rows if word in text.split()}
+            texts = dict(rows)
+            steps = {i for i in texts if i.startswith("episodic_")}
+            assert {i for i, _ in result} == holding(texts, steps, word)
 
 
 async def test_the_log_keeps_a_bounded_tail_and_a_slot_behind_it_rebuilds(store: str) -> None:

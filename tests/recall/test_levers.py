@@ -3,7 +3,7 @@ side of an embedder, and the optional LLM re-ranking."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 import pytest
@@ -20,10 +20,20 @@ from mnemo.recall.feedback import feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance
 from mnemo.recall.prompts import parse_rerank
 from mnemo.recall.query import query_side
+from tests.backends import open_stores
 from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, REPO, check_invariants, graph
 
 __all__ = ["graph"]  # the fixture, re-used
+
+
+@pytest.fixture
+async def words_alone(store: str) -> AsyncIterator[GraphStore]:
+    """An empty graph whose words are searched by the store's own full-text search, where a
+    step's document is its text alone: the neighbour lever's tests see the lever alone (the
+    lexical index's windows would find the turn after by its neighbour's words already)."""
+    async with open_stores(store, EMBEDDER.dim, lexical_dir="") as backend:
+        yield backend.graph
 
 
 def unit(*values: float) -> np.ndarray:
@@ -216,9 +226,10 @@ def test_adjacent_steps_are_the_neighbours_in_the_episode() -> None:
     assert adjacent_steps(fact) == []
 
 
-async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: GraphStore) -> None:
+async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(words_alone: GraphStore) -> None:
     """With recall_neighbour_weight the next step of the episode, sharing no word with the
     query, is recalled one hop out at that share of the hit's score."""
+    graph = words_alone
     steps = [("episodic_ep:0", "what did you paint last weekend"),
              ("episodic_ep:1", "a lake at sunrise, with my kids"),
              ("episodic_ep:2", "the weather was awful on monday")]
@@ -244,9 +255,44 @@ async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(graph: GraphStore)
     assert found["episodic_ep:1"].score == pytest.approx(0.8 * found["episodic_ep:0"].score)
 
 
-async def test_neighbour_width_brings_the_steps_that_far_from_a_hit(graph: GraphStore) -> None:
+async def test_the_index_finds_a_turn_by_the_words_of_the_turns_around_it(
+    graph: GraphStore,
+) -> None:
+    """Through the lexical index, a step whose own words share nothing with the query is
+    found by the words channel itself (hop 0) when a step within two of it holds them, with
+    the neighbour lever off; a step three away is not; a forgotten step's words find nothing
+    more."""
+    steps = [("episodic_x:0", "what did you paint last weekend"),
+             ("episodic_x:1", "guess"),
+             ("episodic_x:2", "a lake at sunrise, with my kids"),
+             ("episodic_x:3", "the weather was awful on monday")]
+    vectors = await EMBEDDER.embed([text for _, text in steps])
+    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "x", "index": i},
+                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
+    await graph.apply(Changeset("cs-x", "x", drafts, []), intents=policy())
+    offline = mnemo.OfflineLLM()
+    config = mnemo.Config(value_weight=0.0, recall_mmr_lambda=1.0, recall_neighbour_weight=0.0)
+
+    async def found() -> dict[str, mnemo.Recalled]:
+        recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=offline)
+        result = await recaller.recall("x", "what did Melanie paint", k=4, types=None)
+        check_invariants(result, 4, config)
+        return {m.node.id: m for m in result.memories}
+
+    first = await found()
+    assert first["episodic_x:2"].phase in ("lexical", "hybrid")
+    assert first["episodic_x:2"].hop == 0
+    assert "episodic_x:3" not in first
+    await graph.delete_nodes("x", ["episodic_x:0"])
+    assert set(await found()) == set()
+
+
+async def test_neighbour_width_brings_the_steps_that_far_from_a_hit(
+    words_alone: GraphStore,
+) -> None:
     """recall_neighbour_width 2 offers the steps two away from a hit too, at the same share
     of its score; at 1 only the adjacent ones. A width below 1 is refused."""
+    graph = words_alone
     steps = [("episodic_w:0", "what did you paint last weekend"),
              ("episodic_w:1", "guess"),
              ("episodic_w:2", "a lake at sunrise, with my kids"),

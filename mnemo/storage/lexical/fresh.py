@@ -26,25 +26,30 @@ K1, B = 1.2, 0.75
 
 @dataclass(frozen=True, slots=True)
 class FreshDoc:
-    """A document as a search scores it: its stems' counts and its length in tokens."""
+    """A document as a search scores it: its stems' counts and its length in tokens; and the
+    keys of the other nodes whose text it holds (a step's window, `windows.py`)."""
 
     id: str
     type: str
     terms: Mapping[str, int]
     length: int
+    holds: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, node_id: str, kind: str, stems: list[str]) -> FreshDoc:
-        return cls(node_id, kind, Counter(stems), len(stems))
+    def of(cls, node_id: str, kind: str, stems: list[str],
+           holds: tuple[str, ...] = ()) -> FreshDoc:
+        return cls(node_id, kind, Counter(stems), len(stems), holds)
 
 
 class Fresh:
     """Per repo, the documents (or deletions: None) applied since the last commit, by key,
-    with the keys of the documents holding each stem (a search reads only those)."""
+    with the keys of the documents holding each stem (a search reads only those) and of
+    those holding each other node's text."""
 
     def __init__(self) -> None:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
         self._postings: dict[str, dict[str, set[str]]] = {}
+        self._holders: dict[str, dict[str, set[str]]] = {}
         self._version = 0
         self._count = 0
 
@@ -59,16 +64,24 @@ class Fresh:
         self._version += 1
         entries = self._repos.setdefault(repo, {})
         postings = self._postings.setdefault(repo, {})
+        holders = self._holders.setdefault(repo, {})
         old = entries.get(key)
         if old is None:
             self._count += 1
         elif old[1] is not None:
-            for stem in old[1].terms:
-                postings[stem].discard(key)
+            self._unlist(repo, key, old[1])
         entries[key] = (self._version, doc)
         if doc is not None:
             for stem in doc.terms:
                 postings.setdefault(stem, set()).add(key)
+            for held in doc.holds:
+                holders.setdefault(held, set()).add(key)
+
+    def _unlist(self, repo: str, key: str, doc: FreshDoc) -> None:
+        for stem in doc.terms:
+            self._postings[repo][stem].discard(key)
+        for held in doc.holds:
+            self._holders[repo][held].discard(key)
 
     def committed(self, upto: int) -> None:
         """Forgets what a commit that saw `version == upto` wrote."""
@@ -78,12 +91,12 @@ class Fresh:
             for key in gone:
                 doc = entries.pop(key)[1]
                 if doc is not None:
-                    for stem in doc.terms:
-                        self._postings[repo][stem].discard(key)
+                    self._unlist(repo, key, doc)
             self._count -= len(gone)
             if not entries:
                 del self._repos[repo]
                 del self._postings[repo]
+                del self._holders[repo]
 
     def of(self, repo: str, stems: Iterable[str]) -> tuple[set[str], dict[str, FreshDoc]]:
         """The keys of every entry of the repo (their committed copies are stale), and the
@@ -93,6 +106,12 @@ class Fresh:
         holding = set().union(*(postings.get(stem, ()) for stem in stems))
         live = {key: doc for key in holding if (doc := entries[key][1]) is not None}
         return set(entries), live
+
+    def holding(self, repo: str, keys: Iterable[str]) -> tuple[set[str], set[str]]:
+        """The keys of every entry of the repo (their committed copies are stale), and of
+        the live documents holding the text of one of the nodes `keys`."""
+        holders = self._holders.get(repo, {})
+        return set(self._repos.get(repo, {})), set().union(*(holders.get(k, ()) for k in keys))
 
     def live_count(self, repo: str) -> int:
         return sum(1 for _, doc in self._repos.get(repo, {}).values() if doc is not None)

@@ -1,4 +1,5 @@
-"""Recall's lexical channel: a tantivy index of the graph's node texts, kept from the store.
+"""Recall's lexical channel: a tantivy index of the graph's node texts, kept from the store
+(a step's document also holds the steps around it in its episode: `windows.py`).
 
 The store stays the one truth. Every insert, text change and delete of a node also writes a
 row to the store's `lexical_log` (by trigger, in the writer's own transaction) under a
@@ -17,6 +18,9 @@ per-repo sequence number; the index is a cache that applies that log:
 - **Many processes**: each process takes one of several slots (index folders) by tantivy's
   writer lock, an OS file lock that dies with its process, and keeps it while it lives; a
   process needs no other process's help to bring its slot up to date.
+- **A node's words may be in other documents** (a step's in its neighbours' windows): applying
+  a change also writes again every document that holds the changed node's text (found by its
+  key in their `holds` field), so an erased step's words leave its neighbours at once.
 
 Why the cost is bounded (BENCHMARKS.md, "Lexical candidates at scale"): tantivy scores a match
 in Rust about 100x faster than FTS5 or `ts_rank`, and query terms in more than
@@ -31,9 +35,8 @@ import re
 import shutil
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio.to_thread
 
@@ -46,6 +49,8 @@ from mnemo.storage.lexical.fresh import (
     idf,
     scores,
 )
+from mnemo.storage.lexical.source import LexicalSource
+from mnemo.storage.lexical.windows import WINDOW, Document, documents, key, to_rewrite
 
 log = logging.getLogger("mnemo.lexical")
 
@@ -63,7 +68,7 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-FORMAT = "v2"  # the folder's layout: a change of schema goes to a new folder
+FORMAT = "v3"  # the folder's layout (v3: steps' windows): a change goes to a new folder
 # Applied changes wait this long for more before they are committed, or this many.
 COMMIT_AFTER = 0.5
 COMMIT_ABOVE = 2_000
@@ -74,56 +79,19 @@ _EPOCH = "\x01epoch"
 _HEAP = 32_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
-    """A node as the index sees it."""
-
-    rowid: int
-    id: str
-    type: str
-    text: str
-
-
-class LexicalSource(Protocol):
-    """The store's side, read from worker threads (one call at a time, under the index's
-    lock) on a connection of its own."""
-
-    def place(self) -> str:
-        """The store's own folder inside the index's base folder ("" for none)."""
-        ...
-
-    def epoch(self) -> str:
-        """A value that differs between two stores (random, written when the store was made)."""
-        ...
-
-    def state(self, repo: str) -> tuple[int, int]:
-        """(seq, horizon) of a repo's log: the last sequence number written and the one below
-        which the log no longer holds every change ((0, 0) for a repo never written)."""
-        ...
-
-    def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
-        """The nodes touched by the log's entries in (after, upto]: those that exist now, and
-        the rowids of those that do not."""
-        ...
-
-    def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
-        """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
-        ...
-
-    def close(self) -> None: ...
-
-
 def _schema() -> Any:
     import tantivy
 
     builder = tantivy.SchemaBuilder()
     # `key` is "<repo>/<rowid>" (a rowid can be reused after a delete, in another repo too);
-    # `id` is what recall gets back; `text` keeps frequencies, no positions (no phrase queries).
+    # `id` is what recall gets back; `text` keeps frequencies, no positions (no phrase queries);
+    # `holds`, the keys of the other nodes whose text is in `text` (a step's window).
     builder.add_text_field("key", tokenizer_name="raw", stored=True, index_option="basic")
     builder.add_text_field("id", tokenizer_name="raw", stored=True, index_option="basic")
     builder.add_text_field("repo", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("text", tokenizer_name="en_stem", index_option="freq")
+    builder.add_text_field("holds", tokenizer_name="raw", index_option="basic")
     builder.add_integer_field("seq", stored=True)
     return builder.build()
 
@@ -233,8 +201,8 @@ class LexicalIndex:
         nodes, and every document applied since. Holds the lock."""
         if self._lengths is None:
             self._lengths = AverageLength()
-            for row in self._source.nodes(repo, 0, SAMPLE):
-                self._lengths.add(len(self._analyzer.analyze(row.text)))
+            for doc in documents(self._source, repo, self._source.nodes(repo, 0, SAMPLE)):
+                self._lengths.add(len(self._analyzer.analyze(doc.text)))
         return self._lengths.value
 
     def _current(self, repo: str) -> bool:
@@ -259,28 +227,51 @@ class LexicalIndex:
     # ---- keeping up with the store (under the lock) ----------------------------------------
 
     def _apply(self, repo: str, after: int, upto: int) -> None:
+        """Applies the log's entries in (after, upto]: the changed nodes' documents, and
+        those of the steps whose windows hold (or should now hold) a changed node's text."""
         present, gone = self._source.changes(repo, after, upto)
         for rowid in gone:
-            key = f"{repo}/{rowid}"
-            self._writer.delete_documents_by_term("key", key)
-            self._fresh.put(repo, key, None)
-        for row in present:
-            self._put(repo, row, fresh=True)
+            self._writer.delete_documents_by_term("key", key(repo, rowid))
+            self._fresh.put(repo, key(repo, rowid), None)
+        changed = [key(repo, r) for r in gone] + [key(repo, row.rowid) for row in present]
+        rows = {row.rowid: row for row in present}
+        held = self._holders(repo, changed) - rows.keys()
+        rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
+        ids = {row.id for row in present}
+        around = [i for i in to_rewrite(present) if i not in ids]
+        rows.update((row.rowid, row) for row in self._source.rows(repo, around))
+        for doc in documents(self._source, repo, rows.values()):
+            self._put(repo, doc, fresh=True)
         self._mark(repo, upto)
 
-    def _put(self, repo: str, row: Row, *, fresh: bool = False) -> None:
-        """Adds (or replaces) the row's document; `fresh`: searches see it before the next
+    def _holders(self, repo: str, keys: list[str]) -> set[int]:
+        """The rowids of the documents, committed or applied since, that hold the text of one
+        of the nodes `keys`."""
+        import tantivy as tv
+
+        if not keys:
+            return set()
+        stale, held = self._fresh.holding(repo, keys)
+        searcher = self._index.searcher()
+        # A node's text is in at most 2 x WINDOW other documents (and stale copies).
+        query = tv.Query.term_set_query(self._schema, "holds", keys)
+        hits = searcher.search(query, 2 * WINDOW * len(keys) + len(stale) + 1, count=False).hits
+        held |= {k for _, a in hits if (k := searcher.doc(a)["key"][0]) not in stale}
+        return {int(k.rpartition("/")[2]) for k in held}
+
+    def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
+        """Adds (or replaces) a node's document; `fresh`: searches see it before the next
         commit (a rebuild's documents wait for theirs: the store's search answers)."""
         import tantivy as tv
 
-        key = f"{repo}/{row.rowid}"
-        self._writer.delete_documents_by_term("key", key)
-        self._writer.add_document(
-            tv.Document(key=key, id=row.id, repo=repo, type=row.type, text=row.text)
-        )
+        row, at = doc.row, key(repo, doc.row.rowid)
+        self._writer.delete_documents_by_term("key", at)
+        self._writer.add_document(tv.Document(
+            key=at, id=row.id, repo=repo, type=row.type, text=doc.text, holds=list(doc.holds)
+        ))
         if fresh:
-            stems = self._analyzer.analyze(row.text)
-            self._fresh.put(repo, key, FreshDoc.of(row.id, row.type, stems))
+            stems = self._analyzer.analyze(doc.text)
+            self._fresh.put(repo, at, FreshDoc.of(row.id, row.type, stems, doc.holds))
             if self._lengths is not None:
                 self._lengths.add(len(stems))
 
@@ -320,8 +311,8 @@ class LexicalIndex:
             cursor = (seq, 0)
         target, after = cursor
         rows = self._source.nodes(repo, after, BATCH)
-        for row in rows:
-            self._put(repo, row)
+        for doc in documents(self._source, repo, rows):
+            self._put(repo, doc)
         if len(rows) < BATCH:
             self._rebuilds.pop(repo, None)
             self._mark(repo, target)

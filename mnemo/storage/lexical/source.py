@@ -1,13 +1,61 @@
-"""What both backends' lexical sources read (`index.LexicalSource`): the same tables and the
-same SQL, written once with `?` placeholders; a backend brings its connection (`_rows`), its
-placeholder and its folder (`place`)."""
+"""What the lexical index reads of a store (`LexicalSource`, rows as `Row`), and what both
+backends' sources share (`LogSource`): the same tables and the same SQL, written once with `?`
+placeholders; a backend brings its connection (`_rows`), its placeholder and its folder
+(`place`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from mnemo.storage.lexical.index import Row
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A node as the index sees it."""
+
+    rowid: int
+    id: str
+    type: str
+    text: str
+
+
+class LexicalSource(Protocol):
+    """The store's side, read from worker threads (one call at a time, under the index's
+    lock) on a connection of its own."""
+
+    def place(self) -> str:
+        """The store's own folder inside the index's base folder ("" for none)."""
+        ...
+
+    def epoch(self) -> str:
+        """A value that differs between two stores (random, written when the store was made)."""
+        ...
+
+    def state(self, repo: str) -> tuple[int, int]:
+        """(seq, horizon) of a repo's log: the last sequence number written and the one below
+        which the log no longer holds every change ((0, 0) for a repo never written)."""
+        ...
+
+    def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
+        """The nodes touched by the log's entries in (after, upto]: those that exist now, and
+        the rowids of those that do not."""
+        ...
+
+    def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
+        """The repo's nodes by rowid, after `after_rowid`, at most `limit`."""
+        ...
+
+    def rows(self, repo: str, ids: Sequence[str]) -> list[Row]:
+        """Those of these nodes that exist, by id."""
+        ...
+
+    def at(self, repo: str, rowids: Sequence[int]) -> list[Row]:
+        """Those of these nodes that exist, by rowid."""
+        ...
+
+    def close(self) -> None: ...
+
 
 _CHANGES = (
     "SELECT l.node, n.id, n.type, n.text FROM"
@@ -17,6 +65,8 @@ _CHANGES = (
 _NODES = (
     "SELECT rowid, id, type, text FROM nodes WHERE repo = ? AND rowid > ? ORDER BY rowid LIMIT ?"
 )
+_BY = "SELECT rowid, id, type, text FROM nodes WHERE repo = ? AND {column} IN ({marks})"
+_CHUNK = 500  # values per IN list (SQLite allows 32,766 parameters, PostgreSQL 65,535)
 
 
 def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], list[int]]:
@@ -55,3 +105,17 @@ class LogSource:
 
     def nodes(self, repo: str, after_rowid: int, limit: int) -> list[Row]:
         return changed_rows(self._read(_NODES, (repo, after_rowid, limit)))[0]
+
+    def rows(self, repo: str, ids: Sequence[str]) -> list[Row]:
+        return self._by("id", repo, list(dict.fromkeys(ids)))
+
+    def at(self, repo: str, rowids: Sequence[int]) -> list[Row]:
+        return self._by("rowid", repo, list(dict.fromkeys(rowids)))
+
+    def _by(self, column: str, repo: str, values: Sequence[object]) -> list[Row]:
+        found: list[Row] = []
+        for start in range(0, len(values), _CHUNK):
+            chunk = values[start:start + _CHUNK]
+            statement = _BY.format(column=column, marks=", ".join("?" * len(chunk)))
+            found += changed_rows(self._read(statement, (repo, *chunk)))[0]
+        return found

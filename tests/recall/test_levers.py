@@ -27,6 +27,20 @@ from tests.recall.test_engine import EMBEDDER, REPO, check_invariants, graph
 __all__ = ["graph"]  # the fixture, re-used
 
 
+# A question's turn, a reply, the turn that answers it (two steps on), an unrelated turn.
+TWO_APART = ["what did you paint last weekend", "guess", "a lake at sunrise, with my kids",
+             "the weather was awful on monday"]
+
+
+async def add_episode(graph: GraphStore, repo: str, episode: str, texts: list[str]) -> None:
+    """Commits an episode's steps as the pipeline names them ("episodic_<episode>:<i>")."""
+    vectors = await EMBEDDER.embed(texts)
+    drafts = [NodeDraft(f"episodic_{episode}:{i}", NodeType.EPISODIC, text,
+                        {"episode_id": episode, "index": i}, vectors[i])
+              for i, text in enumerate(texts)]
+    await graph.apply(Changeset(f"cs-{episode}", repo, drafts, []), intents=policy())
+
+
 @pytest.fixture
 async def words_alone(store: str) -> AsyncIterator[GraphStore]:
     """An empty graph whose words are searched by the store's own full-text search, where a
@@ -230,13 +244,11 @@ async def test_the_turn_after_a_hit_comes_in_as_its_neighbour(words_alone: Graph
     """With recall_neighbour_weight the next step of the episode, sharing no word with the
     query, is recalled one hop out at that share of the hit's score."""
     graph = words_alone
-    steps = [("episodic_ep:0", "what did you paint last weekend"),
-             ("episodic_ep:1", "a lake at sunrise, with my kids"),
-             ("episodic_ep:2", "the weather was awful on monday")]
-    vectors = await EMBEDDER.embed([text for _, text in steps])
-    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "ep", "index": i},
-                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
-    await graph.apply(Changeset("cs-n", "n", drafts, []), intents=policy())
+    await add_episode(graph, "n", "ep", [
+        "what did you paint last weekend",
+        "a lake at sunrise, with my kids",
+        "the weather was awful on monday",
+    ])
     offline = mnemo.OfflineLLM()
 
     async def ids(config: mnemo.Config) -> dict[str, mnemo.Recalled]:
@@ -262,14 +274,7 @@ async def test_the_index_finds_a_turn_by_the_words_of_the_turns_around_it(
     found by the words channel itself (hop 0) when a step within two of it holds them, with
     the neighbour lever off; a step three away is not; a forgotten step's words find nothing
     more."""
-    steps = [("episodic_x:0", "what did you paint last weekend"),
-             ("episodic_x:1", "guess"),
-             ("episodic_x:2", "a lake at sunrise, with my kids"),
-             ("episodic_x:3", "the weather was awful on monday")]
-    vectors = await EMBEDDER.embed([text for _, text in steps])
-    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "x", "index": i},
-                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
-    await graph.apply(Changeset("cs-x", "x", drafts, []), intents=policy())
+    await add_episode(graph, "x", "x", TWO_APART)
     offline = mnemo.OfflineLLM()
     config = mnemo.Config(value_weight=0.0, recall_mmr_lambda=1.0, recall_neighbour_weight=0.0)
 
@@ -293,14 +298,7 @@ async def test_neighbour_width_brings_the_steps_that_far_from_a_hit(
     """recall_neighbour_width 2 offers the steps two away from a hit too, at the same share
     of its score; at 1 only the adjacent ones. A width below 1 is refused."""
     graph = words_alone
-    steps = [("episodic_w:0", "what did you paint last weekend"),
-             ("episodic_w:1", "guess"),
-             ("episodic_w:2", "a lake at sunrise, with my kids"),
-             ("episodic_w:3", "the weather was awful on monday")]
-    vectors = await EMBEDDER.embed([text for _, text in steps])
-    drafts = [NodeDraft(node_id, NodeType.EPISODIC, text, {"episode_id": "w", "index": i},
-                        vectors[i]) for i, (node_id, text) in enumerate(steps)]
-    await graph.apply(Changeset("cs-w", "w", drafts, []), intents=policy())
+    await add_episode(graph, "w", "w", TWO_APART)
     offline = mnemo.OfflineLLM()
 
     async def found(width: int) -> dict[str, mnemo.Recalled]:

@@ -100,6 +100,12 @@ async def exists(admin_url: str, name: str) -> bool:
         return await cur.fetchone() is not None
 
 
+async def holds(url: str, statement: str) -> bool:
+    """Whether `statement` returns a row in the database at `url`."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return await (await conn.execute(statement)).fetchone() is not None
+
+
 async def create(admin_url: str, name: str) -> None:
     async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
         await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

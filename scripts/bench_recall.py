@@ -6,8 +6,10 @@ written straight into mnemo's schema with `executemany` (nodes with their FTS5 e
 schema's triggers, vectors, links), because running the pipeline on 1M nodes would take hours:
 
 - per trajectory: a SOURCE (one per episode of two trajectories), a SUBGOAL, five EPISODIC
-  steps ("Observation: ... Action: ..."), three SEMANTIC facts tagged with two concepts (TAG
-  nodes, shared across the graph: "<adjective> <noun>", "<noun> in the <place>"), one
+  steps ("Observation: ... Action: ...", named "episodic_<episode>:<index>" as the pipeline
+  names them, so that recall's neighbours and the words index's windows reach them), three
+  SEMANTIC facts tagged with two concepts (TAG nodes, shared across the graph: "<adjective>
+  <noun>", "<noun> in the <place>"), one
   PROCEDURAL instruction under an INTENT ("<verb> the <adjective> <noun>", shared), linked as
   the pipeline links them (subgoal-step, step-source, fact-step, tag-fact, fact siblings,
   intent-procedure, procedure-step);
@@ -46,7 +48,8 @@ Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,100000,1000000] [-
 The 1M size takes minutes to prepare and, with faiss, 5-55 minutes to build the HNSW graphs on
 2 cores; leave it out with `--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss,
 to time the pipeline on exact search alone. `--dir` keeps the prepared files there and reuses
-them on the next run.
+them on the next run (a file or database prepared before the steps were named so is refused:
+delete it).
 """
 
 from __future__ import annotations
@@ -257,10 +260,13 @@ def generate(target: int, embedder: WordVectorEmbedder, seed: int = 1) -> Graph:
             step_verb, _ = VERBS[rng.integers(len(VERBS))]
             observation = f"{person} sees the {other_adj} {other_noun} on the {shelf} shelf"
             action = f"{step_verb} the {other_adj} {other_noun}"
-            step = f"step_{trajectory}_{i}"
+            # Named as the pipeline names a step (its episode's two trajectories in turn), so
+            # that recall's neighbours and the words index's windows find its neighbours.
+            index = (t % 2) * 5 + i
+            step = f"episodic_{episode}:{index}"
             add(step, "episodic", f"{observation} -> {action}",
                 {"observation": observation, "action": action,
-                 "reward": round(float(rng.uniform(0, 1)), 2), "index": i,
+                 "reward": round(float(rng.uniform(0, 1)), 2), "index": index,
                  "trajectory_id": trajectory, "episode_id": episode},
                 [person, other_adj, other_noun, shelf, step_verb], source=episode)
             link(subgoal, step, "hierarchical")
@@ -504,6 +510,14 @@ async def measure(
         )
 
 
+# A store prepared before its steps were named as the pipeline names them ("step_<t>_<i>"):
+# its steps would get neither words windows nor neighbours, and the graph generated to check it
+# would not match it.
+OLDER_STEPS = "SELECT 1 FROM nodes WHERE type = 'episodic' AND id LIKE 'step%' LIMIT 1"
+OLDER = ("prepared by an older bench_recall.py (steps named step_<t>_<i>, which get no "
+         "windows or neighbours); delete it to prepare it again")
+
+
 async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
     embedder = WordVectorEmbedder()
     texts = queries(args.queries)
@@ -523,7 +537,10 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
                 console.print(f"[bold]{size:,} nodes[/]: reusing {path}")
                 conn = sqlite3.connect(path)
                 nodes = int(conn.execute("SELECT count(*) FROM nodes").fetchone()[0])
+                older = conn.execute(OLDER_STEPS).fetchone()
                 conn.close()
+                if older:
+                    raise SystemExit(f"{path}: {OLDER}")
             else:
                 path.unlink(missing_ok=True)
                 shutil.rmtree(f"{path}.hnsw", ignore_errors=True)  # graphs of an older file
@@ -544,6 +561,8 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
             if args.keep_pg and await _pg_recall.exists(stores.url("postgres"), kept):
                 url = stores.url(kept)
                 console.print(f"[bold]{size:,} nodes[/]: reusing the PostgreSQL database {kept}")
+                if await _pg_recall.holds(url, OLDER_STEPS):
+                    raise SystemExit(f"database {kept}: {OLDER}")
                 pg = _pg_recall.reused(graph.nodes, DIM, partial(node_vectors, graph, embedder),
                                        CHUNK)
             else:

@@ -39,10 +39,11 @@ def lexical(backend: Backend) -> LexicalIndex:
     return index
 
 
-async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = REPO) -> None:
-    """Commits one changeset of SEMANTIC nodes (id -> text)."""
+async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = REPO,
+              kind: NodeType = NodeType.SEMANTIC) -> None:
+    """Commits one changeset of nodes of one type (id -> text), SEMANTIC unless told."""
     nodes = [
-        draft(node_id, NodeType.SEMANTIC, text, axis(n % DIM))
+        draft(node_id, kind, text, axis(n % DIM))
         for n, (node_id, text) in enumerate(texts.items())
     ]
     target = cast(commit.CommitTarget, backend.graph)
@@ -51,10 +52,7 @@ async def add(backend: Backend, name: str, texts: dict[str, str], repo: str = RE
 
 async def add_steps(backend: Backend, name: str, steps: dict[str, str]) -> None:
     """Commits one changeset of EPISODIC nodes (id -> text)."""
-    nodes = [draft(i, NodeType.EPISODIC, text, axis(n % DIM))
-             for n, (i, text) in enumerate(steps.items())]
-    target = cast(commit.CommitTarget, backend.graph)
-    await commit.apply(target, Changeset(name, REPO, nodes), intents=policy())
+    await add(backend, name, steps, kind=NodeType.EPISODIC)
 
 
 def holding(texts: dict[str, str], steps: set[str], word: str) -> set[str]:

@@ -50,7 +50,14 @@ from mnemo.storage.lexical.fresh import (
     scores,
 )
 from mnemo.storage.lexical.source import LexicalSource
-from mnemo.storage.lexical.windows import WINDOW, Document, documents, key, to_rewrite
+from mnemo.storage.lexical.windows import (
+    WINDOW,
+    Document,
+    documents,
+    key,
+    rowid_of,
+    to_rewrite,
+)
 
 log = logging.getLogger("mnemo.lexical")
 
@@ -193,7 +200,7 @@ class LexicalIndex:
             found += scores(fresh, weights, kinds, average)
         # Ties in the order the nodes were written (their rowids), as the store's own search
         # and the dense channel break them: fused, the channels then agree on equal matches.
-        found.sort(key=lambda hit: (-hit[2], int(hit[0].rpartition("/")[2])))
+        found.sort(key=lambda hit: (-hit[2], rowid_of(hit[0])))
         return [(node_id, score) for _, node_id, score in found[:limit]]
 
     def _average_length(self, repo: str) -> float:
@@ -257,7 +264,7 @@ class LexicalIndex:
         query = tv.Query.term_set_query(self._schema, "holds", keys)
         hits = searcher.search(query, 2 * WINDOW * len(keys) + len(stale) + 1, count=False).hits
         held |= {k for _, a in hits if (k := searcher.doc(a)["key"][0]) not in stale}
-        return {int(k.rpartition("/")[2]) for k in held}
+        return {rowid_of(k) for k in held}
 
     def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
         """Adds (or replaces) a node's document; `fresh`: searches see it before the next

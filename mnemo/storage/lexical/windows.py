@@ -41,6 +41,11 @@ def key(repo: str, rowid: int) -> str:
     return f"{repo}/{rowid}"
 
 
+def rowid_of(key: str) -> int:
+    """The rowid a document's key names."""
+    return int(key.rpartition("/")[2])
+
+
 def documents(source: LexicalSource, repo: str, rows: Iterable[Row]) -> list[Document]:
     """The documents of `rows` as the store holds them now: a step's neighbours are read
     from the store unless they are among `rows` (a batch of a rebuild mostly holds them)."""

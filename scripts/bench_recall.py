@@ -9,10 +9,9 @@ schema's triggers, vectors, links), because running the pipeline on 1M nodes wou
   steps ("Observation: ... Action: ...", named "episodic_<episode>:<index>" as the pipeline
   names them, so that recall's neighbours and the words index's windows reach them), three
   SEMANTIC facts tagged with two concepts (TAG nodes, shared across the graph: "<adjective>
-  <noun>", "<noun> in the <place>"), one
-  PROCEDURAL instruction under an INTENT ("<verb> the <adjective> <noun>", shared), linked as
-  the pipeline links them (subgoal-step, step-source, fact-step, tag-fact, fact siblings,
-  intent-procedure, procedure-step);
+  <noun>", "<noun> in the <place>"), one PROCEDURAL instruction under an INTENT ("<verb> the
+  <adjective> <noun>", shared), linked as the pipeline links them (subgoal-step, step-source,
+  fact-step, tag-fact, fact siblings, intent-procedure, procedure-step);
 - text: sentences from templates over a vocabulary of people, verbs, adjectives, nouns and
   places; `created_at` spread over the last 90 days;
 - vectors (384-d, the default embedder's dimension): NOT a neural embedder. Every content word
@@ -556,13 +555,15 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
                 _say(results[-1])
             if POSTGRES not in stores.backends:
                 continue
-            graph = graph or generate(size, embedder)
             kept = f"recall_{size}_kept"
-            if args.keep_pg and await _pg_recall.exists(stores.url("postgres"), kept):
+            reuse = args.keep_pg and await _pg_recall.exists(stores.url("postgres"), kept)
+            # Refused before the graph is generated (minutes at 1M), not after.
+            if reuse and await _pg_recall.holds(stores.url(kept), OLDER_STEPS):
+                raise SystemExit(f"database {kept}: {OLDER}")
+            graph = graph or generate(size, embedder)
+            if reuse:
                 url = stores.url(kept)
                 console.print(f"[bold]{size:,} nodes[/]: reusing the PostgreSQL database {kept}")
-                if await _pg_recall.holds(url, OLDER_STEPS):
-                    raise SystemExit(f"database {kept}: {OLDER}")
                 pg = _pg_recall.reused(graph.nodes, DIM, partial(node_vectors, graph, embedder),
                                        CHUNK)
             else:

@@ -68,6 +68,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import _pg_recall
 import anyio
@@ -84,7 +85,7 @@ from mnemo.graph import ann
 from mnemo.graph.model import NodeType
 from mnemo.storage.postgres import schema
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH
-from mnemo.storage.postgres.graph import EXACT_BELOW
+from mnemo.storage.postgres.vectors import EXACT_BELOW
 
 REPO = "bench"
 DIM = 384
@@ -421,7 +422,7 @@ async def measure(
             await mem.open_repo(REPO, embedder=embedder, config=config)
         # The store behind the facade: the benchmark times its index load and HNSW build
         # separately from recall, and reads the matrix for the exact scan (not public API).
-        graph = mem._graph
+        graph: Any = mem._graph  # both stores have `vector_index`; the port does not
         started = time.perf_counter()
         # On PostgreSQL: only the TAG and INTENT vectors, which PgGraph keeps in memory.
         index = await graph.vector_index(REPO)
@@ -739,7 +740,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.exact:
-        ann.load_faiss = lambda: None  # type: ignore[assignment]  # --exact: as if not installed
+        ann.load_faiss = lambda: None  # --exact: as if not installed
     results, facts = anyio.run(run, args)
     report(results, args, facts)
 

@@ -21,9 +21,12 @@ and texts that share words are near), and a `POST /v1/chat/completions` that ans
 
 Measured per size: add latency per sentence (p50), search latency p50/p95 over the same
 generated questions (after 5 warm-up searches), mnemo's median per recall stage
-(`RecallResult.trace`), and **exact restatement**: 20 queries that are the exact text of a
-stored sentence, counted when the first result's text is that sentence. Reading of the
-issue's goal (docs/DECISIONS.md): mnemo's search p50 <= 0.5 x mem0's at 100 and 1,000.
+(`RecallResult.trace`), the query embedding's p50 on each side (mnemo's "embed" stage, the
+query and its search tags in one request; mem0's embedder called alone on each question after
+its searches: the floor of a search that embeds its query over the same server), and **exact
+restatement**: 20 queries that are the exact text of a stored sentence, counted when the first
+result's text is that sentence. Reading of the issue's goal (docs/DECISIONS.md): mnemo's
+search p50 <= 0.5 x mem0's at 100 and 1,000.
 
 Run: `.venv/bin/python scripts/bench_mem0.py [--sizes 100,1000,10000] [--queries 100]
 [--mem0-python PATH] [--skip-mem0]` (from a git worktree, with `PYTHONPATH=.`: the venv's
@@ -263,21 +266,24 @@ def _say(row: dict[str, Any]) -> None:
 def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     headers = ["memories", "mnemo add p50 ms", "mem0 add p50 ms", "mnemo search p50 / p95 ms",
                "mem0 search p50 / p95 ms", "p50 ratio mnemo / mem0", "goal <= 0.5",
-               "exact first: mnemo", "exact first: mem0"]
+               "query embedding p50 ms: mnemo / mem0", "exact first: mnemo", "exact first: mem0"]
     table_rows = []
     for row in rows:
         ours, theirs = row["mnemo"], row["mem0"]
         p50 = pct(ours["search_ms"], 50)
         cells = [f"{row['size']:,}", f"{pct(ours['add_ms'], 50):.2f}"]
         if theirs is None:
-            cells += ["-", f"{p50:.2f} / {pct(ours['search_ms'], 95):.2f}", "-", "-", "-"]
+            cells += ["-", f"{p50:.2f} / {pct(ours['search_ms'], 95):.2f}", "-", "-", "-",
+                      f"{ours['stages'].get('embed', float('nan')):.2f} / -"]
         else:
             ratio = p50 / pct(theirs["search_ms"], 50)
             cells += [f"{pct(theirs['add_ms'], 50):.2f}",
                       f"{p50:.2f} / {pct(ours['search_ms'], 95):.2f}",
                       f"{pct(theirs['search_ms'], 50):.2f} / {pct(theirs['search_ms'], 95):.2f}",
                       f"{ratio:.2f}",
-                      verdict(ratio <= 0.5) if row["size"] <= 1000 else "(not a goal)"]
+                      verdict(ratio <= 0.5) if row["size"] <= 1000 else "(not a goal)",
+                      f"{ours['stages'].get('embed', float('nan')):.2f}"
+                      f" / {pct(theirs.get('embed_ms', []), 50):.2f}"]
         cells.append(f"{ours['exact_first']}/{ours['exact_total']}")
         cells.append("-" if theirs is None else f"{theirs['exact_first']}/{theirs['exact_total']}")
         table_rows.append(cells)

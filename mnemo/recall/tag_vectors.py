@@ -45,9 +45,9 @@ class TagVectors:
         Raises:
             EmbeddingError: as `mnemo.episode.annotation.embed`.
         """
-        known = {tag: vector for tag in dict.fromkeys(tags)
-                 if (vector := self._get(embedder, tag)) is not None}
-        missing = [tag for tag in dict.fromkeys(tags) if tag not in known]
+        unique = dict.fromkeys(tags)
+        known = {tag: vector for tag in unique if (vector := self._get(embedder, tag)) is not None}
+        missing = [tag for tag in unique if tag not in known]
         fresh = await embed(query_side(embedder), [query, *missing])
         for tag, vector in zip(missing, fresh[1:], strict=True):
             known[tag] = vector

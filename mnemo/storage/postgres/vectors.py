@@ -30,9 +30,6 @@ from mnemo.storage.postgres.connection import Postgres
 log = logging.getLogger("mnemo")
 
 ROUTES = (NodeType.TAG, NodeType.INTENT)
-# Past this many routing vectors in a repo, recall's probes walk HNSW graphs instead of a
-# product with every row (1M nodes: 86k routes, an exact product per probe of tens of ms).
-ROUTES_ANN_FROM = 20_000
 
 # Below this many vectors a repo is searched exactly: a scan of 10k 384-d rows takes a few
 # milliseconds, and an exact answer keeps small repos' order independent of the HNSW graph.
@@ -146,8 +143,10 @@ class PgVectors:
         async with self._routes_loading.setdefault(repo, anyio.Lock()):
             index = self._routes.get(repo)
             if index is None:
-                # Past `ROUTES_ANN_FROM` routes, HNSW graphs answer the probes (faiss, if
-                # installed; the first load imports it, about 90 ms: in a thread). The
+                # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that
+                # many rows is walked instead of multiplied (faiss, if installed; the first
+                # load imports it, about 90 ms: in a thread): the threshold a probe walks
+                # from, so that no type that should be walked waits for a larger one. The
                 # folder first: between the rows' read and the index's registration, this
                 # process's writes would not reach the index.
                 faiss = await anyio.to_thread.run_sync(ann.load_faiss)
@@ -155,7 +154,7 @@ class PgVectors:
                 index = VectorIndex(self._dims(repo))
                 ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
                 index.add(ids, types, matrix)
-                ann.attach(index, threshold=ROUTES_ANN_FROM, folder=folder)
+                ann.attach(index, threshold=ann.WALK_FROM, folder=folder)
                 self._routes[repo] = index
         return index
 

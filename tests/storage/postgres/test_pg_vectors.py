@@ -57,9 +57,8 @@ async def test_the_hnsw_index_comes_when_exact_search_stops(pg_url: str) -> None
 def many_routes(
     monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> tuple[npt.NDArray[np.float32], list[NodeDraft]]:
-    """1,000 random routes (a tag in four, the rest intents), with the thresholds lowered
-    so that both types get HNSW graphs and are walked, not multiplied."""
-    monkeypatch.setattr(pg_vectors, "ROUTES_ANN_FROM", 300)
+    """1,000 random routes (a tag in four, the rest intents), with the threshold of a walk
+    lowered to 100 rows: both types get HNSW graphs and are walked, not multiplied."""
     monkeypatch.setattr(ann, "WALK_FROM", 100)
     vectors = np.random.default_rng(seed).normal(size=(1000, DIM)).astype(np.float32)
     kinds = [NodeType.TAG if i % 4 == 0 else NodeType.INTENT for i in range(1000)]
@@ -70,7 +69,7 @@ def many_routes(
 async def test_routes_past_the_threshold_are_probed_through_hnsw(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past `ROUTES_ANN_FROM` routing vectors, recall's probes of tags and intents walk HNSW
+    """Past `ann.WALK_FROM` routing vectors, recall's probes of tags and intents walk HNSW
     graphs (in a worker thread) instead of a product with every routing row, find what that
     product finds, and follow a route added after the graphs were built."""
     vectors, nodes = many_routes(monkeypatch, seed=5)

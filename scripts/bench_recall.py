@@ -41,7 +41,7 @@ in the same run: the same graph and vectors are copied into a fresh database
 queries run through `mnemo.Memory(url)`; pgvector's dense search is compared with the exact
 numpy scan of the same vectors.
 
-Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,100000,1000000] [--quick]
+Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,50000,100000,1000000] [--quick]
 [--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...] [--store URL|embedded]`.
 `--set` overrides a Config field of the Memory and the repo, to time a recall lever (issue 12).
 The 1M size takes minutes to prepare and, with faiss, 5-55 minutes to build the HNSW graphs on
@@ -731,7 +731,7 @@ def parse_args() -> argparse.Namespace:
                              "whose role may CREATE DATABASE, or 'embedded'")
     args = parser.parse_args()
     args.config = config_of(args.set) if args.set else None
-    default_sizes = "10000" if args.quick else "10000,100000,1000000"
+    default_sizes = "10000" if args.quick else "10000,50000,100000,1000000"
     args.sizes = [int(s.replace("_", "")) for s in (args.sizes or default_sizes).split(",")]
     args.queries = args.queries or (50 if args.quick else 200)
     return args

@@ -1,10 +1,11 @@
 """An optional approximate index (faiss HNSW) riding on a repo's `VectorIndex`, for big repos.
 
-Why: the exact numpy scan is fine to about 100k vectors (6 ms a query here) but costs 49 ms at
-1M, while faiss `IndexHNSWFlat` with M = 32, efConstruction = 200 and efSearch = 256 answers in
-about 2 ms with recall@10 0.95 at 1M (../shared/EMBEDDINGS.md §2; mnemo walks at efSearch
-64-128, see `HnswParams`). faiss-cpu is an optional extra (`mnemo[faiss]`): without it
-`attach` returns None and every search stays exact.
+Why: the exact numpy scan, on the one BLAS thread a Memory leaves numpy (`mnemo.graph.blas`),
+costs about 0.12 ms per thousand rows (11 ms at 90k), while faiss `IndexHNSWFlat` with M = 32,
+efConstruction = 200 and efSearch = 256 answers in about 2 ms with recall@10 0.95 at 1M
+(../shared/EMBEDDINGS.md §2; mnemo walks at efSearch 64-128, see `HnswParams`). faiss-cpu is
+an optional extra (`mnemo[faiss]`): without it `attach` returns None and every search stays
+exact.
 
 How it stays correct:
 
@@ -60,9 +61,10 @@ from mnemo.graph.ann_search import Graph, rerank, walks
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import VectorIndex
 
-# Above this many vectors a repo's searches go through the HNSW graphs (EMBEDDINGS.md §2: the
-# exact scan takes 6 ms at 100k and grows linearly).
-DEFAULT_THRESHOLD = 100_000
+# Above this many vectors a repo's searches go through the HNSW graphs: the exact scan of
+# 20k rows on one BLAS thread takes about 2.4 ms, about what a walk and its re-rank take, and
+# grows linearly (at 90k, 11 ms: BENCHMARKS.md, "Recall quality and speed, session 15").
+DEFAULT_THRESHOLD = 20_000
 # Searches of fewer rows than this run on the calling thread, the event loop's (a worker
 # thread's round trip would cost more than the product); bigger ones in a worker thread.
 IN_THREAD_FROM = 20_000

@@ -17,8 +17,9 @@ segmentation, extraction and recall to work offline, not a substitute for one:
   2+ content words, not a question or a greeting), with leading filler stripped; past
   `MAX_FACTS` (64) only the most informative of them, in order. A sentence that
   opens with "It/This/That/They" gets the subgoal's key phrase as its topic instead of the
-  pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"): a crude stand-in for
-  coreference resolution, which is what makes the fact readable on its own.
+  pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"; a contraction is
+  spelled out: "They've been" -> "...: have been"): a crude stand-in for coreference
+  resolution, which is what makes the fact readable on its own.
 - `procedural`: one WHEN/DO/EXPECT instruction per step whose action does something (3+ words,
   opening with a verb-like word), expecting the next step's first observed sentence.
 - `return`: 1 + 9 * reward of the step each instruction came from (5 when unknown).
@@ -78,7 +79,11 @@ from mnemo.adapters._offline_recall import _recall_plan, _recall_rerank, _recall
 from mnemo.errors import LLMError
 from mnemo.ports import LLMRequest, LLMResponse, task_inputs
 
-_LEADING_PRONOUN = re.compile(r"^(it|they|this|that|these|those)(?:'(s|re))?\b\s*", re.IGNORECASE)
+_LEADING_PRONOUN = re.compile(
+    r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?\b\s*", re.IGNORECASE
+)
+# What a contraction after the pronoun spells out ("They've been" -> "<topic>: have been").
+_CONTRACTED = {"s": "is", "re": "are", "ve": "have", "ll": "will", "d": "would"}
 # A "this"/"that" followed by one of these is a pronoun subject ("That is why..."), otherwise it
 # is a determiner ("This server runs...").
 _VERB_AFTER_DEMONSTRATIVE = frozenset(
@@ -171,7 +176,10 @@ def _resolve_pronoun(sentence: str, topic: str) -> str:
     pronoun = match.group(1).lower()
     rest = sentence[match.end() :]
     if match.group(2):
-        rest = ("is " if match.group(2).lower() == "s" else "are ") + rest
+        verb = _CONTRACTED[match.group(2).lower()]
+        if verb == "is" and rest.split(maxsplit=1)[:1] in (["been"], ["got"]):
+            verb = "has"  # "It's been" is "it has been"
+        rest = f"{verb} {rest}"
     if not rest:
         return sentence
     next_word = rest.split(maxsplit=1)[0].lower().strip(",.;:")

@@ -255,6 +255,34 @@ async def test_leading_pronoun_is_replaced_by_the_topic() -> None:
     assert fact.steps == (3,)
 
 
+@pytest.mark.parametrize(
+    ("sentence", "expected"),
+    [
+        ("They've been running behind the firewall since May.",
+         "Configure gunicorn server: have been running behind the firewall since May."),
+        ("It'll restart the workers every night at midnight.",
+         "Configure gunicorn server: will restart the workers every night at midnight."),
+        ("It'd need four workers for this traffic level.",
+         "Configure gunicorn server: would need four workers for this traffic level."),
+        ("They're listening on port 8080 behind the firewall.",
+         "Configure gunicorn server: are listening on port 8080 behind the firewall."),
+        ("It's been stable since the upgrade last week.",
+         "Configure gunicorn server: has been stable since the upgrade last week."),
+        ("They\u2019ve been running behind the firewall since May.",
+         "Configure gunicorn server: have been running behind the firewall since May."),
+    ],
+)
+async def test_a_contracted_leading_pronoun_is_replaced_with_its_verb(
+    sentence: str, expected: str
+) -> None:
+    """"They've", "It'll", "It'd" are a pronoun and a verb: the topic replaces the pronoun and
+    the verb is spelled out, never left as a dangling "'ve"."""
+    steps = [{"index": 0, "observation": sentence, "action": "noted"}]
+    request = semantic_request(goal=GOAL, subgoal="configure gunicorn server", steps=steps)
+    [fact] = parse_facts(await OfflineLLM().generate(request))
+    assert fact.proposition == expected
+
+
 async def test_duplicate_propositions_are_dropped() -> None:
     """The same sentence in two steps yields one fact."""
     steps = [

@@ -80,10 +80,17 @@ from mnemo.errors import LLMError
 from mnemo.ports import LLMRequest, LLMResponse, task_inputs
 
 _LEADING_PRONOUN = re.compile(
-    r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?\b\s*", re.IGNORECASE
+    r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?(?![\w'\u2019])\s*",
+    re.IGNORECASE,
 )
-# What a contraction after the pronoun spells out ("They've been" -> "<topic>: have been").
+# What a contraction after the pronoun spells out ("They've been" -> "<topic>: have been"); 's
+# before "been" is "has", 'd before a participle "had" ("They'd migrated").
 _CONTRACTED = {"s": "is", "re": "are", "ve": "have", "ll": "will", "d": "would"}
+_PERFECT = {"s": "has", "d": "had"}
+_PARTICIPLES = {
+    "s": frozenset({"been", "got", "gotten", "had"}),  # "It's done" stays "is done"
+    "d": frozenset({"been", "got", "gotten", "had", "done", "gone"}),
+}
 # A "this"/"that" followed by one of these is a pronoun subject ("That is why..."), otherwise it
 # is a determiner ("This server runs...").
 _VERB_AFTER_DEMONSTRATIVE = frozenset(
@@ -175,13 +182,17 @@ def _resolve_pronoun(sentence: str, topic: str) -> str:
         return sentence
     pronoun = match.group(1).lower()
     rest = sentence[match.end() :]
-    if match.group(2):
-        verb = _CONTRACTED[match.group(2).lower()]
-        if verb == "is" and rest.split(maxsplit=1)[:1] in (["been"], ["got"]):
-            verb = "has"  # "It's been" is "it has been"
-        rest = f"{verb} {rest}"
     if not rest:
         return sentence
+    if match.group(2):
+        suffix = match.group(2).lower()
+        following = rest.split(maxsplit=1)[0].lower()
+        # A past participle ("migrated"), not a base form ending so ("need", "proceed").
+        perfect = following in _PARTICIPLES.get(suffix, ()) or (
+            suffix == "d" and following.endswith("ed") and not following.endswith("eed")
+        )
+        verb = _PERFECT[suffix] if suffix in _PERFECT and perfect else _CONTRACTED[suffix]
+        rest = f"{verb} {rest}"
     next_word = rest.split(maxsplit=1)[0].lower().strip(",.;:")
     if pronoun in {"this", "that", "these", "those"} and next_word not in (
         _VERB_AFTER_DEMONSTRATIVE

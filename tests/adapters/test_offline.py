@@ -270,6 +270,16 @@ async def test_leading_pronoun_is_replaced_by_the_topic() -> None:
          "Configure gunicorn server: has been stable since the upgrade last week."),
         ("They\u2019ve been running behind the firewall since May.",
          "Configure gunicorn server: have been running behind the firewall since May."),
+        ("It's Been stable since the upgrade last week.",
+         "Configure gunicorn server: has Been stable since the upgrade last week."),
+        ("It's gotten slower since the upgrade last week.",
+         "Configure gunicorn server: has gotten slower since the upgrade last week."),
+        ("It's broken since the upgrade last week.",
+         "Configure gunicorn server: is broken since the upgrade last week."),
+        ("They'd migrated the workers before the upgrade.",
+         "Configure gunicorn server: had migrated the workers before the upgrade."),
+        ("It'd been down for an hour before the upgrade.",
+         "Configure gunicorn server: had been down for an hour before the upgrade."),
     ],
 )
 async def test_a_contracted_leading_pronoun_is_replaced_with_its_verb(
@@ -281,6 +291,20 @@ async def test_a_contracted_leading_pronoun_is_replaced_with_its_verb(
     request = semantic_request(goal=GOAL, subgoal="configure gunicorn server", steps=steps)
     [fact] = parse_facts(await OfflineLLM().generate(request))
     assert fact.proposition == expected
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    ["It'sy bitsy workers restart every night at midnight.",
+     "They' restart the gunicorn workers every night at midnight."],
+)
+async def test_a_broken_contraction_is_left_as_it_is(sentence: str) -> None:
+    """A pronoun followed by an apostrophe that is no contraction is not resolved: no
+    "Topic: 'sy ..." fragment."""
+    steps = [{"index": 0, "observation": sentence, "action": "noted"}]
+    request = semantic_request(goal=GOAL, subgoal="configure gunicorn server", steps=steps)
+    [fact] = parse_facts(await OfflineLLM().generate(request))
+    assert fact.proposition == sentence
 
 
 async def test_duplicate_propositions_are_dropped() -> None:

@@ -1,4 +1,4 @@
-"""Recall latency at 10k, 100k and 1M nodes, next to an exact numpy scan, in one run.
+"""Recall latency at 10k, 50k, 100k and 1M nodes, next to an exact numpy scan, in one run.
 
 For each size a fresh SQLite file is prepared: the repo is created through the public API
 (`mnemo.Memory(path).open_repo`), then a synthetic graph shaped like the pipeline's output is
@@ -22,10 +22,10 @@ schema's triggers, vectors, links), because running the pipeline on 1M nodes wou
 
 Then `mnemo.Memory(path, embedder=WordVectorEmbedder())` opens the file and, per size:
 
-- index load (SQLite rows to the in-memory matrix, on first use) and, above 100k vectors with
-  faiss-cpu installed, the HNSW graphs: built in their worker thread and saved beside the file
-  ("<file>.hnsw"), or read back from there when a reused file has them (waited for either
-  way; the table says which);
+- index load (SQLite rows to the in-memory matrix, on first use) and, above 20k vectors
+  (`ann.DEFAULT_THRESHOLD`) with faiss-cpu installed, the HNSW graphs: built in their worker
+  thread and saved beside the file ("<file>.hnsw"), or read back from there when a reused
+  file has them (waited for either way; the table says which);
 - `mem.recall(repo, query, k=10)` over generated questions: p50/p95 wall time, and the median
   of each stage of `RecallResult.trace`;
 - mnemo's dense search alone (`search_vectors`, k=10, over every type as recall's hop 0
@@ -679,7 +679,8 @@ def report(results: list[Result], args: argparse.Namespace, facts: dict[str, str
         " neural embedder; queries embedded by the same model.",
         "HNSW (faiss IndexHNSWFlat, M=32, efC=200, efSearch 64-128, one graph per node type"
         " and one of every row for searches of most types, 8x candidates up to efSearch"
-        " re-ranked exactly) is used above 100k vectors when faiss-cpu is installed"
+        f" re-ranked exactly) is used above {ann.DEFAULT_THRESHOLD:,} vectors when faiss-cpu"
+        " is installed"
         + (" (hidden by --exact in this run)." if args.exact else "."),
         f"faiss: {'installed' if ann.load_faiss() is not None else 'not installed'}.",
     ]

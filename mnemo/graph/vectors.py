@@ -4,8 +4,9 @@ The rows in SQLite are the truth; this index is built from them when a repo is f
 and kept in step by the graph store after each commit or delete. Rows are stored unit-length,
 so a dot product is the raw cosine. Exact numpy search measured 0.14 ms at 10k vectors and
 6 ms at 100k on this machine with all of numpy's BLAS threads (../shared/EMBEDDINGS.md); on the
-one thread a Memory leaves it, 11 ms at 90k, so past 20k rows HNSW graphs answer when faiss
-is installed (`mnemo.graph.ann`).
+one thread a Memory leaves it, 11 ms at 90k, so past 20k rows of a SQLite repo HNSW graphs
+answer when faiss is installed (`mnemo.graph.ann`; PostgreSQL's routing vectors get theirs
+from 5k).
 
 Searches may run in a worker thread while the event loop appends: an append writes only past
 the row count a search has already read, and a delete marks its rows dead (type code -1) in

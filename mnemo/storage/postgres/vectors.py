@@ -154,7 +154,8 @@ class PgVectors:
                 index = VectorIndex(self._dims(repo))
                 ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
                 index.add(ids, types, matrix)
-                ann.attach(index, threshold=ann.WALK_FROM, folder=folder)
+                # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
+                ann.attach(index, threshold=ann.WALK_FROM - 1, folder=folder)
                 self._routes[repo] = index
         return index
 

@@ -244,8 +244,10 @@ class LexicalIndex:
         rows = {row.rowid: row for row in present}
         held = self._holders(repo, changed) - rows.keys()
         rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
-        ids = {row.id for row in present}
-        around = [i for i in to_rewrite(present) if i not in ids]
+        # The changed steps' neighbours not read yet: mostly the documents that held them
+        # already are; those that did not (a step just written) are read here.
+        read = {row.id for row in rows.values()}
+        around = [i for i in to_rewrite(present) if i not in read]
         rows.update((row.rowid, row) for row in self._source.rows(repo, around))
         for doc in documents(self._source, repo, rows.values()):
             self._put(repo, doc, fresh=True)

@@ -271,10 +271,11 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     for row in rows:
         ours, theirs = row["mnemo"], row["mem0"]
         p50 = pct(ours["search_ms"], 50)
+        embed = f"{ours['stages'].get('embed', float('nan')):.2f}"
         cells = [f"{row['size']:,}", f"{pct(ours['add_ms'], 50):.2f}"]
         if theirs is None:
             cells += ["-", f"{p50:.2f} / {pct(ours['search_ms'], 95):.2f}", "-", "-", "-",
-                      f"{ours['stages'].get('embed', float('nan')):.2f} / -"]
+                      f"{embed} / -"]
         else:
             ratio = p50 / pct(theirs["search_ms"], 50)
             cells += [f"{pct(theirs['add_ms'], 50):.2f}",
@@ -282,8 +283,7 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                       f"{pct(theirs['search_ms'], 50):.2f} / {pct(theirs['search_ms'], 95):.2f}",
                       f"{ratio:.2f}",
                       verdict(ratio <= 0.5) if row["size"] <= 1000 else "(not a goal)",
-                      f"{ours['stages'].get('embed', float('nan')):.2f}"
-                      f" / {pct(theirs.get('embed_ms', []), 50):.2f}"]
+                      f"{embed} / {pct(theirs.get('embed_ms', []), 50):.2f}"]
         cells.append(f"{ours['exact_first']}/{ours['exact_total']}")
         cells.append("-" if theirs is None else f"{theirs['exact_first']}/{theirs['exact_total']}")
         table_rows.append(cells)

@@ -139,7 +139,7 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
         observation, action = op.args
         await transitions.append(live, session, op.ticket, observation, action, None)
     elif op.kind == "close":
-        transitions.refuse_close(session)
+        transitions.refuse_close(session, queued=True)
         await transitions.close(live, session, op)
     else:
         transitions.refuse_unless(session, op.kind)

@@ -42,9 +42,13 @@ def refuse_unless(session: SessionRecord, event: str) -> None:
         raise SessionError(verdict.reason, state=session.state, session_id=session.id)
 
 
-def refuse_close(session: SessionRecord) -> None:
+def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
+    """Raises as `refuse_unless`, or `append_in_progress` while an append runs or was accepted
+    before the close. A `queued` close (running from the queue) is not held by the appends
+    still queued after it: they run once it is done."""
     refuse_unless(session, "close")
-    if session.appends_in_flight:
+    later = sum(op.kind == "append" for op in session.pending) if queued else 0
+    if session.appends_in_flight > later:
         raise SessionError("append_in_progress", state=session.state, session_id=session.id)
 
 

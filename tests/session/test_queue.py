@@ -323,3 +323,45 @@ async def test_auto_commit_background_failure(
     assert await events.wait_state(auto_mem, sid, State.IDLE, State.FAILED) == State.IDLE
     stored = await auto_mem.latest(REPO, types=(mnemo.NodeType.SEMANTIC,), top_k=50)
     assert "fact: walk north" in {node.text for node in stored}
+
+
+async def test_queued_close_is_not_held_by_appends_queued_after_it(
+    auto_mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
+) -> None:
+    """A queued close runs: only appends before it (or running) are in progress, not those
+    queued after it, which run once it is done (it used to fail with append_in_progress and
+    fail the rest as preceding_op_failed)."""
+    sid = await auto_mem.start_session("explore the house", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await auto_mem.close(sid)
+    with anyio.fail_after(5):
+        await held.started.wait()
+    sequence = ["start_episode", "close", "start_episode", "append"]
+    for op in sequence:
+        await submit(auto_mem, sid, op, callbacks)
+    held.release()
+    results = await callbacks.wait(len(sequence))
+    assert [(r.ok, r.value) for _, r in results] == [(True, VALUES[op]) for op in sequence]
+
+
+async def test_queued_close_behind_a_running_append(
+    mem: mnemo.Memory, llm: FakeLLM, callbacks: Callbacks
+) -> None:
+    """Manual commit: an append runs, then close, commit, start_episode and an append are
+    queued behind it; each runs in turn with its value."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    held = llm.hold("state")
+    await submit(mem, sid, "append", callbacks, label="running append")
+    with anyio.fail_after(5):
+        await held.started.wait()
+    sequence = ["close", "commit", "start_episode", "append"]
+    for op in sequence:
+        await submit(mem, sid, op, callbacks)
+    held.release()
+    results = await callbacks.wait(1 + len(sequence))
+    assert callbacks.labels() == ["running append", *sequence]
+    assert [(r.ok, r.value) for _, r in results] == [
+        (True, VALUES[op]) for op in ["append", *sequence]
+    ]
+    assert await state_of(mem, sid) == State.COLLECTING

@@ -40,7 +40,13 @@ from mnemo.graph.model import (
     Vector,
     now_utc,
 )
-from mnemo.graph.ports import IntentPolicy, SideWrite, SourceRecorded, StepsCommitted
+from mnemo.graph.ports import (
+    IntentPolicy,
+    SideWrite,
+    SourceRecorded,
+    SourceTaken,
+    StepsCommitted,
+)
 from mnemo.graph.vectors import Snapshot, VectorIndex
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
@@ -85,6 +91,8 @@ class CommitTarget(contradiction.FactSearch, Protocol):
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
+
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None: ...
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         """Writes the plan and the side writes in one transaction (and updates whatever the
@@ -214,6 +222,11 @@ async def _apply_locked(
         if also:
             await target.write_side(also)
         return done
+    for write in also:
+        # Read under the lock that every commit of the repo takes, in every process: two
+        # ingests of one source cannot both pass it.
+        if isinstance(write, SourceRecorded) and await target.ingested(repo, write.source_id):
+            raise SourceTaken(write.source_id)
     index = await target.vector_index(repo)
     if prepared is not None and index.snapshot() is prepared[0]:
         # The intents were resolved against exactly these vectors, before the lock.

@@ -118,6 +118,16 @@ class SourceForgotten:
 SideWrite = StepsCommitted | SourceRecorded | SourceForgotten
 
 
+class SourceTaken(Exception):
+    """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
+    out to be recorded already: another writer (a second Memory, another process) ingested it
+    while the caller extracted. Nothing was written; the caller reads the source's receipt."""
+
+    def __init__(self, source_id: str) -> None:
+        super().__init__(f"source {source_id!r} was recorded by another writer")
+        self.source_id = source_id
+
+
 @dataclass(frozen=True, slots=True)
 class MergeResult:
     """What one consolidation transaction did."""

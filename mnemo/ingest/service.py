@@ -23,7 +23,13 @@ from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.extraction.entities import with_entity_tags
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
-from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded
+from mnemo.graph.ports import (
+    GraphStore,
+    IntentPolicy,
+    SourceForgotten,
+    SourceRecorded,
+    SourceTaken,
+)
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestReceipt, Step, Trajectory
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
@@ -140,15 +146,9 @@ class IngestService:
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
         runtime: IngestRuntime,
     ) -> IngestReceipt:
-        known = await self._known(repo, source_id)
+        known = await self._known(repo, source_id, digest)
         if known is not None:
-            known_digest, receipt = known
-            if known_digest != digest:
-                raise ConflictError(
-                    f"source {source_id!r} of repo {repo!r} was ingested with a different "
-                    "payload; forget it first to replace it"
-                )
-            return IngestReceipt(source_id, receipt.node_ids, created=False)
+            return known
         key = hashlib.sha1(f"{repo}\0{source_id}".encode()).hexdigest()[:20]
         episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
         llm = runtime.llm  # bounded by its provider's limiter and metered, by the Memory
@@ -175,8 +175,18 @@ class IngestService:
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
         record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())
-        commit = await self._graph.apply(changeset, intents=runtime.intents, also=[record])
-        return IngestReceipt(source_id, commit.node_ids, created=True)
+        while True:
+            try:
+                commit = await self._graph.apply(changeset, intents=runtime.intents,
+                                                 also=[record])
+                return IngestReceipt(source_id, commit.node_ids, created=True)
+            except SourceTaken:
+                # Another Memory (or process) ingested the source while this one extracted:
+                # its commit is the source's, and this extraction is dropped unwritten (or,
+                # if the source was forgotten again since, the id is free: try again).
+                known = await self._known(repo, source_id, digest)
+                if known is not None:
+                    return known
 
     async def _annotate(
         self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime
@@ -220,12 +230,23 @@ class IngestService:
                 )
             )
 
-    async def _known(self, repo: str, source_id: str) -> tuple[str, IngestReceipt] | None:
+    async def _known(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
+        """The receipt (`created=False`) of the source if it was ingested with this payload,
+        None if it was not ingested.
+
+        Raises:
+            ConflictError: it was ingested with a different payload.
+        """
         found = await self._graph.ingested(repo, source_id)
         if found is None:
             return None
-        digest, node_ids = found
-        return digest, IngestReceipt(source_id, node_ids, created=False)
+        known_digest, node_ids = found
+        if known_digest != digest:
+            raise ConflictError(
+                f"source {source_id!r} of repo {repo!r} was ingested with a different "
+                "payload; forget it first to replace it"
+            )
+        return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, and tags and intents left with no links;

@@ -127,3 +127,51 @@ async def test_bad_input_is_refused_before_anything_is_stored(
     with pytest.raises(mnemo.InvalidInputError):
         await mem.ingest(REPO, payload, source_id=source_id)
     assert await mem.get_nodes_by_type(REPO, list(N)) == []
+
+
+@pytest.mark.parametrize("same_payload", [True, False])
+async def test_one_source_ingested_through_two_memories_at_once(
+    store: str, same_payload: bool
+) -> None:
+    """Two Memory objects ingest one source at once: the first commit is the source's; the
+    second, whose extraction ran meanwhile, writes nothing and gets that receipt
+    (created=False), or ConflictError for another payload (it used to fail with
+    StorageError on the ingests table's key)."""
+    llms = [FakeLLM(), FakeLLM()]
+    holds = [llm.hold("semantic") for llm in llms]
+    async with (
+        mnemo.Memory(store, llm=llms[0], embedder=FakeEmbedder()) as a,
+        mnemo.Memory(store, llm=llms[1], embedder=FakeEmbedder()) as b,
+    ):
+        await a.open_repo(REPO)
+        await b.open_repo(REPO)
+        results: dict[str, mnemo.IngestReceipt | Exception] = {}
+        first_done = anyio.Event()
+
+        async def ingest(name: str, mem: mnemo.Memory, text: str) -> None:
+            try:
+                results[name] = await mem.ingest(REPO, trajectory(text), source_id="s1")
+            except mnemo.MnemoError as exc:
+                results[name] = exc
+            if name == "a":
+                first_done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ingest, "a", a, "walk north")
+            tg.start_soon(ingest, "b", b, "walk north" if same_payload else "walk south")
+            with anyio.fail_after(10):
+                for held in holds:
+                    await held.started.wait()
+                holds[0].release()
+                await first_done.wait()
+            holds[1].release()
+        first, second = results["a"], results["b"]
+        assert isinstance(first, mnemo.IngestReceipt)
+        assert first.created
+        if same_payload:
+            assert isinstance(second, mnemo.IngestReceipt)
+            assert (second.created, second.node_ids) == (False, first.node_ids)
+        else:
+            assert isinstance(second, mnemo.ConflictError)
+        stored = await b.get_nodes_by_type(REPO, list(N))
+        assert sorted(n.id for n in stored) == sorted(first.node_ids)

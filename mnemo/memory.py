@@ -79,9 +79,9 @@ class Memory(GraphMethods, ConversationMethods):
             lexical_dir=self._config.lexical_dir,
             ann_dir=self._config.ann_dir,
         )
-        self._repos = repos = Repos(self._config, llm, embedder)
-        self._events = Events(on_event)
         self._sessions_store = self._backend.sessions
+        self._repos = repos = Repos(self._config, llm, embedder, self._sessions_store.load_repos)
+        self._events = Events(on_event)
         self._graph = self._backend.graph
         self._service = SessionService(
             store=self._sessions_store,
@@ -90,10 +90,10 @@ class Memory(GraphMethods, ConversationMethods):
             events=self._events,
             repo_runtime=repos.get,
             llm_for=repos.llm_for,
-            learn_repo=self._learn_repos,
+            learn_repo=repos.learn,
             lease_timeout=self._config.lease_timeout,
         )
-        self._reads = GraphReads(self._graph, known=repos.get, max_chars=repos.max_chars)
+        self._reads = GraphReads(self._graph, known=repos.known, max_chars=repos.max_chars)
         self._recalls = RecallService(
             self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
         )
@@ -175,13 +175,8 @@ class Memory(GraphMethods, ConversationMethods):
 
     async def list_repos(self) -> list[str]:
         """The names of every repo in the store (opened through any Memory), oldest first."""
-        await self._learn_repos()
+        await self._repos.learn()
         return self._repos.names()
-
-    async def _learn_repos(self, wanted: str | None = None) -> None:
-        """Knows the repos another Memory opened since (all, or when `wanted` is unknown)."""
-        if wanted is None or wanted not in self._repos.names():
-            self._repos.load(await self._sessions_store.load_repos())
 
     def _dim(self, name: str) -> int:
         return self._repos.dim(name)
@@ -216,7 +211,7 @@ class Memory(GraphMethods, ConversationMethods):
         """
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        await self._learn_repos(repo if isinstance(repo, str) else None)
+        await self._repos.learn(repo if isinstance(repo, str) else None)
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
             goal, repo=repo, override=override, config=chosen
@@ -351,6 +346,7 @@ class Memory(GraphMethods, ConversationMethods):
                 `Config.max_text_chars`, a k below 1, or an `as_of` not a datetime.
             NotFoundError: an unknown repo.
         """
+        await self._repos.known(repo)
         return await self._recalls.recall(
             repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
         )
@@ -381,14 +377,14 @@ class Memory(GraphMethods, ConversationMethods):
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
         """
-        self._repos.get(repo)
+        await self._repos.known(repo)
         return await self._ingests.ingest(repo, trajectory, source_id)
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, with its links, vectors and search
         entries, and the tags and intents it left unlinked; returns how many nodes went (0
         for an unknown source). The source id can then be ingested again."""
-        self._repos.get(repo)
+        await self._repos.known(repo)
         return await self._ingests.forget(repo, source_id)
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:

@@ -29,8 +29,15 @@ log = logging.getLogger("mnemo")
 class Repos:
     """The repos of one Memory, their runtimes, and the adapters and limiters they share."""
 
-    def __init__(self, config: Config, llm: LLM | None, embedder: Embedder | None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        llm: LLM | None,
+        embedder: Embedder | None,
+        stored: Callable[[], Awaitable[list[RepoRow]]],
+    ) -> None:
         self.config = config
+        self._stored = stored  # the store's repos: the one truth, other Memory objects' too
         self.offline = OfflineLLM()
         self.llm: LLM = llm if llm is not None else self.offline
         chosen: Embedder = default_embedder() if embedder is None else embedder
@@ -119,6 +126,23 @@ class Repos:
 
     def names(self) -> list[str]:
         return list(self._runtimes)
+
+    async def learn(self, wanted: str | None = None) -> None:
+        """Knows the repos other Memory objects opened since (all, or when `wanted` is not
+        known yet)."""
+        if wanted is None or wanted not in self._runtimes:
+            self.load(await self._stored())
+
+    async def known(self, name: str) -> Runtime:
+        """The repo's runtime, the store asked first when this Memory does not know it (it
+        may have been opened through another Memory since).
+
+        Raises:
+            NotFoundError: no such repo in the store.
+        """
+        if isinstance(name, str):
+            await self.learn(name)
+        return self.get(name)
 
     def get(self, name: str) -> Runtime:
         """Raises NotFoundError for an unknown repo."""

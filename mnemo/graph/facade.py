@@ -91,7 +91,7 @@ class GraphMethods:
             InvalidInputError: a limit below 1.
             NotFoundError: an unknown repo.
         """
-        self._repos.get(repo)
+        await self._repos.known(repo)
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
@@ -102,7 +102,7 @@ class GraphMethods:
             InvalidInputError: no such commit in the repo.
             NotFoundError: an unknown repo.
         """
-        self._repos.get(repo)
+        await self._repos.known(repo)
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
@@ -116,7 +116,7 @@ class GraphMethods:
                 reworded one of its nodes): revert that first.
             NotFoundError: an unknown repo.
         """
-        self._repos.get(repo)
+        await self._repos.known(repo)
         return await commit_history.revert(self._graph, repo, commit_id)
 
     # ---- maintenance ----------------------------------------------------------------------
@@ -130,7 +130,7 @@ class GraphMethods:
         Raises:
             NotFoundError: an unknown repo.
         """
-        runtime = self._repos.get(repo)
+        runtime = await self._repos.known(repo)
         return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
 
     async def decay(self, repo: str, *, now: datetime | None = None) -> DecayReport:
@@ -141,7 +141,7 @@ class GraphMethods:
         Raises:
             NotFoundError: an unknown repo.
         """
-        runtime = self._repos.get(repo)
+        runtime = await self._repos.known(repo)
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
     async def validate_episodic(self, repo: str) -> ValidationReport:
@@ -152,5 +152,5 @@ class GraphMethods:
         Raises:
             NotFoundError: an unknown repo.
         """
-        self._repos.get(repo)
+        await self._repos.known(repo)
         return await maintenance.validate_episodic(self._graph, repo)

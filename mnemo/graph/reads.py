@@ -3,7 +3,7 @@ text, without recall's embedding, hops, value or reinforcement."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Link, LinkType, Node, NodeType
@@ -19,7 +19,7 @@ class GraphReads:
         self,
         graph: GraphStore,
         *,
-        known: Callable[[str], object],
+        known: Callable[[str], Awaitable[object]],
         max_chars: Callable[[str], int],
     ) -> None:
         self._graph = graph
@@ -27,18 +27,18 @@ class GraphReads:
         self._max_chars = max_chars
 
     async def get_node(self, repo: str, node_id: str) -> Node | None:
-        self._known(repo)
+        await self._known(repo)
         nodes = await self._graph.get_nodes(repo, [node_id])
         return nodes[0] if nodes else None
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
-        self._known(repo)
+        await self._known(repo)
         return await self._graph.get_nodes_by_type(repo, node_types(types))
 
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None
     ) -> list[Node]:
-        self._known(repo)
+        await self._known(repo)
         ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
         neighbors = await self._graph.neighbors(
             repo, ids, None if link_type is None else LinkType(link_type)
@@ -48,17 +48,17 @@ class GraphReads:
         return await self._graph.get_nodes(repo, linked)
 
     async def links(self, repo: str) -> list[Link]:
-        self._known(repo)
+        await self._known(repo)
         return await self._graph.links(repo)
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
-        self._known(repo)
+        await self._known(repo)
         return await self._graph.latest(repo, node_types(types), top_k)
 
     async def search_nodes(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None
     ) -> list[Node]:
-        self._known(repo)
+        await self._known(repo)
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
@@ -67,7 +67,7 @@ class GraphReads:
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
-        self._known(repo)
+        await self._known(repo)
         ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
         return await self._graph.delete_nodes(repo, ids)
 

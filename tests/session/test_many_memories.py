@@ -162,6 +162,31 @@ async def test_a_repo_opened_by_one_is_known_to_another(store: str) -> None:
         assert await a.mem.session_state(sid) is State.COLLECTING
 
 
+async def test_every_call_of_another_memory_knows_a_repo_opened_by_one(store: str) -> None:
+    """A repo opened through A after B opened is B's too for every call that names a repo,
+    not only for sessions: each used to raise NotFoundError("repo") in B."""
+    trajectory = mnemo.Trajectory("explore", [mnemo.Step("walk north", "go north")])
+    calls: dict[str, Any] = {
+        "recall": lambda mem: mem.recall(REPO, "walk north"),
+        "ingest": lambda mem: mem.ingest(REPO, trajectory, source_id="s1"),
+        "forget": lambda mem: mem.forget(REPO, "unknown source"),
+        "get_nodes_by_type": lambda mem: mem.get_nodes_by_type(REPO, list(mnemo.NodeType)),
+        "latest": lambda mem: mem.latest(REPO, top_k=3),
+        "consolidate": lambda mem: mem.consolidate(REPO),
+        "decay": lambda mem: mem.decay(REPO),
+        "validate_episodic": lambda mem: mem.validate_episodic(REPO),
+        "history": lambda mem: mem.history(REPO),
+    }
+    for name, call in calls.items():
+        async with workers(store, 2, open_repo=False) as (a, b):
+            await a.mem.open_repo(REPO)
+            await a.mem.ingest(REPO, trajectory, source_id=f"before {name}")
+            await call(b.mem)  # raises if B does not know the repo
+    async with workers(store, 1, open_repo=False) as (only,):
+        with pytest.raises(mnemo.NotFoundError):
+            await only.mem.recall("no such repo", "walk north")
+
+
 async def test_appends_through_several_memories_are_serialised(store: str) -> None:
     """Appends racing through A, B and C to one session all land, with unique, contiguous
     indexes, and the stored episode holds every one."""

@@ -17,8 +17,6 @@ from typing import Any
 import anyio
 
 from mnemo.errors import (
-    EmbeddingError,
-    LLMError,
     MnemoError,
     NotFoundError,
     SessionError,
@@ -347,11 +345,8 @@ def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
     """The `SessionError` an async operation's callback receives for `exc`."""
     if isinstance(exc, SessionError):
         return exc
-    reason = (
-        "llm_failed" if isinstance(exc, LLMError)
-        else "embedding_failed" if isinstance(exc, EmbeddingError)
-        else "operation_failed"
-    )
-    error = SessionError(reason, state=session.state, session_id=session.id)
+    # API.md: whatever it was (an LLMError, an EmbeddingError, a foreign error), the caller
+    # tells it by the cause, not by a reason of its own.
+    error = SessionError("operation_failed", state=session.state, session_id=session.id)
     error.__cause__ = exc
     return error

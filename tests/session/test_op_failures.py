@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
 
 class Results:
@@ -110,3 +110,28 @@ async def test_ops_still_queued_when_the_memory_closes_get_their_callback(
     llm.release_all()
     assert results.got["commit"].error is not None
     assert results.got["commit"].error.reason == "memory_closed"
+
+
+@pytest.mark.parametrize("failing", ["llm", "embedder"])
+async def test_a_model_failure_in_an_async_append_arrives_as_operation_failed(
+    mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str
+) -> None:
+    """API.md: an error that is not a session error arrives as
+    SessionError("operation_failed") with it as `__cause__` (an LLM or embedder failure was
+    reported as "llm_failed" / "embedding_failed"); the step is not added."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    if failing == "llm":
+        llm.fail_tasks.add("state")
+    else:
+        embedder.fail = True
+    results = Results()
+    await mem.append_async(sid, "walk north", "go north", callback=results("append"))
+    await results.wait("append")
+    error = results.got["append"].error
+    assert error is not None
+    assert error.reason == "operation_failed"
+    assert isinstance(error.__cause__, mnemo.LLMError if failing == "llm" else mnemo.EmbeddingError)
+    assert await mem.session_state(sid) is State.COLLECTING
+    context = await mem.session_context(sid)
+    assert context is not None
+    assert context.recent_steps == []

@@ -49,16 +49,35 @@ def check_text(
     return value
 
 
+def check_id(value: object, what: str) -> str:
+    """`value`, checked to be an identifier mnemo can store and look up on every backend: a
+    non-blank string without NUL or a lone surrogate (PostgreSQL's text takes neither, and
+    SQLite's driver cannot encode the second).
+
+    Raises:
+        InvalidInputError: it is not.
+    """
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInputError(f"{what} must be a non-blank string, got {value!r}")
+    if "\x00" in value or not _encodable(value):
+        raise InvalidInputError(
+            f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
+        )
+    return value
+
+
 def check_json(value: object, what: str, *, limit: int) -> str:
     """The JSON text of `value` (keys sorted), checked to be at most `limit` characters: how
     metadata is bounded, since it is stored and shown as that text.
 
     Raises:
-        InvalidInputError: not JSON-serialisable, its JSON is longer than `limit`, or it holds
-            a NUL character (escaped in JSON, but PostgreSQL's jsonb refuses it).
+        InvalidInputError: not JSON-serialisable (NaN and infinities are not), its JSON is
+            longer than `limit`, or it holds a NUL character (escaped in JSON, but
+            PostgreSQL's jsonb refuses it).
     """
     try:
-        text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+        # NaN and Infinity are not JSON: PostgreSQL's jsonb refuses them, SQLite kept them.
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
     if _holds_nul(value):

@@ -18,6 +18,7 @@ from mnemo.adapters.recorded import RepoModels
 from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.inputs import check_id
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.session.ports import RepoRow
 from mnemo.session.service import Runtime
@@ -90,8 +91,7 @@ class Repos:
         save: Callable[[RepoRow], Awaitable[None]],
     ) -> None:
         """`Memory.open_repo` without the resuming: checks, records and `save`s the repo."""
-        if not isinstance(name, str) or not name.strip():
-            raise InvalidInputError(f"repo name must be a non-blank string, got {name!r}")
+        check_id(name, "repo name")
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         chosen_embedder: Embedder = embedder or self._models.embedder(name)

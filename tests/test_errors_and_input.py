@@ -100,6 +100,73 @@ async def test_text_no_store_can_keep_is_refused(mem: mnemo.Memory, enter: Enter
     await mem.recall(REPO, "walk\x00north")
 
 
+@pytest.mark.parametrize("bad", ["t\x00id", "t\ud800id"])
+async def test_an_id_no_store_can_keep_is_refused(mem: mnemo.Memory, bad: str) -> None:
+    """A NUL or a lone surrogate in an id (thread, goal, message, role, source, repo, commit)
+    is InvalidInputError on every backend, before anything is stored (a raw
+    UnicodeEncodeError escaped, or PostgreSQL's StorageError, or SQLite stored it)."""
+    conversation = mem.conversation()
+    trajectory = mnemo.Trajectory("explore", [mnemo.Step("walk north", "go north")])
+    calls: list[Any] = [
+        lambda: conversation.save(bad, [{"role": "user", "content": "hello"}]),
+        lambda: conversation.save("t", [{"role": bad, "content": "hello"}]),
+        lambda: conversation.load(bad),
+        lambda: conversation.raw(bad),
+        lambda: conversation.purge(bad),
+        lambda: mem.viewport(bad, token_budget=1000),
+        lambda: mem.add_goal(bad, "a goal"),
+        lambda: mem.complete_goal(bad),
+        lambda: mem.view_messages(bad),
+        lambda: mem.search_messages("hello", thread_id=bad),
+        lambda: mem.search_messages("hello", exclude_viewport_of=bad),
+        lambda: mem.ingest(REPO, trajectory, source_id=bad),
+        lambda: mem.forget(REPO, bad),
+        lambda: mem.open_repo(bad),
+        lambda: mem.commit_diff(REPO, bad),
+    ]
+    for call in calls:
+        with pytest.raises(mnemo.InvalidInputError):
+            await maybe_await(call())
+    assert await conversation.raw("t") == []
+    assert await mem.list_repos() == [REPO]
+    assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+async def test_metadata_that_is_not_json_is_refused(
+    mem: mnemo.Memory, enter: Enter, number: float
+) -> None:
+    """NaN and infinities are not JSON: metadata holding one is InvalidInputError on every
+    backend before anything is stored (SQLite kept it; PostgreSQL's jsonb failed the write,
+    an ingest only after its whole extraction)."""
+    sid = await enter(State.COLLECTING)
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.append(sid, "walk north", "go north", metadata={"x": number})
+    step = mnemo.Step("walk north", "go north", metadata={"x": number})
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.ingest(REPO, mnemo.Trajectory("explore", [step]), source_id="s1")
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.ingest(REPO, mnemo.Trajectory("explore", [], metadata={"x": number}),
+                         source_id="s1")
+    assert (await mem.append(sid, "walk north", "go north")).index == 0
+    assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+
+
+async def test_malformed_types_and_steps_are_refused(mem: mnemo.Memory) -> None:
+    """An unknown node type in `types` and steps that are not a list of Step are
+    InvalidInputError (a bare ValueError and a TypeError escaped)."""
+    for call in (
+        lambda: mem.recall(REPO, "walk north", types=["bogus"]),
+        lambda: mem.recall(REPO, "walk north", types=[3]),
+        lambda: mem.get_nodes_by_type(REPO, ["bogus"]),
+        lambda: mem.ingest(REPO, mnemo.Trajectory("explore", None), source_id="s1"),  # type: ignore[arg-type]
+        lambda: mem.ingest(REPO, mnemo.Trajectory("explore", ["walk north"]), source_id="s1"),  # type: ignore[list-item]
+    ):
+        with pytest.raises(mnemo.InvalidInputError):
+            await call()
+    assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+
+
 @pytest.mark.parametrize("query", BLANK)
 async def test_recall_blank_query(mem: mnemo.Memory, query: str) -> None:
     """recall with a blank query raises InvalidInputError."""

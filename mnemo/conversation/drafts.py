@@ -17,7 +17,7 @@ from typing import Any
 
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_id, check_json, check_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +36,9 @@ def check_thread_id(thread_id: object) -> str:
     """The thread id, checked.
 
     Raises:
-        InvalidInputError: not a non-blank string.
+        InvalidInputError: not a non-blank string, or holding NUL or a lone surrogate.
     """
-    if not isinstance(thread_id, str) or not thread_id.strip():
-        raise InvalidInputError(f"thread_id must be a non-blank string, got {thread_id!r}")
-    return thread_id
+    return check_id(thread_id, "thread_id")
 
 
 def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
@@ -74,8 +72,7 @@ def draft(
     """
     where = f"messages[{index}]"
     role = message.get("role")
-    if not isinstance(role, str) or not role.strip():
-        raise InvalidInputError(f"{where}.role must be a non-blank string, got {role!r}")
+    role = check_id(role, f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):
         if key in message and not isinstance(message[key], str):

@@ -46,7 +46,7 @@ from mnemo.conversation.viewport import layout
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
-from mnemo.inputs import check_text
+from mnemo.inputs import check_id, check_text
 from mnemo.ports import LLM, Embedder
 
 Clock = Callable[[], datetime]
@@ -244,8 +244,7 @@ class ConversationService:
 
     async def complete_goal(self, goal_id: str) -> None:
         """See `Memory.complete_goal`."""
-        if not isinstance(goal_id, str) or not goal_id.strip():
-            raise InvalidInputError(f"goal_id must be a non-blank string, got {goal_id!r}")
+        check_id(goal_id, "goal_id")
         await self.store.complete_goal(goal_id, self.clock())
 
     # ---- search -------------------------------------------------------------------------
@@ -275,8 +274,7 @@ class ConversationService:
 
     async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
         """See `Memory.view_messages`."""
-        if not isinstance(message_id, str) or not message_id.strip():
-            raise InvalidInputError(f"message_id must be a non-blank string, got {message_id!r}")
+        check_id(message_id, "message_id")
         check_count("radius", radius, minimum=0, maximum=MAX_RADIUS)
         view = await self.store.view(message_id, radius)
         # The window's tool outputs are reduced to ok/error; `target` stays as stored.

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.graph.model import Link, Node
+from mnemo.inputs import check_id
 
 if TYPE_CHECKING:
     from mnemo.graph.ports import GraphStore
@@ -72,8 +73,7 @@ def check_limit(limit: int) -> None:
 
 
 def _check_id(commit_id: str) -> None:
-    if not isinstance(commit_id, str) or not commit_id.strip():
-        raise InvalidInputError(f"commit_id must be a non-blank string, got {commit_id!r}")
+    check_id(commit_id, "commit_id")
 
 
 async def history(graph: GraphStore, repo: str, limit: int) -> list[CommitRecord]:

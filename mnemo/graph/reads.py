@@ -73,7 +73,16 @@ class GraphReads:
 
 
 def node_types(types: Iterable[NodeType]) -> list[NodeType]:
-    """`types` as a list of `NodeType`; a lone string is one type, not its letters."""
-    if isinstance(types, str):
-        return [NodeType(types)]
-    return [NodeType(t) for t in types]
+    """`types` as a list of `NodeType`; a lone string is one type, not its letters.
+
+    Raises:
+        InvalidInputError: not an iterable of node types (or of their values).
+    """
+    try:
+        if isinstance(types, str):
+            return [NodeType(types)]
+        return [NodeType(t) for t in types]
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(
+            f"types must be node types ({', '.join(t.value for t in NodeType)}): {exc}"
+        ) from exc

@@ -32,7 +32,7 @@ from mnemo.graph.ports import (
 )
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestReceipt, Step, Trajectory
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_json, check_text
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_id, check_json, check_text
 from mnemo.ports import LLM, Embedder
 
 
@@ -64,6 +64,10 @@ def payload_of(trajectory: Trajectory, *, limit: int = DEFAULT_MAX_TEXT_CHARS) -
             f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}"
         )
     check_text(trajectory.goal, "trajectory.goal", limit=limit)
+    if not isinstance(trajectory.steps, list | tuple) or not all(
+        isinstance(step, Step) for step in trajectory.steps
+    ):
+        raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
     steps: list[dict[str, Any]] = []
     for i, step in enumerate(trajectory.steps):
         for name in ("observation", "action"):
@@ -110,8 +114,7 @@ class IngestService:
             ConflictError: the source id is taken by a different payload.
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
-        if not isinstance(source_id, str) or not source_id.strip():
-            raise InvalidInputError(f"source_id must be a non-blank string, got {source_id!r}")
+        check_id(source_id, "source_id")
         runtime = self._runtime(repo)
         payload = payload_of(trajectory, limit=runtime.config.max_text_chars)
         digest = hashlib.sha256(payload.encode()).hexdigest()
@@ -251,8 +254,7 @@ class IngestService:
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, and tags and intents left with no links;
         returns how many nodes went (0 for an unknown source). The id is then free."""
-        if not isinstance(source_id, str) or not source_id.strip():
-            raise InvalidInputError(f"source_id must be a non-blank string, got {source_id!r}")
+        check_id(source_id, "source_id")
         return await self._graph.delete_source(
             repo, source_id, also=[SourceForgotten(repo, source_id)]
         )

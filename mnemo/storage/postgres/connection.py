@@ -77,8 +77,16 @@ def _names_missing_vector(state: str | None, message: str) -> bool:
 def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
              ef_search: int) -> str:
     """`url` (a libpq URL or key=value string, e.g. `postgresql://me@/mnemo?host=/run/pg`) with
-    mnemo's session settings appended to its own `options`, which it keeps."""
-    params = conninfo_to_dict(url)
+    mnemo's session settings appended to its own `options`, which it keeps.
+
+    Raises:
+        StorageError: "unavailable": libpq cannot read the URL (as for a server it cannot
+            reach: no store can be opened there).
+    """
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        raise StorageError("unavailable", f"PostgreSQL: the URL cannot be read: {exc}") from exc
     settings = [
         f"-c lock_timeout={_ms(busy_timeout)}",
         f"-c statement_timeout={_ms(statement_timeout) if statement_timeout else 0}",

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+import mnemo
 from mnemo import StorageError
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, Postgres, storage_error
 
@@ -122,3 +123,15 @@ def test_driver_errors_map_to_reasons(error: type[psycopg.Error], reason: str) -
     mapped = storage_error(exc)
     assert mapped.reason == reason
     assert mapped.__cause__ is exc
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://[bad", "postgresql://me@/db?host=/tmp&bogus_option=1"]
+)
+async def test_a_url_libpq_cannot_read_is_a_storage_error(url: str) -> None:
+    """A URL libpq cannot parse is StorageError("unavailable") (psycopg's ProgrammingError
+    escaped from the Memory's constructor)."""
+    with pytest.raises(mnemo.StorageError) as caught:
+        async with mnemo.Memory(url):
+            pass
+    assert caught.value.reason == "unavailable"

@@ -263,7 +263,7 @@ async def ask(
                 return parse(response)
             except ValueError as exc:
                 problem = str(exc)
-            if not budget.can_call():
+            if not budget.can_re_ask():
                 raise LLMError(
                     f"the LLM's reply to task {request.task!r} was unusable after "
                     f"{budget.describe()}: {problem}"

@@ -16,6 +16,7 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | limit | default | once reached |
 | --- | --- | --- |
 | `max_calls` | 3 | the last failure is raised: HTTP status, or validation problem |
+| `max_re_asks` | 1 | an unusable reply after that many re-asks is raised (API.md: "re-ask once") |
 | `max_seconds` | 120 | no call starts and no wait begins that would end past it |
 
 So a `Retry-After` past the seconds left fails at once, and each HTTP attempt's timeout is cut to
@@ -84,23 +85,32 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """The budget of one task (`max_calls` model calls and `max_seconds` in all, see the
-    module's table), the backoff between retries, and the clock that times both.
+    """The budget of one task (`max_calls` model calls and `max_seconds` in all, of which at
+    most `max_re_asks` re-ask an unusable reply; see the module's table), the backoff between
+    retries, and the clock that times both.
 
     Raises:
-        InvalidInputError: `max_calls` below 1 or `max_seconds` not positive.
+        InvalidInputError: `max_calls` below 1, `max_re_asks` below 0 or `max_seconds` not
+            positive.
     """
 
     max_calls: int = 3
     max_seconds: float = 120.0
     backoff: Backoff = field(default_factory=Backoff)
     clock: Clock = field(default_factory=SystemClock, compare=False)
+    max_re_asks: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int) or (
             self.max_calls < 1
         ):
             raise InvalidInputError(f"max_calls must be an integer >= 1, got {self.max_calls!r}")
+        if isinstance(self.max_re_asks, bool) or not isinstance(self.max_re_asks, int) or (
+            self.max_re_asks < 0
+        ):
+            raise InvalidInputError(
+                f"max_re_asks must be an integer >= 0, got {self.max_re_asks!r}"
+            )
         if not (isinstance(self.max_seconds, int | float) and self.max_seconds > 0):
             raise InvalidInputError(f"max_seconds must be positive, got {self.max_seconds!r}")
 
@@ -156,6 +166,11 @@ class Budget:
         """Whether one more call is within the budget (calls and seconds)."""
         return self.calls < self.policy.max_calls and self.seconds_left() > 0
 
+    def can_re_ask(self) -> bool:
+        """Whether an unusable reply may be asked again: a re-ask left (`max_re_asks`, shared
+        by the adapter's schema re-asks and `ask`'s) and a call within the budget."""
+        return self.re_asks < self.policy.max_re_asks and self.can_call()
+
     def can_wait(self, seconds: float) -> bool:
         """Whether a call after waiting `seconds` would still be within the budget."""
         return self.calls < self.policy.max_calls and seconds < self.seconds_left()
@@ -188,7 +203,8 @@ class Budget:
         """The budget in words, for error messages."""
         used = self.policy.clock.now() - self.started
         return (
-            f"{self.calls} of {self.policy.max_calls} calls, {used:.1f} of "
+            f"{self.calls} of {self.policy.max_calls} calls ({self.re_asks} of "
+            f"{self.policy.max_re_asks} re-asks), {used:.1f} of "
             f"{self.policy.max_seconds:g} s of the task's retry budget"
         )
 

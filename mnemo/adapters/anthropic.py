@@ -167,7 +167,7 @@ class Anthropic:
         cap = reply_cap(request.max_tokens, self.max_tokens)
         data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"), cap)
         while problem is not None:
-            if not budget.can_call():
+            if not budget.can_re_ask():
                 raise LLMError(
                     f"{self._http.name}: the reply to task {request.task!r} did not match its "
                     f"schema after {budget.describe()}: {problem}"

@@ -190,7 +190,7 @@ class OpenAICompatible:
         cap = reply_cap(request.max_tokens, self.max_tokens)
         raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         while problem is not None:
-            if not budget.can_call():
+            if not budget.can_re_ask():
                 raise LLMError(
                     f"{self._http.name}: the reply to task {request.task!r} did not match its "
                     f"schema after {budget.describe()}: {problem}"

@@ -104,16 +104,14 @@ async def test_prose_instead_of_the_tool_is_reasked_as_text(
     assert last["content"].startswith("Your reply did not match the schema: no 'semantic' tool")
 
 
-async def test_bad_replies_are_reasked_until_the_budget_is_spent(
-    server: ProviderServer, llm: Anthropic
-) -> None:
-    """Bad replies are re-asked up to the task's 3 calls, then LLMError names the problem."""
+async def test_a_bad_reply_is_reasked_once(server: ProviderServer, llm: Anthropic) -> None:
+    """A bad reply is re-asked once (API.md), then LLMError names the problem."""
     server.script(*[Answer(data={"facts": [{}]})] * 5)
     with pytest.raises(
-        LLMError, match=r"after 3 of 3 calls.*: at \$\.facts\[0\]: 'proposition'"
+        LLMError, match=r"after 2 of 3 calls \(1 of 1 re-asks\).*: at \$\.facts\[0\]: 'propos"
     ):
         await llm.generate(semantic())
-    assert len(server.requests) == 3
+    assert len(server.requests) == 2
 
 
 async def test_text_and_tool_calls(server: ProviderServer, llm: Anthropic) -> None:

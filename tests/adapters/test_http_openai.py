@@ -149,17 +149,18 @@ async def test_malformed_json_is_reasked(server: ProviderServer, llm: OpenAIComp
 async def test_second_bad_reply_raises_saying_what_was_wrong(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """Invalid replies until the 3 calls are spent: LLMError names the task and the problem."""
+    """An invalid reply is re-asked once (API.md); an invalid second one raises LLMError
+    naming the task and the second reply's problem."""
     server.script(
-        *[Answer(data={"facts": "none"})] * 2, *[Answer(data={"facts": [{"concepts": []}]})] * 2
+        Answer(data={"facts": "none"}), *[Answer(data={"facts": [{"concepts": []}]})] * 3
     )
     with pytest.raises(
         LLMError,
-        match=r"task 'semantic' did not match its schema after 3 of 3 calls.*: "
+        match=r"task 'semantic' did not match its schema after 2 of 3 calls.*: "
         r"at \$\.facts\[0\]: 'proposition' is a required property",
     ):
         await llm.generate(semantic())
-    assert len(server.requests) == 3
+    assert len(server.requests) == 2
 
 
 async def test_cut_short_reply_says_so(server: ProviderServer, llm: OpenAICompatible) -> None:

@@ -89,29 +89,34 @@ def clock() -> VirtualClock:
 # ---- calls --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("max_calls", [1, 3, 5])
+@pytest.mark.parametrize(("max_calls", "max_re_asks", "requests"),
+                         [(1, 1, 1), (3, 5, 3), (5, 9, 5), (5, 2, 3)])
 async def test_garbage_through_ask_makes_exactly_the_budgeted_calls(
-    clock: VirtualClock, max_calls: int
+    clock: VirtualClock, max_calls: int, max_re_asks: int, requests: int
 ) -> None:
-    """A model that keeps failing the schema gets exactly max_calls requests, then LLMError."""
+    """A model that keeps failing the schema is asked until the calls or the re-asks run out
+    (whichever first), then LLMError."""
+    policy = RetryPolicy(max_calls=max_calls, max_re_asks=max_re_asks)
     provider = Provider(data(BAD))
-    async with openai(provider, clock, retry=RetryPolicy(max_calls=max_calls)) as llm:
+    async with openai(provider, clock, retry=policy) as llm:
         with pytest.raises(LLMError, match=r"'proposition' is a required property"):
             await ask(llm, semantic(), parse_facts)
-    assert len(provider.requests) == max_calls
+    assert len(provider.requests) == requests
 
 
-async def test_default_budget_is_three_calls(clock: VirtualClock) -> None:
-    """With no policy given, a task of a garbage-answering model makes 3 requests."""
+async def test_default_budget_re_asks_a_garbage_reply_once(clock: VirtualClock) -> None:
+    """With no policy given, a garbage-answering model is re-asked once (API.md: "re-ask
+    once"): 2 requests, then LLMError naming the problem."""
     provider = Provider(data(BAD))
     async with openai(provider, clock) as llm:
-        with pytest.raises(LLMError, match=r"after 3 of 3 calls"):
+        with pytest.raises(LLMError, match=r"after 2 of 3 calls \(1 of 1 re-asks\).*'proposit"):
             await ask(llm, semantic(), parse_facts)
-    assert len(provider.requests) == 3
+    assert len(provider.requests) == 2
 
 
 async def test_schema_reasks_and_parse_reasks_share_the_budget(clock: VirtualClock) -> None:
-    """Schema re-asks (adapter) and parse re-asks (ask) share the 3 calls."""
+    """Schema re-asks (adapter) and parse re-asks (ask) share the re-asks: the schema's one
+    spent, a reply the parser rejects is not asked again."""
     provider = Provider(data(BAD), data(GOOD))
 
     def reject(response: LLMResponse) -> None:
@@ -120,7 +125,7 @@ async def test_schema_reasks_and_parse_reasks_share_the_budget(clock: VirtualClo
     async with openai(provider, clock) as llm:
         with pytest.raises(LLMError, match="not about the goal"):
             await ask(llm, semantic(), reject)
-    assert len(provider.requests) == 3
+    assert len(provider.requests) == 2
 
 
 async def test_a_429_storm_stops_at_the_budget(clock: VirtualClock) -> None:
@@ -215,11 +220,13 @@ def subgoal() -> LLMRequest:
 
 @pytest.mark.parametrize("max_calls", [1, 2, 4])
 async def test_ask_with_a_fake_llm_honours_the_budget(max_calls: int) -> None:
-    """An LLM without a transport answering garbage is asked max_calls times, then LLMError."""
+    """An LLM without a transport answering garbage is asked max_calls times (re-asks
+    allowed), then LLMError."""
     llm = FakeLLM()
     llm.garbage_tasks.add("subgoal")
+    policy = RetryPolicy(max_calls=max_calls, max_re_asks=max_calls)
     with pytest.raises(LLMError, match=rf"unusable after {max_calls} of {max_calls} calls"):
-        await ask(llm, subgoal(), parse_subgoal, policy=RetryPolicy(max_calls=max_calls))
+        await ask(llm, subgoal(), parse_subgoal, policy=policy)
     assert len(llm.calls) == max_calls
 
 
@@ -227,7 +234,7 @@ async def test_an_llms_own_policy_is_used() -> None:
     """An LLM's own `retry_policy` sets its tasks' budget, also behind LimitedLLM."""
 
     class Patient(FakeLLM):
-        retry_policy = RetryPolicy(max_calls=5)
+        retry_policy = RetryPolicy(max_calls=5, max_re_asks=4)
 
     llm = Patient()
     llm.garbage_tasks.add("subgoal")
@@ -247,8 +254,8 @@ async def test_the_fake_path_stops_when_the_seconds_run_out() -> None:
 
     llm = Slow()
     llm.garbage_tasks.add("subgoal")
-    policy = RetryPolicy(max_calls=10, clock=clock)
-    with pytest.raises(LLMError, match=r"3 of 10 calls, 150.0 of 120 s"):
+    policy = RetryPolicy(max_calls=10, clock=clock, max_re_asks=10)
+    with pytest.raises(LLMError, match=r"3 of 10 calls \(2 of 10 re-asks\), 150.0 of 120 s"):
         await ask(llm, subgoal(), parse_subgoal, policy=policy)
     assert len(llm.calls) == 3
 
@@ -289,11 +296,12 @@ async def test_a_failed_task_still_books_its_calls(clock: VirtualClock) -> None:
     [
         lambda: RetryPolicy(max_calls=0),
         lambda: RetryPolicy(max_seconds=0),
+        lambda: RetryPolicy(max_re_asks=-1),
         lambda: policy_from(None, max_retries=-1),
     ],
 )
 def test_a_bad_policy_is_refused(make: Callable[[], object]) -> None:
-    """No calls, no seconds or negative retries are InvalidInputError."""
+    """No calls, no seconds, negative re-asks or negative retries are InvalidInputError."""
     with pytest.raises(InvalidInputError):
         make()
 

@@ -39,9 +39,13 @@ S = State
 
 
 async def start(live: Sessions, session: SessionRecord, event: str, op: Op | None) -> None:
-    """Moves the session to `extracting` (recording the model that will extract) and
-    starts the extraction."""
-    model = model_name(session.runtime.llm)
+    """Moves the session to `extracting` (recording its repo's model: who may take the work
+    over) and starts the extraction."""
+    # The repo's model, not a per-session override's: overrides are not persisted, so the
+    # session restored after its holder vanished runs its repo's model, and only a Memory
+    # with that model may resume it (an override's name matched no Memory: it stayed
+    # extracting for good).
+    model = model_name(session.repo_runtime.llm)
 
     async def persist() -> int:
         if live.holder_id is None or live.lease_until is None or live.register_holder is None:

@@ -134,7 +134,7 @@ class Holding:
             if session.state is not State.EXTRACTING or session.scopes:
                 continue  # moved on, or its work already runs here
             try:
-                here = model_name(session.runtime.llm)
+                here = model_name(session.repo_runtime.llm)
             except NotFoundError:
                 continue  # a repo this Memory has not opened
             if session.extraction_model is not None and session.extraction_model != here:

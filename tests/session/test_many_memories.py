@@ -387,6 +387,31 @@ async def test_a_memory_with_another_model_never_resumes_the_work(store: str) ->
 
 
 
+async def test_work_started_with_a_session_override_is_resumed_with_the_repos_model(
+    store: str,
+) -> None:
+    """A session with its own LLM (an override, never persisted) left extracting when its
+    Memory went away is resumed by a Memory with the repo's model, with that model, as a
+    restored session runs (it used to stay extracting: the override's name matched no one)."""
+    async with AsyncExitStack() as stack:
+        a_stack = await stack.enter_async_context(AsyncExitStack())
+        a = await open_worker(a_stack, store)
+        override = OtherLLM()
+        sid = await a.mem.start_session("explore the house", repo=REPO, llm=override)
+        for observation, action in STEPS:
+            await a.mem.append(sid, observation, action)
+        held = override.hold("semantic")
+        await a.mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await a_stack.aclose()  # A goes away holding the extraction
+        c = await open_worker(stack, store)
+        landed = await c.events.wait_state(c.mem, sid, State.READY, State.FAILED)
+        assert landed is State.READY
+        assert "semantic" in c.llm.tasks()
+        assert await c.mem.commit(sid) is not None
+
+
 async def test_close_and_commit_sees_an_extraction_that_ends_while_it_starts_to_wait(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

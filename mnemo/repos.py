@@ -201,13 +201,15 @@ class Repos:
         return override, config or base.config
 
     def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """One limiter per LLM provider object, as wide as the widest `llm_concurrency` of
-        the configs that use it."""
+        """One limiter per LLM provider object, as narrow as the narrowest `llm_concurrency`
+        of the configs that use it: each is a cap on the provider, so every one holds (it
+        was the widest, and a repo's or session's lower setting was lost under the Memory's
+        default of 16)."""
         entry = self._limiters.get(id(llm))
         if entry is None or entry[0] is not llm:
             entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
             self._limiters[id(llm)] = entry
-        elif entry[1].total_tokens < config.llm_concurrency:
+        elif entry[1].total_tokens > config.llm_concurrency:
             entry[1].total_tokens = config.llm_concurrency
         return entry[1]
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import anyio
+import pytest
 
 import mnemo
 from tests.conftest import REPO
-from tests.fakes import FakeLLM
+from tests.fakes import FakeEmbedder, FakeLLM
 
 SESSIONS = 40
 WORDS = ["walk", "open", "read", "take", "look"]
@@ -82,3 +83,31 @@ async def test_append_waiting_for_its_turn_when_the_session_ends(
     assert len(outcome) == 1
     assert isinstance(outcome[0], mnemo.NotFoundError)
     assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+
+
+@pytest.mark.parametrize("where", ["memory", "repo", "session"])
+async def test_llm_concurrency_caps_calls_in_flight_wherever_it_is_set(
+    store: str, where: str
+) -> None:
+    """`llm_concurrency=2` in the Memory's, the repo's or a session's config: with five
+    appends waiting on the provider, two calls hold its slots and the others wait for one (a
+    repo's or session's setting was lost under the Memory's default of 16)."""
+    llm = FakeLLM()
+    held = llm.hold("state")
+    config = mnemo.Config(llm_concurrency=2)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                            config=config if where == "memory" else None) as mem:
+        await mem.open_repo(REPO, config=config if where == "repo" else None)
+        sids = [await mem.start_session(f"goal {i}", repo=REPO,
+                                        config=config if where == "session" else None)
+                for i in range(5)]
+        _, slots = mem._repos._limiters[id(llm)]  # the provider's one limiter, as it is
+        async with anyio.create_task_group() as tg:
+            for sid in sids:
+                tg.start_soon(mem.append, sid, "walk north", "go north")
+            with anyio.fail_after(5):
+                # Each append asks for several annotations at once: more than 2 calls queue.
+                while slots.borrowed_tokens != 2 or slots.statistics().tasks_waiting < 3:
+                    await anyio.wait_all_tasks_blocked()
+            held.release()
+        assert [t for t in llm.tasks() if t == "state"] == ["state"] * 5

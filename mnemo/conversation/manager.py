@@ -131,26 +131,23 @@ class ConversationManager:
         messages, by seq; tool outputs cut by a `ToolOutputPruner`. With a ttl, messages older
         than it are erased first. An unknown thread loads as [].
 
-        A blank `query` counts as none (`Semantic` then returns the last k messages).
+        Without a `query`, `Semantic` returns the last k messages.
 
         Raises:
-            InvalidInputError: a blank thread id, or a query that is not a string or is
-                longer than `Config.max_text_chars`.
+            InvalidInputError: a blank thread id, or a query that is not a string, is blank
+                (API.md: "a query of only whitespace") or is longer than
+                `Config.max_text_chars`.
             EmbeddingError: `Semantic` with a query, and embedding failed.
         """
         check_thread_id(thread_id)
-        if query is not None and not isinstance(query, str):
-            raise InvalidInputError(f"query must be a string or None, got {type(query).__name__}")
         if query is not None:
-            check_text(
-                query, "query", limit=self._service.max_text_chars, blank_ok=True, stored=False
-            )
+            check_text(query, "query", limit=self._service.max_text_chars, stored=False)
         await self._expire(thread_id)
         service = self._service
         if isinstance(self.retrieval, Semantic):
             compactions, pool = await service.store.uncompacted(thread_id)
             k = self.retrieval.k
-            if query is not None and query.strip() and pool:
+            if query is not None and pool:
                 vectors = await service.message_vectors(pool)
                 wanted = (await service.embed([query]))[0]
                 picked = with_tool_pairs(top_k(pool, vectors, wanted, k), pool)

@@ -334,12 +334,16 @@ async def test_semantic_keeps_tool_calls_whole(cmem: mnemo.Memory) -> None:
 
 
 async def test_semantic_without_query_is_recent(cmem: mnemo.Memory) -> None:
-    """Semantic with no (or a blank) query loads the last k messages."""
+    """Semantic with no query loads the last k messages; a blank query is bad input
+    (API.md's errors: "a query of only whitespace"), with either retrieval."""
     conv = cmem.conversation(retrieval=mnemo.Semantic(k=2))
     history = chat(3)
     await conv.save("t", history)
     assert await conv.load("t") == history[-2:]
-    assert await conv.load("t", query="   ") == history[-2:]
+    for retrieval in (mnemo.Semantic(k=2), mnemo.Recent(k=2)):
+        for blank in ("", "   "):
+            with pytest.raises(mnemo.InvalidInputError):
+                await cmem.conversation(retrieval=retrieval).load("t", query=blank)
 
 
 # ---- ttl, clear, purge --------------------------------------------------------------------

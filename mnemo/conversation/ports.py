@@ -42,6 +42,16 @@ class ThreadState:
 
 
 @dataclass(frozen=True, slots=True)
+class Shown:
+    """What the last viewport of a thread laid out showed: its messages from `from_seq` on
+    (all of them from the boundary on when eviction keeps up, else only the newest that
+    fit) and the pinned messages `pins`."""
+
+    from_seq: int
+    pins: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ViewportInputs:
     """What the viewport's layout (`viewport.layout`) reads of a thread, bounded so that a
     long thread is never read whole.
@@ -245,11 +255,13 @@ class ThreadStore(Protocol):
         now: datetime,
         thread_id: str | None = None,
         exclude_viewport_of: str | None = None,
+        shown: Shown | None = None,
     ) -> list[SearchHit]:
         """The best `limit` messages matching any of `words` (stemmed full-text search),
         ranked as `search.rank_by_recency` does with the backend's relevance score, within
-        `thread_id` when given, leaving out the messages of `exclude_viewport_of` from its
-        boundary on; each hit with a snippet of at most `search.SNIPPET_CHARS` characters."""
+        `thread_id` when given, leaving out what the viewport of `exclude_viewport_of` shows:
+        its messages from the boundary on (from `shown.from_seq` on, if later), and
+        `shown.pins`; each hit with a snippet of at most `search.SNIPPET_CHARS` characters."""
         ...
 
     async def view(self, message_id: str, radius: int) -> MessageView:

@@ -13,6 +13,7 @@ Locks exist only while held or awaited, so a million threads cost nothing when i
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -39,7 +40,7 @@ from mnemo.conversation.model import (
     ToolOutputPruner,
     Viewport,
 )
-from mnemo.conversation.ports import ThreadStore
+from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
 from mnemo.conversation.search import query_words
 from mnemo.conversation.viewport import layout
@@ -54,6 +55,8 @@ Clock = Callable[[], datetime]
 DEFAULT_RETRIEVAL = Recent(k=10)
 MAX_SEARCH_LIMIT = 100
 MAX_RADIUS = 100
+# Threads whose last viewport a Memory remembers for `search_messages(exclude_viewport_of=)`.
+SHOWN_KEPT = 1024
 
 
 class KeyedLocks:
@@ -107,6 +110,10 @@ class ConversationService:
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
+        # What the last viewport laid out here showed of each thread (least recently laid
+        # out first out), so that a search excluding it leaves out only that (see
+        # `search_messages`).
+        self._shown: OrderedDict[str, Shown] = OrderedDict()
 
     def manager(
         self,
@@ -201,7 +208,13 @@ class ConversationService:
         """See `Memory.viewport`."""
         check_thread_id(thread_id)
         check_count("token_budget", token_budget, minimum=1)
-        return (await self._layout(thread_id, token_budget))[0]
+        view = (await self._layout(thread_id, token_budget))[0]
+        shown_from = view.messages[0].seq if view.messages else view.boundary_seq
+        self._shown[thread_id] = Shown(shown_from, tuple(m.seq for m in view.pinned))
+        self._shown.move_to_end(thread_id)
+        while len(self._shown) > SHOWN_KEPT:
+            self._shown.popitem(last=False)
+        return view
 
     async def _layout(self, thread_id: str, token_budget: int) -> tuple[Viewport, bool]:
         """The viewport, and whether eviction is behind (see `viewport.layout`)."""
@@ -257,7 +270,11 @@ class ConversationService:
         limit: int,
         exclude_viewport_of: str | None,
     ) -> list[SearchHit]:
-        """See `Memory.search_messages`."""
+        """See `Memory.search_messages`. `exclude_viewport_of` leaves out what that thread's
+        viewport shows: the messages from its boundary on and, when a viewport of it was laid
+        out through this Memory, only those it showed (the newest that fit, when eviction is
+        behind) and its pins. Without one (another process laid it out), everything from the
+        boundary on is left out: what a viewport shows when eviction keeps up."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
@@ -270,6 +287,7 @@ class ConversationService:
         return await self.store.search(
             words, limit=limit, now=self.clock(), thread_id=thread_id,
             exclude_viewport_of=exclude_viewport_of,
+            shown=None if exclude_viewport_of is None else self._shown.get(exclude_viewport_of),
         )
 
     async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
@@ -289,6 +307,7 @@ class ConversationService:
     async def purge(self, thread_id: str) -> int:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)
+            self._shown.pop(thread_id, None)  # a new thread of that id starts at seq 0
         await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
         return gone
 

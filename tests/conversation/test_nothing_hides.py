@@ -52,9 +52,36 @@ async def test_auto_eviction_keeps_every_message_in_view(cmem: mnemo.Memory) -> 
     assert view.messages[0].seq == view.boundary_seq
 
 
+async def test_search_leaves_out_only_what_a_viewport_behind_eviction_shows(
+    cmem: mnemo.Memory,
+) -> None:
+    """With no eviction (none asked for, no auto_evict_budget), a viewport of 400 tokens
+    shows only the newest messages that fit: search excluding it finds every other message
+    and none it shows (it left out everything from the boundary on: 35 of 40 messages were in
+    no view and unfindable); a purge forgets what the viewport showed."""
+    await cmem.conversation().save("t", [tagged(i, "user", 30) for i in range(40)])
+    view = await cmem.viewport("t", token_budget=400)
+    shown = {m.seq for m in view.messages}
+    assert view.boundary_seq == 0
+    assert 0 < len(shown) < 40
+    found: set[int] = set()
+    for start in range(0, 40, 20):
+        hits = await cmem.search_messages(
+            " ".join(f"tag{seq}" for seq in range(start, start + 20)), thread_id="t",
+            limit=100, exclude_viewport_of="t",
+        )
+        found |= {h.seq for h in hits}
+    assert found == set(range(40)) - shown
+    await cmem.conversation().purge("t")
+    await cmem.conversation().save("t", [tagged(i, "user", 30) for i in range(3)])
+    hits = await cmem.search_messages("tag0 tag1 tag2", exclude_viewport_of="t")
+    assert hits == []  # no viewport of the new thread laid out: all from its boundary on
+
+
 async def test_a_pin_larger_than_its_old_share_is_shown(cmem: mnemo.Memory) -> None:
     """A pinned message of a tenth of the budget (twice the old 5% pin share) is shown: pins
-    come before the snapshots in the memory share."""
+    come before the snapshots in the memory share; a search excluding the viewport leaves it
+    out."""
     goal = await cmem.add_goal("t", "deploy the nginx proxy")
     instruction = "Always use port 8443 for the nginx proxy. " + "Keep the config terse. " * 70
     stored = await cmem.conversation().save("t", [user(instruction), *map(user, ["ok"] * 30)])
@@ -64,6 +91,8 @@ async def test_a_pin_larger_than_its_old_share_is_shown(cmem: mnemo.Memory) -> N
     view = await cmem.viewport("t", token_budget=budget)
     assert [m.id for m in view.pinned] == [stored[0].id]
     assert view.tokens <= budget
+    # Shown, so a search excluding the viewport leaves it out (pins stayed findable).
+    assert await cmem.search_messages("8443", exclude_viewport_of="t") == []
     await cmem.complete_goal(goal)
     assert (await cmem.viewport("t", token_budget=budget)).pinned == []
 

@@ -32,7 +32,7 @@ from mnemo.conversation.model import (
     compacted_floor,
     covered,
 )
-from mnemo.conversation.ports import EvictionInputs, ThreadState, ViewportInputs
+from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.storage.postgres import conversation_search
@@ -430,13 +430,14 @@ class PgThreads:
         now: datetime,
         thread_id: str | None = None,
         exclude_viewport_of: str | None = None,
+        shown: Shown | None = None,
     ) -> list[SearchHit]:
         if not words:
             return []
         async with reading(self._pg) as conn:
             return await conversation_search.search(
                 conn, words, limit=limit, now=now, thread_id=thread_id,
-                exclude_viewport_of=exclude_viewport_of,
+                exclude_viewport_of=exclude_viewport_of, shown=shown,
             )
 
     async def view(self, message_id: str, radius: int) -> MessageView:

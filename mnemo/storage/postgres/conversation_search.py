@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
+from mnemo.conversation.ports import Shown
 from mnemo.conversation.search import VIEW_SNAPSHOTS, clip, pool_size, rank_by_recency
 from mnemo.errors import NotFoundError
 from mnemo.storage.postgres._thread_rows import (
@@ -56,6 +57,7 @@ async def search(
     now: datetime,
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
+    shown: Shown | None = None,
 ) -> list[SearchHit]:
     """The best `limit` messages for the words (see the module doc); call inside one read
     transaction, so the hits' snippets come from the rows that were ranked."""
@@ -68,14 +70,12 @@ async def search(
         conditions.append("m.thread_id = %s")
         filters.append(thread_id)
     if exclude_viewport_of is not None:
-        # Only the messages from the boundary on: every viewport shows them when eviction
-        # keeps up. Whether a pinned message is shown depends on the viewport's budget, which
-        # search does not know, so pins stay findable (a repeat beats a hidden message).
         conditions.append(
-            "NOT (m.thread_id = %s AND m.seq >= coalesce("
-            "(SELECT boundary_seq FROM threads WHERE id = %s), 0))"
+            "NOT (m.thread_id = %s AND (m.seq >= greatest(coalesce("
+            "(SELECT boundary_seq FROM threads WHERE id = %s), 0), %s) OR m.seq = ANY(%s)))"
         )
-        filters += [exclude_viewport_of, exclude_viewport_of]
+        filters += [exclude_viewport_of, exclude_viewport_of,
+                    shown.from_seq if shown else 0, list(shown.pins) if shown else []]
     rows = await fetch(
         conn,
         f"WITH q AS (SELECT {query} AS query)"

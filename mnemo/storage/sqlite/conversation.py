@@ -29,7 +29,7 @@ from mnemo.conversation.model import (
     compacted_floor,
     covered,
 )
-from mnemo.conversation.ports import EvictionInputs, ThreadState, ViewportInputs
+from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector, vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite import conversation_search
@@ -486,6 +486,7 @@ class SqliteThreads:
         now: datetime,
         thread_id: str | None = None,
         exclude_viewport_of: str | None = None,
+        shown: Shown | None = None,
     ) -> list[SearchHit]:
         match = conversation_search.match_expression(words)
         if not match:
@@ -493,7 +494,7 @@ class SqliteThreads:
         return await self._database.run(
             lambda db: conversation_search.search(
                 db, match, limit=limit, now=now, thread_id=thread_id,
-                exclude_viewport_of=exclude_viewport_of,
+                exclude_viewport_of=exclude_viewport_of, shown=shown,
             )
         )
 

@@ -8,6 +8,7 @@ query is quoted (so nothing in it is FTS syntax) and the words are OR-combined
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
+from mnemo.conversation.ports import Shown
 from mnemo.conversation.search import VIEW_SNAPSHOTS, clip, pool_size, rank_by_recency
 from mnemo.errors import NotFoundError
 from mnemo.storage.sqlite._thread_rows import (
@@ -46,6 +48,7 @@ def search(
     now: datetime,
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
+    shown: Shown | None = None,
 ) -> list[SearchHit]:
     """The best `limit` messages for a MATCH expression (see the module doc)."""
     conn = db.conn
@@ -69,11 +72,12 @@ def search(
     if exclude_viewport_of is not None:
         state = read_state(db, exclude_viewport_of)
         boundary = state.boundary_seq if state else 0
-        # Only the messages from the boundary on: every viewport shows them when eviction
-        # keeps up. Whether a pinned message is shown depends on the viewport's budget, which
-        # search does not know, so pins stay findable (a repeat beats a hidden message).
-        conditions.append("NOT (m.thread_id = ? AND m.seq >= ?)")
-        params += [exclude_viewport_of, boundary]
+        start = max(boundary, shown.from_seq) if shown else boundary
+        pins = list(shown.pins) if shown else []
+        conditions.append(
+            "NOT (m.thread_id = ? AND (m.seq >= ? OR m.seq IN (SELECT value FROM json_each(?))))"
+        )
+        params += [exclude_viewport_of, start, json.dumps(pins)]
     if conditions:
         rows = conn.execute(
             "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"

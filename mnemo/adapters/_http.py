@@ -50,16 +50,17 @@ CHARS_PER_TOKEN = 4
 
 
 def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str,
-            provider: str) -> str | None:
+            provider: str, transport: object | None = None) -> str | None:
     """The key to send: the argument, else the environment variable `env` (read now, when
     the adapter is made, never at import).
 
     Raises:
-        InvalidInputError: there is none and `base_url` is the provider's own API (a local
-            server such as Ollama needs no key).
+        InvalidInputError: there is none, `base_url` is the provider's own API (a local
+            server such as Ollama needs no key) and the requests would go there over the
+            network (a replacement `transport`, e.g. `httpx.MockTransport`, needs none).
     """
     key = given if given is not None else os.environ.get(env)
-    if not key and base_url == provider_url:
+    if not key and base_url == provider_url and transport is None:
         raise InvalidInputError(f"the {provider} API needs a key: pass api_key= or set {env}")
     return key or None
 

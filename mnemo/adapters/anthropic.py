@@ -55,7 +55,8 @@ class Anthropic:
     robustness and the retry policy (`retry`, `retry_policy`) are as for `OpenAICompatible`.
 
     Raises:
-        InvalidInputError: no API key for Anthropic's own API, a bad limit or `max_tokens`.
+        InvalidInputError: no API key for Anthropic's own API (unless a `transport` replaces
+            the network), a bad limit or `max_tokens`.
     """
 
     def __init__(
@@ -80,7 +81,7 @@ class Anthropic:
         base_url = base_url.rstrip("/")
         key = resolve_key(
             api_key, "ANTHROPIC_API_KEY", base_url=base_url, provider_url=ANTHROPIC_BASE_URL,
-            provider="Anthropic",
+            provider="Anthropic", transport=transport,
         )
         headers = {"anthropic-version": ANTHROPIC_VERSION}
         if key:

@@ -75,7 +75,7 @@ class OpenAIEmbedder:
         base_url = base_url.rstrip("/")
         key = resolve_key(
             api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
-            provider="OpenAI",
+            provider="OpenAI", transport=transport,
         )
         self.model = model
         # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).

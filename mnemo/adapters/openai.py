@@ -86,7 +86,7 @@ class OpenAICompatible:
 
     Raises:
         InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
-            key for the OpenAI API itself.
+            key for the OpenAI API itself (unless a `transport` replaces the network).
     """
 
     def __init__(
@@ -116,7 +116,7 @@ class OpenAICompatible:
         base_url = base_url.rstrip("/")
         key = resolve_key(
             api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
-            provider="OpenAI",
+            provider="OpenAI", transport=transport,
         )
         self.model = model
         # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).

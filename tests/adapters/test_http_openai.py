@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from mnemo.adapters._schema import DEFAULT_PRICES, decode_json, price_of
+from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.errors import InvalidInputError, LLMError
 from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
@@ -352,6 +355,40 @@ def test_openai_itself_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(InvalidInputError, match="OPENAI_API_KEY"):
         OpenAICompatible("gpt-4o-mini")
+
+
+async def test_a_replacement_transport_needs_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `httpx.MockTransport` in place of the network, the providers' own URLs need no
+    key (each adapter refused to be built without one), and no auth header is sent."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    seen: list[httpx.Request] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/embeddings"):
+            return httpx.Response(200, json={"data": [{"index": 0, "embedding": [1.0, 0.0]}],
+                                             "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+        if request.url.path.endswith("/messages"):
+            return httpx.Response(200, json={
+                "content": [{"type": "tool_use", "id": "t", "name": "semantic",
+                             "input": {"facts": []}}],
+                "stop_reason": "tool_use", "usage": {"input_tokens": 1, "output_tokens": 1}})
+        return httpx.Response(200, json={
+            "choices": [{"message": {"role": "assistant", "content": '{"facts": []}'},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    transport = httpx.MockTransport(reply)
+    async with OpenAICompatible("gpt-4o-mini", transport=transport) as llm:
+        assert (await llm.generate(semantic())).data == {"facts": []}
+    async with Anthropic("claude-3-5-haiku-latest", transport=transport) as claude:
+        assert (await claude.generate(semantic())).data == {"facts": []}
+    async with OpenAIEmbedder("text-embedding-3-small", transport=transport) as embedder:
+        assert [list(v) for v in await embedder.embed(["hello"])] == [[1.0, 0.0]]
+    assert [r.url.host for r in seen] == ["api.openai.com", "api.anthropic.com",
+                                          "api.openai.com"]
+    assert not any("authorization" in r.headers or "x-api-key" in r.headers for r in seen)
 
 
 # ---- issue 13: local servers -----------------------------------------------------------------

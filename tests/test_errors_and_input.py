@@ -153,12 +153,15 @@ async def test_metadata_that_is_not_json_is_refused(
 
 
 async def test_malformed_types_and_steps_are_refused(mem: mnemo.Memory) -> None:
-    """An unknown node type in `types` and steps that are not a list of Step are
-    InvalidInputError (a bare ValueError and a TypeError escaped)."""
+    """An unknown node type in `types`, steps that are not a list of Step and a `top_k`
+    below 1 are InvalidInputError (a bare ValueError and a TypeError escaped; `latest`
+    returned [])."""
     for call in (
         lambda: mem.recall(REPO, "walk north", types=["bogus"]),
         lambda: mem.recall(REPO, "walk north", types=[3]),
         lambda: mem.get_nodes_by_type(REPO, ["bogus"]),
+        lambda: mem.latest(REPO, top_k=0),
+        lambda: mem.latest(REPO, top_k=-1),
         lambda: mem.ingest(REPO, mnemo.Trajectory("explore", None), source_id="s1"),  # type: ignore[arg-type]
         lambda: mem.ingest(REPO, mnemo.Trajectory("explore", ["walk north"]), source_id="s1"),  # type: ignore[list-item]
     ):

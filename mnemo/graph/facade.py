@@ -55,7 +55,12 @@ class GraphMethods:
         types: Iterable[NodeType] = (NodeType.SEMANTIC, NodeType.PROCEDURAL),
         top_k: int = 10,
     ) -> list[Node]:
-        """The newest nodes of these types, newest first."""
+        """The newest nodes of these types, newest first.
+
+        Raises:
+            InvalidInputError: a `top_k` below 1, or an unknown node type.
+            NotFoundError: an unknown repo.
+        """
         return await self._reads.latest(repo, types, top_k)
 
     async def search_nodes(

@@ -53,6 +53,7 @@ class GraphReads:
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         await self._known(repo)
+        _check_count("top_k", top_k)
         return await self._graph.latest(repo, node_types(types), top_k)
 
     async def search_nodes(
@@ -60,8 +61,7 @@ class GraphReads:
     ) -> list[Node]:
         await self._known(repo)
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
+        _check_count("limit", limit)
         kinds = None if types is None else node_types(types)
         found = await self._graph.search_text(repo, query, limit, kinds)
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
@@ -86,3 +86,9 @@ def node_types(types: Iterable[NodeType]) -> list[NodeType]:
         raise InvalidInputError(
             f"types must be node types ({', '.join(t.value for t in NodeType)}): {exc}"
         ) from exc
+
+
+def _check_count(name: str, value: object) -> None:
+    """Raises InvalidInputError unless `value` is an integer of at least 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")

@@ -151,7 +151,13 @@ async def _annotate_and_store(
     action: str,
     metadata: dict[str, Any] | None,
 ) -> StepInfo:
+    moved = False
     while True:
+        if moved and not session.ended and session.state is not S.COLLECTING:
+            # Closed through another Memory while this append was under way: it stopped
+            # collecting under the append, which API.md answers with not_collecting (the
+            # state table's reason is for a call made once the session was elsewhere).
+            raise SessionError("not_collecting", state=session.state, session_id=session.id)
         refuse_unless(session, "append")
         stored = await _try_append(live, session, observation, action, metadata)
         if stored is not None:
@@ -160,6 +166,7 @@ async def _annotate_and_store(
         # annotate against the episode as it now is, or be refused. Each round one of the
         # racing appends lands; each try is bounded by the append timeout.
         await live.reload(session)
+        moved = True
     step, trajectory, boundary = stored
     episode = session.episode
     assert episode is not None

@@ -187,6 +187,37 @@ async def test_every_call_of_another_memory_knows_a_repo_opened_by_one(store: st
             await only.mem.recall("no such repo", "walk north")
 
 
+async def test_an_append_racing_a_close_through_another_memory_is_not_collecting(
+    store: str,
+) -> None:
+    """An append through A, under way (its annotation held), while B closes the session:
+    it raises not_collecting (API.md's race rule; it raised the state table's
+    extraction_in_progress) and stores nothing; B's close extracts the step before it."""
+    async with workers(store, 2) as (a, b):
+        sid = await a.mem.start_session("explore the house", repo=REPO)
+        await a.mem.append(sid, "walk north", "go north")
+        held = a.llm.hold("state")
+        outcome: list[BaseException] = []
+
+        async def append() -> None:
+            try:
+                await a.mem.append(sid, "walk east", "go east")
+            except mnemo.SessionError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(append)
+            with anyio.fail_after(5):
+                await held.started.wait()
+            await b.mem.close(sid)
+            held.release()
+        [error] = outcome
+        assert isinstance(error, mnemo.SessionError)
+        assert error.reason == "not_collecting"
+        [episode] = await b.mem.episodes(sid)
+        assert [s.observation for s in episode.steps] == ["walk north"]
+
+
 async def test_appends_through_several_memories_are_serialised(store: str) -> None:
     """Appends racing through A, B and C to one session all land, with unique, contiguous
     indexes, and the stored episode holds every one."""

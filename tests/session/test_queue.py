@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeLLM, maybe_await
+from tests.fakes import EventLog, FakeLLM, Hold, maybe_await
 
 Callback = Callable[[mnemo.OpResult], Any]
 Op = Callable[[mnemo.Memory, str, Callback], Awaitable[None] | None]
@@ -255,16 +255,23 @@ async def test_failing_queued_op_fails_the_ones_after_it(
     assert await state_of(mem, sid) == State.COLLECTING
 
 
-async def test_auto_commit_projection_starts_idle(
-    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog, callbacks: Callbacks
-) -> None:
-    """In auto-commit, ops queued while extracting project from idle, and close projects to idle."""
+async def auto_extracting(auto_mem: mnemo.Memory, llm: FakeLLM) -> tuple[str, Hold]:
+    """An auto-commit session with one step, closed: extracting until the returned hold (of
+    the "semantic" task) is released."""
     sid = await auto_mem.start_session("explore the house", repo=REPO)
     await auto_mem.append(sid, "walk north", "go north")
     held = llm.hold("semantic")
     await auto_mem.close(sid)
     with anyio.fail_after(5):
         await held.started.wait()
+    return sid, held
+
+
+async def test_auto_commit_projection_starts_idle(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog, callbacks: Callbacks
+) -> None:
+    """In auto-commit, ops queued while extracting project from idle, and close projects to idle."""
+    sid, held = await auto_extracting(auto_mem, llm)
     assert await state_of(auto_mem, sid) == State.EXTRACTING
     with pytest.raises(mnemo.SessionError) as caught:
         await submit(auto_mem, sid, "commit", callbacks)
@@ -331,12 +338,7 @@ async def test_queued_close_is_not_held_by_appends_queued_after_it(
     """A queued close runs: only appends before it (or running) are in progress, not those
     queued after it, which run once it is done (it used to fail with append_in_progress and
     fail the rest as preceding_op_failed)."""
-    sid = await auto_mem.start_session("explore the house", repo=REPO)
-    await auto_mem.append(sid, "walk north", "go north")
-    held = llm.hold("semantic")
-    await auto_mem.close(sid)
-    with anyio.fail_after(5):
-        await held.started.wait()
+    sid, held = await auto_extracting(auto_mem, llm)
     sequence = ["start_episode", "close", "start_episode", "append"]
     for op in sequence:
         await submit(auto_mem, sid, op, callbacks)

@@ -59,6 +59,16 @@ def check_id(value: object, what: str) -> str:
     """
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(f"{what} must be a non-blank string, got {value!r}")
+    return check_storable(value, what)
+
+
+def check_storable(value: str, what: str) -> str:
+    """`value`, checked to hold no NUL and no lone surrogate: a key that no store can hold,
+    so no lookup may send it (PostgreSQL refuses a NUL, SQLite's driver a lone surrogate).
+
+    Raises:
+        InvalidInputError: it holds one.
+    """
     if "\x00" in value or not _encodable(value):
         raise InvalidInputError(
             f"{what} must not contain a NUL character (U+0000) or a lone surrogate"

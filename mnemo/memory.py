@@ -37,7 +37,7 @@ from mnemo.graph.model import CommitReceipt, NodeType
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.inputs import check_text
+from mnemo.inputs import check_storable, check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.recall.engine import RecallResult
 from mnemo.recall.service import RecallRuntime, RecallService
@@ -311,12 +311,12 @@ class Memory(GraphMethods, ConversationMethods):
         """Every episode the session stored (ended sessions too), oldest first, each with its
         steps and their trajectories; [] for an id no session had. Reads only: a restored
         session is not resumed by it."""
-        return await self._sessions_store.episodes(session_id)
+        return await self._sessions_store.episodes(check_storable(session_id, "session_id"))
 
     async def episode(self, episode_id: str) -> EpisodeLog | None:
         """The stored episode (with its session id and steps) that an EPISODIC node's
         `data["episode_id"]` names; None for one no session stored (an ingest's)."""
-        return await self._sessions_store.episode(episode_id)
+        return await self._sessions_store.episode(check_storable(episode_id, "episode_id"))
 
     async def list_sessions(self) -> list[SessionInfo]:
         """Every live session (not ended, restored ones included), oldest first: id, repo,
@@ -404,7 +404,7 @@ class Memory(GraphMethods, ConversationMethods):
         Raises:
             InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
         """
-        limit = self._repos.max_chars(repo)
+        limit = (await self._repos.known(repo)).config.max_text_chars
         check_text(query, "query", limit=limit, stored=False)
         try:
             context = await self._service.context(session_id, steps=3)

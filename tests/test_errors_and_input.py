@@ -102,9 +102,9 @@ async def test_text_no_store_can_keep_is_refused(mem: mnemo.Memory, enter: Enter
 
 @pytest.mark.parametrize("bad", ["t\x00id", "t\ud800id"])
 async def test_an_id_no_store_can_keep_is_refused(mem: mnemo.Memory, bad: str) -> None:
-    """A NUL or a lone surrogate in an id (thread, goal, message, role, source, repo, commit)
-    is InvalidInputError on every backend, before anything is stored (a raw
-    UnicodeEncodeError escaped, or PostgreSQL's StorageError, or SQLite stored it)."""
+    """A NUL or a lone surrogate in an id (thread, goal, message, role, source, repo, commit,
+    session, episode, node) is InvalidInputError on every backend, before anything is stored
+    (a raw UnicodeEncodeError escaped, or PostgreSQL's StorageError, or SQLite stored it)."""
     conversation = mem.conversation()
     trajectory = mnemo.Trajectory("explore", [mnemo.Step("walk north", "go north")])
     calls: list[Any] = [
@@ -123,6 +123,16 @@ async def test_an_id_no_store_can_keep_is_refused(mem: mnemo.Memory, bad: str) -
         lambda: mem.forget(REPO, bad),
         lambda: mem.open_repo(bad),
         lambda: mem.commit_diff(REPO, bad),
+        # Lookups by an id no store can hold (they raised UnicodeEncodeError or, on
+        # PostgreSQL, StorageError("unavailable")).
+        lambda: mem.session_state(bad),
+        lambda: mem.append(bad, "walk north", "go north"),
+        lambda: mem.end_session(bad),
+        lambda: mem.episodes(bad),
+        lambda: mem.episode(bad),
+        lambda: mem.get_node(REPO, bad),
+        lambda: mem.get_linked_nodes(REPO, [bad]),
+        lambda: mem.delete_nodes(REPO, [bad]),
     ]
     for call in calls:
         with pytest.raises(mnemo.InvalidInputError):

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_text
+from mnemo.inputs import check_storable, check_text
 
 
 class GraphReads:
@@ -28,7 +28,7 @@ class GraphReads:
 
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         await self._known(repo)
-        nodes = await self._graph.get_nodes(repo, [node_id])
+        nodes = await self._graph.get_nodes(repo, [check_storable(node_id, "node_id")])
         return nodes[0] if nodes else None
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
@@ -39,7 +39,7 @@ class GraphReads:
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None
     ) -> list[Node]:
         await self._known(repo)
-        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
+        ids = _node_ids(node_ids)
         neighbors = await self._graph.neighbors(
             repo, ids, None if link_type is None else LinkType(link_type)
         )
@@ -68,8 +68,7 @@ class GraphReads:
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         await self._known(repo)
-        ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
-        return await self._graph.delete_nodes(repo, ids)
+        return await self._graph.delete_nodes(repo, _node_ids(node_ids))
 
 
 def node_types(types: Iterable[NodeType]) -> list[NodeType]:
@@ -92,3 +91,9 @@ def _check_count(name: str, value: object) -> None:
     """Raises InvalidInputError unless `value` is an integer of at least 1."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _node_ids(node_ids: str | Sequence[str]) -> list[str]:
+    """`node_ids` as a list (a lone string is one id), each checked (`inputs.check_id`)."""
+    ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
+    return [check_storable(node_id, "node id") for node_id in ids]

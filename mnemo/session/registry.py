@@ -19,6 +19,7 @@ from mnemo.config import Config
 from mnemo.errors import NotFoundError
 from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
+from mnemo.inputs import check_storable
 from mnemo.ports import LLM
 from mnemo.session.machine import Machines, SessionModel, State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
@@ -89,11 +90,13 @@ class Sessions:
 
         Raises:
             NotFoundError: no live session has this id.
+            InvalidInputError: an id no store can hold (blank, NUL, a lone surrogate).
         """
         session = self.by_id.get(session_id) if isinstance(session_id, str) else None
         if session is None:
             if not isinstance(session_id, str):
                 raise NotFoundError("session", str(session_id))
+            check_storable(session_id, "session_id")
             row = await self.store.load_one(session_id)
             if row is None:
                 raise NotFoundError("session", session_id)

@@ -187,6 +187,21 @@ async def test_every_call_of_another_memory_knows_a_repo_opened_by_one(store: st
             await only.mem.recall("no such repo", "walk north")
 
 
+async def test_recall_in_context_bounds_its_query_by_the_repos_config(store: str) -> None:
+    """A repo opened through A with max_text_chars=5000 takes a 500-character query through
+    B (whose own config allows 100) in recall_in_context as in recall: the repo is learned
+    before its bound is read (B checked the query against its own 100)."""
+    async with (
+        mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as a,
+        mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
+                     config=mnemo.Config(max_text_chars=100)) as b,
+    ):
+        await a.open_repo(REPO, config=mnemo.Config(max_text_chars=5000))
+        query = "walk north " * 50
+        await b.recall(REPO, query)
+        await b.recall_in_context(REPO, "no such session", query)
+
+
 async def test_an_append_racing_a_close_through_another_memory_is_not_collecting(
     store: str,
 ) -> None:

@@ -198,8 +198,8 @@ async def test_recall_in_context_bounds_its_query_by_the_repos_config(store: str
     ):
         await a.open_repo(REPO, config=mnemo.Config(max_text_chars=5000))
         query = "walk north " * 50
+        await b.recall_in_context(REPO, "no such session", query)  # first: B knows no repo
         await b.recall(REPO, query)
-        await b.recall_in_context(REPO, "no such session", query)
 
 
 async def test_an_append_racing_a_close_through_another_memory_is_not_collecting(

@@ -43,12 +43,11 @@ class ThreadState:
 
 @dataclass(frozen=True, slots=True)
 class Shown:
-    """What the last viewport of a thread laid out showed: its messages from `from_seq` on
-    (all of them from the boundary on when eviction keeps up, else only the newest that
-    fit) and the pinned messages `pins`."""
+    """The ids of the messages (pinned ones included) that the last viewport of a thread laid
+    out showed. Ids, not seqs: a message saved since, or a thread purged and begun again,
+    was not shown."""
 
-    from_seq: int
-    pins: tuple[int, ...] = ()
+    ids: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +259,8 @@ class ThreadStore(Protocol):
         """The best `limit` messages matching any of `words` (stemmed full-text search),
         ranked as `search.rank_by_recency` does with the backend's relevance score, within
         `thread_id` when given, leaving out what the viewport of `exclude_viewport_of` shows:
-        its messages from the boundary on (from `shown.from_seq` on, if later), and
-        `shown.pins`; each hit with a snippet of at most `search.SNIPPET_CHARS` characters."""
+        the messages `shown` names, else (no viewport of it known) its messages from the
+        boundary on; each hit with a snippet of at most `search.SNIPPET_CHARS` characters."""
         ...
 
     async def view(self, message_id: str, radius: int) -> MessageView:

@@ -209,8 +209,7 @@ class ConversationService:
         check_thread_id(thread_id)
         check_count("token_budget", token_budget, minimum=1)
         view = (await self._layout(thread_id, token_budget))[0]
-        shown_from = view.messages[0].seq if view.messages else view.boundary_seq
-        self._shown[thread_id] = Shown(shown_from, tuple(m.seq for m in view.pinned))
+        self._shown[thread_id] = Shown(frozenset(m.id for m in [*view.messages, *view.pinned]))
         self._shown.move_to_end(thread_id)
         while len(self._shown) > SHOWN_KEPT:
             self._shown.popitem(last=False)
@@ -271,10 +270,10 @@ class ConversationService:
         exclude_viewport_of: str | None,
     ) -> list[SearchHit]:
         """See `Memory.search_messages`. `exclude_viewport_of` leaves out what that thread's
-        viewport shows: the messages from its boundary on and, when a viewport of it was laid
-        out through this Memory, only those it showed (the newest that fit, when eviction is
-        behind) and its pins. Without one (another process laid it out), everything from the
-        boundary on is left out: what a viewport shows when eviction keeps up."""
+        viewport shows: when a viewport of it was laid out through this Memory, exactly the
+        messages and pins it showed (the newest that fit, when eviction is behind; a message
+        saved since was not shown); without one (another Memory laid it out), its messages
+        from the boundary on: what a viewport shows when eviction keeps up."""
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         check_count("limit", limit, minimum=1, maximum=MAX_SEARCH_LIMIT)
         if thread_id is not None:
@@ -307,7 +306,7 @@ class ConversationService:
     async def purge(self, thread_id: str) -> int:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)
-            self._shown.pop(thread_id, None)  # a new thread of that id starts at seq 0
+            self._shown.pop(thread_id, None)  # a new thread of that id shows nothing yet
         await self.events.emit("thread_purged", thread_id=thread_id, messages=gone)
         return gone
 

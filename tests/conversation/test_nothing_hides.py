@@ -58,7 +58,8 @@ async def test_search_leaves_out_only_what_a_viewport_behind_eviction_shows(
     """With no eviction (none asked for, no auto_evict_budget), a viewport of 400 tokens
     shows only the newest messages that fit: search excluding it finds every other message
     and none it shows (it left out everything from the boundary on: 35 of 40 messages were in
-    no view and unfindable); a purge forgets what the viewport showed."""
+    no view and unfindable); a message saved since is found; a purge forgets what the
+    viewport showed."""
     await cmem.conversation().save("t", [tagged(i, "user", 30) for i in range(40)])
     view = await cmem.viewport("t", token_budget=400)
     shown = {m.seq for m in view.messages}
@@ -72,10 +73,30 @@ async def test_search_leaves_out_only_what_a_viewport_behind_eviction_shows(
         )
         found |= {h.seq for h in hits}
     assert found == set(range(40)) - shown
+    # Saved since the viewport: shown by none, so found.
+    await cmem.conversation().save("t", [tagged(i, "user", 30) for i in range(42)])
+    hits = await cmem.search_messages("tag40 tag41", exclude_viewport_of="t")
+    assert sorted(h.seq for h in hits) == [40, 41]
     await cmem.conversation().purge("t")
     await cmem.conversation().save("t", [tagged(i, "user", 30) for i in range(3)])
     hits = await cmem.search_messages("tag0 tag1 tag2", exclude_viewport_of="t")
     assert hits == []  # no viewport of the new thread laid out: all from its boundary on
+
+
+async def test_a_viewport_that_shows_no_message_hides_none_from_search(
+    cmem: mnemo.Memory,
+) -> None:
+    """A newest message larger than the whole budget, not evicted yet: the viewport shows no
+    message, so search excluding it finds them all (it left out everything from the
+    boundary on)."""
+    history = [*(tagged(i, "user", 5) for i in range(5)), tagged(5, "user", 2000)]
+    await cmem.conversation().save("t", history)
+    view = await cmem.viewport("t", token_budget=200)
+    assert view.messages == []
+    hits = await cmem.search_messages(
+        " ".join(f"tag{i}" for i in range(6)), limit=10, exclude_viewport_of="t"
+    )
+    assert sorted(h.seq for h in hits) == list(range(6))
 
 
 async def test_a_pin_larger_than_its_old_share_is_shown(cmem: mnemo.Memory) -> None:

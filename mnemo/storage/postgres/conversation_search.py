@@ -70,12 +70,15 @@ async def search(
         conditions.append("m.thread_id = %s")
         filters.append(thread_id)
     if exclude_viewport_of is not None:
-        conditions.append(
-            "NOT (m.thread_id = %s AND (m.seq >= greatest(coalesce("
-            "(SELECT boundary_seq FROM threads WHERE id = %s), 0), %s) OR m.seq = ANY(%s)))"
-        )
-        filters += [exclude_viewport_of, exclude_viewport_of,
-                    shown.from_seq if shown else 0, list(shown.pins) if shown else []]
+        if shown is not None:
+            conditions.append("NOT (m.thread_id = %s AND m.id = ANY(%s))")
+            filters += [exclude_viewport_of, sorted(shown.ids)]
+        else:
+            conditions.append(
+                "NOT (m.thread_id = %s AND m.seq >= coalesce("
+                "(SELECT boundary_seq FROM threads WHERE id = %s), 0))"
+            )
+            filters += [exclude_viewport_of, exclude_viewport_of]
     rows = await fetch(
         conn,
         f"WITH q AS (SELECT {query} AS query)"

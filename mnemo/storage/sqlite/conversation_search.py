@@ -70,14 +70,15 @@ def search(
         conditions.append("messages_fts.rowid BETWEEN ? AND ?")
         params += [span[0], span[1]]
     if exclude_viewport_of is not None:
-        state = read_state(db, exclude_viewport_of)
-        boundary = state.boundary_seq if state else 0
-        start = max(boundary, shown.from_seq) if shown else boundary
-        pins = list(shown.pins) if shown else []
-        conditions.append(
-            "NOT (m.thread_id = ? AND (m.seq >= ? OR m.seq IN (SELECT value FROM json_each(?))))"
-        )
-        params += [exclude_viewport_of, start, json.dumps(pins)]
+        if shown is not None:
+            conditions.append(
+                "NOT (m.thread_id = ? AND m.id IN (SELECT value FROM json_each(?)))"
+            )
+            params += [exclude_viewport_of, json.dumps(sorted(shown.ids))]
+        else:
+            state = read_state(db, exclude_viewport_of)
+            conditions.append("NOT (m.thread_id = ? AND m.seq >= ?)")
+            params += [exclude_viewport_of, state.boundary_seq if state else 0]
     if conditions:
         rows = conn.execute(
             "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"

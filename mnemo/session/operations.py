@@ -105,8 +105,11 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     try:
         await _execute(live, session, op)
     except Exception as exc:
+        # The later ones are taken out at once: while the callbacks run, nothing else (a
+        # background commit ending) may start one of them.
+        later = _take_pending(session)
         await _finish_op(session, op, OpResult(False, None, _as_session_error(exc, session)))
-        await fail_pending(session, "preceding_op_failed")
+        await _fail(session, later, "preceding_op_failed")
     except BaseException:
         # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
         with anyio.CancelScope(shield=True):
@@ -116,18 +119,18 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
-    finally:
-        if op.kind == "append":
-            session.appends_in_flight -= 1
-        if session.running is op:
-            session.running = None
     kick(live, session)
 
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
+    """Ends the operation, then calls it back: what the callback does next (a close after
+    an append's "appended") finds it over, not in progress."""
     op.done = True
+    if op.kind == "append":
+        session.appends_in_flight -= 1
     if session.running is op:
         session.running = None
+    session.notify()
     await deliver(op.callback, result)
 
 
@@ -330,13 +333,27 @@ def kick(live: Sessions, session: SessionRecord) -> None:
 
 
 async def fail_pending(session: SessionRecord, reason: str) -> None:
-    """Answers every queued operation with a `SessionError(reason)` and empties the queue."""
-    while session.pending:
-        op = session.pending.popleft()
+    """Answers every queued operation with a `SessionError(reason)` and empties the queue:
+    all are taken out before the first callback runs, so none of them starts meanwhile."""
+    await _fail(session, _take_pending(session), reason)
+
+
+def _take_pending(session: SessionRecord) -> list[Op]:
+    """Empties the queue (an append taken out is in flight no more); returns what it held."""
+    taken = list(session.pending)
+    session.pending.clear()
+    for op in taken:
         if op.kind == "append":
             session.appends_in_flight -= 1
             if op.ticket is not None:
                 session.turnstile.leave(op.ticket)
+    if taken:
+        session.notify()
+    return taken
+
+
+async def _fail(session: SessionRecord, ops: list[Op], reason: str) -> None:
+    for op in ops:
         error = SessionError(reason, state=session.state, session_id=session.id)
         await deliver(op.callback, OpResult(False, None, error))
 

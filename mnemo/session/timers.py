@@ -75,12 +75,23 @@ def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: floa
 
 
 async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
-    """Commits what is left of an expired session, then ends it."""
-    if session.state is S.COLLECTING and session.running is None and not session.pending:
+    """Commits what is left of an expired session, then ends it. Work under way (an
+    operation running or queued, a background commit) finishes first; if any of it was
+    activity (an append), the session has not been idle that long after all. (The close was
+    skipped while work was under way and the session ended anyway, cancelling a background
+    commit: its steps and the rest were never committed.)"""
+    while _working(session) and not session.ended:
+        await session.changed.wait()
+    if session.ended:
+        return
+    if session.last_activity != math.inf:
+        return  # used meanwhile: its deadline runs again from that use
+    if session.state is S.COLLECTING:
         try:
             await transitions.close(live, session)
         except SessionError:
-            pass
+            live.touch(session)  # a call got in first (an append): not idle after all
+            return
         while current_state(session) is S.EXTRACTING and not session.ended:
             await session.changed.wait()
     if session.ended:
@@ -96,3 +107,8 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
         "session_expired", session_id=session.id, repo=session.repo,
         state=state, committed=committed,
     )
+
+
+def _working(session: SessionRecord) -> bool:
+    """An operation runs or waits, or steps commit in the background."""
+    return session.running is not None or bool(session.pending) or session.background > 0

@@ -3,6 +3,8 @@ sessions expire; no step is extracted twice and none is lost."""
 
 from __future__ import annotations
 
+import math
+
 import anyio
 import pytest
 
@@ -156,3 +158,32 @@ async def test_failed_background_commit_keeps_collecting_and_retries_later(
 
 def _embedder() -> FakeEmbedder:
     return FakeEmbedder()
+
+
+async def test_an_expiry_due_while_work_runs_waits_for_it_and_loses_nothing(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
+    """session_timeout passes while a background commit is held and an append is queued:
+    the expiry waits for them (it ended the session at once, cancelling the commit: no step
+    reached the graph); the queued append is activity, so the session expires a timeout
+    later, with every step committed."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        held = llm.hold("semantic")
+        await mem.append(sid, "open door", "push door")  # a boundary: step 0 commits
+        with anyio.fail_after(5):
+            await held.started.wait()
+        results: list[mnemo.OpResult] = []
+        await mem.append_async(sid, "open lid", "lift lid", callback=results.append)
+        record = mem._service._live.by_id[sid]
+        with anyio.fail_after(5):
+            while record.last_activity != math.inf:  # until the expiry is due, and started
+                await anyio.wait_all_tasks_blocked()
+        await anyio.wait_all_tasks_blocked()
+        held.release()
+        await events.wait_for(lambda e: e.kind == "session_expired")
+        assert [(r.ok, r.value) for r in results] == [(True, "appended")]
+        assert await episodic_indices(mem) == [0, 1, 2]

@@ -367,3 +367,80 @@ async def test_queued_close_behind_a_running_append(
         (True, VALUES[op]) for op in ["append", *sequence]
     ]
     assert await state_of(mem, sid) == State.COLLECTING
+
+
+@pytest.mark.parametrize("close", ["close", "close_async"])
+async def test_a_close_from_an_appends_callback_runs(
+    mem: mnemo.Memory, events: EventLog, close: str
+) -> None:
+    """An append's callback closing the session: the append is over when it is called
+    back, so the close runs (it was refused, append_in_progress or invalid_operation: the
+    append still counted as in progress)."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    outcome: list[object] = []
+    done = anyio.Event()
+
+    async def then_close(result: mnemo.OpResult) -> None:
+        outcome.append(result.value)
+        try:
+            if close == "close":
+                await mem.close(sid)
+            else:
+                await mem.close_async(sid)
+            outcome.append("close accepted")
+        except mnemo.SessionError as exc:
+            outcome.append(exc.reason)
+        done.set()
+
+    await mem.append_async(sid, "walk north", "go north", callback=then_close)
+    with anyio.fail_after(5):
+        await done.wait()
+    assert outcome == ["appended", "close accepted"]
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+
+
+async def test_a_failed_background_commit_fails_every_queued_op_even_with_slow_callbacks(
+    auto_mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """While the callbacks of a failed background commit's queue are delivered one by one
+    (each waiting on the app), the operation that finished before gets to its end: none of
+    the queued ones may start then (the close did, and ran)."""
+    gates = {"open door": anyio.Event(), "open lid": anyio.Event()}
+    results: dict[str, mnemo.OpResult] = {}
+    arrived = {name: anyio.Event() for name in ["open door", "open lid", "close", "start"]}
+
+    def record(name: str) -> Callback:
+        async def callback(result: mnemo.OpResult) -> None:
+            results[name] = result
+            arrived[name].set()
+            if name in gates:
+                await gates[name].wait()
+        return callback
+
+    sid = await auto_mem.start_session("explore the house", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    llm.fail_tasks.add("semantic")  # decided when the held call is let go
+    await auto_mem.append_async(sid, "open door", "push door", callback=record("open door"))
+    with anyio.fail_after(5):
+        await held.started.wait()  # the boundary's background commit of step 0
+        await arrived["open door"].wait()  # its callback now waits on the app
+    await auto_mem.append_async(sid, "open lid", "lift lid", callback=record("open lid"))
+    await auto_mem.close_async(sid, callback=record("close"))
+    await auto_mem.start_episode_async(sid, "next", callback=record("start"))
+    held.release()
+    with anyio.fail_after(5):
+        await arrived["open lid"].wait()  # the failure's first callback waits on the app
+    gates["open door"].set()  # the finished append ends: it must start nothing
+    await anyio.wait_all_tasks_blocked()
+    gates["open lid"].set()
+    with anyio.fail_after(5):
+        for event in arrived.values():
+            await event.wait()
+    assert [(results[n].ok, results[n].value) for n in ["open door"]] == [(True, "appended")]
+    for name in ["open lid", "close", "start"]:
+        error = results[name].error
+        assert error is not None
+        assert error.reason == "extraction_failed", name
+    llm.fail_tasks.clear()
+    assert await state_of(auto_mem, sid) == State.COLLECTING

@@ -49,7 +49,7 @@ class Repos:
         )
         self._runtimes: dict[str, Runtime] = {}
         self._dims: dict[str, int] = {}
-        self._limiters: dict[int, tuple[LLM, anyio.CapacityLimiter]] = {}
+        self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
         self.usage = UsageBook()
         # Every adapter this Memory was given, closed with it (each owns an HTTP client).
         self._adapters: dict[int, object] = {}
@@ -201,16 +201,17 @@ class Repos:
         return override, config or base.config
 
     def slots(self, llm: LLM, config: Config) -> anyio.CapacityLimiter:
-        """One limiter per LLM provider object, as narrow as the narrowest `llm_concurrency`
-        of the configs that use it: each is a cap on the provider, so every one holds (it
-        was the widest, and a repo's or session's lower setting was lost under the Memory's
-        default of 16)."""
-        entry = self._limiters.get(id(llm))
+        """The limiter of the calls made to this LLM provider object under configs with this
+        `llm_concurrency`: each setting caps the calls made under it (the Memory's, a repo's,
+        a session's), and configs with the same setting share their cap. One limiter per
+        provider, as wide as the widest setting, lost a repo's or session's lower one under
+        the Memory's default of 16; as narrow as the narrowest, one session's setting would
+        have capped every other user of the provider for good."""
+        key = (id(llm), config.llm_concurrency)
+        entry = self._limiters.get(key)
         if entry is None or entry[0] is not llm:
             entry = (llm, anyio.CapacityLimiter(config.llm_concurrency))
-            self._limiters[id(llm)] = entry
-        elif entry[1].total_tokens > config.llm_concurrency:
-            entry[1].total_tokens = config.llm_concurrency
+            self._limiters[key] = entry
         return entry[1]
 
     def llm_for(self, runtime: Runtime, repo: str, session_id: str | None = None) -> LLM:

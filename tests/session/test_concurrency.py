@@ -85,6 +85,13 @@ async def test_append_waiting_for_its_turn_when_the_session_ends(
     assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
 
 
+def limiter(mem: mnemo.Memory, llm: FakeLLM, width: int) -> anyio.CapacityLimiter | None:
+    """The limiter of the calls to `llm` under configs of `llm_concurrency=width`, once a
+    call made it."""
+    entry = mem._repos._limiters.get((id(llm), width))
+    return None if entry is None else entry[1]
+
+
 @pytest.mark.parametrize("where", ["memory", "repo", "session"])
 async def test_llm_concurrency_caps_calls_in_flight_wherever_it_is_set(
     store: str, where: str
@@ -101,13 +108,40 @@ async def test_llm_concurrency_caps_calls_in_flight_wherever_it_is_set(
         sids = [await mem.start_session(f"goal {i}", repo=REPO,
                                         config=config if where == "session" else None)
                 for i in range(5)]
-        _, slots = mem._repos._limiters[id(llm)]  # the provider's one limiter, as it is
         async with anyio.create_task_group() as tg:
             for sid in sids:
                 tg.start_soon(mem.append, sid, "walk north", "go north")
             with anyio.fail_after(5):
                 # Each append asks for several annotations at once: more than 2 calls queue.
-                while slots.borrowed_tokens != 2 or slots.statistics().tasks_waiting < 3:
+                while (
+                    (slots := limiter(mem, llm, 2)) is None
+                    or slots.borrowed_tokens != 2 or slots.statistics().tasks_waiting < 3
+                ):
                     await anyio.wait_all_tasks_blocked()
             held.release()
         assert [t for t in llm.tasks() if t == "state"] == ["state"] * 5
+
+
+async def test_a_sessions_llm_concurrency_caps_its_own_calls_only(store: str) -> None:
+    """A session with llm_concurrency=1 leaves the provider's other users at their own cap:
+    one narrow setting used to cap every call of the provider for the Memory's life."""
+    llm = FakeLLM()
+    held = llm.hold("state")
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        narrow = await mem.start_session("narrow", repo=REPO,
+                                         config=mnemo.Config(llm_concurrency=1))
+        wide = [await mem.start_session(f"goal {i}", repo=REPO) for i in range(3)]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mem.append, narrow, "walk north", "go north")
+            for sid in wide:
+                tg.start_soon(mem.append, sid, "walk north", "go north")
+            with anyio.fail_after(5):
+                # Calls reach the LLM (and its hold) only past their limiter: all four
+                # appends' state calls get there at once.
+                while llm.tasks().count("state") < 4:
+                    await anyio.wait_all_tasks_blocked()
+            one = limiter(mem, llm, 1)
+            assert one is not None
+            assert one.borrowed_tokens == 1
+            held.release()

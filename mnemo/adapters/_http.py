@@ -57,10 +57,12 @@ def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str
     Raises:
         InvalidInputError: there is none, `base_url` is the provider's own API (a local
             server such as Ollama needs no key) and the requests would go there over the
-            network (a replacement `transport`, e.g. `httpx.MockTransport`, needs none).
+            network: no `transport`, or httpx's own network one (a replacement such as
+            `httpx.MockTransport` needs none).
     """
     key = given if given is not None else os.environ.get(env)
-    if not key and base_url == provider_url and transport is None:
+    networked = transport is None or isinstance(transport, httpx.AsyncHTTPTransport)
+    if not key and base_url == provider_url and networked:
         raise InvalidInputError(f"the {provider} API needs a key: pass api_key= or set {env}")
     return key or None
 

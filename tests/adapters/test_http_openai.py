@@ -508,3 +508,11 @@ async def test_reasoning_model_gets_max_completion_tokens(
     cap = semantic().max_tokens
     assert fields == [(cap, None), (None, cap), (None, cap)]
     assert llm.structured_mode == "json_schema"
+
+
+def test_httpxs_own_network_transport_still_needs_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transport that is httpx's own network one (retries, a proxy) goes to OpenAI over
+    the network: refused without a key, as with none given."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(InvalidInputError, match="OPENAI_API_KEY"):
+        OpenAICompatible("gpt-4o-mini", transport=httpx.AsyncHTTPTransport(retries=1))

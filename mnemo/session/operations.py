@@ -17,6 +17,9 @@ from typing import Any
 import anyio
 
 from mnemo.errors import (
+    EmbeddingError,
+    LLMError,
+    LLMTimeout,
     MnemoError,
     NotFoundError,
     SessionError,
@@ -233,7 +236,7 @@ def watch(live: Sessions, session: SessionRecord) -> None:
         finally:
             session.watching = False
 
-    live.spawn(session, wait_for_the_store)
+    live.spawn(session, wait_for_the_store, waiting=True)
 
 
 async def deliver_results(live: Sessions, session: SessionRecord) -> None:
@@ -291,9 +294,12 @@ def _result_to(live: Sessions, op_id: str) -> Callback:
                     await live.coordination.drop_ops([op_id])
                     await deliver(entry[2], result)
                     return
+        cause = None if result.error is None else result.error.__cause__
         await live.coordination.finish_op(op_id, {
             "ok": result.ok, "value": result.value,
             "error": None if result.error is None else result.error.reason,
+            # An exception does not cross processes: its type's name and message do.
+            "cause": None if cause is None else [type(cause).__name__, str(cause)],
         })
 
     return report
@@ -314,11 +320,26 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
 
 
 def _op_result(stored: dict[str, Any], session: SessionRecord) -> OpResult:
+    """The result another Memory stored for an operation this one accepted; an error keeps
+    its cause (`operation_failed`'s LLM or embedder error) as far as the store could."""
     reason = stored.get("error")
     error = None if reason is None else SessionError(
         str(reason), state=session.state, session_id=session.id
     )
+    cause = stored.get("cause")
+    if error is not None and isinstance(cause, list) and len(cause) == 2:
+        error.__cause__ = _remote_cause(str(cause[0]), str(cause[1]))
     return OpResult(bool(stored.get("ok")), stored.get("value"), error)
+
+
+def _remote_cause(kind: str, message: str) -> Exception:
+    """An error raised in another Memory, rebuilt from its type's name and message: an
+    `LLMError` or `EmbeddingError` (what a caller tells an `operation_failed` by) as itself,
+    anything else as a `MnemoError` naming its type."""
+    for error_type in (LLMTimeout, LLMError, EmbeddingError):
+        if kind == error_type.__name__:
+            return error_type(message)
+    return MnemoError(f"{kind} (raised by the Memory that ran the operation): {message}")
 
 
 def kick(live: Sessions, session: SessionRecord) -> None:

@@ -97,6 +97,10 @@ class SessionRecord:
     claimed: set[str] = field(default_factory=set)
     changed: anyio.Event = field(default_factory=anyio.Event)
     scopes: set[anyio.CancelScope] = field(default_factory=set)
+    # Tasks that only wait on the store for it (`operations.watch`): cancelled with it, but no
+    # work on it (a watcher counted as work made this Memory queue operations locally, for
+    # an extraction it did not hold, and never take over that work).
+    waits: set[anyio.CancelScope] = field(default_factory=set)
     # The model the session's extraction started with (`ports.model_name`); None: unknown.
     extraction_model: str | None = None
     last_activity: float = 0.0

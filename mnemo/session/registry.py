@@ -177,7 +177,7 @@ class Sessions:
         session.ended = True
         self.by_id.pop(session.id, None)
         self.machines.remove(session.model)
-        for scope in list(session.scopes):
+        for scope in [*session.scopes, *session.waits]:
             scope.cancel()
         session.notify()
 
@@ -191,14 +191,18 @@ class Sessions:
             self.timer_wake.set()
 
     def spawn(
-        self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any
+        self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any,
+        waiting: bool = False,
     ) -> None:
-        """Starts `fn(*args)` in the service's group, cancellable by `end_session`."""
+        """Starts `fn(*args)` in the service's group, cancellable by `end_session`: work on
+        the session (`session.scopes`), or, `waiting`, a task that only waits on the store
+        (`session.waits`)."""
         assert self.tg is not None, "the Memory is not open"
+        scopes = session.waits if waiting else session.scopes
 
         async def owned() -> None:
             with anyio.CancelScope() as scope:
-                session.scopes.add(scope)
+                scopes.add(scope)
                 try:
                     await fn(*args)
                 except Exception:
@@ -206,6 +210,6 @@ class Sessions:
                     # task group: it is logged, and the session stays in its persisted state.
                     log.exception("%s: background work crashed", session.id)
                 finally:
-                    session.scopes.discard(scope)
+                    scopes.discard(scope)
 
         self.tg.start_soon(owned)

@@ -164,7 +164,7 @@ class SessionService:
         session.ended = True
         del self._live.by_id[session_id]
         self._live.machines.remove(session.model)
-        for scope in list(session.scopes):
+        for scope in [*session.scopes, *session.waits]:
             scope.cancel()
         await operations.fail_pending(session, "session_ended")
         session.notify()

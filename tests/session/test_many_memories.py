@@ -365,6 +365,32 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -
         assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
 
 
+async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(store: str) -> None:
+    """An append accepted through A, run by B (which held the extraction) and failed by B's
+    LLM: A's callback gets operation_failed with the LLMError as its cause (the cause was
+    lost on the way through the store)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        called = {name: Called() for name in ["commit", "start", "append"]}
+        await a.mem.commit_async(sid, called["commit"])
+        await a.mem.start_episode_async(sid, "next", called["start"])
+        await a.mem.append_async(sid, "walk west", "go west", called["append"])
+        b.llm.fail_tasks.add("state")
+        held.release()
+        with anyio.fail_after(10):
+            for callback in called.values():
+                await callback.done.wait()
+        assert [c.results[0].value for c in called.values()] == ["committed", "started", None]
+        [failed] = called["append"].results
+        assert failed.error is not None
+        assert failed.error.reason == "operation_failed"
+        assert isinstance(failed.error.__cause__, mnemo.LLMError)
+        assert "state" in str(failed.error.__cause__)
+
+
 async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callback(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -120,6 +120,8 @@ async def apply(
     Raises:
         StorageError: the transaction failed; nothing of it was written.
         ValueError: a vector is not of the repo's dimension; nothing was written.
+        SourceTaken: a `SourceRecorded` in `also` names a source another writer recorded
+            since the caller looked; nothing was written.
     """
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
     # Asked before the lock, as merges are (issue 9): one slow provider must not stall the

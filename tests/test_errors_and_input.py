@@ -166,15 +166,21 @@ async def test_malformed_types_and_steps_are_refused(mem: mnemo.Memory) -> None:
     """An unknown node type in `types`, steps that are not a list of Step and a `top_k`
     below 1 are InvalidInputError (a bare ValueError and a TypeError escaped; `latest`
     returned [])."""
-    for call in (
-        lambda: mem.recall(REPO, "walk north", types=["bogus"]),
-        lambda: mem.recall(REPO, "walk north", types=[3]),
-        lambda: mem.get_nodes_by_type(REPO, ["bogus"]),
+    # Input the annotations refuse: a caller's mistake, seen at run time.
+    bogus: Any = ["bogus"]
+    three: Any = [3]
+    no_steps: Any = None
+    texts: Any = ["walk north"]
+    calls: list[Any] = [
+        lambda: mem.recall(REPO, "walk north", types=bogus),
+        lambda: mem.recall(REPO, "walk north", types=three),
+        lambda: mem.get_nodes_by_type(REPO, bogus),
         lambda: mem.latest(REPO, top_k=0),
         lambda: mem.latest(REPO, top_k=-1),
-        lambda: mem.ingest(REPO, mnemo.Trajectory("explore", None), source_id="s1"),  # type: ignore[arg-type]
-        lambda: mem.ingest(REPO, mnemo.Trajectory("explore", ["walk north"]), source_id="s1"),  # type: ignore[list-item]
-    ):
+        lambda: mem.ingest(REPO, mnemo.Trajectory("explore", no_steps), source_id="s1"),
+        lambda: mem.ingest(REPO, mnemo.Trajectory("explore", texts), source_id="s1"),
+    ]
+    for call in calls:
         with pytest.raises(mnemo.InvalidInputError):
             await call()
     assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []

@@ -169,32 +169,27 @@ async def submit_remote(
     args: tuple[Any, ...],
     callback: Callback | None,
 ) -> None:
-    """Accepts an operation for a session that extracts, here or in another Memory: it is
-    stored with the session, in one queue with those every other Memory accepted (validated
-    against all of them, in the store's transaction), whoever ends the extraction runs them
-    in the order they were accepted, and its callback runs here.
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
 
     Raises:
         SessionError: as `submit`.
     """
     _check_args(session, kind, args)
+    waiting = live.remote.get(session.id, [])
+    if len(waiting) >= session.config.max_pending_ops:
+        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
     auto = session.config.auto_commit
-    op = Op(kind, args, callback)
-
-    def admit(queued: list[str]) -> None:
-        if len(queued) >= session.config.max_pending_ops:
-            raise SessionError("pending_queue_full", state=session.state,
-                               session_id=session.id)
-        if project(S.IDLE if auto else S.READY, [*(Op(k, (), None) for k in queued), op],
-                   auto_commit=auto) is None:
-            raise SessionError(
-                "invalid_queued_operation", state=session.state, session_id=session.id
-            )
-
+    queued = [Op(k, (), None) for _, k, _ in waiting]
+    if project(S.IDLE if auto else S.READY, [*queued, Op(kind, args, callback)],
+               auto_commit=auto) is None:
+        raise SessionError(
+            "invalid_queued_operation", state=session.state, session_id=session.id
+        )
     op_id = f"op_{uuid.uuid4().hex}"
     await live.coordination.queue_op(StoredOp(
         op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
-    ), admit)
+    ))
     live.remote.setdefault(session.id, []).append((op_id, kind, callback))
     watch(live, session)
 

@@ -8,7 +8,7 @@ it returns; `load_live` brings back every session that had not ended. Implementa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -201,11 +201,8 @@ class Coordination(Protocol):
         before `unseen_since`. Oldest first. Reads only."""
         ...
 
-    async def queue_op(self, op: StoredOp, admit: Callable[[list[str]], None]) -> None:
-        """Stores an async operation accepted while the session extracts, if `admit` lets
-        it: in one transaction that holds the session's queue, `admit` is called with the
-        kinds of the session's operations stored and not taken yet (from every Memory, in the
-        order they were accepted) and raises to refuse (nothing stored)."""
+    async def queue_op(self, op: StoredOp) -> None:
+        """Stores an async operation accepted while another Memory holds the session's work."""
         ...
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:

@@ -268,11 +268,8 @@ class SessionService:
                 "invalid_queued_operation" (API.md's queue rules).
         """
         session = await self._live.fetch(session_id, fresh=True)
-        if session.state is S.EXTRACTING and self._live.holder_id is not None:
-            # Stored with the session, here as in every other Memory: one queue, in the
-            # order of acceptance, whoever extracts (each Memory's own queue let a later
-            # operation accepted by the extracting Memory run before an earlier one stored by
-            # another, and validated each against its own alone).
+        if session.state is S.EXTRACTING and not session.scopes:
+            # Another Memory extracts it: the operation is stored with the session.
             await operations.submit_remote(self._live, session, kind, args, callback)
             return
         operations.submit(self._live, session, kind, args, callback)

@@ -11,7 +11,7 @@ xfail stated the contract before the mechanism of issue 11 existed; none is left
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -389,38 +389,6 @@ async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(store: 
         assert failed.error.reason == "operation_failed"
         assert isinstance(failed.error.__cause__, mnemo.LLMError)
         assert "state" in str(failed.error.__cause__)
-
-
-async def test_operations_accepted_through_two_memories_form_one_queue(store: str) -> None:
-    """While A extracts, B accepts a commit, then A a start_episode and a second commit: the
-    second commit is refused against the one queue (ready -commit-> idle -start_episode->
-    collecting: no commit), and the others run in the order they were accepted, wherever
-    (A's own went first, and each Memory validated against its own operations alone)."""
-    async with workers(store, 2) as (a, b):
-        sid = await fill(a.mem)
-        held = await extracting(a, sid)
-        order: list[str] = []
-        done = anyio.Event()
-
-        def record(name: str) -> Callable[[mnemo.OpResult], None]:
-            def callback(result: mnemo.OpResult) -> None:
-                order.append(f"{name}: {result.value or result.error}")
-                if len(order) == 2:
-                    done.set()
-            return callback
-
-        await b.mem.commit_async(sid, record("B commit"))
-        await a.mem.start_episode_async(sid, "next", record("A start_episode"))
-        with pytest.raises(mnemo.SessionError) as caught:
-            await a.mem.commit_async(sid, record("A commit"))
-        assert caught.value.reason == "invalid_queued_operation"
-        held.release()
-        with anyio.fail_after(10):
-            await done.wait()
-        # Each ran in turn (a start_episode run before the commit would find the session
-        # ready and fail); the callbacks arrive where each was accepted, B's through the store.
-        assert sorted(order) == ["A start_episode: started", "B commit: committed"]
-        assert await a.mem.session_state(sid) is State.COLLECTING
 
 
 async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callback(

@@ -12,8 +12,7 @@ statement.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -106,14 +105,8 @@ class PgCoordination:
         )
         return [_lease(row) for row in rows]
 
-    async def queue_op(self, op: StoredOp, admit: Callable[[list[str]], None]) -> None:
-        async with self._pg.transaction() as conn:
-            # The session's queue, held to commit: concurrent acceptances see each other.
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_ops_lock(op.session_id),))
-            cur = await conn.execute(
-                "SELECT kind FROM ops WHERE session_id = %s AND taken_by IS NULL"
-                " ORDER BY created_at, id", (op.session_id,))
-            admit([str(kind) for (kind,) in await cur.fetchall()])
+    async def queue_op(self, op: StoredOp) -> None:
+        async with self._pg.connection() as conn:
             await conn.execute(
                 "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s)",
@@ -176,9 +169,3 @@ def _lease(row: tuple[Any, ...]) -> SessionLease:
         None if holder is None else str(holder), until,
         None if model is None else str(model), bool(ended),
     )
-
-
-def _ops_lock(session_id: str) -> int:
-    """The advisory-lock key of a session's queue of stored operations: 64 bits of a digest."""
-    digest = hashlib.sha256(b"mnemo.ops:" + session_id.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)

@@ -11,7 +11,7 @@ the second one finds the version moved. Times are stored as SQLite stores every 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -130,15 +130,12 @@ class SqliteCoordination:
         )
         return [_lease(row) for row in rows]
 
-    async def queue_op(self, op: StoredOp, admit: Callable[[list[str]], None]) -> None:
+    async def queue_op(self, op: StoredOp) -> None:
         row = (op.id, op.session_id, op.kind, json.dumps(op.args), op.accepted_by,
                _text(op.created_at))
 
         def write(db: SqliteUtilsDatabase) -> None:
-            with db.atomic():  # BEGIN IMMEDIATE: the write lock, so the queue read holds
-                admit([kind for (kind,) in db.conn.execute(
-                    "SELECT kind FROM ops WHERE session_id = ? AND taken_by IS NULL"
-                    " ORDER BY created_at, id", (op.session_id,))])
+            with db.atomic():
                 db.conn.execute(
                     "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
                     " VALUES (?, ?, ?, ?, ?, ?)",

@@ -167,6 +167,9 @@ class SessionService:
         for scope in [*session.scopes, *session.waits]:
             scope.cancel()
         await operations.fail_pending(session, "session_ended")
+        # And those it stored for another Memory's extraction: their watcher was cancelled
+        # with the rest, and nothing else would call them back.
+        await operations.fail_remote(self._live, session, "session_ended")
         session.notify()
 
     # ---- the sync calls ----------------------------------------------------------------------

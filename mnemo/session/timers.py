@@ -92,8 +92,10 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
         except SessionError:
             live.touch(session)  # a call got in first (an append): not idle after all
             return
-        while current_state(session) is S.EXTRACTING and not session.ended:
-            await session.changed.wait()
+    # This close's extraction, or one a caller's close started while the work above ran: the
+    # session ends once it is committed, not before (ending it would cancel it).
+    while current_state(session) is S.EXTRACTING and not session.ended:
+        await session.changed.wait()
     if session.ended:
         return
     if current_state(session) is S.FAILED:

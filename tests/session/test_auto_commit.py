@@ -187,3 +187,28 @@ async def test_an_expiry_due_while_work_runs_waits_for_it_and_loses_nothing(
         await events.wait_for(lambda e: e.kind == "session_expired")
         assert [(r.ok, r.value) for r in results] == [(True, "appended")]
         assert await episodic_indices(mem) == [0, 1, 2]
+
+
+async def test_an_expiry_waiting_for_work_waits_for_a_close_made_meanwhile(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
+    """The expiry waits for a held background commit; meanwhile the app closes the session:
+    the expiry waits for that close's extraction too before ending the session (it ended it
+    at once, cancelling the extraction: the last step was never committed)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        held = llm.hold("semantic")
+        await mem.append(sid, "open door", "push door")  # a boundary: step 0 commits
+        with anyio.fail_after(5):
+            await held.started.wait()
+        record = mem._service._live.by_id[sid]
+        with anyio.fail_after(5):
+            while record.last_activity != math.inf:  # until the expiry is due, and started
+                await anyio.wait_all_tasks_blocked()
+        await mem.close_async(sid)  # queued behind the background commit
+        held.release()
+        await events.wait_for(lambda e: e.kind == "session_expired")
+        assert await episodic_indices(mem) == [0, 1]

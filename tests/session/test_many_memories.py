@@ -391,6 +391,24 @@ async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(store: 
         assert "state" in str(failed.error.__cause__)
 
 
+async def test_end_session_calls_back_the_operations_it_stored_for_another(store: str) -> None:
+    """B accepts a commit while A extracts (stored with the session), then B ends the
+    session: B's callback gets session_ended once (the watcher was cancelled and nothing
+    called it back)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        callback = Called()
+        await b.mem.commit_async(sid, callback)
+        await b.mem.end_session(sid)
+        with anyio.fail_after(5):
+            await callback.done.wait()
+        held.release()
+        [result] = callback.results
+        assert result.error is not None
+        assert result.error.reason == "session_ended"
+
+
 async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callback(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo.ports import task_inputs
 from tests.conftest import REPO
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
 
 def extracted_observations(llm: FakeLLM) -> list[str]:
@@ -160,6 +160,29 @@ def _embedder() -> FakeEmbedder:
     return FakeEmbedder()
 
 
+# Sessions that expire 50 ms after their last activity, with no flush.
+EXPIRING = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
+
+
+async def held_background_commit(mem: mnemo.Memory, llm: FakeLLM) -> tuple[str, Hold]:
+    """A session of two steps whose first commits in the background, held at "semantic"."""
+    sid = await mem.start_session("explore", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    held = llm.hold("semantic")
+    await mem.append(sid, "open door", "push door")  # a boundary: step 0 commits
+    with anyio.fail_after(5):
+        await held.started.wait()
+    return sid, held
+
+
+async def until_expiry_started(mem: mnemo.Memory, sid: str) -> None:
+    """Until the session's expiry is due and its task started (it marks the session)."""
+    record = mem._service._live.by_id[sid]
+    with anyio.fail_after(5):
+        while record.last_activity != math.inf:
+            await anyio.wait_all_tasks_blocked()
+
+
 async def test_an_expiry_due_while_work_runs_waits_for_it_and_loses_nothing(
     llm: FakeLLM, events: EventLog, store: str
 ) -> None:
@@ -167,21 +190,12 @@ async def test_an_expiry_due_while_work_runs_waits_for_it_and_loses_nothing(
     the expiry waits for them (it ended the session at once, cancelling the commit: no step
     reached the graph); the queued append is activity, so the session expires a timeout
     later, with every step committed."""
-    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
-        await mem.open_repo(REPO, config=config)
-        sid = await mem.start_session("explore", repo=REPO)
-        await mem.append(sid, "walk north", "go north")
-        held = llm.hold("semantic")
-        await mem.append(sid, "open door", "push door")  # a boundary: step 0 commits
-        with anyio.fail_after(5):
-            await held.started.wait()
+        await mem.open_repo(REPO, config=EXPIRING)
+        sid, held = await held_background_commit(mem, llm)
         results: list[mnemo.OpResult] = []
         await mem.append_async(sid, "open lid", "lift lid", callback=results.append)
-        record = mem._service._live.by_id[sid]
-        with anyio.fail_after(5):
-            while record.last_activity != math.inf:  # until the expiry is due, and started
-                await anyio.wait_all_tasks_blocked()
+        await until_expiry_started(mem, sid)
         await anyio.wait_all_tasks_blocked()
         held.release()
         await events.wait_for(lambda e: e.kind == "session_expired")
@@ -195,19 +209,10 @@ async def test_an_expiry_waiting_for_work_waits_for_a_close_made_meanwhile(
     """The expiry waits for a held background commit; meanwhile the app closes the session:
     the expiry waits for that close's extraction too before ending the session (it ended it
     at once, cancelling the extraction: the last step was never committed)."""
-    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
-        await mem.open_repo(REPO, config=config)
-        sid = await mem.start_session("explore", repo=REPO)
-        await mem.append(sid, "walk north", "go north")
-        held = llm.hold("semantic")
-        await mem.append(sid, "open door", "push door")  # a boundary: step 0 commits
-        with anyio.fail_after(5):
-            await held.started.wait()
-        record = mem._service._live.by_id[sid]
-        with anyio.fail_after(5):
-            while record.last_activity != math.inf:  # until the expiry is due, and started
-                await anyio.wait_all_tasks_blocked()
+        await mem.open_repo(REPO, config=EXPIRING)
+        sid, held = await held_background_commit(mem, llm)
+        await until_expiry_started(mem, sid)
         await mem.close_async(sid)  # queued behind the background commit
         held.release()
         await events.wait_for(lambda e: e.kind == "session_expired")

@@ -11,6 +11,7 @@ by what a caller sent.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 
 from mnemo.errors import InvalidInputError
@@ -73,6 +74,18 @@ def check_storable(value: str, what: str) -> str:
         raise InvalidInputError(
             f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
         )
+    return value
+
+
+def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf) -> int:
+    """An integer argument within [minimum, maximum].
+
+    Raises:
+        InvalidInputError: not an integer (bools refused) or out of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        bound = f"between {minimum} and {maximum}" if math.isfinite(maximum) else f">= {minimum}"
+        raise InvalidInputError(f"{name} must be an integer {bound}, got {value!r}")
     return value
 
 

@@ -10,7 +10,6 @@ exactly what was saved.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,13 +150,3 @@ def _call_text(name: object, arguments: object) -> str:
     return f"{name if isinstance(name, str) else 'tool'}({arguments})"
 
 
-def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf) -> int:
-    """An integer argument within [minimum, maximum].
-
-    Raises:
-        InvalidInputError: not an integer (bools refused) or out of range.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        bound = f"between {minimum} and {maximum}" if math.isfinite(maximum) else f">= {minimum}"
-        raise InvalidInputError(f"{name} must be an integer {bound}, got {value!r}")
-    return value

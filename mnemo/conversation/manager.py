@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from mnemo.conversation.drafts import check_count, check_history, check_thread_id, draft
+from mnemo.conversation.drafts import check_history, check_thread_id, draft
 from mnemo.conversation.model import (
     Compaction,
     Compression,
@@ -28,7 +28,7 @@ from mnemo.conversation.render import compaction_message, flat, prune_tool_outpu
 from mnemo.conversation.selection import top_k, with_tool_pairs
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
-from mnemo.inputs import check_text
+from mnemo.inputs import check_count, check_text
 from mnemo.ports import ask
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.config import Config
-from mnemo.conversation.drafts import check_count, check_thread_id, search_text
+from mnemo.conversation.drafts import check_thread_id, search_text
 from mnemo.conversation.eviction import Evictor
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
@@ -47,7 +47,7 @@ from mnemo.conversation.viewport import layout
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
-from mnemo.inputs import check_id, check_text
+from mnemo.inputs import check_count, check_id, check_text
 from mnemo.ports import LLM, Embedder
 
 Clock = Callable[[], datetime]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.graph.model import Link, Node
-from mnemo.inputs import check_id
+from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
     from mnemo.graph.ports import GraphStore
@@ -67,27 +67,18 @@ class CommitDiff:
     retired: list[Node] = field(default_factory=list)
 
 
-def check_limit(limit: int) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InvalidInputError(f"limit must be an integer of at least 1, got {limit!r}")
-
-
-def _check_id(commit_id: str) -> None:
-    check_id(commit_id, "commit_id")
-
-
 async def history(graph: GraphStore, repo: str, limit: int) -> list[CommitRecord]:
     """The repo's `limit` newest commits, newest first.
 
     Raises:
         InvalidInputError: a limit below 1.
     """
-    check_limit(limit)
+    check_count("limit", limit, minimum=1)
     return await graph.commit_log(repo, limit=limit)
 
 
 async def _record(graph: GraphStore, repo: str, commit_id: str) -> CommitRecord:
-    _check_id(commit_id)
+    check_id(commit_id, "commit_id")
     record = await graph.commit_record(repo, commit_id)
     if record is None:
         raise InvalidInputError(f"repo {repo!r} has no commit {commit_id!r}")
@@ -118,7 +109,7 @@ async def revert(graph: GraphStore, repo: str, commit_id: str) -> CommitDiff:
         InvalidInputError: a blank id, or no such commit in the repo.
         ConflictError: later work built on the commit (see the module's docstring).
     """
-    _check_id(commit_id)
+    check_id(commit_id, "commit_id")
     async with graph.lock(repo):
         undone = await diff(graph, repo, commit_id)
         record = undone.commit

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_storable, check_text
+from mnemo.inputs import check_count, check_storable, check_text
 
 
 class GraphReads:
@@ -28,7 +28,7 @@ class GraphReads:
 
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         await self._known(repo)
-        nodes = await self._graph.get_nodes(repo, [check_storable(node_id, "node_id")])
+        nodes = await self._graph.get_nodes(repo, _node_ids(node_id))
         return nodes[0] if nodes else None
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
@@ -53,7 +53,7 @@ class GraphReads:
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         await self._known(repo)
-        _check_count("top_k", top_k)
+        check_count("top_k", top_k, minimum=1)
         return await self._graph.latest(repo, node_types(types), top_k)
 
     async def search_nodes(
@@ -61,7 +61,7 @@ class GraphReads:
     ) -> list[Node]:
         await self._known(repo)
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        _check_count("limit", limit)
+        check_count("limit", limit, minimum=1)
         kinds = None if types is None else node_types(types)
         found = await self._graph.search_text(repo, query, limit, kinds)
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
@@ -87,13 +87,8 @@ def node_types(types: Iterable[NodeType]) -> list[NodeType]:
         ) from exc
 
 
-def _check_count(name: str, value: object) -> None:
-    """Raises InvalidInputError unless `value` is an integer of at least 1."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
-
 
 def _node_ids(node_ids: str | Sequence[str]) -> list[str]:
-    """`node_ids` as a list (a lone string is one id), each checked (`inputs.check_id`)."""
+    """`node_ids` as a list (a lone string is one id), each checked (`inputs.check_storable`)."""
     ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
     return [check_storable(node_id, "node id") for node_id in ids]

@@ -161,16 +161,11 @@ class SessionService:
         await self._live.store.end(session_id)
         if session.ended:  # ended by another call while this one waited for the store
             return
-        session.ended = True
-        del self._live.by_id[session_id]
-        self._live.machines.remove(session.model)
-        for scope in [*session.scopes, *session.waits]:
-            scope.cancel()
+        self._live.drop(session)
         await operations.fail_pending(session, "session_ended")
         # And those it stored for another Memory's extraction: their watcher was cancelled
         # with the rest, and nothing else would call them back.
         await operations.fail_remote(self._live, session, "session_ended")
-        session.notify()
 
     # ---- the sync calls ----------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ import pytest
 import mnemo
 from mnemo import State
 from mnemo.session import operations
+from mnemo.session.ports import HolderInfo
 from tests.backends import sql
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
@@ -588,3 +590,165 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
         assert await b.mem.session_state(sid) is State.IDLE
         assert set((await node_texts(a.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
+
+
+def recording(order: list[str], name: str, done: anyio.Event, count: int) -> Any:
+    """A callback that appends "<name>: <value or reason>" to `order`, and sets `done` once
+    `order` holds `count` entries."""
+
+    def callback(result: mnemo.OpResult) -> None:
+        order.append(f"{name}: {result.value or (result.error and result.error.reason)}")
+        if len(order) == count:
+            done.set()
+
+    return callback
+
+
+async def test_operations_accepted_through_two_memories_form_one_queue(store: str) -> None:
+    """While A extracts, B accepts a commit, then A a start_episode, then A a second commit:
+    the second commit is refused against the one queue (ready -commit-> idle -start_episode->
+    collecting: no commit), and the others run in the order they were accepted. Before, each
+    Memory validated against its own operations alone: A refused the start_episode (projected
+    from ready, without B's commit)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        order: list[str] = []
+        done = anyio.Event()
+        await b.mem.commit_async(sid, recording(order, "B commit", done, 2))
+        await a.mem.start_episode_async(sid, "next", recording(order, "A start", done, 2))
+        with pytest.raises(mnemo.SessionError) as caught:
+            await a.mem.commit_async(sid, recording(order, "A commit", done, 2))
+        assert caught.value.reason == "invalid_queued_operation"
+        with pytest.raises(mnemo.SessionError) as caught:
+            await b.mem.discard_async(sid, recording(order, "B discard", done, 2))
+        assert caught.value.reason == "invalid_queued_operation"
+        held.release()
+        with anyio.fail_after(10):
+            await done.wait()
+        # A start_episode run before the commit would have found the session ready.
+        assert sorted(order) == ["A start: started", "B commit: committed"]
+        assert await a.mem.session_state(sid) is State.COLLECTING
+        assert set((await node_texts(b.mem)).values()) == {1}
+
+
+async def test_the_queue_counts_every_memorys_operations(store: str) -> None:
+    """The bound of pending operations holds for the one queue: three through A and two
+    through B fill it, and the sixth is refused wherever it comes from."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        order: list[str] = []
+        done = anyio.Event()
+        await a.mem.commit_async(sid, recording(order, "commit", done, 5))
+        await b.mem.start_episode_async(sid, "next", recording(order, "start", done, 5))
+        for i, worker in enumerate([a, b, a]):
+            await worker.mem.append_async(sid, f"step {i}", "act",
+                                          recording(order, f"append {i}", done, 5))
+        for worker in (a, b):
+            with pytest.raises(mnemo.SessionError) as caught:
+                await worker.mem.append_async(sid, "one more", "act")
+            assert caught.value.reason == "pending_queue_full"
+        held.release()
+        with anyio.fail_after(10):
+            await done.wait()
+        # Each callback comes where its operation was accepted (B's through the store, later
+        # than it ran): the steps show the order they ran in.
+        assert sorted(order) == ["append 0: appended", "append 1: appended",
+                                 "append 2: appended", "commit: committed", "start: started"]
+        context = await b.mem.session_context(sid)
+        assert context is not None
+        assert context.recent_steps == ["step 0 -> act", "step 1 -> act", "step 2 -> act"]
+
+
+async def test_an_operation_accepted_as_the_extraction_ends_runs_after_those_stored(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B's commit is stored while A extracts; A's extraction ends (ready) and, before A has
+    taken the stored queue, A accepts a start_episode: it joins the queue behind the commit
+    and runs after it. Before, the session looked free (ready, nothing running here), so
+    the start_episode was refused at once (or a discard would have run first and thrown the
+    changeset the commit was queued for away)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        order: list[str] = []
+        done = anyio.Event()
+        await b.mem.commit_async(sid, recording(order, "B commit", done, 2))
+        coordination = a.mem._backend.coordination
+        real = coordination.take_ops
+        reached, go = anyio.Event(), anyio.Event()
+
+        async def late_take(*args: Any) -> Any:
+            if not go.is_set():
+                reached.set()
+                await go.wait()
+            return await real(*args)
+
+        monkeypatch.setattr(coordination, "take_ops", late_take)
+        held.release()
+        with anyio.fail_after(10):
+            await reached.wait()
+        assert await a.mem.session_state(sid) is State.READY
+        with pytest.raises(mnemo.SessionError) as caught:
+            await a.mem.discard_async(sid)  # ready -commit-> idle: nothing to discard
+        assert caught.value.reason == "invalid_queued_operation"
+        await a.mem.start_episode_async(sid, "next", recording(order, "A start", done, 2))
+        go.set()
+        with anyio.fail_after(10):
+            await done.wait()
+        assert sorted(order) == ["A start: started", "B commit: committed"]
+        assert await b.mem.session_state(sid) is State.COLLECTING
+        assert set((await node_texts(b.mem)).values()) == {1}
+        assert await sql(b.mem, "SELECT id FROM ops") == []
+
+
+async def test_end_session_calls_back_the_extracting_memorys_own_stored_operations(
+    store: str,
+) -> None:
+    """A commit accepted through A while A itself extracts is stored like any other; A ends
+    the session: its callback gets session_ended once, and its row is gone."""
+    async with workers(store, 1) as (a,):
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        callback = Called()
+        await a.mem.commit_async(sid, callback)
+        await a.mem.end_session(sid)
+        with anyio.fail_after(5):
+            await callback.done.wait()
+        held.release()
+        [result] = callback.results
+        assert result.error is not None
+        assert result.error.reason == "session_ended"
+        assert await sql(a.mem, "SELECT id FROM ops") == []
+
+
+async def test_operations_a_vanished_memory_took_are_answered_never_run_again(
+    store: str,
+) -> None:
+    """B's commit, stored while A extracts, is taken by a Memory that then vanishes (its
+    heartbeat stopped long ago) before reporting. When A's extraction ends, A answers it as
+    failed rather than run it again (it may have run), and the session stays ready; while
+    a live Memory runs the queue, A takes nothing."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(a, sid)
+        callback = Called()
+        await b.mem.commit_async(sid, callback)
+        coordination = a.mem._backend.coordination
+        now = datetime.now(UTC)
+        long_ago = now - timedelta(hours=1)
+        await coordination.register(HolderInfo("ghost", "elsewhere", 1, long_ago, long_ago))
+        [taken] = await coordination.take_ops(sid, "ghost", long_ago)
+        assert taken.kind == "commit"
+        await coordination.register(HolderInfo("alive", "elsewhere", 1, now, now))
+        assert await coordination.take_ops(sid, "alive", long_ago) == []  # nothing left
+        held.release()
+        with anyio.fail_after(10):
+            await callback.done.wait()
+        [result] = callback.results
+        assert result.error is not None
+        assert result.error.reason == "operation_failed"
+        assert "stopped before it reported" in str(result.error.__cause__)
+        assert await a.mem.session_state(sid) is State.READY
+        assert await sql(a.mem, "SELECT id FROM ops") == []

@@ -45,15 +45,10 @@ class Holding:
         self._registered = anyio.Event()
         self._registering = anyio.Lock()
         live.holder_id, live.lease_until = self.id, self.lease_until
-        live.unseen_since = self.unseen_since
         live.register_holder = self.register
 
     def lease_until(self) -> datetime:
         return datetime.now(UTC) + self._lease
-
-    def unseen_since(self) -> datetime:
-        """A holder last seen before this is gone (its leases ran out)."""
-        return datetime.now(UTC) - self._lease
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Looks for work to take over until cancelled and, once this Memory holds work,

@@ -29,16 +29,7 @@ from mnemo.inputs import check_text
 from mnemo.session import transitions
 from mnemo.session.machine import Move, State, answer
 from mnemo.session.ports import StoredOp
-from mnemo.session.queue import (
-    VALUES,
-    Callback,
-    Op,
-    OpResult,
-    Refused,
-    admit,
-    deliver,
-    project,
-)
+from mnemo.session.queue import VALUES, Callback, Op, OpResult, deliver, project
 from mnemo.session.records import SessionRecord, check_step
 from mnemo.session.registry import POLL_INTERVAL, Sessions
 
@@ -120,8 +111,6 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         # The later ones are taken out at once: while the callbacks run, nothing else (a
         # background commit ending) may start one of them.
         later = _take_pending(session)
-        if session.draining:  # and so are those stored meanwhile, as this Memory takes them
-            session.stored_failed = "preceding_op_failed"
         await _finish_op(session, op, OpResult(False, None, _as_session_error(exc, session)))
         await _fail(session, later, "preceding_op_failed")
     except BaseException:
@@ -179,34 +168,30 @@ async def submit_remote(
     kind: str,
     args: tuple[Any, ...],
     callback: Callback | None,
-) -> bool:
-    """Accepts an operation into the session's one queue in the store, which every Memory
-    joins while the session extracts (here or elsewhere) and until all it holds has run: it
-    is validated against every operation stored before it, in the storing transaction;
-    whoever runs the queue runs it in the order of acceptance, and its callback runs here.
-    False, with nothing stored, when there is no such queue: the operation is `submit`'s.
+) -> None:
+    """Accepts an operation for a session whose extraction another Memory holds: it is stored
+    with the session, whoever ends that work runs it, and its callback runs here.
 
     Raises:
         SessionError: as `submit`.
     """
     _check_args(session, kind, args)
-    auto, limit = session.config.auto_commit, session.config.max_pending_ops
-
-    def decide(state: State, tail: State | None, waiting: int) -> State | None:
-        return admit(state, tail, waiting, kind, auto_commit=auto, limit=limit)
-
+    waiting = live.remote.get(session.id, [])
+    if len(waiting) >= session.config.max_pending_ops:
+        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+    auto = session.config.auto_commit
+    queued = [Op(k, (), None) for _, k, _ in waiting]
+    if project(S.IDLE if auto else S.READY, [*queued, Op(kind, args, callback)],
+               auto_commit=auto) is None:
+        raise SessionError(
+            "invalid_queued_operation", state=session.state, session_id=session.id
+        )
     op_id = f"op_{uuid.uuid4().hex}"
-    try:
-        stored = await live.coordination.queue_op(StoredOp(
-            op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
-        ), decide)
-    except Refused as refused:
-        raise SessionError(refused.reason, state=session.state, session_id=session.id) from None
-    if not stored:
-        return False
+    await live.coordination.queue_op(StoredOp(
+        op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
+    ))
     live.remote.setdefault(session.id, []).append((op_id, kind, callback))
     watch(live, session)
-    return True
 
 
 def watch(live: Sessions, session: SessionRecord) -> None:
@@ -271,18 +256,11 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
 
 async def run_stored(live: Sessions, session: SessionRecord) -> None:
     """Takes the session's stored operations nobody took yet and runs them here, in the order
-    they were accepted (after a failed extraction they fail with "extraction_failed", after
-    a failed operation with "preceding_op_failed"); each result goes to the Memory that
-    accepted it. Once they have run, `kick` takes what was stored meanwhile, until nothing
-    is left. Takes nothing while another Memory runs the queue."""
-    if live.holder_id is None or live.unseen_since is None:
+    they were accepted (after a failed extraction they fail with "extraction_failed"); each
+    result goes to the Memory that accepted it."""
+    if live.holder_id is None:
         return
-    if live.register_holder is not None:
-        await live.register_holder()  # seen by the others as the queue's runner, alive
-    taken = await live.coordination.take_ops(session.id, live.holder_id, live.unseen_since())
-    session.draining = bool(taken)
-    if not taken:
-        session.stored_failed = None
+    taken = await live.coordination.take_ops(session.id, live.holder_id)
     # An operation whose Memory closed before it ran has nobody to call back: its row goes.
     # The operations are taken (committed) by now, so a fault there must not keep them from
     # running: the row stays, taken, and nobody waits for it.
@@ -294,9 +272,8 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
                     session.id, len(orphans), exc)
     for stored in taken:
         callback = _result_to(live, stored.id) if stored.accepted_by else None
-        reason = "extraction_failed" if session.state is S.FAILED else session.stored_failed
-        if reason is not None:
-            error = SessionError(reason, state=session.state, session_id=session.id)
+        if session.state is S.FAILED:
+            error = SessionError("extraction_failed", state=session.state, session_id=session.id)
             await deliver(callback, OpResult(False, None, error))
             continue
         op = Op(stored.kind, tuple(stored.args), callback)
@@ -332,14 +309,11 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
     """Answers every operation this Memory stored for the session with `reason` (they stay
     stored: another Memory may still run them, and forgets each once it ran)."""
     entries = live.remote.pop(session.id, [])
-    ids = [op_id for op_id, _, _ in entries]
-    try:
-        if reason == "memory_closed":
-            await live.coordination.orphan_ops(ids)  # they still run, with nobody to tell
-        else:
-            await live.coordination.drop_ops(ids)  # the session ended: nothing runs them
-    except MnemoError as exc:
-        log.warning("%s: could not leave its stored operations: %r", session.id, exc)
+    if entries and reason == "memory_closed":
+        try:
+            await live.coordination.orphan_ops([op_id for op_id, _, _ in entries])
+        except MnemoError as exc:
+            log.warning("%s: could not leave its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         error = SessionError(reason, state=session.state, session_id=session.id)
         await deliver(callback, OpResult(False, None, error))
@@ -370,14 +344,9 @@ def _remote_cause(kind: str, message: str) -> Exception:
 
 def kick(live: Sessions, session: SessionRecord) -> None:
     """Starts the next queued operation if nothing holds the session."""
-    if session.ended or session.running is not None:
+    if session.ended or session.running is not None or not session.pending:
         return
     if session.state is S.EXTRACTING or session.background:
-        return
-    if not session.pending:
-        if session.draining:  # what was stored while the queue ran here runs next
-            session.draining = False
-            live.spawn(session, run_stored, live, session)
         return
     op = session.pending.popleft()
     session.running = op

@@ -8,7 +8,7 @@ it returns; `load_live` brings back every session that had not ended. Implementa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -137,16 +137,6 @@ class SessionLease:
     lease_until: datetime | None
     model: str | None
     ended: bool
-    # Operations stored with the session have not all run (read by `lease` alone).
-    queued: bool = False
-
-
-# The result of a stored operation that a Memory took and vanished before reporting: it may
-# have run, so it is never run again (`Coordination.take_ops`).
-VANISHED: dict[str, Any] = {
-    "ok": False, "value": None, "error": "operation_failed",
-    "cause": ["MnemoError", "the Memory running it stopped before it reported a result"],
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,29 +201,13 @@ class Coordination(Protocol):
         before `unseen_since`. Oldest first. Reads only."""
         ...
 
-    async def queue_op(
-        self, op: StoredOp, admit: Callable[[State, State | None, int], State | None]
-    ) -> bool:
-        """Stores an async operation in the session's queue, if `admit` takes it, in one
-        transaction that holds the queue against every other Memory's: `admit` gets the
-        session's state, the state projected after the last stored operation not yet run
-        (None when none is left) and how many wait to be taken, and returns the new
-        projection (stored after the others; True) or None (nothing stored: there is no
-        queue to join; False), or raises (nothing stored)."""
+    async def queue_op(self, op: StoredOp) -> None:
+        """Stores an async operation accepted while another Memory holds the session's work."""
         ...
 
-    async def queued(self, session_id: str) -> bool:
-        """Whether operations stored with the session have not all run (a read)."""
-        ...
-
-    async def take_ops(
-        self, session_id: str, holder_id: str, unseen_since: datetime
-    ) -> list[StoredOp]:
-        """Takes the session's stored operations nobody took yet (each is taken once), in the
-        order they were accepted; none while another holder seen since `unseen_since` still
-        runs some it took (the queue runs in one place at a time). Those a holder not seen
-        since took and never reported are answered as failed (they may have run: never run
-        twice)."""
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+        """Takes the session's stored operations nobody took yet (each is taken once), in
+        the order they were accepted."""
         ...
 
     async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:

@@ -75,44 +75,6 @@ def project(start: State, ops: Iterable[Op], *, auto_commit: bool) -> State | No
     return state
 
 
-class Refused(Exception):
-    """An operation the session's stored queue does not accept; `reason` is the
-    `SessionError`'s."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def admit(
-    state: State, tail: State | None, waiting: int, kind: str, *, auto_commit: bool, limit: int
-) -> State | None:
-    """Whether the session's queue in the store takes an operation, read and decided in the
-    storing transaction: None when there is no queue to join (the session does not extract
-    and every stored operation has run: the operation runs at once), else the state projected
-    after it, the queue's new tail.
-
-    `state` is the session's state in the store, `tail` the state projected after the last
-    stored operation not yet run (None when there is none), `waiting` how many of them wait
-    to be taken. While extracting, an empty queue starts from `ready` (`idle` in auto-commit).
-
-    Raises:
-        Refused: "session_failed", "pending_queue_full" or "invalid_queued_operation".
-    """
-    if state is S.FAILED:
-        raise Refused("session_failed")
-    if tail is None:
-        if state is not S.EXTRACTING:
-            return None
-        tail = S.IDLE if auto_commit else S.READY
-    if waiting >= limit:
-        raise Refused("pending_queue_full")  # the size is checked before validity
-    after = projected_move(tail, kind, auto_commit=auto_commit)
-    if after is None:
-        raise Refused("invalid_queued_operation")
-    return after
-
-
 async def deliver(callback: Callback | None, result: OpResult) -> None:
     """Calls a sync or async callback; an exception it raises is logged, never propagated."""
     if callback is None:

@@ -111,14 +111,6 @@ class SessionRecord:
     version: int = 0
     # Queued operations wait for work another Memory holds: a watcher reads the store.
     watching: bool = False
-    # This Memory runs the session's queue of stored operations: once its local queue is
-    # empty it takes what was stored since (`operations.kick`); after an operation failed,
-    # what it takes is answered with `stored_failed` instead of run.
-    draining: bool = False
-    # Whether operations stored with it had not all run when it was last read from the store
-    # (`Sessions.fetch` with `fresh`); None: not read.
-    queued: bool | None = None
-    stored_failed: str | None = None
     # The open episode's validated extraction results, so a retry re-asks only what failed
     # (issue 13, item 5), stored with the episode too.
     memo: TaskMemo | None = None

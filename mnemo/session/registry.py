@@ -52,7 +52,6 @@ class Sessions:
         # holds (`leases.Holding` sets both when it starts).
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
-        self.unseen_since: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
         # Operations this Memory accepted and stored for work another Memory holds, by
         # session: (op id, kind, callback), in the order accepted (`operations.submit_remote`).
@@ -106,13 +105,11 @@ class Sessions:
             session = self.by_id.get(session_id)  # loaded meanwhile by another call
             if session is None:
                 session = self.adopt(row)
-            session.queued = None
             return session
         if fresh:
             lease = await self.coordination.lease(session_id)
             if lease is None or lease.ended or lease.version != session.version:
                 await self.reload(session)
-            session.queued = None if lease is None else lease.queued
         return session
 
     def adopt(self, row: LiveSession) -> SessionRecord:

@@ -265,19 +265,12 @@ class SessionService:
             SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
                 "invalid_queued_operation" (API.md's queue rules).
         """
-        live = self._live
-        session = await live.fetch(session_id, fresh=True)
-        if live.holder_id is not None and (
-            session.state is S.EXTRACTING
-            or (session.queued if session.queued is not None
-                else await live.coordination.queued(session_id))
-        ):
-            # One queue in the store, whichever Memory extracts: each Memory's own let a
-            # later operation run first and validated each against its own alone.
-            if await operations.submit_remote(live, session, kind, args, callback):
-                return
-            session = await live.fetch(session_id, fresh=True)  # it moved on meanwhile
-        operations.submit(live, session, kind, args, callback)
+        session = await self._live.fetch(session_id, fresh=True)
+        if session.state is S.EXTRACTING and not session.scopes:
+            # Another Memory extracts it: the operation is stored with the session.
+            await operations.submit_remote(self._live, session, kind, args, callback)
+            return
+        operations.submit(self._live, session, kind, args, callback)
 
     @staticmethod
     def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:

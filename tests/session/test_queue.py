@@ -7,12 +7,9 @@ from typing import Any
 
 import anyio
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import mnemo
 from mnemo import State
-from mnemo.session import queue as opqueue
 from tests.conftest import REPO, Enter
 from tests.fakes import EventLog, FakeLLM, Hold, maybe_await
 
@@ -447,53 +444,3 @@ async def test_a_failed_background_commit_fails_every_queued_op_even_with_slow_c
         assert error.reason == "extraction_failed", name
     llm.fail_tasks.clear()
     assert await state_of(auto_mem, sid) == State.COLLECTING
-
-
-KINDS = ["commit", "discard", "start_episode", "close", "append"]
-
-
-def offer(state: State, tail: State | None, waiting: int, kind: str, *, auto: bool,
-          limit: int) -> State | str | None:
-    """`queue.admit`'s answer: the new tail, None, or the refusal's reason."""
-    try:
-        return opqueue.admit(state, tail, waiting, kind, auto_commit=auto, limit=limit)
-    except opqueue.Refused as refused:
-        return refused.reason
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    kinds=st.lists(st.sampled_from(KINDS), max_size=8),
-    auto=st.booleans(),
-    limit=st.integers(min_value=1, max_value=6),
-    state=st.sampled_from(list(State)),
-)
-def test_the_stored_queue_admits_what_the_projection_allows(
-    kinds: list[str], auto: bool, limit: int, state: State
-) -> None:
-    """Operations offered one by one to the store's queue (`queue.admit`, its tail carried
-    from each to the next, nothing taken meanwhile) are accepted exactly as API.md's rules
-    say: a failed session refuses all, an empty queue of a session that does not extract
-    takes nothing (the operation runs at once), a full queue refuses before validity is
-    looked at, and each other one is valid against the projection from ready (idle in
-    auto-commit) after those accepted before it."""
-    start = State.IDLE if auto else State.READY
-    tail: State | None = None
-    accepted: list[opqueue.Op] = []
-    for kind in kinds:
-        answer = offer(state, tail, len(accepted), kind, auto=auto, limit=limit)
-        projected = opqueue.project(start, [*accepted, opqueue.Op(kind, (), None)],
-                                    auto_commit=auto)
-        if state is State.FAILED:
-            assert answer == "session_failed"
-        elif tail is None and state is not State.EXTRACTING:
-            assert answer is None
-            return
-        elif len(accepted) >= limit:
-            assert answer == "pending_queue_full"
-        elif projected is None:
-            assert answer == "invalid_queued_operation"
-        else:
-            assert answer is projected
-            accepted.append(opqueue.Op(kind, (), None))
-            tail = projected

@@ -12,19 +12,17 @@ statement.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from mnemo.session.machine import State
-from mnemo.session.ports import VANISHED, HolderInfo, SessionLease, StoredOp
+from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.postgres.connection import Postgres
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
-# Whether operations stored with the session have not all run (`SessionLease.queued`).
-_QUEUED = "EXISTS (SELECT 1 FROM ops o WHERE o.session_id = s.id AND o.result IS NULL)"
 
 
 class PgCoordination:
@@ -70,8 +68,7 @@ class PgCoordination:
 
     async def lease(self, session_id: str) -> SessionLease | None:
         rows = await self._pg.fetch_all(
-            f"SELECT {_LEASE_COLUMNS}, {_QUEUED} FROM sessions s WHERE id = %s",
-                (session_id,),
+            f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = %s", (session_id,)
         )
         return _lease(rows[0]) if rows else None
 
@@ -108,75 +105,25 @@ class PgCoordination:
         )
         return [_lease(row) for row in rows]
 
-    async def queue_op(
-        self, op: StoredOp, admit: Callable[[State, State | None, int], State | None]
-    ) -> bool:
-        async with self._pg.transaction() as conn:
-            # The session's row, locked to commit: acceptances, takings and every move of the
-            # session (a compare-and-set of this row) are serialised.
-            cur = await conn.execute(
-                "SELECT state FROM sessions WHERE id = %s AND NOT ended FOR UPDATE",
-                (op.session_id,))
-            found: tuple[Any, ...] | None = await cur.fetchone()
-            if found is None:
-                return False  # ended meanwhile: the caller's own call finds it so
-            cur = await conn.execute(
-                "SELECT tail FROM ops WHERE session_id = %s AND result IS NULL"
-                " ORDER BY seq DESC LIMIT 1", (op.session_id,))
-            last: tuple[Any, ...] | None = await cur.fetchone()
-            cur = await conn.execute(
-                "SELECT count(*) FROM ops WHERE session_id = %s AND result IS NULL"
-                " AND taken_by IS NULL", (op.session_id,))
-            counted: tuple[Any, ...] | None = await cur.fetchone()
-            tail = None if last is None or last[0] is None else State(str(last[0]))
-            after = admit(State(str(found[0])), tail, int(counted[0]) if counted else 0)
-            if after is None:
-                return False
+    async def queue_op(self, op: StoredOp) -> None:
+        async with self._pg.connection() as conn:
             await conn.execute(
-                "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at, seq, tail)"
-                " SELECT %s, %s, %s, %s, %s, %s, coalesce(max(seq), 0) + 1, %s FROM ops"
-                " WHERE session_id = %s",
-                (op.id, op.session_id, op.kind, Jsonb(op.args), op.accepted_by,
-                 op.created_at, after.value, op.session_id),
+                "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
+                " VALUES (%s, %s, %s, %s, %s, %s)",
+                (op.id, op.session_id, op.kind, Jsonb(op.args), op.accepted_by, op.created_at),
             )
-            return True
 
-    async def queued(self, session_id: str) -> bool:
-        rows = await self._pg.fetch_all(
-            "SELECT 1 FROM ops WHERE session_id = %s AND result IS NULL LIMIT 1",
-            (session_id,),
-        )
-        return bool(rows)
-
-    async def take_ops(
-        self, session_id: str, holder_id: str, unseen_since: datetime
-    ) -> list[StoredOp]:
-        running = ("session_id = %s AND taken_by IS NOT NULL AND taken_by <> %s"
-                   " AND result IS NULL")
-        async with self._pg.transaction() as conn:
-            # Takers are serialised on the session's row: one sees what another took.
-            await conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
-            cur = await conn.execute(
-                f"SELECT 1 FROM ops o WHERE {running} AND EXISTS (SELECT 1 FROM holders h"
-                " WHERE h.id = o.taken_by AND h.seen_at >= %s) LIMIT 1",
-                (session_id, holder_id, unseen_since))
-            if await cur.fetchone():
-                return []  # they run in another Memory, which takes what follows
-            # Taken by a Memory that vanished before it reported: never run twice.
-            await conn.execute(f"DELETE FROM ops WHERE {running} AND (accepted_by = ''"
-                               " OR accepted_by = taken_by)", (session_id, holder_id))
-            await conn.execute(f"UPDATE ops SET result = %s WHERE {running}",
-                               (Jsonb(VANISHED), session_id, holder_id))
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+        async with self._pg.connection() as conn:
             cur = await conn.execute(
                 "UPDATE ops SET taken_by = %s WHERE session_id = %s AND taken_by IS NULL"
-                " AND result IS NULL"
-                " RETURNING id, session_id, kind, args, accepted_by, created_at, seq",
+                " RETURNING id, session_id, kind, args, accepted_by, created_at",
                 (holder_id, session_id),
             )
             rows: list[tuple[Any, ...]] = await cur.fetchall()
-        ops = [(int(seq), StoredOp(str(i), str(s), str(k), list(a), str(by), at))
-               for i, s, k, a, by, at, seq in rows]
-        return [op for _, op in sorted(ops, key=lambda pair: (pair[0], pair[1].id))]
+        ops = [StoredOp(str(i), str(s), str(k), list(a), str(by), at)
+               for i, s, k, a, by, at in rows]
+        return sorted(ops, key=lambda op: (op.created_at, op.id))
 
     async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
         async with self._pg.transaction() as conn:
@@ -216,9 +163,9 @@ class PgCoordination:
 
 
 def _lease(row: tuple[Any, ...]) -> SessionLease:
-    session_id, repo, state, version, holder, until, model, ended, *queued = row
+    session_id, repo, state, version, holder, until, model, ended = row
     return SessionLease(
         str(session_id), str(repo), State(state), int(version),
         None if holder is None else str(holder), until,
-        None if model is None else str(model), bool(ended), bool(queued and queued[0]),
+        None if model is None else str(model), bool(ended),
     )

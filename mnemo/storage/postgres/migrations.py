@@ -378,14 +378,4 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE nodes SET recorded_at = created_at WHERE type IN ('semantic', 'procedural')",
         ),
     ),
-    Migration(
-        # One queue of async operations per extracting session, across every Memory: `seq`
-        # orders it (taken under the session's row lock, so max + 1 is unique), `tail` is
-        # the state projected after each operation. SQLite's m015_one_queue.
-        "m011_one_queue",
-        (
-            "ALTER TABLE ops ADD COLUMN seq bigint NOT NULL DEFAULT 0",
-            "ALTER TABLE ops ADD COLUMN tail text",
-        ),
-    ),
 )

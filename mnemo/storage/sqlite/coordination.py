@@ -11,20 +11,17 @@ the second one finds the version moved. Times are stored as SQLite stores every 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.session.machine import State
-from mnemo.session.ports import VANISHED as _VANISHED
 from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.sqlite.database import Database
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
-# Whether operations stored with the session have not all run (`SessionLease.queued`).
-_QUEUED = "EXISTS (SELECT 1 FROM ops o WHERE o.session_id = s.id AND o.result IS NULL)"
 
 
 class SqliteCoordination:
@@ -86,8 +83,7 @@ class SqliteCoordination:
     async def lease(self, session_id: str) -> SessionLease | None:
         rows = await self._database.run(
             lambda db: db.conn.execute(
-                f"SELECT {_LEASE_COLUMNS}, {_QUEUED} FROM sessions s WHERE id = ?",
-                (session_id,),
+                f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
             ).fetchall()
         )
         return _lease(rows[0]) if rows else None
@@ -134,82 +130,33 @@ class SqliteCoordination:
         )
         return [_lease(row) for row in rows]
 
-    async def queue_op(
-        self, op: StoredOp, admit: Callable[[State, State | None, int], State | None]
-    ) -> bool:
-        def write(db: SqliteUtilsDatabase) -> bool:
-            with db.atomic():  # BEGIN IMMEDIATE: the write lock holds the queue
-                conn = db.conn
-                found = conn.execute(
-                    "SELECT state FROM sessions WHERE id = ? AND ended = 0", (op.session_id,)
-                ).fetchone()
-                if found is None:
-                    return False  # ended meanwhile: the caller's own call finds it so
-                last = conn.execute(
-                    "SELECT tail FROM ops WHERE session_id = ? AND result IS NULL"
-                    " ORDER BY seq DESC LIMIT 1", (op.session_id,)).fetchone()
-                (waiting,) = conn.execute(
-                    "SELECT count(*) FROM ops WHERE session_id = ? AND result IS NULL"
-                    " AND taken_by IS NULL", (op.session_id,)).fetchone()
-                tail = _projected(last)
-                after = admit(State(found[0]), tail, int(waiting))
-                if after is None:
-                    return False
-                (seq,) = conn.execute(
-                    "SELECT coalesce(max(seq), 0) + 1 FROM ops WHERE session_id = ?",
-                    (op.session_id,)).fetchone()
-                conn.execute(
-                    "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at,"
-                    " seq, tail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (op.id, op.session_id, op.kind, json.dumps(op.args), op.accepted_by,
-                     _text(op.created_at), int(seq), after.value),
+    async def queue_op(self, op: StoredOp) -> None:
+        row = (op.id, op.session_id, op.kind, json.dumps(op.args), op.accepted_by,
+               _text(op.created_at))
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    row,
                 )
-                return True
 
-        return await self._database.run(write)
+        await self._database.run(write)
 
-    async def queued(self, session_id: str) -> bool:
-        rows = await self._database.run(
-            lambda db: db.conn.execute(
-                "SELECT 1 FROM ops WHERE session_id = ? AND result IS NULL LIMIT 1",
-                (session_id,),
-            ).fetchall()
-        )
-        return bool(rows)
-
-    async def take_ops(
-        self, session_id: str, holder_id: str, unseen_since: datetime
-    ) -> list[StoredOp]:
-        vanished = json.dumps(_VANISHED)
-
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
         def write(db: SqliteUtilsDatabase) -> list[tuple[Any, ...]]:
             with db.atomic():
-                conn = db.conn
-                running = "session_id = ? AND taken_by IS NOT NULL AND taken_by != ?" \
-                    " AND result IS NULL"
-                if conn.execute(
-                    f"SELECT 1 FROM ops o WHERE {running} AND EXISTS (SELECT 1 FROM holders"
-                    " h WHERE h.id = o.taken_by AND h.seen_at >= ?) LIMIT 1",
-                    (session_id, holder_id, _text(unseen_since)),
-                ).fetchone():
-                    return []  # they run in another Memory, which takes what follows
-                # Taken by a Memory that vanished before it reported: never run twice.
-                conn.execute(f"DELETE FROM ops WHERE {running} AND (accepted_by = ''"
-                             " OR accepted_by = taken_by)", (session_id, holder_id))
-                conn.execute(f"UPDATE ops SET result = ? WHERE {running}",
-                             (vanished, session_id, holder_id))
-                return conn.execute(
+                return db.conn.execute(
                     "UPDATE ops SET taken_by = ? WHERE session_id = ? AND taken_by IS NULL"
-                    " AND result IS NULL"
-                    " RETURNING id, session_id, kind, args, accepted_by, created_at, seq",
+                    " RETURNING id, session_id, kind, args, accepted_by, created_at",
                     (holder_id, session_id),
                 ).fetchall()
 
         rows = await self._database.run(write)
-        ops = [(int(seq), StoredOp(str(i), str(s), str(k), list(json.loads(a)), str(by),
-                                   _time(at)))
-               for i, s, k, a, by, at, seq in rows]
-        return [op for _, op in sorted(ops, key=lambda pair: (pair[0], pair[1].id))]
+        ops = [StoredOp(str(i), str(s), str(k), list(json.loads(a)), str(by), _time(at))
+               for i, s, k, a, by, at in rows]
+        return sorted(ops, key=lambda op: (op.created_at, op.id))
 
     async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
@@ -268,12 +215,6 @@ class SqliteCoordination:
         return int(rows[0][0])
 
 
-def _projected(row: tuple[Any, ...] | None) -> State | None:
-    """The tail stored with the queue's last operation not yet run (None: none is left; an
-    operation stored before tails were, taken for none)."""
-    return None if row is None or row[0] is None else State(row[0])
-
-
 def _text(moment: datetime) -> str:
     return moment.isoformat(timespec="microseconds")
 
@@ -283,9 +224,9 @@ def _time(text: Any) -> datetime:
 
 
 def _lease(row: tuple[Any, ...]) -> SessionLease:
-    session_id, repo, state, version, holder, until, model, ended, *queued = row
+    session_id, repo, state, version, holder, until, model, ended = row
     return SessionLease(
         str(session_id), str(repo), State(state), int(version),
         None if holder is None else str(holder), None if until is None else _time(until),
-        None if model is None else str(model), bool(ended), bool(queued and queued[0]),
+        None if model is None else str(model), bool(ended),
     )

@@ -475,18 +475,3 @@ def m014_node_types(db: Database) -> None:
     # index every end costs a read of the node's row (text, data); through (id, type) it
     # costs none (1M nodes: a hop's read of 283 links 4.5 -> 1.7 ms; BENCHMARKS.md).
     _execute_all(db, "CREATE INDEX nodes_id_type ON nodes(id, type);")
-
-
-@MIGRATIONS()
-def m015_one_queue(db: Database) -> None:
-    # While a session extracts, every Memory's async operations join one queue in the store:
-    # `seq` orders it (the storing transaction holds the write lock, so max + 1 is unique and
-    # in commit order), `tail` is the state projected after each operation, which the next
-    # one is validated against.
-    _execute_all(
-        db,
-        """
-        ALTER TABLE ops ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE ops ADD COLUMN tail TEXT;
-        """,
-    )

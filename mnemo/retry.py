@@ -42,6 +42,7 @@ from typing import Literal, Protocol
 import anyio
 
 from mnemo.errors import InvalidInputError
+from mnemo.inputs import check_count
 
 
 class Clock(Protocol):
@@ -101,16 +102,8 @@ class RetryPolicy:
     max_re_asks: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int) or (
-            self.max_calls < 1
-        ):
-            raise InvalidInputError(f"max_calls must be an integer >= 1, got {self.max_calls!r}")
-        if isinstance(self.max_re_asks, bool) or not isinstance(self.max_re_asks, int) or (
-            self.max_re_asks < 0
-        ):
-            raise InvalidInputError(
-                f"max_re_asks must be an integer >= 0, got {self.max_re_asks!r}"
-            )
+        check_count("max_calls", self.max_calls, minimum=1)
+        check_count("max_re_asks", self.max_re_asks, minimum=0)
         if not (isinstance(self.max_seconds, int | float) and self.max_seconds > 0):
             raise InvalidInputError(f"max_seconds must be positive, got {self.max_seconds!r}")
 

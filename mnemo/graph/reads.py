@@ -87,7 +87,6 @@ def node_types(types: Iterable[NodeType]) -> list[NodeType]:
         ) from exc
 
 
-
 def _node_ids(node_ids: str | Sequence[str]) -> list[str]:
     """`node_ids` as a list (a lone string is one id), each checked (`inputs.check_storable`)."""
     ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)

@@ -476,7 +476,6 @@ async def test_a_memory_with_another_model_never_resumes_the_work(store: str) ->
         assert set((await node_texts(c.mem)).values()) == {1}
 
 
-
 async def test_work_started_with_a_session_override_is_resumed_with_the_repos_model(
     store: str,
 ) -> None:

@@ -492,6 +492,7 @@ async def test_changes_not_yet_committed_rank_as_they_will_once_committed(
     await add(backend, "c0", {f"f{i}": f"filler words number {i}" for i in range(30)})
     await backend.graph.settle(REPO)
     monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)  # nothing commits meanwhile
+    monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 3600.0)
     await add(backend, "c1", {
         "once": "a wren sang over the long quiet water at dawn",
         "twice": "wren and wren",

@@ -17,9 +17,11 @@ committed documents' scores, and recall fuses ranks, not scores.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 K1, B = 1.2, 0.75
 
@@ -46,12 +48,16 @@ class Fresh:
     with the keys of the documents holding each stem (a search reads only those) and of
     those holding each other node's text."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
         self._postings: dict[str, dict[str, set[str]]] = {}
         self._holders: dict[str, dict[str, set[str]]] = {}
+        self._live: Counter[str] = Counter()  # per repo, the entries that are documents
         self._version = 0
         self._count = 0
+        self._clock = clock
+        # When the oldest entry was put (`clock()`), None while there is none.
+        self.since: float | None = None
 
     def __len__(self) -> int:
         return self._count
@@ -60,8 +66,17 @@ class Fresh:
     def version(self) -> int:
         return self._version
 
+    def commit_wait(self, quiet: float, within: float) -> float:
+        """Seconds the background thread may still wait for more changes before it commits:
+        `quiet`, cut so that the oldest entry waits no longer than `within`; 0 when due."""
+        if self.since is None:
+            return quiet
+        return max(0.0, min(quiet, self.since + within - self._clock()))
+
     def put(self, repo: str, key: str, doc: FreshDoc | None) -> None:
         self._version += 1
+        if self.since is None:
+            self.since = self._clock()
         entries = self._repos.setdefault(repo, {})
         postings = self._postings.setdefault(repo, {})
         holders = self._holders.setdefault(repo, {})
@@ -70,6 +85,9 @@ class Fresh:
             self._count += 1
         elif old[1] is not None:
             self._unlist(repo, key, old[1])
+            self._live[repo] -= 1
+        if doc is not None:
+            self._live[repo] += 1
         entries[key] = (self._version, doc)
         if doc is not None:
             for stem in doc.terms:
@@ -92,11 +110,15 @@ class Fresh:
                 doc = entries.pop(key)[1]
                 if doc is not None:
                     self._unlist(repo, key, doc)
+                    self._live[repo] -= 1
             self._count -= len(gone)
             if not entries:
                 del self._repos[repo]
                 del self._postings[repo]
                 del self._holders[repo]
+                del self._live[repo]
+        # What was put during the commit waits from the commit's end: close enough.
+        self.since = self._clock() if self._count else None
 
     def of(self, repo: str, stems: Iterable[str]) -> tuple[set[str], dict[str, FreshDoc]]:
         """The keys of every entry of the repo (their committed copies are stale), and the
@@ -114,7 +136,32 @@ class Fresh:
         return set(self._repos.get(repo, {})), set().union(*(holders.get(k, ()) for k in keys))
 
     def live_count(self, repo: str) -> int:
-        return sum(1 for _, doc in self._repos.get(repo, {}).values() if doc is not None)
+        return self._live[repo]
+
+
+def unstale_hits(searcher: Any, query: Any, limit: int, stale: Collection[str]) -> list[
+        tuple[float, Any]]:
+    """The best `limit` hits of `query` (score, stored document) whose key is not in `stale`
+    (committed copies of what changed since). Asks tantivy for `limit` more than the stale
+    hits seen so far, round after round, rather than for `limit + len(stale)` at once: the
+    stale entries are mostly documents never committed before (a new node), and each hit
+    asked for is a document read."""
+    read: dict[tuple[int, int], Any] = {}  # by (segment, document)
+    want = limit
+    while True:
+        hits = searcher.search(query, want, count=False).hits
+        kept = []
+        for score, address in hits:
+            at = (address.segment_ord, address.doc)
+            doc = read.get(at)
+            if doc is None:
+                doc = read[at] = searcher.doc(address)
+            if doc["key"][0] not in stale:
+                kept.append((score, doc))
+        if len(kept) >= limit or len(hits) < want:
+            return kept[:limit]
+        # Some hits were stale: as many again may be further down, never more than all.
+        want = limit + min(2 * (len(hits) - len(kept)), len(stale))
 
 
 def document_frequencies(docs: Iterable[FreshDoc], stems: Collection[str]) -> Counter[str]:

@@ -48,6 +48,7 @@ from mnemo.storage.lexical.fresh import (
     document_frequencies,
     idf,
     scores,
+    unstale_hits,
 )
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
@@ -76,8 +77,12 @@ LOCK_WAIT = 5.0
 LOG_KEEP = 50_000
 SLOTS = 16
 FORMAT = "v3"  # the folder's layout (v3: steps' windows): a change goes to a new folder
-# Applied changes wait this long for more before they are committed, or this many.
+# Applied changes wait this long for more before they are committed, never longer than
+# `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
+# ever more of them itself, and skip ever more stale copies: BENCHMARKS.md, session 18), and
+# a search commits rather than score more than `COMMIT_ABOVE`.
 COMMIT_AFTER = 0.5
+COMMIT_WITHIN = 1.0
 COMMIT_ABOVE = 2_000
 SAMPLE = 500  # nodes read to estimate the average document length
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -187,14 +192,9 @@ class LexicalIndex:
                 tv.Query.term_set_query(self._schema, "type", kinds), 0.0)))
         # The words alone, when nothing else filters, let tantivy skip the blocks that cannot
         # enter the top k (1M nodes: 4.1 -> 1.1 ms); a filter makes it score every match.
-        # Committed copies of what changed since are dropped: ask for that many more.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
-        hits = searcher.search(query, limit + len(stale), count=False).hits
-        found = []
-        for score, address in hits:
-            doc = searcher.doc(address)
-            if doc["key"][0] not in stale:
-                found.append((doc["key"][0], doc["id"][0], float(score)))
+        found = [(doc["key"][0], doc["id"][0], float(score))
+                 for score, doc in unstale_hits(searcher, query, limit, stale)]
         if fresh:
             weights = {s: idf(documents, df) for df, s in kept}
             found += scores(fresh, weights, kinds, average)
@@ -262,10 +262,10 @@ class LexicalIndex:
             return set()
         stale, held = self._fresh.holding(repo, keys)
         searcher = self._index.searcher()
-        # A node's text is in at most 2 x WINDOW other documents (and stale copies).
+        # A node's text is in at most 2 x WINDOW other documents.
         query = tv.Query.term_set_query(self._schema, "holds", keys)
-        hits = searcher.search(query, 2 * WINDOW * len(keys) + len(stale) + 1, count=False).hits
-        held |= {k for _, a in hits if (k := searcher.doc(a)["key"][0]) not in stale}
+        hits = unstale_hits(searcher, query, 2 * WINDOW * len(keys) + 1, stale)
+        held |= {doc["key"][0] for _, doc in hits}
         return {rowid_of(k) for k in held}
 
     def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
@@ -370,18 +370,22 @@ class LexicalIndex:
 
     def _work(self) -> None:
         """Brings queued repos up, then commits what was applied once no more comes for
-        `COMMIT_AFTER` seconds; ends when nothing is left to do."""
+        `COMMIT_AFTER` seconds, or `COMMIT_WITHIN` after the oldest of it came; ends when
+        nothing is left to do."""
         while not self._closing.is_set():
             with self._queue:
                 self._wake.clear()
                 repo = next(iter(self._behind), None) or next(iter(self._dirty), None)
             if repo is None:
-                if self._wake.wait(COMMIT_AFTER):
+                wait = self._fresh.commit_wait(COMMIT_AFTER, COMMIT_WITHIN)  # a hint: no lock
+                if wait > 0 and self._wake.wait(wait):
                     continue
                 # The commit (an fsync) holds `_lock` only: `changed`, called on the event
                 # loop, takes `_queue` and must never wait for a disk.
                 with self._lock:
-                    if len(self._fresh) and self._writer is not None and not self._wake.is_set():
+                    due = (not self._wake.is_set()
+                           or self._fresh.commit_wait(COMMIT_AFTER, COMMIT_WITHIN) == 0)
+                    if len(self._fresh) and self._writer is not None and due:
                         try:
                             self._commit()
                         except Exception:

@@ -1,0 +1,148 @@
+"""The lexical index's uncommitted changes (mnemo/storage/lexical/fresh.py): their counts,
+when the background thread commits them, and the search that skips their stale committed
+copies; then the commit under writes that never stop, on each backend."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio.to_thread
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mnemo.storage.lexical import index as lexical_index
+from mnemo.storage.lexical.fresh import Fresh, FreshDoc, unstale_hits
+from mnemo.storage.ports import Backend
+from tests.graph.test_lexical import add, found, lexical
+
+# ---- counts and the commit's timing -------------------------------------------------------
+
+_puts = st.tuples(st.sampled_from(["r", "s"]), st.sampled_from("abcdef"), st.booleans())
+
+
+@given(st.lists(st.one_of(_puts, st.just("commit")), max_size=40))
+def test_counts_follow_puts_deletions_and_commits(script: list[Any]) -> None:
+    """`len` and `live_count` agree with a recount of what was put since the last commit
+    (the index reads `live_count` on every search, so it is kept, not walked)."""
+    fresh = Fresh()
+    model: dict[tuple[str, str], bool] = {}  # (repo, key) -> a document (not a deletion)
+    for step in script:
+        if step == "commit":
+            fresh.committed(fresh.version)
+            model.clear()
+        else:
+            repo, key, live = step
+            doc = FreshDoc.of(key, "semantic", ["word", key]) if live else None
+            fresh.put(repo, key, doc)
+            model[(repo, key)] = live
+        assert len(fresh) == len(model)
+        for repo in ("r", "s"):
+            assert fresh.live_count(repo) == sum(
+                live for (r, _), live in model.items() if r == repo)
+
+
+def test_commit_waits_for_quiet_but_never_past_the_oldest_change() -> None:
+    now = [100.0]
+    fresh = Fresh(clock=lambda: now[0])
+    assert fresh.commit_wait(0.5, 1.0) == 0.5  # nothing to commit: the quiet wait
+    fresh.put("r", "a", None)
+    now[0] = 100.6
+    fresh.put("r", "b", None)  # a change keeps coming: the oldest still counts
+    assert fresh.commit_wait(0.5, 1.0) == pytest.approx(0.4)
+    now[0] = 101.2
+    assert fresh.commit_wait(0.5, 1.0) == 0.0  # due, however busy
+    version = fresh.version
+    fresh.put("r", "c", None)  # during the commit
+    fresh.committed(version)
+    assert fresh.commit_wait(0.5, 1.0) == 0.5  # what is left waits from the commit's end
+    fresh.committed(fresh.version)
+    assert fresh.since is None
+
+
+# ---- skipping stale copies ----------------------------------------------------------------
+
+
+class _Address:
+    def __init__(self, n: int) -> None:
+        self.segment_ord, self.doc = 0, n
+
+
+class _Searcher:
+    """tantivy's searcher over a fixed ranking: counts the documents read."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+        self.asked: list[int] = []
+        self.read = 0
+
+    def search(self, query: object, limit: int, count: bool) -> Any:
+        self.asked.append(limit)
+        hits = [(float(-n), _Address(n)) for n in range(min(limit, len(self.keys)))]
+        return type("Result", (), {"hits": hits})()
+
+    def doc(self, address: _Address) -> dict[str, list[str]]:
+        self.read += 1
+        return {"key": [self.keys[address.doc]]}
+
+
+@given(st.lists(st.booleans(), max_size=60), st.integers(1, 12), st.integers(0, 200))
+def test_unstale_hits_are_the_ranking_without_the_stale(
+    stale_marks: list[bool], limit: int, new: int
+) -> None:
+    """The best `limit` keys not stale, in order, whatever the stale keys' places; each
+    document is read once; `new` stale keys that match nothing (never committed) cost no
+    more hits."""
+    keys = [f"k{n}" for n in range(len(stale_marks))]
+    stale = {k for k, mark in zip(keys, stale_marks, strict=True) if mark}
+    stale |= {f"new{n}" for n in range(new)}
+    searcher = _Searcher(keys)
+    got = [doc["key"][0] for _, doc in unstale_hits(searcher, None, limit, stale)]
+    assert got == [k for k in keys if k not in stale][:limit]
+    assert searcher.read == len({*range(max(searcher.asked))} & {*range(len(keys))})
+    assert max(searcher.asked) <= limit + 2 * len(stale & set(keys)) or len(searcher.asked) == 1
+
+
+def test_fresh_new_documents_do_not_widen_the_search() -> None:
+    """Regression: a search asked tantivy for `limit + len(stale)` hits, and read each, so
+    2,000 new nodes not yet committed made every search read 2,000 documents."""
+    searcher = _Searcher([f"k{n}" for n in range(5_000)])
+    stale = {f"new{n}" for n in range(2_000)}
+    assert len(unstale_hits(searcher, None, 10, stale)) == 10
+    assert searcher.asked == [10]
+    assert searcher.read == 10
+
+
+# ---- on each backend ----------------------------------------------------------------------
+
+
+async def test_changes_are_committed_while_writes_keep_coming(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the background thread committed only after `COMMIT_AFTER` seconds without
+    a write, so under steady writes nothing was committed until a search met 2,000 changes
+    and committed them itself. Here no quiet is ever long enough: the oldest change's age
+    commits it."""
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)
+    monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 0.0)
+    index = lexical(backend)
+    commits = threading.Condition()
+    original = index._commit
+
+    def commit() -> None:
+        original()
+        with commits:
+            commits.notify_all()
+
+    def emptied() -> bool:  # in a worker thread: until a commit left nothing fresh
+        with commits:
+            return commits.wait_for(lambda: len(index._fresh) == 0, 30)
+
+    monkeypatch.setattr(index, "_commit", commit)
+    await add(backend, "c0", {"a": "slate roof"})
+    assert await found(backend, "slate") == {"a"}  # the slot opens; c0 is scored as fresh
+    assert await anyio.to_thread.run_sync(emptied)
+    await add(backend, "c1", {"b": "ochre tile"})
+    assert await found(backend, "ochre") == {"b"}
+    assert await anyio.to_thread.run_sync(emptied)

@@ -172,21 +172,7 @@ class PgVectors:
     ) -> list[Scored]:
         dim = self._dims(repo)
         exact = await self._size(repo) <= self._exact_below
-        # The HNSW index matches `vec::vector(dim)` under `repo = <literal>`; without the cast
-        # the planner cannot use it and the scan is exact.
-        distance = sql.SQL("v.vec <=> %(q)s") if exact else sql.SQL(
-            "v.vec::vector({}) <=> %(q)s::vector({})").format(sql.Literal(dim), sql.Literal(dim))
-        statement = sql.SQL(
-            "SELECT v.node_id, {distance} AS d FROM vectors v"
-            "{join} WHERE v.repo = {repo}{kind} ORDER BY {distance}{tie} LIMIT %(k)s"
-        ).format(
-            distance=distance,
-            join=sql.SQL("" if kinds is None and not exact else
-                         " JOIN nodes n ON n.id = v.node_id"),
-            repo=sql.Literal(repo),
-            kind=sql.SQL("" if kinds is None else " AND n.type = ANY(%(kinds)s)"),
-            tie=sql.SQL(", n.rowid" if exact else ""),
-        )
+        statement = _exact_scan(repo, kinds) if exact else _hnsw_scan(repo, dim, kinds)
         results = []
         async with self._pg.connection() as conn:
             for probe in probes:
@@ -258,3 +244,37 @@ def kind_values(types: Iterable[NodeType]) -> list[str]:
 def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
     """One vector as the float32 array that `register_vector` sends as a pgvector `vector`."""
     return np.asarray(vector, dtype=np.float32).reshape(-1)
+
+
+def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:
+    """Every vector of the repo (of `kinds`) by cosine distance, ties by insertion.
+
+    The distances are ranked on `vectors` alone, ties at the cut kept (`WITH TIES`), and only
+    those rows are joined to `nodes` for the insertion order: joined first, the planner hashed
+    the repo's every row, vector and all, when its statistics were stale (after a bulk
+    ingest, before autovacuum's ANALYZE): 4,152 rows took 10.3 ms, against 4.1 (BENCHMARKS.md,
+    session 18)."""
+    kind = sql.SQL("") if kinds is None else sql.SQL(
+        " AND v.node_id IN (SELECT id FROM nodes WHERE repo = {} AND type = ANY(%(kinds)s))"
+    ).format(sql.Literal(repo))
+    return sql.SQL(
+        "SELECT t.node_id, t.d FROM (SELECT v.node_id, v.vec <=> %(q)s AS d FROM vectors v"
+        " WHERE v.repo = {repo}{kind} ORDER BY d FETCH FIRST %(k)s ROWS WITH TIES) t"
+        " JOIN nodes n ON n.id = t.node_id ORDER BY t.d, n.rowid LIMIT %(k)s"
+    ).format(repo=sql.Literal(repo), kind=kind)
+
+
+def _hnsw_scan(repo: str, dim: int, kinds: list[str] | None) -> sql.Composed:
+    """The repo's HNSW index walked from the query: it matches `vec::vector(dim)` under
+    `repo = <literal>`; without the cast the planner cannot use it and the scan is exact."""
+    distance = sql.SQL("v.vec::vector({}) <=> %(q)s::vector({})").format(
+        sql.Literal(dim), sql.Literal(dim))
+    return sql.SQL(
+        "SELECT v.node_id, {distance} AS d FROM vectors v{join} WHERE v.repo = {repo}{kind}"
+        " ORDER BY {distance} LIMIT %(k)s"
+    ).format(
+        distance=distance,
+        join=sql.SQL("" if kinds is None else " JOIN nodes n ON n.id = v.node_id"),
+        repo=sql.Literal(repo),
+        kind=sql.SQL("" if kinds is None else " AND n.type = ANY(%(kinds)s)"),
+    )

@@ -54,6 +54,25 @@ async def test_the_hnsw_index_comes_when_exact_search_stops(pg_url: str) -> None
         assert [i for i, _ in await graph.search_vectors("r", vectors[10], 1)] == ["n10"]
 
 
+async def test_exact_search_breaks_ties_by_insertion_wherever_the_rows_lie(
+    pg_url: str,
+) -> None:
+    """Equal distances come in the order the nodes were written, with and without a type
+    filter, even when the table's physical order differs (an updated row moves to the end
+    of the heap): the ranking keeps every row tied at its cut before ordering by insertion."""
+    same = np.ones(DIM, dtype=np.float32)
+    kinds = [NodeType.SEMANTIC, NodeType.EPISODIC] * 20
+    async with Postgres(pg_url) as pg:
+        graph = PgGraph(pg, lambda repo: DIM)
+        nodes = [NodeDraft(f"n{i}", kinds[i], f"fact {i}", {}, same) for i in range(40)]
+        await graph.apply(Changeset("cs", "r", nodes), intents=policy())
+        with psycopg.connect(pg_url) as conn:  # n0 and n1 now lie last in the heap
+            conn.execute("UPDATE vectors SET vec = vec WHERE node_id IN ('n0', 'n1')")
+        assert [i for i, _ in await graph.search_vectors("r", same, 3)] == ["n0", "n1", "n2"]
+        episodic = await graph.search_vectors("r", same, 2, [NodeType.EPISODIC])
+        assert [i for i, _ in episodic] == ["n1", "n3"]
+
+
 def many_routes(
     monkeypatch: pytest.MonkeyPatch, seed: int
 ) -> tuple[npt.NDArray[np.float32], list[NodeDraft]]:

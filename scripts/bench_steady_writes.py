@@ -7,7 +7,8 @@ sees the quiet it commits after. Printed: the ingest's seconds, recall p50 after
 and per block of 100 rounds recall p50 and max and the hop-0 stage's p50 (where the lexical
 search is), with the instant `HashEmbedder` so that the store's side is what is timed.
 
-Run: `.venv/bin/python scripts/bench_steady_writes.py [--base 2000] [--writes 400]`; for a
+Run: `.venv/bin/python scripts/bench_steady_writes.py [--base 2000] [--writes 400] [--store
+URL]` (default: a new SQLite file; a `postgresql://` URL names an empty database); for a
 before/after, run it with `PYTHONPATH=<a copy of mnemo/ at the other commit>` in turn.
 """
 
@@ -34,10 +35,11 @@ def memory_of(text: str) -> mnemo.Trajectory:
     return mnemo.Trajectory(goal=text, steps=[mnemo.Step(observation=text, action="")])
 
 
-async def run(base: int, writes: int) -> tuple[float, float, list[list[str]]]:
+async def run(base: int, writes: int, store: str | None) -> tuple[float, float, list[list[str]]]:
     texts, asks = sentences(base + writes)
     with tempfile.TemporaryDirectory() as folder:
-        async with mnemo.Memory(Path(folder) / "m.db", embedder=mnemo.HashEmbedder(DIM)) as mem:
+        where = store or Path(folder) / "m.db"
+        async with mnemo.Memory(where, embedder=mnemo.HashEmbedder(DIM)) as mem:
             await mem.open_repo("r")
             started = time.perf_counter()
             for i, text in enumerate(texts[:base]):
@@ -69,10 +71,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base", type=int, default=2000, help="memories before (2000)")
     parser.add_argument("--writes", type=int, default=400, help="write+recall rounds (400)")
+    parser.add_argument("--store", default=None, help="a postgresql:// URL (a SQLite file)")
     args = parser.parse_args()
-    ingest, quiet, rows = anyio.run(run, args.base, args.writes)
+    ingest, quiet, rows = anyio.run(run, args.base, args.writes, args.store)
     console = Console(width=120)
-    console.print(f"code {git_head()}, {args.base} memories ingested in {ingest:.1f} s; "
+    backend = "postgresql" if args.store else "sqlite"
+    console.print(f"code {git_head()}, {backend}, {args.base} memories ingested in {ingest:.1f} s; "
                   f"recall p50 after the quiet {quiet:.2f} ms")
     headers = ["rounds (ingest, then recall)", "recall p50 ms", "recall max ms", "hop0 p50 ms"]
     table = Table(*headers, title="recall while writes keep coming")

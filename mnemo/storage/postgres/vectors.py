@@ -249,19 +249,24 @@ def as_array(vector: Vector) -> np.ndarray[Any, np.dtype[np.float32]]:
 def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:
     """Every vector of the repo (of `kinds`) by cosine distance, ties by insertion.
 
-    The distances are ranked on `vectors` alone, ties at the cut kept (`WITH TIES`), and only
-    those rows are joined to `nodes` for the insertion order: joined first, the planner hashed
-    the repo's every row, vector and all, when its statistics were stale (after a bulk
-    ingest, before autovacuum's ANALYZE): 4,152 rows took 10.3 ms, against 4.1 (BENCHMARKS.md,
-    session 18)."""
-    kind = sql.SQL("") if kinds is None else sql.SQL(
-        " AND v.node_id IN (SELECT id FROM nodes WHERE repo = {} AND type = ANY(%(kinds)s))"
-    ).format(sql.Literal(repo))
+    Without a type filter the distances are ranked on `vectors` alone, ties at the cut kept
+    (`WITH TIES`), and only those rows are joined to `nodes` for the insertion order: joined
+    first, the planner hashed every vector of the repo when its statistics of `vectors` lagged
+    behind those of `nodes` (during an ingest, before autovacuum's next ANALYZE): 4,152 rows
+    took 10.3 ms, against 4.1, and the same once analyzed. A type filter needs the join; with
+    current statistics it is the faster form there (2.8 ms against 3.8 for a semi-join
+    ranked first; BENCHMARKS.md, session 18)."""
+    if kinds is not None:
+        return sql.SQL(
+            "SELECT v.node_id, v.vec <=> %(q)s AS d FROM vectors v JOIN nodes n ON n.id ="
+            " v.node_id WHERE v.repo = {} AND n.type = ANY(%(kinds)s)"
+            " ORDER BY v.vec <=> %(q)s, n.rowid LIMIT %(k)s"
+        ).format(sql.Literal(repo))
     return sql.SQL(
         "SELECT t.node_id, t.d FROM (SELECT v.node_id, v.vec <=> %(q)s AS d FROM vectors v"
-        " WHERE v.repo = {repo}{kind} ORDER BY d FETCH FIRST %(k)s ROWS WITH TIES) t"
+        " WHERE v.repo = {} ORDER BY d FETCH FIRST %(k)s ROWS WITH TIES) t"
         " JOIN nodes n ON n.id = t.node_id ORDER BY t.d, n.rowid LIMIT %(k)s"
-    ).format(repo=sql.Literal(repo), kind=kind)
+    ).format(sql.Literal(repo))
 
 
 def _hnsw_scan(repo: str, dim: int, kinds: list[str] | None) -> sql.Composed:

@@ -144,6 +144,19 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
+def show_table(console: Any, title: str, headers: Sequence[str],
+               rows: Sequence[Sequence[str]]) -> None:
+    """Prints `rows` as a rich table (the first column left, the others right), then as
+    Markdown for BENCHMARKS.md."""
+    table = Table(title=title)
+    for n, header in enumerate(headers):
+        table.add_column(header, justify="left" if n == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    print(markdown_table(headers, rows))
+
+
 def config_of(settings: Sequence[str]) -> Config:
     """A Config with each `FIELD=VALUE` of `settings` applied (VALUE as JSON, else a string)."""
     overrides: dict[str, Any] = {}

@@ -35,9 +35,8 @@ from typing import Any
 
 import anyio
 import numpy as np
-from _bench import Latency, facts_table, machine_facts, markdown_table, us
+from _bench import Latency, facts_table, machine_facts, show_table, us
 from rich.console import Console
-from rich.table import Table
 
 DIM = 384
 
@@ -404,14 +403,7 @@ def main() -> None:
             rows = anyio.run(run, url, args)
         finally:
             server.cleanup()
-    headers = ["measure", "psycopg 3", "asyncpg"]
-    table = Table(title="PostgreSQL drivers")
-    for header in headers:
-        table.add_column(header, justify="left" if header == "measure" else "right")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    print(markdown_table(headers, rows))
+    show_table(console, "PostgreSQL drivers", ["measure", "psycopg 3", "asyncpg"], rows)
 
 
 if __name__ == "__main__":

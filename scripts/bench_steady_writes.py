@@ -21,10 +21,9 @@ from pathlib import Path
 from statistics import median
 
 import anyio
-from _bench import git_head, markdown_table
+from _bench import git_head, show_table
 from bench_mem0 import DIM, sentences
 from rich.console import Console
-from rich.table import Table
 
 import mnemo
 
@@ -79,11 +78,7 @@ def main() -> None:
     console.print(f"code {git_head()}, {backend}, {args.base} memories ingested in {ingest:.1f} s; "
                   f"recall p50 after the quiet {quiet:.2f} ms")
     headers = ["rounds (ingest, then recall)", "recall p50 ms", "recall max ms", "hop0 p50 ms"]
-    table = Table(*headers, title="recall while writes keep coming")
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    print(markdown_table(headers, rows))
+    show_table(console, "recall while writes keep coming", headers, rows)
 
 
 if __name__ == "__main__":

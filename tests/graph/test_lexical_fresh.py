@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.fresh import Fresh, FreshDoc, unstale_hits
 from mnemo.storage.ports import Backend
@@ -59,6 +60,18 @@ def test_commit_waits_for_quiet_but_never_past_the_oldest_change() -> None:
     assert fresh.commit_wait(0.5, 1.0) == 0.5  # what is left waits from the commit's end
     fresh.committed(fresh.version)
     assert fresh.since is None
+
+
+def test_a_failed_commit_is_retried_as_if_its_changes_were_new() -> None:
+    """Regression (review): a commit that failed left the oldest change's age past due, so
+    every later write retried it at once (an fsync and a logged traceback each)."""
+    now = [0.0]
+    fresh = Fresh(clock=lambda: now[0])
+    fresh.put("r", "a", None)
+    now[0] = 5.0
+    assert fresh.commit_wait(0.5, 1.0) == 0.0
+    fresh.postpone()
+    assert fresh.commit_wait(3600.0, 1.0) == 1.0
 
 
 # ---- skipping stale copies ----------------------------------------------------------------
@@ -114,35 +127,97 @@ def test_fresh_new_documents_do_not_widen_the_search() -> None:
     assert searcher.read == 10
 
 
+def test_a_key_committed_twice_cannot_keep_the_search_asking() -> None:
+    """Each key has one committed document (a write deletes by key first); should one have
+    two, the search stops asking once the stale keys could all have been skipped (it asked
+    for ever before; found by review), and still returns nothing stale."""
+    searcher = _Searcher(["s", "s", "s", "s", "a"])
+    got = unstale_hits(searcher, None, 2, {"s"})
+    assert all(doc["key"][0] != "s" for _, doc in got)
+    assert len(searcher.asked) <= 3
+
+
 # ---- on each backend ----------------------------------------------------------------------
 
 
+class _Commits:
+    """Wraps an index's `_commit` and counts the commits; `committed()` waits, in a worker
+    thread, for one more than were seen at its last call, leaving nothing uncommitted (30 s
+    at most). The index commits only what it applied: a new commit is of a new change."""
+
+    def __init__(self, index: LexicalIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.index = index
+        self.done = threading.Condition()
+        self.count = self.seen = 0
+        original = index._commit
+
+        def commit() -> None:
+            original()
+            with self.done:
+                self.count += 1
+                self.done.notify_all()
+
+        monkeypatch.setattr(index, "_commit", commit)
+
+    def mark(self) -> None:
+        with self.done:
+            self.seen = self.count
+
+    def _committed(self) -> bool:
+        with self.done:
+            return self.done.wait_for(
+                lambda: self.count > self.seen and len(self.index._fresh) == 0, 30)
+
+    async def committed(self) -> bool:
+        return await anyio.to_thread.run_sync(self._committed)
+
+
+@pytest.fixture
+def by_age(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No quiet is ever long enough to commit after: only the oldest change's age commits."""
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)
+    monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 0.0)
+
+
 async def test_changes_are_committed_while_writes_keep_coming(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, by_age: None
 ) -> None:
     """Regression: the background thread committed only after `COMMIT_AFTER` seconds without
     a write, so under steady writes nothing was committed until a search met 2,000 changes
-    and committed them itself. Here no quiet is ever long enough: the oldest change's age
-    commits it."""
-    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)
-    monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 0.0)
-    index = lexical(backend)
-    commits = threading.Condition()
-    original = index._commit
-
-    def commit() -> None:
-        original()
-        with commits:
-            commits.notify_all()
-
-    def emptied() -> bool:  # in a worker thread: until a commit left nothing fresh
-        with commits:
-            return commits.wait_for(lambda: len(index._fresh) == 0, 30)
-
-    monkeypatch.setattr(index, "_commit", commit)
+    and committed them itself."""
+    commits = _Commits(lexical(backend), monkeypatch)
     await add(backend, "c0", {"a": "slate roof"})
-    assert await found(backend, "slate") == {"a"}  # the slot opens; c0 is scored as fresh
-    assert await anyio.to_thread.run_sync(emptied)
+    assert await found(backend, "slate") == {"a"}  # the slot opens; c0 is applied
+    assert await commits.committed()
+    commits.mark()
     await add(backend, "c1", {"b": "ochre tile"})
-    assert await found(backend, "ochre") == {"b"}
-    assert await anyio.to_thread.run_sync(emptied)
+    assert await found(backend, "ochre") == {"b"}  # applied here or by the thread
+    assert await commits.committed()
+
+
+async def test_changes_are_committed_while_the_repo_stays_dirty(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, by_age: None
+) -> None:
+    """Regression (review): the age was looked at only when no repo waited to be brought
+    up, so a repo that a write dirtied again during each apply put the commit off until
+    2,000 changes. Here each step of bringing it up reports it still behind."""
+    index = lexical(backend)
+    commits = _Commits(index, monkeypatch)
+    await add(backend, "c0", {"a": "slate roof"})
+    assert await found(backend, "slate") == {"a"}
+    assert await commits.committed()
+    commits.mark()
+    caught_up = threading.Event()
+    original = index._rebuild_step
+
+    def behind_again(repo: str) -> bool:  # a write landed meanwhile, until told otherwise
+        original(repo)
+        return caught_up.is_set()
+
+    monkeypatch.setattr(index, "_rebuild_step", behind_again)
+    try:
+        await add(backend, "c1", {"b": "ochre tile"})  # the thread applies it
+        assert await commits.committed()
+        assert await found(backend, "ochre") == {"b"}
+    finally:
+        caught_up.set()

@@ -69,9 +69,15 @@ class Fresh:
     def commit_wait(self, quiet: float, within: float) -> float:
         """Seconds the background thread may still wait for more changes before it commits:
         `quiet`, cut so that the oldest entry waits no longer than `within`; 0 when due."""
-        if self.since is None:
+        since = self.since  # read once: the worker reads it without the index's lock
+        if since is None:
             return quiet
-        return max(0.0, min(quiet, self.since + within - self._clock()))
+        return max(0.0, min(quiet, since + within - self._clock()))
+
+    def postpone(self) -> None:
+        """After a commit that failed: the next try waits as if the entries were new."""
+        if self._count:
+            self.since = self._clock()
 
     def put(self, repo: str, key: str, doc: FreshDoc | None) -> None:
         self._version += 1
@@ -158,10 +164,12 @@ def unstale_hits(searcher: Any, query: Any, limit: int, stale: Collection[str]) 
                 doc = read[at] = searcher.doc(address)
             if doc["key"][0] not in stale:
                 kept.append((score, doc))
-        if len(kept) >= limit or len(hits) < want:
+        # Some hits were stale: as many again may be further down, never more than all (a
+        # key's one committed copy each: should a key have two, the asking stops there).
+        more = limit + min(2 * (len(hits) - len(kept)), len(stale))
+        if len(kept) >= limit or len(hits) < want or more <= want:
             return kept[:limit]
-        # Some hits were stale: as many again may be further down, never more than all.
-        want = limit + min(2 * (len(hits) - len(kept)), len(stale))
+        want = more
 
 
 def document_frequencies(docs: Iterable[FreshDoc], stems: Collection[str]) -> Counter[str]:

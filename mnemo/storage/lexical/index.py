@@ -50,6 +50,7 @@ from mnemo.storage.lexical.fresh import (
     scores,
     unstale_hits,
 )
+from mnemo.storage.lexical.schema import analyzer, schema
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
     WINDOW,
@@ -89,23 +90,6 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
 _HEAP = 32_000_000
-
-
-def _schema() -> Any:
-    import tantivy
-
-    builder = tantivy.SchemaBuilder()
-    # `key` is "<repo>/<rowid>" (a rowid can be reused after a delete, in another repo too);
-    # `id` is what recall gets back; `text` keeps frequencies, no positions (no phrase queries);
-    # `holds`, the keys of the other nodes whose text is in `text` (a step's window).
-    builder.add_text_field("key", tokenizer_name="raw", stored=True, index_option="basic")
-    builder.add_text_field("id", tokenizer_name="raw", stored=True, index_option="basic")
-    builder.add_text_field("repo", tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("text", tokenizer_name="en_stem", index_option="freq")
-    builder.add_text_field("holds", tokenizer_name="raw", index_option="basic")
-    builder.add_integer_field("seq", stored=True)
-    return builder.build()
 
 
 class LexicalIndex:
@@ -383,14 +367,7 @@ class LexicalIndex:
                 # The commit (an fsync) holds `_lock` only: `changed`, called on the event
                 # loop, takes `_queue` and must never wait for a disk.
                 with self._lock:
-                    due = (not self._wake.is_set()
-                           or self._fresh.commit_wait(COMMIT_AFTER, COMMIT_WITHIN) == 0)
-                    if len(self._fresh) and self._writer is not None and due:
-                        try:
-                            self._commit()
-                        except Exception:
-                            # Still applied, still scored as fresh: the next commit retries.
-                            log.exception("lexical index: commit failed")
+                    self._commit_due(quiet=not self._wake.is_set())
                     with self._queue:
                         if self._wake.is_set():
                             continue
@@ -399,6 +376,8 @@ class LexicalIndex:
             try:
                 with self._lock:
                     current = self._writer is None or self._rebuild_step(repo)
+                    # Writes that keep the repo dirty must not put the commit off either.
+                    self._commit_due(quiet=False)
             except Exception:
                 # The store's own search keeps answering for the repo; the next search retries.
                 log.exception("lexical index: bringing repo %r up failed", repo)
@@ -412,6 +391,20 @@ class LexicalIndex:
         with self._queue:
             self._worker = None
 
+    def _commit_due(self, *, quiet: bool) -> None:
+        """Commits what was applied if it is due: after `quiet` (no write came meanwhile),
+        or once its oldest change waited `COMMIT_WITHIN`. Holds the lock."""
+        if not len(self._fresh) or self._writer is None:
+            return
+        if not quiet and self._fresh.commit_wait(COMMIT_AFTER, COMMIT_WITHIN) > 0:
+            return
+        try:
+            self._commit()
+        except Exception:
+            # Still applied, still scored as fresh: retried later, not at every write.
+            log.exception("lexical index: commit failed")
+            self._fresh.postpone()
+
     # ---- the slot --------------------------------------------------------------------------
 
     def _open(self) -> bool:
@@ -421,16 +414,7 @@ class LexicalIndex:
             return self._writer is not None
         self._opened = True
         try:
-            import tantivy as tv
-
-            self._schema = _schema()
-            self._analyzer = (
-                tv.TextAnalyzerBuilder(tv.Tokenizer.simple())
-                .filter(tv.Filter.remove_long(40))
-                .filter(tv.Filter.lowercase())
-                .filter(tv.Filter.stemmer("english"))
-                .build()
-            )
+            self._schema, self._analyzer = schema(), analyzer()  # tantivy imported here
             self._folder = self._base / self._source.place() / FORMAT
             epoch = self._source.epoch()
             for number in range(SLOTS):

@@ -298,8 +298,10 @@ class LexicalIndex:
                     self._commit()
                 return False
             # From the nodes as they are from now on; what changes meanwhile is past `seq`
-            # in the log, applied once the rebuild is done.
+            # in the log, applied once the rebuild is done. The mark goes too: a commit
+            # before the end (another repo's) must not leave it beside half the documents.
             self._writer.delete_documents_by_term("repo", repo)
+            self._writer.delete_documents_by_term("key", _META + repo)
             self._applied.pop(repo, None)
             cursor = (seq, 0)
         target, after = cursor

@@ -231,7 +231,7 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
     between batches (one by age, for another repo's changes) must not leave the repo's old
     mark (the log's sequence it had applied) beside half its documents: a process killed
     then would reopen the slot as current up to that mark and apply only the log after it,
-    never the documents the rebuild had not written back yet (found in review, session 18)."""
+    never the documents the rebuild had not written back yet (session 18)."""
     from mnemo.storage.lexical.index import _META
 
     index = lexical(backend)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
-from mnemo.storage.lexical.fresh import Fresh, FreshDoc, unstale_hits
+from mnemo.storage.lexical.fresh import Fresh, FreshDoc, idf, unstale_hits
 from mnemo.storage.ports import Backend
 from tests.graph.test_lexical import add, found, lexical, settled
 
@@ -73,6 +73,15 @@ def test_a_failed_commit_is_retried_as_if_its_changes_were_new() -> None:
     assert fresh.commit_wait(0.5, 1.0) == 0.0
     fresh.postpone()
     assert fresh.commit_wait(3600.0, 1.0) == 1.0
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000))
+def test_idf_is_positive_and_falls_as_a_term_spreads(documents: int, frequency: int) -> None:
+    """Regression (review, session 18): the frequency, which counts deleted copies until
+    a merge, can exceed the count of documents; the weight went negative (idf(20, 34) was
+    -0.50) and the uncommitted documents holding the term dropped out of the search."""
+    assert idf(documents, frequency) > 0
+    assert idf(documents, frequency + 1) <= idf(documents, frequency)
 
 
 # ---- skipping stale copies ----------------------------------------------------------------

@@ -218,5 +218,9 @@ def scores(
 
 
 def idf(documents: int, frequency: int) -> float:
-    """tantivy's (and Lucene's) BM25 idf."""
+    """tantivy's (and Lucene's) BM25 idf, never negative: a term's frequency counts deleted
+    copies until tantivy merges their segment, while the count of documents does not, so
+    the frequency can exceed it (a repo's documents rewritten); a negative weight would drop
+    every uncommitted document holding the term from the search."""
+    documents = max(documents, frequency)
     return math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import anyio
-from _bench import markdown_table
+from _bench import show_table
 from rich.console import Console
-from rich.table import Table
 
 import mnemo
 
@@ -83,13 +82,8 @@ def main() -> None:
         ["after close: database / WAL",
          f"{r['closed_db'] / mb:.1f} MB / {r['closed_wal'] / mb:.1f} MB"],
     ]
-    table = Table(title="Disk per remembered message (ingest, offline LLM, hashed 384-d vectors)")
-    table.add_column("measure")
-    table.add_column("result", justify="right")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
-    print(markdown_table(["measure", "result"], rows))
+    show_table(Console(), "Disk per remembered message (ingest, offline LLM, hashed 384-d vectors)",
+               ["measure", "result"], rows)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ class Fresh:
                 del self._postings[repo]
                 del self._holders[repo]
                 del self._live[repo]
-        # What was put during the commit waits from the commit's end: close enough.
+        # Entries put after `upto` (none in the index, where puts and commits hold one
+        # lock) wait from now: their own times are not kept.
         self.since = self._clock() if self._count else None
 
     def of(self, repo: str, stems: Iterable[str]) -> tuple[set[str], dict[str, FreshDoc]]:
@@ -145,8 +146,9 @@ class Fresh:
         return self._live[repo]
 
 
-def unstale_hits(searcher: Any, query: Any, limit: int, stale: Collection[str]) -> list[
-        tuple[float, Any]]:
+def unstale_hits(
+    searcher: Any, query: Any, limit: int, stale: Collection[str]
+) -> list[tuple[float, Any]]:
     """The best `limit` hits of `query` (score, stored document) whose key is not in `stale`
     (committed copies of what changed since). Asks tantivy for `limit` more than the stale
     hits seen so far, round after round, rather than for `limit + len(stale)` at once: the

@@ -5,6 +5,7 @@ copies; then the commit under writes that never stop, on each backend."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -17,6 +18,8 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.fresh import Fresh, FreshDoc, idf, unstale_hits
 from mnemo.storage.ports import Backend
+from tests.backends import open_stores
+from tests.graph._support import DIM, REPO
 from tests.graph.test_lexical import add, found, lexical, settled
 
 # ---- counts and the commit's timing -------------------------------------------------------
@@ -267,3 +270,68 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
     await settled(backend)
     assert marks == [0]
     assert await found(backend, "teal") == {"a", "b", "c", "d"}
+
+
+async def test_a_rebuild_whose_commit_failed_is_not_taken_as_current(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (session 19): a rebuild's documents are not scored as uncommitted, so until
+    its commit succeeds the repo is not current. The failed commit used to leave the repo
+    marked as applied up to the log: its searches answered from the old commit, without
+    the nodes written since, until some other change brought a commit."""
+    index = lexical(backend)
+    await add(backend, "c0", {"a": "teal mug", "b": "teal cup"})
+    assert await found(backend, "teal") == {"a", "b"}
+    await settled(backend)
+    monkeypatch.setattr(lexical_index, "LOG_KEEP", 0)  # the next change rebuilds the repo
+    failures: list[str] = []
+    original = index._commit
+
+    def fails_once() -> None:
+        if not failures:
+            failures.append("disk full")
+            raise OSError("disk full")
+        original()
+
+    monkeypatch.setattr(index, "_commit", fails_once)
+    await add(backend, "c1", {"d": "teal jar"})
+    await settled(backend)  # the background thread rebuilt the repo; the commit failed
+    assert failures == ["disk full"]
+    result = await index.search(REPO, "teal", 100, None)
+    if result is None:  # rebuilt again, the store's search answering meanwhile
+        await settled(backend)
+        result = await index.search(REPO, "teal", 100, None)
+    assert result is not None
+    assert {node_id for node_id, _ in result} == {"a", "b", "d"}
+
+
+async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the_start(
+    store: str, tmp_path: Path
+) -> None:
+    """Regression (session 19, from session 18's review): a slot that holds some of a repo's
+    documents without its mark (a rebuild committed halfway, then its process killed) must
+    not apply the log from its start over them: the log of a store restored from a backup
+    never names a document the rebuild wrote for a node the backup does not hold, and that
+    document stayed searchable. Such a repo is rebuilt."""
+    from mnemo.storage.lexical.index import _META
+    from mnemo.storage.lexical.source import Row
+    from mnemo.storage.lexical.windows import Document
+
+    folder = str(tmp_path / "lexical")
+    async with open_stores(store, DIM, lexical_dir=folder) as backend:
+        await add(backend, "c1", {"a": "saffron cake", "b": "saffron bun"})
+        assert await found(backend, "saffron") == {"a", "b"}
+        index = lexical(backend)
+        # What the killed rebuild left: a document for a node this store never held, and
+        # no mark. (Done here by hand, under the index's lock.)
+        with index._lock:
+            ghost = Row(rowid=10**6, id="ghost", type="semantic", text="saffron ghost")
+            index._put(REPO, Document(ghost, ghost.text, ()))
+            index._writer.delete_documents_by_term("key", _META + REPO)
+            index._applied.pop(REPO)
+            index._commit()
+    async with open_stores(store, DIM, lexical_dir=folder) as backend:
+        result = await lexical(backend).search(REPO, "saffron", 100, None)
+        if result is None:  # being rebuilt: the store's search answers meanwhile
+            await settled(backend)
+        assert await found(backend, "saffron") == {"a", "b"}

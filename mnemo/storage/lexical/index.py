@@ -205,7 +205,8 @@ class LexicalIndex:
         applied = self._applied.get(repo, 0)
         if applied == seq:
             return True
-        if applied < horizon or applied > seq or seq - applied > INLINE_CHANGES:
+        if (applied < horizon or applied > seq or seq - applied > INLINE_CHANGES
+                or (not applied and self._holds_any(repo))):
             self._enqueue(self._behind, repo)
             return False
         self._apply(repo, applied, seq)
@@ -214,6 +215,13 @@ class LexicalIndex:
         else:
             self._wake_worker()  # to commit them soon
         return True
+
+    def _holds_any(self, repo: str) -> bool:
+        """Whether the slot's last commit has documents of `repo`. Without the repo's mark
+        they are a rebuild's, cut short (its process killed): the log from its start need
+        not name them (a store restored from a backup), so the repo is rebuilt rather than
+        brought up from the log. Holds the lock."""
+        return bool(self._index.searcher().doc_freq("repo", repo))
 
     # ---- keeping up with the store (under the lock) ----------------------------------------
 
@@ -311,7 +319,13 @@ class LexicalIndex:
         if len(rows) < BATCH:
             self._rebuilds.pop(repo, None)
             self._mark(repo, target)
-            self._commit()
+            try:
+                self._commit()
+            except Exception:
+                # Its documents are not scored as uncommitted: until a commit holds them the
+                # repo is not current (the next search brings it up again).
+                self._applied.pop(repo, None)
+                raise
         else:
             self._rebuilds[repo] = (target, rows[-1].rowid)
         return False

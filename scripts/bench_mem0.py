@@ -3,8 +3,10 @@
 Both libraries talk to the same fake model server, a process of its own on 127.0.0.1
 (`--serve`, started by this script): an OpenAI-compatible `POST /v1/embeddings` whose vectors
 are mnemo's `HashEmbedder(384)` (hashed words, bigrams and trigrams: deterministic, instant,
-and texts that share words are near), and a `POST /v1/chat/completions` that answers `{}`
-(neither side calls it here). Both write to the same disk (one temporary folder).
+and texts that share words are near), as base64 or JSON numbers, whichever the client asks for
+(`encoding_format`, as OpenAI answers: mnemo asks for base64, mem0 for floats), and a
+`POST /v1/chat/completions` that answers `{}` (neither side calls it here). Both write to
+the same disk (one temporary folder).
 
 - mem0 2.2.1 runs in its own venv (`--mem0-python`, default /work/mem0-venv/bin/python; make
   it with `python3 -m venv /work/mem0-venv && /work/mem0-venv/bin/pip install mem0ai==2.2.1`)
@@ -37,6 +39,7 @@ the machine more than with the code: run it on a quiet one, or twice.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import subprocess
 import sys
@@ -136,9 +139,14 @@ class _Handler(BaseHTTPRequestHandler):
             texts = body.get("input", [])
             texts = [texts] if isinstance(texts, str) else [str(t) for t in texts]
             vectors = self.embedder.embed_sync(texts)
+            # As OpenAI: base64 of little-endian float32s when asked for (mnemo asks for it,
+            # mem0 asks for floats), JSON numbers otherwise.
+            packed = body.get("encoding_format") == "base64"
             reply: dict[str, Any] = {
                 "object": "list", "model": body.get("model", "fake"),
-                "data": [{"object": "embedding", "index": i, "embedding": v.tolist()}
+                "data": [{"object": "embedding", "index": i,
+                          "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()
+                          if packed else v.tolist()}
                          for i, v in enumerate(vectors)],
                 "usage": {"prompt_tokens": 1, "total_tokens": 1},
             }

@@ -18,8 +18,10 @@ the default again. Every request is recorded (`requests`), with its headers and 
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import struct
 import threading
 import time
 import zlib
@@ -488,9 +490,12 @@ def _embeddings(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
     texts = request.body.get("input", [])
     if isinstance(texts, str):
         texts = [texts]
+    # As OpenAI: base64 of little-endian float32s when asked for, JSON numbers otherwise.
+    packed = request.body.get("encoding_format") == "base64"
     items = [
-        {"object": "embedding", "index": i, "embedding": vector(str(text), dim)}
+        {"object": "embedding", "index": i, "embedding": _packed(v) if packed else v}
         for i, text in enumerate(texts)
+        for v in [vector(str(text), dim)]
     ]
     prompt = answer.usage[0]
     return {
@@ -499,6 +504,10 @@ def _embeddings(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
         "model": request.body.get("model"),
         "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
+
+
+def _packed(floats: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(floats)}f", *floats)).decode()
 
 
 # ---- virtual time ---------------------------------------------------------------------------

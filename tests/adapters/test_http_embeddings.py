@@ -33,7 +33,7 @@ async def test_embeds_in_input_order(server: ProviderServer) -> None:
     np.testing.assert_array_equal(vectors, np.array([vector(t, 8) for t in texts]))
     [sent] = server.requests
     assert sent.path == "/v1/embeddings"
-    assert sent.body == {"model": "e", "input": texts}
+    assert sent.body == {"model": "e", "input": texts, "encoding_format": "base64"}
     assert sent.headers["authorization"] == "Bearer k"
 
 
@@ -132,3 +132,79 @@ async def test_empty_input_and_bad_arguments(server: ProviderServer) -> None:
         OpenAIEmbedder("e", base_url=server.openai_url, dim=0)
     with pytest.raises(InvalidInputError):
         OpenAIEmbedder("e", base_url=server.openai_url, batch_size=0)
+
+
+# ---- the vectors' wire format ---------------------------------------------------------------
+
+
+async def test_floats_are_asked_for_when_told_and_read_alike(server: ProviderServer) -> None:
+    """`encoding_format="float"` asks for JSON numbers; the rows are the same as base64's."""
+    texts = ["alpha one", "bravo two"]
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8) as packed, \
+            OpenAIEmbedder("e", base_url=server.openai_url, dim=8,
+                           encoding_format="float") as floats:
+        np.testing.assert_array_equal(await packed.embed(texts), await floats.embed(texts))
+    assert [r.body["encoding_format"] for r in server.requests] == ["base64", "float"]
+    with pytest.raises(InvalidInputError, match="encoding_format"):
+        OpenAIEmbedder("e", base_url=server.openai_url, encoding_format="int8")  # type: ignore[arg-type]
+
+
+async def test_a_server_that_ignores_base64_is_read_as_floats(server: ProviderServer) -> None:
+    """Asked for base64, a server that answers numbers (it ignores the parameter) is read."""
+    reply = {"data": [{"index": 0, "embedding": [0.5, -0.25]}], "usage": {"prompt_tokens": 1}}
+    server.script(Raw(json.dumps(reply).encode()))
+    async with OpenAIEmbedder("e", base_url=server.openai_url) as embedder:
+        vectors = await embedder.embed(["a"])
+        assert embedder.encoding_format == "base64"
+    np.testing.assert_array_equal(vectors, np.array([[0.5, -0.25]], dtype=np.float32))
+
+
+async def test_a_refusal_of_base64_switches_to_floats_for_good(server: ProviderServer) -> None:
+    """An error reply naming the parameter is a refusal: the batch is asked again for floats,
+    within its budget (a budget of one call has none left for it), and every later request
+    asks for floats."""
+    server.script(Fail(400, "Unsupported encoding_format: base64"))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
+        with pytest.raises(EmbeddingError, match=r"refused the request.*encoding_format"):
+            await embedder.embed(["alpha one"])
+        assert embedder.encoding_format == "float"
+    server.script(Fail(400, "Unsupported encoding_format: base64"))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8) as embedder:
+        first = await embedder.embed(["alpha one"])
+        second = await embedder.embed(["bravo two"])
+        assert embedder.encoding_format == "float"
+    np.testing.assert_array_equal(first, np.array([vector("alpha one", 8)]))
+    np.testing.assert_array_equal(second, np.array([vector("bravo two", 8)]))
+    assert [r.body["encoding_format"] for r in server.requests] == [
+        "base64", "base64", "float", "float"]
+    assert server.statuses == [400, 400, 200, 200]
+
+
+async def test_other_errors_are_not_taken_for_a_refusal_of_base64(
+    server: ProviderServer,
+) -> None:
+    """An error that does not name the format (an unknown model) stays an error, and base64
+    stays asked for."""
+    server.script(Fail(404, "model 'e' not found"))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8) as embedder:
+        with pytest.raises(EmbeddingError, match=r"HTTP 404.*not found"):
+            await embedder.embed(["x"])
+        assert embedder.encoding_format == "base64"
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(("embedding", "problem"), [
+    ("not base64 at all!", "not base64"),
+    ("AAAA", "3 bytes, not float32s"),
+    ([[0.0, 1.0]], "non-numeric"),
+    (["x", "y"], "non-numeric"),
+])
+async def test_malformed_vectors_are_an_embedding_error(
+    server: ProviderServer, embedding: object, problem: str
+) -> None:
+    """A vector that is neither numbers nor base64 of float32s is an EmbeddingError saying so."""
+    reply = {"data": [{"index": 0, "embedding": embedding}], "usage": {"prompt_tokens": 1}}
+    server.script(Raw(json.dumps(reply).encode()))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, max_retries=0) as embedder:
+        with pytest.raises(EmbeddingError, match=problem):
+            await embedder.embed(["a"])

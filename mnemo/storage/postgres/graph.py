@@ -157,12 +157,7 @@ class PgGraph:
             )
             await history.record(conn, plan, added)
             await side_writes(conn, also)
-        self._vectors.added(
-            repo,
-            [(n.id, n.type, v) for n, _, v in plan.nodes]
-            + [(i, NodeType.INTENT, v) for i, (_, v) in plan.rewordings.items()],
-            len(plan.nodes),
-        )
+        self._vectors.added(repo, len(plan.nodes))
         await self._vectors.index_if_large(repo)
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:

@@ -5,7 +5,9 @@ distance, ties by insertion); past it, through the repo's partial HNSW index
 (`schema.ensure_vector_index`), whose `WHERE repo = <literal>` the query repeats so that the
 planner can use it. The routing nodes' vectors (TAG and INTENT) are also kept in memory: a
 recall probes them with every query and each commit compares its intents with them, and they
-are a small part of a repo. Other vectors are read when needed, never held.
+are a small part of a repo. They follow this process's writes at once and the store's node log
+before each use, for what other processes wrote (`mnemo.storage.vector_log`). Other vectors
+are read when needed, never held.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.vector_log import CHANGED, STATE, Followed, Reload
 
 log = logging.getLogger("mnemo")
 
@@ -56,7 +59,7 @@ class PgVectors:
         self._exact_below = exact_below
         self._ann_dir = ann_dir
         self._place: str | None = None  # the database's folder name, read once
-        self._routes: dict[str, VectorIndex] = {}
+        self._routes: dict[str, Followed] = {}
         self._routes_loading: dict[str, anyio.Lock] = {}
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
@@ -73,21 +76,17 @@ class PgVectors:
                 await schema.ensure_vector_index(conn, repo, self._dims(repo))
             self._indexed.add(repo)
 
-    def added(self, repo: str, rows: Sequence[tuple[str, NodeType, Vector]], new: int) -> None:
-        """A commit wrote `new` vectors and these `rows` (new or reworded) are durable."""
+    def added(self, repo: str, new: int) -> None:
+        """A commit wrote `new` vectors (its routes reach the index from the node log, with
+        their rowids, at its next use)."""
         if repo in self._sizes:
             self._sizes[repo] += new
-        routes = self._routes.get(repo)
-        kept = [row for row in rows if row[1] in ROUTES]
-        if routes is not None and kept:
-            routes.add([i for i, _, _ in kept], [t for _, t, _ in kept],
-                       np.array([v for _, _, v in kept], dtype=np.float32))
 
     def removed(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
         if repo in self._routes:
-            self._routes[repo].remove(node_ids)
+            self._routes[repo].index.remove(node_ids)
 
     # ---- searches -------------------------------------------------------------------------
 
@@ -132,40 +131,65 @@ class PgVectors:
         """The ids and unit vectors of every node of one type, oldest first."""
         if kind in ROUTES:
             return await ann_calls.of_type(await self.routes(repo), kind)
-        ids, _, matrix = await self._load(repo, [kind.value])
+        _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
     async def routes(self, repo: str) -> VectorIndex:
-        """The repo's TAG and INTENT vectors, loaded on first use."""
-        index = self._routes.get(repo)
-        if index is not None:
-            return index
+        """The repo's TAG and INTENT vectors as the store holds them now: loaded on first
+        use, brought up to the node log at every use after (one keyed read when nothing
+        changed)."""
         async with self._routes_loading.setdefault(repo, anyio.Lock()):
-            index = self._routes.get(repo)
-            if index is None:
-                # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that
-                # many rows is walked instead of multiplied (faiss, if installed; the first
-                # load imports it, about 90 ms: in a thread): the threshold a probe walks
-                # from, so that no type that should be walked waits for a larger one. The
-                # folder first: between the rows' read and the index's registration, this
-                # process's writes would not reach the index.
-                faiss = await anyio.to_thread.run_sync(ann.load_faiss)
-                folder = None if faiss is None else await self._graph_folder(repo)
-                index = VectorIndex(self._dims(repo))
-                ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
-                index.add(ids, types, matrix)
-                # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
-                ann.attach(index, threshold=ann.WALK_FROM - 1, folder=folder)
-                self._routes[repo] = index
-        return index
+            held = self._routes.get(repo)
+            if held is not None:
+                try:
+                    await self._catch_up(repo, held)
+                except Reload:
+                    await ann_calls.close([held.index])
+                else:
+                    return held.index
+            # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that many
+            # rows is walked instead of multiplied (faiss, if installed; the first load
+            # imports it, about 90 ms: in a thread): the threshold a probe walks from, so
+            # that no type that should be walked waits for a larger one. The folder first:
+            # between the rows' read and the index's registration, this process's writes
+            # would not reach the index.
+            faiss = await anyio.to_thread.run_sync(ann.load_faiss)
+            folder = None if faiss is None else await self._graph_folder(repo)
+            # The log's sequence first: what changes after it is applied again later.
+            seq = (await self._state(repo))[0]
+            followed = Followed(VectorIndex(self._dims(repo)), seq, ROUTES)
+            rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
+            followed.load(rowids, ids, types, matrix)
+            # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
+            ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
+            self._routes[repo] = followed
+            return followed.index
+
+    async def _state(self, repo: str) -> tuple[int, int]:
+        rows = await self._pg.fetch_all(STATE.replace("?", "%s"), (repo,))
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+    async def _catch_up(self, repo: str, followed: Followed) -> None:
+        """Applies what the node log holds past `followed`'s sequence (`Reload` if it no
+        longer reaches back that far)."""
+        seq, horizon = await self._state(repo)
+        if not followed.behind(seq, horizon):
+            return
+        rows = await self._pg.fetch_all(
+            CHANGED.replace("?", "%s"), (repo, followed.seq, seq, repo), binary=True)
+        followed.apply(seq, [(int(r), i, t, v) for r, i, t, v in rows])
+
+    def _loaded(self, repo: str) -> VectorIndex | None:
+        followed = self._routes.get(repo)
+        return None if followed is None else followed.index
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann_calls.settle(self._routes.get(repo))
+        await ann_calls.settle(self._loaded(repo))
 
     async def aclose(self) -> None:
         """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close(self._routes.values())
+        await ann_calls.close([followed.index for followed in self._routes.values()])
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int
@@ -212,16 +236,18 @@ class PgVectors:
 
     async def _load(
         self, repo: str, kinds: list[str]
-    ) -> tuple[list[str], list[NodeType], Vector]:
+    ) -> tuple[list[int], list[str], list[NodeType], Vector]:
+        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first."""
         rows = await self._pg.fetch_all(
-            "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
-            " WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
+            "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
+            " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
             (repo, kinds), binary=True,
         )
         matrix = np.zeros((len(rows), self._dims(repo)), dtype=np.float32)
-        for i, (_, _, vec) in enumerate(rows):
+        for i, (_, _, _, vec) in enumerate(rows):
             matrix[i] = vec
-        return [str(r[0]) for r in rows], [NodeType(r[1]) for r in rows], matrix
+        return ([int(r[0]) for r in rows], [str(r[1]) for r in rows],
+                [NodeType(r[2]) for r in rows], matrix)
 
 
 # The vectors of some nodes (read in binary: `unit_rows` takes the rows).

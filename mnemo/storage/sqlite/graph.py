@@ -22,7 +22,6 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 import filelock
-import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
@@ -196,16 +195,10 @@ class SqliteGraph:
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo = plan.repo
         await self._database.run(lambda db: commits.write_commit(db, plan, also))
-        index = await self._vectors.index(repo)
-        index.add(
-            [n.id for n, _, _ in plan.nodes],
-            [n.type for n, _, _ in plan.nodes],
-            np.array([v for _, _, v in plan.nodes], dtype=np.float32).reshape(
-                len(plan.nodes), index.dim
-            ),
-        )
-        for node_id, (_, vector) in plan.rewordings.items():
-            index.add([node_id], [NodeType.INTENT], np.asarray(vector)[None, :])
+        # The new vectors reach the repo's index from the node log, with their rowids, at its
+        # next use (`vector_log`); brought up now if it is loaded, as writes always did.
+        if self._vectors.loaded(repo) is not None:
+            await self._vectors.index(repo)
 
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         await self._database.run(lambda db: side_writes_alone(db, also))

@@ -1,10 +1,12 @@
 """`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, for `SqliteGraph`.
 
-Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use and kept in step
-by the graph's writes. Search is exact (numpy) until a repo holds more than `ann_threshold`
-vectors; past it, and when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`),
-read back from the graphs saved beside the file when they still match the rows
-(`mnemo.graph.ann_files`), else built from them.
+Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use, kept in step by
+the graph's own writes at once, and brought up to the store's node log before each use, so
+that what another process (or `Memory`) wrote is there too (`mnemo.storage.vector_log`).
+Search is exact (numpy) until a repo holds more than `ann_threshold` vectors; past it, and
+when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`), read back from the
+graphs saved beside the file when they still match the rows (`mnemo.graph.ann_files`), else
+built from them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.sqlite.database import Database
+from mnemo.storage.vector_log import CHANGED, STATE, Change, Followed, Reload
 
 
 class SqliteVectors:
@@ -40,17 +43,18 @@ class SqliteVectors:
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
         self._ann_dir = ann_dir
-        self._indexes: dict[str, VectorIndex] = {}
+        self._indexes: dict[str, Followed] = {}
         self._index_loading: dict[str, anyio.Lock] = {}
 
     def loaded(self, repo: str) -> VectorIndex | None:
         """The repo's index if it is loaded (writes need not load one to update it)."""
-        return self._indexes.get(repo)
+        followed = self._indexes.get(repo)
+        return None if followed is None else followed.index
 
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         """The nodes were deleted."""
         if repo in self._indexes:
-            self._indexes[repo].remove(node_ids)
+            self._indexes[repo].index.remove(node_ids)
 
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
@@ -82,47 +86,82 @@ class SqliteVectors:
     async def settle(self, repo: str) -> None:
         """Waits until the repo's HNSW index (if any) has caught up with its rows (built, no
         insert pending); bound it with `anyio.fail_after`. For tests and benchmarks."""
-        await ann_calls.settle(self._indexes.get(repo))
+        await ann_calls.settle(self.loaded(repo))
 
     async def aclose(self) -> None:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close(self._indexes.values())
+        await ann_calls.close([followed.index for followed in self._indexes.values()])
 
     async def index(self, repo: str) -> VectorIndex:
-        """The repo's in-memory vectors, loaded from SQLite on first use."""
-        index = self._indexes.get(repo)
-        if index is not None:
-            return index
+        """The repo's in-memory vectors as the store holds them now: loaded from SQLite on
+        first use, brought up to the node log at every use after (one keyed read when nothing
+        changed)."""
         async with self._index_loading.setdefault(repo, anyio.Lock()):
-            index = self._indexes.get(repo)
-            if index is None:
-                index = VectorIndex(self._dims(repo))
-                ids, types, vectors = await self._database.run(lambda db: _load_vectors(db, repo))
-                index.add(ids, types, vectors.reshape(len(ids), index.dim))
-                if self._ann_threshold is not None:
-                    # The first load imports faiss (about 90 ms): in a thread, not on the loop.
-                    await anyio.to_thread.run_sync(ann.load_faiss)
-                    ann.attach(index, threshold=self._ann_threshold, params=self._ann_params,
-                               folder=self._graph_folder(repo))
-                self._indexes[repo] = index
-        return index
+            held = self._indexes.get(repo)
+            if held is not None:
+                try:
+                    changed = await self._database.run(lambda db: _changes(db, repo, held))
+                except Reload:
+                    await ann_calls.close([held.index])
+                else:
+                    if changed is not None:
+                        held.apply(*changed)
+                    return held.index
+            followed = Followed(VectorIndex(self._dims(repo)), 0)
+            seq, rowids, ids, types, vectors = await self._database.run(
+                lambda db: _load_vectors(db, repo))
+            followed.seq = seq
+            followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
+            if self._ann_threshold is not None:
+                # The first load imports faiss (about 90 ms): in a thread, not on the loop.
+                await anyio.to_thread.run_sync(ann.load_faiss)
+                ann.attach(followed.index, threshold=self._ann_threshold,
+                           params=self._ann_params, folder=self._graph_folder(repo))
+            self._indexes[repo] = followed
+            return followed.index
 
     def _graph_folder(self, repo: str) -> Path | None:
         """Where the repo's HNSW graphs are saved (None: not saved)."""
         return None if self._ann_dir is None else ann_files.repo_folder(self._ann_dir, repo)
 
 
+def _state(db: SqliteUtilsDatabase, repo: str) -> tuple[int, int]:
+    rows = db.conn.execute(STATE, (repo,)).fetchall()
+    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+
+def _changes(
+    db: SqliteUtilsDatabase, repo: str, followed: Followed
+) -> tuple[int, list[Change]] | None:
+    """The log's sequence and the nodes changed since `followed`'s, None if none; raises
+    `Reload` when the log no longer reaches back that far."""
+    seq, horizon = _state(db, repo)
+    if not followed.behind(seq, horizon):
+        return None
+    rows = db.conn.execute(CHANGED, (repo, followed.seq, seq, repo)).fetchall()
+    return seq, [
+        (int(rowid), node_id, kind,
+         None if blob is None else np.frombuffer(blob, dtype=np.float32))
+        for rowid, node_id, kind, blob in rows
+    ]
+
+
 def _load_vectors(
     db: SqliteUtilsDatabase, repo: str
-) -> tuple[list[str], list[NodeType], Vector]:
+) -> tuple[int, list[int], list[str], list[NodeType], Vector]:
+    """The log's sequence, read first (what changes after it is applied again later), then
+    the repo's rowids, ids, types and vectors in rowid order."""
+    seq = _state(db, repo)[0]
+    rowids: list[int] = []
     ids: list[str] = []
     types: list[NodeType] = []
     blobs: list[bytes] = []
-    for node_id, kind, blob in db.conn.execute(
-        "SELECT v.node_id, n.type, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
-        " WHERE v.repo = ? ORDER BY n.rowid",
+    for rowid, node_id, kind, blob in db.conn.execute(
+        "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
+        " ON n.id = v.node_id WHERE v.repo = ? ORDER BY n.rowid",
         (repo,),
     ):
+        rowids.append(rowid)
         ids.append(node_id)
         types.append(NodeType(kind))
         blobs.append(blob)
@@ -131,4 +170,4 @@ def _load_vectors(
         if blobs
         else np.zeros(0, dtype=np.float32)
     )
-    return ids, types, matrix
+    return seq, rowids, ids, types, matrix

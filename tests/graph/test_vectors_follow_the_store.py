@@ -1,0 +1,171 @@
+"""In-memory vectors follow the store, whoever wrote to it (mnemo/storage/vector_log.py).
+
+SQLite keeps every repo's vectors in memory, PostgreSQL its tags' and intents'. Each Memory
+kept them in step with its own writes only; these tests (regressions of session 19's review,
+each failing before the fix) write through one Memory and read or commit through another
+that had its vectors loaded already. Then the bookkeeping itself, against a reference.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import mnemo
+from mnemo.graph.model import NodeType
+from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.vector_log import Change, Followed, Reload
+from tests.backends import sql
+
+REPO = "r"
+N = NodeType
+TEA = ("The kettle is on the stove.", "boil water for tea")
+
+
+def trajectory(goal: str, *steps: tuple[str, str]) -> mnemo.Trajectory:
+    return mnemo.Trajectory(goal, [mnemo.Step(obs, act) for obs, act in steps])
+
+
+def memory(store: str) -> mnemo.Memory:
+    return mnemo.Memory(store, embedder=mnemo.HashEmbedder(64))
+
+
+async def loaded(mem: mnemo.Memory) -> None:
+    """Opens the repo, stores a first trajectory and recalls: the Memory's vectors are in
+    memory from here on."""
+    await mem.open_repo(REPO)
+    await mem.ingest(REPO, trajectory("grow tomatoes", ("Tomatoes need six hours of sun.",
+                                                        "water the tomatoes")), source_id="a0")
+    await mem.recall(REPO, "tomatoes", reinforce=False)
+
+
+async def test_a_commit_after_another_memory_forgot_its_intent(store: str) -> None:
+    """Regression: B forgets the source whose intent A holds in memory; A's next commit of
+    a step with that intent matched it, linked the deleted id and failed (a foreign-key
+    `StorageError`) at every retry."""
+    async with memory(store) as a, memory(store) as b:
+        await loaded(a)
+        await a.ingest(REPO, trajectory("make tea", TEA), source_id="s")
+        await b.forget(REPO, "s")
+        receipt = await a.ingest(REPO, trajectory("make tea", TEA), source_id="s2")
+        assert receipt.created
+        found = await a.recall(REPO, "kettle stove", reinforce=False)
+        assert "The kettle is on the stove." in {m.node.text for m in found.memories}
+
+
+async def test_an_intent_another_memory_committed_is_deduplicated(store: str) -> None:
+    """Regression: an intent committed through B was not in A's vectors, so A's commit of
+    the same intent added a second one (one Memory keeps one)."""
+    async with memory(store) as a, memory(store) as b:
+        await loaded(a)
+        await b.ingest(REPO, trajectory("make tea", TEA), source_id="b1")
+        await a.ingest(REPO, trajectory("make tea again", TEA), source_id="a1")
+        intents = Counter(n.text for n in await a.get_nodes_by_type(REPO, [N.INTENT]))
+        assert max(intents.values()) == 1, intents
+
+
+async def test_recall_and_consolidate_see_what_another_memory_committed(store: str) -> None:
+    """Regression (SQLite): recall through A missed B's nodes in its dense channel, and A's
+    consolidate never compared B's new fact with its duplicate."""
+    fact = "Bees make honey in the summer months."
+    async with memory(store) as a, memory(store) as b:
+        await loaded(a)
+        await a.ingest(REPO, trajectory("bees", (fact, "note it")), source_id="a1")
+        await a.consolidate(REPO)
+        await b.ingest(REPO, trajectory("bees again", (fact, "note it again")), source_id="b1")
+        vectors = await a._graph.search_vectors(
+            REPO, mnemo.HashEmbedder(64).embed_sync([fact])[0], 50)
+        facts = [n for n in await b.get_nodes_by_type(REPO, [N.SEMANTIC]) if n.text == fact]
+        assert len(facts) == 2
+        assert {n.id for n in facts} <= {node_id for node_id, _ in vectors}
+        report = await a.consolidate(REPO)
+        assert report.merged == 1
+        left = [n for n in await b.get_nodes_by_type(REPO, [N.SEMANTIC]) if n.text == fact]
+        assert len(left) == 1
+
+
+async def test_a_memory_behind_the_logs_horizon_loads_its_vectors_again(store: str) -> None:
+    """A Memory whose vectors are older than what the node log keeps loads them again."""
+    async with memory(store) as a, memory(store) as b:
+        await loaded(a)
+        await b.ingest(REPO, trajectory("make tea", TEA), source_id="b1")
+        # As if B had written more than the log keeps since A last looked.
+        await sql(b, "UPDATE lexical_repos SET horizon = seq + 1, seq = seq + 1")
+        await a.ingest(REPO, trajectory("make tea again", TEA), source_id="a1")
+        intents = Counter(n.text for n in await a.get_nodes_by_type(REPO, [N.INTENT]))
+        assert max(intents.values()) == 1, intents
+
+
+# ---- the bookkeeping, against a reference -------------------------------------------------
+
+DIM = 4
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.integers(1, 6), st.sampled_from("abcdefgh"),
+                  st.sampled_from([N.TAG, N.INTENT, N.SEMANTIC])),
+        st.tuples(st.just("delete"), st.integers(1, 6)),
+        st.just(("look",)),
+    ),
+    max_size=40,
+)
+
+
+def _vector(node_id: str) -> np.ndarray:
+    out = np.zeros(DIM, dtype=np.float32)
+    out["abcdefgh".index(node_id) % DIM] = 1.0
+    return out
+
+
+@given(_ops, st.booleans())
+def test_followed_vectors_are_the_stores_at_every_look(script: list[Any], routes: bool) -> None:
+    """A store's nodes (rowid -> id, type) change by puts (a new node, or a rowid taken by
+    another node after a delete) and deletes; at each look the changed rowids are applied as
+    the store holds them then. The index then holds exactly the store's nodes (of the kept
+    types), each with its own vector."""
+    kinds = (N.TAG, N.INTENT) if routes else None
+    store: dict[int, tuple[str, NodeType]] = {}
+    changed: set[int] = set()
+    followed = Followed(VectorIndex(DIM), 0, kinds)
+    seq = 0
+    for op in [*script, ("look",)]:
+        if op[0] == "put":
+            _, rowid, node_id, kind = op
+            for other, (held, _) in list(store.items()):
+                if held == node_id:  # an id lives at one rowid
+                    del store[other]
+                    changed.add(other)
+            store[rowid] = (node_id, kind)
+            changed.add(rowid)
+            seq += 1
+        elif op[0] == "delete":
+            if store.pop(op[1], None) is not None:
+                changed.add(op[1])
+                seq += 1
+        else:
+            if followed.behind(seq, 0):
+                changes: list[Change] = [
+                    (r, *((store[r][0], store[r][1].value, _vector(store[r][0]))
+                          if r in store else (None, None, None)))
+                    for r in changed
+                ]
+                followed.apply(seq, changes)
+            changed.clear()
+            wanted = {i: k for i, k in store.values() if kinds is None or k in kinds}
+            assert set(followed.index._rows) == set(wanted)
+            for node_id in wanted:
+                np.testing.assert_array_equal(followed.index.get(node_id), _vector(node_id))
+
+
+def test_a_log_that_no_longer_reaches_back_asks_for_a_reload() -> None:
+    followed = Followed(VectorIndex(DIM), 5)
+    assert not followed.behind(5, 3)
+    assert followed.behind(7, 5)
+    with pytest.raises(Reload):
+        followed.behind(9, 6)  # entries 6.. only: the cache's 5 is gone
+    with pytest.raises(Reload):
+        followed.behind(3, 0)  # the store went back (restored): not this cache's past

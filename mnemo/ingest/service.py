@@ -119,9 +119,11 @@ class IngestService:
         payload = payload_of(trajectory, limit=runtime.config.max_text_chars)
         digest = hashlib.sha256(payload.encode()).hexdigest()
         key = (repo, source_id)
-        running = self._inflight.get(key)
-        if running is not None:
-            return await self._join(running, digest, source_id)
+        while (running := self._inflight.get(key)) is not None:
+            joined = await self._join(running, digest, source_id)
+            if joined is not None:
+                return joined
+            # The call it joined was cancelled (by its own caller): this one does the work.
         mine = _InFlight(digest, anyio.Event())
         self._inflight[key] = mine
         try:
@@ -134,16 +136,22 @@ class IngestService:
             del self._inflight[key]
             mine.done.set()
 
-    async def _join(self, running: _InFlight, digest: str, source_id: str) -> IngestReceipt:
+    async def _join(
+        self, running: _InFlight, digest: str, source_id: str
+    ) -> IngestReceipt | None:
+        """The outcome of an identical call already running: its receipt (created=False) or
+        its error, the same one (a `ConflictError` stays one, as a future's awaiters all get
+        its exception); None if it was cancelled."""
         if running.payload_hash != digest:
             raise ConflictError(
                 f"source {source_id!r} is being ingested with a different payload"
             )
         await running.done.wait()
-        if running.receipt is None:
-            raise PipelineError("extraction_failed", f"the ingest of {source_id!r} failed: "
-                                f"{running.error!r}") from running.error
-        return IngestReceipt(source_id, running.receipt.node_ids, created=False)
+        if running.receipt is not None:
+            return IngestReceipt(source_id, running.receipt.node_ids, created=False)
+        if isinstance(running.error, Exception):
+            raise running.error
+        return None
 
     async def _ingest_once(
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,

@@ -72,6 +72,55 @@ async def test_concurrent_identical_ingests_do_the_work_once(
     assert llm.tasks().count("semantic") == 1
 
 
+async def test_concurrent_ingests_of_a_conflicting_payload_all_conflict(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """Regression (session 19): of two identical calls whose payload differs from the one
+    stored, the one that joined the other got `PipelineError("extraction_failed")` instead
+    of the `ConflictError` it would have had alone."""
+    await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+    errors: list[Exception] = []
+
+    async def one() -> None:
+        try:
+            await mem.ingest(REPO, trajectory("walk south"), source_id="s1")
+        except mnemo.MnemoError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(one)
+    assert [type(e) for e in errors] == [mnemo.ConflictError] * 2
+
+
+async def test_an_ingest_joined_to_a_cancelled_one_does_the_work(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """A call that joined an identical one whose own caller cancelled it does the work
+    itself (it got `PipelineError` with the other caller's cancellation as its cause)."""
+    hold = llm.hold("semantic")
+    leader = anyio.CancelScope()
+    outcome: list[mnemo.IngestReceipt] = []
+
+    async def first() -> None:
+        with leader:
+            await mem.ingest(REPO, trajectory("walk north"), source_id="s1")
+
+    async def second() -> None:
+        outcome.append(await mem.ingest(REPO, trajectory("walk north"), source_id="s1"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first)
+        with anyio.fail_after(10):
+            await hold.started.wait()  # the first call extracts
+        tg.start_soon(second)
+        await anyio.wait_all_tasks_blocked()  # the second one waits for it
+        leader.cancel()
+        hold.release()
+    assert [r.created for r in outcome] == [True]
+    assert len(await mem.get_nodes_by_type(REPO, [N.EPISODIC])) == 1
+
+
 async def test_failed_extraction_stores_nothing(mem: mnemo.Memory, llm: FakeLLM) -> None:
     """An ingest whose extraction fails raises PipelineError("extraction_failed"), stores
     nothing, and leaves the id free."""

@@ -155,6 +155,11 @@ class GraphStore(Protocol):
         """The repo's write lock: commits and maintenance hold it."""
         ...
 
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """A block of reads (a recall) that sees the repo at least as of its start: what the
+        store keeps in memory is brought up to it once, not at each read inside."""
+        ...
+
     def dim(self, repo: str) -> int: ...
 
     async def apply(

@@ -112,6 +112,23 @@ class Recaller:
         as_of: datetime | None = None,
     ) -> RecallResult:
         trace = _Trace()
+        # What the store keeps in memory is brought up to it once, here, not at each read.
+        async with self.graph.reading(repo):
+            trace.mark("look")
+            return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
+                                      as_of=as_of, trace=trace)
+
+    async def _recall(
+        self,
+        repo: str,
+        query: str,
+        *,
+        k: int,
+        types: Iterable[NodeType] | None,
+        reinforce: bool,
+        as_of: datetime | None,
+        trace: _Trace,
+    ) -> RecallResult:
         config = self.config
         wanted = None if types is None else {NodeType(t) for t in types}
         plan = await self._plan(query)

@@ -15,11 +15,18 @@ idempotent (a node's vector is replaced or removed), so the owner's own writes, 
 once, are applied again harmlessly, and a read racing a write is caught up by the next one.
 A cache behind the log's horizon (more than `LOG_KEEP` changes since it looked) is loaded
 again.
+
+A read of one keyed row is a trip to the database's thread (SQLite) or server (PostgreSQL), and
+a recall uses the vectors five to seven times: one look per recall is enough for what it
+promises (it sees every write that returned before it started). `one_look` brings a repo up
+once, at the start of a block, and the uses inside it (in its child tasks too) skip the read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,3 +100,39 @@ class Followed:
 
 class Reload(Exception):
     """The log no longer holds every change since the cache's sequence: load it again."""
+
+
+@dataclass(slots=True)
+class _Look:
+    open: bool = True
+
+
+# The (owner, repo) pairs brought up at the start of a block this task is in. A `_Look` is
+# closed when its block ends, so that a task started inside and outliving it looks again.
+_LOOKS: ContextVar[dict[tuple[int, str], _Look]] = ContextVar("mnemo_vector_looks")
+
+
+def looked(owner: object, repo: str) -> bool:
+    """Whether `owner`'s vectors of `repo` were brought up at the start of an open block
+    (`one_look`) this task is in."""
+    look = _LOOKS.get({}).get((id(owner), repo))
+    return look is not None and look.open
+
+
+@asynccontextmanager
+async def one_look(
+    owner: object, repo: str, catch_up: Callable[[], Awaitable[object]]
+) -> AsyncIterator[None]:
+    """Brings `owner`'s vectors of `repo` up (`catch_up`) now; inside the block, `looked` is
+    True and the uses skip the log."""
+    if looked(owner, repo):
+        yield
+        return
+    await catch_up()
+    look = _Look()
+    token = _LOOKS.set({**_LOOKS.get({}), (id(owner), repo): look})
+    try:
+        yield
+    finally:
+        look.open = False
+        _LOOKS.reset(token)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from hypothesis import given
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 import mnemo
 from mnemo.graph.model import NodeType
 from mnemo.graph.vectors import VectorIndex
-from mnemo.storage.vector_log import Change, Followed, Reload
+from mnemo.storage.vector_log import Change, Followed, Reload, looked, one_look
 from tests.backends import sql
 
 REPO = "r"
@@ -87,6 +88,31 @@ async def test_recall_and_consolidate_see_what_another_memory_committed(store: s
         assert report.merged == 1
         left = [n for n in await b.get_nodes_by_type(REPO, [N.SEMANTIC]) if n.text == fact]
         assert len(left) == 1
+
+
+async def test_a_recall_looks_at_the_log_once_and_sees_what_was_written_before(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall brings the vectors up once, at its start (not at each of its five to seven
+    uses), and its dense channel finds a node another Memory committed before it began."""
+    looks: list[int] = []
+    behind = Followed.behind
+
+    def counted(self: Followed, seq: int, horizon: int) -> bool:
+        looks.append(seq)
+        return behind(self, seq, horizon)
+
+    fact = "Bees make honey in the summer months."
+    async with memory(store) as a, memory(store) as b:
+        await loaded(a)
+        receipt = await b.ingest(REPO, trajectory("bees", (fact, "note it")), source_id="b1")
+        monkeypatch.setattr(Followed, "behind", counted)
+        found = await a.recall(REPO, fact, reinforce=False)
+        assert len(looks) == 1
+        phases = {t.node_id: t.phase for t in found.touched}
+        facts = [n for n in await a.get_nodes_by_type(REPO, [N.SEMANTIC]) if n.text == fact]
+        assert [f.id for f in facts] == [i for i in receipt.node_ids if i == facts[0].id]
+        assert phases[facts[0].id] in {"dense", "hybrid"}
 
 
 async def test_a_memory_behind_the_logs_horizon_loads_its_vectors_again(store: str) -> None:
@@ -169,3 +195,35 @@ def test_a_log_that_no_longer_reaches_back_asks_for_a_reload() -> None:
         followed.behind(9, 6)  # entries 6.. only: the cache's 5 is gone
     with pytest.raises(Reload):
         followed.behind(3, 0)  # the store went back (restored): not this cache's past
+
+
+async def test_one_look_holds_inside_its_block_and_its_tasks_only() -> None:
+    """Inside `one_look` (and in tasks started there) the repo counts as looked at; after the
+    block, even in a task started inside that outlives it, it does not; another owner or
+    repo never does."""
+    owner, other = object(), object()
+    caught_up: list[str] = []
+    seen: list[bool] = []
+    ended = anyio.Event()
+
+    async def catch_up() -> None:
+        caught_up.append(REPO)
+
+    async def outliving() -> None:
+        seen.append(looked(owner, REPO))
+        await ended.wait()
+        seen.append(looked(owner, REPO))
+
+    async with anyio.create_task_group() as tg:
+        async with one_look(owner, REPO, catch_up):
+            assert looked(owner, REPO)
+            assert not looked(other, REPO)
+            assert not looked(owner, "another")
+            async with one_look(owner, REPO, catch_up):  # nested: no second look
+                pass
+            tg.start_soon(outliving)
+            await anyio.wait_all_tasks_blocked()
+        assert not looked(owner, REPO)
+        ended.set()
+    assert caught_up == [REPO]
+    assert seen == [True, False]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -427,6 +427,9 @@ class PgGraph:
 
     async def vectors_of_type(self, repo: str, kind: NodeType) -> tuple[list[str], Vector]:
         return await self._vectors.of_type(repo, kind)
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        return self._vectors.reading(repo)
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors, in memory (`CommitTarget`)."""

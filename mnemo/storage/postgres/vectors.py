@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.vector_log import CHANGED, STATE, Followed, Reload
+from mnemo.storage.vector_log import CHANGED, STATE, Followed, Reload, looked, one_look
 
 log = logging.getLogger("mnemo")
 
@@ -134,10 +135,17 @@ class PgVectors:
         _, ids, _, matrix = await self._load(repo, [kind.value])
         return ids, unit(matrix) if ids else matrix
 
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """A block whose uses of the repo's routes share one look at the log, at its start."""
+        return one_look(self, repo, lambda: self.routes(repo))
+
     async def routes(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors as the store holds them now: loaded on first
         use, brought up to the node log at every use after (one keyed read when nothing
-        changed)."""
+        changed) unless a `reading` block did at its start."""
+        held = self._routes.get(repo)
+        if held is not None and looked(self, repo):
+            return held.index
         async with self._routes_loading.setdefault(repo, anyio.Lock()):
             held = self._routes.get(repo)
             if held is not None:

@@ -15,7 +15,7 @@ import functools
 import hashlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -421,6 +421,9 @@ class SqliteGraph:
         self, repo: str, node_ids: Sequence[str], vector: Vector
     ) -> dict[str, float]:
         return await self._vectors.similarities(repo, node_ids, vector)
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        return self._vectors.reading(repo)
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use (`CommitTarget`)."""

@@ -12,6 +12,7 @@ built from them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import anyio
@@ -23,7 +24,7 @@ from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.vector_log import CHANGED, STATE, Change, Followed, Reload
+from mnemo.storage.vector_log import CHANGED, STATE, Change, Followed, Reload, looked, one_look
 
 
 class SqliteVectors:
@@ -92,10 +93,17 @@ class SqliteVectors:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
         await ann_calls.close([followed.index for followed in self._indexes.values()])
 
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """A block whose uses of the repo's vectors share one look at the log, at its start."""
+        return one_look(self, repo, lambda: self.index(repo))
+
     async def index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors as the store holds them now: loaded from SQLite on
         first use, brought up to the node log at every use after (one keyed read when nothing
-        changed)."""
+        changed) unless a `reading` block did at its start."""
+        held = self._indexes.get(repo)
+        if held is not None and looked(self, repo):
+            return held.index
         async with self._index_loading.setdefault(repo, anyio.Lock()):
             held = self._indexes.get(repo)
             if held is not None:

@@ -112,6 +112,18 @@ async def test_search_prefers_recent_on_a_tie(cmem: mnemo.Memory) -> None:
     assert hits[0].rank > hits[1].rank
 
 
+async def test_a_rare_word_outranks_a_common_one_repeated(cmem: mnemo.Memory) -> None:
+    """bm25 on both backends: a word in few messages weighs more than one in most of them,
+    even repeated (PostgreSQL's `ts_rank` alone has no idf, and ranked the repetition first:
+    session 19's review)."""
+    conv = cmem.conversation()
+    await conv.save("t", [user(f"server status check {i}") for i in range(20)]
+                    + [user("server server server status"), user("kubernetes upgrade planned")])
+    hits = await cmem.search_messages("server kubernetes", limit=3)
+    assert hits[0].seq == 21
+    assert hits[1].seq == 20
+
+
 async def test_exclude_viewport_of(cmem: mnemo.Memory) -> None:
     """exclude_viewport_of leaves out what that thread's viewport shows, not what it evicted
     or what other threads hold."""

@@ -5,9 +5,15 @@ Search runs on the messages' generated `search` column (`to_tsvector('mnemo_engl
 GIN-indexed): Snowball's English stemmer, case folded, no stop word dropped. Each word of the
 query becomes `phraseto_tsquery('mnemo_english', word)` (a parameter, so nothing in it is query
 syntax; a word the parser splits, such as `foo_bar`, stays one phrase, as a quoted FTS5 string
-does) and the words are OR-combined with `||` (`tsquery`). `ts_rank` with length normalisation
-picks the pool of candidates that `rank_by_recency` reorders (see `mnemo.conversation.search`);
-`ts_headline` is asked only for the hits returned (docs/DECISIONS.md).
+does) and a message matches when it holds any of them. Its relevance is bm25's shape: per word,
+`ts_rank` with length normalisation (the term-frequency part) times the word's idf,
+`ln(1 + (N - df + 0.5) / (df + 0.5))`, summed; without the idf a word in every message
+repeated three times outranked a rare one (session 19). `df` is counted through the GIN index
+up to `COUNT_CAP` messages, N is the table's row estimate or its count up to the cap, whichever
+is larger (a capped count keeps a large table's search bounded; its idf is near its floor
+there anyway). The best candidates are reordered by `rank_by_recency` (see
+`mnemo.conversation.search`); `ts_headline` is asked only for the hits returned
+(docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ RANK_NORMALIZATION = 1
 HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
 
 
+# Messages counted at most, for a word's document frequency and the table's size.
+COUNT_CAP = 10_000
+
+
 def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
     """The SQL of a tsquery ORing every word, and its parameters ("" when there are none).
 
@@ -47,6 +57,21 @@ def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
     """
     sql = " || ".join(f"phraseto_tsquery('{TEXT_SEARCH_CONFIG}', %s)" for _ in words)
     return sql, list(words)
+
+
+def _per_word(words: Sequence[str]) -> tuple[str, list[Any]]:
+    """A `w (query)` table of one tsquery per word, with its document frequency `df` and the
+    collection's size `n` (see the module doc), and its parameters."""
+    rows = ", ".join(f"(phraseto_tsquery('{TEXT_SEARCH_CONFIG}', %s))" for _ in words)
+    sql = (
+        f"words (query) AS (VALUES {rows}),"
+        " size (n) AS (SELECT greatest(1,"
+        " (SELECT reltuples FROM pg_class WHERE oid = 'messages'::regclass),"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT %s) c))),"
+        " w AS (SELECT words.query, size.n, (SELECT count(*) FROM (SELECT 1 FROM messages d"
+        " WHERE d.search @@ words.query LIMIT %s) c) AS df FROM words, size)"
+    )
+    return sql, [*words, COUNT_CAP, COUNT_CAP]
 
 
 async def search(
@@ -79,13 +104,16 @@ async def search(
                 "(SELECT boundary_seq FROM threads WHERE id = %s), 0))"
             )
             filters += [exclude_viewport_of, exclude_viewport_of]
+    per_word, word_params = _per_word(words)
+    conditions[0] = "m.search @@ w.query"
     rows = await fetch(
         conn,
-        f"WITH q AS (SELECT {query} AS query)"
-        f" SELECT m.rowid, ts_rank(m.search, q.query, {RANK_NORMALIZATION}), m.recorded_at"
-        f" FROM messages m, q WHERE {' AND '.join(conditions)}"
-        " ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
-        [*params, *filters, pool_size(limit)],
+        f"WITH {per_word}"
+        " SELECT m.rowid, sum(ln(1 + (w.n - w.df + 0.5) / (w.df + 0.5))"
+        f" * ts_rank(m.search, w.query, {RANK_NORMALIZATION})), m.recorded_at"
+        f" FROM messages m JOIN w ON {' AND '.join(conditions)}"
+        " GROUP BY m.rowid, m.recorded_at ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
+        [*word_params, *filters, pool_size(limit)],
     )
     scored = rank_by_recency(
         ((int(rowid), float(score), utc(at)) for rowid, score, at in rows),

@@ -45,7 +45,13 @@ _ZONE_LINE = re.compile(r"^message (\d+)(?:-(\d+))?: (.*)$")
 _ZONE_ROLE = re.compile(r"^([\w-]+): (.*)$")
 
 
-_SPEAKERS = {"user": "User", "assistant": "Assistant", "system": "System", "developer": "System"}
+_SPEAKERS = {
+    "user": "User",
+    "assistant": "Assistant",
+    "system": "System",
+    "developer": "System",
+    "summary": "Summary",
+}
 
 
 _SUMMARY_SENTENCE_WORDS = 40
@@ -59,19 +65,24 @@ def _states_instruction(text: str) -> bool:
 
 
 def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: str = "") -> str:
-    """The most informative sentences of `items` ((speaker, text) pairs, speaker "" for none)
-    and of a previous summary, in their order, within `max_words` words.
+    """The most informative sentences of `items` ((speaker, text) pairs, speaker "" for none,
+    "Summary" for an earlier summary) and of a previous summary, in their order, within
+    `max_words` words.
 
     A sentence scores its informative words; instructions and corrections count double, tool
-    output half. The previous summary's sentences compete with the new ones, so a rolling
-    summary keeps what matters most from both.
+    output half. The earlier summaries' best sentences fill up to half of `max_words` first,
+    then the rest compete with the new ones: a rolling summary keeps what matters most from
+    both, and a summary it replaces is not crowded out by chatter.
     """
+    earlier: list[tuple[float, int, str]] = []
     candidates: list[tuple[float, int, str]] = []
     order = 0
-    for sentence in _text.sentences(previous):
-        candidates.append((_sentence_score(sentence) + 0.5, order, sentence))
-        order += 1
-    for speaker, text in items:
+    for speaker, text in [("Summary", previous), *items]:
+        if speaker == "Summary":
+            for sentence in _text.sentences(text):
+                earlier.append((_sentence_score(sentence) + 0.5, order, sentence))
+                order += 1
+            continue
         for raw in _text.sentences(text):
             sentence = _text.clip_words(_strip_filler(raw), _SUMMARY_SENTENCE_WORDS)
             if len(_text.words(sentence)) < 3 or _GREETING.match(sentence):
@@ -84,15 +95,15 @@ def _extractive_summary(items: list[tuple[str, str]], max_words: int, previous: 
             shown = f"{speaker}: {sentence}" if speaker else sentence
             candidates.append((score, order, shown))
             order += 1
-    picked: list[tuple[int, str]] = []
+    picked: dict[int, str] = {}
     used = 0
-    for score, position, sentence in sorted(candidates, key=lambda c: (-c[0], c[1])):
-        size = len(sentence.split())
-        if score > 0 and used + size <= max_words:
-            picked.append((position, sentence))
-            used += size
-    text = " ".join(s if s[-1:] in ".!?" else s + "." for _, s in sorted(picked))
-    return text
+    for pool, budget in ((earlier, max_words // 2), (earlier + candidates, max_words)):
+        for score, position, sentence in sorted(pool, key=lambda c: (-c[0], c[1])):
+            size = len(sentence.split())
+            if score > 0 and position not in picked and used + size <= budget:
+                picked[position] = sentence
+                used += size
+    return " ".join(s if s[-1:] in ".!?" else s + "." for _, s in sorted(picked.items()))
 
 
 def _speaker(role: str) -> str:

@@ -41,7 +41,8 @@ segmentation, extraction and recall to work offline, not a substitute for one:
   when it alone is too long, and older ones that no longer fit go. The description is kept
   unless it names nothing left (then the first entry, clipped).
 - `summary` / `snapshot_fold`: the most informative sentences of the messages (or snapshots)
-  and of the previous summary, in order, within `max_words` ("User: ...", "Assistant: ...");
+  and of the previous summary (and of earlier ones given as messages of role "summary"), in
+  order, within `max_words` ("User: ...", "Assistant: ...");
   a sentence scores its informative words, doubled for a user's instruction or correction,
   halved for tool output. Nothing is paraphrased or invented.
 - `eviction`: `save_snapshot` with that summary of the zone, `attach_messages_to_goals` for

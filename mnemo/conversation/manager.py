@@ -236,8 +236,10 @@ class ConversationManager:
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
         """Compacts all but the last `keep` uncompacted messages when they exceed
-        `max_tokens`, rolling the previous automatic summary in; in chunks when there is a lot.
-        Called under the thread lock. Failures are logged, never raised."""
+        `max_tokens`, rolling the previous summary in; in chunks when there is a lot. A
+        compaction inside a chunk's range (from `save_compaction`) goes into the request in
+        its place, since the new record replaces it. Called under the thread lock. Failures
+        are logged, never raised."""
         service = self._service
         compactions, tail = await service.store.uncompacted(thread_id)
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
@@ -256,9 +258,12 @@ class ConversationManager:
             pending = pending[len(chunk):]
             earlier = [c for c in compactions if c.end_seq < chunk[0].seq]
             previous = max(earlier, key=lambda c: c.end_seq) if earlier else None
+            # The new record replaces every compaction inside its range (a save_compaction
+            # between these messages): their summaries go in, in place, or they would be lost.
+            inner = [c for c in compactions if chunk[0].seq < c.start_seq < chunk[-1].seq]
             request = summary_request(
                 previous_summary=previous.summary_text if previous else "",
-                messages=[_summary_input(m) for m in chunk],
+                messages=_summary_inputs(chunk, inner),
                 max_words=max_words,
             )
             try:
@@ -279,6 +284,14 @@ class ConversationManager:
             )
 
 
-def _summary_input(message: Message) -> dict[str, Any]:
-    limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
-    return {"seq": message.seq, "role": message.role, "text": flat(message.content, limit)}
+def _summary_inputs(chunk: Sequence[Message], inner: Sequence[Compaction]) -> list[dict[str, Any]]:
+    """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
+    whole as a message of role "summary" at its start seq, in seq order."""
+    items: list[tuple[int, dict[str, Any]]] = []
+    for message in chunk:
+        limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
+        text = flat(message.content, limit)
+        items.append((message.seq, {"seq": message.seq, "role": message.role, "text": text}))
+    for c in inner:
+        items.append((c.start_seq, {"seq": c.start_seq, "role": "summary", "text": c.summary_text}))
+    return [item for _, item in sorted(items, key=lambda pair: pair[0])]

@@ -2,7 +2,8 @@
 "snapshot_fold" (5 level-1 snapshots into one level-2), with their schemas and parsers.
 
 - `"summary"`: inputs `previous_summary`, `messages` [{seq, role, text}], `max_words`;
-  reply `{"summary": str}`.
+  reply `{"summary": str}`. A message of role `"summary"` is an earlier summary (one saved
+  with `save_compaction`) standing for the messages from its seq to the next one.
 - `"eviction"`: inputs `zone`, `middle`, `recent` (the three zones of the window, each a
   compressed text under a delimiter line), `zone_start`, `zone_end`, `goals`
   [{id, description}], `previous_snapshot`, `max_words`, `done` [str]; reply: tool calls of
@@ -37,6 +38,7 @@ SUMMARY_SYSTEM = (
 SUMMARY_INSTRUCTIONS = """\
 Summarise these messages of a conversation so that the assistant can continue without them.
 If a previous summary is given, merge it with the new messages into one summary.
+A message of role "summary" is an earlier summary of the messages at that point: merge it too.
 Keep: the user's goals, requests, preferences and corrections; decisions and their reasons;
 facts, names, numbers, paths and commands that may be needed again; open questions and what
 was promised. Drop greetings, filler and tool output detail that no longer matters.

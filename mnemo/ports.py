@@ -112,6 +112,20 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
+async def detect_dim(embedder: Embedder) -> int:
+    """The embedder's dimension, letting one that learns it from its first reply (an
+    `OpenAIEmbedder` without `dim`) ask first: every path that needs the dimension awaits
+    this rather than reading `dim`, which raises while it is unknown.
+
+    Raises:
+        EmbeddingError: the embedder's request failed.
+    """
+    detect = getattr(embedder, "detect_dim", None)
+    if detect is not None:
+        await detect()
+    return embedder.dim
+
+
 def model_name(model: object) -> str:
     """What identifies a model (an LLM or an embedder): its `name` when it has one (the URI it
     is built from, e.g. "openai:gpt-4o-mini"), else its class's qualified name. A repo records

@@ -19,7 +19,7 @@ from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.inputs import check_id
-from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
+from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, detect_dim
 from mnemo.session.ports import RepoRow
 from mnemo.session.service import Runtime
 from mnemo.usage import UsageBook
@@ -222,10 +222,3 @@ class Repos:
             self.usage.add(repo, session_id, usage)
 
         return LimitedLLM(runtime.llm, self.slots(runtime.llm, runtime.config), meter)
-
-
-async def detect_dim(embedder: Embedder) -> None:
-    """Lets an embedder that learns its dimension from its first reply do so."""
-    detect = getattr(embedder, "detect_dim", None)
-    if detect is not None:
-        await detect()

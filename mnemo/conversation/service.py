@@ -14,10 +14,11 @@ Locks exist only while held or awaited, so a million threads cost nothing when i
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 import anyio
 import numpy as np
@@ -48,9 +49,10 @@ from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.inputs import check_count, check_id, check_text
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, detect_dim
 
 Clock = Callable[[], datetime]
+T = TypeVar("T")
 
 DEFAULT_RETRIEVAL = Recent(k=10)
 MAX_SEARCH_LIMIT = 100
@@ -156,6 +158,16 @@ class ConversationService:
 
     # ---- embeddings ---------------------------------------------------------------------
 
+    async def dimension(self) -> int:
+        """The embedder's dimension; an embedder that learns it from its first reply (API.md:
+        `OpenAIEmbedder`'s `dim` "is detected from the first reply when not given") asks now
+        if nothing was embedded yet. Threads belong to no repo, so no `open_repo` did it.
+
+        Raises:
+            EmbeddingError: the embedder failed or timed out.
+        """
+        return await self._call_embedder(detect_dim(self.embedder))
+
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """The embeddings of `texts`, shape (len(texts), dim), float32.
 
@@ -163,32 +175,37 @@ class ConversationService:
             EmbeddingError: the embedder failed, timed out or gave the wrong shape.
         """
         if not texts:
-            return np.zeros((0, self.embedder.dim), dtype=np.float32)
+            return np.zeros((0, await self.dimension()), dtype=np.float32)
+        raw = await self._call_embedder(self.embedder.embed(list(texts)))
+        vectors = np.asarray(raw, dtype=np.float32)
+        # After a reply, so an embedder detecting its dimension knows it without asking again.
+        dim = await self.dimension()
+        if vectors.shape != (len(texts), dim):
+            raise EmbeddingError(
+                f"the embedder returned shape {vectors.shape} for {len(texts)} texts of "
+                f"dimension {dim}"
+            )
+        return vectors
+
+    async def _call_embedder(self, call: Awaitable[T]) -> T:
         try:
             with anyio.fail_after(self.timeout):
-                raw = await self.embedder.embed(list(texts))
+                return await call
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder timed out after {self.timeout:g} s") from exc
         except EmbeddingError:
             raise
         except Exception as exc:
             raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
-        vectors = np.asarray(raw, dtype=np.float32)
-        if vectors.shape != (len(texts), self.embedder.dim):
-            raise EmbeddingError(
-                f"the embedder returned shape {vectors.shape} for {len(texts)} texts of "
-                f"dimension {self.embedder.dim}"
-            )
-        return vectors
 
     async def message_vectors(self, messages: Sequence[Message]) -> npt.NDArray[np.float32]:
         """The stored vectors of `messages` (one thread's), embedding and storing the ones
         missing or of another dimension first: each message is embedded once.
 
         Raises:
-            EmbeddingError: embedding the missing ones failed.
+            EmbeddingError: embedding the missing ones (or learning the dimension) failed.
         """
-        dim = self.embedder.dim
+        dim = await self.dimension()
         if not messages:
             return np.zeros((0, dim), dtype=np.float32)
         stored = await self.store.vectors(messages[0].thread_id)

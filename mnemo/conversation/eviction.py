@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
-from mnemo.conversation.ports import ThreadStore
+from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
 from mnemo.conversation.render import render_window
 from mnemo.conversation.viewport import (
@@ -38,12 +38,15 @@ from mnemo.conversation.viewport import (
     eviction_zone,
     snapshot_words,
 )
+from mnemo.errors import ConflictError
 from mnemo.events import Events
 from mnemo.ports import LLM, ToolCall, Usage, ask
 
 log = logging.getLogger("mnemo")
 
 MAX_ROUNDS = 3
+# Evictions of one call whose commit found the boundary moved back (a clear) before it gives up.
+MAX_ATTEMPTS = 3
 # The newest lines of `done` the model is shown: a model making many calls must not grow the
 # prompt without bound.
 MAX_DONE = 20
@@ -237,10 +240,38 @@ class Evictor:
     ) -> EvictionResult:
         """One eviction (see the module doc).
 
+        Another writer on the store (another `Memory`) may move the boundary while the model
+        works: the commit then finds it moved and this re-reads the thread. A boundary that
+        advanced meanwhile is that writer's eviction, and it counts (API.md: evict "always
+        advances the boundary"): the result goes from the boundary read to the new one and
+        wrote nothing. A boundary that went back (the thread was cleared) is evicted again
+        from, up to `MAX_ATTEMPTS` times in all.
+
         Raises:
-            NotFoundError: the thread was never saved.
+            NotFoundError: the thread was never saved (or was purged meanwhile).
+            ConflictError: the boundary went back `MAX_ATTEMPTS` times in a row.
         """
-        inputs = await self._store.eviction_inputs(thread_id)
+        read: int | None = None
+        attempts = 0
+        while True:
+            inputs = await self._store.eviction_inputs(thread_id)
+            if read is not None and inputs.boundary_seq > read:
+                return EvictionResult(thread_id, read, inputs.boundary_seq, None, None, 0, 0)
+            read = inputs.boundary_seq
+            try:
+                return await self._evict_from(inputs, thread_id, token_budget, eviction_fraction)
+            except ConflictError:
+                attempts += 1
+                if attempts == MAX_ATTEMPTS:
+                    raise
+
+    async def _evict_from(
+        self,
+        inputs: EvictionInputs,
+        thread_id: str,
+        token_budget: int,
+        eviction_fraction: float,
+    ) -> EvictionResult:
         boundary, past = inputs.boundary_seq, inputs.past_boundary
         goals = [{"id": g.id, "description": g.description} for g in inputs.goals]
         zone = eviction_zone(past, token_budget, eviction_fraction)

@@ -7,7 +7,7 @@ Storage is the Memory's database; retrieval is `Recent(k)` or `Semantic(k)`; com
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ from mnemo.conversation.model import (
 from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
 from mnemo.conversation.selection import top_k, with_tool_pairs
-from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
 from mnemo.ports import ask
@@ -41,6 +41,8 @@ log = logging.getLogger("mnemo")
 SUMMARY_CHUNK_TOKENS = 8000
 SUMMARY_MESSAGE_CHARS = 2000
 SUMMARY_TOOL_CHARS = 300
+# Appends of one save whose length another writer changed before it gives up (see save).
+MAX_SAVE_ATTEMPTS = 5
 
 
 class ConversationManager:
@@ -94,36 +96,69 @@ class ConversationManager:
             InvalidInputError: a blank thread id or a malformed message (naming it), or one
                 whose text or other keys (as JSON) are longer than the Memory's
                 `Config.max_text_chars`, raised before anything is stored.
-            ConflictError: another process wrote to the thread at the same time.
+            ConflictError: other writers changed the thread under each of
+                `MAX_SAVE_ATTEMPTS` attempts in a row (a save racing another Memory's save
+                of the same history reads the new length and appends nothing).
         """
         check_thread_id(thread_id)
         history = check_history(messages)
         service = self._service
         async with service.thread_lock(thread_id):
-            state = await service.store.state(thread_id)
-            stored = state.history_len if state else 0
-            if len(history) <= stored:
+            appended = await self._append_new(thread_id, history)
+            if not appended:
                 return []
-            limit = service.max_text_chars
-            drafts = [
-                draft(m, stored + i, limit=limit) for i, m in enumerate(history[stored:])
-            ]
-            vectors: list[Vector] | None = None
-            if isinstance(self.retrieval, Semantic):
-                try:
-                    vectors = list(await service.embed([d.text for d in drafts]))
-                except EmbeddingError:
-                    # The log must not lose messages to an embedder outage; load embeds later.
-                    log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
-            appended = await service.store.append(
-                thread_id, drafts, expected_len=stored, recorded_at=self._clock(), vectors=vectors
-            )
             for policy in self.compression:
                 if isinstance(policy, Summary):
                     await self._summarise(thread_id, policy)
         if self.auto_evict_budget is not None:
             await service.auto_evict(thread_id, self.auto_evict_budget, self.eviction_fraction)
         return appended
+
+    async def _append_new(
+        self, thread_id: str, history: Sequence[Mapping[str, Any]]
+    ) -> list[Message]:
+        """Appends the messages of `history` past the stored length; returns them.
+
+        The thread lock serialises this Memory's saves; another Memory on the store may
+        append (or clear) between the read of the length and the write, which the store's
+        compare-and-set refuses. Then the length is read again and only what is still new is
+        appended (API.md: "only messages past the stored length are appended"), up to
+        `MAX_SAVE_ATTEMPTS` times. Each message is embedded once across attempts.
+
+        Raises:
+            ConflictError: the thread changed under every one of `MAX_SAVE_ATTEMPTS` attempts.
+        """
+        service = self._service
+        limit = service.max_text_chars
+        semantic = isinstance(self.retrieval, Semantic)
+        vectors: dict[int, Vector] = {}  # by index in `history`
+        attempts = 0
+        while True:
+            state = await service.store.state(thread_id)
+            stored = state.history_len if state else 0
+            if len(history) <= stored:
+                return []
+            new = range(stored, len(history))
+            drafts = [draft(history[i], i, limit=limit) for i in new]
+            if semantic:
+                missing = [i for i in new if i not in vectors]
+                try:
+                    fresh = await service.embed([drafts[i - stored].text for i in missing])
+                    vectors.update(zip(missing, fresh, strict=True))
+                except EmbeddingError:
+                    # The log must not lose messages to an embedder outage; load embeds later.
+                    log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
+                    semantic = False
+                    vectors.clear()
+            try:
+                return await service.store.append(
+                    thread_id, drafts, expected_len=stored, recorded_at=self._clock(),
+                    vectors=[vectors[i] for i in new] if semantic else None,
+                )
+            except ConflictError:
+                attempts += 1
+                if attempts == MAX_SAVE_ATTEMPTS:
+                    raise
 
     async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, Any]]:
         """The thread for a model: each compaction as one system message holding its summary

@@ -265,7 +265,9 @@ class EvictionResult:
 
     The zone was messages `start_seq`..`end_seq` (None when there was nothing to evict); the
     boundary moved from `boundary_before` to `boundary_after`. `snapshot` is the level-1
-    snapshot written (None only when there was nothing to evict), `folded` the level-2
+    snapshot written (None only when there was nothing to evict, or when another `Memory` on
+    the store moved the boundary meanwhile: that eviction counts, `evicted` is 0 and the zone
+    None, since this call wrote nothing), `folded` the level-2
     snapshot made when 5 level-1 snapshots were uncovered, `pinned` the ids of the messages
     pinned. When the LLM failed (raised, timed out, or saved no snapshot, e.g. it answered in
     prose), `error` says how and `snapshot` is a note pointing the agent to search.

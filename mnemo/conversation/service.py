@@ -8,7 +8,10 @@ It owns the per-thread locks, so every `ConversationManager` of one `Memory` sha
   then works from the boundary the first one left, so no zone is evicted twice. An automatic
   eviction waits too, then evicts only if the viewport still needs it.
 
-Locks exist only while held or awaited, so a million threads cost nothing when idle.
+Locks exist only while held or awaited, so a million threads cost nothing when idle. They
+cover one Memory: against another Memory on the store, the store's compare-and-set refuses a
+write made from a stale read, and the writer reads again and goes on from the store's state
+(a save appends only what is still new; another Memory's eviction counts as this one's).
 """
 
 from __future__ import annotations
@@ -260,7 +263,7 @@ class ConversationService:
         async with self._evict_locks.hold(thread_id):
             while (await self._layout(thread_id, token_budget))[1]:
                 result = await self.evictor.evict(thread_id, token_budget, eviction_fraction)
-                if not result.evicted:
+                if result.boundary_after == result.boundary_before:
                     break
                 done.append(result)
         return done

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 log = logging.getLogger("mnemo")
 
 
@@ -28,7 +30,8 @@ EventCallback = Callable[[Event], Awaitable[None] | None]
 class Events:
     """Delivers events to the user's callback, in order, in the task that caused them.
 
-    A callback that raises is logged, never propagated into the session.
+    A callback that raises is logged, never propagated into the session; once called, it
+    runs to its end, whatever is cancelled meanwhile.
     """
 
     def __init__(self, callback: EventCallback | None) -> None:
@@ -40,9 +43,13 @@ class Events:
         if self._callback is None:
             return
         event = Event(kind, session_id, repo, data)
-        try:
-            result = self._callback(event)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception("on_event callback failed on %s event", kind)
+        # Shielded, as an operation's callback (`session.queue.deliver`): the task that emits
+        # may be cancelled by the very change it reports (an expiry ends its own session), and
+        # an async callback cut off at its first await never saw the event.
+        with anyio.CancelScope(shield=True):
+            try:
+                result = self._callback(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("on_event callback failed on %s event", kind)

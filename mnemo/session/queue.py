@@ -76,15 +76,21 @@ def project(start: State, ops: Iterable[Op], *, auto_commit: bool) -> State | No
 
 
 async def deliver(callback: Callback | None, result: OpResult) -> None:
-    """Calls a sync or async callback; an exception it raises is logged, never propagated."""
+    """Calls a sync or async callback; an exception it raises is logged, never propagated.
+
+    The call is shielded: a callback runs in one of the session's tasks, which `end_session`
+    cancels (the callback itself may end the session), and a callback cut off at its first
+    await was as good as never called; so were the callbacks after it in the same loop.
+    The cancellation reaches the task at its next await after the callback."""
     if callback is None:
         return
-    try:
-        outcome = callback(result)
-        if inspect.isawaitable(outcome):
-            await outcome
-    except Exception:
-        log.exception("an operation callback failed")
+    with anyio.CancelScope(shield=True):
+        try:
+            outcome = callback(result)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:
+            log.exception("an operation callback failed")
 
 
 class Turnstile:

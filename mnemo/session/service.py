@@ -162,10 +162,14 @@ class SessionService:
         if session.ended:  # ended by another call while this one waited for the store
             return
         self._live.drop(session)
-        await operations.fail_pending(session, "session_ended")
-        # And those it stored for another Memory's extraction: their watcher was cancelled
-        # with the rest, and nothing else would call them back.
-        await operations.fail_remote(self._live, session, "session_ended")
+        # Shielded: the caller may be one of the session's own tasks (its expiry, or an
+        # operation whose callback ends it), which the drop has just cancelled; the queued
+        # operations still get their callbacks.
+        with anyio.CancelScope(shield=True):
+            await operations.fail_pending(session, "session_ended")
+            # And those it stored for another Memory's extraction: their watcher was
+            # cancelled with the rest, and nothing else would call them back.
+            await operations.fail_remote(self._live, session, "session_ended")
 
     # ---- the sync calls ----------------------------------------------------------------------
 

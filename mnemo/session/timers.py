@@ -104,11 +104,14 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
         return
     state, committed = session.state, bool(session.last_receipt)
     # Ended before it is reported: whoever hears "session_expired" finds the id unknown.
-    await end(session.id)
-    await live.events.emit(
-        "session_expired", session_id=session.id, repo=session.repo,
-        state=state, committed=committed,
-    )
+    # Shielded: this task is one of the session's, so ending the session cancels it, and the
+    # event was lost at the first await of an async `on_event`.
+    with anyio.CancelScope(shield=True):
+        await end(session.id)
+        await live.events.emit(
+            "session_expired", session_id=session.id, repo=session.repo,
+            state=state, committed=committed,
+        )
 
 
 def _working(session: SessionRecord) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 import anyio
 
@@ -38,9 +39,12 @@ log = logging.getLogger("mnemo")
 S = State
 
 
-async def start(live: Sessions, session: SessionRecord, event: str, op: Op | None) -> None:
+async def start(
+    live: Sessions, session: SessionRecord, event: str, op: Op | None,
+    refuse: Callable[[], None] | None = None,
+) -> None:
     """Moves the session to `extracting` (recording its repo's model: who may take the work
-    over) and starts the extraction."""
+    over) and starts the extraction; `refuse` as `transitions.move`'s."""
     # The repo's model, not a per-session override's: overrides are not persisted, so the
     # session restored after its holder vanished runs its repo's model, and only a Memory
     # with that model may resume it (an override's name matched no Memory: it stayed
@@ -66,7 +70,7 @@ async def start(live: Sessions, session: SessionRecord, event: str, op: Op | Non
         session.extraction_model = model
         return version
 
-    await transitions.move(live, session, event, persist, op=op)
+    await transitions.move(live, session, event, persist, op=op, refuse=refuse)
     live.spawn(session, extract_episode, live, session)
 
 

@@ -195,6 +195,7 @@ class SessionService:
             )
         finally:
             session.appends_in_flight -= 1
+            session.notify()  # an expiry waits for appends to end (`timers._working`)
 
     async def close(self, session_id: str) -> None:
         session = await self._live.fetch(session_id, fresh=True)

@@ -76,32 +76,33 @@ def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: floa
 
 async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
     """Commits what is left of an expired session, then ends it. Work under way (an
-    operation running or queued, a background commit) finishes first; if any of it was
-    activity (an append), the session has not been idle that long after all. (The close was
+    operation running or queued, an append, a background commit, an extraction) finishes
+    first, and again after the expiry's own close: if any of it was activity (an append, an
+    episode started), the session has not been idle that long after all. (The close was
     skipped while work was under way and the session ended anyway, cancelling a background
-    commit: its steps and the rest were never committed.)"""
-    while _working(session) and not session.ended:
-        await session.changed.wait()
-    if session.ended:
-        return
-    if session.last_activity != math.inf:
-        return  # used meanwhile: its deadline runs again from that use
-    if session.state is S.COLLECTING:
+    commit: its steps and the rest were never committed; and a sync append in progress was
+    not counted, so its session was closed and ended under it.)"""
+    while True:
+        while (_working(session) or current_state(session) is S.EXTRACTING) and not (
+            session.ended
+        ):
+            await session.changed.wait()
+        if session.ended:
+            return
+        if session.last_activity != math.inf:
+            return  # used meanwhile: its deadline runs again from that use
+        if current_state(session) is S.FAILED:
+            # Ending it would leave its steps out of the graph: keep it for a retry.
+            log.warning("%s: expired, but its last extraction failed; kept", session.id)
+            return
+        if current_state(session) is not S.COLLECTING:
+            break
         try:
+            # Refused, as any close, while an append runs (`transitions.close`).
             await transitions.close(live, session)
         except SessionError:
             live.touch(session)  # a call got in first (an append): not idle after all
             return
-    # This close's extraction, or one a caller's close started while the work above ran: the
-    # session ends once it is committed, not before (ending it would cancel it).
-    while current_state(session) is S.EXTRACTING and not session.ended:
-        await session.changed.wait()
-    if session.ended:
-        return
-    if current_state(session) is S.FAILED:
-        # Ending it would leave its steps out of the graph: keep it for a retry.
-        log.warning("%s: expired, but its last extraction failed; kept", session.id)
-        return
     state, committed = session.state, bool(session.last_receipt)
     # Ended before it is reported: whoever hears "session_expired" finds the id unknown.
     # Shielded: this task is one of the session's, so ending the session cancels it, and the
@@ -115,5 +116,11 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
 
 
 def _working(session: SessionRecord) -> bool:
-    """An operation runs or waits, or steps commit in the background."""
-    return session.running is not None or bool(session.pending) or session.background > 0
+    """An operation runs or waits, an append runs (a sync one too), or steps commit in the
+    background."""
+    return (
+        session.running is not None
+        or bool(session.pending)
+        or session.appends_in_flight > 0
+        or session.background > 0
+    )

@@ -60,12 +60,14 @@ async def move(
     *,
     op: Op | None = None,
     data: Callable[[], dict[str, Any]] | None = None,
+    refuse: Callable[[], None] | None = None,
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
 
     `persist` writes with the version the record holds and returns the new one; when another
     Memory moved the session first (`StaleSession`), the record is read again and the table
-    asked again about the session as it now is.
+    asked again about the session as it now is. `refuse`, when given, raises what else
+    refuses the move, checked under the lock with the table.
 
     Raises:
         SessionError: the table refuses `event` in the current state.
@@ -82,6 +84,8 @@ async def move(
             if isinstance(verdict, Stale):
                 log.info("%s: stale %s in state %s dropped", session.id, event, before)
                 return False
+            if refuse is not None:
+                refuse()
             if persist is None:
                 break
             try:
@@ -100,6 +104,10 @@ async def move(
         if op is not None:
             op.applied = True
     session.notify()
+    if session.config.auto_commit:
+        # The timers skip a session while it extracts: once it moves, a deadline that passed
+        # meanwhile is due (an expired session sat idle until its next call).
+        live.timer_wake.set()
     if before is not after:
         await live.events.emit(
             "transition", session_id=session.id, repo=session.repo,
@@ -142,6 +150,9 @@ async def append(
         return await _annotate_and_store(live, session, observation, action, metadata)
     finally:
         session.turnstile.leave(ticket)
+        # An append is activity, whatever came of it: an expiry that waited for it
+        # (`timers._working`) finds the session used, not idle.
+        live.touch(session)
 
 
 async def _annotate_and_store(
@@ -253,7 +264,12 @@ async def _try_append(
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
-    await extracting.start(live, session, "close", op)
+    """Starts the episode's extraction, refused as `refuse_close` (an `op` is a queued close)
+    under the lock the move takes: an append begun after a caller's own check (while the
+    close waited for the lock) refuses the close, rather than being refused once annotated."""
+    await extracting.start(
+        live, session, "close", op, refuse=lambda: refuse_close(session, queued=op is not None)
+    )
 
 
 async def commit(

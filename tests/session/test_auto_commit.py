@@ -161,7 +161,8 @@ def _embedder() -> FakeEmbedder:
 
 
 # Sessions that expire 50 ms after their last activity, with no flush.
-EXPIRING = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
+EXPIRING_AFTER = 0.05
+EXPIRING = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=EXPIRING_AFTER)
 
 
 async def held_background_commit(mem: mnemo.Memory, llm: FakeLLM) -> tuple[str, Hold]:
@@ -217,3 +218,83 @@ async def test_an_expiry_waiting_for_work_waits_for_a_close_made_meanwhile(
         held.release()
         await events.wait_for(lambda e: e.kind == "session_expired")
         assert await episodic_indices(mem) == [0, 1]
+
+
+async def test_an_expiry_due_during_a_sync_append_waits_for_it(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
+    """session_timeout passes while a sync append is being annotated: the expiry waits for it
+    (it closed and ended the session under the append, which raised NotFoundError and lost
+    its step); the append is activity, so the session expires a timeout later, with both
+    steps committed."""
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=EXPIRING)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        held = llm.hold("subgoal")
+        infos: list[mnemo.StepInfo] = []
+
+        async def second() -> None:
+            infos.append(await mem.append(sid, "walk east", "go east"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second)
+            with anyio.fail_after(5):
+                await held.started.wait()
+            await until_expiry_started(mem, sid)
+            await anyio.wait_all_tasks_blocked()
+            held.release()
+        assert [info.index for info in infos] == [1]
+        await events.wait_for(lambda e: e.kind == "session_expired")
+        assert await episodic_indices(mem) == [0, 1]
+
+
+async def test_operations_queued_behind_an_expirys_close_run_and_keep_the_session(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
+    """An episode started, a step and a close are queued while the expiry's close extracts:
+    they run (the expiry ended the session under them: each was called back with an error,
+    the step lost), they are activity, and the session expires a timeout later with both
+    episodes' steps committed."""
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=EXPIRING)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        held = llm.hold("semantic")
+        await until_expiry_started(mem, sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        results: list[mnemo.OpResult] = []
+        await mem.start_episode_async(sid, "explore again", callback=results.append)
+        await mem.append_async(sid, "open door", "push door", callback=results.append)
+        await mem.close_async(sid, callback=results.append)
+        held.release()
+        await events.wait_for(lambda e: e.kind == "session_expired")
+        assert [(r.ok, r.value) for r in results] == [
+            (True, "started"), (True, "appended"), (True, "closed")
+        ]
+        assert await episodic_indices(mem) == [0, 0]
+
+
+async def test_a_session_whose_close_outlasts_its_timeout_expires_once_committed(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
+    """session_timeout passes while a close extracts: once committed, the session expires (the
+    timers skipped it while it extracted and were never woken again: it stayed idle for
+    good)."""
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=EXPIRING)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        held = llm.hold("semantic")
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        record = mem._service._live.by_id[sid]
+        with anyio.fail_after(5):
+            while anyio.current_time() < record.last_activity + EXPIRING_AFTER:
+                await anyio.wait_all_tasks_blocked()
+        held.release()
+        event = await events.wait_for(lambda e: e.kind == "session_expired")
+        assert event.session_id == sid
+        assert await episodic_indices(mem) == [0]

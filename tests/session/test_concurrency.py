@@ -145,3 +145,39 @@ async def test_a_sessions_llm_concurrency_caps_its_own_calls_only(store: str) ->
             assert one is not None
             assert one.borrowed_tokens == 1
             held.release()
+
+
+async def test_a_close_waiting_for_the_lock_is_refused_by_an_append_begun_meanwhile(
+    mem: mnemo.Memory, llm: FakeLLM
+) -> None:
+    """A close passes its check, then waits for the session's lock; an append begins
+    meanwhile: the close is refused with append_in_progress and the append lands (the close
+    went through, and the append, once annotated, was refused)."""
+    sid = await mem.start_session("explore", repo=REPO)
+    record = mem._service._live.by_id[sid]
+    held = llm.hold("subgoal")
+    outcomes: dict[str, object] = {}
+
+    async def close() -> None:
+        try:
+            await mem.close(sid)
+            outcomes["close"] = "closed"
+        except mnemo.SessionError as exc:
+            outcomes["close"] = exc.reason
+
+    async def append() -> None:
+        outcomes["append"] = (await mem.append(sid, "walk north", "go north")).index
+
+    async with anyio.create_task_group() as tg:
+        async with record.lock:
+            tg.start_soon(close)
+            with anyio.fail_after(5):
+                while not record.lock.statistics().tasks_waiting:  # the close waits for it
+                    await anyio.wait_all_tasks_blocked()
+            tg.start_soon(append)
+            with anyio.fail_after(5):
+                await held.started.wait()
+        await anyio.wait_all_tasks_blocked()
+        held.release()
+    assert outcomes == {"close": "append_in_progress", "append": 0}
+    assert await mem.session_state(sid) is mnemo.State.COLLECTING

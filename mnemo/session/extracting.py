@@ -112,7 +112,9 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
     """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
 
     Whatever fails on the way, storing the result included, ends in `failed`: the session
-    never stays extracting with nobody working on it."""
+    never stays extracting with nobody working on it. Once it has moved, what was queued
+    behind it runs (`_run_queue`): a fault there is no failed extraction (the failure's move
+    from `ready` was stale, so nothing ran or failed the queue, and it stuck)."""
     episode = session.episode
     try:
         while session.background:
@@ -123,23 +125,36 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
         else:
             changeset = await _extract_steps(live, session, episode, steps)
         if session.config.auto_commit:
-            await _auto_commit_close(live, session, changeset, steps)
-            return
+            moved = await _auto_commit_close(live, session, changeset, steps)
+        else:
 
-        async def persist() -> int:
-            version = await live.store.save_extraction(
-                session.id, changeset, steps[-1:], version=session.version
-            )
-            session.changeset = changeset
-            return version
+            async def persist() -> int:
+                version = await live.store.save_extraction(
+                    session.id, changeset, steps[-1:], version=session.version
+                )
+                session.changeset = changeset
+                return version
 
-        if await transitions.move(live, session, "extraction_succeeded", persist):
-            await operations.run_stored(live, session)
+            moved = await transitions.move(live, session, "extraction_succeeded", persist)
     except Exception as exc:
         log.warning("%s: extraction failed: %r", session.id, exc)
         session.failure = exc
         await _store_kept(live, session)
         await _extraction_failed(live, session)
+        return
+    if moved:
+        await _run_queue(live, session)
+
+
+async def _run_queue(live: Sessions, session: SessionRecord) -> None:
+    """Runs what waited for the extraction that just ended: the operations stored for it
+    (`operations.run_stored`) and the session's own queue. If the store cannot hand over the
+    stored ones, they stay stored, untaken, and the watchers of the Memories that accepted
+    them run them; the queue here runs all the same."""
+    try:
+        await operations.run_stored(live, session)
+    except StorageError as exc:
+        log.warning("%s: stored operations not taken: %r", session.id, exc)
 
 
 async def _store_kept(live: Sessions, session: SessionRecord) -> None:
@@ -172,12 +187,14 @@ async def _extraction_failed(live: Sessions, session: SessionRecord) -> None:
         moved = await transitions.move(live, session, "extraction_failed")
     if moved:
         await operations.fail_pending(session, "extraction_failed")
-        await operations.run_stored(live, session)
+        await _run_queue(live, session)
 
 
 async def _auto_commit_close(
     live: Sessions, session: SessionRecord, changeset: Changeset, steps: list[StepRecord]
-) -> None:
+) -> bool:
+    """Commits the close's changeset and moves the session to `idle`; False for a stale
+    result."""
     receipts: list[CommitReceipt] = []
 
     async def persist() -> None:
@@ -194,7 +211,7 @@ async def _auto_commit_close(
             "changeset_applied", session_id=session.id, repo=session.repo,
             node_ids=receipts[0].node_ids, changeset_id=changeset.id,
         )
-        await operations.run_stored(live, session)
+    return moved
 
 
 async def commit_steps(

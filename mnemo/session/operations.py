@@ -257,10 +257,21 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
 async def run_stored(live: Sessions, session: SessionRecord) -> None:
     """Takes the session's stored operations nobody took yet and runs them here, in the order
     they were accepted (after a failed extraction they fail with "extraction_failed"); each
-    result goes to the Memory that accepted it."""
-    if live.holder_id is None:
-        return
-    taken = await live.coordination.take_ops(session.id, live.holder_id)
+    result goes to the Memory that accepted it. Then starts the session's queue.
+
+    Raises:
+        StorageError: the stored operations could not be taken (they stay stored); the
+            session's own queue is started all the same.
+    """
+    taken: list[StoredOp] = []
+    try:
+        if live.holder_id is not None:
+            taken = await live.coordination.take_ops(session.id, live.holder_id)
+    except StorageError:
+        # The operations queued here wait for nothing in the store: they run (they stuck,
+        # with no callback, when a fault here came right after an extraction).
+        kick(live, session)
+        raise
     # An operation whose Memory closed before it ran has nobody to call back: its row goes.
     # The operations are taken (committed) by now, so a fault there must not keep them from
     # running: the row stays, taken, and nobody waits for it.

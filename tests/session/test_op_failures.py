@@ -135,3 +135,46 @@ async def test_a_model_failure_in_an_async_append_arrives_as_operation_failed(
     context = await mem.session_context(sid)
     assert context is not None
     assert context.recent_steps == []
+
+
+@pytest.mark.parametrize("auto_commit", [False, True], ids=["manual", "auto_commit"])
+async def test_a_fault_taking_stored_ops_after_an_extraction_still_runs_the_queue(
+    llm: FakeLLM, store: str, monkeypatch: pytest.MonkeyPatch, auto_commit: bool
+) -> None:
+    """The store fails once as the operations stored for a session are taken, right after its
+    extraction succeeded: the operations queued here still run and call back, and the session
+    goes on (the fault was taken for a failed extraction, whose move from ready or idle was
+    stale: no callback came, and every later operation queued behind them for good)."""
+    config = mnemo.Config(auto_commit=auto_commit, flush_timeout=None, session_timeout=None)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as m:
+        await m.open_repo(REPO, config=config)
+        sid = await m.start_session("explore the house", repo=REPO)
+        await m.append(sid, "walk north", "go north")
+        held = llm.hold("semantic")
+        await m.close(sid)
+        with anyio.fail_after(5):
+            await held.started.wait()
+        coordination = m._service._live.coordination
+        take_ops = coordination.take_ops
+        faults = [mnemo.StorageError("unavailable", "injected: connection lost")]
+
+        async def flaky_take_ops(*args: Any, **kwargs: Any) -> Any:
+            if faults:
+                raise faults.pop()
+            return await take_ops(*args, **kwargs)
+
+        monkeypatch.setattr(coordination, "take_ops", flaky_take_ops)
+        results = Results()
+        labels = ["start", "append"] if auto_commit else ["commit", "start", "append"]
+        if not auto_commit:
+            await m.commit_async(sid, callback=results("commit"))
+        await m.start_episode_async(sid, "explore again", callback=results("start"))
+        await m.append_async(sid, "open door", "push door", callback=results("append"))
+        held.release()
+        await results.wait(*labels)
+        assert not faults
+        values = {"commit": "committed", "start": "started", "append": "appended"}
+        assert {label: (r.ok, r.value) for label, r in results.got.items()} == {
+            label: (True, values[label]) for label in labels
+        }
+        assert await m.session_state(sid) is State.COLLECTING

@@ -13,6 +13,7 @@ import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.session.test_op_failures import Results as SyncResults
 
 # Sessions that expire 50 ms after their last activity, with no flush.
 EXPIRING = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.05)
@@ -36,34 +37,27 @@ class AsyncEvents(EventLog):
         super().__call__(event)
 
 
-class Results:
+class Results(SyncResults):
     """Async callbacks by label: each awaits before it records its result, and the one
     labelled `hold` first waits until `release` is set."""
 
     def __init__(self, hold: str | None = None) -> None:
-        self.got: dict[str, mnemo.OpResult] = {}
+        super().__init__()
         self.hold = hold
         self.held = anyio.Event()
         self.release = anyio.Event()
-        self._arrived = anyio.Event()
 
     def __call__(self, label: str) -> Callable[[mnemo.OpResult], Awaitable[None]]:
-        async def record(result: mnemo.OpResult) -> None:
+        record = super().__call__(label)
+
+        async def held_then_recorded(result: mnemo.OpResult) -> None:
             await anyio.lowlevel.checkpoint()
             if label == self.hold:
                 self.held.set()
                 await self.release.wait()
-            assert label not in self.got, f"{label} called back twice"
-            self.got[label] = result
-            self._arrived.set()
+            record(result)
 
-        return record
-
-    async def wait(self, *labels: str) -> None:
-        with anyio.fail_after(5):
-            while not set(labels) <= set(self.got):
-                self._arrived = anyio.Event()
-                await self._arrived.wait()
+        return held_then_recorded
 
     def reason(self, label: str) -> str | None:
         error = self.got[label].error

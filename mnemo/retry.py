@@ -19,9 +19,10 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised (API.md: "re-ask once") |
 | `max_seconds` | 120 | no call starts and no wait begins that would end past it |
 
-So a `Retry-After` past the seconds left fails at once, and each HTTP attempt's timeout is cut to
-the seconds left. A single call of an LLM without a transport is not cut short (the caller's
-own `fail_after` bounds it); the budget is checked before each further call.
+A `Retry-After` is waited in full (a retry is never sent before the server allows it), so one
+past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HTTP attempt's
+timeout is cut to the seconds left. A single call of an LLM without a transport is not cut short
+(the caller's own `fail_after` bounds it); the budget is checked before each further call.
 
 Layers share the budget through a context variable: `ports.ask` opens it, and the adapter's
 `generate` (and `LimitedLLM`) join it instead of opening their own, so no layer multiplies
@@ -68,8 +69,10 @@ class Backoff:
     """How long to wait before retry number n (0-based): `jitter() * min(cap, base * 2**n)`.
 
     "Full jitter" spreads the retries of many callers over the whole window, so they do not hit
-    a recovering provider in lockstep. A `Retry-After` header replaces the computed delay,
-    capped at `max_retry_after`.
+    a recovering provider in lockstep. A `Retry-After` header replaces the computed delay and
+    is waited in full: a retry sent sooner would be refused again. `max_retry_after` is the
+    longest such wait accepted; past it (or past the task's seconds) the transport gives up at
+    once instead of waiting.
     """
 
     base: float = 0.5
@@ -78,10 +81,16 @@ class Backoff:
     jitter: Callable[[], float] = field(default=random.random)
 
     def delay(self, failures: int, retry_after: float | None) -> float:
-        """The wait after `failures` failed attempts (>= 1), given the server's Retry-After."""
+        """The wait after `failures` failed attempts (>= 1): the server's Retry-After in full
+        when it gave one (`accepts` says whether to wait it), else the computed backoff."""
         if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_retry_after)
+            return max(retry_after, 0.0)
         return self.jitter() * min(self.cap, self.base * 2.0 ** (failures - 1))
+
+    def accepts(self, retry_after: float | None) -> bool:
+        """Whether a retry may wait out the server's Retry-After (none given, or at most
+        `max_retry_after`)."""
+        return retry_after is None or retry_after <= self.max_retry_after
 
 
 @dataclass(frozen=True, slots=True)

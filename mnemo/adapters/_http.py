@@ -11,7 +11,8 @@ one `Transport`, which owns one `httpx.AsyncClient` and applies, in this order, 
 A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
 HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not a JSON
 object (a truncated reply). `Retry-After` (seconds or an HTTP date, and OpenAI's
-`retry-after-ms`) replaces the computed delay, capped by `Backoff.max_retry_after`. Any other
+`retry-after-ms`) replaces the computed delay and is waited in full, so a retry is never sent
+before the server allows it; one past `Backoff.max_retry_after` fails at once. Any other
 status is final at once, and so is any error reply the caller's `refusal` predicate recognises
 (a local server refusing a request parameter with HTTP 500 will refuse it again). Every attempt
 is charged to the task's `mnemo.retry.Budget`: retries stop when it has no call left or the
@@ -325,11 +326,22 @@ class Transport:
                 failures += 1
                 delay = self._backoff.delay(failures, failed.retry_after)
                 if failed.rate_limited:
-                    self._gate.pause(delay)
-                # The server's own Retry-After, not the capped delay, says when a retry can
-                # succeed: one that falls past the budget fails now rather than after a wait.
-                if not budget.can_wait(max(delay, failed.retry_after or 0.0)):
-                    raise self._give_up(failed, failures, budget) from failed.cause
+                    # Other callers hold back too, but never longer than a wait we would accept.
+                    self._gate.pause(min(delay, self._backoff.max_retry_after))
+                # The delay is the server's whole Retry-After: a retry sent sooner would be
+                # refused again, so one we will not wait (past the cap or the budget) fails now.
+                if not self._backoff.accepts(failed.retry_after):
+                    raise self._give_up(
+                        failed, failures, budget,
+                        beyond=f"max_retry_after {self._backoff.max_retry_after:g} s",
+                    ) from failed.cause
+                if not budget.can_wait(delay):
+                    # No call left, or (calls left) the wait would end past the task's seconds.
+                    beyond = (
+                        f"the {max(budget.seconds_left(), 0.0):.1f} s left"
+                        if budget.calls < budget.policy.max_calls else None
+                    )
+                    raise self._give_up(failed, failures, budget, beyond=beyond) from failed.cause
                 logger.warning(
                     "%s: %s; retry %d in %.2fs (%s)",
                     self.name, failed.problem, failures, delay, budget.describe(),
@@ -406,11 +418,14 @@ class Transport:
             )
         raise self._error(f"{self.name} refused the request: {failure}") from failure
 
-    def _give_up(self, failed: _Retryable, attempts: int, budget: Budget) -> AdapterError:
+    def _give_up(
+        self, failed: _Retryable, attempts: int, budget: Budget, *, beyond: str | None = None
+    ) -> AdapterError:
         error = self._timeout_error if failed.timed_out else self._error
         wait = (
             "" if failed.retry_after is None
-            else f"; the provider asked to wait {failed.retry_after:g} s"
+            else f"; the provider asked to wait {failed.retry_after:g} s (Retry-After)"
+            + ("" if beyond is None else f", past {beyond}")
         )
         return error(
             f"{self.name} failed after {attempts} attempts: {failed.problem} "

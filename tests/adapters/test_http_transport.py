@@ -75,11 +75,15 @@ async def test_retries_5xx_with_exponential_backoff(
 
 
 def test_backoff_is_full_jitter_capped() -> None:
-    """The delay is jitter() times min(cap, base * 2**(n-1)); Retry-After replaces it, capped."""
+    """The delay is jitter() times min(cap, base * 2**(n-1)); Retry-After replaces it in full,
+    accepted up to max_retry_after."""
     backoff = Backoff(base=1.0, cap=5.0, max_retry_after=7.0, jitter=lambda: 0.25)
     assert [backoff.delay(n, None) for n in (1, 2, 3, 4, 5)] == [0.25, 0.5, 1.0, 1.25, 1.25]
     assert backoff.delay(1, 3.0) == 3.0
-    assert backoff.delay(1, 100.0) == 7.0
+    assert backoff.delay(1, 100.0) == 100.0
+    assert backoff.accepts(None)
+    assert backoff.accepts(7.0)
+    assert not backoff.accepts(7.5)
 
 
 async def test_retry_after_seconds_is_honoured(server: ProviderServer, clock: VirtualClock) -> None:
@@ -102,13 +106,31 @@ async def test_retry_after_http_date_is_honoured(
     assert 28.0 <= clock.sleeps[0] <= 30.5
 
 
-async def test_retry_after_is_capped(server: ProviderServer, clock: VirtualClock) -> None:
-    """A Retry-After beyond max_retry_after (within the task's seconds) waits max_retry_after."""
-    server.script(rate_limited("30"), Answer())
-    backoff = Backoff(max_retry_after=5.0)
+async def test_a_long_retry_after_is_waited_in_full(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A Retry-After of 90 s within max_retry_after and the 120 s budget: the retry goes at 90 s."""
+    server.script(rate_limited("90"), Answer())
+    backoff = Backoff(max_retry_after=100.0)
     async with transport(server.openai_url, clock, backoff=backoff) as t:
         await t.post_json("/chat/completions", PAYLOAD)
-    assert clock.sleeps == [5.0]
+    assert clock.sleeps == [90.0]
+    assert server.statuses == [429, 200]
+
+
+async def test_retry_after_past_max_retry_after_fails_at_once(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A Retry-After of 90 s past the default 60 s max_retry_after fails at once, naming both
+    (never a retry before the server allows it)."""
+    server.script(rate_limited("90"), Answer())
+    async with transport(server.openai_url, clock, backoff=Backoff()) as t:
+        with pytest.raises(
+            LLMError, match=r"HTTP 429.*wait 90 s \(Retry-After\), past max_retry_after 60 s"
+        ):
+            await t.post_json("/chat/completions", PAYLOAD)
+    assert clock.sleeps == []
+    assert server.statuses == [429]
 
 
 def test_parse_retry_after_forms() -> None:

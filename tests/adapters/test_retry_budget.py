@@ -179,7 +179,7 @@ async def test_retry_after_past_the_seconds_left_fails_at_once(clock: VirtualClo
     """With 10 s per task, a 4 s Retry-After is waited, a following 8 s one (6 s left) is not."""
     provider = Provider(too_many("4"), too_many("8"), data(GOOD))
     async with openai(provider, clock, retry=RetryPolicy(max_seconds=10)) as llm:
-        with pytest.raises(LLMError, match="asked to wait 8 s"):
+        with pytest.raises(LLMError, match=r"wait 8 s \(Retry-After\), past the 6.0 s left"):
             await llm.generate(semantic())
     assert clock.sleeps == [4.0]
     assert len(provider.requests) == 2

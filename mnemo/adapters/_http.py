@@ -9,8 +9,9 @@ one `Transport`, which owns one `httpx.AsyncClient` and applies, in this order, 
 3. a timeout on the whole attempt (`anyio.fail_after`, covering connect, upload and download).
 
 A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
-HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not a JSON
-object (a truncated reply). `Retry-After` (seconds or an HTTP date, and OpenAI's
+HTTP 408, 409, 429 and 5xx, connection errors, timeouts, a 2xx body that is not a JSON object
+(a truncated reply), and one that the caller's `malformed` check rejects (a JSON object without
+the reply's message: a provider's garbage). `Retry-After` (seconds or an HTTP date, and OpenAI's
 `retry-after-ms`) replaces the computed delay and is waited in full, so a retry is never sent
 before the server allows it; one past `Backoff.max_retry_after` fails at once. Any other
 status is final at once, and so is any error reply the caller's `refusal` predicate recognises
@@ -294,12 +295,15 @@ class Transport:
         *,
         budget: Budget | None = None,
         refusal: Callable[[HTTPFailure], bool] | None = None,
+        malformed: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> dict[str, Any]:
         """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
 
         Every attempt is charged to `budget` (the task's; a new one of `retry_policy` when
         None). Retries as the module doc says, then gives up. An error reply for which
-        `refusal` returns True is final whatever its status: no retry.
+        `refusal` returns True is final whatever its status: no retry. A 2xx JSON object for
+        which `malformed` returns a problem (it lacks what the caller reads) is retried like a
+        cut body, the problem naming it when the retries run out.
 
         Raises:
             AdapterError: (the `error` class) the provider refused the request (a 4xx other than
@@ -320,7 +324,7 @@ class Transport:
             try:
                 return await self._attempt(
                     path, body, headers, estimate, min(self._timeout, budget.seconds_left()),
-                    refusal,
+                    refusal, malformed,
                 )
             except _Retryable as failed:
                 failures += 1
@@ -366,6 +370,7 @@ class Transport:
         estimate: int,
         seconds: float,
         refusal: Callable[[HTTPFailure], bool] | None,
+        malformed: Callable[[Mapping[str, Any]], str | None] | None,
     ) -> dict[str, Any]:
         async with slot(self._slots):
             await self._gate.acquire(estimate)
@@ -382,13 +387,14 @@ class Transport:
                 raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
             except httpx.TransportError as exc:
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
-        return self._read(response, estimate, refusal)
+        return self._read(response, estimate, refusal, malformed)
 
     def _read(
         self,
         response: httpx.Response,
         estimate: int,
         refusal: Callable[[HTTPFailure], bool] | None,
+        malformed: Callable[[Mapping[str, Any]], str | None] | None,
     ) -> dict[str, Any]:
         status = response.status_code
         if 200 <= status < 300:
@@ -407,6 +413,12 @@ class Transport:
                 used = self._tokens_used(reply)
                 if used is not None:
                     self._gate.settle(estimate, used)
+            garbage = malformed(reply) if malformed is not None else None
+            if garbage is not None:
+                # A complete JSON object without the reply in it: garbage, like a cut body, that
+                # another attempt may not repeat (there is no message to show in a re-ask).
+                failure = HTTPFailure(status, garbage)
+                raise _Retryable(str(failure), failure)
             return reply
         failure = HTTPFailure(status, _error_message(response))
         if refusal is not None and refusal(failure):

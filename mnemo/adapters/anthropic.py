@@ -4,7 +4,8 @@ Structured output goes through a forced tool call: the request's schema becomes 
 schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
 `input` is the data. The data is validated against the schema; an invalid reply is re-asked (a
 `tool_result` marked as an error, carrying the problem) while the task's retry budget lasts
-(`mnemo.retry`), then `LLMError`.
+(`mnemo.retry`), then `LLMError`. A reply without a `content` list is retried by the transport
+like a cut body, within the same budget.
 
 mnemo's messages are OpenAI-shaped (`role`, `content`, optional `tool_calls` and
 `tool_call_id`); they are translated here: system messages join the top-level `system`, an
@@ -207,7 +208,9 @@ class Anthropic:
             payload["tools"] = [_tool(tool) for tool in tools]
         if force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
-        return await self._http.post_json("/v1/messages", payload, budget=budget)
+        return await self._http.post_json(
+            "/v1/messages", payload, budget=budget, malformed=_no_content
+        )
 
     def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
         calls: list[ToolCall] = []
@@ -329,10 +332,18 @@ def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _blocks(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The reply's content blocks (`_send` retried a reply without a content list)."""
     content = reply.get("content")
     if not isinstance(content, list):
-        raise LLMError(f"the Messages API reply holds no content list: {str(reply)[:300]}")
+        raise LLMError(str(_no_content(reply)))
     return [block for block in content if isinstance(block, Mapping)]
+
+
+def _no_content(reply: Mapping[str, Any]) -> str | None:
+    """Why a Messages API reply is garbage (no content list), or None."""
+    if isinstance(reply.get("content"), list):
+        return None
+    return f"the Messages API reply holds no content list: {str(reply)[:300]}"
 
 
 def _text(blocks: list[Mapping[str, Any]]) -> str:

@@ -22,7 +22,9 @@ reaching the cap, for servers that report neither) is incomplete: the error or t
 
 Whatever the form, the reply is validated against the schema; an invalid reply is shown its
 problem and asked again while the task's retry budget lasts (`mnemo.retry`: transport retries
-and re-asks share it), then the adapter raises `LLMError` saying what was wrong.
+and re-asks share it), then the adapter raises `LLMError` saying what was wrong. A reply that
+holds no message at all (no `choices`) has nothing to show in a re-ask: the transport retries it
+like a cut body, within the same budget.
 """
 
 from __future__ import annotations
@@ -250,7 +252,8 @@ class OpenAICompatible:
                 payload[self._tokens_field] = payload.pop("max_tokens")
             try:
                 return await self._http.post_json(
-                    "/chat/completions", payload, budget=budget, refusal=refusal
+                    "/chat/completions", payload, budget=budget, refusal=refusal,
+                    malformed=_no_message,
                 )
             except LLMError as exc:
                 failure = exc.__cause__
@@ -359,14 +362,11 @@ class OpenAICompatible:
         return payload
 
     def _message(self, reply: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
-        """The first choice's message and finish reason."""
-        choices = reply.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
-            message = choices[0].get("message")
-            finish = choices[0].get("finish_reason")
-            if isinstance(message, Mapping):
-                return message, finish if isinstance(finish, str) else None
-        raise LLMError(f"{self._http.name}: the reply holds no message: {str(reply)[:300]}")
+        """The first choice's message and finish reason (`_post` retried a reply without)."""
+        choice = _first_choice(reply)
+        if choice is None:
+            raise LLMError(f"{self._http.name}: {_no_message(reply)}")
+        return choice
 
     def _usage(self, reply: Mapping[str, Any]) -> Usage | None:
         raw = reply.get("usage")
@@ -417,6 +417,23 @@ def _structured_text(message: Mapping[str, Any], mode: Mode, task: str) -> str:
                     return json.dumps(arguments)
     content = message.get("content")
     return content if isinstance(content, str) else ""
+
+
+def _first_choice(reply: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None] | None:
+    choices = reply.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+        message = choices[0].get("message")
+        finish = choices[0].get("finish_reason")
+        if isinstance(message, Mapping):
+            return message, finish if isinstance(finish, str) else None
+    return None
+
+
+def _no_message(reply: Mapping[str, Any]) -> str | None:
+    """Why a chat completion is garbage (no first choice with a message), or None."""
+    if _first_choice(reply) is not None:
+        return None
+    return f"the reply holds no message: {str(reply)[:300]}"
 
 
 def _refuses(mode: Mode, failure: HTTPFailure) -> bool:

@@ -162,6 +162,71 @@ async def test_anthropic_draws_on_the_same_budget(clock: VirtualClock) -> None:
     assert len(provider.requests) == 3
 
 
+NO_MESSAGE: Reply = (200, {"id": "x", "object": "chat.completion"}, {})
+
+
+async def test_a_reply_without_a_message_is_retried_like_other_garbage(
+    clock: VirtualClock,
+) -> None:
+    """A 200 JSON body without choices is retried within the budget (a retry, not a re-ask),
+    and the good reply after it is used."""
+    provider = Provider(NO_MESSAGE, data(GOOD))
+    booked: list[Usage] = []
+    async with openai(provider, clock) as adapter:
+        llm = LimitedLLM(adapter, anyio.CapacityLimiter(1), booked.append)
+        assert await ask(llm, semantic(), parse_facts)
+    total = sum(booked, Usage())
+    assert (total.calls, total.retries, total.re_asks) == (2, 1, 0)
+    assert len(provider.requests) == 2
+
+
+@pytest.mark.parametrize("structured", [True, False])
+async def test_replies_without_a_message_stop_at_the_budget(
+    clock: VirtualClock, structured: bool
+) -> None:
+    """Only bodies without choices, structured or free text: 3 requests, then LLMError naming
+    the problem and the budget."""
+    provider = Provider(NO_MESSAGE)
+    request = semantic() if structured else LLMRequest("state", "s", STEPS, None, None, None)
+    async with openai(provider, clock) as llm:
+        with pytest.raises(
+            LLMError, match=r"3 attempts: HTTP 200 OK: the reply holds no message.*3 of 3 calls"
+        ):
+            await llm.generate(request)
+    assert len(provider.requests) == 3
+
+
+NO_CONTENT: Reply = (200, {"id": "msg", "type": "message"}, {})
+
+
+@asynccontextmanager
+async def anthropic(provider: Provider, clock: VirtualClock) -> AsyncIterator[Anthropic]:
+    async with Anthropic(
+        "claude", api_key="k", base_url="http://provider.test", clock=clock, backoff=FAST,
+        transport=httpx.MockTransport(provider),
+    ) as adapter:
+        yield adapter
+
+
+async def test_anthropic_retries_a_reply_without_content(clock: VirtualClock) -> None:
+    """A Messages API 200 without a content list is retried; the good reply after it is used."""
+    tool_use = {"type": "tool_use", "id": "t1", "name": "semantic", "input": GOOD}
+    provider = Provider(NO_CONTENT, (200, {"content": [tool_use], "stop_reason": "tool_use"}, {}))
+    async with anthropic(provider, clock) as llm:
+        assert (await llm.generate(semantic())).data == GOOD
+    assert len(provider.requests) == 2
+
+
+async def test_anthropic_replies_without_content_stop_at_the_budget(clock: VirtualClock) -> None:
+    """Only Messages API bodies without content: 3 requests, then LLMError naming it."""
+    provider = Provider(NO_CONTENT)
+    async with anthropic(provider, clock) as llm:
+        with pytest.raises(LLMError, match=r"3 attempts: HTTP 200 OK: the Messages API reply "
+                           r"holds no content list.*3 of 3 calls"):
+            await llm.generate(semantic())
+    assert len(provider.requests) == 3
+
+
 # ---- seconds ------------------------------------------------------------------------------
 
 

@@ -1,11 +1,12 @@
 """`MemoryFiles`: a directory of topic files that an agent reads at the start of work.
 
-Every write follows one protocol: the directory lock (one `anyio.Lock` per instance) is held
-while topics are resolved to files and new file names are chosen, so two writers never create
-two files for one topic; inside it, a per-file lock covers the read-merge-write of one file,
-which is also what `recall` takes to record a use. The LLM is asked outside every lock: what
-it wrote is merged against what it was shown (`_format.merge`), so a slow model never blocks
-other writers and a concurrent update loses no entry.
+Every write follows one protocol: the directory's write lock is held while topics are resolved
+to files, new file names are chosen and each file is read, merged and written, so two writers
+never create two files for one topic nor write over each other's entries; `recall` takes it to
+record a use. Every `MemoryFiles` object and every process on the directory honours it
+(`_lock.DirectoryLock`: an OS file lock, waited for in a worker thread). The LLM is asked outside
+every lock: what it wrote is merged against what it was shown (`_format.merge`), so a slow model
+never blocks other writers and a concurrent update loses no entry.
 
 A write is atomic: the new text goes to a temporary file in the same directory, is fsynced,
 then `os.replace`s the old one, so a reader sees the old file or the new one, never half.
@@ -31,6 +32,7 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
 from mnemo.memoryfiles import _format, _select
+from mnemo.memoryfiles._lock import DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
@@ -133,8 +135,7 @@ class MemoryFiles:
         self.min_iterations = min_iterations
         self.enabled = bool(enabled)
         self._clock = clock or _utc_now
-        self._lock = anyio.Lock()
-        self._file_locks: dict[str, anyio.Lock] = {}
+        self._lock = DirectoryLock(self.directory)
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class MemoryFiles:
         Raises:
             InvalidInputError: `query` is not a string, is blank or is longer than
                 `max_text_chars`, or `limit` is not a positive int.
+            TimeoutError: another writer held the directory's lock for 60 s.
         """
         check_text(query, "query", limit=self.max_text_chars, stored=False)
         if not _is_int(limit) or limit < 1:
@@ -171,9 +173,10 @@ class MemoryFiles:
         scored.sort(key=lambda item: (item[0], item[1].last_used), reverse=True)
         picked = [s for _, s in scored[:limit]]
         now = self._now()
-        for s in picked:
-            async with self._file_lock(s.path.name):
-                await anyio.to_thread.run_sync(self._touch, s.path, now)
+        if picked:
+            async with self._lock.held():
+                for s in picked:
+                    await anyio.to_thread.run_sync(self._touch, s.path, now)
         return [s.file() for s in picked]
 
     # ---- writing --------------------------------------------------------------------------
@@ -256,7 +259,8 @@ class MemoryFiles:
                 punctuation), or is longer than `max_text_chars`.
             LLMError: the LLM failed or kept answering something unusable.
             LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` seconds.
-            OSError: the file could not be written (the old file is left intact).
+            OSError: the file could not be written (the old file is left intact), or
+                (`TimeoutError`) another writer held the directory's lock for 60 s.
         """
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
@@ -341,8 +345,11 @@ class MemoryFiles:
         written (or as it is, when unchanged) with whether it changed, as they change: a
         failure part-way still reports them.
         """
+        if not planned:
+            return  # nothing to write: no lock, so no directory created
         planned = [await self._condense(llm, p) for p in planned]
-        async with self._lock:
+        async with self._lock.held():
+            # Read under the lock: a file another writer changed since is merged as it is now.
             stored = await anyio.to_thread.run_sync(self._scan)
             by_key: dict[str, _select.Stored] = {}
             for s in stored:
@@ -356,10 +363,7 @@ class MemoryFiles:
                 else:
                     path, topic = self._new_path(p.change.topic, taken), p.change.topic
                     taken.add(path.name.casefold())
-                async with self._file_lock(path.name):
-                    changed, file = await anyio.to_thread.run_sync(
-                        self._merge_write, path, topic, p
-                    )
+                changed, file = await anyio.to_thread.run_sync(self._merge_write, path, topic, p)
                 if changed:
                     written.append(topic)
                 if file is not None:
@@ -370,7 +374,7 @@ class MemoryFiles:
     ) -> tuple[bool, MemoryFile | None]:
         """Merges the change into the file at `path` and writes it; returns whether it
         changed, and the file as it now is (None when there is none: an empty file is never
-        created)."""
+        created). The caller holds the write lock, so the file read is the latest."""
         current = self._read(path)
         current_lines = _format.entries(current.body) if current else []
         lines = _format.merge(
@@ -467,9 +471,6 @@ class MemoryFiles:
         while name.casefold() in taken or (self.directory / name).exists():
             name, n = f"{stem}-{n}.md", n + 1
         return self.directory / name
-
-    def _file_lock(self, name: str) -> anyio.Lock:
-        return self._file_locks.setdefault(name, anyio.Lock())
 
     def _now(self) -> datetime:
         when = self._clock()

@@ -1,0 +1,171 @@
+"""Writers of one memory-files directory take turns: `MemoryFiles` objects and processes.
+
+API.md: "Concurrent writes are serialised; writes are atomic." Two objects on one directory,
+or two processes, honour one lock file; the read of a read-merge-write happens under it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from functools import partial
+from pathlib import Path
+
+import anyio
+import filelock
+import pytest
+
+import mnemo
+from mnemo import disk
+from mnemo.memoryfiles._lock import LOCK_FILE, DirectoryLock
+from tests.memoryfiles.fakes import user
+
+
+class GateLLM:
+    """Files every statement under one topic, answering only once `n` calls have arrived: every
+    writer has read the directory and asked before any of them writes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.arrived = 0
+        self.all_in = anyio.Event()
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        self.arrived += 1
+        if self.arrived >= self.n:
+            self.all_in.set()
+        await self.all_in.wait()
+        statement = mnemo.ports.task_inputs(request)["statement"]
+        return mnemo.LLMResponse(
+            data={"topic": "ops", "description": "ops facts", "entry": statement}
+        )
+
+
+def entries(directory: Path) -> list[str]:
+    (only,) = mnemo.MemoryFiles(directory).list()
+    return sorted(only.content.splitlines())
+
+
+async def test_two_objects_on_one_directory_lose_nothing(tmp_path: Path) -> None:
+    """Two MemoryFiles objects persisting 40 statements each to one topic at once keep all 80."""
+    a = mnemo.MemoryFiles(tmp_path, max_chars=100_000)
+    b = mnemo.MemoryFiles(tmp_path, max_chars=100_000)
+    statements = {a: [f"Fact A{n} holds." for n in range(40)],
+                  b: [f"Fact B{n} holds." for n in range(40)]}
+    llm = GateLLM(80)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for files, said in statements.items():
+                for statement in said:
+                    tg.start_soon(partial(files.persist, statement, llm=llm))
+    assert entries(tmp_path) == sorted(f"- {s}" for said in statements.values() for s in said)
+
+
+@pytest.mark.parametrize("write", ["persist", "update", "recall"])
+async def test_the_lock_file_is_held_from_read_to_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """Whenever a file is written (a persist, an update, a recall's use stamp), another process
+    cannot take the directory's lock file: it is held across the read-merge-write."""
+    files = mnemo.MemoryFiles(tmp_path)
+    await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    others_could_lock: list[bool] = []
+    real_write = disk.atomic_write
+
+    def write_and_probe(path: Path, text: str) -> None:
+        # Another process's view: its own descriptor of the lock file.
+        probe = filelock.FileLock(str(tmp_path / LOCK_FILE))
+        try:
+            probe.acquire(blocking=False)
+        except filelock.Timeout:
+            others_could_lock.append(False)
+        else:
+            probe.release()
+            others_could_lock.append(True)
+        real_write(path, text)
+
+    monkeypatch.setattr(disk, "atomic_write", write_and_probe)
+    if write == "persist":
+        await files.persist("The wiki is backed up nightly.", llm=None)
+    elif write == "update":
+        statement = "We decided the wiki keeps 3 replicas."
+        assert (await files.update(user(statement), llm=None, iterations=10)).error is None
+    else:
+        assert await files.recall("wiki")
+    assert others_could_lock
+    assert not any(others_could_lock)
+
+
+async def test_a_cancelled_wait_for_the_lock_holds_nothing(tmp_path: Path) -> None:
+    """A wait for a lock file another process holds ends when cancelled, taking nothing: once
+    that process lets go, the lock is free to everyone."""
+    other = filelock.FileLock(str(tmp_path / LOCK_FILE))
+    other.acquire()
+    lock = DirectoryLock(tmp_path)
+    entered: list[bool] = []
+
+    async def wait() -> None:
+        async with lock.held():
+            entered.append(True)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+    other.release()
+    assert entered == []
+    again = filelock.FileLock(str(tmp_path / LOCK_FILE))
+    again.acquire(blocking=False)
+    again.release()
+    async with lock.held():
+        entered.append(True)
+    assert entered == [True]
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, anyio, mnemo
+    from pathlib import Path
+
+    class One:
+        async def generate(self, request):
+            statement = mnemo.ports.task_inputs(request)["statement"]
+            data = {"topic": "ops", "description": "ops facts", "entry": statement}
+            return mnemo.LLMResponse(data=data)
+
+    async def main():
+        files = mnemo.MemoryFiles(Path(sys.argv[1]), max_chars=100_000)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for n in range(int(sys.argv[2])):
+            await files.persist(f"Fact C{n} holds.", llm=One())
+
+    anyio.run(main)
+    """
+)
+
+
+async def test_two_processes_on_one_directory_lose_nothing(tmp_path: Path) -> None:
+    """A child process and this one persisting to one topic at once keep every statement."""
+    count = 60
+    source = tmp_path / "child.py"
+    source.write_text(CHILD, encoding="utf-8")
+    directory = tmp_path / "memory"
+    files = mnemo.MemoryFiles(directory, max_chars=100_000)
+    llm = GateLLM(1)  # one call is all: answers at once
+    with anyio.fail_after(60):
+        async with await anyio.open_process(
+            [sys.executable, str(source), str(directory), str(count)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        ) as child:
+            assert child.stdin is not None
+            assert child.stdout is not None
+            assert (await child.stdout.receive()).startswith(b"ready")
+            await child.stdin.send(b"go\n")
+            for n in range(count):
+                await files.persist(f"Fact P{n} holds.", llm=llm)
+            assert await child.wait() == 0
+    expected = [f"- Fact {who}{n} holds." for who in "CP" for n in range(count)]
+    assert entries(directory) == sorted(expected)

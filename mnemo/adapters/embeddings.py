@@ -221,7 +221,7 @@ class OpenAIEmbedder:
             refusal = _refuses_base64 if encoding == "base64" else None
             try:
                 return await self._http.post_json(
-                    "/embeddings", payload, budget=budget, refusal=refusal)
+                    "/embeddings", payload, budget=budget, refusal=refusal, malformed=_no_data)
             except EmbeddingError as exc:
                 failure = exc.__cause__
                 if refusal is None or not (isinstance(failure, HTTPFailure)
@@ -279,6 +279,13 @@ class OpenAIEmbedder:
         if row.ndim != 1:
             raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
         return row
+
+
+def _no_data(reply: Mapping[str, Any]) -> str | None:
+    """Why a 2xx reply is garbage the transport retries (no data list), or None."""
+    if isinstance(reply.get("data"), list):
+        return None
+    return f"the reply holds no data list: {str(reply)[:300]}"
 
 
 def _refuses_base64(failure: HTTPFailure) -> bool:

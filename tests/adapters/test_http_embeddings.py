@@ -208,3 +208,17 @@ async def test_malformed_vectors_are_an_embedding_error(
     async with OpenAIEmbedder("e", base_url=server.openai_url, max_retries=0) as embedder:
         with pytest.raises(EmbeddingError, match=problem):
             await embedder.embed(["a"])
+
+
+async def test_a_reply_without_data_is_retried_within_the_budget(server: ProviderServer) -> None:
+    """A 200 reply without a data list is garbage: retried like a cut body (session 19; it
+    raised at once), and past the budget an EmbeddingError saying what was wrong."""
+    server.script(Raw(json.dumps({"object": "list"}).encode()))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, backoff=FAST) as embedder:
+        vectors = await embedder.embed(["alpha one"])
+    np.testing.assert_array_equal(vectors, np.array([vector("alpha one", 8)]))
+    assert len(server.requests) == 2
+    server.script(Raw(json.dumps({"object": "list"}).encode()))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
+        with pytest.raises(EmbeddingError, match="no data list"):
+            await embedder.embed(["x"])

@@ -309,9 +309,18 @@ class ConversationManager:
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)
                 return
             start = previous.start_seq if previous else chunk[0].seq
-            record = await service.store.add_compaction(
-                thread_id, start, chunk[-1].seq, summary, self._clock()
-            )
+            seen = [c.start_seq for c in compactions
+                    if start <= c.start_seq and c.end_seq <= chunk[-1].seq]
+            try:
+                record = await service.store.add_compaction(
+                    thread_id, start, chunk[-1].seq, summary, self._clock(), replaces=seen
+                )
+            except (ConflictError, InvalidInputError):
+                # Another writer (another Memory) compacted the thread meanwhile: this summary
+                # was made without its record, which stands; the messages lose nothing.
+                log.warning("thread %r was compacted by another writer while summarising; "
+                            "this summary is dropped", thread_id, exc_info=True)
+                return
             compactions = [c for c in compactions if not start <= c.start_seq <= chunk[-1].seq]
             compactions.append(record)
             await service.events.emit(

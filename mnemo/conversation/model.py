@@ -7,13 +7,13 @@ fails where it is written, before any thread is touched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from mnemo.conversation.render import memory_block, render_view
-from mnemo.errors import InvalidInputError
+from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.ports import ToolCall, Usage
 
 # ---- policies -----------------------------------------------------------------------------
@@ -146,6 +146,35 @@ class Message:
         if isinstance(parts, list):
             count += sum(1 for p in parts if isinstance(p, dict) and p.get("type") == "tool_use")
         return count
+
+
+def replaced_compactions(
+    thread_id: str,
+    start_seq: int,
+    end_seq: int,
+    overlapping: Sequence[tuple[int, int]],
+    expected: Collection[int] | None,
+) -> list[int]:
+    """The start seqs of the compactions (of `overlapping`, the stored ones meeting the
+    range) that a new one over `start_seq`..`end_seq` replaces: those it contains.
+
+    Raises:
+        InvalidInputError: one only partly overlaps the range (or holds it).
+        ConflictError: `expected` (the start seqs the writer saw inside, when it says) is not
+            what the store holds: another writer compacted meanwhile.
+    """
+    for s, e in overlapping:
+        if not (start_seq <= s and e <= end_seq):
+            raise InvalidInputError(
+                f"compaction {start_seq}-{end_seq} overlaps compaction {s}-{e} of"
+                f" thread {thread_id!r} without containing it"
+            )
+    inside = [s for s, _ in overlapping]
+    if expected is not None and set(inside) != set(expected):
+        raise ConflictError(
+            f"thread {thread_id!r} was compacted by another writer meanwhile"
+        )
+    return inside
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ by recency and the snippets' length are pure code in `mnemo.conversation` that b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -144,15 +144,18 @@ class ThreadStore(Protocol):
         ...
 
     async def add_compaction(
-        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime
+        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
+        *, replaces: Collection[int] | None = None,
     ) -> Compaction:
         """Records that `summary_text` stands for messages `start_seq`..`end_seq`; records
-        the new range contains are replaced by it.
+        the new range contains are replaced by it. `replaces`: the start seqs of the records
+        the writer saw inside the range (a summary made from them); None: whatever is there.
 
         Raises:
             NotFoundError: the thread was never saved.
             InvalidInputError: `end_seq` is past the last seq given, or the range partly
                 overlaps (or lies inside) an existing compaction; nothing was written.
+            ConflictError: the records inside are not `replaces`; nothing was written.
         """
         ...
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import pytest
+
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from tests.conversation._support import hidden, tagged
@@ -125,3 +127,37 @@ async def test_save_appends_what_another_memory_left_new(store: str) -> None:
         assert loaded == [full[5]]
         # B stored 0-3 without vectors; A's own 4 and 5 are not embedded again.
         assert a_side.embedded[6:] == [m["content"] for m in full[:4]] + ["tag5"]
+
+
+class SummaryInterleaving(Interleaving):
+    """Runs `hook` the first time A asks for a summary."""
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task == "summary":
+            await self._once()
+        return await self._llm.generate(request)
+
+
+@pytest.mark.parametrize("span", [(4, 6), (5, 7)], ids=["inside", "overlapping"])
+async def test_a_summary_racing_another_memorys_compaction_is_dropped_not_raised(
+    store: str, span: tuple[int, int]
+) -> None:
+    """Regression (session 19): while A summarised, B recorded a compaction in A's range
+    (inside it: A's record silently replaced B's summary it had never seen; overlapping its
+    end: A's record was refused and its `save` raised after storing the messages). A summary
+    is optional: it is dropped, the save returns its messages, and B's compaction stands."""
+    a_side = SummaryInterleaving()
+    async with (
+        mnemo.Memory(store, llm=a_side, embedder=a_side) as a,
+        mnemo.Memory(store, embedder=FakeEmbedder()) as b,
+    ):
+        summarising = a.conversation(compression=mnemo.Summary(max_tokens=60, keep=1))
+        await a.conversation().save("t", history(6))
+        a_side.hook = lambda: b.conversation().save_compaction("t", *span, "B's summary")
+        saved = await summarising.save("t", history(8))
+        assert [m.seq for m in saved] == [6, 7]
+        assert a_side.ran, "B's compaction ran while A summarised"
+        spans = [(c.start_seq, c.end_seq, c.summary_text)
+                 for c in await a.conversation().compactions("t")]
+        assert spans == [(*span, "B's summary")]
+        assert [m.seq for m in await a.conversation().raw("t")] == list(range(8))

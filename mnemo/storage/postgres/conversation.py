@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 import numpy as np
@@ -31,6 +31,7 @@ from mnemo.conversation.model import (
     ThreadInfo,
     compacted_floor,
     covered,
+    replaced_compactions,
 )
 from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
@@ -202,7 +203,8 @@ class PgThreads:
         return compactions, picked
 
     async def add_compaction(
-        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime
+        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
+        *, replaces: Collection[int] | None = None,
     ) -> Compaction:
         at = utc(now)
         async with self._pg.transaction() as conn:
@@ -220,15 +222,11 @@ class PgThreads:
                 " AND start_seq <= %s AND end_seq >= %s",
                 (thread_id, end_seq, start_seq),
             )
-            for s, e in overlapping:
-                if not (start_seq <= s and e <= end_seq):
-                    raise InvalidInputError(
-                        f"compaction {start_seq}-{end_seq} overlaps compaction {s}-{e} of"
-                        f" thread {thread_id!r} without containing it"
-                    )
+            inside = replaced_compactions(
+                thread_id, start_seq, end_seq, [(s, e) for s, e in overlapping], replaces)
             await conn.execute(
                 "DELETE FROM compactions WHERE thread_id = %s AND start_seq = ANY(%s)",
-                (thread_id, [s for s, _ in overlapping]),
+                (thread_id, inside),
             )
             await conn.execute(
                 "INSERT INTO compactions(thread_id, start_seq, end_seq, summary_text,"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from sqlite_utils import Database as SqliteUtilsDatabase
@@ -28,6 +28,7 @@ from mnemo.conversation.model import (
     ThreadInfo,
     compacted_floor,
     covered,
+    replaced_compactions,
 )
 from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
@@ -196,7 +197,8 @@ class SqliteThreads:
         return await self._database.run(read)
 
     async def add_compaction(
-        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime
+        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
+        *, replaces: Collection[int] | None = None,
     ) -> Compaction:
         stamp = timestamp(now)
 
@@ -216,15 +218,11 @@ class SqliteThreads:
                     " AND start_seq <= ? AND end_seq >= ?",
                     (thread_id, end_seq, start_seq),
                 ).fetchall()
-                for s, e in overlapping:
-                    if not (start_seq <= s and e <= end_seq):
-                        raise InvalidInputError(
-                            f"compaction {start_seq}-{end_seq} overlaps compaction {s}-{e} of"
-                            f" thread {thread_id!r} without containing it"
-                        )
+                inside = replaced_compactions(
+                    thread_id, start_seq, end_seq, overlapping, replaces)
                 conn.executemany(
                     "DELETE FROM compactions WHERE thread_id = ? AND start_seq = ?",
-                    [(thread_id, s) for s, _ in overlapping],
+                    [(thread_id, s) for s in inside],
                 )
                 conn.execute(
                     "INSERT INTO compactions(thread_id, start_seq, end_seq, summary_text,"

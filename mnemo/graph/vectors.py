@@ -140,6 +140,9 @@ class VectorIndex:
                 self._matrix[row] = rows[i]
                 self._types[row] = TYPE_CODES[types[i]]
         if not fresh:
+            # Rows replaced in place are a change too: a new view, so that whoever kept the
+            # old one (a commit's intents resolved before its lock) sees the vectors moved.
+            self._view = self._view._replace()
             self._version += 1
             if self.accelerator is not None:
                 self.accelerator.added(ids)

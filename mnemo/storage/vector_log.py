@@ -43,6 +43,11 @@ CHANGED = (
     " LEFT JOIN vectors v ON v.node_id = n.id"
 )
 
+# `CHANGED` for a cache of some node types: the others' vectors are not read.
+CHANGED_OF_KINDS = CHANGED.replace(
+    "LEFT JOIN vectors v ON v.node_id = n.id", "LEFT JOIN vectors v ON v.node_id = n.id"
+    " AND n.type = ANY(?)")
+
 # A changed node as read: (rowid, id, type, vector), the last three None when it is gone.
 Change = tuple[int, str | None, str | None, Vector | None]
 
@@ -82,6 +87,8 @@ class Followed:
             if held is not None and held != node_id:
                 gone.append(held)  # deleted, or its rowid now another node's
             if node_id is None or kind is None or vector is None:
+                if held is not None and held == node_id:
+                    gone.append(held)  # still there without a vector: not searchable
                 continue
             node_type = NodeType(kind)
             if self.kinds is not None and node_type not in self.kinds:

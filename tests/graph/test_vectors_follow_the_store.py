@@ -227,3 +227,63 @@ async def test_one_look_holds_inside_its_block_and_its_tasks_only() -> None:
         ended.set()
     assert caught_up == [REPO]
     assert seen == [True, False]
+
+
+def _unit(*pairs: tuple[int, float], dim: int = 64) -> np.ndarray:
+    v = np.zeros(dim, dtype=np.float32)
+    for i, w in pairs:
+        v[i] += w
+    return v / np.linalg.norm(v)
+
+
+async def test_a_rewording_caught_up_in_place_is_not_overwritten_by_a_stale_merge(
+    store: str,
+) -> None:
+    """Regression (session 19's review of this change): A resolves its intents before its
+    lock; meanwhile B rewords intent X. Under the lock A caught B's rewording up, in place,
+    and the index kept its snapshot, so A reused the merge it had decided against X's old
+    text and overwrote B's wording. A replaced row is a new snapshot: A decides again."""
+    from mnemo.graph.model import Changeset, NodeDraft
+    from mnemo.graph.ports import IntentPolicy
+
+    def intent(node_id: str, text: str, vector: np.ndarray) -> NodeDraft:
+        return NodeDraft(id=node_id, type=N.INTENT, text=text, data={}, vector=vector)
+
+    async def keep(existing: str, new: str) -> None:
+        return None
+
+    async def b_merge(existing: str, new: str) -> tuple[str, np.ndarray]:
+        return "boil water (B's wording)", _unit((0, 1.0), (2, 0.3))
+
+    async with memory(store) as a, memory(store) as b:
+        await a.open_repo(REPO)
+        await b.open_repo(REPO)
+        ga, gb = a._graph, b._graph
+        await gb.apply(Changeset("c0", REPO, [intent("X", "boil water", _unit((0, 1.0)))]),
+                       intents=IntentPolicy(0.95, 0.8, merge=keep))
+        await a.recall(REPO, "boil water", reinforce=False)  # A's vectors are loaded
+        asked: list[tuple[str, str]] = []
+
+        async def a_merge(existing: str, new: str) -> tuple[str, np.ndarray]:
+            asked.append((existing, new))
+            if len(asked) == 1:  # while A decides, before its lock: B rewords X
+                await gb.apply(
+                    Changeset("cb", REPO, [intent("E", "boil some water",
+                                                  _unit((0, 1.0), (2, 0.6)))]),
+                    intents=IntentPolicy(0.95, 0.8, merge=b_merge))
+            return f"merged[{existing} + {new}]", _unit((0, 1.0), (1, 0.3))
+
+        await ga.apply(Changeset("ca", REPO, [intent("D", "boil the water",
+                                                     _unit((0, 1.0), (1, 0.6)))]),
+                       intents=IntentPolicy(0.95, 0.8, merge=a_merge))
+        x = await a.get_node(REPO, "X")
+        assert x is not None
+        assert "B's wording" in x.text, (x.text, asked)
+
+
+def test_rows_replaced_in_place_are_a_new_snapshot() -> None:
+    index = VectorIndex(DIM)
+    index.add(["a"], [N.INTENT], np.eye(DIM, dtype=np.float32)[:1])
+    before = index.snapshot()
+    index.add(["a"], [N.INTENT], np.eye(DIM, dtype=np.float32)[1:2])
+    assert index.snapshot() is not before

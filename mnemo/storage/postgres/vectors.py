@@ -29,7 +29,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.vector_log import CHANGED, STATE, Followed, Reload, looked, one_look
+from mnemo.storage.vector_log import CHANGED_OF_KINDS, STATE, Followed, Reload, looked, one_look
 
 log = logging.getLogger("mnemo")
 
@@ -184,7 +184,8 @@ class PgVectors:
         if not followed.behind(seq, horizon):
             return
         rows = await self._pg.fetch_all(
-            CHANGED.replace("?", "%s"), (repo, followed.seq, seq, repo), binary=True)
+            CHANGED_OF_KINDS.replace("?", "%s"),
+            (repo, followed.seq, seq, repo, [t.value for t in ROUTES]), binary=True)
         followed.apply(seq, [(int(r), i, t, v) for r, i, t, v in rows])
 
     def _loaded(self, repo: str) -> VectorIndex | None:

@@ -57,11 +57,12 @@ def submit(
         raise SessionError("session_failed", state=session.state, session_id=session_id)
     op = Op(kind, args, callback)
     if session.busy:
-        if len(session.pending) >= session.config.max_pending_ops:
+        stored = _stored_here(live, session)
+        if len(stored) + len(session.pending) >= session.config.max_pending_ops:
             raise SessionError(
                 "pending_queue_full", state=session.state, session_id=session_id
             )
-        if _projection(session, op) is None:
+        if _projection(session, [*stored, *session.pending, op]) is None:
             raise SessionError(
                 "invalid_queued_operation", state=session.state, session_id=session_id
             )
@@ -90,7 +91,15 @@ def _accept(session: SessionRecord, op: Op) -> None:
         op.ticket = session.turnstile.take()
 
 
-def _projection(session: SessionRecord, op: Op) -> State | None:
+def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
+    """The operations this Memory stored for the session while another Memory held its
+    extraction, not yet taken: accepted before any it queued since it took the work over,
+    so they come first in its queue (they are taken to its front: `run_stored`)."""
+    return [Op(kind, (), None) for _, kind, _ in live.remote.get(session.id, [])]
+
+
+def _projection(session: SessionRecord, queued: list[Op]) -> State | None:
+    """The state after the running operation (if not applied yet) and `queued`."""
     auto = session.config.auto_commit
     if session.state is S.EXTRACTING:
         start = S.IDLE if auto else S.READY
@@ -98,7 +107,7 @@ def _projection(session: SessionRecord, op: Op) -> State | None:
     else:
         start = session.state
         ops = [session.running] if session.running and not session.running.applied else []
-    return project(start, [*ops, *session.pending, op], auto_commit=auto)
+    return project(start, [*ops, *queued], auto_commit=auto)
 
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
@@ -281,6 +290,9 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
     except StorageError as exc:
         log.warning("%s: %d finished operation rows left in the store: %s",
                     session.id, len(orphans), exc)
+    # This Memory's own stored operations were accepted before any it queued here (it
+    # stored them while another Memory held the work): they go first.
+    first: list[Op] = []
     for stored in taken:
         callback = _result_to(live, stored.id) if stored.accepted_by else None
         if session.state is S.FAILED:
@@ -289,7 +301,11 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
             continue
         op = Op(stored.kind, tuple(stored.args), callback)
         _accept(session, op)
-        session.pending.append(op)
+        if stored.accepted_by and stored.accepted_by == live.holder_id:
+            first.append(op)
+        else:
+            session.pending.append(op)
+    session.pending.extendleft(reversed(first))
     kick(live, session)
 
 

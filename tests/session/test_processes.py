@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import pytest
 
 import mnemo
 from mnemo import State
@@ -231,3 +232,49 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
                             f"{episode.id}: committed, but its step {step.index} is not in "
                             "the repo once"
                         )
+
+
+async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue(
+    store: str, tmp_path: Path
+) -> None:
+    """Regression (session 19's review): an operation this Memory accepted while a live child
+    held the extraction is stored for it; once the child is killed and this Memory takes the
+    work over, the operations it accepts next were validated without the stored one (a
+    second commit was accepted) and ran before it. Now the stored one counts as queued first
+    and runs first."""
+    llm = FakeLLM()
+    got: list[tuple[str, mnemo.OpResult]] = []
+    done = anyio.Event()
+
+    def recorded(label: str) -> Any:
+        def record(result: mnemo.OpResult) -> None:
+            got.append((label, result))
+            if len(got) == 2:
+                done.set()
+        return record
+
+    async with children() as tg:
+        async with child(tg, tmp_path / "hold.log", store, "hold", str(LEASE)) as holder:
+            with anyio.fail_after(60):
+                await holder.wait_lines(1)
+            assert holder.lines, (tmp_path / "hold.log").read_text()
+            sid = holder.lines[0]
+            async with mnemo.Memory(
+                store, llm=llm, embedder=FakeEmbedder(), config=config()
+            ) as mem:
+                await mem.open_repo(REPO, config=config())
+                asked = llm.hold("semantic")
+                await mem.commit_async(sid, recorded("commit"))  # stored: the child holds it
+                await holder.kill()
+                with anyio.fail_after(LEASE * 3):
+                    await asked.started.wait()  # taken over: the extraction runs here
+                with pytest.raises(mnemo.SessionError) as refused:
+                    await mem.commit_async(sid, recorded("commit again"))
+                assert refused.value.reason == "invalid_queued_operation"
+                await mem.start_episode_async(sid, "walk west", recorded("start"))
+                asked.release()
+                with anyio.fail_after(30):
+                    await done.wait()
+                assert [(label, r.ok) for label, r in got] == [("commit", True),
+                                                               ("start", True)]
+                assert await mem.session_state(sid) is State.COLLECTING

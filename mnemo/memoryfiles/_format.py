@@ -196,8 +196,9 @@ def bound(lines: list[str], max_chars: int) -> Fitted:
     limit = max_chars - 1  # each line carries its newline
     cut = [_truncate(line, limit) for line in lines]
     total = sum(len(line) + 1 for line in cut)
-    headings = [i for i, line in enumerate(cut) if line.startswith("#")]
-    order = [i for i in range(len(cut)) if i not in set(headings)] + headings
+    newest = len(cut) - 1  # never dropped, a heading or an entry
+    headings = [i for i, line in enumerate(cut) if line.startswith("#") and i != newest]
+    order = [i for i in range(newest) if i not in set(headings)] + headings
     dropped: set[int] = set()
     for i in order:
         if total <= max_chars or len(dropped) == len(cut) - 1:

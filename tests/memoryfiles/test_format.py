@@ -6,7 +6,7 @@ import re
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from mnemo.memoryfiles import _format
@@ -145,6 +145,7 @@ def test_dedupe_ignores_case_spacing_and_punctuation() -> None:
     assert _format.dedupe(lines) == ["- Use Go.", "- Use Rust."]
 
 
+@example(lines=["#0000000000", "000000"], max_chars=20)  # the newest line was dropped
 @given(lines=LINES, max_chars=st.integers(min_value=20, max_value=500))
 def test_fit_bounds_the_body(lines: list[str], max_chars: int) -> None:
     """fit keeps the body within max_chars, keeps the newest line, and keeps order."""

@@ -107,6 +107,19 @@ def config() -> mnemo.Config:
     return mnemo.Config(lease_timeout=LEASE)
 
 
+@asynccontextmanager
+async def holding(
+    tg: anyio.abc.TaskGroup, tmp_path: Path, store: str
+) -> AsyncIterator[tuple[Child, str]]:
+    """A child holding the extraction of a session it closed (its LLM hangs), and the
+    session's id."""
+    async with child(tg, tmp_path / "hold.log", store, "hold", str(LEASE)) as holder:
+        with anyio.fail_after(60):
+            await holder.wait_lines(1)
+        assert holder.lines, (tmp_path / "hold.log").read_text()
+        yield holder, holder.lines[0]
+
+
 async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
     store: str, tmp_path: Path
 ) -> None:
@@ -115,11 +128,7 @@ async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
     without being asked, and commits it once."""
     llm, events = FakeLLM(), EventLog()
     async with children() as tg:
-        async with child(tg, tmp_path / "hold.log", store, "hold", str(LEASE)) as holder:
-            with anyio.fail_after(60):
-                await holder.wait_lines(1)
-            assert holder.lines, (tmp_path / "hold.log").read_text()
-            sid = holder.lines[0]
+        async with holding(tg, tmp_path, store) as (holder, sid):
             async with mnemo.Memory(
                 store, llm=llm, embedder=FakeEmbedder(), config=config(), on_event=events
             ) as mem:
@@ -254,11 +263,7 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
         return record
 
     async with children() as tg:
-        async with child(tg, tmp_path / "hold.log", store, "hold", str(LEASE)) as holder:
-            with anyio.fail_after(60):
-                await holder.wait_lines(1)
-            assert holder.lines, (tmp_path / "hold.log").read_text()
-            sid = holder.lines[0]
+        async with holding(tg, tmp_path, store) as (holder, sid):
             async with mnemo.Memory(
                 store, llm=llm, embedder=FakeEmbedder(), config=config()
             ) as mem:

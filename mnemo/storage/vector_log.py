@@ -9,12 +9,12 @@ and recall missed what another process had stored (session 19's review).
 The store already says what changed: its node log (`lexical_log`, mnemo/storage/lexical), a
 per-repo sequence that triggers move in the writer's own transaction on every insert, text
 change and delete of a node. A `Followed` repo records the sequence its vectors reflect and
-the rowid of each node it holds; before each use its owner reads the repo's sequence (one keyed
-row) and, when it moved, the changed nodes with their vectors, and applies them. Applying is
-idempotent (a node's vector is replaced or removed), so the owner's own writes, applied at
-once, are applied again harmlessly, and a read racing a write is caught up by the next one.
-A cache behind the log's horizon (more than `LOG_KEEP` changes since it looked) is loaded
-again.
+the rowid of each node it holds; before each use (`Follower.index`) its owner reads the repo's
+sequence (one keyed row) and, when it moved, the changed nodes with their vectors, and applies
+them. Applying is idempotent (a node's vector is replaced or removed), so a read racing a
+write is caught up by the next one; the owner's own commits reach it the same way, with their
+rowids (its deletes are also removed at once, by id). A cache behind the log's horizon (more
+than `LOG_KEEP` changes since it looked) is loaded again.
 
 A read of one keyed row is a trip to the database's thread (SQLite) or server (PostgreSQL), and
 a recall uses the vectors five to seven times: one look per recall is enough for what it
@@ -24,21 +24,22 @@ once, at the start of a block, and the uses inside it (in its child tasks too) s
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+import anyio
 import numpy as np
 
+from mnemo.graph import ann_calls
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.lexical.source import LOGGED
 
 # "?" placeholders; PostgreSQL's owner swaps them for "%s".
-STATE = "SELECT seq, horizon FROM lexical_repos WHERE repo = ?"
 CHANGED = (
-    "SELECT l.node, n.id, n.type, v.vec FROM"
-    " (SELECT DISTINCT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?) l"
+    f"SELECT l.node, n.id, n.type, v.vec FROM {LOGGED}"
     " LEFT JOIN nodes n ON n.rowid = l.node AND n.repo = ?"
     " LEFT JOIN vectors v ON v.node_id = n.id"
 )
@@ -84,17 +85,14 @@ class Followed:
         vectors: list[Vector] = []
         for rowid, node_id, kind, vector in sorted(changes, key=lambda change: change[0]):
             held = self.rowids.pop(rowid, None)
+            node_type = None if kind is None else NodeType(kind)
+            if (node_id is None or node_type is None or vector is None
+                    or (self.kinds is not None and node_type not in self.kinds)):
+                if held is not None:
+                    gone.append(held)  # deleted, without a vector, or of a type not kept
+                continue
             if held is not None and held != node_id:
-                gone.append(held)  # deleted, or its rowid now another node's
-            if node_id is None or kind is None or vector is None:
-                if held is not None and held == node_id:
-                    gone.append(held)  # still there without a vector: not searchable
-                continue
-            node_type = NodeType(kind)
-            if self.kinds is not None and node_type not in self.kinds:
-                if held == node_id:
-                    gone.append(node_id)
-                continue
+                gone.append(held)  # its rowid is now another node's
             self.rowids[rowid] = node_id
             ids.append(node_id)
             types.append(node_type)
@@ -107,6 +105,61 @@ class Followed:
 
 class Reload(Exception):
     """The log no longer holds every change since the cache's sequence: load it again."""
+
+
+# What a backend gives a `Follower`: a repo's changes since a `Followed`'s sequence (None when
+# the log did not move; raises `Reload` when it no longer reaches back), and a repo's first load.
+Changes = Callable[[str, Followed], Awaitable[tuple[int, list[Change]] | None]]
+Load = Callable[[str], Awaitable[Followed]]
+
+
+class Follower:
+    """One owner's `Followed` repos: loaded on first use, brought up to the log at every use
+    after, unless a `reading` block of the repo did at its start."""
+
+    def __init__(self, changes: Changes, load: Load) -> None:
+        self._changes = changes
+        self._load = load
+        self._held: dict[str, Followed] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+
+    def loaded(self, repo: str) -> VectorIndex | None:
+        """The repo's index if it is loaded (as it was at its last use)."""
+        held = self._held.get(repo)
+        return None if held is None else held.index
+
+    def indexes(self) -> list[VectorIndex]:
+        return [held.index for held in self._held.values()]
+
+    def remove(self, repo: str, node_ids: Sequence[str]) -> None:
+        """The owner deleted these nodes: out of the index at once (the log says so later)."""
+        if repo in self._held:
+            self._held[repo].index.remove(node_ids)
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """A block whose uses of the repo's vectors share one look at the log, at its start."""
+        return one_look(self, repo, lambda: self.index(repo))
+
+    async def index(self, repo: str) -> VectorIndex:
+        """The repo's vectors as the store holds them now (one keyed read when nothing
+        changed)."""
+        held = self._held.get(repo)
+        if held is not None and looked(self, repo):
+            return held.index
+        async with self._locks.setdefault(repo, anyio.Lock()):
+            held = self._held.get(repo)
+            if held is not None:
+                try:
+                    changed = await self._changes(repo, held)
+                except Reload:
+                    await ann_calls.close([held.index])
+                else:
+                    if changed is not None:
+                        held.apply(*changed)
+                    return held.index
+            followed = await self._load(repo)
+            self._held[repo] = followed
+            return followed.index
 
 
 @dataclass(slots=True)

@@ -57,9 +57,12 @@ class LexicalSource(Protocol):
     def close(self) -> None: ...
 
 
+# A repo's (seq, horizon), and the rowids its log's entries in (after, upto] touched, as `l`
+# (with "?" placeholders: `LogSource` swaps them; so does the vectors' follower, vector_log).
+STATE = "SELECT seq, horizon FROM lexical_repos WHERE repo = ?"
+LOGGED = "(SELECT DISTINCT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?) l"
 _CHANGES = (
-    "SELECT l.node, n.id, n.type, n.text FROM"
-    " (SELECT DISTINCT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?) l"
+    f"SELECT l.node, n.id, n.type, n.text FROM {LOGGED}"
     " LEFT JOIN nodes n ON n.rowid = l.node AND n.repo = ?"
 )
 _NODES = (
@@ -67,6 +70,11 @@ _NODES = (
 )
 _BY = "SELECT rowid, id, type, text FROM nodes WHERE repo = ? AND {column} IN ({marks})"
 _CHUNK = 500  # values per IN list (SQLite allows 32,766 parameters, PostgreSQL 65,535)
+
+
+def state_of(rows: Sequence[Sequence[Any]]) -> tuple[int, int]:
+    """The (seq, horizon) of `STATE`'s rows: (0, 0) for a repo never written."""
+    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
 
 def changed_rows(rows: Iterable[tuple[Any, Any, Any, Any]]) -> tuple[list[Row], list[int]]:
@@ -97,8 +105,7 @@ class LogSource:
         return str(self._read("SELECT epoch FROM lexical_epoch")[0][0])
 
     def state(self, repo: str) -> tuple[int, int]:
-        rows = self._read("SELECT seq, horizon FROM lexical_repos WHERE repo = ?", (repo,))
-        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+        return state_of(self._read(STATE, (repo,)))
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
         return changed_rows(self._read(_CHANGES, (repo, after, upto, repo)))

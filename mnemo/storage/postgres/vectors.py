@@ -5,9 +5,9 @@ distance, ties by insertion); past it, through the repo's partial HNSW index
 (`schema.ensure_vector_index`), whose `WHERE repo = <literal>` the query repeats so that the
 planner can use it. The routing nodes' vectors (TAG and INTENT) are also kept in memory: a
 recall probes them with every query and each commit compares its intents with them, and they
-are a small part of a repo. They follow this process's writes at once and the store's node log
-before each use, for what other processes wrote (`mnemo.storage.vector_log`). Other vectors
-are read when needed, never held.
+are a small part of a repo. They are brought up to the store's node log before each use, so
+that what any process wrote is there (`mnemo.storage.vector_log`). Other vectors are read when
+needed, never held.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from mnemo.errors import StorageError
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
+from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.vector_log import CHANGED_OF_KINDS, STATE, Followed, Reload, looked, one_look
+from mnemo.storage.vector_log import CHANGED_OF_KINDS, Change, Followed, Follower
 
 log = logging.getLogger("mnemo")
 
@@ -60,8 +61,7 @@ class PgVectors:
         self._exact_below = exact_below
         self._ann_dir = ann_dir
         self._place: str | None = None  # the database's folder name, read once
-        self._routes: dict[str, Followed] = {}
-        self._routes_loading: dict[str, anyio.Lock] = {}
+        self._routes = Follower(self._changes, self._load_routes)
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
@@ -86,8 +86,7 @@ class PgVectors:
     def removed(self, repo: str, node_ids: Sequence[str]) -> None:
         if repo in self._sizes:
             self._sizes[repo] = max(0, self._sizes[repo] - len(node_ids))
-        if repo in self._routes:
-            self._routes[repo].index.remove(node_ids)
+        self._routes.remove(repo, node_ids)
 
     # ---- searches -------------------------------------------------------------------------
 
@@ -137,68 +136,49 @@ class PgVectors:
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         """A block whose uses of the repo's routes share one look at the log, at its start."""
-        return one_look(self, repo, lambda: self.routes(repo))
+        return self._routes.reading(repo)
 
     async def routes(self, repo: str) -> VectorIndex:
-        """The repo's TAG and INTENT vectors as the store holds them now: loaded on first
-        use, brought up to the node log at every use after (one keyed read when nothing
-        changed) unless a `reading` block did at its start."""
-        held = self._routes.get(repo)
-        if held is not None and looked(self, repo):
-            return held.index
-        async with self._routes_loading.setdefault(repo, anyio.Lock()):
-            held = self._routes.get(repo)
-            if held is not None:
-                try:
-                    await self._catch_up(repo, held)
-                except Reload:
-                    await ann_calls.close([held.index])
-                else:
-                    return held.index
-            # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that many
-            # rows is walked instead of multiplied (faiss, if installed; the first load
-            # imports it, about 90 ms: in a thread): the threshold a probe walks from, so
-            # that no type that should be walked waits for a larger one. The folder first:
-            # between the rows' read and the index's registration, this process's writes
-            # would not reach the index.
-            faiss = await anyio.to_thread.run_sync(ann.load_faiss)
-            folder = None if faiss is None else await self._graph_folder(repo)
-            # The log's sequence first: what changes after it is applied again later.
-            seq = (await self._state(repo))[0]
-            followed = Followed(VectorIndex(self._dims(repo)), seq, ROUTES)
-            rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
-            followed.load(rowids, ids, types, matrix)
-            # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
-            ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
-            self._routes[repo] = followed
-            return followed.index
+        """The repo's TAG and INTENT vectors as the store holds them now
+        (`vector_log.Follower`)."""
+        return await self._routes.index(repo)
+
+    async def _load_routes(self, repo: str) -> Followed:
+        # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that many rows is
+        # walked instead of multiplied (faiss, if installed; the first load imports it, about
+        # 90 ms: in a thread): the threshold a probe walks from, so that no type that should
+        # be walked waits for a larger one.
+        faiss = await anyio.to_thread.run_sync(ann.load_faiss)
+        folder = None if faiss is None else await self._graph_folder(repo)
+        # The log's sequence first: what changes after it is applied again later.
+        seq = (await self._state(repo))[0]
+        followed = Followed(VectorIndex(self._dims(repo)), seq, ROUTES)
+        rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
+        followed.load(rowids, ids, types, matrix)
+        # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
+        ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
+        return followed
 
     async def _state(self, repo: str) -> tuple[int, int]:
-        rows = await self._pg.fetch_all(STATE.replace("?", "%s"), (repo,))
-        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+        return state_of(await self._pg.fetch_all(STATE.replace("?", "%s"), (repo,)))
 
-    async def _catch_up(self, repo: str, followed: Followed) -> None:
-        """Applies what the node log holds past `followed`'s sequence (`Reload` if it no
-        longer reaches back that far)."""
+    async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
+        """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
         seq, horizon = await self._state(repo)
         if not followed.behind(seq, horizon):
-            return
+            return None
         rows = await self._pg.fetch_all(
             CHANGED_OF_KINDS.replace("?", "%s"),
             (repo, followed.seq, seq, repo, [t.value for t in ROUTES]), binary=True)
-        followed.apply(seq, [(int(r), i, t, v) for r, i, t, v in rows])
-
-    def _loaded(self, repo: str) -> VectorIndex | None:
-        followed = self._routes.get(repo)
-        return None if followed is None else followed.index
+        return seq, [(int(r), i, t, v) for r, i, t, v in rows]
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's routes' HNSW graphs (if any) have caught up with them."""
-        await ann_calls.settle(self._loaded(repo))
+        await ann_calls.settle(self._routes.loaded(repo))
 
     async def aclose(self) -> None:
         """Stops the routes' HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close([followed.index for followed in self._routes.values()])
+        await ann_calls.close(self._routes.indexes())
 
     async def _nearest(
         self, repo: str, probes: list[Vector], kinds: list[str] | None, k: int

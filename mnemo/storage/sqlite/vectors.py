@@ -1,8 +1,8 @@
 """`SqliteVectors`: the in-memory vectors of a SQLite graph's repos, for `SqliteGraph`.
 
-Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use, kept in step by
-the graph's own writes at once, and brought up to the store's node log before each use, so
-that what another process (or `Memory`) wrote is there too (`mnemo.storage.vector_log`).
+Each repo's vectors are loaded from SQLite into a `VectorIndex` on first use and brought up to
+the store's node log before each use, so that what any process (or `Memory`) wrote is there
+(`mnemo.storage.vector_log`).
 Search is exact (numpy) until a repo holds more than `ann_threshold` vectors; past it, and
 when faiss-cpu is installed, an HNSW index answers (`mnemo.graph.ann`), read back from the
 graphs saved beside the file when they still match the rows (`mnemo.graph.ann_files`), else
@@ -23,8 +23,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
+from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sqlite.database import Database
-from mnemo.storage.vector_log import CHANGED, STATE, Change, Followed, Reload, looked, one_look
+from mnemo.storage.vector_log import CHANGED, Change, Followed, Follower
 
 
 class SqliteVectors:
@@ -44,18 +45,23 @@ class SqliteVectors:
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
         self._ann_dir = ann_dir
-        self._indexes: dict[str, Followed] = {}
-        self._index_loading: dict[str, anyio.Lock] = {}
+        self._follower = Follower(self._changes, self._load)
 
     def loaded(self, repo: str) -> VectorIndex | None:
-        """The repo's index if it is loaded (writes need not load one to update it)."""
-        followed = self._indexes.get(repo)
-        return None if followed is None else followed.index
+        """The repo's index if it is loaded."""
+        return self._follower.loaded(repo)
 
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         """The nodes were deleted."""
-        if repo in self._indexes:
-            self._indexes[repo].index.remove(node_ids)
+        self._follower.remove(repo, node_ids)
+
+    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """A block whose uses of the repo's vectors share one look at the log, at its start."""
+        return self._follower.reading(repo)
+
+    async def index(self, repo: str) -> VectorIndex:
+        """The repo's in-memory vectors as the store holds them now (`vector_log.Follower`)."""
+        return await self._follower.index(repo)
 
     async def search(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
@@ -91,42 +97,22 @@ class SqliteVectors:
 
     async def aclose(self) -> None:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
-        await ann_calls.close([followed.index for followed in self._indexes.values()])
+        await ann_calls.close(self._follower.indexes())
 
-    def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's vectors share one look at the log, at its start."""
-        return one_look(self, repo, lambda: self.index(repo))
+    async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
+        return await self._database.run(lambda db: _changes(db, repo, followed))
 
-    async def index(self, repo: str) -> VectorIndex:
-        """The repo's in-memory vectors as the store holds them now: loaded from SQLite on
-        first use, brought up to the node log at every use after (one keyed read when nothing
-        changed) unless a `reading` block did at its start."""
-        held = self._indexes.get(repo)
-        if held is not None and looked(self, repo):
-            return held.index
-        async with self._index_loading.setdefault(repo, anyio.Lock()):
-            held = self._indexes.get(repo)
-            if held is not None:
-                try:
-                    changed = await self._database.run(lambda db: _changes(db, repo, held))
-                except Reload:
-                    await ann_calls.close([held.index])
-                else:
-                    if changed is not None:
-                        held.apply(*changed)
-                    return held.index
-            followed = Followed(VectorIndex(self._dims(repo)), 0)
-            seq, rowids, ids, types, vectors = await self._database.run(
-                lambda db: _load_vectors(db, repo))
-            followed.seq = seq
-            followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
-            if self._ann_threshold is not None:
-                # The first load imports faiss (about 90 ms): in a thread, not on the loop.
-                await anyio.to_thread.run_sync(ann.load_faiss)
-                ann.attach(followed.index, threshold=self._ann_threshold,
-                           params=self._ann_params, folder=self._graph_folder(repo))
-            self._indexes[repo] = followed
-            return followed.index
+    async def _load(self, repo: str) -> Followed:
+        seq, rowids, ids, types, vectors = await self._database.run(
+            lambda db: _load_vectors(db, repo))
+        followed = Followed(VectorIndex(self._dims(repo)), seq)
+        followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
+        if self._ann_threshold is not None:
+            # The first load imports faiss (about 90 ms): in a thread, not on the loop.
+            await anyio.to_thread.run_sync(ann.load_faiss)
+            ann.attach(followed.index, threshold=self._ann_threshold,
+                       params=self._ann_params, folder=self._graph_folder(repo))
+        return followed
 
     def _graph_folder(self, repo: str) -> Path | None:
         """Where the repo's HNSW graphs are saved (None: not saved)."""
@@ -134,8 +120,7 @@ class SqliteVectors:
 
 
 def _state(db: SqliteUtilsDatabase, repo: str) -> tuple[int, int]:
-    rows = db.conn.execute(STATE, (repo,)).fetchall()
-    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+    return state_of(db.conn.execute(STATE, (repo,)).fetchall())
 
 
 def _changes(

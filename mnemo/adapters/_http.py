@@ -81,6 +81,15 @@ class HTTPFailure(Exception):
         self.status = status
         self.message = message
 
+    def names_any(self, words: tuple[str, ...]) -> bool:
+        """Whether this reply refuses something its message names by one of `words`
+        (case-insensitive). Any status counts (local servers refuse a parameter with a 500
+        too) but the rate-limit and timeout ones, which say nothing about the request."""
+        if self.status in (408, 429):
+            return False
+        message = self.message.lower()
+        return any(word in message for word in words)
+
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
     """Seconds to wait according to `retry-after-ms` or `Retry-After` (seconds or HTTP date).

@@ -290,10 +290,7 @@ def _no_data(reply: Mapping[str, Any]) -> str | None:
 
 def _refuses_base64(failure: HTTPFailure) -> bool:
     """Whether an error reply is the server refusing base64 vectors."""
-    if failure.status in (408, 429):
-        return False
-    message = failure.message.lower()
-    return any(word in message for word in _COMPLAINT_WORDS)
+    return failure.names_any(_COMPLAINT_WORDS)
 
 
 def _tokens_used(reply: Mapping[str, Any]) -> int | None:

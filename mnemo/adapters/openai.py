@@ -443,10 +443,7 @@ def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
     llama.cpp servers refuse it and tools with a 500, vLLM and OpenAI with a 400) except the
     rate-limit and timeout ones, which say nothing about the request.
     """
-    if mode not in _COMPLAINT_WORDS or failure.status in (408, 429):
-        return False
-    message = failure.message.lower()
-    return any(word in message for word in _COMPLAINT_WORDS[mode])
+    return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
 
 
 def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:

@@ -89,7 +89,7 @@ async def search(
     query, params = tsquery(words)
     if not query:
         return []
-    conditions = ["m.search @@ q.query"]
+    conditions = ["m.search @@ w.query"]
     filters: list[Any] = []
     if thread_id is not None:
         conditions.append("m.thread_id = %s")
@@ -105,7 +105,6 @@ async def search(
             )
             filters += [exclude_viewport_of, exclude_viewport_of]
     per_word, word_params = _per_word(words)
-    conditions[0] = "m.search @@ w.query"
     rows = await fetch(
         conn,
         f"WITH {per_word}"

@@ -20,7 +20,7 @@ from mnemo.episode.prompts import (
 )
 from mnemo.errors import EmbeddingError, first_error
 from mnemo.graph.model import Vector
-from mnemo.graph.vectors import cosine
+from mnemo.graph.vectors import cosine, reaches
 from mnemo.ports import LLM, Embedder, ask
 
 
@@ -115,7 +115,7 @@ async def score_reward(
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:
     """A new trajectory starts when consecutive subgoals are less similar than `threshold`."""
-    return previous is not None and cosine(previous.subgoal_vec, vector) < threshold
+    return previous is not None and not reaches(cosine(previous.subgoal_vec, vector), threshold)
 
 
 async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:

@@ -16,7 +16,7 @@ import numpy as np
 
 from mnemo.graph import ann_calls
 from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, cosine, unit
+from mnemo.graph.vectors import VectorIndex, cosine, reaches, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
@@ -89,12 +89,12 @@ async def resolve_intents(
             n = int(np.argmax(sims))
             if float(sims[n]) > best_sim:
                 best_id, best_sim = intents[order[n]].id, float(sims[n])
-        if best_id is None or best_sim < merge_threshold:
+        if best_id is None or not reaches(best_sim, merge_threshold):
             kept[i] = (draft.text, draft.vector)
             order.append(i)
             continue
         out.remap[draft.id] = best_id
-        if best_sim >= identity_threshold:
+        if reaches(best_sim, identity_threshold):
             continue
         if best_id in out.rewordings:
             existing_text = out.rewordings[best_id][0]

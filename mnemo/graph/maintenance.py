@@ -24,6 +24,7 @@ import numpy.typing as npt
 from mnemo.config import Config
 from mnemo.graph.model import NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
+from mnemo.graph.vectors import COSINE_TOLERANCE
 
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
@@ -144,7 +145,7 @@ def _similar_pairs(
         # A pair of two new rows is seen from both ends: keep it from its lower row only.
         hide = (columns[None, :] <= rows[:, None]) & is_new[None, :]
         scores[hide] = -np.inf
-        r, c = np.nonzero(scores >= threshold)
+        r, c = np.nonzero(scores >= threshold - COSINE_TOLERANCE)
         found.extend(zip(rows[r].tolist(), c.tolist(), strict=True))
     return found
 

@@ -55,6 +55,17 @@ def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[
     return mask
 
 
+# Vectors are float32, so a cosine comes out up to a few units in its seventh digit off the
+# exact one: a pair whose exact cosine is a configured threshold may land just below it.
+# Every comparison with a threshold ("at or above", API.md) allows that much.
+COSINE_TOLERANCE = 1e-5
+
+
+def reaches(similarity: float, threshold: float) -> bool:
+    """Whether a cosine computed from float32 vectors is at or above `threshold`."""
+    return similarity >= threshold - COSINE_TOLERANCE
+
+
 def cosine(a: Vector, b: Vector) -> float:
     """Raw cosine similarity of two vectors (0 when either is zero)."""
     # Three dot products: np.linalg.norm costs several times more on small vectors, and this

@@ -10,6 +10,7 @@ import numpy as np
 from mnemo.config import Config
 from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import GraphStore
+from mnemo.graph.vectors import reaches
 from mnemo.recall.candidates import Candidate
 
 N = NodeType
@@ -25,13 +26,13 @@ async def routes(
         (tag_id, Candidate(sim, "route", 0))
         for nearest in await graph.nearest_of_type(repo, probes, N.TAG, 3)
         for tag_id, sim in nearest
-        if sim >= config.recall_tag_threshold
+        if reaches(sim, config.recall_tag_threshold)
     ]
     found += [
         (intent_id, Candidate(sim, "route", 0))
         for nearest in await graph.nearest_of_type(repo, probes[:1], N.INTENT, 3)
         for intent_id, sim in nearest
-        if sim >= config.recall_intent_threshold
+        if reaches(sim, config.recall_intent_threshold)
     ]
     return found
 
@@ -129,9 +130,9 @@ async def _expand(
         targets.sort(key=lambda item: -item[0])
         parent = found[origin].score
         for sim, target, target_kind in targets[:fanout]:
-            if target_kind is N.TAG and sim < config.recall_tag_threshold:
+            if target_kind is N.TAG and not reaches(sim, config.recall_tag_threshold):
                 continue
-            if target_kind is N.INTENT and sim < config.recall_intent_threshold:
+            if target_kind is N.INTENT and not reaches(sim, config.recall_intent_threshold):
                 continue
             score = parent * config.hop_decay * (0.5 + 0.5 * max(sim, 0.0))
             if offer(found, target, Candidate(score, "hop", hop)):

@@ -14,8 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mnemo.episode.annotation import starts_trajectory
+from mnemo.episode.model import StepRecord
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.vectors import DEAD, VectorIndex, cosine, of_codes, unit
+from mnemo.graph.vectors import DEAD, VectorIndex, cosine, of_codes, reaches, unit
 from tests.graph._support import rounded
 from tests.strategies import matrices, node_types, vectors
 
@@ -230,6 +232,22 @@ def test_zero_vectors_score_zero() -> None:
     assert sorted(index.search(np.zeros(DIM), 2)) == [("one", 0.0), ("zero", 0.0)]
     assert cosine(np.zeros(DIM, dtype=np.float32), np.ones(DIM, dtype=np.float32)) == 0.0
     np.testing.assert_array_equal(unit(np.zeros((2, DIM))), np.zeros((2, DIM)))
+
+
+@pytest.mark.parametrize("threshold", [0.95, 0.9, 0.8, 0.75, 0.35])
+def test_a_cosine_exactly_at_a_threshold_reaches_it(threshold: float) -> None:
+    """Float32 vectors whose exact cosine is the threshold count as at it (API.md: "at or
+    above"), though float32 puts some of them a hair below (0.95 -> 0.94999999), and a step
+    whose subgoal is exactly that similar does not start a trajectory."""
+    def vector(c: float) -> Vector:
+        return np.array([c, np.sqrt(1.0 - c * c), 0.0], dtype=np.float32)
+
+    ones, at = vector(1.0), vector(threshold)
+    assert reaches(cosine(ones, at), threshold)
+    assert not reaches(threshold - 1e-3, threshold)
+    previous = StepRecord("s0", 0, "t", "obs", "act", "state", "goal", ones)
+    assert not starts_trajectory(previous, at, threshold)
+    assert starts_trajectory(previous, vector(threshold - 1e-3), threshold)
 
 
 def test_results_and_vectors_from_before_a_remove_stay_valid() -> None:

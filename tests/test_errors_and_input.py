@@ -100,11 +100,13 @@ async def test_text_no_store_can_keep_is_refused(mem: mnemo.Memory, enter: Enter
     await mem.recall(REPO, "walk\x00north")
 
 
-@pytest.mark.parametrize("bad", ["t\x00id", "t\ud800id"])
+@pytest.mark.parametrize("bad", ["t\x00id", "t\ud800id", "t" * 1001, "é" * 501])
 async def test_an_id_no_store_can_keep_is_refused(mem: mnemo.Memory, bad: str) -> None:
     """A NUL or a lone surrogate in an id (thread, goal, message, role, source, repo, commit,
-    session, episode, node) is InvalidInputError on every backend, before anything is stored
-    (a raw UnicodeEncodeError escaped, or PostgreSQL's StorageError, or SQLite stored it)."""
+    session, episode, node), or an id past 1,000 bytes of UTF-8, is InvalidInputError on every
+    backend, before anything is stored (a raw UnicodeEncodeError escaped, or PostgreSQL's
+    StorageError, or SQLite stored it; a long source id failed on PostgreSQL only at the
+    commit, after the whole extraction, as StorageError("unavailable"))."""
     conversation = mem.conversation()
     trajectory = mnemo.Trajectory("explore", [mnemo.Step("walk north", "go north")])
     calls: list[Any] = [
@@ -163,9 +165,9 @@ async def test_metadata_that_is_not_json_is_refused(
 
 
 async def test_malformed_types_and_steps_are_refused(mem: mnemo.Memory) -> None:
-    """An unknown node type in `types`, steps that are not a list of Step and a `top_k`
-    below 1 are InvalidInputError (a bare ValueError and a TypeError escaped; `latest`
-    returned [])."""
+    """An unknown node type in `types`, an unknown link type, steps that are not a list of
+    Step and a `top_k` below 1 are InvalidInputError (a bare ValueError and a TypeError
+    escaped; `latest` returned [])."""
     # Input the annotations refuse: a caller's mistake, seen at run time.
     bogus: Any = ["bogus"]
     three: Any = [3]
@@ -175,6 +177,7 @@ async def test_malformed_types_and_steps_are_refused(mem: mnemo.Memory) -> None:
         lambda: mem.recall(REPO, "walk north", types=bogus),
         lambda: mem.recall(REPO, "walk north", types=three),
         lambda: mem.get_nodes_by_type(REPO, bogus),
+        lambda: mem.get_linked_nodes(REPO, ["n1"], "bogus"),  # type: ignore[arg-type]
         lambda: mem.latest(REPO, top_k=0),
         lambda: mem.latest(REPO, top_k=-1),
         lambda: mem.ingest(REPO, mnemo.Trajectory("explore", no_steps), source_id="s1"),

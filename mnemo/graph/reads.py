@@ -40,9 +40,7 @@ class GraphReads:
     ) -> list[Node]:
         await self._known(repo)
         ids = _node_ids(node_ids)
-        neighbors = await self._graph.neighbors(
-            repo, ids, None if link_type is None else LinkType(link_type)
-        )
+        neighbors = await self._graph.neighbors(repo, ids, _link_type(link_type))
         asked = set(ids)
         linked = [n.node_id for n in neighbors if n.node_id not in asked]
         return await self._graph.get_nodes(repo, linked)
@@ -84,6 +82,20 @@ def node_types(types: Iterable[NodeType]) -> list[NodeType]:
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(
             f"types must be node types ({', '.join(t.value for t in NodeType)}): {exc}"
+        ) from exc
+
+
+def _link_type(link_type: LinkType | str | None) -> LinkType | None:
+    """`link_type` as a `LinkType` (or None for every type).
+
+    Raises:
+        InvalidInputError: not a link type (nor one's value).
+    """
+    try:
+        return None if link_type is None else LinkType(link_type)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(
+            f"link_type must be a link type ({', '.join(t.value for t in LinkType)}): {exc}"
         ) from exc
 
 

@@ -19,6 +19,9 @@ from mnemo.errors import InvalidInputError
 # About 8,000 tokens: a long tool output or several pages of text, while the worst input the
 # offline heuristics see still costs them tens of milliseconds (docs/DECISIONS.md).
 DEFAULT_MAX_TEXT_CHARS = 32_000
+# The longest identifier (a repo name, source_id, thread_id, ...), in UTF-8 bytes: PostgreSQL's
+# btree index entries hold at most 2,704 bytes, and a repo name with a source id is one entry.
+MAX_ID_BYTES = 1_000
 # Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
 MAX_QUERY_TERMS = 32
 
@@ -64,15 +67,21 @@ def check_id(value: object, what: str) -> str:
 
 
 def check_storable(value: str, what: str) -> str:
-    """`value`, checked to hold no NUL and no lone surrogate: a key that no store can hold,
-    so no lookup may send it (PostgreSQL refuses a NUL, SQLite's driver a lone surrogate).
+    """`value`, checked to hold no NUL and no lone surrogate and to be at most `MAX_ID_BYTES`
+    long: a key that no store can hold, so no lookup may send it (PostgreSQL refuses a NUL,
+    SQLite's driver a lone surrogate, PostgreSQL's indexes a key past 2,704 bytes).
 
     Raises:
-        InvalidInputError: it holds one.
+        InvalidInputError: it is not.
     """
     if "\x00" in value or not _encodable(value):
         raise InvalidInputError(
             f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
+        )
+    size = len(value.encode())
+    if size > MAX_ID_BYTES:
+        raise InvalidInputError(
+            f"{what} is {size:,} bytes long in UTF-8, more than the {MAX_ID_BYTES:,} allowed"
         )
     return value
 

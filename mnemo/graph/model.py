@@ -161,9 +161,15 @@ def step_window(node_id: str, width: int) -> list[str]:
     return [f"{head}:{i}" for d in range(1, width + 1) for i in (at - d, at + d) if i >= 0]
 
 
+# A tag's identity keeps this many characters of its label: a concept is a short label, and a
+# key must fit PostgreSQL's index entries (2,704 bytes, beside the repo's name).
+MAX_LABEL_CHARS = 200
+
+
 def normalise_label(label: str) -> str:
-    """A tag's identity: trimmed, lower-case, inner whitespace collapsed."""
-    return " ".join(label.split()).lower()
+    """A tag's identity: trimmed, lower-case, inner whitespace collapsed, at most
+    `MAX_LABEL_CHARS` characters (two labels that agree that far are one tag)."""
+    return " ".join(label.split()).lower()[:MAX_LABEL_CHARS].rstrip()
 
 
 def now_utc() -> datetime:

@@ -412,4 +412,7 @@ class Memory(GraphMethods, ConversationMethods):
             context = None
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
-        return await self.recall(repo, query, k=k)
+        return await self._recalls.recall(
+            repo, query, k=k, types=None, reinforce=True,
+            session_id=session_id if isinstance(session_id, str) else None,
+        )

@@ -50,8 +50,10 @@ class RecallService:
 
     async def recall(
         self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
-        as_of: datetime | None = None,
+        as_of: datetime | None = None, session_id: str | None = None,
     ) -> RecallResult:
+        """The recall, reported as "recall_executed" (with `session_id` when it ran in the
+        context of a session, `recall_in_context`)."""
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
         as_of = temporal.check_as_of(as_of)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -66,7 +68,7 @@ class RecallService:
             reinforce=reinforce, as_of=as_of,
         )
         await self._events.emit(
-            "recall_executed", repo=repo, query=query, k=k,
+            "recall_executed", session_id=session_id, repo=repo, query=query, k=k,
             node_ids=[m.node.id for m in result.memories],
         )
         return result

@@ -245,6 +245,20 @@ async def test_session_context_keeps_last_five_steps(mem: mnemo.Memory, enter: E
     assert list(context.recent_steps) == [f"walk step {i} -> go {i}" for i in range(2, 7)]
 
 
+async def test_recall_in_context_reports_its_session(
+    mem: mnemo.Memory, events: EventLog, enter: Enter
+) -> None:
+    """recall_in_context's "recall_executed" names the session it ran for (it had None), the
+    query it ran (goal and last steps added); a plain recall names none."""
+    sid = await enter(State.COLLECTING)
+    await mem.append(sid, "walk north", "go north")
+    await mem.recall_in_context(REPO, sid, "where")
+    await mem.recall(REPO, "where")
+    recalls = [e for e in events.events if e.kind == "recall_executed"]
+    assert [(e.session_id, e.repo) for e in recalls] == [(sid, REPO), (None, REPO)]
+    assert recalls[0].data["query"] == "where\nexplore the house\nwalk north -> go north"
+
+
 async def test_empty_episode_commits_nothing(
     mem: mnemo.Memory, events: EventLog, enter: Enter
 ) -> None:

@@ -255,12 +255,27 @@ class Postgres:
             async with self._pool.connection() as conn:
                 yield conn
         except PoolTimeout as exc:
-            # A pool that holds connections and had none free was busy; an empty one could
-            # not reach the server.
-            empty = self._pool.get_stats().get("pool_size", 0) == 0
-            raise storage_error(exc, "unavailable" if empty else "busy") from exc
+            reason = "busy" if await self._reachable() else "unavailable"
+            raise storage_error(exc, reason) from exc
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
+
+    async def _reachable(self) -> bool:
+        """Whether the server takes a new connection: when the pool had none to give, either
+        every one was taken (busy) or none could be made (unavailable). The pool's own count
+        cannot tell: it counts the connections it is still trying to remake."""
+        if self._pool.get_stats().get("pool_size", 0) == 0:
+            return False
+        try:
+            probe = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
+            )
+        except psycopg.Error as exc:
+            # A server at its connection limit is there, and as full as the pool (libpq's
+            # connection errors carry no SQLSTATE: the message says it).
+            return "too many clients" in str(exc) or exc.sqlstate == "53300"
+        await probe.close()
+        return True
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

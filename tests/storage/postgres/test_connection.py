@@ -6,6 +6,7 @@ import tempfile
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import mnemo
@@ -85,6 +86,34 @@ async def test_an_exhausted_pool_is_busy(pg_url: str) -> None:
                 async with pg.connection():
                     pass
     assert caught.value.reason == "busy"
+
+
+async def test_a_server_refusing_connections_is_unavailable(pg_url: str) -> None:
+    """Once the server refuses new connections (here its database stops allowing them and
+    the pool's are ended), every call is "unavailable", not "busy": the pool still counted
+    the connections it was remaking, and that read as every connection taken (a review)."""
+    async with Postgres(pg_url, busy_timeout=0.3, min_size=1, max_size=2) as pg:
+        async with pg.connection() as conn:
+            await conn.execute("SELECT 1")
+        # Another database's session: none may disallow connections to its own.
+        with psycopg.connect(make_conninfo(pg_url, dbname="postgres"), autocommit=True) as admin:
+            name = conninfo_to_dict(pg_url)["dbname"]
+            database = sql.Identifier(str(name))
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(database))
+            try:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                              " WHERE datname = %s", (name,))
+                reasons = []
+                for _ in range(4):
+                    with pytest.raises(StorageError) as caught:
+                        async with pg.connection() as conn:
+                            await conn.execute("SELECT 1")
+                    reasons.append(caught.value.reason)
+            finally:
+                admin.execute(
+                    sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database)
+                )
+    assert reasons == ["unavailable"] * 4
 
 
 async def test_no_server_is_unavailable() -> None:

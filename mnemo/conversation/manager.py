@@ -25,7 +25,7 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
-from mnemo.conversation.selection import top_k, with_tool_pairs
+from mnemo.conversation.selection import top_k, with_tool_pairs, without_orphaned_results
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
@@ -163,8 +163,9 @@ class ConversationManager:
     async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, Any]]:
         """The thread for a model: each compaction as one system message holding its summary
         (marked as untrusted memory), then the retrieval's selection of the uncompacted
-        messages, by seq; tool outputs cut by a `ToolOutputPruner`. With a ttl, messages older
-        than it are erased first. An unknown thread loads as [].
+        messages, by seq, less any tool result whose call it does not hold (chat APIs refuse
+        those); tool outputs cut by a `ToolOutputPruner`. With a ttl, messages older than it
+        are erased first. An unknown thread loads as [].
 
         Without a `query`, `Semantic` returns the last k messages.
 
@@ -191,7 +192,7 @@ class ConversationManager:
         else:
             compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
         out = [compaction_message(c) for c in compactions]
-        out.extend(m.to_dict() for m in picked)
+        out.extend(m.to_dict() for m in without_orphaned_results(picked))
         for policy in self.compression:
             if isinstance(policy, ToolOutputPruner):
                 out = prune_tool_outputs(out, policy.max_chars)

@@ -27,7 +27,9 @@ def _positive(owner: str, name: str, value: object, *, minimum: int = 1) -> None
 @dataclass(frozen=True, slots=True)
 class Recent:
     """Retrieval: the last `k` turns of the uncompacted messages (a turn starts at a user
-    message; with fewer than `k` turns, every uncompacted message).
+    message that is not a tool's output, `Message.starts_turn`; with fewer than `k` turns,
+    every uncompacted message). A tool result whose call is not in the selection (compacted
+    or expired) is left out.
 
     Raises:
         InvalidInputError: `k` is not an integer >= 1.
@@ -42,7 +44,8 @@ class Recent:
 @dataclass(frozen=True, slots=True)
 class Semantic:
     """Retrieval: the `k` uncompacted messages most similar to the query, in log order, with
-    the calls or results that complete their tool calls. Without a query, the last `k`.
+    the calls or results that complete their tool calls. Without a query, the last `k`. A
+    tool result whose call is not among the uncompacted messages is left out.
 
     Each message is embedded once, by the Memory's default embedder, when first saved (or when
     first needed, if that failed); the vectors are float32 blobs beside the messages.
@@ -134,6 +137,18 @@ class Message:
             isinstance(parts, list)
             and bool(parts)
             and all(isinstance(p, dict) and p.get("type") == "tool_result" for p in parts)
+        )
+
+    @property
+    def starts_turn(self) -> bool:
+        """A user message that is not a tool's output: where `Recent` counts a turn. A user
+        message holding tool_result parts (Anthropic's shape) goes on the assistant's turn."""
+        if self.role != "user":
+            return False
+        parts = self.data.get("content")
+        return not (
+            isinstance(parts, list)
+            and any(isinstance(p, dict) and p.get("type") == "tool_result" for p in parts)
         )
 
     @property

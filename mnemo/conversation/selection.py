@@ -2,8 +2,10 @@
 
 Chat APIs refuse a tool result whose call is missing (and OpenAI a call whose results are),
 so a selection that is not a contiguous stretch (Semantic) is closed over tool-call ids: a
-picked call brings its results, a picked result brings its call. Ids are read from OpenAI's
-`tool_calls[].id` / `tool_call_id` and Anthropic's `tool_use.id` / `tool_result.tool_use_id`.
+picked call brings its results, a picked result brings its call. A result whose call is not
+there to bring (compacted, or erased by a ttl) is left out of every selection, `Recent`'s
+too. Ids are read from OpenAI's `tool_calls[].id` / `tool_call_id` and Anthropic's
+`tool_use.id` / `tool_result.tool_use_id`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[
                 chosen[seq] = other
                 frontier.append(other)
     return [chosen[seq] for seq in sorted(chosen)]
+
+
+def without_orphaned_results(messages: Sequence[Message]) -> list[Message]:
+    """`messages` less each tool result none of whose calls an earlier one makes (its call
+    was compacted, expired, or never saved): chat APIs refuse such a result."""
+    made: set[str] = set()
+    kept: list[Message] = []
+    for message in messages:
+        answered = result_ids(message)
+        if answered and not answered & made:
+            continue
+        made |= call_ids(message)
+        kept.append(message)
+    return kept
 
 
 def top_k(

@@ -70,6 +70,55 @@ async def test_recent_k_turns(cmem: mnemo.Memory) -> None:
     assert await everything.load("t") == history
 
 
+def _anthropic_call(call_id: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": [
+        {"type": "text", "text": "Let me check."},
+        {"type": "tool_use", "id": call_id, "name": "weather", "input": {"city": "Paris"}},
+    ]}
+
+
+def _anthropic_result(call_id: str, output: str) -> dict[str, Any]:
+    return {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": call_id, "content": output},
+    ]}
+
+
+async def test_recent_turn_goes_on_through_anthropic_tool_results(cmem: mnemo.Memory) -> None:
+    """A user message of tool_result parts (Anthropic's tool output) does not start a turn:
+    Recent(1) gives the whole last turn, the tool_use with its result."""
+    conv = cmem.conversation(retrieval=mnemo.Recent(k=1))
+    history = [
+        user("u0"), assistant("a0"),
+        user("What is the weather in Paris?"), _anthropic_call("tu1"),
+        _anthropic_result("tu1", "18C sunny"), assistant("It is 18C and sunny in Paris."),
+    ]
+    await conv.save("t", history)
+    assert await conv.load("t") == history[2:]
+
+
+@pytest.mark.parametrize(
+    "retrieval", [mnemo.Recent(k=5), mnemo.Semantic(k=5)], ids=["recent", "semantic"]
+)
+@pytest.mark.parametrize("shape", ["openai", "anthropic"])
+async def test_load_leaves_out_results_whose_call_is_compacted(
+    cmem: mnemo.Memory, retrieval: mnemo.Recent | mnemo.Semantic, shape: str
+) -> None:
+    """A tool result whose call a compaction covers (by hand here) is not loaded: chat APIs
+    refuse a result without its call. The log keeps it."""
+    conv = cmem.conversation(retrieval=retrieval)
+    if shape == "openai":
+        call, result = tool_call("c1", "lookup"), tool_result("c1", "kiwi found")
+    else:
+        call, result = _anthropic_call("c1"), _anthropic_result("c1", "kiwi found")
+    history = [user("zebra facts"), call, result, assistant("zebra done kiwi")]
+    await conv.save("t", history)
+    await conv.save_compaction("t", 0, 1, "asked for zebra facts, looked them up")
+    loaded = await conv.load("t", query="kiwi")
+    assert loaded[0]["role"] == "system"
+    assert loaded[1:] == history[3:]
+    assert len(await conv.raw("t")) == 4
+
+
 async def test_threads_are_isolated(cmem: mnemo.Memory) -> None:
     """Two threads keep their own messages and their own seqs."""
     conv = cmem.conversation()

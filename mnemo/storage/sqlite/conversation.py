@@ -187,7 +187,7 @@ class SqliteThreads:
                 if covered(message.seq, compactions):
                     continue
                 picked.append(message)
-                if message.role == "user":
+                if message.starts_turn:
                     turns += 1
                     if turns == k:
                         break

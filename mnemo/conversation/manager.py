@@ -25,7 +25,12 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.prompts import parse_summary, summary_request
 from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
-from mnemo.conversation.selection import top_k, with_tool_pairs, without_orphaned_results
+from mnemo.conversation.selection import (
+    result_ids,
+    top_k,
+    with_tool_pairs,
+    without_orphaned_results,
+)
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
@@ -271,16 +276,24 @@ class ConversationManager:
             await self._service.store.expire(thread_id, cutoff)
 
     async def _summarise(self, thread_id: str, policy: Summary) -> None:
-        """Compacts all but the last `keep` uncompacted messages when they exceed
-        `max_tokens`, rolling the previous summary in; in chunks when there is a lot. A
-        compaction inside a chunk's range (from `save_compaction`) goes into the request in
-        its place, since the new record replaces it. Called under the thread lock. Failures
-        are logged, never raised."""
+        """Compacts all but the last `keep` uncompacted messages (keeping more when the
+        first kept one is a tool result: its call stays) when they exceed `max_tokens`,
+        rolling the previous summary in; in chunks when there is a lot. A compaction inside a
+        chunk's range (from `save_compaction`) goes into the request in its place, since the
+        new record replaces it. Called under the thread lock. Failures are logged, never
+        raised."""
         service = self._service
         compactions, tail = await service.store.uncompacted(thread_id)
         if sum(m.tokens for m in tail) <= policy.max_tokens or len(tail) <= policy.keep:
             return
-        pending = tail[: len(tail) - policy.keep]
+        split = len(tail) - policy.keep
+        # The kept tail never starts with a tool result (eviction's rule): one whose call is
+        # compacted is refused by chat APIs, so the call stays too, with more than `keep`.
+        while 0 < split < len(tail) and (tail[split].is_tool_result or result_ids(tail[split])):
+            split -= 1
+        if split == 0:
+            return
+        pending = tail[:split]
         max_words = max(48, policy.max_tokens * 3 // 16)
         chunk_tokens = max(SUMMARY_CHUNK_TOKENS, 4 * policy.max_tokens)
         while pending:

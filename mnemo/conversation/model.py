@@ -64,7 +64,9 @@ class Semantic:
 class Summary:
     """Compression: when the uncompacted messages exceed `max_tokens`, all but the last `keep`
     of them are summarised by the LLM (task "summary") into one compaction record that also
-    absorbs the previous automatic summary, so a thread carries one rolling summary.
+    absorbs the previous automatic summary, so a thread carries one rolling summary. When
+    the kept messages would start with a tool result, they start at its call instead: a
+    result never loses its call to a summary.
 
     A failed summary (the LLM raised, timed out or kept answering garbage) is logged and leaves
     the messages uncompacted; `save` never raises because of it.

@@ -261,6 +261,24 @@ async def test_summary_rolls_the_previous_one_in(cmem: mnemo.Memory) -> None:
     assert [(c.start_seq, c.end_seq) for c in records] == [(0, len(history) - 3)]
 
 
+async def test_summary_keeps_tool_results_with_their_call(cmem: mnemo.Memory) -> None:
+    """The kept tail never starts with a tool result: when the last `keep` messages would,
+    the call stays uncompacted with its results (eviction's rule)."""
+    conv = cmem.conversation(compression=mnemo.Summary(max_tokens=100, keep=2))
+    pad = " pad" * 200
+    history = [
+        user("list files" + pad),
+        {**tool_call("c1", "ls"), "content": "running" + pad},
+        tool_result("c1", "a.txt b.txt" + pad),
+        assistant("There are two files."),
+    ]
+    await conv.save("t", history)
+    assert [(c.start_seq, c.end_seq) for c in await conv.compactions("t")] == [(0, 0)]
+    loaded = await conv.load("t")
+    assert loaded[0]["role"] == "system"
+    assert loaded[1:] == history[1:]
+
+
 async def test_summary_under_budget_saves_nothing(cmem: mnemo.Memory, offline: OfflineFake) -> None:
     """Under max_tokens no summary is asked for and no record saved."""
     conv = cmem.conversation(compression=mnemo.Summary(max_tokens=4000, keep=2))

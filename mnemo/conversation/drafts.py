@@ -1,8 +1,9 @@
 """Incoming chat messages, checked and turned into what the log stores.
 
 A message is a mapping with a non-blank string `role` and a `content` that is a string, None
-or a list of parts (strings or dicts, as OpenAI and Anthropic send them), plus optional
-`name` (str), `tool_call_id` (str), `tool_calls` (list of dicts) and any other JSON keys.
+or a list of parts (strings or dicts, as OpenAI and Anthropic send them) or is left out, plus
+optional `name` (str), `tool_call_id` (str), `tool_calls` (list of dicts) and any other JSON
+keys.
 Everything must be JSON-serialisable: the log stores the message so that `load` gives back
 exactly what was saved.
 """
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mnemo.conversation.model import NO_CONTENT
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_id, check_json, check_text
@@ -95,7 +97,9 @@ def draft(
             f"{type(raw_content).__name__}"
         )
     data = {k: v for k, v in message.items() if k not in {"role", "content"}}
-    if not isinstance(raw_content, str):
+    if "content" not in message:
+        data["content"] = NO_CONTENT
+    elif not isinstance(raw_content, str):
         # Kept verbatim so that load gives back the None or the parts, not their text.
         data["content"] = raw_content
     try:

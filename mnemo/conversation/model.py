@@ -104,6 +104,11 @@ Compression = Summary | ToolOutputPruner
 
 # ---- stored values ------------------------------------------------------------------------
 
+# `data["content"]` of a message saved without a content key. No content is a JSON object, so
+# the marker cannot be mistaken for one; a message stored before it has None there instead
+# and loads with `"content": None`, which chat APIs take as no content.
+NO_CONTENT: dict[str, Any] = {"mnemo": "no content key"}
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -111,8 +116,9 @@ class Message:
 
     `seq` is 0-based per thread and never reused. `content` is the message's text (for a
     message whose content was a list of parts or None, their text; the original is then in
-    `data["content"]`); `data` holds every other key of the message dict as saved (`name`,
-    `tool_calls`, `tool_call_id`, ...). `tokens` is what the message costs in a context window.
+    `data["content"]`, and `NO_CONTENT` there when the message had no content key); `data`
+    holds every other key of the message dict as saved (`name`, `tool_calls`,
+    `tool_call_id`, ...). `tokens` is what the message costs in a context window.
     """
 
     id: str
@@ -125,8 +131,12 @@ class Message:
     tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """The message as it was saved: `role`, `content` and the other keys."""
-        return {"role": self.role, "content": self.content, **self.data}
+        """The message as it was saved: `role`, `content` (unless it had none) and the other
+        keys."""
+        out = {"role": self.role, "content": self.content, **self.data}
+        if out["content"] == NO_CONTENT:
+            del out["content"]
+        return out
 
     @property
     def is_tool_result(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mnemo
+from mnemo.conversation.model import Message
 from tests.conversation._support import (
     ManualClock,
     OfflineFake,
@@ -22,6 +24,8 @@ from tests.conversation._support import (
 )
 from tests.fakes import FakeEmbedder
 from tests.strategies import json_values, texts
+
+EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 async def test_empty_load(cmem: mnemo.Memory) -> None:
@@ -153,20 +157,32 @@ async def test_concurrent_saves_of_two_managers(cmem: mnemo.Memory) -> None:
 
 
 async def test_message_shapes_round_trip(cmem: mnemo.Memory) -> None:
-    """None content, tool calls, names and content parts come back exactly as saved."""
+    """None or no content, tool calls, names and content parts come back exactly as saved."""
     conv = cmem.conversation(retrieval=mnemo.Recent(k=10))
+    no_content = {key: value for key, value in tool_call("c2", "cat").items() if key != "content"}
     history = [
         {"role": "user", "content": [{"type": "text", "text": "look at this"}], "name": "bob"},
         tool_call("c1", "grep", '{"pattern": "nginx"}'),
         tool_result("c1", "nginx.conf:1: server {"),
+        no_content,
+        tool_result("c2", "server { listen 80; }"),
         {"role": "assistant", "content": "found it", "meta": {"n": 1}},
     ]
     await conv.save("t", history)
     assert await conv.load("t") == history
     raw = await conv.raw("t")
+    assert [m.to_dict() for m in raw] == history
     assert raw[0].content == "look at this"
     assert raw[1].content == ""
     assert raw[1].data["tool_calls"][0]["function"]["name"] == "grep"
+
+
+def test_message_stored_before_the_no_content_marker() -> None:
+    """A message saved without content before the marker existed holds None in
+    `data["content"]`: it still loads, as content None."""
+    calls = tool_call("c1")["tool_calls"]
+    old = Message("m0", "t", 0, "assistant", "", {"content": None, "tool_calls": calls}, EPOCH)
+    assert old.to_dict() == {"role": "assistant", "content": None, "tool_calls": calls}
 
 
 @pytest.mark.parametrize(
@@ -461,16 +477,18 @@ async def test_clear_keeps_seq_going(cmem: mnemo.Memory) -> None:
 
 
 message_dicts = st.fixed_dictionaries(
-    {
-        "role": st.sampled_from(["user", "assistant", "tool", "system"]),
+    {"role": st.sampled_from(["user", "assistant", "tool", "system"])},
+    optional={
+        # Absent too: an assistant message of only tool calls may leave content out.
         "content": st.one_of(
             st.none(),
             texts(max_size=40),
             st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts(max_size=20)}),
                      max_size=2),
         ),
+        "name": texts(min_size=1, max_size=8),
+        "extra": json_values,
     },
-    optional={"name": texts(min_size=1, max_size=8), "extra": json_values},
 )
 
 

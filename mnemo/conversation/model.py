@@ -86,7 +86,8 @@ class Summary:
 @dataclass(frozen=True, slots=True)
 class ToolOutputPruner:
     """Compression: tool outputs longer than `max_chars` are cut (with a note saying how much
-    was cut) in what `load` returns. The stored log keeps them whole.
+    was cut) in what `load` returns; an output that is a list of parts is cut in its text
+    parts, which share the `max_chars`. The stored log keeps them whole.
 
     Raises:
         InvalidInputError: `max_chars` is not an integer >= 1.

@@ -10,7 +10,6 @@ end the block early.
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -191,8 +190,8 @@ def prune_tool_outputs(messages: Iterable[dict[str, Any]], max_chars: int) -> li
     for message in messages:
         role = message.get("role")
         content = message.get("content")
-        if role in {"tool", "function"} and isinstance(content, str) and len(content) > max_chars:
-            message = {**message, "content": _cut(content, max_chars)}
+        if role in {"tool", "function"} and isinstance(content, str | list):
+            message = {**message, "content": _cut_output(content, max_chars)}
         elif isinstance(content, list) and any(
             isinstance(p, dict) and p.get("type") == "tool_result" for p in content
         ):
@@ -207,18 +206,31 @@ def _cut(text: str, max_chars: int) -> str:
     return f"{text[:max_chars]}\n... [{len(text) - max_chars} characters cut]"
 
 
+def _cut_output(output: str | list[Any], max_chars: int) -> str | list[Any]:
+    """A tool output cut: a string, or a list whose text parts (and strings) share the
+    `max_chars`, in order; its other parts (images, ...) stay."""
+    if isinstance(output, str):
+        return _cut(output, max_chars)
+    left = max_chars
+    cut: list[Any] = []
+    for part in output:
+        if isinstance(part, str):
+            cut.append(_cut(part, left))
+            left = max(0, left - len(part))
+        elif isinstance(part, dict) and isinstance(part.get("text"), str):
+            cut.append({**part, "text": _cut(part["text"], left)})
+            left = max(0, left - len(part["text"]))
+        else:
+            cut.append(part)
+    return cut
+
+
 def _cut_part(part: Any, max_chars: int) -> Any:
     if not (isinstance(part, dict) and part.get("type") == "tool_result"):
         return part
     inner = part.get("content")
-    if isinstance(inner, str):
-        return {**part, "content": _cut(inner, max_chars)}
-    if isinstance(inner, list):
-        cut = copy.deepcopy(inner)
-        for item in cut:
-            if isinstance(item, dict) and isinstance(item.get("text"), str):
-                item["text"] = _cut(item["text"], max_chars)
-        return {**part, "content": cut}
+    if isinstance(inner, str | list):
+        return {**part, "content": _cut_output(inner, max_chars)}
     return part
 
 

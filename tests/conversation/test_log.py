@@ -373,6 +373,31 @@ async def test_tool_output_pruner(cmem: mnemo.Memory) -> None:
     assert (await conv.raw("t"))[2].content == "x" * 50
 
 
+async def test_tool_output_pruner_cuts_text_parts(cmem: mnemo.Memory) -> None:
+    """A tool output given as a list of text parts (role "tool", or inside an Anthropic
+    tool_result) is cut like a string: its text parts share the `max_chars`; other parts
+    stay. The log keeps it whole."""
+    conv = cmem.conversation(compression=mnemo.ToolOutputPruner(max_chars=10))
+    image = {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}}
+    parts = [{"type": "text", "text": "abcdefgh"}, image, {"type": "text", "text": "ijklmnop"}]
+    long = {**tool_result("c1", ""), "content": [{"type": "text", "text": "Z" * 50}]}
+    history = [
+        user("run it"), tool_call("c1"), long,
+        tool_call("c2"), {**tool_result("c2", ""), "content": parts},
+        _anthropic_call("c3"),
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c3",
+                                      "content": parts}]},
+    ]
+    await conv.save("t", history)
+    loaded = await conv.load("t")
+    cut_long = {"type": "text", "text": "Z" * 10 + "\n... [40 characters cut]"}
+    assert loaded[2]["content"] == [cut_long]
+    cut = [parts[0], image, {"type": "text", "text": "ij\n... [6 characters cut]"}]
+    assert loaded[4]["content"] == cut
+    assert loaded[6]["content"][0]["content"] == cut
+    assert [m.to_dict() for m in await conv.raw("t")] == history
+
+
 # ---- semantic -----------------------------------------------------------------------------
 
 

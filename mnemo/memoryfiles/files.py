@@ -22,16 +22,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 import anyio.to_thread
 
 from mnemo import disk
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.errors import InvalidInputError, LLMError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
 from mnemo.memoryfiles import _format, _select
+from mnemo.memoryfiles._asking import Metered, ask
 from mnemo.memoryfiles._lock import DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
@@ -43,28 +43,11 @@ from mnemo.memoryfiles.prompts import (
     parse_persist,
     parse_update,
 )
-from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, ask
+from mnemo.ports import LLM
 
 log = logging.getLogger("mnemo")
 
-T = TypeVar("T")
-
-LLM_TIMEOUT_S = 120.0
 MIN_MAX_CHARS = 20
-
-
-class _Metered:
-    """An LLM wrapper that sums the usage of every reply, retries included."""
-
-    def __init__(self, llm: LLM) -> None:
-        self._llm = llm
-        self.usage: Usage | None = None
-
-    async def generate(self, request: LLMRequest) -> LLMResponse:
-        response = await self._llm.generate(request)
-        if response.usage is not None:
-            self.usage = response.usage if self.usage is None else self.usage + response.usage
-        return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +189,7 @@ class MemoryFiles:
         Never raises (cancellation aside): a failure is logged and returned in `error`, along
         with the topics written before it and the usage of every LLM call made.
         """
-        metered: _Metered | None = None
+        metered: Metered | None = None
         written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []
         try:
@@ -217,7 +200,7 @@ class MemoryFiles:
             conversation = _select.conversation(history, self.max_text_chars)
             if not conversation:
                 return MemoryUpdate()
-            metered = _Metered(llm if llm is not None else OfflineLLM())
+            metered = Metered(llm if llm is not None else OfflineLLM())
             stored = await anyio.to_thread.run_sync(self._scan)
             shown = _select.shown(stored, conversation)
             files: builtins.list[dict[str, str]] = []
@@ -231,7 +214,7 @@ class MemoryFiles:
             request = memory_update_request(
                 conversation=conversation, files=files, max_chars=self.max_chars
             )
-            changes = await _ask(metered, request, parse_update)
+            changes = await ask(metered, request, parse_update)
             planned = [
                 _Planned(c, base.get(_format.topic_key(c.topic)), "correction" in c.signals)
                 for c in _select.combine(changes)
@@ -258,7 +241,7 @@ class MemoryFiles:
             InvalidInputError: `what` is not a string, has no words (blank, or only
                 punctuation), or is longer than `max_text_chars`.
             LLMError: the LLM failed or kept answering something unusable.
-            LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` seconds.
+            LLMTimeout: the LLM did not answer within `_asking.LLM_TIMEOUT_S` (120) seconds.
             OSError: the file could not be written (the old file is left intact), or
                 (`TimeoutError`) another writer held the directory's lock for 60 s.
         """
@@ -275,7 +258,7 @@ class MemoryFiles:
             files=[{"topic": s.topic, "description": s.description} for s in stored],
         )
         model = llm if llm is not None else OfflineLLM()
-        filed = await _ask(model, request, parse_persist)
+        filed = await ask(model, request, parse_persist)
         change = TopicChange(
             topic=filed.topic,
             description=filed.description,
@@ -316,7 +299,7 @@ class MemoryFiles:
             max_chars=self.max_chars,
         )
         try:
-            condensed = await _ask(
+            condensed = await ask(
                 llm, request, functools.partial(parse_condense, max_chars=self.max_chars)
             )
         except LLMError as exc:
@@ -486,13 +469,3 @@ def _utc_now() -> datetime:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-async def _ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) -> T:
-    try:
-        with anyio.fail_after(LLM_TIMEOUT_S):
-            return await ask(llm, request, parse)
-    except TimeoutError as exc:
-        raise LLMTimeout(
-            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
-        ) from exc

@@ -1,0 +1,46 @@
+"""How the memory-file tasks ask the model: each ask within `LLM_TIMEOUT_S`, usage summed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import anyio
+
+from mnemo import ports
+from mnemo.errors import LLMTimeout
+from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
+
+T = TypeVar("T")
+
+LLM_TIMEOUT_S = 120.0
+
+
+class Metered:
+    """An LLM wrapper that sums the usage of every reply, retries included."""
+
+    def __init__(self, llm: LLM) -> None:
+        self._llm = llm
+        self.usage: Usage | None = None
+
+    async def generate(self, request: LLMRequest) -> LLMResponse:
+        response = await self._llm.generate(request)
+        if response.usage is not None:
+            self.usage = response.usage if self.usage is None else self.usage + response.usage
+        return response
+
+
+async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) -> T:
+    """`ports.ask` within `LLM_TIMEOUT_S`.
+
+    Raises:
+        LLMError: as `ports.ask`.
+        LLMTimeout: no usable answer within `LLM_TIMEOUT_S` seconds.
+    """
+    try:
+        with anyio.fail_after(LLM_TIMEOUT_S):
+            return await ports.ask(llm, request, parse)
+    except TimeoutError as exc:
+        raise LLMTimeout(
+            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
+        ) from exc

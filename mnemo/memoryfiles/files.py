@@ -1,12 +1,13 @@
 """`MemoryFiles`: a directory of topic files that an agent reads at the start of work.
 
-Every write follows one protocol: the directory's write lock is held while topics are resolved
-to files, new file names are chosen and each file is read, merged and written, so two writers
-never create two files for one topic nor write over each other's entries; `recall` takes it to
-record a use. Every `MemoryFiles` object and every process on the directory honours it
-(`_lock.DirectoryLock`: an OS file lock, waited for in a worker thread). The LLM is asked outside
-every lock: what it wrote is merged against what it was shown (`_format.merge`), so a slow model
-never blocks other writers and a concurrent update loses no entry.
+Writes are serialised: each holds the directory's writer lock from its scan of the topics,
+through its model calls (the topic pick, any condensing), to its last file written, so it picks
+its topics from the directory as it is when it writes, and concurrent writes give what some
+serial order of them gives. Every `MemoryFiles` object and every process on the directory
+honours it (`_lock.DirectoryLock`: an OS file lock, waited for in a worker thread). Asking
+outside the lock and merging split one topic across files: 20 related statements persisted at
+once made 20 files, not 1 (review p5b). Files are read, merged and written under the shorter
+file lock too, which `recall` takes alone to record a use, so a reader never waits for a model.
 
 A write is atomic: the new text goes to a temporary file in the same directory, is fsynced,
 then `os.replace`s the old one, so a reader sees the old file or the new one, never half.
@@ -31,8 +32,8 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
 from mnemo.memoryfiles import _format, _select
-from mnemo.memoryfiles._asking import Metered, ask
-from mnemo.memoryfiles._lock import DirectoryLock
+from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask
+from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
     TopicChange,
@@ -47,6 +48,9 @@ from mnemo.ports import LLM
 
 log = logging.getLogger("mnemo")
 
+# A writer waits for the writers before it, each holding the writer lock through a few model
+# calls of at most `LLM_TIMEOUT_S`: a wait this long means a queue of stuck or slow writers.
+WRITER_WAIT_S = 5 * LLM_TIMEOUT_S
 MIN_MAX_CHARS = 20
 
 
@@ -119,6 +123,7 @@ class MemoryFiles:
         self.enabled = bool(enabled)
         self._clock = clock or _utc_now
         self._lock = DirectoryLock(self.directory)
+        self._writer = DirectoryLock(self.directory, WRITER_LOCK_FILE, wait_s=WRITER_WAIT_S)
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -201,25 +206,26 @@ class MemoryFiles:
             if not conversation:
                 return MemoryUpdate()
             metered = Metered(llm if llm is not None else OfflineLLM())
-            stored = await anyio.to_thread.run_sync(self._scan)
-            shown = _select.shown(stored, conversation)
-            files: builtins.list[dict[str, str]] = []
-            base: dict[str, builtins.list[str]] = {}
-            for s in stored:
-                item = {"topic": s.topic, "description": s.description}
-                if s.path in shown:
-                    item["content"] = s.body
-                    base.setdefault(_format.topic_key(s.topic), _format.entries(s.body))
-                files.append(item)
-            request = memory_update_request(
-                conversation=conversation, files=files, max_chars=self.max_chars
-            )
-            changes = await ask(metered, request, parse_update)
-            planned = [
-                _Planned(c, base.get(_format.topic_key(c.topic)), "correction" in c.signals)
-                for c in _select.combine(changes)
-            ]
-            await self._commit(planned, metered, written, results)
+            async with self._writer.held():
+                stored = await anyio.to_thread.run_sync(self._scan)
+                shown = _select.shown(stored, conversation)
+                files: builtins.list[dict[str, str]] = []
+                base: dict[str, builtins.list[str]] = {}
+                for s in stored:
+                    item = {"topic": s.topic, "description": s.description}
+                    if s.path in shown:
+                        item["content"] = s.body
+                        base.setdefault(_format.topic_key(s.topic), _format.entries(s.body))
+                    files.append(item)
+                request = memory_update_request(
+                    conversation=conversation, files=files, max_chars=self.max_chars
+                )
+                changes = await ask(metered, request, parse_update)
+                planned = [
+                    _Planned(c, base.get(_format.topic_key(c.topic)), "correction" in c.signals)
+                    for c in _select.combine(changes)
+                ]
+                await self._commit(planned, metered, written, results)
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
             usage = metered.usage if metered is not None else None
@@ -241,9 +247,10 @@ class MemoryFiles:
             InvalidInputError: `what` is not a string, has no words (blank, or only
                 punctuation), or is longer than `max_text_chars`.
             LLMError: the LLM failed or kept answering something unusable.
-            LLMTimeout: the LLM did not answer within `_asking.LLM_TIMEOUT_S` (120) seconds.
+            LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` (120) seconds.
             OSError: the file could not be written (the old file is left intact), or
-                (`TimeoutError`) another writer held the directory's lock for 60 s.
+                (`TimeoutError`) the writes before it held the directory's writer lock for
+                `WRITER_WAIT_S` seconds, or one held its file lock for 60 s.
         """
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.
@@ -252,21 +259,22 @@ class MemoryFiles:
         if not self.enabled:
             return MemoryFile("", "", self.directory, self._now(), "", skipped="disabled")
         statement = " ".join(what.split())
-        stored = await anyio.to_thread.run_sync(self._scan)
-        request = memory_persist_request(
-            statement=statement,
-            files=[{"topic": s.topic, "description": s.description} for s in stored],
-        )
         model = llm if llm is not None else OfflineLLM()
-        filed = await ask(model, request, parse_persist)
-        change = TopicChange(
-            topic=filed.topic,
-            description=filed.description,
-            signals=("context",),
-            content=f"- {filed.entry}",
-        )
         results: builtins.list[tuple[bool, MemoryFile]] = []
-        await self._commit([_Planned(change, None, False)], model, [], results)
+        async with self._writer.held():
+            stored = await anyio.to_thread.run_sync(self._scan)
+            request = memory_persist_request(
+                statement=statement,
+                files=[{"topic": s.topic, "description": s.description} for s in stored],
+            )
+            filed = await ask(model, request, parse_persist)
+            change = TopicChange(
+                topic=filed.topic,
+                description=filed.description,
+                signals=("context",),
+                content=f"- {filed.entry}",
+            )
+            await self._commit([_Planned(change, None, False)], model, [], results)
         return results[0][1]
 
     async def _condense(self, llm: LLM, planned: _Planned) -> _Planned:
@@ -274,8 +282,9 @@ class MemoryFiles:
         `max_chars`; as it is when it fits, or when the task fails (the write then drops the
         oldest entries, and says so).
 
-        Runs outside every lock: what the LLM returns is merged three ways against the file
-        as it read it, like any change.
+        The caller holds the writer lock, so no other write changes the file meanwhile; what
+        the LLM returns is still merged three ways against the file as it read it, like any
+        change (a person may edit a file by hand).
         """
         stored = await anyio.to_thread.run_sync(self._scan)
         key = _format.topic_key(planned.change.topic)
@@ -326,13 +335,13 @@ class MemoryFiles:
 
         `written` collects the topics of the files that changed and `results` each file as
         written (or as it is, when unchanged) with whether it changed, as they change: a
-        failure part-way still reports them.
+        failure part-way still reports them. The caller holds the writer lock.
         """
         if not planned:
-            return  # nothing to write: no lock, so no directory created
+            return
         planned = [await self._condense(llm, p) for p in planned]
         async with self._lock.held():
-            # Read under the lock: a file another writer changed since is merged as it is now.
+            # Read under the lock: a use `recall` stamped since is kept.
             stored = await anyio.to_thread.run_sync(self._scan)
             by_key: dict[str, _select.Stored] = {}
             for s in stored:

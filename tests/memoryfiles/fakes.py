@@ -1,4 +1,4 @@
-"""Fakes and helpers for the memory-file tests: a ticking clock, recording and barrier LLMs."""
+"""Fakes and helpers for the memory-file tests: a ticking clock, recording and slow LLMs."""
 
 from __future__ import annotations
 
@@ -49,21 +49,16 @@ class RecordingLLM:
         return mnemo.LLMResponse(data=answer.data, usage=USAGE)
 
 
-class BarrierLLM:
-    """Holds every call until `n` calls have arrived, then answers them all offline: every
-    caller has read the files before any of them writes."""
+class SlowOffline:
+    """The offline LLM, answering after `delay` seconds, so concurrent writers would overlap
+    if they did not take turns."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.arrived = 0
-        self.all_in = anyio.Event()
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
         self._offline = OfflineLLM()
 
     async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
-        self.arrived += 1
-        if self.arrived >= self.n:
-            self.all_in.set()
-        await self.all_in.wait()
+        await anyio.sleep(self.delay)
         return await self._offline.generate(request)
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 import mnemo
 from mnemo.memoryfiles import _format
 from mnemo.ports import task_inputs
@@ -88,17 +91,22 @@ async def test_condense_reply_past_the_limit_is_asked_again(directory: Path, clo
     assert stored.truncated
 
 
-async def test_condense_keeps_a_concurrent_writers_entry(directory: Path, clock: Clock) -> None:
-    """The condense call runs outside every lock: a statement persisted while it runs lands in
-    the file, next to the condensed entries."""
+async def test_condense_keeps_an_entry_written_meanwhile(directory: Path, clock: Clock) -> None:
+    """The condensed reply is merged against the file as the write read it: an entry added
+    by hand while the model condenses lands in the file, next to the condensed entries."""
     files = mnemo.MemoryFiles(directory, max_chars=200, clock=clock)
     condensed = {"description": "Deploys", "content": "- Deploys check 12 canary metrics."}
     other = "Deploy windows are Tuesdays from 10:00 to 12:00 UTC."
 
+    def add_by_hand() -> None:
+        (path,) = directory.glob("*.md")
+        text = path.read_text(encoding="utf-8")
+        path.write_text(f"{text.rstrip()}\n- {other}\n", encoding="utf-8")
+
     class Racing(RecordingLLM):
         async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
             if request.task == "memory_condense":
-                await files.persist(other, llm=scripted(None))
+                await anyio.to_thread.run_sync(add_by_hand)
             return await super().generate(request)
 
     llm = Racing()

@@ -1,7 +1,8 @@
 """Writers of one memory-files directory take turns: `MemoryFiles` objects and processes.
 
 API.md: "Concurrent writes are serialised; writes are atomic." Two objects on one directory,
-or two processes, honour one lock file; the read of a read-merge-write happens under it.
+or two processes, honour its lock files: the writer lock from a write's scan through its model
+calls to its last file written, the file lock across each read-merge-write and use stamp.
 """
 
 from __future__ import annotations
@@ -13,29 +14,21 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import filelock
 import pytest
 
 import mnemo
 from mnemo import disk
-from mnemo.memoryfiles._lock import LOCK_FILE, DirectoryLock
-from tests.memoryfiles.fakes import user
+from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE, DirectoryLock
+from tests.memoryfiles.fakes import SlowOffline, user
 
 
-class GateLLM:
-    """Files every statement under one topic, answering only once `n` calls have arrived: every
-    writer has read the directory and asked before any of them writes."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.arrived = 0
-        self.all_in = anyio.Event()
+class OneTopic:
+    """Files every statement under one topic, after a checkpoint (so writers interleave)."""
 
     async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
-        self.arrived += 1
-        if self.arrived >= self.n:
-            self.all_in.set()
-        await self.all_in.wait()
+        await anyio.lowlevel.checkpoint()
         statement = mnemo.ports.task_inputs(request)["statement"]
         return mnemo.LLMResponse(
             data={"topic": "ops", "description": "ops facts", "entry": statement}
@@ -53,7 +46,7 @@ async def test_two_objects_on_one_directory_lose_nothing(tmp_path: Path) -> None
     b = mnemo.MemoryFiles(tmp_path, max_chars=100_000)
     statements = {a: [f"Fact A{n} holds." for n in range(40)],
                   b: [f"Fact B{n} holds." for n in range(40)]}
-    llm = GateLLM(80)
+    llm = OneTopic()
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
             for files, said in statements.items():
@@ -95,6 +88,71 @@ async def test_the_lock_file_is_held_from_read_to_write(
         assert await files.recall("wiki")
     assert others_could_lock
     assert not any(others_could_lock)
+
+
+def could_lock(path: Path) -> bool:
+    """Whether another process (its own descriptor of `path`) could take the lock now."""
+    probe = filelock.FileLock(str(path))
+    try:
+        probe.acquire(blocking=False)
+    except filelock.Timeout:
+        return False
+    probe.release()
+    return True
+
+
+class Probing(SlowOffline):
+    """The offline LLM, recording whether another process could take the writer lock while
+    it is asked."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.writer_lock = directory / WRITER_LOCK_FILE
+        self.others_could_lock: list[bool] = []
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        self.others_could_lock.append(could_lock(self.writer_lock))
+        return await super().generate(request)
+
+
+@pytest.mark.parametrize("write", ["persist", "update"])
+async def test_the_writer_lock_is_held_while_the_model_is_asked(tmp_path: Path, write: str) -> None:
+    """While a write asks the model (which picks its topics from the directory as it scanned
+    it), another process cannot take the directory's writer lock."""
+    files = mnemo.MemoryFiles(tmp_path)
+    llm = Probing(tmp_path)
+    if write == "persist":
+        await files.persist("Our wiki lives at wiki.acme.io.", llm=llm)
+    else:
+        statement = "We decided the wiki keeps 3 replicas."
+        assert (await files.update(user(statement), llm=llm, iterations=10)).error is None
+    assert llm.others_could_lock
+    assert not any(llm.others_could_lock)
+    assert could_lock(tmp_path / WRITER_LOCK_FILE)
+
+
+async def test_recall_does_not_wait_for_a_writers_model(tmp_path: Path) -> None:
+    """A recall (which stamps a use) ends while another object's write waits for its model."""
+    reader = mnemo.MemoryFiles(tmp_path)
+    await reader.persist("Our wiki lives at wiki.acme.io.", llm=None)
+    writer = mnemo.MemoryFiles(tmp_path)
+    asked = anyio.Event()
+    answer = anyio.Event()
+
+    class Held:
+        async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+            asked.set()
+            await answer.wait()
+            return await OneTopic().generate(request)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(writer.persist, "The wiki is backed up nightly.", llm=Held()))
+            await asked.wait()
+            (found,) = await reader.recall("wiki")
+            assert "wiki.acme.io" in found.content
+            answer.set()
+    assert len(reader.list()) == 2
 
 
 async def test_a_cancelled_wait_for_the_lock_holds_nothing(tmp_path: Path) -> None:
@@ -154,7 +212,7 @@ async def test_two_processes_on_one_directory_lose_nothing(tmp_path: Path) -> No
     source.write_text(CHILD, encoding="utf-8")
     directory = tmp_path / "memory"
     files = mnemo.MemoryFiles(directory, max_chars=100_000)
-    llm = GateLLM(1)  # one call is all: answers at once
+    llm = OneTopic()
     with anyio.fail_after(60):
         async with await anyio.open_process(
             [sys.executable, str(source), str(directory), str(count)],

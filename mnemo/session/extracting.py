@@ -67,6 +67,8 @@ async def start(
             if claimed is None:
                 raise StaleSession(session.id)
             version = claimed
+            # Held here now: so are its timers once it is idle again (an expiry's end).
+            live.drive(session)
         session.extraction_model = model
         return version
 

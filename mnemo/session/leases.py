@@ -86,15 +86,7 @@ class Holding:
 
     async def claim(self, session: SessionRecord) -> bool:
         """Holds the session's work (compare-and-set on the version the record holds)."""
-        await self.register()
-        version = await self._live.coordination.claim(
-            session.id, version=session.version, holder_id=self.id,
-            lease_until=self.lease_until(),
-        )
-        if version is None:
-            return False
-        session.version = version
-        return True
+        return await self._live.claim(session)
 
     async def _beat(self) -> None:
         period = self._lease.total_seconds() / 3
@@ -131,6 +123,11 @@ class Holding:
                 session = await live.fetch(lease.id, fresh=True)
             except (NotFoundError, MnemoError):
                 continue
+            if session.state in (State.COLLECTING, State.IDLE) and lease.state is not (
+                State.EXTRACTING
+            ):
+                await self._take_timers(session)
+                continue
             if session.state is not State.EXTRACTING or session.scopes:
                 continue  # moved on, or its work already runs here
             try:
@@ -144,6 +141,21 @@ class Holding:
             if await self.claim(session):
                 log.info("%s: taking over its extraction", session.id)
                 live.spawn(session, extracting.extract_episode, live, session)
+
+
+    async def _take_timers(self, session: SessionRecord) -> None:
+        """Drives the auto-commit timers of a session whose holder went away, if this
+        Memory's model for its repo may do its work."""
+        if session.driven or not session.config.auto_commit:
+            return
+        try:
+            here = model_name(session.repo_runtime.llm)
+        except NotFoundError:
+            return  # a repo this Memory has not opened
+        if session.extraction_model is not None and session.extraction_model != here:
+            return
+        if await self.claim(session):
+            log.info("%s: taking over its auto-commit timers", session.id)
 
 
 def _alive(pid: int) -> bool:

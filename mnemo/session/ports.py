@@ -49,6 +49,8 @@ class LiveSession:
     version: int = 0
     holder: str | None = None
     lease_until: datetime | None = None
+    # When the session was last used (an append, an episode started) through any Memory.
+    active_at: datetime | None = None
 
 
 class SessionStore(Protocol):
@@ -59,8 +61,12 @@ class SessionStore(Protocol):
     async def load_repos(self) -> list[RepoRow]: ...
     async def save_repo(self, row: RepoRow) -> None: ...
     async def create_session(
-        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
-    ) -> None: ...
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
+        holder: str | None = None, lease_until: datetime | None = None,
+    ) -> None:
+        """Stores a new session, collecting `episode`, used now, and held by `holder` (its
+        auto-commit timers) until `lease_until`."""
+        ...
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
     ) -> int: ...
@@ -95,7 +101,10 @@ class SessionStore(Protocol):
     async def discard(
         self, session_id: str, episode_id: str | None, *, version: int | None = None
     ) -> int: ...
-    async def end(self, session_id: str) -> None: ...
+    async def end(self, session_id: str, *, version: int | None = None) -> None:
+        """Ends the session (given `version`: only while it is still at it, else
+        `StaleSession`)."""
+        ...
     async def load_live(self) -> list[LiveSession]: ...
     async def load_one(self, session_id: str) -> LiveSession | None:
         """One live session as `load_live` brings it back (None: unknown or ended)."""
@@ -196,8 +205,9 @@ class Coordination(Protocol):
     async def takeable(
         self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[SessionLease]:
-        """The live sessions whose background work nobody holds any more: extracting, with
-        a lease that ended before `now`, or a holder that is gone, in `gone`, or was last seen
+        """The live sessions whose background work nobody holds any more: extracting (or
+        collecting or idle in auto-commit: their timers), with a lease that ended before
+        `now`, or a holder that is gone, in `gone`, or was last seen
         before `unseen_since`. Oldest first. Reads only."""
         ...
 

@@ -103,8 +103,17 @@ class SessionRecord:
     waits: set[anyio.CancelScope] = field(default_factory=set)
     # The model the session's extraction started with (`ports.model_name`); None: unknown.
     extraction_model: str | None = None
+    # When it was last used, on the event loop's clock: through this Memory, or, as read from
+    # the store (`active_at`, the store's time of the last use through any Memory).
     last_activity: float = 0.0
+    active_at: datetime | None = None
     flush_after: float = 0.0
+    # This Memory drives the session's auto-commit timers: the store names it the session's
+    # holder (it started the session, claimed its work, or took it over). A Memory that only
+    # read the session never flushes or expires it.
+    driven: bool = False
+    # A due deadline is being checked against the store (`timers._due`).
+    checking: bool = False
     ended: bool = False
     # The session row's version this record reflects: every write carries it, and one that
     # finds another (a Memory elsewhere moved the session) writes nothing (issue 11).

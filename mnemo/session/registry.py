@@ -8,8 +8,9 @@ they work through, and the task group their background work runs in.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -119,8 +120,30 @@ class Sessions:
         session.changeset = row.changeset
         session.extraction_model = row.model
         session.version = row.version
-        self.touch(session)
+        # Restored or read, it is not this Memory's to drive: its holder drives its timers
+        # (a holder that vanished leaves them to the janitor, `leases.Holding`).
+        session.driven = row.holder is not None and row.holder == self.holder_id
+        self._activity(session, row)
         return session
+
+    def _activity(self, session: SessionRecord, row: LiveSession) -> None:
+        """Takes the store's time of the session's last use, when it moved (an append through
+        another Memory), as the start of its idle time; an expiry under way keeps its
+        `math.inf` mark, and sees the move through `active_at`."""
+        if row.active_at is None or row.active_at == session.active_at:
+            return
+        session.active_at = row.active_at
+        if session.last_activity == math.inf:
+            return
+        session.last_activity = max(session.last_activity, self.clock_of(row.active_at))
+
+    @staticmethod
+    def clock_of(moment: datetime | None) -> float:
+        """A time from the store (UTC) on the event loop's clock; None: now."""
+        now = anyio.current_time()
+        if moment is None:
+            return now
+        return now - max((datetime.now(UTC) - moment).total_seconds(), 0.0)
 
     async def reload(self, session: SessionRecord) -> None:
         """Reads the session again from the store, which another Memory changed.
@@ -141,6 +164,8 @@ class Sessions:
         session.changeset = row.changeset
         session.extraction_model = row.model
         session.version = row.version
+        session.driven = row.holder is not None and row.holder == self.holder_id
+        self._activity(session, row)
         if row.state is not before:
             session.notify()
 
@@ -182,13 +207,38 @@ class Sessions:
         session.notify()
 
     def touch(self, session: SessionRecord) -> None:
-        """Records activity; an auto-commit session may now have an earlier deadline (a first
-        uncommitted step starts its flush clock), so the timers look again. Other sessions have
-        no timers: waking for them cost every append a scan of every session."""
+        """Records activity; an auto-commit session this Memory drives may now have an earlier
+        deadline (a first uncommitted step starts its flush clock), so the timers look again.
+        Other sessions have no timers here: waking for them cost every append a scan of every
+        session, and one another Memory drives is timed there (from the store's `active_at`,
+        which this activity moved)."""
         session.last_activity = anyio.current_time()
+        if session.driven:
+            self.drive(session)
+
+    def drive(self, session: SessionRecord) -> None:
+        """This Memory drives the session's timers now (the store names it the holder)."""
+        session.driven = True
         if session.config.auto_commit:
             self.timed.add(session.id)
             self.timer_wake.set()
+
+    async def claim(self, session: SessionRecord) -> bool:
+        """Holds the session's background work and drives its timers: a compare-and-set on
+        the version the record holds; False when another Memory moved the session first."""
+        assert self.register_holder is not None
+        assert self.holder_id is not None
+        assert self.lease_until is not None
+        await self.register_holder()
+        version = await self.coordination.claim(
+            session.id, version=session.version, holder_id=self.holder_id,
+            lease_until=self.lease_until(),
+        )
+        if version is None:
+            return False
+        session.version = version
+        self.drive(session)
+        return True
 
     def spawn(
         self, session: SessionRecord, fn: Callable[..., Awaitable[None]], *args: Any,

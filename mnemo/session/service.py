@@ -82,7 +82,7 @@ class SessionService:
         try:
             async with anyio.create_task_group() as tg:
                 live.tg = tg
-                tg.start_soon(timers.run, live, self.end_session)
+                tg.start_soon(timers.run, live, self._expire_end)
                 await tg.start(self._holding.run)
                 task_status.started()
                 await anyio.sleep_forever()
@@ -115,10 +115,21 @@ class SessionService:
         check_text(goal, "goal", limit=config.max_text_chars)
         session_id = f"session_{uuid.uuid4().hex}"
         episode = EpisodeRecord(f"episode_{uuid.uuid4().hex}", goal)
-        await self._live.store.create_session(session_id, repo, config, episode)
-        session = self._live.add(session_id, repo, S.COLLECTING, config, override)
+        live = self._live
+        holder = until = None
+        if config.auto_commit and live.register_holder is not None and live.lease_until:
+            # Its timers are this Memory's: the store says so, so that no other Memory that
+            # reads or restores it flushes or expires it, and another takes them over when
+            # this one goes (`leases.Holding`).
+            await live.register_holder()
+            holder, until = live.holder_id, live.lease_until()
+        await live.store.create_session(
+            session_id, repo, config, episode, holder=holder, lease_until=until
+        )
+        session = live.add(session_id, repo, S.COLLECTING, config, override)
         session.episode = episode
-        self._live.touch(session)
+        session.driven = holder is not None
+        live.touch(session)
         await self._live.events.emit(
             "transition", session_id=session_id, repo=repo, **{"from": None, "to": S.COLLECTING}
         )
@@ -153,12 +164,19 @@ class SessionService:
             for s in await self._live.store.load_live()
         ]
 
-    async def end_session(self, session_id: str) -> None:
+    async def _expire_end(self, session_id: str, version: int) -> None:
+        await self.end_session(session_id, version=version)
+
+    async def end_session(self, session_id: str, *, version: int | None = None) -> None:
         """Stops the session: its background work is cancelled, queued operations get
-        "session_ended", and its id becomes unknown. Uncommitted steps stay in the log."""
+        "session_ended", and its id becomes unknown. Uncommitted steps stay in the log.
+
+        Raises:
+            StaleSession: given `version` (an expiry), the session moved on from it.
+        """
         session = await self._live.fetch(session_id)
         # Stored first: if the store refuses, nothing has changed and the session goes on.
-        await self._live.store.end(session_id)
+        await self._live.store.end(session_id, version=version)
         if session.ended:  # ended by another call while this one waited for the store
             return
         self._live.drop(session)

@@ -2,8 +2,15 @@
 background) after `Config.flush_timeout`, and an idle session expires after
 `Config.session_timeout`: what is left is committed, then the session ends.
 
-Only auto-commit sessions have timers (`Sessions.timed`); `Sessions.touch` wakes the loop when
-a deadline may have moved.
+Only auto-commit sessions this Memory drives have timers here (`Sessions.timed`): the store
+names one holder per session, the Memory that started it, claimed its work or took it over,
+so a Memory that only reads or restores a session never flushes or expires it. Idle time runs
+from the session's last use as the store knows it (`active_at`: an append through any Memory
+counts). A deadline that comes due is checked against the store first (`_due`): if the session
+moved, its deadlines run again from what the store holds; a flush claims the session by a
+compare-and-set on its version, and an expiry's close and end are compare-and-sets too, so
+an append elsewhere in between keeps the session alive. `Sessions.touch` wakes the loop when a
+deadline may have moved.
 """
 
 from __future__ import annotations
@@ -14,9 +21,11 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from mnemo.errors import SessionError
+from mnemo.episode.model import StepRecord
+from mnemo.errors import NotFoundError, SessionError
 from mnemo.session import extracting, transitions
 from mnemo.session.machine import State
+from mnemo.session.ports import StaleSession
 from mnemo.session.records import SessionRecord, current_state
 from mnemo.session.registry import Sessions
 
@@ -24,7 +33,8 @@ log = logging.getLogger("mnemo")
 
 S = State
 
-End = Callable[[str], Awaitable[None]]
+# Ends the session if it is still at the given version (else `StaleSession`).
+End = Callable[[str, int], Awaitable[None]]
 
 
 async def run(live: Sessions, end: End) -> None:
@@ -46,51 +56,110 @@ async def run(live: Sessions, end: End) -> None:
 
 
 def _check_deadlines(live: Sessions, end: End, session: SessionRecord, now: float) -> float:
-    """Acts on what is due for `session`; returns when it next needs a look."""
+    """Starts a look at the store (`_due`) when a deadline of `session` is due; returns when
+    it next needs a look."""
     config = session.config
-    if not config.auto_commit or session.ended:
+    if not config.auto_commit or session.ended or not session.driven:
+        live.timed.discard(session.id)  # another Memory drives it; `drive` adds it again
         return math.inf
-    if session.state not in (S.COLLECTING, S.IDLE):
+    if session.state not in (S.COLLECTING, S.IDLE) or session.checking:
         return math.inf
-    due = math.inf
+    expiry, flush_at = _deadlines(session)
+    if now >= min(expiry, flush_at):
+        session.checking = True
+        live.spawn(session, _due, live, end, session)
+        return math.inf
+    return min(expiry, flush_at)
+
+
+def _deadlines(session: SessionRecord) -> tuple[float, float]:
+    """When the session expires, and when its uncommitted steps are flushed (inf: never).
+    A flush is looked at with no step waiting here too: steps appended through another
+    Memory are known only once the store is read (`_due`, which then waits a full timeout
+    before it looks again)."""
+    config = session.config
+    expiry = flush_at = math.inf
     if config.session_timeout is not None:
         expiry = session.last_activity + config.session_timeout
+    if config.flush_timeout is not None and session.state is S.COLLECTING:
+        flush_at = max(session.last_activity, session.flush_after) + config.flush_timeout
+    return expiry, flush_at
+
+
+def _waiting(session: SessionRecord) -> list[StepRecord]:
+    episode = session.episode
+    return [s for s in episode.steps if extracting.extractable(session, s)] if episode else []
+
+
+async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
+    """Acts on a due deadline once the store agrees: the session is read again (used
+    through another Memory, its deadlines run from that use; held by another, its timers are
+    that one's), and a flush claims the session by a compare-and-set on its version, so that
+    no other Memory extracts the same steps."""
+    try:
+        await live.fetch(session.id, fresh=True)  # read again only when its version moved
+        if not session.driven or session.state not in (S.COLLECTING, S.IDLE):
+            return
+        now = anyio.current_time()
+        expiry, flush_at = _deadlines(session)
         if now >= expiry:
             session.last_activity = math.inf  # once
             live.spawn(session, _expire, live, end, session)
-            return math.inf
-        due = expiry
-    if config.flush_timeout is not None and session.state is S.COLLECTING:
-        episode = session.episode
-        waiting = (
-            [s for s in episode.steps if extracting.extractable(session, s)] if episode else []
-        )
+            return
+        if now < flush_at:
+            return  # used meanwhile: the loop waits for the new deadline
+        if not _waiting(session):
+            session.flush_after = now  # nothing to flush: look again a timeout from now
+            return
+        async with session.lock:
+            claimed = session.state is S.COLLECTING and await live.claim(session)
+        if not claimed:
+            await live.reload(session)  # moved meanwhile: the loop looks again
+            return
+        waiting = _waiting(session)
         if waiting:
-            flush_at = max(session.last_activity, session.flush_after) + config.flush_timeout
-            if now >= flush_at:
-                extracting.start_background(live, session, waiting)
-            else:
-                due = min(due, flush_at)
-    return due
+            extracting.start_background(live, session, waiting)
+    except NotFoundError:
+        return  # ended through another Memory
+    finally:
+        session.checking = False
+        live.timer_wake.set()
 
 
 async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
     """Commits what is left of an expired session, then ends it. Work under way (an
     operation running or queued, an append, a background commit, an extraction) finishes
     first, and again after the expiry's own close: if any of it was activity (an append, an
-    episode started), the session has not been idle that long after all. (The close was
-    skipped while work was under way and the session ended anyway, cancelling a background
-    commit: its steps and the rest were never committed; and a sync append in progress was
-    not counted, so its session was closed and ended under it.)"""
+    episode started, here or through another Memory), the session has not been idle that long
+    after all. (The close was skipped while work was under way and the session ended anyway,
+    cancelling a background commit: its steps and the rest were never committed; and a sync
+    append in progress was not counted, so its session was closed and ended under it.)
+    The close and the end are compare-and-sets on the session's version: an append through
+    another Memory in between moves it, and the session lives on."""
+    seen = session.active_at
+
+    def used() -> bool:
+        return (session.last_activity != math.inf or session.active_at != seen
+                or not session.driven)
+
+    def refuse() -> None:
+        transitions.refuse_close(session)
+        if used():
+            raise SessionError("not_idle", state=session.state, session_id=session.id)
+
     while True:
         while (_working(session) or current_state(session) is S.EXTRACTING) and not (
             session.ended
         ):
-            await session.changed.wait()
+            if session.scopes or _working(session):
+                await session.changed.wait()
+            else:
+                await live.wait_moved(session)  # extracted through another Memory
         if session.ended:
             return
-        if session.last_activity != math.inf:
-            return  # used meanwhile: its deadline runs again from that use
+        if used():
+            _restart(live, session)  # used meanwhile: its deadline runs again from that use
+            return
         if current_state(session) is S.FAILED:
             # Ending it would leave its steps out of the graph: keep it for a retry.
             log.warning("%s: expired, but its last extraction failed; kept", session.id)
@@ -98,21 +167,41 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
         if current_state(session) is not S.COLLECTING:
             break
         try:
-            # Refused, as any close, while an append runs (`transitions.close`).
-            await transitions.close(live, session)
+            # Refused, as any close, while an append runs (`transitions.refuse_close`), and
+            # when the store says it was used meanwhile (read again after a conflict).
+            await extracting.start(live, session, "close", None, refuse=refuse)
         except SessionError:
-            live.touch(session)  # a call got in first (an append): not idle after all
+            _restart(live, session)  # a call got in first (an append): not idle after all
             return
     state, committed = session.state, bool(session.last_receipt)
+    moved = False
     # Ended before it is reported: whoever hears "session_expired" finds the id unknown.
     # Shielded: this task is one of the session's, so ending the session cancels it, and the
     # event was lost at the first await of an async `on_event`.
     with anyio.CancelScope(shield=True):
-        await end(session.id)
-        await live.events.emit(
-            "session_expired", session_id=session.id, repo=session.repo,
-            state=state, committed=committed,
-        )
+        try:
+            await end(session.id, session.version)
+        except StaleSession:
+            moved = True  # used through another Memory since the close (a new episode)
+        else:
+            await live.events.emit(
+                "session_expired", session_id=session.id, repo=session.repo,
+                state=state, committed=committed,
+            )
+    if moved:
+        try:
+            await live.reload(session)
+        except NotFoundError:
+            return
+        _restart(live, session)
+
+
+def _restart(live: Sessions, session: SessionRecord) -> None:
+    """The session was used after all: its idle time runs from its last use (here, or as
+    the store holds it), and the loop looks at it again."""
+    if session.last_activity == math.inf:
+        session.last_activity = live.clock_of(session.active_at)
+    live.timer_wake.set()
 
 
 def _working(session: SessionRecord) -> bool:

@@ -97,7 +97,9 @@ class PgCoordination:
     ) -> list[SessionLease]:
         rows = await self._pg.fetch_all(
             f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE NOT ended"
-            " AND state = 'extracting' AND (lease_until IS NULL OR lease_until < %s"
+            " AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
+            " AND (config->>'auto_commit')::boolean))"
+            " AND (lease_until IS NULL OR lease_until < %s"
             " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
             " WHERE h.id = s.holder AND h.seen_at >= %s) OR holder = ANY(%s))"
             ' ORDER BY created_at, id COLLATE "C"',

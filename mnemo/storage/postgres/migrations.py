@@ -378,4 +378,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE nodes SET recorded_at = created_at WHERE type IN ('semantic', 'procedural')",
         ),
     ),
+    Migration(
+        # When a session was last used, through any Memory: the auto-commit timers measure
+        # inactivity from it. SQLite's m015_session_activity.
+        "m011_session_activity",
+        (
+            "ALTER TABLE sessions ADD COLUMN active_at timestamptz",
+            "UPDATE sessions SET active_at = updated_at",
+        ),
+    ),
 )

@@ -79,15 +79,17 @@ class PgSessions:
             )
 
     async def create_session(
-        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
+        holder: str | None = None, lease_until: datetime | None = None,
     ) -> None:
         now = now_utc()
         async with self._pg.transaction() as conn:
             await conn.execute(
                 "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
-                " updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                " updated_at, active_at, holder, lease_until)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (session_id, repo, State.COLLECTING.value, _jsonb(config.to_json()),
-                 episode.id, now, now),
+                 episode.id, now, now, now, holder, lease_until),
             )
             await _insert_episode(conn, session_id, episode, now)
 
@@ -98,7 +100,8 @@ class PgSessions:
         async with self._pg.transaction() as conn:
             moved = await bump(conn, session_id, version, state=State.COLLECTING.value)
             await conn.execute(
-                "UPDATE sessions SET episode_id = %s WHERE id = %s", (episode.id, session_id)
+                "UPDATE sessions SET episode_id = %s, active_at = %s WHERE id = %s",
+                (episode.id, now, session_id),
             )
             await _insert_episode(conn, session_id, episode, now)
             return moved
@@ -123,7 +126,8 @@ class PgSessions:
         # still collecting this episode at the version the caller read, and only then the
         # new step goes in with the previous step's deferred reward as an upsert.
         statement = (
-            "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = %s"
+            "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = %s,"
+            " active_at = %s"
             f" WHERE id = %s AND state = 'collecting' AND episode_id = %s{guard}"
             " RETURNING version)"
             " INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id, observation,"
@@ -132,7 +136,7 @@ class PgSessions:
             " ON CONFLICT (id) DO UPDATE SET reward = excluded.reward"
             " RETURNING (SELECT version FROM moved)"
         )
-        params: list[object] = [now, session_id, episode_id]
+        params: list[object] = [now, now, session_id, episode_id]
         if version is not None:
             params.append(version)
         params.extend(value for row in rows for value in row)
@@ -195,13 +199,19 @@ class PgSessions:
                 )
             return moved
 
-    async def end(self, session_id: str) -> None:
+    async def end(self, session_id: str, *, version: int | None = None) -> None:
+        guard = "" if version is None else " AND NOT ended AND version = %s"
+        params: tuple[object, ...] = (now_utc(), session_id)
+        if version is not None:
+            params += (version,)
         async with self._pg.connection() as conn:
-            await conn.execute(
+            cur = await conn.execute(
                 "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
-                " lease_until = NULL, updated_at = %s WHERE id = %s",
-                (now_utc(), session_id),
+                f" lease_until = NULL, updated_at = %s WHERE id = %s{guard}",
+                params,
             )
+            if version is not None and not cur.rowcount:
+                raise StaleSession(session_id)
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         # SQLite's INSERT OR REPLACE: the last reply kept for a key wins.
@@ -246,7 +256,8 @@ class PgSessions:
             await conn.execute(_SNAPSHOT)
             cur = await conn.execute(
                 "SELECT s.id, s.repo, s.state, s.config::text, s.created_at, e.id, e.goal,"
-                " e.status, s.model, c.payload::text, s.version, s.holder, s.lease_until"
+                " e.status, s.model, c.payload::text, s.version, s.holder, s.lease_until,"
+                " s.active_at"
                 " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
                 " LEFT JOIN LATERAL (SELECT payload FROM changesets"
                 "   WHERE session_id = s.id LIMIT 1) c ON true"
@@ -259,7 +270,7 @@ class PgSessions:
             steps = await _load_steps(conn, open_ids)
         live: list[LiveSession] = []
         for (sid, repo, state, config, created, episode_id, goal, status, model,
-             payload, version, holder, until) in sessions:
+             payload, version, holder, until, active) in sessions:
             episode = None
             if episode_id is not None and status == "open":
                 episode = EpisodeRecord(str(episode_id), str(goal),
@@ -271,6 +282,7 @@ class PgSessions:
                     _utc(created).isoformat(), model=_str_or_none(model),
                     version=_int(version), holder=_str_or_none(holder),
                     lease_until=until if isinstance(until, datetime) else None,
+                    active_at=None if active is None else _utc(active),
                 )
             )
         return live

@@ -121,7 +121,9 @@ class SqliteCoordination:
         rows = await self._database.run(
             lambda db: db.conn.execute(
                 f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = 0"
-                " AND state = 'extracting' AND (lease_until IS NULL OR lease_until < ?"
+                " AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
+                " AND json_extract(config, '$.auto_commit')))"
+                " AND (lease_until IS NULL OR lease_until < ?"
                 " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
                 f" WHERE h.id = s.holder AND h.seen_at >= ?){also})"
                 " ORDER BY created_at, id",

@@ -475,3 +475,17 @@ def m014_node_types(db: Database) -> None:
     # index every end costs a read of the node's row (text, data); through (id, type) it
     # costs none (1M nodes: a hop's read of 283 links 4.5 -> 1.7 ms; BENCHMARKS.md).
     _execute_all(db, "CREATE INDEX nodes_id_type ON nodes(id, type);")
+
+
+@MIGRATIONS()
+def m015_session_activity(db: Database) -> None:
+    # When a session was last used (an append, an episode started), through any Memory: the
+    # auto-commit timers measure inactivity from it, not from what one Memory saw. Sessions
+    # recorded before start from their last change.
+    _execute_all(
+        db,
+        """
+        ALTER TABLE sessions ADD COLUMN active_at TEXT;
+        UPDATE sessions SET active_at = updated_at;
+        """,
+    )

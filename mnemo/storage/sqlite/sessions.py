@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -54,17 +54,20 @@ class SqliteSessions:
         await self._database.run(write)
 
     async def create_session(
-        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord
+        self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
+        holder: str | None = None, lease_until: datetime | None = None,
     ) -> None:
         now = _now()
+        until = None if lease_until is None else lease_until.isoformat(timespec="microseconds")
 
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute(
                     "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
-                    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    " updated_at, active_at, holder, lease_until)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (session_id, repo, State.COLLECTING.value, config.to_json(), episode.id,
-                     now, now),
+                     now, now, now, holder, until),
                 )
                 _insert_episode(db, session_id, episode, now)
 
@@ -79,7 +82,8 @@ class SqliteSessions:
             with db.atomic():
                 moved = bump(db, session_id, version, state=State.COLLECTING)
                 db.conn.execute(
-                    "UPDATE sessions SET episode_id = ? WHERE id = ?", (episode.id, session_id)
+                    "UPDATE sessions SET episode_id = ?, active_at = ? WHERE id = ?",
+                    (episode.id, now, session_id),
                 )
                 _insert_episode(db, session_id, episode, now)
                 return moved
@@ -113,7 +117,7 @@ class SqliteSessions:
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
                 moved = bump(db, session_id, version, expect=State.COLLECTING,
-                             episode_id=episode_id)
+                             episode_id=episode_id, active=True)
                 db.conn.execute(sql, params)
                 return moved
 
@@ -184,14 +188,21 @@ class SqliteSessions:
 
         return await self._database.run(write)
 
-    async def end(self, session_id: str) -> None:
+    async def end(self, session_id: str, *, version: int | None = None) -> None:
+        guard = "" if version is None else " AND ended = 0 AND version = ?"
+        params: tuple[object, ...] = (_now(), session_id)
+        if version is not None:
+            params += (version,)
+
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
-                db.conn.execute(
+                ended = db.conn.execute(
                     "UPDATE sessions SET ended = 1, version = version + 1, holder = NULL,"
-                    " lease_until = NULL, updated_at = ? WHERE id = ?",
-                    (_now(), session_id),
-                )
+                    f" lease_until = NULL, updated_at = ? WHERE id = ?{guard}",
+                    params,
+                ).rowcount
+            if version is not None and not ended:
+                raise StaleSession(session_id)
 
         await self._database.run(write)
 
@@ -244,6 +255,11 @@ def _now() -> str:
     return now_utc().isoformat()
 
 
+def _utc(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def _json_or_none(value: object) -> str | None:
     return None if value is None else json.dumps(value, sort_keys=True)
 
@@ -274,16 +290,21 @@ def bump(
     state: State | str | None = None,
     expect: State | None = None,
     episode_id: str | None = None,
+    active: bool = False,
 ) -> int:
-    """Moves the session's version on (and its state to `state`), when it is still at
-    `version` and not ended (any, when None), in state `expect` and on episode `episode_id`
-    when given. Returns the new version.
+    """Moves the session's version on (and its state to `state`, its last activity to now when
+    `active`), when it is still at `version` and not ended (any, when None), in state `expect`
+    and on episode `episode_id` when given. Returns the new version.
 
     Raises:
         StaleSession: the session moved (or ended, or is unknown); nothing was written.
     """
+    now = _now()
     sql = "UPDATE sessions SET version = version + 1, updated_at = ?"
-    params: list[object] = [_now()]
+    params: list[object] = [now]
+    if active:
+        sql += ", active_at = ?"
+        params.append(now)
     if state is not None:
         sql += ", state = ?"
         params.append(State(state).value)
@@ -317,13 +338,13 @@ def _load_live(
     live: list[LiveSession] = []
     sessions = db.conn.execute(
         "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model,"
-        " s.version, s.holder, s.lease_until"
+        " s.version, s.holder, s.lease_until, s.active_at"
         " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
         f" WHERE {where}",
         params,
     ).fetchall()
     for (sid, repo, state, config, created, episode_id, goal, status, model, version, holder,
-         until) in sessions:
+         until, active) in sessions:
         episode = None
         if episode_id is not None and status == "open":
             episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
@@ -336,7 +357,8 @@ def _load_live(
         live.append(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
                         created, model=model, version=int(version), holder=holder,
-                        lease_until=None if until is None else datetime.fromisoformat(until))
+                        lease_until=None if until is None else datetime.fromisoformat(until),
+                        active_at=None if active is None else _utc(active))
         )
     return live
 

@@ -1,0 +1,130 @@
+"""Auto-commit's timers with several `Memory` objects on one store (API.md, "Configuration,
+auto-commit and durability" and "Storage backends and many processes"): a session's
+inactivity is measured from its last activity as the store knows it, only the Memory that
+drives a session flushes or expires it, a read never makes a Memory drive one, and a driver
+that goes away leaves its timers to another Memory.
+
+The timers are real, so these tests pace appends with short sleeps (the activity itself) and
+bound every wait with `fail_after`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import anyio
+
+import mnemo
+from mnemo.ports import task_inputs
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+REPO = "r"
+
+
+async def opened(
+    stack: AsyncExitStack, store: str, config: mnemo.Config | None = None,
+    *, lease_timeout: float = 30.0,
+) -> tuple[mnemo.Memory, FakeLLM, EventLog]:
+    """A Memory on `store` with its own fakes and repo "r" (with `config` when given)."""
+    llm, events = FakeLLM(), EventLog()
+    mem = await stack.enter_async_context(
+        mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events,
+                     config=mnemo.Config(lease_timeout=lease_timeout))
+    )
+    await mem.open_repo(REPO, config=config)
+    return mem, llm, events
+
+
+def extracted(llm: FakeLLM) -> list[str]:
+    """The observations of the steps this LLM's semantic task was asked about."""
+    return [
+        step["observation"]
+        for request in llm.calls
+        if request.task == "semantic"
+        for step in task_inputs(request)["steps"]
+    ]
+
+
+async def test_appends_through_one_memory_keep_the_session_alive_in_the_others(
+    store: str,
+) -> None:
+    """A session appended to through A every 0.15 s, longer than its 0.5 s timeout, is not
+    expired by B (opened before, read once) nor C (opened after, restoring it); once idle it
+    expires once, through A, which drives it."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.5)
+    async with AsyncExitStack() as stack:
+        a, _, a_events = await opened(stack, store, config)
+        b, _, b_events = await opened(stack, store)
+        sid = await a.start_session("explore the house", repo=REPO)
+        assert await b.session_state(sid) is mnemo.State.COLLECTING
+        _, _, c_events = await opened(stack, store)
+        with anyio.fail_after(10):
+            for i in range(10):
+                await a.append(sid, f"walk {i}", f"go {i}")
+                await anyio.sleep(0.15)
+        assert await a.session_state(sid) is mnemo.State.COLLECTING
+        expired = await a_events.wait_for(lambda e: e.kind == "session_expired")
+        assert expired.session_id == sid
+        for events in (b_events, c_events):
+            assert not [e for e in events.events if e.kind == "session_expired"]
+            assert not [e for e in events.events if e.kind == "trajectory_committed"]
+
+
+async def test_an_idle_trajectory_is_flushed_once_whoever_reads_it(store: str) -> None:
+    """With flush_timeout 0.2 s, a step appended through A is extracted and committed once,
+    by A, though B (opened after, restoring the session) and C (reading it) know it."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
+    async with AsyncExitStack() as stack:
+        a, a_llm, a_events = await opened(stack, store, config)
+        sid = await a.start_session("explore the house", repo=REPO)
+        await a.append(sid, "walk north", "go north")
+        b, b_llm, b_events = await opened(stack, store)
+        c, c_llm, c_events = await opened(stack, store)
+        assert await c.session_state(sid) is mnemo.State.COLLECTING
+        committed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert committed.data["step_indices"] == [0]
+        # Long enough for every other Memory's flush clock (started when it learnt of the
+        # session, at most 0.2 s after A's) to run out twice over.
+        await anyio.sleep(0.8)
+        assert extracted(a_llm) == ["walk north"]
+        assert extracted(b_llm) == extracted(c_llm) == []
+        for events in (b_events, c_events):
+            assert not [e for e in events.events if e.kind == "trajectory_committed"]
+        nodes = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        assert sorted(n.data["index"] for n in nodes) == [0]
+
+
+async def test_appends_through_another_memory_postpone_the_drivers_flush(store: str) -> None:
+    """A drives the session; steps appended through B every 0.1 s (flush_timeout 0.3 s) are
+    not flushed while B keeps appending, then all of them once."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.3, session_timeout=None,
+                          trajectory_threshold=0.0)
+    async with AsyncExitStack() as stack:
+        a, a_llm, a_events = await opened(stack, store, config)
+        b, b_llm, _ = await opened(stack, store)
+        sid = await a.start_session("explore the house", repo=REPO)
+        with anyio.fail_after(10):
+            for i in range(8):
+                await b.append(sid, f"walk {i}", f"go {i}")
+                await anyio.sleep(0.1)
+        assert not [e for e in a_events.events if e.kind == "trajectory_committed"]
+        committed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert committed.data["step_indices"] == list(range(8))
+        assert sorted(extracted(a_llm) + extracted(b_llm)) == sorted(f"walk {i}" for i in range(8))
+
+
+async def test_a_closed_drivers_timers_are_taken_over(store: str) -> None:
+    """When the Memory driving an auto-commit session closes, another takes its timers over
+    within the lease and expires the session, committing its step once."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=0.3)
+    async with AsyncExitStack() as stack:
+        b, b_llm, b_events = await opened(stack, store, lease_timeout=1.0)
+        async with AsyncExitStack() as first:
+            a, a_llm, _ = await opened(first, store, config, lease_timeout=1.0)
+            sid = await a.start_session("explore the house", repo=REPO)
+            await a.append(sid, "walk north", "go north")
+        expired = await b_events.wait_for(lambda e: e.kind == "session_expired")
+        assert expired.session_id == sid
+        assert extracted(a_llm) + extracted(b_llm) == ["walk north"]
+        nodes = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        assert [n.data["index"] for n in nodes] == [0]

@@ -245,6 +245,16 @@ async def commit_steps(
     return receipt
 
 
+def finished_steps(session: SessionRecord) -> list[StepRecord]:
+    """The steps a boundary hands to a background commit: the uncommitted ones of every
+    trajectory of the open episode but the last."""
+    episode = session.episode
+    if episode is None or not episode.steps:
+        return []
+    current = episode.steps[-1].trajectory_id
+    return [s for s in episode.steps if s.trajectory_id != current and extractable(session, s)]
+
+
 def start_background(live: Sessions, session: SessionRecord, steps: list[StepRecord]) -> None:
     """Extracts and commits `steps` while the session keeps collecting."""
     session.claimed.update(s.id for s in steps)
@@ -261,6 +271,17 @@ async def _background_commit(
         assert episode is not None
         changeset = await _extract_steps(live, session, episode, steps)
         receipt = await commit_steps(live, session, changeset, steps, None)
+    except StaleSession:
+        # Another Memory committed these steps first (its boundary's auto-commit against
+        # this one's flush): the store refused them a second time, so they are in the graph
+        # once. What it says of them is taken in; nothing failed.
+        log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
+        await _committed_elsewhere(live, session, steps)
+        session.claimed.difference_update(s.id for s in steps)
+        session.background -= 1
+        session.notify()
+        operations.kick(live, session)
+        return
     except Exception as exc:
         log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
         await _store_kept(live, session)
@@ -285,6 +306,22 @@ async def _background_commit(
         step_indices=[s.index for s in steps],
     )
     operations.kick(live, session)
+
+
+async def _committed_elsewhere(
+    live: Sessions, session: SessionRecord, steps: list[StepRecord]
+) -> None:
+    """Marks `steps` with the changesets the store says committed them (a background commit
+    moves no version, so a reload would not see it)."""
+    episode = session.episode
+    try:
+        stored = None if episode is None else await live.store.episode(episode.id)
+    except StorageError as exc:
+        log.warning("%s: could not read its steps again: %r", session.id, exc)
+        return
+    committed = {s.id: s.committed_in for s in stored.steps} if stored else {}
+    for step in steps:
+        step.committed_in = committed.get(step.id) or step.committed_in
 
 
 def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:

@@ -156,6 +156,11 @@ class Holding:
             return
         if await self.claim(session):
             log.info("%s: taking over its auto-commit timers", session.id)
+            # A boundary handed the finished trajectories to a background commit, which
+            # went with its holder: it runs again here now, not at the next flush.
+            finished = extracting.finished_steps(session)
+            if finished:
+                extracting.start_background(self._live, session, finished)
 
 
 def _alive(pid: int) -> bool:

@@ -188,7 +188,7 @@ async def _annotate_and_store(
         trajectory_id=trajectory, boundary_detected=boundary,
     )
     if boundary and session.config.auto_commit:
-        ready = [s for s in episode.steps[:-1] if extracting.extractable(session, s)]
+        ready = extracting.finished_steps(session)
         if ready:
             extracting.start_background(live, session, ready)
     return info

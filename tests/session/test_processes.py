@@ -152,6 +152,37 @@ async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
                 ]
 
 
+async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease(
+    store: str, tmp_path: Path
+) -> None:
+    """An auto-commit session whose holder was committing a finished trajectory in the
+    background (its LLM hangs) when it was SIGKILLed: a Memory open in this process takes the
+    session over within the lease, without being asked, and commits that trajectory once,
+    not at the next flush (two minutes away); the new trajectory's step waits for its own.
+    Before, nothing took over an auto-commit session that was not extracting."""
+    llm, events = FakeLLM(), EventLog()
+    auto = mnemo.Config(lease_timeout=LEASE, auto_commit=True)
+    async with children() as tg:
+        async with child(tg, tmp_path / "hold.log", store, "hold_auto", str(LEASE)) as holder:
+            with anyio.fail_after(60):
+                await holder.wait_lines(1)
+            assert holder.lines, (tmp_path / "hold.log").read_text()
+            sid = holder.lines[0]
+            async with mnemo.Memory(
+                store, llm=llm, embedder=FakeEmbedder(), config=auto, on_event=events
+            ) as mem:
+                await mem.open_repo(REPO, config=auto)
+                await holder.kill()
+                with anyio.fail_after(LEASE * 3):
+                    committed = await events.wait_for(
+                        lambda e: e.kind == "trajectory_committed" and e.session_id == sid
+                    )
+                assert committed.data["step_indices"] == [0, 1]
+                assert await mem.session_state(sid) is State.COLLECTING
+                facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+                assert sorted(f.text for f in facts) == ["fact: walk east", "fact: walk north"]
+
+
 def journal(path: Path) -> list[dict[str, Any]]:
     """The accepted operations a chaos worker journaled; a last line cut short by a kill was
     never fsync'd as accepted, so it is left out."""

@@ -2,11 +2,16 @@
 the tests' fakes, doing what one worker of a multi-process app would.
 
     python -m tests.session.worker_child STORE hold LEASE
+    python -m tests.session.worker_child STORE hold_auto LEASE
     python -m tests.session.worker_child STORE chaos LEASE JOURNAL WORKER SEED OPS
 
 "hold": starts a session in repo "r", appends three steps and closes it while its "semantic"
 task hangs; once the extraction is asked that task it prints the session id and waits
 forever (the test kills it there).
+
+"hold_auto": the same in an auto-commit session, held at the boundary's background commit:
+two "walk" steps, then an "open" step that starts a new trajectory, whose commit of the first
+one hangs at "semantic".
 
 "chaos": does OPS random operations (start a session, append, close, commit, start an
 episode, discard) on random live sessions of the store, from any process. Each operation that
@@ -49,6 +54,23 @@ async def hold(store: str, lease: float) -> None:
             await mem.append(sid, observation, action)
         held = llm.hold("semantic")
         await mem.close(sid)
+        with anyio.fail_after(30):
+            await held.started.wait()
+        print(sid, flush=True)
+        await anyio.sleep_forever()
+
+
+async def hold_auto(store: str, lease: float) -> None:
+    llm = FakeLLM()
+    auto = mnemo.Config(lease_timeout=lease, auto_commit=True)
+    async with mnemo.Memory(
+        store, llm=llm, embedder=FakeEmbedder(), config=auto, on_event=EventLog()
+    ) as mem:
+        await mem.open_repo(REPO, config=auto)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        held = llm.hold("semantic")
+        for observation, action in [*STEPS[:2], ("open door", "push door")]:
+            await mem.append(sid, observation, action)
         with anyio.fail_after(30):
             await held.started.wait()
         print(sid, flush=True)
@@ -122,6 +144,8 @@ def main(argv: list[str]) -> None:
     store, mode, lease = argv[0], argv[1], float(argv[2])
     if mode == "hold":
         anyio.run(hold, store, lease)
+    elif mode == "hold_auto":
+        anyio.run(hold_auto, store, lease)
     elif mode == "chaos":
         path, worker, seed, ops = argv[3], argv[4], int(argv[5]), int(argv[6])
         # The journal's writes block on purpose: an operation is journaled (fsync'd) before

@@ -324,7 +324,10 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
     `conn` is the connection of the graph's open transaction (`Postgres.transaction()`)."""
     for write in writes:
         if isinstance(write, StepsCommitted):
-            await _save_rewards(conn, write.steps, committed_in=write.changeset_id)
+            if not await _save_rewards(conn, write.steps, committed_in=write.changeset_id):
+                # Committed in another changeset (another Memory's auto-commit of the same
+                # steps) or gone: the commit's transaction writes nothing.
+                raise StaleSession(write.session_id)
             if write.state is not None:
                 now = now_utc()
                 await conn.execute(
@@ -465,21 +468,25 @@ async def _save_rewards(
     steps: Iterable[tuple[str, float | None]],
     *,
     committed_in: str | None = None,
-) -> None:
+) -> bool:
     """Sets each step's reward (and, given `committed_in`, the changeset that committed it)
-    in one statement; of a step listed twice the last reward wins, as in SQLite's loop."""
+    in one statement; of a step listed twice the last reward wins, as in SQLite's loop.
+    False when a step is missing or, given `committed_in`, committed in another changeset
+    (it is then left as it was: the caller's transaction must not commit)."""
     rewards = {step_id: _reward(reward) for step_id, reward in steps}
     if not rewards:
-        return
-    assignments = "reward = v.reward"
+        return True
+    assignments, uncommitted = "reward = v.reward", ""
     if committed_in is not None:
         assignments += ", committed_in = %(changeset)s"
-    await conn.execute(
+        uncommitted = " AND (committed_in IS NULL OR committed_in = %(changeset)s)"
+    cur = await conn.execute(
         f"UPDATE steps SET {assignments}"
         " FROM unnest(%(ids)s::text[], %(rewards)s::float8[]) AS v(id, reward)"
-        " WHERE steps.id = v.id",
+        f" WHERE steps.id = v.id{uncommitted}",
         {"ids": list(rewards), "rewards": list(rewards.values()), "changeset": committed_in},
     )
+    return cur.rowcount == len(rewards)
 
 
 async def _load_steps(conn: Connection, episode_ids: list[str]) -> dict[str, list[StepRecord]]:

@@ -413,10 +413,17 @@ def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
     conn = db.conn
     for write in writes:
         if isinstance(write, StepsCommitted):
-            conn.executemany(
-                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?",
-                [(write.changeset_id, reward, step_id) for step_id, reward in write.steps],
-            )
+            rewards = dict(write.steps)  # of a step listed twice, the last reward
+            marked = conn.executemany(
+                "UPDATE steps SET committed_in = ?, reward = ? WHERE id = ?"
+                " AND (committed_in IS NULL OR committed_in = ?)",
+                [(write.changeset_id, reward, step_id, write.changeset_id)
+                 for step_id, reward in rewards.items()],
+            ).rowcount
+            if marked < len(rewards):
+                # Committed in another changeset (another Memory's auto-commit of the same
+                # steps) or gone: this commit writes nothing.
+                raise StaleSession(write.session_id)
             if write.state is not None:
                 now = now_utc().isoformat()
                 conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))

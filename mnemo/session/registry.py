@@ -249,10 +249,15 @@ class Sessions:
         (`session.waits`)."""
         assert self.tg is not None, "the Memory is not open"
         scopes = session.waits if waiting else session.scopes
+        # Counted from now, not from when the task first runs: in between, a session
+        # extracting here looked extracted by another Memory, and an operation submitted
+        # right behind a `close_async` went to the store's queue, ahead of the local one.
+        # A cancel before the task runs cancels it as soon as it enters the scope.
+        scope = anyio.CancelScope()
+        scopes.add(scope)
 
         async def owned() -> None:
-            with anyio.CancelScope() as scope:
-                scopes.add(scope)
+            with scope:
                 try:
                     await fn(*args)
                 except Exception:

@@ -29,7 +29,7 @@ from mnemo.graph.ports import IntentPolicy, StepsCommitted
 from mnemo.ports import LLM, ask, model_name
 from mnemo.session import operations, transitions
 from mnemo.session.machine import State
-from mnemo.session.ports import StaleSession
+from mnemo.session.ports import StaleSession, StepsCommittedElsewhere
 from mnemo.session.queue import Op
 from mnemo.session.records import Runtime, SessionRecord
 from mnemo.session.registry import Sessions
@@ -121,14 +121,11 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
     try:
         while session.background:
             await session.changed.wait()
-        steps = [s for s in episode.steps if extractable(session, s)] if episode else []
-        if episode is None:
-            changeset = Changeset(f"changeset_{uuid.uuid4().hex}", session.repo)
-        else:
-            changeset = await _extract_steps(live, session, episode, steps)
         if session.config.auto_commit:
-            moved = await _auto_commit_close(live, session, changeset, steps)
+            moved = await _auto_commit_rest(live, session)
         else:
+            steps = [s for s in episode.steps if extractable(session, s)] if episode else []
+            changeset = await _changeset(live, session, steps)
 
             async def persist() -> int:
                 version = await live.store.save_extraction(
@@ -146,6 +143,38 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
         return
     if moved:
         await _run_queue(live, session)
+
+
+async def _changeset(
+    live: Sessions, session: SessionRecord, steps: list[StepRecord]
+) -> Changeset:
+    episode = session.episode
+    if episode is None:
+        return Changeset(f"changeset_{uuid.uuid4().hex}", session.repo)
+    return await _extract_steps(live, session, episode, steps)
+
+
+async def _auto_commit_rest(live: Sessions, session: SessionRecord) -> bool:
+    """An auto-commit close: extracts and commits the steps no background commit has, here or
+    through another Memory (what the store says), then `idle`. When another Memory's commits
+    land in between, what is left is extracted again, up to `_ATTEMPTS` times."""
+    for attempt in range(_ATTEMPTS):
+        await _take_commits(live, session)
+        episode = session.episode
+        steps = [s for s in episode.steps if extractable(session, s)] if episode else []
+        changeset = await _changeset(live, session, steps)
+        try:
+            return await _auto_commit_close(live, session, changeset, steps)
+        except StepsCommittedElsewhere:
+            if attempt == _ATTEMPTS - 1:
+                raise
+            log.info("%s: steps committed by another Memory meanwhile; extracting the rest",
+                     session.id)
+    raise AssertionError("unreachable")
+
+
+# Extractions of an auto-commit close that another Memory's commits overtook before it gives up.
+_ATTEMPTS = 3
 
 
 async def _run_queue(live: Sessions, session: SessionRecord) -> None:
@@ -271,12 +300,15 @@ async def _background_commit(
         assert episode is not None
         changeset = await _extract_steps(live, session, episode, steps)
         receipt = await commit_steps(live, session, changeset, steps, None)
-    except StaleSession:
+    except StepsCommittedElsewhere:
         # Another Memory committed these steps first (its boundary's auto-commit against
         # this one's flush): the store refused them a second time, so they are in the graph
         # once. What it says of them is taken in; nothing failed.
         log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
-        await _committed_elsewhere(live, session, steps)
+        try:
+            await _take_commits(live, session)
+        except StorageError as exc:  # read at the next close, or the next refusal
+            log.warning("%s: could not read its steps again: %r", session.id, exc)
         session.claimed.difference_update(s.id for s in steps)
         session.background -= 1
         session.notify()
@@ -308,19 +340,19 @@ async def _background_commit(
     operations.kick(live, session)
 
 
-async def _committed_elsewhere(
-    live: Sessions, session: SessionRecord, steps: list[StepRecord]
-) -> None:
-    """Marks `steps` with the changesets the store says committed them (a background commit
-    moves no version, so a reload would not see it)."""
+async def _take_commits(live: Sessions, session: SessionRecord) -> None:
+    """Marks the episode's steps with the changesets the store says committed them: another
+    Memory's background commit moves no version, so a reload does not see it.
+
+    Raises:
+        StorageError: the store could not be read.
+    """
     episode = session.episode
-    try:
-        stored = None if episode is None else await live.store.episode(episode.id)
-    except StorageError as exc:
-        log.warning("%s: could not read its steps again: %r", session.id, exc)
+    stored = None if episode is None else await live.store.episode(episode.id)
+    if episode is None or stored is None:
         return
-    committed = {s.id: s.committed_in for s in stored.steps} if stored else {}
-    for step in steps:
+    committed = {s.id: s.committed_in for s in stored.steps}
+    for step in episode.steps:
         step.committed_in = committed.get(step.id) or step.committed_in
 
 

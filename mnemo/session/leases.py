@@ -146,8 +146,13 @@ class Holding:
     async def _take_timers(self, session: SessionRecord) -> None:
         """Drives the auto-commit timers of a session whose holder went away, if this
         Memory's model for its repo may do its work."""
-        if session.driven or not session.config.auto_commit:
+        config = session.config
+        if session.driven or not config.auto_commit:
             return
+        if config.flush_timeout is None and config.session_timeout is None and not (
+            extracting.finished_steps(session)
+        ):
+            return  # no timers and nothing started: nothing to drive, so nothing written
         try:
             here = model_name(session.repo_runtime.llm)
         except NotFoundError:

@@ -244,6 +244,15 @@ class Coordination(Protocol):
         ...
 
 
+class StepsCommittedElsewhere(Exception):
+    """A commit of steps another changeset already committed (another `Memory`'s auto-commit
+    of the same steps): nothing was written, and the session itself may not have moved."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"{session_id}: steps committed by another Memory")
+        self.session_id = session_id
+
+
 class StaleSession(Exception):
     """A write that carried the session's version found another one: another `Memory` moved
     the session first, and nothing was written (the caller reads the session again)."""

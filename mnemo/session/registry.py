@@ -123,6 +123,9 @@ class Sessions:
         # Restored or read, it is not this Memory's to drive: its holder drives its timers
         # (a holder that vanished leaves them to the janitor, `leases.Holding`).
         session.driven = row.holder is not None and row.holder == self.holder_id
+        # Idle since its last use as stored, or, for a row without one, since now (a record
+        # starts at 0 on the loop's clock: such a session expired the moment it was read).
+        session.last_activity = self.clock_of(row.active_at)
         self._activity(session, row)
         return session
 

@@ -81,7 +81,9 @@ def _deadlines(session: SessionRecord) -> tuple[float, float]:
     expiry = flush_at = math.inf
     if config.session_timeout is not None:
         expiry = session.last_activity + config.session_timeout
-    if config.flush_timeout is not None and session.state is S.COLLECTING:
+    if config.flush_timeout is not None:
+        # Idle here too: an episode started and steps appended through another Memory are
+        # seen only by reading the store.
         flush_at = max(session.last_activity, session.flush_after) + config.flush_timeout
     return expiry, flush_at
 

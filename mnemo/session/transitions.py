@@ -100,6 +100,12 @@ async def move(
             if isinstance(written, int):
                 session.version = written
             break
+        if session.state is not before:
+            # A read took in this very write while it was being made (`Sessions.reload`
+            # forced the record to the stored state): the move is still this one's to fire,
+            # with its event and what waits behind it (a lost transition left a queued
+            # operation without its callback).
+            live.machines.force(session.model, before)
         after = Machines.fire(session.model, event)
         if op is not None:
             op.applied = True

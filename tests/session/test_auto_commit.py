@@ -298,3 +298,32 @@ async def test_a_session_whose_close_outlasts_its_timeout_expires_once_committed
         event = await events.wait_for(lambda e: e.kind == "session_expired")
         assert event.session_id == sid
         assert await episodic_indices(mem) == [0]
+
+
+async def test_a_read_during_the_closes_commit_loses_no_transition(
+    auto_mem: mnemo.Memory, events: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of the session landing while the close's commit is written (it takes in the new
+    version and state) leaves the move to the close: its "transition" event is emitted and the
+    operation queued behind it runs. The read had forced the record to idle, the move's event
+    then failed from idle, and the queued start_episode never ran nor called back (a review:
+    2 in 100 tries). The read is placed there deterministically, right after the write."""
+    sid = await auto_mem.start_session("explore", repo=REPO)
+    await auto_mem.append(sid, "walk north", "go north")
+    graph = auto_mem._service._live.graph
+    apply = graph.apply
+
+    async def apply_then_read(*args: object, **kwargs: object) -> object:
+        receipt = await apply(*args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("also"):
+            assert await auto_mem.session_state(sid) is mnemo.State.IDLE
+        return receipt
+
+    monkeypatch.setattr(graph, "apply", apply_then_read)
+    results: list[mnemo.OpResult] = []
+    await auto_mem.close_async(sid, callback=results.append)
+    await auto_mem.start_episode_async(sid, "explore more", callback=results.append)
+    with anyio.fail_after(5):
+        await events.wait_state(auto_mem, sid, mnemo.State.COLLECTING)
+    assert [(r.ok, r.value) for r in results] == [(True, "closed"), (True, "started")]
+    assert events.transitions(sid)[-2:] == [("extracting", "idle"), ("idle", "collecting")]

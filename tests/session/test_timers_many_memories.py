@@ -10,9 +10,11 @@ bound every wait with `fail_after`.
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
+import sqlite3
+from contextlib import AsyncExitStack, closing
 
 import anyio
+import psycopg
 
 import mnemo
 from mnemo.ports import task_inputs
@@ -128,3 +130,103 @@ async def test_a_closed_drivers_timers_are_taken_over(store: str) -> None:
         assert extracted(a_llm) + extracted(b_llm) == ["walk north"]
         nodes = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
         assert [n.data["index"] for n in nodes] == [0]
+
+
+async def test_a_close_after_another_memorys_background_commit_commits_the_rest(
+    store: str,
+) -> None:
+    """A's boundary commits the first trajectory in the background; B, which read the session
+    before, closes it: B extracts only what is left and the session ends idle with each step
+    in the graph once. B's record still held the first step uncommitted (a background commit
+    moves no version): it extracted it again, the store refused the second commit of it, and
+    the close ended `failed` at every retry (a review of the guard)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None)
+    async with AsyncExitStack() as stack:
+        a, a_llm, a_events = await opened(stack, store, config)
+        b, b_llm, b_events = await opened(stack, store)
+        sid = await a.start_session("explore the house", repo=REPO)
+        await a.append(sid, "walk north", "go north")
+        held = a_llm.hold("semantic")
+        await a.append(sid, "open door", "push door")  # a boundary: step 0 commits
+        with anyio.fail_after(10):
+            await held.started.wait()
+        # B reads the session while the commit runs: its record has step 0 uncommitted.
+        assert await b.session_state(sid) is mnemo.State.COLLECTING
+        held.release()
+        with anyio.fail_after(10):
+            await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        await b.close(sid)
+        with anyio.fail_after(10):
+            landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
+        assert landed is mnemo.State.IDLE
+        assert extracted(b_llm) == ["open door"]
+        steps = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        assert sorted(n.text.split(" -> ")[0] for n in steps) == ["open door", "walk north"]
+
+
+async def test_an_idle_driver_flushes_an_episode_begun_through_another_memory(
+    store: str,
+) -> None:
+    """A drives a session it left idle; B starts an episode and appends a step: A flushes it
+    after flush_timeout. A looked at the store only for a session it saw collecting, so the
+    step waited for a close or an expiry (forever without a session_timeout)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.3, session_timeout=None)
+    async with AsyncExitStack() as stack:
+        a, _, a_events = await opened(stack, store, config)
+        b, _, _ = await opened(stack, store)
+        sid = await a.start_session("explore the house", repo=REPO)
+        await a.close(sid)
+        with anyio.fail_after(10):
+            await a_events.wait_state(a, sid, mnemo.State.IDLE)
+        await b.start_episode(sid, "explore the garden")
+        await b.append(sid, "walk north", "go north")
+        with anyio.fail_after(10):
+            committed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert committed.data["step_indices"] == [0]
+
+
+def _forget_activity(store: str) -> None:
+    """Clears every session's stored last use, as rows written before `active_at` were."""
+    if store.startswith("postgresql"):
+        with psycopg.connect(store, autocommit=True) as conn:
+            conn.execute("UPDATE sessions SET active_at = NULL")
+        return
+    with closing(sqlite3.connect(store)) as conn, conn:
+        conn.execute("UPDATE sessions SET active_at = NULL")
+
+
+async def test_a_session_without_a_stored_use_is_idle_from_when_it_is_read(store: str) -> None:
+    """A session whose row holds no time of last use is idle from when a Memory reads it, not
+    from the loop clock's zero: it expired the moment it was restored (a review)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=600.0)
+    async with AsyncExitStack() as stack:
+        a, _, _ = await opened(stack, store, config)
+        sid = await a.start_session("explore the house", repo=REPO)
+    _forget_activity(store)
+    async with AsyncExitStack() as stack:
+        before = anyio.current_time()
+        b, _, _ = await opened(stack, store)  # restores the session
+        assert await b.session_state(sid) is mnemo.State.COLLECTING
+        record = b._service._live.by_id[sid]
+        assert record.last_activity >= before
+
+
+async def test_a_reader_takes_over_no_session_without_timers(store: str) -> None:
+    """A Memory that takes over the sessions of one that closed leaves alone an auto-commit
+    session with neither flush nor expiry (and nothing committing): there is nothing to
+    drive, and a Memory that only reads wrote a new holder and version into every such
+    session at each open (a review: 200 sessions, 200 claims an open)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None)
+    async with AsyncExitStack() as stack:
+        a, _, _ = await opened(stack, store, config)
+        sid = await a.start_session("explore the house", repo=REPO)
+        await a.append(sid, "walk north", "go north")
+    async with AsyncExitStack() as stack:
+        b, _, _ = await opened(stack, store)
+        coordination = b._service._live.coordination
+        before = await coordination.lease(sid)
+        await b._service._holding._take_over()  # the janitor's look, at once
+        after = await coordination.lease(sid)
+        assert before is not None
+        assert after is not None
+        assert (after.version, after.holder) == (before.version, before.holder)

@@ -27,7 +27,7 @@ from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
-from mnemo.session.ports import LiveSession, RepoRow, StaleSession
+from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.postgres.connection import Connection, Postgres
 
 __all__ = ["PgSessions", "side_writes"]
@@ -327,7 +327,7 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
             if not await _save_rewards(conn, write.steps, committed_in=write.changeset_id):
                 # Committed in another changeset (another Memory's auto-commit of the same
                 # steps) or gone: the commit's transaction writes nothing.
-                raise StaleSession(write.session_id)
+                raise StepsCommittedElsewhere(write.session_id)
             if write.state is not None:
                 now = now_utc()
                 await conn.execute(

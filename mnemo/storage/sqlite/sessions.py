@@ -17,7 +17,7 @@ from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
-from mnemo.session.ports import LiveSession, RepoRow, StaleSession
+from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.sqlite.database import Database
 
 
@@ -423,7 +423,7 @@ def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
             if marked < len(rewards):
                 # Committed in another changeset (another Memory's auto-commit of the same
                 # steps) or gone: this commit writes nothing.
-                raise StaleSession(write.session_id)
+                raise StepsCommittedElsewhere(write.session_id)
             if write.state is not None:
                 now = now_utc().isoformat()
                 conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))

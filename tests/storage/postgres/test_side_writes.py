@@ -15,7 +15,7 @@ from mnemo.graph.model import Changeset
 from mnemo.graph.ports import SourceForgotten, SourceRecorded, StepsCommitted
 from mnemo.ports import Usage
 from mnemo.session.machine import State
-from mnemo.session.ports import RepoRow, StaleSession
+from mnemo.session.ports import RepoRow, StepsCommittedElsewhere
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.sessions import PgSessions, side_writes
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
@@ -82,12 +82,12 @@ async def test_steps_committed_without_a_state_only_marks_steps(backend: Backend
 async def test_steps_committed_in_another_changeset_refuse_the_commit(backend: Backend) -> None:
     """A step already committed in another changeset (two Memory objects' auto-commits of the
     same steps: a boundary's in one, a flush in the other) refuses the commit with
-    StaleSession, and nothing of the transaction is written; the same changeset again is no
-    conflict (a commit applied twice). Both commits used to mark the steps, and the nodes
-    were in the graph twice (a review)."""
+    StepsCommittedElsewhere, and nothing of the transaction is written; the same changeset
+    again is no conflict (a commit applied twice). Both commits used to mark the steps, and
+    the nodes were in the graph twice (a review)."""
     await _collected(backend)
     await backend.side_writes([StepsCommitted("s1", "e1", "c1", (("st1", 0.25),), None)])
-    with pytest.raises(StaleSession):
+    with pytest.raises(StepsCommittedElsewhere):
         await backend.side_writes([
             StepsCommitted("s1", "e1", "c2", (("st2", 0.5), ("st1", 0.5)), None),
             SourceRecorded(REPO, "doc-1", "hash1", "c2", WHEN),

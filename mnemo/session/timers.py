@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from mnemo.episode.model import StepRecord
-from mnemo.errors import NotFoundError, SessionError
+from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.session import extracting, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StaleSession
@@ -35,6 +35,9 @@ S = State
 
 # Ends the session if it is still at the given version (else `StaleSession`).
 End = Callable[[str, int], Awaitable[None]]
+
+# Seconds before a deadline is looked at again when the store could not be read.
+STORE_RETRY = 1.0
 
 
 async def run(live: Sessions, end: End) -> None:
@@ -123,6 +126,11 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             extracting.start_background(live, session, waiting)
     except NotFoundError:
         return  # ended through another Memory
+    except StorageError as exc:
+        # The store is away: the deadline is looked at again once it may be back (it was
+        # logged as a crash, with its traceback, at every look).
+        log.warning("%s: timers could not read the store: %r", session.id, exc)
+        await anyio.sleep(STORE_RETRY)
     finally:
         session.checking = False
         live.timer_wake.set()

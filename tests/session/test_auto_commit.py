@@ -327,3 +327,32 @@ async def test_a_read_during_the_closes_commit_loses_no_transition(
         await events.wait_state(auto_mem, sid, mnemo.State.COLLECTING)
     assert [(r.ok, r.value) for r in results] == [(True, "closed"), (True, "started")]
     assert events.transitions(sid)[-2:] == [("extracting", "idle"), ("idle", "collecting")]
+
+
+async def test_a_store_fault_at_a_deadline_is_a_warning_and_looked_at_again(
+    auto_mem: mnemo.Memory, events: EventLog, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store failing when a flush comes due is logged as a warning and the deadline is
+    looked at again later, when the flush goes through. It was logged as a crash of the
+    session's background work, with its traceback, at every look (a review: once a second
+    while PostgreSQL was down)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
+    sid = await auto_mem.start_session("explore", repo=REPO, config=config)
+    live = auto_mem._service._live
+    fetch = live.fetch
+    faults = [mnemo.StorageError("unavailable", "the server went away")]
+
+    async def failing_once(session_id: str, *, fresh: bool = False) -> object:
+        if fresh and faults:
+            raise faults.pop()
+        return await fetch(session_id, fresh=fresh)
+
+    await auto_mem.append(sid, "walk north", "go north")
+    monkeypatch.setattr(live, "fetch", failing_once)
+    with anyio.fail_after(10):
+        committed = await events.wait_for(lambda e: e.kind == "trajectory_committed")
+    assert committed.data["step_indices"] == [0]
+    assert not faults
+    assert "timers could not read the store" in caplog.text
+    assert "background work crashed" not in caplog.text

@@ -30,7 +30,7 @@ from mnemo.graph.model import Changeset
 from mnemo.graph.ports import SideWrite, StepsCommitted
 from mnemo.ports import Usage
 from mnemo.session.machine import State
-from mnemo.session.ports import RepoRow, StaleSession
+from mnemo.session.ports import RepoRow, StaleSession, StepsCommittedElsewhere
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
 from tests.storage.postgres.session_backends import (
     DIM,
@@ -95,8 +95,17 @@ class SessionStoresAgree(RuleBasedStateMachine):
             await conn.execute(f"TRUNCATE {_TABLES}")
 
     def _each(self, call: Any) -> None:
+        """Runs `call` on both backends; either both refuse it (the same exception type) or
+        neither does."""
+        refused: list[type[BaseException] | None] = []
         for backend in self.backends:
-            self.portal.call(call, backend)
+            try:
+                self.portal.call(call, backend)
+            except StepsCommittedElsewhere as exc:
+                refused.append(type(exc))
+            else:
+                refused.append(None)
+        assert refused[0] == refused[1]
 
     def _next(self, prefix: str) -> str:
         self.counter += 1
@@ -176,7 +185,8 @@ class SessionStoresAgree(RuleBasedStateMachine):
           with_episode=st.booleans())
     def commit(self, sid: str, reward: float | None, state: str | None,
                with_episode: bool) -> None:
-        """The session side of a graph commit, in a transaction of its own."""
+        """The session side of a graph commit, in a transaction of its own (refused alike
+        when a step is already committed in another changeset)."""
         steps = self.steps[self.episode[sid]]
         writes: list[SideWrite] = [StepsCommitted(
             sid, self.episode[sid] if with_episode else None, self._next("c"),

@@ -72,8 +72,18 @@ async def start(
         session.extraction_model = model
         return version
 
-    await transitions.move(live, session, event, persist, op=op, refuse=refuse)
-    live.spawn(session, extract_episode, live, session)
+    started = False
+
+    def extract() -> None:
+        # Started with the move, before its event is delivered: in between, a call saw the
+        # session extracting with no extraction here, and took it for another Memory's.
+        nonlocal started
+        started = True
+        live.spawn(session, extract_episode, live, session)
+
+    await transitions.move(live, session, event, persist, op=op, refuse=refuse, fired=extract)
+    if not started:
+        live.spawn(session, extract_episode, live, session)
 
 
 def extractable(session: SessionRecord, step: StepRecord) -> bool:

@@ -109,7 +109,12 @@ class Sessions:
             return session
         if fresh:
             lease = await self.coordination.lease(session_id)
-            if lease is None or lease.ended or lease.version != session.version:
+            moved = lease is None or lease.ended or lease.version != session.version
+            # Not while this Memory holds the session's lock: it is writing the session, and
+            # what the store holds may be that very write, which the move ends with (taken
+            # in half-way, the session looked extracted by another Memory, or its move lost
+            # its event). Looked at after the read: the write may have begun during it.
+            if moved and not session.lock.locked():
                 await self.reload(session)
         return session
 

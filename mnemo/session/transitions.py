@@ -61,8 +61,11 @@ async def move(
     op: Op | None = None,
     data: Callable[[], dict[str, Any]] | None = None,
     refuse: Callable[[], None] | None = None,
+    fired: Callable[[], None] | None = None,
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
+    `fired`, when given, runs right after the event fires, before anything else may run
+    (what a move starts, so that no call sees the new state without it).
 
     `persist` writes with the version the record holds and returns the new one; when another
     Memory moved the session first (`StaleSession`), the record is read again and the table
@@ -107,6 +110,8 @@ async def move(
             # operation without its callback).
             live.machines.force(session.model, before)
         after = Machines.fire(session.model, event)
+        if fired is not None:
+            fired()
         if op is not None:
             op.applied = True
     session.notify()

@@ -124,6 +124,21 @@ async def test_a_rare_word_outranks_a_common_one_repeated(cmem: mnemo.Memory) ->
     assert hits[1].seq == 20
 
 
+async def test_a_message_with_every_word_outranks_a_short_one_with_one(
+    cmem: mnemo.Memory
+) -> None:
+    """bm25's length term saturates: a message holding both query words outranks an older
+    one-word message holding only one, on both backends (PostgreSQL's `ts_rank` divided by
+    the length's log, and ranked the one-word message first: a differential review)."""
+    conv = cmem.conversation()
+    filler = [user(f"unrelated chatter number {i} about lunch and weather") for i in range(20)]
+    await conv.save("t", [user("nginx"), *filler,
+                          user("Please restart nginx, the login page shows 502.")])
+    for query in ("nginx restart", "restart nginx login"):
+        hits = await cmem.search_messages(query, limit=3)
+        assert [h.seq for h in hits] == [21, 0], query
+
+
 async def test_exclude_viewport_of(cmem: mnemo.Memory) -> None:
     """exclude_viewport_of leaves out what that thread's viewport shows, not what it evicted
     or what other threads hold."""

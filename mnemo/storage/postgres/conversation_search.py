@@ -5,19 +5,25 @@ Search runs on the messages' generated `search` column (`to_tsvector('mnemo_engl
 GIN-indexed): Snowball's English stemmer, case folded, no stop word dropped. Each word of the
 query becomes `phraseto_tsquery('mnemo_english', word)` (a parameter, so nothing in it is query
 syntax; a word the parser splits, such as `foo_bar`, stays one phrase, as a quoted FTS5 string
-does) and a message matches when it holds any of them. Its relevance is bm25's shape: per word,
-`ts_rank` with length normalisation (the term-frequency part) times the word's idf,
-`ln(1 + (N - df + 0.5) / (df + 0.5))`, summed; without the idf a word in every message
-repeated three times outranked a rare one (session 19). `df` is counted through the GIN index
-up to `COUNT_CAP` messages, N is the table's row estimate or its count up to the cap, whichever
-is larger (a capped count keeps a large table's search bounded; its idf is near its floor
-there anyway). The best candidates are reordered by `rank_by_recency` (see
-`mnemo.conversation.search`); `ts_headline` is asked only for the hits returned
-(docs/DECISIONS.md).
+does) and a message matches when it holds any of them. Its relevance is bm25, as FTS5's: per
+word, its idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the saturating term frequency
+`tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed. `tf` is read through `ts_rank`
+without normalisation (`TS_RANK_ONE`: 1 for one occurrence, saturating below 1.64; counting
+positions by unnesting each vector cost five times the search), `len` is the message's
+distinct lexemes (`length(tsvector)`) and `avglen` their mean over up to `COUNT_CAP`
+messages. Without the idf a word in every message repeated three times outranked a
+rare one (session 19); with `ts_rank`'s division by the length's log instead of bm25's
+saturation, a one-word message holding one query word outranked a sentence holding all of them
+(session 20). `df` is counted through the GIN index up to `COUNT_CAP` messages, N is the
+table's row estimate or its count up to the cap, whichever is larger (a capped count keeps a
+large table's search bounded; its idf is near its floor there anyway). The best candidates
+are reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked
+only for the hits returned (docs/DECISIONS.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -37,9 +43,14 @@ from mnemo.storage.postgres._thread_rows import (
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
 
-# ts_rank's normalisation 1 divides by 1 + log(words in the message): a long message that
-# mentions a word once ranks below a short one about it, as bm25's length term does.
-RANK_NORMALIZATION = 1
+# bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
+K1 = 1.2
+B = 0.75
+# `ts_rank` (no normalisation) of a word found once (its weight D, 0.1, times 6 / pi^2). A
+# word found n times ranks 1 + 1/4 + ... + 1/n^2 times that, so the ratio is a term frequency
+# that saturates by itself (1, 1.25, 1.36, ... below pi^2 / 6 = 1.64), read in C from the
+# vector without unnesting it.
+TS_RANK_ONE = 0.1 * 6 / math.pi**2
 
 # About SQLite's 48-token snippet; `clip` then bounds it to SNIPPET_CHARS.
 HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
@@ -60,18 +71,33 @@ def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def _per_word(words: Sequence[str]) -> tuple[str, list[Any]]:
-    """A `w (query)` table of one tsquery per word, with its document frequency `df` and the
-    collection's size `n` (see the module doc), and its parameters."""
-    rows = ", ".join(f"(phraseto_tsquery('{TEXT_SEARCH_CONFIG}', %s))" for _ in words)
+    """A `w` table of one tsquery per word with its document frequency `df`, the
+    collection's size `n` and mean length `avglen` (see the module doc), and its parameters.
+    Materialised: inlined, each word's `df` was counted again for every message it matched
+    (130 ms a search at 500 messages, growing with the matches times the cap)."""
+    config = TEXT_SEARCH_CONFIG
+    rows = ", ".join(f"(phraseto_tsquery('{config}', %s))" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"
-        " size (n) AS (SELECT greatest(1,"
+        " size (n, avglen) AS MATERIALIZED (SELECT greatest(1,"
         " (SELECT reltuples FROM pg_class WHERE oid = 'messages'::regclass),"
-        " (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT %s) c))),"
-        " w AS (SELECT words.query, size.n, (SELECT count(*) FROM (SELECT 1 FROM messages d"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT %s) c)),"
+        " (SELECT greatest(avg(length(search)), 1)::float8 FROM"
+        " (SELECT search FROM messages LIMIT %s) l)),"
+        " w AS MATERIALIZED (SELECT words.query, size.n, size.avglen,"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages d"
         " WHERE d.search @@ words.query LIMIT %s) c) AS df FROM words, size)"
     )
-    return sql, [*words, COUNT_CAP, COUNT_CAP]
+    return sql, [*words, COUNT_CAP, COUNT_CAP, COUNT_CAP]
+
+
+# One word's bm25 in message `m` (see the module doc), from `w` of `_per_word` and the word's
+# term frequency `tf.f` (`_TF`, computed once a row).
+_TF = f"LATERAL (SELECT ts_rank(m.search, w.query, 0) / {TS_RANK_ONE} AS f) tf"
+_BM25 = (
+    "ln(1 + (w.n - w.df + 0.5) / (w.df + 0.5))"
+    f" * tf.f * ({K1} + 1) / (tf.f + {K1} * (1 - {B} + {B} * length(m.search) / w.avglen))"
+)
 
 
 async def search(
@@ -108,9 +134,8 @@ async def search(
     rows = await fetch(
         conn,
         f"WITH {per_word}"
-        " SELECT m.rowid, sum(ln(1 + (w.n - w.df + 0.5) / (w.df + 0.5))"
-        f" * ts_rank(m.search, w.query, {RANK_NORMALIZATION})), m.recorded_at"
-        f" FROM messages m JOIN w ON {' AND '.join(conditions)}"
+        f" SELECT m.rowid, sum({_BM25}), m.recorded_at"
+        f" FROM messages m JOIN w ON {' AND '.join(conditions)} CROSS JOIN {_TF}"
         " GROUP BY m.rowid, m.recorded_at ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
         [*word_params, *filters, pool_size(limit)],
     )

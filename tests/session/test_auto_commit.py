@@ -305,9 +305,10 @@ async def test_a_read_during_the_closes_commit_loses_no_transition(
 ) -> None:
     """A read of the session landing while the close's commit is written leaves the move to
     the close, and so does a reload that takes in the new version and state: the close's
-    "transition" event is emitted and the operation queued behind it runs. The read had forced the record to idle, the move's event
-    then failed from idle, and the queued start_episode never ran nor called back (a review:
-    2 in 100 tries). The read is placed there deterministically, right after the write."""
+    "transition" event is emitted and the operation queued behind it runs. The read had
+    forced the record to idle, the move's event then failed from idle, and the queued
+    start_episode never ran nor called back (a review: 2 in 100 tries). The read is placed
+    there deterministically, right after the write."""
     sid = await auto_mem.start_session("explore", repo=REPO)
     await auto_mem.append(sid, "walk north", "go north")
     live = auto_mem._service._live

@@ -100,21 +100,16 @@ _BM25 = (
 )
 
 
-async def search(
-    conn: Connection,
+def scoring_query(
     words: Sequence[str],
     *,
     limit: int,
-    now: datetime,
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
     shown: Shown | None = None,
-) -> list[SearchHit]:
-    """The best `limit` messages for the words (see the module doc); call inside one read
-    transaction, so the hits' snippets come from the rows that were ranked."""
-    query, params = tsquery(words)
-    if not query:
-        return []
+) -> tuple[str, list[Any]]:
+    """The statement ranking the best `limit` candidates (rowid, bm25, recorded_at) for the
+    words, and its parameters (see `search`)."""
     conditions = ["m.search @@ w.query"]
     filters: list[Any] = []
     if thread_id is not None:
@@ -131,14 +126,35 @@ async def search(
             )
             filters += [exclude_viewport_of, exclude_viewport_of]
     per_word, word_params = _per_word(words)
-    rows = await fetch(
-        conn,
+    return (
         f"WITH {per_word}"
         f" SELECT m.rowid, sum({_BM25}), m.recorded_at"
         f" FROM messages m JOIN w ON {' AND '.join(conditions)} CROSS JOIN {_TF}"
         " GROUP BY m.rowid, m.recorded_at ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
-        [*word_params, *filters, pool_size(limit)],
+        [*word_params, *filters, limit],
     )
+
+
+async def search(
+    conn: Connection,
+    words: Sequence[str],
+    *,
+    limit: int,
+    now: datetime,
+    thread_id: str | None = None,
+    exclude_viewport_of: str | None = None,
+    shown: Shown | None = None,
+) -> list[SearchHit]:
+    """The best `limit` messages for the words (see the module doc); call inside one read
+    transaction, so the hits' snippets come from the rows that were ranked."""
+    query, params = tsquery(words)
+    if not query:
+        return []
+    scoring, scoring_params = scoring_query(
+        words, limit=pool_size(limit), thread_id=thread_id,
+        exclude_viewport_of=exclude_viewport_of, shown=shown,
+    )
+    rows = await fetch(conn, scoring, scoring_params)
     scored = rank_by_recency(
         ((int(rowid), float(score), utc(at)) for rowid, score, at in rows),
         now=now,

@@ -23,6 +23,7 @@ from mnemo.conversation.drafts import MessageDraft, draft
 from mnemo.conversation.model import Message
 from mnemo.conversation.ports import ThreadState, ThreadStore
 from mnemo.conversation.search import SNIPPET_CHARS, query_words
+from mnemo.storage.postgres import conversation_search
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.sqlite.conversation import SqliteThreads
@@ -642,3 +643,32 @@ def test_backends_agree(pg_url: str, tmp_path: Path, ops: list[tuple[str, int, i
             await database.close()
 
     anyio.run(run)
+
+
+def _subplan_loops(plan: dict[str, Any]) -> list[int]:
+    """The loops of every subplan node under `plan` (EXPLAIN ANALYZE, JSON)."""
+    found = []
+    if plan.get("Subplan Name", "").startswith("SubPlan"):
+        found.append(int(plan["Actual Loops"]))
+    for child in plan.get("Plans", []):
+        found += _subplan_loops(child)
+    return found
+
+
+async def test_message_search_counts_each_words_df_once(pg_url: str) -> None:
+    """The scoring statement counts a word's document frequency once per search, not once per
+    message it matches: the planner inlined the per-word CTE, and 500 messages took 131 ms a
+    search, 5,000 about 5 s (session 20). The plan's subplans run at most once a word."""
+    async with mnemo.Memory(pg_url, embedder=mnemo.HashEmbedder(8)) as mem:
+        await mem.conversation().save(
+            "t", [{"role": "user", "content": f"nginx cache python note {i}"} for i in range(60)]
+        )
+    words = ["nginx", "cache", "python"]
+    statement, params = conversation_search.scoring_query(words, limit=50)
+    async with Postgres(pg_url) as pg, pg.connection() as conn:
+        cur = await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
+        row = await cur.fetchone()
+    assert row is not None
+    loops = _subplan_loops(row[0][0]["Plan"])
+    assert loops
+    assert max(loops) <= len(words), loops

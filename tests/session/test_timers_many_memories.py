@@ -188,11 +188,11 @@ async def test_an_idle_driver_flushes_an_episode_begun_through_another_memory(
 def _forget_activity(store: str) -> None:
     """Clears every session's stored last use, as rows written before `active_at` were."""
     if store.startswith("postgresql"):
-        with psycopg.connect(store, autocommit=True) as conn:
-            conn.execute("UPDATE sessions SET active_at = NULL")
+        with psycopg.connect(store, autocommit=True) as pg:
+            pg.execute("UPDATE sessions SET active_at = NULL")
         return
-    with closing(sqlite3.connect(store)) as conn, conn:
-        conn.execute("UPDATE sessions SET active_at = NULL")
+    with closing(sqlite3.connect(store)) as db, db:
+        db.execute("UPDATE sessions SET active_at = NULL")
 
 
 async def test_a_session_without_a_stored_use_is_idle_from_when_it_is_read(store: str) -> None:

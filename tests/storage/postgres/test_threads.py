@@ -669,6 +669,7 @@ async def test_message_search_counts_each_words_df_once(pg_url: str) -> None:
         cur = await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
         row = await cur.fetchone()
     assert row is not None
-    loops = _subplan_loops(row[0][0]["Plan"])
+    plans: Any = row[0]
+    loops = _subplan_loops(plans[0]["Plan"])
     assert loops
     assert max(loops) <= len(words), loops

@@ -67,6 +67,16 @@ class Hold:
         await self._released.wait()
 
 
+def extracted_observations(llm: FakeLLM) -> list[str]:
+    """Every step observation `llm`'s semantic task was asked about, in order."""
+    return [
+        step["observation"]
+        for request in llm.calls
+        if request.task == "semantic"
+        for step in task_inputs(request)["steps"]
+    ]
+
+
 class FakeLLM:
     """A deterministic `mnemo.LLM` with failure, garbage and hold controls per task."""
 

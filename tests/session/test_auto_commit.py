@@ -9,19 +9,8 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.ports import task_inputs
 from tests.conftest import REPO
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
-
-
-def extracted_observations(llm: FakeLLM) -> list[str]:
-    """Every step observation the semantic worker was asked about, in order."""
-    return [
-        step["observation"]
-        for request in llm.calls
-        if request.task == "semantic"
-        for step in task_inputs(request)["steps"]
-    ]
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold, extracted_observations
 
 
 async def episodic_indices(mem: mnemo.Memory) -> list[int]:

@@ -17,8 +17,7 @@ import anyio
 import psycopg
 
 import mnemo
-from mnemo.ports import task_inputs
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
 
 REPO = "r"
 
@@ -35,16 +34,6 @@ async def opened(
     )
     await mem.open_repo(REPO, config=config)
     return mem, llm, events
-
-
-def extracted(llm: FakeLLM) -> list[str]:
-    """The observations of the steps this LLM's semantic task was asked about."""
-    return [
-        step["observation"]
-        for request in llm.calls
-        if request.task == "semantic"
-        for step in task_inputs(request)["steps"]
-    ]
 
 
 async def test_appends_through_one_memory_keep_the_session_alive_in_the_others(
@@ -88,8 +77,8 @@ async def test_an_idle_trajectory_is_flushed_once_whoever_reads_it(store: str) -
         # Long enough for every other Memory's flush clock (started when it learnt of the
         # session, at most 0.2 s after A's) to run out twice over.
         await anyio.sleep(0.8)
-        assert extracted(a_llm) == ["walk north"]
-        assert extracted(b_llm) == extracted(c_llm) == []
+        assert extracted_observations(a_llm) == ["walk north"]
+        assert extracted_observations(b_llm) == extracted_observations(c_llm) == []
         for events in (b_events, c_events):
             assert not [e for e in events.events if e.kind == "trajectory_committed"]
         nodes = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
@@ -112,7 +101,8 @@ async def test_appends_through_another_memory_postpone_the_drivers_flush(store: 
         assert not [e for e in a_events.events if e.kind == "trajectory_committed"]
         committed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
         assert committed.data["step_indices"] == list(range(8))
-        assert sorted(extracted(a_llm) + extracted(b_llm)) == sorted(f"walk {i}" for i in range(8))
+        asked = extracted_observations(a_llm) + extracted_observations(b_llm)
+        assert sorted(asked) == sorted(f"walk {i}" for i in range(8))
 
 
 async def test_a_closed_drivers_timers_are_taken_over(store: str) -> None:
@@ -127,7 +117,7 @@ async def test_a_closed_drivers_timers_are_taken_over(store: str) -> None:
             await a.append(sid, "walk north", "go north")
         expired = await b_events.wait_for(lambda e: e.kind == "session_expired")
         assert expired.session_id == sid
-        assert extracted(a_llm) + extracted(b_llm) == ["walk north"]
+        assert extracted_observations(a_llm) + extracted_observations(b_llm) == ["walk north"]
         nodes = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
         assert [n.data["index"] for n in nodes] == [0]
 
@@ -159,7 +149,7 @@ async def test_a_close_after_another_memorys_background_commit_commits_the_rest(
         with anyio.fail_after(10):
             landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
         assert landed is mnemo.State.IDLE
-        assert extracted(b_llm) == ["open door"]
+        assert extracted_observations(b_llm) == ["open door"]
         steps = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
         assert sorted(n.text.split(" -> ")[0] for n in steps) == ["open door", "walk north"]
 

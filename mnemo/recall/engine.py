@@ -248,7 +248,7 @@ class Recaller:
         neighbours offered, in two reads bounded by k: the best `depth` candidates (what
         ranking can pick from: the others are touched, never read), then what provenance
         and neighbours brought in."""
-        ranked = sorted(found.items(), key=lambda item: -item[1].score)
+        ranked = sorted(found.items(), key=hops.by_score)
         best = [i for i, _ in ranked[:depth]]
         first = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE)
         context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {},

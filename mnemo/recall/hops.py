@@ -182,8 +182,15 @@ def _record_members(
 
 
 def best(found: dict[str, Candidate], n: int) -> set[str]:
-    """The ids of the `n` best-scored candidates."""
-    return {i for i, _ in sorted(found.items(), key=lambda item: -item[1].score)[:n]}
+    """The ids of the `n` best-scored candidates (ties by id)."""
+    return {i for i, _ in sorted(found.items(), key=by_score)[:n]}
+
+
+def by_score(item: tuple[str, Candidate]) -> tuple[float, str]:
+    """Best score first, then the smaller id: an exact tie at a cut is decided by the nodes,
+    not by the order a store returned them in (SQLite and PostgreSQL kept different ones of
+    two tied nodes, a differential review)."""
+    return -item[1].score, item[0]
 
 
 def offer(found: dict[str, Candidate], node_id: str, candidate: Candidate) -> bool:

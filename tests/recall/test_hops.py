@@ -171,3 +171,12 @@ async def test_a_refinement_reads_no_links_a_hop_has_read(random_graph: GraphSto
     await _follow(graph, found, k=2, depth=50, config=config)
     assert graph.asked[0] == {"s0", "s1"}
     assert graph.neighbors_asked == []
+
+
+def test_the_best_of_tied_candidates_do_not_depend_on_their_order() -> None:
+    """An exact tie at the cut is decided by the ids, whatever order the candidates arrived in
+    (a store's row order: SQLite and PostgreSQL kept different ones of two tied nodes)."""
+    scores = {"n3": 0.9, "n1": 0.5, "n2": 0.5, "n0": 0.5}
+    for order in (["n3", "n1", "n2", "n0"], ["n0", "n2", "n3", "n1"], ["n2", "n3", "n0", "n1"]):
+        found = {i: Candidate(scores[i], "hop", 1) for i in order}
+        assert hops.best(found, 2) == {"n3", "n0"}

@@ -50,7 +50,7 @@ from mnemo.storage.lexical.fresh import (
     scores,
     unstale_hits,
 )
-from mnemo.storage.lexical.schema import analyzer, schema
+from mnemo.storage.lexical.schema import analyzer, open_index, schema
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
     WINDOW,
@@ -77,7 +77,7 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-FORMAT = "v3"  # the folder's layout (v3: steps' windows): a change goes to a new folder
+FORMAT = "v4"  # the folder's layout (v4: accents folded): a change goes to a new folder
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
 # ever more of them itself, and skip ever more stale copies: BENCHMARKS.md, session 18), and
@@ -449,7 +449,7 @@ class LexicalIndex:
 
         folder.mkdir(parents=True, exist_ok=True)
         try:
-            index = tv.Index(self._schema, path=str(folder))
+            index = open_index(folder, self._schema)
             writer = index.writer(heap_size=_HEAP, num_threads=1)
         except ValueError as error:
             if "LockBusy" in str(error):
@@ -458,7 +458,7 @@ class LexicalIndex:
             log.warning("lexical index: %s is unreadable (%s); rebuilding it", folder, error)
             shutil.rmtree(folder)
             folder.mkdir(parents=True)
-            index = tv.Index(self._schema, path=str(folder))
+            index = open_index(folder, self._schema)
             writer = index.writer(heap_size=_HEAP, num_threads=1)
         index.config_reader(reload_policy="manual")
         self._index, self._writer, self._repos = index, writer, None

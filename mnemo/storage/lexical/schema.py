@@ -1,13 +1,19 @@
-"""The lexical index's tantivy schema, and the analyzer that turns a query's words into
-the stems its `text` field holds (the `en_stem` tokenizer's, so both sides agree)."""
+"""The lexical index's tantivy schema, and the analyzer that turns a text into the stems its
+`text` field holds: one definition, registered on the index for its documents and applied by
+the index itself to a query's words, so both sides agree."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+# The `text` field's analyzer, by the name the folder's schema records. tantivy keeps the name
+# only: every opening of the index registers it (a writer made without it fails).
+TOKENIZER = "mnemo_en"
 
 
 def schema() -> Any:
-    """The index's fields (a new layout needs a new `FORMAT` folder)."""
+    """The index's fields (a new layout, or a new analyzer, needs a new `FORMAT` folder)."""
     import tantivy
 
     builder = tantivy.SchemaBuilder()
@@ -18,20 +24,41 @@ def schema() -> Any:
     builder.add_text_field("id", tokenizer_name="raw", stored=True, index_option="basic")
     builder.add_text_field("repo", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
-    builder.add_text_field("text", tokenizer_name="en_stem", index_option="freq")
+    builder.add_text_field("text", tokenizer_name=TOKENIZER, index_option="freq")
     builder.add_text_field("holds", tokenizer_name="raw", index_option="basic")
     builder.add_integer_field("seq", stored=True)
     return builder.build()
 
 
 def analyzer() -> Any:
-    """What `en_stem` does to a text: split, drop tokens over 40 bytes, lowercase, stem."""
+    """tantivy's `en_stem` with accents folded: split, drop tokens over 40 bytes, fold to
+    ASCII, lowercase, stem.
+
+    Folded as the store's own search folds them ("café", "cafe" and "CAFÉ" are one word):
+    FTS5's `unicode61` drops diacritics, PostgreSQL's `mnemo_english` runs `unaccent`.
+    Folded before lowercasing: lowercased first, "İ" became "i" and a combining dot, which
+    no folding removes, and small capitals ("ᴀ") folded to capitals.
+    """
     import tantivy as tv
 
     return (
         tv.TextAnalyzerBuilder(tv.Tokenizer.simple())
         .filter(tv.Filter.remove_long(40))
+        .filter(tv.Filter.ascii_fold())
         .filter(tv.Filter.lowercase())
         .filter(tv.Filter.stemmer("english"))
         .build()
     )
+
+
+def open_index(folder: Path, fields: Any) -> Any:
+    """The index in `folder` (made there if there is none) with `fields`' analyzer registered.
+
+    Raises:
+        ValueError: tantivy's, for a folder it cannot read.
+    """
+    import tantivy as tv
+
+    index = tv.Index(fields, path=str(folder))
+    index.register_tokenizer(TOKENIZER, analyzer())
+    return index

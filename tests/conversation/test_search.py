@@ -93,6 +93,21 @@ async def test_search_reads_operators_as_words(cmem: mnemo.Memory) -> None:
     assert await cmem.search_messages("*** ((( )))") == []
 
 
+async def test_search_folds_accents_in_the_query_and_the_text(cmem: mnemo.Memory) -> None:
+    """A word matches with or without its accents, written either way in the query or the
+    message, on both backends (PostgreSQL found "café" by "café" alone, FTS5 by "cafe" too);
+    the snippet shows the message as written."""
+    conv = cmem.conversation()
+    await conv.save("t", [user("We met at the café"), user("Naïve résumé, crème brûlée"),
+                          user("the cafe was closed"), user("a naive plan")])
+    for query, seqs in [("cafe", {0, 2}), ("café", {0, 2}), ("CAFÉ", {0, 2}), ("Cafè", {0, 2}),
+                        ("naive", {1, 3}), ("NAÏVE", {1, 3}), ("resume", {1}),
+                        ("résumé", {1}), ("creme brulee", {1})]:
+        assert {h.seq for h in await cmem.search_messages(query)} == seqs, query
+    (hit,) = await cmem.search_messages("brulee")
+    assert "Naïve résumé, crème brûlée" in hit.snippet
+
+
 @pytest.mark.parametrize("query", ["", "   ", None, 3])
 async def test_blank_query_refused(cmem: mnemo.Memory, query: object) -> None:
     """A blank or non-string query is InvalidInputError."""

@@ -1,6 +1,7 @@
-"""Recall's lexical index folds accents as the store's full-text search does, on each backend
-(its uncommitted documents, its committed ones, and a slot opened again); an index written
-before it folded them is rebuilt, not read."""
+"""Recall's lexical channel folds accents as message search does, on each backend: through the
+lexical index (its uncommitted documents, its committed ones, and a slot opened again) and
+through the store's own full-text search; and an index written before it folded them is
+rebuilt, not read."""
 
 from __future__ import annotations
 
@@ -45,6 +46,15 @@ async def test_the_index_folds_accents(
         for query, ids in EXPECTED:
             assert await found(backend, query) == ids, query
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids
+
+
+async def test_the_store_search_folds_accents(store: str) -> None:
+    """Without a lexical index, the store's own full-text search (FTS5, or PostgreSQL's
+    `mnemo_english`, which found "café" by "café" alone) folds accents too."""
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await add(backend, "c1", TEXTS)
+        for query, ids in EXPECTED:
+            assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
 
 
 # ---- an index of the former format ----------------------------------------------------------

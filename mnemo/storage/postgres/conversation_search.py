@@ -19,6 +19,9 @@ table's row estimate or its count up to the cap, whichever is larger (a capped c
 large table's search bounded; its idf is near its floor there anyway). The best candidates
 are reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked
 only for the hits returned (docs/DECISIONS.md).
+
+Accents are folded as well (`unaccent` ahead of the stemmer, migration m012), in the query and
+the text alike, as FTS5's `unicode61` folds them; `ts_headline` shows the text as written.
 """
 
 from __future__ import annotations

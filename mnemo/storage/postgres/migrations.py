@@ -12,7 +12,8 @@ from mnemo.storage.lexical import LOG_KEEP
 
 # FTS5's `porter unicode61` stems every word and drops none; PostgreSQL's `english` stems with
 # Snowball's English (Porter's successor) but drops stop words, so a search for "it" or "the"
-# would find nothing. `mnemo_english` is `english` with a stemmer that keeps every word.
+# would find nothing. `mnemo_english` is `english` with a stemmer that keeps every word, and
+# (m012) folds accents first, as `unicode61` does.
 TEXT_SEARCH_CONFIG = "mnemo_english"
 
 
@@ -385,6 +386,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             "ALTER TABLE sessions ADD COLUMN active_at timestamptz",
             "UPDATE sessions SET active_at = updated_at",
+        ),
+    ),
+    Migration(
+        # Accents fold as FTS5's `unicode61` folds them (SQLite needs no migration): "cafe",
+        # "café" and "CAFÉ" are one word. `unaccent` (the extension `schema.apply` creates,
+        # named in its own schema wherever that is) goes ahead of the stemmer for the token
+        # types that can hold a letter other than ASCII (an `ascii*` token has nothing to
+        # fold). A stored generated column keeps what the former configuration computed, so
+        # the rows it now computes otherwise are written again (`text = text` computes it;
+        # the lexical log's trigger ignores an unchanged text). A text all ASCII has no such
+        # token: skipping it by a regular expression first took the migration from 4.6 to
+        # 0.5 s at 100k nodes and 100k messages (BENCHMARKS.md). The lexical index folds them
+        # from its format v4 on.
+        "m012_unaccent",
+        (
+            f"""DO $$ BEGIN EXECUTE format(
+                'ALTER TEXT SEARCH CONFIGURATION {TEXT_SEARCH_CONFIG}'
+                ' ALTER MAPPING FOR word, hword, hword_part WITH %I.unaccent, mnemo_english_stem',
+                (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n
+                 ON n.oid = e.extnamespace WHERE e.extname = 'unaccent'));
+            END $$""",
+            *(
+                f"UPDATE {table} SET text = text WHERE text ~ '[^\\x01-\\x7f]'"
+                f" AND search IS DISTINCT FROM to_tsvector('{TEXT_SEARCH_CONFIG}', text)"
+                for table in ("messages", "nodes")
+            ),
         ),
     ),
 )

@@ -49,7 +49,8 @@ _LEDGER = """CREATE TABLE IF NOT EXISTS mnemo_migrations (
 
 
 async def apply(conn: Connection) -> list[str]:
-    """Creates the `vector` extension if needed and applies every pending migration.
+    """Creates the `vector` and `unaccent` extensions if needed and applies every pending
+    migration.
 
     Runs in one transaction under `pg_advisory_xact_lock(SCHEMA_LOCK)`, so concurrent callers
     on one database are serialised and all succeed; a second call applies nothing. `conn` must
@@ -61,13 +62,16 @@ async def apply(conn: Connection) -> list[str]:
     Raises:
         StorageError: `"extension_missing"` when pgvector is not installed on the server, is
             older than 0.5, or may not be created by this role (a superuser must run
-            `CREATE EXTENSION vector` in the database once); `"busy"` when the lock was not
-            had within the connection's `lock_timeout`; `"unavailable"` for other failures.
+            `CREATE EXTENSION vector` in the database once), and likewise for `unaccent`
+            (PostgreSQL's contrib module, trusted: a role with CREATE on the database may
+            create it); `"busy"` when the lock was not had within the connection's
+            `lock_timeout`; `"unavailable"` for other failures.
     """
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
             await _ensure_vector(conn)
+            await _ensure_extension(conn, "unaccent", "the contrib module unaccent")
             await conn.execute(_LEDGER)
             cur = await conn.execute("SELECT name FROM mnemo_migrations")
             done = {str(name) for (name,) in await cur.fetchall()}
@@ -89,21 +93,7 @@ async def apply(conn: Connection) -> list[str]:
 async def _ensure_vector(conn: Connection) -> None:
     version = await _vector_version(conn)
     if version is None:
-        cur = await conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
-        if await cur.fetchone() is None:
-            raise StorageError(
-                "extension_missing",
-                "vector: pgvector is not installed on the PostgreSQL server",
-            )
-        try:
-            async with conn.transaction():  # a savepoint: a refusal leaves the rest usable
-                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise StorageError(
-                "extension_missing",
-                "vector: this role may not create it; a superuser must run"
-                " `CREATE EXTENSION vector` in this database once",
-            ) from exc
+        await _ensure_extension(conn, "vector", "pgvector")
         version = await _vector_version(conn)
     if version is None or version < MIN_VECTOR_VERSION:
         raise StorageError(
@@ -111,6 +101,29 @@ async def _ensure_vector(conn: Connection) -> None:
             f"vector: pgvector {'.'.join(map(str, MIN_VECTOR_VERSION))} or newer is needed"
             f" (found {'.'.join(map(str, version or ()))})",
         )
+
+
+async def _ensure_extension(conn: Connection, name: str, package: str) -> None:
+    """Creates the extension `name` unless the database has it; `package` names what the
+    server lacks when it cannot be created at all."""
+    cur = await conn.execute("SELECT 1 FROM pg_extension WHERE extname = %s", (name,))
+    if await cur.fetchone() is not None:
+        return
+    cur = await conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = %s", (name,))
+    if await cur.fetchone() is None:
+        raise StorageError(
+            "extension_missing", f"{name}: {package} is not installed on the PostgreSQL server"
+        )
+    try:
+        async with conn.transaction():  # a savepoint: a refusal leaves the rest usable
+            await conn.execute(sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(
+                sql.Identifier(name)))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise StorageError(
+            "extension_missing",
+            f"{name}: this role may not create it; a superuser must run"
+            f" `CREATE EXTENSION {name}` in this database once",
+        ) from exc
 
 
 async def _vector_version(conn: Connection) -> tuple[int, ...] | None:

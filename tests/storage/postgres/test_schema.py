@@ -150,6 +150,79 @@ async def test_search_stems_like_porter_and_keeps_every_word(pg_url: str) -> Non
             assert await cur.fetchone() == (int(hit),), word
 
 
+async def test_a_role_that_may_not_create_unaccent_gets_extension_missing(
+    pg_server: PgServer, pg_empty_url: str
+) -> None:
+    """`unaccent` is trusted: a role with CREATE on the database makes it. One without that
+    right, in a database that has pgvector already, gets extension_missing naming it."""
+    role = "mnemo_schema_user"
+    pg_server.admin(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    pg_server.admin(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    with psycopg.connect(pg_empty_url, autocommit=True) as admin:
+        admin.execute("CREATE EXTENSION vector")
+        admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+    async with await _connect(make_conninfo(pg_empty_url, user=role)) as conn:
+        with pytest.raises(StorageError) as caught:
+            await schema.apply(conn)
+        assert caught.value.reason == "extension_missing"
+        assert "unaccent" in str(caught.value)
+        assert isinstance(caught.value.__cause__, psycopg.errors.InsufficientPrivilege)
+        # Nothing was half-applied: the ledger does not exist.
+        cur = await conn.execute("SELECT to_regclass('mnemo_migrations') IS NULL")
+        assert await cur.fetchone() == (True,)
+
+
+async def test_search_folds_accents_in_rows_written_before_the_migration(
+    pg_empty_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """m012_unaccent computes the stored search column of the rows written before it again
+    (a node, a message): "cafe" finds "café" after it. Rows without an accent are not
+    written again, the lexical log is untouched, and `ts_headline` still shows the text as
+    written."""
+    config = migrations.TEXT_SEARCH_CONFIG
+    before = tuple(m for m in migrations.MIGRATIONS if m.name != "m012_unaccent")
+    async with await _connect(pg_empty_url) as conn:
+        monkeypatch.setattr(schema, "MIGRATIONS", before)
+        await schema.apply(conn)
+        for node, text in (("n1", "We met at the café"), ("n2", "the cafe was closed")):
+            await conn.execute(
+                "INSERT INTO nodes (id, repo, type, text, data, created_at)"
+                " VALUES (%s, 'r', 'semantic', %s, '{}', now())", (node, text))
+        await conn.execute(
+            "INSERT INTO messages (id, thread_id, seq, role, text, data, tokens, recorded_at)"
+            " VALUES ('m1', 't', 0, 'user', 'Naïve résumé', '{}', 3, now())")
+
+        async def matching(table: str, word: str) -> set[str]:
+            cur = await conn.execute(
+                f"SELECT id FROM {table} WHERE search @@ plainto_tsquery(%s, %s)",
+                (config, word))
+            return {str(i) for (i,) in await cur.fetchall()}
+
+        async def versions() -> dict[str, str]:  # a row written again gets a new xmin
+            cur = await conn.execute("SELECT id, xmin::text FROM nodes")
+            return {str(i): str(x) for i, x in await cur.fetchall()}
+
+        assert await matching("nodes", "cafe") == {"n2"}
+        assert await matching("messages", "resume") == set()
+        written, log = await versions(), await (await conn.execute(
+            "SELECT seq FROM lexical_repos")).fetchall()
+        monkeypatch.undo()
+        applied = await schema.apply(conn)
+        assert await matching("nodes", "cafe") == {"n1", "n2"}
+        assert await matching("nodes", "CAFÉ") == {"n1", "n2"}
+        assert await matching("messages", "resume") == {"m1"}
+        assert await matching("messages", "naive") == {"m1"}
+        assert applied == ["m012_unaccent"]
+        rewritten = await versions()
+        assert rewritten["n1"] != written["n1"]
+        assert rewritten["n2"] == written["n2"]
+        assert await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall() == log
+        cur = await conn.execute(
+            "SELECT ts_headline(%s, text, plainto_tsquery(%s, 'resume')) FROM messages",
+            (config, config))
+        assert await cur.fetchone() == ("Naïve <b>résumé</b>",)
+
+
 async def _insert_vectors(conn: psycopg.AsyncConnection[tuple[object, ...]], repo: str,
                           vectors: list[str], start: int = 0) -> None:
     for i, vec in enumerate(vectors, start):

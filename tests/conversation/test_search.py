@@ -108,6 +108,25 @@ async def test_search_folds_accents_in_the_query_and_the_text(cmem: mnemo.Memory
     assert "Naïve résumé, crème brûlée" in hit.snippet
 
 
+async def test_search_finds_the_words_of_paths_addresses_and_versions(
+    cmem: mnemo.Memory,
+) -> None:
+    """A text is split into words at its punctuation on both backends, as FTS5 splits it:
+    PostgreSQL's parser kept an email, a URL, a host, a file path or a version whole, so none
+    of their words was found there."""
+    conv = cmem.conversation()
+    await conv.save("t", [
+        user("mail alice@example.com or see https://docs.example.org/guide/page.html"),
+        user("the file /etc/nginx/nginx.conf and version 1.2.3 at host db01.internal:5432"),
+        user("a state-of-the-art snake_case_name"),
+    ])
+    for query, seqs in [("alice", {0}), ("example", {0}), ("docs", {0}), ("guide", {0}),
+                        ("nginx", {1}), ("conf", {1}), ("internal", {1}), ("db01", {1}),
+                        ("5432", {1}), ("1.2.3", {1}), ("art", {2}), ("snake", {2}),
+                        ("snake_case_name", {2}), ("nginx.conf", {1})]:
+        assert {h.seq for h in await cmem.search_messages(query)} == seqs, query
+
+
 @pytest.mark.parametrize("query", ["", "   ", None, 3])
 async def test_blank_query_refused(cmem: mnemo.Memory, query: object) -> None:
     """A blank or non-string query is InvalidInputError."""

@@ -57,6 +57,19 @@ async def test_the_store_search_folds_accents(store: str) -> None:
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
 
 
+async def test_the_store_search_splits_at_punctuation(store: str) -> None:
+    """Without a lexical index, the store's own full-text search finds the words of a path,
+    an address or a version, as FTS5 and the index do (PostgreSQL's parser kept them
+    whole)."""
+    texts = {"p": "edit /etc/nginx/nginx.conf now", "m": "mail alice@example.com",
+             "v": "version 1.2.3 on db01.internal:5432", "q": "a quiet owl"}
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await add(backend, "c1", texts)
+        for query, ids in [("nginx", {"p"}), ("conf", {"p"}), ("alice", {"m"}),
+                           ("example", {"m"}), ("internal", {"v"}), ("5432", {"v"})]:
+            assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
+
+
 # ---- an index of the former format ----------------------------------------------------------
 
 FORMER = "v3"  # the layout before accents were folded: tantivy's `en_stem`

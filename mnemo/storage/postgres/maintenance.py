@@ -22,7 +22,7 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.graph.value import node_value
 from mnemo.storage.postgres.connection import Connection
-from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
+from mnemo.storage.postgres.migrations import SEARCH_VECTOR
 
 # Nodes that route a search to memories; never valued, deleted only once nothing links them.
 # SOURCE nodes exist only as provenance for episodic steps, so they go the same way.
@@ -218,9 +218,7 @@ async def validate(conn: Connection, repo: str, dim: int) -> ValidationReport:
     # A generated column is computed when its row is written, so it can only disagree with
     # its text after the text search configuration changed; an UPDATE of the row computes
     # it again (docs/DECISIONS.md).
-    stale = (
-        f"repo = %s AND search IS DISTINCT FROM to_tsvector('{TEXT_SEARCH_CONFIG}', text)"
-    )
+    stale = f"repo = %s AND search IS DISTINCT FROM {SEARCH_VECTOR}"
     cur = await conn.execute("UPDATE nodes SET text = text WHERE " + stale, (repo,))
     rebuilt = cur.rowcount > 0
     return ValidationReport(

@@ -15,6 +15,15 @@ from mnemo.storage.lexical import LOG_KEEP
 # would find nothing. `mnemo_english` is `english` with a stemmer that keeps every word, and
 # (m012) folds accents first, as `unicode61` does.
 TEXT_SEARCH_CONFIG = "mnemo_english"
+# FTS5's `unicode61` and the lexical index's tokenizer split a text at every character that is
+# neither a letter nor a digit. PostgreSQL's parser keeps an email, a URL, a host, a file path
+# or a version whole ("alice@example.com", "/etc/nginx/nginx.conf", "1.2.3"), so a search for
+# "nginx" or "example" found the message on SQLite only. The stored search vectors (m012 on)
+# parse the text with its ASCII punctuation made spaces; the parser already splits at other
+# punctuation. Query words need nothing: they are runs of word characters already.
+SEARCH_VECTOR = (
+    f"to_tsvector('{TEXT_SEARCH_CONFIG}', regexp_replace(text, '[!-/:-@[-`{{-~]+', ' ', 'g'))"
+)
 
 
 
@@ -389,17 +398,15 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # Accents fold as FTS5's `unicode61` folds them (SQLite needs no migration): "cafe",
-        # "café" and "CAFÉ" are one word. `unaccent` (the extension `schema.apply` creates,
-        # named in its own schema wherever that is) goes ahead of the stemmer for the token
-        # types that can hold a letter other than ASCII (an `ascii*` token has nothing to
-        # fold). A stored generated column keeps what the former configuration computed, so
-        # the rows it now computes otherwise are written again (`text = text` computes it;
-        # the lexical log's trigger ignores an unchanged text). A text all ASCII has no such
-        # token: skipping it by a regular expression first took the migration from 4.6 to
-        # 0.5 s at 100k nodes and 100k messages (BENCHMARKS.md). The lexical index folds them
-        # from its format v4 on.
-        "m012_unaccent",
+        # A word is found as FTS5 finds it (SQLite needs no migration). Accents fold as
+        # `unicode61` folds them ("cafe", "café" and "CAFÉ" are one word): `unaccent` (the
+        # extension `schema.apply` creates, named in its own schema wherever that is) goes
+        # ahead of the stemmer for the token types that can hold a letter other than ASCII
+        # (an `ascii*` token has nothing to fold). And the text is split at its punctuation
+        # (`SEARCH_VECTOR`). A stored generated column keeps what its former expression
+        # computed, so both tables' columns are made again: every row is rewritten once
+        # (BENCHMARKS.md, session 21), without firing the lexical log's triggers.
+        "m012_search_words",
         (
             f"""DO $$ BEGIN EXECUTE format(
                 'ALTER TEXT SEARCH CONFIGURATION {TEXT_SEARCH_CONFIG}'
@@ -408,9 +415,14 @@ MIGRATIONS: tuple[Migration, ...] = (
                  ON n.oid = e.extnamespace WHERE e.extname = 'unaccent'));
             END $$""",
             *(
-                f"UPDATE {table} SET text = text WHERE text ~ '[^\\x01-\\x7f]'"
-                f" AND search IS DISTINCT FROM to_tsvector('{TEXT_SEARCH_CONFIG}', text)"
+                statement
                 for table in ("messages", "nodes")
+                for statement in (
+                    f"ALTER TABLE {table} DROP COLUMN search",
+                    f"ALTER TABLE {table} ADD COLUMN search tsvector NOT NULL"
+                    f" GENERATED ALWAYS AS ({SEARCH_VECTOR}) STORED",
+                    f"CREATE INDEX {table}_search ON {table} USING gin (search)",
+                )
             ),
         ),
     ),

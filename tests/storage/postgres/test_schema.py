@@ -172,25 +172,27 @@ async def test_a_role_that_may_not_create_unaccent_gets_extension_missing(
         assert await cur.fetchone() == (True,)
 
 
-async def test_search_folds_accents_in_rows_written_before_the_migration(
+async def test_search_finds_words_in_rows_written_before_the_migration(
     pg_empty_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """m012_unaccent computes the stored search column of the rows written before it again
-    (a node, a message): "cafe" finds "café" after it. Rows without an accent are not
-    written again, the lexical log is untouched, and `ts_headline` still shows the text as
+    """m012_search_words computes the stored search column of the rows written before it
+    again (nodes, messages): "cafe" finds "café" and "nginx" finds "/etc/nginx/nginx.conf"
+    after it. The lexical log is untouched, and `ts_headline` still shows the text as
     written."""
     config = migrations.TEXT_SEARCH_CONFIG
-    before = tuple(m for m in migrations.MIGRATIONS if m.name != "m012_unaccent")
+    before = tuple(m for m in migrations.MIGRATIONS if m.name != "m012_search_words")
     async with await _connect(pg_empty_url) as conn:
         monkeypatch.setattr(schema, "MIGRATIONS", before)
         await schema.apply(conn)
-        for node, text in (("n1", "We met at the café"), ("n2", "the cafe was closed")):
+        for node, text in (("n1", "We met at the café"), ("n2", "the cafe was closed"),
+                           ("n3", "edit /etc/nginx/nginx.conf, mail alice@example.com")):
             await conn.execute(
                 "INSERT INTO nodes (id, repo, type, text, data, created_at)"
                 " VALUES (%s, 'r', 'semantic', %s, '{}', now())", (node, text))
-        await conn.execute(
-            "INSERT INTO messages (id, thread_id, seq, role, text, data, tokens, recorded_at)"
-            " VALUES ('m1', 't', 0, 'user', 'Naïve résumé', '{}', 3, now())")
+        for message, seq, text in (("m1", 0, "Naïve résumé"), ("m2", 1, "see docs.example.org")):
+            await conn.execute(
+                "INSERT INTO messages (id, thread_id, seq, role, text, data, tokens, recorded_at)"
+                " VALUES (%s, 't', %s, 'user', %s, '{}', 3, now())", (message, seq, text))
 
         async def matching(table: str, word: str) -> set[str]:
             cur = await conn.execute(
@@ -198,29 +200,31 @@ async def test_search_folds_accents_in_rows_written_before_the_migration(
                 (config, word))
             return {str(i) for (i,) in await cur.fetchall()}
 
-        async def versions() -> dict[str, str]:  # a row written again gets a new xmin
-            cur = await conn.execute("SELECT id, xmin::text FROM nodes")
-            return {str(i): str(x) for i, x in await cur.fetchall()}
-
         assert await matching("nodes", "cafe") == {"n2"}
+        assert await matching("nodes", "nginx") == set()
         assert await matching("messages", "resume") == set()
-        written, log = await versions(), await (await conn.execute(
-            "SELECT seq FROM lexical_repos")).fetchall()
+        assert await matching("messages", "example") == set()
+        log = await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall()
         monkeypatch.undo()
         applied = await schema.apply(conn)
+        assert applied == ["m012_search_words"]
         assert await matching("nodes", "cafe") == {"n1", "n2"}
         assert await matching("nodes", "CAFÉ") == {"n1", "n2"}
+        assert await matching("nodes", "nginx") == {"n3"}
+        assert await matching("nodes", "alice") == {"n3"}
         assert await matching("messages", "resume") == {"m1"}
         assert await matching("messages", "naive") == {"m1"}
-        assert applied == ["m012_unaccent"]
-        rewritten = await versions()
-        assert rewritten["n1"] != written["n1"]
-        assert rewritten["n2"] == written["n2"]
+        assert await matching("messages", "example") == {"m2"}
         assert await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall() == log
         cur = await conn.execute(
-            "SELECT ts_headline(%s, text, plainto_tsquery(%s, 'resume')) FROM messages",
-            (config, config))
+            "SELECT ts_headline(%s, text, plainto_tsquery(%s, 'resume')) FROM messages"
+            " WHERE id = 'm1'", (config, config))
         assert await cur.fetchone() == ("Naïve <b>résumé</b>",)
+        # The columns are indexed again.
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_indexes"
+            " WHERE indexname IN ('nodes_search', 'messages_search')")
+        assert await cur.fetchone() == (2,)
 
 
 async def _insert_vectors(conn: psycopg.AsyncConnection[tuple[object, ...]], repo: str,

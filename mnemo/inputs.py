@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
 from collections.abc import Iterable
 
 from mnemo.errors import InvalidInputError
@@ -24,6 +26,10 @@ DEFAULT_MAX_TEXT_CHARS = 32_000
 MAX_ID_BYTES = 1_000
 # Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
 MAX_QUERY_TERMS = 32
+# A run of what is neither a word character nor a space: where a word may hold a combining mark
+# or a format character, which no expression of `re` names (`_within_words`).
+_BETWEEN_WORDS = re.compile(r"[^\w\s]+")
+_WORD_CHARACTER = re.compile(r"\w")
 
 
 def check_text(
@@ -158,3 +164,44 @@ def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str
         distinct = sorted(distinct, key=lambda item: (-len(item[1]), item[0]))[:cap]
         distinct.sort()
     return [word for _, word in distinct]
+
+
+def query_words(query: str) -> list[str]:
+    """The words a query searches for ([] when it has none): distinct and capped
+    (`query_terms`), in query order. Every search splits its query here.
+
+    A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
+    combining marks among them (Unicode's M*: a virama, a vowel sign, Hebrew or Arabic vowel
+    points, a decomposed accent) and the invisible format characters between them (Cf: a
+    zero-width non-joiner, a soft hyphen), read from the query composed (NFC, so "e" and a
+    combining acute accent are the "é" a text mostly holds; the lexical index composes its
+    texts too). `\\w` alone cut "हिन्दी" into ह, न and द, which PostgreSQL (whose parser keeps
+    marks in a word) did not find even in that very text. A backend searches a word as the
+    phrase of the parts its own parser makes of it, as it searches a `snake_case_name`:
+    FTS5 splits at most marks, every engine at a format character (PostgreSQL's through
+    `SEARCH_VECTOR` and `WORD_QUERY`).
+
+    >>> query_words('nginx "proxy" AND NOT port)')
+    ['nginx', 'proxy', 'AND', 'NOT', 'port']
+    """
+    spaced = _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", query))
+    # A lone mark (after a space) or format character holds nothing a backend can find.
+    return query_terms(word for word in spaced.split() if _WORD_CHARACTER.search(word))
+
+
+def _within_words(between: re.Match[str]) -> str:
+    """A run of characters that are neither word characters nor spaces, with what belongs to
+    the words around it kept (see `query_words`) and the rest made spaces."""
+    run = between.group()
+    if run.isascii():
+        return " "  # ASCII punctuation, the common case: no mark nor format character in it
+    text, start, end = between.string, between.start(), between.end()
+    # The run is as long as it can be: a neighbour that is no space is a word character.
+    inside = (0 < start and end < len(text)
+              and not text[start - 1].isspace() and not text[end].isspace())
+    kept = []
+    for character in run:
+        category = unicodedata.category(character)
+        joins = category[0] == "M" or (inside and category == "Cf")
+        kept.append(character if joins else " ")
+    return "".join(kept)

@@ -7,7 +7,6 @@ bench can time both and check that nothing forgotten is found.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -15,11 +14,10 @@ from pathlib import Path
 
 from bench_recall import REPO
 
-from mnemo.inputs import query_terms
+from mnemo.inputs import query_words
 from mnemo.recall.engine import keywords
 from mnemo.storage.sqlite.graph import fts_query
 
-WORD = re.compile(r"\w+", re.UNICODE)
 BASELINE_SQL = (
     "SELECT n.rowid, bm25(nodes_fts) AS score FROM nodes_fts"
     " JOIN nodes n ON n.rowid = nodes_fts.rowid"
@@ -30,7 +28,7 @@ Search = Callable[[str, int], list[int]]
 
 def terms(query: str) -> list[str]:
     """The words recall's lexical query is made of (stopwords out, each once, at most 32)."""
-    return query_terms(WORD.findall(keywords(query)))
+    return query_words(keywords(query))
 
 
 def dir_bytes(path: Path) -> int:

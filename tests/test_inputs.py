@@ -10,17 +10,15 @@ from pathlib import Path
 import pytest
 
 import mnemo
-from mnemo import State
+from mnemo import State, inputs
 from mnemo.inputs import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_QUERY_TERMS,
     check_json,
     check_text,
     query_terms,
+    query_words,
 )
-from mnemo.storage.lexical import index as lexical
-from mnemo.storage.postgres import graph as pg_graph
-from mnemo.storage.sqlite import graph as sqlite_graph
 from tests.conftest import REPO
 from tests.fakes import open_test_memory
 
@@ -77,6 +75,33 @@ def test_query_terms_cap_keeps_longest_in_order() -> None:
     assert query_terms(words, cap=3) == ["bb", "ccc", "eeee"]
 
 
+@pytest.mark.parametrize(
+    ("query", "words"),
+    [
+        # Combining marks are in the word (`\w` stops at them): a virama and vowel signs,
+        # Hebrew and Arabic vowel points, a Thai tone mark.
+        ("हिन्दी भाषा", ["हिन्दी", "भाषा"]),
+        ("שָלוֹם מַה", ["שָלוֹם", "מַה"]),
+        ("مَرْحَبًا صَدِيقِي", ["مَرْحَبًا", "صَدِيقِي"]),
+        ("ภาษาไทยง่ายมาก", ["ภาษาไทยง่ายมาก"]),
+        # Composed: "e" and a combining acute accent are "é".
+        ("e\u0301clair", ["\u00e9clair"]),
+        # A format character between word characters joins them; at a word's edge it is none.
+        ("می\u200cخواهم", ["می\u200cخواهم"]),  # noqa: RUF001
+        ("zero\u200bwidth soft\u00adhyphen", ["zero\u200bwidth", "soft\u00adhyphen"]),
+        ("\ufeffstart end\u200b x", ["start", "end", "x"]),
+        # A mark or a format character alone is no word.
+        ("a \u0301 \u200d b", ["a", "b"]),
+        ('nginx "proxy" AND NOT port)', ["nginx", "proxy", "AND", "NOT", "port"]),
+        ("café2 snake_case_name 1.2.3", ["café2", "snake_case_name", "1", "2", "3"]),
+    ],
+)
+def test_query_words(query: str, words: list[str]) -> None:
+    """A query's words keep their combining marks and the format characters inside them, are
+    composed (NFC), and hold no punctuation."""
+    assert query_words(query) == words
+
+
 def test_query_terms_of_many_distinct_words() -> None:
     """5,000 distinct words become MAX_QUERY_TERMS terms."""
     words = [f"w{i}" for i in range(5000)]
@@ -96,9 +121,8 @@ async def test_recall_of_5000_distinct_words_searches_capped_terms(
         generated.append(query_terms(words, cap=cap))
         return generated[-1]
 
-    monkeypatch.setattr(sqlite_graph, "query_terms", spy)
-    monkeypatch.setattr(pg_graph, "query_terms", spy)
-    monkeypatch.setattr(lexical, "query_terms", spy)
+    # Every search splits its query with `inputs.query_words`, which caps by `query_terms`.
+    monkeypatch.setattr(inputs, "query_terms", spy)
     # Three-letter words: 5,000 of them fit in the default bound (20,000 characters).
     query = " ".join("".join(w) for w in itertools.islice(
         itertools.product(string.ascii_lowercase, repeat=3), 5000))

@@ -9,6 +9,7 @@ concept labels are built.
 from __future__ import annotations
 
 import re
+import unicodedata
 from functools import lru_cache
 
 # A word is a run of letters/digits, optionally joined by ' . - (so "don't", "nginx.conf",
@@ -108,6 +109,28 @@ def _undouble(w: str) -> str:
 def is_stopword(word: str) -> bool:
     """Whether `word` (any case) is a function word or conversational filler."""
     return word.lower() in STOPWORDS
+
+
+def without_stopwords(text: str) -> str:
+    """`text` with each stopword that stands alone made a space, the rest as written (a
+    word of `words` glued to an underscore, a combining mark or a format character is part of
+    a longer word: "the" in "the_end")."""
+    return _WORD.sub(_blank_stopword, normalise(text))
+
+
+def _blank_stopword(word: re.Match[str]) -> str:
+    text, start, end = word.string, word.start(), word.end()
+    glued = (start > 0 and _glues(text[start - 1])) or (end < len(text) and _glues(text[end]))
+    return " " if not glued and is_stopword(word.group()) else word.group()
+
+
+# Unicode's combining marks and format characters: a query's word holds them
+# (`mnemo.inputs.query_words`).
+_GLUE = frozenset({"Mn", "Mc", "Me", "Cf"})
+
+
+def _glues(character: str) -> bool:
+    return character == "_" or unicodedata.category(character) in _GLUE
 
 
 def is_acronym(word: str) -> bool:

@@ -1,9 +1,10 @@
 """Keyword search over every thread's messages: the backend-neutral part.
 
-Any user text is a safe query: it is split into words (`query_words`), and a backend
-(`ThreadStore.search`) searches for them with stemming, quoting each word so nothing in it is
-query syntax and OR-combining them. AND, OR and NOT are words like any other (API.md): an
-agent writing "keep NOT delete" means the words, and an operator would silently drop matches.
+Any user text is a safe query: it is split into words (`mnemo.inputs.query_words`, distinct,
+at most `MAX_QUERY_TERMS`), and a backend (`ThreadStore.search`) searches for them with
+stemming, quoting each word so nothing in it is query syntax and OR-combining them. AND, OR
+and NOT are words like any other (API.md): an agent writing "keep NOT delete" means the words,
+and an operator would silently drop matches.
 
 Ranking: the backend's relevance score (bm25 on SQLite) picks a pool of the best candidates
 (`POOL_FACTOR` times the limit, at least `MIN_POOL`), then each score is weighted by recency,
@@ -14,35 +15,21 @@ score and none drops below half, so relevance leads and recency breaks near-ties
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
 from mnemo.conversation.model import SearchHit
 from mnemo.conversation.render import flat
-from mnemo.inputs import query_terms
 
 POOL_FACTOR = 8
 MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
 SNIPPET_CHARS = 300
 VIEW_SNAPSHOTS = 3
-_WORD = re.compile(r"\w+")
 
 # A candidate's key in its backend (a rowid, a message id): ties are broken by it.
 K = TypeVar("K", int, str)
-
-
-def query_words(query: str) -> list[str]:
-    """The words a user query searches for ([] when it has none).
-
-    >>> query_words('nginx "proxy" AND NOT port)')
-    ['nginx', 'proxy', 'AND', 'NOT', 'port']
-    """
-    # Distinct words, capped as graph recall caps its terms (the longest past the cap), so a
-    # long query costs no more than `MAX_QUERY_TERMS` terms; AND, OR and NOT are words too.
-    return list(query_terms(_WORD.findall(query)))
 
 
 def recency_weight(age_seconds: float) -> float:

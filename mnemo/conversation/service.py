@@ -46,12 +46,11 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
-from mnemo.conversation.search import query_words
 from mnemo.conversation.viewport import layout
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
-from mnemo.inputs import check_count, check_id, check_text
+from mnemo.inputs import check_count, check_id, check_text, query_words
 from mnemo.ports import LLM, Embedder, detect_dim
 
 Clock = Callable[[], datetime]

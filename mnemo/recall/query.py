@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 
 from mnemo.adapters import _text
+from mnemo.inputs import query_words
 from mnemo.ports import Embedder
 
 
@@ -32,9 +34,14 @@ def query_side(embedder: Embedder) -> Embedder:
 def keywords(query: str) -> str:
     """The query without stopwords, for BM25: "when did", "the" and "to" only add noise to an
     OR query (measured on LoCoMo: R@10 0.40 -> 0.52 lexical-only). All of it if nothing is
-    left."""
-    kept = [w for w in _text.words(query) if not _text.is_stopword(w.lower())]
-    return " ".join(kept) if kept else query
+    left.
+
+    The rest stays as written, for the search to split (`mnemo.inputs.query_words`):
+    rebuilt from `_text.words`, "हिन्दी" was ह, न and द, as those stop at a combining mark.
+    Composed first, so that an accent is no mark beside a stopword's letters ("a" in "á").
+    """
+    kept = _text.without_stopwords(unicodedata.normalize("NFC", query))
+    return kept if query_words(kept) else query
 
 
 def words(query: str) -> list[str]:

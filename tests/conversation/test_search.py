@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mnemo
-from mnemo.conversation.search import query_words, recency_weight
+from mnemo.conversation.search import recency_weight
 from mnemo.graph.model import now_utc
-from mnemo.inputs import MAX_QUERY_TERMS
+from mnemo.inputs import MAX_QUERY_TERMS, query_words
 from mnemo.storage.sqlite.conversation_search import match_expression as fts_match
 from tests.conversation._support import (
     ManualClock,
@@ -127,6 +127,31 @@ async def test_search_finds_the_words_of_paths_addresses_and_versions(
         assert {h.seq for h in await cmem.search_messages(query)} == seqs, query
 
 
+# Texts whose words hold combining marks: (message, text), then each query with the messages
+# it finds on both backends.
+MARKED = [
+    (0, "हिन्दी भाषा"),
+    (1, "שָלוֹם מַה"),
+    (2, "مَرْحَبًا صَدِيقِي"),
+    (3, "ภาษาไทยง่ายมาก"),
+    (4, "e\u0301clair au chocolat"),  # decomposed: "e" and a combining acute accent
+    (5, "un \u00e9clair"),
+]
+MARKED_FOUND = [
+    ("हिन्दी", {0}), ("भाषा", {0}), ("שָלוֹם", {1}), ("مَرْحَبًا", {2}), ("صَدِيقِي", {2}),
+    ("ภาษาไทยง่ายมาก", {3}), ("e\u0301clair", {4, 5}), ("\u00e9clair", {4, 5}),
+    ("eclair", {4, 5}),
+]
+
+
+async def test_search_finds_words_with_marks(cmem: mnemo.Memory) -> None:
+    """A word with combining marks is found by its own text on both backends (its query word
+    was cut at each mark, which PostgreSQL's words keep), decomposed or not."""
+    await cmem.conversation().save("t", [user(text) for _, text in MARKED])
+    for query, seqs in MARKED_FOUND:
+        assert {h.seq for h in await cmem.search_messages(query)} == seqs, query
+
+
 @pytest.mark.parametrize("query", ["", "   ", None, 3])
 async def test_blank_query_refused(cmem: mnemo.Memory, query: object) -> None:
     """A blank or non-string query is InvalidInputError."""
@@ -201,7 +226,8 @@ def test_hostile_queries_are_safe(store: str) -> None:
             st.text(min_size=1, max_size=60).filter(str.strip)
             | st.lists(
                 st.sampled_from(['"', "*", "^", ":", "(", ")", "AND", "OR", "NOT", "NEAR",
-                                 "quote", "-", "+", "{", "}", "col:", "'", "\\", "\x00", "é"]),
+                                 "quote", "-", "+", "{", "}", "col:", "'", "\\", "\x00", "é",
+                                 "\u0301", "\u094d", "\u200b", "_", "x\u200cy"]),
                 min_size=1, max_size=8,
             ).map(" ".join)
         )

@@ -1,7 +1,7 @@
-"""Recall's lexical channel folds accents as message search does, on each backend: through the
-lexical index (its uncommitted documents, its committed ones, and a slot opened again) and
-through the store's own full-text search; and an index written before it folded them is
-rebuilt, not read."""
+"""Recall's lexical channel folds accents and splits words as message search does, on each
+backend: through the lexical index (its uncommitted documents, its committed ones, and a slot
+opened again) and through the store's own full-text search; and an index written before it
+folded them is rebuilt, not read."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ TEXTS = {"a": "We met at the café", "b": "Naïve résumé, crème brûlée",
 EXPECTED = [("cafe", {"a", "c"}), ("café", {"a", "c"}), ("CAFÉ", {"a", "c"}),
             ("naive", {"b"}), ("NAÏVE", {"b"}), ("resume", {"b"}), ("brulee", {"b"})]
 
+# Words with combining marks, decomposed too; each query, and what it finds through the index
+# and the store alike.
+WORDS = {"h": "हिन्दी भाषा", "e": "e\u0301clair au chocolat", "q": "a quiet owl"}
+WORDS_FOUND = [("हिन्दी", {"h"}), ("भाषा", {"h"}), ("eclair", {"e"}), ("e\u0301clair", {"e"}),
+               ("éclair", {"e"})]
+
 
 async def test_the_index_folds_accents(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -29,21 +35,39 @@ async def test_the_index_folds_accents(
     """The lexical index finds a word with or without its accents: in what it applied and
     has not committed (scored by the index itself), once committed (tantivy's own analysis),
     and from the slot opened again by another process (which must register the analyzer)."""
+    await _through_the_index(store, tmp_path, monkeypatch, TEXTS, EXPECTED)
+
+
+async def test_the_index_finds_marked_words(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lexical index finds a word with combining marks by its text (its query word was cut
+    at each mark), and a decomposed accent as a composed one (tantivy split the text at the
+    mark), in uncommitted and committed documents alike."""
+    await _through_the_index(store, tmp_path, monkeypatch, WORDS, WORDS_FOUND)
+
+
+async def _through_the_index(
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, texts: dict[str, str],
+    expected: list[tuple[str, set[str]]],
+) -> None:
+    """Checks `expected` (query, ids) against the nodes `texts` through the index: scored
+    by the index itself, committed, and from the slot opened again."""
     folder = str(tmp_path / "lexical")
     monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)  # nothing commits meanwhile
     monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 3600.0)
     async with open_stores(store, DIM, lexical_dir=folder) as backend:
-        await add(backend, "c1", TEXTS)
-        for query, ids in EXPECTED:
+        await add(backend, "c1", texts)
+        for query, ids in expected:
             assert await found(backend, query) == ids, query
-        assert len(lexical(backend)._fresh) == len(TEXTS)  # the index scored them itself
+        assert len(lexical(backend)._fresh) == len(texts)  # the index scored them itself
         monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 0.0)
         await backend.graph.settle(REPO)
         assert not len(lexical(backend)._fresh)
-        for query, ids in EXPECTED:
+        for query, ids in expected:
             assert await found(backend, query) == ids, query
     async with open_stores(store, DIM, lexical_dir=folder) as backend:
-        for query, ids in EXPECTED:
+        for query, ids in expected:
             assert await found(backend, query) == ids, query
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids
 
@@ -54,6 +78,16 @@ async def test_the_store_search_folds_accents(store: str) -> None:
     async with open_stores(store, DIM, lexical_dir="") as backend:
         await add(backend, "c1", TEXTS)
         for query, ids in EXPECTED:
+            assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
+
+
+async def test_the_store_search_finds_marked_words(store: str) -> None:
+    """Without a lexical index, the store's own full-text search finds the same words as the
+    index: a word with combining marks by its text, a decomposed accent as a composed one (their
+    query words were cut at each mark)."""
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await add(backend, "c1", WORDS)
+        for query, ids in WORDS_FOUND:
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
 
 

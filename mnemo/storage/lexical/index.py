@@ -31,7 +31,6 @@ in half the store.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import threading
 from collections.abc import Iterable
@@ -40,7 +39,7 @@ from typing import Any
 
 import anyio.to_thread
 
-from mnemo.inputs import query_terms
+from mnemo.inputs import query_words
 from mnemo.storage.lexical.fresh import (
     AverageLength,
     Fresh,
@@ -77,7 +76,8 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-FORMAT = "v4"  # the folder's layout (v4: accents folded): a change goes to a new folder
+# The folder's layout (v4: accents folded, texts composed): a change goes to a new folder.
+FORMAT = "v4"
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
 # ever more of them itself, and skip ever more stale copies: BENCHMARKS.md, session 18), and
@@ -86,7 +86,6 @@ COMMIT_AFTER = 0.5
 COMMIT_WITHIN = 1.0
 COMMIT_ABOVE = 2_000
 SAMPLE = 500  # nodes read to estimate the average document length
-_WORD = re.compile(r"\w+", re.UNICODE)
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
 _HEAP = 32_000_000
@@ -127,7 +126,7 @@ class LexicalIndex:
     ) -> list[tuple[str, float]] | None:
         """Node ids matching `query`, best BM25 first; None when the index cannot answer for
         this repo now (unavailable, or being brought up in the background)."""
-        words = query_terms(_WORD.findall(query))
+        words = query_words(query)
         if not words or limit <= 0:
             return []
         kinds = None if types is None else list(types)

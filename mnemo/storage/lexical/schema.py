@@ -4,6 +4,7 @@ the index itself to a query's words, so both sides agree."""
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ def schema() -> Any:
 
 def analyzer() -> Any:
     """tantivy's `en_stem` with accents folded: split, drop tokens over 40 bytes, fold to
-    ASCII, lowercase, stem.
+    ASCII, lowercase, stem. It is given texts composed
+    (`composed`): it splits at a combining mark, so a decomposed "éclair" was "e" and "clair".
 
     Folded as the store's own search folds them ("café", "cafe" and "CAFÉ" are one word):
     FTS5's `unicode61` drops diacritics, PostgreSQL's `mnemo_english` runs `unaccent`.
@@ -49,6 +51,13 @@ def analyzer() -> Any:
         .filter(tv.Filter.stemmer("english"))
         .build()
     )
+
+
+def composed(text: str) -> str:
+    """`text` as the index takes it: composed (NFC), as query words are
+    (`mnemo.inputs.query_words`), so a decomposed accent and a precomposed one are one word.
+    The index and its scoring of uncommitted documents analyze this text alike."""
+    return unicodedata.normalize("NFC", text)
 
 
 def open_index(folder: Path, fields: Any) -> Any:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mnemo.graph.model import NodeType, step_window
+from mnemo.storage.lexical.schema import composed
 from mnemo.storage.lexical.source import LexicalSource, Row
 
 # Steps each side of a step in its document: LoCoMo dev R@10 0.753 with none, 0.748 with one
@@ -29,8 +30,8 @@ _STEP = NodeType.EPISODIC.value
 
 @dataclass(frozen=True, slots=True)
 class Document:
-    """A node's document: the row, the text indexed for it, and the keys ("<repo>/<rowid>")
-    of the other nodes whose text that holds."""
+    """A node's document: the row, the text indexed for it (`composed`), and the keys
+    ("<repo>/<rowid>") of the other nodes whose text that holds."""
 
     row: Row
     text: str
@@ -58,7 +59,7 @@ def documents(source: LexicalSource, repo: str, rows: Iterable[Row]) -> list[Doc
     out: list[Document] = []
     for row in rows:
         near = [n for i in around.get(row.id, ()) if (n := by_id.get(i)) and n.type == _STEP]
-        out.append(Document(row, " ".join([row.text, *(n.text for n in near)]),
+        out.append(Document(row, composed(" ".join([row.text, *(n.text for n in near)])),
                             tuple(key(repo, n.rowid) for n in near)))
     return out
 

@@ -14,7 +14,6 @@ FTS5 query is.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -49,7 +48,7 @@ from mnemo.graph.ports import (
     TypedLink,
 )
 from mnemo.graph.vectors import VectorIndex
-from mnemo.inputs import query_terms
+from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
@@ -59,8 +58,6 @@ from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
-
-_WORD = re.compile(r"\w+", re.UNICODE)
 
 
 def repo_lock_key(repo: str) -> int:
@@ -389,7 +386,7 @@ class PgGraph:
             found = await self._lexical.search(repo, query, limit, kinds)
             if found is not None:
                 return found
-        words = query_terms(_WORD.findall(query))
+        words = query_words(query)
         if not words or limit <= 0:
             return []
         tsquery = sql.SQL(" || ").join(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -48,7 +47,7 @@ from mnemo.graph.ports import (
     SweepResult,
 )
 from mnemo.graph.vectors import VectorIndex
-from mnemo.inputs import query_terms
+from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
 from mnemo.storage.sqlite.database import Database, chunks
@@ -57,13 +56,12 @@ from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-
 
 def fts_query(text: str) -> str:
-    """A safe FTS5 query for any user text: each distinct word quoted, OR-combined, at most
-    `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow with its length."""
-    words = query_terms(_WORD.findall(text))
+    """A safe FTS5 query for any user text: each distinct word (`query_words`) quoted,
+    OR-combined, at most `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow
+    with its length."""
+    words = query_words(text)
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 

@@ -22,7 +22,8 @@ import mnemo
 from mnemo.conversation.drafts import MessageDraft, draft
 from mnemo.conversation.model import Message
 from mnemo.conversation.ports import ThreadState, ThreadStore
-from mnemo.conversation.search import SNIPPET_CHARS, query_words
+from mnemo.conversation.search import SNIPPET_CHARS
+from mnemo.inputs import query_words
 from mnemo.storage.postgres import conversation_search
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads

@@ -91,6 +91,17 @@ async def test_the_store_search_finds_marked_words(store: str) -> None:
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
 
 
+async def test_the_store_search_finds_a_word_of_parts_as_a_phrase(store: str) -> None:
+    """The store's own full-text search finds a word the parser splits ("snake_case_name") as
+    the phrase of its parts, as message search does (PostgreSQL's `plainto_tsquery` found the
+    parts anywhere in a node)."""
+    texts = {"s": "rename the snake_case_name variable", "r": "name the snake's case"}
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await add(backend, "c1", texts)
+        for query, ids in [("snake_case_name", {"s"}), ("snake", {"s", "r"})]:
+            assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
+
+
 async def test_the_store_search_splits_at_punctuation(store: str) -> None:
     """Without a lexical index, the store's own full-text search finds the words of a path,
     an address or a version, as FTS5 and the index do (PostgreSQL's parser kept them

@@ -380,7 +380,8 @@ class PgGraph:
     ) -> list[tuple[str, float]]:
         """Nodes matching words of `query` by BM25, best first: from the lexical index, or
         from PostgreSQL's full-text search (stemmed, `ts_rank_cd`) when there is none or it
-        cannot answer now."""
+        cannot answer now, each word the phrase of its parts, as in message search and FTS5
+        (`plainto_tsquery` found "snake_case_name" in "name the snake's case")."""
         kinds = None if types is None else kind_values(types)
         if self._lexical is not None:
             found = await self._lexical.search(repo, query, limit, kinds)
@@ -390,7 +391,7 @@ class PgGraph:
         if not words or limit <= 0:
             return []
         tsquery = sql.SQL(" || ").join(
-            sql.SQL("plainto_tsquery({}, {})").format(
+            sql.SQL("phraseto_tsquery({}, {})").format(
                 sql.Literal(TEXT_SEARCH_CONFIG), sql.Literal(word)
             )
             for word in words

@@ -22,11 +22,13 @@ TEXTS = {"a": "We met at the café", "b": "Naïve résumé, crème brûlée",
 EXPECTED = [("cafe", {"a", "c"}), ("café", {"a", "c"}), ("CAFÉ", {"a", "c"}),
             ("naive", {"b"}), ("NAÏVE", {"b"}), ("resume", {"b"}), ("brulee", {"b"})]
 
-# Words with combining marks, decomposed too; each query, and what it finds through the index
-# and the store alike.
-WORDS = {"h": "हिन्दी भाषा", "e": "e\u0301clair au chocolat", "q": "a quiet owl"}
+# Words with combining marks (decomposed too) or format characters; each query, and what it
+# finds through the index and the store alike.
+WORDS = {"h": "हिन्दी भाषा", "e": "e\u0301clair au chocolat", "p": "persian می\u200cخواهم",  # noqa: RUF001
+         "z": "zero\u200bwidth soft\u00adhyphen", "q": "a quiet owl"}
 WORDS_FOUND = [("हिन्दी", {"h"}), ("भाषा", {"h"}), ("eclair", {"e"}), ("e\u0301clair", {"e"}),
-               ("éclair", {"e"})]
+               ("éclair", {"e"}), ("می\u200cخواهم", {"p"}), ("خواهم", {"p"}), ("width", {"z"}),  # noqa: RUF001
+               ("hyphen", {"z"})]
 
 
 async def test_the_index_folds_accents(
@@ -38,12 +40,13 @@ async def test_the_index_folds_accents(
     await _through_the_index(store, tmp_path, monkeypatch, TEXTS, EXPECTED)
 
 
-async def test_the_index_finds_marked_words(
+async def test_the_index_finds_marked_and_format_split_words(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lexical index finds a word with combining marks by its text (its query word was cut
-    at each mark), and a decomposed accent as a composed one (tantivy split the text at the
-    mark), in uncommitted and committed documents alike."""
+    at each mark), a decomposed accent as a composed one (tantivy split the text at the mark),
+    and the parts of a word joined by a format character, in uncommitted and committed
+    documents alike."""
     await _through_the_index(store, tmp_path, monkeypatch, WORDS, WORDS_FOUND)
 
 
@@ -81,10 +84,11 @@ async def test_the_store_search_folds_accents(store: str) -> None:
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
 
 
-async def test_the_store_search_finds_marked_words(store: str) -> None:
+async def test_the_store_search_finds_marked_and_format_split_words(store: str) -> None:
     """Without a lexical index, the store's own full-text search finds the same words as the
     index: a word with combining marks by its text, a decomposed accent as a composed one (their
-    query words were cut at each mark)."""
+    query words were cut at each mark), and the parts of a word joined by a format character
+    (PostgreSQL kept it whole)."""
     async with open_stores(store, DIM, lexical_dir="") as backend:
         await add(backend, "c1", WORDS)
         for query, ids in WORDS_FOUND:
@@ -92,13 +96,15 @@ async def test_the_store_search_finds_marked_words(store: str) -> None:
 
 
 async def test_the_store_search_finds_a_word_of_parts_as_a_phrase(store: str) -> None:
-    """The store's own full-text search finds a word the parser splits ("snake_case_name") as
-    the phrase of its parts, as message search does (PostgreSQL's `plainto_tsquery` found the
-    parts anywhere in a node)."""
-    texts = {"s": "rename the snake_case_name variable", "r": "name the snake's case"}
+    """The store's own full-text search finds a word of parts ("snake_case_name", two words
+    joined by a zero-width space) as the phrase of its parts, as message search does
+    (PostgreSQL's `plainto_tsquery` found the parts anywhere in a node)."""
+    texts = {"s": "rename the snake_case_name variable", "r": "name the snake's case",
+             "z": "zero\u200bwidth", "w": "width zero"}
     async with open_stores(store, DIM, lexical_dir="") as backend:
         await add(backend, "c1", texts)
-        for query, ids in [("snake_case_name", {"s"}), ("snake", {"s", "r"})]:
+        for query, ids in [("snake_case_name", {"s"}), ("snake", {"s", "r"}),
+                           ("zero\u200bwidth", {"z"}), ("zero", {"z", "w"})]:
             assert {n for n, _ in await backend.graph.search_text(REPO, query, 10)} == ids, query
 
 

@@ -1,24 +1,24 @@
 """Keyword search over every thread's messages, and drill-down around one message, on
 PostgreSQL.
 
-Search runs on the messages' generated `search` column (`to_tsvector('mnemo_english', text)`,
-GIN-indexed): Snowball's English stemmer, case folded, no stop word dropped. Each word of the
-query becomes `phraseto_tsquery('mnemo_english', word)` (a parameter, so nothing in it is query
-syntax; a word the parser splits, such as `foo_bar`, stays one phrase, as a quoted FTS5 string
-does) and a message matches when it holds any of them. Its relevance is bm25, as FTS5's: per
-word, its idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the saturating term frequency
-`tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed. `tf` is read through `ts_rank`
-without normalisation (`TS_RANK_ONE`: 1 for one occurrence, saturating below 1.64; counting
-positions by unnesting each vector cost five times the search), `len` is the message's
-distinct lexemes (`length(tsvector)`) and `avglen` their mean over up to `COUNT_CAP`
-messages. Without the idf a word in every message repeated three times outranked a
+Search runs on the messages' generated `search` column (`SEARCH_VECTOR`, GIN-indexed):
+Snowball's English stemmer, case folded, no stop word dropped. Each word of the query becomes
+`WORD_QUERY`, `phraseto_tsquery('mnemo_english', word)` of the word split as a text is (a
+parameter, so nothing in it is query syntax; a word split into parts, such as `foo_bar`, stays
+one phrase, as a quoted FTS5 string does) and a message matches when it holds any of them. Its
+relevance is bm25, as FTS5's: per word, its idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the
+saturating term frequency `tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed. `tf` is
+read through `ts_rank` without normalisation (`TS_RANK_ONE`: 1 for one occurrence, saturating
+below 1.64; counting positions by unnesting each vector cost five times the search), `len` is
+the message's distinct lexemes (`length(tsvector)`) and `avglen` their mean over up to
+`COUNT_CAP` messages. Without the idf a word in every message repeated three times outranked a
 rare one (session 19); with `ts_rank`'s division by the length's log instead of bm25's
 saturation, a one-word message holding one query word outranked a sentence holding all of them
 (session 20). `df` is counted through the GIN index up to `COUNT_CAP` messages, N is the
 table's row estimate or its count up to the cap, whichever is larger (a capped count keeps a
-large table's search bounded; its idf is near its floor there anyway). The best candidates
-are reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked
-only for the hits returned (docs/DECISIONS.md).
+large table's search bounded; its idf is near its floor there anyway). The best candidates are
+reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked only
+for the hits returned (docs/DECISIONS.md).
 
 Accents are folded as well (`unaccent` ahead of the stemmer, migration m012), in the query and
 the text alike, as FTS5's `unicode61` folds them; `ts_headline` shows the text as written.
@@ -44,7 +44,7 @@ from mnemo.storage.postgres._thread_rows import (
     utc,
 )
 from mnemo.storage.postgres.connection import Connection
-from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
+from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG, WORD_QUERY
 
 # bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
 K1 = 1.2
@@ -69,7 +69,7 @@ def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
     >>> tsquery(["nginx", "NOT"])[0].count("phraseto_tsquery")
     2
     """
-    sql = " || ".join(f"phraseto_tsquery('{TEXT_SEARCH_CONFIG}', %s)" for _ in words)
+    sql = " || ".join(WORD_QUERY for _ in words)
     return sql, list(words)
 
 
@@ -78,8 +78,7 @@ def _per_word(words: Sequence[str]) -> tuple[str, list[Any]]:
     collection's size `n` and mean length `avglen` (see the module doc), and its parameters.
     Materialised: inlined, each word's `df` was counted again for every message it matched
     (130 ms a search at 500 messages, growing with the matches times the cap)."""
-    config = TEXT_SEARCH_CONFIG
-    rows = ", ".join(f"(phraseto_tsquery('{config}', %s))" for _ in words)
+    rows = ", ".join(f"({WORD_QUERY})" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"
         " size (n, avglen) AS MATERIALIZED (SELECT greatest(1,"

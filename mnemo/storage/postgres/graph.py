@@ -52,7 +52,7 @@ from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG
+from mnemo.storage.postgres.migrations import WORD_QUERY
 from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
@@ -380,8 +380,9 @@ class PgGraph:
     ) -> list[tuple[str, float]]:
         """Nodes matching words of `query` by BM25, best first: from the lexical index, or
         from PostgreSQL's full-text search (stemmed, `ts_rank_cd`) when there is none or it
-        cannot answer now, each word the phrase of its parts, as in message search and FTS5
-        (`plainto_tsquery` found "snake_case_name" in "name the snake's case")."""
+        cannot answer now, each word the phrase of its parts (`WORD_QUERY`), as in message
+        search and FTS5 (`plainto_tsquery` found "snake_case_name" in "name the snake's
+        case")."""
         kinds = None if types is None else kind_values(types)
         if self._lexical is not None:
             found = await self._lexical.search(repo, query, limit, kinds)
@@ -390,17 +391,12 @@ class PgGraph:
         words = query_words(query)
         if not words or limit <= 0:
             return []
-        tsquery = sql.SQL(" || ").join(
-            sql.SQL("phraseto_tsquery({}, {})").format(
-                sql.Literal(TEXT_SEARCH_CONFIG), sql.Literal(word)
-            )
-            for word in words
-        )
+        tsquery = sql.SQL(" || ".join(WORD_QUERY for _ in words))
         statement = sql.SQL(
             "SELECT id, ts_rank_cd(search, q) AS score FROM nodes, (SELECT {}) AS query(q)"
             " WHERE repo = %s AND search @@ q{} ORDER BY score DESC, rowid LIMIT %s"
         ).format(tsquery, sql.SQL("" if kinds is None else " AND type = ANY(%s)"))
-        params: list[Any] = [repo, *([] if kinds is None else [kinds]), limit]
+        params: list[Any] = [*words, repo, *([] if kinds is None else [kinds]), limit]
         rows = await self._all(statement, params)
         return [(str(i), float(score)) for i, score in rows]
 

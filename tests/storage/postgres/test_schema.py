@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import unicodedata
 
 import anyio
 import numpy as np
@@ -13,6 +14,7 @@ from psycopg.conninfo import make_conninfo
 from sqlite_utils import Database
 
 from mnemo import StorageError
+from mnemo.storage.lexical.schema import analyzer
 from mnemo.storage.postgres import migrations, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
@@ -150,6 +152,33 @@ async def test_search_stems_like_porter_and_keeps_every_word(pg_url: str) -> Non
             assert await cur.fetchone() == (int(hit),), word
 
 
+async def test_a_text_is_split_at_every_format_character_as_fts5_and_the_index_split_it(
+    pg_url: str,
+) -> None:
+    """PostgreSQL's parser reads Unicode's format characters (Cf: a zero-width space, a soft
+    hyphen, ...) as letters; the search vector and a query word are split at each of them,
+    as the lexical index splits a text, and FTS5 too (but at those its Unicode tables,
+    older than 6.3, do not know: a bidi isolate, the Arabic letter mark)."""
+    texts = [f"abc{chr(c)}xyz" for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"]
+    assert all(analyzer().analyze(text) == ["abc", "xyz"] for text in texts)
+    fts5 = sqlite3.connect(":memory:")
+    fts5.executescript("CREATE VIRTUAL TABLE f USING fts5(text, tokenize='porter unicode61');"
+                       "CREATE VIRTUAL TABLE v USING fts5vocab(f, 'instance');")
+    known = "\u00ad\u200b\u200c\u200d\u200e\u200f\u202a\u202e\u2060\u2064\ufeff"
+    fts5.executemany("INSERT INTO f (text) VALUES (?)", [(f"abc{c}xyz",) for c in known])
+    for (terms,) in fts5.execute("SELECT group_concat(term, ' ') FROM v GROUP BY doc"):
+        assert terms == "abc xyz"
+    async with await _connect(pg_url) as conn:
+        cur = await conn.execute(
+            f"SELECT text, {migrations.SEARCH_VECTOR}::text FROM unnest(%s::text[]) AS t(text)",
+            (texts,))
+        assert {text: vector for text, vector in await cur.fetchall()} == {
+            text: "'abc':1 'xyz':2" for text in texts}
+        for text in texts:
+            cur = await conn.execute(f"SELECT ({migrations.WORD_QUERY})::text", (text,))
+            assert await cur.fetchone() == ("'abc' <-> 'xyz'",), ascii(text)
+
+
 async def test_a_role_that_may_not_create_unaccent_gets_extension_missing(
     pg_server: PgServer, pg_empty_url: str
 ) -> None:
@@ -176,20 +205,22 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
     pg_empty_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """m012_search_words computes the stored search column of the rows written before it
-    again (nodes, messages): "cafe" finds "café" and "nginx" finds "/etc/nginx/nginx.conf"
-    after it. The lexical log is untouched, and `ts_headline` still shows the text as
-    written."""
+    again (nodes, messages): "cafe" finds "café", "nginx" finds "/etc/nginx/nginx.conf",
+    and "width" finds "zero\u200bwidth" (split at a format character) after it. The lexical
+    log is untouched, and `ts_headline` still shows the text as written."""
     config = migrations.TEXT_SEARCH_CONFIG
     before = tuple(m for m in migrations.MIGRATIONS if m.name != "m012_search_words")
     async with await _connect(pg_empty_url) as conn:
         monkeypatch.setattr(schema, "MIGRATIONS", before)
         await schema.apply(conn)
         for node, text in (("n1", "We met at the café"), ("n2", "the cafe was closed"),
-                           ("n3", "edit /etc/nginx/nginx.conf, mail alice@example.com")):
+                           ("n3", "edit /etc/nginx/nginx.conf, mail alice@example.com"),
+                           ("n4", "zero\u200bwidth persian می\u200cخواهم")):  # noqa: RUF001
             await conn.execute(
                 "INSERT INTO nodes (id, repo, type, text, data, created_at)"
                 " VALUES (%s, 'r', 'semantic', %s, '{}', now())", (node, text))
-        for message, seq, text in (("m1", 0, "Naïve résumé"), ("m2", 1, "see docs.example.org")):
+        for message, seq, text in (("m1", 0, "Naïve résumé"), ("m2", 1, "see docs.example.org"),
+                                   ("m3", 2, "a soft\u00adhyphen")):
             await conn.execute(
                 "INSERT INTO messages (id, thread_id, seq, role, text, data, tokens, recorded_at)"
                 " VALUES (%s, 't', %s, 'user', %s, '{}', 3, now())", (message, seq, text))
@@ -204,6 +235,8 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
         assert await matching("nodes", "nginx") == set()
         assert await matching("messages", "resume") == set()
         assert await matching("messages", "example") == set()
+        assert await matching("nodes", "width") == set()
+        assert await matching("messages", "hyphen") == set()
         log = await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall()
         monkeypatch.undo()
         applied = await schema.apply(conn)
@@ -215,6 +248,9 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
         assert await matching("messages", "resume") == {"m1"}
         assert await matching("messages", "naive") == {"m1"}
         assert await matching("messages", "example") == {"m2"}
+        assert await matching("nodes", "width") == {"n4"}
+        assert await matching("nodes", "خواهم") == {"n4"}
+        assert await matching("messages", "hyphen") == {"m3"}
         assert await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall() == log
         cur = await conn.execute(
             "SELECT ts_headline(%s, text, plainto_tsquery(%s, 'resume')) FROM messages"

@@ -127,8 +127,8 @@ async def test_search_finds_the_words_of_paths_addresses_and_versions(
         assert {h.seq for h in await cmem.search_messages(query)} == seqs, query
 
 
-# Texts whose words hold combining marks or format characters: (message, text), then each
-# query with the messages it finds on both backends.
+# Texts whose words hold combining marks, format characters, or letters and digits with an
+# accent: (message, text), then each query with the messages it finds on both backends.
 MARKED = [
     (0, "हिन्दी भाषा"),
     (1, "שָלוֹם מַה"),
@@ -138,19 +138,22 @@ MARKED = [
     (5, "un \u00e9clair"),
     (6, "persian می\u200cخواهم"),  # noqa: RUF001 (a zero-width non-joiner inside the word)
     (7, "zero\u200bwidth soft\u00adhyphen x\u2060y \ufeffbom"),
+    (8, "café2 naïve2"),
 ]
 MARKED_FOUND = [
     ("हिन्दी", {0}), ("भाषा", {0}), ("שָלוֹם", {1}), ("مَرْحَبًا", {2}), ("صَدِيقِي", {2}),
     ("ภาษาไทยง่ายมาก", {3}), ("e\u0301clair", {4, 5}), ("\u00e9clair", {4, 5}),
     ("eclair", {4, 5}), ("می\u200cخواهم", {6}), ("خواهم", {6}), ("zero", {7}),  # noqa: RUF001
     ("width", {7}), ("zero\u200bwidth", {7}), ("hyphen", {7}), ("y", {7}), ("bom", {7}),
+    ("cafe2", {8}), ("café2", {8}), ("naive2", {8}),
 ]
 
 
 async def test_search_finds_words_with_marks_and_format_characters(cmem: mnemo.Memory) -> None:
     """A word with combining marks is found by its own text on both backends (its query word
-    was cut at each mark, which PostgreSQL's words keep), decomposed or not; and a word is
-    split at an invisible format character on both (PostgreSQL read it as a letter)."""
+    was cut at each mark, which PostgreSQL's words keep), decomposed or not; a word is split at
+    an invisible format character on both (PostgreSQL read it as a letter); and an accent
+    folds in a word of letters and digits (PostgreSQL kept it)."""
     await cmem.conversation().save("t", [user(text) for _, text in MARKED])
     for query, seqs in MARKED_FOUND:
         assert {h.seq for h in await cmem.search_messages(query)} == seqs, query

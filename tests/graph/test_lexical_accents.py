@@ -22,13 +22,13 @@ TEXTS = {"a": "We met at the café", "b": "Naïve résumé, crème brûlée",
 EXPECTED = [("cafe", {"a", "c"}), ("café", {"a", "c"}), ("CAFÉ", {"a", "c"}),
             ("naive", {"b"}), ("NAÏVE", {"b"}), ("resume", {"b"}), ("brulee", {"b"})]
 
-# Words with combining marks (decomposed too) or format characters; each query, and what it
-# finds through the index and the store alike.
+# Words with combining marks (decomposed too) or format characters, letters and digits with an
+# accent; each query, and what it finds through the index and the store alike.
 WORDS = {"h": "हिन्दी भाषा", "e": "e\u0301clair au chocolat", "p": "persian می\u200cخواهم",  # noqa: RUF001
-         "z": "zero\u200bwidth soft\u00adhyphen", "q": "a quiet owl"}
+         "z": "zero\u200bwidth soft\u00adhyphen", "n": "café2 naïve2", "q": "a quiet owl"}
 WORDS_FOUND = [("हिन्दी", {"h"}), ("भाषा", {"h"}), ("eclair", {"e"}), ("e\u0301clair", {"e"}),
                ("éclair", {"e"}), ("می\u200cخواهم", {"p"}), ("خواهم", {"p"}), ("width", {"z"}),  # noqa: RUF001
-               ("hyphen", {"z"})]
+               ("hyphen", {"z"}), ("cafe2", {"n"}), ("naive2", {"n"})]
 
 
 async def test_the_index_folds_accents(
@@ -87,8 +87,9 @@ async def test_the_store_search_folds_accents(store: str) -> None:
 async def test_the_store_search_finds_marked_and_format_split_words(store: str) -> None:
     """Without a lexical index, the store's own full-text search finds the same words as the
     index: a word with combining marks by its text, a decomposed accent as a composed one (their
-    query words were cut at each mark), and the parts of a word joined by a format character
-    (PostgreSQL kept it whole)."""
+    query words were cut at each mark), the parts of a word joined by a format character
+    (PostgreSQL kept it whole) and a word of letters and digits without its accent (PostgreSQL
+    kept the accent)."""
     async with open_stores(store, DIM, lexical_dir="") as backend:
         await add(backend, "c1", WORDS)
         for query, ids in WORDS_FOUND:

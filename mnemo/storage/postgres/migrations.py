@@ -433,18 +433,23 @@ MIGRATIONS: tuple[Migration, ...] = (
         # `unicode61` folds them ("cafe", "café" and "CAFÉ" are one word): `unaccent` (the
         # extension `schema.apply` creates, named in its own schema wherever that is) goes
         # ahead of the stemmer for the token types that can hold a letter other than ASCII
-        # (an `ascii*` token has nothing to fold). And the text is split at its punctuation
-        # and format characters (`SEARCH_VECTOR`).
+        # (an `ascii*` token has nothing to fold), and ahead of `simple` for those of letters
+        # and digits ("café2": FTS5 and the lexical index fold it too, and stem it no more).
+        # And the text is split at its punctuation and format characters (`SEARCH_VECTOR`).
         # A stored generated column keeps what its former expression computed, so both
         # tables' columns are made again: every row is rewritten once (BENCHMARKS.md, session
         # 21), without firing the lexical log's triggers.
         "m012_search_words",
         (
-            f"""DO $$ BEGIN EXECUTE format(
-                'ALTER TEXT SEARCH CONFIGURATION {TEXT_SEARCH_CONFIG}'
-                ' ALTER MAPPING FOR word, hword, hword_part WITH %I.unaccent, mnemo_english_stem',
-                (SELECT n.nspname FROM pg_extension e JOIN pg_namespace n
-                 ON n.oid = e.extnamespace WHERE e.extname = 'unaccent'));
+            f"""DO $$ DECLARE place name := (SELECT n.nspname FROM pg_extension e
+                JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'unaccent');
+            BEGIN
+                EXECUTE format('ALTER TEXT SEARCH CONFIGURATION {TEXT_SEARCH_CONFIG}'
+                    ' ALTER MAPPING FOR word, hword, hword_part'
+                    ' WITH %I.unaccent, mnemo_english_stem', place);
+                EXECUTE format('ALTER TEXT SEARCH CONFIGURATION {TEXT_SEARCH_CONFIG}'
+                    ' ALTER MAPPING FOR numword, numhword, hword_numpart'
+                    ' WITH %I.unaccent, simple', place);
             END $$""",
             *(
                 statement

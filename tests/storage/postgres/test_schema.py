@@ -206,8 +206,9 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
 ) -> None:
     """m012_search_words computes the stored search column of the rows written before it
     again (nodes, messages): "cafe" finds "café", "nginx" finds "/etc/nginx/nginx.conf",
-    and "width" finds "zero\u200bwidth" (split at a format character) after it. The lexical
-    log is untouched, and `ts_headline` still shows the text as written."""
+    "width" finds "zero\u200bwidth" (split at a format character) and "cafe2" finds "café2"
+    (a word of letters and digits) after it. The lexical log is untouched, and `ts_headline`
+    still shows the text as written."""
     config = migrations.TEXT_SEARCH_CONFIG
     before = tuple(m for m in migrations.MIGRATIONS if m.name != "m012_search_words")
     async with await _connect(pg_empty_url) as conn:
@@ -220,7 +221,7 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
                 "INSERT INTO nodes (id, repo, type, text, data, created_at)"
                 " VALUES (%s, 'r', 'semantic', %s, '{}', now())", (node, text))
         for message, seq, text in (("m1", 0, "Naïve résumé"), ("m2", 1, "see docs.example.org"),
-                                   ("m3", 2, "a soft\u00adhyphen")):
+                                   ("m3", 2, "café2 soft\u00adhyphen")):
             await conn.execute(
                 "INSERT INTO messages (id, thread_id, seq, role, text, data, tokens, recorded_at)"
                 " VALUES (%s, 't', %s, 'user', %s, '{}', 3, now())", (message, seq, text))
@@ -236,6 +237,7 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
         assert await matching("messages", "resume") == set()
         assert await matching("messages", "example") == set()
         assert await matching("nodes", "width") == set()
+        assert await matching("messages", "cafe2") == set()
         assert await matching("messages", "hyphen") == set()
         log = await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall()
         monkeypatch.undo()
@@ -250,6 +252,7 @@ async def test_search_finds_words_in_rows_written_before_the_migration(
         assert await matching("messages", "example") == {"m2"}
         assert await matching("nodes", "width") == {"n4"}
         assert await matching("nodes", "خواهم") == {"n4"}
+        assert await matching("messages", "cafe2") == {"m3"}
         assert await matching("messages", "hyphen") == {"m3"}
         assert await (await conn.execute("SELECT seq FROM lexical_repos")).fetchall() == log
         cur = await conn.execute(

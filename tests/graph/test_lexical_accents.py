@@ -22,13 +22,20 @@ TEXTS = {"a": "We met at the café", "b": "Naïve résumé, crème brûlée",
 EXPECTED = [("cafe", {"a", "c"}), ("café", {"a", "c"}), ("CAFÉ", {"a", "c"}),
             ("naive", {"b"}), ("NAÏVE", {"b"}), ("resume", {"b"}), ("brulee", {"b"})]
 
-# Words with combining marks (decomposed too) or format characters, letters and digits with an
-# accent; each query, and what it finds through the index and the store alike.
+SHA1 = "da39a3ee5e6b4b0d3255bfef95601890afd80709"
+SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+CJK = "我们明天下午三点在会议室讨论项目进度"  # 18 characters, 54 bytes: one word
+# Words with combining marks (decomposed too) or format characters, long words, letters and
+# digits with an accent; each query, and what it finds through the index and the store alike.
 WORDS = {"h": "हिन्दी भाषा", "e": "e\u0301clair au chocolat", "p": "persian می\u200cخواهم",  # noqa: RUF001
-         "z": "zero\u200bwidth soft\u00adhyphen", "n": "café2 naïve2", "q": "a quiet owl"}
+         "z": "zero\u200bwidth soft\u00adhyphen", "n": "café2 naïve2",
+         "l": f"commit {SHA1} digest {SHA256}", "k": f"{CJK} достопримечательности",
+         "g": "Donaudampfschifffahrtsgesellschaftskapitän", "q": "a quiet owl"}
 WORDS_FOUND = [("हिन्दी", {"h"}), ("भाषा", {"h"}), ("eclair", {"e"}), ("e\u0301clair", {"e"}),
                ("éclair", {"e"}), ("می\u200cخواهم", {"p"}), ("خواهم", {"p"}), ("width", {"z"}),  # noqa: RUF001
-               ("hyphen", {"z"}), ("cafe2", {"n"}), ("naive2", {"n"})]
+               ("hyphen", {"z"}), ("cafe2", {"n"}), ("naive2", {"n"}), (SHA1, {"l"}),
+               (SHA256, {"l"}), (CJK, {"k"}), ("достопримечательности", {"k"}),
+               ("Donaudampfschifffahrtsgesellschaftskapitan", {"g"})]
 
 
 async def test_the_index_folds_accents(
@@ -40,13 +47,14 @@ async def test_the_index_folds_accents(
     await _through_the_index(store, tmp_path, monkeypatch, TEXTS, EXPECTED)
 
 
-async def test_the_index_finds_marked_and_format_split_words(
+async def test_the_index_finds_marked_format_split_and_long_words(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lexical index finds a word with combining marks by its text (its query word was cut
     at each mark), a decomposed accent as a composed one (tantivy split the text at the mark),
-    and the parts of a word joined by a format character, in uncommitted and committed
-    documents alike."""
+    the parts of a word joined by a format character, and a word of 40 bytes or more (a
+    commit's hash, a run of CJK characters: tantivy's `en_stem` dropped them), in uncommitted
+    and committed documents alike."""
     await _through_the_index(store, tmp_path, monkeypatch, WORDS, WORDS_FOUND)
 
 
@@ -89,7 +97,7 @@ async def test_the_store_search_finds_marked_and_format_split_words(store: str) 
     index: a word with combining marks by its text, a decomposed accent as a composed one (their
     query words were cut at each mark), the parts of a word joined by a format character
     (PostgreSQL kept it whole) and a word of letters and digits without its accent (PostgreSQL
-    kept the accent)."""
+    kept the accent); and the long words the index keeps."""
     async with open_stores(store, DIM, lexical_dir="") as backend:
         await add(backend, "c1", WORDS)
         for query, ids in WORDS_FOUND:

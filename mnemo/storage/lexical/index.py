@@ -76,7 +76,8 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-# The folder's layout (v4: accents folded, texts composed): a change goes to a new folder.
+# The folder's layout (v4: accents folded, texts composed, words of up to 255 bytes kept): a
+# change goes to a new folder.
 FORMAT = "v4"
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score

@@ -11,6 +11,13 @@ from typing import Any
 # The `text` field's analyzer, by the name the folder's schema records. tantivy keeps the name
 # only: every opening of the index registers it (a writer made without it fails).
 TOKENIZER = "mnemo_en"
+# The longest word the index keeps, in UTF-8 bytes. `en_stem`'s 40 lost a git commit's hash
+# (40 hex digits), a SHA-256, a long identifier or German compound, and any run of 14 CJK
+# characters, all of which the store's own search finds. 255 keeps a SHA-512 in hex (128), 85
+# CJK characters, 127 Cyrillic letters. Longer, a token is mostly a blob (a key, base64, a hex
+# dump) that no query types, each a term of its own in the index: PostgreSQL keeps words up to
+# 2,047 bytes and FTS5 any word, so those are found by the store's search only.
+LONGEST_WORD = 255
 
 
 def schema() -> Any:
@@ -32,8 +39,8 @@ def schema() -> Any:
 
 
 def analyzer() -> Any:
-    """tantivy's `en_stem` with accents folded: split, drop tokens over 40 bytes, fold to
-    ASCII, lowercase, stem. It is given texts composed
+    """tantivy's `en_stem` with accents folded and longer words kept: split, drop tokens
+    longer than `LONGEST_WORD`, fold to ASCII, lowercase, stem. It is given texts composed
     (`composed`): it splits at a combining mark, so a decomposed "éclair" was "e" and "clair".
 
     Folded as the store's own search folds them ("café", "cafe" and "CAFÉ" are one word):
@@ -45,7 +52,7 @@ def analyzer() -> Any:
 
     return (
         tv.TextAnalyzerBuilder(tv.Tokenizer.simple())
-        .filter(tv.Filter.remove_long(40))
+        .filter(tv.Filter.remove_long(LONGEST_WORD + 1))  # keeps what is shorter than this
         .filter(tv.Filter.ascii_fold())
         .filter(tv.Filter.lowercase())
         .filter(tv.Filter.stemmer("english"))

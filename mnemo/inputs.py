@@ -199,9 +199,20 @@ def _within_words(between: re.Match[str]) -> str:
     # The run is as long as it can be: a neighbour that is no space is a word character.
     inside = (0 < start and end < len(text)
               and not text[start - 1].isspace() and not text[end].isspace())
-    kept = []
-    for character in run:
-        category = unicodedata.category(character)
-        joins = category[0] == "M" or (inside and category == "Cf")
-        kept.append(character if joins else " ")
-    return "".join(kept)
+    # A format character joins only the words on both its sides; a mark, the one before it.
+    return "".join(
+        character if in_word(character) and (inside or not _is_format(character)) else " "
+        for character in run
+    )
+
+
+def in_word(character: str) -> bool:
+    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
+    combining mark (Unicode's M*) or an invisible format character (Cf). The one rule of
+    `query_words`, and of recall's stopwords (`adapters._text.without_stopwords`)."""
+    category = unicodedata.category(character)
+    return category[0] == "M" or category == "Cf"
+
+
+def _is_format(character: str) -> bool:
+    return unicodedata.category(character) == "Cf"

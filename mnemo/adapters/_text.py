@@ -9,8 +9,9 @@ concept labels are built.
 from __future__ import annotations
 
 import re
-import unicodedata
 from functools import lru_cache
+
+from mnemo.inputs import in_word
 
 # A word is a run of letters/digits, optionally joined by ' . - (so "don't", "nginx.conf",
 # "3.11" and "e-mail" stay whole); trailing punctuation is never part of a word.
@@ -124,13 +125,9 @@ def _blank_stopword(word: re.Match[str]) -> str:
     return " " if not glued and is_stopword(word.group()) else word.group()
 
 
-# Unicode's combining marks and format characters: a query's word holds them
-# (`mnemo.inputs.query_words`).
-_GLUE = frozenset({"Mn", "Mc", "Me", "Cf"})
-
-
 def _glues(character: str) -> bool:
-    return character == "_" or unicodedata.category(character) in _GLUE
+    """The underscore, and what a query's word holds besides `\\w` (`inputs.in_word`)."""
+    return character == "_" or in_word(character)
 
 
 def is_acronym(word: str) -> bool:

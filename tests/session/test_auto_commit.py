@@ -316,11 +316,21 @@ async def test_a_read_during_the_closes_commit_loses_no_transition(
 
     monkeypatch.setattr(graph, "apply", apply_then_read)
     results: list[mnemo.OpResult] = []
-    await auto_mem.close_async(sid, callback=results.append)
-    await auto_mem.start_episode_async(sid, "explore more", callback=results.append)
+    both = anyio.Event()
+
+    def record(result: mnemo.OpResult) -> None:
+        results.append(result)
+        if len(results) == 2:
+            both.set()
+
+    await auto_mem.close_async(sid, callback=record)
+    await auto_mem.start_episode_async(sid, "explore more", callback=record)
+    # Waited for by the callbacks: the session is collecting before the close moves it too
+    # (waiting for "collecting" returned at once whenever the close had not begun yet).
     with anyio.fail_after(5):
-        await events.wait_state(auto_mem, sid, mnemo.State.COLLECTING)
+        await both.wait()
     assert [(r.ok, r.value) for r in results] == [(True, "closed"), (True, "started")]
+    assert await auto_mem.session_state(sid) is mnemo.State.COLLECTING
     assert events.transitions(sid)[-2:] == [("extracting", "idle"), ("idle", "collecting")]
 
 

@@ -277,8 +277,10 @@ async def commit_steps(
     runtime = session.runtime
     policy = intent_policy(runtime, live.llm_for(runtime, session.repo, session.id))
     receipt = await live.graph.apply(changeset, intents=policy, also=[side])
-    if state is not None:
-        session.version += 1
+    if side.version is not None:
+        # The version the write made, not one more than the record's now: a read that took
+        # the write in meanwhile (`Sessions.reload`) already holds it.
+        session.version = side.version + 1
     for step in steps:
         step.committed_in = changeset.id
     return receipt

@@ -109,7 +109,9 @@ class Sessions:
             return session
         if fresh:
             lease = await self.coordination.lease(session_id)
-            moved = lease is None or lease.ended or lease.version != session.version
+            # Versions only grow: an older one is a read that began before a write here and
+            # answered after it, not a move.
+            moved = lease is None or lease.ended or lease.version > session.version
             # Not while this Memory holds the session's lock: it is writing the session, and
             # what the store holds may be that very write, which the move ends with (taken
             # in half-way, the session looked extracted by another Memory, or its move lost
@@ -163,7 +165,12 @@ class Sessions:
         if row is None:
             self.drop(session)
             raise NotFoundError("session", session.id)
-        if row.version == session.version:
+        if row.version <= session.version:
+            # The same version, or an older one: a read that began before this Memory's own
+            # write and answered after it (PostgreSQL's connections answer in any order).
+            # Taken in, it put the session back where it was (a closed session looked
+            # extracting again, with nobody here extracting it: an operation queued behind
+            # the close went to the store's queue, then ran twice or never).
             return
         before = session.state
         if row.state is not before:

@@ -268,10 +268,19 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
     they were accepted (after a failed extraction they fail with "extraction_failed"); each
     result goes to the Memory that accepted it. Then starts the session's queue.
 
+    One at a time per session: the extraction's end and the watcher both get here, and the
+    one that took nothing started the queue while the other's operations were still on their
+    way into it (a `start_episode` queued here ran before a stored `commit`, refused).
+
     Raises:
         StorageError: the stored operations could not be taken (they stay stored); the
             session's own queue is started all the same.
     """
+    async with session.taking:
+        await _take_stored(live, session)
+
+
+async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     taken: list[StoredOp] = []
     try:
         if live.holder_id is not None:
@@ -318,7 +327,13 @@ def _result_to(live: Sessions, op_id: str) -> Callback:
             for entry in entries:
                 if entry[0] == op_id:
                     entries.remove(entry)
-                    await live.coordination.drop_ops([op_id])
+                    try:
+                        await live.coordination.drop_ops([op_id])
+                    except StorageError as exc:
+                        # The row stays, taken, and nobody waits for it: the callback still
+                        # comes (the fault used to end the report before it).
+                        log.warning("%s: a finished operation's row left in the store: %s",
+                                    op_id, exc)
                     await deliver(entry[2], result)
                     return
         cause = None if result.error is None else result.error.__cause__

@@ -120,6 +120,10 @@ class SessionRecord:
     version: int = 0
     # Queued operations wait for work another Memory holds: a watcher reads the store.
     watching: bool = False
+    # Held while the session's stored operations are taken and queued (`run_stored`: the
+    # extraction's end and the watcher both do it): the queue starts only once what the
+    # store handed over is in it.
+    taking: anyio.Lock = field(default_factory=anyio.Lock)
     # The open episode's validated extraction results, so a retry re-asks only what failed
     # (issue 13, item 5), stored with the episode too.
     memo: TaskMemo | None = None

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -22,6 +23,8 @@ import pytest
 import mnemo
 from mnemo import State
 from mnemo.session import operations
+from mnemo.session.ports import StoredOp
+from mnemo.session.queue import Op
 from tests.backends import sql
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
@@ -587,3 +590,67 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
         assert await b.mem.session_state(sid) is State.IDLE
         assert set((await node_texts(a.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
+
+
+@pytest.mark.parametrize("drop_fails", [False, True], ids=["", "drop-fault"])
+async def test_stored_operations_are_in_the_queue_before_it_starts(
+    store: str, monkeypatch: pytest.MonkeyPatch, drop_fails: bool
+) -> None:
+    """The extraction's end and the store's watcher both take the session's stored operations
+    (`operations.run_stored`): the one that took nothing started the queue while the other's
+    were still on their way into it, so a `start_episode` queued here ran before the stored
+    `commit` it was accepted behind, and was refused (a review, session 22). Taking is one at
+    a time now. Placed deterministically: the first take answers only once everything else
+    has run. With a fault when the stored commit's row is dropped once it ran, its callback
+    still comes (it was lost: the fault ended the report before it)."""
+    async with workers(store, 1) as [w]:
+        sid = await fill(w.mem)
+        await ready(w, sid)
+        live = w.mem._service._live
+        session = live.by_id[sid]
+        got: list[tuple[str, mnemo.OpResult]] = []
+        both = anyio.Event()
+
+        def recorded(label: str) -> Any:
+            def record(result: mnemo.OpResult) -> None:
+                got.append((label, result))
+                if len(got) == 2:
+                    both.set()
+            return record
+
+        # A commit this Memory stored while the work was held elsewhere, and a start_episode
+        # it queued behind it once the work was its own.
+        live.remote[sid] = [("op_stored", "commit", recorded("commit"))]
+        session.pending.append(Op("start_episode", ("walk west",), recorded("start")))
+        gate = anyio.Event()
+        takes = 0
+
+        async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
+            nonlocal takes
+            takes += 1
+            if takes > 1:
+                return []
+            await gate.wait()
+            return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
+
+        drop_ops = live.coordination.drop_ops
+        faults = [mnemo.StorageError("unavailable", "the store is away")] if drop_fails else []
+
+        async def failing(op_ids: Any) -> None:
+            if op_ids and faults:
+                raise faults.pop()
+            await drop_ops(op_ids)
+
+        monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+        monkeypatch.setattr(live.coordination, "drop_ops", failing)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(operations.run_stored, live, session)
+            tg.start_soon(operations.run_stored, live, session)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        with anyio.fail_after(5):
+            await both.wait()
+        assert [(label, r.ok, r.value) for label, r in got] == [
+            ("commit", True, "committed"), ("start", True, "started")]
+        assert faults == []  # the fault, if any, was met
+        assert await w.mem.session_state(sid) is State.COLLECTING

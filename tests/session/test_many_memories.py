@@ -573,10 +573,21 @@ async def test_an_operation_stored_by_a_closed_memory_still_runs(
 
 async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(store: str) -> None:
     """A's close_and_commit on a session B is extracting waits for B's extraction (seen in the
-    store) and commits it once, with B's result."""
+    store) and commits it once, with B's result. B's extraction is let go only once A waits
+    (`wait_all_tasks_blocked` returned while A's read was still on its thread or socket, and
+    A often found the extraction over without waiting at all)."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         held = await extracting(b, sid)
+        live = a.mem._service._live
+        wait_moved = live.wait_moved
+        waiting = anyio.Event()
+
+        async def spied(session: Any) -> None:
+            waiting.set()
+            await wait_moved(session)
+
+        live.wait_moved = spied  # type: ignore[method-assign]
         async with anyio.create_task_group() as tg:
             receipts: list[mnemo.CommitReceipt] = []
 
@@ -584,7 +595,8 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
                 receipts.append(await a.mem.close_and_commit(sid))
 
             tg.start_soon(commit_through_a)
-            await anyio.wait_all_tasks_blocked()
+            with anyio.fail_after(5):
+                await waiting.wait()
             held.release()
         assert receipts[0].node_ids
         assert await b.mem.session_state(sid) is State.IDLE

@@ -363,9 +363,10 @@ async def test_unparsable_reward_does_not_fail_append(
 
 
 async def test_append_timeout(mem: mnemo.Memory, llm: FakeLLM) -> None:
-    """An append running past append_timeout raises LLMError saying so and adds no step."""
+    """An append running past append_timeout raises LLMError saying so and adds no step.
+    The timeout is long enough for the next append to finish within it on a busy machine."""
     sid = await mem.start_session(
-        "explore the house", repo=REPO, config=mnemo.Config(append_timeout=0.05)
+        "explore the house", repo=REPO, config=mnemo.Config(append_timeout=0.5)
     )
     held = llm.hold("state")
     with anyio.fail_after(5), pytest.raises(mnemo.LLMError) as caught:

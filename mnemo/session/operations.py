@@ -337,7 +337,7 @@ def _result_to(live: Sessions, op_id: str) -> Callback:
                     await deliver(entry[2], result)
                     return
         cause = None if result.error is None else result.error.__cause__
-        await live.coordination.finish_op(op_id, {
+        await _store_result(live, op_id, {
             "ok": result.ok, "value": result.value,
             "error": None if result.error is None else result.error.reason,
             # An exception does not cross processes: its type's name and message do.
@@ -345,6 +345,32 @@ def _result_to(live: Sessions, op_id: str) -> Callback:
         })
 
     return report
+
+
+# A result for another Memory is stored again after a fault, this many times in all, after a
+# pause doubling from WATCH_INTERVAL (3.15 s in all): that Memory's callback waits for it.
+FINISH_ATTEMPTS = 7
+
+
+async def _store_result(live: Sessions, op_id: str, result: dict[str, Any]) -> None:
+    """Stores the result of an operation another Memory accepted, trying again after a fault
+    (a single fault lost it, and that Memory waited for its callback for good).
+
+    Raises:
+        StorageError: the store refused it `FINISH_ATTEMPTS` times.
+    """
+    for attempt in range(FINISH_ATTEMPTS):
+        try:
+            await live.coordination.finish_op(op_id, result)
+            return
+        except StorageError as exc:
+            if attempt == FINISH_ATTEMPTS - 1:
+                log.error("%s: its result could not be stored; the Memory that accepted it "
+                          "gets no callback: %r", op_id, exc)
+                raise
+            log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt + 1,
+                        exc)
+            await anyio.sleep(WATCH_INTERVAL * 2**attempt)
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:

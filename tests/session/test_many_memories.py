@@ -348,9 +348,13 @@ async def test_reads_through_another_memory_never_write(store: str) -> None:
         assert await rows(b.mem) == before
 
 
-async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -> None:
+@pytest.mark.parametrize("finish_fails", [False, True], ids=["", "finish-fault"])
+async def test_an_async_operation_calls_back_where_it_was_accepted(
+    store: str, monkeypatch: pytest.MonkeyPatch, finish_fails: bool
+) -> None:
     """A commit accepted through A while B extracts the session runs when B's extraction
-    ends and calls back in A, with the commit's result."""
+    ends and calls back in A, with the commit's result. A fault when B stores that result
+    is tried again (the result was lost, and A waited for it for good)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -358,10 +362,21 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(store: str) -
         held = await extracting(b, sid)
         callback = Called()
         await a.mem.commit_async(sid, callback)
+        coordination = b.mem._backend.coordination
+        finish_op = coordination.finish_op
+        faults = [mnemo.StorageError("unavailable", "the store is away")] if finish_fails else []
+
+        async def failing(op_id: str, result: Any) -> None:
+            if faults:
+                raise faults.pop()
+            await finish_op(op_id, result)
+
+        monkeypatch.setattr(coordination, "finish_op", failing)
         held.release()
         with anyio.fail_after(10):
             await callback.done.wait()
         assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        assert faults == []  # the fault, if any, was met
         assert await b.mem.session_state(sid) is State.IDLE
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()

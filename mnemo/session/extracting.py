@@ -126,7 +126,19 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
     Whatever fails on the way, storing the result included, ends in `failed`: the session
     never stays extracting with nobody working on it. Once it has moved, what was queued
     behind it runs (`_run_queue`): a fault there is no failed extraction (the failure's move
-    from `ready` was stale, so nothing ran or failed the queue, and it stuck)."""
+    from `ready` was stale, so nothing ran or failed the queue, and it stuck). From its move
+    until then the session stays busy (`handing_over`): a call made in between queues behind
+    what the store hands over, not ahead of it."""
+    session.handing_over += 1
+    try:
+        await _extract_episode(live, session)
+    finally:
+        session.handing_over -= 1
+        session.notify()
+        operations.kick(live, session)
+
+
+async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
     episode = session.episode
     try:
         while session.background:

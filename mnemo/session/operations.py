@@ -56,7 +56,7 @@ def submit(
     if session.state is S.FAILED:
         raise SessionError("session_failed", state=session.state, session_id=session_id)
     op = Op(kind, args, callback)
-    if session.busy:
+    if session.busy or awaits_handover(live, session):
         stored = _stored_here(live, session)
         if len(stored) + len(session.pending) >= session.config.max_pending_ops:
             raise SessionError(
@@ -89,6 +89,14 @@ def _accept(session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         session.appends_in_flight += 1
         op.ticket = session.turnstile.take()
+
+
+def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
+    """Operations this Memory stored are being handed over to the session's queue (by its
+    extraction's end, or a take): they were accepted first, so a call made now queues behind
+    them, and the queue waits for them (a `start_episode` made then was checked against
+    `ready` alone, and refused)."""
+    return session.handing_over > 0 and bool(live.remote.get(session.id))
 
 
 def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
@@ -270,26 +278,31 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
 
     One at a time per session: the extraction's end and the watcher both get here, and the
     one that took nothing started the queue while the other's operations were still on their
-    way into it (a `start_episode` queued here ran before a stored `commit`, refused).
+    way into it (a `start_episode` queued here ran before a stored `commit`, refused). A call
+    made meanwhile queues behind what this Memory stored (`awaits_handover`). Once
+    taken, they are queued whatever happens (shielded: a cancel in between lost them, taken
+    and never answered).
 
     Raises:
         StorageError: the stored operations could not be taken (they stay stored); the
-            session's own queue is started all the same.
+            session's own queue is started all the same (it waits for nothing stored: it
+            stuck, with no callback, when a fault here came right after an extraction).
     """
-    async with session.taking:
-        await _take_stored(live, session)
+    session.handing_over += 1
+    try:
+        async with session.taking:
+            with anyio.CancelScope(shield=True):
+                await _take_stored(live, session)
+    finally:
+        session.handing_over -= 1
+        session.notify()
+        kick(live, session)
 
 
 async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     taken: list[StoredOp] = []
-    try:
-        if live.holder_id is not None:
-            taken = await live.coordination.take_ops(session.id, live.holder_id)
-    except StorageError:
-        # The operations queued here wait for nothing in the store: they run (they stuck,
-        # with no callback, when a fault here came right after an extraction).
-        kick(live, session)
-        raise
+    if live.holder_id is not None:
+        taken = await live.coordination.take_ops(session.id, live.holder_id)
     # An operation whose Memory closed before it ran has nobody to call back: its row goes.
     # The operations are taken (committed) by now, so a fault there must not keep them from
     # running: the row stays, taken, and nobody waits for it.
@@ -303,7 +316,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     # stored them while another Memory held the work): they go first.
     first: list[Op] = []
     for stored in taken:
-        callback = _result_to(live, stored.id) if stored.accepted_by else None
+        callback = _result_to(live, session, stored.id) if stored.accepted_by else None
         if session.state is S.FAILED:
             error = SessionError("extraction_failed", state=session.state, session_id=session.id)
             await deliver(callback, OpResult(False, None, error))
@@ -315,62 +328,65 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
         else:
             session.pending.append(op)
     session.pending.extendleft(reversed(first))
-    kick(live, session)
 
 
-def _result_to(live: Sessions, op_id: str) -> Callback:
-    """Where a stored operation's result goes: its callback, when this Memory accepted it;
-    else the store, for the Memory that did."""
+def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
+    """Where a stored operation's result goes: its callback, when this Memory accepted it
+    (it leaves `live.remote` now: queued here, it is no longer waited for in the store, and
+    counted there too it made the queue look one operation longer); else the store, for the
+    Memory that did."""
+    entries = live.remote.get(session.id, [])
+    mine = next((entry for entry in entries if entry[0] == op_id), None)
+    if mine is None:
 
-    async def report(result: OpResult) -> None:
-        for entries in live.remote.values():
-            for entry in entries:
-                if entry[0] == op_id:
-                    entries.remove(entry)
-                    try:
-                        await live.coordination.drop_ops([op_id])
-                    except StorageError as exc:
-                        # The row stays, taken, and nobody waits for it: the callback still
-                        # comes (the fault used to end the report before it).
-                        log.warning("%s: a finished operation's row left in the store: %s",
-                                    op_id, exc)
-                    await deliver(entry[2], result)
-                    return
-        cause = None if result.error is None else result.error.__cause__
-        await _store_result(live, op_id, {
-            "ok": result.ok, "value": result.value,
-            "error": None if result.error is None else result.error.reason,
-            # An exception does not cross processes: its type's name and message do.
-            "cause": None if cause is None else [type(cause).__name__, str(cause)],
-        })
+        async def report(result: OpResult) -> None:
+            cause = None if result.error is None else result.error.__cause__
+            await _store_result(live, op_id, {
+                "ok": result.ok, "value": result.value,
+                "error": None if result.error is None else result.error.reason,
+                # An exception does not cross processes: its type's name and message do.
+                "cause": None if cause is None else [type(cause).__name__, str(cause)],
+            })
 
-    return report
+        return report
+    entries.remove(mine)
+
+    async def call_back(result: OpResult) -> None:
+        try:
+            await live.coordination.drop_ops([op_id])
+        except StorageError as exc:
+            # The row stays, taken, and nobody waits for it: the callback still comes (the
+            # fault used to end the report before it).
+            log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
+        await deliver(mine[2], result)
+
+    return call_back
 
 
-# A result for another Memory is stored again after a fault, this many times in all, after a
-# pause doubling from WATCH_INTERVAL (3.15 s in all): that Memory's callback waits for it.
-FINISH_ATTEMPTS = 7
+# A result for another Memory is stored again after a fault, with a pause doubling from
+# WATCH_INTERVAL, for at most this many seconds in all, tries included (a try may itself wait
+# out the store's busy timeout): that Memory's callback waits for it, and a Memory closing
+# meanwhile waits too (the callback runs shielded).
+FINISH_BUDGET = 10.0
 
 
 async def _store_result(live: Sessions, op_id: str, result: dict[str, Any]) -> None:
     """Stores the result of an operation another Memory accepted, trying again after a fault
-    (a single fault lost it, and that Memory waited for its callback for good).
-
-    Raises:
-        StorageError: the store refused it `FINISH_ATTEMPTS` times.
-    """
-    for attempt in range(FINISH_ATTEMPTS):
-        try:
-            await live.coordination.finish_op(op_id, result)
-            return
-        except StorageError as exc:
-            if attempt == FINISH_ATTEMPTS - 1:
-                log.error("%s: its result could not be stored; the Memory that accepted it "
-                          "gets no callback: %r", op_id, exc)
-                raise
-            log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt + 1,
-                        exc)
-            await anyio.sleep(WATCH_INTERVAL * 2**attempt)
+    for up to `FINISH_BUDGET` seconds (a single fault lost it, and that Memory waited for its
+    callback for good); past that, the loss is logged as an error."""
+    attempt = 0
+    with anyio.move_on_after(FINISH_BUDGET):
+        while True:
+            try:
+                await live.coordination.finish_op(op_id, result)
+                return
+            except StorageError as exc:
+                attempt += 1
+                log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt,
+                            exc)
+            await anyio.sleep(WATCH_INTERVAL * 2 ** min(attempt - 1, 6))
+    log.error("%s: its result could not be stored in %.0f s; the Memory that accepted it gets "
+              "no callback", op_id, FINISH_BUDGET)
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
@@ -414,6 +430,8 @@ def kick(live: Sessions, session: SessionRecord) -> None:
     """Starts the next queued operation if nothing holds the session."""
     if session.ended or session.running is not None or not session.pending:
         return
+    if awaits_handover(live, session):
+        return  # started once what this Memory stored is queued
     if session.state is S.EXTRACTING or session.background:
         return
     op = session.pending.popleft()

@@ -121,9 +121,12 @@ class SessionRecord:
     # Queued operations wait for work another Memory holds: a watcher reads the store.
     watching: bool = False
     # Held while the session's stored operations are taken and queued (`run_stored`: the
-    # extraction's end and the watcher both do it): the queue starts only once what the
-    # store handed over is in it.
+    # extraction's end and the watcher both do it), one taker at a time.
     taking: anyio.Lock = field(default_factory=anyio.Lock)
+    # Work that ends by handing stored operations over is under way (an extraction, from its
+    # start to its queue's, or a take): while operations this Memory stored wait in it, a
+    # call queues behind them and the queue waits (`operations.awaits_handover`).
+    handing_over: int = 0
     # The open episode's validated extraction results, so a retry re-asks only what failed
     # (issue 13, item 5), stored with the episode too.
     memo: TaskMemo | None = None

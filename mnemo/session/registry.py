@@ -87,7 +87,7 @@ class Sessions:
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
         """The session's record, read from the store when this Memory does not know it yet
         (another Memory started it), and, when `fresh`, read again if the store's version is
-        another (another Memory moved it). Reads only: loading starts no work.
+        newer (another Memory moved it). Reads only: loading starts no work.
 
         Raises:
             NotFoundError: no live session has this id.
@@ -155,8 +155,17 @@ class Sessions:
             return now
         return now - max((datetime.now(UTC) - moment).total_seconds(), 0.0)
 
-    async def reload(self, session: SessionRecord) -> None:
+    async def reload(self, session: SessionRecord, *, conflict: bool = False) -> None:
         """Reads the session again from the store, which another Memory changed.
+
+        A row no newer than the record is left out: a read that began before this Memory's
+        own write and answered after it (PostgreSQL's connections answer in any order).
+        Taken in, it put the session back where it was (a closed session looked extracting
+        again, with nobody here extracting it: an operation queued behind the close went to
+        the store's queue, then ran twice or never). `conflict`: read under the session's
+        lock after the store refused a write of the record's version, so no write of this
+        Memory can be under way: any other version is the store's truth, an older one too (a
+        record ahead of its store, restored from a backup say, never wrote again).
 
         Raises:
             NotFoundError: it ended meanwhile (its record goes too).
@@ -165,12 +174,7 @@ class Sessions:
         if row is None:
             self.drop(session)
             raise NotFoundError("session", session.id)
-        if row.version <= session.version:
-            # The same version, or an older one: a read that began before this Memory's own
-            # write and answered after it (PostgreSQL's connections answer in any order).
-            # Taken in, it put the session back where it was (a closed session looked
-            # extracting again, with nobody here extracting it: an operation queued behind
-            # the close went to the store's queue, then ran twice or never).
+        if row.version == session.version or (row.version < session.version and not conflict):
             return
         before = session.state
         if row.state is not before:

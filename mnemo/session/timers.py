@@ -118,8 +118,10 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             return
         async with session.lock:
             claimed = session.state is S.COLLECTING and await live.claim(session)
+            if not claimed:
+                # Moved meanwhile: the loop looks again.
+                await live.reload(session, conflict=True)
         if not claimed:
-            await live.reload(session)  # moved meanwhile: the loop looks again
             return
         waiting = _waiting(session)
         if waiting:
@@ -200,7 +202,8 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
             )
     if moved:
         try:
-            await live.reload(session)
+            async with session.lock:
+                await live.reload(session, conflict=True)
         except NotFoundError:
             return
         _restart(live, session)

@@ -98,7 +98,7 @@ async def move(
                     raise StorageError(
                         "busy", f"{session.id}: other Memory objects keep moving it"
                     ) from exc
-                await live.reload(session)
+                await live.reload(session, conflict=True)
                 continue
             if isinstance(written, int):
                 session.version = written
@@ -187,7 +187,8 @@ async def _annotate_and_store(
         # Another Memory moved the session (appended, or closed it): read it again, and
         # annotate against the episode as it now is, or be refused. Each round one of the
         # racing appends lands; each try is bounded by the append timeout.
-        await live.reload(session)
+        async with session.lock:
+            await live.reload(session, conflict=True)
         moved = True
     step, trajectory, boundary = stored
     episode = session.episode
@@ -302,9 +303,12 @@ async def commit(
             receipt = await extracting.commit_steps(live, session, changeset, steps, S.IDLE)
         except StaleSession:
             # Another Memory moved the session (committed it, say): nothing was written.
-            await live.reload(session)
+            await live.reload(session, conflict=True)
             refuse_unless(session, "commit")
             raise SessionError("conflict", state=session.state, session_id=session.id) from None
+        if session.state is not S.READY:
+            # A read took in this very write while it was being made, as `move` allows for.
+            live.machines.force(session.model, S.READY)
         Machines.fire(session.model, "commit")
         if op is not None:
             op.applied = True

@@ -681,3 +681,104 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
             ("commit", True, "committed"), ("start", True, "started")]
         assert faults == []  # the fault, if any, was met
         assert await w.mem.session_state(sid) is State.COLLECTING
+
+
+async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once this Memory takes its own stored `commit` into its queue, the commit is no longer
+    counted as stored too: a `start_episode` made while it runs is accepted behind it. It was
+    refused `invalid_queued_operation`, projected from ready through two commits (a review,
+    session 22). The commit is held at its write, deterministically."""
+    async with workers(store, 1) as [w]:
+        sid = await fill(w.mem)
+        await ready(w, sid)
+        live = w.mem._service._live
+        session = live.by_id[sid]
+        got: list[tuple[str, mnemo.OpResult]] = []
+        both = anyio.Event()
+
+        def recorded(label: str) -> Any:
+            def record(result: mnemo.OpResult) -> None:
+                got.append((label, result))
+                if len(got) == 2:
+                    both.set()
+            return record
+
+        live.remote[sid] = [("op_stored", "commit", recorded("commit"))]
+        stored = [StoredOp("op_stored", sid, "commit", [], live.holder_id or "",
+                           datetime.now(UTC))]
+
+        async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
+            taken = stored[:]
+            stored.clear()
+            return taken
+
+        apply = live.graph.apply
+        applying, release = anyio.Event(), anyio.Event()
+
+        async def held_apply(*args: Any, **kwargs: Any) -> Any:
+            applying.set()
+            await release.wait()
+            return await apply(*args, **kwargs)
+
+        monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+        monkeypatch.setattr(live.graph, "apply", held_apply)
+        await operations.run_stored(live, session)
+        with anyio.fail_after(5):
+            await applying.wait()
+        await w.mem.start_episode_async(sid, "walk west", recorded("start"))
+        release.set()
+        with anyio.fail_after(5):
+            await both.wait()
+        assert [(label, r.ok, r.value) for label, r in got] == [
+            ("commit", True, "committed"), ("start", True, "started")]
+        assert await w.mem.session_state(sid) is State.COLLECTING
+
+
+async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the store hands this Memory's stored `commit` over (the take's round trip), the
+    ready session is busy for a new call: a `start_episode` queues behind the commit. It was
+    checked against ready alone and refused `invalid_operation` (a review, session 22). The
+    take is held, deterministically."""
+    async with workers(store, 1) as [w]:
+        sid = await fill(w.mem)
+        await ready(w, sid)
+        live = w.mem._service._live
+        session = live.by_id[sid]
+        got: list[tuple[str, mnemo.OpResult]] = []
+        both = anyio.Event()
+
+        def recorded(label: str) -> Any:
+            def record(result: mnemo.OpResult) -> None:
+                got.append((label, result))
+                if len(got) == 2:
+                    both.set()
+            return record
+
+        live.remote[sid] = [("op_stored", "commit", recorded("commit"))]
+        taking, gate = anyio.Event(), anyio.Event()
+
+        async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
+            # The first take (the extraction's own, or the one started here) is held and
+            # hands the commit over; any later one finds nothing.
+            if taking.is_set():
+                return []
+            taking.set()
+            await gate.wait()
+            return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
+
+        monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(operations.run_stored, live, session)
+            with anyio.fail_after(5):
+                await taking.wait()
+            await w.mem.start_episode_async(sid, "walk west", recorded("start"))
+            gate.set()
+        with anyio.fail_after(5):
+            await both.wait()
+        assert [(label, r.ok, r.value) for label, r in got] == [
+            ("commit", True, "committed"), ("start", True, "started")]
+        assert await w.mem.session_state(sid) is State.COLLECTING

@@ -285,6 +285,51 @@ async def test_a_read_older_than_the_close_does_not_take_the_session_back(
     assert await state_of(mem, sid) == State.IDLE
 
 
+async def test_a_record_ahead_of_its_store_takes_the_store_in_after_a_refused_write(
+    mem: mnemo.Memory, events: EventLog
+) -> None:
+    """A record whose version is ahead of the store's (no code path makes one now; a store
+    restored from a backup would) is read again after the store refuses its write, though
+    the store's version is older: every write was refused and every read left out, so an
+    append tried again for good (a review of session 22's "versions only grow")."""
+    sid = await mem.start_session("explore the house", repo=REPO)
+    live = mem._service._live
+    live.by_id[sid].version += 1
+    with anyio.fail_after(10):
+        info = await mem.append(sid, "walk north", "go north")
+    assert info.index == 0
+    await mem.close(sid)
+    assert await events.wait_state(mem, sid, State.READY, State.FAILED) == State.READY
+    assert await mem.commit(sid) is not None
+    assert await state_of(mem, sid) == State.IDLE
+
+
+async def test_a_read_during_a_commits_write_loses_no_transition(
+    mem: mnemo.Memory, enter: Enter, events: EventLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that takes in a manual commit's write while it is being made (it forced the
+    record to idle) leaves the move to the commit, as `move` does for the others: the
+    commit raised the state machine's MachineError from idle although it was stored (a
+    review, session 22). The read is placed deterministically, right after the write."""
+    sid = await enter(State.READY)
+    live = mem._service._live
+    graph = live.graph
+    apply = graph.apply
+
+    async def apply_then_read(*args: object, **kwargs: object) -> object:
+        receipt = await apply(*args, **kwargs)  # type: ignore[arg-type]
+        await live.reload(live.by_id[sid])
+        assert live.by_id[sid].state is State.IDLE
+        return receipt
+
+    monkeypatch.setattr(graph, "apply", apply_then_read)
+    receipt = await mem.commit(sid)
+    assert receipt is not None
+    assert receipt.node_ids
+    assert await state_of(mem, sid) == State.IDLE
+    assert events.transitions(sid)[-1] == ("ready", "idle")
+
+
 async def test_extraction_failure_fails_queued_ops(
     mem: mnemo.Memory, llm: FakeLLM, enter: Enter, callbacks: Callbacks
 ) -> None:

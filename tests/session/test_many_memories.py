@@ -25,6 +25,8 @@ from mnemo import State
 from mnemo.session import operations
 from mnemo.session.ports import StoredOp
 from mnemo.session.queue import Op
+from mnemo.session.records import SessionRecord
+from mnemo.session.registry import Sessions
 from tests.backends import sql
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
@@ -619,6 +621,39 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
         assert "semantic" not in a.llm.tasks()
 
 
+class TwoCallbacks:
+    """Callbacks that keep each result under its label, in the order they come."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, mnemo.OpResult]] = []
+        self._both = anyio.Event()
+
+    def __call__(self, label: str) -> Any:
+        def record(result: mnemo.OpResult) -> None:
+            self.got.append((label, result))
+            if len(self.got) == 2:
+                self._both.set()
+        return record
+
+    async def wait(self) -> list[tuple[str, bool, Any]]:
+        """(label, ok, value) of both results, once both came (up to 5 s)."""
+        with anyio.fail_after(5):
+            await self._both.wait()
+        return [(label, r.ok, r.value) for label, r in self.got]
+
+
+async def with_a_stored_commit(
+    worker: Worker, callbacks: TwoCallbacks
+) -> tuple[str, Sessions, SessionRecord]:
+    """A session made ready through `worker`, for which it stored a `commit` (as it does while
+    another Memory holds the work), calling back to `callbacks("commit")`."""
+    sid = await fill(worker.mem)
+    await ready(worker, sid)
+    live = worker.mem._service._live
+    live.remote[sid] = [("op_stored", "commit", callbacks("commit"))]
+    return sid, live, live.by_id[sid]
+
+
 @pytest.mark.parametrize("drop_fails", [False, True], ids=["", "drop-fault"])
 async def test_stored_operations_are_in_the_queue_before_it_starts(
     store: str, monkeypatch: pytest.MonkeyPatch, drop_fails: bool
@@ -631,23 +666,9 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     has run. With a fault when the stored commit's row is dropped once it ran, its callback
     still comes (it was lost: the fault ended the report before it)."""
     async with workers(store, 1) as [w]:
-        sid = await fill(w.mem)
-        await ready(w, sid)
-        live = w.mem._service._live
-        session = live.by_id[sid]
-        got: list[tuple[str, mnemo.OpResult]] = []
-        both = anyio.Event()
-
-        def recorded(label: str) -> Any:
-            def record(result: mnemo.OpResult) -> None:
-                got.append((label, result))
-                if len(got) == 2:
-                    both.set()
-            return record
-
-        # A commit this Memory stored while the work was held elsewhere, and a start_episode
-        # it queued behind it once the work was its own.
-        live.remote[sid] = [("op_stored", "commit", recorded("commit"))]
+        recorded = TwoCallbacks()
+        sid, live, session = await with_a_stored_commit(w, recorded)
+        # A start_episode this Memory queued behind its stored commit once the work was its own.
         session.pending.append(Op("start_episode", ("walk west",), recorded("start")))
         gate = anyio.Event()
         takes = 0
@@ -675,10 +696,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
             tg.start_soon(operations.run_stored, live, session)
             await anyio.wait_all_tasks_blocked()
             gate.set()
-        with anyio.fail_after(5):
-            await both.wait()
-        assert [(label, r.ok, r.value) for label, r in got] == [
-            ("commit", True, "committed"), ("start", True, "started")]
+        assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
         assert faults == []  # the fault, if any, was met
         assert await w.mem.session_state(sid) is State.COLLECTING
 
@@ -691,21 +709,8 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
     refused `invalid_queued_operation`, projected from ready through two commits (a review,
     session 22). The commit is held at its write, deterministically."""
     async with workers(store, 1) as [w]:
-        sid = await fill(w.mem)
-        await ready(w, sid)
-        live = w.mem._service._live
-        session = live.by_id[sid]
-        got: list[tuple[str, mnemo.OpResult]] = []
-        both = anyio.Event()
-
-        def recorded(label: str) -> Any:
-            def record(result: mnemo.OpResult) -> None:
-                got.append((label, result))
-                if len(got) == 2:
-                    both.set()
-            return record
-
-        live.remote[sid] = [("op_stored", "commit", recorded("commit"))]
+        recorded = TwoCallbacks()
+        sid, live, session = await with_a_stored_commit(w, recorded)
         stored = [StoredOp("op_stored", sid, "commit", [], live.holder_id or "",
                            datetime.now(UTC))]
 
@@ -729,10 +734,7 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
             await applying.wait()
         await w.mem.start_episode_async(sid, "walk west", recorded("start"))
         release.set()
-        with anyio.fail_after(5):
-            await both.wait()
-        assert [(label, r.ok, r.value) for label, r in got] == [
-            ("commit", True, "committed"), ("start", True, "started")]
+        assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
         assert await w.mem.session_state(sid) is State.COLLECTING
 
 
@@ -744,21 +746,8 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
     checked against ready alone and refused `invalid_operation` (a review, session 22). The
     take is held, deterministically."""
     async with workers(store, 1) as [w]:
-        sid = await fill(w.mem)
-        await ready(w, sid)
-        live = w.mem._service._live
-        session = live.by_id[sid]
-        got: list[tuple[str, mnemo.OpResult]] = []
-        both = anyio.Event()
-
-        def recorded(label: str) -> Any:
-            def record(result: mnemo.OpResult) -> None:
-                got.append((label, result))
-                if len(got) == 2:
-                    both.set()
-            return record
-
-        live.remote[sid] = [("op_stored", "commit", recorded("commit"))]
+        recorded = TwoCallbacks()
+        sid, live, session = await with_a_stored_commit(w, recorded)
         taking, gate = anyio.Event(), anyio.Event()
 
         async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
@@ -777,8 +766,5 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
                 await taking.wait()
             await w.mem.start_episode_async(sid, "walk west", recorded("start"))
             gate.set()
-        with anyio.fail_after(5):
-            await both.wait()
-        assert [(label, r.ok, r.value) for label, r in got] == [
-            ("commit", True, "committed"), ("start", True, "started")]
+        assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
         assert await w.mem.session_state(sid) is State.COLLECTING

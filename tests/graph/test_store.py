@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import numpy as np
@@ -677,15 +677,27 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
     """An intent that became close to another only after its merges were decided (a commit
     landed meanwhile) is merged all the same: the commit lets the lock go, asks, tries again."""
     merger = Merger(("reload or restart nginx", at_cosine(0.3, base=0, other=3)))
+    lock = graph.lock
+    asked = anyio.Event()
+
+    def spied(repo: str) -> Any:
+        asked.set()
+        return lock(repo)
+
     async with anyio.create_task_group() as tg:
         async with graph.lock(REPO):
+            graph.lock = spied  # type: ignore[method-assign]
             tg.start_soon(
                 lambda: graph.apply(
                     procedure_with_intent("b", "reload nginx config", at_cosine(0.9)),
                     intents=policy(merger),
                 )
             )
-            await anyio.wait_all_tasks_blocked()  # "b" decided (nothing to merge) and waits
+            # "b" decided (nothing to merge) and waits for the lock (`wait_all_tasks_blocked`
+            # alone returned while b's reads were on their thread or socket).
+            with anyio.fail_after(10):
+                await asked.wait()
+            await anyio.wait_all_tasks_blocked()
             assert merger.calls == []
             # Another commit lands meanwhile, holding the lock as every commit does.
             await commit._apply_locked(

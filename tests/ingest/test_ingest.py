@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
@@ -109,12 +111,25 @@ async def test_an_ingest_joined_to_a_cancelled_one_does_the_work(
     async def second() -> None:
         outcome.append(await mem.ingest(REPO, trajectory("walk north"), source_id="s1"))
 
+    ingests = mem._ingests
+    join = ingests._join
+    joined = anyio.Event()
+
+    async def spied(*args: Any) -> Any:
+        joined.set()
+        return await join(*args)
+
+    ingests._join = spied  # type: ignore[method-assign, assignment]
     async with anyio.create_task_group() as tg:
         tg.start_soon(first)
         with anyio.fail_after(10):
             await hold.started.wait()  # the first call extracts
         tg.start_soon(second)
-        await anyio.wait_all_tasks_blocked()  # the second one waits for it
+        # The second one waits for it (`wait_all_tasks_blocked` returned while the second
+        # was still on a thread, and it then ran alone, passing without a join).
+        with anyio.fail_after(10):
+            await joined.wait()
+        await anyio.wait_all_tasks_blocked()
         leader.cancel()
         hold.release()
     assert [r.created for r in outcome] == [True]

@@ -69,13 +69,14 @@ async def workers(
 
 
 async def open_worker(
-    stack: AsyncExitStack, store: str, *, open_repo: bool = True, llm: FakeLLM | None = None
+    stack: AsyncExitStack, store: str, *, open_repo: bool = True, llm: FakeLLM | None = None,
+    config: mnemo.Config | None = None,
 ) -> Worker:
     """A Memory entered on `stack` (closed with it)."""
     chosen = llm if llm is not None else FakeLLM()
     events = EventLog()
     mem = await stack.enter_async_context(
-        mnemo.Memory(store, llm=chosen, embedder=FakeEmbedder(), on_event=events)
+        mnemo.Memory(store, llm=chosen, embedder=FakeEmbedder(), on_event=events, config=config)
     )
     if open_repo:
         await mem.open_repo(REPO)
@@ -319,9 +320,10 @@ async def test_a_session_committed_through_another_is_never_committed_again(stor
 async def test_reads_through_another_memory_never_write(store: str) -> None:
     """session_state, session_context, list_sessions, episodes and latest through B, on
     sessions A holds collecting, extracting and ready, leave every row as it was, and B
-    does none of A's work."""
+    does none of A's work. A's lease is long: its heartbeat, which rewrites the lease of
+    what it holds every third of it, would otherwise change a row during a slow run."""
     async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
+        a = await open_worker(stack, store, config=mnemo.Config(lease_timeout=3600))
         collecting = await fill(a.mem)
         ready_sid = await fill(a.mem)
         await ready(a, ready_sid)

@@ -129,13 +129,8 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
     from `ready` was stale, so nothing ran or failed the queue, and it stuck). From its move
     until then the session stays busy (`handing_over`): a call made in between queues behind
     what the store hands over, not ahead of it."""
-    session.handing_over += 1
-    try:
+    with operations.handing_over(live, session):
         await _extract_episode(live, session)
-    finally:
-        session.handing_over -= 1
-        session.notify()
-        operations.kick(live, session)
 
 
 async def _extract_episode(live: Sessions, session: SessionRecord) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -97,6 +99,19 @@ def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
     them, and the queue waits for them (a `start_episode` made then was checked against
     `ready` alone, and refused)."""
     return session.handing_over > 0 and bool(live.remote.get(session.id))
+
+
+@contextmanager
+def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
+    """Marks work that ends by handing stored operations over (`awaits_handover`); once it
+    ends, however, the session's queue starts."""
+    session.handing_over += 1
+    try:
+        yield
+    finally:
+        session.handing_over -= 1
+        session.notify()
+        kick(live, session)
 
 
 def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
@@ -288,15 +303,10 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
             session's own queue is started all the same (it waits for nothing stored: it
             stuck, with no callback, when a fault here came right after an extraction).
     """
-    session.handing_over += 1
-    try:
+    with handing_over(live, session):
         async with session.taking:
             with anyio.CancelScope(shield=True):
                 await _take_stored(live, session)
-    finally:
-        session.handing_over -= 1
-        session.notify()
-        kick(live, session)
 
 
 async def _take_stored(live: Sessions, session: SessionRecord) -> None:

@@ -6,8 +6,9 @@ an extraction claims the session with a compare-and-set on its version, so that 
 holds it. A janitor in every Memory looks for extractions nobody holds any more (a lease that
 ended, a holder not seen for a lease, one that closed, or, on this host, one whose process is
 gone) and takes one over by the same compare-and-set, if its model for the repo is the one
-the work started with. It looks when the Memory opens, when a repo is opened, and twice a
-lease; a Memory closing retires, and its leases end at once.
+the work started with. It also calls back, as failed, the operations this Memory stored that
+such a holder took and left without a result. It looks when the Memory opens, when a repo is
+opened, and twice a lease; a Memory closing retires, and its leases end at once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import anyio
 
 from mnemo.errors import MnemoError, NotFoundError
 from mnemo.ports import model_name
-from mnemo.session import extracting
+from mnemo.session import extracting, operations
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo
 from mnemo.session.records import SessionRecord
@@ -116,6 +117,7 @@ class Holding:
         # Reads only: a holder whose process is gone is treated as gone, not retired here.
         gone = [h.id for h in await co.holders()
                 if h.id != self.id and h.host == HOST and not _alive(h.pid)]
+        await operations.answer_abandoned(live, now - self._lease, gone)
         for lease in await co.takeable(now, now - self._lease, gone):
             if lease.holder == self.id:
                 continue  # this Memory's own work, starting or running

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -277,13 +277,56 @@ async def deliver_results(live: Sessions, session: SessionRecord) -> None:
     results = await live.coordination.op_results([op_id for op_id, _, _ in mine])
     if not results:
         return
-    done = [entry for entry in mine if entry[0] in results]
     # Dropped from the store before they are forgotten here: a fault then leaves both as they
     # were, and the next look finds the same results (one callback each, never none).
-    await live.coordination.drop_ops([op_id for op_id, _, _ in done])
-    live.remote[session.id] = [entry for entry in mine if entry[0] not in results]
-    for op_id, _, callback in done:
+    await live.coordination.drop_ops([op_id for op_id, _, _ in mine if op_id in results])
+    for op_id, _, callback in _claim_waiting(live, session.id, results):
         await deliver(callback, _op_result(results[op_id], session))
+
+
+async def answer_abandoned(
+    live: Sessions, unseen_since: datetime, gone: list[str]
+) -> None:
+    """Calls back for the operations this Memory stored that a holder took and then left
+    without recording a result (killed, or closed or cut off from the store before it could):
+    nobody else will. They are forgotten in the store first, so a result that holder still
+    records goes nowhere. The first of a session's gets `operation_failed`, with a cause that
+    says whether it took effect is unknown (the session's state tells), and the later ones
+    `preceding_op_failed`, as in a queue whose operation failed; they are not run again, which
+    could do them twice. The janitor asks, twice a lease (`leases.Holding`)."""
+    waiting = {op_id: session_id for session_id, entries in live.remote.items()
+               for op_id, _, _ in entries}
+    if not waiting:
+        return
+    abandoned = set(await live.coordination.abandon_ops(list(waiting), unseen_since, gone))
+    for session_id in dict.fromkeys(waiting[op_id] for op_id in abandoned):
+        session = live.by_id.get(session_id)
+        state = None if session is None else session.state
+        for n, (op_id, kind, callback) in enumerate(_claim_waiting(live, session_id, abandoned)):
+            log.warning("%s: %s %s was taken by a Memory that left before it recorded a "
+                        "result", session_id, kind, op_id)
+            if n == 0:
+                error = SessionError("operation_failed", state=state, session_id=session_id)
+                error.__cause__ = MnemoError(
+                    f"the Memory that took {kind} {op_id} to run it left before it recorded "
+                    "a result: whether it took effect is unknown (the session's state tells)"
+                )
+            else:
+                error = SessionError("preceding_op_failed", state=state, session_id=session_id)
+            await deliver(callback, OpResult(False, None, error))
+
+
+def _claim_waiting(
+    live: Sessions, session_id: str, op_ids: Collection[str]
+) -> list[tuple[str, str, Callback | None]]:
+    """Takes the entries of `op_ids` out of what this Memory waits for, in the order they
+    were accepted; the one place a waiting operation leaves `live.remote` to be called back,
+    at once (no await in between), so that two paths that both found it answered (its
+    result and its runner gone, say) call back once."""
+    entries = live.remote.get(session_id, [])
+    claimed = [entry for entry in entries if entry[0] in op_ids]
+    entries[:] = [entry for entry in entries if entry[0] not in op_ids]
+    return claimed
 
 
 async def run_stored(live: Sessions, session: SessionRecord) -> None:
@@ -312,6 +355,10 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
 async def _take_stored(live: Sessions, session: SessionRecord) -> None:
     taken: list[StoredOp] = []
     if live.holder_id is not None:
+        # A holder that takes operations beats: to the Memories that accepted them, one
+        # that stops beating has left them (`answer_abandoned`).
+        if live.register_holder is not None:
+            await live.register_holder()
         taken = await live.coordination.take_ops(session.id, live.holder_id)
     # An operation whose Memory closed before it ran has nobody to call back: its row goes.
     # The operations are taken (committed) by now, so a fault there must not keep them from
@@ -345,13 +392,12 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
     (it leaves `live.remote` now: queued here, it is no longer waited for in the store, and
     counted there too it made the queue look one operation longer); else the store, for the
     Memory that did."""
-    entries = live.remote.get(session.id, [])
-    mine = next((entry for entry in entries if entry[0] == op_id), None)
-    if mine is None:
+    claimed = _claim_waiting(live, session.id, {op_id})
+    if not claimed:
 
         async def report(result: OpResult) -> None:
             cause = None if result.error is None else result.error.__cause__
-            await _store_result(live, op_id, {
+            await _store_result(live, session, op_id, {
                 "ok": result.ok, "value": result.value,
                 "error": None if result.error is None else result.error.reason,
                 # An exception does not cross processes: its type's name and message do.
@@ -359,7 +405,7 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
             })
 
         return report
-    entries.remove(mine)
+    [(_, _, mine)] = claimed
 
     async def call_back(result: OpResult) -> None:
         try:
@@ -368,35 +414,44 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
             # The row stays, taken, and nobody waits for it: the callback still comes (the
             # fault used to end the report before it).
             log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
-        await deliver(mine[2], result)
+        await deliver(mine, result)
 
     return call_back
 
 
 # A result for another Memory is stored again after a fault, with a pause doubling from
-# WATCH_INTERVAL, for at most this many seconds in all, tries included (a try may itself wait
-# out the store's busy timeout): that Memory's callback waits for it, and a Memory closing
-# meanwhile waits too (the callback runs shielded).
+# WATCH_INTERVAL, for this many seconds in the callback, tries included (a try may itself wait
+# out the store's busy timeout; the callback runs shielded, so a Memory closing waits for it),
+# then in the background for as long as this Memory is open.
 FINISH_BUDGET = 10.0
 
 
-async def _store_result(live: Sessions, op_id: str, result: dict[str, Any]) -> None:
+async def _store_result(
+    live: Sessions, session: SessionRecord, op_id: str, result: dict[str, Any]
+) -> None:
     """Stores the result of an operation another Memory accepted, trying again after a fault
-    for up to `FINISH_BUDGET` seconds (a single fault lost it, and that Memory waited for its
-    callback for good); past that, the loss is logged as an error."""
-    attempt = 0
+    (a single fault lost it, and that Memory waited for its callback for good): for up to
+    `FINISH_BUDGET` seconds here, then in the background until it is stored or this Memory
+    closes. Closed first, this Memory retires, and the one that accepted the operation calls
+    it back as left without a result (`answer_abandoned`): one callback, never none."""
     with anyio.move_on_after(FINISH_BUDGET):
-        while True:
-            try:
-                await live.coordination.finish_op(op_id, result)
-                return
-            except StorageError as exc:
-                attempt += 1
-                log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt,
-                            exc)
-            await anyio.sleep(WATCH_INTERVAL * 2 ** min(attempt - 1, 6))
-    log.error("%s: its result could not be stored in %.0f s; the Memory that accepted it gets "
-              "no callback", op_id, FINISH_BUDGET)
+        await _keep_storing(live, op_id, result)
+        return
+    log.error("%s: its result could not be stored in %.0f s; still trying", op_id,
+              FINISH_BUDGET)
+    live.spawn(session, _keep_storing, live, op_id, result, waiting=True)
+
+
+async def _keep_storing(live: Sessions, op_id: str, result: dict[str, Any]) -> None:
+    attempt = 0
+    while True:
+        try:
+            await live.coordination.finish_op(op_id, result)
+            return
+        except StorageError as exc:
+            attempt += 1
+            log.warning("%s: storing its result failed (attempt %d): %r", op_id, attempt, exc)
+        await anyio.sleep(WATCH_INTERVAL * 2 ** min(attempt - 1, 6))
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:

@@ -234,6 +234,14 @@ class Coordination(Protocol):
         """The results recorded so far of these operations."""
         ...
 
+    async def abandon_ops(
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        """Forgets those of these operations that a holder took and left without recording
+        a result (it retired, is in `gone`, or was last seen before `unseen_since`), so that
+        a result it still records goes nowhere; returns their ids."""
+        ...
+
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         """Forgets operations whose results were delivered."""
         ...

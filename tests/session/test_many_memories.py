@@ -352,13 +352,14 @@ async def test_reads_through_another_memory_never_write(store: str) -> None:
         assert await rows(b.mem) == before
 
 
-@pytest.mark.parametrize("finish_fails", [False, True], ids=["", "finish-fault"])
+@pytest.mark.parametrize("finish_faults", [0, 1, 4], ids=["", "finish-fault", "past-budget"])
 async def test_an_async_operation_calls_back_where_it_was_accepted(
-    store: str, monkeypatch: pytest.MonkeyPatch, finish_fails: bool
+    store: str, monkeypatch: pytest.MonkeyPatch, finish_faults: int
 ) -> None:
     """A commit accepted through A while B extracts the session runs when B's extraction
     ends and calls back in A, with the commit's result. A fault when B stores that result
-    is tried again (the result was lost, and A waited for it for good)."""
+    is tried again (the result was lost, and A waited for it for good), and so are faults
+    past `FINISH_BUDGET`, in the background (B gave up after it, and A waited for good)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -368,7 +369,9 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(
         await a.mem.commit_async(sid, callback)
         coordination = b.mem._backend.coordination
         finish_op = coordination.finish_op
-        faults = [mnemo.StorageError("unavailable", "the store is away")] if finish_fails else []
+        faults = [mnemo.StorageError("unavailable", "the store is away")] * finish_faults
+        if finish_faults > 1:  # their pauses, 0.05 + 0.1 + 0.2 + 0.4 s, outlast this budget
+            monkeypatch.setattr(operations, "FINISH_BUDGET", 0.05)
 
         async def failing(op_id: str, result: Any) -> None:
             if faults:

@@ -77,7 +77,7 @@ async def child(
     with log.open("ab") as stderr:
         process = await anyio.open_process(
             [sys.executable, "-m", "tests.session.worker_child", *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
         )
     started = Child(process)
     tg.start_soon(started.read)
@@ -181,6 +181,59 @@ async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease
                 assert await mem.session_state(sid) is State.COLLECTING
                 facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
                 assert sorted(f.text for f in facts) == ["fact: walk east", "fact: walk north"]
+
+
+async def test_operations_a_killed_memory_took_are_called_back_as_failed(
+    store: str, tmp_path: Path
+) -> None:
+    """A commit, a start_episode and an append accepted here while a child holds the
+    extraction are stored for the child, which takes and runs them when its extraction ends:
+    the commit and the start call back here with their results; the child is SIGKILLed while
+    the append waits on its LLM, and this Memory's janitor answers the append
+    operation_failed within the lease, once. Before, its callback never came. The session
+    goes on here."""
+    llm = FakeLLM()
+    got: dict[str, list[mnemo.OpResult]] = {"commit": [], "start": [], "append": []}
+    answered = {label: anyio.Event() for label in got}
+
+    def recorded(label: str) -> Any:
+        def record(result: mnemo.OpResult) -> None:
+            got[label].append(result)
+            answered[label].set()
+        return record
+
+    async with children() as tg:
+        async with child(tg, tmp_path / "run.log", store, "run_ops", str(LEASE)) as runner:
+            with anyio.fail_after(60):
+                await runner.wait_lines(1)
+            assert runner.lines, (tmp_path / "run.log").read_text()
+            sid = runner.lines[0]
+            async with mnemo.Memory(
+                store, llm=llm, embedder=FakeEmbedder(), config=config()
+            ) as mem:
+                await mem.open_repo(REPO, config=config())
+                await mem.commit_async(sid, recorded("commit"))
+                await mem.start_episode_async(sid, "walk on", recorded("start"))
+                await mem.append_async(sid, "walk west", "go west", recorded("append"))
+                assert runner.process.stdin is not None
+                await runner.process.stdin.send(b"go\n")
+                with anyio.fail_after(60):
+                    await runner.wait_lines(2)
+                    await answered["start"].wait()
+                assert runner.lines[1] == "held", (tmp_path / "run.log").read_text()
+                assert [r.value for r in got["commit"] + got["start"]] == ["committed", "started"]
+                assert got["append"] == []
+                await runner.kill()
+                with anyio.fail_after(LEASE * 3):
+                    await answered["append"].wait()
+                [failed] = got["append"]
+                assert failed.error is not None
+                assert failed.error.reason == "operation_failed"
+                assert "left before it recorded a result" in str(failed.error.__cause__)
+                assert await mem.session_state(sid) is State.COLLECTING
+                info = await mem.append(sid, "walk west", "go west")
+                assert info.index == 0
+                assert [len(results) for results in got.values()] == [1, 1, 1]
 
 
 def journal(path: Path) -> list[dict[str, Any]]:

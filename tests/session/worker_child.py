@@ -9,7 +9,12 @@ the tests' fakes, doing what one worker of a multi-process app would.
 task hangs; once the extraction is asked that task it prints the session id and waits
 forever (the test kills it there).
 
-"hold_auto": the same in an auto-commit session, held at the boundary's background commit:
+"run_ops": the same as "hold", then, once a line comes on stdin (the test stored its
+operations for the session meanwhile), lets the extraction end, runs the stored operations it
+then takes, and holds the first append among them at its "state" task: once asked, it prints
+"held" and waits forever.
+
+"hold_auto": the same as "hold" in an auto-commit session, held at the boundary's background commit:
 two "walk" steps, then an "open" step that starts a new trajectory, whose commit of the first
 one hangs at "semantic".
 
@@ -30,6 +35,7 @@ from typing import IO, Any
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 
 import mnemo
 from mnemo import State
@@ -57,6 +63,29 @@ async def hold(store: str, lease: float) -> None:
         with anyio.fail_after(30):
             await held.started.wait()
         print(sid, flush=True)
+        await anyio.sleep_forever()
+
+
+async def run_ops(store: str, lease: float) -> None:
+    llm = FakeLLM()
+    async with mnemo.Memory(
+        store, llm=llm, embedder=FakeEmbedder(), config=config(lease), on_event=EventLog()
+    ) as mem:
+        await mem.open_repo(REPO, config=config(lease))
+        sid = await mem.start_session("explore the house", repo=REPO)
+        for observation, action in STEPS:
+            await mem.append(sid, observation, action)
+        extraction = llm.hold("semantic")
+        await mem.close(sid)
+        with anyio.fail_after(30):
+            await extraction.started.wait()
+        print(sid, flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        append = llm.hold("state")
+        extraction.release()
+        with anyio.fail_after(30):
+            await append.started.wait()
+        print("held", flush=True)
         await anyio.sleep_forever()
 
 
@@ -144,6 +173,8 @@ def main(argv: list[str]) -> None:
     store, mode, lease = argv[0], argv[1], float(argv[2])
     if mode == "hold":
         anyio.run(hold, store, lease)
+    elif mode == "run_ops":
+        anyio.run(run_ops, store, lease)
     elif mode == "hold_auto":
         anyio.run(hold_auto, store, lease)
     elif mode == "chaos":

@@ -11,7 +11,7 @@ import pytest
 
 import mnemo
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo
+from mnemo.session.ports import HolderInfo, StoredOp
 from mnemo.storage.ports import Backend
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -131,3 +131,31 @@ async def test_the_change_token_moves_when_another_connection_writes(
     first = await co.change_token()
     await a_session(backend, store)  # another Memory: another connection
     assert await co.change_token() != first
+
+
+async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_result(
+    backend: Backend, store: str
+) -> None:
+    """Of six stored operations, `abandon_ops` forgets and returns those taken by a holder
+    that retired (never recorded), was last seen before the cut-off, or is named gone;
+    one taken by a holder seen since, one whose result is recorded and one nobody took stay.
+    Only the ids asked about are looked at."""
+    co = backend.coordination
+    sid = await a_session(backend, store)
+    cut = T0 + timedelta(seconds=30)
+    await co.register(holder("late", seen=T0))
+    await co.register(holder("alive", seen=cut + timedelta(seconds=1)))
+    await co.register(holder("dead_pid", seen=cut + timedelta(seconds=1)))
+    await co.queue_op(StoredOp("op_not_asked", sid, "commit", [], "a", T0))
+    assert [op.id for op in await co.take_ops(sid, "retired")] == ["op_not_asked"]
+    for n, taker in enumerate(["retired", "late", "dead_pid", "alive", "finished", None]):
+        await co.queue_op(StoredOp(f"op{n}", sid, "commit", [], "a", T0))
+        if taker is not None:
+            assert [op.id for op in await co.take_ops(sid, taker)] == [f"op{n}"]
+    await co.finish_op("op4", {"ok": True, "value": "committed"})
+    asked = [f"op{n}" for n in range(6)]
+    assert sorted(await co.abandon_ops(asked, cut, ["dead_pid"])) == ["op0", "op1", "op2"]
+    assert sorted(r[0] for r in await sql(backend, "SELECT id FROM ops")) == [
+        "op3", "op4", "op5", "op_not_asked"]
+    assert await co.abandon_ops(asked, cut, ["dead_pid"]) == []
+    assert await co.abandon_ops([], cut) == []

@@ -151,6 +151,22 @@ class PgCoordination:
         )
         return {str(i): dict(r) for i, r in rows}
 
+    async def abandon_ops(
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        if not op_ids:
+            return []
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                "DELETE FROM ops o WHERE o.id = ANY(%s) AND o.result IS NULL"
+                " AND o.taken_by IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM holders h"
+                " WHERE h.id = o.taken_by AND h.seen_at >= %s) OR o.taken_by = ANY(%s))"
+                " RETURNING o.id",
+                (list(op_ids), unseen_since, list(gone)),
+            )
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+        return [str(op_id) for op_id, in rows]
+
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         if not op_ids:
             return

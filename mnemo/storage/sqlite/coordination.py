@@ -198,6 +198,28 @@ class SqliteCoordination:
         )
         return {str(i): dict(json.loads(r)) for i, r in rows}
 
+    async def abandon_ops(
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        ids = list(op_ids)
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        gone_marks = ",".join("?" * len(gone))
+        also = f" OR taken_by IN ({gone_marks})" if gone else ""
+
+        def write(db: SqliteUtilsDatabase) -> list[str]:
+            with db.atomic():
+                rows = db.conn.execute(
+                    f"DELETE FROM ops WHERE id IN ({marks}) AND result IS NULL"
+                    " AND taken_by IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM holders h"
+                    f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also}) RETURNING id",
+                    (*ids, _text(unseen_since), *gone),
+                ).fetchall()
+            return [str(op_id) for op_id, in rows]
+
+        return await self._database.run(write)
+
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         ids = list(op_ids)
         if not ids:

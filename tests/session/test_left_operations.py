@@ -1,0 +1,117 @@
+"""Operations stored for a session that another `Memory` took and then left without a result
+(API.md, "The async operation queue": every accepted operation gets exactly one callback).
+
+A Memory that accepts an async operation while another holds the session's work stores it;
+whoever ends that work takes it and records its result, and the accepting Memory calls back.
+When the taker is killed, or closes or loses the store before it records the result, nobody
+else would: the accepting Memory's janitor answers it as failed (whether it took effect is
+unknown, so it is not run again). Before, its callback never came.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from mnemo.session.ports import HolderInfo
+from tests.backends import sql
+from tests.session.test_many_memories import Called, extracting, fill, open_worker
+
+
+def holder(holder_id: str, seen_ago: timedelta) -> HolderInfo:
+    seen = datetime.now(UTC) - seen_ago
+    return HolderInfo(holder_id, "elsewhere", 1, seen, seen)
+
+
+@pytest.mark.parametrize("taker", ["retired", "unseen"])
+async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
+    store: str, taker: str
+) -> None:
+    """A's commit and start_episode, stored while B extracts, are taken by a Memory that then
+    left (retired: no holder row; unseen: not seen for a day). A's janitor answers the commit
+    operation_failed, its cause saying the taker left, and the start preceding_op_failed, once
+    each; the rows are gone, and neither ran (B's extraction ends ready, nothing committed)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        commit, start = Called(), Called()
+        await a.mem.commit_async(sid, commit)
+        await a.mem.start_episode_async(sid, "next", start)
+        coordination = a.mem._backend.coordination
+        if taker == "unseen":
+            await coordination.register(holder("holder_left", timedelta(days=1)))
+        assert len(await coordination.take_ops(sid, "holder_left")) == 2
+        await a.mem._service._holding._take_over()
+        with anyio.fail_after(5):
+            await commit.done.wait()
+            await start.done.wait()
+        [failed] = commit.results
+        assert failed.error is not None
+        assert failed.error.reason == "operation_failed"
+        assert isinstance(failed.error.__cause__, mnemo.MnemoError)
+        assert "left before it recorded a result" in str(failed.error.__cause__)
+        [behind] = start.results
+        assert behind.error is not None
+        assert behind.error.reason == "preceding_op_failed"
+        assert await sql(a.mem, "SELECT id FROM ops") == []
+        held.release()
+        landed = await b.events.wait_state(b.mem, sid, State.READY, State.FAILED)
+        assert landed is State.READY
+        await a.mem._service._holding._take_over()  # nothing left to answer twice
+        assert (len(commit.results), len(start.results)) == (1, 1)
+
+
+async def test_operations_a_live_memory_took_are_left_to_it(store: str) -> None:
+    """Taken by a Memory seen a moment ago, the operations are its to finish: A's janitor
+    neither calls back nor drops them, and the result it records reaches A's callback."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        commit = Called()
+        await a.mem.commit_async(sid, commit)
+        # The runner writes through B's connection: on SQLite a Memory's watcher sees only
+        # other connections' writes, as another process's would be.
+        runner = b.mem._backend.coordination
+        await runner.register(holder("holder_alive", timedelta(0)))
+        [taken] = await runner.take_ops(sid, "holder_alive")
+        await a.mem._service._holding._take_over()
+        assert commit.results == []
+        assert [row[0] for row in await sql(a.mem, "SELECT id FROM ops")] == [taken.id]
+        await runner.finish_op(taken.id, {"ok": True, "value": "committed", "error": None,
+                                          "cause": None})
+        with anyio.fail_after(5):
+            await commit.done.wait()
+        assert commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        held.release()
+
+
+async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
+    store: str,
+) -> None:
+    """The taker recorded the commit's result, then left: the result is the answer, not a
+    failure (only operations left without a result are answered as failed)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        commit = Called()
+        await a.mem.commit_async(sid, commit)
+        runner = b.mem._backend.coordination
+        [taken] = await runner.take_ops(sid, "holder_left")
+        await runner.finish_op(taken.id, {"ok": True, "value": "committed", "error": None,
+                                          "cause": None})
+        await a.mem._service._holding._take_over()
+        with anyio.fail_after(5):
+            await commit.done.wait()
+        assert commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+        held.release()

@@ -117,7 +117,6 @@ class Holding:
         # Reads only: a holder whose process is gone is treated as gone, not retired here.
         gone = [h.id for h in await co.holders()
                 if h.id != self.id and h.host == HOST and not _alive(h.pid)]
-        await operations.answer_abandoned(live, now - self._lease, gone)
         for lease in await co.takeable(now, now - self._lease, gone):
             if lease.holder == self.id:
                 continue  # this Memory's own work, starting or running
@@ -143,6 +142,11 @@ class Holding:
             if await self.claim(session):
                 log.info("%s: taking over its extraction", session.id)
                 live.spawn(session, extracting.extract_episode, live, session)
+        try:
+            await operations.answer_abandoned(live, now - self._lease, gone)
+        except MnemoError as exc:
+            log.warning("%s: looking for operations left by a gone holder failed: %r",
+                        self.id, exc)
 
 
     async def _take_timers(self, session: SessionRecord) -> None:

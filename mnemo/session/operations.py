@@ -138,6 +138,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     (issue 9: an error that was not a `MnemoError` used to leave `running` set, so the
     session's queue never moved again and no callback came)."""
     try:
+        await _still_taken(live, session, op)
         await _execute(live, session, op)
     except Exception as exc:
         # The later ones are taken out at once: while the callbacks run, nothing else (a
@@ -155,6 +156,25 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
     kick(live, session)
+
+
+async def _still_taken(live: Sessions, session: SessionRecord, op: Op) -> None:
+    """Raises when `op` came from the store and the Memory that accepted it has answered it
+    meanwhile, having taken this one for gone (a heartbeat late for a lease): run now, it
+    would have been done after its caller heard it failed.
+
+    Raises:
+        SessionError: "operation_failed", its cause saying so.
+    """
+    if op.stored is None or live.holder_id is None:
+        return
+    if not await live.coordination.still_taken(op.stored, live.holder_id):
+        error = SessionError("operation_failed", state=session.state, session_id=session.id)
+        error.__cause__ = MnemoError(
+            f"{op.kind} {op.stored} was answered as failed by the Memory that accepted it, "
+            "which took this one for gone: not run"
+        )
+        raise error
 
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:
@@ -290,30 +310,39 @@ async def answer_abandoned(
     """Calls back for the operations this Memory stored that a holder took and then left
     without recording a result (killed, or closed or cut off from the store before it could):
     nobody else will. They are forgotten in the store first, so a result that holder still
-    records goes nowhere. The first of a session's gets `operation_failed`, with a cause that
-    says whether it took effect is unknown (the session's state tells), and the later ones
-    `preceding_op_failed`, as in a queue whose operation failed; they are not run again, which
-    could do them twice. The janitor asks, twice a lease (`leases.Holding`)."""
+    records goes nowhere and, were it only late, it runs none of them it had not started
+    (`_still_taken`). Each gets `operation_failed`, with a cause that says whether it took
+    effect is unknown (the session's state tells); none is run again, which could do it
+    twice. The janitor asks, twice a lease (`leases.Holding`); the callbacks run in the
+    sessions' own tasks, not the janitor's."""
     waiting = {op_id: session_id for session_id, entries in live.remote.items()
                for op_id, _, _ in entries}
     if not waiting:
         return
-    abandoned = set(await live.coordination.abandon_ops(list(waiting), unseen_since, gone))
+    abandoned = set(await live.coordination.abandon_ops(
+        list(waiting), unseen_since, gone, me=live.holder_id
+    ))
     for session_id in dict.fromkeys(waiting[op_id] for op_id in abandoned):
         session = live.by_id.get(session_id)
-        state = None if session is None else session.state
-        for n, (op_id, kind, callback) in enumerate(_claim_waiting(live, session_id, abandoned)):
-            log.warning("%s: %s %s was taken by a Memory that left before it recorded a "
-                        "result", session_id, kind, op_id)
-            if n == 0:
-                error = SessionError("operation_failed", state=state, session_id=session_id)
-                error.__cause__ = MnemoError(
-                    f"the Memory that took {kind} {op_id} to run it left before it recorded "
-                    "a result: whether it took effect is unknown (the session's state tells)"
-                )
-            else:
-                error = SessionError("preceding_op_failed", state=state, session_id=session_id)
-            await deliver(callback, OpResult(False, None, error))
+        if session is None:
+            await _answer_left(live, session_id, None, abandoned)
+        else:
+            live.spawn(session, _answer_left, live, session_id, session, abandoned)
+
+
+async def _answer_left(
+    live: Sessions, session_id: str, session: SessionRecord | None, abandoned: set[str]
+) -> None:
+    state = None if session is None else session.state
+    for op_id, kind, callback in _claim_waiting(live, session_id, abandoned):
+        log.warning("%s: %s %s was taken by a Memory that left before it recorded a result",
+                    session_id, kind, op_id)
+        error = SessionError("operation_failed", state=state, session_id=session_id)
+        error.__cause__ = MnemoError(
+            f"the Memory that took {kind} {op_id} to run it left before it recorded a "
+            "result: whether it took effect is unknown (the session's state tells)"
+        )
+        await deliver(callback, OpResult(False, None, error))
 
 
 def _claim_waiting(
@@ -378,7 +407,8 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
             error = SessionError("extraction_failed", state=session.state, session_id=session.id)
             await deliver(callback, OpResult(False, None, error))
             continue
-        op = Op(stored.kind, tuple(stored.args), callback)
+        op = Op(stored.kind, tuple(stored.args), callback,
+                stored=stored.id if stored.accepted_by else None)
         _accept(session, op)
         if stored.accepted_by and stored.accepted_by == live.holder_id:
             first.append(op)
@@ -437,9 +467,15 @@ async def _store_result(
     with anyio.move_on_after(FINISH_BUDGET):
         await _keep_storing(live, op_id, result)
         return
+    try:
+        live.spawn(session, _keep_storing, live, op_id, result, waiting=True)
+    except RuntimeError:  # the Memory is closing: its group runs no new task
+        log.error("%s: its result could not be stored in %.0f s, and this Memory closes: "
+                  "the Memory that accepted it answers it once this one retires", op_id,
+                  FINISH_BUDGET)
+        return
     log.error("%s: its result could not be stored in %.0f s; still trying", op_id,
               FINISH_BUDGET)
-    live.spawn(session, _keep_storing, live, op_id, result, waiting=True)
 
 
 async def _keep_storing(live: Sessions, op_id: str, result: dict[str, Any]) -> None:

@@ -235,11 +235,18 @@ class Coordination(Protocol):
         ...
 
     async def abandon_ops(
-        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = ()
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
+        me: str | None = None,
     ) -> list[str]:
-        """Forgets those of these operations that a holder took and left without recording
-        a result (it retired, is in `gone`, or was last seen before `unseen_since`), so that
-        a result it still records goes nowhere; returns their ids."""
+        """Forgets those of these operations that a holder other than `me` took and left
+        without recording a result (it retired, is in `gone`, or was last seen before
+        `unseen_since`), so that a result it still records goes nowhere; returns their ids."""
+        ...
+
+    async def still_taken(self, op_id: str, holder_id: str) -> bool:
+        """Whether the operation is still taken by `holder_id`: False once the Memory that
+        accepted it answered it (`abandon_ops`, having taken that holder for gone). Reads
+        only."""
         ...
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:

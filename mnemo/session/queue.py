@@ -51,6 +51,9 @@ class Op:
     ticket: int | None = None
     applied: bool = False
     done: bool = field(default=False)
+    # The row of an operation taken from the store whose Memory waits for it (run only while
+    # still taken here: `operations.answer_abandoned`).
+    stored: str | None = None
 
 
 def projected_move(state: State, kind: str, *, auto_commit: bool) -> State | None:

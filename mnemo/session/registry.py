@@ -265,7 +265,11 @@ class Sessions:
     ) -> None:
         """Starts `fn(*args)` in the service's group, cancellable by `end_session`: work on
         the session (`session.scopes`), or, `waiting`, a task that only waits on the store
-        (`session.waits`)."""
+        (`session.waits`).
+
+        Raises:
+            RuntimeError: the Memory has closed (its group starts no new task).
+        """
         assert self.tg is not None, "the Memory is not open"
         scopes = session.waits if waiting else session.scopes
         # Counted from now, not from when the task first runs: in between, a session
@@ -286,4 +290,8 @@ class Sessions:
                 finally:
                     scopes.discard(scope)
 
-        self.tg.start_soon(owned)
+        try:
+            self.tg.start_soon(owned)
+        except RuntimeError:  # the group has ended (the Memory closed): nothing started
+            scopes.discard(scope)
+            raise

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import pytest
 
 import mnemo
 from mnemo import State
+from mnemo.session import operations
 from mnemo.session.ports import HolderInfo
 from tests.backends import sql
 from tests.session.test_many_memories import Called, extracting, fill, open_worker
@@ -33,9 +35,9 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
     store: str, taker: str
 ) -> None:
     """A's commit and start_episode, stored while B extracts, are taken by a Memory that then
-    left (retired: no holder row; unseen: not seen for a day). A's janitor answers the commit
-    operation_failed, its cause saying the taker left, and the start preceding_op_failed, once
-    each; the rows are gone, and neither ran (B's extraction ends ready, nothing committed)."""
+    left (retired: no holder row; unseen: not seen for a day). A's janitor answers each
+    operation_failed, once, its cause saying the taker left; the rows are gone, and neither
+    ran (B's extraction ends ready, nothing committed)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -52,19 +54,67 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
         with anyio.fail_after(5):
             await commit.done.wait()
             await start.done.wait()
-        [failed] = commit.results
-        assert failed.error is not None
-        assert failed.error.reason == "operation_failed"
-        assert isinstance(failed.error.__cause__, mnemo.MnemoError)
-        assert "left before it recorded a result" in str(failed.error.__cause__)
-        [behind] = start.results
-        assert behind.error is not None
-        assert behind.error.reason == "preceding_op_failed"
+        for called in (commit, start):
+            [failed] = called.results
+            assert failed.error is not None
+            assert failed.error.reason == "operation_failed"
+            assert isinstance(failed.error.__cause__, mnemo.MnemoError)
+            assert "left before it recorded a result" in str(failed.error.__cause__)
         assert await sql(a.mem, "SELECT id FROM ops") == []
         held.release()
         landed = await b.events.wait_state(b.mem, sid, State.READY, State.FAILED)
         assert landed is State.READY
-        await a.mem._service._holding._take_over()  # nothing left to answer twice
+        assert (len(commit.results), len(start.results)) == (1, 1)
+
+
+async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B, alive but late with its heartbeat, takes A's commit and start_episode when its
+    extraction ends; while B stores the commit's result, A takes B for gone and answers both
+    operation_failed. B then does not run the start (A's caller heard it failed); before,
+    it ran it (session 23's review)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        commit, start = Called(), Called()
+        await a.mem.commit_async(sid, commit)
+        await a.mem.start_episode_async(sid, "next", start)
+        runner = b.mem._backend.coordination
+        finish_op = runner.finish_op
+        reported: list[dict[str, Any]] = []
+        storing, go, second = anyio.Event(), anyio.Event(), anyio.Event()
+
+        async def held_once(op_id: str, result: dict[str, Any]) -> None:
+            reported.append(result)
+            if len(reported) == 1:
+                storing.set()
+                await go.wait()
+            else:
+                second.set()
+            await finish_op(op_id, result)
+
+        monkeypatch.setattr(runner, "finish_op", held_once)
+        held.release()
+        with anyio.fail_after(5):
+            await storing.wait()  # the commit ran; its result is on its way
+        a_live = a.mem._service._live
+        # B's heartbeat is a day late as A sees it.
+        await operations.answer_abandoned(a_live, datetime.now(UTC) + timedelta(days=1), [])
+        with anyio.fail_after(5):
+            await commit.done.wait()
+            await start.done.wait()
+        assert [c.results[0].error.reason for c in (commit, start)  # type: ignore[union-attr]
+                ] == ["operation_failed", "operation_failed"]
+        go.set()
+        with anyio.fail_after(5):
+            await second.wait()
+        assert reported[0]["value"] == "committed"
+        assert (reported[1]["ok"], reported[1]["error"]) == (False, "operation_failed")
+        assert await b.mem.session_state(sid) is State.IDLE  # committed, never started
+        assert await sql(a.mem, "SELECT id FROM ops") == []
         assert (len(commit.results), len(start.results)) == (1, 1)
 
 
@@ -97,8 +147,8 @@ async def test_operations_a_live_memory_took_are_left_to_it(store: str) -> None:
 async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
     store: str,
 ) -> None:
-    """The taker recorded the commit's result, then left: the result is the answer, not a
-    failure (only operations left without a result are answered as failed)."""
+    """The taker recorded the commit's result, then retired: the result is the answer, not
+    a failure (only operations left without a result are answered as failed)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -107,9 +157,11 @@ async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
         commit = Called()
         await a.mem.commit_async(sid, commit)
         runner = b.mem._backend.coordination
+        await runner.register(holder("holder_left", timedelta(0)))
         [taken] = await runner.take_ops(sid, "holder_left")
         await runner.finish_op(taken.id, {"ok": True, "value": "committed", "error": None,
                                           "cause": None})
+        await runner.retire("holder_left", datetime.now(UTC))
         await a.mem._service._holding._take_over()
         with anyio.fail_after(5):
             await commit.done.wait()

@@ -354,7 +354,8 @@ async def test_reads_through_another_memory_never_write(store: str) -> None:
 
 @pytest.mark.parametrize("finish_faults", [0, 1, 4], ids=["", "finish-fault", "past-budget"])
 async def test_an_async_operation_calls_back_where_it_was_accepted(
-    store: str, monkeypatch: pytest.MonkeyPatch, finish_faults: int
+    store: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    finish_faults: int,
 ) -> None:
     """A commit accepted through A while B extracts the session runs when B's extraction
     ends and calls back in A, with the commit's result. A fault when B stores that result
@@ -384,6 +385,8 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(
             await callback.done.wait()
         assert callback.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
         assert faults == []  # the fault, if any, was met
+        still_trying = [r for r in caplog.records if "still trying" in r.getMessage()]
+        assert len(still_trying) == (1 if finish_faults > 1 else 0)  # in the background
         assert await b.mem.session_state(sid) is State.IDLE
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()

@@ -190,9 +190,11 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     extraction are stored for the child, which takes and runs them when its extraction ends:
     the commit and the start call back here with their results; the child is SIGKILLed while
     the append waits on its LLM, and this Memory's janitor answers the append
-    operation_failed within the lease, once. Before, its callback never came. The session
-    goes on here."""
+    operation_failed at its next look, once. Before, its callback never came. The session
+    goes on here. This Memory's lease is long: a child late with its heartbeat on a busy
+    machine is not taken for gone while it lives (its pid is what says it died)."""
     llm = FakeLLM()
+    here = mnemo.Config(lease_timeout=3 * LEASE)
     got: dict[str, list[mnemo.OpResult]] = {"commit": [], "start": [], "append": []}
     answered = {label: anyio.Event() for label in got}
 
@@ -209,7 +211,7 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
             assert runner.lines, (tmp_path / "run.log").read_text()
             sid = runner.lines[0]
             async with mnemo.Memory(
-                store, llm=llm, embedder=FakeEmbedder(), config=config()
+                store, llm=llm, embedder=FakeEmbedder(), config=here
             ) as mem:
                 await mem.open_repo(REPO, config=config())
                 await mem.commit_async(sid, recorded("commit"))
@@ -224,7 +226,7 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 assert [r.value for r in got["commit"] + got["start"]] == ["committed", "started"]
                 assert got["append"] == []
                 await runner.kill()
-                with anyio.fail_after(LEASE * 3):
+                with anyio.fail_after(LEASE * 3):  # the janitor looks every half lease
                     await answered["append"].wait()
                 [failed] = got["append"]
                 assert failed.error is not None

@@ -139,7 +139,8 @@ async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_res
     """Of six stored operations, `abandon_ops` forgets and returns those taken by a holder
     that retired (never recorded), was last seen before the cut-off, or is named gone;
     one taken by a holder seen since, one whose result is recorded and one nobody took stay.
-    Only the ids asked about are looked at."""
+    Only the ids asked about are looked at, and never one `me` took; `still_taken` says
+    whether a holder still has an operation."""
     co = backend.coordination
     sid = await a_session(backend, store)
     cut = T0 + timedelta(seconds=30)
@@ -154,7 +155,10 @@ async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_res
             assert [op.id for op in await co.take_ops(sid, taker)] == [f"op{n}"]
     await co.finish_op("op4", {"ok": True, "value": "committed"})
     asked = [f"op{n}" for n in range(6)]
+    assert await co.abandon_ops(["op1"], cut, me="late") == []  # never what `me` took
+    assert [await co.still_taken("op1", who) for who in ("late", "alive")] == [True, False]
     assert sorted(await co.abandon_ops(asked, cut, ["dead_pid"])) == ["op0", "op1", "op2"]
+    assert not await co.still_taken("op1", "late")
     assert sorted(r[0] for r in await sql(backend, "SELECT id FROM ops")) == [
         "op3", "op4", "op5", "op_not_asked"]
     assert await co.abandon_ops(asked, cut, ["dead_pid"]) == []

@@ -152,20 +152,28 @@ class PgCoordination:
         return {str(i): dict(r) for i, r in rows}
 
     async def abandon_ops(
-        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = ()
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
+        me: str | None = None,
     ) -> list[str]:
         if not op_ids:
             return []
         async with self._pg.connection() as conn:
             cur = await conn.execute(
                 "DELETE FROM ops o WHERE o.id = ANY(%s) AND o.result IS NULL"
-                " AND o.taken_by IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM holders h"
+                " AND o.taken_by IS NOT NULL AND o.taken_by IS DISTINCT FROM %s"
+                " AND (NOT EXISTS (SELECT 1 FROM holders h"
                 " WHERE h.id = o.taken_by AND h.seen_at >= %s) OR o.taken_by = ANY(%s))"
                 " RETURNING o.id",
-                (list(op_ids), unseen_since, list(gone)),
+                (list(op_ids), me, unseen_since, list(gone)),
             )
             rows: list[tuple[Any, ...]] = await cur.fetchall()
         return [str(op_id) for op_id, in rows]
+
+    async def still_taken(self, op_id: str, holder_id: str) -> bool:
+        rows = await self._pg.fetch_all(
+            "SELECT 1 FROM ops WHERE id = %s AND taken_by = %s", (op_id, holder_id)
+        )
+        return bool(rows)
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         if not op_ids:

@@ -199,7 +199,8 @@ class SqliteCoordination:
         return {str(i): dict(json.loads(r)) for i, r in rows}
 
     async def abandon_ops(
-        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = ()
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
+        me: str | None = None,
     ) -> list[str]:
         ids = list(op_ids)
         if not ids:
@@ -212,13 +213,22 @@ class SqliteCoordination:
             with db.atomic():
                 rows = db.conn.execute(
                     f"DELETE FROM ops WHERE id IN ({marks}) AND result IS NULL"
-                    " AND taken_by IS NOT NULL AND (NOT EXISTS (SELECT 1 FROM holders h"
+                    " AND taken_by IS NOT NULL AND taken_by IS NOT ?"
+                    " AND (NOT EXISTS (SELECT 1 FROM holders h"
                     f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also}) RETURNING id",
-                    (*ids, _text(unseen_since), *gone),
+                    (*ids, me, _text(unseen_since), *gone),
                 ).fetchall()
             return [str(op_id) for op_id, in rows]
 
         return await self._database.run(write)
+
+    async def still_taken(self, op_id: str, holder_id: str) -> bool:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT 1 FROM ops WHERE id = ? AND taken_by = ?", (op_id, holder_id)
+            ).fetchall()
+        )
+        return bool(rows)
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         ids = list(op_ids)

@@ -37,8 +37,11 @@ async def test_opens_a_socket_url_and_applies_session_settings(pg_url: str) -> N
 
 
 async def test_a_held_lock_past_busy_timeout_is_busy(pg_url: str) -> None:
-    """A writer that waits longer than busy_timeout for a row lock gets StorageError("busy")."""
-    async with Postgres(pg_url, busy_timeout=0.1, max_size=2) as pg:
+    """A writer that waits longer than busy_timeout for a row lock gets StorageError("busy").
+    Both connections are made when the pool opens: made on demand, the second one could
+    take longer than the 0.1 s pool timeout on a busy machine, which failed the test with a
+    `PoolTimeout` before any lock was waited for."""
+    async with Postgres(pg_url, busy_timeout=0.1, min_size=2, max_size=2) as pg:
         async with pg.connection() as setup:
             await setup.execute(
                 "INSERT INTO threads VALUES ('t', 0, 0, 0, now())")

@@ -27,7 +27,7 @@ from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.ports import IntentPolicy, StepsCommitted
 from mnemo.ports import LLM, ask, model_name
-from mnemo.session import operations, transitions
+from mnemo.session import operations, stored, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StaleSession, StepsCommittedElsewhere
 from mnemo.session.queue import Op
@@ -196,11 +196,11 @@ _ATTEMPTS = 3
 
 async def _run_queue(live: Sessions, session: SessionRecord) -> None:
     """Runs what waited for the extraction that just ended: the operations stored for it
-    (`operations.run_stored`) and the session's own queue. If the store cannot hand over the
+    (`stored.run_stored`) and the session's own queue. If the store cannot hand over the
     stored ones, they stay stored, untaken, and the watchers of the Memories that accepted
     them run them; the queue here runs all the same."""
     try:
-        await operations.run_stored(live, session)
+        await stored.run_stored(live, session)
     except StorageError as exc:
         log.warning("%s: stored operations not taken: %r", session.id, exc)
 

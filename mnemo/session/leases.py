@@ -24,7 +24,7 @@ import anyio
 
 from mnemo.errors import MnemoError, NotFoundError
 from mnemo.ports import model_name
-from mnemo.session import extracting, operations
+from mnemo.session import extracting, stored
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo
 from mnemo.session.records import SessionRecord
@@ -143,7 +143,7 @@ class Holding:
                 log.info("%s: taking over its extraction", session.id)
                 live.spawn(session, extracting.extract_episode, live, session)
         try:
-            await operations.answer_abandoned(live, now - self._lease, gone)
+            await stored.answer_abandoned(live, now - self._lease, gone)
         except MnemoError as exc:
             log.warning("%s: looking for operations left by a gone holder failed: %r",
                         self.id, exc)

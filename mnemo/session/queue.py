@@ -52,7 +52,7 @@ class Op:
     applied: bool = False
     done: bool = field(default=False)
     # The row of an operation taken from the store whose Memory waits for it (run only while
-    # still taken here: `operations.answer_abandoned`).
+    # still taken here: `stored.answer_abandoned`).
     stored: str | None = None
 
 

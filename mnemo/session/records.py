@@ -97,7 +97,7 @@ class SessionRecord:
     claimed: set[str] = field(default_factory=set)
     changed: anyio.Event = field(default_factory=anyio.Event)
     scopes: set[anyio.CancelScope] = field(default_factory=set)
-    # Tasks that only wait on the store for it (`operations.watch`): cancelled with it, but no
+    # Tasks that only wait on the store for it (`stored.watch`): cancelled with it, but no
     # work on it (a watcher counted as work made this Memory queue operations locally, for
     # an extraction it did not hold, and never take over that work).
     waits: set[anyio.CancelScope] = field(default_factory=set)

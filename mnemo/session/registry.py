@@ -55,7 +55,7 @@ class Sessions:
         self.lease_until: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
         # Operations this Memory accepted and stored for work another Memory holds, by
-        # session: (op id, kind, callback), in the order accepted (`operations.submit_remote`).
+        # session: (op id, kind, callback), in the order accepted (`stored.submit_remote`).
         self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
         self.store = store
         self.coordination = coordination

@@ -32,7 +32,7 @@ from mnemo.graph.model import CommitReceipt
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from mnemo.inputs import check_text
 from mnemo.ports import LLM
-from mnemo.session import extracting, operations, timers, transitions
+from mnemo.session import extracting, operations, stored, timers, transitions
 from mnemo.session.leases import Holding
 from mnemo.session.machine import State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
@@ -91,7 +91,7 @@ class SessionService:
             with anyio.CancelScope(shield=True):
                 for session in list(live.by_id.values()):
                     await operations.fail_pending(session, "memory_closed")
-                    await operations.fail_remote(live, session, "memory_closed")
+                    await stored.fail_remote(live, session, "memory_closed")
 
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it
@@ -187,7 +187,7 @@ class SessionService:
             await operations.fail_pending(session, "session_ended")
             # And those it stored for another Memory's extraction: their watcher was
             # cancelled with the rest, and nothing else would call them back.
-            await operations.fail_remote(self._live, session, "session_ended")
+            await stored.fail_remote(self._live, session, "session_ended")
 
     # ---- the sync calls ----------------------------------------------------------------------
 
@@ -291,7 +291,7 @@ class SessionService:
         session = await self._live.fetch(session_id, fresh=True)
         if session.state is S.EXTRACTING and not session.scopes:
             # Another Memory extracts it: the operation is stored with the session.
-            await operations.submit_remote(self._live, session, kind, args, callback)
+            await stored.submit_remote(self._live, session, kind, args, callback)
             return
         operations.submit(self._live, session, kind, args, callback)
 

@@ -19,7 +19,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import operations
+from mnemo.session import stored
 from mnemo.session.ports import HolderInfo
 from tests.backends import sql
 from tests.session.test_many_memories import Called, extracting, fill, open_worker
@@ -102,7 +102,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
             await storing.wait()  # the commit ran; its result is on its way
         a_live = a.mem._service._live
         # B's heartbeat is a day late as A sees it.
-        await operations.answer_abandoned(a_live, datetime.now(UTC) + timedelta(days=1), [])
+        await stored.answer_abandoned(a_live, datetime.now(UTC) + timedelta(days=1), [])
         with anyio.fail_after(5):
             await commit.done.wait()
             await start.done.wait()

@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import operations
+from mnemo.session import stored
 from mnemo.session.ports import StoredOp
 from mnemo.session.queue import Op
 from mnemo.session.records import SessionRecord
@@ -372,7 +372,7 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(
         finish_op = coordination.finish_op
         faults = [mnemo.StorageError("unavailable", "the store is away")] * finish_faults
         if finish_faults > 1:  # their pauses, 0.05 + 0.1 + 0.2 + 0.4 s, outlast this budget
-            monkeypatch.setattr(operations, "FINISH_BUDGET", 0.05)
+            monkeypatch.setattr(stored, "FINISH_BUDGET", 0.05)
 
         async def failing(op_id: str, result: Any) -> None:
             if faults:
@@ -449,7 +449,7 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
-        monkeypatch.setattr(operations, "WATCH_BACKOFF", 2)  # pauses of 0.1 s, not up to 3.2
+        monkeypatch.setattr(stored, "WATCH_BACKOFF", 2)  # pauses of 0.1 s, not up to 3.2
         coordination = a.mem._backend.coordination
         # Faults while B still extracts (the change token, the results), then one when A
         # drops the finished operation's row, after its result is there.
@@ -650,6 +650,12 @@ class TwoCallbacks:
         return [(label, r.ok, r.value) for label, r in self.got]
 
 
+async def still_taken(op_id: str, holder_id: str) -> bool:
+    """The store's check before a taken operation runs, for the tests whose take is faked
+    (the operation they hand over has no row to check)."""
+    return True
+
+
 async def with_a_stored_commit(
     worker: Worker, callbacks: TwoCallbacks
 ) -> tuple[str, Sessions, SessionRecord]:
@@ -667,7 +673,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     store: str, monkeypatch: pytest.MonkeyPatch, drop_fails: bool
 ) -> None:
     """The extraction's end and the store's watcher both take the session's stored operations
-    (`operations.run_stored`): the one that took nothing started the queue while the other's
+    (`stored.run_stored`): the one that took nothing started the queue while the other's
     were still on their way into it, so a `start_episode` queued here ran before the stored
     `commit` it was accepted behind, and was refused (a review, session 22). Taking is one at
     a time now. Placed deterministically: the first take answers only once everything else
@@ -698,10 +704,11 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
             await drop_ops(op_ids)
 
         monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+        monkeypatch.setattr(live.coordination, "still_taken", still_taken)
         monkeypatch.setattr(live.coordination, "drop_ops", failing)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(operations.run_stored, live, session)
-            tg.start_soon(operations.run_stored, live, session)
+            tg.start_soon(stored.run_stored, live, session)
+            tg.start_soon(stored.run_stored, live, session)
             await anyio.wait_all_tasks_blocked()
             gate.set()
         assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
@@ -719,12 +726,12 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
     async with workers(store, 1) as [w]:
         recorded = TwoCallbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
-        stored = [StoredOp("op_stored", sid, "commit", [], live.holder_id or "",
+        in_store = [StoredOp("op_stored", sid, "commit", [], live.holder_id or "",
                            datetime.now(UTC))]
 
         async def take_ops(session_id: str, holder_id: str) -> list[StoredOp]:
-            taken = stored[:]
-            stored.clear()
+            taken = in_store[:]
+            in_store.clear()
             return taken
 
         apply = live.graph.apply
@@ -736,8 +743,9 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
             return await apply(*args, **kwargs)
 
         monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+        monkeypatch.setattr(live.coordination, "still_taken", still_taken)
         monkeypatch.setattr(live.graph, "apply", held_apply)
-        await operations.run_stored(live, session)
+        await stored.run_stored(live, session)
         with anyio.fail_after(5):
             await applying.wait()
         await w.mem.start_episode_async(sid, "walk west", recorded("start"))
@@ -768,8 +776,9 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
             return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
 
         monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+        monkeypatch.setattr(live.coordination, "still_taken", still_taken)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(operations.run_stored, live, session)
+            tg.start_soon(stored.run_stored, live, session)
             with anyio.fail_after(5):
                 await taking.wait()
             await w.mem.start_episode_async(sid, "walk west", recorded("start"))

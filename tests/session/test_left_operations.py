@@ -20,7 +20,7 @@ import pytest
 import mnemo
 from mnemo import State
 from mnemo.session import stored
-from mnemo.session.ports import HolderInfo
+from mnemo.session.ports import HolderInfo, StoredOp
 from tests.backends import sql
 from tests.session.test_many_memories import Called, extracting, fill, open_worker
 
@@ -85,6 +85,13 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
         runner = b.mem._backend.coordination
         finish_op = runner.finish_op
         reported: list[dict[str, Any]] = []
+
+        async def took_nothing(session_id: str, holder_id: str) -> list[StoredOp]:
+            return []
+
+        # A's watcher leaves the taking to B (it may look between B's end of extraction
+        # and B's take, and take its own operations first).
+        monkeypatch.setattr(a.mem._backend.coordination, "take_ops", took_nothing)
         storing, go, second = anyio.Event(), anyio.Event(), anyio.Event()
 
         async def held_once(op_id: str, result: dict[str, Any]) -> None:

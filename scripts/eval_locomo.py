@@ -175,13 +175,36 @@ async def turns_of_nodes(mem: mnemo.Memory, repo: str) -> dict[str, frozenset[st
 
 async def evaluate_recall(mem: mnemo.Memory, repo: str, conversation: Conversation,
                           made: dict[str, frozenset[str]], scores: Scores,
-                          types: list[mnemo.NodeType] | None) -> None:
+                          types: list[mnemo.NodeType] | None,
+                          ceiling: tuple[int, Scores] | None = None) -> None:
     for q in conversation.questions:
         start = time.perf_counter()
         result = await mem.recall(repo, q.text, k=10, types=types)
         seconds = time.perf_counter() - start
         ranked = [made.get(m.node.id, frozenset()) for m in result.memories]
         scores.add(q.category, ranked, q.evidence, seconds)
+        if ceiling is not None:
+            width, best_order = ceiling
+            best_order.add(q.category, reordered(result, made, q.evidence, width), q.evidence)
+
+
+def reordered(result: mnemo.RecallResult, made: dict[str, frozenset[str]],
+              evidence: frozenset[str], width: int) -> list[frozenset[str]]:
+    """The turns of the recall's first `width` candidates (its results, then the other nodes
+    it scored, best first; a node made from no turn, or only from turns an earlier one was,
+    is skipped, as ranking keeps one result per step) in the best order a re-ranking could
+    give them: those that bring evidence first. What a perfect re-ranker of that many
+    candidates would reach."""
+    seen: set[str] = set()
+    turns: list[frozenset[str]] = []
+    for node_id in [*(m.node.id for m in result.memories), *(t.node_id for t in result.touched)]:
+        made_from = made.get(node_id, frozenset())
+        if made_from and not made_from <= seen:
+            seen |= made_from
+            turns.append(made_from)
+            if len(turns) == width:
+                break
+    return sorted(turns, key=lambda t: -len(t & evidence))
 
 
 def bm25_baseline(conversation: Conversation, scores: Scores) -> None:
@@ -268,6 +291,8 @@ async def main(args: argparse.Namespace) -> None:
     picks = range(int(first), int(last or first) + 1)
     conversations = load(args.data, picks)
     results = {"mnemo recall": Scores()}
+    if args.ceiling:
+        results[f"best order of the first {args.ceiling}"] = Scores()
     if args.baselines:
         results |= {"BM25 (FTS5) baseline": Scores(), "dense-only baseline": Scores()}
     embedder = pick_embedder(args.embedder)
@@ -303,8 +328,10 @@ async def _run(path: Path, conversations: list[Conversation], embedder: mnemo.Em
         for conversation in conversations:
             repo = f"locomo-{conversation.sample_id}"
             made = await turns_of_nodes(mem, repo)
+            ceiling = (None if not args.ceiling else
+                       (args.ceiling, results[f"best order of the first {args.ceiling}"]))
             await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
-                                  MEMORY_TYPES if args.types == "memories" else None)
+                                  MEMORY_TYPES if args.types == "memories" else None, ceiling)
             if args.baselines:
                 bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
                 dense_embedder = embedder or mem._repos.get(repo).embedder
@@ -329,6 +356,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="also write every question's scores to this JSON file")
     parser.add_argument("--combine", type=Path, nargs="+", metavar="JSON",
                         help="report runs saved with --save together (nothing else runs)")
+    parser.add_argument("--ceiling", type=int, default=0, metavar="N",
+                        help="also score each recall's first N candidates in the best order "
+                             "(the ceiling of a re-ranking of N)")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")
     return parser.parse_args(argv)

@@ -41,6 +41,7 @@ from mnemo.session.records import (
     Runtime,
     SessionContext,
     SessionInfo,
+    SessionRecord,
     check_step,
 )
 from mnemo.session.registry import Sessions
@@ -194,7 +195,7 @@ class SessionService:
     async def start_episode(self, session_id: str, goal: str) -> None:
         session = await self._live.fetch(session_id)
         check_text(goal, "goal", limit=session.config.max_text_chars)
-        transitions.refuse_unless(session, "start_episode")
+        await self._refuse_unless(session, "start_episode")
         await transitions.start_episode(self._live, session, goal)
 
     async def append(
@@ -204,7 +205,7 @@ class SessionService:
             raise InvalidInputError(f"metadata must be a dict, got {type(metadata).__name__}")
         session = await self._live.fetch(session_id)
         check_step(session.config, observation, action, metadata)
-        transitions.refuse_unless(session, "append")
+        await self._refuse_unless(session, "append")
         session.appends_in_flight += 1
         ticket = session.turnstile.take()
         try:
@@ -214,6 +215,24 @@ class SessionService:
         finally:
             session.appends_in_flight -= 1
             session.notify()  # an expiry waits for appends to end (`timers._working`)
+
+    async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
+        """`transitions.refuse_unless`, for the calls that start from the record this Memory
+        holds rather than the store's row (append and start_episode: a round trip saved on
+        each). What the record allows is tried, and its write, refused by a store that moved
+        on, reads the session again; but a refusal was final, so a record behind the store
+        refused what the store allowed (this Memory's extraction left it ready, another
+        Memory committed and started an episode, and an append here was refused not_idle).
+        A refusal is therefore checked against the store first.
+
+        Raises:
+            SessionError, NotFoundError: as `transitions.refuse_unless`, on the store's state.
+        """
+        try:
+            transitions.refuse_unless(session, event)
+        except SessionError:
+            await self._live.fetch(session.id, fresh=True)  # the same record, read again
+            transitions.refuse_unless(session, event)
 
     async def close(self, session_id: str) -> None:
         session = await self._live.fetch(session_id, fresh=True)

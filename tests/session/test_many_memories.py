@@ -785,3 +785,29 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
             gate.set()
         assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
         assert await w.mem.session_state(sid) is State.COLLECTING
+
+
+@pytest.mark.parametrize("call", ["append", "start_episode"])
+async def test_a_call_is_not_refused_by_a_record_the_store_moved_past(
+    store: str, call: str
+) -> None:
+    """A's extraction leaves A's record ready; through B the session is committed, and for
+    the append started collecting again. The append (or the start_episode) through A then
+    goes through: before, A's record refused it (`not_idle`, state ready), as these calls
+    checked the state on the record alone. Found by the two-Memory stateful test."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        await ready(a, sid)
+        assert await b.mem.commit(sid) is not None
+        if call == "append":
+            await b.mem.start_episode(sid, "read the note")
+            info = await a.mem.append(sid, "walk south", "go south")
+            assert info.index == 0
+            assert await b.mem.session_state(sid) is State.COLLECTING
+        else:
+            await a.mem.start_episode(sid, "read the note")
+            assert await b.mem.session_state(sid) is State.COLLECTING
+        # And a refusal that the store confirms still comes: the session is collecting.
+        with pytest.raises(mnemo.SessionError) as refused:
+            await a.mem.start_episode(sid, "again")
+        assert refused.value.reason == "not_idle"

@@ -10,7 +10,9 @@ unknown, so it is not run again). Before, its callback never came.
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,12 +24,44 @@ from mnemo import State
 from mnemo.session import stored
 from mnemo.session.ports import HolderInfo, StoredOp
 from tests.backends import sql
-from tests.session.test_many_memories import Called, extracting, fill, open_worker
+from tests.fakes import Hold
+from tests.session.test_many_memories import Called, Worker, extracting, fill, open_worker
+
+COMMITTED = {"ok": True, "value": "committed", "error": None, "cause": None}
 
 
 def holder(holder_id: str, seen_ago: timedelta) -> HolderInfo:
     seen = datetime.now(UTC) - seen_ago
     return HolderInfo(holder_id, "elsewhere", 1, seen, seen)
+
+
+@dataclass
+class Stored:
+    """A session A filled and B closed, B's extraction held at its semantic task, and what A
+    accepted meanwhile (stored for whoever ends B's work): a commit, then a start_episode."""
+
+    a: Worker
+    b: Worker
+    sid: str
+    held: Hold
+    commit: Called = field(default_factory=Called)
+    start: Called = field(default_factory=Called)
+
+
+@asynccontextmanager
+async def stored_while_b_extracts(store: str, *, start: bool = False) -> AsyncIterator[Stored]:
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        it = Stored(a, b, sid, await extracting(b, sid))
+        await a.mem.commit_async(sid, it.commit)
+        if start:
+            await a.mem.start_episode_async(sid, "next", it.start)
+        try:
+            yield it
+        finally:
+            it.held.release()
 
 
 @pytest.mark.parametrize("taker", ["retired", "unseen"])
@@ -38,14 +72,8 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
     left (retired: no holder row; unseen: not seen for a day). A's janitor answers each
     operation_failed, once, its cause saying the taker left; the rows are gone, and neither
     ran (B's extraction ends ready, nothing committed)."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        b = await open_worker(stack, store)
-        held = await extracting(b, sid)
-        commit, start = Called(), Called()
-        await a.mem.commit_async(sid, commit)
-        await a.mem.start_episode_async(sid, "next", start)
+    async with stored_while_b_extracts(store, start=True) as it:
+        a, b, sid, commit, start = it.a, it.b, it.sid, it.commit, it.start
         coordination = a.mem._backend.coordination
         if taker == "unseen":
             await coordination.register(holder("holder_left", timedelta(days=1)))
@@ -61,7 +89,7 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
             assert isinstance(failed.error.__cause__, mnemo.MnemoError)
             assert "left before it recorded a result" in str(failed.error.__cause__)
         assert await sql(a.mem, "SELECT id FROM ops") == []
-        held.release()
+        it.held.release()
         landed = await b.events.wait_state(b.mem, sid, State.READY, State.FAILED)
         assert landed is State.READY
         assert (len(commit.results), len(start.results)) == (1, 1)
@@ -74,14 +102,8 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
     extraction ends; while B stores the commit's result, A takes B for gone and answers both
     operation_failed. B then does not run the start (A's caller heard it failed); before,
     it ran it (session 23's review)."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        b = await open_worker(stack, store)
-        held = await extracting(b, sid)
-        commit, start = Called(), Called()
-        await a.mem.commit_async(sid, commit)
-        await a.mem.start_episode_async(sid, "next", start)
+    async with stored_while_b_extracts(store, start=True) as it:
+        a, b, sid, commit, start = it.a, it.b, it.sid, it.commit, it.start
         runner = b.mem._backend.coordination
         finish_op = runner.finish_op
         reported: list[dict[str, Any]] = []
@@ -104,7 +126,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
             await finish_op(op_id, result)
 
         monkeypatch.setattr(runner, "finish_op", held_once)
-        held.release()
+        it.held.release()
         with anyio.fail_after(5):
             await storing.wait()  # the commit ran; its result is on its way
         a_live = a.mem._service._live
@@ -128,27 +150,20 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
 async def test_operations_a_live_memory_took_are_left_to_it(store: str) -> None:
     """Taken by a Memory seen a moment ago, the operations are its to finish: A's janitor
     neither calls back nor drops them, and the result it records reaches A's callback."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        b = await open_worker(stack, store)
-        held = await extracting(b, sid)
-        commit = Called()
-        await a.mem.commit_async(sid, commit)
+    async with stored_while_b_extracts(store) as it:
+        a, sid, commit = it.a, it.sid, it.commit
         # The runner writes through B's connection: on SQLite a Memory's watcher sees only
         # other connections' writes, as another process's would be.
-        runner = b.mem._backend.coordination
+        runner = it.b.mem._backend.coordination
         await runner.register(holder("holder_alive", timedelta(0)))
         [taken] = await runner.take_ops(sid, "holder_alive")
         await a.mem._service._holding._take_over()
         assert commit.results == []
         assert [row[0] for row in await sql(a.mem, "SELECT id FROM ops")] == [taken.id]
-        await runner.finish_op(taken.id, {"ok": True, "value": "committed", "error": None,
-                                          "cause": None})
+        await runner.finish_op(taken.id, COMMITTED)
         with anyio.fail_after(5):
             await commit.done.wait()
         assert commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
-        held.release()
 
 
 async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
@@ -156,21 +171,13 @@ async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
 ) -> None:
     """The taker recorded the commit's result, then retired: the result is the answer, not
     a failure (only operations left without a result are answered as failed)."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        b = await open_worker(stack, store)
-        held = await extracting(b, sid)
-        commit = Called()
-        await a.mem.commit_async(sid, commit)
-        runner = b.mem._backend.coordination
+    async with stored_while_b_extracts(store) as it:
+        runner = it.b.mem._backend.coordination
         await runner.register(holder("holder_left", timedelta(0)))
-        [taken] = await runner.take_ops(sid, "holder_left")
-        await runner.finish_op(taken.id, {"ok": True, "value": "committed", "error": None,
-                                          "cause": None})
+        [taken] = await runner.take_ops(it.sid, "holder_left")
+        await runner.finish_op(taken.id, COMMITTED)
         await runner.retire("holder_left", datetime.now(UTC))
-        await a.mem._service._holding._take_over()
+        await it.a.mem._service._holding._take_over()
         with anyio.fail_after(5):
-            await commit.done.wait()
-        assert commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
-        held.release()
+            await it.commit.done.wait()
+        assert it.commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]

@@ -103,20 +103,41 @@ async def children() -> AsyncIterator[anyio.abc.TaskGroup]:
         raise
 
 
+class Recorded:
+    """Callbacks that keep each result under its label, in the order they come."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, mnemo.OpResult]] = []
+        self._came = anyio.Event()
+
+    def __call__(self, label: str) -> Any:
+        def record(result: mnemo.OpResult) -> None:
+            self.got.append((label, result))
+            came, self._came = self._came, anyio.Event()
+            came.set()
+        return record
+
+    async def wait(self, n: int) -> None:
+        """Until `n` results came."""
+        while len(self.got) < n:
+            await self._came.wait()
+
+
 def config() -> mnemo.Config:
     return mnemo.Config(lease_timeout=LEASE)
 
 
 @asynccontextmanager
 async def holding(
-    tg: anyio.abc.TaskGroup, tmp_path: Path, store: str
+    tg: anyio.abc.TaskGroup, tmp_path: Path, store: str, mode: str = "hold"
 ) -> AsyncIterator[tuple[Child, str]]:
-    """A child holding the extraction of a session it closed (its LLM hangs), and the
-    session's id."""
-    async with child(tg, tmp_path / "hold.log", store, "hold", str(LEASE)) as holder:
+    """A child holding the work of a session it closed (its LLM hangs: worker_child's `mode`),
+    and the session's id, its first line."""
+    log = tmp_path / f"{mode}.log"
+    async with child(tg, log, store, mode, str(LEASE)) as holder:
         with anyio.fail_after(60):
             await holder.wait_lines(1)
-        assert holder.lines, (tmp_path / "hold.log").read_text()
+        assert holder.lines, log.read_text()
         yield holder, holder.lines[0]
 
 
@@ -163,11 +184,7 @@ async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease
     llm, events = FakeLLM(), EventLog()
     auto = mnemo.Config(lease_timeout=LEASE, auto_commit=True)
     async with children() as tg:
-        async with child(tg, tmp_path / "hold.log", store, "hold_auto", str(LEASE)) as holder:
-            with anyio.fail_after(60):
-                await holder.wait_lines(1)
-            assert holder.lines, (tmp_path / "hold.log").read_text()
-            sid = holder.lines[0]
+        async with holding(tg, tmp_path, store, "hold_auto") as (holder, sid):
             async with mnemo.Memory(
                 store, llm=llm, embedder=FakeEmbedder(), config=auto, on_event=events
             ) as mem:
@@ -195,21 +212,10 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     machine is not taken for gone while it lives (its pid is what says it died)."""
     llm = FakeLLM()
     here = mnemo.Config(lease_timeout=3 * LEASE)
-    got: dict[str, list[mnemo.OpResult]] = {"commit": [], "start": [], "append": []}
-    answered = {label: anyio.Event() for label in got}
-
-    def recorded(label: str) -> Any:
-        def record(result: mnemo.OpResult) -> None:
-            got[label].append(result)
-            answered[label].set()
-        return record
+    recorded = Recorded()
 
     async with children() as tg:
-        async with child(tg, tmp_path / "run.log", store, "run_ops", str(LEASE)) as runner:
-            with anyio.fail_after(60):
-                await runner.wait_lines(1)
-            assert runner.lines, (tmp_path / "run.log").read_text()
-            sid = runner.lines[0]
+        async with holding(tg, tmp_path, store, "run_ops") as (runner, sid):
             async with mnemo.Memory(
                 store, llm=llm, embedder=FakeEmbedder(), config=here
             ) as mem:
@@ -228,21 +234,22 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 await runner.process.stdin.send(b"go\n")
                 with anyio.fail_after(60):
                     await runner.wait_lines(2)
-                    await answered["start"].wait()
-                assert runner.lines[1] == "held", (tmp_path / "run.log").read_text()
-                assert [r.value for r in got["commit"] + got["start"]] == ["committed", "started"]
-                assert got["append"] == []
+                    await recorded.wait(2)
+                assert runner.lines[1] == "held", (tmp_path / "run_ops.log").read_text()
+                assert [(label, r.value) for label, r in recorded.got] == [
+                    ("commit", "committed"), ("start", "started")]
                 await runner.kill()
                 with anyio.fail_after(LEASE * 3):  # the janitor looks every half lease
-                    await answered["append"].wait()
-                [failed] = got["append"]
+                    await recorded.wait(3)
+                [(label, failed)] = recorded.got[2:]
+                assert label == "append"
                 assert failed.error is not None
                 assert failed.error.reason == "operation_failed"
                 assert "left before it recorded a result" in str(failed.error.__cause__)
                 assert await mem.session_state(sid) is State.COLLECTING
                 info = await mem.append(sid, "walk west", "go west")
                 assert info.index == 0
-                assert [len(results) for results in got.values()] == [1, 1, 1]
+                assert len(recorded.got) == 3
 
 
 def journal(path: Path) -> list[dict[str, Any]]:
@@ -345,15 +352,7 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
     second commit was accepted) and ran before it. Now the stored one counts as queued first
     and runs first."""
     llm = FakeLLM()
-    got: list[tuple[str, mnemo.OpResult]] = []
-    done = anyio.Event()
-
-    def recorded(label: str) -> Any:
-        def record(result: mnemo.OpResult) -> None:
-            got.append((label, result))
-            if len(got) == 2:
-                done.set()
-        return record
+    recorded = Recorded()
 
     async with children() as tg:
         async with holding(tg, tmp_path, store) as (holder, sid):
@@ -372,7 +371,7 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
                 await mem.start_episode_async(sid, "walk west", recorded("start"))
                 asked.release()
                 with anyio.fail_after(30):
-                    await done.wait()
-                assert [(label, r.ok) for label, r in got] == [("commit", True),
-                                                               ("start", True)]
+                    await recorded.wait(2)
+                assert [(label, r.ok) for label, r in recorded.got] == [("commit", True),
+                                                                        ("start", True)]
                 assert await mem.session_state(sid) is State.COLLECTING

@@ -31,6 +31,8 @@ import json
 import os
 import random
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import IO, Any
 
 import anyio
@@ -39,7 +41,7 @@ import anyio.to_thread
 
 import mnemo
 from mnemo import State
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
 REPO = "r"
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
@@ -49,7 +51,10 @@ def config(lease: float) -> mnemo.Config:
     return mnemo.Config(lease_timeout=lease)
 
 
-async def hold(store: str, lease: float) -> None:
+@asynccontextmanager
+async def holding(store: str, lease: float) -> AsyncIterator[tuple[FakeLLM, Hold]]:
+    """A Memory holding the extraction of a session it closed, its "semantic" task held (the
+    session's id printed once the task is asked): its LLM and that hold."""
     llm = FakeLLM()
     async with mnemo.Memory(
         store, llm=llm, embedder=FakeEmbedder(), config=config(lease), on_event=EventLog()
@@ -63,23 +68,16 @@ async def hold(store: str, lease: float) -> None:
         with anyio.fail_after(30):
             await held.started.wait()
         print(sid, flush=True)
+        yield llm, held
+
+
+async def hold(store: str, lease: float) -> None:
+    async with holding(store, lease):
         await anyio.sleep_forever()
 
 
 async def run_ops(store: str, lease: float) -> None:
-    llm = FakeLLM()
-    async with mnemo.Memory(
-        store, llm=llm, embedder=FakeEmbedder(), config=config(lease), on_event=EventLog()
-    ) as mem:
-        await mem.open_repo(REPO, config=config(lease))
-        sid = await mem.start_session("explore the house", repo=REPO)
-        for observation, action in STEPS:
-            await mem.append(sid, observation, action)
-        extraction = llm.hold("semantic")
-        await mem.close(sid)
-        with anyio.fail_after(30):
-            await extraction.started.wait()
-        print(sid, flush=True)
+    async with holding(store, lease) as (llm, extraction):
         await anyio.to_thread.run_sync(sys.stdin.readline)
         append = llm.hold("state")
         extraction.release()

@@ -136,8 +136,15 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         # The later ones are taken out at once: while the callbacks run, nothing else (a
         # background commit ending) may start one of them.
         later = _take_pending(session)
-        await _finish_op(session, op, OpResult(False, None, _as_session_error(exc, session)))
-        await _fail(session, later, "preceding_op_failed")
+        if session.ended:
+            # Ended through another Memory (the store no longer knows it, and the record
+            # went): what `end_session` answers for the operations it stops.
+            await _finish_op(session, op, OpResult(False, None, SessionError(
+                "session_ended", state=session.state, session_id=session.id)))
+            await _fail(session, later, "session_ended")
+        else:
+            await _finish_op(session, op, OpResult(False, None, _as_session_error(exc, session)))
+            await _fail(session, later, "preceding_op_failed")
     except BaseException:
         # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
         with anyio.CancelScope(shield=True):

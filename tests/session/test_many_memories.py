@@ -811,3 +811,27 @@ async def test_a_call_is_not_refused_by_a_record_the_store_moved_past(
         with pytest.raises(mnemo.SessionError) as refused:
             await a.mem.start_episode(sid, "again")
         assert refused.value.reason == "not_idle"
+
+
+async def test_operations_running_into_an_end_through_another_memory_get_session_ended(
+    store: str,
+) -> None:
+    """A's append waits on its LLM with a close queued behind it when B ends the session: the
+    append's write finds the session gone, and both are answered session_ended, as
+    end_session answers what it stops (before: operation_failed with the NotFoundError as
+    its cause, then preceding_op_failed). The id is then unknown through A too."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = a.llm.hold("state")
+        callbacks = TwoCallbacks()
+        await a.mem.append_async(sid, "walk west", "go west", callbacks("append"))
+        await a.mem.close_async(sid, callbacks("close"))
+        with anyio.fail_after(5):
+            await held.started.wait()
+        await b.mem.end_session(sid)
+        held.release()
+        await callbacks.wait()
+        assert [(label, r.error.reason if r.error else None) for label, r in callbacks.got] == [
+            ("append", "session_ended"), ("close", "session_ended")]
+        with pytest.raises(mnemo.NotFoundError):
+            await a.mem.session_state(sid)

@@ -109,7 +109,7 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
 def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
     """The operations this Memory stored for the session while another Memory held its
     extraction, not yet taken: accepted before any it queued since it took the work over,
-    so they come first in its queue (they are taken to its front: `run_stored`)."""
+    so they come first in its queue (they are taken to its front: `stored.run_stored`)."""
     return [Op(kind, (), None) for _, kind, _ in live.remote.get(session.id, [])]
 
 

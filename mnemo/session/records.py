@@ -120,7 +120,7 @@ class SessionRecord:
     version: int = 0
     # Queued operations wait for work another Memory holds: a watcher reads the store.
     watching: bool = False
-    # Held while the session's stored operations are taken and queued (`run_stored`: the
+    # Held while the session's stored operations are taken and queued (`stored.run_stored`: the
     # extraction's end and the watcher both do it), one taker at a time.
     taking: anyio.Lock = field(default_factory=anyio.Lock)
     # Work that ends by handing stored operations over is under way (an extraction, from its

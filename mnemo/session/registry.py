@@ -1,8 +1,8 @@
 """`Sessions`: the state the session modules share: the live sessions of one Memory, the ports
 they work through, and the task group their background work runs in.
 
-`transitions`, `operations`, `extracting` and `timers` are functions over one `Sessions`;
-`SessionService` owns it and wires the public calls to them.
+`transitions`, `operations`, `stored`, `extracting` and `timers` are functions over one
+`Sessions`; `SessionService` owns it and wires the public calls to them.
 """
 
 from __future__ import annotations

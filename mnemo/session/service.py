@@ -6,6 +6,7 @@ The work is split by concern, each module a set of functions over one shared `Se
 - `records.py`: a live session's record, its runtime, and what callers read of it;
 - `transitions.py`: the machine's moves (`move`, the refusals) and each call's effect;
 - `operations.py`: the async operation queue;
+- `stored.py`: async operations stored for work another Memory holds;
 - `extracting.py`: the extraction runner, auto-commit's background commits, and commits;
 - `timers.py`: auto-commit's flush and expiry deadlines.
 
@@ -223,7 +224,7 @@ class SessionService:
         on, reads the session again; but a refusal was final, so a record behind the store
         refused what the store allowed (this Memory's extraction left it ready, another
         Memory committed and started an episode, and an append here was refused not_idle).
-        A refusal is therefore checked against the store first.
+        A refusal is therefore checked against the store first (`_read_again`).
 
         Raises:
             SessionError, NotFoundError: as `transitions.refuse_unless`, on the store's state.
@@ -231,8 +232,20 @@ class SessionService:
         try:
             transitions.refuse_unless(session, event)
         except SessionError:
-            await self._live.fetch(session.id, fresh=True)  # the same record, read again
+            await self._read_again(session)
             transitions.refuse_unless(session, event)
+
+    async def _read_again(self, session: SessionRecord) -> None:
+        """The store's state in the record, before a refusal is raised from it: read once no
+        write of this Memory's own is under way (under the session's lock, which a fresh
+        `fetch` skips the reload for: the refusal survived while this Memory committed), so
+        whatever the store holds then is its truth.
+
+        Raises:
+            NotFoundError: the session ended meanwhile.
+        """
+        async with session.lock:
+            await self._live.reload(session, conflict=True)
 
     async def close(self, session_id: str) -> None:
         session = await self._live.fetch(session_id, fresh=True)
@@ -308,6 +321,18 @@ class SessionService:
                 "invalid_queued_operation" (API.md's queue rules).
         """
         session = await self._live.fetch(session_id, fresh=True)
+        try:
+            await self._accept(session, kind, args, callback)
+        except SessionError as refused:
+            if refused.reason not in ("invalid_operation", "invalid_queued_operation"):
+                raise
+            # Checked against the store before it is raised, as a sync call's refusal is
+            # (`_read_again`): nothing was accepted, so trying again accepts it at most once.
+            await self._read_again(session)
+            await self._accept(session, kind, args, callback)
+
+    async def _accept(self, session: SessionRecord, kind: str, args: tuple[Any, ...],
+                      callback: Callback | None) -> None:
         if session.state is S.EXTRACTING and not session.scopes:
             # Another Memory extracts it: the operation is stored with the session.
             await stored.submit_remote(self._live, session, kind, args, callback)

@@ -30,8 +30,8 @@ from mnemo.errors import (
     SessionError,
     StorageError,
 )
+from mnemo.session import operations
 from mnemo.session.machine import State
-from mnemo.session.operations import accept, check_args, handing_over
 from mnemo.session.ports import StoredOp
 from mnemo.session.queue import Callback, Op, OpResult, deliver, project
 from mnemo.session.records import SessionRecord
@@ -62,7 +62,7 @@ async def submit_remote(
     Raises:
         SessionError: as `submit`.
     """
-    check_args(session, kind, args)
+    operations.check_args(session, kind, args)
     waiting = live.remote.get(session.id, [])
     if len(waiting) >= session.config.max_pending_ops:
         raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
@@ -146,9 +146,9 @@ async def answer_abandoned(
     without recording a result (killed, or closed or cut off from the store before it could):
     nobody else will. They are forgotten in the store first, so a result that holder still
     records goes nowhere and, were it only late, it runs none of them it had not started
-    (`_still_taken`). Each gets `operation_failed`, with a cause that says whether it took
-    effect is unknown (the session's state tells); none is run again, which could do it
-    twice. The janitor asks, twice a lease (`leases.Holding`); the callbacks run in the
+    (`operations._still_taken`). Each gets `operation_failed`, with a cause that says
+    whether it took effect is unknown (the session's state tells); none is run again, which
+    could do it twice. The janitor asks, twice a lease (`leases.Holding`); the callbacks run in the
     sessions' own tasks, not the janitor's."""
     waiting = {op_id: session_id for session_id, entries in live.remote.items()
                for op_id, _, _ in entries}
@@ -201,7 +201,7 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
     One at a time per session: the extraction's end and the watcher both get here, and the
     one that took nothing started the queue while the other's operations were still on their
     way into it (a `start_episode` queued here ran before a stored `commit`, refused). A call
-    made meanwhile queues behind what this Memory stored (`awaits_handover`). Once
+    made meanwhile queues behind what this Memory stored (`operations.awaits_handover`). Once
     taken, they are queued whatever happens (shielded: a cancel in between lost them, taken
     and never answered).
 
@@ -210,7 +210,7 @@ async def run_stored(live: Sessions, session: SessionRecord) -> None:
             session's own queue is started all the same (it waits for nothing stored: it
             stuck, with no callback, when a fault here came right after an extraction).
     """
-    with handing_over(live, session):
+    with operations.handing_over(live, session):
         async with session.taking:
             with anyio.CancelScope(shield=True):
                 await _take_stored(live, session)
@@ -244,7 +244,7 @@ async def _take_stored(live: Sessions, session: SessionRecord) -> None:
             continue
         op = Op(stored.kind, tuple(stored.args), callback,
                 stored=stored.id if stored.accepted_by else None)
-        accept(session, op)
+        operations.accept(session, op)
         if stored.accepted_by and stored.accepted_by == live.holder_id:
             first.append(op)
         else:

@@ -835,3 +835,80 @@ async def test_operations_running_into_an_end_through_another_memory_get_session
             ("append", "session_ended"), ("close", "session_ended")]
         with pytest.raises(mnemo.NotFoundError):
             await a.mem.session_state(sid)
+
+
+class SpiedLock:
+    """A session's lock that says when a second caller waits for it."""
+
+    def __init__(self, lock: anyio.Lock) -> None:
+        self._lock = lock
+        self.waited = anyio.Event()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    async def __aenter__(self) -> None:
+        if self._lock.locked():
+            self.waited.set()
+        await self._lock.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+@pytest.mark.parametrize("call", ["append", "append_async"])
+async def test_a_refusal_is_checked_against_the_store_after_this_memorys_own_write(
+    store: str, call: str
+) -> None:
+    """A's record is ready and A's own commit is under way (it holds the session's lock, held
+    at the graph's apply) when B commits first and starts an episode. An append through A
+    waits for A's write to end, reads the store, and is accepted. Before, the read was
+    skipped while the lock was held (a fresh fetch leaves a write of this Memory's own
+    alone), and A's record refused it (not_idle, or invalid_operation for the async call;
+    session 23's review)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        await ready(a, sid)
+        live = a.mem._service._live
+        spied = SpiedLock(live.by_id[sid].lock)
+        live.by_id[sid].lock = spied  # type: ignore[assignment]
+        apply, applying, go = live.graph.apply, anyio.Event(), anyio.Event()
+
+        async def held_apply(*args: Any, **kwargs: Any) -> Any:
+            applying.set()
+            await go.wait()
+            return await apply(*args, **kwargs)
+
+        live.graph.apply = held_apply  # type: ignore[method-assign]
+        refused: list[mnemo.SessionError] = []
+
+        async def commit_through_a() -> None:
+            with pytest.raises(mnemo.SessionError) as lost:
+                await a.mem.commit(sid)  # B's commit came first
+            refused.append(lost.value)
+
+        async def let_go_once_waited() -> None:
+            await spied.waited.wait()
+            go.set()
+
+        appended = Called()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(commit_through_a)
+            with anyio.fail_after(5):
+                await applying.wait()
+            assert await b.mem.commit(sid) is not None
+            await b.mem.start_episode(sid, "read the note")
+            tg.start_soon(let_go_once_waited)
+            try:
+                if call == "append":
+                    await a.mem.append(sid, "walk south", "go south")
+                else:
+                    await a.mem.append_async(sid, "walk south", "go south", appended)
+                    with anyio.fail_after(5):
+                        await appended.done.wait()
+                    assert appended.results[0].ok
+            finally:
+                go.set()
+        assert [e.reason for e in refused] == ["not_ready"]
+        [info] = [s for s in await b.mem.list_sessions() if s.id == sid]
+        assert info.steps == 1

@@ -257,9 +257,10 @@ class EventLog:
             return waiter.matched[0]
 
     async def wait_state(
-        self, mem: mnemo.Memory, session_id: str, *states: mnemo.State
+        self, mem: mnemo.Memory, session_id: str, *states: mnemo.State, within: float = 5.0
     ) -> mnemo.State:
-        """Waits (up to 5 s) until the session is in one of `states`, woken by its transitions.
+        """Waits (up to `within` s) until the session is in one of `states`, woken by its
+        transitions.
 
         The waiter is registered before the state is read, so a transition that lands between
         the two is not missed.
@@ -272,7 +273,7 @@ class EventLog:
                 and event.data.get("to") in states
             )
 
-        with self._waiting(predicate) as waiter, anyio.fail_after(5):
+        with self._waiting(predicate) as waiter, anyio.fail_after(within):
             current = await maybe_await(mem.session_state(session_id))
             if current in states:
                 return mnemo.State(current)

@@ -54,6 +54,9 @@ class Sessions:
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
+        # Answers what a session ended elsewhere still owes (its queue, what it stored for
+        # another Memory): `SessionService` sets it, as `end_session` does for its own end.
+        self.answer_ended: Callable[[SessionRecord], Awaitable[None]] | None = None
         # Operations this Memory accepted and stored for work another Memory holds, by
         # session: (op id, kind, callback), in the order accepted (`stored.submit_remote`).
         self.remote: dict[str, list[tuple[str, str, Callback | None]]] = {}
@@ -168,11 +171,19 @@ class Sessions:
         record ahead of its store, restored from a backup say, never wrote again).
 
         Raises:
-            NotFoundError: it ended meanwhile (its record goes too).
+            NotFoundError: it ended meanwhile (its record goes too, and what it owed is
+                answered `session_ended`, as `end_session` answers it: dropped without,
+                queued operations never got a callback).
         """
         row = await self.store.load_one(session.id)
         if row is None:
+            ended = not session.ended
             self.drop(session)
+            if ended and self.answer_ended is not None:
+                # Shielded: the drop has just cancelled the session's tasks, the caller's too
+                # maybe, and the callbacks are owed all the same.
+                with anyio.CancelScope(shield=True):
+                    await self.answer_ended(session)
             raise NotFoundError("session", session.id)
         if row.version == session.version or (row.version < session.version and not conflict):
             return

@@ -75,6 +75,7 @@ class SessionService:
             repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
         )
         self._holding = Holding(self._live, lease_timeout)
+        self._live.answer_ended = self._answer_ended
 
     # ---- life of the service -------------------------------------------------------------
 
@@ -186,10 +187,15 @@ class SessionService:
         # operation whose callback ends it), which the drop has just cancelled; the queued
         # operations still get their callbacks.
         with anyio.CancelScope(shield=True):
-            await operations.fail_pending(session, "session_ended")
-            # And those it stored for another Memory's extraction: their watcher was
-            # cancelled with the rest, and nothing else would call them back.
-            await stored.fail_remote(self._live, session, "session_ended")
+            await self._answer_ended(session)
+
+    async def _answer_ended(self, session: SessionRecord) -> None:
+        """Answers what an ended session owed, `session_ended`: its queued operations, and
+        those it stored for another Memory's extraction (their watcher was cancelled with
+        the rest, and nothing else would call them back). Its end here, or seen in the store
+        (`Sessions.reload`)."""
+        await operations.fail_pending(session, "session_ended")
+        await stored.fail_remote(self._live, session, "session_ended")
 
     # ---- the sync calls ----------------------------------------------------------------------
 

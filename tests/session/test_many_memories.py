@@ -912,3 +912,41 @@ async def test_a_refusal_is_checked_against_the_store_after_this_memorys_own_wri
         assert [e.reason for e in refused] == ["not_ready"]
         [info] = [s for s in await b.mem.list_sessions() if s.id == sid]
         assert info.steps == 1
+
+
+@pytest.mark.parametrize("how", ["extraction-ends", "read-finds-it-gone"])
+async def test_operations_queued_here_are_answered_when_another_memory_ends_the_session(
+    store: str, how: str
+) -> None:
+    """What A queued is answered session_ended when B ends the session and A finds out:
+    a commit queued behind A's own extraction, once that extraction ends and its write finds
+    the session gone; or a close queued behind A's running append, when a read of the
+    session through A finds it gone (the append, cancelled, gets session_ended too). Before,
+    the record was dropped and the queued operation never called back (session 23's
+    review)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        callbacks = TwoCallbacks()
+        if how == "extraction-ends":
+            held = a.llm.hold("semantic")
+            await a.mem.close_async(sid, callbacks("close"))
+            with anyio.fail_after(5):
+                await held.started.wait()
+            await a.mem.commit_async(sid, callbacks("commit"))
+            await b.mem.end_session(sid)
+            held.release()
+            expected = [("close", "closed"), ("commit", "session_ended")]
+        else:
+            held = a.llm.hold("state")
+            await a.mem.append_async(sid, "walk west", "go west", callbacks("append"))
+            await a.mem.close_async(sid, callbacks("close"))
+            with anyio.fail_after(5):
+                await held.started.wait()
+            await b.mem.end_session(sid)
+            with pytest.raises(mnemo.NotFoundError):
+                await a.mem.session_state(sid)
+            held.release()
+            expected = [("append", "session_ended"), ("close", "session_ended")]
+        await callbacks.wait()
+        got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.got]
+        assert sorted(got) == sorted(expected)

@@ -244,14 +244,15 @@ class SessionService:
     async def _read_again(self, session: SessionRecord) -> None:
         """The store's state in the record, before a refusal is raised from it: read once no
         write of this Memory's own is under way (under the session's lock, which a fresh
-        `fetch` skips the reload for: the refusal survived while this Memory committed), so
-        whatever the store holds then is its truth.
+        `fetch` skips the reload for: the refusal survived while this Memory committed).
+        Taken in only when newer than the record, as any read (a claim by this Memory's
+        janitor writes outside the lock, and a read racing it may answer with the row before).
 
         Raises:
             NotFoundError: the session ended meanwhile.
         """
         async with session.lock:
-            await self._live.reload(session, conflict=True)
+            await self._live.reload(session)
 
     async def close(self, session_id: str) -> None:
         session = await self._live.fetch(session_id, fresh=True)

@@ -295,3 +295,44 @@ def sqlite_database(owner: mnemo.Memory | Backend) -> Database:
     backend = owner._backend if isinstance(owner, mnemo.Memory) else owner
     assert isinstance(backend, SqliteBackend), "a test of SQLite internals on another backend"
     return backend.database
+
+
+class Ops:
+    """Accepted async operations and what their callbacks received (random programs), each
+    to be called back exactly once; `by_session` keeps each session's (kind, result), in
+    arrival order."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.results: dict[int, mnemo.OpResult] = {}
+        self.twice: list[str] = []  # operations called back more than once
+        self.by_session: dict[str, list[tuple[str, mnemo.OpResult]]] = {}
+        self.arrived = anyio.Event()
+
+    def callback(self, sid: str, kind: str) -> Callable[[mnemo.OpResult], None]:
+        """The callback of the operation about to be accepted (count it once it is)."""
+        number = self.accepted
+
+        def record(result: mnemo.OpResult) -> None:
+            # Kept, not asserted here: `deliver` logs what a callback raises, and goes on.
+            if number in self.results:
+                self.twice.append(f"operation {number} ({kind})")
+            self.results[number] = result
+            self.by_session.setdefault(sid, []).append((kind, result))
+            self.arrived.set()
+
+        return record
+
+    def check(self) -> None:
+        """No operation was called back twice, and none is still owed one."""
+        assert not self.twice, f"called back twice: {self.twice}"
+        assert len(self.results) == self.accepted, "an accepted operation got no callback"
+
+    async def all_back(self, within: float) -> None:
+        """Waits (up to `within` s) until every accepted operation was called back, then
+        checks."""
+        with anyio.fail_after(within):
+            while len(self.results) < self.accepted:
+                self.arrived = anyio.Event()
+                await self.arrived.wait()
+        self.check()

@@ -23,7 +23,7 @@ import mnemo
 from mnemo import State
 from mnemo.storage.postgres.store import PostgresBackend
 from tests.backends import backend_of, is_sqlite
-from tests.fakes import EventLog, FakeLLM, invoke, open_test_memory, sqlite_database
+from tests.fakes import EventLog, FakeLLM, Ops, invoke, open_test_memory, sqlite_database
 
 REPO = "r"
 KINDS = ["append", "append", "append", "close", "commit", "discard", "start_episode"]
@@ -33,42 +33,6 @@ class Faults:
     def __init__(self) -> None:
         self.storage = 0  # the next N database jobs fail as "database is locked"
         self.apply = 0  # the next N graph commits raise a ValueError
-
-
-class Ops:
-    """Accepted operations and what their callbacks received, per session, in arrival order."""
-
-    def __init__(self) -> None:
-        self.accepted = 0
-        self.results: dict[int, mnemo.OpResult] = {}
-        self.twice: list[str] = []  # operations called back more than once
-        self.by_session: dict[str, list[tuple[str, mnemo.OpResult]]] = {}
-        self.arrived = anyio.Event()
-
-    def callback(self, sid: str, kind: str) -> Callable[[mnemo.OpResult], None]:
-        number = self.accepted
-
-        def record(result: mnemo.OpResult) -> None:
-            # Kept, not asserted here: `deliver` logs what a callback raises, and goes on.
-            if number in self.results:
-                self.twice.append(f"operation {number} ({kind})")
-            self.results[number] = result
-            self.by_session.setdefault(sid, []).append((kind, result))
-            self.arrived.set()
-
-        return record
-
-    def check(self) -> None:
-        """No operation was called back twice, and none is still owed one."""
-        assert not self.twice, f"called back twice: {self.twice}"
-        assert len(self.results) == self.accepted, "an accepted operation got no callback"
-
-    async def all_back(self) -> None:
-        with anyio.fail_after(10):
-            while len(self.results) < self.accepted:
-                self.arrived = anyio.Event()
-                await self.arrived.wait()
-        self.check()
 
 
 class FaultyPrograms(RuleBasedStateMachine):
@@ -194,7 +158,7 @@ class FaultyPrograms(RuleBasedStateMachine):
         rest, holds exactly its reported appends, and takes a valid operation at once."""
         self.faults.storage = self.faults.apply = 0
         self.portal.call(self._fail_tasks, set())
-        self.portal.call(self.ops.all_back)
+        self.portal.call(self.ops.all_back, 10)
         for sid in list(self.steps):
             if sid in self.ended:
                 continue
@@ -217,7 +181,7 @@ class FaultyPrograms(RuleBasedStateMachine):
             state = self.portal.call(
                 lambda: self.events.wait_state(self.mem, sid, State.READY, State.FAILED)
             )
-            self.portal.call(self.ops.all_back)
+            self.portal.call(self.ops.all_back, 10)
             self._count_steps(sid)
         return state
 

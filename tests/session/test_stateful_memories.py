@@ -25,7 +25,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_m
 
 import mnemo
 from mnemo import State
-from tests.fakes import EventLog, FakeLLM, invoke, open_test_memory
+from tests.fakes import EventLog, FakeLLM, Ops, invoke, open_test_memory
 
 REPO = "r"
 KINDS = ["append", "close", "commit", "commit", "discard", "start_episode", "start_episode"]
@@ -33,40 +33,6 @@ KINDS = ["append", "close", "commit", "commit", "discard", "start_episode", "sta
 # lease) within a test's time.
 CONFIG = mnemo.Config(lease_timeout=1.0)
 SETTLE = 30.0  # seconds every accepted operation has to be called back, once the holds go
-
-
-class Ops:
-    """Accepted operations and their callbacks: each must come exactly once."""
-
-    def __init__(self) -> None:
-        self.accepted = 0
-        self.results: dict[int, mnemo.OpResult] = {}
-        self.twice: list[str] = []  # operations called back more than once
-        self.arrived = anyio.Event()
-
-    def callback(self, kind: str) -> Callable[[mnemo.OpResult], None]:
-        number = self.accepted
-
-        def record(result: mnemo.OpResult) -> None:
-            # Kept, not asserted here: `deliver` logs what a callback raises, and goes on.
-            if number in self.results:
-                self.twice.append(f"operation {number} ({kind})")
-            self.results[number] = result
-            self.arrived.set()
-
-        return record
-
-    def check(self) -> None:
-        """No operation was called back twice, and none is still owed one."""
-        assert not self.twice, f"called back twice: {self.twice}"
-        assert len(self.results) == self.accepted, "an accepted operation got no callback"
-
-    async def all_back(self) -> None:
-        with anyio.fail_after(SETTLE):
-            while len(self.results) < self.accepted:
-                self.arrived = anyio.Event()
-                await self.arrived.wait()
-        self.check()
 
 
 class Worker:
@@ -130,7 +96,7 @@ class TwoMemories(RuleBasedStateMachine):
         args: tuple[Any, ...] = {
             "append": ("walk north", "go north"), "start_episode": ("open the door",)
         }.get(kind, ())
-        callback = self.ops.callback(kind)
+        callback = self.ops.callback(sid, kind)
         try:
             self.call(m, f"{kind}_async", sid, *args, callback=callback)
         except mnemo.SessionError as refused:
@@ -170,7 +136,7 @@ class TwoMemories(RuleBasedStateMachine):
         comes to rest and takes a valid operation at once."""
         for worker in self.workers:
             self.portal.call(self._let_go, worker.llm)
-        self.portal.call(self.ops.all_back)
+        self.portal.call(self.ops.all_back, SETTLE)
         for sid in {s.id for s in self.call(0, "list_sessions")} - self.ended:
             state = self.portal.call(self._at_rest, sid)
             self._still_usable(sid, state)

@@ -130,7 +130,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     (issue 9: an error that was not a `MnemoError` used to leave `running` set, so the
     session's queue never moved again and no callback came)."""
     try:
-        await _still_taken(live, session, op)
+        await _still_taken(live, op)
         await _execute(live, session, op)
     except Exception as exc:
         # The later ones are taken out at once: while the callbacks run, nothing else (a
@@ -157,23 +157,21 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     kick(live, session)
 
 
-async def _still_taken(live: Sessions, session: SessionRecord, op: Op) -> None:
+async def _still_taken(live: Sessions, op: Op) -> None:
     """Raises when `op` came from the store and the Memory that accepted it has answered it
     meanwhile, having taken this one for gone (a heartbeat late for a lease): run now, it
     would have been done after its caller heard it failed.
 
     Raises:
-        SessionError: "operation_failed", its cause saying so.
+        MnemoError: saying so (`_run_op` reports it as "operation_failed", its cause).
     """
     if op.stored is None or live.holder_id is None:
         return
     if not await live.coordination.still_taken(op.stored, live.holder_id):
-        error = SessionError("operation_failed", state=session.state, session_id=session.id)
-        error.__cause__ = MnemoError(
+        raise MnemoError(
             f"{op.kind} {op.stored} was answered as failed by the Memory that accepted it, "
             "which took this one for gone: not run"
         )
-        raise error
 
 
 async def _finish_op(session: SessionRecord, op: Op, result: OpResult) -> None:

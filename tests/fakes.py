@@ -336,3 +336,38 @@ class Ops:
                 self.arrived = anyio.Event()
                 await self.arrived.wait()
         self.check()
+
+
+class Callbacks:
+    """Makes callbacks (sync, or async with `kind="async"`) that record each result under its
+    label, in the order they arrive."""
+
+    def __init__(self, kind: str = "sync") -> None:
+        self.kind = kind
+        self.results: list[tuple[str, mnemo.OpResult]] = []
+        self._arrived: anyio.Event | None = None
+
+    def _record(self, label: str, result: mnemo.OpResult) -> None:
+        self.results.append((label, result))
+        if self._arrived is not None:
+            self._arrived.set()
+
+    def __call__(self, label: str) -> Callable[[mnemo.OpResult], Any]:
+        if self.kind == "sync":
+            return lambda result: self._record(label, result)
+
+        async def callback(result: mnemo.OpResult) -> None:
+            self._record(label, result)
+
+        return callback
+
+    async def wait(self, count: int, within: float = 5.0) -> list[tuple[str, mnemo.OpResult]]:
+        """The results, once `count` came (up to `within` s)."""
+        with anyio.fail_after(within):
+            while len(self.results) < count:
+                self._arrived = anyio.Event()
+                await self._arrived.wait()
+        return self.results
+
+    def labels(self) -> list[str]:
+        return [label for label, _ in self.results]

@@ -28,7 +28,7 @@ from mnemo.session.queue import Op
 from mnemo.session.records import SessionRecord
 from mnemo.session.registry import Sessions
 from tests.backends import sql
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
+from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, Hold
 
 REPO = "r"
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
@@ -629,27 +629,6 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
         assert "semantic" not in a.llm.tasks()
 
 
-class TwoCallbacks:
-    """Callbacks that keep each result under its label, in the order they come."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, mnemo.OpResult]] = []
-        self._both = anyio.Event()
-
-    def __call__(self, label: str) -> Any:
-        def record(result: mnemo.OpResult) -> None:
-            self.got.append((label, result))
-            if len(self.got) == 2:
-                self._both.set()
-        return record
-
-    async def wait(self) -> list[tuple[str, bool, Any]]:
-        """(label, ok, value) of both results, once both came (up to 5 s)."""
-        with anyio.fail_after(5):
-            await self._both.wait()
-        return [(label, r.ok, r.value) for label, r in self.got]
-
-
 async def still_taken(op_id: str, holder_id: str) -> bool:
     """The store's check before a taken operation runs, for the tests whose take is faked
     (the operation they hand over has no row to check)."""
@@ -657,7 +636,7 @@ async def still_taken(op_id: str, holder_id: str) -> bool:
 
 
 async def with_a_stored_commit(
-    worker: Worker, callbacks: TwoCallbacks
+    worker: Worker, callbacks: Callbacks
 ) -> tuple[str, Sessions, SessionRecord]:
     """A session made ready through `worker`, for which it stored a `commit` (as it does while
     another Memory holds the work), calling back to `callbacks("commit")`."""
@@ -680,7 +659,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     has run. With a fault when the stored commit's row is dropped once it ran, its callback
     still comes (it was lost: the fault ended the report before it)."""
     async with workers(store, 1) as [w]:
-        recorded = TwoCallbacks()
+        recorded = Callbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
         # A start_episode this Memory queued behind its stored commit once the work was its own.
         session.pending.append(Op("start_episode", ("walk west",), recorded("start")))
@@ -711,7 +690,8 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
             tg.start_soon(stored.run_stored, live, session)
             await anyio.wait_all_tasks_blocked()
             gate.set()
-        assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
+        assert [(label, r.ok, r.value) for label, r in await recorded.wait(2)] == [
+            ("commit", True, "committed"), ("start", True, "started")]
         assert faults == []  # the fault, if any, was met
         assert await w.mem.session_state(sid) is State.COLLECTING
 
@@ -724,7 +704,7 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
     refused `invalid_queued_operation`, projected from ready through two commits (a review,
     session 22). The commit is held at its write, deterministically."""
     async with workers(store, 1) as [w]:
-        recorded = TwoCallbacks()
+        recorded = Callbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
         in_store = [StoredOp("op_stored", sid, "commit", [], live.holder_id or "",
                            datetime.now(UTC))]
@@ -750,7 +730,8 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
             await applying.wait()
         await w.mem.start_episode_async(sid, "walk west", recorded("start"))
         release.set()
-        assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
+        assert [(label, r.ok, r.value) for label, r in await recorded.wait(2)] == [
+            ("commit", True, "committed"), ("start", True, "started")]
         assert await w.mem.session_state(sid) is State.COLLECTING
 
 
@@ -762,7 +743,7 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
     checked against ready alone and refused `invalid_operation` (a review, session 22). The
     take is held, deterministically."""
     async with workers(store, 1) as [w]:
-        recorded = TwoCallbacks()
+        recorded = Callbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
         taking, gate = anyio.Event(), anyio.Event()
 
@@ -783,7 +764,8 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
                 await taking.wait()
             await w.mem.start_episode_async(sid, "walk west", recorded("start"))
             gate.set()
-        assert await recorded.wait() == [("commit", True, "committed"), ("start", True, "started")]
+        assert [(label, r.ok, r.value) for label, r in await recorded.wait(2)] == [
+            ("commit", True, "committed"), ("start", True, "started")]
         assert await w.mem.session_state(sid) is State.COLLECTING
 
 
@@ -823,18 +805,18 @@ async def test_operations_running_into_an_end_through_another_memory_get_session
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         held = a.llm.hold("state")
-        callbacks = TwoCallbacks()
+        callbacks = Callbacks()
         await a.mem.append_async(sid, "walk west", "go west", callbacks("append"))
         await a.mem.close_async(sid, callbacks("close"))
         with anyio.fail_after(5):
             await held.started.wait()
         await b.mem.end_session(sid)
         held.release()
-        await callbacks.wait()
+        await callbacks.wait(2)
         # In either order: the queue is answered as the record goes, the append as its
         # write fails (as end_session through A answers its queue before what it cancels).
         assert sorted((label, r.error.reason if r.error else None)
-                      for label, r in callbacks.got) == [
+                      for label, r in callbacks.results) == [
             ("append", "session_ended"), ("close", "session_ended")]
         with pytest.raises(mnemo.NotFoundError):
             await a.mem.session_state(sid)
@@ -929,7 +911,7 @@ async def test_operations_queued_here_are_answered_when_another_memory_ends_the_
     review)."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
-        callbacks = TwoCallbacks()
+        callbacks = Callbacks()
         if how == "extraction-ends":
             held = a.llm.hold("semantic")
             await a.mem.close_async(sid, callbacks("close"))
@@ -950,6 +932,6 @@ async def test_operations_queued_here_are_answered_when_another_memory_ends_the_
                 await a.mem.session_state(sid)
             held.release()
             expected = [("append", "session_ended"), ("close", "session_ended")]
-        await callbacks.wait()
-        got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.got]
+        await callbacks.wait(2)
+        got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.results]
         assert sorted(got) == sorted(expected)

@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "r"
@@ -101,26 +101,6 @@ async def children() -> AsyncIterator[anyio.abc.TaskGroup]:
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from group
         raise
-
-
-class Recorded:
-    """Callbacks that keep each result under its label, in the order they come."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, mnemo.OpResult]] = []
-        self._came = anyio.Event()
-
-    def __call__(self, label: str) -> Any:
-        def record(result: mnemo.OpResult) -> None:
-            self.got.append((label, result))
-            came, self._came = self._came, anyio.Event()
-            came.set()
-        return record
-
-    async def wait(self, n: int) -> None:
-        """Until `n` results came."""
-        while len(self.got) < n:
-            await self._came.wait()
 
 
 def config() -> mnemo.Config:
@@ -212,7 +192,7 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     machine is not taken for gone while it lives (its pid is what says it died)."""
     llm = FakeLLM()
     here = mnemo.Config(lease_timeout=3 * LEASE)
-    recorded = Recorded()
+    recorded = Callbacks()
 
     async with children() as tg:
         async with holding(tg, tmp_path, store, "run_ops") as (runner, sid):
@@ -234,14 +214,14 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 await runner.process.stdin.send(b"go\n")
                 with anyio.fail_after(60):
                     await runner.wait_lines(2)
-                    await recorded.wait(2)
+                    await recorded.wait(2, within=60)
                 assert runner.lines[1] == "held", (tmp_path / "run_ops.log").read_text()
-                assert [(label, r.value) for label, r in recorded.got] == [
+                assert [(label, r.value) for label, r in recorded.results] == [
                     ("commit", "committed"), ("start", "started")]
                 await runner.kill()
-                with anyio.fail_after(LEASE * 3):  # the janitor looks every half lease
-                    await recorded.wait(3)
-                [(label, failed)] = recorded.got[2:]
+                # The janitor looks every half lease.
+                await recorded.wait(3, within=LEASE * 3)
+                [(label, failed)] = recorded.results[2:]
                 assert label == "append"
                 assert failed.error is not None
                 assert failed.error.reason == "operation_failed"
@@ -249,7 +229,7 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 assert await mem.session_state(sid) is State.COLLECTING
                 info = await mem.append(sid, "walk west", "go west")
                 assert info.index == 0
-                assert len(recorded.got) == 3
+                assert len(recorded.results) == 3
 
 
 def journal(path: Path) -> list[dict[str, Any]]:
@@ -352,7 +332,7 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
     second commit was accepted) and ran before it. Now the stored one counts as queued first
     and runs first."""
     llm = FakeLLM()
-    recorded = Recorded()
+    recorded = Callbacks()
 
     async with children() as tg:
         async with holding(tg, tmp_path, store) as (holder, sid):
@@ -370,8 +350,7 @@ async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue
                 assert refused.value.reason == "invalid_queued_operation"
                 await mem.start_episode_async(sid, "walk west", recorded("start"))
                 asked.release()
-                with anyio.fail_after(30):
-                    await recorded.wait(2)
-                assert [(label, r.ok) for label, r in recorded.got] == [("commit", True),
-                                                                        ("start", True)]
+                await recorded.wait(2, within=30)
+                assert [(label, r.ok) for label, r in recorded.results] == [
+                    ("commit", True), ("start", True)]
                 assert await mem.session_state(sid) is State.COLLECTING

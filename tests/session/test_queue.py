@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeLLM, Hold, maybe_await
+from tests.fakes import Callbacks, EventLog, FakeLLM, Hold, maybe_await
 
 Callback = Callable[[mnemo.OpResult], Any]
 Op = Callable[[mnemo.Memory, str, Callback], Awaitable[None] | None]
@@ -31,39 +31,6 @@ VALUES = {
     "start_episode": "started",
     "append": "appended",
 }
-
-
-class Callbacks:
-    """Makes callbacks (sync or async) that record each result, in the order they arrive."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.results: list[tuple[str, mnemo.OpResult]] = []
-        self._arrived: anyio.Event | None = None
-
-    def _record(self, label: str, result: mnemo.OpResult) -> None:
-        self.results.append((label, result))
-        if self._arrived is not None:
-            self._arrived.set()
-
-    def __call__(self, label: str) -> Callback:
-        if self.kind == "sync":
-            return lambda result: self._record(label, result)
-
-        async def callback(result: mnemo.OpResult) -> None:
-            self._record(label, result)
-
-        return callback
-
-    async def wait(self, count: int) -> list[tuple[str, mnemo.OpResult]]:
-        with anyio.fail_after(5):
-            while len(self.results) < count:
-                self._arrived = anyio.Event()
-                await self._arrived.wait()
-        return self.results
-
-    def labels(self) -> list[str]:
-        return [label for label, _ in self.results]
 
 
 @pytest.fixture(params=["sync", "async"])

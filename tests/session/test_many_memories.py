@@ -11,7 +11,7 @@ xfail stated the contract before the mechanism of issue 11 existed; none is left
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -629,10 +629,16 @@ async def test_close_and_commit_waits_for_an_extraction_another_memory_runs(stor
         assert "semantic" not in a.llm.tasks()
 
 
-async def still_taken(op_id: str, holder_id: str) -> bool:
-    """The store's check before a taken operation runs, for the tests whose take is faked
-    (the operation they hand over has no row to check)."""
-    return True
+def take_faked(monkeypatch: pytest.MonkeyPatch, live: Sessions,
+               take_ops: Callable[[str, str], Awaitable[list[StoredOp]]]) -> None:
+    """The store's take replaced by `take_ops`, and its check before a taken operation runs
+    by one that always passes (the operation handed over has no row to check)."""
+
+    async def still_taken(op_id: str, holder_id: str) -> bool:
+        return True
+
+    monkeypatch.setattr(live.coordination, "take_ops", take_ops)
+    monkeypatch.setattr(live.coordination, "still_taken", still_taken)
 
 
 async def with_a_stored_commit(
@@ -682,8 +688,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
                 raise faults.pop()
             await drop_ops(op_ids)
 
-        monkeypatch.setattr(live.coordination, "take_ops", take_ops)
-        monkeypatch.setattr(live.coordination, "still_taken", still_taken)
+        take_faked(monkeypatch, live, take_ops)
         monkeypatch.setattr(live.coordination, "drop_ops", failing)
         async with anyio.create_task_group() as tg:
             tg.start_soon(stored.run_stored, live, session)
@@ -722,8 +727,7 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
             await release.wait()
             return await apply(*args, **kwargs)
 
-        monkeypatch.setattr(live.coordination, "take_ops", take_ops)
-        monkeypatch.setattr(live.coordination, "still_taken", still_taken)
+        take_faked(monkeypatch, live, take_ops)
         monkeypatch.setattr(live.graph, "apply", held_apply)
         await stored.run_stored(live, session)
         with anyio.fail_after(5):
@@ -756,8 +760,7 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
             await gate.wait()
             return [StoredOp("op_stored", sid, "commit", [], holder_id, datetime.now(UTC))]
 
-        monkeypatch.setattr(live.coordination, "take_ops", take_ops)
-        monkeypatch.setattr(live.coordination, "still_taken", still_taken)
+        take_faked(monkeypatch, live, take_ops)
         async with anyio.create_task_group() as tg:
             tg.start_soon(stored.run_stored, live, session)
             with anyio.fail_after(5):

@@ -120,6 +120,10 @@ class SessionRecord:
     version: int = 0
     # Queued operations wait for work another Memory holds: a watcher reads the store.
     watching: bool = False
+    # Held while an operation is checked against the ones this Memory stored for the session
+    # and stored beside them (`stored.submit_remote`): a second call waits, so that the
+    # pending bound and the queue's rules see the first.
+    storing: anyio.Lock = field(default_factory=anyio.Lock)
     # Held while the session's stored operations are taken and queued (`stored.run_stored`: the
     # extraction's end and the watcher both do it), one taker at a time.
     taking: anyio.Lock = field(default_factory=anyio.Lock)

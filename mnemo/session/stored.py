@@ -63,21 +63,26 @@ async def submit_remote(
         SessionError: as `submit`.
     """
     operations.check_args(session, kind, args)
-    waiting = live.remote.get(session.id, [])
-    if len(waiting) >= session.config.max_pending_ops:
-        raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
-    auto = session.config.auto_commit
-    queued = [Op(k, (), None) for _, k, _ in waiting]
-    if project(S.IDLE if auto else S.READY, [*queued, Op(kind, args, callback)],
-               auto_commit=auto) is None:
-        raise SessionError(
-            "invalid_queued_operation", state=session.state, session_id=session.id
-        )
-    op_id = f"op_{uuid.uuid4().hex}"
-    await live.coordination.queue_op(StoredOp(
-        op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
-    ))
-    live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+    # From the check to the append, one call at a time: the store's insert is awaited, and a
+    # second call checked meanwhile would pass the bound and the rules without the first.
+    async with session.storing:
+        if session.ended:
+            raise NotFoundError("session", session.id)
+        waiting = live.remote.get(session.id, [])
+        if len(waiting) >= session.config.max_pending_ops:
+            raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
+        auto = session.config.auto_commit
+        queued = [Op(k, (), None) for _, k, _ in waiting]
+        if project(S.IDLE if auto else S.READY, [*queued, Op(kind, args, callback)],
+                   auto_commit=auto) is None:
+            raise SessionError(
+                "invalid_queued_operation", state=session.state, session_id=session.id
+            )
+        op_id = f"op_{uuid.uuid4().hex}"
+        await live.coordination.queue_op(StoredOp(
+            op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
+        ))
+        live.remote.setdefault(session.id, []).append((op_id, kind, callback))
     watch(live, session)
 
 

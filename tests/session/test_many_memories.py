@@ -22,7 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import stored
+from mnemo.session import operations, stored
 from mnemo.session.ports import StoredOp
 from mnemo.session.queue import Op
 from mnemo.session.records import SessionRecord
@@ -938,3 +938,59 @@ async def test_operations_queued_here_are_answered_when_another_memory_ends_the_
         await callbacks.wait(2)
         got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.results]
         assert sorted(got) == sorted(expected)
+
+
+async def test_concurrent_calls_stored_for_another_memory_keep_the_queues_bound(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two async calls through A at once, while B extracts the session, with room for one
+    pending operation: the second is checked while the first's row is being stored. One is
+    accepted (and called back once B's extraction ends), the other refused
+    pending_queue_full. Before, both passed the bound while the first's row was being
+    stored, and A held two."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store, config=mnemo.Config(max_pending_ops=1))
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        second_arrived = anyio.Event()
+        arrivals: list[str] = []
+        check_args = operations.check_args
+
+        def counting(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None:
+            arrivals.append(kind)
+            if len(arrivals) == 2:
+                second_arrived.set()
+            check_args(session, kind, args)
+
+        coordination = a.mem._backend.coordination
+        queue_op = coordination.queue_op
+
+        async def storing_slowly(op: StoredOp) -> None:
+            if len(arrivals) == 1:  # the first call's row waits for the other call's check
+                with anyio.fail_after(5):
+                    await second_arrived.wait()
+            await queue_op(op)
+
+        monkeypatch.setattr(operations, "check_args", counting)
+        monkeypatch.setattr(coordination, "queue_op", storing_slowly)
+        callbacks = Callbacks()
+        refused: list[str] = []
+
+        async def call(submit: Callable[[], Awaitable[None]]) -> None:
+            try:
+                await submit()
+            except mnemo.SessionError as exc:
+                refused.append(exc.reason)
+
+        async with anyio.create_task_group() as group:
+            for label in ["first", "second"]:
+                group.start_soon(call, lambda label=label: a.mem.commit_async(
+                    sid, callbacks(label)))
+        assert arrivals == ["commit", "commit"]
+        assert refused == ["pending_queue_full"]
+        assert len(await sql(a.mem, "SELECT id FROM ops")) == 1
+        held.release()
+        await callbacks.wait(1)
+        [(_, result)] = callbacks.results
+        assert result == mnemo.OpResult(ok=True, value="committed", error=None)

@@ -184,9 +184,23 @@ def query_words(query: str) -> list[str]:
     >>> query_words('nginx "proxy" AND NOT port)')
     ['nginx', 'proxy', 'AND', 'NOT', 'port']
     """
-    spaced = _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", query))
+    return query_terms(text_words(query))
+
+
+def text_words(text: str) -> list[str]:
+    """Every word of `text` as a search splits it (`query_words`), repeats and all, in order:
+    for what reads a text's words to search them (pseudo-relevance feedback)."""
+    spaced = _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
     # A lone mark (after a space) or format character holds nothing a backend can find.
-    return query_terms(word for word in spaced.split() if _WORD_CHARACTER.search(word))
+    return [word for word in spaced.split() if _WORD_CHARACTER.search(word)]
+
+
+def is_letters(word: str) -> bool:
+    """Whether `word` is letters only, with the marks and format characters a word keeps
+    ("हिन्दी", whose vowel signs `str.isalpha` refuses): no digit, no underscore."""
+    return any(c.isalpha() for c in word) and all(
+        unicodedata.category(c)[0] in "LM" or unicodedata.category(c) == "Cf" for c in word
+    )
 
 
 def _within_words(between: re.Match[str]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mnemo.adapters import _text
+from mnemo.inputs import is_letters, text_words
 
 # How many of the best lexical hits feed back, and in how many of them a word must appear.
 FEEDBACK_DOCS = 5
@@ -22,15 +23,16 @@ def feedback_terms(
     """At most `n` words of `documents` to add to `query`: content words (no stopwords, no
     numbers, three letters or more) absent from the query, found in at least `min_shared`
     documents; the most shared first, then the most frequent, then the first seen."""
-    asked = {_text.stem(w) for w in _text.tokens(query)}
+    asked = {_text.stem(w.lower()) for w in text_words(query)}
     shared: dict[str, int] = {}
     counts: dict[str, int] = {}
     first: dict[str, int] = {}
     for document in documents:
         seen: set[str] = set()
-        for word in _text.words(document):
+        # Split as the search will split them (whole words with their marks, composed).
+        for word in text_words(document):
             lower = word.lower()
-            if (len(lower) < 3 or not lower.isalpha() or _text.is_stopword(lower)
+            if (len(lower) < 3 or not is_letters(lower) or _text.is_stopword(lower)
                     or _text.stem(lower) in asked):
                 continue
             counts[lower] = counts.get(lower, 0) + 1

@@ -142,6 +142,21 @@ def test_feedback_terms_are_shared_content_words_absent_from_the_query() -> None
     assert feedback_terms("parade", documents, 0) == []
 
 
+def test_feedback_terms_are_whole_words_as_a_search_splits_them() -> None:
+    """A word with combining marks ("हिन्दी": a virama and vowel signs) is fed back whole,
+    as the search splits it (`inputs.query_words`), and a word the query already has is
+    known in any of its spellings (composed or not). Before, PRF split words with its own
+    pattern, which stops at a mark: "हिन्दी" came back as "हिन", and a decomposed "café" in
+    the query did not count as the composed one of the hits."""
+    documents = [
+        "the हिन्दी class met at the cafe\u0301 again",
+        "हिन्दी poems read at the café",
+        "a class of हिन्दी",
+    ]
+    assert feedback_terms("class", documents, 3) == ["हिन्दी", "café"]
+    assert feedback_terms("cafe\u0301 class", documents, 3) == ["हिन्दी"]
+
+
 def test_parse_rerank_keeps_every_candidate_once() -> None:
     """The reply's numbers first (1-based, strangers and repeats dropped), then the rest."""
     reply = LLMResponse(data={"order": [3, 3, 9, 1, True]})

@@ -5,8 +5,7 @@ The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs 
 1. **plan**: the query's mode (episodic / semantic / procedural / mixed) and search tags, from
    the offline heuristics or the LLM (`Config.recall_planner`);
 2. **hop 0**: candidates from BM25 over node text (tantivy, or the store's own full-text
-   search) and from cosine over node vectors, fused by reciprocal rank; the words are searched
-   while the plan is made and the query embedded, since they need neither;
+   search) and from cosine over node vectors, fused by reciprocal rank;
 3. **hops** (up to `recall_max_hops`) through routing nodes: tags lead to facts, intents to
    procedures, facts to the steps they came from; a route is followed only when its raw cosine
    to the query (or a search tag) reaches the type's threshold; when the best results stop
@@ -17,9 +16,7 @@ The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs 
 6. **reinforcement**: every returned node's access count and last access are updated;
 7. optional **synthesis** of an answer by the LLM (`RecallResult.reasoned`).
 
-Every node scored on the way is in `RecallResult.touched`, and `trace` holds seconds per stage
-("plan", "embed" and "lexical" run beside "look" and "hop0", so the stages may sum to more
-than the recall took).
+Every node scored on the way is in `RecallResult.touched`, and `trace` holds seconds per stage.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-import numpy as np
 
 from mnemo.config import Config
 from mnemo.errors import first_error
@@ -82,21 +78,14 @@ _MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
 
 
 class _Trace:
-    """Seconds per stage: `mark` ends a stage of the recall's own path, `add` records one that
-    ran beside it (plan, embed and lexical, beside look and hop0), so stages may sum to more
-    than the recall took."""
-
     def __init__(self) -> None:
         self.stages: dict[str, float] = {}
         self._start = time.perf_counter()
 
     def mark(self, stage: str) -> None:
         now = time.perf_counter()
-        self.add(stage, now - self._start)
+        self.stages[stage] = self.stages.get(stage, 0.0) + now - self._start
         self._start = now
-
-    def add(self, stage: str, seconds: float) -> None:
-        self.stages[stage] = self.stages.get(stage, 0.0) + seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,82 +111,46 @@ class Recaller:
         reinforce: bool = True,
         as_of: datetime | None = None,
     ) -> RecallResult:
-        wanted = None if types is None else {NodeType(t) for t in types}
         trace = _Trace()
-        meaning = _Meaning()
-        # The query's plan and vectors (a model's round trip, or the embedder's work) while the
-        # store is looked at and searched by words, which need neither.
-        with first_error():
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._understand, query, meaning)
-                # What the store keeps in memory is brought up to it once, here, not at each
-                # read.
-                async with self.graph.reading(repo):
-                    trace.mark("look")
-                    result = await self._recall(repo, query, meaning, k=k, wanted=wanted,
-                                                reinforce=reinforce, as_of=as_of, trace=trace)
-        return result
-
-    async def _understand(self, query: str, meaning: _Meaning) -> None:
-        """The plan, then the vectors of the query and of the plan's search tags."""
-        start = time.perf_counter()
-        plan = await self._plan(query)
-        planned = time.perf_counter()
-        dense_query = without_names(query) if self.config.recall_dense_without_names else query
-        vectors = await self.tag_vectors.embed(self.embedder, dense_query, plan.tags)
-        meaning.plan, meaning.vectors = plan, vectors
-        meaning.seconds = {"plan": planned - start, "embed": time.perf_counter() - planned}
-        meaning.ready.set()
+        # What the store keeps in memory is brought up to it once, here, not at each read.
+        async with self.graph.reading(repo):
+            trace.mark("look")
+            return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
+                                      as_of=as_of, trace=trace)
 
     async def _recall(
         self,
         repo: str,
         query: str,
-        meaning: _Meaning,
         *,
         k: int,
-        wanted: set[NodeType] | None,
+        types: Iterable[NodeType] | None,
         reinforce: bool,
         as_of: datetime | None,
         trace: _Trace,
     ) -> RecallResult:
         config = self.config
-        searched = None if wanted is None else list(wanted | set(ROUTING))
-        per_channel = max(config.recall_candidates, 2 * k)
-        # Hop 0: the words are searched while the query's vectors come (they need neither),
-        # then the dense channel and the routes' probes at once (both need only the vectors);
-        # each side waits on a worker thread (tantivy, HNSW walks, the database).
-        lexical: list[str] = []
-        expanded: list[str] = []
-        dense: list[tuple[str, float]] = []
+        wanted = None if types is None else {NodeType(t) for t in types}
+        plan = await self._plan(query)
+        trace.mark("plan")
+        dense_query = without_names(query) if config.recall_dense_without_names else query
+        vectors = await self.tag_vectors.embed(self.embedder, dense_query, plan.tags)
+        query_vector, tag_vectors = vectors[0], vectors[1:]
+        trace.mark("embed")
+
+        # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
+        # each side waits on a worker thread (HNSW walks, the database).
+        found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
 
-        async def by_words() -> None:
-            start = time.perf_counter()
-            by_query, by_feedback = await self._by_words(repo, query, per_channel, searched)
-            lexical.extend(by_query)
-            expanded.extend(by_feedback)
-            trace.add("lexical", time.perf_counter() - start)
+        async def zero() -> None:
+            found.update(await self._hop_zero(repo, query, query_vector, wanted, k))
 
-        async def by_meaning() -> None:
-            await meaning.ready.wait()
-            query_vector, tag_vectors = meaning.vectors[0], meaning.vectors[1:]
+        async def route() -> None:
+            routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
+                                            tag_vectors))
 
-            async def nearest() -> None:
-                dense.extend(await self.graph.search_vectors(repo, query_vector, per_channel,
-                                                             searched))
-
-            async def route() -> None:
-                routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
-                                                tag_vectors))
-
-            await _side_by_side(nearest, route)
-
-        await _side_by_side(by_words, by_meaning)
-        for stage, seconds in meaning.seconds.items():
-            trace.add(stage, seconds)
-        plan, query_vector = meaning.plan, meaning.vectors[0]
-        found = self._hop_zero(lexical, expanded, dense)
+        await _side_by_side(zero, route)
         trace.mark("hop0")
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -237,31 +190,36 @@ class Recaller:
             log.warning("recall planning failed, searching in mixed mode: %r", exc)
             return Plan("mixed", ())
 
-    async def _by_words(
-        self, repo: str, query: str, width: int, searched: list[NodeType] | None
-    ) -> tuple[list[str], list[str]]:
-        """The lexical channel's ranking of the query's words, and that of the words its best
-        hits share (pseudo-relevance feedback, when `recall_prf_terms` asks for it)."""
-        terms = keywords(query)
-        lexical = [node_id for node_id, _ in
-                   await self.graph.search_text(repo, terms, width, searched)]
-        if not (self.config.recall_prf_terms and lexical):
-            return lexical, []
-        return lexical, await self._feedback(repo, terms, lexical, width, searched)
-
-    def _hop_zero(
-        self, lexical_ids: list[str], expanded: list[str], dense: list[tuple[str, float]]
+    async def _hop_zero(
+        self, repo: str, query: str, vector: Vector, wanted: set[NodeType] | None, k: int
     ) -> dict[str, _Candidate]:
-        """Hop 0: the lexical and dense rankings fused by reciprocal rank."""
         config = self.config
+        searched = None if wanted is None else list(wanted | set(ROUTING))
+        width = max(config.recall_candidates, 2 * k)
+        terms = keywords(query)
+        # The two channels at once: each waits on something else (a worker thread, the
+        # database), and hop 0 is the stage a large store pays most for.
+        lexical: list[tuple[str, float]] = []
+        dense: list[tuple[str, float]] = []
+
+        async def by_words() -> None:
+            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
+
+        async def by_meaning() -> None:
+            dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
+
+        await _side_by_side(by_words, by_meaning)
+        lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
-        if expanded:
+        if config.recall_prf_terms and lexical_ids:
+            expanded = await self._feedback(repo, terms, lexical_ids, width, searched)
             # Below the query's own ranking: the added words are guesses.
             rankings.append(expanded)
             weights.append(0.5)
+            lexical_ids = [*lexical_ids, *expanded]
         fused = reciprocal_rank_fusion(rankings, config.rrf_k, weights)
-        in_lexical, in_dense = {*lexical_ids, *expanded}, set(dense_ids)
+        in_lexical, in_dense = set(lexical_ids), set(dense_ids)
         return {
             node_id: _Candidate(
                 score,
@@ -449,16 +407,6 @@ class Recaller:
         except Exception as exc:  # optional: the memories are the answer without it
             log.warning("recall synthesis failed: %r", exc)
             return None
-
-
-@dataclass(slots=True)
-class _Meaning:
-    """The query's plan and vectors, set once by `Recaller._understand`."""
-
-    ready: anyio.Event = field(default_factory=anyio.Event)
-    plan: Plan = field(default_factory=lambda: Plan("mixed", ()))
-    vectors: Vector = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
-    seconds: dict[str, float] = field(default_factory=dict)
 
 
 async def _side_by_side(*calls: Callable[[], Coroutine[Any, Any, None]]) -> None:

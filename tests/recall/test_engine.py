@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Iterable
-from typing import Any, cast
 
-import anyio
 import pytest
 
 import mnemo
@@ -248,75 +246,3 @@ async def test_a_failing_planner_or_synthesis_does_not_fail_the_recall(
     assert result.mode == "mixed"
     assert result.reasoned is None
     assert result.memories
-
-
-class _Held:
-    """A graph whose word search lets an embedder go on, and an embedder that waits for it:
-    a recall that searched by words only after the query's vectors came would never end."""
-
-    def __init__(self, graph: GraphStore, *, fail_words: bool = False) -> None:
-        self._graph = graph
-        self._fail_words = fail_words
-        self.searched = anyio.Event()
-        self.embedding_cancelled = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._graph, name)
-
-    async def search_text(self, *args: Any, **kwargs: Any) -> list[tuple[str, float]]:
-        if self._fail_words:
-            raise mnemo.StorageError("unavailable", "the word index is gone")
-        found = await self._graph.search_text(*args, **kwargs)
-        self.searched.set()
-        return found
-
-    @property
-    def dim(self) -> int:
-        return EMBEDDER.dim
-
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        try:
-            await self.searched.wait()
-        except anyio.get_cancelled_exc_class():
-            self.embedding_cancelled = True
-            raise
-        return [list(v) for v in await EMBEDDER.embed(texts)]
-
-
-async def test_words_are_searched_while_the_query_is_embedded(graph: GraphStore) -> None:
-    """The lexical channel needs neither the plan nor the vectors: it runs beside the query's
-    embedding (a model's round trip, or the embedder's thread), not after it."""
-    held = _Held(graph)
-    offline = OfflineLLM()
-    recaller = Recaller(cast(GraphStore, held), cast(mnemo.Embedder, held), mnemo.Config(),
-                        planner=offline, llm=offline)
-    with anyio.fail_after(10):  # a bound on a hang, not a timing: it ends in milliseconds
-        result = await recaller.recall(REPO, "postgres keeps its data", k=5, types=None)
-    assert result.memories[0].node.id == "s-pg"
-    assert set(result.trace) >= {"look", "lexical", "plan", "embed", "hop0"}
-
-
-async def test_a_failure_on_either_side_of_hop_zero_is_raised_as_itself(
-    graph: GraphStore,
-) -> None:
-    """A store failure in the word search stops the query's embedding and is raised as the
-    StorageError it is; an embedder's failure is raised as the EmbeddingError; neither comes
-    as a task group's ExceptionGroup."""
-    held = _Held(graph, fail_words=True)
-    offline = OfflineLLM()
-    recaller = Recaller(cast(GraphStore, held), cast(mnemo.Embedder, held), mnemo.Config(),
-                        planner=offline, llm=offline)
-    with anyio.fail_after(10), pytest.raises(mnemo.StorageError, match="word index"):
-        await recaller.recall(REPO, "postgres keeps its data", k=5, types=None)
-    assert held.embedding_cancelled
-
-    class Broken:
-        dim = EMBEDDER.dim
-
-        async def embed(self, texts: list[str]) -> list[list[float]]:
-            raise RuntimeError("the model is down")
-
-    recaller = Recaller(graph, cast(mnemo.Embedder, Broken()), mnemo.Config(),
-                        planner=offline, llm=offline)
-    with pytest.raises(mnemo.EmbeddingError, match="model is down"):
-        await recaller.recall(REPO, "postgres keeps its data", k=5, types=None)

@@ -994,3 +994,49 @@ async def test_concurrent_calls_stored_for_another_memory_keep_the_queues_bound(
         await callbacks.wait(1)
         [(_, result)] = callbacks.results
         assert result == mnemo.OpResult(ok=True, value="committed", error=None)
+
+
+async def test_a_call_whose_session_ends_while_it_is_stored_is_not_accepted(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit through A, stored for B's extraction, whose row is still being written when
+    the session is ended through A: the end answers what it found stored, which is not yet
+    this one, so the call raises NotFoundError (as a call on an ended session does) and its
+    row goes. Before, the call returned as accepted and no callback ever came (session 24's
+    review)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        coordination = a.mem._backend.coordination
+        queue_op, writing, go = coordination.queue_op, anyio.Event(), anyio.Event()
+
+        async def written_late(op: StoredOp) -> None:
+            writing.set()
+            await go.wait()
+            await queue_op(op)
+
+        monkeypatch.setattr(coordination, "queue_op", written_late)
+        callbacks = Callbacks()
+        outcome: list[BaseException | None] = []
+
+        async def commit_through_a() -> None:
+            try:
+                await a.mem.commit_async(sid, callbacks("commit"))
+            except mnemo.NotFoundError as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(commit_through_a)
+            with anyio.fail_after(5):
+                await writing.wait()
+            await a.mem.end_session(sid)
+            go.set()
+        held.release()
+        [raised] = outcome
+        assert isinstance(raised, mnemo.NotFoundError)
+        assert callbacks.results == []
+        assert await sql(a.mem, "SELECT id FROM ops") == []

@@ -195,13 +195,6 @@ def text_words(text: str) -> list[str]:
     return [word for word in spaced.split() if _WORD_CHARACTER.search(word)]
 
 
-def is_letters(word: str) -> bool:
-    """Whether `word` is letters only, with the marks and format characters a word keeps
-    ("हिन्दी", whose vowel signs `str.isalpha` refuses): no digit, no underscore."""
-    return any(c.isalpha() for c in word) and all(
-        unicodedata.category(c)[0] in "LM" or unicodedata.category(c) == "Cf" for c in word
-    )
-
 
 def _within_words(between: re.Match[str]) -> str:
     """A run of characters that are neither word characters nor spaces, with what belongs to

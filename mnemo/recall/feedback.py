@@ -7,14 +7,18 @@ and goes into a second lexical query. Pure: the caller searches.
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from collections.abc import Sequence
 
 from mnemo.adapters import _text
-from mnemo.inputs import is_letters, text_words
+from mnemo.inputs import text_words
 
 # How many of the best lexical hits feed back, and in how many of them a word must appear.
 FEEDBACK_DOCS = 5
 MIN_SHARED = 2
+# "didn't", "doesn't": a search splits them at the apostrophe, and "didn" is no content word.
+_NOT = re.compile(r"\w+n['\u2019]t\b", re.IGNORECASE)
 
 
 def feedback_terms(
@@ -30,10 +34,9 @@ def feedback_terms(
     for document in documents:
         seen: set[str] = set()
         # Split as the search will split them (whole words with their marks, composed).
-        for word in text_words(document):
+        for word in text_words(_NOT.sub(" ", document)):
             lower = word.lower()
-            if (len(lower) < 3 or not is_letters(lower) or _text.is_stopword(lower)
-                    or _text.stem(lower) in asked):
+            if not _content(lower) or _text.is_stopword(lower) or _text.stem(lower) in asked:
                 continue
             counts[lower] = counts.get(lower, 0) + 1
             first.setdefault(lower, len(first))
@@ -45,3 +48,13 @@ def feedback_terms(
         key=lambda w: (-shared[w], -counts[w], first[w]),
     )
     return ranked[:n]
+
+
+def _content(word: str) -> bool:
+    """Three characters or more, a letter among them, and no digit: letters with the marks,
+    joiners and underscores a word keeps ("हिन्दी", whose vowel signs `str.isalpha` refuses;
+    "max_connections", searched as the phrase of its parts)."""
+    return len(word) >= 3 and any(c.isalpha() for c in word) and all(
+        unicodedata.category(c)[0] in "LM" or unicodedata.category(c) in ("Cf", "Pc")
+        for c in word
+    )

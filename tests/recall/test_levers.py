@@ -155,6 +155,9 @@ def test_feedback_terms_are_whole_words_as_a_search_splits_them() -> None:
     ]
     assert feedback_terms("class", documents, 3) == ["हिन्दी", "café"]
     assert feedback_terms("cafe\u0301 class", documents, 3) == ["हिन्दी"]
+    # A contraction's first half is no content word; an identifier is one, whole.
+    chat = ["I didn't set max_connections", "she doesn\u2019t know max_connections", "didn't"]
+    assert feedback_terms("server", chat, 3) == ["max_connections"]
 
 
 def test_parse_rerank_keeps_every_candidate_once() -> None:

@@ -212,8 +212,10 @@ class Recaller:
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
+        expanded = []
         if config.recall_prf_terms and lexical_ids:
             expanded = await self._feedback(repo, terms, lexical_ids, width, searched)
+        if expanded:  # no words to add, no second search: nothing to weigh
             # Below the query's own ranking: the added words are guesses.
             rankings.append(expanded)
             weights.append(0.5)

@@ -246,3 +246,18 @@ async def test_a_failing_planner_or_synthesis_does_not_fail_the_recall(
     assert result.mode == "mixed"
     assert result.reasoned is None
     assert result.memories
+
+
+async def test_feedback_with_no_words_to_add_leaves_the_recall_as_it_was(
+    graph: GraphStore,
+) -> None:
+    """With pseudo-relevance feedback on and no word shared by the best hits (nothing to add,
+    no second search), a recall is the one it is with feedback off, scores and all. Before,
+    the empty second ranking still took its weight in the fusion and lowered every score
+    from hop 0 (session 24's review)."""
+    query = "postgres keeps its data"  # one node has these words: none shared by two
+    off = await run(graph, query)
+    on = await run(graph, query, config=mnemo.Config(recall_prf_terms=3))
+    # Equal but for the recency decay of the milliseconds between the two.
+    assert [m.node.id for m in on.memories] == [m.node.id for m in off.memories]
+    assert [m.score for m in on.memories] == pytest.approx([m.score for m in off.memories])

@@ -331,7 +331,9 @@ class SessionService:
         try:
             await self._accept(session, kind, args, callback)
         except SessionError as refused:
-            if refused.reason not in ("invalid_operation", "invalid_queued_operation"):
+            if refused.reason not in (
+                "invalid_operation", "invalid_queued_operation", "session_failed"
+            ):
                 raise
             # Checked against the store before it is raised, as a sync call's refusal is
             # (`_read_again`): nothing was accepted, so trying again accepts it at most once.

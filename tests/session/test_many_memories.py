@@ -1040,3 +1040,37 @@ async def test_a_call_whose_session_ends_while_it_is_stored_is_not_accepted(
         assert isinstance(raised, mnemo.NotFoundError)
         assert callbacks.results == []
         assert await sql(a.mem, "SELECT id FROM ops") == []
+
+
+async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None:
+    """A's extraction failed; B extracted the session again and left it ready. A's record
+    still says failed, and a write of A's own holds the session's lock (here the test holds
+    it): a commit_async through A waits for it, reads the store, and is accepted. Before,
+    A's record refused it session_failed without the store's check that invalid_operation
+    gets (session 23's note)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        a.llm.fail_tasks.add("semantic")
+        await a.mem.close(sid)
+        assert await a.events.wait_state(a.mem, sid, State.READY, State.FAILED) is State.FAILED
+        assert await b.mem.commit(sid) is None  # extracts again, in B
+        assert await b.events.wait_state(b.mem, sid, State.READY, State.FAILED) is State.READY
+        live = a.mem._service._live
+        spied = SpiedLock(live.by_id[sid].lock)
+        live.by_id[sid].lock = spied  # type: ignore[assignment]
+        callbacks = Callbacks()
+        holding = anyio.Event()
+
+        async def a_write_of_as_own() -> None:  # under way until the commit waits for it
+            async with spied:
+                holding.set()
+                await spied.waited.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a_write_of_as_own)
+            with anyio.fail_after(5):
+                await holding.wait()
+                await a.mem.commit_async(sid, callbacks("commit"))
+        await callbacks.wait(1)
+        assert [(label, r.value) for label, r in callbacks.results] == [("commit", "committed")]
+        assert await b.mem.session_state(sid) is State.IDLE

@@ -82,22 +82,8 @@ async def submit_remote(
         await live.coordination.queue_op(StoredOp(
             op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
         ))
-        if session.ended:
-            # Ended while its row was written: the end (which marks the record before it
-            # answers what was stored, `Sessions.drop`) has answered what it found, and this
-            # is not among them. Not accepted, as a call on an ended session is not.
-            await _forget(live, session, op_id)
-            raise NotFoundError("session", session.id)
         live.remote.setdefault(session.id, []).append((op_id, kind, callback))
     watch(live, session)
-
-
-async def _forget(live: Sessions, session: SessionRecord, op_id: str) -> None:
-    """Drops the row of an operation that was not accepted (nobody runs an ended session's)."""
-    try:
-        await live.coordination.drop_ops([op_id])
-    except MnemoError as exc:
-        log.warning("%s: could not drop an operation it did not accept: %r", session.id, exc)
 
 
 def watch(live: Sessions, session: SessionRecord) -> None:
@@ -141,6 +127,11 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                 token, faults = current, 0
         finally:
             session.watching = False
+            if session.ended and live.remote.get(session.id):
+                # Stored while the end answered what it found, and this watcher, cancelled by
+                # the end but not yet gone, was taken to be watching: nobody else will answer.
+                with anyio.CancelScope(shield=True):
+                    await fail_remote(live, session, "session_ended")
 
     live.spawn(session, wait_for_the_store, waiting=True)
 

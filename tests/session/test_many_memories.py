@@ -996,52 +996,6 @@ async def test_concurrent_calls_stored_for_another_memory_keep_the_queues_bound(
         assert result == mnemo.OpResult(ok=True, value="committed", error=None)
 
 
-async def test_a_call_whose_session_ends_while_it_is_stored_is_not_accepted(
-    store: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A commit through A, stored for B's extraction, whose row is still being written when
-    the session is ended through A: the end answers what it found stored, which is not yet
-    this one, so the call raises NotFoundError (as a call on an ended session does) and its
-    row goes. Before, the call returned as accepted and no callback ever came (session 24's
-    review)."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        b = await open_worker(stack, store)
-        held = await extracting(b, sid)
-        coordination = a.mem._backend.coordination
-        queue_op, writing, go = coordination.queue_op, anyio.Event(), anyio.Event()
-
-        async def written_late(op: StoredOp) -> None:
-            writing.set()
-            await go.wait()
-            await queue_op(op)
-
-        monkeypatch.setattr(coordination, "queue_op", written_late)
-        callbacks = Callbacks()
-        outcome: list[BaseException | None] = []
-
-        async def commit_through_a() -> None:
-            try:
-                await a.mem.commit_async(sid, callbacks("commit"))
-            except mnemo.NotFoundError as exc:
-                outcome.append(exc)
-            else:
-                outcome.append(None)
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(commit_through_a)
-            with anyio.fail_after(5):
-                await writing.wait()
-            await a.mem.end_session(sid)
-            go.set()
-        held.release()
-        [raised] = outcome
-        assert isinstance(raised, mnemo.NotFoundError)
-        assert callbacks.results == []
-        assert await sql(a.mem, "SELECT id FROM ops") == []
-
-
 async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None:
     """A's extraction failed; B extracted the session again and left it ready. A's record
     still says failed, and a write of A's own holds the session's lock (here the test holds
@@ -1074,3 +1028,56 @@ async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None
         await callbacks.wait(1)
         assert [(label, r.value) for label, r in callbacks.results] == [("commit", "committed")]
         assert await b.mem.session_state(sid) is State.IDLE
+
+
+async def test_a_call_stored_while_the_session_ends_is_answered_by_the_leaving_watcher(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit through A is stored for B's extraction, and A's watcher waits on the store.
+    A start_episode through A is being stored when the session is ended through A: the end
+    answers the commit, and cancels the watcher, which is still in a store call that does
+    not stop at once. The start's entry comes after the end's answer, and finds that watcher
+    still there, so no new one is started. The watcher answers it session_ended on its way
+    out. Before, nobody did on PostgreSQL: accepted, never called back (session 24's
+    review; on SQLite every store call is shielded, so the cancelled watcher went on to
+    read the session, found it gone and answered)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        coordination = a.mem._backend.coordination
+        change_token, looking, looked = coordination.change_token, anyio.Event(), anyio.Event()
+
+        async def a_slow_look() -> int:  # the watcher's look, shielded as a store call is
+            with anyio.CancelScope(shield=True):
+                looking.set()
+                await looked.wait()
+                token: int = await change_token()
+            return token
+
+        queue_op, writing, written = coordination.queue_op, anyio.Event(), anyio.Event()
+
+        async def a_slow_write(op: StoredOp) -> None:
+            if op.kind == "start_episode":
+                writing.set()
+                await written.wait()
+            await queue_op(op)
+
+        monkeypatch.setattr(coordination, "change_token", a_slow_look)
+        monkeypatch.setattr(coordination, "queue_op", a_slow_write)
+        callbacks = Callbacks()
+        await a.mem.commit_async(sid, callbacks("commit"))
+        with anyio.fail_after(5):
+            await looking.wait()
+        async with anyio.create_task_group() as group:
+            group.start_soon(a.mem.start_episode_async, sid, "next", callbacks("start"))
+            with anyio.fail_after(5):
+                await writing.wait()
+            await a.mem.end_session(sid)
+            written.set()
+        looked.set()
+        held.release()
+        await callbacks.wait(2)
+        got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.results]
+        assert got == [("commit", "session_ended"), ("start", "session_ended")]

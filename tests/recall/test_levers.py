@@ -156,7 +156,8 @@ def test_feedback_terms_are_whole_words_as_a_search_splits_them() -> None:
     assert feedback_terms("class", documents, 3) == ["हिन्दी", "café"]
     assert feedback_terms("cafe\u0301 class", documents, 3) == ["हिन्दी"]
     # A contraction's first half is no content word; an identifier is one, whole.
-    chat = ["I didn't set max_connections", "she doesn\u2019t know max_connections", "didn't"]
+    chat = ["I didn't set max_connections", "she doesn\u2019t know max_connections", "didn't",
+            "we didn\u02bct", "you didn\u02bct", "they didn\u2018t", "I didn\u2018t"]
     assert feedback_terms("server", chat, 3) == ["max_connections"]
 
 

@@ -195,7 +195,6 @@ def text_words(text: str) -> list[str]:
     return [word for word in spaced.split() if _WORD_CHARACTER.search(word)]
 
 
-
 def _within_words(between: re.Match[str]) -> str:
     """A run of characters that are neither word characters nor spaces, with what belongs to
     the words around it kept (see `query_words`) and the rest made spaces."""

@@ -15,10 +15,12 @@ score and none drops below half, so relevance leads and recency breaks near-ties
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
+from mnemo.adapters._text import stem
 from mnemo.conversation.model import SearchHit
 from mnemo.conversation.render import flat
 
@@ -26,6 +28,10 @@ POOL_FACTOR = 8
 MIN_POOL = 40
 HALF_LIFE_DAYS = 30.0
 SNIPPET_CHARS = 300
+# A snippet made here starts this many words before the word it shows, and holds at most
+# this many words in all (then `clip`).
+SNIPPET_LEAD = 8
+SNIPPET_WORDS = 48
 VIEW_SNAPSHOTS = 3
 
 # A candidate's key in its backend (a rowid, a message id): ties are broken by it.
@@ -61,6 +67,42 @@ def clip(snippet: str) -> str:
     """A snippet on one line, at most `SNIPPET_CHARS` characters."""
     one = " ".join(snippet.split())
     return one if len(one) <= SNIPPET_CHARS else one[: SNIPPET_CHARS - 3].rstrip() + "..."
+
+
+def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
+    """The engine's snippet of a hit, clipped, when it shows a word of the query; else the
+    text from a little before the first word of the query it holds.
+
+    An engine's snippet can miss the word it matched: PostgreSQL's `ts_headline` reads a path
+    or an address as one token, finds no query word in it and shows the opening words; FTS5's
+    48 tokens can end at the word, past the 300 characters kept. Words are compared folded
+    (case, accents) and lightly stemmed, inside longer tokens too ("toolbox" in
+    "/opt/toolbox/bin"); a word found nowhere leaves the engine's snippet as it was."""
+    clipped = clip(snippet)
+    keys = {key for word in words for key in _keys(word)}
+    if not keys or _shows(_fold(clipped), keys):
+        return clipped
+    tokens = text.split()
+    for i, token in enumerate(tokens):
+        if _shows(_fold(token), keys):
+            start = max(0, i - SNIPPET_LEAD)
+            return clip(("..." if start else "") + " ".join(tokens[start:i + SNIPPET_WORDS]))
+    return clipped
+
+
+def _keys(word: str) -> set[str]:
+    folded = _fold(word)
+    return {key for key in (folded, stem(folded)) if len(key) >= 3}
+
+
+def _shows(folded: str, keys: set[str]) -> bool:
+    return any(key in folded for key in keys)
+
+
+def _fold(text: str) -> str:
+    """`text` case-folded and without its accents ("Café" and "cafe" alike)."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
 def render_hits(hits: Sequence[SearchHit]) -> str:

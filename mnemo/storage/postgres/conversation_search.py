@@ -33,7 +33,7 @@ from typing import Any
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.ports import Shown
-from mnemo.conversation.search import VIEW_SNAPSHOTS, clip, pool_size, rank_by_recency
+from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import NotFoundError
 from mnemo.storage.postgres._thread_rows import (
     MESSAGE_COLUMNS,
@@ -168,7 +168,7 @@ async def search(
         conn,
         f"WITH q AS (SELECT {query} AS query)"
         " SELECT m.rowid, m.id, m.thread_id, m.seq, m.role,"
-        f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s)"
+        f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s), m.text"
         " FROM messages m, q WHERE m.rowid = ANY(%s)",
         [*params, HEADLINE_OPTIONS, [rowid for _, rowid in scored]],
     )
@@ -176,8 +176,8 @@ async def search(
     hits: list[SearchHit] = []
     for rank, rowid in scored:
         if rowid in found:
-            mid, tid, seq, role, snippet = found[rowid]
-            hits.append(SearchHit(mid, tid, seq, clip(snippet), rank, role))
+            mid, tid, seq, role, snippet, text = found[rowid]
+            hits.append(SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role))
     return hits
 
 

@@ -486,12 +486,11 @@ class SqliteThreads:
         exclude_viewport_of: str | None = None,
         shown: Shown | None = None,
     ) -> list[SearchHit]:
-        match = conversation_search.match_expression(words)
-        if not match:
+        if not words:
             return []
         return await self._database.run(
             lambda db: conversation_search.search(
-                db, match, limit=limit, now=now, thread_id=thread_id,
+                db, words, limit=limit, now=now, thread_id=thread_id,
                 exclude_viewport_of=exclude_viewport_of, shown=shown,
             )
         )

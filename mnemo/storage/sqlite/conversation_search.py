@@ -17,7 +17,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.ports import Shown
-from mnemo.conversation.search import VIEW_SNAPSHOTS, clip, pool_size, rank_by_recency
+from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import NotFoundError
 from mnemo.storage.sqlite._thread_rows import (
     MESSAGE_COLUMNS,
@@ -43,7 +43,7 @@ def match_expression(words: Sequence[str]) -> str:
 
 def search(
     db: SqliteUtilsDatabase,
-    match: str,
+    words: Sequence[str],
     *,
     limit: int,
     now: datetime,
@@ -51,7 +51,10 @@ def search(
     exclude_viewport_of: str | None = None,
     shown: Shown | None = None,
 ) -> list[SearchHit]:
-    """The best `limit` messages for a MATCH expression (see the module doc)."""
+    """The best `limit` messages for the words of a query (see the module doc)."""
+    match = match_expression(words)
+    if not match:
+        return []
     conn = db.conn
     pool = pool_size(limit)
     conditions: list[str] = []
@@ -106,14 +109,14 @@ def search(
     for rank, rowid in scored:
         row = conn.execute(
             "SELECT m.id, m.thread_id, m.seq, m.role,"
-            f" snippet(messages_fts, 0, '', '', '...', {SNIPPET_TOKENS})"
+            f" snippet(messages_fts, 0, '', '', '...', {SNIPPET_TOKENS}), m.text"
             " FROM messages_fts JOIN messages m ON m.rowid = messages_fts.rowid"
             " WHERE messages_fts MATCH ? AND messages_fts.rowid = ?",
             (match, rowid),
         ).fetchone()
         if row is not None:
-            mid, tid, seq, role, snippet = row
-            hits.append(SearchHit(mid, tid, seq, clip(snippet), rank, role))
+            mid, tid, seq, role, snippet, text = row
+            hits.append(SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role))
     return hits
 
 

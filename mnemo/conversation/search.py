@@ -80,7 +80,7 @@ def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
     "/opt/toolbox/bin"); a word found nowhere leaves the engine's snippet as it was."""
     clipped = clip(snippet)
     keys = {key for word in words for key in _keys(word)}
-    if not keys or _shows(_fold(clipped), keys):
+    if not keys or _shows(_fold(clipped), keys) or not _shows(_fold(text), keys):
         return clipped
     tokens = text.split()
     for i, token in enumerate(tokens):
@@ -101,7 +101,10 @@ def _shows(folded: str, keys: set[str]) -> bool:
 
 def _fold(text: str) -> str:
     """`text` case-folded and without its accents ("Café" and "cafe" alike)."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    folded = text.casefold()
+    if folded.isascii():  # most text: nothing to decompose
+        return folded
+    decomposed = unicodedata.normalize("NFKD", folded)
     return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 

@@ -69,6 +69,9 @@ class Sessions:
         self.machines = Machines()
         self.by_id: dict[str, SessionRecord] = {}
         self.tg: TaskGroup | None = None
+        # The Memory is closing: its tasks have ended, and what it owed is being answered
+        # (`SessionService.run`); nothing more is stored for another Memory.
+        self.closing = False
         self.timer_wake = anyio.Event()
         self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
 

@@ -90,11 +90,15 @@ class SessionService:
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
-            # Every accepted operation gets its callback, even when the Memory closes first.
+            # Every accepted operation gets its callback, even when the Memory closes first;
+            # one being stored for another Memory is waited for (`SessionRecord.storing`),
+            # and answered with the rest.
+            live.closing = True
             with anyio.CancelScope(shield=True):
                 for session in list(live.by_id.values()):
                     await operations.fail_pending(session, "memory_closed")
-                    await stored.fail_remote(live, session, "memory_closed")
+                    async with session.storing:
+                        await stored.fail_remote(live, session, "memory_closed")
 
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it

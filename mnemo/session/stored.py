@@ -61,6 +61,8 @@ async def submit_remote(
 
     Raises:
         SessionError: as `submit`.
+        NotFoundError: the session ended while the call waited for another one's row.
+        RuntimeError: the Memory has closed (as a call that would start a task does).
     """
     operations.check_args(session, kind, args)
     # From the check to the append, one call at a time: the store's insert is awaited, and a
@@ -68,6 +70,8 @@ async def submit_remote(
     async with session.storing:
         if session.ended:
             raise NotFoundError("session", session.id)
+        if live.closing:  # its close has answered what was stored, or will not wait for this
+            raise RuntimeError("the Memory has closed")
         waiting = live.remote.get(session.id, [])
         if len(waiting) >= session.config.max_pending_ops:
             raise SessionError("pending_queue_full", state=session.state, session_id=session.id)
@@ -133,7 +137,12 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                 with anyio.CancelScope(shield=True):
                     await fail_remote(live, session, "session_ended")
 
-    live.spawn(session, wait_for_the_store, waiting=True)
+    try:
+        live.spawn(session, wait_for_the_store, waiting=True)
+    except RuntimeError:
+        # The Memory closed after the entry was kept: its close answers it (`memory_closed`,
+        # waiting for `storing`), and leaves the row to whoever runs the work.
+        session.watching = False
 
 
 async def deliver_results(live: Sessions, session: SessionRecord) -> None:

@@ -1081,3 +1081,69 @@ async def test_a_call_stored_while_the_session_ends_is_answered_by_the_leaving_w
         await callbacks.wait(2)
         got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.results]
         assert got == [("commit", "session_ended"), ("start", "session_ended")]
+
+
+async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit through A is stored for B's extraction; its row is written when A closes.
+    The close answers it memory_closed and leaves it to B, which runs it once and forgets
+    it. Before, the close answered what it had found (nothing yet), the call then raised
+    RuntimeError (A's tasks had ended) and its row stayed A's: B ran the commit all the
+    same, and its result stayed in the store for good (session 24's review)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        coordination = a.mem._backend.coordination
+        queue_op, written, go = coordination.queue_op, anyio.Event(), anyio.Event()
+
+        async def written_then_held(op: StoredOp) -> None:
+            await queue_op(op)
+            written.set()
+            await go.wait()
+
+        monkeypatch.setattr(coordination, "queue_op", written_then_held)
+        spied = SpiedLock(a.mem._service._live.by_id[sid].storing)
+        a.mem._service._live.by_id[sid].storing = spied  # type: ignore[assignment]
+        callbacks = Callbacks()
+        outcome: list[BaseException | None] = []
+        closed = anyio.Event()
+
+        async def commit_through_a() -> None:
+            try:
+                await a.mem.commit_async(sid, callbacks("commit"))
+            except Exception as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        async def close_a() -> None:
+            await a.mem.aclose()
+            closed.set()
+
+        async def let_go_once_the_close_waits_or_is_done() -> None:
+            async with anyio.create_task_group() as either:
+                async def on(event: anyio.Event) -> None:
+                    await event.wait()
+                    either.cancel_scope.cancel()
+
+                either.start_soon(on, closed)
+                either.start_soon(on, spied.waited)
+            go.set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(commit_through_a)
+                await written.wait()
+                group.start_soon(close_a)
+                group.start_soon(let_go_once_the_close_waits_or_is_done)
+        assert outcome == [None]  # accepted
+        await callbacks.wait(1)
+        assert [(label, r.error.reason if r.error else r.value)
+                for label, r in callbacks.results] == [("commit", "memory_closed")]
+        held.release()
+        assert await b.events.wait_state(b.mem, sid, State.IDLE) is State.IDLE
+        assert await sql(b.mem, "SELECT id FROM ops") == []
+        assert set((await node_texts(b.mem)).values()) == {1}

@@ -345,14 +345,19 @@ async def _keep_storing(live: Sessions, op_id: str, result: dict[str, Any]) -> N
 
 
 async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> None:
-    """Answers every operation this Memory stored for the session with `reason` (they stay
-    stored: another Memory may still run them, and forgets each once it ran)."""
+    """Answers every operation this Memory stored for the session with `reason`. On a close
+    they stay stored (another Memory may still run them, and forgets each once it ran); an
+    ended session's are dropped, as its end drops those it finds (one stored as it ended
+    came after)."""
     entries = live.remote.pop(session.id, [])
-    if entries and reason == "memory_closed":
-        try:
-            await live.coordination.orphan_ops([op_id for op_id, _, _ in entries])
-        except MnemoError as exc:
-            log.warning("%s: could not leave its stored operations: %r", session.id, exc)
+    ids = [op_id for op_id, _, _ in entries]
+    try:
+        if ids and reason == "memory_closed":
+            await live.coordination.orphan_ops(ids)
+        elif ids and reason == "session_ended":
+            await live.coordination.drop_ops(ids)
+    except MnemoError as exc:
+        log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         error = SessionError(reason, state=session.state, session_id=session.id)
         await deliver(callback, OpResult(False, None, error))

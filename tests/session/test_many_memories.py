@@ -1081,6 +1081,7 @@ async def test_a_call_stored_while_the_session_ends_is_answered_by_the_leaving_w
         await callbacks.wait(2)
         got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.results]
         assert got == [("commit", "session_ended"), ("start", "session_ended")]
+        assert await sql(b.mem, "SELECT id FROM ops") == []  # written after the end dropped
 
 
 async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
@@ -1147,3 +1148,24 @@ async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
         assert await b.events.wait_state(b.mem, sid, State.IDLE) is State.IDLE
         assert await sql(b.mem, "SELECT id FROM ops") == []
         assert set((await node_texts(b.mem)).values()) == {1}
+
+
+@pytest.mark.parametrize("through", ["a", "b"])
+async def test_an_ended_session_leaves_no_stored_operations(store: str, through: str) -> None:
+    """Operations A stored for B's extraction are answered session_ended when the session
+    ends, through A or through B, and their rows go with the end: nobody will run an ended
+    session's operations. Before, the rows stayed in the store for good."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(b, sid)
+        callbacks = Callbacks()
+        await a.mem.commit_async(sid, callbacks("commit"))
+        await a.mem.start_episode_async(sid, "next", callbacks("start"))
+        assert len(await sql(a.mem, "SELECT id FROM ops")) == 2
+        await (a if through == "a" else b).mem.end_session(sid)
+        assert await sql(a.mem, "SELECT id FROM ops") == []
+        held.release()
+        await callbacks.wait(2)
+        assert {(label, r.error.reason if r.error else r.value)
+                for label, r in callbacks.results} == {("commit", "session_ended"),
+                                                       ("start", "session_ended")}

@@ -204,7 +204,7 @@ class PgSessions:
         params: tuple[object, ...] = (now_utc(), session_id)
         if version is not None:
             params += (version,)
-        async with self._pg.connection() as conn:
+        async with self._pg.transaction() as conn:
             cur = await conn.execute(
                 "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
                 f" lease_until = NULL, updated_at = %s WHERE id = %s{guard}",
@@ -212,6 +212,9 @@ class PgSessions:
             )
             if version is not None and not cur.rowcount:
                 raise StaleSession(session_id)
+            # Nobody runs an ended session's stored operations: their Memories answer them
+            # session_ended when they see the end.
+            await conn.execute("DELETE FROM ops WHERE session_id = %s", (session_id,))
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         # SQLite's INSERT OR REPLACE: the last reply kept for a key wins.

@@ -201,6 +201,9 @@ class SqliteSessions:
                     f" lease_until = NULL, updated_at = ? WHERE id = ?{guard}",
                     params,
                 ).rowcount
+                # Nobody runs an ended session's stored operations: their Memories answer
+                # them session_ended when they see the end.
+                db.conn.execute("DELETE FROM ops WHERE session_id = ?", (session_id,))
             if version is not None and not ended:
                 raise StaleSession(session_id)
 

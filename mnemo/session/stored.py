@@ -65,6 +65,8 @@ async def submit_remote(
         RuntimeError: the Memory has closed (as a call that would start a task does).
     """
     operations.check_args(session, kind, args)
+    if live.closing:  # a callback of the close itself, say, which holds `storing`
+        raise RuntimeError("the Memory has closed")
     # From the check to the append, one call at a time: the store's insert is awaited, and a
     # second call checked meanwhile would pass the bound and the rules without the first.
     async with session.storing:
@@ -87,6 +89,13 @@ async def submit_remote(
             op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
         ))
         live.remote.setdefault(session.id, []).append((op_id, kind, callback))
+        if session.ended:
+            # Ended while its row was written: the end (which marks the record before it
+            # answers, `Sessions.drop`) answered what it found, not this, and cancelled the
+            # watcher. Accepted all the same (the row may have run already): answered here.
+            with anyio.CancelScope(shield=True):
+                await fail_remote(live, session, "session_ended")
+            return
     watch(live, session)
 
 
@@ -131,11 +140,6 @@ def watch(live: Sessions, session: SessionRecord) -> None:
                 token, faults = current, 0
         finally:
             session.watching = False
-            if session.ended and live.remote.get(session.id):
-                # Stored while the end answered what it found, and this watcher, cancelled by
-                # the end but not yet gone, was taken to be watching: nobody else will answer.
-                with anyio.CancelScope(shield=True):
-                    await fail_remote(live, session, "session_ended")
 
     try:
         live.spawn(session, wait_for_the_store, waiting=True)
@@ -356,7 +360,8 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
             await live.coordination.orphan_ops(ids)
         elif ids and reason == "session_ended":
             await live.coordination.drop_ops(ids)
-    except MnemoError as exc:
+    except (MnemoError, RuntimeError) as exc:  # RuntimeError: the store has closed
+        # The rows only: the callbacks are owed all the same.
         log.warning("%s: could not leave or drop its stored operations: %r", session.id, exc)
     for _, _, callback in entries:
         error = SessionError(reason, state=session.state, session_id=session.id)

@@ -23,7 +23,7 @@ import pytest
 import mnemo
 from mnemo import State
 from mnemo.session import operations, stored
-from mnemo.session.ports import StoredOp
+from mnemo.session.ports import StaleSession, StoredOp
 from mnemo.session.queue import Op
 from mnemo.session.records import SessionRecord
 from mnemo.session.registry import Sessions
@@ -1030,17 +1030,17 @@ async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None
         assert await b.mem.session_state(sid) is State.IDLE
 
 
-async def test_a_call_stored_while_the_session_ends_is_answered_by_the_leaving_watcher(
+async def test_a_call_stored_while_the_session_ends_is_answered_though_a_watcher_lingers(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A commit through A is stored for B's extraction, and A's watcher waits on the store.
     A start_episode through A is being stored when the session is ended through A: the end
     answers the commit, and cancels the watcher, which is still in a store call that does
-    not stop at once. The start's entry comes after the end's answer, and finds that watcher
-    still there, so no new one is started. The watcher answers it session_ended on its way
-    out. Before, nobody did on PostgreSQL: accepted, never called back (session 24's
-    review; on SQLite every store call is shielded, so the cancelled watcher went on to
-    read the session, found it gone and answered)."""
+    not stop at once. The start's entry comes after the end's answer; it is answered
+    session_ended where it is kept. Before, it found that watcher still there, so no new
+    one was started, and nobody answered it on PostgreSQL: accepted, never called back
+    (session 24's review; on SQLite every store call is shielded, so the cancelled watcher
+    went on to read the session, found it gone and answered)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -1169,3 +1169,67 @@ async def test_an_ended_session_leaves_no_stored_operations(store: str, through:
         assert {(label, r.error.reason if r.error else r.value)
                 for label, r in callbacks.results} == {("commit", "session_ended"),
                                                        ("start", "session_ended")}
+
+
+async def test_an_end_refused_as_stale_leaves_the_stored_operations(store: str) -> None:
+    """An expiry's end of a version the session has moved past is refused, and writes
+    nothing: the operations A stored for B's extraction stay, and run when it ends. Before,
+    on SQLite, the refused end still dropped them, and A waited for them for good (session
+    24's review)."""
+    async with workers(store, 2) as (a, b):
+        sid = await fill(a.mem)
+        held = await extracting(b, sid)
+        callbacks = Callbacks()
+        await a.mem.commit_async(sid, callbacks("commit"))
+        with pytest.raises(StaleSession):
+            await a.mem._service._live.store.end(sid, version=-1)
+        assert len(await sql(a.mem, "SELECT id FROM ops")) == 1
+        held.release()
+        await callbacks.wait(1)
+        assert [(label, r.value) for label, r in callbacks.results] == [("commit", "committed")]
+
+
+async def test_a_call_stored_as_its_session_ends_and_its_memory_closes_is_answered(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit through A is stored for B's extraction; while its row is written the session
+    is ended through A and A closes. The call is accepted and answered session_ended. Before
+    the end answered it where it was kept, the call returned as accepted and was never
+    called back: the close answers only the sessions it still knows (session 24's review)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        coordination = a.mem._backend.coordination
+        queue_op, written, go = coordination.queue_op, anyio.Event(), anyio.Event()
+
+        async def written_then_held(op: StoredOp) -> None:
+            await queue_op(op)
+            written.set()
+            await go.wait()
+
+        monkeypatch.setattr(coordination, "queue_op", written_then_held)
+        callbacks = Callbacks()
+        outcome: list[BaseException | None] = []
+
+        async def commit_through_a() -> None:
+            try:
+                await a.mem.commit_async(sid, callbacks("commit"))
+            except Exception as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(commit_through_a)
+                await written.wait()
+                await a.mem.end_session(sid)
+                await a.mem.aclose()
+                go.set()
+        held.release()
+        assert outcome == [None]  # accepted
+        await callbacks.wait(1)
+        assert [(label, r.error.reason if r.error else r.value)
+                for label, r in callbacks.results] == [("commit", "session_ended")]

@@ -201,11 +201,11 @@ class SqliteSessions:
                     f" lease_until = NULL, updated_at = ? WHERE id = ?{guard}",
                     params,
                 ).rowcount
+                if version is not None and not ended:
+                    raise StaleSession(session_id)  # nothing written
                 # Nobody runs an ended session's stored operations: their Memories answer
                 # them session_ended when they see the end.
                 db.conn.execute("DELETE FROM ops WHERE session_id = ?", (session_id,))
-            if version is not None and not ended:
-                raise StaleSession(session_id)
 
         await self._database.run(write)
 

@@ -1233,3 +1233,83 @@ async def test_a_call_stored_as_its_session_ends_and_its_memory_closes_is_answer
         await callbacks.wait(1)
         assert [(label, r.error.reason if r.error else r.value)
                 for label, r in callbacks.results] == [("commit", "session_ended")]
+
+
+async def test_a_result_recorded_before_the_session_ends_elsewhere_is_delivered(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B runs a commit A stored and records its result; the session is ended through B
+    before A's watcher looks. A is called back with the commit's result, not session_ended:
+    the end leaves a row with a result (or taken) for its Memory to read. Before, with the
+    end dropping every row of the session, A was told session_ended for a commit that was
+    applied (session 24's review of its own change)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        watched, looking, go = a.mem._backend.coordination, anyio.Event(), anyio.Event()
+        change_token = watched.change_token
+
+        async def a_held_look() -> int:
+            looking.set()
+            await go.wait()
+            token: int = await change_token()
+            return token
+
+        holder = b.mem._backend.coordination
+        finish_op, recorded = holder.finish_op, anyio.Event()
+
+        async def recording(op_id: str, result: Any) -> None:
+            await finish_op(op_id, result)
+            recorded.set()
+
+        monkeypatch.setattr(watched, "change_token", a_held_look)
+        monkeypatch.setattr(holder, "finish_op", recording)
+        callbacks = Callbacks()
+        await a.mem.commit_async(sid, callbacks("commit"))
+        with anyio.fail_after(5):
+            await looking.wait()
+            held.release()
+            await recorded.wait()
+        await b.mem.end_session(sid)
+        go.set()
+        await callbacks.wait(1)
+        got = [(label, r.error.reason if r.error else r.value) for label, r in callbacks.results]
+        assert got == [("commit", "committed")]
+        assert await sql(b.mem, "SELECT id FROM ops") == []
+
+
+async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B takes a commit A stored and, before it runs it, the session is ended through C (and
+    B queues a start behind it). Both are answered session_ended. Before, with the end
+    dropping the rows B had taken, B's check that it still held the commit failed: A got
+    operation_failed with a cause saying A had answered it, and B's start
+    preceding_op_failed (session 24's review of its own change)."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        c = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        callbacks = Callbacks()
+        await a.mem.commit_async(sid, callbacks("a commit"))
+        holder = b.mem._backend.coordination
+        still_taken, checks = holder.still_taken, []
+
+        async def ended_first(op_id: str, holder_id: str) -> bool:
+            checks.append(op_id)
+            if len(checks) == 1:
+                await b.mem.start_episode_async(sid, "next", callbacks("b start"))
+                await c.mem.end_session(sid)
+            taken: bool = await still_taken(op_id, holder_id)
+            return taken
+
+        monkeypatch.setattr(holder, "still_taken", ended_first)
+        held.release()
+        await callbacks.wait(2)
+        got = sorted((label, r.error.reason if r.error else r.value)
+                     for label, r in callbacks.results)
+        assert got == [("a commit", "session_ended"), ("b start", "session_ended")]

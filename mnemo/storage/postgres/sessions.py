@@ -212,9 +212,14 @@ class PgSessions:
             )
             if version is not None and not cur.rowcount:
                 raise StaleSession(session_id)
-            # Nobody runs an ended session's stored operations: their Memories answer them
-            # session_ended when they see the end.
-            await conn.execute("DELETE FROM ops WHERE session_id = %s", (session_id,))
+            # Nobody will run the stored operations nobody took: their Memories answer them
+            # session_ended when they see the end. One taken, or with its result, stays for
+            # its Memory to read (and drop).
+            await conn.execute(
+                "DELETE FROM ops WHERE session_id = %s AND taken_by IS NULL"
+                " AND result IS NULL",
+                (session_id,),
+            )
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         # SQLite's INSERT OR REPLACE: the last reply kept for a key wins.

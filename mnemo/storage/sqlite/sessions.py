@@ -203,9 +203,14 @@ class SqliteSessions:
                 ).rowcount
                 if version is not None and not ended:
                     raise StaleSession(session_id)  # nothing written
-                # Nobody runs an ended session's stored operations: their Memories answer
-                # them session_ended when they see the end.
-                db.conn.execute("DELETE FROM ops WHERE session_id = ?", (session_id,))
+                # Nobody will run the stored operations nobody took: their Memories answer
+                # them session_ended when they see the end. One taken, or with its result,
+                # stays for its Memory to read (and drop).
+                db.conn.execute(
+                    "DELETE FROM ops WHERE session_id = ? AND taken_by IS NULL"
+                    " AND result IS NULL",
+                    (session_id,),
+                )
 
         await self._database.run(write)
 

@@ -15,12 +15,13 @@ score and none drops below half, so relevance leads and recency breaks near-ties
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from mnemo.adapters._text import stem
+from mnemo.adapters._text import is_stopword, stem
 from mnemo.conversation.model import SearchHit
 from mnemo.conversation.render import flat
 
@@ -75,28 +76,30 @@ def hit_snippet(snippet: str, text: str, words: Sequence[str]) -> str:
 
     An engine's snippet can miss the word it matched: PostgreSQL's `ts_headline` reads a path
     or an address as one token, finds no query word in it and shows the opening words; FTS5's
-    48 tokens can end at the word, past the 300 characters kept. Words are compared folded
-    (case, accents) and lightly stemmed, inside longer tokens too ("toolbox" in
-    "/opt/toolbox/bin"); a word found nowhere leaves the engine's snippet as it was."""
+    48 tokens can end at the word, past the 300 characters kept. The query's words that are
+    not stopwords are looked for folded (case, accents) and lightly stemmed, at the start of
+    a word, inside a longer token too ("toolbox" in "/opt/toolbox/bin", not "cat" in
+    "education"); none found leaves the engine's snippet as it was."""
     clipped = clip(snippet)
     keys = {key for word in words for key in _keys(word)}
-    if not keys or _shows(_fold(clipped), keys) or not _shows(_fold(text), keys):
+    if not keys:
+        return clipped
+    starts = re.compile("|".join(rf"(?<![^\W_]){re.escape(key)}" for key in sorted(keys)))
+    if starts.search(_fold(clipped)) or not starts.search(_fold(text)):
         return clipped
     tokens = text.split()
     for i, token in enumerate(tokens):
-        if _shows(_fold(token), keys):
-            start = max(0, i - SNIPPET_LEAD)
-            return clip(("..." if start else "") + " ".join(tokens[start:i + SNIPPET_WORDS]))
+        if starts.search(_fold(token)):
+            begin = max(0, i - SNIPPET_LEAD)
+            return clip(("..." if begin else "") + " ".join(tokens[begin:i + SNIPPET_WORDS]))
     return clipped
 
 
 def _keys(word: str) -> set[str]:
     folded = _fold(word)
+    if is_stopword(folded):
+        return set()
     return {key for key in (folded, stem(folded)) if len(key) >= 3}
-
-
-def _shows(folded: str, keys: set[str]) -> bool:
-    return any(key in folded for key in keys)
 
 
 def _fold(text: str) -> str:

@@ -215,7 +215,7 @@ class Recaller:
         expanded = []
         if config.recall_prf_terms and lexical_ids:
             expanded = await self._feedback(repo, terms, lexical_ids, width, searched)
-        if expanded:  # no words to add, no second search: nothing to weigh
+        if expanded:  # nothing added (or found by it): nothing to weigh
             # Below the query's own ranking: the added words are guesses.
             rankings.append(expanded)
             weights.append(0.5)

@@ -27,8 +27,9 @@ def feedback_terms(
     query: str, documents: Sequence[str], n: int, *, min_shared: int = MIN_SHARED
 ) -> list[str]:
     """At most `n` words of `documents` to add to `query`: content words (no stopwords, no
-    numbers, three letters or more) absent from the query, found in at least `min_shared`
-    documents; the most shared first, then the most frequent, then the first seen."""
+    digits, three characters or more, an underscored identifier whole; see `_content`)
+    absent from the query, found in at least `min_shared` documents; the most shared first,
+    then the most frequent, then the first seen. Words are split as a search splits them."""
     asked = {_text.stem(w.lower()) for w in text_words(query)}
     shared: dict[str, int] = {}
     counts: dict[str, int] = {}

@@ -122,7 +122,8 @@ class SessionRecord:
     watching: bool = False
     # Held while an operation is checked against the ones this Memory stored for the session
     # and stored beside them (`stored.submit_remote`): a second call waits, so that the
-    # pending bound and the queue's rules see the first.
+    # pending bound and the queue's rules see the first; and by the Memory's close while it
+    # answers them (`SessionService.run`), so that a row being written is answered too.
     storing: anyio.Lock = field(default_factory=anyio.Lock)
     # Held while the session's stored operations are taken and queued (`stored.run_stored`: the
     # extraction's end and the watcher both do it), one taker at a time.

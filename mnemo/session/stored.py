@@ -7,8 +7,10 @@ here is stored in the store's `ops` table (`submit_remote`), and this Memory wai
 order they were accepted, and records each result for the Memory that accepted it, whose
 callback then runs (`deliver_results`). When the taker leaves without recording a result,
 the accepting Memory's janitor answers for it (`answer_abandoned`). Every path that calls back
-a waiting operation takes it out of `Sessions.remote` first, at once (`_claim_waiting`): one
-callback each, never none and never two.
+a waiting operation takes it out of `Sessions.remote` first, at once: the chosen ones
+(`_claim_waiting`), or all of a session's when it ended or this Memory closes (`fail_remote`,
+which an entry kept after an end meets in `submit_remote`): one callback each, never none and
+never two.
 """
 
 from __future__ import annotations
@@ -207,9 +209,9 @@ def _claim_waiting(
     live: Sessions, session_id: str, op_ids: Collection[str]
 ) -> list[tuple[str, str, Callback | None]]:
     """Takes the entries of `op_ids` out of what this Memory waits for, in the order they
-    were accepted; the one place a waiting operation leaves `live.remote` to be called back,
-    at once (no await in between), so that two paths that both found it answered (its
-    result and its runner gone, say) call back once."""
+    were accepted, at once (no await in between), so that two paths that both found one
+    answered (its result and its runner gone, say) call back once. (`fail_remote` takes all
+    of a session's, as at once.)"""
     entries = live.remote.get(session_id, [])
     claimed = [entry for entry in entries if entry[0] in op_ids]
     entries[:] = [entry for entry in entries if entry[0] not in op_ids]

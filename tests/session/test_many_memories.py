@@ -1030,6 +1030,54 @@ async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None
         assert await b.mem.session_state(sid) is State.IDLE
 
 
+def held_look(
+    monkeypatch: pytest.MonkeyPatch, mem: mnemo.Memory, *, shielded: bool = False
+) -> tuple[anyio.Event, anyio.Event]:
+    """The Memory's looks at the store's change token (its watchers'), held: the first event
+    is set when one waits, and they go on when the second is; `shielded`, a cancel does not
+    stop one either, as it does not stop a store call under way."""
+    coordination = mem._backend.coordination
+    change_token, looking, go = coordination.change_token, anyio.Event(), anyio.Event()
+
+    async def a_held_look() -> int:
+        with anyio.CancelScope(shield=shielded):
+            looking.set()
+            await go.wait()
+            token: int = await change_token()
+        return token
+
+    monkeypatch.setattr(coordination, "change_token", a_held_look)
+    return looking, go
+
+
+def held_after_its_row(
+    monkeypatch: pytest.MonkeyPatch, mem: mnemo.Memory
+) -> tuple[anyio.Event, anyio.Event]:
+    """The Memory's insert of an operation it stores for another, held once written: the
+    first event is set then, and the call goes on when the second is."""
+    coordination = mem._backend.coordination
+    queue_op, written, go = coordination.queue_op, anyio.Event(), anyio.Event()
+
+    async def written_then_held(op: StoredOp) -> None:
+        await queue_op(op)
+        written.set()
+        await go.wait()
+
+    monkeypatch.setattr(coordination, "queue_op", written_then_held)
+    return written, go
+
+
+async def outcome_of(outcome: list[BaseException | None],
+                     call: Callable[[], Awaitable[None]]) -> None:
+    """Runs `call`, and keeps what it raised (None: it returned)."""
+    try:
+        await call()
+    except Exception as exc:
+        outcome.append(exc)
+    else:
+        outcome.append(None)
+
+
 async def test_a_call_stored_while_the_session_ends_is_answered_though_a_watcher_lingers(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1046,16 +1094,9 @@ async def test_a_call_stored_while_the_session_ends_is_answered_though_a_watcher
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
+        # The watcher's look, shielded as a store call is: it does not stop when cancelled.
+        looking, looked = held_look(monkeypatch, a.mem, shielded=True)
         coordination = a.mem._backend.coordination
-        change_token, looking, looked = coordination.change_token, anyio.Event(), anyio.Event()
-
-        async def a_slow_look() -> int:  # the watcher's look, shielded as a store call is
-            with anyio.CancelScope(shield=True):
-                looking.set()
-                await looked.wait()
-                token: int = await change_token()
-            return token
-
         queue_op, writing, written = coordination.queue_op, anyio.Event(), anyio.Event()
 
         async def a_slow_write(op: StoredOp) -> None:
@@ -1064,7 +1105,6 @@ async def test_a_call_stored_while_the_session_ends_is_answered_though_a_watcher
                 await written.wait()
             await queue_op(op)
 
-        monkeypatch.setattr(coordination, "change_token", a_slow_look)
         monkeypatch.setattr(coordination, "queue_op", a_slow_write)
         callbacks = Callbacks()
         await a.mem.commit_async(sid, callbacks("commit"))
@@ -1097,28 +1137,12 @@ async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
-        coordination = a.mem._backend.coordination
-        queue_op, written, go = coordination.queue_op, anyio.Event(), anyio.Event()
-
-        async def written_then_held(op: StoredOp) -> None:
-            await queue_op(op)
-            written.set()
-            await go.wait()
-
-        monkeypatch.setattr(coordination, "queue_op", written_then_held)
+        written, go = held_after_its_row(monkeypatch, a.mem)
         spied = SpiedLock(a.mem._service._live.by_id[sid].storing)
         a.mem._service._live.by_id[sid].storing = spied  # type: ignore[assignment]
         callbacks = Callbacks()
         outcome: list[BaseException | None] = []
         closed = anyio.Event()
-
-        async def commit_through_a() -> None:
-            try:
-                await a.mem.commit_async(sid, callbacks("commit"))
-            except Exception as exc:
-                outcome.append(exc)
-            else:
-                outcome.append(None)
 
         async def close_a() -> None:
             await a.mem.aclose()
@@ -1136,7 +1160,8 @@ async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
 
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(commit_through_a)
+                group.start_soon(outcome_of, outcome,
+                                 lambda: a.mem.commit_async(sid, callbacks("commit")))
                 await written.wait()
                 group.start_soon(close_a)
                 group.start_soon(let_go_once_the_close_waits_or_is_done)
@@ -1201,29 +1226,13 @@ async def test_a_call_stored_as_its_session_ends_and_its_memory_closes_is_answer
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
-        coordination = a.mem._backend.coordination
-        queue_op, written, go = coordination.queue_op, anyio.Event(), anyio.Event()
-
-        async def written_then_held(op: StoredOp) -> None:
-            await queue_op(op)
-            written.set()
-            await go.wait()
-
-        monkeypatch.setattr(coordination, "queue_op", written_then_held)
+        written, go = held_after_its_row(monkeypatch, a.mem)
         callbacks = Callbacks()
         outcome: list[BaseException | None] = []
-
-        async def commit_through_a() -> None:
-            try:
-                await a.mem.commit_async(sid, callbacks("commit"))
-            except Exception as exc:
-                outcome.append(exc)
-            else:
-                outcome.append(None)
-
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
-                group.start_soon(commit_through_a)
+                group.start_soon(outcome_of, outcome,
+                                 lambda: a.mem.commit_async(sid, callbacks("commit")))
                 await written.wait()
                 await a.mem.end_session(sid)
                 await a.mem.aclose()
@@ -1248,15 +1257,7 @@ async def test_a_result_recorded_before_the_session_ends_elsewhere_is_delivered(
         sid = await fill(a.mem)
         b = await open_worker(stack, store)
         held = await extracting(b, sid)
-        watched, looking, go = a.mem._backend.coordination, anyio.Event(), anyio.Event()
-        change_token = watched.change_token
-
-        async def a_held_look() -> int:
-            looking.set()
-            await go.wait()
-            token: int = await change_token()
-            return token
-
+        looking, go = held_look(monkeypatch, a.mem)
         holder = b.mem._backend.coordination
         finish_op, recorded = holder.finish_op, anyio.Event()
 
@@ -1264,7 +1265,6 @@ async def test_a_result_recorded_before_the_session_ends_elsewhere_is_delivered(
             await finish_op(op_id, result)
             recorded.set()
 
-        monkeypatch.setattr(watched, "change_token", a_held_look)
         monkeypatch.setattr(holder, "finish_op", recording)
         callbacks = Callbacks()
         await a.mem.commit_async(sid, callbacks("commit"))

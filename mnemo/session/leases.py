@@ -144,6 +144,9 @@ class Holding:
                 live.spawn(session, extracting.extract_episode, live, session)
         try:
             await stored.answer_abandoned(live, now - self._lease, gone)
+            # And what a departed holder took for a Memory that has closed since: nobody
+            # would run it or read it.
+            await co.forget_orphans(now - self._lease, gone, me=self.id)
         except MnemoError as exc:
             log.warning("%s: looking for operations left by a gone holder failed: %r",
                         self.id, exc)

@@ -243,6 +243,14 @@ class Coordination(Protocol):
         `unseen_since`), so that a result it still records goes nowhere; returns their ids."""
         ...
 
+    async def forget_orphans(
+        self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
+    ) -> int:
+        """Forgets the operations nobody waits for (the Memory that accepted them closed)
+        that a holder other than `me` took and left without a result (as `abandon_ops`
+        judges it): nobody else would take them, and nobody reads them; returns how many."""
+        ...
+
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
         """Whether the operation is still taken by `holder_id`: False once the Memory that
         accepted it answered it (`abandon_ops`, having taken that holder for gone). Reads

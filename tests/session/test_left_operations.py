@@ -181,3 +181,23 @@ async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
         with anyio.fail_after(5):
             await it.commit.done.wait()
         assert it.commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
+
+
+async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
+    store: str,
+) -> None:
+    """A commit A stored while B extracts; A closes (nobody waits for it now), and a holder
+    that then left took it without a result. B's janitor forgets its row: nobody would take
+    it again or read it. Before, it stayed in the store for good."""
+    async with stored_while_b_extracts(store) as it:
+        await it.a.mem.aclose()
+        co = it.b.mem._backend.coordination
+        [(accepted_by,)] = await sql(it.b.mem, "SELECT accepted_by FROM ops")
+        assert accepted_by == ""  # left to whoever runs the work
+        await co.register(holder("left", seen_ago=timedelta(hours=1)))
+        assert [op.kind for op in await co.take_ops(it.sid, "left")] == ["commit"]
+        await it.b.mem._service._holding._take_over()  # the janitor's look, at once
+        assert await sql(it.b.mem, "SELECT id FROM ops") == []
+        it.held.release()  # B's extraction ends with nothing stored left to run
+        assert await it.b.events.wait_state(it.b.mem, it.sid, State.READY) is State.READY
+        assert await sql(it.b.mem, "SELECT id FROM ops") == []

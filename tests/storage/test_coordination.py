@@ -163,3 +163,31 @@ async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_res
         "op3", "op4", "op5", "op_not_asked"]
     assert await co.abandon_ops(asked, cut, ["dead_pid"]) == []
     assert await co.abandon_ops([], cut) == []
+
+
+async def test_forget_orphans_forgets_only_what_nobody_waits_for_and_a_departed_taker_left(
+    backend: Backend, store: str
+) -> None:
+    """`forget_orphans` forgets the stored operations whose accepting Memory closed (they
+    wait for nobody) that a holder took and left without a result: retired, last seen
+    before the cut-off, or named gone; never one `me` took. One a Memory waits for (that is
+    `abandon_ops`' to answer), one nobody took and one a live holder took stay. Before,
+    nothing forgot them: their rows stayed for good."""
+    co = backend.coordination
+    sid = await a_session(backend, store)
+    cut = T0 + timedelta(seconds=30)
+    await co.register(holder("late", seen=T0))
+    await co.register(holder("alive", seen=cut + timedelta(seconds=1)))
+    await co.register(holder("dead_pid", seen=cut + timedelta(seconds=1)))
+    for op_id, accepted_by, taker in [
+        ("retired", "", "retired"), ("late", "", "late"), ("gone", "", "dead_pid"),
+        ("alive", "", "alive"), ("waited_for", "a", "late"), ("untaken", "", None),
+    ]:
+        await co.queue_op(StoredOp(op_id, sid, "commit", [], accepted_by, T0))
+        if taker is not None:
+            assert [op.id for op in await co.take_ops(sid, taker)] == [op_id]
+    assert await co.forget_orphans(cut, me="late") == 1  # the retired one's
+    assert await co.forget_orphans(cut, ["dead_pid"]) == 2
+    assert sorted(r[0] for r in await sql(backend, "SELECT id FROM ops")) == [
+        "alive", "untaken", "waited_for"]
+    assert await co.forget_orphans(cut, ["dead_pid"]) == 0

@@ -169,6 +169,19 @@ class PgCoordination:
             rows: list[tuple[Any, ...]] = await cur.fetchall()
         return [str(op_id) for op_id, in rows]
 
+    async def forget_orphans(
+        self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
+    ) -> int:
+        async with self._pg.connection() as conn:
+            cur = await conn.execute(
+                "DELETE FROM ops o WHERE o.accepted_by = '' AND o.result IS NULL"
+                " AND o.taken_by IS NOT NULL AND o.taken_by IS DISTINCT FROM %s"
+                " AND (NOT EXISTS (SELECT 1 FROM holders h"
+                " WHERE h.id = o.taken_by AND h.seen_at >= %s) OR o.taken_by = ANY(%s))",
+                (me, unseen_since, list(gone)),
+            )
+            return int(cur.rowcount)
+
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
         rows = await self._pg.fetch_all(
             "SELECT 1 FROM ops WHERE id = %s AND taken_by = %s", (op_id, holder_id)

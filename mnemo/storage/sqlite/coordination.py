@@ -222,6 +222,24 @@ class SqliteCoordination:
 
         return await self._database.run(write)
 
+    async def forget_orphans(
+        self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
+    ) -> int:
+        gone_marks = ",".join("?" * len(gone))
+        also = f" OR taken_by IN ({gone_marks})" if gone else ""
+
+        def write(db: SqliteUtilsDatabase) -> int:
+            with db.atomic():
+                return db.conn.execute(
+                    "DELETE FROM ops WHERE accepted_by = '' AND result IS NULL"
+                    " AND taken_by IS NOT NULL AND taken_by IS NOT ?"
+                    " AND (NOT EXISTS (SELECT 1 FROM holders h"
+                    f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also})",
+                    (me, _text(unseen_since), *gone),
+                ).rowcount
+
+        return await self._database.run(write)
+
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
         rows = await self._database.run(
             lambda db: db.conn.execute(

@@ -33,6 +33,10 @@ from mnemo.session.registry import Sessions
 log = logging.getLogger("mnemo")
 
 HOST = socket.gethostname()
+# A holder not seen for this long (and for a lease at least) is gone for good: what it took
+# for a Memory that has closed since is forgotten (`Coordination.forget_orphans`). A live
+# holder beats every third of a lease.
+ORPHAN_GRACE = timedelta(hours=1)
 
 
 class Holding:
@@ -144,12 +148,22 @@ class Holding:
                 live.spawn(session, extracting.extract_episode, live, session)
         try:
             await stored.answer_abandoned(live, now - self._lease, gone)
-            # And what a departed holder took for a Memory that has closed since: nobody
-            # would run it or read it.
-            await co.forget_orphans(now - self._lease, gone, me=self.id)
         except MnemoError as exc:
             log.warning("%s: looking for operations left by a gone holder failed: %r",
                         self.id, exc)
+        try:
+            # What a holder took for a Memory that has closed since, and left: nobody would
+            # run it again or read it. Judged over a longer time than a lease (a live but
+            # late holder still runs what it took, nobody waiting for it).
+            forgotten = await co.forget_orphans(now - max(self._lease, ORPHAN_GRACE), gone,
+                                                me=self.id)
+        except MnemoError as exc:
+            log.warning("%s: looking for operations nobody waits for failed: %r",
+                        self.id, exc)
+        else:
+            if forgotten:
+                log.info("%s: forgot %d stored operations a gone holder left, for a Memory "
+                         "that has closed", self.id, forgotten)
 
 
     async def _take_timers(self, session: SessionRecord) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import stored
+from mnemo.session import leases, stored
 from mnemo.session.ports import HolderInfo, StoredOp
 from tests.backends import sql
 from tests.fakes import Hold
@@ -187,16 +187,21 @@ async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
     store: str,
 ) -> None:
     """A commit A stored while B extracts; A closes (nobody waits for it now), and a holder
-    that then left took it without a result. B's janitor forgets its row: nobody would take
-    it again or read it. Before, it stayed in the store for good."""
+    took it without a result. While that holder is only late (unseen for more than a lease,
+    less than `ORPHAN_GRACE`) B's janitor leaves the row to it; once it is gone for good,
+    the janitor forgets the row: nobody would take it again or read it. Before, it stayed
+    in the store for good."""
     async with stored_while_b_extracts(store) as it:
         await it.a.mem.aclose()
         co = it.b.mem._backend.coordination
         [(accepted_by,)] = await sql(it.b.mem, "SELECT accepted_by FROM ops")
         assert accepted_by == ""  # left to whoever runs the work
-        await co.register(holder("left", seen_ago=timedelta(hours=1)))
-        assert [op.kind for op in await co.take_ops(it.sid, "left")] == ["commit"]
+        await co.register(holder("taker", seen_ago=timedelta(minutes=10)))
+        assert [op.kind for op in await co.take_ops(it.sid, "taker")] == ["commit"]
         await it.b.mem._service._holding._take_over()  # the janitor's look, at once
+        assert len(await sql(it.b.mem, "SELECT id FROM ops")) == 1  # late, not gone
+        await co.register(holder("taker", seen_ago=leases.ORPHAN_GRACE * 2))
+        await it.b.mem._service._holding._take_over()
         assert await sql(it.b.mem, "SELECT id FROM ops") == []
         it.held.release()  # B's extraction ends with nothing stored left to run
         assert await it.b.events.wait_state(it.b.mem, it.sid, State.READY) is State.READY

@@ -227,16 +227,21 @@ class SqliteCoordination:
     ) -> int:
         gone_marks = ",".join("?" * len(gone))
         also = f" OR taken_by IN ({gone_marks})" if gone else ""
+        where = (
+            "FROM ops WHERE accepted_by = '' AND result IS NULL"
+            " AND taken_by IS NOT NULL AND taken_by IS NOT ?"
+            " AND (NOT EXISTS (SELECT 1 FROM holders h"
+            f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also})"
+        )
+        params = (me, _text(unseen_since), *gone)
 
         def write(db: SqliteUtilsDatabase) -> int:
+            # Looked for first: the janitor asks twice a lease, and a write would wait for
+            # another process's write lock every time, to find nothing.
+            if db.conn.execute(f"SELECT 1 {where} LIMIT 1", params).fetchone() is None:
+                return 0
             with db.atomic():
-                return db.conn.execute(
-                    "DELETE FROM ops WHERE accepted_by = '' AND result IS NULL"
-                    " AND taken_by IS NOT NULL AND taken_by IS NOT ?"
-                    " AND (NOT EXISTS (SELECT 1 FROM holders h"
-                    f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also})",
-                    (me, _text(unseen_since), *gone),
-                ).rowcount
+                return db.conn.execute(f"DELETE {where}", params).rowcount
 
         return await self._database.run(write)
 

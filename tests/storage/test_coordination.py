@@ -133,6 +133,16 @@ async def test_the_change_token_moves_when_another_connection_writes(
     assert await co.change_token() != first
 
 
+async def takers(backend: Backend) -> datetime:
+    """Registers "late" (last seen before the returned cut-off), "alive" and "dead_pid" (seen
+    after it; the second is named gone by the tests); "retired" never registers."""
+    cut = T0 + timedelta(seconds=30)
+    await backend.coordination.register(holder("late", seen=T0))
+    for name in ["alive", "dead_pid"]:
+        await backend.coordination.register(holder(name, seen=cut + timedelta(seconds=1)))
+    return cut
+
+
 async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_result(
     backend: Backend, store: str
 ) -> None:
@@ -143,10 +153,7 @@ async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_res
     whether a holder still has an operation."""
     co = backend.coordination
     sid = await a_session(backend, store)
-    cut = T0 + timedelta(seconds=30)
-    await co.register(holder("late", seen=T0))
-    await co.register(holder("alive", seen=cut + timedelta(seconds=1)))
-    await co.register(holder("dead_pid", seen=cut + timedelta(seconds=1)))
+    cut = await takers(backend)
     await co.queue_op(StoredOp("op_not_asked", sid, "commit", [], "a", T0))
     assert [op.id for op in await co.take_ops(sid, "retired")] == ["op_not_asked"]
     for n, taker in enumerate(["retired", "late", "dead_pid", "alive", "finished", None]):
@@ -175,10 +182,7 @@ async def test_forget_orphans_forgets_only_what_nobody_waits_for_and_a_departed_
     nothing forgot them: their rows stayed for good."""
     co = backend.coordination
     sid = await a_session(backend, store)
-    cut = T0 + timedelta(seconds=30)
-    await co.register(holder("late", seen=T0))
-    await co.register(holder("alive", seen=cut + timedelta(seconds=1)))
-    await co.register(holder("dead_pid", seen=cut + timedelta(seconds=1)))
+    cut = await takers(backend)
     for op_id, accepted_by, taker in [
         ("retired", "", "retired"), ("late", "", "late"), ("gone", "", "dead_pid"),
         ("alive", "", "alive"), ("waited_for", "a", "late"), ("untaken", "", None),

@@ -23,6 +23,14 @@ from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.postgres.connection import Postgres
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+# The condition on an `ops` row that a holder other than the first parameter (`me`) took
+# and left without a result: one that retired, was last seen before the second parameter, or
+# is in the third (`gone`).
+_LEFT = (
+    "result IS NULL AND taken_by IS NOT NULL AND taken_by IS DISTINCT FROM %s"
+    " AND (NOT EXISTS (SELECT 1 FROM holders h"
+    " WHERE h.id = ops.taken_by AND h.seen_at >= %s) OR taken_by = ANY(%s))"
+)
 
 
 class PgCoordination:
@@ -159,11 +167,7 @@ class PgCoordination:
             return []
         async with self._pg.connection() as conn:
             cur = await conn.execute(
-                "DELETE FROM ops o WHERE o.id = ANY(%s) AND o.result IS NULL"
-                " AND o.taken_by IS NOT NULL AND o.taken_by IS DISTINCT FROM %s"
-                " AND (NOT EXISTS (SELECT 1 FROM holders h"
-                " WHERE h.id = o.taken_by AND h.seen_at >= %s) OR o.taken_by = ANY(%s))"
-                " RETURNING o.id",
+                f"DELETE FROM ops WHERE id = ANY(%s) AND {_LEFT} RETURNING id",
                 (list(op_ids), me, unseen_since, list(gone)),
             )
             rows: list[tuple[Any, ...]] = await cur.fetchall()
@@ -174,10 +178,7 @@ class PgCoordination:
     ) -> int:
         async with self._pg.connection() as conn:
             cur = await conn.execute(
-                "DELETE FROM ops o WHERE o.accepted_by = '' AND o.result IS NULL"
-                " AND o.taken_by IS NOT NULL AND o.taken_by IS DISTINCT FROM %s"
-                " AND (NOT EXISTS (SELECT 1 FROM holders h"
-                " WHERE h.id = o.taken_by AND h.seen_at >= %s) OR o.taken_by = ANY(%s))",
+                f"DELETE FROM ops WHERE accepted_by = '' AND {_LEFT}",
                 (me, unseen_since, list(gone)),
             )
             return int(cur.rowcount)

@@ -206,16 +206,11 @@ class SqliteCoordination:
         if not ids:
             return []
         marks = ",".join("?" * len(ids))
-        gone_marks = ",".join("?" * len(gone))
-        also = f" OR taken_by IN ({gone_marks})" if gone else ""
 
         def write(db: SqliteUtilsDatabase) -> list[str]:
             with db.atomic():
                 rows = db.conn.execute(
-                    f"DELETE FROM ops WHERE id IN ({marks}) AND result IS NULL"
-                    " AND taken_by IS NOT NULL AND taken_by IS NOT ?"
-                    " AND (NOT EXISTS (SELECT 1 FROM holders h"
-                    f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also}) RETURNING id",
+                    f"DELETE FROM ops WHERE id IN ({marks}) AND {_left(gone)} RETURNING id",
                     (*ids, me, _text(unseen_since), *gone),
                 ).fetchall()
             return [str(op_id) for op_id, in rows]
@@ -225,14 +220,7 @@ class SqliteCoordination:
     async def forget_orphans(
         self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
     ) -> int:
-        gone_marks = ",".join("?" * len(gone))
-        also = f" OR taken_by IN ({gone_marks})" if gone else ""
-        where = (
-            "FROM ops WHERE accepted_by = '' AND result IS NULL"
-            " AND taken_by IS NOT NULL AND taken_by IS NOT ?"
-            " AND (NOT EXISTS (SELECT 1 FROM holders h"
-            f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also})"
-        )
+        where = f"FROM ops WHERE accepted_by = '' AND {_left(gone)}"
         params = (me, _text(unseen_since), *gone)
 
         def write(db: SqliteUtilsDatabase) -> int:
@@ -286,4 +274,16 @@ def _lease(row: tuple[Any, ...]) -> SessionLease:
         str(session_id), str(repo), State(state), int(version),
         None if holder is None else str(holder), None if until is None else _time(until),
         None if model is None else str(model), bool(ended),
+    )
+
+
+def _left(gone: Sequence[str]) -> str:
+    """The condition on an `ops` row that a holder other than the first parameter (`me`)
+    took and left without a result: one that retired, was last seen before the second
+    parameter, or is among `gone` (the parameters after)."""
+    also = f" OR taken_by IN ({','.join('?' * len(gone))})" if gone else ""
+    return (
+        "result IS NULL AND taken_by IS NOT NULL AND taken_by IS NOT ?"
+        " AND (NOT EXISTS (SELECT 1 FROM holders h"
+        f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also})"
     )

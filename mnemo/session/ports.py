@@ -174,8 +174,8 @@ class Coordination(Protocol):
         ...
 
     async def retire(self, holder_id: str, now: datetime) -> None:
-        """The holder closes: its record goes and its leases end at `now`, so that another
-        `Memory` may take its work over at once."""
+        """The holder closes: its record goes, its leases end at `now` and its step claims
+        go, so that another `Memory` may take its work over at once."""
         ...
 
     async def holders(self) -> list[HolderInfo]:
@@ -209,6 +209,20 @@ class Coordination(Protocol):
         collecting or idle in auto-commit: their timers), with a lease that ended before
         `now`, or a holder that is gone, in `gone`, or was last seen
         before `unseen_since`. Oldest first. Reads only."""
+        ...
+
+    async def claim_steps(
+        self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
+        unseen_since: datetime, gone: Sequence[str] = (),
+    ) -> set[str]:
+        """Claims for `holder_id` the uncommitted steps of the session among `step_ids` that
+        no other holder claims, or whose claimer left (retired, not seen since
+        `unseen_since`, or in `gone`); returns those among `step_ids` it holds now (also the
+        ones it held before). A commit of a step, and the session's end, drop its claim."""
+        ...
+
+    async def release_steps(self, holder_id: str, step_ids: Sequence[str]) -> None:
+        """Drops `holder_id`'s claims on `step_ids`: it will not commit them after all."""
         ...
 
     async def queue_op(self, op: StoredOp) -> None:

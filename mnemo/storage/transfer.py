@@ -8,8 +8,8 @@ vectors) and writes them, skipping every row whose key the target already holds:
 run copies nothing, and an interrupted one carries on. `transfer` drives two of them.
 
 What is not copied: the bookkeeping of each backend (migration ledgers, SQLite's planner
-statistics), which processes hold which work (`holders`, a session's `holder` and
-`lease_until`: the copy's sessions are free for the first Memory opened on it; `ops`, the
+statistics), which processes hold which work (`holders`, `step_claims`, a session's `holder`
+and `lease_until`: the copy's sessions are free for the first Memory opened on it; `ops`, the
 operations stored for their callbacks in a running Memory), and the search indexes, which
 each target builds from the copied rows itself
 (SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns; the

@@ -195,3 +195,42 @@ async def test_forget_orphans_forgets_only_what_nobody_waits_for_and_a_departed_
     assert sorted(r[0] for r in await sql(backend, "SELECT id FROM ops")) == [
         "alive", "untaken", "waited_for"]
     assert await co.forget_orphans(cut, ["dead_pid"]) == 0
+
+
+async def test_claim_steps_leaves_a_live_holders_claims_to_it(
+    backend: Backend, store: str
+) -> None:
+    """A claim takes the uncommitted steps nobody else holds, and those of a claimer that
+    left (last seen before the cut-off, named gone, or retired); a live claimer keeps its own
+    until it gives them up or retires; a committed step is claimed by nobody, and the
+    session's end drops every claim."""
+    co = backend.coordination
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        sid = await mem.start_session("explore", repo="r")
+        for i in range(6):
+            await mem.append(sid, f"look {i}", f"act {i}")
+    steps = [str(r[0]) for r in await sql(
+        backend, "SELECT id FROM steps WHERE session_id = ? ORDER BY idx", sid)]
+    cut = await takers(backend)
+    await co.register(holder("me", seen=cut + timedelta(seconds=1)))
+
+    async def claim(name: str, *indices: int, gone: tuple[str, ...] = ()) -> list[int]:
+        granted = await co.claim_steps(sid, [steps[i] for i in indices], name,
+                                       unseen_since=cut, gone=gone)
+        return sorted(steps.index(step) for step in granted)
+
+    assert await claim("alive", 0, 1) == [0, 1]
+    assert await claim("late", 2) == [2]
+    assert await claim("dead_pid", 3) == [3]
+    assert await claim("retired", 4) == [4]
+    await sql(backend, "UPDATE steps SET committed_in = 'changeset_x' WHERE id = ?", steps[5])
+    assert await claim("me", 0, 1, 2, 3, 4, 5, gone=("dead_pid",)) == [2, 3, 4]
+    assert await claim("alive", 0, 1, 2) == [0, 1]  # its own still, not me's
+    assert await claim("me", 2) == [2]  # held already
+    await co.release_steps("alive", [steps[1]])
+    assert await claim("me", 0, 1) == [1]
+    await co.retire("alive", cut + timedelta(seconds=2))
+    assert await claim("me", 0) == [0]
+    assert await claim("alive", 0, 1, 2, 3, 4, 5) == []
+    await backend.sessions.end(sid)
+    assert await sql(backend, "SELECT * FROM step_claims") == []

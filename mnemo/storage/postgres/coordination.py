@@ -23,13 +23,22 @@ from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.postgres.connection import Postgres
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+
+
+def _departed(column: str) -> str:
+    """The condition that the holder in `column` has left: it retired, was last seen before
+    the first parameter, or is in the second (`gone`)."""
+    return (
+        f"(NOT EXISTS (SELECT 1 FROM holders h WHERE h.id = {column} AND h.seen_at >= %s)"
+        f" OR {column} = ANY(%s))"
+    )
+
+
 # The condition on an `ops` row that a holder other than the first parameter (`me`) took
-# and left without a result: one that retired, was last seen before the second parameter, or
-# is in the third (`gone`).
+# and left without a result (`_departed`, with the parameters after).
 _LEFT = (
     "result IS NULL AND taken_by IS NOT NULL AND taken_by IS DISTINCT FROM %s"
-    " AND (NOT EXISTS (SELECT 1 FROM holders h"
-    " WHERE h.id = ops.taken_by AND h.seen_at >= %s) OR taken_by = ANY(%s))"
+    f" AND {_departed('ops.taken_by')}"
 )
 
 
@@ -61,6 +70,7 @@ class PgCoordination:
     async def retire(self, holder_id: str, now: datetime) -> None:
         async with self._pg.transaction() as conn:
             await conn.execute("DELETE FROM holders WHERE id = %s", (holder_id,))
+            await conn.execute("DELETE FROM step_claims WHERE holder = %s", (holder_id,))
             await conn.execute(
                 "UPDATE sessions SET lease_until = %s WHERE holder = %s", (now, holder_id)
             )
@@ -107,13 +117,49 @@ class PgCoordination:
             f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE NOT ended"
             " AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
             " AND (config->>'auto_commit')::boolean))"
-            " AND (lease_until IS NULL OR lease_until < %s"
-            " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
-            " WHERE h.id = s.holder AND h.seen_at >= %s) OR holder = ANY(%s))"
+            " AND (lease_until IS NULL OR lease_until < %s OR holder IS NULL"
+            f" OR {_departed('s.holder')})"
             ' ORDER BY created_at, id COLLATE "C"',
             (now, unseen_since, list(gone)),
         )
         return [_lease(row) for row in rows]
+
+    async def claim_steps(
+        self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
+        unseen_since: datetime, gone: Sequence[str] = (),
+    ) -> set[str]:
+        ids = list(step_ids)
+        if not ids:
+            return set()
+        async with self._pg.transaction() as conn:
+            await conn.execute(
+                "DELETE FROM step_claims WHERE step_id = ANY(%s) AND holder <> %s"
+                f" AND {_departed('step_claims.holder')}",
+                (ids, holder_id, unseen_since, list(gone)),
+            )
+            # A racing claim of the same step waits on this one's row, then leaves it.
+            await conn.execute(
+                "INSERT INTO step_claims(step_id, session_id, holder)"
+                " SELECT id, session_id, %s FROM steps WHERE id = ANY(%s)"
+                " AND session_id = %s AND committed_in IS NULL ON CONFLICT DO NOTHING",
+                (holder_id, ids, session_id),
+            )
+            cur = await conn.execute(
+                "SELECT step_id FROM step_claims WHERE step_id = ANY(%s) AND holder = %s",
+                (ids, holder_id),
+            )
+            rows: list[tuple[Any, ...]] = await cur.fetchall()
+        return {str(step_id) for step_id, in rows}
+
+    async def release_steps(self, holder_id: str, step_ids: Sequence[str]) -> None:
+        ids = list(step_ids)
+        if not ids:
+            return
+        async with self._pg.connection() as conn:
+            await conn.execute(
+                "DELETE FROM step_claims WHERE holder = %s AND step_id = ANY(%s)",
+                (holder_id, ids),
+            )
 
     async def queue_op(self, op: StoredOp) -> None:
         async with self._pg.connection() as conn:

@@ -463,4 +463,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        # Which holder is extracting which uncommitted steps of an auto-commit session: another
+        # Memory leaves them to it. SQLite's m016_step_claims.
+        "m013_step_claims",
+        (
+            """CREATE TABLE step_claims (
+                step_id text PRIMARY KEY,
+                session_id text NOT NULL,
+                holder text NOT NULL
+            )""",
+            "CREATE INDEX step_claims_by_holder ON step_claims (holder)",
+            "CREATE INDEX step_claims_by_session ON step_claims (session_id)",
+        ),
+    ),
 )

@@ -220,6 +220,7 @@ class PgSessions:
                 " AND result IS NULL",
                 (session_id,),
             )
+            await conn.execute("DELETE FROM step_claims WHERE session_id = %s", (session_id,))
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         # SQLite's INSERT OR REPLACE: the last reply kept for a key wins.
@@ -336,6 +337,11 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
                 # Committed in another changeset (another Memory's auto-commit of the same
                 # steps) or gone: the commit's transaction writes nothing.
                 raise StepsCommittedElsewhere(write.session_id)
+            # Committed: nobody extracts them again, so nobody needs to claim them.
+            await conn.execute(
+                "DELETE FROM step_claims WHERE step_id = ANY(%s)",
+                ([step_id for step_id, _ in write.steps],),
+            )
             if write.state is not None:
                 now = now_utc()
                 await conn.execute(

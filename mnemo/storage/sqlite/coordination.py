@@ -61,6 +61,7 @@ class SqliteCoordination:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute("DELETE FROM holders WHERE id = ?", (holder_id,))
+                db.conn.execute("DELETE FROM step_claims WHERE holder = ?", (holder_id,))
                 db.conn.execute(
                     "UPDATE sessions SET lease_until = ? WHERE holder = ?",
                     (_text(now), holder_id),
@@ -116,21 +117,65 @@ class SqliteCoordination:
     async def takeable(
         self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[SessionLease]:
-        marks = ",".join("?" * len(gone))
-        also = f" OR holder IN ({marks})" if gone else ""
         rows = await self._database.run(
             lambda db: db.conn.execute(
                 f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = 0"
                 " AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
                 " AND json_extract(config, '$.auto_commit')))"
-                " AND (lease_until IS NULL OR lease_until < ?"
-                " OR holder IS NULL OR NOT EXISTS (SELECT 1 FROM holders h"
-                f" WHERE h.id = s.holder AND h.seen_at >= ?){also})"
+                " AND (lease_until IS NULL OR lease_until < ? OR holder IS NULL"
+                f" OR {_departed('s.holder', gone)})"
                 " ORDER BY created_at, id",
                 (_text(now), _text(unseen_since), *gone),
             ).fetchall()
         )
         return [_lease(row) for row in rows]
+
+    async def claim_steps(
+        self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
+        unseen_since: datetime, gone: Sequence[str] = (),
+    ) -> set[str]:
+        ids = list(step_ids)
+        if not ids:
+            return set()
+        marks = ",".join("?" * len(ids))
+
+        def write(db: SqliteUtilsDatabase) -> set[str]:
+            conn = db.conn
+            with db.atomic():
+                conn.execute(
+                    f"DELETE FROM step_claims WHERE step_id IN ({marks}) AND holder IS NOT ?"
+                    f" AND {_departed('step_claims.holder', gone)}",
+                    (*ids, holder_id, _text(unseen_since), *gone),
+                )
+                conn.execute(
+                    "INSERT OR IGNORE INTO step_claims(step_id, session_id, holder)"
+                    f" SELECT id, session_id, ? FROM steps WHERE id IN ({marks})"
+                    " AND session_id = ? AND committed_in IS NULL",
+                    (holder_id, *ids, session_id),
+                )
+                rows = conn.execute(
+                    f"SELECT step_id FROM step_claims WHERE step_id IN ({marks})"
+                    " AND holder = ?",
+                    (*ids, holder_id),
+                ).fetchall()
+            return {str(step_id) for step_id, in rows}
+
+        return await self._database.run(write)
+
+    async def release_steps(self, holder_id: str, step_ids: Sequence[str]) -> None:
+        ids = list(step_ids)
+        if not ids:
+            return
+        marks = ",".join("?" * len(ids))
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    f"DELETE FROM step_claims WHERE holder = ? AND step_id IN ({marks})",
+                    (holder_id, *ids),
+                )
+
+        await self._database.run(write)
 
     async def queue_op(self, op: StoredOp) -> None:
         row = (op.id, op.session_id, op.kind, json.dumps(op.args), op.accepted_by,
@@ -277,13 +322,20 @@ def _lease(row: tuple[Any, ...]) -> SessionLease:
     )
 
 
+def _departed(column: str, gone: Sequence[str]) -> str:
+    """The condition that the holder in `column` has left: it retired, was last seen before
+    the first parameter, or is among `gone` (the parameters after)."""
+    also = f" OR {column} IN ({','.join('?' * len(gone))})" if gone else ""
+    return (
+        f"(NOT EXISTS (SELECT 1 FROM holders h WHERE h.id = {column} AND h.seen_at >= ?)"
+        f"{also})"
+    )
+
+
 def _left(gone: Sequence[str]) -> str:
     """The condition on an `ops` row that a holder other than the first parameter (`me`)
-    took and left without a result: one that retired, was last seen before the second
-    parameter, or is among `gone` (the parameters after)."""
-    also = f" OR taken_by IN ({','.join('?' * len(gone))})" if gone else ""
+    took and left without a result (`_departed`, with the parameters after)."""
     return (
         "result IS NULL AND taken_by IS NOT NULL AND taken_by IS NOT ?"
-        " AND (NOT EXISTS (SELECT 1 FROM holders h"
-        f" WHERE h.id = ops.taken_by AND h.seen_at >= ?){also})"
+        f" AND {_departed('ops.taken_by', gone)}"
     )

@@ -211,6 +211,7 @@ class SqliteSessions:
                     " AND result IS NULL",
                     (session_id,),
                 )
+                db.conn.execute("DELETE FROM step_claims WHERE session_id = ?", (session_id,))
 
         await self._database.run(write)
 
@@ -432,6 +433,10 @@ def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
                 # Committed in another changeset (another Memory's auto-commit of the same
                 # steps) or gone: this commit writes nothing.
                 raise StepsCommittedElsewhere(write.session_id)
+            # Committed: nobody extracts them again, so nobody needs to claim them.
+            conn.executemany(
+                "DELETE FROM step_claims WHERE step_id = ?", [(i,) for i in rewards]
+            )
             if write.state is not None:
                 now = now_utc().isoformat()
                 conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))

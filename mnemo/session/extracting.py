@@ -4,7 +4,8 @@
   `extract_episode` in the background: it ends `ready`, or, in auto-commit, committed and
   `idle`, or `failed`; never extracting with nobody working on it.
 - `start_background` extracts and commits finished trajectories of an auto-commit session while
-  it keeps collecting (its steps are `claimed` meanwhile, so a close does not take them twice).
+  it keeps collecting (its steps are `claimed` meanwhile, here and in the store (`claims`), so
+  that no close or flush, through this Memory or another, extracts them twice).
 - `commit_steps` applies a changeset together with the session's side of it, deduplicating
   intents by `intent_policy`.
 """
@@ -27,7 +28,7 @@ from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.ports import IntentPolicy, StepsCommitted
 from mnemo.ports import LLM, ask, model_name
-from mnemo.session import operations, stored, transitions
+from mnemo.session import claims, operations, stored, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StaleSession, StepsCommittedElsewhere
 from mnemo.session.queue import Op
@@ -156,6 +157,8 @@ async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
         log.warning("%s: extraction failed: %r", session.id, exc)
         session.failure = exc
         await _store_kept(live, session)
+        if session.config.auto_commit:
+            await claims.release(live, session, _uncommitted(session))
         await _extraction_failed(live, session)
         return
     if moved:
@@ -173,13 +176,12 @@ async def _changeset(
 
 async def _auto_commit_rest(live: Sessions, session: SessionRecord) -> bool:
     """An auto-commit close: extracts and commits the steps no background commit has, here or
-    through another Memory (what the store says), then `idle`. When another Memory's commits
-    land in between, what is left is extracted again, up to `_ATTEMPTS` times."""
+    through another Memory (what the store says; `_close_changeset` waits for the ones another
+    Memory has claimed), then `idle`. When another Memory's commits land in between, what is
+    left is extracted again, up to `_ATTEMPTS` times."""
     for attempt in range(_ATTEMPTS):
-        await _take_commits(live, session)
-        episode = session.episode
-        steps = [s for s in episode.steps if extractable(session, s)] if episode else []
-        changeset = await _changeset(live, session, steps)
+        await claims.take_commits(live, session)
+        changeset, steps = await _close_changeset(live, session)
         try:
             return await _auto_commit_close(live, session, changeset, steps)
         except StepsCommittedElsewhere:
@@ -192,6 +194,32 @@ async def _auto_commit_rest(live: Sessions, session: SessionRecord) -> bool:
 
 # Extractions of an auto-commit close that another Memory's commits overtook before it gives up.
 _ATTEMPTS = 3
+
+
+def _uncommitted(session: SessionRecord) -> list[StepRecord]:
+    episode = session.episode
+    return [s for s in episode.steps if extractable(session, s)] if episode else []
+
+
+async def _close_changeset(
+    live: Sessions, session: SessionRecord
+) -> tuple[Changeset, list[StepRecord]]:
+    """The auto-commit close's changeset and the steps it commits: those no commit has.
+    The ones another Memory's commit has claimed are left to it; the close extracts the rest
+    meanwhile, then waits for that commit (`claims.settle`), and extracts what it left too
+    (the memo answers what was asked already)."""
+    steps = _uncommitted(session)
+    mine = await claims.claim(live, session, steps)
+    changeset = await _changeset(live, session, mine)
+    if len(mine) == len(steps):
+        return changeset, mine
+    others = [s for s in steps if s not in mine]
+    await claims.settle(live, session, others,
+                        within=session.runtime.config.extraction_timeout)
+    left = _uncommitted(session)
+    if [s.id for s in left] == [s.id for s in mine]:
+        return changeset, mine
+    return await _changeset(live, session, left), left
 
 
 async def _run_queue(live: Sessions, session: SessionRecord) -> None:
@@ -317,6 +345,14 @@ async def _background_commit(
     episode = session.episode
     try:
         assert episode is not None
+        mine = await claims.claim(live, session, steps)
+        if len(mine) < len(steps):
+            # Committed, or claimed by another Memory's commit: left to it.
+            session.claimed.difference_update(s.id for s in steps if s not in mine)
+            steps = mine
+        if not steps:
+            _background_done(live, session, steps)
+            return
         changeset = await _extract_steps(live, session, episode, steps)
         receipt = await commit_steps(live, session, changeset, steps, None)
     except StepsCommittedElsewhere:
@@ -325,17 +361,16 @@ async def _background_commit(
         # once. What it says of them is taken in; nothing failed.
         log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
         try:
-            await _take_commits(live, session)
+            await claims.take_commits(live, session)
         except StorageError as exc:  # read at the next close, or the next refusal
             log.warning("%s: could not read its steps again: %r", session.id, exc)
-        session.claimed.difference_update(s.id for s in steps)
-        session.background -= 1
-        session.notify()
-        operations.kick(live, session)
+        await claims.release(live, session, steps)
+        _background_done(live, session, steps)
         return
     except Exception as exc:
         log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
         await _store_kept(live, session)
+        await claims.release(live, session, steps)
         session.claimed.difference_update(s.id for s in steps)
         session.background -= 1
         session.flush_after = anyio.current_time()  # the next flush waits a full timeout
@@ -359,20 +394,12 @@ async def _background_commit(
     operations.kick(live, session)
 
 
-async def _take_commits(live: Sessions, session: SessionRecord) -> None:
-    """Marks the episode's steps with the changesets the store says committed them: another
-    Memory's background commit moves no version, so a reload does not see it.
-
-    Raises:
-        StorageError: the store could not be read.
-    """
-    episode = session.episode
-    stored = None if episode is None else await live.store.episode(episode.id)
-    if episode is None or stored is None:
-        return
-    committed = {s.id: s.committed_in for s in stored.steps}
-    for step in episode.steps:
-        step.committed_in = committed.get(step.id) or step.committed_in
+def _background_done(live: Sessions, session: SessionRecord, steps: list[StepRecord]) -> None:
+    """A background commit that committed nothing ends: what queued behind it runs."""
+    session.claimed.difference_update(s.id for s in steps)
+    session.background -= 1
+    session.notify()
+    operations.kick(live, session)
 
 
 def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:

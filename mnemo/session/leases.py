@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,6 +52,7 @@ class Holding:
         self._registering = anyio.Lock()
         live.holder_id, live.lease_until = self.id, self.lease_until
         live.register_holder = self.register
+        live.claim_steps = self.claim_steps
 
     def lease_until(self) -> datetime:
         return datetime.now(UTC) + self._lease
@@ -89,6 +91,21 @@ class Holding:
         """Asks the janitor to look for work now (a repo was opened)."""
         self._look.set()
 
+    async def claim_steps(self, session_id: str, step_ids: Sequence[str]) -> set[str]:
+        """Claims steps for this Memory's extraction (`Coordination.claim_steps`): those
+        another live holder claims are left to it; one that left (closed, unseen for a
+        lease, or its process gone from this host) has left its claims."""
+        await self.register()
+        co = self._live.coordination
+        now = datetime.now(UTC)
+        return await co.claim_steps(session_id, step_ids, self.id,
+                                    unseen_since=now - self._lease, gone=await self._gone())
+
+    async def _gone(self) -> list[str]:
+        """The holders on this host, other than this one, whose process is gone."""
+        return [h.id for h in await self._live.coordination.holders()
+                if h.id != self.id and h.host == HOST and not _alive(h.pid)]
+
     async def claim(self, session: SessionRecord) -> bool:
         """Holds the session's work (compare-and-set on the version the record holds)."""
         return await self._live.claim(session)
@@ -119,8 +136,7 @@ class Holding:
         co, live = self._live.coordination, self._live
         now = datetime.now(UTC)
         # Reads only: a holder whose process is gone is treated as gone, not retired here.
-        gone = [h.id for h in await co.holders()
-                if h.id != self.id and h.host == HOST and not _alive(h.pid)]
+        gone = await self._gone()
         for lease in await co.takeable(now, now - self._lease, gone):
             if lease.holder == self.id:
                 continue  # this Memory's own work, starting or running

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,6 +54,9 @@ class Sessions:
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
+        # Claims steps for this Memory's extraction in the store (`leases.Holding`): the ids
+        # among those asked that it holds now; None where no holder was set up.
+        self.claim_steps: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         # Answers what a session ended elsewhere still owes (its queue, what it stored for
         # another Memory): `SessionService` sets it, as `end_session` does for its own end.
         self.answer_ended: Callable[[SessionRecord], Awaitable[None]] | None = None

@@ -1,0 +1,189 @@
+"""Each step of an auto-commit session is asked of a model once, whichever `Memory` extracts
+it (API.md, "Storage backends and many processes": nothing is done twice): a boundary's
+background commit, a flush and a close claim the steps they extract in the store
+(`Coordination.claim_steps`), leave another live holder's claims to it, and take over the
+claims of one that left. A close waits for the claims of others, at most an extraction's time
+limit. Other holders are `Memory` objects here, or holders registered through the port, as a
+process that died or hangs would have left them.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+
+import anyio
+
+import mnemo
+from mnemo.session.ports import HolderInfo
+from tests.backends import backend_of, sql
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
+
+REPO = "r"
+AUTO = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None)
+
+
+async def opened(
+    stack: AsyncExitStack, store: str, config: mnemo.Config | None = None
+) -> tuple[mnemo.Memory, FakeLLM, EventLog]:
+    """A Memory on `store` with its own fakes and repo "r" (with `config` when given)."""
+    llm, events = FakeLLM(), EventLog()
+    mem = await stack.enter_async_context(
+        mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events)
+    )
+    await mem.open_repo(REPO, config=config)
+    return mem, llm, events
+
+
+async def in_the_graph(mem: mnemo.Memory) -> list[str]:
+    """The observations of the EPISODIC nodes in the graph, sorted."""
+    steps = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+    return sorted(n.text.split(" -> ")[0] for n in steps)
+
+
+async def claims_left(mem: mnemo.Memory) -> list[tuple[object, ...]]:
+    return await sql(mem, "SELECT step_id, holder FROM step_claims")
+
+
+async def claimed_by_another(mem: mnemo.Memory, sid: str, name: str, *, seen: datetime) -> str:
+    """Registers a holder `name` last seen at `seen`, on another host, and claims the
+    session's first step for it, as its boundary commit would; returns the step's id."""
+    co = backend_of(mem).coordination
+    await co.register(HolderInfo(name, "another-host", 1, seen, seen))
+    [(step_id,)] = await sql(mem, "SELECT id FROM steps WHERE session_id = ? AND idx = 0", sid)
+    granted = await co.claim_steps(sid, [str(step_id)], name,
+                                   unseen_since=seen - timedelta(seconds=30))
+    assert granted == {step_id}
+    return str(step_id)
+
+
+async def test_a_close_while_another_memorys_background_commit_runs_extracts_each_step_once(
+    store: str,
+) -> None:
+    """A's boundary hands the first trajectory to a background commit, held in its model
+    call; B closes the session meanwhile. B extracts the rest, then waits for A's commit
+    instead of extracting the same step again: every step is asked of a model once, and is
+    in the graph once. Before the store knew which steps a commit had taken, B extracted
+    "walk north" too, and one of the two commits was refused (the model's work done twice)."""
+    async with AsyncExitStack() as stack:
+        a, a_llm, a_events = await opened(stack, store, AUTO)
+        b, b_llm, b_events = await opened(stack, store)
+        sid = await a.start_session("explore the house", repo=REPO)
+        await a.append(sid, "walk north", "go north")
+        held = a_llm.hold("semantic")
+        await a.append(sid, "open door", "push door")  # a boundary: step 0 commits
+        with anyio.fail_after(10):
+            await held.started.wait()
+        b_held = b_llm.hold("semantic")
+        await b.close(sid)
+        with anyio.fail_after(10):
+            # B's close extracts what nobody has taken while A's commit runs.
+            await b_held.started.wait()
+        held.release()
+        b_held.release()
+        with anyio.fail_after(10):
+            landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
+        assert landed is mnemo.State.IDLE
+        assert extracted_observations(a_llm) == ["walk north"]
+        assert extracted_observations(b_llm) == ["open door"]
+        assert await in_the_graph(b) == ["open door", "walk north"]
+        assert [e.kind for e in a_events.events].count("trajectory_committed") == 1
+        assert await claims_left(b) == []
+
+
+async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
+    store: str,
+) -> None:
+    """A drives the session (flush_timeout 0.3 s); B appends a boundary, whose background
+    commit of "walk north" is held in B's model call. A's flush comes meanwhile: it extracts
+    and commits "open door" only. Before, A's flush extracted "walk north" as well."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.3, session_timeout=None)
+    async with AsyncExitStack() as stack:
+        a, a_llm, a_events = await opened(stack, store, config)
+        b, b_llm, b_events = await opened(stack, store)
+        sid = await a.start_session("explore the house", repo=REPO)
+        held = b_llm.hold("semantic")
+        await b.append(sid, "walk north", "go north")
+        await b.append(sid, "open door", "push door")  # a boundary: B commits step 0
+        with anyio.fail_after(10):
+            await held.started.wait()
+            flushed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert flushed.data["step_indices"] == [1]
+        held.release()
+        with anyio.fail_after(10):
+            committed = await b_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert committed.data["step_indices"] == [0]
+        assert extracted_observations(a_llm) == ["open door"]
+        assert extracted_observations(b_llm) == ["walk north"]
+        assert await in_the_graph(a) == ["open door", "walk north"]
+        assert await claims_left(a) == []
+
+
+async def test_the_claims_of_a_holder_that_left_are_taken_at_once(store: str) -> None:
+    """A holder not seen for a lease (a process killed in its commit) claimed the first step:
+    B's boundary takes it over at once and commits it, then B's close commits the rest."""
+    async with AsyncExitStack() as stack:
+        b, b_llm, b_events = await opened(stack, store, AUTO)
+        sid = await b.start_session("explore the house", repo=REPO)
+        await b.append(sid, "walk north", "go north")
+        await claimed_by_another(b, sid, "killed",
+                                 seen=datetime.now(UTC) - timedelta(minutes=5))
+        await b.append(sid, "open door", "push door")  # a boundary: B commits step 0
+        with anyio.fail_after(10):
+            committed = await b_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert committed.data["step_indices"] == [0]
+        await b.close(sid)
+        with anyio.fail_after(10):
+            assert await b_events.wait_state(b, sid, mnemo.State.IDLE) is mnemo.State.IDLE
+        assert extracted_observations(b_llm) == ["walk north", "open door"]
+        assert await in_the_graph(b) == ["open door", "walk north"]
+        assert await claims_left(b) == []
+
+
+async def test_a_close_extracts_what_a_live_claimer_gives_up(store: str) -> None:
+    """A live holder claimed the first step: B's boundary leaves it, and B's close extracts
+    the rest, then waits. When the holder gives its claim up (its commit failed), the close
+    claims and extracts that step too, each step asked once, and ends idle."""
+    async with AsyncExitStack() as stack:
+        b, b_llm, b_events = await opened(stack, store, AUTO)
+        sid = await b.start_session("explore the house", repo=REPO)
+        await b.append(sid, "walk north", "go north")
+        step = await claimed_by_another(b, sid, "failing", seen=datetime.now(UTC))
+        await b.append(sid, "open door", "push door")  # a boundary: left to "failing"
+        held = b_llm.hold("semantic")
+        await b.close(sid)
+        with anyio.fail_after(10):
+            await held.started.wait()
+        held.release()
+        assert await b.session_state(sid) is mnemo.State.EXTRACTING  # waiting for "failing"
+        await backend_of(b).coordination.release_steps("failing", [step])
+        with anyio.fail_after(10):
+            landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
+        assert landed is mnemo.State.IDLE
+        assert extracted_observations(b_llm) == ["open door", "walk north"]
+        assert await in_the_graph(b) == ["open door", "walk north"]
+        assert not [e for e in b_events.events if e.kind == "trajectory_committed"]
+        assert await claims_left(b) == []
+
+
+async def test_a_close_waits_for_a_claim_no_longer_than_an_extractions_time_limit(
+    store: str,
+) -> None:
+    """A live holder claimed the first step and never lets it go (hung): B's close, with a
+    0.5 s extraction time limit, waits that long, then extracts the step itself and ends idle
+    rather than wedged."""
+    async with AsyncExitStack() as stack:
+        config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None,
+                              extraction_timeout=0.5)
+        b, b_llm, b_events = await opened(stack, store, config)
+        sid = await b.start_session("explore the house", repo=REPO)
+        await b.append(sid, "walk north", "go north")
+        await claimed_by_another(b, sid, "hung", seen=datetime.now(UTC))
+        await b.append(sid, "open door", "push door")
+        await b.close(sid)
+        with anyio.fail_after(10):
+            landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED,
+                                               within=10)
+        assert landed is mnemo.State.IDLE
+        assert extracted_observations(b_llm) == ["open door", "walk north"]
+        assert await in_the_graph(b) == ["open door", "walk north"]

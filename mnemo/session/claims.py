@@ -4,10 +4,10 @@ A boundary's background commit, a flush and a close each claim the uncommitted s
 are about to extract; what another live holder has claimed is left to it, so that no model
 is asked about a step twice. A claim lasts until the step is committed, the claimer gives it
 up (its commit failed), or the claimer leaves (closed, unseen for a lease, its process gone).
-A close, which must see every step committed before its session is idle, waits for the
-claims of others (`settle`), at most an extraction's time limit; then it extracts what is
-still open itself, which is what happened before claims existed (the graph still takes each
-step once: `StepsCommitted`).
+A close, which must see every step committed before its session is idle, first waits for
+the claims of others (`settle`), at most an extraction's time limit; then it extracts what is
+still open itself, even what is still claimed, which is what happened before claims existed
+(the graph still takes each step once: `StepsCommitted`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ import anyio
 from mnemo.episode.model import StepRecord
 from mnemo.errors import StorageError
 from mnemo.session.records import SessionRecord
-from mnemo.session.registry import POLL_INTERVAL, Sessions
+from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
-# A wait for another Memory's claims looks again at least this often, though the store's
-# change token has not moved: a claimer that died writes nothing, its claims lapse with time.
+# A wait for another Memory's claims looks at the store's change token this often (every
+# commit on the store moves it, so each look that finds it moved reads the episode and claims
+# again: at most five times a second), and looks again at least every `RECHECK` seconds
+# though the token has not moved: a claimer that died writes nothing, its claims lapse.
+SETTLE_INTERVAL = 0.2
 RECHECK = 1.0
 
 
@@ -69,21 +72,22 @@ async def settle(
     open_steps = list(steps)
     co = live.coordination
     with anyio.move_on_after(within):
-        # Taken after this Memory's own claim: on PostgreSQL its write moves the token too.
-        token = await co.change_token()
-        while open_steps:
-            waited = 0.0
-            while waited < RECHECK:
-                await anyio.sleep(POLL_INTERVAL)
-                waited += POLL_INTERVAL
-                if await co.change_token() != token:
-                    break
+        while True:
+            # Taken before the look: a commit or a release landing during it moves the token,
+            # and is looked at again at once.
+            token = await co.change_token()
             await take_commits(live, session)
             open_steps = [s for s in open_steps if s.committed_in is None]
             mine = {s.id for s in await claim(live, session, open_steps)}
             open_steps = [s for s in open_steps if s.id not in mine]
-            token = await co.change_token()
-        return
+            if not open_steps:
+                return
+            waited = 0.0
+            while waited < RECHECK:
+                await anyio.sleep(SETTLE_INTERVAL)
+                waited += SETTLE_INTERVAL
+                if await co.change_token() != token:
+                    break
     log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",
                 session.id, len(open_steps), within)
 

@@ -205,21 +205,17 @@ async def _close_changeset(
     live: Sessions, session: SessionRecord
 ) -> tuple[Changeset, list[StepRecord]]:
     """The auto-commit close's changeset and the steps it commits: those no commit has.
-    The ones another Memory's commit has claimed are left to it; the close extracts the rest
-    meanwhile, then waits for that commit (`claims.settle`), and extracts what it left too
-    (the memo answers what was asked already)."""
+    When another Memory's commit has claimed some, the close first waits for it
+    (`claims.settle`, at most `extraction_timeout`), then extracts what is left, once: an
+    extraction of its share while it waited would be asked again with the rest (a step's
+    reward scored in between changes the request)."""
     steps = _uncommitted(session)
     mine = await claims.claim(live, session, steps)
-    changeset = await _changeset(live, session, mine)
-    if len(mine) == len(steps):
-        return changeset, mine
-    others = [s for s in steps if s not in mine]
-    await claims.settle(live, session, others,
-                        within=session.runtime.config.extraction_timeout)
-    left = _uncommitted(session)
-    if [s.id for s in left] == [s.id for s in mine]:
-        return changeset, mine
-    return await _changeset(live, session, left), left
+    if len(mine) < len(steps):
+        await claims.settle(live, session, [s for s in steps if s not in mine],
+                            within=session.runtime.config.extraction_timeout)
+        steps = _uncommitted(session)
+    return await _changeset(live, session, steps), steps
 
 
 async def _run_queue(live: Sessions, session: SessionRecord) -> None:
@@ -347,8 +343,15 @@ async def _background_commit(
         assert episode is not None
         mine = await claims.claim(live, session, steps)
         if len(mine) < len(steps):
-            # Committed, or claimed by another Memory's commit: left to it.
+            # Committed, or claimed by another Memory's commit: left to it. What the store
+            # says of them is taken in (a commit elsewhere moves no version), and a flush
+            # looks again a full timeout from now, not at once.
             session.claimed.difference_update(s.id for s in steps if s not in mine)
+            session.flush_after = anyio.current_time()
+            try:
+                await claims.take_commits(live, session)
+            except StorageError as exc:
+                log.warning("%s: could not read its steps again: %r", session.id, exc)
             steps = mine
         if not steps:
             _background_done(live, session, steps)

@@ -279,7 +279,8 @@ class SessionService:
         """Closes, waits for the extraction and commits; retries a failed extraction.
 
         Each wait lasts as long as the session's `extraction_timeout` allows (plus a grace, so
-        that the extraction's own timeout reports first), or `max_polls * poll_interval`
+        that the extraction's own timeout reports first; twice that in auto-commit, whose
+        close may first wait for another Memory's commit), or `max_polls * poll_interval`
         seconds when `max_polls` is given (it is woken by the state change, it does not poll).
 
         Raises:
@@ -292,7 +293,10 @@ class SessionService:
             await transitions.close(self._live, session)
         retries = 0
         if max_polls is None:
-            wait = session.config.extraction_timeout * 1.1 + 1.0
+            # An auto-commit close may first wait as long for another Memory's commit of
+            # the same steps (`claims.settle`).
+            phases = 2 if session.config.auto_commit else 1
+            wait = session.config.extraction_timeout * 1.1 * phases + 1.0
         else:
             wait = max(max_polls, 1) * max(poll_interval, 0.0)
         while True:

@@ -22,6 +22,7 @@ import pytest
 
 import mnemo
 from mnemo import State
+from mnemo.session import claims
 from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, extracted_observations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,37 +182,43 @@ async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease
 
 
 async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
-    store: str, tmp_path: Path
+    store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A child's boundary commit of the first trajectory hangs in its model call, its steps
-    claimed in the store. A close in this process extracts the rest, then waits: while the
-    child lives, the claimed steps are left to it. Once the child is SIGKILLed, the close
-    takes them over (its process is gone from this host) and the session ends idle, each
-    step asked once here and in the graph once. Before claims, the close asked about the
-    child's steps at once, while the child was still at work on them."""
+    claimed in the store. A close in this process waits: while the child lives, the claimed
+    steps are left to it. Once the child is SIGKILLed, the close takes them over (its process
+    is gone from this host) and the session ends idle, each step asked once here and in the
+    graph once. Before claims, the close asked about the child's steps at once, while the
+    child was still at work on them."""
     llm, events = FakeLLM(), EventLog()
     auto = mnemo.Config(lease_timeout=LEASE, auto_commit=True)
+    waiting = anyio.Event()
+    settle = claims.settle
+
+    async def noted(*args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        await settle(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "settle", noted)
     async with children() as tg:
         async with holding(tg, tmp_path, store, "hold_auto") as (holder, sid):
             async with mnemo.Memory(
                 store, llm=llm, embedder=FakeEmbedder(), config=auto, on_event=events
             ) as mem:
                 await mem.open_repo(REPO, config=auto)
-                asked = llm.hold("semantic")
                 await mem.close(sid)
                 with anyio.fail_after(30):
-                    await asked.started.wait()
-                asked.release()
+                    await waiting.wait()
                 # Half a lease with the child alive: the close waits for its claims.
                 with anyio.move_on_after(LEASE / 2):
                     await events.wait_state(mem, sid, State.IDLE, State.FAILED, within=LEASE)
                 assert await mem.session_state(sid) is State.EXTRACTING
-                assert extracted_observations(llm) == ["open door"]
+                assert extracted_observations(llm) == []
                 await holder.kill()
                 landed = await events.wait_state(mem, sid, State.IDLE, State.FAILED,
                                                  within=LEASE * 3)
                 assert landed is State.IDLE
-                assert extracted_observations(llm) == ["open door", "walk north", "walk east"]
+                assert extracted_observations(llm) == ["walk north", "walk east", "open door"]
                 facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
                 assert sorted(f.text for f in facts) == [
                     "fact: open door", "fact: walk east", "fact: walk north"]

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
+import pytest
 
 import mnemo
+from mnemo.session import claims
 from mnemo.session.ports import HolderInfo
 from tests.backends import backend_of, sql
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
@@ -41,6 +44,25 @@ async def in_the_graph(mem: mnemo.Memory) -> list[str]:
     return sorted(n.text.split(" -> ")[0] for n in steps)
 
 
+def waiting_for_claims(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
+    """Set when a close starts to wait for the claims of another holder (`claims.settle`)."""
+    waiting = anyio.Event()
+    settle = claims.settle
+
+    async def noted(*args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        await settle(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "settle", noted)
+    return waiting
+
+
+async def version(mem: mnemo.Memory, sid: str) -> int:
+    lease = await backend_of(mem).coordination.lease(sid)
+    assert lease is not None
+    return lease.version
+
+
 async def claims_left(mem: mnemo.Memory) -> list[tuple[object, ...]]:
     return await sql(mem, "SELECT step_id, holder FROM step_claims")
 
@@ -58,13 +80,14 @@ async def claimed_by_another(mem: mnemo.Memory, sid: str, name: str, *, seen: da
 
 
 async def test_a_close_while_another_memorys_background_commit_runs_extracts_each_step_once(
-    store: str,
+    store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A's boundary hands the first trajectory to a background commit, held in its model
-    call; B closes the session meanwhile. B extracts the rest, then waits for A's commit
-    instead of extracting the same step again: every step is asked of a model once, and is
-    in the graph once. Before the store knew which steps a commit had taken, B extracted
-    "walk north" too, and one of the two commits was refused (the model's work done twice)."""
+    call; B closes the session meanwhile. B waits for A's commit instead of extracting the
+    same step again, then extracts the rest: every step is asked of a model once, and is in
+    the graph once. Before the store knew which steps a commit had taken, B extracted "walk
+    north" too, and one of the two commits was refused (the model's work done twice)."""
+    waiting = waiting_for_claims(monkeypatch)
     async with AsyncExitStack() as stack:
         a, a_llm, a_events = await opened(stack, store, AUTO)
         b, b_llm, b_events = await opened(stack, store)
@@ -74,13 +97,11 @@ async def test_a_close_while_another_memorys_background_commit_runs_extracts_eac
         await a.append(sid, "open door", "push door")  # a boundary: step 0 commits
         with anyio.fail_after(10):
             await held.started.wait()
-        b_held = b_llm.hold("semantic")
         await b.close(sid)
         with anyio.fail_after(10):
-            # B's close extracts what nobody has taken while A's commit runs.
-            await b_held.started.wait()
+            await waiting.wait()
+        assert b_llm.calls == []
         held.release()
-        b_held.release()
         with anyio.fail_after(10):
             landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
         assert landed is mnemo.State.IDLE
@@ -94,10 +115,12 @@ async def test_a_close_while_another_memorys_background_commit_runs_extracts_eac
 async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
     store: str,
 ) -> None:
-    """A drives the session (flush_timeout 0.3 s); B appends a boundary, whose background
+    """A drives the session (flush_timeout 0.5 s); B appends a boundary, whose background
     commit of "walk north" is held in B's model call. A's flush comes meanwhile: it extracts
-    and commits "open door" only. Before, A's flush extracted "walk north" as well."""
-    config = mnemo.Config(auto_commit=True, flush_timeout=0.3, session_timeout=None)
+    and commits "open door" only. Before, A's flush extracted "walk north" as well. Once B's
+    commit lands, A stops flushing: it takes in that the step is committed (a review found
+    it claimed the session again at every timeout, for good, each time moving its version)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.5, session_timeout=None)
     async with AsyncExitStack() as stack:
         a, a_llm, a_events = await opened(stack, store, config)
         b, b_llm, b_events = await opened(stack, store)
@@ -113,6 +136,10 @@ async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
         with anyio.fail_after(10):
             committed = await b_events.wait_for(lambda e: e.kind == "trajectory_committed")
         assert committed.data["step_indices"] == [0]
+        await anyio.sleep(1.0)  # two of A's flush timeouts: it looks again, once
+        before = await version(a, sid)
+        await anyio.sleep(1.5)  # three more: nothing is left to flush
+        assert await version(a, sid) == before
         assert extracted_observations(a_llm) == ["open door"]
         assert extracted_observations(b_llm) == ["walk north"]
         assert await in_the_graph(a) == ["open door", "walk north"]
@@ -140,27 +167,32 @@ async def test_the_claims_of_a_holder_that_left_are_taken_at_once(store: str) ->
         assert await claims_left(b) == []
 
 
-async def test_a_close_extracts_what_a_live_claimer_gives_up(store: str) -> None:
-    """A live holder claimed the first step: B's boundary leaves it, and B's close extracts
-    the rest, then waits. When the holder gives its claim up (its commit failed), the close
-    claims and extracts that step too, each step asked once, and ends idle."""
+async def test_a_close_extracts_what_a_live_claimer_gives_up(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live holder claimed the first step: B's boundary leaves it, and B's close waits.
+    When the holder gives its claim up (its commit failed), the close claims it and extracts
+    every step, each task asked once a trajectory, and ends idle."""
+    waiting = waiting_for_claims(monkeypatch)
     async with AsyncExitStack() as stack:
         b, b_llm, b_events = await opened(stack, store, AUTO)
         sid = await b.start_session("explore the house", repo=REPO)
         await b.append(sid, "walk north", "go north")
         step = await claimed_by_another(b, sid, "failing", seen=datetime.now(UTC))
         await b.append(sid, "open door", "push door")  # a boundary: left to "failing"
-        held = b_llm.hold("semantic")
         await b.close(sid)
         with anyio.fail_after(10):
-            await held.started.wait()
-        held.release()
-        assert await b.session_state(sid) is mnemo.State.EXTRACTING  # waiting for "failing"
+            await waiting.wait()
+        assert await b.session_state(sid) is mnemo.State.EXTRACTING
+        asked_before = b_llm.tasks()
         await backend_of(b).coordination.release_steps("failing", [step])
         with anyio.fail_after(10):
             landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
         assert landed is mnemo.State.IDLE
-        assert extracted_observations(b_llm) == ["open door", "walk north"]
+        assert "semantic" not in asked_before
+        assert extracted_observations(b_llm) == ["walk north", "open door"]
+        extraction = [t for t in b_llm.tasks() if t in ("semantic", "procedural")]
+        assert sorted(extraction) == ["procedural"] * 2 + ["semantic"] * 2
         assert await in_the_graph(b) == ["open door", "walk north"]
         assert not [e for e in b_events.events if e.kind == "trajectory_committed"]
         assert await claims_left(b) == []
@@ -185,5 +217,5 @@ async def test_a_close_waits_for_a_claim_no_longer_than_an_extractions_time_limi
             landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED,
                                                within=10)
         assert landed is mnemo.State.IDLE
-        assert extracted_observations(b_llm) == ["open door", "walk north"]
+        assert extracted_observations(b_llm) == ["walk north", "open door"]
         assert await in_the_graph(b) == ["open door", "walk north"]

@@ -131,18 +131,30 @@ class PgCoordination:
         ids = list(step_ids)
         if not ids:
             return set()
+        # Rows are locked in the order of their ids, so two claims of overlapping steps
+        # wait for each other instead of deadlocking.
         async with self._pg.transaction() as conn:
             await conn.execute(
-                "DELETE FROM step_claims WHERE step_id = ANY(%s) AND holder <> %s"
-                f" AND {_departed('step_claims.holder')}",
+                "DELETE FROM step_claims WHERE step_id IN (SELECT step_id FROM step_claims"
+                " WHERE step_id = ANY(%s) AND holder <> %s"
+                f" AND {_departed('step_claims.holder')}"
+                ' ORDER BY step_id COLLATE "C" FOR UPDATE)',
                 (ids, holder_id, unseen_since, list(gone)),
             )
             # A racing claim of the same step waits on this one's row, then leaves it.
             await conn.execute(
                 "INSERT INTO step_claims(step_id, session_id, holder)"
                 " SELECT id, session_id, %s FROM steps WHERE id = ANY(%s)"
-                " AND session_id = %s AND committed_in IS NULL ON CONFLICT DO NOTHING",
+                " AND session_id = %s AND committed_in IS NULL"
+                ' ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING',
                 (holder_id, ids, session_id),
+            )
+            # A commit that dropped a step's claim while the insert waited on it was not in
+            # the insert's snapshot: each statement sees it now.
+            await conn.execute(
+                "DELETE FROM step_claims c USING steps s WHERE c.step_id = s.id"
+                " AND c.step_id = ANY(%s) AND c.holder = %s AND s.committed_in IS NOT NULL",
+                (ids, holder_id),
             )
             cur = await conn.execute(
                 "SELECT step_id FROM step_claims WHERE step_id = ANY(%s) AND holder = %s",

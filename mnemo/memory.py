@@ -262,8 +262,9 @@ class Memory(GraphMethods, ConversationMethods):
     ) -> CommitReceipt:
         """Closes, waits for extraction, and commits; retries a failed extraction up to
         `max_retries` times. Each wait lasts as long as the session's `extraction_timeout`
-        allows, or `max_polls * poll_interval` seconds when `max_polls` is given. In auto-commit
-        the receipt holds what the close committed.
+        allows (twice, in auto-commit: the close may first wait for commits of its steps
+        under way), or `max_polls * poll_interval` seconds when `max_polls` is given. In
+        auto-commit the receipt holds what the close committed.
 
         Raises:
             PipelineError: "extraction_failed" or "extraction_timeout".

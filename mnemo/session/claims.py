@@ -53,7 +53,8 @@ async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRe
     if live.holder_id is None or not steps:
         return
     try:
-        await live.coordination.release_steps(live.holder_id, [s.id for s in steps])
+        await live.coordination.release_steps(session.id, live.holder_id,
+                                              [s.id for s in steps])
     except StorageError as exc:
         log.warning("%s: could not give up its claim on %d steps: %r", session.id, len(steps),
                     exc)
@@ -75,19 +76,24 @@ async def settle(
         while True:
             # Taken before the look: a commit or a release landing during it moves the token,
             # and is looked at again at once.
-            token = await co.change_token()
-            await take_commits(live, session)
-            open_steps = [s for s in open_steps if s.committed_in is None]
-            mine = {s.id for s in await claim(live, session, open_steps)}
-            open_steps = [s for s in open_steps if s.id not in mine]
-            if not open_steps:
-                return
-            waited = 0.0
-            while waited < RECHECK:
-                await anyio.sleep(SETTLE_INTERVAL)
-                waited += SETTLE_INTERVAL
-                if await co.change_token() != token:
-                    break
+            try:
+                token = await co.change_token()
+                await take_commits(live, session)
+                open_steps = [s for s in open_steps if s.committed_in is None]
+                mine = {s.id for s in await claim(live, session, open_steps)}
+                open_steps = [s for s in open_steps if s.id not in mine]
+                if not open_steps:
+                    return
+                waited = 0.0
+                while waited < RECHECK:
+                    await anyio.sleep(SETTLE_INTERVAL)
+                    waited += SETTLE_INTERVAL
+                    if await co.change_token() != token:
+                        break
+            except StorageError as exc:
+                # Busy, or away for a moment: the wait goes on, and looks again.
+                log.warning("%s: could not look at the claims of others: %r", session.id, exc)
+                await anyio.sleep(RECHECK)
     log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",
                 session.id, len(open_steps), within)
 

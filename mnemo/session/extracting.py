@@ -4,8 +4,9 @@
   `extract_episode` in the background: it ends `ready`, or, in auto-commit, committed and
   `idle`, or `failed`; never extracting with nobody working on it.
 - `start_background` extracts and commits finished trajectories of an auto-commit session while
-  it keeps collecting (its steps are `claimed` meanwhile, here and in the store (`claims`), so
-  that no close or flush, through this Memory or another, extracts them twice).
+  it keeps collecting (its steps are `claimed` meanwhile, here and in the store (`claims`): a
+  flush or a close, through this Memory or another, leaves them to it while it lives, a
+  close waiting at most an extraction's time limit).
 - `commit_steps` applies a changeset together with the session's side of it, deduplicating
   intents by `intent_policy`.
 """
@@ -136,11 +137,12 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
 
 async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
     episode = session.episode
+    started = anyio.current_time()
     try:
         while session.background:
             await session.changed.wait()
         if session.config.auto_commit:
-            moved = await _auto_commit_rest(live, session)
+            moved = await _auto_commit_rest(live, session, started)
         else:
             steps = [s for s in episode.steps if extractable(session, s)] if episode else []
             changeset = await _changeset(live, session, steps)
@@ -174,14 +176,15 @@ async def _changeset(
     return await _extract_steps(live, session, episode, steps)
 
 
-async def _auto_commit_rest(live: Sessions, session: SessionRecord) -> bool:
+async def _auto_commit_rest(live: Sessions, session: SessionRecord, started: float) -> bool:
     """An auto-commit close: extracts and commits the steps no background commit has, here or
     through another Memory (what the store says; `_close_changeset` waits for the ones another
-    Memory has claimed), then `idle`. When another Memory's commits land in between, what is
-    left is extracted again, up to `_ATTEMPTS` times."""
+    Memory has claimed, until an extraction's time limit from `started`), then `idle`. When
+    another Memory's commits land in between, what is left is extracted again, up to
+    `_ATTEMPTS` times."""
     for attempt in range(_ATTEMPTS):
         await claims.take_commits(live, session)
-        changeset, steps = await _close_changeset(live, session)
+        changeset, steps = await _close_changeset(live, session, started)
         try:
             return await _auto_commit_close(live, session, changeset, steps)
         except StepsCommittedElsewhere:
@@ -202,18 +205,20 @@ def _uncommitted(session: SessionRecord) -> list[StepRecord]:
 
 
 async def _close_changeset(
-    live: Sessions, session: SessionRecord
+    live: Sessions, session: SessionRecord, started: float
 ) -> tuple[Changeset, list[StepRecord]]:
     """The auto-commit close's changeset and the steps it commits: those no commit has.
     When another Memory's commit has claimed some, the close first waits for it
-    (`claims.settle`, at most `extraction_timeout`), then extracts what is left, once: an
-    extraction of its share while it waited would be asked again with the rest (a step's
-    reward scored in between changes the request)."""
+    (`claims.settle`), until an extraction's time limit from `started` (the close's wait for
+    its own background commits counts), then extracts what is left, once: an extraction of
+    its share while it waited would be asked again with the rest (a step's reward scored in
+    between changes the request)."""
     steps = _uncommitted(session)
     mine = await claims.claim(live, session, steps)
     if len(mine) < len(steps):
+        limit = started + session.runtime.config.extraction_timeout
         await claims.settle(live, session, [s for s in steps if s not in mine],
-                            within=session.runtime.config.extraction_timeout)
+                            within=max(limit - anyio.current_time(), 0.0))
         steps = _uncommitted(session)
     return await _changeset(live, session, steps), steps
 

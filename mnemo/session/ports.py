@@ -174,8 +174,9 @@ class Coordination(Protocol):
         ...
 
     async def retire(self, holder_id: str, now: datetime) -> None:
-        """The holder closes: its record goes, its leases end at `now` and its step claims
-        go, so that another `Memory` may take its work over at once."""
+        """The holder closes: its record goes and its leases end at `now` (its step claims
+        with it: a claim lasts while its holder is recorded), so that another `Memory` may
+        take its work over at once."""
         ...
 
     async def holders(self) -> list[HolderInfo]:
@@ -221,8 +222,11 @@ class Coordination(Protocol):
         ones it held before). A commit of a step, and the session's end, drop its claim."""
         ...
 
-    async def release_steps(self, holder_id: str, step_ids: Sequence[str]) -> None:
-        """Drops `holder_id`'s claims on `step_ids`: it will not commit them after all."""
+    async def release_steps(
+        self, session_id: str, holder_id: str, step_ids: Sequence[str]
+    ) -> None:
+        """Drops `holder_id`'s claims on the session's `step_ids`: it will not commit them
+        after all."""
         ...
 
     async def queue_op(self, op: StoredOp) -> None:

@@ -293,8 +293,8 @@ class SessionService:
             await transitions.close(self._live, session)
         retries = 0
         if max_polls is None:
-            # An auto-commit close may first wait as long for another Memory's commit of
-            # the same steps (`claims.settle`).
+            # An auto-commit close may first wait as long for its own background commits
+            # and another Memory's commit of the same steps (`claims.settle`).
             phases = 2 if session.config.auto_commit else 1
             wait = session.config.extraction_timeout * 1.1 * phases + 1.0
         else:

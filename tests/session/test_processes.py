@@ -191,7 +191,9 @@ async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
     graph once. Before claims, the close asked about the child's steps at once, while the
     child was still at work on them."""
     llm, events = FakeLLM(), EventLog()
-    auto = mnemo.Config(lease_timeout=LEASE, auto_commit=True)
+    # A long lease here: a late heartbeat of the child must not pass for its death (its
+    # process gone from this host is seen at once).
+    auto = mnemo.Config(lease_timeout=30.0, auto_commit=True)
     waiting = anyio.Event()
     settle = claims.settle
 

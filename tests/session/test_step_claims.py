@@ -136,7 +136,7 @@ async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
         with anyio.fail_after(10):
             committed = await b_events.wait_for(lambda e: e.kind == "trajectory_committed")
         assert committed.data["step_indices"] == [0]
-        await anyio.sleep(1.0)  # two of A's flush timeouts: it looks again, once
+        await anyio.sleep(2.0)  # four of A's flush timeouts: it looks again, once
         before = await version(a, sid)
         await anyio.sleep(1.5)  # three more: nothing is left to flush
         assert await version(a, sid) == before
@@ -185,7 +185,7 @@ async def test_a_close_extracts_what_a_live_claimer_gives_up(
             await waiting.wait()
         assert await b.session_state(sid) is mnemo.State.EXTRACTING
         asked_before = b_llm.tasks()
-        await backend_of(b).coordination.release_steps("failing", [step])
+        await backend_of(b).coordination.release_steps(sid, "failing", [step])
         with anyio.fail_after(10):
             landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
         assert landed is mnemo.State.IDLE

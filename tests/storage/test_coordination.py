@@ -227,7 +227,7 @@ async def test_claim_steps_leaves_a_live_holders_claims_to_it(
     assert await claim("me", 0, 1, 2, 3, 4, 5, gone=("dead_pid",)) == [2, 3, 4]
     assert await claim("alive", 0, 1, 2) == [0, 1]  # its own still, not me's
     assert await claim("me", 2) == [2]  # held already
-    await co.release_steps("alive", [steps[1]])
+    await co.release_steps(sid, "alive", [steps[1]])
     assert await claim("me", 0, 1) == [1]
     await co.retire("alive", cut + timedelta(seconds=2))
     assert await claim("me", 0) == [0]

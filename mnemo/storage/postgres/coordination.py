@@ -12,6 +12,7 @@ statement.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -20,9 +21,23 @@ from psycopg.types.json import Jsonb
 
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Connection, Postgres
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+
+
+def claims_lock_key(session_id: str) -> int:
+    """The advisory-lock key of a session's step claims: 64 bits of a digest of its id."""
+    digest = hashlib.sha256(b"mnemo.step_claims:" + session_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def lock_claims(conn: Connection, session_id: str) -> None:
+    """Serialises, until the end of `conn`'s transaction, every write of the session's step
+    claims (a claim, a release, a commit's or an end's drop): without it, two writers that
+    lock claim rows in different orders across their statements deadlock, and a claim could
+    take a step a commit in flight was marking committed."""
+    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (claims_lock_key(session_id),))
 
 
 def _departed(column: str) -> str:
@@ -70,7 +85,6 @@ class PgCoordination:
     async def retire(self, holder_id: str, now: datetime) -> None:
         async with self._pg.transaction() as conn:
             await conn.execute("DELETE FROM holders WHERE id = %s", (holder_id,))
-            await conn.execute("DELETE FROM step_claims WHERE holder = %s", (holder_id,))
             await conn.execute(
                 "UPDATE sessions SET lease_until = %s WHERE holder = %s", (now, holder_id)
             )
@@ -131,30 +145,20 @@ class PgCoordination:
         ids = list(step_ids)
         if not ids:
             return set()
-        # Rows are locked in the order of their ids, so two claims of overlapping steps
-        # wait for each other instead of deadlocking.
         async with self._pg.transaction() as conn:
+            # Each statement after the lock reads what the session's last claim-row writer
+            # committed: a commit of a step in flight is waited for, then seen.
+            await lock_claims(conn, session_id)
             await conn.execute(
-                "DELETE FROM step_claims WHERE step_id IN (SELECT step_id FROM step_claims"
-                " WHERE step_id = ANY(%s) AND holder <> %s"
-                f" AND {_departed('step_claims.holder')}"
-                ' ORDER BY step_id COLLATE "C" FOR UPDATE)',
+                "DELETE FROM step_claims WHERE step_id = ANY(%s) AND holder <> %s"
+                f" AND {_departed('step_claims.holder')}",
                 (ids, holder_id, unseen_since, list(gone)),
             )
-            # A racing claim of the same step waits on this one's row, then leaves it.
             await conn.execute(
                 "INSERT INTO step_claims(step_id, session_id, holder)"
                 " SELECT id, session_id, %s FROM steps WHERE id = ANY(%s)"
-                " AND session_id = %s AND committed_in IS NULL"
-                ' ORDER BY id COLLATE "C" ON CONFLICT DO NOTHING',
+                " AND session_id = %s AND committed_in IS NULL ON CONFLICT DO NOTHING",
                 (holder_id, ids, session_id),
-            )
-            # A commit that dropped a step's claim while the insert waited on it was not in
-            # the insert's snapshot: each statement sees it now.
-            await conn.execute(
-                "DELETE FROM step_claims c USING steps s WHERE c.step_id = s.id"
-                " AND c.step_id = ANY(%s) AND c.holder = %s AND s.committed_in IS NOT NULL",
-                (ids, holder_id),
             )
             cur = await conn.execute(
                 "SELECT step_id FROM step_claims WHERE step_id = ANY(%s) AND holder = %s",
@@ -163,11 +167,14 @@ class PgCoordination:
             rows: list[tuple[Any, ...]] = await cur.fetchall()
         return {str(step_id) for step_id, in rows}
 
-    async def release_steps(self, holder_id: str, step_ids: Sequence[str]) -> None:
+    async def release_steps(
+        self, session_id: str, holder_id: str, step_ids: Sequence[str]
+    ) -> None:
         ids = list(step_ids)
         if not ids:
             return
-        async with self._pg.connection() as conn:
+        async with self._pg.transaction() as conn:
+            await lock_claims(conn, session_id)
             await conn.execute(
                 "DELETE FROM step_claims WHERE holder = %s AND step_id = ANY(%s)",
                 (holder_id, ids),

@@ -29,6 +29,7 @@ from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.postgres.connection import Connection, Postgres
+from mnemo.storage.postgres.coordination import lock_claims
 
 __all__ = ["PgSessions", "side_writes"]
 
@@ -220,6 +221,7 @@ class PgSessions:
                 " AND result IS NULL",
                 (session_id,),
             )
+            await lock_claims(conn, session_id)
             await conn.execute("DELETE FROM step_claims WHERE session_id = %s", (session_id,))
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
@@ -338,6 +340,7 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
                 # steps) or gone: the commit's transaction writes nothing.
                 raise StepsCommittedElsewhere(write.session_id)
             # Committed: nobody extracts them again, so nobody needs to claim them.
+            await lock_claims(conn, write.session_id)
             await conn.execute(
                 "DELETE FROM step_claims WHERE step_id = ANY(%s)",
                 ([step_id for step_id, _ in write.steps],),

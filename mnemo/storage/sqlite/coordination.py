@@ -61,7 +61,6 @@ class SqliteCoordination:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute("DELETE FROM holders WHERE id = ?", (holder_id,))
-                db.conn.execute("DELETE FROM step_claims WHERE holder = ?", (holder_id,))
                 db.conn.execute(
                     "UPDATE sessions SET lease_until = ? WHERE holder = ?",
                     (_text(now), holder_id),
@@ -162,7 +161,9 @@ class SqliteCoordination:
 
         return await self._database.run(write)
 
-    async def release_steps(self, holder_id: str, step_ids: Sequence[str]) -> None:
+    async def release_steps(
+        self, session_id: str, holder_id: str, step_ids: Sequence[str]
+    ) -> None:
         ids = list(step_ids)
         if not ids:
             return
@@ -171,8 +172,9 @@ class SqliteCoordination:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute(
-                    f"DELETE FROM step_claims WHERE holder = ? AND step_id IN ({marks})",
-                    (holder_id, *ids),
+                    "DELETE FROM step_claims WHERE session_id = ? AND holder = ?"
+                    f" AND step_id IN ({marks})",
+                    (session_id, holder_id, *ids),
                 )
 
         await self._database.run(write)

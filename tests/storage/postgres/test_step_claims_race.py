@@ -10,6 +10,7 @@ import psycopg
 
 import mnemo
 from mnemo.session.ports import HolderInfo
+from mnemo.storage.postgres.coordination import claims_lock_key
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
 
@@ -34,9 +35,10 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
     pg_url: str,
 ) -> None:
     """Holder y claimed a step and commits it (its transaction marks the step committed and
-    drops the claim); holder x claims the same step meanwhile and waits on y's row. Once y's
-    commit lands, x gets nothing and keeps no claim. Before, x's insert, whose snapshot
-    predated y's commit, claimed the committed step: extracted twice (a review)."""
+    drops the claim, under the session's claims lock); holder x claims the same step
+    meanwhile and waits. Once y's commit lands, x gets nothing and keeps no claim. Before, x's
+    insert, whose snapshot predated y's commit, claimed the committed step: extracted twice
+    (a review)."""
     async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo("r")
         sid = await mem.start_session("explore", repo="r")
@@ -54,6 +56,7 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
             # y's commit, as `side_writes` makes it, not yet committed.
             await commit.execute("UPDATE steps SET committed_in = 'changeset_y' WHERE id = %s",
                                  (step,))
+            await commit.execute("SELECT pg_advisory_xact_lock(%s)", (claims_lock_key(sid),))
             await commit.execute("DELETE FROM step_claims WHERE step_id = %s", (step,))
 
             async def claim() -> None:
@@ -66,3 +69,47 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
                 await commit.commit()
         assert granted == [set()]
         assert await sql(backend, "SELECT step_id, holder FROM step_claims") == []
+
+
+async def test_overlapping_claims_of_holders_that_disagree_on_a_departure_do_not_deadlock(
+    pg_url: str,
+) -> None:
+    """Holder d claimed step b. x, which takes d for gone, is half-way through its claim of
+    a and b (d's claim of b deleted, its own rows not yet inserted: its statements, on a
+    connection of the test); y, which takes d for alive, claims a and b meanwhile. y waits
+    for x's claim to end, then gets nothing; x gets both. Before the session's claims lock,
+    y inserted a, then waited on b, while x's insert of a waited on y: a deadlock, which
+    PostgreSQL breaks by failing one of them (a review)."""
+    async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("r")
+        sid = await mem.start_session("explore", repo="r")
+        await mem.append(sid, "look", "act")
+        await mem.append(sid, "look again", "act again")
+    now = datetime.now(UTC)
+    async with open_stores(pg_url, FakeEmbedder().dim) as backend:
+        co = backend.coordination
+        a, b = [str(r[0]) for r in await sql(
+            backend, "SELECT id FROM steps WHERE session_id = ? ORDER BY idx", sid)]
+        for name in ("d", "x", "y"):
+            await co.register(HolderInfo(name, "another-host", 1, now, now))
+        cut = now - timedelta(seconds=30)
+        assert await co.claim_steps(sid, [b], "d", unseen_since=cut) == {b}
+        granted: list[set[str]] = []
+        async with await psycopg.AsyncConnection.connect(pg_url) as x:
+            await x.execute("SELECT pg_advisory_xact_lock(%s)", (claims_lock_key(sid),))
+            await x.execute("DELETE FROM step_claims WHERE step_id = %s", (b,))
+
+            async def claim() -> None:
+                granted.append(await co.claim_steps(sid, [a, b], "y", unseen_since=cut))
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(claim)
+                    await _until_a_lock_wait(pg_url)
+                    await x.execute(
+                        "INSERT INTO step_claims(step_id, session_id, holder)"
+                        " VALUES (%s, %s, 'x'), (%s, %s, 'x')", (a, sid, b, sid))
+                    await x.commit()
+        assert granted == [set()]
+        assert sorted(await sql(backend, "SELECT step_id, holder FROM step_claims")) == [
+            (a, "x"), (b, "x")]

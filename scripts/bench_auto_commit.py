@@ -4,9 +4,10 @@ Each session appends three steps on each of three topics (two trajectory boundar
 background commits of the finished trajectory), then `close_and_commit` until it is idle. The
 offline LLM and the hashing embedder answer at once, so what is timed is mnemo's own work and
 its store: the background commits' claims, the close's claim, its extraction and its commit.
-One Memory on a fresh SQLite file (or `--store` a PostgreSQL URL), sessions one after another.
+One Memory on a fresh SQLite file (and, with `--store embedded` or a PostgreSQL URL, on a
+fresh PostgreSQL database), sessions one after another.
 
-Run: `.venv/bin/python scripts/bench_auto_commit.py [--sessions 40] [--store URL]`, or with
+Run: `.venv/bin/python scripts/bench_auto_commit.py [--sessions 40] [--store embedded]`, or with
 `PYTHONPATH=<a copy of another commit>` to compare codes (the scripts honour it).
 """
 
@@ -14,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
-from pathlib import Path
 from statistics import median, quantiles
 
 import anyio
 from _bench import facts_table, machine_facts, markdown_table
+from _stores import open_stores, store_argument
 from rich.console import Console
 
 import mnemo
@@ -63,24 +63,29 @@ async def run_sessions(store: str, sessions: int) -> dict[str, list[float]]:
     return timings
 
 
+async def run(sessions: int, store: str | None) -> None:
+    rows: list[list[str]] = []
+    facts = machine_facts()
+    facts["argv"] = " ".join(sys.argv)
+    async with open_stores(store, "mnemo-bench-auto-") as stores:
+        facts.update(await stores.facts())
+        for backend in stores.backends:
+            timings = await run_sessions(str(await stores.fresh(backend, "auto")), sessions)
+            for stage, samples in timings.items():
+                p95 = quantiles(samples, n=20)[-1] if len(samples) > 1 else samples[0]
+                rows.append([backend, stage, str(len(samples)), f"{median(samples):.2f}",
+                             f"{p95:.2f}"])
+    console.print(facts_table(facts))
+    console.print(markdown_table(["backend", "stage", "n", "p50 ms", "p95 ms"], rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=40)
-    parser.add_argument("--store", default=None, help="a PostgreSQL URL (default: SQLite)")
+    parser.add_argument("--store", type=store_argument, default=None,
+                        help="also PostgreSQL: 'embedded' (started here) or a URL")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="mnemo-bench-auto-") as tmp:
-        store = args.store or str(Path(tmp) / "auto.db")
-        timings = anyio.run(run_sessions, store, args.sessions)
-    rows: list[list[str]] = []
-    for stage, samples in timings.items():
-        if not samples:
-            continue
-        p95 = quantiles(samples, n=20)[-1] if len(samples) > 1 else samples[0]
-        rows.append([stage, str(len(samples)), f"{median(samples):.2f}", f"{p95:.2f}"])
-    facts = machine_facts()
-    facts["argv"] = " ".join(sys.argv)
-    console.print(facts_table(facts))
-    console.print(markdown_table(["stage", "n", "p50 ms", "p95 ms"], rows))
+    anyio.run(run, args.sessions, args.store)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import anyio
 
 from mnemo.episode.model import StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
-from mnemo.session import extracting, transitions
+from mnemo.session import claims, extracting, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StaleSession
 from mnemo.session.records import SessionRecord, current_state
@@ -113,8 +113,17 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             return
         if now < flush_at:
             return  # used meanwhile: the loop waits for the new deadline
-        if not _waiting(session):
+        waiting = _waiting(session)
+        if not waiting:
             session.flush_after = now  # nothing to flush: look again a timeout from now
+            return
+        # The steps first (`claims`): those committed elsewhere, or claimed by another
+        # Memory's commit under way, are nothing to flush here, and the session is not
+        # claimed (its version moved) for nothing.
+        mine = await claims.claim(live, session, waiting)
+        if not mine:
+            session.flush_after = now
+            await claims.take_commits(live, session)
             return
         async with session.lock:
             claimed = session.state is S.COLLECTING and await live.claim(session)
@@ -122,8 +131,9 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
                 # Moved meanwhile: the loop looks again.
                 await live.reload(session, conflict=True)
         if not claimed:
+            await claims.release(live, session, mine)
             return
-        waiting = _waiting(session)
+        waiting = [s for s in _waiting(session) if s in mine]
         if waiting:
             extracting.start_background(live, session, waiting)
     except NotFoundError:

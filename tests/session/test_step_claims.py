@@ -117,9 +117,11 @@ async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
 ) -> None:
     """A drives the session (flush_timeout 0.5 s); B appends a boundary, whose background
     commit of "walk north" is held in B's model call. A's flush comes meanwhile: it extracts
-    and commits "open door" only. Before, A's flush extracted "walk north" as well. Once B's
-    commit lands, A stops flushing: it takes in that the step is committed (a review found
-    it claimed the session again at every timeout, for good, each time moving its version)."""
+    and commits "open door" only. Before, A's flush extracted "walk north" as well. While B
+    holds its claim, and once B's commit lands, A's later flushes find nothing to do and
+    leave the session's version alone: a review found A claimed the session again at every
+    timeout, for good (it did not take in that the step was committed), and then while B's
+    claim lasted."""
     config = mnemo.Config(auto_commit=True, flush_timeout=0.5, session_timeout=None)
     async with AsyncExitStack() as stack:
         a, a_llm, a_events = await opened(stack, store, config)
@@ -132,13 +134,14 @@ async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
             await held.started.wait()
             flushed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
         assert flushed.data["step_indices"] == [1]
+        before = await version(a, sid)
+        await anyio.sleep(1.2)  # two of A's flush timeouts, B's claim held
+        assert await version(a, sid) == before
         held.release()
         with anyio.fail_after(10):
             committed = await b_events.wait_for(lambda e: e.kind == "trajectory_committed")
         assert committed.data["step_indices"] == [0]
-        await anyio.sleep(2.0)  # four of A's flush timeouts: it looks again, once
-        before = await version(a, sid)
-        await anyio.sleep(1.5)  # three more: nothing is left to flush
+        await anyio.sleep(1.2)  # two more, the step committed
         assert await version(a, sid) == before
         assert extracted_observations(a_llm) == ["open door"]
         assert extracted_observations(b_llm) == ["walk north"]

@@ -16,10 +16,12 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar, overload
 
 import anyio
+import pytest
 
 import mnemo
 from mnemo.adapters._contradiction import contradicts as offline_contradicts
 from mnemo.ports import task_inputs
+from mnemo.session import claims
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite import SqliteBackend
 from mnemo.storage.sqlite.database import Database
@@ -371,3 +373,17 @@ class Callbacks:
 
     def labels(self) -> list[str]:
         return [label for label, _ in self.results]
+
+
+def waiting_for_claims(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
+    """Set when a close starts to wait for the step claims of another holder
+    (`mnemo.session.claims.settle`, wrapped for the test)."""
+    waiting = anyio.Event()
+    settle = claims.settle
+
+    async def noted(*args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        await settle(*args, **kwargs)
+
+    monkeypatch.setattr(claims, "settle", noted)
+    return waiting

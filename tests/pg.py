@@ -248,3 +248,19 @@ def pg_empty_url(pg_server: PgServer) -> Iterator[str]:
     finally:
         pg_server.admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(name)))
+
+
+async def until_a_lock_wait(url: str) -> None:
+    """Returns once a session of the database at `url` waits for a lock (PostgreSQL
+    announces no such event: its activity view is read until it shows one)."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        with anyio.fail_after(10):
+            while True:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    return
+                await anyio.sleep(0.005)

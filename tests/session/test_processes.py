@@ -22,8 +22,14 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.session import claims
-from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, extracted_observations
+from tests.fakes import (
+    Callbacks,
+    EventLog,
+    FakeEmbedder,
+    FakeLLM,
+    extracted_observations,
+    waiting_for_claims,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "r"
@@ -194,14 +200,7 @@ async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
     # A long lease here: a late heartbeat of the child must not pass for its death (its
     # process gone from this host is seen at once).
     auto = mnemo.Config(lease_timeout=30.0, auto_commit=True)
-    waiting = anyio.Event()
-    settle = claims.settle
-
-    async def noted(*args: Any, **kwargs: Any) -> None:
-        waiting.set()
-        await settle(*args, **kwargs)
-
-    monkeypatch.setattr(claims, "settle", noted)
+    waiting = waiting_for_claims(monkeypatch)
     async with children() as tg:
         async with holding(tg, tmp_path, store, "hold_auto") as (holder, sid):
             async with mnemo.Memory(

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import anyio
 import pytest
 
 import mnemo
-from mnemo.session import claims
 from mnemo.session.ports import HolderInfo
 from tests.backends import backend_of, sql
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
+from tests.fakes import (
+    EventLog,
+    FakeEmbedder,
+    FakeLLM,
+    extracted_observations,
+    waiting_for_claims,
+)
 
 REPO = "r"
 AUTO = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None)
@@ -42,19 +46,6 @@ async def in_the_graph(mem: mnemo.Memory) -> list[str]:
     """The observations of the EPISODIC nodes in the graph, sorted."""
     steps = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
     return sorted(n.text.split(" -> ")[0] for n in steps)
-
-
-def waiting_for_claims(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
-    """Set when a close starts to wait for the claims of another holder (`claims.settle`)."""
-    waiting = anyio.Event()
-    settle = claims.settle
-
-    async def noted(*args: Any, **kwargs: Any) -> None:
-        waiting.set()
-        await settle(*args, **kwargs)
-
-    monkeypatch.setattr(claims, "settle", noted)
-    return waiting
 
 
 async def version(mem: mnemo.Memory, sid: str) -> int:

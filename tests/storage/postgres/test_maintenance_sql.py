@@ -23,6 +23,7 @@ from mnemo.storage.postgres import maintenance as pg_maintenance
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.sqlite import maintenance as sqlite_maintenance
 from mnemo.storage.sqlite.database import Database
+from tests.pg import until_a_lock_wait
 
 T = TypeVar("T")
 N = NodeType
@@ -208,22 +209,6 @@ async def twins(pg_url: str, tmp_path: Path) -> AsyncIterator[Twins]:
         await sqlite.close()
 
 
-async def _until_a_lock_wait(pg: Postgres) -> None:
-    """Returns once a session of the database waits for a lock (PostgreSQL announces no such
-    event: its activity view is read until it shows one)."""
-    with anyio.fail_after(10):
-        async with pg.connection() as conn:
-            while True:
-                cur = await conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-                row = await cur.fetchone()
-                if row is not None and row[0]:
-                    return
-                await anyio.sleep(0.005)
-
-
 async def _during_uncommitted(
     twins: Twins, statement: str, work: Callable[[], Coroutine[Any, Any, None]]
 ) -> None:
@@ -233,7 +218,7 @@ async def _during_uncommitted(
         async with twins.pg.transaction() as other:
             await other.execute(statement)
             tg.start_soon(work)
-            await _until_a_lock_wait(twins.pg)
+            await until_a_lock_wait(twins.pg.url)
 
 
 # ---- consolidate ----------------------------------------------------------------------------

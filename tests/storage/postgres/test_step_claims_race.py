@@ -13,22 +13,7 @@ from mnemo.session.ports import HolderInfo
 from mnemo.storage.postgres.coordination import claims_lock_key
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
-
-
-async def _until_a_lock_wait(url: str) -> None:
-    """Returns once a session of the database waits for a lock (its activity view is read
-    until it shows one)."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        with anyio.fail_after(10):
-            while True:
-                cur = await conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-                row = await cur.fetchone()
-                if row is not None and row[0]:
-                    return
-                await anyio.sleep(0.005)
+from tests.pg import until_a_lock_wait
 
 
 async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
@@ -64,7 +49,7 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(claim)
-                await _until_a_lock_wait(pg_url)
+                await until_a_lock_wait(pg_url)
                 assert granted == []
                 await commit.commit()
         assert granted == [set()]
@@ -105,7 +90,7 @@ async def test_overlapping_claims_of_holders_that_disagree_on_a_departure_do_not
             with anyio.fail_after(10):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(claim)
-                    await _until_a_lock_wait(pg_url)
+                    await until_a_lock_wait(pg_url)
                     await x.execute(
                         "INSERT INTO step_claims(step_id, session_id, holder)"
                         " VALUES (%s, %s, 'x'), (%s, %s, 'x')", (a, sid, b, sid))

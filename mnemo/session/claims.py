@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import anyio
 
 from mnemo.episode.model import StepRecord
-from mnemo.errors import StorageError
+from mnemo.errors import NotFoundError, StorageError
 from mnemo.session.records import SessionRecord
 from mnemo.session.registry import Sessions
 
@@ -65,10 +65,10 @@ async def settle(
 ) -> None:
     """Waits until each of `steps` (claimed by other holders) is committed, or claimed by
     this Memory (its claimer gave it up or left), at most `within` seconds. The steps'
-    `committed_in` is read from the store.
+    `committed_in` is read from the store. A storage fault is logged, and looked past.
 
     Raises:
-        StorageError: the store could not be read or written.
+        NotFoundError: the session ended meanwhile (through another Memory).
     """
     open_steps = list(steps)
     co = live.coordination
@@ -78,6 +78,10 @@ async def settle(
             # and is looked at again at once.
             try:
                 token = await co.change_token()
+                lease = await co.lease(session.id)
+                if lease is None or lease.ended:
+                    # Ended through another Memory: nothing is left to wait for or extract.
+                    raise NotFoundError("session", session.id)
                 await take_commits(live, session)
                 open_steps = [s for s in open_steps if s.committed_in is None]
                 mine = {s.id for s in await claim(live, session, open_steps)}

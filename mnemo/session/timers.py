@@ -131,7 +131,10 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
                 # Moved meanwhile: the loop looks again.
                 await live.reload(session, conflict=True)
         if not claimed:
-            await claims.release(live, session, mine)
+            # Given back, but for those a boundary's commit here took meanwhile (the store's
+            # claims are this Memory's, not one task's).
+            await claims.release(live, session,
+                                 [s for s in mine if s.id not in session.claimed])
             return
         waiting = [s for s in _waiting(session) if s in mine]
         if waiting:

@@ -213,3 +213,30 @@ async def test_a_close_waits_for_a_claim_no_longer_than_an_extractions_time_limi
         assert landed is mnemo.State.IDLE
         assert extracted_observations(b_llm) == ["walk north", "open door"]
         assert await in_the_graph(b) == ["open door", "walk north"]
+
+
+async def test_a_close_waiting_for_claims_stops_when_the_session_ends_elsewhere(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close waits for a live holder's claim; the session is ended through another Memory
+    (its end drops every claim). The close asks the model nothing and leaves no claim: a
+    review found it claimed every step of the ended session, asked the model about them, and
+    on PostgreSQL left a claim row for good."""
+    waiting = waiting_for_claims(monkeypatch)
+    async with AsyncExitStack() as stack:
+        b, b_llm, _ = await opened(stack, store, AUTO)
+        c, _, _ = await opened(stack, store)
+        sid = await b.start_session("explore the house", repo=REPO)
+        await b.append(sid, "walk north", "go north")
+        await claimed_by_another(b, sid, "other", seen=datetime.now(UTC))
+        await b.append(sid, "open door", "push door")
+        await b.close(sid)
+        with anyio.fail_after(10):
+            await waiting.wait()
+        record = b._service._live.by_id[sid]
+        await c.end_session(sid)
+        with anyio.fail_after(10):
+            while not record.ended:  # the close's end: its record dropped
+                await record.changed.wait()
+        assert extracted_observations(b_llm) == []
+        assert await claims_left(b) == []

@@ -154,10 +154,12 @@ class PgCoordination:
                 f" AND {_departed('step_claims.holder')}",
                 (ids, holder_id, unseen_since, list(gone)),
             )
+            # Not for an ended session: its end dropped every claim, a live holder's too.
             await conn.execute(
                 "INSERT INTO step_claims(step_id, session_id, holder)"
-                " SELECT id, session_id, %s FROM steps WHERE id = ANY(%s)"
-                " AND session_id = %s AND committed_in IS NULL ON CONFLICT DO NOTHING",
+                " SELECT s.id, s.session_id, %s FROM steps s JOIN sessions ss"
+                " ON ss.id = s.session_id WHERE s.id = ANY(%s) AND s.session_id = %s"
+                " AND s.committed_in IS NULL AND NOT ss.ended ON CONFLICT DO NOTHING",
                 (holder_id, ids, session_id),
             )
             cur = await conn.execute(

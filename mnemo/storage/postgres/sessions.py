@@ -206,6 +206,9 @@ class PgSessions:
         if version is not None:
             params += (version,)
         async with self._pg.transaction() as conn:
+            # The claims lock before the session's row, as a commit takes them (its steps,
+            # the claims, then the row): the other order deadlocked against a close's commit.
+            await lock_claims(conn, session_id)
             cur = await conn.execute(
                 "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
                 f" lease_until = NULL, updated_at = %s WHERE id = %s{guard}",
@@ -221,7 +224,6 @@ class PgSessions:
                 " AND result IS NULL",
                 (session_id,),
             )
-            await lock_claims(conn, session_id)
             await conn.execute("DELETE FROM step_claims WHERE session_id = %s", (session_id,))
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:

@@ -146,10 +146,12 @@ class SqliteCoordination:
                     f" AND {_departed('step_claims.holder', gone)}",
                     (*ids, holder_id, _text(unseen_since), *gone),
                 )
+                # Not for an ended session: its end dropped every claim, a live holder's too.
                 conn.execute(
                     "INSERT OR IGNORE INTO step_claims(step_id, session_id, holder)"
-                    f" SELECT id, session_id, ? FROM steps WHERE id IN ({marks})"
-                    " AND session_id = ? AND committed_in IS NULL",
+                    " SELECT s.id, s.session_id, ? FROM steps s JOIN sessions ss"
+                    f" ON ss.id = s.session_id WHERE s.id IN ({marks}) AND s.session_id = ?"
+                    " AND s.committed_in IS NULL AND ss.ended = 0",
                     (holder_id, *ids, session_id),
                 )
                 rows = conn.execute(

@@ -4,13 +4,18 @@ step is not granted that step (SQLite serialises writers, so this race is Postgr
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import psycopg
+import pytest
 
 import mnemo
+from mnemo.graph.ports import StepsCommitted
 from mnemo.session.ports import HolderInfo
+from mnemo.storage.postgres import sessions as pg_sessions
 from mnemo.storage.postgres.coordination import claims_lock_key
+from mnemo.storage.postgres.sessions import side_writes
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
 from tests.pg import until_a_lock_wait
@@ -19,11 +24,11 @@ from tests.pg import until_a_lock_wait
 async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
     pg_url: str,
 ) -> None:
-    """Holder y claimed a step and commits it (its transaction marks the step committed and
-    drops the claim, under the session's claims lock); holder x claims the same step
-    meanwhile and waits. Once y's commit lands, x gets nothing and keeps no claim. Before, x's
-    insert, whose snapshot predated y's commit, claimed the committed step: extracted twice
-    (a review)."""
+    """Holder y claimed a step and commits it (`side_writes` marks the step committed and
+    drops the claim, under the session's claims lock, in the graph's transaction); holder x
+    claims the same step meanwhile and waits. Once y's commit lands, x gets nothing and keeps
+    no claim. Before, x's insert, whose snapshot predated y's commit, claimed the committed
+    step: extracted twice (a review); and without the lock in `side_writes` too (a third)."""
     async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo("r")
         sid = await mem.start_session("explore", repo="r")
@@ -36,13 +41,12 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
             await co.register(HolderInfo(name, "another-host", 1, now, now))
         cut = now - timedelta(seconds=30)
         assert await co.claim_steps(sid, [step], "y", unseen_since=cut) == {step}
+        [(episode,)] = await sql(backend, "SELECT episode_id FROM steps WHERE id = ?", step)
         granted: list[set[str]] = []
         async with await psycopg.AsyncConnection.connect(pg_url) as commit:
-            # y's commit, as `side_writes` makes it, not yet committed.
-            await commit.execute("UPDATE steps SET committed_in = 'changeset_y' WHERE id = %s",
-                                 (step,))
-            await commit.execute("SELECT pg_advisory_xact_lock(%s)", (claims_lock_key(sid),))
-            await commit.execute("DELETE FROM step_claims WHERE step_id = %s", (step,))
+            # y's commit of the step (the graph's transaction, its side writes made).
+            await side_writes(commit, [StepsCommitted(sid, str(episode), "changeset_y",
+                                                      ((step, None),), None)])
 
             async def claim() -> None:
                 granted.append(await co.claim_steps(sid, [step], "x", unseen_since=cut))
@@ -98,3 +102,46 @@ async def test_overlapping_claims_of_holders_that_disagree_on_a_departure_do_not
         assert granted == [set()]
         assert sorted(await sql(backend, "SELECT step_id, holder FROM step_claims")) == [
             (a, "x"), (b, "x")]
+
+
+async def test_an_end_racing_a_closes_commit_waits_for_it(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close's commit (`side_writes` moving the session to idle) has taken its step's row
+    and the session's claims lock when the session is ended: the end waits for the commit,
+    then ends the session, and neither fails. The end took the session's row, then the
+    claims lock, the commit the other way round: a deadlock, which PostgreSQL broke by
+    failing one of them as `StorageError("busy")` (a third review)."""
+    async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("r", config=mnemo.Config(auto_commit=True))
+        sid = await mem.start_session("explore", repo="r")
+        await mem.append(sid, "look", "act")
+    async with open_stores(pg_url, FakeEmbedder().dim) as backend:
+        [(step, episode)] = await sql(
+            backend, "SELECT id, episode_id FROM steps WHERE session_id = ?", sid)
+        [(version,)] = await sql(backend, "SELECT version FROM sessions WHERE id = ?", sid)
+        errors: list[BaseException] = []
+        lock_claims = pg_sessions.lock_claims
+        async with await psycopg.AsyncConnection.connect(pg_url) as commit:
+
+            async def end() -> None:
+                try:
+                    await backend.sessions.end(sid)
+                except mnemo.MnemoError as exc:
+                    errors.append(exc)
+
+            async def locked_then_end(conn: Any, session_id: str) -> None:
+                await lock_claims(conn, session_id)
+                if conn is commit:  # the end comes now, and waits
+                    tg.start_soon(end)
+                    await until_a_lock_wait(pg_url)
+
+            monkeypatch.setattr(pg_sessions, "lock_claims", locked_then_end)
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    await side_writes(commit, [StepsCommitted(
+                        sid, str(episode), "changeset_c", ((step, None),), "idle", version)])
+                    await commit.commit()
+        assert errors == []
+        assert await sql(backend, "SELECT ended, state FROM sessions WHERE id = ?", sid) == [
+            (True, "idle")]

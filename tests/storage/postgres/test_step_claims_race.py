@@ -14,7 +14,7 @@ import mnemo
 from mnemo.graph.ports import StepsCommitted
 from mnemo.session.ports import HolderInfo
 from mnemo.storage.postgres import sessions as pg_sessions
-from mnemo.storage.postgres.coordination import claims_lock_key
+from mnemo.storage.postgres.coordination import claims_lock_key, lock_claims
 from mnemo.storage.postgres.sessions import side_writes
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -121,7 +121,6 @@ async def test_an_end_racing_a_closes_commit_waits_for_it(
             backend, "SELECT id, episode_id FROM steps WHERE session_id = ?", sid)
         [(version,)] = await sql(backend, "SELECT version FROM sessions WHERE id = ?", sid)
         errors: list[BaseException] = []
-        lock_claims = pg_sessions.lock_claims
         async with await psycopg.AsyncConnection.connect(pg_url) as commit:
 
             async def end() -> None:

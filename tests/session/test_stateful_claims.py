@@ -27,28 +27,15 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_m
 
 import mnemo
 from mnemo import State
-from tests.fakes import EventLog, FakeLLM, extracted_observations, open_test_memory
+from tests.fakes import extracted_observations
+from tests.session.two_memories import REPO, Worker, at_rest, let_go, store_per_example
 
-REPO = "r"
 AUTO = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
 # The FakeLLM's subgoal is an observation's first word: a new word is a boundary.
 WORDS = ["walk", "open", "look"]
 SETTLE = 30.0
 # What an append or a close may be refused while another call moved the session.
 REFUSED = {"not_collecting", "extraction_in_progress", "append_in_progress", "not_idle"}
-
-
-class Worker:
-    """One open Memory, its fake LLM and its events."""
-
-    def __init__(self, portal: anyio.from_thread.BlockingPortal, store: str) -> None:
-        self.llm = FakeLLM()
-        self.events = EventLog()
-        self.stack = ExitStack()
-        self.mem: mnemo.Memory = self.stack.enter_context(portal.wrap_async_context_manager(
-            open_test_memory(store, llm=self.llm, on_event=self.events)
-        ))
-        portal.call(lambda: self.mem.open_repo(REPO, config=AUTO))
 
 
 class TwoDrivers(RuleBasedStateMachine):
@@ -60,7 +47,7 @@ class TwoDrivers(RuleBasedStateMachine):
         self.appended: list[str] = []
         with ExitStack() as setup:
             self.portal = setup.enter_context(anyio.from_thread.start_blocking_portal())
-            self.workers = [Worker(self.portal, store), Worker(self.portal, store)]
+            self.workers = [Worker(self.portal, store, AUTO), Worker(self.portal, store, AUTO)]
             for worker in self.workers:
                 setup.callback(worker.stack.close)
             self.stack = setup.pop_all()
@@ -108,19 +95,14 @@ class TwoDrivers(RuleBasedStateMachine):
 
     @rule(m=st.integers(0, 1))
     def let_go(self, m: int) -> None:
-        self.portal.call(self._let_go, self.workers[m].llm)
-
-    @staticmethod
-    def _let_go(llm: FakeLLM) -> None:
-        llm.release_all()
-        llm.holds.clear()
+        self.portal.call(let_go, self.workers[m].llm)
 
     def teardown(self) -> None:
         """Every session closed and at rest: each appended step asked once, in the graph
         once."""
         try:
             for worker in self.workers:
-                self.portal.call(self._let_go, worker.llm)
+                self.portal.call(let_go, worker.llm)
             for session in self.call(0, "list_sessions"):
                 self.portal.call(self._closed, session.id)
             asked = Counter(o for w in self.workers for o in extracted_observations(w.llm))
@@ -146,18 +128,8 @@ class TwoDrivers(RuleBasedStateMachine):
 
     async def _at_rest(self, sid: str) -> State:
         """The session's state once no extraction runs, wherever it runs."""
-        landed: list[State] = []
-        async with anyio.create_task_group() as tg:
-
-            async def wait(worker: Worker) -> None:
-                landed.append(await worker.events.wait_state(
-                    worker.mem, sid, State.IDLE, State.COLLECTING, State.FAILED,
-                    within=SETTLE))
-                tg.cancel_scope.cancel()
-
-            for worker in self.workers:
-                tg.start_soon(wait, worker)
-        return landed[0]
+        return await at_rest(self.workers, sid, State.IDLE, State.COLLECTING, State.FAILED,
+                             within=SETTLE)
 
 
 def test_auto_commit_programs_through_two_memories_extract_each_step_once(
@@ -165,11 +137,7 @@ def test_auto_commit_programs_through_two_memories_extract_each_step_once(
 ) -> None:
     """Random auto-commit programs through two Memories, on each backend: every step is
     asked of a model once and is in the graph once."""
-    files = (str(tmp_path / f"{n}.db") for n in itertools.count())
-
-    def new_store() -> str:
-        fresh = fresh_stores()
-        return next(files) if fresh == ":memory:" else fresh
+    new_store = store_per_example(fresh_stores, tmp_path)
 
     class OnAFreshStore(TwoDrivers):
         def __init__(self) -> None:

@@ -11,7 +11,6 @@ to rest and takes a valid operation at once.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,27 +24,14 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_m
 
 import mnemo
 from mnemo import State
-from tests.fakes import EventLog, FakeLLM, Ops, invoke, open_test_memory
+from tests.fakes import Ops, invoke
+from tests.session.two_memories import REPO, Worker, at_rest, let_go, store_per_example
 
-REPO = "r"
 KINDS = ["append", "close", "commit", "commit", "discard", "start_episode", "start_episode"]
 # Short, so that work left by a closed Memory is taken over at the other's next look (half a
 # lease) within a test's time.
 CONFIG = mnemo.Config(lease_timeout=1.0)
 SETTLE = 30.0  # seconds every accepted operation has to be called back, once the holds go
-
-
-class Worker:
-    """One open Memory, its fake LLM and its events, closed with its own stack."""
-
-    def __init__(self, portal: anyio.from_thread.BlockingPortal, store: str) -> None:
-        self.llm = FakeLLM()
-        self.events = EventLog()
-        self.stack = ExitStack()
-        self.mem: mnemo.Memory = self.stack.enter_context(portal.wrap_async_context_manager(
-            open_test_memory(store, llm=self.llm, on_event=self.events, config=CONFIG)
-        ))
-        portal.call(lambda: self.mem.open_repo(REPO, config=CONFIG))
 
 
 class TwoMemories(RuleBasedStateMachine):
@@ -57,7 +43,7 @@ class TwoMemories(RuleBasedStateMachine):
         self.ops = Ops()
         with ExitStack() as setup:
             self.portal = setup.enter_context(anyio.from_thread.start_blocking_portal())
-            self.workers = [Worker(self.portal, store), Worker(self.portal, store)]
+            self.workers = [Worker(self.portal, store, CONFIG), Worker(self.portal, store, CONFIG)]
             for worker in self.workers:
                 setup.callback(worker.stack.close)
             self.stack = setup.pop_all()
@@ -84,12 +70,7 @@ class TwoMemories(RuleBasedStateMachine):
 
     @rule(m=st.integers(0, 1))
     def let_go(self, m: int) -> None:
-        self.portal.call(self._let_go, self.workers[m].llm)
-
-    @staticmethod
-    def _let_go(llm: FakeLLM) -> None:
-        llm.release_all()
-        llm.holds.clear()
+        self.portal.call(let_go, self.workers[m].llm)
 
     @rule(m=st.integers(0, 1), sid=sessions, kind=st.sampled_from(KINDS))
     def submit(self, m: int, sid: str, kind: str) -> None:
@@ -125,9 +106,9 @@ class TwoMemories(RuleBasedStateMachine):
         """Memory `m` closes (what it accepted and had not run is called back
         memory_closed; the work it held is taken over) and a new one opens in its place."""
         worker = self.workers[m]
-        self.portal.call(self._let_go, worker.llm)
+        self.portal.call(let_go, worker.llm)
         worker.stack.close()
-        self.workers[m] = Worker(self.portal, self.store)
+        self.workers[m] = Worker(self.portal, self.store, CONFIG)
         self.stack.callback(self.workers[m].stack.close)
 
     @rule()
@@ -135,7 +116,7 @@ class TwoMemories(RuleBasedStateMachine):
         """The holds go; every accepted operation is called back once; every live session
         comes to rest and takes a valid operation at once."""
         for worker in self.workers:
-            self.portal.call(self._let_go, worker.llm)
+            self.portal.call(let_go, worker.llm)
         self.portal.call(self.ops.all_back, SETTLE)
         for sid in {s.id for s in self.call(0, "list_sessions")} - self.ended:
             state = self.portal.call(self._at_rest, sid)
@@ -143,19 +124,8 @@ class TwoMemories(RuleBasedStateMachine):
 
     async def _at_rest(self, sid: str) -> State:
         """The session's state once no extraction runs (whichever Memory ends it)."""
-        landed: list[State] = []
-        with anyio.fail_after(SETTLE):
-            async with anyio.create_task_group() as tg:
-
-                async def wait(worker: Worker) -> None:
-                    landed.append(await worker.events.wait_state(
-                        worker.mem, sid, State.IDLE, State.COLLECTING, State.READY,
-                        State.FAILED, within=SETTLE))
-                    tg.cancel_scope.cancel()
-
-                for worker in self.workers:
-                    tg.start_soon(wait, worker)
-        return landed[0]
+        return await at_rest(self.workers, sid, State.IDLE, State.COLLECTING, State.READY,
+                             State.FAILED, within=SETTLE)
 
     def _still_usable(self, sid: str, state: State) -> None:
         if state is State.COLLECTING:
@@ -181,11 +151,7 @@ def test_programs_through_two_memories(
     """Random programs through two Memories on one store, with extractions held, Memories
     closed and reopened mid-way, and sessions ended: every accepted operation is called back
     once, and no session is wedged; on each backend."""
-    files = (str(tmp_path / f"{n}.db") for n in itertools.count())
-
-    def new_store() -> str:
-        fresh = fresh_stores()
-        return next(files) if fresh == ":memory:" else fresh
+    new_store = store_per_example(fresh_stores, tmp_path)
 
     class OnAFreshStore(TwoMemories):
         def __init__(self) -> None:

@@ -47,6 +47,21 @@ async def claim(
     return [s for s in steps if s.id in granted]
 
 
+async def claim_or_all(
+    live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]
+) -> list[StepRecord]:
+    """`claim`, but a store that refuses the claim (busy, away) yields all of `steps`: the
+    extraction goes on as it did before claims, at worst doing another Memory's work again,
+    rather than failing for a write that only saves work (the commit's own write reports a
+    store that stays away)."""
+    try:
+        return await claim(live, session, steps)
+    except StorageError as exc:
+        log.warning("%s: could not claim %d steps, extracting them unclaimed: %r", session.id,
+                    len(steps), exc)
+        return list(steps)
+
+
 async def release(live: Sessions, session: SessionRecord, steps: Sequence[StepRecord]) -> None:
     """Gives up this Memory's claims on `steps` (best effort: a claim the store keeps lapses
     when this Memory closes, and this Memory may claim it again meanwhile)."""

@@ -214,7 +214,7 @@ async def _close_changeset(
     its share while it waited would be asked again with the rest (a step's reward scored in
     between changes the request)."""
     steps = _uncommitted(session)
-    mine = await claims.claim(live, session, steps)
+    mine = await claims.claim_or_all(live, session, steps)
     if len(mine) < len(steps):
         limit = started + session.runtime.config.extraction_timeout
         await claims.settle(live, session, [s for s in steps if s not in mine],
@@ -346,7 +346,7 @@ async def _background_commit(
     episode = session.episode
     try:
         assert episode is not None
-        mine = await claims.claim(live, session, steps)
+        mine = await claims.claim_or_all(live, session, steps)
         if len(mine) < len(steps):
             # Committed, or claimed by another Memory's commit: left to it. What the store
             # says of them is taken in (a commit elsewhere moves no version), and a flush

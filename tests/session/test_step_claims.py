@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -240,3 +241,31 @@ async def test_a_close_waiting_for_claims_stops_when_the_session_ends_elsewhere(
                 await record.changed.wait()
         assert extracted_observations(b_llm) == []
         assert await claims_left(b) == []
+
+
+async def test_a_store_that_refuses_claims_fails_no_commit(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every claim is refused (the store busy for longer than `busy_timeout`): a boundary's
+    commit and the close extract and commit as they did before claims, and the session ends
+    idle with each step once. A claim only saves work, so its refusal fails nothing: before,
+    the boundary's commit failed, and so did the close."""
+    async with AsyncExitStack() as stack:
+        b, b_llm, b_events = await opened(stack, store, AUTO)
+
+        async def busy(*args: Any, **kwargs: Any) -> set[str]:
+            raise mnemo.StorageError("busy", "another writer holds the store")
+
+        monkeypatch.setattr(backend_of(b).coordination, "claim_steps", busy)
+        sid = await b.start_session("explore the house", repo=REPO)
+        await b.append(sid, "walk north", "go north")
+        await b.append(sid, "open door", "push door")  # a boundary: step 0 commits
+        with anyio.fail_after(10):
+            committed = await b_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert committed.data["step_indices"] == [0]
+        await b.close(sid)
+        with anyio.fail_after(10):
+            landed = await b_events.wait_state(b, sid, mnemo.State.IDLE, mnemo.State.FAILED)
+        assert landed is mnemo.State.IDLE
+        assert extracted_observations(b_llm) == ["walk north", "open door"]
+        assert await in_the_graph(b) == ["open door", "walk north"]

@@ -4,9 +4,9 @@
   `extract_episode` in the background: it ends `ready`, or, in auto-commit, committed and
   `idle`, or `failed`; never extracting with nobody working on it.
 - `start_background` extracts and commits finished trajectories of an auto-commit session while
-  it keeps collecting (its steps are `claimed` meanwhile, here and in the store (`claims`): a
-  flush or a close, through this Memory or another, leaves them to it while it lives, a
-  close waiting at most an extraction's time limit).
+  it keeps collecting (its steps are `claimed` meanwhile, here and, unless the store refused
+  the claim, in the store (`claims`): a flush or a close, through this Memory or another,
+  leaves them to it while it lives, a close waiting at most an extraction's time limit).
 - `commit_steps` applies a changeset together with the session's side of it, deduplicating
   intents by `intent_policy`.
 """

@@ -214,10 +214,10 @@ async def _close_changeset(
     its share while it waited would be asked again with the rest (a step's reward scored in
     between changes the request)."""
     steps = _uncommitted(session)
-    mine = await claims.claim_or_all(live, session, steps)
+    mine = {s.id for s in await claims.claim_or_all(live, session, steps)}
     if len(mine) < len(steps):
         limit = started + session.runtime.config.extraction_timeout
-        await claims.settle(live, session, [s for s in steps if s not in mine],
+        await claims.settle(live, session, [s for s in steps if s.id not in mine],
                             within=max(limit - anyio.current_time(), 0.0))
         steps = _uncommitted(session)
     return await _changeset(live, session, steps), steps
@@ -346,18 +346,18 @@ async def _background_commit(
     episode = session.episode
     try:
         assert episode is not None
-        mine = await claims.claim_or_all(live, session, steps)
+        mine = {s.id for s in await claims.claim_or_all(live, session, steps)}
         if len(mine) < len(steps):
             # Committed, or claimed by another Memory's commit: left to it. What the store
             # says of them is taken in (a commit elsewhere moves no version), and a flush
             # looks again a full timeout from now, not at once.
-            session.claimed.difference_update(s.id for s in steps if s not in mine)
+            session.claimed.difference_update(s.id for s in steps if s.id not in mine)
             session.flush_after = anyio.current_time()
             try:
                 await claims.take_commits(live, session)
             except StorageError as exc:
                 log.warning("%s: could not read its steps again: %r", session.id, exc)
-            steps = mine
+            steps = [s for s in steps if s.id in mine]
         if not steps:
             _background_done(live, session, steps)
             return

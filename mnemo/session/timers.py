@@ -136,7 +136,10 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             await claims.release(live, session,
                                  [s for s in mine if s.id not in session.claimed])
             return
-        waiting = [s for s in _waiting(session) if s in mine]
+        # By id: a reload meanwhile made new records (equal ones, whose vectors do not
+        # compare as a truth value).
+        ids = {s.id for s in mine}
+        waiting = [s for s in _waiting(session) if s.id in ids]
         if waiting:
             extracting.start_background(live, session, waiting)
     except NotFoundError:

@@ -9,6 +9,7 @@ process that died or hangs would have left them.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +18,7 @@ import anyio
 import pytest
 
 import mnemo
+from mnemo.session import claims
 from mnemo.session.ports import HolderInfo
 from tests.backends import backend_of, sql
 from tests.fakes import (
@@ -269,3 +271,33 @@ async def test_a_store_that_refuses_claims_fails_no_commit(
         assert landed is mnemo.State.IDLE
         assert extracted_observations(b_llm) == ["walk north", "open door"]
         assert await in_the_graph(b) == ["open door", "walk north"]
+
+
+async def test_a_flush_whose_steps_are_read_again_while_it_claims_them_still_commits(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session's steps are read again from the store (new records, equal to the old
+    ones) while the driver's flush claims them, as a reload for another Memory's write does:
+    the flush still extracts and commits them. It picked its steps by comparing records,
+    whose vectors made the comparison raise (a final read of the change)."""
+    config = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
+    claim = claims.claim
+
+    async def read_again(live: Any, session: Any, steps: Any) -> Any:
+        mine = await claim(live, session, steps)
+        if session.episode is not None:
+            session.episode.steps = [
+                dataclasses.replace(s, subgoal_vec=s.subgoal_vec.copy())
+                for s in session.episode.steps
+            ]
+        return mine
+
+    async with AsyncExitStack() as stack:
+        a, a_llm, a_events = await opened(stack, store, config)
+        sid = await a.start_session("explore the house", repo=REPO)
+        monkeypatch.setattr(claims, "claim", read_again)
+        await a.append(sid, "walk north", "go north")
+        with anyio.fail_after(10):
+            flushed = await a_events.wait_for(lambda e: e.kind == "trajectory_committed")
+        assert flushed.data["step_indices"] == [0]
+        assert extracted_observations(a_llm) == ["walk north"]

@@ -92,6 +92,13 @@ def extractable(session: SessionRecord, step: StepRecord) -> bool:
     return step.committed_in is None and step.id not in session.claimed
 
 
+def uncommitted(session: SessionRecord) -> list[StepRecord]:
+    """The open episode's steps that no commit has and no background commit here is
+    extracting: what a flush or a close extracts."""
+    episode = session.episode
+    return [s for s in episode.steps if extractable(session, s)] if episode else []
+
+
 def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
     return Source(
         node_id=f"source_{episode.id}",
@@ -136,7 +143,6 @@ async def extract_episode(live: Sessions, session: SessionRecord) -> None:
 
 
 async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
-    episode = session.episode
     started = anyio.current_time()
     try:
         while session.background:
@@ -144,7 +150,7 @@ async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
         if session.config.auto_commit:
             moved = await _auto_commit_rest(live, session, started)
         else:
-            steps = [s for s in episode.steps if extractable(session, s)] if episode else []
+            steps = uncommitted(session)
             changeset = await _changeset(live, session, steps)
 
             async def persist() -> int:
@@ -160,7 +166,7 @@ async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
         session.failure = exc
         await _store_kept(live, session)
         if session.config.auto_commit:
-            await claims.release(live, session, _uncommitted(session))
+            await claims.release(live, session, uncommitted(session))
         await _extraction_failed(live, session)
         return
     if moved:
@@ -199,9 +205,6 @@ async def _auto_commit_rest(live: Sessions, session: SessionRecord, started: flo
 _ATTEMPTS = 3
 
 
-def _uncommitted(session: SessionRecord) -> list[StepRecord]:
-    episode = session.episode
-    return [s for s in episode.steps if extractable(session, s)] if episode else []
 
 
 async def _close_changeset(
@@ -213,13 +216,13 @@ async def _close_changeset(
     its own background commits counts), then extracts what is left, once: an extraction of
     its share while it waited would be asked again with the rest (a step's reward scored in
     between changes the request)."""
-    steps = _uncommitted(session)
+    steps = uncommitted(session)
     mine = {s.id for s in await claims.claim_or_all(live, session, steps)}
     if len(mine) < len(steps):
         limit = started + session.runtime.config.extraction_timeout
         await claims.settle(live, session, [s for s in steps if s.id not in mine],
                             within=max(limit - anyio.current_time(), 0.0))
-        steps = _uncommitted(session)
+        steps = uncommitted(session)
     return await _changeset(live, session, steps), steps
 
 

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from mnemo.episode.model import StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.session import claims, extracting, transitions
 from mnemo.session.machine import State
@@ -91,11 +90,6 @@ def _deadlines(session: SessionRecord) -> tuple[float, float]:
     return expiry, flush_at
 
 
-def _waiting(session: SessionRecord) -> list[StepRecord]:
-    episode = session.episode
-    return [s for s in episode.steps if extracting.extractable(session, s)] if episode else []
-
-
 async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
     """Acts on a due deadline once the store agrees: the session is read again (used
     through another Memory, its deadlines run from that use; held by another, its timers are
@@ -113,7 +107,7 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             return
         if now < flush_at:
             return  # used meanwhile: the loop waits for the new deadline
-        waiting = _waiting(session)
+        waiting = extracting.uncommitted(session)
         if not waiting:
             session.flush_after = now  # nothing to flush: look again a timeout from now
             return
@@ -139,7 +133,7 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         # By id: a reload meanwhile made new records (equal ones, whose vectors do not
         # compare as a truth value).
         ids = {s.id for s in mine}
-        waiting = [s for s in _waiting(session) if s.id in ids]
+        waiting = [s for s in extracting.uncommitted(session) if s.id in ids]
         if waiting:
             extracting.start_background(live, session, waiting)
     except NotFoundError:

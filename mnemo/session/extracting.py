@@ -356,10 +356,7 @@ async def _background_commit(
             # looks again a full timeout from now, not at once.
             session.claimed.difference_update(s.id for s in steps if s.id not in mine)
             session.flush_after = anyio.current_time()
-            try:
-                await claims.take_commits(live, session)
-            except StorageError as exc:
-                log.warning("%s: could not read its steps again: %r", session.id, exc)
+            await _read_commits(live, session)
             steps = [s for s in steps if s.id in mine]
         if not steps:
             _background_done(live, session, steps)
@@ -371,10 +368,7 @@ async def _background_commit(
         # this one's flush): the store refused them a second time, so they are in the graph
         # once. What it says of them is taken in; nothing failed.
         log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
-        try:
-            await claims.take_commits(live, session)
-        except StorageError as exc:  # read at the next close, or the next refusal
-            log.warning("%s: could not read its steps again: %r", session.id, exc)
+        await _read_commits(live, session)
         await claims.release(live, session, steps)
         _background_done(live, session, steps)
         return
@@ -403,6 +397,15 @@ async def _background_commit(
         step_indices=[s.index for s in steps],
     )
     operations.kick(live, session)
+
+
+async def _read_commits(live: Sessions, session: SessionRecord) -> None:
+    """`claims.take_commits`, best effort: what the store could not say is read at the next
+    close, or the next refusal."""
+    try:
+        await claims.take_commits(live, session)
+    except StorageError as exc:
+        log.warning("%s: could not read its steps again: %r", session.id, exc)
 
 
 def _background_done(live: Sessions, session: SessionRecord, steps: list[StepRecord]) -> None:

@@ -97,9 +97,16 @@ class Holding:
         lease, or its process gone from this host) has left its claims."""
         await self.register()
         co = self._live.coordination
-        now = datetime.now(UTC)
-        return await co.claim_steps(session_id, step_ids, self.id,
-                                    unseen_since=now - self._lease, gone=await self._gone())
+        cut = datetime.now(UTC) - self._lease
+        granted = await co.claim_steps(session_id, step_ids, self.id, unseen_since=cut)
+        if len(granted) < len(step_ids):
+            # Only then is it worth the read of the holders: one whose process is gone from
+            # this host has left its claims already, not a lease from now.
+            gone = await self._gone()
+            if gone:
+                granted = await co.claim_steps(session_id, step_ids, self.id,
+                                               unseen_since=cut, gone=gone)
+        return granted
 
     async def _gone(self) -> list[str]:
         """The holders on this host, other than this one, whose process is gone."""

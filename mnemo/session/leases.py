@@ -18,7 +18,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -55,7 +55,12 @@ class Holding:
         live.claim_steps = self.claim_steps
 
     def lease_until(self) -> datetime:
-        return datetime.now(UTC) + self._lease
+        return self._now() + self._lease
+
+    def _now(self) -> datetime:
+        """The store's time (`Coordination.now`): a lease or a heartbeat stamped with this
+        host's own clock is judged wrong by a Memory on a host whose clock differs."""
+        return self._live.coordination.now()
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Looks for work to take over until cancelled and, once this Memory holds work,
@@ -71,7 +76,7 @@ class Holding:
             if self._registered.is_set():
                 with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                     try:
-                        await co.retire(self.id, datetime.now(UTC))
+                        await co.retire(self.id, self._now())
                     except MnemoError as exc:
                         log.warning("could not retire %s: %r", self.id, exc)
 
@@ -81,7 +86,7 @@ class Holding:
             return
         async with self._registering:
             if not self._registered.is_set():
-                now = datetime.now(UTC)
+                now = self._now()
                 await self._live.coordination.register(
                     HolderInfo(self.id, HOST, os.getpid(), now, now)
                 )
@@ -97,7 +102,7 @@ class Holding:
         lease, or its process gone from this host) has left its claims."""
         await self.register()
         co = self._live.coordination
-        cut = datetime.now(UTC) - self._lease
+        cut = self._now() - self._lease
         granted = await co.claim_steps(session_id, step_ids, self.id, unseen_since=cut)
         if len(granted) < len(step_ids):
             # Only then is it worth the read of the holders: one whose process is gone from
@@ -122,8 +127,7 @@ class Holding:
         await self._registered.wait()
         while True:
             try:
-                await self._live.coordination.beat(self.id, datetime.now(UTC),
-                                                   self.lease_until())
+                await self._live.coordination.beat(self.id, self._now(), self.lease_until())
             except MnemoError as exc:
                 log.warning("%s: heartbeat failed: %r", self.id, exc)
             await anyio.sleep(period)
@@ -141,7 +145,12 @@ class Holding:
 
     async def _take_over(self) -> None:
         co, live = self._live.coordination, self._live
-        now = datetime.now(UTC)
+        try:
+            await co.sync_clock()
+        except MnemoError as exc:
+            log.warning("%s: could not read the store's clock (the last measure stays): %r",
+                        self.id, exc)
+        now = self._now()
         # Reads only: a holder whose process is gone is treated as gone, not retired here.
         gone = await self._gone()
         for lease in await co.takeable(now, now - self._lease, gone):

@@ -164,6 +164,21 @@ class Coordination(Protocol):
     """How the `Memory` objects on one store agree on who does what: holders with a heartbeat,
     and sessions moved by compare-and-set on their version. Each method is one transaction."""
 
+    def now(self) -> datetime:
+        """The store's time, as this `Memory` knows it: every time compared across Memories
+        (a lease, a heartbeat, a session's last use, an operation's acceptance) is stamped
+        and judged with it, never with a host's own clock. No round trip."""
+        ...
+
+    async def sync_clock(self) -> None:
+        """Measures this host's clock against the store's again (`now` follows it). SQLite
+        is on one host, whose clock is the store's: nothing to do.
+
+        Raises:
+            StorageError: the store could not be asked (`now` keeps the last measure).
+        """
+        ...
+
     async def register(self, holder: HolderInfo) -> None:
         """Records an open `Memory` (again, after a restart with the same id: replaced)."""
         ...

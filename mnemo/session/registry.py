@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -156,13 +156,13 @@ class Sessions:
             return
         session.last_activity = max(session.last_activity, self.clock_of(row.active_at))
 
-    @staticmethod
-    def clock_of(moment: datetime | None) -> float:
-        """A time from the store (UTC) on the event loop's clock; None: now."""
+    def clock_of(self, moment: datetime | None) -> float:
+        """A time from the store on the event loop's clock, by the store's clock
+        (`Coordination.now`); None: now."""
         now = anyio.current_time()
         if moment is None:
             return now
-        return now - max((datetime.now(UTC) - moment).total_seconds(), 0.0)
+        return now - max((self.coordination.now() - moment).total_seconds(), 0.0)
 
     async def reload(self, session: SessionRecord, *, conflict: bool = False) -> None:
         """Reads the session again from the store, which another Memory changed.

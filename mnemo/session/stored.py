@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -88,7 +88,7 @@ async def submit_remote(
             )
         op_id = f"op_{uuid.uuid4().hex}"
         await live.coordination.queue_op(StoredOp(
-            op_id, session.id, kind, list(args), live.holder_id or "", datetime.now(UTC)
+            op_id, session.id, kind, list(args), live.holder_id or "", live.coordination.now()
         ))
         live.remote.setdefault(session.id, []).append((op_id, kind, callback))
         if session.ended:

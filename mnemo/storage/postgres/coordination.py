@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
+from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, Postgres
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
@@ -60,8 +61,15 @@ _LEFT = (
 class PgCoordination:
     """`Coordination` over a PostgreSQL database."""
 
-    def __init__(self, pg: Postgres) -> None:
+    def __init__(self, pg: Postgres, clock: ServerClock) -> None:
         self._pg = pg
+        self._clock = clock
+
+    def now(self) -> datetime:
+        return self._clock.now()
+
+    async def sync_clock(self) -> None:
+        await self._clock.sync()
 
     async def register(self, holder: HolderInfo) -> None:
         async with self._pg.connection() as conn:

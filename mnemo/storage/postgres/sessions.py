@@ -24,10 +24,11 @@ from psycopg.types.json import Jsonb
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
-from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
+from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
+from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.postgres.coordination import lock_claims
 
@@ -50,8 +51,9 @@ _STEP_COLUMNS = (
 class PgSessions:
     """`SessionStore` over a PostgreSQL database (its schema applied)."""
 
-    def __init__(self, pg: Postgres) -> None:
+    def __init__(self, pg: Postgres, clock: ServerClock) -> None:
         self._pg = pg
+        self._clock = clock
 
     async def load_repos(self) -> list[RepoRow]:
         async with self._pg.connection() as conn:
@@ -76,14 +78,14 @@ class PgSessions:
                 " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
                 " embedder = excluded.embedder, llm = excluded.llm",
                 (row.name, _jsonb(row.config.to_json()), row.dim, row.embedder, row.llm,
-                 now_utc()),
+                 self._clock.now()),
             )
 
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
     ) -> None:
-        now = now_utc()
+        now = self._clock.now()
         async with self._pg.transaction() as conn:
             await conn.execute(
                 "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
@@ -97,7 +99,7 @@ class PgSessions:
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
     ) -> int:
-        now = now_utc()
+        now = self._clock.now()
         async with self._pg.transaction() as conn:
             moved = await bump(conn, session_id, version, state=State.COLLECTING.value)
             await conn.execute(
@@ -116,7 +118,7 @@ class PgSessions:
         *,
         version: int | None = None,
     ) -> int:
-        now = now_utc()
+        now = self._clock.now()
         rows = [_step_row(session_id, episode_id, step, now)]
         if previous is not None:
             rows.append(_step_row(session_id, episode_id, previous, now))
@@ -171,7 +173,7 @@ class PgSessions:
     ) -> int:
         """Keeps a ready session's changeset, the rewards scored at close, and the READY state."""
         payload = _jsonb(changeset.to_json())
-        now = now_utc()
+        now = self._clock.now()
         async with self._pg.transaction() as conn:
             moved = await bump(conn, session_id, version, state=State.READY.value)
             await conn.execute("DELETE FROM changesets WHERE session_id = %s", (session_id,))
@@ -186,7 +188,7 @@ class PgSessions:
     async def discard(
         self, session_id: str, episode_id: str | None, *, version: int | None = None
     ) -> int:
-        now = now_utc()
+        now = self._clock.now()
         async with self._pg.transaction() as conn:
             moved = await bump(conn, session_id, version, state=State.IDLE.value)
             await conn.execute("DELETE FROM changesets WHERE session_id = %s", (session_id,))
@@ -202,7 +204,7 @@ class PgSessions:
 
     async def end(self, session_id: str, *, version: int | None = None) -> None:
         guard = "" if version is None else " AND NOT ended AND version = %s"
-        params: tuple[object, ...] = (now_utc(), session_id)
+        params: tuple[object, ...] = (self._clock.now(), session_id)
         if version is not None:
             params += (version,)
         async with self._pg.transaction() as conn:
@@ -236,7 +238,7 @@ class PgSessions:
                 " reply = excluded.reply, cost = excluded.cost,"
                 " created_at = excluded.created_at",
                 (episode_id, kept.trajectory_id, kept.task, kept.digest,
-                 _jsonb(kept.reply_json()), _jsonb(kept.cost_json()), now_utc()),
+                 _jsonb(kept.reply_json()), _jsonb(kept.cost_json()), self._clock.now()),
             )
 
     async def kept_results(self, episode_id: str) -> list[KeptResult]:
@@ -348,16 +350,15 @@ async def side_writes(conn: Connection, writes: Sequence[SideWrite]) -> None:
                 ([step_id for step_id, _ in write.steps],),
             )
             if write.state is not None:
-                now = now_utc()
                 await conn.execute(
                     "DELETE FROM changesets WHERE session_id = %s", (write.session_id,)
                 )
                 await bump(conn, write.session_id, write.version, state=write.state)
                 if write.episode_id is not None:
                     await conn.execute(
-                        "UPDATE episodes SET status = 'committed', closed_at = %s"
+                        "UPDATE episodes SET status = 'committed', closed_at = clock_timestamp()"
                         " WHERE id = %s",
-                        (now, write.episode_id),
+                        (write.episode_id,),
                     )
                     # What the extraction kept for a retry is no longer needed.
                     await conn.execute(
@@ -466,9 +467,9 @@ async def bump(
     Raises:
         StaleSession: the session moved (or ended, or is unknown); nothing was written.
     """
-    sql = ("UPDATE sessions SET version = version + 1, updated_at = %s,"
+    sql = ("UPDATE sessions SET version = version + 1, updated_at = clock_timestamp(),"
            " state = coalesce(%s, state), model = coalesce(%s, model) WHERE id = %s")
-    params: list[object] = [now_utc(), state, model, session_id]
+    params: list[object] = [state, model, session_id]
     if version is not None:
         sql += " AND NOT ended"
     for column, value in (("version", version), ("state", expect), ("episode_id", episode_id)):

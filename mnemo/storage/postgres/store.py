@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.postgres.coordination import PgCoordination
@@ -45,9 +46,11 @@ class PostgresBackend:
             )
         graphs = None if ann_dir == "" else Path(ann_dir) if ann_dir else default_folder()
         self.graph = PgGraph(self.postgres, dims, lexical=lexical, ann_dir=graphs)
-        self.sessions = PgSessions(self.postgres)
+        # Every time compared across Memories is the server's (`ServerClock`).
+        self.clock = ServerClock(self.postgres)
+        self.sessions = PgSessions(self.postgres, self.clock)
         self.threads = PgThreads(self.postgres)
-        self.coordination = PgCoordination(self.postgres)
+        self.coordination = PgCoordination(self.postgres, self.clock)
 
     async def open(self) -> None:
         """Applies pending migrations, then opens the pool.
@@ -58,6 +61,7 @@ class PostgresBackend:
                 longer than the busy timeout ("busy").
         """
         await self.postgres.open(migrate=True)
+        await self.clock.sync()
 
     async def close(self) -> None:
         await self.graph.aclose()

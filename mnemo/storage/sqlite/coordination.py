@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
@@ -29,6 +29,13 @@ class SqliteCoordination:
 
     def __init__(self, database: Database) -> None:
         self._database = database
+
+    def now(self) -> datetime:
+        # A SQLite file is shared on one host: its clock is the store's.
+        return datetime.now(UTC)
+
+    async def sync_clock(self) -> None:
+        return None
 
     async def register(self, holder: HolderInfo) -> None:
         row = (holder.id, holder.host, holder.pid, _text(holder.started_at),

@@ -18,6 +18,7 @@ from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.graph.ports import SideWrite
 from mnemo.session.ports import LiveSession, RepoRow, SessionStore
 from mnemo.storage.postgres import sessions as pg_sessions
+from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.sqlite import sessions as sqlite_sessions
 from mnemo.storage.sqlite.database import Database
@@ -74,7 +75,7 @@ async def open_backend(name: str, where: Path | str) -> AsyncIterator[Backend]:
             await database.close()
     else:
         async with Postgres(str(where)) as pg:
-            yield Backend(name, pg_sessions.PgSessions(pg), pg=pg)
+            yield Backend(name, pg_sessions.PgSessions(pg, ServerClock(pg)), pg=pg)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -16,6 +16,7 @@ from mnemo.graph.ports import SourceForgotten, SourceRecorded, StepsCommitted
 from mnemo.ports import Usage
 from mnemo.session.machine import State
 from mnemo.session.ports import RepoRow, StepsCommittedElsewhere
+from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.sessions import PgSessions, side_writes
 from tests.pg import pg_clones, pg_server, pg_template, pg_url
@@ -160,7 +161,7 @@ async def test_side_writes_roll_back_with_the_graph_transaction(pg_url: str) -> 
     """On PostgreSQL the side writes are the caller's transaction: a failure after them in the
     same block (the graph's own writes) leaves none of them."""
     async with Postgres(pg_url) as pg:
-        backend = Backend("postgres", PgSessions(pg), pg=pg)
+        backend = Backend("postgres", PgSessions(pg, ServerClock(pg)), pg=pg)
         await backend.sessions.save_repo(RepoRow(REPO, Config(), DIM, "hash:4"))
         await _collected(backend)
         with pytest.raises(StorageError):

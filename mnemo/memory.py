@@ -104,6 +104,8 @@ class Memory(GraphMethods, ConversationMethods):
             embedder=repos.embedder,
             config=self._config,
             events=self._events,
+            # A message's age is judged by every Memory on the store: by the store's clock.
+            clock=self._backend.coordination.now,
         )
         self._host: TaskHost | None = None
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -419,6 +419,35 @@ async def test_an_async_operation_calls_back_where_it_was_accepted(
         assert set((await node_texts(b.mem)).values()) == {1}
         assert "semantic" not in a.llm.tasks()
         assert await sql(b.mem, "SELECT id FROM ops") == []  # nobody is left to call back
+
+
+async def test_the_times_a_memory_compares_with_others_are_the_stores(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored operation's acceptance (the order stored operations run in) and a session's
+    last use as the timers put it on the event loop's clock are read from the store's clock
+    (`Coordination.now`), as leases and heartbeats are, never from the host's. Here the
+    store's clock reads an hour behind this host."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        behind = timedelta(hours=1)
+        monkeypatch.setattr(a.mem._backend.coordination, "now",
+                            lambda: datetime.now(UTC) - behind)
+        callback = Called()
+        await a.mem.commit_async(sid, callback)
+        [(accepted,)] = await sql(b.mem, "SELECT created_at FROM ops")
+        assert abs(datetime.fromisoformat(accepted) - (datetime.now(UTC) - behind)) < timedelta(
+            minutes=1)
+        live = a.mem._service._live
+        five_ago = live.clock_of(datetime.now(UTC) - behind - timedelta(seconds=5))
+        assert abs(five_ago - (anyio.current_time() - 5)) < 1
+        held.release()
+        with anyio.fail_after(10):
+            await callback.done.wait()
+        assert callback.results[0].ok
 
 
 async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(

@@ -234,3 +234,15 @@ async def test_claim_steps_leaves_a_live_holders_claims_to_it(
     assert await claim("alive", 0, 1, 2, 3, 4, 5) == []
     await backend.sessions.end(sid)
     assert await sql(backend, "SELECT * FROM step_claims") == []
+
+
+async def test_the_stores_clock_is_this_hosts_when_they_share_one(backend: Backend) -> None:
+    """`now` is the store's time: on one host (SQLite; a local PostgreSQL server) the host's
+    own, before and after `sync_clock`, and it only moves forward."""
+    co = backend.coordination
+    await co.sync_clock()
+    first = co.now()
+    assert abs(first - datetime.now(UTC)) < timedelta(seconds=1)
+    await co.sync_clock()
+    assert abs(co.now() - datetime.now(UTC)) < timedelta(seconds=1)
+    assert co.now() >= first

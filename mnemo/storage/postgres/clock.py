@@ -1,52 +1,73 @@
 """`ServerClock`: the store's time as one `Memory` on PostgreSQL knows it.
 
-Leases, heartbeats and a session's last use are compared across every Memory on the
-database, on any number of hosts. Stamped and judged with each host's own clock, a host whose
-clock ran ahead by more than a lease took over the others' live work (their leases looked
-ended), and one behind had its own taken (its heartbeats looked old). So every such time is
-the server's: each Memory keeps its host clock's offset to the server's `clock_timestamp()`,
-measured when it opens and at each janitor look (twice a lease), and reads host time plus
-that offset, without a round trip. The offset is known within half a round trip.
+Leases, heartbeats, a session's last use and a message's age are compared across every
+Memory on the database, on any number of hosts. Stamped and judged with each host's own
+clock, a host whose clock ran ahead by more than a lease took over the others' live work
+(their leases looked ended), and one behind had its own taken (its heartbeats looked old).
+So every such time is the server's: each Memory reads the server's `clock_timestamp()` when
+it opens and at each janitor look (twice a lease), and between two reads counts the time
+elapsed on this host's monotonic clock, which a step of the wall clock (NTP, a date set by
+hand) does not move. A read is the best of `SAMPLES` round trips, known within half of the
+shortest (a stalled event loop lengthens one, not all).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from mnemo.errors import StorageError
 from mnemo.storage.postgres.connection import Postgres
+
+# Round trips per read of the server's time; the shortest is kept.
+SAMPLES = 3
 
 
 def host_now() -> datetime:
-    """This host's clock, in UTC."""
+    """This host's wall clock, in UTC."""
     return datetime.now(UTC)
 
 
+def elapsed() -> float:
+    """Seconds on a clock that only moves forward, counting a suspended host's sleep where
+    the system can (Linux's boot time clock)."""
+    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+
+
 class ServerClock:
-    """The server's time as host time plus a measured offset."""
+    """The server's time: the last read of it, plus the time elapsed here since."""
 
     def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_now) -> None:
         self._pg = pg
-        self.host = host
-        self._offset = timedelta(0)
+        self.host = host  # before the first read only
+        self._read: tuple[datetime, float] | None = None  # the server's time, and when
 
     def now(self) -> datetime:
-        """The server's time, by this host's clock and the last measured offset."""
-        return self.host() + self._offset
+        """The server's time, by the last read and this host's monotonic clock since."""
+        if self._read is None:
+            return self.host()
+        server, at = self._read
+        return server + timedelta(seconds=elapsed() - at)
 
     async def sync(self) -> None:
-        """Measures the offset again: the server's time against the middle of the host's
-        round trip that read it.
+        """Reads the server's time again.
 
         Raises:
-            StorageError: the server could not be asked (the last offset stays).
+            StorageError: the server could not be asked (the last read stays).
         """
+        best: tuple[float, datetime, float] | None = None
         async with self._pg.connection() as conn:
-            before = self.host()
-            cur = await conn.execute("SELECT clock_timestamp()")
-            after = self.host()
-            row = await cur.fetchone()
-        assert row is not None
-        server = row[0]
-        assert isinstance(server, datetime)
-        self._offset = server - (before + (after - before) / 2)
+            for _ in range(SAMPLES):
+                before = elapsed()
+                cur = await conn.execute("SELECT clock_timestamp()")
+                after = elapsed()
+                row = await cur.fetchone()
+                server = None if row is None else row[0]
+                if not isinstance(server, datetime):
+                    raise StorageError("unavailable", f"the server's time read {server!r}")
+                if best is None or after - before < best[0]:
+                    best = (after - before, server, before + (after - before) / 2)
+        assert best is not None
+        _, server, at = best
+        self._read = (server, at)

@@ -53,7 +53,8 @@ class PostgresBackend:
         self.coordination = PgCoordination(self.postgres, self.clock)
 
     async def open(self) -> None:
-        """Applies pending migrations, then opens the pool.
+        """Applies pending migrations, then opens the pool and reads the server's time
+        (`ServerClock`); the pool is closed again when that read fails.
 
         Raises:
             StorageError: the server could not be reached ("unavailable"), pgvector is
@@ -61,7 +62,11 @@ class PostgresBackend:
                 longer than the busy timeout ("busy").
         """
         await self.postgres.open(migrate=True)
-        await self.clock.sync()
+        try:
+            await self.clock.sync()
+        except BaseException:
+            await self.postgres.close()
+            raise
 
     async def close(self) -> None:
         await self.graph.aclose()

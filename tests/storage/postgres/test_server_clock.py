@@ -1,7 +1,8 @@
 """Memories on hosts whose clocks disagree, sharing one PostgreSQL database: every lease,
-heartbeat and last use is the server's time (`ServerClock`), so a host's clock running ahead
-or behind by more than a lease neither takes live work over nor has its own taken. (SQLite is
-shared on one host, by one clock: there is nothing to disagree.)"""
+heartbeat, last use and message age is the server's time (`ServerClock`), so a host's clock
+running ahead or behind by more than a lease neither takes live work over nor has its own
+taken, nor erases messages another host just wrote. (SQLite is shared on one host, by one
+clock: there is nothing to disagree.)"""
 
 from __future__ import annotations
 
@@ -34,15 +35,56 @@ async def server_time(pg: Postgres) -> datetime:
     return now
 
 
+def near(clock: ServerClock, server: datetime) -> bool:
+    return abs(clock.now() - server) < timedelta(seconds=1)
+
+
 @pytest.mark.parametrize("skew", SKEWS.values(), ids=SKEWS.keys())
 async def test_the_clock_reads_the_servers_time_whatever_the_hosts_says(
     pg_url: str, skew: timedelta
 ) -> None:
+    """Then a step of the host's wall clock (NTP, a date set by hand) moves nothing: the time
+    since the read is counted on a monotonic clock (it used to be host time plus an offset)."""
     async with Postgres(pg_url) as pg:
         clock = ServerClock(pg, host=off_by(skew))
-        assert abs(clock.now() - await server_time(pg)) > timedelta(minutes=59)
+        assert not near(clock, await server_time(pg))
         await clock.sync()
-        assert abs(clock.now() - await server_time(pg)) < timedelta(seconds=1)
+        assert near(clock, await server_time(pg))
+        clock.host = off_by(-skew)
+        assert near(clock, await server_time(pg))
+
+
+async def test_a_failed_read_of_the_servers_time_keeps_the_last(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Postgres(pg_url) as pg:
+        clock = ServerClock(pg, host=off_by(SKEWS["ahead"]))
+        await clock.sync()
+
+        def away() -> Any:
+            raise mnemo.StorageError("unavailable", "the server is away")
+
+        monkeypatch.setattr(pg, "connection", away)
+        with pytest.raises(mnemo.StorageError):
+            await clock.sync()
+        monkeypatch.undo()
+        assert near(clock, await server_time(pg))
+
+
+async def test_a_memory_whose_first_read_of_the_servers_time_fails_leaves_nothing_open(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The open raises the read's StorageError and closes the pool it had opened (a review:
+    it stayed open)."""
+
+    async def away(self: ServerClock) -> None:
+        raise mnemo.StorageError("unavailable", "the server is away")
+
+    monkeypatch.setattr(ServerClock, "sync", away)
+    mem = mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder())
+    with pytest.raises(mnemo.StorageError):
+        await mem.__aenter__()
+    assert mem._backend.postgres._pool.closed  # type: ignore[attr-defined]
 
 
 class Looks:
@@ -114,3 +156,45 @@ async def test_a_host_whose_clock_is_off_leaves_live_work_with_its_holder(
         landed = await events[holder].wait_state(mems[holder], sid, State.READY, State.FAILED)
         assert landed is State.READY
         assert "semantic" not in llms[watcher].tasks()
+
+
+async def test_the_janitor_reads_the_servers_time_again_at_each_look(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read gone wrong (here: an hour off) is mended by the next look, which a host
+    that drifts, or a first read made across a stalled loop, needs."""
+    async with AsyncExitStack() as stack:
+        mem = await open_on(stack, pg_url, FakeLLM(), EventLog(), timedelta(0))
+        clock: ServerClock = mem._backend.clock  # type: ignore[attr-defined]
+        looks = Looks(monkeypatch, mem)
+        assert clock._read is not None
+        server, at = clock._read
+        clock._read = (server - timedelta(hours=1), at)
+        await looks.after(2)
+        assert near(clock, await server_time(mem._backend.postgres))  # type: ignore[attr-defined]
+
+
+async def test_a_conversation_is_timed_by_the_stores_clock(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages are stamped, and their ttl judged, with the server's time as this Memory
+    reads it, not its host's: threads are shared by every Memory on the database, and a host
+    ahead by more than the ttl erased the messages another host had just written (a review).
+    Here the server reads two hours behind this host."""
+    async with AsyncExitStack() as stack:
+        mem = await open_on(stack, pg_url, FakeLLM(), EventLog(), timedelta(0))
+        clock: ServerClock = mem._backend.clock  # type: ignore[attr-defined]
+
+        async def read_kept() -> None:  # the janitor's looks leave the read below alone
+            return None
+
+        monkeypatch.setattr(clock, "sync", read_kept)
+        assert clock._read is not None
+        server, at = clock._read
+        clock._read = (server - timedelta(hours=2), at)
+        conversation = mem.conversation(ttl=3600)
+        await conversation.save("t", [{"role": "user", "content": "hello"}])
+        pg: Postgres = mem._backend.postgres  # type: ignore[attr-defined]
+        [(recorded,)] = await pg.fetch_all("SELECT recorded_at FROM messages")
+        assert abs(recorded - clock.now()) < timedelta(minutes=1)
+        assert [m["content"] for m in await conversation.load("t")] == ["hello"]

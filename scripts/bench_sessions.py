@@ -1082,7 +1082,8 @@ async def run(sizes: Sizes, profile: bool, store: str | None) -> None:
             console.print(facts_table(facts, title="PostgreSQL"))
         await make_mnemo_file(tmp / "schema.db")
         steps_ddl = table_ddl(tmp / "schema.db", ["repos", "sessions", "episodes", "steps"])
-        graph_ddl = table_ddl(tmp / "schema.db", ["nodes", "links", "vectors", "nodes_fts"])
+        graph_ddl = table_ddl(tmp / "schema.db", ["nodes", "links", "vectors", "nodes_fts",
+                                                      "lexical_repos", "lexical_log"])
 
         results = [await run_backend(stores, backend, sizes, steps_ddl, graph_ddl)
                    for backend in stores.backends]

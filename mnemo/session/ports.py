@@ -162,7 +162,8 @@ class StoredOp:
 
 class Coordination(Protocol):
     """How the `Memory` objects on one store agree on who does what: holders with a heartbeat,
-    and sessions moved by compare-and-set on their version. Each method is one transaction."""
+    and sessions moved by compare-and-set on their version, with times on the store's clock
+    (`now`). Each method that reads or writes the store is one transaction."""
 
     def now(self) -> datetime:
         """The store's time, as this `Memory` knows it: every time compared across Memories

@@ -3,10 +3,16 @@ node search, and a recall that does not count as an access."""
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
 import pytest
 
 import mnemo
 from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
 
 
 async def test_list_threads_lists_every_stored_thread_with_counts(mem: mnemo.Memory) -> None:
@@ -99,3 +105,45 @@ async def test_recall_without_reinforcement_changes_no_access_count(mem: mnemo.M
     assert [m.node.id for m in used.memories] == ids
     stats = await graph.access_stats(REPO, ids)
     assert all(count == 1 for count, _ in stats.values())
+
+
+@contextmanager
+def another_writer(store: str) -> Iterator[None]:
+    """Another process's writer holding the store's write lock on every node: SQLite's
+    RESERVED lock, or PostgreSQL's row locks."""
+    if store.startswith("postgresql"):
+        with psycopg.connect(store) as conn:
+            conn.execute("UPDATE nodes SET access_count = access_count")
+            yield
+            conn.rollback()
+    else:
+        conn = sqlite3.connect(store, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+
+async def test_a_recall_returns_while_another_writer_holds_the_store(store: str) -> None:
+    """A recall's reads need no lock; only its access counts do. With another writer holding
+    the lock past `busy_timeout`, the recall returns what it found (the counts of that one
+    recall go unwritten, logged) where it used to raise the write's StorageError("busy")."""
+    config = mnemo.Config(busy_timeout=0.2)
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
+                            config=config) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        await mem.append(sid, "walk north through the garden", "go north")
+        await mem.close_and_commit(sid)
+        before = await mem.recall(REPO, "garden", reinforce=False)
+        with another_writer(store):
+            found = await mem.recall(REPO, "garden")
+        assert [m.node.id for m in found.memories] == [m.node.id for m in before.memories]
+        assert found.memories
+        stats = await mem._graph.access_stats(REPO, [m.node.id for m in found.memories])
+        assert all(count == 0 for count, _ in stats.values())
+        assert [m.node.id for m in (await mem.recall(REPO, "garden")).memories]
+        stats = await mem._graph.access_stats(REPO, [m.node.id for m in found.memories])
+        assert all(count == 1 for count, _ in stats.values())

@@ -13,7 +13,8 @@ The pipeline (Mnemosyne's design, see docs/DECISIONS.md for where mnemo departs 
 4. **provenance**: an episodic hit brings its SOURCE at half its score;
 5. **value**: relevance x recency decay x frequency floor x reward x the mode's weight for the
    type, then per-type thresholds and top-k, one result per step, and the global k;
-6. **reinforcement**: every returned node's access count and last access are updated;
+6. **reinforcement**: every returned node's access count and last access are updated (a
+   store that refuses that write costs the counts, not the recall);
 7. optional **synthesis** of an answer by the LLM (`RecallResult.reasoned`).
 
 Every node scored on the way is in `RecallResult.touched`, and `trace` holds seconds per stage.
@@ -31,7 +32,7 @@ from typing import Any
 import anyio
 
 from mnemo.config import Config
-from mnemo.errors import first_error
+from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
@@ -175,13 +176,24 @@ class Recaller:
         if reranking or config.recall_mmr_lambda < 1.0:
             ranked = _descending(ranked)
         if ranked and reinforce:
-            await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
+            await self._reinforce(repo, ranked)
         trace.mark("reinforce")
         reasoned = await self._synthesise(query, ranked) if config.recall_synthesis else None
         trace.mark("synthesis")
         touched = [Touched(i, c.phase, c.hop, c.score) for i, c in found.items()]
         touched.sort(key=lambda t: -t.score)
         return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages)
+
+    async def _reinforce(self, repo: str, ranked: list[Recalled]) -> None:
+        """Counts an access of each returned memory. A store that refuses the write (another
+        writer's lock held past `busy_timeout`, the store away) costs this recall's counts,
+        logged, never the recall: a read does not fail for its side-write (it raised the
+        write's StorageError, though every read it made had succeeded)."""
+        try:
+            await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
+        except StorageError as exc:
+            log.warning("recall in %s: the access counts of %d memories were not written: %r",
+                        repo, len(ranked), exc)
 
     async def _plan(self, query: str) -> Plan:
         try:

@@ -17,6 +17,8 @@ Vectors go over the wire in pgvector's binary format (int16 dimension, int16 unu
 big-endian), the encoding a driver adapter would use; each driver gets the same codec.
 
 Run: `.venv/bin/python scripts/bench_pg_driver.py [--appends N] [--nodes N] [--rounds R]`.
+asyncpg is not one of mnemo's dependencies: install it beside them first
+(`.venv/bin/python -m pip install asyncpg`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import struct
+import sys
 import tempfile
 import time
 import uuid
@@ -382,7 +385,11 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=5_000)
     args = parser.parse_args()
 
-    import asyncpg
+    try:
+        import asyncpg
+    except ModuleNotFoundError:
+        sys.exit("bench_pg_driver: asyncpg is not installed (it is not a mnemo dependency): "
+                 ".venv/bin/python -m pip install asyncpg")
     import psycopg
     import psycopg_pool
 

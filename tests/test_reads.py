@@ -6,7 +6,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import anyio
 import psycopg
 import pytest
 
@@ -109,21 +111,22 @@ async def test_recall_without_reinforcement_changes_no_access_count(mem: mnemo.M
 
 @contextmanager
 def another_writer(store: str) -> Iterator[None]:
-    """Another process's writer holding the store's write lock on every node: SQLite's
-    RESERVED lock, or PostgreSQL's row locks."""
+    """Another process's writer holding the store's write lock: SQLite's RESERVED lock, or
+    PostgreSQL's row locks on every node and thread."""
     if store.startswith("postgresql"):
-        with psycopg.connect(store) as conn:
-            conn.execute("UPDATE nodes SET access_count = access_count")
+        with psycopg.connect(store) as server:
+            server.execute("UPDATE nodes SET access_count = access_count")
+            server.execute("UPDATE threads SET next_seq = next_seq")
             yield
-            conn.rollback()
+            server.rollback()
     else:
-        conn = sqlite3.connect(store, isolation_level=None)
+        file = sqlite3.connect(store, isolation_level=None)
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            file.execute("BEGIN IMMEDIATE")
             yield
-            conn.execute("ROLLBACK")
+            file.execute("ROLLBACK")
         finally:
-            conn.close()
+            file.close()
 
 
 async def test_a_recall_returns_while_another_writer_holds_the_store(store: str) -> None:
@@ -147,3 +150,47 @@ async def test_a_recall_returns_while_another_writer_holds_the_store(store: str)
         assert [m.node.id for m in (await mem.recall(REPO, "garden")).memories]
         stats = await mem._graph.access_stats(REPO, [m.node.id for m in found.memories])
         assert all(count == 1 for count, _ in stats.values())
+
+
+async def test_a_recall_under_another_writers_lock_holds_up_nothing_for_long(
+    tmp_path: Path,
+) -> None:
+    """On SQLite a Memory has one connection: a recall whose access counts waited out the
+    busy timeout (30 s here) for another process's lock held up every other call of the
+    Memory, reads included, as long. The counts now wait a tenth of a second at most, and
+    the recall returns (the guard is a hundred times that)."""
+    store = str(tmp_path / "memory.db")
+    config = mnemo.Config(busy_timeout=30.0)
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
+                            config=config) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        await mem.append(sid, "walk north through the garden", "go north")
+        await mem.close_and_commit(sid)
+        found: list[mnemo.RecallResult] = []
+        done = anyio.Event()
+
+        async def recall() -> None:
+            found.append(await mem.recall(REPO, "garden"))
+            done.set()
+
+        with another_writer(store):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(recall)
+                with anyio.fail_after(10):  # a guard: the wait in the store is not cancellable
+                    await done.wait()
+        assert found[0].memories
+
+
+async def test_a_ttl_read_with_nothing_due_needs_no_lock(store: str) -> None:
+    """A conversation with a ttl erases what is due before each read. With nothing due it
+    takes no lock: its reads went on failing "busy" (SQLite: every time; PostgreSQL: behind
+    a writer of the thread) while another writer held the store."""
+    config = mnemo.Config(busy_timeout=0.2)
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
+                            config=config) as mem:
+        chat = mem.conversation(ttl=3600)
+        await chat.save("t", [{"role": "user", "content": "hello"}])
+        with another_writer(store):
+            assert [m["content"] for m in await chat.load("t")] == ["hello"]
+            assert [m.content for m in await chat.raw("t")] == ["hello"]

@@ -233,7 +233,11 @@ class GraphStore(Protocol):
         self, repo: str, node_ids: Sequence[str]
     ) -> dict[str, tuple[int, datetime | None]]: ...
 
-    async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None: ...
+    async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
+        """Counts one access of each node at `when`. A side write of a read: where waiting
+        for another writer would hold up this store's other work (SQLite's one connection),
+        it waits less than `busy_timeout` before it raises StorageError("busy")."""
+        ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:
         """The unit vector of each of these nodes that has one."""

@@ -372,7 +372,8 @@ def the_holder_takes_first(
             took.set()
 
     async def accepting_takes(*args: Any) -> list[StoredOp]:
-        await took.wait()
+        with anyio.fail_after(10):  # the holder never took: a test failure, not a hang
+            await took.wait()
         return await accepting_take(*args)
 
     monkeypatch.setattr(holder.mem._backend.coordination, "take_ops", holder_takes)
@@ -531,6 +532,7 @@ async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callbac
         await a.mem.commit_async(sid, callback)
         with anyio.fail_after(10):
             await met.wait()
+        the_holder_takes_first(monkeypatch, a, b)  # the drop fault asserted is A's, as waiter
         held.release()
         with anyio.fail_after(10):
             await callback.done.wait()
@@ -1368,6 +1370,7 @@ async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
             return taken
 
         monkeypatch.setattr(holder, "still_taken", ended_first)
+        the_holder_takes_first(monkeypatch, a, b)
         held.release()
         await callbacks.wait(2)
         got = sorted((label, r.error.reason if r.error else r.value)

@@ -29,10 +29,13 @@ def host_now() -> datetime:
     return datetime.now(UTC)
 
 
+# Linux's boot time clock counts a suspended host's sleep; elsewhere, the monotonic clock.
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def elapsed() -> float:
-    """Seconds on a clock that only moves forward, counting a suspended host's sleep where
-    the system can (Linux's boot time clock)."""
-    return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
+    """Seconds on a clock that only moves forward (and never steps with the wall clock)."""
+    return time.monotonic() if _BOOTTIME is None else time.clock_gettime(_BOOTTIME)
 
 
 class ServerClock:

@@ -146,6 +146,14 @@ class PgThreads:
         ]
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
+        # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
+        # would otherwise wait behind, and fail for, another writer of the thread.
+        due = await self._pg.fetch_all(
+            "SELECT 1 FROM messages WHERE thread_id = %s AND recorded_at < %s LIMIT 1",
+            (thread_id, utc(cutoff)),
+        )
+        if not due:
+            return 0
         async with self._pg.transaction() as conn:
             state = await read_state(conn, thread_id, lock=True)
             if state is None:

@@ -9,6 +9,7 @@ write of more than one statement is one `db.atomic()` transaction. The tables ar
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -136,6 +137,10 @@ class SqliteThreads:
 
         def write(db: SqliteUtilsDatabase) -> int:
             conn = db.conn
+            # Nothing due, no write lock: a ttl manager's reads (each expires first) used to
+            # take it every time, and failed "busy" while another writer held it.
+            if not _any_before(conn, thread_id, stamp):
+                return 0
             with db.atomic():
                 gone: int = conn.execute(
                     "DELETE FROM messages WHERE thread_id = ? AND recorded_at < ?",
@@ -499,3 +504,11 @@ class SqliteThreads:
         return await self._database.run(
             lambda db: conversation_search.view(db, message_id, radius)
         )
+
+
+def _any_before(conn: sqlite3.Connection, thread_id: str, stamp: str) -> bool:
+    """Whether the thread has a message recorded before `stamp` (an index seek)."""
+    return conn.execute(
+        "SELECT 1 FROM messages WHERE thread_id = ? AND recorded_at < ? LIMIT 1",
+        (thread_id, stamp),
+    ).fetchone() is not None

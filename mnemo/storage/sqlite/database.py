@@ -260,6 +260,21 @@ class Database:
             raise storage_error(exc) from exc
 
 
+@contextlib.contextmanager
+def waiting_at_most(db: SqliteUtilsDatabase, seconds: float) -> Iterator[None]:
+    """Within the block, a write waits at most `seconds` (never longer than the connection's
+    own busy timeout) for another process's write lock; then the busy timeout is as before.
+    For a read's side write: the connection is this store's only one, and its wait holds up
+    every other call of the Memory, reads included. Runs in the connection's thread."""
+    conn = db.conn
+    (before,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    conn.execute(f"PRAGMA busy_timeout={min(max(int(seconds * 1000), 0), int(before))}")
+    try:
+        yield
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={int(before)}")
+
+
 def _close_sync(db: SqliteUtilsDatabase) -> None:
     if db.conn.in_transaction:
         db.conn.rollback()

@@ -16,6 +16,7 @@ import pytest
 
 import mnemo
 from mnemo import State
+from mnemo.storage.postgres import clock as clocks
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
@@ -52,6 +53,20 @@ async def test_the_clock_reads_the_servers_time_whatever_the_hosts_says(
         assert near(clock, await server_time(pg))
         clock.host = off_by(-skew)
         assert near(clock, await server_time(pg))
+
+
+async def test_the_clock_runs_on_from_its_read_by_the_hosts_monotonic_clock(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two reads, `now` moves as far as the monotonic clock does (here 30 s on,
+    made up), whatever the wall clock does (here nothing)."""
+    async with Postgres(pg_url) as pg:
+        clock = ServerClock(pg)
+        await clock.sync()
+        before = clock.now()
+        ticks = clocks.elapsed()
+        monkeypatch.setattr(clocks, "elapsed", lambda: ticks + 30.0)
+        assert abs(clock.now() - before - timedelta(seconds=30)) < timedelta(seconds=1)
 
 
 async def test_a_failed_read_of_the_servers_time_keeps_the_last(
@@ -189,6 +204,7 @@ async def test_a_conversation_is_timed_by_the_stores_clock(
             return None
 
         monkeypatch.setattr(clock, "sync", read_kept)
+        await Looks(monkeypatch, mem).after(2)  # none still reading the time as it was
         assert clock._read is not None
         server, at = clock._read
         clock._read = (server - timedelta(hours=2), at)
@@ -198,3 +214,4 @@ async def test_a_conversation_is_timed_by_the_stores_clock(
         [(recorded,)] = await pg.fetch_all("SELECT recorded_at FROM messages")
         assert abs(recorded - clock.now()) < timedelta(minutes=1)
         assert [m["content"] for m in await conversation.load("t")] == ["hello"]
+        assert not near(clock, await server_time(pg))  # the made-up read held throughout

@@ -4,8 +4,8 @@ node search, and a recall that does not count as an access."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import anyio
@@ -129,17 +129,23 @@ def another_writer(store: str) -> Iterator[None]:
             file.close()
 
 
-async def test_a_recall_returns_while_another_writer_holds_the_store(store: str) -> None:
-    """A recall's reads need no lock; only its access counts do. With another writer holding
-    the lock past `busy_timeout`, the recall returns what it found (the counts of that one
-    recall go unwritten, logged) where it used to raise the write's StorageError("busy")."""
-    config = mnemo.Config(busy_timeout=0.2)
+@asynccontextmanager
+async def with_a_garden(store: str, *, busy_timeout: float) -> AsyncIterator[mnemo.Memory]:
+    """A Memory on `store` whose repo holds one committed step about a garden."""
     async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
-                            config=config) as mem:
+                            config=mnemo.Config(busy_timeout=busy_timeout)) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore the house", repo=REPO)
         await mem.append(sid, "walk north through the garden", "go north")
         await mem.close_and_commit(sid)
+        yield mem
+
+
+async def test_a_recall_returns_while_another_writer_holds_the_store(store: str) -> None:
+    """A recall's reads need no lock; only its access counts do. With another writer holding
+    the lock past `busy_timeout`, the recall returns what it found (the counts of that one
+    recall go unwritten, logged) where it used to raise the write's StorageError("busy")."""
+    async with with_a_garden(store, busy_timeout=0.2) as mem:
         before = await mem.recall(REPO, "garden", reinforce=False)
         with another_writer(store):
             found = await mem.recall(REPO, "garden")
@@ -160,13 +166,7 @@ async def test_a_recall_under_another_writers_lock_holds_up_nothing_for_long(
     Memory, reads included, as long. The counts now wait a tenth of a second at most, and
     the recall returns (the guard is a hundred times that)."""
     store = str(tmp_path / "memory.db")
-    config = mnemo.Config(busy_timeout=30.0)
-    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
-                            config=config) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("explore the house", repo=REPO)
-        await mem.append(sid, "walk north through the garden", "go north")
-        await mem.close_and_commit(sid)
+    async with with_a_garden(store, busy_timeout=30.0) as mem:
         found: list[mnemo.RecallResult] = []
         done = anyio.Event()
 

@@ -234,9 +234,10 @@ class GraphStore(Protocol):
     ) -> dict[str, tuple[int, datetime | None]]: ...
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one access of each node at `when`. A side write of a read: where waiting
-        for another writer would hold up this store's other work (SQLite's one connection),
-        it waits less than `busy_timeout` before it raises StorageError("busy")."""
+        """Counts one access of each node at `when`. A side write of a read, which holds
+        nothing up for long: PostgreSQL skips the nodes another transaction holds; SQLite
+        (one connection for all of a Memory's calls) waits for another writer a tenth of a
+        second, not `busy_timeout`, before it raises StorageError("busy")."""
         ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:

@@ -308,10 +308,14 @@ class PgGraph:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
+        # A side write of a read: a node another transaction holds (a commit, maintenance)
+        # is skipped, its access not counted, rather than waited for (the recall waited out
+        # `busy_timeout`, then failed).
         async with self._pg.connection() as conn:
             await conn.execute(
                 "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
-                " WHERE repo = %s AND id = ANY(%s)",
+                " WHERE id IN (SELECT id FROM nodes WHERE repo = %s AND id = ANY(%s)"
+                " FOR UPDATE SKIP LOCKED)",
                 (when, repo, ids),
             )
 

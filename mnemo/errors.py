@@ -87,6 +87,11 @@ class LLMError(AdapterError):
     """The LLM failed, timed out, or kept answering something unusable."""
 
 
+class LLMReplyError(LLMError):
+    """The LLM answered, but not usably: after the task's re-asks its reply still did not
+    match the task's schema, or could not be read."""
+
+
 class LLMTimeout(LLMError, TimeoutError):
     """The LLM did not answer in time."""
 

@@ -9,6 +9,7 @@ with `task_inputs`, so the two never drift apart.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,8 +19,10 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.errors import LLMError
+from mnemo.errors import LLMError, LLMReplyError
 from mnemo.retry import RetryPolicy, policy_of, task_budget
+
+log = logging.getLogger("mnemo")
 
 INPUT_MARKER = "\nINPUT:\n"
 
@@ -252,6 +255,7 @@ async def ask(
     parse: Callable[[LLMResponse], T],
     *,
     policy: RetryPolicy | None = None,
+    unusable: T | None = None,
 ) -> T:
     """Sends `request` and parses the reply, asking again when the reply is unusable.
 
@@ -260,15 +264,28 @@ async def ask(
     here for a reply `parse` rejects with `ValueError`, all count against it. An exception
     from the LLM is not retried here: the adapter has already spent what it could.
 
+    `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
+    for (a reward's neutral 0.5, API.md), returned with a warning instead of the error: the
+    adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the LLM itself
+    (an HTTP error, a timeout) raises all the same.
+
     Raises:
         LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
-            unusable replies (the message says what was wrong with the last one).
+            unusable replies (`LLMReplyError`; the message says what was wrong with the last
+            one) and no `unusable` was given.
     """
     with task_budget(policy or policy_of(llm)) as budget:
         while True:
             before = budget.counts()
             try:
                 response = await llm.generate(request)
+            except LLMReplyError as exc:
+                budget.charge_bare(before)
+                if unusable is not None:
+                    return _stands_for(request, unusable, exc)
+                raise LLMReplyError(
+                    f"the LLM failed on task {request.task!r}: {exc!r}"
+                ) from exc
             except Exception as exc:
                 budget.charge_bare(before)
                 raise LLMError(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
@@ -278,8 +295,17 @@ async def ask(
             except ValueError as exc:
                 problem = str(exc)
             if not budget.can_re_ask():
-                raise LLMError(
+                error = LLMReplyError(
                     f"the LLM's reply to task {request.task!r} was unusable after "
                     f"{budget.describe()}: {problem}"
                 )
+                if unusable is not None:
+                    return _stands_for(request, unusable, error)
+                raise error
             budget.next_call("re_ask")
+
+
+def _stands_for(request: LLMRequest, unusable: T, error: LLMReplyError) -> T:
+    log.warning("task %s: the reply stayed unusable, taken as %r: %s", request.task, unusable,
+                error)
+    return unusable

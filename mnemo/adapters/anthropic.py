@@ -36,7 +36,7 @@ from mnemo.adapters._schema import (
     tool_spec,
     usage_of,
 )
-from mnemo.errors import LLMError, LLMTimeout
+from mnemo.errors import LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
@@ -170,7 +170,7 @@ class Anthropic:
         data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"), cap)
         while problem is not None:
             if not budget.can_re_ask():
-                raise LLMError(
+                raise LLMReplyError(
                     f"{self._http.name}: the reply to task {request.task!r} did not match its "
                     f"schema after {budget.describe()}: {problem}"
                 )

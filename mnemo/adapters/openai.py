@@ -51,7 +51,7 @@ from mnemo.adapters._schema import (
     tool_spec,
     usage_of,
 )
-from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
+from mnemo.errors import InvalidInputError, LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
@@ -193,7 +193,7 @@ class OpenAICompatible:
         raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         while problem is not None:
             if not budget.can_re_ask():
-                raise LLMError(
+                raise LLMReplyError(
                     f"{self._http.name}: the reply to task {request.task!r} did not match its "
                     f"schema after {budget.describe()}: {problem}"
                 )

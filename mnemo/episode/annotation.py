@@ -11,6 +11,7 @@ import numpy as np
 
 from mnemo.episode.model import StepRecord
 from mnemo.episode.prompts import (
+    NEUTRAL_REWARD,
     parse_reward,
     parse_state,
     parse_subgoal,
@@ -110,7 +111,7 @@ async def score_reward(
         action=step.action,
         next_observation=next_observation,
     )
-    return await ask(llm, request, parse_reward)
+    return await ask(llm, request, parse_reward, unusable=NEUTRAL_REWARD)
 
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:

@@ -95,9 +95,13 @@ class TaskMemo:
         trajectory_id: str,
         request: LLMRequest,
         parse: Callable[[LLMResponse], T],
+        *,
+        unusable: T | None = None,
     ) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (booking its cost
-        as saved on `llm`'s meter), else asked through `ports.ask` and kept.
+        as saved on `llm`'s meter), else asked through `ports.ask` and kept. A reply that
+        stayed unusable and stands for `unusable` (`ports.ask`) is not kept: a retry asks
+        again.
 
         Raises:
             LLMError: as `ports.ask`; nothing is kept then.
@@ -128,8 +132,10 @@ class TaskMemo:
         # (retries and re-asks included) is what the task cost.
         with task_budget(policy_of(llm)) as budget:
             before = budget.calls
-            value = await ask(tokens, request, keep, policy=budget.policy)
+            value = await ask(tokens, request, keep, policy=budget.policy, unusable=unusable)
             calls = budget.calls - before
+        if not passed:
+            return value
         reply = passed[-1]
         kept = KeptResult(
             trajectory_id, request.task, digest, reply.text, reply.data,

@@ -27,7 +27,7 @@ import anyio
 
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.episode.prompts import parse_reward, reward_request
+from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction import dates
 from mnemo.extraction.entities import embedding_text
@@ -126,7 +126,7 @@ async def extract(
                     next_observation=None,
                 )
                 work.rewards[step.id] = await memo.ask(
-                    llm, step.trajectory_id, request, parse_reward
+                    llm, step.trajectory_id, request, parse_reward, unusable=NEUTRAL_REWARD
                 )
         except AdapterError as exc:
             work.failures.append(exc)

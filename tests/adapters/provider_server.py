@@ -158,6 +158,8 @@ class ProviderServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._script: deque[Behaviour] = deque()
+        # What every request of a task gets, unless something is scripted (`answer_task`).
+        self._by_task: dict[str, Behaviour] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: _Server | None = None
@@ -209,6 +211,11 @@ class ProviderServer:
         with self._lock:
             self._script.extend(behaviours)
 
+    def answer_task(self, task: str, behaviour: Behaviour) -> None:
+        """Every later request of `task` gets `behaviour` (scripted ones still come first)."""
+        with self._lock:
+            self._by_task[task] = behaviour
+
     def tasks(self) -> list[str | None]:
         return [r.task for r in self.requests]
 
@@ -217,6 +224,8 @@ class ProviderServer:
             self._count += 1
             if self._script:
                 return self._script.popleft()
+            if recorded.task in self._by_task:
+                return self._by_task[recorded.task]
             if self.every_nth_fails and self._count % self.every_nth_fails == 0:
                 return self.flaky
         if recorded.mode == "json_schema" and not self.json_schema:

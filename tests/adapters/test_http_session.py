@@ -14,7 +14,7 @@ from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.ports import LLM, Embedder
 from mnemo.retry import Backoff
-from tests.adapters.provider_server import Fail, ProviderServer, rate_limited
+from tests.adapters.provider_server import Answer, Fail, ProviderServer, rate_limited
 from tests.fakes import FakeEmbedder
 
 REPO = "r"
@@ -71,6 +71,31 @@ async def test_session_through_openai_compatible(server: ProviderServer) -> None
     assert {"subgoal", "reward", "semantic", "procedural", "return"} <= tasks
     assert None in tasks  # the free-text "state" task
     assert llm.total_usage.input_tokens > 0
+
+
+@pytest.mark.parametrize("adapter", ["openai", "anthropic"])
+async def test_an_unusable_reward_is_the_neutral_half(
+    server: ProviderServer, adapter: str
+) -> None:
+    """API.md: a step's reward is 0.5 when it cannot be parsed. A reply the adapter's schema
+    check refuses even once re-asked ({"reward": "very good"}) failed the append that scored
+    the step before (LLMError), and the whole extraction when it was the last step's. Now
+    every step is scored 0.5 and the session commits (a probe of the adapters)."""
+    server.answer_task("reward", Answer(data={"reward": "very good"}))
+    llm: OpenAICompatible | Anthropic = (
+        OpenAICompatible("m", base_url=server.openai_url) if adapter == "openai"
+        else Anthropic("m", base_url=server.url, api_key="k")
+    )
+    async with llm, mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        for observation, action in STEPS:
+            await mem.append(sid, observation, action)
+        receipt = await mem.close_and_commit(sid)
+        assert receipt.node_ids
+        [episode] = await mem.episodes(sid)
+    assert [step.reward for step in episode.steps] == [0.5] * len(STEPS)
+    assert server.tasks().count("reward") == 2 * len(STEPS)  # each asked, then re-asked
 
 
 async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:

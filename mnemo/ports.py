@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.errors import LLMError, LLMReplyError
+from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
 from mnemo.retry import RetryPolicy, policy_of, task_budget
 
 log = logging.getLogger("mnemo")
@@ -113,6 +113,27 @@ class Embedder(Protocol):
     dim: int
 
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+def check_models(llm: object, embedder: object) -> None:
+    """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
+    object of the port (a model's name given as a string, say: it failed at the first append,
+    or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
+    `OpenAIEmbedder` learns it from its first reply.
+
+    Raises:
+        InvalidInputError: what was given instead, and what to give.
+    """
+    if llm is not None and not callable(getattr(llm, "generate", None)):
+        raise InvalidInputError(
+            f"llm must be an object with an async generate(request) (mnemo.LLM), got "
+            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
+        )
+    if embedder is not None and not callable(getattr(embedder, "embed", None)):
+        raise InvalidInputError(
+            f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
+            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
+        )
 
 
 async def detect_dim(embedder: Embedder) -> int:

@@ -19,7 +19,7 @@ from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.inputs import check_id
-from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, detect_dim
+from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, check_models, detect_dim
 from mnemo.session.ports import RepoRow
 from mnemo.session.service import Runtime
 from mnemo.usage import UsageBook
@@ -37,6 +37,7 @@ class Repos:
         embedder: Embedder | None,
         stored: Callable[[], Awaitable[list[RepoRow]]],
     ) -> None:
+        check_models(llm, embedder)
         self.config = config
         self._stored = stored  # the store's repos: the one truth, other Memory objects' too
         self.offline = OfflineLLM()
@@ -92,6 +93,7 @@ class Repos:
     ) -> None:
         """`Memory.open_repo` without the resuming: checks, records and `save`s the repo."""
         check_id(name, "repo name")
+        check_models(llm, embedder)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         chosen_embedder: Embedder = embedder or self._models.embedder(name)
@@ -180,6 +182,7 @@ class Repos:
         Raises:
             NotFoundError, EmbeddingError, InvalidInputError: as `Memory.start_session`.
         """
+        check_models(llm, embedder)
         base = self.get(repo)
         if embedder is None:
             base.check_dim(repo)

@@ -189,6 +189,29 @@ async def test_malformed_types_and_steps_are_refused(mem: mnemo.Memory) -> None:
     assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
 
 
+@pytest.mark.parametrize("bad", ["openai:gpt-4o-mini", 42, object()], ids=["uri", "int", "object"])
+async def test_a_model_that_is_not_one_is_refused_before_anything_is_stored(
+    store: str, bad: object
+) -> None:
+    """An llm or embedder that is not an object of the port (a model's name as a string,
+    say) is refused, as Memory's argument, open_repo's and start_session's, and nothing is
+    stored. It used to be taken: a session was stored and its first append failed
+    (LLMError caused by AttributeError), or open_repo raised a raw AttributeError."""
+    for name in ("llm", "embedder"):
+        with pytest.raises(mnemo.InvalidInputError):
+            mnemo.Memory(store, **{name: bad})  # type: ignore[arg-type]
+    async with mnemo.Memory(store) as mem:
+        for name in ("llm", "embedder"):
+            with pytest.raises(mnemo.InvalidInputError):
+                await mem.open_repo(REPO, **{name: bad})  # type: ignore[arg-type]
+        assert await mem.list_repos() == []
+        await mem.open_repo(REPO)
+        for name in ("llm", "embedder"):
+            with pytest.raises(mnemo.InvalidInputError):
+                await mem.start_session("explore", repo=REPO, **{name: bad})  # type: ignore[arg-type]
+        assert await mem.list_sessions() == []
+
+
 @pytest.mark.parametrize("query", BLANK)
 async def test_recall_blank_query(mem: mnemo.Memory, query: str) -> None:
     """recall with a blank query raises InvalidInputError."""

@@ -308,14 +308,16 @@ class PgGraph:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return
-        # A side write of a read: a node another transaction holds (a commit, maintenance)
+        # A side write of a read: a node another transaction writes (a commit, maintenance)
         # is skipped, its access not counted, rather than waited for (the recall waited out
-        # `busy_timeout`, then failed).
+        # `busy_timeout`, then failed). NO KEY UPDATE, the plain UPDATE's own lock: FOR
+        # UPDATE also skipped every node a commit in flight links to (its foreign keys'
+        # KEY SHARE locks), which never made the UPDATE wait.
         async with self._pg.connection() as conn:
             await conn.execute(
                 "UPDATE nodes SET access_count = access_count + 1, last_access = %s"
                 " WHERE id IN (SELECT id FROM nodes WHERE repo = %s AND id = ANY(%s)"
-                " FOR UPDATE SKIP LOCKED)",
+                " FOR NO KEY UPDATE SKIP LOCKED)",
                 (when, repo, ids),
             )
 

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 import mnemo
+from tests.backends import sql
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
 
@@ -193,3 +194,20 @@ async def test_a_ttl_read_with_nothing_due_needs_no_lock(store: str) -> None:
         with another_writer(store):
             assert [m["content"] for m in await chat.load("t")] == ["hello"]
             assert [m.content for m in await chat.raw("t")] == ["hello"]
+
+
+async def test_a_semantic_read_whose_vectors_were_missing_goes_on_under_a_lock(
+    store: str,
+) -> None:
+    """A Semantic load embeds the messages whose vectors are missing (their embedding failed
+    when they were saved) and stores them for the next read. Under another writer's lock
+    that write waited out `busy_timeout` (and on SQLite held up the whole Memory) and then
+    failed the load (a review); the load now answers from the vectors it just made."""
+    async with with_a_garden(store, busy_timeout=0.2) as mem:
+        chat = mem.conversation(retrieval=mnemo.Semantic(k=1))
+        await chat.save("t", [{"role": "user", "content": "garden gate is red"},
+                              {"role": "user", "content": "kitchen is warm"}])
+        await sql(mem, "DELETE FROM message_vectors")
+        with another_writer(store):
+            loaded = await chat.load("t", "garden")
+        assert [m["content"] for m in loaded] == ["garden gate is red"]

@@ -164,7 +164,9 @@ class ThreadStore(Protocol):
         ...
 
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
-        """Stores (or replaces) vectors of existing messages; ids no longer stored are skipped."""
+        """Stores (or replaces) vectors of existing messages; ids no longer stored are skipped.
+        A read's side write: on SQLite it waits for another writer a tenth of a second, not
+        `busy_timeout`, before it raises StorageError("busy")."""
         ...
 
     async def clear(self, thread_id: str) -> None:

@@ -16,6 +16,7 @@ write made from a stale read, and the writer reads again and goes on from the st
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -47,13 +48,15 @@ from mnemo.conversation.model import (
 from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
 from mnemo.conversation.viewport import layout
-from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.errors import EmbeddingError, InvalidInputError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.inputs import check_count, check_id, check_text, query_words
 from mnemo.ports import LLM, Embedder, detect_dim
 
 Clock = Callable[[], datetime]
+log = logging.getLogger("mnemo")
+
 T = TypeVar("T")
 
 DEFAULT_RETRIEVAL = Recent(k=10)
@@ -217,7 +220,12 @@ class ConversationService:
                 [search_text(m.content, m.data.get("tool_calls")) for m in missing]
             )
             rows = [(m.id, fresh[i]) for i, m in enumerate(missing)]
-            await self.store.save_vectors(messages[0].thread_id, rows)
+            try:
+                await self.store.save_vectors(messages[0].thread_id, rows)
+            except StorageError as exc:
+                # Kept to spare the next read the embedding: a read does not fail for it.
+                log.warning("%s: %d message vectors not stored: %r", messages[0].thread_id,
+                            len(rows), exc)
             stored.update(rows)
         return np.stack([stored[m.id] for m in messages]).astype(np.float32, copy=False)
 

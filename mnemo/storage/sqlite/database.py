@@ -260,6 +260,13 @@ class Database:
             raise storage_error(exc) from exc
 
 
+# How long a read's side write (a recall's access counts, a conversation's message vectors)
+# waits for another process's write lock: the wait holds up every call of this Memory on its
+# one connection (a recall under a lock held for seconds stalled its reads too); past it the
+# read goes on without its write.
+SIDE_WRITE_WAIT = 0.1
+
+
 @contextlib.contextmanager
 def waiting_at_most(db: SqliteUtilsDatabase, seconds: float) -> Iterator[None]:
     """Within the block, a write waits at most `seconds` (never longer than the connection's

@@ -50,16 +50,11 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
-from mnemo.storage.sqlite.database import Database, chunks, waiting_at_most
+from mnemo.storage.sqlite.database import SIDE_WRITE_WAIT, Database, chunks, waiting_at_most
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
-
-# How long a recall's access counts (`reinforce`) wait for another process's write lock: the
-# wait holds up every call of this Memory on its one connection (a recall under a lock held
-# for seconds stalled its reads too); past it the recall returns without its counts.
-SIDE_WRITE_WAIT = 0.1
 
 
 def fts_query(text: str) -> str:

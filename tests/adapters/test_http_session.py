@@ -33,15 +33,21 @@ def server() -> Iterator[ProviderServer]:
         yield s
 
 
+async def record_and_commit(mem: mnemo.Memory) -> str:
+    """Opens a repo, records STEPS in one episode, closes and commits; the session's id."""
+    await mem.open_repo(REPO)
+    sid = await mem.start_session("explore the house", repo=REPO)
+    for observation, action in STEPS:
+        await mem.append(sid, observation, action)
+    receipt = await mem.close_and_commit(sid)
+    assert receipt.node_ids
+    return sid
+
+
 async def run_session(llm: LLM, embedder: Embedder) -> dict[NodeType, list[mnemo.Node]]:
-    """Opens a repo, records STEPS in one episode, closes and commits; the nodes by type."""
+    """`record_and_commit` in a new Memory; the nodes by type."""
     async with mnemo.Memory(":memory:", llm=llm, embedder=embedder) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("explore the house", repo=REPO)
-        for observation, action in STEPS:
-            await mem.append(sid, observation, action)
-        receipt = await mem.close_and_commit(sid)
-        assert receipt.node_ids
+        await record_and_commit(mem)
         types = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL, NodeType.SUBGOAL)
         return {kind: await mem.get_nodes_by_type(REPO, [kind]) for kind in types}
 
@@ -87,13 +93,7 @@ async def test_an_unusable_reward_is_the_neutral_half(
         else Anthropic("m", base_url=server.url, api_key="k")
     )
     async with llm, mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder()) as mem:
-        await mem.open_repo(REPO)
-        sid = await mem.start_session("explore the house", repo=REPO)
-        for observation, action in STEPS:
-            await mem.append(sid, observation, action)
-        receipt = await mem.close_and_commit(sid)
-        assert receipt.node_ids
-        [episode] = await mem.episodes(sid)
+        [episode] = await mem.episodes(await record_and_commit(mem))
     assert [step.reward for step in episode.steps] == [0.5] * len(STEPS)
     assert server.tasks().count("reward") == 2 * len(STEPS)  # each asked, then re-asked
 

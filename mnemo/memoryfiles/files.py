@@ -44,7 +44,7 @@ from mnemo.memoryfiles.prompts import (
     parse_persist,
     parse_update,
 )
-from mnemo.ports import LLM
+from mnemo.ports import LLM, check_models
 
 log = logging.getLogger("mnemo")
 
@@ -198,6 +198,7 @@ class MemoryFiles:
         written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []
         try:
+            check_models(llm, None)
             if not self.enabled:
                 return MemoryUpdate(skipped="disabled")
             if is_subagent or iterations < self.min_iterations:
@@ -245,7 +246,7 @@ class MemoryFiles:
 
         Raises:
             InvalidInputError: `what` is not a string, has no words (blank, or only
-                punctuation), or is longer than `max_text_chars`.
+                punctuation), or is longer than `max_text_chars`; `llm` is not an LLM.
             LLMError: the LLM failed or kept answering something unusable.
             LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` (120) seconds.
             OSError: the file could not be written (the old file is left intact), or
@@ -256,6 +257,7 @@ class MemoryFiles:
             # Only bullets and punctuation (".") leave nothing to file.
             raise InvalidInputError(f"what must be a statement with words, got {what!r}")
         check_text(what, "what", limit=self.max_text_chars)
+        check_models(llm, None)
         if not self.enabled:
             return MemoryFile("", "", self.directory, self._now(), "", skipped="disabled")
         statement = " ".join(what.split())

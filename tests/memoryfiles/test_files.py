@@ -587,3 +587,18 @@ async def test_persist_of_only_punctuation_is_refused(tmp_path: Path, what: str)
     with pytest.raises(mnemo.InvalidInputError):
         await files.persist(what, llm=None)
     assert files.list() == []
+
+
+async def test_an_llm_that_is_not_one_is_refused(
+    files: mnemo.MemoryFiles, directory: Path
+) -> None:
+    """A model's name given as `llm` (or anything without an async generate): `persist`
+    raises InvalidInputError and `update` reports it in `error`, each before asking or writing
+    anything. It ended as an LLMError caused by an AttributeError."""
+    with pytest.raises(mnemo.InvalidInputError):
+        await files.persist("The deploy needs the VPN", llm="openai:gpt-4o-mini")  # type: ignore[arg-type]
+    history = user(*[f"note {i}: the deploy needs the VPN" for i in range(12)])
+    update = await files.update(history, llm="openai:gpt-4o-mini", iterations=12)  # type: ignore[arg-type]
+    assert update.error is not None
+    assert update.error.startswith("InvalidInputError")
+    assert files.list() == []

@@ -34,7 +34,7 @@ def node_json(node: Node) -> dict[str, Any]:
 
 
 def recall_json(result: RecallResult) -> dict[str, Any]:
-    return {
+    out = {
         "query": result.query,
         "reasoned": result.reasoned,
         "memories": [
@@ -47,6 +47,12 @@ def recall_json(result: RecallResult) -> dict[str, Any]:
             for m in result.memories
         ],
     }
+    return with_degraded(out, result)
+
+
+def with_degraded(out: dict[str, Any], result: RecallResult) -> dict[str, Any]:
+    """`out` with the stages the recall did without (`RecallResult.degraded`), when any."""
+    return {**out, "degraded": result.degraded} if result.degraded else out
 
 
 def session_json(info: SessionInfo) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from mnemo.cli.jsonable import hit_json, label, message_json, snapshot_json
+from mnemo.cli.jsonable import hit_json, label, message_json, snapshot_json, with_degraded
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.graph.model import Node
 from mnemo.memoryfiles.model import MemoryFile
@@ -55,7 +55,7 @@ def recall_output(result: RecallResult) -> dict[str, Any]:
     """Each memory's score, phase, hop and node (id, type, a snippet of its text); the
     query is not echoed (`recall_in_context` makes it the goal and steps again)."""
     limit = _share(len(result.memories), SNIPPET_CHARS)
-    return {
+    out = {
         "reasoned": None if result.reasoned is None else clip(result.reasoned, SNIPPET_CHARS * 4),
         "memories": [
             {
@@ -67,6 +67,7 @@ def recall_output(result: RecallResult) -> dict[str, Any]:
             for m in result.memories
         ],
     }
+    return with_degraded(out, result)
 
 
 def node_output(node: Node, offset: int) -> dict[str, Any]:

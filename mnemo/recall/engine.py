@@ -132,7 +132,8 @@ class Recaller:
     ) -> RecallResult:
         config = self.config
         wanted = None if types is None else {NodeType(t) for t in types}
-        plan = await self._plan(query)
+        degraded: list[str] = []
+        plan = await self._plan(query, degraded)
         trace.mark("plan")
         dense_query = without_names(query) if config.recall_dense_without_names else query
         vectors = await self.tag_vectors.embed(self.embedder, dense_query, plan.tags)
@@ -171,20 +172,21 @@ class Recaller:
         ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
         trace.mark("rank")
         if reranking:
-            ranked = await self._rerank(query, ranked, k)
+            ranked = await self._rerank(query, ranked, k, degraded)
             trace.mark("rerank")
         if reranking or config.recall_mmr_lambda < 1.0:
             ranked = _descending(ranked)
         if ranked and reinforce:
-            await self._reinforce(repo, ranked)
+            await self._reinforce(repo, ranked, degraded)
         trace.mark("reinforce")
-        reasoned = await self._synthesise(query, ranked) if config.recall_synthesis else None
+        reasoned = (await self._synthesise(query, ranked, degraded) if config.recall_synthesis
+                    else None)
         trace.mark("synthesis")
         touched = [Touched(i, c.phase, c.hop, c.score) for i, c in found.items()]
         touched.sort(key=lambda t: -t.score)
-        return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages)
+        return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
-    async def _reinforce(self, repo: str, ranked: list[Recalled]) -> None:
+    async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
         """Counts an access of each returned memory. A store that refuses the write (another
         writer's lock held past `busy_timeout`, the store away) costs this recall's counts,
         logged, never the recall: a read does not fail for its side-write (it raised the
@@ -194,12 +196,14 @@ class Recaller:
         except StorageError as exc:
             log.warning("recall in %s: the access counts of %d memories were not written: %r",
                         repo, len(ranked), exc)
+            degraded.append(f"access counts: {exc!r}")
 
-    async def _plan(self, query: str) -> Plan:
+    async def _plan(self, query: str, degraded: list[str]) -> Plan:
         try:
             return await ask(self.planner, plan_request(query=query), parse_plan)
         except Exception as exc:  # a plan only steers the search: go on without one
             log.warning("recall planning failed, searching in mixed mode: %r", exc)
+            degraded.append(f"plan: {exc!r}")
             return Plan("mixed", ())
 
     async def _hop_zero(
@@ -399,7 +403,9 @@ class Recaller:
         )
         return [by_id[i] for i in order] + scored[n:]
 
-    async def _rerank(self, query: str, ranked: list[Recalled], k: int) -> list[Recalled]:
+    async def _rerank(
+        self, query: str, ranked: list[Recalled], k: int, degraded: list[str]
+    ) -> list[Recalled]:
         """`ranked` in the order the LLM gives (task "recall_rerank"), cut to `k`; on any
         failure the retrieval's order. One call; its prompt holds one snippet per candidate."""
         if len(ranked) < 2:
@@ -409,10 +415,13 @@ class Recaller:
             order = await ask(self.llm, request, lambda r: parse_rerank(r, len(ranked)))
         except Exception as exc:  # optional: the retrieval's order stands without it
             log.warning("recall re-ranking failed: %r", exc)
+            degraded.append(f"rerank: {exc!r}")
             return ranked[:k]
         return [ranked[i] for i in order][:k]
 
-    async def _synthesise(self, query: str, ranked: list[Recalled]) -> str | None:
+    async def _synthesise(
+        self, query: str, ranked: list[Recalled], degraded: list[str]
+    ) -> str | None:
         if not ranked:
             return None
         try:
@@ -420,6 +429,7 @@ class Recaller:
             return await ask(self.llm, request, parse_synthesis)
         except Exception as exc:  # optional: the memories are the answer without it
             log.warning("recall synthesis failed: %r", exc)
+            degraded.append(f"synthesis: {exc!r}")
             return None
 
 

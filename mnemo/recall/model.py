@@ -45,7 +45,10 @@ class Touched:
 @dataclass(frozen=True, slots=True)
 class RecallResult:
     """What `recall` found, best first. `reasoned` is an optional LLM synthesis; `touched`
-    lists every node scored on the way; `trace` holds seconds per stage."""
+    lists every node scored on the way; `trace` holds seconds per stage. `degraded` names
+    each stage the recall did without because it failed (the LLM's plan, re-ranking or
+    synthesis, the access counts' write), with its error: the memories are still the
+    retrieval's, but not all that was configured ran. Empty when everything did."""
 
     memories: list[Recalled]
     reasoned: str | None = None
@@ -53,3 +56,4 @@ class RecallResult:
     mode: str = "mixed"
     touched: list[Touched] = field(default_factory=list)
     trace: dict[str, float] = field(default_factory=dict)
+    degraded: list[str] = field(default_factory=list)

@@ -235,3 +235,16 @@ def test_validation_errors_are_one_line_naming_the_field() -> None:
     assert line.startswith("invalid arguments for recall: k: ")
     assert "\n" not in line
     assert "-7" not in line
+
+
+def test_a_recall_that_did_without_a_stage_says_so_in_its_output() -> None:
+    """`RecallResult.degraded` reaches the agent (the MCP tool's output, the CLI's JSON)
+    when a stage failed, and is left out when none did."""
+    from mnemo.cli.jsonable import recall_json
+    from mnemo.mcp._output import recall_output
+
+    healthy = mnemo.RecallResult([])
+    degraded = mnemo.RecallResult([], degraded=["rerank: LLMError('HTTP 503')"])
+    for render in (recall_output, recall_json):
+        assert "degraded" not in render(healthy)
+        assert render(degraded)["degraded"] == ["rerank: LLMError('HTTP 503')"]

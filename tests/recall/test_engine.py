@@ -231,21 +231,24 @@ async def test_an_llm_planner_and_synthesis(graph: GraphStore) -> None:
     assert result.mode == "semantic"
     assert result.reasoned == "postgres keeps its data under /var/lib"
     assert llm.tasks == ["recall_plan", "recall_synthesis"]
+    assert result.degraded == []
 
 
 async def test_a_failing_planner_or_synthesis_does_not_fail_the_recall(
     graph: GraphStore,
 ) -> None:
-    """Planning and synthesis only steer and decorate: when the LLM fails, recall still
-    answers, in mixed mode and without `reasoned`."""
+    """Planning, re-ranking and synthesis only steer and decorate: when the LLM fails, recall
+    still answers, in mixed mode, in the retrieval's order and without `reasoned`, and says
+    which it did without (`degraded`; it said nothing but a log line before)."""
     llm = PlanningLLM(fail=True)
-    config = mnemo.Config(recall_synthesis=True)
+    config = mnemo.Config(recall_synthesis=True, recall_rerank=True)
     result = await Recaller(graph, EMBEDDER, config, planner=llm, llm=llm).recall(
         REPO, "postgres data", k=5, types=None
     )
     assert result.mode == "mixed"
     assert result.reasoned is None
     assert result.memories
+    assert [note.split(":")[0] for note in result.degraded] == ["plan", "rerank", "synthesis"]
 
 
 async def test_feedback_with_no_words_to_add_leaves_the_recall_as_it_was(

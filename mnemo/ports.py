@@ -300,16 +300,13 @@ async def ask(
             before = budget.counts()
             try:
                 response = await llm.generate(request)
-            except LLMReplyError as exc:
-                budget.charge_bare(before)
-                if unusable is not None:
-                    return _stands_for(request, unusable, exc)
-                raise LLMReplyError(
-                    f"the LLM failed on task {request.task!r}: {exc!r}"
-                ) from exc
             except Exception as exc:
                 budget.charge_bare(before)
-                raise LLMError(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
+                not_usable = isinstance(exc, LLMReplyError)  # it answered, not usably
+                if not_usable and unusable is not None:
+                    return _stands_for(request, unusable, exc)
+                kind = LLMReplyError if not_usable else LLMError
+                raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
             budget.charge_bare(before)
             try:
                 return parse(response)
@@ -326,7 +323,7 @@ async def ask(
             budget.next_call("re_ask")
 
 
-def _stands_for(request: LLMRequest, unusable: T, error: LLMReplyError) -> T:
+def _stands_for(request: LLMRequest, unusable: T, error: Exception) -> T:
     log.warning("task %s: the reply stayed unusable, taken as %r: %s", request.task, unusable,
                 error)
     return unusable

@@ -205,8 +205,6 @@ async def _auto_commit_rest(live: Sessions, session: SessionRecord, started: flo
 _ATTEMPTS = 3
 
 
-
-
 async def _close_changeset(
     live: Sessions, session: SessionRecord, started: float
 ) -> tuple[Changeset, list[StepRecord]]:

@@ -51,7 +51,7 @@ from mnemo.storage.sqlite._thread_rows import (
     timestamp,
     write_pins,
 )
-from mnemo.storage.sqlite.database import SIDE_WRITE_WAIT, Database, waiting_at_most
+from mnemo.storage.sqlite.database import Database, side_write
 
 
 class SqliteThreads:
@@ -251,7 +251,7 @@ class SqliteThreads:
         params = [(mid, thread_id, vector_to_blob(vec), mid) for mid, vec in rows]
 
         def write(db: SqliteUtilsDatabase) -> None:
-            with waiting_at_most(db, SIDE_WRITE_WAIT), db.atomic():
+            with side_write(db):
                 db.conn.executemany(
                     "INSERT OR REPLACE INTO message_vectors(message_id, thread_id, vec)"
                     " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)",

@@ -268,16 +268,23 @@ SIDE_WRITE_WAIT = 0.1
 
 
 @contextlib.contextmanager
-def waiting_at_most(db: SqliteUtilsDatabase, seconds: float) -> Iterator[None]:
-    """Within the block, a write waits at most `seconds` (never longer than the connection's
-    own busy timeout) for another process's write lock; then the busy timeout is as before.
-    For a read's side write: the connection is this store's only one, and its wait holds up
-    every other call of the Memory, reads included. Runs in the connection's thread."""
+def side_write(db: SqliteUtilsDatabase) -> Iterator[None]:
+    """A read's side write: one transaction (`atomic`) that waits at most `SIDE_WRITE_WAIT`
+    (never longer than the connection's own busy timeout) for another process's write lock;
+    then the busy timeout is as before. The connection is this store's only one, and its
+    wait holds up every other call of the Memory, reads included. Runs in the connection's
+    thread.
+
+    Raises:
+        sqlite3.OperationalError: the lock could not be had meanwhile ("busy" once `run`
+            makes it a StorageError).
+    """
     conn = db.conn
     (before,) = conn.execute("PRAGMA busy_timeout").fetchone()
-    conn.execute(f"PRAGMA busy_timeout={min(max(int(seconds * 1000), 0), int(before))}")
+    conn.execute(f"PRAGMA busy_timeout={min(int(SIDE_WRITE_WAIT * 1000), int(before))}")
     try:
-        yield
+        with db.atomic():
+            yield
     finally:
         conn.execute(f"PRAGMA busy_timeout={int(before)}")
 

@@ -50,7 +50,7 @@ from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
-from mnemo.storage.sqlite.database import SIDE_WRITE_WAIT, Database, chunks, waiting_at_most
+from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
@@ -377,7 +377,7 @@ class SqliteGraph:
         stamp = when.isoformat()
 
         def write(db: SqliteUtilsDatabase) -> None:
-            with waiting_at_most(db, SIDE_WRITE_WAIT), db.atomic():
+            with side_write(db):
                 db.conn.executemany(
                     "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
                     " WHERE repo = ? AND id = ?",

@@ -100,7 +100,8 @@ async def consolidate(
     nodes similar to it: the survivor takes their links (no duplicates, none to itself), the
     union of their concepts, the highest confidence, the sum of access counts, the latest
     access, and their ids in `data["merged_from"]`; they are deleted with their vectors and
-    search entries. Tags left with no links are deleted too.
+    search entries. Tags left with no links are deleted too. Nodes of two ingest sources
+    are never merged (`merge_groups`).
 
     Raises:
         StorageError: the transaction failed; nothing was changed.
@@ -151,13 +152,19 @@ def _similar_pairs(
 
 
 def merge_groups(
-    pairs: list[tuple[str, str]], rows: Mapping[str, tuple[int, dict[str, Any], int, str | None]]
+    pairs: list[tuple[str, str]],
+    rows: Mapping[str, tuple[int, dict[str, Any], int, str | None]],
+    sources: Mapping[str, str | None],
 ) -> dict[str, list[str]]:
     """Survivor -> the nodes merged into it. A node joins the best-ranked similar node still
-    free, never a chain: everything merged into a survivor is itself similar to it."""
+    free, never a chain: everything merged into a survivor is itself similar to it.
+
+    Only nodes of one source (`sources`, a node's ingest source; None for a session's commit)
+    merge: a survivor belongs to its own source, so `forget` of that source would take the
+    fact the other had stated with it."""
     neighbours: dict[str, list[str]] = {}
     for a, b in pairs:
-        if a in rows and b in rows:
+        if a in rows and b in rows and sources.get(a) == sources.get(b):
             neighbours.setdefault(a, []).append(b)
             neighbours.setdefault(b, []).append(a)
 

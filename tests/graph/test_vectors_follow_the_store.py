@@ -36,6 +36,13 @@ def memory(store: str) -> mnemo.Memory:
     return mnemo.Memory(store, embedder=mnemo.HashEmbedder(64))
 
 
+async def committed(mem: mnemo.Memory, goal: str, observation: str, action: str) -> None:
+    """One step through a session, committed (no ingest source)."""
+    session = await mem.start_session(goal, repo=REPO)
+    await mem.append(session, observation, action)
+    await mem.close_and_commit(session)
+
+
 async def loaded(mem: mnemo.Memory) -> None:
     """Opens the repo, stores a first trajectory and recalls: the Memory's vectors are in
     memory from here on."""
@@ -72,13 +79,14 @@ async def test_an_intent_another_memory_committed_is_deduplicated(store: str) ->
 
 async def test_recall_and_consolidate_see_what_another_memory_committed(store: str) -> None:
     """Regression (SQLite): recall through A missed B's nodes in its dense channel, and A's
-    consolidate never compared B's new fact with its duplicate."""
+    consolidate never compared B's new fact with its duplicate. Sessions' commits: the facts
+    of two ingested sources are never merged."""
     fact = "Bees make honey in the summer months."
     async with memory(store) as a, memory(store) as b:
         await loaded(a)
-        await a.ingest(REPO, trajectory("bees", (fact, "note it")), source_id="a1")
+        await committed(a, "bees", fact, "note it")
         await a.consolidate(REPO)
-        await b.ingest(REPO, trajectory("bees again", (fact, "note it again")), source_id="b1")
+        await committed(b, "bees again", fact, "note it again")
         vectors = await a._graph.search_vectors(
             REPO, mnemo.HashEmbedder(64).embed_sync([fact])[0], 50)
         facts = [n for n in await b.get_nodes_by_type(REPO, [N.SEMANTIC]) if n.text == fact]

@@ -239,3 +239,22 @@ async def test_one_source_ingested_through_two_memories_at_once(
             assert isinstance(second, mnemo.ConflictError)
         stored = await b.get_nodes_by_type(REPO, list(N))
         assert sorted(n.id for n in stored) == sorted(first.node_ids)
+
+
+async def test_forget_after_consolidate_keeps_what_another_source_said(
+    mem: mnemo.Memory,
+) -> None:
+    """Two sources state the same fact; consolidate leaves one fact per source (merging them
+    would make one source's fact the other's), so forgetting one keeps the other's: it was
+    removed with the source its duplicate had been merged into."""
+    first = await mem.ingest(REPO, trajectory("the kettle is in the kitchen"), source_id="a")
+    second = await mem.ingest(REPO, trajectory("the kettle is in the kitchen"), source_id="b")
+    facts = {n.id for n in await mem.get_nodes_by_type(REPO, [N.SEMANTIC])}
+    assert facts & set(first.node_ids)
+    assert facts & set(second.node_ids)
+    assert (await mem.consolidate(REPO)).merged == 0
+    await mem.forget(REPO, "a")
+    kept = {n.id for n in await mem.get_nodes_by_type(REPO, [N.SEMANTIC])}
+    assert kept == facts & set(second.node_ids)
+    hits = await mem.recall(REPO, "the kettle is in the kitchen", types=[N.SEMANTIC])
+    assert {m.node.id for m in hits.memories} == kept

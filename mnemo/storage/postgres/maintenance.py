@@ -49,16 +49,17 @@ async def merge_duplicates(
     rows: dict[str, tuple[int, dict[str, Any], int, str | None]] = {}
     # The survivor keeps the latest access as a time, not as text: compared as datetimes.
     lasts: dict[str, datetime | None] = {}
+    sources: dict[str, str | None] = {}
     if involved:
         # FOR UPDATE: SQLite's transaction holds the write lock from its first read; here a
         # recall that counts an access of a member between this read and its deletion would
         # be lost from the survivor's sum, so it waits for this transaction instead.
         cur = await conn.execute(
-            "SELECT id, rowid, data, access_count, last_access FROM nodes"
+            "SELECT id, rowid, data, access_count, last_access, source_id FROM nodes"
             " WHERE repo = %s AND id = ANY(%s) ORDER BY rowid FOR UPDATE",
             (repo, involved),
         )
-        for node_id, rowid, data, count, last in await cur.fetchall():
+        for node_id, rowid, data, count, last, source in await cur.fetchall():
             assert isinstance(rowid, int)
             assert isinstance(count, int)
             assert isinstance(last, datetime | None)
@@ -66,7 +67,8 @@ async def merge_duplicates(
                 rowid, _mapping(data), count, None if last is None else last.isoformat()
             )
             lasts[str(node_id)] = last
-    groups = merge_groups(pairs, rows)
+            sources[str(node_id)] = None if source is None else str(source)
+    groups = merge_groups(pairs, rows, sources)
     moved = 0
     merged: list[str] = []
     for survivor, members in groups.items():

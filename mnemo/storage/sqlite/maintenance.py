@@ -43,15 +43,17 @@ def merge_duplicates(
     with db.atomic():
         involved = sorted({node_id for pair in pairs for node_id in pair})
         rows: dict[str, tuple[int, dict[str, Any], int, str | None]] = {}
+        sources: dict[str, str | None] = {}
         for chunk in chunks(involved, _SQL_CHUNK):
             marks = ",".join("?" * len(chunk))
-            for node_id, rowid, data, count, last in conn.execute(
-                f"SELECT id, rowid, data, access_count, last_access FROM nodes"
+            for node_id, rowid, data, count, last, source in conn.execute(
+                f"SELECT id, rowid, data, access_count, last_access, source_id FROM nodes"
                 f" WHERE repo = ? AND id IN ({marks})",
                 [repo, *chunk],
             ):
                 rows[node_id] = (rowid, json.loads(data), count, last)
-        groups = merge_groups(pairs, rows)
+                sources[node_id] = source
+        groups = merge_groups(pairs, rows, sources)
         moved = 0
         merged: list[str] = []
         for survivor, members in groups.items():

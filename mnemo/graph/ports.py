@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, Contradicts
 from mnemo.graph.dedup import IntentMerger
+from mnemo.graph.erasure import Embed
 from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
 
 if TYPE_CHECKING:
@@ -206,8 +207,18 @@ class GraphStore(Protocol):
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
 
     async def delete_source(
-        self, repo: str, source_id: str, *, also: Sequence[SideWrite] = ()
-    ) -> int: ...
+        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
+    ) -> int:
+        """Deletes every node a source produced, then the tags and intents that this left
+        without links (a tag a source created but another still uses stays, without the
+        source's id); an intent that keeps links and has words of the source takes the
+        wording of a procedure still linked to it, embedded by `embed`
+        (`mnemo.graph.erasure`). Returns how many nodes went.
+
+        Raises:
+            EmbeddingError: `embed` failed; nothing was deleted.
+        """
+        ...
 
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
         """(payload hash, node ids of its commit) of an ingested source, None if unknown."""

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from mnemo.config import Config
-from mnemo.episode.annotation import annotate, starts_trajectory
+from mnemo.episode.annotation import annotate, embed, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import ConflictError, InvalidInputError, PipelineError
-from mnemo.extraction.entities import with_entity_tags
+from mnemo.extraction.entities import embedding_text, with_entity_tags
 from mnemo.extraction.pipeline import Source, extract, failure_reason
-from mnemo.graph.model import now_utc
+from mnemo.graph.model import Vector, now_utc
 from mnemo.graph.ports import (
     GraphStore,
     IntentPolicy,
@@ -263,6 +263,11 @@ class IngestService:
         """Removes every node the source produced, and tags and intents left with no links;
         returns how many nodes went (0 for an unknown source). The id is then free."""
         check_id(source_id, "source_id")
+        embedder = self._runtime(repo).embedder
+
+        async def embed_wordings(texts: Sequence[str]) -> Vector:
+            return await embed(embedder, [embedding_text(t) for t in texts])
+
         return await self._graph.delete_source(
-            repo, source_id, also=[SourceForgotten(repo, source_id)]
+            repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)]
         )

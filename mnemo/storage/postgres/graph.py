@@ -27,6 +27,7 @@ from psycopg.types.json import Jsonb
 from mnemo.config import Config
 from mnemo.graph import commit, facts
 from mnemo.graph.commit import CommitPlan
+from mnemo.graph.erasure import Embed, inheritance
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
@@ -50,7 +51,7 @@ from mnemo.graph.ports import (
 from mnemo.graph.vectors import VectorIndex
 from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.postgres import history, maintenance, recall_reads
+from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.migrations import WORD_QUERY
 from mnemo.storage.postgres.rows import NODE_COLUMNS
@@ -337,44 +338,17 @@ class PgGraph:
         return len(gone)
 
     async def delete_source(
-        self, repo: str, source_id: str, *, also: Sequence[SideWrite] = ()
+        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
     ) -> int:
-        """Deletes every node a source produced, then the tags and intents that this left
-        without links (a tag a source created but another still uses stays); returns how
-        many nodes went."""
+        """See `GraphStore.delete_source`."""
         async with self.lock(repo):
+            async with self._pg.connection() as conn:
+                intents, procedures = await deletes.inherited(conn, repo, source_id)
+            heirs = await inheritance(intents, procedures, embed)
             async with self._pg.transaction() as conn:
-                cur = await conn.execute(
-                    "SELECT id, type IN ('tag', 'intent') FROM nodes"
-                    " WHERE repo = %s AND source_id = %s",
-                    (repo, source_id),
-                )
-                rows = await cur.fetchall()
-                own = [str(i) for i, route in rows if not route]
-                routes = {str(i) for i, route in rows if route}
-                cur = await conn.execute(
-                    "SELECT DISTINCT n.id FROM links l JOIN nodes n ON n.id = l.src"
-                    " WHERE l.dst = ANY(%s) AND n.type IN ('tag', 'intent')",
-                    (own,),
-                )
-                routes.update(str(i) for (i,) in await cur.fetchall())
-                await conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (own,))
-                cur = await conn.execute(
-                    "DELETE FROM nodes n WHERE n.id = ANY(%s) AND NOT EXISTS"
-                    " (SELECT 1 FROM links l WHERE l.src = n.id OR l.dst = n.id) RETURNING id",
-                    (sorted(routes),),
-                )
-                orphans = [str(i) for (i,) in await cur.fetchall()]
-                # A tag or intent the source created that another still uses stays, but no
-                # longer names the source (its id is the user's text: erasure).
-                await conn.execute(
-                    "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s",
-                    (repo, source_id),
-                )
-                await history.forget_source(conn, repo, source_id)
-                await side_writes(conn, also)
-            self._forget(repo, own + orphans)
-            return len(own) + len(orphans)
+                gone = await deletes.delete_source(conn, repo, source_id, also, *heirs)
+            self._forget(repo, gone)
+            return len(gone)
 
     def _forget(self, repo: str, node_ids: Sequence[str]) -> None:
         self._vectors.removed(repo, node_ids)

@@ -4,10 +4,14 @@ forgets the vectors of what went)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.graph.erasure import Heir
+from mnemo.graph.model import Vector, vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
@@ -27,10 +31,42 @@ def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> int:
     return gone
 
 
+def inherited(
+    db: SqliteUtilsDatabase, repo: str, source_id: str
+) -> tuple[list[str], list[tuple[str, Any, str | None]]]:
+    """The intents the source created or re-worded, and (intent, data, source) of each
+    procedure of another source linked to them, oldest first (`mnemo.graph.erasure.heirs`)."""
+    conn = db.conn
+    intents = [row[0] for row in conn.execute(
+        "SELECT id FROM nodes WHERE repo = ? AND source_id = ? AND type = 'intent'",
+        (repo, source_id))]
+    for (reworded,) in conn.execute(
+        "SELECT reworded FROM commits WHERE repo = ? AND source_id = ?", (repo, source_id)
+    ):
+        intents.extend(json.loads(reworded))
+    procedures: list[tuple[str, Any, str | None]] = []
+    for chunk in chunks(list(dict.fromkeys(intents)), 400):
+        marks = ",".join("?" * len(chunk))
+        procedures.extend(
+            (intent_id, json.loads(data), owner) for intent_id, data, owner in conn.execute(
+                f"SELECT l.src, n.data, n.source_id FROM links l JOIN nodes n ON n.id = l.dst"
+                f" WHERE l.src IN ({marks}) AND l.type = 'hierarchical'"
+                f" AND n.type = 'procedural' AND n.source_id IS NOT ?"
+                f" ORDER BY n.created_at, n.rowid",
+                [*chunk, source_id]))
+    return intents, procedures
+
+
 def delete_source(
-    db: SqliteUtilsDatabase, repo: str, source_id: str, also: Sequence[SideWrite]
+    db: SqliteUtilsDatabase,
+    repo: str,
+    source_id: str,
+    also: Sequence[SideWrite],
+    heirs: Mapping[str, tuple[Heir, Vector]],
+    dropped: Sequence[str],
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went."""
+    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `heirs` are
+    the intents re-worded, `dropped` those deleted though linked (`inherited`)."""
     conn = db.conn
     with db.atomic():
         own = [row[0] for row in conn.execute(
@@ -39,6 +75,7 @@ def delete_source(
         routes = {row[0] for row in conn.execute(
             "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
             " AND type IN ('tag', 'intent')", (repo, source_id))}
+        own.extend(dropped)
         for chunk in chunks(own, 400):
             marks = ",".join("?" * len(chunk))
             routes.update(row[0] for row in conn.execute(
@@ -46,6 +83,13 @@ def delete_source(
                 f" WHERE l.dst IN ({marks}) AND n.type IN ('tag', 'intent')",
                 chunk))
             conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+        for intent_id, (heir, vector) in heirs.items():
+            conn.execute(
+                "UPDATE nodes SET text = ?, data = json_set(data, '$.intent', ?),"
+                " source_id = ? WHERE repo = ? AND id = ?",
+                (heir.text, heir.text, heir.source_id, repo, intent_id))
+            conn.execute("UPDATE vectors SET vec = ? WHERE node_id = ?",
+                         (vector_to_blob(vector), intent_id))
         orphans = [
             node_id for node_id in sorted(routes)
             if conn.execute(

@@ -27,6 +27,7 @@ from mnemo.config import Config
 from mnemo.errors import StorageError
 from mnemo.graph import ann, commit
 from mnemo.graph.commit import CommitPlan
+from mnemo.graph.erasure import Embed, inheritance
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
@@ -321,14 +322,16 @@ class SqliteGraph:
             return gone
 
     async def delete_source(
-        self, repo: str, source_id: str, *, also: Sequence[SideWrite] = ()
+        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
     ) -> int:
-        """Deletes every node a source produced, then the tags and intents that this left
-        without links (a tag a source created but another still uses stays); returns how
-        many nodes went."""
+        """See `GraphStore.delete_source`."""
         async with self.lock(repo):
+            intents, procedures = await self._database.run(
+                lambda db: deletes.inherited(db, repo, source_id)
+            )
+            heirs = await inheritance(intents, procedures, embed)
             gone = await self._database.run(
-                lambda db: deletes.delete_source(db, repo, source_id, also)
+                lambda db: deletes.delete_source(db, repo, source_id, also, *heirs)
             )
             self._forget_vectors(repo, gone)
             return len(gone)

@@ -1,0 +1,138 @@
+"""forget and shared intents: an intent that outlives a forgotten source keeps none of its words
+(mnemo/graph/erasure.py). Regression of session 27's probe: a merged wording kept the
+forgotten source's words, recallable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import cast
+
+import numpy as np
+import pytest
+
+import mnemo
+from mnemo.adapters.offline import OfflineLLM
+from mnemo.graph.erasure import Heir, heirs
+from mnemo.ports import task_inputs
+from tests.backends import sql
+
+REPO = "r"
+N = mnemo.NodeType
+TECHNICIAN = "The oven is broken and needs a technician."
+REPAIRMAN = "The oven is broken and needs a repairman urgently."
+
+
+class MergingLLM:
+    """Offline answers, but an intent merge joins both wordings (a valid reply)."""
+
+    def __init__(self) -> None:
+        self.inner = OfflineLLM()
+        self.merges = 0
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task == "merge_intent":
+            self.merges += 1
+            inputs = task_inputs(request)
+            return mnemo.LLMResponse(data={"intent": f"{inputs['existing']} / {inputs['new']}"})
+        return await self.inner.generate(request)
+
+
+class OvenEmbedder(mnemo.HashEmbedder):
+    """A HashEmbedder under which two texts about the oven are alike (cosine about 0.9: two
+    such intents merge), failing once `failing` is set."""
+
+    failing = False
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.failing:
+            raise RuntimeError("embedder down")
+        rows = np.array(await super().embed(texts), dtype=np.float32)
+        for row, text in zip(rows, texts, strict=True):
+            if "oven" in text.lower():
+                row[0] += 1.5
+                row /= np.linalg.norm(row)
+        return rows
+
+
+@pytest.fixture
+async def merged(store: str) -> AsyncIterator[tuple[mnemo.Memory, OvenEmbedder]]:
+    """Source a's intent, re-worded by source b's merge into "a's words / b's words"."""
+    llm, embedder = MergingLLM(), OvenEmbedder(384)
+    async with mnemo.Memory(store, llm=llm, embedder=embedder) as mem:
+        await mem.open_repo(REPO)
+        for source, text in (("a", TECHNICIAN), ("b", REPAIRMAN)):
+            steps = [mnemo.Step(text, "note that 0")]
+            await mem.ingest(REPO, mnemo.Trajectory("fix the oven", steps), source_id=source)
+        assert llm.merges == 1
+        [intent] = await mem.get_nodes_by_type(REPO, [N.INTENT])
+        assert "technician" in intent.text
+        assert "repairman" in intent.text
+        yield mem, embedder
+
+
+async def source_of(mem: mnemo.Memory, node_id: str) -> str | None:
+    [(source,)] = await sql(mem, "SELECT source_id FROM nodes WHERE id = ?", node_id)
+    return cast(str | None, source)
+
+
+async def intent_and_procedures(mem: mnemo.Memory) -> tuple[mnemo.Node, list[mnemo.Node]]:
+    [intent] = await mem.get_nodes_by_type(REPO, [N.INTENT])
+    return intent, await mem.get_linked_nodes(REPO, [intent.id], mnemo.LinkType.HIERARCHICAL)
+
+
+@pytest.mark.parametrize(("forgotten", "kept", "gone_word"),
+                         [("b", "a", "repairman"), ("a", "b", "technician")])
+async def test_an_intent_another_source_uses_takes_its_wording(
+    merged: tuple[mnemo.Memory, OvenEmbedder], forgotten: str, kept: str, gone_word: str
+) -> None:
+    """Forgetting either source leaves the intent to the other's procedure, in that
+    procedure's own wording, with that wording's vector and source; none of the forgotten
+    source's words stays in its text or data, or can be recalled."""
+    mem, embedder = merged
+    await mem.forget(REPO, forgotten)
+    intent, procedures = await intent_and_procedures(mem)
+    [procedure] = [p for p in procedures if p.type is N.PROCEDURAL]
+    assert await source_of(mem, procedure.id) == kept
+    wording = procedure.data["intent"]
+    assert (intent.text, intent.data["intent"]) == (wording, wording)
+    assert await source_of(mem, intent.id) == kept
+    assert gone_word not in repr((intent.text, intent.data))
+    vectors = await mem._graph.vectors(REPO, [intent.id])
+    expected = (await embedder.embed([wording]))[0]
+    assert np.allclose(vectors[intent.id], expected, atol=1e-6)
+    found = await mem.recall(REPO, f"oven {gone_word}", types=[N.INTENT], reinforce=False)
+    assert all(gone_word not in m.node.text for m in found.memories)
+    await mem.forget(REPO, kept)
+    assert await mem.get_nodes_by_type(REPO, [N.INTENT, N.PROCEDURAL]) == []
+
+
+async def test_a_forget_whose_wording_cannot_be_embedded_changes_nothing(
+    merged: tuple[mnemo.Memory, OvenEmbedder],
+) -> None:
+    """The new wording's vector is made before anything is deleted: an embedder that fails
+    fails the forget with EmbeddingError, and the source is whole (forgotten once it works)."""
+    mem, embedder = merged
+    before = await mem.get_nodes_by_type(REPO, list(N))
+    embedder.failing = True
+    with pytest.raises(mnemo.EmbeddingError):
+        await mem.forget(REPO, "b")
+    assert await mem.get_nodes_by_type(REPO, list(N)) == before
+    embedder.failing = False
+    assert await mem.forget(REPO, "b") > 0
+
+
+def test_the_heir_is_the_oldest_linked_procedure_with_a_wording() -> None:
+    """Rows come oldest first; a procedure without a usable wording is passed over, an
+    intent none of whose procedures has one is dropped, one with none linked is left to
+    the orphans."""
+    rows = [
+        ("i1", {"instruction": "x"}, "s1"),
+        ("i1", {"intent": "  "}, "s1"),
+        ("i1", {"intent": "boil water"}, None),
+        ("i1", {"intent": "boil more water"}, "s2"),
+        ("i2", {"intent": 3}, "s2"),
+        ("i2", None, "s2"),
+    ]
+    found, dropped = heirs(["i1", "i2", "i3", "i1"], rows)
+    assert found == {"i1": Heir("boil water", None)}
+    assert dropped == ["i2"]

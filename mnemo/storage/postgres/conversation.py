@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Collection, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -56,12 +56,40 @@ from mnemo.storage.postgres._thread_rows import (
     utc,
     write_pins,
 )
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.postgres.connection import Connection, Postgres
 
 
 def _vector(vector: Vector) -> Vector:
     # `register_vector` sends exactly the numpy arrays as pgvector's `vector`.
     return np.asarray(vector, dtype=np.float32).reshape(-1)
+
+
+# Times a write takes the thread's row again after a purge deleted it under the lock wait.
+_LOCK_ATTEMPTS = 3
+
+
+async def _lock_row(conn: Connection, thread_id: str, at: datetime) -> tuple[ThreadState, bool]:
+    """Locks the thread's row until the transaction ends, creating it first when there is
+    none (True then): the first save and a purge or clear of a new thread take turns on its
+    key, as they do behind SQLite's single writer. They locked nothing when the row was not
+    there yet, and a save that committed between a purge's statements left messages
+    without a thread, or a clear kept them while resetting the count (a probe). A purge that
+    deletes the row while this waits for its lock is met by creating the row again.
+
+    Raises:
+        ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.
+    """
+    for _ in range(_LOCK_ATTEMPTS):
+        cur = await conn.execute(
+            "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at)"
+            " VALUES (%s, 0, 0, 0, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
+            (thread_id, at),
+        )
+        created = await cur.fetchone() is not None
+        state = await read_state(conn, thread_id, lock=True)
+        if state is not None:
+            return state, created
+    raise ConflictError(f"thread {thread_id!r} was purged while waiting for it, each time")
 
 
 class PgThreads:
@@ -102,15 +130,7 @@ class PgThreads:
         ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
         arrays = None if vectors is None else [_vector(v) for v in vectors]
         async with self._pg.transaction() as conn:
-            # Creating the row first gives a new thread a row to lock: a racing creator waits
-            # on the key, then finds the row and takes its turn at the lock.
-            await conn.execute(
-                "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at)"
-                " VALUES (%s, 0, 0, 0, %s) ON CONFLICT (id) DO NOTHING",
-                (thread_id, at),
-            )
-            state = await read_state(conn, thread_id, lock=True)
-            assert state is not None  # inserted or already there, and locked since
+            state, _ = await _lock_row(conn, thread_id, at)
             if state.history_len != expected_len:
                 raise ConflictError(
                     f"thread {thread_id!r} changed while saving: {state.history_len} "
@@ -267,7 +287,10 @@ class PgThreads:
 
     async def clear(self, thread_id: str) -> None:
         async with self._pg.transaction() as conn:
-            await read_state(conn, thread_id, lock=True)
+            _, created = await _lock_row(conn, thread_id, datetime.now(UTC))
+            if created:  # no thread: nothing to clear, and no thread made by it
+                await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
+                return
             await delete_thread_rows(conn, thread_id)
             await conn.execute(
                 "UPDATE threads SET history_len = 0, boundary_seq = next_seq WHERE id = %s",
@@ -284,7 +307,7 @@ class PgThreads:
         does about those is in the README (issue 10).
         """
         async with self._pg.transaction() as conn:
-            await read_state(conn, thread_id, lock=True)
+            await _lock_row(conn, thread_id, datetime.now(UTC))
             gone = await delete_thread_rows(conn, thread_id)
             await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
         return gone

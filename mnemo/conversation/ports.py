@@ -264,8 +264,10 @@ class ThreadStore(Protocol):
         """The best `limit` messages matching any of `words` (stemmed full-text search),
         ranked as `search.rank_by_recency` does with the backend's relevance score, within
         `thread_id` when given, leaving out what the viewport of `exclude_viewport_of` shows:
-        the messages `shown` names, else (no viewport of it known) its messages from the
-        boundary on; each hit with a snippet of at most `search.SNIPPET_CHARS` characters."""
+        the messages `shown` names that it still shows (from the boundary on, or pinned: an
+        eviction since moved the others into a snapshot only), else (no viewport of it
+        known) its messages from the boundary on; each hit with a snippet of at most
+        `search.SNIPPET_CHARS` characters."""
         ...
 
     async def view(self, message_id: str, radius: int) -> MessageView:

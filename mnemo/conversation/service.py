@@ -48,7 +48,7 @@ from mnemo.conversation.model import (
 from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
 from mnemo.conversation.viewport import layout
-from mnemo.errors import EmbeddingError, InvalidInputError, StorageError
+from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
 from mnemo.inputs import check_count, check_id, check_text, query_words
@@ -264,12 +264,18 @@ class ConversationService:
         on beside its pins and snapshots (or nothing more can leave); returns the evictions.
 
         It waits for an eviction under way instead of skipping: that one may have run for
-        another budget, or before the newest messages came, and a skip left them hidden.
+        another budget, or before the newest messages came, and a skip left them hidden. A
+        thread purged meanwhile (by another Memory) has nothing left to evict: the save that
+        asked returns, where it raised the eviction's NotFoundError (a probe).
         """
         done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):
             while (await self._layout(thread_id, token_budget))[1]:
-                result = await self.evictor.evict(thread_id, token_budget, eviction_fraction)
+                try:
+                    result = await self.evictor.evict(thread_id, token_budget,
+                                                      eviction_fraction)
+                except NotFoundError:
+                    break
                 if result.boundary_after == result.boundary_before:
                     break
                 done.append(result)

@@ -9,6 +9,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import anyio.from_thread
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -249,3 +250,59 @@ def test_nothing_hides_after_any_call(store: str) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+async def boundary(mem: mnemo.Memory, thread_id: str) -> int:
+    """The thread's boundary as stored (a viewport would lay itself out anew)."""
+    state = await mem._conversations.store.state(thread_id)
+    assert state is not None
+    return state.boundary_seq
+
+
+async def test_search_finds_what_an_eviction_moved_out_of_the_last_viewport(
+    cmem: mnemo.Memory,
+) -> None:
+    """A viewport showed message 0, then a save evicted it (auto_evict_budget): search
+    excluding that viewport finds it, now only in a snapshot. After an explicit evict, what
+    it moved behind the boundary is found and what the viewport still shows is not.
+    Regression: the last viewport's ids were left out as they were, so an evicted message
+    was in no view and unfindable."""
+    conv = cmem.conversation(auto_evict_budget=300)
+    history = [tagged(i, "user", 30) for i in range(5)]
+    await conv.save("t", history)
+    assert 0 in {m.seq for m in (await cmem.viewport("t", token_budget=300)).messages}
+    history += [tagged(i, "user", 30) for i in range(5, 12)]
+    await conv.save("t", history)
+    assert await boundary(cmem, "t") > 0
+    hits = await cmem.search_messages("tag0", exclude_viewport_of="t")
+    assert [h.seq for h in hits] == [0]
+    view = await cmem.viewport("t", token_budget=300)
+    await cmem.evict("t", token_budget=100)
+    after = await boundary(cmem, "t")
+    moved = {m.seq for m in view.messages if m.seq < after}
+    assert moved
+    assert any(m.seq >= after for m in view.messages)
+    hits = await cmem.search_messages(
+        " ".join(f"tag{m.seq}" for m in view.messages), limit=20, exclude_viewport_of="t")
+    assert {h.seq for h in hits} == moved
+
+
+async def test_a_save_whose_thread_is_purged_before_its_eviction_returns(
+    cmem: mnemo.Memory, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another Memory purges the thread after a save appended and before its eviction
+    (auto_evict_budget): nothing is left to evict, and the save returns what it appended
+    (it raised the eviction's NotFoundError)."""
+    conv = cmem.conversation(auto_evict_budget=100)
+    evictor = cmem._conversations.evictor
+    evict = evictor.evict
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as other:
+
+        async def purged_first(thread_id: str, token_budget: int, fraction: float) -> Any:
+            await other.conversation().purge(thread_id)
+            return await evict(thread_id, token_budget, fraction)
+
+        monkeypatch.setattr(evictor, "evict", purged_first)
+        saved = await conv.save("t", [tagged(i, "user", 60) for i in range(6)])
+    assert [m.seq for m in saved] == list(range(6))
+    assert await conv.raw("t") == []

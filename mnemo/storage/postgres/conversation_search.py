@@ -118,14 +118,17 @@ def scoring_query(
         conditions.append("m.thread_id = %s")
         filters.append(thread_id)
     if exclude_viewport_of is not None:
+        boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
         if shown is not None:
-            conditions.append("NOT (m.thread_id = %s AND m.id = ANY(%s))")
-            filters += [exclude_viewport_of, sorted(shown.ids)]
-        else:
+            # What the viewport showed and still would: an eviction since moved some of it
+            # behind the boundary, into a snapshot only (as SQLite's search).
             conditions.append(
-                "NOT (m.thread_id = %s AND m.seq >= coalesce("
-                "(SELECT boundary_seq FROM threads WHERE id = %s), 0))"
+                f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
+                " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
             )
+            filters += [exclude_viewport_of, sorted(shown.ids), exclude_viewport_of]
+        else:
+            conditions.append(f"NOT (m.thread_id = %s AND m.seq >= {boundary})")
             filters += [exclude_viewport_of, exclude_viewport_of]
     per_word, word_params = _per_word(words)
     return (

@@ -74,15 +74,19 @@ def search(
         conditions.append("messages_fts.rowid BETWEEN ? AND ?")
         params += [span[0], span[1]]
     if exclude_viewport_of is not None:
+        state = read_state(db, exclude_viewport_of)
+        boundary = state.boundary_seq if state else 0
         if shown is not None:
+            # What the viewport showed and still would: an eviction since moved some of it
+            # behind the boundary, into a snapshot only; a pin still shows it.
             conditions.append(
-                "NOT (m.thread_id = ? AND m.id IN (SELECT value FROM json_each(?)))"
+                "NOT (m.thread_id = ? AND m.id IN (SELECT value FROM json_each(?))"
+                " AND (m.seq >= ? OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
             )
-            params += [exclude_viewport_of, json.dumps(sorted(shown.ids))]
+            params += [exclude_viewport_of, json.dumps(sorted(shown.ids)), boundary]
         else:
-            state = read_state(db, exclude_viewport_of)
             conditions.append("NOT (m.thread_id = ? AND m.seq >= ?)")
-            params += [exclude_viewport_of, state.boundary_seq if state else 0]
+            params += [exclude_viewport_of, boundary]
     if conditions:
         rows = conn.execute(
             "SELECT m.rowid, bm25(messages_fts) AS score, m.recorded_at FROM messages_fts"

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from mnemo.errors import InvalidInputError
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,7 @@ class Config:
     consolidate_threshold: float = 0.85
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
+    # At most `inputs.MAX_TEXT_CHARS_LIMIT` (150,000), what PostgreSQL can index.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
@@ -184,6 +186,11 @@ class Config:
             value = getattr(self, name)
             if not _whole(value, 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")
+        if self.max_text_chars > MAX_TEXT_CHARS_LIMIT:
+            raise InvalidInputError(
+                f"Config.max_text_chars is at most {MAX_TEXT_CHARS_LIMIT:,} (PostgreSQL's "
+                f"full-text search refuses longer texts), got {self.max_text_chars:,}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -193,7 +200,15 @@ class Config:
         """Reads what `to_json` wrote; fields this version does not know are dropped."""
         raw: dict[str, Any] = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        fields = {k: v for k, v in raw.items() if k in known}
+        wanted = fields.get("max_text_chars")
+        if isinstance(wanted, int) and wanted > MAX_TEXT_CHARS_LIMIT:
+            # Stored before the ceiling (session 27): the store opens, at the ceiling.
+            logging.getLogger("mnemo").warning(
+                "a stored Config.max_text_chars of %d is lowered to %d (the most PostgreSQL "
+                "can index)", wanted, MAX_TEXT_CHARS_LIMIT)
+            fields["max_text_chars"] = MAX_TEXT_CHARS_LIMIT
+        return cls(**fields)
 
 
 def _whole(value: object, least: int) -> bool:

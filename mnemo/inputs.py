@@ -21,6 +21,13 @@ from mnemo.errors import InvalidInputError
 # About 8,000 tokens: a long tool output or several pages of text, while the worst input the
 # offline heuristics see still costs them tens of milliseconds (docs/DECISIONS.md).
 DEFAULT_MAX_TEXT_CHARS = 32_000
+# The highest `Config.max_text_chars`. PostgreSQL's full-text search refuses a text whose
+# lexemes and positions pass 1 MB ("string is too long for tsvector"), and a step's node holds
+# its observation and its action: the densest text, distinct four-character CJK words, costs
+# 3.2 bytes a character (ASCII four-letter words 1.6), so two texts of 150,000 make 0.96 MB.
+# SQLite has no such limit; one bound keeps the backends alike (a probe found PostgreSQL
+# refusing, as a storage fault, what SQLite stored). About 37,000 tokens of English.
+MAX_TEXT_CHARS_LIMIT = 150_000
 # The longest identifier (a repo name, source_id, thread_id, ...), in UTF-8 bytes: PostgreSQL's
 # btree index entries hold at most 2,704 bytes, and a repo name with a source id is one entry.
 MAX_ID_BYTES = 1_000

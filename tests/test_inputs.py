@@ -14,6 +14,7 @@ from mnemo import State, inputs
 from mnemo.inputs import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_QUERY_TERMS,
+    MAX_TEXT_CHARS_LIMIT,
     check_json,
     check_text,
     query_terms,
@@ -35,6 +36,51 @@ def test_config_rejects_bad_bound(bad: object) -> None:
     """A max_text_chars that is not an integer >= 1 is an InvalidInputError."""
     with pytest.raises(mnemo.InvalidInputError, match="max_text_chars"):
         mnemo.Config(max_text_chars=bad)  # type: ignore[arg-type]
+
+
+def test_config_bound_has_a_ceiling() -> None:
+    """max_text_chars is at most MAX_TEXT_CHARS_LIMIT, which PostgreSQL's full-text search
+    can index (the test below); one more is refused, naming it."""
+    assert mnemo.Config(max_text_chars=MAX_TEXT_CHARS_LIMIT).max_text_chars == 150_000
+    with pytest.raises(mnemo.InvalidInputError, match=r"at most 150,000.*PostgreSQL"):
+        mnemo.Config(max_text_chars=MAX_TEXT_CHARS_LIMIT + 1)
+
+
+def test_a_stored_bound_past_the_ceiling_is_read_at_the_ceiling() -> None:
+    """A repo config stored before the ceiling still opens, lowered to it."""
+    stored = mnemo.Config().to_json().replace('"max_text_chars": 32000',
+                                               '"max_text_chars": 1000000')
+    assert mnemo.Config.from_json(stored).max_text_chars == MAX_TEXT_CHARS_LIMIT
+
+
+def densest(chars: int, seed: int) -> str:
+    """`chars` characters of distinct four-character CJK words: what makes PostgreSQL's
+    tsvector longest a character (3 UTF-8 bytes a character, and 4 bytes of entry and
+    position a word: 3.2 bytes a character of text; ASCII words of four letters make 1.6)."""
+    letters = [chr(0x4E00 + i) for i in range(200)]
+    every = ("".join(w) for w in itertools.product(letters, repeat=4))
+    words = itertools.islice(every, seed * 100_000, seed * 100_000 + chars // 5 + 1)
+    text = " ".join(words)[:chars]
+    return text[:-1] + letters[0] if text.endswith(" ") else text
+
+
+async def test_texts_at_the_ceiling_are_stored_on_both_backends(store: str) -> None:
+    """A step whose observation and action are each MAX_TEXT_CHARS_LIMIT characters of the
+    densest words, and a message as long, are stored, committed and found by a word on
+    both backends. Regression: PostgreSQL refused a node of about 330,000 such characters
+    (`string is too long for tsvector`) as StorageError, where SQLite stored it."""
+    config = mnemo.Config(max_text_chars=MAX_TEXT_CHARS_LIMIT)
+    observation, action = densest(MAX_TEXT_CHARS_LIMIT, 0), densest(MAX_TEXT_CHARS_LIMIT, 1)
+    assert len(observation) == len(action) == MAX_TEXT_CHARS_LIMIT
+    async with mnemo.Memory(store, config=config, embedder=mnemo.HashEmbedder(8)) as mem:
+        await mem.open_repo(REPO)
+        session = await mem.start_session("store long texts", repo=REPO)
+        await mem.append(session, observation, action)
+        receipt = await mem.close_and_commit(session)
+        assert receipt.node_ids
+        await mem.conversation().save("t", [{"role": "user", "content": observation}])
+        hits = await mem.search_messages(observation.split()[-1])
+        assert [h.seq for h in hits] == [0]
 
 
 def test_check_text_bound() -> None:

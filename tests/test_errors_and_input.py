@@ -282,3 +282,32 @@ def test_node_and_link_types() -> None:
     assert node_types <= set(mnemo.NodeType.__members__)
     link_types = {"MEMBERSHIP", "HIERARCHICAL", "PROVENANCE", "SIBLING"}
     assert link_types <= set(mnemo.LinkType.__members__)
+
+
+async def test_a_closed_memory_answers_storage_error_closed_on_both_backends(store: str) -> None:
+    """After the Memory closed, each call that reaches the store raises StorageError with
+    reason "closed", on both backends alike (SQLite raised a bare RuntimeError, PostgreSQL
+    StorageError("unavailable"): the conversation probe)."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(8)) as mem:
+        await mem.open_repo(REPO)
+        conv = mem.conversation()
+        await conv.save("t", [{"role": "user", "content": "hello"}])
+        session = await mem.start_session("greet", repo=REPO)
+    more = [{"role": "user", "content": "hello"}, {"role": "user", "content": "again"}]
+    calls: dict[str, Any] = {
+        "save": lambda: conv.save("t", more),
+        "load": lambda: conv.load("t"),
+        "search_messages": lambda: mem.search_messages("hello"),
+        "viewport": lambda: mem.viewport("t", token_budget=100),
+        "recall": lambda: mem.recall(REPO, "hello"),
+        "list_repos": mem.list_repos,
+        "get_node": lambda: mem.get_node(REPO, "node_x"),
+        "session_state": lambda: mem.session_state(session),
+        "append": lambda: mem.append(session, "look", "wave"),
+        "ingest": lambda: mem.ingest(
+            REPO, mnemo.Trajectory("g", [mnemo.Step("o", "a")]), source_id="s"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(mnemo.StorageError) as caught:
+            await call()
+        assert caught.value.reason == "closed", name

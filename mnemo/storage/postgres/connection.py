@@ -31,7 +31,7 @@ from psycopg.adapt import Dumper, Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types import TypeInfo
 from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
 from mnemo.storage.json_text import loads
@@ -249,11 +249,13 @@ class Postgres:
 
         Raises:
             StorageError: `"busy"` when every connection stayed taken for `busy_timeout`
-                seconds, `"unavailable"` when none could be made.
+                seconds, `"unavailable"` when none could be made, `"closed"` after `close`.
         """
         try:
             async with self._pool.connection() as conn:
                 yield conn
+        except PoolClosed as exc:
+            raise StorageError("closed", "the database is not open") from exc
         except PoolTimeout as exc:
             reason = "busy" if await self._reachable() else "unavailable"
             raise storage_error(exc, reason) from exc

@@ -161,7 +161,7 @@ class Database:
     @property
     def db(self) -> SqliteUtilsDatabase:
         if self._db is None:
-            raise RuntimeError("the database is not open")
+            raise StorageError("closed", "the database is not open")
         return self._db
 
     async def open(self) -> None:
@@ -253,7 +253,7 @@ class Database:
     async def _call(self, fn: Callable[[], T]) -> T:
         worker = self._worker
         if worker is None:
-            raise RuntimeError("the database is not open")
+            raise StorageError("closed", "the database is not open")
         try:
             return await worker.call(fn)
         except sqlite3.Error as exc:

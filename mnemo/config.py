@@ -90,7 +90,7 @@ class Config:
     consolidate_threshold: float = 0.85
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
-    # At most `inputs.MAX_TEXT_CHARS_LIMIT` (150,000), what PostgreSQL can index.
+    # At most `inputs.MAX_TEXT_CHARS_LIMIT` (120,000), what PostgreSQL can index.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns

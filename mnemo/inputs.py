@@ -23,11 +23,12 @@ from mnemo.errors import InvalidInputError
 DEFAULT_MAX_TEXT_CHARS = 32_000
 # The highest `Config.max_text_chars`. PostgreSQL's full-text search refuses a text whose
 # lexemes and positions pass 1 MB ("string is too long for tsvector"), and a step's node holds
-# its observation and its action: the densest text, distinct four-character CJK words, costs
-# 3.2 bytes a character (ASCII four-letter words 1.6), so two texts of 150,000 make 0.96 MB.
-# SQLite has no such limit; one bound keeps the backends alike (a probe found PostgreSQL
-# refusing, as a storage fault, what SQLite stored). About 37,000 tokens of English.
-MAX_TEXT_CHARS_LIMIT = 150_000
+# its observation and its action. The densest text costs 4 bytes a character: distinct words
+# of four-byte characters (CJK Extension B), each character 4 bytes and each word 4 more of
+# count and position for its separator (ASCII four-letter words cost 1.6). Two texts of
+# 120,000 make 0.96 MB. SQLite has no such limit; one bound keeps the backends alike (a probe
+# found PostgreSQL refusing, as a storage fault, what SQLite stored). About 30,000 tokens.
+MAX_TEXT_CHARS_LIMIT = 120_000
 # The longest identifier (a repo name, source_id, thread_id, ...), in UTF-8 bytes: PostgreSQL's
 # btree index entries hold at most 2,704 bytes, and a repo name with a source id is one entry.
 MAX_ID_BYTES = 1_000

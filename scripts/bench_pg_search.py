@@ -6,7 +6,10 @@ another (A/B), each in its own process on its own database.
 Each CODE_DIR is a directory holding a `mnemo` package (e.g. `git archive REV mnemo | tar -x
 -C DIR`); none means this checkout. Each run fills THREADS threads of 100 messages of 3-30
 words from a 23-word vocabulary (so the query words match a large share of the messages,
-the search's worst case), then times 60 three-word searches (limit 5) after one warm-up.
+the search's worst case), then times 60 three-word searches (limit 5) after one warm-up, and
+as many leaving out one thread's viewport (`exclude_viewport_of`, a viewport of 2,000 tokens
+laid out first). Then the agent loop's writes: 20 new threads, each saved 20 times with two
+more messages (a user's and an assistant's), p50 of those 400 saves.
 """
 
 from __future__ import annotations
@@ -39,13 +42,27 @@ async def main(url, threads):
                 for _ in range(100)])
         queries = [" ".join(rng.sample(WORDS, 3)) for _ in range(60)]
         await mem.search_messages(queries[0])
-        ms = []
+        await mem.viewport("t0", token_budget=2000)
+        ms, excluding, saves = [], [], []
         for query in queries:
             start = time.perf_counter()
             await mem.search_messages(query, limit=5)
-            ms.append((time.perf_counter() - start) * 1e3)
-        ms.sort()
-        print(json.dumps([ms[len(ms) // 2], ms[int(len(ms) * 0.9)]]))
+            middle = time.perf_counter()
+            await mem.search_messages(query, limit=5, exclude_viewport_of="t0")
+            ms.append((middle - start) * 1e3)
+            excluding.append((time.perf_counter() - middle) * 1e3)
+        for t in range(20):
+            history = []
+            for turn in range(20):
+                history += [{"role": "user", "content": f"question {turn} of thread {t}"},
+                            {"role": "assistant", "content": f"answer {turn} of thread {t}"}]
+                start = time.perf_counter()
+                await conv.save(f"loop{t}", history)
+                saves.append((time.perf_counter() - start) * 1e3)
+        for times in (ms, excluding, saves):
+            times.sort()
+        print(json.dumps([ms[len(ms) // 2], ms[int(len(ms) * 0.9)],
+                          excluding[len(excluding) // 2], saves[len(saves) // 2]]))
 asyncio.run(main(sys.argv[2], int(sys.argv[3])))
 '''
 
@@ -64,7 +81,8 @@ def main() -> None:
 
     server = start_server(Path(tempfile.mkdtemp()) / "pg", fast=True)
     table = Table(title=f"search_messages on PostgreSQL, {args.threads * 100:,} messages")
-    for column in ("round", "code", "p50 ms", "p90 ms"):
+    for column in ("round", "code", "search p50 ms", "search p90 ms",
+                   "excluding a viewport p50 ms", "save p50 ms"):
         table.add_column(column)
     n = 0
     for round_ in range(1, args.rounds + 1):
@@ -76,10 +94,11 @@ def main() -> None:
                     [sys.executable, "-c", CHILD, code, server.url(f"b{n}"), str(args.threads)],
                     capture_output=True, text=True, timeout=args.timeout, check=True,
                 )
-                p50, p90 = json.loads(out.stdout.strip().splitlines()[-1])
-                table.add_row(str(round_), code, f"{p50:.2f}", f"{p90:.2f}")
+                times = json.loads(out.stdout.strip().splitlines()[-1])
+                table.add_row(str(round_), code, *(f"{t:.2f}" for t in times))
             except subprocess.TimeoutExpired:
-                table.add_row(str(round_), code, f"> {args.timeout / 61 * 1e3:.0f}", "-")
+                table.add_row(str(round_), code, f"> {args.timeout / 61 * 1e3:.0f}", "-", "-",
+                              "-")
     Console().print(table)
 
 

@@ -7,8 +7,9 @@ source deletes the intents only it linked; one that another source's procedures 
 stays, and would keep the forgotten source's words (API.md: "nothing of the source can be
 recalled"). It takes instead the wording of the oldest procedure still linked to it (each
 PROCEDURAL node keeps its own intent's wording in `data["intent"]`), with that wording's
-vector and that procedure's source; an intent left with no procedure that has a wording is
-deleted (a routing node: the procedures stay recallable by themselves).
+vector and that procedure's source; an intent left with no procedure that has a wording, or
+whose wording cannot be embedded, is deleted (a routing node: the procedures stay recallable
+by themselves), and so is one left with no link at all.
 
 The storage backends read the rows and write the result in the forget's own transaction; the
 rule is here, once.
@@ -16,11 +17,16 @@ rule is here, once.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
+from mnemo.errors import EmbeddingError
 from mnemo.graph.model import Vector
+
+log = logging.getLogger("mnemo")
 
 # The repo's embedder as a forget needs it: texts -> a float32 matrix, one row a text.
 Embed = Callable[[Sequence[str]], Awaitable[Vector]]
@@ -60,16 +66,57 @@ def heirs(
     return found, dropped
 
 
+# (intents the source created or re-worded, (intent, data, source) of other sources'
+# procedures linked to them, oldest first): what `heirs` reads.
+Inherited = tuple[list[str], list[tuple[str, Any, str | None]]]
+# The delete itself: (those intents, heirs with their vectors, intents to delete) -> the ids
+# of the nodes that went, in one transaction.
+Delete = Callable[[list[str], dict[str, tuple[Heir, Vector]], list[str]], Awaitable[list[str]]]
+
+# Times a forget embeds outside the repo's lock and finds the graph changed under it before
+# it deletes without new wordings (the shared intents go instead).
+ATTEMPTS = 3
+
+
+async def forget(
+    lock: Callable[[], AbstractAsyncContextManager[None]],
+    read: Callable[[], Awaitable[Inherited]],
+    embed: Embed,
+    delete: Delete,
+) -> list[str]:
+    """A source's forget: the heirs' wordings are embedded before the repo's `lock` is taken
+    (a slow or failing embedder must not hold every other writer of the repo, in every
+    process: commits decide their model calls before the lock too), then, under it, the
+    rows are read again and the delete runs if nothing changed. A change (a commit, another
+    forget) sends it round again; after `ATTEMPTS` the shared intents are deleted instead of
+    re-worded, with no embedding under the lock. Returns the ids of the nodes that went."""
+    for _ in range(ATTEMPTS - 1):
+        seen = await read()
+        plan = await inheritance(*seen, embed)
+        async with lock():
+            now = await read()
+            if now == seen:
+                return await delete(now[0], *plan)
+    async with lock():
+        now = await read()
+        found, dropped = heirs(*now)
+        return await delete(now[0], {}, [*dropped, *found])
+
+
 async def inheritance(
     intents: Iterable[str], procedures: Iterable[tuple[str, Any, str | None]], embed: Embed
 ) -> tuple[dict[str, tuple[Heir, Vector]], list[str]]:
-    """`heirs`, each with the vector of its wording (one call of `embed` for all).
-
-    Raises:
-        EmbeddingError: as `embed`; nothing is forgotten then.
-    """
+    """`heirs`, each with the vector of its wording (one call of `embed` for all). When the
+    embedder fails or times out, the intents that had an heir are deleted instead (routing
+    nodes: the procedures stay recallable by themselves), logged: an erasure does not wait
+    for, or fail with, the embedder."""
     found, dropped = heirs(intents, procedures)
     if not found:
         return {}, dropped
-    vectors = await embed([h.text for h in found.values()])
+    try:
+        vectors = await embed([h.text for h in found.values()])
+    except (EmbeddingError, TimeoutError) as exc:
+        log.warning("forget: the new wordings of %d shared intents could not be embedded, "
+                    "so they are deleted: %r", len(found), exc)
+        return {}, [*dropped, *found]
     return {i: (h, vectors[n]) for n, (i, h) in enumerate(found.items())}, dropped

@@ -261,12 +261,15 @@ class IngestService:
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, and tags and intents left with no links;
-        returns how many nodes went (0 for an unknown source). The id is then free."""
+        an intent another source still uses takes that source's wording, embedded within
+        `extraction_timeout` (`mnemo.graph.erasure`). Returns how many nodes went (0 for an
+        unknown source). The id is then free."""
         check_id(source_id, "source_id")
-        embedder = self._runtime(repo).embedder
+        runtime = self._runtime(repo)
 
         async def embed_wordings(texts: Sequence[str]) -> Vector:
-            return await embed(embedder, [embedding_text(t) for t in texts])
+            with anyio.fail_after(runtime.config.extraction_timeout):
+                return await embed(runtime.embedder, [embedding_text(t) for t in texts])
 
         return await self._graph.delete_source(
             repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)]

@@ -5,13 +5,14 @@ forgotten source's words, recallable."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pytest
 
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.graph import erasure
 from mnemo.graph.erasure import Heir, heirs
 from mnemo.ports import task_inputs
 from tests.backends import sql
@@ -106,19 +107,99 @@ async def test_an_intent_another_source_uses_takes_its_wording(
     assert await mem.get_nodes_by_type(REPO, [N.INTENT, N.PROCEDURAL]) == []
 
 
-async def test_a_forget_whose_wording_cannot_be_embedded_changes_nothing(
+async def test_a_forget_whose_wording_cannot_be_embedded_deletes_the_intent(
     merged: tuple[mnemo.Memory, OvenEmbedder],
 ) -> None:
-    """The new wording's vector is made before anything is deleted: an embedder that fails
-    fails the forget with EmbeddingError, and the source is whole (forgotten once it works)."""
+    """An erasure does not fail with the embedder: when the new wording cannot be embedded,
+    the shared intent is deleted (a routing node), and the other source's procedure stays."""
     mem, embedder = merged
-    before = await mem.get_nodes_by_type(REPO, list(N))
     embedder.failing = True
-    with pytest.raises(mnemo.EmbeddingError):
-        await mem.forget(REPO, "b")
-    assert await mem.get_nodes_by_type(REPO, list(N)) == before
-    embedder.failing = False
     assert await mem.forget(REPO, "b") > 0
+    assert await mem.get_nodes_by_type(REPO, [N.INTENT]) == []
+    [procedure] = await mem.get_nodes_by_type(REPO, [N.PROCEDURAL])
+    assert await source_of(mem, procedure.id) == "a"
+
+
+async def test_forget_erases_an_intent_it_reworded_that_has_no_link_left(
+    merged: tuple[mnemo.Memory, OvenEmbedder],
+) -> None:
+    """b's merge re-worded a's intent, then both procedures were deleted by id (which leaves
+    the intent without links): forget("b") deletes the intent too, as an orphan, instead of
+    leaving b's words there (a review)."""
+    mem, _ = merged
+    procedures = await mem.get_nodes_by_type(REPO, [N.PROCEDURAL])
+    await mem.delete_nodes(REPO, [p.id for p in procedures])
+    await mem.forget(REPO, "b")
+    assert await mem.get_nodes_by_type(REPO, [N.INTENT]) == []
+
+
+class HeldEmbedder(OvenEmbedder):
+    """An OvenEmbedder whose calls, while `hold` is set, run `hold` first (counted)."""
+
+    hold: Any = None
+    held = 0
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.hold is not None:
+            self.held += 1
+            await self.hold()
+        return await super().embed(texts)
+
+
+async def two_sources(mem: mnemo.Memory) -> None:
+    """Source a's intent, re-worded by source b's merge (as `merged`)."""
+    await mem.open_repo(REPO)
+    for source, text in (("a", TECHNICIAN), ("b", REPAIRMAN)):
+        steps = [mnemo.Step(text, "note that 0")]
+        await mem.ingest(REPO, mnemo.Trajectory("fix the oven", steps), source_id=source)
+
+
+async def test_forget_embeds_outside_the_repo_lock(store: str) -> None:
+    """While a forget waits for its embedder, another Memory commits to the repo (it failed
+    busy: the forget held the repo's lock, across processes, for the embedder's time; a
+    review). The commit changed what the forget had read, so it reads and embeds again."""
+    embedder = HeldEmbedder(384)
+    config = mnemo.Config(busy_timeout=0.5)
+    async with mnemo.Memory(store, llm=MergingLLM(), embedder=embedder) as a, \
+            mnemo.Memory(store, embedder=OvenEmbedder(384), config=config) as b:
+        await two_sources(a)
+
+        async def commit_meanwhile() -> None:
+            embedder.hold = None
+            steps = [mnemo.Step(TECHNICIAN, "note that 0")]
+            await b.ingest(REPO, mnemo.Trajectory("fix it again", steps), source_id="c")
+
+        embedder.hold = commit_meanwhile
+        await a.forget(REPO, "b")
+        assert embedder.held == 1
+        [intent] = await a.get_nodes_by_type(REPO, [N.INTENT])
+        assert "repairman" not in repr((intent.text, intent.data))
+        linked = await a.get_linked_nodes(REPO, [intent.id], mnemo.LinkType.HIERARCHICAL)
+        assert sorted([str(await source_of(a, n.id)) for n in linked]) == ["a", "c"]
+
+
+async def test_a_forget_that_keeps_meeting_changes_deletes_the_shared_intent(
+    store: str,
+) -> None:
+    """Each embedding outside the lock meets a new commit: after `erasure.ATTEMPTS` rounds
+    the forget deletes the shared intent under the lock, with no embedding there."""
+    embedder = HeldEmbedder(384)
+    async with mnemo.Memory(store, llm=MergingLLM(), embedder=embedder) as a, \
+            mnemo.Memory(store, embedder=OvenEmbedder(384)) as b:
+        await two_sources(a)
+
+        async def commit_meanwhile() -> None:
+            steps = [mnemo.Step(TECHNICIAN, f"note that {embedder.held}")]
+            await b.ingest(REPO, mnemo.Trajectory("fix it", steps),
+                           source_id=f"c{embedder.held}")
+
+        embedder.hold = commit_meanwhile
+        await a.forget(REPO, "b")
+        assert embedder.held == erasure.ATTEMPTS - 1
+        assert await a.get_nodes_by_type(REPO, [N.INTENT]) == []
+        procedures = await a.get_nodes_by_type(REPO, [N.PROCEDURAL])
+        assert sorted([str(await source_of(a, n.id)) for n in procedures]) == [
+            "a", *(f"c{i}" for i in range(1, erasure.ATTEMPTS))]
 
 
 def test_the_heir_is_the_oldest_linked_procedure_with_a_wording() -> None:

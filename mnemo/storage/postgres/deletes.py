@@ -46,19 +46,21 @@ async def delete_source(
     repo: str,
     source_id: str,
     also: Sequence[SideWrite],
+    intents: Sequence[str],
     heirs: Mapping[str, tuple[Heir, Vector]],
     dropped: Sequence[str],
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `heirs` are
-    the intents re-worded, `dropped` those deleted though linked (`inherited`). The caller
-    holds the transaction."""
+    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `intents` are
+    those the source created or re-worded (`inherited`), deleted when left without links;
+    `heirs` the ones re-worded, `dropped` those deleted though linked. The caller holds the
+    transaction."""
     cur = await conn.execute(
         "SELECT id, type IN ('tag', 'intent') FROM nodes WHERE repo = %s AND source_id = %s",
         (repo, source_id),
     )
     rows = await cur.fetchall()
     own = [str(i) for i, route in rows if not route] + list(dropped)
-    routes = {str(i) for i, route in rows if route}
+    routes = {str(i) for i, route in rows if route} | set(intents)
     cur = await conn.execute(
         "SELECT DISTINCT n.id FROM links l JOIN nodes n ON n.id = l.src"
         " WHERE l.dst = ANY(%s) AND n.type IN ('tag', 'intent')",

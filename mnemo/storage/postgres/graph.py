@@ -25,9 +25,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph import commit, facts
+from mnemo.graph import commit, erasure, facts
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Embed, inheritance
+from mnemo.graph.erasure import Embed, Heir, Inherited
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
@@ -341,14 +341,20 @@ class PgGraph:
         self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
     ) -> int:
         """See `GraphStore.delete_source`."""
-        async with self.lock(repo):
+        async def read() -> Inherited:
             async with self._pg.connection() as conn:
-                intents, procedures = await deletes.inherited(conn, repo, source_id)
-            heirs = await inheritance(intents, procedures, embed)
+                return await deletes.inherited(conn, repo, source_id)
+
+        async def delete(
+            intents: list[str], heirs: dict[str, tuple[Heir, Vector]], dropped: list[str]
+        ) -> list[str]:
             async with self._pg.transaction() as conn:
-                gone = await deletes.delete_source(conn, repo, source_id, also, *heirs)
+                gone = await deletes.delete_source(
+                    conn, repo, source_id, also, intents, heirs, dropped)
             self._forget(repo, gone)
-            return len(gone)
+            return gone
+
+        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete))
 
     def _forget(self, repo: str, node_ids: Sequence[str]) -> None:
         self._vectors.removed(repo, node_ids)

@@ -44,8 +44,9 @@ def inherited(
         "SELECT reworded FROM commits WHERE repo = ? AND source_id = ?", (repo, source_id)
     ):
         intents.extend(json.loads(reworded))
+    intents = sorted(set(intents))
     procedures: list[tuple[str, Any, str | None]] = []
-    for chunk in chunks(list(dict.fromkeys(intents)), 400):
+    for chunk in chunks(intents, 400):
         marks = ",".join("?" * len(chunk))
         procedures.extend(
             (intent_id, json.loads(data), owner) for intent_id, data, owner in conn.execute(
@@ -62,11 +63,13 @@ def delete_source(
     repo: str,
     source_id: str,
     also: Sequence[SideWrite],
+    intents: Sequence[str],
     heirs: Mapping[str, tuple[Heir, Vector]],
     dropped: Sequence[str],
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `heirs` are
-    the intents re-worded, `dropped` those deleted though linked (`inherited`)."""
+    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `intents` are
+    those the source created or re-worded (`inherited`), deleted when left without links;
+    `heirs` the ones re-worded, `dropped` those deleted though linked."""
     conn = db.conn
     with db.atomic():
         own = [row[0] for row in conn.execute(
@@ -75,6 +78,7 @@ def delete_source(
         routes = {row[0] for row in conn.execute(
             "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
             " AND type IN ('tag', 'intent')", (repo, source_id))}
+        routes.update(intents)
         own.extend(dropped)
         for chunk in chunks(own, 400):
             marks = ",".join("?" * len(chunk))

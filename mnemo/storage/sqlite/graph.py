@@ -25,9 +25,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.errors import StorageError
-from mnemo.graph import ann, commit
+from mnemo.graph import ann, commit, erasure
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Embed, inheritance
+from mnemo.graph.erasure import Embed, Heir, Inherited
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
@@ -325,16 +325,18 @@ class SqliteGraph:
         self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
     ) -> int:
         """See `GraphStore.delete_source`."""
-        async with self.lock(repo):
-            intents, procedures = await self._database.run(
-                lambda db: deletes.inherited(db, repo, source_id)
-            )
-            heirs = await inheritance(intents, procedures, embed)
-            gone = await self._database.run(
-                lambda db: deletes.delete_source(db, repo, source_id, also, *heirs)
-            )
+        async def read() -> Inherited:
+            return await self._database.run(lambda db: deletes.inherited(db, repo, source_id))
+
+        async def delete(
+            intents: list[str], heirs: dict[str, tuple[Heir, Vector]], dropped: list[str]
+        ) -> list[str]:
+            gone = await self._database.run(lambda db: deletes.delete_source(
+                db, repo, source_id, also, intents, heirs, dropped))
             self._forget_vectors(repo, gone)
-            return len(gone)
+            return gone
+
+        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete))
 
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None

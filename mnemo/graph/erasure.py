@@ -69,9 +69,21 @@ def heirs(
 # (intents the source created or re-worded, (intent, data, source) of other sources'
 # procedures linked to them, oldest first): what `heirs` reads.
 Inherited = tuple[list[str], list[tuple[str, Any, str | None]]]
-# The delete itself: (those intents, heirs with their vectors, intents to delete) -> the ids
-# of the nodes that went, in one transaction.
-Delete = Callable[[list[str], dict[str, tuple[Heir, Vector]], list[str]], Awaitable[list[str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a forget does to the intents beside deleting the source's own nodes: `intents`
+    (those the source created or re-worded) are deleted when left without links, `heirs`
+    re-worded (with their wording's vector), `dropped` deleted though linked."""
+
+    intents: list[str]
+    heirs: dict[str, tuple[Heir, Vector]]
+    dropped: list[str]
+
+
+# The delete itself, in one transaction: the ids of the nodes that went.
+Delete = Callable[[Plan], Awaitable[list[str]]]
 
 # Times a forget embeds outside the repo's lock and finds the graph changed under it before
 # it deletes without new wordings (the shared intents go instead).
@@ -94,29 +106,29 @@ async def forget(
         seen = await read()
         plan = await inheritance(*seen, embed)
         async with lock():
-            now = await read()
-            if now == seen:
-                return await delete(now[0], *plan)
+            if await read() == seen:
+                return await delete(plan)
     async with lock():
-        now = await read()
-        found, dropped = heirs(*now)
-        return await delete(now[0], {}, [*dropped, *found])
+        intents, procedures = await read()
+        found, dropped = heirs(intents, procedures)
+        return await delete(Plan(intents, {}, [*dropped, *found]))
 
 
 async def inheritance(
-    intents: Iterable[str], procedures: Iterable[tuple[str, Any, str | None]], embed: Embed
-) -> tuple[dict[str, tuple[Heir, Vector]], list[str]]:
-    """`heirs`, each with the vector of its wording (one call of `embed` for all). When the
-    embedder fails or times out, the intents that had an heir are deleted instead (routing
-    nodes: the procedures stay recallable by themselves), logged: an erasure does not wait
-    for, or fail with, the embedder."""
+    intents: list[str], procedures: Iterable[tuple[str, Any, str | None]], embed: Embed
+) -> Plan:
+    """The plan of `heirs`, each with the vector of its wording (one call of `embed` for
+    all). When the embedder fails or times out, the intents that had an heir are deleted
+    instead (routing nodes: the procedures stay recallable by themselves), logged: an
+    erasure does not wait for, or fail with, the embedder."""
     found, dropped = heirs(intents, procedures)
     if not found:
-        return {}, dropped
+        return Plan(intents, {}, dropped)
     try:
         vectors = await embed([h.text for h in found.values()])
     except (EmbeddingError, TimeoutError) as exc:
         log.warning("forget: the new wordings of %d shared intents could not be embedded, "
                     "so they are deleted: %r", len(found), exc)
-        return {}, [*dropped, *found]
-    return {i: (h, vectors[n]) for n, (i, h) in enumerate(found.items())}, dropped
+        return Plan(intents, {}, [*dropped, *found])
+    return Plan(intents, {i: (h, vectors[n]) for n, (i, h) in enumerate(found.items())},
+                dropped)

@@ -4,11 +4,10 @@ the delete in one transaction after it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from mnemo.graph.erasure import Heir
-from mnemo.graph.model import Vector
+from mnemo.graph.erasure import Plan
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.postgres import history
 from mnemo.storage.postgres.connection import Connection
@@ -46,21 +45,18 @@ async def delete_source(
     repo: str,
     source_id: str,
     also: Sequence[SideWrite],
-    intents: Sequence[str],
-    heirs: Mapping[str, tuple[Heir, Vector]],
-    dropped: Sequence[str],
+    plan: Plan,
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `intents` are
-    those the source created or re-worded (`inherited`), deleted when left without links;
-    `heirs` the ones re-worded, `dropped` those deleted though linked. The caller holds the
+    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `plan` says
+    what becomes of the intents the source created or re-worded (`inherited`). The caller holds the
     transaction."""
     cur = await conn.execute(
         "SELECT id, type IN ('tag', 'intent') FROM nodes WHERE repo = %s AND source_id = %s",
         (repo, source_id),
     )
     rows = await cur.fetchall()
-    own = [str(i) for i, route in rows if not route] + list(dropped)
-    routes = {str(i) for i, route in rows if route} | set(intents)
+    own = [str(i) for i, route in rows if not route] + plan.dropped
+    routes = {str(i) for i, route in rows if route} | set(plan.intents)
     cur = await conn.execute(
         "SELECT DISTINCT n.id FROM links l JOIN nodes n ON n.id = l.src"
         " WHERE l.dst = ANY(%s) AND n.type IN ('tag', 'intent')",
@@ -68,7 +64,7 @@ async def delete_source(
     )
     routes.update(str(i) for (i,) in await cur.fetchall())
     await conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (own,))
-    for intent_id, (heir, vector) in heirs.items():
+    for intent_id, (heir, vector) in plan.heirs.items():
         await conn.execute(
             "UPDATE nodes SET text = %s, data = jsonb_set(data, '{intent}', to_jsonb(%s::text)),"
             " source_id = %s WHERE repo = %s AND id = %s",

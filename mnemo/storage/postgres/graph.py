@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 from mnemo.config import Config
 from mnemo.graph import commit, erasure, facts
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Embed, Heir, Inherited
+from mnemo.graph.erasure import Embed, Inherited
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
@@ -345,12 +345,9 @@ class PgGraph:
             async with self._pg.connection() as conn:
                 return await deletes.inherited(conn, repo, source_id)
 
-        async def delete(
-            intents: list[str], heirs: dict[str, tuple[Heir, Vector]], dropped: list[str]
-        ) -> list[str]:
+        async def delete(plan: erasure.Plan) -> list[str]:
             async with self._pg.transaction() as conn:
-                gone = await deletes.delete_source(
-                    conn, repo, source_id, also, intents, heirs, dropped)
+                gone = await deletes.delete_source(conn, repo, source_id, also, plan)
             self._forget(repo, gone)
             return gone
 

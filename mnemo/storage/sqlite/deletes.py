@@ -5,13 +5,13 @@ forgets the vectors of what went)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph.erasure import Heir
-from mnemo.graph.model import Vector, vector_to_blob
+from mnemo.graph.erasure import Plan
+from mnemo.graph.model import vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
@@ -63,13 +63,10 @@ def delete_source(
     repo: str,
     source_id: str,
     also: Sequence[SideWrite],
-    intents: Sequence[str],
-    heirs: Mapping[str, tuple[Heir, Vector]],
-    dropped: Sequence[str],
+    plan: Plan,
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `intents` are
-    those the source created or re-worded (`inherited`), deleted when left without links;
-    `heirs` the ones re-worded, `dropped` those deleted though linked."""
+    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `plan` says
+    what becomes of the intents the source created or re-worded (`inherited`)."""
     conn = db.conn
     with db.atomic():
         own = [row[0] for row in conn.execute(
@@ -78,8 +75,8 @@ def delete_source(
         routes = {row[0] for row in conn.execute(
             "SELECT id FROM nodes WHERE repo = ? AND source_id = ?"
             " AND type IN ('tag', 'intent')", (repo, source_id))}
-        routes.update(intents)
-        own.extend(dropped)
+        routes.update(plan.intents)
+        own.extend(plan.dropped)
         for chunk in chunks(own, 400):
             marks = ",".join("?" * len(chunk))
             routes.update(row[0] for row in conn.execute(
@@ -87,7 +84,7 @@ def delete_source(
                 f" WHERE l.dst IN ({marks}) AND n.type IN ('tag', 'intent')",
                 chunk))
             conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
-        for intent_id, (heir, vector) in heirs.items():
+        for intent_id, (heir, vector) in plan.heirs.items():
             conn.execute(
                 "UPDATE nodes SET text = ?, data = json_set(data, '$.intent', ?),"
                 " source_id = ? WHERE repo = ? AND id = ?",

@@ -27,7 +27,7 @@ from mnemo.config import Config
 from mnemo.errors import StorageError
 from mnemo.graph import ann, commit, erasure
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.erasure import Embed, Heir, Inherited
+from mnemo.graph.erasure import Embed, Inherited
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.maintenance import ValidationReport
 from mnemo.graph.model import (
@@ -328,11 +328,9 @@ class SqliteGraph:
         async def read() -> Inherited:
             return await self._database.run(lambda db: deletes.inherited(db, repo, source_id))
 
-        async def delete(
-            intents: list[str], heirs: dict[str, tuple[Heir, Vector]], dropped: list[str]
-        ) -> list[str]:
+        async def delete(plan: erasure.Plan) -> list[str]:
             gone = await self._database.run(lambda db: deletes.delete_source(
-                db, repo, source_id, also, intents, heirs, dropped))
+                db, repo, source_id, also, plan))
             self._forget_vectors(repo, gone)
             return gone
 

@@ -7,9 +7,11 @@ source deletes the intents only it linked; one that another source's procedures 
 stays, and would keep the forgotten source's words (API.md: "nothing of the source can be
 recalled"). It takes instead the wording of the oldest procedure still linked to it (each
 PROCEDURAL node keeps its own intent's wording in `data["intent"]`), with that wording's
-vector and that procedure's source; an intent left with no procedure that has a wording, or
-whose wording cannot be embedded, is deleted (a routing node: the procedures stay recallable
-by themselves), and so is one left with no link at all.
+vector and that procedure's source; an intent left with no procedure that has a wording is
+deleted (a routing node: the procedures stay recallable by themselves), and so is one left
+with no link at all. A wording that cannot be embedded fails the forget, with nothing
+deleted: deleting the intent instead would take a node of another source, which API.md
+keeps ("tags and intents left with no links").
 
 The storage backends read the rows and write the result in the forget's own transaction; the
 rule is here, once.
@@ -17,16 +19,12 @@ rule is here, once.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.errors import EmbeddingError
 from mnemo.graph.model import Vector
-
-log = logging.getLogger("mnemo")
 
 # The repo's embedder as a forget needs it: texts -> a float32 matrix, one row a text.
 Embed = Callable[[Sequence[str]], Awaitable[Vector]]
@@ -85,8 +83,8 @@ class Plan:
 # The delete itself, in one transaction: the ids of the nodes that went.
 Delete = Callable[[Plan], Awaitable[list[str]]]
 
-# Times a forget embeds outside the repo's lock and finds the graph changed under it before
-# it deletes without new wordings (the shared intents go instead).
+# Rounds a forget embeds outside the repo's lock before, having found the graph changed
+# under it each time, it holds the lock for its embedding too.
 ATTEMPTS = 3
 
 
@@ -97,11 +95,15 @@ async def forget(
     delete: Delete,
 ) -> list[str]:
     """A source's forget: the heirs' wordings are embedded before the repo's `lock` is taken
-    (a slow or failing embedder must not hold every other writer of the repo, in every
-    process: commits decide their model calls before the lock too), then, under it, the
-    rows are read again and the delete runs if nothing changed. A change (a commit, another
-    forget) sends it round again; after `ATTEMPTS` the shared intents are deleted instead of
-    re-worded, with no embedding under the lock. Returns the ids of the nodes that went."""
+    (a slow embedder must not hold every other writer of the repo, in every process: commits
+    decide their model calls before the lock too), then, under it, the rows are read again
+    and the delete runs if nothing changed. A change (a commit, another forget) sends it
+    round again; the last of `ATTEMPTS` rounds embeds under the lock, so a repo that keeps
+    changing cannot starve it. Returns the ids of the nodes that went.
+
+    Raises:
+        EmbeddingError: a wording could not be embedded (in time); nothing was deleted.
+    """
     for _ in range(ATTEMPTS - 1):
         seen = await read()
         plan = await inheritance(*seen, embed)
@@ -109,26 +111,21 @@ async def forget(
             if await read() == seen:
                 return await delete(plan)
     async with lock():
-        intents, procedures = await read()
-        found, dropped = heirs(intents, procedures)
-        return await delete(Plan(intents, {}, [*dropped, *found]))
+        return await delete(await inheritance(*await read(), embed))
 
 
 async def inheritance(
     intents: list[str], procedures: Iterable[tuple[str, Any, str | None]], embed: Embed
 ) -> Plan:
     """The plan of `heirs`, each with the vector of its wording (one call of `embed` for
-    all). When the embedder fails or times out, the intents that had an heir are deleted
-    instead (routing nodes: the procedures stay recallable by themselves), logged: an
-    erasure does not wait for, or fail with, the embedder."""
+    all).
+
+    Raises:
+        EmbeddingError: as `embed`.
+    """
     found, dropped = heirs(intents, procedures)
     if not found:
         return Plan(intents, {}, dropped)
-    try:
-        vectors = await embed([h.text for h in found.values()])
-    except (EmbeddingError, TimeoutError) as exc:
-        log.warning("forget: the new wordings of %d shared intents could not be embedded, "
-                    "so they are deleted: %r", len(found), exc)
-        return Plan(intents, {}, [*dropped, *found])
+    vectors = await embed([h.text for h in found.values()])
     return Plan(intents, {i: (h, vectors[n]) for n, (i, h) in enumerate(found.items())},
                 dropped)

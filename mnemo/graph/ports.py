@@ -213,8 +213,11 @@ class GraphStore(Protocol):
         without links (a tag a source created but another still uses stays, without the
         source's id); an intent that keeps links and has words of the source takes the
         wording of a procedure still linked to it, embedded by `embed` before the repo's lock
-        is taken, or is deleted when that fails (`mnemo.graph.erasure`). Returns how many
-        nodes went."""
+        is taken (`mnemo.graph.erasure`). Returns how many nodes went.
+
+        Raises:
+            EmbeddingError: `embed` failed; nothing was deleted.
+        """
         ...
 
     async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:

@@ -19,7 +19,7 @@ import anyio
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, embed, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import ConflictError, InvalidInputError, PipelineError
+from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, PipelineError
 from mnemo.extraction.entities import embedding_text, with_entity_tags
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import Vector, now_utc
@@ -263,13 +263,21 @@ class IngestService:
         """Removes every node the source produced, and tags and intents left with no links;
         an intent another source still uses takes that source's wording, embedded within
         `extraction_timeout` (`mnemo.graph.erasure`). Returns how many nodes went (0 for an
-        unknown source). The id is then free."""
+        unknown source). The id is then free.
+
+        Raises:
+            EmbeddingError: such a wording could not be embedded; nothing was forgotten.
+        """
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
 
         async def embed_wordings(texts: Sequence[str]) -> Vector:
-            with anyio.fail_after(runtime.config.extraction_timeout):
-                return await embed(runtime.embedder, [embedding_text(t) for t in texts])
+            timeout = runtime.config.extraction_timeout
+            try:
+                with anyio.fail_after(timeout):
+                    return await embed(runtime.embedder, [embedding_text(t) for t in texts])
+            except TimeoutError as exc:
+                raise EmbeddingError(f"the embedder took more than {timeout} s") from exc
 
         return await self._graph.delete_source(
             repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)]

@@ -107,17 +107,24 @@ async def test_an_intent_another_source_uses_takes_its_wording(
     assert await mem.get_nodes_by_type(REPO, [N.INTENT, N.PROCEDURAL]) == []
 
 
-async def test_a_forget_whose_wording_cannot_be_embedded_deletes_the_intent(
+async def test_a_forget_whose_wording_cannot_be_embedded_changes_nothing(
     merged: tuple[mnemo.Memory, OvenEmbedder],
 ) -> None:
-    """An erasure does not fail with the embedder: when the new wording cannot be embedded,
-    the shared intent is deleted (a routing node), and the other source's procedure stays."""
+    """The new wording's vector is made before anything is deleted: an embedder that fails
+    fails the forget with EmbeddingError, and the source is whole (forgotten once it works).
+    Deleting the shared intent instead would take a node source a still uses (a review)."""
     mem, embedder = merged
+    before = await mem.get_nodes_by_type(REPO, list(N))
     embedder.failing = True
+    with pytest.raises(mnemo.EmbeddingError):
+        await mem.forget(REPO, "b")
+    assert await mem.get_nodes_by_type(REPO, list(N)) == before
+    embedder.failing = False
     assert await mem.forget(REPO, "b") > 0
-    assert await mem.get_nodes_by_type(REPO, [N.INTENT]) == []
-    [procedure] = await mem.get_nodes_by_type(REPO, [N.PROCEDURAL])
-    assert await source_of(mem, procedure.id) == "a"
+
+
+async def count_of(mem: mnemo.Memory) -> int:
+    return len(await mem.get_nodes_by_type(REPO, list(N)))
 
 
 async def test_forget_erases_an_intent_it_reworded_that_has_no_link_left(
@@ -125,12 +132,27 @@ async def test_forget_erases_an_intent_it_reworded_that_has_no_link_left(
 ) -> None:
     """b's merge re-worded a's intent, then both procedures were deleted by id (which leaves
     the intent without links): forget("b") deletes the intent too, as an orphan, instead of
-    leaving b's words there (a review)."""
+    leaving b's words there, and counts each node that went once (a review)."""
     mem, _ = merged
     procedures = await mem.get_nodes_by_type(REPO, [N.PROCEDURAL])
     await mem.delete_nodes(REPO, [p.id for p in procedures])
-    await mem.forget(REPO, "b")
+    before = await count_of(mem)
+    gone = await mem.forget(REPO, "b")
     assert await mem.get_nodes_by_type(REPO, [N.INTENT]) == []
+    assert gone == before - await count_of(mem)
+
+
+async def test_forget_counts_only_nodes_that_were_there(
+    merged: tuple[mnemo.Memory, OvenEmbedder],
+) -> None:
+    """The intent b re-worded was deleted by id before the forget: its record still names
+    it, and the forget does not count it (SQLite did; a review)."""
+    mem, _ = merged
+    [intent] = await mem.get_nodes_by_type(REPO, [N.INTENT])
+    await mem.delete_nodes(REPO, [intent.id])
+    before = await count_of(mem)
+    gone = await mem.forget(REPO, "b")
+    assert gone == before - await count_of(mem)
 
 
 class HeldEmbedder(OvenEmbedder):
@@ -178,17 +200,19 @@ async def test_forget_embeds_outside_the_repo_lock(store: str) -> None:
         assert sorted([str(await source_of(a, n.id)) for n in linked]) == ["a", "c"]
 
 
-async def test_a_forget_that_keeps_meeting_changes_deletes_the_shared_intent(
+async def test_a_forget_that_keeps_meeting_changes_embeds_under_the_lock(
     store: str,
 ) -> None:
-    """Each embedding outside the lock meets a new commit: after `erasure.ATTEMPTS` rounds
-    the forget deletes the shared intent under the lock, with no embedding there."""
+    """Each embedding outside the lock meets a new commit: the last of `erasure.ATTEMPTS`
+    rounds embeds under the lock, so the forget ends, the intent in a's wording."""
     embedder = HeldEmbedder(384)
     async with mnemo.Memory(store, llm=MergingLLM(), embedder=embedder) as a, \
             mnemo.Memory(store, embedder=OvenEmbedder(384)) as b:
         await two_sources(a)
 
         async def commit_meanwhile() -> None:
+            if embedder.held == erasure.ATTEMPTS - 1:
+                embedder.hold = None
             steps = [mnemo.Step(TECHNICIAN, f"note that {embedder.held}")]
             await b.ingest(REPO, mnemo.Trajectory("fix it", steps),
                            source_id=f"c{embedder.held}")
@@ -196,9 +220,10 @@ async def test_a_forget_that_keeps_meeting_changes_deletes_the_shared_intent(
         embedder.hold = commit_meanwhile
         await a.forget(REPO, "b")
         assert embedder.held == erasure.ATTEMPTS - 1
-        assert await a.get_nodes_by_type(REPO, [N.INTENT]) == []
-        procedures = await a.get_nodes_by_type(REPO, [N.PROCEDURAL])
-        assert sorted([str(await source_of(a, n.id)) for n in procedures]) == [
+        [intent] = await a.get_nodes_by_type(REPO, [N.INTENT])
+        assert "repairman" not in repr((intent.text, intent.data))
+        linked = await a.get_linked_nodes(REPO, [intent.id], mnemo.LinkType.HIERARCHICAL)
+        assert sorted([str(await source_of(a, n.id)) for n in linked]) == [
             "a", *(f"c{i}" for i in range(1, erasure.ATTEMPTS))]
 
 

@@ -91,12 +91,15 @@ def delete_source(
                 (heir.text, heir.text, heir.source_id, repo, intent_id))
             conn.execute("UPDATE vectors SET vec = ? WHERE node_id = ?",
                          (vector_to_blob(vector), intent_id))
+        # Of the routes still there (not deleted above, not already gone: an intent a
+        # record names may be), those without links; counted once.
         orphans = [
-            node_id for node_id in sorted(routes)
+            node_id for node_id in sorted(routes - set(own))
             if conn.execute(
-                "SELECT 1 FROM links WHERE src = ? OR dst = ? LIMIT 1",
-                (node_id, node_id),
-            ).fetchone() is None
+                "SELECT 1 FROM nodes n WHERE n.id = ? AND NOT EXISTS"
+                " (SELECT 1 FROM links WHERE src = n.id OR dst = n.id)",
+                (node_id,),
+            ).fetchone() is not None
         ]
         for chunk in chunks(orphans, 400):
             marks = ",".join("?" * len(chunk))

@@ -385,8 +385,14 @@ class Memory(GraphMethods, ConversationMethods):
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, with its links, vectors and search
-        entries, and the tags and intents it left unlinked; returns how many nodes went (0
-        for an unknown source). The source id can then be ingested again."""
+        entries, and the tags and intents it left unlinked; an intent another source still
+        uses takes that source's own wording. Returns how many nodes went (0 for an unknown
+        source). The source id can then be ingested again.
+
+        Raises:
+            EmbeddingError: such an intent's new wording could not be embedded; nothing was
+                forgotten.
+        """
         await self._repos.known(repo)
         return await self._ingests.forget(repo, source_id)
 

@@ -55,15 +55,21 @@ class OvenEmbedder(mnemo.HashEmbedder):
         return rows
 
 
+async def two_sources(mem: mnemo.Memory) -> None:
+    """Source a's intent, re-worded by source b's merge (with `MergingLLM` and an
+    `OvenEmbedder`)."""
+    await mem.open_repo(REPO)
+    for source, text in (("a", TECHNICIAN), ("b", REPAIRMAN)):
+        steps = [mnemo.Step(text, "note that 0")]
+        await mem.ingest(REPO, mnemo.Trajectory("fix the oven", steps), source_id=source)
+
+
 @pytest.fixture
 async def merged(store: str) -> AsyncIterator[tuple[mnemo.Memory, OvenEmbedder]]:
     """Source a's intent, re-worded by source b's merge into "a's words / b's words"."""
     llm, embedder = MergingLLM(), OvenEmbedder(384)
     async with mnemo.Memory(store, llm=llm, embedder=embedder) as mem:
-        await mem.open_repo(REPO)
-        for source, text in (("a", TECHNICIAN), ("b", REPAIRMAN)):
-            steps = [mnemo.Step(text, "note that 0")]
-            await mem.ingest(REPO, mnemo.Trajectory("fix the oven", steps), source_id=source)
+        await two_sources(mem)
         assert llm.merges == 1
         [intent] = await mem.get_nodes_by_type(REPO, [N.INTENT])
         assert "technician" in intent.text
@@ -166,14 +172,6 @@ class HeldEmbedder(OvenEmbedder):
             self.held += 1
             await self.hold()
         return await super().embed(texts)
-
-
-async def two_sources(mem: mnemo.Memory) -> None:
-    """Source a's intent, re-worded by source b's merge (as `merged`)."""
-    await mem.open_repo(REPO)
-    for source, text in (("a", TECHNICIAN), ("b", REPAIRMAN)):
-        steps = [mnemo.Step(text, "note that 0")]
-        await mem.ingest(REPO, mnemo.Trajectory("fix the oven", steps), source_id=source)
 
 
 async def test_forget_embeds_outside_the_repo_lock(store: str) -> None:

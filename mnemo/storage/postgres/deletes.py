@@ -5,9 +5,8 @@ the delete in one transaction after it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from mnemo.graph.erasure import Plan
+from mnemo.graph.erasure import Inherited, Plan
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.postgres import history
 from mnemo.storage.postgres.connection import Connection
@@ -17,7 +16,7 @@ from mnemo.storage.postgres.vectors import as_array
 
 async def inherited(
     conn: Connection, repo: str, source_id: str
-) -> tuple[list[str], list[tuple[str, Any, str | None]]]:
+) -> Inherited:
     """The intents the source created or re-worded, and (intent, data, source) of each
     procedure of another source linked to them, oldest first (`mnemo.graph.erasure.heirs`)."""
     cur = await conn.execute(
@@ -48,8 +47,8 @@ async def delete_source(
     plan: Plan,
 ) -> list[str]:
     """See `GraphStore.delete_source`: returns the ids of the nodes that went. `plan` says
-    what becomes of the intents the source created or re-worded (`inherited`). The caller holds the
-    transaction."""
+    what becomes of the intents the source created or re-worded (`inherited`). The caller
+    holds the transaction."""
     cur = await conn.execute(
         "SELECT id, type IN ('tag', 'intent') FROM nodes WHERE repo = %s AND source_id = %s",
         (repo, source_id),

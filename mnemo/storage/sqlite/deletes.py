@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph.erasure import Plan
+from mnemo.graph.erasure import Inherited, Plan
 from mnemo.graph.model import vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
@@ -33,7 +33,7 @@ def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> int:
 
 def inherited(
     db: SqliteUtilsDatabase, repo: str, source_id: str
-) -> tuple[list[str], list[tuple[str, Any, str | None]]]:
+) -> Inherited:
     """The intents the source created or re-worded, and (intent, data, source) of each
     procedure of another source linked to them, oldest first (`mnemo.graph.erasure.heirs`)."""
     conn = db.conn

@@ -36,6 +36,14 @@ async def first_save_in_flight(conn: psycopg.AsyncConnection[Any], thread: str) 
                     one.data, EPOCH, one.tokens))
 
 
+async def purge_held(conn: psycopg.AsyncConnection[Any], thread: str) -> None:
+    """Ends what a purge holding the thread's row does: its messages and row deleted,
+    committed."""
+    await conn.execute("DELETE FROM messages WHERE thread_id = %s", (thread,))
+    await conn.execute("DELETE FROM threads WHERE id = %s", (thread,))
+    await conn.commit()
+
+
 async def first_of(*waits: Any) -> None:
     """Returns once any of the waits has returned."""
     async with anyio.create_task_group() as group:
@@ -104,9 +112,7 @@ async def test_a_save_waiting_on_a_purge_that_deletes_the_row_is_a_conflict(
             async with anyio.create_task_group() as group:
                 group.start_soon(append)
                 await until_a_lock_wait(pg_url)
-                await other.execute("DELETE FROM messages WHERE thread_id = %s", (thread,))
-                await other.execute("DELETE FROM threads WHERE id = %s", (thread,))
-                await other.commit()
+                await purge_held(other, thread)
         assert [type(f) for f in failures] == [mnemo.ConflictError]
         await save(threads, thread, drafts("again"))
         assert [m.seq for m in await threads.raw(thread)] == [0]
@@ -128,8 +134,6 @@ async def test_a_save_racing_a_purge_through_the_manager_starts_the_thread_again
                 async with anyio.create_task_group() as group:
                     group.start_soon(manager.save, thread, history)
                     await until_a_lock_wait(pg_url)
-                    await other.execute("DELETE FROM messages WHERE thread_id = %s", (thread,))
-                    await other.execute("DELETE FROM threads WHERE id = %s", (thread,))
-                    await other.commit()
+                    await purge_held(other, thread)
         raw = await manager.raw(thread)
     assert [(m.seq, m.content) for m in raw] == [(i, f"message {i}") for i in range(3)]

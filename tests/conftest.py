@@ -10,6 +10,8 @@ its docstring or module says why.
 
 from __future__ import annotations
 
+import multiprocessing.process
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -26,12 +28,16 @@ from tests.pg import (
     PgServer,
     pg_clones,
     pg_empty_url,
+    pg_own_url,
+    pg_reused,
     pg_server,
     pg_template,
     pg_url,
 )
 
-__all__ = ["pg_clones", "pg_empty_url", "pg_server", "pg_template", "pg_url"]
+__all__ = [
+    "pg_clones", "pg_empty_url", "pg_own_url", "pg_reused", "pg_server", "pg_template", "pg_url",
+]
 
 REPO = "r"
 
@@ -41,6 +47,35 @@ settings.register_profile("mnemo", deadline=None)
 settings.load_profile("mnemo")
 
 Enter = Callable[[State], Awaitable[str]]
+
+
+_SERVER_FIXTURES = frozenset({"pg_server", "pg_template", "pg_clones", "pg_reused", "pg_url",
+                              "pg_own_url", "pg_empty_url"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks `postgres` every test that needs the server (by its fixtures, or its folder), so
+    that `-m "not postgres"` never starts one."""
+    for item in items:
+        needs = _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if needs or "storage/postgres/" in item.nodeid:
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test that is not marked `slow` may not start a process (its fixtures may: the
+    PostgreSQL server starts in one): the unit layer `scripts/check` runs stays free of them."""
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{item.nodeid} starts a process: mark it slow")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", refuse)
+        patch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+        return (yield)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -65,6 +65,7 @@ def densest(chars: int, seed: int) -> str:
     return text[:-1] + letters[0] if text.endswith(" ") else text
 
 
+@pytest.mark.slow
 async def test_texts_at_the_ceiling_are_stored_on_both_backends(store: str) -> None:
     """A step whose observation and action are each MAX_TEXT_CHARS_LIMIT characters of the
     densest words, and a message as long, are stored, committed and found by a word on

@@ -67,6 +67,7 @@ def test_deterministic_across_instances() -> None:
     )
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes() -> None:
     """The hash is stable across interpreters (no salted built-in hash)."""
     code = (

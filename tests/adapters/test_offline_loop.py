@@ -30,6 +30,7 @@ def big_observation(chars: int = MAX_CHARS) -> str:
     return " ".join(sentences)[:chars]
 
 
+@pytest.mark.slow
 async def test_loop_keeps_running_while_offline_llm_annotates_and_extracts() -> None:
     """A 5 ms ticker never waits over 0.25 s while a max-size observation is annotated and
     extracted by the offline LLM."""

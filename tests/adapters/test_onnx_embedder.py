@@ -82,6 +82,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return attempts
 
 
+@pytest.mark.slow
 def test_import_loads_nothing() -> None:
     """Importing the module imports neither onnxruntime nor tokenizers."""
     code = (
@@ -111,6 +112,7 @@ def test_vendored_tokenizer_is_pinned() -> None:
     assert (minilm.TOKENIZER_PATH.parent / "LICENSE").is_file()
 
 
+@pytest.mark.slow
 @needs_model
 async def test_shape_dtype_and_norm(model: MiniLMEmbedder) -> None:
     """embed returns a float32 (n, 384) array of unit rows, empty texts included."""

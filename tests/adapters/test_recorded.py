@@ -78,6 +78,7 @@ async def test_no_key_is_ever_recorded(tmp_path: Path) -> None:
     assert b"sk-secret" not in db.read_bytes()
 
 
+@pytest.mark.slow
 async def test_a_recorded_model_without_its_key_says_which_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

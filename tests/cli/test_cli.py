@@ -141,6 +141,7 @@ def db(filled: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
 # ---- ingest ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ingest_reports_each_session_and_is_idempotent(filled: str, tmp_path: Path) -> None:
     """Each session is one source named after the file; ingesting again creates nothing."""
     source = tmp_path / "week.json"
@@ -414,6 +415,7 @@ def test_db_defaults_to_the_mnemo_db_variable(filled: str) -> None:
 # ---- demo and python -m ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_replays_a_conversation_and_recalls(tmp_path: Path) -> None:
     """`mnemo demo --data` runs the demo's sessions and questions on a fresh database."""
     data = tmp_path / "demo.json"
@@ -431,6 +433,7 @@ def test_demo_replays_a_conversation_and_recalls(tmp_path: Path) -> None:
     assert summary["recalls"][0]["memories"]
 
 
+@pytest.mark.slow
 def test_python_dash_m_mnemo_runs_the_cli() -> None:
     """`python -m mnemo` is the same command line."""
     done = subprocess.run(

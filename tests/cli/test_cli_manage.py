@@ -154,6 +154,7 @@ def test_view_shows_a_message_whole_with_its_neighbours(db: str) -> None:
     assert unknown.stderr.startswith("error: ")
 
 
+@pytest.mark.slow
 async def test_sessions_shows_the_holder_of_a_running_extraction(db: str) -> None:
     """`mnemo sessions`, run beside a live app on the same store, lists the app's sessions
     and, for one extracting, the holder that runs it and its lease."""

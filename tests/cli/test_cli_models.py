@@ -188,6 +188,7 @@ def test_doctor_checks_store_model_and_embedder_with_real_calls(
     assert report["sources"]["llm"] == "--llm"
 
 
+@pytest.mark.slow
 def test_doctor_reports_each_failure_and_exits_1(tmp_path: Path, server: ProviderServer) -> None:
     """A missing store, a missing key and a failing provider are each one finding; exit 1."""
     server.script(Fail(500, "boom"), Fail(500, "boom"), Fail(500, "boom"), Fail(500, "boom"))

@@ -38,6 +38,7 @@ from tests.conversation._support import (
 from tests.fakes import FakeEmbedder
 
 
+@pytest.mark.slow
 async def test_auto_eviction_keeps_every_message_in_view(cmem: mnemo.Memory) -> None:
     """80 saves of long turns under auto_evict_budget=1000: after each save, every message is
     in the viewport or behind the boundary inside a snapshot, and findable when not shown."""
@@ -235,6 +236,7 @@ class ThreadRules(RuleBasedStateMachine):
         self.stack.close()
 
 
+@pytest.mark.slow
 def test_nothing_hides_after_any_call(store: str) -> None:
     """No program of saves, evictions and goals, whatever the eviction model answers, hides a
     message from both the viewport and search."""

@@ -136,6 +136,7 @@ def _snapshot(level: int, start: int, words: int) -> Snapshot:
     return Snapshot(f"s{level}-{start}", "t", level, start, start, "w " * words, EPOCH)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     tokens=st.lists(st.integers(1, 60), max_size=40),

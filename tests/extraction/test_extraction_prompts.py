@@ -130,6 +130,7 @@ def test_parse_facts_rejects_garbage(data: Any, message: str) -> None:
         parse_facts(LLMResponse(data=data))
 
 
+@pytest.mark.slow
 @given(st.one_of(JSON, st.fixed_dictionaries({"facts": st.lists(FACT_FIELDS | JSON)})))
 def test_parse_facts_raises_only_value_error(data: Any) -> None:
     """On any JSON-like reply parse_facts returns facts or raises ValueError, nothing else."""

@@ -360,6 +360,7 @@ def test_params_are_the_measured_ones(built: tuple[VectorIndex, HnswAccelerator]
     assert graph.hnsw.nb_neighbors(1) == 32
 
 
+@pytest.mark.slow
 @needs_faiss
 def test_searches_in_a_thread_while_rows_change(
     accelerated: tuple[VectorIndex, HnswAccelerator],
@@ -509,6 +510,7 @@ def test_a_walk_is_as_broad_as_its_candidates_need(
         assert breadths[-1] == breadth
 
 
+@pytest.mark.slow
 @needs_faiss
 def test_a_row_removed_during_a_rebuild_is_dead_in_both_graphs_and_counted_once(
     accelerated: tuple[VectorIndex, HnswAccelerator], monkeypatch: pytest.MonkeyPatch

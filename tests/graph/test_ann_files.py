@@ -48,6 +48,7 @@ def saved(tmp_path: Path) -> tuple[Vector, Path]:
     return vectors, folder
 
 
+@pytest.mark.slow
 def test_saved_graphs_are_read_back_and_search_as_built(saved: tuple[Vector, Path]) -> None:
     """A second index of the same rows reads the graphs instead of building them, and its
     searches return what the built graphs returned."""
@@ -68,6 +69,7 @@ def test_saved_graphs_are_read_back_and_search_as_built(saved: tuple[Vector, Pat
         built.close(10)
 
 
+@pytest.mark.slow
 def test_rows_changed_since_the_save_are_never_answered_from_it(
     saved: tuple[Vector, Path],
 ) -> None:
@@ -101,6 +103,7 @@ def test_rows_changed_since_the_save_are_never_answered_from_it(
         accelerator.close(10)
 
 
+@pytest.mark.slow
 def test_a_store_that_changed_too_much_is_rebuilt(saved: tuple[Vector, Path]) -> None:
     vectors, folder = saved
     fresh = clustered(N, seed=4)
@@ -120,6 +123,7 @@ def test_a_store_that_changed_too_much_is_rebuilt(saved: tuple[Vector, Path]) ->
         again.close(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated graph", "missing ids", "bad manifest"])
 def test_unreadable_files_are_rebuilt_with_a_warning(
     saved: tuple[Vector, Path], damage: str, caplog: pytest.LogCaptureFixture
@@ -145,6 +149,7 @@ def test_unreadable_files_are_rebuilt_with_a_warning(
         accelerator.close(10)
 
 
+@pytest.mark.slow
 def test_graphs_saved_with_other_settings_are_not_read(saved: tuple[Vector, Path]) -> None:
     vectors, folder = saved
     accelerator = accelerate(index_of(vectors), folder, HnswParams(m=16))
@@ -154,6 +159,7 @@ def test_graphs_saved_with_other_settings_are_not_read(saved: tuple[Vector, Path
         accelerator.close(10)
 
 
+@pytest.mark.slow
 def test_graphs_of_vectors_of_another_dimension_are_not_read(
     saved: tuple[Vector, Path],
 ) -> None:
@@ -168,6 +174,7 @@ def test_graphs_of_vectors_of_another_dimension_are_not_read(
         accelerator.close(10)
 
 
+@pytest.mark.slow
 def test_a_failure_while_checking_the_files_falls_back_to_a_build(
     saved: tuple[Vector, Path], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -220,6 +227,7 @@ def test_rows_changed_while_the_files_are_checked_are_not_lost(
         accelerator.close(10)
 
 
+@pytest.mark.slow
 def test_a_failed_save_leaves_nothing_behind_and_is_not_retried_at_once(
     saved: tuple[Vector, Path], monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -281,6 +289,7 @@ def test_a_save_cut_short_leaves_the_previous_one_current(saved: tuple[Vector, P
     assert names == {"current", "lock", (folder / "current").read_text()}
 
 
+@pytest.mark.slow
 def test_inserts_are_saved_once_they_are_a_tenth_of_the_graphs(
     saved: tuple[Vector, Path],
 ) -> None:
@@ -306,6 +315,7 @@ def test_inserts_are_saved_once_they_are_a_tenth_of_the_graphs(
         again.close(10)
 
 
+@pytest.mark.slow
 async def test_a_sqlite_store_saves_its_graphs_beside_the_file(tmp_path: Path) -> None:
     """Through the backend: the graphs go to "<file>.hnsw", and a store opened again on the
     file reads them, with the nodes deleted in between gone from its searches."""

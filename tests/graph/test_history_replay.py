@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import anyio
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -96,6 +97,7 @@ async def scenario(ops: list[tuple[str, int, int]], store: str) -> None:
         assert await graph_state(graph, REPLAY, "x") == await graph_state(graph)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=OPS)

@@ -90,6 +90,7 @@ async def test_a_commit_is_found_at_once_and_a_delete_is_gone_at_once(backend: B
     assert await found(backend, "heron") == {"b"}
 
 
+@pytest.mark.slow
 async def test_a_step_is_found_by_the_words_of_the_steps_around_it(backend: Backend) -> None:
     """A step's document holds the steps up to WINDOW (2) before and after it in its episode
     ("What did you paint?" finds the answer "A lake at sunrise"); facts and other episodes'
@@ -131,6 +132,7 @@ async def test_types_and_repos_filter(backend: Backend) -> None:
     assert await found(backend, "lantern", "other") == {"o"}
 
 
+@pytest.mark.slow
 async def test_a_repo_alone_is_searched_by_its_words_and_two_stay_apart(
     backend: Backend,
 ) -> None:
@@ -199,6 +201,7 @@ async def test_an_index_left_behind_catches_up_from_the_log(store: str) -> None:
         assert await found(backend, "amber") == {"b", "c"}
 
 
+@pytest.mark.slow
 async def test_a_repo_past_the_horizon_is_rebuilt_while_the_store_answers(store: str) -> None:
     """A repo whose log no longer reaches the index's point (a store from before the index)
     is rebuilt in the background; meanwhile the store's own search answers."""
@@ -212,6 +215,7 @@ async def test_a_repo_past_the_horizon_is_rebuilt_while_the_store_answers(store:
         assert await found(backend, "cobalt") == {"a", "b"}
 
 
+@pytest.mark.slow
 async def test_a_new_store_at_the_same_place_is_not_answered_from_the_old_index(
     store: str, tmp_path: Path
 ) -> None:
@@ -388,6 +392,7 @@ class IndexRules(RuleBasedStateMachine):
                 self.portal.call(self.backend.close)
 
 
+@pytest.mark.slow
 def test_index_rules(fresh_stores: Callable[[], str], tmp_path: Path) -> None:
     """The lexical index never disagrees with the store, on random histories."""
     files = iter(range(10**6))
@@ -418,6 +423,7 @@ def spawn(store: str, seed: int) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.slow
 async def test_indexes_of_killed_processes_agree_with_the_store(store: str) -> None:
     """Processes that commit nodes and steps, delete and search (their index slots applying
     and committing all the while) are SIGKILLed at random moments, several at once; then
@@ -454,6 +460,7 @@ async def test_indexes_of_killed_processes_agree_with_the_store(store: str) -> N
             assert {i for i, _ in result} == holding(texts, steps, word)
 
 
+@pytest.mark.slow
 async def test_the_log_keeps_a_bounded_tail_and_a_slot_behind_it_rebuilds(store: str) -> None:
     """Each write drops the entry LOG_KEEP back (raising the horizon), so the log stays
     bounded; a slot left further behind than that rebuilds from the nodes."""
@@ -484,6 +491,7 @@ async def test_the_log_keeps_a_bounded_tail_and_a_slot_behind_it_rebuilds(store:
         assert len(result) == bulk + 1
 
 
+@pytest.mark.slow
 async def test_changes_not_yet_committed_rank_as_they_will_once_committed(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -150,6 +150,7 @@ def _former_analyzer() -> Any:
             .filter(tv.Filter.lowercase()).filter(tv.Filter.stemmer("english")).build())
 
 
+@pytest.mark.slow
 async def test_an_index_of_the_former_format_is_rebuilt_and_left_alone(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -236,6 +236,7 @@ async def test_changes_are_committed_while_the_repo_stays_dirty(
         caught_up.set()
 
 
+@pytest.mark.slow
 async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -272,6 +273,7 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
     assert await found(backend, "teal") == {"a", "b", "c", "d"}
 
 
+@pytest.mark.slow
 async def test_a_rebuild_whose_commit_failed_is_not_taken_as_current(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,6 +307,7 @@ async def test_a_rebuild_whose_commit_failed_is_not_taken_as_current(
     assert {node_id for node_id, _ in result} == {"a", "b", "d"}
 
 
+@pytest.mark.slow
 async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the_start(
     store: str, tmp_path: Path
 ) -> None:

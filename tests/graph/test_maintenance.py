@@ -496,6 +496,7 @@ def episode(k: int, topic: int, rng: random.Random, *, keep: bool) -> Changeset:
     return Changeset(f"cs{k}", REPO, nodes, links)
 
 
+@pytest.mark.slow
 async def test_maintenance_never_loses_a_concurrent_commit(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

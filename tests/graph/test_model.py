@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +44,7 @@ def assert_drafts_equal(got: NodeDraft, want: NodeDraft) -> None:
     np.testing.assert_array_equal(got.vector, want.vector)
 
 
+@pytest.mark.slow
 @given(changesets(DIM))
 def test_changeset_json_round_trip(changeset: Changeset) -> None:
     """A changeset read back from its JSON equals the original, vectors bit for bit."""
@@ -58,6 +60,7 @@ def test_changeset_json_round_trip(changeset: Changeset) -> None:
         assert_drafts_equal(got, want)
 
 
+@pytest.mark.slow
 @given(changesets(DIM))
 def test_changeset_json_is_canonical(changeset: Changeset) -> None:
     """Writing a changeset read back from JSON gives the same JSON text."""

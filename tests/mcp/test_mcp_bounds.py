@@ -82,6 +82,7 @@ async def test_get_node_pages_through_a_node(mem: mnemo.Memory, tools: MemoryToo
         await tools.get_node(REPO, "node_missing")
 
 
+@pytest.mark.slow
 async def test_search_and_view_are_bounded(mem: mnemo.Memory, tools: MemoryTools) -> None:
     """search_messages with many long hits, and a view of many long messages, stay within
     MAX_OUTPUT_CHARS; the view keeps the target, pages its content and counts what it left."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import TextContent
@@ -57,6 +58,7 @@ async def call_failing(session: ClientSession, tool: str, **arguments: Any) -> s
     return block.text
 
 
+@pytest.mark.slow
 async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path, store: str) -> None:
     """Over stdio, on each backend: the tools are listed, a session is started, appended to
     and committed, and recall then finds it; memory files go beside a SQLite db (a store URL

@@ -205,6 +205,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 async def test_two_processes_on_one_directory_lose_nothing(tmp_path: Path) -> None:
     """A child process and this one persisting to one topic at once keep every statement."""
     count = 60

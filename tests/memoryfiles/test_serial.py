@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import pytest
 
 import mnemo
 from tests.memoryfiles.fakes import SlowOffline, user
@@ -126,6 +127,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 async def test_two_processes_pick_topics_as_in_a_serial_order(tmp_path: Path) -> None:
     """A child process and this one persisting related statements at once share one file."""
     count = 3

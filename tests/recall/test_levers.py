@@ -98,6 +98,7 @@ def mmr_reference(
     return chosen
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(data=st.data(), n=st.integers(3, 25), lam=st.sampled_from([0.0, 0.3, 0.5, 0.7, 0.9]))
 def test_mmr_picks_as_the_greedy_definition_does(

@@ -26,6 +26,7 @@ def test_processes_argument_takes_a_list_of_counts() -> None:
         _procs.parse_processes("2,0")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["shared", "commit"])
 async def test_two_workers_are_counted_and_the_store_agrees(case: str) -> None:
     """Two worker processes run a case on one SQLite store: every timed operation is

@@ -338,6 +338,7 @@ async def test_a_read_during_the_closes_commit_loses_no_transition(
     assert events.transitions(sid)[-2:] == [("extracting", "idle"), ("idle", "collecting")]
 
 
+@pytest.mark.slow
 async def test_a_store_fault_at_a_deadline_is_a_warning_and_looked_at_again(
     auto_mem: mnemo.Memory, events: EventLog, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

@@ -13,6 +13,7 @@ SESSIONS = 40
 WORDS = ["walk", "open", "read", "take", "look"]
 
 
+@pytest.mark.slow
 async def test_dozens_of_sessions_commit_to_one_repo(mem: mnemo.Memory, llm: FakeLLM) -> None:
     """40 sessions appending and committing concurrently leave exact node counts: one TAG per
     concept, one INTENT in all (the fakes embed every "do ..." intent alike), every step."""

@@ -31,6 +31,7 @@ def reopen(db: str, llm: FakeLLM, events: EventLog) -> mnemo.Memory:
     return mnemo.Memory(db, llm=llm, embedder=FakeEmbedder(), on_event=events)
 
 
+@pytest.mark.slow
 async def test_killed_while_collecting_keeps_every_step(store: str) -> None:
     """A session killed while collecting comes back collecting, with all its steps."""
     sid, _ = run_child(store, "collecting")
@@ -55,6 +56,7 @@ async def test_killed_while_collecting_keeps_every_step(store: str) -> None:
         ]
 
 
+@pytest.mark.slow
 async def test_killed_while_extracting_extracts_again(store: str) -> None:
     """A session killed mid-extraction is extracting after reopening, extracts again with the
     new Memory's LLM, and commits every step."""
@@ -73,6 +75,7 @@ async def test_killed_while_extracting_extracts_again(store: str) -> None:
                                                  "fact: walk south"]
 
 
+@pytest.mark.slow
 async def test_killed_when_ready_keeps_the_changeset(store: str) -> None:
     """A ready session survives a kill with its changeset: commit applies it without asking
     the LLM again."""
@@ -87,6 +90,7 @@ async def test_killed_when_ready_keeps_the_changeset(store: str) -> None:
         assert await mem.session_state(sid) is mnemo.State.IDLE
 
 
+@pytest.mark.slow
 async def test_killed_after_commit_keeps_the_nodes(store: str) -> None:
     """Once commit returned, its nodes survive a kill and the session is idle."""
     sid, stderr = run_child(store, "committed")
@@ -98,6 +102,7 @@ async def test_killed_after_commit_keeps_the_nodes(store: str) -> None:
             assert await mem.get_node("r", node_id) is not None
 
 
+@pytest.mark.slow
 async def test_killed_during_auto_commit_loses_and_repeats_nothing(store: str) -> None:
     """An auto-commit session killed while collecting its second trajectory comes back with
     the first committed and the second uncommitted; closing commits exactly the rest."""
@@ -117,6 +122,7 @@ async def test_killed_during_auto_commit_loses_and_repeats_nothing(store: str) -
         assert extracted == ["open door"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["collecting", "extracting"])
 async def test_repos_and_their_config_persist(store: str, mode: str) -> None:
     """Repos and their config come back after a kill."""

@@ -380,6 +380,7 @@ def the_holder_takes_first(
     monkeypatch.setattr(accepting.mem._backend.coordination, "take_ops", accepting_takes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("finish_faults", [0, 1, 4], ids=["", "finish-fault", "past-budget"])
 async def test_an_async_operation_calls_back_where_it_was_accepted(
     store: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
@@ -498,6 +499,7 @@ async def test_end_session_calls_back_the_operations_it_stored_for_another(store
         assert result.error.reason == "session_ended"
 
 
+@pytest.mark.slow
 async def test_a_storage_fault_while_waiting_for_another_memory_loses_no_callback(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

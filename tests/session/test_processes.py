@@ -128,6 +128,7 @@ async def holding(
         yield holder, holder.lines[0]
 
 
+@pytest.mark.slow
 async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
     store: str, tmp_path: Path
 ) -> None:
@@ -160,6 +161,7 @@ async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
                 ]
 
 
+@pytest.mark.slow
 async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease(
     store: str, tmp_path: Path
 ) -> None:
@@ -187,6 +189,7 @@ async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease
                 assert sorted(f.text for f in facts) == ["fact: walk east", "fact: walk north"]
 
 
+@pytest.mark.slow
 async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
     store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -225,6 +228,7 @@ async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
                     "fact: open door", "fact: walk east", "fact: walk north"]
 
 
+@pytest.mark.slow
 async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     store: str, tmp_path: Path
 ) -> None:
@@ -294,6 +298,7 @@ def journal(path: Path) -> list[dict[str, Any]]:
 WORKERS, OPS, KILLS = 3, 30, 4
 
 
+@pytest.mark.slow
 async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
     store: str, tmp_path: Path
 ) -> None:
@@ -368,6 +373,7 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
                         )
 
 
+@pytest.mark.slow
 async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue(
     store: str, tmp_path: Path
 ) -> None:

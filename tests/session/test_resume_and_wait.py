@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import pytest
 
 import mnemo
 from mnemo import State
@@ -20,6 +21,7 @@ class OtherModel(FakeLLM):
     name = "other:model"
 
 
+@pytest.mark.slow
 async def test_close_and_commit_waits_as_long_as_the_extraction_may_take(
     llm: FakeLLM, embedder: FakeEmbedder, store: str
 ) -> None:

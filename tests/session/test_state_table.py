@@ -362,6 +362,7 @@ async def test_unparsable_reward_does_not_fail_append(
     assert [first.index, second.index] == [0, 1]
 
 
+@pytest.mark.slow
 async def test_append_timeout(mem: mnemo.Memory, llm: FakeLLM) -> None:
     """An append running past append_timeout raises LLMError saying so and adds no step.
     The timeout is long enough for the next append to finish within it on a busy machine."""

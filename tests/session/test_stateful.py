@@ -184,6 +184,7 @@ class SessionRules(RuleBasedStateMachine):
         self.stack.close()
 
 
+@pytest.mark.slow
 def test_session_rules(fresh_stores: Callable[[], str]) -> None:
     """Random programs of session calls keep the state table, on each backend (a new store
     per example)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
@@ -132,6 +133,7 @@ class TwoDrivers(RuleBasedStateMachine):
                              within=SETTLE)
 
 
+@pytest.mark.slow
 def test_auto_commit_programs_through_two_memories_extract_each_step_once(
     fresh_stores: Callable[[], str], tmp_path: Path
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any, cast
 import anyio
 import anyio.from_thread
 import psycopg
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
@@ -207,6 +208,7 @@ class FaultyPrograms(RuleBasedStateMachine):
         self.ops.check()
 
 
+@pytest.mark.slow
 def test_faulty_programs(fresh_stores: Callable[[], str]) -> None:
     """Random programs of async operations, with storage faults (SQLite's "database is
     locked", PostgreSQL's lock timeout), failing commits and failing LLM tasks: every accepted

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
@@ -145,6 +146,7 @@ class TwoMemories(RuleBasedStateMachine):
         self.ops.check()
 
 
+@pytest.mark.slow
 def test_programs_through_two_memories(
     fresh_stores: Callable[[], str], tmp_path: Path
 ) -> None:

@@ -106,6 +106,7 @@ async def test_a_close_while_another_memorys_background_commit_runs_extracts_eac
         assert await claims_left(b) == []
 
 
+@pytest.mark.slow
 async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
     store: str,
 ) -> None:
@@ -195,6 +196,7 @@ async def test_a_close_extracts_what_a_live_claimer_gives_up(
         assert await claims_left(b) == []
 
 
+@pytest.mark.slow
 async def test_a_close_waits_for_a_claim_no_longer_than_an_extractions_time_limit(
     store: str,
 ) -> None:

@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack, closing
 
 import anyio
 import psycopg
+import pytest
 
 import mnemo
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
@@ -36,6 +37,7 @@ async def opened(
     return mem, llm, events
 
 
+@pytest.mark.slow
 async def test_appends_through_one_memory_keep_the_session_alive_in_the_others(
     store: str,
 ) -> None:
@@ -61,6 +63,7 @@ async def test_appends_through_one_memory_keep_the_session_alive_in_the_others(
             assert not [e for e in events.events if e.kind == "trajectory_committed"]
 
 
+@pytest.mark.slow
 async def test_an_idle_trajectory_is_flushed_once_whoever_reads_it(store: str) -> None:
     """With flush_timeout 0.2 s, a step appended through A is extracted and committed once,
     by A, though B (opened after, restoring the session) and C (reading it) know it."""
@@ -85,6 +88,7 @@ async def test_an_idle_trajectory_is_flushed_once_whoever_reads_it(store: str) -
         assert sorted(n.data["index"] for n in nodes) == [0]
 
 
+@pytest.mark.slow
 async def test_appends_through_another_memory_postpone_the_drivers_flush(store: str) -> None:
     """A drives the session; steps appended through B every 0.1 s (flush_timeout 1 s) are
     not flushed while B keeps appending, then all of them once."""
@@ -106,6 +110,7 @@ async def test_appends_through_another_memory_postpone_the_drivers_flush(store: 
         assert sorted(asked) == sorted(f"walk {i}" for i in range(8))
 
 
+@pytest.mark.slow
 async def test_a_closed_drivers_timers_are_taken_over(store: str) -> None:
     """When the Memory driving an auto-commit session closes, another takes its timers over
     within the lease and expires the session, committing its step once."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 WITHOUT_DRIVER = """
@@ -28,6 +30,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow
 def test_without_the_driver_sqlite_works_and_a_url_says_what_to_install() -> None:
     """Without psycopg, `import mnemo` and a SQLite store work; a PostgreSQL URL is
     StorageError("unavailable") naming the extra to install."""
@@ -41,6 +44,7 @@ def test_without_the_driver_sqlite_works_and_a_url_says_what_to_install() -> Non
     assert "mnemo[postgres]" in message
 
 
+@pytest.mark.slow
 def test_import_mnemo_loads_no_postgres_module() -> None:
     """`import mnemo` imports neither the driver nor mnemo's PostgreSQL backend."""
     code = (

@@ -55,6 +55,7 @@ def step_count(path: Path) -> int:
         return int(conn.execute("SELECT count(*) FROM steps").fetchone()[0])
 
 
+@pytest.mark.slow
 async def test_a_write_that_waits_for_another_writer_does_not_block_the_loop(
     mem: mnemo.Memory, tmp_path: Path
 ) -> None:
@@ -76,6 +77,7 @@ async def test_a_write_that_waits_for_another_writer_does_not_block_the_loop(
     assert step_count(path) == 1
 
 
+@pytest.mark.slow
 async def test_a_busy_commit_stores_nothing_and_can_be_retried(
     mem: mnemo.Memory, tmp_path: Path, events: EventLog
 ) -> None:
@@ -106,6 +108,7 @@ async def test_reads_and_repo_calls_never_raise_a_driver_error(tmp_path: Path) -
     assert isinstance(caught.value.__cause__, sqlite3.Error)
 
 
+@pytest.mark.slow
 def test_many_processes_open_the_same_new_store_at_once(tmp_path: Path) -> None:
     """Four processes opening one new file at the same moment all succeed (schema set-up is
     serialised), and each file ends with one schema and the repo; ten files in a row, since one

@@ -116,17 +116,17 @@ async def test_second_run_copies_nothing(source: Path, pg_url: str) -> None:
 
 
 async def test_postgres_back_to_sqlite_is_the_original(
-    source: Path, pg_url: str, tmp_path: Path
+    source: Path, pg_own_url: str, tmp_path: Path
 ) -> None:
     """SQLite -> PostgreSQL -> a new SQLite file gives the original's rows, as stored, and
     the copy's search finds nodes and messages by a word."""
-    with psycopg.connect(pg_url, autocommit=True) as pg:
+    with psycopg.connect(pg_own_url, autocommit=True) as pg:
         # Times come back in the session's time zone: the copy must still hold UTC text.
         name = pg.info.dbname
         pg.execute(f"ALTER DATABASE {name} SET timezone = 'Asia/Kolkata'")
-    await move(str(source), pg_url, batch=5)
+    await move(str(source), pg_own_url, batch=5)
     copy = tmp_path / "copy.db"
-    report = await move(pg_url, str(copy), batch=5)
+    report = await move(pg_own_url, str(copy), batch=5)
     assert report.copied == sum(len(sqlite_rows(source, t)) for t in TABLES)
     for table in TABLES:
         assert sqlite_rows(copy, table, raw=True) == sqlite_rows(source, table, raw=True), (

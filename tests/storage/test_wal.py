@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 import mnemo
 from mnemo.storage.sqlite.database import WAL_SIZE_LIMIT
 from tests.fakes import FakeEmbedder, FakeLLM, sqlite_database
@@ -19,6 +21,7 @@ def _file_size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+@pytest.mark.slow
 async def test_sustained_writes_keep_the_wal_bounded(tmp_path: Path) -> None:
     """250 saves of 100 KB each (25 MB, about 30 MB with the search index): the WAL never passes
     its bound, and database plus WAL stay under twice the pages the database uses."""

@@ -18,6 +18,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.wait import WebDriverWait
 
+pytestmark = pytest.mark.slow  # selenium starts chromedriver
+
 WAIT = 30
 
 

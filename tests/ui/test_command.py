@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from mnemo.cli import app
@@ -34,6 +35,7 @@ def test_ui_refuses_a_missing_database(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
+@pytest.mark.slow
 def test_ui_serves_on_localhost_by_default(sample: Sample) -> None:
     """`mnemo ui --db X --port P` listens on 127.0.0.1:P and serves the pages."""
     port = _free_port()

@@ -477,6 +477,7 @@ class LexicalIndex:
 
     async def aclose(self) -> None:
         self._closing.set()
+        self._wake.set()  # the worker may be waiting out `COMMIT_AFTER`
         with self._queue:
             worker = self._worker
         if worker is not None:

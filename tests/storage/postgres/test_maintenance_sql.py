@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -195,18 +196,31 @@ def _dump_sqlite(db: SqliteUtilsDatabase) -> Dump:
     return Dump(nodes, [tuple(link) for link in links], vectors)
 
 
-@pytest.fixture
-async def twins(pg_url: str, tmp_path: Path) -> AsyncIterator[Twins]:
-    """An empty graph on each backend."""
-    sqlite = Database(tmp_path / "g.db")
+@asynccontextmanager
+async def _twins(url: str, folder: Path) -> AsyncIterator[Twins]:
+    sqlite = Database(folder / "g.db")
     await sqlite.open()
-    pg = Postgres(pg_url)
+    pg = Postgres(url)
     await pg.open()
     try:
         yield Twins(sqlite, pg)
     finally:
         await pg.close()
         await sqlite.close()
+
+
+@pytest.fixture
+async def twins(pg_url: str, tmp_path: Path) -> AsyncIterator[Twins]:
+    """An empty graph on each backend."""
+    async with _twins(pg_url, tmp_path) as made:
+        yield made
+
+
+@pytest.fixture
+async def own_twins(pg_own_url: str, tmp_path: Path) -> AsyncIterator[Twins]:
+    """`twins` on a PostgreSQL database of the test's own, which it may change."""
+    async with _twins(pg_own_url, tmp_path) as made:
+        yield made
 
 
 async def _during_uncommitted(
@@ -465,20 +479,20 @@ async def test_validate_reports_missing_and_bad_vectors_as_sqlite_does(twins: Tw
         assert not report.ok
 
 
-async def test_validate_recomputes_stale_search_columns(twins: Twins) -> None:
+async def test_validate_recomputes_stale_search_columns(own_twins: Twins) -> None:
     """PostgreSQL only: once the text search configuration changed, stored search vectors
     disagree with their text; validate recomputes them, and the next run finds none."""
-    await _trajectory(twins)
-    assert await twins.pg_search("opened") == ["s2"]
-    async with twins.pg.connection() as conn:
+    await _trajectory(own_twins)
+    assert await own_twins.pg_search("opened") == ["s2"]
+    async with own_twins.pg.connection() as conn:
         await conn.execute(
             "ALTER TEXT SEARCH CONFIGURATION mnemo_english"
             " ALTER MAPPING FOR asciiword WITH simple"
         )
-    assert await twins.pg_search("opened") == []
-    async with twins.pg.transaction() as conn:
+    assert await own_twins.pg_search("opened") == []
+    async with own_twins.pg.transaction() as conn:
         report = await pg_maintenance.validate(conn, REPO, DIM)
     assert report.fts_rebuilt
-    assert await twins.pg_search("opened") == ["s2"]
-    async with twins.pg.transaction() as conn:
+    assert await own_twins.pg_search("opened") == ["s2"]
+    async with own_twins.pg.transaction() as conn:
         assert not (await pg_maintenance.validate(conn, REPO, DIM)).fts_rebuilt

@@ -1,4 +1,4 @@
-"""The PostgreSQL test server itself: up, with pgvector, one fresh database per test."""
+"""The PostgreSQL test server itself: up, with pgvector, an empty database for each test."""
 
 from __future__ import annotations
 
@@ -8,17 +8,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from tests.pg import TEMPLATE, Clones, PgServer
+from tests.pg import PgServer
 
-# Each test records its database here; the next test checks that the fixture dropped it.
+# Each test records its lexical epoch here; the next test checks that it got a new one.
 _seen: list[str] = []
-
-
-def _dbname(url: str) -> str:
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SELECT current_database()").fetchone()
-    assert row is not None
-    return str(row[0])
 
 
 def test_server_runs_postgres_18_with_pgvector(pg_url: str) -> None:
@@ -72,19 +65,37 @@ def test_server_runs_as_root_under_its_own_user(pg_server: PgServer) -> None:
 
 
 @pytest.mark.parametrize("turn", [1, 2])
-def test_each_test_gets_a_fresh_database_dropped_after(
-    pg_server: PgServer, pg_clones: Clones, pg_url: str, turn: int
-) -> None:
-    """Two tests get two different databases with the schema, and the first is gone after it."""
-    name = _dbname(pg_url)
-    assert name not in _seen
-    assert all(pg_clones.wait_dropped(old) for old in _seen)
-    assert not set(_seen) & pg_server.databases()
+def test_each_test_starts_on_an_empty_database_with_the_schema(pg_url: str, turn: int) -> None:
+    """A test finds the schema and no rows, whatever the test before it left: its rows, its
+    open connections, a repo's HNSW index, the lexical epoch and a table of its own are all
+    gone."""
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        tables = conn.execute("SELECT count(*) FROM mnemo_migrations").fetchone()
-        # The next test fails to create it again if it got this database.
+        migrations = conn.execute("SELECT count(*) FROM mnemo_migrations").fetchone()
+        repos = conn.execute("SELECT count(*) FROM repos").fetchone()
+        indexes = conn.execute(
+            "SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'vectors_hnsw_%'"
+        ).fetchone()
+        epoch = conn.execute("SELECT epoch FROM lexical_epoch").fetchall()
+        scratch = conn.execute("SELECT to_regclass('scratch')").fetchone()
+        assert migrations is not None
+        assert migrations[0] > 0
+        assert repos == (0,)
+        assert indexes == (0,)
+        assert scratch == (None,)
+        assert len(epoch) == 1
+        assert epoch[0][0] not in _seen
+        _seen.append(epoch[0][0])
+        conn.execute(
+            "INSERT INTO repos (name, config, dim, embedder, created_at)"
+            " VALUES ('left', '{}', 3, 'e', now())"
+        )
+        conn.execute(
+            "CREATE INDEX vectors_hnsw_left ON vectors (repo) WHERE repo = 'left'"
+        )
+        # More than rows: the next test gets a new copy of the template.
         conn.execute("CREATE TABLE scratch (x integer)")
-    assert tables is not None
-    assert tables[0] > 0
-    assert TEMPLATE in pg_server.databases()
-    _seen.append(name)
+    # A connection the test leaves open must not hold the next test up.
+    _leaked.append(psycopg.connect(pg_url, autocommit=True))
+
+
+_leaked: list[psycopg.Connection[tuple[object, ...]]] = []

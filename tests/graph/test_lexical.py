@@ -521,3 +521,48 @@ async def test_changes_not_yet_committed_rank_as_they_will_once_committed(
         # Within a third: the average length is estimated from the uncommitted documents
         # (tantivy's own is not exposed), and tantivy's length norms are coarser.
         assert a == pytest.approx(b, rel=0.33)
+
+
+class _Watched(threading.Event):
+    """An event that counts the threads waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = 0
+        self.changed = threading.Condition()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self.changed:
+            self.inside += 1
+            self.changed.notify_all()
+        try:
+            return super().wait(timeout)
+        finally:
+            with self.changed:
+                self.inside -= 1
+
+
+async def test_closing_commits_at_once_instead_of_waiting_for_more_writes(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing wakes the background thread that waits for more writes before it commits:
+    what was applied is committed at once (closing waited out that delay, 0.5 s)."""
+    monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)
+    monkeypatch.setattr(lexical_index, "COMMIT_WITHIN", 3600.0)
+    index = lexical(backend)
+    index._wake = watched = _Watched()
+    await add(backend, "c1", {"a": "a wren sang"})
+    assert await found(backend, "wren") == {"a"}
+    index.changed(REPO)  # the thread brings the repo up, then waits for more writes
+
+    def brought_up_and_waiting() -> bool:
+        with watched.changed:
+            return watched.changed.wait_for(
+                lambda: watched.inside > 0 and not index._dirty, timeout=10
+            )
+
+    assert await anyio.to_thread.run_sync(brought_up_and_waiting)
+    assert len(index._fresh) == 1
+    with anyio.fail_after(5):
+        await index.aclose()
+    assert len(index._fresh) == 0

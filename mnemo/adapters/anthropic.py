@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from mnemo.adapters._http import Transport, resolve_key
+from mnemo.adapters._http import Tokens, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
@@ -72,6 +72,7 @@ class Anthropic:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
+        concurrency: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         temperature: float | None = 0.0,
@@ -108,6 +109,7 @@ class Anthropic:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
+            concurrency=concurrency,
             backoff=backoff,
             clock=clock,
             transport=transport,
@@ -209,7 +211,7 @@ class Anthropic:
         if force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
         return await self._http.post_json(
-            "/v1/messages", payload, budget=budget, malformed=_no_content
+            "/v1/messages", payload, budget=budget, malformed=_no_content, kind=request.task
         )
 
     def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
@@ -357,10 +359,12 @@ def _cut_short(problem: str, stop_reason: Any, cap: int) -> str:
     return cut_note(problem, cap) if stop_reason == "max_tokens" else problem
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
-        return None
-    counted = [v for v in (usage.get("input_tokens"), usage.get("output_tokens"))
-               if isinstance(v, int)]
-    return sum(counted) if counted else None
+        return None, None
+    return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

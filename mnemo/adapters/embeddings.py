@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
@@ -78,6 +78,7 @@ class OpenAIEmbedder:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 4,
+        concurrency: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: Backoff | None = None,
@@ -115,6 +116,7 @@ class OpenAIEmbedder:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
+            concurrency=concurrency,
             backoff=backoff,
             clock=clock,
             transport=transport,
@@ -221,7 +223,8 @@ class OpenAIEmbedder:
             refusal = _refuses_base64 if encoding == "base64" else None
             try:
                 return await self._http.post_json(
-                    "/embeddings", payload, budget=budget, refusal=refusal, malformed=_no_data)
+                    "/embeddings", payload, budget=budget, refusal=refusal, malformed=_no_data,
+                    kind="embed")
             except EmbeddingError as exc:
                 failure = exc.__cause__
                 if refusal is None or not (isinstance(failure, HTTPFailure)
@@ -293,9 +296,9 @@ def _refuses_base64(failure: HTTPFailure) -> bool:
     return failure.names_any(_COMPLAINT_WORDS)
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
-        return None
+        return None, None
     total = usage.get("total_tokens", usage.get("prompt_tokens"))
-    return total if isinstance(total, int) else None
+    return (total if isinstance(total, int) and not isinstance(total, bool) else None), 0

@@ -36,7 +36,7 @@ from typing import Any, Literal, get_args
 
 import httpx
 
-from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
@@ -102,6 +102,7 @@ class OpenAICompatible:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
+        concurrency: int | None = None,
         structured: Structured = "auto",
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -144,6 +145,7 @@ class OpenAICompatible:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
+            concurrency=concurrency,
             backoff=backoff,
             clock=clock,
             transport=transport,
@@ -203,7 +205,9 @@ class OpenAICompatible:
                 {"role": "user", "content": reask_text(problem)},
             ]
             budget.next_call("re_ask")
-            reply = await self._post(self._payload(request, messages, mode, schema), budget)
+            reply = await self._post(
+                self._payload(request, messages, mode, schema), budget, kind=request.task
+            )
             usage = add_usage(usage, self._usage(reply))
             raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         return LLMResponse(text=raw, data=data, usage=usage)
@@ -221,7 +225,8 @@ class OpenAICompatible:
             can_fall_back = self._auto and mode in _NEXT_MODE
             try:
                 return await self._post(
-                    payload, budget, _refusal_of(mode) if can_fall_back else None
+                    payload, budget, _refusal_of(mode) if can_fall_back else None,
+                    kind=request.task,
                 ), mode
             except LLMError as exc:
                 failure = exc.__cause__
@@ -244,6 +249,8 @@ class OpenAICompatible:
         payload: dict[str, Any],
         budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None = None,
+        *,
+        kind: str,
     ) -> dict[str, Any]:
         """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
         naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
@@ -253,7 +260,7 @@ class OpenAICompatible:
             try:
                 return await self._http.post_json(
                     "/chat/completions", payload, budget=budget, refusal=refusal,
-                    malformed=_no_message,
+                    malformed=_no_message, kind=kind,
                 )
             except LLMError as exc:
                 failure = exc.__cause__
@@ -288,7 +295,8 @@ class OpenAICompatible:
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
         reply = await self._post(
-            self._payload(request, list(request.messages), None, None), budget
+            self._payload(request, list(request.messages), None, None), budget,
+            kind=request.task,
         )
         message, finish = self._message(reply)
         cap = reply_cap(request.max_tokens, self.max_tokens)
@@ -460,13 +468,12 @@ def _was_cut(reply: Mapping[str, Any], finish: str | None, cap: int) -> bool:
     return isinstance(completion, int) and completion >= cap
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
-        return None
-    total = usage.get("total_tokens")
-    if isinstance(total, int):
-        return total
-    parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-    counted = [part for part in parts if isinstance(part, int)]
-    return sum(counted) if counted else None
+        return None, None
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

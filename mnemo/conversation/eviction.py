@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import anyio
-
+from mnemo import deadline
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
@@ -191,7 +190,7 @@ async def run_loop(
             done=tools.done[-MAX_DONE:],
         )
         try:
-            with anyio.fail_after(round_timeout):
+            with deadline.fail_after(round_timeout):
                 response = await llm.generate(request)
         except TimeoutError:
             return f"the eviction model timed out after {round_timeout:g} s", usage
@@ -333,7 +332,7 @@ class Evictor:
             snapshots=fold_inputs(due), max_words=snapshot_words(token_budget, 2)
         )
         try:
-            with anyio.fail_after(self._timeout):
+            with deadline.fail_after(self._timeout):
                 text = await ask(self._llm, request, parse_summary)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.

@@ -36,6 +36,7 @@ from mnemo.adapters._schema import (
     tool_spec,
     usage_of,
 )
+from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
@@ -117,6 +118,19 @@ class Anthropic:
             retry=retry,
         )
         self.retry_policy = self._http.retry_policy
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the API gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> dict[str, Any]:
+        """What this adapter learned of its server: the concurrency limit."""
+        return {"concurrency": limit_profile(self._http.limit)}
+
+    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+        """Starts from what an earlier adapter learned of this server (`server_profile`)."""
+        adopt_limit(self._http.limit, profile.get("concurrency"))
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is valid JSON for it.

@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
+from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy
@@ -145,6 +146,22 @@ class OpenAIEmbedder:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"dim must be a positive integer, got {value!r}")
         self._dim = value
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> dict[str, Any]:
+        """What this embedder learned of its server: the vectors' encoding it accepts and the
+        concurrency limit."""
+        return {"encoding": self._encoding, "concurrency": limit_profile(self._http.limit)}
+
+    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+        """Starts from what an earlier embedder learned of this server (`server_profile`)."""
+        if profile.get("encoding") == "float":
+            self._encoding = "float"
+        adopt_limit(self._http.limit, profile.get("concurrency"))
 
     async def detect_dim(self) -> int:
         """The vector dimension, asking the server with one short text if it is not known.

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import anyio
 
@@ -62,6 +63,9 @@ BASE_TOKENS = 8.0
 NO_QUEUE = 0.5
 QUEUE = 2.0
 TIMEOUT_SHARE = 0.5
+# A reply less than this much slower than the fastest shows no queue, whatever the ratio: the
+# jitter of a server that answers in milliseconds (a queue that short endangers no timeout).
+NOISE = 0.05
 
 
 class Outcome(Enum):
@@ -235,6 +239,8 @@ class Limit:
         if cost <= 0 or not math.isfinite(fastest):
             return
         queued = ticket.in_flight * max(0.0, 1.0 - fastest / cost)
+        if took - fastest * self._work(ticket) < NOISE:
+            queued = 0.0
         slow = (ticket.timeout is not None and ticket.in_flight > 1
                 and took >= TIMEOUT_SHARE * ticket.timeout)
         if queued >= QUEUE or slow:
@@ -259,3 +265,18 @@ class Limit:
             return 1.0
         return (BASE_TOKENS + (ticket.output_tokens or 0)
                 + PROMPT_WEIGHT * (ticket.input_tokens or 0))
+
+
+def limit_profile(limit: Limit) -> dict[str, Any]:
+    """A limit's state as JSON, for a server profile (`adopt_limit` reads it back)."""
+    state = limit.state()
+    return {"limit": state.limit, "slow_start": state.slow_start}
+
+
+def adopt_limit(limit: Limit, profile: object) -> None:
+    """Restores `limit_profile`'s JSON into `limit`; anything unreadable is ignored."""
+    if not isinstance(profile, Mapping):
+        return
+    value, slow_start = profile.get("limit"), profile.get("slow_start")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        limit.restore(LimitState(value, slow_start is True))

@@ -32,10 +32,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
+import anyio
 import httpx
 
+from mnemo import deadline
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_MAX_TOKENS,
@@ -51,6 +53,7 @@ from mnemo.adapters._schema import (
     tool_spec,
     usage_of,
 )
+from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import InvalidInputError, LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
@@ -129,6 +132,10 @@ class OpenAICompatible:
         )
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
+        # Until a structured reply came in the mode "auto" chose, one request at a time tries
+        # it: a server that refuses it then refuses one request, not every one in flight.
+        self._confirmed = not self._auto
+        self._probing = anyio.Lock()
         self._temperature = temperature
         self.max_tokens = checked_max_tokens(max_tokens)
         self._tokens_field = "max_tokens"
@@ -158,6 +165,27 @@ class OpenAICompatible:
     def structured_mode(self) -> Mode:
         """The structured-output form in use (after any "auto" fallback)."""
         return self._mode
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> dict[str, Any]:
+        """What this adapter learned of its server, for the next one (`adopt_server_profile`):
+        the structured mode "auto" settled on, and the concurrency limit."""
+        profile: dict[str, Any] = {"concurrency": limit_profile(self._http.limit)}
+        if self._auto and self._confirmed:
+            profile["structured"] = self._mode
+        return profile
+
+    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+        """Starts from what an earlier adapter learned of this server (`server_profile`); a
+        mode or concurrency given explicitly stays. Unreadable parts are ignored."""
+        mode = profile.get("structured")
+        if self._auto and not self._confirmed and mode in get_args(Mode):
+            self._mode, self._confirmed = cast(Mode, mode), True
+        adopt_limit(self._http.limit, profile.get("concurrency"))
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is valid JSON for it.
@@ -220,29 +248,54 @@ class OpenAICompatible:
         budget: Budget,
     ) -> tuple[dict[str, Any], Mode]:
         while True:
-            mode = self._mode
-            payload = self._payload(request, messages, mode, schema)
-            can_fall_back = self._auto and mode in _NEXT_MODE
-            try:
-                return await self._post(
-                    payload, budget, _refusal_of(mode) if can_fall_back else None,
-                    kind=request.task,
-                ), mode
-            except LLMError as exc:
-                failure = exc.__cause__
-                if not (can_fall_back and isinstance(failure, HTTPFailure)
-                        and _refuses(mode, failure)):
-                    raise
-                # Concurrent calls may see the same refusal: only the first one moves on.
-                if self._mode == mode:
-                    self._mode = _NEXT_MODE[mode]
-                    logger.warning(
-                        "%s refused structured output %r (%s); using %r from now on",
-                        self._http.name, mode, failure, self._mode,
-                    )
-                if not budget.can_call():
-                    raise
-                budget.next_call("retry")
+            if self._confirmed:
+                reply = await self._try_mode(request, schema, messages, budget)
+            else:
+                with deadline.waiting():
+                    await self._probing.acquire()
+                try:
+                    reply = await self._try_mode(request, schema, messages, budget)
+                finally:
+                    self._probing.release()
+            if reply is not None:
+                return reply
+
+    async def _try_mode(
+        self,
+        request: LLMRequest,
+        schema: dict[str, Any],
+        messages: list[dict[str, Any]],
+        budget: Budget,
+    ) -> tuple[dict[str, Any], Mode] | None:
+        """One request in the current mode; None when the server refused the mode and the
+        next one is to be tried."""
+        mode = self._mode
+        payload = self._payload(request, messages, mode, schema)
+        can_fall_back = self._auto and mode in _NEXT_MODE
+        try:
+            reply = await self._post(
+                payload, budget, _refusal_of(mode) if can_fall_back else None,
+                kind=request.task,
+            )
+            if self._mode == mode:
+                self._confirmed = True
+            return reply, mode
+        except LLMError as exc:
+            failure = exc.__cause__
+            if not (can_fall_back and isinstance(failure, HTTPFailure)
+                    and _refuses(mode, failure)):
+                raise
+            # Concurrent calls may see the same refusal: only the first one moves on.
+            if self._mode == mode:
+                self._mode = _NEXT_MODE[mode]
+                logger.warning(
+                    "%s refused structured output %r (%s); using %r from now on",
+                    self._http.name, mode, failure, self._mode,
+                )
+            if not budget.can_call():
+                raise
+            budget.next_call("retry")
+            return None
 
     async def _post(
         self,

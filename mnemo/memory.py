@@ -183,6 +183,16 @@ class Memory(GraphMethods, ConversationMethods):
         await self._repos.learn()
         return self._repos.names()
 
+    async def repo_config(self, repo: str) -> Config:
+        """The config the repo's sessions and ingests run with (its bounds among them), as
+        `open_repo` recorded it.
+
+        Raises:
+            InvalidInputError: a repo name that is not a string (or is blank, ...).
+            NotFoundError: an unknown repo.
+        """
+        return (await self._repos.known(repo)).config
+
     def _dim(self, name: str) -> int:
         return self._repos.dim(name)
 

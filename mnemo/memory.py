@@ -16,6 +16,7 @@ threads are in their capability's folder, `graph.facade.GraphMethods` and
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -37,7 +38,7 @@ from mnemo.graph.model import CommitReceipt, NodeType
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.inputs import check_id, check_text
+from mnemo.inputs import check_count, check_id, check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.recall.engine import RecallResult
 from mnemo.recall.service import RecallRuntime, RecallService
@@ -49,6 +50,10 @@ from mnemo.session.service import SessionContext, SessionInfo, SessionService
 from mnemo.storage.ports import open_backend
 
 log = logging.getLogger("mnemo")
+
+# The most extraction retries one `close_and_commit` may ask for: each runs its model calls
+# again.
+MAX_RETRIES = 100
 
 
 class Memory(GraphMethods, ConversationMethods):
@@ -282,8 +287,20 @@ class Memory(GraphMethods, ConversationMethods):
         auto-commit the receipt holds what the close committed.
 
         Raises:
+            InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES` (each
+                retry runs the extraction's model calls again), `max_polls` not None or a
+                positive integer, `poll_interval` not a positive number of seconds.
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
+        check_count("max_retries", max_retries, maximum=MAX_RETRIES)
+        if max_polls is not None:
+            check_count("max_polls", max_polls, minimum=1)
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
+            0 < poll_interval < math.inf
+        ):
+            raise InvalidInputError(
+                f"poll_interval must be a positive number of seconds, got {poll_interval!r}"
+            )
         return await self._service.close_and_commit(
             session_id, max_retries=max_retries, max_polls=max_polls, poll_interval=poll_interval
         )

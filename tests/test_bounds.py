@@ -11,7 +11,7 @@ import pytest
 
 import mnemo
 from mnemo.config import COUNT_CEILINGS
-from tests.conftest import REPO
+from tests.conftest import REPO, Enter
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
 DEFAULTS = {
@@ -212,3 +212,21 @@ async def test_every_read_count_is_bounded_by_max_results(mem: mnemo.Memory) -> 
         with pytest.raises(mnemo.InvalidInputError, match=r"Config\.max_results"):
             await call(1_001)
         await call(1_000)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"max_retries": 101}, {"max_retries": -1}, {"max_retries": "2"}, {"max_polls": 0},
+     {"max_polls": 2.5}, {"poll_interval": 0}, {"poll_interval": float("inf")},
+     {"poll_interval": "fast"}],
+)
+async def test_close_and_commit_takes_bounded_retries_and_waits(
+    mem: mnemo.Memory, enter: Enter, arguments: dict[str, Any]
+) -> None:
+    """close_and_commit with more retries than MAX_RETRIES (each runs the extraction's model
+    calls again), or a max_polls or poll_interval that is no count or time, is
+    InvalidInputError, and the session is not closed."""
+    sid = await enter(mnemo.State.COLLECTING)
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.close_and_commit(sid, **arguments)
+    assert await mem.session_state(sid) is mnemo.State.COLLECTING

@@ -96,9 +96,12 @@ class Repos:
         rule opens by its stored name."""
         check_id(name, "repo name")
         if name not in self._runtimes:
-            await self.learn(name)
-        if name not in self._runtimes:
-            check_name(name, "repo name")
+            try:
+                check_name(name, "repo name")
+            except InvalidInputError:
+                await self.learn(name)  # stored before the rule (through any Memory)?
+                if name not in self._runtimes:
+                    raise
         check_models(llm, embedder)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")

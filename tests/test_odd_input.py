@@ -198,3 +198,25 @@ async def test_an_id_of_the_wrong_type_is_invalid_input_not_an_unknown_one(
     for call in calls:
         with pytest.raises(mnemo.InvalidInputError):
             await maybe_await(call())
+
+
+async def test_a_repo_stored_before_the_name_rule_still_opens_and_reads(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repo whose name breaks the rule but was stored before it opens again, is listed,
+    recalled and forgotten from, through a new Memory: lookups stay lenient."""
+    old_name = "ops\u200b"
+    trajectory = mnemo.Trajectory("explore", [mnemo.Step("nginx listens on 8080", "note")])
+    with monkeypatch.context() as before:
+        before.setattr("mnemo.repos.check_name", lambda name, what: name)
+        before.setattr("mnemo.ingest.service.check_name", lambda name, what: name)
+        async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
+            await mem.open_repo(old_name)
+            await mem.ingest(old_name, trajectory, source_id="s\u200b")
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
+        assert await mem.list_repos() == [old_name]
+        await mem.open_repo(old_name)
+        assert (await mem.recall(old_name, "nginx")).memories
+        assert await mem.forget(old_name, "s\u200b") > 0
+        with pytest.raises(mnemo.InvalidInputError):
+            await mem.open_repo("new\u200b")

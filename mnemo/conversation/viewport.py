@@ -16,8 +16,7 @@ save): the viewport then gives up memory for them, oldest snapshots first and pi
 only when even the whole budget cannot hold them does it keep the newest that fit.
 
 Whatever room is left after that goes to the pins not shown yet, newest first, skipping any
-that does not fit: a pin is never hidden while the budget has room for it (a 600-token pin
-at a 2,000-token budget with 605 tokens free was, under a flat 25% memory share). Pins that
+that does not fit: a pin is never hidden while the budget has room for it. Pins that
 together exceed even that are left out whole, never cut: `Viewport.pins_left_out` names
 them, and they stay where nothing hides them (before the boundary, inside a snapshot's range,
 and found by a search that excludes the viewport).

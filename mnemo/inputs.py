@@ -17,13 +17,13 @@ reasons for each bound.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
-
-from precis_i18n import get_profile
+from typing import Any
 
 from mnemo.errors import InvalidInputError
 
@@ -117,7 +117,7 @@ def check_name(value: object, what: str) -> str:
         if name.isprintable() and name == name.strip(" ") and "  " not in name:
             return name  # the common case: what the profile gives back unchanged
     try:
-        canonical = _NICKNAME.enforce(name)
+        canonical = _nickname().enforce(name)
     except UnicodeEncodeError as exc:
         bad = name[exc.start]
         raise InvalidInputError(
@@ -132,7 +132,12 @@ def check_name(value: object, what: str) -> str:
     return name
 
 
-_NICKNAME = get_profile("NicknameCasePreserved")
+@functools.cache
+def _nickname() -> Any:
+    """RFC 8266's nickname profile (case preserved), imported when a name first needs it."""
+    from precis_i18n import get_profile
+
+    return get_profile("NicknameCasePreserved")
 
 
 def check_storable(value: str, what: str) -> str:

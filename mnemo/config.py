@@ -12,6 +12,16 @@ from typing import Any
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 
+# The highest value of each per-call bound (`Config.max_steps_per_ingest`, ...): a caller may
+# raise a bound, never past what one call can carry (docs/DECISIONS.md, "Per-call bounds").
+COUNT_CEILINGS = {
+    "max_steps_per_ingest": 1_000,
+    "max_messages_per_save": 100_000,
+    "max_tool_calls_per_message": 1_024,
+    "max_open_goals": 10_000,
+    "max_results": 10_000,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -92,6 +102,19 @@ class Config:
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     # At most `inputs.MAX_TEXT_CHARS_LIMIT` (120,000), what PostgreSQL can index.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # Per-call bounds, each checked before anything is stored (InvalidInputError), each at
+    # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
+    # steps in one `ingest` (LoCoMo's longest session has 47; a step costs about 2 s offline),
+    max_steps_per_ingest: int = 100
+    # new messages one `save` appends (save a longer history in slices of it),
+    max_messages_per_save: int = 1_000
+    # tool calls in one message (128: the most tools OpenAI's chat API takes in one request),
+    max_tool_calls_per_message: int = 128
+    # open goals of one thread (each is in every eviction prompt),
+    max_open_goals: int = 100
+    # and what one read may ask for: recall's `k`, `latest`'s `top_k`, `history`'s and
+    # `search_nodes`' `limit`, the ids one `get_linked_nodes` or `delete_nodes` takes.
+    max_results: int = 1_000
     # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
     # it off (the store's own full-text search answers). Read from the Memory's config only.
@@ -191,6 +214,12 @@ class Config:
             value = getattr(self, name)
             if not _whole(value, 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")
+        for name, ceiling in COUNT_CEILINGS.items():
+            value = getattr(self, name)
+            if not _whole(value, 1) or value > ceiling:
+                raise InvalidInputError(
+                    f"Config.{name} must be an integer from 1 to {ceiling:,}, got {value!r}"
+                )
         if self.max_text_chars > MAX_TEXT_CHARS_LIMIT:
             raise InvalidInputError(
                 f"Config.max_text_chars is at most {MAX_TEXT_CHARS_LIMIT:,} (PostgreSQL's "

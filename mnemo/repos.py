@@ -89,9 +89,10 @@ class Repos:
         llm: LLM | None,
         embedder: Embedder | None,
         config: Config | None,
-        save: Callable[[RepoRow], Awaitable[None]],
+        save: Callable[[RepoRow], Awaitable[None]] | None,
     ) -> None:
-        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo."""
+        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo
+        (`save` None: nothing is stored, and the models and config hold for this Memory)."""
         check_id(name, "repo name")
         check_models(llm, embedder)
         if config is not None and not isinstance(config, Config):
@@ -114,7 +115,9 @@ class Repos:
             model_uri(chosen_llm),
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
-        if known is None or chosen_config != known.config or models_changed:
+        if save is not None and (
+            known is None or chosen_config != known.config or models_changed
+        ):
             await save(row)
         if known is None:
             self._runtimes[name] = Runtime(

@@ -99,9 +99,16 @@ def check_store(settings: Settings, *, writes: bool) -> None:
 
 @asynccontextmanager
 async def open_memory(
-    settings: Settings, *, writes: bool = False, on_event: EventCallback | None = None
+    settings: Settings,
+    *,
+    writes: bool = False,
+    works: bool = False,
+    on_event: EventCallback | None = None,
 ) -> AsyncIterator[Memory]:
-    """The Memory the settings choose, after checking the store."""
+    """The Memory the settings choose, after checking the store. `writes`: the store may be
+    created. `works`: the Memory does work (sessions, ingest); otherwise it is opened for
+    inspection (`Memory(inspect=True)`), so a command that looks never resumes or takes over
+    an extraction, and a `--llm` given to it applies to its own calls only."""
     # The models first: a mistyped --llm is reported before anything about the store.
     llm, embedder = models(settings)
     try:
@@ -112,7 +119,9 @@ async def open_memory(
             if close is not None:
                 await close()
         raise
-    async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event) as mem:
+    async with Memory(
+        settings.store, llm=llm, embedder=embedder, on_event=on_event, inspect=not works
+    ) as mem:
         yield mem
 
 

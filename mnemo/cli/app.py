@@ -132,7 +132,7 @@ def ingest(
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
         settings = _settings(store, config, llm, embedder)
-        async with open_memory(settings, writes=True) as mem:
+        async with open_memory(settings, writes=True, works=True) as mem:
             report = await ingest_file(
                 mem, target, parsed, threads=threads, console=stderr_console(),
                 show_progress=not as_json,
@@ -171,6 +171,11 @@ def recall(
         str | None,
         typer.Option(help="Comma-separated node types, e.g. semantic,episodic (default: all)."),
     ] = None,
+    reinforce: Annotated[
+        bool,
+        typer.Option("--reinforce", help="Count the memories recalled as accesses, as an "
+                                         "agent's own recall does (a look counts none)."),
+    ] = False,
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
@@ -188,7 +193,7 @@ def recall(
             # written with the hashed embedder is 512, MiniLM 384): a clear EmbeddingError
             # instead of a shape error deep in the vector search.
             await mem.open_repo(repo)
-            result = await mem.recall(repo, query, k=k, types=wanted)
+            result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce)
         if as_json:
             print_json(recall_json(result))
             return
@@ -398,6 +403,11 @@ def mcp(
         bool,
         typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
     ] = True,
+    reinforce: Annotated[
+        bool,
+        typer.Option("--reinforce", help="Count the memories a recall returns as accesses, "
+                                         "as an agent's own recall does."),
+    ] = False,
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
 
@@ -416,7 +426,7 @@ def mcp(
         chosen_llm, chosen_embedder = models(settings)
         await serve(
             settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates,
+            memory_updates=memory_updates, reinforce=reinforce,
         )
 
     run(work)

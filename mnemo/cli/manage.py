@@ -186,7 +186,7 @@ def _session_command(action: Action) -> None:
         async def work() -> None:
             settings = resolve(store=store, llm=llm, embedder=embedder, config=config)
             transitions = _Transitions()
-            async with open_memory(settings, on_event=transitions) as mem:
+            async with open_memory(settings, works=True, on_event=transitions) as mem:
                 out = await _act(mem, transitions, action, session_id, wait)
             if as_json:
                 print_json(out)

@@ -29,8 +29,10 @@ async def open_view(
     embedder: Embedder | None = None,
 ) -> AsyncIterator[MemoryView]:
     """A `MemoryView` over the memory at `db`, open while the block runs. Without models, each
-    repo's recorded ones are used (as by every other entry point)."""
-    async with Memory(db, llm=llm, embedder=embedder) as memory:
+    repo's recorded ones are used (as by every other entry point). The Memory is opened for
+    inspection, `--allow-writes` or not: it never resumes or takes over work, and records no
+    repo's settings."""
+    async with Memory(db, llm=llm, embedder=embedder, inspect=True) as memory:
         yield MemorySource(memory, reinforce=allow_writes)
 
 

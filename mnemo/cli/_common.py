@@ -15,6 +15,7 @@ import typer
 
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
+from mnemo.cli._logging import command_logging
 from mnemo.cli._settings import Settings, check_backend
 from mnemo.errors import MnemoError
 from mnemo.events import EventCallback
@@ -28,6 +29,9 @@ def mnemo_version() -> str:
         return package_version("mnemo")
     except PackageNotFoundError:
         return "unknown"
+
+
+_verbose = False
 
 
 def _show_version(value: bool) -> None:
@@ -55,8 +59,15 @@ def _root(
             "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Log what mnemo and its drivers do (INFO) on "
+                                             "stderr."),
+    ] = False,
 ) -> None:
     """mnemo: memory for LLM agents. Look inside a memory, fill it, serve it."""
+    global _verbose
+    _verbose = verbose
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
@@ -65,7 +76,8 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for
 def run(work: Callable[[], Awaitable[None]]) -> None:
     """Runs a command's coroutine; a problem the user can fix exits 2 with one line."""
     try:
-        anyio.run(work)
+        with command_logging(verbose=_verbose):
+            anyio.run(work)
     except (CliError, MnemoError, sqlite3.Error) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, sqlite3.Error):

@@ -3,11 +3,8 @@ one-line error rule, and opening the `Memory` its settings choose."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from typing import Annotated
 
 import anyio
@@ -21,22 +18,14 @@ from mnemo.errors import MnemoError
 from mnemo.events import EventCallback
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
-
-
-def mnemo_version() -> str:
-    """The installed mnemo's version ("unknown" when running from a bare source tree)."""
-    try:
-        return package_version("mnemo")
-    except PackageNotFoundError:
-        return "unknown"
-
+from mnemo.version import installed_version
 
 _verbose = False
 
 
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"mnemo {mnemo_version()}")
+        typer.echo(f"mnemo {installed_version()}")
         raise typer.Exit()
 
 
@@ -78,10 +67,8 @@ def run(work: Callable[[], Awaitable[None]]) -> None:
     try:
         with command_logging(verbose=_verbose):
             anyio.run(work)
-    except (CliError, MnemoError, sqlite3.Error) as exc:
+    except (CliError, MnemoError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, sqlite3.Error):
-            message = f"database error: {message}"
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

@@ -39,9 +39,9 @@ from rich.text import Text
 
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._output import shorten
-from mnemo.cli.jsonable import label, recall_json
 from mnemo.events import Event
 from mnemo.graph.model import NodeType
+from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
 from mnemo.recall.engine import RecallResult
 

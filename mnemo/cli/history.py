@@ -3,7 +3,7 @@ undoing one (issue 14). Both act through the `Memory` facade, so they read any s
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -13,30 +13,9 @@ from rich.text import Text
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
-from mnemo.graph.history import CommitDiff, CommitRecord
+from mnemo.jsonable import commit_json, diff_json
 
 Repo = Annotated[str, typer.Argument(help="The repo.")]
-
-
-def commit_json(commit: CommitRecord) -> dict[str, Any]:
-    return {
-        "id": commit.id,
-        "seq": commit.seq,
-        "committed_at": commit.committed_at.isoformat(),
-        "session_id": commit.session_id,
-        "source_id": commit.source_id,
-        "nodes": commit.node_count,
-        "links": commit.link_count,
-        "retired": commit.retired_count,
-    }
-
-
-def diff_json(diff: CommitDiff) -> dict[str, Any]:
-    return {
-        **commit_json(diff.commit),
-        "node_ids": list(diff.commit.node_ids),
-        "retired_ids": list(diff.commit.retired),
-    }
 
 
 @app.command()

@@ -22,8 +22,8 @@ from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._settings import ConfigOpt, EmbedderOpt, LlmOpt, StoreOpt, resolve
-from mnemo.cli.jsonable import label, view_json
 from mnemo.events import Event
+from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
 from mnemo.session.machine import State
 

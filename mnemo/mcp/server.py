@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import anyio
 from pydantic import Field, ValidationError
 
-from mnemo.cli._common import mnemo_version
-from mnemo.cli.jsonable import label, session_json, step_json
 from mnemo.errors import MnemoError, NotFoundError
+from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
 from mnemo.ports import LLM, Embedder
 from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
+from mnemo.version import installed_version
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -391,7 +391,7 @@ def build_server(tools: MemoryTools) -> MCPServer:
                 raise
 
     server = _Server(
-        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=mnemo_version()
+        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version()
     )
     for name in TOOL_NAMES:
         method = getattr(tools, name)

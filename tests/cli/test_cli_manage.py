@@ -64,7 +64,9 @@ def test_version_prints_the_package_version() -> None:
 def mnemo_version() -> str:
     from importlib.metadata import version
 
-    return version("mnemo")
+    from mnemo.version import DISTRIBUTION
+
+    return version(DISTRIBUTION)
 
 
 def test_repos_lists_each_repo_with_its_live_sessions(db: str) -> None:

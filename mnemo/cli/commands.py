@@ -42,8 +42,8 @@ from mnemo.cli._settings import (
     resolve,
 )
 from mnemo.cli.ingest import ingest_file, load_file
-from mnemo.cli.jsonable import hit_json, label, recall_json, session_json
 from mnemo.graph.model import NodeType
+from mnemo.jsonable import hit_json, label, recall_json, session_json
 
 
 class ExportFormat(StrEnum):
@@ -459,7 +459,7 @@ def ui(
         except ImportError as exc:
             raise CliError(
                 f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'mnemo[ui]'"
+                "pip install 'mnemo-agent[ui]'"
             ) from exc
         chosen_llm, chosen_embedder = models(settings)
         await serve(

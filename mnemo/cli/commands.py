@@ -26,6 +26,7 @@ from rich.text import Text
 from mnemo.cli import graph as graph_export
 from mnemo.cli._common import Json, app, check_repo, check_store, models, open_memory, run
 from mnemo.cli._database import CliError
+from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
     json_text,
     print_json,
@@ -227,18 +228,20 @@ def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = F
             print_json([session_json(s) for s in live])
             return
         table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
-        for column in ("id", "repo", "state", "goal", "steps", "holder", "lease until"):
-            # Folded, never cut: the id is what `mnemo session ...` takes.
+        for column in ("session", "repo", "state", "goal", "steps", "holder", "lease until"):
+            # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
             table.add_column(
                 column, justify="right" if column == "steps" else "left",
-                overflow="fold" if column in ("id", "repo", "holder") else "ellipsis",
-                no_wrap=column not in ("id", "repo", "goal", "holder"),
+                overflow="fold" if column in ("repo",) else "ellipsis",
+                no_wrap=column not in ("repo", "goal"),
             )
+        ids = short_ids([s.id for s in live], kind=False)
+        holders = short_ids({s.holder for s in live if s.holder}, kind=False)
         for s in live:
             until = "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S")
             table.add_row(
-                s.id, Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
-                str(s.steps), Text(s.holder or "-"), until,
+                ids[s.id], Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
+                str(s.steps), Text(holders[s.holder] if s.holder else "-"), until,
             )
         if not live:
             table.add_row("", "", "", Text("(no live sessions)", style="dim"), "", "", "")
@@ -328,13 +331,14 @@ def search(
             print_json([hit_json(h) for h in hits])
             return
         table = Table(title=f"Messages matching: {escape(query)}", title_justify="left")
-        for column in ("rank", "thread", "seq", "role", "snippet", "message id"):
-            # Folded, never cut: the message id is what `view_messages` takes.
-            table.add_column(column, overflow="fold")
+        for column in ("rank", "thread", "seq", "role", "snippet", "message"):
+            # The message id shown short, whole: `mnemo view` takes any unique prefix.
+            table.add_column(column, overflow="fold", no_wrap=column == "message")
+        ids = short_ids([h.message_id for h in hits], kind=False)
         for h in hits:
             table.add_row(
                 f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
-                Text(shorten(h.snippet, 200)), h.message_id,
+                Text(shorten(h.snippet, 200)), ids[h.message_id],
             )
         if not hits:
             table.add_row("", "", "", "", Text("(no message matches)", style="dim"), "")

@@ -80,8 +80,9 @@ def _node_types(spec: str | None) -> list[NodeType] | None:
 def demo(
     db: Annotated[
         Path,
-        # Not MNEMO_DB: the demo deletes its database first, and must not take the user's.
-        typer.Option("--db", help="The demo's database; deleted and made anew.", dir_okay=False),
+        # Not MNEMO_STORE: the demo deletes its database first, and must not take the user's.
+        typer.Option("--store", "--db", help="The demo's SQLite file; deleted and made anew.",
+                     dir_okay=False),
     ] = Path("demo.db"),
     data: Annotated[
         Path | None,
@@ -89,7 +90,8 @@ def demo(
     ] = None,
     as_json: Json = False,
 ) -> None:
-    """Replay a week of an assistant's work into a fresh database offline, then recall."""
+    """Replay a week of an assistant's work into a fresh database offline, then recall. Each
+    session is also saved as conversation thread `demo/N` (for `mnemo search`)."""
     from mnemo.cli.demo import run_demo
 
     async def work() -> None:

@@ -9,7 +9,7 @@ and a command that needs a few parts do not pay for all of them.
 
 from __future__ import annotations
 
-import importlib
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ def __getattr__(name: str) -> object:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'mnemo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(where), name)
+    value = getattr(import_module(where), name)
     globals()[name] = value
     return value
 

@@ -54,17 +54,17 @@ async def _sessions(store: str) -> list[SessionInfo]:
         return await mem.list_sessions()
 
 
-@pytest.mark.parametrize(
-    "command",
-    [["recall", REPO, "kitchen"], ["sessions"], ["repos"], ["history", REPO], ["graph", REPO],
-     ["search", "kitchen"]],
-    ids=lambda c: c[0],
-)
-def test_a_read_command_takes_no_extraction_over(
-    store: str, command: list[str], monkeypatch: pytest.MonkeyPatch
+READS = [
+    ["recall", REPO, "kitchen"], ["sessions"], ["repos"], ["history", REPO], ["graph", REPO],
+    ["search", "kitchen"],
+]
+
+
+def test_the_read_commands_take_no_extraction_over(
+    store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A session left extracting on the offline LLM, its holder gone: a read command, which
-    runs the repo's offline LLM, neither claims the session nor asks the model anything.
+    """A session left extracting on the offline LLM, its holder gone: each read command, which
+    runs the repo's offline LLM, neither claims the session nor asks the model to extract.
     Before, opening the store took the extraction over at once."""
     sid = anyio.run(_leave_extracting, store)
     before = anyio.run(_sessions, store)
@@ -77,10 +77,11 @@ def test_a_read_command_takes_no_extraction_over(
         return await answer(self, request)
 
     monkeypatch.setattr(OfflineLLM, "generate", counted)
-    result = invoke(*command, "--db", store)
-    assert result.exit_code == 0, result.output
-    assert set(asked) <= {"recall_plan"}  # its own query's plan, no extraction task
-    assert anyio.run(_sessions, store) == before  # state, holder and lease as they were
+    for command in READS:
+        result = invoke(*command, "--db", store)
+        assert result.exit_code == 0, result.output
+        assert set(asked) <= {"recall_plan"}, command  # its own query's plan, no extraction
+        assert anyio.run(_sessions, store) == before, command  # state, holder, lease
 
 
 def _ingest(store: str, folder: Path, name: str, *options: str) -> Result:

@@ -71,8 +71,9 @@ class PipelineError(MnemoError):
 
 class StorageError(MnemoError):
     """The store failed: `reason` is "busy" (another writer held the lock past
-    `Config.busy_timeout`), "unavailable", "corrupt", "extension_missing" or "closed" (the
-    Memory was closed). Nothing of the failed write was stored; the driver's exception is the
+    `Config.busy_timeout`), "unavailable", "corrupt", "extension_missing", "closed" (the
+    Memory was closed) or "read_only" (a call that starts work, on a Memory opened with
+    `inspect=True`). Nothing of the failed write was stored; the driver's exception is the
     `__cause__`."""
 
     def __init__(self, reason: str, detail: str = "") -> None:

@@ -30,7 +30,7 @@ from mnemo.config import Config
 from mnemo.conversation.facade import ConversationMethods
 from mnemo.conversation.service import ConversationService
 from mnemo.episode.model import EpisodeLog, StepInfo
-from mnemo.errors import InvalidInputError, NotFoundError
+from mnemo.errors import InvalidInputError, NotFoundError, StorageError
 from mnemo.events import EventCallback, Events
 from mnemo.graph.blas import limit_blas_threads
 from mnemo.graph.facade import GraphMethods
@@ -57,10 +57,20 @@ MAX_RETRIES = 100
 
 
 class Memory(GraphMethods, ConversationMethods):
-    """An agent's memory in one SQLite file (or `":memory:"`).
+    """An agent's memory in one SQLite file (or `":memory:"`), or a PostgreSQL database.
 
     `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
     embedded default embedder. Use it as an async context manager, or call `aclose()`.
+
+    `inspect=True` opens the store to look inside it (the command line's reads, the web app,
+    an MCP server's read tools): the Memory does no work of its own. It starts no background
+    task, so it never resumes or takes over an extraction or a timer, and calls no model but
+    to answer its own calls; it records no repo's settings or models (the models and configs
+    given to it or to `open_repo` apply to its own calls only); its `recall` counts no access
+    unless asked (`reinforce=True`); and it refuses what would start work, with
+    `StorageError("read_only")`: `open_repo` of a repo the store does not hold, every call
+    that starts or drives a session, and `ingest`. Edits a caller makes on purpose
+    (`forget`, `revert`, a thread's `purge`) are its own and go through.
     """
 
     def __init__(
@@ -72,10 +82,12 @@ class Memory(GraphMethods, ConversationMethods):
         config: Config | None = None,
         on_event: EventCallback | None = None,
         synchronous: str = "NORMAL",
+        inspect: bool = False,
     ) -> None:
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         self._config = config or Config()
+        self._inspect = inspect
         self._backend = open_backend(
             path,
             dims=self._dim,
@@ -125,6 +137,8 @@ class Memory(GraphMethods, ConversationMethods):
         try:
             self._repos.load(await self._sessions_store.load_repos())
             await self._repos.adopt_profiles(self._sessions_store)
+            if self._inspect:
+                return self  # sessions are read from the store when asked, never restored
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
             await self._host.start(self._background)
@@ -134,6 +148,24 @@ class Memory(GraphMethods, ConversationMethods):
         known = set(self._repos.names())
         self._service.restore([s for s in live if s.repo in known])
         return self
+
+    async def _save_profiles(self) -> None:
+        """Records what the repos' models learned of their servers (an inspecting Memory
+        records nothing)."""
+        if not self._inspect:
+            await self._repos.save_profiles(self._sessions_store)
+
+    def _works(self, call: str) -> None:
+        """Refuses a call that would start work on an inspecting Memory.
+
+        Raises:
+            StorageError: "read_only".
+        """
+        if self._inspect:
+            raise StorageError(
+                "read_only", f"{call} needs a Memory that works; this one was opened with "
+                "inspect=True"
+            )
 
     async def _background(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -158,7 +190,7 @@ class Memory(GraphMethods, ConversationMethods):
             if host is not None:
                 await host.stop()
                 with anyio.move_on_after(2, shield=True):
-                    await self._repos.save_profiles(self._sessions_store)
+                    await self._save_profiles()
         finally:
             with anyio.move_on_after(2, shield=True):
                 await self._repos.close_adapters()
@@ -177,15 +209,25 @@ class Memory(GraphMethods, ConversationMethods):
         """Creates the repo if needed and sets the llm, embedder and config its sessions
         inherit. Idempotent. Restored sessions of the repo resume their extraction now.
 
+        On an inspecting Memory (`inspect=True`) it records nothing and resumes nothing: the
+        models and config apply to this Memory's own calls on the repo.
+
         Raises:
             InvalidInputError: a blank name or a config that is not a `Config`.
             EmbeddingError: the embedder's dimension differs from the repo's vectors'.
+            StorageError: "read_only", a repo the store does not hold on an inspecting Memory.
         """
+        if self._inspect:
+            await self._repos.learn(name if isinstance(name, str) else None)
+            if name not in self._repos.names():
+                self._works(f"open_repo of the new repo {name!r}")
         await self._repos.open(
-            name, llm=llm, embedder=embedder, config=config, save=self._sessions_store.save_repo
+            name, llm=llm, embedder=embedder, config=config,
+            save=None if self._inspect else self._sessions_store.save_repo,
         )
         await self._repos.adopt_profiles(self._sessions_store)
-        self._service.resume_repo(name)
+        if not self._inspect:
+            self._service.resume_repo(name)
 
     async def list_repos(self) -> list[str]:
         """The names of every repo in the store (opened through any Memory), oldest first."""
@@ -233,6 +275,7 @@ class Memory(GraphMethods, ConversationMethods):
             NotFoundError: an unknown repo.
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
+        self._works("start_session")
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
         await self._repos.learn(check_id(repo, "repo"))
@@ -257,23 +300,28 @@ class Memory(GraphMethods, ConversationMethods):
             SessionError: the session is not collecting.
             LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
         """
+        self._works("append")
         return await self._service.append(session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:
         """Ends the episode and starts extraction in the background (state `extracting`)."""
+        self._works("close")
         await self._service.close(session_id)
 
     async def commit(self, session_id: str) -> CommitReceipt | None:
         """`ready`: applies the changeset durably and returns its receipt (state `idle`).
         `failed`: retries the extraction (state `extracting`) and returns None."""
+        self._works("commit")
         return await self._service.commit(session_id)
 
     async def discard(self, session_id: str) -> None:
         """Drops a ready changeset or a failed extraction (state `idle`)."""
+        self._works("discard")
         await self._service.discard(session_id)
 
     async def start_episode(self, session_id: str, goal: str) -> None:
         """Starts a new episode in an idle session (state `collecting`)."""
+        self._works("start_episode")
         await self._service.start_episode(session_id, goal)
 
     async def close_and_commit(
@@ -296,6 +344,7 @@ class Memory(GraphMethods, ConversationMethods):
                 positive integer, `poll_interval` not a positive number of seconds.
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
+        self._works("close_and_commit")
         check_count("max_retries", max_retries, maximum=MAX_RETRIES)
         if max_polls is not None:
             check_count("max_polls", max_polls, minimum=1)
@@ -311,20 +360,24 @@ class Memory(GraphMethods, ConversationMethods):
                 poll_interval=poll_interval,
             )
         finally:
-            await self._repos.save_profiles(self._sessions_store)
+            await self._save_profiles()
 
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
+        self._works("commit_async")
         await self._service.submit(session_id, "commit", (), callback)
 
     async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
+        self._works("discard_async")
         await self._service.submit(session_id, "discard", (), callback)
 
     async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
+        self._works("close_async")
         await self._service.submit(session_id, "close", (), callback)
 
     async def start_episode_async(
         self, session_id: str, goal: str, callback: Callback | None = None
     ) -> None:
+        self._works("start_episode_async")
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
         await self._service.submit(session_id, "start_episode", (goal,), callback)
@@ -332,6 +385,7 @@ class Memory(GraphMethods, ConversationMethods):
     async def append_async(
         self, session_id: str, observation: str, action: str, callback: Callback | None = None
     ) -> None:
+        self._works("append_async")
         for what, value in (("observation", observation), ("action", action)):
             if not isinstance(value, str):
                 raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
@@ -346,6 +400,7 @@ class Memory(GraphMethods, ConversationMethods):
 
     async def end_session(self, session_id: str) -> None:
         """Stops the session; its id is then unknown."""
+        self._works("end_session")
         await self._service.end_session(session_id)
 
     async def episodes(self, session_id: str) -> list[EpisodeLog]:
@@ -373,12 +428,13 @@ class Memory(GraphMethods, ConversationMethods):
         *,
         k: int = 10,
         types: Iterable[NodeType] | None = None,
-        reinforce: bool = True,
+        reinforce: bool | None = None,
         as_of: datetime | None = None,
     ) -> RecallResult:
         """The repo's memories most relevant to `query`, best first. Each memory returned
         counts as one access (its value grows), unless `reinforce=False`: a look that must not
-        change later rankings (an inspector, an evaluation). What holds now comes first: a
+        change later rankings (an evaluation); on an inspecting Memory, only with
+        `reinforce=True`. What holds now comes first: a
         fact a later one contradicted ranks below it and says so (`Recalled.retired`); with
         `as_of`, the answer is the memory as it stood then (nodes recorded later left out).
 
@@ -388,6 +444,8 @@ class Memory(GraphMethods, ConversationMethods):
             NotFoundError: an unknown repo.
         """
         await self._repos.known(repo)
+        if reinforce is None:
+            reinforce = not self._inspect
         return await self._recalls.recall(
             repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
         )
@@ -428,11 +486,12 @@ class Memory(GraphMethods, ConversationMethods):
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
         """
+        self._works("ingest")
         await self._repos.known(repo)
         try:
             return await self._ingests.ingest(repo, trajectory, source_id, progress)
         finally:
-            await self._repos.save_profiles(self._sessions_store)
+            await self._save_profiles()
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, with its links, vectors and search
@@ -475,6 +534,6 @@ class Memory(GraphMethods, ConversationMethods):
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
         return await self._recalls.recall(
-            repo, query, k=k, types=None, reinforce=True,
-            session_id=session_id,
+            repo, query, k=k, types=None, reinforce=not self._inspect,
+            session_id=session_id if isinstance(session_id, str) else None,
         )

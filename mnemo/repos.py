@@ -93,9 +93,10 @@ class Repos:
         llm: LLM | None,
         embedder: Embedder | None,
         config: Config | None,
-        save: Callable[[RepoRow], Awaitable[None]],
+        save: Callable[[RepoRow], Awaitable[None]] | None,
     ) -> None:
-        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo.
+        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo
+        (`save` None: nothing is stored, and the models and config hold for this Memory).
         A repo new to the store takes a name (`inputs.check_name`); one stored before that
         rule opens by its stored name."""
         check_id(name, "repo name")
@@ -127,7 +128,9 @@ class Repos:
             model_uri(chosen_llm),
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
-        if known is None or chosen_config != known.config or models_changed:
+        if save is not None and (
+            known is None or chosen_config != known.config or models_changed
+        ):
             await save(row)
         if known is None:
             self._runtimes[name] = Runtime(

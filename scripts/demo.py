@@ -1,6 +1,6 @@
 """mnemo demo: an assistant's working week, remembered and recalled, fully offline.
 
-Kept so that `scripts/demo` and `python scripts/demo.py [--db demo.db] [--data FILE]` go on
+Kept so that `scripts/demo` and `python scripts/demo.py [--store demo.db] [--data FILE]` go on
 working: it runs `mnemo demo` with the same arguments. The demo itself is `mnemo.cli.demo`, its
 conversation shipped as package data.
 """

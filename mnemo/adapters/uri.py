@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import httpx
-
-from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
-from mnemo.adapters.e5 import E5SmallEmbedder
-from mnemo.adapters.embeddings import OpenAIEmbedder
-from mnemo.adapters.hashing import HashEmbedder
-from mnemo.adapters.minilm import MiniLMEmbedder
-from mnemo.adapters.offline import OfflineLLM
-from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
 from mnemo.errors import InvalidInputError
 from mnemo.ports import LLM, Embedder, model_name
+
+if TYPE_CHECKING:
+    import httpx
+
+# The adapters are imported by the URI that names them: a memory run offline never imports
+# httpx and jsonschema (a third of a command's start-up).
 
 LLM_FORMS = (
     "offline",
@@ -125,8 +123,13 @@ def llm_from_uri(
     if scheme == "offline":
         if model or base_url:
             raise ModelURIError(f"the offline LLM takes no model, got {text!r}", uri=text)
+        from mnemo.adapters.offline import OfflineLLM
+
         return OfflineLLM()
     _need_model("LLM", scheme, model, text)
+    from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
+    from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
+
     if scheme == "openai":
         if base_url is not None:
             raise ModelURIError(
@@ -175,11 +178,17 @@ def embedder_from_uri(
     if scheme == "minilm":
         if model:
             raise ModelURIError(f"the minilm embedder takes no model, got {text!r}", uri=text)
+        from mnemo.adapters.minilm import MiniLMEmbedder
+
         return MiniLMEmbedder()
     if scheme == "e5-small-q4":
         if model:
             raise ModelURIError(f"the e5-small-q4 embedder takes no model, got {text!r}", uri=text)
+        from mnemo.adapters.e5 import E5SmallEmbedder
+
         return E5SmallEmbedder()
+    from mnemo.adapters.hashing import HashEmbedder
+
     if scheme == "hash":
         if not model:
             return HashEmbedder()
@@ -189,6 +198,9 @@ def embedder_from_uri(
             )
         return HashEmbedder(int(model))
     if scheme == "openai":
+        from mnemo.adapters.embeddings import OpenAIEmbedder
+        from mnemo.adapters.openai import OPENAI_BASE_URL
+
         _need_model("embedder", scheme, model, text)
         url = base_url or OPENAI_BASE_URL
         key = _key("openai", text, env, required=url == OPENAI_BASE_URL)

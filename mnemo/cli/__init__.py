@@ -1,21 +1,44 @@
 """The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `sessions`,
-`session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`, `revert` and
-`mcp`. `main` is the console script; `app` the typer application (each command module
-registers its commands on it)."""
+`session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`, `revert`, `mcp`
+and `ui`. `main` is the console script; `app` the typer application (each command module
+registers its commands on it), built when first asked for: `mnemo --version` imports none
+of it."""
 
-from mnemo.cli import app as _app
-from mnemo.cli import doctor as _doctor
-from mnemo.cli import history as _history
-from mnemo.cli import manage as _manage
-from mnemo.cli import migrate as _migrate
-from mnemo.cli._common import app
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
+
+    app: typer.Typer
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
     """The console script's entry point."""
-    app(prog_name="mnemo")
+    if sys.argv[1:] == ["--version"]:
+        from mnemo.version import installed_version
+
+        print(f"mnemo {installed_version()}")
+        return
+    application()(prog_name="mnemo")
 
 
-del _app, _doctor, _history, _manage, _migrate
+def application() -> typer.Typer:
+    """The typer application with every command registered."""
+    for module in ("commands", "doctor", "history", "manage", "migrate"):
+        importlib.import_module(f"mnemo.cli.{module}")
+    from mnemo.cli._common import app
+
+    globals()["app"] = app
+    return app
+
+
+def __getattr__(name: str) -> object:
+    if name == "app":
+        return application()
+    raise AttributeError(f"module 'mnemo.cli' has no attribute {name!r}")

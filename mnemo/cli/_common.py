@@ -3,11 +3,8 @@ one-line error rule, and opening the `Memory` its settings choose."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from typing import Annotated
 
 import anyio
@@ -15,24 +12,20 @@ import typer
 
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
+from mnemo.cli._logging import command_logging
 from mnemo.cli._settings import Settings, check_backend
 from mnemo.errors import MnemoError
 from mnemo.events import EventCallback
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
+from mnemo.version import installed_version
 
-
-def mnemo_version() -> str:
-    """The installed mnemo's version ("unknown" when running from a bare source tree)."""
-    try:
-        return package_version("mnemo")
-    except PackageNotFoundError:
-        return "unknown"
+_verbose = False
 
 
 def _show_version(value: bool) -> None:
     if value:
-        typer.echo(f"mnemo {mnemo_version()}")
+        typer.echo(f"mnemo {installed_version()}")
         raise typer.Exit()
 
 
@@ -55,8 +48,15 @@ def _root(
             "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Log what mnemo and its drivers do (INFO) on "
+                                             "stderr."),
+    ] = False,
 ) -> None:
     """mnemo: memory for LLM agents. Look inside a memory, fill it, serve it."""
+    global _verbose
+    _verbose = verbose
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
@@ -65,11 +65,10 @@ Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for
 def run(work: Callable[[], Awaitable[None]]) -> None:
     """Runs a command's coroutine; a problem the user can fix exits 2 with one line."""
     try:
-        anyio.run(work)
-    except (CliError, MnemoError, sqlite3.Error) as exc:
+        with command_logging(verbose=_verbose):
+            anyio.run(work)
+    except (CliError, MnemoError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, sqlite3.Error):
-            message = f"database error: {message}"
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -99,9 +98,16 @@ def check_store(settings: Settings, *, writes: bool) -> None:
 
 @asynccontextmanager
 async def open_memory(
-    settings: Settings, *, writes: bool = False, on_event: EventCallback | None = None
+    settings: Settings,
+    *,
+    writes: bool = False,
+    works: bool = False,
+    on_event: EventCallback | None = None,
 ) -> AsyncIterator[Memory]:
-    """The Memory the settings choose, after checking the store."""
+    """The Memory the settings choose, after checking the store. `writes`: the store may be
+    created. `works`: the Memory does work (sessions, ingest); otherwise it is opened for
+    inspection (`Memory(inspect=True)`), so a command that looks never resumes or takes over
+    an extraction, and a `--llm` given to it applies to its own calls only."""
     # The models first: a mistyped --llm is reported before anything about the store.
     llm, embedder = models(settings)
     try:
@@ -112,7 +118,9 @@ async def open_memory(
             if close is not None:
                 await close()
         raise
-    async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event) as mem:
+    async with Memory(
+        settings.store, llm=llm, embedder=embedder, on_event=on_event, inspect=not works
+    ) as mem:
         yield mem
 
 

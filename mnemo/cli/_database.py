@@ -15,9 +15,9 @@ set "mnemo" (`storage/sqlite/schema.py`).
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
+from mnemo.errors import StorageError
 from mnemo.storage.sqlite.database import inspect_file
 
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -58,7 +58,7 @@ def check_database(path: Path, *, must_exist: bool) -> None:
         raise CliError(f"{path} is not a SQLite database")
     try:
         has_tables, is_mnemo = inspect_file(path)
-    except sqlite3.Error as exc:
+    except StorageError as exc:
         raise CliError(f"{path} is not a readable SQLite database: {exc}") from exc
     if is_mnemo or (not must_exist and not has_tables):
         return

@@ -9,6 +9,7 @@ so it needs no network and no API key. It shows:
   trajectory (`StepInfo.boundary_detected`);
 - what extraction committed to the knowledge graph, counted by node type;
 - recall: a few questions answered from the graph, with each memory's score, phase and hop;
+- each session saved as conversation thread `demo/N` too, for `mnemo search` and the web app;
 - the event stream, tallied by kind through `on_event`.
 
 `scripts/demo` and `mnemo demo` both run `run_demo`.
@@ -39,13 +40,18 @@ from rich.text import Text
 
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._output import shorten
-from mnemo.cli.jsonable import label, recall_json
 from mnemo.events import Event
 from mnemo.graph.model import NodeType
+from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
 from mnemo.recall.engine import RecallResult
 
 DEFAULT_REPO = "assistant"
+
+
+def thread_id(number: int) -> str:
+    """The conversation thread the demo saves session `number` (from 1) as."""
+    return f"demo/{number}"
 
 
 def default_data() -> Path:
@@ -156,6 +162,14 @@ async def run_session(
     progress.update(task, description=f"{title} [yellow](extracting…)")
     receipt = await mem.close_and_commit(session_id)
     await mem.end_session(session_id)
+    # The same session as a conversation thread (what `mnemo ingest` saves too), so that
+    # `mnemo search` and the web app's threads have something to show.
+    await mem.conversation().save(thread_id(number), [
+        message
+        for observation, action in script.steps
+        for message in ({"role": "user", "content": observation},
+                        {"role": "assistant", "content": action})
+    ])
     progress.update(task, description=f"{title} [green](committed)")
     return SessionOutcome(
         goal=script.goal,

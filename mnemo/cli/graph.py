@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from mnemo.cli.jsonable import label, node_json
 from mnemo.graph.model import Link, LinkType, Node, NodeType
+from mnemo.jsonable import label, node_json
 from mnemo.memory import Memory
 
 GRAPHML_NS = "http://graphml.graphdrawing.org/xmlns"

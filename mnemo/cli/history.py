@@ -3,7 +3,7 @@ undoing one (issue 14). Both act through the `Memory` facade, so they read any s
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -11,32 +11,15 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
+from mnemo.cli._ids import resolve_id, short_ids
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
-from mnemo.graph.history import CommitDiff, CommitRecord
+from mnemo.jsonable import commit_json, diff_json
+from mnemo.memory import Memory
 
 Repo = Annotated[str, typer.Argument(help="The repo.")]
-
-
-def commit_json(commit: CommitRecord) -> dict[str, Any]:
-    return {
-        "id": commit.id,
-        "seq": commit.seq,
-        "committed_at": commit.committed_at.isoformat(),
-        "session_id": commit.session_id,
-        "source_id": commit.source_id,
-        "nodes": commit.node_count,
-        "links": commit.link_count,
-        "retired": commit.retired_count,
-    }
-
-
-def diff_json(diff: CommitDiff) -> dict[str, Any]:
-    return {
-        **commit_json(diff.commit),
-        "node_ids": list(diff.commit.node_ids),
-        "retired_ids": list(diff.commit.retired),
-    }
+# How many of a repo's newest commits a prefix given to `revert` is looked for among.
+RESOLVED = 1_000
 
 
 @app.command()
@@ -58,15 +41,19 @@ def history(
             return
         table = Table(title=f"Commits of {escape(repo)} ({len(commits)})", title_justify="left")
         table.add_column("seq", justify="right")
-        for column in ("commit", "time", "from"):
-            table.add_column(column, overflow="fold")
+        # Ids shown short and whole (`mnemo revert` takes any unique prefix).
+        table.add_column("commit", no_wrap=True)
+        table.add_column("time", no_wrap=True)
+        table.add_column("from", no_wrap=True)
         for column in ("nodes", "links", "retired"):
             table.add_column(column, justify="right")
+        short = short_ids([c.id for c in commits], kind=False)
+        sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
         for c in commits:
-            origin = (f"session {c.session_id}" if c.session_id
+            origin = (f"session {sessions[c.session_id]}" if c.session_id
                       else f"source {c.source_id}" if c.source_id else "")
             table.add_row(
-                str(c.seq), c.id, c.committed_at.isoformat(timespec="seconds"),
+                str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
                 Text(shorten(origin, 60)), str(c.node_count), str(c.link_count),
                 str(c.retired_count),
             )
@@ -77,10 +64,22 @@ def history(
     run(work)
 
 
+async def _commit_id(mem: Memory, repo: str, given: str) -> str:
+    """The commit `given` names: its id, or a unique prefix of one of the repo's newest
+    `RESOLVED` commits (an older one is named by its whole id)."""
+    if given.startswith("changeset_") and len(given) == len("changeset_") + 32:
+        return given
+    newest = await mem.history(repo, limit=RESOLVED)
+    return resolve_id(given, [c.id for c in newest], "commit")
+
+
 @app.command()
 def revert(
     repo: Repo,
-    commit: Annotated[str, typer.Argument(help="The commit's id (see `mnemo history`).")],
+    commit: Annotated[
+        str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
+                                 "history`).")
+    ],
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
@@ -91,7 +90,7 @@ def revert(
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
-            undone = await mem.revert(repo, commit)
+            undone = await mem.revert(repo, await _commit_id(mem, repo, commit))
         if as_json:
             print_json(diff_json(undone))
             return

@@ -19,11 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
-from mnemo.cli._database import CliError
+from mnemo.cli._ids import resolve_id, short_ids
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._settings import ConfigOpt, EmbedderOpt, LlmOpt, StoreOpt, resolve
-from mnemo.cli.jsonable import label, view_json
 from mnemo.events import Event
+from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
 from mnemo.session.machine import State
 
@@ -34,7 +34,9 @@ session_app = typer.Typer(
 )
 app.add_typer(session_app, name="session")
 
-SessionId = Annotated[str, typer.Argument(help="The session's id (see `mnemo sessions`).")]
+SessionId = Annotated[
+    str, typer.Argument(help="The session's id, or a unique prefix of it (see `mnemo sessions`).")
+]
 # A close's extraction ends in one of these.
 _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 
@@ -65,7 +67,9 @@ def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = Fals
 
 @app.command()
 def view(
-    message_id: Annotated[str, typer.Argument(help="A message id from `mnemo search`.")],
+    message_id: Annotated[
+        str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")
+    ],
     radius: Annotated[
         int, typer.Option(min=0, max=100, help="Messages to show on each side.")
     ] = 10,
@@ -77,7 +81,12 @@ def view(
 
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
-            shown = await mem.view_messages(message_id, radius=radius)
+            found = await mem.message_ids(message_id.strip() or "?", limit=2)
+            if not found and "_" not in message_id:
+                found = await mem.message_ids(f"msg_{message_id.strip()}", limit=2)
+            shown = await mem.view_messages(
+                resolve_id(message_id, found, "message"), radius=radius
+            )
         if as_json:
             print_json(view_json(shown))
             return
@@ -89,12 +98,13 @@ def view(
         table.add_column("seq", justify="right")
         table.add_column("role")
         table.add_column("content", overflow="fold")
-        table.add_column("message id", overflow="fold")
+        table.add_column("message", no_wrap=True)
+        short = short_ids([m.id for m in shown.messages], kind=False)
         for m in shown.messages:
             target = m.id == shown.target.id
             table.add_row(
                 str(m.seq), Text(m.role),
-                Text(shorten(m.content, 200), style="bold" if target else ""), m.id,
+                Text(shorten(m.content, 200), style="bold" if target else ""), short[m.id],
             )
         console.print(table)
         # The target whole, below the table: its content is what the command is for.
@@ -142,9 +152,9 @@ class Action(StrEnum):
 async def _act(
     mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float
 ) -> dict[str, Any]:
-    info = next((s for s in await mem.list_sessions() if s.id == sid), None)
-    if info is None:
-        raise CliError(f"no live session {sid!r} (see `mnemo sessions`)")
+    live = await mem.list_sessions()
+    sid = resolve_id(sid, [s.id for s in live], "live session")
+    info = next(s for s in live if s.id == sid)
     await check_repo(mem, info.repo)
     # Opening the repo resumes a restored session's interrupted extraction.
     await mem.open_repo(info.repo)
@@ -186,12 +196,12 @@ def _session_command(action: Action) -> None:
         async def work() -> None:
             settings = resolve(store=store, llm=llm, embedder=embedder, config=config)
             transitions = _Transitions()
-            async with open_memory(settings, on_event=transitions) as mem:
+            async with open_memory(settings, works=True, on_event=transitions) as mem:
                 out = await _act(mem, transitions, action, session_id, wait)
             if as_json:
                 print_json(out)
                 return
-            line = f"{action.value}: session {session_id} is now {out['state']}"
+            line = f"{action.value}: session {out['session_id']} is now {out['state']}"
             if "node_ids" in out:
                 line += f", {len(out['node_ids'])} nodes committed"
             if "note" in out:

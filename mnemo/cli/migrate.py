@@ -13,7 +13,6 @@ store twice, a node id the target holds with another text); 1 when the copy does
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from typing import Annotated
@@ -33,7 +32,7 @@ from mnemo.cli._common import Json, app, run
 from mnemo.cli._database import CliError, check_database
 from mnemo.cli._output import print_json, stderr_console, stdout_console
 from mnemo.errors import StorageError
-from mnemo.storage.ports import is_postgres
+from mnemo.storage.ports import has_postgres_driver, is_postgres
 from mnemo.storage.transfer import TransferReport, open_dump, same_store, transfer
 
 SourceOpt = Annotated[
@@ -61,9 +60,9 @@ def check_stores(source: str, target: str) -> None:
             database, or a PostgreSQL URL where psycopg is not installed.
     """
     for store in (source, target):
-        if is_postgres(store) and importlib.util.find_spec("psycopg") is None:
+        if is_postgres(store) and not has_postgres_driver():
             raise CliError(
-                "PostgreSQL needs the driver: pip install \"mnemo[postgres]\""
+                "PostgreSQL needs the driver: pip install \"mnemo-agent[postgres]\""
             )
     if not is_postgres(source):
         if not Path(source).exists():

@@ -126,6 +126,15 @@ class ConversationMethods:
             query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of
         )
 
+    async def message_ids(self, prefix: str, *, limit: int = 2) -> list[str]:
+        """The ids of stored messages (of every thread) that start with `prefix`, sorted, at
+        most `limit` (1..100): a short id shown by a tool is looked up with it.
+
+        Raises:
+            InvalidInputError: a blank prefix, or a limit outside 1..100.
+        """
+        return await self._conversations.message_ids(prefix, limit=limit)
+
     async def view_messages(self, message_id: str, *, radius: int = 10) -> MessageView:
         """The message with `radius` messages on each side (tool outputs reduced to ok or
         error) and the 3 nearest snapshots before and after it.

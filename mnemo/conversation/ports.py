@@ -270,6 +270,10 @@ class ThreadStore(Protocol):
         `search.SNIPPET_CHARS` characters."""
         ...
 
+    async def message_ids(self, prefix: str, limit: int) -> list[str]:
+        """The ids of stored messages that start with `prefix`, sorted, at most `limit`."""
+        ...
+
     async def view(self, message_id: str, radius: int) -> MessageView:
         """The message, `radius` messages on each side of it (as stored), and the
         `search.VIEW_SNAPSHOTS` nearest level-1 snapshots starting at or before it and after it.

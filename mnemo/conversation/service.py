@@ -333,6 +333,12 @@ class ConversationService:
             shown=None if exclude_viewport_of is None else self._shown.get(exclude_viewport_of),
         )
 
+    async def message_ids(self, prefix: str, *, limit: int) -> list[str]:
+        """See `Memory.message_ids`."""
+        check_id(prefix, "prefix")
+        check_count("limit", limit, minimum=1, maximum=MAX_RADIUS)
+        return await self.store.message_ids(prefix, limit)
+
     async def view_messages(self, message_id: str, *, radius: int) -> MessageView:
         """See `Memory.view_messages`."""
         check_id(message_id, "message_id")

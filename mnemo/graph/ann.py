@@ -4,7 +4,7 @@ Why: the exact numpy scan, on the one BLAS thread a Memory leaves numpy (`mnemo.
 costs about 0.12 ms per thousand rows (11 ms at 90k), while faiss `IndexHNSWFlat` with M = 32,
 efConstruction = 200 and efSearch = 256 answers in about 2 ms with recall@10 0.95 at 1M
 (../shared/EMBEDDINGS.md §2; mnemo walks at efSearch 64-128, see `HnswParams`). faiss-cpu is
-an optional extra (`mnemo[faiss]`): without it `attach` returns None and every search stays
+an optional extra (`mnemo-agent[faiss]`): without it `attach` returns None and every search stays
 exact.
 
 How it stays correct:

@@ -13,9 +13,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from mnemo.cli.jsonable import hit_json, label, message_json, snapshot_json, with_degraded
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.graph.model import Node
+from mnemo.jsonable import hit_json, label, message_json, snapshot_json, with_degraded
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.recall.engine import RecallResult
 from mnemo.tools import (

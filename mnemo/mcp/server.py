@@ -1,7 +1,9 @@
-"""`mnemo mcp`: a stdio MCP server (the official `mcp` SDK's `MCPServer`) over one `Memory`.
+"""`mnemo mcp`: a stdio MCP server (the official `mcp` SDK's `MCPServer`) over a store.
 
-The Memory is opened once and lives as long as the server, so sessions started by one tool call
-are there for the next, and what a session commits is recalled by later calls. Every tool
+The reads go through a `Memory` opened for inspection, which never resumes or takes over
+work and records no repo's settings; the session tools go through a `Memory` that works,
+opened at the first of them. Both live as long as the server, so sessions started by one tool
+call are there for the next, and what a session commits is recalled by later calls. Every tool
 returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never more than
 `mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its one-line
 message (clipped), which the agent can read and act on; anything else is a crash, logged with
@@ -19,21 +21,22 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio
 from pydantic import Field, ValidationError
 
-from mnemo.cli._common import mnemo_version
-from mnemo.cli.jsonable import label, session_json, step_json
 from mnemo.errors import MnemoError, NotFoundError
+from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
 from mnemo.ports import LLM, Embedder
 from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
+from mnemo.version import installed_version
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -92,10 +95,26 @@ def _as_tool_error() -> Iterator[None]:
 
 
 class MemoryTools:
-    """The server's tools over one open `Memory`; each returns JSON text."""
+    """The server's tools over an open `Memory`; each returns JSON text.
 
-    def __init__(self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True) -> None:
+    `mem` answers the reads (and `save_messages`); the session tools go to `worker()`, the
+    Memory that works (by default `mem` itself). `serve` opens `mem` for inspection and the
+    worker only when a session tool is first called, so a server that only reads never takes
+    work over. `reinforce`: a recall counts its memories as accesses.
+    """
+
+    def __init__(
+        self,
+        mem: Memory,
+        memory_dir: Path,
+        *,
+        memory_updates: bool = True,
+        worker: Callable[[], Awaitable[Memory]] | None = None,
+        reinforce: bool = False,
+    ) -> None:
         self._mem = mem
+        self._worker = worker
+        self._reinforce = reinforce
         self._memory_dir = memory_dir
         self._memory_updates = memory_updates
         # One MemoryFiles per directory: it serialises its own writes, so two instances over
@@ -115,7 +134,8 @@ class MemoryTools:
         all). Errors: an unknown repo, a blank query."""
         with _as_tool_error():
             await self._check(repo)
-            return _dumps(_output.recall_output(await self._mem.recall(repo, query, k=k)))
+            found = await self._mem.recall(repo, query, k=k, reinforce=self._reinforce)
+            return _dumps(_output.recall_output(found))
 
     async def get_node(
         self,
@@ -134,6 +154,9 @@ class MemoryTools:
             if node is None:
                 raise NotFoundError("node", clip(node_id, 100))
             return _dumps(_output.node_output(node, offset))
+
+    async def _working(self) -> Memory:
+        return self._mem if self._worker is None else await self._worker()
 
     async def _check(self, repo: str) -> None:
         if repo not in self._checked and repo in await self._mem.list_repos():
@@ -223,8 +246,9 @@ class MemoryTools:
         """Drops a session's ready changeset or failed extraction (then `end_session`, or
         keep it). Errors: a session that is neither ready nor failed."""
         with _as_tool_error():
-            await self._mem.discard(session_id)
-            state = await self._mem.session_state(session_id)
+            mem = await self._working()
+            await mem.discard(session_id)
+            state = await mem.session_state(session_id)
             return _dumps({"session_id": session_id, "state": label(state)})
 
     async def end_session(
@@ -232,7 +256,7 @@ class MemoryTools:
     ) -> str:
         """Ends a session for good (what it committed stays); its id is then unknown."""
         with _as_tool_error():
-            await self._mem.end_session(session_id)
+            await (await self._working()).end_session(session_id)
             return _dumps({"session_id": session_id, "ended": True})
 
     async def start_session(
@@ -243,9 +267,10 @@ class MemoryTools:
         """Starts a session collecting steps towards the goal; returns its session_id for
         `append` and `close_and_commit`. An unknown repo is created."""
         with _as_tool_error():
-            if repo not in await self._mem.list_repos():
-                await self._mem.open_repo(repo)
-            session_id = await self._mem.start_session(goal, repo=repo)
+            mem = await self._working()
+            if repo not in await mem.list_repos():
+                await mem.open_repo(repo)
+            session_id = await mem.start_session(goal, repo=repo)
             return _dumps({"session_id": session_id, "repo": repo})
 
     async def append(
@@ -257,7 +282,8 @@ class MemoryTools:
         """Records one step of the session (once stored, it survives a restart); returns its
         index, trajectory and whether it began a new trajectory (a change of subgoal)."""
         with _as_tool_error():
-            return _dumps(step_json(await self._mem.append(session_id, observation, action)))
+            mem = await self._working()
+            return _dumps(step_json(await mem.append(session_id, observation, action)))
 
     async def close_and_commit(
         self, session_id: Annotated[str, Field(description="From start_session.")]
@@ -265,10 +291,11 @@ class MemoryTools:
         """Ends the session: extracts facts and procedures from its steps, commits them to the
         repo's graph (then `recall` finds them) and returns the committed node ids."""
         with _as_tool_error():
-            receipt = await self._mem.close_and_commit(session_id)
+            mem = await self._working()
+            receipt = await mem.close_and_commit(session_id)
             # No tool can start a new episode in an idle session, so it is ended rather than
             # left live forever (`mnemo sessions` lists live ones).
-            await self._mem.end_session(session_id)
+            await mem.end_session(session_id)
             return _dumps(
                 {
                     "session_id": session_id,
@@ -371,7 +398,7 @@ def build_server(tools: MemoryTools) -> MCPServer:
                 raise
 
     server = _Server(
-        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=mnemo_version()
+        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version()
     )
     for name in TOOL_NAMES:
         method = getattr(tools, name)
@@ -383,6 +410,40 @@ def build_server(tools: MemoryTools) -> MCPServer:
     return server
 
 
+@asynccontextmanager
+async def open_tools(
+    store: str | Path,
+    *,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
+    memory_dir: Path | None = None,
+    memory_updates: bool = True,
+    reinforce: bool = False,
+) -> AsyncIterator[MemoryTools]:
+    """The server's tools over the store, open while the block runs: the reads through a
+    Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
+    that works, opened at the first of them."""
+    async with AsyncExitStack() as stack:
+        reader = await stack.enter_async_context(
+            Memory(store, llm=llm, embedder=embedder, inspect=True)
+        )
+        opening = anyio.Lock()
+        opened: list[Memory] = []
+
+        async def worker() -> Memory:
+            async with opening:
+                if not opened:
+                    opened.append(await stack.enter_async_context(
+                        Memory(store, llm=llm, embedder=embedder)
+                    ))
+            return opened[0]
+
+        yield MemoryTools(
+            reader, memory_dir or default_memory_dir(Path(store)),
+            memory_updates=memory_updates, worker=worker, reinforce=reinforce,
+        )
+
+
 async def serve(
     store: str | Path,
     *,
@@ -390,15 +451,18 @@ async def serve(
     embedder: Embedder | None = None,
     memory_dir: Path | None = None,
     memory_updates: bool = True,
+    reinforce: bool = False,
 ) -> None:
-    """Opens the Memory at `store` and serves MCP over stdin/stdout until the client closes it.
+    """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
+    closes it.
 
-    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults).
+    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
+    given, they apply to this server's calls and are recorded only by a repo it creates.
     `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
-    and says so); `recall_memory` still reads.
+    and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
     """
-    async with Memory(store, llm=llm, embedder=embedder) as mem:
-        tools = MemoryTools(
-            mem, memory_dir or default_memory_dir(Path(store)), memory_updates=memory_updates
-        )
+    async with open_tools(
+        store, llm=llm, embedder=embedder, memory_dir=memory_dir,
+        memory_updates=memory_updates, reinforce=reinforce,
+    ) as tools:
         await build_server(tools).run_stdio_async()

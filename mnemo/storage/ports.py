@@ -78,7 +78,8 @@ def open_backend(
         if not has_postgres_driver():
             raise StorageError(
                 "unavailable",
-                "a postgresql:// store needs the PostgreSQL driver: pip install 'mnemo[postgres]'",
+                "a postgresql:// store needs the PostgreSQL driver: "
+                "pip install 'mnemo-agent[postgres]'",
             )
         from mnemo.storage.postgres.store import PostgresBackend
 

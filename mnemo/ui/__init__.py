@@ -1,6 +1,6 @@
 """`mnemo ui`: a small local web app to look inside a memory (see `mnemo.ui.app`).
 
-Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "mnemo[ui]"`.
+Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "mnemo-agent[ui]"`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ async def open_view(
     embedder: Embedder | None = None,
 ) -> AsyncIterator[MemoryView]:
     """A `MemoryView` over the memory at `db`, open while the block runs. Without models, each
-    repo's recorded ones are used (as by every other entry point)."""
-    async with Memory(db, llm=llm, embedder=embedder) as memory:
+    repo's recorded ones are used (as by every other entry point). The Memory is opened for
+    inspection, `--allow-writes` or not: it never resumes or takes over work, and records no
+    repo's settings."""
+    async with Memory(db, llm=llm, embedder=embedder, inspect=True) as memory:
         yield MemorySource(memory, writes=allow_writes)
 
 

@@ -153,6 +153,30 @@ async def test_deterministic_and_batch_independent(model: MiniLMEmbedder) -> Non
 
 
 @needs_model
+async def test_a_long_text_is_not_padded_into_the_short_ones_chunk(
+    model: MiniLMEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long query among fifteen short tags runs in a chunk of its own (each chunk is padded
+    to its longest text), and every vector comes back at its text's place. Before, the sixteen
+    ran as one chunk of sixteen rows of 256 tokens, and other embeddings waited for it."""
+    long_text = "deploy nginx gunicorn postgres pgbouncer certificate backup " * 30
+    texts = [f"tag {i}" for i in range(7)] + [long_text] + [f"tag {i}" for i in range(7, 15)]
+    chunks: list[list[str]] = []
+    infer = model._infer
+
+    def recorded(chunk: list[str]) -> Any:
+        chunks.append(chunk)
+        return infer(chunk)
+
+    monkeypatch.setattr(model, "_infer", recorded)
+    vectors = await model.embed(texts)
+    assert sorted(len(c) for c in chunks) == [1, 15]
+    assert [long_text] in chunks
+    for i in (0, 7, 15):
+        np.testing.assert_allclose((await model.embed([texts[i]]))[0], vectors[i], atol=1e-5)
+
+
+@needs_model
 async def test_long_texts_are_truncated_at_256_tokens(model: MiniLMEmbedder) -> None:
     """Words past token 256 do not change a vector; words at token ~200 still do."""
     sentence = "the quick brown fox jumps over the lazy dog "  # 9 tokens

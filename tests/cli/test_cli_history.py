@@ -46,8 +46,13 @@ def test_history_lists_and_revert_undoes(store: str) -> None:
     table = invoke("history", REPO, "--store", store)
     assert table.exit_code == 0
     assert "doc-1" in table.stdout
+    short = commit["id"].removeprefix("changeset_")[:8]
+    [row] = [line for line in table.stdout.splitlines() if "doc-1" in line]
+    assert row.split("│")[2].strip() == short  # whole on its line, at 80 columns
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80
+    assert invoke("revert", REPO, "0123456789", "--store", store).exit_code == 2
 
-    undone = ok_json("revert", REPO, commit["id"], "--store", store)
+    undone = ok_json("revert", REPO, short, "--store", store)
     assert sorted(undone["node_ids"]) == sorted(node_ids)
     assert ok_json("history", REPO, "--store", store) == []
     assert ok_json("graph", REPO, "--store", store)["nodes"]["source"] == 0

@@ -64,7 +64,9 @@ def test_version_prints_the_package_version() -> None:
 def mnemo_version() -> str:
     from importlib.metadata import version
 
-    return version("mnemo")
+    from mnemo.version import DISTRIBUTION
+
+    return version(DISTRIBUTION)
 
 
 def test_repos_lists_each_repo_with_its_live_sessions(db: str) -> None:
@@ -81,15 +83,32 @@ def test_repos_lists_each_repo_with_its_live_sessions(db: str) -> None:
     assert "never-be-cut-short" in table.stdout.replace("\n", "").replace("│", "").replace(" ", "")
 
 
-def test_sessions_table_shows_whole_ids_on_a_narrow_terminal(db: str) -> None:
-    """A session id folds onto lines in a narrow table but is never cut with an ellipsis."""
+def test_sessions_table_shows_short_ids_that_commands_take(db: str) -> None:
+    """At 80 columns a session's id is shown as its first 8 digits, whole on one line (as
+    git shows a commit), and `mnemo session` takes that prefix, with or without its kind.
+    Before, the 40-character id was folded over several lines and only taken whole."""
     sid = anyio.run(open_session, db)
-    table = runner.invoke(app, ["sessions", "--db", str(db)], terminal_width=50)
+    table = runner.invoke(app, ["sessions", "--db", str(db)], terminal_width=80)
     assert table.exit_code == 0
-    flat = "".join(
-        cell.strip() for line in table.stdout.splitlines() for cell in line.split("│")[1:2]
-    )
-    assert sid in flat
+    short = sid.removeprefix("session_")[:8]
+    [row] = [line for line in table.stdout.splitlines() if short in line]
+    assert row.split("│")[1].strip() == short
+    assert max(len(line) for line in table.stdout.splitlines()) <= 80
+    assert ok_json("session", "close", short, "--db", str(db))["session_id"] == sid
+    assert ok_json("session", "discard", f"session_{short}", "--db", str(db))["state"] == "idle"
+
+
+def test_an_ambiguous_prefix_is_refused_naming_the_candidates(db: str) -> None:
+    """A prefix two live sessions share is one error line naming both, short; a prefix no
+    session has names none."""
+    first = anyio.run(open_session, db)
+    second = anyio.run(open_session, db)
+    refused = invoke("session", "end", "session_", "--db", str(db))
+    assert refused.exit_code == 2
+    assert "ambiguous" in refused.stderr
+    for sid in (first, second):
+        assert sid.removeprefix("session_")[:8] in refused.stderr
+    assert ok_json("sessions", "--db", str(db))[0]["id"] in (first, second)
 
 
 def test_session_close_then_commit_then_end(db: str) -> None:
@@ -152,6 +171,12 @@ def test_view_shows_a_message_whole_with_its_neighbours(db: str) -> None:
     unknown = invoke("view", "msg_nope", "--db", str(db))
     assert unknown.exit_code == 2
     assert unknown.stderr.startswith("error: ")
+    short = message_id.removeprefix("msg_")[:8]
+    assert ok_json("view", short, "--db", str(db))["target"]["id"] == message_id
+    narrow = runner.invoke(app, ["view", short, "--db", str(db)], terminal_width=80)
+    assert narrow.exit_code == 0
+    rows = [line for line in narrow.stdout.splitlines() if "│" in line]
+    assert any(row.split("│")[4].strip() == short for row in rows)
 
 
 @pytest.mark.slow

@@ -242,7 +242,7 @@ def test_validation_errors_are_one_line_naming_the_field() -> None:
 def test_a_recall_that_did_without_a_stage_says_so_in_its_output() -> None:
     """`RecallResult.degraded` reaches the agent (the MCP tool's output, the CLI's JSON)
     when a stage failed, and is left out when none did."""
-    from mnemo.cli.jsonable import recall_json
+    from mnemo.jsonable import recall_json
     from mnemo.mcp._output import recall_output
 
     healthy = mnemo.RecallResult([])

@@ -19,6 +19,7 @@ from mcp.client.stdio import stdio_client
 from mcp.types import TextContent
 
 from mnemo.storage.ports import is_postgres
+from mnemo.version import DISTRIBUTION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,7 +77,7 @@ async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path, store: s
         ):
             init = await session.initialize()
             assert init.server_info.name == "mnemo"
-            assert init.server_info.version == version("mnemo")
+            assert init.server_info.version == version(DISTRIBUTION)
             listed = await session.list_tools()
             assert {tool.name for tool in listed.tools} == TOOLS
             for tool in listed.tools:

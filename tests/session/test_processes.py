@@ -162,6 +162,50 @@ async def test_a_killed_holders_extraction_is_taken_over_within_the_lease(
 
 
 @pytest.mark.slow
+async def test_an_inspecting_memory_never_takes_a_killed_holders_extraction_over(
+    store: str, tmp_path: Path
+) -> None:
+    """A child holding an extraction is SIGKILLed. What opens the store for inspection with
+    the work's own model (a Memory with inspect=True, the web app's view, the MCP server's
+    reads) reads the session and recalls for two leases, and the model is never asked to
+    extract; a working Memory with that model then takes the work over within the lease.
+    Before, the web app and the command line's reads took it over at once."""
+    from mnemo.mcp.server import open_tools
+    from mnemo.ui import open_view
+
+    llm = FakeLLM()
+    async with children() as tg, holding(tg, tmp_path, store) as (holder, sid):
+        await holder.kill()
+        asked = llm.hold("semantic")
+        async with (
+            mnemo.Memory(
+                store, llm=llm, embedder=FakeEmbedder(), config=config(), inspect=True
+            ) as mem,
+            open_view(store, llm=llm, embedder=FakeEmbedder()) as view,
+            open_tools(store, llm=llm, embedder=FakeEmbedder(), memory_dir=tmp_path) as tools,
+        ):
+            await mem.open_repo(REPO)
+            assert await mem.session_state(sid) is State.EXTRACTING
+            await mem.recall(REPO, "walk")
+            assert [s.id for s in await view.sessions()] == [sid]
+            await view.recall(REPO, "walk", 5, None)
+            await tools.recall(REPO, "walk")
+            assert sid in await tools.list_sessions()
+            with anyio.move_on_after(LEASE * 2):
+                await asked.started.wait()
+            assert not asked.started.is_set(), "an inspection took the extraction over"
+            assert await mem.session_state(sid) is State.EXTRACTING
+        asked.release()
+        events = EventLog()
+        async with mnemo.Memory(
+            store, llm=llm, embedder=FakeEmbedder(), config=config(), on_event=events
+        ) as mem:
+            await mem.open_repo(REPO, config=config())
+            with anyio.fail_after(LEASE * 3):
+                assert await events.wait_state(mem, sid, State.READY) is State.READY
+
+
+@pytest.mark.slow
 async def test_a_killed_holders_background_commit_is_taken_over_within_the_lease(
     store: str, tmp_path: Path
 ) -> None:

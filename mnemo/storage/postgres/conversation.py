@@ -469,6 +469,14 @@ class PgThreads:
                 exclude_viewport_of=exclude_viewport_of, shown=shown,
             )
 
+    async def message_ids(self, prefix: str, limit: int) -> list[str]:
+        async with reading(self._pg) as conn:
+            rows = await fetch(
+                conn, "SELECT id FROM messages WHERE starts_with(id, %s) ORDER BY id LIMIT %s",
+                (prefix, limit),
+            )
+        return [str(row[0]) for row in rows]
+
     async def view(self, message_id: str, radius: int) -> MessageView:
         async with reading(self._pg) as conn:
             return await conversation_search.view(conn, message_id, radius)

@@ -500,6 +500,11 @@ class SqliteThreads:
             )
         )
 
+    async def message_ids(self, prefix: str, limit: int) -> list[str]:
+        return await self._database.run(
+            lambda db: conversation_search.message_ids(db, prefix, limit)
+        )
+
     async def view(self, message_id: str, radius: int) -> MessageView:
         return await self._database.run(
             lambda db: conversation_search.view(db, message_id, radius)

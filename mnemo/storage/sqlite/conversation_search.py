@@ -124,6 +124,16 @@ def search(
     return hits
 
 
+def message_ids(db: SqliteUtilsDatabase, prefix: str, limit: int) -> list[str]:
+    """The ids starting with `prefix`: a range of the primary key (the strings that start
+    with it sort, byte for byte, from it to it followed by the last code point)."""
+    rows = db.conn.execute(
+        "SELECT id FROM messages WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
+        (prefix, prefix + "\U0010ffff", limit),
+    )
+    return [str(row[0]) for row in rows]
+
+
 def view(db: SqliteUtilsDatabase, message_id: str, radius: int) -> MessageView:
     """`radius` messages on each side of the message, as stored, and the 3 nearest level-1
     snapshots on each side.

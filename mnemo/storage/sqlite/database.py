@@ -303,21 +303,27 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
     that looking never changes the file (the CLI checks a path before `Memory` migrates it).
 
     Raises:
-        sqlite3.Error: the file cannot be opened or read as SQLite.
+        StorageError: "corrupt", the file cannot be opened or read as SQLite (the driver's
+            error is the cause).
     """
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        tables = {
-            name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        if "_sqlite_migrations" not in tables:
-            return bool(tables), False
-        (applied,) = conn.execute(
-            "SELECT count(*) FROM _sqlite_migrations WHERE migration_set = ?", (MIGRATIONS.name,)
-        ).fetchone()
-        return True, applied > 0
-    finally:
-        conn.close()
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {
+                name
+                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            if "_sqlite_migrations" not in tables:
+                return bool(tables), False
+            (applied,) = conn.execute(
+                "SELECT count(*) FROM _sqlite_migrations WHERE migration_set = ?",
+                (MIGRATIONS.name,),
+            ).fetchone()
+            return True, applied > 0
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StorageError("corrupt", str(exc)) from exc
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -1,5 +1,5 @@
-"""mnemo's values as JSON for `mnemo ... --json` (the MCP server's tools answer with bounded
-versions of these shapes, `mnemo.mcp._output`).
+"""mnemo's values as JSON values: the shapes `mnemo ... --json` prints, and the MCP server's
+tools answer with bounded versions of (`mnemo.mcp._output`); neither imports the other.
 
 Explicit functions rather than a generic dataclass walk, so that the machine output is a stable
 shape and not whatever fields a value grows.
@@ -12,6 +12,7 @@ from typing import Any
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.episode.model import StepInfo
+from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import Node
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.recall.engine import RecallResult
@@ -123,4 +124,25 @@ def step_json(info: StepInfo) -> dict[str, Any]:
         "index": info.index,
         "trajectory_id": info.trajectory_id,
         "boundary_detected": info.boundary_detected,
+    }
+
+
+def commit_json(commit: CommitRecord) -> dict[str, Any]:
+    return {
+        "id": commit.id,
+        "seq": commit.seq,
+        "committed_at": commit.committed_at.isoformat(),
+        "session_id": commit.session_id,
+        "source_id": commit.source_id,
+        "nodes": commit.node_count,
+        "links": commit.link_count,
+        "retired": commit.retired_count,
+    }
+
+
+def diff_json(diff: CommitDiff) -> dict[str, Any]:
+    return {
+        **commit_json(diff.commit),
+        "node_ids": list(diff.commit.node_ids),
+        "retired_ids": list(diff.commit.retired),
     }

@@ -26,6 +26,7 @@ from rich.text import Text
 from mnemo.cli import graph as graph_export
 from mnemo.cli._common import Json, app, check_repo, check_store, models, open_memory, run
 from mnemo.cli._database import CliError
+from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
     json_text,
     print_json,
@@ -42,8 +43,8 @@ from mnemo.cli._settings import (
     resolve,
 )
 from mnemo.cli.ingest import ingest_file, load_file
-from mnemo.cli.jsonable import hit_json, label, recall_json, session_json
 from mnemo.graph.model import NodeType
+from mnemo.jsonable import hit_json, label, recall_json, session_json
 
 
 class ExportFormat(StrEnum):
@@ -79,8 +80,9 @@ def _node_types(spec: str | None) -> list[NodeType] | None:
 def demo(
     db: Annotated[
         Path,
-        # Not MNEMO_DB: the demo deletes its database first, and must not take the user's.
-        typer.Option("--db", help="The demo's database; deleted and made anew.", dir_okay=False),
+        # Not MNEMO_STORE: the demo deletes its database first, and must not take the user's.
+        typer.Option("--store", "--db", help="The demo's SQLite file; deleted and made anew.",
+                     dir_okay=False),
     ] = Path("demo.db"),
     data: Annotated[
         Path | None,
@@ -88,7 +90,8 @@ def demo(
     ] = None,
     as_json: Json = False,
 ) -> None:
-    """Replay a week of an assistant's work into a fresh database offline, then recall."""
+    """Replay a week of an assistant's work into a fresh database offline, then recall. Each
+    session is also saved as conversation thread `demo/N` (for `mnemo search`)."""
     from mnemo.cli.demo import run_demo
 
     async def work() -> None:
@@ -132,7 +135,7 @@ def ingest(
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
         settings = _settings(store, config, llm, embedder)
-        async with open_memory(settings, writes=True) as mem:
+        async with open_memory(settings, writes=True, works=True) as mem:
             report = await ingest_file(
                 mem, target, parsed, threads=threads, console=stderr_console(),
                 show_progress=not as_json,
@@ -171,6 +174,11 @@ def recall(
         str | None,
         typer.Option(help="Comma-separated node types, e.g. semantic,episodic (default: all)."),
     ] = None,
+    reinforce: Annotated[
+        bool,
+        typer.Option("--reinforce", help="Count the memories recalled as accesses, as an "
+                                         "agent's own recall does (a look counts none)."),
+    ] = False,
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
@@ -188,7 +196,7 @@ def recall(
             # written with the hashed embedder is 512, MiniLM 384): a clear EmbeddingError
             # instead of a shape error deep in the vector search.
             await mem.open_repo(repo)
-            result = await mem.recall(repo, query, k=k, types=wanted)
+            result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce)
         if as_json:
             print_json(recall_json(result))
             return
@@ -222,18 +230,20 @@ def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = F
             print_json([session_json(s) for s in live])
             return
         table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
-        for column in ("id", "repo", "state", "goal", "steps", "holder", "lease until"):
-            # Folded, never cut: the id is what `mnemo session ...` takes.
+        for column in ("session", "repo", "state", "goal", "steps", "holder", "lease until"):
+            # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
             table.add_column(
                 column, justify="right" if column == "steps" else "left",
-                overflow="fold" if column in ("id", "repo", "holder") else "ellipsis",
-                no_wrap=column not in ("id", "repo", "goal", "holder"),
+                overflow="fold" if column in ("repo",) else "ellipsis",
+                no_wrap=column not in ("repo", "goal"),
             )
+        ids = short_ids([s.id for s in live], kind=False)
+        holders = short_ids({s.holder for s in live if s.holder}, kind=False)
         for s in live:
             until = "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S")
             table.add_row(
-                s.id, Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
-                str(s.steps), Text(s.holder or "-"), until,
+                ids[s.id], Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
+                str(s.steps), Text(holders[s.holder] if s.holder else "-"), until,
             )
         if not live:
             table.add_row("", "", "", Text("(no live sessions)", style="dim"), "", "", "")
@@ -323,13 +333,14 @@ def search(
             print_json([hit_json(h) for h in hits])
             return
         table = Table(title=f"Messages matching: {escape(query)}", title_justify="left")
-        for column in ("rank", "thread", "seq", "role", "snippet", "message id"):
-            # Folded, never cut: the message id is what `view_messages` takes.
-            table.add_column(column, overflow="fold")
+        for column in ("rank", "thread", "seq", "role", "snippet", "message"):
+            # The message id shown short, whole: `mnemo view` takes any unique prefix.
+            table.add_column(column, overflow="fold", no_wrap=column == "message")
+        ids = short_ids([h.message_id for h in hits], kind=False)
         for h in hits:
             table.add_row(
                 f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
-                Text(shorten(h.snippet, 200)), h.message_id,
+                Text(shorten(h.snippet, 200)), ids[h.message_id],
             )
         if not hits:
             table.add_row("", "", "", "", Text("(no message matches)", style="dim"), "")
@@ -398,6 +409,11 @@ def mcp(
         bool,
         typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
     ] = True,
+    reinforce: Annotated[
+        bool,
+        typer.Option("--reinforce", help="Count the memories a recall returns as accesses, "
+                                         "as an agent's own recall does."),
+    ] = False,
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
 
@@ -416,7 +432,7 @@ def mcp(
         chosen_llm, chosen_embedder = models(settings)
         await serve(
             settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates,
+            memory_updates=memory_updates, reinforce=reinforce,
         )
 
     run(work)
@@ -462,7 +478,7 @@ def ui(
         except ImportError as exc:
             raise CliError(
                 f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'mnemo[ui]'"
+                "pip install 'mnemo-agent[ui]'"
             ) from exc
         chosen_llm, chosen_embedder = models(settings)
         await serve(

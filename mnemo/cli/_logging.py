@@ -1,0 +1,56 @@
+"""Where log records go while a command runs.
+
+Without a handler, Python prints every library's warnings bare on stderr. The PostgreSQL
+driver warns each time a query is cancelled (`query cancellation interrupted`), and its pool
+each time it drops the connection that left (`discarding closed connection`): a command
+that closes its Memory cancels the background queries still waiting, so every command on a
+PostgreSQL store printed both, and nothing was wrong. While a command runs:
+
+- every logger's warnings and errors go to stderr, one line each, `warning: NAME: message`;
+- the driver's and its pool's (`psycopg`, `psycopg.pool`) only from ERROR up: a connection
+  that really fails reaches the command as a `StorageError` (one line, exit 2) all the same;
+- `mnemo --verbose ...` shows mnemo's INFO records too, and the driver's warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+DRIVER_LOGGERS = ("psycopg", "psycopg.pool")
+
+
+class _Stderr(logging.Handler):
+    """Writes to the current `sys.stderr` (a test's runner swaps it per command)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(
+                f"{record.levelname.lower()}: {record.name}: {record.getMessage()}\n"
+            )
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def command_logging(*, verbose: bool = False) -> Iterator[None]:
+    """Routes log records as the module doc says while the block runs, then puts the
+    loggers back as they were."""
+    root = logging.getLogger()
+    handler = _Stderr(logging.INFO if verbose else logging.WARNING)
+    drivers = [logging.getLogger(name) for name in DRIVER_LOGGERS]
+    saved = (root.level, [d.level for d in drivers])
+    root.addHandler(handler)
+    if verbose:
+        root.setLevel(min(root.level, logging.INFO))
+    for driver in drivers:
+        driver.setLevel(logging.WARNING if verbose else logging.ERROR)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        for driver, level in zip(drivers, saved[1], strict=True):
+            driver.setLevel(level)

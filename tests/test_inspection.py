@@ -1,0 +1,185 @@
+"""A `Memory` opened for inspection (`inspect=True`, as the command line's reads, the web app
+and an MCP server's read tools open it) does no work: it resumes and takes over nothing,
+records no repo's settings or models, counts no access unless asked, and refuses what would
+start work (API.md, "Inspection never works")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import State
+from mnemo.mcp.server import open_tools
+from mnemo.ui import open_view
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+
+REPO = "r"
+# Built without touching the network; any call to it fails at once (nothing listens on 9).
+DEAD = "openai-compatible:dead@http://127.0.0.1:9/v1"
+
+
+async def _leave_extracting(store: str, llm: FakeLLM) -> str:
+    """A Memory on `llm` closes a session and goes away while it extracts (its lease ends at
+    once: any Memory with that model may take the work over)."""
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north to the kitchen", "go north")
+        held = llm.hold("semantic")
+        await mem.close(sid)
+        with anyio.fail_after(10):
+            await held.started.wait()
+    llm.release_all()
+    llm.holds.clear()
+    llm.calls.clear()
+    return sid
+
+
+async def test_an_inspecting_memory_takes_no_extraction_over(store: str) -> None:
+    """An inspecting Memory with the extraction's own model reads the session, opens the
+    repo and recalls, and never extracts; a working Memory with that model then does at
+    once (the work was there to take)."""
+    llm = FakeLLM()
+    sid = await _leave_extracting(store, llm)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), inspect=True) as mem:
+        assert await mem.session_state(sid) is State.EXTRACTING
+        assert await mem.session_context(sid) is not None
+        assert [(s.id, s.state) for s in await mem.list_sessions()] == [(sid, State.EXTRACTING)]
+        await mem.open_repo(REPO)
+        await mem.recall(REPO, "kitchen")
+        await anyio.wait_all_tasks_blocked()
+        assert await mem.session_state(sid) is State.EXTRACTING
+    assert llm.tasks() == []
+
+    events = EventLog()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        assert await events.wait_state(mem, sid, State.READY) is State.READY
+    assert "semantic" in llm.tasks()
+
+
+async def test_an_inspecting_memory_refuses_what_would_start_work(store: str) -> None:
+    """Starting or driving a session, an ingest and the creation of a repo are refused with
+    StorageError("read_only"), and leave nothing behind."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+    trajectory = mnemo.Trajectory("goal", [mnemo.Step("walk north", "go north")])
+    async with mnemo.Memory(store, embedder=FakeEmbedder(), inspect=True) as mem:
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: mem.open_repo("new"),
+            lambda: mem.start_session("explore", repo=REPO),
+            lambda: mem.append(sid, "walk north", "go north"),
+            lambda: mem.append_async(sid, "walk north", "go north"),
+            lambda: mem.close(sid),
+            lambda: mem.close_async(sid),
+            lambda: mem.close_and_commit(sid),
+            lambda: mem.commit(sid),
+            lambda: mem.discard(sid),
+            lambda: mem.start_episode(sid, "again"),
+            lambda: mem.end_session(sid),
+            lambda: mem.ingest(REPO, trajectory, source_id="s"),
+        ]
+        for call in calls:
+            with pytest.raises(mnemo.StorageError) as caught:
+                await call()
+            assert caught.value.reason == "read_only"
+        assert await mem.list_repos() == [REPO]
+        assert [(s.id, s.steps) for s in await mem.list_sessions()] == [(sid, 0)]
+        assert await mem.get_nodes_by_type(REPO, list(mnemo.NodeType)) == []
+
+
+async def test_an_inspecting_recall_counts_no_access_unless_asked(store: str) -> None:
+    """An inspecting Memory's recall leaves the access counts alone; with reinforce=True it
+    counts them as an agent's recall does."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north through the garden", "go north")
+        await mem.close_and_commit(sid)
+    async with mnemo.Memory(store, embedder=FakeEmbedder(), inspect=True) as mem:
+        looked = await mem.recall(REPO, "garden")
+        ids = [m.node.id for m in looked.memories]
+        assert ids
+        stats = await mem._graph.access_stats(REPO, ids)
+        assert all(count == 0 for count, _ in stats.values())
+        await mem.recall(REPO, "garden", reinforce=True)
+        stats = await mem._graph.access_stats(REPO, ids)
+        assert all(count == 1 for count, _ in stats.values())
+
+
+async def _recorded_model_serves_the_next_ingest(store: str) -> None:
+    """A working Memory opened without models ingests through the repo's recorded ones: the
+    offline LLM, unless a read recorded the dead model (then the ingest fails); the repo's
+    config is still the default."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        assert mem._repos.get(REPO).config == mnemo.Config()
+        trajectory = mnemo.Trajectory("Tune postgres", [mnemo.Step("pgbouncer pools", "add")])
+        receipt = await mem.ingest(REPO, trajectory, source_id="after")
+        assert receipt.created
+
+
+async def _repo_of_the_offline_model(store: str) -> None:
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        trajectory = mnemo.Trajectory("Deploy", [mnemo.Step("gunicorn binds 8000", "reload")])
+        await mem.ingest(REPO, trajectory, source_id="before")
+
+
+async def test_a_model_given_to_an_inspecting_memory_is_not_recorded(store: str) -> None:
+    """A Memory opened for inspection with another model (and another config) opens the repo
+    and recalls with them; the repo keeps its own, and the next ingest runs on them."""
+    await _repo_of_the_offline_model(store)
+    llm = mnemo.llm_from_uri(DEAD)
+    other = mnemo.Config(trajectory_threshold=0.5)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), inspect=True) as mem:
+        await mem.open_repo(REPO, llm=llm, config=other)
+        await mem.recall(REPO, "gunicorn")
+    await _recorded_model_serves_the_next_ingest(store)
+
+
+async def test_an_mcp_servers_reads_record_no_model(store: str, tmp_path: Path) -> None:
+    """The MCP server's tools (`mnemo mcp --llm ...`) recall and read with the model they were
+    given, and leave the repo's recorded one; the next ingest runs on the recorded one.
+    Before, its first recall opened the repo through a working Memory, which recorded the
+    server's model: the next ingest made no call to the repo's own."""
+    await _repo_of_the_offline_model(store)
+    async with open_tools(
+        store, llm=mnemo.llm_from_uri(DEAD), embedder=FakeEmbedder(), memory_dir=tmp_path
+    ) as tools:
+        assert "memories" in await tools.recall(REPO, "gunicorn")
+        assert REPO in await tools.list_repos()
+    await _recorded_model_serves_the_next_ingest(store)
+
+
+async def test_the_web_apps_reads_record_no_model(store: str) -> None:
+    """The web app (`mnemo ui --llm ...`, with or without --allow-writes) reads and recalls
+    with the model it was given, and leaves the repo's recorded one."""
+    await _repo_of_the_offline_model(store)
+    for allow_writes in (False, True):
+        async with open_view(
+            store, llm=mnemo.llm_from_uri(DEAD), embedder=FakeEmbedder(),
+            allow_writes=allow_writes,
+        ) as view:
+            assert await view.repos() == [REPO]
+            assert (await view.recall(REPO, "gunicorn", 5, None)).memories
+    await _recorded_model_serves_the_next_ingest(store)
+
+
+async def test_the_mcp_server_opens_a_working_memory_only_for_session_tools(
+    store: str, tmp_path: Path
+) -> None:
+    """Reads go through the inspecting Memory; the first session tool opens the Memory that
+    works, which runs the session to its commit, and the reads then recall what it made."""
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+    async with open_tools(store, embedder=FakeEmbedder(), memory_dir=tmp_path) as tools:
+        assert '"memories": []' in await tools.recall(REPO, "garden")
+        sid = json.loads(await tools.start_session("explore", REPO))["session_id"]
+        await tools.append(sid, "walk north through the garden", "go north")
+        assert '"node_count"' in await tools.close_and_commit(sid)
+        assert "garden" in await tools.recall(REPO, "garden")

@@ -10,6 +10,8 @@ MnemoError
 ├── StorageError                       the store failed or stayed locked: .reason
 └── AdapterError                       a model or embedding provider failed
     ├── LLMError
+    │   ├── LLMReplyError                an answer that stayed unusable
+    │   ├── LLMContextError              a prompt longer than the model's context
     │   └── LLMTimeout (TimeoutError)
     └── EmbeddingError
 ```
@@ -92,6 +94,12 @@ class LLMError(AdapterError):
 class LLMReplyError(LLMError):
     """The LLM answered, but not usably: after the task's re-asks its reply still did not
     match the task's schema, or could not be read."""
+
+
+class LLMContextError(LLMError):
+    """The request is longer than the model's context: the server refused it, or the reply
+    was cut short with room left under its max_tokens (the context filled). A shorter prompt
+    may go through (`mnemo.ports.ask` shortens it)."""
 
 
 class LLMTimeout(LLMError, TimeoutError):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import anyio
@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo import deadline
-from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMReplyError
 from mnemo.retry import RetryPolicy, policy_of, task_budget
 
 log = logging.getLogger("mnemo")
@@ -299,16 +299,25 @@ async def ask(
             one) and no `unusable` was given.
     """
     with task_budget(policy or policy_of(llm)) as budget:
+        shrinks = 0
         while True:
             before = budget.counts()
             try:
                 response = await llm.generate(request)
             except Exception as exc:
                 budget.charge_bare(before)
+                shrunk = shorter(request) if isinstance(exc, LLMContextError) else None
+                if shrunk is not None and shrinks < MAX_SHRINKS and budget.can_call():
+                    log.warning("task %s: the prompt was longer than the model's context; "
+                                "asking again with shorter inputs", request.task)
+                    request, shrinks = shrunk, shrinks + 1
+                    budget.next_call("retry")
+                    continue
                 not_usable = isinstance(exc, LLMReplyError)  # it answered, not usably
                 if not_usable and unusable is not None:
                     return _stands_for(request, unusable, exc)
-                kind = LLMReplyError if not_usable else LLMError
+                kind = (LLMReplyError if not_usable else
+                        LLMContextError if isinstance(exc, LLMContextError) else LLMError)
                 raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
             budget.charge_bare(before)
             try:
@@ -324,6 +333,57 @@ async def ask(
                     return _stands_for(request, unusable, error)
                 raise error
             budget.next_call("re_ask")
+
+
+# How many times `ask` shortens a prompt the model's context refused, and how much of the
+# inputs' text each time keeps.
+MAX_SHRINKS = 2
+SHRINK_TO = 0.5
+# Texts shorter than this are never cut; a cut text keeps its start and its end.
+SHORT_TEXT = 160
+
+
+def shorter(request: LLMRequest) -> LLMRequest | None:
+    """`request` with its inputs' text about halved, for a model whose context it did not
+    fit: the oldest half of "recent" context dropped, then the longest texts cut in the
+    middle ("start … end") until half of the text is left; None when nothing can be cut.
+    The instructions and the task's own fields stay."""
+    inputs = task_inputs(request)
+    if not inputs:
+        return None
+    recent = inputs.get("recent")
+    if isinstance(recent, list) and len(recent) > 1:
+        inputs["recent"] = recent[len(recent) // 2:]
+    texts = list(_texts(inputs))
+    total = sum(len(text) for _, _, text in texts)
+    budget = int(total * SHRINK_TO)
+    for holder, key, text in sorted(texts, key=lambda t: -len(t[2])):
+        if total <= budget or len(text) <= SHORT_TEXT:
+            break
+        keep = max(SHORT_TEXT, len(text) - (total - budget))
+        holder[key] = f"{text[: keep // 2]} … {text[len(text) - keep // 2:]}"
+        total -= len(text) - len(holder[key])
+    content = request.messages[-1].get("content") if request.messages else None
+    if not isinstance(content, str) or INPUT_MARKER not in content:
+        return None
+    head = content.rsplit(INPUT_MARKER, 1)[0]
+    body = json.dumps(inputs, ensure_ascii=False)
+    if len(body) >= len(content.rsplit(INPUT_MARKER, 1)[1]):
+        return None
+    messages = [*request.messages[:-1], {**request.messages[-1],
+                                         "content": head + INPUT_MARKER + body}]
+    return replace(request, messages=messages)
+
+
+def _texts(value: Any) -> Iterator[tuple[Any, Any, str]]:
+    """Every string inside `value` (a JSON value), with its container and key or index."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(item, str):
+            yield value, key, item
+        else:
+            yield from _texts(item)
 
 
 def _stands_for(request: LLMRequest, unusable: T, error: Exception) -> T:

@@ -80,6 +80,12 @@ def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str
     return key or None
 
 
+# What servers say when a prompt does not fit the model's context (llama.cpp, vLLM, OpenAI,
+# Anthropic, Ollama).
+_CONTEXT_WORDS = ("context size", "context length", "context window", "exceed_context",
+                  "maximum context", "too many tokens", "prompt is too long", "n_ctx")
+
+
 class HTTPFailure(Exception):
     """A provider's HTTP error reply: `status` and the error `message` from its body.
 
@@ -91,6 +97,11 @@ class HTTPFailure(Exception):
         super().__init__(f"HTTP {status} {_reason(status)}: {message}")
         self.status = status
         self.message = message
+
+    @property
+    def context_overflow(self) -> bool:
+        """Whether the server refused the request as longer than the model's context."""
+        return self.status in (400, 413, 422, 500) and self.names_any(_CONTEXT_WORDS)
 
     def names_any(self, words: tuple[str, ...]) -> bool:
         """Whether this reply refuses something its message names by one of `words`

@@ -17,6 +17,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
+from partial_json_parser import Allow
+from partial_json_parser import loads as parse_partial
 
 from mnemo.errors import InvalidInputError
 from mnemo.ports import Usage
@@ -95,6 +97,85 @@ def decode_json(text: str) -> Any:
             except json.JSONDecodeError:
                 pass
         raise ValueError(f"the reply is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+
+
+def is_cut(text: str) -> bool:
+    """Whether `text` is the start of a JSON value that stopped before its end (a reply cut
+    short), rather than JSON with a mistake in it."""
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1).strip()
+    start = stripped.find("{")
+    if start < 0:
+        return False
+    try:
+        _LENIENT.raw_decode(stripped[start:])
+    except json.JSONDecodeError as exc:
+        # The decoder ran out of text: what came was well formed, only unfinished.
+        return exc.pos >= len(stripped) - start - 1 or exc.msg.startswith("Unterminated")
+    return False
+
+
+def salvage(text: str, schema: Mapping[str, Any]) -> Any | None:
+    """What a cut reply holds that is whole: its JSON value with every list of objects kept
+    to the items that match the schema's item schema (an item cut midway is dropped, never a
+    string cut midway kept), when the result then matches `schema`; else None."""
+    stripped = text.strip()
+    fenced = re.match(r"^```[a-zA-Z0-9_-]*\s*\n?(.*)$", stripped, re.DOTALL)
+    if fenced:
+        stripped = fenced.group(1).strip().removesuffix("```")
+    start = stripped.find("{")
+    if start < 0:
+        return None
+    try:
+        partial = parse_partial(stripped[start:], Allow.OBJ | Allow.ARR)
+    except Exception:  # the parser's own errors: nothing whole in it
+        return None
+    return whole_items(partial, schema)
+
+
+def whole_items(data: Any, schema: Mapping[str, Any]) -> Any | None:
+    """`data` (a JSON object) with each list of it kept to the items that match the schema's
+    item schema, when the result matches `schema` and kept an item; else None."""
+    if not isinstance(data, dict):
+        return None
+    properties = schema.get("properties", {})
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        items = properties.get(key, {}).get("items") if isinstance(properties, Mapping) else None
+        if isinstance(value, list) and isinstance(items, Mapping):
+            kept[key] = [item for item in value if schema_problem(item, items) is None]
+        else:
+            kept[key] = value
+    if not any(isinstance(v, list) and v for v in kept.values()):
+        return None  # nothing whole was kept: no better than no reply
+    return kept if schema_problem(kept, schema) is None else None
+
+
+def example_of(schema: Mapping[str, Any]) -> Any:
+    """A value shaped as `schema` says, to show a model what an answer looks like (a small
+    model shown only the schema answered with the schema itself): an object with its
+    required properties (all of them when it lists none), a list of one item, "..." for a
+    string, the minimum (or 0.5 between 0 and 1) for a number."""
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties", {})
+        wanted = schema.get("required") or list(properties)
+        return {key: example_of(properties.get(key, {})) for key in wanted}
+    if kind == "array":
+        items = schema.get("items")
+        return [example_of(items)] if isinstance(items, Mapping) else []
+    if kind == "string":
+        return "..."
+    if kind == "integer":
+        return int(schema.get("minimum", 0))
+    if kind == "number":
+        low, high = schema.get("minimum"), schema.get("maximum")
+        return (low + high) / 2 if low is not None and high is not None else low or 0.5
+    if kind == "boolean":
+        return False
+    return None
 
 
 def schema_problem(data: Any, schema: Mapping[str, Any]) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from mnemo.adapters._http import Tokens, Transport, resolve_key
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
@@ -35,9 +35,10 @@ from mnemo.adapters._schema import (
     schema_problem,
     tool_spec,
     usage_of,
+    whole_items,
 )
 from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
-from mnemo.errors import LLMError, LLMReplyError, LLMTimeout
+from mnemo.errors import LLMContextError, LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
@@ -177,14 +178,27 @@ class Anthropic:
         budget: Budget,
     ) -> LLMResponse:
         tool = {"name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema}
-        reply = await self._send(
-            request, system, messages, budget, tools=[tool], force=request.task
-        )
-        usage = self._usage(reply)
-        blocks = _blocks(reply)
         cap = reply_cap(request.max_tokens, self.max_tokens)
-        data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"), cap)
-        while problem is not None:
+        usage: Usage | None = None
+        while True:
+            reply = await self._send(
+                request, system, messages, budget, tools=[tool], force=request.task, cap=cap
+            )
+            usage = add_usage(usage, self._usage(reply))
+            blocks = _blocks(reply)
+            stop = reply.get("stop_reason")
+            data, problem = _check(blocks, request.task, schema, stop, cap)
+            if problem is None:
+                return LLMResponse(text=_text(blocks), data=data, usage=usage)
+            if stop == "max_tokens":
+                if cap < self.max_tokens and budget.can_call():
+                    # Asked again as it was, with room for the whole reply.
+                    cap = min(self.max_tokens, cap * 2)
+                    budget.next_call("retry")
+                    continue
+                kept = whole_items(data, schema)
+                if kept is not None:
+                    return LLMResponse(text=_text(blocks), data=kept, usage=usage)
             if not budget.can_re_ask():
                 raise LLMReplyError(
                     f"{self._http.name}: the reply to task {request.task!r} did not match its "
@@ -193,13 +207,6 @@ class Anthropic:
             messages = [*messages, {"role": "assistant", "content": blocks},
                         _reask(blocks, request.task, problem)]
             budget.next_call("re_ask")
-            reply = await self._send(
-                request, system, messages, budget, tools=[tool], force=request.task
-            )
-            usage = add_usage(usage, self._usage(reply))
-            blocks = _blocks(reply)
-            data, problem = _check(blocks, request.task, schema, reply.get("stop_reason"), cap)
-        return LLMResponse(text=_text(blocks), data=data, usage=usage)
 
     async def _send(
         self,
@@ -210,10 +217,11 @@ class Anthropic:
         *,
         tools: list[dict[str, Any]] | None,
         force: str | None = None,
+        cap: int | None = None,
     ) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": reply_cap(request.max_tokens, self.max_tokens),
+            "max_tokens": cap or reply_cap(request.max_tokens, self.max_tokens),
             "messages": messages,
         }
         if system:
@@ -224,9 +232,15 @@ class Anthropic:
             payload["tools"] = [_tool(tool) for tool in tools]
         if force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
-        return await self._http.post_json(
-            "/v1/messages", payload, budget=budget, malformed=_no_content, kind=request.task
-        )
+        try:
+            return await self._http.post_json(
+                "/v1/messages", payload, budget=budget, malformed=_no_content,
+                kind=request.task,
+            )
+        except LLMError as exc:
+            if isinstance(exc.__cause__, HTTPFailure) and exc.__cause__.context_overflow:
+                raise LLMContextError(str(exc)) from exc.__cause__
+            raise
 
     def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
         calls: list[ToolCall] = []

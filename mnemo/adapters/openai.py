@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 import anyio
@@ -46,15 +47,18 @@ from mnemo.adapters._schema import (
     checked_max_tokens,
     cut_note,
     decode_json,
+    example_of,
+    is_cut,
     price_of,
     reask_text,
     reply_cap,
+    salvage,
     schema_problem,
     tool_spec,
     usage_of,
 )
 from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
-from mnemo.errors import InvalidInputError, LLMError, LLMReplyError, LLMTimeout
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
@@ -217,28 +221,55 @@ class OpenAICompatible:
         self, request: LLMRequest, schema: dict[str, Any], budget: Budget
     ) -> LLMResponse:
         messages = list(request.messages)
-        reply, mode = await self._send_structured(request, schema, messages, budget)
-        usage = self._usage(reply)
         cap = reply_cap(request.max_tokens, self.max_tokens)
-        raw, data, problem = self._check(reply, mode, request.task, schema, cap)
-        while problem is not None:
+        usage: Usage | None = None
+        kept: Any = None  # what the last cut reply held whole
+        while True:
+            reply, mode = await self._send_structured(request, schema, messages, budget, cap)
+            usage = add_usage(usage, self._usage(reply))
+            checked = self._check(reply, mode, request.task, schema, cap)
+            if checked.problem is None:
+                return LLMResponse(text=checked.raw, data=checked.data, usage=usage)
+            if checked.cut:
+                kept = salvage(checked.raw, schema) or kept
+                more = self._more_room(request.task, cap, checked, budget)
+                if more is not None:
+                    # Asked again as it was (a re-ask would add the cut reply to the prompt),
+                    # with room for the whole reply.
+                    cap = more
+                    budget.next_call("retry")
+                    continue
+                if kept is not None:
+                    logger.warning("%s: the reply to task %r was cut short; keeping the %s it "
+                                   "held whole", self._http.name, request.task, "items")
+                    return LLMResponse(text=checked.raw, data=kept, usage=usage)
+                if not checked.at_cap:
+                    raise LLMContextError(
+                        f"{self._http.name}: the reply to task {request.task!r} was cut short "
+                        f"with room left under max_tokens={cap}: the prompt filled the "
+                        f"model's context ({checked.problem})"
+                    )
             if not budget.can_re_ask():
                 raise LLMReplyError(
                     f"{self._http.name}: the reply to task {request.task!r} did not match its "
-                    f"schema after {budget.describe()}: {problem}"
+                    f"schema after {budget.describe()}: {checked.problem}"
                 )
             # Re-ask, showing the model its own reply and what was wrong with it.
             messages += [
-                {"role": "assistant", "content": raw},
-                {"role": "user", "content": reask_text(problem)},
+                {"role": "assistant", "content": checked.raw},
+                {"role": "user", "content": reask_text(checked.problem)},
             ]
             budget.next_call("re_ask")
-            reply = await self._post(
-                self._payload(request, messages, mode, schema), budget, kind=request.task
-            )
-            usage = add_usage(usage, self._usage(reply))
-            raw, data, problem = self._check(reply, mode, request.task, schema, cap)
-        return LLMResponse(text=raw, data=data, usage=usage)
+
+    def _more_room(self, task: str, cap: int, checked: Checked, budget: Budget) -> int | None:
+        """The larger max_tokens to ask a reply cut at `cap` again with; None when it was not
+        cut at the cap, the adapter allows no more, or the budget has no call left."""
+        if not checked.at_cap or cap >= self.max_tokens or not budget.can_call():
+            return None
+        more = min(self.max_tokens, cap * 2)
+        logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again "
+                       "with %d", self._http.name, task, cap, more)
+        return more
 
     async def _send_structured(
         self,
@@ -246,15 +277,16 @@ class OpenAICompatible:
         schema: dict[str, Any],
         messages: list[dict[str, Any]],
         budget: Budget,
+        cap: int,
     ) -> tuple[dict[str, Any], Mode]:
         while True:
             if self._confirmed:
-                reply = await self._try_mode(request, schema, messages, budget)
+                reply = await self._try_mode(request, schema, messages, budget, cap)
             else:
                 with deadline.waiting():
                     await self._probing.acquire()
                 try:
-                    reply = await self._try_mode(request, schema, messages, budget)
+                    reply = await self._try_mode(request, schema, messages, budget, cap)
                 finally:
                     self._probing.release()
             if reply is not None:
@@ -266,11 +298,12 @@ class OpenAICompatible:
         schema: dict[str, Any],
         messages: list[dict[str, Any]],
         budget: Budget,
+        cap: int,
     ) -> tuple[dict[str, Any], Mode] | None:
         """One request in the current mode; None when the server refused the mode and the
         next one is to be tried."""
         mode = self._mode
-        payload = self._payload(request, messages, mode, schema)
+        payload = self._payload(request, messages, mode, schema, cap)
         can_fall_back = self._auto and mode in _NEXT_MODE
         try:
             reply = await self._post(
@@ -317,6 +350,8 @@ class OpenAICompatible:
                 )
             except LLMError as exc:
                 failure = exc.__cause__
+                if isinstance(failure, HTTPFailure) and failure.context_overflow:
+                    raise LLMContextError(str(exc)) from failure
                 if not (
                     self._tokens_field == "max_tokens" and "max_tokens" in payload
                     and isinstance(failure, HTTPFailure) and failure.status == 400
@@ -328,21 +363,22 @@ class OpenAICompatible:
 
     def _check(
         self, reply: dict[str, Any], mode: Mode, task: str, schema: dict[str, Any], cap: int
-    ) -> tuple[str, Any, str | None]:
-        """(raw reply text, decoded data, problem or None)."""
+    ) -> Checked:
         message, finish = self._message(reply)
         raw = _structured_text(message, mode, task)
         try:
             data = decode_json(raw)
         except ValueError as exc:
-            problem: str | None = str(exc)
+            problem = str(exc)
         else:
-            problem = schema_problem(data, schema)
-            if problem is None:
-                return raw, data, None
-        if _was_cut(reply, finish, cap):
-            problem = cut_note(str(problem), cap)
-        return raw, None, problem
+            found = schema_problem(data, schema)
+            if found is None:
+                return Checked(raw, data)
+            problem = found
+        at_cap = _was_cut(reply, finish, cap)
+        if at_cap:
+            problem = cut_note(problem, cap)
+        return Checked(raw, None, problem, cut=at_cap or is_cut(raw), at_cap=at_cap)
 
     # ---- free text and tool calls ------------------------------------------------------------
 
@@ -399,12 +435,13 @@ class OpenAICompatible:
         messages: list[dict[str, Any]],
         mode: Mode | None,
         schema: dict[str, Any] | None,
+        cap: int | None = None,
     ) -> dict[str, Any]:
         system = request.system
         payload: dict[str, Any] = {"model": self.model}
         if self._temperature is not None:
             payload["temperature"] = self._temperature
-        payload["max_tokens"] = reply_cap(request.max_tokens, self.max_tokens)
+        payload["max_tokens"] = cap or reply_cap(request.max_tokens, self.max_tokens)
         if schema is not None and mode == "json_schema":
             payload["response_format"] = {
                 "type": "json_schema",
@@ -439,14 +476,31 @@ class OpenAICompatible:
         return usage
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A structured reply read: its text, its data when it matched the schema, else what was
+    wrong; whether it was cut short (`cut`), and at its max_tokens (`at_cap`) or before."""
+
+    raw: str
+    data: Any
+    problem: str | None = None
+    cut: bool = False
+    at_cap: bool = False
+
+
 _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
 def json_instructions(task: str, schema: Mapping[str, Any]) -> str:
-    """The system-prompt addition of "json" mode: the schema, and JSON only."""
+    """The system-prompt addition of "json" mode: an answer shaped as the schema wants, and
+    JSON only (the schema follows for a model that reads one; the example comes first, since
+    a small model shown only the schema answered with the schema)."""
+    example = json.dumps(example_of(schema), ensure_ascii=False)
     return (
-        f'Reply with one JSON object only, no other text. It must match this JSON schema '
-        f'(named "{task}"):\n{json.dumps(schema, ensure_ascii=False)}'
+        f"Reply with one JSON object only, no other text, shaped like this example (with "
+        f"your own values in place of the example's):\n{example}\n"
+        f'It must match this JSON schema (named "{task}"):\n'
+        f"{json.dumps(schema, ensure_ascii=False)}"
     )
 
 

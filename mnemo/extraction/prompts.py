@@ -3,13 +3,15 @@
 Each `*_request` builds one `LLMRequest` through `task_request`, so its `inputs` are exactly
 the keyword arguments; each schema sits beside the request that uses it. The parsers are
 strict: a reply that does not match its schema raises `ValueError` naming the first offending
-field (for example "facts[2].proposition must be a non-empty string"), and nothing is dropped
-silently. An empty `facts` or `instructions` list is a valid answer.
+field (for example "facts[2].proposition must be a non-empty string"); what matches it but says
+nothing (a proposition of punctuation, a concept that is a JSON fragment) is left out. An
+empty `facts` or `instructions` list is a valid answer.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from mnemo.extraction.model import Fact, Instruction
@@ -100,9 +102,12 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
         where = f"facts[{i}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where} must be an object, got {preview(item)}")
+        proposition = _required_text(item, "proposition", where)
+        if not is_words(proposition):
+            continue  # punctuation, or a copied placeholder ("..."): nothing to remember
         facts.append(
             Fact(
-                proposition=_required_text(item, "proposition", where),
+                proposition=proposition,
                 concepts=_concepts(item.get("concepts"), where),
                 confidence=_confidence(item.get("confidence"), where),
                 steps=_steps(item.get("steps"), where),
@@ -222,11 +227,15 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
         where = f"instructions[{i}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where} must be an object, got {preview(item)}")
+        intent = _required_text(item, "intent", where)
+        instruction = _required_text(item, "instruction", where)
+        if not (is_words(intent) and is_words(instruction)):
+            continue  # punctuation, or a copied placeholder: no procedure
         out.append(
             Instruction(
-                intent=_required_text(item, "intent", where),
+                intent=intent,
                 condition=_optional_text(item, "condition", where),
-                instruction=_required_text(item, "instruction", where),
+                instruction=instruction,
                 expected_outcome=_optional_text(item, "expected_outcome", where),
                 steps=_steps(item.get("steps"), where),
             )
@@ -468,10 +477,26 @@ def _concepts(value: Any, where: str) -> tuple[str, ...]:
             raise ValueError(f"{where}.concepts[{j}] must be a string, got {preview(concept)}")
         label = concept.strip()
         # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
-        if label and label.lower() not in seen:
+        if is_label(label) and label.lower() not in seen:
             seen.add(label.lower())
             out.append(label)
     return tuple(out)
+
+
+# A tag is a few words: no JSON or markup characters (a small model's `');{` became a tag).
+_NOT_IN_LABELS = re.compile(r"[{}\[\]<>\"`;\\]")
+MAX_LABEL_CHARS = 64
+
+
+def is_words(text: str) -> bool:
+    """Whether `text` says something: it holds a letter or a digit (not only punctuation)."""
+    return any(c.isalnum() for c in text)
+
+
+def is_label(text: str) -> bool:
+    """Whether `text` can be a concept's label: words, short, without JSON or markup."""
+    return (is_words(text) and len(text) <= MAX_LABEL_CHARS
+            and _NOT_IN_LABELS.search(text) is None)
 
 
 def _confidence(value: Any, where: str) -> float:

@@ -126,6 +126,8 @@ TABLES: tuple[Table, ...] = (
            "changeset_id", "created_at:time"),
     _table("task_results", ("episode_id", "trajectory_id", "task", "digest"), "episode_id",
            "trajectory_id", "task", "digest", "reply:json", "cost:json", "created_at:time"),
+    _table("server_profiles", ("repo", "model"), "repo", "model", "profile:json",
+           "updated_at:time"),
 )
 
 NODES = next(t for t in TABLES if t.name == "nodes")

@@ -259,3 +259,21 @@ def test_merged_intents_keep_only_answered_pairs() -> None:
     assert parse_merged_intents(reply, 2) == {0: "restart or reload nginx"}
     with pytest.raises(ValueError, match="intents"):
         parse_merged_intents(LLMResponse(data={"intent": "x"}), 2)
+
+
+def test_what_says_nothing_is_left_out_of_facts_and_procedures() -> None:
+    """Concepts that are JSON fragments or punctuation (a small model's `');{`), facts and
+    procedures of punctuation or a copied placeholder ("...") are left out; the rest stays."""
+    facts = parse_facts(LLMResponse(data={"facts": [
+        {"proposition": "Dana lives in Porto.", "concepts": ["dana", "');{", "...", "porto",
+                                                            '{"a": 1}', "x" * 65],
+         "confidence": 0.9},
+        {"proposition": "...", "concepts": ["dana"], "confidence": 0.9},
+    ]}))
+    assert [(f.proposition, f.concepts) for f in facts] == [
+        ("Dana lives in Porto.", ("dana", "porto"))]
+    instructions = parse_instructions(LLMResponse(data={"instructions": [
+        {"intent": "...", "instruction": "...", "condition": "", "expected_outcome": ""},
+        {"intent": "restart nginx", "instruction": "systemctl restart nginx"},
+    ]}))
+    assert [i.intent for i in instructions] == ["restart nginx"]

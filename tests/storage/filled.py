@@ -29,7 +29,7 @@ async def fill(path: Path) -> None:
     """Fills a new SQLite memory at `path` through the public API: a committed session, an
     ingest, a thread with vectors, a compaction, a goal, a pin and a snapshot; then one row
     each in the tables that hold rows only while work is under way (changesets,
-    task_results)."""
+    task_results) and in server_profiles."""
     llm = ScriptedEviction()
     async with mnemo.Memory(path, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
@@ -78,6 +78,13 @@ async def fill(path: Path) -> None:
             (episode, "trajectory-1", "semantic", "d1",
              json.dumps({"facts": ["x"]}, sort_keys=True),
              json.dumps({"input_tokens": 3}, sort_keys=True), now),
+        )
+        # What a model learned of its server (the fake LLM learns nothing of one).
+        conn.execute(
+            "INSERT INTO server_profiles VALUES (?, ?, ?, ?)",
+            (REPO, "openai-compatible:m@http://127.0.0.1:8080/v1",
+             json.dumps({"concurrency": {"limit": 3, "slow_start": False}}, sort_keys=True),
+             now),
         )
     conn.close()
 

@@ -523,6 +523,6 @@ def m017_server_profiles(db: Database) -> None:
             profile TEXT NOT NULL,
             updated_at TEXT NOT NULL,
             PRIMARY KEY (repo, model)
-        ) WITHOUT ROWID;
+        );
         """,
     )

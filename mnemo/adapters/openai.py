@@ -378,7 +378,10 @@ class OpenAICompatible:
         at_cap = _was_cut(reply, finish, cap)
         if at_cap:
             problem = cut_note(problem, cap)
-        return Checked(raw, None, problem, cut=at_cap or is_cut(raw), at_cap=at_cap)
+        # Stopped unfinished with room left under the cap: the context filled (llama.cpp says
+        # "length" there, llama-cpp-python ends the tool call).
+        full = not at_cap and finish in ("length", "tool_calls") and is_cut(raw)
+        return Checked(raw, None, problem, cut=at_cap or full, at_cap=at_cap)
 
     # ---- free text and tool calls ------------------------------------------------------------
 
@@ -394,6 +397,9 @@ class OpenAICompatible:
                 "%s: the reply to task %r was cut short at max_tokens=%d, so it is incomplete",
                 self._http.name, request.task, cap,
             )
+        elif finish == "length":
+            logger.warning("%s: the reply to task %r was cut short: the model's context filled, "
+                           "so it is incomplete", self._http.name, request.task)
         content = message.get("content")
         return LLMResponse(
             text=content if isinstance(content, str) else "",
@@ -566,13 +572,14 @@ def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:
 
 
 def _was_cut(reply: Mapping[str, Any], finish: str | None, cap: int) -> bool:
-    """Whether the reply stopped at the token cap: its finish reason says so, or (for servers
-    that report "stop" there) it used every token it was allowed."""
-    if finish == "length":
-        return True
+    """Whether the reply stopped at the token cap: it used every token it was allowed (some
+    servers report "stop" there), or, when the server gives no count, its finish reason says
+    "length" (with a count below the cap, "length" means the context filled instead)."""
     usage = reply.get("usage")
     completion = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
-    return isinstance(completion, int) and completion >= cap
+    if isinstance(completion, int) and not isinstance(completion, bool):
+        return completion >= cap
+    return finish == "length"
 
 
 def _tokens_used(reply: Mapping[str, Any]) -> Tokens:

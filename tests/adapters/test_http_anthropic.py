@@ -203,7 +203,14 @@ async def test_max_tokens_is_the_cap_and_the_default(server: ProviderServer) -> 
 
 
 async def test_cut_reply_names_the_cap(server: ProviderServer, llm: Anthropic) -> None:
-    """A structured reply stopped at max_tokens says so, with the cap, in the error."""
-    server.script(*[Answer(text='{"facts": [', data=None, finish="max_tokens")] * 3)
-    with pytest.raises(LLMError, match=r"cut short at max_tokens=512, so it is incomplete"):
-        await llm.generate(semantic())
+    """A structured reply stopped at max_tokens is asked again with twice the room, as it
+    was; stopped there too, with no more room to ask for, the error says so, with the cap."""
+    server.script(*[Answer(text='{"facts": [', data=None, finish="max_tokens")] * 4)
+    async with Anthropic("claude-3-5-haiku-latest", base_url=server.url, max_tokens=1024,
+                         api_key="k") as capped:
+        with pytest.raises(LLMError,
+                           match=r"cut short at max_tokens=1024, so it is incomplete"):
+            await capped.generate(semantic())
+    caps = [r.body["max_tokens"] for r in server.requests]
+    assert caps[:2] == [512, 1024]
+    assert server.requests[1].body["messages"] == server.requests[0].body["messages"]

@@ -167,10 +167,13 @@ async def test_second_bad_reply_raises_saying_what_was_wrong(
 
 
 async def test_cut_short_reply_says_so(server: ProviderServer, llm: OpenAICompatible) -> None:
-    """A reply truncated at max_tokens says so in the error."""
-    server.script(*[Answer(text='{"facts": [', finish="length")] * 4)
-    with pytest.raises(LLMError, match="cut short at max_tokens"):
-        await llm.generate(semantic())
+    """A reply truncated at max_tokens (and no more room to ask for) says so in the error."""
+    cap = semantic().max_tokens
+    assert cap is not None
+    server.script(*[Answer(text='{"facts": [', finish="length", usage=(10, cap))] * 4)
+    async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=cap) as capped:
+        with pytest.raises(LLMError, match="cut short at max_tokens"):
+            await capped.generate(semantic())
 
 
 # ---- structured-output modes and the auto fallback -------------------------------------------
@@ -463,8 +466,11 @@ async def test_reply_using_every_token_is_reported_cut(
     cap = semantic().max_tokens
     assert cap is not None
     server.script(*[Answer(text='{"facts": [{"proposition": "Nginx', usage=(10, cap))] * 3)
-    with pytest.raises(LLMError, match=rf"cut short at max_tokens={cap}, so it is incomplete"):
-        await llm.generate(semantic())
+    # The adapter allows no more room than the request's: the cut reply is re-asked.
+    async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=cap) as capped:
+        with pytest.raises(LLMError,
+                           match=rf"cut short at max_tokens={cap}, so it is incomplete"):
+            await capped.generate(semantic())
     reask = server.requests[1].messages[-1]["content"]
     assert f"cut short at max_tokens={cap}" in reask
 
@@ -473,7 +479,8 @@ async def test_cut_free_text_is_logged(
     server: ProviderServer, llm: OpenAICompatible, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A free-text reply stopped at the cap is returned and a warning says it was cut."""
-    server.script(Answer(text="The agent is at the door and the door is", finish="length"))
+    server.script(Answer(text="The agent is at the door and the door is", finish="length",
+                         usage=(10, 12)))
     request = LLMRequest("state", "", [{"role": "user", "content": "hi"}], max_tokens=12)
     with caplog.at_level("WARNING", logger="mnemo.adapters"):
         response = await llm.generate(request)

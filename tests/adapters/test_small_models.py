@@ -45,8 +45,10 @@ async def test_a_reply_cut_at_max_tokens_is_asked_again_with_more_room(
     """A reply stopped at its max_tokens is sent again as it was (no re-ask holding the cut
     reply) with twice the room, and the whole second reply is the answer."""
     whole = {"facts": [FACT, FACT]}
-    server.script(Answer(text=_cut(whole, 90), finish="length"))
     request = semantic_request(goal="g", subgoal="s", steps=STEPS)
+    assert request.max_tokens is not None
+    server.script(Answer(text=_cut(whole, 90), finish="length",
+                         usage=(10, request.max_tokens)))
     async with OpenAICompatible("m", base_url=server.openai_url) as llm:
         facts = await ask(llm, request, parse_facts)
     first, second = (r.body for r in server.requests)
@@ -61,7 +63,7 @@ async def test_a_reply_cut_with_no_more_room_keeps_its_whole_items(
     """Cut at the adapter's own max_tokens (no more room to ask for), the reply's complete
     facts are kept and the one cut midway is dropped."""
     text = _cut({"facts": [FACT, {**FACT, "proposition": "The port is 8000."}]}, 130)
-    server.script(Answer(text=text, finish="length"))
+    server.script(Answer(text=text, finish="length", usage=(10, 64)))
     request = semantic_request(goal="g", subgoal="s", steps=STEPS)
     async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=64) as llm:
         facts = await ask(llm, request, parse_facts)

@@ -125,20 +125,17 @@ async def test_tags_dedup_against_the_graph(mem: mnemo.Memory) -> None:
     assert sorted(m.text for m in members) == ["fact: Walk south", "fact: walk north"]
 
 
-async def test_a_long_concept_is_a_tag_on_every_backend(mem: mnemo.Memory) -> None:
-    """A concept's tag is identified by its first 200 characters: a concept of thousands
-    (an LLM's run-on label) commits on every backend (PostgreSQL refused its index entry, and
-    the session stayed ready with a changeset it could never commit), and two that agree that
-    far are one tag."""
+async def test_a_run_on_concept_is_left_out_on_every_backend(mem: mnemo.Memory) -> None:
+    """A concept of thousands of characters (an LLM's run-on label) is no label: its fact
+    commits on every backend without it (PostgreSQL refused its index entry, and the
+    session stayed ready with a changeset it could never commit)."""
     long = "north" * 600
     for observation in (f"{long}a east", f"{long}b west"):
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, observation, "go")
         await mem.close_and_commit(sid)
-    [tag] = await mem.get_nodes_by_type(REPO, [N.TAG])
-    assert tag.text == f"{long}a"
-    members = await mem.get_linked_nodes(REPO, [tag.id], L.MEMBERSHIP)
-    assert len(members) == 2
+    assert await mem.get_nodes_by_type(REPO, [N.TAG]) == []
+    assert len(await mem.get_nodes_by_type(REPO, [N.SEMANTIC])) == 2
 
 
 async def test_intent_merge_uses_the_llm_and_keeps_links(

@@ -196,8 +196,10 @@ def eviction_request(
     previous_snapshot: str,
     max_words: int,
     done: list[str],
+    tool_choice: str | None = None,
 ) -> LLMRequest:
-    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOLS`."""
+    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOLS`, and
+    `tool_choice` (see `LLMRequest`) says which the reply must call."""
     request = task_request(
         "eviction",
         system=EVICTION_SYSTEM,
@@ -222,4 +224,5 @@ def eviction_request(
         schema=None,
         tools=EVICTION_TOOLS,
         max_tokens=request.max_tokens,
+        tool_choice=tool_choice,
     )

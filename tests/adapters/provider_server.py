@@ -9,6 +9,12 @@ thread per connection):
   must sort by `index`);
 - Anthropic messages, `POST /v1/messages` (structured output as a forced tool).
 
+A request with tools of its own (an eviction's `save_snapshot`, ...) rather than one forced
+structured-output tool gets a call of the tool its `tool_choice` names, or of `save_snapshot`
+(`everything_ok` once one is saved) for "required" / `{"type": "any"}`, when the server obeys
+that form (`obeys`); otherwise, and without `tool_choice`, it answers in prose, as
+llama-cpp-python's server does.
+
 By default it answers mnemo's tasks with valid data (`task_data`: the subgoal of a step is the
 first word of its observation, one fact and one procedure per step, ...); the task name is read
 from the json_schema name or the forced tool's name, as mnemo's adapters send it. A test
@@ -26,7 +32,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -134,7 +140,10 @@ class ProviderServer:
     `latency` delays every reply (the bench's model latency); `dim` is the embedding size;
     `every_nth_fails` replies with `flaky` instead of the default to every n-th request;
     `json_schema=False` makes it refuse `response_format` json_schema (like older Ollama,
-    vLLM and llama.cpp servers), `tools=False` refuse tools.
+    vLLM and llama.cpp servers), `tools=False` refuse tools. `obeys` holds the forms of
+    `tool_choice` it follows for a request's own tools: "named" (a tool's name; all that
+    llama-cpp-python's server follows), "required" (llama.cpp's own server); hosted APIs follow
+    both, the default.
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class ProviderServer:
         flaky: Behaviour | None = None,
         json_schema: bool = True,
         tools: bool = True,
+        obeys: frozenset[str] = frozenset({"named", "required"}),
     ) -> None:
         self.latency = latency
         self.dim = dim
@@ -153,6 +163,7 @@ class ProviderServer:
         self.flaky: Behaviour = flaky or rate_limited("0")
         self.json_schema = json_schema
         self.tools = tools
+        self.obeys = obeys
         self.requests: list[Recorded] = []
         self.statuses: list[int] = []
         self.in_flight = 0
@@ -305,7 +316,7 @@ class _Handler(BaseHTTPRequestHandler):
                 payload = {"type": "error", "error": error}
             self._send(behaviour.status, json.dumps(payload).encode(), headers=behaviour.headers)
             return behaviour.status
-        reply = _render(request, behaviour, provider.dim)
+        reply = _render(request, behaviour, provider.dim, provider.obeys)
         self._send(200, json.dumps(reply).encode())
         return 200
 
@@ -351,6 +362,8 @@ def _task_and_mode(path: str, body: dict[str, Any]) -> tuple[str | None, str | N
     """The task name and structured mode ("json_schema", "tool", "json" or None) of a request."""
     if path.endswith("/embeddings"):
         return None, None
+    if _own_tools(body):
+        return None, "tools"
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         function = choice.get("function")
@@ -368,6 +381,55 @@ def _task_and_mode(path: str, body: dict[str, Any]) -> tuple[str | None, str | N
             match = _JSON_MODE_TASK.search(system)
             return (match.group(1) if match else None), "json"
     return None, None
+
+
+def _tool_names(body: dict[str, Any]) -> list[str]:
+    names = []
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            name = function.get("name") if isinstance(function, dict) else tool.get("name")
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+def _forced_name(body: dict[str, Any]) -> str | None:
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else choice.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _own_tools(body: dict[str, Any]) -> bool:
+    """Whether the request carries tools of its own, not one forced structured-output tool."""
+    names = _tool_names(body)
+    return bool(names) and names != [_forced_name(body)]
+
+
+def _tool_call(request: Recorded, obeys: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
+    """The call a request with its own tools gets, or None (prose) when the server does not
+    obey its `tool_choice` (see `ProviderServer`)."""
+    body = request.body
+    choice = body.get("tool_choice")
+    inputs = _inputs(request)
+    named = _forced_name(body)
+    required = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "any")
+    if named is not None and "named" in obeys:
+        name = named
+    elif required and "required" in obeys:
+        saved = any(line.startswith("save_snapshot: ok") for line in inputs.get("done", []))
+        name = "everything_ok" if saved else "save_snapshot"
+    else:
+        return None
+    if name == "save_snapshot":
+        zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
+        return name, {"text": f"Messages {zone} are about the deployment."}
+    if name == "attach_messages_to_goals":
+        return name, {"message_ids": [], "goal_ids": []}
+    return name, {}
 
 
 def _inputs(request: Recorded) -> dict[str, Any]:
@@ -430,9 +492,15 @@ def vector(text: str, dim: int) -> list[float]:
 # ---- writing replies ------------------------------------------------------------------------
 
 
-def _render(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
+def _render(request: Recorded, answer: Answer, dim: int, obeys: frozenset[str]) -> dict[str, Any]:
     if request.path.endswith("/embeddings"):
         return _embeddings(request, answer, answer.dim or dim)
+    if request.mode == "tools" and answer == Answer(usage=answer.usage, finish=answer.finish):
+        call = _tool_call(request, obeys)
+        answer = replace(
+            answer, data=None, tool_calls=(call,) if call else (),
+            text=None if call else "Sure! Here is a summary of the conversation so far.",
+        )
     data = answer.data
     text = answer.text
     if data is BY_TASK:

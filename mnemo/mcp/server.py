@@ -90,10 +90,21 @@ def _as_tool_error() -> Iterator[None]:
 
 
 class MemoryTools:
-    """The server's tools over one open `Memory`; each returns JSON text."""
+    """The server's tools over one open `Memory`; each returns JSON text. `llm` is the model
+    the server was started with, which `persist_memory` asks (None: the offline LLM, as memory
+    files belong to no repo whose recorded model could be used)."""
 
-    def __init__(self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True) -> None:
+    def __init__(
+        self,
+        mem: Memory,
+        memory_dir: Path,
+        *,
+        memory_updates: bool = True,
+        llm: LLM | None = None,
+    ) -> None:
         self._mem = mem
+        # The model the server was started with files memory statements (None: offline).
+        self._llm = llm
         self._memory_dir = memory_dir
         self._memory_updates = memory_updates
         # One MemoryFiles per directory: it serialises its own writes, so two instances over
@@ -290,7 +301,7 @@ class MemoryTools:
         when the server's memory updates are off."""
         with _as_tool_error():
             files = self._files_in(directory)
-            return _dumps(_output.memory_file_output(await files.persist(what, llm=None)))
+            return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
 
     async def recall_memory(
         self,
@@ -387,11 +398,13 @@ async def serve(
     """Opens the Memory at `store` and serves MCP over stdin/stdout until the client closes it.
 
     `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults).
+    `llm` also files `persist_memory`'s statements (the offline LLM when None).
     `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
     and says so); `recall_memory` still reads.
     """
     async with Memory(store, llm=llm, embedder=embedder) as mem:
         tools = MemoryTools(
-            mem, memory_dir or default_memory_dir(Path(store)), memory_updates=memory_updates
+            mem, memory_dir or default_memory_dir(Path(store)), memory_updates=memory_updates,
+            llm=llm,
         )
         await build_server(tools).run_stdio_async()

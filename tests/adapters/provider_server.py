@@ -6,7 +6,9 @@ thread per connection):
 - OpenAI chat completions, `POST /v1/chat/completions` (structured output as `response_format`
   json_schema or json_object, or a forced function tool);
 - OpenAI embeddings, `POST /v1/embeddings` (vectors come back in reverse order, so clients
-  must sort by `index`);
+  must sort by `index`; with `per_token=True` each text gets a list of vectors, one per word,
+  as JSON numbers whatever the `encoding_format`, as llama-cpp-python's server does with a
+  model that does not pool);
 - Anthropic messages, `POST /v1/messages` (structured output as a forced tool).
 
 A request with tools of its own (an eviction's `save_snapshot`, ...) rather than one forced
@@ -156,6 +158,7 @@ class ProviderServer:
         json_schema: bool = True,
         tools: bool = True,
         obeys: frozenset[str] = frozenset({"named", "required"}),
+        per_token: bool = False,
     ) -> None:
         self.latency = latency
         self.dim = dim
@@ -164,6 +167,7 @@ class ProviderServer:
         self.json_schema = json_schema
         self.tools = tools
         self.obeys = obeys
+        self.per_token = per_token
         self.requests: list[Recorded] = []
         self.statuses: list[int] = []
         self.in_flight = 0
@@ -316,7 +320,7 @@ class _Handler(BaseHTTPRequestHandler):
                 payload = {"type": "error", "error": error}
             self._send(behaviour.status, json.dumps(payload).encode(), headers=behaviour.headers)
             return behaviour.status
-        reply = _render(request, behaviour, provider.dim, provider.obeys)
+        reply = _render(request, behaviour, provider)
         self._send(200, json.dumps(reply).encode())
         return 200
 
@@ -492,11 +496,11 @@ def vector(text: str, dim: int) -> list[float]:
 # ---- writing replies ------------------------------------------------------------------------
 
 
-def _render(request: Recorded, answer: Answer, dim: int, obeys: frozenset[str]) -> dict[str, Any]:
+def _render(request: Recorded, answer: Answer, provider: ProviderServer) -> dict[str, Any]:
     if request.path.endswith("/embeddings"):
-        return _embeddings(request, answer, answer.dim or dim)
+        return _embeddings(request, answer, answer.dim or provider.dim, provider.per_token)
     if request.mode == "tools" and answer == Answer(usage=answer.usage, finish=answer.finish):
-        call = _tool_call(request, obeys)
+        call = _tool_call(request, provider.obeys)
         answer = replace(
             answer, data=None, tool_calls=(call,) if call else (),
             text=None if call else "Sure! Here is a summary of the conversation so far.",
@@ -563,17 +567,25 @@ def _anthropic(request: Recorded, answer: Answer, data: Any, text: str | None) -
     }
 
 
-def _embeddings(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
+def _embeddings(
+    request: Recorded, answer: Answer, dim: int, per_token: bool = False
+) -> dict[str, Any]:
     texts = request.body.get("input", [])
     if isinstance(texts, str):
         texts = [texts]
     # As OpenAI: base64 of little-endian float32s when asked for, JSON numbers otherwise.
     packed = request.body.get("encoding_format") == "base64"
-    items = [
+    items: list[dict[str, Any]] = [
         {"object": "embedding", "index": i, "embedding": _packed(v) if packed else v}
         for i, text in enumerate(texts)
         for v in [vector(str(text), dim)]
     ]
+    if per_token:
+        items = [
+            {"object": "embedding", "index": i,
+             "embedding": [vector(word, dim) for word in str(text).split() or [""]]}
+            for i, text in enumerate(texts)
+        ]
     prompt = answer.usage[0]
     return {
         "object": "list",

@@ -36,9 +36,12 @@ from mnemo.cli._output import (
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
+    ExtractionTimeoutOpt,
     LlmOpt,
+    LlmTimeoutOpt,
     Settings,
     StoreOpt,
+    TemperatureOpt,
     resolve,
 )
 from mnemo.cli.ingest import ingest_file, load_file
@@ -52,9 +55,17 @@ class ExportFormat(StrEnum):
 
 
 def _settings(
-    store: str | None, config: Path | None, llm: str | None = None, embedder: str | None = None
+    store: str | None,
+    config: Path | None,
+    llm: str | None = None,
+    embedder: str | None = None,
+    tuning: tuple[str | None, float | None, float | None] = (None, None, None),
 ) -> Settings:
-    return resolve(store=store, config=config, llm=llm, embedder=embedder)
+    temperature, llm_timeout, extraction_timeout = tuning
+    return resolve(
+        store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
+        llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
+    )
 
 
 def _node_types(spec: str | None) -> list[NodeType] | None:
@@ -119,6 +130,9 @@ def ingest(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
+    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
@@ -131,7 +145,9 @@ def ingest(
         target = repo or parsed.repo
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+        )
         async with open_memory(settings, writes=True) as mem:
             report = await ingest_file(
                 mem, target, parsed, threads=threads, console=stderr_console(),
@@ -174,6 +190,9 @@ def recall(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
+    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
@@ -181,7 +200,9 @@ def recall(
 
     async def work() -> None:
         wanted = _node_types(types)
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+        )
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             # `open_repo` checks that this Memory's embedder makes the repo's dimension (a repo
@@ -388,6 +409,9 @@ def mcp(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
+    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     memory_dir: Annotated[
         Path | None,
@@ -402,7 +426,9 @@ def mcp(
     """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
 
     async def work() -> None:
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+        )
         check_store(settings, writes=True)
         if settings.is_url and memory_dir is None:
             raise CliError("with a store URL, pass --memory-dir for the memory files")
@@ -416,7 +442,7 @@ def mcp(
         chosen_llm, chosen_embedder = models(settings)
         await serve(
             settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates,
+            memory_updates=memory_updates, config=settings.config,
         )
 
     run(work)
@@ -427,6 +453,9 @@ def ui(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
+    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     host: Annotated[
         str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
@@ -442,7 +471,9 @@ def ui(
     """Serve a local web app to browse a memory: repos, graph, sessions, threads, recall."""
 
     async def work() -> None:
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+        )
         check_store(settings, writes=False)
         try:
             from mnemo.ui import serve

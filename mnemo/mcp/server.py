@@ -28,6 +28,7 @@ from pydantic import Field, ValidationError
 
 from mnemo.cli._common import mnemo_version
 from mnemo.cli.jsonable import label, session_json, step_json
+from mnemo.config import Config
 from mnemo.errors import MnemoError, NotFoundError
 from mnemo.mcp import _output
 from mnemo.memory import Memory
@@ -394,15 +395,17 @@ async def serve(
     embedder: Embedder | None = None,
     memory_dir: Path | None = None,
     memory_updates: bool = True,
+    config: Config | None = None,
 ) -> None:
     """Opens the Memory at `store` and serves MCP over stdin/stdout until the client closes it.
 
     `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults).
-    `llm` also files `persist_memory`'s statements (the offline LLM when None).
+    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
+    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
     `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
     and says so); `recall_memory` still reads.
     """
-    async with Memory(store, llm=llm, embedder=embedder) as mem:
+    async with Memory(store, llm=llm, embedder=embedder, config=config) as mem:
         tools = MemoryTools(
             mem, memory_dir or default_memory_dir(Path(store)), memory_updates=memory_updates,
             llm=llm,

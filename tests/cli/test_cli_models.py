@@ -65,7 +65,7 @@ def test_flags_beat_environment_beat_file_beat_defaults(tmp_path: Path) -> None:
     env = {"MNEMO_LLM": "openai:gpt-env", "MNEMO_STORE": "env.db"}
     s = resolve(llm="offline", env=env, cwd=tmp_path)
     assert (s.store, s.llm, s.embedder) == ("env.db", "offline", "hash:8")
-    assert s.sources == {
+    assert {key: s.sources[key] for key in ("store", "llm", "embedder")} == {
         "store": "MNEMO_STORE", "llm": "--llm", "embedder": str(tmp_path / "mnemo.toml")
     }
     s = resolve(env={}, cwd=tmp_path)

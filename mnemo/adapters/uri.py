@@ -11,8 +11,10 @@ A URI may end in settings for its adapter, as a query: `?temperature=0.7&timeout
 An LLM (but `offline`) takes `temperature` (a number >= 0, or `server` to leave it to the
 server: small local models loop at 0), `timeout` (seconds a request may take),
 `max_concurrency` (the most requests in flight) and `max_tokens` (the most tokens a reply may
-use); an `openai` embedder takes `timeout` and `max_concurrency`. They tune how the model is
-asked, not which model it is: the adapter's `.name`, which a repo records, leaves them out.
+use); `openai` and `openai-compatible` also take `structured` (`auto`, `json_schema`, `tool`
+or `json`: see `OpenAICompatible`); an `openai` embedder takes `timeout` and
+`max_concurrency`. They tune how the model is asked, not which model it is: the adapter's
+`.name`, which a repo records, leaves them out.
 
 A URI never holds a key: keys come from the providers' usual variables, `OPENAI_API_KEY` and
 `ANTHROPIC_API_KEY` (read when the model is built, from `env`, by default the process's
@@ -26,7 +28,7 @@ import math
 import os
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import httpx
 
@@ -70,7 +72,23 @@ def model_uri(model: object) -> str:
 
 
 LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "max_tokens")
+# The OpenAI-compatible adapter's structured-output form (`OpenAICompatible(structured=...)`).
+OPENAI_SETTINGS = (*LLM_SETTINGS, "structured")
 EMBEDDER_SETTINGS = ("timeout", "max_concurrency")
+STRUCTURED = ("auto", "json_schema", "tool", "json")
+
+
+def with_settings(uri: str, **settings: object) -> str:
+    """`uri` with these settings in its query, replacing those it had (None leaves one as it
+    is); numbers are written shortest (`300`, `0.7`). Nothing is checked here: building the
+    model does that."""
+    given = {name: value for name, value in settings.items() if value is not None}
+    if not given:
+        return uri
+    base, _, query = uri.strip().partition("?")
+    pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in given]
+    pairs += [(k, f"{v:g}" if isinstance(v, float) else str(v)) for k, v in given.items()]
+    return f"{base}?{urlencode(pairs)}"
 
 
 def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
@@ -100,9 +118,16 @@ def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _setting(uri: str, name: str, value: str) -> float | int | None:
+def _setting(uri: str, name: str, value: str) -> float | int | str | None:
     if name == "temperature" and value.lower() == "server":
         return None
+    if name == "structured":
+        if value not in STRUCTURED:
+            raise ModelURIError(
+                f"{uri!r}: structured must be one of {', '.join(STRUCTURED)}, got {value!r}",
+                uri=uri,
+            )
+        return value
     wanted = {
         "temperature": "a number >= 0, or server",
         "timeout": "a number of seconds > 0",
@@ -193,7 +218,8 @@ def llm_from_uri(
         _settings(text, query, ())
         return OfflineLLM()
     _need_model("LLM", scheme, model, text)
-    known = LLM_SETTINGS if scheme in ("openai", "openai-compatible", "anthropic") else ()
+    known = OPENAI_SETTINGS if scheme in ("openai", "openai-compatible") else (
+        LLM_SETTINGS if scheme == "anthropic" else ())
     settings = _settings(text, query, known) if known else {}
     if scheme == "openai":
         if base_url is not None:

@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import parse_qsl, urlencode
 
 import typer
 
+from mnemo.adapters.uri import with_settings
 from mnemo.cli._database import CliError
 from mnemo.config import Config
 from mnemo.storage.ports import has_postgres_driver, is_postgres
@@ -163,12 +163,7 @@ class Settings:
                     "keeps its own settings"
                 )
             return None
-        if not given:
-            return self.llm
-        base, _, query = self.llm.partition("?")
-        pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in given]
-        pairs += [(k, f"{v:g}" if isinstance(v, float) else v) for k, v in given.items()]
-        return f"{base}?{urlencode(pairs)}"
+        return with_settings(self.llm, **given)
 
     @property
     def config(self) -> Config | None:

@@ -139,7 +139,9 @@ class Recorded:
 class ProviderServer:
     """The fake provider (see the module doc). Use as a context manager, or `start`/`stop`.
 
-    `latency` delays every reply (the bench's model latency); `dim` is the embedding size;
+    `latency` delays every reply (the bench's model latency); `slots` is how many requests it
+    works on at once (None: all), the others wait their turn, as a llama.cpp server started
+    with `--parallel` does; `dim` is the embedding size;
     `every_nth_fails` replies with `flaky` instead of the default to every n-th request;
     `json_schema=False` makes it refuse `response_format` json_schema (like older Ollama,
     vLLM and llama.cpp servers), `tools=False` refuse tools. `obeys` holds the forms of
@@ -159,6 +161,7 @@ class ProviderServer:
         tools: bool = True,
         obeys: frozenset[str] = frozenset({"named", "required"}),
         per_token: bool = False,
+        slots: int | None = None,
     ) -> None:
         self.latency = latency
         self.dim = dim
@@ -168,6 +171,7 @@ class ProviderServer:
         self.tools = tools
         self.obeys = obeys
         self.per_token = per_token
+        self._slots = threading.Semaphore(slots) if slots else None
         self.requests: list[Recorded] = []
         self.statuses: list[int] = []
         self.in_flight = 0
@@ -294,6 +298,10 @@ class _Handler(BaseHTTPRequestHandler):
             time.monotonic(),
         )
         provider.requests.append(recorded)
+        if provider._slots is not None:
+            while not provider._slots.acquire(timeout=0.05):
+                if provider._stopping.is_set():
+                    return
         provider._enter()
         try:
             if provider.latency:
@@ -301,6 +309,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._behave(provider, provider._next(recorded), recorded)
         finally:
             provider._leave()
+            if provider._slots is not None:
+                provider._slots.release()
 
     def _behave(self, provider: ProviderServer, behaviour: Behaviour, request: Recorded) -> int:
         while isinstance(behaviour, Slow):

@@ -213,6 +213,8 @@ def test_embedder_uris_take_their_settings() -> None:
         ("openai:gpt?timeout=1&timeout=2", "given twice"),
         ("openai:gpt?timeout", "name=value pairs"),
         ("offline?temperature=1", "unknown setting 'temperature'"),
+        ("openai:gpt?structured=xml", "structured must be one of auto, json_schema"),
+        ("anthropic:c?structured=tool", "unknown setting 'structured'"),
     ],
 )
 def test_bad_settings_are_one_readable_line(uri: str, words: str) -> None:
@@ -221,3 +223,11 @@ def test_bad_settings_are_one_readable_line(uri: str, words: str) -> None:
         mnemo.llm_from_uri(uri, env=KEYS)
     assert words in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_the_structured_mode_can_be_pinned_in_the_uri() -> None:
+    """`?structured=tool` builds an OpenAI-compatible adapter that starts in tool mode (a
+    server known to refuse json_schema is not asked it first)."""
+    llm = mnemo.llm_from_uri("openai-compatible:m@http://127.0.0.1:9/v1?structured=tool", env={})
+    assert isinstance(llm, mnemo.OpenAICompatible)
+    assert llm.structured_mode == "tool"

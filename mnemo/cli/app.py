@@ -192,7 +192,6 @@ def recall(
     embedder: EmbedderOpt = None,
     temperature: TemperatureOpt = None,
     llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
@@ -201,7 +200,7 @@ def recall(
     async def work() -> None:
         wanted = _node_types(types)
         settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+            store, config, llm, embedder, (temperature, llm_timeout, None)
         )
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
@@ -455,7 +454,6 @@ def ui(
     embedder: EmbedderOpt = None,
     temperature: TemperatureOpt = None,
     llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     host: Annotated[
         str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
@@ -472,7 +470,7 @@ def ui(
 
     async def work() -> None:
         settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+            store, config, llm, embedder, (temperature, llm_timeout, None)
         )
         check_store(settings, writes=False)
         try:

@@ -39,7 +39,6 @@ from mnemo.cli._probe import (
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
-    ExtractionTimeoutOpt,
     LlmOpt,
     LlmTimeoutOpt,
     Settings,
@@ -108,7 +107,6 @@ def doctor(
     embedder: EmbedderOpt = None,
     temperature: TemperatureOpt = None,
     llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     quick: Annotated[
         bool,
@@ -122,7 +120,7 @@ def doctor(
     try:
         settings = resolve(
             store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
-            llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
+            llm_timeout=llm_timeout,
         )
     except CliError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -9,7 +9,10 @@ the eviction zone (see `viewport.eviction_zone`), the middle and the recent one 
 (`tool_choice`: `save_snapshot` until a snapshot is saved, then any tool), until it calls
 `everything_ok` after saving a snapshot, or right after the snapshot when no goal is open.
 The model answers only through its tools: a reply without tool calls is discarded and asked
-again, the next round forcing the call in another form (servers obey different ones). The
+again, the next round forcing the call in another form (servers obey different ones), and
+the third asking for `save_snapshot`'s arguments as structured output (a server that ignores
+tools in every form, llama.cpp's with a model whose template has none, still constrains
+JSON to a schema). The
 rounds share one deadline, the conversation service's model timeout. Then, in one
 transaction, the level-1 snapshot and the pins are written and the boundary moves past the
 zone.
@@ -44,7 +47,7 @@ from mnemo.conversation.viewport import (
 )
 from mnemo.errors import ConflictError
 from mnemo.events import Events
-from mnemo.ports import LLM, REQUIRED, ToolCall, Usage, ask
+from mnemo.ports import LLM, REQUIRED, LLMResponse, ToolCall, Usage, ask, reply_data
 
 log = logging.getLogger("mnemo")
 
@@ -165,17 +168,29 @@ def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
 
 # The forms of `tool_choice` a round takes while no snapshot is saved, one after the other
 # when the model answers in prose: servers obey different ones (llama-cpp-python's server
-# only a named tool, llama.cpp's own server only "required", hosted APIs both), and one that
-# obeys neither answers in prose, which is asked again in the next form.
+# only a named tool, llama.cpp's own server only "required", and only for a model whose chat
+# template knows tools; hosted APIs both). After both, the snapshot is asked as structured
+# output (`as_data`), which a server ignoring tools in every form still constrains.
 SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
 
 
-def tool_choice(tools: EvictionTools, silent: int) -> str:
-    """What the next round's reply must call: `save_snapshot` (then any tool) until a snapshot
-    is saved, any tool after."""
+def tool_choice(tools: EvictionTools, silent: int) -> str | None:
+    """What the next round's reply must call: `save_snapshot`, then any tool, until a snapshot
+    is saved (None: ask for its arguments as data), any tool after."""
     if tools.snapshot_parts:
         return REQUIRED
-    return SNAPSHOT_CHOICES[silent % len(SNAPSHOT_CHOICES)]
+    return SNAPSHOT_CHOICES[silent] if silent < len(SNAPSHOT_CHOICES) else None
+
+
+def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
+    """The tool calls of a reply to a round asked `as_data`: its own when it made some (a
+    model may call the tools all the same), else `save_snapshot` with the reply's data."""
+    if response.tool_calls:
+        return list(response.tool_calls)
+    data = reply_data(response)
+    if isinstance(data, dict) and isinstance(data.get("text"), str):
+        return [ToolCall("save_snapshot", {"text": data["text"]})]
+    return []
 
 
 async def run_loop(
@@ -191,8 +206,9 @@ async def run_loop(
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
 
     Each round forces a tool call (`tool_choice`). Until a snapshot is saved, a reply without
-    tool calls is discarded and asked again (the model answers only through its tools); when
-    the rounds run out without a snapshot, that is the failure. Once one is saved, the rounds
+    tool calls is discarded and asked again (the model answers only through its tools), the
+    third time for `save_snapshot`'s arguments as structured output; when the rounds run out
+    without a snapshot, that is the failure. Once one is saved, the rounds
     go on only while there are open goals to pin messages to, and end at `everything_ok` or
     at a reply without tool calls. An LLM that raises ends the loop with the failure. All
     rounds together get `deadline` seconds: past it the round in flight is abandoned and that
@@ -204,6 +220,7 @@ async def run_loop(
         for _ in range(MAX_ROUNDS):
             if tools.snapshot_parts and not goals:
                 break  # saved, and no goal to pin a message to: nothing is left to do
+            choice = tool_choice(tools, silent)
             request = eviction_request(
                 zone=window[0],
                 middle=window[1],
@@ -214,7 +231,8 @@ async def run_loop(
                 previous_snapshot=previous_snapshot,
                 max_words=tools.max_words,
                 done=tools.done[-MAX_DONE:],
-                tool_choice=tool_choice(tools, silent),
+                tool_choice=choice,
+                as_data=choice is None,
             )
             try:
                 response = await llm.generate(request)
@@ -224,13 +242,14 @@ async def run_loop(
                 return f"the eviction model failed: {exc!r}", usage
             if response.usage is not None:
                 usage = response.usage if usage is None else usage + response.usage
-            if not response.tool_calls:
+            calls = snapshot_calls(response) if choice is None else response.tool_calls
+            if not calls:
                 if tools.snapshot_parts:
                     break  # pins are optional; the snapshot covers the zone
                 silent += 1
                 tools.done.append(NO_TOOL_CALL)
                 continue
-            for call in response.tool_calls:
+            for call in calls:
                 tools.call(call)
             if tools.finished:
                 break

@@ -493,6 +493,9 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
         ]}
     if task == "merge_intent":
         return {"intent": inputs.get("existing", "")}
+    if task == "eviction":  # asked as data: save_snapshot's arguments
+        zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
+        return {"text": f"Messages {zone} are about the deployment."}
     return None
 
 

@@ -69,6 +69,23 @@ async def test_a_server_obeying_only_required_gets_asked_in_that_form(
     assert len(server.requests) == 2
 
 
+@pytest.mark.parametrize("server", [(frozenset(), 0.0)], indirect=True)
+async def test_a_server_ignoring_tools_in_every_form_is_asked_for_data(
+    store: str, server: ProviderServer
+) -> None:
+    """A server that answers tools in prose however they are forced (llama.cpp's own with a
+    model whose chat template has no tools) is asked the third time for save_snapshot's
+    arguments as structured output, and that is the snapshot."""
+    result = await _evict(store, _openai(server))
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("Messages 0-")
+    assert len(server.requests) == 3
+    third = server.requests[2].body
+    assert "tools" not in third
+    assert third["response_format"]["json_schema"]["name"] == "eviction"
+
+
 async def test_anthropic_forces_the_snapshot_tool(store: str, server: ProviderServer) -> None:
     """The Anthropic adapter sends the forced tool in its API's form and gets the snapshot."""
     llm = Anthropic("claude", base_url=server.url, api_key="k", max_retries=0)

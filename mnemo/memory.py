@@ -116,6 +116,7 @@ class Memory(GraphMethods, ConversationMethods):
         await self._backend.open()
         try:
             self._repos.load(await self._sessions_store.load_repos())
+            await self._repos.adopt_profiles(self._sessions_store)
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
             await self._host.start(self._background)
@@ -148,6 +149,8 @@ class Memory(GraphMethods, ConversationMethods):
         try:
             if host is not None:
                 await host.stop()
+                with anyio.move_on_after(2, shield=True):
+                    await self._repos.save_profiles(self._sessions_store)
         finally:
             with anyio.move_on_after(2, shield=True):
                 await self._repos.close_adapters()
@@ -173,6 +176,7 @@ class Memory(GraphMethods, ConversationMethods):
         await self._repos.open(
             name, llm=llm, embedder=embedder, config=config, save=self._sessions_store.save_repo
         )
+        await self._repos.adopt_profiles(self._sessions_store)
         self._service.resume_repo(name)
 
     async def list_repos(self) -> list[str]:
@@ -271,9 +275,13 @@ class Memory(GraphMethods, ConversationMethods):
         Raises:
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
-        return await self._service.close_and_commit(
-            session_id, max_retries=max_retries, max_polls=max_polls, poll_interval=poll_interval
-        )
+        try:
+            return await self._service.close_and_commit(
+                session_id, max_retries=max_retries, max_polls=max_polls,
+                poll_interval=poll_interval,
+            )
+        finally:
+            await self._repos.save_profiles(self._sessions_store)
 
     async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
         await self._service.submit(session_id, "commit", (), callback)
@@ -381,7 +389,10 @@ class Memory(GraphMethods, ConversationMethods):
             PipelineError: "extraction_failed" (nothing was stored).
         """
         await self._repos.known(repo)
-        return await self._ingests.ingest(repo, trajectory, source_id)
+        try:
+            return await self._ingests.ingest(repo, trajectory, source_id)
+        finally:
+            await self._repos.save_profiles(self._sessions_store)
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, with its links, vectors and search

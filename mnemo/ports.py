@@ -19,6 +19,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from mnemo import deadline
 from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
 from mnemo.retry import RetryPolicy, policy_of, task_budget
 
@@ -218,11 +219,13 @@ def book(llm: LLM, usage: Usage) -> None:
 @asynccontextmanager
 async def slot(limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
     """Holds one token of `limiter`, taking a free one without a trip through the event loop
-    (anyio's `acquire` always yields once, about 10 µs, which the append path pays per call)."""
+    (anyio's `acquire` always yields once, about 10 µs, which the append path pays per call).
+    Waiting for one counts against no deadline (`mnemo.deadline.waiting`)."""
     try:
         limiter.acquire_nowait()
     except anyio.WouldBlock:
-        await limiter.acquire()
+        with deadline.waiting():
+            await limiter.acquire()
     try:
         yield
     finally:

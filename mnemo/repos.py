@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 
@@ -17,10 +18,10 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels
 from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
-from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.inputs import check_id
-from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, check_models, detect_dim
-from mnemo.session.ports import RepoRow
+from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, check_models, detect_dim, model_name
+from mnemo.session.ports import RepoRow, SessionStore
 from mnemo.session.service import Runtime
 from mnemo.usage import UsageBook
 
@@ -52,6 +53,9 @@ class Repos:
         self._dims: dict[str, int] = {}
         self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
         self.usage = UsageBook()
+        # The models that learn their servers (`server_profile`), by repo and model object,
+        # with the profile last read or written for them.
+        self._profiled: dict[tuple[str, int], tuple[object, dict[str, Any] | None]] = {}
         # Every adapter this Memory was given, closed with it (each owns an HTTP client).
         self._adapters: dict[int, object] = {}
         self.adopt(llm, embedder)  # the caller's; the defaults need no closing
@@ -128,6 +132,37 @@ class Repos:
 
     def names(self) -> list[str]:
         return list(self._runtimes)
+
+    async def adopt_profiles(self, store: SessionStore) -> None:
+        """Each repo's models that learn their servers start from what the repo recorded of
+        them (once per model object); a store fault leaves them starting afresh."""
+        for repo, runtime in list(self._runtimes.items()):
+            for model in (runtime.llm, runtime.embedder):
+                adopt = getattr(model, "adopt_server_profile", None)
+                if adopt is None or (repo, id(model)) in self._profiled:
+                    continue
+                try:
+                    stored = await store.load_profile(repo, model_name(model))
+                except StorageError as exc:
+                    log.warning("the server profile of %s is unreadable: %r", repo, exc)
+                    stored = None
+                if stored:
+                    adopt(stored)
+                self._profiled[(repo, id(model))] = (model, stored)
+
+    async def save_profiles(self, store: SessionStore) -> None:
+        """Records what each repo's models learned of their servers since, when it changed;
+        best effort (a store fault is logged)."""
+        for key, (model, saved) in list(self._profiled.items()):
+            profile = getattr(model, "server_profile", lambda: None)()
+            if not isinstance(profile, dict) or profile == saved:
+                continue
+            try:
+                await store.save_profile(key[0], model_name(model), profile)
+            except StorageError as exc:
+                log.warning("the server profile of %s was not recorded: %r", key[0], exc)
+                continue
+            self._profiled[key] = (model, profile)
 
     async def learn(self, wanted: str | None = None) -> None:
         """Knows the repos other Memory objects opened since (all, or when `wanted` is not

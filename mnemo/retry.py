@@ -19,6 +19,9 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised (API.md: "re-ask once") |
 | `max_seconds` | 120 | no call starts and no wait begins that would end past it |
 
+The seconds do not run while a call waits for its turn inside mnemo (a concurrency slot, a
+rate limit: `mnemo.deadline.waiting`).
+
 A `Retry-After` is waited in full (a retry is never sent before the server allows it), so one
 past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HTTP attempt's
 timeout is cut to the seconds left. A single call of an LLM without a transport is not cut short
@@ -42,6 +45,7 @@ from typing import Literal, Protocol
 
 import anyio
 
+from mnemo.deadline import registered
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_count
 
@@ -160,6 +164,20 @@ class Budget:
         self.retries = 0
         self.re_asks = 0
         self._next: Kind | None = None
+        self._paused = 0
+        self._paused_at = 0.0
+
+    def pause(self) -> None:
+        """Stops the budget's seconds while a call waits for its turn inside mnemo
+        (`mnemo.deadline.waiting`): that wait is not the model's time."""
+        if self._paused == 0:
+            self._paused_at = self.policy.clock.now()
+        self._paused += 1
+
+    def resume(self) -> None:
+        self._paused -= 1
+        if self._paused == 0:
+            self.started += self.policy.clock.now() - self._paused_at
 
     def seconds_left(self) -> float:
         return self.policy.max_seconds - (self.policy.clock.now() - self.started)
@@ -225,7 +243,8 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
     budget = Budget(policy)
     token = _current.set(budget)
     try:
-        yield budget
+        with registered(budget):
+            yield budget
     finally:
         _current.reset(token)
 

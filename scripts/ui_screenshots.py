@@ -1,9 +1,10 @@
-"""Screenshots of `mnemo ui` for the README (docs/img/ui-*.png).
+"""Screenshots of `mnemo ui` for the README (docs/img/ui-*.png), at a desktop width and at a
+phone's (docs/img/ui-phone-*.png).
 
 Fills a fresh memory with the demo's conversation (a week of an assistant's work, offline) and
-leaves those sessions idle, adds a live session
-and a thread with an eviction, serves the web app on 127.0.0.1 and captures a few pages with
-the system's headless Chromium (apt: chromium, chromium-driver; pip: selenium).
+leaves those sessions idle, adds a live session and a thread with an eviction, serves the web
+app on 127.0.0.1 and captures its pages with the system's headless Chromium (apt: chromium,
+chromium-driver; pip: selenium). A shot is as tall as its page, up to MAX_HEIGHT.
 
     python scripts/ui_screenshots.py [--out docs/img]
 """
@@ -15,6 +16,7 @@ import socket
 import tempfile
 import threading
 from pathlib import Path
+from urllib.parse import quote
 
 import anyio
 import uvicorn
@@ -48,7 +50,14 @@ CHAT = [
 ]
 
 
-async def fill(db: Path) -> None:
+DESKTOP = (1100, 760)
+PHONE = (390, 844)
+MAX_HEIGHT = 1500
+
+
+async def fill(db: Path) -> str:
+    """Fills `db`; returns the id of the fact with the most links (at most 14), the one whose
+    neighbourhood is drawn."""
     conversation = load_conversation(default_data())
     async with mnemo.Memory(db) as mem:
         await mem.open_repo(DEFAULT_REPO)
@@ -66,6 +75,12 @@ async def fill(db: Path) -> None:
         await mem.conversation().save(THREAD, [{"role": r, "content": c} for r, c in CHAT])
         await mem.add_goal(THREAD, "Run the orders migration on Tuesday")
         await mem.evict(THREAD, token_budget=260)
+        best, most = "", -1
+        for fact in await mem.get_nodes_by_type(DEFAULT_REPO, [mnemo.NodeType.SEMANTIC]):
+            linked = len(await mem.get_linked_nodes(DEFAULT_REPO, [fact.id]))
+            if most < linked <= 14:
+                best, most = fact.id, linked
+        return best
 
 
 class Server(uvicorn.Server):
@@ -78,7 +93,25 @@ class Server(uvicorn.Server):
         self.ready.set()
 
 
-def capture(db: Path, out: Path) -> None:
+def shoot(driver: webdriver.Chrome, url: str, png: Path, size: tuple[int, int]) -> None:
+    """`url` at a viewport of `size` (a phone's is a mobile one), as tall as the page, with
+    a commit's links unfolded."""
+    width, height = size
+    mobile = width < 600
+    metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": mobile}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    driver.get(url)
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.readyState") == "complete")
+    driver.execute_script("const links = document.querySelector('#links details');"
+                          "if (links) links.open = true;")
+    full = driver.execute_script("return document.documentElement.scrollHeight")
+    metrics["height"] = max(height, min(int(full), MAX_HEIGHT))
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    driver.save_screenshot(str(png))
+
+
+def capture(db: Path, fact: str, out: Path) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -99,26 +132,41 @@ def capture(db: Path, out: Path) -> None:
         options=options, service=webdriver.ChromeService(executable_path="/usr/bin/chromedriver")
     )
     wait = WebDriverWait(driver, 30)
+    repo = quote(DEFAULT_REPO)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        driver.get(f"{base}/graph?repo={DEFAULT_REPO}")
-        driver.save_screenshot(str(out / "ui-graph.png"))
-        fact = driver.find_element(By.CSS_SELECTOR, "#nodes a.node-link")
-        fact.click()
-        wait.until(ec.presence_of_element_located((By.ID, "provenance")))
-        driver.save_screenshot(str(out / "ui-node.png"))
-        driver.get(f"{base}/recall?repo={DEFAULT_REPO}")
+        driver.get(f"{base}/history?repo={repo}")
+        commits = driver.find_elements(By.CSS_SELECTOR, "a.commit-link")
+        # The oldest commit: the first session of the week.
+        commit = commits[-1].get_attribute("href")
+        node = f"{base}/node?repo={repo}&id={quote(fact)}"
+        pages = {
+            "graph": f"{base}/graph?repo={repo}",
+            "node": node,
+            "history": f"{base}/history?repo={repo}",
+            "commit": commit,
+            "session": None,
+            "thread": f"{base}/thread?id={quote(THREAD, safe='')}&budget=260",
+        }
+        driver.get(f"{base}/sessions")
+        pages["session"] = driver.find_element(By.CSS_SELECTOR, "a.session").get_attribute(
+            "href")
+        for name, url in pages.items():
+            assert url is not None
+            shoot(driver, url, out / f"ui-{name}.png", DESKTOP)
+        for name in ("graph", "node", "history", "commit"):
+            url = pages[name]
+            assert url is not None
+            shoot(driver, url, out / f"ui-phone-{name}.png", PHONE)
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                               {"width": DESKTOP[0], "height": DESKTOP[1],
+                                "deviceScaleFactor": 1, "mobile": False})
+        driver.get(f"{base}/recall?repo={repo}")
         driver.find_element(By.CSS_SELECTOR, "#recall input[name=q]").send_keys(
             "which port does gunicorn listen on?")
         driver.find_element(By.CSS_SELECTOR, "#recall button").click()
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "#recalled tr.hit")))
         driver.save_screenshot(str(out / "ui-recall.png"))
-        driver.get(f"{base}/sessions")
-        driver.find_element(By.CSS_SELECTOR, "a.session").click()
-        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "tr.step")))
-        driver.save_screenshot(str(out / "ui-session.png"))
-        driver.get(f"{base}/thread?id={THREAD}&budget=260")
-        driver.save_screenshot(str(out / "ui-thread.png"))
     finally:
         driver.quit()
         server.should_exit = True
@@ -132,8 +180,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "ui.db"
-        anyio.run(fill, db)
-        capture(db, args.out)
+        fact = anyio.run(fill, db)
+        capture(db, fact, args.out)
     for png in sorted(args.out.glob("ui-*.png")):
         print(f"{png}: {png.stat().st_size // 1024} KB")
 

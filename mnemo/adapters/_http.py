@@ -3,10 +3,16 @@
 Every adapter (OpenAI-compatible chat, Anthropic, OpenAI embeddings) sends its requests through
 one `Transport`, which owns one `httpx.AsyncClient` and applies, in this order, to each attempt:
 
-1. a concurrency cap (`max_concurrency` requests in flight, an `anyio.CapacityLimiter`);
+1. a concurrency limit adapted to the server (`mnemo.adapters.limit.Limit`: it learns how many
+   requests the server serves at once, below the `max_concurrency` ceiling, unless
+   `concurrency` pins it);
 2. client-side rate limits: requests/min and tokens/min token buckets (`RateGate`), plus a pause
    shared by every caller after a 429, so one rate-limited reply slows all of them down;
 3. a timeout on the whole attempt (`anyio.fail_after`, covering connect, upload and download).
+
+Waiting for 1 and 2 is mnemo's own queue: it never counts against the attempt's timeout nor the
+task's retry budget (`mnemo.deadline.waiting`). A timeout, a 429 or 503 and a refused
+connection tell the limit the server is overloaded: it drops before the retry waits for a slot.
 
 A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
 HTTP 408, 409, 429 and 5xx, connection errors, timeouts, a 2xx body that is not a JSON object
@@ -39,8 +45,9 @@ from typing import Any
 import anyio
 import httpx
 
+from mnemo import deadline
+from mnemo.adapters.limit import Limit, Ticket
 from mnemo.errors import AdapterError, InvalidInputError
-from mnemo.ports import slot
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 
 logger = logging.getLogger("mnemo.adapters")
@@ -48,6 +55,10 @@ logger = logging.getLogger("mnemo.adapters")
 # Statuses worth another attempt: the server timed out, hit a conflict, rate-limited us, or
 # failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
 RETRY_STATUSES = frozenset({408, 409, 429})
+# A reply's (input, output) tokens, each None when the server did not say.
+Tokens = tuple[int | None, int | None]
+# Statuses that say the server has more than it can take: the concurrency limit drops.
+OVERLOAD_STATUSES = frozenset({429, 503})
 CHARS_PER_TOKEN = 4
 
 
@@ -237,9 +248,11 @@ class Transport:
     `retry` is the retry policy (`mnemo.retry`); `max_retries`, `backoff` and `clock` are
     shorthands that replace its parts. `name` says who the provider is in error messages.
     `error` is the class raised on failure (and `timeout_error` when the last attempt timed
-    out). `tokens_used` reads the tokens a
-    reply really used from its body, to correct the tokens/min estimate (4 characters a token
-    of the request body).
+    out). `tokens_used` reads the tokens a reply really used from its body, (input, output),
+    either None when not reported: they correct the tokens/min estimate (4 characters a token
+    of the request body) and size the reply for the concurrency limit. `max_concurrency` is
+    the most requests in flight at once; below it the number adapts to the server, unless
+    `concurrency` pins it.
     """
 
     def __init__(
@@ -258,10 +271,12 @@ class Transport:
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        tokens_used: Callable[[Mapping[str, Any]], int | None] | None = None,
+        tokens_used: Callable[[Mapping[str, Any]], Tokens] | None = None,
         retry: RetryPolicy | None = None,
+        concurrency: int | None = None,
     ) -> None:
-        _check_limits(timeout, requests_per_minute, tokens_per_minute, max_concurrency)
+        _check_limits(timeout, requests_per_minute, tokens_per_minute, max_concurrency,
+                      concurrency)
         self.name = name
         self._error = error
         self._timeout_error = timeout_error or error
@@ -272,7 +287,7 @@ class Transport:
         self._backoff = self.retry_policy.backoff
         self._clock: Clock = self.retry_policy.clock
         self._tokens_used = tokens_used
-        self._slots = anyio.CapacityLimiter(max_concurrency)
+        self.limit = Limit(max_concurrency, pinned=concurrency)
         self._gate = RateGate(
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
@@ -293,8 +308,8 @@ class Transport:
 
     @property
     def in_flight(self) -> int:
-        """Requests being sent right now (at most `max_concurrency`)."""
-        return int(self._slots.borrowed_tokens)
+        """Requests being sent right now (at most the limit's `current`)."""
+        return self.limit.in_flight
 
     async def post_json(
         self,
@@ -305,8 +320,10 @@ class Transport:
         budget: Budget | None = None,
         refusal: Callable[[HTTPFailure], bool] | None = None,
         malformed: Callable[[Mapping[str, Any]], str | None] | None = None,
+        kind: str = "",
     ) -> dict[str, Any]:
         """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
+        `kind` names what is asked (a task), so the concurrency limit compares like with like.
 
         Every attempt is charged to `budget` (the task's; a new one of `retry_policy` when
         None). Retries as the module doc says, then gives up. An error reply for which
@@ -332,8 +349,7 @@ class Transport:
             budget.charge(retry=failures > 0)
             try:
                 return await self._attempt(
-                    path, body, headers, estimate, min(self._timeout, budget.seconds_left()),
-                    refusal, malformed,
+                    path, body, headers, estimate, budget, refusal, malformed, kind,
                 )
             except _Retryable as failed:
                 failures += 1
@@ -377,12 +393,16 @@ class Transport:
         body: bytes,
         headers: Mapping[str, str] | None,
         estimate: int,
-        seconds: float,
+        budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None,
         malformed: Callable[[Mapping[str, Any]], str | None] | None,
+        kind: str,
     ) -> dict[str, Any]:
-        async with slot(self._slots):
-            await self._gate.acquire(estimate)
+        async with self.limit.slot(kind, self._timeout) as ticket:
+            with deadline.waiting():
+                await self._gate.acquire(estimate)
+            # Cut to the budget's seconds only now: the waits above did not spend them.
+            seconds = min(self._timeout, budget.seconds_left())
             try:
                 with anyio.fail_after(seconds):
                     response = await self._client.post(
@@ -391,12 +411,17 @@ class Transport:
                         headers={"content-type": "application/json", **(headers or {})},
                     )
             except TimeoutError as exc:
+                ticket.overloaded()
                 raise _Retryable(f"no reply within {seconds:g}s", exc, timed_out=True) from exc
             except httpx.TimeoutException as exc:
+                ticket.overloaded()
                 raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
+            except httpx.ConnectError as exc:
+                ticket.overloaded()
+                raise _Retryable(f"connection failed: {exc!r}", exc) from exc
             except httpx.TransportError as exc:
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
-        return self._read(response, estimate, refusal, malformed)
+            return self._read(response, estimate, refusal, malformed, ticket)
 
     def _read(
         self,
@@ -404,8 +429,11 @@ class Transport:
         estimate: int,
         refusal: Callable[[HTTPFailure], bool] | None,
         malformed: Callable[[Mapping[str, Any]], str | None] | None,
+        ticket: Ticket,
     ) -> dict[str, Any]:
         status = response.status_code
+        if status in OVERLOAD_STATUSES:
+            ticket.overloaded()
         if 200 <= status < 300:
             try:
                 # strict=False: a raw control character inside a string is a sloppy server's
@@ -418,10 +446,12 @@ class Transport:
                 problem = f"the body is not a JSON object: {_clip(response.text)}"
                 failure = HTTPFailure(status, problem)
                 raise _Retryable(str(failure), failure)
+            used: Tokens = (None, None)
             if self._tokens_used is not None:
                 used = self._tokens_used(reply)
-                if used is not None:
-                    self._gate.settle(estimate, used)
+                if used != (None, None):
+                    self._gate.settle(estimate, (used[0] or 0) + (used[1] or 0))
+            ticket.answered(*used)
             garbage = malformed(reply) if malformed is not None else None
             if garbage is not None:
                 # A complete JSON object without the reply in it: garbage, like a cut body, that
@@ -459,6 +489,7 @@ def _check_limits(
     requests_per_minute: float | None,
     tokens_per_minute: float | None,
     max_concurrency: int,
+    concurrency: int | None,
 ) -> None:
     if not timeout > 0:
         raise InvalidInputError(f"timeout must be positive, got {timeout!r}")
@@ -468,8 +499,18 @@ def _check_limits(
     ):
         if value is not None and not value > 0:
             raise InvalidInputError(f"{label} must be positive or None, got {value!r}")
-    if max_concurrency < 1:
-        raise InvalidInputError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) \
+            or max_concurrency < 1:
+        raise InvalidInputError(f"max_concurrency must be an integer >= 1, got "
+                                f"{max_concurrency!r}")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= max_concurrency
+    ):
+        raise InvalidInputError(
+            f"concurrency must be None (adapt to the server) or an integer within "
+            f"1..max_concurrency ({max_concurrency}), got {concurrency!r}"
+        )
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from mnemo.adapters._http import Transport, resolve_key
+from mnemo.adapters._http import Tokens, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
@@ -37,6 +37,7 @@ from mnemo.adapters._schema import (
     tool_spec,
     usage_of,
 )
+from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
@@ -73,6 +74,7 @@ class Anthropic:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
+        concurrency: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         temperature: float | None = 0.0,
@@ -109,6 +111,7 @@ class Anthropic:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
+            concurrency=concurrency,
             backoff=backoff,
             clock=clock,
             transport=transport,
@@ -116,6 +119,19 @@ class Anthropic:
             retry=retry,
         )
         self.retry_policy = self._http.retry_policy
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the API gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> dict[str, Any]:
+        """What this adapter learned of its server: the concurrency limit."""
+        return {"concurrency": limit_profile(self._http.limit)}
+
+    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+        """Starts from what an earlier adapter learned of this server (`server_profile`)."""
+        adopt_limit(self._http.limit, profile.get("concurrency"))
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is valid JSON for it.
@@ -215,7 +231,7 @@ class Anthropic:
         elif force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
         return await self._http.post_json(
-            "/v1/messages", payload, budget=budget, malformed=_no_content
+            "/v1/messages", payload, budget=budget, malformed=_no_content, kind=request.task
         )
 
     def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
@@ -363,10 +379,12 @@ def _cut_short(problem: str, stop_reason: Any, cap: int) -> str:
     return cut_note(problem, cap) if stop_reason == "max_tokens" else problem
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
-        return None
-    counted = [v for v in (usage.get("input_tokens"), usage.get("output_tokens"))
-               if isinstance(v, int)]
-    return sum(counted) if counted else None
+        return None, None
+    return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -28,8 +28,9 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
+from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy
@@ -80,6 +81,7 @@ class OpenAIEmbedder:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 4,
+        concurrency: int | None = None,
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         backoff: Backoff | None = None,
@@ -117,6 +119,7 @@ class OpenAIEmbedder:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
+            concurrency=concurrency,
             backoff=backoff,
             clock=clock,
             transport=transport,
@@ -145,6 +148,22 @@ class OpenAIEmbedder:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInputError(f"dim must be a positive integer, got {value!r}")
         self._dim = value
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> dict[str, Any]:
+        """What this embedder learned of its server: the vectors' encoding it accepts and the
+        concurrency limit."""
+        return {"encoding": self._encoding, "concurrency": limit_profile(self._http.limit)}
+
+    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+        """Starts from what an earlier embedder learned of this server (`server_profile`)."""
+        if profile.get("encoding") == "float":
+            self._encoding = "float"
+        adopt_limit(self._http.limit, profile.get("concurrency"))
 
     async def detect_dim(self) -> int:
         """The vector dimension, asking the server with one short text if it is not known.
@@ -223,7 +242,8 @@ class OpenAIEmbedder:
             refusal = _refuses_base64 if encoding == "base64" else None
             try:
                 return await self._http.post_json(
-                    "/embeddings", payload, budget=budget, refusal=refusal, malformed=_no_data)
+                    "/embeddings", payload, budget=budget, refusal=refusal, malformed=_no_data,
+                    kind="embed")
             except EmbeddingError as exc:
                 failure = exc.__cause__
                 if refusal is None or not (isinstance(failure, HTTPFailure)
@@ -310,9 +330,9 @@ def _refuses_base64(failure: HTTPFailure) -> bool:
     return failure.names_any(_COMPLAINT_WORDS)
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
-        return None
+        return None, None
     total = usage.get("total_tokens", usage.get("prompt_tokens"))
-    return total if isinstance(total, int) else None
+    return (total if isinstance(total, int) and not isinstance(total, bool) else None), 0

@@ -36,11 +36,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
+import anyio
 import httpx
 
-from mnemo.adapters._http import HTTPFailure, Transport, resolve_key
+from mnemo import deadline
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters._schema import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
@@ -55,6 +57,7 @@ from mnemo.adapters._schema import (
     tool_spec,
     usage_of,
 )
+from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import InvalidInputError, LLMError, LLMReplyError, LLMTimeout
 from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
@@ -106,6 +109,7 @@ class OpenAICompatible:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         max_concurrency: int = 8,
+        concurrency: int | None = None,
         structured: Structured = "auto",
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
@@ -132,6 +136,10 @@ class OpenAICompatible:
         )
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
+        # Until a structured reply came in the mode "auto" chose, one request at a time tries
+        # it: a server that refuses it then refuses one request, not every one in flight.
+        self._confirmed = not self._auto
+        self._probing = anyio.Lock()
         self._temperature = temperature
         self.max_tokens = checked_max_tokens(max_tokens)
         self._tokens_field = "max_tokens"
@@ -148,6 +156,7 @@ class OpenAICompatible:
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
             max_concurrency=max_concurrency,
+            concurrency=concurrency,
             backoff=backoff,
             clock=clock,
             transport=transport,
@@ -160,6 +169,27 @@ class OpenAICompatible:
     def structured_mode(self) -> Mode:
         """The structured-output form in use (after any "auto" fallback)."""
         return self._mode
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> dict[str, Any]:
+        """What this adapter learned of its server, for the next one (`adopt_server_profile`):
+        the structured mode "auto" settled on, and the concurrency limit."""
+        profile: dict[str, Any] = {"concurrency": limit_profile(self._http.limit)}
+        if self._auto and self._confirmed:
+            profile["structured"] = self._mode
+        return profile
+
+    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+        """Starts from what an earlier adapter learned of this server (`server_profile`); a
+        mode or concurrency given explicitly stays. Unreadable parts are ignored."""
+        mode = profile.get("structured")
+        if self._auto and not self._confirmed and mode in get_args(Mode):
+            self._mode, self._confirmed = cast(Mode, mode), True
+        adopt_limit(self._http.limit, profile.get("concurrency"))
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is valid JSON for it.
@@ -207,7 +237,9 @@ class OpenAICompatible:
                 {"role": "user", "content": reask_text(problem)},
             ]
             budget.next_call("re_ask")
-            reply = await self._post(self._payload(request, messages, mode, schema), budget)
+            reply = await self._post(
+                self._payload(request, messages, mode, schema), budget, kind=request.task
+            )
             usage = add_usage(usage, self._usage(reply))
             raw, data, problem = self._check(reply, mode, request.task, schema, cap)
         return LLMResponse(text=raw, data=data, usage=usage)
@@ -220,34 +252,62 @@ class OpenAICompatible:
         budget: Budget,
     ) -> tuple[dict[str, Any], Mode]:
         while True:
-            mode = self._mode
-            payload = self._payload(request, messages, mode, schema)
-            can_fall_back = self._auto and mode in _NEXT_MODE
-            try:
-                return await self._post(
-                    payload, budget, _refusal_of(mode) if can_fall_back else None
-                ), mode
-            except LLMError as exc:
-                failure = exc.__cause__
-                if not (can_fall_back and isinstance(failure, HTTPFailure)
-                        and _refuses(mode, failure)):
-                    raise
-                # Concurrent calls may see the same refusal: only the first one moves on.
-                if self._mode == mode:
-                    self._mode = _NEXT_MODE[mode]
-                    logger.warning(
-                        "%s refused structured output %r (%s); using %r from now on",
-                        self._http.name, mode, failure, self._mode,
-                    )
-                if not budget.can_call():
-                    raise
-                budget.next_call("retry")
+            if self._confirmed:
+                reply = await self._try_mode(request, schema, messages, budget)
+            else:
+                with deadline.waiting():
+                    await self._probing.acquire()
+                try:
+                    reply = await self._try_mode(request, schema, messages, budget)
+                finally:
+                    self._probing.release()
+            if reply is not None:
+                return reply
+
+    async def _try_mode(
+        self,
+        request: LLMRequest,
+        schema: dict[str, Any],
+        messages: list[dict[str, Any]],
+        budget: Budget,
+    ) -> tuple[dict[str, Any], Mode] | None:
+        """One request in the current mode; None when the server refused the mode and the
+        next one is to be tried."""
+        mode = self._mode
+        payload = self._payload(request, messages, mode, schema)
+        can_fall_back = self._auto and mode in _NEXT_MODE
+        try:
+            reply = await self._post(
+                payload, budget, _refusal_of(mode) if can_fall_back else None,
+                kind=request.task,
+            )
+            if self._mode == mode:
+                self._confirmed = True
+            return reply, mode
+        except LLMError as exc:
+            failure = exc.__cause__
+            if not (can_fall_back and isinstance(failure, HTTPFailure)
+                    and _refuses(mode, failure)):
+                raise
+            # Concurrent calls may see the same refusal: only the first one moves on.
+            if self._mode == mode:
+                self._mode = _NEXT_MODE[mode]
+                logger.warning(
+                    "%s refused structured output %r (%s); using %r from now on",
+                    self._http.name, mode, failure, self._mode,
+                )
+            if not budget.can_call():
+                raise
+            budget.next_call("retry")
+            return None
 
     async def _post(
         self,
         payload: dict[str, Any],
         budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None = None,
+        *,
+        kind: str,
     ) -> dict[str, Any]:
         """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
         naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
@@ -257,7 +317,7 @@ class OpenAICompatible:
             try:
                 return await self._http.post_json(
                     "/chat/completions", payload, budget=budget, refusal=refusal,
-                    malformed=_no_message,
+                    malformed=_no_message, kind=kind,
                 )
             except LLMError as exc:
                 failure = exc.__cause__
@@ -292,7 +352,8 @@ class OpenAICompatible:
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
         reply = await self._post(
-            self._payload(request, list(request.messages), None, None), budget
+            self._payload(request, list(request.messages), None, None), budget,
+            kind=request.task,
         )
         message, finish = self._message(reply)
         cap = reply_cap(request.max_tokens, self.max_tokens)
@@ -470,13 +531,12 @@ def _was_cut(reply: Mapping[str, Any], finish: str | None, cap: int) -> bool:
     return isinstance(completion, int) and completion >= cap
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> int | None:
+def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
-        return None
-    total = usage.get("total_tokens")
-    if isinstance(total, int):
-        return total
-    parts = [usage.get("prompt_tokens"), usage.get("completion_tokens")]
-    counted = [part for part in parts if isinstance(part, int)]
-    return sum(counted) if counted else None
+        return None, None
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -10,10 +10,11 @@ LLMs: `offline` (the default), `openai:MODEL`, `anthropic:MODEL[@BASE_URL]`,
 A URI may end in settings for its adapter, as a query: `?temperature=0.7&timeout=300`.
 An LLM (but `offline`) takes `temperature` (a number >= 0, or `server` to leave it to the
 server: small local models loop at 0), `timeout` (seconds a request may take),
-`max_concurrency` (the most requests in flight) and `max_tokens` (the most tokens a reply may
-use); `openai` and `openai-compatible` also take `structured` (`auto`, `json_schema`, `tool`
-or `json`: see `OpenAICompatible`); an `openai` embedder takes `timeout` and
-`max_concurrency`. They tune how the model is asked, not which model it is: the adapter's
+`max_concurrency` (the most requests in flight), `concurrency` (pins how many: no adapting to
+the server) and `max_tokens` (the most tokens a reply may use); `openai` and
+`openai-compatible` also take `structured` (`auto`, `json_schema`, `tool` or `json`: see
+`OpenAICompatible`); an `openai` embedder takes `timeout`, `max_concurrency` and
+`concurrency`. They tune how the model is asked, not which model it is: the adapter's
 `.name`, which a repo records, leaves them out.
 
 A URI never holds a key: keys come from the providers' usual variables, `OPENAI_API_KEY` and
@@ -71,10 +72,10 @@ def model_uri(model: object) -> str:
     return model_name(model)
 
 
-LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "max_tokens")
+LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "concurrency", "max_tokens")
 # The OpenAI-compatible adapter's structured-output form (`OpenAICompatible(structured=...)`).
 OPENAI_SETTINGS = (*LLM_SETTINGS, "structured")
-EMBEDDER_SETTINGS = ("timeout", "max_concurrency")
+EMBEDDER_SETTINGS = ("timeout", "max_concurrency", "concurrency")
 STRUCTURED = ("auto", "json_schema", "tool", "json")
 
 
@@ -132,11 +133,13 @@ def _setting(uri: str, name: str, value: str) -> float | int | str | None:
         "temperature": "a number >= 0, or server",
         "timeout": "a number of seconds > 0",
         "max_concurrency": "a whole number >= 1",
+        "concurrency": "a whole number >= 1",
         "max_tokens": "a whole number >= 1",
     }[name]
     lowest = {"temperature": 0.0, "timeout": math.ulp(0.0)}.get(name, 1)
+    whole = name in ("max_concurrency", "concurrency", "max_tokens")
     try:
-        number: float | int = int(value) if name.startswith("max_") else float(value)
+        number: float | int = int(value) if whole else float(value)
     except ValueError:
         number = math.nan
     if not (math.isfinite(number) and number >= lowest):

@@ -27,6 +27,7 @@ import anyio
 
 from mnemo.adapters._schema import reply_cap
 from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.adapters.uri import llm_from_uri, with_settings
 from mnemo.cli._database import CliError
@@ -157,10 +158,16 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
 def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
     """THE CONCURRENCY MNEMO WILL USE with `llm`: how many requests it keeps in flight.
 
-    The one place `mnemo doctor` asks it. Until the adapters' limiter answers it, this is the
-    parallel probe's estimate of what the server serves at once (1 when there is none).
+    The one place `mnemo doctor` asks it: the adapter's pinned `concurrency` when it has one;
+    otherwise the parallel probe's estimate of what the server serves at once (1 when there
+    is none), which the adapter's adaptive limit (`mnemo.adapters.limit.Limit`) converges to,
+    at most its `max_concurrency` ceiling.
     """
-    return served_at_once or 1
+    limit = getattr(llm, "concurrency", None)
+    if isinstance(limit, Limit) and limit.pinned is not None:
+        return limit.pinned
+    estimate = served_at_once or 1
+    return min(estimate, limit.ceiling) if isinstance(limit, Limit) else estimate
 
 
 # ---- the measurements ----------------------------------------------------------------------
@@ -200,8 +207,11 @@ async def _modes(uri: str, llm: LLM) -> list[Finding]:
 async def _at_once(uri: str, report: ServerReport) -> None:
     """Sends 1, 2 and 4 copies of one short request together; records each batch's wall time
     and the estimate of how many the server serves at once."""
-    # An adapter of its own whose cap lets every copy go out at once.
-    model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE)))
+    # An adapter of its own, pinned so that every copy goes out at once (an adapting limit
+    # would start at 2 and measure itself).
+    model = llm_from_uri(
+        with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE))
+    )
     base = state_probe()
     request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
     try:

@@ -463,10 +463,23 @@ def ui(
     allow_writes: Annotated[
         bool,
         typer.Option("--allow-writes", help="Let the recall playground count its results as "
-                                            "accesses, as an agent's recall does."),
+                                            "accesses, and a commit's page revert it."),
     ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", envvar="MNEMO_UI_TOKEN", show_default=False,
+                     help="Require this access token (16+ characters); prefer the "
+                          "environment variable, as other users can see a command line."),
+    ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option("--allow-host", show_default=False,
+                     help="Also answer requests for this host name (repeatable; '*.domain' "
+                          "for its subdomains). Others are refused, against DNS rebinding."),
+    ] = None,
 ) -> None:
-    """Serve a local web app to browse a memory: repos, graph, sessions, threads, recall."""
+    """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
+    recall."""
 
     async def work() -> None:
         settings = _settings(
@@ -483,7 +496,7 @@ def ui(
         chosen_llm, chosen_embedder = models(settings)
         await serve(
             settings.store, host=host, port=port, allow_writes=allow_writes, llm=chosen_llm,
-            embedder=chosen_embedder,
+            embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
         )
 
     run(work)

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import anyio
-
+from mnemo import deadline
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
@@ -201,61 +200,63 @@ async def run_loop(
     zone: tuple[int, int],
     goals: list[dict[str, str]],
     previous_snapshot: str,
-    deadline: float,
+    time_limit: float,
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
 
     Each round forces a tool call (`tool_choice`). Until a snapshot is saved, a reply without
     tool calls is discarded and asked again (the model answers only through its tools), the
     third time for `save_snapshot`'s arguments as structured output; when the rounds run out
-    without a snapshot, that is the failure. Once one is saved, the rounds
-    go on only while there are open goals to pin messages to, and end at `everything_ok` or
-    at a reply without tool calls. An LLM that raises ends the loop with the failure. All
-    rounds together get `deadline` seconds: past it the round in flight is abandoned and that
-    is the failure (a snapshot saved before it is kept). Cancellation is not caught.
+    without a snapshot, that is the failure. Once one is saved, the rounds go on only while
+    there are open goals to pin messages to, and end at `everything_ok` or at a reply without
+    tool calls. An LLM that raises ends the loop with the failure. All rounds together get
+    `time_limit` seconds (`mnemo.deadline`: a wait for a slot inside mnemo does not count):
+    past it the round in flight is abandoned and that is the failure (a snapshot saved before
+    it is kept). Cancellation is not caught.
     """
     usage: Usage | None = None
     silent = 0
-    with anyio.move_on_after(deadline) as scope:
-        for _ in range(MAX_ROUNDS):
-            if tools.snapshot_parts and not goals:
-                break  # saved, and no goal to pin a message to: nothing is left to do
-            choice = tool_choice(tools, silent)
-            request = eviction_request(
-                zone=window[0],
-                middle=window[1],
-                recent=window[2],
-                zone_start=zone[0],
-                zone_end=zone[1],
-                goals=goals,
-                previous_snapshot=previous_snapshot,
-                max_words=tools.max_words,
-                done=tools.done[-MAX_DONE:],
-                tool_choice=choice,
-                as_data=choice is None,
-            )
-            try:
-                response = await llm.generate(request)
-            except Exception as exc:
-                # Whatever the model did wrong, the boundary must still move: report, don't raise.
-                log.warning("eviction LLM call failed", exc_info=True)
-                return f"the eviction model failed: {exc!r}", usage
-            if response.usage is not None:
-                usage = response.usage if usage is None else usage + response.usage
-            calls = snapshot_calls(response) if choice is None else response.tool_calls
-            if not calls:
-                if tools.snapshot_parts:
-                    break  # pins are optional; the snapshot covers the zone
-                silent += 1
-                tools.done.append(NO_TOOL_CALL)
-                continue
-            for call in calls:
-                tools.call(call)
-            if tools.finished:
-                break
-    if scope.cancelled_caught:
+    try:
+        with deadline.fail_after(time_limit):
+            for _ in range(MAX_ROUNDS):
+                if tools.snapshot_parts and not goals:
+                    break  # saved, and no goal to pin a message to: nothing is left to do
+                choice = tool_choice(tools, silent)
+                request = eviction_request(
+                    zone=window[0],
+                    middle=window[1],
+                    recent=window[2],
+                    zone_start=zone[0],
+                    zone_end=zone[1],
+                    goals=goals,
+                    previous_snapshot=previous_snapshot,
+                    max_words=tools.max_words,
+                    done=tools.done[-MAX_DONE:],
+                    tool_choice=choice,
+                    as_data=choice is None,
+                )
+                try:
+                    response = await llm.generate(request)
+                except Exception as exc:
+                    # Whatever the model did wrong, the boundary must still move: report.
+                    log.warning("eviction LLM call failed", exc_info=True)
+                    return f"the eviction model failed: {exc!r}", usage
+                if response.usage is not None:
+                    usage = response.usage if usage is None else usage + response.usage
+                calls = snapshot_calls(response) if choice is None else response.tool_calls
+                if not calls:
+                    if tools.snapshot_parts:
+                        break  # pins are optional; the snapshot covers the zone
+                    silent += 1
+                    tools.done.append(NO_TOOL_CALL)
+                    continue
+                for call in calls:
+                    tools.call(call)
+                if tools.finished:
+                    break
+    except TimeoutError:
         kept = " (the snapshot it saved is kept)" if tools.snapshot_parts else ""
-        return f"the eviction model timed out after {deadline:g} s{kept}", usage
+        return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
     if silent == MAX_ROUNDS:
@@ -339,7 +340,7 @@ class Evictor:
             zone=span,
             goals=goals,
             previous_snapshot=inputs.previous_snapshot,
-            deadline=self._timeout,
+            time_limit=self._timeout,
         )
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1
@@ -380,7 +381,7 @@ class Evictor:
             snapshots=fold_inputs(due), max_words=snapshot_words(token_budget, 2)
         )
         try:
-            with anyio.fail_after(self._timeout):
+            with deadline.fail_after(self._timeout):
                 text = await ask(self._llm, request, parse_summary)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.

@@ -11,8 +11,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
+from mnemo import deadline
 from mnemo.conversation.drafts import check_history, check_thread_id, draft
 from mnemo.conversation.model import (
     Compaction,
@@ -316,7 +315,7 @@ class ConversationManager:
                 max_words=max_words,
             )
             try:
-                with anyio.fail_after(service.timeout):
+                with deadline.fail_after(service.timeout):
                     summary = await ask(service.llm, request, parse_summary)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.

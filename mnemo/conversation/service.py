@@ -28,6 +28,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from mnemo import deadline
 from mnemo.config import Config
 from mnemo.conversation.drafts import check_thread_id, search_text
 from mnemo.conversation.eviction import Evictor
@@ -194,7 +195,7 @@ class ConversationService:
 
     async def _call_embedder(self, call: Awaitable[T]) -> T:
         try:
-            with anyio.fail_after(self.timeout):
+            with deadline.fail_after(self.timeout):
                 return await call
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder timed out after {self.timeout:g} s") from exc

@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from mnemo import deadline
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request
@@ -117,7 +118,7 @@ async def extract(
 
     async def score_last(step: StepRecord) -> None:
         try:
-            with anyio.fail_after(time_limit):
+            with deadline.fail_after(time_limit):
                 request = reward_request(
                     goal=episode.goal,
                     subgoal=step.subgoal,
@@ -134,7 +135,7 @@ async def extract(
             work.scored.set()
 
     async def one(i: int, group: list[StepRecord]) -> None:
-        with anyio.fail_after(time_limit):
+        with deadline.fail_after(time_limit):
             waits = deferred is not None and group[-1] is deferred
             results[i] = await _extract_trajectory(work, group, waits_for_reward=waits)
 

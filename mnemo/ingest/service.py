@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from mnemo import deadline
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, embed, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
@@ -209,7 +210,7 @@ class IngestService:
             if resolve is not None:
                 step = Step(resolve(step.observation), resolve(step.action), step.metadata)
             previous = episode.steps[-1] if episode.steps else None
-            with anyio.fail_after(runtime.config.append_timeout):
+            with deadline.fail_after(runtime.config.append_timeout):
                 note = await annotate(
                     llm,
                     runtime.embedder,
@@ -274,7 +275,7 @@ class IngestService:
         async def embed_wordings(texts: Sequence[str]) -> Vector:
             timeout = runtime.config.extraction_timeout
             try:
-                with anyio.fail_after(timeout):
+                with deadline.fail_after(timeout):
                     return await embed(runtime.embedder, [embedding_text(t) for t in texts])
             except TimeoutError as exc:
                 raise EmbeddingError(f"the embedder took more than {timeout} s") from exc

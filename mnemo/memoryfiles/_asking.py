@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-import anyio
-
-from mnemo import ports
+from mnemo import deadline, ports
 from mnemo.errors import LLMTimeout
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
@@ -38,7 +36,7 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) 
         LLMTimeout: no usable answer within `LLM_TIMEOUT_S` seconds.
     """
     try:
-        with anyio.fail_after(LLM_TIMEOUT_S):
+        with deadline.fail_after(LLM_TIMEOUT_S):
             return await ports.ask(llm, request, parse)
     except TimeoutError as exc:
         raise LLMTimeout(

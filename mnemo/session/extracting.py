@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import anyio
 
+from mnemo import deadline
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, StorageError
@@ -419,7 +420,7 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
 
     async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
         try:
-            with anyio.fail_after(runtime.config.extraction_timeout):
+            with deadline.fail_after(runtime.config.extraction_timeout):
                 text = await ask(
                     llm,
                     merge_intent_request(existing=existing, new=new),
@@ -433,7 +434,7 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
 
     async def contradicts(existing: str, new: str) -> bool:
         try:
-            with anyio.fail_after(runtime.config.extraction_timeout):
+            with deadline.fail_after(runtime.config.extraction_timeout):
                 return await ask(
                     llm, contradiction_request(existing=existing, new=new), parse_contradiction
                 )

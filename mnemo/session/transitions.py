@@ -15,8 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
-
+from mnemo import deadline
 from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepInfo, StepRecord
 from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, SessionError, StorageError
@@ -222,7 +221,7 @@ async def _try_append(
     previous = episode.steps[-1] if episode.steps else None
     timeout = runtime.config.append_timeout
     try:
-        with anyio.fail_after(timeout):
+        with deadline.fail_after(timeout):
             note = await annotate(
                 live.llm_for(runtime, session.repo, session.id),
                 runtime.embedder,

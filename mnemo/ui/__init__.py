@@ -5,7 +5,8 @@ Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "mnemo[ui]"`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import uvicorn
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
 from mnemo.ui.app import create_app
+from mnemo.ui.guard import Access, Redaction, exposure
 from mnemo.ui.source import MemorySource, MemoryView
 
 DEFAULT_HOST = "127.0.0.1"
@@ -31,7 +33,7 @@ async def open_view(
     """A `MemoryView` over the memory at `db`, open while the block runs. Without models, each
     repo's recorded ones are used (as by every other entry point)."""
     async with Memory(db, llm=llm, embedder=embedder) as memory:
-        yield MemorySource(memory, reinforce=allow_writes)
+        yield MemorySource(memory, writes=allow_writes)
 
 
 async def serve(
@@ -42,12 +44,30 @@ async def serve(
     allow_writes: bool = False,
     llm: LLM | None = None,
     embedder: Embedder | None = None,
+    token: str | None = None,
+    allow_hosts: Sequence[str] = (),
 ) -> None:
     """Serves the web app over the memory at `db` until interrupted. Binds 127.0.0.1 unless
-    told otherwise: the pages show everything the memory holds, to whoever can connect."""
+    told otherwise: the pages show everything the memory holds, to whoever can connect.
+
+    Requests are answered only for the bound address, the loopback names and `allow_hosts`
+    (see `mnemo.ui.guard`), and only with `token` when one is given. A bind beyond the
+    loopback is warned about on stderr; `token=` values never reach the access log.
+
+    Raises:
+        InvalidInputError: a malformed allowed host or token (before anything is opened).
+    """
+    access = Access.bound(host, allow_hosts, token)
     app = create_app(
         open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),
         allow_writes=allow_writes,
+        access=access,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
+    # After uvicorn.Config, which configures these loggers.
+    access_log = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, Redaction) for f in access_log.filters):
+        access_log.addFilter(Redaction())
+    for line in exposure(host, access):
+        logging.getLogger("uvicorn.error").warning(line)
     await server.serve()

@@ -1,32 +1,44 @@
 """`mnemo ui`: a small local web app over a memory (Starlette, Jinja2 templates, htmx).
 
-Every route is a GET that reads through a `MemoryView`; pages are rendered on the server and
-work without JavaScript. htmx (vendored under `static/`, no CDN) only swaps the results of the
-search and recall forms in place. Identifiers travel as query parameters, never as path
-segments: thread ids such as "week/1" hold slashes.
+Every page is a GET that reads through a `MemoryView` and never writes; pages are rendered on
+the server and work without JavaScript. htmx (vendored under `static/`, no CDN) only swaps the
+results of the search and recall forms in place. With `allow_writes`, two POSTs write: a
+recall that counts its results as accesses, and a revert (`mnemo.ui.history`). A `Gate`
+(`mnemo.ui.guard`) stands in front of every route: the Host names answered, the optional
+access token, and POSTs from the app's own pages only. Identifiers travel as query
+parameters, never as path segments: thread ids such as "week/1" hold slashes.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from pathlib import Path
-from typing import Any
-from urllib.parse import urlencode
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.templating import Jinja2Templates
 
-from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
+from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
 from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.ui import history as history_pages
+from mnemo.ui.drawing import NARROW, WIDE, neighbourhood
+from mnemo.ui.guard import Access, Gate
+from mnemo.ui.render import (
+    HERE,
+    Params,
+    form,
+    known_repo,
+    node_types,
+    page,
+    required,
+    view_of,
+    whole,
+)
 from mnemo.ui.source import LinkedNode, MemoryView
 
-HERE = Path(__file__).parent
 # The graph page lists this many of the newest nodes of a type; search and recall cap too.
 LIST_LIMIT = 100
 SEARCH_LIMIT = 50
@@ -40,39 +52,20 @@ MEMORY_TYPES = (NodeType.SEMANTIC, NodeType.PROCEDURAL, NodeType.EPISODIC)
 ViewFactory = Callable[[], AbstractAsyncContextManager[MemoryView]]
 
 
-def href(path: str, **params: object) -> str:
-    """`path` with the non-None params as its query string."""
-    query = urlencode({k: str(v) for k, v in params.items() if v is not None})
-    return f"{path}?{query}" if query else path
-
-
-def _templates() -> Jinja2Templates:
-    env = Environment(
-        loader=FileSystemLoader(HERE / "templates"),
-        autoescape=select_autoescape(["html"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.globals["href"] = href
-    env.filters["label"] = lambda value: getattr(value, "value", value)
-    env.filters["short"] = lambda text, n=160: text if len(text) <= n else text[: n - 1] + "…"
-    return Jinja2Templates(env=env)
-
-
-TEMPLATES = _templates()
-
-
 def create_app(
     view: MemoryView | None = None,
     *,
     open_view: ViewFactory | None = None,
     allow_writes: bool = False,
+    access: Access | None = None,
 ) -> Starlette:
     """The web app over `view`, or over the view `open_view` opens for the app's life
     (entered at startup, left at shutdown): exactly one of the two.
 
-    No route writes. `allow_writes` is shown in the header; what it allows is up to the view
-    (the `MemorySource` of `mnemo ui --allow-writes` lets recalls count as accesses).
+    No GET writes. `allow_writes` adds what the view allows to write: a recall that counts
+    its results as accesses (a POST of the playground) and a revert (a POST of a commit's
+    page). `access` says which Host names are answered and which token is required (default:
+    the loopback names, no token).
 
     Raises:
         InvalidInputError: neither or both of `view` and `open_view`.
@@ -94,13 +87,17 @@ def create_app(
             Route("/", index, name="index"),
             Route("/graph", graph, name="graph"),
             Route("/node", node_page, name="node"),
-            Route("/recall", recall, name="recall"),
+            Route("/recall", recall, name="recall", methods=["GET", "POST"]),
+            Route("/history", history_pages.history, name="history"),
+            Route("/commit", history_pages.commit, name="commit"),
+            Route("/revert", history_pages.revert, name="revert", methods=["POST"]),
             Route("/sessions", sessions, name="sessions"),
             Route("/session", session_page, name="session"),
             Route("/threads", threads, name="threads"),
             Route("/thread", thread_page, name="thread"),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
+        middleware=[Middleware(Gate, access=access or Access())],
         exception_handlers={MnemoError: _mnemo_error},
         lifespan=lifespan,
     )
@@ -110,75 +107,24 @@ def create_app(
     return app
 
 
-def _view(request: Request) -> MemoryView:
-    view: MemoryView = request.app.state.view
-    return view
-
-
-def _page(
-    request: Request, name: str, context: Mapping[str, Any], status_code: int = 200
-) -> Response:
-    return TEMPLATES.TemplateResponse(
-        request,
-        name,
-        {"allow_writes": request.app.state.allow_writes, **context},
-        status_code=status_code,
-    )
-
-
 async def _mnemo_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, NotFoundError):
         status = 404
     elif isinstance(exc, InvalidInputError):
         status = 400
+    elif isinstance(exc, ConflictError):
+        status = 409
     else:
         status = 500
-    return _page(request, "error.html", {"error": exc, "status": status}, status)
-
-
-def _required(request: Request, name: str) -> str:
-    value = request.query_params.get(name, "")
-    if not value.strip():
-        raise InvalidInputError(f"the query parameter {name!r} is required")
-    return value
-
-
-def _int(request: Request, name: str, default: int, *, low: int, high: int) -> int:
-    raw = request.query_params.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidInputError(f"{name} must be a whole number, got {raw!r}") from None
-    if not low <= value <= high:
-        raise InvalidInputError(f"{name} must be between {low} and {high}, got {value}")
-    return value
-
-
-async def _repo(request: Request) -> str:
-    repo = _required(request, "repo")
-    if repo not in await _view(request).repos():
-        raise NotFoundError("repo", repo)
-    return repo
-
-
-def _types(values: Iterable[str]) -> list[NodeType]:
-    chosen: list[NodeType] = []
-    for value in values:
-        try:
-            chosen.append(NodeType(value))
-        except ValueError:
-            raise InvalidInputError(f"unknown node type {value!r}") from None
-    return chosen
+    return page(request, "error.html", {"error": exc, "status": status}, status)
 
 
 # ---- pages ---------------------------------------------------------------------------------
 
 
 async def index(request: Request) -> Response:
-    view = _view(request)
-    return _page(
+    view = view_of(request)
+    return page(
         request,
         "index.html",
         {
@@ -191,12 +137,12 @@ async def index(request: Request) -> Response:
 
 async def graph(request: Request) -> Response:
     """A repo's graph: a search box, the newest nodes of one type, its tags and intents."""
-    view = _view(request)
-    repo = await _repo(request)
-    shown = _types([request.query_params.get("type", NodeType.SEMANTIC.value)])[0]
+    view = view_of(request)
+    repo = await known_repo(view, request.query_params)
+    shown = node_types([request.query_params.get("type", NodeType.SEMANTIC.value)])[0]
     query = request.query_params.get("q", "").strip()
     found = await view.search_nodes(repo, query, SEARCH_LIMIT) if query else None
-    return _page(
+    return page(
         request,
         "graph.html",
         {
@@ -213,11 +159,12 @@ async def graph(request: Request) -> Response:
 
 
 async def node_page(request: Request) -> Response:
-    """One node: its text and data, its links by type, and for a memory its provenance: the
-    steps it came from, each with the stored episode (and session) it belongs to."""
-    view = _view(request)
-    repo = await _repo(request)
-    node_id = _required(request, "id")
+    """One node: its text and data, a drawing of its neighbourhood, its links by type, and
+    for a memory its provenance: the steps it came from, each with the stored episode (and
+    session) it belongs to."""
+    view = view_of(request)
+    repo = await known_repo(view, request.query_params)
+    node_id = required(request.query_params, "id")
     node = await view.node(repo, node_id)
     if node is None:
         raise NotFoundError("node", node_id)
@@ -234,7 +181,7 @@ async def node_page(request: Request) -> Response:
         steps = [node]
     steps.sort(key=lambda n: (str(n.data.get("episode_id", "")), n.data.get("index", 0)))
     sessions = await _sessions_of(view, steps)
-    return _page(
+    return page(
         request,
         "node.html",
         {
@@ -244,6 +191,10 @@ async def node_page(request: Request) -> Response:
             "steps": steps,
             "step_sessions": sessions,
             "members": _members(node, by_type),
+            "drawings": {
+                "wide": neighbourhood(node, links, layout=WIDE),
+                "narrow": neighbourhood(node, links, layout=NARROW),
+            },
         },
     )
 
@@ -273,14 +224,22 @@ def _members(node: Node, links: dict[LinkType, list[LinkedNode]]) -> list[Node]:
 
 async def recall(request: Request) -> Response:
     """The recall playground: a query, k and node types in; each result's rank, score, phase
-    and hop out."""
-    view = _view(request)
-    repo = await _repo(request)
-    query = request.query_params.get("q", "").strip()
-    k = _int(request, "k", 10, low=1, high=MAX_K)
-    types = _types(request.query_params.getlist("types"))
-    result = await view.recall(repo, query, k, types or None) if query else None
-    return _page(
+    and hop out. A GET never counts its results as accesses; a POST (the playground's second
+    button, with `allow_writes` only) does, as an agent's recall does."""
+    view = view_of(request)
+    writing = request.method == "POST"
+    if writing and not request.app.state.allow_writes:
+        refused = "this web app is read-only: start it with --allow-writes to count accesses"
+        return page(request, "error.html", {"error": refused, "status": 403}, 403)
+    params: Params = await form(request) if writing else request.query_params
+    repo = await known_repo(view, params)
+    query = params.get("q", "").strip()
+    k = whole(params, "k", 10, low=1, high=MAX_K)
+    types = node_types(params.getlist("types"))
+    result = (
+        await view.recall(repo, query, k, types or None, reinforce=writing) if query else None
+    )
+    return page(
         request,
         "recall.html",
         {
@@ -290,24 +249,25 @@ async def recall(request: Request) -> Response:
             "types": list(NodeType),
             "chosen": types,
             "result": result,
+            "counted": writing,
         },
     )
 
 
 async def sessions(request: Request) -> Response:
-    return _page(request, "sessions.html", {"sessions": await _view(request).sessions()})
+    return page(request, "sessions.html", {"sessions": await view_of(request).sessions()})
 
 
 async def session_page(request: Request) -> Response:
     """A session: its state (live or ended), and each stored episode's trajectories and
     steps."""
-    view = _view(request)
-    session_id = _required(request, "id")
+    view = view_of(request)
+    session_id = required(request.query_params, "id")
     live = {s.id: s for s in await view.sessions()}
     episodes = await view.episodes(session_id)
     if not episodes and session_id not in live:
         raise NotFoundError("session", session_id)
-    return _page(
+    return page(
         request,
         "session.html",
         {"session_id": session_id, "info": live.get(session_id), "episodes": episodes},
@@ -315,15 +275,15 @@ async def session_page(request: Request) -> Response:
 
 
 async def threads(request: Request) -> Response:
-    return _page(request, "threads.html", {"threads": await _view(request).threads()})
+    return page(request, "threads.html", {"threads": await view_of(request).threads()})
 
 
 async def thread_page(request: Request) -> Response:
     """A thread: what the agent sees within a budget (boundary, snapshots, pins, messages),
     and every stored message marked by where it stands."""
-    view = _view(request)
-    thread_id = _required(request, "id")
-    budget = _int(request, "budget", DEFAULT_BUDGET, low=1, high=10_000_000)
+    view = view_of(request)
+    thread_id = required(request.query_params, "id")
+    budget = whole(request.query_params, "budget", DEFAULT_BUDGET, low=1, high=10_000_000)
     known = {t.id: t for t in await view.threads()}
     if thread_id not in known:
         raise NotFoundError("thread", thread_id)
@@ -331,7 +291,7 @@ async def thread_page(request: Request) -> Response:
     everything = await view.viewport(thread_id, ALL_TOKENS)
     shown = {m.id for m in seen.messages}
     pinned = {m.id for m in everything.pinned}
-    return _page(
+    return page(
         request,
         "thread.html",
         {

@@ -4,6 +4,8 @@ The app knows no SQL and no store: every page is drawn from these reads, so a te
 it a fake, and a later storage backend needs nothing UI-specific. `MemorySource` implements
 them through `Memory`'s public methods only; none of them starts or resumes work (no
 `open_repo`, no call that touches a session), so looking never changes what a session does.
+The two that write (a recall that counts its results as accesses, a revert) do so only when
+the source was made with `writes=True`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Protocol
 
 from mnemo.conversation.model import Message, ThreadInfo, Viewport
 from mnemo.episode.model import EpisodeLog
+from mnemo.errors import InvalidInputError
+from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.memory import Memory
 from mnemo.recall.engine import RecallResult
@@ -56,20 +60,33 @@ class MemoryView(Protocol):
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport: ...
 
     async def recall(
-        self, repo: str, query: str, k: int, types: Sequence[NodeType] | None
+        self,
+        repo: str,
+        query: str,
+        k: int,
+        types: Sequence[NodeType] | None,
+        *,
+        reinforce: bool = False,
     ) -> RecallResult: ...
+
+    async def history(self, repo: str, limit: int) -> list[CommitRecord]: ...
+
+    async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff: ...
+
+    async def revert(self, repo: str, commit_id: str) -> CommitDiff: ...
 
 
 class MemorySource:
     """`MemoryView` over an open `Memory`.
 
-    `reinforce` is whether a recall counts as an access of what it returns, as an agent's
-    recall does; off (the default), the playground changes nothing in the file.
+    `writes` is whether the two writing calls may write: a recall with `reinforce` (its
+    results count as accesses, as an agent's recall does) and `revert`. Without it (the
+    default), a recall never reinforces and `revert` raises InvalidInputError.
     """
 
-    def __init__(self, memory: Memory, *, reinforce: bool = False) -> None:
+    def __init__(self, memory: Memory, *, writes: bool = False) -> None:
         self._memory = memory
-        self._reinforce = reinforce
+        self._writes = writes
 
     async def repos(self) -> list[str]:
         return await self._memory.list_repos()
@@ -112,8 +129,25 @@ class MemorySource:
         return await self._memory.viewport(thread_id, token_budget=token_budget)
 
     async def recall(
-        self, repo: str, query: str, k: int, types: Sequence[NodeType] | None
+        self,
+        repo: str,
+        query: str,
+        k: int,
+        types: Sequence[NodeType] | None,
+        *,
+        reinforce: bool = False,
     ) -> RecallResult:
         return await self._memory.recall(
-            repo, query, k=k, types=types, reinforce=self._reinforce
+            repo, query, k=k, types=types, reinforce=reinforce and self._writes
         )
+
+    async def history(self, repo: str, limit: int) -> list[CommitRecord]:
+        return await self._memory.history(repo, limit=limit)
+
+    async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
+        return await self._memory.commit_diff(repo, commit_id)
+
+    async def revert(self, repo: str, commit_id: str) -> CommitDiff:
+        if not self._writes:
+            raise InvalidInputError("this view of the memory is read-only: no revert")
+        return await self._memory.revert(repo, commit_id)

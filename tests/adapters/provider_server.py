@@ -34,6 +34,8 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,15 +141,20 @@ class Recorded:
 class ProviderServer:
     """The fake provider (see the module doc). Use as a context manager, or `start`/`stop`.
 
-    `latency` delays every reply (the bench's model latency); `slots` is how many requests it
-    works on at once (None: all), the others wait their turn, as a llama.cpp server started
-    with `--parallel` does; `dim` is the embedding size;
+    `latency` delays every reply (the bench's model latency); `dim` is the embedding size;
     `every_nth_fails` replies with `flaky` instead of the default to every n-th request;
     `json_schema=False` makes it refuse `response_format` json_schema (like older Ollama,
     vLLM and llama.cpp servers), `tools=False` refuse tools. `obeys` holds the forms of
     `tool_choice` it follows for a request's own tools: "named" (a tool's name; all that
     llama-cpp-python's server follows), "required" (llama.cpp's own server); hosted APIs follow
-    both, the default.
+    both, the default. `per_token=True` answers embeddings with one vector per word.
+
+    Like a real server under load: `slots` requests are answered at once and the rest queue
+    (None: all at once); a request whose client gave up is still worked on to its end,
+    holding its slot (llama-cpp-python's server does not notice a closed connection);
+    `tokens_per_second` adds the reply's own tokens (4 characters a token, also reported as
+    its usage) to its latency; `context` refuses a request whose prompt (4 characters a
+    token) is longer, as llama.cpp does, and cuts a reply at what is left of it.
     """
 
     def __init__(
@@ -159,11 +166,20 @@ class ProviderServer:
         flaky: Behaviour | None = None,
         json_schema: bool = True,
         tools: bool = True,
+        slots: int | None = None,
+        tokens_per_second: float | None = None,
+        context: int | None = None,
         obeys: frozenset[str] = frozenset({"named", "required"}),
         per_token: bool = False,
-        slots: int | None = None,
     ) -> None:
         self.latency = latency
+        self.slots = slots
+        self._line: deque[object] = deque()  # requests waiting for a slot, first come first
+        self._busy = 0
+        self.tokens_per_second = tokens_per_second
+        self.context = context
+        self.queued = 0
+        self.max_queued = 0
         self.dim = dim
         self.every_nth_fails = every_nth_fails
         self.flaky: Behaviour = flaky or rate_limited("0")
@@ -171,7 +187,6 @@ class ProviderServer:
         self.tools = tools
         self.obeys = obeys
         self.per_token = per_token
-        self._slots = threading.Semaphore(slots) if slots else None
         self.requests: list[Recorded] = []
         self.statuses: list[int] = []
         self.in_flight = 0
@@ -180,6 +195,7 @@ class ProviderServer:
         # What every request of a task gets, unless something is scripted (`answer_task`).
         self._by_task: dict[str, Behaviour] = {}
         self._lock = threading.Lock()
+        self._turns = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -253,6 +269,32 @@ class ProviderServer:
             return REJECT_TOOLS
         return Answer()
 
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        """Holds one of the server's slots, queueing for it (first come, first served) when
+        all are taken."""
+        if self.slots is None:
+            yield
+            return
+        me = object()
+        with self._turns:
+            self._line.append(me)
+            self.queued = len(self._line) - 1 if self._busy < self.slots else len(self._line)
+            self.max_queued = max(self.max_queued, self.queued)
+            while not (self._line[0] is me and self._busy < self.slots):
+                if self._stopping.is_set():
+                    break
+                self._turns.wait(0.05)
+            self._line.remove(me)
+            self._busy += 1
+            self._turns.notify_all()
+        try:
+            yield
+        finally:
+            with self._turns:
+                self._busy -= 1
+                self._turns.notify_all()
+
     def _enter(self) -> None:
         with self._lock:
             self.in_flight += 1
@@ -298,19 +340,14 @@ class _Handler(BaseHTTPRequestHandler):
             time.monotonic(),
         )
         provider.requests.append(recorded)
-        if provider._slots is not None:
-            while not provider._slots.acquire(timeout=0.05):
-                if provider._stopping.is_set():
-                    return
-        provider._enter()
-        try:
-            if provider.latency:
-                provider._stopping.wait(provider.latency)
-            self._behave(provider, provider._next(recorded), recorded)
-        finally:
-            provider._leave()
-            if provider._slots is not None:
-                provider._slots.release()
+        with provider._slot():
+            provider._enter()
+            try:
+                if provider.latency:
+                    provider._stopping.wait(provider.latency)
+                self._behave(provider, provider._next(recorded), recorded)
+            finally:
+                provider._leave()
 
     def _behave(self, provider: ProviderServer, behaviour: Behaviour, request: Recorded) -> int:
         while isinstance(behaviour, Slow):
@@ -330,7 +367,19 @@ class _Handler(BaseHTTPRequestHandler):
                 payload = {"type": "error", "error": error}
             self._send(behaviour.status, json.dumps(payload).encode(), headers=behaviour.headers)
             return behaviour.status
+        prompt = _prompt_tokens(request)
+        if provider.context is not None and prompt > provider.context:
+            self._send(400, json.dumps({"error": {
+                "code": 400, "type": "exceed_context_size_error",
+                "message": "the request exceeds the available context size, try increasing it",
+                "n_prompt_tokens": prompt, "n_ctx": provider.context}}).encode())
+            return 400
         reply = _render(request, behaviour, provider)
+        if provider.tokens_per_second or provider.context is not None:
+            room = None if provider.context is None else provider.context - prompt
+            written = _sized(reply, prompt, room)
+            if provider.tokens_per_second:
+                provider._stopping.wait(written / provider.tokens_per_second)
         self._send(200, json.dumps(reply).encode())
         return 200
 
@@ -606,6 +655,33 @@ def _embeddings(
         "model": request.body.get("model"),
         "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
+
+
+def _prompt_tokens(request: Recorded) -> int:
+    """The prompt's size in tokens, counted as 4 characters a token of its messages."""
+    return sum(len(json.dumps(m.get("content") or "")) for m in request.messages) // 4 + 1
+
+
+def _sized(reply: dict[str, Any], prompt: int, room: int | None) -> int:
+    """Sets a chat reply's usage from its length (4 characters a token), cutting its text or
+    tool arguments at `room` tokens (finish reason "length"); returns the tokens written."""
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return 0
+    message = choices[0]["message"]
+    calls = message.get("tool_calls") or []
+    text = calls[0]["function"]["arguments"] if calls else (message.get("content") or "")
+    written = len(text) // 4 + 1
+    if room is not None and written > room:
+        text, written = text[: max(room, 0) * 4], max(room, 0)
+        if calls:
+            calls[0]["function"]["arguments"] = text
+        else:
+            message["content"] = text
+        choices[0]["finish_reason"] = "length"
+    reply["usage"] = {"prompt_tokens": prompt, "completion_tokens": written,
+                      "total_tokens": prompt + written}
+    return written
 
 
 def _packed(floats: list[float]) -> str:

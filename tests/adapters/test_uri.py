@@ -209,6 +209,7 @@ def test_embedder_uris_take_their_settings() -> None:
         ("openai:gpt?timeout=0", "timeout must be a number of seconds > 0"),
         ("openai:gpt?max_concurrency=0", "max_concurrency must be a whole number >= 1"),
         ("openai:gpt?max_tokens=1.5", "max_tokens must be a whole number"),
+        ("openai:gpt?concurrency=0", "concurrency must be a whole number >= 1"),
         ("openai:gpt?top_p=1", "unknown setting 'top_p'"),
         ("openai:gpt?timeout=1&timeout=2", "given twice"),
         ("openai:gpt?timeout", "name=value pairs"),
@@ -231,3 +232,13 @@ def test_the_structured_mode_can_be_pinned_in_the_uri() -> None:
     llm = mnemo.llm_from_uri("openai-compatible:m@http://127.0.0.1:9/v1?structured=tool", env={})
     assert isinstance(llm, mnemo.OpenAICompatible)
     assert llm.structured_mode == "tool"
+
+
+def test_the_concurrency_can_be_pinned_in_the_uri() -> None:
+    """`?concurrency=1` pins the adapter's limit (no adapting to the server) and
+    `max_concurrency` sets its ceiling."""
+    llm = mnemo.llm_from_uri(
+        "openai-compatible:m@http://127.0.0.1:9/v1?concurrency=1&max_concurrency=3", env={}
+    )
+    assert isinstance(llm, mnemo.OpenAICompatible)
+    assert (llm.concurrency.pinned, llm.concurrency.ceiling) == (1, 3)

@@ -5,6 +5,7 @@ default embedder, as `mnemo ui` opens it) and copied for each test that may writ
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 import mnemo
 from mnemo.ui.app import create_app
@@ -19,6 +21,8 @@ from mnemo.ui.source import MemorySource
 
 REPO = "ops"
 THREAD = "week/1"
+# The address a local browser uses: one of the Host names the app answers by default.
+BASE = "http://127.0.0.1:8765"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +88,31 @@ async def memory(sample: Sample) -> AsyncIterator[mnemo.Memory]:
         yield mem
 
 
+def dump(db: Path) -> list[str]:
+    """Every row of the SQLite file, as SQL: equal before and after means nothing written."""
+    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+def client_of(app: Starlette, base: str = BASE) -> httpx.AsyncClient:
+    """An httpx client of the ASGI app, as a browser at `base` reaches it."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base)
+
+
 @pytest.fixture
 async def client(memory: mnemo.Memory) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(MemorySource(memory))
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://ui.test") as c:
+    async with client_of(create_app(MemorySource(memory))) as c:
+        yield c
+
+
+@pytest.fixture
+async def writer(memory: mnemo.Memory) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the app started with --allow-writes, sending its own Origin, as the app's
+    pages do."""
+    app = create_app(MemorySource(memory, writes=True), allow_writes=True)
+    async with client_of(app) as c:
+        c.headers["origin"] = BASE
         yield c

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 import httpx
@@ -13,20 +11,11 @@ import pytest
 
 import mnemo
 from mnemo.ui.app import create_app
-from mnemo.ui.source import MemorySource
-from tests.ui.conftest import REPO, THREAD, Sample
+from tests.ui.conftest import BASE, REPO, THREAD, Sample, dump
 
 
 def _links(html: str) -> list[str]:
     return [h.replace("&amp;", "&") for h in re.findall(r'(?:href|src)="([^"#]+)', html)]
-
-
-def _dump(db: Path) -> list[str]:
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return list(conn.iterdump())
-    finally:
-        conn.close()
 
 
 async def _node_ids(memory: mnemo.Memory, types: Sequence[mnemo.NodeType]) -> list[str]:
@@ -224,11 +213,9 @@ async def test_unknown_things_are_error_pages(
     assert says in page.text
 
 
-async def test_every_link_of_every_page_works_and_nothing_is_written(
-    client: httpx.AsyncClient, sample: Sample
-) -> None:
-    """Crawling every page from / (a recall included) gets no error and changes no row."""
-    before = _dump(sample.db)
+async def _crawl(client: httpx.AsyncClient) -> set[str]:
+    """Every address reached by following links from /, a search and a recall, each
+    checked to answer 200; the addresses."""
     seen: set[str] = set()
     queue = ["/", f"/recall?repo={REPO}&q=gunicorn+port", f"/graph?repo={REPO}&q=nginx"]
     while queue:
@@ -240,23 +227,66 @@ async def test_every_link_of_every_page_works_and_nothing_is_written(
         assert page.status_code == 200, url
         if page.headers["content-type"].startswith("text/html"):
             queue.extend(link for link in _links(page.text) if link.startswith("/"))
+    return seen
+
+
+async def test_every_link_of_every_page_works_and_nothing_is_written(
+    client: httpx.AsyncClient, sample: Sample
+) -> None:
+    """Crawling every page from / (a recall included) gets no error and changes no row."""
+    before = dump(sample.db)
+    seen = await _crawl(client)
     assert len(seen) > 30
     assert "/static/htmx.min.js" in seen
-    assert _dump(sample.db) == before
+    assert dump(sample.db) == before
 
 
-async def test_allow_writes_lets_recall_count_accesses(memory: mnemo.Memory) -> None:
-    """With writes allowed, a playground recall counts as an access, as an agent's does."""
-    app = create_app(MemorySource(memory, reinforce=True), allow_writes=True)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://ui.test"
-    ) as c:
-        page = await c.get("/recall", params={"repo": REPO, "q": "gunicorn port"})
-    assert "writes allowed" in page.text
-    ids = re.findall(r'class="hit">.*?id=(\w+)', page.text, re.S)
-    stats = await memory._graph.access_stats(REPO, ids)
+async def test_with_writes_allowed_a_posted_recall_counts_accesses_and_a_get_does_not(
+    writer: httpx.AsyncClient, memory: mnemo.Memory
+) -> None:
+    """With --allow-writes, the playground's POST counts its results as accesses, as an
+    agent's recall does; its GET still counts nothing (no GET writes)."""
+    query = {"repo": REPO, "q": "gunicorn port"}
+    looked = await writer.get("/recall", params=query)
+    assert "writes allowed" in looked.text
+    assert 'id="recall-count"' in looked.text
+    ids = re.findall(r'class="hit">.*?id=(\w+)', looked.text, re.S)
     assert ids
+    stats = await memory._graph.access_stats(REPO, ids)
+    assert all(count == 0 for count, _ in stats.values())
+    counted = await writer.post("/recall", data=query)
+    assert counted.status_code == 200
+    assert "counted as accesses" in counted.text
+    assert re.findall(r'class="hit">.*?id=(\w+)', counted.text, re.S) == ids
+    stats = await memory._graph.access_stats(REPO, ids)
     assert all(count == 1 for count, _ in stats.values())
+
+
+async def test_read_only_refuses_a_counted_recall(
+    client: httpx.AsyncClient, sample: Sample
+) -> None:
+    """Without --allow-writes the playground offers no counting button, and a POST to it is
+    a 403 that writes nothing."""
+    page = await client.get("/recall", params={"repo": REPO, "q": "gunicorn port"})
+    assert 'id="recall-count"' not in page.text
+    before = dump(sample.db)
+    refused = await client.post(
+        "/recall", data={"repo": REPO, "q": "gunicorn port"}, headers={"origin": BASE}
+    )
+    assert refused.status_code == 403
+    assert "--allow-writes" in refused.text
+    assert dump(sample.db) == before
+
+
+async def test_a_crawl_with_writes_allowed_writes_nothing(
+    writer: httpx.AsyncClient, sample: Sample
+) -> None:
+    """Every GET of every page, with --allow-writes on, leaves every row as it was."""
+    before = dump(sample.db)
+    seen = await _crawl(writer)
+    assert f"/history?repo={REPO}" in seen
+    assert any(url.startswith("/commit?") for url in seen)
+    assert dump(sample.db) == before
 
 
 def test_create_app_takes_one_view() -> None:

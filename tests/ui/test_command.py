@@ -1,8 +1,10 @@
-"""`mnemo ui` from the command line: it serves on 127.0.0.1 by default and refuses a missing
-database."""
+"""`mnemo ui` from the command line: it serves on 127.0.0.1 by default, refuses a missing
+database, a weak token and a malformed allowed host, and warns about a bind beyond the
+loopback."""
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import socket
@@ -13,10 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from typer.testing import CliRunner
 
 from mnemo.cli import app
+from mnemo.ui.guard import Redaction
 from tests.ui.conftest import Sample
+
+TOKEN = "command-token-0123456789"
 
 
 def _free_port() -> int:
@@ -33,6 +39,63 @@ def test_ui_refuses_a_missing_database(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no database at" in result.output
     assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["--token", "short"], {}, "16 to 512 characters"),
+        ([], {"MNEMO_UI_TOKEN": "has a space in it, so no"}, "printable ASCII"),
+        (["--allow-host", "http://evil.example.com"], {}, "not a host name"),
+        (["--allow-host", "*"], {}, "needs an access token"),
+    ],
+)
+def test_ui_refuses_weak_tokens_and_malformed_hosts(
+    sample: Sample, args: list[str], env: dict[str, str], says: str
+) -> None:
+    """A short or spaced token (flag or MNEMO_UI_TOKEN), a host with a scheme, or '*' with no
+    token is a one-line error with status 2, before anything is served."""
+    result = CliRunner().invoke(app, ["ui", "--db", str(sample.db), *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+
+
+@pytest.fixture
+def no_serving(monkeypatch: pytest.MonkeyPatch) -> list[uvicorn.Server]:
+    """uvicorn's serve replaced by one that records the server and returns at once."""
+    served: list[uvicorn.Server] = []
+
+    async def serve(self: uvicorn.Server, sockets: object = None) -> None:
+        served.append(self)
+
+    monkeypatch.setattr(uvicorn.Server, "serve", serve)
+    return served
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "warned"),
+    [
+        (["--host", "0.0.0.0"], {}, ["every interface", "No access token", "--allow-host"]),
+        (["--host", "0.0.0.0"], {"MNEMO_UI_TOKEN": TOKEN}, ["every interface"]),
+        ([], {}, []),
+        (["--host", "127.0.0.2"], {}, []),
+    ],
+)
+def test_ui_warns_about_a_bind_beyond_the_loopback(
+    sample: Sample, no_serving: list[uvicorn.Server], args: list[str], env: dict[str, str],
+    warned: list[str],
+) -> None:
+    """Binding every interface warns that the memory is exposed (and, without a token, that
+    anyone sees it); a loopback bind warns of nothing. The access log hides tokens."""
+    result = CliRunner().invoke(app, ["ui", "--db", str(sample.db), *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert len(no_serving) == 1
+    for words in warned:
+        assert words in result.output
+    assert ("mnemo ui listens on" in result.output) == bool(warned)
+    assert ("No access token" in result.output) == ("No access token" in warned)
+    filters = logging.getLogger("uvicorn.access").filters
+    assert sum(isinstance(f, Redaction) for f in filters) == 1
 
 
 @pytest.mark.slow

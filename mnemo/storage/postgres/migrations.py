@@ -477,4 +477,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX step_claims_by_session ON step_claims (session_id)",
         ),
     ),
+    Migration(
+        # What a repo's models learned of their servers: the next Memory starts from it.
+        # SQLite's m017_server_profiles.
+        "m014_server_profiles",
+        (
+            """CREATE TABLE server_profiles (
+                repo text NOT NULL,
+                model text NOT NULL,
+                profile jsonb NOT NULL,
+                updated_at timestamptz NOT NULL,
+                PRIMARY KEY (repo, model)
+            )""",
+        ),
+    ),
 )

@@ -508,3 +508,21 @@ def m016_step_claims(db: Database) -> None:
         CREATE INDEX step_claims_by_session ON step_claims(session_id);
         """,
     )
+
+
+@MIGRATIONS()
+def m017_server_profiles(db: Database) -> None:
+    # What a repo's models learned of their servers (a structured mode refused, how many
+    # requests one serves at once): the next Memory starts from it.
+    _execute_all(
+        db,
+        """
+        CREATE TABLE server_profiles (
+            repo TEXT NOT NULL,
+            model TEXT NOT NULL,
+            profile TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (repo, model)
+        ) WITHOUT ROWID;
+        """,
+    )

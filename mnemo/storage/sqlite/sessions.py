@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -49,6 +50,32 @@ class SqliteSessions:
                     " ON CONFLICT(name) DO UPDATE SET config = excluded.config,"
                     " embedder = excluded.embedder, llm = excluded.llm",
                     (row.name, row.config.to_json(), row.dim, row.embedder, row.llm, _now()),
+                )
+
+        await self._database.run(write)
+
+    async def load_profile(self, repo: str, model: str) -> dict[str, Any] | None:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT profile FROM server_profiles WHERE repo = ? AND model = ?",
+                (repo, model),
+            ).fetchall()
+        )
+        if not rows:
+            return None
+        profile = json.loads(rows[0][0])
+        return profile if isinstance(profile, dict) else None
+
+    async def save_profile(self, repo: str, model: str, profile: dict[str, Any]) -> None:
+        text = json.dumps(profile, sort_keys=True)
+
+        def write(db: SqliteUtilsDatabase) -> None:
+            with db.atomic():
+                db.conn.execute(
+                    "INSERT INTO server_profiles(repo, model, profile, updated_at)"
+                    " VALUES (?, ?, ?, ?) ON CONFLICT(repo, model) DO UPDATE SET"
+                    " profile = excluded.profile, updated_at = excluded.updated_at",
+                    (repo, model, text, _now()),
                 )
 
         await self._database.run(write)

@@ -1,0 +1,282 @@
+"""`Limit`: how many requests one model server gets at once, adapted to the server it meets.
+
+A server answers a number of requests at once (llama.cpp's and Ollama's default: one) and
+queues the rest; a queued request's time counts against its timeout all the same. So mnemo
+sends no more at once than the server serves, learned from how it answers (a Vegas-style
+limit, after TCP Vegas and Netflix's concurrency-limits):
+
+- Each reply's time is compared with the fastest recent reply of the same kind (the task:
+  "state", "semantic", ...), per unit of work: the tokens it read and wrote, when the server
+  reports them, since a reply twice as long takes about twice as long; and never with more
+  than 1.5 times the fastest of any kind, which a kind first seen under load would take for
+  the server's own speed. A request that had up
+  to n in flight beside it (itself included) and took r times the fastest stood behind about
+  `n * (1 - 1/r)` others in the server's queue. Only a request alone with the server may make
+  the baseline slower (a server that got slower): one that stood in a queue would hide the
+  queue it measures.
+- No queue, and the limit held mnemo back (the request went out at the limit, or others wait):
+  the limit grows, by one a reply until the first sign of a queue (slow start), then by one a
+  round trip.
+- A queue of two or more, or a reply that used half its timeout: the limit drops by one.
+- A timeout, a 429 or 503, or a connection refused: the limit halves before the request is
+  sent again, and the retry waits for a slot like any other request.
+
+At most one decrease per round trip: replies to requests sent before the last decrease say
+nothing new. The limit stays between 1 and `ceiling` (the adapter's `max_concurrency`); a
+`pinned` limit never moves. A limit starts at `initial` (2 for a server mnemo has not met;
+`Memory` restores what a repo learned of its server, `state` / `restore`).
+
+Waiting for a slot is mnemo's own queue: it runs under `mnemo.deadline.waiting()`, so it never
+counts against a timeout or a task's retry budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import anyio
+
+from mnemo import deadline
+
+# A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
+INITIAL = 2
+# Replies of one kind whose fastest is the baseline: recent ones, so a server that became
+# faster or slower is re-learned.
+WINDOW = 32
+# A kind's baseline is at most this many times the fastest reply of any kind, per unit of work:
+# a kind first seen under load (every request of a close's burst) would otherwise take a queued
+# reply as the server's speed, while kinds truly differ by less (a hosted API's fixed overhead
+# makes short replies dearer per token, about 1.35 times).
+SLACK = 1.5
+# A prompt token costs this fraction of a reply token (prefill is batched, decoding is not).
+PROMPT_WEIGHT = 0.1
+# Reply tokens a request costs even when its reply is empty (the request's own overhead).
+BASE_TOKENS = 8.0
+# Requests queued ahead at or below which a reply shows no queue, and at or above which the
+# limit drops; a reply that used this share of its timeout drops it too.
+NO_QUEUE = 0.5
+QUEUE = 2.0
+TIMEOUT_SHARE = 0.5
+# A reply less than this much slower than the fastest shows no queue, whatever the ratio: the
+# jitter of a server that answers in milliseconds (a queue that short endangers no timeout).
+NOISE = 0.05
+
+
+class Outcome(Enum):
+    """How a request ended, as the limit reads it."""
+
+    ANSWERED = "answered"  # a reply (any status that says nothing of load)
+    OVERLOADED = "overloaded"  # a timeout, 429, 503 or refused connection
+    FAILED = "failed"  # anything else: no signal
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One request's slot: when it was sent, and the most requests in flight (itself
+    included) while it was out."""
+
+    kind: str
+    sent: float
+    in_flight: int
+    epoch: int
+    outcome: Outcome = Outcome.FAILED
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    timeout: float | None = None
+    done: bool = field(default=False, repr=False)
+
+    def answered(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
+        self.outcome = Outcome.ANSWERED
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
+
+    def overloaded(self) -> None:
+        self.outcome = Outcome.OVERLOADED
+
+
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """What a limit learned of its server, to start from next time (`Limit.restore`)."""
+
+    limit: int
+    slow_start: bool
+
+
+class Limit:
+    """The adaptive concurrency limit of one server (see the module doc).
+
+    Raises:
+        ValueError: `ceiling` below 1, or `pinned` outside 1..`ceiling`.
+    """
+
+    def __init__(self, ceiling: int, *, pinned: int | None = None,
+                 initial: int | None = None,
+                 clock: Callable[[], float] = anyio.current_time) -> None:
+        if ceiling < 1:
+            raise ValueError(f"ceiling must be >= 1, got {ceiling}")
+        if pinned is not None and not 1 <= pinned <= ceiling:
+            raise ValueError(f"pinned must be within 1..{ceiling}, got {pinned}")
+        self.ceiling = ceiling
+        self.pinned = pinned
+        self._clock = clock
+        start = pinned or initial or INITIAL
+        self._limit = float(max(1, min(start, ceiling)))
+        self._slow_start = True
+        self._in_flight = 0
+        self._epoch = 0
+        self._waiters: deque[anyio.Event] = deque()
+        self._fastest: dict[str, deque[float]] = {}  # per kind, per unit of work
+        self._sized: set[str] = set()  # the kinds whose replies reported their tokens
+        self._out: set[Ticket] = set()
+        self.decreases = 0
+
+    @property
+    def current(self) -> int:
+        """Requests that may be in flight now."""
+        return max(1, min(self.ceiling, int(self._limit)))
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def state(self) -> LimitState:
+        return LimitState(self.current, self._slow_start)
+
+    def restore(self, state: LimitState) -> None:
+        """Starts from what an earlier limit learned of this server (a pinned one stays)."""
+        if self.pinned is None:
+            self._limit = float(max(1, min(state.limit, self.ceiling)))
+            self._slow_start = state.slow_start
+            self._wake()
+
+    @asynccontextmanager
+    async def slot(self, kind: str, request_timeout: float | None = None
+                   ) -> AsyncIterator[Ticket]:
+        """Holds one slot for a request of `kind` (its task), waiting in line for one (a wait
+        no timeout counts); the caller marks the ticket `answered` or `overloaded`."""
+        if self._in_flight >= self.current or self._waiters:
+            with deadline.waiting():
+                await self._wait_turn()
+        ticket = self.begin(kind, request_timeout)
+        try:
+            yield ticket
+        finally:
+            self.end(ticket)
+            self._wake()
+
+    def begin(self, kind: str, request_timeout: float | None = None) -> Ticket:
+        """Takes a slot now (the caller checked `free`)."""
+        self._in_flight += 1
+        for other in self._out:
+            other.in_flight = max(other.in_flight, self._in_flight)
+        ticket = Ticket(kind, self._clock(), self._in_flight, self._epoch,
+                        timeout=request_timeout)
+        self._out.add(ticket)
+        return ticket
+
+    def end(self, ticket: Ticket) -> None:
+        """Gives the slot back and learns from how the request ended."""
+        self._in_flight -= 1
+        self._out.discard(ticket)
+        self._learn(ticket, self._clock())
+
+    @property
+    def free(self) -> bool:
+        """Whether a request may be sent now."""
+        return self._in_flight < self.current
+
+    async def _wait_turn(self) -> None:
+        turn = anyio.Event()
+        self._waiters.append(turn)
+        try:
+            while not self.free or self._waiters[0] is not turn:
+                await turn.wait()
+                turn = self._renew(turn)
+        finally:
+            self._waiters.remove(turn)
+            self._wake()
+
+    def _renew(self, turn: anyio.Event) -> anyio.Event:
+        """A fresh event in `turn`'s place in the line (an anyio Event fires once)."""
+        fresh = anyio.Event()
+        self._waiters[self._waiters.index(turn)] = fresh
+        return fresh
+
+    def _wake(self) -> None:
+        """Lets the first in line look again, when a slot is free."""
+        if self._waiters and self.free:
+            self._waiters[0].set()
+
+    # ---- learning ---------------------------------------------------------------------------
+
+    def _learn(self, ticket: Ticket, now: float) -> None:
+        """Moves the limit by what `ticket`'s request says of the server's queue."""
+        if self.pinned is not None or ticket.outcome is Outcome.FAILED:
+            return
+        if ticket.outcome is Outcome.OVERLOADED:
+            self._decrease(ticket, halve=True)
+            return
+        took = now - ticket.sent
+        cost = took / self._work(ticket)
+        recent = self._fastest.setdefault(ticket.kind, deque(maxlen=WINDOW))
+        fastest = min(recent, default=math.inf)
+        if ticket.output_tokens is not None or ticket.input_tokens is not None:
+            # Sized by tokens, kinds compare with each other too.
+            self._sized.add(ticket.kind)
+            overall = min((min(self._fastest[kind], default=math.inf) for kind in self._sized),
+                          default=math.inf)
+            fastest = min(fastest, SLACK * overall)
+        # A request alone with the server from start to end had no queue: its time is the
+        # server's own and may raise the baseline (a server that got slower); one among others
+        # may only lower it, since a queue it stood in would hide one ahead of the next.
+        if ticket.in_flight == 1 or cost < fastest:
+            recent.append(cost)
+        if cost <= 0 or not math.isfinite(fastest):
+            return
+        queued = ticket.in_flight * max(0.0, 1.0 - fastest / cost)
+        if took - fastest * self._work(ticket) < NOISE:
+            queued = 0.0
+        slow = (ticket.timeout is not None and ticket.in_flight > 1
+                and took >= TIMEOUT_SHARE * ticket.timeout)
+        if queued >= QUEUE or slow:
+            self._decrease(ticket, halve=False)
+        elif queued <= NO_QUEUE and (ticket.in_flight >= self.current or self._waiters):
+            # mnemo had more to send than the limit let through: room is worth finding.
+            self._limit += 1.0 if self._slow_start else 1.0 / self._limit
+            self._limit = min(self._limit, float(self.ceiling))
+
+    def _decrease(self, ticket: Ticket, *, halve: bool) -> None:
+        self._slow_start = False
+        if ticket.epoch != self._epoch:
+            return  # sent before the last decrease: already answered for
+        self._epoch += 1
+        self.decreases += 1
+        self._limit = max(1.0, math.floor(self._limit / 2) if halve else self._limit - 1.0)
+
+    @staticmethod
+    def _work(ticket: Ticket) -> float:
+        """The request's size in reply tokens (1 when the server reported none)."""
+        if ticket.output_tokens is None and ticket.input_tokens is None:
+            return 1.0
+        return (BASE_TOKENS + (ticket.output_tokens or 0)
+                + PROMPT_WEIGHT * (ticket.input_tokens or 0))
+
+
+def limit_profile(limit: Limit) -> dict[str, Any]:
+    """A limit's state as JSON, for a server profile (`adopt_limit` reads it back)."""
+    state = limit.state()
+    return {"limit": state.limit, "slow_start": state.slow_start}
+
+
+def adopt_limit(limit: Limit, profile: object) -> None:
+    """Restores `limit_profile`'s JSON into `limit`; anything unreadable is ignored."""
+    if not isinstance(profile, Mapping):
+        return
+    value, slow_start = profile.get("limit"), profile.get("slow_start")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        limit.restore(LimitState(value, slow_start is True))

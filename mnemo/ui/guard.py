@@ -1,0 +1,390 @@
+"""The web app's gate: the Host names it answers, an optional access token, and no write from
+another site. One ASGI middleware, `Gate`, in front of every route, static files included.
+
+- **Host.** A web page on any site can point a name of its own at 127.0.0.1 (DNS rebinding)
+  and then read what that name serves, the whole memory; the browser still sends the page's
+  name as Host. So a request whose Host names none of the allowed hosts is refused (400)
+  before any route runs: by default the bound address and the loopback names.
+- **Token.** When one is set, every request shows it: `Authorization: Bearer TOKEN`, the
+  cookie the server sets, or once `?token=TOKEN` in a GET's address, which sets that cookie
+  and redirects to the same address without it (so the token leaves the address bar, the
+  browser's history and any Referer). Compared in constant time; the cookie holds an HMAC of
+  the token, not the token, and is HttpOnly and SameSite=Lax (no GET writes).
+- **Writes.** A request other than GET/HEAD is refused (403) unless its Origin header names
+  this very server (scheme, host and port): a form or a script on another site, or on another
+  port of this host, cannot make the app write (no CSRF). Clients that are not browsers send
+  the header themselves.
+- Every answer carries headers that keep the pages out of frames, caches and other sites'
+  Referers, and a Content-Security-Policy that lets a page load only this server's own files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from html import escape
+from typing import NamedTuple
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mnemo.errors import InvalidInputError
+
+# The names a loopback client uses; no web page can make a browser send one of them as Host
+# for a name the page controls.
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Addresses that bind every interface: the bound address names no host to answer.
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+# A token shorter than this is guessable in an afternoon over the loopback (16 characters of
+# `secrets.token_urlsafe` carry 96 bits).
+MIN_TOKEN_CHARS = 16
+MAX_TOKEN_CHARS = 512
+TOKEN_PARAM = "token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+STATIC_PREFIX = "/static/"
+# A Host header: a name or an IPv4 address, or a bracketed IPv6 address, then an optional port.
+_HOST = re.compile(r"(?P<name>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+_HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
+_COOKIE_KEY = b"mnemo ui cookie"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+SECURITY_HEADERS = (
+    (
+        "content-security-policy",
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'",
+    ),
+    ("x-frame-options", "DENY"),
+    ("x-content-type-options", "nosniff"),
+    # Not "no-referrer": with it a browser sends `Origin: null` on a same-origin form POST.
+    ("referrer-policy", "same-origin"),
+)
+
+
+class Host(NamedTuple):
+    """A parsed Host header: the lowercased name (an IPv6 address without brackets, in its
+    compressed form) and the port, None when the header names none."""
+
+    name: str
+    port: int | None
+
+
+def parse_host(header: str | None) -> Host | None:
+    """The Host header's name and port, None for a missing or malformed header."""
+    if not header:
+        return None
+    match = _HOST.fullmatch(header.strip())
+    if match is None:
+        return None
+    name = match["name"].lower().rstrip(".")
+    if name.startswith("["):
+        try:
+            name = ipaddress.IPv6Address(name[1:-1]).compressed
+        except ValueError:
+            return None
+    port = int(match["port"]) if match["port"] else None
+    if port is not None and not 0 < port < 65536:
+        return None
+    return Host(name, port) if name else None
+
+
+def host_pattern(value: str) -> str:
+    """`value` as an allowed-host pattern: a host name, an IP address, `*.domain` (the
+    domain's subdomains) or `*` (any host), lowercased; an IPv6 address loses its brackets.
+
+    Raises:
+        InvalidInputError: anything else (a port, a path, a scheme, a wildcard elsewhere).
+    """
+    if not isinstance(value, str):
+        raise InvalidInputError(f"an allowed host must be a string, got {type(value).__name__}")
+    pattern = value.strip().lower()
+    if pattern == "*":
+        return pattern
+    bare = pattern[1:-1] if pattern.startswith("[") and pattern.endswith("]") else pattern
+    try:
+        return ipaddress.ip_address(bare).compressed
+    except ValueError:
+        pass
+    if len(pattern) > 253 or not _HOST_PATTERN.fullmatch(pattern):
+        raise InvalidInputError(
+            f"{value!r} is not a host name, an IP address, '*.domain' or '*' (no scheme, "
+            "port or path)"
+        )
+    return pattern.rstrip(".")
+
+
+def check_token(token: str) -> str:
+    """`token`, checked to be a usable access token.
+
+    Raises:
+        InvalidInputError: shorter than MIN_TOKEN_CHARS, longer than MAX_TOKEN_CHARS, or
+            holding anything but printable ASCII without spaces (it travels in a header, a
+            cookie and an address).
+    """
+    if not isinstance(token, str):
+        raise InvalidInputError(f"the access token must be a string, got {type(token).__name__}")
+    if not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS:
+        raise InvalidInputError(
+            f"the access token must have {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} characters, "
+            f"got {len(token)} (make one with: python -c \"import secrets; "
+            "print(secrets.token_urlsafe())\")"
+        )
+    if not all("!" <= c <= "~" for c in token):
+        raise InvalidInputError("the access token must be printable ASCII without spaces")
+    return token
+
+
+def is_loopback(bind: str) -> bool:
+    """Whether `bind` (an address or a name to listen on) reaches this machine only."""
+    if bind.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who the app answers: requests whose Host matches one of `hosts` (patterns, see
+    `host_pattern`), and, when `token` is set, only those that show it.
+
+    Raises:
+        InvalidInputError: a malformed host pattern or token, or `*` without a token (it
+            turns the Host check off, and only the token would then keep a rebinding page
+            out).
+    """
+
+    hosts: tuple[str, ...] = LOOPBACK
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        hosts = tuple(dict.fromkeys(host_pattern(h) for h in self.hosts))
+        if not hosts:
+            raise InvalidInputError("the web app needs at least one allowed host")
+        if "*" in hosts and self.token is None:
+            raise InvalidInputError(
+                "allowing any host ('*') turns the Host check off: it needs an access token"
+            )
+        if self.token is not None:
+            check_token(self.token)
+        object.__setattr__(self, "hosts", hosts)
+
+    @classmethod
+    def bound(cls, bind: str, allow: Iterable[str] = (), token: str | None = None) -> Access:
+        """The access of a server listening on `bind`: the loopback names, the bound address
+        itself (unless it binds every interface) and the `allow` patterns."""
+        own = () if bind.strip() in WILDCARD_BINDS else (bind.strip(),)
+        return cls((*LOOPBACK, *own, *allow), token)
+
+    def answers(self, name: str) -> bool:
+        """Whether a request with this Host name (as `parse_host` gives it) is served."""
+        for pattern in self.hosts:
+            if pattern == "*" or pattern == name:
+                return True
+            if pattern.startswith("*.") and name.endswith(pattern[1:]):
+                return True
+        return False
+
+    def cookie_value(self) -> str:
+        """What the access cookie holds: an HMAC of the token (the token itself stays out of
+        the browser's cookie store)."""
+        assert self.token is not None
+        return hmac.new(self.token.encode(), _COOKIE_KEY, hashlib.sha256).hexdigest()
+
+
+def exposure(bind: str, access: Access) -> list[str]:
+    """Warnings for the operator about who can reach a server on `bind` with `access`: none
+    for a loopback bind with the Host check on."""
+    lines = []
+    if not is_loopback(bind):
+        where = "every interface" if bind.strip() in WILDCARD_BINDS else bind
+        lines.append(
+            f"mnemo ui listens on {where}: any machine that can reach this one can read the "
+            "whole memory through it."
+        )
+        if access.token is None:
+            lines.append(
+                "No access token is set: anyone who connects sees everything. Set "
+                "MNEMO_UI_TOKEN (or --token) to require one."
+            )
+        lines.append(
+            "Host names answered: " + ", ".join(access.hosts)
+            + " (add the names clients use with --allow-host)."
+        )
+    if "*" in access.hosts:
+        lines.append("Any Host is answered ('*'): only the access token keeps other sites out.")
+    return lines
+
+
+def redact(text: str) -> str:
+    """`text` (an address, a log line) with the value of every `token=` parameter hidden."""
+    return re.sub(r"(?<=[?&]token=)[^&\s\"]*", "[hidden]", text)
+
+
+class Redaction(logging.Filter):
+    """A logging filter that hides `token=` values in a record's message and arguments (an
+    access log line holds the requested address)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+class Gate:
+    """The ASGI middleware that applies an `Access` (see the module's docstring)."""
+
+    def __init__(self, app: ASGIApp, access: Access) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # The app serves none; closed here, no check can be missed on one added later.
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        refusal = self._refusal(scope, headers)
+        if refusal is not None:
+            await _secured(refusal)(scope, receive, send)
+            return
+        cached = scope["path"].startswith(STATIC_PREFIX)
+        await self.app(scope, receive, _with_security_headers(send, cached=cached))
+
+    def _refusal(self, scope: Scope, headers: Headers) -> Response | None:
+        host = parse_host(headers.get("host"))
+        if host is None or not self.access.answers(host.name):
+            return PlainTextResponse(
+                "mnemo ui answers only the host names it was started for (--allow-host); "
+                "this request named another one.\n",
+                status_code=400,
+            )
+        method = scope["method"]
+        if self.access.token is not None:
+            refusal = self._token_refusal(scope, headers, host, method)
+            if refusal is not None:
+                return refusal
+        if method not in SAFE_METHODS and not _same_origin(
+            headers.get("origin"), scope.get("scheme", "http"), host
+        ):
+            return PlainTextResponse(
+                "mnemo ui takes a change only from its own pages: this request's Origin "
+                "header is missing or names another site.\n",
+                status_code=403,
+            )
+        return None
+
+    def _token_refusal(
+        self, scope: Scope, headers: Headers, host: Host, method: str
+    ) -> Response | None:
+        assert self.access.token is not None
+        cookie = f"mnemo_ui_{host.port or _DEFAULT_PORTS.get(scope.get('scheme', 'http'), 0)}"
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                          keep_blank_values=True)
+        offered = [v for k, v in query if k == TOKEN_PARAM]
+        if offered and method in ("GET", "HEAD"):
+            if not _equal(offered[-1], self.access.token):
+                return _ask_for_token(scope["path"], wrong=True)
+            rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
+            target = quote(scope.get("root_path", "") + scope["path"])
+            target += f"?{rest}" if rest else ""
+            response = RedirectResponse(target, status_code=303)
+            response.set_cookie(
+                cookie, self.access.cookie_value(), httponly=True, samesite="lax", path="/"
+            )
+            return response
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and _equal(credentials.strip(), self.access.token):
+            return None
+        held = _cookies(headers).get(cookie)
+        if held is not None and _equal(held, self.access.cookie_value()):
+            return None
+        return _ask_for_token(scope["path"], wrong=False)
+
+
+def _equal(given: str, expected: str) -> bool:
+    """Whether two texts are equal, in a time that tells nothing of either: their digests
+    (of one length whatever the texts' lengths) are compared in constant time."""
+    return hmac.compare_digest(
+        hashlib.sha256(given.encode("utf-8", "replace")).digest(),
+        hashlib.sha256(expected.encode()).digest(),
+    )
+
+
+def _cookies(headers: Headers) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for header in headers.getlist("cookie"):
+        for part in header.split(";"):
+            name, sep, value = part.strip().partition("=")
+            if sep:
+                found.setdefault(name, value)
+    return found
+
+
+def _same_origin(origin: str | None, scheme: str, host: Host) -> bool:
+    """Whether the Origin header names this server, as the Host header does."""
+    if not origin or origin == "null":
+        return False
+    try:
+        parts = urlsplit(origin)
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme != scheme or parts.hostname is None or parts.path not in ("", "/"):
+        return False
+    named = parse_host(parts.netloc)
+    if named is None:
+        return False
+    default = _DEFAULT_PORTS.get(scheme)
+    return named.name == host.name and (port or default) == (host.port or default)
+
+
+def _ask_for_token(path: str, *, wrong: bool) -> Response:
+    said = "The token given is wrong." if wrong else "This mnemo ui needs its access token."
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<title>Access token · mnemo</title></head><body>"
+        f"<h1>Access token</h1><p>{escape(said)} Open the address with "
+        "<code>?token=…</code> once, or enter the token:</p>"
+        f'<form method="get" action="{escape(quote(path))}"><label>token '
+        '<input type="password" name="token" autocomplete="off" required></label> '
+        '<button type="submit">Open</button></form></body></html>'
+    )
+    return HTMLResponse(page, status_code=401, headers={"www-authenticate": "Bearer"})
+
+
+def _secured(response: Response) -> Response:
+    for name, value in SECURITY_HEADERS:
+        response.headers[name] = value
+    response.headers["cache-control"] = "no-store"
+    return response
+
+
+def _with_security_headers(send: Send, *, cached: bool) -> Send:
+    """`send`, adding the security headers to the response; `no-store` unless `cached` (the
+    app's own static files hold nothing of the memory)."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = MutableHeaders(scope=message)
+            for name, value in SECURITY_HEADERS:
+                headers.setdefault(name, value)
+            if not cached:
+                headers.setdefault("cache-control", "no-store")
+        await send(message)
+
+    return sending

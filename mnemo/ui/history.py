@@ -1,0 +1,104 @@
+"""The history pages: a repo's commits newest first, what one commit changed, and (with
+`--allow-writes` only) undoing one. The revert is a POST from the commit's page, which the
+app's gate accepts only from the app's own pages (`mnemo.ui.guard`)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from mnemo.errors import InvalidInputError
+from mnemo.graph.history import CommitDiff
+from mnemo.graph.model import Link, Node, NodeType
+from mnemo.ui.render import form, href, known_repo, page, required, view_of, whole
+from mnemo.ui.source import MemoryView
+
+DEFAULT_COMMITS = 50
+MAX_COMMITS = 1000
+# A commit's page lists its links with their ends' texts, each end read once: an ingest of a
+# long document adds thousands, and the page stays a page.
+MAX_LINKS_SHOWN = 300
+
+
+async def history(request: Request) -> Response:
+    """A repo's commits, newest first: each one's id (to its diff), time, origin and counts."""
+    view = view_of(request)
+    params = request.query_params
+    repo = await known_repo(view, params)
+    limit = whole(params, "limit", DEFAULT_COMMITS, low=1, high=MAX_COMMITS)
+    commits = await view.history(repo, limit)
+    more = min(limit * 2, MAX_COMMITS) if len(commits) == limit < MAX_COMMITS else None
+    return page(
+        request,
+        "history.html",
+        {
+            "repo": repo,
+            "commits": commits,
+            "more": more,
+            "reverted": params.get("reverted", ""),
+        },
+    )
+
+
+async def commit(request: Request) -> Response:
+    """One commit: the nodes it added (by type), the links it added with their ends' texts,
+    the facts it retired and the intents it reworded; the revert form when writes are
+    allowed."""
+    view = view_of(request)
+    params = request.query_params
+    repo = await known_repo(view, params)
+    diff = await view.commit_diff(repo, required(params, "id"))
+    shown = diff.links[:MAX_LINKS_SHOWN]
+    texts = await _texts(view, repo, diff, shown)
+    by_type: dict[NodeType, list[Node]] = {}
+    for node in diff.nodes:
+        by_type.setdefault(node.type, []).append(node)
+    reworded = [n for n in [await view.node(repo, i) for i in diff.commit.reworded] if n]
+    return page(
+        request,
+        "commit.html",
+        {
+            "repo": repo,
+            "diff": diff,
+            "record": diff.commit,
+            "nodes_by_type": [(t, by_type[t]) for t in NodeType if t in by_type],
+            "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
+            "links_hidden": len(diff.links) - len(shown),
+            "gone": diff.commit.node_count - len(diff.nodes),
+            "reworded": reworded,
+        },
+    )
+
+
+async def _texts(
+    view: MemoryView, repo: str, diff: CommitDiff, links: list[Link]
+) -> dict[str, Node]:
+    """The nodes at the ends of `links`: those of the diff, the others read one by one."""
+    known = {n.id: n for n in (*diff.nodes, *diff.retired)}
+    for end in dict.fromkeys(end for link in links for end in (link.src, link.dst)):
+        if end not in known:
+            node = await view.node(repo, end)
+            if node is not None:
+                known[end] = node
+    return known
+
+
+async def revert(request: Request) -> Response:
+    """Undoes the commit a form names (fields `repo`, `id`, `confirm`), then shows the
+    history; a 403 page when the app was started without `--allow-writes`.
+
+    Raises:
+        InvalidInputError: the box was not ticked, or a malformed form.
+        ConflictError: later work built on the commit (409).
+    """
+    if not request.app.state.allow_writes:
+        refused = "this web app is read-only: start it with --allow-writes to revert a commit"
+        return page(request, "error.html", {"error": refused, "status": 403}, 403)
+    fields = await form(request)
+    view = view_of(request)
+    repo = await known_repo(view, fields)
+    commit_id = required(fields, "id")
+    if fields.get("confirm") != "yes":
+        raise InvalidInputError("tick the box to confirm the revert")
+    await view.revert(repo, commit_id)
+    return RedirectResponse(href("/history", repo=repo, reverted=commit_id), status_code=303)

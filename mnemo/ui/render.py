@@ -1,0 +1,163 @@
+"""What every page of the web app shares: the templates, the view of the request, and the
+reading of its parameters (the query string of a GET, the bounded form of a POST)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.datastructures import ImmutableMultiDict
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from mnemo.errors import InvalidInputError, NotFoundError
+from mnemo.graph.model import NodeType
+from mnemo.ui.drawing import shape
+from mnemo.ui.source import MemoryView
+
+HERE = Path(__file__).parent
+# A form the app's pages post is a few short fields: more is not one of them.
+MAX_FORM_BYTES = 16_384
+MAX_FORM_FIELDS = 32
+FORM_TYPE = "application/x-www-form-urlencoded"
+
+Params = ImmutableMultiDict[str, str]
+
+
+def href(path: str, **params: object) -> str:
+    """`path` with the non-None params as its query string."""
+    query = urlencode({k: str(v) for k, v in params.items() if v is not None})
+    return f"{path}?{query}" if query else path
+
+
+def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
+    """An id cut after `keep` characters of its hex part (`changeset_c244a5fd…`, or
+    `c244a5fd…` without its `prefix`), as a listing shows it; the page of the thing shows
+    it whole."""
+    head, sep, rest = value.rpartition("_")
+    if not prefix:
+        head = sep = ""
+    if len(rest) <= keep + 1:
+        return head + sep + rest
+    return f"{head}{sep}{rest[:keep]}…"
+
+
+def _templates() -> Jinja2Templates:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.globals["href"] = href
+    env.globals["shape"] = shape
+    env.filters["label"] = lambda value: getattr(value, "value", value)
+    env.filters["short"] = lambda text, n=160: text if len(text) <= n else text[: n - 1] + "…"
+    env.filters["short_id"] = short_id
+    return Jinja2Templates(env=env)
+
+
+TEMPLATES = _templates()
+
+
+def view_of(request: Request) -> MemoryView:
+    """The `MemoryView` the app reads through."""
+    view: MemoryView = request.app.state.view
+    return view
+
+
+def page(
+    request: Request, name: str, context: Mapping[str, Any], status_code: int = 200
+) -> Response:
+    """The template `name` rendered with `context` (and whether writes are allowed)."""
+    return TEMPLATES.TemplateResponse(
+        request,
+        name,
+        {"allow_writes": request.app.state.allow_writes, **context},
+        status_code=status_code,
+    )
+
+
+async def form(request: Request) -> Params:
+    """The fields of a POSTed form (URL-encoded), read up to MAX_FORM_BYTES.
+
+    Raises:
+        InvalidInputError: another content type, a larger body, or more than
+            MAX_FORM_FIELDS fields.
+    """
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != FORM_TYPE:
+        raise InvalidInputError(f"a form must be sent as {FORM_TYPE}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise InvalidInputError(f"a form holds at most {MAX_FORM_BYTES} bytes")
+    try:
+        fields = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True,
+                           max_num_fields=MAX_FORM_FIELDS)
+    except ValueError:
+        raise InvalidInputError(f"a form holds at most {MAX_FORM_FIELDS} fields") from None
+    return ImmutableMultiDict(fields)
+
+
+def required(params: Params, name: str) -> str:
+    """The parameter `name`, which must not be blank.
+
+    Raises:
+        InvalidInputError: missing or blank.
+    """
+    value = params.get(name, "")
+    if not value.strip():
+        raise InvalidInputError(f"the parameter {name!r} is required")
+    return value
+
+
+def whole(params: Params, name: str, default: int, *, low: int, high: int) -> int:
+    """The parameter `name` as a whole number in [low, high], `default` when absent.
+
+    Raises:
+        InvalidInputError: not a whole number, or out of range.
+    """
+    raw = params.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a whole number, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise InvalidInputError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+async def known_repo(view: MemoryView, params: Params) -> str:
+    """The `repo` parameter, a repo of the memory.
+
+    Raises:
+        InvalidInputError: missing.
+        NotFoundError: no such repo.
+    """
+    repo = required(params, "repo")
+    if repo not in await view.repos():
+        raise NotFoundError("repo", repo)
+    return repo
+
+
+def node_types(values: Iterable[str]) -> list[NodeType]:
+    """Node types by their values.
+
+    Raises:
+        InvalidInputError: an unknown one.
+    """
+    chosen: list[NodeType] = []
+    for value in values:
+        try:
+            chosen.append(NodeType(value))
+        except ValueError:
+            raise InvalidInputError(f"unknown node type {value[:40]!r}") from None
+    return chosen

@@ -1,0 +1,256 @@
+"""The adaptive concurrency limit (mnemo/adapters/limit.py) against simulated servers, and the
+deadlines that do not count a wait for a slot (mnemo/deadline.py).
+
+The servers are simulated in virtual time (trio's `MockClock`, which jumps ahead whenever every
+task waits), so a run of hundreds of requests of seconds each takes milliseconds and its times
+are exact: a server of `slots` slots answers each request after its service time, queueing
+the rest, and goes on with a request whose client gave up (as llama.cpp's and
+llama-cpp-python's servers do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mnemo import deadline
+from mnemo.adapters.limit import INITIAL, Limit, LimitState
+
+
+def simulate(main: Callable[[], Awaitable[None]]) -> None:
+    anyio.run(main, backend="trio",
+              backend_options={"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+@dataclass
+class Server:
+    """A server with `slots` slots; `service(kind)` seconds a request. With `tokens`, each
+    reply reports tokens in proportion to its time (as a model's decoding is)."""
+
+    slots: int
+    service: Callable[[str], float]
+    waits: list[float] = field(default_factory=list)  # time each request queued in the server
+    received: int = 0
+    tokens: bool = False
+
+    def __post_init__(self) -> None:
+        self._free = anyio.Semaphore(self.slots)
+
+    async def answer(self, kind: str, done: anyio.Event) -> None:
+        arrived = anyio.current_time()
+        self.received += 1
+        async with self._free:
+            self.waits.append(anyio.current_time() - arrived)
+            await anyio.sleep(self.service(kind))
+        done.set()
+
+
+@dataclass
+class Client:
+    """Sends through a `Limit` and retries a timed-out request (after the limit dropped)."""
+
+    server: Server
+    limit: Limit
+    timeout: float
+    group: anyio.abc.TaskGroup
+    timeouts: int = 0
+    answered: int = 0
+
+    async def ask(self, kind: str) -> None:
+        for _ in range(5):
+            async with self.limit.slot(kind, self.timeout) as ticket:
+                done = anyio.Event()
+                self.group.start_soon(self.server.answer, kind, done)
+                with anyio.move_on_after(self.timeout) as scope:
+                    await done.wait()
+                if not scope.cancelled_caught:
+                    if self.server.tokens:
+                        ticket.answered(100, int(50 * self.server.service(kind)))
+                    else:
+                        ticket.answered()
+                    self.answered += 1
+                    return
+                ticket.overloaded()
+                self.timeouts += 1
+        raise AssertionError("a request failed five times")
+
+
+async def burst(client: Client, kinds: list[str]) -> None:
+    async with anyio.create_task_group() as tg:
+        for kind in kinds:
+            tg.start_soon(client.ask, kind)
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+def test_a_one_slot_server_never_queues_more_than_one_request(tokens: bool) -> None:
+    """Forty requests at once to a server of one slot: each waits in the server behind at most
+    one other (today's fixed eight queued seven), and none times out."""
+    server = Server(1, lambda kind: 1.0, tokens=tokens)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            client = Client(server, Limit(8), 5.0, group)
+            await burst(client, ["semantic"] * 40)
+            assert client.timeouts == 0
+
+    simulate(main)
+    assert max(server.waits) <= 1.0 + 1e-9
+    assert server.received == 40
+
+
+def test_a_server_with_room_soon_gets_everything_at_once() -> None:
+    """A server of 64 slots: a first burst finds the room within a few round trips, and the
+    next burst of 32 goes out at once (one round trip)."""
+    server = Server(64, lambda kind: 1.0)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            client = Client(server, Limit(64), 10.0, group)
+            await burst(client, ["semantic"] * 64)
+            assert client.limit.current >= 32
+            started = anyio.current_time()
+            await burst(client, ["semantic"] * 32)
+            assert anyio.current_time() - started == pytest.approx(1.0)
+
+    simulate(main)
+    assert max(server.waits) == 0
+
+
+@pytest.mark.parametrize("tokens", [False, True])
+def test_kinds_of_different_lengths_do_not_read_as_a_queue(tokens: bool) -> None:
+    """Replies of one kind taking ten times another's, on a server with room: the limit still
+    reaches the ceiling (each kind is compared with itself, or per token of its reply)."""
+    server = Server(32, lambda kind: 10.0 if kind == "semantic" else 1.0, tokens=tokens)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            client = Client(server, Limit(16), 60.0, group)
+            for _ in range(6):
+                await burst(client, ["semantic", "reward"] * 16)
+            assert client.limit.current == 16
+            assert client.limit.decreases == 0
+
+    simulate(main)
+
+
+def test_a_timeout_halves_the_limit_before_the_retry_is_sent() -> None:
+    """A limit of eight against a one-slot server with a timeout of 2.5 times the service
+    time: the requests that time out halve the limit once (the others of that round say
+    nothing new), and their retries go out under the lower limit."""
+    server = Server(1, lambda kind: 1.0)
+    seen: list[int] = []
+
+    async def main() -> None:
+        limit = Limit(8, initial=8)
+        async with anyio.create_task_group() as group:
+            client = Client(server, limit, 2.5, group)
+            await burst(client, ["semantic"] * 8)
+            seen.append(limit.decreases)
+            assert client.timeouts >= 1
+            assert limit.current <= 4
+            assert client.answered == 8
+
+    simulate(main)
+    assert seen[0] >= 1
+
+
+def test_a_pinned_limit_never_moves() -> None:
+    """`concurrency=` pins the number: a one-slot server's queue does not lower it."""
+    server = Server(1, lambda kind: 1.0)
+
+    async def main() -> None:
+        limit = Limit(8, pinned=3)
+        async with anyio.create_task_group() as group:
+            await burst(Client(server, limit, 100.0, group), ["semantic"] * 12)
+        assert limit.current == 3
+
+    simulate(main)
+    assert max(server.waits) == pytest.approx(2.0)
+
+
+def test_a_restored_limit_starts_where_the_last_one_ended() -> None:
+    """What a limit learned (`state`) starts the next one for the same server (`restore`)."""
+    limit = Limit(32)
+    assert limit.current == INITIAL
+    limit.restore(LimitState(24, slow_start=False))
+    assert limit.current == 24
+    limit.restore(LimitState(99, slow_start=False))
+    assert limit.current == 32
+    pinned = Limit(32, pinned=4)
+    pinned.restore(LimitState(24, slow_start=False))
+    assert pinned.current == 4
+
+
+@settings(max_examples=30)
+@given(
+    slots=st.integers(1, 12),
+    service=st.dictionaries(st.sampled_from(["state", "subgoal", "semantic"]),
+                            st.floats(0.2, 5.0), min_size=3),
+    rounds=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+)
+def test_any_server_gets_few_timeouts_and_few_extra_requests(
+    slots: int, service: dict[str, float], rounds: list[int]
+) -> None:
+    """Whatever its slots and speeds, a server sent bursts with a timeout of three times its
+    slowest reply sees at most 1.25 times the requests needed: a queue that outlasts the
+    timeout is rare, and each costs one extra request."""
+    server = Server(slots, lambda kind: service[kind])
+    kinds = sorted(service)
+    needed = sum(rounds)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            client = Client(server, Limit(16), 3 * max(service.values()), group)
+            for size in rounds:
+                await burst(client, [kinds[i % len(kinds)] for i in range(size)])
+
+    simulate(main)
+    assert server.received <= max(needed + 1, 1.25 * needed)
+
+
+# ---- deadlines -------------------------------------------------------------------------------
+
+
+def test_a_deadline_does_not_count_a_wait_for_a_turn() -> None:
+    """A deadline of 2 s around 1 s of work and a 5 s wait inside mnemo does not fire; the same
+    without the wait marked does."""
+
+    async def main() -> None:
+        with deadline.fail_after(2.0):
+            with deadline.waiting():
+                await anyio.sleep(5.0)
+            await anyio.sleep(1.0)
+        with pytest.raises(TimeoutError), deadline.fail_after(2.0):
+            await anyio.sleep(5.0)
+
+    simulate(main)
+
+
+def test_tasks_started_inside_a_deadline_share_it() -> None:
+    """Two tasks inside one deadline: while either waits for a turn the clock stands still,
+    while both work it runs."""
+    ended: list[float] = []
+
+    async def worker(wait: float, work: float) -> None:
+        with deadline.waiting():
+            await anyio.sleep(wait)
+        await anyio.sleep(work)
+        ended.append(anyio.current_time())
+
+    async def main() -> None:
+        with deadline.fail_after(3.0):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker, 4.0, 2.0)  # waits 0-4, works 4-6
+                tg.start_soon(worker, 0.0, 2.5)  # works 0-2.5 (while the other waits)
+        with pytest.raises(TimeoutError), deadline.fail_after(3.0):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker, 0.0, 4.0)
+
+    simulate(main)
+    assert ended[:2] == [pytest.approx(2.5), pytest.approx(6.0)]

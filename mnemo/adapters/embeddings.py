@@ -11,8 +11,9 @@ float32 bytes, a third of the JSON floats' size and decoded in microseconds, whe
 floats of a query's 3 x 384 took 0.24 ms (BENCHMARKS.md, session 19). A server that ignores the
 parameter answers floats, read as well; one that refuses it (an error reply naming it) is asked
 for floats from then on. A server that answers a list of vectors per text, one per token (a
-llama.cpp server whose model does not pool), gets an `EmbeddingError` saying so and how to
-start it with pooling.
+llama-cpp-python server whose model does not pool), or refuses to answer without pooling
+(llama.cpp's llama-server: "Pooling type 'none' is not OAI compatible"), gets an
+`EmbeddingError` saying so and how to start it with pooling.
 """
 
 from __future__ import annotations
@@ -246,6 +247,8 @@ class OpenAIEmbedder:
                     kind="embed")
             except EmbeddingError as exc:
                 failure = exc.__cause__
+                if isinstance(failure, HTTPFailure) and failure.names_any(("pooling",)):
+                    raise EmbeddingError(f"{exc}. {POOLING_FIX}") from failure
                 if refusal is None or not (isinstance(failure, HTTPFailure)
                                            and _refuses_base64(failure)):
                     raise
@@ -312,10 +315,14 @@ class OpenAIEmbedder:
         return EmbeddingError(
             f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
             f"text {position}, one per token, instead of one vector per text: the server does "
-            "not pool its token embeddings. Start it with pooling (llama.cpp's llama-server: "
-            "--pooling mean; llama-cpp-python: a pooling type other than none) or serve an "
-            "embedding model, which pools"
+            f"not pool its token embeddings. {POOLING_FIX}"
         )
+
+
+POOLING_FIX = (
+    "Start it with pooling (llama.cpp's llama-server: --pooling mean; llama-cpp-python: a "
+    "pooling type other than none) or serve an embedding model, which pools"
+)
 
 
 def _no_data(reply: Mapping[str, Any]) -> str | None:

@@ -236,3 +236,15 @@ async def test_one_vector_per_token_is_named_with_its_fix() -> None:
     assert "4 vectors of dimension 8" in message
     assert "one per token" in message
     assert "--pooling mean" in message
+
+
+async def test_a_refusal_without_pooling_says_how_to_start_the_server(
+    server: ProviderServer,
+) -> None:
+    """llama-server started with --pooling none refuses /v1/embeddings (its words, recorded
+    from a real one); the EmbeddingError adds how to start it with pooling."""
+    server.script(Fail(400, "Pooling type 'none' is not OAI compatible. Please use a "
+                            "different pooling type"))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
+        with pytest.raises(EmbeddingError, match=r"not OAI compatible.*--pooling mean"):
+            await embedder.embed(["a"])

@@ -47,7 +47,7 @@ from mnemo.events import Event
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
-from mnemo.ingest.model import IngestReceipt, Step, Trajectory
+from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ToolCall, Usage
@@ -77,6 +77,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "Event",
     "EvictionResult",
     "HashEmbedder",
+    "IngestProgress",
     "IngestReceipt",
     "InvalidInputError",
     "LLM",

@@ -12,6 +12,16 @@ from typing import Any
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 
+# The highest value of each per-call bound (`Config.max_steps_per_ingest`, ...): a caller may
+# raise a bound, never past what one call can carry (docs/DECISIONS.md, "Per-call bounds").
+COUNT_CEILINGS = {
+    "max_steps_per_ingest": 1_000,
+    "max_messages_per_save": 100_000,
+    "max_tool_calls_per_message": 1_024,
+    "max_open_goals": 10_000,
+    "max_results": 10_000,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -92,6 +102,19 @@ class Config:
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     # At most `inputs.MAX_TEXT_CHARS_LIMIT` (120,000), what PostgreSQL can index.
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # Per-call bounds, each checked before anything is stored (InvalidInputError), each at
+    # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
+    # steps in one `ingest` (LoCoMo's longest session has 47; a step costs about 2 s offline),
+    max_steps_per_ingest: int = 100
+    # new messages one `save` appends (save a longer history in slices of it),
+    max_messages_per_save: int = 1_000
+    # tool calls in one message (128: the most tools OpenAI's chat API takes in one request),
+    max_tool_calls_per_message: int = 128
+    # open goals of one thread (each is in every eviction prompt),
+    max_open_goals: int = 100
+    # and what one read may ask for: recall's `k`, `latest`'s `top_k`, `history`'s and
+    # `search_nodes`' `limit`, the ids one `get_linked_nodes` or `delete_nodes` takes.
+    max_results: int = 1_000
     # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
     # it off (the store's own full-text search answers). Read from the Memory's config only.
@@ -107,10 +130,14 @@ class Config:
     # (mnemo/graph/blas.py). None, or any of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
     # MKL_NUM_THREADS, BLIS_NUM_THREADS set, leaves them alone. Read from the Memory's config.
     blas_threads: int | None = 1
-    # Issue 14: the live facts of its type each new fact is compared with, per recall channel
-    # (vector, words), by the LLM's "contradiction" task (up to twice this many calls per
-    # fact); 0: facts are never retired.
+    # The live facts of its type each new fact is compared with, per recall channel (vector,
+    # words), by the LLM's "contradiction" task (one call for a whole commit); 0: facts are
+    # never retired.
     contradiction_candidates: int = 3
+    # How close (cosine) a live fact must be to a new one to be compared with it: with none
+    # that close, a commit asks nothing. Pairs that contradict measured 0.68-0.97 with the
+    # default embedder, unrelated facts of one person or topic 0.16-0.48.
+    contradiction_similarity: float = 0.6
     # Ingest (issue 12): relative dates in a step ("yesterday", "last month") are followed by
     # the date they mean, reckoned from the trajectory's day (its metadata's "date", else the
     # first date in its goal), so a search naming the day finds the step.
@@ -158,7 +185,8 @@ class Config:
                 raise InvalidInputError(f"Config.{name} must be within [0, 1], got {value!r}")
         for name in ("recall_tag_threshold", "recall_intent_threshold", "frequency_floor",
                      "decay_threshold", "consolidate_threshold", "recall_min_score_semantic",
-                     "recall_min_score_episodic", "recall_min_score_procedural"):
+                     "recall_min_score_episodic", "recall_min_score_procedural",
+                     "contradiction_similarity"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and -1.0 <= value <= 1.0):
                 raise InvalidInputError(f"Config.{name} must be within [-1, 1], got {value!r}")
@@ -186,6 +214,12 @@ class Config:
             value = getattr(self, name)
             if not _whole(value, 1):
                 raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")
+        for name, ceiling in COUNT_CEILINGS.items():
+            value = getattr(self, name)
+            if not _whole(value, 1) or value > ceiling:
+                raise InvalidInputError(
+                    f"Config.{name} must be an integer from 1 to {ceiling:,}, got {value!r}"
+                )
         if self.max_text_chars > MAX_TEXT_CHARS_LIMIT:
             raise InvalidInputError(
                 f"Config.max_text_chars is at most {MAX_TEXT_CHARS_LIMIT:,} (PostgreSQL's "

@@ -6,11 +6,13 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 log = logging.getLogger("mnemo")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +44,21 @@ class Events:
     ) -> None:
         if self._callback is None:
             return
-        event = Event(kind, session_id, repo, data)
-        # Shielded, as an operation's callback (`session.queue.deliver`): the task that emits
-        # may be cancelled by the very change it reports (an expiry ends its own session), and
-        # an async callback cut off at its first await never saw the event.
-        with anyio.CancelScope(shield=True):
-            try:
-                result = self._callback(event)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("on_event callback failed on %s event", kind)
+        await deliver(self._callback, Event(kind, session_id, repo, data), f"on_event ({kind})")
+
+
+async def deliver(callback: Callable[[T], Awaitable[None] | None], value: T, what: str) -> None:
+    """Calls the user's sync or async `callback` with `value`; an exception it raises is
+    logged (naming `what`), never propagated.
+
+    Shielded, as an operation's callback (`session.queue.deliver`): the task that reports may
+    be cancelled by the very change it reports (an expiry ends its own session), and an async
+    callback cut off at its first await never saw the value.
+    """
+    with anyio.CancelScope(shield=True):
+        try:
+            result = callback(value)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("%s callback failed", what)

@@ -1,20 +1,29 @@
-"""Bounds on what callers hand mnemo: the size of every public text, and the terms of a query.
+"""What callers hand mnemo, checked in one place before anything is stored.
 
-Issue 9 (item 13): an unbounded observation was accepted and then kept the offline heuristics
-busy for minutes, and a recall query of 926 words became an FTS5 query of 926 OR terms (48 s
-in raw SQL). So every public text input is checked here against `Config.max_text_chars`
-before anything is stored, and every lexical query keeps at most `MAX_QUERY_TERMS` distinct
-terms: what a recall, a search or an extraction costs is then bounded by the input bound, not
-by what a caller sent.
+- Texts: the size of every public text (`Config.max_text_chars`), no NUL, valid Unicode.
+- Identifiers: what any lookup takes (`check_id`: a non-blank string a store can hold), and
+  the stricter rule for the names a caller creates and a listing shows (`check_name`: a repo,
+  a thread, a source, a role), so that no name spoofs another in a listing.
+- JSON (metadata, tool calls, messages): serialisable, at most `MAX_JSON_DEPTH` containers
+  deep, its text bounded.
+- Counts: an integer within its bounds (`check_count`); the per-call counts live in `Config`
+  (`max_steps_per_ingest`, `max_messages_per_save`, `max_tool_calls_per_message`, ...).
+- Query terms: a lexical query keeps at most `MAX_QUERY_TERMS` distinct terms, so what a
+  recall or a search costs is bounded by the input bound, not by what a caller sent.
+
+Every check raises `InvalidInputError` naming the argument; docs/DECISIONS.md has the measured
+reasons for each bound.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from mnemo.errors import InvalidInputError
 
@@ -32,6 +41,10 @@ MAX_TEXT_CHARS_LIMIT = 120_000
 # The longest identifier (a repo name, source_id, thread_id, ...), in UTF-8 bytes: PostgreSQL's
 # btree index entries hold at most 2,704 bytes, and a repo name with a source id is one entry.
 MAX_ID_BYTES = 1_000
+# The deepest JSON value accepted (metadata, a message with its tool calls), in containers: a
+# dict or list inside a dict counts 2. Python's encoder, the stores' JSON parsers and every
+# recursive reader of it stop near 1,000 (`RecursionError`); real payloads nest a few levels.
+MAX_JSON_DEPTH = 64
 # Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
 MAX_QUERY_TERMS = 32
 # A run of what is neither a word character nor a space: where a word may hold a combining mark
@@ -70,14 +83,61 @@ def check_text(
 def check_id(value: object, what: str) -> str:
     """`value`, checked to be an identifier mnemo can store and look up on every backend: a
     non-blank string without NUL or a lone surrogate (PostgreSQL's text takes neither, and
-    SQLite's driver cannot encode the second).
+    SQLite's driver cannot encode the second). What every lookup takes: an id of another
+    type is bad input, not an unknown one.
 
     Raises:
         InvalidInputError: it is not.
     """
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInputError(f"{what} must be a non-blank string, got {value!r}")
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidInputError(f"{what} must not be blank, got {value!r}")
     return check_storable(value, what)
+
+
+def check_name(value: object, what: str) -> str:
+    """`value`, checked to be a name a caller may create (a repo, a thread, a source, a
+    role): an identifier (`check_id`) that is already in the canonical form of RFC 8266's
+    nickname profile (PRECIS, case preserved).
+
+    So a name holds no control, format or bidirectional character (a right-to-left override
+    reorders a listing), nothing invisible (zero-width spaces and joiners, variation
+    selectors, Hangul fillers), no unassigned or private-use character, no space other than
+    U+0020, no leading, trailing or doubled space, and no compatibility form (a fullwidth
+    letter, a ligature, a superscript digit): two names that print alike are one name or
+    one of them is refused. Lookups (`check_id`) stay lenient, so a name stored before the
+    rule can still be read and erased.
+
+    Raises:
+        InvalidInputError: naming the first offending character, or the canonical form.
+    """
+    name = check_id(value, what)
+    if name.isascii():
+        if name.isprintable() and name == name.strip(" ") and "  " not in name:
+            return name  # the common case: what the profile gives back unchanged
+    try:
+        canonical = _nickname().enforce(name)
+    except UnicodeEncodeError as exc:
+        bad = name[exc.start]
+        raise InvalidInputError(
+            f"{what} must not contain U+{ord(bad):04X} ({unicodedata.name(bad, 'unnamed')}, "
+            f"{exc.reason}): names hold no control, format, invisible or unassigned character"
+        ) from exc
+    if canonical != name:
+        raise InvalidInputError(
+            f"{what} is not in canonical form (no leading, trailing, doubled or non-ASCII "
+            f"spaces, composed characters, no compatibility forms): write it as {canonical!r}"
+        )
+    return name
+
+
+@functools.cache
+def _nickname() -> Any:
+    """RFC 8266's nickname profile (case preserved), imported when a name first needs it."""
+    from precis_i18n import get_profile
+
+    return get_profile("NicknameCasePreserved")
 
 
 def check_storable(value: str, what: str) -> str:
@@ -100,36 +160,39 @@ def check_storable(value: str, what: str) -> str:
     return value
 
 
-def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf) -> int:
-    """An integer argument within [minimum, maximum].
+def check_count(
+    name: str, value: object, *, minimum: int = 0, maximum: float = math.inf, setting: str = ""
+) -> int:
+    """An integer argument within [minimum, maximum]; `setting` names where the maximum comes
+    from (e.g. "Config.max_results"), for the message.
 
     Raises:
         InvalidInputError: not an integer (bools refused) or out of range.
     """
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        bound = f"between {minimum} and {maximum}" if math.isfinite(maximum) else f">= {minimum}"
-        raise InvalidInputError(f"{name} must be an integer {bound}, got {value!r}")
+        bound = (f"between {minimum:,} and {int(maximum):,}" if math.isfinite(maximum)
+                 else f">= {minimum:,}")
+        where = f" ({setting})" if setting else ""
+        raise InvalidInputError(f"{name} must be an integer {bound}{where}, got {value!r}")
     return value
 
 
 def check_json(value: object, what: str, *, limit: int) -> str:
-    """The JSON text of `value` (keys sorted), checked to be at most `limit` characters: how
-    metadata is bounded, since it is stored and shown as that text.
+    """The JSON text of `value` (keys sorted), checked to be at most `limit` characters and
+    `MAX_JSON_DEPTH` containers deep: how metadata is bounded, since it is stored and shown
+    as that text.
 
     Raises:
-        InvalidInputError: not JSON-serialisable (NaN and infinities are not), its JSON is
-            longer than `limit`, or it holds a NUL character (escaped in JSON, but
-            PostgreSQL's jsonb refuses it).
+        InvalidInputError: too deep, not JSON-serialisable (NaN and infinities are not), its
+            JSON is longer than `limit`, or it holds a NUL character (escaped in JSON, but
+            PostgreSQL's jsonb refuses it) or a lone surrogate.
     """
+    check_tree(value, what)
     try:
         # NaN and Infinity are not JSON: PostgreSQL's jsonb refuses them, SQLite kept them.
         text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serialisable: {exc}") from exc
-    if _holds_nul(value):
-        raise InvalidInputError(
-            f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
-        )
     if len(text) > limit:
         raise InvalidInputError(
             f"{what} is {len(text):,} characters long as JSON, more than the {limit:,} "
@@ -138,22 +201,43 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     return text
 
 
+def check_tree(value: object, what: str) -> None:
+    """Checks a JSON-like value (dicts, lists, tuples, scalars) without recursion: at most
+    `MAX_JSON_DEPTH` containers deep, and no string in it (keys included) holding a NUL or a
+    lone surrogate. Run before anything serialises or walks it recursively.
+
+    Raises:
+        InvalidInputError: it nests deeper, or holds such a string.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item or not _encodable(item):
+                raise InvalidInputError(
+                    f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
+                )
+            continue
+        children: Iterable[object]
+        if isinstance(item, Mapping):
+            children = [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth == MAX_JSON_DEPTH:
+            raise InvalidInputError(
+                f"{what} nests more than {MAX_JSON_DEPTH} levels of dicts and lists"
+            )
+        stack.extend((child, depth + 1) for child in children)
+
+
 def _encodable(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _holds_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value or not _encodable(value)
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_holds_nul(item) for item in value)
-    return False
 
 
 def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:

@@ -16,7 +16,8 @@ threads are in their capability's folder, `graph.facade.GraphMethods` and
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import math
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -35,9 +36,9 @@ from mnemo.graph.blas import limit_blas_threads
 from mnemo.graph.facade import GraphMethods
 from mnemo.graph.model import CommitReceipt, NodeType
 from mnemo.graph.reads import GraphReads
-from mnemo.ingest.model import IngestReceipt, Trajectory
+from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.inputs import check_storable, check_text
+from mnemo.inputs import check_count, check_id, check_text
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
 from mnemo.recall.engine import RecallResult
 from mnemo.recall.service import RecallRuntime, RecallService
@@ -49,6 +50,10 @@ from mnemo.session.service import SessionContext, SessionInfo, SessionService
 from mnemo.storage.ports import open_backend
 
 log = logging.getLogger("mnemo")
+
+# The most extraction retries one `close_and_commit` may ask for: each runs its model calls
+# again.
+MAX_RETRIES = 100
 
 
 class Memory(GraphMethods, ConversationMethods):
@@ -93,11 +98,14 @@ class Memory(GraphMethods, ConversationMethods):
             learn_repo=repos.learn,
             lease_timeout=self._config.lease_timeout,
         )
-        self._reads = GraphReads(self._graph, known=repos.known, max_chars=repos.max_chars)
+        self._reads = GraphReads(
+            self._graph, known=repos.known, max_chars=repos.max_chars,
+            max_results=repos.max_results,
+        )
         self._recalls = RecallService(
             self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
         )
-        self._ingests = IngestService(self._graph, self._ingest_runtime)
+        self._ingests = IngestService(self._graph, self._ingest_runtime, self._events)
         self._conversations = ConversationService(
             self._backend.threads,
             llm=LimitedLLM(repos.llm, repos.slots(repos.llm, self._config)),
@@ -184,6 +192,16 @@ class Memory(GraphMethods, ConversationMethods):
         await self._repos.learn()
         return self._repos.names()
 
+    async def repo_config(self, repo: str) -> Config:
+        """The config the repo's sessions and ingests run with (its bounds among them), as
+        `open_repo` recorded it.
+
+        Raises:
+            InvalidInputError: a repo name that is not a string (or is blank, ...).
+            NotFoundError: an unknown repo.
+        """
+        return (await self._repos.known(repo)).config
+
     def _dim(self, name: str) -> int:
         return self._repos.dim(name)
 
@@ -191,9 +209,9 @@ class Memory(GraphMethods, ConversationMethods):
         """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
         since this Memory was opened."""
         if session_id is not None:
-            return self._repos.usage.of_session(session_id)
+            return self._repos.usage.of_session(check_id(session_id, "session_id"))
         if repo is not None:
-            return self._repos.usage.of_repo(repo)
+            return self._repos.usage.of_repo(check_id(repo, "repo"))
         return self._repos.usage.total()
 
     # ---- sessions -------------------------------------------------------------------------
@@ -217,7 +235,7 @@ class Memory(GraphMethods, ConversationMethods):
         """
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        await self._repos.learn(repo if isinstance(repo, str) else None)
+        await self._repos.learn(check_id(repo, "repo"))
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
             goal, repo=repo, override=override, config=chosen
@@ -273,8 +291,20 @@ class Memory(GraphMethods, ConversationMethods):
         auto-commit the receipt holds what the close committed.
 
         Raises:
+            InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES` (each
+                retry runs the extraction's model calls again), `max_polls` not None or a
+                positive integer, `poll_interval` not a positive number of seconds.
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
+        check_count("max_retries", max_retries, maximum=MAX_RETRIES)
+        if max_polls is not None:
+            check_count("max_polls", max_polls, minimum=1)
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
+            0 < poll_interval < math.inf
+        ):
+            raise InvalidInputError(
+                f"poll_interval must be a positive number of seconds, got {poll_interval!r}"
+            )
         try:
             return await self._service.close_and_commit(
                 session_id, max_retries=max_retries, max_polls=max_polls,
@@ -322,12 +352,12 @@ class Memory(GraphMethods, ConversationMethods):
         """Every episode the session stored (ended sessions too), oldest first, each with its
         steps and their trajectories; [] for an id no session had. Reads only: a restored
         session is not resumed by it."""
-        return await self._sessions_store.episodes(check_storable(session_id, "session_id"))
+        return await self._sessions_store.episodes(check_id(session_id, "session_id"))
 
     async def episode(self, episode_id: str) -> EpisodeLog | None:
         """The stored episode (with its session id and steps) that an EPISODIC node's
         `data["episode_id"]` names; None for one no session stored (an ingest's)."""
-        return await self._sessions_store.episode(check_storable(episode_id, "episode_id"))
+        return await self._sessions_store.episode(check_id(episode_id, "episode_id"))
 
     async def list_sessions(self) -> list[SessionInfo]:
         """Every live session (not ended, restored ones included), oldest first: id, repo,
@@ -372,25 +402,35 @@ class Memory(GraphMethods, ConversationMethods):
     # ---- ingest and forget ---------------------------------------------------------------
 
     async def ingest(
-        self, repo: str, trajectory: Trajectory, *, source_id: str
+        self,
+        repo: str,
+        trajectory: Trajectory,
+        *,
+        source_id: str,
+        progress: Callable[[IngestProgress], Awaitable[None] | None] | None = None,
     ) -> IngestReceipt:
         """Stores a complete trajectory in one call (annotation, segmentation, extraction,
         commit with the repo's llm and embedder); returns when its nodes are durable.
 
         Idempotent by `source_id` within the repo, across reopening: the same payload again
         returns the first receipt with `created=False`; concurrent identical calls do the work
-        once.
+        once. `progress` (sync or async) gets an `IngestProgress` before the first step, after
+        each step, at extraction, at the commit and when done; each also goes to `on_event`
+        as an `"ingest_progress"` event. An exception it raises is logged, never propagated.
 
         Raises:
-            InvalidInputError: a malformed trajectory or source id, or a goal, observation,
-                action or metadata (as JSON) longer than the repo's `Config.max_text_chars`.
+            InvalidInputError: a malformed trajectory or source id (see `check_name`), a blank
+                goal or observation, more steps than the repo's
+                `Config.max_steps_per_ingest`, a goal, observation, action or metadata (as
+                JSON) longer than its `Config.max_text_chars`, or metadata nested deeper than
+                `inputs.MAX_JSON_DEPTH`; nothing was stored.
             NotFoundError: an unknown repo.
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
         """
         await self._repos.known(repo)
         try:
-            return await self._ingests.ingest(repo, trajectory, source_id)
+            return await self._ingests.ingest(repo, trajectory, source_id, progress)
         finally:
             await self._repos.save_profiles(self._sessions_store)
 
@@ -422,10 +462,12 @@ class Memory(GraphMethods, ConversationMethods):
         within the repo's `Config.max_text_chars`.
 
         Raises:
-            InvalidInputError: a blank query or one longer than `Config.max_text_chars`.
+            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
+                session id that is not a string.
         """
         limit = (await self._repos.known(repo)).config.max_text_chars
         check_text(query, "query", limit=limit, stored=False)
+        check_id(session_id, "session_id")
         try:
             context = await self._service.context(session_id, steps=3)
         except NotFoundError:
@@ -434,5 +476,5 @@ class Memory(GraphMethods, ConversationMethods):
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
         return await self._recalls.recall(
             repo, query, k=k, types=None, reinforce=True,
-            session_id=session_id if isinstance(session_id, str) else None,
+            session_id=session_id,
         )

@@ -19,7 +19,7 @@ from mnemo.adapters.recorded import RepoModels
 from mnemo.adapters.uri import model_uri
 from mnemo.config import Config
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.inputs import check_id
+from mnemo.inputs import check_id, check_name
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, check_models, detect_dim, model_name
 from mnemo.session.ports import RepoRow, SessionStore
 from mnemo.session.service import Runtime
@@ -95,8 +95,17 @@ class Repos:
         config: Config | None,
         save: Callable[[RepoRow], Awaitable[None]],
     ) -> None:
-        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo."""
+        """`Memory.open_repo` without the resuming: checks, records and `save`s the repo.
+        A repo new to the store takes a name (`inputs.check_name`); one stored before that
+        rule opens by its stored name."""
         check_id(name, "repo name")
+        if name not in self._runtimes:
+            try:
+                check_name(name, "repo name")
+            except InvalidInputError:
+                await self.learn(name)  # stored before the rule (through any Memory)?
+                if name not in self._runtimes:
+                    raise
         check_models(llm, embedder)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
@@ -175,23 +184,29 @@ class Repos:
         may have been opened through another Memory since).
 
         Raises:
+            InvalidInputError: a name that is no repo name (not a string, blank, NUL, ...).
             NotFoundError: no such repo in the store.
         """
-        if isinstance(name, str):
-            await self.learn(name)
+        await self.learn(check_id(name, "repo"))
         return self.get(name)
 
     def get(self, name: str) -> Runtime:
-        """Raises NotFoundError for an unknown repo."""
-        runtime = self._runtimes.get(name) if isinstance(name, str) else None
+        """Raises InvalidInputError for a name that is no repo name, NotFoundError for an
+        unknown repo."""
+        runtime = self._runtimes.get(check_id(name, "repo"))
         if runtime is None:
-            raise NotFoundError("repo", str(name))
+            raise NotFoundError("repo", name)
         return runtime
 
     def max_chars(self, repo: str) -> int:
         """The text bound of the repo's config, or of this Memory's for an unknown repo."""
         runtime = self._runtimes.get(repo) if isinstance(repo, str) else None
         return (runtime.config if runtime is not None else self.config).max_text_chars
+
+    def max_results(self, repo: str) -> int:
+        """The read bound of the repo's config, or of this Memory's for an unknown repo."""
+        runtime = self._runtimes.get(repo) if isinstance(repo, str) else None
+        return (runtime.config if runtime is not None else self.config).max_results
 
     def embedding(self, name: str) -> Runtime:
         """The repo's runtime, checked to embed in the repo's dimension.

@@ -88,6 +88,9 @@ class FakeLLM:
         self.garbage_tasks: set[str] = set()
         self.holds: dict[str, Hold] = {}
         self.raised: list[Exception] = []
+        # What the procedural task scores the last step of an episode (None: it leaves the
+        # score out, and close asks the "reward" task).
+        self.last_reward: float | None = 0.7
 
     def hold(self, task: str) -> Hold:
         """From now on, calls of `task` wait until the returned hold is released."""
@@ -147,6 +150,8 @@ class FakeLLM:
                     for step in inputs.get("steps", [])
                 ]
             }
+            if inputs.get("score_last_step") is True and self.last_reward is not None:
+                data["last_reward"] = self.last_reward
         elif task == "return":
             data = {
                 "scores": [
@@ -157,10 +162,15 @@ class FakeLLM:
         elif task == "merge_intent":
             existing = inputs.get("existing", "")
             data = {"intent": existing if isinstance(existing, str) else str(existing)}
+        elif task == "merge_intents":
+            data = {"intents": [{"index": pair["index"], "intent": str(pair["existing"])}
+                                for pair in inputs.get("pairs", [])]}
         elif task == "contradiction":
             # The offline heuristic: a test states contradictions the way it reads them.
-            data = {"contradicts": offline_contradicts(
-                str(inputs.get("existing", "")), str(inputs.get("new", "")))}
+            data = {"contradicted": [
+                pair["index"] for pair in inputs.get("pairs", [])
+                if offline_contradicts(str(pair["existing"]), str(pair["new"]))
+            ]}
         else:
             return mnemo.LLMResponse(usage=usage)
         return mnemo.LLMResponse(data=data, usage=usage)

@@ -61,8 +61,7 @@ import anyio
 import anyio.to_thread
 
 from mnemo.adapters import _contradiction, _text
-from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal
-from mnemo.adapters._offline_annotation import outcome_reward as outcome_reward
+from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal, outcome_reward
 from mnemo.adapters._offline_common import (
     _NO_USAGE,
     _dicts,
@@ -301,7 +300,10 @@ def _procedural(inputs: dict[str, Any]) -> LLMResponse:
         }
         by_text[key] = item
         instructions.append(item)
-    return LLMResponse(data={"instructions": instructions}, usage=_NO_USAGE)
+    data: dict[str, Any] = {"instructions": instructions}
+    if inputs.get("score_last_step") is True and steps:
+        data["last_reward"] = outcome_reward(_field(steps[-1], "observation"))
+    return LLMResponse(data=data, usage=_NO_USAGE)
 
 
 # ---- return -------------------------------------------------------------------------------
@@ -354,9 +356,26 @@ def _merge_intent(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
 
 
+def _merge_intents(inputs: dict[str, Any]) -> LLMResponse:
+    intents = [
+        {"index": pair.get("index", i),
+         "intent": _str(pair, "existing") or _str(pair, "new")}
+        for i, pair in enumerate(_pairs(inputs))
+    ]
+    return LLMResponse(data={"intents": intents}, usage=_NO_USAGE)
+
+
 def _contradiction_task(inputs: dict[str, Any]) -> LLMResponse:
-    verdict = _contradiction.contradicts(_str(inputs, "existing"), _str(inputs, "new"))
-    return LLMResponse(data={"contradicts": verdict}, usage=_NO_USAGE)
+    contradicted = [
+        pair.get("index", i) for i, pair in enumerate(_pairs(inputs))
+        if _contradiction.contradicts(_str(pair, "existing"), _str(pair, "new"))
+    ]
+    return LLMResponse(data={"contradicted": contradicted}, usage=_NO_USAGE)
+
+
+def _pairs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+    pairs = inputs.get("pairs")
+    return [p for p in pairs if isinstance(p, dict)] if isinstance(pairs, list) else []
 
 
 _HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
@@ -367,6 +386,7 @@ _HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
     "procedural": _procedural,
     "return": _return,
     "merge_intent": _merge_intent,
+    "merge_intents": _merge_intents,
     "contradiction": _contradiction_task,
     "memory_update": _memory_update,
     "memory_persist": _memory_persist,

@@ -25,10 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from mnemo.cli._database import CliError
-from mnemo.ingest.model import Step, Trajectory
+from mnemo.errors import InvalidInputError
+from mnemo.ingest.model import IngestProgress, Step, Trajectory
+from mnemo.ingest.service import payload_of
+from mnemo.inputs import check_name
 from mnemo.memory import Memory
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
@@ -204,8 +214,25 @@ async def ingest_file(
     show_progress: bool,
 ) -> IngestReport:
     """Ingests every source of the file into `repo` (created if needed), one progress bar per
-    conversation; with `threads`, also saves each session as a conversation thread."""
+    conversation and one for the steps of the source being ingested; with `threads`, also
+    saves each session as a conversation thread.
+
+    Every source is checked against the repo's bounds (`Config.max_steps_per_ingest`, the
+    text bound, the rule for source ids) before the first is ingested, so a file that cannot
+    go in whole stores nothing.
+
+    Raises:
+        CliError: a source that does not pass the checks, naming it.
+    """
     await mem.open_repo(repo)
+    config = await mem.repo_config(repo)
+    for batch in parsed.batches:
+        for source in batch.sources:
+            try:
+                check_name(source.source_id, "source id")
+                payload_of(source.trajectory, config)
+            except InvalidInputError as exc:
+                raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()
     report = IngestReport(repo, parsed.shape)
     columns = (
@@ -218,7 +245,18 @@ async def ingest_file(
         for batch in parsed.batches:
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
             for source in batch.sources:
-                receipt = await mem.ingest(repo, source.trajectory, source_id=source.source_id)
+                steps = progress.add_task(
+                    f"  {source.source_id}", total=len(source.trajectory.steps)
+                )
+
+                def advance(update: IngestProgress, steps: TaskID = steps) -> None:
+                    progress.update(steps, completed=update.done,
+                                    description=f"  {update.source_id}: {update.stage}")
+
+                receipt = await mem.ingest(
+                    repo, source.trajectory, source_id=source.source_id, progress=advance
+                )
+                progress.remove_task(steps)
                 saved = 0
                 if threads:
                     # `save` takes the whole history and stores only what is past the stored
@@ -236,4 +274,3 @@ async def ingest_file(
                 )
                 progress.advance(task)
     return report
-

@@ -15,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mnemo.config import Config
 from mnemo.conversation.model import NO_CONTENT
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_id, check_json, check_text
+from mnemo.inputs import check_id, check_json, check_name, check_text, check_tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +35,22 @@ class MessageDraft:
 
 
 def check_thread_id(thread_id: object) -> str:
-    """The thread id, checked.
+    """The thread id of a lookup, checked (`inputs.check_id`).
 
     Raises:
         InvalidInputError: not a non-blank string, or holding NUL or a lone surrogate.
     """
     return check_id(thread_id, "thread_id")
+
+
+def check_thread_name(thread_id: object) -> str:
+    """The thread id of a write that may create the thread, checked as a name
+    (`inputs.check_name`: no control, format, bidi or invisible character, ...).
+
+    Raises:
+        InvalidInputError: it is not one.
+    """
+    return check_name(thread_id, "thread_id")
 
 
 def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
@@ -60,20 +71,23 @@ def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
     return messages
 
 
-def draft(
-    message: Mapping[str, Any], index: int, *, limit: int = DEFAULT_MAX_TEXT_CHARS
-) -> MessageDraft:
-    """Checks one message and prepares its row.
+def draft(message: Mapping[str, Any], index: int, config: Config | None = None) -> MessageDraft:
+    """Checks one message against `config`'s bounds (the defaults when None) and prepares its
+    row.
 
     Its text (the content with its tool calls, what search and the embedder see) and its
-    other keys as JSON must each fit in `limit` characters (`Config.max_text_chars`).
+    other keys as JSON must each fit in `max_text_chars` characters, it may hold at most
+    `max_tool_calls_per_message` tool calls, and nest at most `inputs.MAX_JSON_DEPTH` deep;
+    its role is a name (`inputs.check_name`).
 
     Raises:
         InvalidInputError: naming the message and the offending key.
     """
+    config = config or Config()
+    limit = config.max_text_chars
     where = f"messages[{index}]"
-    role = message.get("role")
-    role = check_id(role, f"{where}.role")
+    check_tree(message, where)  # before anything below walks or serialises it
+    role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):
         if key in message and not isinstance(message[key], str):
@@ -83,6 +97,12 @@ def draft(
         isinstance(calls, list) and all(isinstance(c, Mapping) for c in calls)
     ):
         raise InvalidInputError(f"{where}.tool_calls must be a list of dicts, got {calls!r}")
+    if calls is not None and len(calls) > config.max_tool_calls_per_message:
+        raise InvalidInputError(
+            f"{where}.tool_calls holds {len(calls):,} calls, more than the "
+            f"{config.max_tool_calls_per_message:,} a message may hold "
+            "(Config.max_tool_calls_per_message)"
+        )
     if isinstance(raw_content, str):
         content = raw_content
     elif raw_content is None or isinstance(raw_content, list):

@@ -88,8 +88,9 @@ class ConversationMethods:
         """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.
 
         Raises:
-            InvalidInputError: a blank thread id, or a blank description or one longer than
-                `Config.max_text_chars`.
+            InvalidInputError: a thread id that is no name (`inputs.check_name`), a blank
+                description or one longer than `Config.max_text_chars`, or a thread that
+                already has `Config.max_open_goals` open goals.
         """
         return await self._conversations.add_goal(thread_id, description)
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from mnemo import deadline
-from mnemo.conversation.drafts import check_history, check_thread_id, draft
+from mnemo.conversation.drafts import check_history, check_thread_id, check_thread_name, draft
 from mnemo.conversation.model import (
     Compaction,
     Compression,
@@ -97,14 +97,17 @@ class ConversationManager:
         boundary message would leave the viewport).
 
         Raises:
-            InvalidInputError: a blank thread id or a malformed message (naming it), or one
-                whose text or other keys (as JSON) are longer than the Memory's
-                `Config.max_text_chars`, raised before anything is stored.
+            InvalidInputError: a thread id that is no name (`inputs.check_name`), more new
+                messages than the Memory's `Config.max_messages_per_save` (save a longer
+                history in slices of it), a malformed message (naming it), one whose text or
+                other keys (as JSON) are longer than `Config.max_text_chars`, with more tool
+                calls than `Config.max_tool_calls_per_message` or nested deeper than
+                `inputs.MAX_JSON_DEPTH`; raised before anything is stored.
             ConflictError: other writers changed the thread under each of
                 `MAX_SAVE_ATTEMPTS` attempts in a row (a save racing another Memory's save
                 of the same history reads the new length and appends nothing).
         """
-        check_thread_id(thread_id)
+        check_thread_name(thread_id)
         history = check_history(messages)
         service = self._service
         async with service.thread_lock(thread_id):
@@ -133,7 +136,7 @@ class ConversationManager:
             ConflictError: the thread changed under every one of `MAX_SAVE_ATTEMPTS` attempts.
         """
         service = self._service
-        limit = service.max_text_chars
+        config = service.config
         semantic = isinstance(self.retrieval, Semantic)
         vectors: dict[int, Vector] = {}  # by index in `history`
         attempts = 0
@@ -143,7 +146,13 @@ class ConversationManager:
             if len(history) <= stored:
                 return []
             new = range(stored, len(history))
-            drafts = [draft(history[i], i, limit=limit) for i in new]
+            if len(new) > config.max_messages_per_save:
+                raise InvalidInputError(
+                    f"messages holds {len(new):,} new messages past the {stored:,} stored, "
+                    f"more than the {config.max_messages_per_save:,} one save appends "
+                    "(Config.max_messages_per_save): save the history in slices of it"
+                )
+            drafts = [draft(history[i], i, config) for i in new]
             if semantic:
                 missing = [i for i in new if i not in vectors]
                 try:

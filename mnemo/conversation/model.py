@@ -288,8 +288,11 @@ class Viewport:
       keeps up, else the newest ones that fit.
     - `snapshots`: level-2 (up to 5% of the budget) then uncovered level-1 (up to 15%),
       oldest first.
-    - `pinned`: messages before the boundary pinned to an open goal, oldest first; they
-      come before the snapshots in the memory's 25% of the budget.
+    - `pinned`: messages before the boundary pinned to an open goal, oldest first, each
+      whole: they come first, up to half the budget, and take any room the rest leaves.
+    - `pins_left_out`: the ids of pinned messages that did not fit (oldest first): only
+      when pins alone pass what the budget can hold beside the messages. Each stays inside a
+      snapshot's range and is found by a search that excludes this viewport.
 
     Unused memory goes to the messages, and the messages from the boundary on take memory
     (oldest snapshots first, pins last) rather than leave the view. `tokens` is what all of it
@@ -304,6 +307,7 @@ class Viewport:
     pinned: list[Message]
     tokens: int
     tokens_past_boundary: int
+    pins_left_out: list[str] = field(default_factory=list)
 
     def to_messages(self) -> list[dict[str, Any]]:
         """The viewport as chat messages: one system message holding the snapshots and pinned

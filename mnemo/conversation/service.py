@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from mnemo import deadline
 from mnemo.config import Config
-from mnemo.conversation.drafts import check_thread_id, search_text
+from mnemo.conversation.drafts import check_thread_id, check_thread_name, search_text
 from mnemo.conversation.eviction import Evictor
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
@@ -109,7 +109,8 @@ class ConversationService:
         self.llm = llm
         self.embedder = embedder
         self.timeout = config.extraction_timeout
-        # Threads belong to no repo: the Memory's config bounds their texts.
+        # Threads belong to no repo: the Memory's config bounds their texts and counts.
+        self.config = config
         self.max_text_chars = config.max_text_chars
         self.events = events
         self.clock = clock
@@ -283,10 +284,19 @@ class ConversationService:
         return done
 
     async def add_goal(self, thread_id: str, description: str) -> str:
-        """See `Memory.add_goal`."""
-        check_thread_id(thread_id)
+        """See `Memory.add_goal`. The count of open goals is checked under the thread lock:
+        through one Memory it holds; two Memory objects adding at once may each pass it
+        once."""
+        check_thread_name(thread_id)
         check_text(description, "description", limit=self.max_text_chars)
-        return await self.store.add_goal(thread_id, description.strip(), self.clock())
+        most = self.config.max_open_goals
+        async with self._thread_locks.hold(thread_id):
+            if len(await self.store.open_goals(thread_id)) >= most:
+                raise InvalidInputError(
+                    f"thread {thread_id!r} has {most:,} open goals, the most it may have "
+                    "(Config.max_open_goals): complete one first"
+                )
+            return await self.store.add_goal(thread_id, description.strip(), self.clock())
 
     async def complete_goal(self, goal_id: str) -> None:
         """See `Memory.complete_goal`."""

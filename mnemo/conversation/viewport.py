@@ -4,16 +4,22 @@ Nothing hides from the agent (API.md): every message is in the viewport's messag
 them from the boundary on, when eviction keeps up), or before the boundary inside a
 snapshot's range, or pinned and shown; what cannot be shown stays findable by search.
 
-Shares of the budget (Anima's Mneme): the memory (pins and snapshots) gets up to 25%.
-Messages pinned to open goals (from before the boundary) come first and may take all of it
-(pins survive eviction intact), newest first, skipping any that does not fit; then uncovered
-level-1 snapshots up to 15%, then level-2 snapshots up to 5%, within what the pins left.
-Within each snapshot share the newest that fit are kept, stopping at the first that does
-not, so the snapshots shown are a contiguous recent stretch. The messages from the boundary
-on get the rest. When they do not all fit there, eviction is behind (`layout` says so, which
-auto-eviction checks after each save): the viewport then gives up memory for them, oldest
-snapshots first and pins last, and only when even the whole budget cannot hold them does it
-keep the newest that fit.
+Shares of the budget. Pins survive intact (the seed), so they come first: the messages
+pinned to open goals (from before the boundary) take up to half the budget (`PIN_SHARE`),
+newest first, skipping any that does not fit; eviction keeps room for them. Then the
+snapshots (Anima's Mneme): uncovered level-1 ones up to 15% and level-2 ones up to 5%, within
+the memory's 25% (`MEMORY_SHARE`) less what the pins took. Within each snapshot share the
+newest that fit are kept, stopping at the first that does not, so the snapshots shown are a
+contiguous recent stretch. The messages from the boundary on get the rest. When they do not
+all fit there, eviction is behind (`layout` says so, which auto-eviction checks after each
+save): the viewport then gives up memory for them, oldest snapshots first and pins last, and
+only when even the whole budget cannot hold them does it keep the newest that fit.
+
+Whatever room is left after that goes to the pins not shown yet, newest first, skipping any
+that does not fit: a pin is never hidden while the budget has room for it. Pins that
+together exceed even that are left out whole, never cut: `Viewport.pins_left_out` names
+them, and they stay where nothing hides them (before the boundary, inside a snapshot's range,
+and found by a search that excludes the viewport).
 
 The eviction zone is the oldest part of what lies past the boundary: messages from the
 boundary until they reach `eviction_fraction` of the budget (or of what is there, when that
@@ -34,8 +40,12 @@ from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 
 L1_SHARE = 0.15
 L2_SHARE = 0.05
-PIN_SHARE = 0.05
-MEMORY_SHARE = L1_SHARE + L2_SHARE + PIN_SHARE
+# The snapshots' and the pins' share (the pins first), the seed's 25%.
+MEMORY_SHARE = 0.25
+# The most of the budget pins keep for themselves (eviction keeps it free for them): half,
+# so the conversation from the boundary on keeps at least the other half beside them, and
+# an eviction of `eviction_fraction` (0.33 by default) of the budget frees room for turns.
+PIN_SHARE = 0.5
 # Level-1 snapshots fold into a level-2 one once this many are uncovered.
 FOLD_AFTER = 5
 
@@ -59,6 +69,20 @@ def _fit_newest(items: Iterable[tuple[int, T]], allowance: float) -> tuple[list[
     return kept, used
 
 
+def _fit_each(pins: Sequence[Message], allowance: float) -> tuple[list[Message], int]:
+    """The pins (given newest first) that fit in `allowance`, newest first, skipping any that
+    does not (pins are no contiguous stretch: a long one left out hides no shorter one);
+    returned oldest first with their cost."""
+    kept: list[Message] = []
+    used = 0
+    for pin in pins:
+        if used + pin.tokens <= allowance:
+            kept.append(pin)
+            used += pin.tokens
+    kept.reverse()
+    return kept, used
+
+
 def layout(
     thread_id: str, token_budget: int, inputs: ViewportInputs
 ) -> tuple[Viewport, bool]:
@@ -70,15 +94,8 @@ def layout(
     `token_budget`.
     """
     boundary = inputs.boundary_seq
+    pinned, pins_used = _fit_each(inputs.pinned, token_budget * PIN_SHARE)
     memory = token_budget * MEMORY_SHARE
-    pinned: list[Message] = []
-    pins_used = 0
-    for pin in inputs.pinned:
-        # Pins are not a contiguous stretch: a long one left out does not hide shorter ones.
-        if pins_used + pin.tokens <= memory:
-            pinned.append(pin)
-            pins_used += pin.tokens
-    pinned.reverse()
     l1, l1_used = _fit_newest(
         ((snapshot_tokens(s), s) for s in inputs.level1),
         min(token_budget * L1_SHARE, memory - pins_used),
@@ -116,6 +133,14 @@ def layout(
         # A tool result whose call was cut off would be refused by chat APIs: drop it too.
         while window and window[0].is_tool_result:
             used -= window.pop(0).tokens
+    # The room left goes to the pins not shown yet (those past their share, or given up).
+    shown_ids = {m.id for m in pinned}
+    more, more_used = _fit_each(
+        [m for m in inputs.pinned if m.id not in shown_ids], token_budget - memory_used - used
+    )
+    memory_used += more_used
+    pinned = sorted([*pinned, *more], key=lambda m: m.seq)
+    shown_ids.update(m.id for m in more)
     viewport = Viewport(
         thread_id=thread_id,
         token_budget=token_budget,
@@ -125,6 +150,7 @@ def layout(
         pinned=pinned,
         tokens=used + memory_used,
         tokens_past_boundary=past,
+        pins_left_out=[m.id for m in reversed(inputs.pinned) if m.id not in shown_ids],
     )
     return viewport, crowded
 

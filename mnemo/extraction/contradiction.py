@@ -1,49 +1,73 @@
-"""The "contradiction" task (issue 14): does a new fact end an existing one about the same
-subject ("Dana lives in Lisbon" / "Dana moved to Porto")? A commit asks it for each new fact
-and the few existing facts recall finds closest to it; a fact contradicted is retired, not
-deleted (`mnemo.graph.commit`)."""
+"""The "contradiction" task: which new facts end existing ones about the same subject ("Dana
+lives in Lisbon" / "Dana moved to Porto")? A commit asks it once, for every new fact and the
+few close existing facts recall finds for it, as numbered pairs; a fact contradicted is
+retired, not deleted (`mnemo.graph.contradiction`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
 
 CONTRADICTION_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"contradicts": {"type": "boolean"}},
-    "required": ["contradicts"],
+    "properties": {"contradicted": {"type": "array", "items": {"type": "integer"}}},
+    "required": ["contradicted"],
     "additionalProperties": False,
 }
 CONTRADICTION_SYSTEM = "You keep an agent's memory of facts consistent over time."
 CONTRADICTION_INSTRUCTIONS = """\
-An existing fact and a new fact are given. Answer true when the new fact says that the
-existing one no longer holds: the same subject and relation with a different value (a new
-address, a changed setting, a reversed decision, a negation). Answer false when both can
-hold at once, when they are about different subjects, or when you are not sure.
-Reply with JSON: {"contradicts": true|false}."""
+Each pair holds an existing fact and a new fact. A pair contradicts when the new fact says
+that the existing one no longer holds: the same subject and relation with a different value
+(a new address, a changed setting, a reversed decision, a negation). A pair does not
+contradict when both facts can hold at once, when they are about different subjects, or when
+you are not sure.
+Reply with JSON listing the indices of the pairs that contradict (an empty list when none
+does), for example {"contradicted": [0, 2]}."""
 
 
-def contradiction_request(*, existing: str, new: str) -> LLMRequest:
-    """The "contradiction" task: the reply's `data` is {"contradicts": bool}."""
-    return task_request(
+def contradiction_request(
+    questions: Sequence[Question],
+) -> tuple[LLMRequest, list[tuple[int, int]]]:
+    """The "contradiction" task over `questions`, as numbered pairs, and what each pair's
+    index stands for: (question, position of the existing fact in it)."""
+    pairs = [(q, p) for q, question in enumerate(questions)
+             for p in range(len(question.existing))]
+    inputs = {"pairs": [
+        {"index": k, "existing": questions[q].existing[p], "new": questions[q].new}
+        for k, (q, p) in enumerate(pairs)
+    ]}
+    request = task_request(
         "contradiction",
         system=CONTRADICTION_SYSTEM,
         instructions=CONTRADICTION_INSTRUCTIONS,
-        inputs={"existing": existing, "new": new},
+        inputs=inputs,
         schema=CONTRADICTION_SCHEMA,
-        max_tokens=64,
+        max_tokens=32 + 8 * len(pairs),
     )
+    return request, pairs
 
 
-def parse_contradiction(resp: LLMResponse) -> bool:
-    """The answer of a "contradiction" reply.
+def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
+                        questions: int) -> list[set[int]]:
+    """For each question, the positions of the existing facts its new fact ends, from a
+    "contradiction" reply (indices outside the pairs are ignored).
 
     Raises:
-        ValueError: when the reply is not an object with a boolean "contradicts".
+        ValueError: when the reply is not {"contradicted": [int, ...]}.
     """
     data = reply_data(resp)
-    if not isinstance(data, dict) or not isinstance(data.get("contradicts"), bool):
-        raise ValueError(f"contradiction reply must be {{\"contradicts\": bool}}, got "
+    listed = data.get("contradicted") if isinstance(data, dict) else None
+    if not isinstance(listed, list) or not all(
+        isinstance(k, int) and not isinstance(k, bool) for k in listed
+    ):
+        raise ValueError(f"contradiction reply must be {{\"contradicted\": [int, ...]}}, got "
                          f"{preview(data)}")
-    return bool(data["contradicts"])
+    ended: list[set[int]] = [set() for _ in range(questions)]
+    for k in listed:
+        if 0 <= k < len(pairs):
+            question, position = pairs[k]
+            ended[question].add(position)
+    return ended

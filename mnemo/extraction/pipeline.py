@@ -1,13 +1,13 @@
 """Extraction: from an episode's trajectories to one changeset, in at most two LLM rounds.
 
-Round 1 asks, all at once: the last step's deferred reward (it has no next observation, so
-`close` scores it), and every trajectory's semantic and procedural tasks. Each instruction's
-return then comes from the trajectory's cumulative reward, without a call. Round 2 asks the
-optional "return" task, and only for a trajectory with several instructions, where a model's
-judgement can tell them apart (one instruction takes the trajectory's score either way).
-The critical path is therefore two calls whatever the number of trajectories, one when no
-trajectory has several instructions (BENCHMARKS.md; the seed asked reward -> procedural ->
-return, three calls in a row).
+Round 1 asks, all at once, every trajectory's semantic and procedural tasks; the last
+trajectory's procedural task also scores the last step's deferred reward (it has no next
+observation, so `close` scores it; a reply without the score has the "reward" task asked
+after). Each instruction's return then comes from the trajectory's cumulative reward, without a
+call. Round 2 asks the optional "return" task, and only for a trajectory with several
+instructions, where a model's judgement can tell them apart (one instruction takes the
+trajectory's score either way). The critical path is therefore two calls whatever the number
+of trajectories, one when no trajectory has several instructions.
 
 A failed task does not cancel its siblings: each validated result is kept in the episode's
 `TaskMemo`, so the retry re-asks only what failed. The caller's LLM is already bounded by its
@@ -36,7 +36,7 @@ from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
     parse_facts,
-    parse_instructions,
+    parse_procedural,
     parse_returns,
     procedural_request,
     return_request,
@@ -79,7 +79,6 @@ class _Round:
         # The deferred reward scored at close, by step id; written onto the step record only
         # once the whole extraction succeeded, so that a retry builds the same requests.
         self.rewards: dict[str, float] = {}
-        self.scored = anyio.Event()
 
     def reward(self, step: StepRecord) -> float | None:
         return self.rewards.get(step.id, step.reward)
@@ -99,10 +98,10 @@ async def extract(
 ) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset.
 
-    When `score_last_step`, the last step's deferred reward is scored beside the extraction
-    tasks; it is written onto the step record when the extraction succeeds. Results found in
-    `memo` are not asked again, and every result validated here is kept there, also when
-    another task fails.
+    When `score_last_step`, the last step's deferred reward is scored with its trajectory's
+    procedural task; it is written onto the step record when the extraction succeeds.
+    Results found in `memo` are not asked again, and every result validated here is kept
+    there, also when another task fails.
 
     Raises:
         LLMError, EmbeddingError: a task failed for good (the first failure; the other tasks
@@ -116,35 +115,13 @@ async def extract(
     last = steps[-1] if steps else None
     deferred = last if score_last_step and last is not None else None
 
-    async def score_last(step: StepRecord) -> None:
-        try:
-            with deadline.fail_after(time_limit):
-                request = reward_request(
-                    goal=episode.goal,
-                    subgoal=step.subgoal,
-                    observation=step.observation,
-                    action=step.action,
-                    next_observation=None,
-                )
-                work.rewards[step.id] = await memo.ask(
-                    llm, step.trajectory_id, request, parse_reward, unusable=NEUTRAL_REWARD
-                )
-        except AdapterError as exc:
-            work.failures.append(exc)
-        finally:
-            work.scored.set()
-
     async def one(i: int, group: list[StepRecord]) -> None:
         with deadline.fail_after(time_limit):
-            waits = deferred is not None and group[-1] is deferred
-            results[i] = await _extract_trajectory(work, group, waits_for_reward=waits)
+            scores = deferred if deferred is not None and group[-1] is deferred else None
+            results[i] = await _extract_trajectory(work, group, scores_last=scores)
 
     with first_error():
         async with anyio.create_task_group() as tg:
-            if deferred is not None:
-                tg.start_soon(score_last, deferred)
-            else:
-                work.scored.set()
             for i, group in enumerate(groups):
                 tg.start_soon(one, i, group)
     if work.failures:
@@ -157,10 +134,12 @@ async def extract(
 
 
 async def _extract_trajectory(
-    work: _Round, steps: list[StepRecord], *, waits_for_reward: bool
+    work: _Round, steps: list[StepRecord], *, scores_last: StepRecord | None
 ) -> _Extracted | None:
     """One trajectory's facts, instructions and returns; None when a task failed (the
-    failure is in `work.failures`)."""
+    failure is in `work.failures`). With `scores_last` (its last step, whose reward close
+    scores), the procedural task scores it too; a reply without that score has it asked of
+    the "reward" task after."""
     trajectory = steps[0].trajectory_id
     subgoal = steps[0].subgoal
     found: dict[str, Any] = {}
@@ -180,14 +159,19 @@ async def _extract_trajectory(
             work.failures.append(exc)
 
     async def procedural() -> None:
-        # Not waiting for the last step's reward (null here, as the prompt allows) is what
-        # takes the seed's reward -> procedural round off the critical path. Only the records'
-        # rewards go in, never one scored meanwhile: a retry must build the same request.
-        request = procedural_request(goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps))
+        # Only the records' rewards go in, never one scored meanwhile: a retry must build the
+        # same request.
+        request = procedural_request(goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps),
+                                     score_last=scores_last is not None)
         try:
-            found["instructions"] = await work.memo.ask(
-                work.llm, trajectory, request, parse_instructions
+            instructions, reward = await work.memo.ask(
+                work.llm, trajectory, request, parse_procedural
             )
+            found["instructions"] = instructions
+            if scores_last is not None:
+                if reward is None:
+                    reward = await _score_alone(work, scores_last)
+                work.rewards[scores_last.id] = reward
         except AdapterError as exc:
             work.failures.append(exc)
 
@@ -195,8 +179,6 @@ async def _extract_trajectory(
         async with anyio.create_task_group() as tg:
             tg.start_soon(semantic)
             await procedural()
-    if waits_for_reward:
-        await work.scored.wait()
     if "facts" not in found or "instructions" not in found or work.failures:
         return None
     instructions: list[Instruction] = found["instructions"]
@@ -204,6 +186,15 @@ async def _extract_trajectory(
     if len(instructions) > 1:
         returns |= await _scored_returns(work, steps, instructions)
     return _Extracted(steps, found["facts"], instructions, returns)
+
+
+async def _score_alone(work: _Round, step: StepRecord) -> float:
+    """The last step's reward through the "reward" task (a model whose procedural reply
+    left it out)."""
+    request = reward_request(goal=work.goal, subgoal=step.subgoal, observation=step.observation,
+                             action=step.action, next_observation=None)
+    return await work.memo.ask(work.llm, step.trajectory_id, request, parse_reward,
+                               unusable=NEUTRAL_REWARD)
 
 
 async def _scored_returns(

@@ -156,21 +156,55 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 "expected_outcome", "steps"}, ...]}."""
 
 
-def procedural_request(*, goal: str, subgoal: str, steps: list[dict[str, Any]]) -> LLMRequest:
-    """The "procedural" task over one trajectory's steps.
+# The procedural task of the trajectory that ends an episode also scores its last step, whose
+# reward no next observation gave (`close` scores it).
+PROCEDURAL_SCORING_SCHEMA: dict[str, Any] = {
+    **PROCEDURAL_SCHEMA,
+    "properties": {
+        **PROCEDURAL_SCHEMA["properties"],
+        "last_reward": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+}
+LAST_REWARD_INSTRUCTIONS = """\
+Also score the last step (its reward is null): last_reward, from 0 to 1, how much its action
+moved toward the subgoal, judged from the steps (1: achieved it, 0.5: neutral or unclear, 0:
+failed or made things worse).
+Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
+
+
+def procedural_request(
+    *, goal: str, subgoal: str, steps: list[dict[str, Any]], score_last: bool = False
+) -> LLMRequest:
+    """The "procedural" task over one trajectory's steps; with `score_last`, the reply also
+    scores the last step (`last_reward`).
 
     `steps` are {"index": int, "observation": str, "action": str, "reward": float | None}.
-    The reply's `data` is {"instructions": [...]}; read it with `parse_instructions`.
+    The reply's `data` is {"instructions": [...]} (and "last_reward"); read it with
+    `parse_procedural`.
     """
+    instructions = PROCEDURAL_INSTRUCTIONS
+    inputs: dict[str, Any] = {"goal": goal, "subgoal": subgoal, "steps": steps}
+    if score_last:
+        instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
+        inputs["score_last_step"] = True
     return task_request(
         "procedural",
         system=PROCEDURAL_SYSTEM,
-        instructions=PROCEDURAL_INSTRUCTIONS,
-        inputs={"goal": goal, "subgoal": subgoal, "steps": steps},
-        schema=PROCEDURAL_SCHEMA,
+        instructions=instructions,
+        inputs=inputs,
+        schema=PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA,
         # About 120 tokens an instruction (four fields), at most a couple a step.
-        max_tokens=min(4096, 256 + 256 * len(steps)),
+        max_tokens=min(4096, 256 + 256 * len(steps) + (16 if score_last else 0)),
     )
+
+
+def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None]:
+    """The instructions of a "procedural" reply (`parse_instructions`) and its score of the
+    last step (clamped to [0, 1]; None when the reply has none that reads as a number)."""
+    data = reply_data(resp)
+    score = _number(data.get("last_reward")) if isinstance(data, dict) else None
+    reward = None if score is None or math.isnan(score) else min(1.0, max(0.0, score))
+    return parse_instructions(resp), reward
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
@@ -323,6 +357,69 @@ def parse_merged_intent(resp: LLMResponse) -> str:
     if not isinstance(data, dict):
         raise ValueError(f"merge_intent reply must be a JSON object, got {preview(data)}")
     return _required_text(data, "intent", "merge_intent reply")
+
+
+# ---- merge_intents ------------------------------------------------------------------------
+
+MERGE_INTENTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "intents": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"index": {"type": "integer"}, "intent": {"type": "string"}},
+                "required": ["index", "intent"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["intents"],
+    "additionalProperties": False,
+}
+MERGE_INTENTS_INSTRUCTIONS = """\
+Each pair holds two intents, existing and new, that name nearly the same purpose. For each
+pair write one intent that covers both: a short verb phrase (at most 8 words). Prefer the
+existing wording when it already covers the new one.
+Reply with JSON: {"intents": [{"index": <the pair's index>, "intent": <the merged intent>},
+...]}, one item per pair."""
+
+
+def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
+    """The "merge_intents" task: "merge_intent" for several (existing, new) pairs at once;
+    read the reply with `parse_merged_intents`."""
+    return task_request(
+        "merge_intents",
+        system=MERGE_INTENT_SYSTEM,
+        instructions=MERGE_INTENTS_INSTRUCTIONS,
+        inputs={"pairs": [{"index": i, "existing": existing, "new": new}
+                          for i, (existing, new) in enumerate(pairs)]},
+        schema=MERGE_INTENTS_SCHEMA,
+        max_tokens=64 + 48 * len(pairs),
+    )
+
+
+def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
+    """Pair index -> merged intent of a "merge_intents" reply (pairs it does not answer, or
+    answers blank, are absent: they keep the existing wording).
+
+    Raises:
+        ValueError: when the reply is not {"intents": [{"index": int, "intent": str}, ...]}.
+    """
+    items = _list_field(reply_data(resp), "intents", "merge_intents")
+    merged: dict[int, str] = {}
+    for i, item in enumerate(items):
+        where = f"intents[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be an object, got {preview(item)}")
+        index = _integer(item.get("index"))
+        text = item.get("intent")
+        if index is None or not isinstance(text, str):
+            raise ValueError(f"{where} must be {{\"index\": int, \"intent\": str}}, got "
+                             f"{preview(item)}")
+        if 0 <= index < count and text.strip() and index not in merged:
+            merged[index] = text.strip()
+    return merged
 
 
 # ---- shared field readers -----------------------------------------------------------------

@@ -6,8 +6,8 @@ and the graph, intents by raw cosine (`graph.dedup`); nodes already there are sk
 are re-pointed to survivors. The write is one transaction, recorded with the receipt, so
 applying the same changeset twice returns the first receipt and adds nothing.
 
-Intent merges ask the LLM (up to `extraction_timeout` each): they are decided before the
-repo's lock is taken, and under it only looked up. A merge the graph made necessary
+Intent merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
+is taken, and under it only looked up. A merge the graph made necessary
 meanwhile (another commit added a close intent) is decided after letting the lock go, and the
 commit tries again (issue 9: one slow provider stalled every commit to the repo).
 """
@@ -128,7 +128,8 @@ async def apply(
     # repo's commits.
     retiring = (
         await contradiction.retirements(
-            target, changeset, intents.contradicts, intents.contradiction_candidates
+            target, changeset, intents.contradicts, intents.contradiction_candidates,
+            intents.contradiction_similarity,
         )
         if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
     )
@@ -155,18 +156,28 @@ async def _decide_merges(
     decided: dict[tuple[str, str], tuple[str, Vector] | None],
 ) -> tuple[Snapshot, Resolution]:
     """Runs the intent resolution against the graph as it is now, without the lock, and
-    records what each merge the LLM was asked for answered. Returns the resolution with the
-    vectors it was made against: if they are the same ones under the lock (no commit came
-    between), the resolution stands and is not computed again."""
-
-    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
-        if (existing, new) not in decided:
-            decided[(existing, new)] = await intents.merge(existing, new)
-        return decided[(existing, new)]
-
+    records what the merges it needs answered: all of one pass asked of the LLM at once (a
+    merge's new wording may call for another, asked in a second pass). Returns the resolution
+    with the vectors it was made against: if they are the same ones under the lock (no commit
+    came between), the resolution stands and is not computed again."""
     index = await target.vector_index(changeset.repo)
     seen = index.snapshot()
-    return seen, await _resolve_intents(target, changeset, index, merge, intents)
+    asked: list[tuple[str, str]] = []
+
+    async def note(existing: str, new: str) -> tuple[str, Vector] | None:
+        if (existing, new) not in decided:
+            asked.append((existing, new))
+        return decided.get((existing, new))
+
+    for _ in range(MERGE_ROUNDS):
+        asked.clear()
+        resolution = await _resolve_intents(target, changeset, index, note, intents)
+        if not asked:
+            return seen, resolution
+        pairs = list(dict.fromkeys(asked))
+        decided.update(zip(pairs, await intents.merge(pairs), strict=True))
+    lookup = _decided_merge(decided, final=True)
+    return seen, await _resolve_intents(target, changeset, index, lookup, intents)
 
 
 def _decided_merge(

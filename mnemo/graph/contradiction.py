@@ -1,29 +1,47 @@
-"""Contradicted facts are retired, not deleted (issue 14).
+"""Contradicted facts are retired, not deleted.
 
 Before a commit takes the repo's lock, each new SEMANTIC or PROCEDURAL fact is compared with
 the few live facts of its type that recall's two channels find closest to it (its vector, its
-words); the decision is the repo's LLM's (`IntentPolicy.contradicts`, the "contradiction"
-task). A contradicted fact stays, with `valid_to` (when its successor began to hold) and
-`retired_at` (the commit's time), linked from its successor by SUPERSEDES. A new fact that
+words) and that are close enough to be about the same thing; the decision is the repo's LLM's
+(`IntentPolicy.contradicts`, the "contradiction" task), asked once for the whole commit, and
+not at all when no live fact is close to a new one. A contradicted fact stays, with
+`valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
+from its successor by SUPERSEDES. A new fact that
 names an earlier time than the one it contradicts is the one retired: it held before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 from mnemo.graph.facts import TEMPORAL
-from mnemo.graph.model import Changeset, Node, NodeType, Vector
+from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, Vector
+from mnemo.graph.vectors import reaches
 
-# Whether the new fact (second) ends the existing one (first).
-Contradicts = Callable[[str, str], Awaitable[bool]]
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """Does `new` end any of `existing` (facts of its type, close to it)?"""
+
+    new: str
+    existing: tuple[str, ...]
+
+
+# Answers every question of one commit at once: for each, the positions in `existing` that
+# the new fact ends.
+Contradicts = Callable[[Sequence[Question]], Awaitable[list[set[int]]]]
 
 # Live facts compared with each new one, per channel (vector, words): the default of
 # `Config.contradiction_candidates`.
 CANDIDATES = 3
+# How close (cosine) an existing fact must be to a new one to be asked about: the default of
+# `Config.contradiction_similarity`. With the default embedder, pairs that contradict measured
+# 0.68-0.97 ("Dana lives in Lisbon" / "Dana moved to Porto": 0.79), unrelated facts of one
+# person or topic 0.16-0.48.
+CLOSE = 0.6
 
 
 class FactSearch(Protocol):
@@ -34,6 +52,10 @@ class FactSearch(Protocol):
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...
+
+    async def similarities(
+        self, repo: str, node_ids: Sequence[str], vector: Vector
+    ) -> dict[str, float]: ...
 
     async def get_nodes(self, repo: str, node_ids: list[str]) -> list[Node]: ...
 
@@ -50,24 +72,39 @@ class Retirement:
 
 async def retirements(
     graph: FactSearch, changeset: Changeset, contradicts: Contradicts,
-    candidates: int = CANDIDATES,
+    candidates: int = CANDIDATES, close: float = CLOSE,
 ) -> list[Retirement]:
-    """The facts the changeset's facts contradict (each compared with `candidates` live facts
-    per channel), asked before the commit's lock."""
-    found: list[Retirement] = []
+    """The facts the changeset's facts contradict, asked before the commit's lock in one
+    call for the whole changeset (none when no live fact is `close` to a new one). Each new
+    fact is compared with `candidates` live facts of its type per channel (vector, words)
+    at a cosine of at least `close`."""
     own = {n.id for n in changeset.nodes}
-    seen: set[str] = set()
+    asked: list[tuple[NodeDraft, list[Node]]] = []
     for node in changeset.nodes:
         if node.type not in TEMPORAL:
             continue
         kinds = [node.type]
-        ids = [i for i, _ in await graph.search_vectors(
-            changeset.repo, node.vector, candidates, kinds)]
-        ids += [i for i, _ in await graph.search_text(
-            changeset.repo, node.text, candidates, kinds)]
-        fresh = [i for i in dict.fromkeys(ids) if i not in own and i not in seen]
-        for old in await graph.get_nodes(changeset.repo, fresh):
-            if old.retired or not await contradicts(old.text, node.text):
+        near = [i for i, similarity in await graph.search_vectors(
+            changeset.repo, node.vector, candidates, kinds) if reaches(similarity, close)]
+        worded = [i for i, _ in await graph.search_text(
+            changeset.repo, node.text, candidates, kinds) if i not in near]
+        if worded:
+            similar = await graph.similarities(changeset.repo, worded, node.vector)
+            near += [i for i in worded if reaches(similar.get(i, -1.0), close)]
+        fresh = [i for i in dict.fromkeys(near) if i not in own]
+        olds = [old for old in await graph.get_nodes(changeset.repo, fresh) if not old.retired]
+        if olds:
+            asked.append((node, olds))
+    if not asked:
+        return []
+    verdicts = await contradicts(
+        [Question(node.text, tuple(old.text for old in olds)) for node, olds in asked]
+    )
+    found: list[Retirement] = []
+    seen: set[str] = set()
+    for (node, olds), ended in zip(asked, verdicts, strict=True):
+        for position, old in enumerate(olds):
+            if position not in ended or old.id in seen:
                 continue
             seen.add(old.id)
             if node.valid_from and old.valid_from and node.valid_from < old.valid_from:

@@ -9,7 +9,7 @@ the survivor. Both checks run against the batch itself and against the graph.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +20,8 @@ from mnemo.graph.vectors import VectorIndex, cosine, reaches, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
+# Merges many (existing, new) pairs at once, an answer per pair (one model call for a commit).
+IntentMerges = Callable[[Sequence[tuple[str, str]]], Awaitable[list[tuple[str, Vector] | None]]]
 # Looks up (id, text) of existing intents by id.
 TextLookup = Callable[[list[str]], Awaitable[dict[str, str]]]
 

@@ -13,6 +13,7 @@ from mnemo.graph.maintenance import ConsolidationReport, DecayReport, Validation
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.reads import GraphReads
+from mnemo.inputs import check_count
 from mnemo.repos import Repos
 
 
@@ -58,7 +59,8 @@ class GraphMethods:
         """The newest nodes of these types, newest first.
 
         Raises:
-            InvalidInputError: a `top_k` below 1, or an unknown node type.
+            InvalidInputError: a `top_k` below 1 or above the repo's `Config.max_results`, or
+                an unknown node type.
             NotFoundError: an unknown repo.
         """
         return await self._reads.latest(repo, types, top_k)
@@ -76,7 +78,8 @@ class GraphMethods:
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, or a limit below 1.
+                `Config.max_text_chars`, or a limit below 1 or above its
+                `Config.max_results`.
             NotFoundError: an unknown repo.
         """
         return await self._reads.search_nodes(repo, query, limit, types)
@@ -93,10 +96,12 @@ class GraphMethods:
         retired and reworded (no text).
 
         Raises:
-            InvalidInputError: a limit below 1.
+            InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        runtime = await self._repos.known(repo)
+        check_count("limit", limit, minimum=1, maximum=runtime.config.max_results,
+                    setting="Config.max_results")
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:

@@ -17,8 +17,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from mnemo.config import Config
-from mnemo.graph.contradiction import CANDIDATES, Contradicts
-from mnemo.graph.dedup import IntentMerger
+from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
+from mnemo.graph.dedup import IntentMerges
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
 
@@ -74,11 +74,12 @@ class IntentPolicy:
 
     identity_threshold: float
     merge_threshold: float
-    merge: IntentMerger
-    # Whether a new fact ends an existing one (issue 14: `mnemo.graph.contradiction`); None:
-    # facts are never retired.
+    merge: IntentMerges
+    # Which existing facts new ones end (`mnemo.graph.contradiction`); None: facts are never
+    # retired.
     contradicts: Contradicts | None = None
     contradiction_candidates: int = CANDIDATES
+    contradiction_similarity: float = CLOSE
 
 
 @dataclass(frozen=True, slots=True)

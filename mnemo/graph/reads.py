@@ -8,7 +8,9 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_count, check_storable, check_text
+from mnemo.inputs import check_count, check_id, check_text
+
+RESULTS = "Config.max_results"
 
 
 class GraphReads:
@@ -21,14 +23,16 @@ class GraphReads:
         *,
         known: Callable[[str], Awaitable[object]],
         max_chars: Callable[[str], int],
+        max_results: Callable[[str], int],
     ) -> None:
         self._graph = graph
         self._known = known
         self._max_chars = max_chars
+        self._max_results = max_results
 
     async def get_node(self, repo: str, node_id: str) -> Node | None:
         await self._known(repo)
-        nodes = await self._graph.get_nodes(repo, _node_ids(node_id))
+        nodes = await self._graph.get_nodes(repo, [check_id(node_id, "node_id")])
         return nodes[0] if nodes else None
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
@@ -39,7 +43,7 @@ class GraphReads:
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None
     ) -> list[Node]:
         await self._known(repo)
-        ids = _node_ids(node_ids)
+        ids = self._node_ids(repo, node_ids)
         neighbors = await self._graph.neighbors(repo, ids, _link_type(link_type))
         asked = set(ids)
         linked = [n.node_id for n in neighbors if n.node_id not in asked]
@@ -51,7 +55,7 @@ class GraphReads:
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         await self._known(repo)
-        check_count("top_k", top_k, minimum=1)
+        check_count("top_k", top_k, minimum=1, maximum=self._max_results(repo), setting=RESULTS)
         return await self._graph.latest(repo, node_types(types), top_k)
 
     async def search_nodes(
@@ -59,14 +63,36 @@ class GraphReads:
     ) -> list[Node]:
         await self._known(repo)
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        check_count("limit", limit, minimum=1)
+        check_count("limit", limit, minimum=1, maximum=self._max_results(repo), setting=RESULTS)
         kinds = None if types is None else node_types(types)
         found = await self._graph.search_text(repo, query, limit, kinds)
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         await self._known(repo)
-        return await self._graph.delete_nodes(repo, _node_ids(node_ids))
+        return await self._graph.delete_nodes(repo, self._node_ids(repo, node_ids))
+
+    def _node_ids(self, repo: str, node_ids: str | Sequence[str]) -> list[str]:
+        """`node_ids` as a list (a lone string is one id), at most `Config.max_results` of
+        them, each checked (`inputs.check_id`).
+
+        Raises:
+            InvalidInputError: not a string nor a list of them, too many, or a bad id.
+        """
+        if isinstance(node_ids, str):
+            return [check_id(node_ids, "node id")]
+        if not isinstance(node_ids, Iterable):
+            raise InvalidInputError(
+                f"node_ids must be a list of node ids, got {type(node_ids).__name__}"
+            )
+        ids = list(node_ids)
+        most = self._max_results(repo)
+        if len(ids) > most:
+            raise InvalidInputError(
+                f"node_ids holds {len(ids):,} ids, more than the {most:,} one call takes "
+                f"({RESULTS})"
+            )
+        return [check_id(node_id, "node id") for node_id in ids]
 
 
 def node_types(types: Iterable[NodeType]) -> list[NodeType]:
@@ -97,9 +123,3 @@ def _link_type(link_type: LinkType | str | None) -> LinkType | None:
         raise InvalidInputError(
             f"link_type must be a link type ({', '.join(t.value for t in LinkType)}): {exc}"
         ) from exc
-
-
-def _node_ids(node_ids: str | Sequence[str]) -> list[str]:
-    """`node_ids` as a list (a lone string is one id), each checked (`inputs.check_storable`)."""
-    ids = [node_ids] if isinstance(node_ids, str) else list(node_ids)
-    return [check_storable(node_id, "node id") for node_id in ids]

@@ -31,3 +31,21 @@ class IngestReceipt:
     source_id: str
     node_ids: list[str]
     created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IngestProgress:
+    """How far an ingest has got, as its `progress` callback and the `"ingest_progress"` event
+    report it.
+
+    `stage` is `"annotating"` (once before the first step, with `done=0`, then after each
+    step: `done` steps of `total` annotated), `"extracting"` (every step annotated; facts and
+    procedures are being extracted), `"committing"` (the changeset is being written), then
+    `"done"` (durable; also the only report of an ingest that finds its source already
+    stored).
+    """
+
+    source_id: str
+    stage: str
+    done: int
+    total: int

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from mnemo.config import Config
 from mnemo.episode.annotation import annotate, embed, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, PipelineError
+from mnemo.events import Events, deliver
 from mnemo.extraction.entities import embedding_text, with_entity_tags
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import Vector, now_utc
@@ -32,9 +33,11 @@ from mnemo.graph.ports import (
     SourceTaken,
 )
 from mnemo.ingest.dates import resolver
-from mnemo.ingest.model import IngestReceipt, Step, Trajectory
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_id, check_json, check_text
+from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
+from mnemo.inputs import check_id, check_json, check_name, check_text
 from mnemo.ports import LLM, Embedder
+
+Progress = Callable[[IngestProgress], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,27 +56,37 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def payload_of(trajectory: Trajectory, *, limit: int = DEFAULT_MAX_TEXT_CHARS) -> str:
-    """The canonical JSON of what identifies an ingest's payload.
+def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
+    """The canonical JSON of what identifies an ingest's payload, checked against `config`'s
+    bounds (the defaults when None): at most `max_steps_per_ingest` steps, each text and
+    metadata's JSON at most `max_text_chars`.
 
     Raises:
-        InvalidInputError: a field has the wrong type or is not JSON-serialisable, or a text
-            (the goal, an observation, an action, a metadata's JSON) is longer than `limit`.
+        InvalidInputError: a field has the wrong type or is not JSON-serialisable, a goal or
+            an observation is blank, a text is too long, a metadata nests too deep, or there
+            are too many steps.
     """
+    config = config or Config()
+    limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
             f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}"
         )
     check_text(trajectory.goal, "trajectory.goal", limit=limit)
-    if not isinstance(trajectory.steps, list | tuple) or not all(
-        isinstance(step, Step) for step in trajectory.steps
-    ):
+    if not isinstance(trajectory.steps, list | tuple):
+        raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
+    if len(trajectory.steps) > config.max_steps_per_ingest:
+        raise InvalidInputError(
+            f"trajectory has {len(trajectory.steps):,} steps, more than the "
+            f"{config.max_steps_per_ingest:,} one ingest takes (Config.max_steps_per_ingest): "
+            "ingest it as several sources"
+        )
+    if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
     steps: list[dict[str, Any]] = []
     for i, step in enumerate(trajectory.steps):
-        for name in ("observation", "action"):
-            check_text(getattr(step, name, None), f"trajectory.steps[{i}].{name}", limit=limit,
-                       blank_ok=True)
+        check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
+        check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
         if step.metadata is not None and not isinstance(step.metadata, dict):
             raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
         if step.metadata is not None:
@@ -102,33 +115,56 @@ class IngestService:
         self,
         graph: GraphStore,
         runtime: Callable[[str], IngestRuntime],
+        events: Events | None = None,
     ) -> None:
         self._graph = graph
         self._runtime = runtime
+        self._events = events or Events(None)
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
-    async def ingest(self, repo: str, trajectory: Trajectory, source_id: str) -> IngestReceipt:
-        """Stores the trajectory's nodes durably, once per (repo, source_id).
+    async def ingest(
+        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None
+    ) -> IngestReceipt:
+        """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
+        far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`).
 
         Raises:
-            InvalidInputError: a malformed trajectory or source id (nothing stored).
+            InvalidInputError: a malformed trajectory or source id, or a bound of the repo's
+                config passed (nothing stored).
             ConflictError: the source id is taken by a different payload.
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
-        check_id(source_id, "source_id")
+        check_name(source_id, "source_id")
+        if progress is not None and not callable(progress):
+            raise InvalidInputError(f"progress must be a callable, got {progress!r}")
         runtime = self._runtime(repo)
-        payload = payload_of(trajectory, limit=runtime.config.max_text_chars)
+        payload = payload_of(trajectory, runtime.config)
         digest = hashlib.sha256(payload.encode()).hexdigest()
         key = (repo, source_id)
+        total = len(trajectory.steps)
+
+        async def report(stage: str, done: int) -> None:
+            update = IngestProgress(source_id, stage, done, total)
+            if progress is not None:
+                await deliver(progress, update, "ingest progress")
+            await self._events.emit(
+                "ingest_progress", repo=repo, source_id=source_id, stage=stage, done=done,
+                total=total,
+            )
+
         while (running := self._inflight.get(key)) is not None:
             joined = await self._join(running, digest, source_id)
             if joined is not None:
+                await report("done", total)
                 return joined
             # The call it joined was cancelled (by its own caller): this one does the work.
         mine = _InFlight(digest, anyio.Event())
         self._inflight[key] = mine
         try:
-            mine.receipt = await self._ingest_once(repo, trajectory, source_id, digest, runtime)
+            mine.receipt = await self._ingest_once(
+                repo, trajectory, source_id, digest, runtime, report
+            )
+            await report("done", total)
             return mine.receipt
         except BaseException as exc:
             mine.error = exc
@@ -156,7 +192,7 @@ class IngestService:
 
     async def _ingest_once(
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
-        runtime: IngestRuntime,
+        runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
     ) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
@@ -165,7 +201,9 @@ class IngestService:
         episode = EpisodeRecord(f"ingest_{key}", trajectory.goal)
         llm = runtime.llm  # bounded by its provider's limiter and metered, by the Memory
         try:
-            await self._annotate(episode, trajectory, llm, runtime)
+            await report("annotating", 0)
+            await self._annotate(episode, trajectory, llm, runtime, report)
+            await report("extracting", len(episode.steps))
             changeset = await extract(
                 episode,
                 episode.steps,
@@ -187,6 +225,7 @@ class IngestService:
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
         record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())
+        await report("committing", len(episode.steps))
         while True:
             try:
                 commit = await self._graph.apply(changeset, intents=runtime.intents,
@@ -201,7 +240,8 @@ class IngestService:
                     return known
 
     async def _annotate(
-        self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime
+        self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime,
+        report: Callable[[str, int], Awaitable[None]],
     ) -> None:
         """Annotates and segments the steps as appends would, one after another."""
         resolve = resolver(trajectory.goal, trajectory.metadata) \
@@ -241,6 +281,7 @@ class IngestService:
                     metadata=step.metadata,
                 )
             )
+            await report("annotating", index + 1)
 
     async def _known(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
         """The receipt (`created=False`) of the source if it was ingested with this payload,

@@ -67,6 +67,8 @@ TOOL_NAMES = (
 )
 # At most this many repos or sessions a page (`offset` reads on).
 PAGE_ITEMS = 50
+# Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
+MAX_FOLDERS = 64
 
 
 def default_memory_dir(db: Path) -> Path:
@@ -329,12 +331,17 @@ class MemoryTools:
             if relative.is_absolute() or ".." in relative.parts:
                 raise ToolError(
                     f"directory must be a relative folder inside the memory directory, "
-                    f"got {directory!r}"
+                    f"got {clip(directory, 100)!r}"
                 )
             path = path / relative
-        files = self._files.get(path)
+        files = self._files.pop(path, None)
         if files is None:
-            files = self._files[path] = MemoryFiles(path, enabled=self._memory_updates)
+            # `root`: no folder from the memory directory down may be a link (MemoryFiles).
+            files = MemoryFiles(path, enabled=self._memory_updates, root=self._memory_dir)
+        self._files[path] = files  # the most recently used last
+        while len(self._files) > MAX_FOLDERS:
+            # Writes stay serialised without it: the folder's OS locks hold across objects.
+            del self._files[next(iter(self._files))]
         return files
 
 

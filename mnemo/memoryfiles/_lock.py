@@ -1,10 +1,13 @@
 """`DirectoryLock`: a lock of a memory-files directory, honoured across processes.
 
 This instance's `anyio.Lock` first (so one task of a process waits for the file at a time),
-then an OS lock on a hidden file in the directory (`filelock`: `flock` on POSIX), which every
-`MemoryFiles` object and every process on the directory takes; the OS releases it when a
-process dies, so it never goes stale. The OS lock is tried in a worker thread in short tries, so
-a wait never blocks the event loop and a cancelled wait ends promptly.
+then an OS lock (`flock`) on a hidden file in the directory, which every `MemoryFiles` object
+and every process on the directory takes; the OS releases it when a process dies, so it never
+goes stale. The lock file is opened through the folder's descriptor without following a link
+(`_folder.Folder.open_lock`): filelock takes a path, whose folders a planted link could
+redirect. Where there is no `fcntl` (Windows), filelock locks the path. The OS lock is tried
+in a worker thread in short tries, so a wait never blocks the event loop and a cancelled wait
+ends promptly.
 
 A directory has two: the writer lock (`WRITER_LOCK_FILE`), held by a write from its scan of the
 topics through its model calls to its last file written, so writes run one at a time; and the
@@ -14,14 +17,24 @@ a reader stamping a use never waits for a writer's model. Order: writer lock, th
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import filelock
+
+from mnemo.memoryfiles._folder import Folder
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 
 # Hidden and not `.md`, so never listed as a topic.
 LOCK_FILE = ".memoryfiles.lock"
@@ -33,18 +46,22 @@ _TRY_S = 0.1
 
 
 class DirectoryLock:
-    """A lock of `directory` held on the file `name` in it (both created when the lock is
-    first taken); a wait for another process's hold gives up after `wait_s` seconds."""
+    """A lock of `folder` held on the file `name` in it (both created when the lock is first
+    taken); a wait for another process's hold gives up after `wait_s` seconds."""
 
     def __init__(
-        self, directory: Path, name: str = LOCK_FILE, *, wait_s: float = LOCK_WAIT_S
+        self, folder: Folder, name: str = LOCK_FILE, *, wait_s: float = LOCK_WAIT_S
     ) -> None:
-        self.directory = directory
-        self.path = directory / name
+        self.folder = folder
+        self.name = name
+        self.path = folder.path / name
         self.wait_s = wait_s
         self._local = anyio.Lock()
         # Not thread-local: taken in a worker thread, released on the event loop's.
-        self._os = filelock.FileLock(str(self.path), thread_local=False)
+        self._path_lock = None if fcntl is not None else filelock.FileLock(
+            str(self.path), thread_local=False
+        )
+        self._fd = -1
 
     @asynccontextmanager
     async def held(self) -> AsyncIterator[None]:
@@ -52,7 +69,9 @@ class DirectoryLock:
 
         Raises:
             TimeoutError: another writer held the lock file for `wait_s` seconds.
-            OSError: the directory or the lock file could not be created.
+            InvalidInputError: a folder below the directory's root is a link.
+            OSError: the directory or the lock file could not be created or opened (`ELOOP`:
+                the lock file is a link).
         """
         async with self._local:
             deadline = anyio.current_time() + self.wait_s
@@ -69,12 +88,42 @@ class DirectoryLock:
             try:
                 yield
             finally:
-                self._os.release()
+                self._release()
 
     def _try(self) -> bool:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if self._path_lock is not None:
+            self.folder.path.mkdir(parents=True, exist_ok=True)
+            try:
+                self._path_lock.acquire(timeout=_TRY_S)
+            except filelock.Timeout:
+                return False
+            return True
+        fd = self.folder.open_lock(self.name)
+        deadline = time.monotonic() + _TRY_S
         try:
-            self._os.acquire(timeout=_TRY_S)
-        except filelock.Timeout:
-            return False
-        return True
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    # Some file systems answer EACCES for a lock another holds.
+                    if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                        raise
+                    if time.monotonic() >= deadline:
+                        os.close(fd)
+                        return False
+                    time.sleep(0.01)
+                    continue
+                self._fd = fd
+                return True
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _release(self) -> None:
+        if self._path_lock is not None:
+            self._path_lock.release()
+            return
+        fd, self._fd = self._fd, -1
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

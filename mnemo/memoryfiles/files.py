@@ -11,6 +11,8 @@ file lock too, which `recall` takes alone to record a use, so a reader never wai
 
 A write is atomic: the new text goes to a temporary file in the same directory, is fsynced,
 then `os.replace`s the old one, so a reader sees the old file or the new one, never half.
+Nothing inside the directory is followed through a link (`_folder.Folder`): a link planted
+there is neither read nor written through.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from mnemo import disk
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, check_text
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_text
 from mnemo.memoryfiles import _format, _select
 from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask
+from mnemo.memoryfiles._folder import Folder, check_directory
 from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
 from mnemo.memoryfiles.prompts import (
@@ -90,9 +92,16 @@ class MemoryFiles:
     `max_text_chars` bounds every text given (a statement, a query, each history message), as
     `Config.max_text_chars` does for `Memory`.
 
+    Nothing inside the directory is followed through a link: a topic file that is a link (or
+    a FIFO, or anything not a regular file) is neither listed nor read, and a write replaces
+    it. With `root`, `directory` must lie inside `root` and no folder from `root` down to it
+    may be a link (what an agent names, as the MCP server's `directory`, cannot lead out).
+
     Raises:
-        InvalidInputError: `max_chars` is not an int of at least 20, `min_iterations` not a
-            non-negative int, or `max_text_chars` not a positive int.
+        InvalidInputError: `max_chars` is not an int from 20 to `MAX_TEXT_CHARS_LIMIT`,
+            `min_iterations` not a non-negative int, `max_text_chars` not a positive int, or
+            `directory` not a path the system can name (a NUL, a name past 255 bytes), or
+            not inside `root`.
     """
 
     def __init__(
@@ -104,10 +113,12 @@ class MemoryFiles:
         enabled: bool = True,
         clock: Callable[[], datetime] | None = None,
         max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not _is_int(max_chars) or max_chars < MIN_MAX_CHARS:
+        if not _is_int(max_chars) or not MIN_MAX_CHARS <= max_chars <= MAX_TEXT_CHARS_LIMIT:
             raise InvalidInputError(
-                f"max_chars must be an int of at least {MIN_MAX_CHARS}, got {max_chars!r}"
+                f"max_chars must be an int from {MIN_MAX_CHARS} to {MAX_TEXT_CHARS_LIMIT:,}, "
+                f"got {max_chars!r}"
             )
         if not _is_int(min_iterations) or min_iterations < 0:
             raise InvalidInputError(
@@ -118,13 +129,16 @@ class MemoryFiles:
                 f"max_text_chars must be a positive int, got {max_text_chars!r}"
             )
         self.max_text_chars = max_text_chars
-        self.directory = Path(directory)
+        self.directory = check_directory(directory)
+        self._folder = Folder(
+            self.directory, None if root is None else check_directory(root, "root")
+        )
         self.max_chars = max_chars
         self.min_iterations = min_iterations
         self.enabled = bool(enabled)
         self._clock = clock or _utc_now
-        self._lock = DirectoryLock(self.directory)
-        self._writer = DirectoryLock(self.directory, WRITER_LOCK_FILE, wait_s=WRITER_WAIT_S)
+        self._lock = DirectoryLock(self._folder)
+        self._writer = DirectoryLock(self._folder, WRITER_LOCK_FILE, wait_s=WRITER_WAIT_S)
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -406,7 +420,7 @@ class MemoryFiles:
             used=current.used if current else None,
             content=content,
         )
-        disk.atomic_write(path, text)
+        self._folder.write(path.name, text)
         file = MemoryFile(
             topic,
             description,
@@ -424,8 +438,8 @@ class MemoryFiles:
         current = self._read(path)
         if current is None:
             return
-        disk.atomic_write(
-            path,
+        self._folder.write(
+            path.name,
             _format.render(
                 topic=current.topic,
                 description=current.description,
@@ -438,27 +452,23 @@ class MemoryFiles:
     # ---- files ----------------------------------------------------------------------------
 
     def _scan(self) -> builtins.list[_select.Stored]:
-        if not self.directory.is_dir():
-            return []
+        # Temporary files start with "." (see `_folder.Folder.write`), and so do hidden files.
         found: builtins.list[_select.Stored] = []
-        for path in sorted(self.directory.glob("*.md")):
-            # Temporary files start with "." (see `disk.atomic_write`), and so do hidden files.
-            if path.name.startswith("."):
-                continue
-            stored = self._read(path)
+        for name in self._folder.names():
+            stored = self._read(self.directory / name)
             if stored is not None:
                 found.append(stored)
         return found
 
     def _read(self, path: Path) -> _select.Stored | None:
-        """The file at `path`, or None when it is gone or is not a regular file."""
+        """The file at `path`, or None when it is gone or is not a regular file (a link)."""
         try:
-            if not path.is_file():
-                return None
-            text = path.read_text(encoding="utf-8", errors="replace")
-            mtime = path.stat().st_mtime
+            read = self._folder.read(path.name)
         except OSError:
             return None
+        if read is None:
+            return None
+        text, mtime = read
         parsed = _format.parse(text)
         return _select.Stored(
             path=path,
@@ -472,7 +482,7 @@ class MemoryFiles:
     def _new_path(self, topic: str, taken: set[str]) -> Path:
         stem = _format.slug(topic)
         name, n = f"{stem}.md", 2
-        while name.casefold() in taken or (self.directory / name).exists():
+        while name.casefold() in taken or self._folder.taken(name):
             name, n = f"{stem}-{n}.md", n + 1
         return self.directory / name
 

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from mnemo.config import Config
-from mnemo.errors import InvalidInputError
 from mnemo.events import Events
 from mnemo.graph.model import NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.reads import node_types
-from mnemo.inputs import check_text
+from mnemo.inputs import check_count, check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import temporal
 from mnemo.recall.engine import Recaller, RecallResult
@@ -56,9 +55,9 @@ class RecallService:
         context of a session, `recall_in_context`)."""
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
         as_of = temporal.check_as_of(as_of)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise InvalidInputError(f"k must be an integer >= 1, got {k!r}")
         runtime = self._runtime(repo)
+        check_count("k", k, minimum=1, maximum=runtime.config.max_results,
+                    setting="Config.max_results")
         recaller = Recaller(
             self._graph, runtime.embedder, runtime.config, planner=runtime.planner,
             llm=runtime.llm, tag_vectors=self._tag_vectors,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -26,7 +26,13 @@ from mnemo.errors import EmbeddingError, LLMError, StorageError
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
-from mnemo.extraction.prompts import merge_intent_request, parse_merged_intent
+from mnemo.extraction.prompts import (
+    merge_intent_request,
+    merge_intents_request,
+    parse_merged_intent,
+    parse_merged_intents,
+)
+from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.ports import IntentPolicy, StepsCommitted
 from mnemo.ports import LLM, ask, model_name
@@ -416,32 +422,39 @@ def _background_done(live: Sessions, session: SessionRecord, steps: list[StepRec
 
 
 def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
-    """How commits made with `runtime` deduplicate intents (merging through `llm`)."""
+    """How commits made with `runtime` deduplicate intents (merging through `llm`, all of a
+    commit's merges in one call) and retire contradicted facts (one call a commit)."""
+    limit = runtime.config.extraction_timeout
 
-    async def merge(existing: str, new: str) -> tuple[str, Vector] | None:
+    async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
         try:
-            with deadline.fail_after(runtime.config.extraction_timeout):
-                text = await ask(
-                    llm,
-                    merge_intent_request(existing=existing, new=new),
-                    parse_merged_intent,
-                )
-                vector = (await embed(runtime.embedder, [text]))[0]
+            with deadline.fail_after(limit):
+                if len(pairs) == 1:
+                    existing, new = pairs[0]
+                    texts = {0: await ask(llm, merge_intent_request(existing=existing, new=new),
+                                          parse_merged_intent)}
+                else:
+                    texts = await ask(llm, merge_intents_request(list(pairs)),
+                                      lambda reply: parse_merged_intents(reply, len(pairs)))
+                merged = sorted(texts.items())
+                vectors = await embed(runtime.embedder, [text for _, text in merged])
         except (LLMError, EmbeddingError, TimeoutError) as exc:
-            log.warning("intent merge failed, keeping %r: %r", existing, exc)
-            return None
-        return text, vector
+            log.warning("intent merges failed, keeping the existing wordings: %r", exc)
+            return [None] * len(pairs)
+        found = {i: (text, vector) for (i, text), vector in zip(merged, vectors, strict=True)}
+        return [found.get(i) for i in range(len(pairs))]
 
-    async def contradicts(existing: str, new: str) -> bool:
+    async def contradicts(questions: Sequence[Question]) -> list[set[int]]:
+        request, pairs = contradiction_request(questions)
         try:
-            with deadline.fail_after(runtime.config.extraction_timeout):
+            with deadline.fail_after(limit):
                 return await ask(
-                    llm, contradiction_request(existing=existing, new=new), parse_contradiction
+                    llm, request, lambda reply: parse_contradiction(reply, pairs, len(questions))
                 )
         except (LLMError, TimeoutError) as exc:
-            # Not knowing is not contradicting: both facts stay live.
-            log.warning("contradiction check failed, keeping %r: %r", existing, exc)
-            return False
+            # Not knowing is not contradicting: the facts stay live.
+            log.warning("contradiction check failed, every fact stays live: %r", exc)
+            return [set() for _ in questions]
 
     return IntentPolicy(
         identity_threshold=runtime.config.intent_identity_threshold,
@@ -449,4 +462,5 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
         merge=merge,
         contradicts=contradicts,
         contradiction_candidates=runtime.config.contradiction_candidates,
+        contradiction_similarity=runtime.config.contradiction_similarity,
     )

@@ -173,8 +173,9 @@ def current_state(session: SessionRecord) -> State:
 def check_step(
     config: Config, observation: object, action: object, metadata: dict[str, Any] | None
 ) -> None:
-    """Raises InvalidInputError for a step past `config.max_text_chars` (metadata: as JSON)."""
-    check_text(observation, "observation", limit=config.max_text_chars, blank_ok=True)
+    """Raises InvalidInputError for a blank observation (a step is what was observed), or a
+    step past `config.max_text_chars` (metadata: as JSON, and `inputs.MAX_JSON_DEPTH` deep)."""
+    check_text(observation, "observation", limit=config.max_text_chars)
     check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
     if metadata is not None:
         check_json(metadata, "metadata", limit=config.max_text_chars)

@@ -20,7 +20,7 @@ from mnemo.config import Config
 from mnemo.errors import NotFoundError
 from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_storable
+from mnemo.inputs import check_id
 from mnemo.ports import LLM
 from mnemo.session.machine import Machines, SessionModel, State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
@@ -88,9 +88,15 @@ class Sessions:
         return session
 
     def get(self, session_id: str) -> SessionRecord:
-        session = self.by_id.get(session_id) if isinstance(session_id, str) else None
+        """The record this Memory holds.
+
+        Raises:
+            InvalidInputError: an id that is no session id (not a string, blank, NUL, ...).
+            NotFoundError: this Memory holds no such session.
+        """
+        session = self.by_id.get(check_id(session_id, "session_id"))
         if session is None:
-            raise NotFoundError("session", str(session_id))
+            raise NotFoundError("session", session_id)
         return session
 
     async def fetch(self, session_id: str, *, fresh: bool = False) -> SessionRecord:
@@ -100,13 +106,11 @@ class Sessions:
 
         Raises:
             NotFoundError: no live session has this id.
-            InvalidInputError: an id no store can hold (blank, NUL, a lone surrogate).
+            InvalidInputError: an id that is no session id: not a string, or one no store
+                can hold (blank, NUL, a lone surrogate).
         """
-        session = self.by_id.get(session_id) if isinstance(session_id, str) else None
+        session = self.by_id.get(check_id(session_id, "session_id"))
         if session is None:
-            if not isinstance(session_id, str):
-                raise NotFoundError("session", str(session_id))
-            check_storable(session_id, "session_id")
             row = await self.store.load_one(session_id)
             if row is None:
                 raise NotFoundError("session", session_id)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnemo.adapters.offline import OfflineLLM, outcome_reward
+from mnemo.adapters._offline_annotation import outcome_reward
+from mnemo.adapters.offline import OfflineLLM
 from mnemo.episode.prompts import (
     parse_reward,
     parse_state,

@@ -193,6 +193,23 @@ def test_ingest_rejects_bad_input(tmp_path: Path) -> None:
     assert not db.exists()
 
 
+def test_ingest_checks_every_source_before_storing_any(tmp_path: Path) -> None:
+    """A file whose second session has more steps than Config.max_steps_per_ingest (100) is
+    a clear error naming that source and the bound, and the first session is not stored
+    either (it was, before the second failed, or the second went in whole)."""
+    db = tmp_path / "memory.db"
+    long = [{"observation": f"turn {i} of the talk", "action": "ok"} for i in range(101)]
+    source = tmp_path / "week.json"
+    source.write_text(json.dumps({"repo": REPO, "sessions": [
+        CONVERSATION["sessions"][0], {"goal": "Talk at length", "steps": long},
+    ]}))
+    assert_clear_error(
+        invoke("ingest", str(source), "--db", str(db), "--embedder", "hash:64"),
+        "week/2", "101 steps", "max_steps_per_ingest",
+    )
+    assert ok_json("history", REPO, "--db", str(db)) == []
+
+
 # ---- recall ---------------------------------------------------------------------------------
 
 

@@ -121,15 +121,18 @@ async def test_a_pin_larger_than_its_old_share_is_shown(cmem: mnemo.Memory) -> N
 
 
 async def test_a_pin_too_large_to_show_stays_findable(cmem: mnemo.Memory) -> None:
-    """A pinned message larger than the whole memory share is not shown, and search with
-    exclude_viewport_of still finds it."""
+    """A pinned message larger than the whole budget is not shown (never cut): the viewport
+    names it in pins_left_out, and search with exclude_viewport_of still finds it."""
     await cmem.add_goal("t", "deploy the nginx proxy")
     instruction = "Always use port 8443 for the nginx proxy. " + "Keep the config terse. " * 70
     stored = await cmem.conversation().save("t", [user(instruction), *map(user, ["ok"] * 30)])
-    budget = stored[0].tokens * 3
+    budget = stored[0].tokens * 9 // 10
     result = await cmem.evict("t", token_budget=budget, eviction_fraction=0.01)
     assert result.pinned == [stored[0].id]
-    assert (await cmem.viewport("t", token_budget=budget)).pinned == []
+    view = await cmem.viewport("t", token_budget=budget)
+    assert view.pinned == []
+    assert view.pins_left_out == [stored[0].id]
+    assert view.tokens <= budget
     hits = await cmem.search_messages("8443", exclude_viewport_of="t")
     assert [h.message_id for h in hits] == [stored[0].id]
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
     MERGE_INTENT_SCHEMA,
@@ -13,14 +14,17 @@ from mnemo.extraction.prompts import (
     RETURN_SCHEMA,
     SEMANTIC_SCHEMA,
     merge_intent_request,
+    merge_intents_request,
     parse_facts,
     parse_instructions,
     parse_merged_intent,
+    parse_merged_intents,
     parse_returns,
     procedural_request,
     return_request,
     semantic_request,
 )
+from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMResponse, task_inputs
 
 JSON = st.recursive(
@@ -228,3 +232,30 @@ def test_parse_merged_intent() -> None:
         parse_merged_intent(LLMResponse(data={"intent": "  "}))
     with pytest.raises(ValueError, match="JSON object"):
         parse_merged_intent(LLMResponse(text="restart nginx"))
+
+
+def test_contradiction_pairs_map_back_to_their_questions() -> None:
+    """The "contradiction" task numbers every (existing, new) pair of the commit; the reply's
+    indices come back as positions in each question, and unknown indices are ignored."""
+    questions = [Question("Dana lives in Porto", ("Dana lives in Lisbon", "Dana likes tea")),
+                 Question("the port is 8002", ("the port is 8001",))]
+    request, pairs = contradiction_request(questions)
+    assert request.task == "contradiction"
+    assert [p["index"] for p in task_inputs(request)["pairs"]] == [0, 1, 2]
+    reply = LLMResponse(data={"contradicted": [0, 2, 7]})
+    assert parse_contradiction(reply, pairs, len(questions)) == [{0}, {0}]
+    with pytest.raises(ValueError, match="contradicted"):
+        parse_contradiction(LLMResponse(data={"contradicts": True}), pairs, 2)
+
+
+def test_merged_intents_keep_only_answered_pairs() -> None:
+    """A "merge_intents" reply maps pair indices to merged wordings; blank, repeated or
+    unknown indices are left out (those pairs keep the existing wording)."""
+    request = merge_intents_request([("restart nginx", "reload nginx"), ("a", "b")])
+    assert request.task == "merge_intents"
+    reply = LLMResponse(data={"intents": [
+        {"index": 0, "intent": " restart or reload nginx "}, {"index": 0, "intent": "x"},
+        {"index": 1, "intent": "  "}, {"index": 9, "intent": "y"}]})
+    assert parse_merged_intents(reply, 2) == {0: "restart or reload nginx"}
+    with pytest.raises(ValueError, match="intents"):
+        parse_merged_intents(LLMResponse(data={"intent": "x"}), 2)

@@ -51,7 +51,7 @@ async def test_commit_after_a_failed_procedural_reasks_only_procedural(
     events: EventLog, store: str
 ) -> None:
     """A failing `procedural` task fails the extraction; the retry (`commit` on the failed
-    session) asks `procedural` again and neither semantic nor the last reward, and the
+    session) asks `procedural` again (which scores the last step) and not semantic, and the
     changeset holds the kept facts and the new instructions; usage shows the saved calls."""
     llm = FakeLLM()
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
@@ -62,7 +62,7 @@ async def test_commit_after_a_failed_procedural_reasks_only_procedural(
         await mem.close(sid)
         assert await events.wait_state(mem, sid, mnemo.State.FAILED) is mnemo.State.FAILED
         first = Counter(llm.tasks()[mark:])
-        assert first == {"reward": 1, "semantic": 2, "procedural": 2}
+        assert first == {"semantic": 2, "procedural": 2}
         llm.fail_tasks.clear()
         mark = len(llm.calls)
         assert await mem.commit(sid) is None
@@ -76,12 +76,12 @@ async def test_commit_after_a_failed_procedural_reasks_only_procedural(
         assert kinds[N.SEMANTIC] == 3
         assert kinds[N.PROCEDURAL] == 3
         usage = mem.usage(sid)
-        # The kept semantic (two trajectories) and last-step reward: one call and 1 + 1
-        # tokens each with the fake.
+        # The kept semantic results (two trajectories): one call and 1 + 1 tokens each with
+        # the fake.
         assert (usage.saved_calls, usage.saved_input_tokens, usage.saved_output_tokens) == (
-            3, 3, 3
+            2, 2, 2
         )
-        assert mem.usage().saved_calls == 3
+        assert mem.usage().saved_calls == 2
 
 
 async def test_close_and_commit_retry_reasks_only_the_failed_call(
@@ -95,10 +95,8 @@ async def test_close_and_commit_retry_reasks_only_the_failed_call(
         sid = await _collect(mem)
         mark = len(llm.calls)
         receipt = await mem.close_and_commit(sid, max_retries=1)
-        assert Counter(llm.tasks()[mark:]) == {
-            "reward": 1, "semantic": 2, "procedural": 3, "return": 1
-        }
-        assert mem.usage(sid).saved_calls >= 3
+        assert Counter(llm.tasks()[mark:]) == {"semantic": 2, "procedural": 3, "return": 1}
+        assert mem.usage(sid).saved_calls >= 2
         nodes = [await mem.get_node(REPO, node_id) for node_id in receipt.node_ids]
         assert Counter(n.type for n in nodes if n is not None)[N.PROCEDURAL] == 3
 
@@ -136,9 +134,7 @@ async def test_auto_commit_close_reasks_only_what_the_background_commit_failed(
         del llm.holds["procedural"]
         mark = len(llm.calls)
         await mem.close_and_commit(sid)
-        assert Counter(llm.tasks()[mark:]) == {
-            "semantic": 1, "procedural": 2, "reward": 1, "return": 1
-        }
+        assert Counter(llm.tasks()[mark:]) == {"semantic": 1, "procedural": 2, "return": 1}
         assert mem.usage(sid).saved_calls == 1
 
 

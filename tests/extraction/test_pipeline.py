@@ -51,18 +51,20 @@ async def test_trajectories_extract_in_parallel(events: EventLog, store: str) ->
     assert llm.peak == 4
 
 
-async def test_semantic_procedural_and_last_reward_run_side_by_side(
+async def test_semantic_and_procedural_run_side_by_side_and_score_the_last_step(
     events: EventLog, store: str
 ) -> None:
-    """Within a trajectory, the semantic and procedural calls and the last step's reward are
-    in flight together: all three are held, and all three start; a one-instruction trajectory
-    takes its return from the cumulative reward, without a "return" call."""
+    """Within a trajectory, the semantic and procedural calls are in flight together: both
+    are held, and both start; the procedural one scores the last step (no "reward" call),
+    whose reward is stored; a one-instruction trajectory takes its return from the
+    cumulative reward, without a "return" call."""
     inner = FakeLLM()
+    inner.last_reward = 0.25
     async with mnemo.Memory(store, llm=inner, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore", repo=REPO)
         await mem.append(sid, "walk north", "go north")
-        held = [inner.hold(task) for task in ("semantic", "procedural", "reward")]
+        held = [inner.hold(task) for task in ("semantic", "procedural")]
         await mem.close(sid)
         with anyio.fail_after(5):
             for hold in held:
@@ -71,6 +73,11 @@ async def test_semantic_procedural_and_last_reward_run_side_by_side(
             hold.release()
         await events.wait_state(mem, sid, mnemo.State.READY)
         assert "return" not in inner.tasks()
+        assert "reward" not in inner.tasks()
+        receipt = await mem.commit(sid)
+        assert receipt is not None
+        steps = await mem.get_nodes_by_type(REPO, [N.EPISODIC])
+        assert [s.data["reward"] for s in steps] == [0.25]
 
 
 async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:

@@ -73,11 +73,14 @@ class WaveLLM(FakeLLM):
         return {r: sorted(tasks) for r, tasks in out.items()}
 
 
-async def _close_in_waves(steps: list[tuple[str, str]]) -> dict[int, list[str]]:
+async def _close_in_waves(
+    steps: list[tuple[str, str]], *, last_reward: float | None = 0.7
+) -> dict[int, list[str]]:
     """Appends `steps`, closes, and lets the extraction's calls go one wave at a time (each
     wave: every call that starts before any call in flight ends) until the session is ready;
     returns the tasks of each round."""
     llm = WaveLLM()
+    llm.last_reward = last_reward
     async with mnemo.Memory(
         llm=llm, embedder=FakeEmbedder(), on_event=lambda _: llm.poke()
     ) as mem:
@@ -111,20 +114,29 @@ def test_rounds_of_counts_the_longest_chain() -> None:
 
 
 async def test_one_step_episode_is_ready_after_one_round() -> None:
-    """A one-step episode asks the last reward, semantic and procedural in one round, and
-    no "return" (one instruction takes its return from the cumulative reward)."""
+    """A one-step episode asks semantic and procedural in one round, the procedural task
+    scoring the last step too, and no "return" (one instruction takes its return from the
+    cumulative reward)."""
     rounds = await _close_in_waves([("walk north", "go north")])
-    assert rounds == {1: ["procedural", "reward", "semantic"]}
+    assert rounds == {1: ["procedural", "semantic"]}
+
+
+async def test_a_procedural_reply_without_the_last_score_has_the_reward_asked_after() -> None:
+    """A model whose procedural reply leaves the last step's score out: close asks the
+    "reward" task once that reply is in (one round more, for that trajectory only)."""
+    rounds = await _close_in_waves([("walk north", "go north")], last_reward=None)
+    assert rounds == {1: ["procedural", "semantic"], 2: ["reward"]}
 
 
 async def test_multi_trajectory_episode_is_ready_after_two_rounds() -> None:
-    """Two trajectories of two steps: round 1 asks the last reward and both trajectories'
-    semantic and procedural; round 2 scores each trajectory's several instructions."""
+    """Two trajectories of two steps: round 1 asks both trajectories' semantic and
+    procedural (the last one scoring the last step); round 2 scores each trajectory's several
+    instructions."""
     rounds = await _close_in_waves([
         ("walk north", "go north"), ("walk south", "go south"),
         ("open door", "push door"), ("open window", "push window"),
     ])
     assert rounds == {
-        1: ["procedural", "procedural", "reward", "semantic", "semantic"],
+        1: ["procedural", "procedural", "semantic", "semantic"],
         2: ["return", "return"],
     }

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
+from mnemo.graph.contradiction import Contradicts, Question
+from mnemo.graph.dedup import IntentMerges
 from mnemo.graph.model import NodeDraft, NodeType, Vector, normalise_label
 from mnemo.graph.ports import IntentPolicy
 from mnemo.graph.vectors import VectorIndex
@@ -49,15 +52,45 @@ def draft(
 
 
 class Merger:
-    """An `IntentMerger` that records its calls and answers a fixed result."""
+    """An `IntentMerges` that records the pairs it is asked and the batches they came in, and
+    answers a fixed result for each."""
 
     def __init__(self, result: tuple[str, Vector] | None = None) -> None:
         self.result = result
         self.calls: list[tuple[str, str]] = []
+        self.batches = 0
 
-    async def __call__(self, existing: str, new: str) -> tuple[str, Vector] | None:
-        self.calls.append((existing, new))
-        return self.result
+    async def __call__(
+        self, pairs: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, Vector] | None]:
+        self.calls.extend(pairs)
+        self.batches += 1
+        return [self.result] * len(pairs)
+
+    async def one(self, existing: str, new: str) -> tuple[str, Vector] | None:
+        """The same, as an `IntentMerger` of one pair."""
+        return (await self([(existing, new)]))[0]
+
+
+def pairwise(
+    merge: Callable[[str, str], Awaitable[tuple[str, Vector] | None]],
+) -> IntentMerges:
+    """An `IntentMerges` that asks `merge` about each pair in turn."""
+
+    async def merges(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
+        return [await merge(existing, new) for existing, new in pairs]
+
+    return merges
+
+
+def judged(contradicts: Callable[[str, str], bool]) -> Contradicts:
+    """A `Contradicts` that decides each (existing, new) pair with `contradicts`."""
+
+    async def judge(questions: Sequence[Question]) -> list[set[int]]:
+        return [{p for p, existing in enumerate(q.existing) if contradicts(existing, q.new)}
+                for q in questions]
+
+    return judge
 
 
 def policy(merge: Merger | None = None) -> IntentPolicy:

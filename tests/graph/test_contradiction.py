@@ -3,6 +3,7 @@ that retires, and its revert; on each backend."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
@@ -10,12 +11,13 @@ import pytest
 import mnemo
 from mnemo.adapters._contradiction import contradicts
 from mnemo.graph import history
+from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.backends import open_stores
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
-from tests.graph._support import DIM, axis, draft, policy
+from tests.graph._support import DIM, axis, draft, judged, policy
 
 SUPERSEDES = LinkType.SUPERSEDES
 
@@ -50,12 +52,9 @@ def fact(prefix: str, text: str, valid_from: datetime | None = None) -> Changese
 
 def judging() -> IntentPolicy:
     """The test policy, with the offline heuristic deciding contradictions."""
-
-    async def judge(existing: str, new: str) -> bool:
-        return contradicts(existing, new)
-
     base = policy()
-    return IntentPolicy(base.identity_threshold, base.merge_threshold, base.merge, judge)
+    return IntentPolicy(base.identity_threshold, base.merge_threshold, base.merge,
+                        judged(contradicts))
 
 
 async def fact_times(graph: GraphStore, node_id: str) -> tuple[object, ...]:
@@ -150,3 +149,57 @@ def test_a_negative_candidate_count_is_invalid() -> None:
     for bad in (-1, 1.5, True):
         with pytest.raises(mnemo.InvalidInputError):
             mnemo.Config(contradiction_candidates=bad)  # type: ignore[arg-type]
+
+
+def facts(prefix: str, *texts: tuple[str, int]) -> Changeset:
+    """One changeset of facts, each (text, the axis of its vector)."""
+    nodes = [draft(f"{prefix}-{i}", NodeType.SEMANTIC, text, axis(k))
+             for i, (text, k) in enumerate(texts)]
+    return Changeset(f"{prefix}-cs", REPO, nodes)
+
+
+async def test_a_commit_asks_one_question_for_all_its_facts(store: str) -> None:
+    """Three new facts, each close to a live one: one call holds all three questions, with
+    each one's close facts only; the one it ends is retired (nine calls before, one a pair)."""
+    asked: list[list[tuple[str, tuple[str, ...]]]] = []
+
+    async def judge(questions: Sequence[Question]) -> list[set[int]]:
+        asked.append([(q.new, q.existing) for q in questions])
+        return await judged(contradicts)(questions)
+
+    base = policy()
+    counting = IntentPolicy(base.identity_threshold, base.merge_threshold, base.merge, judge)
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        await graph.apply(facts("old", ("Dana lives in Lisbon", 0), ("Sam likes tea", 1),
+                                ("the port is 8001", 2)), intents=counting)
+        assert asked == []  # nothing close yet
+        await graph.apply(facts("new", ("Dana lives in Porto", 0), ("Sam likes coffee", 1),
+                                ("the port is 8002", 2)), intents=counting)
+        assert len(asked) == 1
+        assert sorted(asked[0]) == [
+            ("Dana lives in Porto", ("Dana lives in Lisbon",)),
+            ("Sam likes coffee", ("Sam likes tea",)),
+            ("the port is 8002", ("the port is 8001",)),
+        ]
+        assert (await fact_times(graph, "old-0"))[2] is not None
+        assert (await fact_times(graph, "old-1"))[2] is None
+
+
+async def test_facts_far_from_every_live_one_ask_nothing(store: str) -> None:
+    """New facts that share words with live ones but are not close to them (a cosine below
+    `contradiction_similarity`) ask no question at all."""
+    asked: list[object] = []
+
+    async def judge(questions: Sequence[Question]) -> list[set[int]]:
+        asked.append(questions)
+        return [set() for _ in questions]
+
+    base = policy()
+    counting = IntentPolicy(base.identity_threshold, base.merge_threshold, base.merge, judge)
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        await graph.apply(facts("old", ("Dana lives in Lisbon", 0)), intents=counting)
+        await graph.apply(facts("new", ("Dana lives in Porto", 3)), intents=counting)
+        assert asked == []
+        assert (await fact_times(graph, "old-0"))[2] is None

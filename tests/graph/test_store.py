@@ -4,7 +4,7 @@ search and reads."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import anyio
@@ -268,6 +268,24 @@ async def test_identical_intent_is_dropped_and_linked_to_the_existing_one(
     intents = await graph.get_nodes_by_type(REPO, [NodeType.INTENT])
     assert [(n.id, n.text) for n in intents] == [("a-intent", "restart the web server")]
     assert targets(await graph.neighbors(REPO, ["a-intent"], HIERARCHICAL)) == {"a-proc", "b-proc"}
+
+
+async def test_a_commit_asks_all_its_intent_merges_at_once(graph: GraphStore) -> None:
+    """Two new intents, each close to another existing one: one call to the merger holds
+    both pairs (one call a pair before), and each existing intent takes its merged wording."""
+    merger = Merger(None)
+    await graph.apply(procedure_with_intent("a", "restart the web server", axis(0)),
+                      intents=policy(merger))
+    await graph.apply(procedure_with_intent("c", "rotate the log files", axis(3)),
+                      intents=policy(merger))
+    both = Changeset("b-cs", REPO, [
+        *procedure_with_intent("b", "reload nginx config", at_cosine(0.9)).nodes,
+        *procedure_with_intent("d", "rotate logs", at_cosine(0.9, base=3, other=4)).nodes,
+    ])
+    await graph.apply(both, intents=policy(merger))
+    assert merger.batches == 1
+    assert sorted(merger.calls) == [("restart the web server", "reload nginx config"),
+                                    ("rotate the log files", "rotate logs")]
 
 
 async def test_similar_intent_is_merged_into_the_existing_one(
@@ -638,11 +656,13 @@ class HeldMerger(Merger):
         self.asked = anyio.Event()
         self.release = anyio.Event()
 
-    async def __call__(self, existing: str, new: str) -> tuple[str, Vector] | None:
-        self.calls.append((existing, new))
+    async def __call__(
+        self, pairs: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, Vector] | None]:
+        self.calls.extend(pairs)
         self.asked.set()
         await self.release.wait()
-        return self.result
+        return [self.result] * len(pairs)
 
 
 async def test_a_slow_intent_merge_does_not_hold_up_other_commits(graph: GraphStore) -> None:
@@ -703,7 +723,7 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
             await commit._apply_locked(
                 cast(commit.CommitTarget, graph),
                 procedure_with_intent("a", "restart the web server", axis(0)),
-                Merger(),
+                Merger().one,
                 policy(),
                 (),
             )

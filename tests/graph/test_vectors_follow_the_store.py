@@ -22,6 +22,7 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.vector_log import Change, Followed, Reload, looked, one_look
 from tests.backends import sql
+from tests.graph._support import pairwise
 
 REPO = "r"
 N = NodeType
@@ -268,7 +269,7 @@ async def test_a_rewording_caught_up_in_place_is_not_overwritten_by_a_stale_merg
         await b.open_repo(REPO)
         ga, gb = a._graph, b._graph
         await gb.apply(Changeset("c0", REPO, [intent("X", "boil water", _unit((0, 1.0)))]),
-                       intents=IntentPolicy(0.95, 0.8, merge=keep))
+                       intents=IntentPolicy(0.95, 0.8, merge=pairwise(keep)))
         await a.recall(REPO, "boil water", reinforce=False)  # A's vectors are loaded
         asked: list[tuple[str, str]] = []
 
@@ -278,12 +279,12 @@ async def test_a_rewording_caught_up_in_place_is_not_overwritten_by_a_stale_merg
                 await gb.apply(
                     Changeset("cb", REPO, [intent("E", "boil some water",
                                                   _unit((0, 1.0), (2, 0.6)))]),
-                    intents=IntentPolicy(0.95, 0.8, merge=b_merge))
+                    intents=IntentPolicy(0.95, 0.8, merge=pairwise(b_merge)))
             return f"merged[{existing} + {new}]", _unit((0, 1.0), (1, 0.3))
 
         await ga.apply(Changeset("ca", REPO, [intent("D", "boil the water",
                                                      _unit((0, 1.0), (1, 0.6)))]),
-                       intents=IntentPolicy(0.95, 0.8, merge=a_merge))
+                       intents=IntentPolicy(0.95, 0.8, merge=pairwise(a_merge)))
         x = await a.get_node(REPO, "X")
         assert x is not None
         assert "B's wording" in x.text, (x.text, asked)

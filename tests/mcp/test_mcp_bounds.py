@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -249,3 +250,35 @@ def test_a_recall_that_did_without_a_stage_says_so_in_its_output() -> None:
     for render in (recall_output, recall_json):
         assert "degraded" not in render(healthy)
         assert render(degraded)["degraded"] == ["rerank: LLMError('HTTP 503')"]
+
+
+async def test_memory_tools_never_follow_a_link_out_of_the_memory_directory(
+    tools: MemoryTools, tmp_path: Path
+) -> None:
+    """A folder planted in the memory directory as a link to a folder outside: persist_memory
+    and recall_memory into it are tool errors (the server wrote outside through it), and
+    nothing lands outside; a NUL or an overlong folder name is a tool error too (a raw
+    ValueError or OSError crashed the tool)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "memory").mkdir()
+    os.symlink(outside, tmp_path / "memory" / "notes")
+    with pytest.raises(ToolError, match="link"):
+        await tools.persist_memory("The staging cluster has three nodes.", directory="notes")
+    with pytest.raises(ToolError, match="link"):
+        await tools.recall_memory("staging cluster", directory="notes/deeper")
+    assert list(outside.iterdir()) == []
+    for bad in ("notes\x00x", "x" * 300, "a/" * 2_100):
+        with pytest.raises(ToolError):
+            await tools.persist_memory("The staging cluster has three nodes.", directory=bad)
+    assert json.loads(await tools.persist_memory("The staging cluster has three nodes.",
+                                                 directory="team"))["topic"]
+
+
+async def test_save_messages_past_the_bound_is_a_tool_error(tools: MemoryTools) -> None:
+    """save_messages of more new messages than Config.max_messages_per_save (1,000) is a tool
+    error naming the bound, and nothing is saved."""
+    history = [{"role": "user", "content": f"message {i}"} for i in range(1_001)]
+    with pytest.raises(ToolError, match="max_messages_per_save"):
+        await tools.save_messages("t1", history)
+    assert json.loads(await tools.save_messages("t1", history[:1]))["messages"] == 1

@@ -314,7 +314,7 @@ async def test_failed_rename_leaves_old_file_intact(
     await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
     before = snapshot(directory)
 
-    def broken_replace(src: Any, dst: Any) -> None:
+    def broken_replace(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)

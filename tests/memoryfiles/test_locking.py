@@ -19,7 +19,7 @@ import filelock
 import pytest
 
 import mnemo
-from mnemo import disk
+from mnemo.memoryfiles._folder import Folder
 from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE, DirectoryLock
 from tests.memoryfiles.fakes import SlowOffline, user
 
@@ -64,9 +64,9 @@ async def test_the_lock_file_is_held_from_read_to_write(
     files = mnemo.MemoryFiles(tmp_path)
     await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
     others_could_lock: list[bool] = []
-    real_write = disk.atomic_write
+    real_write = Folder.write
 
-    def write_and_probe(path: Path, text: str) -> None:
+    def write_and_probe(folder: Folder, name: str, text: str) -> None:
         # Another process's view: its own descriptor of the lock file.
         probe = filelock.FileLock(str(tmp_path / LOCK_FILE))
         try:
@@ -76,9 +76,9 @@ async def test_the_lock_file_is_held_from_read_to_write(
         else:
             probe.release()
             others_could_lock.append(True)
-        real_write(path, text)
+        real_write(folder, name, text)
 
-    monkeypatch.setattr(disk, "atomic_write", write_and_probe)
+    monkeypatch.setattr(Folder, "write", write_and_probe)
     if write == "persist":
         await files.persist("The wiki is backed up nightly.", llm=None)
     elif write == "update":
@@ -160,7 +160,7 @@ async def test_a_cancelled_wait_for_the_lock_holds_nothing(tmp_path: Path) -> No
     that process lets go, the lock is free to everyone."""
     other = filelock.FileLock(str(tmp_path / LOCK_FILE))
     other.acquire()
-    lock = DirectoryLock(tmp_path)
+    lock = DirectoryLock(Folder(tmp_path))
     entered: list[bool] = []
 
     async def wait() -> None:

@@ -78,9 +78,19 @@ class ToolCall:
     id: str | None = None
 
 
+# `LLMRequest.tool_choice` asking for a call of any of the request's tools.
+REQUIRED = "required"
+
+
 @dataclass(frozen=True, slots=True)
 class LLMRequest:
-    """One task for the LLM. When `schema` is set, the reply's `data` must match it."""
+    """One task for the LLM. When `schema` is set, the reply's `data` must match it.
+
+    `tool_choice` says which of `tools` the reply must call: None leaves it to the model,
+    `REQUIRED` ("required") asks for a call of any of them, and a tool's name for a call of
+    that one. Each adapter sends it in its provider's form; a server that ignores it may
+    still answer in prose.
+    """
 
     task: str
     system: str
@@ -88,6 +98,7 @@ class LLMRequest:
     schema: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     max_tokens: int | None = None
+    tool_choice: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

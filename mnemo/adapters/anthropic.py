@@ -5,7 +5,8 @@ schema of a tool named after the task, `tool_choice` forces it, and the `tool_us
 `input` is the data. The data is validated against the schema; an invalid reply is re-asked (a
 `tool_result` marked as an error, carrying the problem) while the task's retry budget lasts
 (`mnemo.retry`), then `LLMError`. A reply without a `content` list is retried by the transport
-like a cut body, within the same budget.
+like a cut body, within the same budget. A request's own `tools` go out with its `tool_choice`:
+`"required"` as `{"type": "any"}`, a tool's name as `{"type": "tool", "name": ...}`.
 
 mnemo's messages are OpenAI-shaped (`role`, `content`, optional `tool_calls` and
 `tool_call_id`); they are translated here: system messages join the top-level `system`, an
@@ -39,7 +40,7 @@ from mnemo.adapters._schema import (
 )
 from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError, LLMTimeout
-from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 logger = logging.getLogger("mnemo.adapters")
@@ -145,7 +146,10 @@ class Anthropic:
         system, messages = _translate(request.system, request.messages)
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
-                reply = await self._send(request, system, messages, budget, tools=request.tools)
+                reply = await self._send(
+                    request, system, messages, budget, tools=request.tools,
+                    force=request.tool_choice if request.tools else None,
+                )
                 blocks = _blocks(reply)
                 if reply.get("stop_reason") == "max_tokens":
                     logger.warning(
@@ -230,7 +234,9 @@ class Anthropic:
             payload["temperature"] = self._temperature
         if tools:
             payload["tools"] = [_tool(tool) for tool in tools]
-        if force is not None:
+        if force == REQUIRED:
+            payload["tool_choice"] = {"type": "any"}
+        elif force is not None:
             payload["tool_choice"] = {"type": "tool", "name": force}
         try:
             return await self._http.post_json(

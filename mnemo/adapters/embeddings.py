@@ -10,7 +10,10 @@ Vectors are asked for as base64 (`encoding_format`, what OpenAI's own SDK asks f
 float32 bytes, a third of the JSON floats' size and decoded in microseconds, where parsing the
 floats of a query's 3 x 384 took 0.24 ms (BENCHMARKS.md, session 19). A server that ignores the
 parameter answers floats, read as well; one that refuses it (an error reply naming it) is asked
-for floats from then on.
+for floats from then on. A server that answers a list of vectors per text, one per token (a
+llama-cpp-python server whose model does not pool), or refuses to answer without pooling
+(llama.cpp's llama-server: "Pooling type 'none' is not OAI compatible"), gets an
+`EmbeddingError` saying so and how to start it with pooling.
 """
 
 from __future__ import annotations
@@ -244,6 +247,8 @@ class OpenAIEmbedder:
                     kind="embed")
             except EmbeddingError as exc:
                 failure = exc.__cause__
+                if isinstance(failure, HTTPFailure) and failure.names_any(("pooling",)):
+                    raise EmbeddingError(f"{exc}. {POOLING_FIX}") from failure
                 if refusal is None or not (isinstance(failure, HTTPFailure)
                                            and _refuses_base64(failure)):
                     raise
@@ -292,6 +297,8 @@ class OpenAIEmbedder:
                     f"{self._http.name}: data[{position}]'s embedding is {len(packed)} bytes, "
                     "not float32s")
             return np.frombuffer(packed, dtype="<f4")
+        if raw and all(isinstance(item, list) for item in raw):
+            raise self._per_token(position, raw)
         try:
             row = np.asarray(raw, dtype=np.float32)
         except (TypeError, ValueError) as exc:
@@ -299,6 +306,23 @@ class OpenAIEmbedder:
         if row.ndim != 1:
             raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
         return row
+
+    def _per_token(self, position: int, raw: list[Any]) -> EmbeddingError:
+        """The error for a text embedded as a list of vectors, one per token (llama.cpp's
+        servers with a model that does not pool, e.g. a chat model)."""
+        sizes = sorted({len(item) for item in raw})
+        size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
+        return EmbeddingError(
+            f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
+            f"text {position}, one per token, instead of one vector per text: the server does "
+            f"not pool its token embeddings. {POOLING_FIX}"
+        )
+
+
+POOLING_FIX = (
+    "Start it with pooling (llama.cpp's llama-server: --pooling mean; llama-cpp-python: a "
+    "pooling type other than none) or serve an embedding model, which pools"
+)
 
 
 def _no_data(reply: Mapping[str, Any]) -> str | None:

@@ -16,6 +16,10 @@ switches to "tool", and from "tool" to "json" on a refusal of tools, logs the sw
 the mode that worked for the rest of the adapter's life (`structured_mode`). A refusal is never
 retried as if it were a server failure.
 
+A request's own `tools` go out as function tools with its `tool_choice`: `"required"` as is, a
+tool's name as `{"type": "function", "function": {"name": ...}}` (the form llama-cpp-python's
+server obeys; llama.cpp's own server obeys only "required").
+
 Every request carries `max_tokens`: the task's own (sized to its schema), at most the adapter's
 `max_tokens`. A reply that stopped there (`finish_reason` "length", or `completion_tokens`
 reaching the cap, for servers that report neither) is incomplete: the error or the log says so.
@@ -59,7 +63,7 @@ from mnemo.adapters._schema import (
 )
 from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMReplyError, LLMTimeout
-from mnemo.ports import LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
 from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
@@ -461,6 +465,12 @@ class OpenAICompatible:
             system = f"{system}\n\n{json_instructions(request.task, schema)}".strip()
         elif request.tools:
             payload["tools"] = [_function(*tool_spec(tool)) for tool in request.tools]
+            if request.tool_choice == REQUIRED:
+                payload["tool_choice"] = REQUIRED
+            elif request.tool_choice is not None:
+                payload["tool_choice"] = {
+                    "type": "function", "function": {"name": request.tool_choice}
+                }
         head = [{"role": "system", "content": system}] if system else []
         payload["messages"] = head + messages
         return payload

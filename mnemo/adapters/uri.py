@@ -7,6 +7,16 @@ LLMs: `offline` (the default), `openai:MODEL`, `anthropic:MODEL[@BASE_URL]`,
 `.name` is its URI, so a repo records the URI of the models it was opened with and a later
 `Memory` builds them again.
 
+A URI may end in settings for its adapter, as a query: `?temperature=0.7&timeout=300`.
+An LLM (but `offline`) takes `temperature` (a number >= 0, or `server` to leave it to the
+server: small local models loop at 0), `timeout` (seconds a request may take),
+`max_concurrency` (the most requests in flight), `concurrency` (pins how many: no adapting to
+the server) and `max_tokens` (the most tokens a reply may use); `openai` and
+`openai-compatible` also take `structured` (`auto`, `json_schema`, `tool` or `json`: see
+`OpenAICompatible`); an `openai` embedder takes `timeout`, `max_concurrency` and
+`concurrency`. They tune how the model is asked, not which model it is: the adapter's
+`.name`, which a repo records, leaves them out.
+
 A URI never holds a key: keys come from the providers' usual variables, `OPENAI_API_KEY` and
 `ANTHROPIC_API_KEY` (read when the model is built, from `env`, by default the process's
 environment). An `openai-compatible` server gets `OPENAI_API_KEY` when it is set, as
@@ -15,9 +25,11 @@ environment). An `openai-compatible` server gets `OPENAI_API_KEY` when it is set
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
 
 from mnemo.errors import InvalidInputError
 from mnemo.ports import LLM, Embedder, model_name
@@ -57,13 +69,90 @@ def model_uri(model: object) -> str:
     return model_name(model)
 
 
-def _split(uri: object, kind: str, forms: tuple[str, ...]) -> tuple[str, str, str | None]:
-    """(scheme, model, base URL or None) of `uri`."""
+LLM_SETTINGS = ("temperature", "timeout", "max_concurrency", "concurrency", "max_tokens")
+# The OpenAI-compatible adapter's structured-output form (`OpenAICompatible(structured=...)`).
+OPENAI_SETTINGS = (*LLM_SETTINGS, "structured")
+EMBEDDER_SETTINGS = ("timeout", "max_concurrency", "concurrency")
+STRUCTURED = ("auto", "json_schema", "tool", "json")
+
+
+def with_settings(uri: str, **settings: object) -> str:
+    """`uri` with these settings in its query, replacing those it had (None leaves one as it
+    is); numbers are written shortest (`300`, `0.7`). Nothing is checked here: building the
+    model does that."""
+    given = {name: value for name, value in settings.items() if value is not None}
+    if not given:
+        return uri
+    base, _, query = uri.strip().partition("?")
+    pairs = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in given]
+    pairs += [(k, f"{v:g}" if isinstance(v, float) else str(v)) for k, v in given.items()]
+    return f"{base}?{urlencode(pairs)}"
+
+
+def _settings(uri: str, query: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """The adapter's keyword arguments a URI's query sets (see the module doc).
+
+    Raises:
+        ModelURIError: a malformed query, an unknown or repeated setting, or a bad value.
+    """
+    if not query:
+        return {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise ModelURIError(
+            f"{uri!r}: the settings after '?' must be name=value pairs joined by '&'", uri=uri
+        ) from None
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name not in known:
+            takes = ", ".join(known) if known else "none"
+            raise ModelURIError(
+                f"{uri!r}: unknown setting {name!r} (this model takes: {takes})", uri=uri
+            )
+        if name in out:
+            raise ModelURIError(f"{uri!r}: setting {name!r} is given twice", uri=uri)
+        out[name] = _setting(uri, name, value.strip())
+    return out
+
+
+def _setting(uri: str, name: str, value: str) -> float | int | str | None:
+    if name == "temperature" and value.lower() == "server":
+        return None
+    if name == "structured":
+        if value not in STRUCTURED:
+            raise ModelURIError(
+                f"{uri!r}: structured must be one of {', '.join(STRUCTURED)}, got {value!r}",
+                uri=uri,
+            )
+        return value
+    wanted = {
+        "temperature": "a number >= 0, or server",
+        "timeout": "a number of seconds > 0",
+        "max_concurrency": "a whole number >= 1",
+        "concurrency": "a whole number >= 1",
+        "max_tokens": "a whole number >= 1",
+    }[name]
+    lowest = {"temperature": 0.0, "timeout": math.ulp(0.0)}.get(name, 1)
+    whole = name in ("max_concurrency", "concurrency", "max_tokens")
+    try:
+        number: float | int = int(value) if whole else float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= lowest):
+        raise ModelURIError(f"{uri!r}: {name} must be {wanted}, got {value!r}", uri=uri)
+    return number
+
+
+def _split(
+    uri: object, kind: str, forms: tuple[str, ...]
+) -> tuple[str, str, str | None, str]:
+    """(scheme, model, base URL or None, the settings' query or "") of `uri`."""
     if not isinstance(uri, str) or not uri.strip():
         raise ModelURIError(
             f"the {kind} must be a non-blank URI ({', '.join(forms)}), got {uri!r}", uri=str(uri)
         )
-    text = uri.strip()
+    text, _, query = uri.strip().partition("?")
     scheme, _, rest = text.partition(":")
     scheme = scheme.lower()
     base_url: str | None = None
@@ -76,7 +165,7 @@ def _split(uri: object, kind: str, forms: tuple[str, ...]) -> tuple[str, str, st
         raise ModelURIError(
             f"{kind} URI {text!r}: the part after '@' must be an http(s):// base URL", uri=text
         )
-    return scheme, rest.strip(), base_url
+    return scheme, rest.strip(), base_url, query.strip()
 
 
 def _unknown(kind: str, scheme: str, uri: str, forms: tuple[str, ...]) -> ModelURIError:
@@ -110,26 +199,33 @@ def llm_from_uri(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> LLM:
     """The LLM a URI names: `offline`, `openai:MODEL`, `anthropic:MODEL[@BASE_URL]` or
-    `openai-compatible:MODEL@BASE_URL`. Keys come from `env` (default: `os.environ`), never
-    from the URI. `transport` replaces httpx's network transport (tests).
+    `openai-compatible:MODEL@BASE_URL`, each but `offline` with optional settings
+    (`?temperature=0.7&timeout=300&max_concurrency=1&max_tokens=1024`, see the module doc).
+    Keys come from `env` (default: `os.environ`), never from the URI. `transport` replaces
+    httpx's network transport (tests).
 
     Raises:
-        ModelURIError: a malformed URI, an unknown provider, or no key in `env` for a
-            provider's own API (the message names the variable).
+        ModelURIError: a malformed URI, an unknown provider, an unknown setting or a bad
+            value, or no key in `env` for a provider's own API (the message names the
+            variable).
     """
     env = os.environ if env is None else env
-    scheme, model, base_url = _split(uri, "LLM", LLM_FORMS)
+    scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
     text = uri.strip()
     if scheme == "offline":
         if model or base_url:
             raise ModelURIError(f"the offline LLM takes no model, got {text!r}", uri=text)
         from mnemo.adapters.offline import OfflineLLM
 
+        _settings(text, query, ())
         return OfflineLLM()
     _need_model("LLM", scheme, model, text)
     from mnemo.adapters.anthropic import ANTHROPIC_BASE_URL, Anthropic
     from mnemo.adapters.openai import OPENAI_BASE_URL, OpenAICompatible
 
+    known = OPENAI_SETTINGS if scheme in ("openai", "openai-compatible") else (
+        LLM_SETTINGS if scheme == "anthropic" else ())
+    settings = _settings(text, query, known) if known else {}
     if scheme == "openai":
         if base_url is not None:
             raise ModelURIError(
@@ -138,7 +234,7 @@ def llm_from_uri(
                 uri=text,
             )
         key = _key("openai", text, env, required=True)
-        return OpenAICompatible(model, api_key=key, transport=transport)
+        return OpenAICompatible(model, api_key=key, transport=transport, **settings)
     if scheme == "openai-compatible":
         if base_url is None:
             raise ModelURIError(
@@ -147,11 +243,13 @@ def llm_from_uri(
                 uri=text,
             )
         key = _key("openai", text, env, required=base_url == OPENAI_BASE_URL)
-        return OpenAICompatible(model, base_url=base_url, api_key=key, transport=transport)
+        return OpenAICompatible(
+            model, base_url=base_url, api_key=key, transport=transport, **settings
+        )
     if scheme == "anthropic":
         url = base_url or ANTHROPIC_BASE_URL
         key = _key("anthropic", text, env, required=url == ANTHROPIC_BASE_URL)
-        return Anthropic(model, base_url=url, api_key=key, transport=transport)
+        return Anthropic(model, base_url=url, api_key=key, transport=transport, **settings)
     raise _unknown("LLM", scheme, text, LLM_FORMS)
 
 
@@ -163,16 +261,19 @@ def embedder_from_uri(
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
     """The embedder a URI names: `minilm`, `e5-small-q4`, `hash[:DIM]` (512 by default) or
-    `openai:MODEL[@BASE_URL]`. `dim` is the dimension already known (a repo's), which spares an
+    `openai:MODEL[@BASE_URL]` (which takes `?timeout=...&max_concurrency=...`). `dim` is the
+    dimension already known (a repo's), which spares an
     OpenAI embedder the request that detects it. Keys come from `env` (default: `os.environ`).
 
     Raises:
-        ModelURIError: a malformed URI, an unknown provider, a bad dimension, or no key in
-            `env` for OpenAI's own API (the message names the variable).
+        ModelURIError: a malformed URI, an unknown provider, a bad dimension, an unknown
+            setting or a bad value, or no key in `env` for OpenAI's own API (the message
+            names the variable).
     """
     env = os.environ if env is None else env
-    scheme, model, base_url = _split(uri, "embedder", EMBEDDER_FORMS)
+    scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()
+    settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())
     if scheme in ("minilm", "e5-small-q4", "hash") and base_url is not None:
         raise ModelURIError(f"the {scheme} embedder runs here, it takes no URL: {text!r}", uri=text)
     if scheme == "minilm":
@@ -204,5 +305,7 @@ def embedder_from_uri(
         _need_model("embedder", scheme, model, text)
         url = base_url or OPENAI_BASE_URL
         key = _key("openai", text, env, required=url == OPENAI_BASE_URL)
-        return OpenAIEmbedder(model, base_url=url, api_key=key, dim=dim, transport=transport)
+        return OpenAIEmbedder(
+            model, base_url=url, api_key=key, dim=dim, transport=transport, **settings
+        )
     raise _unknown("embedder", scheme, text, EMBEDDER_FORMS)

@@ -79,12 +79,15 @@ def run(work: Callable[[], Awaitable[None]]) -> None:
 
 
 def models(settings: Settings) -> tuple[LLM | None, Embedder | None]:
-    """The LLM and embedder the settings name (None: each repo's own, else the default).
+    """The LLM and embedder the settings name (None: each repo's own, else the default), the
+    LLM tuned by the settings' temperature and request timeout.
 
     Raises:
         ModelURIError: an unknown provider or a missing key, in one line.
+        CliError: a temperature or timeout flag without an LLM chosen.
     """
-    llm = llm_from_uri(settings.llm) if settings.llm is not None else None
+    uri = settings.llm_uri
+    llm = llm_from_uri(uri) if uri is not None else None
     embedder = embedder_from_uri(settings.embedder) if settings.embedder is not None else None
     return llm, embedder
 
@@ -119,7 +122,8 @@ async def open_memory(
                 await close()
         raise
     async with Memory(
-        settings.store, llm=llm, embedder=embedder, on_event=on_event, inspect=not works
+        settings.store, llm=llm, embedder=embedder, on_event=on_event, config=settings.config,
+        inspect=not works,
     ) as mem:
         yield mem
 

@@ -1,11 +1,24 @@
 """Which store and which models a command uses: flags, then environment, then a config file,
 then the defaults (the order most command-line tools follow).
 
-| setting  | flag                  | environment                     | file key   | default     |
-| -------- | --------------------- | ------------------------------- | ---------- | ----------- |
-| store    | `--store` (`--db`)    | `MNEMO_STORE` (`MNEMO_DB`)      | `store`    | `memory.db` |
-| LLM      | `--llm`               | `MNEMO_LLM`                     | `llm`      | (see below) |
-| embedder | `--embedder`          | `MNEMO_EMBEDDER`                | `embedder` | (see below) |
+| setting            | flag                   | environment                | file key             |
+| ------------------ | ---------------------- | -------------------------- | -------------------- |
+| store              | `--store` (`--db`)     | `MNEMO_STORE` (`MNEMO_DB`) | `store`              |
+| LLM                | `--llm`                | `MNEMO_LLM`                | `llm`                |
+| embedder           | `--embedder`           | `MNEMO_EMBEDDER`           | `embedder`           |
+| temperature        | `--temperature`        | `MNEMO_TEMPERATURE`        | `temperature`        |
+| LLM timeout        | `--llm-timeout`        | `MNEMO_LLM_TIMEOUT`        | `llm_timeout`        |
+| extraction timeout | `--extraction-timeout` | `MNEMO_EXTRACTION_TIMEOUT` | `extraction_timeout` |
+
+The store defaults to `memory.db`, the models as below, the temperature and the LLM timeout to
+the LLM URI's own or the adapter's (0, 60 s), the extraction timeout to 60 s.
+The temperature (a number >= 0, or `server` for the server's own default) and the request
+timeout tune the chosen LLM: they join its URI as settings (`?temperature=...&timeout=...`,
+see `mnemo.adapters.uri`), overriding those the URI carries, and without an LLM chosen a flag
+giving one is an error. The extraction timeout is the `Config.extraction_timeout` of the
+command's `Memory`: it bounds the conversation memory's model calls and each extraction of a
+repo the command creates. Like `--llm`, a setting given to a command that only reads applies
+to that command alone.
 
 The config file is TOML: `--config PATH`, else `$MNEMO_CONFIG`, else `./mnemo.toml`, else
 `$XDG_CONFIG_HOME/mnemo/config.toml` (`~/.config/mnemo/config.toml`); a relative `store` in it
@@ -16,6 +29,7 @@ models it recorded, and a new repo the defaults (`offline`, the embedded embedde
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -25,15 +39,26 @@ from typing import Annotated
 
 import typer
 
+from mnemo.adapters.uri import with_settings
 from mnemo.cli._database import CliError
+from mnemo.config import Config
 from mnemo.storage.ports import has_postgres_driver, is_postgres
 
 DEFAULT_STORE = "memory.db"
-FILE_KEYS = ("store", "llm", "embedder")
+MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
+FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
 _ENV = {
     "store": ("MNEMO_STORE", "MNEMO_DB"),
     "llm": ("MNEMO_LLM",),
     "embedder": ("MNEMO_EMBEDDER",),
+    "temperature": ("MNEMO_TEMPERATURE",),
+    "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
+    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",),
+}
+_FLAGS = {
+    "temperature": "--temperature",
+    "llm_timeout": "--llm-timeout",
+    "extraction_timeout": "--extraction-timeout",
 }
 
 StoreOpt = Annotated[
@@ -64,6 +89,34 @@ EmbedderOpt = Annotated[
         show_default=False,
     ),
 ]
+TemperatureOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--temperature",
+        help="The LLM's sampling temperature: a number >= 0, or server for the server's own "
+             "(env MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models "
+             "do better above 0).",
+        show_default=False,
+    ),
+]
+LlmTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--llm-timeout",
+        help="Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM "
+             "URI's, else 60).",
+        show_default=False,
+    ),
+]
+ExtractionTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--extraction-timeout",
+        help="Seconds an extraction, and each conversation-memory model call, may take (env "
+             "MNEMO_EXTRACTION_TIMEOUT; default 60).",
+        show_default=False,
+    ),
+]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
@@ -77,12 +130,47 @@ ConfigOpt = Annotated[
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The chosen store and model URIs (None: not chosen), and where each came from."""
+    """The chosen store and model URIs (None: not chosen), the model settings, and where each
+    came from. `temperature` is a number's text or "server"."""
 
     store: str
     llm: str | None = None
     embedder: str | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
+    temperature: str | None = None
+    llm_timeout: float | None = None
+    extraction_timeout: float | None = None
+
+    @property
+    def llm_uri(self) -> str | None:
+        """The chosen LLM's URI with the temperature and the request timeout among its
+        settings (None: no LLM chosen).
+
+        Raises:
+            CliError: a flag set the temperature or the timeout, but no LLM is chosen.
+        """
+        tuned = {"temperature": self.temperature, "timeout": self.llm_timeout}
+        given = {name: value for name, value in tuned.items() if value is not None}
+        if self.llm is None:
+            flagged = [
+                _FLAGS[key] for key in ("temperature", "llm_timeout")
+                if self.sources.get(key) == _FLAGS[key]
+            ]
+            if flagged:
+                raise CliError(
+                    f"{' and '.join(flagged)} tune the LLM chosen with --llm (or MNEMO_LLM, or "
+                    "llm in the config file); none is chosen, and each repo's recorded model "
+                    "keeps its own settings"
+                )
+            return None
+        return with_settings(self.llm, **given)
+
+    @property
+    def config(self) -> Config | None:
+        """The `Config` of the command's `Memory` (None: the defaults)."""
+        if self.extraction_timeout is None:
+            return None
+        return Config(extraction_timeout=self.extraction_timeout)
 
     @property
     def is_url(self) -> bool:
@@ -133,8 +221,11 @@ def read_config(path: Path) -> dict[str, str]:
             raise CliError(
                 f"unknown setting {key!r} in {path} (known: {', '.join(FILE_KEYS)}){hint}"
             )
+        if key in MODEL_KEYS and isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)
         if not isinstance(value, str) or not value.strip():
-            raise CliError(f"{key} in {path} must be a non-blank string, got {value!r}")
+            wanted = "a number or a string" if key in MODEL_KEYS else "a non-blank string"
+            raise CliError(f"{key} in {path} must be {wanted}, got {value!r}")
         out[key] = value.strip()
     if "store" in out and not is_postgres(out["store"]):
         out["store"] = str(path.parent / Path(out["store"]).expanduser())
@@ -149,19 +240,28 @@ def resolve(
     config: Path | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    temperature: str | None = None,
+    llm_timeout: float | None = None,
+    extraction_timeout: float | None = None,
 ) -> Settings:
     """The settings from flags (the arguments), `env`, the config file and the defaults.
 
     Raises:
-        CliError: a config file that was named but is missing, or is malformed.
+        CliError: a config file that was named but is missing, or is malformed; a model
+            setting that is not a number in its range (naming where it came from).
     """
     env = os.environ if env is None else env
     path, asked = config_file(config, env, cwd or Path.cwd())
     from_file = read_config(path) if path is not None and (asked or path.is_file()) else {}
     chosen: dict[str, str | None] = {}
     sources: dict[str, str] = {}
-    for key, flag in (("store", store), ("llm", llm), ("embedder", embedder)):
-        value, source = flag, f"--{key}"
+    flags: dict[str, str | None] = {
+        "store": store, "llm": llm, "embedder": embedder, "temperature": temperature,
+        "llm_timeout": None if llm_timeout is None else repr(llm_timeout),
+        "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout),
+    }
+    for key, flag in flags.items():
+        value, source = flag, _FLAGS.get(key, f"--{key}")
         for name in _ENV[key]:
             if value is None and env.get(name):
                 value, source = env[name], name
@@ -173,7 +273,38 @@ def resolve(
         llm=chosen["llm"],
         embedder=chosen["embedder"],
         sources=sources,
+        temperature=_temperature(chosen["temperature"], sources["temperature"]),
+        llm_timeout=_seconds(chosen["llm_timeout"], "llm_timeout", sources),
+        extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources),
     )
+
+
+def _temperature(value: str | None, source: str) -> str | None:
+    if value is None or value.strip().lower() == "server":
+        return None if value is None else "server"
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise CliError(
+            f"the temperature from {source} must be a number >= 0 or server, got {value!r}"
+        )
+    return f"{number:g}"
+
+
+def _seconds(value: str | None, key: str, sources: Mapping[str, str]) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise CliError(
+            f"{key} from {sources[key]} must be a number of seconds > 0, got {value!r}"
+        )
+    return number
 
 
 def check_backend(settings: Settings) -> None:

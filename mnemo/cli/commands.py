@@ -37,9 +37,12 @@ from mnemo.cli._output import (
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
+    ExtractionTimeoutOpt,
     LlmOpt,
+    LlmTimeoutOpt,
     Settings,
     StoreOpt,
+    TemperatureOpt,
     resolve,
 )
 from mnemo.cli.ingest import ingest_file, load_file
@@ -53,9 +56,17 @@ class ExportFormat(StrEnum):
 
 
 def _settings(
-    store: str | None, config: Path | None, llm: str | None = None, embedder: str | None = None
+    store: str | None,
+    config: Path | None,
+    llm: str | None = None,
+    embedder: str | None = None,
+    tuning: tuple[str | None, float | None, float | None] = (None, None, None),
 ) -> Settings:
-    return resolve(store=store, config=config, llm=llm, embedder=embedder)
+    temperature, llm_timeout, extraction_timeout = tuning
+    return resolve(
+        store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
+        llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
+    )
 
 
 def _node_types(spec: str | None) -> list[NodeType] | None:
@@ -122,6 +133,9 @@ def ingest(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
+    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
@@ -134,7 +148,9 @@ def ingest(
         target = repo or parsed.repo
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+        )
         async with open_memory(settings, writes=True, works=True) as mem:
             report = await ingest_file(
                 mem, target, parsed, threads=threads, console=stderr_console(),
@@ -182,6 +198,8 @@ def recall(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
@@ -189,7 +207,9 @@ def recall(
 
     async def work() -> None:
         wanted = _node_types(types)
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, None)
+        )
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
             # `open_repo` checks that this Memory's embedder makes the repo's dimension (a repo
@@ -399,6 +419,9 @@ def mcp(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
+    extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
     memory_dir: Annotated[
         Path | None,
@@ -418,7 +441,9 @@ def mcp(
     """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
 
     async def work() -> None:
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
+        )
         check_store(settings, writes=True)
         if settings.is_url and memory_dir is None:
             raise CliError("with a store URL, pass --memory-dir for the memory files")
@@ -432,7 +457,7 @@ def mcp(
         chosen_llm, chosen_embedder = models(settings)
         await serve(
             settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates, reinforce=reinforce,
+            memory_updates=memory_updates, reinforce=reinforce, config=settings.config,
         )
 
     run(work)
@@ -443,6 +468,8 @@ def ui(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
     config: ConfigOpt = None,
     host: Annotated[
         str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
@@ -471,7 +498,9 @@ def ui(
     recall."""
 
     async def work() -> None:
-        settings = _settings(store, config, llm, embedder)
+        settings = _settings(
+            store, config, llm, embedder, (temperature, llm_timeout, None)
+        )
         check_store(settings, writes=False)
         try:
             from mnemo.ui import serve

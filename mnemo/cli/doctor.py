@@ -1,20 +1,21 @@
-"""`mnemo doctor`: checks the store, the LLM and the embedder the settings choose, with one
-small real call each, and prints what it found (exit 1 when a check fails).
+"""`mnemo doctor`: checks the store, the LLM and the embedder the settings choose, with small
+real calls, measures the LLM's server, and prints what it found (exit 1 when a check fails).
 
 The LLM is asked the `"state"` task (one short paragraph, which every provider and the offline
-LLM answer) about one line; the embedder embeds one short text. A store that does not exist
-is reported, not created.
+LLM answer) about one line: its latency. Then, for a model served over HTTP and unless
+`--quick`, `_probe` measures the server: which structured-output modes work, how many requests
+it serves at once, the concurrency mnemo will use with it, and whether each task's reply fits
+its `max_tokens`. The embedder embeds one short text. A store that does not exist is reported,
+not created.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated
 
 import anyio
 import typer
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -25,51 +26,35 @@ from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
 from mnemo.cli._common import Json, app, check_store
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, shorten, stdout_console
-from mnemo.cli._settings import ConfigOpt, EmbedderOpt, LlmOpt, Settings, StoreOpt, resolve
-from mnemo.errors import MnemoError
+from mnemo.cli._probe import (
+    AT_ONCE,
+    PROBE,
+    Finding,
+    ServerReport,
+    close,
+    probe_server,
+    state_probe,
+    timed,
+)
+from mnemo.cli._settings import (
+    ConfigOpt,
+    EmbedderOpt,
+    LlmOpt,
+    LlmTimeoutOpt,
+    Settings,
+    StoreOpt,
+    TemperatureOpt,
+    resolve,
+)
 from mnemo.memory import Memory
-from mnemo.ports import LLM, Embedder, LLMRequest
-
-# Each real call gets this long: a slow provider is a finding, not a hang.
-CALL_SECONDS = 60.0
-PROBE = "The agent ran `nginx -t` and the configuration test passed."
+from mnemo.ports import LLM, Embedder
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    check: str
-    ok: bool
-    detail: str
-    seconds: float
-
-    def as_json(self) -> dict[str, Any]:
-        return {"check": self.check, "ok": self.ok, "detail": self.detail,
-                "seconds": round(self.seconds, 3)}
-
-
-async def _probe(check: str, work: Callable[[], Awaitable[str]]) -> Finding:
-    start = time.monotonic()
-    try:
-        with anyio.fail_after(CALL_SECONDS):
-            detail = await work()
-    except TimeoutError:
-        return Finding(check, False, f"no answer within {CALL_SECONDS:.0f} s",
-                       time.monotonic() - start)
-    except (MnemoError, CliError, OSError) as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        return Finding(check, False, message, time.monotonic() - start)
-    return Finding(check, True, detail, time.monotonic() - start)
-
-
-async def _close(model: object) -> None:
-    close = getattr(model, "aclose", None)
-    if close is not None:
-        with anyio.move_on_after(2, shield=True):
-            await close()
-
-
-async def diagnose(settings: Settings) -> list[Finding]:
-    """One finding each for the store, the LLM and the embedder."""
+async def diagnose(
+    settings: Settings, *, measure: bool = True
+) -> tuple[list[Finding], ServerReport | None]:
+    """One finding each for the store, the LLM and the embedder, and the LLM server's
+    measurements (None for the offline LLM, with `measure=False`, or when the LLM failed)."""
 
     async def store() -> str:
         check_store(settings, writes=False)
@@ -79,17 +64,13 @@ async def diagnose(settings: Settings) -> list[Finding]:
         names = ", ".join(repos) if repos else "none"
         return f"{settings.store}: {len(repos)} repos ({names}), {len(live)} live sessions"
 
+    built: list[LLM] = []
+
     async def llm() -> str:
-        model: LLM = llm_from_uri(settings.llm) if settings.llm is not None else OfflineLLM()
-        try:
-            reply = await model.generate(LLMRequest(
-                task="state",
-                system="Summarise the environment's state in one short sentence.",
-                messages=[{"role": "user", "content": PROBE}],
-                max_tokens=40,
-            ))
-        finally:
-            await _close(model)
+        uri = settings.llm_uri
+        model: LLM = llm_from_uri(uri) if uri is not None else OfflineLLM()
+        built.append(model)
+        reply = await model.generate(state_probe())
         return f"{model_uri(model)} answered: {shorten(reply.text or str(reply.data), 80)!r}"
 
     async def embedder() -> str:
@@ -100,14 +81,23 @@ async def diagnose(settings: Settings) -> list[Finding]:
         try:
             vectors = await model.embed([PROBE])
         finally:
-            await _close(model)
+            await close(model)
         return f"{model_uri(model)} made a vector of dimension {len(vectors[0])}"
 
-    return [
-        await _probe("store", store),
-        await _probe("llm", llm),
-        await _probe("embedder", embedder),
-    ]
+    findings = [await timed("store", store)]
+    report: ServerReport | None = None
+    try:
+        # The LLM finding's time is the latency of its one call; the server's measurements
+        # come after it.
+        findings.append(await timed("llm", llm))
+        uri = settings.llm_uri if findings[-1].ok else None
+        if measure and uri is not None and not isinstance(built[0], OfflineLLM):
+            report = await probe_server(uri, built[0])
+    finally:
+        for model in built:
+            await close(model)
+    findings.append(await timed("embedder", embedder))
+    return findings, report
 
 
 @app.command()
@@ -115,24 +105,37 @@ def doctor(
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
+    temperature: TemperatureOpt = None,
+    llm_timeout: LlmTimeoutOpt = None,
     config: ConfigOpt = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="One call each; do not measure the LLM's server."),
+    ] = False,
     as_json: Json = False,
 ) -> None:
-    """Check the store, the LLM and the embedder (one small real call each)."""
+    """Check the store, the LLM and the embedder, and measure the LLM's server: latency,
+    structured modes, requests served at once, and whether each task's reply fits."""
 
     try:
-        settings = resolve(store=store, llm=llm, embedder=embedder, config=config)
+        settings = resolve(
+            store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
+            llm_timeout=llm_timeout,
+        )
     except CliError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    findings = anyio.run(diagnose, settings)
+    findings, report = anyio.run(lambda: diagnose(settings, measure=not quick))
+    ok = all(f.ok for f in findings) and (report is None or report.ok)
     if as_json:
         print_json({
-            "ok": all(f.ok for f in findings),
+            "ok": ok,
             "sources": dict(settings.sources),
             "checks": [f.as_json() for f in findings],
+            "server": report.as_json() if report is not None else None,
         })
     else:
+        console = stdout_console()
         table = Table(title="mnemo doctor", title_justify="left")
         table.add_column("check")
         table.add_column("result")
@@ -140,9 +143,56 @@ def doctor(
         table.add_column("found", overflow="fold")
         for f in findings:
             table.add_row(
-                f.check, Text("ok", style="green") if f.ok else Text("FAIL", style="bold red"),
-                settings.sources.get(f.check, ""), Text(f"{f.detail} ({f.seconds:.2f} s)"),
+                f.check, _verdict(f.ok, "FAIL"), settings.sources.get(f.check, ""),
+                Text(f"{f.detail} ({f.seconds:.2f} s)"),
             )
-        stdout_console().print(table)
-    if not all(f.ok for f in findings):
+        console.print(table)
+        if report is not None:
+            _print_server(console, report, findings[1].seconds)
+    if not ok:
         raise typer.Exit(1)
+
+
+def _verdict(ok: bool | None, warn: str = "CUT") -> Text:
+    if ok is None:
+        return Text("?", style="yellow")
+    return Text("ok", style="green") if ok else Text(warn, style="bold red")
+
+
+def _print_server(console: Console, report: ServerReport, latency: float) -> None:
+    """The server's measurements as a table of measure, result, found."""
+    table = Table(title="LLM server", title_justify="left")
+    table.add_column("measure")
+    table.add_column("result")
+    table.add_column("found", overflow="fold")
+    table.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
+    for mode in report.modes:
+        table.add_row(
+            f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
+            Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"),
+        )
+    walls = ", ".join(f"{n} in {report.at_once[n]:.2f} s" for n in AT_ONCE if n in report.at_once)
+    if report.at_once_error is not None:
+        walls = f"{walls}; then {report.at_once_error}" if walls else report.at_once_error
+    served = report.served_at_once
+    table.add_row(
+        "requests at once", _verdict(served is not None, "FAIL"),
+        Text(f"{walls} -> serves about {served} at once" if served else walls),
+    )
+    table.add_row(
+        "concurrency", Text("->"),
+        f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)",
+    )
+    for task in report.tasks:
+        if not task.ok:
+            verdict, found = _verdict(False, "FAIL"), shorten(task.detail, 160)
+        elif task.output_tokens is None:
+            verdict = _verdict(None)
+            found = f"no token count reported (max_tokens {task.max_tokens})"
+        else:
+            verdict = _verdict(task.fits)
+            found = f"{task.output_tokens} of max_tokens {task.max_tokens} tokens"
+            if not task.fits:
+                found += ": the reply reached the cap and was cut"
+        table.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
+    console.print(table)

@@ -21,7 +21,16 @@ from rich.text import Text
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
 from mnemo.cli._output import print_json, shorten, stdout_console
-from mnemo.cli._settings import ConfigOpt, EmbedderOpt, LlmOpt, StoreOpt, resolve
+from mnemo.cli._settings import (
+    ConfigOpt,
+    EmbedderOpt,
+    ExtractionTimeoutOpt,
+    LlmOpt,
+    LlmTimeoutOpt,
+    StoreOpt,
+    TemperatureOpt,
+    resolve,
+)
 from mnemo.events import Event
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
@@ -187,6 +196,9 @@ def _session_command(action: Action) -> None:
         store: StoreOpt = None,
         llm: LlmOpt = None,
         embedder: EmbedderOpt = None,
+        temperature: TemperatureOpt = None,
+        llm_timeout: LlmTimeoutOpt = None,
+        extraction_timeout: ExtractionTimeoutOpt = None,
         config: ConfigOpt = None,
         wait: Annotated[
             float, typer.Option(min=0, help="Seconds to wait for an extraction to end.")
@@ -194,7 +206,10 @@ def _session_command(action: Action) -> None:
         as_json: Json = False,
     ) -> None:
         async def work() -> None:
-            settings = resolve(store=store, llm=llm, embedder=embedder, config=config)
+            settings = resolve(
+                store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
+                llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
+            )
             transitions = _Transitions()
             async with open_memory(settings, works=True, on_event=transitions) as mem:
                 out = await _act(mem, transitions, action, session_id, wait)

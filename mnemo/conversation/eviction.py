@@ -5,15 +5,22 @@ the eviction zone (see `viewport.eviction_zone`), the middle and the recent one 
 `render.render_window`, bounded whatever the backlog), and given to the LLM (task
 "eviction") with three tools: `save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
-`MAX_ROUNDS` rounds, each telling the model what it already did, until it calls
-`everything_ok` after saving a snapshot. The model answers only through its tools: a reply
-without tool calls is discarded and asked again. Then, in one transaction, the level-1
-snapshot and the pins are written and the boundary moves past the zone.
+`MAX_ROUNDS` rounds, each telling the model what it already did and forcing a tool call
+(`tool_choice`: `save_snapshot` until a snapshot is saved, then any tool), until it calls
+`everything_ok` after saving a snapshot, or right after the snapshot when no goal is open.
+The model answers only through its tools: a reply without tool calls is discarded and asked
+again, the next round forcing the call in another form (servers obey different ones), and
+the third asking for `save_snapshot`'s arguments as structured output (a server that ignores
+tools in every form, llama.cpp's with a model whose template has none, still constrains
+JSON to a schema). The
+rounds share one deadline, the conversation service's model timeout. Then, in one
+transaction, the level-1 snapshot and the pins are written and the boundary moves past the
+zone.
 
 The boundary always advances and never passes a message that no snapshot covers: if the LLM
-fails (raises, times out, or saves no snapshot in `MAX_ROUNDS` rounds), the snapshot is a
-note saying the messages left without a summary and that `search_messages` still finds them,
-and `EvictionResult.error` says why. Once
+fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds), the
+snapshot is a note saying the messages left without a summary and that `search_messages`
+still finds them, and `EvictionResult.error` says why. Once
 5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
 "snapshot_fold"); a failed fold is retried after the next eviction.
 """
@@ -39,7 +46,7 @@ from mnemo.conversation.viewport import (
 )
 from mnemo.errors import ConflictError
 from mnemo.events import Events
-from mnemo.ports import LLM, ToolCall, Usage, ask
+from mnemo.ports import LLM, REQUIRED, LLMResponse, ToolCall, Usage, ask, reply_data
 
 log = logging.getLogger("mnemo")
 
@@ -158,6 +165,33 @@ def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
     )
 
 
+# The forms of `tool_choice` a round takes while no snapshot is saved, one after the other
+# when the model answers in prose: servers obey different ones (llama-cpp-python's server
+# only a named tool, llama.cpp's own server only "required", and only for a model whose chat
+# template knows tools; hosted APIs both). After both, the snapshot is asked as structured
+# output (`as_data`), which a server ignoring tools in every form still constrains.
+SNAPSHOT_CHOICES = ("save_snapshot", REQUIRED)
+
+
+def tool_choice(tools: EvictionTools, silent: int) -> str | None:
+    """What the next round's reply must call: `save_snapshot`, then any tool, until a snapshot
+    is saved (None: ask for its arguments as data), any tool after."""
+    if tools.snapshot_parts:
+        return REQUIRED
+    return SNAPSHOT_CHOICES[silent] if silent < len(SNAPSHOT_CHOICES) else None
+
+
+def snapshot_calls(response: LLMResponse) -> list[ToolCall]:
+    """The tool calls of a reply to a round asked `as_data`: its own when it made some (a
+    model may call the tools all the same), else `save_snapshot` with the reply's data."""
+    if response.tool_calls:
+        return list(response.tool_calls)
+    data = reply_data(response)
+    if isinstance(data, dict) and isinstance(data.get("text"), str):
+        return [ToolCall("save_snapshot", {"text": data["text"]})]
+    return []
+
+
 async def run_loop(
     llm: LLM,
     tools: EvictionTools,
@@ -166,48 +200,63 @@ async def run_loop(
     zone: tuple[int, int],
     goals: list[dict[str, str]],
     previous_snapshot: str,
-    round_timeout: float,
+    time_limit: float,
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
 
-    A reply without tool calls is discarded and asked again (the model answers only through
-    its tools); when the rounds run out without a snapshot, that is the failure. An LLM that
-    raises, or runs past `round_timeout` seconds in a round, ends the loop with the failure;
-    cancellation is not caught.
+    Each round forces a tool call (`tool_choice`). Until a snapshot is saved, a reply without
+    tool calls is discarded and asked again (the model answers only through its tools), the
+    third time for `save_snapshot`'s arguments as structured output; when the rounds run out
+    without a snapshot, that is the failure. Once one is saved, the rounds go on only while
+    there are open goals to pin messages to, and end at `everything_ok` or at a reply without
+    tool calls. An LLM that raises ends the loop with the failure. All rounds together get
+    `time_limit` seconds (`mnemo.deadline`: a wait for a slot inside mnemo does not count):
+    past it the round in flight is abandoned and that is the failure (a snapshot saved before
+    it is kept). Cancellation is not caught.
     """
     usage: Usage | None = None
     silent = 0
-    for _ in range(MAX_ROUNDS):
-        request = eviction_request(
-            zone=window[0],
-            middle=window[1],
-            recent=window[2],
-            zone_start=zone[0],
-            zone_end=zone[1],
-            goals=goals,
-            previous_snapshot=previous_snapshot,
-            max_words=tools.max_words,
-            done=tools.done[-MAX_DONE:],
-        )
-        try:
-            with deadline.fail_after(round_timeout):
-                response = await llm.generate(request)
-        except TimeoutError:
-            return f"the eviction model timed out after {round_timeout:g} s", usage
-        except Exception as exc:
-            # Whatever the model did wrong, the boundary must still move: report, don't raise.
-            log.warning("eviction LLM call failed", exc_info=True)
-            return f"the eviction model failed: {exc!r}", usage
-        if response.usage is not None:
-            usage = response.usage if usage is None else usage + response.usage
-        if not response.tool_calls:
-            silent += 1
-            tools.done.append(NO_TOOL_CALL)
-            continue
-        for call in response.tool_calls:
-            tools.call(call)
-        if tools.finished:
-            break
+    try:
+        with deadline.fail_after(time_limit):
+            for _ in range(MAX_ROUNDS):
+                if tools.snapshot_parts and not goals:
+                    break  # saved, and no goal to pin a message to: nothing is left to do
+                choice = tool_choice(tools, silent)
+                request = eviction_request(
+                    zone=window[0],
+                    middle=window[1],
+                    recent=window[2],
+                    zone_start=zone[0],
+                    zone_end=zone[1],
+                    goals=goals,
+                    previous_snapshot=previous_snapshot,
+                    max_words=tools.max_words,
+                    done=tools.done[-MAX_DONE:],
+                    tool_choice=choice,
+                    as_data=choice is None,
+                )
+                try:
+                    response = await llm.generate(request)
+                except Exception as exc:
+                    # Whatever the model did wrong, the boundary must still move: report.
+                    log.warning("eviction LLM call failed", exc_info=True)
+                    return f"the eviction model failed: {exc!r}", usage
+                if response.usage is not None:
+                    usage = response.usage if usage is None else usage + response.usage
+                calls = snapshot_calls(response) if choice is None else response.tool_calls
+                if not calls:
+                    if tools.snapshot_parts:
+                        break  # pins are optional; the snapshot covers the zone
+                    silent += 1
+                    tools.done.append(NO_TOOL_CALL)
+                    continue
+                for call in calls:
+                    tools.call(call)
+                if tools.finished:
+                    break
+    except TimeoutError:
+        kept = " (the snapshot it saved is kept)" if tools.snapshot_parts else ""
+        return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
     if silent == MAX_ROUNDS:
@@ -291,7 +340,7 @@ class Evictor:
             zone=span,
             goals=goals,
             previous_snapshot=inputs.previous_snapshot,
-            round_timeout=self._timeout,
+            time_limit=self._timeout,
         )
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
         after = zone[-1].seq + 1

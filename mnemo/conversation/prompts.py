@@ -160,6 +160,12 @@ EVICTION_TOOLS: list[dict[str, Any]] = [
     },
 ]
 
+# `save_snapshot`'s arguments: what an eviction asked `as_data` replies.
+SNAPSHOT_SCHEMA: dict[str, Any] = EVICTION_TOOLS[0]["parameters"]
+EVICTION_AS_DATA = """
+Your earlier replies reached us without tool calls. This time reply with the arguments of
+save_snapshot alone, as one JSON object: {"text": "<the summary>"}."""
+
 EVICTION_SYSTEM = (
     "You manage the memory of an AI assistant whose context window is full. The oldest "
     "messages are about to leave it; decide what of them must stay visible. You communicate "
@@ -196,12 +202,21 @@ def eviction_request(
     previous_snapshot: str,
     max_words: int,
     done: list[str],
+    tool_choice: str | None = None,
+    as_data: bool = False,
 ) -> LLMRequest:
-    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOLS`."""
+    """One round of the "eviction" task; the reply's `tool_calls` name `EVICTION_TOOLS`, and
+    `tool_choice` (see `LLMRequest`) says which the reply must call.
+
+    `as_data` asks for `save_snapshot`'s arguments as structured output instead (the request's
+    `schema` is theirs, and it has no tools), for a server that answers tools in prose: the
+    reply's `data` is {"text": str}.
+    """
+    instructions = EVICTION_INSTRUCTIONS + (EVICTION_AS_DATA if as_data else "")
     request = task_request(
         "eviction",
         system=EVICTION_SYSTEM,
-        instructions=EVICTION_INSTRUCTIONS,
+        instructions=instructions,
         inputs={
             "zone": zone,
             "middle": middle,
@@ -215,6 +230,14 @@ def eviction_request(
         },
         max_tokens=max_words * 2 + 256,
     )
+    if as_data:
+        return LLMRequest(
+            task=request.task,
+            system=request.system,
+            messages=request.messages,
+            schema=SNAPSHOT_SCHEMA,
+            max_tokens=request.max_tokens,
+        )
     return LLMRequest(
         task=request.task,
         system=request.system,
@@ -222,4 +245,5 @@ def eviction_request(
         schema=None,
         tools=EVICTION_TOOLS,
         max_tokens=request.max_tokens,
+        tool_choice=tool_choice,
     )

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import anyio
 from pydantic import Field, ValidationError
 
+from mnemo.config import Config
 from mnemo.errors import MnemoError, NotFoundError
 from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
@@ -100,7 +101,9 @@ class MemoryTools:
     `mem` answers the reads (and `save_messages`); the session tools go to `worker()`, the
     Memory that works (by default `mem` itself). `serve` opens `mem` for inspection and the
     worker only when a session tool is first called, so a server that only reads never takes
-    work over. `reinforce`: a recall counts its memories as accesses.
+    work over. `reinforce`: a recall counts its memories as accesses. `llm` is the model the
+    server was started with, which `persist_memory` asks (None: the offline LLM, as memory
+    files belong to no repo whose recorded model could be used).
     """
 
     def __init__(
@@ -111,10 +114,13 @@ class MemoryTools:
         memory_updates: bool = True,
         worker: Callable[[], Awaitable[Memory]] | None = None,
         reinforce: bool = False,
+        llm: LLM | None = None,
     ) -> None:
         self._mem = mem
         self._worker = worker
         self._reinforce = reinforce
+        # The model the server was started with files memory statements (None: offline).
+        self._llm = llm
         self._memory_dir = memory_dir
         self._memory_updates = memory_updates
         # One MemoryFiles per directory: it serialises its own writes, so two instances over
@@ -319,7 +325,7 @@ class MemoryTools:
         when the server's memory updates are off."""
         with _as_tool_error():
             files = self._files_in(directory)
-            return _dumps(_output.memory_file_output(await files.persist(what, llm=None)))
+            return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
 
     async def recall_memory(
         self,
@@ -419,13 +425,14 @@ async def open_tools(
     memory_dir: Path | None = None,
     memory_updates: bool = True,
     reinforce: bool = False,
+    config: Config | None = None,
 ) -> AsyncIterator[MemoryTools]:
     """The server's tools over the store, open while the block runs: the reads through a
     Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
     that works, opened at the first of them."""
     async with AsyncExitStack() as stack:
         reader = await stack.enter_async_context(
-            Memory(store, llm=llm, embedder=embedder, inspect=True)
+            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True)
         )
         opening = anyio.Lock()
         opened: list[Memory] = []
@@ -434,13 +441,13 @@ async def open_tools(
             async with opening:
                 if not opened:
                     opened.append(await stack.enter_async_context(
-                        Memory(store, llm=llm, embedder=embedder)
+                        Memory(store, llm=llm, embedder=embedder, config=config)
                     ))
             return opened[0]
 
         yield MemoryTools(
             reader, memory_dir or default_memory_dir(Path(store)),
-            memory_updates=memory_updates, worker=worker, reinforce=reinforce,
+            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm,
         )
 
 
@@ -452,17 +459,20 @@ async def serve(
     memory_dir: Path | None = None,
     memory_updates: bool = True,
     reinforce: bool = False,
+    config: Config | None = None,
 ) -> None:
     """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
     closes it.
 
     `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
     given, they apply to this server's calls and are recorded only by a repo it creates.
+    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
+    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
     `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
     and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
     """
     async with open_tools(
         store, llm=llm, embedder=embedder, memory_dir=memory_dir,
-        memory_updates=memory_updates, reinforce=reinforce,
+        memory_updates=memory_updates, reinforce=reinforce, config=config,
     ) as tools:
         await build_server(tools).run_stdio_async()

@@ -45,6 +45,7 @@ from mnemo.memoryfiles.prompts import (
     parse_condense,
     parse_persist,
     parse_update,
+    statement_entry,
 )
 from mnemo.ports import LLM, check_models
 
@@ -253,8 +254,11 @@ class MemoryFiles:
 
         The `memory_persist` task (of `llm`, or of the offline LLM when None, which files the
         statement itself under a topic named from its key phrase or an existing topic sharing
-        its words) picks the topic; the entry is appended unless already there, and the file is
-        bounded by `max_chars` like any other write (the returned file says what that cost).
+        its words) picks the topic and may reword the statement as a self-contained entry; an
+        entry that does not keep the statement's content (`prompts.statement_entry`) is
+        replaced by the statement as given. The entry is appended unless already there, and
+        the file is bounded by `max_chars` like any other write (the returned file says what
+        that cost).
         With `enabled=False` nothing is asked or written, and the result's `skipped` is
         `"disabled"`.
 
@@ -284,11 +288,17 @@ class MemoryFiles:
                 files=[{"topic": s.topic, "description": s.description} for s in stored],
             )
             filed = await ask(model, request, parse_persist)
+            entry = statement_entry(filed.entry, statement)
+            if entry != filed.entry:
+                log.warning(
+                    "memory_persist: the model's entry %r does not keep the statement; filing "
+                    "the statement as given", filed.entry[:200],
+                )
             change = TopicChange(
                 topic=filed.topic,
                 description=filed.description,
                 signals=("context",),
-                content=f"- {filed.entry}",
+                content=f"- {entry}",
             )
             await self._commit([_Planned(change, None, False)], model, [], results)
         return results[0][1]

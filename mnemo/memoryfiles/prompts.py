@@ -9,9 +9,11 @@ descriptions become one printable line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from mnemo.adapters import _text
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
@@ -234,6 +236,55 @@ def parse_persist(resp: LLMResponse) -> Filed:
         description=_description(data, "reply"),
         entry=" ".join(entry.split()),
     )
+
+
+def statement_entry(entry: str, statement: str) -> str:
+    """The entry to file for `statement`: the model's `entry` when it keeps the statement's
+    content, else the statement itself.
+
+    The model may reword (name what "it" is, write "the user" for "I", spell out "pw") but not
+    replace: the entry keeps every number of the statement, all its content words but one in
+    five (at least one may go: "remember: ..."), and adds at most one content word plus one
+    for every three of the statement's. A word counts as kept when the entry has it (stemmed),
+    a longer form of it, or, for a word of up to four letters, a word it abbreviates. A small
+    model asked to file "The blog runs on port 8000." may answer with a sentence of its own;
+    what the user asked to remember is then filed as written.
+    """
+    if not set(_NUMBER.findall(statement)) <= set(_NUMBER.findall(entry)):
+        return statement
+    said, wrote = _words(statement), _words(entry)
+    if not said:
+        return statement
+    missing = [w for w in said if not any(_same_word(w, other) for other in wrote)]
+    added = [w for w in wrote if not any(_same_word(other, w) for other in said)]
+    if len(missing) > max(1, len(said) // 5) or len(added) > 1 + len(said) // 3:
+        return statement
+    return entry
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def _words(text: str) -> set[str]:
+    """The stems of `text`'s words that are neither function words nor hold a digit."""
+    return {
+        _text.stem(word) for word in _text.tokens(text)
+        if not _text.is_stopword(word) and not any(c.isdigit() for c in word)
+    }
+
+
+def _same_word(said: str, wrote: str) -> bool:
+    """Whether `wrote` keeps the stem `said`: the same, one a prefix of the other (at least
+    three letters), or `said` (up to four letters) an abbreviation of it ("pw", "password")."""
+    if said == wrote:
+        return True
+    short, long = sorted((said, wrote), key=len)
+    if len(short) >= 3 and long.startswith(short):
+        return True
+    if len(said) > 4 or len(said) >= len(wrote) or said[0] != wrote[0]:
+        return False
+    rest = iter(wrote)
+    return all(letter in rest for letter in said)
 
 
 # ---- memory_condense ----------------------------------------------------------------------

@@ -6,8 +6,16 @@ thread per connection):
 - OpenAI chat completions, `POST /v1/chat/completions` (structured output as `response_format`
   json_schema or json_object, or a forced function tool);
 - OpenAI embeddings, `POST /v1/embeddings` (vectors come back in reverse order, so clients
-  must sort by `index`);
+  must sort by `index`; with `per_token=True` each text gets a list of vectors, one per word,
+  as JSON numbers whatever the `encoding_format`, as llama-cpp-python's server does with a
+  model that does not pool);
 - Anthropic messages, `POST /v1/messages` (structured output as a forced tool).
+
+A request with tools of its own (an eviction's `save_snapshot`, ...) rather than one forced
+structured-output tool gets a call of the tool its `tool_choice` names, or of `save_snapshot`
+(`everything_ok` once one is saved) for "required" / `{"type": "any"}`, when the server obeys
+that form (`obeys`); otherwise, and without `tool_choice`, it answers in prose, as
+llama-cpp-python's server does.
 
 By default it answers mnemo's tasks with valid data (`task_data`: the subgoal of a step is the
 first word of its observation, one fact and one procedure per step, ...); the task name is read
@@ -28,7 +36,7 @@ import zlib
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -136,7 +144,10 @@ class ProviderServer:
     `latency` delays every reply (the bench's model latency); `dim` is the embedding size;
     `every_nth_fails` replies with `flaky` instead of the default to every n-th request;
     `json_schema=False` makes it refuse `response_format` json_schema (like older Ollama,
-    vLLM and llama.cpp servers), `tools=False` refuse tools.
+    vLLM and llama.cpp servers), `tools=False` refuse tools. `obeys` holds the forms of
+    `tool_choice` it follows for a request's own tools: "named" (a tool's name; all that
+    llama-cpp-python's server follows), "required" (llama.cpp's own server); hosted APIs follow
+    both, the default. `per_token=True` answers embeddings with one vector per word.
 
     Like a real server under load: `slots` requests are answered at once and the rest queue
     (None: all at once); a request whose client gave up is still worked on to its end,
@@ -158,6 +169,8 @@ class ProviderServer:
         slots: int | None = None,
         tokens_per_second: float | None = None,
         context: int | None = None,
+        obeys: frozenset[str] = frozenset({"named", "required"}),
+        per_token: bool = False,
     ) -> None:
         self.latency = latency
         self.slots = slots
@@ -172,6 +185,8 @@ class ProviderServer:
         self.flaky: Behaviour = flaky or rate_limited("0")
         self.json_schema = json_schema
         self.tools = tools
+        self.obeys = obeys
+        self.per_token = per_token
         self.requests: list[Recorded] = []
         self.statuses: list[int] = []
         self.in_flight = 0
@@ -359,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "message": "the request exceeds the available context size, try increasing it",
                 "n_prompt_tokens": prompt, "n_ctx": provider.context}}).encode())
             return 400
-        reply = _render(request, behaviour, provider.dim)
+        reply = _render(request, behaviour, provider)
         if provider.tokens_per_second or provider.context is not None:
             room = None if provider.context is None else provider.context - prompt
             written = _sized(reply, prompt, room)
@@ -410,6 +425,8 @@ def _task_and_mode(path: str, body: dict[str, Any]) -> tuple[str | None, str | N
     """The task name and structured mode ("json_schema", "tool", "json" or None) of a request."""
     if path.endswith("/embeddings"):
         return None, None
+    if _own_tools(body):
+        return None, "tools"
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         function = choice.get("function")
@@ -427,6 +444,55 @@ def _task_and_mode(path: str, body: dict[str, Any]) -> tuple[str | None, str | N
             match = _JSON_MODE_TASK.search(system)
             return (match.group(1) if match else None), "json"
     return None, None
+
+
+def _tool_names(body: dict[str, Any]) -> list[str]:
+    names = []
+    for tool in body.get("tools") or []:
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            name = function.get("name") if isinstance(function, dict) else tool.get("name")
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+def _forced_name(body: dict[str, Any]) -> str | None:
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else choice.get("name")
+    return name if isinstance(name, str) else None
+
+
+def _own_tools(body: dict[str, Any]) -> bool:
+    """Whether the request carries tools of its own, not one forced structured-output tool."""
+    names = _tool_names(body)
+    return bool(names) and names != [_forced_name(body)]
+
+
+def _tool_call(request: Recorded, obeys: frozenset[str]) -> tuple[str, dict[str, Any]] | None:
+    """The call a request with its own tools gets, or None (prose) when the server does not
+    obey its `tool_choice` (see `ProviderServer`)."""
+    body = request.body
+    choice = body.get("tool_choice")
+    inputs = _inputs(request)
+    named = _forced_name(body)
+    required = choice == "required" or (isinstance(choice, dict) and choice.get("type") == "any")
+    if named is not None and "named" in obeys:
+        name = named
+    elif required and "required" in obeys:
+        saved = any(line.startswith("save_snapshot: ok") for line in inputs.get("done", []))
+        name = "everything_ok" if saved else "save_snapshot"
+    else:
+        return None
+    if name == "save_snapshot":
+        zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
+        return name, {"text": f"Messages {zone} are about the deployment."}
+    if name == "attach_messages_to_goals":
+        return name, {"message_ids": [], "goal_ids": []}
+    return name, {}
 
 
 def _inputs(request: Recorded) -> dict[str, Any]:
@@ -481,6 +547,9 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
                             for i, p in enumerate(inputs.get("pairs", []))]}
     if task == "contradiction":
         return {"contradicted": []}
+    if task == "eviction":  # asked as data: save_snapshot's arguments
+        zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
+        return {"text": f"Messages {zone} are about the deployment."}
     return None
 
 
@@ -494,9 +563,15 @@ def vector(text: str, dim: int) -> list[float]:
 # ---- writing replies ------------------------------------------------------------------------
 
 
-def _render(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
+def _render(request: Recorded, answer: Answer, provider: ProviderServer) -> dict[str, Any]:
     if request.path.endswith("/embeddings"):
-        return _embeddings(request, answer, answer.dim or dim)
+        return _embeddings(request, answer, answer.dim or provider.dim, provider.per_token)
+    if request.mode == "tools" and answer == Answer(usage=answer.usage, finish=answer.finish):
+        call = _tool_call(request, provider.obeys)
+        answer = replace(
+            answer, data=None, tool_calls=(call,) if call else (),
+            text=None if call else "Sure! Here is a summary of the conversation so far.",
+        )
     data = answer.data
     text = answer.text
     if data is BY_TASK:
@@ -559,17 +634,25 @@ def _anthropic(request: Recorded, answer: Answer, data: Any, text: str | None) -
     }
 
 
-def _embeddings(request: Recorded, answer: Answer, dim: int) -> dict[str, Any]:
+def _embeddings(
+    request: Recorded, answer: Answer, dim: int, per_token: bool = False
+) -> dict[str, Any]:
     texts = request.body.get("input", [])
     if isinstance(texts, str):
         texts = [texts]
     # As OpenAI: base64 of little-endian float32s when asked for, JSON numbers otherwise.
     packed = request.body.get("encoding_format") == "base64"
-    items = [
+    items: list[dict[str, Any]] = [
         {"object": "embedding", "index": i, "embedding": _packed(v) if packed else v}
         for i, text in enumerate(texts)
         for v in [vector(str(text), dim)]
     ]
+    if per_token:
+        items = [
+            {"object": "embedding", "index": i,
+             "embedding": [vector(word, dim) for word in str(text).split() or [""]]}
+            for i, text in enumerate(texts)
+        ]
     prompt = answer.usage[0]
     return {
         "object": "list",

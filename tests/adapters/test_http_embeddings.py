@@ -196,7 +196,7 @@ async def test_other_errors_are_not_taken_for_a_refusal_of_base64(
 @pytest.mark.parametrize(("embedding", "problem"), [
     ("not base64 at all!", "not base64"),
     ("AAAA", "3 bytes, not float32s"),
-    ([[0.0, 1.0]], "non-numeric"),
+    ([[0.0, 1.0], 3], "non-numeric"),
     (["x", "y"], "non-numeric"),
 ])
 async def test_malformed_vectors_are_an_embedding_error(
@@ -222,3 +222,29 @@ async def test_a_reply_without_data_is_retried_within_the_budget(server: Provide
     async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
         with pytest.raises(EmbeddingError, match="no data list"):
             await embedder.embed(["x"])
+
+
+async def test_one_vector_per_token_is_named_with_its_fix() -> None:
+    """A server that answers each text with one vector per token (llama-cpp-python's with a
+    model that does not pool) is an EmbeddingError saying so and how to start it with pooling,
+    not "non-numeric vectors"."""
+    with ProviderServer(dim=8, per_token=True) as server:
+        async with OpenAIEmbedder("e", base_url=server.openai_url, max_retries=0) as embedder:
+            with pytest.raises(EmbeddingError) as caught:
+                await embedder.embed(["deploy the billing service"])
+    message = str(caught.value)
+    assert "4 vectors of dimension 8" in message
+    assert "one per token" in message
+    assert "--pooling mean" in message
+
+
+async def test_a_refusal_without_pooling_says_how_to_start_the_server(
+    server: ProviderServer,
+) -> None:
+    """llama-server started with --pooling none refuses /v1/embeddings (its words, recorded
+    from a real one); the EmbeddingError adds how to start it with pooling."""
+    server.script(Fail(400, "Pooling type 'none' is not OAI compatible. Please use a "
+                            "different pooling type"))
+    async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
+        with pytest.raises(EmbeddingError, match=r"not OAI compatible.*--pooling mean"):
+            await embedder.embed(["a"])

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import anyio
 import pytest
 
 import mnemo
+import mnemo.ports
 from mnemo.adapters.uri import ModelURIError, model_uri
+from tests.adapters.provider_server import ProviderServer, Slow
 
 KEYS = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
 
@@ -144,3 +149,96 @@ def test_an_object_without_a_uri_is_recorded_by_its_class() -> None:
         pass
 
     assert model_uri(Custom()).endswith("Custom")
+
+
+async def test_settings_in_the_uri_reach_the_wire() -> None:
+    """`?temperature=...&max_tokens=...` on an openai-compatible URI is sent with every
+    request; the adapter's name (what a repo records) leaves the settings out."""
+    with ProviderServer() as server:
+        uri = f"openai-compatible:m@{server.openai_url}?temperature=0.7&max_tokens=300"
+        llm = mnemo.llm_from_uri(uri, env={})
+        assert model_uri(llm) == f"openai-compatible:m@{server.openai_url}"
+        assert isinstance(llm, mnemo.OpenAICompatible)
+        async with llm:
+            await llm.generate(
+                mnemo.LLMRequest("state", "Say.", [{"role": "user", "content": "x"}])
+            )
+        server_default = mnemo.llm_from_uri(
+            f"anthropic:c@{server.url}?temperature=server", env={}
+        )
+        assert isinstance(server_default, mnemo.Anthropic)
+        async with server_default:
+            await server_default.generate(
+                mnemo.LLMRequest("state", "Say.", [{"role": "user", "content": "x"}])
+            )
+    first, second = (r.body for r in server.requests)
+    assert (first["temperature"], first["max_tokens"]) == (0.7, 300)
+    assert "temperature" not in second
+
+
+async def test_a_timeout_in_the_uri_bounds_each_request() -> None:
+    """`?timeout=0.2` makes a server slower than that a timeout (one attempt, no retry)."""
+    with ProviderServer() as server:
+        server.script(Slow(5))
+        llm = mnemo.llm_from_uri(f"openai-compatible:m@{server.openai_url}?timeout=0.2", env={})
+        assert isinstance(llm, mnemo.OpenAICompatible)
+        policy = replace(llm.retry_policy, max_calls=1)
+        async with llm:
+            with anyio.fail_after(4), pytest.raises(mnemo.LLMError, match=r"no reply within 0\.2"):
+                await mnemo.ports.ask(
+                    llm, mnemo.LLMRequest("state", "S.", [{"role": "user", "content": "x"}]),
+                    lambda response: response.text, policy=policy,
+                )
+
+
+def test_embedder_uris_take_their_settings() -> None:
+    """An openai embedder URI takes timeout and max_concurrency; a local one takes none."""
+    embedder = mnemo.embedder_from_uri(
+        "openai:nomic@http://127.0.0.1:9/v1?timeout=5&max_concurrency=2", env={}
+    )
+    assert model_uri(embedder) == "openai:nomic@http://127.0.0.1:9/v1"
+    with pytest.raises(ModelURIError, match=r"unknown setting 'timeout'.*none"):
+        mnemo.embedder_from_uri("hash:8?timeout=5", env={})
+
+
+@pytest.mark.parametrize(
+    ("uri", "words"),
+    [
+        ("openai:gpt?temperature=-1", "temperature must be a number >= 0"),
+        ("openai:gpt?temperature=hot", "temperature must be"),
+        ("openai:gpt?timeout=0", "timeout must be a number of seconds > 0"),
+        ("openai:gpt?max_concurrency=0", "max_concurrency must be a whole number >= 1"),
+        ("openai:gpt?max_tokens=1.5", "max_tokens must be a whole number"),
+        ("openai:gpt?concurrency=0", "concurrency must be a whole number >= 1"),
+        ("openai:gpt?top_p=1", "unknown setting 'top_p'"),
+        ("openai:gpt?timeout=1&timeout=2", "given twice"),
+        ("openai:gpt?timeout", "name=value pairs"),
+        ("offline?temperature=1", "unknown setting 'temperature'"),
+        ("openai:gpt?structured=xml", "structured must be one of auto, json_schema"),
+        ("anthropic:c?structured=tool", "unknown setting 'structured'"),
+    ],
+)
+def test_bad_settings_are_one_readable_line(uri: str, words: str) -> None:
+    """A malformed, unknown, repeated or out-of-range setting is a ModelURIError of one line."""
+    with pytest.raises(ModelURIError) as caught:
+        mnemo.llm_from_uri(uri, env=KEYS)
+    assert words in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_structured_mode_can_be_pinned_in_the_uri() -> None:
+    """`?structured=tool` builds an OpenAI-compatible adapter that starts in tool mode (a
+    server known to refuse json_schema is not asked it first)."""
+    llm = mnemo.llm_from_uri("openai-compatible:m@http://127.0.0.1:9/v1?structured=tool", env={})
+    assert isinstance(llm, mnemo.OpenAICompatible)
+    assert llm.structured_mode == "tool"
+
+
+def test_the_concurrency_can_be_pinned_in_the_uri() -> None:
+    """`?concurrency=1` pins the adapter's limit (no adapting to the server) and
+    `max_concurrency` sets its ceiling."""
+    llm = mnemo.llm_from_uri(
+        "openai-compatible:m@http://127.0.0.1:9/v1?concurrency=1&max_concurrency=3", env={}
+    )
+    assert isinstance(llm, mnemo.OpenAICompatible)
+    assert (llm.concurrency.pinned, llm.concurrency.ceiling) == (1, 3)

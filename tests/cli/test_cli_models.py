@@ -65,7 +65,7 @@ def test_flags_beat_environment_beat_file_beat_defaults(tmp_path: Path) -> None:
     env = {"MNEMO_LLM": "openai:gpt-env", "MNEMO_STORE": "env.db"}
     s = resolve(llm="offline", env=env, cwd=tmp_path)
     assert (s.store, s.llm, s.embedder) == ("env.db", "offline", "hash:8")
-    assert s.sources == {
+    assert {key: s.sources[key] for key in ("store", "llm", "embedder")} == {
         "store": "MNEMO_STORE", "llm": "--llm", "embedder": str(tmp_path / "mnemo.toml")
     }
     s = resolve(env={}, cwd=tmp_path)
@@ -165,8 +165,8 @@ def doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str
 def test_doctor_checks_store_model_and_embedder_with_real_calls(
     tmp_path: Path, server: ProviderServer
 ) -> None:
-    """Against the local fake provider, doctor makes one chat and one embedding call and
-    reports the repos, the model's answer and the embedding dimension."""
+    """Against the local fake provider, doctor --quick makes one chat and one embedding call
+    and reports the repos, the model's answer and the embedding dimension."""
     db = tmp_path / "m.db"
 
     async def make() -> None:
@@ -176,7 +176,7 @@ def test_doctor_checks_store_model_and_embedder_with_real_calls(
     anyio.run(make)
     code, report = doctor(
         "--store", str(db), "--llm", f"openai-compatible:chat-m@{server.openai_url}",
-        "--embedder", f"openai:embed-m@{server.openai_url}",
+        "--embedder", f"openai:embed-m@{server.openai_url}", "--quick",
     )
     assert code == 0, report
     checks = {c["check"]: c for c in report["checks"]}

@@ -20,6 +20,7 @@ from mnemo.memoryfiles.prompts import (
     parse_condense,
     parse_persist,
     parse_update,
+    statement_entry,
 )
 from mnemo.ports import LLMResponse, task_inputs
 
@@ -263,3 +264,23 @@ def test_condense_request_and_parser() -> None:
     ):
         with pytest.raises(ValueError, match=problem):
             parse_condense(LLMResponse(data=data), max_chars=50)
+
+
+STATEMENT = "The blog runs on port 8000 behind nginx."
+
+
+@pytest.mark.parametrize(
+    ("entry", "kept"),
+    [
+        ("The blog runs on port 8000 behind nginx.", True),
+        ("The blog is served on port 8000 behind the nginx proxy.", True),
+        ("The blog runs on port 8080 behind nginx.", False),  # a number changed
+        ("The database is PostgreSQL 16.", False),  # another statement
+        ("The blog runs on port 8000 behind nginx; the user also likes cats, dogs, "
+         "birds, fish and horses.", False),  # invented additions
+    ],
+)
+def test_statement_entry_keeps_numbers_and_content(entry: str, kept: bool) -> None:
+    """An entry must keep every number and nearly every content word of the statement and add
+    little; otherwise the statement itself is filed."""
+    assert statement_entry(entry, STATEMENT) == (entry if kept else STATEMENT)

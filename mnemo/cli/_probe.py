@@ -1,0 +1,276 @@
+"""What `mnemo doctor` measures of an LLM's server, with a few small real calls.
+
+- latency: one free-text call (the `"state"` task about one line);
+- structured modes: one small structured task (`"reward"`) in each form the adapter knows
+  (`json_schema`, `tool`, `json` for an OpenAI-compatible server; the forced tool for
+  Anthropic), each through its own adapter built from the URI with `structured=`;
+- requests at once: 1, then 2, then 4 copies of one short request sent together (after an
+  unmeasured batch of 4 that opens the connections); a server that serves n at once answers
+  k <= n of them in about the time of one, so the estimate is the best `k * one / wall(k)`,
+  rounded, at most k;
+- the tasks: annotation's `state`, `subgoal` and `reward` and extraction's `semantic` and
+  `procedural`, each asked once with a one-step input through the adapter as mnemo asks it;
+  each reports the tokens its reply used against its `max_tokens` (a reply that reached the
+  cap was cut, and mnemo would re-ask it).
+
+Each call runs under `CALL_SECONDS`: a slow server is a finding, not a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from mnemo.adapters._schema import reply_cap
+from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.limit import Limit
+from mnemo.adapters.openai import OpenAICompatible
+from mnemo.adapters.uri import llm_from_uri, with_settings
+from mnemo.cli._database import CliError
+from mnemo.episode.prompts import reward_request, state_request, subgoal_request
+from mnemo.errors import MnemoError, first_error
+from mnemo.extraction.prompts import procedural_request, semantic_request
+from mnemo.ports import LLM, LLMRequest
+
+# Each real call (or batch sent at once) gets this long.
+CALL_SECONDS = 60.0
+PROBE = "The agent ran `nginx -t` and the configuration test passed."
+GOAL = "Check the web server's configuration."
+AT_ONCE = (1, 2, 4)
+# A copy of the parallel probe: short, so that the wait is the server's queue, not the reply.
+_PARALLEL_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check: what was checked, whether it passed, what was found, how long it took."""
+
+    check: str
+    ok: bool
+    detail: str
+    seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFit:
+    """One task asked once: the tokens its reply used against its cap (None: not reported)."""
+
+    task: str
+    ok: bool
+    max_tokens: int
+    output_tokens: int | None
+    detail: str
+    seconds: float
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the reply stayed under its cap (None: the server reported no usage)."""
+        if self.output_tokens is None:
+            return None
+        return self.output_tokens < self.max_tokens
+
+    def as_json(self) -> dict[str, Any]:
+        return {"task": self.task, "ok": self.ok, "max_tokens": self.max_tokens,
+                "output_tokens": self.output_tokens, "fits": self.fits, "detail": self.detail,
+                "seconds": round(self.seconds, 3)}
+
+
+@dataclass(slots=True)
+class ServerReport:
+    """What the probe measured of one LLM's server (see the module doc)."""
+
+    modes: list[Finding] = field(default_factory=list)
+    at_once: dict[int, float] = field(default_factory=dict)
+    at_once_error: str | None = None
+    served_at_once: int | None = None
+    concurrency: int | None = None
+    tasks: list[TaskFit] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether mnemo can work with this server: a structured mode works and every task
+        was answered (a reply cut at its cap is a warning, not a failure)."""
+        return any(m.ok for m in self.modes) and all(t.ok for t in self.tasks)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "structured_modes": [m.as_json() for m in self.modes],
+            "at_once_seconds": {str(n): round(s, 3) for n, s in self.at_once.items()},
+            "at_once_error": self.at_once_error,
+            "served_at_once": self.served_at_once,
+            "concurrency": self.concurrency,
+            "tasks": [t.as_json() for t in self.tasks],
+        }
+
+
+async def timed(check: str, work: Callable[[], Awaitable[str]]) -> Finding:
+    """Runs `work` under `CALL_SECONDS`; its problem, if any, becomes the finding's detail."""
+    start = time.monotonic()
+    try:
+        with anyio.fail_after(CALL_SECONDS):
+            detail = await work()
+    except TimeoutError:
+        return Finding(check, False, f"no answer within {CALL_SECONDS:.0f} s",
+                       time.monotonic() - start)
+    except (MnemoError, CliError, OSError) as exc:
+        return Finding(check, False, one_line(exc), time.monotonic() - start)
+    return Finding(check, True, detail, time.monotonic() - start)
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+async def close(model: object) -> None:
+    aclose = getattr(model, "aclose", None)
+    if aclose is not None:
+        with anyio.move_on_after(2, shield=True):
+            await aclose()
+
+
+def state_probe() -> LLMRequest:
+    return state_request(goal=GOAL, observation=PROBE, action="nginx -t", previous_state=None)
+
+
+async def probe_server(uri: str, llm: LLM) -> ServerReport:
+    """Measures the server of `llm`, built from `uri` (see the module doc)."""
+    report = ServerReport()
+    report.modes = await _modes(uri, llm)
+    await _at_once(uri, report)
+    report.concurrency = planned_concurrency(llm, report.served_at_once)
+    for request in _task_requests():
+        report.tasks.append(await _fit(llm, request))
+    return report
+
+
+# ---- the concurrency mnemo will use ---------------------------------------------------------
+
+
+def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
+    """THE CONCURRENCY MNEMO WILL USE with `llm`: how many requests it keeps in flight.
+
+    The one place `mnemo doctor` asks it: the adapter's pinned `concurrency` when it has one;
+    otherwise the parallel probe's estimate of what the server serves at once (1 when there
+    is none), which the adapter's adaptive limit (`mnemo.adapters.limit.Limit`) converges to,
+    at most its `max_concurrency` ceiling.
+    """
+    limit = getattr(llm, "concurrency", None)
+    if isinstance(limit, Limit) and limit.pinned is not None:
+        return limit.pinned
+    estimate = served_at_once or 1
+    return min(estimate, limit.ceiling) if isinstance(limit, Limit) else estimate
+
+
+# ---- the measurements ----------------------------------------------------------------------
+
+
+def _mode_names(llm: LLM) -> tuple[str, ...]:
+    if isinstance(llm, OpenAICompatible):
+        return ("json_schema", "tool", "json")
+    if isinstance(llm, Anthropic):
+        return ("tool",)
+    return ()
+
+
+async def _modes(uri: str, llm: LLM) -> list[Finding]:
+    findings = []
+    request = reward_request(
+        goal=GOAL, subgoal="check the configuration", observation=PROBE, action="nginx -t",
+        next_observation=None,
+    )
+    for mode in _mode_names(llm):
+        model = llm if isinstance(llm, Anthropic) else llm_from_uri(
+            with_settings(uri, structured=mode)
+        )
+
+        async def ask(model: LLM = model) -> str:
+            reply = await model.generate(request)
+            return f"answered {reply.data!r}"
+
+        try:
+            findings.append(await timed(mode, ask))
+        finally:
+            if model is not llm:
+                await close(model)
+    return findings
+
+
+async def _at_once(uri: str, report: ServerReport) -> None:
+    """Sends 1, 2 and 4 copies of one short request together; records each batch's wall time
+    and the estimate of how many the server serves at once."""
+    # An adapter of its own, pinned so that every copy goes out at once (an adapting limit
+    # would start at 2 and measure itself).
+    model = llm_from_uri(
+        with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE))
+    )
+    base = state_probe()
+    request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
+    try:
+        # An unmeasured batch first opens every connection (a TLS handshake to a hosted API
+        # costs about a reply's time) and warms the server's prompt cache.
+        for n in (max(AT_ONCE), *AT_ONCE):
+            start = time.monotonic()
+            with anyio.fail_after(CALL_SECONDS), first_error():
+                async with anyio.create_task_group() as tg:
+                    for _ in range(n):
+                        tg.start_soon(model.generate, request)
+            report.at_once[n] = time.monotonic() - start
+    except TimeoutError:
+        report.at_once_error = f"a batch took longer than {CALL_SECONDS:.0f} s"
+    except MnemoError as exc:
+        report.at_once_error = one_line(exc)
+    finally:
+        await close(model)
+    report.served_at_once = served_at_once(report.at_once)
+
+
+def served_at_once(walls: dict[int, float]) -> int | None:
+    """How many requests the server answers at once, from the wall time of batches of n:
+    the best `n * wall(1) / wall(n)`, rounded and at most n (None without wall(1))."""
+    one = walls.get(1)
+    if not one:
+        return None
+    best = 1
+    for n, wall in walls.items():
+        if wall > 0:
+            best = max(best, min(n, round(n * one / wall)))
+    return best
+
+
+def _task_requests() -> list[LLMRequest]:
+    step = {"index": 0, "observation": PROBE, "action": "nginx -t"}
+    subgoal = "check the configuration"
+    return [
+        state_probe(),
+        subgoal_request(goal=GOAL, observation=PROBE, action="nginx -t",
+                        previous_subgoal=None, recent_steps=[]),
+        reward_request(goal=GOAL, subgoal=subgoal, observation=PROBE, action="nginx -t",
+                       next_observation=None),
+        semantic_request(goal=GOAL, subgoal=subgoal, steps=[step]),
+        procedural_request(goal=GOAL, subgoal=subgoal, steps=[step]),
+    ]
+
+
+async def _fit(llm: LLM, request: LLMRequest) -> TaskFit:
+    cap = reply_cap(request.max_tokens, getattr(llm, "max_tokens", request.max_tokens or 0))
+    start = time.monotonic()
+    try:
+        with anyio.fail_after(CALL_SECONDS):
+            reply = await llm.generate(request)
+    except TimeoutError:
+        return TaskFit(request.task, False, cap, None,
+                       f"no answer within {CALL_SECONDS:.0f} s", time.monotonic() - start)
+    except MnemoError as exc:
+        return TaskFit(request.task, False, cap, None, one_line(exc), time.monotonic() - start)
+    # Summed over the re-asks of an unusable reply, if there were any.
+    used = reply.usage.output_tokens if reply.usage is not None else None
+    return TaskFit(request.task, True, cap, used, "answered", time.monotonic() - start)

@@ -1,0 +1,125 @@
+"""Eviction against real HTTP servers that differ in which `tool_choice` they obey: the
+snapshot comes through the tools whatever the server, and the rounds share one deadline."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo.adapters.anthropic import Anthropic
+from mnemo.adapters.openai import OpenAICompatible
+from tests.adapters.provider_server import ProviderServer
+from tests.conversation._support import user
+from tests.fakes import FakeEmbedder
+
+HISTORY = [user(f"step {i}: deploy the billing service to the staging cluster") for i in range(12)]
+NAMED = frozenset({"named"})  # llama-cpp-python's server
+REQUIRED = frozenset({"required"})  # llama.cpp's own server
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[ProviderServer]:
+    obeys, latency = getattr(request, "param", (frozenset({"named", "required"}), 0.0))
+    with ProviderServer(obeys=obeys, latency=latency) as s:
+        yield s
+
+
+def _openai(server: ProviderServer) -> OpenAICompatible:
+    return OpenAICompatible("m", base_url=server.openai_url, api_key="k", max_retries=0)
+
+
+async def _evict(store: str, llm: mnemo.LLM, seconds: float = 30.0) -> mnemo.EvictionResult:
+    config = mnemo.Config(extraction_timeout=seconds)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.conversation().save("t", HISTORY)
+        with anyio.fail_after(30):
+            return await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+
+
+@pytest.mark.parametrize("server", [(NAMED, 0.0)], indirect=True)
+async def test_a_server_obeying_only_a_named_tool_saves_the_snapshot_at_once(
+    store: str, server: ProviderServer
+) -> None:
+    """A server that answers tools in prose unless one is forced by name (llama-cpp-python's)
+    gets `save_snapshot` forced, and its one reply is the snapshot."""
+    result = await _evict(store, _openai(server))
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("Messages 0-")
+    assert len(server.requests) == 1
+    assert server.requests[0].body["tool_choice"] == {
+        "type": "function", "function": {"name": "save_snapshot"}
+    }
+
+
+@pytest.mark.parametrize("server", [(REQUIRED, 0.0)], indirect=True)
+async def test_a_server_obeying_only_required_gets_asked_in_that_form(
+    store: str, server: ProviderServer
+) -> None:
+    """A server that ignores a named tool but obeys "required" (llama.cpp's own) answers the
+    first round in prose; the second round asks with "required" and saves the snapshot."""
+    result = await _evict(store, _openai(server))
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("Messages 0-")
+    assert [r.body.get("tool_choice") for r in server.requests][1] == "required"
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("server", [(frozenset(), 0.0)], indirect=True)
+async def test_a_server_ignoring_tools_in_every_form_is_asked_for_data(
+    store: str, server: ProviderServer
+) -> None:
+    """A server that answers tools in prose however they are forced (llama.cpp's own with a
+    model whose chat template has no tools) is asked the third time for save_snapshot's
+    arguments as structured output, and that is the snapshot."""
+    result = await _evict(store, _openai(server))
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("Messages 0-")
+    assert len(server.requests) == 3
+    third = server.requests[2].body
+    assert "tools" not in third
+    assert third["response_format"]["json_schema"]["name"] == "eviction"
+
+
+async def test_anthropic_forces_the_snapshot_tool(store: str, server: ProviderServer) -> None:
+    """The Anthropic adapter sends the forced tool in its API's form and gets the snapshot."""
+    llm = Anthropic("claude", base_url=server.url, api_key="k", max_retries=0)
+    result = await _evict(store, llm)
+    assert result.error is None
+    assert result.snapshot is not None
+    assert result.snapshot.text.startswith("Messages 0-")
+    assert server.requests[0].body["tool_choice"] == {"type": "tool", "name": "save_snapshot"}
+
+
+async def test_with_open_goals_the_second_round_requires_a_tool(
+    store: str, server: ProviderServer
+) -> None:
+    """With a goal open, the round after the snapshot asks for any tool ("required") and the
+    eviction ends at `everything_ok`."""
+    llm = _openai(server)
+    config = mnemo.Config(extraction_timeout=30)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.conversation().save("t", HISTORY)
+        await mem.add_goal("t", "ship the billing service")
+        with anyio.fail_after(30):
+            result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert result.error is None
+    assert [c.name for c in result.tool_calls] == ["save_snapshot", "everything_ok"]
+    assert [r.body.get("tool_choice") for r in server.requests][1] == "required"
+
+
+@pytest.mark.parametrize("server", [(frozenset(), 0.2)], indirect=True)
+async def test_the_rounds_share_one_deadline(store: str, server: ProviderServer) -> None:
+    """Against a server that answers every round in prose, the rounds together stop at the
+    model timeout (three rounds of 0.2 s pass 0.5 s): the zone gets the note snapshot and the
+    error says the model timed out."""
+    result = await _evict(store, _openai(server), seconds=0.5)
+    assert "timed out after 0.5 s" in (result.error or "")
+    assert result.snapshot is not None
+    assert "search_messages" in result.snapshot.text
+    assert result.boundary_after > result.boundary_before

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mnemo.errors import InvalidInputError
@@ -248,3 +248,18 @@ class Config:
 def _whole(value: object, least: int) -> bool:
     """`value` is an integer (not a bool) of at least `least`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+# The timeouts of work (an append's annotation, an extraction): raised, never lowered, by a
+# later Memory or `open_repo` that gives longer ones (`with_longer_timeouts`).
+TIMEOUTS = ("append_timeout", "extraction_timeout")
+
+
+def with_longer_timeouts(config: Config, *others: Config) -> Config:
+    """`config` with each of its `TIMEOUTS` the longest of its own and `others`': a slow
+    server's work given more time on reopening (a Memory's config, a repo's) gets it, also
+    for a session or a repo recorded with less."""
+    longer = {name: max(getattr(c, name) for c in (config, *others)) for name in TIMEOUTS}
+    if all(longer[name] == getattr(config, name) for name in TIMEOUTS):
+        return config
+    return replace(config, **longer)

@@ -50,6 +50,19 @@ class Deadline:
         if self._paused == 0:
             self.scope.deadline = anyio.current_time() + self._left
 
+    def left(self) -> float:
+        """Seconds left, not counting waits."""
+        if self._paused:
+            return self._left
+        return self.scope.deadline - anyio.current_time()
+
+
+def remaining() -> float | None:
+    """Seconds left before the nearest deadline open in this context (`fail_after`), not
+    counting waits; None outside any."""
+    left = [clock.left() for clock in _OPEN.get() if isinstance(clock, Deadline)]
+    return min(left) if left else None
+
 
 @contextmanager
 def registered(clock: Pausable) -> Iterator[None]:

@@ -109,6 +109,7 @@ class Memory(GraphMethods, ConversationMethods):
             llm_for=repos.llm_for,
             learn_repo=repos.learn,
             lease_timeout=self._config.lease_timeout,
+            last_answer=repos.usage.last_answer,
         )
         self._reads = GraphReads(
             self._graph, known=repos.known, max_chars=repos.max_chars,

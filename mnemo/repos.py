@@ -17,7 +17,7 @@ from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels
 from mnemo.adapters.uri import model_uri
-from mnemo.config import Config
+from mnemo.config import Config, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.inputs import check_id, check_name
 from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, check_models, detect_dim, model_name
@@ -50,6 +50,7 @@ class Repos:
             self.llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
         )
         self._runtimes: dict[str, Runtime] = {}
+        self._recorded: dict[str, Config] = {}  # each repo's config as the store holds it
         self._dims: dict[str, int] = {}
         self._limiters: dict[tuple[int, int], tuple[LLM, anyio.CapacityLimiter]] = {}
         self.usage = UsageBook()
@@ -82,7 +83,11 @@ class Repos:
             if row.name in self._runtimes:
                 continue
             llm, embedder = self._models.load(row.name, row.llm, row.embedder, row.dim)
-            self._runtimes[row.name] = Runtime(llm, embedder, row.config, row.dim)
+            # The Memory's longer timeouts hold for its work on a repo recorded with less (the
+            # record keeps its own).
+            self._recorded[row.name] = row.config
+            config = with_longer_timeouts(row.config, self.config)
+            self._runtimes[row.name] = Runtime(llm, embedder, config, row.dim)
             self._dims[row.name] = row.dim
         self.adopt(*self._models.built())
 
@@ -121,7 +126,8 @@ class Repos:
                 f"embedder {model_uri(chosen_embedder)} makes dimension "
                 f"{chosen_embedder.dim}"
             )
-        chosen_config = config or (known.config if known else self.config)
+        recorded = self._recorded.get(name)
+        chosen_config = config or recorded or (known.config if known else self.config)
         # The models are recorded as URIs (never a key) for a Memory opened without them.
         row = RepoRow(
             name, chosen_config, chosen_embedder.dim, model_uri(chosen_embedder),
@@ -129,9 +135,12 @@ class Repos:
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
         if save is not None and (
-            known is None or chosen_config != known.config or models_changed
+            known is None or chosen_config != recorded or models_changed
         ):
             await save(row)
+            self._recorded[name] = chosen_config
+        if config is None:
+            chosen_config = with_longer_timeouts(chosen_config, self.config)
         if known is None:
             self._runtimes[name] = Runtime(
                 chosen_llm, chosen_embedder, chosen_config, chosen_embedder.dim

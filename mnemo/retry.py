@@ -17,7 +17,10 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | --- | --- | --- |
 | `max_calls` | 3 | the last failure is raised: HTTP status, or validation problem |
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised (API.md: "re-ask once") |
-| `max_seconds` | 120 | no call starts and no wait begins that would end past it |
+| `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
+
+(*) Unset, a task may take as long as the work it serves has left (an extraction's, an
+append's deadline: `mnemo.deadline.fail_after`) when that is longer than 120 s.
 
 The seconds do not run while a call waits for its turn inside mnemo (a concurrency slot, a
 rate limit: `mnemo.deadline.waiting`).
@@ -45,9 +48,13 @@ from typing import Literal, Protocol
 
 import anyio
 
+from mnemo import deadline
 from mnemo.deadline import registered
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_count
+
+# A task's seconds when its policy sets none and the work it serves has no longer deadline.
+DEFAULT_SECONDS = 120.0
 
 
 class Clock(Protocol):
@@ -109,7 +116,9 @@ class RetryPolicy:
     """
 
     max_calls: int = 3
-    max_seconds: float = 120.0
+    # None: `DEFAULT_SECONDS`, or longer when the work the task serves (an extraction, an
+    # append: `mnemo.deadline.fail_after`) has longer left.
+    max_seconds: float | None = None
     backoff: Backoff = field(default_factory=Backoff)
     clock: Clock = field(default_factory=SystemClock, compare=False)
     max_re_asks: int = 1
@@ -117,8 +126,12 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         check_count("max_calls", self.max_calls, minimum=1)
         check_count("max_re_asks", self.max_re_asks, minimum=0)
-        if not (isinstance(self.max_seconds, int | float) and self.max_seconds > 0):
-            raise InvalidInputError(f"max_seconds must be positive, got {self.max_seconds!r}")
+        if self.max_seconds is not None and not (
+            isinstance(self.max_seconds, int | float) and self.max_seconds > 0
+        ):
+            raise InvalidInputError(
+                f"max_seconds must be positive or None, got {self.max_seconds!r}"
+            )
 
 
 def policy_from(
@@ -180,7 +193,11 @@ class Budget:
             self.started += self.policy.clock.now() - self._paused_at
 
     def seconds_left(self) -> float:
-        return self.policy.max_seconds - (self.policy.clock.now() - self.started)
+        if self.policy.max_seconds is not None:
+            return self.policy.max_seconds - (self.policy.clock.now() - self.started)
+        own = DEFAULT_SECONDS - (self.policy.clock.now() - self.started)
+        work = deadline.remaining()
+        return own if work is None else max(own, work)
 
     def can_call(self) -> bool:
         """Whether one more call is within the budget (calls and seconds)."""
@@ -222,10 +239,14 @@ class Budget:
     def describe(self) -> str:
         """The budget in words, for error messages."""
         used = self.policy.clock.now() - self.started
+        total = self.policy.max_seconds
+        if total is None:
+            work = deadline.remaining()
+            total = DEFAULT_SECONDS if work is None else max(DEFAULT_SECONDS, used + work)
         return (
             f"{self.calls} of {self.policy.max_calls} calls ({self.re_asks} of "
             f"{self.policy.max_re_asks} re-asks), {used:.1f} of "
-            f"{self.policy.max_seconds:g} s of the task's retry budget"
+            f"{total:g} s of the task's retry budget"
         )
 
 

@@ -55,6 +55,9 @@ logger = logging.getLogger("mnemo.adapters")
 # Statuses worth another attempt: the server timed out, hit a conflict, rate-limited us, or
 # failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
 RETRY_STATUSES = frozenset({408, 409, 429})
+# One attempt's seconds when the adapter sets none and the work it serves has no longer
+# deadline.
+DEFAULT_TIMEOUT = 60.0
 # A reply's (input, output) tokens, each None when the server did not say.
 Tokens = tuple[int | None, int | None]
 # Statuses that say the server has more than it can take: the concurrency limit drops.
@@ -274,7 +277,7 @@ class Transport:
         error: type[AdapterError],
         timeout_error: type[AdapterError] | None = None,
         headers: Mapping[str, str] | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
@@ -291,6 +294,7 @@ class Transport:
         self.name = name
         self._error = error
         self._timeout_error = timeout_error or error
+        # None: `DEFAULT_TIMEOUT`, or what the work's deadline has left when longer.
         self._timeout = timeout
         self.retry_policy = policy_from(
             retry, max_retries=max_retries, backoff=backoff, clock=clock
@@ -316,6 +320,15 @@ class Transport:
             ),
             transport=transport,
         )
+
+    def attempt_timeout(self) -> float:
+        """The seconds one attempt may take: the adapter's `timeout`, or when it set none
+        `DEFAULT_TIMEOUT`, longer when the work it serves has longer left (a slow server's
+        extraction given 900 s does not have each request cut at 60)."""
+        if self._timeout is not None:
+            return self._timeout
+        work = deadline.remaining()
+        return DEFAULT_TIMEOUT if work is None else max(DEFAULT_TIMEOUT, work)
 
     @property
     def in_flight(self) -> int:
@@ -409,11 +422,12 @@ class Transport:
         malformed: Callable[[Mapping[str, Any]], str | None] | None,
         kind: str,
     ) -> dict[str, Any]:
-        async with self.limit.slot(kind, self._timeout) as ticket:
+        allowed = self.attempt_timeout()
+        async with self.limit.slot(kind, allowed) as ticket:
             with deadline.waiting():
                 await self._gate.acquire(estimate)
             # Cut to the budget's seconds only now: the waits above did not spend them.
-            seconds = min(self._timeout, budget.seconds_left())
+            seconds = min(allowed, budget.seconds_left())
             try:
                 with anyio.fail_after(seconds):
                     response = await self._client.post(
@@ -496,14 +510,16 @@ class Transport:
 
 
 def _check_limits(
-    timeout: float,
+    timeout: float | None,
     requests_per_minute: float | None,
     tokens_per_minute: float | None,
     max_concurrency: int,
     concurrency: int | None,
 ) -> None:
-    if not timeout > 0:
-        raise InvalidInputError(f"timeout must be positive, got {timeout!r}")
+    if timeout is not None and not (
+        isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0
+    ):
+        raise InvalidInputError(f"timeout must be positive or None, got {timeout!r}")
     for label, value in (
         ("requests_per_minute", requests_per_minute),
         ("tokens_per_minute", tokens_per_minute),

@@ -70,7 +70,7 @@ class Anthropic:
         api_key: str | None = None,
         base_url: str = ANTHROPIC_BASE_URL,
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,

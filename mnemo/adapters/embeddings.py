@@ -77,7 +77,7 @@ class OpenAIEmbedder:
         api_key: str | None = None,
         dim: int | None = None,
         batch_size: int = 128,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,

@@ -90,8 +90,11 @@ class OpenAICompatible:
     `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature=None`
     leaves it to the server (small local models loop at 0; their servers' defaults are
     sampled). `max_tokens` is the most tokens any reply may use: the cap on each request's own
-    `max_tokens`, and the value sent when a request has none. Robustness (`timeout`,
-    `requests_per_minute`, `tokens_per_minute`, `max_concurrency`) is `Transport`'s. `retry` is
+    `max_tokens`, and the value sent when a request has none. `timeout` is the seconds one
+    request may take (None: 60, or longer when the work it serves, an extraction given more,
+    has longer left); `max_concurrency` the most requests in flight, below which their number
+    adapts to the server unless `concurrency` pins it. Robustness (`timeout`,
+    `requests_per_minute`, `tokens_per_minute`, the concurrency) is `Transport`'s. `retry` is
     the retry policy, the budget of calls and seconds each task may spend (`mnemo.retry`;
     `retry_policy` holds it): `max_retries` (calls after the first), `backoff` and `clock` are
     shorthands for its parts.
@@ -108,7 +111,7 @@ class OpenAICompatible:
         *,
         base_url: str = OPENAI_BASE_URL,
         api_key: str | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         max_retries: int | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from mnemo.config import Config
+from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode.model import EpisodeRecord
 from mnemo.errors import EmbeddingError
 from mnemo.extraction.memo import TaskMemo
@@ -145,9 +145,12 @@ class SessionRecord:
         """The session's llm and embedder: its own overrides, else its repo's (read late, so a
         restored session picks up what `open_repo` gives its repo)."""
         base = self.repo_runtime
+        # A session recorded with shorter timeouts than its repo now runs with gets the
+        # repo's: a slow server's work given more time on reopening has it.
+        config = with_longer_timeouts(self.config, base.config)
         if self.override is None:
-            return Runtime(base.llm, base.embedder, self.config, base.dim)
-        return Runtime(self.override.llm, self.override.embedder, self.config, base.dim)
+            return Runtime(base.llm, base.embedder, config, base.dim)
+        return Runtime(self.override.llm, self.override.embedder, config, base.dim)
 
     @property
     def busy(self) -> bool:

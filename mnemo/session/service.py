@@ -69,7 +69,11 @@ class SessionService:
         llm_for: Callable[[Runtime, str, str | None], LLM],
         learn_repo: Callable[[str], Awaitable[None]] | None = None,
         lease_timeout: float = 30.0,
+        last_answer: Callable[[str], float | None] | None = None,
     ) -> None:
+        # When a model call of a session last ended here: an extraction still being answered
+        # is waited for past its deadline's length (its calls may queue for a slow server).
+        self._last_answer = last_answer
         self._live = Sessions(
             store=store, coordination=coordination, graph=graph, events=events,
             repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
@@ -278,25 +282,32 @@ class SessionService:
     ) -> CommitReceipt:
         """Closes, waits for the extraction and commits; retries a failed extraction.
 
-        Each wait lasts as long as the session's `extraction_timeout` allows (plus a grace, so
-        that the extraction's own timeout reports first; twice that in auto-commit, whose
-        close may first wait for another Memory's commit), or `max_polls * poll_interval`
-        seconds when `max_polls` is given (it is woken by the state change, it does not poll).
+        Each wait lasts as long as the `extraction_timeout` the session's extraction runs
+        with allows (plus a grace, so that the extraction's own timeout reports first; twice
+        that in auto-commit, whose close may first wait for another Memory's commit), and
+        again while its model calls keep being answered (calls queued for a slow server do
+        not count against the extraction's time), or `max_polls * poll_interval` seconds when
+        `max_polls` is given (it is woken by the state change, it does not poll).
 
         Raises:
-            PipelineError: "extraction_failed" after `max_retries` failed retries, or
+            PipelineError: "extraction_failed" after `max_retries` failed retries (the
+                message counts the extractions this call ran and names what failed), or
                 "extraction_timeout" when an extraction outlasts the wait.
         """
         session = await self._live.fetch(session_id, fresh=True)
+        runs = 0  # extractions this call started
         if session.state in (S.COLLECTING, S.IDLE):
             transitions.refuse_close(session)
             await transitions.close(self._live, session)
+            runs = 1
+        elif session.state is S.EXTRACTING:
+            runs = 1
         retries = 0
         if max_polls is None:
             # An auto-commit close may first wait as long for its own background commits
             # and another Memory's commit of the same steps (`claims.settle`).
             phases = 2 if session.config.auto_commit else 1
-            wait = session.config.extraction_timeout * 1.1 * phases + 1.0
+            wait = session.runtime.config.extraction_timeout * 1.1 * phases + 1.0
         else:
             wait = max(max_polls, 1) * max(poll_interval, 0.0)
         while True:
@@ -304,6 +315,8 @@ class SessionService:
                 while session.state is S.EXTRACTING and not session.ended:
                     await self._live.wait_moved(session)
             if scope.cancelled_caught:
+                if max_polls is None and self._answered_within(session_id, wait):
+                    continue  # still being answered: its calls queued, they did not hang
                 raise PipelineError("extraction_timeout", f"{session_id} still extracting")
             if session.ended:
                 raise NotFoundError("session", session_id)
@@ -316,14 +329,22 @@ class SessionService:
                 return session.last_receipt
             if state is S.FAILED and retries < max_retries:
                 retries += 1
+                runs += 1
                 await self.commit(session_id)
                 continue
             if state is S.FAILED:
+                times = "once" if runs == 1 else f"{runs} times"
                 raise PipelineError(
                     failure_reason(session.failure or Exception()),
-                    f"{session_id} failed {retries + 1} times: {session.failure!r}",
+                    f"{session_id}: the extraction failed {times} in this call, last: "
+                    f"{session.failure}",
                 ) from session.failure
             raise SessionError("not_ready", state=state, session_id=session_id)
+
+    def _answered_within(self, session_id: str, seconds: float) -> bool:
+        """Whether a model call of the session ended here in the last `seconds`."""
+        last = self._last_answer(session_id) if self._last_answer is not None else None
+        return last is not None and anyio.current_time() - last < seconds
 
     # ---- the async calls ------------------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""A session's work with a slow model: the time its calls wait for their turn is not held
+against it, a timeout raised on reopening applies to the retry, and a failure says what
+failed, counting only this call's extractions; on each backend."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import mnemo
+from mnemo import deadline
+from mnemo.adapters._http import DEFAULT_TIMEOUT, Transport
+from mnemo.errors import LLMError
+from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
+
+
+class Timed(FakeLLM):
+    """A FakeLLM whose calls take `seconds` (a slow server) and record the time the work
+    they serve has left (`deadline.remaining()`)."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.left: list[float | None] = []
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        self.left.append(deadline.remaining())
+        await anyio.sleep(self.seconds)
+        return await super().generate(request)
+
+
+async def _failed_session(store: str) -> str:
+    """A session whose extraction failed (its semantic task), in a Memory now closed."""
+    llm = FakeLLM()
+    llm.fail_tasks.add("semantic")
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=mnemo.Config(extraction_timeout=60.0))
+        sid = await mem.start_session("explore", repo=REPO)
+        await mem.append(sid, "walk north", "go north")
+        with pytest.raises(mnemo.PipelineError):
+            await mem.close_and_commit(sid, max_retries=0)
+    return sid
+
+
+async def test_a_timeout_raised_on_reopening_applies_to_the_retry(store: str) -> None:
+    """A session recorded with extraction_timeout 60 s, failed, retried in a Memory that
+    opens its repo with 900 s: the retry's calls run with 900 s left to them (they ran with
+    60, which cut a slow server's replies)."""
+    sid = await _failed_session(store)
+    llm = Timed()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=mnemo.Config(extraction_timeout=900.0))
+        await mem.close_and_commit(sid)
+    left = [s for s in llm.left if s is not None]
+    assert left
+    assert min(left) > 60.0
+
+
+async def test_a_memorys_longer_timeout_holds_for_a_repo_recorded_with_less(store: str) -> None:
+    """`Memory(config=Config(extraction_timeout=900))` on a repo recorded with 60 s: its work
+    there has 900 s (the CLI's --extraction-timeout), and the repo's record keeps 60."""
+    sid = await _failed_session(store)
+    llm = Timed()
+    config = mnemo.Config(extraction_timeout=900.0)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.open_repo(REPO)
+        await mem.close_and_commit(sid)
+    assert min(s for s in llm.left if s is not None) > 60.0
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        assert (await mem.repo_config(REPO)).extraction_timeout == 60.0
+
+
+async def test_a_failure_counts_this_calls_extractions_and_names_the_task(store: str) -> None:
+    """A session that failed before, retried once here and failing again: the error counts
+    the extractions this call ran (2: it said 3, counting the one before) and names the
+    task that failed."""
+    sid = await _failed_session(store)
+    llm = FakeLLM()
+    llm.fail_tasks.add("semantic")
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        with pytest.raises(mnemo.PipelineError, match="failed 2 times in this call") as caught:
+            await mem.close_and_commit(sid, max_retries=2)
+    assert "'semantic'" in str(caught.value)
+    assert isinstance(caught.value.__cause__, LLMError)
+
+
+def test_an_attempt_may_take_what_the_work_has_left() -> None:
+    """An adapter given no timeout lets one attempt take 60 s, or what the work it serves has
+    left when longer; a timeout given is a hard cap."""
+
+    async def main() -> None:
+        free = Transport("http://x", name="x", error=LLMError)
+        capped = Transport("http://x", name="x", error=LLMError, timeout=5.0)
+        assert free.attempt_timeout() == DEFAULT_TIMEOUT
+        with deadline.fail_after(900.0):
+            assert free.attempt_timeout() == pytest.approx(900.0, abs=5)
+            assert capped.attempt_timeout() == 5.0
+        with deadline.fail_after(10.0):
+            assert free.attempt_timeout() == DEFAULT_TIMEOUT
+        await free.aclose()
+        await capped.aclose()
+
+    anyio.run(main)
+
+
+@pytest.mark.slow
+async def test_close_and_commit_waits_while_the_queued_calls_are_answered(store: str) -> None:
+    """Three trajectories' six calls through one slot of a model taking 0.7 s each: 4.2 s of
+    wall time, twice the 2.1 s close_and_commit waits for an extraction_timeout of 1 s; it
+    keeps waiting while calls are answered, and every trajectory's own deadline counts only
+    its calls' work, not their wait for the slot."""
+    llm = Timed(0.7)
+    config = mnemo.Config(extraction_timeout=1.0, llm_concurrency=1)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore the house", repo=REPO)
+        llm.seconds = 0.0
+        for observation, action in [("walk north", "go north"), ("open door", "push door"),
+                                    ("climb stairs", "go up")]:
+            await mem.append(sid, observation, action)
+        llm.seconds = 0.7
+        receipt = await mem.close_and_commit(sid, max_retries=0)
+        facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    assert receipt.node_ids
+    assert len(facts) == 3

@@ -138,6 +138,11 @@ class Config:
     # that close, a commit asks nothing. Pairs that contradict measured 0.68-0.97 with the
     # default embedder, unrelated facts of one person or topic 0.16-0.48.
     contradiction_similarity: float = 0.6
+    # An extraction task that fails for good (its model's replies stay unusable, it times
+    # out): False fails the extraction (the session goes to `failed`, an ingest stores
+    # nothing); True commits every step and what the other tasks produced, and the receipt's
+    # `missing` names each task left out and why.
+    partial_commits: bool = False
     # Ingest (issue 12): relative dates in a step ("yesterday", "last month") are followed by
     # the date they mean, reckoned from the trajectory's day (its metadata's "date", else the
     # first date in its goal), so a search naming the day finds the step.

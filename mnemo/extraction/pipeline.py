@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -47,6 +47,8 @@ from mnemo.ports import LLM, Embedder
 
 log = logging.getLogger("mnemo")
 
+T = TypeVar("T")
+
 # The score of an instruction whose steps have no known reward: the "return" prompt's
 # "not enough evidence".
 NEUTRAL_RETURN = 5
@@ -71,11 +73,12 @@ class _Extracted:
 
 
 class _Round:
-    """What the tasks of one extraction share: the LLM, the memo, and the failures so far."""
+    """What the tasks of one extraction share: the LLM, the memo, and the failures so far
+    (each with the task and trajectory it befell)."""
 
     def __init__(self, llm: LLM, memo: TaskMemo, goal: str) -> None:
         self.llm, self.memo, self.goal = llm, memo, goal
-        self.failures: list[AdapterError] = []
+        self.failures: list[tuple[str, AdapterError]] = []
         # The deferred reward scored at close, by step id; written onto the step record only
         # once the whole extraction succeeded, so that a retry builds the same requests.
         self.rewards: dict[str, float] = {}
@@ -95,18 +98,22 @@ async def extract(
     time_limit: float,
     score_last_step: bool,
     memo: TaskMemo | None = None,
+    partial: bool = False,
 ) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset.
 
     When `score_last_step`, the last step's deferred reward is scored with its trajectory's
     procedural task; it is written onto the step record when the extraction succeeds.
     Results found in `memo` are not asked again, and every result validated here is kept
-    there, also when another task fails.
+    there, also when another task fails. With `partial`, a task that failed for good leaves
+    its part out instead of failing the extraction: the changeset holds every step and what
+    the other tasks produced, and its `missing` names each task left out and why.
 
     Raises:
-        LLMError, EmbeddingError: a task failed for good (the first failure; the other tasks
-            ran to their end all the same).
-        TimeoutError: a trajectory took longer than `time_limit` seconds.
+        LLMError, EmbeddingError: a task failed for good (the first failure, naming its task
+            and trajectory; the other tasks ran to their end all the same), without `partial`.
+        TimeoutError: a trajectory's calls took longer than `time_limit` seconds of work
+            (waits for a slot not counted); the message names the tasks left unanswered.
     """
     memo = memo if memo is not None else TaskMemo(episode.id)
     groups = episode.trajectories(list(steps))
@@ -116,33 +123,81 @@ async def extract(
     deferred = last if score_last_step and last is not None else None
 
     async def one(i: int, group: list[StepRecord]) -> None:
-        with deadline.fail_after(time_limit):
-            scores = deferred if deferred is not None and group[-1] is deferred else None
-            results[i] = await _extract_trajectory(work, group, scores_last=scores)
+        scores = deferred if deferred is not None and group[-1] is deferred else None
+        trajectory = _Trajectory(i + 1, group)
+        try:
+            with deadline.fail_after(time_limit):
+                results[i] = await _extract_trajectory(work, trajectory, scores_last=scores)
+        except TimeoutError as exc:
+            unanswered = ", ".join(sorted(trajectory.pending)) or "none"
+            raise TimeoutError(
+                f"{trajectory.name} took more than {time_limit:g} s of its calls' time "
+                f"(unanswered: {unanswered})"
+            ) from exc
 
     with first_error():
         async with anyio.create_task_group() as tg:
             for i, group in enumerate(groups):
                 tg.start_soon(one, i, group)
-    if work.failures:
-        raise work.failures[0]
+    if work.failures and not partial:
+        where, failure = work.failures[0]
+        named = _named(where, failure)
+        if named is failure:
+            raise failure
+        raise named from failure
     done = [r for r in results if r is not None]
     changeset = await _changeset(repo, episode, source, done, embedder, work.rewards)
+    if work.failures:
+        changeset = replace(changeset, missing=[f"{where}: {exc}" for where, exc in
+                                                work.failures])
+        log.warning("%s: committing without %s", episode.id, "; ".join(changeset.missing))
     if deferred is not None:
-        deferred.reward = work.rewards[deferred.id]
+        deferred.reward = work.rewards.get(deferred.id)
     return changeset
 
 
+def _named(where: str, failure: AdapterError) -> AdapterError:
+    """`failure` again, of its class, its message saying which task of which trajectory."""
+    try:
+        return type(failure)(f"{where}: {failure}")
+    except TypeError:  # an error class that takes other arguments: as it is
+        return failure
+
+
+@dataclass(slots=True)
+class _Trajectory:
+    """One trajectory being extracted, and the tasks of it not answered yet."""
+
+    number: int
+    steps: list[StepRecord]
+    pending: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return f"trajectory {self.number} ({self.steps[0].subgoal!r})"
+
+
 async def _extract_trajectory(
-    work: _Round, steps: list[StepRecord], *, scores_last: StepRecord | None
-) -> _Extracted | None:
-    """One trajectory's facts, instructions and returns; None when a task failed (the
-    failure is in `work.failures`). With `scores_last` (its last step, whose reward close
-    scores), the procedural task scores it too; a reply without that score has it asked of
-    the "reward" task after."""
-    trajectory = steps[0].trajectory_id
+    work: _Round, trajectory: _Trajectory, *, scores_last: StepRecord | None
+) -> _Extracted:
+    """One trajectory's facts, instructions and returns; a task that failed for good leaves
+    its part empty, and its failure (named) is in `work.failures`. With `scores_last` (its
+    last step, whose reward close scores), the procedural task scores it too; a reply without
+    that score has it asked of the "reward" task after."""
+    steps = trajectory.steps
+    key = steps[0].trajectory_id
     subgoal = steps[0].subgoal
     found: dict[str, Any] = {}
+
+    async def asked(task: str, call: Awaitable[T]) -> T | None:
+        trajectory.pending.add(task)
+        try:
+            return await call
+        except AdapterError as exc:
+            work.failures.append((f"{task} of {trajectory.name}", exc))
+            return None
+        finally:
+            trajectory.pending.discard(task)
 
     async def semantic() -> None:
         request = semantic_request(
@@ -153,39 +208,35 @@ async def _extract_trajectory(
                 for i, s in enumerate(steps)
             ],
         )
-        try:
-            found["facts"] = await work.memo.ask(work.llm, trajectory, request, parse_facts)
-        except AdapterError as exc:
-            work.failures.append(exc)
+        facts = await asked("semantic", work.memo.ask(work.llm, key, request, parse_facts))
+        if facts is not None:
+            found["facts"] = facts
 
     async def procedural() -> None:
         # Only the records' rewards go in, never one scored meanwhile: a retry must build the
         # same request.
         request = procedural_request(goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps),
                                      score_last=scores_last is not None)
-        try:
-            instructions, reward = await work.memo.ask(
-                work.llm, trajectory, request, parse_procedural
-            )
-            found["instructions"] = instructions
-            if scores_last is not None:
-                if reward is None:
-                    reward = await _score_alone(work, scores_last)
+        reply = await asked("procedural",
+                            work.memo.ask(work.llm, key, request, parse_procedural))
+        if reply is None:
+            return
+        found["instructions"], reward = reply
+        if scores_last is not None:
+            if reward is None:
+                reward = await asked("reward", _score_alone(work, scores_last))
+            if reward is not None:
                 work.rewards[scores_last.id] = reward
-        except AdapterError as exc:
-            work.failures.append(exc)
 
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(semantic)
             await procedural()
-    if "facts" not in found or "instructions" not in found or work.failures:
-        return None
-    instructions: list[Instruction] = found["instructions"]
+    instructions: list[Instruction] = found.get("instructions", [])
     returns = cumulative_returns(instructions, [work.reward(s) for s in steps])
     if len(instructions) > 1:
         returns |= await _scored_returns(work, steps, instructions)
-    return _Extracted(steps, found["facts"], instructions, returns)
+    return _Extracted(steps, found.get("facts", []), instructions, returns)
 
 
 async def _score_alone(work: _Round, step: StepRecord) -> float:

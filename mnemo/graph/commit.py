@@ -276,7 +276,8 @@ async def _apply_locked(
         links=remap_links(changeset.links, resolution) + [
             Link(r.successor, r.retired, LinkType.SUPERSEDES) for r in retired
         ],
-        receipt=CommitReceipt(changeset.id, repo, [n.id for n, _, _ in nodes]),
+        receipt=CommitReceipt(changeset.id, repo, [n.id for n, _, _ in nodes],
+                              list(changeset.missing)),
         created_at=now_utc().isoformat(),
         session_id=next((w.session_id for w in also if isinstance(w, StepsCommitted)), None),
         source_id=next((w.source_id for w in also if isinstance(w, SourceRecorded)), None),

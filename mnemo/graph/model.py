@@ -104,18 +104,20 @@ class Changeset:
     nodes: list[NodeDraft] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     step_ids: list[str] = field(default_factory=list)
+    # The extraction tasks left out, each with why (`Config.partial_commits`).
+    missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "id": self.id,
-                "repo": self.repo,
-                "nodes": [_draft_to_dict(n) for n in self.nodes],
-                "links": [[link.src, link.dst, link.type.value] for link in self.links],
-                "step_ids": self.step_ids,
-            },
-            sort_keys=True,
-        )
+        raw: dict[str, Any] = {
+            "id": self.id,
+            "repo": self.repo,
+            "nodes": [_draft_to_dict(n) for n in self.nodes],
+            "links": [[link.src, link.dst, link.type.value] for link in self.links],
+            "step_ids": self.step_ids,
+        }
+        if self.missing:
+            raw["missing"] = self.missing
+        return json.dumps(raw, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Changeset:
@@ -126,27 +128,33 @@ class Changeset:
             nodes=[_draft_from_dict(n) for n in raw["nodes"]],
             links=[Link(src, dst, LinkType(kind)) for src, dst, kind in raw["links"]],
             step_ids=list(raw["step_ids"]),
+            missing=[str(m) for m in raw.get("missing", [])],
         )
 
 
 @dataclass(frozen=True, slots=True)
 class CommitReceipt:
-    """What a commit added: the ids of the nodes it created, durable when returned."""
+    """What a commit added: the ids of the nodes it created, durable when returned, and the
+    extraction tasks whose part it lacks, each with why (`Config.partial_commits`)."""
 
     changeset_id: str
     repo: str
     node_ids: list[str]
+    missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids},
-            sort_keys=True,
-        )
+        raw: dict[str, Any] = {
+            "changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids,
+        }
+        if self.missing:
+            raw["missing"] = self.missing
+        return json.dumps(raw, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> CommitReceipt:
         raw = json.loads(text)
-        return cls(raw["changeset_id"], raw["repo"], list(raw["node_ids"]))
+        return cls(raw["changeset_id"], raw["repo"], list(raw["node_ids"]),
+                   [str(m) for m in raw.get("missing", [])])
 
 
 def step_window(node_id: str, width: int) -> list[str]:

@@ -26,11 +26,14 @@ class Trajectory:
 
 @dataclass(frozen=True, slots=True)
 class IngestReceipt:
-    """What an ingest stored. `created` is False when the source was already there."""
+    """What an ingest stored. `created` is False when the source was already there;
+    `missing` names the extraction tasks whose part it lacks, each with why
+    (`Config.partial_commits`)."""
 
     source_id: str
     node_ids: list[str]
     created: bool
+    missing: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

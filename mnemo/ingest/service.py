@@ -219,6 +219,7 @@ class IngestService:
                 embedder=runtime.embedder,
                 time_limit=runtime.config.extraction_timeout,
                 score_last_step=bool(episode.steps),
+                partial=runtime.config.partial_commits,
             )
             if runtime.config.ingest_entity_tags:
                 changeset = await with_entity_tags(changeset, runtime.embedder)
@@ -230,7 +231,8 @@ class IngestService:
             try:
                 commit = await self._graph.apply(changeset, intents=runtime.intents,
                                                  also=[record])
-                return IngestReceipt(source_id, commit.node_ids, created=True)
+                return IngestReceipt(source_id, commit.node_ids, created=True,
+                                     missing=commit.missing)
             except SourceTaken:
                 # Another Memory (or process) ingested the source while this one extracted:
                 # its commit is the source's, and this extraction is dropped unwritten (or,

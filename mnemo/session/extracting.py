@@ -133,6 +133,7 @@ async def _extract_steps(
         time_limit=runtime.config.extraction_timeout,
         score_last_step=bool(steps) and steps[-1].reward is None,
         memo=session.memo,
+        partial=runtime.config.partial_commits,
     )
 
 

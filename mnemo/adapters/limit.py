@@ -17,7 +17,8 @@ limit, after TCP Vegas and Netflix's concurrency-limits):
 - No queue, and the limit held mnemo back (the request went out at the limit, or others wait):
   the limit grows, by one a reply until the first sign of a queue (slow start), then by one a
   round trip.
-- A queue of two or more, or a reply that used half its timeout: the limit drops by one.
+- A queue of two or more (6 log10 n with n in flight, as TCP Vegas: a server answering many at
+  once jitters), or a reply that used half its timeout: the limit drops by one.
 - A timeout, a 429 or 503, or a connection refused: the limit halves before the request is
   sent again, and the retry waits for a slot like any other request.
 
@@ -243,9 +244,14 @@ class Limit:
             queued = 0.0
         slow = (ticket.timeout is not None and ticket.in_flight > 1
                 and took >= TIMEOUT_SHARE * ticket.timeout)
-        if queued >= QUEUE or slow:
+        # As TCP Vegas, the queue tolerated grows with the log of the requests in flight: the
+        # jitter of a server answering many at once reads as a queue of a few.
+        scale = math.log10(ticket.in_flight) if ticket.in_flight > 1 else 0.0
+        if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=False)
-        elif queued <= NO_QUEUE and (ticket.in_flight >= self.current or self._waiters):
+        elif queued <= max(NO_QUEUE, scale) and (
+            ticket.in_flight >= self.current or self._waiters
+        ):
             # mnemo had more to send than the limit let through: room is worth finding.
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))

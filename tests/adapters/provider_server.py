@@ -528,7 +528,8 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
             for i, s in enumerate(steps)
         ]}
     if task == "procedural":
-        return {"instructions": [
+        scored = {"last_reward": 0.8} if inputs.get("score_last_step") is True else {}
+        return {**scored, "instructions": [
             {"intent": f"handle {s.get('action', '')}",
              "condition": f"When {s.get('observation', '')}",
              "instruction": s.get("action", ""), "expected_outcome": "it works",

@@ -167,7 +167,10 @@ PROCEDURAL_SCORING_SCHEMA: dict[str, Any] = {
     **PROCEDURAL_SCHEMA,
     "properties": {
         **PROCEDURAL_SCHEMA["properties"],
-        "last_reward": {"type": "number", "minimum": 0, "maximum": 1},
+        # A number from 0 to 1 (clamped when read); a string that reads as one is taken
+        # too, and one that does not only has the "reward" task asked after: never a reason
+        # to refuse the procedures.
+        "last_reward": {"type": ["number", "string", "null"]},
     },
 }
 LAST_REWARD_INSTRUCTIONS = """\

@@ -178,6 +178,8 @@ class ProviderServer:
         self._busy = 0
         self.tokens_per_second = tokens_per_second
         self.context = context
+        # What a procedural answer that scores an episode's last step gives as its score.
+        self.last_reward: Any = 0.8
         self.queued = 0
         self.max_queued = 0
         self.dim = dim
@@ -577,6 +579,8 @@ def _render(request: Recorded, answer: Answer, provider: ProviderServer) -> dict
     text = answer.text
     if data is BY_TASK:
         data = None if text is not None else task_data(request.task, _inputs(request))
+        if isinstance(data, dict) and "last_reward" in data:
+            data["last_reward"] = provider.last_reward
         if data is None and text is None:
             text = f"The agent is at: {_inputs(request).get('observation', 'somewhere')}"
     if request.path.endswith("/messages"):

@@ -86,8 +86,11 @@ async def test_an_unusable_reward_is_the_neutral_half(
     """API.md: a step's reward is 0.5 when it cannot be parsed. A reply the adapter's schema
     check refuses even once re-asked ({"reward": "very good"}) failed the append that scored
     the step before (LLMError), and the whole extraction when it was the last step's. Now
-    every step is scored 0.5 and the session commits (a probe of the adapters)."""
+    every step the "reward" task scores is scored 0.5 and the session commits (a probe of the
+    adapters); the last step is scored by the procedural task, whose score reads "very good"
+    as none, so the "reward" task is asked for it too."""
     server.answer_task("reward", Answer(data={"reward": "very good"}))
+    server.last_reward = "very good"
     llm: OpenAICompatible | Anthropic = (
         OpenAICompatible("m", base_url=server.openai_url) if adapter == "openai"
         else Anthropic("m", base_url=server.url, api_key="k")

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from mnemo.adapters._text import is_stopword, stem
 from mnemo.conversation.model import SearchHit
 from mnemo.conversation.render import flat
+from mnemo.text import is_stopword, stem
 
 POOL_FACTOR = 8
 MIN_POOL = 40

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mnemo
-from mnemo.adapters import _text
+from mnemo import text as _text
 from tests.fakes import FakeLLM
 
 

@@ -121,6 +121,10 @@ class Scores:
     def has(self, k: int) -> bool:
         return any(k in r for rows in self.by_category.values() for r in rows)
 
+    @property
+    def count(self) -> int:
+        return sum(len(rows) for rows in self.by_category.values())
+
 
 # The key of a row's answer-level score (key 0 holds hit@10), and how many results it reads.
 ANSWER = -5
@@ -139,10 +143,6 @@ def answered(answer: str, texts: Iterable[str]) -> bool:
     """Whether the normalised `answer` occurs whole (at word boundaries) in one of `texts`."""
     gold = normalise_answer(answer)
     return bool(gold) and any(f" {gold} " in f" {normalise_answer(t)} " for t in texts)
-
-    @property
-    def count(self) -> int:
-        return sum(len(rows) for rows in self.by_category.values())
 
 
 def normalise_dia_id(raw: str) -> str:

@@ -190,12 +190,17 @@ class Recaller:
         return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory. A store that refuses the write (another
+        """Counts an access of each returned memory (and of the one step a returned fact was
+        made from). A store that refuses the write (another
         writer's lock held past `busy_timeout`, the store away) costs this recall's counts,
         logged, never the recall: a read does not fail for its side-write (it raised the
         write's StorageError, though every read it made had succeeded)."""
+        # A fact made from one step was recalled with that step as its evidence: the step
+        # counts an access too, as when it was returned itself.
+        ids = [*dict.fromkeys([*(r.node.id for r in ranked),
+                               *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:
-            await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
+            await self.graph.reinforce(repo, ids, now_utc())
         except StorageError as exc:
             log.warning("recall in %s: the access counts of %d memories were not written: %r",
                         repo, len(ranked), exc)
@@ -381,7 +386,8 @@ class Recaller:
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, 4 * k, context.vectors)
         scored = knowledge.matching_first(scored, direct, restated, k)
-        picks = _Picks(config, k, steps, context.sources, stand_ins)
+        picks = _Picks(config, k, steps, context.sources, stand_ins,
+                       knowledge.strong(direct, context.nodes))
         # Further facts of a step come after one result of every other step, routes last.
         picks.take(scored)
         picks.take(picks.deferred, defer=False)
@@ -461,18 +467,19 @@ def _descending(ranked: list[Recalled]) -> list[Recalled]:
 
 class _Picks:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
-    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). A
-    step's place goes to the fact that stands in for it (`stand_ins`, at the step's score)
-    when there is one; a step returned stands for the facts made from it; a fact returned
+    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). The
+    place of the first of a step and its facts goes to the fact that stands in for them
+    (`stand_ins`, by step id) when there is one, at the better of the two scores; a step
+    returned stands for the facts made from it; a fact returned
     stands for its step, and further facts of that step are `deferred` (taken after every
     other step's result)."""
 
     def __init__(
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
-        stand_ins: Mapping[str, tuple[float, Node, _Candidate]],
+        stand_ins: Mapping[str, tuple[float, Node, _Candidate]], strong: set[str],
     ) -> None:
         self.config, self.k, self.steps, self.sources = config, k, steps, sources
-        self.stand_ins = stand_ins
+        self.stand_ins, self.strong = stand_ins, strong
         self.ranked: list[Recalled] = []
         self.deferred: list[tuple[float, Node, _Candidate]] = []
         self._per_type: dict[NodeType, int] = {}
@@ -487,8 +494,9 @@ class _Picks:
             if len(self.ranked) == self.k:
                 return
             score, node, candidate = item
-            stand_in = self.stand_ins.get(node.id)
-            if stand_in is not None and stand_in[1].id not in self._taken:
+            stand_in = self.stand_ins.get(self.steps.get(node.id, node.id))
+            if stand_in is not None and stand_in[1].id not in self._taken and (
+                    self.steps.get(node.id, node.id) not in self._claimed):
                 node, candidate = stand_in[1], stand_in[2]
                 score = max(score, stand_in[0])
             if node.id in self._taken or score < _min_score(config, node.type):
@@ -497,7 +505,8 @@ class _Picks:
             if step is not None and (step in self._returned or (
                     node.type is N.EPISODIC and step in self._claimed)):
                 continue
-            if defer and step is not None and step in self._claimed:
+            if defer and step is not None and step in self._claimed and (
+                    node.id not in self.strong):
                 self.deferred.append(item)
                 continue
             if self._per_type.get(node.type, 0) >= _top_k(config, node.type):

@@ -5,10 +5,12 @@ step, longer and holding every word, often matches a query better than the fact 
 The rules (docs/DECISIONS.md, "Knowledge first"):
 
 - **The step is the fact's evidence.** Of a step and the facts or procedures extracted from it
-  alone, one result stands for them, at the place of the better of the two: the one of those
+  alone, one result stands for them, at the place of the first of them: the one of those
   facts that the query's own channels matched best, when it matched at least
   `EVIDENCE_SHARE` as well as its step; the step is reachable from it (`Recalled.evidence`).
-  Otherwise the step. The place is the ranking's: only which node fills it changes
+  Otherwise the step. Its other facts come after one result of every other step, unless
+  one matched about as well as the best memory (`SIBLING_SHARE`). The place
+  is the ranking's: only which node fills it changes
   (measured: folding the step into the fact before ranking moved LoCoMo evidence recall
   0.772 -> 0.767-0.771, docs/DECISIONS.md).
 - **Levers never lift an unrelated step above a matching fact.** A fact or procedure that the
@@ -36,6 +38,9 @@ EVIDENCE_SHARE = 0.5
 # How well a fact must match (against the best hop-0 relevance of a memory) to be placed
 # above the steps that matched less well.
 MATCHING_SHARE = 0.5
+# How well a further fact of a step must match (against the best hop-0 relevance of a
+# memory) to be returned beside the first rather than after every other step's result.
+SIBLING_SHARE = 0.95
 
 C = TypeVar("C")
 Scored = tuple[float, Node, C]
@@ -45,20 +50,19 @@ def stand_ins(
     scored: list[Scored[C]], direct: Mapping[str, float], steps: Mapping[str, str],
     restated: Mapping[str, int], *, procedural: bool = False,
 ) -> dict[str, Scored[C]]:
-    """For each step of `scored` that a fact or procedure made from it alone may stand for,
-    that fact (the one the query's own channels matched best, when it matched at least
-    `EVIDENCE_SHARE` as well as the step), by the step's id. `steps` maps a fact made from
+    """For each step that facts or procedures of `scored` were made from alone, the one that
+    stands in for the step and its facts wherever the first of them ranks: of those that
+    matched the query at least `EVIDENCE_SHARE` as well as the step, the one the query's own
+    channels matched best; by the step's id. `steps` maps a fact made from
     one step to that step (`ReadContext.steps_of`); `direct` holds hop-0 relevance. A step
     that restates the query stands for itself. A query that asks what to do (`procedural`,
     the plan's mode) is answered by the step's procedure, however little of the query its
     instruction's words hold (the query names the situation, the instruction what to do)."""
-    present = {node.id for _, node, _ in scored}
     best: dict[str, Scored[C]] = {}
     for item in scored:
         score, node, _ = item
         step = steps.get(node.id)
-        if (node.type not in KNOWLEDGE or step is None or step == node.id
-                or step not in present or step in restated):
+        if node.type not in KNOWLEDGE or step is None or step == node.id or step in restated:
             continue
         own = direct.get(node.id, 0.0)
         asked = procedural and node.type is N.PROCEDURAL
@@ -70,6 +74,15 @@ def stand_ins(
                                       direct.get(current[1].id, 0.0), current[0]):
             best[step] = item
     return best
+
+
+def strong(direct: Mapping[str, float], nodes: Mapping[str, Node]) -> set[str]:
+    """The facts and procedures among `nodes` that the query's own channels matched at least
+    `SIBLING_SHARE` as well as the best memory."""
+    best = max((direct.get(i, 0.0) for i, n in nodes.items()
+                if n.type in (*KNOWLEDGE, N.EPISODIC)), default=0.0)
+    return {i for i, n in nodes.items() if n.type in KNOWLEDGE and best > 0.0
+            and direct.get(i, 0.0) >= SIBLING_SHARE * best}
 
 
 def matching_first(

@@ -4,9 +4,12 @@ unrelated step above a matching fact, and routes come after every memory."""
 from __future__ import annotations
 
 import mnemo
-from mnemo.graph.model import Node, NodeType, now_utc
+from mnemo.graph.model import Link, LinkType, Node, NodeType, now_utc
 from mnemo.recall.knowledge import matching_first, stand_ins
-from tests.recall.fact_first import REPO, SESSIONS, SuiteLLM, remember
+from tests.backends import open_stores
+from tests.recall import fact_first
+from tests.recall.fact_first import SESSIONS, SuiteLLM, remember
+from tests.recall.test_engine import EMBEDDER, REPO, build, run
 
 N = NodeType
 
@@ -51,7 +54,7 @@ async def test_a_fact_takes_its_steps_place_and_names_it_as_evidence(store: str)
     answers its question first; its step is its evidence, not another result."""
     async with mnemo.Memory(store, llm=SuiteLLM()) as mem:
         await remember(mem, [s for s in SESSIONS if s.goal == "Configure the API service"])
-        result = await mem.recall(REPO, "when do password reset emails expire?", k=5)
+        result = await mem.recall(fact_first.REPO, "when do password reset emails expire?", k=5)
     first = result.memories[0]
     assert first.node.text == "Password reset emails expire after one hour."
     assert len(first.evidence) == 1
@@ -83,3 +86,18 @@ async def test_the_readme_quickstart_answers_with_its_facts(store: str) -> None:
     kinds = [h.node.type in (N.SEMANTIC, N.PROCEDURAL, N.EPISODIC) for h in hits]
     assert kinds == sorted(kinds, reverse=True)
     assert hits[0].evidence
+
+
+async def test_a_fact_that_stands_in_for_its_step_counts_an_access_of_it(store: str) -> None:
+    """The step a returned fact was made from counts an access with it, as when the step was
+    returned itself; it is its evidence, not another result."""
+    async with open_stores(store, EMBEDDER.dim) as backend:
+        await build(backend.graph,
+                    [("fact", N.SEMANTIC, "the cache lives in redis on port 6379"),
+                     ("step", N.EPISODIC, "the cache lives in redis on port 6379 said the admin")],
+                    [Link("fact", "step", LinkType.PROVENANCE)])
+        result = await run(backend.graph, "redis cache port", k=2)
+        assert [m.node.id for m in result.memories] == ["fact"]
+        assert result.memories[0].evidence == ("step",)
+        stats = await backend.graph.access_stats(REPO, ["fact", "step"])
+        assert stats["fact"][0] == stats["step"][0] == 1

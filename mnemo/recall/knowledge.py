@@ -55,15 +55,18 @@ def stand_ins(
     matched the query at least `EVIDENCE_SHARE` as well as the step, the one the query's own
     channels matched best; by the step's id. `steps` maps a fact made from
     one step to that step (`ReadContext.steps_of`); `direct` holds hop-0 relevance. A step
-    that restates the query stands for itself. A query that asks what to do (`procedural`,
-    the plan's mode) is answered by the step's procedure, however little of the query its
-    instruction's words hold (the query names the situation, the instruction what to do)."""
+    that restates the query stands for itself, unless a fact of it restates it as closely. A
+    query that asks what to do (`procedural`, the plan's mode) is answered by the step's
+    procedure, however little of the query its instruction's words hold (the query names the
+    situation, the instruction what to do)."""
     best: dict[str, Scored[C]] = {}
     for item in scored:
         score, node, _ = item
         step = steps.get(node.id)
-        if node.type not in KNOWLEDGE or step is None or step == node.id or step in restated:
+        if node.type not in KNOWLEDGE or step is None or step == node.id:
             continue
+        if step in restated and restated.get(node.id, 2) > restated[step]:
+            continue  # the step restates the query more closely than the fact
         own = direct.get(node.id, 0.0)
         asked = procedural and node.type is N.PROCEDURAL
         if not asked and (own <= 0.0 or own < EVIDENCE_SHARE * direct.get(step, 0.0)):

@@ -34,10 +34,12 @@ def test_a_matching_fact_stands_in_for_its_step() -> None:
 
 def test_a_fact_that_barely_matches_leaves_its_step() -> None:
     """A fact the query's channels matched less than half as well as its step does not stand
-    in for it, nor does any fact for a step that restates the query."""
+    in for it, nor does a fact for a step that restates the query more closely."""
     scored = [(0.6, STEP, None), (0.2, FACT, None)]
     assert stand_ins(scored, {"step": 0.9, "fact": 0.3}, STEPS, {}) == {}
     assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, STEPS, {"step": 0}) == {}
+    # A fact that restates it as closely stands in.
+    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, STEPS, {"step": 0, "fact": 0})
 
 
 def test_a_question_of_what_to_do_is_answered_by_the_steps_procedure() -> None:

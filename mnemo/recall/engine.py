@@ -47,6 +47,7 @@ from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusi
 from mnemo.recall.hops import best, offer
 from mnemo.recall.levers import speaker_boosts
 from mnemo.recall.model import Recalled, RecallResult, Touched
+from mnemo.recall.picks import Picks
 from mnemo.recall.prompts import (
     Plan,
     parse_plan,
@@ -386,7 +387,7 @@ class Recaller:
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, 4 * k, context.vectors)
         scored = knowledge.matching_first(scored, direct, restated, k)
-        picks = _Picks(config, k, steps, context.sources, stand_ins,
+        picks = Picks(config, k, steps, context.sources, stand_ins,
                        knowledge.strong(direct, context.nodes))
         # Further facts of a step come after one result of every other step, routes last.
         picks.take(scored)
@@ -463,76 +464,3 @@ def _descending(ranked: list[Recalled]) -> list[Recalled]:
             r = replace(r, score=out[-1].score)  # the rest as it was: retired, successor
         out.append(r)
     return out
-
-
-class _Picks:
-    """The results, best first, chosen from scored candidates: at most `k`, each type within
-    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). The
-    place of the first of a step and its facts goes to the fact that stands in for them
-    (`stand_ins`, by step id) when there is one, at the better of the two scores; a step
-    returned stands for the facts made from it; a fact returned
-    stands for its step, and further facts of that step are `deferred` (taken after every
-    other step's result)."""
-
-    def __init__(
-        self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
-        stand_ins: Mapping[str, tuple[float, Node, _Candidate]], strong: set[str],
-    ) -> None:
-        self.config, self.k, self.steps, self.sources = config, k, steps, sources
-        self.stand_ins, self.strong = stand_ins, strong
-        self.ranked: list[Recalled] = []
-        self.deferred: list[tuple[float, Node, _Candidate]] = []
-        self._per_type: dict[NodeType, int] = {}
-        self._claimed: set[str] = set()  # steps a result stands for
-        self._returned: set[str] = set()  # steps returned themselves
-        self._taken: set[str] = set()
-
-    def take(self, scored: Iterable[tuple[float, Node, _Candidate]], *, defer: bool = True
-             ) -> None:
-        config = self.config
-        for item in scored:
-            if len(self.ranked) == self.k:
-                return
-            score, node, candidate = item
-            stand_in = self.stand_ins.get(self.steps.get(node.id, node.id))
-            if stand_in is not None and stand_in[1].id not in self._taken and (
-                    self.steps.get(node.id, node.id) not in self._claimed):
-                node, candidate = stand_in[1], stand_in[2]
-                score = max(score, stand_in[0])
-            if node.id in self._taken or score < _min_score(config, node.type):
-                continue
-            step = self.steps.get(node.id)
-            if step is not None and (step in self._returned or (
-                    node.type is N.EPISODIC and step in self._claimed)):
-                continue
-            if defer and step is not None and step in self._claimed and (
-                    node.id not in self.strong):
-                self.deferred.append(item)
-                continue
-            if self._per_type.get(node.type, 0) >= _top_k(config, node.type):
-                continue
-            self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
-            self._taken.add(node.id)
-            if step is not None:
-                self._claimed.add(step)
-                if node.type is N.EPISODIC:
-                    self._returned.add(step)
-            self.ranked.append(Recalled(node, score, candidate.phase, candidate.hop,
-                                        evidence=tuple(self.sources.get(node.id, ()))))
-
-
-def _min_score(config: Config, kind: NodeType) -> float:
-    return {
-        N.SEMANTIC: config.recall_min_score_semantic,
-        N.EPISODIC: config.recall_min_score_episodic,
-        N.PROCEDURAL: config.recall_min_score_procedural,
-    }.get(kind, 0.0)
-
-
-def _top_k(config: Config, kind: NodeType) -> int:
-    return {
-        N.SEMANTIC: config.recall_top_k_semantic,
-        N.EPISODIC: config.recall_top_k_episodic,
-        N.PROCEDURAL: config.recall_top_k_procedural,
-    }.get(kind, 1_000_000)
-

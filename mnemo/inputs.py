@@ -8,8 +8,9 @@
   deep, its text bounded.
 - Counts: an integer within its bounds (`check_count`); the per-call counts live in `Config`
   (`max_steps_per_ingest`, `max_messages_per_save`, `max_tool_calls_per_message`, ...).
-- Query terms: a lexical query keeps at most `MAX_QUERY_TERMS` distinct terms, so what a
-  recall or a search costs is bounded by the input bound, not by what a caller sent.
+- Query terms: a lexical query keeps at most `text.MAX_QUERY_TERMS` distinct terms
+  (`mnemo.text.query_words`), so what a recall or a search costs is bounded by the input
+  bound, not by what a caller sent.
 
 Every check raises `InvalidInputError` naming the argument; docs/DECISIONS.md has the measured
 reasons for each bound.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -45,12 +45,6 @@ MAX_ID_BYTES = 1_000
 # dict or list inside a dict counts 2. Python's encoder, the stores' JSON parsers and every
 # recursive reader of it stop near 1,000 (`RecursionError`); real payloads nest a few levels.
 MAX_JSON_DEPTH = 64
-# Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
-MAX_QUERY_TERMS = 32
-# A run of what is neither a word character nor a space: where a word may hold a combining mark
-# or a format character, which no expression of `re` names (`_within_words`).
-_BETWEEN_WORDS = re.compile(r"[^\w\s]+")
-_WORD_CHARACTER = re.compile(r"\w")
 
 
 def check_text(
@@ -240,77 +234,3 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
-    """The distinct words of a query (case-insensitively; the first spelling is kept), at
-    most `cap` of them, in query order.
-
-    Past the cap the longest words are kept (ties: the earlier one): without corpus
-    statistics, a word's length is the cheapest sign of how specific it is (frequent words are
-    short), and "the first 32" would let a long preamble push out the words that matter.
-    """
-    first: dict[str, tuple[int, str]] = {}
-    for position, word in enumerate(words):
-        first.setdefault(word.casefold(), (position, word))
-    distinct = list(first.values())
-    if len(distinct) > cap:
-        distinct = sorted(distinct, key=lambda item: (-len(item[1]), item[0]))[:cap]
-        distinct.sort()
-    return [word for _, word in distinct]
-
-
-def query_words(query: str) -> list[str]:
-    """The words a query searches for ([] when it has none): distinct and capped
-    (`query_terms`), in query order. Every search splits its query here.
-
-    A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
-    combining marks among them (Unicode's M*: a virama, a vowel sign, Hebrew or Arabic vowel
-    points, a decomposed accent) and the invisible format characters between them (Cf: a
-    zero-width non-joiner, a soft hyphen), read from the query composed (NFC, so "e" and a
-    combining acute accent are the "é" a text mostly holds; the lexical index composes its
-    texts too). `\\w` alone cut "हिन्दी" into ह, न and द, which PostgreSQL (whose parser keeps
-    marks in a word) did not find even in that very text. A backend searches a word as the
-    phrase of the parts its own parser makes of it, as it searches a `snake_case_name`:
-    FTS5 splits at most marks, every engine at a format character (PostgreSQL's through
-    `SEARCH_VECTOR` and `WORD_QUERY`).
-
-    >>> query_words('nginx "proxy" AND NOT port)')
-    ['nginx', 'proxy', 'AND', 'NOT', 'port']
-    """
-    return query_terms(text_words(query))
-
-
-def text_words(text: str) -> list[str]:
-    """Every word of `text` as a search splits it (`query_words`), repeats and all, in order:
-    for what reads a text's words to search them (pseudo-relevance feedback)."""
-    spaced = _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
-    # A lone mark (after a space) or format character holds nothing a backend can find.
-    return [word for word in spaced.split() if _WORD_CHARACTER.search(word)]
-
-
-def _within_words(between: re.Match[str]) -> str:
-    """A run of characters that are neither word characters nor spaces, with what belongs to
-    the words around it kept (see `query_words`) and the rest made spaces."""
-    run = between.group()
-    if run.isascii():
-        return " "  # ASCII punctuation, the common case: no mark nor format character in it
-    text, start, end = between.string, between.start(), between.end()
-    # The run is as long as it can be: a neighbour that is no space is a word character.
-    inside = (0 < start and end < len(text)
-              and not text[start - 1].isspace() and not text[end].isspace())
-    # A format character joins only the words on both its sides; a mark, the one before it.
-    return "".join(
-        character if in_word(character) and (inside or not _is_format(character)) else " "
-        for character in run
-    )
-
-
-def in_word(character: str) -> bool:
-    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
-    combining mark (Unicode's M*) or an invisible format character (Cf). The one rule of
-    `query_words`, and of recall's stopwords (`adapters._text.without_stopwords`)."""
-    category = unicodedata.category(character)
-    return category[0] == "M" or category == "Cf"
-
-
-def _is_format(character: str) -> bool:
-    return unicodedata.category(character) == "Cf"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from bench_recall import REPO
 
-from mnemo.inputs import query_words
 from mnemo.recall.engine import keywords
 from mnemo.storage.sqlite.graph import fts_query
+from mnemo.text import query_words
 
 BASELINE_SQL = (
     "SELECT n.rowid, bm25(nodes_fts) AS score FROM nodes_fts"

@@ -5,13 +5,21 @@ per conversation, one session a trajectory. For every question of categories 1-4
 returns k nodes; a node counts for a turn when it was made from that turn (an EPISODIC node
 from its step; a fact or procedure through its PROVENANCE links). recall@k is the share of
 the question's evidence turns covered by the top k, averaged over questions; hit@10 is the
-share of questions with at least one evidence turn in the top 10.
+share of questions with at least one evidence turn in the top 10. answer@5 is answer-level: the
+share of questions whose gold answer, normalised (lower case, punctuation and articles dropped,
+spaces collapsed), occurs whole in the texts of the top 5 (each node's own text and the turns
+its provenance points to), so that a fact that states the answer counts as much as the turn.
 
 In the same run, over the same turns: a plain FTS5 BM25 baseline (one row per turn) and a
 dense-only baseline (cosine over the embedder's turn vectors).
 
     .venv/bin/python scripts/eval_locomo.py [--conversations 0-6]
         [--embedder default|hash|e5-small-q4] [--set FIELD=VALUE ...] [--db PATH]
+        [--ingest-only] [--no-reinforce]
+
+With `--db` and `--ingest-only` a store is ingested once and left as it is; each later run on a
+copy of it is the same as a fresh ingest's (a recall reinforces what it returns, so a run moves
+the next one on the same file, unless `--no-reinforce`).
 
 `--set` overrides one `mnemo.Config` field for the repos of the run (repeat it; the value is
 read as JSON, else as a string): every lever of issue 12 is a Config field, so each measured
@@ -65,6 +73,7 @@ class Question:
     text: str
     category: int
     evidence: frozenset[str]
+    answer: str = ""
 
 
 @dataclass(slots=True)
@@ -74,6 +83,10 @@ class Conversation:
     questions: list[Question]
     unmatched: int = 0
     index: int = 0  # its place in the data file
+
+    def texts(self) -> dict[str, str]:
+        """Each turn's text by its id."""
+        return {t.dia_id: t.text for _, turns in self.sessions.values() for t in turns}
 
 
 @dataclass(slots=True)
@@ -86,7 +99,7 @@ class Scores:
     latencies: list[float] = field(default_factory=list)
 
     def add(self, category: int, ranked_turns: Sequence[Iterable[str]], evidence: frozenset[str],
-            seconds: float = 0.0) -> None:
+            seconds: float = 0.0, *, answered: bool | None = None) -> None:
         row: dict[int, float] = {}
         for k in (*KS, 0):
             covered: set[str] = set()
@@ -94,17 +107,42 @@ class Scores:
                 covered.update(turns)
             value = len(covered & evidence) / len(evidence)
             row[k] = value if k else float(value > 0)  # key 0 holds hit@10
+        if answered is not None:
+            row[ANSWER] = float(answered)
         self.by_category[category].append(row)
         self.latencies.append(seconds)
 
     def mean(self, k: int, category: int | None = None) -> float:
         rows = (self.by_category[category] if category is not None
                 else [r for rows in self.by_category.values() for r in rows])
-        return statistics.fmean(r[k] for r in rows) if rows else 0.0
+        values = [r[k] for r in rows if k in r]
+        return statistics.fmean(values) if values else 0.0
+
+    def has(self, k: int) -> bool:
+        return any(k in r for rows in self.by_category.values() for r in rows)
 
     @property
     def count(self) -> int:
         return sum(len(rows) for rows in self.by_category.values())
+
+
+# The key of a row's answer-level score (key 0 holds hit@10), and how many results it reads.
+ANSWER = -5
+ANSWER_K = 5
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = re.compile(r"[^\w\s]")
+
+
+def normalise_answer(text: str) -> str:
+    """SQuAD's answer normalisation: lower case, punctuation and articles dropped, spaces
+    collapsed."""
+    return " ".join(_ARTICLES.sub(" ", _PUNCTUATION.sub(" ", text.lower())).split())
+
+
+def answered(answer: str, texts: Iterable[str]) -> bool:
+    """Whether the normalised `answer` occurs whole (at word boundaries) in one of `texts`."""
+    gold = normalise_answer(answer)
+    return bool(gold) and any(f" {gold} " in f" {normalise_answer(t)} " for t in texts)
 
 
 def normalise_dia_id(raw: str) -> str:
@@ -136,7 +174,8 @@ def load(path: Path, picks: Sequence[int]) -> list[Conversation]:
             unmatched += len(evidence - known)
             evidence &= known
             if evidence:
-                questions.append(Question(qa["question"], qa["category"], frozenset(evidence)))
+                questions.append(Question(qa["question"], qa["category"], frozenset(evidence),
+                                          str(qa.get("answer", ""))))
         conversations.append(Conversation(item["sample_id"], dict(sorted(sessions.items())),
                                           questions, unmatched, i))
     return conversations
@@ -176,13 +215,17 @@ async def turns_of_nodes(mem: mnemo.Memory, repo: str) -> dict[str, frozenset[st
 async def evaluate_recall(mem: mnemo.Memory, repo: str, conversation: Conversation,
                           made: dict[str, frozenset[str]], scores: Scores,
                           types: list[mnemo.NodeType] | None,
-                          ceiling: tuple[int, Scores] | None = None) -> None:
+                          ceiling: tuple[int, Scores] | None = None, *,
+                          reinforce: bool = True) -> None:
+    said = conversation.texts()
     for q in conversation.questions:
         start = time.perf_counter()
-        result = await mem.recall(repo, q.text, k=10, types=types)
+        result = await mem.recall(repo, q.text, k=10, types=types, reinforce=reinforce)
         seconds = time.perf_counter() - start
         ranked = [made.get(m.node.id, frozenset()) for m in result.memories]
-        scores.add(q.category, ranked, q.evidence, seconds)
+        texts = [text for m in result.memories[:ANSWER_K]
+                 for text in (m.node.text, *(said[t] for t in made.get(m.node.id, ())))]
+        scores.add(q.category, ranked, q.evidence, seconds, answered=answered(q.answer, texts))
         if ceiling is not None:
             width, best_order = ceiling
             best_order.add(q.category, reordered(result, made, q.evidence, width), q.evidence)
@@ -216,9 +259,10 @@ def bm25_baseline(conversation: Conversation, scores: Scores) -> None:
     ])
     for q in conversation.questions:
         match = fts_query(q.text)
-        rows = db.execute("SELECT dia_id FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 10",
+        rows = db.execute("SELECT dia_id, text FROM t WHERE t MATCH ? ORDER BY bm25(t) LIMIT 10",
                           (match,)).fetchall() if match else []
-        scores.add(q.category, [frozenset([r[0]]) for r in rows], q.evidence)
+        scores.add(q.category, [frozenset([r[0]]) for r in rows], q.evidence,
+                   answered=answered(q.answer, [r[1] for r in rows[:ANSWER_K]]))
 
 
 async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
@@ -232,7 +276,8 @@ async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
     queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
     for q, vector in zip(conversation.questions, queries, strict=True):
         top = np.argsort(-(matrix @ vector))[:10]
-        scores.add(q.category, [frozenset([turns[i].dia_id]) for i in top], q.evidence)
+        scores.add(q.category, [frozenset([turns[i].dia_id]) for i in top], q.evidence,
+                   answered=answered(q.answer, [turns[i].text for i in top[:ANSWER_K]]))
 
 
 def pick_embedder(name: str) -> mnemo.Embedder | None:
@@ -247,6 +292,7 @@ def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:
     for k in KS:
         table.add_column(f"R@{k}", justify="right")
     table.add_column("hit@10", justify="right")
+    table.add_column(f"answer@{ANSWER_K}", justify="right")
     for label in CATEGORIES.values():
         table.add_column(f"R@10 {label}", justify="right")
     table.add_column("p50 / p95 ms", justify="right")
@@ -254,7 +300,9 @@ def report(results: dict[str, Scores], unmatched: int, questions: int) -> None:
         lat = sorted(scores.latencies)
         timing = (f"{1000 * lat[len(lat) // 2]:.1f} / {1000 * lat[int(len(lat) * 0.95)]:.1f}"
                   if any(lat) else "")
+        answer = f"{scores.mean(ANSWER):.3f}" if scores.has(ANSWER) else ""
         table.add_row(name, *(f"{scores.mean(k):.3f}" for k in KS), f"{scores.mean(0):.3f}",
+                      answer,
                       *(f"{scores.mean(10, c):.3f}" for c in CATEGORIES), timing)
     console.print(table)
     console.print(f"evidence ids that match no turn (after normalising): {unmatched}")
@@ -301,6 +349,8 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for path, group in _databases(args.db, Path(tmp), conversations):
             await _run(path, group, embedder, config, args, results)
+    if args.ingest_only:
+        return
     unmatched = sum(c.unmatched for c in conversations)
     report(results, unmatched, sum(len(c.questions) for c in conversations))
     if args.save:
@@ -325,13 +375,16 @@ async def _run(path: Path, conversations: list[Conversation], embedder: mnemo.Em
                 repo = f"locomo-{conversation.sample_id}"
                 await mem.open_repo(repo, config=config)
                 await ingest(mem, repo, conversation, progress)
+        if args.ingest_only:
+            return
         for conversation in conversations:
             repo = f"locomo-{conversation.sample_id}"
             made = await turns_of_nodes(mem, repo)
             ceiling = (None if not args.ceiling else
                        (args.ceiling, results[f"best order of the first {args.ceiling}"]))
             await evaluate_recall(mem, repo, conversation, made, results["mnemo recall"],
-                                  MEMORY_TYPES if args.types == "memories" else None, ceiling)
+                                  MEMORY_TYPES if args.types == "memories" else None, ceiling,
+                                  reinforce=args.reinforce)
             if args.baselines:
                 bm25_baseline(conversation, results["BM25 (FTS5) baseline"])
                 dense_embedder = embedder or mem._repos.get(repo).embedder
@@ -359,6 +412,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ceiling", type=int, default=0, metavar="N",
                         help="also score each recall's first N candidates in the best order "
                              "(the ceiling of a re-ranking of N)")
+    parser.add_argument("--ingest-only", action="store_true",
+                        help="ingest into --db and stop (copies of it make repeatable runs)")
+    parser.add_argument("--no-reinforce", dest="reinforce", action="store_false",
+                        help="recall without counting accesses (the store is left as it was)")
     parser.add_argument("--types", choices=["memories", "all"], default="memories",
                         help="recall memories (episodic, semantic, procedural) or every type")
     return parser.parse_args(argv)

@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 import mnemo
-from mnemo import State, inputs
-from mnemo.inputs import (
-    DEFAULT_MAX_TEXT_CHARS,
-    MAX_QUERY_TERMS,
-    MAX_TEXT_CHARS_LIMIT,
-    check_json,
-    check_text,
-    query_terms,
-    query_words,
-)
+from mnemo import State, text
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_json, check_text
+from mnemo.text import MAX_QUERY_TERMS, query_terms, query_words
 from tests.conftest import REPO
 from tests.fakes import open_test_memory
 
@@ -169,8 +162,8 @@ async def test_recall_of_5000_distinct_words_searches_capped_terms(
         generated.append(query_terms(words, cap=cap))
         return generated[-1]
 
-    # Every search splits its query with `inputs.query_words`, which caps by `query_terms`.
-    monkeypatch.setattr(inputs, "query_terms", spy)
+    # Every search splits its query with `text.query_words`, which caps by `query_terms`.
+    monkeypatch.setattr(text, "query_terms", spy)
     # Three-letter words: 5,000 of them fit in the default bound (20,000 characters).
     query = " ".join("".join(w) for w in itertools.islice(
         itertools.product(string.ascii_lowercase, repeat=3), 5000))

@@ -11,8 +11,9 @@ from mnemo import tools
 from mnemo.adapters.hashing import HashEmbedder
 
 REPO = "blog"
-# About 6,000 characters: one step's observation, which becomes an EPISODIC node's text.
-LONG = "The gunicorn worker binds port 8000 on the blog host after the deploy. " * 80
+# About 6,000 characters, one sentence: one step's observation, which becomes an EPISODIC
+# node's text and a fact's.
+LONG = "The gunicorn worker binds port 8000 on the blog host after the deploy, " * 80
 
 
 @pytest.fixture
@@ -23,7 +24,8 @@ async def mem(store: str) -> AsyncIterator[mnemo.Memory]:
 
 
 async def ingest_long_steps(mem: mnemo.Memory, n: int) -> list[str]:
-    """Ingests one trajectory of `n` long steps; the ids of its EPISODIC nodes."""
+    """Ingests one trajectory of `n` long steps; the ids of its long nodes (the steps and the
+    facts made from them)."""
     steps = [
         mnemo.Step(f"Step {i}: {LONG}", f"Reload nginx after binding gunicorn, attempt {i}.")
         for i in range(n)
@@ -32,18 +34,18 @@ async def ingest_long_steps(mem: mnemo.Memory, n: int) -> list[str]:
         REPO, mnemo.Trajectory("Deploy the blog", steps), source_id="deploy-log"
     )
     nodes = [await mem.get_node(REPO, nid) for nid in receipt.node_ids]
-    return [n.id for n in nodes if n is not None and n.type == mnemo.NodeType.EPISODIC]
+    return [n.id for n in nodes if n is not None and len(n.text) > tools.SNIPPET_CHARS]
 
 
 async def test_recall_answers_with_snippets_and_ids(mem: mnemo.Memory) -> None:
     """recall shows each memory as a bounded snippet with its id, never the whole text, and
     the answer stays within MAX_OUTPUT_CHARS however many long memories match."""
-    episodic = await ingest_long_steps(mem, 12)
+    long = await ingest_long_steps(mem, 12)
     call = mnemo.ToolCall("recall", {"query": "gunicorn worker binds port 8000", "k": 30})
     answer = await tools.execute_tool(mem, call, repo=REPO)
     assert len(answer) <= tools.MAX_OUTPUT_CHARS
     assert LONG.strip() not in answer
-    assert any(nid in answer for nid in episodic)
+    assert any(nid in answer for nid in long)
     for line in answer.splitlines():
         assert len(line) <= tools.SNIPPET_CHARS + 120, line
     assert "get_node for all" in answer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.adapters._offline_common import _NO_USAGE, _str, _str_list
 from mnemo.ports import LLMResponse
 

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Any
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.ports import Usage
 
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.adapters._offline_common import (
     _NO_USAGE,
     _QUESTION_OPENERS,

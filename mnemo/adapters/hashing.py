@@ -19,7 +19,7 @@ import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
 _TYPE_WEIGHTS = np.array([1.0, 0.6, 0.3], dtype=np.float64)

@@ -60,7 +60,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from mnemo.adapters import _contradiction, _text
+from mnemo import text as _text
+from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal, outcome_reward
 from mnemo.adapters._offline_common import (
     _NO_USAGE,

@@ -4,7 +4,7 @@ and the values it reads back.
 The service, the manager and the evictor type against it; implementations live in
 `mnemo.storage.<backend>.conversation`. Every method is one coarse step (one transaction for a
 write) taking and giving typed values: no SQL, handle or query syntax crosses it. Search gets
-the query's words (`mnemo.inputs.query_words`), and each backend builds its own full-text query
+the query's words (`mnemo.text.query_words`), and each backend builds its own full-text query
 from them (FTS5 MATCH, a tsquery). The layout of the viewport, the eviction zones, the ranking
 by recency and the snippets' length are pure code in `mnemo.conversation` that backends reuse.
 """

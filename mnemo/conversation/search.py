@@ -1,6 +1,6 @@
 """Keyword search over every thread's messages: the backend-neutral part.
 
-Any user text is a safe query: it is split into words (`mnemo.inputs.query_words`, distinct,
+Any user text is a safe query: it is split into words (`mnemo.text.query_words`, distinct,
 at most `MAX_QUERY_TERMS`), and a backend (`ThreadStore.search`) searches for them with
 stemming, quoting each word so nothing in it is query syntax and OR-combining them. AND, OR
 and NOT are words like any other (API.md): an agent writing "keep NOT delete" means the words,
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from mnemo.adapters._text import is_stopword, stem
 from mnemo.conversation.model import SearchHit
 from mnemo.conversation.render import flat
+from mnemo.text import is_stopword, stem
 
 POOL_FACTOR = 8
 MIN_POOL = 40

@@ -52,8 +52,9 @@ from mnemo.conversation.viewport import layout
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
-from mnemo.inputs import check_count, check_id, check_text, query_words
+from mnemo.inputs import check_count, check_id, check_text
 from mnemo.ports import LLM, Embedder, detect_dim
+from mnemo.text import query_words
 
 Clock = Callable[[], datetime]
 log = logging.getLogger("mnemo")

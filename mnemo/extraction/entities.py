@@ -15,7 +15,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.episode.annotation import embed
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
 from mnemo.ports import Embedder

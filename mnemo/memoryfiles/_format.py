@@ -27,7 +27,7 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 
 MAX_TOPIC_CHARS = 80
 MAX_DESCRIPTION_CHARS = 200

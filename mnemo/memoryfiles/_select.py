@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_text
 from mnemo.memoryfiles import _format

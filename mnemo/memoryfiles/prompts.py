@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request

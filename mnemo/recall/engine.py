@@ -37,7 +37,7 @@ from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, ask
-from mnemo.recall import hops, temporal
+from mnemo.recall import hops, knowledge, temporal
 from mnemo.recall.candidates import Candidate as _Candidate
 from mnemo.recall.candidates import ReadContext as _Context
 from mnemo.recall.candidates import restatements_first
@@ -45,8 +45,9 @@ from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
 from mnemo.recall.hops import best, offer
-from mnemo.recall.levers import speaker_boosts, without_names
+from mnemo.recall.levers import speaker_boosts
 from mnemo.recall.model import Recalled, RecallResult, Touched
+from mnemo.recall.picks import Picks
 from mnemo.recall.prompts import (
     Plan,
     parse_plan,
@@ -56,7 +57,7 @@ from mnemo.recall.prompts import (
     rerank_request,
     synthesis_request,
 )
-from mnemo.recall.query import keywords, restatement, words
+from mnemo.recall.query import INLINE_CHARS, QueryParts, restatement, split
 from mnemo.recall.tag_vectors import TagVectors
 
 # The result types live in recall.model and are re-exported, where callers import them from.
@@ -135,8 +136,8 @@ class Recaller:
         degraded: list[str] = []
         plan = await self._plan(query, degraded)
         trace.mark("plan")
-        dense_query = without_names(query) if config.recall_dense_without_names else query
-        vectors = await self.tag_vectors.embed(self.embedder, dense_query, plan.tags)
+        parts = await split(query, dense_without_names=config.recall_dense_without_names)
+        vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 
@@ -146,13 +147,15 @@ class Recaller:
         routes: list[tuple[str, _Candidate]] = []
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, query, query_vector, wanted, k))
+            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
         await _side_by_side(zero, route)
+        # What the query's own channels made of each candidate, before any hop or lever.
+        direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
         reranking = config.recall_rerank
         width = max(k, config.recall_rerank_candidates) if reranking else k
@@ -162,13 +165,14 @@ class Recaller:
         await hops.follow(self.graph, config, repo, found, routes, query_vector, k, depth)
         trace.mark("hops")
         context = await self._context(repo, found, k, depth, trace)
-        boosts = await speaker_boosts(self.graph, repo, query, context,
+        boosts = await speaker_boosts(self.graph, repo, parts.names, context,
                                       config.recall_speaker_boost)
         if boosts:
             trace.mark("speaker")
         # With `as_of`, ranked wider: the nodes recorded since are left out (issue 14).
         wide = width * temporal.AS_OF_WIDTH if as_of is not None else width
-        ranked = await self._rank(repo, found, context, query, plan, wanted, wide, boosts)
+        ranked = await self._rank(repo, found, context, parts, plan, wanted, wide, boosts,
+                                  direct, as_of)
         ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
         trace.mark("rank")
         if reranking:
@@ -187,12 +191,17 @@ class Recaller:
         return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
-        """Counts an access of each returned memory. A store that refuses the write (another
+        """Counts an access of each returned memory (and of the one step a returned fact was
+        made from). A store that refuses the write (another
         writer's lock held past `busy_timeout`, the store away) costs this recall's counts,
         logged, never the recall: a read does not fail for its side-write (it raised the
         write's StorageError, though every read it made had succeeded)."""
+        # A fact made from one step was recalled with that step as its evidence: the step
+        # counts an access too, as when it was returned itself.
+        ids = [*dict.fromkeys([*(r.node.id for r in ranked),
+                               *(r.evidence[0] for r in ranked if len(r.evidence) == 1)])]
         try:
-            await self.graph.reinforce(repo, [r.node.id for r in ranked], now_utc())
+            await self.graph.reinforce(repo, ids, now_utc())
         except StorageError as exc:
             log.warning("recall in %s: the access counts of %d memories were not written: %r",
                         repo, len(ranked), exc)
@@ -207,12 +216,11 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, query: str, vector: Vector, wanted: set[NodeType] | None, k: int
+        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int
     ) -> dict[str, _Candidate]:
         config = self.config
         searched = None if wanted is None else list(wanted | set(ROUTING))
         width = max(config.recall_candidates, 2 * k)
-        terms = keywords(query)
         # The two channels at once: each waits on something else (a worker thread, the
         # database), and hop 0 is the stage a large store pays most for.
         lexical: list[tuple[str, float]] = []
@@ -252,8 +260,12 @@ class Recaller:
         self, repo: str, terms: str, best: list[str], width: int, searched: list[NodeType] | None
     ) -> list[str]:
         """The ranking of a second lexical query: `terms` and the words the best hits share."""
-        documents = await self.graph.get_nodes(repo, best[:FEEDBACK_DOCS])
-        extra = feedback_terms(terms, [n.text for n in documents], self.config.recall_prf_terms)
+        documents = [n.text for n in await self.graph.get_nodes(repo, best[:FEEDBACK_DOCS])]
+        n = self.config.recall_prf_terms
+        if sum(map(len, documents)) + len(terms) <= INLINE_CHARS:
+            extra = feedback_terms(terms, documents, n)
+        else:  # every word of every document is read: long texts are read off the loop
+            extra = await anyio.to_thread.run_sync(lambda: feedback_terms(terms, documents, n))
         if not extra:
             return []
         found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched)
@@ -327,17 +339,19 @@ class Recaller:
         repo: str,
         found: dict[str, _Candidate],
         context: _Context,
-        query: str,
+        parts: QueryParts,
         plan: Plan,
         wanted: set[NodeType] | None,
         k: int,
         boosts: Mapping[str, float],
+        direct: Mapping[str, float],
+        as_of: datetime | None,
     ) -> list[Recalled]:
         config = self.config
         nodes, stats = context.nodes, context.stats
         weights = _MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
-        query_words = words(query)
+        query_words = parts.words
         scored: list[tuple[float, Node, _Candidate]] = []
         restated: dict[str, int] = {}
         for node_id, candidate in found.items():
@@ -348,7 +362,7 @@ class Recaller:
             value = node_value(node.type, node.data, created_at=node.created_at,
                                last_access=last, access_count=count, now=now, config=config)
             score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
-            score *= boosts.get(node_id, 1.0)
+            score *= boosts.get(node_id, 1.0) * temporal.weight(node, as_of)
             if wanted is None and node.type in ROUTING:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score
@@ -356,31 +370,30 @@ class Recaller:
             tier = None if node.type in ROUTING else restatement(query_words, node.text)
             if tier is not None:
                 restated[node_id] = tier
+        steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
+        # A step and a fact made from it are one memory: the fact, when it matches.
+        stand_ins = knowledge.stand_ins(scored, direct, steps, restated,
+                                        procedural=plan.mode == "procedural")
         if restated:
             scored = restatements_first(scored, restated)
         else:
             scored.sort(key=lambda item: (-item[0], item[1].id))
+        leads: list[tuple[float, Node, _Candidate]] = []
+        if wanted is None:
+            # Routes and sources lead to memories: after every memory, whatever their scores,
+            # and out of the memories' diversity.
+            leads = [item for item in scored if item[1].type not in MEMORIES]
+            scored = [item for item in scored if item[1].type in MEMORIES]
         if config.recall_mmr_lambda < 1.0:
             scored = await self._diversify(repo, scored, 4 * k, context.vectors)
-        steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
-        per_type: dict[NodeType, int] = {}
-        seen_steps: set[str] = set()
-        ranked: list[Recalled] = []
-        for score, node, candidate in scored:
-            if score < _min_score(config, node.type):
-                continue
-            step = steps.get(node.id)
-            if step is not None and step in seen_steps:
-                continue
-            if per_type.get(node.type, 0) >= _top_k(config, node.type):
-                continue
-            per_type[node.type] = per_type.get(node.type, 0) + 1
-            if step is not None:
-                seen_steps.add(step)
-            ranked.append(Recalled(node, score, candidate.phase, candidate.hop))
-            if len(ranked) == k:
-                break
-        return ranked
+        scored = knowledge.matching_first(scored, direct, restated, k)
+        picks = Picks(config, k, steps, context.sources, stand_ins,
+                       knowledge.strong(direct, context.nodes))
+        # Further facts of a step come after one result of every other step, routes last.
+        picks.take(scored)
+        picks.take(picks.deferred, defer=False)
+        picks.take(leads)
+        return picks.ranked
 
     async def _diversify(
         self,
@@ -451,20 +464,3 @@ def _descending(ranked: list[Recalled]) -> list[Recalled]:
             r = replace(r, score=out[-1].score)  # the rest as it was: retired, successor
         out.append(r)
     return out
-
-
-def _min_score(config: Config, kind: NodeType) -> float:
-    return {
-        N.SEMANTIC: config.recall_min_score_semantic,
-        N.EPISODIC: config.recall_min_score_episodic,
-        N.PROCEDURAL: config.recall_min_score_procedural,
-    }.get(kind, 0.0)
-
-
-def _top_k(config: Config, kind: NodeType) -> int:
-    return {
-        N.SEMANTIC: config.recall_top_k_semantic,
-        N.EPISODIC: config.recall_top_k_episodic,
-        N.PROCEDURAL: config.recall_top_k_procedural,
-    }.get(kind, 1_000_000)
-

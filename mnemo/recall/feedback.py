@@ -11,8 +11,8 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from mnemo.adapters import _text
-from mnemo.inputs import text_words
+from mnemo import text as _text
+from mnemo.text import text_words
 
 # How many of the best lexical hits feed back, and in how many of them a word must appear.
 FEEDBACK_DOCS = 5

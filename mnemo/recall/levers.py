@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.extraction.entities import speaker_of
 from mnemo.graph.ports import GraphStore
 from mnemo.recall.candidates import ReadContext
@@ -54,14 +54,14 @@ def without_names(query: str) -> str:
 
 
 async def speaker_boosts(
-    graph: GraphStore, repo: str, query: str, context: ReadContext, boost: float
+    graph: GraphStore, repo: str, names: frozenset[str], context: ReadContext, boost: float
 ) -> dict[str, float]:
     """The factor of each node recall read (`context.nodes`) whose speaker (its own, else
-    that of the one step it came from) the query does not name, when some candidate's
+    that of the one step it came from) the query does not name (`names`: `query_names` of
+    it), when some candidate's
     speaker it names: 1 / (1 + boost); nodes not listed keep their score. The steps come from
     the provenance links recall read with the nodes; at most one node read, of the steps not
     read yet, bounded by `len(context.nodes)` (the candidates, bounded by k)."""
-    names = query_names(query)
     if not names or boost <= 0:
         return {}
     nodes = context.nodes

@@ -10,7 +10,9 @@ from mnemo.graph.model import Node
 
 @dataclass(frozen=True, slots=True)
 class Recalled:
-    """One recalled node: its score, the phase that found it, and at which hop."""
+    """One recalled node: its score, the phase that found it, and at which hop. `evidence`:
+    for a fact or procedure, the ids of the EPISODIC steps it was extracted from (its
+    PROVENANCE), which recall does not return beside it as separate results."""
 
     node: Node
     score: float
@@ -20,6 +22,7 @@ class Recalled:
     # says so: `retired`, and the id of the fact that succeeded it.
     retired: bool = False
     superseded_by: str | None = None
+    evidence: tuple[str, ...] = ()
 
     @property
     def valid_from(self) -> datetime | None:

@@ -4,10 +4,48 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from itertools import islice
 
-from mnemo.adapters import _text
-from mnemo.inputs import query_words
+import anyio.to_thread
+
+from mnemo import text as _text
 from mnemo.ports import Embedder
+from mnemo.recall.levers import query_names, without_names
+from mnemo.text import MAX_QUERY_TERMS, query_words
+
+# A query up to this long is split on the event loop (microseconds); a longer one in a worker
+# thread (a query at the size limit took 0.1-0.3 s to split on a busy machine).
+INLINE_CHARS = 2_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueryParts:
+    """What recall makes of a query: `terms` for BM25 (`keywords`), `words` for restatements
+    (`words`), `dense` for the dense channel (the query, or `without_names` of it), and the
+    `names` it mentions for the speaker match (`levers.query_names`)."""
+
+    terms: str
+    words: list[str]
+    dense: str
+    names: frozenset[str]
+
+
+def query_parts(query: str, *, dense_without_names: bool) -> QueryParts:
+    """The parts of `query` (see `QueryParts`)."""
+    return QueryParts(keywords(query), words(query),
+                      without_names(query) if dense_without_names else query,
+                      query_names(query))
+
+
+async def split(query: str, *, dense_without_names: bool) -> QueryParts:
+    """`query_parts`, in a worker thread for a query longer than `INLINE_CHARS`: each part
+    reads the whole query, so its cost grows with the query's length."""
+    if len(query) <= INLINE_CHARS:
+        return query_parts(query, dense_without_names=dense_without_names)
+    return await anyio.to_thread.run_sync(
+        lambda: query_parts(query, dense_without_names=dense_without_names)
+    )
 
 
 class _Queries:
@@ -36,7 +74,7 @@ def keywords(query: str) -> str:
     OR query (measured on LoCoMo: R@10 0.40 -> 0.52 lexical-only). All of it if nothing is
     left.
 
-    The rest stays as written, for the search to split (`mnemo.inputs.query_words`):
+    The rest stays as written, for the search to split (`mnemo.text.query_words`):
     rebuilt from `_text.words`, "हिन्दी" was ह, न and द, as those stop at a combining mark.
     Composed first, so that an accent is no mark beside a stopword's letters ("a" in "á").
     """
@@ -44,9 +82,21 @@ def keywords(query: str) -> str:
     return kept if query_words(kept) else query
 
 
+# The longest query whose restatements are looked for, in words: twice the words a search
+# keeps (`mnemo.text.MAX_QUERY_TERMS`). A longer query is searched, not restated; the check
+# reads at most this many words (and two more) of each candidate, whatever its length.
+RESTATED_WORDS = 2 * MAX_QUERY_TERMS
+
+
 def words(query: str) -> list[str]:
-    """The query's lower-cased words, as `restates` compares them."""
-    return _text.tokens(query)
+    """The query's lower-cased words, as `restatement` compares them: at most
+    `RESTATED_WORDS` + 1 (a longer query restates nothing)."""
+    return _first_tokens(query, RESTATED_WORDS + 1)
+
+
+def _first_tokens(text: str, n: int) -> list[str]:
+    """The first `n` lower-cased words of `text` (`_text.tokens`), read no further."""
+    return [m.group() for m in islice(_text.WORD.finditer(_text.normalise(text).lower()), n)]
 
 
 # A near-exact restatement may differ by one word only when it is at least this long: in a
@@ -58,14 +108,11 @@ def restatement(query: Sequence[str], text: str) -> int | None:
     """How closely `text` restates the query whose lower-cased words (`words`) are `query`:
     0 for the same words in the same order (case, punctuation and spacing aside), 1 for a
     near-exact restatement (five words or more, one word added, dropped or changed), None
-    otherwise."""
-    # Every word of `text` is a substring of its lowered text, so a restatement leaves at most
-    # one of the query's words out of it: most candidates are turned away here, without
-    # tokenizing them.
-    lowered = _text.normalise(text).lower()
-    if sum(word not in lowered for word in set(query)) > 1:
+    otherwise, and for a query of more than `RESTATED_WORDS` words. The work is bounded by
+    the query's words: at most `len(query) + 2` words of `text` are read."""
+    if not query or len(query) > RESTATED_WORDS:
         return None
-    other = _text.tokens(text)
+    other = _first_tokens(text, len(query) + 2)
     if other == list(query):
         return 0
     if min(len(query), len(other)) < _NEAR_EXACT_WORDS or abs(len(query) - len(other)) > 1:

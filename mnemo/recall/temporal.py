@@ -41,27 +41,35 @@ def _recorded(node: Node) -> datetime:
     return node.recorded_at or node.created_at
 
 
-def _retired_by(node: Node, as_of: datetime | None) -> bool:
+def retired_by(node: Node, as_of: datetime | None) -> bool:
+    """Whether `node` is a fact retired at `as_of` (None: now)."""
     if node.retired_at is None or node.type not in TEMPORAL:
         return False
     return as_of is None or node.retired_at <= as_of
 
 
+def weight(node: Node, as_of: datetime | None) -> float:
+    """A node's share of its score for being retired at `as_of`: `RETIRED_WEIGHT` or 1. Applied
+    before diversity, so that a retired fact never takes its successor's place among near
+    duplicates."""
+    return RETIRED_WEIGHT if retired_by(node, as_of) else 1.0
+
+
 async def in_time(
     graph: GraphStore, repo: str, ranked: list[Recalled], as_of: datetime | None
 ) -> list[Recalled]:
-    """`ranked` as of `as_of` (None: now): later nodes left out, retired facts marked, scored
-    down and placed below their successors; best first."""
+    """`ranked` as of `as_of` (None: now): later nodes left out, retired facts (scored down by
+    `weight`) marked and placed below their successors; best first."""
     if as_of is not None:
         ranked = [r for r in ranked if _recorded(r.node) <= as_of]
-    retired = [r.node.id for r in ranked if _retired_by(r.node, as_of)]
+    retired = [r.node.id for r in ranked if retired_by(r.node, as_of)]
     if not retired:
         return ranked
     successor = await _successors(graph, repo, retired, as_of)
+    # Their scores already hold `RETIRED_WEIGHT` (`weight`, applied where recall ranks).
     marked = [
-        replace(r, score=r.score * RETIRED_WEIGHT, retired=True,
-                superseded_by=successor.get(r.node.id))
-        if _retired_by(r.node, as_of) else r
+        replace(r, retired=True, superseded_by=successor.get(r.node.id))
+        if retired_by(r.node, as_of) else r
         for r in ranked
     ]
     marked.sort(key=lambda r: -r.score)
@@ -96,4 +104,4 @@ async def _successors(
 
 def _rank(node: Node, as_of: datetime | None) -> tuple[bool, datetime]:
     """A successor is live rather than retired itself, then the latest to hold."""
-    return not _retired_by(node, as_of), node.valid_from or _recorded(node)
+    return not retired_by(node, as_of), node.valid_from or _recorded(node)

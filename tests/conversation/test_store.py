@@ -19,7 +19,7 @@ from mnemo.conversation.model import Message, Snapshot
 from mnemo.conversation.ports import ThreadStore
 from mnemo.conversation.viewport import layout
 from mnemo.graph.model import now_utc
-from mnemo.inputs import query_words
+from mnemo.text import query_words
 from tests.backends import backend_of
 from tests.conversation._support import assistant, user
 from tests.fakes import FakeEmbedder

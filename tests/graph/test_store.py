@@ -26,9 +26,9 @@ from mnemo.graph.model import (
     now_utc,
 )
 from mnemo.graph.ports import GraphStore, Neighbor, SourceRecorded
-from mnemo.inputs import MAX_QUERY_TERMS
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite.graph import fts_query
+from mnemo.text import MAX_QUERY_TERMS
 from tests.backends import is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, Merger, at_cosine, axis, draft, policy, rounded
 

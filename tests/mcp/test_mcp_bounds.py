@@ -17,7 +17,7 @@ from mnemo.mcp.server import TOOL_NAMES, MemoryTools
 from mnemo.tools import ERROR_CHARS, MAX_OUTPUT_CHARS, SNIPPET_CHARS
 
 REPO = "blog"
-LONG = "The gunicorn worker binds port 8000 on the blog host after the deploy. " * 80
+LONG = "The gunicorn worker binds port 8000 on the blog host after the deploy, " * 80
 
 
 @pytest.fixture

@@ -145,7 +145,7 @@ def test_feedback_terms_are_shared_content_words_absent_from_the_query() -> None
 
 def test_feedback_terms_are_whole_words_as_a_search_splits_them() -> None:
     """A word with combining marks ("हिन्दी": a virama and vowel signs) is fed back whole,
-    as the search splits it (`inputs.query_words`), and a word the query already has is
+    as the search splits it (`text.query_words`), and a word the query already has is
     known in any of its spellings (composed or not). Before, PRF split words with its own
     pattern, which stops at a mark: "हिन्दी" came back as "हिन", and a decomposed "café" in
     the query did not count as the composed one of the hits."""

@@ -6,8 +6,8 @@ import unicodedata
 
 import pytest
 
-from mnemo.inputs import query_words
 from mnemo.recall.query import keywords
+from mnemo.text import query_words
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mnemo.adapters import _text
+from mnemo import text as _text
 from mnemo.graph.model import Changeset, NodeDraft, NodeType, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.recall.query import restatement, words

@@ -39,7 +39,6 @@ from typing import Any
 
 import anyio.to_thread
 
-from mnemo.inputs import query_words
 from mnemo.storage.lexical.fresh import (
     AverageLength,
     Fresh,
@@ -59,6 +58,7 @@ from mnemo.storage.lexical.windows import (
     rowid_of,
     to_rewrite,
 )
+from mnemo.text import query_words
 
 log = logging.getLogger("mnemo.lexical")
 

@@ -62,7 +62,7 @@ def analyzer() -> Any:
 
 def composed(text: str) -> str:
     """`text` as the index takes it: composed (NFC), as query words are
-    (`mnemo.inputs.query_words`), so a decomposed accent and a precomposed one are one word.
+    (`mnemo.text.query_words`), so a decomposed accent and a precomposed one are one word.
     The index and its scoring of uncommitted documents analyze this text alike."""
     return unicodedata.normalize("NFC", text)
 

@@ -49,7 +49,6 @@ from mnemo.graph.ports import (
     TypedLink,
 )
 from mnemo.graph.vectors import VectorIndex
-from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
@@ -59,6 +58,7 @@ from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
+from mnemo.text import query_words
 
 
 def repo_lock_key(repo: str) -> int:

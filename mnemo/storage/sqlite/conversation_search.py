@@ -36,7 +36,7 @@ def match_expression(words: Sequence[str]) -> str:
     >>> match_expression(["nginx", "proxy", "AND", "NOT", "port"])
     '"nginx" OR "proxy" OR "AND" OR "NOT" OR "port"'
     """
-    # A word (`mnemo.inputs.query_words`) is word characters, marks and format characters: it
+    # A word (`mnemo.text.query_words`) is word characters, marks and format characters: it
     # holds no double quote to escape. FTS5 splits it as it splits a text, into a phrase.
     return " OR ".join(f'"{word}"' for word in words)
 

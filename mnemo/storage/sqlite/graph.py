@@ -48,7 +48,6 @@ from mnemo.graph.ports import (
     SweepResult,
 )
 from mnemo.graph.vectors import VectorIndex
-from mnemo.inputs import query_words
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
@@ -56,6 +55,7 @@ from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
+from mnemo.text import query_words
 
 
 def fts_query(text: str) -> str:

@@ -23,12 +23,12 @@ from mnemo.conversation.drafts import MessageDraft, draft
 from mnemo.conversation.model import Message
 from mnemo.conversation.ports import ThreadState, ThreadStore
 from mnemo.conversation.search import SNIPPET_CHARS
-from mnemo.inputs import query_words
 from mnemo.storage.postgres import conversation_search
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
+from mnemo.text import query_words
 from tests.strategies import json_values, texts
 
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)

@@ -1,21 +1,38 @@
-"""Text heuristics shared by the offline LLM and the hashed embedder.
+"""Words: mnemo's one home for splitting, stemming and weighing text.
 
-Everything here is deterministic, English-centric and cheap (regular expressions and dict
-lookups, no models): a word tokenizer, a stopword list, a light suffix-stripping stemmer, a
-sentence splitter, and a score for how informative a word is, from which key phrases and
-concept labels are built.
+Two splitters, for two jobs:
+
+- `query_words` / `text_words`: how every search splits a query and a text (word characters
+  with the marks and format characters inside a word, as SQLite FTS5, tantivy and PostgreSQL
+  read them); a query keeps at most `MAX_QUERY_TERMS` distinct words.
+- `words` / `tokens` (`WORD`): what mnemo's own heuristics read, where "don't", "nginx.conf"
+  and "3.11" stay whole: the offline LLM, the hashed embedder, recall's stopwords and
+  restatements, memory files' matching.
+
+And one stemmer, `stem` (light: plurals, -ed, -ing, a final -e), a stopword list, a sentence
+splitter and a score for how informative a word is, from which key phrases and concept labels
+are built. The search engines stem with their own stemmers (Snowball English in tantivy and
+PostgreSQL, Porter in FTS5); docs/DECISIONS.md ("One text module") says why `stem` is not
+theirs. Everything is deterministic, English-centric and cheap (regular expressions and dict
+lookups, no models).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
+from collections.abc import Iterable
 from functools import lru_cache
-
-from mnemo.inputs import in_word
 
 # A word is a run of letters/digits, optionally joined by ' . - (so "don't", "nginx.conf",
 # "3.11" and "e-mail" stay whole); trailing punctuation is never part of a word.
-_WORD = re.compile(r"[^\W_]+(?:['.\-][^\W_]+)*")
+WORD = re.compile(r"[^\W_]+(?:['.\-][^\W_]+)*")
+# Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
+MAX_QUERY_TERMS = 32
+# A run of what is neither a word character nor a space: where a word may hold a combining mark
+# or a format character, which no expression of `re` names (`_within_words`).
+_BETWEEN_WORDS = re.compile(r"[^\w\s]+")
+_WORD_CHARACTER = re.compile(r"\w")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
 # A sentence ends at . ! or ? followed by space and something that starts a sentence; the
 # capital/digit lookahead keeps "e.g. the" and "v1.2 is" whole.
@@ -65,12 +82,12 @@ def normalise(text: str) -> str:
 
 def words(text: str) -> list[str]:
     """The words of `text` in order, case preserved."""
-    return _WORD.findall(normalise(text))
+    return WORD.findall(normalise(text))
 
 
 def tokens(text: str) -> list[str]:
     """The lower-cased words of `text` in order."""
-    return _WORD.findall(normalise(text).lower())
+    return WORD.findall(normalise(text).lower())
 
 
 @lru_cache(maxsize=65536)
@@ -116,7 +133,7 @@ def without_stopwords(text: str) -> str:
     """`text` with each stopword that stands alone made a space, the rest as written (a
     word of `words` glued to an underscore, a combining mark or a format character is part of
     a longer word: "the" in "the_end")."""
-    return _WORD.sub(_blank_stopword, normalise(text))
+    return WORD.sub(_blank_stopword, normalise(text))
 
 
 def _blank_stopword(word: re.Match[str]) -> str:
@@ -126,7 +143,7 @@ def _blank_stopword(word: re.Match[str]) -> str:
 
 
 def _glues(character: str) -> bool:
-    """The underscore, and what a query's word holds besides `\\w` (`inputs.in_word`)."""
+    """The underscore, and what a query's word holds besides `\\w` (`in_word`)."""
     return character == "_" or in_word(character)
 
 
@@ -256,3 +273,82 @@ def concepts(text: str, *, limit: int = 4) -> list[str]:
 def is_name(word: str, *, sentence_initial: bool) -> bool:
     """A capitalised non-stopword that is not the first word of its sentence ("Bob", "Rust")."""
     return not sentence_initial and word[:1].isupper() and not is_stopword(word)
+
+
+# ---- the query splitter: how every search splits a query and a text into words --------
+
+
+def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
+    """The distinct words of a query (case-insensitively; the first spelling is kept), at
+    most `cap` of them, in query order.
+
+    Past the cap the longest words are kept (ties: the earlier one): without corpus
+    statistics, a word's length is the cheapest sign of how specific it is (frequent words are
+    short), and "the first 32" would let a long preamble push out the words that matter.
+    """
+    first: dict[str, tuple[int, str]] = {}
+    for position, word in enumerate(words):
+        first.setdefault(word.casefold(), (position, word))
+    distinct = list(first.values())
+    if len(distinct) > cap:
+        distinct = sorted(distinct, key=lambda item: (-len(item[1]), item[0]))[:cap]
+        distinct.sort()
+    return [word for _, word in distinct]
+
+
+def query_words(query: str) -> list[str]:
+    """The words a query searches for ([] when it has none): distinct and capped
+    (`query_terms`), in query order. Every search splits its query here.
+
+    A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
+    combining marks among them (Unicode's M*: a virama, a vowel sign, Hebrew or Arabic vowel
+    points, a decomposed accent) and the invisible format characters between them (Cf: a
+    zero-width non-joiner, a soft hyphen), read from the query composed (NFC, so "e" and a
+    combining acute accent are the "é" a text mostly holds; the lexical index composes its
+    texts too). `\\w` alone cut "हिन्दी" into ह, न and द, which PostgreSQL (whose parser keeps
+    marks in a word) did not find even in that very text. A backend searches a word as the
+    phrase of the parts its own parser makes of it, as it searches a `snake_case_name`:
+    FTS5 splits at most marks, every engine at a format character (PostgreSQL's through
+    `SEARCH_VECTOR` and `WORD_QUERY`).
+
+    >>> query_words('nginx "proxy" AND NOT port)')
+    ['nginx', 'proxy', 'AND', 'NOT', 'port']
+    """
+    return query_terms(text_words(query))
+
+
+def text_words(text: str) -> list[str]:
+    """Every word of `text` as a search splits it (`query_words`), repeats and all, in order:
+    for what reads a text's words to search them (pseudo-relevance feedback)."""
+    spaced = _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
+    # A lone mark (after a space) or format character holds nothing a backend can find.
+    return [word for word in spaced.split() if _WORD_CHARACTER.search(word)]
+
+
+def _within_words(between: re.Match[str]) -> str:
+    """A run of characters that are neither word characters nor spaces, with what belongs to
+    the words around it kept (see `query_words`) and the rest made spaces."""
+    run = between.group()
+    if run.isascii():
+        return " "  # ASCII punctuation, the common case: no mark nor format character in it
+    text, start, end = between.string, between.start(), between.end()
+    # The run is as long as it can be: a neighbour that is no space is a word character.
+    inside = (0 < start and end < len(text)
+              and not text[start - 1].isspace() and not text[end].isspace())
+    # A format character joins only the words on both its sides; a mark, the one before it.
+    return "".join(
+        character if in_word(character) and (inside or not _is_format(character)) else " "
+        for character in run
+    )
+
+
+def in_word(character: str) -> bool:
+    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
+    combining mark (Unicode's M*) or an invisible format character (Cf). The one rule of
+    `query_words`, and of recall's stopwords (`without_stopwords`)."""
+    category = unicodedata.category(character)
+    return category[0] == "M" or category == "Cf"
+
+
+def _is_format(character: str) -> bool:
+    return unicodedata.category(character) == "Cf"

@@ -1,0 +1,86 @@
+"""Which scored candidates a recall returns: at most k, each type within its bounds, one
+result per step, with the facts that stand in for their steps (`knowledge`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from mnemo.config import Config
+from mnemo.graph.model import Node, NodeType
+from mnemo.recall.candidates import Candidate
+from mnemo.recall.model import Recalled
+
+N = NodeType
+
+
+class Picks:
+    """The results, best first, chosen from scored candidates: at most `k`, each type within
+    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). The
+    place of the first of a step and its facts goes to the fact that stands in for them
+    (`stand_ins`, by step id) when there is one, at the better of the two scores; a step
+    returned stands for the facts made from it; a fact returned stands for its step, and
+    further facts of that step are `deferred` (taken after every other step's result) unless
+    `strong` (`knowledge.strong`)."""
+
+    def __init__(
+        self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
+        stand_ins: Mapping[str, tuple[float, Node, Candidate]], strong: set[str],
+    ) -> None:
+        self.config, self.k, self.steps, self.sources = config, k, steps, sources
+        self.stand_ins, self.strong = stand_ins, strong
+        self.ranked: list[Recalled] = []
+        self.deferred: list[tuple[float, Node, Candidate]] = []
+        self._per_type: dict[NodeType, int] = {}
+        self._claimed: set[str] = set()  # steps a result stands for
+        self._returned: set[str] = set()  # steps returned themselves
+        self._taken: set[str] = set()
+
+    def take(self, scored: Iterable[tuple[float, Node, Candidate]], *, defer: bool = True
+             ) -> None:
+        config = self.config
+        for item in scored:
+            if len(self.ranked) == self.k:
+                return
+            score, node, candidate = item
+            stand_in = self.stand_ins.get(self.steps.get(node.id, node.id))
+            if stand_in is not None and stand_in[1].id not in self._taken and (
+                    self.steps.get(node.id, node.id) not in self._claimed):
+                node, candidate = stand_in[1], stand_in[2]
+                score = max(score, stand_in[0])
+            if node.id in self._taken or score < _min_score(config, node.type):
+                continue
+            step = self.steps.get(node.id)
+            if step is not None and (step in self._returned or (
+                    node.type is N.EPISODIC and step in self._claimed)):
+                continue
+            if defer and step is not None and step in self._claimed and (
+                    node.id not in self.strong):
+                self.deferred.append(item)
+                continue
+            if self._per_type.get(node.type, 0) >= _top_k(config, node.type):
+                continue
+            self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
+            self._taken.add(node.id)
+            if step is not None:
+                self._claimed.add(step)
+                if node.type is N.EPISODIC:
+                    self._returned.add(step)
+            self.ranked.append(Recalled(node, score, candidate.phase, candidate.hop,
+                                        evidence=tuple(self.sources.get(node.id, ()))))
+
+
+def _min_score(config: Config, kind: NodeType) -> float:
+    return {
+        N.SEMANTIC: config.recall_min_score_semantic,
+        N.EPISODIC: config.recall_min_score_episodic,
+        N.PROCEDURAL: config.recall_min_score_procedural,
+    }.get(kind, 0.0)
+
+
+def _top_k(config: Config, kind: NodeType) -> int:
+    return {
+        N.SEMANTIC: config.recall_top_k_semantic,
+        N.EPISODIC: config.recall_top_k_episodic,
+        N.PROCEDURAL: config.recall_top_k_procedural,
+    }.get(kind, 1_000_000)
+

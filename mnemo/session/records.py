@@ -101,6 +101,9 @@ class SessionRecord:
     # work on it (a watcher counted as work made this Memory queue operations locally, for
     # an extraction it did not hold, and never take over that work).
     waits: set[anyio.CancelScope] = field(default_factory=set)
+    # Read from the store (restored, or started through another Memory) rather than started
+    # here: its repo's longer timeouts hold for it (`runtime`).
+    recorded: bool = False
     # The model the session's extraction started with (`ports.model_name`); None: unknown.
     extraction_model: str | None = None
     # When it was last used, on the event loop's clock: through this Memory, or, as read from
@@ -145,9 +148,10 @@ class SessionRecord:
         """The session's llm and embedder: its own overrides, else its repo's (read late, so a
         restored session picks up what `open_repo` gives its repo)."""
         base = self.repo_runtime
-        # A session recorded with shorter timeouts than its repo now runs with gets the
-        # repo's: a slow server's work given more time on reopening has it.
-        config = with_longer_timeouts(self.config, base.config)
+        # A session read from the store with shorter timeouts than its repo now runs with gets
+        # the repo's: a slow server's work given more time on reopening has it. One started
+        # here keeps the config it was given.
+        config = with_longer_timeouts(self.config, base.config) if self.recorded else self.config
         if self.override is None:
             return Runtime(base.llm, base.embedder, config, base.dim)
         return Runtime(self.override.llm, self.override.embedder, config, base.dim)

@@ -136,6 +136,7 @@ class Sessions:
     def adopt(self, row: LiveSession) -> SessionRecord:
         """A record for a session the store holds (restored, or started elsewhere)."""
         session = self.add(row.id, row.repo, row.state, row.config, None)
+        session.recorded = True
         session.episode = row.episode
         session.changeset = row.changeset
         session.extraction_model = row.model

@@ -187,12 +187,16 @@ async def test_ops_right_behind_a_close_async_are_projected_from_ready(
     a second discard was accepted and ran first, and a start_episode was refused (a
     differential review, 22 in 30 tries); and, more rarely, a read landing inside the close's
     own write took it in half-way, with the same effect, or left the discard in the store's
-    queue with nobody to run it. Ten sessions, each at once after the close."""
+    queue with nobody to run it. Ten sessions, each at once after the close; the extraction's
+    semantic task is held until the ops are in (a fast extraction could end before the third
+    op, which then met an idle session: invalid_operation, by the state table)."""
+    llm: FakeLLM = request.getfixturevalue("llm")
     for i in range(10):
         sid = await enter(State.COLLECTING)
         await mem.append(sid, "walk north", "go north")
         labels = [f"close{i}", f"discard{i}"]
         before = len(callbacks.results)
+        held = llm.hold("semantic")
         await submit(mem, sid, "close", callbacks, labels[0])
         await submit(mem, sid, "discard", callbacks, labels[1])
         if third == "discard":
@@ -202,6 +206,8 @@ async def test_ops_right_behind_a_close_async_are_projected_from_ready(
         else:
             labels.append(f"start{i}")
             await submit(mem, sid, "start_episode", callbacks, labels[-1])
+        held.release()
+        del llm.holds["semantic"]
         results = (await callbacks.wait(before + len(labels)))[before:]
         assert [(label, r.ok) for label, r in results] == [(label, True) for label in labels]
         await mem.end_session(sid)

@@ -115,9 +115,16 @@ def _sorted(table: Table, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 def sqlite_rows(path: Path, table: Table, *, raw: bool = False) -> list[tuple[Any, ...]]:
     """`table`'s rows in the SQLite file, by key (as stored when `raw`)."""
     columns = ", ".join(table.names)
+    if table.name == "vectors":  # float16, keyed by the node's rowid
+        select = "SELECT n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
+    else:
+        select = f"SELECT {columns} FROM {table.name}"
     with sqlite3.connect(path) as conn:
-        rows = conn.execute(f"SELECT {columns} FROM {table.name}").fetchall()
+        rows = conn.execute(select).fetchall()
     conn.close()
+    if table.name == "vectors" and not raw:
+        rows = [(node_id, repo, np.frombuffer(vec, dtype=np.float16).astype(np.float32)
+                 .tobytes()) for node_id, repo, vec in rows]
     if not raw:
         rows = [tuple(_normal(k, v) for k, v in zip(table.kinds, row, strict=True))
                 for row in rows]

@@ -13,10 +13,10 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph import facts
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.model import vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
+from mnemo.storage.sqlite.rows import half_blob
 from mnemo.storage.sqlite.sessions import side_writes
 
 
@@ -55,14 +55,14 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
             ],
         )
         conn.executemany(
-            "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
-            [(n.id, repo, vector_to_blob(vector)) for n, _, vector in plan.nodes],
+            "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
+            [(half_blob(vector), n.id) for n, _, vector in plan.nodes],
         )
         for node_id, (text, vector) in plan.rewordings.items():
             conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
             conn.execute(
-                "UPDATE vectors SET vec = ? WHERE node_id = ?",
-                (vector_to_blob(vector), node_id),
+                "UPDATE vectors SET vec = ? WHERE node = (SELECT rowid FROM nodes WHERE id = ?)",
+                (half_blob(vector), node_id),
             )
         added = history.insert_links(conn, repo, plan.links)
         conn.execute(

@@ -39,7 +39,7 @@ import anyio
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
-from mnemo.storage.sqlite.schema import MIGRATIONS
+from mnemo.storage.sqlite.migrations import MIGRATIONS
 
 T = TypeVar("T")
 

@@ -11,10 +11,10 @@ from typing import Any
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.erasure import Inherited, Plan
-from mnemo.graph.model import vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
+from mnemo.storage.sqlite.rows import half_blob
 from mnemo.storage.sqlite.sessions import side_writes
 
 
@@ -89,8 +89,9 @@ def delete_source(
                 "UPDATE nodes SET text = ?, data = json_set(data, '$.intent', ?),"
                 " source_id = ? WHERE repo = ? AND id = ?",
                 (heir.text, heir.text, heir.source_id, repo, intent_id))
-            conn.execute("UPDATE vectors SET vec = ? WHERE node_id = ?",
-                         (vector_to_blob(vector), intent_id))
+            conn.execute("UPDATE vectors SET vec = ? WHERE node ="
+                         " (SELECT rowid FROM nodes WHERE id = ?)",
+                         (half_blob(vector), intent_id))
         # Of the routes still there (not deleted above, not already gone: an intent a
         # record names may be), those without links; counted once.
         orphans = [

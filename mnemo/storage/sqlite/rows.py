@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from mnemo.graph.model import NODE_TYPES, Node
+import numpy as np
+
+from mnemo.graph.model import NODE_TYPES, Node, Vector
 from mnemo.storage.json_text import loads
 
 NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
@@ -27,3 +29,27 @@ def node(row: tuple[Any, ...]) -> Node:
 
 def _moment(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
+
+
+def half_blob(vector: Vector) -> bytes:
+    """A node's vector as the `vectors` table keeps it: float16, half the bytes of float32
+    (a cosine moves by about 1e-4)."""
+    return np.asarray(vector, dtype=np.float32).astype(np.float16).tobytes()
+
+
+def vector_of_half(blob: bytes) -> Vector:
+    """A `vectors` row's vector, as float32 (what every search computes with)."""
+    return np.frombuffer(blob, dtype=np.float16).astype(np.float32)
+
+
+def vectors_of_halves(blobs: list[bytes], dim: int) -> Vector:
+    """`vectors` rows' vectors as one float32 matrix, a row each."""
+    if not blobs:
+        return np.zeros((0, dim), dtype=np.float32)
+    return np.frombuffer(b"".join(blobs), dtype=np.float16).astype(np.float32).reshape(
+        len(blobs), dim)
+
+
+def half_of_blob(blob: bytes) -> bytes:
+    """A float32 vector's blob as float16 (the migration to `half_blob`'s rows)."""
+    return half_blob(np.frombuffer(blob, dtype=np.float32))

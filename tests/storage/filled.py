@@ -14,6 +14,7 @@ import numpy as np
 import psycopg
 
 import mnemo
+from mnemo.storage.sqlite.rows import unpack_text
 from mnemo.storage.transfer import TABLES, Kind, Table
 from tests.conversation._support import ScriptedEviction, assistant, user
 from tests.fakes import FakeEmbedder
@@ -90,6 +91,8 @@ def _normal(kind: Kind, value: Any) -> Any:
         moment = datetime.fromisoformat(value) if isinstance(value, str) else value
         return moment.astimezone(UTC)
     if kind is Kind.JSON:
+        if isinstance(value, bytes):  # a SQLite commit record's or receipt's, packed
+            return json.loads(unpack_text(value))
         return json.loads(value) if isinstance(value, str) else value
     if kind is Kind.BOOL:
         return bool(value)

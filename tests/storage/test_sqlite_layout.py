@@ -4,12 +4,14 @@ before these layouts is brought to them when opened, its rows intact."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
 import numpy as np
 
 import mnemo
+from mnemo.storage.sqlite.rows import unpack_text
 from tests.fakes import FakeEmbedder
 from tests.storage.filled import NODE_WORD, REPO, fill
 
@@ -41,8 +43,8 @@ async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
     tmp_path: Path,
 ) -> None:
     """A node's vector takes 2 bytes a dimension and not much more on disk (a float32 one
-    took half a 4 KB page), and an ingest's commit record about its own size (it took an
-    overflow page of its own)."""
+    took half a 4 KB page), and an ingest's commit record, its lists packed, well under a
+    kilobyte (it took an overflow page of its own, 4.7 KB)."""
     path = tmp_path / "memory.db"
     async with mnemo.Memory(path, embedder=mnemo.HashEmbedder(dim=384)) as mem:
         await mem.open_repo("chat")
@@ -53,15 +55,16 @@ async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
     with sqlite3.connect(path) as conn:
         lengths = {n for (n,) in conn.execute("SELECT DISTINCT length(vec) FROM vectors")}
         disk = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
-        rows = {table: conn.execute(f"SELECT count(*), sum(length(CAST({column} AS BLOB)))"
-                                    f" FROM {table}").fetchone()
-                for table, column in (("vectors", "vec"), ("commits", "links"))}
+        (vectors,) = conn.execute("SELECT count(*) FROM vectors").fetchone()
+        records = conn.execute("SELECT nodes, links FROM commits").fetchall()
     conn.close()
     assert lengths == {2 * 384}
-    count, _ = rows["vectors"]
-    assert disk["vectors"] / count < 1.12 * 2 * 384
-    count, link_bytes = rows["commits"]
-    assert disk["commits"] / count < 2.5 * link_bytes / count
+    assert disk["vectors"] / vectors < 1.12 * 2 * 384
+    assert disk["commits"] / len(records) < 1024
+    nodes, links = records[0]
+    assert isinstance(links, bytes)
+    assert json.loads(unpack_text(nodes))[0].startswith("source_")
+    assert len(links) < len(unpack_text(links)) / 2
 
 
 def _as_before(path: Path) -> None:

@@ -50,6 +50,7 @@ from mnemo.storage.lexical.fresh import (
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
+from mnemo.storage.lexical.slots import HEAP, wipe_free
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
     WINDOW,
@@ -89,7 +90,6 @@ COMMIT_ABOVE = 2_000
 SAMPLE = 500  # nodes read to estimate the average document length
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
-_HEAP = 32_000_000
 
 
 class LexicalIndex:
@@ -118,6 +118,7 @@ class LexicalIndex:
         # The repos with committed documents (at most two named; under `_lock`), read once per
         # commit: None until read.
         self._repos: list[str] | None = None
+        self._epoch: str | None = None  # the store's epoch the slot's documents are of
         self.slot: Path | None = None
 
     # ---- searching -------------------------------------------------------------------------
@@ -201,7 +202,9 @@ class LexicalIndex:
         whether the index answers for it now. Holds the lock."""
         if repo in self._behind or repo in self._rebuilds:
             return False
-        seq, horizon = self._source.state(repo)
+        seq, horizon, epoch = self._source.state(repo)
+        if epoch != self._epoch:
+            self._restart(epoch)
         applied = self._applied.get(repo, 0)
         if applied == seq:
             return True
@@ -296,7 +299,9 @@ class LexicalIndex:
         log's next entries. True when the repo is current. Holds the lock."""
         cursor = self._rebuilds.get(repo)
         if cursor is None:
-            seq, horizon = self._source.state(repo)
+            seq, horizon, epoch = self._source.state(repo)
+            if epoch != self._epoch:
+                self._restart(epoch)
             applied = self._applied.get(repo, 0)
             if applied == seq:
                 return True
@@ -450,7 +455,7 @@ class LexicalIndex:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             index = open_index(folder, self._schema)
-            writer = index.writer(heap_size=_HEAP, num_threads=1)
+            writer = index.writer(heap_size=HEAP, num_threads=1)
         except ValueError as error:
             if "LockBusy" in str(error):
                 return False
@@ -459,21 +464,57 @@ class LexicalIndex:
             shutil.rmtree(folder)
             folder.mkdir(parents=True)
             index = open_index(folder, self._schema)
-            writer = index.writer(heap_size=_HEAP, num_threads=1)
+            writer = index.writer(heap_size=HEAP, num_threads=1)
         index.config_reader(reload_policy="manual")
         self._index, self._writer, self._repos = index, writer, None
         searcher = index.searcher()
         marks = searcher.search(tv.Query.term_query(self._schema, "key", _EPOCH), 1).hits
         if not marks or searcher.doc(marks[0][1])["id"][0] != epoch:
-            writer.delete_all_documents()
-            writer.add_document(tv.Document(key=_EPOCH, id=epoch))
-            self._commit()
+            self._restart(epoch)
             return True
+        self._epoch = epoch
         meta = tv.Query.term_query(self._schema, "type", _META)
         for _, address in searcher.search(meta, max(1, searcher.num_docs)).hits:
             doc = searcher.doc(address)
             self._applied[doc["id"][0]] = int(doc["seq"][0])
         return True
+
+    def _restart(self, epoch: str) -> None:
+        """Wipes the slot (another store's, or this store's of before an erasure: a document
+        may hold erased words, and tantivy keeps a deleted document's words in its segment
+        until a merge) and marks it as of `epoch`; every repo is then brought up again from
+        the store. The old segments' files are deleted. Holds the lock."""
+        import tantivy as tv
+
+        self._writer.rollback()  # what was applied and not committed is of the old epoch
+        self._writer.delete_all_documents()
+        self._writer.add_document(tv.Document(key=_EPOCH, id=epoch))
+        self._applied.clear()
+        self._rebuilds.clear()
+        self._fresh = Fresh()
+        self._epoch = epoch
+        self._commit()
+        self._writer.garbage_collect_files()
+
+    async def erase(self) -> None:
+        """Something was erased from the store (its epoch changed in the same transaction):
+        wipes this process's slot now, and every slot no process holds (a process holding
+        one wipes it before its next answer, as it reads the epoch with the log's state),
+        and deletes the folders of the index's older layouts. Unreadable leftovers go whole."""
+        await anyio.to_thread.run_sync(self._erase)
+
+    def _erase(self) -> None:
+        with self._lock:
+            try:
+                if self._writer is not None:
+                    epoch = self._source.epoch()
+                    if epoch != self._epoch:
+                        self._restart(epoch)
+                place = self._base / self._source.place()
+            except Exception:
+                log.exception("lexical index: wiping %s failed", self._folder)
+                return
+        wipe_free(place, FORMAT, keep=self.slot)
 
     async def aclose(self) -> None:
         self._closing.set()
@@ -498,4 +539,5 @@ class LexicalIndex:
                     self._index = None
             finally:
                 self._source.close()
+
 

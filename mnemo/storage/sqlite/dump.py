@@ -26,13 +26,15 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite.database import Database, chunks, inspect_file
-from mnemo.storage.sqlite.rows import half_blob, vector_of_half
+from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
 _WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results"}
 # Tables whose vectors are float16.
 _HALF = {"vectors"}
+# JSON columns kept packed (`rows.pack_text`).
+_PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}
 # The vectors are keyed by their node's rowid: read as the neutral (node_id, repo, vec),
 # ordered by that rowid, and written to the node of that id.
 _VECTORS_READ = (
@@ -48,7 +50,8 @@ def _load(kind: Kind, value: object, half: bool = False) -> object:
         moment = datetime.fromisoformat(str(value))
         return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
     if kind is Kind.JSON:
-        return json.loads(str(value))
+        assert isinstance(value, str | bytes)
+        return json.loads(unpack_text(value))
     if kind is Kind.BOOL:
         return bool(value)
     if kind is Kind.FLOAT:
@@ -146,6 +149,10 @@ class SqliteDump:
                                                                    strict=True))
             for row in rows
         ]
+        packed = [i for i, name in enumerate(table.names) if (table.name, name) in _PACKED]
+        if packed:
+            stored = [tuple(pack_text(v) if i in packed and isinstance(v, str) else v
+                            for i, v in enumerate(row)) for row in stored]
         if table.name == "vectors":
             statement = _VECTORS_WRITE
             node_id, vec = table.names.index("node_id"), table.names.index("vec")

@@ -7,8 +7,9 @@ again. Reading the saved graphs back takes seconds.
 The store stays the one truth; the files are a cache of it, checked row by row when read:
 
 - A saved graph holds its links (faiss's HNSW structure without its vectors, compressed:
-  about 60 bytes a row where the vectors took 1,536 and the raw links 272), and per label
-  the node id and a digest of the vector it was built from. At load, a label counts only if
+  about 41 bytes a row where the vectors took 1,536 and the raw links 272), and per label
+  the node id (a type graph's as its place in the every-row graph's list) and a digest of
+  the vector it was built from. At load, a label counts only if
   its node is in the index loaded from the store, with that type and a vector of that
   digest (bit for bit the same, short of a 64-bit collision), and takes that vector from
   the index; every other label is dead from the start (a node removed, replaced or
@@ -31,10 +32,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import lzma
 import os
 import shutil
 import uuid
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,17 +46,27 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo import disk
+from mnemo.graph.ann_search import ALL
 from mnemo.graph.vectors import DEAD, Snapshot
 
 log = logging.getLogger("mnemo")
 
-# 2: links without vectors, compressed; ids compressed; a digest per label.
+# 2: links without vectors, compressed (xz); ids compressed, a type graph's as positions in
+# the every-row graph's; a digest per label.
 FORMAT = 2
 # Labels compared per chunk at load (a chunk's vectors are copied once: 50k x 384 x 4 bytes).
 _CHUNK = 50_000
-# zlib's level for the links and ids: 6 took the links of 20k rows from 272 to 60 bytes a
-# row; lzma's 37 cost several times the time.
-_LEVEL = 6
+# xz's preset for the links and ids: 1 took the links of 20k rows from 272 to 41 bytes a row
+# at 17 MB/s; zlib's level 6 to 60 at 11 MB/s, xz's preset 6 to 37 at 1.7 MB/s.
+_PRESET = 1
+
+
+def _pack(data: bytes) -> bytes:
+    return lzma.compress(data, preset=_PRESET)
+
+
+def _unpack(data: bytes) -> bytes:
+    return lzma.decompress(data)
 # How long a load or save waits for another process's save before giving up on the files.
 _LOCK_WAIT = 600.0
 
@@ -128,14 +139,20 @@ class GraphFolder:
         """Writes one version's files, then points `current` at it."""
         version.mkdir()
         keys = sorted(graphs)
+        # A type graph's ids as positions in the every-row graph's, which holds them all.
+        every = graphs[ALL].labels if ALL in graphs else []
+        position = {node_id: n for n, node_id in enumerate(every)}
         for key in keys:
-            index = graphs[key].index
+            index, labels = graphs[key].index, graphs[key].labels
             writer = faiss.VectorIOWriter()
             faiss.write_index(index, writer, faiss.IO_FLAG_SKIP_STORAGE)
             links = faiss.vector_to_array(writer.data).tobytes()
-            (version / f"g{key}.faiss").write_bytes(zlib.compress(links, _LEVEL))
-            (version / f"g{key}.ids").write_bytes(
-                zlib.compress(json.dumps(graphs[key].labels).encode(), _LEVEL))
+            (version / f"g{key}.faiss").write_bytes(_pack(links))
+            if key != ALL and all(node_id in position for node_id in labels):
+                places = np.fromiter((position[i] for i in labels), dtype="<i4", count=len(labels))
+                (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
+            else:
+                (version / f"g{key}.ids").write_bytes(_pack(json.dumps(labels).encode()))
             (version / f"g{key}.sums").write_bytes(digests(_vectors(index, faiss)).tobytes())
         manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
         (version / "manifest.json").write_text(json.dumps(manifest))
@@ -166,20 +183,29 @@ class GraphFolder:
                     log.info("mnemo: saved HNSW graphs in %s are for other settings", version)
                     return None
                 graphs = {}
-                for key in manifest["graphs"]:
+                every: list[str] = []
+                # The every-row graph first: the others' ids may be positions in its.
+                for key in sorted(manifest["graphs"], key=lambda k: k != ALL):
                     reader = faiss.VectorIOReader()
-                    links = zlib.decompress((version / f"g{key}.faiss").read_bytes())
+                    links = _unpack((version / f"g{key}.faiss").read_bytes())
                     faiss.copy_array_to_vector(np.frombuffer(links, dtype=np.uint8), reader.data)
                     index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
-                    labels = json.loads(zlib.decompress((version / f"g{key}.ids").read_bytes()))
+                    if (version / f"g{key}.pos").exists():
+                        places = np.frombuffer(_unpack((version / f"g{key}.pos").read_bytes()),
+                                               dtype="<i4")
+                        labels = [every[n] for n in places.tolist()]
+                    else:
+                        labels = json.loads(_unpack((version / f"g{key}.ids").read_bytes()))
+                        if key == ALL:
+                            every = [str(i) for i in labels]
                     sums = np.frombuffer((version / f"g{key}.sums").read_bytes(), dtype=np.uint64)
                     if not index.ntotal == len(labels) == len(sums):
                         raise ValueError(f"graph {key}: {index.ntotal} rows, {len(labels)} ids,"
                                          f" {len(sums)} digests")
                     graphs[int(key)] = Saved(index, [str(i) for i in labels], sums)
                 return graphs
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError, filelock.Timeout,
-                zlib.error) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError,
+                filelock.Timeout, lzma.LZMAError) as exc:
             # RuntimeError: faiss's for a truncated or foreign file.
             log.warning("mnemo: saved HNSW graphs in %s not used (%s); rebuilding", self.folder,
                         exc)

@@ -146,7 +146,7 @@ def test_unreadable_files_are_rebuilt_with_a_warning(
         graph = version / "g-1.faiss"
         graph.write_bytes(graph.read_bytes()[:1000])
     elif damage == "missing ids":
-        (version / "g0.ids").unlink()
+        (version / "g0.pos").unlink()
     else:
         (version / "manifest.json").write_text("{not json")
     index = index_of(vectors)

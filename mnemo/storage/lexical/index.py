@@ -50,7 +50,7 @@ from mnemo.storage.lexical.fresh import (
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
-from mnemo.storage.lexical.slots import HEAP, wipe_free
+from mnemo.storage.lexical.slots import HEAP, drop_older, wipe_free
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
     WINDOW,
@@ -77,9 +77,10 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-# The folder's layout (v4: accents folded, texts composed, words of up to 255 bytes kept): a
-# change goes to a new folder.
-FORMAT = "v4"
+# The folder's layout (v4: accents folded, texts composed, words of up to 255 bytes kept; v5:
+# node ids stored, not indexed): a change goes to a new folder (the older ones are deleted at
+# the next erasure, `slots.wipe_free`).
+FORMAT = "v5"
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
 # ever more of them itself, and skip ever more stale copies: BENCHMARKS.md, session 18), and
@@ -178,7 +179,7 @@ class LexicalIndex:
         # The words alone, when nothing else filters, let tantivy skip the blocks that cannot
         # enter the top k (1M nodes: 4.1 -> 1.1 ms); a filter makes it score every match.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
-        found = [(doc["key"][0], doc["id"][0], float(score))
+        found = [(doc["key"][0], doc["id"][0].decode(), float(score))
                  for score, doc in unstale_hits(searcher, query, limit, stale)]
         if fresh:
             weights = {s: idf(documents, df) for df, s in kept}
@@ -271,7 +272,8 @@ class LexicalIndex:
         row, at = doc.row, key(repo, doc.row.rowid)
         self._writer.delete_documents_by_term("key", at)
         self._writer.add_document(tv.Document(
-            key=at, id=row.id, repo=repo, type=row.type, text=doc.text, holds=list(doc.holds)
+            key=at, id=row.id.encode(), repo=repo, type=row.type, text=doc.text,
+            holds=list(doc.holds)
         ))
         if fresh:
             stems = self._analyzer.analyze(doc.text)
@@ -283,7 +285,8 @@ class LexicalIndex:
         import tantivy as tv
 
         self._writer.delete_documents_by_term("key", _META + repo)
-        self._writer.add_document(tv.Document(key=_META + repo, id=repo, type=_META, seq=seq))
+        self._writer.add_document(
+            tv.Document(key=_META + repo, id=repo.encode(), type=_META, seq=seq))
         self._applied[repo] = seq
 
     def _commit(self) -> None:
@@ -436,7 +439,10 @@ class LexicalIndex:
         self._opened = True
         try:
             self._schema, self._analyzer = schema(), analyzer()  # tantivy imported here
-            self._folder = self._base / self._source.place() / FORMAT
+            place = self._base / self._source.place()
+            self._folder = place / FORMAT
+            if place.is_dir():
+                drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
             epoch = self._source.epoch()
             for number in range(SLOTS):
                 folder = self._folder / f"slot-{number}"
@@ -469,14 +475,14 @@ class LexicalIndex:
         self._index, self._writer, self._repos = index, writer, None
         searcher = index.searcher()
         marks = searcher.search(tv.Query.term_query(self._schema, "key", _EPOCH), 1).hits
-        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch:
+        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():
             self._restart(epoch)
             return True
         self._epoch = epoch
         meta = tv.Query.term_query(self._schema, "type", _META)
         for _, address in searcher.search(meta, max(1, searcher.num_docs)).hits:
             doc = searcher.doc(address)
-            self._applied[doc["id"][0]] = int(doc["seq"][0])
+            self._applied[doc["id"][0].decode()] = int(doc["seq"][0])
         return True
 
     def _restart(self, epoch: str) -> None:
@@ -488,7 +494,7 @@ class LexicalIndex:
 
         self._writer.rollback()  # what was applied and not committed is of the old epoch
         self._writer.delete_all_documents()
-        self._writer.add_document(tv.Document(key=_EPOCH, id=epoch))
+        self._writer.add_document(tv.Document(key=_EPOCH, id=epoch.encode()))
         self._applied.clear()
         self._rebuilds.clear()
         self._fresh = Fresh()

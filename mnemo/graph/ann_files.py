@@ -149,11 +149,14 @@ class GraphFolder:
             links = faiss.vector_to_array(writer.data).tobytes()
             (version / f"g{key}.faiss").write_bytes(_pack(links))
             if key != ALL and all(node_id in position for node_id in labels):
+                # Each label's id and digest are those of the every-row graph's last label of
+                # that id: the newest vector the node was inserted with, in both graphs at
+                # once. An older label of the id takes them too, and `adopt` keeps the last.
                 places = np.fromiter((position[i] for i in labels), dtype="<i4", count=len(labels))
                 (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
             else:
                 (version / f"g{key}.ids").write_bytes(_pack(json.dumps(labels).encode()))
-            (version / f"g{key}.sums").write_bytes(digests(_vectors(index, faiss)).tobytes())
+                (version / f"g{key}.sums").write_bytes(digests(_vectors(index, faiss)).tobytes())
         manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
         (version / "manifest.json").write_text(json.dumps(manifest))
         for child in version.iterdir():
@@ -184,6 +187,7 @@ class GraphFolder:
                     return None
                 graphs = {}
                 every: list[str] = []
+                every_sums = np.zeros(0, dtype=np.uint64)
                 # The every-row graph first: the others' ids may be positions in its.
                 for key in sorted(manifest["graphs"], key=lambda k: k != ALL):
                     reader = faiss.VectorIOReader()
@@ -194,11 +198,13 @@ class GraphFolder:
                         places = np.frombuffer(_unpack((version / f"g{key}.pos").read_bytes()),
                                                dtype="<i4")
                         labels = [every[n] for n in places.tolist()]
+                        sums = every_sums[places]
                     else:
                         labels = json.loads(_unpack((version / f"g{key}.ids").read_bytes()))
+                        sums = np.frombuffer((version / f"g{key}.sums").read_bytes(),
+                                             dtype=np.uint64)
                         if key == ALL:
-                            every = [str(i) for i in labels]
-                    sums = np.frombuffer((version / f"g{key}.sums").read_bytes(), dtype=np.uint64)
+                            every, every_sums = [str(i) for i in labels], sums
                     if not index.ntotal == len(labels) == len(sums):
                         raise ValueError(f"graph {key}: {index.ntotal} rows, {len(labels)} ids,"
                                          f" {len(sums)} digests")

@@ -16,7 +16,8 @@ from tests.fakes import FakeEmbedder
 from tests.storage.filled import NODE_WORD, REPO, fill
 
 # The migrations that made today's layout, undone by `_as_before`.
-LAYOUT = ("m017_links_key_first", "m018_commits_in_rows", "m019_half_vectors")
+LAYOUT = ("m017_links_key_first", "m018_commits_packed", "m019_half_vectors",
+          "m020_receipts_packed")
 VECTORS = "SELECT n.id, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 
 
@@ -68,11 +69,13 @@ async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
 
 
 def _as_before(path: Path) -> None:
-    """Puts a store back in the layout of before `LAYOUT`: links with `repo` first,
-    commit records WITHOUT ROWID, vectors as float32; and forgets those migrations."""
+    """Puts a store back in the layout of before `LAYOUT`: links with `repo` first, commit
+    records and receipts as plain JSON (receipts in an ordinary table), vectors as float32;
+    and forgets those migrations."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.create_function("f32", 1, lambda blob: np.frombuffer(blob, dtype=np.float16)
                          .astype(np.float32).tobytes())
+    conn.create_function("plain", 1, unpack_text)
     conn.executescript(
         """
         PRAGMA foreign_keys = OFF;
@@ -93,7 +96,8 @@ def _as_before(path: Path) -> None:
             committed_at TEXT NOT NULL, session_id TEXT, source_id TEXT, nodes TEXT NOT NULL,
             links TEXT NOT NULL, retired TEXT NOT NULL, reworded TEXT NOT NULL
         ) WITHOUT ROWID;
-        INSERT INTO old_commits SELECT * FROM commits;
+        INSERT INTO old_commits SELECT id, repo, seq, committed_at, session_id, source_id,
+            plain(nodes), plain(links), retired, reworded FROM commits;
         DROP TABLE commits;
         ALTER TABLE old_commits RENAME TO commits;
         CREATE UNIQUE INDEX commits_by_repo ON commits(repo, seq);
@@ -107,6 +111,14 @@ def _as_before(path: Path) -> None:
         DROP TABLE vectors;
         ALTER TABLE old_vectors RENAME TO vectors;
         CREATE INDEX vectors_by_repo ON vectors(repo);
+        CREATE TABLE old_applied (
+            id TEXT PRIMARY KEY, repo TEXT NOT NULL, receipt TEXT NOT NULL,
+            applied_at TEXT NOT NULL
+        );
+        INSERT INTO old_applied SELECT id, repo, plain(receipt), applied_at
+            FROM applied_changesets;
+        DROP TABLE applied_changesets;
+        ALTER TABLE old_applied RENAME TO applied_changesets;
         """
     )
     conn.executemany("DELETE FROM _sqlite_migrations WHERE name = ?", [(m,) for m in LAYOUT])
@@ -124,6 +136,7 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
     with sqlite3.connect(path) as conn:
         links = sorted(conn.execute("SELECT repo, src, dst, type FROM links").fetchall())
         commits = sorted(conn.execute("SELECT * FROM commits").fetchall())
+        receipts = sorted(conn.execute("SELECT * FROM applied_changesets").fetchall())
         vectors = dict(conn.execute(VECTORS).fetchall())
     conn.close()
     _as_before(path)
@@ -134,6 +147,7 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
     with sqlite3.connect(path) as conn:
         assert sorted(conn.execute("SELECT repo, src, dst, type FROM links")) == links
         assert sorted(conn.execute("SELECT * FROM commits")) == commits
+        assert sorted(conn.execute("SELECT * FROM applied_changesets")) == receipts
         after = dict(conn.execute(VECTORS).fetchall())
         applied = {name for (name,) in conn.execute("SELECT name FROM _sqlite_migrations")}
     conn.close()

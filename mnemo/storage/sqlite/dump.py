@@ -30,8 +30,7 @@ from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
-_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results", "commits",
-                  "applied_changesets"}
+_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results"}
 # Tables whose vectors are float16.
 _HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).

@@ -138,8 +138,10 @@ class LexicalIndex:
     def _search(
         self, repo: str, words: list[str], limit: int, kinds: list[str] | None
     ) -> list[tuple[str, float]] | None:
-        if repo in self._behind:
-            return None  # being rebuilt: the store's search answers
+        if repo in self._behind or repo in self._rebuilds:
+            # Being rebuilt (read without the lock, which a rebuild's batch holds for a few
+            # hundred milliseconds): the store's search answers.
+            return None
         # Held by the background thread for one batch at most; a disk that stalls for longer
         # lets the store's search answer.
         if not self._lock.acquire(timeout=LOCK_WAIT):
@@ -320,6 +322,12 @@ class LexicalIndex:
             self._writer.delete_documents_by_term("key", _META + repo)
             self._applied.pop(repo, None)
             cursor = (seq, 0)
+            if seq > BATCH:
+                # Marked before the first batch when it will not be the last (a repo wiped by
+                # an erasure, say): a search meanwhile lets the store's search answer, rather
+                # than wait for the batch's lock (a few hundred milliseconds). One batch is
+                # waited for: the search then answers from it.
+                self._rebuilds[repo] = cursor
         target, after = cursor
         rows = self._source.nodes(repo, after, BATCH)
         for doc in documents(self._source, repo, rows):

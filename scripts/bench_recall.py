@@ -359,10 +359,11 @@ async def prepare(path: Path, graph: Graph, embedder: WordVectorEmbedder) -> tup
                     [(i, REPO, kind, text, data, key, source, created)
                      for i, kind, text, data, key, source, created in rows],
                 )
+                # mnemo's layout: float16, keyed by the node's rowid.
                 conn.executemany(
-                    "INSERT INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
-                    [(row[0], REPO, vector.tobytes()) for row, vector in zip(rows, vectors,
-                                                                             strict=True)],
+                    "INSERT INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
+                    [(vector.astype(np.float16).tobytes(), row[0])
+                     for row, vector in zip(rows, vectors, strict=True)],
                 )
             conn.executemany(
                 "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",

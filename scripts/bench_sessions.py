@@ -693,9 +693,10 @@ def graph_rows(path: Path, repo: str) -> GraphRows:
                 "SELECT id, repo, type, text, data, key, source_id, created_at FROM nodes"
                 " WHERE repo = ? ORDER BY rowid", (repo,),
             ).fetchall(),
+            # mnemo's vectors are keyed by the node's rowid (float16): written back by id.
             vectors=conn.execute(
-                "SELECT v.node_id, v.repo, v.vec FROM vectors v JOIN nodes n ON n.id = v.node_id"
-                " WHERE v.repo = ? ORDER BY n.rowid", (repo,),
+                "SELECT v.vec, n.id FROM vectors v JOIN nodes n ON n.rowid = v.node"
+                " WHERE n.repo = ? ORDER BY n.rowid", (repo,),
             ).fetchall(),
             links=conn.execute(
                 "SELECT repo, src, dst, type FROM links WHERE repo = ?", (repo,)
@@ -720,7 +721,8 @@ def _raw_commit_once(path: Path, ddl: Sequence[str], rows: GraphRows) -> float:
         "INSERT INTO nodes(id, repo, type, text, data, key, source_id, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows.nodes,
     )
-    conn.executemany("INSERT INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)", rows.vectors)
+    conn.executemany("INSERT INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
+                     rows.vectors)
     conn.executemany("INSERT INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)", rows.links)
     conn.execute("COMMIT")
     elapsed = time.perf_counter() - start

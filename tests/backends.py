@@ -46,6 +46,14 @@ def is_sqlite(owner: mnemo.Memory | Backend) -> bool:
     return isinstance(backend_of(owner), SqliteBackend)
 
 
+def vector_of(node_id: str, owner: mnemo.Memory | Backend) -> str:
+    """A WHERE clause for the row of `vectors` of the node `node_id` (an id without quotes):
+    SQLite keys a vector by its node's rowid, PostgreSQL by the node's id."""
+    if is_sqlite(owner):
+        return f"node = (SELECT rowid FROM nodes WHERE id = '{node_id}')"
+    return f"node_id = '{node_id}'"
+
+
 async def sql(
     owner: mnemo.Memory | Backend, statement: str, *params: object
 ) -> list[tuple[Any, ...]]:

@@ -180,7 +180,7 @@ class HnswBuilder:
             seq = self._seq
             self._removed_in_build = set()
         snap = self._index.snapshot()
-        adopted = ann_files.adopt(saved, snap, ALL, self._faiss)
+        adopted = ann_files.adopt(saved, snap, ALL)
         labels_total = sum(len(g.labels) for key, g in saved.items() if key != ALL)
         # Dead labels past half the rebuild fraction would soon set a rebuild off; missing
         # rows are inserted, a millisecond each at 1M rows, far less than a rebuild.
@@ -195,6 +195,7 @@ class HnswBuilder:
             return False
         graphs = {}
         for key, graph in saved.items():
+            ann_files.restore(graph, adopted.rows[key], snap, self._faiss)
             graph.index.hnsw.efSearch = self.params.ef_search
             graphs[key] = Graph(graph.index, graph.labels, adopted.dead.get(key, 0))
         self._publish(graphs, dict(adopted.labels), seq, adopted.missing, read=True)

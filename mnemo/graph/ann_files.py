@@ -6,22 +6,25 @@ again. Reading the saved graphs back takes seconds.
 
 The store stays the one truth; the files are a cache of it, checked row by row when read:
 
-- A saved graph holds, per label, the node id and the vector it was built from (faiss's
-  `IndexHNSWFlat` keeps its vectors). At load, a label counts only if its node is in the
-  index loaded from the store, with that type and bit for bit that vector; every other
-  label is dead from the start (a node removed, replaced or reworded since the save, by
-  this process or another). Rows of the store that no live label holds are inserted as new
-  ones. A repo changed too much since the save (dead or missing rows past the rebuild
-  fraction) is rebuilt instead, and so is one whose files are unreadable, from another
-  faiss format, or for other HNSW settings.
+- A saved graph holds its links (faiss's HNSW structure without its vectors, compressed:
+  about 41 bytes a row where the vectors took 1,536 and the raw links 272), and per label
+  the node id (a type graph's as its place in the every-row graph's list) and a digest of
+  the vector it was built from. At load, a label counts only if
+  its node is in the index loaded from the store, with that type and a vector of that
+  digest (bit for bit the same, short of a 64-bit collision), and takes that vector from
+  the index; every other label is dead from the start (a node removed, replaced or
+  reworded since the save, by this process or another) and gets a zero vector, never
+  answered (the re-rank drops dead labels). Rows of the store that no live label holds are
+  inserted as new ones. A repo changed too much since the save (dead or missing rows past
+  the rebuild fraction) is rebuilt instead, and so is one whose files are unreadable, from
+  another format, or for other HNSW settings.
 - A save writes a new folder (`v-<random>`) and then points `current` at it with an atomic
   rename; older folders are deleted afterwards. A process killed mid-save leaves the
   previous save current (or none); its half-written folder is deleted by the next save.
 - Several processes may share the folder: saves and loads take its lock file, so a load
   never reads a folder another process is deleting.
-- What a removed node leaves: its vector stays in the saved files until the next save after
-  a rebuild (as a deleted row's bytes stay in SQLite's free pages), and is never searchable
-  again: the check above drops it.
+- What a removed node leaves: its id and its vector's digest, never its vector nor anything
+  of its text, until the next save; it is never searchable again: the check above drops it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import lzma
 import os
 import shutil
 import uuid
@@ -42,35 +46,53 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo import disk
+from mnemo.graph.ann_search import ALL
 from mnemo.graph.vectors import DEAD, Snapshot
 
 log = logging.getLogger("mnemo")
 
-FORMAT = 1
+# 2: links without vectors, compressed (xz); ids compressed, a type graph's as positions in
+# the every-row graph's; a digest per label.
+FORMAT = 2
 # Labels compared per chunk at load (a chunk's vectors are copied once: 50k x 384 x 4 bytes).
 _CHUNK = 50_000
+# xz's preset for the links and ids: 1 took the links of 20k rows from 272 to 41 bytes a row
+# at 17 MB/s; zlib's level 6 to 60 at 11 MB/s, xz's preset 6 to 37 at 1.7 MB/s.
+_PRESET = 1
+
+
+def _pack(data: bytes) -> bytes:
+    return lzma.compress(data, preset=_PRESET)
+
+
+def _unpack(data: bytes) -> bytes:
+    return lzma.decompress(data)
 # How long a load or save waits for another process's save before giving up on the files.
 _LOCK_WAIT = 600.0
 
 
 @dataclass(frozen=True, slots=True)
 class Saved:
-    """One graph as read back: the faiss index and the node id of each label."""
+    """One graph: the faiss index and the node id of each label; as read back, the index has
+    no vectors yet (`adopt` gives it the store's) and `digests` holds each label's."""
 
     index: Any
     labels: list[str]
+    digests: npt.NDArray[np.uint64] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Adopted:
     """What a load keeps of the saved graphs: per graph key, how many of its labels are dead;
     per live node id, its (type code, label, label in the every-row graph); the snapshot's
-    ids no live label holds; and how many labels of the type graphs are dead."""
+    ids no live label holds; how many labels of the type graphs are dead; and per graph key,
+    the snapshot's row of each label (-1: dead), whose vectors `restore` gives the graph."""
 
     dead: dict[int, int]
     labels: dict[str, tuple[int, int, int]]
     missing: list[str]
     dead_total: int
+    rows: dict[int, npt.NDArray[np.int64]]
 
 
 def repo_folder(root: Path, repo: str) -> Path:
@@ -117,9 +139,24 @@ class GraphFolder:
         """Writes one version's files, then points `current` at it."""
         version.mkdir()
         keys = sorted(graphs)
+        # A type graph's ids as positions in the every-row graph's, which holds them all.
+        every = graphs[ALL].labels if ALL in graphs else []
+        position = {node_id: n for n, node_id in enumerate(every)}
         for key in keys:
-            faiss.write_index(graphs[key].index, str(version / f"g{key}.faiss"))
-            (version / f"g{key}.ids.json").write_text(json.dumps(graphs[key].labels))
+            index, labels = graphs[key].index, graphs[key].labels
+            writer = faiss.VectorIOWriter()
+            faiss.write_index(index, writer, faiss.IO_FLAG_SKIP_STORAGE)
+            links = faiss.vector_to_array(writer.data).tobytes()
+            (version / f"g{key}.faiss").write_bytes(_pack(links))
+            if key != ALL and all(node_id in position for node_id in labels):
+                # Each label's id and digest are those of the every-row graph's last label of
+                # that id: the newest vector the node was inserted with, in both graphs at
+                # once. An older label of the id takes them too, and `adopt` keeps the last.
+                places = np.fromiter((position[i] for i in labels), dtype="<i4", count=len(labels))
+                (version / f"g{key}.pos").write_bytes(_pack(places.tobytes()))
+            else:
+                (version / f"g{key}.ids").write_bytes(_pack(json.dumps(labels).encode()))
+                (version / f"g{key}.sums").write_bytes(digests(_vectors(index, faiss)).tobytes())
         manifest = {"format": FORMAT, "settings": self._settings, "graphs": keys}
         (version / "manifest.json").write_text(json.dumps(manifest))
         for child in version.iterdir():
@@ -149,14 +186,32 @@ class GraphFolder:
                     log.info("mnemo: saved HNSW graphs in %s are for other settings", version)
                     return None
                 graphs = {}
-                for key in manifest["graphs"]:
-                    index = faiss.read_index(str(version / f"g{key}.faiss"))
-                    labels = json.loads((version / f"g{key}.ids.json").read_text())
-                    if index.ntotal != len(labels):
-                        raise ValueError(f"graph {key}: {index.ntotal} vectors, {len(labels)} ids")
-                    graphs[int(key)] = Saved(index, [str(i) for i in labels])
+                every: list[str] = []
+                every_sums = np.zeros(0, dtype=np.uint64)
+                # The every-row graph first: the others' ids may be positions in its.
+                for key in sorted(manifest["graphs"], key=lambda k: k != ALL):
+                    reader = faiss.VectorIOReader()
+                    links = _unpack((version / f"g{key}.faiss").read_bytes())
+                    faiss.copy_array_to_vector(np.frombuffer(links, dtype=np.uint8), reader.data)
+                    index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_STORAGE)
+                    if (version / f"g{key}.pos").exists():
+                        places = np.frombuffer(_unpack((version / f"g{key}.pos").read_bytes()),
+                                               dtype="<i4")
+                        labels = [every[n] for n in places.tolist()]
+                        sums = every_sums[places]
+                    else:
+                        labels = json.loads(_unpack((version / f"g{key}.ids").read_bytes()))
+                        sums = np.frombuffer((version / f"g{key}.sums").read_bytes(),
+                                             dtype=np.uint64)
+                        if key == ALL:
+                            every, every_sums = [str(i) for i in labels], sums
+                    if not index.ntotal == len(labels) == len(sums):
+                        raise ValueError(f"graph {key}: {index.ntotal} rows, {len(labels)} ids,"
+                                         f" {len(sums)} digests")
+                    graphs[int(key)] = Saved(index, [str(i) for i in labels], sums)
                 return graphs
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError, filelock.Timeout) as exc:
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError, IndexError,
+                filelock.Timeout, lzma.LZMAError) as exc:
             # RuntimeError: faiss's for a truncated or foreign file.
             log.warning("mnemo: saved HNSW graphs in %s not used (%s); rebuilding", self.folder,
                         exc)
@@ -166,14 +221,16 @@ class GraphFolder:
         return filelock.FileLock(str(self.folder / "lock"), timeout=_LOCK_WAIT)
 
 
-def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int, faiss: Any) -> Adopted:
+def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int) -> Adopted:
     """Checks saved graphs against the index's rows (`snap`): see the module docstring.
     `every` is the key of the graph of every row; the others are keyed by type code."""
     live: dict[int, dict[str, int]] = {}
     dead: dict[int, int] = {}
+    rows_of: dict[int, npt.NDArray[np.int64]] = {}
     for key, saved in graphs.items():
-        kept = _matching(saved, snap, None if key == every else key, faiss)
+        kept, rows = _matching(saved, snap, None if key == every else key)
         live[key] = kept
+        rows_of[key] = rows
         dead[key] = len(saved.labels) - len(kept)
     in_every = live.get(every, {})
     labels: dict[str, tuple[int, int, int]] = {}
@@ -194,17 +251,48 @@ def adopt(graphs: Mapping[int, Saved], snap: Snapshot, every: int, faiss: Any) -
     present = np.flatnonzero(codes[:count] != DEAD)
     missing = [ids[row] for row in present.tolist() if ids[row] not in labels]
     dead_total = sum(n for key, n in dead.items() if key != every)
-    return Adopted(dead, labels, missing, dead_total)
+    return Adopted(dead, labels, missing, dead_total, rows_of)
 
 
-def _matching(saved: Saved, snap: Snapshot, code: int | None, faiss: Any) -> dict[str, int]:
-    """node id -> label, for the labels whose node is a row of `snap` (of type `code`, or
-    of any type) with the very vector the label was built from; the last label of an id
-    wins when several match."""
+def restore(saved: Saved, rows: npt.NDArray[np.int64], snap: Snapshot, faiss: Any) -> None:
+    """Gives a graph read back its vectors: each label's row of `snap` (`Adopted.rows`), a
+    zero vector for a dead label (never answered)."""
+    dim = int(saved.index.d)
+    vectors = np.zeros((len(rows), dim), dtype=np.float32)
+    live = rows >= 0
+    for start in range(0, len(rows), _CHUNK):
+        chunk = slice(start, min(start + _CHUNK, len(rows)))
+        idx = np.flatnonzero(live[chunk]) + start
+        vectors[idx] = snap.matrix[rows[idx]]
+    storage = faiss.IndexFlatIP(dim)
+    if len(vectors):
+        storage.add(vectors)
+    storage.this.disown()  # the graph owns it from here, and frees it with itself
+    saved.index.storage = storage
+    saved.index.own_fields = True
+
+
+def digests(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.uint64]:
+    """A 64-bit digest of each row (BLAKE2b of its float32 bytes)."""
+    rows = np.ascontiguousarray(vectors, dtype=np.float32)
+    found = np.empty(len(rows), dtype=np.uint64)
+    for i, row in enumerate(rows):
+        found[i] = int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(),
+                                  "little")
+    return found
+
+
+def _matching(
+    saved: Saved, snap: Snapshot, code: int | None
+) -> tuple[dict[str, int], npt.NDArray[np.int64]]:
+    """(node id -> label, for the labels whose node is a row of `snap` (of type `code`, or
+    of any type) with the very vector the label was built from, the last label of an id
+    winning when several match; and each label's row of `snap`, -1 for the others)."""
     labels = saved.labels
     n = len(labels)
     if n == 0:
-        return {}
+        return {}, np.zeros(0, dtype=np.int64)
+    assert saved.digests is not None, "a graph read back has its digests"
     count, matrix, codes, _, rows_of, _ = snap
     rows = np.fromiter((rows_of.get(node_id, -1) for node_id in labels), dtype=np.int64,
                        count=n)
@@ -212,14 +300,18 @@ def _matching(saved: Saved, snap: Snapshot, code: int | None, faiss: Any) -> dic
     types = np.full(n, DEAD, dtype=np.int8)
     types[ok] = codes[rows[ok]]
     ok &= types != DEAD if code is None else types == code
-    stored = _vectors(saved.index, faiss)
     for start in range(0, n, _CHUNK):
         chunk = slice(start, min(start + _CHUNK, n))
         idx = np.flatnonzero(ok[chunk]) + start
         if len(idx):
-            same = np.all(stored[idx] == matrix[rows[idx]], axis=1)
+            same = digests(matrix[rows[idx]]) == saved.digests[idx]
             ok[idx[~same]] = False
-    return {labels[label]: label for label in np.flatnonzero(ok).tolist()}
+    kept = {labels[label]: label for label in np.flatnonzero(ok).tolist()}
+    # Of an id with several matching labels only the last is live: the others are dead.
+    live = np.full(n, -1, dtype=np.int64)
+    chosen = np.fromiter(kept.values(), dtype=np.int64, count=len(kept))
+    live[chosen] = rows[chosen]
+    return kept, live
 
 
 def _vectors(index: Any, faiss: Any) -> npt.NDArray[np.float32]:

@@ -64,6 +64,17 @@ def heirs(
     return found, dropped
 
 
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What a source committed: its commits, the nodes they added, the intents they
+    re-worded. The source is an ingested source (its commits name it), a session (its
+    commits name it) or an episode (the commits its steps were committed in)."""
+
+    commits: list[str]
+    added: set[str]
+    reworded: set[str]
+
+
 # (intents the source created or re-worded, (intent, data, source) of other sources'
 # procedures linked to them, oldest first): what `heirs` reads.
 Inherited = tuple[list[str], list[tuple[str, Any, str | None]]]

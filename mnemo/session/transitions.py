@@ -172,6 +172,10 @@ async def _annotate_and_store(
     action: str,
     metadata: dict[str, Any] | None,
 ) -> StepInfo:
+    # The store's state, once this append's turn came: a move another Memory made before
+    # (a close, say) is answered by the state table as the store holds it
+    # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
+    await live.fetch(session.id, fresh=True)
     moved = False
     while True:
         if moved and not session.ended and session.state is not S.COLLECTING:
@@ -291,20 +295,26 @@ async def commit(
         session.failure = None
         await extracting.start(live, session, "commit", op)
         return None
-    changeset = session.changeset
-    episode = session.episode
-    assert changeset is not None, "a ready session holds its changeset"
-    wanted = set(changeset.step_ids)
-    steps = [s for s in episode.steps if s.id in wanted] if episode else []
     async with session.lock:
-        refuse_unless(session, "commit")
-        try:
-            receipt = await extracting.commit_steps(live, session, changeset, steps, S.IDLE)
-        except StaleSession:
-            # Another Memory moved the session (committed it, say): nothing was written.
-            await live.reload(session, conflict=True)
+        for attempt in range(_ATTEMPTS):
             refuse_unless(session, "commit")
-            raise SessionError("conflict", state=session.state, session_id=session.id) from None
+            changeset = session.changeset
+            episode = session.episode
+            assert changeset is not None, "a ready session holds its changeset"
+            wanted = set(changeset.step_ids)
+            steps = [s for s in episode.steps if s.id in wanted] if episode else []
+            try:
+                receipt = await extracting.commit_steps(live, session, changeset, steps, S.IDLE)
+                break
+            except StaleSession as exc:
+                # Another Memory moved the session: nothing was written. Committed or
+                # discarded there, the table refuses; still ready (its holder changed, say),
+                # the commit is tried again on the session as it now is.
+                if attempt == _ATTEMPTS - 1:
+                    raise StorageError(
+                        "busy", f"{session.id}: other Memory objects keep moving it"
+                    ) from exc
+                await live.reload(session, conflict=True)
         if session.state is not S.READY:
             # A read took in this very write while it was being made, as `move` allows for.
             live.machines.force(session.model, S.READY)

@@ -40,7 +40,7 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.storage.ports import Backend
-from tests.backends import is_sqlite, open_stores, sql
+from tests.backends import is_sqlite, open_stores, sql, vector_of
 from tests.fakes import sqlite_database
 from tests.graph._support import DIM, REPO, at_cosine, axis, draft, policy
 
@@ -210,7 +210,8 @@ async def test_consolidate_merges_duplicates_keeping_links_and_metadata(
     ]
     assert [n for n, _ in await graph.search_text(REPO, "cupboard", 10)] == ["E2"]
     assert "B" not in {n for n, _ in await graph.search_vectors(REPO, at_cosine(0.9), 10)}
-    assert await sql(backend, "SELECT count(*) FROM vectors WHERE node_id = 'B'") == [(0,)]
+    left = await sql(backend, "SELECT count(*) FROM vectors WHERE " + vector_of("B", backend))
+    assert left == [(0,)]
 
 
 async def test_consolidate_compares_new_nodes_only_unless_full(
@@ -411,7 +412,8 @@ async def test_validate_removes_dangling_links(trajectory: GraphStore, backend: 
 
         def sneak(db: SqliteUtilsDatabase) -> None:
             db.conn.execute("PRAGMA foreign_keys=OFF")
-            db.conn.execute("INSERT INTO links VALUES ('r', 's1', 'ghost', 'provenance')")
+            db.conn.execute("INSERT INTO links(repo, src, dst, type)"
+                            " VALUES ('r', 's1', 'ghost', 'provenance')")
             db.conn.commit()
             db.conn.execute("PRAGMA foreign_keys=ON")
 
@@ -430,9 +432,9 @@ async def test_validate_reports_missing_and_bad_vectors(
 ) -> None:
     """Vectors cannot be made again here: missing and wrong-size ones are reported, each run."""
     graph = trajectory
-    await sql(backend, "DELETE FROM vectors WHERE node_id = 's1'")
+    await sql(backend, "DELETE FROM vectors WHERE " + vector_of("s1", backend))
     wrong = "zeroblob(12)" if is_sqlite(backend) else "'[0, 0, 0]'"
-    await sql(backend, f"UPDATE vectors SET vec = {wrong} WHERE node_id = 's2'")
+    await sql(backend, f"UPDATE vectors SET vec = {wrong} WHERE " + vector_of("s2", backend))
     bad = 1
     for _ in range(2):
         report = await validate_episodic(graph, REPO)

@@ -51,7 +51,9 @@ async def counts(backend: Backend, repo: str = REPO) -> dict[str, int]:
     return {
         "nodes": await one("SELECT count(*) FROM nodes WHERE repo = ?"),
         "links": await one("SELECT count(*) FROM links WHERE repo = ?"),
-        "vectors": await one("SELECT count(*) FROM vectors WHERE repo = ?"),
+        "vectors": await one(
+            "SELECT count(*) FROM vectors v JOIN nodes n ON n.rowid = v.node WHERE n.repo = ?"
+            if is_sqlite(backend) else "SELECT count(*) FROM vectors WHERE repo = ?"),
         "fts": await one(searched),
     }
 

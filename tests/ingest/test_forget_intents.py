@@ -106,7 +106,8 @@ async def test_an_intent_another_source_uses_takes_its_wording(
     assert gone_word not in repr((intent.text, intent.data))
     vectors = await mem._graph.vectors(REPO, [intent.id])
     expected = (await embedder.embed([wording]))[0]
-    assert np.allclose(vectors[intent.id], expected, atol=1e-6)
+    # SQLite keeps vectors as float16: equal within its precision.
+    assert np.allclose(vectors[intent.id], expected, atol=1e-3)
     found = await mem.recall(REPO, f"oven {gone_word}", types=[N.INTENT], reinforce=False)
     assert all(gone_word not in m.node.text for m in found.memories)
     await mem.forget(REPO, kept)

@@ -14,6 +14,7 @@ import numpy as np
 import psycopg
 
 import mnemo
+from mnemo.storage.sqlite.rows import unpack_text
 from mnemo.storage.transfer import TABLES, Kind, Table
 from tests.conversation._support import ScriptedEviction, assistant, user
 from tests.fakes import FakeEmbedder
@@ -97,6 +98,8 @@ def _normal(kind: Kind, value: Any) -> Any:
         moment = datetime.fromisoformat(value) if isinstance(value, str) else value
         return moment.astimezone(UTC)
     if kind is Kind.JSON:
+        if isinstance(value, bytes):  # a SQLite commit record's or receipt's, packed
+            return json.loads(unpack_text(value))
         return json.loads(value) if isinstance(value, str) else value
     if kind is Kind.BOOL:
         return bool(value)
@@ -122,9 +125,16 @@ def _sorted(table: Table, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 def sqlite_rows(path: Path, table: Table, *, raw: bool = False) -> list[tuple[Any, ...]]:
     """`table`'s rows in the SQLite file, by key (as stored when `raw`)."""
     columns = ", ".join(table.names)
+    if table.name == "vectors":  # float16, keyed by the node's rowid
+        select = "SELECT n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
+    else:
+        select = f"SELECT {columns} FROM {table.name}"
     with sqlite3.connect(path) as conn:
-        rows = conn.execute(f"SELECT {columns} FROM {table.name}").fetchall()
+        rows = conn.execute(select).fetchall()
     conn.close()
+    if table.name == "vectors" and not raw:
+        rows = [(node_id, repo, np.frombuffer(vec, dtype=np.float16).astype(np.float32)
+                 .tobytes()) for node_id, repo, vec in rows]
     if not raw:
         rows = [tuple(_normal(k, v) for k, v in zip(table.kinds, row, strict=True))
                 for row in rows]

@@ -49,6 +49,7 @@ from mnemo.storage.lexical.fresh import (
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
+from mnemo.storage.lexical.slots import HEAP, drop_older, wipe_free
 from mnemo.storage.lexical.source import LexicalSource
 from mnemo.storage.lexical.windows import (
     WINDOW,
@@ -76,9 +77,10 @@ LOCK_WAIT = 5.0
 # store's log keeps no more of a repo's entries (its triggers drop older ones).
 LOG_KEEP = 50_000
 SLOTS = 16
-# The folder's layout (v4: accents folded, texts composed, words of up to 255 bytes kept): a
-# change goes to a new folder.
-FORMAT = "v4"
+# The folder's layout (v4: accents folded, texts composed, words of up to 255 bytes kept; v5:
+# node ids stored, not indexed): a change goes to a new folder (the older ones are deleted at
+# the next erasure, `slots.wipe_free`).
+FORMAT = "v5"
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
 # ever more of them itself, and skip ever more stale copies: BENCHMARKS.md, session 18), and
@@ -89,7 +91,6 @@ COMMIT_ABOVE = 2_000
 SAMPLE = 500  # nodes read to estimate the average document length
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
-_HEAP = 32_000_000
 
 
 class LexicalIndex:
@@ -118,6 +119,7 @@ class LexicalIndex:
         # The repos with committed documents (at most two named; under `_lock`), read once per
         # commit: None until read.
         self._repos: list[str] | None = None
+        self._epoch: str | None = None  # the store's epoch the slot's documents are of
         self.slot: Path | None = None
 
     # ---- searching -------------------------------------------------------------------------
@@ -136,8 +138,10 @@ class LexicalIndex:
     def _search(
         self, repo: str, words: list[str], limit: int, kinds: list[str] | None
     ) -> list[tuple[str, float]] | None:
-        if repo in self._behind:
-            return None  # being rebuilt: the store's search answers
+        if repo in self._behind or repo in self._rebuilds:
+            # Being rebuilt (read without the lock, which a rebuild's batch holds for a few
+            # hundred milliseconds): the store's search answers.
+            return None
         # Held by the background thread for one batch at most; a disk that stalls for longer
         # lets the store's search answer.
         if not self._lock.acquire(timeout=LOCK_WAIT):
@@ -177,7 +181,7 @@ class LexicalIndex:
         # The words alone, when nothing else filters, let tantivy skip the blocks that cannot
         # enter the top k (1M nodes: 4.1 -> 1.1 ms); a filter makes it score every match.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
-        found = [(doc["key"][0], doc["id"][0], float(score))
+        found = [(doc["key"][0], doc["id"][0].decode(), float(score))
                  for score, doc in unstale_hits(searcher, query, limit, stale)]
         if fresh:
             weights = {s: idf(documents, df) for df, s in kept}
@@ -201,7 +205,9 @@ class LexicalIndex:
         whether the index answers for it now. Holds the lock."""
         if repo in self._behind or repo in self._rebuilds:
             return False
-        seq, horizon = self._source.state(repo)
+        seq, horizon, epoch = self._source.state(repo)
+        if epoch != self._epoch:
+            self._restart(epoch)
         applied = self._applied.get(repo, 0)
         if applied == seq:
             return True
@@ -268,7 +274,8 @@ class LexicalIndex:
         row, at = doc.row, key(repo, doc.row.rowid)
         self._writer.delete_documents_by_term("key", at)
         self._writer.add_document(tv.Document(
-            key=at, id=row.id, repo=repo, type=row.type, text=doc.text, holds=list(doc.holds)
+            key=at, id=row.id.encode(), repo=repo, type=row.type, text=doc.text,
+            holds=list(doc.holds)
         ))
         if fresh:
             stems = self._analyzer.analyze(doc.text)
@@ -280,7 +287,8 @@ class LexicalIndex:
         import tantivy as tv
 
         self._writer.delete_documents_by_term("key", _META + repo)
-        self._writer.add_document(tv.Document(key=_META + repo, id=repo, type=_META, seq=seq))
+        self._writer.add_document(
+            tv.Document(key=_META + repo, id=repo.encode(), type=_META, seq=seq))
         self._applied[repo] = seq
 
     def _commit(self) -> None:
@@ -296,7 +304,9 @@ class LexicalIndex:
         log's next entries. True when the repo is current. Holds the lock."""
         cursor = self._rebuilds.get(repo)
         if cursor is None:
-            seq, horizon = self._source.state(repo)
+            seq, horizon, epoch = self._source.state(repo)
+            if epoch != self._epoch:
+                self._restart(epoch)
             applied = self._applied.get(repo, 0)
             if applied == seq:
                 return True
@@ -312,6 +322,12 @@ class LexicalIndex:
             self._writer.delete_documents_by_term("key", _META + repo)
             self._applied.pop(repo, None)
             cursor = (seq, 0)
+            if seq > BATCH:
+                # Marked before the first batch when it will not be the last (a repo wiped by
+                # an erasure, say): a search meanwhile lets the store's search answer, rather
+                # than wait for the batch's lock (a few hundred milliseconds). One batch is
+                # waited for: the search then answers from it.
+                self._rebuilds[repo] = cursor
         target, after = cursor
         rows = self._source.nodes(repo, after, BATCH)
         for doc in documents(self._source, repo, rows):
@@ -431,7 +447,10 @@ class LexicalIndex:
         self._opened = True
         try:
             self._schema, self._analyzer = schema(), analyzer()  # tantivy imported here
-            self._folder = self._base / self._source.place() / FORMAT
+            place = self._base / self._source.place()
+            self._folder = place / FORMAT
+            if place.is_dir():
+                drop_older(place, FORMAT)  # a cache of an older layout, rebuilt here
             epoch = self._source.epoch()
             for number in range(SLOTS):
                 folder = self._folder / f"slot-{number}"
@@ -450,7 +469,7 @@ class LexicalIndex:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             index = open_index(folder, self._schema)
-            writer = index.writer(heap_size=_HEAP, num_threads=1)
+            writer = index.writer(heap_size=HEAP, num_threads=1)
         except ValueError as error:
             if "LockBusy" in str(error):
                 return False
@@ -459,21 +478,57 @@ class LexicalIndex:
             shutil.rmtree(folder)
             folder.mkdir(parents=True)
             index = open_index(folder, self._schema)
-            writer = index.writer(heap_size=_HEAP, num_threads=1)
+            writer = index.writer(heap_size=HEAP, num_threads=1)
         index.config_reader(reload_policy="manual")
         self._index, self._writer, self._repos = index, writer, None
         searcher = index.searcher()
         marks = searcher.search(tv.Query.term_query(self._schema, "key", _EPOCH), 1).hits
-        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch:
-            writer.delete_all_documents()
-            writer.add_document(tv.Document(key=_EPOCH, id=epoch))
-            self._commit()
+        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():
+            self._restart(epoch)
             return True
+        self._epoch = epoch
         meta = tv.Query.term_query(self._schema, "type", _META)
         for _, address in searcher.search(meta, max(1, searcher.num_docs)).hits:
             doc = searcher.doc(address)
-            self._applied[doc["id"][0]] = int(doc["seq"][0])
+            self._applied[doc["id"][0].decode()] = int(doc["seq"][0])
         return True
+
+    def _restart(self, epoch: str) -> None:
+        """Wipes the slot (another store's, or this store's of before an erasure: a document
+        may hold erased words, and tantivy keeps a deleted document's words in its segment
+        until a merge) and marks it as of `epoch`; every repo is then brought up again from
+        the store. The old segments' files are deleted. Holds the lock."""
+        import tantivy as tv
+
+        self._writer.rollback()  # what was applied and not committed is of the old epoch
+        self._writer.delete_all_documents()
+        self._writer.add_document(tv.Document(key=_EPOCH, id=epoch.encode()))
+        self._applied.clear()
+        self._rebuilds.clear()
+        self._fresh = Fresh()
+        self._epoch = epoch
+        self._commit()
+        self._writer.garbage_collect_files()
+
+    async def erase(self) -> None:
+        """Something was erased from the store (its epoch changed in the same transaction):
+        wipes this process's slot now, and every slot no process holds (a process holding
+        one wipes it before its next answer, as it reads the epoch with the log's state),
+        and deletes the folders of the index's older layouts. Unreadable leftovers go whole."""
+        await anyio.to_thread.run_sync(self._erase)
+
+    def _erase(self) -> None:
+        with self._lock:
+            try:
+                if self._writer is not None:
+                    epoch = self._source.epoch()
+                    if epoch != self._epoch:
+                        self._restart(epoch)
+                place = self._base / self._source.place()
+            except Exception:
+                log.exception("lexical index: wiping %s failed", self._folder)
+                return
+        wipe_free(place, FORMAT, keep=self.slot)
 
     async def aclose(self) -> None:
         self._closing.set()
@@ -498,4 +553,5 @@ class LexicalIndex:
                     self._index = None
             finally:
                 self._source.close()
+
 

@@ -29,12 +29,15 @@ class LexicalSource(Protocol):
         ...
 
     def epoch(self) -> str:
-        """A value that differs between two stores (random, written when the store was made)."""
+        """A value that differs between two stores (random, written when the store was made)
+        and changes when something is erased from the store: an index whose documents are of
+        another epoch wipes them before it answers (`LexicalIndex`)."""
         ...
 
-    def state(self, repo: str) -> tuple[int, int]:
-        """(seq, horizon) of a repo's log: the last sequence number written and the one below
-        which the log no longer holds every change ((0, 0) for a repo never written)."""
+    def state(self, repo: str) -> tuple[int, int, str]:
+        """(seq, horizon, epoch) of a repo's log: the last sequence number written and the one
+        below which the log no longer holds every change ((0, 0) for a repo never written),
+        and the store's epoch (`epoch`: an erasure gives the store a new one)."""
         ...
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
@@ -60,6 +63,11 @@ class LexicalSource(Protocol):
 # A repo's (seq, horizon), and the rowids its log's entries in (after, upto] touched, as `l`
 # (with "?" placeholders: `LogSource` swaps them; so does the vectors' follower, vector_log).
 STATE = "SELECT seq, horizon FROM lexical_repos WHERE repo = ?"
+# `STATE` with the store's epoch, in one read.
+_STATE_AND_EPOCH = (
+    "SELECT r.seq, r.horizon, e.epoch FROM lexical_epoch e"
+    " LEFT JOIN lexical_repos r ON r.repo = ?"
+)
 LOGGED = "(SELECT DISTINCT node FROM lexical_log WHERE repo = ? AND seq > ? AND seq <= ?) l"
 _CHANGES = (
     f"SELECT l.node, n.id, n.type, n.text FROM {LOGGED}"
@@ -104,8 +112,9 @@ class LogSource:
     def epoch(self) -> str:
         return str(self._read("SELECT epoch FROM lexical_epoch")[0][0])
 
-    def state(self, repo: str) -> tuple[int, int]:
-        return state_of(self._read(STATE, (repo,)))
+    def state(self, repo: str) -> tuple[int, int, str]:
+        (seq, horizon, epoch), = self._read(_STATE_AND_EPOCH, (repo,))
+        return int(seq or 0), int(horizon or 0), str(epoch)
 
     def changes(self, repo: str, after: int, upto: int) -> tuple[list[Row], list[int]]:
         return changed_rows(self._read(_CHANGES, (repo, after, upto, repo)))

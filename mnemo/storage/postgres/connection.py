@@ -18,12 +18,14 @@ deadlock (retrying may succeed), `"extension_missing"` when pgvector is absent, 
 
 from __future__ import annotations
 
+import select
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
+import anyio
 import numpy as np
 import numpy.typing as npt
 import psycopg
@@ -161,6 +163,18 @@ async def register_vector(conn: Connection) -> None:
     conn.adapters.register_loader(vector_oid, VectorTextLoader)
 
 
+def _has_input(conn: Connection) -> bool:
+    """Whether an idle connection has something to read (mnemo listens for nothing: the
+    server's goodbye, or the end of a closed stream), without waiting."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
+
+
 class Postgres:
     """A pool of connections to one database, opened by `open()` (or `async with`).
 
@@ -252,8 +266,12 @@ class Postgres:
                 seconds, `"unavailable"` when none could be made, `"closed"` after `close`.
         """
         try:
-            async with self._pool.connection() as conn:
-                yield conn
+            conn = await self._live_connection()
+            try:
+                async with conn:  # as the pool's `connection()`: ends a transaction left open
+                    yield conn
+            finally:
+                await self._pool.putconn(conn)
         except PoolClosed as exc:
             raise StorageError("closed", "the database is not open") from exc
         except PoolTimeout as exc:
@@ -261,6 +279,30 @@ class Postgres:
             raise storage_error(exc, reason) from exc
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
+
+    async def _live_connection(self) -> Connection:
+        """A pooled connection whose server is still there. A server that restarted (or
+        ended the session) leaves its pooled connections closed at the other end, which the
+        driver learns only at their next use: that use failed. An idle connection has
+        nothing to read, so one that has (the server's goodbye, then the end of the stream)
+        is tried with an empty statement and, failing it, dropped for another, as many times
+        as the pool has connections, within the pool's wait. The pool's own `check` would
+        cost a round trip at every use, and waits a second after a failed one."""
+        deadline = anyio.current_time() + self._pool.timeout
+        for _ in range(self.max_size + 1):
+            left = max(deadline - anyio.current_time(), 0.001)
+            conn = await self._pool.getconn(timeout=left)
+            if not _has_input(conn):
+                return conn
+            try:
+                await conn.execute("")
+            except psycopg.Error:
+                # Closed, the pool forgets it and opens another in its place.
+                await conn.close()
+                await self._pool.putconn(conn)
+                continue
+            return conn
+        return await self._pool.getconn(timeout=max(deadline - anyio.current_time(), 0.001))
 
     async def _reachable(self) -> bool:
         """Whether the server takes a new connection: when the pool had none to give, either

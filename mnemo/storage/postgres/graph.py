@@ -329,12 +329,18 @@ class PgGraph:
         ids = list(dict.fromkeys(node_ids))
         if not ids:
             return 0
-        async with self.lock(repo), self._pg.transaction() as conn:
-            cur = await conn.execute(
-                "DELETE FROM nodes WHERE repo = %s AND id = ANY(%s) RETURNING id", (repo, ids)
-            )
-            gone = [str(i) for (i,) in await cur.fetchall()]
-        self._forget(repo, gone)
+        async with self.lock(repo):
+            async with self._pg.transaction() as conn:
+                cur = await conn.execute(
+                    "DELETE FROM nodes WHERE repo = %s AND id = ANY(%s) RETURNING id",
+                    (repo, ids),
+                )
+                gone = [str(i) for (i,) in await cur.fetchall()]
+                if gone:
+                    await deletes.new_epoch(conn)
+            self._forget(repo, gone)
+            if gone:
+                await self._erased()
         return len(gone)
 
     async def delete_source(
@@ -349,9 +355,17 @@ class PgGraph:
             async with self._pg.transaction() as conn:
                 gone = await deletes.delete_source(conn, repo, source_id, also, plan)
             self._forget(repo, gone)
+            await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete))
+
+    async def _erased(self) -> None:
+        """After an erasure's transaction: the lexical index's slots wiped
+        (`LexicalIndex.erase`). The deleted rows' bytes stay in the tables' pages until
+        VACUUM reuses them (README)."""
+        if self._lexical is not None:
+            await self._lexical.erase()
 
     def _forget(self, repo: str, node_ids: Sequence[str]) -> None:
         self._vectors.removed(repo, node_ids)

@@ -113,12 +113,13 @@ async def unretire(conn: Connection, repo: str, node_ids: Sequence[str]) -> None
         )
 
 
-async def forget_source(conn: Connection, repo: str, source_id: str) -> None:
-    """Removes the records of a forgotten source's commits (the source id is the user's text)
-    and brings back the facts they retired (their successors are gone)."""
+async def forget_commits(conn: Connection, repo: str, commit_ids: Sequence[str]) -> None:
+    """Removes the records of a forgotten source's commits (a source id is the user's text,
+    a record names the nodes that held the source's words) and brings back the facts they
+    retired (their successors are gone)."""
     cur = await conn.execute(
-        "DELETE FROM commits WHERE repo = %s AND source_id = %s RETURNING retired",
-        (repo, source_id),
+        "DELETE FROM commits WHERE repo = %s AND id = ANY(%s) RETURNING retired",
+        (repo, list(commit_ids)),
     )
     for row in await cur.fetchall():
         retired = cast(list[Any], row[0])

@@ -49,14 +49,22 @@ class PgLexicalSource(LogSource):
         self._conn: psycopg.Connection[Any] | None = None
 
     def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
-        try:
-            if self._conn is None or self._conn.closed:
-                self._conn = psycopg.connect(self._conninfo, autocommit=True)
-            return self._conn.execute(statement, params).fetchall()
-        except psycopg.Error as exc:
-            if self._conn is not None and self._conn.broken:
-                self._conn = None
-            raise storage_error(exc) from exc
+        """The statement's rows. Every statement here only reads: one that failed because
+        the connection was gone (the server restarted or ended the session, which the
+        driver learns only at the next use) runs once more on a new connection."""
+        for attempt in range(2):
+            fresh = self._conn is None or self._conn.closed
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = psycopg.connect(self._conninfo, autocommit=True)
+                return self._conn.execute(statement, params).fetchall()
+            except psycopg.Error as exc:
+                broken = self._conn is not None and self._conn.broken
+                if broken:
+                    self._conn = None
+                if not broken or fresh or attempt:
+                    raise storage_error(exc) from exc
+        raise AssertionError("unreachable")
 
     def place(self) -> str:
         (system, oid), = self._rows(PLACE)

@@ -479,7 +479,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         # What a repo's models learned of their servers: the next Memory starts from it.
-        # SQLite's m017_server_profiles.
+        # SQLite's m021_server_profiles.
         "m014_server_profiles",
         (
             """CREATE TABLE server_profiles (

@@ -13,10 +13,10 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph import facts
 from mnemo.graph.commit import CommitPlan
-from mnemo.graph.model import vector_to_blob
 from mnemo.graph.ports import SideWrite
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
+from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
 from mnemo.storage.sqlite.sessions import side_writes
 
 
@@ -25,7 +25,7 @@ def receipt(db: SqliteUtilsDatabase, changeset_id: str) -> str | None:
     rows = db.conn.execute(
         "SELECT receipt FROM applied_changesets WHERE id = ?", (changeset_id,)
     ).fetchall()
-    return rows[0][0] if rows else None
+    return unpack_text(rows[0][0]) if rows else None
 
 
 def ingested(db: SqliteUtilsDatabase, repo: str, source_id: str) -> tuple[str, str] | None:
@@ -37,7 +37,7 @@ def ingested(db: SqliteUtilsDatabase, repo: str, source_id: str) -> tuple[str, s
         " WHERE i.repo = ? AND i.source_id = ?",
         (repo, source_id),
     ).fetchall()
-    return (rows[0][0], rows[0][1]) if rows else None
+    return (rows[0][0], unpack_text(rows[0][1])) if rows else None
 
 
 def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
@@ -55,20 +55,20 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
             ],
         )
         conn.executemany(
-            "INSERT OR IGNORE INTO vectors(node_id, repo, vec) VALUES (?, ?, ?)",
-            [(n.id, repo, vector_to_blob(vector)) for n, _, vector in plan.nodes],
+            "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
+            [(half_blob(vector), n.id) for n, _, vector in plan.nodes],
         )
         for node_id, (text, vector) in plan.rewordings.items():
             conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
             conn.execute(
-                "UPDATE vectors SET vec = ? WHERE node_id = ?",
-                (vector_to_blob(vector), node_id),
+                "UPDATE vectors SET vec = ? WHERE node = (SELECT rowid FROM nodes WHERE id = ?)",
+                (half_blob(vector), node_id),
             )
         added = history.insert_links(conn, repo, plan.links)
         conn.execute(
             "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
             " VALUES (?, ?, ?, ?)",
-            (plan.changeset_id, repo, plan.receipt.to_json(), created),
+            (plan.changeset_id, repo, pack_text(plan.receipt.to_json()), created),
         )
         history.record(conn, plan, added)
         side_writes(db, also)

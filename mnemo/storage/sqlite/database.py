@@ -39,7 +39,7 @@ import anyio
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
-from mnemo.storage.sqlite.schema import MIGRATIONS
+from mnemo.storage.sqlite.migrations import MIGRATIONS
 
 T = TypeVar("T")
 
@@ -212,6 +212,10 @@ class Database:
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
+        # Erasure: whatever a delete or an update frees, cell or page, is zeroed, so that a
+        # forgotten word leaves no copy in a page's free space or on the freelist (a copy
+        # freed by an earlier update or merge would outlive the forget that deletes the row).
+        conn.execute("PRAGMA secure_delete=ON")
         # Schema set-up is one IMMEDIATE transaction: a second process waits for the first
         # to finish, then finds nothing pending. Each migration is a savepoint inside it.
         if MIGRATIONS.pending(db):
@@ -287,6 +291,15 @@ def side_write(db: SqliteUtilsDatabase) -> Iterator[None]:
             yield
     finally:
         conn.execute(f"PRAGMA busy_timeout={int(before)}")
+
+
+def truncate_wal(db: SqliteUtilsDatabase) -> None:
+    """Checkpoints the WAL and truncates it to nothing, so that no page image written before
+    (an erased row's among them) survives in it: the end of an erasure. Another process
+    reading meanwhile can keep frames from being dropped; they go at a later checkpoint.
+    Runs in the connection's thread."""
+    if not db.memory:
+        db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
 def _close_sync(db: SqliteUtilsDatabase) -> None:

@@ -2,7 +2,8 @@
 neutral values.
 
 SQLite keeps JSON as text (written with sorted keys, as every store here writes it), times as
-ISO-8601 text of UTC datetimes, flags as 0/1 and vectors as float32 blobs. A table is read in
+ISO-8601 text of UTC datetimes, flags as 0/1 and vectors as float32 blobs (float16 in the
+`vectors` table, `rows.half_blob`). A table is read in
 rowid order, so the target receives rows in the order they were inserted; a table WITHOUT
 ROWID in key order. Copied nodes and messages reach FTS5 through the tables' insert triggers,
 and a row skipped as already there fires none.
@@ -25,34 +26,46 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite.database import Database, chunks, inspect_file
+from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
-_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results", "commits"}
+_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results"}
+# Tables whose vectors are float16.
+_HALF = {"vectors"}
+# JSON columns kept packed (`rows.pack_text`).
+_PACKED = {("commits", "nodes"), ("commits", "links"), ("applied_changesets", "receipt")}
+# The vectors are keyed by their node's rowid: read as the neutral (node_id, repo, vec),
+# ordered by that rowid, and written to the node of that id.
+_VECTORS_READ = (
+    "SELECT v.node, n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
+)
+_VECTORS_WRITE = "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
 
 
-def _load(kind: Kind, value: object) -> object:
+def _load(kind: Kind, value: object, half: bool = False) -> object:
     if value is None:
         return None
     if kind is Kind.TIME:
         moment = datetime.fromisoformat(str(value))
         return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
     if kind is Kind.JSON:
-        return json.loads(str(value))
+        assert isinstance(value, str | bytes)
+        return json.loads(unpack_text(value))
     if kind is Kind.BOOL:
         return bool(value)
     if kind is Kind.FLOAT:
         return float(value)  # type: ignore[arg-type]
     if kind is Kind.VECTOR:
         assert isinstance(value, bytes)
-        return vector_from_blob(value)
+        return vector_of_half(value) if half else vector_from_blob(value)
     if kind is Kind.BYTES:
         assert isinstance(value, bytes)
         return value
     return value
 
 
-def _store(kind: Kind, value: object) -> object:
+def _store(kind: Kind, value: object, half: bool = False) -> object:
     if value is None:
         return None
     if kind is Kind.TIME:
@@ -63,7 +76,8 @@ def _store(kind: Kind, value: object) -> object:
     if kind is Kind.BOOL:
         return int(bool(value))
     if kind is Kind.VECTOR:
-        return vector_to_blob(np.asarray(value, dtype=np.float32))
+        vector = np.asarray(value, dtype=np.float32)
+        return half_blob(vector) if half else vector_to_blob(vector)
     return value
 
 
@@ -93,10 +107,13 @@ class SqliteDump:
         if table.name in _WITHOUT_ROWID:
             order = table.key
             select = f'SELECT {columns} FROM "{table.name}"'
+        elif table.name == "vectors":
+            order = ("v.node",)
+            select = _VECTORS_READ
         else:
             order = ("rowid",)
             select = f'SELECT rowid, {columns} FROM "{table.name}"'
-        keys = ", ".join(f'"{name}"' for name in order)
+        keys = ", ".join(name if "." in name else f'"{name}"' for name in order)
         marks = ", ".join("?" for _ in order)
         first = f"{select} ORDER BY {keys} LIMIT ?"
         after = f"{select} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT ?"
@@ -107,6 +124,7 @@ class SqliteDump:
             raw = await self._db.run(_fetch(statement, params))
             if not raw:
                 return
+            half = table.name in _HALF
             if table.name in _WITHOUT_ROWID:
                 last = tuple(raw[-1][i] for i in positions)
                 values = raw
@@ -114,7 +132,8 @@ class SqliteDump:
                 last = (raw[-1][0],)
                 values = [r[1:] for r in raw]
             yield [
-                tuple(_load(kind, value) for kind, value in zip(table.kinds, row, strict=True))
+                tuple(_load(kind, value, half) for kind, value in zip(table.kinds, row,
+                                                                    strict=True))
                 for row in values
             ]
             if len(raw) < batch:
@@ -124,10 +143,20 @@ class SqliteDump:
         columns = ", ".join(f'"{name}"' for name in table.names)
         marks = ", ".join("?" for _ in table.names)
         statement = f'INSERT OR IGNORE INTO "{table.name}" ({columns}) VALUES ({marks})'
+        half = table.name in _HALF
         stored = [
-            tuple(_store(kind, value) for kind, value in zip(table.kinds, row, strict=True))
+            tuple(_store(kind, value, half) for kind, value in zip(table.kinds, row,
+                                                                   strict=True))
             for row in rows
         ]
+        packed = [i for i, name in enumerate(table.names) if (table.name, name) in _PACKED]
+        if packed:
+            stored = [tuple(pack_text(v) if i in packed and isinstance(v, str) else v
+                            for i, v in enumerate(row)) for row in stored]
+        if table.name == "vectors":
+            statement = _VECTORS_WRITE
+            node_id, vec = table.names.index("node_id"), table.names.index("vec")
+            stored = [(row[vec], row[node_id]) for row in stored]
 
         def work(db: SqliteUtilsDatabase) -> int:
             with db.atomic():

@@ -50,7 +50,7 @@ from mnemo.graph.ports import (
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads
-from mnemo.storage.sqlite.database import Database, chunks, side_write
+from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
@@ -319,6 +319,8 @@ class SqliteGraph:
         async with self.lock(repo):
             gone = await self._database.run(lambda db: deletes.delete_nodes(db, repo, ids))
             self._forget_vectors(repo, ids)
+            if gone:
+                await self._erased()
             return gone
 
     async def delete_source(
@@ -332,9 +334,17 @@ class SqliteGraph:
             gone = await self._database.run(lambda db: deletes.delete_source(
                 db, repo, source_id, also, plan))
             self._forget_vectors(repo, gone)
+            await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete))
+
+    async def _erased(self) -> None:
+        """After an erasure's transaction (`deletes.scrub`): the WAL truncated, the lexical
+        index's slots wiped (`LexicalIndex.erase`)."""
+        await self._database.run(truncate_wal)
+        if self._lexical is not None:
+            await self._lexical.erase()
 
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None

@@ -1,5 +1,6 @@
 """The commit history's rows in SQLite (`mnemo.graph.history`): written in a commit's own
-transaction, read back, and undone. A record holds ids only (JSON lists, `sort_keys`)."""
+transaction, read back, and undone. A record holds ids only (JSON lists, `sort_keys`; its
+nodes and links packed, `rows.pack_text`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
+from mnemo.storage.sqlite.database import chunks
+from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
 _COLUMNS = "id, repo, seq, committed_at, session_id, source_id, nodes, links, retired, reworded"
 
@@ -38,8 +41,8 @@ def record(conn: sqlite3.Connection, plan: CommitPlan, links: Sequence[Link]) ->
         f"INSERT INTO commits({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             plan.changeset_id, plan.repo, seq, plan.created_at, plan.session_id, plan.source_id,
-            json.dumps([n.id for n, _, _ in plan.nodes]),
-            json.dumps([[link.src, link.dst, link.type.value] for link in links]),
+            pack_text(json.dumps([n.id for n, _, _ in plan.nodes])),
+            pack_text(json.dumps([[link.src, link.dst, link.type.value] for link in links])),
             json.dumps([node_id for node_id, _ in plan.retired]),
             json.dumps(sorted(plan.rewordings)),
         ),
@@ -105,14 +108,17 @@ def unretire(conn: sqlite3.Connection, repo: str, node_ids: Sequence[str]) -> No
     )
 
 
-def forget_source(conn: sqlite3.Connection, repo: str, source_id: str) -> None:
-    """Removes the records of a forgotten source's commits (the source id is the user's text)
-    and brings back the facts they retired (their successors are gone)."""
-    for row in conn.execute(
-        f"SELECT {_COLUMNS} FROM commits WHERE repo = ? AND source_id = ?", (repo, source_id)
-    ).fetchall():
-        unretire(conn, repo, _record(row).retired)
-    conn.execute("DELETE FROM commits WHERE repo = ? AND source_id = ?", (repo, source_id))
+def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str]) -> None:
+    """Removes the records of a forgotten source's commits (a source id is the user's text,
+    a record names the nodes that held the source's words) and brings back the facts they
+    retired (their successors are gone)."""
+    for chunk in chunks(commit_ids, 400):
+        marks = ",".join("?" * len(chunk))
+        for row in conn.execute(
+            f"SELECT {_COLUMNS} FROM commits WHERE repo = ? AND id IN ({marks})", [repo, *chunk]
+        ).fetchall():
+            unretire(conn, repo, _record(row).retired)
+        conn.execute(f"DELETE FROM commits WHERE repo = ? AND id IN ({marks})", [repo, *chunk])
 
 
 def _record(row: tuple[Any, ...]) -> CommitRecord:
@@ -124,8 +130,8 @@ def _record(row: tuple[Any, ...]) -> CommitRecord:
         committed_at=datetime.fromisoformat(at),
         session_id=session_id,
         source_id=source_id,
-        node_ids=tuple(json.loads(nodes)),
-        links=tuple(Link(s, d, LinkType(t)) for s, d, t in json.loads(links)),
+        node_ids=tuple(json.loads(unpack_text(nodes))),
+        links=tuple(Link(s, d, LinkType(t)) for s, d, t in json.loads(unpack_text(links))),
         retired=tuple(json.loads(retired)),
         reworded=tuple(json.loads(reworded)),
     )

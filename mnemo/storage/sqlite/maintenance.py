@@ -160,11 +160,12 @@ def validate(db: SqliteUtilsDatabase, repo: str, dim: int) -> ValidationReport:
             conn.execute("DELETE FROM links WHERE repo = ? AND " + _DANGLING, (repo,))
         missing_vectors = count(
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
-            " AND NOT EXISTS (SELECT 1 FROM vectors v WHERE v.node_id = n.id)",
+            " AND NOT EXISTS (SELECT 1 FROM vectors v WHERE v.node = n.rowid)",
             repo,
         )
         bad_vectors = count(
-            "SELECT count(*) FROM vectors WHERE repo = ? AND length(vec) != ?", repo, 4 * dim
+            "SELECT count(*) FROM nodes n JOIN vectors v ON v.node = n.rowid"
+            " WHERE n.repo = ? AND length(v.vec) != ?", repo, 2 * dim
         )
         try:
             # rank = 1: also compare the index with its content table (the nodes).

@@ -1,6 +1,8 @@
 """The schema of mnemo's SQLite file, as migrations.
 
-A migration that has been applied is never edited: add `m00N_<what>` below it instead.
+A migration that has been applied is never edited: add the next one in `migrations.py`, which
+holds the migrations from m017 on; import `MIGRATIONS` from there, where every one is
+registered.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from mnemo.storage.lexical import LOG_KEEP
 MIGRATIONS = Migrations("mnemo")
 
 
-def _execute_all(db: Database, script: str) -> None:
+def execute_all(db: Database, script: str) -> None:
     # executescript() would COMMIT the migration's transaction, so run statement by statement;
     # complete_statement() keeps a trigger's body, semicolons and all, in one statement.
     pending = ""
@@ -30,7 +32,7 @@ def _execute_all(db: Database, script: str) -> None:
 
 @MIGRATIONS()
 def m001_sessions(db: Database) -> None:
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE repos (
@@ -92,7 +94,7 @@ def m001_sessions(db: Database) -> None:
 
 @MIGRATIONS()
 def m002_graph(db: Database) -> None:
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE nodes (
@@ -155,7 +157,7 @@ def m003_conversation(db: Database) -> None:
     # caller's history is stored (`clear` resets it, the counter goes on). Message rows are
     # never updated; `text` is what search indexes (content plus tool calls) and `content`
     # is NULL when it equals `text`, so the common case stores the words once.
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE threads (
@@ -244,7 +246,7 @@ def m003_conversation(db: Database) -> None:
 
 @MIGRATIONS()
 def m004_ingests(db: Database) -> None:
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE ingests (
@@ -265,7 +267,7 @@ def m005_consolidation_marks(db: Database) -> None:
     # nodes already compared never needs comparing again), so a run costs new x all rather
     # than all x all. A mark, not a rowid watermark: SQLite reuses the largest rowid after a
     # delete, so a new node could hide below a watermark.
-    _execute_all(
+    execute_all(
         db,
         """
         ALTER TABLE nodes ADD COLUMN consolidated INTEGER NOT NULL DEFAULT 0;
@@ -321,7 +323,7 @@ def m009_task_results(db: Database) -> None:
     # Each extraction task's validated reply, kept with its open episode so that a retry, a
     # reopened store or a takeover asks only what failed (issue 13, item 5); deleted when the
     # episode is committed or discarded.
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE task_results (
@@ -343,7 +345,7 @@ def m010_many_processes(db: Database) -> None:
     # Several Memory objects (processes) on one store (issue 11). Each open Memory is a
     # holder with a heartbeat; a session row carries a version that every transition
     # compares and sets, and the holder (and lease) of the background work it is in.
-    _execute_all(
+    execute_all(
         db,
         """
         ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
@@ -366,7 +368,7 @@ def m011_stored_operations(db: Database) -> None:
     # An async operation accepted while another Memory holds the session's work is stored with
     # the session (issue 11): whoever ends that work runs it, and the result waits here for the
     # Memory that accepted it, which calls back.
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE ops (
@@ -394,7 +396,7 @@ def m012_lexical_log(db: Database) -> None:
     # already have nodes start with horizon 1: an index (which has applied 0) rebuilds them.
     # The log keeps a repo's last LOG_KEEP entries (each write drops the one that many back,
     # raising `horizon`): an index further behind rebuilds from the nodes anyway.
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE lexical_repos (
@@ -444,7 +446,7 @@ def m013_commit_history(db: Database) -> None:
     # `seq` orders a repo's commits (they take the repo's lock, so max + 1 is unique).
     # The four times make SEMANTIC and PROCEDURAL facts bi-temporal: when the fact held in the
     # world (valid_from, valid_to) and when mnemo learned and retired it.
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE commits (
@@ -474,7 +476,7 @@ def m014_node_types(db: Database) -> None:
     # Recall's hop reads each link with the types of both its ends. Through the id's own
     # index every end costs a read of the node's row (text, data); through (id, type) it
     # costs none (1M nodes: a hop's read of 283 links 4.5 -> 1.7 ms; BENCHMARKS.md).
-    _execute_all(db, "CREATE INDEX nodes_id_type ON nodes(id, type);")
+    execute_all(db, "CREATE INDEX nodes_id_type ON nodes(id, type);")
 
 
 @MIGRATIONS()
@@ -482,7 +484,7 @@ def m015_session_activity(db: Database) -> None:
     # When a session was last used (an append, an episode started), through any Memory: the
     # auto-commit timers measure inactivity from it, not from what one Memory saw. Sessions
     # recorded before start from their last change.
-    _execute_all(
+    execute_all(
         db,
         """
         ALTER TABLE sessions ADD COLUMN active_at TEXT;
@@ -496,7 +498,7 @@ def m016_step_claims(db: Database) -> None:
     # Which holder is extracting which uncommitted steps of an auto-commit session (a
     # boundary's background commit, a flush, a close): another Memory leaves them to it
     # instead of asking the model about them again. A claim lasts while its holder lives.
-    _execute_all(
+    execute_all(
         db,
         """
         CREATE TABLE step_claims (
@@ -509,20 +511,3 @@ def m016_step_claims(db: Database) -> None:
         """,
     )
 
-
-@MIGRATIONS()
-def m017_server_profiles(db: Database) -> None:
-    # What a repo's models learned of their servers (a structured mode refused, how many
-    # requests one serves at once): the next Memory starts from it.
-    _execute_all(
-        db,
-        """
-        CREATE TABLE server_profiles (
-            repo TEXT NOT NULL,
-            model TEXT NOT NULL,
-            profile TEXT NOT NULL,
-            updated_at TEXT NOT NULL,
-            PRIMARY KEY (repo, model)
-        );
-        """,
-    )

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
-import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph import ann, ann_calls, ann_files
@@ -25,6 +24,7 @@ from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sqlite.database import Database
+from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
 from mnemo.storage.vector_log import CHANGED, Change, Followed, Follower
 
 
@@ -103,8 +103,9 @@ class SqliteVectors:
         return await self._database.run(lambda db: _changes(db, repo, followed))
 
     async def _load(self, repo: str) -> Followed:
+        dim = self._dims(repo)
         seq, rowids, ids, types, vectors = await self._database.run(
-            lambda db: _load_vectors(db, repo))
+            lambda db: _load_vectors(db, repo, dim))
         followed = Followed(VectorIndex(self._dims(repo)), seq)
         followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
         if self._ann_threshold is not None:
@@ -119,6 +120,10 @@ class SqliteVectors:
         return None if self._ann_dir is None else ann_files.repo_folder(self._ann_dir, repo)
 
 
+# The store's vectors are keyed by their node's rowid.
+_CHANGED = CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
+
+
 def _state(db: SqliteUtilsDatabase, repo: str) -> tuple[int, int]:
     return state_of(db.conn.execute(STATE, (repo,)).fetchall())
 
@@ -131,16 +136,16 @@ def _changes(
     seq, horizon = _state(db, repo)
     if not followed.behind(seq, horizon):
         return None
-    rows = db.conn.execute(CHANGED, (repo, followed.seq, seq, repo)).fetchall()
+    rows = db.conn.execute(_CHANGED, (repo, followed.seq, seq, repo)).fetchall()
     return seq, [
         (int(rowid), node_id, kind,
-         None if blob is None else np.frombuffer(blob, dtype=np.float32))
+         None if blob is None else vector_of_half(blob))
         for rowid, node_id, kind, blob in rows
     ]
 
 
 def _load_vectors(
-    db: SqliteUtilsDatabase, repo: str
+    db: SqliteUtilsDatabase, repo: str, dim: int
 ) -> tuple[int, list[int], list[str], list[NodeType], Vector]:
     """The log's sequence, read first (what changes after it is applied again later), then
     the repo's rowids, ids, types and vectors in rowid order."""
@@ -150,17 +155,12 @@ def _load_vectors(
     types: list[NodeType] = []
     blobs: list[bytes] = []
     for rowid, node_id, kind, blob in db.conn.execute(
-        "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
-        " ON n.id = v.node_id WHERE v.repo = ? ORDER BY n.rowid",
+        "SELECT n.rowid, n.id, n.type, v.vec FROM nodes n JOIN vectors v ON v.node = n.rowid"
+        " WHERE n.repo = ? ORDER BY n.rowid",
         (repo,),
     ):
         rowids.append(rowid)
         ids.append(node_id)
         types.append(NodeType(kind))
         blobs.append(blob)
-    matrix = (
-        np.frombuffer(b"".join(blobs), dtype=np.float32)
-        if blobs
-        else np.zeros(0, dtype=np.float32)
-    )
-    return seq, rowids, ids, types, matrix
+    return seq, rowids, ids, types, vectors_of_halves(blobs, dim)

@@ -167,3 +167,38 @@ async def test_a_url_libpq_cannot_read_is_a_storage_error(url: str) -> None:
         async with mnemo.Memory(url):
             pass
     assert caught.value.reason == "unavailable"
+
+
+async def _end_every_session(url: str) -> int:
+    """Ends every other connection to the database, as a server restart does (each gets
+    the server's goodbye and a closed socket), and returns once they are gone."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))"
+            " FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_connections_the_server_ended_are_replaced_before_use(pg_url: str) -> None:
+    """After the server ended every connection of a Memory (as its restart does), the next
+    reads and writes succeed at once: a pooled connection whose server went away is
+    replaced before use, and so is the lexical index's own, instead of the first call
+    failing on it."""
+    trajectory = mnemo.Trajectory(
+        "learn the garden", [mnemo.Step("the garden gate is green", "note it")]
+    )
+    async with mnemo.Memory(pg_url, config=mnemo.Config(max_text_chars=5000)) as mem:
+        await mem.open_repo("r")
+        await mem.ingest("r", trajectory, source_id="s1")
+        assert (await mem.recall("r", "garden gate")).memories
+        assert await _end_every_session(pg_url) >= 2
+        assert await mem.list_repos() == ["r"]
+        assert (await mem.recall("r", "garden gate")).memories
+        await mem.ingest("r", mnemo.Trajectory("learn more", [mnemo.Step("a red door", "note")]),
+                         source_id="s2")
+        assert await _end_every_session(pg_url) >= 1
+        assert await mem.forget("r", "s2") > 0

@@ -93,12 +93,13 @@ class Twins:
                     (REPO, src, dst, kind),
                 )
 
-    async def sql(self, statement: str) -> None:
-        """Runs one statement (written in the SQL both dialects share) on both."""
+    async def sql(self, statement: str, *, sqlite: str | None = None) -> None:
+        """Runs one statement (written in the SQL both dialects share) on both; `sqlite`, a
+        statement of SQLite's own instead."""
 
         def run(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
-                db.conn.execute(statement)
+                db.conn.execute(statement if sqlite is None else sqlite)
 
         await self.sqlite.run(run)
         async with self.pg.transaction() as conn:
@@ -130,8 +131,9 @@ class Twins:
             cur = await conn.execute("SELECT repo, src, dst, type FROM links")
             links = sorted((str(r), str(s), str(d), str(k)) for r, s, d, k in await cur.fetchall())
             cur = await conn.execute("SELECT node_id, repo, vec FROM vectors ORDER BY node_id")
-            vectors = [(str(n), str(r), np.asarray(v).tolist())
-                       for n, r, v in await cur.fetchall()]
+            # As SQLite keeps them: float16.
+            vectors = [(str(n), str(r), np.asarray(v).astype(np.float16).astype(np.float32)
+                        .tolist()) for n, r, v in await cur.fetchall()]
         return from_sqlite, Dump(nodes, links, vectors)
 
     async def assert_same_rows(self) -> Dump:
@@ -166,8 +168,8 @@ def _insert_sqlite(
             )
             if row.vec is not None:
                 db.conn.execute(
-                    "INSERT INTO vectors (node_id, repo, vec) VALUES (?, ?, ?)",
-                    (row.id, row.repo, np.array(row.vec, dtype=np.float32).tobytes()),
+                    "INSERT INTO vectors (node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
+                    (np.array(row.vec, dtype=np.float16).tobytes(), row.id),
                 )
         db.conn.executemany(
             "INSERT INTO links (repo, src, dst, type) VALUES (?, ?, ?, ?)",
@@ -190,8 +192,10 @@ def _dump_sqlite(db: SqliteUtilsDatabase) -> Dump:
     ]
     links = sorted(conn.execute("SELECT repo, src, dst, type FROM links").fetchall())
     vectors = [
-        (n, r, np.frombuffer(v, dtype=np.float32).tolist())
-        for n, r, v in conn.execute("SELECT node_id, repo, vec FROM vectors ORDER BY node_id")
+        (n, r, np.frombuffer(v, dtype=np.float16).astype(np.float32).tolist())
+        for n, r, v in conn.execute(
+            "SELECT n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
+            " ORDER BY n.id")
     ]
     return Dump(nodes, [tuple(link) for link in links], vectors)
 
@@ -472,7 +476,8 @@ async def test_validate_reports_missing_and_bad_vectors_as_sqlite_does(twins: Tw
     equally on both backends."""
     await _trajectory(twins)
     await twins.insert([Row("short", N.SEMANTIC, "short vector", {}, [1.0, 0.0, 0.0])], [])
-    await twins.sql("DELETE FROM vectors WHERE node_id = 's1'")
+    await twins.sql("DELETE FROM vectors WHERE node_id = 's1'", sqlite=(
+        "DELETE FROM vectors WHERE node = (SELECT rowid FROM nodes WHERE id = 's1')"))
     for _ in range(2):
         report = await _validate(twins)
         assert (report.missing_vectors, report.bad_vectors) == (1, 1)

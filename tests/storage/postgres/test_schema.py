@@ -17,14 +17,18 @@ from mnemo import StorageError
 from mnemo.storage.lexical.schema import analyzer
 from mnemo.storage.postgres import migrations, schema
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.sqlite.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from mnemo.storage.sqlite.migrations import MIGRATIONS as SQLITE_MIGRATIONS
 from tests.pg import PgServer
 
 # What only one side has: SQLite's FTS5 tables and bookkeeping; PostgreSQL's ledger, its
 # generated search vectors, and the insertion order SQLite's implicit rowid gave episodes.
 _SQLITE_ONLY_TABLES = {"_sqlite_migrations", "sqlite_stat1"}
 _PG_ONLY_TABLES = {"mnemo_migrations"}
-_PG_ONLY_COLUMNS = {("nodes", "search"), ("messages", "search"), ("episodes", "rowid")}
+_PG_ONLY_COLUMNS = {("nodes", "search"), ("messages", "search"), ("episodes", "rowid"),
+                    ("vectors", "node_id"), ("vectors", "repo")}
+# SQLite keys a node's vector (float16, five to a page) by the node's rowid; PostgreSQL keeps
+# pgvector rows by node id and repo.
+_SQLITE_ONLY_COLUMNS = {("vectors", "node")}
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
@@ -51,7 +55,8 @@ def _sqlite_columns() -> dict[str, set[str]]:
         name for name in db.table_names()
         if not name.startswith(("nodes_fts", "messages_fts")) and name not in _SQLITE_ONLY_TABLES
     }
-    return {name: set(db[name].columns_dict) for name in tables}
+    return {name: set(db[name].columns_dict) - {c for t, c in _SQLITE_ONLY_COLUMNS if t == name}
+            for name in tables}
 
 
 def _pg_columns(url: str) -> dict[str, set[str]]:

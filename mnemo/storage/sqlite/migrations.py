@@ -1,0 +1,139 @@
+"""The schema's migrations from m017 on (`schema.py` holds m001 to m016, and `MIGRATIONS`
+itself): import `MIGRATIONS` from here, so that every migration is registered, in order.
+
+A migration that has been applied is never edited: add `m0NN_<what>` below it instead.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+
+from mnemo.storage.sqlite.rows import half_of_blob, pack_text, unpack_text
+from mnemo.storage.sqlite.schema import MIGRATIONS, execute_all
+
+__all__ = ["MIGRATIONS"]
+
+
+@MIGRATIONS()
+def m017_links_key_first(db: Database) -> None:
+    # SQLite 3.40's `PRAGMA integrity_check` reads a WITHOUT ROWID table's NOT NULL column
+    # that is declared before a key column at the wrong place, and reported "NULL value in
+    # links.repo" for every link (no row is NULL). The key's columns come first now.
+    execute_all(
+        db,
+        """
+        CREATE TABLE links_keyed (
+            src TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+            dst TEXT NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+            type TEXT NOT NULL,
+            repo TEXT NOT NULL,
+            PRIMARY KEY (src, dst, type)
+        ) WITHOUT ROWID;
+        INSERT INTO links_keyed (src, dst, type, repo) SELECT src, dst, type, repo FROM links;
+        DROP TABLE links;
+        ALTER TABLE links_keyed RENAME TO links;
+        CREATE INDEX links_by_dst ON links(dst, type);
+        """,
+    )
+    _guessed_statistics(db, [
+        ("links", "sqlite_autoindex_links_1", "3000000 5 2 1"),
+        ("links", "links_by_dst", "3000000 5 3"),
+    ])
+
+
+@MIGRATIONS()
+def m018_commits_packed(db: Database) -> None:
+    # A commit's record (its node ids and links as JSON, about 1 KB for an ingest) was longer
+    # than a WITHOUT ROWID row keeps in its page (about 1,000 bytes of a 4 KB page), so each
+    # spilled into an overflow page of its own, mostly empty: 4.7 KB a record at 10,000
+    # ingests. An ordinary table keeps rows of up to 4 KB in their page, and its rows, in
+    # rowid order, fill their pages (keyed by the random changeset id, WITHOUT ROWID pages
+    # were a fifth empty and the index by seq held the id: 0.1 KB an ingest more). Its lists
+    # are packed now (`rows.pack_text`: about 200 bytes).
+    db.conn.create_function("mnemo_pack", 1, _packed, deterministic=True)
+    execute_all(
+        db,
+        """
+        CREATE TABLE commits_rows (
+            id TEXT PRIMARY KEY,
+            repo TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            committed_at TEXT NOT NULL,
+            session_id TEXT,
+            source_id TEXT,
+            nodes TEXT NOT NULL,
+            links TEXT NOT NULL,
+            retired TEXT NOT NULL,
+            reworded TEXT NOT NULL
+        );
+        INSERT INTO commits_rows SELECT id, repo, seq, committed_at, session_id, source_id,
+            mnemo_pack(nodes), mnemo_pack(links), retired, reworded FROM commits
+            ORDER BY repo, seq;
+        DROP TABLE commits;
+        ALTER TABLE commits_rows RENAME TO commits;
+        CREATE UNIQUE INDEX commits_by_repo ON commits(repo, seq);
+        CREATE INDEX commits_by_session ON commits(session_id) WHERE session_id IS NOT NULL;
+        """,
+    )
+
+
+@MIGRATIONS()
+def m019_half_vectors(db: Database) -> None:
+    # A node's vector as float16 (`rows.half_blob`), keyed by its node's rowid: 768 bytes for
+    # 384 dimensions instead of 1,536 and five rows to a 4 KB page instead of two, with no
+    # index beside the table (the node's id and repo are the node's; measured: 10.6 KB of
+    # vectors and their indexes per ingested message at 10,000, five vectors each). In
+    # memory the vectors are float32 as before (`rows.vector_of_half`).
+    db.conn.create_function("mnemo_half", 1, half_of_blob, deterministic=True)
+    execute_all(
+        db,
+        """
+        CREATE TABLE vectors_half (
+            node INTEGER PRIMARY KEY REFERENCES nodes(rowid) ON DELETE CASCADE,
+            vec BLOB NOT NULL
+        );
+        INSERT INTO vectors_half (node, vec)
+            SELECT n.rowid, mnemo_half(v.vec) FROM vectors v JOIN nodes n ON n.id = v.node_id;
+        DROP TABLE vectors;
+        ALTER TABLE vectors_half RENAME TO vectors;
+        """,
+    )
+
+
+@MIGRATIONS()
+def m020_receipts_packed(db: Database) -> None:
+    # A changeset's receipt (its node ids as JSON), packed as new ones are (`rows.pack_text`:
+    # 300 -> 150 bytes an ingest's).
+    db.conn.create_function("mnemo_pack", 1, _packed, deterministic=True)
+    db.execute("UPDATE applied_changesets SET receipt = mnemo_pack(receipt)"
+               " WHERE typeof(receipt) = 'text'")
+
+
+def _packed(text: str | bytes) -> bytes:
+    return pack_text(unpack_text(text))
+
+
+def _guessed_statistics(db: Database, rows: list[tuple[str, str, str]]) -> None:
+    """The planner's statistics of a table made again (dropping the old one dropped its
+    rows): m006's guesses, loaded at once."""
+    db.conn.executemany("INSERT INTO sqlite_stat1(tbl, idx, stat) VALUES (?, ?, ?)", rows)
+    db.execute("ANALYZE sqlite_schema")
+
+
+@MIGRATIONS()
+def m021_server_profiles(db: Database) -> None:
+    # What a repo's models learned of their servers (a structured mode refused, how many
+    # requests one serves at once): the next Memory starts from it. IF NOT EXISTS: a store
+    # written by a development build holds the table under an earlier migration's name.
+    execute_all(
+        db,
+        """
+        CREATE TABLE IF NOT EXISTS server_profiles (
+            repo TEXT NOT NULL,
+            model TEXT NOT NULL,
+            profile TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (repo, model)
+        );
+        """,
+    )

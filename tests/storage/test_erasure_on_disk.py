@@ -1,0 +1,177 @@
+"""Erasure reaches the disk: after `forget` of an ingested source, of a session or of an
+episode, and after `purge` of a thread, no file of the store or beside it holds a byte of a
+planted word (SQLite: the file, its WAL, the lexical index's and the HNSW graphs' folders;
+PostgreSQL: the folders beside it, its tables' dead rows being the documented VACUUM case).
+
+The lexical index's term dictionaries do not keep a word's bytes in one piece (an FST), so a
+byte scan cannot see it there: its segments are read instead, and a term any segment's
+dictionary holds counts, a deleted document's too (tantivy keeps it until a merge)."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import mnemo
+from mnemo.storage.lexical.schema import analyzer, open_index, schema
+from tests.backends import is_sqlite
+from tests.conversation._support import user
+from tests.fakes import FakeEmbedder
+
+REPO = "r"
+
+
+def planted() -> tuple[str, bytes]:
+    """A word no other can share a prefix with, and the stretch of it a scan looks for (FTS5
+    keeps a term after the prefix it shares with the term before it; "qz" survives
+    stemming)."""
+    word = f"zq{uuid.uuid4().hex}qz"
+    return word, word[4:].encode()
+
+
+def holding(folder: Path, word: str, needle: bytes) -> list[str]:
+    """The files under `folder` that hold `needle`, and the lexical index folders whose
+    segments hold `word`'s term."""
+    files = [str(path.relative_to(folder)) for path in folder.rglob("*")
+             if path.is_file() and needle in path.read_bytes()]
+    [stem] = analyzer().analyze(word)
+    for meta in folder.rglob("meta.json"):
+        searcher = open_index(meta.parent, schema()).searcher()
+        if searcher.terms_with_prefix("text", stem, limit=1):
+            files.append(str(meta.parent.relative_to(folder)))
+    return sorted(files)
+
+
+def indexed(folder: Path) -> int:
+    """How many lexical index folders are under `folder`."""
+    return len(list(folder.rglob("meta.json")))
+
+
+async def searched(mem: mnemo.Memory, word: str) -> bool:
+    """Whether a recall finds `word`, with the lexical index brought up and committed."""
+    found = await mem.recall(REPO, word, reinforce=False)
+    await mem._graph.settle(REPO)
+    return any(word in m.node.text for m in found.memories)
+
+
+async def test_forget_of_an_ingest_leaves_no_byte_on_disk(store: str, tmp_path: Path) -> None:
+    """A word of an ingested source is on disk once searched (the file or the lexical
+    index's segments); after forget it is in no file, and another source is still found."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("water the garden", [mnemo.Step(
+            "The tomatoes in the garden need water daily.", "Water them.")]), source_id="garden")
+        await mem.ingest(REPO, mnemo.Trajectory(f"learn about {word}", [mnemo.Step(
+            f"The {word} service listens on port 8080.", f"Restart {word} at night.")]),
+            source_id="doc")
+        assert await searched(mem, word)
+        assert indexed(tmp_path) == 1
+        assert holding(tmp_path, word, needle), "sanity: the word is on disk before the forget"
+
+        assert await mem.forget(REPO, "doc") > 0
+
+        assert holding(tmp_path, word, needle) == []
+        assert not await searched(mem, word)
+        assert await searched(mem, "tomatoes")
+    assert holding(tmp_path, word, needle) == []
+
+
+async def test_forget_of_a_session_removes_what_it_committed_and_leaves_no_byte(
+    store: str, tmp_path: Path
+) -> None:
+    """A session's committed episodes are forgotten by its id: its nodes go (forget counts
+    them), its stored episodes too, no file holds its words; another session's stay."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        kept = await mem.start_session("water the garden", repo=REPO)
+        await mem.append(kept, "The tomatoes in the garden need water daily.", "Water them.")
+        await mem.close_and_commit(kept)
+        sid = await mem.start_session(f"fix the {word} service", repo=REPO)
+        await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        await mem.close_and_commit(sid)
+        await mem.start_episode(sid, f"check {word} again")
+        await mem.append(sid, f"The {word} service answers.", "Close the ticket.")
+        await mem.close_and_commit(sid)
+        before = {n.id for n in await mem.get_nodes_by_type(REPO, list(mnemo.NodeType))}
+        assert await searched(mem, word)
+        assert holding(tmp_path, word, needle)
+
+        gone = await mem.forget(REPO, sid)
+
+        after = {n.id for n in await mem.get_nodes_by_type(REPO, list(mnemo.NodeType))}
+        assert gone == len(before - after) > 0
+        assert all(word not in n.text for n in await mem.get_nodes_by_type(
+            REPO, list(mnemo.NodeType)))
+        assert await mem.episodes(sid) == []
+        assert len(await mem.episodes(kept)) == 1
+        assert holding(tmp_path, word, needle) == []
+        assert await searched(mem, "tomatoes")
+        assert await mem.forget(REPO, sid) == 0
+
+
+async def test_forget_of_an_episode_removes_that_episode_only(store: str, tmp_path: Path) -> None:
+    """An episode's id forgets what that episode committed and its stored steps; the same
+    session's other episode stays, words and all."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("water the garden", repo=REPO)
+        await mem.append(sid, "The tomatoes in the garden need water daily.", "Water them.")
+        await mem.close_and_commit(sid)
+        await mem.start_episode(sid, f"fix the {word} service")
+        await mem.append(sid, f"The {word} service listens on port 8080.", f"Restart {word}.")
+        await mem.close_and_commit(sid)
+        first, second = await mem.episodes(sid)
+        assert await searched(mem, word)
+
+        assert await mem.forget(REPO, second.id) > 0
+
+        assert [e.id for e in await mem.episodes(sid)] == [first.id]
+        assert holding(tmp_path, word, needle) == []
+        assert await searched(mem, "tomatoes")
+
+
+async def test_purge_of_a_thread_leaves_no_byte_on_disk(store: str, tmp_path: Path) -> None:
+    """A thread's words are in no file once it is purged (SQLite: the file and its WAL; on
+    PostgreSQL nothing beside the database holds messages)."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        conv = mem.conversation(retrieval=mnemo.Semantic(k=3))
+        await conv.save("t", [user(f"remember the {word} release"), user("and the garden")])
+        await conv.load("t", query=word)
+        assert await mem.search_messages(word)
+        if is_sqlite(mem):
+            assert holding(tmp_path, word, needle)
+        await conv.purge("t")
+        assert holding(tmp_path, word, needle) == []
+        assert await mem.search_messages(word) == []
+
+
+async def test_a_forget_wipes_the_slots_of_other_memories(store: str, tmp_path: Path) -> None:
+    """Each Memory keeps its own slot of the lexical index. A forget through A wipes A's
+    slot and every slot no Memory holds (B's, once B closed) at once; a slot another open
+    Memory holds (C's) is wiped by C before it answers its next search."""
+    word, needle = planted()
+    trajectory = mnemo.Trajectory(f"learn about {word}", [mnemo.Step(
+        f"The {word} service listens on port 8080.", f"Restart {word} at night.")])
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(mnemo.Memory(store, embedder=FakeEmbedder()))
+        await a.open_repo(REPO)
+        await a.ingest(REPO, trajectory, source_id="doc")
+        assert await searched(a, word)  # slot-0
+        async with mnemo.Memory(store, embedder=FakeEmbedder()) as b:
+            assert await searched(b, word)  # slot-1
+            c = await stack.enter_async_context(mnemo.Memory(store, embedder=FakeEmbedder()))
+            assert await searched(c, word)  # slot-2
+        slots = [h.rsplit("/", 1)[-1] for h in holding(tmp_path, word, needle) if "slot" in h]
+        assert slots == ["slot-0", "slot-1", "slot-2"]
+
+        assert await a.forget(REPO, "doc") > 0
+
+        [held] = holding(tmp_path, word, needle)
+        assert held.endswith("slot-2")
+        assert not await searched(c, word)
+        assert holding(tmp_path, word, needle) == []

@@ -41,18 +41,23 @@ def _offending(folder: str, forbidden: tuple[str, ...]) -> list[str]:
     ]
 
 
+DRIVERS = ("sqlite3", "psycopg", "psycopg_pool", "mnemo.storage.sqlite", "mnemo.storage.postgres")
+
+
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
-        ("mcp", ("mnemo.cli", "sqlite3", "psycopg", "psycopg_pool")),
-        ("cli", ("mnemo.mcp._output", "sqlite3", "psycopg", "psycopg_pool")),
+        ("mcp", ("mnemo.cli", "mnemo.ui", *DRIVERS)),
+        ("cli", ("mnemo.mcp._output", *DRIVERS)),
+        ("ui", ("mnemo.cli", "mnemo.mcp", *DRIVERS)),
     ],
 )
 def test_a_front_end_imports_neither_the_other_nor_a_driver(
     folder: str, forbidden: tuple[str, ...]
 ) -> None:
-    """No module of mnemo/mcp imports mnemo.cli, and no module of either imports sqlite3 or
-    psycopg: what they need of a store goes through mnemo/storage or the facade."""
+    """No module of mnemo/mcp imports mnemo.cli, and no front end (mcp, cli, ui) imports
+    sqlite3, psycopg or a backend's own folder under mnemo/storage: what they need of a store
+    goes through the facade or mnemo/storage's backend-neutral modules."""
     assert _offending(folder, forbidden) == []
 
 

@@ -17,7 +17,6 @@ and ingest. The methods over sessions, the graph and conversation threads are in
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
@@ -48,7 +47,6 @@ from mnemo.session.host import TaskHost
 from mnemo.session.service import SessionService
 from mnemo.storage.ports import open_backend
 
-log = logging.getLogger("mnemo")
 
 class Memory(SessionMethods, GraphMethods, ConversationMethods):
     """An agent's memory in one SQLite file (or `":memory:"`), or a PostgreSQL database.

@@ -187,6 +187,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys, anyio, mnemo
     from pathlib import Path
+    from mnemo.calls.tasks import task_inputs
 
     class One:
         async def generate(self, request):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
+from mnemo.calls.tasks import ask
 from mnemo.episode.model import StepRecord
 from mnemo.episode.prompts import (
     NEUTRAL_REWARD,
@@ -22,7 +23,7 @@ from mnemo.episode.prompts import (
 from mnemo.errors import EmbeddingError, first_error
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import cosine, reaches
-from mnemo.ports import LLM, Embedder, ask
+from mnemo.ports import LLM, Embedder
 
 
 @dataclass(frozen=True, slots=True)

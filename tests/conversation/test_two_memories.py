@@ -1,5 +1,5 @@
 """Two Memory objects on one store writing one thread: a conflict with the other writer is
-resolved from the store's state, never raised (API.md: the store is the one truth).
+resolved from the store's state, never raised (the API contract: the store is the one truth).
 
 Each race is staged without sleeps: a fake model or embedder of Memory A does Memory B's
 write while A is between its read of the thread and its write.

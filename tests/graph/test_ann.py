@@ -351,7 +351,7 @@ async def test_store_uses_it_and_rebuilds_it_on_open(tmp_path: Path) -> None:
 
 @needs_faiss
 def test_params_are_the_measured_ones(built: tuple[VectorIndex, HnswAccelerator]) -> None:
-    """The graphs use M = 32 and efConstruction = 200 (EMBEDDINGS.md §2), and walk at efSearch
+    """The graphs use M = 32 and efConstruction = 200 (as measured at 1M), and walk at efSearch
     128 at most (BENCHMARKS.md, "Recall at a million, session 7")."""
     _, accelerator = built
     assert accelerator.params == HnswParams()

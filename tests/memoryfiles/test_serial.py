@@ -1,5 +1,5 @@
-"""Concurrent writes give a result some serial order of them could give (API.md: "Concurrent
-writes are serialised").
+"""Concurrent writes give a result some serial order of them could give (the API contract:
+"Concurrent writes are serialised").
 
 A write picks its topic from the topics it finds: with the offline LLM, a statement joins an
 existing topic sharing its words, else starts one named from its key phrase. One after another,

@@ -1,5 +1,5 @@
 """Operations stored for a session that another `Memory` took and then left without a result
-(API.md, "The async operation queue": every accepted operation gets exactly one callback).
+(the API contract, "The async operation queue": every accepted operation gets exactly one callback).
 
 A Memory that accepts an async operation while another holds the session's work stores it;
 whoever ends that work takes it and records its result, and the accepting Memory calls back.

@@ -1,5 +1,5 @@
-"""Several `Memory` objects on one store in one process (API.md, "Storage backends and many
-processes"): the store is the one truth, so a session or a repo made through one is known to
+"""Several `Memory` objects on one store in one process (the API contract, "Storage backends and
+many processes"): the store is the one truth, so a session or a repo made through one is known to
 every other, appends are serialised, a closed episode is committed once, reads never write,
 an accepted async operation calls back where it was accepted, and only a Memory with the
 work's model resumes it.
@@ -212,7 +212,7 @@ async def test_an_append_racing_a_close_through_another_memory_is_not_collecting
     store: str,
 ) -> None:
     """An append through A, under way (its annotation held), while B closes the session:
-    it raises not_collecting (API.md's race rule; it raised the state table's
+    it raises not_collecting (the API contract's race rule; it raised the state table's
     extraction_in_progress) and stores nothing; B's close extracts the step before it."""
     async with workers(store, 2) as (a, b):
         sid = await a.mem.start_session("explore the house", repo=REPO)

@@ -1,4 +1,4 @@
-"""Many processes on one store (API.md, "Storage backends and many processes"), with real
+"""Many processes on one store (the API contract, "Storage backends and many processes"), with real
 worker processes (tests/session/worker_child.py) killed by SIGKILL: an extraction held by a
 killed process is taken over within the lease, and under random kills nothing accepted is
 lost and nothing is committed twice.

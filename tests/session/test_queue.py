@@ -1,4 +1,4 @@
-"""The async operation queue of API.md: run at once, queue while busy, project, fail in order."""
+"""The API contract's operation queue: run at once, queue while busy, project, fail in order."""
 
 from __future__ import annotations
 

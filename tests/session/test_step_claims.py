@@ -1,5 +1,5 @@
 """Each step of an auto-commit session is asked of a model once, whichever `Memory` extracts
-it (API.md, "Storage backends and many processes": nothing is done twice): a boundary's
+it (the API contract, "Storage backends and many processes": nothing is done twice): a boundary's
 background commit, a flush and a close claim the steps they extract in the store
 (`Coordination.claim_steps`), leave another live holder's claims to it, and take over the
 claims of one that left. A close waits for the claims of others, at most an extraction's time

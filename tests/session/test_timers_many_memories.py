@@ -1,5 +1,5 @@
-"""Auto-commit's timers with several `Memory` objects on one store (API.md, "Configuration,
-auto-commit and durability" and "Storage backends and many processes"): a session's
+"""Auto-commit's timers with several `Memory` objects on one store (the API contract,
+"Configuration, auto-commit and durability" and "Storage backends and many processes"): a session's
 inactivity is measured from its last activity as the store knows it, only the Memory that
 drives a session flushes or expires it, a read never makes a Memory drive one, and a driver
 that goes away leaves its timers to another Memory.

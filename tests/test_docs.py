@@ -3,13 +3,20 @@ repository, and no file names a document outside it as a path."""
 
 from __future__ import annotations
 
+import ast
+import io
+import os
 import re
+import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where docstrings and comments must say what the code does, not its history.
+CODE = ("mnemo", "tests")
+SKIPPED = {"node_modules", "build", "dist", "__pycache__"}
 
 # A Markdown link's target: `[text](target)` or `[text](target "title")`.
 LINK = re.compile(r"\]\(\s*<?([^)\s>]+)")
@@ -17,16 +24,23 @@ LINK = re.compile(r"\]\(\s*<?([^)\s>]+)")
 NOT_A_FILE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|#)")
 # The documents beside the repository that a file once named as paths.
 OUTSIDE = re.compile(r"\b(?:API|STYLE|EMBEDDINGS)\.md\b|\.\.[/\\]shared\b")
+# The story of a change: an issue, a work session (LoCoMo's "Conversation session 3" is data),
+# a review, a document outside the repository.
+HISTORY = re.compile(
+    r"\b[Ii]ssues? \d"
+    r"|(?<!onversation )\b[Ss]essions? \d"
+    r"|\b(?:[Aa]|[Tt]he|second|third|differential) review\b"
+    r"|\b(?:API|STYLE|EMBEDDINGS)\.md\b"
+)
 
 
 def _files(*suffixes: str) -> Iterator[Path]:
     """The repository's files with these suffixes, outside hidden and generated folders."""
-    for path in sorted(ROOT.rglob("*")):
-        parts = path.relative_to(ROOT).parts
-        if any(p.startswith(".") or p in {"node_modules", "build", "dist"} for p in parts[:-1]):
-            continue
-        if path.suffix in suffixes and path.is_file():
-            yield path
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED)
+        for name in sorted(names):
+            if name.endswith(suffixes):
+                yield Path(folder) / name
 
 
 def _bad_links(text: str, base: Path) -> list[str]:
@@ -79,3 +93,42 @@ def test_no_file_names_a_document_outside_the_repository(suffix: str) -> None:
         if OUTSIDE.search(line)
     ]
     assert hits == []
+
+
+def _prose(source: str) -> Iterator[tuple[int, str]]:
+    """Each comment and each docstring of a module's source, with its first line."""
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    yield body[0].lineno, body[0].value.value
+
+
+def test_docstrings_and_comments_tell_no_history() -> None:
+    """No docstring or comment in mnemo/ or tests/ names an issue, a work session, a review or
+    a document outside the repository: they say what the code does."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
+        for path in _files(".py")
+        if path.relative_to(ROOT).parts[0] in CODE and path != Path(__file__).resolve()
+        for line, text in _prose(path.read_text(encoding="utf-8"))
+        if (found := HISTORY.search(text))
+    ]
+    assert hits == []
+
+
+def test_history_in_prose_is_caught() -> None:
+    """The history check finds a story in a comment or a docstring, not in code or data."""
+    source = (
+        '"""Recall (issue 12)."""\n'
+        "x = 'Conversation session 3 on 8 May'  # found by a review\n"
+        "def f() -> None:\n"
+        '    """Fixed in session 19."""\n'
+        "y = 'issue 4'\n"
+    )
+    found = [(line, HISTORY.search(text)) for line, text in _prose(source)]
+    assert sorted(line for line, match in found if match) == [1, 2, 4]

@@ -394,7 +394,7 @@ async def test_a_replacement_transport_needs_no_key(monkeypatch: pytest.MonkeyPa
     assert not any("authorization" in r.headers or "x-api-key" in r.headers for r in seen)
 
 
-# ---- issue 13: local servers -----------------------------------------------------------------
+# ---- local servers -------------------------------------------------------------------------------
 
 LLAMA_CPP_PYTHON_500 = Fail(
     500,

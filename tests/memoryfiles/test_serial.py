@@ -57,7 +57,7 @@ async def test_concurrent_persists_pick_topics_as_in_a_serial_order(tmp_path: Pa
 async def test_concurrent_offline_persists_pick_topics_as_in_a_serial_order(
     tmp_path: Path,
 ) -> None:
-    """The review's case: `llm=None`, 20 concurrent persists, one file."""
+    """`llm=None`, 20 concurrent persists, one file."""
     files = mnemo.MemoryFiles(tmp_path)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:

@@ -1,4 +1,4 @@
-"""Issue 9, item 1: an async operation that fails with any error reports it, and the queue and
+"""An async operation that fails with any error reports it, and the queue and
 the session go on (they used to wedge for good on an error that was not a `MnemoError`)."""
 
 from __future__ import annotations

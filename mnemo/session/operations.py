@@ -127,7 +127,7 @@ def _projection(session: SessionRecord, queued: list[Op]) -> State | None:
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens
-    (issue 9: an error that was not a `MnemoError` used to leave `running` set, so the
+    (an error that was not a `MnemoError` used to leave `running` set, so the
     session's queue never moved again and no callback came)."""
     try:
         await _still_taken(live, op)

@@ -71,17 +71,17 @@ class Config:
     recall_planner: str = "offline"
     # Ask the LLM to synthesise an answer from the memories (RecallResult.reasoned).
     recall_synthesis: bool = False
-    # Maximal marginal relevance (issue 12): the next result maximises lambda x relevance -
+    # Maximal marginal relevance: the next result maximises lambda x relevance -
     # (1 - lambda) x its cosine to those already chosen; 1.0 ranks by relevance alone.
     # 0.7 measured best of 0.5 / 0.7 / 0.85 on LoCoMo (BENCHMARKS.md).
     recall_mmr_lambda: float = 0.7
-    # Pseudo-relevance feedback (issue 12): words shared by the best lexical hits, added to a
+    # Pseudo-relevance feedback: words shared by the best lexical hits, added to a
     # second lexical query; 0 turns it off.
     recall_prf_terms: int = 0
     # The steps before and after each of the best episodic hits join the candidates at this
-    # share of its score (issue 12: evidence is often the adjacent turn); 0: off. 0.5 never
+    # share of its score (evidence is often the adjacent turn); 0: off. 0.5 never
     # reached the top 10 on LoCoMo, 0.8 did; with two steps each side, 0.9 did best (LoCoMo
-    # dev R@10 0.752; 1.0 lost R@1; BENCHMARKS.md, "Recall at a million, session 8").
+    # dev R@10 0.752; 1.0 lost R@1).
     recall_neighbour_weight: float = 0.9
     # How many steps on each side of a hit are its neighbours: LoCoMo dev R@10 0.725 at 1,
     # 0.742 at 2, 0.736 at 3 (at weight 0.8).
@@ -143,18 +143,18 @@ class Config:
     # nothing); True commits every step and what the other tasks produced, and the receipt's
     # `missing` names each task left out and why.
     partial_commits: bool = False
-    # Ingest (issue 12): relative dates in a step ("yesterday", "last month") are followed by
+    # Ingest: relative dates in a step ("yesterday", "last month") are followed by
     # the date they mean, reckoned from the trajectory's day (its metadata's "date", else the
     # first date in its goal), so a search naming the day finds the step.
     ingest_resolve_dates: bool = False
-    # Ingest (issue 12): each step also joins a TAG per speaker and name it mentions
+    # Ingest: each step also joins a TAG per speaker and name it mentions
     # (extraction.entities), a route from a name in a query straight to its steps.
     ingest_entity_tags: bool = False
-    # Recall (issue 12): a candidate whose speaker ("Melanie (8 May): ...", or the step a fact
+    # Recall: a candidate whose speaker ("Melanie (8 May): ...", or the step a fact
     # came from) the query names scores 1 + this times more than the others; 0: off
     # (recall.levers). 0.5 measured best of 0.5 / 1.0 on LoCoMo 0-1, and won on 2-6 too.
     recall_speaker_boost: float = 0.5
-    # Recall (issue 12): the dense channel embeds the query without the names it mentions
+    # Recall: the dense channel embeds the query without the names it mentions
     # (recall.levers.without_names); the words channel and the speaker match still use them.
     recall_dense_without_names: bool = True
 
@@ -242,7 +242,7 @@ class Config:
         fields = {k: v for k, v in raw.items() if k in known}
         wanted = fields.get("max_text_chars")
         if isinstance(wanted, int) and wanted > MAX_TEXT_CHARS_LIMIT:
-            # Stored before the ceiling (session 27): the store opens, at the ceiling.
+            # Stored before there was a ceiling: the store opens, at the ceiling.
             logging.getLogger("mnemo").warning(
                 "a stored Config.max_text_chars of %d is lowered to %d (the most PostgreSQL "
                 "can index)", wanted, MAX_TEXT_CHARS_LIMIT)

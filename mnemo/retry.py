@@ -16,7 +16,7 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | limit | default | once reached |
 | --- | --- | --- |
 | `max_calls` | 3 | the last failure is raised: HTTP status, or validation problem |
-| `max_re_asks` | 1 | an unusable reply after that many re-asks is raised (API.md: "re-ask once") |
+| `max_re_asks` | 1 | an unusable reply after that many re-asks is raised ("re-ask once") |
 | `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
 
 (*) Unset, a task may take as long as the work it serves has left (an extraction's, an

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from mnemo.recall.engine import Recalled
 
 
-# A tool's answer goes straight into the agent's context, so each is bounded (issue 9: one
+# A tool's answer goes straight into the agent's context, so each is bounded (one
 # recall returned 2 MB of JSON). The MCP server uses the same bounds.
 MAX_OUTPUT_CHARS = 20_000  # the most any one tool answer holds (about 5k tokens)
 SNIPPET_CHARS = 300  # each memory's text in a recall answer; get_node has the rest

@@ -16,7 +16,7 @@ schema's triggers, vectors, links), because running the pipeline on 1M nodes wou
   places; `created_at` spread over the last 90 days;
 - vectors (384-d, the default embedder's dimension): NOT a neural embedder. Every content word
   has a fixed random vector drawn from a 64-dimensional subspace plus noise (all-MiniLM-L6-v2
-  vectors have an effective dimension of about 61, ../shared/EMBEDDINGS.md §2); a text's
+  vectors have an effective dimension of about 61); a text's
   vector is the normalised sum of its words' vectors plus per-node noise. The same model embeds
   the queries (`WordVectorEmbedder`, instant), so the dense channel finds related nodes.
 

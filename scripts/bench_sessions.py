@@ -171,8 +171,8 @@ def _reply(data: Any = None, text: str = "") -> mnemo.LLMResponse:
     return mnemo.LLMResponse(text=text, data=data)
 
 
-# Fixed valid answers to API.md's task table. The subgoal never changes, so an episode stays
-# one trajectory and append embeds only its first subgoal.
+# Fixed valid answers to the API contract's task table. The subgoal never changes, so an episode
+# stays one trajectory and append embeds only its first subgoal.
 _FIXED: dict[str, mnemo.LLMResponse] = {
     "state": _reply(text=STATE_TEXT),
     "subgoal": _reply({"reasoning": "Same sub-task as before.", "subgoal": "fix the tests"}),

@@ -6,7 +6,7 @@ With every outgoing connection and name lookup made to fail (and counted), it: p
 `default_embedder()`, loads the model (time to load), embeds the paraphrase/unrelated pairs below
 (cosines), embeds single queries (p50/p95) and chat turns in the embedder's batches (turns/s).
 Turns come from a LoCoMo-format JSON file when given (every turn with 15-25 words, formatted
-"Speaker: text", as in shared/EMBEDDINGS.md §1.3), else from a fixed synthetic set. Exits 1 if
+"Speaker: text", as the embedder was measured), else from a fixed synthetic set. Exits 1 if
 the default is not MiniLM, a network attempt was made, or paraphrases do not beat unrelated pairs.
 """
 

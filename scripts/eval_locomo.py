@@ -1,4 +1,4 @@
-"""Evidence recall of `Memory.recall` on LoCoMo (conversations 0-6, ../shared/data).
+"""Evidence recall of `Memory.recall` on LoCoMo (conversations 0-6, `--data`).
 
 Every conversation turn (speaker, session date, text, image caption) is ingested into one repo
 per conversation, one session a trajectory. For every question of categories 1-4, `recall`

@@ -1,9 +1,9 @@
 """Protocol fakes for the tests: a scripted LLM, a one-hot embedder, and an event recorder.
 
-`FakeLLM` answers every task of API.md's task table from the task inputs that mnemo writes
-after the `INPUT:` line (`mnemo.calls.tasks.task_inputs`). The subgoal of a step is the first
-word of its observation, lower-cased, and `FakeEmbedder` maps a text to the axis its first word
-hashes to: so a test decides where trajectories split by the first word of each observation
+`FakeLLM` answers every task of the API contract's task table from the task inputs that mnemo
+writes after the `INPUT:` line (`mnemo.calls.tasks.task_inputs`). The subgoal of a step is the
+first word of its observation, lower-cased, and `FakeEmbedder` maps a text to the axis its first
+word hashes to: so a test decides where trajectories split by the first word of each observation
 ("walk north", "walk south" stay together; "open door" starts a new trajectory).
 """
 
@@ -41,8 +41,8 @@ async def maybe_await(value: T) -> T: ...
 async def maybe_await(value: Any) -> Any:
     """The value, awaited when the call returned an awaitable.
 
-    API.md does not say whether `session_state`, `session_context`, `recall` and the `*_async`
-    calls are coroutines; the tests call them through this so either shape passes.
+    the API contract does not say whether `session_state`, `session_context`, `recall` and the
+    `*_async` calls are coroutines; the tests call them through this so either shape passes.
     """
     if inspect.isawaitable(value):
         return await value

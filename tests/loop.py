@@ -3,7 +3,7 @@ late each tick was, for the tests that say a wait or a computation stays off the
 
 A full (generation 2) garbage collection stops every thread while it walks the whole heap, and
 the heap of a test process that has run a thousand tests is large: on a slow machine one
-collection took 0.34 s and failed a 0.25 s bound (issue 12, session 12). That pause is the
+collection took 0.34 s and failed a 0.25 s bound. That pause is the
 interpreter's, proportional to what the test process holds, not a wait mnemo put on the loop.
 So while a `Ticker` runs, the objects that existed before it are frozen out of collection
 (`gc.freeze`, as a long-running application does after start-up); what the code under test

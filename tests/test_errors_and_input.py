@@ -45,7 +45,8 @@ CORE_NAMES = [
     "InvalidInputError",
 ]
 
-# Named as `mnemo.X` elsewhere in API.md: ingest, memory files, adapters, conversation memory.
+# Named as `mnemo.X` elsewhere in the API contract: ingest, memory files, adapters, conversation
+# memory.
 OTHER_API_NAMES = [
     "Anthropic", "EvictionResult", "IngestReceipt", "MemoryFile", "MemoryFiles", "MemoryUpdate",
     "Message", "MessageView", "OpenAICompatible", "OpenAIEmbedder", "Recent", "SearchHit",
@@ -258,14 +259,14 @@ def test_all_names_import() -> None:
 
 @pytest.mark.parametrize("name", CORE_NAMES)
 def test_core_api_name_exported(name: str) -> None:
-    """Each core name of API.md is exported by mnemo and listed in __all__."""
+    """Each core name of the API contract is exported by mnemo and listed in __all__."""
     assert hasattr(mnemo, name)
     assert name in mnemo.__all__
 
 
 @pytest.mark.parametrize("name", OTHER_API_NAMES)
 def test_other_api_name_exported(name: str) -> None:
-    """Each other `mnemo.X` of API.md (ingest, files, adapters, threads) is exported."""
+    """Each other `mnemo.X` of the API contract (ingest, files, adapters, threads) is exported."""
     assert hasattr(mnemo, name)
     assert name in mnemo.__all__
 
@@ -277,7 +278,7 @@ def test_state_values() -> None:
 
 
 def test_node_and_link_types() -> None:
-    """NodeType and LinkType have the members API.md names."""
+    """NodeType and LinkType have the members the API contract names."""
     node_types = {"EPISODIC", "SEMANTIC", "PROCEDURAL", "SUBGOAL", "SOURCE", "TAG", "INTENT"}
     assert node_types <= set(mnemo.NodeType.__members__)
     link_types = {"MEMBERSHIP", "HIERARCHICAL", "PROVENANCE", "SIBLING"}

@@ -49,7 +49,7 @@ def test_a_stored_bound_past_the_ceiling_is_read_at_the_ceiling() -> None:
 def densest(chars: int, seed: int) -> str:
     """`chars` characters of distinct two-character words of CJK Extension B: what makes
     PostgreSQL's tsvector longest a character (4 UTF-8 bytes a character, and 4 bytes of
-    count and position a word: 4 bytes a character of text; a review found them, where
+    count and position a word: 4 bytes a character of text, where
     four-character words of the basic CJK block make 3.2 and ASCII four-letter words 1.6)."""
     letters = [chr(0x20000 + i) for i in range(400)]
     every = ("".join(w) for w in itertools.product(letters, repeat=2))

@@ -1,7 +1,7 @@
 """A `Memory` opened for inspection (`inspect=True`, as the command line's reads, the web app
 and an MCP server's read tools open it) does no work: it resumes and takes over nothing,
 records no repo's settings or models, counts no access unless asked, and refuses what would
-start work (API.md, "Inspection never works")."""
+start work (the API contract, "Inspection never works")."""
 
 from __future__ import annotations
 

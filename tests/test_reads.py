@@ -1,4 +1,4 @@
-"""The reads added for inspection (issue 13, `mnemo ui`): threads, stored episodes, a plain
+"""The reads added for inspection (`mnemo ui`): threads, stored episodes, a plain
 node search, and a recall that does not count as an access."""
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ async def test_a_semantic_read_whose_vectors_were_missing_goes_on_under_a_lock(
     """A Semantic load embeds the messages whose vectors are missing (their embedding failed
     when they were saved) and stores them for the next read. Under another writer's lock
     that write waited out `busy_timeout` (and on SQLite held up the whole Memory) and then
-    failed the load (a review); the load now answers from the vectors it just made."""
+    failed the load; the load now answers from the vectors it just made."""
     async with with_a_garden(store, busy_timeout=0.2) as mem:
         chat = mem.conversation(retrieval=mnemo.Semantic(k=1))
         await chat.save("t", [{"role": "user", "content": "garden gate is red"},

@@ -1,4 +1,4 @@
-"""Every SQL statement of mnemo lives under `mnemo/storage/` (issue 10): a module anywhere else
+"""Every SQL statement of mnemo lives under `mnemo/storage/`: a module anywhere else
 that holds one is a consumer that knows its backend."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The offline LLM's "contradiction" heuristic (issue 14): two facts contradict when they
+"""The offline LLM's "contradiction" heuristic: two facts contradict when they
 share a subject and a functional relation ("lives in", "is", "listens on", "moved to") and
 then name different values: "Dana lives in Lisbon" / "Dana lives in Porto", "the cache is
 enabled" / "the cache is not enabled". Relations that admit many values ("likes", "went to")

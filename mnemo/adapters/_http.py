@@ -203,7 +203,7 @@ class RateGate:
             self._paused_until <= self._clock.now()
         ):
             # No limits and no pause: nothing to wait for, so no trip through the event loop
-            # (anyio's Lock yields once even when free; issue 13, item 4).
+            # (anyio's Lock yields once even when free).
             return
         async with self._lock:
             while True:

@@ -45,7 +45,7 @@ _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
 _MAX_PROBLEM = 400
 _LENIENT = json.JSONDecoder(strict=False)
 # The adapters' default `max_tokens`: the most tokens any reply may use, and what a request
-# that sets none gets. mnemo's own tasks ask for less, sized to their schemas (issue 13).
+# that sets none gets. mnemo's own tasks ask for less, sized to their schemas.
 DEFAULT_MAX_TOKENS = 4096
 
 

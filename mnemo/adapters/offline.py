@@ -159,8 +159,8 @@ class OfflineLLM:
 
 
 # The heuristics cost about 0.4 µs per character of a request, a thread hop about 100 µs: past
-# this size (about 1.5 ms of work) the hop is worth it. Issue 9: 25,000 sentences kept the
-# loop blocked for minutes, so no `wait_for` could fire.
+# this size (about 1.5 ms of work) the hop is worth it. On the loop, 25,000 sentences
+# kept it blocked for minutes, so no `wait_for` could fire.
 OFF_LOOP_CHARS = 4_000
 
 

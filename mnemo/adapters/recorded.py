@@ -24,7 +24,7 @@ from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
 _LLM_SCHEMES = {"offline", "openai", "anthropic", "openai-compatible"}
 _EMBEDDER_SCHEMES = {"minilm", "hash", "openai"}
-# Names the embedders had before they were URIs (issue 13), for repos recorded then.
+# Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
 
 

@@ -94,7 +94,7 @@ async def ask(
     from the LLM is not retried here: the adapter has already spent what it could.
 
     `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
-    for (a reward's neutral 0.5, API.md), returned with a warning instead of the error: the
+    for (a reward's neutral 0.5, as the API contract says), returned with a warning instead of the error: the
     adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the LLM itself
     (an HTTP error, a timeout) raises all the same.
 

@@ -1,5 +1,5 @@
 """`mnemo history REPO` and `mnemo revert REPO COMMIT`: a repo's commits, newest first, and
-undoing one (issue 14). Both act through the `Memory` facade, so they read any store."""
+undoing one. Both act through the `Memory` facade, so they read any store."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`mnemo migrate --from SRC --to DST`: copy a memory to another store, and verify the copy.
 
-SRC and DST are each a SQLite file or a `postgresql://` URL (issue 10: the day a memory
+SRC and DST are each a SQLite file or a `postgresql://` URL (the day a memory
 outgrows one machine, and back). The target is created or migrated to this mnemo's schema
 first; every row whose key it holds already is skipped, so running the command again copies
 nothing and says so. Progress is one bar per table on stderr; the result is a table of counts

@@ -291,7 +291,7 @@ class Evictor:
 
         Another writer on the store (another `Memory`) may move the boundary while the model
         works: the commit then finds it moved and this re-reads the thread. A boundary that
-        advanced meanwhile is that writer's eviction, and it counts (API.md: evict "always
+        advanced meanwhile is that writer's eviction, and it counts (the API contract: evict "always
         advances the boundary"): the result goes from the boundary read to the new one and
         wrote nothing. A boundary that went back (the thread was cleared) is evicted again
         from, up to `MAX_ATTEMPTS` times in all.

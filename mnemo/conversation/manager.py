@@ -129,7 +129,7 @@ class ConversationManager:
         The thread lock serialises this Memory's saves; another Memory on the store may
         append (or clear) between the read of the length and the write, which the store's
         compare-and-set refuses. Then the length is read again and only what is still new is
-        appended (API.md: "only messages past the stored length are appended"), up to
+        appended (the API contract: "only messages past the stored length are appended"), up to
         `MAX_SAVE_ATTEMPTS` times. Each message is embedded once across attempts.
 
         Raises:
@@ -184,7 +184,7 @@ class ConversationManager:
 
         Raises:
             InvalidInputError: a blank thread id, or a query that is not a string, is blank
-                (API.md: "a query of only whitespace") or is longer than
+                (the API contract: "a query of only whitespace") or is longer than
                 `Config.max_text_chars`.
             EmbeddingError: `Semantic` with a query, and embedding failed.
         """

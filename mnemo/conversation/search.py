@@ -3,8 +3,8 @@
 Any user text is a safe query: it is split into words (`mnemo.text.query_words`, distinct,
 at most `MAX_QUERY_TERMS`), and a backend (`ThreadStore.search`) searches for them with
 stemming, quoting each word so nothing in it is query syntax and OR-combining them. AND, OR
-and NOT are words like any other (API.md): an agent writing "keep NOT delete" means the words,
-and an operator would silently drop matches.
+and NOT are words like any other (the API contract): an agent writing "keep NOT delete" means the
+words, and an operator would silently drop matches.
 
 Ranking: the backend's relevance score (bm25 on SQLite) picks a pool of the best candidates
 (`POOL_FACTOR` times the limit, at least `MIN_POOL`), then each score is weighted by recency,

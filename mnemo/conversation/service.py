@@ -167,9 +167,9 @@ class ConversationService:
     # ---- embeddings ---------------------------------------------------------------------
 
     async def dimension(self) -> int:
-        """The embedder's dimension; an embedder that learns it from its first reply (API.md:
-        `OpenAIEmbedder`'s `dim` "is detected from the first reply when not given") asks now
-        if nothing was embedded yet. Threads belong to no repo, so no `open_repo` did it.
+        """The embedder's dimension; an embedder that learns it from its first reply (the API
+        contract: `OpenAIEmbedder`'s `dim` "is detected from the first reply when not given")
+        asks now if nothing was embedded yet. Threads belong to no repo, so no `open_repo` did it.
 
         Raises:
             EmbeddingError: the embedder failed or timed out.

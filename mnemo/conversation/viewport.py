@@ -1,6 +1,6 @@
 """The viewport: what an agent sees of a thread within a token budget, and the eviction zone.
 
-Nothing hides from the agent (API.md): every message is in the viewport's messages (all of
+Nothing hides from the agent (the API contract): every message is in the viewport's messages (all of
 them from the boundary on, when eviction keeps up), or before the boundary inside a
 snapshot's range, or pinned and shown; what cannot be shown stays findable by search.
 

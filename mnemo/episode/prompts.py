@@ -48,7 +48,7 @@ def state_request(
             "previous_state": previous_state,
         },
         schema=None,
-        # Under 80 words asked; the cap stops a small model that loops (issue 13: a state
+        # Under 80 words asked; the cap stops a small model that loops (a state
         # summary once ran to the 4k context, 91 s, past append_timeout).
         max_tokens=256,
     )

@@ -1,4 +1,4 @@
-"""Speakers and named entities of a step, as TAG nodes the step belongs to (issue 12).
+"""Speakers and named entities of a step, as TAG nodes the step belongs to.
 
 The extraction already files facts under their concept labels; a step itself reaches a tag
 only through a fact made from it. With entity tags, each EPISODIC node also gets a MEMBERSHIP
@@ -40,8 +40,8 @@ def embedding_text(text: str) -> str:
     """What a node's vector is made of: its text, a transcript line without the time of its
     opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"). The time stays in the
     node's text, where the words channel finds it; in the vector, the same date opening
-    every line of a session made the lines of one day alike whatever they said (LoCoMo dev,
-    BENCHMARKS.md "Recall at a million, session 7")."""
+    every line of a session made the lines of one day alike whatever they said (measured on
+    LoCoMo dev)."""
     return _TIMED_SPEAKER.sub(r"\1: ", text, count=1)
 
 

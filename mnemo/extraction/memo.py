@@ -3,7 +3,7 @@
 An extraction asks several tasks per trajectory (semantic, procedural, the optional return
 scoring) and one for the episode (the last step's deferred reward). When one of them fails, the
 others' results stay here, so the retry (`commit` on a failed session, `close_and_commit`'s
-retries, the next auto-commit flush) re-asks only what failed (issue 13, item 5). A result is
+retries, the next auto-commit flush) re-asks only what failed. A result is
 found again only for the same trajectory, task and request (`request_digest`): when a step or
 an earlier result changed, the request differs and the task is asked anew.
 

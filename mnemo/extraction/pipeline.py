@@ -335,7 +335,7 @@ async def _changeset(
         return Changeset(id=_new_id("changeset"), repo=repo)
     pending: list[tuple[str, NodeType, str, dict[str, Any], str | None]] = []
     links: list[Link] = []
-    # When each fact began to hold (issue 14): a date it names, resolved against its steps'
+    # When each fact began to hold: a date it names, resolved against its steps'
     # date (their metadata's, else one their text names), else the session's (the goal's).
     valid: dict[str, datetime] = {}
     step_dates: dict[str, datetime | None] = {}

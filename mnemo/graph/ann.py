@@ -3,7 +3,8 @@
 Why: the exact numpy scan, on the one BLAS thread a Memory leaves numpy (`mnemo.graph.blas`),
 costs about 0.12 ms per thousand rows (11 ms at 90k), while faiss `IndexHNSWFlat` with M = 32,
 efConstruction = 200 and efSearch = 256 answers in about 2 ms with recall@10 0.95 at 1M
-(../shared/EMBEDDINGS.md §2; mnemo walks at efSearch 64-128, see `HnswParams`). faiss-cpu is
+(measured on this machine when the settings were chosen; mnemo walks at efSearch 64-128, see
+`HnswParams`). faiss-cpu is
 an optional extra (`mnemo-agent[faiss]`): without it `attach` returns None and every search stays
 exact.
 
@@ -13,7 +14,7 @@ How it stays correct:
   for tags or intents) never has to filter the candidates of a much larger type away; and one
   graph of every row, which answers a search over every type, or over types holding at least
   half of the rows (recall's hop 0), in one walk instead of one per type: at 100k rows, seven
-  walks cost 7x one (BENCHMARKS.md, "Recall at a million, session 5"). Its candidates of
+  walks cost 7x one. Its candidates of
   other types are dropped at the re-rank, and it fetches more of them to make up for it. The
   cost: the rows are in two graphs, so the build takes about twice as long and the graphs
   twice the memory.
@@ -63,7 +64,7 @@ from mnemo.graph.vectors import VectorIndex
 
 # Above this many vectors a repo's searches go through the HNSW graphs: the exact scan of
 # 20k rows on one BLAS thread takes about 2.4 ms, about what a walk and its re-rank take, and
-# grows linearly (at 90k, 11 ms: BENCHMARKS.md, "Recall quality and speed, session 15").
+# grows linearly (at 90k, 11 ms).
 DEFAULT_THRESHOLD = 20_000
 # Searches of fewer rows than this run on the calling thread, the event loop's (a worker
 # thread's round trip would cost more than the product); bigger ones in a worker thread.
@@ -71,19 +72,18 @@ IN_THREAD_FROM = 20_000
 # A probe of a type with fewer rows than this is a product with its rows, not a walk of its
 # graph. A product reads every row of the type, a walk at efSearch 64 (a route's k of 3) a few
 # thousand: at 1M nodes one probe of 12.5k tags took 2.07 ms as a product and 0.42 ms as a
-# walk, of 2,000 rows 0.16 ms as a product (BENCHMARKS.md, "Recall at a million, session 6").
+# walk, of 2,000 rows 0.16 ms as a product.
 WALK_FROM = 5_000
 
 
 @dataclass(frozen=True, slots=True)
 class HnswParams:
-    """The HNSW settings measured in ../shared/EMBEDDINGS.md §2, and the upkeep policy."""
+    """The HNSW settings (M 32, efConstruction 200, as measured at 1M), and the upkeep policy."""
 
     m: int = 32
     ef_construction: int = 200
     # The broadest walk, hop 0's (50 candidates): at 1M nodes its recall@50 against the exact
-    # scan was 0.992 at 128 and 0.998 at 256, in half the time (BENCHMARKS.md, "Recall at a
-    # million, session 6").
+    # scan was 0.992 at 128 and 0.998 at 256, in half the time.
     ef_search: int = 128
     # The narrowest walk: a route probe asks for 3 rows, and at efSearch 64 its recall@3
     # against the exact scan was 1.000 (tags) and 0.997 (intents) at 1M nodes, at a third of

@@ -5,8 +5,7 @@ HNSW threshold), and a multi-threaded OpenBLAS gains little on them, but after e
 its threads busy-wait for more work for a while, holding a core. On a 2-core machine that
 halved everything running beside them: a recall's query embedding took 35 ms right after a
 recall and 17 ms after 0.3 s of quiet, and recall p50 on a LoCoMo conversation's store went
-from 70-78 ms to 37 ms with one BLAS thread (BENCHMARKS.md, "Recall on a conversation's store,
-session 12").
+from 70-78 ms to 37 ms with one BLAS thread.
 
 The limit is set through threadpoolctl, on the BLAS libraries whose threads are their own
 (threading layer "pthreads": the OpenBLAS of numpy's wheels), not on OpenMP-based ones, whose

@@ -9,7 +9,7 @@ applying the same changeset twice returns the first receipt and adds nothing.
 Intent merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
 is taken, and under it only looked up. A merge the graph made necessary
 meanwhile (another commit added a close intent) is decided after letting the lock go, and the
-commit tries again (issue 9: one slow provider stalled every commit to the repo).
+commit tries again (one slow provider stalled every commit to the repo).
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ class CommitPlan:
     links: list[Link]
     receipt: CommitReceipt
     created_at: str
-    # Where the changeset came from, for its commit record (issue 14).
+    # Where the changeset came from, for its commit record.
     session_id: str | None = None
     source_id: str | None = None
-    # Facts the changeset's facts contradict (issue 14): (id, valid_to as ISO text, None for
+    # Facts the changeset's facts contradict: (id, valid_to as ISO text, None for
     # the commit's time); each gets valid_to and retired_at.
     retired: tuple[tuple[str, str | None], ...] = ()
 
@@ -124,7 +124,7 @@ async def apply(
             since the caller looked; nothing was written.
     """
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
-    # Asked before the lock, as merges are (issue 9): one slow provider must not stall the
+    # Asked before the lock, as merges are: one slow provider must not stall the
     # repo's commits.
     retiring = (
         await contradiction.retirements(

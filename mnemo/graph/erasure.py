@@ -2,15 +2,15 @@
 
 An INTENT is shared: a new one at or above `intent_identity_threshold` of an existing one is
 dropped for it, and one at or above `intent_merge_threshold` is merged into it through the LLM
-(API.md), so its text may be a source's own wording, or hold words of several. Forgetting a
-source deletes the intents only it linked; one that another source's procedures still use
-stays, and would keep the forgotten source's words (API.md: "nothing of the source can be
+(the API contract), so its text may be a source's own wording, or hold words of several. Forgetting
+a source deletes the intents only it linked; one that another source's procedures still use
+stays, and would keep the forgotten source's words (the API contract: "nothing of the source can be
 recalled"). It takes instead the wording of the oldest procedure still linked to it (each
 PROCEDURAL node keeps its own intent's wording in `data["intent"]`), with that wording's
 vector and that procedure's source; an intent left with no procedure that has a wording is
 deleted (a routing node: the procedures stay recallable by themselves), and so is one left
 with no link at all. A wording that cannot be embedded fails the forget, with nothing
-deleted: deleting the intent instead would take a node of another source, which API.md
+deleted: deleting the intent instead would take a node of another source, which the API contract
 keeps ("tags and intents left with no links").
 
 The storage backends read the rows and write the result in the forget's own transaction; the

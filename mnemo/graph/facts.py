@@ -1,4 +1,4 @@
-"""Bi-temporal facts (issue 14): the times a SEMANTIC or PROCEDURAL node is stored with."""
+"""Bi-temporal facts: the times a SEMANTIC or PROCEDURAL node is stored with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A repo's commits as a history: list them, see what one changed, undo one (issue 14).
+"""A repo's commits as a history: list them, see what one changed, undo one.
 
 Every changeset applied through `mnemo.graph.commit` leaves a `CommitRecord`, written in the
 same transaction as its nodes: the ids of the nodes and links it added, of the facts it

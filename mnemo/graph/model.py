@@ -33,7 +33,7 @@ class LinkType(StrEnum):
     HIERARCHICAL = "hierarchical"  # intent - procedural, episodic - subgoal
     PROVENANCE = "provenance"  # semantic/procedural - episodic, episodic - source
     SIBLING = "sibling"  # semantic - semantic of one trajectory
-    SUPERSEDES = "supersedes"  # a fact - the fact it contradicted (retired, issue 14)
+    SUPERSEDES = "supersedes"  # a fact - the fact it contradicted (retired)
 
 
 class _StoredNames(dict[str, Any]):
@@ -60,7 +60,7 @@ class Node:
     text: str
     data: dict[str, Any]
     created_at: datetime
-    # Bi-temporal facts (issue 14; SEMANTIC and PROCEDURAL nodes): when the fact held in the
+    # Bi-temporal facts (SEMANTIC and PROCEDURAL nodes): when the fact held in the
     # world, and when mnemo recorded and retired it. None where unknown or still open.
     valid_from: datetime | None = None
     valid_to: datetime | None = None
@@ -84,7 +84,7 @@ class NodeDraft:
     vector: Vector
     key: str | None = None
     source_id: str | None = None
-    # When a fact began to hold in the world (issue 14); None: when it was recorded.
+    # When a fact began to hold in the world; None: when it was recorded.
     valid_from: datetime | None = None
 
 

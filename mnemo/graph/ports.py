@@ -282,7 +282,7 @@ class GraphStore(Protocol):
         """Checks (and repairs) the repo's episodic integrity, in one transaction."""
         ...
 
-    # History (issue 14, `mnemo.graph.history`).
+    # History (`mnemo.graph.history`).
 
     async def commit_log(
         self, repo: str, *, limit: int | None = None, after_seq: int | None = None

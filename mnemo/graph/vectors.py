@@ -3,7 +3,7 @@
 The rows in SQLite are the truth; this index is built from them when a repo is first searched
 and kept in step by the graph store after each commit or delete. Rows are stored unit-length,
 so a dot product is the raw cosine. Exact numpy search measured 0.14 ms at 10k vectors and
-6 ms at 100k on this machine with all of numpy's BLAS threads (../shared/EMBEDDINGS.md); on the
+6 ms at 100k on this machine with all of numpy's BLAS threads; on the
 one thread a Memory leaves it, 11 ms at 90k, so past 20k rows of a SQLite repo HNSW graphs
 answer when faiss is installed (`mnemo.graph.ann`; PostgreSQL's routing vectors get theirs
 from 5k).
@@ -57,7 +57,7 @@ def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[
 
 # Vectors are float32, so a cosine comes out up to a few units in its seventh digit off the
 # exact one: a pair whose exact cosine is a configured threshold may land just below it.
-# Every comparison with a threshold ("at or above", API.md) allows that much.
+# Every comparison with a threshold ("at or above", the API contract) allows that much.
 COSINE_TOLERANCE = 1e-5
 
 

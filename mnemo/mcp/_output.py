@@ -1,4 +1,4 @@
-"""The MCP tools' answers as bounded JSON values (issue 9: one `recall` returned 2 MB).
+"""The MCP tools' answers as bounded JSON values (one `recall` returned 2 MB).
 
 An answer goes straight into an agent's context, so none passes `MAX_OUTPUT_CHARS` (the
 bounds are `mnemo.tools`'): a list shares that budget among its items, a text too long for

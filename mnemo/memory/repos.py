@@ -1,7 +1,7 @@
 """`Repos`: the repos a `Memory` knows and what each runs with.
 
 It holds each repo's `Runtime` (llm, embedder, config, vector dimension), the models recorded
-for repos opened without them (issue 13), one LLM limiter per provider, the usage book, and
+for repos opened without them, one LLM limiter per provider, the usage book, and
 every adapter the Memory was given (each owns an HTTP client, closed with the Memory).
 """
 
@@ -46,7 +46,7 @@ class Repos:
         self.llm: LLM = llm if llm is not None else self.offline
         chosen: Embedder = default_embedder() if embedder is None else embedder
         self.embedder = chosen
-        # Without models given, each repo runs the ones it recorded (issue 13).
+        # Without models given, each repo runs the ones it recorded.
         self._models = RepoModels(
             self.llm, chosen, llm_given=llm is not None, embedder_given=embedder is not None
         )

@@ -16,8 +16,8 @@ class MemoryFile:
     `content` is the Markdown body after the front matter (one entry per line); `updated` is
     when its content or description last changed (UTC).
 
-    A file returned by a write also says what keeping it within `max_chars` cost (issue 9:
-    nothing is given up silently): `condensed` when the LLM rewrote the file to fit, `dropped`
+    A file returned by a write also says what keeping it within `max_chars` cost (nothing
+    is given up silently): `condensed` when the LLM rewrote the file to fit, `dropped`
     the entries (as they were) no longer in it word for word, merged or left out by the LLM or,
     when it failed, the oldest dropped; `truncated` when an entry was cut to fit. `skipped`
     says why a write wrote nothing and asked nothing (`"disabled"`); such a file has no topic.

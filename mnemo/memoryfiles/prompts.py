@@ -289,7 +289,7 @@ def _same_word(said: str, wrote: str) -> bool:
 
 
 # ---- memory_condense ----------------------------------------------------------------------
-# Asked when a write would take a file past `max_chars` (issue 9): the model knows which entries
+# Asked when a write would take a file past `max_chars`: the model knows which entries
 # matter, so it merges and shortens them; dropping the oldest in code is only the fallback.
 # Inputs: {"topic": str, "description": str, "entries": [str] (oldest first, the new ones
 # last), "max_chars": int}. Reply: {"description": str, "content": str} (the whole new body).

@@ -55,7 +55,7 @@ def restatements_first(
     """`scored` best first, with the memories that restate the query ahead of all others at
     the best score, exact restatements before near-exact ones (tier 0, then 1): asked for in
     so many words, a memory is the answer whatever its value or the other channels say
-    (issue 12: an exact restatement came first 12 times in 20). Within a tier, and among
+    (an exact restatement came first 12 times in 20). Within a tier, and among
     the rest, the usual order."""
     best = max(score for score, _, _ in scored)
     others = 2

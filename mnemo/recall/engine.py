@@ -170,7 +170,7 @@ class Recaller:
                                       config.recall_speaker_boost)
         if boosts:
             trace.mark("speaker")
-        # With `as_of`, ranked wider: the nodes recorded since are left out (issue 14).
+        # With `as_of`, ranked wider: the nodes recorded since are left out.
         wide = width * temporal.AS_OF_WIDTH if as_of is not None else width
         ranked = await self._rank(repo, found, context, parts, plan, wanted, wide, boosts,
                                   direct, as_of)

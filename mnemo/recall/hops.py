@@ -189,7 +189,7 @@ def best(found: dict[str, Candidate], n: int) -> set[str]:
 def by_score(item: tuple[str, Candidate]) -> tuple[float, str]:
     """Best score first, then the smaller id: an exact tie at a cut is decided by the nodes,
     not by the order a store returned them in (SQLite and PostgreSQL kept different ones of
-    two tied nodes, a differential review)."""
+    two tied nodes)."""
     return -item[1].score, item[0]
 
 

@@ -1,4 +1,4 @@
-"""Recall levers of issue 12 that weigh a candidate by who it is about (and the query's vector
+"""Recall levers that weigh a candidate by who it is about (and the query's vector
 without the names it mentions, `without_names`).
 
 **Speaker match** (`Config.recall_speaker_boost`): a question that names a person ("What
@@ -39,8 +39,8 @@ def without_names(query: str) -> str:
     """The query as the dense channel embeds it: without the names it mentions ("What did
     Melanie paint?" -> "What did paint?"), or as it is when it is nothing but names. A name
     in a question is matched by the words channel and the speaker match; in its vector it
-    pulls towards every line near the name rather than towards the answer (LoCoMo dev,
-    BENCHMARKS.md "Recall at a million, session 7"). The first word counts only with a
+    pulls towards every line near the name rather than towards the answer (measured on
+    LoCoMo dev). The first word counts only with a
     possessive ("Melanie's pets?"): capitalised there, "Restart the webserver" is no name."""
     head, _, rest = query.strip().partition(" ")
     names = query_names(rest)

@@ -18,7 +18,7 @@ class Recalled:
     score: float
     phase: str
     hop: int
-    # Issue 14: a fact a later one contradicted (at the recall's time) ranks below it and
+    # A fact a later one contradicted (at the recall's time) ranks below it and
     # says so: `retired`, and the id of the fact that succeeded it.
     retired: bool = False
     superseded_by: str | None = None

@@ -1,4 +1,4 @@
-"""Recall that respects time (issue 14).
+"""Recall that respects time.
 
 By default a recall prefers what holds now: a retired fact (one a later fact contradicted)
 scores `RETIRED_WEIGHT` of its relevance and always ranks below its successor, and says so

@@ -1,6 +1,6 @@
 """`TaskHost`: the owner of a service's task group, in a task of its own.
 
-Why not enter the task group in `Memory.__aenter__` as STYLE.md suggests: an anyio task group
+Why not enter the task group in `Memory.__aenter__`, the usual place: an anyio task group
 must be exited by the task that entered it, and pytest-asyncio runs an async fixture's setup
 and teardown in two different tasks (so would any framework that opens a resource in one task
 and closes it in another). A `Memory` opened in a fixture would then fail to close. The host

@@ -3,7 +3,7 @@
 `EDGES` is the transitions table; `answer(state, event)` gives every (state, event) pair a
 deliberate answer: a destination, a rejection reason, or "stale" for a background result that
 arrives when the session is no longer waiting for it. The `transitions` machine only ever
-fires edges that `answer` allowed; its callbacks never await I/O (STYLE.md): effects run
+fires edges that `answer` allowed; its callbacks never await I/O: effects run
 outside it, and their results come back as triggers.
 
 ```
@@ -58,7 +58,7 @@ EDGES: Final[list[dict[str, str]]] = [
 
 _DESTINATIONS: Final = {(State(e["source"]), e["trigger"]): State(e["dest"]) for e in EDGES}
 
-# Why each call is refused where there is no edge (API.md's state table).
+# Why each call is refused where there is no edge (the API contract's state table).
 _REFUSALS: Final[dict[State, dict[str, str]]] = {
     S.IDLE: {"append": "not_collecting", "close": "not_collecting", "commit": "not_ready",
              "discard": "not_discardable"},

@@ -1,4 +1,4 @@
-"""The async operation queue of each session (API.md, "The async operation queue").
+"""The async operation queue of each session (the API contract, "The async operation queue").
 
 `submit` accepts an operation: it runs now when the session is free, else it waits in the
 session's `pending` queue, accepted only if the projected state (`queue.project`) allows it.
@@ -43,7 +43,7 @@ def submit(
 
     Raises:
         SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
-            "invalid_queued_operation" (API.md's queue rules).
+            "invalid_queued_operation" (the API contract's queue rules).
     """
     session_id = session.id
     check_args(session, kind, args)
@@ -127,7 +127,7 @@ def _projection(session: SessionRecord, queued: list[Op]) -> State | None:
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens
-    (issue 9: an error that was not a `MnemoError` used to leave `running` set, so the
+    (an error that was not a `MnemoError` used to leave `running` set, so the
     session's queue never moved again and no callback came)."""
     try:
         await _still_taken(live, op)
@@ -247,8 +247,8 @@ def _as_session_error(exc: Exception, session: SessionRecord) -> SessionError:
     """The `SessionError` an async operation's callback receives for `exc`."""
     if isinstance(exc, SessionError):
         return exc
-    # API.md: whatever it was (an LLMError, an EmbeddingError, a foreign error), the caller
-    # tells it by the cause, not by a reason of its own.
+    # The API contract: whatever it was (an LLMError, an EmbeddingError, a foreign error), the
+    # caller tells it by the cause, not by a reason of its own.
     error = SessionError("operation_failed", state=session.state, session_id=session.id)
     error.__cause__ = exc
     return error

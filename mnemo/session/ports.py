@@ -122,7 +122,7 @@ class SessionStore(Protocol):
     async def episode(self, episode_id: str) -> EpisodeLog | None: ...
 
 
-# ---- many Memory objects on one store (issue 11) ---------------------------------------------
+# ---- many Memory objects on one store ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

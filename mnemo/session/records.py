@@ -4,7 +4,7 @@
 A `SessionRecord` is the in-memory side of one live session: its machine model, the episode it
 collects, its operation queue and its background work. Busy, for the async queue, means:
 extracting, an auto-commit extraction in flight, or an accepted operation still running
-(API.md, "The async operation queue").
+(the API contract, "The async operation queue").
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class SessionRecord:
     checking: bool = False
     ended: bool = False
     # The session row's version this record reflects: every write carries it, and one that
-    # finds another (a Memory elsewhere moved the session) writes nothing (issue 11).
+    # finds another (a Memory elsewhere moved the session) writes nothing.
     version: int = 0
     # Queued operations wait for work another Memory holds: a watcher reads the store.
     watching: bool = False
@@ -135,8 +135,8 @@ class SessionRecord:
     # start to its queue's, or a take): while operations this Memory stored wait in it, a
     # call queues behind them and the queue waits (`operations.awaits_handover`).
     handing_over: int = 0
-    # The open episode's validated extraction results, so a retry re-asks only what failed
-    # (issue 13, item 5), stored with the episode too.
+    # The open episode's validated extraction results, so a retry re-asks only what failed,
+    # stored with the episode too.
     memo: TaskMemo | None = None
 
     @property

@@ -107,7 +107,7 @@ class SessionService:
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it
         is nobody's any more and this Memory's model for its repo is the one it started with
-        (`leases.Holding`: API.md, work is resumed only by a matching model)."""
+        (`leases.Holding`: the API contract, work is resumed only by a matching model)."""
         for row in live:
             if row.id not in self._live.by_id:  # the janitor may have taken it already
                 self._live.adopt(row)
@@ -354,7 +354,7 @@ class SessionService:
 
         Raises:
             SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
-                "invalid_queued_operation" (API.md's queue rules).
+                "invalid_queued_operation" (the API contract's queue rules).
         """
         session = await self._live.fetch(session_id, fresh=True)
         try:

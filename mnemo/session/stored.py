@@ -1,4 +1,4 @@
-"""Async operations stored with their session, for work another `Memory` holds (API.md,
+"""Async operations stored with their session, for work another `Memory` holds (the API contract,
 "Storage backends and many processes").
 
 While another Memory extracts a session (or holds its background work), an operation accepted

@@ -180,7 +180,7 @@ async def _annotate_and_store(
     while True:
         if moved and not session.ended and session.state is not S.COLLECTING:
             # Closed through another Memory while this append was under way: it stopped
-            # collecting under the append, which API.md answers with not_collecting (the
+            # collecting under the append, which the API contract answers with not_collecting (the
             # state table's reason is for a call made once the session was elsewhere).
             raise SessionError("not_collecting", state=session.state, session_id=session.id)
         refuse_unless(session, "append")

@@ -1,4 +1,4 @@
-"""Moving a memory from one store to another (`mnemo migrate`, issue 10): backend-neutral.
+"""Moving a memory from one store to another (`mnemo migrate`): backend-neutral.
 
 Both backends hold the same tables with the same columns (`sqlite/schema.py`,
 `postgres/migrations.py`); `TABLES` names them in dependency order, each column with its `Kind`.

@@ -4,7 +4,7 @@
 used to be kept in step by their own `Memory`'s writes only, so what another one committed or
 forgot never reached them: a commit then linked a new intent to one forgotten elsewhere (a
 foreign-key error, at every retry), an intent committed elsewhere was not deduplicated against,
-and recall missed what another process had stored (session 19's review).
+and recall missed what another process had stored.
 
 The store already says what changed: its node log (`lexical_log`, mnemo/storage/lexical), a
 per-repo sequence that triggers move in the writer's own transaction on every insert, text

@@ -1,4 +1,4 @@
-"""`ReplayServer`: replays a recorded local model server on 127.0.0.1 (issue 13, item 3).
+"""`ReplayServer`: replays a recorded local model server on 127.0.0.1.
 
 A recording (`recordings/<server>.json`, sources in `recordings/README.md`) lists exchanges:
 the structured mode of a request ("json_schema", "tool", "json", or "text" without a schema)

@@ -105,7 +105,7 @@ async def test_prose_instead_of_the_tool_is_reasked_as_text(
 
 
 async def test_a_bad_reply_is_reasked_once(server: ProviderServer, llm: Anthropic) -> None:
-    """A bad reply is re-asked once (API.md), then LLMError names the problem."""
+    """A bad reply is re-asked once (the API contract), then LLMError names the problem."""
     server.script(*[Answer(data={"facts": [{}]})] * 5)
     with pytest.raises(
         LLMError, match=r"after 2 of 3 calls \(1 of 1 re-asks\).*: at \$\.facts\[0\]: 'propos"

@@ -211,7 +211,7 @@ async def test_malformed_vectors_are_an_embedding_error(
 
 
 async def test_a_reply_without_data_is_retried_within_the_budget(server: ProviderServer) -> None:
-    """A 200 reply without a data list is garbage: retried like a cut body (session 19; it
+    """A 200 reply without a data list is garbage: retried like a cut body (it
     raised at once), and past the budget an EmbeddingError saying what was wrong."""
     server.script(Raw(json.dumps({"object": "list"}).encode()))
     async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, backoff=FAST) as embedder:

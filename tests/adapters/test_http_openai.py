@@ -152,7 +152,7 @@ async def test_malformed_json_is_reasked(server: ProviderServer, llm: OpenAIComp
 async def test_second_bad_reply_raises_saying_what_was_wrong(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """An invalid reply is re-asked once (API.md); an invalid second one raises LLMError
+    """An invalid reply is re-asked once (the API contract); an invalid second one raises LLMError
     naming the task and the second reply's problem."""
     server.script(
         Answer(data={"facts": "none"}), *[Answer(data={"facts": [{"concepts": []}]})] * 3
@@ -394,7 +394,7 @@ async def test_a_replacement_transport_needs_no_key(monkeypatch: pytest.MonkeyPa
     assert not any("authorization" in r.headers or "x-api-key" in r.headers for r in seen)
 
 
-# ---- issue 13: local servers -----------------------------------------------------------------
+# ---- local servers -------------------------------------------------------------------------------
 
 LLAMA_CPP_PYTHON_500 = Fail(
     500,

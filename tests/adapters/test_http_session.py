@@ -83,8 +83,8 @@ async def test_session_through_openai_compatible(server: ProviderServer) -> None
 async def test_an_unusable_reward_is_the_neutral_half(
     server: ProviderServer, adapter: str
 ) -> None:
-    """API.md: a step's reward is 0.5 when it cannot be parsed. A reply the adapter's schema
-    check refuses even once re-asked ({"reward": "very good"}) failed the append that scored
+    """The API contract: a step's reward is 0.5 when it cannot be parsed. A reply the adapter's
+    schema check refuses even once re-asked ({"reward": "very good"}) failed the append that scored
     the step before (LLMError), and the whole extraction when it was the last step's. Now
     every step the "reward" task scores is scored 0.5 and the session commits (a probe of the
     adapters); the last step is scored by the procedural task, whose score reads "very good"

@@ -384,7 +384,7 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
     assert t.in_flight == 0
 
 
-# ---- issue 13, item 4: the HTTP path's own cost ----------------------------------------------
+# ---- the HTTP path's own cost --------------------------------------------------------------------
 
 
 async def test_gate_without_limits_does_not_yield(clock: VirtualClock) -> None:

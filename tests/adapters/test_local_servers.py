@@ -1,5 +1,5 @@
 """`OpenAICompatible` against recorded replies of the local servers people run: llama.cpp
-(llama-cpp-python's server and an older llama-server), Ollama and vLLM (issue 13, item 3)."""
+(llama-cpp-python's server and an older llama-server), Ollama and vLLM."""
 
 from __future__ import annotations
 

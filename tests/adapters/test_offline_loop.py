@@ -1,4 +1,4 @@
-"""The offline LLM on long inputs: its heuristics leave the event loop free (issue 9)."""
+"""The offline LLM on long inputs: its heuristics leave the event loop free."""
 
 from __future__ import annotations
 

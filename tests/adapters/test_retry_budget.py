@@ -107,7 +107,7 @@ async def test_garbage_through_ask_makes_exactly_the_budgeted_calls(
 
 
 async def test_default_budget_re_asks_a_garbage_reply_once(clock: VirtualClock) -> None:
-    """With no policy given, a garbage-answering model is re-asked once (API.md: "re-ask
+    """With no policy given, a garbage-answering model is re-asked once (the API contract: "re-ask
     once"): 2 requests, then LLMError naming the problem."""
     provider = Provider(data(BAD))
     async with openai(provider, clock) as llm:

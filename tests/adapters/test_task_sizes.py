@@ -1,4 +1,4 @@
-"""Every request mnemo builds carries a max_tokens sized to its task (issue 13, item 3)."""
+"""Every request mnemo builds carries a max_tokens sized to its task."""
 
 from __future__ import annotations
 

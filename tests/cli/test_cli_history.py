@@ -1,4 +1,4 @@
-"""`mnemo history REPO` and `mnemo revert REPO COMMIT` (issue 14), on each backend."""
+"""`mnemo history REPO` and `mnemo revert REPO COMMIT`, on each backend."""
 
 from __future__ import annotations
 

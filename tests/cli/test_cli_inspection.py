@@ -1,5 +1,5 @@
-"""The command line's reads open the store for inspection (API.md, "Inspection never works"):
-they take no extraction over, call no model but for their own query, and record no model or
+"""The command line's reads open the store for inspection (the API contract, "Inspection never
+works"): they take no extraction over, call no model but for their own query, and record no model or
 setting of a repo; `recall --reinforce` counts accesses, a plain one does not."""
 
 from __future__ import annotations

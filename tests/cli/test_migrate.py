@@ -1,4 +1,4 @@
-"""`mnemo migrate --from SRC --to DST` (issue 10, item 4): SQLite to PostgreSQL and back, with
+"""`mnemo migrate --from SRC --to DST`: SQLite to PostgreSQL and back, with
 a progress bar, counts and a checksum; idempotent; refusals exit 2, a failed check exits 1."""
 
 from __future__ import annotations

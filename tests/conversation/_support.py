@@ -114,7 +114,7 @@ def tagged(seq: int, role: str, words: int) -> dict[str, Any]:
 
 
 async def hidden(mem: mnemo.Memory, thread_id: str, token_budget: int) -> list[str]:
-    """What breaks "Nothing hides from the agent" (API.md) in the thread's viewport of
+    """What breaks "Nothing hides from the agent" (the API contract) in the thread's viewport of
     `token_budget` tokens, one line each; [] when nothing does.
 
     Every message must be in the viewport's messages, or before the boundary inside a

@@ -443,7 +443,7 @@ async def test_semantic_keeps_tool_calls_whole(cmem: mnemo.Memory) -> None:
 
 async def test_semantic_without_query_is_recent(cmem: mnemo.Memory) -> None:
     """Semantic with no query loads the last k messages; a blank query is bad input
-    (API.md's errors: "a query of only whitespace"), with either retrieval."""
+    (the API contract's errors: "a query of only whitespace"), with either retrieval."""
     conv = cmem.conversation(retrieval=mnemo.Semantic(k=2))
     history = chat(3)
     await conv.save("t", history)

@@ -195,8 +195,7 @@ async def test_search_prefers_recent_on_a_tie(cmem: mnemo.Memory) -> None:
 
 async def test_a_rare_word_outranks_a_common_one_repeated(cmem: mnemo.Memory) -> None:
     """bm25 on both backends: a word in few messages weighs more than one in most of them,
-    even repeated (PostgreSQL's `ts_rank` alone has no idf, and ranked the repetition first:
-    session 19's review)."""
+    even repeated (PostgreSQL's `ts_rank` alone has no idf, and ranked the repetition first)."""
     conv = cmem.conversation()
     await conv.save("t", [user(f"server status check {i}") for i in range(20)]
                     + [user("server server server status"), user("kubernetes upgrade planned")])
@@ -210,7 +209,7 @@ async def test_a_message_with_every_word_outranks_a_short_one_with_one(
 ) -> None:
     """bm25's length term saturates: a message holding both query words outranks an older
     one-word message holding only one, on both backends (PostgreSQL's `ts_rank` divided by
-    the length's log, and ranked the one-word message first: a differential review)."""
+    the length's log, and ranked the one-word message first)."""
     conv = cmem.conversation()
     filler = [user(f"unrelated chatter number {i} about lunch and weather") for i in range(20)]
     await conv.save("t", [user("nginx"), *filler,

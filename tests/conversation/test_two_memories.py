@@ -1,5 +1,5 @@
 """Two Memory objects on one store writing one thread: a conflict with the other writer is
-resolved from the store's state, never raised (API.md: the store is the one truth).
+resolved from the store's state, never raised (the API contract: the store is the one truth).
 
 Each race is staged without sleeps: a fake model or embedder of Memory A does Memory B's
 write while A is between its read of the thread and its write.
@@ -142,7 +142,7 @@ class SummaryInterleaving(Interleaving):
 async def test_a_summary_racing_another_memorys_compaction_is_dropped_not_raised(
     store: str, span: tuple[int, int]
 ) -> None:
-    """Regression (session 19): while A summarised, B recorded a compaction in A's range
+    """Regression: while A summarised, B recorded a compaction in A's range
     (inside it: A's record silently replaced B's summary it had never seen; overlapping its
     end: A's record was refused and its `save` raised after storing the messages). A summary
     is optional: it is dropped, the save returns its messages, and B's compaction stands."""

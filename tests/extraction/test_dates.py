@@ -1,4 +1,4 @@
-"""The date a fact names (issue 14): absolute forms, and relative ones against an anchor."""
+"""The date a fact names: absolute forms, and relative ones against an anchor."""
 
 from __future__ import annotations
 

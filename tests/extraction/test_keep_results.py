@@ -1,5 +1,5 @@
 """Keeping what succeeded: a retried extraction re-asks only the tasks that failed, and
-`mem.usage()` reports what it saved (issue 13, item 5)."""
+`mem.usage()` reports what it saved."""
 
 from __future__ import annotations
 

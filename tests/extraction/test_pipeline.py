@@ -81,7 +81,7 @@ async def test_semantic_and_procedural_run_side_by_side_and_score_the_last_step(
 
 
 async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:
-    """A committed episode yields all 7 node types, linked by the 4 link types as API.md says."""
+    """A committed episode yields all 7 node types, linked by the 4 link types as specified."""
     sid = await mem.start_session("explore the house", repo=REPO)
     await mem.append(sid, "walk north", "go north")
     await mem.append(sid, "walk east", "go east")

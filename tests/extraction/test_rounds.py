@@ -1,4 +1,4 @@
-"""Close-to-ready in at most two sequential LLM rounds (issue 13, item 5), counted from the order
+"""Close-to-ready in at most two sequential LLM rounds, counted from the order
 in which calls start and end, not from timing."""
 
 from __future__ import annotations

@@ -351,8 +351,8 @@ async def test_store_uses_it_and_rebuilds_it_on_open(tmp_path: Path) -> None:
 
 @needs_faiss
 def test_params_are_the_measured_ones(built: tuple[VectorIndex, HnswAccelerator]) -> None:
-    """The graphs use M = 32 and efConstruction = 200 (EMBEDDINGS.md §2), and walk at efSearch
-    128 at most (BENCHMARKS.md, "Recall at a million, session 7")."""
+    """The graphs use M = 32 and efConstruction = 200 (as measured at 1M), and walk at efSearch
+    128 at most."""
     _, accelerator = built
     assert accelerator.params == HnswParams()
     graph = next(iter(accelerator._graphs.values())).index
@@ -440,7 +440,7 @@ async def test_nearest_of_type_below_the_threshold_is_one_product(
 ) -> None:
     """Below the HNSW threshold (an accelerator attached, not ready) nearest_of_type answers
     every probe from one product over the type's rows, not with a scan of every row per
-    probe (issue 12: 3 ms a probe at 1,000 memories), and agrees with the exact scan."""
+    probe (3 ms a probe at 1,000 memories), and agrees with the exact scan."""
     vectors = clustered(300, seed=3)
     database = Database(tmp_path / "below.db")
     await database.open()

@@ -1,4 +1,4 @@
-"""Contradicted facts are retired, not deleted (issue 14): the offline heuristic, the commit
+"""Contradicted facts are retired, not deleted: the offline heuristic, the commit
 that retires, and its revert; on each backend."""
 
 from __future__ import annotations

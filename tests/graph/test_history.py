@@ -1,4 +1,4 @@
-"""Commits as a history (issue 14): every applied changeset is listed, can be diffed, and can
+"""Commits as a history: every applied changeset is listed, can be diffed, and can
 be reverted unless later work built on it; on each backend."""
 
 from __future__ import annotations

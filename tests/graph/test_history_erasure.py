@@ -1,4 +1,4 @@
-"""Erasure reaches history (issue 14, item 4): after `forget` and `purge`, no row of any table
+"""Erasure reaches history: after `forget` and `purge`, no row of any table
 holds a byte of what was erased, commit records included; on each backend."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reverts compose (issue 14, item 5): any sequence of commits and reverts leaves the graph
+"""Reverts compose: any sequence of commits and reverts leaves the graph
 equal to replaying only the commits that survive, in their order; on each backend."""
 
 from __future__ import annotations

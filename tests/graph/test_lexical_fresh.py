@@ -67,7 +67,7 @@ def test_commit_waits_for_quiet_but_never_past_the_oldest_change() -> None:
 
 
 def test_a_failed_commit_is_retried_as_if_its_changes_were_new() -> None:
-    """Regression (review): a commit that failed left the oldest change's age past due, so
+    """Regression: a commit that failed left the oldest change's age past due, so
     every later write retried it at once (an fsync and a logged traceback each)."""
     now = [0.0]
     fresh = Fresh(clock=lambda: now[0])
@@ -80,7 +80,7 @@ def test_a_failed_commit_is_retried_as_if_its_changes_were_new() -> None:
 
 @given(st.integers(0, 10_000), st.integers(0, 10_000))
 def test_idf_is_positive_and_falls_as_a_term_spreads(documents: int, frequency: int) -> None:
-    """Regression (review, session 18): the frequency, which counts deleted copies until
+    """Regression: the frequency, which counts deleted copies until
     a merge, can exceed the count of documents; the weight went negative (idf(20, 34) was
     -0.50) and the uncommitted documents holding the term dropped out of the search."""
     assert idf(documents, frequency) > 0
@@ -143,7 +143,7 @@ def test_fresh_new_documents_do_not_widen_the_search() -> None:
 def test_a_key_committed_twice_cannot_keep_the_search_asking() -> None:
     """Each key has one committed document (a write deletes by key first); should one have
     two, the search stops asking once the stale keys could all have been skipped (it asked
-    for ever before; found by review), and still returns nothing stale."""
+    for ever before), and still returns nothing stale."""
     searcher = _Searcher(["s", "s", "s", "s", "a"])
     got = unstale_hits(searcher, None, 2, {"s"})
     assert all(doc["key"][0] != "s" for _, doc in got)
@@ -211,7 +211,7 @@ async def test_changes_are_committed_while_writes_keep_coming(
 async def test_changes_are_committed_while_the_repo_stays_dirty(
     backend: Backend, monkeypatch: pytest.MonkeyPatch, by_age: None
 ) -> None:
-    """Regression (review): the age was looked at only when no repo waited to be brought
+    """Regression: the age was looked at only when no repo waited to be brought
     up, so a repo that a write dirtied again during each apply put the commit off until
     2,000 changes. Here each step of bringing it up reports it still behind."""
     index = lexical(backend)
@@ -244,7 +244,7 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
     between batches (one by age, for another repo's changes) must not leave the repo's old
     mark (the log's sequence it had applied) beside half its documents: a process killed
     then would reopen the slot as current up to that mark and apply only the log after it,
-    never the documents the rebuild had not written back yet (session 18)."""
+    never the documents the rebuild had not written back yet."""
     from mnemo.storage.lexical.index import _META
 
     index = lexical(backend)
@@ -277,7 +277,7 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
 async def test_a_rebuild_whose_commit_failed_is_not_taken_as_current(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Regression (session 19): a rebuild's documents are not scored as uncommitted, so until
+    """Regression: a rebuild's documents are not scored as uncommitted, so until
     its commit succeeds the repo is not current. The failed commit used to leave the repo
     marked as applied up to the log: its searches answered from the old commit, without
     the nodes written since, until some other change brought a commit."""
@@ -311,7 +311,7 @@ async def test_a_rebuild_whose_commit_failed_is_not_taken_as_current(
 async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the_start(
     store: str, tmp_path: Path
 ) -> None:
-    """Regression (session 19, from session 18's review): a slot that holds some of a repo's
+    """Regression: a slot that holds some of a repo's
     documents without its mark (a rebuild committed halfway, then its process killed) must
     not apply the log from its start over them: the log of a store restored from a backup
     never names a document the rebuild wrote for a node the backup does not hold, and that

@@ -256,7 +256,7 @@ async def test_identical_intent_is_dropped_and_linked_to_the_existing_one(
     graph: GraphStore, similarity: float
 ) -> None:
     """An intent at or above the identity threshold is dropped; its procedure links the old one.
-    Exactly at it too: float32 vectors put that cosine at 0.94999999 (a review's case)."""
+    Exactly at it too: float32 vectors put that cosine at 0.94999999."""
     merger = Merger(("never used", axis(5)))
     await graph.apply(
         procedure_with_intent("a", "restart the web server", axis(0)), intents=policy(merger)
@@ -669,7 +669,7 @@ class HeldMerger(Merger):
 
 async def test_a_slow_intent_merge_does_not_hold_up_other_commits(graph: GraphStore) -> None:
     """The LLM merge of an intent is asked before the repo's lock is taken: while it hangs,
-    another commit to the repo lands; then the merged wording is applied (issue 9, item 4)."""
+    another commit to the repo lands; then the merged wording is applied."""
     await graph.apply(
         procedure_with_intent("a", "restart the web server", axis(0)), intents=policy()
     )

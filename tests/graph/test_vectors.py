@@ -236,7 +236,7 @@ def test_zero_vectors_score_zero() -> None:
 
 @pytest.mark.parametrize("threshold", [0.95, 0.9, 0.8, 0.75, 0.35])
 def test_a_cosine_exactly_at_a_threshold_reaches_it(threshold: float) -> None:
-    """Float32 vectors whose exact cosine is the threshold count as at it (API.md: "at or
+    """Float32 vectors whose exact cosine is the threshold count as at it (the API contract: "at or
     above"), though float32 puts some of them a hair below (0.95 -> 0.94999999), and a step
     whose subgoal is exactly that similar does not start a trajectory."""
     def vector(c: float) -> Vector:

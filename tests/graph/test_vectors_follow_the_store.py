@@ -1,7 +1,7 @@
 """In-memory vectors follow the store, whoever wrote to it (mnemo/storage/vector_log.py).
 
 SQLite keeps every repo's vectors in memory, PostgreSQL its tags' and intents'. Each Memory
-kept them in step with its own writes only; these tests (regressions of session 19's review,
+kept them in step with its own writes only; these tests (regressions,
 each failing before the fix) write through one Memory and read or commit through another
 that had its vectors loaded already. Then the bookkeeping itself, against a reference.
 """
@@ -248,7 +248,7 @@ def _unit(*pairs: tuple[int, float], dim: int = 64) -> np.ndarray:
 async def test_a_rewording_caught_up_in_place_is_not_overwritten_by_a_stale_merge(
     store: str,
 ) -> None:
-    """Regression (session 19's review of this change): A resolves its intents before its
+    """Regression: A resolves its intents before its
     lock; meanwhile B rewords intent X. Under the lock A caught B's rewording up, in place,
     and the index kept its snapshot, so A reused the merge it had decided against X's old
     text and overwrote B's wording. A replaced row is a new snapshot: A decides again."""

@@ -1,5 +1,5 @@
 """forget and shared intents: an intent that outlives a forgotten source keeps none of its words
-(mnemo/graph/erasure.py). Regression of session 27's probe: a merged wording kept the
+(mnemo/graph/erasure.py). Regression: a merged wording kept the
 forgotten source's words, recallable."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ async def test_a_forget_whose_wording_cannot_be_embedded_changes_nothing(
 ) -> None:
     """The new wording's vector is made before anything is deleted: an embedder that fails
     fails the forget with EmbeddingError, and the source is whole (forgotten once it works).
-    Deleting the shared intent instead would take a node source a still uses (a review)."""
+    Deleting the shared intent instead would take a node source a still uses."""
     mem, embedder = merged
     before = await mem.get_nodes_by_type(REPO, list(N))
     embedder.failing = True
@@ -139,7 +139,7 @@ async def test_forget_erases_an_intent_it_reworded_that_has_no_link_left(
 ) -> None:
     """b's merge re-worded a's intent, then both procedures were deleted by id (which leaves
     the intent without links): forget("b") deletes the intent too, as an orphan, instead of
-    leaving b's words there, and counts each node that went once (a review)."""
+    leaving b's words there, and counts each node that went once."""
     mem, _ = merged
     procedures = await mem.get_nodes_by_type(REPO, [N.PROCEDURAL])
     await mem.delete_nodes(REPO, [p.id for p in procedures])
@@ -153,7 +153,7 @@ async def test_forget_counts_only_nodes_that_were_there(
     merged: tuple[mnemo.Memory, OvenEmbedder],
 ) -> None:
     """The intent b re-worded was deleted by id before the forget: its record still names
-    it, and the forget does not count it (SQLite did; a review)."""
+    it, and the forget does not count it (SQLite did)."""
     mem, _ = merged
     [intent] = await mem.get_nodes_by_type(REPO, [N.INTENT])
     await mem.delete_nodes(REPO, [intent.id])
@@ -177,8 +177,8 @@ class HeldEmbedder(OvenEmbedder):
 
 async def test_forget_embeds_outside_the_repo_lock(store: str) -> None:
     """While a forget waits for its embedder, another Memory commits to the repo (it failed
-    busy: the forget held the repo's lock, across processes, for the embedder's time; a
-    review). The commit changed what the forget had read, so it reads and embeds again."""
+    busy: the forget held the repo's lock, across processes, for the embedder's
+    time). The commit changed what the forget had read, so it reads and embeds again."""
     embedder = HeldEmbedder(384)
     config = mnemo.Config(busy_timeout=0.5)
     async with mnemo.Memory(store, llm=MergingLLM(), embedder=embedder) as a, \

@@ -77,7 +77,7 @@ async def test_concurrent_identical_ingests_do_the_work_once(
 async def test_concurrent_ingests_of_a_conflicting_payload_all_conflict(
     mem: mnemo.Memory, llm: FakeLLM
 ) -> None:
-    """Regression (session 19): of two identical calls whose payload differs from the one
+    """Regression: of two identical calls whose payload differs from the one
     stored, the one that joined the other got `PipelineError("extraction_failed")` instead
     of the `ConflictError` it would have had alone."""
     await mem.ingest(REPO, trajectory("walk north"), source_id="s1")

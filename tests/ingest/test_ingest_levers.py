@@ -1,4 +1,4 @@
-"""Issue 12's ingest-side levers: relative dates resolved against the trajectory's day, and
+"""Ingest-side levers: relative dates resolved against the trajectory's day, and
 speakers and names as TAG nodes their steps belong to."""
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     assert seen == [False, True]
 
 
-# ---- conversation, repos and sessions (issue 13, item 6) ------------------------------------
+# ---- conversation, repos and sessions ------------------------------------------------------------
 
 
 async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> None:

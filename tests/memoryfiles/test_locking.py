@@ -1,8 +1,9 @@
 """Writers of one memory-files directory take turns: `MemoryFiles` objects and processes.
 
-API.md: "Concurrent writes are serialised; writes are atomic." Two objects on one directory,
-or two processes, honour its lock files: the writer lock from a write's scan through its model
-calls to its last file written, the file lock across each read-merge-write and use stamp.
+The API contract: "Concurrent writes are serialised; writes are atomic." Two objects on one
+directory, or two processes, honour its lock files: the writer lock from a write's scan
+through its model calls to its last file written, the file lock across each read-merge-write
+and use stamp.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Concurrent writes give a result some serial order of them could give (API.md: "Concurrent
-writes are serialised").
+"""Concurrent writes give a result some serial order of them could give (the API contract:
+"Concurrent writes are serialised").
 
 A write picks its topic from the topics it finds: with the offline LLM, a statement joins an
 existing topic sharing its words, else starts one named from its key phrase. One after another,
@@ -57,7 +57,7 @@ async def test_concurrent_persists_pick_topics_as_in_a_serial_order(tmp_path: Pa
 async def test_concurrent_offline_persists_pick_topics_as_in_a_serial_order(
     tmp_path: Path,
 ) -> None:
-    """The review's case: `llm=None`, 20 concurrent persists, one file."""
+    """`llm=None`, 20 concurrent persists, one file."""
     files = mnemo.MemoryFiles(tmp_path)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:

@@ -1,4 +1,4 @@
-"""What a recall reads is bounded by k, not by the candidates it touched (issue 12): the nodes,
+"""What a recall reads is bounded by k, not by the candidates it touched: the nodes,
 stats and provenance of its best candidates in one read, what they bring in in another."""
 
 from __future__ import annotations

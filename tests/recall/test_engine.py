@@ -262,7 +262,7 @@ async def test_feedback_with_no_words_to_add_leaves_the_recall_as_it_was(
     """With pseudo-relevance feedback on and no word shared by the best hits (nothing to add,
     no second search), a recall is the one it is with feedback off, scores and all. Before,
     the empty second ranking still took its weight in the fusion and lowered every score
-    from hop 0 (session 24's review)."""
+    from hop 0."""
     query = "postgres keeps its data"  # one node has these words: none shared by two
     off = await run(graph, query)
     on = await run(graph, query, config=mnemo.Config(recall_prf_terms=3))

@@ -1,5 +1,5 @@
 """Recall's hops follow a node only while what it leads to could be read by ranking (the best
-`depth` candidates): the bound skips links that could change no result (issue 12)."""
+`depth` candidates): the bound skips links that could change no result."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12's recall levers: MMR, pseudo-relevance feedback, neighbouring steps, the query
+"""Recall levers: MMR, pseudo-relevance feedback, neighbouring steps, the query
 side of an embedder, and the optional LLM re-ranking."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""A query that restates a stored memory, exactly or nearly, gets that memory first (issue 12:
-an exact restatement came first 12 times in 20 at 1,000 memories; mem0 20 in 20)."""
+"""A query that restates a stored memory, exactly or nearly, gets that memory first
+(an exact restatement came first 12 times in 20 at 1,000 memories; mem0 20 in 20)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12's speaker match: a candidate said by someone the query names scores higher."""
+"""The speaker match: a candidate said by someone the query names scores higher."""
 
 from __future__ import annotations
 

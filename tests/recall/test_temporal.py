@@ -1,4 +1,4 @@
-"""Recall that respects time (issue 14): what holds now first, a retired fact says so, and
+"""Recall that respects time: what holds now first, a retired fact says so, and
 `as_of` answers as the memory stood then."""
 
 from __future__ import annotations

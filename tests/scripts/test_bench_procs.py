@@ -1,4 +1,4 @@
-"""`scripts/bench_sessions.py --processes` (scripts/_procs.py, issue 11 item 5): the harness
+"""`scripts/bench_sessions.py --processes` (scripts/_procs.py): the harness
 counts what real worker processes did on one store, and reads the store back to check it."""
 
 from __future__ import annotations

@@ -300,7 +300,7 @@ async def test_a_read_during_the_closes_commit_loses_no_transition(
     the close, and so does a reload that takes in the new version and state: the close's
     "transition" event is emitted and the operation queued behind it runs. The read had
     forced the record to idle, the move's event then failed from idle, and the queued
-    start_episode never ran nor called back (a review: 2 in 100 tries). The read is placed
+    start_episode never ran nor called back (2 in 100 tries). The read is placed
     there deterministically, right after the write."""
     sid = await auto_mem.start_session("explore", repo=REPO)
     await auto_mem.append(sid, "walk north", "go north")
@@ -345,7 +345,7 @@ async def test_a_store_fault_at_a_deadline_is_a_warning_and_looked_at_again(
 ) -> None:
     """The store failing when a flush comes due is logged as a warning and the deadline is
     looked at again later, when the flush goes through. It was logged as a crash of the
-    session's background work, with its traceback, at every look (a review: once a second
+    session's background work, with its traceback, at every look (once a second
     while PostgreSQL was down)."""
     config = mnemo.Config(auto_commit=True, flush_timeout=0.2, session_timeout=None)
     sid = await auto_mem.start_session("explore", repo=REPO, config=config)

@@ -1,6 +1,6 @@
 """Ending a session (`end_session`, auto-commit's expiry) cancels its background work, never a
 callback: an async `on_event` or operation callback, once called, runs to its end, and every
-accepted operation still gets its one callback (API.md, "The async operation queue")."""
+accepted operation still gets its one callback (the API contract, "The async operation queue")."""
 
 from __future__ import annotations
 

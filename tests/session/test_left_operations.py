@@ -1,5 +1,5 @@
 """Operations stored for a session that another `Memory` took and then left without a result
-(API.md, "The async operation queue": every accepted operation gets exactly one callback).
+(the API contract, "The async operation queue": every accepted operation gets exactly one callback).
 
 A Memory that accepts an async operation while another holds the session's work stores it;
 whoever ends that work takes it and records its result, and the accepting Memory calls back.
@@ -101,7 +101,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
     """B, alive but late with its heartbeat, takes A's commit and start_episode when its
     extraction ends; while B stores the commit's result, A takes B for gone and answers both
     operation_failed. B then does not run the start (A's caller heard it failed); before,
-    it ran it (session 23's review)."""
+    it ran it."""
     async with stored_while_b_extracts(store, start=True) as it:
         a, b, sid, commit, start = it.a, it.b, it.sid, it.commit, it.start
         runner = b.mem._backend.coordination

@@ -19,7 +19,7 @@ from mnemo.session.machine import (
 
 S = State
 
-# API.md's state table, cell by cell.
+# The API contract's state table, cell by cell.
 EXPECTED: dict[tuple[State, str], Move | Refuse] = {
     (S.IDLE, "start_episode"): Move(S.COLLECTING),
     (S.IDLE, "append"): Refuse("not_collecting"),
@@ -47,7 +47,7 @@ EXPECTED: dict[tuple[State, str], Move | Refuse] = {
 
 @pytest.mark.parametrize(("state", "call"), list(EXPECTED))
 def test_every_call_in_every_state_matches_the_api_table(state: State, call: str) -> None:
-    """Each (state, call) cell answers as API.md's state table says."""
+    """Each (state, call) cell answers as the API contract's state table says."""
     assert answer(state, call) == EXPECTED[state, call]
 
 

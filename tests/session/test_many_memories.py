@@ -1,11 +1,11 @@
-"""Several `Memory` objects on one store in one process (API.md, "Storage backends and many
-processes"): the store is the one truth, so a session or a repo made through one is known to
+"""Several `Memory` objects on one store in one process (the API contract, "Storage backends and
+many processes"): the store is the one truth, so a session or a repo made through one is known to
 every other, appends are serialised, a closed episode is committed once, reads never write,
 an accepted async operation calls back where it was accepted, and only a Memory with the
 work's model resumes it.
 
 Each Memory has its own fakes and event log, as a separate worker would. The tests marked
-xfail stated the contract before the mechanism of issue 11 existed; none is left.
+xfail stated the contract before its mechanism existed; none is left.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ async def test_an_append_racing_a_close_through_another_memory_is_not_collecting
     store: str,
 ) -> None:
     """An append through A, under way (its annotation held), while B closes the session:
-    it raises not_collecting (API.md's race rule; it raised the state table's
+    it raises not_collecting (the API contract's race rule; it raised the state table's
     extraction_in_progress) and stores nothing; B's close extracts the step before it."""
     async with workers(store, 2) as (a, b):
         sid = await a.mem.start_session("explore the house", repo=REPO)
@@ -359,7 +359,7 @@ def the_holder_takes_first(
     accepting Memory's watcher takes only once the holder has. When an extraction ends, its
     holder and the watcher both take (`stored.run_stored`), and either may win: one runs
     them, once, which is right both ways. A test of what the holder does with them was left
-    to that race and lost it under load (CI, session 25: the watcher took the commit whose
+    to that race and lost it under load (CI: the watcher took the commit whose
     result was to meet the holder's store fault)."""
     took = anyio.Event()
     holder_take = holder.mem._backend.coordination.take_ops
@@ -724,7 +724,7 @@ async def test_stored_operations_are_in_the_queue_before_it_starts(
     """The extraction's end and the store's watcher both take the session's stored operations
     (`stored.run_stored`): the one that took nothing started the queue while the other's
     were still on their way into it, so a `start_episode` queued here ran before the stored
-    `commit` it was accepted behind, and was refused (a review, session 22). Taking is one at
+    `commit` it was accepted behind, and was refused. Taking is one at
     a time now. Placed deterministically: the first take answers only once everything else
     has run. With a fault when the stored commit's row is dropped once it ran, its callback
     still comes (it was lost: the fault ended the report before it)."""
@@ -770,8 +770,8 @@ async def test_a_call_made_while_a_stored_operation_runs_queues_behind_it(
 ) -> None:
     """Once this Memory takes its own stored `commit` into its queue, the commit is no longer
     counted as stored too: a `start_episode` made while it runs is accepted behind it. It was
-    refused `invalid_queued_operation`, projected from ready through two commits (a review,
-    session 22). The commit is held at its write, deterministically."""
+    refused `invalid_queued_operation`, projected from ready through two commits. The commit is
+    held at its write, deterministically."""
     async with workers(store, 1) as [w]:
         recorded = Callbacks()
         sid, live, session = await with_a_stored_commit(w, recorded)
@@ -808,7 +808,7 @@ async def test_a_call_made_while_stored_operations_are_taken_queues_behind_them(
 ) -> None:
     """While the store hands this Memory's stored `commit` over (the take's round trip), the
     ready session is busy for a new call: a `start_episode` queues behind the commit. It was
-    checked against ready alone and refused `invalid_operation` (a review, session 22). The
+    checked against ready alone and refused `invalid_operation`. The
     take is held, deterministically."""
     async with workers(store, 1) as [w]:
         recorded = Callbacks()
@@ -916,8 +916,7 @@ async def test_a_refusal_is_checked_against_the_store_after_this_memorys_own_wri
     at the graph's apply) when B commits first and starts an episode. An append through A
     waits for A's write to end, reads the store, and is accepted. Before, the read was
     skipped while the lock was held (a fresh fetch leaves a write of this Memory's own
-    alone), and A's record refused it (not_idle, or invalid_operation for the async call;
-    session 23's review)."""
+    alone), and A's record refused it (not_idle, or invalid_operation for the async call)."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         await ready(a, sid)
@@ -974,8 +973,7 @@ async def test_operations_queued_here_are_answered_when_another_memory_ends_the_
     a commit queued behind A's own extraction, once that extraction ends and its write finds
     the session gone; or a close queued behind A's running append, when a read of the
     session through A finds it gone (the append, cancelled, gets session_ended too). Before,
-    the record was dropped and the queued operation never called back (session 23's
-    review)."""
+    the record was dropped and the queued operation never called back."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         callbacks = Callbacks()
@@ -1065,7 +1063,7 @@ async def test_a_failed_refusal_is_checked_against_the_store(store: str) -> None
     still says failed, and a write of A's own holds the session's lock (here the test holds
     it): a commit_async through A waits for it, reads the store, and is accepted. Before,
     A's record refused it session_failed without the store's check that invalid_operation
-    gets (session 23's note)."""
+    gets."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         a.llm.fail_tasks.add("semantic")
@@ -1151,7 +1149,7 @@ async def test_a_call_stored_while_the_session_ends_is_answered_though_a_watcher
     not stop at once. The start's entry comes after the end's answer; it is answered
     session_ended where it is kept. Before, it found that watcher still there, so no new
     one was started, and nobody answered it on PostgreSQL: accepted, never called back
-    (session 24's review; on SQLite every store call is shielded, so the cancelled watcher
+    (on SQLite every store call is shielded, so the cancelled watcher
     went on to read the session, found it gone and answered)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
@@ -1195,7 +1193,7 @@ async def test_a_call_stored_while_its_memory_closes_is_answered_and_runs_once(
     The close answers it memory_closed and leaves it to B, which runs it once and forgets
     it. Before, the close answered what it had found (nothing yet), the call then raised
     RuntimeError (A's tasks had ended) and its row stayed A's: B ran the commit all the
-    same, and its result stayed in the store for good (session 24's review)."""
+    same, and its result stayed in the store for good."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -1263,8 +1261,7 @@ async def test_an_ended_session_leaves_no_stored_operations(store: str, through:
 async def test_an_end_refused_as_stale_leaves_the_stored_operations(store: str) -> None:
     """An expiry's end of a version the session has moved past is refused, and writes
     nothing: the operations A stored for B's extraction stay, and run when it ends. Before,
-    on SQLite, the refused end still dropped them, and A waited for them for good (session
-    24's review)."""
+    on SQLite, the refused end still dropped them, and A waited for them for good."""
     async with workers(store, 2) as (a, b):
         sid = await fill(a.mem)
         held = await extracting(b, sid)
@@ -1284,7 +1281,7 @@ async def test_a_call_stored_as_its_session_ends_and_its_memory_closes_is_answer
     """A commit through A is stored for B's extraction; while its row is written the session
     is ended through A and A closes. The call is accepted and answered session_ended. Before
     the end answered it where it was kept, the call returned as accepted and was never
-    called back: the close answers only the sessions it still knows (session 24's review)."""
+    called back: the close answers only the sessions it still knows."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -1315,7 +1312,7 @@ async def test_a_result_recorded_before_the_session_ends_elsewhere_is_delivered(
     before A's watcher looks. A is called back with the commit's result, not session_ended:
     the end leaves a row with a result (or taken) for its Memory to read. Before, with the
     end dropping every row of the session, A was told session_ended for a commit that was
-    applied (session 24's review of its own change)."""
+    applied."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -1351,7 +1348,7 @@ async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
     B queues a start behind it). Both are answered session_ended. Before, with the end
     dropping the rows B had taken, B's check that it still held the commit failed: A got
     operation_failed with a cause saying A had answered it, and B's start
-    preceding_op_failed (session 24's review of its own change)."""
+    preceding_op_failed."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)

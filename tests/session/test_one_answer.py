@@ -1,4 +1,4 @@
-"""One answer per call on both backends (API.md): a call on a session another Memory is
+"""One answer per call on both backends (the API contract): a call on a session another Memory is
 extracting is refused as the state table says, whichever backend holds the store."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ async def test_a_commit_whose_session_another_memory_touched_meanwhile_commits(
 ) -> None:
     """A ready session's commit through A, whose write finds the version moved by B without
     the state changing (B's claim of the row), reads it again and commits; the callback of a
-    commit_async carries no reason API.md does not list (it carried `conflict`)."""
+    commit_async carries no reason the API contract does not list (it carried `conflict`)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         b = await open_worker(stack, store)

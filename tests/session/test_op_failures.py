@@ -1,4 +1,4 @@
-"""Issue 9, item 1: an async operation that fails with any error reports it, and the queue and
+"""An async operation that fails with any error reports it, and the queue and
 the session go on (they used to wedge for good on an error that was not a `MnemoError`)."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ async def test_ops_still_queued_when_the_memory_closes_get_their_callback(
 async def test_a_model_failure_in_an_async_append_arrives_as_operation_failed(
     mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str
 ) -> None:
-    """API.md: an error that is not a session error arrives as
+    """The API contract: an error that is not a session error arrives as
     SessionError("operation_failed") with it as `__cause__` (an LLM or embedder failure was
     reported as "llm_failed" / "embedding_failed"); the step is not added."""
     sid = await mem.start_session("explore the house", repo=REPO)

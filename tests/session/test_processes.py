@@ -1,4 +1,4 @@
-"""Many processes on one store (API.md, "Storage backends and many processes"), with real
+"""Many processes on one store (the API contract, "Storage backends and many processes"), with real
 worker processes (tests/session/worker_child.py) killed by SIGKILL: an extraction held by a
 killed process is taken over within the lease, and under random kills nothing accepted is
 lost and nothing is committed twice.
@@ -421,7 +421,7 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
 async def test_operations_stored_before_a_takeover_run_first_and_bound_the_queue(
     store: str, tmp_path: Path
 ) -> None:
-    """Regression (session 19's review): an operation this Memory accepted while a live child
+    """Regression: an operation this Memory accepted while a live child
     held the extraction is stored for it; once the child is killed and this Memory takes the
     work over, the operations it accepts next were validated without the stored one (a
     second commit was accepted) and ran before it. Now the stored one counts as queued first

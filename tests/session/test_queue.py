@@ -1,4 +1,4 @@
-"""The async operation queue of API.md: run at once, queue while busy, project, fail in order."""
+"""The API contract's operation queue: run at once, queue while busy, project, fail in order."""
 
 from __future__ import annotations
 
@@ -184,8 +184,8 @@ async def test_ops_right_behind_a_close_async_are_projected_from_ready(
     """Ops submitted right behind a `close_async` queue behind it here, projected from ready:
     a second discard is refused, a start_episode accepted, and they run in call order. The
     extraction's task had not started yet, so the session looked extracted by another Memory:
-    a second discard was accepted and ran first, and a start_episode was refused (a
-    differential review, 22 in 30 tries); and, more rarely, a read landing inside the close's
+    a second discard was accepted and ran first, and a start_episode was refused (22 in
+    30 tries); and, more rarely, a read landing inside the close's
     own write took it in half-way, with the same effect, or left the discard in the store's
     queue with nobody to run it. Ten sessions, each at once after the close; the extraction's
     semantic task is held until the ops are in (a fast extraction could end before the third
@@ -221,7 +221,7 @@ async def test_a_read_older_than_the_close_does_not_take_the_session_back(
     (PostgreSQL's pooled connections answer in any order) is older than the record: it is not
     taken in. It was: the ready session looked extracting again, with no extraction here, so
     an operation behind it went to the store's queue (then ran twice, or never, or refused
-    the next one: session 21's race, one PostgreSQL run in eight). The late answers are
+    the next one: one PostgreSQL run in eight). The late answers are
     placed deterministically here: the session's row and lease as read before the close."""
     sid = await enter(State.COLLECTING)
     await mem.append(sid, "walk north", "go north")
@@ -264,7 +264,7 @@ async def test_a_record_ahead_of_its_store_takes_the_store_in_after_a_refused_wr
     """A record whose version is ahead of the store's (no code path makes one now; a store
     restored from a backup would) is read again after the store refuses its write, though
     the store's version is older: every write was refused and every read left out, so an
-    append tried again for good (a review of session 22's "versions only grow")."""
+    append tried again for good."""
     sid = await mem.start_session("explore the house", repo=REPO)
     live = mem._service._live
     live.by_id[sid].version += 1
@@ -282,8 +282,8 @@ async def test_a_read_during_a_commits_write_loses_no_transition(
 ) -> None:
     """A read that takes in a manual commit's write while it is being made (it forced the
     record to idle) leaves the move to the commit, as `move` does for the others: the
-    commit raised the state machine's MachineError from idle although it was stored (a
-    review, session 22). The read is placed deterministically, right after the write."""
+    commit raised the state machine's MachineError from idle although it was stored. The read
+    is placed deterministically, right after the write."""
     sid = await enter(State.READY)
     live = mem._service._live
     graph = live.graph

@@ -1,4 +1,4 @@
-"""Issue 9, items 15 and 16: `close_and_commit` waits as long as `extraction_timeout` allows;
+"""`close_and_commit` waits as long as `extraction_timeout` allows;
 reads never start work, and an interrupted extraction is resumed only by a Memory whose model
 is the one it started with."""
 

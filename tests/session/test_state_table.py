@@ -1,4 +1,4 @@
-"""The session state table of API.md, call by call, and what one append does."""
+"""The session state table of the API contract, call by call, and what one append does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Random call sequences against a model of API.md's session state table."""
+"""Random call sequences against a model of the API contract's session state table."""
 
 from __future__ import annotations
 

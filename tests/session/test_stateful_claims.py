@@ -1,5 +1,5 @@
 """Random programs of auto-commit sessions driven through two `Memory` objects on one store
-(API.md, "Storage backends and many processes": nothing is done twice or lost).
+(the API contract, "Storage backends and many processes": nothing is done twice or lost).
 
 Appends through either Memory cross trajectory boundaries (each starts a background commit
 there), flushes run on a short timeout in the session's driver, closes come through either

@@ -1,4 +1,4 @@
-"""Random programs of sessions and async operations with faults injected (issue 9): storage
+"""Random programs of sessions and async operations with faults injected: storage
 errors from the driver, non-mnemo errors from the graph, LLMs failing annotation or extraction.
 
 Whatever happens, every accepted operation gets exactly one callback, no session wedges (once

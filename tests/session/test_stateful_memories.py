@@ -1,4 +1,4 @@
-"""Random programs of async operations through two `Memory` objects on one store (API.md,
+"""Random programs of async operations through two `Memory` objects on one store (the API contract,
 "The async operation queue" and "Storage backends and many processes").
 
 Each Memory has its own fake LLM, whose extraction a rule may hold, so that a close through

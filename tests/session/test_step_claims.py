@@ -1,5 +1,5 @@
 """Each step of an auto-commit session is asked of a model once, whichever `Memory` extracts
-it (API.md, "Storage backends and many processes": nothing is done twice): a boundary's
+it (the API contract, "Storage backends and many processes": nothing is done twice): a boundary's
 background commit, a flush and a close claim the steps they extract in the store
 (`Coordination.claim_steps`), leave another live holder's claims to it, and take over the
 claims of one that left. A close waits for the claims of others, at most an extraction's time
@@ -114,7 +114,7 @@ async def test_the_drivers_flush_leaves_a_boundary_commit_elsewhere_its_steps(
     commit of "walk north" is held in B's model call. A's flush comes meanwhile: it extracts
     and commits "open door" only. Before, A's flush extracted "walk north" as well. While B
     holds its claim, and once B's commit lands, A's later flushes find nothing to do and
-    leave the session's version alone: a review found A claimed the session again at every
+    leave the session's version alone: A claimed the session again at every
     timeout, for good (it did not take in that the step was committed), and then while B's
     claim lasted."""
     config = mnemo.Config(auto_commit=True, flush_timeout=0.5, session_timeout=None)

@@ -1,5 +1,5 @@
-"""Auto-commit's timers with several `Memory` objects on one store (API.md, "Configuration,
-auto-commit and durability" and "Storage backends and many processes"): a session's
+"""Auto-commit's timers with several `Memory` objects on one store (the API contract,
+"Configuration, auto-commit and durability" and "Storage backends and many processes"): a session's
 inactivity is measured from its last activity as the store knows it, only the Memory that
 drives a session flushes or expires it, a read never makes a Memory drive one, and a driver
 that goes away leaves its timers to another Memory.
@@ -135,7 +135,7 @@ async def test_a_close_after_another_memorys_background_commit_commits_the_rest(
     before, closes it: B extracts only what is left and the session ends idle with each step
     in the graph once. B's record still held the first step uncommitted (a background commit
     moves no version): it extracted it again, the store refused the second commit of it, and
-    the close ended `failed` at every retry (a review of the guard)."""
+    the close ended `failed` at every retry."""
     config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None)
     async with AsyncExitStack() as stack:
         a, a_llm, a_events = await opened(stack, store, config)
@@ -193,7 +193,7 @@ def _forget_activity(store: str) -> None:
 
 async def test_a_session_without_a_stored_use_is_idle_from_when_it_is_read(store: str) -> None:
     """A session whose row holds no time of last use is idle from when a Memory reads it, not
-    from the loop clock's zero: it expired the moment it was restored (a review)."""
+    from the loop clock's zero: it expired the moment it was restored."""
     config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=600.0)
     async with AsyncExitStack() as stack:
         a, _, _ = await opened(stack, store, config)
@@ -211,7 +211,7 @@ async def test_a_reader_takes_over_no_session_without_timers(store: str) -> None
     """A Memory that takes over the sessions of one that closed leaves alone an auto-commit
     session with neither flush nor expiry (and nothing committing): there is nothing to
     drive, and a Memory that only reads wrote a new holder and version into every such
-    session at each open (a review: 200 sessions, 200 claims an open)."""
+    session at each open (200 sessions, 200 claims an open)."""
     config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=None)
     async with AsyncExitStack() as stack:
         a, _, _ = await opened(stack, store, config)

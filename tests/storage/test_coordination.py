@@ -1,5 +1,6 @@
 """The `Coordination` port on both backends: holders and their heartbeat, compare-and-set
-on a session's version, and the work nobody holds any more (issue 11's primitives)."""
+on a session's version, and the work nobody holds any more (the primitives of many Memories
+on one store)."""
 
 from __future__ import annotations
 

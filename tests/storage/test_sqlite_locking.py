@@ -1,4 +1,4 @@
-"""SQLite under another writer (issue 9): waits off the event loop, `StorageError("busy")`
+"""SQLite under another writer: waits off the event loop, `StorageError("busy")`
 after `Config.busy_timeout`, nothing half-written, and new files opened by many processes."""
 
 from __future__ import annotations

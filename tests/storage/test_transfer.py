@@ -1,4 +1,4 @@
-"""Moving a memory between stores (`mnemo.storage.transfer`, issue 10 item 4): SQLite to
+"""Moving a memory between stores (`mnemo.storage.transfer`): SQLite to
 PostgreSQL and back, every table's rows equal, idempotent, refusing conflicts, verified."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9, item 12: under sustained writes the WAL stays small and the file holds little more
+"""Under sustained writes the WAL stays small and the file holds little more
 than its data (a WAL once reached 2.6 GB beside a 47 MB database)."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ SLOTS = 16
 FORMAT = "v5"
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
-# ever more of them itself, and skip ever more stale copies: BENCHMARKS.md, session 18), and
+# ever more of them itself, and skip ever more stale copies), and
 # a search commits rather than score more than `COMMIT_ABOVE`.
 COMMIT_AFTER = 0.5
 COMMIT_WITHIN = 1.0

@@ -5,7 +5,7 @@ after it in its episode. In a conversation the answer to a question is often a t
 words share nothing with the question: "What did you paint?" / "A lake at sunrise". In a
 document that holds the turns around it, the question's words find the answer's turn too;
 recall's neighbour lever does the same after fusion, only for the best hits, and on LoCoMo the
-two together find more evidence than either (BENCHMARKS.md, "Recall quality, session 14").
+two together find more evidence than either.
 Other node types (facts, procedures, tags) are their own text.
 
 Erasure holds through the windows: a document records the keys of the nodes whose text it

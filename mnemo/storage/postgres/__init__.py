@@ -1,4 +1,4 @@
-"""The PostgreSQL backend: pgvector for vectors, full-text search for words (issue 10).
+"""The PostgreSQL backend: pgvector for vectors, full-text search for words.
 
 Needs the extra `mnemo-agent[postgres]` (psycopg 3 and its pool); `import mnemo` never imports this
 package, so an install without the extra keeps working on SQLite.

@@ -304,7 +304,7 @@ class PgThreads:
         message's search vector is a column of its row, so no index entry names the thread's
         words once the deletion commits. The deleted row versions stay in the table's pages
         until VACUUM reclaims them (and in the WAL until it is recycled): what an operator
-        does about those is in the README (issue 10).
+        does about those is in the README.
         """
         async with self._pg.transaction() as conn:
             await _lock_row(conn, thread_id, datetime.now(UTC))

@@ -12,9 +12,9 @@ read through `ts_rank` without normalisation (`TS_RANK_ONE`: 1 for one occurrenc
 below 1.64; counting positions by unnesting each vector cost five times the search), `len` is
 the message's distinct lexemes (`length(tsvector)`) and `avglen` their mean over up to
 `COUNT_CAP` messages. Without the idf a word in every message repeated three times outranked a
-rare one (session 19); with `ts_rank`'s division by the length's log instead of bm25's
-saturation, a one-word message holding one query word outranked a sentence holding all of them
-(session 20). `df` is counted through the GIN index up to `COUNT_CAP` messages, N is the
+rare one; with `ts_rank`'s division by the length's log instead of bm25's
+saturation, a one-word message holding one query word outranked a sentence holding all of them.
+`df` is counted through the GIN index up to `COUNT_CAP` messages, N is the
 table's row estimate or its count up to the cap, whichever is larger (a capped count keeps a
 large table's search bounded; its idf is near its floor there anyway). The best candidates are
 reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked only

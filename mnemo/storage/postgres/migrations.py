@@ -395,7 +395,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
-        # Issue 14: commits one can list, diff and revert (ids and counts, never text), and
+        # Commits one can list, diff and revert (ids and counts, never text), and
         # bi-temporal facts. SQLite's m013_commit_history.
         "m010_commit_history",
         (
@@ -437,8 +437,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         # and digits ("café2": FTS5 and the lexical index fold it too, and stem it no more).
         # And the text is split at its punctuation and format characters (`SEARCH_VECTOR`).
         # A stored generated column keeps what its former expression computed, so both
-        # tables' columns are made again: every row is rewritten once (BENCHMARKS.md, session
-        # 21), without firing the lexical log's triggers.
+        # tables' columns are made again: every row is rewritten once, without firing the
+        # lexical log's triggers.
         "m012_search_words",
         (
             f"""DO $$ DECLARE place name := (SELECT n.nspname FROM pg_extension e

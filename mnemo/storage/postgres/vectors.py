@@ -270,7 +270,7 @@ def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:
     behind those of `nodes` (during an ingest, before autovacuum's next ANALYZE): 4,152 rows
     took 10.3 ms, against 4.1, and the same once analyzed. A type filter needs the join; with
     current statistics it is the faster form there (2.8 ms against 3.8 for a semi-join
-    ranked first; BENCHMARKS.md, session 18)."""
+    ranked first)."""
     if kinds is not None:
         return sql.SQL(
             "SELECT v.node_id, v.vec <=> %(q)s AS d FROM vectors v JOIN nodes n ON n.id ="

@@ -1,7 +1,7 @@
 """`Database`: the one owner of mnemo's SQLite connection.
 
-Every statement runs through `run`, in one dedicated worker thread that owns the connection
-(issue 9): the event loop never waits on SQLite, not for the disk and not for another writer's
+Every statement runs through `run`, in one dedicated worker thread that owns the connection:
+the event loop never waits on SQLite, not for the disk and not for another writer's
 lock. A hop to that thread costs about 45 µs here against about 115 µs for
 `anyio.to_thread.run_sync` (BENCHMARKS.md), because the thread is always there and a result
 comes back with one `call_soon_threadsafe`.
@@ -18,7 +18,7 @@ which is mnemo's promise; `synchronous="FULL"` also survives power loss, at an f
 
 The WAL: SQLite's automatic checkpoint (every 1000 pages) runs inside the write that crosses
 it, in the worker thread, and `journal_size_limit` truncates the WAL file back to 16 MB after
-each one, so sustained writes keep it small (issue 9: the side checkpointer this replaces let a
+each one, so sustained writes keep it small (the side checkpointer this replaces let a
 WAL reach 2.6 GB).
 """
 
@@ -185,7 +185,7 @@ class Database:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             # Before anything else: switching to WAL and migrating wait for other processes
-            # opening the same new file (issue 9: two of them failed with "database is locked").
+            # opening the same new file (two of them failed with "database is locked").
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             db = _Connection(conn, execute_plugins=False)
             deadline = time.monotonic() + self._busy_ms / 1000

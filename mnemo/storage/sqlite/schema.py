@@ -152,7 +152,7 @@ def m002_graph(db: Database) -> None:
 
 @MIGRATIONS()
 def m003_conversation(db: Database) -> None:
-    # Conversation memory (issue 5). `threads.next_seq` is the per-thread counter that makes a
+    # Conversation memory. `threads.next_seq` is the per-thread counter that makes a
     # seq never reused, even after TTL expiry or `clear`; `history_len` is how much of the
     # caller's history is stored (`clear` resets it, the counter goes on). Message rows are
     # never updated; `text` is what search indexes (content plus tool calls) and `content`
@@ -305,7 +305,7 @@ def m006_planner_statistics(db: Database) -> None:
 
 @MIGRATIONS()
 def m007_session_model(db: Database) -> None:
-    # The model an extraction started with (issue 9, item 16): work is resumed only by a Memory
+    # The model an extraction started with: work is resumed only by a Memory
     # whose model for the repo is that one, never by one that merely reads.
     db.execute("ALTER TABLE sessions ADD COLUMN model TEXT")
 
@@ -314,14 +314,14 @@ def m007_session_model(db: Database) -> None:
 def m008_repo_models(db: Database) -> None:
     # A repo records the URI of its LLM (`embedder` already held the embedder's name), so that a
     # Memory opened without models (the CLI, the MCP server, another worker) runs the repo's
-    # (issue 13). NULL for repos recorded before: they run the opening Memory's defaults.
+    # models. NULL for repos recorded before: they run the opening Memory's defaults.
     db.execute("ALTER TABLE repos ADD COLUMN llm TEXT")
 
 
 @MIGRATIONS()
 def m009_task_results(db: Database) -> None:
     # Each extraction task's validated reply, kept with its open episode so that a retry, a
-    # reopened store or a takeover asks only what failed (issue 13, item 5); deleted when the
+    # reopened store or a takeover asks only what failed; deleted when the
     # episode is committed or discarded.
     execute_all(
         db,
@@ -342,7 +342,7 @@ def m009_task_results(db: Database) -> None:
 
 @MIGRATIONS()
 def m010_many_processes(db: Database) -> None:
-    # Several Memory objects (processes) on one store (issue 11). Each open Memory is a
+    # Several Memory objects (processes) on one store. Each open Memory is a
     # holder with a heartbeat; a session row carries a version that every transition
     # compares and sets, and the holder (and lease) of the background work it is in.
     execute_all(
@@ -366,7 +366,7 @@ def m010_many_processes(db: Database) -> None:
 @MIGRATIONS()
 def m011_stored_operations(db: Database) -> None:
     # An async operation accepted while another Memory holds the session's work is stored with
-    # the session (issue 11): whoever ends that work runs it, and the result waits here for the
+    # the session: whoever ends that work runs it, and the result waits here for the
     # Memory that accepted it, which calls back.
     execute_all(
         db,
@@ -441,7 +441,7 @@ def _logged(row: str) -> str:
 
 @MIGRATIONS()
 def m013_commit_history(db: Database) -> None:
-    # Issue 14: every applied changeset is a commit one can list, diff and revert. A record
+    # Every applied changeset is a commit one can list, diff and revert. A record
     # holds ids and counts, never text, so that erasing a node erases it from history too.
     # `seq` orders a repo's commits (they take the repo's lock, so max + 1 is unique).
     # The four times make SEMANTIC and PROCEDURAL facts bi-temporal: when the fact held in the

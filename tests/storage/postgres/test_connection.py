@@ -94,7 +94,7 @@ async def test_an_exhausted_pool_is_busy(pg_url: str) -> None:
 async def test_a_server_refusing_connections_is_unavailable(pg_url: str) -> None:
     """Once the server refuses new connections (here its database stops allowing them and
     the pool's are ended), every call is "unavailable", not "busy": the pool still counted
-    the connections it was remaking, and that read as every connection taken (a review)."""
+    the connections it was remaking, and that read as every connection taken."""
     async with Postgres(pg_url, busy_timeout=0.3, min_size=1, max_size=2) as pg:
         async with pg.connection() as conn:
             await conn.execute("SELECT 1")

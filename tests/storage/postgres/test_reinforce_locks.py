@@ -14,7 +14,7 @@ REPO = "r"
 async def test_a_recall_counts_the_nodes_a_commit_in_flight_only_links_to(pg_url: str) -> None:
     """A commit in flight holds KEY SHARE locks on the nodes its new links point to (the
     foreign keys' checks); those never made the counts' UPDATE wait, and their accesses are
-    counted. The first skip-locked version (FOR UPDATE) dropped them (a review)."""
+    counted. The first skip-locked version (FOR UPDATE) dropped them."""
     async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
         sid = await mem.start_session("explore the house", repo=REPO)

@@ -89,8 +89,8 @@ async def test_a_failed_read_of_the_servers_time_keeps_the_last(
 async def test_a_memory_whose_first_read_of_the_servers_time_fails_leaves_nothing_open(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The open raises the read's StorageError and closes the pool it had opened (a review:
-    it stayed open)."""
+    """The open raises the read's StorageError and closes the pool it had opened (it
+    stayed open)."""
 
     async def away(self: ServerClock) -> None:
         raise mnemo.StorageError("unavailable", "the server is away")
@@ -194,7 +194,7 @@ async def test_a_conversation_is_timed_by_the_stores_clock(
 ) -> None:
     """Messages are stamped, and their ttl judged, with the server's time as this Memory
     reads it, not its host's: threads are shared by every Memory on the database, and a host
-    ahead by more than the ttl erased the messages another host had just written (a review).
+    ahead by more than the ttl erased the messages another host had just written.
     Here the server reads two hours behind this host."""
     async with AsyncExitStack() as stack:
         mem = await open_on(stack, pg_url, FakeLLM(), EventLog(), timedelta(0))

@@ -1,5 +1,5 @@
-"""`SessionStore` method by method, the same assertions on SQLite's and PostgreSQL's stores
-(issue 10): what one stores, the other stores and returns alike."""
+"""`SessionStore` method by method, the same assertions on SQLite's and PostgreSQL's stores:
+what one stores, the other stores and returns alike."""
 
 from __future__ import annotations
 

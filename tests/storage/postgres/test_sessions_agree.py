@@ -1,4 +1,4 @@
-"""SQLite's and PostgreSQL's `SessionStore`s agree (issue 10): random sequences of every write
+"""SQLite's and PostgreSQL's `SessionStore`s agree: random sequences of every write
 of the port, and the commit's side writes, applied to both leave the same live sessions,
 episode logs and kept results."""
 

@@ -1,5 +1,5 @@
 """A commit's side writes (`StepsCommitted`, `SourceRecorded`, `SourceForgotten`) written inside
-the commit's transaction, the same on SQLite's `side_writes` and PostgreSQL's (issue 10)."""
+the commit's transaction, the same on SQLite's `side_writes` and PostgreSQL's."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ async def test_steps_committed_in_another_changeset_refuse_the_commit(backend: B
     same steps: a boundary's in one, a flush in the other) refuses the commit with
     StepsCommittedElsewhere, and nothing of the transaction is written; the same changeset
     again is no conflict (a commit applied twice). Both commits used to mark the steps, and
-    the nodes were in the graph twice (a review)."""
+    the nodes were in the graph twice."""
     await _collected(backend)
     await backend.side_writes([StepsCommitted("s1", "e1", "c1", (("st1", 0.25),), None)])
     with pytest.raises(StepsCommittedElsewhere):

@@ -28,7 +28,7 @@ async def test_a_claim_that_waited_for_a_commit_of_the_step_is_not_granted_it(
     drops the claim, under the session's claims lock, in the graph's transaction); holder x
     claims the same step meanwhile and waits. Once y's commit lands, x gets nothing and keeps
     no claim. Before, x's insert, whose snapshot predated y's commit, claimed the committed
-    step: extracted twice (a review); and without the lock in `side_writes` too (a third)."""
+    step: extracted twice; and without the lock in `side_writes` too."""
     async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo("r")
         sid = await mem.start_session("explore", repo="r")
@@ -68,7 +68,7 @@ async def test_overlapping_claims_of_holders_that_disagree_on_a_departure_do_not
     connection of the test); y, which takes d for alive, claims a and b meanwhile. y waits
     for x's claim to end, then gets nothing; x gets both. Before the session's claims lock,
     y inserted a, then waited on b, while x's insert of a waited on y: a deadlock, which
-    PostgreSQL breaks by failing one of them (a review)."""
+    PostgreSQL breaks by failing one of them."""
     async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo("r")
         sid = await mem.start_session("explore", repo="r")
@@ -111,7 +111,7 @@ async def test_an_end_racing_a_closes_commit_waits_for_it(
     and the session's claims lock when the session is ended: the end waits for the commit,
     then ends the session, and neither fails. The end took the session's row, then the
     claims lock, the commit the other way round: a deadlock, which PostgreSQL broke by
-    failing one of them as `StorageError("busy")` (a third review)."""
+    failing one of them as `StorageError("busy")`."""
     async with mnemo.Memory(pg_url, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
         await mem.open_repo("r", config=mnemo.Config(auto_commit=True))
         sid = await mem.start_session("explore", repo="r")

@@ -1,5 +1,5 @@
 """PostgreSQL: a thread's writers take turns on its row even while it is being created or
-deleted. Regressions of session 27's probe: a purge or clear of a thread whose first save was
+deleted. Regressions: a purge or clear of a thread whose first save was
 in flight locked nothing (no row yet), so a save committed between their statements left
 messages without a thread, or a count of 0 beside them; a save waiting on a purge's lock found
 the row gone and raised a bare AssertionError. Each interleaving is forced: another connection

@@ -659,7 +659,7 @@ def _subplan_loops(plan: dict[str, Any]) -> list[int]:
 async def test_message_search_counts_each_words_df_once(pg_url: str) -> None:
     """The scoring statement counts a word's document frequency once per search, not once per
     message it matches: the planner inlined the per-word CTE, and 500 messages took 131 ms a
-    search, 5,000 about 5 s (session 20). The plan's subplans run at most once a word."""
+    search, 5,000 about 5 s. The plan's subplans run at most once a word."""
     async with mnemo.Memory(pg_url, embedder=mnemo.HashEmbedder(8)) as mem:
         await mem.conversation().save(
             "t", [{"role": "user", "content": f"nginx cache python note {i}"} for i in range(60)]

@@ -1,0 +1,134 @@
+"""The repository's documents stand on their own: every Markdown link reaches a file of the
+repository, and no file names a document outside it as a path."""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import tokenize
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where docstrings and comments must say what the code does, not its history.
+CODE = ("mnemo", "tests")
+SKIPPED = {"node_modules", "build", "dist", "__pycache__"}
+
+# A Markdown link's target: `[text](target)` or `[text](target "title")`.
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)")
+# A URL (http:, mailto:, ...) or an anchor in the same page.
+NOT_A_FILE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|#)")
+# The documents beside the repository that a file once named as paths.
+OUTSIDE = re.compile(r"\b(?:API|STYLE|EMBEDDINGS)\.md\b|\.\.[/\\]shared\b")
+# The story of a change: an issue, a work session (LoCoMo's "Conversation session 3" is data),
+# a review, a document outside the repository.
+HISTORY = re.compile(
+    r"\b[Ii]ssues? \d"
+    r"|(?<!onversation )\b[Ss]essions? \d"
+    r"|\b(?:[Aa]|[Tt]he|second|third|differential) review\b"
+    r"|\b(?:API|STYLE|EMBEDDINGS)\.md\b"
+)
+
+
+def _files(*suffixes: str) -> Iterator[Path]:
+    """The repository's files with these suffixes, outside hidden and generated folders."""
+    for folder, dirs, names in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED)
+        for name in sorted(names):
+            if name.endswith(suffixes):
+                yield Path(folder) / name
+
+
+def _bad_links(text: str, base: Path) -> list[str]:
+    """The link targets in `text`, read from folder `base`, that leave the repository or name
+    no file."""
+    bad = []
+    for target in LINK.findall(text):
+        if NOT_A_FILE.match(target):
+            continue
+        resolved = (base / target.split("#", 1)[0]).resolve()
+        if not resolved.is_relative_to(ROOT) or not resolved.exists():
+            bad.append(target)
+    return bad
+
+
+def test_markdown_links_stay_inside_the_repository() -> None:
+    """Every relative link of every Markdown file reaches an existing file of the repository."""
+    found = {
+        str(p.relative_to(ROOT)): _bad_links(p.read_text(encoding="utf-8"), p.parent)
+        for p in _files(".md")
+    }
+    assert {name: links for name, links in found.items() if links} == {}
+    assert "README.md" in found
+    assert "docs/ARCHITECTURE.md" in found
+
+
+def test_a_link_outside_or_to_nothing_is_caught() -> None:
+    """The link check refuses a target outside the repository and one that does not exist, and
+    takes a file of the repository, a URL and an anchor."""
+    outside = "../.." + "/shared/" + "API" + ".md"
+    text = f"[a]({outside}) [b](missing.md) [c](DECISIONS.md#top) [d](https://x.org) [e](#top)"
+    assert _bad_links(text, ROOT / "docs") == [outside, "missing.md"]
+
+
+def test_a_path_outside_is_caught() -> None:
+    """The name check finds the outside documents as paths and leaves plain words alone."""
+    assert OUTSIDE.search("(" + "STYLE" + ".md)")
+    assert OUTSIDE.search(".." + "/shared/data")
+    assert not OUTSIDE.search("the API contract, the house style, shared data")
+
+
+@pytest.mark.parametrize("suffix", [".py", ".md"])
+def test_no_file_names_a_document_outside_the_repository(suffix: str) -> None:
+    """No Python or Markdown file names the documents kept beside the repository as paths."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _files(suffix)
+        if path != Path(__file__).resolve()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert hits == []
+
+
+def _prose(source: str) -> Iterator[tuple[int, str]]:
+    """Each comment and each docstring of a module's source, with its first line."""
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    yield body[0].lineno, body[0].value.value
+
+
+def test_docstrings_and_comments_tell_no_history() -> None:
+    """No docstring or comment in mnemo/ or tests/ names an issue, a work session, a review or
+    a document outside the repository: they say what the code does."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
+        for path in _files(".py")
+        if path.relative_to(ROOT).parts[0] in CODE and path != Path(__file__).resolve()
+        for line, text in _prose(path.read_text(encoding="utf-8"))
+        if (found := HISTORY.search(text))
+    ]
+    assert hits == []
+
+
+def test_history_in_prose_is_caught() -> None:
+    """The history check finds a story in a comment or a docstring, not in code or data."""
+    source = (
+        '"""Recall (issue 12)."""\n'
+        "x = 'Conversation session 3 on 8 May'  # found by a review\n"
+        "def f() -> None:\n"
+        '    """Fixed in session 19."""\n'
+        "y = 'issue 4'\n"
+    )
+    found = [(line, HISTORY.search(text)) for line, text in _prose(source)]
+    assert sorted(line for line, match in found if match) == [1, 2, 4]

@@ -94,9 +94,9 @@ async def ask(
     from the LLM is not retried here: the adapter has already spent what it could.
 
     `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
-    for (a reward's neutral 0.5, as the API contract says), returned with a warning instead of the error: the
-    adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the LLM itself
-    (an HTTP error, a timeout) raises all the same.
+    for (a reward's neutral 0.5, as the API contract says), returned with a warning instead of
+    the error: the adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the
+    LLM itself (an HTTP error, a timeout) raises all the same.
 
     Raises:
         LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on

@@ -55,7 +55,7 @@ LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in Li
 class Node:
     """A node of a repo's graph. `text` is its proposition, instruction, label, ..."""
 
-    id: str
+    id: NodeId
     type: NodeType
     text: str
     data: dict[str, Any]
@@ -139,7 +139,7 @@ class CommitReceipt:
 
     changeset_id: str
     repo: str
-    node_ids: list[str]
+    node_ids: list[NodeId]
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnemo.graph.model import NodeId
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -31,7 +33,7 @@ class IngestReceipt:
     (`Config.partial_commits`)."""
 
     source_id: str
-    node_ids: list[str]
+    node_ids: list[NodeId]
     created: bool
     missing: list[str] = field(default_factory=list)
 

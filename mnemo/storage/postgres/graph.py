@@ -36,6 +36,7 @@ from mnemo.graph.model import (
     Link,
     LinkType,
     Node,
+    NodeId,
     NodeType,
     Vector,
 )
@@ -182,7 +183,7 @@ class PgGraph:
                               (changeset_id,))
         return None if row is None else _receipt(row[0])
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
         row = await self._one(
             "SELECT i.payload_hash, a.receipt FROM ingests i"
             " JOIN applied_changesets a ON a.id = i.changeset_id"
@@ -220,7 +221,7 @@ class PgGraph:
         rows = await self._all(
             f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND id = ANY(%s)", (repo, ids)
         )
-        found = {node.id: node for node in map(node_of, rows)}
+        found: dict[str, Node] = {node.id: node for node in map(node_of, rows)}
         return [found[i] for i in ids if i in found]
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from mnemo.graph.model import NODE_TYPES, Node, Vector
+from mnemo.graph.model import NODE_TYPES, Node, NodeId, Vector
 from mnemo.storage.json_text import loads
 
 NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
@@ -23,7 +23,7 @@ def node(row: tuple[Any, ...]) -> Node:
         row[:NODE_WIDTH]
     )
     return Node(
-        node_id, NODE_TYPES[kind], text, loads(data), datetime.fromisoformat(created_at),
+        NodeId(node_id), NODE_TYPES[kind], text, loads(data), datetime.fromisoformat(created_at),
         _moment(valid_from), _moment(valid_to), _moment(recorded_at), _moment(retired_at),
     )
 

@@ -157,7 +157,13 @@ def example_of(schema: Mapping[str, Any]) -> Any:
     """A value shaped as `schema` says, to show a model what an answer looks like (a small
     model shown only the schema answered with the schema itself): an object with its
     required properties (all of them when it lists none), a list of one item, "..." for a
-    string, the minimum (or 0.5 between 0 and 1) for a number."""
+    string, the minimum (or 0.5 between 0 and 1) for a number, the first alternative but
+    null of an `anyOf`."""
+    choices = schema.get("anyOf")
+    if isinstance(choices, list):
+        # The first alternative that is not null: a model shown null copies it.
+        shown = [c for c in choices if isinstance(c, Mapping) and c.get("type") != "null"]
+        return example_of(shown[0]) if shown else None
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
         properties = schema.get("properties", {})

@@ -215,7 +215,7 @@ def test_parse_returns_clamps_and_ignores_out_of_range() -> None:
     [
         ([], "return reply must be a JSON object"),
         ({"scores": "7"}, "scores must be a list"),
-        ({"scores": [{"index": "0", "return_score": 5}]}, r"scores\[0\]\.index"),
+        ({"scores": [{"index": "first", "return_score": 5}]}, r"scores\[0\]\.index"),
         ({"scores": [{"index": 0}]}, r"scores\[0\]\.return_score must be a number"),
     ],
 )

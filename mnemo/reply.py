@@ -3,8 +3,9 @@ reply, both from one class.
 
 `reply_schema` turns a `Reply` subclass into a self-contained JSON schema (no `$ref`: the
 adapters walk `properties` to salvage cut replies and to draw an example). Every field is
-required in the schema except one that defaults to `UNSET` (the model may leave it out);
-a field that defaults to None is still asked for, and read as None when a model forgets it.
+required in the schema except one that defaults to `UNSET` (the model may leave it out), and
+null is never offered: a field that takes None (and defaults to it) is still asked for, and
+read as None when a model forgets it or sends null.
 
 `read_reply` converts a reply's JSON value into the class leniently (`strict=False`: a
 numeric string reads as a number, which small models write), and phrases a mismatch as a
@@ -72,9 +73,9 @@ def _problem(message: str, data: dict[str, object], kind: type[Reply], task: str
     missing = _MISSING.match(message)
     if missing:
         name, at = missing.group(1), _where(missing.group(2) or "$")
-        if not at:
-            return f"{task} reply has no {name!r} field: {preview(data)}"
         wanted = _field_type(kind, (missing.group(2) or "$") + f".{name}")
+        if not at:
+            return f"{task} reply has no {name!r} field ({name} must be {wanted}): {preview(data)}"
         return f"{at}.{name} must be {wanted}, got nothing"
     expected = _EXPECTED.match(message)
     if expected and expected.group(3):
@@ -160,6 +161,14 @@ def _inline(node: object, defs: dict[str, object], optional: dict[str, set[str]]
     ref = node.get("$ref")
     if isinstance(ref, str):
         return _inline(defs[ref], defs, optional)
+    choices = node.get("anyOf")
+    if isinstance(choices, list):
+        # null is what a reader tolerates, never what a model is asked for.
+        shown = [c for c in choices if c != {"type": "null"}]
+        if len(shown) == 1:
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            return _inline({**rest, **shown[0]}, defs, optional)
+        node = {**node, "anyOf": shown}
     out: dict[str, object] = {}
     for key, value in node.items():
         if key == "properties" and isinstance(value, dict):

@@ -50,7 +50,7 @@ def test_read_reply_takes_numeric_strings_and_missing_optional_fields() -> None:
     ("data", "message"),
     [
         ([], r"^box reply must be a JSON object, got \[\]$"),
-        ({}, r"^box reply has no 'items' field: \{\}$"),
+        ({}, r"^box reply has no 'items' field \(items must be a list\): \{\}$"),
         ({"items": [{"name": 3}]}, r"^items\[0\]\.name must be a string, got 3$"),
         ({"items": [{}]}, r"^items\[0\]\.name must be a string, got nothing$"),
         ({"items": [{"name": "a", "size": "big"}]},

@@ -164,6 +164,9 @@ def example_of(schema: Mapping[str, Any]) -> Any:
         # The first alternative that is not null: a model shown null copies it.
         shown = [c for c in choices if isinstance(c, Mapping) and c.get("type") != "null"]
         return example_of(shown[0]) if shown else None
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
         properties = schema.get("properties", {})

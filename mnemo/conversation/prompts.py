@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 from mnemo.ports import LLMRequest, LLMResponse, task_request
+from mnemo.reply import Reply, read_reply, reply_schema
 
-SUMMARY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"summary": {"type": "string"}},
-    "required": ["summary"],
-    "additionalProperties": False,
-}
+class SummaryReply(Reply, frozen=True):
+    summary: str
+
+
+SUMMARY_SCHEMA = reply_schema(SummaryReply)
 
 # ---- summary ------------------------------------------------------------------------------
 
@@ -75,8 +75,8 @@ def parse_summary(resp: LLMResponse) -> str:
     """
     data = resp.data
     if isinstance(data, dict):
-        summary = data.get("summary")
-        if isinstance(summary, str) and summary.strip():
+        summary = read_reply(data, SummaryReply, "summary").summary
+        if summary.strip():
             return summary.strip()
         raise ValueError(f"summary must be a non-empty string, got {summary!r:.80}")
     if data is None and resp.text.strip():

@@ -23,6 +23,7 @@ from typing import Any
 from mnemo.ports import LLMRequest, LLMResponse, task_request
 from mnemo.reply import Reply, read_reply, reply_schema
 
+
 class SummaryReply(Reply, frozen=True):
     summary: str
 

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -291,7 +290,7 @@ class Memory(GraphMethods, ConversationMethods):
         observation: str,
         action: str,
         *,
-        metadata: dict[str, Any] | None = None,
+        metadata: dict[str, object] | None = None,
     ) -> StepInfo:
         """Annotates and stores one step; returns once it is durable.
 

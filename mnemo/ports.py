@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -74,7 +74,7 @@ class ToolCall:
     """One tool call in an LLM reply."""
 
     name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, object]
     id: str | None = None
 
 
@@ -94,9 +94,9 @@ class LLMRequest:
 
     task: str
     system: str
-    messages: list[dict[str, Any]]
-    schema: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, object]]
+    schema: dict[str, object] | None = None
+    tools: list[dict[str, object]] | None = None
     max_tokens: int | None = None
     tool_choice: str | None = None
 
@@ -106,7 +106,7 @@ class LLMResponse:
     """An LLM reply: free `text`, schema-shaped `data`, and tool calls."""
 
     text: str = ""
-    data: Any = None
+    data: object = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
 
@@ -237,8 +237,8 @@ def task_request(
     *,
     system: str,
     instructions: str,
-    inputs: dict[str, Any],
-    schema: dict[str, Any] | None = None,
+    inputs: Mapping[str, object],
+    schema: dict[str, object] | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
     """Builds the request for one task: instructions, then the inputs as JSON."""
@@ -254,7 +254,7 @@ def task_request(
     )
 
 
-def task_inputs(request: LLMRequest) -> dict[str, Any]:
+def task_inputs(request: LLMRequest) -> dict[str, object]:
     """The inputs `task_request` put into the request's last user message ({} when absent)."""
     for message in reversed(request.messages):
         content = message.get("content")
@@ -267,7 +267,7 @@ def task_inputs(request: LLMRequest) -> dict[str, Any]:
     return {}
 
 
-def reply_data(response: LLMResponse) -> Any:
+def reply_data(response: LLMResponse) -> object:
     """A task reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset
     (None when neither holds JSON). Every task parser reads its reply through this."""
     if response.data is not None or not isinstance(response.text, str) or not response.text.strip():
@@ -278,7 +278,7 @@ def reply_data(response: LLMResponse) -> Any:
         return None
 
 
-def preview(value: Any) -> str:
+def preview(value: object) -> str:
     """`repr(value)` cut to 120 characters, for a parser's error message."""
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."

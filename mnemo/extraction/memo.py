@@ -23,7 +23,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, ask, book
 from mnemo.retry import policy_of, task_budget
@@ -42,7 +42,7 @@ class KeptResult:
     task: str
     digest: str
     text: str
-    data: Any
+    data: object
     cost: Usage
 
     @property

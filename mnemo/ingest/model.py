@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from mnemo.graph.model import NodeId
 
@@ -14,7 +13,7 @@ class Step:
 
     observation: str
     action: str
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +22,7 @@ class Trajectory:
 
     goal: str
     steps: list[Step] = field(default_factory=list)
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)

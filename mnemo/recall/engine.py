@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 import anyio
 
@@ -448,7 +447,7 @@ class Recaller:
             return None
 
 
-async def _side_by_side(*calls: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
     """Runs the calls at once; the first failure is raised as itself (a StorageError stays
     one), not as a task group's ExceptionGroup, and cancels the others."""
     with first_error():

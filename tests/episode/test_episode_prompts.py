@@ -17,6 +17,7 @@ from mnemo.episode.prompts import (
     subgoal_request,
 )
 from mnemo.ports import LLMResponse, task_inputs
+from tests.fakes import js
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
@@ -53,7 +54,7 @@ def test_subgoal_request_carries_inputs() -> None:
         "previous_subgoal": "p",
         "recent_steps": ["x -> y"],
     }
-    assert "exactly" in request.messages[0]["content"]
+    assert "exactly" in js(request.messages[0])["content"]
 
 
 def test_reward_request_carries_inputs() -> None:

@@ -24,9 +24,7 @@ from msgspec import inspect as mi
 
 from mnemo.ports import preview
 
-__all__ = ["UNSET", "JSONValue", "Meta", "Reply", "UnsetType", "read_reply", "reply_schema"]
-
-JSONValue = dict[str, object] | list[object] | str | int | float | bool | None
+__all__ = ["UNSET", "Meta", "Reply", "UnsetType", "read_reply", "reply_schema"]
 
 
 class Reply(Struct, frozen=True, kw_only=True):
@@ -51,7 +49,10 @@ def reply_schema(kind: type[Reply]) -> dict[str, object]:
     optional = {info.cls.__name__: {f.name for f in msgspec.structs.fields(info.cls)
                                     if f.default is UNSET}
                 for info in _structs(mi.type_info(kind))}
-    return _inline(root, defs, optional)  # type: ignore[return-value]
+    schema = _inline(root, defs, optional)
+    if not isinstance(schema, dict):
+        raise TypeError(f"{kind.__name__} has no object schema")
+    return schema
 
 
 def read_reply(data: object, kind: type[R], task: str) -> R:

@@ -61,3 +61,33 @@ def test_read_reply_names_the_field(data: object, message: str) -> None:
     """A reply off its struct is a ValueError naming the field, what it must be, what it is."""
     with pytest.raises(ValueError, match=message):
         read_reply(data, Box, "box")
+
+
+def test_semantic_schema_is_the_shape_models_were_sent() -> None:
+    """The generated "semantic" schema is the one written by hand before it: facts with a
+    required proposition, concepts and bounded confidence, optional step indices."""
+    assert prompts.SEMANTIC_SCHEMA == {
+        "type": "object",
+        "properties": {
+            "facts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "proposition": {"type": "string"},
+                        "concepts": {"type": "array", "items": {"type": "string"}},
+                        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                        "steps": {
+                            "type": "array",
+                            "items": {"type": "integer"},
+                            "description": "The indices of the steps this came from.",
+                        },
+                    },
+                    "required": ["proposition", "concepts", "confidence"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["facts"],
+        "additionalProperties": False,
+    }

@@ -94,9 +94,9 @@ class LLMRequest:
 
     task: str
     system: str
-    messages: list[dict[str, object]]
+    messages: Sequence[Mapping[str, object]]
     schema: dict[str, object] | None = None
-    tools: list[dict[str, object]] | None = None
+    tools: Sequence[Mapping[str, object]] | None = None
     max_tokens: int | None = None
     tool_choice: str | None = None
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -220,7 +220,7 @@ class Anthropic:
         messages: list[dict[str, object]],
         budget: Budget,
         *,
-        tools: list[dict[str, object]] | None,
+        tools: Sequence[Mapping[str, object]] | None,
         force: str | None = None,
         cap: int | None = None,
     ) -> dict[str, object]:
@@ -318,7 +318,7 @@ def _reask(blocks: list[Mapping[str, object]], task: str, problem: str) -> dict[
 
 
 def _translate(
-    system: str, messages: list[dict[str, object]]
+    system: str, messages: Sequence[Mapping[str, object]]
 ) -> tuple[str, list[dict[str, object]]]:
     """mnemo's OpenAI-shaped messages as (system, Messages API messages)."""
     systems = [system] if system else []

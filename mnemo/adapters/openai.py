@@ -227,7 +227,7 @@ class OpenAICompatible:
     async def _structured(
         self, request: LLMRequest, schema: dict[str, object], budget: Budget
     ) -> LLMResponse:
-        messages = list(request.messages)
+        messages = [dict(message) for message in request.messages]
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
         kept: object = None  # what the last cut reply held whole
@@ -394,7 +394,7 @@ class OpenAICompatible:
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
         reply = await self._post(
-            self._payload(request, list(request.messages), None, None), budget,
+            self._payload(request, [dict(m) for m in request.messages], None, None), budget,
             kind=request.task,
         )
         message, finish = self._message(reply)

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from mnemo.events import Event
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-    from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeType
+    from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeId, NodeType
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
     from mnemo.memory import Memory
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
@@ -109,6 +109,7 @@ _WHERE = {
     "MnemoError": "mnemo.errors",
     "ModelURIError": "mnemo.adapters.uri",
     "Node": "mnemo.graph.model",
+    "NodeId": "mnemo.graph.model",
     "NodeType": "mnemo.graph.model",
     "NotFoundError": "mnemo.errors",
     "OfflineLLM": "mnemo.adapters.offline",
@@ -184,6 +185,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "MnemoError",
     "ModelURIError",
     "Node",
+    "NodeId",
     "NodeType",
     "NotFoundError",
     "OfflineLLM",

@@ -1,4 +1,8 @@
-"""`Config`: every tunable of a repo or session, frozen, with defaults."""
+"""`Config`: every tunable of a repo or session, frozen, with defaults.
+
+Each field's range sits beside it, as a `msgspec.Meta` in its annotation (`Share`,
+`Cosine`, ...); `Config.__post_init__` checks every field against its own.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,13 @@ import dataclasses
 import json
 import logging
 import math
+import types
+import typing
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import cache
+from typing import Annotated
+
+from msgspec import Meta
 
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
@@ -22,6 +31,20 @@ COUNT_CEILINGS = {
     "max_results": 10_000,
 }
 
+# The ranges of the fields, by what they measure.
+Seconds = Annotated[float, Meta(gt=0, extra={"finite": True})]
+Wait = Annotated[float, Meta(ge=0, extra={"finite": True})]
+Positive = Annotated[float, Meta(gt=0)]
+Share = Annotated[float, Meta(ge=0, le=1)]
+Cosine = Annotated[float, Meta(ge=-1, le=1)]
+Whole = Annotated[int, Meta(ge=0)]
+Count = Annotated[int, Meta(ge=1)]
+Steps = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_steps_per_ingest"])]
+Messages = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_messages_per_save"])]
+ToolCalls = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_tool_calls_per_message"])]
+Goals = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_open_goals"])]
+Results = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_results"])]
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -32,41 +55,41 @@ class Config:
     """
 
     auto_commit: bool = False
-    flush_timeout: float | None = 120.0
-    session_timeout: float | None = 600.0
-    trajectory_threshold: float = 0.75
-    max_pending_ops: int = 5
-    append_timeout: float = 60.0
-    extraction_timeout: float = 60.0
-    intent_merge_threshold: float = 0.8
-    intent_identity_threshold: float = 0.95
-    llm_concurrency: int = 16
+    flush_timeout: Positive | None = 120.0
+    session_timeout: Positive | None = 600.0
+    trajectory_threshold: Cosine = 0.75
+    max_pending_ops: Count = 5
+    append_timeout: Seconds = 60.0
+    extraction_timeout: Seconds = 60.0
+    intent_merge_threshold: Cosine = 0.8
+    intent_identity_threshold: Cosine = 0.95
+    llm_concurrency: Count = 16
     # Seconds a write waits for another writer (another process, the CLI) before
     # `StorageError("busy")`; the wait happens off the event loop.
-    busy_timeout: float = 5.0
+    busy_timeout: Wait = 5.0
     # Seconds after which background work held by a vanished `Memory` is taken over.
-    lease_timeout: float = 30.0
+    lease_timeout: Seconds = 30.0
     # Recall: candidates per channel, reciprocal-rank-fusion constant, score kept per hop.
-    recall_candidates: int = 50
-    rrf_k: int = 60
+    recall_candidates: Count = 50
+    rrf_k: Count = 60
     # Weight of the dense ranking against the lexical one in the fusion (lexical: 1).
-    recall_dense_weight: float = 0.5
-    hop_decay: float = 0.5
-    recall_max_hops: int = 2
+    recall_dense_weight: Share = 0.5
+    hop_decay: Cosine = 0.5
+    recall_max_hops: Whole = 2
     # Routing: a tag (intent) leads on only when its raw cosine to the query reaches this.
-    recall_tag_threshold: float = 0.35
-    recall_intent_threshold: float = 0.5
+    recall_tag_threshold: Cosine = 0.35
+    recall_intent_threshold: Cosine = 0.5
     # Per type: the most results of that type, and the least score one must have.
-    recall_top_k_semantic: int = 10
-    recall_top_k_episodic: int = 10
-    recall_top_k_procedural: int = 5
-    recall_min_score_semantic: float = 0.02
-    recall_min_score_episodic: float = 0.02
-    recall_min_score_procedural: float = 0.02
+    recall_top_k_semantic: Count = 10
+    recall_top_k_episodic: Count = 10
+    recall_top_k_procedural: Count = 5
+    recall_min_score_semantic: Cosine = 0.02
+    recall_min_score_episodic: Cosine = 0.02
+    recall_min_score_procedural: Cosine = 0.02
     # One result per moment: a fact and the step it came from are one memory.
     recall_distinct_steps: bool = True
     # Extra hop rounds through bridge tags when the best results stop changing.
-    recall_refine_budget: int = 1
+    recall_refine_budget: Whole = 1
     # "offline": plan recalls with the built-in heuristics; "llm": ask the repo's LLM.
     recall_planner: str = "offline"
     # Ask the LLM to synthesise an answer from the memories (RecallResult.reasoned).
@@ -74,47 +97,47 @@ class Config:
     # Maximal marginal relevance: the next result maximises lambda x relevance -
     # (1 - lambda) x its cosine to those already chosen; 1.0 ranks by relevance alone.
     # 0.7 measured best of 0.5 / 0.7 / 0.85 on LoCoMo (BENCHMARKS.md).
-    recall_mmr_lambda: float = 0.7
+    recall_mmr_lambda: Share = 0.7
     # Pseudo-relevance feedback: words shared by the best lexical hits, added to a
     # second lexical query; 0 turns it off.
-    recall_prf_terms: int = 0
+    recall_prf_terms: Whole = 0
     # The steps before and after each of the best episodic hits join the candidates at this
     # share of its score (evidence is often the adjacent turn); 0: off. 0.5 never
     # reached the top 10 on LoCoMo, 0.8 did; with two steps each side, 0.9 did best (LoCoMo
     # dev R@10 0.752; 1.0 lost R@1).
-    recall_neighbour_weight: float = 0.9
+    recall_neighbour_weight: Share = 0.9
     # How many steps on each side of a hit are its neighbours: LoCoMo dev R@10 0.725 at 1,
     # 0.742 at 2, 0.736 at 3 (at weight 0.8).
-    recall_neighbour_width: int = 2
+    recall_neighbour_width: Count = 2
     # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
     # one call per recall); meant for a real LLM: the offline one keeps the order.
     recall_rerank: bool = False
-    recall_rerank_candidates: int = 20
+    recall_rerank_candidates: Count = 20
     # The value function: relevance x recency decay x frequency floor x reward.
-    recency_half_life_days: float = 30.0
-    frequency_floor: float = 0.5
+    recency_half_life_days: Positive = 30.0
+    frequency_floor: Cosine = 0.5
     # How much value moves a recall's ranking: score = relevance x value ^ value_weight (0:
     # relevance alone; 1: the full value, which let popular nodes crowd out relevant ones).
-    value_weight: float = 0.25
-    decay_threshold: float = 0.1
-    consolidate_threshold: float = 0.85
+    value_weight: Share = 0.25
+    decay_threshold: Cosine = 0.1
+    consolidate_threshold: Cosine = 0.85
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     # At most `inputs.MAX_TEXT_CHARS_LIMIT` (120,000), what PostgreSQL can index.
-    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    max_text_chars: Count = DEFAULT_MAX_TEXT_CHARS
     # Per-call bounds, each checked before anything is stored (InvalidInputError), each at
     # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
     # steps in one `ingest` (LoCoMo's longest session has 47; a step costs about 2 s offline),
-    max_steps_per_ingest: int = 100
+    max_steps_per_ingest: Steps = 100
     # new messages one `save` appends (save a longer history in slices of it),
-    max_messages_per_save: int = 1_000
+    max_messages_per_save: Messages = 1_000
     # tool calls in one message (128: the most tools OpenAI's chat API takes in one request),
-    max_tool_calls_per_message: int = 128
+    max_tool_calls_per_message: ToolCalls = 128
     # open goals of one thread (each is in every eviction prompt),
-    max_open_goals: int = 100
+    max_open_goals: Goals = 100
     # and what one read may ask for: recall's `k`, `latest`'s `top_k`, `history`'s and
     # `search_nodes`' `limit`, the ids one `get_linked_nodes` or `delete_nodes` takes.
-    max_results: int = 1_000
+    max_results: Results = 1_000
     # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
     # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
     # it off (the store's own full-text search answers). Read from the Memory's config only.
@@ -129,15 +152,15 @@ class Config:
     # busy-wait after each product and held a core that recall's embedding needed
     # (mnemo/graph/blas.py). None, or any of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
     # MKL_NUM_THREADS, BLIS_NUM_THREADS set, leaves them alone. Read from the Memory's config.
-    blas_threads: int | None = 1
+    blas_threads: Count | None = 1
     # The live facts of its type each new fact is compared with, per recall channel (vector,
     # words), by the LLM's "contradiction" task (one call for a whole commit); 0: facts are
     # never retired.
-    contradiction_candidates: int = 3
+    contradiction_candidates: Whole = 3
     # How close (cosine) a live fact must be to a new one to be compared with it: with none
     # that close, a commit asks nothing. Pairs that contradict measured 0.68-0.97 with the
     # default embedder, unrelated facts of one person or topic 0.16-0.48.
-    contradiction_similarity: float = 0.6
+    contradiction_similarity: Cosine = 0.6
     # An extraction task that fails for good (its model's replies stay unusable, it times
     # out): False fails the extraction (the session goes to `failed`, an ingest stores
     # nothing); True commits every step and what the other tasks produced, and the receipt's
@@ -153,78 +176,23 @@ class Config:
     # Recall: a candidate whose speaker ("Melanie (8 May): ...", or the step a fact
     # came from) the query names scores 1 + this times more than the others; 0: off
     # (recall.levers). 0.5 measured best of 0.5 / 1.0 on LoCoMo 0-1, and won on 2-6 too.
-    recall_speaker_boost: float = 0.5
+    recall_speaker_boost: Share = 0.5
     # Recall: the dense channel embeds the query without the names it mentions
     # (recall.levers.without_names); the words channel and the speaker match still use them.
     recall_dense_without_names: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("flush_timeout", "session_timeout"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, int | float) and value > 0):
-                raise InvalidInputError(
-                    f"Config.{name} must be a positive number or None, got {value!r}"
-                )
-        for name in ("append_timeout", "extraction_timeout", "lease_timeout"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-                raise InvalidInputError(f"Config.{name} must be a positive number, got {value!r}")
-        if not (isinstance(self.busy_timeout, int | float) and 0 <= self.busy_timeout < math.inf):
-            raise InvalidInputError(
-                f"Config.busy_timeout must be a number >= 0, got {self.busy_timeout!r}"
-            )
-        for name in ("trajectory_threshold", "intent_merge_threshold", "intent_identity_threshold",
-                     "hop_decay"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and -1.0 <= value <= 1.0):
-                raise InvalidInputError(f"Config.{name} must be within [-1, 1], got {value!r}")
+        for name, check in _checks().items():
+            check(name, getattr(self, name))
         if self.intent_merge_threshold > self.intent_identity_threshold:
             raise InvalidInputError(
                 "Config.intent_merge_threshold must not exceed intent_identity_threshold "
                 f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
             )
-        for name in ("recall_dense_weight", "value_weight", "recall_mmr_lambda",
-                     "recall_neighbour_weight", "recall_speaker_boost"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and 0.0 <= value <= 1.0):
-                raise InvalidInputError(f"Config.{name} must be within [0, 1], got {value!r}")
-        for name in ("recall_tag_threshold", "recall_intent_threshold", "frequency_floor",
-                     "decay_threshold", "consolidate_threshold", "recall_min_score_semantic",
-                     "recall_min_score_episodic", "recall_min_score_procedural",
-                     "contradiction_similarity"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and -1.0 <= value <= 1.0):
-                raise InvalidInputError(f"Config.{name} must be within [-1, 1], got {value!r}")
-        if not (isinstance(self.recency_half_life_days, int | float)
-                and self.recency_half_life_days > 0):
-            raise InvalidInputError("Config.recency_half_life_days must be positive, got "
-                                    f"{self.recency_half_life_days!r}")
         if self.recall_planner not in ("offline", "llm"):
             raise InvalidInputError(
                 f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
             )
-        for name in ("recall_max_hops", "recall_refine_budget", "recall_prf_terms",
-                     "contradiction_candidates"):
-            value = getattr(self, name)
-            if not _whole(value, 0):
-                raise InvalidInputError(f"Config.{name} must be an integer >= 0, got {value!r}")
-        if self.blas_threads is not None and not _whole(self.blas_threads, 1):
-            raise InvalidInputError(
-                f"Config.blas_threads must be None or an integer >= 1, got {self.blas_threads!r}"
-            )
-        for name in ("max_pending_ops", "llm_concurrency", "recall_candidates", "rrf_k",
-                     "recall_top_k_semantic", "recall_top_k_episodic",
-                     "recall_top_k_procedural", "max_text_chars", "recall_rerank_candidates",
-                     "recall_neighbour_width"):
-            value = getattr(self, name)
-            if not _whole(value, 1):
-                raise InvalidInputError(f"Config.{name} must be an integer >= 1, got {value!r}")
-        for name, ceiling in COUNT_CEILINGS.items():
-            value = getattr(self, name)
-            if not _whole(value, 1) or value > ceiling:
-                raise InvalidInputError(
-                    f"Config.{name} must be an integer from 1 to {ceiling:,}, got {value!r}"
-                )
         if self.max_text_chars > MAX_TEXT_CHARS_LIMIT:
             raise InvalidInputError(
                 f"Config.max_text_chars is at most {MAX_TEXT_CHARS_LIMIT:,} (PostgreSQL's "
@@ -237,7 +205,9 @@ class Config:
     @classmethod
     def from_json(cls, text: str) -> Config:
         """Reads what `to_json` wrote; fields this version does not know are dropped."""
-        raw: dict[str, Any] = json.loads(text)
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise InvalidInputError(f"a stored Config must be a JSON object, got {text[:80]!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in raw.items() if k in known}
         wanted = fields.get("max_text_chars")
@@ -250,9 +220,63 @@ class Config:
         return cls(**fields)
 
 
-def _whole(value: object, least: int) -> bool:
-    """`value` is an integer (not a bool) of at least `least`."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+class _Range:
+    """The check of one numeric field: its kind, its `Meta` bounds, whether None is allowed."""
+
+    def __init__(self, kind: type, meta: Meta, optional: bool) -> None:
+        self.kind, self.optional = kind, optional
+        self.low = meta.ge if meta.ge is not None else meta.gt
+        self.high = meta.le if meta.le is not None else meta.lt
+        self.low_open, self.high_open = meta.ge is None, meta.le is None
+        self.finite = bool((meta.extra or {}).get("finite"))
+        self.wanted = self._phrase()
+
+    def __call__(self, name: str, value: object) -> None:
+        if value is None and self.optional:
+            return
+        if not self._holds(value):
+            raise InvalidInputError(f"Config.{name} must be {self.wanted}, got {value!r}")
+
+    def _holds(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.kind is int and not isinstance(value, int):
+            return False
+        if math.isnan(value) or (self.finite and math.isinf(value)):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def _phrase(self) -> str:
+        noun = "an integer" if self.kind is int else "a number"
+        low, high = self.low, self.high
+        if self.finite and low is not None:
+            text = f"a finite number {'>' if self.low_open else '>='} {low:g}"
+        elif low is not None and high is not None and self.kind is int:
+            text = f"{noun} from {low:,} to {high:,}"
+        elif low is not None and high is not None:
+            text = f"{noun} within [{low:g}, {high:g}]"
+        elif low is not None:
+            text = f"{noun} {'>' if self.low_open else '>='} {low:g}"
+        else:
+            text = noun
+        return f"{text} or None" if self.optional else text
+
+
+@cache
+def _checks() -> dict[str, _Range]:
+    """Field name -> its check, for every Config field whose annotation carries a `Meta`."""
+    checks: dict[str, _Range] = {}
+    for name, hint in typing.get_type_hints(Config, include_extras=True).items():
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        parts = typing.get_args(hint) if union else (hint,)
+        optional = type(None) in parts
+        for part in parts:
+            if typing.get_origin(part) is Annotated:
+                kind, meta = typing.get_args(part)[:2]
+                checks[name] = _Range(kind, meta, optional)
+    return checks
 
 
 # The timeouts of work (an append's annotation, an extraction): raised, never lowered, by a

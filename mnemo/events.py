@@ -6,7 +6,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
@@ -23,7 +23,7 @@ class Event:
     kind: str
     session_id: str | None
     repo: str | None
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
 
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
@@ -40,7 +40,7 @@ class Events:
         self._callback = callback
 
     async def emit(
-        self, kind: str, *, session_id: str | None = None, repo: str | None = None, **data: Any
+        self, kind: str, *, session_id: str | None = None, repo: str | None = None, **data: object
     ) -> None:
         if self._callback is None:
             return

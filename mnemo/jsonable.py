@@ -8,7 +8,6 @@ shape and not whatever fields a value grows.
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.episode.model import StepInfo
@@ -24,7 +23,7 @@ def label(value: object) -> str:
     return str(value.value) if isinstance(value, enum.Enum) else str(value)
 
 
-def node_json(node: Node) -> dict[str, Any]:
+def node_json(node: Node) -> dict[str, object]:
     return {
         "id": node.id,
         "type": label(node.type),
@@ -34,8 +33,8 @@ def node_json(node: Node) -> dict[str, Any]:
     }
 
 
-def recall_json(result: RecallResult) -> dict[str, Any]:
-    out = {
+def recall_json(result: RecallResult) -> dict[str, object]:
+    out: dict[str, object] = {
         "query": result.query,
         "reasoned": result.reasoned,
         "memories": [
@@ -51,12 +50,12 @@ def recall_json(result: RecallResult) -> dict[str, Any]:
     return with_degraded(out, result)
 
 
-def with_degraded(out: dict[str, Any], result: RecallResult) -> dict[str, Any]:
+def with_degraded(out: dict[str, object], result: RecallResult) -> dict[str, object]:
     """`out` with the stages the recall did without (`RecallResult.degraded`), when any."""
     return {**out, "degraded": result.degraded} if result.degraded else out
 
 
-def session_json(info: SessionInfo) -> dict[str, Any]:
+def session_json(info: SessionInfo) -> dict[str, object]:
     return {
         "id": info.id,
         "repo": info.repo,
@@ -68,7 +67,7 @@ def session_json(info: SessionInfo) -> dict[str, Any]:
     }
 
 
-def hit_json(hit: SearchHit) -> dict[str, Any]:
+def hit_json(hit: SearchHit) -> dict[str, object]:
     return {
         "message_id": hit.message_id,
         "thread_id": hit.thread_id,
@@ -79,7 +78,7 @@ def hit_json(hit: SearchHit) -> dict[str, Any]:
     }
 
 
-def message_json(message: Message) -> dict[str, Any]:
+def message_json(message: Message) -> dict[str, object]:
     return {
         "id": message.id,
         "thread_id": message.thread_id,
@@ -90,7 +89,7 @@ def message_json(message: Message) -> dict[str, Any]:
     }
 
 
-def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
+def snapshot_json(snapshot: Snapshot) -> dict[str, object]:
     return {
         "id": snapshot.id,
         "level": snapshot.level,
@@ -100,7 +99,7 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, Any]:
     }
 
 
-def view_json(view: MessageView) -> dict[str, Any]:
+def view_json(view: MessageView) -> dict[str, object]:
     return {
         "target": message_json(view.target),
         "messages": [message_json(m) for m in view.messages],
@@ -109,7 +108,7 @@ def view_json(view: MessageView) -> dict[str, Any]:
     }
 
 
-def memory_file_json(file: MemoryFile) -> dict[str, Any]:
+def memory_file_json(file: MemoryFile) -> dict[str, object]:
     return {
         "topic": file.topic,
         "description": file.description,
@@ -119,7 +118,7 @@ def memory_file_json(file: MemoryFile) -> dict[str, Any]:
     }
 
 
-def step_json(info: StepInfo) -> dict[str, Any]:
+def step_json(info: StepInfo) -> dict[str, object]:
     return {
         "index": info.index,
         "trajectory_id": info.trajectory_id,
@@ -127,7 +126,7 @@ def step_json(info: StepInfo) -> dict[str, Any]:
     }
 
 
-def commit_json(commit: CommitRecord) -> dict[str, Any]:
+def commit_json(commit: CommitRecord) -> dict[str, object]:
     return {
         "id": commit.id,
         "seq": commit.seq,
@@ -140,7 +139,7 @@ def commit_json(commit: CommitRecord) -> dict[str, Any]:
     }
 
 
-def diff_json(diff: CommitDiff) -> dict[str, Any]:
+def diff_json(diff: CommitDiff) -> dict[str, object]:
     return {
         **commit_json(diff.commit),
         "node_ids": list(diff.commit.node_ids),

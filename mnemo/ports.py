@@ -6,7 +6,7 @@ metering) is `mnemo.calls`; this module holds only what an adapter or a fake nee
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,7 +60,7 @@ class ToolCall:
     """One tool call in an LLM reply."""
 
     name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, object]
     id: str | None = None
 
 
@@ -80,9 +80,9 @@ class LLMRequest:
 
     task: str
     system: str
-    messages: list[dict[str, Any]]
-    schema: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    messages: Sequence[Mapping[str, object]]
+    schema: dict[str, object] | None = None
+    tools: Sequence[Mapping[str, object]] | None = None
     max_tokens: int | None = None
     tool_choice: str | None = None
 
@@ -92,7 +92,7 @@ class LLMResponse:
     """An LLM reply: free `text`, schema-shaped `data`, and tool calls."""
 
     text: str = ""
-    data: Any = None
+    data: object = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
 

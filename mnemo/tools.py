@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
-from mnemo.conversation.prompts import EVICTION_TOOLS
+from mnemo.conversation.prompts import EVICTION_TOOL_SPECS
 from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
@@ -82,9 +82,9 @@ class ToolSpec:
 
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: dict[str, object]
 
-    def openai(self) -> dict[str, Any]:
+    def openai(self) -> dict[str, object]:
         """The tool in OpenAI's chat-completions format."""
         return {
             "type": "function",
@@ -95,7 +95,7 @@ class ToolSpec:
             },
         }
 
-    def anthropic(self) -> dict[str, Any]:
+    def anthropic(self) -> dict[str, object]:
         """The tool in Anthropic's messages format."""
         return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
@@ -170,7 +170,7 @@ TOOLS: dict[str, ToolSpec] = {
         VIEW_MESSAGES,
         RECALL,
         GET_NODE,
-        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOLS),
+        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS),
     ]
 }
 MEMORY_TOOLS = ("search_messages", "view_messages", "recall", "get_node")
@@ -185,7 +185,7 @@ def _specs(names: Iterable[str]) -> list[ToolSpec]:
     return [TOOLS[n] for n in wanted]
 
 
-def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, Any]]:
+def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]:
     """The named tools (default: the memory tools) in OpenAI's format.
 
     Raises:
@@ -194,7 +194,7 @@ def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, Any]]:
     return [spec.openai() for spec in _specs(names)]
 
 
-def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, Any]]:
+def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]:
     """The named tools (default: the memory tools) in Anthropic's format.
 
     Raises:
@@ -203,7 +203,7 @@ def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, Any]]
     return [spec.anthropic() for spec in _specs(names)]
 
 
-async def execute_tool(mem: Memory, call: ToolCall, **context: Any) -> str:
+async def execute_tool(mem: Memory, call: ToolCall, **context: object) -> str:
     """Runs one tool call against `mem`; returns the text to give back to the model.
 
     Context (keyword arguments, each optional):
@@ -219,7 +219,7 @@ async def execute_tool(mem: Memory, call: ToolCall, **context: Any) -> str:
     return clip(await _execute(mem, call, context), MAX_OUTPUT_CHARS)
 
 
-async def _execute(mem: Memory, call: ToolCall, context: dict[str, Any]) -> str:
+async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> str:
     args = _arguments(call.arguments)
     if args is None:
         return "error: the arguments must be a JSON object"
@@ -229,7 +229,7 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, Any]) -> str:
                 _text(args, "query"),
                 thread_id=_optional_text(args, "thread_id"),
                 limit=_integer(args, "limit", 5),
-                exclude_viewport_of=context.get("thread_id"),
+                exclude_viewport_of=_context_thread(context),
             )
             return render_hits(hits)
         if call.name == "view_messages":
@@ -316,7 +316,7 @@ def _render_node(node: Node, offset: int) -> str:
     return "\n".join(lines)
 
 
-def _arguments(raw: object) -> dict[str, Any] | None:
+def _arguments(raw: object) -> dict[str, object] | None:
     # Some providers hand tool arguments over as a JSON string.
     if isinstance(raw, str):
         try:
@@ -326,19 +326,24 @@ def _arguments(raw: object) -> dict[str, Any] | None:
     return raw if isinstance(raw, dict) else None
 
 
-def _text(args: dict[str, Any], key: str) -> str:
+def _context_thread(context: dict[str, object]) -> str | None:
+    thread = context.get("thread_id")
+    return thread if isinstance(thread, str) else None
+
+
+def _text(args: dict[str, object], key: str) -> str:
     value = args.get(key)
     if not isinstance(value, str) or not value.strip():
         raise InvalidInputError(f"{key} must be a non-empty string")
     return value
 
 
-def _optional_text(args: dict[str, Any], key: str) -> str | None:
+def _optional_text(args: dict[str, object], key: str) -> str | None:
     value = args.get(key)
     return None if value is None else _text(args, key)
 
 
-def _integer(args: dict[str, Any], key: str, default: int) -> int:
+def _integer(args: dict[str, object], key: str, default: int) -> int:
     value = args.get(key, default)
     # Models often send numbers as strings ("5") or floats (5.0).
     if isinstance(value, str) and value.strip().isdigit():

@@ -75,7 +75,7 @@ def extracted_observations(llm: FakeLLM) -> list[str]:
         step["observation"]
         for request in llm.calls
         if request.task == "semantic"
-        for step in task_inputs(request)["steps"]
+        for step in js(task_inputs(request))["steps"]
     ]
 
 
@@ -290,7 +290,7 @@ class EventLog:
             if current in states:
                 return mnemo.State(current)
             await waiter.seen.wait()
-            return mnemo.State(waiter.matched[0].data["to"])
+            return mnemo.State(js(waiter.matched[0].data)["to"])
 
 
 @asynccontextmanager
@@ -397,3 +397,9 @@ def waiting_for_claims(monkeypatch: pytest.MonkeyPatch) -> anyio.Event:
 
     monkeypatch.setattr(claims, "settle", noted)
     return waiting
+
+
+def js(value: object) -> Any:
+    """`value` (JSON a test reads back: a reply's data, a node's data, a request's inputs or
+    messages) for the test to index; the assertions that read it are its check."""
+    return value

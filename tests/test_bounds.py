@@ -12,7 +12,7 @@ import pytest
 import mnemo
 from mnemo.config import COUNT_CEILINGS
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js
 
 DEFAULTS = {
     "max_steps_per_ingest": 100,
@@ -189,7 +189,7 @@ async def test_a_message_with_more_tool_calls_than_the_default_is_refused(
     with pytest.raises(mnemo.InvalidInputError, match="129 calls"):
         await mem.conversation().save("t", [message])
     stored = await mem.conversation().save("t", [{**message, "tool_calls": [call] * 128}])
-    assert len(stored[0].data["tool_calls"]) == 128
+    assert len(js(stored[0].data)["tool_calls"]) == 128
 
 
 # ---- reads --------------------------------------------------------------------------------

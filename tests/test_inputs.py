@@ -204,7 +204,7 @@ async def test_start_session_long_goal(small: mnemo.Memory) -> None:
     [(LONG, "go", None), ("look", LONG, None), ("look", "go", {"note": LONG})],
 )
 async def test_append_long_step(
-    small: mnemo.Memory, observation: str, action: str, metadata: dict[str, str] | None
+    small: mnemo.Memory, observation: str, action: str, metadata: dict[str, object] | None
 ) -> None:
     """append with an observation, action or metadata past the bound raises; no step is added."""
     sid = await small.start_session("explore", repo=REPO)

@@ -14,7 +14,7 @@ import pytest
 import mnemo
 from tests.backends import sql
 from tests.conftest import REPO
-from tests.fakes import FakeEmbedder, FakeLLM
+from tests.fakes import FakeEmbedder, FakeLLM, js
 
 
 async def test_list_threads_lists_every_stored_thread_with_counts(mem: mnemo.Memory) -> None:
@@ -66,7 +66,7 @@ async def test_episodic_nodes_lead_back_to_their_stored_episode(mem: mnemo.Memor
     receipt = await mem.close_and_commit(sid)
     nodes = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
     assert {n.id for n in nodes} <= set(receipt.node_ids)
-    episode = await mem.episode(nodes[0].data["episode_id"])
+    episode = await mem.episode(js(nodes[0].data)["episode_id"])
     assert episode is not None
     assert episode.session_id == sid
     assert episode.steps[0].id == nodes[0].data["step_id"]

@@ -40,7 +40,6 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
 
 import anyio
 import httpx
@@ -285,7 +284,7 @@ class Transport:
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        tokens_used: Callable[[Mapping[str, Any]], Tokens] | None = None,
+        tokens_used: Callable[[Mapping[str, object]], Tokens] | None = None,
         retry: RetryPolicy | None = None,
         concurrency: int | None = None,
     ) -> None:
@@ -338,14 +337,14 @@ class Transport:
     async def post_json(
         self,
         path: str,
-        payload: Mapping[str, Any],
+        payload: Mapping[str, object],
         headers: Mapping[str, str] | None = None,
         *,
         budget: Budget | None = None,
         refusal: Callable[[HTTPFailure], bool] | None = None,
-        malformed: Callable[[Mapping[str, Any]], str | None] | None = None,
+        malformed: Callable[[Mapping[str, object]], str | None] | None = None,
         kind: str = "",
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
         `kind` names what is asked (a task), so the concurrency limit compares like with like.
 
@@ -419,9 +418,9 @@ class Transport:
         estimate: int,
         budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None,
-        malformed: Callable[[Mapping[str, Any]], str | None] | None,
+        malformed: Callable[[Mapping[str, object]], str | None] | None,
         kind: str,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         allowed = self.attempt_timeout()
         async with self.limit.slot(kind, allowed) as ticket:
             with deadline.waiting():
@@ -453,9 +452,9 @@ class Transport:
         response: httpx.Response,
         estimate: int,
         refusal: Callable[[HTTPFailure], bool] | None,
-        malformed: Callable[[Mapping[str, Any]], str | None] | None,
+        malformed: Callable[[Mapping[str, object]], str | None] | None,
         ticket: Ticket,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         status = response.status_code
         if status in OVERLOAD_STATUSES:
             ticket.overloaded()

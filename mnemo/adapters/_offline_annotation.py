@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from mnemo import text as _text
 from mnemo.adapters._offline_common import _NO_USAGE, _str, _str_list
@@ -55,7 +54,7 @@ _SUBGOAL_WORDS = 5
 # ---- state --------------------------------------------------------------------------------
 
 
-def _state(inputs: dict[str, Any]) -> LLMResponse:
+def _state(inputs: dict[str, object]) -> LLMResponse:
     observed = _text.first_sentence(_str(inputs, "observation"))
     if not observed:
         observed = _str(inputs, "previous_state") or "Nothing new was observed."
@@ -69,7 +68,7 @@ def _state(inputs: dict[str, Any]) -> LLMResponse:
 # ---- subgoal ------------------------------------------------------------------------------
 
 
-def _subgoal(inputs: dict[str, Any]) -> LLMResponse:
+def _subgoal(inputs: dict[str, object]) -> LLMResponse:
     observation = _str(inputs, "observation")
     previous = _str(inputs, "previous_subgoal")
     recent = _str_list(inputs, "recent_steps")
@@ -135,6 +134,6 @@ def outcome_reward(text: str) -> float:
     return 0.6
 
 
-def _reward_task(inputs: dict[str, Any]) -> LLMResponse:
+def _reward_task(inputs: dict[str, object]) -> LLMResponse:
     judged = _str(inputs, "next_observation") or _str(inputs, "observation")
     return LLMResponse(data={"reward": outcome_reward(judged)}, usage=_NO_USAGE)

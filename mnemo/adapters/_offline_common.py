@@ -5,42 +5,41 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from mnemo import text as _text
 from mnemo.ports import Usage
 
 
-def _str(inputs: dict[str, Any], key: str) -> str:
+def _str(inputs: dict[str, object], key: str) -> str:
     value = inputs.get(key)
     return value.strip() if isinstance(value, str) else ""
 
 
-def _str_list(inputs: dict[str, Any], key: str) -> list[str]:
+def _str_list(inputs: dict[str, object], key: str) -> list[str]:
     value = inputs.get(key)
     if not isinstance(value, list):
         return []
     return [item for item in value if isinstance(item, str)]
 
 
-def _dicts(inputs: dict[str, Any], key: str) -> list[dict[str, Any]]:
+def _dicts(inputs: dict[str, object], key: str) -> list[dict[str, object]]:
     value = inputs.get(key)
     if not isinstance(value, list):
         return []
     return [item for item in value if isinstance(item, dict)]
 
 
-def _int(item: dict[str, Any], key: str, default: int) -> int:
+def _int(item: dict[str, object], key: str, default: int) -> int:
     value = item.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _field(item: dict[str, Any], key: str) -> str:
+def _field(item: dict[str, object], key: str) -> str:
     value = item.get(key)
     return value.strip() if isinstance(value, str) else ""
 
 
-def _reward(item: dict[str, Any]) -> float | None:
+def _reward(item: dict[str, object]) -> float | None:
     value = item.get("reward")
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return min(1.0, max(0.0, float(value)))

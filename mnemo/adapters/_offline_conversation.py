@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from mnemo import text as _text
 from mnemo.adapters._offline_common import (
@@ -110,7 +109,7 @@ def _speaker(role: str) -> str:
     return _SPEAKERS.get(role, "Tool")
 
 
-def _summary_task(inputs: dict[str, Any]) -> LLMResponse:
+def _summary_task(inputs: dict[str, object]) -> LLMResponse:
     messages = _dicts(inputs, "messages")
     items = [(_speaker(_field(m, "role")), _field(m, "text")) for m in messages]
     max_words = max(16, _int(inputs, "max_words", 200))
@@ -121,7 +120,7 @@ def _summary_task(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
 
 
-def _snapshot_fold(inputs: dict[str, Any]) -> LLMResponse:
+def _snapshot_fold(inputs: dict[str, object]) -> LLMResponse:
     snapshots = _dicts(inputs, "snapshots")
     items = [("", _field(s, "text")) for s in snapshots]
     max_words = max(16, _int(inputs, "max_words", 200))
@@ -133,7 +132,7 @@ def _snapshot_fold(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
 
 
-def _eviction(inputs: dict[str, Any]) -> LLMResponse:
+def _eviction(inputs: dict[str, object]) -> LLMResponse:
     if _str_list(inputs, "done"):
         # The tools already ran in an earlier round: finish.
         return LLMResponse(tool_calls=[ToolCall("everything_ok", {}, "call_0")], usage=_NO_USAGE)
@@ -167,7 +166,7 @@ def _eviction(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(tool_calls=calls, usage=_NO_USAGE)
 
 
-def _goals_for(text: str, goals: list[dict[str, Any]]) -> list[str]:
+def _goals_for(text: str, goals: list[dict[str, object]]) -> list[str]:
     """The goals sharing a content word with `text`, else the newest goal (the current one)."""
     stems = _text.content_stems(text)
     ids = [_field(g, "id") for g in goals if stems & _text.content_stems(_field(g, "description"))]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from mnemo import text as _text
 from mnemo.adapters._offline_common import (
@@ -155,7 +154,7 @@ def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
     return None, "", ""
 
 
-def _memory_signals(conversation: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+def _memory_signals(conversation: list[dict[str, object]]) -> list[tuple[str, str, str]]:
     """(kind, statement, topic words) for every qualifying sentence, in conversation order."""
     found: list[tuple[str, str, str]] = []
     for message in conversation:
@@ -224,7 +223,7 @@ class _MemoryTopic:
     changed: bool = False
 
 
-def _memory_update(inputs: dict[str, Any]) -> LLMResponse:
+def _memory_update(inputs: dict[str, object]) -> LLMResponse:
     topics = [
         _MemoryTopic(
             topic=_field(item, "topic"),
@@ -270,10 +269,10 @@ def _memory_update(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"files": files}, usage=_NO_USAGE)
 
 
-def _memory_persist(inputs: dict[str, Any]) -> LLMResponse:
+def _memory_persist(inputs: dict[str, object]) -> LLMResponse:
     statement = " ".join(_str(inputs, "statement").split())
     stems = _topic_stems(statement)
-    best: tuple[int, dict[str, Any]] | None = None
+    best: tuple[int, dict[str, object]] | None = None
     for item in _dicts(inputs, "files"):
         overlap = len(stems & _topic_stems(_field(item, "topic")))
         if overlap and (best is None or overlap > best[0]):
@@ -287,7 +286,7 @@ def _memory_persist(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data=data, usage=_NO_USAGE)
 
 
-def _memory_condense(inputs: dict[str, Any]) -> LLMResponse:
+def _memory_condense(inputs: dict[str, object]) -> LLMResponse:
     limit = _int(inputs, "max_chars", 4000)
     texts = [_MEMORY_BULLET.sub("", e).strip() for e in _str_list(inputs, "entries")]
     texts = [t for t in texts if t]

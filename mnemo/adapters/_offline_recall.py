@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from mnemo import text as _text
 from mnemo.adapters._offline_common import _NO_USAGE, _str, _str_list
@@ -27,7 +26,7 @@ _SEMANTIC_QUERY = re.compile(
 )
 
 
-def _recall_plan(inputs: dict[str, Any]) -> LLMResponse:
+def _recall_plan(inputs: dict[str, object]) -> LLMResponse:
     """Mode from the query's question form (how-to: procedural; when/did: episodic; what/who/
     which: semantic; else mixed); tags are its concept labels."""
     query = _str(inputs, "query")
@@ -44,14 +43,14 @@ def _recall_plan(inputs: dict[str, Any]) -> LLMResponse:
     )
 
 
-def _recall_synthesis(inputs: dict[str, Any]) -> LLMResponse:
+def _recall_synthesis(inputs: dict[str, object]) -> LLMResponse:
     """Extractive: the first memory, quoted, since no model is there to reason over them."""
     memories = _str_list(inputs, "memories")
     answer = memories[0] if memories else "No memory answers this."
     return LLMResponse(data={"answer": answer}, usage=_NO_USAGE)
 
 
-def _recall_rerank(inputs: dict[str, Any]) -> LLMResponse:
+def _recall_rerank(inputs: dict[str, object]) -> LLMResponse:
     """The retrieval's order: no model is there to judge relevance better than it."""
     memories = _str_list(inputs, "memories")
     return LLMResponse(data={"order": list(range(1, len(memories) + 1))}, usage=_NO_USAGE)

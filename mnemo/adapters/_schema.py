@@ -13,7 +13,6 @@ import json
 import re
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
@@ -70,7 +69,7 @@ def cut_note(problem: str, max_tokens: int) -> str:
     return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
 
 
-def decode_json(text: str) -> Any:
+def decode_json(text: str) -> object:
     """The JSON value in a model's reply text.
 
     Accepts the bare value, the value in a Markdown code fence, or prose around one object, and
@@ -117,7 +116,7 @@ def is_cut(text: str) -> bool:
     return False
 
 
-def salvage(text: str, schema: Mapping[str, Any]) -> Any | None:
+def salvage(text: str, schema: Mapping[str, object]) -> object | None:
     """What a cut reply holds that is whole: its JSON value with every list of objects kept
     to the items that match the schema's item schema (an item cut midway is dropped, never a
     string cut midway kept), when the result then matches `schema`; else None."""
@@ -135,13 +134,13 @@ def salvage(text: str, schema: Mapping[str, Any]) -> Any | None:
     return whole_items(partial, schema)
 
 
-def whole_items(data: Any, schema: Mapping[str, Any]) -> Any | None:
+def whole_items(data: object, schema: Mapping[str, object]) -> object | None:
     """`data` (a JSON object) with each list of it kept to the items that match the schema's
     item schema, when the result matches `schema` and kept an item; else None."""
     if not isinstance(data, dict):
         return None
     properties = schema.get("properties", {})
-    kept: dict[str, Any] = {}
+    kept: dict[str, object] = {}
     for key, value in data.items():
         items = properties.get(key, {}).get("items") if isinstance(properties, Mapping) else None
         if isinstance(value, list) and isinstance(items, Mapping):
@@ -153,32 +152,49 @@ def whole_items(data: Any, schema: Mapping[str, Any]) -> Any | None:
     return kept if schema_problem(kept, schema) is None else None
 
 
-def example_of(schema: Mapping[str, Any]) -> Any:
+def example_of(schema: Mapping[str, object]) -> object:
     """A value shaped as `schema` says, to show a model what an answer looks like (a small
     model shown only the schema answered with the schema itself): an object with its
     required properties (all of them when it lists none), a list of one item, "..." for a
-    string, the minimum (or 0.5 between 0 and 1) for a number."""
+    string, the minimum (or 0.5 between 0 and 1) for a number, the first alternative but
+    null of an `anyOf`."""
+    choices = schema.get("anyOf")
+    if isinstance(choices, list):
+        # The first alternative that is not null: a model shown null copies it.
+        shown = [c for c in choices if isinstance(c, Mapping) and c.get("type") != "null"]
+        return example_of(shown[0]) if shown else None
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
     kind = schema.get("type")
     if kind == "object" or "properties" in schema:
-        properties = schema.get("properties", {})
-        wanted = schema.get("required") or list(properties)
-        return {key: example_of(properties.get(key, {})) for key in wanted}
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, Mapping) else {}
+        required = schema.get("required")
+        wanted = required if isinstance(required, list) and required else list(properties)
+        return {key: example_of(_mapping(properties.get(key))) for key in wanted}
     if kind == "array":
         items = schema.get("items")
         return [example_of(items)] if isinstance(items, Mapping) else []
     if kind == "string":
         return "..."
+    low, high = schema.get("minimum"), schema.get("maximum")
+    low = low if isinstance(low, int | float) else None
+    high = high if isinstance(high, int | float) else None
     if kind == "integer":
-        return int(schema.get("minimum", 0))
+        return int(low or 0)
     if kind == "number":
-        low, high = schema.get("minimum"), schema.get("maximum")
         return (low + high) / 2 if low is not None and high is not None else low or 0.5
     if kind == "boolean":
         return False
     return None
 
 
-def schema_problem(data: Any, schema: Mapping[str, Any]) -> str | None:
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def schema_problem(data: object, schema: Mapping[str, object]) -> str | None:
     """What is wrong with `data` against `schema`, in one line; None when it matches.
 
     The most relevant error is named with its location ("at $.facts[0].confidence: 1.5 is
@@ -201,7 +217,7 @@ def reask_text(problem: str) -> str:
     return f"Your reply did not match the schema: {problem}. Reply again with JSON only."
 
 
-def tool_spec(tool: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, dict[str, object]]:
     """(name, description, parameters schema) of a tool given in any usual shape.
 
     Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's
@@ -229,7 +245,7 @@ def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[flo
 
 
 def usage_of(
-    input_tokens: Any, output_tokens: Any, price: tuple[float, float] | None
+    input_tokens: object, output_tokens: object, price: tuple[float, float] | None
 ) -> Usage | None:
     """A `Usage` from a reply's token counts (None when the reply gave none), priced if known."""
     if not isinstance(input_tokens, int) and not isinstance(output_tokens, int):
@@ -247,7 +263,7 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
     return total if more is None else total + more
 
 
-def _key(schema: Mapping[str, Any]) -> str:
+def _key(schema: Mapping[str, object]) -> str:
     return json.dumps(schema, sort_keys=True)
 
 

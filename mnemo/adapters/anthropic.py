@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -126,11 +125,11 @@ class Anthropic:
         """How many requests the API gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
-    def server_profile(self) -> dict[str, Any]:
+    def server_profile(self) -> dict[str, object]:
         """What this adapter learned of its server: the concurrency limit."""
         return {"concurrency": limit_profile(self._http.limit)}
 
-    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`)."""
         adopt_limit(self._http.limit, profile.get("concurrency"))
 
@@ -176,12 +175,14 @@ class Anthropic:
     async def _structured(
         self,
         request: LLMRequest,
-        schema: dict[str, Any],
+        schema: dict[str, object],
         system: str,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, object]],
         budget: Budget,
     ) -> LLMResponse:
-        tool = {"name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema}
+        tool: dict[str, object] = {
+            "name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema,
+        }
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
         while True:
@@ -216,14 +217,14 @@ class Anthropic:
         self,
         request: LLMRequest,
         system: str,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, object]],
         budget: Budget,
         *,
-        tools: list[dict[str, Any]] | None,
+        tools: Sequence[Mapping[str, object]] | None,
         force: str | None = None,
         cap: int | None = None,
-    ) -> dict[str, Any]:
-        payload: dict[str, Any] = {
+    ) -> dict[str, object]:
+        payload: dict[str, object] = {
             "model": self.model,
             "max_tokens": cap or reply_cap(request.max_tokens, self.max_tokens),
             "messages": messages,
@@ -248,7 +249,7 @@ class Anthropic:
                 raise LLMContextError(str(exc)) from exc.__cause__
             raise
 
-    def _tool_calls(self, blocks: list[Mapping[str, Any]]) -> list[ToolCall]:
+    def _tool_calls(self, blocks: list[Mapping[str, object]]) -> list[ToolCall]:
         calls: list[ToolCall] = []
         for block in blocks:
             if block.get("type") != "tool_use" or not isinstance(block.get("name"), str):
@@ -260,11 +261,11 @@ class Anthropic:
                     f"JSON object: {arguments!r}"
                 )
             block_id = block.get("id")
-            calls.append(ToolCall(block["name"], arguments,
+            calls.append(ToolCall(str(block["name"]), arguments,
                                   block_id if isinstance(block_id, str) else None))
         return calls
 
-    def _usage(self, reply: Mapping[str, Any]) -> Usage | None:
+    def _usage(self, reply: Mapping[str, object]) -> Usage | None:
         raw = reply.get("usage")
         if not isinstance(raw, Mapping):
             return None
@@ -275,11 +276,11 @@ class Anthropic:
 
 
 def _check(
-    blocks: list[Mapping[str, Any]], task: str, schema: dict[str, Any], stop_reason: Any,
+    blocks: list[Mapping[str, object]], task: str, schema: dict[str, object], stop_reason: object,
     cap: int,
-) -> tuple[Any, str | None]:
+) -> tuple[object, str | None]:
     """(data, problem or None): the forced tool's input, else JSON in the text blocks."""
-    data: Any = None
+    data: object = None
     found = False
     for block in blocks:
         if block.get("type") == "tool_use" and block.get("name") == task:
@@ -296,7 +297,7 @@ def _check(
     return data, None if problem is None else _cut_short(problem, stop_reason, cap)
 
 
-def _reask(blocks: list[Mapping[str, Any]], task: str, problem: str) -> dict[str, Any]:
+def _reask(blocks: list[Mapping[str, object]], task: str, problem: str) -> dict[str, object]:
     """The user turn that answers a bad reply: a `tool_result` error for each tool call (the
     API requires one per `tool_use`), or plain text when the model did not call the tool."""
     uses = [b for b in blocks if b.get("type") == "tool_use" and isinstance(b.get("id"), str)]
@@ -316,10 +317,12 @@ def _reask(blocks: list[Mapping[str, Any]], task: str, problem: str) -> dict[str
     }
 
 
-def _translate(system: str, messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+def _translate(
+    system: str, messages: Sequence[Mapping[str, object]]
+) -> tuple[str, list[dict[str, object]]]:
     """mnemo's OpenAI-shaped messages as (system, Messages API messages)."""
     systems = [system] if system else []
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for message in messages:
         role = message.get("role")
         content = message.get("content")
@@ -334,17 +337,18 @@ def _translate(system: str, messages: list[dict[str, Any]]) -> tuple[str, list[d
                              "content": result}],
             })
         elif role == "assistant" and message.get("tool_calls"):
-            blocks: list[dict[str, Any]] = []
+            blocks: list[dict[str, object]] = []
             if isinstance(content, str) and content:
                 blocks.append({"type": "text", "text": content})
-            blocks += [_tool_use(call) for call in message["tool_calls"]]
+            calls = message["tool_calls"]
+            blocks += [_tool_use(call) for call in (calls if isinstance(calls, list) else [])]
             out.append({"role": "assistant", "content": blocks})
         else:
             out.append({"role": role, "content": content if content is not None else ""})
     return "\n\n".join(systems), out
 
 
-def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
+def _tool_use(call: Mapping[str, object]) -> dict[str, object]:
     """An OpenAI-shaped tool call ({"id", "function": {"name", "arguments"}}) or a ToolCall-like
     dict ({"id", "name", "arguments"}) as a `tool_use` block."""
     function = call.get("function")
@@ -359,15 +363,15 @@ def _tool_use(call: Mapping[str, Any]) -> dict[str, Any]:
             "input": arguments}
 
 
-def _tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+def _tool(tool: Mapping[str, object]) -> dict[str, object]:
     name, description, parameters = tool_spec(tool)
-    out: dict[str, Any] = {"name": name, "input_schema": parameters}
+    out: dict[str, object] = {"name": name, "input_schema": parameters}
     if description:
         out["description"] = description
     return out
 
 
-def _blocks(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _blocks(reply: Mapping[str, object]) -> list[Mapping[str, object]]:
     """The reply's content blocks (`_send` retried a reply without a content list)."""
     content = reply.get("content")
     if not isinstance(content, list):
@@ -375,30 +379,30 @@ def _blocks(reply: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [block for block in content if isinstance(block, Mapping)]
 
 
-def _no_content(reply: Mapping[str, Any]) -> str | None:
+def _no_content(reply: Mapping[str, object]) -> str | None:
     """Why a Messages API reply is garbage (no content list), or None."""
     if isinstance(reply.get("content"), list):
         return None
     return f"the Messages API reply holds no content list: {str(reply)[:300]}"
 
 
-def _text(blocks: list[Mapping[str, Any]]) -> str:
+def _text(blocks: list[Mapping[str, object]]) -> str:
     return "".join(
-        block["text"] for block in blocks
+        str(block["text"]) for block in blocks
         if block.get("type") == "text" and isinstance(block.get("text"), str)
     )
 
 
-def _cut_short(problem: str, stop_reason: Any, cap: int) -> str:
+def _cut_short(problem: str, stop_reason: object, cap: int) -> str:
     return cut_note(problem, cap) if stop_reason == "max_tokens" else problem
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
+def _tokens_used(reply: Mapping[str, object]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
         return None, None
     return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -22,7 +22,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import httpx
@@ -155,12 +155,12 @@ class OpenAIEmbedder:
         """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
-    def server_profile(self) -> dict[str, Any]:
+    def server_profile(self) -> dict[str, object]:
         """What this embedder learned of its server: the vectors' encoding it accepts and the
         concurrency limit."""
         return {"encoding": self._encoding, "concurrency": limit_profile(self._http.limit)}
 
-    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier embedder learned of this server (`server_profile`)."""
         if profile.get("encoding") == "float":
             self._encoding = "float"
@@ -233,7 +233,7 @@ class OpenAIEmbedder:
                 self.total_usage += counted
         return np.stack(rows).astype(np.float32, copy=False)
 
-    async def _post(self, texts: list[str]) -> dict[str, Any]:
+    async def _post(self, texts: list[str]) -> dict[str, object]:
         """POSTs one batch; a refusal of base64 switches to floats for good and asks again,
         within the batch's one retry budget."""
         budget = Budget(self.retry_policy)
@@ -261,7 +261,7 @@ class OpenAIEmbedder:
                     raise
                 budget.next_call("retry")
 
-    def _rows(self, reply: Mapping[str, Any], count: int) -> list[npt.NDArray[np.float32]]:
+    def _rows(self, reply: Mapping[str, object], count: int) -> list[npt.NDArray[np.float32]]:
         """The reply's vectors ordered by `index`, checked to be one per text."""
         data = reply.get("data")
         if not isinstance(data, list):
@@ -284,7 +284,7 @@ class OpenAIEmbedder:
             )
         return [indexed[i] for i in range(count)]
 
-    def _vector(self, position: int, raw: list[Any] | str) -> npt.NDArray[np.float32]:
+    def _vector(self, position: int, raw: list[object] | str) -> npt.NDArray[np.float32]:
         """One embedding as a float32 row: JSON numbers, or base64 of little-endian float32."""
         if isinstance(raw, str):
             try:
@@ -307,10 +307,10 @@ class OpenAIEmbedder:
             raise EmbeddingError(f"{self._http.name} returned non-numeric vectors")
         return row
 
-    def _per_token(self, position: int, raw: list[Any]) -> EmbeddingError:
+    def _per_token(self, position: int, raw: list[object]) -> EmbeddingError:
         """The error for a text embedded as a list of vectors, one per token (llama.cpp's
         servers with a model that does not pool, e.g. a chat model)."""
-        sizes = sorted({len(item) for item in raw})
+        sizes = sorted({len(item) for item in raw if isinstance(item, list)})
         size = str(sizes[0]) if len(sizes) == 1 else "/".join(map(str, sizes[:3]))
         return EmbeddingError(
             f"{self._http.name} returned {len(raw)} vectors of dimension {size} for "
@@ -325,7 +325,7 @@ POOLING_FIX = (
 )
 
 
-def _no_data(reply: Mapping[str, Any]) -> str | None:
+def _no_data(reply: Mapping[str, object]) -> str | None:
     """Why a 2xx reply is garbage the transport retries (no data list), or None."""
     if isinstance(reply.get("data"), list):
         return None
@@ -337,7 +337,7 @@ def _refuses_base64(failure: HTTPFailure) -> bool:
     return failure.names_any(_COMPLAINT_WORDS)
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
+def _tokens_used(reply: Mapping[str, object]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
         return None, None

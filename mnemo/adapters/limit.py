@@ -39,7 +39,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 import anyio
 
@@ -273,7 +272,7 @@ class Limit:
                 + PROMPT_WEIGHT * (ticket.input_tokens or 0))
 
 
-def limit_profile(limit: Limit) -> dict[str, Any]:
+def limit_profile(limit: Limit) -> dict[str, object]:
     """A limit's state as JSON, for a server profile (`adopt_limit` reads it back)."""
     state = limit.state()
     return {"limit": state.limit, "slow_start": state.slow_start}

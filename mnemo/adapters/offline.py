@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -170,7 +169,9 @@ def _request_chars(request: LLMRequest) -> int:
     )
 
 
-def _answer(handler: Callable[[dict[str, Any]], LLMResponse], request: LLMRequest) -> LLMResponse:
+def _answer(
+    handler: Callable[[dict[str, object]], LLMResponse], request: LLMRequest
+) -> LLMResponse:
     return handler(task_inputs(request))
 
 
@@ -211,9 +212,9 @@ def _confidence(sentence: str) -> float:
     return round(min(0.9, score), 2)
 
 
-def _semantic(inputs: dict[str, Any]) -> LLMResponse:
+def _semantic(inputs: dict[str, object]) -> LLMResponse:
     topic = _text.key_phrase(_str(inputs, "subgoal")) or _text.key_phrase(_str(inputs, "goal"))
-    facts: list[dict[str, Any]] = []
+    facts: list[dict[str, object]] = []
     seen: set[str] = set()
     for position, step in enumerate(_dicts(inputs, "steps")):
         index = _int(step, "index", position)
@@ -240,7 +241,7 @@ def _semantic(inputs: dict[str, Any]) -> LLMResponse:
         # character observation made 119,000 links and blocked the commit. Keep the most
         # informative, in their order.
         ranked = sorted(
-            range(len(facts)), key=lambda i: (-_sentence_score(facts[i]["proposition"]), i)
+            range(len(facts)), key=lambda i: (-_sentence_score(str(facts[i]["proposition"])), i)
         )
         facts = [facts[i] for i in sorted(ranked[:MAX_FACTS])]
     return LLMResponse(data={"facts": facts}, usage=_NO_USAGE)
@@ -277,11 +278,11 @@ def _is_action(action: str) -> bool:
     return first.islower() and first not in _NOT_AN_ACTION and not _text.is_stopword(first)
 
 
-def _procedural(inputs: dict[str, Any]) -> LLMResponse:
+def _procedural(inputs: dict[str, object]) -> LLMResponse:
     subgoal = _str(inputs, "subgoal")
     steps = _dicts(inputs, "steps")
-    instructions: list[dict[str, Any]] = []
-    by_text: dict[str, dict[str, Any]] = {}
+    instructions: list[dict[str, object]] = []
+    by_text: dict[str, dict[str, object]] = {}
     for position, step in enumerate(steps):
         action = _field(step, "action")
         if not _is_action(action):
@@ -289,11 +290,13 @@ def _procedural(inputs: dict[str, Any]) -> LLMResponse:
         index = _int(step, "index", position)
         key = " ".join(action.lower().split())
         if key in by_text:
-            by_text[key]["steps"].append(index)
+            seen = by_text[key]["steps"]
+            if isinstance(seen, list):
+                seen.append(index)
             continue
         situation = _text.key_phrase(_field(step, "observation"), max_words=5)
         later = _field(steps[position + 1], "observation") if position + 1 < len(steps) else ""
-        item: dict[str, Any] = {
+        item: dict[str, object] = {
             "intent": subgoal or _text.key_phrase(action) or action,
             "condition": f"When {situation or subgoal or 'working on the task'}",
             "instruction": action,
@@ -302,7 +305,7 @@ def _procedural(inputs: dict[str, Any]) -> LLMResponse:
         }
         by_text[key] = item
         instructions.append(item)
-    data: dict[str, Any] = {"instructions": instructions}
+    data: dict[str, object] = {"instructions": instructions}
     if inputs.get("score_last_step") is True and steps:
         data["last_reward"] = outcome_reward(_field(steps[-1], "observation"))
     return LLMResponse(data=data, usage=_NO_USAGE)
@@ -311,7 +314,7 @@ def _procedural(inputs: dict[str, Any]) -> LLMResponse:
 # ---- return -------------------------------------------------------------------------------
 
 
-def _return(inputs: dict[str, Any]) -> LLMResponse:
+def _return(inputs: dict[str, object]) -> LLMResponse:
     steps = _dicts(inputs, "steps")
     scores: list[dict[str, int]] = []
     for position, item in enumerate(_dicts(inputs, "instructions")):
@@ -322,7 +325,7 @@ def _return(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"scores": scores}, usage=_NO_USAGE)
 
 
-def _matched_reward(instruction: str, steps: list[dict[str, Any]]) -> float | None:
+def _matched_reward(instruction: str, steps: list[dict[str, object]]) -> float | None:
     """The mean reward of the steps whose action is the instruction (or, failing that, of the
     step whose action shares the most words with it, if at least half)."""
     wanted = " ".join(instruction.lower().split())
@@ -351,14 +354,14 @@ def _matched_reward(instruction: str, steps: list[dict[str, Any]]) -> float | No
 # ---- merge_intent -------------------------------------------------------------------------
 
 
-def _merge_intent(inputs: dict[str, Any]) -> LLMResponse:
+def _merge_intent(inputs: dict[str, object]) -> LLMResponse:
     # The surviving INTENT node keeps its text: rewording it on every merge would drift the
     # node's embedding and make the identity/merge thresholds unstable.
     intent = _str(inputs, "existing") or _str(inputs, "new")
     return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
 
 
-def _merge_intents(inputs: dict[str, Any]) -> LLMResponse:
+def _merge_intents(inputs: dict[str, object]) -> LLMResponse:
     intents = [
         {"index": pair.get("index", i),
          "intent": _str(pair, "existing") or _str(pair, "new")}
@@ -367,7 +370,7 @@ def _merge_intents(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"intents": intents}, usage=_NO_USAGE)
 
 
-def _contradiction_task(inputs: dict[str, Any]) -> LLMResponse:
+def _contradiction_task(inputs: dict[str, object]) -> LLMResponse:
     contradicted = [
         pair.get("index", i) for i, pair in enumerate(_pairs(inputs))
         if _contradiction.contradicts(_str(pair, "existing"), _str(pair, "new"))
@@ -375,12 +378,12 @@ def _contradiction_task(inputs: dict[str, Any]) -> LLMResponse:
     return LLMResponse(data={"contradicted": contradicted}, usage=_NO_USAGE)
 
 
-def _pairs(inputs: dict[str, Any]) -> list[dict[str, Any]]:
+def _pairs(inputs: dict[str, object]) -> list[dict[str, object]]:
     pairs = inputs.get("pairs")
     return [p for p in pairs if isinstance(p, dict)] if isinstance(pairs, list) else []
 
 
-_HANDLERS: dict[str, Callable[[dict[str, Any]], LLMResponse]] = {
+_HANDLERS: dict[str, Callable[[dict[str, object]], LLMResponse]] = {
     "state": _state,
     "subgoal": _subgoal,
     "reward": _reward_task,

@@ -37,7 +37,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Literal, cast, get_args
 
 import anyio
 import httpx
@@ -182,15 +182,15 @@ class OpenAICompatible:
         """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
-    def server_profile(self) -> dict[str, Any]:
+    def server_profile(self) -> dict[str, object]:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
         the structured mode "auto" settled on, and the concurrency limit."""
-        profile: dict[str, Any] = {"concurrency": limit_profile(self._http.limit)}
+        profile: dict[str, object] = {"concurrency": limit_profile(self._http.limit)}
         if self._auto and self._confirmed:
             profile["structured"] = self._mode
         return profile
 
-    def adopt_server_profile(self, profile: Mapping[str, Any]) -> None:
+    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`); a
         mode or concurrency given explicitly stays. Unreadable parts are ignored."""
         mode = profile.get("structured")
@@ -225,12 +225,12 @@ class OpenAICompatible:
     # ---- structured replies ----------------------------------------------------------------
 
     async def _structured(
-        self, request: LLMRequest, schema: dict[str, Any], budget: Budget
+        self, request: LLMRequest, schema: dict[str, object], budget: Budget
     ) -> LLMResponse:
-        messages = list(request.messages)
+        messages = [dict(message) for message in request.messages]
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
-        kept: Any = None  # what the last cut reply held whole
+        kept: object = None  # what the last cut reply held whole
         while True:
             reply, mode = await self._send_structured(request, schema, messages, budget, cap)
             usage = add_usage(usage, self._usage(reply))
@@ -281,11 +281,11 @@ class OpenAICompatible:
     async def _send_structured(
         self,
         request: LLMRequest,
-        schema: dict[str, Any],
-        messages: list[dict[str, Any]],
+        schema: dict[str, object],
+        messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
-    ) -> tuple[dict[str, Any], Mode]:
+    ) -> tuple[dict[str, object], Mode]:
         while True:
             if self._confirmed:
                 reply = await self._try_mode(request, schema, messages, budget, cap)
@@ -302,11 +302,11 @@ class OpenAICompatible:
     async def _try_mode(
         self,
         request: LLMRequest,
-        schema: dict[str, Any],
-        messages: list[dict[str, Any]],
+        schema: dict[str, object],
+        messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
-    ) -> tuple[dict[str, Any], Mode] | None:
+    ) -> tuple[dict[str, object], Mode] | None:
         """One request in the current mode; None when the server refused the mode and the
         next one is to be tried."""
         mode = self._mode
@@ -339,12 +339,12 @@ class OpenAICompatible:
 
     async def _post(
         self,
-        payload: dict[str, Any],
+        payload: dict[str, object],
         budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None = None,
         *,
         kind: str,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
         naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
         while True:
@@ -369,7 +369,7 @@ class OpenAICompatible:
                 budget.next_call("retry")
 
     def _check(
-        self, reply: dict[str, Any], mode: Mode, task: str, schema: dict[str, Any], cap: int
+        self, reply: dict[str, object], mode: Mode, task: str, schema: dict[str, object], cap: int
     ) -> Checked:
         message, finish = self._message(reply)
         raw = _structured_text(message, mode, task)
@@ -394,7 +394,7 @@ class OpenAICompatible:
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
         reply = await self._post(
-            self._payload(request, list(request.messages), None, None), budget,
+            self._payload(request, [dict(m) for m in request.messages], None, None), budget,
             kind=request.task,
         )
         message, finish = self._message(reply)
@@ -414,7 +414,7 @@ class OpenAICompatible:
             usage=self._usage(reply),
         )
 
-    def _tool_calls(self, message: Mapping[str, Any]) -> list[ToolCall]:
+    def _tool_calls(self, message: Mapping[str, object]) -> list[ToolCall]:
         calls: list[ToolCall] = []
         for call in _tool_call_items(message):
             function = call.get("function")
@@ -445,13 +445,13 @@ class OpenAICompatible:
     def _payload(
         self,
         request: LLMRequest,
-        messages: list[dict[str, Any]],
+        messages: list[dict[str, object]],
         mode: Mode | None,
-        schema: dict[str, Any] | None,
+        schema: dict[str, object] | None,
         cap: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         system = request.system
-        payload: dict[str, Any] = {"model": self.model}
+        payload: dict[str, object] = {"model": self.model}
         if self._temperature is not None:
             payload["temperature"] = self._temperature
         payload["max_tokens"] = cap or reply_cap(request.max_tokens, self.max_tokens)
@@ -478,14 +478,14 @@ class OpenAICompatible:
         payload["messages"] = head + messages
         return payload
 
-    def _message(self, reply: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None]:
+    def _message(self, reply: Mapping[str, object]) -> tuple[Mapping[str, object], str | None]:
         """The first choice's message and finish reason (`_post` retried a reply without)."""
         choice = _first_choice(reply)
         if choice is None:
             raise LLMError(f"{self._http.name}: {_no_message(reply)}")
         return choice
 
-    def _usage(self, reply: Mapping[str, Any]) -> Usage | None:
+    def _usage(self, reply: Mapping[str, object]) -> Usage | None:
         raw = reply.get("usage")
         if not isinstance(raw, Mapping):
             return None
@@ -501,7 +501,7 @@ class Checked:
     wrong; whether it was cut short (`cut`), and at its max_tokens (`at_cap`) or before."""
 
     raw: str
-    data: Any
+    data: object
     problem: str | None = None
     cut: bool = False
     at_cap: bool = False
@@ -510,7 +510,7 @@ class Checked:
 _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
 
 
-def json_instructions(task: str, schema: Mapping[str, Any]) -> str:
+def json_instructions(task: str, schema: Mapping[str, object]) -> str:
     """The system-prompt addition of "json" mode: an answer shaped as the schema wants, and
     JSON only (the schema follows for a model that reads one; the example comes first, since
     a small model shown only the schema answered with the schema)."""
@@ -523,21 +523,21 @@ def json_instructions(task: str, schema: Mapping[str, Any]) -> str:
     )
 
 
-def _function(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": name, "parameters": parameters}
+def _function(name: str, description: str, parameters: dict[str, object]) -> dict[str, object]:
+    function: dict[str, object] = {"name": name, "parameters": parameters}
     if description:
         function["description"] = description
     return {"type": "function", "function": function}
 
 
-def _tool_call_items(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _tool_call_items(message: Mapping[str, object]) -> list[Mapping[str, object]]:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return []
     return [call for call in calls if isinstance(call, Mapping)]
 
 
-def _structured_text(message: Mapping[str, Any], mode: Mode, task: str) -> str:
+def _structured_text(message: Mapping[str, object], mode: Mode, task: str) -> str:
     """The text holding the reply's JSON: the forced tool call's arguments in "tool" mode
     (falling back to the content when the server answered in prose), else the content."""
     if mode == "tool":
@@ -553,7 +553,7 @@ def _structured_text(message: Mapping[str, Any], mode: Mode, task: str) -> str:
     return content if isinstance(content, str) else ""
 
 
-def _first_choice(reply: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | None] | None:
+def _first_choice(reply: Mapping[str, object]) -> tuple[Mapping[str, object], str | None] | None:
     choices = reply.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
         message = choices[0].get("message")
@@ -563,7 +563,7 @@ def _first_choice(reply: Mapping[str, Any]) -> tuple[Mapping[str, Any], str | No
     return None
 
 
-def _no_message(reply: Mapping[str, Any]) -> str | None:
+def _no_message(reply: Mapping[str, object]) -> str | None:
     """Why a chat completion is garbage (no first choice with a message), or None."""
     if _first_choice(reply) is not None:
         return None
@@ -584,7 +584,7 @@ def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:
     return lambda failure: _refuses(mode, failure)
 
 
-def _was_cut(reply: Mapping[str, Any], finish: str | None, cap: int) -> bool:
+def _was_cut(reply: Mapping[str, object], finish: str | None, cap: int) -> bool:
     """Whether the reply stopped at the token cap: it used every token it was allowed (some
     servers report "stop" there), or, when the server gives no count, its finish reason says
     "length" (with a count below the cap, "length" means the context filled instead)."""
@@ -595,12 +595,12 @@ def _was_cut(reply: Mapping[str, Any], finish: str | None, cap: int) -> bool:
     return finish == "length"
 
 
-def _tokens_used(reply: Mapping[str, Any]) -> Tokens:
+def _tokens_used(reply: Mapping[str, object]) -> Tokens:
     usage = reply.get("usage")
     if not isinstance(usage, Mapping):
         return None, None
     return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None

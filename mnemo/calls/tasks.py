@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -31,8 +31,8 @@ def task_request(
     *,
     system: str,
     instructions: str,
-    inputs: dict[str, Any],
-    schema: dict[str, Any] | None = None,
+    inputs: Mapping[str, object],
+    schema: dict[str, object] | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
     """Builds the request for one task: instructions, then the inputs as JSON."""
@@ -48,7 +48,7 @@ def task_request(
     )
 
 
-def task_inputs(request: LLMRequest) -> dict[str, Any]:
+def task_inputs(request: LLMRequest) -> dict[str, object]:
     """The inputs `task_request` put into the request's last user message ({} when absent)."""
     for message in reversed(request.messages):
         content = message.get("content")
@@ -61,7 +61,7 @@ def task_inputs(request: LLMRequest) -> dict[str, Any]:
     return {}
 
 
-def reply_data(response: LLMResponse) -> Any:
+def reply_data(response: LLMResponse) -> object:
     """A task reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset
     (None when neither holds JSON). Every task parser reads its reply through this."""
     if response.data is not None or not isinstance(response.text, str) or not response.text.strip():
@@ -72,7 +72,7 @@ def reply_data(response: LLMResponse) -> Any:
         return None
 
 
-def preview(value: Any) -> str:
+def preview(value: object) -> str:
     """`repr(value)` cut to 120 characters, for a parser's error message."""
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."

@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 
@@ -54,7 +53,7 @@ class Finding:
     detail: str
     seconds: float
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"check": self.check, "ok": self.ok, "detail": self.detail,
                 "seconds": round(self.seconds, 3)}
 
@@ -77,7 +76,7 @@ class TaskFit:
             return None
         return self.output_tokens < self.max_tokens
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {"task": self.task, "ok": self.ok, "max_tokens": self.max_tokens,
                 "output_tokens": self.output_tokens, "fits": self.fits, "detail": self.detail,
                 "seconds": round(self.seconds, 3)}
@@ -100,7 +99,7 @@ class ServerReport:
         was answered (a reply cut at its cap is a warning, not a failure)."""
         return any(m.ok for m in self.modes) and all(t.ok for t in self.tasks)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "ok": self.ok,
             "structured_modes": [m.as_json() for m in self.modes],

@@ -164,12 +164,11 @@ async def run_session(
     await mem.end_session(session_id)
     # The same session as a conversation thread (what `mnemo ingest` saves too), so that
     # `mnemo search` and the web app's threads have something to show.
-    await mem.conversation().save(thread_id(number), [
-        message
-        for observation, action in script.steps
-        for message in ({"role": "user", "content": observation},
-                        {"role": "assistant", "content": action})
-    ])
+    messages: list[dict[str, object]] = []
+    for observation, action in script.steps:
+        messages += [{"role": "user", "content": observation},
+                     {"role": "assistant", "content": action}]
+    await mem.conversation().save(thread_id(number), messages)
     progress.update(task, description=f"{title} [green](committed)")
     return SessionOutcome(
         goal=script.goal,
@@ -256,7 +255,7 @@ def recall_table(result: RecallResult, query: str) -> Table:
 
 async def run_demo(
     db: Path, data: Path | None = None, *, console: Console | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Replays the conversation into a fresh `db`, prints what was committed and recalled, and
     returns the same as JSON-ready values (sessions, committed counts, recalls, events).
 
@@ -275,7 +274,7 @@ async def run_demo(
         f"[bold]{escape(conversation.repo)}[/] at {escape(str(db))} "
         "(offline LLM, embedded embedder)"
     )
-    recalls: list[dict[str, Any]] = []
+    recalls: list[dict[str, object]] = []
     async with Memory(str(db), llm=None, embedder=None, on_event=tally) as mem:
         await mem.open_repo(conversation.repo)
         outcomes = await run_sessions(mem, conversation, console)

@@ -10,7 +10,6 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 from xml.etree import ElementTree as ET
 
 from mnemo.graph.model import Link, LinkType, Node, NodeType
@@ -46,7 +45,7 @@ async def dump_graph(mem: Memory, repo: str) -> GraphDump:
     return GraphDump(repo, nodes, await mem.links(repo))
 
 
-def to_json(graph: GraphDump) -> dict[str, Any]:
+def to_json(graph: GraphDump) -> dict[str, object]:
     return {
         "repo": graph.repo,
         "counts": graph.counts(),

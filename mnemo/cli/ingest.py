@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from rich.console import Console
 from rich.progress import (
@@ -50,7 +50,7 @@ class Source:
 
     source_id: str
     trajectory: Trajectory
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +70,26 @@ class IngestFile:
     batches: list[Batch]
 
 
+class SourceReport(TypedDict):
+    """What an ingest did with one source."""
+
+    source_id: str
+    created: bool
+    nodes: int
+    steps: int
+    thread_id: str | None
+    messages_saved: int
+
+
 @dataclass(slots=True)
 class IngestReport:
     """What an ingest did, per source."""
 
     repo: str
     shape: str
-    sources: list[dict[str, Any]] = field(default_factory=list)
+    sources: list[SourceReport] = field(default_factory=list)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         return {
             "repo": self.repo,
             "format": self.shape,
@@ -115,7 +126,7 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
     )
 
 
-def _conversation_file(raw: Mapping[str, Any], prefix: str, name: str) -> IngestFile:
+def _conversation_file(raw: Mapping[str, object], prefix: str, name: str) -> IngestFile:
     sessions = raw["sessions"] if "sessions" in raw else [raw]
     if not isinstance(sessions, list) or not sessions:
         raise CliError("'sessions' must be a non-empty list")
@@ -132,7 +143,7 @@ def _conversation_file(raw: Mapping[str, Any], prefix: str, name: str) -> Ingest
         if not isinstance(steps_raw, list) or not steps_raw:
             raise CliError(f"{where}.steps must be a non-empty list")
         steps: list[Step] = []
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, object]] = []
         for index, step in enumerate(steps_raw):
             at = f"{where}.steps[{index}]"
             if not isinstance(step, Mapping):
@@ -147,7 +158,7 @@ def _conversation_file(raw: Mapping[str, Any], prefix: str, name: str) -> Ingest
     return IngestFile("conversation", repo, [Batch(name, sources)])
 
 
-def _locomo_batch(item: Mapping[str, Any], index: int) -> Batch:
+def _locomo_batch(item: Mapping[str, object], index: int) -> Batch:
     where = f"[{index}]"
     sample_id = item.get("sample_id", f"conv-{index}")
     if not isinstance(sample_id, str) or not sample_id.strip():
@@ -169,7 +180,7 @@ def _locomo_batch(item: Mapping[str, Any], index: int) -> Batch:
             raise CliError(f"{where}.conversation.{key} must be a list of turns")
         date = str(talk.get(f"{key}_date_time", ""))
         steps: list[Step] = []
-        messages: list[dict[str, Any]] = []
+        messages: list[dict[str, object]] = []
         for t, turn in enumerate(turns):
             at = f"{where}.conversation.{key}[{t}]"
             if not isinstance(turn, Mapping):
@@ -190,7 +201,7 @@ def _locomo_batch(item: Mapping[str, Any], index: int) -> Batch:
     return Batch(sample_id, sources)
 
 
-def _text(obj: Mapping[str, Any], key: str, where: str, *, blank: bool = False) -> str:
+def _text(obj: Mapping[str, object], key: str, where: str, *, blank: bool = False) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or (not blank and not value.strip()):
         wanted = "a string" if blank else "a non-blank string"

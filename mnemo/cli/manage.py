@@ -10,7 +10,7 @@ that opens the repo (it resumes it), and the command says so.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 import anyio
 import typer
@@ -160,7 +160,7 @@ class Action(StrEnum):
 
 async def _act(
     mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float
-) -> dict[str, Any]:
+) -> dict[str, object]:
     live = await mem.list_sessions()
     sid = resolve_id(sid, [s.id for s in live], "live session")
     info = next(s for s in live if s.id == sid)
@@ -168,7 +168,7 @@ async def _act(
     # Opening the repo resumes a restored session's interrupted extraction.
     await mem.open_repo(info.repo)
     transitions.session_id = sid
-    out: dict[str, Any] = {"session_id": sid, "repo": info.repo, "action": action.value}
+    out: dict[str, object] = {"session_id": sid, "repo": info.repo, "action": action.value}
     if action is Action.END:
         await mem.end_session(sid)
         out["state"] = "ended"
@@ -217,8 +217,9 @@ def _session_command(action: Action) -> None:
                 print_json(out)
                 return
             line = f"{action.value}: session {out['session_id']} is now {out['state']}"
-            if "node_ids" in out:
-                line += f", {len(out['node_ids'])} nodes committed"
+            node_ids = out.get("node_ids")
+            if isinstance(node_ids, list):
+                line += f", {len(node_ids)} nodes committed"
             if "note" in out:
                 line += f" ({out['note']})"
             stdout_console().print(Text(line))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from mnemo.config import Config
 from mnemo.conversation.model import NO_CONTENT
@@ -29,7 +28,7 @@ class MessageDraft:
 
     role: str
     content: str
-    data: dict[str, Any]
+    data: dict[str, object]
     text: str
     tokens: int
 
@@ -53,7 +52,7 @@ def check_thread_name(thread_id: object) -> str:
     return check_name(thread_id, "thread_id")
 
 
-def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
+def check_history(messages: object) -> Sequence[Mapping[str, object]]:
     """The history as a sequence of mappings (the cheap check run on the whole history).
 
     Raises:
@@ -71,7 +70,7 @@ def check_history(messages: object) -> Sequence[Mapping[str, Any]]:
     return messages
 
 
-def draft(message: Mapping[str, Any], index: int, config: Config | None = None) -> MessageDraft:
+def draft(message: Mapping[str, object], index: int, config: Config | None = None) -> MessageDraft:
     """Checks one message against `config`'s bounds (the defaults when None) and prepares its
     row.
 
@@ -133,7 +132,7 @@ def draft(message: Mapping[str, Any], index: int, config: Config | None = None) 
     return MessageDraft(role, content, data, text, count_tokens(text) + MESSAGE_OVERHEAD)
 
 
-def parts_text(parts: list[Any]) -> str:
+def parts_text(parts: list[object]) -> str:
     """The text of a list of content parts: text parts, tool results' text, tool uses."""
     out: list[str] = []
     for part in parts:

@@ -31,7 +31,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from mnemo import deadline
 from mnemo.calls.tasks import ask, reply_data
@@ -392,7 +391,7 @@ class Evictor:
         return await self._store.commit_fold(thread_id, due, text, now)
 
 
-def fold_inputs(snapshots: Sequence[Snapshot]) -> list[dict[str, Any]]:
+def fold_inputs(snapshots: Sequence[Snapshot]) -> list[dict[str, object]]:
     return [{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text} for s in snapshots]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mnemo import deadline
 from mnemo.calls.tasks import ask
@@ -75,7 +75,7 @@ class ConversationManager:
         self.eviction_fraction = eviction_fraction
         self._clock = clock
 
-    def __await__(self) -> Generator[Any, None, ConversationManager]:
+    def __await__(self) -> Generator[object, None, ConversationManager]:
         """`await mem.conversation(...)` gives the manager too: the factory is synchronous,
         but callers used to mnemo's async calls may await it."""
         return self._itself().__await__()
@@ -83,7 +83,9 @@ class ConversationManager:
     async def _itself(self) -> ConversationManager:
         return self
 
-    async def save(self, thread_id: str, messages: Sequence[dict[str, Any]]) -> list[Message]:
+    async def save(
+        self, thread_id: str, messages: Sequence[Mapping[str, object]]
+    ) -> list[Message]:
         """Stores the messages of `messages` (the full history so far) past the stored length,
         each with the next seq; returns them ([] when nothing was new).
 
@@ -122,7 +124,7 @@ class ConversationManager:
         return appended
 
     async def _append_new(
-        self, thread_id: str, history: Sequence[Mapping[str, Any]]
+        self, thread_id: str, history: Sequence[Mapping[str, object]]
     ) -> list[Message]:
         """Appends the messages of `history` past the stored length; returns them.
 
@@ -173,7 +175,7 @@ class ConversationManager:
                 if attempts == MAX_SAVE_ATTEMPTS:
                     raise
 
-    async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, Any]]:
+    async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, object]]:
         """The thread for a model: each compaction as one system message holding its summary
         (marked as untrusted memory), then the retrieval's selection of the uncompacted
         messages, by seq, less any tool result whose call it does not hold (chat APIs refuse
@@ -350,10 +352,12 @@ class ConversationManager:
             )
 
 
-def _summary_inputs(chunk: Sequence[Message], inner: Sequence[Compaction]) -> list[dict[str, Any]]:
+def _summary_inputs(
+    chunk: Sequence[Message], inner: Sequence[Compaction]
+) -> list[dict[str, object]]:
     """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
     whole as a message of role "summary" at its start seq, in seq order."""
-    items: list[tuple[int, dict[str, Any]]] = []
+    items: list[tuple[int, dict[str, object]]] = []
     for message in chunk:
         limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
         text = flat(message.content, limit)

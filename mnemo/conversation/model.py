@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from mnemo.conversation.render import memory_block, render_view
 from mnemo.errors import ConflictError, InvalidInputError
@@ -108,7 +107,7 @@ Compression = Summary | ToolOutputPruner
 # `data["content"]` of a message saved without a content key. No content is a JSON object, so
 # the marker cannot be mistaken for one; a message stored before it has None there instead
 # and loads with `"content": None`, which chat APIs take as no content.
-NO_CONTENT: dict[str, Any] = {"mnemo": "no content key"}
+NO_CONTENT: dict[str, object] = {"mnemo": "no content key"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +126,11 @@ class Message:
     seq: int
     role: str
     content: str
-    data: dict[str, Any]
+    data: dict[str, object]
     recorded_at: datetime
     tokens: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The message as it was saved: `role`, `content` (unless it had none) and the other
         keys."""
         out = {"role": self.role, "content": self.content, **self.data}
@@ -216,7 +215,7 @@ class Compaction:
     summary_text: str
     created_at: datetime
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         if key not in {"thread_id", "start_seq", "end_seq", "summary_text", "created_at"}:
             raise KeyError(key)
         return getattr(self, key)
@@ -309,10 +308,10 @@ class Viewport:
     tokens_past_boundary: int
     pins_left_out: list[str] = field(default_factory=list)
 
-    def to_messages(self) -> list[dict[str, Any]]:
+    def to_messages(self) -> list[dict[str, object]]:
         """The viewport as chat messages: one system message holding the snapshots and pinned
         messages (marked as untrusted memory), when there are any, then the messages."""
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         block = memory_block(self.snapshots, self.pinned)
         if block:
             out.append({"role": "system", "content": block})

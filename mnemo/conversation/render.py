@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mnemo.conversation.model import Compaction, Message, MessageView, Snapshot
@@ -44,7 +44,7 @@ def untrusted(text: str, *, title: str) -> str:
     )
 
 
-def compaction_message(compaction: Compaction) -> dict[str, Any]:
+def compaction_message(compaction: Compaction) -> dict[str, object]:
     """The system message that stands for a compacted range in `load`."""
     return {
         "role": "system",
@@ -183,10 +183,12 @@ def reduced(message: Message) -> Message:
     return replace(message, content=tool_status(message), data=data)
 
 
-def prune_tool_outputs(messages: Iterable[dict[str, Any]], max_chars: int) -> list[dict[str, Any]]:
+def prune_tool_outputs(
+    messages: Iterable[dict[str, object]], max_chars: int
+) -> list[dict[str, object]]:
     """Copies of `messages` with each tool output longer than `max_chars` cut, and a note of
     how many characters were cut. Inputs are not modified."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for message in messages:
         role = message.get("role")
         content = message.get("content")
@@ -206,13 +208,13 @@ def _cut(text: str, max_chars: int) -> str:
     return f"{text[:max_chars]}\n... [{len(text) - max_chars} characters cut]"
 
 
-def _cut_output(output: str | list[Any], max_chars: int) -> str | list[Any]:
+def _cut_output(output: str | list[object], max_chars: int) -> str | list[object]:
     """A tool output cut: a string, or a list whose text parts (and strings) share the
     `max_chars`, in order; its other parts (images, ...) stay."""
     if isinstance(output, str):
         return _cut(output, max_chars)
     left = max_chars
-    cut: list[Any] = []
+    cut: list[object] = []
     for part in output:
         if isinstance(part, str):
             cut.append(_cut(part, left))
@@ -225,7 +227,7 @@ def _cut_output(output: str | list[Any], max_chars: int) -> str | list[Any]:
     return cut
 
 
-def _cut_part(part: Any, max_chars: int) -> Any:
+def _cut_part(part: object, max_chars: int) -> object:
     if not (isinstance(part, dict) and part.get("type") == "tool_result"):
         return part
     inner = part.get("content")

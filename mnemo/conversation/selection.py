@@ -36,8 +36,9 @@ def call_ids(message: Message) -> set[str]:
 def result_ids(message: Message) -> set[str]:
     """The ids of the tool calls a message answers."""
     ids: set[str] = set()
-    if isinstance(message.data.get("tool_call_id"), str):
-        ids.add(message.data["tool_call_id"])
+    answered = message.data.get("tool_call_id")
+    if isinstance(answered, str):
+        ids.add(answered)
     parts = message.data.get("content")
     for part in parts if isinstance(parts, list) else []:
         if isinstance(part, dict) and part.get("type") == "tool_result":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from mnemo.graph.model import Vector
 
@@ -31,7 +30,7 @@ class StepRecord:
     subgoal: str
     subgoal_vec: Vector
     reward: float | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, object] | None = None
     committed_in: str | None = None
 
     @property

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Annotated
 
 from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.reply import Meta, Reply, read_reply, reply_schema
 
 NEUTRAL_REWARD = 0.5
 
@@ -77,21 +78,14 @@ def parse_state(resp: LLMResponse) -> str:
 
 # ---- subgoal ------------------------------------------------------------------------------
 
-SUBGOAL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "reasoning": {
-            "type": "string",
-            "description": "One sentence: does this step continue the previous sub-task?",
-        },
-        "subgoal": {
-            "type": "string",
-            "description": "The sub-task this step serves, as a short imperative phrase.",
-        },
-    },
-    "required": ["reasoning", "subgoal"],
-    "additionalProperties": False,
-}
+class SubgoalReply(Reply, frozen=True, kw_only=True):
+    reasoning: Annotated[str, Meta(
+        description="One sentence: does this step continue the previous sub-task?")] = ""
+    subgoal: Annotated[str, Meta(
+        description="The sub-task this step serves, as a short imperative phrase.")]
+
+
+SUBGOAL_SCHEMA = reply_schema(SubgoalReply)
 SUBGOAL_SYSTEM = (
     "You segment an agent's work into sub-tasks. For each step you name the sub-task "
     "(subgoal) that the step serves."
@@ -140,14 +134,7 @@ def parse_subgoal(resp: LLMResponse) -> str:
     Raises:
         ValueError: when the reply is not an object or its "subgoal" is missing or blank.
     """
-    data = reply_data(resp)
-    if not isinstance(data, dict):
-        raise ValueError(f"subgoal reply must be a JSON object, got {preview(data)}")
-    if "subgoal" not in data:
-        raise ValueError(f"subgoal reply has no 'subgoal' field: {preview(data)}")
-    subgoal = data["subgoal"]
-    if not isinstance(subgoal, str):
-        raise ValueError(f"subgoal must be a string, got {preview(subgoal)}")
+    subgoal = read_reply(reply_data(resp), SubgoalReply, "subgoal").subgoal
     if not subgoal.strip():
         raise ValueError("subgoal is blank")
     return subgoal.strip()
@@ -155,19 +142,14 @@ def parse_subgoal(resp: LLMResponse) -> str:
 
 # ---- reward -------------------------------------------------------------------------------
 
-REWARD_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "reward": {
-            "type": "number",
-            "minimum": 0,
-            "maximum": 1,
-            "description": "How much the step advanced the goal: 0 (not at all) to 1 (fully).",
-        },
-    },
-    "required": ["reward"],
-    "additionalProperties": False,
-}
+class RewardReply(Reply, frozen=True):
+    # Clamped into [0, 1] when read (`parse_reward`, which reads a numeric string too).
+    reward: Annotated[float, Meta(
+        extra_json_schema={"minimum": 0, "maximum": 1},
+        description="How much the step advanced the goal: 0 (not at all) to 1 (fully).")]
+
+
+REWARD_SCHEMA = reply_schema(RewardReply)
 REWARD_SYSTEM = "You judge how much one step of an agent's work advanced its goal."
 REWARD_INSTRUCTIONS = """\
 Score one step of the agent's work: the observation it saw and the action it took.
@@ -237,10 +219,3 @@ def parse_reward(resp: LLMResponse) -> float:
     if math.isnan(value):
         return NEUTRAL_REWARD
     return min(1.0, max(0.0, value))
-
-
-# ---- shared -------------------------------------------------------------------------------
-
-
-
-

@@ -6,18 +6,18 @@ retired, not deleted (`mnemo.graph.contradiction`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from mnemo.calls.tasks import preview, reply_data, task_request
+from mnemo.calls.tasks import reply_data, task_request
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.reply import Reply, read_reply, reply_schema
 
-CONTRADICTION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"contradicted": {"type": "array", "items": {"type": "integer"}}},
-    "required": ["contradicted"],
-    "additionalProperties": False,
-}
+
+class ContradictionReply(Reply, frozen=True):
+    contradicted: list[int]
+
+
+CONTRADICTION_SCHEMA = reply_schema(ContradictionReply)
 CONTRADICTION_SYSTEM = "You keep an agent's memory of facts consistent over time."
 CONTRADICTION_INSTRUCTIONS = """\
 Each pair holds an existing fact and a new fact. A pair contradicts when the new fact says
@@ -59,13 +59,7 @@ def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
     Raises:
         ValueError: when the reply is not {"contradicted": [int, ...]}.
     """
-    data = reply_data(resp)
-    listed = data.get("contradicted") if isinstance(data, dict) else None
-    if not isinstance(listed, list) or not all(
-        isinstance(k, int) and not isinstance(k, bool) for k in listed
-    ):
-        raise ValueError(f"contradiction reply must be {{\"contradicted\": [int, ...]}}, got "
-                         f"{preview(data)}")
+    listed = read_reply(reply_data(resp), ContradictionReply, "contradiction").contradicted
     ended: list[set[int]] = [set() for _ in range(questions)]
     for k in listed:
         if 0 <= k < len(pairs):

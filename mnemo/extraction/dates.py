@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 _MONTHS = {
     name: number
@@ -104,7 +103,7 @@ def named_date(text: str, anchor: datetime | None = None) -> datetime | None:
     return _relative(text, anchor) or absolute
 
 
-def metadata_date(metadata: Mapping[str, Any] | None) -> datetime | None:
+def metadata_date(metadata: Mapping[str, object] | None) -> datetime | None:
     """The time a step's or trajectory's metadata gives (ISO text or a named date)."""
     if not metadata:
         return None

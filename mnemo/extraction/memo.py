@@ -23,7 +23,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from mnemo.calls.slots import book
 from mnemo.calls.tasks import ask
@@ -44,7 +44,7 @@ class KeptResult:
     task: str
     digest: str
     text: str
-    data: Any
+    data: object
     cost: Usage
 
     @property

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
@@ -60,7 +60,7 @@ class Source:
 
     node_id: str
     text: str
-    data: dict[str, Any]
+    data: dict[str, object]
     source_id: str | None = None
 
 
@@ -187,7 +187,8 @@ async def _extract_trajectory(
     steps = trajectory.steps
     key = steps[0].trajectory_id
     subgoal = steps[0].subgoal
-    found: dict[str, Any] = {}
+    found_facts: list[Fact] = []
+    found_instructions: list[Instruction] = []
 
     async def asked(task: str, call: Awaitable[T]) -> T | None:
         trajectory.pending.add(task)
@@ -210,7 +211,7 @@ async def _extract_trajectory(
         )
         facts = await asked("semantic", work.memo.ask(work.llm, key, request, parse_facts))
         if facts is not None:
-            found["facts"] = facts
+            found_facts.extend(facts)
 
     async def procedural() -> None:
         # Only the records' rewards go in, never one scored meanwhile: a retry must build the
@@ -221,7 +222,8 @@ async def _extract_trajectory(
                             work.memo.ask(work.llm, key, request, parse_procedural))
         if reply is None:
             return
-        found["instructions"], reward = reply
+        found_instructions.extend(reply[0])
+        reward = reply[1]
         if scores_last is not None:
             if reward is None:
                 reward = await asked("reward", _score_alone(work, scores_last))
@@ -232,11 +234,11 @@ async def _extract_trajectory(
         async with anyio.create_task_group() as tg:
             tg.start_soon(semantic)
             await procedural()
-    instructions: list[Instruction] = found.get("instructions", [])
+    instructions = found_instructions
     returns = cumulative_returns(instructions, [work.reward(s) for s in steps])
     if len(instructions) > 1:
         returns |= await _scored_returns(work, steps, instructions)
-    return _Extracted(steps, found.get("facts", []), instructions, returns)
+    return _Extracted(steps, found_facts, instructions, returns)
 
 
 async def _score_alone(work: _Round, step: StepRecord) -> float:
@@ -303,7 +305,7 @@ def cumulative_returns(
 
 def _step_dicts(
     steps: list[StepRecord], work: _Round | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """The steps as the procedural and return tasks see them: with `work`, the deferred
     reward scored at close too; without, only the rewards on the step records."""
     return [
@@ -333,7 +335,7 @@ async def _changeset(
     `rewards` are the deferred rewards scored at close (not yet on their step records)."""
     if not extracted:
         return Changeset(id=_new_id("changeset"), repo=repo)
-    pending: list[tuple[str, NodeType, str, dict[str, Any], str | None]] = []
+    pending: list[tuple[str, NodeType, str, dict[str, object], str | None]] = []
     links: list[Link] = []
     # When each fact began to hold: a date it names, resolved against its steps'
     # date (their metadata's, else one their text names), else the session's (the goal's).
@@ -343,7 +345,7 @@ async def _changeset(
         extracted[0].steps[0].metadata if extracted[0].steps else None
     ) or dates.named_date(episode.goal[:MAX_DATED_CHARS])
 
-    def add(kind: NodeType, text: str, data: dict[str, Any], *, node_id: str | None = None,
+    def add(kind: NodeType, text: str, data: dict[str, object], *, node_id: str | None = None,
             key: str | None = None) -> str:
         node_id = node_id or _new_id(kind.value)
         pending.append((node_id, kind, text, data, key))

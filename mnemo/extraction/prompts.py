@@ -1,55 +1,47 @@
 """The extraction tasks: facts, procedures, their returns and intent merges, with parsers.
 
 Each `*_request` builds one `LLMRequest` through `task_request`, so its `inputs` are exactly
-the keyword arguments; each schema sits beside the request that uses it. The parsers are
-strict: a reply that does not match its schema raises `ValueError` naming the first offending
-field (for example "facts[2].proposition must be a non-empty string"); what matches it but says
-nothing (a proposition of punctuation, a concept that is a JSON fragment) is left out. An
-empty `facts` or `instructions` list is a valid answer.
+the keyword arguments; each reply is a `Reply` struct beside the request that uses it, and its
+schema is generated from it (`reply_schema`). The parsers are strict: a reply that does not
+match raises `ValueError` naming the first offending field (for example
+"facts[2].proposition must be a non-empty string"); what matches it but says nothing (a
+proposition of punctuation, a concept that is a JSON fragment) is left out. An empty `facts`
+or `instructions` list is a valid answer.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.reply import UNSET, Meta, Reply, UnsetType, read_reply, reply_schema
 
 DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10
 
-_STEP_INDICES: dict[str, Any] = {
-    "type": "array",
-    "items": {"type": "integer"},
-    "description": "The indices of the steps this came from.",
-}
+StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
+Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
-SEMANTIC_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "facts": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "proposition": {"type": "string"},
-                    "concepts": {"type": "array", "items": {"type": "string"}},
-                    "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-                    "steps": _STEP_INDICES,
-                },
-                "required": ["proposition", "concepts", "confidence"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["facts"],
-    "additionalProperties": False,
-}
+class FactReply(Reply, frozen=True):
+    proposition: str
+    concepts: list[str] | None = None
+    # Clamped into [0, 1] when read: the bounds are the model's guide, not a reason to refuse.
+    confidence: Annotated[float, Meta(extra_json_schema={"minimum": 0, "maximum": 1})] | None = None
+    steps: StepIndices | UnsetType | None = UNSET
+
+
+class SemanticReply(Reply, frozen=True):
+    facts: list[FactReply]
+
+
+SEMANTIC_SCHEMA = reply_schema(SemanticReply)
 SEMANTIC_SYSTEM = (
     "You extract durable facts from an agent's work so they can be remembered and recalled "
     "later, out of context."
@@ -70,7 +62,7 @@ Do not repeat a fact. If nothing is worth remembering, return an empty list.
 Reply with JSON: {"facts": [{"proposition", "concepts", "confidence", "steps"}, ...]}."""
 
 
-def semantic_request(*, goal: str, subgoal: str, steps: list[dict[str, Any]]) -> LLMRequest:
+def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     """The "semantic" task over one trajectory's steps.
 
     `steps` are {"index": int, "observation": str, "action": str}, index 0-based within the
@@ -97,21 +89,19 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    items = _list_field(reply_data(resp), "facts", "semantic")
+    reply = read_reply(reply_data(resp), SemanticReply, "semantic")
     facts: list[Fact] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(reply.facts):
         where = f"facts[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {preview(item)}")
-        proposition = _required_text(item, "proposition", where)
+        proposition = _required_text(item.proposition, f"{where}.proposition")
         if not is_words(proposition):
             continue  # punctuation, or a copied placeholder ("..."): nothing to remember
         facts.append(
             Fact(
                 proposition=proposition,
-                concepts=_concepts(item.get("concepts"), where),
-                confidence=_confidence(item.get("confidence"), where),
-                steps=_steps(item.get("steps"), where),
+                concepts=_concepts(item.concepts),
+                confidence=_confidence(item.confidence),
+                steps=_steps(item.steps),
             )
         )
     return facts
@@ -119,28 +109,19 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
 
 # ---- procedural ---------------------------------------------------------------------------
 
-PROCEDURAL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "instructions": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "intent": {"type": "string"},
-                    "condition": {"type": "string"},
-                    "instruction": {"type": "string"},
-                    "expected_outcome": {"type": "string"},
-                    "steps": _STEP_INDICES,
-                },
-                "required": ["intent", "condition", "instruction", "expected_outcome"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["instructions"],
-    "additionalProperties": False,
-}
+class InstructionReply(Reply, frozen=True, kw_only=True):
+    intent: str
+    condition: str | None = None
+    instruction: str
+    expected_outcome: str | None = None
+    steps: StepIndices | UnsetType | None = UNSET
+
+
+class ProceduralReply(Reply, frozen=True):
+    instructions: list[InstructionReply]
+
+
+PROCEDURAL_SCHEMA = reply_schema(ProceduralReply)
 PROCEDURAL_SYSTEM = (
     "You turn an agent's actions into reusable procedures: when a situation arises, what to "
     "do, and what to expect."
@@ -164,16 +145,14 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 
 # The procedural task of the trajectory that ends an episode also scores its last step, whose
 # reward no next observation gave (`close` scores it).
-PROCEDURAL_SCORING_SCHEMA: dict[str, Any] = {
-    **PROCEDURAL_SCHEMA,
-    "properties": {
-        **PROCEDURAL_SCHEMA["properties"],
-        # A number from 0 to 1 (clamped when read); a string that reads as one is taken
-        # too, and one that does not only has the "reward" task asked after: never a reason
-        # to refuse the procedures.
-        "last_reward": {"type": ["number", "string", "null"]},
-    },
-}
+class ScoringReply(ProceduralReply, frozen=True):
+    # A number from 0 to 1 (clamped when read); a string that reads as one is taken too, and
+    # one that does not only has the "reward" task asked after: never a reason to refuse the
+    # procedures (so `parse_procedural` reads it from the reply as it came).
+    last_reward: float | str | UnsetType | None = UNSET
+
+
+PROCEDURAL_SCORING_SCHEMA = reply_schema(ScoringReply)
 LAST_REWARD_INSTRUCTIONS = """\
 Also score the last step (its reward is null): last_reward, from 0 to 1, how much its action
 moved toward the subgoal, judged from the steps (1: achieved it, 0.5: neutral or unclear, 0:
@@ -182,7 +161,7 @@ Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 
 
 def procedural_request(
-    *, goal: str, subgoal: str, steps: list[dict[str, Any]], score_last: bool = False
+    *, goal: str, subgoal: str, steps: Steps, score_last: bool = False
 ) -> LLMRequest:
     """The "procedural" task over one trajectory's steps; with `score_last`, the reply also
     scores the last step (`last_reward`).
@@ -192,7 +171,7 @@ def procedural_request(
     `parse_procedural`.
     """
     instructions = PROCEDURAL_INSTRUCTIONS
-    inputs: dict[str, Any] = {"goal": goal, "subgoal": subgoal, "steps": steps}
+    inputs: dict[str, object] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True
@@ -225,23 +204,21 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    items = _list_field(reply_data(resp), "instructions", "procedural")
+    reply = read_reply(reply_data(resp), ProceduralReply, "procedural")
     out: list[Instruction] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(reply.instructions):
         where = f"instructions[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {preview(item)}")
-        intent = _required_text(item, "intent", where)
-        instruction = _required_text(item, "instruction", where)
+        intent = _required_text(item.intent, f"{where}.intent")
+        instruction = _required_text(item.instruction, f"{where}.instruction")
         if not (is_words(intent) and is_words(instruction)):
             continue  # punctuation, or a copied placeholder: no procedure
         out.append(
             Instruction(
                 intent=intent,
-                condition=_optional_text(item, "condition", where),
+                condition=(item.condition or "").strip(),
                 instruction=instruction,
-                expected_outcome=_optional_text(item, "expected_outcome", where),
-                steps=_steps(item.get("steps"), where),
+                expected_outcome=(item.expected_outcome or "").strip(),
+                steps=_steps(item.steps),
             )
         )
     return out
@@ -249,25 +226,19 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
 
 # ---- return -------------------------------------------------------------------------------
 
-RETURN_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "scores": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "index": {"type": "integer"},
-                    "return_score": {"type": "integer", "minimum": 1, "maximum": 10},
-                },
-                "required": ["index", "return_score"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["scores"],
-    "additionalProperties": False,
-}
+class ScoreReply(Reply, frozen=True):
+    index: int
+    # Read as a number, then rounded and clamped into 1..10.
+    return_score: Annotated[
+        float, Meta(extra_json_schema={"type": "integer", "minimum": 1, "maximum": 10})
+    ]
+
+
+class ReturnReply(Reply, frozen=True):
+    scores: list[ScoreReply]
+
+
+RETURN_SCHEMA = reply_schema(ReturnReply)
 RETURN_SYSTEM = "You judge how much each procedure an agent followed contributed to its subgoal."
 RETURN_INSTRUCTIONS = """\
 Score each procedure in instructions (by its index) from 1 to 10 for how much following it
@@ -286,8 +257,8 @@ def return_request(
     *,
     goal: str,
     subgoal: str,
-    instructions: list[dict[str, Any]],
-    steps: list[dict[str, Any]],
+    instructions: Steps,
+    steps: Steps,
 ) -> LLMRequest:
     """The "return" task: scores each extracted instruction 1..10.
 
@@ -313,33 +284,24 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
     Raises:
         ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.
     """
-    items = _list_field(reply_data(resp), "scores", "return")
+    reply = read_reply(reply_data(resp), ReturnReply, "return")
     scores: dict[int, int] = {}
-    for i, item in enumerate(items):
-        where = f"scores[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {preview(item)}")
-        index = _integer(item.get("index"))
-        if index is None:
-            raise ValueError(f"{where}.index must be an integer, got {preview(item.get('index'))}")
-        raw = item.get("return_score")
-        score = _number(raw)
-        if score is None or math.isnan(score):
-            raise ValueError(f"{where}.return_score must be a number, got {preview(raw)}")
-        if 0 <= index < count and index not in scores:
-            clamped = min(float(MAX_RETURN), max(float(MIN_RETURN), score))
-            scores[index] = round(clamped)
+    for i, item in enumerate(reply.scores):
+        if math.isnan(item.return_score):
+            raise ValueError(f"scores[{i}].return_score must be a number, got nan")
+        if 0 <= item.index < count and item.index not in scores:
+            clamped = min(float(MAX_RETURN), max(float(MIN_RETURN), item.return_score))
+            scores[item.index] = round(clamped)
     return scores
 
 
 # ---- merge_intent -------------------------------------------------------------------------
 
-MERGE_INTENT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"intent": {"type": "string"}},
-    "required": ["intent"],
-    "additionalProperties": False,
-}
+class MergedReply(Reply, frozen=True):
+    intent: str
+
+
+MERGE_INTENT_SCHEMA = reply_schema(MergedReply)
 MERGE_INTENT_SYSTEM = "You maintain a catalogue of intents: short names for what procedures do."
 MERGE_INTENT_INSTRUCTIONS = """\
 Two intents, existing and new, name nearly the same purpose. Write one intent that covers
@@ -366,30 +328,22 @@ def parse_merged_intent(resp: LLMResponse) -> str:
     Raises:
         ValueError: when the reply is not an object with a non-blank "intent" string.
     """
-    data = reply_data(resp)
-    if not isinstance(data, dict):
-        raise ValueError(f"merge_intent reply must be a JSON object, got {preview(data)}")
-    return _required_text(data, "intent", "merge_intent reply")
+    reply = read_reply(reply_data(resp), MergedReply, "merge_intent")
+    return _required_text(reply.intent, "merge_intent reply.intent")
 
 
 # ---- merge_intents ------------------------------------------------------------------------
 
-MERGE_INTENTS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "intents": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"index": {"type": "integer"}, "intent": {"type": "string"}},
-                "required": ["index", "intent"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["intents"],
-    "additionalProperties": False,
-}
+class PairReply(Reply, frozen=True):
+    index: int
+    intent: str
+
+
+class MergedPairsReply(Reply, frozen=True):
+    intents: list[PairReply]
+
+
+MERGE_INTENTS_SCHEMA = reply_schema(MergedPairsReply)
 MERGE_INTENTS_INSTRUCTIONS = """\
 Each pair holds two intents, existing and new, that name nearly the same purpose. For each
 pair write one intent that covers both: a short verb phrase (at most 8 words). Prefer the
@@ -419,19 +373,12 @@ def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
     Raises:
         ValueError: when the reply is not {"intents": [{"index": int, "intent": str}, ...]}.
     """
-    items = _list_field(reply_data(resp), "intents", "merge_intents")
+    reply = read_reply(reply_data(resp), MergedPairsReply, "merge_intents")
     merged: dict[int, str] = {}
-    for i, item in enumerate(items):
-        where = f"intents[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {preview(item)}")
-        index = _integer(item.get("index"))
-        text = item.get("intent")
-        if index is None or not isinstance(text, str):
-            raise ValueError(f"{where} must be {{\"index\": int, \"intent\": str}}, got "
-                             f"{preview(item)}")
-        if 0 <= index < count and text.strip() and index not in merged:
-            merged[index] = text.strip()
+    for item in reply.intents:
+        text = item.intent.strip()
+        if 0 <= item.index < count and text and item.index not in merged:
+            merged[item.index] = text
     return merged
 
 
@@ -442,43 +389,16 @@ def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
 
 
 
-def _list_field(data: Any, key: str, task: str) -> list[Any]:
-    if not isinstance(data, dict):
-        raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
-    if key not in data:
-        raise ValueError(f"{task} reply has no {key!r} field: {preview(data)}")
-    value = data[key]
-    if not isinstance(value, list):
-        raise ValueError(f"{key} must be a list, got {preview(value)}")
-    return value
-
-
-def _required_text(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{where}.{key} must be a non-empty string, got {preview(value)}")
+def _required_text(value: str, where: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{where} must be a non-empty string, got {preview(value)}")
     return value.strip()
 
 
-def _optional_text(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"{where}.{key} must be a string, got {preview(value)}")
-    return value.strip()
-
-
-def _concepts(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ValueError(f"{where}.concepts must be a list of strings, got {preview(value)}")
+def _concepts(value: list[str] | None) -> tuple[str, ...]:
     out: list[str] = []
     seen: set[str] = set()
-    for j, concept in enumerate(value):
-        if not isinstance(concept, str):
-            raise ValueError(f"{where}.concepts[{j}] must be a string, got {preview(concept)}")
+    for concept in value or ():
         label = concept.strip()
         # Tags are deduplicated by lower-cased label downstream; the first spelling wins here.
         if is_label(label) and label.lower() not in seen:
@@ -503,33 +423,17 @@ def is_label(text: str) -> bool:
             and _NOT_IN_LABELS.search(text) is None)
 
 
-def _confidence(value: Any, where: str) -> float:
-    if value is None:
+def _confidence(value: float | None) -> float:
+    if value is None or math.isnan(value):
         return DEFAULT_CONFIDENCE
-    number = _number(value)
-    if number is None:
-        raise ValueError(f"{where}.confidence must be a number, got {preview(value)}")
-    if math.isnan(number):
-        return DEFAULT_CONFIDENCE
-    return min(1.0, max(0.0, number))
+    return min(1.0, max(0.0, value))
 
 
-def _steps(value: Any, where: str) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise ValueError(f"{where}.steps must be a list of integers, got {preview(value)}")
-    out: list[int] = []
-    for j, raw in enumerate(value):
-        index = _integer(raw)
-        if index is None:
-            raise ValueError(f"{where}.steps[{j}] must be an integer, got {preview(raw)}")
-        if index not in out:
-            out.append(index)
-    return tuple(out)
+def _steps(value: list[int] | UnsetType | None) -> tuple[int, ...] | None:
+    return tuple(dict.fromkeys(value)) if isinstance(value, list) else None
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     """A JSON number (or numeric string) as a float; ±inf for ints too large; else None."""
     if isinstance(value, bool):
         return None
@@ -545,15 +449,4 @@ def _number(value: Any) -> float | None:
             return math.inf if value > 0 else -math.inf
     if isinstance(value, float):
         return value
-    return None
-
-
-def _integer(value: Any) -> int | None:
-    """A JSON integer (or a float with no fractional part) as an int; else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
     return None

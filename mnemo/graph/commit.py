@@ -36,6 +36,7 @@ from mnemo.graph.model import (
     Link,
     LinkType,
     NodeDraft,
+    NodeId,
     NodeType,
     Vector,
     now_utc,
@@ -92,7 +93,7 @@ class CommitTarget(contradiction.FactSearch, Protocol):
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None: ...
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None: ...
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         """Writes the plan and the side writes in one transaction (and updates whatever the
@@ -276,7 +277,7 @@ async def _apply_locked(
         links=remap_links(changeset.links, resolution) + [
             Link(r.successor, r.retired, LinkType.SUPERSEDES) for r in retired
         ],
-        receipt=CommitReceipt(changeset.id, repo, [n.id for n, _, _ in nodes],
+        receipt=CommitReceipt(changeset.id, repo, [NodeId(n.id) for n, _, _ in nodes],
                               list(changeset.missing)),
         created_at=now_utc().isoformat(),
         session_id=next((w.session_id for w in also if isinstance(w, StepsCommitted)), None),

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any
 
 from mnemo.graph.model import Vector
 
@@ -39,13 +38,13 @@ class Heir:
 
 
 def heirs(
-    intents: Iterable[str], procedures: Iterable[tuple[str, Any, str | None]]
+    intents: Iterable[str], procedures: Iterable[tuple[str, object, str | None]]
 ) -> tuple[dict[str, Heir], list[str]]:
     """(intent -> its heir, intents to delete) for `intents` (the ones the forgotten source
     created or re-worded), from `procedures`: (intent id, data, source id) of each procedure
     of another source linked to one of them, oldest first. An intent with no such procedure
     is not named: it is left without links, and goes with the other orphans."""
-    linked: dict[str, list[tuple[Any, str | None]]] = {}
+    linked: dict[str, list[tuple[object, str | None]]] = {}
     for intent_id, data, source_id in procedures:
         linked.setdefault(intent_id, []).append((data, source_id))
     found: dict[str, Heir] = {}
@@ -77,7 +76,7 @@ class Scope:
 
 # (intents the source created or re-worded, (intent, data, source) of other sources'
 # procedures linked to them, oldest first): what `heirs` reads.
-Inherited = tuple[list[str], list[tuple[str, Any, str | None]]]
+Inherited = tuple[list[str], list[tuple[str, object, str | None]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +125,7 @@ async def forget(
 
 
 async def inheritance(
-    intents: list[str], procedures: Iterable[tuple[str, Any, str | None]], embed: Embed
+    intents: list[str], procedures: Iterable[tuple[str, object, str | None]], embed: Embed
 ) -> Plan:
     """The plan of `heirs`, each with the vector of its wording (one call of `embed` for
     all).

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import anyio.to_thread
 import numpy as np
@@ -153,7 +152,7 @@ def _similar_pairs(
 
 def merge_groups(
     pairs: list[tuple[str, str]],
-    rows: Mapping[str, tuple[int, dict[str, Any], int, str | None]],
+    rows: Mapping[str, tuple[int, dict[str, object], int, str | None]],
     sources: Mapping[str, str | None],
 ) -> dict[str, list[str]]:
     """Survivor -> the nodes merged into it. A node joins the best-ranked similar node still
@@ -193,8 +192,8 @@ def merge_groups(
 
 
 def merged_data(
-    survivor: dict[str, Any], member: dict[str, Any], member_id: str
-) -> dict[str, Any]:
+    survivor: dict[str, object], member: dict[str, object], member_id: str
+) -> dict[str, object]:
     data = dict(survivor)
     concepts = [*_strings(survivor.get("concepts")), *_strings(member.get("concepts"))]
     if concepts:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, NewType
+from typing import NewType, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -36,12 +36,15 @@ class LinkType(StrEnum):
     SUPERSEDES = "supersedes"  # a fact - the fact it contradicted (retired)
 
 
-class _StoredNames(dict[str, Any]):
+Member = TypeVar("Member", NodeType, LinkType)
+
+
+class _StoredNames(dict[str, Member]):
     """Stored type names to their members. A name no member has (a row another program or a
     later version wrote) is a `StorageError("corrupt")`, as any unreadable row is, not a
     KeyError from deep inside a read."""
 
-    def __missing__(self, name: str) -> Any:
+    def __missing__(self, name: str) -> NoReturn:
         raise StorageError("corrupt", f"a stored row names an unknown type {name!r}")
 
 
@@ -55,10 +58,10 @@ LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in Li
 class Node:
     """A node of a repo's graph. `text` is its proposition, instruction, label, ..."""
 
-    id: str
+    id: NodeId
     type: NodeType
     text: str
-    data: dict[str, Any]
+    data: dict[str, object]
     created_at: datetime
     # Bi-temporal facts (SEMANTIC and PROCEDURAL nodes): when the fact held in the
     # world, and when mnemo recorded and retired it. None where unknown or still open.
@@ -80,7 +83,7 @@ class NodeDraft:
     id: str
     type: NodeType
     text: str
-    data: dict[str, Any]
+    data: dict[str, object]
     vector: Vector
     key: str | None = None
     source_id: str | None = None
@@ -108,7 +111,7 @@ class Changeset:
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        raw: dict[str, Any] = {
+        raw: dict[str, object] = {
             "id": self.id,
             "repo": self.repo,
             "nodes": [_draft_to_dict(n) for n in self.nodes],
@@ -139,11 +142,11 @@ class CommitReceipt:
 
     changeset_id: str
     repo: str
-    node_ids: list[str]
+    node_ids: list[NodeId]
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        raw: dict[str, Any] = {
+        raw: dict[str, object] = {
             "changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids,
         }
         if self.missing:
@@ -192,7 +195,7 @@ def vector_from_blob(blob: bytes) -> Vector:
     return np.frombuffer(blob, dtype=np.float32)
 
 
-def _draft_to_dict(node: NodeDraft) -> dict[str, Any]:
+def _draft_to_dict(node: NodeDraft) -> dict[str, object]:
     return {
         "id": node.id,
         "type": node.type.value,
@@ -205,16 +208,26 @@ def _draft_to_dict(node: NodeDraft) -> dict[str, Any]:
     }
 
 
-def _draft_from_dict(raw: dict[str, Any]) -> NodeDraft:
+def _draft_from_dict(raw: dict[str, object]) -> NodeDraft:
     return NodeDraft(
-        id=raw["id"],
-        type=NodeType(raw["type"]),
-        text=raw["text"],
-        data=raw["data"],
-        vector=vector_from_blob(base64.b64decode(raw["vector"])),
-        key=raw["key"],
-        source_id=raw["source_id"],
+        id=str(raw["id"]),
+        type=NODE_TYPES[str(raw["type"])],
+        text=str(raw["text"]),
+        data=_object(raw["data"]),
+        vector=vector_from_blob(base64.b64decode(str(raw["vector"]))),
+        key=_optional_text(raw["key"]),
+        source_id=_optional_text(raw["source_id"]),
         valid_from=(
-            datetime.fromisoformat(raw["valid_from"]) if raw.get("valid_from") else None
+            datetime.fromisoformat(str(raw["valid_from"])) if raw.get("valid_from") else None
         ),
     )
+
+
+def _object(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise StorageError("corrupt", f"a stored node's data is a {type(value).__name__}")
+    return value
+
+
+def _optional_text(value: object) -> str | None:
+    return None if value is None else str(value)

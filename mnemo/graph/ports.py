@@ -20,7 +20,16 @@ from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
 from mnemo.graph.dedup import IntentMerges
 from mnemo.graph.erasure import Embed
-from mnemo.graph.model import Changeset, CommitReceipt, Link, LinkType, Node, NodeType, Vector
+from mnemo.graph.model import (
+    Changeset,
+    CommitReceipt,
+    Link,
+    LinkType,
+    Node,
+    NodeId,
+    NodeType,
+    Vector,
+)
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitRecord
@@ -221,7 +230,7 @@ class GraphStore(Protocol):
         """
         ...
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
         """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
         ...
 

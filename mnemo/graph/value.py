@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from mnemo.config import Config
 from mnemo.graph.model import NodeType
@@ -36,7 +35,7 @@ def frequency(access_count: int, floor: float) -> float:
     return max(floor, min(1.0, raw))
 
 
-def reward(kind: NodeType, data: Mapping[str, Any]) -> float:
+def reward(kind: NodeType, data: Mapping[str, object]) -> float:
     """What the pipeline learned of the node, in [0.5, 1]: an EPISODIC step's `reward`, a
     PROCEDURAL instruction's `return_score` / 10, a SEMANTIC fact's `confidence` (0.5 when
     missing), softened to 0.5 + r / 2 so a failed step still counts, just less; 1 for the other
@@ -58,7 +57,7 @@ def reward(kind: NodeType, data: Mapping[str, Any]) -> float:
 
 def node_value(
     kind: NodeType,
-    data: Mapping[str, Any],
+    data: Mapping[str, object],
     *,
     created_at: datetime,
     last_access: datetime | None,

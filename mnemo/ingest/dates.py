@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from datetime import date, timedelta
-from typing import Any
 
 _MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
            "september", "october", "november", "december")
@@ -66,7 +65,7 @@ def _date_of(match: re.Match[str]) -> date | None:
         return None
 
 
-def reference_date(goal: str, metadata: Mapping[str, Any] | None) -> date | None:
+def reference_date(goal: str, metadata: Mapping[str, object] | None) -> date | None:
     """The day a trajectory happened: its metadata's "date" when that parses, else the first
     date written in its goal ("Conversation session 3 on 1:56 pm on 8 May, 2023")."""
     given = (metadata or {}).get("date")
@@ -158,7 +157,7 @@ def _month(year: int, month: int) -> str:
 Resolver = Callable[[str], str]
 
 
-def resolver(goal: str, metadata: Mapping[str, Any] | None) -> Resolver | None:
+def resolver(goal: str, metadata: Mapping[str, object] | None) -> Resolver | None:
     """What resolves the relative dates of a trajectory's steps; None without a known day."""
     on = reference_date(goal, metadata)
     return None if on is None else (lambda text: resolve_dates(text, on))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from mnemo.graph.model import NodeId
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,7 +13,7 @@ class Step:
 
     observation: str
     action: str
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,7 @@ class Trajectory:
 
     goal: str
     steps: list[Step] = field(default_factory=list)
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class IngestReceipt:
     (`Config.partial_commits`)."""
 
     source_id: str
-    node_ids: list[str]
+    node_ids: list[NodeId]
     created: bool
     missing: list[str] = field(default_factory=list)
 

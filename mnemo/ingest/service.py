@@ -12,7 +12,6 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 
@@ -83,7 +82,7 @@ def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
         )
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
-    steps: list[dict[str, Any]] = []
+    steps: list[dict[str, object]] = []
     for i, step in enumerate(trajectory.steps):
         check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
         check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)

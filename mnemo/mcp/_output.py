@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.graph.model import Node
@@ -47,15 +46,15 @@ def _share(n: int, cap: int) -> int:
     return max(40, min(cap, MAX_OUTPUT_CHARS // max(n, 1) - _ITEM_OVERHEAD))
 
 
-def _text(text: str, limit: int, key: str = "text") -> dict[str, Any]:
+def _text(text: str, limit: int, key: str = "text") -> dict[str, object]:
     return {key: clip(text, limit), "chars": len(text), "truncated": len(text) > limit}
 
 
-def recall_output(result: RecallResult) -> dict[str, Any]:
+def recall_output(result: RecallResult) -> dict[str, object]:
     """Each memory's score, phase, hop and node (id, type, a snippet of its text); the
     query is not echoed (`recall_in_context` makes it the goal and steps again)."""
     limit = _share(len(result.memories), SNIPPET_CHARS)
-    out = {
+    out: dict[str, object] = {
         "reasoned": None if result.reasoned is None else clip(result.reasoned, SNIPPET_CHARS * 4),
         "memories": [
             {
@@ -70,11 +69,11 @@ def recall_output(result: RecallResult) -> dict[str, Any]:
     return with_degraded(out, result)
 
 
-def node_output(node: Node, offset: int) -> dict[str, Any]:
+def node_output(node: Node, offset: int) -> dict[str, object]:
     """One page of a node's text (`next_offset` reads on) and its data."""
     part = page(node.text, offset)
     data = json.dumps(node.data, sort_keys=True, ensure_ascii=False, default=str)
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "id": node.id,
         "type": label(node.type),
         "created_at": node.created_at.isoformat(),
@@ -91,23 +90,23 @@ def node_output(node: Node, offset: int) -> dict[str, Any]:
     return out
 
 
-def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, Any]]:
+def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, object]]:
     """The hits, each snippet within its share of the budget."""
     limit = _share(len(hits), SNIPPET_CHARS)
     return [{**hit_json(h), "snippet": clip(h.snippet, limit)} for h in hits]
 
 
-def _message(message: Message, limit: int) -> dict[str, Any]:
+def _message(message: Message, limit: int) -> dict[str, object]:
     """The CLI's JSON shape of a message, its content bounded."""
     return {**message_json(message), **_text(message.content, limit, "content")}
 
 
-def _snapshot(snapshot: Snapshot) -> dict[str, Any]:
+def _snapshot(snapshot: Snapshot) -> dict[str, object]:
     """The CLI's JSON shape of a snapshot, its text bounded."""
     return {**snapshot_json(snapshot), **_text(snapshot.text, MESSAGE_CHARS)}
 
 
-def view_output(view: MessageView, offset: int) -> dict[str, Any]:
+def view_output(view: MessageView, offset: int) -> dict[str, object]:
     """The target (a page of its content), the snapshots around it, and as many of the
     messages around it as fit, nearest first; `messages_left_out` counts the rest."""
     part = page(view.target.content, offset)
@@ -118,7 +117,7 @@ def view_output(view: MessageView, offset: int) -> dict[str, Any]:
         "next_offset": part.next_offset,
         "truncated": len(part.text) < part.total,
     }
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "target": target,
         "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
         "snapshots_after": [_snapshot(s) for s in view.snapshots_after],
@@ -137,7 +136,7 @@ def view_output(view: MessageView, offset: int) -> dict[str, Any]:
     return out
 
 
-def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, Any]:
+def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, object]:
     """A memory file with its content within `limit`, and what writing it cost."""
     return {
         "topic": file.topic,
@@ -153,7 +152,7 @@ def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, A
     }
 
 
-def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, Any]]:
+def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, object]]:
     """Recalled memory files, each content within its share of the budget."""
     limit = _share(len(files), PAGE_CHARS)
     return [memory_file_output(f, limit) for f in files]

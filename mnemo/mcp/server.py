@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Annotated, Any
@@ -366,7 +366,7 @@ class MemoryTools:
         return files
 
 
-def _page(items: list[Any], offset: int, key: str) -> dict[str, Any]:
+def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
     """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
     end = offset + PAGE_ITEMS
     return {

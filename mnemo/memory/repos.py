@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 
@@ -57,7 +56,7 @@ class Repos:
         self.usage = UsageBook()
         # The models that learn their servers (`server_profile`), by repo and model object,
         # with the profile last read or written for them.
-        self._profiled: dict[tuple[str, int], tuple[object, dict[str, Any] | None]] = {}
+        self._profiled: dict[tuple[str, int], tuple[object, dict[str, object] | None]] = {}
         # Every adapter this Memory was given, closed with it (each owns an HTTP client).
         self._adapters: dict[int, object] = {}
         self.adopt(llm, embedder)  # the caller's; the defaults need no closing

@@ -4,7 +4,6 @@ discarding its episodes (each also queued, with a callback), and reading what it
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, StepInfo
@@ -57,7 +56,7 @@ class SessionMethods(Parts):
         observation: str,
         action: str,
         *,
-        metadata: dict[str, Any] | None = None,
+        metadata: dict[str, object] | None = None,
     ) -> StepInfo:
         """Annotates and stores one step; returns once it is durable.
 

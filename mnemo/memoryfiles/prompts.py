@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from mnemo import text as _text
 from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.reply import Reply, read_reply, reply_schema
 
 SIGNALS = ("decision", "context", "correction", "preference")
+Signal = Literal["decision", "context", "correction", "preference"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,30 +53,18 @@ class Filed:
 
 # ---- memory_update ------------------------------------------------------------------------
 
-MEMORY_UPDATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "files": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "topic": {"type": "string"},
-                    "description": {"type": "string"},
-                    "signals": {
-                        "type": "array",
-                        "items": {"type": "string", "enum": list(SIGNALS)},
-                    },
-                    "content": {"type": "string"},
-                },
-                "required": ["topic", "description", "signals", "content"],
-                "additionalProperties": False,
-            },
-        },
-    },
-    "required": ["files"],
-    "additionalProperties": False,
-}
+class FileReply(Reply, frozen=True, kw_only=True):
+    topic: str
+    description: str | None = None
+    signals: list[Signal] | None = None
+    content: str
+
+
+class UpdateReply(Reply, frozen=True):
+    files: list[FileReply]
+
+
+MEMORY_UPDATE_SCHEMA = reply_schema(UpdateReply)
 MEMORY_UPDATE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
     "reads before future work. You update them from a conversation, keeping only what will "
@@ -149,26 +139,16 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    data = reply_data(resp)
-    if not isinstance(data, dict):
-        raise ValueError(f"memory_update reply must be a JSON object, got {preview(data)}")
-    items = data.get("files")
-    if not isinstance(items, list):
-        raise ValueError(f"files must be a list, got {preview(items)}")
+    reply = read_reply(reply_data(resp), UpdateReply, "memory_update")
     changes: list[TopicChange] = []
-    for i, item in enumerate(items):
+    for i, item in enumerate(reply.files):
         where = f"files[{i}]"
-        if not isinstance(item, dict):
-            raise ValueError(f"{where} must be an object, got {preview(item)}")
-        content = item.get("content")
-        if not isinstance(content, str):
-            raise ValueError(f"{where}.content must be a string, got {preview(content)}")
         changes.append(
             TopicChange(
-                topic=_topic(item, where),
-                description=_description(item, where),
-                signals=_signals(item.get("signals"), where),
-                content=content,
+                topic=_topic(item.topic, where),
+                description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
+                signals=tuple(dict.fromkeys(item.signals or ())),
+                content=item.content,
             )
         )
     return changes
@@ -176,16 +156,13 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
 
 # ---- memory_persist -----------------------------------------------------------------------
 
-MEMORY_PERSIST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "topic": {"type": "string"},
-        "description": {"type": "string"},
-        "entry": {"type": "string"},
-    },
-    "required": ["topic", "description", "entry"],
-    "additionalProperties": False,
-}
+class PersistReply(Reply, frozen=True, kw_only=True):
+    topic: str
+    description: str | None = None
+    entry: str
+
+
+MEMORY_PERSIST_SCHEMA = reply_schema(PersistReply)
 MEMORY_PERSIST_SYSTEM = (
     "You file statements into an agent's long-term memory: Markdown files, one per topic, "
     "that the agent reads before future work."
@@ -225,17 +202,14 @@ def parse_persist(resp: LLMResponse) -> Filed:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    data = reply_data(resp)
-    if not isinstance(data, dict):
-        raise ValueError(f"memory_persist reply must be a JSON object, got {preview(data)}")
-    entry = data.get("entry")
+    reply = read_reply(reply_data(resp), PersistReply, "memory_persist")
     # An entry of only bullets and punctuation would be dropped as empty when written.
-    if not isinstance(entry, str) or not _format.entry_key(entry):
-        raise ValueError(f"entry must be a non-empty string, got {preview(entry)}")
+    if not _format.entry_key(reply.entry):
+        raise ValueError(f"entry must be a non-empty string, got {preview(reply.entry)}")
     return Filed(
-        topic=_topic(data, "reply"),
-        description=_description(data, "reply"),
-        entry=" ".join(entry.split()),
+        topic=_topic(reply.topic, "reply"),
+        description=one_line(reply.description or "", MAX_DESCRIPTION_CHARS),
+        entry=" ".join(reply.entry.split()),
     )
 
 
@@ -294,15 +268,12 @@ def _same_word(said: str, wrote: str) -> bool:
 # Inputs: {"topic": str, "description": str, "entries": [str] (oldest first, the new ones
 # last), "max_chars": int}. Reply: {"description": str, "content": str} (the whole new body).
 
-MEMORY_CONDENSE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "description": {"type": "string"},
-        "content": {"type": "string"},
-    },
-    "required": ["description", "content"],
-    "additionalProperties": False,
-}
+class CondenseReply(Reply, frozen=True, kw_only=True):
+    description: str | None = None
+    content: str
+
+
+MEMORY_CONDENSE_SCHEMA = reply_schema(CondenseReply)
 MEMORY_CONDENSE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
     "reads before future work. Each file has a size limit."
@@ -352,50 +323,23 @@ def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
         ValueError: a field does not match the schema, the content holds no entry, or it is
             still longer than `max_chars`.
     """
-    data = reply_data(resp)
-    if not isinstance(data, dict):
-        raise ValueError(f"memory_condense reply must be a JSON object, got {preview(data)}")
-    content = data.get("content")
-    if not isinstance(content, str):
-        raise ValueError(f"content must be a string, got {preview(content)}")
+    reply = read_reply(reply_data(resp), CondenseReply, "memory_condense")
+    content = reply.content
     lines = _format.dedupe(_format.entries(content))
     if not lines:
         raise ValueError(f"content must hold at least one entry, got {preview(content)}")
     size = len(_format.body(lines))
     if size > max_chars:
         raise ValueError(f"content has {size} characters, more than max_chars ({max_chars})")
-    return Condensed(description=_description(data, "reply"), lines=lines)
+    description = one_line(reply.description or "", MAX_DESCRIPTION_CHARS)
+    return Condensed(description=description, lines=lines)
 
 
 # ---- shared field readers -----------------------------------------------------------------
 
 
-def _topic(item: dict[str, Any], where: str) -> str:
-    value = item.get("topic")
-    topic = one_line(value, MAX_TOPIC_CHARS) if isinstance(value, str) else ""
+def _topic(value: str, where: str) -> str:
+    topic = one_line(value, MAX_TOPIC_CHARS)
     if not topic:
         raise ValueError(f"{where}.topic must be a non-empty string, got {preview(value)}")
     return topic
-
-
-def _description(item: dict[str, Any], where: str) -> str:
-    value = item.get("description")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ValueError(f"{where}.description must be a string, got {preview(value)}")
-    return one_line(value, MAX_DESCRIPTION_CHARS)
-
-
-def _signals(value: Any, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ValueError(f"{where}.signals must be a list, got {preview(value)}")
-    out: list[str] = []
-    for j, kind in enumerate(value):
-        if kind not in SIGNALS:
-            raise ValueError(f"{where}.signals[{j}] must be one of {SIGNALS}, got {kind!r}")
-        if kind not in out:
-            out.append(kind)
-    return tuple(out)

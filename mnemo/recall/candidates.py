@@ -41,7 +41,7 @@ class ReadContext:
     def steps_of(self, nodes: Sequence[Node]) -> dict[str, str]:
         """The one step each memory stands for: an EPISODIC node itself, a fact or procedure
         made from exactly one step that step."""
-        steps = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
+        steps: dict[str, str] = {n.id: n.id for n in nodes if n.type is N.EPISODIC}
         for node in nodes:
             sources = self.sources.get(node.id, [])
             if node.type in (N.SEMANTIC, N.PROCEDURAL) and len(sources) == 1:

@@ -27,14 +27,13 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
 
 import anyio
 
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
-from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
+from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder
@@ -187,7 +186,7 @@ class Recaller:
         reasoned = (await self._synthesise(query, ranked, degraded) if config.recall_synthesis
                     else None)
         trace.mark("synthesis")
-        touched = [Touched(i, c.phase, c.hop, c.score) for i, c in found.items()]
+        touched = [Touched(NodeId(i), c.phase, c.hop, c.score) for i, c in found.items()]
         touched.sort(key=lambda t: -t.score)
         return RecallResult(ranked, reasoned, query, plan.mode, touched, trace.stages, degraded)
 
@@ -406,11 +405,13 @@ class Recaller:
         """The best `n` of `scored` in MMR order, then the rest; the cost is bounded by `n`.
         Their vectors came with the nodes (`known`); a store that left some out is asked."""
         head = scored[:n]
-        vectors = {node.id: known[node.id] for _, node, _ in head if node.id in known}
+        vectors: dict[str, Vector] = {
+            node.id: known[node.id] for _, node, _ in head if node.id in known
+        }
         missing = [node.id for _, node, _ in head if node.id not in known]
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
-        by_id = {item[1].id: item for item in head}
+        by_id: dict[str, tuple[float, Node, _Candidate]] = {item[1].id: item for item in head}
         order = maximal_marginal_relevance(
             list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
             self.config.recall_mmr_lambda,
@@ -447,7 +448,7 @@ class Recaller:
             return None
 
 
-async def _side_by_side(*calls: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
     """Runs the calls at once; the first failure is raised as itself (a StorageError stays
     one), not as a task group's ExceptionGroup, and cancels the others."""
     with first_error():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from mnemo.graph.model import Node
+from mnemo.graph.model import Node, NodeId
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +21,8 @@ class Recalled:
     # A fact a later one contradicted (at the recall's time) ranks below it and
     # says so: `retired`, and the id of the fact that succeeded it.
     retired: bool = False
-    superseded_by: str | None = None
-    evidence: tuple[str, ...] = ()
+    superseded_by: NodeId | None = None
+    evidence: tuple[NodeId, ...] = ()
 
     @property
     def valid_from(self) -> datetime | None:
@@ -39,7 +39,7 @@ class Recalled:
 class Touched:
     """A node the recall scored on its way, returned or not."""
 
-    node_id: str
+    node_id: NodeId
     phase: str
     hop: int
     score: float

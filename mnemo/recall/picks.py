@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from mnemo.config import Config
-from mnemo.graph.model import Node, NodeType
+from mnemo.graph.model import Node, NodeId, NodeType
 from mnemo.recall.candidates import Candidate
 from mnemo.recall.model import Recalled
 
@@ -66,7 +66,7 @@ class Picks:
                 if node.type is N.EPISODIC:
                     self._returned.add(step)
             self.ranked.append(Recalled(node, score, candidate.phase, candidate.hop,
-                                        evidence=tuple(self.sources.get(node.id, ()))))
+                                        evidence=tuple(map(NodeId, self.sources.get(node.id, ())))))
 
 
 def _min_score(config: Config, kind: NodeType) -> float:

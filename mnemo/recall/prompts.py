@@ -3,34 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Literal
+
+import msgspec
 
 from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.reply import Meta, Reply, read_reply, reply_schema
 
 MODES = ("episodic", "semantic", "procedural", "mixed")
 
-PLAN_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "mode": {"type": "string", "enum": list(MODES)},
-        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
-    },
-    "required": ["mode", "tags"],
-}
 
-SYNTHESIS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"answer": {"type": "string"}},
-    "required": ["answer"],
-}
+class PlanReply(Reply, frozen=True):
+    mode: Literal["episodic", "semantic", "procedural", "mixed"]
+    # At most 8 asked; more are cut when read, never a reason to refuse the plan.
+    tags: Annotated[list[str], Meta(extra_json_schema={"maxItems": 8})] = msgspec.field(
+        default_factory=list)
 
 
-RERANK_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"order": {"type": "array", "items": {"type": "integer"}}},
-    "required": ["order"],
-}
+class SynthesisReply(Reply, frozen=True):
+    answer: str
+
+
+class RerankReply(Reply, frozen=True):
+    # Numbers outside the memories, and anything but integers, are left out when read.
+    order: list[Annotated[object, Meta(extra_json_schema={"type": "integer"})]]
+
+
+PLAN_SCHEMA = reply_schema(PlanReply)
+SYNTHESIS_SCHEMA = reply_schema(SynthesisReply)
+RERANK_SCHEMA = reply_schema(RerankReply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +62,8 @@ def plan_request(*, query: str) -> LLMRequest:
 
 def parse_plan(response: LLMResponse) -> Plan:
     """Raises ValueError when the reply is not a plan."""
-    data = response.data
-    if not isinstance(data, dict) or data.get("mode") not in MODES:
-        raise ValueError(f"a plan needs a mode among {MODES}, got {data!r}")
-    tags = data.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise ValueError("plan.tags must be a list of strings")
-    return Plan(str(data["mode"]), tuple(t.strip().lower() for t in tags if t.strip())[:8])
+    plan = read_reply(response.data, PlanReply, "recall_plan")
+    return Plan(plan.mode, tuple(t.strip().lower() for t in plan.tags if t.strip())[:8])
 
 
 def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
@@ -84,9 +81,12 @@ def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
 
 
 def parse_synthesis(response: LLMResponse) -> str:
-    data = response.data
-    if isinstance(data, dict) and isinstance(data.get("answer"), str) and data["answer"].strip():
-        return str(data["answer"]).strip()
+    try:
+        answer = read_reply(response.data, SynthesisReply, "recall_synthesis").answer.strip()
+    except ValueError:
+        answer = ""
+    if answer:
+        return answer
     if response.text.strip():
         return response.text.strip()
     raise ValueError("a synthesis needs a non-empty answer")
@@ -112,10 +112,7 @@ def parse_rerank(response: LLMResponse, count: int) -> list[int]:
     duplicates and strangers dropped), then the ones it left out in their old order.
 
     Raises ValueError when the reply holds no order."""
-    data = response.data
-    order = data.get("order") if isinstance(data, dict) else None
-    if not isinstance(order, list):
-        raise ValueError(f"a re-ranking needs an 'order' list, got {data!r}")
+    order = read_reply(response.data, RerankReply, "recall_rerank").order
     chosen: list[int] = []
     for number in order:
         if (isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= count

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from mnemo.errors import InvalidInputError
 from mnemo.graph.facts import TEMPORAL
-from mnemo.graph.model import LinkType, Node
+from mnemo.graph.model import LinkType, Node, NodeId
 from mnemo.graph.ports import GraphStore
 from mnemo.recall.model import Recalled
 
@@ -85,13 +85,14 @@ async def in_time(
 
 
 async def _successors(
-    graph: GraphStore, repo: str, retired: list[str], as_of: datetime | None
-) -> dict[str, str]:
+    graph: GraphStore, repo: str, retired: list[NodeId], as_of: datetime | None
+) -> dict[str, NodeId]:
     """The fact that succeeded each retired one: of the facts SUPERSEDES links it to (and
     recorded by `as_of`), the live one that began to hold last."""
     links = await graph.neighbors(repo, retired, LinkType.SUPERSEDES)
-    nodes = {n.id: n for n in await graph.get_nodes(repo, [n.node_id for n in links])}
-    found: dict[str, str] = {}
+    found_nodes = await graph.get_nodes(repo, [n.node_id for n in links])
+    nodes: dict[str, Node] = {n.id: n for n in found_nodes}
+    found: dict[str, NodeId] = {}
     for link in links:
         other = nodes.get(link.node_id)
         if other is None or (as_of is not None and _recorded(other) > as_of):

@@ -7,16 +7,29 @@ library, so that whatever `json.dumps` wrote reads back the same."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import msgspec
+
+from mnemo.errors import StorageError
 
 _DECODER = msgspec.json.Decoder()
 
 
-def loads(text: str | bytes | bytearray | memoryview) -> Any:
+def loads(text: str | bytes | bytearray | memoryview) -> object:
     """The value of a JSON document, as `json.loads` reads it."""
     try:
         return _DECODER.decode(text)
     except msgspec.DecodeError:
         return json.loads(bytes(text) if isinstance(text, memoryview) else text)
+
+
+def loads_object(text: str | bytes | bytearray | memoryview) -> dict[str, object]:
+    """The JSON object `text` holds (a node's data).
+
+    Raises:
+        StorageError: "corrupt", it holds another JSON value.
+    """
+    value = loads(text)
+    if not isinstance(value, dict):
+        raise StorageError("corrupt", f"a stored JSON object is a {type(value).__name__}")
+    return value

@@ -4,14 +4,14 @@ SQL differs, the reading of a row does not)."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from typing import Any
 
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES
 from mnemo.graph.ports import Neighbor, TypedLink
+from mnemo.storage.row import Row
 
 
 def seen_from_asked(
-    rows: Iterable[tuple[Any, Any, Any, Any, Any]], asked: Collection[str]
+    rows: Iterable[Row], asked: Collection[str]
 ) -> list[TypedLink]:
     """Rows of (src, its type, dst, its type, link type) as typed links seen from each end
     that was asked for: a link between two asked nodes is seen from both."""
@@ -26,7 +26,7 @@ def seen_from_asked(
 
 
 def neighbors_seen_from_asked(
-    rows: Iterable[tuple[Any, Any, Any]], asked: Collection[str]
+    rows: Iterable[Row], asked: Collection[str]
 ) -> list[Neighbor]:
     """Rows of (src, dst, link type) as neighbors seen from each end that was asked for: a
     link between two asked nodes is seen from both."""

@@ -74,7 +74,7 @@ async def _texts(
     view: MemoryView, repo: str, diff: CommitDiff, links: list[Link]
 ) -> dict[str, Node]:
     """The nodes at the ends of `links`: those of the diff, the others read one by one."""
-    known = {n.id: n for n in (*diff.nodes, *diff.retired)}
+    known: dict[str, Node] = {n.id: n for n in (*diff.nodes, *diff.retired)}
     for end in dict.fromkeys(end for link in links for end in (link.src, link.dst)):
         if end not in known:
             node = await view.node(repo, end)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -71,7 +70,7 @@ def view_of(request: Request) -> MemoryView:
 
 
 def page(
-    request: Request, name: str, context: Mapping[str, Any], status_code: int = 200
+    request: Request, name: str, context: Mapping[str, object], status_code: int = 200
 ) -> Response:
     """The template `name` rendered with `context` (and whether writes are allowed)."""
     return TEMPLATES.TemplateResponse(

@@ -13,6 +13,7 @@ from mnemo.errors import InvalidInputError, LLMError
 from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
 from mnemo.ports import LLMRequest, ToolCall
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, VirtualClock
+from tests.fakes import js
 
 STEPS = [{"index": 0, "observation": "nginx listens on 8080", "action": "curl localhost:8080"}]
 FACT = {"proposition": "Nginx listens on port 8080.", "concepts": ["nginx"], "confidence": 0.9}
@@ -58,7 +59,7 @@ async def test_structured_request_is_a_forced_tool(server: ProviderServer, llm: 
         "description": "Record your answer. Call this with your complete reply.",
     }]
     assert body["tool_choice"] == {"type": "tool", "name": "semantic"}
-    assert response.data["facts"][0]["steps"] == [0]
+    assert js(response.data)["facts"][0]["steps"] == [0]
 
 
 async def test_usage_and_cost_from_the_price_table(llm: Anthropic, server: ProviderServer) -> None:
@@ -117,7 +118,7 @@ async def test_a_bad_reply_is_reasked_once(server: ProviderServer, llm: Anthropi
 async def test_text_and_tool_calls(server: ProviderServer, llm: Anthropic) -> None:
     """Without a schema: text blocks are the text, tool_use blocks the ToolCalls."""
     server.script(Answer(text="Saving.", tool_calls=(("save_snapshot", {"text": "hi"}),)))
-    tool = {"name": "save_snapshot", "description": "Save.",
+    tool: dict[str, object] = {"name": "save_snapshot", "description": "Save.",
             "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
     response = await llm.generate(
         LLMRequest("evict", "Evict.", [{"role": "user", "content": "go"}], tools=[tool])

@@ -26,6 +26,7 @@ from tests.adapters.provider_server import (
     VirtualClock,
     rate_limited,
 )
+from tests.fakes import js
 
 STEPS = [{"index": 0, "observation": "nginx listens on 8080", "action": "curl localhost:8080"}]
 FACT = {"proposition": "Nginx listens on port 8080.", "concepts": ["nginx"], "confidence": 0.9}
@@ -68,7 +69,7 @@ async def test_structured_request_wire_format(
         "json_schema": {"name": "semantic", "schema": SEMANTIC_SCHEMA, "strict": False},
     }
     assert "tools" not in body
-    assert response.data["facts"][0]["proposition"].startswith("The agent observed")
+    assert js(response.data)["facts"][0]["proposition"].startswith("The agent observed")
 
 
 async def test_usage_and_cost(server: ProviderServer) -> None:
@@ -185,7 +186,7 @@ async def test_auto_falls_back_to_tool_and_remembers(
     """A 400 about response_format switches to a forced tool, for this and later requests."""
     server.script(REJECT_RESPONSE_FORMAT)
     response = await llm.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     assert llm.structured_mode == "tool"
     assert [r.mode for r in server.requests] == ["json_schema", "tool"]
     tool_call = server.requests[1].body
@@ -204,7 +205,7 @@ async def test_auto_falls_back_to_json_mode(server: ProviderServer, llm: OpenAIC
     """A server refusing json_schema and tools gets json_object with the schema in the prompt."""
     server.script(REJECT_RESPONSE_FORMAT, REJECT_TOOLS)
     response = await llm.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     assert llm.structured_mode == "json"
     body = server.requests[-1].body
     assert body["response_format"] == {"type": "json_object"}
@@ -220,7 +221,7 @@ async def test_tool_mode_reask_shows_the_arguments(
     """In tool mode a bad tool call is re-asked with its arguments shown."""
     server.script(REJECT_RESPONSE_FORMAT, Answer(data={"facts": [{"proposition": ""}]}))
     response = await llm.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     reask = server.requests[2].messages
     assert decode_json(reask[-2]["content"]) == {"facts": [{"proposition": ""}]}
     assert reask[-1]["content"].startswith("Your reply did not match the schema: at $.facts[0]")
@@ -252,7 +253,7 @@ async def test_explicit_modes(server: ProviderServer, mode: Any) -> None:
     """structured="tool" and "json" are used from the first request."""
     async with OpenAICompatible("m", base_url=server.openai_url, structured=mode) as adapter:
         response = await adapter.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     assert server.requests[0].mode == mode
 
 
@@ -283,7 +284,7 @@ async def test_tools_pass_through_and_calls_come_back(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
     """request.tools are sent as OpenAI functions; the reply's calls become ToolCalls."""
-    tool = {"name": "save_snapshot", "description": "Save it.",
+    tool: dict[str, object] = {"name": "save_snapshot", "description": "Save it.",
             "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}
     server.script(Answer(tool_calls=(("save_snapshot", {"text": "hello"}),)))
     history: list[dict[str, Any]] = [
@@ -410,7 +411,7 @@ async def test_refusal_with_500_falls_back_without_retrying(
     server.script(LLAMA_CPP_PYTHON_500)
     with caplog.at_level("WARNING", logger="mnemo.adapters"):
         response = await llm.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     assert [r.mode for r in server.requests] == ["json_schema", "tool"]
     assert llm.structured_mode == "tool"
     [line] = [r.getMessage() for r in caplog.records if "refused structured output" in r.message]
@@ -423,7 +424,7 @@ async def test_plain_500_is_still_retried(server: ProviderServer, llm: OpenAICom
     """A 500 that says nothing about the mode is a server failure: retried, mode kept."""
     server.script(Fail(500, "CUDA error: out of memory"))
     response = await llm.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     assert [r.mode for r in server.requests] == ["json_schema", "json_schema"]
     assert llm.structured_mode == "json_schema"
 
@@ -496,7 +497,7 @@ async def test_control_characters_in_json_strings_are_tolerated(
         '"confidence": 0.9}]}'
     server.script(Answer(text=raw))
     response = await llm.generate(semantic())
-    assert response.data["facts"][0]["proposition"] == "Nginx listens\non port\t8080."
+    assert js(response.data)["facts"][0]["proposition"] == "Nginx listens\non port\t8080."
     assert len(server.requests) == 1
 
 
@@ -508,7 +509,7 @@ async def test_reasoning_model_gets_max_completion_tokens(
                             "model. Use 'max_completion_tokens' instead."))
     response = await llm.generate(semantic())
     await llm.generate(semantic())
-    assert response.data["facts"]
+    assert js(response.data)["facts"]
     fields = [
         (r.body.get("max_tokens"), r.body.get("max_completion_tokens")) for r in server.requests
     ]

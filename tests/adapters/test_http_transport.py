@@ -32,6 +32,7 @@ from tests.adapters.provider_server import (
     rate_limited,
     retry_at,
 )
+from tests.fakes import js
 
 PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -69,7 +70,7 @@ async def test_retries_5xx_with_exponential_backoff(
     server.script(Fail(500), Fail(502), Answer(text="hi"))
     async with transport(server.openai_url, clock) as t:
         reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert reply["choices"][0]["message"]["content"] == "hi"
+    assert js(reply)["choices"][0]["message"]["content"] == "hi"
     assert clock.sleeps == [0.1, 0.2]
     assert server.statuses == [500, 502, 200]
 
@@ -208,7 +209,7 @@ async def test_dropped_connection_is_retried(server: ProviderServer, clock: Virt
     server.script(Hangup(), Answer(text="back"))
     async with transport(server.openai_url, clock) as t:
         reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert reply["choices"][0]["message"]["content"] == "back"
+    assert js(reply)["choices"][0]["message"]["content"] == "back"
     assert len(server.requests) == 2
     assert len(clock.sleeps) == 1
 
@@ -245,7 +246,7 @@ async def test_slow_reply_within_timeout_is_fine(
     server.script(Slow(0.05, Answer(text="late but fine")))
     async with transport(server.openai_url, clock, timeout=5.0) as t:
         reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert reply["choices"][0]["message"]["content"] == "late but fine"
+    assert js(reply)["choices"][0]["message"]["content"] == "late but fine"
     assert clock.sleeps == []
 
 
@@ -256,7 +257,7 @@ async def test_body_that_is_not_json_is_retried(
     server.script(Raw(b'{"choices": [{"mess'), Answer(text="whole"))
     async with transport(server.openai_url, clock, max_retries=1) as t:
         reply = await t.post_json("/chat/completions", PAYLOAD)
-        assert reply["choices"][0]["message"]["content"] == "whole"
+        assert js(reply)["choices"][0]["message"]["content"] == "whole"
         server.script(Raw(b"<html>oops</html>", content_type="text/html"), Raw(b"[1, 2]"))
         with pytest.raises(LLMError, match=r"HTTP 200 OK: the body is not a JSON object: \[1, 2\]"):
             await t.post_json("/chat/completions", PAYLOAD)

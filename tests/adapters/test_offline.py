@@ -28,6 +28,7 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.ports import LLM, LLMRequest, Usage
+from tests.fakes import js
 
 GOAL = "Deploy the Flask app behind nginx"
 NGINX = "I need to configure nginx as a reverse proxy for my Flask app."
@@ -170,7 +171,7 @@ async def test_subgoal_reasoning_names_the_rule() -> None:
         recent_steps=[],
     )
     response = await OfflineLLM().generate(request)
-    assert response.data["reasoning"].startswith("topic shift")
+    assert js(response.data)["reasoning"].startswith("topic shift")
 
 
 @pytest.mark.parametrize(
@@ -457,7 +458,7 @@ async def test_any_text_gets_a_parseable_answer(
             next_observation=None,
         )
     )
-    assert reward.data["reward"] in (0.2, 0.5, 0.6, 0.9)
+    assert js(reward.data)["reward"] in (0.2, 0.5, 0.6, 0.9)
     parse_facts(await llm.generate(semantic_request(goal=GOAL, subgoal=previous, steps=steps)))
     instructions = parse_instructions(
         await llm.generate(procedural_request(goal=GOAL, subgoal=previous, steps=steps))

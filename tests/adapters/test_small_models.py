@@ -15,6 +15,7 @@ from mnemo.adapters.openai import OpenAICompatible
 from mnemo.calls.tasks import ask, shorter, task_inputs, task_request
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from tests.adapters.provider_server import Answer, ProviderServer
+from tests.fakes import js
 
 FACT = {"proposition": "Dana lives in Porto.", "concepts": ["dana"], "confidence": 0.9}
 STEPS = [{"index": i, "observation": f"step {i}: " + "the build failed again " * 40,
@@ -124,14 +125,14 @@ def test_shorter_halves_the_inputs_text_and_the_recent_context() -> None:
                                    "recent": ["one", "two", "three", "four"]})
     cut = shorter(request)
     assert cut is not None
-    inputs = task_inputs(cut)
+    inputs = js(task_inputs(cut))
     assert inputs["action"] == "go"
     assert inputs["recent"] == ["three", "four"]
     assert inputs["observation"].startswith("aaa")
     assert inputs["observation"].endswith("zzz")
     assert "MIDDLE" not in inputs["observation"]
     assert len(inputs["observation"]) < 0.6 * len(long)
-    assert cut.messages[0]["content"].startswith("Say it.")
+    assert js(cut.messages[0])["content"].startswith("Say it.")
     assert shorter(task_request("state", system="s", instructions="x",
                                 inputs={"observation": "short"})) is None
 

@@ -25,6 +25,7 @@ import mnemo
 from mnemo.cli import app
 from mnemo.storage.ports import is_postgres
 from tests.backends import BACKENDS
+from tests.fakes import js
 from tests.pg import PgServer
 
 REPO = "ops"
@@ -169,7 +170,7 @@ def test_ingest_reads_a_locomo_file_one_source_per_session(tmp_path: Path) -> No
     async def dia_ids() -> set[str]:
         async with mnemo.Memory(db) as mem:
             nodes = await mem.get_nodes_by_type("talk", [mnemo.NodeType.EPISODIC])
-        return {n.data["metadata"]["dia_id"] for n in nodes}
+        return {js(n.data)["metadata"]["dia_id"] for n in nodes}
 
     assert anyio.run(dia_ids) == {"D1:1", "D1:2", "D2:1"}
 

@@ -36,7 +36,7 @@ def test_history_lists_and_revert_undoes(store: str) -> None:
             receipt = await mem.ingest(REPO, mnemo.Trajectory("Tune postgres", [mnemo.Step(
                 "Postgres runs out of connections.", "Put pgbouncer in front of it.",
             )]), source_id="doc-1")
-            return receipt.node_ids
+            return [str(i) for i in receipt.node_ids]
 
     node_ids = anyio.run(fill)
     (commit,) = ok_json("history", REPO, "--store", store)

@@ -32,7 +32,7 @@ async def test_summary_keeps_a_compaction_it_replaces(
     [request] = [r for r in offline.calls if r.task == "summary"]
     assert MANUAL in str(request.messages), "the replaced record was not summarised"
     loaded = await conv.load("t")
-    summaries = [m["content"] for m in loaded if m["role"] == "system"]
+    summaries = [str(m["content"]) for m in loaded if m["role"] == "system"]
     assert len(summaries) == 1
     assert "password rotates on fridays" in summaries[0]
     assert loaded[1:] == history[11:]

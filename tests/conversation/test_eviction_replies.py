@@ -10,7 +10,7 @@ import pytest
 import mnemo
 from mnemo.calls.tasks import task_inputs
 from tests.conversation._support import ScriptedEviction, prose, snapshot_call, user
-from tests.fakes import FakeEmbedder
+from tests.fakes import FakeEmbedder, js
 
 HISTORY = [user(f"step {i}: deploy the billing service to the staging cluster") for i in range(12)]
 
@@ -35,7 +35,7 @@ async def test_prose_is_asked_again_then_noted(
     assert result.snapshot is not None
     assert (result.snapshot.start_seq, result.snapshot.end_seq) == (0, result.boundary_after - 1)
     assert "search_messages" in result.snapshot.text
-    done = task_inputs(llm.requests[1])["done"]
+    done = js(task_inputs(llm.requests[1]))["done"]
     assert any("called no tool" in line for line in done)
     assert "only through your tools" in llm.requests[0].system
 
@@ -64,4 +64,4 @@ async def test_finishing_without_a_snapshot_is_an_error(
     assert "saved no snapshot" in (result.error or "")
     assert result.snapshot is not None
     assert "search_messages" in result.snapshot.text
-    assert any("save_snapshot first" in line for line in task_inputs(llm.requests[1])["done"])
+    assert any("save_snapshot first" in line for line in js(task_inputs(llm.requests[1]))["done"])

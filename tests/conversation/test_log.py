@@ -22,7 +22,7 @@ from tests.conversation._support import (
     tool_result,
     user,
 )
-from tests.fakes import FakeEmbedder
+from tests.fakes import FakeEmbedder, js
 from tests.strategies import json_values, texts
 
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
@@ -174,7 +174,7 @@ async def test_message_shapes_round_trip(cmem: mnemo.Memory) -> None:
     assert [m.to_dict() for m in raw] == history
     assert raw[0].content == "look at this"
     assert raw[1].content == ""
-    assert raw[1].data["tool_calls"][0]["function"]["name"] == "grep"
+    assert js(raw[1].data)["tool_calls"][0]["function"]["name"] == "grep"
 
 
 def test_message_stored_before_the_no_content_marker() -> None:
@@ -260,8 +260,8 @@ async def test_summary_saves_a_compaction(cmem: mnemo.Memory, offline: OfflineFa
     assert records[0]["summary_text"] == records[0].summary_text
     loaded = await conv.load("t")
     assert loaded[0]["role"] == "system"
-    assert 'trust="untrusted"' in loaded[0]["content"]
-    assert records[0].summary_text in loaded[0]["content"]
+    assert 'trust="untrusted"' in js(loaded[0])["content"]
+    assert records[0].summary_text in js(loaded[0])["content"]
     assert loaded[1:] == history[-2:]
     assert len(await conv.raw("t")) == 12, "raw messages are never touched"
 
@@ -330,7 +330,7 @@ async def test_save_compaction_by_hand(cmem: mnemo.Memory) -> None:
     assert [(c.start_seq, c.end_seq, c.summary_text[:4]) for c in records] == [(0, 3, "they")]
     loaded = await conv.load("t")
     assert len(loaded) == 3
-    assert loaded[0]["content"].count("</memory>") == 1, "a closing tag inside is defused"
+    assert js(loaded[0])["content"].count("</memory>") == 1, "a closing tag inside is defused"
     assert loaded[1:] == history[4:]
 
 
@@ -368,7 +368,7 @@ async def test_tool_output_pruner(cmem: mnemo.Memory) -> None:
     history = [user("run it"), tool_call("c1"), tool_result("c1", "x" * 50), assistant("ok")]
     await conv.save("t", history)
     loaded = await conv.load("t")
-    assert loaded[2]["content"].startswith("x" * 10 + "\n... [40 characters cut]")
+    assert js(loaded[2])["content"].startswith("x" * 10 + "\n... [40 characters cut]")
     assert loaded[3] == history[3]
     assert (await conv.raw("t"))[2].content == "x" * 50
 
@@ -394,7 +394,7 @@ async def test_tool_output_pruner_cuts_text_parts(cmem: mnemo.Memory) -> None:
     assert loaded[2]["content"] == [cut_long]
     cut = [parts[0], image, {"type": "text", "text": "ij\n... [6 characters cut]"}]
     assert loaded[4]["content"] == cut
-    assert loaded[6]["content"][0]["content"] == cut
+    assert js(loaded[6])["content"][0]["content"] == cut
     assert [m.to_dict() for m in await conv.raw("t")] == history
 
 

@@ -12,6 +12,7 @@ from mnemo.conversation.prompts import (
     parse_summary,
     summary_request,
 )
+from tests.fakes import js
 
 MESSAGES: list[dict[str, Any]] = [
     {"seq": 0, "role": "user", "text": "Hi there!"},
@@ -90,7 +91,7 @@ async def test_eviction_pins_instructions_and_corrections() -> None:
     response = await OfflineLLM().generate(request)
     calls = [(c.name, c.arguments) for c in response.tool_calls]
     assert calls[0][0] == "save_snapshot"
-    assert "Fridays" in calls[0][1]["text"]
+    assert "Fridays" in js(calls[0][1])["text"]
     assert ("attach_messages_to_goals", {"message_ids": [10], "goal_ids": ["g2"]}) in calls
     assert ("attach_messages_to_goals", {"message_ids": [15], "goal_ids": ["g1"]}) in calls
     assert not any(c[0] == "attach_messages_to_goals" and c[1]["message_ids"] == [16]

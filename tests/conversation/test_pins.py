@@ -11,6 +11,7 @@ import mnemo
 from mnemo.conversation.ports import ViewportInputs
 from mnemo.conversation.viewport import layout
 from tests.conversation._support import hidden, tagged, user
+from tests.fakes import js
 
 INSTRUCTION = "Always use port 8443 for the nginx proxy. "
 
@@ -51,7 +52,7 @@ async def test_a_pin_past_the_old_memory_share_is_shown_while_there_is_room(
     assert view.pinned[0].content == stored[0].content
     assert view.pins_left_out == []
     assert view.tokens <= 2000
-    assert "port 8443" in view.to_messages()[0]["content"]
+    assert "port 8443" in js(view.to_messages()[0])["content"]
 
 
 async def test_auto_eviction_keeps_room_for_a_large_pin(cmem: mnemo.Memory) -> None:

@@ -11,13 +11,14 @@ from mnemo import tools
 from mnemo.conversation.eviction import EvictionTools
 from tests.conftest import REPO
 from tests.conversation._support import user
+from tests.fakes import js
 
 
 def test_specs_in_both_formats() -> None:
     """Each tool has an OpenAI function spec and an Anthropic spec with the same schema."""
     everything = [*tools.MEMORY_TOOLS, *tools.EVICTION_TOOL_NAMES]
-    openai = tools.openai_tools(everything)
-    anthropic = tools.anthropic_tools(everything)
+    openai = js(tools.openai_tools(everything))
+    anthropic = js(tools.anthropic_tools(everything))
     assert [t["function"]["name"] for t in openai] == everything
     assert [t["name"] for t in anthropic] == everything
     for o, a in zip(openai, anthropic, strict=True):

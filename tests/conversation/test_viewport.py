@@ -11,6 +11,7 @@ import mnemo
 from mnemo.calls.tasks import task_inputs
 from mnemo.conversation.render import render_zone
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
+from tests.fakes import js
 
 
 def even(n: int) -> list[dict[str, Any]]:
@@ -115,7 +116,7 @@ async def test_zone_rendering(cmem: mnemo.Memory, offline: OfflineFake) -> None:
     )
     await cmem.evict("t", token_budget=sum(m.tokens for m in stored), eviction_fraction=0.9)
     request = next(r for r in offline.calls if r.task == "eviction")
-    assert "message 1-4: [2 tools called]" in request.messages[0]["content"]
+    assert "message 1-4: [2 tools called]" in js(request.messages[0])["content"]
     assert request.tools is not None
     assert {t["name"] for t in request.tools} == {
         "save_snapshot", "attach_messages_to_goals", "everything_ok"
@@ -133,7 +134,7 @@ async def test_eviction_writes_a_snapshot_shown_in_the_viewport(cmem: mnemo.Memo
     assert "db2.internal" in result.snapshot.text
     view = await cmem.viewport("t", token_budget=4000)
     assert view.snapshots == [result.snapshot]
-    memory = view.to_messages()[0]
+    memory = js(view.to_messages()[0])
     assert memory["role"] == "system"
     assert "db2.internal" in memory["content"]
     assert 'trust="untrusted"' in memory["content"]
@@ -165,7 +166,7 @@ async def test_pins_released_with_their_last_goal(cmem: mnemo.Memory) -> None:
     assert result.pinned == [pinned_id]
     view = await cmem.viewport("t", token_budget=4000)
     assert [m.id for m in view.pinned] == [pinned_id]
-    assert "port 8443" in view.to_messages()[0]["content"]
+    assert "port 8443" in js(view.to_messages()[0])["content"]
     await cmem.complete_goal(deploy)
     assert [m.id for m in (await cmem.viewport("t", token_budget=4000)).pinned] == [pinned_id]
     await cmem.complete_goal(port)
@@ -274,7 +275,7 @@ async def test_eviction_model_sees_three_zones(cmem: mnemo.Memory, offline: Offl
     stored = await cmem.conversation().save("t", history)
     result = await cmem.evict("t", token_budget=sum(m.tokens for m in stored))
     assert result.end_seq is not None
-    inputs = task_inputs(next(r for r in offline.calls if r.task == "eviction"))
+    inputs = js(task_inputs(next(r for r in offline.calls if r.task == "eviction")))
     zone, middle, recent = (inputs[k].splitlines() for k in ("zone", "middle", "recent"))
     assert zone[0] == (
         f"--- eviction zone: messages 0-{result.end_seq}, leaving the context window now ---"
@@ -294,8 +295,8 @@ async def test_eviction_prompt_is_bounded(cmem: mnemo.Memory, offline: OfflineFa
     await cmem.conversation().save("t", history)
     await cmem.evict("t", token_budget=10**6, eviction_fraction=0.5)
     request = next(r for r in offline.calls if r.task == "eviction")
-    assert len(request.messages[0]["content"]) < 40_000
-    inputs = task_inputs(request)
+    assert len(js(request.messages[0])["content"]) < 40_000
+    inputs = js(task_inputs(request))
     assert "lines left out here; search_messages finds them" in inputs["zone"]
     assert "lines left out here; search_messages finds them" in inputs["middle"]
     last = inputs["recent"].splitlines()[-1]

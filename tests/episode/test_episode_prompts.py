@@ -18,6 +18,7 @@ from mnemo.episode.prompts import (
     subgoal_request,
 )
 from mnemo.ports import LLMResponse
+from tests.fakes import js
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
@@ -54,7 +55,7 @@ def test_subgoal_request_carries_inputs() -> None:
         "previous_subgoal": "p",
         "recent_steps": ["x -> y"],
     }
-    assert "exactly" in request.messages[0]["content"]
+    assert "exactly" in js(request.messages[0])["content"]
 
 
 def test_reward_request_carries_inputs() -> None:

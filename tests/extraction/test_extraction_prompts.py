@@ -27,6 +27,7 @@ from mnemo.extraction.prompts import (
 )
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMResponse
+from tests.fakes import js
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
@@ -76,7 +77,7 @@ def test_return_request_carries_inputs() -> None:
         "instructions": instructions,
         "steps": STEPS,
     }
-    assert "10: it achieved the subgoal" in request.messages[0]["content"]
+    assert "10: it achieved the subgoal" in js(request.messages[0])["content"]
 
 
 def test_merge_intent_request_carries_inputs() -> None:
@@ -216,7 +217,7 @@ def test_parse_returns_clamps_and_ignores_out_of_range() -> None:
     [
         ([], "return reply must be a JSON object"),
         ({"scores": "7"}, "scores must be a list"),
-        ({"scores": [{"index": "0", "return_score": 5}]}, r"scores\[0\]\.index"),
+        ({"scores": [{"index": "first", "return_score": 5}]}, r"scores\[0\]\.index"),
         ({"scores": [{"index": 0}]}, r"scores\[0\]\.return_score must be a number"),
     ],
 )
@@ -242,7 +243,7 @@ def test_contradiction_pairs_map_back_to_their_questions() -> None:
                  Question("the port is 8002", ("the port is 8001",))]
     request, pairs = contradiction_request(questions)
     assert request.task == "contradiction"
-    assert [p["index"] for p in task_inputs(request)["pairs"]] == [0, 1, 2]
+    assert [p["index"] for p in js(task_inputs(request))["pairs"]] == [0, 1, 2]
     reply = LLMResponse(data={"contradicted": [0, 2, 7]})
     assert parse_contradiction(reply, pairs, len(questions)) == [{0}, {0}]
     with pytest.raises(ValueError, match="contradicted"):

@@ -11,7 +11,7 @@ import anyio
 import mnemo
 from mnemo.calls.tasks import task_inputs
 from tests.conftest import REPO
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js
 
 N = mnemo.NodeType
 L = mnemo.LinkType
@@ -108,7 +108,7 @@ async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: Fa
     for step in episodic:
         linked = await mem.get_linked_nodes(REPO, [step.id])
         assert {n.type for n in linked} >= {N.SUBGOAL, N.SOURCE}
-    assert [n.data["reward"] for n in sorted(episodic, key=lambda n: n.data["index"])] == [
+    assert [js(n.data)["reward"] for n in sorted(episodic, key=lambda n: js(n.data)["index"])] == [
         0.7, 0.7, 0.7
     ]
 

@@ -620,7 +620,7 @@ async def test_concurrent_applies_share_tags_exactly(graph: GraphStore, backend:
 
     tags = await graph.get_nodes_by_type(REPO, [NodeType.TAG])
     assert sorted(normalise_label(t.text) for t in tags) == sorted(labels)
-    label_of = {t.id: normalise_label(t.text) for t in tags}
+    label_of: dict[str, str] = {t.id: normalise_label(t.text) for t in tags}
     assert (await counts(backend))["nodes"] == 30 + len(labels)
     for i, (_, chosen) in enumerate(changesets):
         linked = await graph.neighbors(REPO, [f"fact{i}"], MEMBERSHIP)

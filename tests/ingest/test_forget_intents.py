@@ -100,7 +100,7 @@ async def test_an_intent_another_source_uses_takes_its_wording(
     intent, procedures = await intent_and_procedures(mem)
     [procedure] = [p for p in procedures if p.type is N.PROCEDURAL]
     assert await source_of(mem, procedure.id) == kept
-    wording = procedure.data["intent"]
+    wording = str(procedure.data["intent"])
     assert (intent.text, intent.data["intent"]) == (wording, wording)
     assert await source_of(mem, intent.id) == kept
     assert gone_word not in repr((intent.text, intent.data))

@@ -9,7 +9,7 @@ import pytest
 
 import mnemo
 from tests.conftest import REPO
-from tests.fakes import FakeEmbedder, FakeLLM
+from tests.fakes import FakeEmbedder, FakeLLM, js
 
 N = mnemo.NodeType
 
@@ -28,7 +28,7 @@ async def test_ingest_stores_a_trajectory_and_keeps_step_metadata(mem: mnemo.Mem
     assert receipt.created
     assert receipt.source_id == "s1"
     episodic = await mem.get_nodes_by_type(REPO, [N.EPISODIC])
-    assert sorted(n.data["metadata"]["turn"] for n in episodic) == [0, 1]
+    assert sorted(js(n.data)["metadata"]["turn"] for n in episodic) == [0, 1]
     assert {n.id for n in episodic} <= set(receipt.node_ids)
     for node_id in receipt.node_ids:
         assert await mem.get_node(REPO, node_id) is not None

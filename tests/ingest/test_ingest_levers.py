@@ -11,7 +11,7 @@ import mnemo
 from mnemo.extraction.entities import embedding_text, entity_names
 from mnemo.ingest.dates import parse_date, reference_date, resolve_dates
 from tests.conftest import REPO
-from tests.fakes import FakeEmbedder, FakeLLM, RecordingEmbedder
+from tests.fakes import FakeEmbedder, FakeLLM, RecordingEmbedder, js
 
 N = mnemo.NodeType
 MONDAY = date(2023, 5, 8)
@@ -77,7 +77,7 @@ async def test_ingest_resolves_dates_only_when_asked(store: str, on: bool) -> No
         (step,) = await mem.get_nodes_by_type(REPO, [N.EPISODIC])
         resolved = "yesterday (7 May 2023)." in step.text
         assert resolved is on
-        assert ("7 May 2023" in step.data["observation"]) is on
+        assert ("7 May 2023" in js(step.data)["observation"]) is on
         found = await mem.recall(REPO, "7 May 2023", types=[N.EPISODIC])
         assert (step.id in [m.node.id for m in found.memories]) is on
     finally:

@@ -17,6 +17,7 @@ import mnemo
 from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE
+from tests.fakes import js
 from tests.memoryfiles.fakes import USAGE, Clock, RecordingLLM, SlowOffline, snapshot, user, write
 from tests.strategies import texts as stored_texts
 
@@ -149,10 +150,10 @@ async def test_update_request_shows_files(files: mnemo.MemoryFiles, llm: Recordi
     request = llm.calls[0]
     assert request.schema is not None
     assert request.schema["required"] == ["files"]
-    prompt = request.messages[0]["content"]
+    prompt = str(request.messages[0]["content"])
     for kind in ("decision", "context", "correction", "preference"):
         assert f"- {kind}:" in prompt
-    (shown,) = task_inputs(request)["files"]
+    (shown,) = js(task_inputs(request))["files"]
     assert shown["content"] == "- Our staging server is staging2.acme.io.\n"
     assert shown["topic"] == "staging server staging2.acme.io"
 

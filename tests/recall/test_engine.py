@@ -141,7 +141,7 @@ async def test_an_episodic_hit_brings_its_source_at_half_its_score(graph: GraphS
         repo="p",
     )
     result = await run(graph, "gunicorn crashed at boot", repo="p")
-    touched = {t.node_id: t for t in result.touched}
+    touched = {str(t.node_id): t for t in result.touched}
     assert touched["src"].phase == "provenance"
     assert touched["src"].hop == 1
 

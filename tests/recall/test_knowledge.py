@@ -4,7 +4,7 @@ unrelated step above a matching fact, and routes come after every memory."""
 from __future__ import annotations
 
 import mnemo
-from mnemo.graph.model import Link, LinkType, Node, NodeType, now_utc
+from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType, now_utc
 from mnemo.recall.knowledge import matching_first, stand_ins
 from tests.backends import open_stores
 from tests.recall import fact_first
@@ -15,7 +15,7 @@ N = NodeType
 
 
 def node(node_id: str, kind: NodeType) -> Node:
-    return Node(id=node_id, type=kind, text=node_id, data={}, created_at=now_utc())
+    return Node(id=NodeId(node_id), type=kind, text=node_id, data={}, created_at=now_utc())
 
 
 FACT, STEP, OTHER = node("fact", N.SEMANTIC), node("step", N.EPISODIC), node("other", N.EPISODIC)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
-from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, now_utc
+from mnemo.graph.model import Changeset, Node, NodeDraft, NodeId, NodeType, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.context import adjacent_steps
@@ -22,6 +22,7 @@ from mnemo.recall.fusion import maximal_marginal_relevance
 from mnemo.recall.prompts import parse_rerank
 from mnemo.recall.query import query_side
 from tests.backends import open_stores
+from tests.fakes import js
 from tests.graph._support import policy
 from tests.recall.test_engine import EMBEDDER, REPO, check_invariants, graph
 
@@ -200,7 +201,7 @@ class Reranker:
         self.requests.append(request)
         if request.task != "recall_rerank":
             raise mnemo.LLMError(f"unexpected task {request.task}")
-        memories = task_inputs(request)["memories"]
+        memories = js(task_inputs(request))["memories"]
         return LLMResponse(data={"order": list(range(len(memories), 0, -1))})
 
 
@@ -247,7 +248,7 @@ async def test_mmr_and_feedback_recall_within_the_invariants(graph: GraphStore) 
 
 
 def step_node(episode: str, index: object) -> Node:
-    return Node(f"episodic_{episode}:{index}", NodeType.EPISODIC, "t",
+    return Node(NodeId(f"episodic_{episode}:{index}"), NodeType.EPISODIC, "t",
                 {"episode_id": episode, "index": index}, now_utc())
 
 
@@ -257,7 +258,7 @@ def test_adjacent_steps_are_the_neighbours_in_the_episode() -> None:
     assert adjacent_steps(step_node("ep", 3)) == ["episodic_ep:2", "episodic_ep:4"]
     assert adjacent_steps(step_node("ep", 0), width=2) == ["episodic_ep:1", "episodic_ep:2"]
     assert adjacent_steps(step_node("ep", "3")) == []
-    fact = Node("f", NodeType.SEMANTIC, "t", {"episode_id": "ep", "index": 1}, now_utc())
+    fact = Node(NodeId("f"), NodeType.SEMANTIC, "t", {"episode_id": "ep", "index": 1}, now_utc())
     assert adjacent_steps(fact) == []
 
 

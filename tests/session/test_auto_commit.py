@@ -10,12 +10,12 @@ import pytest
 
 import mnemo
 from tests.conftest import REPO
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold, extracted_observations
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold, extracted_observations, js
 
 
 async def episodic_indices(mem: mnemo.Memory) -> list[int]:
     nodes = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
-    return sorted(n.data["index"] for n in nodes)
+    return sorted(js(n.data)["index"] for n in nodes)
 
 
 async def test_boundary_commits_previous_trajectory_while_collecting(
@@ -32,7 +32,7 @@ async def test_boundary_commits_previous_trajectory_while_collecting(
     assert event.session_id == sid
     assert await auto_mem.session_state(sid) is mnemo.State.COLLECTING
     assert await episodic_indices(auto_mem) == [0, 1]
-    for node_id in event.data["node_ids"]:
+    for node_id in js(event.data)["node_ids"]:
         assert await auto_mem.get_node(REPO, node_id) is not None
 
 
@@ -55,7 +55,7 @@ async def test_close_commits_only_the_rest_and_ends_idle(
         ["walk north", "walk east", "open door", "open window"]
     )
     committed = {n.id for n in await auto_mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
-                 if n.data["index"] >= 2}
+                 if js(n.data)["index"] >= 2}
     assert committed <= set(receipt.node_ids)
 
 
@@ -91,7 +91,7 @@ async def test_flush_timeout_commits_an_idle_trajectory(
         # Both steps, in one commit or two: the flush may come between the appends (a pause
         # of 50 ms on a busy machine).
         await events.wait_for(
-            lambda e: e.kind == "trajectory_committed" and 1 in e.data["step_indices"]
+            lambda e: e.kind == "trajectory_committed" and 1 in js(e.data)["step_indices"]
         )
         assert await episodic_indices(mem) == [0, 1]
         assert await mem.session_state(sid) is mnemo.State.COLLECTING

@@ -13,7 +13,7 @@ import pytest
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,12 +49,11 @@ async def test_killed_while_collecting_keeps_every_step(store: str) -> None:
         assert info.index == 3
         receipt = await mem.close_and_commit(sid)
         episodic = await mem.get_nodes_by_type("r", [mnemo.NodeType.EPISODIC])
-        assert sorted(n.data["index"] for n in episodic) == [0, 1, 2, 3]
+        assert sorted(js(n.data)["index"] for n in episodic) == [0, 1, 2, 3]
         assert {n.id for n in episodic} <= set(receipt.node_ids)
         # The deferred rewards the child's appends scored were durable too.
-        assert [n.data["reward"] for n in sorted(episodic, key=lambda n: n.data["index"])] == [
-            0.7, 0.7, 0.7, 0.7
-        ]
+        in_order = sorted(episodic, key=lambda n: js(n.data)["index"])
+        assert [js(n.data)["reward"] for n in in_order] == [0.7, 0.7, 0.7, 0.7]
 
 
 @pytest.mark.slow
@@ -114,11 +113,11 @@ async def test_killed_during_auto_commit_loses_and_repeats_nothing(store: str) -
         await mem.close_and_commit(sid)
         assert await mem.session_state(sid) is mnemo.State.IDLE
         episodic = await mem.get_nodes_by_type("r", [mnemo.NodeType.EPISODIC])
-        assert sorted(n.data["index"] for n in episodic) == [0, 1, 2, 3]
+        assert sorted(js(n.data)["index"] for n in episodic) == [0, 1, 2, 3]
         extracted = [
             step["observation"]
             for request in llm.calls if request.task == "semantic"
-            for step in task_inputs(request)["steps"]
+            for step in js(task_inputs(request))["steps"]
         ]
         assert extracted == ["open door"]
 

@@ -11,7 +11,7 @@ import pytest
 import mnemo
 from mnemo import State
 from tests.conftest import REPO, Enter
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, maybe_await
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, js, maybe_await
 
 Call = Callable[[mnemo.Memory, str], Awaitable[object]]
 
@@ -103,7 +103,7 @@ async def test_ready_commit_goes_idle(mem: mnemo.Memory, events: EventLog, enter
     announced = await events.wait_for(
         lambda e: e.kind == "transition" and e.session_id == sid and "node_ids" in e.data
     )
-    assert sorted(announced.data["node_ids"]) == sorted(receipt.node_ids)
+    assert sorted(js(announced.data)["node_ids"]) == sorted(receipt.node_ids)
 
 
 async def test_ready_discard_goes_idle(mem: mnemo.Memory, enter: Enter) -> None:

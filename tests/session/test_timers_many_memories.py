@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 import mnemo
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, extracted_observations, js
 
 REPO = "r"
 
@@ -85,7 +85,7 @@ async def test_an_idle_trajectory_is_flushed_once_whoever_reads_it(store: str) -
         for events in (b_events, c_events):
             assert not [e for e in events.events if e.kind == "trajectory_committed"]
         nodes = await b.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
-        assert sorted(n.data["index"] for n in nodes) == [0]
+        assert sorted(js(n.data)["index"] for n in nodes) == [0]
 
 
 @pytest.mark.slow

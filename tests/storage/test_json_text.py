@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mnemo.graph.model import Node, NodeType
 from mnemo.storage.json_text import loads
 from mnemo.storage.sqlite.rows import node
+from tests.fakes import js
 
 values = st.recursive(
     st.none() | st.booleans() | st.floats() | st.text()
@@ -54,7 +55,7 @@ def test_a_node_row_is_decoded_whole() -> None:
     assert isinstance(decoded, Node)
     assert decoded.type is NodeType.SEMANTIC
     assert decoded.data["big"] == 2**80
-    assert math.isnan(decoded.data["reward"])
+    assert math.isnan(js(decoded.data)["reward"])
     assert (decoded.valid_from, decoded.recorded_at) == (None, None)
     assert decoded.valid_to is not None
     assert decoded.valid_to.day == 24

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import mnemo
-from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.model import LinkType, Node, NodeId, NodeType
 from mnemo.ui.drawing import MAX_DRAWN, NARROW, RADIUS, ROW, WIDE, Layout, neighbourhood, shape
 from mnemo.ui.source import LinkedNode
 from tests.ui.conftest import REPO
@@ -19,7 +19,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def node(node_id: str, kind: NodeType, text: str, *, retired: bool = False) -> Node:
-    return Node(node_id, kind, text, {}, NOW, retired_at=NOW if retired else None)
+    return Node(NodeId(node_id), kind, text, {}, NOW, retired_at=NOW if retired else None)
 
 
 @pytest.mark.parametrize("layout", [WIDE, NARROW])

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mnemo.storage.row import Column
+
 
 @dataclass(frozen=True, slots=True)
 class Row:
@@ -80,7 +82,7 @@ _BY = "SELECT rowid, id, type, text FROM nodes WHERE repo = ? AND {column} IN ({
 _CHUNK = 500  # values per IN list (SQLite allows 32,766 parameters, PostgreSQL 65,535)
 
 
-def state_of(rows: Sequence[Sequence[Any]]) -> tuple[int, int]:
+def state_of(rows: Sequence[Sequence[Column]]) -> tuple[int, int]:
     """The (seq, horizon) of `STATE`'s rows: (0, 0) for a repo never written."""
     return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
@@ -103,10 +105,10 @@ class LogSource:
 
     placeholder = "?"
 
-    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
+    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         raise NotImplementedError
 
-    def _read(self, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
+    def _read(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         return self._rows(statement.replace("?", self.placeholder), params)
 
     def epoch(self) -> str:

@@ -37,6 +37,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from mnemo.errors import StorageError
 from mnemo.storage.json_text import loads
+from mnemo.storage.row import Row
 
 Connection = psycopg.AsyncConnection[tuple[object, ...]]
 
@@ -338,7 +339,7 @@ class Postgres:
 
     async def fetch_all(
         self, statement: Any, params: Any = None, *, binary: bool = False
-    ) -> list[tuple[Any, ...]]:
+    ) -> list[Row]:
         """The rows of one statement (vectors as float32 arrays with `binary`), run on a
         pooled connection in autocommit.
 

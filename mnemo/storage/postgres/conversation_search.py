@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.ports import Shown
@@ -73,7 +72,7 @@ def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
     return sql, list(words)
 
 
-def _per_word(words: Sequence[str]) -> tuple[str, list[Any]]:
+def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
     """A `w` table of one tsquery per word with its document frequency `df`, the
     collection's size `n` and mean length `avglen` (see the module doc), and its parameters.
     Materialised: inlined, each word's `df` was counted again for every message it matched
@@ -109,11 +108,11 @@ def scoring_query(
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
     shown: Shown | None = None,
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[object]]:
     """The statement ranking the best `limit` candidates (rowid, bm25, recorded_at) for the
     words, and its parameters (see `search`)."""
     conditions = ["m.search @@ w.query"]
-    filters: list[Any] = []
+    filters: list[object] = []
     if thread_id is not None:
         conditions.append("m.thread_id = %s")
         filters.append(thread_id)

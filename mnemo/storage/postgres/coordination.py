@@ -23,6 +23,7 @@ from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, Postgres
+from mnemo.storage.row import Row
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
@@ -174,7 +175,7 @@ class PgCoordination:
                 "SELECT step_id FROM step_claims WHERE step_id = ANY(%s) AND holder = %s",
                 (ids, holder_id),
             )
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            rows: list[Row] = await cur.fetchall()
         return {str(step_id) for step_id, in rows}
 
     async def release_steps(
@@ -205,7 +206,7 @@ class PgCoordination:
                 " RETURNING id, session_id, kind, args, accepted_by, created_at",
                 (holder_id, session_id),
             )
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            rows: list[Row] = await cur.fetchall()
         ops = [StoredOp(str(i), str(s), str(k), list(a), str(by), at)
                for i, s, k, a, by, at in rows]
         return sorted(ops, key=lambda op: (op.created_at, op.id))
@@ -245,7 +246,7 @@ class PgCoordination:
                 f"DELETE FROM ops WHERE id = ANY(%s) AND {_LEFT} RETURNING id",
                 (list(op_ids), me, unseen_since, list(gone)),
             )
-            rows: list[tuple[Any, ...]] = await cur.fetchall()
+            rows: list[Row] = await cur.fetchall()
         return [str(op_id) for op_id, in rows]
 
     async def forget_orphans(
@@ -277,7 +278,7 @@ class PgCoordination:
         return int(rows[0][0])
 
 
-def _lease(row: tuple[Any, ...]) -> SessionLease:
+def _lease(row: Row) -> SessionLease:
     session_id, repo, state, version, holder, until, model, ended = row
     return SessionLease(
         str(session_id), str(repo), State(state), int(version),

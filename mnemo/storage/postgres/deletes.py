@@ -5,7 +5,7 @@ the delete in one transaction after it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from mnemo.graph.erasure import Inherited, Plan, Scope
 from mnemo.graph.ports import SideWrite
@@ -30,8 +30,8 @@ async def _scope(conn: Connection, repo: str, source_id: str) -> Scope:
     cur = await conn.execute(_SCOPE, {"repo": repo, "id": source_id})
     for commit_id, nodes, words in await cur.fetchall():
         commits.append(str(commit_id))
-        added.update(str(i) for i in cast(list[Any], nodes))
-        reworded.update(str(i) for i in cast(list[Any], words))
+        added.update(str(i) for i in cast(list[object], nodes))
+        reworded.update(str(i) for i in cast(list[object], words))
     return Scope(commits, added, reworded)
 
 

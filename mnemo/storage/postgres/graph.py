@@ -36,6 +36,7 @@ from mnemo.graph.model import (
     Link,
     LinkType,
     Node,
+    NodeId,
     NodeType,
     Vector,
 )
@@ -57,6 +58,7 @@ from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
+from mnemo.storage.row import Column, Row
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 from mnemo.text import query_words
 
@@ -182,7 +184,7 @@ class PgGraph:
                               (changeset_id,))
         return None if row is None else _receipt(row[0])
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
         row = await self._one(
             "SELECT i.payload_hash, a.receipt FROM ingests i"
             " JOIN applied_changesets a ON a.id = i.changeset_id"
@@ -220,7 +222,7 @@ class PgGraph:
         rows = await self._all(
             f"SELECT {NODE_COLUMNS} FROM nodes WHERE repo = %s AND id = ANY(%s)", (repo, ids)
         )
-        found = {node.id: node for node in map(node_of, rows)}
+        found: dict[str, Node] = {node.id: node for node in map(node_of, rows)}
         return [found[i] for i in ids if i in found]
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
@@ -393,7 +395,7 @@ class PgGraph:
             "SELECT id, ts_rank_cd(search, q) AS score FROM nodes, (SELECT {}) AS query(q)"
             " WHERE repo = %s AND search @@ q{} ORDER BY score DESC, rowid LIMIT %s"
         ).format(tsquery, sql.SQL("" if kinds is None else " AND type = ANY(%s)"))
-        params: list[Any] = [*words, repo, *([] if kinds is None else [kinds]), limit]
+        params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]), limit]
         rows = await self._all(statement, params)
         return [(str(i), float(score)) for i, score in rows]
 
@@ -464,10 +466,10 @@ class PgGraph:
         if self._lexical is not None:
             await self._lexical.aclose()
 
-    async def _all(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+    async def _all(self, statement: Any, params: Any = None) -> list[Row]:
         return await self._pg.fetch_all(statement, params)
 
-    async def _one(self, statement: Any, params: Any = None) -> tuple[Any, ...] | None:
+    async def _one(self, statement: Any, params: Any = None) -> Row | None:
         rows = await self._pg.fetch_all(statement, params)
         return rows[0] if rows else None
 

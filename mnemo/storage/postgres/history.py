@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import cast
 
 from psycopg.types.json import Jsonb
 
@@ -13,6 +13,7 @@ from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
 from mnemo.storage.postgres.connection import Connection
+from mnemo.storage.row import Column, Row
 
 _COLUMNS = "id, repo, seq, committed_at, session_id, source_id, nodes, links, retired, reworded"
 
@@ -122,11 +123,11 @@ async def forget_commits(conn: Connection, repo: str, commit_ids: Sequence[str])
         (repo, list(commit_ids)),
     )
     for row in await cur.fetchall():
-        retired = cast(list[Any], row[0])
+        retired = cast(list[Column], row[0])
         await unretire(conn, repo, [str(i) for i in retired])
 
 
-def _record(row: tuple[Any, ...]) -> CommitRecord:
+def _record(row: Row) -> CommitRecord:
     commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded = row
     return CommitRecord(
         id=str(commit_id),

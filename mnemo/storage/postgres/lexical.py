@@ -12,6 +12,7 @@ import psycopg
 
 from mnemo.storage.lexical.source import LogSource
 from mnemo.storage.postgres.connection import HNSW_EF_SEARCH, conninfo, storage_error
+from mnemo.storage.row import Column
 
 
 def default_folder() -> Path:
@@ -48,7 +49,7 @@ class PgLexicalSource(LogSource):
         )
         self._conn: psycopg.Connection[Any] | None = None
 
-    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
+    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Column]:
         """The statement's rows. Every statement here only reads: one that failed because
         the connection was gone (the server restarted or ended the session, which the
         driver learns only at the next use) runs once more on a new connection."""

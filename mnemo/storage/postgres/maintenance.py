@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -46,7 +45,7 @@ async def merge_duplicates(
     latest access), deletes the members and the tags left with no link, and marks `examined`
     as consolidated."""
     involved = sorted({node_id for pair in pairs for node_id in pair})
-    rows: dict[str, tuple[int, dict[str, Any], int, str | None]] = {}
+    rows: dict[str, tuple[int, dict[str, object], int, str | None]] = {}
     # The survivor keeps the latest access as a time, not as text: compared as datetimes.
     lasts: dict[str, datetime | None] = {}
     sources: dict[str, str | None] = {}
@@ -358,7 +357,7 @@ async def _delete(conn: Connection, node_ids: list[str]) -> None:
         await conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (node_ids,))
 
 
-def _mapping(value: object) -> dict[str, Any]:
+def _mapping(value: object) -> dict[str, object]:
     if not isinstance(value, dict):
         raise TypeError(f"nodes.data must be a JSON object, got {type(value).__name__}")
     return value

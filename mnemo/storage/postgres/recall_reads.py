@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
+from mnemo.storage.row import Row
 
 _NODES = (
     f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
@@ -46,9 +46,9 @@ async def node_context(
         links = await conn.execute(_LINKS, params)
         # The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).
         vectors = await conn.execute(OF_NODES, params, binary=True)
-        node_rows: list[tuple[Any, ...]] = await nodes.fetchall()
-        link_rows: list[tuple[Any, ...]] = await links.fetchall()
-        vector_rows: list[tuple[Any, ...]] = await vectors.fetchall()
+        node_rows: list[Row] = await nodes.fetchall()
+        link_rows: list[Row] = await links.fetchall()
+        vector_rows: list[Row] = await vectors.fetchall()
     found: dict[str, Node] = {}
     stats: dict[str, tuple[int, datetime | None]] = {}
     for row in node_rows:

@@ -4,15 +4,14 @@ bi-temporal ones)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from mnemo.graph.model import NODE_TYPES, Node
+from mnemo.graph.model import NODE_TYPES, Node, NodeId
+from mnemo.storage.row import Row
 
 NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 
-def node(row: tuple[Any, ...]) -> Node:
+def node(row: Row) -> Node:
     """The node of a row that starts with NODE_COLUMNS."""
     node_id, kind, text, data, created_at, *times = row[:NODE_WIDTH]
-    return Node(str(node_id), NODE_TYPES[kind], str(text), dict(data), created_at, *times)
+    return Node(NodeId(str(node_id)), NODE_TYPES[kind], str(text), dict(data), created_at, *times)

@@ -18,7 +18,6 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -82,7 +81,7 @@ class PgSessions:
                  self._clock.now()),
             )
 
-    async def load_profile(self, repo: str, model: str) -> dict[str, Any] | None:
+    async def load_profile(self, repo: str, model: str) -> dict[str, object] | None:
         async with self._pg.connection() as conn:
             cur = await conn.execute(
                 "SELECT profile::text FROM server_profiles WHERE repo = %s AND model = %s",
@@ -94,7 +93,7 @@ class PgSessions:
         profile = json.loads(str(row[0]))
         return profile if isinstance(profile, dict) else None
 
-    async def save_profile(self, repo: str, model: str, profile: dict[str, Any]) -> None:
+    async def save_profile(self, repo: str, model: str, profile: dict[str, object]) -> None:
         async with self._pg.connection() as conn:
             await conn.execute(
                 "INSERT INTO server_profiles(repo, model, profile, updated_at)"
@@ -431,7 +430,7 @@ def _bytes(value: object) -> bytes:
     return bytes(value)
 
 
-def _dict_or_none(value: object) -> dict[str, Any] | None:
+def _dict_or_none(value: object) -> dict[str, object] | None:
     # jsonb comes back parsed; a step's metadata is always an object.
     if value is None:
         return None

@@ -30,6 +30,7 @@ from mnemo.graph.vectors import VectorIndex, unit
 from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
+from mnemo.storage.row import Row
 from mnemo.storage.vector_log import CHANGED_OF_KINDS, Change, Followed, Follower
 
 log = logging.getLogger("mnemo")
@@ -243,7 +244,7 @@ class PgVectors:
 OF_NODES = "SELECT node_id, vec FROM vectors WHERE repo = %(repo)s AND node_id = ANY(%(ids)s)"
 
 
-def unit_rows(rows: Sequence[tuple[Any, ...]]) -> dict[str, Vector]:
+def unit_rows(rows: Sequence[Row]) -> dict[str, Vector]:
     """(node id, vector) rows as unit vectors by id, scaled in one numpy call (row by row,
     scaling was a tenth of a 1M-node recall's time on the event loop)."""
     if not rows:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -58,7 +57,7 @@ def search(
     conn = db.conn
     pool = pool_size(limit)
     conditions: list[str] = []
-    params: list[Any] = []
+    params: list[object] = []
     if thread_id is not None:
         conditions.append("m.thread_id = ?")
         params.append(thread_id)

@@ -19,6 +19,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
+from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import Database
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
@@ -203,7 +204,7 @@ class SqliteCoordination:
         await self._database.run(write)
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
-        def write(db: SqliteUtilsDatabase) -> list[tuple[Any, ...]]:
+        def write(db: SqliteUtilsDatabase) -> list[Row]:
             with db.atomic():
                 return db.conn.execute(
                     "UPDATE ops SET taken_by = ? WHERE session_id = ? AND taken_by IS NULL"
@@ -324,7 +325,7 @@ def _time(text: Any) -> datetime:
     return datetime.fromisoformat(str(text))
 
 
-def _lease(row: tuple[Any, ...]) -> SessionLease:
+def _lease(row: Row) -> SessionLease:
     session_id, repo, state, version, holder, until, model, ended = row
     return SessionLease(
         str(session_id), str(repo), State(state), int(version),

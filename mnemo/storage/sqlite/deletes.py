@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -79,7 +78,7 @@ def inherited(
     intents.update(i for i, kind in _types(conn, repo, scope.added).items() if kind == "intent")
     intents.update(scope.reworded)
     ordered = sorted(intents)
-    procedures: list[tuple[str, Any, str | None]] = []
+    procedures: list[tuple[str, object, str | None]] = []
     for chunk in chunks(ordered, 400):
         marks = ",".join("?" * len(chunk))
         procedures.extend(

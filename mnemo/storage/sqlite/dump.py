@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
@@ -83,8 +82,8 @@ def _store(kind: Kind, value: object, half: bool = False) -> object:
 
 def _fetch(
     statement: str, params: Sequence[object]
-) -> Callable[[SqliteUtilsDatabase], list[tuple[Any, ...]]]:
-    def work(db: SqliteUtilsDatabase) -> list[tuple[Any, ...]]:
+) -> Callable[[SqliteUtilsDatabase], list[tuple[object, ...]]]:
+    def work(db: SqliteUtilsDatabase) -> list[tuple[object, ...]]:
         return list(db.execute(statement, list(params)).fetchall())
 
     return work

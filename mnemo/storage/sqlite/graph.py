@@ -36,6 +36,7 @@ from mnemo.graph.model import (
     Link,
     LinkType,
     Node,
+    NodeId,
     NodeType,
     Vector,
 )
@@ -172,7 +173,7 @@ class SqliteGraph:
     async def validate(self, repo: str, dim: int) -> ValidationReport:
         return await self._database.run(lambda db: maintenance.validate(db, repo, dim))
 
-    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[str]] | None:
+    async def ingested(self, repo: str, source_id: str) -> tuple[str, list[NodeId]] | None:
         found = await self._database.run(lambda db: commits.ingested(db, repo, source_id))
         if found is None:
             return None

@@ -8,11 +8,11 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
 
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
+from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
@@ -121,7 +121,7 @@ def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str
         conn.execute(f"DELETE FROM commits WHERE repo = ? AND id IN ({marks})", [repo, *chunk])
 
 
-def _record(row: tuple[Any, ...]) -> CommitRecord:
+def _record(row: Row) -> CommitRecord:
     commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded = row
     return CommitRecord(
         id=commit_id,

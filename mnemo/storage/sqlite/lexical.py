@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 from mnemo.storage.lexical.source import LogSource
 from mnemo.storage.sqlite.database import storage_error
@@ -28,7 +27,7 @@ class SqliteLexicalSource(LogSource):
             self._conn = conn
         return self._conn
 
-    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[Any]:
+    def _rows(self, statement: str, params: tuple[object, ...] = ()) -> list[object]:
         try:
             return self._db().execute(statement, params).fetchall()
         except sqlite3.Error as exc:

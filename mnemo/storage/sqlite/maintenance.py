@@ -7,7 +7,6 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -42,7 +41,7 @@ def merge_duplicates(
     conn = db.conn
     with db.atomic():
         involved = sorted({node_id for pair in pairs for node_id in pair})
-        rows: dict[str, tuple[int, dict[str, Any], int, str | None]] = {}
+        rows: dict[str, tuple[int, dict[str, object], int, str | None]] = {}
         sources: dict[str, str | None] = {}
         for chunk in chunks(involved, _SQL_CHUNK):
             marks = ",".join("?" * len(chunk))

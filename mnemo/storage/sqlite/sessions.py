@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -54,7 +53,7 @@ class SqliteSessions:
 
         await self._database.run(write)
 
-    async def load_profile(self, repo: str, model: str) -> dict[str, Any] | None:
+    async def load_profile(self, repo: str, model: str) -> dict[str, object] | None:
         rows = await self._database.run(
             lambda db: db.conn.execute(
                 "SELECT profile FROM server_profiles WHERE repo = ? AND model = ?",
@@ -66,7 +65,7 @@ class SqliteSessions:
         profile = json.loads(rows[0][0])
         return profile if isinstance(profile, dict) else None
 
-    async def save_profile(self, repo: str, model: str, profile: dict[str, Any]) -> None:
+    async def save_profile(self, repo: str, model: str, profile: dict[str, object]) -> None:
         text = json.dumps(profile, sort_keys=True)
 
         def write(db: SqliteUtilsDatabase) -> None:

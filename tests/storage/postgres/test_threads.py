@@ -29,6 +29,7 @@ from mnemo.storage.postgres.conversation import PgThreads
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
 from mnemo.text import query_words
+from tests.fakes import js
 from tests.strategies import json_values, texts
 
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
@@ -155,7 +156,7 @@ async def test_append_numbers_and_reads_back(threads: ThreadStore) -> None:
     second = await save(threads, "t", [call], EPOCH + timedelta(seconds=1))
     assert [m.seq for m in first + second] == [0, 1, 2]
     assert await threads.raw("t") == first + second
-    assert second[0].to_dict()["tool_calls"][0]["id"] == "c1"
+    assert js(second[0].to_dict())["tool_calls"][0]["id"] == "c1"
     assert second[0].recorded_at == EPOCH + timedelta(seconds=1)
     assert second[0].recorded_at.tzinfo is not None
     assert second[0].recorded_at.utcoffset() == timedelta(0)

@@ -1,0 +1,184 @@
+"""Task replies as msgspec structs: the JSON schema a model is sent, and the reading of its
+reply, both from one class.
+
+`reply_schema` turns a `Reply` subclass into a self-contained JSON schema (no `$ref`: the
+adapters walk `properties` to salvage cut replies and to draw an example). Every field is
+required in the schema except one that defaults to `UNSET` (the model may leave it out), and
+null is never offered: a field that takes None (and defaults to it) is still asked for, and
+read as None when a model forgets it or sends null.
+
+`read_reply` converts a reply's JSON value into the class leniently (`strict=False`: a
+numeric string reads as a number, which small models write), and phrases a mismatch as a
+`ValueError` naming the field ("facts[2].proposition must be a string, got 3").
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+from msgspec import inspect as mi
+
+from mnemo.calls.tasks import preview
+
+__all__ = ["UNSET", "Meta", "Reply", "UnsetType", "read_reply", "reply_schema"]
+
+
+class Reply(Struct, frozen=True, kw_only=True):
+    """A task's reply; subclasses declare its fields, in the order the model is shown them.
+    Unknown fields are ignored when read (the schema says there are none)."""
+
+
+R = TypeVar("R", bound=Reply)
+
+_NAMES = {"array": "a list", "object": "an object", "str": "a string", "int": "an integer",
+          "float": "a number", "null": "null", "bool": "a boolean"}
+_EXPECTED = re.compile(r"^Expected `([^`]+)`(?:, got `([^`]+)`)?(?: - at `([^`]+)`)?$")
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`(?: - at `([^`]+)`)?$")
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+@cache
+def reply_schema(kind: type[Reply]) -> dict[str, object]:
+    """The JSON schema of `kind`, with every struct inlined and its `required` as the module
+    docstring says. Cached: treat the result as read-only."""
+    (root,), defs = msgspec.json.schema_components([kind], ref_template="{name}")
+    optional = {info.cls.__name__: {f.name for f in msgspec.structs.fields(info.cls)
+                                    if f.default is UNSET}
+                for info in _structs(mi.type_info(kind))}
+    schema = _inline(root, defs, optional)
+    if not isinstance(schema, dict):
+        raise TypeError(f"{kind.__name__} has no object schema")
+    return schema
+
+
+def read_reply(data: object, kind: type[R], task: str) -> R:
+    """`data` (a reply's JSON value) as a `kind`.
+
+    Raises:
+        ValueError: naming the first field that does not match (its path from the reply's
+            root, what it must be, and what it is).
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
+    try:
+        return msgspec.convert(data, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(_problem(str(exc), data, kind, task)) from None
+
+
+def _problem(message: str, data: dict[str, object], kind: type[Reply], task: str) -> str:
+    missing = _MISSING.match(message)
+    if missing:
+        name, at = missing.group(1), _where(missing.group(2) or "$")
+        wanted = _field_type(kind, (missing.group(2) or "$") + f".{name}")
+        if not at:
+            return f"{task} reply has no {name!r} field ({name} must be {wanted}): {preview(data)}"
+        return f"{at}.{name} must be {wanted}, got nothing"
+    expected = _EXPECTED.match(message)
+    if expected and expected.group(3):
+        path = expected.group(3)
+        return (f"{_where(path)} must be {_phrase(expected.group(1))}, got "
+                f"{preview(_value_at(data, path))}")
+    located = re.search(r" - at `([^`]+)`$", message)
+    where = _where(located.group(1)) if located else f"{task} reply"
+    return f"{where}: {message.split(' - at ')[0]}"
+
+
+def _phrase(expected: str) -> str:
+    words = [_NAMES.get(part.strip().split(" ")[0], part.strip()) for part in expected.split("|")]
+    return " or ".join(words)
+
+
+def _where(path: str) -> str:
+    return path.removeprefix("$").removeprefix(".")
+
+
+def _value_at(data: object, path: str) -> object:
+    for key, index in _STEP.findall(path):
+        if key and isinstance(data, dict):
+            data = data.get(key)
+        elif index and isinstance(data, list) and int(index) < len(data):
+            data = data[int(index)]
+        else:
+            return None
+    return data
+
+
+def _field_type(kind: type[Reply], path: str) -> str:
+    """What the field at `path` of `kind` must be, in words."""
+    info = mi.type_info(kind)
+    for key, _ in _STEP.findall(path):
+        info = _bare(info)
+        if isinstance(info, mi.ListType) and not key:
+            info = info.item_type
+        elif isinstance(info, mi.StructType):
+            info = next((f.type for f in info.fields if f.name == key), info)
+    return _describe(_bare(info))
+
+
+def _bare(info: mi.Type) -> mi.Type:
+    return info.type if isinstance(info, mi.Metadata) else info
+
+
+def _describe(info: mi.Type) -> str:
+    names = {mi.ListType: "a list", mi.StructType: "an object", mi.StrType: "a string",
+             mi.IntType: "an integer", mi.FloatType: "a number", mi.BoolType: "a boolean",
+             mi.NoneType: "null"}
+    if isinstance(info, mi.UnionType):
+        return " or ".join(_describe(_bare(t)) for t in info.types)
+    return names.get(type(info), "a value")
+
+
+def _structs(info: mi.Type) -> list[mi.StructType]:
+    """Every struct type reachable from `info`, `info` first."""
+    found: list[mi.StructType] = []
+    stack = [info]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, mi.StructType):
+            if all(s.cls is not item.cls for s in found):
+                found.append(item)
+                stack.extend(f.type for f in item.fields)
+        elif isinstance(item, mi.ListType):
+            stack.append(item.item_type)
+        elif isinstance(item, mi.UnionType):
+            stack.extend(item.types)
+        elif isinstance(item, mi.Metadata):
+            stack.append(item.type)
+    return found
+
+
+def _inline(node: object, defs: dict[str, object], optional: dict[str, set[str]]) -> object:
+    """`node` (a schema) with each `$ref` replaced by its definition, without msgspec's
+    `title` and `default` annotations."""
+    if isinstance(node, list):
+        return [_inline(item, defs, optional) for item in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        return _inline(defs[ref], defs, optional)
+    choices = node.get("anyOf")
+    if isinstance(choices, list):
+        # null is what a reader tolerates, never what a model is asked for.
+        shown = [c for c in choices if c != {"type": "null"}]
+        if len(shown) == 1:
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            return _inline({**rest, **shown[0]}, defs, optional)
+        node = {**node, "anyOf": shown}
+    out: dict[str, object] = {}
+    for key, value in node.items():
+        if key == "properties" and isinstance(value, dict):
+            out[key] = {name: _inline(sub, defs, optional) for name, sub in value.items()}
+        elif key not in ("title", "default"):
+            out[key] = _inline(value, defs, optional)
+    properties = out.get("properties")
+    if isinstance(properties, dict) and isinstance(node.get("title"), str):
+        leave_out = optional.get(str(node["title"]), set())
+        out["required"] = [name for name in properties if name not in leave_out]
+        out["additionalProperties"] = False
+    return out

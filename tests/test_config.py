@@ -1,0 +1,51 @@
+"""Config: each field's range sits in its annotation and is checked at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+import mnemo
+from mnemo.config import _checks
+
+
+def configured(name: str, value: object) -> mnemo.Config:
+    """A Config with one field set by name."""
+    fields: dict[str, Any] = {name: value}
+    return mnemo.Config(**fields)
+
+
+def test_every_numeric_field_declares_its_range() -> None:
+    """Every int or float field of Config carries a range check (its `Meta`)."""
+    numeric = [f.name for f in dataclasses.fields(mnemo.Config)
+               if isinstance(f.default, int | float) and not isinstance(f.default, bool)]
+    assert numeric
+    assert [name for name in numeric if name not in _checks()] == []
+
+
+@pytest.mark.parametrize("name", sorted(_checks()))
+@pytest.mark.parametrize("bad", [math.nan, True, "1", -1e9])
+def test_a_value_out_of_range_names_its_field(name: str, bad: object) -> None:
+    """NaN, a bool, a string or a number below a field's range is InvalidInputError naming
+    the field and what it takes."""
+    with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} (must be|is at most)"):
+        configured(name, bad)
+
+
+@pytest.mark.parametrize("name", ["append_timeout", "extraction_timeout", "busy_timeout"])
+def test_a_timeout_of_work_is_finite(name: str) -> None:
+    """A timeout of work refuses infinity, saying it must be finite."""
+    with pytest.raises(mnemo.InvalidInputError, match=f"Config.{name} must be a finite number"):
+        configured(name, math.inf)
+
+
+def test_optional_fields_take_none() -> None:
+    """The fields whose range allows None take it; the others refuse it."""
+    config = mnemo.Config(flush_timeout=None, session_timeout=None, blas_threads=None)
+    assert config.flush_timeout is None
+    assert config.blas_threads is None
+    with pytest.raises(mnemo.InvalidInputError, match=r"Config\.rrf_k must be an integer >= 1,"):
+        configured("rrf_k", None)

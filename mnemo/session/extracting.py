@@ -1,109 +1,40 @@
 """The extraction runner: turns a session's steps into a changeset and commits it.
 
-- `start` moves a session to `extracting` (recording the model that extracts) and runs
-  `extract_episode` in the background: it ends `ready`, or, in auto-commit, committed and
-  `idle`, or `failed`; never extracting with nobody working on it.
-- `start_background` extracts and commits finished trajectories of an auto-commit session while
-  it keeps collecting (its steps are `claimed` meanwhile, here and, unless the store refused
-  the claim, in the store (`claims`): a flush or a close, through this Memory or another,
-  leaves them to it while it lives, a close waiting at most an extraction's time limit).
-- `commit_steps` applies a changeset together with the session's side of it, deduplicating
-  intents by `intent_policy`.
+- `extract_episode` is the close's extraction (the session is `extracting`, held here): it ends
+  `ready`, or, in auto-commit, committed and `idle`, or `failed`; never extracting with nobody
+  working on it. It returns how it ended; what runs next (the operations queued behind it) is
+  the caller's (`effects`).
+- `background_commit` extracts and commits finished trajectories of an auto-commit session
+  while it keeps collecting (its steps are `claimed` meanwhile, here and, unless the store
+  refused the claim, in the store (`claims`): a flush or a close, through this Memory or
+  another, leaves them to it while it lives, a close waiting at most an extraction's time
+  limit).
+
+Commits go through `committing`; the moves through `transitions`.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from enum import Enum
 
 import anyio
 
-from mnemo import deadline
-from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import EmbeddingError, LLMError, StorageError
-from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
+from mnemo.errors import StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
-from mnemo.extraction.prompts import (
-    merge_intent_request,
-    merge_intents_request,
-    parse_merged_intent,
-    parse_merged_intents,
-)
-from mnemo.graph.contradiction import Question
-from mnemo.graph.model import Changeset, CommitReceipt, Vector
-from mnemo.graph.ports import IntentPolicy, StepsCommitted
-from mnemo.ports import LLM, ask, model_name
-from mnemo.session import claims, operations, stored, transitions
+from mnemo.graph.model import Changeset, CommitReceipt
+from mnemo.session import claims, committing, transitions
 from mnemo.session.machine import State
-from mnemo.session.ports import StaleSession, StepsCommittedElsewhere
-from mnemo.session.queue import Op
-from mnemo.session.records import Runtime, SessionRecord
+from mnemo.session.ports import StepsCommittedElsewhere
+from mnemo.session.records import SessionRecord, uncommitted
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
 
 S = State
-
-
-async def start(
-    live: Sessions, session: SessionRecord, event: str, op: Op | None,
-    refuse: Callable[[], None] | None = None,
-) -> None:
-    """Moves the session to `extracting` (recording its repo's model: who may take the work
-    over) and starts the extraction; `refuse` as `transitions.move`'s."""
-    # The repo's model, not a per-session override's: overrides are not persisted, so the
-    # session restored after its holder vanished runs its repo's model, and only a Memory
-    # with that model may resume it (an override's name matched no Memory: it stayed
-    # extracting for good).
-    model = model_name(session.repo_runtime.llm)
-
-    async def persist() -> int:
-        if live.holder_id is None or live.lease_until is None or live.register_holder is None:
-            version = await live.store.set_state(
-                session.id, S.EXTRACTING, model=model, version=session.version
-            )
-        else:
-            # Extracting and held by this Memory in one compare-and-set: no moment in which
-            # the row is extracting and nobody's (a janitor would take it over).
-            await live.register_holder()
-            claimed = await live.coordination.claim(
-                session.id, version=session.version, holder_id=live.holder_id,
-                lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
-            )
-            if claimed is None:
-                raise StaleSession(session.id)
-            version = claimed
-            # Held here now: so are its timers once it is idle again (an expiry's end).
-            live.drive(session)
-        session.extraction_model = model
-        return version
-
-    started = False
-
-    def extract() -> None:
-        # Started with the move, before its event is delivered: in between, a call saw the
-        # session extracting with no extraction here, and took it for another Memory's.
-        nonlocal started
-        started = True
-        live.spawn(session, extract_episode, live, session)
-
-    await transitions.move(live, session, event, persist, op=op, refuse=refuse, fired=extract)
-    if not started:
-        live.spawn(session, extract_episode, live, session)
-
-
-def extractable(session: SessionRecord, step: StepRecord) -> bool:
-    return step.committed_in is None and step.id not in session.claimed
-
-
-def uncommitted(session: SessionRecord) -> list[StepRecord]:
-    """The open episode's steps that no commit has and no background commit here is
-    extracting: what a flush or a close extracts."""
-    episode = session.episode
-    return [s for s in episode.steps if extractable(session, s)] if episode else []
 
 
 def _source(session: SessionRecord, episode: EpisodeRecord) -> Source:
@@ -137,20 +68,21 @@ async def _extract_steps(
     )
 
 
-async def extract_episode(live: Sessions, session: SessionRecord) -> None:
+class Ended(Enum):
+    """How a close's extraction ended: the session moved on (`MOVED`: ready, or committed and
+    idle), moved to `failed` (`FAILED`), or its result was stale (`STALE`: it had moved on
+    meanwhile, through another call or Memory)."""
+
+    MOVED = "moved"
+    FAILED = "failed"
+    STALE = "stale"
+
+
+async def extract_episode(live: Sessions, session: SessionRecord) -> Ended:
     """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
 
     Whatever fails on the way, storing the result included, ends in `failed`: the session
-    never stays extracting with nobody working on it. Once it has moved, what was queued
-    behind it runs (`_run_queue`): a fault there is no failed extraction (the failure's move
-    from `ready` was stale, so nothing ran or failed the queue, and it stuck). From its move
-    until then the session stays busy (`handing_over`): a call made in between queues behind
-    what the store hands over, not ahead of it."""
-    with operations.handing_over(live, session):
-        await _extract_episode(live, session)
-
-
-async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
+    never stays extracting with nobody working on it."""
     started = anyio.current_time()
     try:
         while session.background:
@@ -175,10 +107,8 @@ async def _extract_episode(live: Sessions, session: SessionRecord) -> None:
         await _store_kept(live, session)
         if session.config.auto_commit:
             await claims.release(live, session, uncommitted(session))
-        await _extraction_failed(live, session)
-        return
-    if moved:
-        await _run_queue(live, session)
+        return await _extraction_failed(live, session)
+    return Ended.MOVED if moved else Ended.STALE
 
 
 async def _changeset(
@@ -232,17 +162,6 @@ async def _close_changeset(
     return await _changeset(live, session, steps), steps
 
 
-async def _run_queue(live: Sessions, session: SessionRecord) -> None:
-    """Runs what waited for the extraction that just ended: the operations stored for it
-    (`stored.run_stored`) and the session's own queue. If the store cannot hand over the
-    stored ones, they stay stored, untaken, and the watchers of the Memories that accepted
-    them run them; the queue here runs all the same."""
-    try:
-        await stored.run_stored(live, session)
-    except StorageError as exc:
-        log.warning("%s: stored operations not taken: %r", session.id, exc)
-
-
 async def _store_kept(live: Sessions, session: SessionRecord) -> None:
     """Stores what a failed extraction kept, so that a retry after a restart (or by the
     Memory taking the work over) asks only what failed. Best effort: if the store refuses,
@@ -258,8 +177,8 @@ async def _store_kept(live: Sessions, session: SessionRecord) -> None:
             return
 
 
-async def _extraction_failed(live: Sessions, session: SessionRecord) -> None:
-    """Moves an extracting session to `failed` and fails what was queued behind it."""
+async def _extraction_failed(live: Sessions, session: SessionRecord) -> Ended:
+    """Moves an extracting session to `failed`."""
     try:
         moved = await transitions.move(
             live, session, "extraction_failed",
@@ -271,9 +190,7 @@ async def _extraction_failed(live: Sessions, session: SessionRecord) -> None:
         # `commit` here, which retries) extracts again.
         log.warning("%s: could not store the failed state: %r", session.id, exc)
         moved = await transitions.move(live, session, "extraction_failed")
-    if moved:
-        await operations.fail_pending(session, "extraction_failed")
-        await _run_queue(live, session)
+    return Ended.FAILED if moved else Ended.STALE
 
 
 async def _auto_commit_close(
@@ -284,7 +201,7 @@ async def _auto_commit_close(
     receipts: list[CommitReceipt] = []
 
     async def persist() -> None:
-        receipts.append(await commit_steps(live, session, changeset, steps, S.IDLE))
+        receipts.append(await committing.commit_steps(live, session, changeset, steps, S.IDLE))
         session.last_receipt = receipts[0]
         session.episode = None
 
@@ -300,58 +217,12 @@ async def _auto_commit_close(
     return moved
 
 
-async def commit_steps(
-    live: Sessions,
-    session: SessionRecord,
-    changeset: Changeset,
-    steps: list[StepRecord],
-    state: State | None,
-) -> CommitReceipt:
-    """Applies `changeset` with the session's side (steps committed, and `state` unless
-    None) in the same transaction, then marks the steps committed in memory."""
-    episode_id = session.episode.id if session.episode else None
-    side = StepsCommitted(
-        session.id,
-        episode_id,
-        changeset.id,
-        tuple((s.id, s.reward) for s in steps),
-        None if state is None else state.value,
-        # A commit that moves the session checks that no other Memory moved it first.
-        None if state is None else session.version,
-    )
-    runtime = session.runtime
-    policy = intent_policy(runtime, live.llm_for(runtime, session.repo, session.id))
-    receipt = await live.graph.apply(changeset, intents=policy, also=[side])
-    if side.version is not None:
-        # The version the write made, not one more than the record's now: a read that took
-        # the write in meanwhile (`Sessions.reload`) already holds it.
-        session.version = side.version + 1
-    for step in steps:
-        step.committed_in = changeset.id
-    return receipt
-
-
-def finished_steps(session: SessionRecord) -> list[StepRecord]:
-    """The steps a boundary hands to a background commit: the uncommitted ones of every
-    trajectory of the open episode but the last."""
-    episode = session.episode
-    if episode is None or not episode.steps:
-        return []
-    current = episode.steps[-1].trajectory_id
-    return [s for s in episode.steps if s.trajectory_id != current and extractable(session, s)]
-
-
-def start_background(live: Sessions, session: SessionRecord, steps: list[StepRecord]) -> None:
-    """Extracts and commits `steps` while the session keeps collecting."""
-    session.claimed.update(s.id for s in steps)
-    session.background += 1
-    live.spawn(session, _background_commit, live, session, steps)
-
-
-async def _background_commit(
+async def background_commit(
     live: Sessions, session: SessionRecord, steps: list[StepRecord]
-) -> None:
-    """Auto-commit of finished steps while the session keeps collecting."""
+) -> bool:
+    """Auto-commit of finished steps while the session keeps collecting (`steps` are
+    `claimed` here, and counted in `background`, by whoever started it); False when it
+    failed (what queued behind it then fails too: the caller's)."""
     episode = session.episode
     try:
         assert episode is not None
@@ -365,10 +236,10 @@ async def _background_commit(
             await _read_commits(live, session)
             steps = [s for s in steps if s.id in mine]
         if not steps:
-            _background_done(live, session, steps)
-            return
+            _background_done(session, steps)
+            return True
         changeset = await _extract_steps(live, session, episode, steps)
-        receipt = await commit_steps(live, session, changeset, steps, None)
+        receipt = await committing.commit_steps(live, session, changeset, steps, None)
     except StepsCommittedElsewhere:
         # Another Memory committed these steps first (its boundary's auto-commit against
         # this one's flush): the store refused them a second time, so they are in the graph
@@ -376,8 +247,8 @@ async def _background_commit(
         log.info("%s: %d steps were committed by another Memory", session.id, len(steps))
         await _read_commits(live, session)
         await claims.release(live, session, steps)
-        _background_done(live, session, steps)
-        return
+        _background_done(session, steps)
+        return True
     except Exception as exc:
         log.warning("%s: auto-commit of %d steps failed: %r", session.id, len(steps), exc)
         await _store_kept(live, session)
@@ -387,8 +258,7 @@ async def _background_commit(
         session.flush_after = anyio.current_time()  # the next flush waits a full timeout
         live.timer_wake.set()
         session.notify()
-        await operations.fail_pending(session, "extraction_failed")
-        return
+        return False
     session.claimed.difference_update(s.id for s in steps)
     session.background -= 1
     session.notify()
@@ -402,7 +272,7 @@ async def _background_commit(
         node_ids=receipt.node_ids, trajectory_ids=trajectories,
         step_indices=[s.index for s in steps],
     )
-    operations.kick(live, session)
+    return True
 
 
 async def _read_commits(live: Sessions, session: SessionRecord) -> None:
@@ -414,54 +284,8 @@ async def _read_commits(live: Sessions, session: SessionRecord) -> None:
         log.warning("%s: could not read its steps again: %r", session.id, exc)
 
 
-def _background_done(live: Sessions, session: SessionRecord, steps: list[StepRecord]) -> None:
-    """A background commit that committed nothing ends: what queued behind it runs."""
+def _background_done(session: SessionRecord, steps: list[StepRecord]) -> None:
+    """A background commit that committed nothing ends."""
     session.claimed.difference_update(s.id for s in steps)
     session.background -= 1
     session.notify()
-    operations.kick(live, session)
-
-
-def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
-    """How commits made with `runtime` deduplicate intents (merging through `llm`, all of a
-    commit's merges in one call) and retire contradicted facts (one call a commit)."""
-    limit = runtime.config.extraction_timeout
-
-    async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
-        try:
-            with deadline.fail_after(limit):
-                if len(pairs) == 1:
-                    existing, new = pairs[0]
-                    texts = {0: await ask(llm, merge_intent_request(existing=existing, new=new),
-                                          parse_merged_intent)}
-                else:
-                    texts = await ask(llm, merge_intents_request(list(pairs)),
-                                      lambda reply: parse_merged_intents(reply, len(pairs)))
-                merged = sorted(texts.items())
-                vectors = await embed(runtime.embedder, [text for _, text in merged])
-        except (LLMError, EmbeddingError, TimeoutError) as exc:
-            log.warning("intent merges failed, keeping the existing wordings: %r", exc)
-            return [None] * len(pairs)
-        found = {i: (text, vector) for (i, text), vector in zip(merged, vectors, strict=True)}
-        return [found.get(i) for i in range(len(pairs))]
-
-    async def contradicts(questions: Sequence[Question]) -> list[set[int]]:
-        request, pairs = contradiction_request(questions)
-        try:
-            with deadline.fail_after(limit):
-                return await ask(
-                    llm, request, lambda reply: parse_contradiction(reply, pairs, len(questions))
-                )
-        except (LLMError, TimeoutError) as exc:
-            # Not knowing is not contradicting: the facts stay live.
-            log.warning("contradiction check failed, every fact stays live: %r", exc)
-            return [set() for _ in questions]
-
-    return IntentPolicy(
-        identity_threshold=runtime.config.intent_identity_threshold,
-        merge_threshold=runtime.config.intent_merge_threshold,
-        merge=merge,
-        contradicts=contradicts,
-        contradiction_candidates=runtime.config.contradiction_candidates,
-        contradiction_similarity=runtime.config.contradiction_similarity,
-    )

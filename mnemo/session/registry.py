@@ -125,10 +125,10 @@ class Sessions:
                 session = self.adopt(row)
             return session
         if fresh:
-            lease = await self.coordination.lease(session_id)
+            version = await self.store.version(session_id)
             # Versions only grow: an older one is a read that began before a write here and
             # answered after it, not a move.
-            moved = lease is None or lease.ended or lease.version > session.version
+            moved = version is None or version > session.version
             # Not while this Memory holds the session's lock: it is writing the session, and
             # what the store holds may be that very write, which the move ends with (taken
             # in half-way, the session looked extracted by another Memory, or its move lost

@@ -53,7 +53,7 @@ async def files_of_one_append(store: str) -> list[str]:
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         nonlocal stored
-        if stored or event != "call" and not (event == "return" and frame.f_code is add_step):
+        if stored or (event != "call" and not (event == "return" and frame.f_code is add_step)):
             return
         if event == "return":
             stored = True  # the transaction that holds the step has committed
@@ -118,7 +118,7 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
 
     def visit(module: str, path: list[str]) -> list[str] | None:
         if module in path:
-            return path[path.index(module):] + [module]
+            return [*path[path.index(module):], module]
         if module in done:
             return None
         for imported in sorted(graph.get(module, ())):

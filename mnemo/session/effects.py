@@ -13,8 +13,8 @@ import logging
 
 from mnemo.episode.model import StepRecord
 from mnemo.errors import StorageError
-from mnemo.session import extracting, operations, stored
-from mnemo.session.extracting import Ended
+from mnemo.session import operations, stored
+from mnemo.session.extracting import Ended, Extraction
 from mnemo.session.records import CommitSteps, Effect, Extract, SessionRecord
 from mnemo.session.registry import Sessions
 
@@ -39,7 +39,7 @@ async def _extraction(live: Sessions, session: SessionRecord) -> None:
     over, not ahead of it. A fault in the queue is no failed extraction (the failure's move
     from `ready` was stale, so nothing ran or failed the queue, and it stuck)."""
     with operations.handing_over(live, session):
-        ended = await extracting.extract_episode(live, session)
+        ended = await Extraction(live, session).run()
         if ended is Ended.FAILED:
             await operations.fail_pending(session, "extraction_failed")
         if ended is not Ended.STALE:
@@ -51,7 +51,7 @@ async def _background_commit(
 ) -> None:
     """A background commit, then the queue: what waited behind it runs, or, when it failed,
     fails with "extraction_failed"."""
-    if await extracting.background_commit(live, session, steps):
+    if await Extraction(live, session).commit_in_background(steps):
         operations.kick(live, session)
     else:
         await operations.fail_pending(session, "extraction_failed")

@@ -147,3 +147,19 @@ def test_no_session_module_imports_one_that_imports_it() -> None:
     graph = session_imports()
     assert {"transitions", "extracting", "operations", "effects"} <= set(graph)
     assert circle(graph) is None
+
+
+async def test_the_session_store_says_the_version_an_append_checks(mem: mnemo.Memory) -> None:
+    """`SessionStore.version`, the read an append makes when its turn comes, is the version
+    the session's last write left (each append moves it on), and None once it ended."""
+    sid = await mem.start_session("tidy the shed", repo="r")
+    live = mem._service._live
+    first = await live.store.version(sid)
+    await mem.append(sid, "the shed is full of boxes", "open the first box")
+    second = await live.store.version(sid)
+    assert first is not None
+    assert second == live.by_id[sid].version
+    assert second > first
+    await mem.end_session(sid)
+    assert await live.store.version(sid) is None
+    assert await live.store.version("session_unknown") is None

@@ -232,9 +232,9 @@ class SessionService:
         session.appends_in_flight += 1
         ticket = session.turnstile.take()
         try:
-            info, effect = await transitions.append(
-                self._live, session, ticket, observation, action, metadata
-            )
+            info, effect = await transitions.Append(
+                self._live, session, observation, action, metadata
+            ).run(ticket)
         finally:
             session.appends_in_flight -= 1
             session.notify()  # an expiry waits for appends to end (`timers._working`)

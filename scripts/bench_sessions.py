@@ -95,7 +95,7 @@ import mnemo
 
 # The one import from outside the facade: the fakes read a request's inputs the way mnemo's
 # own offline LLM does, so they follow the prompts if those change.
-from mnemo.ports import task_inputs
+from mnemo.calls.tasks import task_inputs
 
 # Wide enough for the tables when the output is a file or a pipe (rich assumes 80 there).
 console = Console(width=None if sys.stdout.isatty() else 120)

@@ -1,9 +1,9 @@
 """Protocol fakes for the tests: a scripted LLM, a one-hot embedder, and an event recorder.
 
 `FakeLLM` answers every task of API.md's task table from the task inputs that mnemo writes
-after the `INPUT:` line (`mnemo.ports.task_inputs`). The subgoal of a step is the first word of
-its observation, lower-cased, and `FakeEmbedder` maps a text to the axis its first word hashes
-to: so a test decides where trajectories split by the first word of each observation
+after the `INPUT:` line (`mnemo.calls.tasks.task_inputs`). The subgoal of a step is the first
+word of its observation, lower-cased, and `FakeEmbedder` maps a text to the axis its first word
+hashes to: so a test decides where trajectories split by the first word of each observation
 ("walk north", "walk south" stay together; "open door" starts a new trajectory).
 """
 
@@ -20,7 +20,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters._contradiction import contradicts as offline_contradicts
-from mnemo.ports import task_inputs
+from mnemo.calls.tasks import task_inputs
 from mnemo.session import claims
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite import SqliteBackend

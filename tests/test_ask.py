@@ -1,4 +1,4 @@
-"""`ports.ask`'s `unusable`: a reply that stays unusable once the task's re-asks are spent
+"""`calls.tasks.ask`'s `unusable`: a reply that stays unusable once the task's re-asks are spent
 stands for it (a reward's neutral 0.5); a failure of the LLM itself still raises."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import mnemo
-from mnemo.ports import LLMRequest, LLMResponse, ask, task_request
+from mnemo.calls.tasks import ask, task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 REQUEST = task_request("reward", system="s", instructions="i", inputs={})
 

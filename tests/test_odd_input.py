@@ -208,7 +208,7 @@ async def test_a_repo_stored_before_the_name_rule_still_opens_and_reads(
     old_name = "ops\u200b"
     trajectory = mnemo.Trajectory("explore", [mnemo.Step("nginx listens on 8080", "note")])
     with monkeypatch.context() as before:
-        before.setattr("mnemo.repos.check_name", lambda name, what: name)
+        before.setattr("mnemo.memory.repos.check_name", lambda name, what: name)
         before.setattr("mnemo.ingest.service.check_name", lambda name, what: name)
         async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
             await mem.open_repo(old_name)

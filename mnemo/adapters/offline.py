@@ -77,8 +77,9 @@ from mnemo.adapters._offline_common import (
 from mnemo.adapters._offline_conversation import _eviction, _snapshot_fold, _summary_task
 from mnemo.adapters._offline_memory import _memory_condense, _memory_persist, _memory_update
 from mnemo.adapters._offline_recall import _recall_plan, _recall_rerank, _recall_synthesis
+from mnemo.calls.tasks import task_inputs
 from mnemo.errors import LLMError
-from mnemo.ports import LLMRequest, LLMResponse, task_inputs
+from mnemo.ports import LLMRequest, LLMResponse
 
 _LEADING_PRONOUN = re.compile(
     r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?(?![\w'\u2019])\s*",

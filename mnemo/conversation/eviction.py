@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from mnemo import deadline
+from mnemo.calls.tasks import ask, reply_data
 from mnemo.conversation.model import EvictionResult, Message, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
@@ -46,7 +47,7 @@ from mnemo.conversation.viewport import (
 )
 from mnemo.errors import ConflictError
 from mnemo.events import Events
-from mnemo.ports import LLM, REQUIRED, LLMResponse, ToolCall, Usage, ask, reply_data
+from mnemo.ports import LLM, REQUIRED, LLMResponse, ToolCall, Usage
 
 log = logging.getLogger("mnemo")
 

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from mnemo import deadline
+from mnemo.calls.tasks import ask
 from mnemo.conversation.drafts import check_history, check_thread_id, check_thread_name, draft
 from mnemo.conversation.model import (
     Compaction,
@@ -33,7 +34,6 @@ from mnemo.conversation.selection import (
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
-from mnemo.ports import ask
 
 if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mnemo.ports import LLMRequest, LLMResponse, task_request
+from mnemo.calls.tasks import task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -10,6 +10,7 @@ import anyio
 import numpy as np
 
 from mnemo import deadline
+from mnemo.calls.tasks import ask
 from mnemo.episode.model import StepRecord
 from mnemo.episode.prompts import (
     NEUTRAL_REWARD,
@@ -23,7 +24,7 @@ from mnemo.episode.prompts import (
 from mnemo.errors import EmbeddingError, LLMTimeout, MnemoError, first_error
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import cosine, reaches
-from mnemo.ports import LLM, Embedder, ask
+from mnemo.ports import LLM, Embedder
 
 
 @dataclass(frozen=True, slots=True)

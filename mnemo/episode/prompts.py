@@ -12,7 +12,8 @@ import json
 import math
 from typing import Any
 
-from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
+from mnemo.calls.tasks import preview, reply_data, task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 NEUTRAL_REWARD = 0.5
 

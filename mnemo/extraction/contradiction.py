@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.graph.contradiction import Question
-from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 CONTRADICTION_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -25,7 +25,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage, ask, book
+from mnemo.calls.slots import book
+from mnemo.calls.tasks import ask
+from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 from mnemo.retry import policy_of, task_budget
 
 T = TypeVar("T")
@@ -99,12 +101,12 @@ class TaskMemo:
         unusable: T | None = None,
     ) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (booking its cost
-        as saved on `llm`'s meter), else asked through `ports.ask` and kept. A reply that
-        stayed unusable and stands for `unusable` (`ports.ask`) is not kept: a retry asks
+        as saved on `llm`'s meter), else asked through `calls.tasks.ask` and kept. A reply that
+        stayed unusable and stands for `unusable` (`calls.tasks.ask`) is not kept: a retry asks
         again.
 
         Raises:
-            LLMError: as `ports.ask`; nothing is kept then.
+            LLMError: as `calls.tasks.ask`; nothing is kept then.
         """
         digest = request_digest(request)
         kept = self._kept.get((trajectory_id, request.task, digest))

@@ -14,8 +14,9 @@ import math
 import re
 from typing import Any
 
+from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.extraction.model import Fact, Instruction
-from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10

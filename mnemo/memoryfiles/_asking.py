@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from mnemo import deadline, ports
+from mnemo import deadline
+from mnemo.calls import tasks
 from mnemo.errors import LLMTimeout
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
@@ -29,15 +30,15 @@ class Metered:
 
 
 async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) -> T:
-    """`ports.ask` within `LLM_TIMEOUT_S`.
+    """`calls.tasks.ask` within `LLM_TIMEOUT_S`.
 
     Raises:
-        LLMError: as `ports.ask`.
+        LLMError: as `calls.tasks.ask`.
         LLMTimeout: no usable answer within `LLM_TIMEOUT_S` seconds.
     """
     try:
         with deadline.fail_after(LLM_TIMEOUT_S):
-            return await ports.ask(llm, request, parse)
+            return await tasks.ask(llm, request, parse)
     except TimeoutError as exc:
         raise LLMTimeout(
             f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"

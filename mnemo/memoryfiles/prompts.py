@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnemo import text as _text
+from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
-from mnemo.ports import LLMRequest, LLMResponse, preview, reply_data, task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 SIGNALS = ("decision", "context", "correction", "preference")
 

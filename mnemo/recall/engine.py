@@ -31,12 +31,13 @@ from typing import Any
 
 import anyio
 
+from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
-from mnemo.ports import LLM, Embedder, ask
+from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
 from mnemo.recall.candidates import Candidate as _Candidate
 from mnemo.recall.candidates import ReadContext as _Context

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.ports import LLMRequest, LLMResponse, task_request
+from mnemo.calls.tasks import task_request
+from mnemo.ports import LLMRequest, LLMResponse
 
 MODES = ("episodic", "semantic", "procedural", "mixed")
 

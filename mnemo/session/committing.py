@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 
 from mnemo import deadline
+from mnemo.calls.tasks import ask
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import StepRecord
 from mnemo.errors import EmbeddingError, LLMError
@@ -24,7 +25,7 @@ from mnemo.extraction.prompts import (
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
 from mnemo.graph.ports import IntentPolicy, StepsCommitted
-from mnemo.ports import LLM, ask
+from mnemo.ports import LLM
 from mnemo.session.machine import State
 from mnemo.session.records import Runtime, SessionRecord
 from mnemo.session.registry import Sessions

@@ -43,7 +43,7 @@ from typing import Any
 
 import anyio.lowlevel
 
-from mnemo.ports import INPUT_MARKER
+from mnemo.calls.tasks import INPUT_MARKER
 
 
 class _ByTask:
@@ -548,8 +548,8 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
     if task == "merge_intents":
         return {"intents": [{"index": p.get("index", i), "intent": p.get("existing", "")}
                             for i, p in enumerate(inputs.get("pairs", []))]}
-    if task == "contradiction":
-        return {"contradicted": []}
+    if task == "contradiction":  # a batch of pairs, or one pair as older builds asked
+        return {"contradicted": []} if "pairs" in inputs else {"contradicts": False}
     if task == "eviction":  # asked as data: save_snapshot's arguments
         zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
         return {"text": f"Messages {zone} are about the deployment."}

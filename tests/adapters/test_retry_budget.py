@@ -1,5 +1,5 @@
 """One retry budget per task (`mnemo.retry`): transport retries, the adapter's schema re-asks and
-`ports.ask`'s re-asks all draw on it, so no layer multiplies another.
+`calls.tasks.ask`'s re-asks all draw on it, so no layer multiplies another.
 
 Adapters run over `httpx.MockTransport`; waits go through a `VirtualClock`, so no test sleeps.
 """
@@ -17,10 +17,12 @@ import pytest
 
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.calls.slots import LimitedLLM
+from mnemo.calls.tasks import ask
 from mnemo.episode.prompts import parse_subgoal, subgoal_request
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.extraction.prompts import parse_facts, semantic_request
-from mnemo.ports import LimitedLLM, LLMRequest, LLMResponse, Usage, ask
+from mnemo.ports import LLMRequest, LLMResponse, Usage
 from mnemo.retry import Backoff, RetryPolicy, SystemClock, policy_from
 from tests.adapters.provider_server import VirtualClock
 from tests.fakes import FakeLLM

@@ -1,6 +1,6 @@
 """What small and slow models do to a request, over HTTP to the local fake server: replies cut
 at max_tokens, prompts longer than the model's context, replies cut because the context
-filled; and `ports.shorter`, which shortens a prompt."""
+filled; and `calls.tasks.shorter`, which shortens a prompt."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 import mnemo
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.calls.tasks import ask, shorter, task_inputs, task_request
 from mnemo.extraction.prompts import parse_facts, semantic_request
-from mnemo.ports import ask, shorter, task_inputs, task_request
 from tests.adapters.provider_server import Answer, ProviderServer
 
 FACT = {"proposition": "Dana lives in Porto.", "concepts": ["dana"], "confidence": 0.9}

@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 import mnemo
-import mnemo.ports
 from mnemo.adapters.uri import ModelURIError, model_uri
+from mnemo.calls.tasks import ask
 from tests.adapters.provider_server import ProviderServer, Slow
 
 KEYS = {"OPENAI_API_KEY": "sk-test", "ANTHROPIC_API_KEY": "ak-test"}
@@ -185,7 +185,7 @@ async def test_a_timeout_in_the_uri_bounds_each_request() -> None:
         policy = replace(llm.retry_policy, max_calls=1)
         async with llm:
             with anyio.fail_after(4), pytest.raises(mnemo.LLMError, match=r"no reply within 0\.2"):
-                await mnemo.ports.ask(
+                await ask(
                     llm, mnemo.LLMRequest("state", "S.", [{"role": "user", "content": "x"}]),
                     lambda response: response.text, policy=policy,
                 )

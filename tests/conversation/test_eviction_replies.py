@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import mnemo
-from mnemo.ports import task_inputs
+from mnemo.calls.tasks import task_inputs
 from tests.conversation._support import ScriptedEviction, prose, snapshot_call, user
 from tests.fakes import FakeEmbedder
 

@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 import mnemo
+from mnemo.calls.tasks import task_inputs
 from mnemo.conversation.render import render_zone
-from mnemo.ports import task_inputs
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
 
 

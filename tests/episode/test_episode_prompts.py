@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.calls.tasks import task_inputs
 from mnemo.episode.prompts import (
     REWARD_SCHEMA,
     SUBGOAL_SCHEMA,
@@ -16,7 +17,7 @@ from mnemo.episode.prompts import (
     state_request,
     subgoal_request,
 )
-from mnemo.ports import LLMResponse, task_inputs
+from mnemo.ports import LLMResponse
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),

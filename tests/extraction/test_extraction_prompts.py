@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.calls.tasks import task_inputs
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
@@ -25,7 +26,7 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.graph.contradiction import Question
-from mnemo.ports import LLMResponse, task_inputs
+from mnemo.ports import LLMResponse
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),

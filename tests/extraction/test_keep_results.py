@@ -11,11 +11,11 @@ import anyio
 import pytest
 
 import mnemo
+from mnemo.calls.slots import LimitedLLM
 from mnemo.extraction.memo import TaskMemo, request_digest
 from mnemo.extraction.model import Instruction
 from mnemo.extraction.pipeline import cumulative_returns
 from mnemo.extraction.prompts import parse_facts, semantic_request
-from mnemo.ports import LimitedLLM
 from tests.conftest import REPO
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 

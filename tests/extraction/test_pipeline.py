@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import anyio
 
 import mnemo
-from mnemo.ports import task_inputs
+from mnemo.calls.tasks import task_inputs
 from tests.conftest import REPO
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 

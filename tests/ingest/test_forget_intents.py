@@ -12,9 +12,9 @@ import pytest
 
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.calls.tasks import task_inputs
 from mnemo.graph import erasure
 from mnemo.graph.erasure import Heir, heirs
-from mnemo.ports import task_inputs
 from tests.backends import sql
 
 REPO = "r"

@@ -9,8 +9,8 @@ import anyio
 import anyio.to_thread
 
 import mnemo
+from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _format
-from mnemo.ports import task_inputs
 from tests.memoryfiles.fakes import Clock, RecordingLLM, snapshot, user
 
 OLD = "The staging cluster runs on three m5.large nodes in eu-west-1."

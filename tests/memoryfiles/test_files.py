@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mnemo
+from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE
 from tests.memoryfiles.fakes import USAGE, Clock, RecordingLLM, SlowOffline, snapshot, user, write
@@ -135,7 +136,7 @@ async def test_system_and_tool_messages_are_not_sent(
         {"role": "assistant", "content": ""},
     ]
     await files.update(history, llm=llm, iterations=10)
-    inputs = mnemo.ports.task_inputs(llm.calls[0])
+    inputs = task_inputs(llm.calls[0])
     assert inputs["conversation"] == [{"role": "user", "content": SIGNALS[0]}]
     assert "MySQL" not in texts(files)
     assert "Oracle" not in texts(files)
@@ -151,7 +152,7 @@ async def test_update_request_shows_files(files: mnemo.MemoryFiles, llm: Recordi
     prompt = request.messages[0]["content"]
     for kind in ("decision", "context", "correction", "preference"):
         assert f"- {kind}:" in prompt
-    (shown,) = mnemo.ports.task_inputs(request)["files"]
+    (shown,) = task_inputs(request)["files"]
     assert shown["content"] == "- Our staging server is staging2.acme.io.\n"
     assert shown["topic"] == "staging server staging2.acme.io"
 
@@ -548,7 +549,7 @@ async def test_concurrent_persists_lose_nothing(
     llm.reply = lambda request: {
         "topic": "VPN gateways",
         "description": "Where the VPN gateways are",
-        "entry": mnemo.ports.task_inputs(request)["statement"],
+        "entry": task_inputs(request)["statement"],
     }
     statements = [f"The VPN gateway {n} sits in rack {n}." for n in range(8)]
     async with anyio.create_task_group() as tg:

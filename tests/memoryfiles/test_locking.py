@@ -19,6 +19,7 @@ import filelock
 import pytest
 
 import mnemo
+from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles._folder import Folder
 from mnemo.memoryfiles._lock import LOCK_FILE, WRITER_LOCK_FILE, DirectoryLock
 from tests.memoryfiles.fakes import SlowOffline, user
@@ -29,7 +30,7 @@ class OneTopic:
 
     async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
         await anyio.lowlevel.checkpoint()
-        statement = mnemo.ports.task_inputs(request)["statement"]
+        statement = task_inputs(request)["statement"]
         return mnemo.LLMResponse(
             data={"topic": "ops", "description": "ops facts", "entry": statement}
         )
@@ -186,10 +187,11 @@ CHILD = textwrap.dedent(
     """
     import json, sys, anyio, mnemo
     from pathlib import Path
+    from mnemo.calls.tasks import task_inputs
 
     class One:
         async def generate(self, request):
-            statement = mnemo.ports.task_inputs(request)["statement"]
+            statement = task_inputs(request)["statement"]
             data = {"topic": "ops", "description": "ops facts", "entry": statement}
             return mnemo.LLMResponse(data=data)
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles.prompts import (
     MEMORY_PERSIST_SCHEMA,
     MEMORY_UPDATE_SCHEMA,
@@ -22,7 +23,7 @@ from mnemo.memoryfiles.prompts import (
     parse_update,
     statement_entry,
 )
-from mnemo.ports import LLMResponse, task_inputs
+from mnemo.ports import LLMResponse
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),

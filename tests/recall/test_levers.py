@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mnemo
+from mnemo.calls.tasks import task_inputs
 from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, now_utc
 from mnemo.graph.ports import GraphStore
-from mnemo.ports import LLMRequest, LLMResponse, task_inputs
+from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.engine import Recaller
 from mnemo.recall.feedback import feedback_terms

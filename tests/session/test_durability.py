@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 import mnemo
+from mnemo.calls.tasks import task_inputs
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +118,7 @@ async def test_killed_during_auto_commit_loses_and_repeats_nothing(store: str) -
         extracted = [
             step["observation"]
             for request in llm.calls if request.task == "semantic"
-            for step in mnemo.ports.task_inputs(request)["steps"]
+            for step in task_inputs(request)["steps"]
         ]
         assert extracted == ["open door"]
 

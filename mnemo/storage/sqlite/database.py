@@ -311,6 +311,10 @@ def _close_sync(db: SqliteUtilsDatabase) -> None:
     db.conn.close()
 
 
+# The first 16 bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def inspect_file(path: Path) -> tuple[bool, bool]:
     """(the file has tables, it has mnemo's migrations), read through a read-only connection so
     that looking never changes the file (the CLI checks a path before `Memory` migrates it).

@@ -17,13 +17,14 @@ from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels
 from mnemo.adapters.uri import model_uri
+from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.inputs import check_id, check_name
-from mnemo.ports import LLM, Embedder, LimitedLLM, Usage, check_models, detect_dim, model_name
+from mnemo.memory.usage import UsageBook
+from mnemo.ports import LLM, Embedder, Usage, check_models, detect_dim, model_name
 from mnemo.session.ports import RepoRow, SessionStore
 from mnemo.session.service import Runtime
-from mnemo.usage import UsageBook
 
 log = logging.getLogger("mnemo")
 

@@ -2,61 +2,53 @@
 
 - a storage backend (`storage.ports.open_backend`: SQLite, or PostgreSQL by URL) holds every
   store, seen only through its ports (graph, sessions, threads);
-- `repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the usage;
+- `memory.repos.Repos` knows each repo's llm, embedder and config, the LLM limiters and the
+  usage;
 - `session.SessionService` runs every session's state machine, queue and background work;
 - `graph.reads.GraphReads` looks nodes up; `graph.maintenance` consolidates and decays;
 - `recall.service.RecallService` searches a repo; `ingest.IngestService` stores trajectories;
 - `conversation.ConversationService` keeps chat threads: log, viewport, eviction, search.
 
-`Memory`'s methods over the graph (lookups, history, maintenance) and over conversation
-threads are in their capability's folder, `graph.facade.GraphMethods` and
-`conversation.facade.ConversationMethods`, which it inherits.
+This module builds the parts, opens and closes them, and holds the methods over repos, recall
+and ingest. The methods over sessions, the graph and conversation threads are in
+`memory.sessions.SessionMethods`, `memory.graph.GraphMethods` and
+`memory.conversation.ConversationMethods`, which `Memory` inherits.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
+from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config
-from mnemo.conversation.facade import ConversationMethods
 from mnemo.conversation.service import ConversationService
-from mnemo.episode.model import EpisodeLog, StepInfo
-from mnemo.errors import InvalidInputError, NotFoundError, StorageError
+from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph.blas import limit_blas_threads
-from mnemo.graph.facade import GraphMethods
-from mnemo.graph.model import CommitReceipt, NodeType
+from mnemo.graph.model import NodeType
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.inputs import check_count, check_id, check_text
-from mnemo.ports import LLM, Embedder, LimitedLLM, Usage
+from mnemo.inputs import check_id, check_text
+from mnemo.memory.conversation import ConversationMethods
+from mnemo.memory.graph import GraphMethods
+from mnemo.memory.repos import Repos
+from mnemo.memory.sessions import SessionMethods
+from mnemo.ports import LLM, Embedder, Usage
 from mnemo.recall.engine import RecallResult
 from mnemo.recall.service import RecallRuntime, RecallService
-from mnemo.repos import Repos
 from mnemo.session.host import TaskHost
-from mnemo.session.machine import State
-from mnemo.session.queue import Callback
-from mnemo.session.service import SessionContext, SessionInfo, SessionService
+from mnemo.session.service import SessionService
 from mnemo.storage.ports import open_backend
 
-log = logging.getLogger("mnemo")
 
-# The most extraction retries one `close_and_commit` may ask for: each runs its model calls
-# again.
-MAX_RETRIES = 100
-
-
-class Memory(GraphMethods, ConversationMethods):
+class Memory(SessionMethods, GraphMethods, ConversationMethods):
     """An agent's memory in one SQLite file (or `":memory:"`), or a PostgreSQL database.
 
     `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
@@ -150,24 +142,6 @@ class Memory(GraphMethods, ConversationMethods):
         self._service.restore([s for s in live if s.repo in known])
         return self
 
-    async def _save_profiles(self) -> None:
-        """Records what the repos' models learned of their servers (an inspecting Memory
-        records nothing)."""
-        if not self._inspect:
-            await self._repos.save_profiles(self._sessions_store)
-
-    def _works(self, call: str) -> None:
-        """Refuses a call that would start work on an inspecting Memory.
-
-        Raises:
-            StorageError: "read_only".
-        """
-        if self._inspect:
-            raise StorageError(
-                "read_only", f"{call} needs a Memory that works; this one was opened with "
-                "inspect=True"
-            )
-
     async def _background(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
@@ -256,169 +230,6 @@ class Memory(GraphMethods, ConversationMethods):
         if repo is not None:
             return self._repos.usage.of_repo(check_id(repo, "repo"))
         return self._repos.usage.total()
-
-    # ---- sessions -------------------------------------------------------------------------
-
-    async def start_session(
-        self,
-        goal: str,
-        *,
-        repo: str,
-        llm: LLM | None = None,
-        embedder: Embedder | None = None,
-        config: Config | None = None,
-    ) -> str:
-        """Opens a session collecting its first episode towards `goal`; returns its id.
-
-        Raises:
-            InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, or a
-                config that is not a `Config`.
-            NotFoundError: an unknown repo.
-            EmbeddingError: the embedder override's dimension differs from the repo's.
-        """
-        self._works("start_session")
-        if not isinstance(goal, str) or not goal.strip():
-            raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        await self._repos.learn(check_id(repo, "repo"))
-        override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
-        return await self._service.start_session(
-            goal, repo=repo, override=override, config=chosen
-        )
-
-    async def append(
-        self,
-        session_id: str,
-        observation: str,
-        action: str,
-        *,
-        metadata: dict[str, Any] | None = None,
-    ) -> StepInfo:
-        """Annotates and stores one step; returns once it is durable.
-
-        Raises:
-            InvalidInputError: observation or action is not a string or is longer than the
-                session's `Config.max_text_chars` (metadata: its JSON); no step was added.
-            SessionError: the session is not collecting.
-            LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
-        """
-        self._works("append")
-        return await self._service.append(session_id, observation, action, metadata)
-
-    async def close(self, session_id: str) -> None:
-        """Ends the episode and starts extraction in the background (state `extracting`)."""
-        self._works("close")
-        await self._service.close(session_id)
-
-    async def commit(self, session_id: str) -> CommitReceipt | None:
-        """`ready`: applies the changeset durably and returns its receipt (state `idle`).
-        `failed`: retries the extraction (state `extracting`) and returns None."""
-        self._works("commit")
-        return await self._service.commit(session_id)
-
-    async def discard(self, session_id: str) -> None:
-        """Drops a ready changeset or a failed extraction (state `idle`)."""
-        self._works("discard")
-        await self._service.discard(session_id)
-
-    async def start_episode(self, session_id: str, goal: str) -> None:
-        """Starts a new episode in an idle session (state `collecting`)."""
-        self._works("start_episode")
-        await self._service.start_episode(session_id, goal)
-
-    async def close_and_commit(
-        self,
-        session_id: str,
-        *,
-        max_retries: int = 2,
-        max_polls: int | None = None,
-        poll_interval: float = 0.05,
-    ) -> CommitReceipt:
-        """Closes, waits for extraction, and commits; retries a failed extraction up to
-        `max_retries` times. Each wait lasts as long as the session's `extraction_timeout`
-        allows (twice, in auto-commit: the close may first wait for commits of its steps
-        under way), or `max_polls * poll_interval` seconds when `max_polls` is given. In
-        auto-commit the receipt holds what the close committed.
-
-        Raises:
-            InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES` (each
-                retry runs the extraction's model calls again), `max_polls` not None or a
-                positive integer, `poll_interval` not a positive number of seconds.
-            PipelineError: "extraction_failed" or "extraction_timeout".
-        """
-        self._works("close_and_commit")
-        check_count("max_retries", max_retries, maximum=MAX_RETRIES)
-        if max_polls is not None:
-            check_count("max_polls", max_polls, minimum=1)
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
-            0 < poll_interval < math.inf
-        ):
-            raise InvalidInputError(
-                f"poll_interval must be a positive number of seconds, got {poll_interval!r}"
-            )
-        try:
-            return await self._service.close_and_commit(
-                session_id, max_retries=max_retries, max_polls=max_polls,
-                poll_interval=poll_interval,
-            )
-        finally:
-            await self._save_profiles()
-
-    async def commit_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("commit_async")
-        await self._service.submit(session_id, "commit", (), callback)
-
-    async def discard_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("discard_async")
-        await self._service.submit(session_id, "discard", (), callback)
-
-    async def close_async(self, session_id: str, callback: Callback | None = None) -> None:
-        self._works("close_async")
-        await self._service.submit(session_id, "close", (), callback)
-
-    async def start_episode_async(
-        self, session_id: str, goal: str, callback: Callback | None = None
-    ) -> None:
-        self._works("start_episode_async")
-        if not isinstance(goal, str) or not goal.strip():
-            raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        await self._service.submit(session_id, "start_episode", (goal,), callback)
-
-    async def append_async(
-        self, session_id: str, observation: str, action: str, callback: Callback | None = None
-    ) -> None:
-        self._works("append_async")
-        for what, value in (("observation", observation), ("action", action)):
-            if not isinstance(value, str):
-                raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-        await self._service.submit(session_id, "append", (observation, action), callback)
-
-    async def session_state(self, session_id: str) -> State:
-        return await self._service.state_of(session_id)
-
-    async def session_context(self, session_id: str) -> SessionContext | None:
-        """The goal and last 5 steps ("obs -> act") of a live episode; None when idle."""
-        return await self._service.context(session_id)
-
-    async def end_session(self, session_id: str) -> None:
-        """Stops the session; its id is then unknown."""
-        self._works("end_session")
-        await self._service.end_session(session_id)
-
-    async def episodes(self, session_id: str) -> list[EpisodeLog]:
-        """Every episode the session stored (ended sessions too), oldest first, each with its
-        steps and their trajectories; [] for an id no session had. Reads only: a restored
-        session is not resumed by it."""
-        return await self._sessions_store.episodes(check_id(session_id, "session_id"))
-
-    async def episode(self, episode_id: str) -> EpisodeLog | None:
-        """The stored episode (with its session id and steps) that an EPISODIC node's
-        `data["episode_id"]` names; None for one no session stored (an ingest's)."""
-        return await self._sessions_store.episode(check_id(episode_id, "episode_id"))
-
-    async def list_sessions(self) -> list[SessionInfo]:
-        """Every live session (not ended, restored ones included), oldest first: id, repo,
-        state, the open episode's goal and its number of steps."""
-        return await self._service.list_sessions()
 
     # ---- recall ---------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""Conversation memory's part of `mnemo.Memory`: managers over the store's threads, the
-viewport, eviction, goals and message search (`Memory` inherits it; see `mnemo.memory`)."""
+"""`Memory`'s methods over conversation threads: managers over the store's threads, the
+viewport, eviction, goals and message search (`Memory` inherits them; see
+`mnemo.memory.facade`)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ from mnemo.conversation.model import (
     ThreadInfo,
     Viewport,
 )
-from mnemo.conversation.service import DEFAULT_RETRIEVAL, ConversationService
+from mnemo.conversation.service import DEFAULT_RETRIEVAL
+from mnemo.memory.parts import Parts
 
 
-class ConversationMethods:
+class ConversationMethods(Parts):
     """`Memory`'s methods over conversation threads."""
-
-    _conversations: ConversationService
 
     # ---- conversation memory --------------------------------------------------------------
 

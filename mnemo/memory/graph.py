@@ -1,5 +1,5 @@
-"""The graph's part of `mnemo.Memory`: nodes and links looked up, the commit history, and
-maintenance (`Memory` inherits it; see `mnemo.memory`)."""
+"""`Memory`'s methods over the graph: nodes and links looked up, the commit history, and
+maintenance (`Memory` inherits them; see `mnemo.memory.facade`)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,12 @@ from mnemo.graph import maintenance
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
 from mnemo.graph.model import Link, LinkType, Node, NodeType
-from mnemo.graph.ports import GraphStore
-from mnemo.graph.reads import GraphReads
 from mnemo.inputs import check_count
-from mnemo.repos import Repos
+from mnemo.memory.parts import Parts
 
 
-class GraphMethods:
+class GraphMethods(Parts):
     """`Memory`'s methods over a repo's graph, its history and its upkeep."""
-
-    _graph: GraphStore
-    _reads: GraphReads
-    _repos: Repos
 
     # ---- the graph ------------------------------------------------------------------------
 

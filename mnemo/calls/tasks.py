@@ -1,0 +1,197 @@
+"""A task asked of an LLM: the request it is sent as, its reply read, and `ask`, which asks
+again for an unusable reply and shortens a prompt the model's context refused.
+
+Every task mnemo asks of an LLM is one `LLMRequest`: a system prompt saying what to do, and one
+user message holding the instructions followed by the task's inputs as a JSON document after
+the line `INPUT:`. Real models read that JSON like any prompt; the offline LLM parses it back
+with `task_inputs`, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from mnemo.errors import LLMContextError, LLMError, LLMReplyError
+from mnemo.ports import LLM, LLMRequest, LLMResponse
+from mnemo.retry import RetryPolicy, policy_of, task_budget
+
+log = logging.getLogger("mnemo")
+
+INPUT_MARKER = "\nINPUT:\n"
+
+T = TypeVar("T")
+
+
+def task_request(
+    task: str,
+    *,
+    system: str,
+    instructions: str,
+    inputs: dict[str, Any],
+    schema: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
+) -> LLMRequest:
+    """Builds the request for one task: instructions, then the inputs as JSON."""
+    # Compact JSON: `indent` would switch json.dumps to its slow pure-Python encoder, on the
+    # append path (BENCHMARKS.md).
+    content = instructions.strip() + INPUT_MARKER + json.dumps(inputs, ensure_ascii=False)
+    return LLMRequest(
+        task=task,
+        system=system,
+        messages=[{"role": "user", "content": content}],
+        schema=schema,
+        max_tokens=max_tokens,
+    )
+
+
+def task_inputs(request: LLMRequest) -> dict[str, Any]:
+    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+    for message in reversed(request.messages):
+        content = message.get("content")
+        if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
+            try:
+                value = json.loads(content.rsplit(INPUT_MARKER, 1)[1])
+            except json.JSONDecodeError:
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def reply_data(response: LLMResponse) -> Any:
+    """A task reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset
+    (None when neither holds JSON). Every task parser reads its reply through this."""
+    if response.data is not None or not isinstance(response.text, str) or not response.text.strip():
+        return response.data
+    try:
+        return json.loads(response.text)
+    except ValueError:
+        return None
+
+
+def preview(value: Any) -> str:
+    """`repr(value)` cut to 120 characters, for a parser's error message."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+async def ask(
+    llm: LLM,
+    request: LLMRequest,
+    parse: Callable[[LLMResponse], T],
+    *,
+    policy: RetryPolicy | None = None,
+    unusable: T | None = None,
+) -> T:
+    """Sends `request` and parses the reply, asking again when the reply is unusable.
+
+    The task has one budget (`policy`, else the LLM's `retry_policy`, else the default; see
+    `mnemo.retry`): the adapter's transport retries and schema re-asks, and the re-asks made
+    here for a reply `parse` rejects with `ValueError`, all count against it. An exception
+    from the LLM is not retried here: the adapter has already spent what it could.
+
+    `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
+    for (a reward's neutral 0.5, API.md), returned with a warning instead of the error: the
+    adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the LLM itself
+    (an HTTP error, a timeout) raises all the same.
+
+    Raises:
+        LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
+            unusable replies (`LLMReplyError`; the message says what was wrong with the last
+            one) and no `unusable` was given.
+    """
+    with task_budget(policy or policy_of(llm)) as budget:
+        shrinks = 0
+        while True:
+            before = budget.counts()
+            try:
+                response = await llm.generate(request)
+            except Exception as exc:
+                budget.charge_bare(before)
+                shrunk = shorter(request) if isinstance(exc, LLMContextError) else None
+                if shrunk is not None and shrinks < MAX_SHRINKS and budget.can_call():
+                    log.warning("task %s: the prompt was longer than the model's context; "
+                                "asking again with shorter inputs", request.task)
+                    request, shrinks = shrunk, shrinks + 1
+                    budget.next_call("retry")
+                    continue
+                not_usable = isinstance(exc, LLMReplyError)  # it answered, not usably
+                if not_usable and unusable is not None:
+                    return _stands_for(request, unusable, exc)
+                kind = (LLMReplyError if not_usable else
+                        LLMContextError if isinstance(exc, LLMContextError) else LLMError)
+                raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
+            budget.charge_bare(before)
+            try:
+                return parse(response)
+            except ValueError as exc:
+                problem = str(exc)
+            if not budget.can_re_ask():
+                error = LLMReplyError(
+                    f"the LLM's reply to task {request.task!r} was unusable after "
+                    f"{budget.describe()}: {problem}"
+                )
+                if unusable is not None:
+                    return _stands_for(request, unusable, error)
+                raise error
+            budget.next_call("re_ask")
+
+
+# How many times `ask` shortens a prompt the model's context refused, and how much of the
+# inputs' text each time keeps.
+MAX_SHRINKS = 2
+SHRINK_TO = 0.5
+# Texts shorter than this are never cut; a cut text keeps its start and its end.
+SHORT_TEXT = 160
+
+
+def shorter(request: LLMRequest) -> LLMRequest | None:
+    """`request` with its inputs' text about halved, for a model whose context it did not
+    fit: the oldest half of "recent" context dropped, then the longest texts cut in the
+    middle ("start … end") until half of the text is left; None when nothing can be cut.
+    The instructions and the task's own fields stay."""
+    inputs = task_inputs(request)
+    if not inputs:
+        return None
+    recent = inputs.get("recent")
+    if isinstance(recent, list) and len(recent) > 1:
+        inputs["recent"] = recent[len(recent) // 2:]
+    texts = list(_texts(inputs))
+    total = sum(len(text) for _, _, text in texts)
+    budget = int(total * SHRINK_TO)
+    for holder, key, text in sorted(texts, key=lambda t: -len(t[2])):
+        if total <= budget or len(text) <= SHORT_TEXT:
+            break
+        keep = max(SHORT_TEXT, len(text) - (total - budget))
+        holder[key] = f"{text[: keep // 2]} … {text[len(text) - keep // 2:]}"
+        total -= len(text) - len(holder[key])
+    content = request.messages[-1].get("content") if request.messages else None
+    if not isinstance(content, str) or INPUT_MARKER not in content:
+        return None
+    head = content.rsplit(INPUT_MARKER, 1)[0]
+    body = json.dumps(inputs, ensure_ascii=False)
+    if len(body) >= len(content.rsplit(INPUT_MARKER, 1)[1]):
+        return None
+    messages = [*request.messages[:-1], {**request.messages[-1],
+                                         "content": head + INPUT_MARKER + body}]
+    return replace(request, messages=messages)
+
+
+def _texts(value: Any) -> Iterator[tuple[Any, Any, str]]:
+    """Every string inside `value` (a JSON value), with its container and key or index."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(item, str):
+            yield value, key, item
+        else:
+            yield from _texts(item)
+
+
+def _stands_for(request: LLMRequest, unusable: T, error: Exception) -> T:
+    log.warning("task %s: the reply stayed unusable, taken as %r: %s", request.task, unusable,
+                error)
+    return unusable

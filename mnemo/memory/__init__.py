@@ -1,0 +1,9 @@
+"""The facade an app opens, `Memory` (`mnemo.memory.facade`), with the groups of methods it
+inherits (`sessions`, `graph`, `conversation`), the parts they share (`parts`), and the repos
+it knows (`repos`, with the usage book in `usage`)."""
+
+from __future__ import annotations
+
+from mnemo.memory.facade import Memory
+
+__all__ = ["Memory"]

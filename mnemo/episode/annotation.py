@@ -3,12 +3,13 @@ step's deferred reward; and deciding whether it starts a new trajectory."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
 import numpy as np
 
+from mnemo import deadline
 from mnemo.calls.tasks import ask
 from mnemo.episode.model import StepRecord
 from mnemo.episode.prompts import (
@@ -20,7 +21,7 @@ from mnemo.episode.prompts import (
     state_request,
     subgoal_request,
 )
-from mnemo.errors import EmbeddingError, first_error
+from mnemo.errors import EmbeddingError, LLMTimeout, MnemoError, first_error
 from mnemo.graph.model import Vector
 from mnemo.graph.vectors import cosine, reaches
 from mnemo.ports import LLM, Embedder
@@ -89,6 +90,45 @@ async def annotate(
         subgoal_vec=vector,
         previous_reward=float(reward) if isinstance(reward, float) else None,
     )
+
+
+async def annotate_step(
+    llm: Callable[[], LLM],
+    embedder: Embedder,
+    *,
+    goal: str,
+    observation: str,
+    action: str,
+    steps: Sequence[StepRecord],
+    threshold: float,
+    time_limit: float,
+    name: str,
+) -> tuple[Annotation, bool]:
+    """Annotates a step appended after `steps` (its episode's so far, the model asked through
+    `llm()`) within `time_limit` seconds, and says whether it starts a new trajectory
+    (`starts_trajectory` with `threshold`).
+
+    Raises:
+        LLMTimeout: the annotation outlasted `time_limit` (`name` says whose step it was).
+        LLMError, EmbeddingError: as `annotate`.
+    """
+    previous = steps[-1] if steps else None
+    try:
+        with deadline.fail_after(time_limit):
+            note = await annotate(
+                llm(),
+                embedder,
+                goal=goal,
+                observation=observation,
+                action=action,
+                previous=previous,
+                recent=[step.line for step in steps[-3:]],
+            )
+    except TimeoutError as exc:
+        if isinstance(exc, MnemoError):
+            raise
+        raise LLMTimeout(f"{name}: append timed out after {time_limit}s") from exc
+    return note, starts_trajectory(previous, note.subgoal_vec, threshold)
 
 
 async def _reward_into(

@@ -66,7 +66,8 @@ class SessionMethods(Parts):
             SessionError: the session is not collecting.
             LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
         """
-        self._works("append")
+        if self._inspect:  # checked here, not through `_works`: one file less per step
+            self._works("append")
         return await self._service.append(session_id, observation, action, metadata)
 
     async def close(self, session_id: str) -> None:

@@ -25,10 +25,10 @@ import anyio
 
 from mnemo.errors import MnemoError, NotFoundError
 from mnemo.ports import model_name
-from mnemo.session import extracting, stored
+from mnemo.session import stored
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo
-from mnemo.session.records import SessionRecord
+from mnemo.session.records import CommitSteps, Extract, SessionRecord, finished_steps
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -177,7 +177,7 @@ class Holding:
                 continue
             if await self.claim(session):
                 log.info("%s: taking over its extraction", session.id)
-                live.spawn(session, extracting.extract_episode, live, session)
+                live.start(session, Extract())
         try:
             await stored.answer_abandoned(live, now - self._lease, gone)
         except MnemoError as exc:
@@ -205,7 +205,7 @@ class Holding:
         if session.driven or not config.auto_commit:
             return
         if config.flush_timeout is None and config.session_timeout is None and not (
-            extracting.finished_steps(session)
+            finished_steps(session)
         ):
             return  # no timers and nothing started: nothing to drive, so nothing written
         try:
@@ -218,9 +218,9 @@ class Holding:
             log.info("%s: taking over its auto-commit timers", session.id)
             # A boundary handed the finished trajectories to a background commit, which
             # went with its holder: it runs again here now, not at the next flush.
-            finished = extracting.finished_steps(session)
+            finished = finished_steps(session)
             if finished:
-                extracting.start_background(self._live, session, finished)
+                self._live.start(session, CommitSteps(finished))
 
 
 def _alive(pid: int) -> bool:

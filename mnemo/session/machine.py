@@ -59,7 +59,7 @@ EDGES: Final[list[dict[str, str]]] = [
 _DESTINATIONS: Final = {(State(e["source"]), e["trigger"]): State(e["dest"]) for e in EDGES}
 
 # Why each call is refused where there is no edge (the API contract's state table).
-_REFUSALS: Final[dict[State, dict[str, str]]] = {
+REFUSALS: Final[dict[State, dict[str, str]]] = {
     S.IDLE: {"append": "not_collecting", "close": "not_collecting", "commit": "not_ready",
              "discard": "not_discardable"},
     S.COLLECTING: {"start_episode": "not_idle", "commit": "not_ready",
@@ -101,7 +101,7 @@ def answer(state: State, event: str) -> Answer:
     if event in RESULTS:
         return Stale()
     if event in CALLS:
-        return Refuse(_REFUSALS[state][event])
+        return Refuse(REFUSALS[state][event])
     raise ValueError(f"unknown session event {event!r}")
 
 

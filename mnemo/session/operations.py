@@ -190,7 +190,11 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         assert op.ticket is not None
         observation, action = op.args
-        await transitions.append(live, session, op.ticket, observation, action, None)
+        _, effect = await transitions.Append(live, session, observation, action, None).run(
+            op.ticket
+        )
+        if effect is not None:
+            live.start(session, effect)
     elif op.kind == "close":
         transitions.refuse_close(session, queued=True)
         await transitions.close(live, session, op)

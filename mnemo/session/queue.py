@@ -1,6 +1,5 @@
-"""The pieces of a session's async operation queue: operations, their results, the state
-projection that validates a queued operation, and the turnstile that keeps appends in call
-order."""
+"""The pieces of a session's async operation queue: operations, their results, and the state
+projection that validates a queued operation."""
 
 from __future__ import annotations
 
@@ -94,50 +93,3 @@ async def deliver(callback: Callback | None, result: OpResult) -> None:
                 await outcome
         except Exception:
             log.exception("an operation callback failed")
-
-
-class Turnstile:
-    """Lets holders of numbered tickets through one at a time, in ticket order.
-
-    A ticket taken and then abandoned (its operation failed or was cancelled before its turn)
-    is skipped, so no later holder waits forever.
-    """
-
-    def __init__(self) -> None:
-        self._next = 0
-        self._serving = 0
-        self._waiting: dict[int, anyio.Event] = {}
-        self._abandoned: set[int] = set()
-
-    def take(self) -> int:
-        ticket = self._next
-        self._next += 1
-        return ticket
-
-    async def wait(self, ticket: int) -> None:
-        """Returns when it is `ticket`'s turn; the holder must then call `leave`."""
-        if ticket == self._serving:
-            return
-        event = self._waiting.setdefault(ticket, anyio.Event())
-        try:
-            await event.wait()
-        except BaseException:
-            self._waiting.pop(ticket, None)
-            if ticket == self._serving:
-                self.leave(ticket)  # our turn came as we were cancelled: pass it on
-            else:
-                self._abandoned.add(ticket)
-            raise
-
-    def leave(self, ticket: int) -> None:
-        """Ends `ticket`'s turn (or abandons it, if its turn has not come)."""
-        if ticket != self._serving:
-            self._abandoned.add(ticket)
-            return
-        self._serving += 1
-        while self._serving in self._abandoned:
-            self._abandoned.discard(self._serving)
-            self._serving += 1
-        event = self._waiting.pop(self._serving, None)
-        if event is not None:
-            event.set()

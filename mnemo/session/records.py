@@ -1,6 +1,9 @@
 """The values the session service works with: a live session's record (`SessionRecord`), the
 `Runtime` it runs with, and what callers read of a session (`SessionContext`, `SessionInfo`).
 
+The effects a move starts are values here too (`Extract`, `CommitSteps`): the machine's moves
+(`transitions`) name them, and the service starts them (`Sessions.start`).
+
 A `SessionRecord` is the in-memory side of one live session: its machine model, the episode it
 collects, its operation queue and its background work. Busy, for the async queue, means:
 extracting, an auto-commit extraction in flight, or an accepted operation still running
@@ -17,14 +20,14 @@ from typing import Any
 import anyio
 
 from mnemo.config import Config, with_longer_timeouts
-from mnemo.episode.model import EpisodeRecord
+from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.errors import EmbeddingError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.inputs import check_json, check_text
 from mnemo.ports import LLM, Embedder
 from mnemo.session.machine import SessionModel, State
-from mnemo.session.queue import Op, Turnstile
+from mnemo.session.queue import Op
 
 S = State
 
@@ -71,6 +74,69 @@ class Runtime:
                 f"dimension {self.embedder.dim}; open the repo with an embedder of its "
                 "dimension"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class Extract:
+    """The effect of a move to `extracting` held here: run the open episode's extraction."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitSteps:
+    """The effect of a trajectory boundary in auto-commit (or a flush, or a take-over):
+    extract and commit `steps` in the background while the session keeps collecting."""
+
+    steps: list[StepRecord]
+
+
+Effect = Extract | CommitSteps
+
+
+class Turnstile:
+    """Lets holders of numbered tickets through one at a time, in ticket order.
+
+    A ticket taken and then abandoned (its operation failed or was cancelled before its turn)
+    is skipped, so no later holder waits forever.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._serving = 0
+        self._waiting: dict[int, anyio.Event] = {}
+        self._abandoned: set[int] = set()
+
+    def take(self) -> int:
+        ticket = self._next
+        self._next += 1
+        return ticket
+
+    async def wait(self, ticket: int) -> None:
+        """Returns when it is `ticket`'s turn; the holder must then call `leave`."""
+        if ticket == self._serving:
+            return
+        event = self._waiting.setdefault(ticket, anyio.Event())
+        try:
+            await event.wait()
+        except BaseException:
+            self._waiting.pop(ticket, None)
+            if ticket == self._serving:
+                self.leave(ticket)  # our turn came as we were cancelled: pass it on
+            else:
+                self._abandoned.add(ticket)
+            raise
+
+    def leave(self, ticket: int) -> None:
+        """Ends `ticket`'s turn (or abandons it, if its turn has not come)."""
+        if ticket != self._serving:
+            self._abandoned.add(ticket)
+            return
+        self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+        event = self._waiting.pop(self._serving, None)
+        if event is not None:
+            event.set()
 
 
 @dataclass(eq=False, slots=True)
@@ -186,3 +252,24 @@ def check_step(
     check_text(action, "action", limit=config.max_text_chars, blank_ok=True)
     if metadata is not None:
         check_json(metadata, "metadata", limit=config.max_text_chars)
+
+
+def extractable(session: SessionRecord, step: StepRecord) -> bool:
+    return step.committed_in is None and step.id not in session.claimed
+
+
+def uncommitted(session: SessionRecord) -> list[StepRecord]:
+    """The open episode's steps that no commit has and no background commit here is
+    extracting: what a flush or a close extracts."""
+    episode = session.episode
+    return [s for s in episode.steps if extractable(session, s)] if episode else []
+
+
+def finished_steps(session: SessionRecord) -> list[StepRecord]:
+    """The steps a boundary hands to a background commit: the uncommitted ones of every
+    trajectory of the open episode but the last."""
+    episode = session.episode
+    if episode is None or not episode.steps:
+        return []
+    current = episode.steps[-1].trajectory_id
+    return [s for s in episode.steps if s.trajectory_id != current and extractable(session, s)]

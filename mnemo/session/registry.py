@@ -25,7 +25,7 @@ from mnemo.ports import LLM
 from mnemo.session.machine import Machines, SessionModel, State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.queue import Callback
-from mnemo.session.records import Runtime, SessionRecord
+from mnemo.session.records import Effect, Runtime, SessionRecord
 
 log = logging.getLogger("mnemo")
 
@@ -57,6 +57,10 @@ class Sessions:
         # Claims steps for this Memory's extraction in the store (`leases.Holding`): the ids
         # among those asked that it holds now; None where no holder was set up.
         self.claim_steps: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
+        # Starts what a move asks for (`records.Effect`: an extraction, a background commit),
+        # in the session's own tasks: `SessionService` sets it (`effects.start`), so that the
+        # machine's moves name their effects without importing what runs them.
+        self.start: Callable[[SessionRecord, Effect], None] = _not_started
         # Answers what a session ended elsewhere still owes (its queue, what it stored for
         # another Memory): `SessionService` sets it, as `end_session` does for its own end.
         self.answer_ended: Callable[[SessionRecord], Awaitable[None]] | None = None
@@ -121,10 +125,10 @@ class Sessions:
                 session = self.adopt(row)
             return session
         if fresh:
-            lease = await self.coordination.lease(session_id)
+            version = await self.store.version(session_id)
             # Versions only grow: an older one is a read that began before a write here and
             # answered after it, not a move.
-            moved = lease is None or lease.ended or lease.version > session.version
+            moved = version is None or version > session.version
             # Not while this Memory holds the session's lock: it is writing the session, and
             # what the store holds may be that very write, which the move ends with (taken
             # in half-way, the session looked extracted by another Memory, or its move lost
@@ -317,3 +321,7 @@ class Sessions:
         except RuntimeError:  # the group has ended (the Memory closed): nothing started
             scopes.discard(scope)
             raise
+
+
+def _not_started(session: SessionRecord, effect: Effect) -> None:
+    raise RuntimeError(f"{session.id}: {effect} asked for before the service set its starter")

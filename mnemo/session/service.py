@@ -4,11 +4,17 @@ The work is split by concern, each module a set of functions over one shared `Se
 (`registry.py`):
 
 - `records.py`: a live session's record, its runtime, and what callers read of it;
-- `transitions.py`: the machine's moves (`move`, the refusals) and each call's effect;
+- `transitions.py`: the machine's moves (`move`, the refusals) and what each call writes; a
+  move names what it starts (`records.Effect`), and does not start it itself;
+- `effects.py`: starts those effects (`Sessions.start`), and what runs once they are done;
+- `extracting.py`: the extraction runner and auto-commit's background commits;
+- `committing.py`: commits, and how they deduplicate intents;
 - `operations.py`: the async operation queue;
 - `stored.py`: async operations stored for work another Memory holds;
-- `extracting.py`: the extraction runner, auto-commit's background commits, and commits;
 - `timers.py`: auto-commit's flush and expiry deadlines.
+
+Imports point one way, down this list read from the bottom (timers, stored, operations, effects)
+to the top (transitions, committing, records): no module imports one that imports it.
 
 This module checks a call's input, finds its session, and hands it to them; it also restores
 the sessions a store holds and resumes their extractions.
@@ -16,6 +22,7 @@ the sessions a store holds and resumes their extractions.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import uuid
@@ -33,7 +40,7 @@ from mnemo.graph.model import CommitReceipt
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from mnemo.inputs import check_text
 from mnemo.ports import LLM
-from mnemo.session import extracting, operations, stored, timers, transitions
+from mnemo.session import committing, effects, operations, stored, timers, transitions
 from mnemo.session.leases import Holding
 from mnemo.session.machine import State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
@@ -78,6 +85,7 @@ class SessionService:
             store=store, coordination=coordination, graph=graph, events=events,
             repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
         )
+        self._live.start = functools.partial(effects.start, self._live)
         self._holding = Holding(self._live, lease_timeout)
         self._live.answer_ended = self._answer_ended
 
@@ -224,12 +232,15 @@ class SessionService:
         session.appends_in_flight += 1
         ticket = session.turnstile.take()
         try:
-            return await transitions.append(
-                self._live, session, ticket, observation, action, metadata
-            )
+            info, effect = await transitions.Append(
+                self._live, session, observation, action, metadata
+            ).run(ticket)
         finally:
             session.appends_in_flight -= 1
             session.notify()  # an expiry waits for appends to end (`timers._working`)
+        if effect is not None:
+            self._live.start(session, effect)
+        return info
 
     async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
         """`transitions.refuse_unless`, for the calls that start from the record this Memory
@@ -380,4 +391,4 @@ class SessionService:
     @staticmethod
     def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
         """How commits made with `runtime` deduplicate intents (merging through `llm`)."""
-        return extracting.intent_policy(runtime, llm)
+        return committing.intent_policy(runtime, llm)

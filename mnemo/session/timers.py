@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from mnemo.errors import NotFoundError, SessionError, StorageError
-from mnemo.session import claims, extracting, transitions
+from mnemo.session import claims, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StaleSession
-from mnemo.session.records import SessionRecord, current_state
+from mnemo.session.records import CommitSteps, SessionRecord, current_state, uncommitted
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -107,7 +107,7 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
             return
         if now < flush_at:
             return  # used meanwhile: the loop waits for the new deadline
-        waiting = extracting.uncommitted(session)
+        waiting = uncommitted(session)
         if not waiting:
             session.flush_after = now  # nothing to flush: look again a timeout from now
             return
@@ -133,9 +133,9 @@ async def _due(live: Sessions, end: End, session: SessionRecord) -> None:
         # By id: a reload meanwhile made new records (equal ones, whose vectors do not
         # compare as a truth value).
         ids = {s.id for s in mine}
-        waiting = [s for s in extracting.uncommitted(session) if s.id in ids]
+        waiting = [s for s in uncommitted(session) if s.id in ids]
         if waiting:
-            extracting.start_background(live, session, waiting)
+            live.start(session, CommitSteps(waiting))
     except NotFoundError:
         return  # ended through another Memory
     except StorageError as exc:
@@ -191,7 +191,7 @@ async def _expire(live: Sessions, end: End, session: SessionRecord) -> None:
         try:
             # Refused, as any close, while an append runs (`transitions.refuse_close`), and
             # when the store says it was used meanwhile (read again after a conflict).
-            await extracting.start(live, session, "close", None, refuse=refuse)
+            await transitions.start_extraction(live, session, "close", None, refuse=refuse)
         except SessionError:
             _restart(live, session)  # a call got in first (an append): not idle after all
             return

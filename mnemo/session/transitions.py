@@ -1,10 +1,14 @@
-"""The session machine's moves and the effects of the calls that move it.
+"""The session machine's moves, and what the calls that move it write.
 
 A state change happens in `move`: under the session's lock it re-checks the table (`answer`),
-persists, fires the trigger, then reports a "transition" event. The calls' effects
-(`start_episode`, `append`, `close`, `commit`, `discard`) check the table first (`refuse_unless`)
-and move through `move`, except `commit`, which fires under the lock it applies the changeset
-in. A close hands the episode to `extracting`.
+persists, fires the trigger, starts what the move asks for (`then`, an `Effect`, through
+`Sessions.start`: the service starts it), then reports a "transition" event. The calls
+(`start_episode`, `append`, `close`, `commit`, `discard`) check the table first
+(`refuse_unless`) and move through `move`, except `commit`, which fires under the lock it
+applies the changeset in. A close moves the session to `extracting` (`start_extraction`) and
+asks for its extraction (`Extract`); an append that ends a trajectory in auto-commit returns
+the background commit of the finished ones (`CommitSteps`) for its caller to start. Nothing
+here runs an extraction or an operation queue: those modules sit above this one.
 """
 
 from __future__ import annotations
@@ -13,18 +17,25 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from mnemo import deadline
-from mnemo.episode.annotation import annotate, starts_trajectory
+from mnemo.episode.annotation import annotate_step
 from mnemo.episode.model import EpisodeRecord, StepInfo, StepRecord
-from mnemo.errors import LLMTimeout, MnemoError, NotFoundError, SessionError, StorageError
+from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.graph.model import CommitReceipt
-from mnemo.session import extracting
-from mnemo.session.machine import Machines, Refuse, Stale, State, answer
+from mnemo.ports import model_name
+from mnemo.session import committing
+from mnemo.session.machine import REFUSALS, Machines, Refuse, Stale, State, answer
 from mnemo.session.ports import StaleSession
 from mnemo.session.queue import Op
-from mnemo.session.records import SessionRecord
+from mnemo.session.records import (
+    CommitSteps,
+    Effect,
+    Extract,
+    SessionRecord,
+    finished_steps,
+)
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -36,9 +47,11 @@ def refuse_unless(session: SessionRecord, event: str) -> None:
     """Raises NotFoundError for an ended session, SessionError where the table refuses."""
     if session.ended:  # ended while this call waited for its turn
         raise NotFoundError("session", session.id)
-    verdict = answer(session.state, event)
-    if isinstance(verdict, Refuse):
-        raise SessionError(verdict.reason, state=session.state, session_id=session.id)
+    # The table's refusals, read as data (a call `answer` would refuse has one, and only such
+    # a call): the check every call makes costs no call into the machine.
+    reason = REFUSALS[session.state].get(event)
+    if reason is not None:
+        raise SessionError(reason, state=session.state, session_id=session.id)
 
 
 def refuse_close(session: SessionRecord, *, queued: bool = False) -> None:
@@ -60,11 +73,11 @@ async def move(
     op: Op | None = None,
     data: Callable[[], dict[str, Any]] | None = None,
     refuse: Callable[[], None] | None = None,
-    fired: Callable[[], None] | None = None,
+    then: Effect | None = None,
 ) -> bool:
     """Persists and fires `event` if the table still allows it; False for a stale result.
-    `fired`, when given, runs right after the event fires, before anything else may run
-    (what a move starts, so that no call sees the new state without it).
+    `then`, when given, is started (`Sessions.start`) right after the event fires, before
+    anything else may run: no call sees the new state without what it started.
 
     `persist` writes with the version the record holds and returns the new one; when another
     Memory moved the session first (`StaleSession`), the record is read again and the table
@@ -109,8 +122,8 @@ async def move(
             # operation without its callback).
             live.machines.force(session.model, before)
         after = Machines.fire(session.model, event)
-        if fired is not None:
-            fired()
+        if then is not None:
+            live.start(session, then)
         if op is not None:
             op.applied = True
     session.notify()
@@ -146,143 +159,169 @@ async def start_episode(
     live.touch(session)
 
 
-async def append(
-    live: Sessions,
-    session: SessionRecord,
-    ticket: int,
-    observation: str,
-    action: str,
-    metadata: dict[str, Any] | None,
-) -> StepInfo:
-    """Stores the step when the turnstile reaches `ticket`, so steps keep their call order."""
-    await session.turnstile.wait(ticket)
-    try:
-        return await _annotate_and_store(live, session, observation, action, metadata)
-    finally:
-        session.turnstile.leave(ticket)
-        # An append is activity, whatever came of it: an expiry that waited for it
-        # (`timers._working`) finds the session used, not idle.
-        live.touch(session)
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One step on its way into a collecting session: what the caller gave, and the session
+    (with the Memory's sessions) it goes to. `run` stores it."""
 
+    live: Sessions
+    session: SessionRecord
+    observation: str
+    action: str
+    metadata: dict[str, Any] | None
 
-async def _annotate_and_store(
-    live: Sessions,
-    session: SessionRecord,
-    observation: str,
-    action: str,
-    metadata: dict[str, Any] | None,
-) -> StepInfo:
-    # The store's state, once this append's turn came: a move another Memory made before
-    # (a close, say) is answered by the state table as the store holds it
-    # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
-    await live.fetch(session.id, fresh=True)
-    moved = False
-    while True:
-        if moved and not session.ended and session.state is not S.COLLECTING:
-            # Closed through another Memory while this append was under way: it stopped
-            # collecting under the append, which the API contract answers with not_collecting (the
-            # state table's reason is for a call made once the session was elsewhere).
-            raise SessionError("not_collecting", state=session.state, session_id=session.id)
-        refuse_unless(session, "append")
-        stored = await _try_append(live, session, observation, action, metadata)
-        if stored is not None:
-            break
-        # Another Memory moved the session (appended, or closed it): read it again, and
-        # annotate against the episode as it now is, or be refused. Each round one of the
-        # racing appends lands; each try is bounded by the append timeout.
-        async with session.lock:
-            await live.reload(session, conflict=True)
-        moved = True
-    step, trajectory, boundary = stored
-    episode = session.episode
-    assert episode is not None
-    live.touch(session)
-    info = StepInfo(step.index, trajectory, boundary)
-    await live.events.emit(
-        "step_appended", session_id=session.id, repo=session.repo, index=step.index,
-        trajectory_id=trajectory, boundary_detected=boundary,
-    )
-    if boundary and session.config.auto_commit:
-        ready = extracting.finished_steps(session)
-        if ready:
-            extracting.start_background(live, session, ready)
-    return info
-
-
-async def _try_append(
-    live: Sessions,
-    session: SessionRecord,
-    observation: str,
-    action: str,
-    metadata: dict[str, Any] | None,
-) -> tuple[StepRecord, str, bool] | None:
-    """Annotates and stores the step; None when the session moved in the store meanwhile
-    (nothing written)."""
-    episode = session.episode
-    assert episode is not None, "a collecting session has an episode"
-    runtime = session.runtime
-    runtime.check_dim(session.repo)
-    previous = episode.steps[-1] if episode.steps else None
-    timeout = runtime.config.append_timeout
-    try:
-        with deadline.fail_after(timeout):
-            note = await annotate(
-                live.llm_for(runtime, session.repo, session.id),
-                runtime.embedder,
-                goal=episode.goal,
-                observation=observation,
-                action=action,
-                previous=previous,
-                recent=[step.line for step in episode.steps[-3:]],
-            )
-    except TimeoutError as exc:
-        if isinstance(exc, MnemoError):
-            raise
-        raise LLMTimeout(f"{session.id}: append timed out after {timeout}s") from exc
-    boundary = starts_trajectory(
-        previous, note.subgoal_vec, runtime.config.trajectory_threshold
-    )
-    trajectory = (
-        f"trajectory_{uuid.uuid4().hex}"
-        if previous is None or boundary
-        else previous.trajectory_id
-    )
-    step = StepRecord(
-        id=f"{episode.id}:{len(episode.steps)}",
-        index=len(episode.steps),
-        trajectory_id=trajectory,
-        observation=observation,
-        action=action,
-        state_summary=note.state_summary,
-        subgoal=note.subgoal,
-        subgoal_vec=note.subgoal_vec,
-        metadata=metadata,
-    )
-    async with session.lock:
-        refuse_unless(session, "append")
-        if session.episode is not episode or len(episode.steps) != step.index:
-            return None  # read again meanwhile: annotate against what the store holds
-        scored = None
-        if previous is not None:
-            scored = dataclasses.replace(previous, reward=note.previous_reward)
+    async def run(self, ticket: int) -> tuple[StepInfo, CommitSteps | None]:
+        """Stores the step when the turnstile reaches `ticket`, so steps keep their call order.
+        Returns it, with the background commit a trajectory boundary in auto-commit asks for
+        (the caller starts it: `Sessions.start`)."""
+        live, session = self.live, self.session
+        await session.turnstile.wait(ticket)
         try:
-            version = await live.store.add_step(
-                session.id, episode.id, step, scored, version=session.version
+            return await self._annotate_and_store()
+        finally:
+            session.turnstile.leave(ticket)
+            # An append is activity, whatever came of it: an expiry that waited for it
+            # (`timers._working`) finds the session used, not idle.
+            live.touch(session)
+
+    async def _annotate_and_store(self) -> tuple[StepInfo, CommitSteps | None]:
+        live, session = self.live, self.session
+        # The store's state, once this append's turn came: a move another Memory made before
+        # (a close, say) is answered by the state table as the store holds it
+        # (`extraction_in_progress`); only a move during the append is `not_collecting` below.
+        await live.fetch(session.id, fresh=True)
+        moved = False
+        while True:
+            if moved and not session.ended and session.state is not S.COLLECTING:
+                # Closed through another Memory while this append was under way: it stopped
+                # collecting under the append, which the API contract answers with
+                # not_collecting (the state table's reason is for a call made once the session
+                # was elsewhere).
+                raise SessionError("not_collecting", state=session.state, session_id=session.id)
+            refuse_unless(session, "append")
+            stored = await self._try()
+            if stored is not None:
+                break
+            # Another Memory moved the session (appended, or closed it): read it again, and
+            # annotate against the episode as it now is, or be refused. Each round one of the
+            # racing appends lands; each try is bounded by the append timeout.
+            async with session.lock:
+                await live.reload(session, conflict=True)
+            moved = True
+        step, boundary = stored
+        live.touch(session)
+        info = StepInfo(step.index, step.trajectory_id, boundary)
+        await live.events.emit(
+            "step_appended", session_id=session.id, repo=session.repo, index=step.index,
+            trajectory_id=step.trajectory_id, boundary_detected=boundary,
+        )
+        if boundary and session.config.auto_commit:
+            ready = finished_steps(session)
+            if ready:
+                return info, CommitSteps(ready)
+        return info, None
+
+    async def _try(self) -> tuple[StepRecord, bool] | None:
+        """Annotates and stores the step; None when the session moved in the store meanwhile
+        (nothing written)."""
+        live, session = self.live, self.session
+        observation, action, metadata = self.observation, self.action, self.metadata
+        episode = session.episode
+        assert episode is not None, "a collecting session has an episode"
+        runtime = session.runtime
+        runtime.check_dim(session.repo)
+        previous = episode.steps[-1] if episode.steps else None
+        note, boundary = await annotate_step(
+            lambda: live.llm_for(runtime, session.repo, session.id),
+            runtime.embedder,
+            goal=episode.goal,
+            observation=observation,
+            action=action,
+            steps=episode.steps,
+            threshold=runtime.config.trajectory_threshold,
+            time_limit=runtime.config.append_timeout,
+            name=session.id,
+        )
+        trajectory = (
+            f"trajectory_{uuid.uuid4().hex}"
+            if previous is None or boundary
+            else previous.trajectory_id
+        )
+        step = StepRecord(
+            id=f"{episode.id}:{len(episode.steps)}",
+            index=len(episode.steps),
+            trajectory_id=trajectory,
+            observation=observation,
+            action=action,
+            state_summary=note.state_summary,
+            subgoal=note.subgoal,
+            subgoal_vec=note.subgoal_vec,
+            metadata=metadata,
+        )
+        async with session.lock:
+            refuse_unless(session, "append")
+            if session.episode is not episode or len(episode.steps) != step.index:
+                return None  # read again meanwhile: annotate against what the store holds
+            scored = None
+            if previous is not None:
+                scored = dataclasses.replace(previous, reward=note.previous_reward)
+            try:
+                version = await live.store.add_step(
+                    session.id, episode.id, step, scored, version=session.version
+                )
+            except StaleSession:
+                return None
+            session.version = version
+            if previous is not None:
+                previous.reward = note.previous_reward
+            episode.steps.append(step)
+        return step, boundary
+
+
+async def start_extraction(
+    live: Sessions, session: SessionRecord, event: str, op: Op | None,
+    refuse: Callable[[], None] | None = None,
+) -> None:
+    """Moves the session to `extracting` (recording its repo's model: who may take the work
+    over) and asks for its extraction (`Extract`); `refuse` as `move`'s."""
+    # The repo's model, not a per-session override's: overrides are not persisted, so the
+    # session restored after its holder vanished runs its repo's model, and only a Memory
+    # with that model may resume it (an override's name matched no Memory: it stayed
+    # extracting for good).
+    model = model_name(session.repo_runtime.llm)
+
+    async def persist() -> int:
+        if live.holder_id is None or live.lease_until is None or live.register_holder is None:
+            version = await live.store.set_state(
+                session.id, S.EXTRACTING, model=model, version=session.version
             )
-        except StaleSession:
-            return None
-        session.version = version
-        if previous is not None:
-            previous.reward = note.previous_reward
-        episode.steps.append(step)
-    return step, trajectory, boundary
+        else:
+            # Extracting and held by this Memory in one compare-and-set: no moment in which
+            # the row is extracting and nobody's (a janitor would take it over).
+            await live.register_holder()
+            claimed = await live.coordination.claim(
+                session.id, version=session.version, holder_id=live.holder_id,
+                lease_until=live.lease_until(), state=S.EXTRACTING, model=model,
+            )
+            if claimed is None:
+                raise StaleSession(session.id)
+            version = claimed
+            # Held here now: so are its timers once it is idle again (an expiry's end).
+            live.drive(session)
+        session.extraction_model = model
+        return version
+
+    # Started with the move, before its event is delivered: in between, a call saw the
+    # session extracting with no extraction here, and took it for another Memory's.
+    if not await move(live, session, event, persist, op=op, refuse=refuse, then=Extract()):
+        live.start(session, Extract())
 
 
 async def close(live: Sessions, session: SessionRecord, op: Op | None = None) -> None:
     """Starts the episode's extraction, refused as `refuse_close` (an `op` is a queued close)
     under the lock the move takes: an append begun after a caller's own check (while the
     close waited for the lock) refuses the close, rather than being refused once annotated."""
-    await extracting.start(
+    await start_extraction(
         live, session, "close", op, refuse=lambda: refuse_close(session, queued=op is not None)
     )
 
@@ -293,7 +332,7 @@ async def commit(
     """`ready`: applies the changeset (state `idle`); `failed`: extracts again, returns None."""
     if session.state is S.FAILED:
         session.failure = None
-        await extracting.start(live, session, "commit", op)
+        await start_extraction(live, session, "commit", op)
         return None
     async with session.lock:
         for attempt in range(_ATTEMPTS):
@@ -304,7 +343,7 @@ async def commit(
             wanted = set(changeset.step_ids)
             steps = [s for s in episode.steps if s.id in wanted] if episode else []
             try:
-                receipt = await extracting.commit_steps(live, session, changeset, steps, S.IDLE)
+                receipt = await committing.commit_steps(live, session, changeset, steps, S.IDLE)
                 break
             except StaleSession as exc:
                 # Another Memory moved the session: nothing was written. Committed or

@@ -7,6 +7,7 @@ import pytest
 
 from mnemo.session.machine import (
     CALLS,
+    REFUSALS,
     RESULTS,
     Machines,
     Move,
@@ -84,3 +85,13 @@ def test_an_unknown_event_is_an_error() -> None:
     """An event outside the table is a programming error, not a silent no-op."""
     with pytest.raises(ValueError, match="unknown session event"):
         answer(S.IDLE, "explode")
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_the_refusals_read_as_data_agree_with_the_table(state: State) -> None:
+    """`REFUSALS`, which a call's check reads without asking `answer`, holds a reason for a
+    call exactly where the API contract's table refuses it, and that reason."""
+    for event in CALLS:
+        expected = EXPECTED[(state, event)]
+        refused = REFUSALS[state].get(event)
+        assert refused == (expected.reason if isinstance(expected, Refuse) else None)

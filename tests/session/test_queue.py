@@ -222,14 +222,17 @@ async def test_a_read_older_than_the_close_does_not_take_the_session_back(
     taken in. It was: the ready session looked extracting again, with no extraction here, so
     an operation behind it went to the store's queue (then ran twice, or never, or refused
     the next one: one PostgreSQL run in eight). The late answers are
-    placed deterministically here: the session's row and lease as read before the close."""
+    placed deterministically here: the session's row, lease and version as read before the
+    close."""
     sid = await enter(State.COLLECTING)
     await mem.append(sid, "walk north", "go north")
     live = mem._service._live
     before_row = await live.store.load_one(sid)
     before_lease = await live.coordination.lease(sid)
+    before_version = await live.store.version(sid)
     assert before_row is not None
     assert before_lease is not None
+    assert before_version == before_row.version
     await mem.close(sid)
     assert await events.wait_state(mem, sid, State.READY) == State.READY
     record = live.by_id[sid]
@@ -242,8 +245,12 @@ async def test_a_read_older_than_the_close_does_not_take_the_session_back(
     async def late_lease(session_id: str) -> object:
         return before_lease
 
+    async def late_version(session_id: str) -> object:
+        return before_version
+
     monkeypatch.setattr(live.store, "load_one", late_row)
     monkeypatch.setattr(live.coordination, "lease", late_lease)
+    monkeypatch.setattr(live.store, "version", late_version)
     await live.reload(record)
     assert record.state is State.READY
     await submit(mem, sid, "discard", callbacks, "discard")

@@ -282,6 +282,12 @@ class PgSessions:
         # The id breaks a tie of creation times, which SQLite leaves to its scan.
         return await self._load('NOT s.ended ORDER BY s.created_at, s.id COLLATE "C"', ())
 
+    async def version(self, session_id: str) -> int | None:
+        rows = await self._pg.fetch_all(
+            "SELECT version FROM sessions WHERE id = %s AND NOT ended", (session_id,)
+        )
+        return int(rows[0][0]) if rows else None
+
     async def load_one(self, session_id: str) -> LiveSession | None:
         """The live session as `load_live` would bring it back (None: unknown or ended)."""
         found = await self._load("NOT s.ended AND s.id = %s", (session_id,))

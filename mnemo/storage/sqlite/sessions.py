@@ -9,12 +9,13 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import numpy as np
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
-from mnemo.graph.model import Changeset, now_utc, vector_from_blob, vector_to_blob
+from mnemo.graph.model import Changeset, Vector, now_utc, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
@@ -265,6 +266,14 @@ class SqliteSessions:
     async def load_live(self) -> list[LiveSession]:
         return await self._database.run(_load_live)
 
+    async def version(self, session_id: str) -> int | None:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT version FROM sessions WHERE id = ? AND NOT ended", (session_id,)
+            ).fetchall()
+        )
+        return int(rows[0][0]) if rows else None
+
     async def load_one(self, session_id: str) -> LiveSession | None:
         """The live session as `load_live` would bring it back (None: unknown or ended)."""
         found = await self._database.run(
@@ -287,12 +296,18 @@ class SqliteSessions:
 
 
 def _now() -> str:
-    return now_utc().isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 def _utc(text: str) -> datetime:
     moment = datetime.fromisoformat(text)
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _blob(vector: Vector) -> bytes:
+    """A step's subgoal vector as the float32 bytes the `steps` table holds (as
+    `graph.model.vector_to_blob`, here so that storing a step reads no other module)."""
+    return np.asarray(vector, dtype=np.float32).tobytes()
 
 
 def _json_or_none(value: object) -> str | None:
@@ -304,7 +319,7 @@ def _step_row(
 ) -> tuple[object, ...]:
     return (
         step.id, session_id, episode_id, step.index, step.trajectory_id, step.observation,
-        step.action, step.state_summary, step.subgoal, vector_to_blob(step.subgoal_vec),
+        step.action, step.state_summary, step.subgoal, _blob(step.subgoal_vec),
         step.reward, _json_or_none(step.metadata), now,
     )
 

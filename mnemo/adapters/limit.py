@@ -18,7 +18,9 @@ limit, after TCP Vegas and Netflix's concurrency-limits):
   the limit grows, by one a reply until the first sign of a queue (slow start), then by one a
   round trip.
 - A queue of two or more (6 log10 n with n in flight, as TCP Vegas: a server answering many at
-  once jitters), or a reply that used half its timeout: the limit drops by one.
+  once jitters), or a reply that used half its timeout: the limit drops by one; the first one
+  ends slow start and halves it (slow start grew it by a request a reply while the queue's
+  first replies were on their way, so it overshot by up to that much).
 - A timeout, a 429 or 503, or a connection refused: the limit halves before the request is
   sent again, and the retry waits for a slot like any other request.
 
@@ -247,7 +249,7 @@ class Limit:
         # jitter of a server answering many at once reads as a queue of a few.
         scale = math.log10(ticket.in_flight) if ticket.in_flight > 1 else 0.0
         if queued >= max(QUEUE, 6 * scale) or slow:
-            self._decrease(ticket, halve=False)
+            self._decrease(ticket, halve=self._slow_start)
         elif queued <= max(NO_QUEUE, scale) and (
             ticket.in_flight >= self.current or self._waiters
         ):

@@ -214,6 +214,24 @@ def test_any_server_gets_few_timeouts_and_few_extra_requests(
     assert server.received <= max(needed + 1, 1.25 * needed)
 
 
+def test_slow_start_ends_at_half_on_its_first_queue() -> None:
+    """A burst of 23 into a server of 3 slots whose replies all take 1 s, with a 3 s timeout:
+    slow start grows by a request a reply until replies show a queue, and the first one
+    halves the limit, so the server sees at most 1.25 times the requests needed (taking one
+    request off instead let those already queued time out: 29 to 33 requests for 23).
+    Five runs: the scheduler orders equal-time replies at random."""
+    for _ in range(5):
+        server = Server(3, lambda kind: 1.0)
+
+        async def main(server: Server = server) -> None:
+            async with anyio.create_task_group() as group:
+                client = Client(server, Limit(16), 3.0, group)
+                await burst(client, ["semantic"] * 23)
+
+        simulate(main)
+        assert server.received <= 1.25 * 23
+
+
 # ---- deadlines -------------------------------------------------------------------------------
 
 

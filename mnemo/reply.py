@@ -7,6 +7,13 @@ required in the schema except one that defaults to `UNSET` (the model may leave 
 null is never offered: a field that takes None (and defaults to it) is still asked for, and
 read as None when a model forgets it or sends null.
 
+`text(n)` and `items(n)` bound a string's length and a list's items in the schema
+(`maxLength`, `maxItems`), where a server that turns the schema into a grammar (llama.cpp,
+vLLM, Ollama) keeps the model within them: a small model that rambles ends its reply instead
+of running into `max_tokens`. They bound generation only: a reply past them is read all the
+same (msgspec does not check `extra_json_schema`, and the adapters' schema check leaves them
+out). `most_tokens` is the longest reply a bounded schema allows, for the task's `max_tokens`.
+
 `read_reply` converts a reply's JSON value into the class leniently (`strict=False`: a
 numeric string reads as a number, which small models write), and phrases a mismatch as a
 `ValueError` naming the field ("facts[2].proposition must be a string, got 3").
@@ -15,6 +22,7 @@ numeric string reads as a number, which small models write), and phrases a misma
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from typing import TypeVar
 
@@ -24,7 +32,68 @@ from msgspec import inspect as mi
 
 from mnemo.calls.tasks import preview
 
-__all__ = ["UNSET", "Meta", "Reply", "UnsetType", "read_reply", "reply_schema"]
+__all__ = [
+    "UNSET", "Meta", "Reply", "UnsetType", "items", "most_tokens", "read_reply", "reply_schema",
+    "text", "with_most_items",
+]
+
+# Characters a token stands for, counted low (JSON escapes, digits, short words) so that
+# `most_tokens` errs long.
+_CHARS_PER_TOKEN = 3
+
+
+def text(at_most: int, description: str | None = None) -> Meta:
+    """A string field's bound: at most `at_most` characters in the schema (`maxLength`)."""
+    return Meta(description=description, extra_json_schema={"maxLength": at_most})
+
+
+def items(at_most: int) -> Meta:
+    """A list field's bound: at most `at_most` items in the schema (`maxItems`)."""
+    return Meta(extra_json_schema={"maxItems": at_most})
+
+
+def with_most_items(schema: dict[str, object], field: str, at_most: int) -> dict[str, object]:
+    """A copy of `schema` whose top-level list `field` allows at most `at_most` items (a
+    reply's length in proportion to its task's inputs)."""
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get(field), dict):
+        raise KeyError(f"the schema has no list field {field!r}")
+    return {**schema, "properties": {**properties,
+                                     field: {**properties[field], "maxItems": at_most}}}
+
+
+def most_tokens(schema: Mapping[str, object]) -> int | None:
+    """The most tokens a reply matching `schema` can take, counting its keys, quotes and
+    punctuation; None when a string or a list in it is unbounded."""
+    kind = schema.get("type")
+    if "anyOf" in schema:
+        options = schema["anyOf"]
+        sizes = [most_tokens(o) for o in options if isinstance(o, Mapping)] if isinstance(
+            options, list) else [None]
+        return None if None in sizes or not sizes else max(n for n in sizes if n is not None)
+    if kind == "string":
+        at_most = schema.get("maxLength")
+        return at_most // _CHARS_PER_TOKEN + 2 if isinstance(at_most, int) else None
+    if kind == "array":
+        at_most, item = schema.get("maxItems"), schema.get("items")
+        each = most_tokens(item) if isinstance(item, Mapping) else None
+        if not isinstance(at_most, int) or each is None:
+            return None
+        return 2 + at_most * (each + 1)
+    if kind == "object":
+        properties = schema.get("properties")
+        total = 2
+        for name, value in (properties.items() if isinstance(properties, Mapping) else ()):
+            size = most_tokens(value) if isinstance(value, Mapping) else None
+            if size is None:
+                return None
+            total += len(name) // _CHARS_PER_TOKEN + 4 + size
+        return total
+    if kind == "integer":
+        return 4  # a step's index, a score
+    if kind == "number":
+        return 6  # a confidence, a reward
+    return 4  # boolean, null
 
 
 class Reply(Struct, frozen=True, kw_only=True):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from jsonschema import Draft202012Validator
 
+from mnemo.adapters._schema import schema_problem
 from mnemo.extraction import prompts
-from mnemo.reply import UNSET, Reply, UnsetType, read_reply, reply_schema
+from mnemo.reply import UNSET, Reply, UnsetType, most_tokens, read_reply, reply_schema
 
 SCHEMAS = [prompts.SEMANTIC_SCHEMA, prompts.PROCEDURAL_SCHEMA,
            prompts.PROCEDURAL_SCORING_SCHEMA, prompts.RETURN_SCHEMA,
@@ -64,21 +65,25 @@ def test_read_reply_names_the_field(data: object, message: str) -> None:
 
 
 def test_semantic_schema_is_the_shape_models_were_sent() -> None:
-    """The generated "semantic" schema is the one written by hand before it: facts with a
-    required proposition, concepts and bounded confidence, optional step indices."""
+    """The generated "semantic" schema is the one written by hand before it (facts with a
+    required proposition, concepts and bounded confidence, optional step indices), with the
+    bounds that keep a grammar-bound model's reply within max_tokens."""
     assert prompts.SEMANTIC_SCHEMA == {
         "type": "object",
         "properties": {
             "facts": {
                 "type": "array",
+                "maxItems": 6,
                 "items": {
                     "type": "object",
                     "properties": {
-                        "proposition": {"type": "string"},
-                        "concepts": {"type": "array", "items": {"type": "string"}},
+                        "proposition": {"type": "string", "maxLength": 200},
+                        "concepts": {"type": "array", "maxItems": 5,
+                                     "items": {"type": "string", "maxLength": 24}},
                         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
                         "steps": {
                             "type": "array",
+                            "maxItems": 6,
                             "items": {"type": "integer"},
                             "description": "The indices of the steps this came from.",
                         },
@@ -91,3 +96,48 @@ def test_semantic_schema_is_the_shape_models_were_sent() -> None:
         "required": ["facts"],
         "additionalProperties": False,
     }
+
+
+@pytest.mark.parametrize(
+    ("schema", "tokens"),
+    [
+        ({"type": "string", "maxLength": 30}, 12),
+        ({"type": "string"}, None),
+        ({"type": "array", "maxItems": 3, "items": {"type": "integer"}}, 2 + 3 * 5),
+        ({"type": "array", "items": {"type": "integer"}}, None),
+        ({"type": "object", "properties": {"ab": {"type": "number"}}}, 2 + 4 + 6),
+        ({"anyOf": [{"type": "number"}, {"type": "string", "maxLength": 60}]}, 22),
+        ({"anyOf": [{"type": "number"}, {"type": "string"}]}, None),
+    ],
+)
+def test_most_tokens_counts_the_longest_reply_a_schema_allows(
+    schema: dict[str, object], tokens: int | None
+) -> None:
+    """A bounded schema's longest reply in tokens (three characters a token, keys and
+    punctuation counted); None as soon as one string or list is unbounded."""
+    assert most_tokens(schema) == tokens
+
+
+def test_every_task_asks_for_room_enough_for_its_longest_bounded_reply() -> None:
+    """The semantic and procedural tasks' max_tokens hold the longest reply their schema
+    allows, so a model kept within the schema by a grammar is never cut short."""
+    steps = [{"index": 0, "observation": "o", "action": "a"}]
+    semantic = prompts.semantic_request(goal="g", subgoal="s", steps=steps)
+    procedural = prompts.procedural_request(goal="g", subgoal="s", steps=steps, score_last=True)
+    for request in (semantic, procedural):
+        assert request.schema is not None
+        longest = most_tokens(request.schema)
+        assert longest is not None
+        assert request.max_tokens is not None
+        assert longest <= request.max_tokens <= 4096
+
+
+def test_a_reply_past_the_bounds_is_read_all_the_same() -> None:
+    """The bounds guide generation only: seven facts, one of 500 characters, pass the
+    adapters' schema check and are read whole."""
+    fact = {"proposition": "x" * 500, "concepts": ["a"], "confidence": 0.9}
+    data = {"facts": [fact] * 7}
+    assert schema_problem(data, prompts.SEMANTIC_SCHEMA) is None
+    reply = read_reply(data, prompts.SemanticReply, "semantic")
+    assert len(reply.facts) == 7
+    assert len(reply.facts[0].proposition) == 500

@@ -271,7 +271,22 @@ def _key(schema: Mapping[str, object]) -> str:
 def _validator(key: str) -> Draft202012Validator:
     # Keyed by the schema's JSON text: mnemo's schemas are a handful of constants, so the
     # compiled validators are built once each.
-    return Draft202012Validator(json.loads(key))
+    schema = _unbounded(json.loads(key))
+    return Draft202012Validator(schema if isinstance(schema, dict) else {})
+
+
+# Bounds that guide a reply's generation (`mnemo.reply.text`, `items`) and are not checked: a
+# longer proposition or a sixth fact is read all the same.
+_GENERATION_BOUNDS = frozenset({"maxLength", "maxItems"})
+
+
+def _unbounded(node: object) -> object:
+    """`node` (a schema) without its generation bounds."""
+    if isinstance(node, dict):
+        return {k: _unbounded(v) for k, v in node.items() if k not in _GENERATION_BOUNDS}
+    if isinstance(node, list):
+        return [_unbounded(v) for v in node]
+    return node
 
 
 def _where(error: ValidationError) -> str:

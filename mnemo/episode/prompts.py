@@ -14,7 +14,7 @@ from typing import Annotated
 
 from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Meta, Reply, read_reply, reply_schema
+from mnemo.reply import Meta, Reply, read_reply, reply_schema, text
 
 NEUTRAL_REWARD = 0.5
 
@@ -79,10 +79,10 @@ def parse_state(resp: LLMResponse) -> str:
 # ---- subgoal ------------------------------------------------------------------------------
 
 class SubgoalReply(Reply, frozen=True, kw_only=True):
-    reasoning: Annotated[str, Meta(
-        description="One sentence: does this step continue the previous sub-task?")] = ""
-    subgoal: Annotated[str, Meta(
-        description="The sub-task this step serves, as a short imperative phrase.")]
+    reasoning: Annotated[str, text(
+        160, "One sentence: does this step continue the previous sub-task?")] = ""
+    subgoal: Annotated[str, text(
+        100, "The sub-task this step serves, as a short imperative phrase.")]
 
 
 SUBGOAL_SCHEMA = reply_schema(SubgoalReply)

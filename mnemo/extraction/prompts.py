@@ -19,7 +19,18 @@ from typing import Annotated
 from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import UNSET, Meta, Reply, UnsetType, read_reply, reply_schema
+from mnemo.reply import (
+    UNSET,
+    Meta,
+    Reply,
+    UnsetType,
+    items,
+    most_tokens,
+    read_reply,
+    reply_schema,
+    text,
+    with_most_items,
+)
 
 DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10
@@ -29,16 +40,18 @@ Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
+# The bounds of a reply (`mnemo.reply.text`, `items`): what a grammar-bound model may write, so
+# that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded replies".
 class FactReply(Reply, frozen=True):
-    proposition: str
-    concepts: list[str] | None = None
+    proposition: Annotated[str, text(200)]
+    concepts: Annotated[list[Annotated[str, text(24)]], items(5)] | None = None
     # Clamped into [0, 1] when read: the bounds are the model's guide, not a reason to refuse.
     confidence: Annotated[float, Meta(extra_json_schema={"minimum": 0, "maximum": 1})] | None = None
-    steps: StepIndices | UnsetType | None = UNSET
+    steps: Annotated[StepIndices, items(6)] | UnsetType | None = UNSET
 
 
 class SemanticReply(Reply, frozen=True):
-    facts: list[FactReply]
+    facts: Annotated[list[FactReply], items(6)]
 
 
 SEMANTIC_SCHEMA = reply_schema(SemanticReply)
@@ -68,14 +81,14 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     `steps` are {"index": int, "observation": str, "action": str}, index 0-based within the
     trajectory. The reply's `data` is {"facts": [...]}; read it with `parse_facts`.
     """
+    schema, max_tokens = _bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
     return task_request(
         "semantic",
         system=SEMANTIC_SYSTEM,
         instructions=SEMANTIC_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "steps": steps},
-        schema=SEMANTIC_SCHEMA,
-        # About 60 tokens a fact, a few facts a step.
-        max_tokens=min(4096, 256 + 256 * len(steps)),
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 
@@ -107,18 +120,30 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
     return facts
 
 
+# The most items a reply's list may hold, whatever the steps (a longer trajectory is asked for
+# more of them, up to this).
+MOST_ITEMS = 16
+
+
+def _bounded(schema: dict[str, object], field: str, count: int) -> tuple[dict[str, object], int]:
+    """The request's schema (its list `field` bounded by `count`, at most `MOST_ITEMS`) and a
+    max_tokens that holds the longest reply it allows (`mnemo.reply.most_tokens`)."""
+    bounded = with_most_items(schema, field, min(count, MOST_ITEMS))
+    return bounded, min(4096, most_tokens(bounded) or 4096)
+
+
 # ---- procedural ---------------------------------------------------------------------------
 
 class InstructionReply(Reply, frozen=True, kw_only=True):
-    intent: str
-    condition: str | None = None
-    instruction: str
-    expected_outcome: str | None = None
-    steps: StepIndices | UnsetType | None = UNSET
+    intent: Annotated[str, text(80)]
+    condition: Annotated[str, text(160)] | None = None
+    instruction: Annotated[str, text(240)]
+    expected_outcome: Annotated[str, text(160)] | None = None
+    steps: Annotated[StepIndices, items(6)] | UnsetType | None = UNSET
 
 
 class ProceduralReply(Reply, frozen=True):
-    instructions: list[InstructionReply]
+    instructions: Annotated[list[InstructionReply], items(4)]
 
 
 PROCEDURAL_SCHEMA = reply_schema(ProceduralReply)
@@ -149,7 +174,7 @@ class ScoringReply(ProceduralReply, frozen=True):
     # A number from 0 to 1 (clamped when read); a string that reads as one is taken too, and
     # one that does not only has the "reward" task asked after: never a reason to refuse the
     # procedures (so `parse_procedural` reads it from the reply as it came).
-    last_reward: float | str | UnsetType | None = UNSET
+    last_reward: float | Annotated[str, text(16)] | UnsetType | None = UNSET
 
 
 PROCEDURAL_SCORING_SCHEMA = reply_schema(ScoringReply)
@@ -175,14 +200,17 @@ def procedural_request(
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True
+    schema, max_tokens = _bounded(
+        PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA, "instructions",
+        2 + len(steps),
+    )
     return task_request(
         "procedural",
         system=PROCEDURAL_SYSTEM,
         instructions=instructions,
         inputs=inputs,
-        schema=PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA,
-        # About 120 tokens an instruction (four fields), at most a couple a step.
-        max_tokens=min(4096, 256 + 256 * len(steps) + (16 if score_last else 0)),
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 

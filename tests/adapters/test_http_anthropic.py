@@ -10,7 +10,7 @@ import pytest
 
 from mnemo.adapters.anthropic import Anthropic, _translate
 from mnemo.errors import InvalidInputError, LLMError
-from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
+from mnemo.extraction.prompts import semantic_request
 from mnemo.ports import LLMRequest, ToolCall
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, VirtualClock
 from tests.fakes import js
@@ -51,11 +51,11 @@ async def test_structured_request_is_a_forced_tool(server: ProviderServer, llm: 
     assert sent.headers["anthropic-version"] == "2023-06-01"
     body = sent.body
     assert body["system"] == semantic().system
-    assert body["max_tokens"] == semantic().max_tokens == 512
+    assert body["max_tokens"] == semantic().max_tokens == 964
     assert [m["role"] for m in body["messages"]] == ["user"]
     assert body["tools"] == [{
         "name": "semantic",
-        "input_schema": SEMANTIC_SCHEMA,
+        "input_schema": semantic().schema,
         "description": "Record your answer. Call this with your complete reply.",
     }]
     assert body["tool_choice"] == {"type": "tool", "name": "semantic"}
@@ -213,5 +213,5 @@ async def test_cut_reply_names_the_cap(server: ProviderServer, llm: Anthropic) -
                            match=r"cut short at max_tokens=1024, so it is incomplete"):
             await capped.generate(semantic())
     caps = [r.body["max_tokens"] for r in server.requests]
-    assert caps[:2] == [512, 1024]
+    assert caps[:2] == [964, 1024]
     assert server.requests[1].body["messages"] == server.requests[0].body["messages"]

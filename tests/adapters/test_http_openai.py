@@ -14,7 +14,7 @@ from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.errors import InvalidInputError, LLMError
-from mnemo.extraction.prompts import SEMANTIC_SCHEMA, semantic_request
+from mnemo.extraction.prompts import semantic_request
 from mnemo.ports import LLMRequest, ToolCall, Usage
 from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
@@ -66,7 +66,7 @@ async def test_structured_request_wire_format(
     assert body["messages"][0]["content"] == semantic().system
     assert body["response_format"] == {
         "type": "json_schema",
-        "json_schema": {"name": "semantic", "schema": SEMANTIC_SCHEMA, "strict": False},
+        "json_schema": {"name": "semantic", "schema": semantic().schema, "strict": False},
     }
     assert "tools" not in body
     assert js(response.data)["facts"][0]["proposition"].startswith("The agent observed")
@@ -192,7 +192,7 @@ async def test_auto_falls_back_to_tool_and_remembers(
     tool_call = server.requests[1].body
     assert tool_call["tools"] == [{
         "type": "function",
-        "function": {"name": "semantic", "parameters": SEMANTIC_SCHEMA,
+        "function": {"name": "semantic", "parameters": semantic().schema,
                      "description": "Record your answer. Call this with your complete reply."},
     }]
     assert tool_call["tool_choice"] == {"type": "function", "function": {"name": "semantic"}}

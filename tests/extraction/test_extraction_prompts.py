@@ -27,6 +27,7 @@ from mnemo.extraction.prompts import (
 )
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMResponse
+from mnemo.reply import with_most_items
 from tests.fakes import js
 
 JSON = st.recursive(
@@ -47,19 +48,21 @@ STEPS = [{"index": 0, "observation": "o", "action": "a"}]
 
 
 def test_semantic_request_carries_inputs() -> None:
-    """The semantic request has its schema and round-trips goal, subgoal and steps."""
+    """The semantic request has its schema, asking for at most 5 facts of its one step, and
+    round-trips goal, subgoal and steps."""
     request = semantic_request(goal="g", subgoal="s", steps=STEPS)
     assert request.task == "semantic"
-    assert request.schema == SEMANTIC_SCHEMA
+    assert request.schema == with_most_items(SEMANTIC_SCHEMA, "facts", 5)
     assert task_inputs(request) == {"goal": "g", "subgoal": "s", "steps": STEPS}
 
 
 def test_procedural_request_carries_inputs() -> None:
-    """The procedural request has its schema and round-trips the rewarded steps."""
+    """The procedural request has its schema, asking for at most 3 instructions of its one
+    step, and round-trips the rewarded steps."""
     steps = [dict(STEPS[0], reward=None)]
     request = procedural_request(goal="g", subgoal="s", steps=steps)
     assert request.task == "procedural"
-    assert request.schema == PROCEDURAL_SCHEMA
+    assert request.schema == with_most_items(PROCEDURAL_SCHEMA, "instructions", 3)
     assert task_inputs(request) == {"goal": "g", "subgoal": "s", "steps": steps}
 
 

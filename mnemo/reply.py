@@ -33,9 +33,12 @@ from msgspec import inspect as mi
 from mnemo.calls.tasks import preview
 
 __all__ = [
-    "UNSET", "Meta", "Reply", "UnsetType", "items", "most_tokens", "read_reply", "reply_schema",
-    "text", "with_most_items",
+    "UNSET", "Meta", "Reply", "UnsetType", "bounded", "items", "most_tokens", "read_reply",
+    "reply_schema", "text", "with_most_items",
 ]
+
+# The most items a reply's list may hold, whatever its task's inputs.
+MOST_ITEMS = 16
 
 # Characters a token stands for, counted low (JSON escapes, digits, short words) so that
 # `most_tokens` errs long.
@@ -60,6 +63,18 @@ def with_most_items(schema: dict[str, object], field: str, at_most: int) -> dict
         raise KeyError(f"the schema has no list field {field!r}")
     return {**schema, "properties": {**properties,
                                      field: {**properties[field], "maxItems": at_most}}}
+
+
+def bounded(
+    schema: dict[str, object], field: str, count: int, *, most: int | None = MOST_ITEMS,
+    floor: int = 64,
+) -> tuple[dict[str, object], int]:
+    """A request's schema, its list `field` holding at most `count` items (at least one, at
+    most `most`: None for a list that answers its inputs one by one), and the max_tokens that
+    holds the longest reply it allows (at least `floor`, at most 4096)."""
+    count = count if most is None else min(count, most)
+    schema = with_most_items(schema, field, max(1, count))
+    return schema, max(floor, min(4096, most_tokens(schema) or 4096))
 
 
 def most_tokens(schema: Mapping[str, object]) -> int | None:

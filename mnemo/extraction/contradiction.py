@@ -6,15 +6,16 @@ retired, not deleted (`mnemo.graph.contradiction`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 from mnemo.calls.tasks import reply_data, task_request
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Reply, read_reply, reply_schema
+from mnemo.reply import MOST_ITEMS, Reply, bounded, items, read_reply, reply_schema
 
 
 class ContradictionReply(Reply, frozen=True):
-    contradicted: list[int]
+    contradicted: Annotated[list[int], items(MOST_ITEMS)]
 
 
 CONTRADICTION_SCHEMA = reply_schema(ContradictionReply)
@@ -40,13 +41,16 @@ def contradiction_request(
         {"index": k, "existing": questions[q].existing[p], "new": questions[q].new}
         for k, (q, p) in enumerate(pairs)
     ]}
+    schema, max_tokens = bounded(
+        CONTRADICTION_SCHEMA, "contradicted", len(pairs), most=None, floor=32
+    )
     request = task_request(
         "contradiction",
         system=CONTRADICTION_SYSTEM,
         instructions=CONTRADICTION_INSTRUCTIONS,
         inputs=inputs,
-        schema=CONTRADICTION_SCHEMA,
-        max_tokens=32 + 8 * len(pairs),
+        schema=schema,
+        max_tokens=max_tokens,
     )
     return request, pairs
 

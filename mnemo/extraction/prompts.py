@@ -20,16 +20,16 @@ from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.reply import (
+    MOST_ITEMS,
     UNSET,
     Meta,
     Reply,
     UnsetType,
+    bounded,
     items,
-    most_tokens,
     read_reply,
     reply_schema,
     text,
-    with_most_items,
 )
 
 DEFAULT_CONFIDENCE = 0.5
@@ -81,7 +81,7 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     `steps` are {"index": int, "observation": str, "action": str}, index 0-based within the
     trajectory. The reply's `data` is {"facts": [...]}; read it with `parse_facts`.
     """
-    schema, max_tokens = _bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
+    schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
     return task_request(
         "semantic",
         system=SEMANTIC_SYSTEM,
@@ -118,18 +118,6 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
             )
         )
     return facts
-
-
-# The most items a reply's list may hold, whatever the steps (a longer trajectory is asked for
-# more of them, up to this).
-MOST_ITEMS = 16
-
-
-def _bounded(schema: dict[str, object], field: str, count: int) -> tuple[dict[str, object], int]:
-    """The request's schema (its list `field` bounded by `count`, at most `MOST_ITEMS`) and a
-    max_tokens that holds the longest reply it allows (`mnemo.reply.most_tokens`)."""
-    bounded = with_most_items(schema, field, min(count, MOST_ITEMS))
-    return bounded, min(4096, most_tokens(bounded) or 4096)
 
 
 # ---- procedural ---------------------------------------------------------------------------
@@ -200,7 +188,7 @@ def procedural_request(
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True
-    schema, max_tokens = _bounded(
+    schema, max_tokens = bounded(
         PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA, "instructions",
         2 + len(steps),
     )
@@ -263,7 +251,7 @@ class ScoreReply(Reply, frozen=True):
 
 
 class ReturnReply(Reply, frozen=True):
-    scores: list[ScoreReply]
+    scores: Annotated[list[ScoreReply], items(MOST_ITEMS)]
 
 
 RETURN_SCHEMA = reply_schema(ReturnReply)
@@ -293,13 +281,14 @@ def return_request(
     `instructions` are {"index", "intent", "condition", "instruction", "expected_outcome"}
     and `steps` as for `procedural_request`. Read the reply with `parse_returns`.
     """
+    schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
     return task_request(
         "return",
         system=RETURN_SYSTEM,
         instructions=RETURN_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "instructions": instructions, "steps": steps},
-        schema=RETURN_SCHEMA,
-        max_tokens=128 + 32 * len(instructions),
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 
@@ -326,7 +315,7 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
 # ---- merge_intent -------------------------------------------------------------------------
 
 class MergedReply(Reply, frozen=True):
-    intent: str
+    intent: Annotated[str, text(80)]
 
 
 MERGE_INTENT_SCHEMA = reply_schema(MergedReply)
@@ -364,11 +353,11 @@ def parse_merged_intent(resp: LLMResponse) -> str:
 
 class PairReply(Reply, frozen=True):
     index: int
-    intent: str
+    intent: Annotated[str, text(80)]
 
 
 class MergedPairsReply(Reply, frozen=True):
-    intents: list[PairReply]
+    intents: Annotated[list[PairReply], items(MOST_ITEMS)]
 
 
 MERGE_INTENTS_SCHEMA = reply_schema(MergedPairsReply)
@@ -383,14 +372,15 @@ Reply with JSON: {"intents": [{"index": <the pair's index>, "intent": <the merge
 def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
     """The "merge_intents" task: "merge_intent" for several (existing, new) pairs at once;
     read the reply with `parse_merged_intents`."""
+    schema, max_tokens = bounded(MERGE_INTENTS_SCHEMA, "intents", len(pairs), most=None)
     return task_request(
         "merge_intents",
         system=MERGE_INTENT_SYSTEM,
         instructions=MERGE_INTENTS_INSTRUCTIONS,
         inputs={"pairs": [{"index": i, "existing": existing, "new": new}
                           for i, (existing, new) in enumerate(pairs)]},
-        schema=MERGE_INTENTS_SCHEMA,
-        max_tokens=64 + 48 * len(pairs),
+        schema=schema,
+        max_tokens=max_tokens,
     )
 
 

@@ -67,13 +67,14 @@ def test_procedural_request_carries_inputs() -> None:
 
 
 def test_return_request_carries_inputs() -> None:
-    """The return request has its schema, the rubric, and round-trips its inputs."""
+    """The return request has its schema, one score for its one instruction, the rubric, and
+    round-trips its inputs."""
     instructions = [
         {"index": 0, "intent": "i", "condition": "c", "instruction": "d", "expected_outcome": "e"}
     ]
     request = return_request(goal="g", subgoal="s", instructions=instructions, steps=STEPS)
     assert request.task == "return"
-    assert request.schema == RETURN_SCHEMA
+    assert request.schema == with_most_items(RETURN_SCHEMA, "scores", 1)
     assert task_inputs(request) == {
         "goal": "g",
         "subgoal": "s",

@@ -176,7 +176,7 @@ async def run(url: str, args: argparse.Namespace, recorder: Recorder, report: Re
             await session(mem, report)
             await ingests(mem, args.ingests, report)
             await eviction(mem, report)
-        await memory_file(llm, Path(folder) / "files", report)
+            await memory_file(llm, Path(folder) / "files", report)
 
 
 async def session(mem: mnemo.Memory, report: Report) -> None:

@@ -7,6 +7,7 @@ from jsonschema import Draft202012Validator
 
 from mnemo.adapters._schema import schema_problem
 from mnemo.extraction import prompts
+from mnemo.ports import LLMResponse
 from mnemo.reply import UNSET, Reply, UnsetType, most_tokens, read_reply, reply_schema
 
 SCHEMAS = [prompts.SEMANTIC_SCHEMA, prompts.PROCEDURAL_SCHEMA,
@@ -141,3 +142,14 @@ def test_a_reply_past_the_bounds_is_read_all_the_same() -> None:
     reply = read_reply(data, prompts.SemanticReply, "semantic")
     assert len(reply.facts) == 7
     assert len(reply.facts[0].proposition) == 500
+
+
+def test_a_number_out_of_its_range_is_clamped_not_refused() -> None:
+    """A confidence of 4.5 (llama.cpp's grammar does not hold numbers to a range) passes the
+    adapters' schema check and is read as 1; a fact repeated in one reply is kept once."""
+    fact = {"proposition": "The staging database runs on port 5433.", "concepts": ["db"],
+            "confidence": 4.5}
+    data = {"facts": [fact, {**fact, "proposition": fact["proposition"].upper()}]}
+    assert schema_problem(data, prompts.SEMANTIC_SCHEMA) is None
+    (read,) = prompts.parse_facts(LLMResponse(data=data))
+    assert read.confidence == 1.0

@@ -275,15 +275,17 @@ def _validator(key: str) -> Draft202012Validator:
     return Draft202012Validator(schema if isinstance(schema, dict) else {})
 
 
-# Bounds that guide a reply's generation (`mnemo.reply.text`, `items`) and are not checked: a
-# longer proposition or a sixth fact is read all the same.
-_GENERATION_BOUNDS = frozenset({"maxLength", "maxItems"})
+# Bounds that guide a reply and are not checked: lengths and counts (`mnemo.reply.text`,
+# `items`) shape generation, and every reader clamps a number into its range (a confidence of
+# 4.5 is read as 1, a return score of 0 as 1). Refusing them cost a re-ask that a small model
+# answered the same way, and then the whole task.
+_GUIDES = frozenset({"maxLength", "maxItems", "minimum", "maximum"})
 
 
 def _unbounded(node: object) -> object:
-    """`node` (a schema) without its generation bounds."""
+    """`node` (a schema) without the bounds that only guide a reply."""
     if isinstance(node, dict):
-        return {k: _unbounded(v) for k, v in node.items() if k not in _GENERATION_BOUNDS}
+        return {k: _unbounded(v) for k, v in node.items() if k not in _GUIDES}
     if isinstance(node, list):
         return [_unbounded(v) for v in node]
     return node

@@ -97,18 +97,23 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
 
     Confidence is clamped to [0, 1] (0.5 when missing or null); concepts are stripped, blanks
     dropped and case-insensitive duplicates removed in order (missing or null: none); steps
-    are kept as a tuple of ints (missing or null: None).
+    are kept as a tuple of ints (missing or null: None). A proposition repeated (whatever
+    its case) is kept once, the first time.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
     reply = read_reply(reply_data(resp), SemanticReply, "semantic")
     facts: list[Fact] = []
+    seen: set[str] = set()
     for i, item in enumerate(reply.facts):
         where = f"facts[{i}]"
         proposition = _required_text(item.proposition, f"{where}.proposition")
         if not is_words(proposition):
             continue  # punctuation, or a copied placeholder ("..."): nothing to remember
+        if proposition.casefold() in seen:
+            continue  # a small model's repeat of a fact it already gave
+        seen.add(proposition.casefold())
         facts.append(
             Fact(
                 proposition=proposition,

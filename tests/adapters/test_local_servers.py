@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.episode.prompts import reward_request, state_request
+from mnemo.episode.prompts import parse_reward, reward_request, state_request
 from mnemo.ports import LLMRequest
 from tests.adapters.provider_server import VirtualClock
 from tests.adapters.replay_server import ReplayServer
@@ -26,18 +26,20 @@ def state() -> LLMRequest:
 
 
 @pytest.mark.parametrize(
-    ("recording", "first_modes", "mode"),
+    ("recording", "first_modes", "mode", "first_reward"),
     [
-        # HTTP 500 refusing json_schema; forced tool, its first reply re-asked (reward 8 > 1).
-        ("llama_cpp_python", ["json_schema", "tool", "tool"], "tool"),
+        # HTTP 500 refusing json_schema; forced tool, its first reply's reward of 8 read as 1
+        # (a bound guides a reply, and the reader clamps: no re-ask).
+        ("llama_cpp_python", ["json_schema", "tool"], "tool", 1.0),
         # HTTP 500 refusing json_schema, then tools; JSON mode works.
-        ("llama_server_b3777", ["json_schema", "tool", "json"], "json"),
-        ("ollama", ["json_schema"], "json_schema"),
-        ("vllm", ["json_schema"], "json_schema"),
+        ("llama_server_b3777", ["json_schema", "tool", "json"], "json", 0.8),
+        ("ollama", ["json_schema"], "json_schema", 0.8),
+        ("vllm", ["json_schema"], "json_schema", 0.8),
     ],
 )
 async def test_each_server_gets_a_mode_that_works(
-    recording: str, first_modes: list[str], mode: str, caplog: pytest.LogCaptureFixture
+    recording: str, first_modes: list[str], mode: str, first_reward: float,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The first task finds the server's mode with no retry of a refusal; later ones go straight
     to it; each request carries the task's max_tokens."""
@@ -46,7 +48,8 @@ async def test_each_server_gets_a_mode_that_works(
             first = await llm.generate(reward())
             second = await llm.generate(reward())
             assert llm.structured_mode == mode
-    assert first.data == second.data == {"reward": 0.8}
+    assert parse_reward(first) == first_reward
+    assert second.data == {"reward": 0.8}
     assert server.modes() == [*first_modes, mode]
     assert {body["max_tokens"] for _, body in server.requests} == {reward().max_tokens}
     switches = [r for r in caplog.records if "refused structured output" in r.getMessage()]

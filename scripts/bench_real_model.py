@@ -88,9 +88,9 @@ class Recorder(httpx.AsyncBaseTransport):
             reply = json.loads(body)
         except ValueError:
             sent, reply = {}, {"raw": body.decode(errors="replace")[:2000]}
-        _, mode = _task_and_mode(request.url.path, sent)
-        self.exchanges.append({"mode": mode or "text", "status": response.status_code,
-                               "request": sent, "body": reply})
+        task, mode = _task_and_mode(request.url.path, sent)
+        self.exchanges.append({"task": task, "mode": mode or "text",
+                               "status": response.status_code, "request": sent, "body": reply})
         return httpx.Response(response.status_code, headers=response.headers, content=body)
 
     async def aclose(self) -> None:

@@ -9,6 +9,7 @@ from mnemo.adapters._schema import schema_problem
 from mnemo.extraction import prompts
 from mnemo.ports import LLMResponse
 from mnemo.reply import UNSET, Reply, UnsetType, most_tokens, read_reply, reply_schema
+from tests.fakes import js
 
 SCHEMAS = [prompts.SEMANTIC_SCHEMA, prompts.PROCEDURAL_SCHEMA,
            prompts.PROCEDURAL_SCORING_SCHEMA, prompts.RETURN_SCHEMA,
@@ -147,9 +148,20 @@ def test_a_reply_past_the_bounds_is_read_all_the_same() -> None:
 def test_a_number_out_of_its_range_is_clamped_not_refused() -> None:
     """A confidence of 4.5 (llama.cpp's grammar does not hold numbers to a range) passes the
     adapters' schema check and is read as 1; a fact repeated in one reply is kept once."""
-    fact = {"proposition": "The staging database runs on port 5433.", "concepts": ["db"],
-            "confidence": 4.5}
-    data = {"facts": [fact, {**fact, "proposition": fact["proposition"].upper()}]}
+    said = "The staging database runs on port 5433."
+    fact = {"proposition": said, "concepts": ["db"], "confidence": 4.5}
+    data = {"facts": [fact, {**fact, "proposition": said.upper()}]}
     assert schema_problem(data, prompts.SEMANTIC_SCHEMA) is None
     (read,) = prompts.parse_facts(LLMResponse(data=data))
     assert read.confidence == 1.0
+
+
+def test_a_procedure_repeated_is_kept_once_and_the_last_score_is_asked_for() -> None:
+    """A procedural reply's repeated instruction is kept once; the scoring schema requires
+    `last_reward`, so a grammar-bound model writes it instead of leaving it out."""
+    said = "Run systemctl reload nginx."
+    item = {"intent": "restart nginx", "condition": "after a config change",
+            "instruction": said, "expected_outcome": "200 OK"}
+    data = {"instructions": [item, {**item, "instruction": said.lower()}]}
+    assert len(prompts.parse_instructions(LLMResponse(data=data))) == 1
+    assert "last_reward" in js(prompts.PROCEDURAL_SCORING_SCHEMA)["required"]

@@ -166,8 +166,10 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 class ScoringReply(ProceduralReply, frozen=True):
     # A number from 0 to 1 (clamped when read); a string that reads as one is taken too, and
     # one that does not only has the "reward" task asked after: never a reason to refuse the
-    # procedures (so `parse_procedural` reads it from the reply as it came).
-    last_reward: float | Annotated[str, text(16)] | UnsetType | None = UNSET
+    # procedures (so `parse_procedural` reads it from the reply as it came). Required in the
+    # schema, so a grammar-bound model writes it (left optional, SmolLM2 left it out 18
+    # times in 20); read as None when a model forgets it.
+    last_reward: float | Annotated[str, text(16)] | None = None
 
 
 PROCEDURAL_SCORING_SCHEMA = reply_schema(ScoringReply)
@@ -220,19 +222,24 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
     """The instructions of a "procedural" reply, in order.
 
     `intent` and `instruction` must be non-blank; `condition` and `expected_outcome` may be
-    empty (missing or null reads as ""). Texts are stripped; steps as in `parse_facts`.
+    empty (missing or null reads as ""). Texts are stripped; steps as in `parse_facts`. An
+    instruction repeated (whatever its case) is kept once, the first time.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
     reply = read_reply(reply_data(resp), ProceduralReply, "procedural")
     out: list[Instruction] = []
+    seen: set[str] = set()
     for i, item in enumerate(reply.instructions):
         where = f"instructions[{i}]"
         intent = _required_text(item.intent, f"{where}.intent")
         instruction = _required_text(item.instruction, f"{where}.instruction")
         if not (is_words(intent) and is_words(instruction)):
             continue  # punctuation, or a copied placeholder: no procedure
+        if instruction.casefold() in seen:
+            continue  # a small model's repeat of what it already said to do
+        seen.add(instruction.casefold())
         out.append(
             Instruction(
                 intent=intent,

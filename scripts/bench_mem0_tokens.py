@@ -84,7 +84,7 @@ def proxy(upstream: str, counts: Counts) -> ThreadingHTTPServer:
                     for i, v in enumerate(vectors)]}
                 status = 200
             else:
-                response = client.post("/v1/chat/completions", json=body)
+                response = client.post("/chat/completions", json=body)
                 status, reply = response.status_code, response.json()
                 usage = reply.get("usage") or {}
                 counts.add(calls=1, prompt=int(usage.get("prompt_tokens") or 0),

@@ -15,7 +15,9 @@ server runs no embedding model), so only chat calls are counted.
   through `scripts/_mem0_tokens_half.py`.
 
 Run: `.venv/bin/python scripts/bench_mem0_tokens.py --llama-python /work/llama-venv/bin/python
-[--messages 20]`. Takes minutes (each call decodes on two CPU cores).
+[--messages 20] [--context 4096]`. mem0's fact-extraction prompt alone is about 8,600 tokens,
+past a 4,096-token context (the server refuses it with HTTP 400) and SmolLM2's trained 8,192:
+`--context 16384` lets it through. Takes minutes (each call decodes on two CPU cores).
 """
 
 from __future__ import annotations
@@ -138,13 +140,15 @@ def main() -> None:
     parser.add_argument("--llama-python", default=sys.executable)
     parser.add_argument("--mem0-python", default="/work/mem0-venv/bin/python")
     parser.add_argument("--messages", type=int, default=20)
+    parser.add_argument("--context", type=int, default=4096,
+                        help="the server's context in tokens (mem0's prompts need over 8,192)")
     args = parser.parse_args()
     binary, model, build = locate(args.llama_python)
     console.print(facts_table({**machine_facts(), "llama-server": build, "model": model.name}))
     messages = MESSAGES[:args.messages]
     counts = Counts()
     rows = []
-    with server(binary, model, 4096, 1) as upstream:
+    with server(binary, model, args.context, 1) as upstream:
         httpd = proxy(upstream, counts)
         url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
         for name in ("mnemo", "mem0 2.2.1"):

@@ -22,7 +22,7 @@ from typing import TypedDict
 
 from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Reply, read_reply, reply_schema
+from mnemo.reply import Reply, most_tokens, read_reply, reply_schema
 
 
 class SummaryReply(Reply, frozen=True):
@@ -174,6 +174,19 @@ EVICTION_TOOL_SPECS: list[ToolDict] = [
 # `save_snapshot`'s arguments: what an eviction asked `as_data` replies.
 SNAPSHOT_SCHEMA = EVICTION_TOOL_SPECS[0]["parameters"]
 EVICTION_TOOLS: list[dict[str, object]] = [dict(spec) for spec in EVICTION_TOOL_SPECS]
+# Characters a summary of `max_words` words may take: words of up to about six letters and
+# their spaces, with room to spare.
+CHARS_PER_WORD = 8
+
+
+def snapshot_schema(max_words: int) -> dict[str, object]:
+    """`save_snapshot`'s arguments with the summary bounded at `max_words` words' worth of
+    characters (`maxLength`)."""
+    text = {"type": "string", "description": "The summary, plain sentences.",
+            "maxLength": CHARS_PER_WORD * max(1, max_words)}
+    return {**SNAPSHOT_SCHEMA, "properties": {"text": text}}
+
+
 EVICTION_AS_DATA = """
 Your earlier replies reached us without tool calls. This time reply with the arguments of
 save_snapshot alone, as one JSON object: {"text": "<the summary>"}."""
@@ -242,20 +255,24 @@ def eviction_request(
         },
         max_tokens=max_words * 2 + 256,
     )
+    # The summary's length in the schema: a server's grammar ends a small model's summary
+    # there instead of at max_tokens (`mnemo.reply.text`; not checked when read).
+    snapshot = snapshot_schema(max_words)
+    max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:
         return LLMRequest(
             task=request.task,
             system=request.system,
             messages=request.messages,
-            schema=SNAPSHOT_SCHEMA,
-            max_tokens=request.max_tokens,
+            schema=snapshot,
+            max_tokens=max_tokens,
         )
     return LLMRequest(
         task=request.task,
         system=request.system,
         messages=request.messages,
         schema=None,
-        tools=EVICTION_TOOLS,
-        max_tokens=request.max_tokens,
+        tools=[{**EVICTION_TOOLS[0], "parameters": snapshot}, *EVICTION_TOOLS[1:]],
+        max_tokens=max_tokens,
         tool_choice=tool_choice,
     )

@@ -5,13 +5,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.conversation.prompts import (
+    CHARS_PER_WORD,
     eviction_request,
     fold_request,
     parse_summary,
     summary_request,
 )
+from mnemo.reply import most_tokens
 from tests.fakes import js
 
 MESSAGES: list[dict[str, Any]] = [
@@ -126,3 +130,21 @@ async def test_fold_is_bounded() -> None:
     )
     assert 0 < len(summary.split()) <= 30
     assert "invoice export" in summary
+
+
+@pytest.mark.parametrize("as_data", [False, True])
+def test_an_eviction_bounds_its_summary_for_a_grammar(as_data: bool) -> None:
+    """The summary's schema (save_snapshot's parameters, or the reply's schema when asked as
+    data) holds it to max_words words' worth of characters, and max_tokens has room for the
+    longest summary it allows."""
+    request = eviction_request(zone="z", middle="", recent="", zone_start=0, zone_end=1,
+                               goals=[], previous_snapshot="", max_words=120, done=[],
+                               as_data=as_data)
+    tools = request.tools or []
+    schema = request.schema if as_data else tools[0]["parameters"]
+    assert isinstance(schema, dict)
+    assert schema["properties"]["text"]["maxLength"] == 120 * CHARS_PER_WORD
+    longest = most_tokens(schema)
+    assert longest is not None
+    assert request.max_tokens is not None
+    assert longest <= request.max_tokens

@@ -123,6 +123,11 @@ class ToolDict(TypedDict):
     parameters: dict[str, object]
 
 
+# `save_snapshot`'s one argument, the summary (`snapshot_schema` bounds its length).
+SNAPSHOT_TEXT: dict[str, object] = {
+    "type": "string", "description": "The summary, plain sentences."
+}
+
 EVICTION_TOOL_SPECS: list[ToolDict] = [
     {
         "name": "save_snapshot",
@@ -133,7 +138,7 @@ EVICTION_TOOL_SPECS: list[ToolDict] = [
         "parameters": {
             "type": "object",
             "properties": {
-                "text": {"type": "string", "description": "The summary, plain sentences."}
+                "text": SNAPSHOT_TEXT
             },
             "required": ["text"],
             "additionalProperties": False,
@@ -182,8 +187,7 @@ CHARS_PER_WORD = 8
 def snapshot_schema(max_words: int) -> dict[str, object]:
     """`save_snapshot`'s arguments with the summary bounded at `max_words` words' worth of
     characters (`maxLength`)."""
-    text = {"type": "string", "description": "The summary, plain sentences.",
-            "maxLength": CHARS_PER_WORD * max(1, max_words)}
+    text = {**SNAPSHOT_TEXT, "maxLength": CHARS_PER_WORD * max(1, max_words)}
     return {**SNAPSHOT_SCHEMA, "properties": {"text": text}}
 
 

@@ -410,6 +410,22 @@ async def test_delete_removes_links_vectors_and_search_entries(
     assert "a-fact" not in [i for i, _ in found]
 
 
+async def test_a_link_to_no_node_fails_and_stores_nothing(
+    graph: GraphStore, backend: Backend
+) -> None:
+    """A changeset linking a node to an id that is no node (not in it, not in the graph)
+    raises StorageError, and none of it is stored (SQLite names a link's ends by rowid, the
+    missing one found by no look-up)."""
+    changeset = Changeset(
+        "lost-cs", REPO, [draft("lost-fact", NodeType.SEMANTIC, "a fact", axis(0))],
+        [Link("lost-fact", "nowhere", MEMBERSHIP)],
+    )
+    with pytest.raises(StorageError):
+        await graph.apply(changeset, intents=policy())
+    assert await graph.get_nodes(REPO, ["lost-fact"]) == []
+    assert await counts(backend) == {"nodes": 0, "links": 0, "vectors": 0, "fts": 0}
+
+
 async def test_an_unknown_stored_type_is_a_corrupt_store(
     graph: GraphStore, backend: Backend
 ) -> None:

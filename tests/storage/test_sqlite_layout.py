@@ -42,12 +42,14 @@ async def test_integrity_check_is_clean_on_a_filled_store(tmp_path: Path) -> Non
     assert integrity(path) == ["ok"]
 
 
-async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
+async def test_vectors_are_float16_rows_and_commits_and_links_are_compact(
     tmp_path: Path,
 ) -> None:
     """A node's vector takes 2 bytes a dimension and not much more on disk (a float32 one
-    took half a 4 KB page), and an ingest's commit record, its lists packed, well under a
-    kilobyte (it took an overflow page of its own, 4.7 KB)."""
+    took half a 4 KB page), an ingest's commit record, its lists packed, well under a
+    kilobyte (it took an overflow page of its own, 4.7 KB), and a link, with its entry in
+    links_by_dst, under 100 bytes (naming its ends by id, it took 220); no index of the
+    nodes leads with the id but the id's own."""
     path = tmp_path / "memory.db"
     async with mnemo.Memory(path, embedder=mnemo.HashEmbedder(dim=384)) as mem:
         await mem.open_repo("chat")
@@ -60,7 +62,14 @@ async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
         disk = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
         (vectors,) = conn.execute("SELECT count(*) FROM vectors").fetchone()
         records = conn.execute("SELECT nodes, links FROM commits").fetchall()
+        (links,) = conn.execute("SELECT count(*) FROM links").fetchone()
+        by_id = [name for name, in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'nodes'"
+            " AND sql LIKE '%(id%'")]
     conn.close()
+    assert links >= 6 * 60
+    assert (disk["links"] + disk["links_by_dst"]) / links < 100
+    assert by_id == []
     assert lengths == {2 * 384}
     assert disk["vectors"] / vectors < 1.12 * 2 * 384
     assert disk["commits"] / len(records) < 1024

@@ -365,9 +365,11 @@ async def prepare(path: Path, graph: Graph, embedder: WordVectorEmbedder) -> tup
                     [(vector.astype(np.float16).tobytes(), row[0])
                      for row, vector in zip(rows, vectors, strict=True)],
                 )
+            # mnemo's layout: a link names its ends by their nodes' rowids.
             conn.executemany(
-                "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
-                graph.links,
+                "INSERT OR IGNORE INTO links(src, dst, type) SELECT a.rowid, b.rowid, ?"
+                " FROM nodes a, nodes b WHERE a.id = ? AND b.id = ?",
+                [(kind, src, dst) for _, src, dst, kind in graph.links],
             )
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:

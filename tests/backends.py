@@ -54,6 +54,24 @@ def vector_of(node_id: str, owner: mnemo.Memory | Backend) -> str:
     return f"node_id = '{node_id}'"
 
 
+def links_table(owner: mnemo.Memory | Backend) -> str:
+    """A FROM clause's table of the links as (repo, src, dst, type), their ends by node id,
+    named `links`: SQLite names a link's ends by their nodes' rowids."""
+    if is_sqlite(owner):
+        return (
+            "(SELECT a.repo AS repo, a.id AS src, b.id AS dst, l.type AS type FROM links l"
+            " JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst) AS links"
+        )
+    return "links"
+
+
+def link_end(node_id: str, owner: mnemo.Memory | Backend) -> str:
+    """What a link's `src` or `dst` holds for the node `node_id` (an id without quotes)."""
+    if is_sqlite(owner):
+        return f"(SELECT rowid FROM nodes WHERE id = '{node_id}')"
+    return f"'{node_id}'"
+
+
 async def sql(
     owner: mnemo.Memory | Backend, statement: str, *params: object
 ) -> list[tuple[Any, ...]]:

@@ -40,7 +40,7 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.value import node_value
 from mnemo.storage.ports import Backend
-from tests.backends import is_sqlite, open_stores, sql, vector_of
+from tests.backends import is_sqlite, link_end, links_table, open_stores, sql, vector_of
 from tests.fakes import sqlite_database
 from tests.graph._support import DIM, REPO, at_cosine, axis, draft, policy
 
@@ -64,7 +64,8 @@ def fact(node_id: str, text: str, vector: Vector, confidence: float, *concepts: 
 async def links_of(backend: Backend, node_id: str) -> list[tuple[str, str, str]]:
     rows = await sql(
         backend,
-        "SELECT src, dst, type FROM links WHERE src = ? OR dst = ? ORDER BY src, dst, type",
+        f"SELECT src, dst, type FROM {links_table(backend)} WHERE src = ? OR dst = ?"
+        " ORDER BY src, dst, type",
         node_id,
         node_id,
     )
@@ -394,7 +395,8 @@ async def test_validate_relinks_steps(trajectory: GraphStore, backend: Backend) 
     """A step without its subgoal link gets its sibling's subgoal; steps without a source get
     `source_<episode_id>`."""
     graph = trajectory
-    await sql(backend, "DELETE FROM links WHERE dst = 's2' AND type = 'hierarchical'")
+    await sql(backend, f"DELETE FROM links WHERE dst = {link_end('s2', backend)}"
+              " AND type = 'hierarchical'")
     await sql(backend, "DELETE FROM links WHERE type = 'provenance'")
     report = await validate_episodic(graph, REPO)
     assert (report.missing_subgoal, report.missing_source, report.links_restored) == (1, 2, 3)
@@ -412,8 +414,8 @@ async def test_validate_removes_dangling_links(trajectory: GraphStore, backend: 
 
         def sneak(db: SqliteUtilsDatabase) -> None:
             db.conn.execute("PRAGMA foreign_keys=OFF")
-            db.conn.execute("INSERT INTO links(repo, src, dst, type)"
-                            " VALUES ('r', 's1', 'ghost', 'provenance')")
+            db.conn.execute("INSERT INTO links(src, dst, type)"
+                            " SELECT rowid, 1000000, 'provenance' FROM nodes WHERE id = 's1'")
             db.conn.commit()
             db.conn.execute("PRAGMA foreign_keys=ON")
 

@@ -29,7 +29,7 @@ from mnemo.graph.ports import GraphStore, Neighbor, SourceRecorded
 from mnemo.storage.ports import Backend
 from mnemo.storage.sqlite.graph import fts_query
 from mnemo.text import MAX_QUERY_TERMS
-from tests.backends import is_sqlite, open_stores, sql
+from tests.backends import is_sqlite, link_end, links_table, open_stores, sql
 from tests.graph._support import DIM, REPO, Merger, at_cosine, axis, draft, policy, rounded
 
 MEMBERSHIP, HIERARCHICAL = LinkType.MEMBERSHIP, LinkType.HIERARCHICAL
@@ -50,7 +50,7 @@ async def counts(backend: Backend, repo: str = REPO) -> dict[str, int]:
     )
     return {
         "nodes": await one("SELECT count(*) FROM nodes WHERE repo = ?"),
-        "links": await one("SELECT count(*) FROM links WHERE repo = ?"),
+        "links": await one(f"SELECT count(*) FROM {links_table(backend)} WHERE repo = ?"),
         "vectors": await one(
             "SELECT count(*) FROM vectors v JOIN nodes n ON n.rowid = v.node WHERE n.repo = ?"
             if is_sqlite(backend) else "SELECT count(*) FROM vectors WHERE repo = ?"),
@@ -410,6 +410,22 @@ async def test_delete_removes_links_vectors_and_search_entries(
     assert "a-fact" not in [i for i, _ in found]
 
 
+async def test_a_link_to_no_node_fails_and_stores_nothing(
+    graph: GraphStore, backend: Backend
+) -> None:
+    """A changeset linking a node to an id that is no node (not in it, not in the graph)
+    raises StorageError, and none of it is stored (SQLite names a link's ends by rowid, the
+    missing one found by no look-up)."""
+    changeset = Changeset(
+        "lost-cs", REPO, [draft("lost-fact", NodeType.SEMANTIC, "a fact", axis(0))],
+        [Link("lost-fact", "nowhere", MEMBERSHIP)],
+    )
+    with pytest.raises(StorageError):
+        await graph.apply(changeset, intents=policy())
+    assert await graph.get_nodes(REPO, ["lost-fact"]) == []
+    assert await counts(backend) == {"nodes": 0, "links": 0, "vectors": 0, "fts": 0}
+
+
 async def test_an_unknown_stored_type_is_a_corrupt_store(
     graph: GraphStore, backend: Backend
 ) -> None:
@@ -423,7 +439,7 @@ async def test_an_unknown_stored_type_is_a_corrupt_store(
     with pytest.raises(StorageError):
         await graph.typed_links(REPO, ["a-tag"])
     await sql(backend, "UPDATE nodes SET type = 'semantic' WHERE id = 'a-fact'")
-    await sql(backend, "UPDATE links SET type = 'rope' WHERE src = 'a-tag'")
+    await sql(backend, f"UPDATE links SET type = 'rope' WHERE src = {link_end('a-tag', backend)}")
     with pytest.raises(StorageError) as caught:
         await graph.neighbors(REPO, ["a-tag"])
     assert caught.value.reason == "corrupt"

@@ -17,8 +17,10 @@ from tests.storage.filled import NODE_WORD, REPO, fill
 
 # The migrations that made today's layout, undone by `_as_before`.
 LAYOUT = ("m017_links_key_first", "m018_commits_packed", "m019_half_vectors",
-          "m020_receipts_packed")
+          "m020_receipts_packed", "m022_links_by_rowid")
 VECTORS = "SELECT n.id, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
+LINKS = ("SELECT a.repo, a.id, b.id, l.type FROM links l JOIN nodes a ON a.rowid = l.src"
+         " JOIN nodes b ON b.rowid = l.dst")
 
 
 def integrity(path: Path) -> list[str]:
@@ -40,12 +42,14 @@ async def test_integrity_check_is_clean_on_a_filled_store(tmp_path: Path) -> Non
     assert integrity(path) == ["ok"]
 
 
-async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
+async def test_vectors_are_float16_rows_and_commits_and_links_are_compact(
     tmp_path: Path,
 ) -> None:
     """A node's vector takes 2 bytes a dimension and not much more on disk (a float32 one
-    took half a 4 KB page), and an ingest's commit record, its lists packed, well under a
-    kilobyte (it took an overflow page of its own, 4.7 KB)."""
+    took half a 4 KB page), an ingest's commit record, its lists packed, well under a
+    kilobyte (it took an overflow page of its own, 4.7 KB), and a link, with its entry in
+    links_by_dst, under 100 bytes (naming its ends by id, it took 220); no index of the
+    nodes leads with the id but the id's own."""
     path = tmp_path / "memory.db"
     async with mnemo.Memory(path, embedder=mnemo.HashEmbedder(dim=384)) as mem:
         await mem.open_repo("chat")
@@ -58,7 +62,14 @@ async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
         disk = dict(conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name"))
         (vectors,) = conn.execute("SELECT count(*) FROM vectors").fetchone()
         records = conn.execute("SELECT nodes, links FROM commits").fetchall()
+        (links,) = conn.execute("SELECT count(*) FROM links").fetchone()
+        by_id = [name for name, in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'nodes'"
+            " AND sql LIKE '%(id%'")]
     conn.close()
+    assert links >= 6 * 60
+    assert (disk["links"] + disk["links_by_dst"]) / links < 100
+    assert by_id == []
     assert lengths == {2 * 384}
     assert disk["vectors"] / vectors < 1.12 * 2 * 384
     assert disk["commits"] / len(records) < 1024
@@ -69,9 +80,10 @@ async def test_vectors_are_float16_rows_and_commits_stay_in_their_pages(
 
 
 def _as_before(path: Path) -> None:
-    """Puts a store back in the layout of before `LAYOUT`: links with `repo` first, commit
-    records and receipts as plain JSON (receipts in an ordinary table), vectors as float32;
-    and forgets those migrations."""
+    """Puts a store back in the layout of before `LAYOUT`: links by node id with `repo`
+    first, nodes indexed by (repo, type, created_at) and (id, type), commit records and
+    receipts as plain JSON (receipts in an ordinary table), vectors as float32; and forgets
+    those migrations."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.create_function("f32", 1, lambda blob: np.frombuffer(blob, dtype=np.float16)
                          .astype(np.float32).tobytes())
@@ -87,10 +99,14 @@ def _as_before(path: Path) -> None:
             type TEXT NOT NULL,
             PRIMARY KEY (src, dst, type)
         ) WITHOUT ROWID;
-        INSERT INTO old_links SELECT repo, src, dst, type FROM links;
+        INSERT INTO old_links SELECT a.repo, a.id, b.id, l.type FROM links l
+            JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst;
         DROP TABLE links;
         ALTER TABLE old_links RENAME TO links;
         CREATE INDEX links_by_dst ON links(dst, type);
+        DROP INDEX nodes_by_type;
+        CREATE INDEX nodes_by_type ON nodes(repo, type, created_at);
+        CREATE INDEX nodes_id_type ON nodes(id, type);
         CREATE TABLE old_commits (
             id TEXT PRIMARY KEY, repo TEXT NOT NULL, seq INTEGER NOT NULL,
             committed_at TEXT NOT NULL, session_id TEXT, source_id TEXT, nodes TEXT NOT NULL,
@@ -134,7 +150,7 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
     path = tmp_path / "memory.db"
     await fill(path)
     with sqlite3.connect(path) as conn:
-        links = sorted(conn.execute("SELECT repo, src, dst, type FROM links").fetchall())
+        links = sorted(conn.execute(LINKS).fetchall())
         commits = sorted(conn.execute("SELECT * FROM commits").fetchall())
         receipts = sorted(conn.execute("SELECT * FROM applied_changesets").fetchall())
         vectors = dict(conn.execute(VECTORS).fetchall())
@@ -145,7 +161,9 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
         found = await mem.recall(REPO, NODE_WORD)
         assert any(NODE_WORD in m.node.text for m in found.memories)
     with sqlite3.connect(path) as conn:
-        assert sorted(conn.execute("SELECT repo, src, dst, type FROM links")) == links
+        assert sorted(conn.execute(LINKS)) == links
+        indexes = {name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'nodes'")}
         assert sorted(conn.execute("SELECT * FROM commits")) == commits
         assert sorted(conn.execute("SELECT * FROM applied_changesets")) == receipts
         after = dict(conn.execute(VECTORS).fetchall())
@@ -153,4 +171,5 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
     conn.close()
     assert after == vectors
     assert set(LAYOUT) <= applied
+    assert "nodes_id_type" not in indexes
     assert integrity(path) == ["ok"]

@@ -13,11 +13,11 @@ from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.graph._support import DIM, policy
 
 
-async def test_a_hop_reads_the_types_of_both_ends_from_an_index(tmp_path: Path) -> None:
-    """`typed_links` (each recall hop) joins every link to the types of its two ends through
-    the (id, type) index, never through the nodes' rows: at 1M nodes reading the rows took a
-    hop's read of 283 links from 1.7 to 4.5 ms. Regression guard on the plan, which the
-    planner does not choose by itself."""
+async def test_a_hop_reads_links_by_key_and_both_ends_by_rowid(tmp_path: Path) -> None:
+    """`typed_links` (each recall hop) reads the asked nodes once through the id's index,
+    their links through the links' key and links_by_dst, and each link's other end (its id
+    and type) from the node's row by rowid: never a scan of links or nodes. Regression guard
+    on the plan (a link names its ends by rowid, so no (id, type) index is kept for it)."""
     database = Database(tmp_path / "plans.db")
     await database.open()
     graph = SqliteGraph(database, lambda repo: DIM)
@@ -38,16 +38,22 @@ async def test_a_hop_reads_the_types_of_both_ends_from_an_index(tmp_path: Path) 
         found = await graph.typed_links("r", ["t"])
         await database.run(lambda db: db.conn.set_trace_callback(None))
         assert found == [("t", NodeType.TAG, "f", NodeType.SEMANTIC, LinkType.MEMBERSHIP)]
-        read = next(s for s in statements if "FROM links l" in s)
+        read = next(s for s in statements if "JOIN links l" in s)
 
         def explain(db: Any) -> list[str]:
             return [row[3] for row in db.conn.execute("EXPLAIN QUERY PLAN " + read)]
 
         plan = await database.run(explain)
-        joins = [step for step in plan if step.startswith(("SEARCH a", "SEARCH b"))]
-        assert joins == [
-            "SEARCH a USING COVERING INDEX nodes_id_type (id=?)",
-            "SEARCH b USING COVERING INDEX nodes_id_type (id=?)",
+        steps = [step for step in plan if step.startswith(("SEARCH", "SCAN"))]
+        assert steps == [
+            "SEARCH nodes USING INDEX sqlite_autoindex_nodes_1 (id=?)",
+            "SCAN s",
+            "SEARCH l USING PRIMARY KEY (src=?)",
+            "SEARCH b USING INTEGER PRIMARY KEY (rowid=?)",
+            "SCAN d",
+            "SEARCH l USING COVERING INDEX links_by_dst (dst=?)",
+            "SCAN asked",
+            "SEARCH a USING INTEGER PRIMARY KEY (rowid=?)",
         ]
     finally:
         await graph.aclose()

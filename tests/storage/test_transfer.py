@@ -76,8 +76,11 @@ async def test_tables_are_both_schemas_tables(tmp_path: Path, pg_url: str) -> No
     for table in TABLES:
         assert set(pg_columns[table.name]) - HELD == set(table.names), table.name
         # SQLite's episodes keep their rowid implicit; a WITHOUT ROWID table has none.
-        # SQLite keys a vector by its node's rowid (its dump reads and writes the node's id).
-        expected = {"node", "vec"} if table.name == "vectors" else set(table.names) - {"rowid"}
+        # SQLite keys a vector by its node's rowid, and names a link's ends by their nodes'
+        # rowids (its dump reads and writes the nodes' ids and repo).
+        expected = ({"node", "vec"} if table.name == "vectors"
+                    else {"src", "dst", "type"} if table.name == "links"
+                    else set(table.names) - {"rowid"})
         assert set(sqlite_columns[table.name]) - {"rowid"} - HELD == expected
         assert not (table.has_rowid and table.name in _WITHOUT_ROWID)
 

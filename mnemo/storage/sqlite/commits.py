@@ -64,7 +64,7 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
                 "UPDATE vectors SET vec = ? WHERE node = (SELECT rowid FROM nodes WHERE id = ?)",
                 (half_blob(vector), node_id),
             )
-        added = history.insert_links(conn, repo, plan.links)
+        added = history.insert_links(conn, plan.links)
         conn.execute(
             "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
             " VALUES (?, ?, ?, ?)",

@@ -84,8 +84,9 @@ def inherited(
         procedures.extend(
             (intent_id, json.loads(data), owner)
             for intent_id, node_id, data, owner in conn.execute(
-                f"SELECT l.src, n.id, n.data, n.source_id FROM links l JOIN nodes n"
-                f" ON n.id = l.dst WHERE l.src IN ({marks}) AND l.type = 'hierarchical'"
+                f"SELECT i.id, n.id, n.data, n.source_id FROM nodes i"
+                f" JOIN links l ON l.src = i.rowid JOIN nodes n ON n.rowid = l.dst"
+                f" WHERE i.id IN ({marks}) AND l.type = 'hierarchical'"
                 f" AND n.type = 'procedural' AND n.source_id IS NOT ?"
                 f" ORDER BY n.created_at, n.rowid",
                 [*chunk, source_id])
@@ -119,8 +120,9 @@ def delete_source(
         for chunk in chunks(own, 400):
             marks = ",".join("?" * len(chunk))
             routes.update(row[0] for row in conn.execute(
-                f"SELECT n.id FROM links l JOIN nodes n ON n.id = l.src"
-                f" WHERE l.dst IN ({marks}) AND n.type IN ('tag', 'intent')",
+                f"SELECT n.id FROM nodes d JOIN links l ON l.dst = d.rowid"
+                f" JOIN nodes n ON n.rowid = l.src"
+                f" WHERE d.id IN ({marks}) AND n.type IN ('tag', 'intent')",
                 chunk))
             conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
         for intent_id, (heir, vector) in plan.heirs.items():
@@ -137,7 +139,7 @@ def delete_source(
             node_id for node_id in sorted(routes - set(own))
             if conn.execute(
                 "SELECT 1 FROM nodes n WHERE n.id = ? AND NOT EXISTS"
-                " (SELECT 1 FROM links WHERE src = n.id OR dst = n.id)",
+                " (SELECT 1 FROM links WHERE src = n.rowid OR dst = n.rowid)",
                 (node_id,),
             ).fetchone() is not None
         ]

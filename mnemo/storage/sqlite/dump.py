@@ -25,11 +25,12 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.graph.model import vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite.database import Database, chunks, inspect_file
+from mnemo.storage.sqlite.history import INSERT_LINK
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_of_half
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
-_WITHOUT_ROWID = {"links", "compactions", "pins", "ingests", "task_results"}
+_WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results"}
 # Tables whose vectors are float16.
 _HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).
@@ -40,6 +41,12 @@ _VECTORS_READ = (
     "SELECT v.node, n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 )
 _VECTORS_WRITE = "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
+# Links name their ends by rowid: read as the neutral (repo, src, dst, type) of their ends'
+# ids, in key order, and written to the nodes of those ids (`history.INSERT_LINK`).
+_LINKS_READ = (
+    "SELECT l.src, l.dst, l.type, a.repo, a.id, b.id, l.type FROM links l"
+    " JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst"
+)
 
 
 def _load(kind: Kind, value: object, half: bool = False) -> object:
@@ -102,13 +109,19 @@ class SqliteDump:
         return int(count)
 
     async def read(self, table: Table, batch: int) -> AsyncIterator[list[Row]]:
+        # Each row read starts with the `order` columns (where the next page starts), then
+        # the table's.
         columns = ", ".join(f'"{name}"' for name in table.names)
         if table.name in _WITHOUT_ROWID:
-            order = table.key
-            select = f'SELECT {columns} FROM "{table.name}"'
+            order: tuple[str, ...] = table.key
+            named = ", ".join(f'"{name}"' for name in order)
+            select = f'SELECT {named}, {columns} FROM "{table.name}"'
         elif table.name == "vectors":
             order = ("v.node",)
             select = _VECTORS_READ
+        elif table.name == "links":
+            order = ("l.src", "l.dst", "l.type")
+            select = _LINKS_READ
         else:
             order = ("rowid",)
             select = f'SELECT rowid, {columns} FROM "{table.name}"'
@@ -116,7 +129,6 @@ class SqliteDump:
         marks = ", ".join("?" for _ in order)
         first = f"{select} ORDER BY {keys} LIMIT ?"
         after = f"{select} WHERE ({keys}) > ({marks}) ORDER BY {keys} LIMIT ?"
-        positions = [table.names.index(name) for name in order if name in table.names]
         last: tuple[object, ...] | None = None
         while True:
             statement, params = (first, (batch,)) if last is None else (after, (*last, batch))
@@ -124,12 +136,8 @@ class SqliteDump:
             if not raw:
                 return
             half = table.name in _HALF
-            if table.name in _WITHOUT_ROWID:
-                last = tuple(raw[-1][i] for i in positions)
-                values = raw
-            else:
-                last = (raw[-1][0],)
-                values = [r[1:] for r in raw]
+            last = tuple(raw[-1][: len(order)])
+            values = [r[len(order):] for r in raw]
             yield [
                 tuple(_load(kind, value, half) for kind, value in zip(table.kinds, row,
                                                                     strict=True))
@@ -156,6 +164,10 @@ class SqliteDump:
             statement = _VECTORS_WRITE
             node_id, vec = table.names.index("node_id"), table.names.index("vec")
             stored = [(row[vec], row[node_id]) for row in stored]
+        if table.name == "links":
+            statement = INSERT_LINK
+            ends = [table.names.index(name) for name in ("src", "dst", "type")]
+            stored = [tuple(row[i] for i in ends) for row in stored]
 
         def work(db: SqliteUtilsDatabase) -> int:
             with db.atomic():

@@ -307,7 +307,9 @@ class SqliteGraph:
     async def links(self, repo: str) -> list[Link]:
         rows = await self._database.run(
             lambda db: db.conn.execute(
-                "SELECT src, dst, type FROM links WHERE repo = ? ORDER BY type, src, dst", (repo,)
+                "SELECT a.id, b.id, l.type FROM nodes a JOIN links l ON l.src = a.rowid"
+                " JOIN nodes b ON b.rowid = l.dst WHERE a.repo = ? ORDER BY l.type, a.id, b.id",
+                (repo,),
             ).fetchall()
         )
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]

@@ -19,14 +19,23 @@ from mnemo.storage.sqlite.rows import pack_text, unpack_text
 _COLUMNS = "id, repo, seq, committed_at, session_id, source_id, nodes, links, retired, reworded"
 
 
-def insert_links(conn: sqlite3.Connection, repo: str, links: Iterable[Link]) -> list[Link]:
-    """Inserts the links not there yet; returns those it inserted (what the commit added)."""
+# A link names its ends by their rowids. An end that is no node makes a NULL, which fails
+# (NOT NULL constraint) as the foreign key did: DO NOTHING skips only a link already there.
+INSERT_LINK = (
+    "INSERT INTO links(src, dst, type) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
+    " (SELECT rowid FROM nodes WHERE id = ?), ?) ON CONFLICT DO NOTHING"
+)
+
+
+def insert_links(conn: sqlite3.Connection, links: Iterable[Link]) -> list[Link]:
+    """Inserts the links not there yet; returns those it inserted (what the commit added).
+
+    Raises:
+        sqlite3.IntegrityError: an end is no node.
+    """
     added = []
     for link in links:
-        cursor = conn.execute(
-            "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
-            (repo, link.src, link.dst, link.type.value),
-        )
+        cursor = conn.execute(INSERT_LINK, (link.src, link.dst, link.type.value))
         if cursor.rowcount == 1:
             added.append(link)
     return added
@@ -89,7 +98,8 @@ def undo(conn: sqlite3.Connection, commit: CommitRecord) -> list[str]:
         ).rowcount:
             gone.append(node_id)
     conn.executemany(
-        "DELETE FROM links WHERE repo = ? AND src = ? AND dst = ? AND type = ?",
+        "DELETE FROM links WHERE src = (SELECT rowid FROM nodes WHERE repo = ?1 AND id = ?2)"
+        " AND dst = (SELECT rowid FROM nodes WHERE repo = ?1 AND id = ?3) AND type = ?4",
         [(commit.repo, link.src, link.dst, link.type.value) for link in commit.links],
     )
     unretire(conn, commit.repo, commit.retired)

@@ -58,8 +58,8 @@ def merge_duplicates(
         for survivor, members in groups.items():
             rowid, data, count, last = rows[survivor]
             for member in members:
-                moved += _move_links(conn, member, survivor)
-                _, other, other_count, other_last = rows[member]
+                member_row, other, other_count, other_last = rows[member]
+                moved += _move_links(conn, member_row, rowid)
                 data = merged_data(data, other, member)
                 count += other_count
                 last = max(filter(None, (last, other_last)), default=None)
@@ -78,20 +78,20 @@ def merge_duplicates(
 
 
 
-def _move_links(conn: sqlite3.Connection, member: str, survivor: str) -> int:
-    """Re-points the member's links to the survivor; returns how many links were added. A link
-    the survivor already has (in either direction) or one between the two is dropped, with the
-    member's own links when it is deleted."""
+def _move_links(conn: sqlite3.Connection, member: int, survivor: int) -> int:
+    """Re-points the member's links to the survivor (both by rowid); returns how many links
+    were added. A link the survivor already has (in either direction) or one between the two
+    is dropped, with the member's own links when it is deleted."""
     moved = conn.execute(
-        "INSERT OR IGNORE INTO links(repo, src, dst, type)"
-        " SELECT l.repo, ?1, l.dst, l.type FROM links l WHERE l.src = ?2 AND l.dst != ?1"
+        "INSERT OR IGNORE INTO links(src, dst, type)"
+        " SELECT ?1, l.dst, l.type FROM links l WHERE l.src = ?2 AND l.dst != ?1"
         " AND NOT EXISTS (SELECT 1 FROM links r"
         "  WHERE r.src = l.dst AND r.dst = ?1 AND r.type = l.type)",
         (survivor, member),
     ).rowcount
     moved += conn.execute(
-        "INSERT OR IGNORE INTO links(repo, src, dst, type)"
-        " SELECT l.repo, l.src, ?1, l.type FROM links l WHERE l.dst = ?2 AND l.src != ?1"
+        "INSERT OR IGNORE INTO links(src, dst, type)"
+        " SELECT l.src, ?1, l.type FROM links l WHERE l.dst = ?2 AND l.src != ?1"
         " AND NOT EXISTS (SELECT 1 FROM links r"
         "  WHERE r.src = ?1 AND r.dst = l.src AND r.type = l.type)",
         (survivor, member),
@@ -154,9 +154,9 @@ def validate(db: SqliteUtilsDatabase, repo: str, dim: int) -> ValidationReport:
         if no_source:
             owners = _owners(conn, repo, "source", "provenance", "$.episode_id")
             restored += _relink(conn, repo, no_source, owners, "source_", to_step=False)
-        dangling = count("SELECT count(*) FROM links WHERE repo = ? AND " + _DANGLING, repo)
+        dangling = count("SELECT count(*) FROM links WHERE " + _DANGLING, repo)
         if dangling:
-            conn.execute("DELETE FROM links WHERE repo = ? AND " + _DANGLING, (repo,))
+            conn.execute("DELETE FROM links WHERE " + _DANGLING, (repo,))
         missing_vectors = count(
             "SELECT count(*) FROM nodes n WHERE n.repo = ?"
             " AND NOT EXISTS (SELECT 1 FROM vectors v WHERE v.node = n.rowid)",
@@ -186,9 +186,13 @@ def validate(db: SqliteUtilsDatabase, repo: str, dim: int) -> ValidationReport:
 
 
 
+# A link with an end gone, neither end in another repo (links name their ends by rowid: the
+# repo is the ends').
 _DANGLING = (
-    "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.src)"
-    " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = links.dst))"
+    "(NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.src)"
+    " OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid = links.dst))"
+    " AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.rowid IN (links.src, links.dst)"
+    " AND n.repo != ?)"
 )
 
 
@@ -196,10 +200,10 @@ def _linked_to(kind: str, link: str) -> str:
     # Either direction: the pipeline links subgoal -> step and step -> source, but a link is
     # a link whichever way it was written.
     return (
-        f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.id = l.src"
-        f" WHERE l.dst = e.id AND l.type = '{link}' AND o.type = '{kind}')"
-        f" OR EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.id = l.dst"
-        f" WHERE l.src = e.id AND l.type = '{link}' AND o.type = '{kind}'))"
+        f"(EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.rowid = l.src"
+        f" WHERE l.dst = e.rowid AND l.type = '{link}' AND o.type = '{kind}')"
+        f" OR EXISTS (SELECT 1 FROM links l JOIN nodes o ON o.rowid = l.dst"
+        f" WHERE l.src = e.rowid AND l.type = '{link}' AND o.type = '{kind}'))"
     )
 
 
@@ -223,8 +227,8 @@ def _owners(conn: sqlite3.Connection, repo: str, kind: str, link: str, key: str)
     owners: dict[str, str] = {}
     for group, owner in conn.execute(
         "SELECT json_extract(e.data, ?), o.id FROM nodes e"
-        " JOIN links l ON (l.dst = e.id OR l.src = e.id) AND l.type = ?"
-        " JOIN nodes o ON o.id = (CASE WHEN l.dst = e.id THEN l.src ELSE l.dst END)"
+        " JOIN links l ON (l.dst = e.rowid OR l.src = e.rowid) AND l.type = ?"
+        " JOIN nodes o ON o.rowid = (CASE WHEN l.dst = e.rowid THEN l.src ELSE l.dst END)"
         " WHERE e.repo = ? AND e.type = 'episodic' AND o.type = ?",
         (key, link, repo, kind),
     ):
@@ -258,8 +262,10 @@ def _relink(
             continue
         src, dst = (owner, step) if to_step else (step, owner)
         restored += conn.execute(
-            "INSERT OR IGNORE INTO links(repo, src, dst, type) VALUES (?, ?, ?, ?)",
-            (repo, src, dst, link),
+            "INSERT OR IGNORE INTO links(src, dst, type)"
+            " SELECT a.rowid, b.rowid, ? FROM nodes a, nodes b"
+            " WHERE a.repo = ? AND a.id = ? AND b.repo = ? AND b.id = ?",
+            (link, repo, src, repo, dst),
         ).rowcount
     return restored
 
@@ -275,8 +281,8 @@ def _orphans(conn: sqlite3.Connection, repo: str, kinds: Sequence[NodeType]) -> 
         for row in conn.execute(
             f"SELECT n.id FROM nodes n WHERE n.repo = ?"
             f" AND n.type IN ({','.join('?' * len(values))})"
-            " AND NOT EXISTS (SELECT 1 FROM links l WHERE l.src = n.id)"
-            " AND NOT EXISTS (SELECT 1 FROM links l WHERE l.dst = n.id)",
+            " AND NOT EXISTS (SELECT 1 FROM links l WHERE l.src = n.rowid)"
+            " AND NOT EXISTS (SELECT 1 FROM links l WHERE l.dst = n.rowid)",
             [repo, *values],
         )
     ]

@@ -31,31 +31,31 @@ def node_context(
     kinds = {NodeType(t) for t in linked}
     found: dict[str, Node] = {}
     stats: dict[str, tuple[int, datetime | None]] = {}
+    rowids: dict[int, str] = {}
     for chunk in chunks(ids, _CHUNK):
         marks = ",".join("?" * len(chunk))
         for row in db.conn.execute(
-            f"SELECT {NODE_COLUMNS}, access_count, last_access FROM nodes"
+            f"SELECT {NODE_COLUMNS}, access_count, last_access, rowid FROM nodes"
             f" WHERE repo = ? AND id IN ({marks})",
             [repo, *chunk],
         ):
             found[row[0]] = node(row)
-            count, last = row[NODE_WIDTH:]
+            count, last, rowid = row[NODE_WIDTH:]
             stats[row[0]] = (count, datetime.fromisoformat(last) if last else None)
-    origins = [i for i in ids if i in found and found[i].type in kinds]
+            rowids[rowid] = row[0]
+    origins = [r for r, i in rowids.items() if found[i].type in kinds]
     links: list[Neighbor] = []
-    for chunk in chunks(origins, _CHUNK):
-        marks = ",".join("?" * len(chunk))
-        wanted = set(chunk)
-        for src, dst in db.conn.execute(
-            f"SELECT src, dst FROM links WHERE repo = ? AND src IN ({marks}) AND type = ?"
-            f" UNION ALL SELECT src, dst FROM links WHERE repo = ? AND dst IN ({marks})"
-            " AND type = ?",
-            [repo, *chunk, link_type.value, repo, *chunk, link_type.value],
+    for rows in chunks(origins, _CHUNK):
+        marks = ",".join("?" * len(rows))
+        # Each half reads a link from one asked end (by rowid) to the other's id.
+        for origin, other in db.conn.execute(
+            f"SELECT l.src, b.id FROM links l JOIN nodes b ON b.rowid = l.dst"
+            f" WHERE l.src IN ({marks}) AND l.type = ?"
+            f" UNION ALL SELECT l.dst, a.id FROM links l JOIN nodes a ON a.rowid = l.src"
+            f" WHERE l.dst IN ({marks}) AND l.type = ?",
+            [*rows, link_type.value, *rows, link_type.value],
         ):
-            if src in wanted:
-                links.append(Neighbor(src, dst, link_type))
-            if dst in wanted:
-                links.append(Neighbor(dst, src, link_type))
+            links.append(Neighbor(rowids[origin], other, link_type))
     return NodeContext(
         [found[i] for i in ids if i in found], stats, list(dict.fromkeys(links))
     )
@@ -68,14 +68,18 @@ def typed_links(
     found: list[TypedLink] = []
     for chunk in chunks(ids, _CHUNK):
         marks = ",".join("?" * len(chunk))
+        # Links name their ends by rowid: the asked nodes' rowids (and ids, types) read once
+        # through the id's index, then each link's other end from its row, by rowid; a link
+        # between two asked nodes is read from its src only.
         found += seen_from_asked(db.conn.execute(
-            "SELECT l.src, a.type, l.dst, b.type, l.type FROM links l"
-            # The planner takes the id's unique index, which reads each node's row
-            # for its type; (id, type) answers from the index alone (m014).
-            " JOIN nodes a INDEXED BY nodes_id_type ON a.id = l.src"
-            " JOIN nodes b INDEXED BY nodes_id_type ON b.id = l.dst"
-            f" WHERE l.repo = ? AND (l.src IN ({marks}) OR l.dst IN ({marks}))",
-            [repo, *chunk, *chunk],
+            f"WITH asked(node, id, type) AS MATERIALIZED (SELECT rowid, id, type FROM nodes"
+            f" WHERE repo = ? AND id IN ({marks}))"
+            " SELECT s.id, s.type, b.id, b.type, l.type FROM asked s"
+            " JOIN links l ON l.src = s.node JOIN nodes b ON b.rowid = l.dst"
+            " UNION ALL SELECT a.id, a.type, d.id, d.type, l.type FROM asked d"
+            " JOIN links l ON l.dst = d.node JOIN nodes a ON a.rowid = l.src"
+            " WHERE l.src NOT IN (SELECT node FROM asked)",
+            [repo, *chunk],
         ), set(chunk))
     return found
 
@@ -85,15 +89,19 @@ def neighbors(
 ) -> list[Neighbor]:
     """See `GraphStore.neighbors`."""
     found: list[Neighbor] = []
-    kind = "" if link_type is None else " AND type = ?"
+    kind = "" if link_type is None else " WHERE l.type = ?"
     extra = [] if link_type is None else [link_type.value]
     for chunk in chunks(ids, _CHUNK):
         marks = ",".join("?" * len(chunk))
+        # As `typed_links`: the asked nodes read once, each link's other end by rowid.
         found += neighbors_seen_from_asked(db.conn.execute(
-            f"SELECT src, dst, type FROM links WHERE repo = ? AND src IN ({marks}){kind}"
-            f" UNION ALL SELECT src, dst, type FROM links WHERE repo = ?"
-            f" AND dst IN ({marks}){kind}",
-            [repo, *chunk, *extra, repo, *chunk, *extra],
+            f"WITH asked(node, id) AS MATERIALIZED (SELECT rowid, id FROM nodes"
+            f" WHERE repo = ? AND id IN ({marks}))"
+            " SELECT s.id, b.id, l.type FROM asked s JOIN links l ON l.src = s.node"
+            f" JOIN nodes b ON b.rowid = l.dst{kind}"
+            " UNION ALL SELECT a.id, d.id, l.type FROM asked d JOIN links l ON l.dst = d.node"
+            f" JOIN nodes a ON a.rowid = l.src{kind}",
+            [repo, *chunk, *extra, *extra],
         ), set(chunk))
     return list(dict.fromkeys(found))
 

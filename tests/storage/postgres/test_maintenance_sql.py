@@ -172,8 +172,9 @@ def _insert_sqlite(
                     (np.array(row.vec, dtype=np.float16).tobytes(), row.id),
                 )
         db.conn.executemany(
-            "INSERT INTO links (repo, src, dst, type) VALUES (?, ?, ?, ?)",
-            [(REPO, src, dst, kind) for src, dst, kind in links],
+            "INSERT INTO links (src, dst, type) SELECT a.rowid, b.rowid, ? FROM nodes a, nodes b"
+            " WHERE a.id = ? AND b.id = ?",
+            [(kind, src, dst) for src, dst, kind in links],
         )
 
 
@@ -190,7 +191,9 @@ def _dump_sqlite(db: SqliteUtilsDatabase) -> Dump:
             " consolidated FROM nodes ORDER BY rowid"
         )
     ]
-    links = sorted(conn.execute("SELECT repo, src, dst, type FROM links").fetchall())
+    links = sorted(conn.execute(
+        "SELECT a.repo, a.id, b.id, l.type FROM links l JOIN nodes a ON a.rowid = l.src"
+        " JOIN nodes b ON b.rowid = l.dst").fetchall())
     vectors = [
         (n, r, np.frombuffer(v, dtype=np.float16).astype(np.float32).tolist())
         for n, r, v in conn.execute(
@@ -460,8 +463,12 @@ async def test_validate_relinks_steps_as_sqlite_does(twins: Twins) -> None:
     await twins.insert([
         Row("s3", N.EPISODIC, "gave up", {"trajectory_id": "t9", "episode_id": "ep1"}, axis(5)),
     ], [("s3", "source_ep1", "provenance")])
-    await twins.sql("DELETE FROM links WHERE dst = 's2' AND type = 'hierarchical'")
-    await twins.sql("DELETE FROM links WHERE src IN ('s1', 's2') AND type = 'provenance'")
+    await twins.sql("DELETE FROM links WHERE dst = 's2' AND type = 'hierarchical'",
+                    sqlite="DELETE FROM links WHERE dst = (SELECT rowid FROM nodes"
+                    " WHERE id = 's2') AND type = 'hierarchical'")
+    await twins.sql("DELETE FROM links WHERE src IN ('s1', 's2') AND type = 'provenance'",
+                    sqlite="DELETE FROM links WHERE src IN (SELECT rowid FROM nodes"
+                    " WHERE id IN ('s1', 's2')) AND type = 'provenance'")
     report = await _validate(twins)
     assert (report.missing_subgoal, report.missing_source, report.links_restored) == (2, 2, 3)
     rows = await twins.assert_same_rows()

@@ -25,9 +25,10 @@ from tests.pg import PgServer
 _SQLITE_ONLY_TABLES = {"_sqlite_migrations", "sqlite_stat1"}
 _PG_ONLY_TABLES = {"mnemo_migrations"}
 _PG_ONLY_COLUMNS = {("nodes", "search"), ("messages", "search"), ("episodes", "rowid"),
-                    ("vectors", "node_id"), ("vectors", "repo")}
-# SQLite keys a node's vector (float16, five to a page) by the node's rowid; PostgreSQL keeps
-# pgvector rows by node id and repo.
+                    ("vectors", "node_id"), ("vectors", "repo"), ("links", "repo")}
+# SQLite keys a node's vector (float16, five to a page) by the node's rowid, and a link names
+# its ends (`src`, `dst`, integers there) by their nodes' rowids, its repo theirs; PostgreSQL
+# keeps pgvector rows by node id and repo, and links by node ids with their repo.
 _SQLITE_ONLY_COLUMNS = {("vectors", "node")}
 
 

@@ -29,8 +29,14 @@ class Metered:
         return response
 
 
-async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) -> T:
-    """`calls.tasks.ask` within `LLM_TIMEOUT_S`.
+async def ask(
+    llm: LLM,
+    request: LLMRequest,
+    parse: Callable[[LLMResponse], T],
+    *,
+    shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
+) -> T:
+    """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S`.
 
     Raises:
         LLMError: as `calls.tasks.ask`.
@@ -38,7 +44,7 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) 
     """
     try:
         with deadline.fail_after(LLM_TIMEOUT_S):
-            return await tasks.ask(llm, request, parse)
+            return await tasks.ask(llm, request, parse, shorten=shorten)
     except TimeoutError as exc:
         raise LLMTimeout(
             f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"

@@ -117,8 +117,8 @@ def views(
 
     Each smaller view keeps the newest messages within its share of the conversation's text
     (always the newest one), and the first (most related) files within its share of the
-    files' text: a file's content is cut to its newest entries when only part of it fits,
-    and left out when none does; a file that does not fit even by name is left out.
+    files' text: their names first, then their content, cut to its newest entries when only
+    part of it fits and left out when none does.
     """
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
@@ -145,17 +145,26 @@ def _newest(
 
 
 def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
-    kept: builtins.list[dict[str, str]] = []
+    """The first `files` whose names fit in `budget` characters, then as much of their
+    content, newest entries first, as the rest holds: names come first, since a model that
+    does not see a topic's name files its entries under a new one."""
+    names: builtins.list[dict[str, str]] = []
     for item in files:
         name = {"topic": item["topic"], "description": item["description"]}
-        room = budget - _size(name)
-        if room < 0:
+        if _size(name) > budget:
             break
-        lines = _format.entries(item.get("content", ""))
-        while lines and len(_format.body(lines)) > room:
-            lines = lines[1:]  # the oldest go first, as when a file is bounded
-        kept.append(name | ({"content": _format.body(lines)} if lines else {}))
-        budget -= _size(kept[-1])
+        names.append(name)
+        budget -= _size(name)
+    kept: builtins.list[dict[str, str]] = []
+    for item, name in zip(files, names, strict=False):
+        newest: builtins.list[str] = []
+        for line in reversed(_format.entries(item.get("content", ""))):
+            if len(line) + 1 > budget:
+                break
+            newest.append(line)
+            budget -= len(line) + 1
+        newest.reverse()
+        kept.append(name | ({"content": _format.body(newest)} if newest else {}))
     return kept
 
 

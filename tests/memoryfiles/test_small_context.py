@@ -134,7 +134,8 @@ async def test_a_context_too_small_for_any_prompt_is_reported(tmp_path: Path) ->
 
 def test_views_halve_keeping_the_newest_messages_and_the_most_related_files() -> None:
     """Each smaller view holds about half the text of the one before: the newest messages
-    (always the last), the first files, a file's content cut to its newest entries."""
+    (always the last), the files' names while they fit, then the first files' content cut
+    to its newest entries."""
     conversation = _history([f"message {i} " + "y" * 90 for i in range(64)])
     files = [{"topic": f"t{n}", "description": "d",
               "content": "".join(f"- entry {i} {'z' * 40}\n" for i in range(20))}
@@ -149,6 +150,8 @@ def test_views_halve_keeping_the_newest_messages_and_the_most_related_files() ->
         assert after <= before // 2 + 100
     assert filed == sorted(filed, reverse=True)
     assert filed[-1] < filed[0] // 8
+    assert all(len(shown) == len(files) for _, shown in views)
+    assert "content" not in views[2][1][1]
     for messages, shown in views:
         assert messages[-1] == conversation[-1]
         assert [f["topic"] for f in shown] == [f["topic"] for f in files][: len(shown)]

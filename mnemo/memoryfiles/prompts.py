@@ -134,7 +134,7 @@ def memory_update_request(
         "memory_update",
         system=MEMORY_UPDATE_SYSTEM,
         instructions=MEMORY_UPDATE_INSTRUCTIONS,
-        inputs={"conversation": conversation, "files": files},
+        inputs={"files": files, "conversation": conversation},
         schema=MEMORY_UPDATE_SCHEMA,
         max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA),
     )

@@ -45,7 +45,7 @@ def _inputs(request: Recorded) -> dict[str, object]:
 async def test_a_model_that_writes_to_its_bounds_fits_a_small_context(tmp_path: Path) -> None:
     """A model writing the longest reply the schema allows (a small model running on under
     the server's grammar) ends within the request's max_tokens and the context: one call, and
-    the update writes (an unbounded file text ran into max_tokens, then filled the context)."""
+    the update writes."""
     files = mnemo.MemoryFiles(tmp_path / "memory")
     with ProviderServer(context=CONTEXT) as server:
         server.answer_task("memory_update", Answer(data=LONGEST))

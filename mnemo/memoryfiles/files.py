@@ -30,10 +30,10 @@ import anyio
 import anyio.to_thread
 
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.errors import InvalidInputError, LLMContextError, LLMError
+from mnemo.errors import InvalidInputError, LLMError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_text
 from mnemo.memoryfiles import _format, _select
-from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask
+from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask, ask_fitting
 from mnemo.memoryfiles._folder import Folder, check_directory
 from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
@@ -47,7 +47,7 @@ from mnemo.memoryfiles.prompts import (
     parse_update,
     statement_entry,
 )
-from mnemo.ports import LLM, LLMRequest, check_models
+from mnemo.ports import LLM, check_models
 
 log = logging.getLogger("mnemo")
 
@@ -229,8 +229,11 @@ class MemoryFiles:
             metered = Metered(llm if llm is not None else OfflineLLM())
             async with self._writer.held():
                 stored = await anyio.to_thread.run_sync(self._scan)
-                changes = await self._ask_update(
-                    metered, conversation, _select.listing(stored, conversation)
+                views = _select.views(conversation, _select.listing(stored, conversation))
+                changes = await ask_fitting(
+                    metered,
+                    [memory_update_request(conversation=m, files=f) for m, f in views],
+                    parse_update,
                 )
                 planned = [
                     _Planned(c, None, "correction" in c.signals) for c in _select.combine(changes)
@@ -242,30 +245,6 @@ class MemoryFiles:
             error = f"{type(exc).__name__}: {exc}"
             return MemoryUpdate(written, usage, error, [f for changed, f in results if changed])
         return MemoryUpdate(written, metered.usage, None, [f for changed, f in results if changed])
-
-    async def _ask_update(
-        self,
-        llm: LLM,
-        conversation: builtins.list[dict[str, str]],
-        files: builtins.list[dict[str, str]],
-    ) -> builtins.list[TopicChange]:
-        """The `memory_update` task's changes, asked with the whole inputs, then with ever
-        smaller ones (`_select.views`) while the model's context refuses them.
-
-        Raises:
-            LLMError: as `ask`; `LLMContextError` when even the smallest inputs did not fit.
-        """
-        *larger, smallest = _select.views(conversation, files)
-        for messages, shown in larger:
-            request = memory_update_request(conversation=messages, files=shown)
-            try:
-                return await ask(llm, request, parse_update, shorten=_no_shorter)
-            except LLMContextError:
-                log.warning("memory update: the prompt of %d messages and %d files did not fit "
-                            "the model's context; asking with about half", len(messages),
-                            len(shown))
-        request = memory_update_request(conversation=smallest[0], files=smallest[1])
-        return await ask(llm, request, parse_update, shorten=_no_shorter)
 
     async def persist(self, what: str, *, llm: LLM | None) -> MemoryFile:
         """Files the statement `what` on request ("remember this") and returns its file.
@@ -512,12 +491,6 @@ class MemoryFiles:
 
 
 # ---- helpers ------------------------------------------------------------------------------
-
-
-def _no_shorter(_request: LLMRequest) -> None:
-    """Leaves a refused `memory_update` prompt to `MemoryFiles._ask_update`, which shortens
-    it by what may go (older messages, less related files)."""
-    return None
 
 
 def _utc_now() -> datetime:

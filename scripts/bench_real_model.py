@@ -14,11 +14,14 @@ It runs, through `OpenAICompatible` with its defaults but `--temperature`:
    each append's time, close-to-ready, the calls and tokens, the final state and the nodes;
 2. 20 one-step ingests: calls and tokens per remembered message;
 3. a conversation eviction (a 40-message thread into a 600-token viewport);
-4. a memory-file update from a short history.
+4. memory-file updates: one from 10 user messages into an empty folder, then one from the
+   next 10 (a correction among them) merged into the files the first wrote: the calls, the
+   seconds, and each file written with its size (the files' text is printed).
+`--only memory-files` runs only the last part (a few minutes on two cores).
 Every HTTP exchange is recorded (`--record FILE`, in `tests/adapters/recordings`' format).
 
 Run: `.venv/bin/python scripts/bench_real_model.py --llama-python /tmp/llama/bin/python
-[--ingests 20] [--record tests/adapters/recordings/llama_server_real.json]`.
+[--ingests 20] [--only memory-files] [--record tests/adapters/recordings/llama_server_real.json]`.
 """
 
 from __future__ import annotations
@@ -162,8 +165,7 @@ class Report:
     ingest_missing: int = 0
     eviction_s: float = 0.0
     eviction: str = ""
-    memory_file_s: float = 0.0
-    memory_file: str = ""
+    memory_files: list[list[str]] = field(default_factory=list)
 
 
 async def run(url: str, args: argparse.Namespace, recorder: Recorder, report: Report) -> None:
@@ -171,12 +173,14 @@ async def run(url: str, args: argparse.Namespace, recorder: Recorder, report: Re
                            transport=recorder)
     config = mnemo.Config(partial_commits=args.partial)
     with tempfile.TemporaryDirectory() as folder:
-        async with llm, mnemo.Memory(Path(folder) / "memory.db", llm=llm, config=config) as mem:
-            await mem.open_repo(REPO)
-            await session(mem, report)
-            await ingests(mem, args.ingests, report)
-            await eviction(mem, report)
-            await memory_file(llm, Path(folder) / "files", report)
+        async with llm:
+            if args.only != "memory-files":
+                async with mnemo.Memory(Path(folder) / "memory.db", llm=llm, config=config) as mem:
+                    await mem.open_repo(REPO)
+                    await session(mem, report)
+                    await ingests(mem, args.ingests, report)
+                    await eviction(mem, report)
+            await memory_files(llm, Path(folder) / "files", recorder, report)
 
 
 async def session(mem: mnemo.Memory, report: Report) -> None:
@@ -237,19 +241,36 @@ async def eviction(mem: mnemo.Memory, report: Report) -> None:
                        + (f", error: {result.error}" if result.error else ""))[:200]
 
 
-async def memory_file(llm: OpenAICompatible, folder: Path, report: Report) -> None:
+async def memory_files(
+    llm: OpenAICompatible, folder: Path, recorder: Recorder, report: Report
+) -> None:
     files = mnemo.MemoryFiles(folder)
-    history = [{"role": "user", "content": m} for m in MESSAGES[:10]]
-    started = time.perf_counter()
-    update = await files.update(history, llm=llm, iterations=10)
-    report.memory_file_s = time.perf_counter() - started
-    report.memory_file = f"written {update.written}" + (
-        f", error: {update.error}" if update.error else "")
+    for first in (0, 10):
+        history = [{"role": "user", "content": m} for m in MESSAGES[first:first + 10]]
+        sent = len(recorder.exchanges)  # a call cut short by a timeout is not among them
+        started = time.perf_counter()
+        update = await files.update(history, llm=llm, iterations=10)
+        seconds = time.perf_counter() - started
+        usage = update.usage or mnemo.Usage()
+        sizes = ", ".join(f"{f.topic!r} {len(f.content)} chars" for f in update.files)
+        report.memory_files.append([
+            f"memory-file update {len(report.memory_files) + 1} (10 messages)",
+            f"{seconds:.1f} s, {len(recorder.exchanges) - sent} calls answered, "
+            f"{usage.input_tokens:,} + "
+            f"{usage.output_tokens:,} tokens; written: {sizes or 'nothing'}"
+            + (f"; error: {update.error}"[:300] if update.error else ""),
+        ])
+        console.log(report.memory_files[-1][1])
+    for stored in files.list():
+        console.rule(f"{stored.topic} ({stored.description})")
+        console.print(stored.content, markup=False)
 
 
 def table(report: Report, ingests: int) -> str:
     appends = report.appends_s
     per = report.ingest_usage
+    if not appends:  # only the memory files ran
+        return markdown_table(["measure", "result"], report.memory_files)
     rows = [
         ["appends (7 steps)", f"median {sorted(appends)[len(appends) // 2]:.1f} s, "
                               f"{min(appends):.1f}-{max(appends):.1f} s, "
@@ -265,8 +286,7 @@ def table(report: Report, ingests: int) -> str:
         ["tokens per remembered message (in, out)",
          f"{per.input_tokens / max(ingests, 1):,.0f}, {per.output_tokens / max(ingests, 1):,.0f}"],
         ["eviction (40 messages, 600 tokens)", f"{report.eviction_s:.1f} s, {report.eviction}"],
-        ["memory-file update (10 messages)", f"{report.memory_file_s:.1f} s, "
-                                             f"{report.memory_file}"],
+        *report.memory_files,
     ]
     return markdown_table(["measure", "result"], rows)
 
@@ -282,6 +302,8 @@ def main() -> None:
     parser.add_argument("--partial", action="store_true",
                         help="Config(partial_commits=True): commit what the tasks produced")
     parser.add_argument("--record", type=Path, default=None)
+    parser.add_argument("--only", choices=["memory-files"], default=None,
+                        help="run only this part")
     args = parser.parse_args()
     binary, model, build = locate(args.llama_python)
     console.print(facts_table({**machine_facts(), "llama-server": build, "model": model.name}))

@@ -220,7 +220,8 @@ class _MemoryTopic:
     stems: set[str]
     lines: list[str]
     signals: list[str] = field(default_factory=list)
-    changed: bool = False
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
 
 def _memory_update(inputs: dict[str, object]) -> LLMResponse:
@@ -229,7 +230,8 @@ def _memory_update(inputs: dict[str, object]) -> LLMResponse:
             topic=_field(item, "topic"),
             description=_field(item, "description"),
             stems=_topic_stems(_field(item, "topic")),
-            # Without "content" the file was not shown: its reply holds only the new entries.
+            # A file's shown entries, to leave out what it already says and find what a
+            # correction replaces; the reply holds only the changes.
             lines=[line.strip() for line in _field(item, "content").splitlines() if line.strip()],
         )
         for item in _dicts(inputs, "files")
@@ -251,9 +253,13 @@ def _memory_update(inputs: dict[str, object]) -> LLMResponse:
             )
             topics.append(target)
         if kind == "correction":
-            target.lines = [line for line in target.lines if not _corrected(stems, line)]
-        target.lines.append(f"- {_MEMORY_LABELS[kind]}: {statement}")
-        target.changed = True
+            wrong = [line for line in target.lines if _corrected(stems, line)]
+            target.lines = [line for line in target.lines if line not in wrong]
+            target.removed += [line for line in wrong if line not in target.added]
+            target.added = [line for line in target.added if line not in wrong]
+        entry = f"- {_MEMORY_LABELS[kind]}: {statement}"
+        target.lines.append(entry)
+        target.added.append(entry)
         if kind not in target.signals:
             target.signals.append(kind)
     files = [
@@ -261,10 +267,11 @@ def _memory_update(inputs: dict[str, object]) -> LLMResponse:
             "topic": t.topic,
             "description": t.description,
             "signals": t.signals,
-            "content": "\n".join(t.lines),
+            "content": "\n".join(t.added),
+            "remove": t.removed,
         }
         for t in topics
-        if t.changed
+        if t.added
     ]
     return LLMResponse(data={"files": files}, usage=_NO_USAGE)
 

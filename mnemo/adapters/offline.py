@@ -33,7 +33,8 @@ segmentation, extraction and recall to work offline, not a substitute for one:
   else are skipped. Each is filed under the existing topic sharing the most words with it, or
   a new topic named from its key phrase ("user" for what users say about themselves), as a
   "- Kind: statement" line; a statement adding no word to a line already there is skipped, and
-  a correction replaces the shown line it mostly repeats ("port 8080" -> "port 8443").
+  a correction removes the shown line it mostly repeats ("port 8080" -> "port 8443"). The
+  reply holds only the changes: each topic's new lines and the lines removed.
 - `memory_persist`: the statement itself, under the existing topic sharing the most words with
   it, or else a new topic named from its key phrase.
 - `memory_condense`: an entry that adds no word to a later one is merged into it; then, from

@@ -85,6 +85,7 @@ async def ask(
     *,
     policy: RetryPolicy | None = None,
     unusable: T | None = None,
+    shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
 ) -> T:
     """Sends `request` and parses the reply, asking again when the reply is unusable.
 
@@ -97,6 +98,10 @@ async def ask(
     for (a reward's neutral 0.5, as the API contract says), returned with a warning instead of
     the error: the adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the
     LLM itself (an HTTP error, a timeout) raises all the same.
+
+    A prompt the model's context refused (`LLMContextError`) is sent again shortened by
+    `shorten` (default `shorter`), at most `MAX_SHRINKS` times; a task that shortens its own
+    inputs (it knows what may go) passes one that returns None, and gets the error.
 
     Raises:
         LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
@@ -111,7 +116,8 @@ async def ask(
                 response = await llm.generate(request)
             except Exception as exc:
                 budget.charge_bare(before)
-                shrunk = shorter(request) if isinstance(exc, LLMContextError) else None
+                shrunk = ((shorten or shorter)(request) if isinstance(exc, LLMContextError)
+                          else None)
                 if shrunk is not None and shrinks < MAX_SHRINKS and budget.can_call():
                     log.warning("task %s: the prompt was longer than the model's context; "
                                 "asking again with shorter inputs", request.task)

@@ -1,16 +1,20 @@
-"""How the memory-file tasks ask the model: each ask within `LLM_TIMEOUT_S`, usage summed."""
+"""How the memory-file tasks ask the model: each ask within `LLM_TIMEOUT_S`, usage summed, and
+a prompt the model's context refuses asked again smaller."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from mnemo import deadline
 from mnemo.calls import tasks
-from mnemo.errors import LLMTimeout
+from mnemo.errors import LLMContextError, LLMTimeout
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 
 T = TypeVar("T")
+
+log = logging.getLogger("mnemo")
 
 LLM_TIMEOUT_S = 120.0
 
@@ -29,8 +33,14 @@ class Metered:
         return response
 
 
-async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) -> T:
-    """`calls.tasks.ask` within `LLM_TIMEOUT_S`.
+async def ask(
+    llm: LLM,
+    request: LLMRequest,
+    parse: Callable[[LLMResponse], T],
+    *,
+    shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
+) -> T:
+    """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S`.
 
     Raises:
         LLMError: as `calls.tasks.ask`.
@@ -38,8 +48,33 @@ async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T]) 
     """
     try:
         with deadline.fail_after(LLM_TIMEOUT_S):
-            return await tasks.ask(llm, request, parse)
+            return await tasks.ask(llm, request, parse, shorten=shorten)
     except TimeoutError as exc:
         raise LLMTimeout(
             f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
         ) from exc
+
+
+async def ask_fitting(
+    llm: LLM, requests: Sequence[LLMRequest], parse: Callable[[LLMResponse], T]
+) -> T:
+    """`ask` the first of `requests` (one task's inputs, each smaller than the one before),
+    and the next while the model's context refuses them (`LLMContextError`). The requests
+    are not shortened otherwise: the task knows what may go.
+
+    Raises:
+        LLMError: as `ask`; `LLMContextError` when the last request did not fit either.
+    """
+    *larger, smallest = requests
+    for request in larger:
+        try:
+            return await ask(llm, request, parse, shorten=_as_it_is)
+        except LLMContextError:
+            log.warning("task %s: the prompt did not fit the model's context; asking with "
+                        "smaller inputs", request.task)
+    return await ask(llm, smallest, parse, shorten=_as_it_is)
+
+
+def _as_it_is(_request: LLMRequest) -> None:
+    """No shorter request: `ask_fitting` moves on to its next one."""
+    return None

@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -223,7 +224,12 @@ def follow(description: str, lines: list[str]) -> str:
 
 
 def merge(
-    current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool
+    current: list[str],
+    proposed: list[str],
+    base: list[str] | None,
+    *,
+    allow_removal: bool,
+    removed: Sequence[str] = (),
 ) -> list[str]:
     """The entries of a file after a change, merged three ways.
 
@@ -232,19 +238,24 @@ def merge(
     changed since the LLM saw it, the LLM's order is kept and entries it left out stay in
     front (they are older); when another writer changed it meanwhile, that writer's entries
     stay and only the LLM's additions are appended, so concurrent updates lose nothing.
-    Entries the LLM dropped are removed only when `allow_removal` (a correction).
+    Entries the LLM dropped, and those it names in `removed` (matched by `entry_key`), are
+    removed only when `allow_removal` (a correction).
     """
+    if allow_removal and removed:
+        gone = {entry_key(line) for line in removed}
+        current = [line for line in current if entry_key(line) not in gone]
+        base = None if base is None else [line for line in base if entry_key(line) not in gone]
     proposed_keys = {entry_key(line) for line in proposed}
     if base is None:
         current_keys = {entry_key(line) for line in current}
         return current + [line for line in proposed if entry_key(line) not in current_keys]
     base_keys = {entry_key(line) for line in base}
-    removed = base_keys - proposed_keys if allow_removal else set()
+    left_out = base_keys - proposed_keys if allow_removal else set()
     if [entry_key(line) for line in current] == [entry_key(line) for line in base]:
         kept = [
             line
             for line in current
-            if entry_key(line) not in proposed_keys and entry_key(line) not in removed
+            if entry_key(line) not in proposed_keys and entry_key(line) not in left_out
         ]
         return kept + proposed
     current_keys = {entry_key(line) for line in current}
@@ -254,7 +265,7 @@ def merge(
         for line in proposed
         if entry_key(line) not in current_keys and entry_key(line) not in base_keys
     ]
-    return [line for line in current if entry_key(line) not in removed] + added
+    return [line for line in current if entry_key(line) not in left_out] + added
 
 
 def body(lines: list[str]) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +21,9 @@ _MAX_MESSAGE_CHARS = 4_000
 _MAX_CONVERSATION_CHARS = 60_000
 # At most this many files show their content to the LLM (all of them when there are no more).
 _MAX_SHOWN_FILES = 8
+# How many ever smaller inputs a memory update tries when the model's context refuses them:
+# the last holds about 1/32 of the first (60,000 characters of conversation become 1,875).
+_VIEWS = 6
 _ROLES = frozenset({"user", "assistant"})
 # Recall weights a query word by where it matches (the best place counts).
 _TOPIC_WEIGHT, _DESCRIPTION_WEIGHT, _CONTENT_WEIGHT = 3, 2, 1
@@ -89,18 +92,106 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
 def shown(stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]) -> set[Path]:
     """The files whose content the LLM sees: all of them when few, else those whose topic
     and description share the most words with the conversation."""
-    if len(stored) <= _MAX_SHOWN_FILES:
-        return {s.path for s in stored}
+    return {s.path for s in _related(stored, conversation)[:_MAX_SHOWN_FILES]
+            if len(stored) <= _MAX_SHOWN_FILES or _overlap(s, _said(conversation))}
+
+
+def listing(
+    stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]
+) -> builtins.list[dict[str, str]]:
+    """Every file as the `memory_update` task is shown it, the most related to the
+    conversation first: {"topic", "description"}, plus "content" for the `shown` ones."""
+    visible = shown(stored, conversation)
+    return [
+        {"topic": s.topic, "description": s.description}
+        | ({"content": s.body} if s.path in visible else {})
+        for s in _related(stored, conversation)
+    ]
+
+
+def views(
+    conversation: builtins.list[dict[str, str]], files: builtins.list[dict[str, str]]
+) -> Iterator[tuple[builtins.list[dict[str, str]], builtins.list[dict[str, str]]]]:
+    """The inputs of a `memory_update`, whole, then each time about half as long, for a
+    model whose context refused the longer ones (`_VIEWS` in all).
+
+    Each smaller view keeps the newest messages within its share of the conversation's text
+    (always the newest one), and the first (most related) files within its share of the
+    files' text: their names first, then their content, cut to its newest entries when only
+    part of it fits and left out when none does.
+    """
+    said = sum(len(m["content"]) for m in conversation)
+    filed = sum(_size(f) for f in files)
+    for level in range(_VIEWS):
+        if level == 0:
+            yield conversation, files
+            continue
+        share = 0.5**level
+        yield _newest(conversation, int(said * share)), _first(files, int(filed * share))
+
+
+def _newest(
+    conversation: builtins.list[dict[str, str]], budget: int
+) -> builtins.list[dict[str, str]]:
+    kept: builtins.list[dict[str, str]] = []
+    total = 0
+    for message in reversed(conversation):
+        total += len(message["content"])
+        if total > budget and kept:
+            break
+        kept.append(message)
+    kept.reverse()
+    return kept
+
+
+def _first(files: builtins.list[dict[str, str]], budget: int) -> builtins.list[dict[str, str]]:
+    """The first `files` whose names fit in `budget` characters, then as much of their
+    content, newest entries first, as the rest holds: names come first, since a model that
+    does not see a topic's name files its entries under a new one."""
+    names: builtins.list[dict[str, str]] = []
+    for item in files:
+        name = {"topic": item["topic"], "description": item["description"]}
+        if _size(name) > budget:
+            break
+        names.append(name)
+        budget -= _size(name)
+    kept: builtins.list[dict[str, str]] = []
+    for item, name in zip(files, names, strict=False):
+        newest: builtins.list[str] = []
+        for line in reversed(_format.entries(item.get("content", ""))):
+            if len(line) + 1 > budget:
+                break
+            newest.append(line)
+            budget -= len(line) + 1
+        newest.reverse()
+        kept.append(name | ({"content": _format.body(newest)} if newest else {}))
+    return kept
+
+
+def _size(item: Mapping[str, str]) -> int:
+    return sum(len(value) for value in item.values())
+
+
+def _said(conversation: builtins.list[dict[str, str]]) -> set[str]:
     said: set[str] = set()
     for message in conversation:
         said |= _text.content_stems(message["content"])
-    overlaps: builtins.list[tuple[int, Stored]] = []
-    for s in stored:
-        overlap = len(said & _text.content_stems(f"{s.topic} {s.description}"))
-        if overlap:
-            overlaps.append((overlap, s))
-    overlaps.sort(key=lambda item: (item[0], item[1].updated), reverse=True)
-    return {s.path for _, s in overlaps[:_MAX_SHOWN_FILES]}
+    return said
+
+
+def _overlap(stored: Stored, said: set[str]) -> int:
+    return len(said & _text.content_stems(f"{stored.topic} {stored.description}"))
+
+
+def _related(
+    stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]
+) -> builtins.list[Stored]:
+    """`stored`, those sharing the most words with the conversation first, then the most
+    recently updated."""
+    said = _said(conversation)
+    ordered = sorted(stored, key=lambda s: s.topic)
+    ordered.sort(key=lambda s: (_overlap(s, said), s.updated), reverse=True)
+    return ordered
 
 
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
@@ -123,6 +214,7 @@ def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
             description=seen.description or change.description,
             signals=tuple(dict.fromkeys(seen.signals + change.signals)),
             content=f"{seen.content}\n{change.content}",
+            remove=seen.remove + change.remove,
         )
     return builtins.list(combined.values())
 

@@ -33,7 +33,7 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_text
 from mnemo.memoryfiles import _format, _select
-from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask
+from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask, ask_fitting
 from mnemo.memoryfiles._folder import Folder, check_directory
 from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
@@ -61,8 +61,9 @@ MIN_MAX_CHARS = 20
 class _Planned:
     """A change ready to merge into its file.
 
-    `base` is what the LLM was shown of the file (None: nothing, so the change only adds);
-    `allow_removal` lets entries of `base` the change left out go; `condensed`, once the
+    `base` is what the LLM was shown of the file (None: the change only adds, and removes
+    the entries its `remove` names); `allow_removal` lets entries of `base` the change left
+    out, or the entries it names, go (a correction); `condensed`, once the
     `memory_condense` task rewrote the change to fit, holds the entries it gave up.
     """
 
@@ -201,7 +202,11 @@ class MemoryFiles:
         asks the `memory_update` task (of `llm`, or of the offline LLM when None) which
         topics the user and assistant messages touched, showing every file's topic and
         description and the content of the files most related to the conversation, and
-        writes the merged files. Only a correction removes an entry; a
+        merges its answer into the files: each topic's new entries, and the entries a
+        correction removes (at most `prompts.MAX_UPDATE_FILES` topics, a bounded reply a
+        small model's context holds). A prompt the model's context refuses is asked again
+        with about half the messages (the newest) and half the files' text (the most
+        related), up to five times. Only a correction removes an entry; a
         topic's file is found by its normalised topic (`_format.topic_key`), so a topic never
         splits across files; each file is bounded by `max_chars` (condensed by the LLM first,
         see the class doc), and `files` reports what that cost.
@@ -224,22 +229,14 @@ class MemoryFiles:
             metered = Metered(llm if llm is not None else OfflineLLM())
             async with self._writer.held():
                 stored = await anyio.to_thread.run_sync(self._scan)
-                shown = _select.shown(stored, conversation)
-                files: builtins.list[dict[str, str]] = []
-                base: dict[str, builtins.list[str]] = {}
-                for s in stored:
-                    item = {"topic": s.topic, "description": s.description}
-                    if s.path in shown:
-                        item["content"] = s.body
-                        base.setdefault(_format.topic_key(s.topic), _format.entries(s.body))
-                    files.append(item)
-                request = memory_update_request(
-                    conversation=conversation, files=files, max_chars=self.max_chars
+                views = _select.views(conversation, _select.listing(stored, conversation))
+                changes = await ask_fitting(
+                    metered,
+                    [memory_update_request(conversation=m, files=f) for m, f in views],
+                    parse_update,
                 )
-                changes = await ask(metered, request, parse_update)
                 planned = [
-                    _Planned(c, base.get(_format.topic_key(c.topic)), "correction" in c.signals)
-                    for c in _select.combine(changes)
+                    _Planned(c, None, "correction" in c.signals) for c in _select.combine(changes)
                 ]
                 await self._commit(planned, metered, written, results)
         except Exception as exc:
@@ -322,6 +319,7 @@ class MemoryFiles:
                 _format.entries(planned.change.content),
                 planned.base,
                 allow_removal=planned.allow_removal,
+                removed=planned.change.remove,
             )
         )
         if len(_format.body(lines)) <= self.max_chars:
@@ -400,6 +398,7 @@ class MemoryFiles:
             _format.entries(planned.change.content),
             planned.base,
             allow_removal=planned.allow_removal,
+            removed=planned.change.remove,
         )
         fitted = _format.bound(_format.dedupe(lines), self.max_chars)
         if not fitted.lines:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from mnemo import text as _text
 from mnemo.calls.tasks import preview, reply_data, task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Reply, read_reply, reply_schema
+from mnemo.reply import Reply, items, most_tokens, read_reply, reply_schema, text
 
 SIGNALS = ("decision", "context", "correction", "preference")
 Signal = Literal["decision", "context", "correction", "preference"]
@@ -26,12 +26,14 @@ Signal = Literal["decision", "context", "correction", "preference"]
 
 @dataclass(frozen=True, slots=True)
 class TopicChange:
-    """One file the LLM wants changed: its topic, description, why, and its merged content."""
+    """One file the LLM wants changed: its topic, description, why, the entries to add
+    (`content`) and those a correction removes (`remove`)."""
 
     topic: str
     description: str
     signals: tuple[str, ...]
     content: str
+    remove: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,16 +54,32 @@ class Filed:
 
 
 # ---- memory_update ------------------------------------------------------------------------
+# The reply holds edits, not whole files: the new entries of each topic touched, and the
+# entries a correction makes wrong. Its length is then bounded by the schema whatever the
+# files' size, so it fits a small model's context beside the prompt, and the prompt may show
+# only part of a file (it is cut to fit, see `_select.views`) without the merge losing what
+# the model was not shown.
+
+# The most files one reply changes, the new text of one file, and the entries it removes.
+MAX_UPDATE_FILES = 4
+MAX_NEW_CHARS = 480
+MAX_REMOVED = 2
+MAX_REMOVED_CHARS = 200
+_DESCRIPTION_BOUND = 160
+
 
 class FileReply(Reply, frozen=True, kw_only=True):
-    topic: str
-    description: str | None = None
-    signals: list[Signal] | None = None
-    content: str
+    topic: Annotated[str, text(MAX_TOPIC_CHARS)]
+    description: Annotated[str, text(_DESCRIPTION_BOUND)] | None = None
+    signals: Annotated[list[Signal], items(len(SIGNALS))] | None = None
+    content: Annotated[str, text(MAX_NEW_CHARS)]
+    remove: Annotated[list[Annotated[str, text(MAX_REMOVED_CHARS)]], items(MAX_REMOVED)] | None = (
+        None
+    )
 
 
 class UpdateReply(Reply, frozen=True):
-    files: list[FileReply]
+    files: Annotated[list[FileReply], items(MAX_UPDATE_FILES)]
 
 
 MEMORY_UPDATE_SCHEMA = reply_schema(UpdateReply)
@@ -70,9 +88,9 @@ MEMORY_UPDATE_SYSTEM = (
     "reads before future work. You update them from a conversation, keeping only what will "
     "still matter in later conversations."
 )
-MEMORY_UPDATE_INSTRUCTIONS = """\
-Read the conversation and decide which memory topics it touched, then write the merged content \
-of every file that should change.
+MEMORY_UPDATE_INSTRUCTIONS = f"""\
+Read the conversation, decide which memory topics it touched, and give the new entries of \
+each topic's file.
 
 Only four kinds of signal qualify:
 - decision: an explicit decision ("we decided to ...", "let's go with ...", "we'll use ...").
@@ -85,56 +103,49 @@ Only four kinds of signal qualify:
 Signals come from the user's messages; an assistant message counts only where it confirms what
 the user said or decided. Ignore everything else: greetings, thanks, small talk, questions, the
 intermediate steps of the task, tool output, guesses, and whatever is true only for this
-conversation. If nothing qualifies, reply {"files": []}.
+conversation. If nothing qualifies, reply {{"files": []}}.
 
 Rules for the files:
-- `files` lists every existing memory file by topic and description; some also show their
-  current content.
+- `files` lists existing memory files by topic and description; some also show their content.
 - A topic lives in exactly one file. When a signal belongs to an existing topic, reuse that
   topic's name exactly. Create a new topic only when none fits: name it with a short noun
   phrase (1 to 4 words, e.g. "database", "deployment", "code style") and describe in one line
   what the file holds.
-- For a file whose content is shown, `content` is its complete merged content: the current
-  entries plus the new ones. Apply a correction by removing or rewriting the entry it
-  corrects, and list "correction" in `signals`; entries are only ever removed for a correction.
-- For an existing file whose content is not shown, `content` holds only the new entries; they
-  are appended to the file.
-- One entry per line, written as a Markdown bullet ("- ..."), each a self-contained statement:
-  name the things it is about instead of writing "it", "this" or "they". No headings. Never
-  repeat an entry that is already there.
-- Order entries from least to most important, new entries last unless they matter less: a file
-  that would pass `max_chars` characters is condensed, and failing that its first entries are
-  dropped.
+- `content`: only the new entries, one per line as a Markdown bullet ("- ..."), each a
+  self-contained statement: name the things it is about instead of writing "it", "this" or
+  "they". Never repeat an entry the file already has. No headings.
+- `remove`: for a correction, the file's entries it makes wrong, copied exactly; otherwise [].
+  Entries are only ever removed for a correction.
 - `signals`: the kinds of signal (decision, context, correction, preference) behind the change.
-Only return files that change.
-Reply with JSON: {"files": [{"topic", "description", "signals", "content"}, ...]}."""
+At most {MAX_UPDATE_FILES} files, only those that change, the most important first.
+Reply with JSON: {{"files": [{{"topic", "description", "signals", "content", "remove"}}, ...]}}."""
 
 
 def memory_update_request(
-    *, conversation: list[dict[str, str]], files: list[dict[str, str]], max_chars: int
+    *, conversation: list[dict[str, str]], files: list[dict[str, str]]
 ) -> LLMRequest:
     """The "memory_update" task.
 
     `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
-    for every existing file, plus "content" for those the LLM may rewrite in full. Read the
+    for existing files, plus "content" (all or part of it) for those most related. Read the
     reply with `parse_update`.
     """
     return task_request(
         "memory_update",
         system=MEMORY_UPDATE_SYSTEM,
         instructions=MEMORY_UPDATE_INSTRUCTIONS,
-        inputs={"conversation": conversation, "files": files, "max_chars": max_chars},
+        inputs={"files": files, "conversation": conversation},
         schema=MEMORY_UPDATE_SCHEMA,
-        # A file rewritten in full is up to max_chars characters, about max_chars / 4 tokens.
-        max_tokens=512 + max_chars // 2,
+        max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA),
     )
 
 
 def parse_update(resp: LLMResponse) -> list[TopicChange]:
     """The file changes of a "memory_update" reply, in order.
 
-    A missing or null `description` is "", missing or null `signals` none, and repeated
-    signals are dropped; a change without signals is returned as is (the caller skips it).
+    A missing or null `description` is "", missing or null `signals` or `remove` none, and
+    repeated signals are dropped; a change without signals is returned as is (the caller
+    skips it).
 
     Raises:
         ValueError: naming the first field that does not match the schema.
@@ -149,6 +160,7 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
                 description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
                 signals=tuple(dict.fromkeys(item.signals or ())),
                 content=item.content,
+                remove=tuple(item.remove or ()),
             )
         )
     return changes

@@ -54,6 +54,20 @@ class _ByTask:
 BY_TASK: Any = _ByTask()
 
 
+class _Longest:
+    def __repr__(self) -> str:
+        return "LONGEST"
+
+
+# `Answer(data=LONGEST)`: the longest reply the request's schema allows, as a small model
+# that runs on writes it under a server's grammar (llama.cpp's): every string to its
+# `maxLength`, every list to its `maxItems`; a string without a bound runs on past any
+# max_tokens, a list without one holds `_UNBOUNDED_ITEMS`.
+LONGEST: Any = _Longest()
+_UNBOUNDED_ITEMS = 16
+_RAMBLE = "and the model keeps writing " * 2_000
+
+
 @dataclass(frozen=True)
 class Answer:
     """A 200 reply. For a structured request, `data` (by default the task's valid answer) is
@@ -154,7 +168,8 @@ class ProviderServer:
     holding its slot (llama-cpp-python's server does not notice a closed connection);
     `tokens_per_second` adds the reply's own tokens (4 characters a token, also reported as
     its usage) to its latency; `context` refuses a request whose prompt (4 characters a
-    token) is longer, as llama.cpp does, and cuts a reply at what is left of it.
+    token) is longer, as llama.cpp does, and cuts a reply at what is left of it, or at the
+    request's max_tokens when that is less (with either set, a reply is cut at max_tokens).
     """
 
     def __init__(
@@ -379,6 +394,9 @@ class _Handler(BaseHTTPRequestHandler):
         reply = _render(request, behaviour, provider)
         if provider.tokens_per_second or provider.context is not None:
             room = None if provider.context is None else provider.context - prompt
+            cap = request.body.get("max_tokens") or request.body.get("max_completion_tokens")
+            if isinstance(cap, int) and (room is None or cap < room):
+                room = cap  # a server stops at the request's max_tokens too
             written = _sized(reply, prompt, room)
             if provider.tokens_per_second:
                 provider._stopping.wait(written / provider.tokens_per_second)
@@ -550,6 +568,11 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
                             for i, p in enumerate(inputs.get("pairs", []))]}
     if task == "contradiction":  # a batch of pairs, or one pair as older builds asked
         return {"contradicted": []} if "pairs" in inputs else {"contradicts": False}
+    if task == "memory_update":  # the newest user message, filed as context under "notes"
+        said = [m.get("content", "") for m in inputs.get("conversation", [])
+                if isinstance(m, dict) and m.get("role") == "user"]
+        return {"files": [{"topic": "notes", "description": "Notes", "signals": ["context"],
+                           "content": f"- {said[-1]}", "remove": []}] if said else []}
     if task == "eviction":  # asked as data: save_snapshot's arguments
         zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
         return {"text": f"Messages {zone} are about the deployment."}
@@ -577,6 +600,8 @@ def _render(request: Recorded, answer: Answer, provider: ProviderServer) -> dict
         )
     data = answer.data
     text = answer.text
+    if data is LONGEST:
+        data = _longest(_schema_of(request.body))
     if data is BY_TASK:
         data = None if text is not None else task_data(request.task, _inputs(request))
         if isinstance(data, dict) and "last_reward" in data:
@@ -665,6 +690,38 @@ def _embeddings(
         "model": request.body.get("model"),
         "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
     }
+
+
+def _schema_of(body: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema a structured request asks its reply to match ({} when none)."""
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
+        schema = response_format.get("json_schema", {}).get("schema")
+        return schema if isinstance(schema, dict) else {}
+    for tool in body.get("tools") or []:
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        schema = function.get("parameters") or function.get("input_schema")
+        if function.get("name") == _forced_name(body) and isinstance(schema, dict):
+            return schema
+    return {}
+
+
+def _longest(schema: dict[str, Any]) -> Any:
+    """The longest value `schema` allows (see `LONGEST`)."""
+    kind = schema.get("type")
+    if "enum" in schema:
+        return max(schema["enum"], key=lambda value: len(json.dumps(value)))
+    if kind == "object":
+        return {name: _longest(sub) for name, sub in schema.get("properties", {}).items()}
+    if kind == "array":
+        return [_longest(schema.get("items", {}))
+                for _ in range(schema.get("maxItems", _UNBOUNDED_ITEMS))]
+    if kind == "string":
+        bound = schema.get("maxLength")
+        return _RAMBLE[:bound] if isinstance(bound, int) else _RAMBLE
+    if kind in ("integer", "number"):
+        return schema.get("maximum", 1)
+    return True
 
 
 def _prompt_tokens(request: Recorded) -> int:

@@ -43,7 +43,7 @@ def every_request(steps: int) -> list[LLMRequest]:
         fold_request(snapshots=[], max_words=100),
         eviction_request(zone="z", middle="", recent="", zone_start=0, zone_end=1, goals=[],
                          previous_snapshot="", max_words=100, done=[]),
-        memory_update_request(conversation=[], files=[], max_chars=4000),
+        memory_update_request(conversation=[], files=[]),
         memory_persist_request(statement="s", files=[]),
         memory_condense_request(topic="t", description="d", entries=["e"], max_chars=4000),
     ]

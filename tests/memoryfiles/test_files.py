@@ -202,18 +202,24 @@ async def test_topic_identity_is_normalised(files: mnemo.MemoryFiles, llm: Recor
 async def test_entries_are_removed_only_by_a_correction(
     files: mnemo.MemoryFiles, llm: RecordingLLM
 ) -> None:
-    """A merged content that leaves out an entry keeps it, unless the change is a correction."""
+    """A change adds its entries (one the file has is not repeated); the entries it names in
+    `remove` go only when the change is a correction."""
     await files.persist("The deploy window is Tuesday.", llm=None)
     topic = files.list()[0].topic
-    llm.reply = lambda _request: {"files": [change(topic, "- Deploys need a review.")]}
+    tuesday = "- The deploy window is Tuesday."
+    llm.reply = lambda _request: {"files": [
+        change(topic, f"{tuesday}\n- Deploys need a review.") | {"remove": [tuesday]}
+    ]}
+    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
+    assert files.list()[0].content == f"{tuesday}\n- Deploys need a review.\n"
+    llm.reply = lambda _request: {"files": [
+        change(topic, "- The deploy window is Thursday.", "correction")
+        | {"remove": ["the deploy window is tuesday"]}
+    ]}
     await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
     assert files.list()[0].content == (
-        "- The deploy window is Tuesday.\n- Deploys need a review.\n"
+        "- Deploys need a review.\n- The deploy window is Thursday.\n"
     )
-    fixed = "- The deploy window is Thursday.\n- Deploys need a review."
-    llm.reply = lambda _request: {"files": [change(topic, fixed, "correction")]}
-    await files.update(user(SIGNALS[0]), llm=llm, iterations=10)
-    assert files.list()[0].content == fixed + "\n"
 
 
 async def test_change_without_signal_is_skipped(

@@ -35,7 +35,7 @@ JSON = st.recursive(
 async def offline_update(
     conversation: list[dict[str, str]], files: list[dict[str, str]] | None = None
 ) -> list[TopicChange]:
-    request = memory_update_request(conversation=conversation, files=files or [], max_chars=4000)
+    request = memory_update_request(conversation=conversation, files=files or [])
     return parse_update(await OfflineLLM().generate(request))
 
 
@@ -47,10 +47,10 @@ def test_update_request_carries_inputs_and_schema() -> None:
     """The request's inputs are exactly its arguments, and it carries the schema."""
     conversation = said("We decided to use Go.")
     files = [{"topic": "db", "description": "", "content": "- x\n"}]
-    request = memory_update_request(conversation=conversation, files=files, max_chars=300)
+    request = memory_update_request(conversation=conversation, files=files)
     assert request.task == "memory_update"
     assert request.schema is MEMORY_UPDATE_SCHEMA
-    assert task_inputs(request) == {"conversation": conversation, "files": files, "max_chars": 300}
+    assert task_inputs(request) == {"conversation": conversation, "files": files}
 
 
 def test_persist_request_carries_inputs_and_schema() -> None:
@@ -171,7 +171,8 @@ async def test_offline_bare_correction_marks_next_sentence() -> None:
 
 
 async def test_offline_correction_replaces_the_shown_entry() -> None:
-    """A correction drops the shown line it mostly repeats and keeps the others."""
+    """A correction removes the shown line it mostly repeats, keeps the others, and adds
+    itself."""
     files = [
         {
             "topic": "api gateway",
@@ -181,10 +182,8 @@ async def test_offline_correction_replaces_the_shown_entry() -> None:
     ]
     (change,) = await offline_update(said("Actually, our API gateway runs on port 8443."), files)
     assert change.topic == "api gateway"
-    assert change.content.splitlines() == [
-        "- Context: It uses TLS.",
-        "- Correction: Our API gateway runs on port 8443.",
-    ]
+    assert change.content.splitlines() == ["- Correction: Our API gateway runs on port 8443."]
+    assert change.remove == ("- Context: Our API gateway runs on port 8080.",)
 
 
 async def test_offline_routes_to_existing_topics_and_skips_repeats() -> None:
@@ -196,7 +195,6 @@ async def test_offline_routes_to_existing_topics_and_skips_repeats() -> None:
     (change,) = await offline_update(history, files)
     assert change.topic == "Database"
     assert change.content.splitlines() == [
-        "- We use PostgreSQL 16.",
         "- Context: Our database backups run nightly.",
         "- Context: Our database is huge.",
     ]

@@ -34,7 +34,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import GraphStore, NodeContext
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
@@ -142,7 +142,9 @@ class Recaller:
         trace.mark("embed")
 
         # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
-        # each side waits on a worker thread (HNSW walks, the database).
+        # each side waits on a worker thread (HNSW walks, the database) on a large store. The
+        # routes start first: on a small store they are numpy on the event loop, done before
+        # hop 0 hands its words to a thread (`_hop_zero`).
         found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
 
@@ -153,7 +155,7 @@ class Recaller:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
-        await _side_by_side(zero, route)
+        await _side_by_side(route, zero)
         # What the query's own channels made of each candidate, before any hop or lever.
         direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
@@ -222,7 +224,10 @@ class Recaller:
         searched = None if wanted is None else list(wanted | set(ROUTING))
         width = max(config.recall_candidates, 2 * k)
         # The two channels at once: each waits on something else (a worker thread, the
-        # database), and hop 0 is the stage a large store pays most for.
+        # database), and hop 0 is the stage a large store pays most for. The dense channel
+        # starts first: on a small store it is numpy on the event loop and ends before the
+        # words go to their thread, so the two do not take turns at the GIL (side by side,
+        # the loop's Python and the thread's query building slowed each other down).
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
 
@@ -232,7 +237,7 @@ class Recaller:
         async def by_meaning() -> None:
             dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
 
-        await _side_by_side(by_words, by_meaning)
+        await _side_by_side(by_meaning, by_words)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
@@ -275,41 +280,40 @@ class Recaller:
         self, repo: str, found: dict[str, _Candidate], k: int, depth: int, trace: _Trace
     ) -> _Context:
         """The nodes, access stats and steps of the best candidates, with provenance and
-        neighbours offered, in two reads bounded by k: the best `depth` candidates (what
-        ranking can pick from: the others are touched, never read), then what provenance
-        and neighbours brought in."""
+        neighbours offered, in one read bounded by k: the best `depth` candidates (what
+        ranking can pick from: the others are touched, never read), then, in the same call,
+        what provenance and neighbours brought in (`GraphStore.node_context`'s `then`)."""
         ranked = sorted(found.items(), key=hops.by_score)
         best = [i for i, _ in ranked[:depth]]
-        first = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE)
-        context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {},
-                           dict(first.vectors))
-        nodes = context.nodes
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.
         top = {i for i, _ in ranked[: 2 * k]}
-        arrived: list[str] = []
-        for link in first.links:
-            origin = nodes.get(link.origin)  # None if deleted between the read's statements
-            if origin is None or origin.type is not N.EPISODIC or link.origin not in top:
-                continue
-            parent = found[link.origin]
-            candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
-            if offer(found, link.node_id, candidate) and link.node_id not in nodes:
-                arrived.append(link.node_id)
-        context.add_steps(first.links)
+        offers: dict[str, _Candidate] = {}
+
+        def more(first: NodeContext) -> tuple[list[str], tuple[NodeType, ...]]:
+            """What provenance and neighbours bring in, from the best candidates' read: run
+            by the store where it reads, while this recall waits for it."""
+            nodes: dict[str, Node] = {n.id: n for n in first.nodes}
+            arrived: list[str] = []
+            for link in first.links:
+                origin = nodes.get(link.origin)  # None if deleted between the statements
+                if origin is None or origin.type is not N.EPISODIC or link.origin not in top:
+                    continue
+                parent = found[link.origin]
+                candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
+                if offer(found, link.node_id, candidate) and link.node_id not in nodes:
+                    arrived.append(link.node_id)
+            offers.update(self._neighbour_offers(found, nodes, k))
+            return ([*dict.fromkeys([*arrived, *(i for i in offers if i not in nodes)])],
+                    (N.SEMANTIC, N.PROCEDURAL))
+
+        read = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE, more)
+        context = _Context({n.id: n for n in read.nodes}, dict(read.stats), {},
+                           dict(read.vectors))
+        context.add_steps(read.links)
         trace.mark("provenance")
-        offers = self._neighbour_offers(found, nodes, k)
-        more = [*dict.fromkeys([*arrived, *(i for i in offers if i not in nodes)])]
-        if more:
-            second = await self.graph.node_context(
-                repo, more, (N.SEMANTIC, N.PROCEDURAL), LinkType.PROVENANCE
-            )
-            nodes.update((n.id, n) for n in second.nodes)
-            context.stats.update(second.stats)
-            context.vectors.update(second.vectors)
-            context.add_steps(second.links)
         for node_id, candidate in offers.items():
-            if node_id in nodes:
+            if node_id in context.nodes:
                 offer(found, node_id, candidate)
         if self.config.recall_neighbour_weight > 0:
             trace.mark("neighbours")

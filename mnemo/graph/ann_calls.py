@@ -48,6 +48,17 @@ async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector
     return await by_size(len(index), lambda: index.of_type(kind))
 
 
+def on_loop(index: VectorIndex) -> bool:
+    """Whether `by_size` and `nearest_of_type` do their work for `index` on the event loop:
+    fewer rows than `ann.IN_THREAD_FROM`, and no type walked by an HNSW graph."""
+    if len(index) >= ann.IN_THREAD_FROM:
+        return False
+    accelerator = index.accelerator
+    return not (isinstance(accelerator, HnswAccelerator) and accelerator.ready and any(
+        accelerator.rows_of(TYPE_CODES[kind]) >= ann.WALK_FROM
+        for kind in (NodeType.TAG, NodeType.INTENT)))
+
+
 async def by_size(rows: int, work: Callable[[], T]) -> T:
     """`work()` over `rows` rows: on the event loop below `ann.IN_THREAD_FROM` of them (a
     thread hop costs more than the work), else in a worker thread (a product or a copy of

@@ -142,20 +142,22 @@ class Recaller:
         trace.mark("embed")
 
         # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
-        # each side waits on a worker thread (HNSW walks, the database) on a large store. The
-        # routes start first: on a small store they are numpy on the event loop, done before
-        # hop 0 hands its words to a thread (`_hop_zero`).
+        # each side waits on a worker thread (HNSW walks, the database). When the vectors
+        # answer on the event loop (a small store), one after the other: nothing would run
+        # beside them, and a task group costs more than such a probe.
         found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
+        on_loop = self.graph.vectors_on_loop(repo)
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k))
+            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k,
+                                              on_loop))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
-        await _side_by_side(route, zero)
+        await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
         # What the query's own channels made of each candidate, before any hop or lever.
         direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
@@ -218,16 +220,15 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int
+        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int,
+        on_loop: bool,
     ) -> dict[str, _Candidate]:
         config = self.config
         searched = None if wanted is None else list(wanted | set(ROUTING))
         width = max(config.recall_candidates, 2 * k)
         # The two channels at once: each waits on something else (a worker thread, the
-        # database), and hop 0 is the stage a large store pays most for. The dense channel
-        # starts first: on a small store it is numpy on the event loop and ends before the
-        # words go to their thread, so the two do not take turns at the GIL (side by side,
-        # the loop's Python and the thread's query building slowed each other down).
+        # database), and hop 0 is the stage a large store pays most for. With the vectors on
+        # the event loop (`on_loop`), the dense channel first, then the words.
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
 
@@ -237,7 +238,8 @@ class Recaller:
         async def by_meaning() -> None:
             dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
 
-        await _side_by_side(by_meaning, by_words)
+        await _in_turn(by_meaning, by_words) if on_loop else await _side_by_side(by_words,
+                                                                               by_meaning)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
@@ -459,6 +461,13 @@ async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -
         async with anyio.create_task_group() as group:
             for call in calls:
                 group.start_soon(call)
+
+
+async def _in_turn(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
+    """Runs the calls one after the other (what `_side_by_side` does when there is nothing to
+    wait on side by side)."""
+    for call in calls:
+        await call()
 
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:

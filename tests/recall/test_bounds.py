@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 
 import mnemo
+from mnemo.graph import ann, ann_calls
 from mnemo.graph.model import Link, LinkType, NodeType
 from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
+from mnemo.graph.vectors import VectorIndex
 from mnemo.recall.fusion import maximal_marginal_relevance
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.backends import open_stores
 from tests.recall.test_engine import EMBEDDER, REPO, build, run
 
@@ -221,3 +224,24 @@ async def test_node_context_then_reads_what_a_second_call_would(crowded: GraphSt
     nothing = await crowded.node_context(REPO, ["e1"], [NodeType.EPISODIC], LinkType.PROVENANCE,
                                          lambda _: ([], []))
     assert nothing.nodes == first.nodes[:1]
+
+
+async def test_vectors_on_loop_only_for_a_small_index_in_memory(crowded: GraphStore) -> None:
+    """SQLite answers a small repo's vector searches on the event loop once its index is in
+    memory (recall then runs hop 0's searches one after the other, without a task group);
+    PostgreSQL never does (each search is a round trip)."""
+    sqlite = isinstance(crowded, SqliteGraph)
+    async with crowded.reading(REPO):
+        assert crowded.vectors_on_loop(REPO) is sqlite
+    assert crowded.vectors_on_loop("never-written") is False
+
+
+def test_an_index_past_the_thread_threshold_is_not_on_the_loop() -> None:
+    """`ann_calls.on_loop` follows `by_size`: from `ann.IN_THREAD_FROM` rows the searches go
+    to a worker thread."""
+    index = VectorIndex(4)
+    index.add(["a", "b"], [NodeType.SEMANTIC] * 2, np.eye(4, dtype=np.float32)[:2])
+    assert ann_calls.on_loop(index)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ann, "IN_THREAD_FROM", 2)
+        assert not ann_calls.on_loop(index)

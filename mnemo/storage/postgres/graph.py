@@ -431,6 +431,9 @@ class PgGraph:
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         return self._vectors.reading(repo)
 
+    def vectors_on_loop(self, repo: str) -> bool:
+        return False  # the database searches the nodes' vectors: a round trip each
+
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors, in memory (`CommitTarget`)."""
         return await self._vectors.routes(repo)

@@ -454,6 +454,9 @@ class SqliteGraph:
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         return self._vectors.reading(repo)
 
+    def vectors_on_loop(self, repo: str) -> bool:
+        return self._vectors.on_loop(repo)
+
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use (`CommitTarget`)."""
         return await self._vectors.index(repo)

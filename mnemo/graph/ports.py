@@ -178,8 +178,9 @@ class GraphStore(Protocol):
 
     def vectors_on_loop(self, repo: str) -> bool:
         """Whether `search_vectors` and `nearest_of_type` of the repo now answer on the event
-        loop, waiting on nothing (a small index kept in memory, brought up by `reading`): a
-        caller has nothing to run beside them. Only a hint: they answer the same either way."""
+        loop, quickly and waiting on nothing (a small index kept in memory, brought up by
+        `reading`): a caller has nothing worth running beside them. Only a hint: they answer
+        the same either way."""
         ...
 
     def dim(self, repo: str) -> int: ...

@@ -236,12 +236,13 @@ async def test_vectors_on_loop_only_for_a_small_index_in_memory(crowded: GraphSt
     assert crowded.vectors_on_loop("never-written") is False
 
 
-def test_an_index_past_the_thread_threshold_is_not_on_the_loop() -> None:
-    """`ann_calls.on_loop` follows `by_size`: from `ann.IN_THREAD_FROM` rows the searches go
-    to a worker thread."""
+def test_an_index_of_many_rows_is_not_searched_in_turn() -> None:
+    """`ann_calls.on_loop` holds below `IN_TURN_BELOW` rows (below `ann.IN_THREAD_FROM`, where
+    the searches go to a worker thread)."""
+    assert ann_calls.IN_TURN_BELOW <= ann.IN_THREAD_FROM
     index = VectorIndex(4)
     index.add(["a", "b"], [NodeType.SEMANTIC] * 2, np.eye(4, dtype=np.float32)[:2])
     assert ann_calls.on_loop(index)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ann, "IN_THREAD_FROM", 2)
+        patch.setattr(ann_calls, "IN_TURN_BELOW", 2)
         assert not ann_calls.on_loop(index)

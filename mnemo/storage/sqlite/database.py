@@ -2,8 +2,8 @@
 
 Every statement runs through `run`, in one dedicated worker thread that owns the connection:
 the event loop never waits on SQLite, not for the disk and not for another writer's
-lock. The thread is a `mnemo.storage.worker.Worker`: a hop to it costs about a third of
-`anyio.to_thread.run_sync`'s.
+lock. The thread is a `mnemo.storage.worker.Worker`: a hop to it costs half to a third of
+one through `anyio.to_thread.run_sync`.
 
 Locks and errors: a transaction takes the write lock when it begins (`BEGIN IMMEDIATE`, see
 `_Connection.atomic`), so a writer that must wait for another process waits in SQLite's busy

@@ -10,7 +10,7 @@ each backend knows how to write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -74,6 +74,11 @@ class NodeContext:
     stats: dict[str, tuple[int, datetime | None]]
     links: list[Neighbor]
     vectors: dict[str, Vector] = field(default_factory=dict)
+
+
+# What a `node_context` reads next, from what it read first: more node ids, and the types of
+# those whose links to read.
+More = Callable[[NodeContext], tuple[Sequence[str], Iterable[NodeType]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +176,13 @@ class GraphStore(Protocol):
         store keeps in memory is brought up to it once, not at each read inside."""
         ...
 
+    def vectors_on_loop(self, repo: str) -> bool:
+        """Whether `search_vectors` and `nearest_of_type` of the repo now answer on the event
+        loop, quickly and waiting on nothing (a small index kept in memory, brought up by
+        `reading`): a caller has nothing worth running beside them. Only a hint: they answer
+        the same either way."""
+        ...
+
     def dim(self, repo: str) -> int: ...
 
     async def apply(
@@ -203,11 +215,22 @@ class GraphStore(Protocol):
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]: ...
 
     async def node_context(
-        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+        self,
+        repo: str,
+        node_ids: Sequence[str],
+        linked: Iterable[NodeType],
+        link_type: LinkType,
+        then: More | None = None,
     ) -> NodeContext:
         """`get_nodes`, `access_stats` and `vectors` of `node_ids`, and
         `neighbors(..., link_type)` of those of them whose type is in `linked`, in one read
-        (recall: bounded by k)."""
+        (recall: bounded by k).
+
+        `then`, when given, is called once with that context and names more nodes and the
+        types whose links to read of them: they are read in the same call (no second hop to
+        the store's thread, no second connection) and the context returned holds both, the
+        first read's nodes and links before the second's. `then` runs where the store reads
+        (on SQLite its worker thread): plain computation, no I/O, nothing of the event loop."""
         ...
 
     async def links(self, repo: str) -> list[Link]:

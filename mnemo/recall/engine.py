@@ -34,7 +34,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore
+from mnemo.graph.ports import GraphStore, NodeContext
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
@@ -142,18 +142,22 @@ class Recaller:
         trace.mark("embed")
 
         # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
-        # each side waits on a worker thread (HNSW walks, the database).
+        # each side waits on a worker thread (HNSW walks, the database). When the vectors
+        # answer on the event loop (a small store), one after the other: nothing would run
+        # beside them, and a task group costs more than such a probe.
         found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
+        on_loop = self.graph.vectors_on_loop(repo)
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k))
+            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k,
+                                              on_loop))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
-        await _side_by_side(zero, route)
+        await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
         # What the query's own channels made of each candidate, before any hop or lever.
         direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
@@ -216,13 +220,15 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int
+        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int,
+        on_loop: bool,
     ) -> dict[str, _Candidate]:
         config = self.config
         searched = None if wanted is None else list(wanted | set(ROUTING))
         width = max(config.recall_candidates, 2 * k)
         # The two channels at once: each waits on something else (a worker thread, the
-        # database), and hop 0 is the stage a large store pays most for.
+        # database), and hop 0 is the stage a large store pays most for. With the vectors on
+        # the event loop (`on_loop`), the dense channel first, then the words.
         lexical: list[tuple[str, float]] = []
         dense: list[tuple[str, float]] = []
 
@@ -232,7 +238,8 @@ class Recaller:
         async def by_meaning() -> None:
             dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
 
-        await _side_by_side(by_words, by_meaning)
+        await _in_turn(by_meaning, by_words) if on_loop else await _side_by_side(by_words,
+                                                                               by_meaning)
         lexical_ids = [node_id for node_id, _ in lexical]
         dense_ids = [node_id for node_id, score in dense if score > 0.0]
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
@@ -275,41 +282,40 @@ class Recaller:
         self, repo: str, found: dict[str, _Candidate], k: int, depth: int, trace: _Trace
     ) -> _Context:
         """The nodes, access stats and steps of the best candidates, with provenance and
-        neighbours offered, in two reads bounded by k: the best `depth` candidates (what
-        ranking can pick from: the others are touched, never read), then what provenance
-        and neighbours brought in."""
+        neighbours offered, in one read bounded by k: the best `depth` candidates (what
+        ranking can pick from: the others are touched, never read), then, in the same call,
+        what provenance and neighbours brought in (`GraphStore.node_context`'s `then`)."""
         ranked = sorted(found.items(), key=hops.by_score)
         best = [i for i, _ in ranked[:depth]]
-        first = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE)
-        context = _Context({n.id: n for n in first.nodes}, dict(first.stats), {},
-                           dict(first.vectors))
-        nodes = context.nodes
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.
         top = {i for i, _ in ranked[: 2 * k]}
-        arrived: list[str] = []
-        for link in first.links:
-            origin = nodes.get(link.origin)  # None if deleted between the read's statements
-            if origin is None or origin.type is not N.EPISODIC or link.origin not in top:
-                continue
-            parent = found[link.origin]
-            candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
-            if offer(found, link.node_id, candidate) and link.node_id not in nodes:
-                arrived.append(link.node_id)
-        context.add_steps(first.links)
+        offers: dict[str, _Candidate] = {}
+
+        def more(first: NodeContext) -> tuple[list[str], tuple[NodeType, ...]]:
+            """What provenance and neighbours bring in, from the best candidates' read: run
+            by the store where it reads, while this recall waits for it."""
+            nodes: dict[str, Node] = {n.id: n for n in first.nodes}
+            arrived: list[str] = []
+            for link in first.links:
+                origin = nodes.get(link.origin)  # None if deleted between the statements
+                if origin is None or origin.type is not N.EPISODIC or link.origin not in top:
+                    continue
+                parent = found[link.origin]
+                candidate = _Candidate(parent.score / 2, "provenance", parent.hop + 1)
+                if offer(found, link.node_id, candidate) and link.node_id not in nodes:
+                    arrived.append(link.node_id)
+            offers.update(self._neighbour_offers(found, nodes, k))
+            return ([*dict.fromkeys([*arrived, *(i for i in offers if i not in nodes)])],
+                    (N.SEMANTIC, N.PROCEDURAL))
+
+        read = await self.graph.node_context(repo, best, MEMORIES, LinkType.PROVENANCE, more)
+        context = _Context({n.id: n for n in read.nodes}, dict(read.stats), {},
+                           dict(read.vectors))
+        context.add_steps(read.links)
         trace.mark("provenance")
-        offers = self._neighbour_offers(found, nodes, k)
-        more = [*dict.fromkeys([*arrived, *(i for i in offers if i not in nodes)])]
-        if more:
-            second = await self.graph.node_context(
-                repo, more, (N.SEMANTIC, N.PROCEDURAL), LinkType.PROVENANCE
-            )
-            nodes.update((n.id, n) for n in second.nodes)
-            context.stats.update(second.stats)
-            context.vectors.update(second.vectors)
-            context.add_steps(second.links)
         for node_id, candidate in offers.items():
-            if node_id in nodes:
+            if node_id in context.nodes:
                 offer(found, node_id, candidate)
         if self.config.recall_neighbour_weight > 0:
             trace.mark("neighbours")
@@ -455,6 +461,13 @@ async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -
         async with anyio.create_task_group() as group:
             for call in calls:
                 group.start_soon(call)
+
+
+async def _in_turn(*calls: Callable[[], Coroutine[object, object, None]]) -> None:
+    """Runs the calls one after the other (what `_side_by_side` does when there is nothing to
+    wait on side by side)."""
+    for call in calls:
+        await call()
 
 
 def _descending(ranked: list[Recalled]) -> list[Recalled]:

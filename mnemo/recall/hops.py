@@ -59,7 +59,9 @@ async def follow(
     for node_id, candidate in offered:
         offer(found, node_id, candidate)
     width = 2 * k
-    frontier = best(found, width)
+    # The candidates best first, sorted again only when `found` changed.
+    ranking = sorted(found.items(), key=by_score)
+    frontier = _ids(ranking, width)
     refinements = config.recall_refine_budget
     # The MEMBERSHIP neighbours of every node a hop has read the links of: a refinement's
     # bridges are found among them without reading those links again.
@@ -67,15 +69,17 @@ async def follow(
     hop = 0
     while hop < config.recall_max_hops and frontier:
         hop += 1
-        floor = _floor(found, depth, config.hop_decay)
+        floor = _floor(ranking, depth, config.hop_decay)
         parents = {i for i in frontier if found[i].score >= floor}
-        top_before = best(found, k)
+        top_before = _ids(ranking, k)
         reached = (await _expand(graph, config, repo, parents, found, query_vector, hop,
                                  members) if parents else set())
-        top_after = best(found, k)
+        if reached:  # else `found` is as it was
+            ranking = sorted(found.items(), key=by_score)
+        top_after = _ids(ranking, k)
         # Only the best of what a hop reached leads on: a subgoal or a broad tag may link
         # hundreds of nodes, and each hop would multiply them.
-        frontier = {i for i in best(found, 4 * width) if i in reached}
+        frontier = {i for i in _ids(ranking, 4 * width) if i in reached}
         if top_after == top_before and refinements > 0:
             # A plateau: the hop changed nothing at the top. Tags shared by several of
             # the best results bridge to memories the query's own words did not reach.
@@ -85,15 +89,21 @@ async def follow(
                 bridges = await _bridge_tags(graph, config, repo, list(top_after), found,
                                              members)
                 frontier = frontier | bridges
+                if bridges:
+                    ranking = sorted(found.items(), key=by_score)
 
 
-def _floor(found: dict[str, Candidate], depth: int, decay: float) -> float:
+def _ids(ranking: list[tuple[str, Candidate]], n: int) -> set[str]:
+    """The ids of the first `n` of a ranking (`best` of what it was sorted from)."""
+    return {i for i, _ in ranking[:n]}
+
+
+def _floor(ranking: list[tuple[str, Candidate]], depth: int, decay: float) -> float:
     """The lowest score a parent needs for a child (at most `decay` times its score) to reach
-    the best `depth` candidates: 0 while there are fewer."""
-    if len(found) < depth or decay <= 0:
+    the best `depth` candidates of `ranking` (best first): 0 while there are fewer."""
+    if len(ranking) < depth or decay <= 0:
         return 0.0
-    scores = sorted((c.score for c in found.values()), reverse=True)
-    return scores[depth - 1] / decay
+    return ranking[depth - 1][1].score / decay
 
 
 async def _expand(

@@ -90,6 +90,21 @@ async def test_a_commit_is_found_at_once_and_a_delete_is_gone_at_once(backend: B
     assert await found(backend, "heron") == {"b"}
 
 
+async def test_searches_run_on_the_index_thread_which_ends_with_the_store(store: str) -> None:
+    """A search runs on the index's own thread (one hop cheaper than anyio's pool), and
+    closing the store ends that thread."""
+    async with open_stores(store, DIM) as backend:
+        await add(backend, "c1", {"a": "the zebra grazes"})
+        assert await found(backend, "zebra") == {"a"}
+        searcher = lexical(backend)._searcher
+        assert searcher is not None
+        thread = searcher._thread
+        assert thread.name == "mnemo-lexical"
+        assert thread.is_alive()
+    await anyio.to_thread.run_sync(thread.join, 10.0)
+    assert not thread.is_alive()
+
+
 @pytest.mark.slow
 async def test_a_step_is_found_by_the_words_of_the_steps_around_it(backend: Backend) -> None:
     """A step's document holds the steps up to WINDOW (2) before and after it in its episode

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
 import pytest
 
 import mnemo
+from mnemo.graph import ann, ann_calls
 from mnemo.graph.model import Link, LinkType, NodeType
-from mnemo.graph.ports import GraphStore, Neighbor, NodeContext
+from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
+from mnemo.graph.vectors import VectorIndex
 from mnemo.recall.fusion import maximal_marginal_relevance
+from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.backends import open_stores
 from tests.recall.test_engine import EMBEDDER, REPO, build, run
 
@@ -39,9 +42,21 @@ class Counting:
             self.calls[name] += 1
             if name in READS:
                 self.read.update(cast(Sequence[str], args[1]))
+            if name == "node_context" and len(args) > 4 and args[4] is not None:
+                args = (*args[:4], self.counted_then(args[4]))
             return await attr(*args, **kwargs)
 
         return counted
+
+    def counted_then(self, then: More) -> More:
+        """`node_context`'s `then`, the ids it names counted as read."""
+
+        def more(first: NodeContext) -> tuple[Sequence[str], Iterable[NodeType]]:
+            ids, linked = then(first)
+            self.read.update(ids)
+            return ids, linked
+
+        return more
 
 
 # 120 facts that all match the query's words, each from its own step.
@@ -72,15 +87,19 @@ async def test_recall_reads_only_its_best_candidates(crowded: GraphStore) -> Non
     assert len(graph.read) < len(touched)
 
 
-async def test_after_the_hops_two_reads_and_one_write(crowded: GraphStore) -> None:
-    """Nodes, access stats, provenance, vectors and the steps of the best candidates are one
-    read, what provenance and neighbours bring in a second; then reinforcement writes once.
-    MMR (on by default) takes its vectors from those reads: before, it asked for them again
-    (a round trip on PostgreSQL)."""
+async def test_after_the_hops_one_read_and_one_write(crowded: GraphStore) -> None:
+    """Nodes, access stats, provenance, vectors and the steps of the best candidates, and
+    what provenance and neighbours bring in, are one call (two were two hops to SQLite's
+    thread); then reinforcement writes once. MMR (on by default) takes its vectors from that
+    read: before, it asked for them again (a round trip on PostgreSQL)."""
     graph = Counting(crowded)
-    await run(cast(GraphStore, graph), "red kettle in the kitchen", k=5)
+    # The best 2k steps bring facts from beyond the 20 best candidates: there is more to read.
+    config = mnemo.Config(recall_candidates=20)
+    result = await run(cast(GraphStore, graph), "kettle on the kitchen shelf", k=2,
+                       config=config)
+    assert {t.phase for t in result.touched} >= {"provenance"}
     assert mnemo.Config().recall_mmr_lambda < 1.0
-    assert graph.calls["node_context"] <= 2
+    assert graph.calls["node_context"] == 1
     assert graph.calls["get_nodes"] == graph.calls["access_stats"] == 0
     assert graph.calls["vectors"] == 0
     assert graph.calls["reinforce"] == 1
@@ -164,11 +183,66 @@ async def test_a_link_of_a_node_deleted_during_the_read_is_ignored(crowded: Grap
     """On PostgreSQL the nodes and links of `node_context` are two statements: a link whose
     node was deleted between them is skipped, not a KeyError."""
 
+    ghost = Neighbor("gone", "e1", LinkType.PROVENANCE)
+
+    def haunted(then: More) -> More:
+        return lambda first: then(NodeContext(first.nodes, first.stats, [ghost, *first.links],
+                                              first.vectors))
+
     class Racing(Counting):
         async def node_context(self, *args: Any, **kwargs: Any) -> NodeContext:
+            if len(args) > 4 and args[4] is not None:
+                args = (*args[:4], haunted(args[4]))
             context = await self.inner.node_context(*args, **kwargs)
-            ghost = Neighbor("gone", "e1", LinkType.PROVENANCE)
             return NodeContext(context.nodes, context.stats, [ghost, *context.links])
 
     result = await run(cast(GraphStore, Racing(crowded)), "red kettle in the kitchen", k=3)
     assert len(result.memories) == 3
+
+
+async def test_node_context_then_reads_what_a_second_call_would(crowded: GraphStore) -> None:
+    """`then` sees the first read and the nodes it names are read in the same call: the
+    context is the two calls' contexts one after the other, on both backends."""
+    seen: list[list[str]] = []
+
+    def then(first: NodeContext) -> tuple[Sequence[str], Iterable[NodeType]]:
+        seen.append([n.id for n in first.nodes])
+        return ["s2", "e2", "nobody"], [NodeType.SEMANTIC]
+
+    both = await crowded.node_context(REPO, ["e1", "s1"], [NodeType.EPISODIC],
+                                      LinkType.PROVENANCE, then)
+    first = await crowded.node_context(REPO, ["e1", "s1"], [NodeType.EPISODIC],
+                                       LinkType.PROVENANCE)
+    second = await crowded.node_context(REPO, ["s2", "e2", "nobody"], [NodeType.SEMANTIC],
+                                        LinkType.PROVENANCE)
+    assert seen == [["e1", "s1"]]
+    assert both.nodes == [*first.nodes, *second.nodes]
+    assert both.links == [*first.links, *second.links]
+    assert both.links
+    assert both.stats == {**first.stats, **second.stats}
+    assert set(both.vectors) == {"e1", "s1", "s2", "e2"}
+    nothing = await crowded.node_context(REPO, ["e1"], [NodeType.EPISODIC], LinkType.PROVENANCE,
+                                         lambda _: ([], []))
+    assert nothing.nodes == first.nodes[:1]
+
+
+async def test_vectors_on_loop_only_for_a_small_index_in_memory(crowded: GraphStore) -> None:
+    """SQLite answers a small repo's vector searches on the event loop once its index is in
+    memory (recall then runs hop 0's searches one after the other, without a task group);
+    PostgreSQL never does (each search is a round trip)."""
+    sqlite = isinstance(crowded, SqliteGraph)
+    async with crowded.reading(REPO):
+        assert crowded.vectors_on_loop(REPO) is sqlite
+    assert crowded.vectors_on_loop("never-written") is False
+
+
+def test_an_index_of_many_rows_is_not_searched_in_turn() -> None:
+    """`ann_calls.on_loop` holds below `IN_TURN_BELOW` rows (below `ann.IN_THREAD_FROM`, where
+    the searches go to a worker thread)."""
+    assert ann_calls.IN_TURN_BELOW <= ann.IN_THREAD_FROM
+    index = VectorIndex(4)
+    index.add(["a", "b"], [NodeType.SEMANTIC] * 2, np.eye(4, dtype=np.float32)[:2])
+    assert ann_calls.on_loop(index)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ann_calls, "IN_TURN_BELOW", 2)
+        assert not ann_calls.on_loop(index)

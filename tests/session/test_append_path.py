@@ -30,8 +30,9 @@ SESSION = PACKAGE / "session"
 
 # The most files an append may pass through (see the module's docstring for what counts): the
 # facade's `memory/sessions.py`, the service, the registry, the record, the input checks, the
-# step's own module, and SQLite's session store and connection.
-MOST_FILES = 8
+# step's own module, and SQLite's session store, its connection and the connection's thread
+# (`storage/worker.py`, which the lexical index's searches use too).
+MOST_FILES = 9
 
 
 def _frames(frame: types.FrameType | None) -> list[types.CodeType]:

@@ -43,6 +43,7 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
+    More,
     Neighbor,
     NodeContext,
     SideWrite,
@@ -264,11 +265,17 @@ class PgGraph:
         return list(dict.fromkeys(neighbors_seen_from_asked(rows, set(ids))))
 
     async def node_context(
-        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+        self,
+        repo: str,
+        node_ids: Sequence[str],
+        linked: Iterable[NodeType],
+        link_type: LinkType,
+        then: More | None = None,
     ) -> NodeContext:
         if not node_ids:
             return NodeContext([], {}, [])
-        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type)
+        return await recall_reads.node_context(self._pg, repo, node_ids, linked, link_type,
+                                               then)
 
     async def typed_links_near(
         self, repo: str, node_ids: Sequence[str], vector: Vector
@@ -423,6 +430,9 @@ class PgGraph:
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         return self._vectors.reading(repo)
+
+    def vectors_on_loop(self, repo: str) -> bool:
+        return False  # the database searches the nodes' vectors: a round trip each
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors, in memory (`CommitTarget`)."""

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from mnemo.graph.model import LINK_TYPES, NODE_TYPES, LinkType, Node, NodeType, Vector
-from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
-from mnemo.storage.postgres.connection import Postgres
+from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
+from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.postgres.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.postgres.vectors import OF_NODES, as_array, unit_rows
 from mnemo.storage.row import Row
@@ -36,12 +36,32 @@ async def node_context(
     node_ids: Sequence[str],
     linked: Iterable[NodeType],
     link_type: LinkType,
+    then: More | None = None,
 ) -> NodeContext:
-    """See `GraphStore.node_context`."""
+    """See `GraphStore.node_context`: `then`'s nodes on the same connection."""
+    async with pg.connection() as conn:
+        first = await _node_context(conn, repo, node_ids, linked, link_type)
+        if then is None:
+            return first
+        more, more_linked = then(first)
+        if not more:
+            return first
+        second = await _node_context(conn, repo, more, more_linked, link_type)
+    return NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
+                       [*first.links, *second.links], {**first.vectors, **second.vectors})
+
+
+async def _node_context(
+    conn: Connection,
+    repo: str,
+    node_ids: Sequence[str],
+    linked: Iterable[NodeType],
+    link_type: LinkType,
+) -> NodeContext:
     ids = list(dict.fromkeys(node_ids))
     params = {"repo": repo, "ids": ids, "link": link_type.value,
               "kinds": sorted(NodeType(t).value for t in linked)}
-    async with pg.connection() as conn, conn.pipeline():
+    async with conn.pipeline():
         nodes = await conn.execute(_NODES, params)
         links = await conn.execute(_LINKS, params)
         # The nodes' vectors, in the same round trip (as `PgVectors.of_nodes` reads them).

@@ -43,6 +43,7 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
+    More,
     Neighbor,
     NodeContext,
     SideWrite,
@@ -275,16 +276,32 @@ class SqliteGraph:
         )
 
     async def node_context(
-        self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
+        self,
+        repo: str,
+        node_ids: Sequence[str],
+        linked: Iterable[NodeType],
+        link_type: LinkType,
+        then: More | None = None,
     ) -> NodeContext:
         if not node_ids:
             return NodeContext([], {}, [])
         kinds = list(linked)
-        context = await self._database.run(
-            lambda db: recall_reads.node_context(db, repo, node_ids, kinds, link_type)
-        )
-        # The vectors are in memory: no second read.
-        context.vectors.update(await self._vectors.of_nodes(repo, node_ids))
+        # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
+        vectors = await self._vectors.of_nodes(repo, node_ids)
+        asked: list[Sequence[str]] = []
+
+        def more(first: NodeContext) -> tuple[Sequence[str], Iterable[NodeType]]:
+            assert then is not None
+            first.vectors.update(vectors)
+            found, found_linked = then(first)
+            asked.append(found)
+            return found, found_linked
+
+        context = await self._database.run(lambda db: recall_reads.node_context(
+            db, repo, node_ids, kinds, link_type, None if then is None else more))
+        context.vectors.update(vectors)
+        if asked and asked[0]:
+            context.vectors.update(await self._vectors.of_nodes(repo, asked[0]))
         return context
 
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
@@ -438,6 +455,9 @@ class SqliteGraph:
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         return self._vectors.reading(repo)
+
+    def vectors_on_loop(self, repo: str) -> bool:
+        return self._vectors.on_loop(repo)
 
     async def vector_index(self, repo: str) -> VectorIndex:
         """The repo's in-memory vectors, loaded from SQLite on first use (`CommitTarget`)."""

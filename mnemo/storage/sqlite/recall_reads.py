@@ -11,7 +11,7 @@ from datetime import datetime
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.model import LinkType, Node, NodeType
-from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
+from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
@@ -25,8 +25,27 @@ def node_context(
     node_ids: Sequence[str],
     linked: Iterable[NodeType],
     link_type: LinkType,
+    then: More | None = None,
 ) -> NodeContext:
-    """See `GraphStore.node_context`."""
+    """See `GraphStore.node_context` (the vectors are the caller's: they are in memory)."""
+    first = _node_context(db, repo, node_ids, linked, link_type)
+    if then is None:
+        return first
+    more, more_linked = then(first)
+    if not more:
+        return first
+    second = _node_context(db, repo, more, more_linked, link_type)
+    return NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
+                       [*first.links, *second.links])
+
+
+def _node_context(
+    db: SqliteUtilsDatabase,
+    repo: str,
+    node_ids: Sequence[str],
+    linked: Iterable[NodeType],
+    link_type: LinkType,
+) -> NodeContext:
     ids = list(dict.fromkeys(node_ids))
     kinds = {NodeType(t) for t in linked}
     found: dict[str, Node] = {}

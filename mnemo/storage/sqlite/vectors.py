@@ -51,6 +51,12 @@ class SqliteVectors:
         """The repo's index if it is loaded."""
         return self._follower.loaded(repo)
 
+    def on_loop(self, repo: str) -> bool:
+        """Whether the repo's searches run on the event loop now (`ann_calls.on_loop`); False
+        while it is not loaded (the first use reads it)."""
+        index = self.loaded(repo)
+        return index is not None and ann_calls.on_loop(index)
+
     def forget(self, repo: str, node_ids: Sequence[str]) -> None:
         """The nodes were deleted."""
         self._follower.remove(repo, node_ids)

@@ -26,13 +26,14 @@ class Worker:
     order, until `stop`."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # A job is `(fn, future, loop)`: the thread runs `fn()` and settles `future` on `loop`.
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
         while True:
-            job = self._jobs.get()
+            job = self.jobs.get()
             if job is None:
                 return
             fn, future, loop = job
@@ -49,14 +50,14 @@ class Worker:
         on which."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, future, loop))
+        self.jobs.put((fn, future, loop))
         with anyio.CancelScope(shield=True):
             result = await future
         return result
 
     def stop(self) -> None:
         """Ends the thread once the jobs given before are done."""
-        self._jobs.put(None)
+        self.jobs.put(None)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -30,9 +30,9 @@ SESSION = PACKAGE / "session"
 
 # The most files an append may pass through (see the module's docstring for what counts): the
 # facade's `memory/sessions.py`, the service, the registry, the record, the input checks, the
-# step's own module, and SQLite's session store, its connection and the connection's thread
-# (`storage/worker.py`, which the lexical index's searches use too).
-MOST_FILES = 9
+# step's own module, and SQLite's session store and its connection (which hands the statement
+# to its thread itself).
+MOST_FILES = 8
 
 
 def _frames(frame: types.FrameType | None) -> list[types.CodeType]:
@@ -87,7 +87,7 @@ async def files_of_one_append(store: str) -> list[str]:
 
 
 async def test_an_append_reaches_the_store_through_few_files(tmp_path: Path) -> None:
-    """One append passes through at most 9 files of mnemo from `Memory.append` to the SQLite
+    """One append passes through at most 8 files of mnemo from `Memory.append` to the SQLite
     commit of its step (what counts: the module's docstring)."""
     files = await files_of_one_append(str(tmp_path / "memory.db"))
     assert "storage/sqlite/sessions.py" in files

@@ -153,14 +153,14 @@ def test_the_reading_of_the_source_sees_what_doctor_imports() -> None:
 
 
 _RUN_AND_LIST = (
-    "import sys\n"
+    "import json, sys\n"
     "from mnemo.cli import main\n"
     "sys.argv = ['mnemo', *sys.argv[1:]]\n"
     "try:\n"
     "    main()\n"
     "except SystemExit as exit:\n"
     "    assert not exit.code, exit.code\n"
-    "print('MODULES', sorted(sys.modules))\n"
+    "print('MODULES', json.dumps(sorted(sys.modules)))\n"
 )
 
 
@@ -170,8 +170,7 @@ def _loaded_by(*args: str, cwd: Path) -> set[str]:
         timeout=120, check=False,
     )
     assert done.returncode == 0, done.stderr
-    listed = done.stdout.rpartition("MODULES ")[2]
-    return set(json.loads(listed.replace("'", '"')))
+    return set(json.loads(done.stdout.rpartition("MODULES ")[2]))
 
 
 async def _store(path: Path) -> None:

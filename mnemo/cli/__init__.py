@@ -1,13 +1,19 @@
 """The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `sessions`,
 `session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`, `revert`, `mcp`
 and `ui`. `main` is the console script; `app` the typer application (each command module
-registers its commands on it), built when first asked for: `mnemo --version` imports none
-of it."""
+registers its commands on it), built when first asked for.
+
+`main` imports only the module of the command asked for (`COMMANDS`): `mnemo repos` never
+loads what `mnemo doctor` probes servers with, and `mnemo --version` imports none of it.
+Without a command, or with one it does not know (`mnemo --help`, a typo), every module is
+imported, so the help lists every command and typer names the unknown one."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,24 +23,65 @@ if TYPE_CHECKING:
 
 __all__ = ["app", "main"]
 
+# The module of mnemo.cli that registers each command, in the order `mnemo --help` lists them
+# (the modules' import order). tests/cli/test_cli_startup.py checks it against the commands
+# the modules register.
+COMMANDS: dict[str, str] = {
+    "demo": "commands",
+    "ingest": "commands",
+    "recall": "commands",
+    "sessions": "commands",
+    "graph": "commands",
+    "search": "commands",
+    "purge": "commands",
+    "mcp": "commands",
+    "ui": "commands",
+    "doctor": "doctor",
+    "history": "history",
+    "revert": "history",
+    "repos": "manage",
+    "view": "manage",
+    "session": "manage",
+    "migrate": "migrate",
+}
+
 
 def main() -> None:
     """The console script's entry point."""
-    if sys.argv[1:] == ["--version"]:
+    args = sys.argv[1:]
+    if args == ["--version"]:
         from mnemo.version import installed_version
 
         print(f"mnemo {installed_version()}")
         return
-    application()(prog_name="mnemo")
+    # What start-up allocates (modules, classes, typer's commands) lives as long as the
+    # command: collecting it finds nothing, and a full collection walks all of it.
+    gc.disable()
+    try:
+        app = application(command_of(args))
+    finally:
+        gc.freeze()
+        gc.enable()
+    app(prog_name="mnemo")
 
 
-def application() -> typer.Typer:
-    """The typer application with every command registered."""
-    for module in ("commands", "doctor", "history", "manage", "migrate"):
-        importlib.import_module(f"mnemo.cli.{module}")
+def command_of(args: Sequence[str]) -> str | None:
+    """The command a command line names: its first word that is not an option (the root
+    options, `--version`, `--verbose` and `--help`, take no value)."""
+    return next((arg for arg in args if not arg.startswith("-")), None)
+
+
+def application(command: str | None = None) -> typer.Typer:
+    """The typer application with `command` registered (and the commands of its module), or
+    with every command when `command` is None or not one of `COMMANDS`."""
+    module = COMMANDS.get(command) if command is not None else None
+    modules = [module] if module is not None else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
+        importlib.import_module(f"mnemo.cli.{name}")
     from mnemo.cli._common import app
 
-    globals()["app"] = app
+    if module is None:
+        globals()["app"] = app
     return app
 
 

@@ -23,7 +23,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli import graph as graph_export
 from mnemo.cli._common import Json, app, check_repo, check_store, models, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import short_ids
@@ -45,7 +44,6 @@ from mnemo.cli._settings import (
     TemperatureOpt,
     resolve,
 )
-from mnemo.cli.ingest import ingest_file, load_file
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import hit_json, label, recall_json, session_json
 
@@ -140,6 +138,8 @@ def ingest(
     as_json: Json = False,
 ) -> None:
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
+
+    from mnemo.cli.ingest import ingest_file, load_file
 
     async def work() -> None:
         if not file.is_file():
@@ -294,6 +294,8 @@ def graph(
         fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(
             out.suffix.lower()
         )
+
+    from mnemo.cli import graph as graph_export
 
     async def work() -> None:
         if out is not None and fmt is None:

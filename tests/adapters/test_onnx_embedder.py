@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import logging
 import shutil
@@ -258,6 +259,33 @@ def test_missing_runtime_falls_back_to_hashing(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     monkeypatch.setattr(minilm, "_warned", False)
     assert isinstance(default_embedder(), HashEmbedder)
+
+
+def test_missing_tokenizers_falls_back_to_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """default_embedder returns HashEmbedder when tokenizers is not installed."""
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    monkeypatch.setattr(minilm, "_warned", False)
+    assert isinstance(default_embedder(), HashEmbedder)
+
+
+@needs_model
+def test_choosing_the_default_imports_no_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """default_embedder imports neither onnxruntime nor tokenizers (a Memory that only reads
+    never pays for them); the first embed does."""
+    imported: list[str] = []
+    real = importlib.import_module
+
+    def watched(name: str, package: str | None = None) -> Any:
+        imported.append(name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", watched)
+    monkeypatch.setattr(minilm, "_SHARED", {})  # no model loaded by an earlier test
+    embedder = default_embedder()
+    assert isinstance(embedder, MiniLMEmbedder)
+    assert imported == []
+    anyio.run(embedder.embed, ["nginx"])
+    assert {"onnxruntime", "tokenizers"} <= set(imported)
 
 
 @needs_model

@@ -251,9 +251,10 @@ class Limit:
         if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=self._slow_start)
         elif queued <= max(NO_QUEUE, scale) and (
-            ticket.in_flight >= self.current or self._waiters
+            ticket.in_flight * 2 >= self.current or self._waiters
         ):
-            # mnemo had more to send than the limit let through: room is worth finding.
+            # At least half the limit in use and no queue: room is worth finding before a
+            # burst larger than the last needs it.
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))
 

@@ -14,7 +14,9 @@ content-encoding as usual (aiohttp's own decompression is off). aiohttp's errors
 (`httpx.ConnectError`, `httpx.ConnectTimeout`, `httpx.ReadTimeout`, `httpx.RemoteProtocolError`,
 ...), which `mnemo.adapters._http.Transport` reads as it always did. The aiohttp session is
 made on the first request, on the running event loop (aiohttp needs one); like httpx's pooled
-connections, it belongs to that loop.
+connections, it belongs to that loop. aiohttp is imported then too (it takes longer to import
+than httpx): a process that never sends, such as a CLI command that reads the store, does not
+pay for it.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import aiohttp
 import httpx
+
+if TYPE_CHECKING:
+    import aiohttp
 
 # httpx's default: an idle connection is dropped after this long.
 KEEPALIVE_EXPIRY = 5.0
@@ -48,6 +53,8 @@ class Pool(httpx.AsyncBaseTransport):
         self._session: aiohttp.ClientSession | None = None
 
     def _session_now(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections or 0,
@@ -64,6 +71,8 @@ class Pool(httpx.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        import aiohttp
+
         session = self._session_now()
         timeout = request.extensions.get("timeout", {})
         body = await request.aread()
@@ -104,6 +113,8 @@ class Pool(httpx.AsyncBaseTransport):
 @contextmanager
 def _as_httpx(request: httpx.Request) -> Iterator[None]:
     """Raises aiohttp's errors as the httpx errors that mean the same."""
+    import aiohttp
+
     try:
         yield
     except aiohttp.ConnectionTimeoutError as exc:

@@ -63,10 +63,12 @@ class Pool(httpx.AsyncBaseTransport):
                 ssl=self._ssl,
             )
             # No cookie jar: httpx keeps the client's cookies; no default headers: httpx sends
-            # its own, which are the request's.
+            # its own, which are the request's. trust_env: the proxies of HTTP_PROXY,
+            # HTTPS_PROXY and NO_PROXY, which httpx honours only without a transport of its own.
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                trust_env=True,
             )
         return self._session
 

@@ -59,6 +59,20 @@ async def test_a_compressed_reply_is_decoded(server: ProviderServer) -> None:
     assert js(reply)["choices"][0]["message"]["content"] == "zipped"
 
 
+async def test_a_proxy_from_the_environment_is_used(
+    server: ProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY is honoured as httpx honours it without a transport of its own: the request
+    goes to the proxy, naming the host it is for."""
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    async with _transport("http://provider.invalid/v1", max_retries=0) as t:
+        await t.post_json("/chat/completions", PAYLOAD)
+    (request,) = server.requests
+    assert request.path == "http://provider.invalid/v1/chat/completions"
+
+
 async def _calls_in_one_request(t: Transport) -> int:
     """Python and C function calls on this thread while one request is sent and read."""
     count = 0

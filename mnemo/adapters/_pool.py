@@ -22,6 +22,7 @@ pay for it.
 from __future__ import annotations
 
 import ssl
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -51,6 +52,10 @@ class Pool(httpx.AsyncBaseTransport):
         self._keepalive_expiry = keepalive_expiry
         self._ssl = httpx.create_ssl_context(verify=verify)
         self._session: aiohttp.ClientSession | None = None
+        # HTTP_PROXY, HTTPS_PROXY and ALL_PROXY, read once as httpx reads them (httpx honours
+        # them only without a transport of its own); NO_PROXY is checked per host.
+        self._proxies = {scheme: url for scheme, url in urllib.request.getproxies().items()
+                         if scheme in ("http", "https", "all")}
 
     def _session_now(self) -> aiohttp.ClientSession:
         import aiohttp
@@ -63,12 +68,12 @@ class Pool(httpx.AsyncBaseTransport):
                 ssl=self._ssl,
             )
             # No cookie jar: httpx keeps the client's cookies; no default headers: httpx sends
-            # its own, which are the request's. trust_env: the proxies of HTTP_PROXY,
-            # HTTPS_PROXY and NO_PROXY, which httpx honours only without a transport of its own.
+            # its own, which are the request's. Not aiohttp's trust_env: it would read ~/.netrc
+            # on a thread for every request, and refuse one with its own Authorization header
+            # when the file names the host.
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
-                trust_env=True,
             )
         return self._session
 
@@ -93,6 +98,7 @@ class Pool(httpx.AsyncBaseTransport):
                     sock_read=timeout.get("read"),
                 ),
                 server_hostname=request.extensions.get("sni_hostname"),
+                proxy=self._proxy_for(request.url),
             ) as response:
                 content = await response.read()
         version = response.version or aiohttp.HttpVersion11
@@ -105,6 +111,12 @@ class Pool(httpx.AsyncBaseTransport):
                 "reason_phrase": (response.reason or "").encode(),
             },
         )
+
+    def _proxy_for(self, url: httpx.URL) -> str | None:
+        proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
+        if proxy is None or urllib.request.proxy_bypass(url.host):
+            return None
+        return proxy
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -54,8 +54,10 @@ class Pool(httpx.AsyncBaseTransport):
         self._session: aiohttp.ClientSession | None = None
         # HTTP_PROXY, HTTPS_PROXY and ALL_PROXY, read once as httpx reads them (httpx honours
         # them only without a transport of its own); NO_PROXY is checked per host.
+        # aiohttp speaks to HTTP proxies only (a socks:// one is left out).
         self._proxies = {scheme: url for scheme, url in urllib.request.getproxies().items()
-                         if scheme in ("http", "https", "all")}
+                         if scheme in ("http", "https", "all")
+                         and url.startswith(("http://", "https://"))}
 
     def _session_now(self) -> aiohttp.ClientSession:
         import aiohttp

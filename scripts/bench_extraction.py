@@ -3,7 +3,10 @@
 Every LLM call goes over a real socket to the fake provider of `tests/adapters/provider_server.py`
 on 127.0.0.1 (a thread per connection; it answers mnemo's tasks with valid data after a fixed
 latency), through `OpenAICompatible` and its `Transport` (retries, rate gate, concurrency cap).
-The embedder is mnemo's in-process `HashEmbedder`, so only the LLM has latency.
+The fake runs in a process of its own (`_provider_process.py`), as a model server does: in the
+bench's process its threads would wait for the GIL the client holds (`--in-process` runs it
+there, for comparison). The embedder is mnemo's in-process `HashEmbedder`, so only the LLM has
+latency.
 
 1. Close-to-ready. Episodes of 1, 2, 4, 8 and 16 trajectories of 2 steps each are appended,
    every call at `--latency`; the wall time runs from `await mem.close(sid)` to the
@@ -16,18 +19,20 @@ The embedder is mnemo's in-process `HashEmbedder`, so only the LLM has latency.
    is what is measured. The adapter's concurrency adapts to the server (it starts at 2 for a
    server it has not met): the first row is its first contact with the server, at the
    largest size; the others run on what it learned. "Rounds" counts the waves of requests the
-   server saw (a new wave starts after a gap of half the latency). Goal (after first
-   contact): <= 1.2x the critical path, and at most 2 rounds.
+   server saw (a new wave starts after a gap of half the latency). "Client CPU" is the CPU
+   time of the event loop's thread from close to ready (`time.thread_time`), which load moves
+   less than wall times. Goal (after first contact): <= 1.2x the critical path, and at most
+   2 rounds.
 2. Throughput under a requests/min limit. 32 tasks call `generate` in a loop for `--seconds`
    through an adapter with `requests_per_minute=--rpm`; completed calls per minute are
    compared with the limit (goal >= 90%), and the busiest second the server saw shows that
    the limiter smooths (one second's worth of burst, not a minute's).
 
 Run: `.venv/bin/python scripts/bench_extraction.py [--quick] [--latency 0.1] [--rpm 600]
-[--seconds 30]`. The full run takes about a minute, `--quick` under 20 s. `import mnemo` finds
-the venv's install (an editable one points at the main checkout): set `PYTHONPATH` to measure
-another checkout, e.g. a worktree of an older commit for a before/after pair; the facts table
-names the `mnemo` measured.
+[--seconds 30] [--in-process]`. The full run takes about a minute, `--quick` under 20 s.
+`import mnemo` finds the venv's install (an editable one points at the main checkout): set
+`PYTHONPATH` to measure another checkout, e.g. a worktree of an older commit for a before/after
+pair; the facts table names the `mnemo` measured.
 """
 
 from __future__ import annotations
@@ -50,7 +55,12 @@ from mnemo.episode.prompts import reward_request
 
 # The fake provider lives with the tests that use it; the bench borrows it from there.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _provider_process import ProviderProcess
+
 from tests.adapters.provider_server import ProviderServer
+
+# The server the bench talks to: the fake in a process of its own, or in this one.
+Server = ProviderProcess | ProviderServer
 
 console = Console()
 READY_GOAL = 1.2
@@ -108,6 +118,7 @@ class ReadyRow:
     calls: int
     latency_s: float
     rounds: int
+    cpus_s: list[float]
     # The adapter's first burst to this server: its concurrency limit starts low (2) and
     # learns the server's room during it; a repo remembers it for the next adapter.
     first_contact: bool = False
@@ -138,12 +149,19 @@ class ReadyRow:
         return self.vs_critical <= READY_GOAL and self.rounds <= ROUNDS_GOAL
 
 
+def arrivals(server: Server, since: int = 0) -> list[float]:
+    """When each request from the `since`-th on reached the server (`time.monotonic()`)."""
+    if isinstance(server, ProviderProcess):
+        return server.arrivals(since)
+    return [r.at for r in server.requests[since:]]
+
+
 async def one_close(
-    mem: mnemo.Memory, server: ProviderServer, ready: Ready, trajectories: int, latency: float
-) -> tuple[float, int, int]:
+    mem: mnemo.Memory, server: Server, ready: Ready, trajectories: int, latency: float
+) -> tuple[float, int, int, float]:
     """Appends `trajectories` x 2 steps, then times close -> ready, every call at `latency`
     (a server does not answer faster while a session appends); returns (seconds, LLM calls
-    made meanwhile, rounds of them)."""
+    made meanwhile, rounds of them, the event loop thread's CPU seconds)."""
     server.latency = latency
     sid = await mem.start_session("ship the release", repo="bench")
     seen: set[str] = set()
@@ -153,19 +171,19 @@ async def one_close(
             seen.add(info.trajectory_id)
     if len(seen) != trajectories:
         raise RuntimeError(f"expected {trajectories} trajectories, got {len(seen)}")
-    before = len(server.requests)
+    before = len(arrivals(server))
     arrived = ready.expect(sid)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()
     await mem.close(sid)
     with anyio.fail_after(WAIT_LIMIT_S):
         await arrived.wait()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
     if ready.reached.get(sid) != mnemo.State.READY:
         raise RuntimeError(f"{sid} ended {ready.reached.get(sid)}, not ready")
-    arrivals = sorted(r.at for r in server.requests[before:])
+    seen = sorted(arrivals(server, before))
     await mem.discard(sid)
     await mem.end_session(sid)
-    return wall, len(arrivals), waves(arrivals, latency / 2)
+    return wall, len(seen), waves(seen, latency / 2), cpu
 
 
 def waves(times: list[float], gap: float) -> int:
@@ -173,7 +191,7 @@ def waves(times: list[float], gap: float) -> int:
     return sum(1 for i, at in enumerate(times) if i == 0 or at - times[i - 1] > gap)
 
 
-async def bench_ready(server: ProviderServer, sizes: Sizes, latency: float) -> list[ReadyRow]:
+async def bench_ready(server: Server, sizes: Sizes, latency: float) -> list[ReadyRow]:
     ready = Ready()
     rows: list[ReadyRow] = []
     # Given to the Memory too: a provider's limiter is sized by the first config that asks,
@@ -188,30 +206,33 @@ async def bench_ready(server: ProviderServer, sizes: Sizes, latency: float) -> l
         await mem.open_repo("bench", config=config)
         largest = max(sizes.trajectories)
         console.log(f"close-to-ready: {largest} trajectories, first contact")
-        wall, calls, seen = await one_close(mem, server, ready, largest, latency)
-        rows.append(ReadyRow(largest, [wall], calls, latency, seen, first_contact=True))
+        wall, calls, seen, cpu = await one_close(mem, server, ready, largest, latency)
+        rows.append(ReadyRow(largest, [wall], calls, latency, seen, [cpu], first_contact=True))
         for trajectories in sizes.trajectories:
             console.log(f"close-to-ready: {trajectories} trajectories x {sizes.repeats}")
             walls: list[float] = []
+            cpus: list[float] = []
             calls = rounds = 0
             for _ in range(sizes.repeats):
-                wall, calls, seen = await one_close(mem, server, ready, trajectories, latency)
+                wall, calls, seen, cpu = await one_close(mem, server, ready, trajectories,
+                                                         latency)
                 walls.append(wall)
+                cpus.append(cpu)
                 rounds = max(rounds, seen)
-            rows.append(ReadyRow(trajectories, walls, calls, latency, rounds))
+            rows.append(ReadyRow(trajectories, walls, calls, latency, rounds, cpus))
     return rows
 
 
 def ready_table(rows: list[ReadyRow], latency: float) -> Table:
     table = Table(title=f"1. Close-to-ready over HTTP ({latency * 1000:.0f} ms per LLM call)")
     for name in ("trajectories", "LLM calls (seen/expected)", "rounds", "critical path ms",
-                 "median ms", "min-max ms", "x critical", "goal"):
+                 "median ms", "min-max ms", "client CPU ms", "x critical", "goal"):
         table.add_column(name, justify="right")
     for row in rows:
         table.add_row(
             row.label, f"{row.calls}/{row.expected_calls}", str(row.rounds),
             ms(row.critical_s), ms(row.wall_s), f"{ms(min(row.walls_s))}-{ms(max(row.walls_s))}",
-            ratio(row.vs_critical), verdict(row.met),
+            ms(median(row.cpus_s)), ratio(row.vs_critical), verdict(row.met),
         )
     return table
 
@@ -238,14 +259,14 @@ class ThroughputRow:
 
 
 async def bench_throughput(
-    server: ProviderServer, rpm: float, seconds: float, latency: float
+    server: Server, rpm: float, seconds: float, latency: float
 ) -> ThroughputRow:
     console.log(f"throughput: rpm={rpm:g} for {seconds:g} s, {WORKERS} callers")
     server.latency = latency
     request = reward_request(goal="ship the release", subgoal="build", observation="build ok",
                              action="make", next_observation=None)
     completed = errors = 0
-    before = len(server.requests)
+    before = len(arrivals(server))
 
     async def caller(llm: OpenAICompatible) -> None:
         nonlocal completed, errors
@@ -265,9 +286,9 @@ async def bench_throughput(
             async with anyio.create_task_group() as tg:
                 for _ in range(WORKERS):
                     tg.start_soon(caller, llm)
-    arrivals = sorted(r.at for r in server.requests[before:])
+    seen = sorted(arrivals(server, before))
     server.latency = 0.0
-    return ThroughputRow(rpm, seconds, completed, errors, busiest(arrivals, 1.0), latency)
+    return ThroughputRow(rpm, seconds, completed, errors, busiest(seen, 1.0), latency)
 
 
 def busiest(times: list[float], window: float) -> int:
@@ -300,7 +321,7 @@ def throughput_table(rows: list[ThroughputRow]) -> Table:
 def summary(ready: list[ReadyRow], throughput: list[ThroughputRow], latency: float) -> str:
     rows = [
         [f"close-to-ready, {row.label} trajectories ({row.calls} calls)",
-         f"{ms(row.wall_s)} ms, {row.rounds} rounds",
+         f"{ms(row.wall_s)} ms, {row.rounds} rounds, client CPU {ms(median(row.cpus_s))} ms",
          f"≤ {READY_GOAL}x {ms(row.critical_s)} ms, ≤ {ROUNDS_GOAL} rounds",
          f"{ratio(row.vs_critical)} {verdict(row.met)}"]
         for row in ready
@@ -325,11 +346,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rpm", type=float, default=600.0, help="requests/min limit")
     parser.add_argument("--seconds", type=float, default=None,
                         help="throughput window (default 30, quick 6)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run the fake provider in this process (threads), not its own")
     return parser.parse_args()
 
 
-async def run(sizes: Sizes, latency: float, rpm: float, seconds: float) -> None:
-    with ProviderServer() as server:
+async def run(sizes: Sizes, latency: float, rpm: float, seconds: float, in_process: bool
+              ) -> None:
+    with ProviderServer() if in_process else ProviderProcess() as server:
         ready = await bench_ready(server, sizes, latency)
         console.print(ready_table(ready, latency))
         throughput = [await bench_throughput(server, rpm, seconds, latency)]
@@ -345,9 +369,11 @@ def main() -> None:
     seconds = args.seconds if args.seconds is not None else sizes.seconds
     console.print(facts_table({**machine_facts(), "anyio backend": "asyncio",
                                "sizes": "quick" if args.quick else "full",
+                               "fake provider": "this process" if args.in_process
+                               else "its own process",
                                "mnemo": str(Path(mnemo.__file__).parent)}))
     started = time.perf_counter()
-    anyio.run(run, sizes, args.latency, args.rpm, seconds)
+    anyio.run(run, sizes, args.latency, args.rpm, seconds, args.in_process)
     console.print(f"[dim]total {time.perf_counter() - started:.1f} s[/]")
 
 

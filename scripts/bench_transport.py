@@ -9,11 +9,19 @@ which is the client's own work: the server answers from other threads, and waiti
 socket costs no CPU, so it holds steady when other work shares the machine and wall times
 do not.
 
-- `bare httpx`: `httpx.AsyncClient.post(json=...)` and `response.json()`, the floor;
+- `bare httpx`: `httpx.AsyncClient.post(json=...)` and `response.json()` over httpx's own
+  connection pool (httpcore);
+- `httpx over Pool`: the same over mnemo's `Pool` (aiohttp's connection pool), the floor of
+  what mnemo sends;
 - `Transport.post_json`: mnemo's transport (retry budget, concurrency cap, rate gate, attempt
-  timeout) on the same payload;
+  timeout, over `Pool`) on the same payload;
 - `OpenAICompatible.generate`: the whole adapter on a "reward" task (payload building, the
   reply's JSON decoded and validated against the task's schema, usage).
+
+Then the same kinds in bursts, as a close sends them: 32 calls at once then 16, the server
+answering each after `--latency` (100 ms), `--bursts` times; client CPU per call is the event
+loop thread's CPU over a pair of bursts divided by 48. httpx's own pool scans every pooled
+connection on each request and reply, so its cost per call grows with the calls in flight.
 
 `--hide-sniffio` runs the same with `sniffio` unimportable, as it was before mnemo declared it
 (issue 13, item 4): httpcore then retries `import sniffio`, a failed import that scans
@@ -60,15 +68,19 @@ def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--bursts", type=int, default=20)
+    parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--hide-sniffio", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
     return parser.parse_args()
 
 
-async def _measure(calls: int, warmup: int) -> dict[str, dict[str, list[float]]]:
+async def _measure(calls: int, warmup: int, bursts: int, latency: float
+                   ) -> dict[str, dict[str, list[float]]]:
     import httpx
 
     from mnemo.adapters._http import Transport
+    from mnemo.adapters._pool import Pool
     from mnemo.adapters.openai import OpenAICompatible
     from mnemo.episode.prompts import reward_request
     from mnemo.errors import LLMError
@@ -79,15 +91,27 @@ async def _measure(calls: int, warmup: int) -> dict[str, dict[str, list[float]]]
                              action="curl localhost:8080", next_observation="200 OK")
     with ProviderServer() as server:
         async with (
-            httpx.AsyncClient(base_url=server.openai_url) as bare,
-            Transport(server.openai_url, name="bench", error=LLMError) as transport,
-            OpenAICompatible("m", base_url=server.openai_url) as llm,
+            httpx.AsyncClient(
+                base_url=server.openai_url,
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            ) as bare,
+            httpx.AsyncClient(base_url=server.openai_url,
+                              transport=Pool(max_connections=64)) as pooled,
+            Transport(server.openai_url, name="bench", error=LLMError, max_concurrency=64,
+                      concurrency=64) as transport,
+            OpenAICompatible("m", base_url=server.openai_url, max_concurrency=64,
+                             concurrency=64) as llm,
         ):
             payload = llm._payload(request, list(request.messages), "json_schema",
                                    request.schema)
 
             async def httpx_post() -> None:
                 response = await bare.post("/chat/completions", json=payload)
+                response.raise_for_status()
+                response.json()
+
+            async def pooled_post() -> None:
+                response = await pooled.post("/chat/completions", json=payload)
                 response.raise_for_status()
                 response.json()
 
@@ -99,6 +123,7 @@ async def _measure(calls: int, warmup: int) -> dict[str, dict[str, list[float]]]
 
             kinds: dict[str, Callable[[], Awaitable[None]]] = {
                 "bare httpx": httpx_post,
+                "httpx over Pool": pooled_post,
                 "Transport.post_json": transport_post,
                 "OpenAICompatible.generate": generate,
             }
@@ -112,6 +137,18 @@ async def _measure(calls: int, warmup: int) -> dict[str, dict[str, list[float]]]
                     if i >= warmup:
                         times[kind]["wall"].append(time.perf_counter() - start)
                         times[kind]["cpu"].append(time.thread_time() - cpu)
+            server.latency = latency
+            for kind in kinds:
+                times[kind]["burst_cpu"] = []
+            for i in range(bursts + 2):
+                for kind, call in kinds.items():
+                    cpu = time.thread_time()
+                    for size in (32, 16):
+                        async with anyio.create_task_group() as tg:
+                            for _ in range(size):
+                                tg.start_soon(call)
+                    if i >= 2:
+                        times[kind]["burst_cpu"].append((time.thread_time() - cpu) / 48)
     return times
 
 
@@ -120,14 +157,16 @@ def _table(times: dict[str, dict[str, list[float]]], title: str) -> str:
     lines = [
         f"{title}",
         "",
-        "| path | wall p50 µs | wall mean µs | client CPU p50 µs | CPU over bare httpx |",
-        "| --- | --- | --- | --- | --- |",
+        "| path | wall p50 µs | wall mean µs | client CPU p50 µs | CPU over bare httpx |"
+        " bursts of 32 + 16: client CPU a call, p50 µs |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for kind, clocks in times.items():
         cpu = median(clocks["cpu"])
         lines.append(
             f"| {kind} | {median(clocks['wall']) * 1e6:,.0f} | {mean(clocks['wall']) * 1e6:,.0f}"
             f" | {cpu * 1e6:,.0f} | {(cpu - floor) * 1e6:+,.0f} µs ({cpu / floor:.2f}x) |"
+            f" {median(clocks['burst_cpu']) * 1e6:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -137,7 +176,7 @@ def main() -> None:
     if args.hide_sniffio:
         sys.modules.pop("sniffio", None)
         sys.meta_path.insert(0, _HideSniffio())
-    times = anyio.run(_measure, args.calls, args.warmup)
+    times = anyio.run(_measure, args.calls, args.warmup, args.bursts, args.latency)
     if args.json:
         print(json.dumps(times))
         return
@@ -146,7 +185,8 @@ def main() -> None:
     if not args.hide_sniffio:
         hidden = subprocess.run(
             [sys.executable, __file__, "--calls", str(args.calls), "--warmup",
-             str(args.warmup), "--hide-sniffio", "--json"],
+             str(args.warmup), "--bursts", str(args.bursts), "--latency", str(args.latency),
+             "--hide-sniffio", "--json"],
             check=True, capture_output=True, text=True,
         )
         other: dict[str, Any] = json.loads(hidden.stdout)

@@ -14,9 +14,10 @@ limit, after TCP Vegas and Netflix's concurrency-limits):
   `n * (1 - 1/r)` others in the server's queue. Only a request alone with the server may make
   the baseline slower (a server that got slower): one that stood in a queue would hide the
   queue it measures.
-- No queue, and the limit held mnemo back (the request went out at the limit, or others wait):
-  the limit grows, by one a reply until the first sign of a queue (slow start), then by one a
-  round trip.
+- No queue, and at least half the limit in use (the request went out with that many in
+  flight, or others wait; Netflix VegasLimit's rule): the limit grows, by one a reply until the
+  first sign of a queue (slow start), then by one a round trip. So room is found before a
+  burst larger than the last one needs it, while a limit far above what mnemo sends stays.
 - A queue of two or more (6 log10 n with n in flight, as TCP Vegas: a server answering many at
   once jitters), or a reply that used half its timeout: the limit drops by one; the first one
   ends slow start and halves it (slow start grew it by a request a reply while the queue's
@@ -251,9 +252,10 @@ class Limit:
         if queued >= max(QUEUE, 6 * scale) or slow:
             self._decrease(ticket, halve=self._slow_start)
         elif queued <= max(NO_QUEUE, scale) and (
-            ticket.in_flight >= self.current or self._waiters
+            ticket.in_flight * 2 >= self.current or self._waiters
         ):
-            # mnemo had more to send than the limit let through: room is worth finding.
+            # At least half the limit in use and no queue: room is worth finding before a
+            # burst larger than the last needs it.
             self._limit += 1.0 if self._slow_start else 1.0 / self._limit
             self._limit = min(self._limit, float(self.ceiling))
 

@@ -96,11 +96,13 @@ class Fail:
 
 @dataclass(frozen=True)
 class Raw:
-    """A reply with exactly this status and body (e.g. a 200 that is not JSON)."""
+    """A reply with exactly this status and body (e.g. a 200 that is not JSON), and extra
+    `headers` (e.g. a content-encoding)."""
 
     body: bytes
     status: int = 200
     content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -375,7 +377,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return 0
         if isinstance(behaviour, Raw):
-            self._send(behaviour.status, behaviour.body, behaviour.content_type)
+            self._send(behaviour.status, behaviour.body, behaviour.content_type,
+                       headers=behaviour.headers)
             return behaviour.status
         if isinstance(behaviour, Fail):
             error = {"type": "error", "message": behaviour.message}

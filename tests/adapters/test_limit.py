@@ -122,6 +122,25 @@ def test_a_server_with_room_soon_gets_everything_at_once() -> None:
     assert max(server.waits) == 0
 
 
+def test_room_is_found_before_a_larger_burst_needs_it() -> None:
+    """A server of 64 slots met with bursts of 24 (closes of 8 trajectories): the limit goes
+    on growing while half of it is in use, so a first burst of 32 goes out at once (one round
+    trip, not two)."""
+    server = Server(64, lambda kind: 1.0)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            client = Client(server, Limit(64), 10.0, group)
+            for _ in range(4):
+                await burst(client, ["semantic"] * 24)
+            started = anyio.current_time()
+            await burst(client, ["semantic"] * 32)
+            assert anyio.current_time() - started == pytest.approx(1.0)
+
+    simulate(main)
+    assert max(server.waits) == 0
+
+
 @pytest.mark.parametrize("tokens", [False, True])
 def test_kinds_of_different_lengths_do_not_read_as_a_queue(tokens: bool) -> None:
     """Replies of one kind taking ten times another's, on a server with room: the limit still

@@ -1,0 +1,148 @@
+"""`Pool`: the network under mnemo's `httpx.AsyncClient`, with aiohttp's connection pool.
+
+httpx builds the request and reads the reply; this transport sends it over a keep-alive
+connection from an `aiohttp.TCPConnector`. httpx's own pool (httpcore) scans every pooled
+connection on each request and each reply, probing the socket of every idle one, so a call's
+client CPU grows with the connections held: about 1.1 ms a call one at a time and 3.5 ms with
+48 in flight, against 0.5 ms for the same calls through this transport (`BENCHMARKS.md`,
+"The HTTP path's own cost"). aiohttp parses HTTP in C and keeps idle connections in a queue
+per host.
+
+The reply's body is read whole before `handle_async_request` returns (mnemo never streams a
+reply), so its connection goes back to the pool at once; httpx then decodes any
+content-encoding as usual (aiohttp's own decompression is off). aiohttp's errors become httpx's
+(`httpx.ConnectError`, `httpx.ConnectTimeout`, `httpx.ReadTimeout`, `httpx.RemoteProtocolError`,
+...), which `mnemo.adapters._http.Transport` reads as it always did. The aiohttp session is
+made on the first request, on the running event loop (aiohttp needs one); like httpx's pooled
+connections, it belongs to that loop. aiohttp is imported then too (it takes longer to import
+than httpx): a process that never sends, such as a CLI command that reads the store, does not
+pay for it.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import httpx
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# httpx's default: an idle connection is dropped after this long.
+KEEPALIVE_EXPIRY = 5.0
+
+
+class Pool(httpx.AsyncBaseTransport):
+    """An httpx transport over aiohttp: at most `max_connections` connections at once (None:
+    no cap), idle ones kept `keepalive_expiry` seconds; https verified as httpx does (certifi's
+    roots, or `verify`)."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int | None = None,
+        keepalive_expiry: float | None = KEEPALIVE_EXPIRY,
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
+        self._max_connections = max_connections
+        self._keepalive_expiry = keepalive_expiry
+        self._ssl = httpx.create_ssl_context(verify=verify)
+        self._session: aiohttp.ClientSession | None = None
+        # HTTP_PROXY, HTTPS_PROXY and ALL_PROXY, read once as httpx reads them (httpx honours
+        # them only without a transport of its own); NO_PROXY is checked per host.
+        # aiohttp speaks to HTTP proxies only (a socks:// one is left out).
+        self._proxies = {scheme: url for scheme, url in urllib.request.getproxies().items()
+                         if scheme in ("http", "https", "all")
+                         and url.startswith(("http://", "https://"))}
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections or 0,
+                limit_per_host=0,
+                keepalive_timeout=self._keepalive_expiry,
+                ssl=self._ssl,
+            )
+            # No cookie jar: httpx keeps the client's cookies; no default headers: httpx sends
+            # its own, which are the request's. Not aiohttp's trust_env: it would read ~/.netrc
+            # on a thread for every request, and refuse one with its own Authorization header
+            # when the file names the host.
+            self._session = aiohttp.ClientSession(
+                connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
+        return self._session
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        import aiohttp
+
+        session = self._session_now()
+        timeout = request.extensions.get("timeout", {})
+        body = await request.aread()
+        with _as_httpx(request):
+            async with session.request(
+                request.method,
+                str(request.url),
+                headers=request.headers.multi_items(),
+                data=body or None,
+                allow_redirects=False,
+                compress=None,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=timeout.get("pool"),
+                    sock_connect=timeout.get("connect"),
+                    sock_read=timeout.get("read"),
+                ),
+                server_hostname=request.extensions.get("sni_hostname"),
+                proxy=self._proxy_for(request.url),
+            ) as response:
+                content = await response.read()
+        version = response.version or aiohttp.HttpVersion11
+        return httpx.Response(
+            response.status,
+            headers=list(response.raw_headers),
+            stream=httpx.ByteStream(content),
+            extensions={
+                "http_version": f"HTTP/{version.major}.{version.minor}".encode(),
+                "reason_phrase": (response.reason or "").encode(),
+            },
+        )
+
+    def _proxy_for(self, url: httpx.URL) -> str | None:
+        proxy = self._proxies.get(url.scheme) or self._proxies.get("all")
+        if proxy is None or urllib.request.proxy_bypass(url.host):
+            return None
+        return proxy
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+
+@contextmanager
+def _as_httpx(request: httpx.Request) -> Iterator[None]:
+    """Raises aiohttp's errors as the httpx errors that mean the same."""
+    import aiohttp
+
+    try:
+        yield
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
+    except aiohttp.ServerTimeoutError as exc:
+        raise httpx.ReadTimeout(str(exc) or "read timed out", request=request) from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise httpx.ConnectError(str(exc), request=request) from exc
+    except (aiohttp.InvalidURL, aiohttp.NonHttpUrlClientError) as exc:
+        raise httpx.UnsupportedProtocol(str(exc), request=request) from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+            aiohttp.ClientResponseError) as exc:
+        raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
+    except aiohttp.ClientError as exc:
+        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc

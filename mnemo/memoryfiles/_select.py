@@ -78,15 +78,7 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
             continue
         if text:
             messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
-    kept: builtins.list[dict[str, str]] = []
-    total = 0
-    for message in reversed(messages):
-        total += len(message["content"])
-        if total > _MAX_CONVERSATION_CHARS and kept:
-            break
-        kept.append(message)
-    kept.reverse()
-    return kept
+    return _newest(messages, _MAX_CONVERSATION_CHARS)
 
 
 def shown(stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]) -> set[Path]:

@@ -81,23 +81,23 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     return _newest(messages, _MAX_CONVERSATION_CHARS)
 
 
-def shown(stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]) -> set[Path]:
-    """The files whose content the LLM sees: all of them when few, else those whose topic
-    and description share the most words with the conversation."""
-    return {s.path for s in _related(stored, conversation)[:_MAX_SHOWN_FILES]
-            if len(stored) <= _MAX_SHOWN_FILES or _overlap(s, _said(conversation))}
-
-
 def listing(
     stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]
 ) -> builtins.list[dict[str, str]]:
     """Every file as the `memory_update` task is shown it, the most related to the
-    conversation first: {"topic", "description"}, plus "content" for the `shown` ones."""
-    visible = shown(stored, conversation)
+    conversation first (sharing the most words with it, then the most recently updated):
+    {"topic", "description"}, plus "content" for the files whose content the LLM sees, all of
+    them when few, else the first `_MAX_SHOWN_FILES` that share a word with it."""
+    said = _said(conversation)
+    overlap = {s.path: _overlap(s, said) for s in stored}
+    related = sorted(stored, key=lambda s: s.topic)
+    related.sort(key=lambda s: (overlap[s.path], s.updated), reverse=True)
+    visible = {s.path for s in related[:_MAX_SHOWN_FILES]
+               if len(stored) <= _MAX_SHOWN_FILES or overlap[s.path]}
     return [
         {"topic": s.topic, "description": s.description}
         | ({"content": s.body} if s.path in visible else {})
-        for s in _related(stored, conversation)
+        for s in related
     ]
 
 
@@ -174,16 +174,6 @@ def _said(conversation: builtins.list[dict[str, str]]) -> set[str]:
 def _overlap(stored: Stored, said: set[str]) -> int:
     return len(said & _text.content_stems(f"{stored.topic} {stored.description}"))
 
-
-def _related(
-    stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]
-) -> builtins.list[Stored]:
-    """`stored`, those sharing the most words with the conversation first, then the most
-    recently updated."""
-    said = _said(conversation)
-    ordered = sorted(stored, key=lambda s: s.topic)
-    ordered.sort(key=lambda s: (_overlap(s, said), s.updated), reverse=True)
-    return ordered
 
 
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:

@@ -175,7 +175,6 @@ def _overlap(stored: Stored, said: set[str]) -> int:
     return len(said & _text.content_stems(f"{stored.topic} {stored.description}"))
 
 
-
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
     """One change per topic key, in first-seen order; changes without a signal are dropped.
 

@@ -374,10 +374,12 @@ class Callbacks:
         return callback
 
     async def wait(self, count: int, within: float = 5.0) -> list[tuple[str, mnemo.OpResult]]:
-        """The results, once `count` came (up to `within` s)."""
+        """The results, once `count` came (up to `within` s). Waiters at once share one
+        event: each made its own before, and the last one's replaced the others'."""
         with anyio.fail_after(within):
             while len(self.results) < count:
-                self._arrived = anyio.Event()
+                if self._arrived is None or self._arrived.is_set():
+                    self._arrived = anyio.Event()
                 await self._arrived.wait()
         return self.results
 

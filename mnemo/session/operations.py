@@ -133,18 +133,24 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         await _still_taken(live, op)
         await _execute(live, session, op)
     except Exception as exc:
-        # The later ones are taken out at once: while the callbacks run, nothing else (a
-        # background commit ending) may start one of them.
-        later = _take_pending(session)
-        if session.ended:
-            # Ended through another Memory (the store no longer knows it, and the record
-            # went): what `end_session` answers for the operations it stops.
-            await _finish_op(session, op, OpResult(False, None, SessionError(
-                "session_ended", state=session.state, session_id=session.id)))
-            await _fail(session, later, "session_ended")
-        else:
-            await _finish_op(session, op, OpResult(False, None, _as_session_error(exc, session)))
-            await _fail(session, later, "preceding_op_failed")
+        # Shielded: finding the session ended drops it, which cancels this task, and the
+        # callbacks are owed all the same.
+        with anyio.CancelScope(shield=True):
+            ended = not await _still_live(live, session)
+            # The later ones are taken out at once: while the callbacks run, nothing else (a
+            # background commit ending) may start one of them.
+            later = _take_pending(session)
+            if ended:
+                # Ended through another Memory (the store no longer knows it, and the record
+                # went): what `end_session` answers for the operations it stops.
+                await _finish_op(session, op, OpResult(False, None, SessionError(
+                    "session_ended", state=session.state, session_id=session.id)))
+                await _fail(session, later, "session_ended")
+            else:
+                await _finish_op(
+                    session, op, OpResult(False, None, _as_session_error(exc, session))
+                )
+                await _fail(session, later, "preceding_op_failed")
     except BaseException:
         # Cancelled: by `end_session` or by the Memory closing. The callback still comes.
         with anyio.CancelScope(shield=True):
@@ -155,6 +161,18 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
     kick(live, session)
+
+
+async def _still_live(live: Sessions, session: SessionRecord) -> bool:
+    """Whether the session of a failed operation still exists: ended through another Memory
+    meanwhile (which may be why the operation failed: the Memory that stored it answered it
+    `session_ended` and dropped its row), the operations behind it are answered
+    `session_ended`, not `preceding_op_failed`. A store that cannot say counts as live."""
+    try:
+        return await live.still_live(session)
+    except MnemoError as exc:
+        log.warning("%s: could not tell whether it still exists: %r", session.id, exc)
+        return not session.ended
 
 
 async def _still_taken(live: Sessions, op: Op) -> None:

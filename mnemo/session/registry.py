@@ -192,13 +192,7 @@ class Sessions:
         """
         row = await self.store.load_one(session.id)
         if row is None:
-            ended = not session.ended
-            self.drop(session)
-            if ended and self.answer_ended is not None:
-                # Shielded: the drop has just cancelled the session's tasks, the caller's too
-                # maybe, and the callbacks are owed all the same.
-                with anyio.CancelScope(shield=True):
-                    await self.answer_ended(session)
+            await self._ended_elsewhere(session)
             raise NotFoundError("session", session.id)
         if row.version == session.version or (row.version < session.version and not conflict):
             return
@@ -213,6 +207,27 @@ class Sessions:
         self._activity(session, row)
         if row.state is not before:
             session.notify()
+
+    async def still_live(self, session: SessionRecord) -> bool:
+        """Whether the store still holds the session. One ended through another Memory is
+        dropped here and what it owed is answered `session_ended`, as `reload` does when it
+        finds the row gone."""
+        if session.ended:
+            return False
+        if await self.store.version(session.id) is not None:
+            return True
+        await self._ended_elsewhere(session)
+        return False
+
+    async def _ended_elsewhere(self, session: SessionRecord) -> None:
+        """Drops a session the store no longer holds and answers what it owed."""
+        ended = not session.ended
+        self.drop(session)
+        if ended and self.answer_ended is not None:
+            # Shielded: the drop has just cancelled the session's tasks, the caller's too
+            # maybe, and the callbacks are owed all the same.
+            with anyio.CancelScope(shield=True):
+                await self.answer_ended(session)
 
     async def wait_moved(self, session: SessionRecord) -> None:
         """Waits until the session may have moved: its event here, or, while another Memory

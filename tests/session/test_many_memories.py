@@ -1375,3 +1375,41 @@ async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
         got = sorted((label, r.error.reason if r.error else r.value)
                      for label, r in callbacks.results)
         assert got == [("a commit", "session_ended"), ("b start", "session_ended")]
+
+
+async def test_an_end_the_accepting_memory_answers_before_the_holder_checks(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but A's watcher sees the end first: it answers its commit session_ended and
+    drops the row, so B's check that it still holds the commit fails. B's start queued behind
+    it is answered session_ended too (the session is gone), not preceding_op_failed: B reads
+    whether the session still exists before it blames the failed commit."""
+    async with AsyncExitStack() as stack:
+        a = await open_worker(stack, store)
+        sid = await fill(a.mem)
+        b = await open_worker(stack, store)
+        c = await open_worker(stack, store)
+        held = await extracting(b, sid)
+        callbacks = Callbacks()
+        await a.mem.commit_async(sid, callbacks("a commit"))
+        holder = b.mem._backend.coordination
+        still_taken, checks = holder.still_taken, []
+
+        async def answered_first(op_id: str, holder_id: str) -> bool:
+            checks.append(op_id)
+            if len(checks) == 1:
+                await b.mem.start_episode_async(sid, "next", callbacks("b start"))
+                await c.mem.end_session(sid)
+                await callbacks.wait(1)  # A's watcher answered, and dropped the row
+            taken: bool = await still_taken(op_id, holder_id)
+            return taken
+
+        monkeypatch.setattr(holder, "still_taken", answered_first)
+        the_holder_takes_first(monkeypatch, a, b)
+        held.release()
+        await callbacks.wait(2)
+        got = sorted((label, r.error.reason if r.error else r.value)
+                     for label, r in callbacks.results)
+        assert got == [("a commit", "session_ended"), ("b start", "session_ended")]
+        with pytest.raises(mnemo.NotFoundError):
+            await b.mem.session_state(sid)

@@ -34,6 +34,7 @@ JOINERS = "'.-"
 # `words` of a text that is all ASCII, where no mark nor format character can occur: the same
 # split in one regular expression, the common case on the ingest path.
 _ASCII_WORD = re.compile(r"\w+(?:['.\-]\w+)*")
+_ASCII_PART = re.compile(r"\w+")
 _JOINER = re.compile(r"['.\-]")
 # Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
 MAX_QUERY_TERMS = 32
@@ -117,6 +118,9 @@ def words(text: str) -> list[str]:
 
 def tokens(text: str) -> list[str]:
     """The lower-cased words of `text` in order (`words`)."""
+    text = normalise(text)
+    if text.isascii():  # lower-casing keeps ASCII text's length and its words' bounds
+        return _ASCII_WORD.findall(text.lower())
     return [word.lower() for word in words(text)]
 
 
@@ -378,6 +382,8 @@ def query_words(query: str) -> list[str]:
 def text_words(text: str) -> list[str]:
     """Every word of `text` as a search splits it (`query_words`), repeats and all, in order:
     the `parts` of its `words`."""
+    if text.isascii():
+        return _ASCII_PART.findall(text)
     return [part for word in words(text) for part in parts(word)]
 
 

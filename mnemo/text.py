@@ -36,6 +36,9 @@ JOINERS = "'.-"
 _ASCII_WORD = re.compile(r"\w+(?:['.\-]\w+)*")
 _ASCII_PART = re.compile(r"\w+")
 _JOINER = re.compile(r"['.\-]")
+# The clitic a word may end in: a possessive or a short verb ("Melanie's", "life's" for "life
+# is", "they're", "it'll", "we've", "I'd", "I'm").
+_CLITIC = re.compile(r"'(?:s|re|ll|ve|d|m)$", re.IGNORECASE)
 # Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
 MAX_QUERY_TERMS = 32
 # A run of what is neither a word character nor a space: where a word may hold a joiner, a
@@ -104,8 +107,8 @@ def words(text: str) -> list[str]:
     A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
     combining marks among them (Unicode's M*: a virama, a vowel sign, a decomposed accent) and
     the format characters between them (Cf: a zero-width non-joiner, a soft hyphen); two runs
-    joined by one of `JOINERS` are one word. `\\w` alone cut "हिन्दी" into ह, न and द, which
-    PostgreSQL (whose parser keeps marks in a word) did not find even in that very text.
+    joined by one of `JOINERS` are one word. `\\w` alone cuts "हिन्दी" into ह, न and द, which
+    PostgreSQL (whose parser keeps marks in a word) finds in no text.
 
     >>> words("Don't edit /etc/nginx.conf on 3.11 -- ask the e-mail_admin.")
     ["Don't", 'edit', 'etc', 'nginx.conf', 'on', '3.11', 'ask', 'the', 'e-mail_admin']
@@ -141,6 +144,12 @@ def first_tokens(text: str, n: int) -> list[str]:
         size *= 2
 
 
+def without_clitic(word: str) -> str:
+    """A word of `words` without the clitic it ends in ("Melanie's" -> "Melanie", "life's"
+    -> "life"), or as it is: what a label or a name is made of."""
+    return _CLITIC.sub("", word)
+
+
 def parts(word: str) -> list[str]:
     """The words a search reads in one word of `words`: it cut at its joiners ("nginx.conf"
     is "nginx" and "conf", "don't" is "don" and "t")."""
@@ -166,12 +175,23 @@ def _within_words(between: re.Match[str]) -> str:
         return run if inside and len(run) == 1 and run in JOINERS else " " * len(run)
     # A format character joins only the words on both its sides; a mark, the one before it;
     # a joiner, when it is the run's only character besides those.
-    joins = inside and sum(1 for c in run if not in_word(c)) == 1
+    joins = inside and sum(1 for c in run if not _in_word(c)) == 1
     return "".join(
-        character if (in_word(character) and (inside or not _is_format(character)))
+        character if (_in_word(character) and (inside or not _is_format(character)))
         or (joins and character in JOINERS) else " "
         for character in run
     )
+
+
+def _in_word(character: str) -> bool:
+    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
+    combining mark (Unicode's M*) or an invisible format character (Cf)."""
+    category = unicodedata.category(character)
+    return category[0] == "M" or category == "Cf"
+
+
+def _is_format(character: str) -> bool:
+    return unicodedata.category(character) == "Cf"
 
 
 # ---- the stemmer ------------------------------------------------------------------------
@@ -185,7 +205,7 @@ _STEMMERS = threading.local()
 def stem(word: str) -> str:
     """The Snowball English stem of a lower-cased word, as tantivy and PostgreSQL stem it:
     "proxies" -> "proxi", "configured", "configures", "configuring" -> "configur",
-    "stopped" -> "stop", "Melanie's" -> "melani". A word of other characters than letters
+    "stopped" -> "stop", "melanie's" -> "melani". A word of other characters than letters
     and apostrophes ("3.11", "nginx.conf", "max_connections") is its own stem.
     """
     if not word.replace("'", "").isalpha():
@@ -308,9 +328,10 @@ def concepts(text: str, *, limit: int = 4) -> list[str]:
     """Up to `limit` lower-case concept labels of `text`, most informative first.
 
     A run of capitalised words after the first word ("Visual Studio Code") is one label of at
-    most three words; otherwise labels are single informative words. Each stem appears once.
+    most three words; otherwise labels are single informative words, each without its clitic
+    ("Melanie's" is "melanie", "lot's" no label). Each stem appears once.
     """
-    ws = words(text)
+    ws = [without_clitic(word) for word in words(text)]
     scored: list[tuple[float, int, str]] = []
     seen: set[str] = set()
     i = 0
@@ -386,13 +407,3 @@ def text_words(text: str) -> list[str]:
         return _ASCII_PART.findall(text)
     return [part for word in words(text) for part in parts(word)]
 
-
-def in_word(character: str) -> bool:
-    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
-    combining mark (Unicode's M*) or an invisible format character (Cf)."""
-    category = unicodedata.category(character)
-    return category[0] == "M" or category == "Cf"
-
-
-def _is_format(character: str) -> bool:
-    return unicodedata.category(character) == "Cf"

@@ -123,6 +123,25 @@ def test_contractions_are_stopwords_with_any_apostrophe() -> None:
 
 
 @pytest.mark.parametrize(
+    ("word", "bare"),
+    [("Melanie's", "Melanie"), ("life's", "life"), ("they're", "they"), ("it'll", "it"),
+     ("we've", "we"), ("I'd", "I"), ("I'm", "I"), ("don't", "don't"), ("o'clock", "o'clock"),
+     ("nginx.conf", "nginx.conf"), ("James", "James")],
+)
+def test_a_clitic_comes_off_a_word(word: str, bare: str) -> None:
+    """A possessive or a short verb at a word's end comes off; any other apostrophe stays."""
+    assert _text.without_clitic(word) == bare
+
+
+def test_concept_labels_are_words_without_their_clitics() -> None:
+    """A label names the word, not its possessive ("melanie" for "Melanie's"), and a word that
+    is informative only with its clitic ("lot's") is no label."""
+    labels = _text.concepts("Then Melanie's painting's colors won a lot's praise at McGee's",
+                            limit=8)
+    assert labels == ["melanie", "mcgee", "painting", "colors", "praise"]
+
+
+@pytest.mark.parametrize(
     ("forms", "stem"),
     [
         (["configure", "configured", "configures", "configuring"], "configur"),

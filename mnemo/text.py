@@ -226,9 +226,9 @@ def without_stopwords(text: str) -> str:
     """`text` composed (NFC) with each word of `words` that is a stopword made a space, the
     rest as written (a stopword inside a longer word stays: "the" in "the_end")."""
     text = unicodedata.normalize("NFC", normalise(text))
-    spaced = _spaced(text) if not text.isascii() else text
+    spaced, word_in = (text, _ASCII_WORD) if text.isascii() else (_spaced(text), _NON_SPACE)
     kept = list(text)
-    for word in (_NON_SPACE if not text.isascii() else _ASCII_WORD).finditer(spaced):
+    for word in word_in.finditer(spaced):
         if is_stopword(word.group()):
             kept[word.start():word.end()] = " " * (word.end() - word.start())
     return "".join(kept)
@@ -388,7 +388,7 @@ def query_words(query: str) -> list[str]:
     """The words a query searches for ([] when it has none): distinct and capped
     (`query_terms`), in query order. Every search splits its query here.
 
-    A word is a `parts` of a word of `words`, read from the query composed (NFC, so "e" and a
+    Its words are the `parts` of its `words`, read from the query composed (NFC, so "e" and a
     combining acute accent are the "é" a text mostly holds; the lexical index composes its
     texts too). A backend searches a word as the phrase of the parts its own parser makes of
     it, as it searches a `snake_case_name`: FTS5 splits at most marks, every engine at a

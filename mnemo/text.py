@@ -1,38 +1,51 @@
 """Words: mnemo's one home for splitting, stemming and weighing text.
 
-Two splitters, for two jobs:
+One tokenizer, with one mode:
 
-- `query_words` / `text_words`: how every search splits a query and a text (word characters
-  with the marks and format characters inside a word, as SQLite FTS5, tantivy and PostgreSQL
-  read them); a query keeps at most `MAX_QUERY_TERMS` distinct words.
-- `words` / `tokens` (`WORD`): what mnemo's own heuristics read, where "don't", "nginx.conf"
-  and "3.11" stay whole: the offline LLM, the hashed embedder, recall's stopwords and
-  restatements, memory files' matching.
+- `words` / `tokens`: a word is a run of word characters (letters, digits, the underscore)
+  with the combining marks among them and the format characters inside them, and two such
+  runs joined by one apostrophe, dot or hyphen are one word ("don't", "nginx.conf", "3.11",
+  "e-mail"). What mnemo's own heuristics read: the offline LLM, the hashed embedder, recall's
+  stopwords and restatements, memory files' matching.
+- `text_words` / `query_words`: the same words cut at their joiners (`parts`), which is how
+  every search splits a query and a text (SQLite FTS5, tantivy and PostgreSQL split at the
+  apostrophe, the dot and the hyphen); a query keeps at most `MAX_QUERY_TERMS` distinct words.
 
-And one stemmer, `stem` (light: plurals, -ed, -ing, a final -e), a stopword list, a sentence
-splitter and a score for how informative a word is, from which key phrases and concept labels
-are built. The search engines stem with their own stemmers (Snowball English in tantivy and
-PostgreSQL, Porter in FTS5); docs/DECISIONS.md ("One text module") says why `stem` is not
-theirs. Everything is deterministic, English-centric and cheap (regular expressions and dict
-lookups, no models).
+One stemmer, `stem`: Snowball English (the C library through PyStemmer), as tantivy and
+PostgreSQL stem; and a stopword list, a sentence splitter and a score for how informative a
+word is, from which key phrases and concept labels are built. docs/DECISIONS.md ("One text
+module") has the measurements. Everything is deterministic, English-centric and cheap (regular
+expressions, dict lookups and a C stemmer; no models).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable
 from functools import lru_cache
+from itertools import islice
 
-# A word is a run of letters/digits, optionally joined by ' . - (so "don't", "nginx.conf",
-# "3.11" and "e-mail" stay whole); trailing punctuation is never part of a word.
-WORD = re.compile(r"[^\W_]+(?:['.\-][^\W_]+)*")
+import Stemmer
+
+# What joins two runs of word characters into one word when it stands alone between them.
+JOINERS = "'.-"
+# `words` of a text that is all ASCII, where no mark nor format character can occur: the same
+# split in one regular expression, the common case on the ingest path.
+_ASCII_WORD = re.compile(r"\w+(?:['.\-]\w+)*")
+_ASCII_PART = re.compile(r"\w+")
+_JOINER = re.compile(r"['.\-]")
+# The clitic a word may end in: a possessive or a short verb ("Melanie's", "life's" for "life
+# is", "they're", "it'll", "we've", "I'd", "I'm").
+_CLITIC = re.compile(r"'(?:s|re|ll|ve|d|m)$", re.IGNORECASE)
 # Distinct terms a lexical query keeps: 11 deduplicated terms took 10 ms where 926 took 48 s.
 MAX_QUERY_TERMS = 32
-# A run of what is neither a word character nor a space: where a word may hold a combining mark
-# or a format character, which no expression of `re` names (`_within_words`).
+# A run of what is neither a word character nor a space: where a word may hold a joiner, a
+# combining mark or a format character, which no expression of `re` names (`_within_words`).
 _BETWEEN_WORDS = re.compile(r"[^\w\s]+")
 _WORD_CHARACTER = re.compile(r"\w")
+_NON_SPACE = re.compile(r"\S+")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'"})
 # A sentence ends at . ! or ? followed by space and something that starts a sentence; the
 # capital/digit lookahead keeps "e.g. the" and "v1.2 is" whole.
@@ -66,6 +79,10 @@ STOPWORDS: frozenset[str] = frozenset(
     """.split()
 )
 
+# A contraction written with the modifier letter apostrophe (U+02BC, a letter to `\w`, so one
+# word to every search) is a stopword too.
+STOPWORDS |= {word.replace("'", "\u02bc") for word in STOPWORDS if "'" in word}
+
 # Words that open a sentence without carrying content ("Okay, so the build fails").
 FILLER_OPENERS: frozenset[str] = frozenset(
     """
@@ -80,48 +97,124 @@ def normalise(text: str) -> str:
     return text.translate(_APOSTROPHES)
 
 
+# ---- the tokenizer ----------------------------------------------------------------------
+
+
 def words(text: str) -> list[str]:
-    """The words of `text` in order, case preserved."""
-    return WORD.findall(normalise(text))
+    """The words of `text` in order, case preserved, read from the text composed (NFC) with
+    its typographic apostrophes made ASCII.
+
+    A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
+    combining marks among them (Unicode's M*: a virama, a vowel sign, a decomposed accent) and
+    the format characters between them (Cf: a zero-width non-joiner, a soft hyphen); two runs
+    joined by one of `JOINERS` are one word. `\\w` alone cuts "हिन्दी" into ह, न and द, which
+    PostgreSQL (whose parser keeps marks in a word) finds in no text.
+
+    >>> words("Don't edit /etc/nginx.conf on 3.11 -- ask the e-mail_admin.")
+    ["Don't", 'edit', 'etc', 'nginx.conf', 'on', '3.11', 'ask', 'the', 'e-mail_admin']
+    """
+    text = normalise(text)
+    if text.isascii():
+        return _ASCII_WORD.findall(text)
+    return [w for w in _spaced(text).split() if _WORD_CHARACTER.search(w)]
 
 
 def tokens(text: str) -> list[str]:
-    """The lower-cased words of `text` in order."""
-    return WORD.findall(normalise(text).lower())
+    """The lower-cased words of `text` in order (`words`)."""
+    text = normalise(text)
+    if text.isascii():  # lower-casing keeps ASCII text's length and its words' bounds
+        return _ASCII_WORD.findall(text.lower())
+    return [word.lower() for word in words(text)]
+
+
+def first_tokens(text: str, n: int) -> list[str]:
+    """The first `n` of `tokens(text)`, reading little more of `text` than they take: the
+    cost is bounded by the words wanted, not by the text's length."""
+    if n <= 0:
+        return []
+    text = normalise(text)
+    if text.isascii():
+        return [m.group().lower() for m in islice(_ASCII_WORD.finditer(text), n)]
+    size = 16 * (n + 1)
+    while True:
+        # With a word past the n-th in the prefix, the n-th ended before the cut.
+        found = tokens(text[:size])
+        if len(found) > n or size >= len(text):
+            return found[:n]
+        size *= 2
+
+
+def without_clitic(word: str) -> str:
+    """A word of `words` without the clitic it ends in ("Melanie's" -> "Melanie", "life's"
+    -> "life"), or as it is: what a label or a name is made of."""
+    return _CLITIC.sub("", word)
+
+
+def parts(word: str) -> list[str]:
+    """The words a search reads in one word of `words`: it cut at its joiners ("nginx.conf"
+    is "nginx" and "conf", "don't" is "don" and "t")."""
+    return [part for part in _JOINER.split(word) if _WORD_CHARACTER.search(part)]
+
+
+def _spaced(text: str) -> str:
+    """`text` (apostrophes already ASCII) composed, with every character that is no part of
+    a word made a space: the same length, so a word's place in it is its place in the text
+    composed."""
+    return _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
+
+
+def _within_words(between: re.Match[str]) -> str:
+    """A run of characters that are neither word characters nor spaces, with what belongs to
+    the words around it kept (see `words`) and the rest made spaces, one for one."""
+    run = between.group()
+    text, start, end = between.string, between.start(), between.end()
+    # The run is as long as it can be: a neighbour that is no space is a word character.
+    inside = (0 < start and end < len(text)
+              and not text[start - 1].isspace() and not text[end].isspace())
+    if run.isascii():  # ASCII punctuation, the common case: no mark nor format character
+        return run if inside and len(run) == 1 and run in JOINERS else " " * len(run)
+    # A format character joins only the words on both its sides; a mark, the one before it;
+    # a joiner, when it is the run's only character besides those.
+    joins = inside and sum(1 for c in run if not _in_word(c)) == 1
+    return "".join(
+        character if (_in_word(character) and (inside or not _is_format(character)))
+        or (joins and character in JOINERS) else " "
+        for character in run
+    )
+
+
+def _in_word(character: str) -> bool:
+    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
+    combining mark (Unicode's M*) or an invisible format character (Cf)."""
+    category = unicodedata.category(character)
+    return category[0] == "M" or category == "Cf"
+
+
+def _is_format(character: str) -> bool:
+    return unicodedata.category(character) == "Cf"
+
+
+# ---- the stemmer ------------------------------------------------------------------------
+
+# A Snowball stemmer keeps state while it stems: one per thread (`stem` runs on worker
+# threads too). Its own cache is off: `stem`'s is faster.
+_STEMMERS = threading.local()
 
 
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """A light stem of a lower-cased word: plural, -ed, -ing and final -e stripped.
-
-    Deliberately conservative (no derivational suffixes): "proxies" -> "proxy", "configured",
-    "configures", "configuring" -> "configur", "stopped" -> "stop". Words with digits or of
-    three letters or fewer are returned unchanged.
+    """The Snowball English stem of a lower-cased word, as tantivy and PostgreSQL stem it:
+    "proxies" -> "proxi", "configured", "configures", "configuring" -> "configur",
+    "stopped" -> "stop", "melanie's" -> "melani". A word of other characters than letters
+    and apostrophes ("3.11", "nginx.conf", "max_connections") is its own stem.
     """
-    if len(word) <= 3 or not word.isalpha():
+    if not word.replace("'", "").isalpha():
         return word
-    w = word
-    if w.endswith("ies") and len(w) > 4:
-        w = w[:-3] + "y"
-    elif w.endswith("sses"):
-        w = w[:-2]
-    elif w.endswith(("xes", "ches", "shes", "zes")):
-        w = w[:-2]
-    elif w.endswith("s") and not w.endswith(("ss", "us", "is")):
-        w = w[:-1]
-    elif w.endswith("ing") and len(w) >= 6:
-        w = _undouble(w[:-3])
-    elif w.endswith("ed") and len(w) >= 5:
-        w = _undouble(w[:-2])
-    if len(w) >= 5 and w.endswith("e"):
-        w = w[:-1]
-    return w
-
-
-def _undouble(w: str) -> str:
-    if len(w) >= 3 and w[-1] == w[-2] and w[-1] not in "lsz" and w[-1] not in "aeiou":
-        return w[:-1]
-    return w
+    stemmer = getattr(_STEMMERS, "english", None)
+    if stemmer is None:
+        stemmer = _STEMMERS.english = Stemmer.Stemmer("english", 0)
+    stemmed: str = stemmer.stemWord(word)
+    return stemmed
 
 
 def is_stopword(word: str) -> bool:
@@ -130,21 +223,15 @@ def is_stopword(word: str) -> bool:
 
 
 def without_stopwords(text: str) -> str:
-    """`text` with each stopword that stands alone made a space, the rest as written (a
-    word of `words` glued to an underscore, a combining mark or a format character is part of
-    a longer word: "the" in "the_end")."""
-    return WORD.sub(_blank_stopword, normalise(text))
-
-
-def _blank_stopword(word: re.Match[str]) -> str:
-    text, start, end = word.string, word.start(), word.end()
-    glued = (start > 0 and _glues(text[start - 1])) or (end < len(text) and _glues(text[end]))
-    return " " if not glued and is_stopword(word.group()) else word.group()
-
-
-def _glues(character: str) -> bool:
-    """The underscore, and what a query's word holds besides `\\w` (`in_word`)."""
-    return character == "_" or in_word(character)
+    """`text` composed (NFC) with each word of `words` that is a stopword made a space, the
+    rest as written (a stopword inside a longer word stays: "the" in "the_end")."""
+    text = unicodedata.normalize("NFC", normalise(text))
+    spaced, word_in = (text, _ASCII_WORD) if text.isascii() else (_spaced(text), _NON_SPACE)
+    kept = list(text)
+    for word in word_in.finditer(spaced):
+        if is_stopword(word.group()):
+            kept[word.start():word.end()] = " " * (word.end() - word.start())
+    return "".join(kept)
 
 
 def is_acronym(word: str) -> bool:
@@ -241,9 +328,10 @@ def concepts(text: str, *, limit: int = 4) -> list[str]:
     """Up to `limit` lower-case concept labels of `text`, most informative first.
 
     A run of capitalised words after the first word ("Visual Studio Code") is one label of at
-    most three words; otherwise labels are single informative words. Each stem appears once.
+    most three words; otherwise labels are single informative words, each without its clitic
+    ("Melanie's" is "melanie", "lot's" no label). Each stem appears once.
     """
-    ws = words(text)
+    ws = [without_clitic(word) for word in words(text)]
     scored: list[tuple[float, int, str]] = []
     seen: set[str] = set()
     i = 0
@@ -300,16 +388,11 @@ def query_words(query: str) -> list[str]:
     """The words a query searches for ([] when it has none): distinct and capped
     (`query_terms`), in query order. Every search splits its query here.
 
-    A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
-    combining marks among them (Unicode's M*: a virama, a vowel sign, Hebrew or Arabic vowel
-    points, a decomposed accent) and the invisible format characters between them (Cf: a
-    zero-width non-joiner, a soft hyphen), read from the query composed (NFC, so "e" and a
+    Its words are the `parts` of its `words`, read from the query composed (NFC, so "e" and a
     combining acute accent are the "é" a text mostly holds; the lexical index composes its
-    texts too). `\\w` alone cut "हिन्दी" into ह, न and द, which PostgreSQL (whose parser keeps
-    marks in a word) did not find even in that very text. A backend searches a word as the
-    phrase of the parts its own parser makes of it, as it searches a `snake_case_name`:
-    FTS5 splits at most marks, every engine at a format character (PostgreSQL's through
-    `SEARCH_VECTOR` and `WORD_QUERY`).
+    texts too). A backend searches a word as the phrase of the parts its own parser makes of
+    it, as it searches a `snake_case_name`: FTS5 splits at most marks, every engine at a
+    format character (PostgreSQL's through `SEARCH_VECTOR` and `WORD_QUERY`).
 
     >>> query_words('nginx "proxy" AND NOT port)')
     ['nginx', 'proxy', 'AND', 'NOT', 'port']
@@ -319,36 +402,8 @@ def query_words(query: str) -> list[str]:
 
 def text_words(text: str) -> list[str]:
     """Every word of `text` as a search splits it (`query_words`), repeats and all, in order:
-    for what reads a text's words to search them (pseudo-relevance feedback)."""
-    spaced = _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
-    # A lone mark (after a space) or format character holds nothing a backend can find.
-    return [word for word in spaced.split() if _WORD_CHARACTER.search(word)]
+    the `parts` of its `words`."""
+    if text.isascii():
+        return _ASCII_PART.findall(text)
+    return [part for word in words(text) for part in parts(word)]
 
-
-def _within_words(between: re.Match[str]) -> str:
-    """A run of characters that are neither word characters nor spaces, with what belongs to
-    the words around it kept (see `query_words`) and the rest made spaces."""
-    run = between.group()
-    if run.isascii():
-        return " "  # ASCII punctuation, the common case: no mark nor format character in it
-    text, start, end = between.string, between.start(), between.end()
-    # The run is as long as it can be: a neighbour that is no space is a word character.
-    inside = (0 < start and end < len(text)
-              and not text[start - 1].isspace() and not text[end].isspace())
-    # A format character joins only the words on both its sides; a mark, the one before it.
-    return "".join(
-        character if in_word(character) and (inside or not _is_format(character)) else " "
-        for character in run
-    )
-
-
-def in_word(character: str) -> bool:
-    """Whether `character`, which `\\w` does not match, belongs to the word around it: a
-    combining mark (Unicode's M*) or an invisible format character (Cf). The one rule of
-    `query_words`, and of recall's stopwords (`without_stopwords`)."""
-    category = unicodedata.category(character)
-    return category[0] == "M" or category == "Cf"
-
-
-def _is_format(character: str) -> bool:
-    return unicodedata.category(character) == "Cf"

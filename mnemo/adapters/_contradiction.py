@@ -7,9 +7,8 @@ never contradict: a model is needed to tell more.
 
 from __future__ import annotations
 
-import re
+from mnemo import text as _text
 
-_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 # Relations a subject has one value of at a time (the last words of the shared phrase).
 _FUNCTIONAL = frozenset(
     "is are was were be lives live living resides reside located based moved moves move works "
@@ -25,7 +24,7 @@ MAX_VALUE_WORDS = 5
 
 def contradicts(existing: str, new: str) -> bool:
     """Whether `new` ends `existing` by the heuristic of the module's docstring."""
-    a, b = _WORD.findall(existing.lower()), _WORD.findall(new.lower())
+    a, b = _text.tokens(existing), _text.tokens(new)
     shared = 0
     while shared < min(len(a), len(b)) and a[shared] == b[shared]:
         shared += 1

@@ -1,6 +1,6 @@
 """`HashEmbedder`: a dependency-free embedder built from hashed word and character n-grams.
 
-A text's features are its content words (lower-cased, stopwords removed, lightly stemmed), the
+A text's features are its content words (`mnemo.text.tokens`, stopwords removed, stemmed), the
 bigrams of consecutive content words, and the character trigrams of each content word with
 boundary markers ("<ng", "ngi", ..., "nx>"). Each feature is hashed with BLAKE2b (stable across
 processes, unlike the salted built-in `hash`) into one of `dim` buckets with a sign, weighted by
@@ -70,7 +70,10 @@ class HashEmbedder:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = dim
         # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
-        self.name = "hash" if dim == 512 else f"hash:{dim}"
+        # "hash2": the features of `mnemo.text`'s tokenizer and Snowball stems. A repo recorded
+        # as "hash" holds vectors of other features, never compared with these
+        # (`adapters/recorded.py`).
+        self.name = "hash2" if dim == 512 else f"hash2:{dim}"
         # token -> (is_stopword, unigram hash, trigram hashes); bounded by clearing when full.
         self._tokens: dict[str, tuple[bool, int, tuple[int, ...]]] = {}
 

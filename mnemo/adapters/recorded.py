@@ -11,7 +11,12 @@ What cannot be rebuilt:
 - a known URI that cannot be built here (its key is not in the environment) becomes a
   stand-in of the recorded name and dimension that raises `LLMError` / `EmbeddingError`
   saying what to set when something calls it: reading nodes needs no model, recall needs the
-  embedder, an append both.
+  embedder, an append both;
+- a record of the hashed embedder's earlier features (`hash`, `hash:DIM`, `hash-ngram-v1`:
+  words split and stemmed as mnemo no longer does) becomes such a stand-in too, whatever
+  embedder the Memory was given: today's hashed vectors of a query would be compared with the
+  repo's older ones and find little, without an error. `Repos.open` refuses to record
+  another embedder over it (`RepoModels.refusal`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from mnemo.errors import EmbeddingError, LLMError
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
 _LLM_SCHEMES = {"offline", "openai", "anthropic", "openai-compatible"}
-_EMBEDDER_SCHEMES = {"minilm", "hash", "openai"}
+_EMBEDDER_SCHEMES = {"minilm", "hash2", "openai"}
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
+# The hashed embedder of features that no longer exist (see the module doc).
+_RETIRED_SCHEMES = {"hash"}
 
 
 class UnavailableLLM:
@@ -54,6 +61,15 @@ class UnavailableEmbedder:
 
 def _scheme(uri: str) -> str:
     return uri.partition(":")[0].strip().lower()
+
+
+def _retired(repo: str, uri: str) -> str:
+    return (
+        f"repo {repo!r} holds vectors of the embedder {uri}, the hashed embedder's earlier "
+        "features (words split and stemmed another way), which this mnemo no longer makes; "
+        "its vectors would not compare with today's hash2: ingest its sources again into a "
+        "new repo (reading its nodes needs no embedder)"
+    )
 
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
@@ -93,6 +109,16 @@ class RepoModels:
         self._records[repo] = (llm, embedder)
         return changed
 
+    def refusal(self, repo: str) -> str | None:
+        """Why no embedder may be recorded for `repo` in place of the recorded one (its
+        vectors are of retired features), or None."""
+        record = self._records.get(repo)
+        if record is None or _scheme(_LEGACY_EMBEDDERS.get(record[1], record[1])) not in (
+            _RETIRED_SCHEMES
+        ):
+            return None
+        return _retired(repo, record[1])
+
     def llm(self, repo: str) -> LLM:
         """The repo's LLM when `open_repo` is given none."""
         return self._repos[repo][0] if repo in self._repos else self._llm
@@ -122,6 +148,10 @@ class RepoModels:
         uri = _LEGACY_EMBEDDERS.get(uri, uri).format(dim=dim)
         if uri == "hash:512":
             uri = "hash"
+        if _scheme(uri) in _RETIRED_SCHEMES:
+            return UnavailableEmbedder(uri, dim, _retired(repo, uri))
+        if uri == "hash2:512":
+            uri = "hash2"
         if self._embedder_given or _scheme(uri) not in _EMBEDDER_SCHEMES:
             return self._embedder
         if uri == model_uri(self._embedder):

@@ -5,7 +5,9 @@ LLMs: `offline` (the default), `openai:MODEL`, `anthropic:MODEL[@BASE_URL]`,
 `openai-compatible:MODEL@BASE_URL` (Ollama, vLLM, llama.cpp, ...). Embedders: `minilm`,
 `e5-small-q4` (the `e5` extra), `hash[:DIM]`, `openai:MODEL[@BASE_URL]`. Each adapter's
 `.name` is its URI, so a repo records the URI of the models it was opened with and a later
-`Memory` builds them again.
+`Memory` builds them again. `hash` builds the hashed embedder of today's features, whose name
+is `hash2[:DIM]` (`hash2` is accepted too); a record of `hash` names the features it had
+before, which no longer exist (`adapters/recorded.py`).
 
 A URI may end in settings for its adapter, as a query: `?temperature=0.7&timeout=300`.
 An LLM (but `offline`) takes `temperature` (a number >= 0, or `server` to leave it to the
@@ -260,7 +262,8 @@ def embedder_from_uri(
     dim: int | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Embedder:
-    """The embedder a URI names: `minilm`, `e5-small-q4`, `hash[:DIM]` (512 by default) or
+    """The embedder a URI names: `minilm`, `e5-small-q4`, `hash[:DIM]` (512 by default; also
+    written `hash2[:DIM]`, its name) or
     `openai:MODEL[@BASE_URL]` (which takes `?timeout=...&max_concurrency=...`). `dim` is the
     dimension already known (a repo's), which spares an
     OpenAI embedder the request that detects it. Keys come from `env` (default: `os.environ`).
@@ -274,7 +277,7 @@ def embedder_from_uri(
     scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()
     settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())
-    if scheme in ("minilm", "e5-small-q4", "hash") and base_url is not None:
+    if scheme in ("minilm", "e5-small-q4", "hash", "hash2") and base_url is not None:
         raise ModelURIError(f"the {scheme} embedder runs here, it takes no URL: {text!r}", uri=text)
     if scheme == "minilm":
         if model:
@@ -290,12 +293,12 @@ def embedder_from_uri(
         return E5SmallEmbedder()
     from mnemo.adapters.hashing import HashEmbedder
 
-    if scheme == "hash":
+    if scheme in ("hash", "hash2"):
         if not model:
             return HashEmbedder()
         if not model.isdigit() or int(model) < 1:
             raise ModelURIError(
-                f"hash:DIM needs a positive whole dimension, got {text!r}", uri=text
+                f"{scheme}:DIM needs a positive whole dimension, got {text!r}", uri=text
             )
         return HashEmbedder(int(model))
     if scheme == "openai":

@@ -59,7 +59,7 @@ def entity_names(text: str) -> list[str]:
         found.append(speaker.group(1))
         text = text[speaker.end() :]
     for sentence in _text.sentences(text) or [text]:
-        words = _text.words(sentence)
+        words = [_text.without_clitic(word) for word in _text.words(sentence)]
         i = 1  # the first word of a sentence is capitalised whatever it is
         while i < len(words):
             j = i

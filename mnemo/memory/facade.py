@@ -189,7 +189,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
         Raises:
             InvalidInputError: a blank name or a config that is not a `Config`.
-            EmbeddingError: the embedder's dimension differs from the repo's vectors'.
+            EmbeddingError: the embedder's dimension differs from the repo's vectors', or an
+                embedder is given for a repo of the hashed embedder's retired features.
             StorageError: "read_only", a repo the store does not hold on an inspecting Memory.
         """
         if self._inspect:

@@ -120,6 +120,9 @@ class Repos:
         self.adopt(llm, embedder)
         await detect_dim(chosen_embedder)
         known = self._runtimes.get(name)
+        refusal = self._models.refusal(name) if known is not None else None
+        if refusal is not None and embedder is not None:
+            raise EmbeddingError(refusal)
         if known is not None and self._dims[name] != chosen_embedder.dim:
             raise EmbeddingError(
                 f"repo {name!r} holds vectors of dimension {self._dims[name]}, but the "

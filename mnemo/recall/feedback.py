@@ -7,20 +7,14 @@ and goes into a second lexical query. Pure: the caller searches.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Sequence
 
 from mnemo import text as _text
-from mnemo.text import text_words
 
 # How many of the best lexical hits feed back, and in how many of them a word must appear.
 FEEDBACK_DOCS = 5
 MIN_SHARED = 2
-# "didn't", "doesn't": a search splits them at the apostrophe, and "didn" is no content word.
-# Anchored at a word's start: unanchored, a long run of letters was tried from each of its
-# characters (quadratic: 17 s for a 32k-character text, on the event loop).
-_NOT = re.compile(r"\b\w+n['\u2018\u2019\u02bc]t\b", re.IGNORECASE)
 
 
 def feedback_terms(
@@ -29,16 +23,15 @@ def feedback_terms(
     """At most `n` words of `documents` to add to `query`: content words (no stopwords, no
     digits, three characters or more, an underscored identifier whole; see `_content`)
     absent from the query, found in at least `min_shared` documents; the most shared first,
-    then the most frequent, then the first seen. Words are split as a search splits them."""
-    asked = {_text.stem(w.lower()) for w in text_words(query)}
+    then the most frequent, then the first seen. Words are split as a search splits them
+    (`text.parts`), from the words that are no stopwords whole: "didn't" gives no "didn"."""
+    asked = {_text.stem(w.lower()) for w in _text.text_words(query)}
     shared: dict[str, int] = {}
     counts: dict[str, int] = {}
     first: dict[str, int] = {}
     for document in documents:
         seen: set[str] = set()
-        # Split as the search will split them (whole words with their marks, composed).
-        for word in text_words(_NOT.sub(" ", document)):
-            lower = word.lower()
+        for lower in _search_words(document):
             if not _content(lower) or _text.is_stopword(lower) or _text.stem(lower) in asked:
                 continue
             counts[lower] = counts.get(lower, 0) + 1
@@ -51,6 +44,12 @@ def feedback_terms(
         key=lambda w: (-shared[w], -counts[w], first[w]),
     )
     return ranked[:n]
+
+
+def _search_words(document: str) -> list[str]:
+    """The lower-cased words a search reads in `document`, but those of a stopword."""
+    return [part for word in _text.tokens(document) if not _text.is_stopword(word)
+            for part in _text.parts(word)]
 
 
 def _content(word: str) -> bool:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
 
 import anyio.to_thread
 
@@ -74,11 +72,10 @@ def keywords(query: str) -> str:
     OR query (measured on LoCoMo: R@10 0.40 -> 0.52 lexical-only). All of it if nothing is
     left.
 
-    The rest stays as written, for the search to split (`mnemo.text.query_words`):
-    rebuilt from `_text.words`, "हिन्दी" was ह, न and द, as those stop at a combining mark.
-    Composed first, so that an accent is no mark beside a stopword's letters ("a" in "á").
+    The rest stays as written, for the search to split (`mnemo.text.query_words`), composed
+    (NFC), so that an accent is no mark beside a stopword's letters ("a" in "á").
     """
-    kept = _text.without_stopwords(unicodedata.normalize("NFC", query))
+    kept = _text.without_stopwords(query)
     return kept if query_words(kept) else query
 
 
@@ -91,12 +88,7 @@ RESTATED_WORDS = 2 * MAX_QUERY_TERMS
 def words(query: str) -> list[str]:
     """The query's lower-cased words, as `restatement` compares them: at most
     `RESTATED_WORDS` + 1 (a longer query restates nothing)."""
-    return _first_tokens(query, RESTATED_WORDS + 1)
-
-
-def _first_tokens(text: str, n: int) -> list[str]:
-    """The first `n` lower-cased words of `text` (`_text.tokens`), read no further."""
-    return [m.group() for m in islice(_text.WORD.finditer(_text.normalise(text).lower()), n)]
+    return _text.first_tokens(query, RESTATED_WORDS + 1)
 
 
 # A near-exact restatement may differ by one word only when it is at least this long: in a
@@ -112,7 +104,7 @@ def restatement(query: Sequence[str], text: str) -> int | None:
     the query's words: at most `len(query) + 2` words of `text` are read."""
     if not query or len(query) > RESTATED_WORDS:
         return None
-    other = _first_tokens(text, len(query) + 2)
+    other = _text.first_tokens(text, len(query) + 2)
     if other == list(query):
         return 0
     if min(len(query), len(other)) < _NEAR_EXACT_WORDS or abs(len(query) - len(other)) > 1:

@@ -21,11 +21,12 @@ def cosine(embedder: HashEmbedder, a: str, b: str) -> float:
 
 
 def test_hash_embedder_is_an_embedder() -> None:
-    """HashEmbedder satisfies the Embedder protocol and names its scheme."""
+    """HashEmbedder satisfies the Embedder protocol and names its scheme and features'
+    version (hash2: the words and stems of `mnemo.text`)."""
     embedder = HashEmbedder()
     assert isinstance(embedder, Embedder)
     assert embedder.dim == 512
-    assert embedder.name == "hash"
+    assert embedder.name == "hash2"
 
 
 async def test_shape_dtype_and_norm() -> None:

@@ -59,12 +59,12 @@ async def test_explicit_models_win_over_the_record_and_are_recorded(tmp_path: Pa
     db = tmp_path / "m.db"
     async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(32)) as mem:
         await mem.open_repo(REPO)
-    assert recorded(db)[REPO] == ("hash:32", "offline", 32)
+    assert recorded(db)[REPO] == ("hash2:32", "offline", 32)
     async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(32), llm=mnemo.OpenAICompatible(
         "m", base_url="http://127.0.0.1:9/v1"
     )) as mem:
         await mem.open_repo(REPO)
-    assert recorded(db)[REPO] == ("hash:32", "openai-compatible:m@http://127.0.0.1:9/v1", 32)
+    assert recorded(db)[REPO] == ("hash2:32", "openai-compatible:m@http://127.0.0.1:9/v1", 32)
 
 
 async def test_no_key_is_ever_recorded(tmp_path: Path) -> None:
@@ -105,18 +105,71 @@ async def test_a_recorded_model_without_its_key_says_which_variable(
             await mem.append(sid, "obs", "act")
 
 
-async def test_a_repo_recorded_with_the_old_hash_name_still_opens(tmp_path: Path) -> None:
-    """A repo recorded before URIs (embedder "hash-ngram-v1", no llm) runs the hashed
-    embedder of its dimension and the default LLM, and recall works without flags."""
-    db = tmp_path / "m.db"
-    async with mnemo.Memory(db, embedder=mnemo.HashEmbedder()) as mem:
+def _earlier_hash(dim: int = 512) -> mnemo.HashEmbedder:
+    """A hashed embedder recorded under the name the earlier features had (`hash[:DIM]`):
+    what a store written before today's tokenizer and stemmer holds."""
+    embedder = mnemo.HashEmbedder(dim)
+    embedder.name = "hash" if dim == 512 else f"hash:{dim}"
+    return embedder
+
+
+async def _store_of_the_earlier_features(store: str, dim: int = 512) -> None:
+    async with mnemo.Memory(store, embedder=_earlier_hash(dim)) as mem:
         await mem.open_repo(REPO)
         await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("nginx on 80", "ok")]),
                          source_id="s")
+
+
+async def test_a_repo_of_the_earlier_hashed_features_is_refused_not_searched(
+    store: str,
+) -> None:
+    """A repo whose vectors the hashed embedder made with its earlier features (recorded as
+    "hash") is never queried with today's (hash2) on either backend: its nodes read, while a
+    recall, an append or an open_repo that records another embedder raise EmbeddingError
+    saying why, whether the Memory was given no embedder, today's hashed one, or another;
+    the record is left as it was."""
+    await _store_of_the_earlier_features(store)
+    for given in (None, mnemo.HashEmbedder()):
+        async with mnemo.Memory(store, embedder=given) as mem:
+            assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+            with pytest.raises(mnemo.EmbeddingError, match="earlier features") as caught:
+                await mem.recall(REPO, "nginx")
+            assert "repo 'r'" in str(caught.value)
+            await mem.open_repo(REPO)  # no embedder given: the record stays
+            sid = await mem.start_session("g", repo=REPO)
+            with pytest.raises(mnemo.EmbeddingError, match="earlier features"):
+                await mem.append(sid, "nginx on 8080", "edit the config")
+            for embedder in (mnemo.HashEmbedder(), _earlier_hash()):
+                with pytest.raises(mnemo.EmbeddingError, match="earlier features"):
+                    await mem.open_repo(REPO, embedder=embedder)
+    async with mnemo.Memory(store) as mem:
+        with pytest.raises(mnemo.EmbeddingError, match="earlier features"):
+            await mem.recall(REPO, "nginx")
+
+
+async def test_a_repo_recorded_with_the_oldest_hash_name_is_refused_too(tmp_path: Path) -> None:
+    """A repo recorded before URIs (embedder "hash-ngram-v1", no llm) holds the earlier
+    hashed features too: its nodes read, a recall says why it cannot run."""
+    db = tmp_path / "m.db"
+    await _store_of_the_earlier_features(str(db), dim=64)
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE repos SET embedder = 'hash-ngram-v1', llm = NULL")
+    async with mnemo.Memory(db) as mem:
+        assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        with pytest.raises(mnemo.EmbeddingError, match="hash:64, the hashed embedder's"):
+            await mem.recall(REPO, "nginx")
+    assert recorded(db)[REPO] == ("hash-ngram-v1", None, 64)
+
+
+async def test_a_repo_of_todays_hashed_features_reopens_with_them(tmp_path: Path) -> None:
+    """A repo recorded as hash2 runs today's hashed embedder when reopened without one."""
+    db = tmp_path / "m.db"
+    async with mnemo.Memory(db, embedder=mnemo.HashEmbedder(64)) as mem:
+        await mem.open_repo(REPO)
+        await mem.ingest(REPO, mnemo.Trajectory("g", [mnemo.Step("nginx on 80", "ok")]),
+                         source_id="s")
     async with mnemo.Memory(db) as mem:
         result = await mem.recall(REPO, "nginx")
         assert any("nginx" in m.node.text for m in result.memories)
         await mem.open_repo(REPO)
-    assert recorded(db)[REPO] == ("hash", "offline", 512)
+    assert recorded(db)[REPO] == ("hash2:64", "offline", 64)

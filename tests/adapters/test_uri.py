@@ -40,15 +40,17 @@ def test_each_llm_form_builds_its_adapter_named_by_its_uri(
 @pytest.mark.parametrize(
     ("uri", "dim", "name"),
     [
-        ("hash", 512, "hash"),
-        ("hash:64", 64, "hash:64"),
-        ("HASH:64", 64, "hash:64"),
+        ("hash", 512, "hash2"),
+        ("hash:64", 64, "hash2:64"),
+        ("HASH:64", 64, "hash2:64"),
+        ("hash2:64", 64, "hash2:64"),
         ("minilm", 384, "minilm"),
         ("e5-small-q4", 384, "e5-small-q4"),
     ],
 )
 def test_local_embedders_are_built_with_their_dimension(uri: str, dim: int, name: str) -> None:
-    """hash[:DIM] and minilm build local embedders whose name is the canonical URI."""
+    """hash[:DIM] and minilm build local embedders whose name is the canonical URI (the
+    hashed embedder's names its features' version, hash2)."""
     embedder = mnemo.embedder_from_uri(uri, env={})
     assert (embedder.dim, model_uri(embedder)) == (dim, name)
 
@@ -70,7 +72,7 @@ def test_adapters_made_by_hand_carry_the_same_uris() -> None:
         == "openai-compatible:m@http://h:1/v1"
     )
     assert mnemo.Anthropic("c", api_key="k").name == "anthropic:c"
-    assert mnemo.HashEmbedder(32).name == "hash:32"
+    assert mnemo.HashEmbedder(32).name == "hash2:32"
     assert mnemo.OfflineLLM().name == "offline"
 
 

@@ -92,6 +92,12 @@ def test_entity_names_are_the_speaker_and_capitalised_names() -> None:
     assert entity_names("no names at all. Really none") == []
 
 
+def test_a_name_is_one_tag_with_or_without_its_clitic() -> None:
+    """A possessive or a short verb after a name is no part of it: "McGee's" names McGee."""
+    line = "James (8 May, 2023): We met at McGee\u2019s bar, and Samantha's cousin came."
+    assert entity_names(line) == ["James", "McGee", "Samantha"]
+
+
 @pytest.mark.parametrize("on", [False, True])
 async def test_entity_tags_link_steps_to_one_tag_per_name(store: str, on: bool) -> None:
     """With `ingest_entity_tags`, every step joins a TAG per name (one node per name across

@@ -23,16 +23,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mnemo.adapters.uri import ModelURIError, embedder_from_uri, llm_from_uri, model_uri
+from mnemo.adapters.uri import (
+    EMBEDDER_SCHEMES,
+    LLM_SCHEMES,
+    ModelURIError,
+    embedder_from_uri,
+    llm_from_uri,
+    model_uri,
+)
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
-_LLM_SCHEMES = {"offline", "openai", "anthropic", "openai-compatible"}
-_EMBEDDER_SCHEMES = {"minilm", "hash2", "openai"}
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
 # The hashed embedder of features that no longer exist (see the module doc).
 _RETIRED_SCHEMES = {"hash"}
+# Every scheme a URI builds is rebuilt from a record, but those whose records name retired
+# features: a list of its own fell behind the URIs once (e5-small-q4 was missing from it, and
+# such a repo ran the default MiniLM, of the same dimension, without a word).
+_LLM_SCHEMES = frozenset(LLM_SCHEMES)
+_EMBEDDER_SCHEMES = frozenset(EMBEDDER_SCHEMES) - _RETIRED_SCHEMES
 
 
 class UnavailableLLM:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
@@ -44,9 +44,11 @@ __all__ = [
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
+    "Staging",
     "StepsCommitted",
     "SweepResult",
     "TypedLink",
+    "Unstaged",
 ]
 
 
@@ -145,6 +147,29 @@ class SourceTaken(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Staging:
+    """A repo's re-embedding as the store holds it (`mnemo.graph.reembed`): the URI and the
+    dimension of the embedder its staged vectors are made with, how many of the repo's nodes
+    have one, of how many, and whether it carries on with what one before it staged (a
+    re-embedding with the same embedder that was cut short)."""
+
+    embedder: str
+    dim: int
+    staged: int
+    total: int
+    resumed: bool
+
+
+class Unstaged(NamedTuple):
+    """A node of a repo being re-embedded that has no staged vector yet."""
+
+    rowid: int
+    id: str
+    type: NodeType
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class MergeResult:
     """What one consolidation transaction did."""
 
@@ -184,6 +209,11 @@ class GraphStore(Protocol):
         ...
 
     def dim(self, repo: str) -> int: ...
+
+    def generation(self, repo: str) -> int | None:
+        """The generation of the repo's vectors (`RepoRow.generation`) as the last look at
+        them saw it (`reading`, a search, a commit), None before the first."""
+        ...
 
     async def apply(
         self,
@@ -331,6 +361,57 @@ class GraphStore(Protocol):
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's indexes built in the background have caught up."""
+        ...
+
+    # Re-embedding (`mnemo.graph.reembed`): new vectors staged beside the old ones, then put
+    # in place in one transaction.
+
+    def reembedding(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """The repo's re-embedding, one at a time across every process on the store: the
+        block is entered at once or not at all; a process that dies lets it go.
+
+        Raises:
+            ConflictError: another re-embedding of the repo holds it.
+        """
+        ...
+
+    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
+        """Starts the repo's re-embedding with the embedder of URI `embedder`, whose vectors
+        have `dim` dimensions, or carries on with the one under way if it is of the same
+        embedder and dimension (another's staged vectors are dropped)."""
+        ...
+
+    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
+        """Up to `limit` of the repo's nodes past rowid `after` with no staged vector, in
+        rowid order."""
+        ...
+
+    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
+        """Stages a vector (a row of `vectors`) for each node still in the repo, in one
+        transaction."""
+        ...
+
+    async def unstage_changed(self, repo: str) -> None:
+        """Drops the staged vectors of nodes whose text changed since the re-embedding last
+        looked at the node log (all of the repo's when the log no longer reaches back)."""
+        ...
+
+    async def switch_vectors(self, repo: str) -> tuple[int, int]:
+        """Puts the staged vectors in place of the repo's vectors, records the embedder and
+        dimension they were made with and the next generation of the repo's vectors, and
+        ends the re-embedding, in one transaction; the caller holds `lock(repo)`. Returns
+        (the new generation, how many vectors were put in place).
+
+        Raises:
+            StorageError: no re-embedding is under way, or a node has no staged vector;
+                nothing was written.
+        """
+        ...
+
+    async def vectors_switched(self, repo: str, dim: int) -> None:
+        """Brings what the backend keeps beside the repo's vectors (indexes, saved graphs)
+        in step with the vectors just switched, of `dim` dimensions (after the repo's lock
+        is let go: it may take long)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -107,9 +107,9 @@ async def test_a_recall_looks_at_the_log_once_and_sees_what_was_written_before(
     looks: list[int] = []
     behind = Followed.behind
 
-    def counted(self: Followed, seq: int, horizon: int) -> bool:
+    def counted(self: Followed, seq: int, horizon: int, generation: int | None = None) -> bool:
         looks.append(seq)
-        return behind(self, seq, horizon)
+        return behind(self, seq, horizon, generation)
 
     fact = "Bees make honey in the summer months."
     async with memory(store) as a, memory(store) as b:

@@ -27,11 +27,17 @@ from mnemo.errors import StorageError
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
-from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.vector_log import CHANGED_OF_KINDS, Change, Followed, Follower
+from mnemo.storage.vector_log import (
+    CHANGED_OF_KINDS,
+    VECTOR_STATE,
+    Change,
+    Followed,
+    Follower,
+    VectorState,
+)
 
 log = logging.getLogger("mnemo")
 
@@ -68,15 +74,30 @@ class PgVectors:
 
     # ---- following writes -----------------------------------------------------------------
 
-    async def index_if_large(self, repo: str) -> None:
+    async def index_if_large(self, repo: str, dim: int | None = None) -> None:
         """Creates the repo's HNSW index once it holds more vectors than are searched exactly
         (after a commit). A smaller repo has none: searched exactly, it would never use one,
         and each inserted vector would pay for a search of its graph (a commit goes 7-13x
         faster without it, BENCHMARKS.md)."""
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
-                await schema.ensure_vector_index(conn, repo, self._dims(repo))
+                await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
             self._indexed.add(repo)
+
+    def loaded(self, repo: str) -> VectorIndex | None:
+        """The repo's routes if they are loaded (as they were at their last use)."""
+        return self._routes.loaded(repo)
+
+    async def switched(self, repo: str, dim: int) -> None:
+        """The repo's vectors were all made again (`PgGraph.vectors_switched`): its HNSW index
+        (dropped with the old vectors) is built again if it is large, of `dim` dimensions,
+        and its routes' saved graphs go."""
+        self._indexed.discard(repo)
+        self._sizes.pop(repo, None)
+        await self.index_if_large(repo, dim)
+        folder = await self._graph_folder(repo)
+        if folder is not None:
+            await anyio.to_thread.run_sync(ann_files.discard, folder)
 
     def added(self, repo: str, new: int) -> None:
         """A commit wrote `new` vectors (its routes reach the index from the node log, with
@@ -151,22 +172,25 @@ class PgVectors:
         # be walked waits for a larger one.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
         folder = None if faiss is None else await self._graph_folder(repo)
-        # The log's sequence first: what changes after it is applied again later.
-        seq = (await self._state(repo))[0]
-        followed = Followed(VectorIndex(self._dims(repo)), seq, ROUTES)
-        rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
+        # The log's state first: what changes after it is applied again later; the vectors
+        # read next are of its generation, or a later one (the next look loads them again).
+        state = await self._state(repo)
+        dim = state.dim or self._dims(repo)
+        followed = Followed(VectorIndex(dim, generation=state.generation), state.seq, ROUTES)
+        rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES], dim)
         followed.load(rowids, ids, types, matrix)
         # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
         ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
         return followed
 
-    async def _state(self, repo: str) -> tuple[int, int]:
-        return state_of(await self._pg.fetch_all(STATE.replace("?", "%s"), (repo,)))
+    async def _state(self, repo: str) -> VectorState:
+        return VectorState.of(await self._pg.fetch_all(VECTOR_STATE.replace("?", "%s"), (repo,)))
 
     async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
         """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
-        seq, horizon = await self._state(repo)
-        if not followed.behind(seq, horizon):
+        state = await self._state(repo)
+        seq = state.seq
+        if not followed.behind(seq, state.horizon, state.generation):
             return None
         rows = await self._pg.fetch_all(
             CHANGED_OF_KINDS.replace("?", "%s"),
@@ -225,15 +249,18 @@ class PgVectors:
         return self._sizes[repo]
 
     async def _load(
-        self, repo: str, kinds: list[str]
+        self, repo: str, kinds: list[str], dim: int | None = None
     ) -> tuple[list[int], list[str], list[NodeType], Vector]:
-        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first."""
+        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first
+        (of dimension `dim`, else the vectors' own, else the repo's as this Memory knows it)."""
         rows = await self._pg.fetch_all(
             "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
             " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
             (repo, kinds), binary=True,
         )
-        matrix = np.zeros((len(rows), self._dims(repo)), dtype=np.float32)
+        if dim is None:
+            dim = len(rows[0][3]) if rows else self._dims(repo)
+        matrix = np.zeros((len(rows), dim), dtype=np.float32)
         for i, (_, _, _, vec) in enumerate(rows):
             matrix[i] = vec
         return ([int(r[0]) for r in rows], [str(r[1]) for r in rows],

@@ -22,10 +22,16 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
-from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
-from mnemo.storage.vector_log import CHANGED, Change, Followed, Follower
+from mnemo.storage.vector_log import (
+    CHANGED,
+    VECTOR_STATE,
+    Change,
+    Followed,
+    Follower,
+    VectorState,
+)
 
 
 class SqliteVectors:
@@ -109,19 +115,21 @@ class SqliteVectors:
         return await self._database.run(lambda db: _changes(db, repo, followed))
 
     async def _load(self, repo: str) -> Followed:
-        dim = self._dims(repo)
-        seq, rowids, ids, types, vectors = await self._database.run(
-            lambda db: _load_vectors(db, repo, dim))
-        followed = Followed(VectorIndex(self._dims(repo)), seq)
-        followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
+        known = self._dims(repo)
+        state, rowids, ids, types, vectors = await self._database.run(
+            lambda db: _load_vectors(db, repo, known))
+        # The dimension the store records: another Memory may have made the vectors again.
+        dim = state.dim or known
+        followed = Followed(VectorIndex(dim, generation=state.generation), state.seq)
+        followed.load(rowids, ids, types, vectors.reshape(len(ids), dim))
         if self._ann_threshold is not None:
             # The first load imports faiss (about 90 ms): in a thread, not on the loop.
             await anyio.to_thread.run_sync(ann.load_faiss)
             ann.attach(followed.index, threshold=self._ann_threshold,
-                       params=self._ann_params, folder=self._graph_folder(repo))
+                       params=self._ann_params, folder=self.graph_folder(repo))
         return followed
 
-    def _graph_folder(self, repo: str) -> Path | None:
+    def graph_folder(self, repo: str) -> Path | None:
         """Where the repo's HNSW graphs are saved (None: not saved)."""
         return None if self._ann_dir is None else ann_files.repo_folder(self._ann_dir, repo)
 
@@ -130,17 +138,18 @@ class SqliteVectors:
 _CHANGED = CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
 
 
-def _state(db: SqliteUtilsDatabase, repo: str) -> tuple[int, int]:
-    return state_of(db.conn.execute(STATE, (repo,)).fetchall())
+def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
+    return VectorState.of(db.conn.execute(VECTOR_STATE, (repo,)).fetchall())
 
 
 def _changes(
     db: SqliteUtilsDatabase, repo: str, followed: Followed
 ) -> tuple[int, list[Change]] | None:
     """The log's sequence and the nodes changed since `followed`'s, None if none; raises
-    `Reload` when the log no longer reaches back that far."""
-    seq, horizon = _state(db, repo)
-    if not followed.behind(seq, horizon):
+    `Reload` when the log no longer reaches back that far, or the vectors were made again."""
+    state = _state(db, repo)
+    seq = state.seq
+    if not followed.behind(seq, state.horizon, state.generation):
         return None
     rows = db.conn.execute(_CHANGED, (repo, followed.seq, seq, repo)).fetchall()
     return seq, [
@@ -151,11 +160,12 @@ def _changes(
 
 
 def _load_vectors(
-    db: SqliteUtilsDatabase, repo: str, dim: int
-) -> tuple[int, list[int], list[str], list[NodeType], Vector]:
-    """The log's sequence, read first (what changes after it is applied again later), then
-    the repo's rowids, ids, types and vectors in rowid order."""
-    seq = _state(db, repo)[0]
+    db: SqliteUtilsDatabase, repo: str, known: int
+) -> tuple[VectorState, list[int], list[str], list[NodeType], Vector]:
+    """The log's state, read first (what changes after it is applied again later; one read,
+    so its generation is the vectors' read next), then the repo's rowids, ids, types and
+    vectors in rowid order (of the recorded dimension, else `known`)."""
+    state = _state(db, repo)
     rowids: list[int] = []
     ids: list[str] = []
     types: list[NodeType] = []
@@ -169,4 +179,4 @@ def _load_vectors(
         ids.append(node_id)
         types.append(NodeType(kind))
         blobs.append(blob)
-    return seq, rowids, ids, types, vectors_of_halves(blobs, dim)
+    return state, rowids, ids, types, vectors_of_halves(blobs, state.dim or known)

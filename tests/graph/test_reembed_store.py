@@ -1,0 +1,177 @@
+"""A repo's re-embedding in the store, on both backends (`GraphStore`'s re-embedding methods):
+new vectors staged beside the old ones, put in place by one switch, and every process's
+vectors in memory loading the new ones once the generation moved. `Memory.reembed` drives
+these; tests/graph/test_reembed.py tests it."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import pytest
+
+import mnemo
+from mnemo.graph.commit import CommitTarget
+from mnemo.graph.model import Vector
+from mnemo.graph.ports import GraphStore, Unstaged
+from mnemo.graph.vectors import VectorIndex
+from tests.backends import sql
+
+REPO = "r"
+
+
+def memory(store: str) -> mnemo.Memory:
+    return mnemo.Memory(store, embedder=mnemo.HashEmbedder(64))
+
+
+async def filled(mem: mnemo.Memory) -> None:
+    await mem.open_repo(REPO)
+    steps = [mnemo.Step("Tomatoes need six hours of sun.", "water the tomatoes"),
+             mnemo.Step("The kettle is on the stove.", "boil water for tea")]
+    await mem.ingest(REPO, mnemo.Trajectory("garden and kitchen", steps), source_id="s")
+
+
+def new_vectors(nodes: list[Unstaged], dim: int = 32) -> Vector:
+    """A vector along the first axis for every node: nothing the old ones could be."""
+    vectors = np.zeros((len(nodes), dim), dtype=np.float32)
+    vectors[:, 0] = 1.0
+    return vectors
+
+
+async def stage_all(graph: GraphStore, batch: int = 3) -> int:
+    staged, after = 0, 0
+    while nodes := await graph.unstaged(REPO, after, batch):
+        await graph.stage(REPO, nodes, new_vectors(nodes))
+        after = nodes[-1].rowid
+        staged += len(nodes)
+    return staged
+
+
+async def vectors_of(mem: mnemo.Memory) -> VectorIndex:
+    """The repo's vectors as the Memory holds them in memory (a commit's view of them)."""
+    return await cast(CommitTarget, mem._graph).vector_index(REPO)
+
+
+async def record(mem: mnemo.Memory) -> tuple[str, int, int]:
+    rows = await sql(mem, "SELECT embedder, dim, vectors_generation FROM repos WHERE name = ?",
+                     REPO)
+    return rows[0][0], rows[0][1], rows[0][2]
+
+
+async def test_staged_vectors_take_the_old_ones_place_in_one_switch(store: str) -> None:
+    """Until the switch the repo holds its old vectors and record (searches find them); the
+    switch puts every staged vector in place, records the embedder, its dimension and the
+    next generation, and leaves nothing staged."""
+    async with memory(store) as mem:
+        await filled(mem)
+        graph = mem._graph
+        total = len(await sql(mem, "SELECT id FROM nodes WHERE repo = ?", REPO))
+        staging = await graph.begin_reembed(REPO, "hash2:32", 32)
+        assert (staging.staged, staging.total, staging.resumed) == (0, total, False)
+        assert await stage_all(graph) == total
+        assert await record(mem) == ("hash2:64", 64, 0)
+        old = await graph.search_vectors(REPO, np.ones(64, dtype=np.float32), 50)
+        assert len(old) == total
+        async with graph.lock(REPO):
+            assert await graph.switch_vectors(REPO) == (1, total)
+        assert await record(mem) == ("hash2:32", 32, 1)
+        assert not await sql(mem, "SELECT * FROM staged_vectors")
+        assert not await sql(mem, "SELECT * FROM reembeds")
+        index = await vectors_of(mem)
+        assert (index.generation, index.dim) == (1, 32)
+        found = await graph.search_vectors(REPO, np.eye(32, dtype=np.float32)[0], 50)
+        assert len(found) == total
+        assert all(score == pytest.approx(1.0) for _, score in found)
+
+
+async def test_a_switch_with_a_node_left_unstaged_writes_nothing(store: str) -> None:
+    """A node without a staged vector (committed after the catch-up) refuses the switch:
+    the repo keeps its old vectors and record, and the re-embedding its staged vectors."""
+    async with memory(store) as mem:
+        await filled(mem)
+        graph = mem._graph
+        await graph.begin_reembed(REPO, "hash2:32", 32)
+        nodes = await graph.unstaged(REPO, 0, 1000)
+        await graph.stage(REPO, nodes[1:], new_vectors(nodes[1:]))
+        async with graph.lock(REPO):
+            with pytest.raises(mnemo.StorageError, match="1 nodes of repo 'r' have no new"):
+                await graph.switch_vectors(REPO)
+        assert await record(mem) == ("hash2:64", 64, 0)
+        assert len(await sql(mem, "SELECT * FROM staged_vectors")) == len(nodes) - 1
+        assert [n.id for n in await graph.unstaged(REPO, 0, 1000)] == [nodes[0].id]
+
+
+async def test_a_node_changed_or_deleted_after_it_was_staged_is_not_switched_stale(
+    store: str,
+) -> None:
+    """A node whose text changed after its vector was staged loses it at the next look at
+    the node log (`unstage_changed`) and is embedded again; one deleted takes its staged
+    vector with it, and staging a node deleted meanwhile stages nothing."""
+    async with memory(store) as mem:
+        await filled(mem)
+        graph = mem._graph
+        await graph.begin_reembed(REPO, "hash2:32", 32)
+        nodes = await graph.unstaged(REPO, 0, 1000)
+        kept, reworded, gone = nodes[0], nodes[1], nodes[2]
+        await graph.stage(REPO, [kept, reworded], new_vectors([kept, reworded]))
+        await sql(mem, "UPDATE nodes SET text = 'reworded' WHERE id = ?", reworded.id)
+        await sql(mem, "DELETE FROM nodes WHERE id = ?", gone.id)
+        await graph.stage(REPO, [gone], new_vectors([gone]))
+        await graph.unstage_changed(REPO)
+        left = {n.id: n.text for n in await graph.unstaged(REPO, 0, 1000)}
+        assert left.get(reworded.id) == "reworded"
+        assert not {kept.id, gone.id} & set(left)
+        assert len(await sql(mem, "SELECT * FROM staged_vectors")) == 1
+
+
+async def test_a_reembedding_with_the_same_embedder_carries_on_another_starts_over(
+    store: str,
+) -> None:
+    """A re-embedding begun again with the embedder and dimension of the one under way
+    keeps what it staged; with another, the staged vectors go."""
+    async with memory(store) as mem:
+        await filled(mem)
+        graph = mem._graph
+        await graph.begin_reembed(REPO, "hash2:32", 32)
+        nodes = await graph.unstaged(REPO, 0, 2)
+        await graph.stage(REPO, nodes, new_vectors(nodes))
+        again = await graph.begin_reembed(REPO, "hash2:32", 32)
+        assert (again.staged, again.resumed) == (2, True)
+        other = await graph.begin_reembed(REPO, "hash2:16", 16)
+        assert (other.staged, other.resumed) == (0, False)
+        assert not await sql(mem, "SELECT * FROM staged_vectors")
+
+
+async def test_one_reembedding_of_a_repo_at_a_time_across_memories(store: str) -> None:
+    """A second re-embedding of the repo, through another Memory (another connection, as
+    another process would have), is refused at once; once the first ends, it may begin."""
+    async with memory(store) as a, memory(store) as b:
+        await filled(a)
+        async with a._graph.reembedding(REPO):
+            with pytest.raises(mnemo.ConflictError, match="being re-embedded"):
+                async with b._graph.reembedding(REPO):
+                    pass
+            with pytest.raises(mnemo.ConflictError):
+                async with a._graph.reembedding(REPO):
+                    pass
+        async with b._graph.reembedding(REPO):
+            pass
+
+
+async def test_vectors_loaded_elsewhere_load_again_after_a_switch(store: str) -> None:
+    """Another Memory's vectors in memory (all of them on SQLite, the routes on PostgreSQL),
+    loaded before the switch, are of the old generation and dimension; its next look loads
+    the new ones (the node log alone says nothing: no text changed)."""
+    async with memory(store) as a, memory(store) as b:
+        await filled(a)
+        await b.open_repo(REPO)
+        before = await vectors_of(b)
+        assert (before.generation, before.dim) == (0, 64)
+        await a._graph.begin_reembed(REPO, "hash2:32", 32)
+        await stage_all(a._graph)
+        async with a._graph.lock(REPO):
+            await a._graph.switch_vectors(REPO)
+        after = await vectors_of(b)
+        assert after is not before
+        assert (after.generation, after.dim) == (1, 32)
+        assert b._graph.generation(REPO) == 1

@@ -31,7 +31,7 @@ from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction import dates
-from mnemo.extraction.entities import embedding_text
+from mnemo.extraction.entities import vector_text
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
@@ -99,8 +99,10 @@ async def extract(
     score_last_step: bool,
     memo: TaskMemo | None = None,
     partial: bool = False,
+    generation: int = 0,
 ) -> Changeset:
-    """Extracts `steps` (grouped by trajectory) into one changeset.
+    """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
+    `embedder` for the repo's vectors of `generation` (`Changeset.generation`).
 
     When `score_last_step`, the last step's deferred reward is scored with its trajectory's
     procedural task; it is written onto the step record when the extraction succeeds.
@@ -146,7 +148,8 @@ async def extract(
             raise failure
         raise named from failure
     done = [r for r in results if r is not None]
-    changeset = await _changeset(repo, episode, source, done, embedder, work.rewards)
+    changeset = await _changeset(repo, episode, source, done, embedder, work.rewards,
+                                 generation)
     if work.failures:
         changeset = replace(changeset, missing=[f"{where}: {exc}" for where, exc in
                                                 work.failures])
@@ -330,11 +333,12 @@ async def _changeset(
     extracted: list[_Extracted],
     embedder: Embedder,
     rewards: dict[str, float],
+    generation: int,
 ) -> Changeset:
     """Turns worker output into nodes and links; embeds every node's text in one call.
     `rewards` are the deferred rewards scored at close (not yet on their step records)."""
     if not extracted:
-        return Changeset(id=_new_id("changeset"), repo=repo)
+        return Changeset(id=_new_id("changeset"), repo=repo, generation=generation)
     pending: list[tuple[str, NodeType, str, dict[str, object], str | None]] = []
     links: list[Link] = []
     # When each fact began to hold: a date it names, resolved against its steps'
@@ -449,27 +453,25 @@ async def _changeset(
             intent_id = add(NodeType.INTENT, ins.intent, {"intent": ins.intent})
             links.append(Link(intent_id, proc_id, LinkType.HIERARCHICAL))
 
-    # Subgoals already have vectors; everything else is embedded in one call.
-    subgoal_vectors = {f"subgoal_{p.steps[0].trajectory_id}": p.steps[0].subgoal_vec
-                       for p in extracted}
-    to_embed = [embedding_text(text) for node_id, _, text, _, _ in pending
-                if node_id not in subgoal_vectors]
-    vectors = iter(await embed(embedder, to_embed))
+    # Every node is embedded here, in one call, subgoals too: their steps' vectors may have
+    # been made before the repo was re-embedded (a session open across it), and a changeset's
+    # vectors are all of one embedder, the one `generation` names.
+    vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
     nodes = [
         NodeDraft(
             id=node_id,
             type=kind,
             text=text,
             data=data,
-            vector=subgoal_vectors[node_id] if node_id in subgoal_vectors else next(vectors),
+            vector=vector,
             key=key,
             source_id=source.source_id,
             valid_from=valid.get(node_id),
         )
-        for node_id, kind, text, data, key in pending
+        for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)
     ]
     return Changeset(id=_new_id("changeset"), repo=repo, nodes=nodes, links=links,
-                     step_ids=step_ids)
+                     step_ids=step_ids, generation=generation)
 
 
 # How much of a step's observation may carry its date stamp, and of a fact its date.

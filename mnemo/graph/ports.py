@@ -10,7 +10,7 @@ each backend knows how to write.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -41,6 +41,7 @@ __all__ = [
     "MergeResult",
     "Neighbor",
     "NodeContext",
+    "Restamp",
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
@@ -83,10 +84,16 @@ class NodeContext:
 More = Callable[[NodeContext], tuple[Sequence[str], Iterable[NodeType]]]
 
 
+# A changeset made for an earlier generation of the repo's vectors, embedded again for
+# the generation given (`mnemo.graph.commit.apply`).
+Restamp = Callable[[Changeset, int], Awaitable[Changeset]]
+
+
 @dataclass(frozen=True, slots=True)
 class IntentPolicy:
-    """How a commit deduplicates intents (the raw-cosine thresholds and the LLM merge) and
-    retires the facts its facts contradict."""
+    """How a commit deduplicates intents (the raw-cosine thresholds and the LLM merge),
+    retires the facts its facts contradict, and embeds again a changeset made before the repo
+    was re-embedded."""
 
     identity_threshold: float
     merge_threshold: float
@@ -96,6 +103,9 @@ class IntentPolicy:
     contradicts: Contradicts | None = None
     contradiction_candidates: int = CANDIDATES
     contradiction_similarity: float = CLOSE
+    # The changeset's vectors made again with the embedder of the repo's vectors now; None:
+    # such a changeset is refused (EmbeddingError).
+    restamp: Restamp | None = None
 
 
 @dataclass(frozen=True, slots=True)

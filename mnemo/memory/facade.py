@@ -17,7 +17,8 @@ and ingest. The methods over sessions, the graph and conversation threads are in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -100,6 +101,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             repo_runtime=repos.get,
             llm_for=repos.llm_for,
             learn_repo=repos.learn,
+            refresh_repo=repos.refresh,
             lease_timeout=self._config.lease_timeout,
             last_answer=repos.usage.last_answer,
         )
@@ -197,6 +199,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await self._repos.learn(name if isinstance(name, str) else None)
             if name not in self._repos.names():
                 self._works(f"open_repo of the new repo {name!r}")
+        if isinstance(name, str) and name in self._repos.names():
+            await self._repos.refresh(name)  # its record, as another Memory may have moved it
         await self._repos.open(
             name, llm=llm, embedder=embedder, config=config,
             save=None if self._inspect else self._sessions_store.save_repo,
@@ -259,9 +263,20 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self._repos.known(repo)
         if reinforce is None:
             reinforce = not self._inspect
-        return await self._recalls.recall(
-            repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
-        )
+        async with self._current(repo):
+            return await self._recalls.recall(
+                repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
+            )
+
+    @asynccontextmanager
+    async def _current(self, repo: str) -> AsyncIterator[None]:
+        """A recall's block: the look at the repo's vectors it takes anyway (`reading`), and
+        the repo's embedder brought up to them when another Memory re-embedded the repo
+        since (the query is then embedded by the embedder of the vectors it is compared
+        with)."""
+        async with self._graph.reading(repo):
+            await self._repos.refresh(repo, self._graph.generation(repo))
+            yield
 
     def _recall_runtime(self, repo: str) -> RecallRuntime:
         runtime = self._repos.embedding(repo)
@@ -301,6 +316,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """
         self._works("ingest")
         await self._repos.known(repo)
+        await self._repos.refresh(repo)
         try:
             return await self._ingests.ingest(repo, trajectory, source_id, progress)
         finally:
@@ -317,13 +333,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 forgotten.
         """
         await self._repos.known(repo)
+        await self._repos.refresh(repo)
         return await self._ingests.forget(repo, source_id)
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:
         runtime = self._repos.embedding(repo)
         llm = self._repos.llm_for(runtime, repo)
         return IngestRuntime(
-            llm, runtime.embedder, runtime.config, self._service.intent_policy(runtime, llm)
+            llm, runtime.embedder, runtime.config,
+            self._service.intent_policy(runtime, llm, repo), runtime.generation,
         )
 
     async def recall_in_context(
@@ -346,7 +364,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             context = None
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
-        return await self._recalls.recall(
-            repo, query, k=k, types=None, reinforce=not self._inspect,
-            session_id=session_id if isinstance(session_id, str) else None,
-        )
+        async with self._current(repo):
+            return await self._recalls.recall(
+                repo, query, k=k, types=None, reinforce=not self._inspect,
+                session_id=session_id if isinstance(session_id, str) else None,
+            )

@@ -42,7 +42,9 @@ class ReembedProgress:
     """How far a re-embedding has got, as `Memory.reembed`'s `progress` callback hears it:
     `done` of the repo's `total` nodes have their new vector (`total` grows when nodes are
     committed meanwhile); `stage` is `"embedding"`, then `"switching"` (the last nodes
-    embedded under the repo's lock, the vectors put in place), then `"done"`."""
+    embedded under the repo's lock, the vectors put in place), `"indexing"` (switched: what
+    the backend keeps beside the vectors is built again, PostgreSQL's HNSW index of a big
+    repo), then `"done"`."""
 
     repo: str
     stage: str
@@ -109,5 +111,4 @@ async def reembed(
             await graph.unstage_changed(repo)
             await stage_all("switching")
             generation, vectors = await graph.switch_vectors(repo)
-    await report(ReembedProgress(repo, "done", vectors, vectors))
     return Reembedded(generation, vectors, staging.resumed)

@@ -196,15 +196,18 @@ class GraphMethods(Parts):
         `Config.extraction_timeout`), their vectors staged beside the old ones. Meanwhile the
         repo is read and written as before, with its old vectors; what is committed
         meanwhile is embedded too, the last of it under the repo's commit lock, and one
-        transaction then switches every vector and the record. Sessions open on the repo go
-        on: what they embedded before the switch is embedded again when they commit. Cut
+        transaction then switches every vector and the record; on PostgreSQL the repo's HNSW
+        index is then built again (without holding up commits; searches are exact until it
+        is ready). Sessions open on the repo go on: what they embedded before the switch is
+        embedded again when they commit. Cut
         short (a killed process, a failing embedder, a cancellation), it leaves the repo
         with its old vectors and record, and its staged vectors: run it again with the same
         embedder to carry on. Another Memory, in any process, runs the new embedder on the
         repo from its next recall, commit, ingest or session start there.
 
         `progress` (sync or async) gets a `ReembedProgress` at the start, after each batch,
-        at the switch and when done; each also goes to `on_event` as a `"reembed_progress"`
+        at the switch, after it and when done; each also goes to `on_event` as a
+        `"reembed_progress"`
         event, and the end as `"repo_reembedded"`. An exception it raises is logged, never
         propagated.
 
@@ -250,7 +253,9 @@ class GraphMethods(Parts):
             batch=batch_size, report=report,
         )
         self._repos.reembedded(repo, target, done.generation)
+        await report(ReembedProgress(repo, "indexing", done.vectors, done.vectors))
         await self._graph.vectors_switched(repo, target.dim)
+        await report(ReembedProgress(repo, "done", done.vectors, done.vectors))
         await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=target.dim,
                                 nodes=done.vectors, resumed=done.resumed)
         return done.vectors

@@ -1,8 +1,8 @@
 """A child process for the re-embedding kill test: it re-embeds repo "r" of the store given
 with the hashed embedder of 32 dimensions, two nodes a batch, printing a line after each batch
-("batch N"), at the switch ("switching") and at the end ("done"). With PAUSE_AT above 0 it
-stops after that batch's line, waiting for a line on stdin that never comes, to be killed
-there: between two batches.
+("batch N"), at the switch ("switching"), after it ("indexing") and at the end ("done"). With
+PAUSE_AT above 0 it stops after that batch's line, waiting for a line on stdin that never
+comes, to be killed there: between two batches.
 
     python -m tests.graph.reembed_child STORE PAUSE_AT
 """

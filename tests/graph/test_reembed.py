@@ -290,7 +290,8 @@ async def test_a_process_killed_while_it_reembeds_leaves_the_repo_whole(store: s
             assert child.stdout is not None
             for _ in range(lines):
                 line = await anyio.to_thread.run_sync(child.stdout.readline)
-                assert line.startswith((b"batch", b"switching", b"done")), "the child died"
+                assert line.startswith((b"batch", b"switching", b"indexing", b"done")), (
+                    "the child died")
         finally:
             child.kill()
             child.wait()

@@ -91,10 +91,19 @@ class PgVectors:
     async def switched(self, repo: str, dim: int) -> None:
         """The repo's vectors were all made again (`PgGraph.vectors_switched`): its HNSW index
         (dropped with the old vectors) is built again if it is large, of `dim` dimensions,
-        and its routes' saved graphs go."""
+        without holding up commits (`schema.build_vector_index`: a failed build is logged,
+        and the next commit here builds it; searches are exact until then), and its routes'
+        saved graphs go."""
         self._indexed.discard(repo)
         self._sizes.pop(repo, None)
-        await self.index_if_large(repo, dim)
+        if await self._size(repo) > self._exact_below:
+            try:
+                async with self._pg.connection() as conn:
+                    await schema.build_vector_index(conn, repo, dim)
+                self._indexed.add(repo)
+            except StorageError as exc:
+                log.warning("mnemo: the HNSW index of repo %r was not built again: %s", repo,
+                            exc)
         folder = await self._graph_folder(repo)
         if folder is not None:
             await anyio.to_thread.run_sync(ann_files.discard, folder)

@@ -196,10 +196,10 @@ class Recaller:
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
         """Counts an access of each returned memory (and of the one step a returned fact was
-        made from). A store that refuses the write (another
-        writer's lock held past `busy_timeout`, the store away) costs this recall's counts,
-        logged, never the recall: a read does not fail for its side-write (it raised the
-        write's StorageError, though every read it made had succeeded)."""
+        made from): `GraphStore.reinforce`, which SQLite writes after the recall returns. A
+        store that refuses the write costs this recall's counts, logged (and, when it refuses
+        before returning, named in `degraded`), never the recall: a read does not fail for
+        its side write."""
         # A fact made from one step was recalled with that step as its evidence: the step
         # counts an access too, as when it was returned itself.
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),

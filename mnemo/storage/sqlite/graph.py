@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -58,6 +59,8 @@ from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
 from mnemo.text import query_words
+
+log = logging.getLogger("mnemo")
 
 
 def fts_query(text: str) -> str:
@@ -405,8 +408,17 @@ class SqliteGraph:
         return await self._database.run(read) if ids else {}
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one more access of each node, at `when` (a few keyed rows: inline)."""
+        """Counts one more access of each node, at `when`: queued on the connection's thread,
+        not waited for (`Database.post`). Every later call of this store runs after it and
+        sees the counts; a refusal (another writer's lock held past `SIDE_WRITE_WAIT`) is
+        logged and costs these counts.
+
+        Raises:
+            StorageError: "closed", the store is closed.
+        """
         ids = list(dict.fromkeys(node_ids))
+        if not ids:
+            return
         stamp = when.isoformat()
 
         def write(db: SqliteUtilsDatabase) -> None:
@@ -417,7 +429,11 @@ class SqliteGraph:
                     [(stamp, repo, node_id) for node_id in ids],
                 )
 
-        await self._database.run(write)
+        def refused(exc: StorageError) -> None:
+            log.warning("the access counts of %d nodes in %s were not written: %r",
+                        len(ids), repo, exc)
+
+        self._database.post(write, refused)
 
     async def typed_links(
         self, repo: str, node_ids: Sequence[str]

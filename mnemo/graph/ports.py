@@ -277,6 +277,14 @@ class GraphStore(Protocol):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...
 
+    def start_search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Started[list[tuple[str, float]]]:
+        """`search_text`, begun now where the store can (its lexical index's search, queued
+        on that index's thread) and finished by `result`; what cannot begin now (the store's
+        own full-text search) runs then. Every word of `query` is read off the event loop."""
+        ...
+
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...

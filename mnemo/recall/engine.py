@@ -34,7 +34,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, NodeContext
+from mnemo.graph.ports import GraphStore, NodeContext, Started
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
@@ -137,7 +137,16 @@ class Recaller:
         plan = await self._plan(query, degraded)
         trace.mark("plan")
         parts = await split(query, dense_without_names=config.recall_dense_without_names)
-        vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
+        # The words search needs neither the plan's tags nor the vectors: it runs on its
+        # thread while the query is embedded.
+        searched = None if wanted is None else list(wanted | set(ROUTING))
+        words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
+                                             searched)
+        try:
+            vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
+        except BaseException:
+            words.discard()
+            raise
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
 
@@ -150,14 +159,17 @@ class Recaller:
         on_loop = self.graph.vectors_on_loop(repo)
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k,
-                                              on_loop))
+            found.update(await self._hop_zero(repo, parts.terms, words, query_vector, searched,
+                                              k, on_loop))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
-        await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
+        try:
+            await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
+        finally:
+            words.discard()
         # What the query's own channels made of each candidate, before any hop or lever.
         direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
@@ -220,12 +232,13 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int,
-        on_loop: bool,
+        self, repo: str, terms: str, words: Started[list[tuple[str, float]]], vector: Vector,
+        searched: list[NodeType] | None, k: int, on_loop: bool,
     ) -> dict[str, _Candidate]:
+        """Hop 0's candidates: the words search begun before (`words`, of `terms`) and the
+        dense channel, fused by reciprocal rank (with pseudo-relevance feedback when on)."""
         config = self.config
-        searched = None if wanted is None else list(wanted | set(ROUTING))
-        width = max(config.recall_candidates, 2 * k)
+        width = _hop_zero_width(config, k)
         # The two channels at once: each waits on something else (a worker thread, the
         # database), and hop 0 is the stage a large store pays most for. With the vectors on
         # the event loop (`on_loop`), the dense channel first, then the words.
@@ -233,7 +246,7 @@ class Recaller:
         dense: list[tuple[str, float]] = []
 
         async def by_words() -> None:
-            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
+            lexical.extend(await words.result())
 
         async def by_meaning() -> None:
             dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
@@ -452,6 +465,11 @@ class Recaller:
             log.warning("recall synthesis failed: %r", exc)
             degraded.append(f"synthesis: {exc!r}")
             return None
+
+
+def _hop_zero_width(config: Config, k: int) -> int:
+    """How many candidates each of hop 0's channels brings."""
+    return max(config.recall_candidates, 2 * k)
 
 
 async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -> None:

@@ -5,7 +5,7 @@ awaits its answer only where it needs it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -41,6 +41,36 @@ class Queued(Generic[T]):
             _retrieve(self._future)
         else:
             self._future.add_done_callback(_retrieve)
+
+
+class Later(Generic[T]):
+    """A read that runs when its result is asked for: for a store that cannot begin it early."""
+
+    def __init__(self, read: Callable[[], Awaitable[T]]) -> None:
+        self._read = read
+
+    async def result(self) -> T:
+        return await self._read()
+
+    def discard(self) -> None:
+        return None
+
+
+class OrElse(Generic[T]):
+    """`first`'s result, or, when it is None, the result of `otherwise` (run then)."""
+
+    def __init__(
+        self, first: Queued[T | None], otherwise: Callable[[], Awaitable[T]]
+    ) -> None:
+        self._first = first
+        self._otherwise = otherwise
+
+    async def result(self) -> T:
+        found = await self._first.result()
+        return await self._otherwise() if found is None else found
+
+    def discard(self) -> None:
+        self._first.discard()
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

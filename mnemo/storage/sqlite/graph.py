@@ -48,6 +48,7 @@ from mnemo.graph.ports import (
     Neighbor,
     NodeContext,
     SideWrite,
+    Started,
     SweepResult,
 )
 from mnemo.graph.vectors import VectorIndex
@@ -58,6 +59,7 @@ from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
+from mnemo.storage.started import OrElse
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo")
@@ -374,18 +376,25 @@ class SqliteGraph:
     ) -> list[tuple[str, float]]:
         """Nodes matching words of `query` by BM25, best first (higher is better): from the
         lexical index, or from FTS5 when there is none or it cannot answer now."""
-        if self._lexical is not None:
-            kinds = None if types is None else [NodeType(t).value for t in types]
-            found = await self._lexical.search(repo, query, limit, kinds)
-            if found is not None:
-                return found
-        match = fts_query(query)
-        if not match or limit <= 0:
-            return []
+        return await self.start_search_text(repo, query, limit, types).result()
+
+    def start_search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Started[list[tuple[str, float]]]:
+        """`search_text` begun now: on the lexical index's thread, or on the connection's
+        (FTS5) when there is no index; FTS5 when the index cannot answer is asked then."""
         kinds = None if types is None else [NodeType(t).value for t in types]
-        return await self._database.run(
-            lambda db: recall_reads.fts_search(db, repo, match, kinds, limit)
-        )
+
+        def fts(db: SqliteUtilsDatabase) -> list[tuple[str, float]]:
+            match = fts_query(query)
+            if not match or limit <= 0:
+                return []
+            return recall_reads.fts_search(db, repo, match, kinds, limit)
+
+        if self._lexical is None:
+            return self._database.start(fts)
+        return OrElse(self._lexical.start_search(repo, query, limit, kinds),
+                      lambda: self._database.run(fts))
 
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]

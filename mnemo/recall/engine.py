@@ -178,9 +178,10 @@ class Recaller:
         # What ranking can pick from: the best `depth` candidates are read, the others only
         # touched; the hops bring in nothing that could not be among them.
         depth = max(4 * width, config.recall_candidates)
-        await hops.follow(self.graph, config, repo, found, routes, query_vector, k, depth)
+        followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
+                                     depth)
         trace.mark("hops")
-        context = await self._context(repo, found, k, depth, trace)
+        context = await self._context(repo, found, followed, k, depth, trace)
         boosts = await speaker_boosts(self.graph, repo, parts.names, context,
                                       config.recall_speaker_boost)
         if boosts:
@@ -292,13 +293,14 @@ class Recaller:
         return [node_id for node_id, _ in found]
 
     async def _context(
-        self, repo: str, found: dict[str, _Candidate], k: int, depth: int, trace: _Trace
+        self, repo: str, found: dict[str, _Candidate], ranked: list[tuple[str, _Candidate]],
+        k: int, depth: int, trace: _Trace,
     ) -> _Context:
-        """The nodes, access stats and steps of the best candidates, with provenance and
-        neighbours offered, in one read bounded by k: the best `depth` candidates (what
-        ranking can pick from: the others are touched, never read), then, in the same call,
-        what provenance and neighbours brought in (`GraphStore.node_context`'s `then`)."""
-        ranked = sorted(found.items(), key=hops.by_score)
+        """The nodes, access stats and steps of the best candidates (`ranked`: `found` best
+        first), with provenance and neighbours offered, in one read bounded by k: the best
+        `depth` candidates (what ranking can pick from: the others are touched, never read),
+        then, in the same call, what provenance and neighbours brought in
+        (`GraphStore.node_context`'s `then`)."""
         best = [i for i, _ in ranked[:depth]]
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.

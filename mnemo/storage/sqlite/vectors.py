@@ -41,8 +41,12 @@ class SqliteVectors:
         ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
         ann_params: ann.HnswParams | None = None,
         ann_dir: Path | None = None,
+        on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None,
     ) -> None:
+        """`on_look`: called on the connection's thread by each look at the node log (and
+        each load), before it reads."""
         self._database = database
+        self._on_look = on_look
         self._dims = dims
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
@@ -107,17 +111,33 @@ class SqliteVectors:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
         await ann_calls.close(self._follower.indexes())
 
+    def settled(self, repo: str) -> bool:
+        """Whether this task is in a `reading` block of the repo whose look at the log is
+        done (`Follower.settled`)."""
+        return self._follower.settled(repo)
+
     async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
         since = followed.seq
-        return await self._database.run(lambda db: _changes(db, repo, since))
+        return await self._database.run(lambda db: self._look(db, repo, since))
 
     def _start(self, repo: str, since: int) -> Queued[tuple[int, list[Change]] | None]:
-        return self._database.start(lambda db: _changes(db, repo, since))
+        return self._database.start(lambda db: self._look(db, repo, since))
+
+    def _look(
+        self, db: SqliteUtilsDatabase, repo: str, since: int
+    ) -> tuple[int, list[Change]] | None:
+        self._on_look(db)
+        return _changes(db, repo, since)
 
     async def _load(self, repo: str) -> Followed:
         dim = self._dims(repo)
-        seq, rowids, ids, types, vectors = await self._database.run(
-            lambda db: _load_vectors(db, repo, dim))
+
+        def load(db: SqliteUtilsDatabase) -> tuple[int, list[int], list[str], list[NodeType],
+                                                   Vector]:
+            self._on_look(db)
+            return _load_vectors(db, repo, dim)
+
+        seq, rowids, ids, types, vectors = await self._database.run(load)
         followed = Followed(VectorIndex(self._dims(repo)), seq)
         followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
         if self._ann_threshold is not None:

@@ -34,13 +34,30 @@ async def database(tmp_path: Path) -> AsyncIterator[Database]:
         yield cast(SqliteBackend, backend).database
 
 
-async def filled(database: Database, ids: list[str]) -> RecallCache:
+async def filled(
+    database: Database, ids: list[str], kinds: list[NodeType] | None = None
+) -> RecallCache:
+    """A cache that has read `ids` (and the links of those of the types `kinds`, None: of
+    all), as a recall's view fills it."""
     cache = RecallCache()
     await database.run(cache.look)
     cache.valid()
-    found = await database.run(lambda db: cache.fill(db, REPO, ids))
-    assert cache.keep(found)
+    assert await kept(database, cache, ids, kinds)
     return cache
+
+
+async def kept(
+    database: Database, cache: RecallCache, ids: list[str], kinds: list[NodeType] | None = None
+) -> bool:
+    """Reads `ids` for the cache; whether it kept what was read."""
+    view = cache.view()
+    await database.run(lambda db: view.fill(db, REPO, ids, kinds))
+    return all([cache.keep(filled) for filled in view.filled])
+
+
+def cached(cache: RecallCache, ids: list[str]) -> bool:
+    """Whether the cache holds `ids` (of `REPO`)."""
+    return not cache.view().take(REPO, ids)
 
 
 @pytest.mark.parametrize("chunk", [3, cache_module.CHUNK])
@@ -59,12 +76,16 @@ async def test_the_cache_answers_as_the_statements_do(
     ids += rng.sample(ids, min(2, len(ids)))
     kinds = rng.sample(list(N), rng.randrange(1, 4))
     link = rng.choice(list(LinkType))
-    cache = await filled(database, ids)
+    cache = await filled(database, ids, kinds=rng.choice([None, kinds]))
     read = await database.run(lambda db: recall_reads.node_context(db, REPO, ids, kinds, link))
-    cached = cache.node_context(REPO, ids, kinds, link)
-    assert (cached.nodes, cached.stats, cached.links) == (read.nodes, read.stats, read.links)
+    view = cache.view()
+    assert view.take(REPO, ids, kinds) == []
+    answer = view.node_context(REPO, ids, kinds, link)
+    assert (answer.nodes, answer.stats, answer.links) == (read.nodes, read.stats, read.links)
     unique = list(dict.fromkeys(ids))
-    assert cache.typed_links(REPO, unique) == await database.run(
+    if view.take(REPO, unique):  # a hop reads the links of every node it asks for
+        await database.run(lambda db: view.fill(db, REPO, unique))
+    assert view.typed_links(REPO, unique) == await database.run(
         lambda db: recall_reads.typed_links(db, REPO, unique))
 
 
@@ -76,7 +97,7 @@ async def test_a_refused_access_count_write_empties_the_cache(database: Database
     await database.run(lambda db: cache.refused())
     await database.run(cache.look)
     cache.valid()
-    assert cache.missing(REPO, ["s1"]) == ["s1"]
+    assert not cached(cache, ["s1"])
 
 
 async def test_a_fill_read_before_a_posted_write_ran_is_not_kept(database: Database) -> None:
@@ -84,8 +105,7 @@ async def test_a_fill_read_before_a_posted_write_ran_is_not_kept(database: Datab
     when it was posted: they answer that read, and are not kept."""
     cache = await filled(database, ["s1"])
     cache.posted(REPO, ["s1"], datetime.now(UTC).isoformat())
-    early = await database.run(lambda db: cache.fill(db, REPO, ["s2"]))
-    assert not cache.keep(early)
+    assert not await kept(database, cache, ["s2"])
 
 
     def write(db: Any) -> None:  # the posted write, as `SqliteGraph.reinforce` makes it
@@ -94,9 +114,8 @@ async def test_a_fill_read_before_a_posted_write_ran_is_not_kept(database: Datab
         cache.written(db.conn.total_changes - before)
 
     await database.run(write)
-    late = await database.run(lambda db: cache.fill(db, REPO, ["s2"]))
-    assert cache.keep(late)
-    assert cache.missing(REPO, ["s1", "s2"]) == []
+    assert await kept(database, cache, ["s2"])
+    assert cached(cache, ["s1", "s2"])
 
 
 @pytest.fixture

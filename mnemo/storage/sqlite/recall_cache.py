@@ -25,13 +25,13 @@ own, as from the file.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.model import NODE_TYPES, LinkType, Node, NodeType
 from mnemo.graph.ports import Neighbor, NodeContext, TypedLink
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
@@ -49,15 +49,18 @@ Stamp = tuple[int, int, int]
 
 @dataclass(slots=True)
 class Entry:
-    """A node as read: its repo, rowid and row (`rows.NODE_COLUMNS`), its access stats, and
-    its links: `out` (dst rowid, link type, dst id, dst type) in (dst rowid, type) order,
-    `into` (link type, src rowid, src id, src type) in (type, src rowid) order."""
+    """A node as read: its repo, rowid and row (`rows.NODE_COLUMNS`), its access stats, and,
+    once read (`linked`), every link touching it: `out` (dst rowid, link type, dst id, dst
+    type) in (dst rowid, type) order, `into` (link type, src rowid, src id, src type) in
+    (type, src rowid) order. A node's links are read when a read needs them (a hop's nodes,
+    the best candidates of the types whose links it reads): a route may have hundreds."""
 
     repo: str
     rowid: int
     row: Row
     count: int
     last: str | None
+    linked: bool = False  # whether `out` and `into` were read (else both empty)
     out: list[tuple[int, str, str, str]] = field(default_factory=list)
     into: list[tuple[str, int, str, str]] = field(default_factory=list)
 
@@ -65,20 +68,22 @@ class Entry:
 @dataclass(frozen=True, slots=True)
 class Filled:
     """What a fill read: the stamp it read at, how many access-count writes had run then,
-    each asked id's entry (None for a node not in the repo)."""
+    the repo, and each asked id's entry (None for a node not in the repo)."""
 
     stamp: Stamp
     done: int
+    repo: str
     entries: dict[str, Entry | None]
 
 
 class RecallCache:
-    """One SQLite connection's cache of recall's rows. `look`, `fill`'s reads and the counts
-    of access-count writes (`written`, `refused`) run on the connection's thread; the rest on
+    """One SQLite connection's cache of recall's rows. `look`, `View.fill` and the counts of
+    access-count writes (`written`, `refused`) run on the connection's thread; the rest on
     the event loop."""
 
     def __init__(self) -> None:
-        self._entries: dict[str, Entry | None] = {}
+        self._entries: dict[str, Entry] = {}
+        self._absent: set[tuple[str, str]] = set()  # (repo, id) of nodes not there
         self._stamp: Stamp | None = None
         self._posted = 0  # access-count writes posted (event loop)
         # Written on the connection's thread, read on the loop.
@@ -108,11 +113,13 @@ class RecallCache:
         self._refused += 1
         self._done += 1
 
-    def fill(self, db: SqliteUtilsDatabase, repo: str, ids: Sequence[str]) -> Filled:
-        """Reads `ids`' rows and links (on the connection's thread)."""
+    def _fill(
+        self, db: SqliteUtilsDatabase, repo: str, ids: Sequence[str],
+        linked: Collection[NodeType] | None,
+    ) -> Filled:
         stamp = self._read_stamp(db)
         self.seen = stamp
-        return Filled(stamp, self._done, _read(db, repo, ids))
+        return Filled(stamp, self._done, repo, _read(db, repo, ids, linked))
 
     # ---- on the event loop -----------------------------------------------------------------
 
@@ -120,12 +127,12 @@ class RecallCache:
         """Empties the cache unless its rows were read at the latest stamp seen."""
         if self.seen != self._stamp:
             self._entries.clear()
+            self._absent.clear()
             self._stamp = self.seen
 
-    def missing(self, repo: str, ids: Iterable[str]) -> list[str]:
-        """Those of `ids` the cache cannot answer for in `repo`."""
-        entries = self._entries
-        return [i for i in ids if i not in entries or _other_repo(entries[i], repo)]
+    def view(self) -> View:
+        """A read's view of the cache (`View`)."""
+        return View(self)
 
     def keep(self, filled: Filled) -> bool:
         """Keeps a fill's rows when they were read at the latest stamp seen, with every
@@ -133,9 +140,14 @@ class RecallCache:
         self.valid()
         if filled.stamp != self._stamp or filled.done != self._posted:
             return False
-        if len(self._entries) + len(filled.entries) > LIMIT:
+        if len(self._entries) + len(self._absent) + len(filled.entries) > LIMIT:
             self._entries.clear()
-        self._entries.update(filled.entries)
+            self._absent.clear()
+        for node_id, entry in filled.entries.items():
+            if entry is None:
+                self._absent.add((filled.repo, node_id))
+            else:
+                self._entries[node_id] = entry
         return True
 
     def posted(self, repo: str, ids: Iterable[str], stamp: str) -> None:
@@ -147,67 +159,120 @@ class RecallCache:
                 entry.count += 1
                 entry.last = stamp
 
+
+class View:
+    """The rows one read answers from: the cache's, taken as they are asked for (a cache
+    emptied meanwhile changes nothing here), and those it reads for what the cache misses
+    (`fill`, on the connection's thread; `filled` for the cache to keep)."""
+
+    def __init__(self, cache: RecallCache) -> None:
+        self._cache = cache
+        self.entries: dict[str, Entry | None] = {}
+        self.filled: list[Filled] = []
+
+    def take(
+        self, repo: str, ids: Iterable[str], linked: Collection[NodeType] | None = None
+    ) -> list[str]:
+        """Takes the cache's rows of `ids` in `repo`, with the links of those of the types
+        `linked` (None: of all); returns those it misses."""
+        live, absent, entries = self._cache._entries, self._cache._absent, self.entries
+        missing = []
+        for node_id in ids:
+            entry: Entry | None
+            if node_id in entries:
+                entry = entries[node_id]
+            else:
+                entry = live.get(node_id)
+                if entry is None or entry.repo != repo:
+                    if (repo, node_id) not in absent:
+                        missing.append(node_id)
+                        continue
+                    entry = None
+            if entry is not None and not entry.linked and (
+                    linked is None or NODE_TYPES[entry.row[1]] in linked):
+                missing.append(node_id)
+                continue
+            entries[node_id] = entry
+        return missing
+
+    def fill(
+        self, db: SqliteUtilsDatabase, repo: str, ids: Sequence[str],
+        linked: Collection[NodeType] | None = None,
+    ) -> None:
+        """`take`, and reads what the cache misses (on the connection's thread)."""
+        missing = self.take(repo, dict.fromkeys(ids), linked)
+        if missing:
+            filled = self._cache._fill(db, repo, missing, linked)
+            self.filled.append(filled)
+            self.entries.update(filled.entries)
+
     def node_context(
         self, repo: str, node_ids: Sequence[str], linked: Iterable[NodeType], link_type: LinkType
     ) -> NodeContext:
-        """`recall_reads.node_context(..., then=None)` from the cache (every id present)."""
-        ids = list(dict.fromkeys(node_ids))
-        kinds = {NodeType(t) for t in linked}
-        entries = self._entries
-        found: dict[str, Node] = {}
-        stats: dict[str, tuple[int, datetime | None]] = {}
-        order: list[str] = []  # the statement's rows: by id within each chunk asked
-        for chunk in chunks(ids, CHUNK):
-            for node_id in sorted(i for i in set(chunk) if _here(entries.get(i), repo)):
-                entry = entries[node_id]
-                assert entry is not None
-                found[node_id] = node(entry.row)
-                stats[node_id] = (entry.count,
-                                  datetime.fromisoformat(entry.last) if entry.last else None)
-                order.append(node_id)
-        origins = [i for i in order if found[i].type in kinds]
-        name = link_type.value
-        links: list[Neighbor] = []
-        for part in chunks(origins, CHUNK):
-            # The statement reads the asked ends by rowid: each half in rowid order.
-            by_rowid = sorted(part, key=lambda i: _entry(entries, i).rowid)
-            for node_id in by_rowid:
-                links += [Neighbor(node_id, other, link_type)
-                          for _, kind, other, _ in _entry(entries, node_id).out if kind == name]
-            for node_id in by_rowid:
-                links += [Neighbor(node_id, other, link_type)
-                          for kind, _, other, _ in _entry(entries, node_id).into if kind == name]
-        return NodeContext([found[i] for i in ids if i in found], stats,
-                           list(dict.fromkeys(links)))
+        """`recall_reads.node_context(..., then=None)` from the view (which holds `node_ids`)."""
+        return node_context(self.entries, repo, node_ids, linked, link_type)
 
     def typed_links(self, repo: str, ids: list[str]) -> list[TypedLink]:
-        """`recall_reads.typed_links` from the cache (every id present)."""
-        entries = self._entries
-        found: list[TypedLink] = []
-        for chunk in chunks(ids, CHUNK):
-            asked = sorted(i for i in set(chunk) if _here(entries.get(i), repo))
-            rowids = {_entry(entries, i).rowid for i in asked}
-            rows: list[tuple[str, str, str, str, str]] = []
-            for node_id in asked:
-                entry = _entry(entries, node_id)
-                kind = entry.row[1]
-                rows += [(node_id, kind, other, other_kind, link)
-                         for _, link, other, other_kind in entry.out]
-            for node_id in asked:
-                entry = _entry(entries, node_id)
-                kind = entry.row[1]
-                rows += [(other, other_kind, node_id, kind, link)
-                         for link, src, other, other_kind in entry.into if src not in rowids]
-            found += seen_from_asked(rows, set(chunk))
-        return found
+        """`recall_reads.typed_links` from the view (which holds `ids`)."""
+        return typed_links(self.entries, repo, ids)
+
+
+def node_context(
+    entries: Mapping[str, Entry | None], repo: str, node_ids: Sequence[str],
+    linked: Iterable[NodeType], link_type: LinkType,
+) -> NodeContext:
+    """`recall_reads.node_context(..., then=None)` from `entries` (which hold `node_ids`)."""
+    ids = list(dict.fromkeys(node_ids))
+    kinds = {NodeType(t) for t in linked}
+    found: dict[str, Node] = {}
+    stats: dict[str, tuple[int, datetime | None]] = {}
+    order: list[str] = []  # the statement's rows: by id within each chunk asked
+    for chunk in chunks(ids, CHUNK):
+        for node_id in sorted(i for i in set(chunk) if _here(entries.get(i), repo)):
+            entry = _entry(entries, node_id)
+            found[node_id] = node(entry.row)
+            stats[node_id] = (entry.count,
+                              datetime.fromisoformat(entry.last) if entry.last else None)
+            order.append(node_id)
+    origins = [i for i in order if found[i].type in kinds]
+    name = link_type.value
+    links: list[Neighbor] = []
+    for part in chunks(origins, CHUNK):
+        # The statement reads the asked ends by rowid: each half in rowid order.
+        by_rowid = sorted(part, key=lambda i: _entry(entries, i).rowid)
+        for node_id in by_rowid:
+            links += [Neighbor(node_id, other, link_type)
+                      for _, kind, other, _ in _entry(entries, node_id).out if kind == name]
+        for node_id in by_rowid:
+            links += [Neighbor(node_id, other, link_type)
+                      for kind, _, other, _ in _entry(entries, node_id).into if kind == name]
+    return NodeContext([found[i] for i in ids if i in found], stats, list(dict.fromkeys(links)))
+
+
+def typed_links(entries: Mapping[str, Entry | None], repo: str, ids: list[str]
+                ) -> list[TypedLink]:
+    """`recall_reads.typed_links` from `entries` (which hold `ids`)."""
+    found: list[TypedLink] = []
+    for chunk in chunks(ids, CHUNK):
+        asked = sorted(i for i in set(chunk) if _here(entries.get(i), repo))
+        rowids = {_entry(entries, i).rowid for i in asked}
+        rows: list[tuple[str, str, str, str, str]] = []
+        for node_id in asked:
+            entry = _entry(entries, node_id)
+            kind = entry.row[1]
+            rows += [(node_id, kind, other, other_kind, link)
+                     for _, link, other, other_kind in entry.out]
+        for node_id in asked:
+            entry = _entry(entries, node_id)
+            kind = entry.row[1]
+            rows += [(other, other_kind, node_id, kind, link)
+                     for link, src, other, other_kind in entry.into if src not in rowids]
+        found += seen_from_asked(rows, set(chunk))
+    return found
 
 
 def _here(entry: Entry | None, repo: str) -> bool:
     return entry is not None and entry.repo == repo
-
-
-def _other_repo(entry: Entry | None, repo: str) -> bool:
-    return entry is not None and entry.repo != repo
 
 
 def _entry(entries: Mapping[str, Entry | None], node_id: str) -> Entry:
@@ -216,8 +281,11 @@ def _entry(entries: Mapping[str, Entry | None], node_id: str) -> Entry:
     return entry
 
 
-def _read(db: SqliteUtilsDatabase, repo: str, ids: Sequence[str]) -> dict[str, Entry | None]:
-    """The rows and links of `ids` in `repo` (None for an id not there)."""
+def _read(
+    db: SqliteUtilsDatabase, repo: str, ids: Sequence[str], linked: Collection[NodeType] | None
+) -> dict[str, Entry | None]:
+    """The rows of `ids` in `repo` (None for an id not there), with the links of those of the
+    types `linked` (None: of all)."""
     conn = db.conn
     entries: dict[str, Entry | None] = dict.fromkeys(ids)
     by_rowid: dict[int, Entry] = {}
@@ -230,7 +298,10 @@ def _read(db: SqliteUtilsDatabase, repo: str, ids: Sequence[str]) -> dict[str, E
         ):
             entry = Entry(repo, rowid, tuple(row[:NODE_WIDTH]), row[NODE_WIDTH],
                           row[NODE_WIDTH + 1])
-            entries[row[0]] = by_rowid[rowid] = entry
+            entries[row[0]] = entry
+            if linked is None or NODE_TYPES[row[1]] in linked:
+                entry.linked = True
+                by_rowid[rowid] = entry
     for part in chunks(list(by_rowid), CHUNK):
         marks = ",".join("?" * len(part))
         for src, dst, kind, other, other_kind in conn.execute(

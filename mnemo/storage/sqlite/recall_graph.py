@@ -76,7 +76,7 @@ class SqliteRecallReads:
         # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
         vectors = await self._vectors.of_nodes(repo, node_ids)
         cache = self._cache_for(repo)
-        if cache is not None and await self._cached(cache, repo, node_ids):
+        if cache is not None:
             return await self._context_cached(cache, repo, node_ids, kinds, link_type, then,
                                               vectors)
         asked: list[Sequence[str]] = []
@@ -99,23 +99,42 @@ class SqliteRecallReads:
         self, cache: RecallCache, repo: str, node_ids: Sequence[str], kinds: list[NodeType],
         link_type: LinkType, then: More | None, vectors: dict[str, Vector],
     ) -> NodeContext:
-        """`node_context` from the recall cache (which holds `node_ids`); `then` runs here, on
-        the event loop, and what it names is read from the cache too, filled if need be."""
-        first = cache.node_context(repo, node_ids, kinds, link_type)
-        first.vectors.update(vectors)
-        if then is None:
-            return first
-        more, more_linked = then(first)
-        if not more:
-            return first
-        more_kinds = list(more_linked)
-        if await self._cached(cache, repo, more):
-            second = cache.node_context(repo, more, more_kinds, link_type)
+        """`node_context` through the recall cache: on the event loop when it holds
+        `node_ids` (`then` runs there, and what it names is read from the cache, or filled);
+        else in one call on the connection's thread that reads what the cache misses."""
+        view = cache.view()
+        first: NodeContext
+        second: tuple[Sequence[str], NodeContext] | None = None
+        if not view.take(repo, dict.fromkeys(node_ids), kinds):
+            first = view.node_context(repo, node_ids, kinds, link_type)
+            first.vectors.update(vectors)
+            more, more_linked = ((), ()) if then is None else then(first)
+            if more:
+                more_kinds = list(more_linked)
+                if view.take(repo, dict.fromkeys(more), more_kinds):
+                    await self._database.run(lambda db: view.fill(db, repo, more, more_kinds))
+                second = more, view.node_context(repo, more, more_kinds, link_type)
         else:
-            second = await self._database.run(lambda db: recall_reads.node_context(
-                db, repo, more, more_kinds, link_type))
-        both = NodeContext([*first.nodes, *second.nodes], {**first.stats, **second.stats},
-                           [*first.links, *second.links], dict(vectors))
+            def read(db: SqliteUtilsDatabase) -> tuple[
+                    NodeContext, tuple[Sequence[str], NodeContext] | None]:
+                view.fill(db, repo, node_ids, kinds)
+                first = view.node_context(repo, node_ids, kinds, link_type)
+                first.vectors.update(vectors)
+                more, more_linked = ((), ()) if then is None else then(first)
+                if not more:
+                    return first, None
+                more_kinds = list(more_linked)
+                view.fill(db, repo, more, more_kinds)
+                return first, (more, view.node_context(repo, more, more_kinds, link_type))
+
+            first, second = await self._database.run(read)
+        for filled in view.filled:
+            cache.keep(filled)
+        if second is None:
+            return first
+        more, context = second
+        both = NodeContext([*first.nodes, *context.nodes], {**first.stats, **context.stats},
+                           [*first.links, *context.links], dict(vectors))
         both.vectors.update(await self._vectors.of_nodes(repo, more))
         return both
 
@@ -129,15 +148,6 @@ class SqliteRecallReads:
         cache = self._cache
         cache.valid()
         return cache
-
-    async def _cached(self, cache: RecallCache, repo: str, node_ids: Sequence[str]) -> bool:
-        """Whether the cache holds `node_ids` of `repo`, once what it misses is read (one
-        call on the connection's thread)."""
-        missing = cache.missing(repo, dict.fromkeys(node_ids))
-        if not missing:
-            return True
-        filled = await self._database.run(lambda db: cache.fill(db, repo, missing))
-        return cache.keep(filled)
 
     async def search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
@@ -230,9 +240,14 @@ class SqliteRecallReads:
         if not ids:
             return []
         cache = self._cache_for(repo)
-        if cache is not None and await self._cached(cache, repo, ids):
-            return cache.typed_links(repo, ids)
-        return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
+        if cache is None:
+            return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
+        view = cache.view()
+        if view.take(repo, ids):
+            await self._database.run(lambda db: view.fill(db, repo, ids))
+            for filled in view.filled:
+                cache.keep(filled)
+        return view.typed_links(repo, ids)
 
     async def typed_links_near(
         self, repo: str, node_ids: Sequence[str], vector: Vector

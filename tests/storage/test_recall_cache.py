@@ -35,23 +35,25 @@ async def database(tmp_path: Path) -> AsyncIterator[Database]:
 
 
 async def filled(
-    database: Database, ids: list[str], kinds: list[NodeType] | None = None
+    database: Database, ids: list[str], kinds: list[NodeType] | None = None,
+    link: LinkType | None = None,
 ) -> RecallCache:
-    """A cache that has read `ids` (and the links of those of the types `kinds`, None: of
-    all), as a recall's view fills it."""
+    """A cache that has read `ids` (and the links of type `link`, None: all, of those of the
+    types `kinds`, None: of all), as a recall's view fills it."""
     cache = RecallCache()
     await database.run(cache.look)
     cache.valid()
-    assert await kept(database, cache, ids, kinds)
+    assert await kept(database, cache, ids, kinds, link)
     return cache
 
 
 async def kept(
-    database: Database, cache: RecallCache, ids: list[str], kinds: list[NodeType] | None = None
+    database: Database, cache: RecallCache, ids: list[str], kinds: list[NodeType] | None = None,
+    link: LinkType | None = None,
 ) -> bool:
     """Reads `ids` for the cache; whether it kept what was read."""
     view = cache.view()
-    await database.run(lambda db: view.fill(db, REPO, ids, kinds))
+    await database.run(lambda db: view.fill(db, REPO, ids, kinds, link))
     return all([cache.keep(filled) for filled in view.filled])
 
 
@@ -76,10 +78,10 @@ async def test_the_cache_answers_as_the_statements_do(
     ids += rng.sample(ids, min(2, len(ids)))
     kinds = rng.sample(list(N), rng.randrange(1, 4))
     link = rng.choice(list(LinkType))
-    cache = await filled(database, ids, kinds=rng.choice([None, kinds]))
+    cache = await filled(database, ids, *rng.choice([(None, None), (kinds, link)]))
     read = await database.run(lambda db: recall_reads.node_context(db, REPO, ids, kinds, link))
     view = cache.view()
-    assert view.take(REPO, ids, kinds) == []
+    assert view.take(REPO, ids, kinds, link) == []
     answer = view.node_context(REPO, ids, kinds, link)
     assert (answer.nodes, answer.stats, answer.links) == (read.nodes, read.stats, read.links)
     unique = list(dict.fromkeys(ids))

@@ -20,7 +20,8 @@ holds the two to the same answers), built afresh at each read: a caller gets nod
 own, as from the file.
 
 **Bounded**: at most `LIMIT` nodes, emptied when full; used only for repos of fewer than
-`recall_graph.CACHED_BELOW` vectors (a large repo's recalls rarely read a node twice).
+`ann_calls.IN_TURN_BELOW` vectors, the small ones (a large repo's recalls rarely read a node
+twice).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from mnemo.storage.typed_links import seen_from_asked
 CHUNK = 400
 LIMIT = 20_000
 
+ALL = "*"  # `Entry.links` when every link of the node was read
+
 # (data_version, own changes but the access counts, refused access counts): see the module's
 # doc.
 Stamp = tuple[int, int, int]
@@ -49,18 +52,19 @@ Stamp = tuple[int, int, int]
 
 @dataclass(slots=True)
 class Entry:
-    """A node as read: its repo, rowid and row (`rows.NODE_COLUMNS`), its access stats, and,
-    once read (`linked`), every link touching it: `out` (dst rowid, link type, dst id, dst
-    type) in (dst rowid, type) order, `into` (link type, src rowid, src id, src type) in
-    (type, src rowid) order. A node's links are read when a read needs them (a hop's nodes,
-    the best candidates of the types whose links it reads): a route may have hundreds."""
+    """A node as read: its repo, rowid and row (`rows.NODE_COLUMNS`), its access stats, and
+    the links touching it that were read (`links`: `ALL` of them, those of one type, or None):
+    `out` (dst rowid, link type, dst id, dst type) in (dst rowid, type) order, `into` (link
+    type, src rowid, src id, src type) in (type, src rowid) order. A node's links are read
+    when a read needs them, as it needs them: every link of a hop's nodes, and the links of
+    one type of the best candidates of some types (a route may have hundreds)."""
 
     repo: str
     rowid: int
     row: Row
     count: int
     last: str | None
-    linked: bool = False  # whether `out` and `into` were read (else both empty)
+    links: str | None = None
     out: list[tuple[int, str, str, str]] = field(default_factory=list)
     into: list[tuple[str, int, str, str]] = field(default_factory=list)
 
@@ -115,11 +119,11 @@ class RecallCache:
 
     def _fill(
         self, db: SqliteUtilsDatabase, repo: str, ids: Sequence[str],
-        linked: Collection[NodeType] | None,
+        kinds: Collection[NodeType] | None, link: LinkType | None,
     ) -> Filled:
         stamp = self._read_stamp(db)
         self.seen = stamp
-        return Filled(stamp, self._done, repo, _read(db, repo, ids, linked))
+        return Filled(stamp, self._done, repo, _read(db, repo, ids, kinds, link))
 
     # ---- on the event loop -----------------------------------------------------------------
 
@@ -171,10 +175,11 @@ class View:
         self.filled: list[Filled] = []
 
     def take(
-        self, repo: str, ids: Iterable[str], linked: Collection[NodeType] | None = None
+        self, repo: str, ids: Iterable[str], kinds: Collection[NodeType] | None = None,
+        link: LinkType | None = None,
     ) -> list[str]:
-        """Takes the cache's rows of `ids` in `repo`, with the links of those of the types
-        `linked` (None: of all); returns those it misses."""
+        """Takes the cache's rows of `ids` in `repo`, with the links of type `link` (None:
+        every link) of those of the types `kinds` (None: of all); returns those it misses."""
         live, absent, entries = self._cache._entries, self._cache._absent, self.entries
         missing = []
         for node_id in ids:
@@ -188,8 +193,9 @@ class View:
                         missing.append(node_id)
                         continue
                     entry = None
-            if entry is not None and not entry.linked and (
-                    linked is None or NODE_TYPES[entry.row[1]] in linked):
+            if entry is not None and entry.links != ALL and (
+                    link is None or entry.links != link.value) and (
+                    kinds is None or NODE_TYPES[entry.row[1]] in kinds):
                 missing.append(node_id)
                 continue
             entries[node_id] = entry
@@ -197,12 +203,12 @@ class View:
 
     def fill(
         self, db: SqliteUtilsDatabase, repo: str, ids: Sequence[str],
-        linked: Collection[NodeType] | None = None,
+        kinds: Collection[NodeType] | None = None, link: LinkType | None = None,
     ) -> None:
         """`take`, and reads what the cache misses (on the connection's thread)."""
-        missing = self.take(repo, dict.fromkeys(ids), linked)
+        missing = self.take(repo, dict.fromkeys(ids), kinds, link)
         if missing:
-            filled = self._cache._fill(db, repo, missing, linked)
+            filled = self._cache._fill(db, repo, missing, kinds, link)
             self.filled.append(filled)
             self.entries.update(filled.entries)
 
@@ -282,10 +288,11 @@ def _entry(entries: Mapping[str, Entry | None], node_id: str) -> Entry:
 
 
 def _read(
-    db: SqliteUtilsDatabase, repo: str, ids: Sequence[str], linked: Collection[NodeType] | None
+    db: SqliteUtilsDatabase, repo: str, ids: Sequence[str], kinds: Collection[NodeType] | None,
+    link: LinkType | None,
 ) -> dict[str, Entry | None]:
-    """The rows of `ids` in `repo` (None for an id not there), with the links of those of the
-    types `linked` (None: of all)."""
+    """The rows of `ids` in `repo` (None for an id not there), with the links of type `link`
+    (None: every link) of those of the types `kinds` (None: of all)."""
     conn = db.conn
     entries: dict[str, Entry | None] = dict.fromkeys(ids)
     by_rowid: dict[int, Entry] = {}
@@ -299,21 +306,23 @@ def _read(
             entry = Entry(repo, rowid, tuple(row[:NODE_WIDTH]), row[NODE_WIDTH],
                           row[NODE_WIDTH + 1])
             entries[row[0]] = entry
-            if linked is None or NODE_TYPES[row[1]] in linked:
-                entry.linked = True
+            if kinds is None or NODE_TYPES[row[1]] in kinds:
+                entry.links = ALL if link is None else link.value
                 by_rowid[rowid] = entry
+    of_type = "" if link is None else " AND l.type = ?"
+    typed = [] if link is None else [link.value]
     for part in chunks(list(by_rowid), CHUNK):
         marks = ",".join("?" * len(part))
         for src, dst, kind, other, other_kind in conn.execute(
             f"SELECT l.src, l.dst, l.type, b.id, b.type FROM links l"
-            f" JOIN nodes b ON b.rowid = l.dst WHERE l.src IN ({marks})",
-            part,
+            f" JOIN nodes b ON b.rowid = l.dst WHERE l.src IN ({marks}){of_type}",
+            [*part, *typed],
         ):
             by_rowid[src].out.append((dst, kind, other, other_kind))
         for dst, src, kind, other, other_kind in conn.execute(
             f"SELECT l.dst, l.src, l.type, a.id, a.type FROM links l"
-            f" JOIN nodes a ON a.rowid = l.src WHERE l.dst IN ({marks})",
-            part,
+            f" JOIN nodes a ON a.rowid = l.src WHERE l.dst IN ({marks}){of_type}",
+            [*part, *typed],
         ):
             by_rowid[dst].into.append((kind, src, other, other_kind))
     for entry in by_rowid.values():

@@ -212,11 +212,15 @@ class SqliteRecallReads:
             before = db.conn.total_changes
             try:
                 with side_write(db):
-                    db.conn.executemany(
-                        "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
-                        " WHERE repo = ? AND id = ?",
-                        [(stamp, repo, node_id) for node_id in ids],
-                    )
+                    # One statement a chunk, not one a node: each statement gives the GIL up
+                    # and takes it back, and this runs while a recall's Python holds it
+                    # (15 statements took 0.68 ms beside a recall, one takes 0.2).
+                    for chunk in chunks(ids, 400):
+                        db.conn.execute(
+                            "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
+                            f" WHERE repo = ? AND id IN ({','.join('?' * len(chunk))})",
+                            [stamp, repo, *chunk],
+                        )
             except BaseException:
                 cache.refused()
                 raise

@@ -47,9 +47,9 @@ class Worker:
             try:
                 result = fn()
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                _reply(loop, future, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                _reply(loop, future, result, None)
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Runs `fn()` in the thread. A caller cancelled meanwhile still waits for the job to
@@ -77,12 +77,31 @@ class Worker:
         """Ends the thread once the jobs given before are done."""
         self.jobs.put(None)
 
+    async def stopped(self) -> None:
+        """`stop`, and waits (in a worker thread, at most 10 s) until the thread has ended: a
+        job begun and never awaited is done by then."""
+        self.stop()
+        await anyio.to_thread.run_sync(self._thread.join, 10.0)
+
 
 def _run_posted(fn: Callable[[], object]) -> None:
     try:
         fn()
     except Exception:
         log.exception("a posted job failed")
+
+
+def _reply(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any,
+    exc: BaseException | None,
+) -> None:
+    """Settles `future` on its loop; nothing when that loop has closed meanwhile (a job begun
+    and never awaited can end after it: no one is left to read its answer)."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, exc)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

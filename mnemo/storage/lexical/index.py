@@ -547,8 +547,10 @@ class LexicalIndex:
 
     async def aclose(self) -> None:
         if self._searcher is not None:
-            self._searcher.stop()
-            self._searcher = None
+            # A search begun and never awaited (a recall that failed meanwhile) ends first:
+            # the index and its source close below.
+            searcher, self._searcher = self._searcher, None
+            await searcher.stopped()
         self._closing.set()
         self._wake.set()  # the worker may be waiting out `COMMIT_AFTER`
         with self._queue:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
@@ -44,6 +44,7 @@ __all__ = [
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
+    "Started",
     "StepsCommitted",
     "SweepResult",
     "TypedLink",
@@ -61,6 +62,21 @@ class Neighbor:
 
 # (origin, its type, the node at the other end, its type, link type): what a recall hop needs.
 TypedLink = tuple[str, NodeType, str, NodeType, LinkType]
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Started(Protocol[T_co]):
+    """A read begun (where the store can: a job queued on a worker thread) and finished
+    later: its caller goes on meanwhile."""
+
+    async def result(self) -> T_co:
+        """The read's answer (raises what the read raised: StorageError for a store's fault)."""
+        ...
+
+    def discard(self) -> None:
+        """The answer is not wanted: nothing waits for it, and its failure is dropped."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +277,14 @@ class GraphStore(Protocol):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...
 
+    def start_search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Started[list[tuple[str, float]]]:
+        """`search_text`, begun now where the store can (its lexical index's search, queued
+        on that index's thread) and finished by `result`; what cannot begin now (the store's
+        own full-text search) runs then. Every word of `query` is read off the event loop."""
+        ...
+
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...
@@ -278,10 +302,12 @@ class GraphStore(Protocol):
     ) -> dict[str, tuple[int, datetime | None]]: ...
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one access of each node at `when`. A side write of a read, which holds
-        nothing up for long: PostgreSQL skips the nodes another transaction holds; SQLite
-        (one connection for all of a Memory's calls) waits for another writer a tenth of a
-        second, not `busy_timeout`, before it raises StorageError("busy")."""
+        """Counts one access of each node at `when`; every later call of this store sees the
+        counts. A side write of a read, which holds nothing up for long: PostgreSQL writes it
+        before it returns, skipping the nodes another transaction holds; SQLite queues it on
+        its connection's thread, after the calls given before and before those given after,
+        and returns at once (a write refused after a tenth of a second's wait for another
+        writer, not `busy_timeout`, is logged: it costs these counts, never the caller)."""
         ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:

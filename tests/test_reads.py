@@ -149,13 +149,12 @@ async def test_a_recall_returns_while_another_writer_holds_the_store(store: str)
         before = await mem.recall(REPO, "garden", reinforce=False)
         with another_writer(store):
             found = await mem.recall(REPO, "garden")
+            # SQLite tries the counts after the recall returned, before this read (it gives
+            # up after a tenth of a second); PostgreSQL skipped the nodes held.
+            stats = await mem._graph.access_stats(REPO, [m.node.id for m in found.memories])
         assert [m.node.id for m in found.memories] == [m.node.id for m in before.memories]
-        assert before.degraded == []
-        # SQLite gave up the counts' write (said so); PostgreSQL skipped the nodes held.
-        wanted = [] if store.startswith("postgresql") else ["access counts"]
-        assert [note.split(":")[0] for note in found.degraded] == wanted
+        assert before.degraded == found.degraded == []
         assert found.memories
-        stats = await mem._graph.access_stats(REPO, [m.node.id for m in found.memories])
         assert all(count == 0 for count, _ in stats.values())
         assert [m.node.id for m in (await mem.recall(REPO, "garden")).memories]
         stats = await mem._graph.access_stats(REPO, [m.node.id for m in found.memories])

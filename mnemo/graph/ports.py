@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
@@ -46,10 +46,12 @@ __all__ = [
     "SourceForgotten",
     "SourceRecorded",
     "Staging",
+    "Started",
     "StepsCommitted",
     "SweepResult",
     "TypedLink",
     "Unstaged",
+    "VectorsMoved",
 ]
 
 
@@ -64,6 +66,21 @@ class Neighbor:
 
 # (origin, its type, the node at the other end, its type, link type): what a recall hop needs.
 TypedLink = tuple[str, NodeType, str, NodeType, LinkType]
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Started(Protocol[T_co]):
+    """A read begun (where the store can: a job queued on a worker thread) and finished
+    later: its caller goes on meanwhile."""
+
+    async def result(self) -> T_co:
+        """The read's answer (raises what the read raised: StorageError for a store's fault)."""
+        ...
+
+    def discard(self) -> None:
+        """The answer is not wanted: nothing waits for it, and its failure is dropped."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +163,16 @@ class SourceForgotten:
 SideWrite = StepsCommitted | SourceRecorded | SourceForgotten
 
 
+class VectorsMoved(Exception):
+    """Raised by a recall whose embedder makes vectors for another generation of the repo's
+    vectors than the store holds (another Memory re-embedded the repo): nothing was searched
+    with it; the caller brings the repo's embedder up to the store's and recalls again."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"the repo's vectors are of generation {generation}")
+        self.generation = generation
+
+
 class SourceTaken(Exception):
     """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
     out to be recorded already: another writer (a second Memory, another process) ingested it
@@ -220,9 +247,10 @@ class GraphStore(Protocol):
 
     def dim(self, repo: str) -> int: ...
 
-    def generation(self, repo: str) -> int | None:
-        """The generation of the repo's vectors (`RepoRow.generation`) as the last look at
-        them saw it (`reading`, a search, a commit), None before the first."""
+    async def generation(self, repo: str) -> int:
+        """The generation of the repo's vectors (`RepoRow.generation`): as of the look of the
+        `reading` block this task is in (it ends the look if it is still under way, as the
+        block's first use of the vectors would), else as the store holds them now."""
         ...
 
     async def apply(
@@ -301,6 +329,14 @@ class GraphStore(Protocol):
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...
 
+    def start_search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Started[list[tuple[str, float]]]:
+        """`search_text`, begun now where the store can (its lexical index's search, queued
+        on that index's thread) and finished by `result`; what cannot begin now (the store's
+        own full-text search) runs then. Every word of `query` is read off the event loop."""
+        ...
+
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]: ...
@@ -318,10 +354,12 @@ class GraphStore(Protocol):
     ) -> dict[str, tuple[int, datetime | None]]: ...
 
     async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one access of each node at `when`. A side write of a read, which holds
-        nothing up for long: PostgreSQL skips the nodes another transaction holds; SQLite
-        (one connection for all of a Memory's calls) waits for another writer a tenth of a
-        second, not `busy_timeout`, before it raises StorageError("busy")."""
+        """Counts one access of each node at `when`; every later call of this store sees the
+        counts. A side write of a read, which holds nothing up for long: PostgreSQL writes it
+        before it returns, skipping the nodes another transaction holds; SQLite queues it on
+        its connection's thread, after the calls given before and before those given after,
+        and returns at once (a write refused after a tenth of a second's wait for another
+        writer, not `busy_timeout`, is logged: it costs these counts, never the caller)."""
         ...
 
     async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]:

@@ -17,8 +17,7 @@ and ingest. The methods over sessions, the graph and conversation threads are in
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +32,7 @@ from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph.blas import limit_blas_threads
 from mnemo.graph.model import NodeType
+from mnemo.graph.ports import VectorsMoved
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
@@ -263,26 +263,25 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self._repos.known(repo)
         if reinforce is None:
             reinforce = not self._inspect
-        async with self._current(repo):
-            return await self._recalls.recall(
-                repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
-            )
-
-    @asynccontextmanager
-    async def _current(self, repo: str) -> AsyncIterator[None]:
-        """A recall's block: the look at the repo's vectors it takes anyway (`reading`), and
-        the repo's embedder brought up to them when another Memory re-embedded the repo
-        since (the query is then embedded by the embedder of the vectors it is compared
-        with)."""
-        async with self._graph.reading(repo):
-            await self._repos.refresh(repo, self._graph.generation(repo))
-            yield
+        for attempt in range(2):
+            try:
+                return await self._recalls.recall(
+                    repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
+                )
+            except VectorsMoved as moved:
+                # Another Memory re-embedded the repo (seen before anything was searched):
+                # the repo's embedder now, and the recall again with it.
+                if attempt:
+                    raise
+                await self._repos.refresh(repo, moved.generation)
+        raise AssertionError("the second recall returns or raises")
 
     def _recall_runtime(self, repo: str) -> RecallRuntime:
         runtime = self._repos.embedding(repo)
         planner = runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline
         return RecallRuntime(
-            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo)
+            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo),
+            runtime.generation,
         )
 
     # ---- ingest and forget ---------------------------------------------------------------
@@ -364,8 +363,14 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             context = None
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
-        async with self._current(repo):
-            return await self._recalls.recall(
-                repo, query, k=k, types=None, reinforce=not self._inspect,
-                session_id=session_id if isinstance(session_id, str) else None,
-            )
+        for attempt in range(2):
+            try:
+                return await self._recalls.recall(
+                    repo, query, k=k, types=None, reinforce=not self._inspect,
+                    session_id=session_id if isinstance(session_id, str) else None,
+                )
+            except VectorsMoved as moved:
+                if attempt:
+                    raise
+                await self._repos.refresh(repo, moved.generation)
+        raise AssertionError("the second recall returns or raises")

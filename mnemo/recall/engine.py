@@ -34,7 +34,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, NodeContext
+from mnemo.graph.ports import GraphStore, NodeContext, Started, VectorsMoved
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
@@ -102,6 +102,8 @@ class Recaller:
     llm: LLM
     # The search tags' vectors of earlier recalls (RecallService shares one).
     tag_vectors: TagVectors = field(default_factory=TagVectors)
+    # The generation of the repo's vectors `embedder` makes (None: not checked).
+    generation: int | None = None
 
     async def recall(
         self,
@@ -137,9 +139,30 @@ class Recaller:
         plan = await self._plan(query, degraded)
         trace.mark("plan")
         parts = await split(query, dense_without_names=config.recall_dense_without_names)
-        vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
+        searched = None if wanted is None else list(wanted | set(ROUTING))
+        # When the vectors answer on the event loop (a small store), hop 0 has nothing to run
+        # beside the words search: it is begun now and runs on its thread while the query is
+        # embedded. On a larger store it runs beside the dense channel's thread in hop 0 (begun
+        # here, it took turns at the GIL with an in-process embedder: 10,000 nodes, hop 0
+        # +0.5 ms).
+        on_loop = self.graph.vectors_on_loop(repo)
+        words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
+                                              searched) if on_loop else None)
+        try:
+            vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
+        except BaseException:
+            if words is not None:
+                words.discard()
+            raise
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
+        if self.generation is not None:
+            # Before any search: the look, begun at the block's start, ends here at the latest.
+            moved = await self.graph.generation(repo)
+            if moved != self.generation:
+                if words is not None:
+                    words.discard()
+                raise VectorsMoved(moved)
 
         # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
         # each side waits on a worker thread (HNSW walks, the database). When the vectors
@@ -147,17 +170,23 @@ class Recaller:
         # beside them, and a task group costs more than such a probe.
         found: dict[str, _Candidate] = {}
         routes: list[tuple[str, _Candidate]] = []
-        on_loop = self.graph.vectors_on_loop(repo)
+        if words is None:
+            words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
+                                                 searched)
 
         async def zero() -> None:
-            found.update(await self._hop_zero(repo, parts.terms, query_vector, wanted, k,
-                                              on_loop))
+            assert words is not None
+            found.update(await self._hop_zero(repo, parts.terms, words, query_vector, searched,
+                                              k, on_loop))
 
         async def route() -> None:
             routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
                                             tag_vectors))
 
-        await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
+        try:
+            await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
+        finally:
+            words.discard()
         # What the query's own channels made of each candidate, before any hop or lever.
         direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
@@ -166,9 +195,10 @@ class Recaller:
         # What ranking can pick from: the best `depth` candidates are read, the others only
         # touched; the hops bring in nothing that could not be among them.
         depth = max(4 * width, config.recall_candidates)
-        await hops.follow(self.graph, config, repo, found, routes, query_vector, k, depth)
+        followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
+                                     depth)
         trace.mark("hops")
-        context = await self._context(repo, found, k, depth, trace)
+        context = await self._context(repo, found, followed, k, depth, trace)
         boosts = await speaker_boosts(self.graph, repo, parts.names, context,
                                       config.recall_speaker_boost)
         if boosts:
@@ -196,10 +226,10 @@ class Recaller:
 
     async def _reinforce(self, repo: str, ranked: list[Recalled], degraded: list[str]) -> None:
         """Counts an access of each returned memory (and of the one step a returned fact was
-        made from). A store that refuses the write (another
-        writer's lock held past `busy_timeout`, the store away) costs this recall's counts,
-        logged, never the recall: a read does not fail for its side-write (it raised the
-        write's StorageError, though every read it made had succeeded)."""
+        made from): `GraphStore.reinforce`, which SQLite writes after the recall returns. A
+        store that refuses the write costs this recall's counts, logged (and, when it refuses
+        before returning, named in `degraded`), never the recall: a read does not fail for
+        its side write."""
         # A fact made from one step was recalled with that step as its evidence: the step
         # counts an access too, as when it was returned itself.
         ids = [*dict.fromkeys([*(r.node.id for r in ranked),
@@ -220,12 +250,13 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, terms: str, vector: Vector, wanted: set[NodeType] | None, k: int,
-        on_loop: bool,
+        self, repo: str, terms: str, words: Started[list[tuple[str, float]]], vector: Vector,
+        searched: list[NodeType] | None, k: int, on_loop: bool,
     ) -> dict[str, _Candidate]:
+        """Hop 0's candidates: the words search begun before (`words`, of `terms`) and the
+        dense channel, fused by reciprocal rank (with pseudo-relevance feedback when on)."""
         config = self.config
-        searched = None if wanted is None else list(wanted | set(ROUTING))
-        width = max(config.recall_candidates, 2 * k)
+        width = _hop_zero_width(config, k)
         # The two channels at once: each waits on something else (a worker thread, the
         # database), and hop 0 is the stage a large store pays most for. With the vectors on
         # the event loop (`on_loop`), the dense channel first, then the words.
@@ -233,7 +264,7 @@ class Recaller:
         dense: list[tuple[str, float]] = []
 
         async def by_words() -> None:
-            lexical.extend(await self.graph.search_text(repo, terms, width, searched))
+            lexical.extend(await words.result())
 
         async def by_meaning() -> None:
             dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
@@ -279,13 +310,14 @@ class Recaller:
         return [node_id for node_id, _ in found]
 
     async def _context(
-        self, repo: str, found: dict[str, _Candidate], k: int, depth: int, trace: _Trace
+        self, repo: str, found: dict[str, _Candidate], ranked: list[tuple[str, _Candidate]],
+        k: int, depth: int, trace: _Trace,
     ) -> _Context:
-        """The nodes, access stats and steps of the best candidates, with provenance and
-        neighbours offered, in one read bounded by k: the best `depth` candidates (what
-        ranking can pick from: the others are touched, never read), then, in the same call,
-        what provenance and neighbours brought in (`GraphStore.node_context`'s `then`)."""
-        ranked = sorted(found.items(), key=hops.by_score)
+        """The nodes, access stats and steps of the best candidates (`ranked`: `found` best
+        first), with provenance and neighbours offered, in one read bounded by k: the best
+        `depth` candidates (what ranking can pick from: the others are touched, never read),
+        then, in the same call, what provenance and neighbours brought in
+        (`GraphStore.node_context`'s `then`)."""
         best = [i for i, _ in ranked[:depth]]
         # An episodic hit among the best 2k brings its SOURCE (and the facts made from it)
         # at half its score.
@@ -452,6 +484,11 @@ class Recaller:
             log.warning("recall synthesis failed: %r", exc)
             degraded.append(f"synthesis: {exc!r}")
             return None
+
+
+def _hop_zero_width(config: Config, k: int) -> int:
+    """How many candidates each of hop 0's channels brings."""
+    return max(config.recall_candidates, 2 * k)
 
 
 async def _side_by_side(*calls: Callable[[], Coroutine[object, object, None]]) -> None:

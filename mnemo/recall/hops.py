@@ -46,9 +46,9 @@ async def follow(
     query_vector: Vector,
     k: int,
     depth: int,
-) -> None:
+) -> list[tuple[str, Candidate]]:
     """Offers the routes, then follows links from the candidates, hop by hop, into
-    `found`.
+    `found`; returns `found`'s candidates best first (`by_score`).
 
     Ranking reads only the best `depth` candidates (the rest are touched, never read), so a
     node is followed, and bridges are looked for, only while what they would bring in could
@@ -91,6 +91,7 @@ async def follow(
                 frontier = frontier | bridges
                 if bridges:
                     ranking = sorted(found.items(), key=by_score)
+    return ranking
 
 
 def _ids(ranking: list[tuple[str, Candidate]], n: int) -> set[str]:

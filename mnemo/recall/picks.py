@@ -28,6 +28,8 @@ class Picks:
     ) -> None:
         self.config, self.k, self.steps, self.sources = config, k, steps, sources
         self.stand_ins, self.strong = stand_ins, strong
+        self._min_score = _min_scores(config)
+        self._top_k = _top_ks(config)
         self.ranked: list[Recalled] = []
         self.deferred: list[tuple[float, Node, Candidate]] = []
         self._per_type: dict[NodeType, int] = {}
@@ -37,7 +39,6 @@ class Picks:
 
     def take(self, scored: Iterable[tuple[float, Node, Candidate]], *, defer: bool = True
              ) -> None:
-        config = self.config
         for item in scored:
             if len(self.ranked) == self.k:
                 return
@@ -47,7 +48,7 @@ class Picks:
                     self.steps.get(node.id, node.id) not in self._claimed):
                 node, candidate = stand_in[1], stand_in[2]
                 score = max(score, stand_in[0])
-            if node.id in self._taken or score < _min_score(config, node.type):
+            if node.id in self._taken or score < self._min_score.get(node.type, 0.0):
                 continue
             step = self.steps.get(node.id)
             if step is not None and (step in self._returned or (
@@ -57,7 +58,7 @@ class Picks:
                     node.id not in self.strong):
                 self.deferred.append(item)
                 continue
-            if self._per_type.get(node.type, 0) >= _top_k(config, node.type):
+            if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):
                 continue
             self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
             self._taken.add(node.id)
@@ -69,18 +70,20 @@ class Picks:
                                         evidence=tuple(map(NodeId, self.sources.get(node.id, ())))))
 
 
-def _min_score(config: Config, kind: NodeType) -> float:
+def _min_scores(config: Config) -> dict[NodeType, float]:
+    """The lowest score of a result of each memory type (other types: 0)."""
     return {
         N.SEMANTIC: config.recall_min_score_semantic,
         N.EPISODIC: config.recall_min_score_episodic,
         N.PROCEDURAL: config.recall_min_score_procedural,
-    }.get(kind, 0.0)
+    }
 
 
-def _top_k(config: Config, kind: NodeType) -> int:
+def _top_ks(config: Config) -> dict[NodeType, int]:
+    """How many results of each memory type (other types: no bound)."""
     return {
         N.SEMANTIC: config.recall_top_k_semantic,
         N.EPISODIC: config.recall_top_k_episodic,
         N.PROCEDURAL: config.recall_top_k_procedural,
-    }.get(kind, 1_000_000)
+    }
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from mnemo.graph import ann_calls
 from mnemo.graph.model import NodeType, Vector
+from mnemo.graph.ports import Started
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical.source import LOGGED
 
@@ -107,11 +108,7 @@ class Followed:
         all made again, which the node log does not say: it logs the nodes' text)."""
         if generation is not None and generation != self.index.generation:
             raise Reload
-        if seq == self.seq:
-            return False
-        if self.seq < horizon or self.seq > seq:
-            raise Reload
-        return True
+        return moved(self.seq, seq, horizon)
 
     def apply(self, seq: int, changes: Iterable[Change]) -> None:
         """The changed nodes as the store holds them now (after its sequence `seq`)."""
@@ -143,19 +140,37 @@ class Reload(Exception):
     """The log no longer holds every change since the cache's sequence: load it again."""
 
 
+def moved(since: int, seq: int, horizon: int) -> bool:
+    """Whether a log at `seq` (keeping every change past `horizon`) moved past `since`;
+    raises `Reload` when it no longer reaches back to `since`."""
+    if seq == since:
+        return False
+    if since < horizon or since > seq:
+        raise Reload
+    return True
+
+
 # What a backend gives a `Follower`: a repo's changes since a `Followed`'s sequence (None when
 # the log did not move; raises `Reload` when it no longer reaches back), and a repo's first load.
 Changes = Callable[[str, Followed], Awaitable[tuple[int, list[Change]] | None]]
 Load = Callable[[str], Awaitable[Followed]]
+# Optionally, the same read started at once and awaited later (`Started`), for the changes
+# since a given sequence of vectors of a given generation (`Reload` when they are of another):
+# a `reading` block then starts its look and waits for it only at its first use of the
+# vectors (SQLite: a job queued on the connection's thread).
+Look = Started[tuple[int, list[Change]] | None]
+Start = Callable[[str, int, int], Look]
 
 
 class Follower:
     """One owner's `Followed` repos: loaded on first use, brought up to the log at every use
-    after, unless a `reading` block of the repo did at its start."""
+    after, unless a `reading` block of the repo did at its start (with `start`: began to, at
+    its start, and finished at its first use)."""
 
-    def __init__(self, changes: Changes, load: Load) -> None:
+    def __init__(self, changes: Changes, load: Load, start: Start | None = None) -> None:
         self._changes = changes
         self._load = load
+        self._start = start
         self._held: dict[str, Followed] = {}
         self._locks: dict[str, anyio.Lock] = {}
 
@@ -173,26 +188,54 @@ class Follower:
             self._held[repo].index.remove(node_ids)
 
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
-        """A block whose uses of the repo's vectors share one look at the log, at its start."""
-        return one_look(self, repo, lambda: self.index(repo))
+        """A block whose uses of the repo's vectors share one look at the log, taken at its
+        start: they see every write that returned before it began."""
+        return one_look(self, repo, lambda: self.index(repo), lambda: self._started(repo))
+
+    def _started(self, repo: str) -> Look | None:
+        """The look at the log since the repo's sequence, under way (None: no `start`, or the
+        repo not loaded yet, which `index` loads)."""
+        held = self._held.get(repo)
+        if self._start is None or held is None:
+            return None
+        return self._start(repo, held.seq, held.index.generation)
+
+    def settled(self, repo: str) -> bool:
+        """Whether this task is in a `reading` block of the repo whose look at the log is
+        done (begun and finished, or taken at its start)."""
+        look = _look(self, repo)
+        return look is not None and look.pending is None
 
     async def index(self, repo: str) -> VectorIndex:
         """The repo's vectors as the store holds them now (one keyed read when nothing
-        changed)."""
+        changed), or as of the start of the `reading` block this task is in."""
         held = self._held.get(repo)
-        if held is not None and looked(self, repo):
+        look = _look(self, repo)
+        if held is not None and look is not None and look.pending is None:
             return held.index
         async with self._locks.setdefault(repo, anyio.Lock()):
             held = self._held.get(repo)
-            if held is not None:
-                try:
+            try:
+                if held is not None and look is not None and look.pending is not None:
+                    # Finished once, by the first use (the others of the block wait for the
+                    # lock, then find it done), whatever its outcome.
+                    try:
+                        changed = await look.pending.result()
+                    finally:
+                        look.pending = None
+                    # Read since an earlier sequence, the changes hold each node as the store
+                    # had it when read: newer than `held` wherever `held` is older.
+                    if changed is not None and changed[0] > held.seq:
+                        held.apply(*changed)
+                    return held.index
+                if held is not None:
                     changed = await self._changes(repo, held)
-                except Reload:
-                    await ann_calls.close([held.index])
-                else:
                     if changed is not None:
                         held.apply(*changed)
                     return held.index
+            except Reload:
+                assert held is not None
+                await ann_calls.close([held.index])
             followed = await self._load(repo)
             self._held[repo] = followed
             return followed.index
@@ -201,6 +244,8 @@ class Follower:
 @dataclass(slots=True)
 class _Look:
     open: bool = True
+    # The look, when it was started and is not finished yet.
+    pending: Look | None = None
 
 
 # The (owner, repo) pairs brought up at the start of a block this task is in. A `_Look` is
@@ -208,27 +253,37 @@ class _Look:
 _LOOKS: ContextVar[dict[tuple[int, str], _Look]] = ContextVar("mnemo_vector_looks")
 
 
-def looked(owner: object, repo: str) -> bool:
-    """Whether `owner`'s vectors of `repo` were brought up at the start of an open block
-    (`one_look`) this task is in."""
+def _look(owner: object, repo: str) -> _Look | None:
     look = _LOOKS.get({}).get((id(owner), repo))
-    return look is not None and look.open
+    return look if look is not None and look.open else None
+
+
+def looked(owner: object, repo: str) -> bool:
+    """Whether `owner`'s vectors of `repo` were brought up (or began to be) at the start of an
+    open block (`one_look`) this task is in."""
+    return _look(owner, repo) is not None
 
 
 @asynccontextmanager
 async def one_look(
-    owner: object, repo: str, catch_up: Callable[[], Awaitable[object]]
+    owner: object, repo: str, catch_up: Callable[[], Awaitable[object]],
+    start: Callable[[], Look | None] = lambda: None,
 ) -> AsyncIterator[None]:
-    """Brings `owner`'s vectors of `repo` up (`catch_up`) now; inside the block, `looked` is
-    True and the uses skip the log."""
+    """Brings `owner`'s vectors of `repo` up now (`catch_up`), or starts to (`start`, when it
+    returns the look under way: the owner's first use inside the block finishes it); inside
+    the block, `looked` is True and the uses skip the log."""
     if looked(owner, repo):
         yield
         return
-    await catch_up()
-    look = _Look()
+    pending = start()
+    if pending is None:
+        await catch_up()
+    look = _Look(pending=pending)
     token = _LOOKS.set({**_LOOKS.get({}), (id(owner), repo): look})
     try:
         yield
     finally:
         look.open = False
         _LOOKS.reset(token)
+        if look.pending is not None:
+            look.pending.discard()

@@ -11,6 +11,7 @@ index's searches each have one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -20,13 +21,16 @@ import anyio
 
 T = TypeVar("T")
 
+log = logging.getLogger("mnemo")
+
 
 class Worker:
     """A thread of its own (a daemon, named `name`) that runs one job at a time, in arrival
     order, until `stop`."""
 
     def __init__(self, name: str) -> None:
-        # A job is `(fn, future, loop)`: the thread runs `fn()` and settles `future` on `loop`.
+        # A job is `(fn, future, loop)`: the thread runs `fn()` and settles `future` on `loop`;
+        # a posted job (`post`) is `(fn, None, None)`: nothing is settled.
         self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
@@ -37,27 +41,67 @@ class Worker:
             if job is None:
                 return
             fn, future, loop = job
+            if future is None:
+                _run_posted(fn)
+                continue
             try:
                 result = fn()
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                _reply(loop, future, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                _reply(loop, future, result, None)
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Runs `fn()` in the thread. A caller cancelled meanwhile still waits for the job to
         end (shielded): a write is either wholly done or not, and the caller's cleanup may rely
         on which."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self.jobs.put((fn, future, loop))
+        future = self.start(fn)
         with anyio.CancelScope(shield=True):
             result = await future
         return result
 
+    def start(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Queues `fn()` and returns its future, settled on the running loop when it ends."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self.jobs.put((fn, future, loop))
+        return future
+
+    def post(self, fn: Callable[[], object]) -> None:
+        """Queues `fn()` and returns at once: it runs after the jobs given before and before
+        those given after, and nothing waits for it (`fn` reports its own failures; one that
+        escapes it is logged)."""
+        self.jobs.put((fn, None, None))
+
     def stop(self) -> None:
         """Ends the thread once the jobs given before are done."""
         self.jobs.put(None)
+
+    async def stopped(self) -> None:
+        """`stop`, and waits (in a worker thread, at most 10 s) until the thread has ended: a
+        job begun and never awaited is done by then."""
+        self.stop()
+        await anyio.to_thread.run_sync(self._thread.join, 10.0)
+
+
+def _run_posted(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception:
+        log.exception("a posted job failed")
+
+
+def _reply(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any,
+    exc: BaseException | None,
+) -> None:
+    """Settles `future` on its loop; nothing when that loop has closed meanwhile (a job begun
+    and never awaited can end after it: no one is left to read its answer)."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, exc)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,25 @@ async def test_large_batches_match_small_ones() -> None:
     big = await embedder.embed(texts)
     small = await embedder.embed(texts[:3])
     np.testing.assert_array_equal(big[:3], small)
+
+
+async def test_a_long_text_is_embedded_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of many characters (a query at the size limit) is embedded in a worker
+    thread, a short one inline: its features cost about 0.3 us a character of the loop."""
+    embedder = HashEmbedder(dim=64)
+    threads: list[threading.Thread] = []
+    inline = embedder.embed_sync
+
+    def recorded(texts: list[str]) -> np.ndarray:
+        threads.append(threading.current_thread())
+        return inline(texts)
+
+    monkeypatch.setattr(embedder, "embed_sync", recorded)
+    long = " ".join(f"word{i}" for i in range(4000))
+    assert (await embedder.embed([long])).shape == (1, 64)
+    await embedder.embed(["a short query"])
+    assert threads[0] is not threading.current_thread()
+    assert threads[1] is threading.current_thread()
 
 
 def test_empty_text_is_zero_vector() -> None:

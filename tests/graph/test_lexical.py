@@ -29,6 +29,7 @@ from mnemo.storage.lexical import LOG_KEEP, LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.windows import WINDOW
 from mnemo.storage.ports import Backend, open_backend
+from mnemo.text import query_words
 from tests.backends import backend_of, is_sqlite, open_stores, sql
 from tests.graph._support import DIM, REPO, axis, draft, policy
 
@@ -88,6 +89,39 @@ async def test_a_commit_is_found_at_once_and_a_delete_is_gone_at_once(backend: B
     await sql(backend, "UPDATE nodes SET text = 'a heron sleeps' WHERE id = 'b'")
     assert await found(backend, "zebra") == set()
     assert await found(backend, "heron") == {"b"}
+
+
+async def test_a_search_begun_runs_on_the_index_thread_before_it_is_awaited(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start_search_text` queues the search on the index's thread at once (the query's
+    words are read there, not on the event loop) and its answer is `search_text`'s; one
+    begun and discarded is dropped."""
+    await add(backend, "c1", {"a": "the zebra grazes", "b": "a zebra sleeps", "c": "quiet owl"})
+    read_on: list[str] = []
+
+    def recorded(text: str) -> list[str]:
+        read_on.append(threading.current_thread().name)
+        return query_words(text)
+
+    monkeypatch.setattr(lexical_index, "query_words", recorded)
+    begun = backend.graph.start_search_text(REPO, "zebra", 10)
+    searcher = lexical(backend)._searcher
+    assert searcher is not None
+    await searcher.call(lambda: None)  # the thread's jobs run in turn: the search is done
+    assert read_on == ["mnemo-lexical"]
+    assert await begun.result() == await backend.graph.search_text(REPO, "zebra", 10)
+    backend.graph.start_search_text(REPO, "owl", 10).discard()
+    await searcher.call(lambda: None)
+    assert read_on == ["mnemo-lexical"] * 3
+
+
+async def test_a_search_begun_without_an_index_answers_from_the_store(store: str) -> None:
+    """Without a lexical index, a begun search is the store's own full-text search."""
+    async with open_stores(store, DIM, lexical_dir="") as backend:
+        await add(backend, "c1", {"a": "the zebra grazes", "c": "quiet owl"})
+        begun = backend.graph.start_search_text(REPO, "zebra", 10)
+        assert [n for n, _ in await begun.result()] == ["a"]
 
 
 async def test_searches_run_on_the_index_thread_which_ends_with_the_store(store: str) -> None:

@@ -13,6 +13,8 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
@@ -135,6 +137,32 @@ def test_recency_halves_per_half_life_and_restarts_at_access() -> None:
     assert value(later, 10) == pytest.approx(1.0)
     assert value(later, 1) == pytest.approx(0.5)  # log2 / log 11 < the floor
     assert value(None, 0, now=later.replace(tzinfo=None)) == pytest.approx(0.25)
+
+
+_MOMENTS = st.datetimes(min_value=datetime(2020, 1, 1), max_value=datetime(2030, 1, 1),
+                       timezones=st.sampled_from([UTC, None]))
+
+
+@given(kind=st.sampled_from(list(N)), created=_MOMENTS, last=st.none() | _MOMENTS,
+       now=_MOMENTS, count=st.integers(-2, 50),
+       data=st.dictionaries(st.sampled_from(["reward", "confidence", "return_score"]),
+                            st.none() | st.integers(-5, 20) | st.floats(allow_nan=True)))
+def test_value_is_recency_times_frequency_times_reward(
+    kind: NodeType, created: datetime, last: datetime | None, now: datetime, count: int,
+    data: dict[str, Any],
+) -> None:
+    """`node_value` is its definition to the last bit: recency from the later of creation
+    and last access, times the frequency factor, times the reward (naive times as UTC)."""
+    def utc(moment: datetime) -> datetime:
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+    seen = utc(created) if last is None else max(utc(created), utc(last))
+    age = (utc(now) - seen).total_seconds() / 86400
+    expected = (value.recency(age, CONFIG.recency_half_life_days)
+                * value.frequency(count, CONFIG.frequency_floor) * value.reward(kind, data))
+    found = node_value(kind, data, created_at=created, last_access=last, access_count=count,
+                       now=now, config=CONFIG)
+    assert found == expected or (math.isnan(found) and math.isnan(expected))
 
 
 # ---- consolidate ----------------------------------------------------------------------------

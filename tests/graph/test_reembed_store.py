@@ -174,4 +174,4 @@ async def test_vectors_loaded_elsewhere_load_again_after_a_switch(store: str) ->
         after = await vectors_of(b)
         assert after is not before
         assert (after.generation, after.dim) == (1, 32)
-        assert b._graph.generation(REPO) == 1
+        assert await b._graph.generation(REPO) == 1

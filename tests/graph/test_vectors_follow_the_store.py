@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import mnemo
 from mnemo.graph.model import NodeType
 from mnemo.graph.vectors import VectorIndex
+from mnemo.storage import vector_log
 from mnemo.storage.vector_log import Change, Followed, Reload, looked, one_look
 from tests.backends import sql
 from tests.graph._support import pairwise
@@ -105,17 +106,17 @@ async def test_a_recall_looks_at_the_log_once_and_sees_what_was_written_before(
     """A recall brings the vectors up once, at its start (not at each of its five to seven
     uses), and its dense channel finds a node another Memory committed before it began."""
     looks: list[int] = []
-    behind = Followed.behind
+    moved = vector_log.moved
 
-    def counted(self: Followed, seq: int, horizon: int, generation: int | None = None) -> bool:
+    def counted(since: int, seq: int, horizon: int) -> bool:
         looks.append(seq)
-        return behind(self, seq, horizon, generation)
+        return moved(since, seq, horizon)
 
     fact = "Bees make honey in the summer months."
     async with memory(store) as a, memory(store) as b:
         await loaded(a)
         receipt = await b.ingest(REPO, trajectory("bees", (fact, "note it")), source_id="b1")
-        monkeypatch.setattr(Followed, "behind", counted)
+        monkeypatch.setattr(vector_log, "moved", counted)
         found = await a.recall(REPO, fact, reinforce=False)
         assert len(looks) == 1
         phases = {t.node_id: t.phase for t in found.touched}

@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 
 import mnemo
+from mnemo.storage.started import Later
 from tests.fakes import FakeEmbedder, FakeLLM
 
 REPO = "r"
-# Each read recall makes, from hop 0 (side by side) to the ranking.
-READS = ["search_text", "search_vectors", "nearest_of_type", "typed_links_near", "node_context"]
+# Each read recall makes, from hop 0 (side by side) to the ranking; the words search is begun
+# before the query's embedding and its answer awaited in hop 0.
+READS = ["start_search_text", "search_vectors", "nearest_of_type", "typed_links_near",
+         "node_context"]
 
 
 @pytest.mark.parametrize("read", READS)
@@ -34,6 +37,9 @@ async def test_a_storage_fault_in_any_read_is_a_storage_error(
         async def fails(*args: Any, **kwargs: Any) -> Any:
             raise mnemo.StorageError("unavailable", "the store is away")
 
-        monkeypatch.setattr(graph, read, fails)
+        def begun(*args: Any, **kwargs: Any) -> Later[Any]:
+            return Later(fails)
+
+        monkeypatch.setattr(graph, read, begun if read.startswith("start_") else fails)
         with pytest.raises(mnemo.StorageError, match="away"):
             await mem.recall(REPO, "kettle kitchen", k=3)

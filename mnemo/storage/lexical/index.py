@@ -59,6 +59,7 @@ from mnemo.storage.lexical.windows import (
     rowid_of,
     to_rewrite,
 )
+from mnemo.storage.started import Queued
 from mnemo.storage.worker import Worker
 from mnemo.text import query_words
 
@@ -134,17 +135,24 @@ class LexicalIndex:
     ) -> list[tuple[str, float]] | None:
         """Node ids matching `query`, best BM25 first; None when the index cannot answer for
         this repo now (unavailable, or being brought up in the background)."""
-        words = query_words(query)
-        if not words or limit <= 0:
-            return []
+        return await self.start_search(repo, query, limit, types).result()
+
+    def start_search(
+        self, repo: str, query: str, limit: int, types: Iterable[str] | None
+    ) -> Queued[list[tuple[str, float]] | None]:
+        """`search`, queued on the index's thread now: its answer is awaited later (the
+        query's words are read there too, off the event loop)."""
         kinds = None if types is None else list(types)
         if self._searcher is None:
             self._searcher = Worker("mnemo-lexical")
-        return await self._searcher.call(lambda: self._search(repo, words, limit, kinds))
+        return Queued(self._searcher.start(lambda: self._search(repo, query, limit, kinds)))
 
     def _search(
-        self, repo: str, words: list[str], limit: int, kinds: list[str] | None
+        self, repo: str, text: str, limit: int, kinds: list[str] | None
     ) -> list[tuple[str, float]] | None:
+        words = query_words(text)
+        if not words or limit <= 0:
+            return []
         if repo in self._behind or repo in self._rebuilds:
             # Being rebuilt (read without the lock, which a rebuild's batch holds for a few
             # hundred milliseconds): the store's search answers.
@@ -539,8 +547,10 @@ class LexicalIndex:
 
     async def aclose(self) -> None:
         if self._searcher is not None:
-            self._searcher.stop()
-            self._searcher = None
+            # A search begun and never awaited (a recall that failed meanwhile) ends first:
+            # the index and its source close below.
+            searcher, self._searcher = self._searcher, None
+            await searcher.stopped()
         self._closing.set()
         self._wake.set()  # the worker may be waiting out `COMMIT_AFTER`
         with self._queue:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -49,6 +50,7 @@ from mnemo.graph.ports import (
     NodeContext,
     SideWrite,
     Staging,
+    Started,
     SweepResult,
     TypedLink,
     Unstaged,
@@ -63,8 +65,13 @@ from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.row import Column, Row
+from mnemo.storage.started import Later, OrElse
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 from mnemo.text import query_words
+
+# A query up to this long has its words read on the event loop (microseconds); every word of
+# a longer one is read in a worker thread (32,000 characters took 5 ms).
+_INLINE_CHARS = 2_000
 
 
 def repo_lock_key(repo: str) -> int:
@@ -399,12 +406,26 @@ class PgGraph:
         cannot answer now, each word the phrase of its parts (`WORD_QUERY`), as in message
         search and FTS5 (`plainto_tsquery` found "snake_case_name" in "name the snake's
         case")."""
+        return await self.start_search_text(repo, query, limit, types).result()
+
+    def start_search_text(
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+    ) -> Started[list[tuple[str, float]]]:
+        """`search_text` begun now on the lexical index's thread; PostgreSQL's own search,
+        when there is no index or it cannot answer, runs when the answer is awaited."""
         kinds = None if types is None else kind_values(types)
-        if self._lexical is not None:
-            found = await self._lexical.search(repo, query, limit, kinds)
-            if found is not None:
-                return found
-        words = query_words(query)
+        if self._lexical is None:
+            return Later(lambda: self._full_text(repo, query, limit, kinds))
+        return OrElse(self._lexical.start_search(repo, query, limit, kinds),
+                      lambda: self._full_text(repo, query, limit, kinds))
+
+    async def _full_text(
+        self, repo: str, query: str, limit: int, kinds: list[str] | None
+    ) -> list[tuple[str, float]]:
+        """PostgreSQL's full-text search (see `search_text`)."""
+        # Every word of a long query is read in a worker thread, not on the event loop.
+        words = (query_words(query) if len(query) <= _INLINE_CHARS
+                 else await anyio.to_thread.run_sync(query_words, query))
         if not words or limit <= 0:
             return []
         tsquery = sql.SQL(" || ".join(WORD_QUERY for _ in words))
@@ -481,9 +502,8 @@ class PgGraph:
 
     # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
 
-    def generation(self, repo: str) -> int | None:
-        routes = self._vectors.loaded(repo)
-        return None if routes is None else routes.generation
+    async def generation(self, repo: str) -> int:
+        return (await self._vectors.routes(repo)).generation
 
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:

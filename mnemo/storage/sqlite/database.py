@@ -37,6 +37,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.storage.sqlite.migrations import MIGRATIONS
+from mnemo.storage.started import Queued
 from mnemo.storage.worker import Worker
 
 T = TypeVar("T")
@@ -207,7 +208,59 @@ class Database:
 
         return await self._call(job)
 
+    def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
+        """Queues `work(db)` on the connection's thread and returns at once, without waiting
+        for it: it runs after every call given before and before every call given after, so
+        a later read through this `Database` sees what it wrote. A failure (its transaction
+        rolled back) goes to `failed`, in that thread.
+
+        Raises:
+            StorageError: "closed", the database is not open.
+        """
+        db = self.db
+        worker = self._worker
+        if worker is None:
+            raise StorageError("closed", "the database is not open")
+
+        def job() -> None:
+            try:
+                work(db)
+            except sqlite3.Error as exc:
+                failed(storage_error(exc))
+            finally:
+                if db.conn.in_transaction:
+                    db.conn.rollback()
+
+        worker.post(job)
+
+    def start(self, work: Work[T]) -> Queued[T]:
+        """Queues `work(db)` as `run` does and returns at once: it runs whether or not its
+        result is awaited (`Queued.result`).
+
+        Raises:
+            StorageError: "closed", the database is not open.
+        """
+        db = self.db
+
+        def job() -> T:
+            try:
+                return work(db)
+            finally:
+                if db.conn.in_transaction:
+                    db.conn.rollback()
+
+        return Queued(self._queue(job), _translated)
+
     async def _call(self, fn: Callable[[], T]) -> T:
+        future = self._queue(fn)
+        try:
+            with anyio.CancelScope(shield=True):
+                result = await future
+        except sqlite3.Error as exc:
+            raise storage_error(exc) from exc
+        return result
+
+    def _queue(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         worker = self._worker
         if worker is None:
             raise StorageError("closed", "the database is not open")
@@ -215,12 +268,11 @@ class Database:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
-        try:
-            with anyio.CancelScope(shield=True):
-                result = await future
-        except sqlite3.Error as exc:
-            raise storage_error(exc) from exc
-        return result
+        return future
+
+
+def _translated(exc: BaseException) -> BaseException:
+    return storage_error(exc) if isinstance(exc, sqlite3.Error) else exc
 
 
 # How long a read's side write (a recall's access counts, a conversation's message vectors)

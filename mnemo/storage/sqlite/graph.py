@@ -43,9 +43,6 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
-    More,
-    Neighbor,
-    NodeContext,
     SideWrite,
     Staging,
     SweepResult,
@@ -53,24 +50,17 @@ from mnemo.graph.ports import (
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.sqlite import commits, deletes, history, maintenance, recall_reads, reembeds
-from mnemo.storage.sqlite.database import Database, chunks, side_write, truncate_wal
+from mnemo.storage.sqlite import commits, deletes, history, maintenance, reembeds
+from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
+from mnemo.storage.sqlite.recall_cache import RecallCache
+from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
 from mnemo.storage.sqlite.rows import NODE_COLUMNS
 from mnemo.storage.sqlite.rows import node as node_of
 from mnemo.storage.sqlite.sessions import side_writes_alone
 from mnemo.storage.sqlite.vectors import SqliteVectors
-from mnemo.text import query_words
 
 
-def fts_query(text: str) -> str:
-    """A safe FTS5 query for any user text: each distinct word (`query_words`) quoted,
-    OR-combined, at most `MAX_QUERY_TERMS` of them ('' if none): a query's cost must not grow
-    with its length."""
-    words = query_words(text)
-    return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
-
-
-class SqliteGraph:
+class SqliteGraph(SqliteRecallReads):
     """`GraphStore` over mnemo's SQLite file."""
 
     def __init__(
@@ -91,8 +81,10 @@ class SqliteGraph:
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
         self._reembeds: set[str] = set()  # the repos this process is re-embedding
+        self._cache = RecallCache()
         self._vectors = SqliteVectors(
-            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir
+            database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir,
+            on_look=self._cache.look,
         )
 
     @property
@@ -269,47 +261,6 @@ class SqliteGraph:
             ]
         )
 
-    async def neighbors(
-        self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
-    ) -> list[Neighbor]:
-        """Every link touching these nodes, seen from each of them, in either direction."""
-        if not node_ids:
-            return []
-        ids = list(dict.fromkeys(node_ids))
-
-        return await self._database.run(
-            lambda db: recall_reads.neighbors(db, repo, ids, link_type)
-        )
-
-    async def node_context(
-        self,
-        repo: str,
-        node_ids: Sequence[str],
-        linked: Iterable[NodeType],
-        link_type: LinkType,
-        then: More | None = None,
-    ) -> NodeContext:
-        if not node_ids:
-            return NodeContext([], {}, [])
-        kinds = list(linked)
-        # The vectors are in memory: no read, and `then` sees the first read's with its nodes.
-        vectors = await self._vectors.of_nodes(repo, node_ids)
-        asked: list[Sequence[str]] = []
-
-        def more(first: NodeContext) -> tuple[Sequence[str], Iterable[NodeType]]:
-            assert then is not None
-            first.vectors.update(vectors)
-            found, found_linked = then(first)
-            asked.append(found)
-            return found, found_linked
-
-        context = await self._database.run(lambda db: recall_reads.node_context(
-            db, repo, node_ids, kinds, link_type, None if then is None else more))
-        context.vectors.update(vectors)
-        if asked and asked[0]:
-            context.vectors.update(await self._vectors.of_nodes(repo, asked[0]))
-        return context
-
     async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
         """The newest `top_k` nodes of these types, newest first."""
         kinds = [NodeType(t).value for t in types]
@@ -372,77 +323,6 @@ class SqliteGraph:
         if self._lexical is not None:
             await self._lexical.erase()
 
-    async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
-    ) -> list[tuple[str, float]]:
-        """Nodes matching words of `query` by BM25, best first (higher is better): from the
-        lexical index, or from FTS5 when there is none or it cannot answer now."""
-        if self._lexical is not None:
-            kinds = None if types is None else [NodeType(t).value for t in types]
-            found = await self._lexical.search(repo, query, limit, kinds)
-            if found is not None:
-                return found
-        match = fts_query(query)
-        if not match or limit <= 0:
-            return []
-        kinds = None if types is None else [NodeType(t).value for t in types]
-        return await self._database.run(
-            lambda db: recall_reads.fts_search(db, repo, match, kinds, limit)
-        )
-
-    async def access_stats(
-        self, repo: str, node_ids: Sequence[str]
-    ) -> dict[str, tuple[int, datetime | None]]:
-        """How often and when last each node was recalled."""
-        ids = list(dict.fromkeys(node_ids))
-
-        def read(db: SqliteUtilsDatabase) -> dict[str, tuple[int, datetime | None]]:
-            stats: dict[str, tuple[int, datetime | None]] = {}
-            for chunk in chunks(ids, 500):
-                marks = ",".join("?" * len(chunk))
-                for node_id, count, last in db.conn.execute(
-                    f"SELECT id, access_count, last_access FROM nodes WHERE repo = ?"
-                    f" AND id IN ({marks})",
-                    [repo, *chunk],
-                ):
-                    stats[node_id] = (count, datetime.fromisoformat(last) if last else None)
-            return stats
-
-        return await self._database.run(read) if ids else {}
-
-    async def reinforce(self, repo: str, node_ids: Sequence[str], when: datetime) -> None:
-        """Counts one more access of each node, at `when` (a few keyed rows: inline)."""
-        ids = list(dict.fromkeys(node_ids))
-        stamp = when.isoformat()
-
-        def write(db: SqliteUtilsDatabase) -> None:
-            with side_write(db):
-                db.conn.executemany(
-                    "UPDATE nodes SET access_count = access_count + 1, last_access = ?"
-                    " WHERE repo = ? AND id = ?",
-                    [(stamp, repo, node_id) for node_id in ids],
-                )
-
-        await self._database.run(write)
-
-    async def typed_links(
-        self, repo: str, node_ids: Sequence[str]
-    ) -> list[tuple[str, NodeType, str, NodeType, LinkType]]:
-        """Every link touching these nodes, seen from each: (origin, its type, the node at the
-        other end, its type, link type), in one query (what a recall hop needs)."""
-        ids = list(dict.fromkeys(node_ids))
-        if not ids:
-            return []
-        return await self._database.run(lambda db: recall_reads.typed_links(db, repo, ids))
-
-    async def typed_links_near(
-        self, repo: str, node_ids: Sequence[str], vector: Vector
-    ) -> tuple[list[tuple[str, NodeType, str, NodeType, LinkType]], dict[str, float]]:
-        links = await self.typed_links(repo, node_ids)
-        # The vectors are in memory: the cosines cost no second read.
-        targets = [target for _, _, target, _, _ in links]
-        return links, await self._vectors.similarities(repo, targets, vector)
-
     async def search_vectors(
         self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
     ) -> list[tuple[str, float]]:
@@ -484,9 +364,8 @@ class SqliteGraph:
 
     # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
 
-    def generation(self, repo: str) -> int | None:
-        index = self._vectors.loaded(repo)
-        return None if index is None else index.generation
+    async def generation(self, repo: str) -> int:
+        return (await self._vectors.index(repo)).generation
 
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:

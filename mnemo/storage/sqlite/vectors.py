@@ -22,14 +22,17 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
+from mnemo.storage import vector_log
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
+from mnemo.storage.started import Queued
 from mnemo.storage.vector_log import (
     CHANGED,
     VECTOR_STATE,
     Change,
     Followed,
     Follower,
+    Reload,
     VectorState,
 )
 
@@ -45,13 +48,17 @@ class SqliteVectors:
         ann_threshold: int | None = ann.DEFAULT_THRESHOLD,
         ann_params: ann.HnswParams | None = None,
         ann_dir: Path | None = None,
+        on_look: Callable[[SqliteUtilsDatabase], object] = lambda db: None,
     ) -> None:
+        """`on_look`: called on the connection's thread by each look at the node log (and
+        each load), before it reads."""
         self._database = database
+        self._on_look = on_look
         self._dims = dims
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
         self._ann_dir = ann_dir
-        self._follower = Follower(self._changes, self._load)
+        self._follower = Follower(self._changes, self._load, self._start)
 
     def loaded(self, repo: str) -> VectorIndex | None:
         """The repo's index if it is loaded."""
@@ -111,13 +118,35 @@ class SqliteVectors:
         """Stops the HNSW builders (a build in progress stops at its next chunk)."""
         await ann_calls.close(self._follower.indexes())
 
+    def settled(self, repo: str) -> bool:
+        """Whether this task is in a `reading` block of the repo whose look at the log is
+        done (`Follower.settled`)."""
+        return self._follower.settled(repo)
+
     async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
-        return await self._database.run(lambda db: _changes(db, repo, followed))
+        since, generation = followed.seq, followed.index.generation
+        return await self._database.run(lambda db: self._look(db, repo, since, generation))
+
+    def _start(
+        self, repo: str, since: int, generation: int
+    ) -> Queued[tuple[int, list[Change]] | None]:
+        return self._database.start(lambda db: self._look(db, repo, since, generation))
+
+    def _look(
+        self, db: SqliteUtilsDatabase, repo: str, since: int, generation: int
+    ) -> tuple[int, list[Change]] | None:
+        self._on_look(db)
+        return _changes(db, repo, since, generation)
 
     async def _load(self, repo: str) -> Followed:
         known = self._dims(repo)
-        state, rowids, ids, types, vectors = await self._database.run(
-            lambda db: _load_vectors(db, repo, known))
+
+        def load(db: SqliteUtilsDatabase) -> tuple[VectorState, list[int], list[str],
+                                                   list[NodeType], Vector]:
+            self._on_look(db)
+            return _load_vectors(db, repo, known)
+
+        state, rowids, ids, types, vectors = await self._database.run(load)
         # The dimension the store records: another Memory may have made the vectors again.
         dim = state.dim or known
         followed = Followed(VectorIndex(dim, generation=state.generation), state.seq)
@@ -143,15 +172,18 @@ def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
 
 
 def _changes(
-    db: SqliteUtilsDatabase, repo: str, followed: Followed
+    db: SqliteUtilsDatabase, repo: str, since: int, generation: int
 ) -> tuple[int, list[Change]] | None:
-    """The log's sequence and the nodes changed since `followed`'s, None if none; raises
-    `Reload` when the log no longer reaches back that far, or the vectors were made again."""
+    """The log's sequence and the nodes changed since `since`, None if none; raises `Reload`
+    when the log no longer reaches back that far, or the vectors are of another generation
+    than `generation` (they were all made again)."""
     state = _state(db, repo)
     seq = state.seq
-    if not followed.behind(seq, state.horizon, state.generation):
+    if state.generation != generation:
+        raise Reload
+    if not vector_log.moved(since, seq, state.horizon):
         return None
-    rows = db.conn.execute(_CHANGED, (repo, followed.seq, seq, repo)).fetchall()
+    rows = db.conn.execute(_CHANGED, (repo, since, seq, repo)).fetchall()
     return seq, [
         (int(rowid), node_id, kind,
          None if blob is None else vector_of_half(blob))

@@ -1,0 +1,126 @@
+"""SQLite's one connection: calls queued on its thread without waiting for them (`post`, a
+recall's access counts) or begun now and awaited later (`start`, a recall's look at the node
+log) keep the order they were given in."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import cast
+
+import anyio
+import pytest
+from sqlite_utils import Database as SqliteUtilsDatabase
+
+import mnemo
+from mnemo.graph.model import Changeset, NodeType, now_utc
+from mnemo.storage.ports import Backend
+from mnemo.storage.sqlite import SqliteBackend
+from mnemo.storage.sqlite.database import Database
+from tests.backends import open_stores
+from tests.graph._support import DIM, draft, policy
+
+REPO = "r"
+
+
+@pytest.fixture
+async def backend(tmp_path: Path) -> AsyncIterator[Backend]:
+    async with open_stores(str(tmp_path / "s.db"), DIM) as opened:
+        await opened.graph.apply(
+            Changeset("c", REPO, [draft("a", NodeType.SEMANTIC, "the kettle is blue")]),
+            intents=policy(),
+        )
+        yield opened
+
+
+async def held(database: Database, gate: threading.Event,
+               task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Holds the connection's thread until `gate` opens: whatever is given meanwhile waits."""
+    task_status.started()
+    await database.run(lambda db: gate.wait(10))
+
+
+def database_of(backend: Backend) -> Database:
+    return cast(SqliteBackend, backend).database
+
+
+async def test_reinforce_returns_before_its_write_and_later_reads_see_it(
+    backend: Backend,
+) -> None:
+    """SQLite's access counts are queued on the connection's thread: `reinforce` returns while
+    that thread is busy, and a read given after it sees the counts."""
+    database, gate = database_of(backend), threading.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(held, database, gate)
+        with anyio.fail_after(5):
+            await backend.graph.reinforce(REPO, ["a", "a"], now_utc())
+        gate.set()
+    stats = await backend.graph.access_stats(REPO, ["a"])
+    assert stats["a"][0] == 1
+    assert stats["a"][1] is not None
+
+
+async def test_posted_and_started_calls_keep_the_order_they_were_given_in(
+    backend: Backend,
+) -> None:
+    """A posted write runs after the calls given before it and before those given after; a
+    started read runs at once, whether or not it is awaited, and its answer waits for it."""
+    database, gate = database_of(backend), threading.Event()
+    order: list[str] = []
+
+    def write(db: SqliteUtilsDatabase) -> None:
+        order.append("write")
+        db.conn.execute("UPDATE nodes SET access_count = 7 WHERE id = 'a'")
+
+    def read(db: SqliteUtilsDatabase) -> int:
+        order.append("read")
+        count: int = db.conn.execute("SELECT access_count FROM nodes WHERE id = 'a'").fetchone()[0]
+        return count
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(held, database, gate)
+        database.post(write, lambda exc: order.append("refused"))
+        started = database.start(read)
+        unread = database.start(read)
+        unread.discard()
+        assert order == []
+        gate.set()
+        assert await started.result() == 7
+    await database.run(lambda db: None)
+    assert order == ["write", "read", "read"]
+
+
+async def test_a_refused_posted_write_reaches_its_callback_as_a_storage_error(
+    backend: Backend,
+) -> None:
+    """A posted write that SQLite refuses is rolled back and handed to `failed` as a
+    StorageError (nothing reaches the caller, who did not wait)."""
+    database = database_of(backend)
+    failed: list[mnemo.StorageError] = []
+
+    def write(db: SqliteUtilsDatabase) -> None:
+        db.conn.execute("BEGIN")
+        db.conn.execute("UPDATE nodes SET access_count = 9 WHERE id = 'a'")
+        raise sqlite3.OperationalError("database is locked")
+
+    database.post(write, failed.append)
+    count = await database.run(
+        lambda db: db.conn.execute("SELECT access_count FROM nodes WHERE id = 'a'").fetchone()[0]
+    )
+    assert count == 0
+    assert [exc.reason for exc in failed] == ["busy"]
+
+
+async def test_a_started_call_that_fails_raises_a_storage_error_when_awaited(
+    backend: Backend,
+) -> None:
+    """A started call's SQLite error is a StorageError where its answer is awaited."""
+    database = database_of(backend)
+
+    def broken(db: SqliteUtilsDatabase) -> None:
+        db.conn.execute("SELECT * FROM no_such_table")
+
+    with pytest.raises(mnemo.StorageError):
+        await database.start(broken).result()

@@ -156,13 +156,6 @@ class Recaller:
             raise
         query_vector, tag_vectors = vectors[0], vectors[1:]
         trace.mark("embed")
-        if self.generation is not None:
-            # Before any search: the look, begun at the block's start, ends here at the latest.
-            moved = await self.graph.generation(repo)
-            if moved != self.generation:
-                if words is not None:
-                    words.discard()
-                raise VectorsMoved(moved)
 
         # Hop 0 and the routes' probes at once: the probes need only the query's vectors, and
         # each side waits on a worker thread (HNSW walks, the database). When the vectors
@@ -173,6 +166,16 @@ class Recaller:
         if words is None:
             words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
                                                  searched)
+        if self.generation is not None:
+            # Before any vector is compared: the look begun at the block's start ends here at
+            # the latest, and says whether another Memory re-embedded the repo since.
+            try:
+                moved = await self.graph.generation(repo)
+                if moved != self.generation:
+                    raise VectorsMoved(moved)
+            except BaseException:
+                words.discard()
+                raise
 
         async def zero() -> None:
             assert words is not None

@@ -7,7 +7,9 @@ after). Each instruction's return then comes from the trajectory's cumulative re
 call. Round 2 asks the optional "return" task, and only for a trajectory with several
 instructions, where a model's judgement can tell them apart (one instruction takes the
 trajectory's score either way). The critical path is therefore two calls whatever the number
-of trajectories, one when no trajectory has several instructions.
+of trajectories, one when no trajectory has several instructions. A trajectory's "return" task
+needs only its procedural reply: it is asked as soon as that is in, while the semantic replies
+still come.
 
 A failed task does not cancel its siblings: each validated result is kept in the episode's
 `TaskMemo`, so the retry re-asks only what failed. The caller's LLM is already bounded by its
@@ -183,7 +185,8 @@ async def _extract_trajectory(
     """One trajectory's facts, instructions and returns; a task that failed for good leaves
     its part empty, and its failure (named) is in `work.failures`. With `scores_last` (its
     last step, whose reward close scores), the procedural task scores it too; a reply without
-    that score has it asked of the "reward" task after."""
+    that score has it asked of the "reward" task after. The "return" task is asked once the
+    procedural reply is in, whatever the semantic one does."""
     steps = trajectory.steps
     key = steps[0].trajectory_id
     subgoal = steps[0].subgoal
@@ -229,16 +232,16 @@ async def _extract_trajectory(
                 reward = await asked("reward", _score_alone(work, scores_last))
             if reward is not None:
                 work.rewards[scores_last.id] = reward
+        returns.update(cumulative_returns(found_instructions, [work.reward(s) for s in steps]))
+        if len(found_instructions) > 1:
+            returns.update(await _scored_returns(work, steps, found_instructions))
 
+    returns: dict[int, int] = {}
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(semantic)
             await procedural()
-    instructions = found_instructions
-    returns = cumulative_returns(instructions, [work.reward(s) for s in steps])
-    if len(instructions) > 1:
-        returns |= await _scored_returns(work, steps, instructions)
-    return _Extracted(steps, found_facts, instructions, returns)
+    return _Extracted(steps, found_facts, found_instructions, returns)
 
 
 async def _score_alone(work: _Round, step: StepRecord) -> float:

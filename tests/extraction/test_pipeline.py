@@ -80,6 +80,41 @@ async def test_semantic_and_procedural_run_side_by_side_and_score_the_last_step(
         assert [s.data["reward"] for s in steps] == [0.25]
 
 
+TWO_TRAJECTORIES = (("walk north", "go north"), ("walk south", "go south"),
+                    ("open door", "push door"), ("open window", "push window"))
+
+
+async def _two_trajectories(mem: mnemo.Memory) -> str:
+    await mem.open_repo(REPO)
+    sid = await mem.start_session("explore the house", repo=REPO)
+    for observation, action in TWO_TRAJECTORIES:
+        await mem.append(sid, observation, action)
+    return sid
+
+
+async def test_a_trajectory_s_returns_are_asked_while_its_facts_are_still_out(
+    events: EventLog, store: str
+) -> None:
+    """A trajectory's "return" task needs only its procedural reply: it is asked while the
+    semantic replies are held (a slow semantic reply does not delay round 2)."""
+    llm = FakeLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        sid = await _two_trajectories(mem)
+        facts, scores = llm.hold("semantic"), llm.hold("return")
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            while llm.tasks().count("return") < 2:
+                await anyio.wait_all_tasks_blocked()
+        assert llm.tasks().count("semantic") == 2
+        facts.release()
+        scores.release()
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        receipt = await mem.commit(sid)
+        assert receipt is not None
+        kinds = [n.type for n in [await mem.get_node(REPO, i) for i in receipt.node_ids] if n]
+        assert (kinds.count(N.SEMANTIC), kinds.count(N.PROCEDURAL)) == (4, 4)
+
+
 async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:
     """A committed episode yields all 7 node types, linked by the 4 link types as specified."""
     sid = await mem.start_session("explore the house", repo=REPO)

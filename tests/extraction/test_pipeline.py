@@ -84,6 +84,35 @@ TWO_TRAJECTORIES = (("walk north", "go north"), ("walk south", "go south"),
                     ("open door", "push door"), ("open window", "push window"))
 
 
+class ScoresThree(FakeLLM):
+    """A `FakeLLM` whose "return" task scores every instruction 3 (the cumulative reward
+    gives 7): a changeset holding 3 took the task's scores."""
+
+    def _answer(self, task: str, inputs: dict[str, object]) -> mnemo.LLMResponse:
+        response = super()._answer(task, inputs)
+        if task == "return":
+            data = js(response.data)
+            return mnemo.LLMResponse(data={"scores": [{**s, "return_score": 3}
+                                                      for s in data["scores"]]},
+                                     usage=response.usage)
+        return response
+
+
+class SignallingEmbedder(FakeEmbedder):
+    """A `FakeEmbedder` that sets `embedded` at its first call once `armed`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.embedded = anyio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
+        vectors = await super().embed(texts)
+        if self.armed:
+            self.embedded.set()
+        return vectors
+
+
 async def _two_trajectories(mem: mnemo.Memory) -> str:
     await mem.open_repo(REPO)
     sid = await mem.start_session("explore the house", repo=REPO)
@@ -113,6 +142,56 @@ async def test_a_trajectory_s_returns_are_asked_while_its_facts_are_still_out(
         assert receipt is not None
         kinds = [n.type for n in [await mem.get_node(REPO, i) for i in receipt.node_ids] if n]
         assert (kinds.count(N.SEMANTIC), kinds.count(N.PROCEDURAL)) == (4, 4)
+
+
+async def test_the_changeset_is_embedded_while_the_returns_are_out(
+    events: EventLog, store: str
+) -> None:
+    """Once every trajectory's first round is in, the changeset's texts are embedded while
+    the "return" tasks are still out; their scores are in the changeset all the same."""
+    llm, embedder = ScoresThree(), SignallingEmbedder()
+    async with mnemo.Memory(store, llm=llm, embedder=embedder, on_event=events) as mem:
+        sid = await _two_trajectories(mem)
+        scores = llm.hold("return")
+        embedder.armed = True
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            await scores.started.wait()
+            await embedder.embedded.wait()
+        scores.release()
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        receipt = await mem.commit(sid)
+        assert receipt is not None
+        procedures = [n for n in [await mem.get_node(REPO, i) for i in receipt.node_ids]
+                      if n and n.type is N.PROCEDURAL]
+        assert [p.data["return_score"] for p in procedures] == [3, 3, 3, 3]
+
+
+async def test_an_embedding_that_fails_during_the_returns_keeps_them_for_the_retry(
+    events: EventLog, store: str
+) -> None:
+    """The embedder fails while the "return" tasks are out: the extraction fails once they
+    are in, and keeps them, so the retry embeds again and asks no task again."""
+    llm, embedder = FakeLLM(), SignallingEmbedder()
+    async with mnemo.Memory(store, llm=llm, embedder=embedder, on_event=events) as mem:
+        sid = await _two_trajectories(mem)
+        scores = llm.hold("return")
+        embedder.fail = True
+        mark = len(llm.calls)
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            await scores.started.wait()
+            while not embedder.raised:
+                await anyio.wait_all_tasks_blocked()
+        scores.release()
+        assert await events.wait_state(mem, sid, mnemo.State.FAILED) is mnemo.State.FAILED
+        assert sorted(llm.tasks()[mark:]) == [
+            "procedural", "procedural", "return", "return", "semantic", "semantic"]
+        embedder.fail = False
+        mark = len(llm.calls)
+        assert await mem.commit(sid) is None
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        assert llm.tasks()[mark:] == []
 
 
 async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:

@@ -263,6 +263,21 @@ async def test_body_that_is_not_json_is_retried(
             await t.post_json("/chat/completions", PAYLOAD)
 
 
+async def test_a_body_that_is_sloppy_but_whole_json_is_read(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A raw tab inside a string, UTF-16 and an integer past 64 bits are whole replies (read
+    as `json` reads them when msgspec refuses), not cut ones: no retry."""
+    for body in (b'{"choices": [{"message": {"content": "a\tb"}}]}',
+                 '{"choices": [{"message": {"content": "a\\tb"}}]}'.encode("utf-16"),
+                 b'{"choices": [{"message": {"content": "a\\tb"}}], "n": 123456789012345678901}'):
+        server.script(Raw(body))
+        async with transport(server.openai_url, clock, max_retries=0) as t:
+            reply = await t.post_json("/chat/completions", PAYLOAD)
+        assert js(reply)["choices"][0]["message"]["content"] == "a\tb"
+    assert len(server.requests) == 3
+
+
 # ---- client-side rate limits ------------------------------------------------------------------
 
 

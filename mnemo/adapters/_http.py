@@ -201,13 +201,16 @@ class RateGate:
         self._paused_until = -math.inf
         self._lock = anyio.Lock()
 
+    @property
+    def open(self) -> bool:
+        """Whether `acquire` has nothing to wait for: no limits, no pause, nobody in line."""
+        return self._requests is None and self._tokens is None and not self._lock.locked() \
+            and self._paused_until <= self._clock.now()
+
     async def acquire(self, tokens: int) -> None:
         """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
-        if self._requests is None and self._tokens is None and not self._lock.locked() and (
-            self._paused_until <= self._clock.now()
-        ):
-            # No limits and no pause: nothing to wait for, so no trip through the event loop
-            # (anyio's Lock yields once even when free).
+        if self.open:
+            # No trip through the event loop (anyio's Lock yields once even when free).
             return
         async with self._lock:
             while True:
@@ -431,8 +434,10 @@ class Transport:
     ) -> dict[str, object]:
         allowed = self.attempt_timeout()
         async with self.limit.slot(kind, allowed) as ticket:
-            with deadline.waiting():
-                await self._gate.acquire(estimate)
+            if not self._gate.open:
+                # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
+                with deadline.waiting():
+                    await self._gate.acquire(estimate)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = min(allowed, budget.seconds_left())
             try:

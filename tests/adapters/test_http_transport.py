@@ -18,6 +18,7 @@ import anyio
 import httpx
 import pytest
 
+from mnemo import deadline
 from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
 from mnemo.retry import Backoff
@@ -401,6 +402,35 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
 
 
 # ---- the HTTP path's own cost --------------------------------------------------------------------
+
+
+class Stops:
+    """A `deadline.Pausable` that counts how often a wait stopped it."""
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    def pause(self) -> None:
+        self.stops += 1
+
+    def resume(self) -> None:
+        pass
+
+
+async def test_an_attempt_that_waits_for_nothing_stops_no_clock(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A request with a free slot and an open gate stops no deadline (each stop and start
+    moved the deadlines' timers on every call); one that waits for the rate limit does."""
+    stops = Stops()
+    with deadline.registered(stops):
+        async with transport(server.openai_url, clock) as t:
+            await t.post_json("/chat/completions", PAYLOAD)
+        assert stops.stops == 0
+        async with transport(server.openai_url, clock, requests_per_minute=60) as t:
+            for _ in range(2):
+                await t.post_json("/chat/completions", PAYLOAD)
+        assert stops.stops >= 1
 
 
 async def test_gate_without_limits_does_not_yield(clock: VirtualClock) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
@@ -119,6 +121,44 @@ async def _two_trajectories(mem: mnemo.Memory) -> str:
     for observation, action in TWO_TRAJECTORIES:
         await mem.append(sid, observation, action)
     return sid
+
+
+class WritesLater(FakeLLM):
+    """A `FakeLLM` that sends each request in a task of its own, as aiohttp does on Python
+    3.11 (the bytes leave when the loop comes to that task), recording for each how many
+    semantic requests had been made by then."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup) -> None:
+        super().__init__()
+        self.tg = tg
+        self.made: list[str] = []
+        self.written: list[tuple[str, int]] = []
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        self.made.append(request.task)
+        self.tg.start_soon(self._write, request.task)
+        await anyio.lowlevel.checkpoint()  # the reply comes on a later turn
+        return await super().generate(request)
+
+    async def _write(self, task: str) -> None:
+        self.written.append((task, self.made.count("semantic")))
+
+
+async def test_the_procedural_requests_are_written_before_any_semantic_one_is_made(
+    events: EventLog, store: str
+) -> None:
+    """Round 2 waits for the procedural replies: every procedural request is written before
+    any semantic request is made, also by a transport that writes in a task of its own."""
+    async with anyio.create_task_group() as tg:
+        llm = WritesLater(tg)
+        async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                on_event=events) as mem:
+            sid = await _two_trajectories(mem)
+            mark = len(llm.written)
+            await mem.close(sid)
+            assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+    procedural = [made for task, made in llm.written[mark:] if task == "procedural"]
+    assert procedural == [0, 0]
 
 
 async def test_a_trajectory_s_returns_are_asked_while_its_facts_are_still_out(

@@ -68,6 +68,17 @@ def test_changeset_json_is_canonical(changeset: Changeset) -> None:
     assert Changeset.from_json(text).to_json() == text
 
 
+def test_changeset_json_is_compact_utf8_with_sorted_keys() -> None:
+    """A changeset's JSON lists every object's keys in order and writes text as it is (no
+    escapes, no spaces), as msgspec does; `from_json` reads it back."""
+    node = NodeDraft("n1", NodeType.SEMANTIC, "Zoë's café", {"b": 1, "a": [0.5]},
+                     np.zeros(DIM, dtype=np.float32))
+    text = Changeset("c1", "r", [node]).to_json()
+    assert text.startswith('{"id":"c1","links":[],"nodes":[{"data":{"a":[0.5],"b":1},"id":"n1",')
+    assert "\"text\":\"Zoë's café\"" in text
+    assert Changeset.from_json(text).nodes[0].text == "Zoë's café"
+
+
 @given(commit_receipts)
 def test_commit_receipt_round_trip(receipt: CommitReceipt) -> None:
     """A commit receipt read back from its JSON equals the original."""

@@ -1,8 +1,10 @@
 """`Transport`: the one place where mnemo's HTTP adapters become robust.
 
 Every adapter (OpenAI-compatible chat, Anthropic, OpenAI embeddings) sends its requests through
-one `Transport`, which owns one `httpx.AsyncClient` (its connections pooled by aiohttp, `Pool`)
-and applies, in this order, to each attempt:
+one `Transport`, which owns one `httpx.AsyncClient` (its connections pooled by aiohttp, `Pool`;
+a request is built from its path's template and handed to that network transport directly,
+`Transport._send`; msgspec writes the body and reads the reply) and applies, in this order, to
+each attempt:
 
 1. a concurrency limit adapted to the server (`mnemo.adapters.limit.Limit`: it learns how many
    requests the server serves at once, below the `max_concurrency` ceiling, unless
@@ -44,6 +46,7 @@ from email.utils import parsedate_to_datetime
 
 import anyio
 import httpx
+import msgspec
 
 from mnemo import deadline
 from mnemo.adapters._pool import Pool
@@ -198,13 +201,16 @@ class RateGate:
         self._paused_until = -math.inf
         self._lock = anyio.Lock()
 
+    @property
+    def open(self) -> bool:
+        """Whether `acquire` has nothing to wait for: no limits, no pause, nobody in line."""
+        return self._requests is None and self._tokens is None and not self._lock.locked() \
+            and self._paused_until <= self._clock.now()
+
     async def acquire(self, tokens: int) -> None:
         """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
-        if self._requests is None and self._tokens is None and not self._lock.locked() and (
-            self._paused_until <= self._clock.now()
-        ):
-            # No limits and no pause: nothing to wait for, so no trip through the event loop
-            # (anyio's Lock yields once even when free).
+        if self.open:
+            # No trip through the event loop (anyio's Lock yields once even when free).
             return
         async with self._lock:
             while True:
@@ -309,17 +315,21 @@ class Transport:
             tokens_per_minute=tokens_per_minute,
             clock=self._clock,
         )
+        # The network is aiohttp's pool (`Pool`: a call costs a seventh of httpx's own pool's
+        # CPU with dozens in flight), as many connections kept alive as requests in flight.
+        self._network = transport if transport is not None else Pool(
+            max_connections=max_concurrency
+        )
         self._client = httpx.AsyncClient(
             base_url=base_url,
             headers=dict(headers or {}),
             # httpx's own timeout bounds each network phase; `fail_after` bounds the attempt.
             timeout=httpx.Timeout(timeout),
-            # The network is aiohttp's pool (`Pool`: a call costs a seventh of httpx's own pool's
-            # CPU with dozens in flight), as many connections kept alive as requests in flight.
-            transport=transport if transport is not None else Pool(
-                max_connections=max_concurrency
-            ),
+            transport=self._network,
         )
+        # Per path, the URL, headers and timeouts `build_request` gives a POST (`_send`).
+        self._templates: dict[
+            str, tuple[httpx.URL, list[tuple[bytes, bytes]], dict[str, object]]] = {}
 
     def attempt_timeout(self) -> float:
         """The seconds one attempt may take: the adapter's `timeout`, or when it set none
@@ -366,7 +376,7 @@ class Transport:
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
-        body = json.dumps(payload, ensure_ascii=False).encode()
+        body = _encode(payload)
         estimate = max(1, len(body) // CHARS_PER_TOKEN)
         failures = 0
         while True:
@@ -424,17 +434,15 @@ class Transport:
     ) -> dict[str, object]:
         allowed = self.attempt_timeout()
         async with self.limit.slot(kind, allowed) as ticket:
-            with deadline.waiting():
-                await self._gate.acquire(estimate)
+            if not self._gate.open:
+                # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
+                with deadline.waiting():
+                    await self._gate.acquire(estimate)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = min(allowed, budget.seconds_left())
             try:
                 with anyio.fail_after(seconds):
-                    response = await self._client.post(
-                        path,
-                        content=body,
-                        headers={"content-type": "application/json", **(headers or {})},
-                    )
+                    response = await self._send(path, body, headers)
             except TimeoutError as exc:
                 ticket.overloaded()
                 raise _Retryable(f"no reply within {seconds:g}s", exc, timed_out=True) from exc
@@ -447,6 +455,46 @@ class Transport:
             except httpx.TransportError as exc:
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
             return self._read(response, estimate, refusal, malformed, ticket)
+
+    async def _send(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None
+    ) -> httpx.Response:
+        """POSTs `body` as JSON to `path` and reads the whole reply: what `AsyncClient.post`
+        does for mnemo's requests, without the steps that do nothing here (auth, redirects,
+        which mnemo never follows; event hooks) or that cost without use (the URL merged and
+        the headers built again, cookies parsed from every reply: about 80 us of a call's
+        client CPU). A reply that sets cookies has them kept, and the requests after it are
+        built by the client, which sends them; the "HTTP Request" line is logged as httpx
+        logs it."""
+        client = self._client
+        if client.is_closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        if headers or client.cookies:
+            request = client.build_request(
+                "POST", path, content=body, headers={**_JSON_HEADERS, **(headers or {})}
+            )
+        else:
+            template = self._templates.get(path)
+            if template is None:
+                built = client.build_request("POST", path, headers=_JSON_HEADERS)
+                raw = [(k, v) for k, v in built.headers.raw if k.lower() != b"content-length"]
+                template = self._templates[path] = (built.url, raw, built.extensions)
+            url, raw, extensions = template
+            request = httpx.Request("POST", url, content=body, headers=raw,
+                                    extensions={**extensions})
+        response = await self._network.handle_async_request(request)
+        response.request = request
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        if "set-cookie" in response.headers:
+            client.cookies.extract_cookies(response)
+        if _HTTPX_LOG.isEnabledFor(logging.INFO):
+            _HTTPX_LOG.info('HTTP Request: %s %s "%s %d %s"', request.method, request.url,
+                            response.http_version, response.status_code,
+                            response.reason_phrase)
+        return response
 
     def _read(
         self,
@@ -461,9 +509,7 @@ class Transport:
             ticket.overloaded()
         if 200 <= status < 300:
             try:
-                # strict=False: a raw control character inside a string is a sloppy server's
-                # JSON, still a complete reply, not a cut one worth another attempt.
-                reply = response.json(strict=False)
+                reply = _decode(response.content)
             except ValueError:
                 reply = None
             if not isinstance(reply, dict):
@@ -507,6 +553,38 @@ class Transport:
             f"{self.name} failed after {attempts} attempts: {failed.problem} "
             f"({budget.describe()}{wait})"
         )
+
+
+_JSON_HEADERS = {"content-type": "application/json"}
+_HTTPX_LOG = logging.getLogger("httpx")
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
+
+
+def _encode(payload: Mapping[str, object]) -> bytes:
+    """`payload` as compact JSON in UTF-8 (msgspec: a twentieth of `json.dumps`'s time).
+
+    Raises:
+        TypeError: a value JSON cannot hold.
+    """
+    try:
+        return _ENCODER.encode(payload)
+    except msgspec.EncodeError as exc:
+        raise TypeError(str(exc)) from exc
+
+
+def _decode(content: bytes) -> object:
+    """A reply body's JSON; with `json`'s `strict=False` when msgspec refuses it (a raw
+    control character inside a string is a sloppy server's JSON, still a complete reply, not
+    a cut one worth another attempt; so are UTF-16 and integers past 64 bits).
+
+    Raises:
+        ValueError: the body is not JSON.
+    """
+    try:
+        return _DECODER.decode(content)
+    except msgspec.DecodeError:
+        return json.loads(content, strict=False)
 
 
 def _check_limits(

@@ -2,7 +2,8 @@
 
 A model's structured reply is decoded leniently (a ```json fence or prose around one JSON object
 is tolerated, since local models add them even when asked not to) and then validated strictly
-against the request's JSON schema with `jsonschema`. The problem found is phrased for two
+against the request's JSON schema: a walk of the few keywords replies' schemas use says when it
+plainly matches, and `jsonschema` judges the rest. The problem found is phrased for two
 readers: the model, in the one re-ask (`reask_text`), and the user, in the `LLMError` raised
 when the re-ask fails too.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 
 from jsonschema import Draft202012Validator
@@ -200,6 +201,8 @@ def schema_problem(data: object, schema: Mapping[str, object]) -> str | None:
     The most relevant error is named with its location ("at $.facts[0].confidence: 1.5 is
     greater than the maximum of 1"), then how many others there are.
     """
+    if _plainly_valid(data, schema):
+        return None
     errors = list(_validator(_key(schema)).iter_errors(data))
     if not errors:
         return None
@@ -280,6 +283,63 @@ def _validator(key: str) -> Draft202012Validator:
 # 4.5 is read as 1, a return score of 0 as 1). Refusing them cost a re-ask that a small model
 # answered the same way, and then the whole task.
 _GUIDES = frozenset({"maxLength", "maxItems", "minimum", "maximum"})
+
+
+# The keywords `_plainly_valid` reads (the guides it leaves out as `_unbounded` does, and
+# annotations): a schema with any other is for jsonschema to judge.
+_PLAIN = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum",
+                    "anyOf", "description", "title"}) | _GUIDES
+_TYPES: dict[str, Callable[[object], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
+    or (isinstance(v, float) and v.is_integer()),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def _plainly_valid(value: object, schema: object) -> bool:
+    """Whether `value` matches `schema` (bounds left out, as `_unbounded`), judged by a walk
+    of the keywords replies' schemas use: True only when it surely does; False when it does
+    not or when the schema says something the walk does not read (jsonschema then judges,
+    and words the problem). jsonschema took 60-200 us of the event loop for a two-fact
+    semantic reply (load 5-11), the walk 15 us: 48 replies a 16-trajectory close."""
+    if not isinstance(schema, dict) or not schema.keys() <= _PLAIN:
+        return False
+    kind = schema.get("type")
+    if kind is not None:
+        kinds = kind if isinstance(kind, list) else [kind]
+        if not any(k in _TYPES and _TYPES[k](value) for k in kinds if isinstance(k, str)):
+            return False
+    options = schema.get("enum")
+    if options is not None and not (isinstance(options, list) and any(
+            type(option) is type(value) and option == value for option in options
+            if isinstance(option, str | int | float | bool | None))):
+        return False
+    alternatives = schema.get("anyOf")
+    if alternatives is not None and not (isinstance(alternatives, list) and any(
+            _plainly_valid(value, alternative) for alternative in alternatives)):
+        return False
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        required = schema.get("required", [])
+        others = schema.get("additionalProperties", True)
+        if not isinstance(properties, dict) or not isinstance(required, list) \
+                or any(not isinstance(name, str) or name not in value for name in required):
+            return False
+        for name, item in value.items():
+            known = properties.get(name)
+            if known is None and others is True:
+                continue
+            if not _plainly_valid(item, others if known is None else known):
+                return False
+    elif isinstance(value, list) and "items" in schema:
+        each = schema["items"]
+        return isinstance(each, dict) and all(_plainly_valid(item, each) for item in value)
+    return True
 
 
 def _unbounded(node: object) -> object:

@@ -9,6 +9,12 @@ instructions, where a model's judgement can tell them apart (one instruction tak
 trajectory's score either way). The critical path is therefore two calls whatever the number
 of trajectories, one when no trajectory has several instructions.
 
+A trajectory's "return" task needs only its procedural reply: it is asked as soon as that is
+in, while the semantic replies still come. Once every trajectory's first round is in, the
+changeset is drawn up and its texts embedded while the returns are still out; their scores
+are written into it at the end. So the close's own work, and a remote embedder's round trip,
+overlap the model's second round instead of following it.
+
 A failed task does not cancel its siblings: each validated result is kept in the episode's
 `TaskMemo`, so the retry re-asks only what failed. The caller's LLM is already bounded by its
 provider's limiter and metered.
@@ -18,12 +24,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from mnemo import deadline
 from mnemo.episode.annotation import embed
@@ -66,10 +73,28 @@ class Source:
 
 @dataclass(slots=True)
 class _Extracted:
+    """One trajectory's results, filled in as its replies come."""
+
     steps: list[StepRecord]
-    facts: list[Fact]
-    instructions: list[Instruction]
-    returns: dict[int, int]
+    facts: list[Fact] = field(default_factory=list)
+    instructions: list[Instruction] = field(default_factory=list)
+    returns: dict[int, int] = field(default_factory=dict)
+
+
+class _FirstRound:
+    """Counts the trajectories whose first round (facts, instructions, the deferred reward) is
+    still out; `all_in` is set when none is."""
+
+    def __init__(self, trajectories: int) -> None:
+        self.left = trajectories
+        self.all_in = anyio.Event()
+        if trajectories == 0:
+            self.all_in.set()
+
+    def one_in(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.all_in.set()
 
 
 class _Round:
@@ -119,17 +144,21 @@ async def extract(
     """
     memo = memo if memo is not None else TaskMemo(episode.id)
     groups = episode.trajectories(list(steps))
-    results: list[_Extracted | None] = [None] * len(groups)
+    parts = [_Extracted(group) for group in groups]
     work = _Round(llm, memo, episode.goal)
     last = steps[-1] if steps else None
     deferred = last if score_last_step and last is not None else None
+    first_round = _FirstRound(len(groups))
+    drafted: list[_Draft] = []
+    draft_failed: list[Exception] = []
 
     async def one(i: int, group: list[StepRecord]) -> None:
         scores = deferred if deferred is not None and group[-1] is deferred else None
         trajectory = _Trajectory(i + 1, group)
         try:
             with deadline.fail_after(time_limit):
-                results[i] = await _extract_trajectory(work, trajectory, scores_last=scores)
+                await _extract_trajectory(work, trajectory, parts[i], first_round.one_in,
+                                          scores_last=scores)
         except TimeoutError as exc:
             unanswered = ", ".join(sorted(trajectory.pending)) or "none"
             raise TimeoutError(
@@ -137,19 +166,35 @@ async def extract(
                 f"(unanswered: {unanswered})"
             ) from exc
 
+    async def draft() -> None:
+        await first_round.all_in.wait()
+        # The last trajectory's "return" request, started as its first round came in, goes
+        # out before this work takes the loop.
+        await anyio.lowlevel.checkpoint()
+        if work.failures and not partial:
+            return  # the extraction fails: nothing to embed
+        try:
+            drafted.append(await _draft(repo, episode, source, parts, embedder, work.rewards,
+                                        generation))
+        except Exception as exc:
+            # Raised once the returns are in, as when the changeset followed them: a failed
+            # embedding does not cancel tasks whose results the memo keeps for the retry.
+            draft_failed.append(exc)
+
     with first_error():
         async with anyio.create_task_group() as tg:
             for i, group in enumerate(groups):
                 tg.start_soon(one, i, group)
+            tg.start_soon(draft)
     if work.failures and not partial:
         where, failure = work.failures[0]
         named = _named(where, failure)
         if named is failure:
             raise failure
         raise named from failure
-    done = [r for r in results if r is not None]
-    changeset = await _changeset(repo, episode, source, done, embedder, work.rewards,
-                                 generation)
+    if draft_failed:
+        raise draft_failed[0]
+    changeset = drafted[0].changeset(parts)
     if work.failures:
         changeset = replace(changeset, missing=[f"{where}: {exc}" for where, exc in
                                                 work.failures])
@@ -181,17 +226,29 @@ class _Trajectory:
 
 
 async def _extract_trajectory(
-    work: _Round, trajectory: _Trajectory, *, scores_last: StepRecord | None
-) -> _Extracted:
-    """One trajectory's facts, instructions and returns; a task that failed for good leaves
-    its part empty, and its failure (named) is in `work.failures`. With `scores_last` (its
-    last step, whose reward close scores), the procedural task scores it too; a reply without
-    that score has it asked of the "reward" task after."""
+    work: _Round,
+    trajectory: _Trajectory,
+    part: _Extracted,
+    first_round_in: Callable[[], None],
+    *,
+    scores_last: StepRecord | None,
+) -> None:
+    """One trajectory's facts, instructions and returns, into `part`; a task that failed for
+    good leaves its part empty, and its failure (named) is in `work.failures`. With
+    `scores_last` (its last step, whose reward close scores), the procedural task scores it
+    too; a reply without that score has it asked of the "reward" task after. The "return" task
+    is asked once the procedural reply is in, whatever the semantic one does;
+    `first_round_in` is called once both (and the reward) are in."""
     steps = trajectory.steps
     key = steps[0].trajectory_id
     subgoal = steps[0].subgoal
-    found_facts: list[Fact] = []
-    found_instructions: list[Instruction] = []
+    first_round_left = 2
+
+    def one_in() -> None:
+        nonlocal first_round_left
+        first_round_left -= 1
+        if first_round_left == 0:
+            first_round_in()
 
     async def asked(task: str, call: Awaitable[T]) -> T | None:
         trajectory.pending.add(task)
@@ -204,6 +261,11 @@ async def _extract_trajectory(
             trajectory.pending.discard(task)
 
     async def semantic() -> None:
+        # The procedural requests go out first: round 2 waits for their replies, the semantic
+        # ones only for the changeset (drawn up while the returns are out). A transport that
+        # writes a request in a task of its own (aiohttp on Python 3.11) would otherwise write
+        # this trajectory's procedural request after this task has built and sent its own.
+        await anyio.lowlevel.checkpoint()
         request = semantic_request(
             goal=work.goal,
             subgoal=subgoal,
@@ -214,7 +276,8 @@ async def _extract_trajectory(
         )
         facts = await asked("semantic", work.memo.ask(work.llm, key, request, parse_facts))
         if facts is not None:
-            found_facts.extend(facts)
+            part.facts.extend(facts)
+        one_in()
 
     async def procedural() -> None:
         # Only the records' rewards go in, never one scored meanwhile: a retry must build the
@@ -223,25 +286,24 @@ async def _extract_trajectory(
                                      score_last=scores_last is not None)
         reply = await asked("procedural",
                             work.memo.ask(work.llm, key, request, parse_procedural))
-        if reply is None:
-            return
-        found_instructions.extend(reply[0])
-        reward = reply[1]
-        if scores_last is not None:
-            if reward is None:
-                reward = await asked("reward", _score_alone(work, scores_last))
-            if reward is not None:
-                work.rewards[scores_last.id] = reward
+        if reply is not None:
+            part.instructions.extend(reply[0])
+            reward = reply[1]
+            if scores_last is not None:
+                if reward is None:
+                    reward = await asked("reward", _score_alone(work, scores_last))
+                if reward is not None:
+                    work.rewards[scores_last.id] = reward
+        instructions = part.instructions
+        part.returns.update(cumulative_returns(instructions, [work.reward(s) for s in steps]))
+        one_in()
+        if len(instructions) > 1:
+            part.returns.update(await _scored_returns(work, steps, instructions))
 
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(semantic)
             await procedural()
-    instructions = found_instructions
-    returns = cumulative_returns(instructions, [work.reward(s) for s in steps])
-    if len(instructions) > 1:
-        returns |= await _scored_returns(work, steps, instructions)
-    return _Extracted(steps, found_facts, instructions, returns)
 
 
 async def _score_alone(work: _Round, step: StepRecord) -> float:
@@ -326,7 +388,30 @@ def episodic_id(step: StepRecord) -> str:
     return f"episodic_{step.id}"
 
 
-async def _changeset(
+@dataclass(slots=True)
+class _Draft:
+    """A changeset drawn up before the "return" scores are in: its nodes (embedded) and
+    links, and where each instruction's score goes (its node's data, by trajectory and
+    instruction)."""
+
+    repo: str
+    nodes: list[NodeDraft] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    step_ids: list[str] = field(default_factory=list)
+    scores: list[tuple[dict[str, object], int, int]] = field(default_factory=list)
+    # The generation of the repo's vectors the nodes' vectors are made for.
+    generation: int = 0
+
+    def changeset(self, extracted: list[_Extracted]) -> Changeset:
+        """The changeset, each instruction's return score as its trajectory has it now."""
+        for data, part, index in self.scores:
+            data["return_score"] = extracted[part].returns.get(index)
+        return Changeset(id=_new_id("changeset"), repo=self.repo, nodes=self.nodes,
+                         links=self.links, step_ids=self.step_ids,
+                         generation=self.generation)
+
+
+async def _draft(
     repo: str,
     episode: EpisodeRecord,
     source: Source,
@@ -334,11 +419,13 @@ async def _changeset(
     embedder: Embedder,
     rewards: dict[str, float],
     generation: int,
-) -> Changeset:
+) -> _Draft:
     """Turns worker output into nodes and links; embeds every node's text in one call.
-    `rewards` are the deferred rewards scored at close (not yet on their step records)."""
+    `rewards` are the deferred rewards scored at close (not yet on their step records); the
+    return scores are the draft's `changeset`'s to write."""
     if not extracted:
-        return Changeset(id=_new_id("changeset"), repo=repo, generation=generation)
+        return _Draft(repo, generation=generation)
+    scores: list[tuple[dict[str, object], int, int]] = []
     pending: list[tuple[str, NodeType, str, dict[str, object], str | None]] = []
     links: list[Link] = []
     # When each fact began to hold: a date it names, resolved against its steps'
@@ -357,7 +444,7 @@ async def _changeset(
 
     add(NodeType.SOURCE, source.text, source.data, node_id=source.node_id)
     step_ids: list[str] = []
-    for part in extracted:
+    for number, part in enumerate(extracted):
         first = part.steps[0]
         subgoal_id = add(
             NodeType.SUBGOAL,
@@ -433,18 +520,16 @@ async def _changeset(
             for b in facts[i + 1 :]:
                 links.append(Link(a, b, LinkType.SIBLING))
         for i, ins in enumerate(part.instructions):
-            proc_id = add(
-                NodeType.PROCEDURAL,
-                ins.instruction,
-                {
-                    "intent": ins.intent,
-                    "condition": ins.condition,
-                    "instruction": ins.instruction,
-                    "expected_outcome": ins.expected_outcome,
-                    "return_score": part.returns.get(i),
-                    "trajectory_id": first.trajectory_id,
-                },
-            )
+            procedure: dict[str, object] = {
+                "intent": ins.intent,
+                "condition": ins.condition,
+                "instruction": ins.instruction,
+                "expected_outcome": ins.expected_outcome,
+                "return_score": None,
+                "trajectory_id": first.trajectory_id,
+            }
+            scores.append((procedure, number, i))
+            proc_id = add(NodeType.PROCEDURAL, ins.instruction, procedure)
             held = held_from(ins.instruction, ins.steps)
             if held is not None:
                 valid[proc_id] = held
@@ -470,8 +555,7 @@ async def _changeset(
         )
         for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)
     ]
-    return Changeset(id=_new_id("changeset"), repo=repo, nodes=nodes, links=links,
-                     step_ids=step_ids, generation=generation)
+    return _Draft(repo, nodes, links, step_ids, scores, generation)
 
 
 # How much of a step's observation may carry its date stamp, and of a fact its date.

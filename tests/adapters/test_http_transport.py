@@ -18,6 +18,7 @@ import anyio
 import httpx
 import pytest
 
+from mnemo import deadline
 from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
 from mnemo.retry import Backoff
@@ -263,6 +264,21 @@ async def test_body_that_is_not_json_is_retried(
             await t.post_json("/chat/completions", PAYLOAD)
 
 
+async def test_a_body_that_is_sloppy_but_whole_json_is_read(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A raw tab inside a string, UTF-16 and an integer past 64 bits are whole replies (read
+    as `json` reads them when msgspec refuses), not cut ones: no retry."""
+    for body in (b'{"choices": [{"message": {"content": "a\tb"}}]}',
+                 '{"choices": [{"message": {"content": "a\\tb"}}]}'.encode("utf-16"),
+                 b'{"choices": [{"message": {"content": "a\\tb"}}], "n": 123456789012345678901}'):
+        server.script(Raw(body))
+        async with transport(server.openai_url, clock, max_retries=0) as t:
+            reply = await t.post_json("/chat/completions", PAYLOAD)
+        assert js(reply)["choices"][0]["message"]["content"] == "a\tb"
+    assert len(server.requests) == 3
+
+
 # ---- client-side rate limits ------------------------------------------------------------------
 
 
@@ -386,6 +402,35 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
 
 
 # ---- the HTTP path's own cost --------------------------------------------------------------------
+
+
+class Stops:
+    """A `deadline.Pausable` that counts how often a wait stopped it."""
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    def pause(self) -> None:
+        self.stops += 1
+
+    def resume(self) -> None:
+        pass
+
+
+async def test_an_attempt_that_waits_for_nothing_stops_no_clock(
+    server: ProviderServer, clock: VirtualClock
+) -> None:
+    """A request with a free slot and an open gate stops no deadline (each stop and start
+    moved the deadlines' timers on every call); one that waits for the rate limit does."""
+    stops = Stops()
+    with deadline.registered(stops):
+        async with transport(server.openai_url, clock) as t:
+            await t.post_json("/chat/completions", PAYLOAD)
+        assert stops.stops == 0
+        async with transport(server.openai_url, clock, requests_per_minute=60) as t:
+            for _ in range(2):
+                await t.post_json("/chat/completions", PAYLOAD)
+        assert stops.stops >= 1
 
 
 async def test_gate_without_limits_does_not_yield(clock: VirtualClock) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 import mnemo
 from mnemo.calls.slots import LimitedLLM
+from mnemo.extraction import memo as memo_module
 from mnemo.extraction.memo import TaskMemo, request_digest
 from mnemo.extraction.model import Instruction
 from mnemo.extraction.pipeline import cumulative_returns
@@ -178,6 +179,39 @@ async def test_memo_answers_the_same_request_once_and_books_the_saving() -> None
     await memo.ask(llm, "trajectory_a", other, parse_facts)
     assert inner.tasks() == ["semantic"] * 3
     assert len(memo) == 3
+
+
+async def test_an_extraction_that_succeeds_hashes_no_request(
+    events: EventLog, store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request is hashed only to find a result kept before or to store one: a close whose
+    tasks all succeed hashes none; one that fails hashes what it stores, and the retry what
+    it looks up."""
+    hashed: list[str] = []
+
+    def counted(request: mnemo.LLMRequest) -> str:
+        hashed.append(request.task)
+        return request_digest(request)
+
+    monkeypatch.setattr(memo_module, "request_digest", counted)
+    llm = FakeLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO)
+        sid = await _collect(mem)
+        await mem.close(sid)
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        assert hashed == []
+        await mem.commit(sid)
+        sid = await _collect(mem)
+        llm.fail_tasks.add("procedural")
+        await mem.close(sid)
+        assert await events.wait_state(mem, sid, mnemo.State.FAILED) is mnemo.State.FAILED
+        assert sorted(hashed) == ["semantic", "semantic"]
+        llm.fail_tasks.clear()
+        hashed.clear()
+        assert await mem.commit(sid) is None
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        assert sorted(hashed) == ["semantic", "semantic"]
 
 
 async def test_memo_keeps_nothing_when_the_task_fails() -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 
 import mnemo
 from mnemo.calls.tasks import task_inputs
@@ -78,6 +80,158 @@ async def test_semantic_and_procedural_run_side_by_side_and_score_the_last_step(
         assert receipt is not None
         steps = await mem.get_nodes_by_type(REPO, [N.EPISODIC])
         assert [s.data["reward"] for s in steps] == [0.25]
+
+
+TWO_TRAJECTORIES = (("walk north", "go north"), ("walk south", "go south"),
+                    ("open door", "push door"), ("open window", "push window"))
+
+
+class ScoresThree(FakeLLM):
+    """A `FakeLLM` whose "return" task scores every instruction 3 (the cumulative reward
+    gives 7): a changeset holding 3 took the task's scores."""
+
+    def _answer(self, task: str, inputs: dict[str, object]) -> mnemo.LLMResponse:
+        response = super()._answer(task, inputs)
+        if task == "return":
+            data = js(response.data)
+            return mnemo.LLMResponse(data={"scores": [{**s, "return_score": 3}
+                                                      for s in data["scores"]]},
+                                     usage=response.usage)
+        return response
+
+
+class SignallingEmbedder(FakeEmbedder):
+    """A `FakeEmbedder` that sets `embedded` at its first call once `armed`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.embedded = anyio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
+        vectors = await super().embed(texts)
+        if self.armed:
+            self.embedded.set()
+        return vectors
+
+
+async def _two_trajectories(mem: mnemo.Memory) -> str:
+    await mem.open_repo(REPO)
+    sid = await mem.start_session("explore the house", repo=REPO)
+    for observation, action in TWO_TRAJECTORIES:
+        await mem.append(sid, observation, action)
+    return sid
+
+
+class WritesLater(FakeLLM):
+    """A `FakeLLM` that sends each request in a task of its own, as aiohttp does on Python
+    3.11 (the bytes leave when the loop comes to that task), recording for each how many
+    semantic requests had been made by then."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup) -> None:
+        super().__init__()
+        self.tg = tg
+        self.made: list[str] = []
+        self.written: list[tuple[str, int]] = []
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        self.made.append(request.task)
+        self.tg.start_soon(self._write, request.task)
+        await anyio.lowlevel.checkpoint()  # the reply comes on a later turn
+        return await super().generate(request)
+
+    async def _write(self, task: str) -> None:
+        self.written.append((task, self.made.count("semantic")))
+
+
+async def test_the_procedural_requests_are_written_before_any_semantic_one_is_made(
+    events: EventLog, store: str
+) -> None:
+    """Round 2 waits for the procedural replies: every procedural request is written before
+    any semantic request is made, also by a transport that writes in a task of its own."""
+    async with anyio.create_task_group() as tg:
+        llm = WritesLater(tg)
+        async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                on_event=events) as mem:
+            sid = await _two_trajectories(mem)
+            mark = len(llm.written)
+            await mem.close(sid)
+            assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+    procedural = [made for task, made in llm.written[mark:] if task == "procedural"]
+    assert procedural == [0, 0]
+
+
+async def test_a_trajectory_s_returns_are_asked_while_its_facts_are_still_out(
+    events: EventLog, store: str
+) -> None:
+    """A trajectory's "return" task needs only its procedural reply: it is asked while the
+    semantic replies are held (a slow semantic reply does not delay round 2)."""
+    llm = FakeLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        sid = await _two_trajectories(mem)
+        facts, scores = llm.hold("semantic"), llm.hold("return")
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            while llm.tasks().count("return") < 2:
+                await anyio.wait_all_tasks_blocked()
+        assert llm.tasks().count("semantic") == 2
+        facts.release()
+        scores.release()
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        receipt = await mem.commit(sid)
+        assert receipt is not None
+        kinds = [n.type for n in [await mem.get_node(REPO, i) for i in receipt.node_ids] if n]
+        assert (kinds.count(N.SEMANTIC), kinds.count(N.PROCEDURAL)) == (4, 4)
+
+
+async def test_the_changeset_is_embedded_while_the_returns_are_out(
+    events: EventLog, store: str
+) -> None:
+    """Once every trajectory's first round is in, the changeset's texts are embedded while
+    the "return" tasks are still out; their scores are in the changeset all the same."""
+    llm, embedder = ScoresThree(), SignallingEmbedder()
+    async with mnemo.Memory(store, llm=llm, embedder=embedder, on_event=events) as mem:
+        sid = await _two_trajectories(mem)
+        scores = llm.hold("return")
+        embedder.armed = True
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            await scores.started.wait()
+            await embedder.embedded.wait()
+        scores.release()
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        receipt = await mem.commit(sid)
+        assert receipt is not None
+        procedures = [n for n in [await mem.get_node(REPO, i) for i in receipt.node_ids]
+                      if n and n.type is N.PROCEDURAL]
+        assert [p.data["return_score"] for p in procedures] == [3, 3, 3, 3]
+
+
+async def test_an_embedding_that_fails_during_the_returns_keeps_them_for_the_retry(
+    events: EventLog, store: str
+) -> None:
+    """The embedder fails while the "return" tasks are out: the extraction fails once they
+    are in, and keeps them, so the retry embeds again and asks no task again."""
+    llm, embedder = FakeLLM(), SignallingEmbedder()
+    async with mnemo.Memory(store, llm=llm, embedder=embedder, on_event=events) as mem:
+        sid = await _two_trajectories(mem)
+        scores = llm.hold("return")
+        embedder.fail = True
+        mark = len(llm.calls)
+        await mem.close(sid)
+        with anyio.fail_after(5):
+            await scores.started.wait()
+            while not embedder.raised:
+                await anyio.wait_all_tasks_blocked()
+        scores.release()
+        assert await events.wait_state(mem, sid, mnemo.State.FAILED) is mnemo.State.FAILED
+        assert sorted(llm.tasks()[mark:]) == [
+            "procedural", "procedural", "return", "return", "semantic", "semantic"]
+        embedder.fail = False
+        mark = len(llm.calls)
+        assert await mem.commit(sid) is None
+        assert await events.wait_state(mem, sid, mnemo.State.READY) is mnemo.State.READY
+        assert llm.tasks()[mark:] == []
 
 
 async def test_changeset_has_every_node_and_link_type(mem: mnemo.Memory, llm: FakeLLM) -> None:

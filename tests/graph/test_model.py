@@ -49,11 +49,12 @@ def assert_drafts_equal(got: NodeDraft, want: NodeDraft) -> None:
 def test_changeset_json_round_trip(changeset: Changeset) -> None:
     """A changeset read back from its JSON equals the original, vectors bit for bit."""
     back = Changeset.from_json(changeset.to_json())
-    assert (back.id, back.repo, back.links, back.step_ids) == (
+    assert (back.id, back.repo, back.links, back.step_ids, back.generation) == (
         changeset.id,
         changeset.repo,
         changeset.links,
         changeset.step_ids,
+        changeset.generation,
     )
     assert len(back.nodes) == len(changeset.nodes)
     for got, want in zip(back.nodes, changeset.nodes, strict=True):
@@ -66,6 +67,17 @@ def test_changeset_json_is_canonical(changeset: Changeset) -> None:
     """Writing a changeset read back from JSON gives the same JSON text."""
     text = changeset.to_json()
     assert Changeset.from_json(text).to_json() == text
+
+
+def test_changeset_json_is_compact_utf8_with_sorted_keys() -> None:
+    """A changeset's JSON lists every object's keys in order and writes text as it is (no
+    escapes, no spaces), as msgspec does; `from_json` reads it back."""
+    node = NodeDraft("n1", NodeType.SEMANTIC, "Zoë's café", {"b": 1, "a": [0.5]},
+                     np.zeros(DIM, dtype=np.float32))
+    text = Changeset("c1", "r", [node]).to_json()
+    assert text.startswith('{"id":"c1","links":[],"nodes":[{"data":{"a":[0.5],"b":1},"id":"n1",')
+    assert "\"text\":\"Zoë's café\"" in text
+    assert Changeset.from_json(text).nodes[0].text == "Zoë's café"
 
 
 @given(commit_receipts)

@@ -230,6 +230,30 @@ async def test_a_ready_changeset_made_before_the_switch_is_embedded_again(store:
         await all_of(mem, mnemo.HashEmbedder(32))
 
 
+async def test_a_ready_changeset_stored_before_the_switch_commits_new_vectors_later(
+    store: str,
+) -> None:
+    """A ready changeset is stored with the generation it was embedded for; the Memory
+    closes, another re-embeds the repo, and the next Memory's commit of it (read back from
+    the store) writes vectors of the new embedder."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
+        await mem.open_repo(REPO)
+        await fill(mem, count=1)
+        sid = await mem.start_session("tea", repo=REPO)
+        await mem.append(sid, "The teapot is in the cupboard.", "fetch the teapot")
+        await mem.close(sid)
+        while await mem.session_state(sid) is mnemo.State.EXTRACTING:
+            await anyio.wait_all_tasks_blocked()
+        assert await mem.session_state(sid) is mnemo.State.READY
+    async with mnemo.Memory(store) as other:
+        await other.reembed(REPO, embedder=mnemo.HashEmbedder(32))
+    async with mnemo.Memory(store) as mem:
+        await mem.open_repo(REPO)
+        assert await mem.commit(sid) is not None
+        await all_of(mem, mnemo.HashEmbedder(32))
+        assert "The teapot is in the cupboard." in texts(await mem.recall(REPO, "teapot"))
+
+
 async def test_reembed_refusals(store: str, tmp_path: Path) -> None:
     """An unknown repo (NotFoundError), an inspecting Memory (StorageError "read_only": it
     records no model), an embedder that is none or a batch size out of bounds

@@ -175,3 +175,56 @@ async def test_vectors_loaded_elsewhere_load_again_after_a_switch(store: str) ->
         assert after is not before
         assert (after.generation, after.dim) == (1, 32)
         assert await b._graph.generation(REPO) == 1
+
+
+async def test_vectors_loaded_across_a_switch_are_of_one_generation(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A switch (to another dimension) that commits while another Memory loads the repo's
+    vectors, right after it read their generation: what it loads is all of one generation,
+    labelled with it, the old or the new, never the old label on the new vectors."""
+    async with memory(store) as a, memory(store) as b:
+        await filled(a)
+        await b.open_repo(REPO)
+        await a._graph.begin_reembed(REPO, "hash2:32", 32)
+        await stage_all(a._graph)
+        switched: list[int] = []
+        if store.startswith("postgresql"):
+            from mnemo.storage.postgres.vectors import PgVectors
+
+            read_state = PgVectors._state
+
+            async def state_then_switch(self: PgVectors, repo: str) -> object:
+                state = await read_state(self, repo)
+                if not switched:
+                    async with a._graph.lock(REPO):
+                        switched.append((await a._graph.switch_vectors(REPO))[0])
+                return state
+
+            monkeypatch.setattr(PgVectors, "_state", state_then_switch)
+        else:
+            import sqlite_utils
+
+            from mnemo.storage.sqlite import reembeds
+            from mnemo.storage.sqlite import vectors as sqlite_vectors
+
+            read_state = sqlite_vectors._state
+
+            def state_then_switch(db: object, repo: str) -> object:
+                state = read_state(db, repo)  # type: ignore[arg-type]
+                if not switched:  # another connection, as another process would
+                    other = sqlite_utils.Database(store)
+                    try:
+                        switched.append(reembeds.switch(other, REPO)[0])
+                    finally:
+                        other.close()
+                return state
+
+            monkeypatch.setattr(sqlite_vectors, "_state", state_then_switch)
+        loaded = await vectors_of(b)
+        assert switched == [1]
+        assert (loaded.generation, loaded.dim) in {(0, 64), (1, 32)}
+        monkeypatch.undo()
+        again = await vectors_of(b)
+        assert (again.generation, again.dim) == (1, 32)
+        assert await b._graph.generation(REPO) == 1

@@ -36,6 +36,7 @@ from mnemo.storage.vector_log import (
     Change,
     Followed,
     Follower,
+    Reload,
     VectorState,
 )
 
@@ -181,12 +182,19 @@ class PgVectors:
         # be walked waits for a larger one.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
         folder = None if faiss is None else await self._graph_folder(repo)
-        # The log's state first: what changes after it is applied again later; the vectors
-        # read next are of its generation, or a later one (the next look loads them again).
+        # The log's state first: what changes after it is applied again later. Read again
+        # after the vectors: when a switch committed between the two reads (the generation
+        # moved), the vectors may be the new ones, and are read again under the new state.
         state = await self._state(repo)
-        dim = state.dim or self._dims(repo)
-        followed = Followed(VectorIndex(dim, generation=state.generation), state.seq, ROUTES)
-        rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES], dim)
+        while True:
+            rowids, ids, types, matrix = await self._load(
+                repo, [t.value for t in ROUTES], state.dim or self._dims(repo))
+            after = await self._state(repo)
+            if after.generation == state.generation:
+                break
+            state = after
+        followed = Followed(VectorIndex(matrix.shape[1], generation=state.generation),
+                            state.seq, ROUTES)
         followed.load(rowids, ids, types, matrix)
         # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
         ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
@@ -204,6 +212,8 @@ class PgVectors:
         rows = await self._pg.fetch_all(
             CHANGED_OF_KINDS.replace("?", "%s"),
             (repo, followed.seq, seq, repo, [t.value for t in ROUTES]), binary=True)
+        if any(v is not None and len(v) != followed.index.dim for _, _, _, v in rows):
+            raise Reload  # a switch to another dimension committed after the state was read
         return seq, [(int(r), i, t, v) for r, i, t, v in rows]
 
     async def settle(self, repo: str) -> None:
@@ -261,14 +271,14 @@ class PgVectors:
         self, repo: str, kinds: list[str], dim: int | None = None
     ) -> tuple[list[int], list[str], list[NodeType], Vector]:
         """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first
-        (of dimension `dim`, else the vectors' own, else the repo's as this Memory knows it)."""
+        (of the vectors' own dimension; without any, of `dim`, else the repo's as this Memory
+        knows it)."""
         rows = await self._pg.fetch_all(
             "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
             " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
             (repo, kinds), binary=True,
         )
-        if dim is None:
-            dim = len(rows[0][3]) if rows else self._dims(repo)
+        dim = len(rows[0][3]) if rows else dim or self._dims(repo)
         matrix = np.zeros((len(rows), dim), dtype=np.float32)
         for i, (_, _, _, vec) in enumerate(rows):
             matrix[i] = vec

@@ -136,6 +136,7 @@ class SqliteVectors:
         self, db: SqliteUtilsDatabase, repo: str, since: int, generation: int
     ) -> tuple[int, list[Change]] | None:
         self._on_look(db)
+        _snapshot(db)
         return _changes(db, repo, since, generation)
 
     async def _load(self, repo: str) -> Followed:
@@ -144,6 +145,7 @@ class SqliteVectors:
         def load(db: SqliteUtilsDatabase) -> tuple[VectorState, list[int], list[str],
                                                    list[NodeType], Vector]:
             self._on_look(db)
+            _snapshot(db)
             return _load_vectors(db, repo, known)
 
         state, rowids, ids, types, vectors = await self._database.run(load)
@@ -165,6 +167,14 @@ class SqliteVectors:
 
 # The store's vectors are keyed by their node's rowid.
 _CHANGED = CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
+
+
+def _snapshot(db: SqliteUtilsDatabase) -> None:
+    """Opens a read transaction, which the connection's job rolls back when it ends: the
+    repo's state and the vectors read after it are then of one moment, never the old
+    generation's state with the vectors a switch put in place meanwhile."""
+    if not db.conn.in_transaction:
+        db.conn.execute("BEGIN")
 
 
 def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:

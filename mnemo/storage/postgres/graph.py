@@ -26,7 +26,6 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.errors import ConflictError
 from mnemo.graph import commit, erasure, facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Embed, Inherited
@@ -49,21 +48,21 @@ from mnemo.graph.ports import (
     Neighbor,
     NodeContext,
     SideWrite,
-    Staging,
     Started,
     SweepResult,
     TypedLink,
-    Unstaged,
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.postgres import deletes, history, maintenance, recall_reads, reembeds
+from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.migrations import WORD_QUERY
+from mnemo.storage.postgres.reembedding import PgReembedding
 from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
+from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row
 from mnemo.storage.started import Later, OrElse
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
@@ -80,13 +79,7 @@ def repo_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def reembed_lock_key(repo: str) -> int:
-    """The advisory-lock key of a repo's re-embedding."""
-    digest = hashlib.sha256(b"mnemo.reembed:" + repo.encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-class PgGraph:
+class PgGraph(PgReembedding):
     """`GraphStore` over a PostgreSQL database."""
 
     def __init__(
@@ -102,7 +95,7 @@ class PgGraph:
         self._dims = dims
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds: set[str] = set()  # the repos this process is re-embedding
+        self._reembeds = Claims()
         # A repo's lock holds a pooled connection for its whole block, and the block needs
         # others for its work: at most half the pool holds locks, so commits to many repos
         # at once never take every connection and wait for one that no lock will give back.
@@ -499,68 +492,6 @@ class PgGraph:
         await self._vectors.settle(repo)
         if self._lexical is not None:
             await self._lexical.settle(repo)
-
-    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
-
-    async def generation(self, repo: str) -> int:
-        return (await self._vectors.routes(repo)).generation
-
-    @asynccontextmanager
-    async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding: this process's, then the database's advisory lock of it,
-        taken without waiting on a connection held for the block (the server lets it go
-        when the connection ends, with its process).
-
-        Raises:
-            ConflictError: another re-embedding of the repo (here or in another process)
-                holds it.
-        """
-        busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
-        if repo in self._reembeds:
-            raise busy
-        self._reembeds.add(repo)
-        try:
-            async with self._pg.connection() as conn:
-                key = reembed_lock_key(repo)
-                cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
-                row = await cur.fetchone()
-                if row is None or row[0] is not True:
-                    raise busy
-                try:
-                    yield
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-        finally:
-            self._reembeds.discard(repo)
-
-    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
-        async with self._pg.transaction() as conn:
-            return await reembeds.begin(conn, repo, embedder, dim)
-
-    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
-        async with self._pg.connection() as conn:
-            return await reembeds.unstaged(conn, repo, after, limit)
-
-    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
-        async with self._pg.transaction() as conn:
-            await reembeds.stage(conn, nodes, vectors)
-
-    async def unstage_changed(self, repo: str) -> None:
-        async with self._pg.transaction() as conn:
-            await reembeds.unstage_changed(conn, repo)
-
-    async def switch_vectors(self, repo: str) -> tuple[int, int]:
-        async with self._pg.transaction() as conn:
-            await reembeds.drop_vector_index(conn, repo)
-        async with self._pg.transaction() as conn:
-            return await reembeds.switch(conn, repo)
-
-    async def vectors_switched(self, repo: str, dim: int) -> None:
-        """The repo's HNSW index is built again for the new vectors when the repo is past
-        exact scans, and its routes' saved graphs go (the routes in memory load the new
-        vectors at their next use: their generation moved)."""
-        await self._vectors.switched(repo, dim)
 
     async def aclose(self) -> None:
         """Stops the lexical index's and the routes' HNSW work (the connections belong to the

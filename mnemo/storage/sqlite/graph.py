@@ -24,7 +24,7 @@ import filelock
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
-from mnemo.errors import ConflictError, StorageError
+from mnemo.errors import StorageError
 from mnemo.graph import ann, ann_files, commit, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Embed, Inherited
@@ -50,6 +50,7 @@ from mnemo.graph.ports import (
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.sqlite import commits, deletes, history, maintenance, reembeds
 from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
 from mnemo.storage.sqlite.recall_cache import RecallCache
@@ -80,7 +81,7 @@ class SqliteGraph(SqliteRecallReads):
         self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
-        self._reembeds: set[str] = set()  # the repos this process is re-embedding
+        self._reembeds = Claims()
         self._cache = RecallCache()
         self._vectors = SqliteVectors(
             database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir,
@@ -369,18 +370,14 @@ class SqliteGraph(SqliteRecallReads):
 
     @asynccontextmanager
     async def reembedding(self, repo: str) -> AsyncIterator[None]:
-        """The repo's re-embedding: this process's, then, for a file, a lock file beside it
+        """The repo's re-embedding: this store's claim, then, for a file, a lock file beside it
         taken without waiting (the system lets it go when its process dies).
 
         Raises:
             ConflictError: another re-embedding of the repo (here or in another process)
                 holds it.
         """
-        busy = ConflictError(f"repo {repo!r} is being re-embedded by another Memory")
-        if repo in self._reembeds:
-            raise busy
-        self._reembeds.add(repo)
-        try:
+        with self._reembeds.claim(repo) as busy:
             held = self._file_lock(repo, "reembed")
             if held is None:
                 yield
@@ -397,8 +394,6 @@ class SqliteGraph(SqliteRecallReads):
                 yield
             finally:
                 held.release()
-        finally:
-            self._reembeds.discard(repo)
 
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         return await self._database.run(lambda db: reembeds.begin(db, repo, embedder, dim))

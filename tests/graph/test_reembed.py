@@ -212,18 +212,25 @@ async def test_a_memory_open_before_runs_the_new_embedder_after(store: str) -> N
         assert "The roses need pruning in March." in texts(await b.recall(REPO, "roses"))
 
 
+async def ready_session(mem: mnemo.Memory) -> str:
+    """A session of the repo closed and extracted: its changeset embedded and stored, ready
+    to commit."""
+    sid = await mem.start_session("tea", repo=REPO)
+    await mem.append(sid, "The teapot is in the cupboard.", "fetch the teapot")
+    await mem.close(sid)
+    while await mem.session_state(sid) is mnemo.State.EXTRACTING:
+        await anyio.wait_all_tasks_blocked()
+    assert await mem.session_state(sid) is mnemo.State.READY
+    return sid
+
+
 async def test_a_ready_changeset_made_before_the_switch_is_embedded_again(store: str) -> None:
     """A session ready to commit (its changeset embedded with the old embedder and stored)
     when the repo is re-embedded commits vectors of the new one."""
     async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
         await mem.open_repo(REPO)
         await fill(mem, count=2)
-        sid = await mem.start_session("tea", repo=REPO)
-        await mem.append(sid, "The teapot is in the cupboard.", "fetch the teapot")
-        await mem.close(sid)
-        while await mem.session_state(sid) is mnemo.State.EXTRACTING:
-            await anyio.wait_all_tasks_blocked()
-        assert await mem.session_state(sid) is mnemo.State.READY
+        sid = await ready_session(mem)
         await mem.reembed(REPO, embedder=mnemo.HashEmbedder(32))
         receipt = await mem.commit(sid)
         assert receipt is not None
@@ -239,12 +246,7 @@ async def test_a_ready_changeset_stored_before_the_switch_commits_new_vectors_la
     async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
         await mem.open_repo(REPO)
         await fill(mem, count=1)
-        sid = await mem.start_session("tea", repo=REPO)
-        await mem.append(sid, "The teapot is in the cupboard.", "fetch the teapot")
-        await mem.close(sid)
-        while await mem.session_state(sid) is mnemo.State.EXTRACTING:
-            await anyio.wait_all_tasks_blocked()
-        assert await mem.session_state(sid) is mnemo.State.READY
+        sid = await ready_session(mem)
     async with mnemo.Memory(store) as other:
         await other.reembed(REPO, embedder=mnemo.HashEmbedder(32))
     async with mnemo.Memory(store) as mem:

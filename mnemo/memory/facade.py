@@ -28,7 +28,7 @@ from anyio.abc import TaskStatus
 from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
-from mnemo.errors import InvalidInputError, NotFoundError
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph.blas import limit_blas_threads
 from mnemo.graph.model import NodeType
@@ -259,6 +259,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             InvalidInputError: a blank query, one longer than the repo's
                 `Config.max_text_chars`, a k below 1, or an `as_of` not a datetime.
             NotFoundError: an unknown repo.
+            ConflictError: another Memory re-embedded the repo, then again before the recall
+                ran once more with the repo's new embedder (`Memory.reembed`).
         """
         await self._repos.known(repo)
         if reinforce is None:
@@ -272,7 +274,9 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 # Another Memory re-embedded the repo (seen before anything was searched):
                 # the repo's embedder now, and the recall again with it.
                 if attempt:
-                    raise
+                    raise ConflictError(
+                        f"repo {repo!r} was re-embedded twice while it was recalled"
+                    ) from moved
                 await self._repos.refresh(repo, moved.generation)
         raise AssertionError("the second recall returns or raises")
 

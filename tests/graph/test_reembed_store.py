@@ -192,26 +192,26 @@ async def test_vectors_loaded_across_a_switch_are_of_one_generation(
         if store.startswith("postgresql"):
             from mnemo.storage.postgres.vectors import PgVectors
 
-            read_state = PgVectors._state
+            read_pg_state = PgVectors._state
 
-            async def state_then_switch(self: PgVectors, repo: str) -> object:
-                state = await read_state(self, repo)
+            async def pg_state_then_switch(self: PgVectors, repo: str) -> object:
+                state = await read_pg_state(self, repo)
                 if not switched:
                     async with a._graph.lock(REPO):
                         switched.append((await a._graph.switch_vectors(REPO))[0])
                 return state
 
-            monkeypatch.setattr(PgVectors, "_state", state_then_switch)
+            monkeypatch.setattr(PgVectors, "_state", pg_state_then_switch)
         else:
             import sqlite_utils
 
             from mnemo.storage.sqlite import reembeds
             from mnemo.storage.sqlite import vectors as sqlite_vectors
 
-            read_state = sqlite_vectors._state
+            read_sqlite_state = sqlite_vectors._state
 
-            def state_then_switch(db: object, repo: str) -> object:
-                state = read_state(db, repo)  # type: ignore[arg-type]
+            def sqlite_state_then_switch(db: sqlite_utils.Database, repo: str) -> object:
+                state = read_sqlite_state(db, repo)
                 if not switched:  # another connection, as another process would
                     other = sqlite_utils.Database(store)
                     try:
@@ -220,7 +220,7 @@ async def test_vectors_loaded_across_a_switch_are_of_one_generation(
                         other.close()
                 return state
 
-            monkeypatch.setattr(sqlite_vectors, "_state", state_then_switch)
+            monkeypatch.setattr(sqlite_vectors, "_state", sqlite_state_then_switch)
         loaded = await vectors_of(b)
         assert switched == [1]
         assert (loaded.generation, loaded.dim) in {(0, 64), (1, 32)}

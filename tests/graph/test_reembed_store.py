@@ -177,6 +177,48 @@ async def test_vectors_loaded_elsewhere_load_again_after_a_switch(store: str) ->
         assert await b._graph.generation(REPO) == 1
 
 
+def switch_at_next_state_read(
+    store: str, a: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    """Makes the next read of a repo's state (the node log's, with the vectors' generation)
+    by any Memory switch the repo's staged vectors in right after it (as `a`, or, on SQLite,
+    another connection, as another process would); the list gets the new generation."""
+    switched: list[int] = []
+    if store.startswith("postgresql"):
+        from mnemo.storage.postgres.vectors import PgVectors
+
+        read_pg_state = PgVectors._state
+
+        async def pg_state_then_switch(self: PgVectors, repo: str) -> object:
+            state = await read_pg_state(self, repo)
+            if not switched:
+                async with a._graph.lock(REPO):
+                    switched.append((await a._graph.switch_vectors(REPO))[0])
+            return state
+
+        monkeypatch.setattr(PgVectors, "_state", pg_state_then_switch)
+        return switched
+    import sqlite_utils
+
+    from mnemo.storage.sqlite import reembeds
+    from mnemo.storage.sqlite import vectors as sqlite_vectors
+
+    read_sqlite_state = sqlite_vectors._state
+
+    def sqlite_state_then_switch(db: sqlite_utils.Database, repo: str) -> object:
+        state = read_sqlite_state(db, repo)
+        if not switched:
+            other = sqlite_utils.Database(store)
+            try:
+                switched.append(reembeds.switch(other, REPO)[0])
+            finally:
+                other.close()
+        return state
+
+    monkeypatch.setattr(sqlite_vectors, "_state", sqlite_state_then_switch)
+    return switched
+
+
 async def test_vectors_loaded_across_a_switch_are_of_one_generation(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,39 +230,7 @@ async def test_vectors_loaded_across_a_switch_are_of_one_generation(
         await b.open_repo(REPO)
         await a._graph.begin_reembed(REPO, "hash2:32", 32)
         await stage_all(a._graph)
-        switched: list[int] = []
-        if store.startswith("postgresql"):
-            from mnemo.storage.postgres.vectors import PgVectors
-
-            read_pg_state = PgVectors._state
-
-            async def pg_state_then_switch(self: PgVectors, repo: str) -> object:
-                state = await read_pg_state(self, repo)
-                if not switched:
-                    async with a._graph.lock(REPO):
-                        switched.append((await a._graph.switch_vectors(REPO))[0])
-                return state
-
-            monkeypatch.setattr(PgVectors, "_state", pg_state_then_switch)
-        else:
-            import sqlite_utils
-
-            from mnemo.storage.sqlite import reembeds
-            from mnemo.storage.sqlite import vectors as sqlite_vectors
-
-            read_sqlite_state = sqlite_vectors._state
-
-            def sqlite_state_then_switch(db: sqlite_utils.Database, repo: str) -> object:
-                state = read_sqlite_state(db, repo)
-                if not switched:  # another connection, as another process would
-                    other = sqlite_utils.Database(store)
-                    try:
-                        switched.append(reembeds.switch(other, REPO)[0])
-                    finally:
-                        other.close()
-                return state
-
-            monkeypatch.setattr(sqlite_vectors, "_state", sqlite_state_then_switch)
+        switched = switch_at_next_state_read(store, a, monkeypatch)
         loaded = await vectors_of(b)
         assert switched == [1]
         assert (loaded.generation, loaded.dim) in {(0, 64), (1, 32)}
@@ -228,3 +238,28 @@ async def test_vectors_loaded_across_a_switch_are_of_one_generation(
         again = await vectors_of(b)
         assert (again.generation, again.dim) == (1, 32)
         assert await b._graph.generation(REPO) == 1
+
+
+async def test_a_look_across_a_switch_applies_no_vector_of_the_new_generation(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A switch (to another dimension) that commits while another Memory, holding the repo's
+    vectors, looks at the nodes committed since, right after it read the log's state: the
+    changed nodes' new vectors are not put among the old ones (the repo is loaded again)."""
+    async with memory(store) as a, memory(store) as b:
+        await filled(a)
+        await b.open_repo(REPO)
+        before = await vectors_of(b)
+        assert (before.generation, before.dim) == (0, 64)
+        await a.ingest(REPO, mnemo.Trajectory("office", [mnemo.Step(
+            "The printer on the second floor is out of toner.", "order toner")]),
+            source_id="later")
+        await a._graph.begin_reembed(REPO, "hash2:32", 32)
+        await stage_all(a._graph)
+        switched = switch_at_next_state_read(store, a, monkeypatch)
+        looked = await vectors_of(b)
+        assert switched == [1]
+        assert (looked.generation, looked.dim) in {(0, 64), (1, 32)}
+        monkeypatch.undo()
+        again = await vectors_of(b)
+        assert (again.generation, again.dim) == (1, 32)

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.model import CommitReceipt, LinkType, Node, NodeId, NodeType
+    from mnemo.graph.reembed import ReembedProgress
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
     from mnemo.memory import Memory
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
@@ -120,6 +121,7 @@ _WHERE = {
     "RecallResult": "mnemo.recall.engine",
     "Recalled": "mnemo.recall.engine",
     "Recent": "mnemo.conversation.model",
+    "ReembedProgress": "mnemo.graph.reembed",
     "RetryPolicy": "mnemo.retry",
     "SearchHit": "mnemo.conversation.model",
     "Semantic": "mnemo.conversation.model",
@@ -196,6 +198,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "RecallResult",
     "Recalled",
     "Recent",
+    "ReembedProgress",
     "RetryPolicy",
     "SearchHit",
     "Semantic",

@@ -94,6 +94,7 @@ def changesets(dim: int = 8) -> st.SearchStrategy[Changeset]:
         nodes=st.lists(node_drafts(dim), max_size=5),
         links=st.lists(links, max_size=5),
         step_ids=st.lists(ids, max_size=5),
+        generation=st.integers(min_value=0, max_value=2**31),
     )
 
 

@@ -16,23 +16,34 @@ What cannot be rebuilt:
   words split and stemmed as mnemo no longer does) becomes such a stand-in too, whatever
   embedder the Memory was given: today's hashed vectors of a query would be compared with the
   repo's older ones and find little, without an error. `Repos.open` refuses to record
-  another embedder over it (`RepoModels.refusal`).
+  another embedder over it (`RepoModels.refusal`); `Memory.reembed` makes its vectors again,
+  by default with its successor (`RepoModels.successor`: `hash2` of the same dimension).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mnemo.adapters.uri import ModelURIError, embedder_from_uri, llm_from_uri, model_uri
+from mnemo.adapters.uri import (
+    EMBEDDER_SCHEMES,
+    LLM_SCHEMES,
+    ModelURIError,
+    embedder_from_uri,
+    llm_from_uri,
+    model_uri,
+)
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse
 
-_LLM_SCHEMES = {"offline", "openai", "anthropic", "openai-compatible"}
-_EMBEDDER_SCHEMES = {"minilm", "hash2", "openai"}
 # Names the embedders had before they were URIs, for repos recorded then.
 _LEGACY_EMBEDDERS = {"all-MiniLM-L6-v2-int8": "minilm", "hash-ngram-v1": "hash:{dim}"}
 # The hashed embedder of features that no longer exist (see the module doc).
 _RETIRED_SCHEMES = {"hash"}
+# Every scheme a URI builds is rebuilt from a record, but those whose records name retired
+# features: a list of its own fell behind the URIs once (e5-small-q4 was missing from it, and
+# such a repo ran the default MiniLM, of the same dimension, without a word).
+_LLM_SCHEMES = frozenset(LLM_SCHEMES)
+_EMBEDDER_SCHEMES = frozenset(EMBEDDER_SCHEMES) - _RETIRED_SCHEMES
 
 
 class UnavailableLLM:
@@ -67,9 +78,19 @@ def _retired(repo: str, uri: str) -> str:
     return (
         f"repo {repo!r} holds vectors of the embedder {uri}, the hashed embedder's earlier "
         "features (words split and stemmed another way), which this mnemo no longer makes; "
-        "its vectors would not compare with today's hash2: ingest its sources again into a "
-        "new repo (reading its nodes needs no embedder)"
+        "its vectors would not compare with today's hash2: make them again with "
+        f"`mnemo reembed {repo}` (or `await mem.reembed({repo!r})`); reading its nodes needs "
+        "no embedder"
     )
+
+
+def _successor(uri: str) -> str | None:
+    """The URI of the embedder that replaces a retired one, of the same dimension (`hash`,
+    `hash:DIM` -> `hash2`, `hash2:DIM`), or None when `uri` is not retired."""
+    scheme, colon, rest = uri.partition(":")
+    if scheme.strip().lower() not in _RETIRED_SCHEMES:
+        return None
+    return f"hash2{colon}{rest}"
 
 
 def _problem(repo: str, kind: str, uri: str, exc: ModelURIError) -> str:
@@ -96,6 +117,11 @@ class RepoModels:
         self._llms: dict[str, LLM] = {}
         self._embedders: dict[tuple[str, int], Embedder] = {}
 
+    @property
+    def embedder_given(self) -> bool:
+        """Whether the Memory was given its embedder (it then runs it for every repo)."""
+        return self._embedder_given
+
     def load(self, repo: str, llm: str | None, embedder: str, dim: int) -> tuple[LLM, Embedder]:
         """The models `repo` runs with, given its record; remembered for `llm`/`embedder`."""
         models = (self._recorded_llm(repo, llm), self._recorded_embedder(repo, embedder, dim))
@@ -103,11 +129,53 @@ class RepoModels:
         self._records[repo] = (llm, embedder)
         return models
 
+    def reload(self, repo: str, embedder: str, dim: int, llm: LLM) -> Embedder:
+        """The embedder `repo` runs with now that its record names `embedder` of `dim` (its
+        vectors were made again), beside `llm`; remembered as `load` does. A Memory given an
+        embedder of another URI gets a stand-in saying so: it would not make the repo's
+        vectors."""
+        legacy = _LEGACY_EMBEDDERS.get(embedder, embedder).format(dim=dim)
+        built = self._recorded_embedder(repo, embedder, dim)
+        if self._embedder_given and built is self._embedder and (
+            model_uri(self._embedder) not in (embedder, legacy) or self._embedder.dim != dim
+        ):
+            built = UnavailableEmbedder(
+                embedder, dim,
+                f"repo {repo!r} was re-embedded with {embedder} since this Memory opened it "
+                f"with {model_uri(self._embedder)}: open a Memory with that embedder, or "
+                "with none",
+            )
+        self._repos[repo] = (llm, built)
+        self._records[repo] = (self._records.get(repo, (None, embedder))[0], embedder)
+        return built
+
+    def successor(self, repo: str, dim: int) -> Embedder | None:
+        """The embedder that makes the vectors of `repo` again when its record names the
+        hashed embedder's retired features (today's, of the same dimension), else None."""
+        record = self._records.get(repo)
+        if record is None:
+            return None
+        uri = _successor(_LEGACY_EMBEDDERS.get(record[1], record[1]).format(dim=dim))
+        if uri is None:
+            return None
+        if uri == model_uri(self._embedder) and self._embedder.dim == dim:
+            return self._embedder
+        return embedder_from_uri(uri, dim=dim)
+
     def record(self, repo: str, llm: str | None, embedder: str) -> bool:
         """Notes the URIs `repo` now runs with; whether they differ from its stored record."""
         changed = self._records.get(repo) != (llm, embedder)
         self._records[repo] = (llm, embedder)
         return changed
+
+    def recorded_llm(self, repo: str) -> str | None:
+        """The LLM's URI as `repo`'s record holds it (None when not known)."""
+        record = self._records.get(repo)
+        return None if record is None else record[0]
+
+    def remember(self, repo: str, llm: LLM, embedder: Embedder) -> None:
+        """`repo` runs these models from now on (its vectors were made with `embedder`)."""
+        self._repos[repo] = (llm, embedder)
 
     def refusal(self, repo: str) -> str | None:
         """Why no embedder may be recorded for `repo` in place of the recorded one (its

@@ -49,6 +49,11 @@ LLM_FORMS = (
     "openai-compatible:MODEL@BASE_URL",
 )
 EMBEDDER_FORMS = ("minilm", "e5-small-q4", "hash[:DIM]", "openai:MODEL[@BASE_URL]")
+# The scheme of every URI `llm_from_uri` and `embedder_from_uri` build (they refuse any other):
+# a repo's record of any of them builds its model again (`adapters/recorded.py`, whose tests
+# go through each).
+LLM_SCHEMES = ("offline", "openai", "anthropic", "openai-compatible")
+EMBEDDER_SCHEMES = ("minilm", "e5-small-q4", "hash", "hash2", "openai")
 
 # Which variable holds each provider's key, and whether the provider's own API needs it.
 KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -214,6 +219,8 @@ def llm_from_uri(
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "LLM", LLM_FORMS)
     text = uri.strip()
+    if scheme not in LLM_SCHEMES:
+        raise _unknown("LLM", scheme, text, LLM_FORMS)
     if scheme == "offline":
         if model or base_url:
             raise ModelURIError(f"the offline LLM takes no model, got {text!r}", uri=text)
@@ -276,6 +283,8 @@ def embedder_from_uri(
     env = os.environ if env is None else env
     scheme, model, base_url, query = _split(uri, "embedder", EMBEDDER_FORMS)
     text = uri.strip()
+    if scheme not in EMBEDDER_SCHEMES:
+        raise _unknown("embedder", scheme, text, EMBEDDER_FORMS)
     settings = _settings(text, query, EMBEDDER_SETTINGS if scheme == "openai" else ())
     if scheme in ("minilm", "e5-small-q4", "hash", "hash2") and base_url is not None:
         raise ModelURIError(f"the {scheme} embedder runs here, it takes no URL: {text!r}", uri=text)

@@ -1,7 +1,7 @@
-"""The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `sessions`,
-`session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`, `revert`, `mcp`
-and `ui`. `main` is the console script; `app` the typer application (each command module
-registers its commands on it), built when first asked for.
+"""The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `reembed`,
+`sessions`, `session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`,
+`revert`, `mcp` and `ui`. `main` is the console script; `app` the typer application (each
+command module registers its commands on it), built when first asked for.
 
 `main` imports only the module of the command asked for (`COMMANDS`): `mnemo repos` never
 loads what `mnemo doctor` probes servers with, and `mnemo --version` imports none of it.
@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "history": "history",
     "revert": "history",
     "repos": "manage",
+    "reembed": "manage",
     "view": "manage",
     "session": "manage",
     "migrate": "migrate",

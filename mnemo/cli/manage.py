@@ -1,4 +1,5 @@
-"""`mnemo repos`, `mnemo view MESSAGE_ID` and `mnemo session close|commit|discard|end ID`.
+"""`mnemo repos`, `mnemo reembed REPO`, `mnemo view MESSAGE_ID` and
+`mnemo session close|commit|discard|end ID`.
 
 A session command acts through a `Memory` of its own, so it waits for what it started: `close`
 returns once the extraction has ended (`ready`, or `failed`), `commit` of a failed session once
@@ -10,7 +11,7 @@ that opens the repo (it resumes it), and the command says so.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
@@ -20,7 +21,7 @@ from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._output import print_json, shorten, stderr_console, stdout_console
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
@@ -35,6 +36,9 @@ from mnemo.events import Event
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
 from mnemo.session.machine import State
+
+if TYPE_CHECKING:
+    from mnemo.graph.reembed import ReembedProgress
 
 session_app = typer.Typer(
     name="session",
@@ -70,6 +74,68 @@ def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = Fals
         if not rows:
             table.add_row(Text("(no repos)", style="dim"), "")
         stdout_console().print(table)
+
+    run(work)
+
+
+@app.command()
+def reembed(
+    repo: Annotated[str, typer.Argument(help="The repo whose vectors to make again.")],
+    store: StoreOpt = None,
+    embedder: EmbedderOpt = None,
+    config: ConfigOpt = None,
+    batch_size: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Nodes embedded in one call.")
+    ] = 256,
+    as_json: Json = False,
+) -> None:
+    """Make every vector of a repo again with an embedder, and record it as the repo's.
+
+    Without --embedder (or MNEMO_EMBEDDER), the repo's own embedder as this mnemo builds it:
+    a repo of the hashed embedder's retired features gets today's (hash2). The repo is read
+    and written as usual meanwhile; interrupted, it keeps its old vectors, and running the
+    command again carries on."""
+
+    # What `repos`, `view` and `session` do not need: imported when this command runs.
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    async def work() -> None:
+        settings = resolve(store=store, embedder=embedder, config=config)
+        done: dict[str, object] = {}
+
+        def switched(event: Event) -> None:
+            if event.kind == "repo_reembedded" and event.repo == repo:
+                done.update(event.data)
+
+        columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())
+        # A writing command: a working Memory (an inspecting one records no model).
+        async with open_memory(settings, works=True, on_event=switched) as mem:
+            await check_repo(mem, repo)
+            with Progress(*columns, console=stderr_console(), disable=as_json) as bar:
+                task = bar.add_task(f"reembed {repo}", total=None)
+
+                def advance(update: ReembedProgress) -> None:
+                    bar.update(task, completed=update.done, total=update.total,
+                               description=f"reembed {repo} ({update.stage})")
+
+                nodes = await mem.reembed(repo, batch_size=batch_size, progress=advance)
+        out = {"repo": repo, "nodes": nodes, "embedder": done.get("embedder"),
+               "dim": done.get("dim"), "resumed": done.get("resumed")}
+        if as_json:
+            print_json(out)
+            return
+        carried = " (carried on from an earlier run)" if out["resumed"] else ""
+        stdout_console().print(Text(
+            f"re-embedded {nodes} nodes of {repo} with {out['embedder']} "
+            f"({out['dim']} dimensions){carried}"
+        ))
 
     run(work)
 

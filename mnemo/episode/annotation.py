@@ -156,8 +156,13 @@ async def score_reward(
 
 
 def starts_trajectory(previous: StepRecord | None, vector: Vector, threshold: float) -> bool:
-    """A new trajectory starts when consecutive subgoals are less similar than `threshold`."""
-    return previous is not None and not reaches(cosine(previous.subgoal_vec, vector), threshold)
+    """A new trajectory starts when consecutive subgoals are less similar than `threshold`,
+    or when their vectors are of two dimensions (the repo was re-embedded in between)."""
+    if previous is None:
+        return False
+    if len(previous.subgoal_vec) != len(vector):
+        return True
+    return not reaches(cosine(previous.subgoal_vec, vector), threshold)
 
 
 async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 from mnemo import text as _text
 from mnemo.episode.annotation import embed
@@ -43,6 +44,25 @@ def embedding_text(text: str) -> str:
     every line of a session made the lines of one day alike whatever they said (measured on
     LoCoMo dev)."""
     return _TIMED_SPEAKER.sub(r"\1: ", text, count=1)
+
+
+def vector_text(kind: NodeType, text: str) -> str:
+    """What the vector of a node of type `kind` and text `text` is made of, as a commit
+    makes it: a subgoal's text whole (as its step's subgoal was embedded), every other
+    node's `embedding_text` (a tag's label and an intent are their own)."""
+    return text if kind is NodeType.SUBGOAL else embedding_text(text)
+
+
+async def embedded_again(changeset: Changeset, embedder: Embedder, generation: int) -> Changeset:
+    """`changeset` with every node's vector made by `embedder` (`vector_text`), for the repo's
+    vectors of `generation` (it was made for an earlier one). One embedding call.
+
+    Raises:
+        EmbeddingError: as `mnemo.episode.annotation.embed`.
+    """
+    vectors = await embed(embedder, [vector_text(n.type, n.text) for n in changeset.nodes])
+    nodes = [replace(n, vector=v) for n, v in zip(changeset.nodes, vectors, strict=True)]
+    return replace(changeset, nodes=nodes, generation=generation)
 
 
 def speaker_of(text: str) -> str | None:
@@ -108,8 +128,7 @@ async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changese
                   source_id=_source_of(changeset.nodes))
         for key, vector in zip(keys, vectors, strict=True)
     ]
-    return Changeset(id=changeset.id, repo=changeset.repo, nodes=[*changeset.nodes, *tags],
-                     links=[*changeset.links, *links], step_ids=changeset.step_ids)
+    return replace(changeset, nodes=[*changeset.nodes, *tags], links=[*changeset.links, *links])
 
 
 def _observation(node: NodeDraft) -> str:

@@ -38,7 +38,7 @@ from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request
 from mnemo.errors import AdapterError, LLMError, first_error
 from mnemo.extraction import dates
-from mnemo.extraction.entities import embedding_text
+from mnemo.extraction.entities import vector_text
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.model import Fact, Instruction
 from mnemo.extraction.prompts import (
@@ -124,8 +124,10 @@ async def extract(
     score_last_step: bool,
     memo: TaskMemo | None = None,
     partial: bool = False,
+    generation: int = 0,
 ) -> Changeset:
-    """Extracts `steps` (grouped by trajectory) into one changeset.
+    """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
+    `embedder` for the repo's vectors of `generation` (`Changeset.generation`).
 
     When `score_last_step`, the last step's deferred reward is scored with its trajectory's
     procedural task; it is written onto the step record when the extraction succeeds.
@@ -172,7 +174,8 @@ async def extract(
         if work.failures and not partial:
             return  # the extraction fails: nothing to embed
         try:
-            drafted.append(await _draft(repo, episode, source, parts, embedder, work.rewards))
+            drafted.append(await _draft(repo, episode, source, parts, embedder, work.rewards,
+                                        generation))
         except Exception as exc:
             # Raised once the returns are in, as when the changeset followed them: a failed
             # embedding does not cancel tasks whose results the memo keeps for the retry.
@@ -396,13 +399,16 @@ class _Draft:
     links: list[Link] = field(default_factory=list)
     step_ids: list[str] = field(default_factory=list)
     scores: list[tuple[dict[str, object], int, int]] = field(default_factory=list)
+    # The generation of the repo's vectors the nodes' vectors are made for.
+    generation: int = 0
 
     def changeset(self, extracted: list[_Extracted]) -> Changeset:
         """The changeset, each instruction's return score as its trajectory has it now."""
         for data, part, index in self.scores:
             data["return_score"] = extracted[part].returns.get(index)
         return Changeset(id=_new_id("changeset"), repo=self.repo, nodes=self.nodes,
-                         links=self.links, step_ids=self.step_ids)
+                         links=self.links, step_ids=self.step_ids,
+                         generation=self.generation)
 
 
 async def _draft(
@@ -412,12 +418,13 @@ async def _draft(
     extracted: list[_Extracted],
     embedder: Embedder,
     rewards: dict[str, float],
+    generation: int,
 ) -> _Draft:
     """Turns worker output into nodes and links; embeds every node's text in one call.
     `rewards` are the deferred rewards scored at close (not yet on their step records); the
     return scores are the draft's `changeset`'s to write."""
     if not extracted:
-        return _Draft(repo)
+        return _Draft(repo, generation=generation)
     scores: list[tuple[dict[str, object], int, int]] = []
     pending: list[tuple[str, NodeType, str, dict[str, object], str | None]] = []
     links: list[Link] = []
@@ -531,26 +538,24 @@ async def _draft(
             intent_id = add(NodeType.INTENT, ins.intent, {"intent": ins.intent})
             links.append(Link(intent_id, proc_id, LinkType.HIERARCHICAL))
 
-    # Subgoals already have vectors; everything else is embedded in one call.
-    subgoal_vectors = {f"subgoal_{p.steps[0].trajectory_id}": p.steps[0].subgoal_vec
-                       for p in extracted}
-    to_embed = [embedding_text(text) for node_id, _, text, _, _ in pending
-                if node_id not in subgoal_vectors]
-    vectors = iter(await embed(embedder, to_embed))
+    # Every node is embedded here, in one call, subgoals too: their steps' vectors may have
+    # been made before the repo was re-embedded (a session open across it), and a changeset's
+    # vectors are all of one embedder, the one `generation` names.
+    vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
     nodes = [
         NodeDraft(
             id=node_id,
             type=kind,
             text=text,
             data=data,
-            vector=subgoal_vectors[node_id] if node_id in subgoal_vectors else next(vectors),
+            vector=vector,
             key=key,
             source_id=source.source_id,
             valid_from=valid.get(node_id),
         )
-        for node_id, kind, text, data, key in pending
+        for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)
     ]
-    return _Draft(repo, nodes, links, step_ids, scores)
+    return _Draft(repo, nodes, links, step_ids, scores, generation)
 
 
 # How much of a step's observation may carry its date stamp, and of a fact its date.

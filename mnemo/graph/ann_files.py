@@ -95,6 +95,21 @@ class Adopted:
     rows: dict[int, npt.NDArray[np.int64]]
 
 
+def discard(folder: Path) -> None:
+    """Deletes every saved version of a repo's graphs, under the folder's lock (a load in
+    another process reads the whole version or none): after the repo's vectors were all made
+    again (`Memory.reembed`), no label of them would pass the check, and they would only take
+    room until the next save."""
+    if not folder.is_dir():
+        return
+    with filelock.FileLock(str(folder / "lock"), timeout=_LOCK_WAIT):
+        for old in folder.iterdir():
+            if old.name.startswith(("v-", ".current.")) and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            elif old.name == "current" or old.name.startswith(".current."):
+                old.unlink(missing_ok=True)
+
+
 def repo_folder(root: Path, repo: str) -> Path:
     """A repo's own folder under a store's graph folder, named by the repo's digest (a repo
     name may hold any character)."""

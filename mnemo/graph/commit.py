@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
+from mnemo.errors import EmbeddingError
 from mnemo.graph import contradiction
 from mnemo.graph.dedup import (
     IntentMerger,
@@ -109,6 +110,19 @@ class _Undecided(Exception):
     """A merge that was not decided before the lock was taken."""
 
 
+class _Restamped(Exception):
+    """The repo's vectors are of another generation than the changeset's (it was re-embedded
+    since the changeset was made), as seen under the lock."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"the repo's vectors are of generation {generation}")
+        self.generation = generation
+
+
+# How often one commit embeds its changeset again for a repo re-embedded meanwhile.
+RESTAMPS = 3
+
+
 async def apply(
     target: CommitTarget,
     changeset: Changeset,
@@ -116,14 +130,54 @@ async def apply(
     intents: IntentPolicy,
     also: Sequence[SideWrite] = (),
 ) -> CommitReceipt:
-    """Adds the changeset's nodes and links (deduplicated), durably, once.
+    """Adds the changeset's nodes and links (deduplicated), durably, once. A changeset made
+    for another generation of the repo's vectors than the store's (`Changeset.generation`:
+    the repo was re-embedded since) is embedded again first (`IntentPolicy.restamp`): its
+    vectors never meet the repo's of another embedder.
 
     Raises:
         StorageError: the transaction failed; nothing of it was written.
         ValueError: a vector is not of the repo's dimension; nothing was written.
         SourceTaken: a `SourceRecorded` in `also` names a source another writer recorded
             since the caller looked; nothing was written.
+        EmbeddingError: the changeset is of another generation and could not be embedded
+            again (no `restamp`, or it failed); nothing was written.
     """
+    for _ in range(RESTAMPS):
+        if changeset.nodes:
+            seen = (await target.vector_index(changeset.repo)).generation
+            if seen != changeset.generation:
+                try:
+                    changeset = await _restamp(changeset, intents, seen)
+                except EmbeddingError:
+                    # Applied before (a commit tried again): the receipt needs no vectors.
+                    if await target.receipt(changeset.id) is None:
+                        raise
+        try:
+            return await _apply(target, changeset, intents=intents, also=also)
+        except _Restamped as moved:
+            changeset = await _restamp(changeset, intents, moved.generation)
+    raise EmbeddingError(
+        f"repo {changeset.repo!r} was re-embedded {RESTAMPS} times while one commit waited"
+    )
+
+
+async def _restamp(changeset: Changeset, intents: IntentPolicy, generation: int) -> Changeset:
+    if intents.restamp is None:
+        raise EmbeddingError(
+            f"changeset {changeset.id} was embedded for generation {changeset.generation} of "
+            f"repo {changeset.repo!r}'s vectors, which are of generation {generation} now"
+        )
+    return await intents.restamp(changeset, generation)
+
+
+async def _apply(
+    target: CommitTarget,
+    changeset: Changeset,
+    *,
+    intents: IntentPolicy,
+    also: Sequence[SideWrite],
+) -> CommitReceipt:
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
     # Asked before the lock, as merges are: one slow provider must not stall the
     # repo's commits.
@@ -242,6 +296,8 @@ async def _apply_locked(
         if isinstance(write, SourceRecorded) and await target.ingested(repo, write.source_id):
             raise SourceTaken(write.source_id)
     index = await target.vector_index(repo)
+    if changeset.nodes and index.generation != changeset.generation:
+        raise _Restamped(index.generation)
     if prepared is not None and index.snapshot() is prepared[0]:
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))

@@ -111,6 +111,9 @@ class Changeset:
     step_ids: list[str] = field(default_factory=list)
     # The extraction tasks left out, each with why (`Config.partial_commits`).
     missing: list[str] = field(default_factory=list)
+    # The generation of the repo's vectors its nodes' vectors were made for (`RepoRow.
+    # generation`): a commit to a repo re-embedded since embeds them again first.
+    generation: int = 0
 
     def to_json(self) -> str:
         raw: dict[str, object] = {
@@ -122,6 +125,8 @@ class Changeset:
         }
         if self.missing:
             raw["missing"] = self.missing
+        if self.generation:
+            raw["generation"] = self.generation
         # msgspec, keys sorted as json's sort_keys: a 16-trajectory close's changeset (180
         # nodes of 512-dimension vectors, 560 KB) took 1.5 ms in json.dumps, 0.15 here, on
         # the way from the last reply to ready.
@@ -137,6 +142,7 @@ class Changeset:
             links=[Link(src, dst, LinkType(kind)) for src, dst, kind in raw["links"]],
             step_ids=list(raw["step_ids"]),
             missing=[str(m) for m in raw.get("missing", [])],
+            generation=int(raw.get("generation", 0)),
         )
 
 

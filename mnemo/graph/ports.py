@@ -10,11 +10,11 @@ each backend knows how to write.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 from mnemo.config import Config
 from mnemo.graph.contradiction import CANDIDATES, CLOSE, Contradicts
@@ -41,13 +41,17 @@ __all__ = [
     "MergeResult",
     "Neighbor",
     "NodeContext",
+    "Restamp",
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
+    "Staging",
     "Started",
     "StepsCommitted",
     "SweepResult",
     "TypedLink",
+    "Unstaged",
+    "VectorsMoved",
 ]
 
 
@@ -97,10 +101,16 @@ class NodeContext:
 More = Callable[[NodeContext], tuple[Sequence[str], Iterable[NodeType]]]
 
 
+# A changeset made for an earlier generation of the repo's vectors, embedded again for
+# the generation given (`mnemo.graph.commit.apply`).
+Restamp = Callable[[Changeset, int], Awaitable[Changeset]]
+
+
 @dataclass(frozen=True, slots=True)
 class IntentPolicy:
-    """How a commit deduplicates intents (the raw-cosine thresholds and the LLM merge) and
-    retires the facts its facts contradict."""
+    """How a commit deduplicates intents (the raw-cosine thresholds and the LLM merge),
+    retires the facts its facts contradict, and embeds again a changeset made before the repo
+    was re-embedded."""
 
     identity_threshold: float
     merge_threshold: float
@@ -110,6 +120,9 @@ class IntentPolicy:
     contradicts: Contradicts | None = None
     contradiction_candidates: int = CANDIDATES
     contradiction_similarity: float = CLOSE
+    # The changeset's vectors made again with the embedder of the repo's vectors now; None:
+    # such a changeset is refused (EmbeddingError).
+    restamp: Restamp | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +163,16 @@ class SourceForgotten:
 SideWrite = StepsCommitted | SourceRecorded | SourceForgotten
 
 
+class VectorsMoved(Exception):
+    """Raised by a recall whose embedder makes vectors for another generation of the repo's
+    vectors than the store holds (another Memory re-embedded the repo): nothing was searched
+    with it; the caller brings the repo's embedder up to the store's and recalls again."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(f"the repo's vectors are of generation {generation}")
+        self.generation = generation
+
+
 class SourceTaken(Exception):
     """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
     out to be recorded already: another writer (a second Memory, another process) ingested it
@@ -158,6 +181,29 @@ class SourceTaken(Exception):
     def __init__(self, source_id: str) -> None:
         super().__init__(f"source {source_id!r} was recorded by another writer")
         self.source_id = source_id
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """A repo's re-embedding as the store holds it (`mnemo.graph.reembed`): the URI and the
+    dimension of the embedder its staged vectors are made with, how many of the repo's nodes
+    have one, of how many, and whether it carries on with what one before it staged (a
+    re-embedding with the same embedder that was cut short)."""
+
+    embedder: str
+    dim: int
+    staged: int
+    total: int
+    resumed: bool
+
+
+class Unstaged(NamedTuple):
+    """A node of a repo being re-embedded that has no staged vector yet."""
+
+    rowid: int
+    id: str
+    type: NodeType
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +246,12 @@ class GraphStore(Protocol):
         ...
 
     def dim(self, repo: str) -> int: ...
+
+    async def generation(self, repo: str) -> int:
+        """The generation of the repo's vectors (`RepoRow.generation`): as of the look of the
+        `reading` block this task is in (it ends the look if it is still under way, as the
+        block's first use of the vectors would), else as the store holds them now."""
+        ...
 
     async def apply(
         self,
@@ -357,6 +409,57 @@ class GraphStore(Protocol):
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's indexes built in the background have caught up."""
+        ...
+
+    # Re-embedding (`mnemo.graph.reembed`): new vectors staged beside the old ones, then put
+    # in place in one transaction.
+
+    def reembedding(self, repo: str) -> AbstractAsyncContextManager[None]:
+        """The repo's re-embedding, one at a time across every process on the store: the
+        block is entered at once or not at all; a process that dies lets it go.
+
+        Raises:
+            ConflictError: another re-embedding of the repo holds it.
+        """
+        ...
+
+    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
+        """Starts the repo's re-embedding with the embedder of URI `embedder`, whose vectors
+        have `dim` dimensions, or carries on with the one under way if it is of the same
+        embedder and dimension (another's staged vectors are dropped)."""
+        ...
+
+    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
+        """Up to `limit` of the repo's nodes past rowid `after` with no staged vector, in
+        rowid order."""
+        ...
+
+    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
+        """Stages a vector (a row of `vectors`) for each node still in the repo, in one
+        transaction."""
+        ...
+
+    async def unstage_changed(self, repo: str) -> None:
+        """Drops the staged vectors of nodes whose text changed since the re-embedding last
+        looked at the node log (all of the repo's when the log no longer reaches back)."""
+        ...
+
+    async def switch_vectors(self, repo: str) -> tuple[int, int]:
+        """Puts the staged vectors in place of the repo's vectors, records the embedder and
+        dimension they were made with and the next generation of the repo's vectors, and
+        ends the re-embedding, in one transaction; the caller holds `lock(repo)`. Returns
+        (the new generation, how many vectors were put in place).
+
+        Raises:
+            StorageError: no re-embedding is under way, or a node has no staged vector;
+                nothing was written.
+        """
+        ...
+
+    async def vectors_switched(self, repo: str, dim: int) -> None:
+        """Brings what the backend keeps beside the repo's vectors (indexes, saved graphs)
+        in step with the vectors just switched, of `dim` dimensions (after the repo's lock
+        is let go: it may take long)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -108,8 +108,11 @@ class Accelerator(Protocol):
 class VectorIndex:
     """Unit vectors of one repo's nodes, with their ids and types."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, *, generation: int = 0) -> None:
         self.dim = dim
+        # Which of the repo's successive sets of vectors these are (`Memory.reembed` makes a
+        # new one): a vector made for another generation is not compared with them.
+        self.generation = generation
         self.accelerator: Accelerator | None = None
         self._matrix = np.zeros((0, dim), dtype=np.float32)
         self._types = np.zeros(0, dtype=np.int8)

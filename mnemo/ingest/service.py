@@ -45,6 +45,8 @@ class IngestRuntime:
     embedder: Embedder
     config: Config
     intents: IntentPolicy
+    # The generation of the repo's vectors `embedder` makes (`Changeset.generation`).
+    generation: int = 0
 
 
 @dataclass(slots=True)
@@ -216,6 +218,7 @@ class IngestService:
                 ),
                 llm=runtime.llm,
                 embedder=runtime.embedder,
+                generation=runtime.generation,
                 time_limit=runtime.config.extraction_timeout,
                 score_last_step=bool(episode.steps),
                 partial=runtime.config.partial_commits,

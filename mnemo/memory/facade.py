@@ -28,10 +28,11 @@ from anyio.abc import TaskStatus
 from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config
 from mnemo.conversation.service import ConversationService
-from mnemo.errors import InvalidInputError, NotFoundError
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.events import EventCallback, Events
 from mnemo.graph.blas import limit_blas_threads
 from mnemo.graph.model import NodeType
+from mnemo.graph.ports import VectorsMoved
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
 from mnemo.ingest.service import IngestRuntime, IngestService
@@ -100,6 +101,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             repo_runtime=repos.get,
             llm_for=repos.llm_for,
             learn_repo=repos.learn,
+            refresh_repo=repos.refresh,
             lease_timeout=self._config.lease_timeout,
             last_answer=repos.usage.last_answer,
         )
@@ -197,6 +199,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await self._repos.learn(name if isinstance(name, str) else None)
             if name not in self._repos.names():
                 self._works(f"open_repo of the new repo {name!r}")
+        if isinstance(name, str) and name in self._repos.names():
+            await self._repos.refresh(name)  # its record, as another Memory may have moved it
         await self._repos.open(
             name, llm=llm, embedder=embedder, config=config,
             save=None if self._inspect else self._sessions_store.save_repo,
@@ -255,19 +259,33 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             InvalidInputError: a blank query, one longer than the repo's
                 `Config.max_text_chars`, a k below 1, or an `as_of` not a datetime.
             NotFoundError: an unknown repo.
+            ConflictError: another Memory re-embedded the repo, then again before the recall
+                ran once more with the repo's new embedder (`Memory.reembed`).
         """
         await self._repos.known(repo)
         if reinforce is None:
             reinforce = not self._inspect
-        return await self._recalls.recall(
-            repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
-        )
+        for attempt in range(2):
+            try:
+                return await self._recalls.recall(
+                    repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
+                )
+            except VectorsMoved as moved:
+                # Another Memory re-embedded the repo (seen before anything was searched):
+                # the repo's embedder now, and the recall again with it.
+                if attempt:
+                    raise ConflictError(
+                        f"repo {repo!r} was re-embedded twice while it was recalled"
+                    ) from moved
+                await self._repos.refresh(repo, moved.generation)
+        raise AssertionError("the second recall returns or raises")
 
     def _recall_runtime(self, repo: str) -> RecallRuntime:
         runtime = self._repos.embedding(repo)
         planner = runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline
         return RecallRuntime(
-            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo)
+            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo),
+            runtime.generation,
         )
 
     # ---- ingest and forget ---------------------------------------------------------------
@@ -301,6 +319,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """
         self._works("ingest")
         await self._repos.known(repo)
+        await self._repos.refresh(repo)
         try:
             return await self._ingests.ingest(repo, trajectory, source_id, progress)
         finally:
@@ -317,13 +336,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 forgotten.
         """
         await self._repos.known(repo)
+        await self._repos.refresh(repo)
         return await self._ingests.forget(repo, source_id)
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:
         runtime = self._repos.embedding(repo)
         llm = self._repos.llm_for(runtime, repo)
         return IngestRuntime(
-            llm, runtime.embedder, runtime.config, self._service.intent_policy(runtime, llm)
+            llm, runtime.embedder, runtime.config,
+            self._service.intent_policy(runtime, llm, repo), runtime.generation,
         )
 
     async def recall_in_context(
@@ -346,7 +367,14 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             context = None
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
-        return await self._recalls.recall(
-            repo, query, k=k, types=None, reinforce=not self._inspect,
-            session_id=session_id if isinstance(session_id, str) else None,
-        )
+        for attempt in range(2):
+            try:
+                return await self._recalls.recall(
+                    repo, query, k=k, types=None, reinforce=not self._inspect,
+                    session_id=session_id if isinstance(session_id, str) else None,
+                )
+            except VectorsMoved as moved:
+                if attempt:
+                    raise
+                await self._repos.refresh(repo, moved.generation)
+        raise AssertionError("the second recall returns or raises")

@@ -1,18 +1,32 @@
 """`Memory`'s methods over the graph: nodes and links looked up, the commit history, and
-maintenance (`Memory` inherits them; see `mnemo.memory.facade`)."""
+maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.facade`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 
+from mnemo import deadline
+from mnemo.adapters.uri import model_uri
+from mnemo.episode.annotation import embed
+from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.events import deliver
+from mnemo.extraction.entities import vector_text
 from mnemo.graph import history as commit_history
 from mnemo.graph import maintenance
+from mnemo.graph import reembed as reembedding
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import Link, LinkType, Node, NodeType
+from mnemo.graph.model import Link, LinkType, Node, NodeType, Vector
+from mnemo.graph.ports import Unstaged
+from mnemo.graph.reembed import ReembedProgress
 from mnemo.inputs import check_count
 from mnemo.memory.parts import Parts
+from mnemo.ports import Embedder
+
+# Nodes embedded in one call by `reembed`, by default, and at most.
+REEMBED_BATCH = 256
+MAX_REEMBED_BATCH = 10_000
 
 
 class GraphMethods(Parts):
@@ -157,4 +171,91 @@ class GraphMethods(Parts):
             NotFoundError: an unknown repo.
         """
         await self._repos.known(repo)
+        await self._repos.refresh(repo)
         return await maintenance.validate_episodic(self._graph, repo)
+
+    async def reembed(
+        self,
+        repo: str,
+        *,
+        embedder: Embedder | None = None,
+        progress: Callable[[ReembedProgress], Awaitable[None] | None] | None = None,
+        batch_size: int = REEMBED_BATCH,
+    ) -> int:
+        """Makes every node's vector of the repo again with `embedder`, puts the new vectors
+        in place of the old ones at once, and records `embedder` as the repo's: a Memory
+        opened later without an embedder runs it on the repo. Returns how many nodes got a
+        new vector.
+
+        `embedder=None` re-embeds with the Memory's embedder if it was given one, else with
+        the repo's own as this mnemo builds it: a repo of the hashed embedder's retired
+        features (`hash`, `hash:DIM`) gets today's (`hash2`) of its dimension. Another
+        dimension than the repo's is allowed: the repo takes the new one.
+
+        The nodes are embedded `batch_size` at a time (each batch within the repo's
+        `Config.extraction_timeout`), their vectors staged beside the old ones. Meanwhile the
+        repo is read and written as before, with its old vectors; what is committed
+        meanwhile is embedded too, the last of it under the repo's commit lock, and one
+        transaction then switches every vector and the record; on PostgreSQL the repo's HNSW
+        index is then built again (without holding up commits; searches are exact until it
+        is ready). Sessions open on the repo go on: what they embedded before the switch is
+        embedded again when they commit. Cut
+        short (a killed process, a failing embedder, a cancellation), it leaves the repo
+        with its old vectors and record, and its staged vectors: run it again with the same
+        embedder to carry on. Another Memory, in any process, runs the new embedder on the
+        repo from its next recall, commit, ingest or session start there.
+
+        `progress` (sync or async) gets a `ReembedProgress` at the start, after each batch,
+        at the switch, after it and when done; each also goes to `on_event` as a
+        `"reembed_progress"`
+        event, and the end as `"repo_reembedded"`. An exception it raises is logged, never
+        propagated.
+
+        Raises:
+            StorageError: "read_only" on an inspecting Memory (it records no model); any
+                other reason when the store fails (the repo is then as it was).
+            NotFoundError: an unknown repo.
+            InvalidInputError: an embedder that is not an `Embedder`, a `batch_size` below 1
+                or above 10,000, or a `progress` that is not callable.
+            EmbeddingError: the embedder failed, returned vectors of another size than it
+                declares, took longer than `Config.extraction_timeout` for a batch, or
+                cannot be built here (the repo's recorded embedder without its key); the
+                repo is then as it was.
+            ConflictError: the repo is being re-embedded by another Memory.
+        """
+        self._works("reembed")
+        runtime = await self._repos.known(repo)
+        check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)
+        if progress is not None and not callable(progress):
+            raise InvalidInputError(f"progress must be a callable, got {progress!r}")
+        await self._repos.refresh(repo)
+        target = await self._repos.reembed_target(repo, embedder)
+        limit = runtime.config.extraction_timeout
+
+        async def embed_nodes(nodes: Sequence[Unstaged]) -> Vector:
+            try:
+                with deadline.fail_after(limit):
+                    return await embed(target, [vector_text(n.type, n.text) for n in nodes])
+            except TimeoutError as exc:
+                raise EmbeddingError(
+                    f"the embedder took more than {limit} s for {len(nodes)} nodes"
+                ) from exc
+
+        async def report(update: ReembedProgress) -> None:
+            if progress is not None:
+                await deliver(progress, update, "reembed progress")
+            await self._events.emit("reembed_progress", repo=repo, stage=update.stage,
+                                     done=update.done, total=update.total)
+
+        uri = model_uri(target)
+        done = await reembedding.reembed(
+            self._graph, repo, embedder=uri, dim=target.dim, embed=embed_nodes,
+            batch=batch_size, report=report,
+        )
+        self._repos.reembedded(repo, target, done.generation)
+        await report(ReembedProgress(repo, "indexing", done.vectors, done.vectors))
+        await self._graph.vectors_switched(repo, target.dim)
+        await report(ReembedProgress(repo, "done", done.vectors, done.vectors))
+        await self._events.emit("repo_reembedded", repo=repo, embedder=uri, dim=target.dim,
+                                nodes=done.vectors, resumed=done.resumed)
+        return done.vectors

@@ -14,7 +14,7 @@ import anyio
 
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
-from mnemo.adapters.recorded import RepoModels
+from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from mnemo.adapters.uri import model_uri
 from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config, with_longer_timeouts
@@ -87,7 +87,7 @@ class Repos:
             # record keeps its own).
             self._recorded[row.name] = row.config
             config = with_longer_timeouts(row.config, self.config)
-            self._runtimes[row.name] = Runtime(llm, embedder, config, row.dim)
+            self._runtimes[row.name] = Runtime(llm, embedder, config, row.dim, row.generation)
             self._dims[row.name] = row.dim
         self.adopt(*self._models.built())
 
@@ -134,7 +134,7 @@ class Repos:
         # The models are recorded as URIs (never a key) for a Memory opened without them.
         row = RepoRow(
             name, chosen_config, chosen_embedder.dim, model_uri(chosen_embedder),
-            model_uri(chosen_llm),
+            model_uri(chosen_llm), known.generation if known is not None else 0,
         )
         models_changed = self._models.record(name, row.llm, row.embedder)
         if save is not None and (
@@ -156,6 +156,66 @@ class Repos:
 
     def names(self) -> list[str]:
         return list(self._runtimes)
+
+    # ---- re-embedding ---------------------------------------------------------------------
+
+    async def refresh(self, name: str, generation: int | None = None) -> Runtime:
+        """The repo's runtime, brought up to its record in the store when the generation of
+        its vectors moved since this Memory read it (another Memory re-embedded the repo):
+        the recorded embedder and dimension replace the ones it ran (in place: sessions hold
+        the runtime). `generation`: the one a look at the vectors just saw (None: the record
+        is read to know).
+
+        Raises:
+            NotFoundError: an unknown repo.
+        """
+        runtime = self.get(name)
+        if generation is not None and generation == runtime.generation:
+            return runtime
+        row = next((r for r in await self._stored() if r.name == name), None)
+        if row is None or row.generation == runtime.generation:
+            return runtime
+        embedder = self._models.reload(name, row.embedder, row.dim, runtime.llm)
+        self.adopt(*self._models.built())
+        self._switch(name, runtime, embedder, row.dim, row.generation)
+        return runtime
+
+    async def reembed_target(self, name: str, embedder: Embedder | None) -> Embedder:
+        """The embedder `Memory.reembed` makes the repo's vectors with: `embedder` if given,
+        else the Memory's if it was given one, else the repo's own as this mnemo builds it (a
+        record of the hashed embedder's retired features gets today's, `hash2`), with its
+        dimension known.
+
+        Raises:
+            InvalidInputError: `embedder` is not an Embedder.
+            EmbeddingError: the repo's own embedder cannot be built here (the stand-in's
+                reason), or its dimension cannot be learned.
+        """
+        check_models(None, embedder)
+        runtime = self.get(name)
+        if embedder is None and self._models.embedder_given:
+            embedder = self.embedder
+        if embedder is None:
+            embedder = self._models.successor(name, runtime.dim) or runtime.embedder
+        if isinstance(embedder, UnavailableEmbedder):
+            raise EmbeddingError(embedder.problem)
+        self.adopt(embedder)
+        await detect_dim(embedder)
+        return embedder
+
+    def reembedded(self, name: str, embedder: Embedder, generation: int) -> None:
+        """The repo's vectors are now `embedder`'s, of `generation` (this Memory switched
+        them); its runtime runs `embedder` from now on."""
+        runtime = self.get(name)
+        self._models.record(name, self._models.recorded_llm(name), model_uri(embedder))
+        self._models.remember(name, runtime.llm, embedder)
+        self._switch(name, runtime, embedder, embedder.dim, generation)
+
+    def _switch(
+        self, name: str, runtime: Runtime, embedder: Embedder, dim: int, generation: int
+    ) -> None:
+        runtime.embedder, runtime.dim, runtime.generation = embedder, dim, generation
+        self._dims[name] = dim
 
     async def adopt_profiles(self, store: SessionStore) -> None:
         """Each repo's models that learn their servers start from what the repo recorded of

@@ -45,6 +45,8 @@ class SessionMethods(Parts):
         if not isinstance(goal, str) or not goal.strip():
             raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
         await self._repos.learn(check_id(repo, "repo"))
+        if repo in self._repos.names():
+            await self._repos.refresh(repo)  # another Memory may have re-embedded it
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
             goal, repo=repo, override=override, config=chosen

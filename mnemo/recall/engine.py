@@ -34,7 +34,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, NodeContext, Started
+from mnemo.graph.ports import GraphStore, NodeContext, Started, VectorsMoved
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
@@ -102,6 +102,8 @@ class Recaller:
     llm: LLM
     # The search tags' vectors of earlier recalls (RecallService shares one).
     tag_vectors: TagVectors = field(default_factory=TagVectors)
+    # The generation of the repo's vectors `embedder` makes (None: not checked).
+    generation: int | None = None
 
     async def recall(
         self,
@@ -164,6 +166,16 @@ class Recaller:
         if words is None:
             words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
                                                  searched)
+        if self.generation is not None:
+            # Before any vector is compared: the look begun at the block's start ends here at
+            # the latest, and says whether another Memory re-embedded the repo since.
+            try:
+                moved = await self.graph.generation(repo)
+                if moved != self.generation:
+                    raise VectorsMoved(moved)
+            except BaseException:
+                words.discard()
+                raise
 
         async def zero() -> None:
             assert words is not None

@@ -28,6 +28,8 @@ class RecallRuntime:
     config: Config
     planner: LLM
     llm: LLM
+    # The generation of the repo's vectors `embedder` makes (`RepoRow.generation`).
+    generation: int | None = None
 
 
 class RecallService:
@@ -60,7 +62,7 @@ class RecallService:
                     setting="Config.max_results")
         recaller = Recaller(
             self._graph, runtime.embedder, runtime.config, planner=runtime.planner,
-            llm=runtime.llm, tag_vectors=self._tag_vectors,
+            llm=runtime.llm, tag_vectors=self._tag_vectors, generation=runtime.generation,
         )
         result = await recaller.recall(
             repo, query, k=k, types=None if types is None else node_types(types),

@@ -8,7 +8,7 @@ through it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from mnemo import deadline
 from mnemo.calls.tasks import ask
@@ -16,6 +16,7 @@ from mnemo.episode.annotation import embed
 from mnemo.episode.model import StepRecord
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
+from mnemo.extraction.entities import embedded_again
 from mnemo.extraction.prompts import (
     merge_intent_request,
     merge_intents_request,
@@ -24,7 +25,7 @@ from mnemo.extraction.prompts import (
 )
 from mnemo.graph.contradiction import Question
 from mnemo.graph.model import Changeset, CommitReceipt, Vector
-from mnemo.graph.ports import IntentPolicy, StepsCommitted
+from mnemo.graph.ports import IntentPolicy, Restamp, StepsCommitted
 from mnemo.ports import LLM
 from mnemo.session.machine import State
 from mnemo.session.records import Runtime, SessionRecord
@@ -53,7 +54,8 @@ async def commit_steps(
         None if state is None else session.version,
     )
     runtime = session.runtime
-    policy = intent_policy(runtime, live.llm_for(runtime, session.repo, session.id))
+    policy = intent_policy(runtime, live.llm_for(runtime, session.repo, session.id),
+                           session.repo, live.refresh_repo)
     receipt = await live.graph.apply(changeset, intents=policy, also=[side])
     if side.version is not None:
         # The version the write made, not one more than the record's now: a read that took
@@ -64,10 +66,20 @@ async def commit_steps(
     return receipt
 
 
-def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
+# The repo's runtime, brought up to its record when the generation of its vectors is not
+# the one given (`Repos.refresh`).
+Refresh = Callable[[str, int], Awaitable[Runtime]]
+
+
+def intent_policy(
+    runtime: Runtime, llm: LLM, repo: str | None = None, refresh: Refresh | None = None
+) -> IntentPolicy:
     """How commits made with `runtime` deduplicate intents (merging through `llm`, all of a
-    commit's merges in one call) and retire contradicted facts (one call a commit)."""
+    commit's merges in one call) and retire contradicted facts (one call a commit); with
+    `refresh`, how a changeset made before `repo` was re-embedded is embedded again (with the
+    repo's embedder now, which then embeds the merges too)."""
     limit = runtime.config.extraction_timeout
+    embedder = runtime.embedder
 
     async def merge(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, Vector] | None]:
         try:
@@ -80,7 +92,7 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
                     texts = await ask(llm, merge_intents_request(list(pairs)),
                                       lambda reply: parse_merged_intents(reply, len(pairs)))
                 merged = sorted(texts.items())
-                vectors = await embed(runtime.embedder, [text for _, text in merged])
+                vectors = await embed(embedder, [text for _, text in merged])
         except (LLMError, EmbeddingError, TimeoutError) as exc:
             log.warning("intent merges failed, keeping the existing wordings: %r", exc)
             return [None] * len(pairs)
@@ -99,6 +111,23 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
             log.warning("contradiction check failed, every fact stays live: %r", exc)
             return [set() for _ in questions]
 
+    restamp: Restamp | None = None
+    if refresh is not None and repo is not None:
+
+        async def again(changeset: Changeset, generation: int, refresh: Refresh = refresh,
+                        repo: str = repo) -> Changeset:
+            nonlocal embedder
+            fresh = await refresh(repo, generation)
+            try:
+                with deadline.fail_after(limit):
+                    made = await embedded_again(changeset, fresh.embedder, fresh.generation)
+            except TimeoutError as exc:
+                raise EmbeddingError(f"the embedder took more than {limit} s") from exc
+            embedder = fresh.embedder
+            return made
+
+        restamp = again
+
     return IntentPolicy(
         identity_threshold=runtime.config.intent_identity_threshold,
         merge_threshold=runtime.config.intent_merge_threshold,
@@ -106,4 +135,5 @@ def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
         contradicts=contradicts,
         contradiction_candidates=runtime.config.contradiction_candidates,
         contradiction_similarity=runtime.config.contradiction_similarity,
+        restamp=restamp,
     )

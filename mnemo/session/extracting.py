@@ -86,6 +86,7 @@ class Extraction:
             source=_source(session, episode),
             llm=live.llm_for(runtime, session.repo, session.id),
             embedder=runtime.embedder,
+            generation=runtime.generation,
             time_limit=runtime.config.extraction_timeout,
             score_last_step=bool(steps) and steps[-1].reward is None,
             memo=session.memo,

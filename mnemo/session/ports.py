@@ -24,13 +24,15 @@ from mnemo.session.machine import State
 class RepoRow:
     """A repo's record: its config, its vectors' dimension, and the URIs of the embedder and
     LLM it runs with (`mnemo.adapters.uri`; never a key; `llm` is None for a repo recorded
-    before models were)."""
+    before models were). `generation` counts the times its vectors were made again with
+    another embedder (`Memory.reembed`): a record read before the last one is out of date."""
 
     name: str
     config: Config
     dim: int
     embedder: str
     llm: str | None = None
+    generation: int = 0
 
 
 @dataclass(slots=True)

@@ -57,13 +57,15 @@ class SessionInfo:
 
 @dataclass(slots=True)
 class Runtime:
-    """The llm, embedder and config a repo (or one session) works with, and the dimension of
-    the repo's vectors (0 while the repo has none recorded)."""
+    """The llm, embedder and config a repo (or one session) works with, the dimension of the
+    repo's vectors (0 while the repo has none recorded), and their generation as this Memory
+    knows it (`RepoRow.generation`: what the embedder's vectors are made for)."""
 
     llm: LLM
     embedder: Embedder
     config: Config
     dim: int = 0
+    generation: int = 0
 
     def check_dim(self, repo: str) -> None:
         """Raises EmbeddingError when the embedder's vectors would not fit the repo's."""
@@ -219,8 +221,9 @@ class SessionRecord:
         # here keeps the config it was given.
         config = with_longer_timeouts(self.config, base.config) if self.recorded else self.config
         if self.override is None:
-            return Runtime(base.llm, base.embedder, config, base.dim)
-        return Runtime(self.override.llm, self.override.embedder, config, base.dim)
+            return Runtime(base.llm, base.embedder, config, base.dim, base.generation)
+        return Runtime(self.override.llm, self.override.embedder, config, base.dim,
+                       base.generation)
 
     @property
     def busy(self) -> bool:

@@ -47,8 +47,12 @@ class Sessions:
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
         learn_repo: Callable[[str], Awaitable[None]] | None = None,
+        refresh_repo: Callable[[str, int], Awaitable[Runtime]] | None = None,
     ) -> None:
         self.learn_repo = learn_repo
+        # Brings a repo's runtime up to its record when another Memory re-embedded it
+        # (`Repos.refresh`): a commit of work embedded before then embeds it again.
+        self.refresh_repo = refresh_repo
         # Who this Memory is as a holder of background work, and until when a claim made now
         # holds (`leases.Holding` sets both when it starts).
         self.holder_id: str | None = None

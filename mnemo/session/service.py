@@ -75,6 +75,7 @@ class SessionService:
         repo_runtime: Callable[[str], Runtime],
         llm_for: Callable[[Runtime, str, str | None], LLM],
         learn_repo: Callable[[str], Awaitable[None]] | None = None,
+        refresh_repo: Callable[[str, int], Awaitable[Runtime]] | None = None,
         lease_timeout: float = 30.0,
         last_answer: Callable[[str], float | None] | None = None,
     ) -> None:
@@ -84,6 +85,7 @@ class SessionService:
         self._live = Sessions(
             store=store, coordination=coordination, graph=graph, events=events,
             repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
+            refresh_repo=refresh_repo,
         )
         self._live.start = functools.partial(effects.start, self._live)
         self._holding = Holding(self._live, lease_timeout)
@@ -388,7 +390,7 @@ class SessionService:
             return
         operations.submit(self._live, session, kind, args, callback)
 
-    @staticmethod
-    def intent_policy(runtime: Runtime, llm: LLM) -> IntentPolicy:
-        """How commits made with `runtime` deduplicate intents (merging through `llm`)."""
-        return committing.intent_policy(runtime, llm)
+    def intent_policy(self, runtime: Runtime, llm: LLM, repo: str) -> IntentPolicy:
+        """How commits made with `runtime` to `repo` deduplicate intents (merging through
+        `llm`), and embed again a changeset made before the repo was re-embedded."""
+        return committing.intent_policy(runtime, llm, repo, self._live.refresh_repo)

@@ -10,7 +10,9 @@ run copies nothing, and an interrupted one carries on. `transfer` drives two of 
 What is not copied: the bookkeeping of each backend (migration ledgers, SQLite's planner
 statistics), which processes hold which work (`holders`, `step_claims`, a session's `holder`
 and `lease_until`: the copy's sessions are free for the first Memory opened on it; `ops`, the
-operations stored for their callbacks in a running Memory), and the search indexes, which
+operations stored for their callbacks in a running Memory), a re-embedding under way
+(`reembeds`, `staged_vectors`: the copy holds the repo's vectors as they are in use, and a
+re-embedding starts over on it), and the search indexes, which
 each target builds from the copied rows itself
 (SQLite's FTS5 tables through their triggers, PostgreSQL's generated `tsvector` columns; the
 lexical index's log likewise, by the target's triggers).
@@ -89,7 +91,7 @@ def _table(name: str, key: str | tuple[str, ...], *columns: str) -> Table:
 # In dependency order: a row's parents are copied before it (both backends check foreign keys).
 TABLES: tuple[Table, ...] = (
     _table("repos", "name", "name", "config:json", "dim:int", "embedder", "created_at:time",
-           "llm"),
+           "llm", "vectors_generation:int"),
     _table("sessions", "id", "id", "repo", "state", "config:json", "episode_id",
            "created_at:time", "updated_at:time", "ended:bool", "model", "version:int",
            "active_at:time"),

@@ -10,11 +10,13 @@ The store already says what changed: its node log (`lexical_log`, mnemo/storage/
 per-repo sequence that triggers move in the writer's own transaction on every insert, text
 change and delete of a node. A `Followed` repo records the sequence its vectors reflect and
 the rowid of each node it holds; before each use (`Follower.index`) its owner reads the repo's
-sequence (one keyed row) and, when it moved, the changed nodes with their vectors, and applies
-them. Applying is idempotent (a node's vector is replaced or removed), so a read racing a
-write is caught up by the next one; the owner's own commits reach it the same way, with their
-rowids (its deletes are also removed at once, by id). A cache behind the log's horizon (more
-than `LOG_KEEP` changes since it looked) is loaded again.
+sequence (one row, with the generation of the repo's vectors: `VECTOR_STATE`) and, when it
+moved, the changed nodes with their vectors, and applies them. Applying is idempotent (a
+node's vector is replaced or removed), so a read racing a write is caught up by the next one;
+the owner's own commits reach it the same way, with their rowids (its deletes are also removed
+at once, by id). A cache behind the log's horizon (more than `LOG_KEEP` changes since it
+looked) is loaded again, and so is one of an earlier generation: the vectors were all made
+again (`Memory.reembed`), which the log of the nodes' texts does not say.
 
 A read of one keyed row is a trip to the database's thread (SQLite) or server (PostgreSQL), and
 a recall uses the vectors five to seven times: one look per recall is enough for what it
@@ -53,11 +55,41 @@ CHANGED_OF_KINDS = CHANGED.replace(
 # A changed node as read: (rowid, id, type, vector), the last three None when it is gone.
 Change = tuple[int, str | None, str | None, Vector | None]
 
+# The repo's node log (sequence, horizon) and its vectors' generation and dimension as its
+# record holds them (`Memory.reembed` moves both), in one read of one row; "?" placeholders.
+VECTOR_STATE = (
+    "SELECT l.seq, l.horizon, r.vectors_generation, r.dim FROM (SELECT CAST(? AS TEXT) AS name) q"
+    " LEFT JOIN lexical_repos l ON l.repo = q.name LEFT JOIN repos r ON r.name = q.name"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VectorState:
+    """`VECTOR_STATE` as read: the node log's sequence and horizon (0 for a repo never
+    written), the vectors' generation (0 without a record) and dimension (None without one:
+    the owner's own `dims` then)."""
+
+    seq: int
+    horizon: int
+    generation: int
+    dim: int | None
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence[object]]) -> VectorState:
+        seq, horizon, generation, dim = rows[0] if rows else (None, None, None, None)
+        return cls(_whole(seq), _whole(horizon), _whole(generation),
+                   None if dim is None else _whole(dim))
+
+
+def _whole(value: object) -> int:
+    return int(value) if isinstance(value, int) else 0
+
 
 @dataclass(slots=True)
 class Followed:
     """A repo's vectors in memory: the log sequence they reflect, and each node's rowid.
-    `kinds`: the node types kept (None: all)."""
+    `kinds`: the node types kept (None: all). The index's `generation` is the vectors' (see
+    `behind`)."""
 
     index: VectorIndex
     seq: int
@@ -70,8 +102,12 @@ class Followed:
         self.index.add(ids, types, vectors)
         self.rowids.update(zip(rowids, ids, strict=True))
 
-    def behind(self, seq: int, horizon: int) -> bool:
-        """Whether the log moved since; raises `Reload` when it no longer reaches back here."""
+    def behind(self, seq: int, horizon: int, generation: int | None = None) -> bool:
+        """Whether the log moved since; raises `Reload` when it no longer reaches back here,
+        or when the repo's vectors are of another `generation` than the index's (they were
+        all made again, which the node log does not say: it logs the nodes' text)."""
+        if generation is not None and generation != self.index.generation:
+            raise Reload
         return moved(self.seq, seq, horizon)
 
     def apply(self, seq: int, changes: Iterable[Change]) -> None:
@@ -119,10 +155,11 @@ def moved(since: int, seq: int, horizon: int) -> bool:
 Changes = Callable[[str, Followed], Awaitable[tuple[int, list[Change]] | None]]
 Load = Callable[[str], Awaitable[Followed]]
 # Optionally, the same read started at once and awaited later (`Started`), for the changes
-# since a given sequence: a `reading` block then starts its look and waits for it only at
-# its first use of the vectors (SQLite: a job queued on the connection's thread).
+# since a given sequence of vectors of a given generation (`Reload` when they are of another):
+# a `reading` block then starts its look and waits for it only at its first use of the
+# vectors (SQLite: a job queued on the connection's thread).
 Look = Started[tuple[int, list[Change]] | None]
-Start = Callable[[str, int], Look]
+Start = Callable[[str, int, int], Look]
 
 
 class Follower:
@@ -159,7 +196,9 @@ class Follower:
         """The look at the log since the repo's sequence, under way (None: no `start`, or the
         repo not loaded yet, which `index` loads)."""
         held = self._held.get(repo)
-        return None if self._start is None or held is None else self._start(repo, held.seq)
+        if self._start is None or held is None:
+            return None
+        return self._start(repo, held.seq, held.index.generation)
 
     def settled(self, repo: str) -> bool:
         """Whether this task is in a `reading` block of the repo whose look at the log is

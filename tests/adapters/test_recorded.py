@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 import mnemo
+from mnemo.adapters import uri
+from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from tests.adapters.provider_server import ProviderServer
 
 REPO = "r"
@@ -173,3 +175,73 @@ async def test_a_repo_of_todays_hashed_features_reopens_with_them(tmp_path: Path
         assert any("nginx" in m.node.text for m in result.memories)
         await mem.open_repo(REPO)
     assert recorded(db)[REPO] == ("hash2:64", "offline", 64)
+
+
+class _Default:
+    """The Memory's default embedder in these tests: named apart from every URI's adapter,
+    of whatever dimension the repo's record has (MiniLM and e5-small-q4 both make 384)."""
+
+    def __init__(self, dim: int) -> None:
+        self.name = "the-default"
+        self.dim = dim
+
+    async def embed(self, texts: Sequence[str]) -> Sequence[Sequence[float]]:
+        return [[1.0] + [0.0] * (self.dim - 1) for _ in texts]
+
+
+# One URI of each embedder scheme `embedder_from_uri` builds.
+_EMBEDDER_URIS = {
+    "minilm": "minilm",
+    "e5-small-q4": "e5-small-q4",
+    "hash": "hash:64",
+    "hash2": "hash2:64",
+    "openai": "openai:text-embedding-3-small",
+}
+
+
+def test_every_embedder_scheme_a_uri_builds_is_listed_here() -> None:
+    """The schemes tested below are every one `mnemo.adapters.uri` builds."""
+    assert set(_EMBEDDER_URIS) == set(uri.EMBEDDER_SCHEMES)
+
+
+@pytest.mark.parametrize("scheme", sorted(_EMBEDDER_URIS))
+def test_every_embedder_a_uri_builds_is_rebuilt_from_its_record(
+    scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name an adapter built from a URI records brings that adapter back for a Memory
+    given no embedder, never the Memory's default of the same dimension (a repo recorded
+    with e5-small-q4 ran MiniLM: both make 384 dimensions, the vectors do not compare)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    built = mnemo.embedder_from_uri(_EMBEDDER_URIS[scheme], dim=16)
+    record = uri.model_uri(built)
+    default = _Default(built.dim)
+    models = RepoModels(mnemo.OfflineLLM(), default, llm_given=False, embedder_given=False)
+    _, rebuilt = models.load(REPO, None, record, built.dim)
+    assert rebuilt is not default
+    assert (uri.model_uri(rebuilt), rebuilt.dim) == (record, built.dim)
+
+
+def test_a_record_no_uri_builds_any_more_is_refused_not_defaulted() -> None:
+    """A record of a scheme this mnemo no longer builds the same way (the hashed embedder's
+    earlier features) is a stand-in that says why, not the default of its dimension."""
+    models = RepoModels(mnemo.OfflineLLM(), _Default(64), llm_given=False, embedder_given=False)
+    _, embedder = models.load(REPO, None, "hash:64", 64)
+    assert isinstance(embedder, UnavailableEmbedder)
+    assert embedder.dim == 64
+
+
+@pytest.mark.parametrize("scheme", sorted(uri.LLM_SCHEMES))
+def test_every_llm_a_uri_builds_is_rebuilt_from_its_record(
+    scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Likewise for LLMs: each scheme's record brings its adapter back, not the default."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "ak-test")
+    forms = {"offline": "offline", "openai": "openai:gpt-4o-mini",
+             "anthropic": "anthropic:claude-x",
+             "openai-compatible": "openai-compatible:m@http://127.0.0.1:9/v1"}
+    built = mnemo.llm_from_uri(forms[scheme])
+    default = mnemo.OpenAICompatible("the-default", base_url="http://127.0.0.1:9/v1")
+    models = RepoModels(default, _Default(8), llm_given=False, embedder_given=False)
+    rebuilt, _ = models.load(REPO, uri.model_uri(built), "hash2:8", 8)
+    assert uri.model_uri(rebuilt) == uri.model_uri(built)

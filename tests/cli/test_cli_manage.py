@@ -202,3 +202,57 @@ async def test_sessions_shows_the_holder_of_a_running_extraction(db: str) -> Non
     assert listed["holder"].startswith("holder_")
     until = datetime.fromisoformat(listed["lease_until"])
     assert until > datetime.now(UTC)
+
+
+def _earlier_hash() -> mnemo.HashEmbedder:
+    """The hashed embedder recorded under its earlier features' name (`hash`)."""
+    embedder = mnemo.HashEmbedder()
+    embedder.name = "hash"
+    return embedder
+
+
+@pytest.fixture
+def retired(store: str) -> str:
+    """A store (each backend in turn) whose repo holds the hashed embedder's retired
+    features."""
+
+    async def make() -> None:
+        async with mnemo.Memory(store, embedder=_earlier_hash()) as mem:
+            await mem.open_repo(REPO)
+            await mem.ingest(REPO, mnemo.Trajectory("serve", [mnemo.Step(
+                "Nginx listens on port 8080 behind the proxy.", "edit nginx.conf")]),
+                source_id="s")
+
+    anyio.run(make)
+    return store
+
+
+def test_reembed_makes_a_retired_repo_recall_again(retired: str) -> None:
+    """`mnemo recall` on a repo of the retired hashed features says to run `mnemo reembed`;
+    `mnemo reembed REPO` makes its vectors with hash2 (of the same dimension) and records it,
+    and `mnemo recall` then finds its facts; run again, it re-embeds with the record's."""
+    refused = invoke("recall", REPO, "nginx port", "--db", retired)
+    assert refused.exit_code == 2
+    assert f"mnemo reembed {REPO}" in refused.stderr
+    done = ok_json("reembed", REPO, "--db", retired)
+    assert done["nodes"] > 0
+    assert (done["embedder"], done["dim"], done["resumed"]) == ("hash2", 512, False)
+    found = ok_json("recall", REPO, "which port does nginx listen on", "--db", retired)
+    assert "Nginx listens on port 8080 behind the proxy." in json.dumps(found)
+    again = invoke("reembed", REPO, "--db", retired)
+    assert again.exit_code == 0, again.output
+    assert f"re-embedded {done['nodes']} nodes of {REPO} with hash2 (512 dimensions)" in (
+        " ".join(again.stdout.split()))
+
+
+def test_reembed_takes_an_embedder_and_refuses_an_unknown_repo(retired: str) -> None:
+    """--embedder chooses the new embedder (another dimension is fine); an unknown repo is
+    one error line naming the known ones, and nothing is re-embedded."""
+    done = ok_json("reembed", REPO, "--embedder", "hash:64", "--db", retired)
+    assert (done["embedder"], done["dim"]) == ("hash2:64", 64)
+    missing = invoke("reembed", "nowhere", "--db", retired)
+    assert missing.exit_code == 2
+    assert "unknown repo 'nowhere'" in missing.stderr
+    assert REPO in missing.stderr
+    found = ok_json("recall", REPO, "nginx port", "--db", retired)
+    assert "Nginx listens on port 8080 behind the proxy." in json.dumps(found)

@@ -49,11 +49,12 @@ def assert_drafts_equal(got: NodeDraft, want: NodeDraft) -> None:
 def test_changeset_json_round_trip(changeset: Changeset) -> None:
     """A changeset read back from its JSON equals the original, vectors bit for bit."""
     back = Changeset.from_json(changeset.to_json())
-    assert (back.id, back.repo, back.links, back.step_ids) == (
+    assert (back.id, back.repo, back.links, back.step_ids, back.generation) == (
         changeset.id,
         changeset.repo,
         changeset.links,
         changeset.step_ids,
+        changeset.generation,
     )
     assert len(back.nodes) == len(changeset.nodes)
     for got, want in zip(back.nodes, changeset.nodes, strict=True):

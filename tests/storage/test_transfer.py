@@ -28,9 +28,12 @@ from tests.storage.filled import (
 # Not copied: each backend's bookkeeping, which process holds what, and search indexes.
 # The lexical log is each store's own: the target's triggers write it as the nodes arrive.
 LEXICAL = {"lexical_repos", "lexical_log", "lexical_epoch"}
+# A re-embedding under way is the store's own too: it starts over on the copy.
+REEMBEDDING = {"reembeds", "staged_vectors"}
 SQLITE_SKIPPED = {"_sqlite_migrations", "sqlite_stat1", "holders", "ops", "step_claims",
-                  *LEXICAL}
-POSTGRES_SKIPPED = {"mnemo_migrations", "holders", "ops", "step_claims", *LEXICAL}
+                  *LEXICAL, *REEMBEDDING}
+POSTGRES_SKIPPED = {"mnemo_migrations", "holders", "ops", "step_claims", *LEXICAL,
+                    *REEMBEDDING}
 HELD = {"holder", "lease_until"}  # columns of sessions
 MESSAGES = next(t for t in TABLES if t.name == "messages")
 

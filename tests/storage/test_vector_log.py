@@ -35,7 +35,7 @@ class Log:
         self.loads += 1
         return Followed(VectorIndex(DIM), 0)
 
-    def start(self, repo: str, since: int) -> Gate:
+    def start(self, repo: str, since: int, generation: int) -> Gate:
         gate = Gate()
         self.begun.append((since, gate))
         return gate

@@ -57,10 +57,12 @@ from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.migrations import WORD_QUERY
+from mnemo.storage.postgres.reembedding import PgReembedding
 from mnemo.storage.postgres.rows import NODE_COLUMNS
 from mnemo.storage.postgres.rows import node as node_of
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
+from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row
 from mnemo.storage.started import Later, OrElse
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
@@ -77,7 +79,7 @@ def repo_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgGraph:
+class PgGraph(PgReembedding):
     """`GraphStore` over a PostgreSQL database."""
 
     def __init__(
@@ -93,6 +95,7 @@ class PgGraph:
         self._dims = dims
         self._lexical = lexical
         self._locks: dict[str, anyio.Lock] = {}
+        self._reembeds = Claims()
         # A repo's lock holds a pooled connection for its whole block, and the block needs
         # others for its work: at most half the pool holds locks, so commits to many repos
         # at once never take every connection and wait for one that no lock will give back.

@@ -501,4 +501,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX nodes_by_type ON nodes (repo, type, rowid)",
         ),
     ),
+    Migration(
+        # Re-embedding a repo: the new vectors staged beside the old ones, the re-embedding
+        # under way, and the count of switches. SQLite's m023_reembedding.
+        "m016_reembedding",
+        (
+            "ALTER TABLE repos ADD COLUMN vectors_generation integer NOT NULL DEFAULT 0",
+            """CREATE TABLE reembeds (
+                repo text PRIMARY KEY,
+                embedder text NOT NULL,
+                dim integer NOT NULL,
+                seq bigint NOT NULL,
+                started_at timestamptz NOT NULL
+            )""",
+            """CREATE TABLE staged_vectors (
+                node_id text PRIMARY KEY REFERENCES nodes(id) ON DELETE CASCADE,
+                repo text NOT NULL,
+                vec vector NOT NULL
+            )""",
+            "CREATE INDEX staged_vectors_by_repo ON staged_vectors (repo)",
+        ),
+    ),
 )

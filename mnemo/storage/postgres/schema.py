@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 
+import anyio
 import psycopg
 from psycopg import sql
 
@@ -153,23 +154,72 @@ async def ensure_vector_index(
         StorageError: as `apply` (a stored vector of another dimension fails the cast:
             `"unavailable"`).
     """
+    statement = _vector_index(repo, dim, concurrently=False)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+            if await _index_valid(conn, repo) is False:
+                # A concurrent build (`build_vector_index`) cut short left it: never used.
+                await conn.execute(sql.SQL("DROP INDEX {}").format(
+                    sql.Identifier(vector_index_name(repo))))
+            await conn.execute(statement)
+    except psycopg.Error as exc:
+        raise storage_error(exc) from exc
+
+
+async def build_vector_index(conn: Connection, repo: str, dim: int) -> None:
+    """`ensure_vector_index` without holding up writes, for a repo whose vectors were all made
+    again (`Memory.reembed`): `CREATE INDEX CONCURRENTLY`. A plain build takes a lock on
+    `vectors` that stops every commit to every repo until it ends, and the graph of 100,000
+    vectors took minutes. It waits for locks as long as it takes (it holds nothing up, and
+    nothing waits for it). An index left invalid by a build cut short is dropped first.
+    `conn` must not be inside a transaction.
+
+    Raises:
+        StorageError: as `ensure_vector_index`.
+    """
+    name = sql.Identifier(vector_index_name(repo))
+    try:
+        valid = await _index_valid(conn, repo)
+        if valid:
+            return
+        await conn.execute("SET lock_timeout = 0")
+        try:
+            if valid is False:
+                await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(name))
+            await conn.execute(_vector_index(repo, dim, concurrently=True))
+        finally:
+            # The connection goes back to the pool: with the session's own wait again.
+            with anyio.CancelScope(shield=True):
+                await conn.execute("RESET lock_timeout")
+    except psycopg.Error as exc:
+        raise storage_error(exc) from exc
+
+
+async def _index_valid(conn: Connection, repo: str) -> bool | None:
+    """Whether `repo`'s HNSW index can be used (None: there is none)."""
+    cur = await conn.execute(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+        " WHERE c.relname = %s AND c.relnamespace = current_schema()::regnamespace",
+        (vector_index_name(repo),),
+    )
+    row = await cur.fetchone()
+    return None if row is None else bool(row[0])
+
+
+def _vector_index(repo: str, dim: int, *, concurrently: bool) -> sql.Composed:
     if dim <= 0:
         raise ValueError(f"dim must be positive, got {dim}")
-    statement = sql.SQL(
-        "CREATE INDEX IF NOT EXISTS {name} ON vectors"
+    return sql.SQL(
+        "CREATE INDEX {how} IF NOT EXISTS {name} ON vectors"
         " USING hnsw ((vec::vector({dim})) vector_cosine_ops)"
         " WITH (m = {m}, ef_construction = {ef})"
         " WHERE repo = {repo}"
     ).format(
+        how=sql.SQL("CONCURRENTLY" if concurrently else ""),
         name=sql.Identifier(vector_index_name(repo)),
         dim=sql.Literal(dim),
         m=sql.Literal(HNSW_M),
         ef=sql.Literal(HNSW_EF_CONSTRUCTION),
         repo=sql.Literal(repo),
     )
-    try:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-            await conn.execute(statement)
-    except psycopg.Error as exc:
-        raise storage_error(exc) from exc

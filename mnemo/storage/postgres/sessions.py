@@ -58,14 +58,14 @@ class PgSessions:
     async def load_repos(self) -> list[RepoRow]:
         async with self._pg.connection() as conn:
             cur = await conn.execute(
-                "SELECT name, config::text, dim, embedder, llm FROM repos"
+                "SELECT name, config::text, dim, embedder, llm, vectors_generation FROM repos"
                 ' ORDER BY created_at, name COLLATE "C"'
             )
             rows = await cur.fetchall()
         return [
             RepoRow(str(name), Config.from_json(str(config)), _int(dim), str(embedder),
-                    _str_or_none(llm))
-            for name, config, dim, embedder, llm in rows
+                    _str_or_none(llm), _int(generation))
+            for name, config, dim, embedder, llm, generation in rows
         ]
 
     async def save_repo(self, row: RepoRow) -> None:
@@ -73,12 +73,15 @@ class PgSessions:
             await conn.execute(
                 "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
                 " VALUES (%s, %s, %s, %s, %s, %s)"
-                # The dimension is the repo's for good; the models may change (an embedder
-                # of the same dimension, another LLM) and the record follows.
+                # The dimension changes only with the vectors (`Memory.reembed`); the models
+                # may change (an embedder of the same dimension, another LLM) and the record
+                # follows, but an embedder chosen before the vectors were made again is not
+                # recorded over the one that made them.
                 " ON CONFLICT (name) DO UPDATE SET config = excluded.config,"
-                " embedder = excluded.embedder, llm = excluded.llm",
+                " embedder = CASE WHEN repos.vectors_generation = %s THEN excluded.embedder"
+                " ELSE repos.embedder END, llm = excluded.llm",
                 (row.name, _jsonb(row.config.to_json()), row.dim, row.embedder, row.llm,
-                 self._clock.now()),
+                 self._clock.now(), row.generation),
             )
 
     async def load_profile(self, repo: str, model: str) -> dict[str, object] | None:

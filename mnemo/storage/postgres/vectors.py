@@ -27,11 +27,18 @@ from mnemo.errors import StorageError
 from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex, unit
-from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.postgres import lexical, schema
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.vector_log import CHANGED_OF_KINDS, Change, Followed, Follower
+from mnemo.storage.vector_log import (
+    CHANGED_OF_KINDS,
+    VECTOR_STATE,
+    Change,
+    Followed,
+    Follower,
+    Reload,
+    VectorState,
+)
 
 log = logging.getLogger("mnemo")
 
@@ -68,15 +75,39 @@ class PgVectors:
 
     # ---- following writes -----------------------------------------------------------------
 
-    async def index_if_large(self, repo: str) -> None:
+    async def index_if_large(self, repo: str, dim: int | None = None) -> None:
         """Creates the repo's HNSW index once it holds more vectors than are searched exactly
         (after a commit). A smaller repo has none: searched exactly, it would never use one,
         and each inserted vector would pay for a search of its graph (a commit goes 7-13x
         faster without it, BENCHMARKS.md)."""
         if repo not in self._indexed and await self._size(repo) > self._exact_below:
             async with self._pg.connection() as conn:
-                await schema.ensure_vector_index(conn, repo, self._dims(repo))
+                await schema.ensure_vector_index(conn, repo, dim or self._dims(repo))
             self._indexed.add(repo)
+
+    def loaded(self, repo: str) -> VectorIndex | None:
+        """The repo's routes if they are loaded (as they were at their last use)."""
+        return self._routes.loaded(repo)
+
+    async def switched(self, repo: str, dim: int) -> None:
+        """The repo's vectors were all made again (`PgGraph.vectors_switched`): its HNSW index
+        (dropped with the old vectors) is built again if it is large, of `dim` dimensions,
+        without holding up commits (`schema.build_vector_index`: a failed build is logged,
+        and the next commit here builds it; searches are exact until then), and its routes'
+        saved graphs go."""
+        self._indexed.discard(repo)
+        self._sizes.pop(repo, None)
+        if await self._size(repo) > self._exact_below:
+            try:
+                async with self._pg.connection() as conn:
+                    await schema.build_vector_index(conn, repo, dim)
+                self._indexed.add(repo)
+            except StorageError as exc:
+                log.warning("mnemo: the HNSW index of repo %r was not built again: %s", repo,
+                            exc)
+        folder = await self._graph_folder(repo)
+        if folder is not None:
+            await anyio.to_thread.run_sync(ann_files.discard, folder)
 
     def added(self, repo: str, new: int) -> None:
         """A commit wrote `new` vectors (its routes reach the index from the node log, with
@@ -151,26 +182,38 @@ class PgVectors:
         # be walked waits for a larger one.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
         folder = None if faiss is None else await self._graph_folder(repo)
-        # The log's sequence first: what changes after it is applied again later.
-        seq = (await self._state(repo))[0]
-        followed = Followed(VectorIndex(self._dims(repo)), seq, ROUTES)
-        rowids, ids, types, matrix = await self._load(repo, [t.value for t in ROUTES])
+        # The log's state first: what changes after it is applied again later. Read again
+        # after the vectors: when a switch committed between the two reads (the generation
+        # moved), the vectors may be the new ones, and are read again under the new state.
+        state = await self._state(repo)
+        while True:
+            rowids, ids, types, matrix = await self._load(
+                repo, [t.value for t in ROUTES], state.dim or self._dims(repo))
+            after = await self._state(repo)
+            if after.generation == state.generation:
+                break
+            state = after
+        followed = Followed(VectorIndex(matrix.shape[1], generation=state.generation),
+                            state.seq, ROUTES)
         followed.load(rowids, ids, types, matrix)
         # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
         ann.attach(followed.index, threshold=ann.WALK_FROM - 1, folder=folder)
         return followed
 
-    async def _state(self, repo: str) -> tuple[int, int]:
-        return state_of(await self._pg.fetch_all(STATE.replace("?", "%s"), (repo,)))
+    async def _state(self, repo: str) -> VectorState:
+        return VectorState.of(await self._pg.fetch_all(VECTOR_STATE.replace("?", "%s"), (repo,)))
 
     async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
         """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
-        seq, horizon = await self._state(repo)
-        if not followed.behind(seq, horizon):
+        state = await self._state(repo)
+        seq = state.seq
+        if not followed.behind(seq, state.horizon, state.generation):
             return None
         rows = await self._pg.fetch_all(
             CHANGED_OF_KINDS.replace("?", "%s"),
             (repo, followed.seq, seq, repo, [t.value for t in ROUTES]), binary=True)
+        if any(v is not None and len(v) != followed.index.dim for _, _, _, v in rows):
+            raise Reload  # a switch to another dimension committed after the state was read
         return seq, [(int(r), i, t, v) for r, i, t, v in rows]
 
     async def settle(self, repo: str) -> None:
@@ -225,15 +268,18 @@ class PgVectors:
         return self._sizes[repo]
 
     async def _load(
-        self, repo: str, kinds: list[str]
+        self, repo: str, kinds: list[str], dim: int | None = None
     ) -> tuple[list[int], list[str], list[NodeType], Vector]:
-        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first."""
+        """The rowids, ids, types and vectors of the repo's nodes of `kinds`, oldest first
+        (of the vectors' own dimension; without any, of `dim`, else the repo's as this Memory
+        knows it)."""
         rows = await self._pg.fetch_all(
             "SELECT n.rowid, v.node_id, n.type, v.vec FROM vectors v JOIN nodes n"
             " ON n.id = v.node_id WHERE v.repo = %s AND n.type = ANY(%s) ORDER BY n.rowid",
             (repo, kinds), binary=True,
         )
-        matrix = np.zeros((len(rows), self._dims(repo)), dtype=np.float32)
+        dim = len(rows[0][3]) if rows else dim or self._dims(repo)
+        matrix = np.zeros((len(rows), dim), dtype=np.float32)
         for i, (_, _, _, vec) in enumerate(rows):
             matrix[i] = vec
         return ([int(r[0]) for r in rows], [str(r[1]) for r in rows],

@@ -25,7 +25,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import Config
 from mnemo.errors import StorageError
-from mnemo.graph import ann, commit, erasure
+from mnemo.graph import ann, ann_files, commit, erasure
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Embed, Inherited
 from mnemo.graph.history import CommitRecord
@@ -44,11 +44,14 @@ from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
     SideWrite,
+    Staging,
     SweepResult,
+    Unstaged,
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
-from mnemo.storage.sqlite import commits, deletes, history, maintenance
+from mnemo.storage.reembed_claims import Claims
+from mnemo.storage.sqlite import commits, deletes, history, maintenance, reembeds
 from mnemo.storage.sqlite.database import Database, chunks, truncate_wal
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.recall_graph import SqliteRecallReads
@@ -78,6 +81,7 @@ class SqliteGraph(SqliteRecallReads):
         self._lexical = lexical
         self._dims = dims
         self._locks: dict[str, anyio.Lock] = {}
+        self._reembeds = Claims()
         self._cache = RecallCache()
         self._vectors = SqliteVectors(
             database, dims, ann_threshold=ann_threshold, ann_params=ann_params, ann_dir=ann_dir,
@@ -132,12 +136,15 @@ class SqliteGraph(SqliteRecallReads):
                 held.release()
 
     def _repo_file_lock(self, repo: str) -> filelock.FileLock | None:
+        return self._file_lock(repo, "repo")
+
+    def _file_lock(self, repo: str, kind: str) -> filelock.FileLock | None:
         path = self._database.path
         if path == ":memory:" or path.startswith("file:"):
             return None
         digest = hashlib.sha256(repo.encode()).hexdigest()[:24]
         # Not thread-local: taken in a worker thread, released on the event loop's.
-        return filelock.FileLock(f"{path}-repo-{digest}.lock", thread_local=False)
+        return filelock.FileLock(f"{path}-{kind}-{digest}.lock", thread_local=False)
 
     # ---- maintenance (the caller holds the repo's lock) -----------------------------------
 
@@ -355,6 +362,60 @@ class SqliteGraph(SqliteRecallReads):
         await self._vectors.settle(repo)
         if self._lexical is not None:
             await self._lexical.settle(repo)
+
+    # ---- re-embedding (`mnemo.graph.reembed`; the SQL in `reembeds.py`) ------------------
+
+    async def generation(self, repo: str) -> int:
+        return (await self._vectors.index(repo)).generation
+
+    @asynccontextmanager
+    async def reembedding(self, repo: str) -> AsyncIterator[None]:
+        """The repo's re-embedding: this store's claim, then, for a file, a lock file beside it
+        taken without waiting (the system lets it go when its process dies).
+
+        Raises:
+            ConflictError: another re-embedding of the repo (here or in another process)
+                holds it.
+        """
+        with self._reembeds.claim(repo) as busy:
+            held = self._file_lock(repo, "reembed")
+            if held is None:
+                yield
+                return
+            try:
+                await anyio.to_thread.run_sync(functools.partial(held.acquire, timeout=0))
+            except filelock.Timeout:
+                raise busy from None
+            except OSError as exc:
+                raise StorageError(
+                    "unavailable", f"cannot take repo {repo!r}'s re-embedding lock: {exc}"
+                ) from exc
+            try:
+                yield
+            finally:
+                held.release()
+
+    async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
+        return await self._database.run(lambda db: reembeds.begin(db, repo, embedder, dim))
+
+    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
+        return await self._database.run(lambda db: reembeds.unstaged(db, repo, after, limit))
+
+    async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
+        await self._database.run(lambda db: reembeds.stage(db, nodes, vectors))
+
+    async def unstage_changed(self, repo: str) -> None:
+        await self._database.run(lambda db: reembeds.unstage_changed(db, repo))
+
+    async def switch_vectors(self, repo: str) -> tuple[int, int]:
+        return await self._database.run(lambda db: reembeds.switch(db, repo))
+
+    async def vectors_switched(self, repo: str, dim: int) -> None:
+        """The repo's saved HNSW graphs go (every vector is new); the index in memory loads
+        the new vectors at its next use (their generation moved)."""
+        folder = self._vectors.graph_folder(repo)
+        if folder is not None:
+            await anyio.to_thread.run_sync(ann_files.discard, folder)
 
     async def aclose(self) -> None:
         try:

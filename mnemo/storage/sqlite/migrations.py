@@ -174,3 +174,30 @@ def m022_links_by_rowid(db: Database) -> None:
         ("links", "links_by_dst", "3000000 5 3"),
         ("nodes", "nodes_by_type", "1000000 1000000 150000"),
     ])
+
+
+@MIGRATIONS()
+def m023_reembedding(db: Database) -> None:
+    # A repo's vectors can be made again with another embedder (`Memory.reembed`): each node's
+    # new vector is staged beside its old one, then one transaction puts the staged vectors in
+    # place and records the embedder. `vectors_generation` counts those switches, so that
+    # whatever holds the repo's vectors in memory (any process's) knows they were replaced;
+    # `reembeds` holds the re-embedding under way (its embedder, its dimension, and the node
+    # log's sequence it has seen every change up to).
+    execute_all(
+        db,
+        """
+        ALTER TABLE repos ADD COLUMN vectors_generation INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE reembeds (
+            repo TEXT PRIMARY KEY,
+            embedder TEXT NOT NULL,
+            dim INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            started_at TEXT NOT NULL
+        );
+        CREATE TABLE staged_vectors (
+            node INTEGER PRIMARY KEY REFERENCES nodes(rowid) ON DELETE CASCADE,
+            vec BLOB NOT NULL
+        );
+        """,
+    )

@@ -31,12 +31,13 @@ class SqliteSessions:
     async def load_repos(self) -> list[RepoRow]:
         rows = await self._database.run(
             lambda db: db.conn.execute(
-                "SELECT name, config, dim, embedder, llm FROM repos ORDER BY created_at, name"
+                "SELECT name, config, dim, embedder, llm, vectors_generation FROM repos"
+                " ORDER BY created_at, name"
             ).fetchall()
         )
         return [
-            RepoRow(name, Config.from_json(config), dim, embedder, llm)
-            for name, config, dim, embedder, llm in rows
+            RepoRow(name, Config.from_json(config), dim, embedder, llm, generation)
+            for name, config, dim, embedder, llm, generation in rows
         ]
 
     async def save_repo(self, row: RepoRow) -> None:
@@ -45,11 +46,15 @@ class SqliteSessions:
                 db.conn.execute(
                     "INSERT INTO repos(name, config, dim, embedder, llm, created_at)"
                     " VALUES (?, ?, ?, ?, ?, ?)"
-                    # The dimension is the repo's for good; the models may change (an
-                    # embedder of the same dimension, another LLM) and the record follows.
+                    # The dimension changes only with the vectors (`Memory.reembed`); the
+                    # models may change (an embedder of the same dimension, another LLM) and
+                    # the record follows, but an embedder chosen before the vectors were made
+                    # again is not recorded over the one that made them.
                     " ON CONFLICT(name) DO UPDATE SET config = excluded.config,"
-                    " embedder = excluded.embedder, llm = excluded.llm",
-                    (row.name, row.config.to_json(), row.dim, row.embedder, row.llm, _now()),
+                    " embedder = CASE WHEN vectors_generation = ? THEN excluded.embedder"
+                    " ELSE embedder END, llm = excluded.llm",
+                    (row.name, row.config.to_json(), row.dim, row.embedder, row.llm, _now(),
+                     row.generation),
                 )
 
         await self._database.run(write)

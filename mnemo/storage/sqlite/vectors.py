@@ -23,11 +23,18 @@ from mnemo.graph import ann, ann_calls, ann_files
 from mnemo.graph.model import NodeType, Vector
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
-from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sqlite.database import Database
 from mnemo.storage.sqlite.rows import vector_of_half, vectors_of_halves
 from mnemo.storage.started import Queued
-from mnemo.storage.vector_log import CHANGED, Change, Followed, Follower
+from mnemo.storage.vector_log import (
+    CHANGED,
+    VECTOR_STATE,
+    Change,
+    Followed,
+    Follower,
+    Reload,
+    VectorState,
+)
 
 
 class SqliteVectors:
@@ -117,37 +124,43 @@ class SqliteVectors:
         return self._follower.settled(repo)
 
     async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
-        since = followed.seq
-        return await self._database.run(lambda db: self._look(db, repo, since))
+        since, generation = followed.seq, followed.index.generation
+        return await self._database.run(lambda db: self._look(db, repo, since, generation))
 
-    def _start(self, repo: str, since: int) -> Queued[tuple[int, list[Change]] | None]:
-        return self._database.start(lambda db: self._look(db, repo, since))
+    def _start(
+        self, repo: str, since: int, generation: int
+    ) -> Queued[tuple[int, list[Change]] | None]:
+        return self._database.start(lambda db: self._look(db, repo, since, generation))
 
     def _look(
-        self, db: SqliteUtilsDatabase, repo: str, since: int
+        self, db: SqliteUtilsDatabase, repo: str, since: int, generation: int
     ) -> tuple[int, list[Change]] | None:
         self._on_look(db)
-        return _changes(db, repo, since)
+        _snapshot(db)
+        return _changes(db, repo, since, generation)
 
     async def _load(self, repo: str) -> Followed:
-        dim = self._dims(repo)
+        known = self._dims(repo)
 
-        def load(db: SqliteUtilsDatabase) -> tuple[int, list[int], list[str], list[NodeType],
-                                                   Vector]:
+        def load(db: SqliteUtilsDatabase) -> tuple[VectorState, list[int], list[str],
+                                                   list[NodeType], Vector]:
             self._on_look(db)
-            return _load_vectors(db, repo, dim)
+            _snapshot(db)
+            return _load_vectors(db, repo, known)
 
-        seq, rowids, ids, types, vectors = await self._database.run(load)
-        followed = Followed(VectorIndex(self._dims(repo)), seq)
-        followed.load(rowids, ids, types, vectors.reshape(len(ids), followed.index.dim))
+        state, rowids, ids, types, vectors = await self._database.run(load)
+        # The dimension the store records: another Memory may have made the vectors again.
+        dim = state.dim or known
+        followed = Followed(VectorIndex(dim, generation=state.generation), state.seq)
+        followed.load(rowids, ids, types, vectors.reshape(len(ids), dim))
         if self._ann_threshold is not None:
             # The first load imports faiss (about 90 ms): in a thread, not on the loop.
             await anyio.to_thread.run_sync(ann.load_faiss)
             ann.attach(followed.index, threshold=self._ann_threshold,
-                       params=self._ann_params, folder=self._graph_folder(repo))
+                       params=self._ann_params, folder=self.graph_folder(repo))
         return followed
 
-    def _graph_folder(self, repo: str) -> Path | None:
+    def graph_folder(self, repo: str) -> Path | None:
         """Where the repo's HNSW graphs are saved (None: not saved)."""
         return None if self._ann_dir is None else ann_files.repo_folder(self._ann_dir, repo)
 
@@ -156,17 +169,29 @@ class SqliteVectors:
 _CHANGED = CHANGED.replace("v.node_id = n.id", "v.node = n.rowid")
 
 
-def _state(db: SqliteUtilsDatabase, repo: str) -> tuple[int, int]:
-    return state_of(db.conn.execute(STATE, (repo,)).fetchall())
+def _snapshot(db: SqliteUtilsDatabase) -> None:
+    """Opens a read transaction, which the connection's job rolls back when it ends: the
+    repo's state and the vectors read after it are then of one moment, never the old
+    generation's state with the vectors a switch put in place meanwhile."""
+    if not db.conn.in_transaction:
+        db.conn.execute("BEGIN")
+
+
+def _state(db: SqliteUtilsDatabase, repo: str) -> VectorState:
+    return VectorState.of(db.conn.execute(VECTOR_STATE, (repo,)).fetchall())
 
 
 def _changes(
-    db: SqliteUtilsDatabase, repo: str, since: int
+    db: SqliteUtilsDatabase, repo: str, since: int, generation: int
 ) -> tuple[int, list[Change]] | None:
     """The log's sequence and the nodes changed since `since`, None if none; raises `Reload`
-    when the log no longer reaches back that far."""
-    seq, horizon = _state(db, repo)
-    if not vector_log.moved(since, seq, horizon):
+    when the log no longer reaches back that far, or the vectors are of another generation
+    than `generation` (they were all made again)."""
+    state = _state(db, repo)
+    seq = state.seq
+    if state.generation != generation:
+        raise Reload
+    if not vector_log.moved(since, seq, state.horizon):
         return None
     rows = db.conn.execute(_CHANGED, (repo, since, seq, repo)).fetchall()
     return seq, [
@@ -177,11 +202,12 @@ def _changes(
 
 
 def _load_vectors(
-    db: SqliteUtilsDatabase, repo: str, dim: int
-) -> tuple[int, list[int], list[str], list[NodeType], Vector]:
-    """The log's sequence, read first (what changes after it is applied again later), then
-    the repo's rowids, ids, types and vectors in rowid order."""
-    seq = _state(db, repo)[0]
+    db: SqliteUtilsDatabase, repo: str, known: int
+) -> tuple[VectorState, list[int], list[str], list[NodeType], Vector]:
+    """The log's state, read first (what changes after it is applied again later; one read,
+    so its generation is the vectors' read next), then the repo's rowids, ids, types and
+    vectors in rowid order (of the recorded dimension, else `known`)."""
+    state = _state(db, repo)
     rowids: list[int] = []
     ids: list[str] = []
     types: list[NodeType] = []
@@ -195,4 +221,4 @@ def _load_vectors(
         ids.append(node_id)
         types.append(NodeType(kind))
         blobs.append(blob)
-    return seq, rowids, ids, types, vectors_of_halves(blobs, dim)
+    return state, rowids, ids, types, vectors_of_halves(blobs, state.dim or known)

@@ -25,11 +25,13 @@ from tests.pg import PgServer
 _SQLITE_ONLY_TABLES = {"_sqlite_migrations", "sqlite_stat1"}
 _PG_ONLY_TABLES = {"mnemo_migrations"}
 _PG_ONLY_COLUMNS = {("nodes", "search"), ("messages", "search"), ("episodes", "rowid"),
-                    ("vectors", "node_id"), ("vectors", "repo"), ("links", "repo")}
+                    ("vectors", "node_id"), ("vectors", "repo"), ("links", "repo"),
+                    ("staged_vectors", "node_id"), ("staged_vectors", "repo")}
 # SQLite keys a node's vector (float16, five to a page) by the node's rowid, and a link names
 # its ends (`src`, `dst`, integers there) by their nodes' rowids, its repo theirs; PostgreSQL
-# keeps pgvector rows by node id and repo, and links by node ids with their repo.
-_SQLITE_ONLY_COLUMNS = {("vectors", "node")}
+# keeps pgvector rows by node id and repo, and links by node ids with their repo. A vector
+# staged by a re-embedding is kept as the node's vector is.
+_SQLITE_ONLY_COLUMNS = {("vectors", "node"), ("staged_vectors", "node")}
 
 
 async def _connect(url: str) -> psycopg.AsyncConnection[tuple[object, ...]]:

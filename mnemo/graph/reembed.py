@@ -1,0 +1,114 @@
+"""Re-embedding a repo: every node's vector made again with another embedder (`Memory.reembed`),
+while the repo stays readable and writable, and never searched with a mix of the two.
+
+How, whatever the backend (`GraphStore`'s re-embedding methods):
+
+- One re-embedding per repo at a time, across processes (`GraphStore.reembedding`, taken
+  without waiting: a second one is a `ConflictError`).
+- The new vectors are staged beside the old ones, a batch of nodes at a time, each batch
+  staged in one transaction. Recall and commits meanwhile see only the old vectors and the
+  old record: nothing of the new vectors is searched until the switch.
+- Nodes committed meanwhile have no staged vector yet, and nodes whose text changed meanwhile
+  (an intent reworded by a merge) lose theirs (`unstage_changed` reads the node log since
+  the re-embedding last looked): a catch-up stages them. The last catch-up runs under the
+  repo's lock, which every commit takes, so none can slip in before the switch.
+- The switch is one transaction under that lock: the staged vectors take the old ones'
+  place, the repo's record names the new embedder and dimension, and the generation of the
+  repo's vectors moves, so that every process drops what it holds of the old ones
+  (`mnemo.storage.vector_log`).
+- A re-embedding cut short (a killed process, a failing embedder) leaves the repo as it was,
+  old vectors under the old record, with its staged vectors: the next re-embedding with the
+  same embedder carries on from them, one with another embedder drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from mnemo.graph.model import Vector
+from mnemo.graph.ports import GraphStore, Unstaged
+
+# Embeds nodes (their type and text), one vector row each (the caller runs the embedder).
+EmbedNodes = Callable[[Sequence[Unstaged]], Awaitable[Vector]]
+
+# Catch-ups before the repo's lock is taken: each stages what the one before it let arrive,
+# so the last, under the lock, has little left to embed while commits wait for it.
+CATCH_UPS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReembedProgress:
+    """How far a re-embedding has got, as `Memory.reembed`'s `progress` callback hears it:
+    `done` of the repo's `total` nodes have their new vector (`total` grows when nodes are
+    committed meanwhile); `stage` is `"embedding"`, then `"switching"` (the last nodes
+    embedded under the repo's lock, the vectors put in place), `"indexing"` (switched: what
+    the backend keeps beside the vectors is built again, PostgreSQL's HNSW index of a big
+    repo), then `"done"`."""
+
+    repo: str
+    stage: str
+    done: int
+    total: int
+
+
+Report = Callable[[ReembedProgress], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reembedded:
+    """What a re-embedding did: the new generation of the repo's vectors, how many vectors
+    took the old ones' place, and whether it carried on with vectors staged before."""
+
+    generation: int
+    vectors: int
+    resumed: bool
+
+
+async def reembed(
+    graph: GraphStore,
+    repo: str,
+    *,
+    embedder: str,
+    dim: int,
+    embed: EmbedNodes,
+    batch: int,
+    report: Report,
+) -> Reembedded:
+    """Makes every node's vector of `repo` again with `embed` (the embedder of URI `embedder`,
+    `dim` dimensions) and switches the repo to them (see the module doc).
+
+    Raises:
+        ConflictError: another re-embedding of the repo is under way.
+        EmbeddingError: `embed` failed; the repo is as it was, its staged vectors kept.
+        StorageError: the store failed; likewise.
+    """
+    async with graph.reembedding(repo):
+        staging = await graph.begin_reembed(repo, embedder, dim)
+        done, total = staging.staged, staging.total
+
+        async def stage_all(stage: str) -> int:
+            """Stages every node without a staged vector; how many it staged."""
+            nonlocal done, total
+            staged, after = 0, 0
+            while nodes := await graph.unstaged(repo, after, batch):
+                await graph.stage(repo, nodes, await embed(nodes))
+                after = nodes[-1].rowid
+                staged += len(nodes)
+                done += len(nodes)
+                total = max(total, done)
+                await report(ReembedProgress(repo, stage, done, total))
+            return staged
+
+        await report(ReembedProgress(repo, "embedding", done, total))
+        await stage_all("embedding")
+        for _ in range(CATCH_UPS):
+            await graph.unstage_changed(repo)
+            if not await stage_all("embedding"):
+                break
+        async with graph.lock(repo):
+            await report(ReembedProgress(repo, "switching", done, total))
+            await graph.unstage_changed(repo)
+            await stage_all("switching")
+            generation, vectors = await graph.switch_vectors(repo)
+    return Reembedded(generation, vectors, staging.resumed)

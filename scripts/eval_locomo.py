@@ -52,7 +52,7 @@ from rich.table import Table
 import mnemo
 from mnemo.adapters.uri import embedder_from_uri
 from mnemo.recall.query import query_side
-from mnemo.storage.sqlite.graph import fts_query
+from mnemo.storage.sqlite.recall_graph import fts_query
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo_dev.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}

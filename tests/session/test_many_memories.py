@@ -1341,14 +1341,13 @@ async def test_a_result_recorded_before_the_session_ends_elsewhere_is_delivered(
         assert await sql(b.mem, "SELECT id FROM ops") == []
 
 
-async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
-    store: str, monkeypatch: pytest.MonkeyPatch
+async def _end_elsewhere_before_the_holder_checks(
+    store: str, monkeypatch: pytest.MonkeyPatch, *, accepting_memory_answers_first: bool
 ) -> None:
-    """B takes a commit A stored and, before it runs it, the session is ended through C (and
-    B queues a start behind it). Both are answered session_ended. Before, with the end
-    dropping the rows B had taken, B's check that it still held the commit failed: A got
-    operation_failed with a cause saying A had answered it, and B's start
-    preceding_op_failed."""
+    """B takes a commit A stored and, at its check that it still holds it, queues a start
+    behind it while the session is ended through C (with `accepting_memory_answers_first`,
+    A's watcher answers its commit and drops the row before B checks). Both operations are
+    answered session_ended, and the session is gone."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -1365,6 +1364,8 @@ async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
             if len(checks) == 1:
                 await b.mem.start_episode_async(sid, "next", callbacks("b start"))
                 await c.mem.end_session(sid)
+                if accepting_memory_answers_first:
+                    await callbacks.wait(1)  # A's watcher answered, and dropped the row
             taken: bool = await still_taken(op_id, holder_id)
             return taken
 
@@ -1375,41 +1376,26 @@ async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
         got = sorted((label, r.error.reason if r.error else r.value)
                      for label, r in callbacks.results)
         assert got == [("a commit", "session_ended"), ("b start", "session_ended")]
+        with pytest.raises(mnemo.NotFoundError):
+            await b.mem.session_state(sid)
+
+
+async def test_an_end_elsewhere_while_the_holder_runs_stored_operations(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end dropped the rows B had taken before B checked: before, B's failed check gave
+    A operation_failed with a cause saying A had answered it, and B's start
+    preceding_op_failed."""
+    await _end_elsewhere_before_the_holder_checks(
+        store, monkeypatch, accepting_memory_answers_first=False)
 
 
 async def test_an_end_the_accepting_memory_answers_before_the_holder_checks(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As above, but A's watcher sees the end first: it answers its commit session_ended and
-    drops the row, so B's check that it still holds the commit fails. B's start queued behind
-    it is answered session_ended too (the session is gone), not preceding_op_failed: B reads
-    whether the session still exists before it blames the failed commit."""
-    async with AsyncExitStack() as stack:
-        a = await open_worker(stack, store)
-        sid = await fill(a.mem)
-        b = await open_worker(stack, store)
-        c = await open_worker(stack, store)
-        held = await extracting(b, sid)
-        callbacks = Callbacks()
-        await a.mem.commit_async(sid, callbacks("a commit"))
-        holder = b.mem._backend.coordination
-        still_taken, checks = holder.still_taken, []
-
-        async def answered_first(op_id: str, holder_id: str) -> bool:
-            checks.append(op_id)
-            if len(checks) == 1:
-                await b.mem.start_episode_async(sid, "next", callbacks("b start"))
-                await c.mem.end_session(sid)
-                await callbacks.wait(1)  # A's watcher answered, and dropped the row
-            taken: bool = await still_taken(op_id, holder_id)
-            return taken
-
-        monkeypatch.setattr(holder, "still_taken", answered_first)
-        the_holder_takes_first(monkeypatch, a, b)
-        held.release()
-        await callbacks.wait(2)
-        got = sorted((label, r.error.reason if r.error else r.value)
-                     for label, r in callbacks.results)
-        assert got == [("a commit", "session_ended"), ("b start", "session_ended")]
-        with pytest.raises(mnemo.NotFoundError):
-            await b.mem.session_state(sid)
+    """A's watcher sees the end first and answers its commit: B's start queued behind the
+    commit whose check failed is answered session_ended (the session is gone), not
+    preceding_op_failed, since B reads whether the session still exists before it blames the
+    failed commit."""
+    await _end_elsewhere_before_the_holder_checks(
+        store, monkeypatch, accepting_memory_answers_first=True)

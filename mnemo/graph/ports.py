@@ -429,9 +429,15 @@ class GraphStore(Protocol):
         embedder and dimension (another's staged vectors are dropped)."""
         ...
 
-    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
-        """Up to `limit` of the repo's nodes past rowid `after` with no staged vector, in
-        rowid order."""
+    async def unstaged(
+        self, repo: str, after: int, limit: int, upto: int | None = None
+    ) -> list[Unstaged]:
+        """Up to `limit` of the repo's nodes past rowid `after` (and at most rowid `upto`)
+        with no staged vector, in rowid order."""
+        ...
+
+    async def last_rowid(self, repo: str) -> int:
+        """The highest rowid of the repo's nodes (0 when it has none)."""
         ...
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:

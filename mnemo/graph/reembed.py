@@ -87,11 +87,15 @@ async def reembed(
         staging = await graph.begin_reembed(repo, embedder, dim)
         done, total = staging.staged, staging.total
 
-        async def stage_all(stage: str) -> int:
-            """Stages every node without a staged vector; how many it staged."""
+        async def stage_all(stage: str, *, locked: bool = False) -> int:
+            """Stages every node without a staged vector, of those the repo held when it
+            began (all of them under the repo's lock, where none can arrive); how many it
+            staged. Nodes committed meanwhile are left to the next pass: a repo written to
+            faster than its nodes are embedded would keep an unbounded pass going."""
             nonlocal done, total
             staged, after = 0, 0
-            while nodes := await graph.unstaged(repo, after, batch):
+            upto = None if locked else await graph.last_rowid(repo)
+            while nodes := await graph.unstaged(repo, after, batch, upto):
                 await graph.stage(repo, nodes, await embed(nodes))
                 after = nodes[-1].rowid
                 staged += len(nodes)
@@ -109,6 +113,6 @@ async def reembed(
         async with graph.lock(repo):
             await report(ReembedProgress(repo, "switching", done, total))
             await graph.unstage_changed(repo)
-            await stage_all("switching")
+            await stage_all("switching", locked=True)
             generation, vectors = await graph.switch_vectors(repo)
     return Reembedded(generation, vectors, staging.resumed)

@@ -147,6 +147,35 @@ async def test_the_repo_is_read_and_written_while_it_is_reembedded(store: str) -
             await a.recall(REPO, "printer toner"))
 
 
+async def test_a_repo_written_to_faster_than_it_is_embedded_still_switches(store: str) -> None:
+    """Another Memory commits between every two batches, more nodes each time than a batch
+    holds: each pass stages the nodes the repo held when it began and leaves the newer ones to
+    the next, so the re-embedding switches while the writer still writes (before, its first
+    pass went on as long as the writer did) and ends with every vector the new embedder's."""
+    written, at_switch = 0, []
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as a, \
+            mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as b:
+        await a.open_repo(REPO)
+        await fill(a)
+
+        async def writer(update: mnemo.ReembedProgress) -> None:
+            nonlocal written
+            if update.stage == "switching":
+                at_switch.append(written)
+            elif update.stage == "embedding" and update.done and written < WRITER_STOPS:
+                written += 1
+                await fill(b, start=written, count=1)
+
+        await a.reembed(REPO, embedder=mnemo.HashEmbedder(32), batch_size=3, progress=writer)
+        await all_of(a, mnemo.HashEmbedder(32))
+    assert at_switch, written
+    assert 0 < at_switch[0] < WRITER_STOPS, (at_switch[0], written)
+
+
+# The writer above stops after this many commits (before, the re-embedding switched only then).
+WRITER_STOPS = 300
+
+
 class Failing:
     """A hashed embedder that fails from its `after`-th call on (a fault between batches)."""
 

@@ -60,9 +60,15 @@ class PgReembedding:
         async with self._pg.transaction() as conn:
             return await reembeds.begin(conn, repo, embedder, dim)
 
-    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
+    async def unstaged(
+        self, repo: str, after: int, limit: int, upto: int | None = None
+    ) -> list[Unstaged]:
         async with self._pg.connection() as conn:
-            return await reembeds.unstaged(conn, repo, after, limit)
+            return await reembeds.unstaged(conn, repo, after, limit, upto)
+
+    async def last_rowid(self, repo: str) -> int:
+        async with self._pg.connection() as conn:
+            return await reembeds.last_rowid(conn, repo)
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         async with self._pg.transaction() as conn:

@@ -56,16 +56,27 @@ async def begin(conn: Connection, repo: str, embedder: str, dim: int) -> Staging
     return Staging(embedder, dim, staged, total, resumed)
 
 
-async def unstaged(conn: Connection, repo: str, after: int, limit: int) -> list[Unstaged]:
+async def unstaged(
+    conn: Connection, repo: str, after: int, limit: int, upto: int | None
+) -> list[Unstaged]:
     """`sqlite.reembeds.unstaged`."""
     cur = await conn.execute(
         "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = %s AND n.rowid > %s"
+        " AND (%s::bigint IS NULL OR n.rowid <= %s::bigint)"
         " AND NOT EXISTS (SELECT 1 FROM staged_vectors s WHERE s.node_id = n.id)"
         " ORDER BY n.rowid LIMIT %s",
-        (repo, after, limit),
+        (repo, after, upto, upto, limit),
     )
     return [Unstaged(_whole(rowid), str(node_id), NODE_TYPES[str(kind)], str(text))
             for rowid, node_id, kind, text in await cur.fetchall()]
+
+
+async def last_rowid(conn: Connection, repo: str) -> int:
+    """`sqlite.reembeds.last_rowid`."""
+    cur = await conn.execute("SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = %s",
+                             (repo,))
+    row = await cur.fetchone()
+    return 0 if row is None else _whole(row[0])
 
 
 async def stage(conn: Connection, nodes: Sequence[Unstaged], vectors: Vector) -> None:

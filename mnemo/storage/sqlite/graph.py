@@ -398,8 +398,14 @@ class SqliteGraph(SqliteRecallReads):
     async def begin_reembed(self, repo: str, embedder: str, dim: int) -> Staging:
         return await self._database.run(lambda db: reembeds.begin(db, repo, embedder, dim))
 
-    async def unstaged(self, repo: str, after: int, limit: int) -> list[Unstaged]:
-        return await self._database.run(lambda db: reembeds.unstaged(db, repo, after, limit))
+    async def unstaged(
+        self, repo: str, after: int, limit: int, upto: int | None = None
+    ) -> list[Unstaged]:
+        return await self._database.run(
+            lambda db: reembeds.unstaged(db, repo, after, limit, upto))
+
+    async def last_rowid(self, repo: str) -> int:
+        return await self._database.run(lambda db: reembeds.last_rowid(db, repo))
 
     async def stage(self, repo: str, nodes: Sequence[Unstaged], vectors: Vector) -> None:
         await self._database.run(lambda db: reembeds.stage(db, nodes, vectors))

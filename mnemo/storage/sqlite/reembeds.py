@@ -13,6 +13,9 @@ from mnemo.graph.model import NODE_TYPES, Vector, now_utc
 from mnemo.graph.ports import Staging, Unstaged
 from mnemo.storage.sqlite.rows import half_blob
 
+# SQLite's largest rowid: no bound.
+MAX_ROWID = 2**63 - 1
+
 _OF_REPO = "SELECT rowid FROM nodes WHERE repo = ?"
 
 
@@ -46,16 +49,27 @@ def begin(db: SqliteUtilsDatabase, repo: str, embedder: str, dim: int) -> Stagin
     return Staging(embedder, dim, int(staged), int(total), resumed)
 
 
-def unstaged(db: SqliteUtilsDatabase, repo: str, after: int, limit: int) -> list[Unstaged]:
-    """Up to `limit` of the repo's nodes past rowid `after` with no staged vector."""
+def unstaged(
+    db: SqliteUtilsDatabase, repo: str, after: int, limit: int, upto: int | None
+) -> list[Unstaged]:
+    """Up to `limit` of the repo's nodes past rowid `after` (at most `upto`) with no staged
+    vector."""
     rows = db.conn.execute(
         "SELECT n.rowid, n.id, n.type, n.text FROM nodes n WHERE n.repo = ? AND n.rowid > ?"
+        " AND n.rowid <= ?"
         " AND NOT EXISTS (SELECT 1 FROM staged_vectors s WHERE s.node = n.rowid)"
         " ORDER BY n.rowid LIMIT ?",
-        (repo, after, limit),
+        (repo, after, MAX_ROWID if upto is None else upto, limit),
     ).fetchall()
     return [Unstaged(int(rowid), node_id, NODE_TYPES[kind], text)
             for rowid, node_id, kind, text in rows]
+
+
+def last_rowid(db: SqliteUtilsDatabase, repo: str) -> int:
+    """The highest rowid of the repo's nodes, 0 when it has none."""
+    (last,), = db.conn.execute("SELECT coalesce(max(rowid), 0) FROM nodes WHERE repo = ?",
+                               (repo,)).fetchall()
+    return int(last)
 
 
 def stage(db: SqliteUtilsDatabase, nodes: Sequence[Unstaged], vectors: Vector) -> None:

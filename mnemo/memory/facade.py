@@ -265,14 +265,23 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self._repos.known(repo)
         if reinforce is None:
             reinforce = not self._inspect
+        chosen = reinforce
+        return await self._following_switches(repo, lambda: self._recalls.recall(
+            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of))
+
+    async def _following_switches(
+        self, repo: str, recall: Callable[[], Awaitable[RecallResult]]
+    ) -> RecallResult:
+        """`recall()`, run again once with the repo's embedder now when another Memory
+        re-embedded the repo (seen before anything was searched).
+
+        Raises:
+            ConflictError: the repo was re-embedded again before the second run.
+        """
         for attempt in range(2):
             try:
-                return await self._recalls.recall(
-                    repo, query, k=k, types=types, reinforce=reinforce, as_of=as_of
-                )
+                return await recall()
             except VectorsMoved as moved:
-                # Another Memory re-embedded the repo (seen before anything was searched):
-                # the repo's embedder now, and the recall again with it.
                 if attempt:
                     raise ConflictError(
                         f"repo {repo!r} was re-embedded twice while it was recalled"
@@ -357,6 +366,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         Raises:
             InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
                 session id that is not a string.
+            ConflictError: as `recall`'s.
         """
         limit = (await self._repos.known(repo)).config.max_text_chars
         check_text(query, "query", limit=limit, stored=False)
@@ -367,14 +377,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             context = None
         if context is not None:
             query = "\n".join([query, context.goal, *context.recent_steps])[:limit]
-        for attempt in range(2):
-            try:
-                return await self._recalls.recall(
-                    repo, query, k=k, types=None, reinforce=not self._inspect,
-                    session_id=session_id if isinstance(session_id, str) else None,
-                )
-            except VectorsMoved as moved:
-                if attempt:
-                    raise
-                await self._repos.refresh(repo, moved.generation)
-        raise AssertionError("the second recall returns or raises")
+        asked = query
+        return await self._following_switches(repo, lambda: self._recalls.recall(
+            repo, asked, k=k, types=None, reinforce=not self._inspect,
+            session_id=session_id if isinstance(session_id, str) else None,
+        ))

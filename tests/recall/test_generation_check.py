@@ -85,6 +85,11 @@ async def test_a_moved_generation_recalls_again_and_lets_the_search_go(
         with pytest.raises(mnemo.ConflictError, match="re-embedded twice"):
             await mem.recall(REPO, "kettle stove", reinforce=False)
         assert len(begun) == len(discards) == 4
+        # A recall in a session's context runs again and refuses alike (it raised the
+        # internal VectorsMoved).
+        with pytest.raises(mnemo.ConflictError, match="re-embedded twice"):
+            await mem.recall_in_context(REPO, "no such session", "kettle stove")
+        assert len(begun) == len(discards) == 6
 
 
 async def test_a_failed_or_cancelled_check_lets_the_search_go(

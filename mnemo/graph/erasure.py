@@ -103,6 +103,7 @@ async def forget(
     read: Callable[[], Awaitable[Inherited]],
     embed: Embed,
     delete: Delete,
+    check: Callable[[], Awaitable[None]] | None = None,
 ) -> list[str]:
     """A source's forget: the heirs' wordings are embedded before the repo's `lock` is taken
     (a slow embedder must not hold every other writer of the repo, in every process: commits
@@ -111,16 +112,24 @@ async def forget(
     round again; the last of `ATTEMPTS` rounds embeds under the lock, so a repo that keeps
     changing cannot starve it. Returns the ids of the nodes that went.
 
+    `check` runs under the lock before the delete, and raises to stop it (the repo's vectors
+    were re-embedded since `embed` was chosen: its wordings' vectors would not fit them).
+
     Raises:
         EmbeddingError: a wording could not be embedded (in time); nothing was deleted.
+        Whatever `check` raises; nothing was deleted.
     """
     for _ in range(ATTEMPTS - 1):
         seen = await read()
         plan = await inheritance(*seen, embed)
         async with lock():
+            if check is not None:
+                await check()
             if await read() == seen:
                 return await delete(plan)
     async with lock():
+        if check is not None:
+            await check()
         return await delete(await inheritance(*await read(), embed))
 
 

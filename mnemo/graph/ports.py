@@ -173,6 +173,13 @@ class VectorsMoved(Exception):
         self.generation = generation
 
 
+async def same_generation(graph: GraphStore, repo: str, expected: int | None) -> None:
+    """Raises `VectorsMoved` when the repo's vectors are of another generation than
+    `expected` (None: not checked)."""
+    if expected is not None and (now := await graph.generation(repo)) != expected:
+        raise VectorsMoved(now)
+
+
 class SourceTaken(Exception):
     """Raised by `apply` when, under the repo's write lock, a `SourceRecorded`'s source turns
     out to be recorded already: another writer (a second Memory, another process) ingested it
@@ -308,16 +315,20 @@ class GraphStore(Protocol):
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
 
     async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
+        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None,
     ) -> int:
         """Deletes every node a source produced, then the tags and intents that this left
         without links (a tag a source created but another still uses stays, without the
         source's id); an intent that keeps links and has words of the source takes the
         wording of a procedure still linked to it, embedded by `embed` before the repo's lock
-        is taken (`mnemo.graph.erasure`). Returns how many nodes went.
+        is taken (`mnemo.graph.erasure`). `generation`: the generation of the repo's vectors
+        `embed` makes, checked under the lock. Returns how many nodes went.
 
         Raises:
             EmbeddingError: `embed` failed; nothing was deleted.
+            VectorsMoved: the repo's vectors are of another generation than `generation`;
+                nothing was deleted.
         """
         ...
 

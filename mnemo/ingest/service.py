@@ -326,5 +326,6 @@ class IngestService:
                 raise EmbeddingError(f"the embedder took more than {timeout} s") from exc
 
         return await self._graph.delete_source(
-            repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)]
+            repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)],
+            generation=runtime.generation,
         )

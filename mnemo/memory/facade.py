@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
@@ -47,6 +48,8 @@ from mnemo.recall.service import RecallRuntime, RecallService
 from mnemo.session.host import TaskHost
 from mnemo.session.service import SessionService
 from mnemo.storage.ports import open_backend
+
+T = TypeVar("T")
 
 
 class Memory(SessionMethods, GraphMethods, ConversationMethods):
@@ -270,24 +273,24 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             repo, query, k=k, types=types, reinforce=chosen, as_of=as_of))
 
     async def _following_switches(
-        self, repo: str, recall: Callable[[], Awaitable[RecallResult]]
-    ) -> RecallResult:
-        """`recall()`, run again once with the repo's embedder now when another Memory
-        re-embedded the repo (seen before anything was searched).
+        self, repo: str, call: Callable[[], Awaitable[T]], doing: str = "recalled"
+    ) -> T:
+        """`call()`, run again once with the repo's embedder now when another Memory
+        re-embedded the repo (seen before anything was searched or written).
 
         Raises:
             ConflictError: the repo was re-embedded again before the second run.
         """
         for attempt in range(2):
             try:
-                return await recall()
+                return await call()
             except VectorsMoved as moved:
                 if attempt:
                     raise ConflictError(
-                        f"repo {repo!r} was re-embedded twice while it was recalled"
+                        f"repo {repo!r} was re-embedded twice while it was {doing}"
                     ) from moved
                 await self._repos.refresh(repo, moved.generation)
-        raise AssertionError("the second recall returns or raises")
+        raise AssertionError("the second run returns or raises")
 
     def _recall_runtime(self, repo: str) -> RecallRuntime:
         runtime = self._repos.embedding(repo)
@@ -343,10 +346,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         Raises:
             EmbeddingError: such an intent's new wording could not be embedded; nothing was
                 forgotten.
+            ConflictError: another Memory re-embedded the repo twice while it was forgotten
+                (once, the forget runs again with the repo's new embedder).
         """
         await self._repos.known(repo)
         await self._repos.refresh(repo)
-        return await self._ingests.forget(repo, source_id)
+        return await self._following_switches(
+            repo, lambda: self._ingests.forget(repo, source_id), "forgotten")
 
     def _ingest_runtime(self, repo: str) -> IngestRuntime:
         runtime = self._repos.embedding(repo)

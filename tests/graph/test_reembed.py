@@ -176,6 +176,63 @@ async def test_a_repo_written_to_faster_than_it_is_embedded_still_switches(store
 WRITER_STOPS = 300
 
 
+class Paused:
+    """A hashed embedder whose next call, once `armed`, waits for `go` (after setting
+    `paused`)."""
+
+    def __init__(self, dim: int) -> None:
+        self.inner = mnemo.HashEmbedder(dim)
+        self.name, self.dim = self.inner.name, dim
+        self.armed, self.paused, self.go = False, anyio.Event(), anyio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if self.armed:
+            self.armed = False
+            self.paused.set()
+            await self.go.wait()
+        return await self.inner.embed(texts)
+
+
+async def test_a_forget_whose_wording_was_embedded_before_a_switch_writes_nothing_of_it(
+    store: str,
+) -> None:
+    """B forgets a source whose shared intent takes another source's wording; B embeds the
+    wording with the repo's embedder, then A switches the repo to another dimension before B
+    takes the lock. B's forget deletes nothing and says why (B was given the old embedder;
+    a Memory given none would run again with the new one); the repo stays whole, and A's
+    forget then succeeds. Before, B wrote the old dimension's vector into the repo, and every
+    recall and ingest after it failed with a reshape error, in every Memory."""
+    deploy = [("The deploy script is in ops/deploy.sh.", "run the deploy script", "a"),
+              ("The deploy script is in ops/deploy.sh.", "run the deploy script now", "b")]
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
+        await mem.open_repo(REPO)
+        for observation, action, source in deploy:
+            await mem.ingest(REPO, mnemo.Trajectory("deploy the web service", [
+                mnemo.Step(observation, action)]), source_id=source)
+        await fill(mem)
+    paused = Paused(64)
+    async with mnemo.Memory(store, embedder=paused) as b, mnemo.Memory(store) as a:
+        refused: list[BaseException] = []
+        paused.armed = True
+        async with anyio.create_task_group() as tg:
+            async def forget() -> None:
+                with pytest.raises(mnemo.EmbeddingError, match="re-embedded") as caught:
+                    await b.forget(REPO, "a")
+                refused.append(caught.value)
+
+            tg.start_soon(forget)
+            await paused.paused.wait()  # B embedded the heir's wording: not yet written
+            await a.reembed(REPO, embedder=mnemo.HashEmbedder(32))
+            paused.go.set()
+        assert refused
+        await all_of(a, mnemo.HashEmbedder(32))
+        assert await a.forget(REPO, "a") > 0
+        await all_of(a, mnemo.HashEmbedder(32))
+        await a.ingest(REPO, mnemo.Trajectory("fuses", [mnemo.Step(
+            "The fuse box is in the cellar.", "check the fuses")]), source_id="z")
+        assert "The fuse box is in the cellar." in texts(await a.recall(REPO, "fuse box"))
+
+
 class Failing:
     """A hashed embedder that fails from its `after`-th call on (a fault between batches)."""
 

@@ -51,6 +51,7 @@ from mnemo.graph.ports import (
     Started,
     SweepResult,
     TypedLink,
+    same_generation,
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
@@ -363,7 +364,8 @@ class PgGraph(PgReembedding):
         return len(gone)
 
     async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
+        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None,
     ) -> int:
         """See `GraphStore.delete_source`."""
         async def read() -> Inherited:
@@ -377,7 +379,8 @@ class PgGraph(PgReembedding):
             await self._erased()
             return gone
 
-        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete))
+        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
+                                        lambda: same_generation(self, repo, generation)))
 
     async def _erased(self) -> None:
         """After an erasure's transaction: the lexical index's slots wiped

@@ -47,6 +47,7 @@ from mnemo.graph.ports import (
     Staging,
     SweepResult,
     Unstaged,
+    same_generation,
 )
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
@@ -302,7 +303,8 @@ class SqliteGraph(SqliteRecallReads):
             return gone
 
     async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = ()
+        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None,
     ) -> int:
         """See `GraphStore.delete_source`."""
         async def read() -> Inherited:
@@ -315,7 +317,8 @@ class SqliteGraph(SqliteRecallReads):
             await self._erased()
             return gone
 
-        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete))
+        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
+                                        lambda: same_generation(self, repo, generation)))
 
     async def _erased(self) -> None:
         """After an erasure's transaction (`deletes.scrub`): the WAL truncated, the lexical

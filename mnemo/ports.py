@@ -6,6 +6,7 @@ metering) is `mnemo.calls`; this module holds only what an adapter or a fake nee
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -134,6 +135,11 @@ def check_models(llm: object, embedder: object) -> None:
         )
 
 
+# The most dimensions an embedder's vectors may have: pgvector's `vector` type holds 16,000
+# (the largest embedding models in use make 3,072-4,096).
+MAX_DIM = 16_000
+
+
 async def detect_dim(embedder: Embedder) -> int:
     """The embedder's dimension, letting one that learns it from its first reply (an
     `OpenAIEmbedder` without `dim`) ask first: every path that needs the dimension awaits
@@ -141,11 +147,26 @@ async def detect_dim(embedder: Embedder) -> int:
 
     Raises:
         EmbeddingError: the embedder's request failed.
+        InvalidInputError: the embedder has no `dim`, or one that is not a whole number from
+            1 to `MAX_DIM`.
     """
     detect = getattr(embedder, "detect_dim", None)
     if detect is not None:
         await detect()
-    return embedder.dim
+    try:
+        dim = embedder.dim
+    except AttributeError as exc:
+        raise InvalidInputError(
+            f"embedder {model_name(embedder)} has no dim (its vectors' dimension)") from exc
+    try:
+        whole = None if isinstance(dim, bool) else operator.index(dim)  # numpy's ints too
+    except TypeError:
+        whole = None
+    if whole is None or not 1 <= whole <= MAX_DIM:
+        raise InvalidInputError(
+            f"embedder {model_name(embedder)} has dim {dim!r}: a whole number from 1 to "
+            f"{MAX_DIM:,} is needed")
+    return whole
 
 
 def model_name(model: object) -> str:

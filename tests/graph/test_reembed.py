@@ -344,7 +344,8 @@ async def test_a_ready_changeset_stored_before_the_switch_commits_new_vectors_la
 
 async def test_reembed_refusals(store: str, tmp_path: Path) -> None:
     """An unknown repo (NotFoundError), an inspecting Memory (StorageError "read_only": it
-    records no model), an embedder that is none or a batch size out of bounds
+    records no model), an embedder that is none, one whose `dim` is missing or no whole number
+    from 1 to 16,000 (also refused by open_repo), or a batch size out of bounds
     (InvalidInputError), and a repo whose own embedder cannot be built here (EmbeddingError
     naming the variable) are refused before anything is staged."""
     async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
@@ -357,6 +358,18 @@ async def test_reembed_refusals(store: str, tmp_path: Path) -> None:
         for size in (0, 10**6, True):
             with pytest.raises(mnemo.InvalidInputError, match="batch_size"):
                 await mem.reembed(REPO, batch_size=size)
+        for dim in (None, 0, -1, "16", True, 16.0, 10**6, "missing"):
+            odd = Renamed(16, "odd")
+            if dim == "missing":
+                del odd.dim
+            else:
+                odd.dim = dim  # type: ignore[assignment]
+            with pytest.raises(mnemo.InvalidInputError, match="dim"):
+                await mem.reembed(REPO, embedder=odd)
+            with pytest.raises(mnemo.InvalidInputError, match="dim"):
+                await mem.open_repo("another", embedder=odd)
+        assert not await sql(mem, "SELECT * FROM reembeds")
+        assert await sql(mem, "SELECT name FROM repos") == [(REPO,)]
     async with mnemo.Memory(store, inspect=True) as mem:
         with pytest.raises(mnemo.StorageError, match="inspect=True") as read_only:
             await mem.reembed(REPO, embedder=mnemo.HashEmbedder(32))

@@ -42,7 +42,8 @@ class ReembedProgress:
     """How far a re-embedding has got, as `Memory.reembed`'s `progress` callback hears it:
     `done` of the repo's `total` nodes have their new vector (`total` grows when nodes are
     committed meanwhile); `stage` is `"embedding"`, then `"switching"` (the last nodes
-    embedded under the repo's lock, the vectors put in place), `"indexing"` (switched: what
+    embedded under the repo's lock, the vectors put in place; reported before the lock is
+    taken, as nothing is reported under it), `"indexing"` (switched: what
     the backend keeps beside the vectors is built again, PostgreSQL's HNSW index of a big
     repo), then `"done"`."""
 
@@ -101,7 +102,8 @@ async def reembed(
                 staged += len(nodes)
                 done += len(nodes)
                 total = max(total, done)
-                await report(ReembedProgress(repo, stage, done, total))
+                if not locked:  # the caller's callback never runs while commits wait
+                    await report(ReembedProgress(repo, stage, done, total))
             return staged
 
         await report(ReembedProgress(repo, "embedding", done, total))
@@ -110,8 +112,8 @@ async def reembed(
             await graph.unstage_changed(repo)
             if not await stage_all("embedding"):
                 break
+        await report(ReembedProgress(repo, "switching", done, total))
         async with graph.lock(repo):
-            await report(ReembedProgress(repo, "switching", done, total))
             await graph.unstage_changed(repo)
             await stage_all("switching", locked=True)
             generation, vectors = await graph.switch_vectors(repo)

@@ -176,6 +176,27 @@ async def test_a_repo_written_to_faster_than_it_is_embedded_still_switches(store
 WRITER_STOPS = 300
 
 
+async def test_the_progress_callback_never_runs_under_the_repos_lock(store: str) -> None:
+    """A progress callback that ingests into the repo at every report succeeds each time, the
+    switch's report among them: nothing is reported while the repo's lock is held (before, the
+    "switching" report and every batch under the lock called it there: its ingest met the
+    held lock, and a slow callback held every commit of the repo, in every process)."""
+    stages: list[str] = []
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(64)) as mem:
+        await mem.open_repo(REPO)
+        await fill(mem)
+
+        async def ingest_now(update: mnemo.ReembedProgress) -> None:
+            await fill(mem, start=100 + len(stages), count=1)
+            stages.append(update.stage)
+
+        await mem.reembed(REPO, embedder=mnemo.HashEmbedder(32), batch_size=8,
+                          progress=ingest_now)
+        assert "switching" in stages
+        assert stages[-1] == "done"
+        await all_of(mem, mnemo.HashEmbedder(32))
+
+
 class Paused:
     """A hashed embedder whose next call, once `armed`, waits for `go` (after setting
     `paused`)."""

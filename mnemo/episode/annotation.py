@@ -169,13 +169,16 @@ async def embed(embedder: Embedder, texts: Sequence[str]) -> Vector:
     """The embedder's vectors as a float32 matrix, checked for shape.
 
     Raises:
-        EmbeddingError: the embedder failed (its exception is the `__cause__`) or returned
-            the wrong number of vectors or the wrong dimension.
+        EmbeddingError: the embedder failed (its own EmbeddingError as it is, another
+            exception as the `__cause__`) or returned the wrong number of vectors or the
+            wrong dimension.
     """
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     try:
         raw = await embedder.embed(list(texts))
+    except EmbeddingError:
+        raise  # says what failed already
     except Exception as exc:
         raise EmbeddingError(f"the embedder failed: {exc!r}") from exc
     try:

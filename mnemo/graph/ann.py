@@ -132,8 +132,13 @@ def attach(
     if faiss is None:
         return None
     params = params or HnswParams()
+    # The generation of the vectors too (from the first re-embedding on; graphs saved before
+    # generations were counted are of generation 0): graphs built on a repo's vectors before
+    # it was re-embedded (at the same dimension, over the same rows) would pass the check of
+    # the rows, and walk the new vectors along the old ones' neighbours.
+    generation = {"generation": index.generation} if index.generation else {}
     files = None if folder is None else GraphFolder(
-        folder, {**params.saved_settings(), "dim": index.dim})
+        folder, {**params.saved_settings(), "dim": index.dim, **generation})
     accelerator = HnswAccelerator(index, faiss, threshold=threshold, params=params, files=files)
     index.accelerator = accelerator
     accelerator.start_if_due()

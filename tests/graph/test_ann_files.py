@@ -172,6 +172,23 @@ def test_graphs_saved_with_other_settings_are_not_read(saved: tuple[Vector, Path
 
 
 @pytest.mark.slow
+def test_graphs_of_another_generation_of_the_vectors_are_not_read(
+    saved: tuple[Vector, Path],
+) -> None:
+    """The same rows of the same dimension, re-embedded (the next generation): built, not read
+    (before, the old graphs were read back, the rows being the same, and a cancelled
+    re-embedding could leave them in place)."""
+    vectors, folder = saved
+    index = VectorIndex(DIM, generation=1)
+    index.add([f"n{i}" for i in range(N)], kinds(N), vectors)
+    accelerator = accelerate(index, folder)
+    try:
+        assert accelerator.stats()["read"] == 0
+    finally:
+        accelerator.close(10)
+
+
+@pytest.mark.slow
 def test_graphs_of_vectors_of_another_dimension_are_not_read(
     saved: tuple[Vector, Path],
 ) -> None:

@@ -200,10 +200,13 @@ class GraphMethods(Parts):
         index is then built again (without holding up commits; searches are exact until it
         is ready). Sessions open on the repo go on: what they embedded before the switch is
         embedded again when they commit. Cut
-        short (a killed process, a failing embedder, a cancellation), it leaves the repo
-        with its old vectors and record, and its staged vectors: run it again with the same
-        embedder to carry on. Another Memory, in any process, runs the new embedder on the
-        repo from its next recall, commit, ingest or session start there.
+        short (a killed process, a failing embedder, a cancellation) before the switch, it
+        leaves the repo with its old vectors and record, and its staged vectors: run it again
+        with the same embedder to carry on. A cancellation that lands while the switch is
+        being written may find it done: the repo is then wholly the new embedder's, and this
+        Memory runs that embedder from its next call on the repo, as another Memory would.
+        Another Memory, in any process, runs the new embedder on the repo from its next
+        recall, commit, ingest or session start there.
 
         `progress` (sync or async) gets a `ReembedProgress` at the start, after each batch,
         at the switch, after it and when done; each also goes to `on_event` as a

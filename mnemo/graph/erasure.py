@@ -112,25 +112,27 @@ async def forget(
     round again; the last of `ATTEMPTS` rounds embeds under the lock, so a repo that keeps
     changing cannot starve it. Returns the ids of the nodes that went.
 
-    `check` runs under the lock before the delete, and raises to stop it (the repo's vectors
-    were re-embedded since `embed` was chosen: its wordings' vectors would not fit them).
+    `check` runs under the lock before a delete that writes heirs' vectors, and raises to
+    stop it (the repo's vectors were re-embedded since `embed` was chosen: its wordings'
+    vectors would not fit them).
 
     Raises:
         EmbeddingError: a wording could not be embedded (in time); nothing was deleted.
         Whatever `check` raises; nothing was deleted.
     """
+    async def checked(plan: Plan) -> list[str]:
+        if check is not None and plan.heirs:
+            await check()
+        return await delete(plan)
+
     for _ in range(ATTEMPTS - 1):
         seen = await read()
         plan = await inheritance(*seen, embed)
         async with lock():
-            if check is not None:
-                await check()
             if await read() == seen:
-                return await delete(plan)
+                return await checked(plan)
     async with lock():
-        if check is not None:
-            await check()
-        return await delete(await inheritance(*await read(), embed))
+        return await checked(await inheritance(*await read(), embed))
 
 
 async def inheritance(

@@ -12,6 +12,8 @@ from psycopg import sql
 from mnemo.errors import StorageError
 from mnemo.graph.model import NODE_TYPES, Vector
 from mnemo.graph.ports import Staging, Unstaged
+from mnemo.storage import vector_log
+from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.schema import vector_index_name
 from mnemo.storage.postgres.vectors import as_array
@@ -30,9 +32,8 @@ def _whole(value: object) -> int:
 
 
 async def _log_state(conn: Connection, repo: str) -> tuple[int, int]:
-    cur = await conn.execute("SELECT seq, horizon FROM lexical_repos WHERE repo = %s", (repo,))
-    row = await cur.fetchone()
-    return (_whole(row[0]), _whole(row[1])) if row else (0, 0)
+    cur = await conn.execute(STATE.replace("?", "%s"), (repo,))
+    return state_of(await cur.fetchall())
 
 
 async def begin(conn: Connection, repo: str, embedder: str, dim: int) -> Staging:
@@ -99,9 +100,12 @@ async def unstage_changed(conn: Connection, repo: str) -> None:
         raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
     seen = _whole(found[0])
     seq, horizon = await _log_state(conn, repo)
-    if seen < horizon or seen > seq:
+    try:
+        changed = vector_log.moved(seen, seq, horizon)
+    except vector_log.Reload:
         await conn.execute("DELETE FROM staged_vectors WHERE repo = %s", (repo,))
-    elif seen < seq:
+        changed = False
+    if changed:
         await conn.execute(
             "DELETE FROM staged_vectors s USING nodes n WHERE s.node_id = n.id AND n.rowid IN"
             " (SELECT node FROM lexical_log WHERE repo = %s AND seq > %s AND seq <= %s)",

@@ -11,6 +11,8 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.errors import StorageError
 from mnemo.graph.model import NODE_TYPES, Vector, now_utc
 from mnemo.graph.ports import Staging, Unstaged
+from mnemo.storage import vector_log
+from mnemo.storage.lexical.source import STATE, state_of
 from mnemo.storage.sqlite.rows import half_blob
 
 # SQLite's largest rowid: no bound.
@@ -20,10 +22,7 @@ _OF_REPO = "SELECT rowid FROM nodes WHERE repo = ?"
 
 
 def _log_state(db: SqliteUtilsDatabase, repo: str) -> tuple[int, int]:
-    rows = db.conn.execute(
-        "SELECT seq, horizon FROM lexical_repos WHERE repo = ?", (repo,)
-    ).fetchall()
-    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+    return state_of(db.conn.execute(STATE, (repo,)).fetchall())
 
 
 def begin(db: SqliteUtilsDatabase, repo: str, embedder: str, dim: int) -> Staging:
@@ -95,9 +94,12 @@ def unstage_changed(db: SqliteUtilsDatabase, repo: str) -> None:
             raise StorageError("unavailable", f"repo {repo!r} is not being re-embedded")
         seen = int(found[0][0])
         seq, horizon = _log_state(db, repo)
-        if seen < horizon or seen > seq:
+        try:
+            changed = vector_log.moved(seen, seq, horizon)
+        except vector_log.Reload:
             conn.execute(f"DELETE FROM staged_vectors WHERE node IN ({_OF_REPO})", (repo,))
-        elif seen < seq:
+            changed = False
+        if changed:
             conn.execute(
                 "DELETE FROM staged_vectors WHERE node IN (SELECT node FROM lexical_log"
                 " WHERE repo = ? AND seq > ? AND seq <= ?)",

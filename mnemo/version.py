@@ -1,14 +1,13 @@
 """The distribution mnemo is installed as, and its version.
 
-The import name is `mnemo`; the distribution on PyPI is `mnemo-agent` (`mnemo` there is an
-unrelated project): `pip install "mnemo-agent[postgres]"`.
+The import name is `mnemo`; the distribution is `pymnemo`: `pip install "pymnemo[postgres]"`.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, packages_distributions, version
 
-DISTRIBUTION = "mnemo-agent"
+DISTRIBUTION = "pymnemo"
 
 
 def installed_version() -> str:
@@ -18,3 +17,10 @@ def installed_version() -> str:
         return version(DISTRIBUTION)
     except PackageNotFoundError:
         return "unknown"
+
+
+def foreign_distributions() -> list[str]:
+    """Other installed distributions that also ship a top-level `mnemo` package (PyPI's
+    `mnemo` and `mnemo-agent` do): their files overwrite mnemo's, or mnemo's theirs."""
+    owners = packages_distributions().get("mnemo", [])
+    return sorted({name for name in owners if name.lower() != DISTRIBUTION})

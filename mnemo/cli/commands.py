@@ -454,7 +454,7 @@ def mcp(
         except ImportError as exc:
             raise CliError(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
-                "pip install 'mcp>=2.3'"
+                "pip install --force-reinstall pymnemo"
             ) from exc
         chosen_llm, chosen_embedder = models(settings)
         await serve(
@@ -509,7 +509,7 @@ def ui(
         except ImportError as exc:
             raise CliError(
                 f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'mnemo-agent[ui]'"
+                "pip install 'pymnemo[ui]'"
             ) from exc
         chosen_llm, chosen_embedder = models(settings)
         await serve(

@@ -6,7 +6,8 @@ LLM answer) about one line: its latency. Then, for a model served over HTTP and 
 `--quick`, `_probe` measures the server: which structured-output modes work, how many requests
 it serves at once, the concurrency mnemo will use with it, and whether each task's reply fits
 its `max_tokens`. The embedder embeds one short text. A store that does not exist is reported,
-not created.
+not created. The first check names the installed distribution and fails when another one
+ships a `mnemo` package of its own into the same environment.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from mnemo.cli._settings import (
 )
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
+from mnemo.version import DISTRIBUTION, foreign_distributions, installed_version
 
 
 async def diagnose(
@@ -55,6 +57,16 @@ async def diagnose(
 ) -> tuple[list[Finding], ServerReport | None]:
     """One finding each for the store, the LLM and the embedder, and the LLM server's
     measurements (None for the offline LLM, with `measure=False`, or when the LLM failed)."""
+
+    async def package() -> str:
+        foreign = foreign_distributions()
+        if foreign:
+            raise CliError(
+                f"{', '.join(foreign)} also installed here, with a `mnemo` package of its own "
+                f"that overwrites {DISTRIBUTION}'s files or is overwritten by them: install "
+                f"{DISTRIBUTION} in an environment without it"
+            )
+        return f"{DISTRIBUTION} {installed_version()}"
 
     async def store() -> str:
         check_store(settings, writes=False)
@@ -84,7 +96,7 @@ async def diagnose(
             await close(model)
         return f"{model_uri(model)} made a vector of dimension {len(vectors[0])}"
 
-    findings = [await timed("store", store)]
+    findings = [await timed("package", package), await timed("store", store)]
     report: ServerReport | None = None
     try:
         # The LLM finding's time is the latency of its one call; the server's measurements
@@ -148,7 +160,7 @@ def doctor(
             )
         console.print(table)
         if report is not None:
-            _print_server(console, report, findings[1].seconds)
+            _print_server(console, report, findings[2].seconds)
     if not ok:
         raise typer.Exit(1)
 

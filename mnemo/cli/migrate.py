@@ -62,7 +62,7 @@ def check_stores(source: str, target: str) -> None:
     for store in (source, target):
         if is_postgres(store) and not has_postgres_driver():
             raise CliError(
-                "PostgreSQL needs the driver: pip install \"mnemo-agent[postgres]\""
+                "PostgreSQL needs the driver: pip install \"pymnemo[postgres]\""
             )
     if not is_postgres(source):
         if not Path(source).exists():

@@ -5,7 +5,7 @@ costs about 0.12 ms per thousand rows (11 ms at 90k), while faiss `IndexHNSWFlat
 efConstruction = 200 and efSearch = 256 answers in about 2 ms with recall@10 0.95 at 1M
 (measured on this machine when the settings were chosen; mnemo walks at efSearch 64-128, see
 `HnswParams`). faiss-cpu is
-an optional extra (`mnemo-agent[faiss]`): without it `attach` returns None and every search stays
+an optional extra (`pymnemo[faiss]`): without it `attach` returns None and every search stays
 exact.
 
 How it stays correct:

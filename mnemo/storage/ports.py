@@ -79,7 +79,7 @@ def open_backend(
             raise StorageError(
                 "unavailable",
                 "a postgresql:// store needs the PostgreSQL driver: "
-                "pip install 'mnemo-agent[postgres]'",
+                "pip install 'pymnemo[postgres]'",
             )
         from mnemo.storage.postgres.store import PostgresBackend
 

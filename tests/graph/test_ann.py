@@ -27,7 +27,7 @@ from tests.graph._support import REPO, Merger, draft, policy, searches_of
 DIM = 32
 THRESHOLD = 500
 needs_faiss = pytest.mark.skipif(
-    ann.load_faiss() is None, reason="faiss-cpu is not installed (pip install 'mnemo-agent[faiss]')"
+    ann.load_faiss() is None, reason="faiss-cpu is not installed (pip install 'pymnemo[faiss]')"
 )
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 WITHOUT_DRIVER = """
 import sys
-sys.modules["psycopg"] = None  # as if mnemo-agent[postgres] were not installed
+sys.modules["psycopg"] = None  # as if pymnemo[postgres] were not installed
 import anyio
 import mnemo
 assert "psycopg_pool" not in sys.modules
@@ -41,7 +41,7 @@ def test_without_the_driver_sqlite_works_and_a_url_says_what_to_install() -> Non
     assert done.returncode == 0, done.stderr
     reason, message = done.stdout.strip().split(" | ")
     assert reason == "unavailable"
-    assert "mnemo-agent[postgres]" in message
+    assert "pymnemo[postgres]" in message
 
 
 @pytest.mark.slow

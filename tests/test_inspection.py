@@ -14,7 +14,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.mcp.server import open_tools
+from mnemo.mcp.tools import open_tools
 from mnemo.ui import open_view
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 
@@ -153,6 +153,25 @@ async def test_an_mcp_servers_reads_record_no_model(store: str, tmp_path: Path) 
     ) as tools:
         assert "memories" in await tools.recall(REPO, "gunicorn")
         assert REPO in await tools.list_repos()
+    await _recorded_model_serves_the_next_ingest(store)
+
+
+async def test_an_mcp_servers_edits_call_no_model_and_record_none(
+    store: str, tmp_path: Path
+) -> None:
+    """The MCP server's correct and forget run on its inspecting Memory: with a model that
+    fails every call, a fact is corrected and a source forgotten, and the repo keeps its
+    recorded model for the next ingest."""
+    await _repo_of_the_offline_model(store)
+    step = mnemo.Step("The blog's gunicorn worker binds port 8000 on the web host.", "reload")
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.ingest(REPO, mnemo.Trajectory("Deploy", [step]), source_id="port")
+        (fact, *_) = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    async with open_tools(
+        store, llm=mnemo.llm_from_uri(DEAD), embedder=FakeEmbedder(), memory_dir=tmp_path
+    ) as tools:
+        assert "commit_id" in await tools.correct(REPO, fact.id, "gunicorn binds port 8001")
+        assert '"forgotten": 0' not in await tools.forget(REPO, source_id="port")
     await _recorded_model_serves_the_next_ingest(store)
 
 

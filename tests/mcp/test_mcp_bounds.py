@@ -13,7 +13,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
-from mnemo.mcp.server import TOOL_NAMES, MemoryTools
+from mnemo.mcp.server import TOOL_NAMES
+from mnemo.mcp.tools import MemoryTools
 from mnemo.tools import ERROR_CHARS, MAX_OUTPUT_CHARS, SNIPPET_CHARS
 
 REPO = "blog"
@@ -184,7 +185,7 @@ async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> No
 
 async def test_list_repos_pages_with_next_offset(mem: mnemo.Memory, tools: MemoryTools) -> None:
     """list_repos returns at most PAGE_ITEMS a page and a next_offset that reads the rest."""
-    from mnemo.mcp.server import PAGE_ITEMS
+    from mnemo.mcp.tools import PAGE_ITEMS
 
     for i in range(PAGE_ITEMS + 5):
         await mem.open_repo(f"repo-{i:03d}")

@@ -1,0 +1,421 @@
+"""The MCP server's tools (`MemoryTools`) over a store, and the Memories they run on
+(`open_tools`).
+
+The reads go through a `Memory` opened for inspection, which never resumes or takes over
+work and records no repo's settings; so do the edits a caller asks for by name (`forget`,
+`correct`), which need no background work; the session tools go through a `Memory` that
+works, opened at the first of them. Both live as long as the server, so sessions started by
+one tool call are there for the next, and what a session commits is recalled by later calls.
+Every tool returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never
+more than `mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its
+one-line message (clipped), which the agent can read and act on.
+
+Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
+`<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
+that root: the caller is an agent, and a prompt it read must not steer writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from pathlib import Path, PurePath
+from typing import Annotated, Any
+
+import anyio
+from pydantic import Field
+
+from mnemo.config import Config
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
+from mnemo.jsonable import label, session_json, step_json
+from mnemo.mcp import _output
+from mnemo.memory import Memory
+from mnemo.memoryfiles import MemoryFiles
+from mnemo.ports import LLM, Embedder
+from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
+
+# At most this many repos or sessions a page (`offset` reads on).
+PAGE_ITEMS = 50
+# Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
+MAX_FOLDERS = 64
+
+
+def default_memory_dir(db: Path) -> Path:
+    """Where memory files go when not told: `<db>.memory/` beside the database."""
+    return db.with_name(f"{db.name}.memory")
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+@contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """Turns mnemo's deliberate errors into tool errors whose message the agent sees."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    try:
+        yield
+    except MnemoError as exc:
+        # The message may quote the input (a 1 MB query): the agent gets its start.
+        raise ToolError(clip(str(exc), ERROR_CHARS)) from exc
+
+
+class MemoryTools:
+    """The server's tools over an open `Memory`; each returns JSON text.
+
+    `mem` answers the reads (and `save_messages`); the session tools go to `worker()`, the
+    Memory that works (by default `mem` itself). `serve` opens `mem` for inspection and the
+    worker only when a session tool is first called, so a server that only reads never takes
+    work over. `reinforce`: a recall counts its memories as accesses. `llm` is the model the
+    server was started with, which `persist_memory` asks (None: the offline LLM, as memory
+    files belong to no repo whose recorded model could be used).
+    """
+
+    def __init__(
+        self,
+        mem: Memory,
+        memory_dir: Path,
+        *,
+        memory_updates: bool = True,
+        worker: Callable[[], Awaitable[Memory]] | None = None,
+        reinforce: bool = False,
+        llm: LLM | None = None,
+    ) -> None:
+        self._mem = mem
+        self._worker = worker
+        self.reinforce = reinforce
+        # The model the server was started with files memory statements (None: offline).
+        self._llm = llm
+        self._memory_dir = memory_dir
+        self._memory_updates = memory_updates
+        # One MemoryFiles per directory: it serialises its own writes, so two instances over
+        # one folder could interleave them.
+        self._files: dict[Path, MemoryFiles] = {}
+        self._checked: set[str] = set()  # repos whose embedder dimension was checked
+
+    async def recall(
+        self,
+        repo: Annotated[str, Field(description="The repo (knowledge graph) to search.")],
+        query: Annotated[str, Field(description="What you want to know, in words.")],
+        k: Annotated[int, Field(description="How many memories to return.", ge=1, le=50)] = 10,
+    ) -> str:
+        """Recalls the repo's memories (facts, procedures, steps) most relevant to the query,
+        best first, each with its score, the phase that found it, its hop, and its node: id,
+        type and a snippet of its text (`chars` is the whole length; `get_node` reads it
+        all). Errors: an unknown repo, a blank query."""
+        with _as_tool_error():
+            await self._check(repo)
+            found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce)
+            return _dumps(_output.recall_output(found))
+
+    async def get_node(
+        self,
+        repo: Annotated[str, Field(description="The repo the node is in.")],
+        node_id: Annotated[str, Field(description="A node id from recall.")],
+        offset: Annotated[
+            int, Field(description="Where to start reading its text (next_offset).", ge=0)
+        ] = 0,
+    ) -> str:
+        """One memory whole: its text a page of 8,000 characters at a time (pass the
+        `next_offset` it returns to read on; null on the last page), and its data. Errors: an
+        unknown repo or node."""
+        with _as_tool_error():
+            await self._check(repo)
+            node = await self._mem.get_node(repo, node_id)
+            if node is None:
+                raise NotFoundError("node", clip(node_id, 100))
+            return _dumps(_output.node_output(node, offset))
+
+    async def forget(
+        self,
+        repo: Annotated[str, Field(description="The repo to erase memories from.")],
+        node_ids: Annotated[
+            list[str] | None, Field(description="Nodes to erase (ids from recall or get_node).")
+        ] = None,
+        source_id: Annotated[
+            str | None, Field(description="An ingested source: every node it produced.")
+        ] = None,
+    ) -> str:
+        """Erases memories for good: the nodes named, or everything an ingested source
+        produced, with their links, vectors and search entries (the history keeps no trace of
+        their text). Give node_ids or source_id, not both. Returns how many nodes went; to
+        replace a wrong fact and keep its trail, use `correct`. Errors: an unknown repo."""
+        with _as_tool_error():
+            if (node_ids is None) == (source_id is None):
+                raise InvalidInputError("forget takes node_ids or source_id, one of them")
+            await self._check(repo)
+            if source_id is not None:
+                count = await self._mem.forget(repo, source_id)
+            else:
+                count = await self._mem.delete_nodes(repo, node_ids or [])
+            return _dumps({"forgotten": count})
+
+    async def correct(
+        self,
+        repo: Annotated[str, Field(description="The repo the fact is in.")],
+        node_id: Annotated[str, Field(description="The wrong fact's id (from recall).")],
+        text: Annotated[str, Field(description="The fact as it should read, self-contained.")],
+    ) -> str:
+        """Corrects a fact: stores the text as a new fact and retires the old one, which
+        stays, marked retired and superseded by the new one (recall ranks it below). The
+        correction is a commit of the repo's history. Returns the new fact's id and the
+        commit's. Errors: an unknown repo or node, a node that is not a live fact (semantic
+        or procedural, not retired)."""
+        with _as_tool_error():
+            await self._check(repo)
+            receipt = await self._mem.correct(repo, node_id, text)
+            return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
+
+    async def _working(self) -> Memory:
+        return self._mem if self._worker is None else await self._worker()
+
+    async def _check(self, repo: str) -> None:
+        if repo not in self._checked and repo in await self._mem.list_repos():
+            # Checks that the embedder makes the repo's dimension (see `mnemo recall`).
+            await self._mem.open_repo(repo)
+            self._checked.add(repo)
+
+    async def search_messages(
+        self,
+        query: Annotated[str, Field(description="Words to look for in stored messages.")],
+        thread_id: Annotated[
+            str | None, Field(description="Only this conversation thread (default: all).")
+        ] = None,
+        limit: Annotated[int, Field(description="How many hits.", ge=1, le=100)] = 5,
+    ) -> str:
+        """Full-text search over stored conversation messages (every thread, or one), best
+        first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
+        with _as_tool_error():
+            hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit)
+            return _dumps(_output.hits_output(hits))
+
+    async def view_messages(
+        self,
+        message_id: Annotated[str, Field(description="A message_id from search_messages.")],
+        radius: Annotated[
+            int, Field(description="Messages to show on each side.", ge=0, le=100)
+        ] = 10,
+        offset: Annotated[
+            int, Field(description="Where to start reading the target (next_offset).", ge=0)
+        ] = 0,
+    ) -> str:
+        """The message (a page of its content from `offset`; `next_offset` reads on), the
+        snapshots around it, and as many of its neighbours as fit, nearest first, each cut
+        to a snippet (`messages_left_out` counts the others). Errors: an unknown message
+        id."""
+        with _as_tool_error():
+            view = await self._mem.view_messages(message_id, radius=radius)
+            return _dumps(_output.view_output(view, offset))
+
+    async def save_messages(
+        self,
+        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        messages: Annotated[
+            list[dict[str, Any]],
+            Field(description="The thread's whole history so far: dicts with role and content "
+                              "(only those past the stored length are added)."),
+        ],
+    ) -> str:
+        """Stores a conversation thread's messages (for `search_messages` and
+        `view_messages`): pass the whole history each time, and only the new messages are
+        appended. Returns how many were added and the thread's length."""
+        with _as_tool_error():
+            conversation = self._mem.conversation()
+            before = len(await conversation.raw(thread_id))
+            await conversation.save(thread_id, messages)
+            total = len(await conversation.raw(thread_id))
+            return _dumps({"thread_id": thread_id, "added": total - before, "messages": total})
+
+    async def list_repos(
+        self,
+        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+    ) -> str:
+        """The repos (knowledge graphs) in this memory, oldest first, a page at a time
+        (`next_offset` reads on; null on the last page)."""
+        with _as_tool_error():
+            names = await self._mem.list_repos()
+            return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
+
+    async def list_sessions(
+        self,
+        repo: Annotated[str | None, Field(description="Only this repo's (default: all).")] = None,
+        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+    ) -> str:
+        """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
+        the open episode's goal (a snippet) and its number of steps."""
+        with _as_tool_error():
+            live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
+            rows = [
+                {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
+                for s in live
+            ]
+            return _dumps(_page(rows, offset, "sessions"))
+
+    async def discard_session(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Drops a session's ready changeset or failed extraction (then `end_session`, or
+        keep it). Errors: a session that is neither ready nor failed."""
+        with _as_tool_error():
+            mem = await self._working()
+            await mem.discard(session_id)
+            state = await mem.session_state(session_id)
+            return _dumps({"session_id": session_id, "state": label(state)})
+
+    async def end_session(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Ends a session for good (what it committed stays); its id is then unknown."""
+        with _as_tool_error():
+            await (await self._working()).end_session(session_id)
+            return _dumps({"session_id": session_id, "ended": True})
+
+    async def start_session(
+        self,
+        goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
+        repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
+    ) -> str:
+        """Starts a session collecting steps towards the goal; returns its session_id for
+        `append` and `close_and_commit`. An unknown repo is created."""
+        with _as_tool_error():
+            mem = await self._working()
+            if repo not in await mem.list_repos():
+                await mem.open_repo(repo)
+            session_id = await mem.start_session(goal, repo=repo)
+            return _dumps({"session_id": session_id, "repo": repo})
+
+    async def append(
+        self,
+        session_id: Annotated[str, Field(description="From start_session.")],
+        observation: Annotated[str, Field(description="What you saw: output, error, reply.")],
+        action: Annotated[str, Field(description="What you did about it.")],
+    ) -> str:
+        """Records one step of the session (once stored, it survives a restart); returns its
+        index, trajectory and whether it began a new trajectory (a change of subgoal)."""
+        with _as_tool_error():
+            mem = await self._working()
+            return _dumps(step_json(await mem.append(session_id, observation, action)))
+
+    async def close_and_commit(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Ends the session: extracts facts and procedures from its steps, commits them to the
+        repo's graph (then `recall` finds them) and returns the committed node ids."""
+        with _as_tool_error():
+            mem = await self._working()
+            receipt = await mem.close_and_commit(session_id)
+            # No tool can start a new episode in an idle session, so it is ended rather than
+            # left live forever (`mnemo sessions` lists live ones).
+            await mem.end_session(session_id)
+            return _dumps(
+                {
+                    "session_id": session_id,
+                    "node_ids": receipt.node_ids[: _output.MAX_LISTED],
+                    "node_count": len(receipt.node_ids),
+                }
+            )
+
+    async def persist_memory(
+        self,
+        what: Annotated[str, Field(description="The statement to remember, self-contained.")],
+        directory: Annotated[
+            str | None,
+            Field(description="A sub-folder of the memory directory (default: its root)."),
+        ] = None,
+    ) -> str:
+        """Files a statement in the long-term topic memory files (one Markdown file per
+        topic); returns the file it went to, and what keeping it within its size cost: the
+        entries `dropped` (merged by condensing, or the oldest left out), whether it was
+        `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
+        when the server's memory updates are off."""
+        with _as_tool_error():
+            files = self._files_in(directory)
+            return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
+
+    async def recall_memory(
+        self,
+        query: Annotated[str, Field(description="Words describing the topic.")],
+        directory: Annotated[
+            str | None,
+            Field(description="A sub-folder of the memory directory (default: its root)."),
+        ] = None,
+        limit: Annotated[int, Field(description="How many files.", ge=1, le=50)] = 5,
+    ) -> str:
+        """The topic memory files matching the query (topic, description, content), most
+        recently used first."""
+        with _as_tool_error():
+            files = self._files_in(directory)
+            found = await files.recall(query, limit=limit)
+            return _dumps(_output.memory_files_output(found))
+
+    def _files_in(self, directory: str | None) -> MemoryFiles:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        path = self._memory_dir
+        if directory:
+            relative = PurePath(directory)
+            if relative.is_absolute() or ".." in relative.parts:
+                raise ToolError(
+                    f"directory must be a relative folder inside the memory directory, "
+                    f"got {clip(directory, 100)!r}"
+                )
+            path = path / relative
+        files = self._files.pop(path, None)
+        if files is None:
+            # `root`: no folder from the memory directory down may be a link (MemoryFiles).
+            files = MemoryFiles(path, enabled=self._memory_updates, root=self._memory_dir)
+        self._files[path] = files  # the most recently used last
+        while len(self._files) > MAX_FOLDERS:
+            # Writes stay serialised without it: the folder's OS locks hold across objects.
+            del self._files[next(iter(self._files))]
+        return files
+
+
+def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
+    """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
+    end = offset + PAGE_ITEMS
+    return {
+        key: items[offset:end],
+        "total": len(items),
+        "offset": offset,
+        "next_offset": end if end < len(items) else None,
+    }
+
+
+@asynccontextmanager
+async def open_tools(
+    store: str | Path,
+    *,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
+    memory_dir: Path | None = None,
+    memory_updates: bool = True,
+    reinforce: bool = False,
+    config: Config | None = None,
+) -> AsyncIterator[MemoryTools]:
+    """The server's tools over the store, open while the block runs: the reads through a
+    Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
+    that works, opened at the first of them."""
+    async with AsyncExitStack() as stack:
+        reader = await stack.enter_async_context(
+            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True)
+        )
+        opening = anyio.Lock()
+        opened: list[Memory] = []
+
+        async def worker() -> Memory:
+            async with opening:
+                if not opened:
+                    opened.append(await stack.enter_async_context(
+                        Memory(store, llm=llm, embedder=embedder, config=config)
+                    ))
+            return opened[0]
+
+        yield MemoryTools(
+            reader, memory_dir or default_memory_dir(Path(store)),
+            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm,
+        )
+
+

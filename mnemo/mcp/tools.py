@@ -142,6 +142,7 @@ class MemoryTools:
         produced, with their links, vectors and search entries (the history keeps no trace of
         their text). Give node_ids or source_id, not both. Returns how many nodes went; to
         replace a wrong fact and keep its trail, use `correct`. Errors: an unknown repo."""
+        # TODO(#50): a `where` scope (metadata), through Memory.forget_where once it exists.
         with _as_tool_error():
             if (node_ids is None) == (source_id is None):
                 raise InvalidInputError("forget takes node_ids or source_id, one of them")

@@ -14,7 +14,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.mcp.tools import open_tools
+from mnemo.mcp.server import open_tools
 from mnemo.ui import open_view
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 

@@ -86,7 +86,7 @@ def mcp(
         if settings.is_url and memory_dir is None:
             raise CliError("with a store URL, pass --memory-dir for the memory files")
         try:
-            from mnemo.mcp.server import DEFAULT_HOST, DEFAULT_PORT, Http, serve
+            from mnemo.mcp.transport import DEFAULT_HOST, DEFAULT_PORT, Http, serve
         except ImportError as exc:
             raise CliError(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "

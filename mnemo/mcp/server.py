@@ -1,53 +1,39 @@
-"""`mnemo mcp`: an MCP server (the official `mcp` SDK's `MCPServer`) over a store, on stdio or
-on streamable HTTP.
+"""The tools of `mnemo mcp` (`MemoryTools`) over a store, and the Memories they run on
+(`open_tools`); `mnemo.mcp.transport` serves them over stdio or streamable HTTP.
 
-Each tool (`mnemo.mcp.tools.MemoryTools`) carries MCP's hints: whether it only reads, whether
-it may destroy what is stored, and whether calling it again with the same arguments does
-nothing more. Its arguments are checked before it runs: an argument it does not take, or a
-value of another type than its parameter's, is a tool error naming it (the SDK would drop the
-first and turn `"5"` or `true` into 5). Any other failure of mnemo's is a tool error carrying
-its one-line message; anything else is a crash, logged with its traceback, of which the agent
-sees only the tool's name. Every request is answered (`mnemo.mcp._stdio` for stdio; the SDK
-answers malformed HTTP bodies itself, and bounds them to `MAX_REQUEST_BYTES`).
+The reads go through a `Memory` opened for inspection, which never resumes or takes over
+work and records no repo's settings; so do the edits a caller asks for by name (`forget`,
+`correct`), which need no background work; the session tools go through a `Memory` that
+works, opened at the first of them. Both live as long as the server, so sessions started by
+one tool call are there for the next, and what a session commits is recalled by later calls.
+Every tool returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never
+more than `mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its
+one-line message (clipped), which the agent can read and act on.
 
-Over HTTP (`Http`), the server listens on the loopback unless told otherwise, answers only the
-Host names it is allowed (a page elsewhere that points its own name at this machine, DNS
-rebinding, is refused), and, when a token is set, only the requests that show it as
-`Authorization: Bearer TOKEN`: a bind beyond the loopback needs one.
+Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
+`<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
+that root: the caller is an agent, and a prompt it read must not steer writes elsewhere.
 """
 
 from __future__ import annotations
 
-import hmac
-import inspect
-import signal
-import socket
-import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from pathlib import Path, PurePath
+from typing import Annotated, Any
 
 import anyio
-import uvicorn
-from mcp.server import MCPServer
-from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.mcpserver.tools import Tool
-from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import ToolAnnotations
-from pydantic import AnyHttpUrl, ValidationError
+from pydantic import Field
 
-from mnemo.access import LOOPBACK, WILDCARD_BINDS, check_token, host_pattern, is_loopback
 from mnemo.config import Config
-from mnemo.errors import InvalidInputError
-from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
-from mnemo.mcp.tools import MemoryTools, open_tools
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
+from mnemo.jsonable import label, session_json, step_json
+from mnemo.mcp import _output
+from mnemo.memory import Memory
+from mnemo.memoryfiles import MemoryFiles
 from mnemo.ports import LLM, Embedder
-from mnemo.tools import ERROR_CHARS, clip
-from mnemo.version import installed_version
+from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
 
 INSTRUCTIONS = """\
 mnemo is long-term memory. Before a task, `recall` what the repo knows about it (snippets;
@@ -78,150 +64,358 @@ TOOL_NAMES = (
     "persist_memory",
     "recall_memory",
 )
-# MCP's tool hints. Read-only: changes nothing (recall, unless it counts accesses).
-# Destructive: may erase or overwrite what is stored (a correction retires a fact; a memory
-# file drops or condenses entries to stay within its size). Idempotent: a second identical
-# call changes nothing more.
-READ_ONLY = frozenset({"recall", "get_node", "search_messages", "view_messages", "list_repos",
-                       "list_sessions", "recall_memory"})
-DESTRUCTIVE = frozenset({"discard_session", "end_session", "forget", "correct",
-                         "persist_memory"})
-IDEMPOTENT = READ_ONLY | {"save_messages", "discard_session", "end_session", "forget"}
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8766
-PATH = "/mcp"
+# At most this many repos or sessions a page (`offset` reads on).
+PAGE_ITEMS = 50
+# Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
+MAX_FOLDERS = 64
 
 
-def validation_message(tool: str, exc: ValidationError) -> str:
-    """A rejected call's arguments as one line: each field and what is wrong with it (never
-    the value, which is the caller's data)."""
-    problems = [
-        f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-        for error in exc.errors()
-    ]
-    return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
+def default_memory_dir(db: Path) -> Path:
+    """Where memory files go when not told: `<db>.memory/` beside the database."""
+    return db.with_name(f"{db.name}.memory")
 
 
-def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
-    """Refuses an argument the tool does not take, and a value of another type than its
-    parameter's (pydantic's strict mode: neither `"5"` nor `true` is an integer).
+def _dumps(value: object) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
-    Raises:
-        ToolError: naming the arguments, never their values.
-    """
-    taken = tool.parameters.get("properties", {})
-    unknown = [repr(clip(name, 64)) for name in arguments if name not in taken]
-    if unknown:
-        raise ToolError(clip(
-            f"unknown arguments for {tool.name}: {', '.join(unknown)} (it takes "
-            f"{', '.join(taken)})", ERROR_CHARS,
-        ))
+
+@contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """Turns mnemo's deliberate errors into tool errors whose message the agent sees."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
     try:
-        tool.fn_metadata.arg_model.model_validate(arguments, strict=True)
-    except ValidationError as exc:
-        raise ToolError(validation_message(tool.name, exc)) from exc
+        yield
+    except MnemoError as exc:
+        # The message may quote the input (a 1 MB query): the agent gets its start.
+        raise ToolError(clip(str(exc), ERROR_CHARS)) from exc
 
 
-class _Bearer:
-    """The SDK's token verifier for one shared token, compared in constant time."""
+class MemoryTools:
+    """The server's tools over an open `Memory`; each returns JSON text.
 
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
+    `mem` answers the reads (and `save_messages`); the session tools go to `worker()`, the
+    Memory that works (by default `mem` itself). `serve` opens `mem` for inspection and the
+    worker only when a session tool is first called, so a server that only reads never takes
+    work over. `reinforce`: a recall counts its memories as accesses. `llm` is the model the
+    server was started with, which `persist_memory` asks (None: the offline LLM, as memory
+    files belong to no repo whose recorded model could be used).
+    """
 
-    async def verify_token(self, token: str) -> AccessToken | None:
-        if not hmac.compare_digest(token.encode(errors="replace"), self._token):
-            return None
-        return AccessToken(token=token, client_id="mnemo", scopes=[])
+    def __init__(
+        self,
+        mem: Memory,
+        memory_dir: Path,
+        *,
+        memory_updates: bool = True,
+        worker: Callable[[], Awaitable[Memory]] | None = None,
+        reinforce: bool = False,
+        llm: LLM | None = None,
+    ) -> None:
+        self._mem = mem
+        self._worker = worker
+        self.reinforce = reinforce
+        # The model the server was started with files memory statements (None: offline).
+        self._llm = llm
+        self._memory_dir = memory_dir
+        self._memory_updates = memory_updates
+        # One MemoryFiles per directory: it serialises its own writes, so two instances over
+        # one folder could interleave them.
+        self._files: dict[Path, MemoryFiles] = {}
+        self._checked: set[str] = set()  # repos whose embedder dimension was checked
+
+    async def recall(
+        self,
+        repo: Annotated[str, Field(description="The repo (knowledge graph) to search.")],
+        query: Annotated[str, Field(description="What you want to know, in words.")],
+        k: Annotated[int, Field(description="How many memories to return.", ge=1, le=50)] = 10,
+    ) -> str:
+        """Recalls the repo's memories (facts, procedures, steps) most relevant to the query,
+        best first, each with its score, the phase that found it, its hop, and its node: id,
+        type and a snippet of its text (`chars` is the whole length; `get_node` reads it
+        all). Errors: an unknown repo, a blank query."""
+        with _as_tool_error():
+            await self._check(repo)
+            found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce)
+            return _dumps(_output.recall_output(found))
+
+    async def get_node(
+        self,
+        repo: Annotated[str, Field(description="The repo the node is in.")],
+        node_id: Annotated[str, Field(description="A node id from recall.")],
+        offset: Annotated[
+            int, Field(description="Where to start reading its text (next_offset).", ge=0)
+        ] = 0,
+    ) -> str:
+        """One memory whole: its text a page of 8,000 characters at a time (pass the
+        `next_offset` it returns to read on; null on the last page), and its data. Errors: an
+        unknown repo or node."""
+        with _as_tool_error():
+            await self._check(repo)
+            node = await self._mem.get_node(repo, node_id)
+            if node is None:
+                raise NotFoundError("node", clip(node_id, 100))
+            return _dumps(_output.node_output(node, offset))
+
+    async def forget(
+        self,
+        repo: Annotated[str, Field(description="The repo to erase memories from.")],
+        node_ids: Annotated[
+            list[str] | None, Field(description="Nodes to erase (ids from recall or get_node).")
+        ] = None,
+        source_id: Annotated[
+            str | None, Field(description="An ingested source: every node it produced.")
+        ] = None,
+    ) -> str:
+        """Erases memories for good: the nodes named, or everything an ingested source
+        produced, with their links, vectors and search entries (the history keeps no trace of
+        their text). Give node_ids or source_id, not both. Returns how many nodes went; to
+        replace a wrong fact and keep its trail, use `correct`. Errors: an unknown repo."""
+        # TODO(#50): a `where` scope (metadata), through Memory.forget_where once it exists.
+        with _as_tool_error():
+            if (node_ids is None) == (source_id is None):
+                raise InvalidInputError("forget takes node_ids or source_id, one of them")
+            await self._check(repo)
+            if source_id is not None:
+                count = await self._mem.forget(repo, source_id)
+            else:
+                count = await self._mem.delete_nodes(repo, node_ids or [])
+            return _dumps({"forgotten": count})
+
+    async def correct(
+        self,
+        repo: Annotated[str, Field(description="The repo the fact is in.")],
+        node_id: Annotated[str, Field(description="The wrong fact's id (from recall).")],
+        text: Annotated[str, Field(description="The fact as it should read, self-contained.")],
+    ) -> str:
+        """Corrects a fact: stores the text as a new fact and retires the old one, which
+        stays, marked retired and superseded by the new one (recall ranks it below). The
+        correction is a commit of the repo's history. Returns the new fact's id and the
+        commit's. Errors: an unknown repo or node, a node that is not a live fact (semantic
+        or procedural, not retired)."""
+        with _as_tool_error():
+            await self._check(repo)
+            receipt = await self._mem.correct(repo, node_id, text)
+            return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
+
+    async def _working(self) -> Memory:
+        return self._mem if self._worker is None else await self._worker()
+
+    async def _check(self, repo: str) -> None:
+        if repo not in self._checked and repo in await self._mem.list_repos():
+            # Checks that the embedder makes the repo's dimension (see `mnemo recall`).
+            await self._mem.open_repo(repo)
+            self._checked.add(repo)
+
+    async def search_messages(
+        self,
+        query: Annotated[str, Field(description="Words to look for in stored messages.")],
+        thread_id: Annotated[
+            str | None, Field(description="Only this conversation thread (default: all).")
+        ] = None,
+        limit: Annotated[int, Field(description="How many hits.", ge=1, le=100)] = 5,
+    ) -> str:
+        """Full-text search over stored conversation messages (every thread, or one), best
+        first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
+        with _as_tool_error():
+            hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit)
+            return _dumps(_output.hits_output(hits))
+
+    async def view_messages(
+        self,
+        message_id: Annotated[str, Field(description="A message_id from search_messages.")],
+        radius: Annotated[
+            int, Field(description="Messages to show on each side.", ge=0, le=100)
+        ] = 10,
+        offset: Annotated[
+            int, Field(description="Where to start reading the target (next_offset).", ge=0)
+        ] = 0,
+    ) -> str:
+        """The message (a page of its content from `offset`; `next_offset` reads on), the
+        snapshots around it, and as many of its neighbours as fit, nearest first, each cut
+        to a snippet (`messages_left_out` counts the others). Errors: an unknown message
+        id."""
+        with _as_tool_error():
+            view = await self._mem.view_messages(message_id, radius=radius)
+            return _dumps(_output.view_output(view, offset))
+
+    async def save_messages(
+        self,
+        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        messages: Annotated[
+            list[dict[str, Any]],
+            Field(description="The thread's whole history so far: dicts with role and content "
+                              "(only those past the stored length are added)."),
+        ],
+    ) -> str:
+        """Stores a conversation thread's messages (for `search_messages` and
+        `view_messages`): pass the whole history each time, and only the new messages are
+        appended. Returns how many were added and the thread's length."""
+        with _as_tool_error():
+            conversation = self._mem.conversation()
+            before = len(await conversation.raw(thread_id))
+            await conversation.save(thread_id, messages)
+            total = len(await conversation.raw(thread_id))
+            return _dumps({"thread_id": thread_id, "added": total - before, "messages": total})
+
+    async def list_repos(
+        self,
+        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+    ) -> str:
+        """The repos (knowledge graphs) in this memory, oldest first, a page at a time
+        (`next_offset` reads on; null on the last page)."""
+        with _as_tool_error():
+            names = await self._mem.list_repos()
+            return _dumps(_page([clip(n, SNIPPET_CHARS) for n in names], offset, "repos"))
+
+    async def list_sessions(
+        self,
+        repo: Annotated[str | None, Field(description="Only this repo's (default: all).")] = None,
+        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+    ) -> str:
+        """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
+        the open episode's goal (a snippet) and its number of steps."""
+        with _as_tool_error():
+            live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
+            rows = [
+                {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
+                for s in live
+            ]
+            return _dumps(_page(rows, offset, "sessions"))
+
+    async def discard_session(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Drops a session's ready changeset or failed extraction (then `end_session`, or
+        keep it). Errors: a session that is neither ready nor failed."""
+        with _as_tool_error():
+            mem = await self._working()
+            await mem.discard(session_id)
+            state = await mem.session_state(session_id)
+            return _dumps({"session_id": session_id, "state": label(state)})
+
+    async def end_session(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Ends a session for good (what it committed stays); its id is then unknown."""
+        with _as_tool_error():
+            await (await self._working()).end_session(session_id)
+            return _dumps({"session_id": session_id, "ended": True})
+
+    async def start_session(
+        self,
+        goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
+        repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
+    ) -> str:
+        """Starts a session collecting steps towards the goal; returns its session_id for
+        `append` and `close_and_commit`. An unknown repo is created."""
+        with _as_tool_error():
+            mem = await self._working()
+            if repo not in await mem.list_repos():
+                await mem.open_repo(repo)
+            session_id = await mem.start_session(goal, repo=repo)
+            return _dumps({"session_id": session_id, "repo": repo})
+
+    async def append(
+        self,
+        session_id: Annotated[str, Field(description="From start_session.")],
+        observation: Annotated[str, Field(description="What you saw: output, error, reply.")],
+        action: Annotated[str, Field(description="What you did about it.")],
+    ) -> str:
+        """Records one step of the session (once stored, it survives a restart); returns its
+        index, trajectory and whether it began a new trajectory (a change of subgoal)."""
+        with _as_tool_error():
+            mem = await self._working()
+            return _dumps(step_json(await mem.append(session_id, observation, action)))
+
+    async def close_and_commit(
+        self, session_id: Annotated[str, Field(description="From start_session.")]
+    ) -> str:
+        """Ends the session: extracts facts and procedures from its steps, commits them to the
+        repo's graph (then `recall` finds them) and returns the committed node ids."""
+        with _as_tool_error():
+            mem = await self._working()
+            receipt = await mem.close_and_commit(session_id)
+            # No tool can start a new episode in an idle session, so it is ended rather than
+            # left live forever (`mnemo sessions` lists live ones).
+            await mem.end_session(session_id)
+            return _dumps(
+                {
+                    "session_id": session_id,
+                    "node_ids": receipt.node_ids[: _output.MAX_LISTED],
+                    "node_count": len(receipt.node_ids),
+                }
+            )
+
+    async def persist_memory(
+        self,
+        what: Annotated[str, Field(description="The statement to remember, self-contained.")],
+        directory: Annotated[
+            str | None,
+            Field(description="A sub-folder of the memory directory (default: its root)."),
+        ] = None,
+    ) -> str:
+        """Files a statement in the long-term topic memory files (one Markdown file per
+        topic); returns the file it went to, and what keeping it within its size cost: the
+        entries `dropped` (merged by condensing, or the oldest left out), whether it was
+        `condensed`, whether an entry was cut (`entry_truncated`); `skipped` is "disabled"
+        when the server's memory updates are off."""
+        with _as_tool_error():
+            files = self._files_in(directory)
+            return _dumps(_output.memory_file_output(await files.persist(what, llm=self._llm)))
+
+    async def recall_memory(
+        self,
+        query: Annotated[str, Field(description="Words describing the topic.")],
+        directory: Annotated[
+            str | None,
+            Field(description="A sub-folder of the memory directory (default: its root)."),
+        ] = None,
+        limit: Annotated[int, Field(description="How many files.", ge=1, le=50)] = 5,
+    ) -> str:
+        """The topic memory files matching the query (topic, description, content), most
+        recently used first."""
+        with _as_tool_error():
+            files = self._files_in(directory)
+            found = await files.recall(query, limit=limit)
+            return _dumps(_output.memory_files_output(found))
+
+    def _files_in(self, directory: str | None) -> MemoryFiles:
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        path = self._memory_dir
+        if directory:
+            relative = PurePath(directory)
+            if relative.is_absolute() or ".." in relative.parts:
+                raise ToolError(
+                    f"directory must be a relative folder inside the memory directory, "
+                    f"got {clip(directory, 100)!r}"
+                )
+            path = path / relative
+        files = self._files.pop(path, None)
+        if files is None:
+            # `root`: no folder from the memory directory down may be a link (MemoryFiles).
+            files = MemoryFiles(path, enabled=self._memory_updates, root=self._memory_dir)
+        self._files[path] = files  # the most recently used last
+        while len(self._files) > MAX_FOLDERS:
+            # Writes stay serialised without it: the folder's OS locks hold across objects.
+            del self._files[next(iter(self._files))]
+        return files
 
 
-def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "") -> MCPServer:
-    """An `MCPServer` named "mnemo" (with mnemo's version) exposing `tools`' methods
-    (`TOOL_NAMES`), each described by its docstring without the source's indentation, with
-    its hints, and its arguments checked (`check_arguments`). With `token`, every HTTP
-    request must show it (`url`, where the server answers, names it to the SDK)."""
-    read_only = READ_ONLY - ({"recall"} if tools.reinforce else set())
-    checked = {
-        name: Tool.from_function(
-            getattr(tools, name), name=name,
-            description=inspect.cleandoc(getattr(tools, name).__doc__ or ""),
-            annotations=ToolAnnotations(
-                read_only_hint=name in read_only, destructive_hint=name in DESTRUCTIVE,
-                idempotent_hint=name in IDEMPOTENT, open_world_hint=False,
-            ),
-            # The result is the JSON text itself, not wrapped again.
-            structured_output=False,
-        )
-        for name in TOOL_NAMES
+def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
+    """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
+    end = offset + PAGE_ITEMS
+    return {
+        key: items[offset:end],
+        "total": len(items),
+        "offset": offset,
+        "next_offset": end if end < len(items) else None,
     }
 
-    class _Server(MCPServer):
-        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-            if name in checked:
-                check_arguments(checked[name], arguments)
-            return await super().call_tool(name, arguments, context)
 
-        async def run_stdio_async(self) -> None:
-            # The SDK's own stdio transport leaves malformed lines unanswered (`_stdio`).
-            low = self._lowlevel_server
-            async with stdio_streams() as (read, write):
-                await low.run(read, write, low.create_initialization_options())
-
-    auth: dict[str, Any] = {}
-    if token is not None:
-        # No OAuth server: the issuer is named because the SDK's settings require one.
-        auth = {"token_verifier": _Bearer(token),
-                "auth": AuthSettings(issuer_url=AnyHttpUrl(url), resource_server_url=None)}
-    return _Server(
-        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version(),
-        tools=list(checked.values()), **auth,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Http:
-    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp`: `host` (the
-    loopback by default), `port` (0: any free one), `token` (required as `Authorization:
-    Bearer` on every request when set; a bind beyond the loopback needs one) and
-    `allow_hosts`, the Host names answered besides the loopback names and the bound address.
-
-    Raises:
-        InvalidInputError: a bind beyond the loopback without a token, a malformed token
-            (16 to 512 printable ASCII characters), or an allowed host that is not a name
-            or an address (no wildcard).
-    """
-
-    host: str = DEFAULT_HOST
-    port: int = DEFAULT_PORT
-    token: str | None = None
-    allow_hosts: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.token is not None:
-            check_token(self.token)
-        elif not is_loopback(self.host):
-            raise InvalidInputError(
-                f"serving MCP on {self.host!r} needs a bearer token (--token or "
-                "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory"
-            )
-        own = () if self.host.strip() in WILDCARD_BINDS else (self.host,)
-        names = tuple(dict.fromkeys(host_pattern(h) for h in (*LOOPBACK, *own,
-                                                                *self.allow_hosts)))
-        if any(name.startswith("*") for name in names):
-            raise InvalidInputError("an allowed host is a name or an address, not a pattern")
-        object.__setattr__(self, "allow_hosts", names)
-
-    def security(self) -> TransportSecuritySettings:
-        """The SDK's Host and Origin checks, allowing `allow_hosts` on any port."""
-        hosts = [f"[{name}]" if ":" in name else name for name in self.allow_hosts]
-        return TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=[h for name in hosts for h in (name, f"{name}:*")],
-            allowed_origins=[f"{scheme}://{h}" for name in hosts for scheme in ("http", "https")
-                             for h in (name, f"{name}:*")],
-        )
-
-
-async def serve(
+@asynccontextmanager
+async def open_tools(
     store: str | Path,
     *,
     llm: LLM | None = None,
@@ -230,74 +424,26 @@ async def serve(
     memory_updates: bool = True,
     reinforce: bool = False,
     config: Config | None = None,
-    http: Http | None = None,
-) -> None:
-    """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
-    closes it, or with `http` over streamable HTTP until interrupted (the address it listens
-    on is printed on stderr first).
-
-    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
-    given, they apply to this server's calls and are recorded only by a repo it creates.
-    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
-    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
-    `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
-    and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
-    """
-    async with open_tools(
-        store, llm=llm, embedder=embedder, memory_dir=memory_dir,
-        memory_updates=memory_updates, reinforce=reinforce, config=config,
-    ) as tools:
-        if http is None:
-            await build_server(tools).run_stdio_async()
-        else:
-            await _serve_http(tools, http)
-
-
-class _Listener(uvicorn.Server):
-    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM: uvicorn's own signal
-    handling raises the signal again once it has stopped, which would end the process before
-    the store is closed."""
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-async def _serve_http(tools: MemoryTools, http: Http) -> None:
-    shown = f"[{http.host}]" if ":" in http.host else http.host
-    mcp = build_server(tools, token=http.token, url=f"http://{shown}:{http.port}")
-    app = mcp.streamable_http_app(
-        streamable_http_path=PATH, json_response=True, transport_security=http.security(),
-        max_request_body_size=MAX_REQUEST_BYTES,
-    )
-    family = socket.AF_INET6 if ":" in http.host else socket.AF_INET
-    try:
-        sock = socket.create_server((http.host, http.port), family=family)
-    except OSError as exc:
-        raise InvalidInputError(
-            f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}"
-        ) from exc
-    for line in _exposure(http, f"http://{shown}:{sock.getsockname()[1]}{PATH}"):
-        print(line, file=sys.stderr, flush=True)
-    listener = _Listener(uvicorn.Config(app, host=http.host, port=http.port, log_level="warning"))
-
-    async def stop_on_signal() -> None:
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                listener.should_exit = True
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(stop_on_signal)
-        await listener.serve(sockets=[sock])
-        tg.cancel_scope.cancel()
-
-
-def _exposure(http: Http, url: str) -> Sequence[str]:
-    """What the operator is told on start: where, and who else can reach it."""
-    lines = [f"mnemo mcp: serving MCP over streamable HTTP at {url}"]
-    if not is_loopback(http.host):
-        lines.append(
-            "mnemo mcp: reachable beyond this machine; every request must show the bearer "
-            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one)."
+) -> AsyncIterator[MemoryTools]:
+    """The server's tools over the store, open while the block runs: the reads through a
+    Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
+    that works, opened at the first of them."""
+    async with AsyncExitStack() as stack:
+        reader = await stack.enter_async_context(
+            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True)
         )
-    return lines
+        opening = anyio.Lock()
+        opened: list[Memory] = []
+
+        async def worker() -> Memory:
+            async with opening:
+                if not opened:
+                    opened.append(await stack.enter_async_context(
+                        Memory(store, llm=llm, embedder=embedder, config=config)
+                    ))
+            return opened[0]
+
+        yield MemoryTools(
+            reader, memory_dir or default_memory_dir(Path(store)),
+            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm,
+        )

@@ -13,8 +13,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
-from mnemo.mcp.server import TOOL_NAMES
-from mnemo.mcp.tools import MemoryTools
+from mnemo.mcp.server import TOOL_NAMES, MemoryTools
 from mnemo.tools import ERROR_CHARS, MAX_OUTPUT_CHARS, SNIPPET_CHARS
 
 REPO = "blog"
@@ -148,7 +147,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     """`mnemo mcp --no-memory-updates` serves with memory-file writes off."""
     from typer.testing import CliRunner
 
-    import mnemo.mcp.server
+    import mnemo.mcp.transport
     from mnemo.cli import app
 
     seen: list[bool] = []
@@ -156,7 +155,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     async def fake_serve(db: str | Path, *, memory_updates: bool, **options: object) -> None:
         seen.append(memory_updates)
 
-    monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)
+    monkeypatch.setattr(mnemo.mcp.transport, "serve", fake_serve)
     db = str(tmp_path / "agent.db")
     for args in (["mcp", "--db", db, "--no-memory-updates"], ["mcp", "--db", db]):
         result = CliRunner().invoke(app, args)
@@ -185,7 +184,7 @@ async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> No
 
 async def test_list_repos_pages_with_next_offset(mem: mnemo.Memory, tools: MemoryTools) -> None:
     """list_repos returns at most PAGE_ITEMS a page and a next_offset that reads the rest."""
-    from mnemo.mcp.tools import PAGE_ITEMS
+    from mnemo.mcp.server import PAGE_ITEMS
 
     for i in range(PAGE_ITEMS + 5):
         await mem.open_repo(f"repo-{i:03d}")
@@ -227,7 +226,7 @@ def test_validation_errors_are_one_line_naming_the_field() -> None:
     """A pydantic rejection becomes one line naming the field and the rule, not the value."""
     from pydantic import BaseModel, Field, ValidationError
 
-    from mnemo.mcp.server import validation_message
+    from mnemo.mcp.transport import validation_message
 
     class Args(BaseModel):
         k: int = Field(ge=1)

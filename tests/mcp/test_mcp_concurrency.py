@@ -12,8 +12,8 @@ from mcp import Client
 from mcp.types import TextContent
 
 import mnemo
-from mnemo.mcp.server import build_server
-from mnemo.mcp.tools import MemoryTools
+from mnemo.mcp.server import MemoryTools
+from mnemo.mcp.transport import build_server
 from tests.fakes import FakeEmbedder
 
 REPO = "r"

@@ -15,8 +15,8 @@ from mcp.types import TextContent
 
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
-from mnemo.mcp.server import DESTRUCTIVE, READ_ONLY, TOOL_NAMES, build_server
-from mnemo.mcp.tools import MemoryTools
+from mnemo.mcp.server import TOOL_NAMES, MemoryTools
+from mnemo.mcp.transport import DESTRUCTIVE, READ_ONLY, build_server
 
 REPO = "ops"
 PORT = mnemo.Step("The blog's gunicorn worker binds port 8001.", "Point nginx at port 8001.")

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 import mnemo
 from mnemo.cli import app
-from mnemo.mcp.server import Http
+from mnemo.mcp.transport import Http
 from mnemo.storage.ports import is_postgres
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import mnemo
 from mnemo.adapters.hashing import HashEmbedder
-from mnemo.mcp.tools import MemoryTools
+from mnemo.mcp.server import MemoryTools
 from tests.memoryfiles.fakes import RecordingLLM
 
 

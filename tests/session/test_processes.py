@@ -170,7 +170,7 @@ async def test_an_inspecting_memory_never_takes_a_killed_holders_extraction_over
     reads) reads the session and recalls for two leases, and the model is never asked to
     extract; a working Memory with that model then takes the work over within the lease.
     Before, the web app and the command line's reads took it over at once."""
-    from mnemo.mcp.tools import open_tools
+    from mnemo.mcp.server import open_tools
     from mnemo.ui import open_view
 
     llm = FakeLLM()

@@ -82,9 +82,6 @@ def mcp(
         )
         if not http and (host, port, allow_host) != (None, None, None):
             raise CliError("--host, --port and --allow-host go with --http")
-        check_store(settings, writes=True)
-        if settings.is_url and memory_dir is None:
-            raise CliError("with a store URL, pass --memory-dir for the memory files")
         try:
             from mnemo.mcp.transport import DEFAULT_HOST, DEFAULT_PORT, Http, serve
         except ImportError as exc:
@@ -96,6 +93,9 @@ def mcp(
             host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
             tuple(allow_host or ()),
         ) if http else None
+        check_store(settings, writes=True)
+        if settings.is_url and memory_dir is None:
+            raise CliError("with a store URL, pass --memory-dir for the memory files")
         chosen_llm, chosen_embedder = models(settings)
         await serve(
             settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,

@@ -223,8 +223,7 @@ async def test_a_token_set_is_required(store: str, tmp_path: Path) -> None:
 
 def test_a_bind_beyond_the_loopback_needs_a_token(tmp_path: Path) -> None:
     """`--http --host 0.0.0.0` without a token, a malformed token, a host pattern, or
-    `--host` without `--http` is refused before anything listens; a token is shown in no
-    message."""
+    `--host` without `--http` is refused before the store is created or anything listens."""
     db = str(tmp_path / "agent.db")
     for args, message in (
         (["--http", "--host", "0.0.0.0"], "needs a bearer token"),
@@ -235,6 +234,7 @@ def test_a_bind_beyond_the_loopback_needs_a_token(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, ["mcp", "--db", db, *args])
         assert result.exit_code == 2, result.output
         assert message in result.output
+    assert not Path(db).exists()
     with pytest.raises(mnemo.InvalidInputError, match="needs a bearer token"):
         Http(host="::")
     assert Http(host="0.0.0.0", token=TOKEN).allow_hosts == ("127.0.0.1", "localhost", "::1")

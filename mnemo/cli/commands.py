@@ -1,4 +1,4 @@
-"""The `mnemo` command (typer): look inside a memory, fill it, and serve it over MCP.
+"""The `mnemo` command (typer): look inside a memory and fill it.
 
 Every command takes `--store` (alias `--db`: a SQLite file, or a PostgreSQL URL; see
 `_settings.py` for flags, environment and config file), those that use models `--llm` and
@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, check_store, models, open_memory, run
+from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
@@ -412,109 +412,5 @@ def purge(
         if repo is not None:
             done += f", {forgotten} nodes forgotten in {repo!r}"
         stdout_console().print(Text(done))
-
-    run(work)
-
-
-@app.command()
-def mcp(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
-    config: ConfigOpt = None,
-    memory_dir: Annotated[
-        Path | None,
-        typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
-                     file_okay=False),
-    ] = None,
-    memory_updates: Annotated[
-        bool,
-        typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
-    ] = True,
-    reinforce: Annotated[
-        bool,
-        typer.Option("--reinforce", help="Count the memories a recall returns as accesses, "
-                                         "as an agent's own recall does."),
-    ] = False,
-) -> None:
-    """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
-
-    async def work() -> None:
-        settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
-        )
-        check_store(settings, writes=True)
-        if settings.is_url and memory_dir is None:
-            raise CliError("with a store URL, pass --memory-dir for the memory files")
-        try:
-            from mnemo.mcp.server import serve
-        except ImportError as exc:
-            raise CliError(
-                f"the MCP server needs the `mcp` package ({exc}); install it with "
-                "pip install --force-reinstall pymnemo"
-            ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates, reinforce=reinforce, config=settings.config,
-        )
-
-    run(work)
-
-
-@app.command()
-def ui(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    config: ConfigOpt = None,
-    host: Annotated[
-        str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
-                               "to the network.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="The port to listen on.")] = 8765,
-    allow_writes: Annotated[
-        bool,
-        typer.Option("--allow-writes", help="Let the recall playground count its results as "
-                                            "accesses, and a commit's page revert it."),
-    ] = False,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="MNEMO_UI_TOKEN", show_default=False,
-                     help="Require this access token (16+ characters); prefer the "
-                          "environment variable, as other users can see a command line."),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", show_default=False,
-                     help="Also answer requests for this host name (repeatable; '*.domain' "
-                          "for its subdomains). Others are refused, against DNS rebinding."),
-    ] = None,
-) -> None:
-    """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
-    recall."""
-
-    async def work() -> None:
-        settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, None)
-        )
-        check_store(settings, writes=False)
-        try:
-            from mnemo.ui import serve
-        except ImportError as exc:
-            raise CliError(
-                f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'pymnemo[ui]'"
-            ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, host=host, port=port, allow_writes=allow_writes, llm=chosen_llm,
-            embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
-        )
 
     run(work)

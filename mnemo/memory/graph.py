@@ -4,23 +4,25 @@ maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.fa
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
 from mnemo import deadline
 from mnemo.adapters.uri import model_uri
 from mnemo.episode.annotation import embed
-from mnemo.errors import EmbeddingError, InvalidInputError
+from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.events import deliver
 from mnemo.extraction.entities import vector_text
 from mnemo.graph import history as commit_history
 from mnemo.graph import maintenance
 from mnemo.graph import reembed as reembedding
+from mnemo.graph.facts import TEMPORAL, correction
 from mnemo.graph.history import CommitDiff, CommitRecord
 from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import Link, LinkType, Node, NodeType, Vector
+from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import Unstaged
 from mnemo.graph.reembed import ReembedProgress
-from mnemo.inputs import check_count
+from mnemo.inputs import check_count, check_text
 from mnemo.memory.parts import Parts
 from mnemo.ports import Embedder
 
@@ -95,6 +97,44 @@ class GraphMethods(Parts):
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
         return await self._reads.delete_nodes(repo, node_ids)
+
+    async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
+        """Corrects a fact: commits `text` as a new fact of the old one's type and data, and
+        retires the old one as a contradicting fact does (it stays, with `valid_to`, and
+        the new one SUPERSEDES it; recall ranks it below its successor). The correction is a
+        commit of the history like any other (`revert` undoes it). Calls no model but the
+        repo's embedder. Returns the commit's receipt: its id and the new fact's.
+
+        Raises:
+            InvalidInputError: a blank text or one longer than the repo's
+                `Config.max_text_chars`, or a node that is not a live fact (a SEMANTIC or
+                PROCEDURAL node not retired).
+            NotFoundError: an unknown repo or node.
+            EmbeddingError: the text could not be embedded within the repo's
+                `Config.extraction_timeout`; nothing was stored.
+        """
+        runtime = await self._repos.known(repo)
+        check_text(text, "text", limit=runtime.config.max_text_chars)
+        old = await self._reads.get_node(repo, node_id)
+        if old is None:
+            raise NotFoundError("node", node_id)
+        if old.type not in TEMPORAL or old.retired:
+            raise InvalidInputError(
+                f"node {node_id!r} is not a live fact (a {old.type.value} node"
+                f"{', retired' if old.retired else ''}): only facts are corrected"
+            )
+        await self._repos.refresh(repo)
+        runtime = self._repos.embedding(repo)
+        limit = runtime.config.extraction_timeout
+        try:
+            with deadline.fail_after(limit):
+                vector = await embed(runtime.embedder, [vector_text(old.type, text)])
+        except TimeoutError as exc:
+            raise EmbeddingError(f"the embedder took more than {limit} s") from exc
+        llm = self._repos.llm_for(runtime, repo)
+        policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
+        changeset = correction(repo, old, text, vector[0], runtime.generation)
+        return await self._graph.apply(changeset, intents=policy)
 
     # ---- history --------------------------------------------------------------------------
 

@@ -147,7 +147,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     """`mnemo mcp --no-memory-updates` serves with memory-file writes off."""
     from typer.testing import CliRunner
 
-    import mnemo.mcp.server
+    import mnemo.mcp.transport
     from mnemo.cli import app
 
     seen: list[bool] = []
@@ -155,7 +155,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     async def fake_serve(db: str | Path, *, memory_updates: bool, **options: object) -> None:
         seen.append(memory_updates)
 
-    monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)
+    monkeypatch.setattr(mnemo.mcp.transport, "serve", fake_serve)
     db = str(tmp_path / "agent.db")
     for args in (["mcp", "--db", db, "--no-memory-updates"], ["mcp", "--db", db]):
         result = CliRunner().invoke(app, args)
@@ -226,7 +226,7 @@ def test_validation_errors_are_one_line_naming_the_field() -> None:
     """A pydantic rejection becomes one line naming the field and the rule, not the value."""
     from pydantic import BaseModel, Field, ValidationError
 
-    from mnemo.mcp.server import validation_message
+    from mnemo.mcp.transport import validation_message
 
     class Args(BaseModel):
         k: int = Field(ge=1)

@@ -38,6 +38,8 @@ TOOLS = {
     "list_sessions",
     "discard_session",
     "end_session",
+    "forget",
+    "correct",
 }
 
 

@@ -4,11 +4,11 @@ on streamable HTTP.
 Each tool (`mnemo.mcp.server.MemoryTools`) carries MCP's hints: whether it only reads, whether
 it may destroy what is stored, and whether calling it again with the same arguments does
 nothing more. Its arguments are checked before it runs: an argument it does not take, or a
-value of another type than its parameter's, is a tool error naming it (the SDK would drop the
-first and turn `"5"` or `true` into 5). Any other failure of mnemo's is a tool error carrying
-its one-line message; anything else is a crash, logged with its traceback, of which the agent
-sees only the tool's name. Every request is answered (`mnemo.mcp._stdio` for stdio; the SDK
-answers malformed HTTP bodies itself, and bounds them to `MAX_REQUEST_BYTES`).
+value of another type than its parameter's, is a JSON-RPC "invalid params" error naming it (the
+SDK would drop the first and turn `"5"` or `true` into 5). Any other failure of mnemo's is a
+tool error carrying its one-line message; anything else is a crash, logged with its traceback,
+of which the agent sees only the tool's name. Every request is answered (`mnemo.mcp._stdio` for
+stdio; the SDK answers malformed HTTP bodies itself, and bounds them to `MAX_REQUEST_BYTES`).
 
 Over HTTP (`Http`), the server listens on the loopback unless told otherwise, answers only the
 Host names it is allowed (a page elsewhere that points its own name at this machine, DNS
@@ -35,9 +35,9 @@ import uvicorn
 from mcp.server import MCPServer
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
 from pydantic import AnyHttpUrl, ValidationError
 
@@ -74,24 +74,28 @@ def validation_message(tool: str, exc: ValidationError) -> str:
     return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
 
 
+INVALID_PARAMS = -32602
+
+
 def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
     """Refuses an argument the tool does not take, and a value of another type than its
-    parameter's (pydantic's strict mode: neither `"5"` nor `true` is an integer).
+    parameter's (pydantic's strict mode: neither `"5"` nor `true` is an integer), as the
+    JSON-RPC error "invalid params" (-32602), before the tool runs.
 
     Raises:
-        ToolError: naming the arguments, never their values.
+        MCPError: naming the arguments, never their values.
     """
     taken = tool.parameters.get("properties", {})
     unknown = [repr(clip(name, 64)) for name in arguments if name not in taken]
     if unknown:
-        raise ToolError(clip(
+        raise MCPError(INVALID_PARAMS, clip(
             f"unknown arguments for {tool.name}: {', '.join(unknown)} (it takes "
             f"{', '.join(taken)})", ERROR_CHARS,
         ))
     try:
         tool.fn_metadata.arg_model.model_validate(arguments, strict=True)
     except ValidationError as exc:
-        raise ToolError(validation_message(tool.name, exc)) from exc
+        raise MCPError(INVALID_PARAMS, validation_message(tool.name, exc)) from exc
 
 
 class _Bearer:

@@ -1,7 +1,7 @@
 """`mnemo mcp` over stdio answers every line a client writes, as raw JSON-RPC lines to a real
 server process: a line it cannot read gets a JSON-RPC error carrying the request's id, a call
-whose arguments are of the wrong type or unknown gets a tool error naming them, and the
-server goes on answering."""
+whose arguments are of the wrong type or unknown gets the JSON-RPC error "invalid params"
+naming them, and the server goes on answering."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def recall(request: object, arguments: str) -> bytes:
     )
 
 
-# (line, the id of its answer, its JSON-RPC error code, or None for a tool error's text)
+# (line, the id of its answer, its JSON-RPC error code)
 PROTOCOL_ERRORS: list[tuple[bytes, object, int]] = [
     (recall(1, '{"repo":"r","query":"caf\\ud800"}'), 1, -32700),
     # The id after 100,000 levels of nesting: found without parsing them.
@@ -47,7 +47,7 @@ PROTOCOL_ERRORS: list[tuple[bytes, object, int]] = [
     (b'{"jsonrpc":"2.0","id":5,"method":7}', 5, -32600),
     (recall(6, '{"repo":"r","query":"' + "a" * (MAX_REQUEST_BYTES + 10) + '"}'), 6, -32600),
 ]
-TOOL_ERRORS: list[tuple[bytes, object, str]] = [
+INVALID_PARAMS: list[tuple[bytes, object, str]] = [
     (recall(7, '{"repo":"r","query":"x","k":"5"}'), 7, "invalid arguments for recall: k: "),
     (recall(8, '{"repo":"r","query":"x","k":true}'), 8, "invalid arguments for recall: k: "),
     (recall(9, '{"repo":"r","query":"x","bogus":1}'), 9, "unknown arguments for recall: 'bogus'"),
@@ -71,8 +71,8 @@ async def test_every_line_is_answered(store: str, tmp_path: Path) -> None:
     """Over stdio, on each backend: a lone surrogate, 100,000-deep JSON, invalid UTF-8, a
     line that is not JSON, one that is not JSON-RPC and one past MAX_REQUEST_BYTES each get
     a JSON-RPC error with their id (null when the line names none); "5" or true for an
-    integer and an unknown argument get tool errors naming them; the server then still
-    answers."""
+    integer and an unknown argument get "invalid params" errors naming them; the server then
+    still answers."""
     args = [sys.executable, "-m", "mnemo", "mcp", "--db", store]
     if is_postgres(store):
         args += ["--memory-dir", str(tmp_path / "files")]
@@ -94,11 +94,10 @@ async def test_every_line_is_answered(store: str, tmp_path: Path) -> None:
             for line, request, code in PROTOCOL_ERRORS:
                 reply = await ask(line)
                 assert (reply["id"], reply["error"]["code"]) == (request, code), reply
-            for line, request, text in TOOL_ERRORS:
+            for line, request, text in INVALID_PARAMS:
                 reply = await ask(line)
-                assert reply["id"] == request
-                assert reply["result"]["isError"]
-                assert reply["result"]["content"][0]["text"].startswith(text), reply
+                assert (reply["id"], reply["error"]["code"]) == (request, -32602), reply
+                assert reply["error"]["message"].startswith(text), reply
             listed = await ask(b'{"jsonrpc":"2.0","id":10,"method":"tools/call","params":'
                                b'{"name":"list_repos","arguments":{}}}')
             assert json.loads(listed["result"]["content"][0]["text"])["repos"] == []

@@ -456,11 +456,12 @@ def mcp(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
                 "pip install --force-reinstall pymnemo"
             ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates, reinforce=reinforce, config=settings.config,
-        )
+        async with models(settings) as (chosen_llm, chosen_embedder):
+            await serve(
+                settings.store, llm=chosen_llm, embedder=chosen_embedder,
+                memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
+                config=settings.config,
+            )
 
     run(work)
 
@@ -511,10 +512,11 @@ def ui(
                 f"the web app needs the `ui` extra ({exc}); install it with "
                 "pip install 'pymnemo[ui]'"
             ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, host=host, port=port, allow_writes=allow_writes, llm=chosen_llm,
-            embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
-        )
+        async with models(settings) as (chosen_llm, chosen_embedder):
+            await serve(
+                settings.store, host=host, port=port, allow_writes=allow_writes,
+                llm=chosen_llm, embedder=chosen_embedder, token=token,
+                allow_hosts=allow_host or (),
+            )
 
     run(work)

@@ -57,6 +57,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
     embedded default embedder. Use it as an async context manager, or call `aclose()`.
+    It closes only what it made: the models passed to it, to `open_repo` or `start_session`
+    stay open for their owner, who may share them with other Memory objects.
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
     an MCP server's read tools): the Memory does no work of its own. It starts no background
@@ -163,8 +165,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stops background work (an interrupted extraction resumes on the next open) and
-        closes the database."""
+        """Stops background work (an interrupted extraction resumes on the next open), closes
+        the models this Memory made (never those it was given) and the database."""
         host, self._host = self._host, None
         try:
             if host is not None:

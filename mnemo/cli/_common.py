@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 import anyio
+import anyio.to_thread
 import typer
 
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
@@ -136,6 +137,20 @@ async def open_memory(
             config=settings.config, inspect=not works,
         ) as mem:
             yield mem
+
+
+async def confirm(question: str, *, given: bool, flag: str = "--yes", as_json: bool) -> None:
+    """Asks `question` before a command destroys data, unless `flag` was `given`; a no (or no
+    answer) aborts the command, exit status 1.
+
+    Raises:
+        CliError: `--json`, which cannot ask, without `flag`.
+    """
+    if given:
+        return
+    if as_json:
+        raise CliError(f"--json cannot ask for confirmation: pass {flag}")
+    await anyio.to_thread.run_sync(lambda: typer.confirm(question, abort=True))
 
 
 async def check_repo(mem: Memory, repo: str) -> None:

@@ -59,7 +59,7 @@ class LiveSession:
 
 @dataclass(frozen=True, slots=True)
 class IdleSweep:
-    """What `SessionStore.end_idle` did: the sessions it ended, as (id, repo), and the seconds
+    """What `Coordination.end_idle` did: the sessions it ended, as (id, repo), and the seconds
     until the next idle session comes due (0: more were due than it ended; None: none idle)."""
 
     ended: list[tuple[str, str]]
@@ -322,6 +322,7 @@ class Coordination(Protocol):
         `SessionStore.end` ends one; a session that moved meanwhile is left alone. Reads only
         when none is due."""
         ...
+
     async def change_token(self) -> int:
         """A number that changes when another connection changed the store (a cheap read:
         what a waiting `Memory` polls)."""

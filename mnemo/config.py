@@ -31,8 +31,14 @@ COUNT_CEILINGS = {
     "max_results": 10_000,
 }
 
+# The longest an idle session may wait for its next episode before it ends by itself (a week),
+# and how long it waits by default (`Config.idle_session_timeout`).
+IDLE_SESSION_CEILING = 7 * 24 * 3600.0
+DEFAULT_IDLE_SESSION_TIMEOUT = 3600.0
+
 # The ranges of the fields, by what they measure.
 Seconds = Annotated[float, Meta(gt=0, extra={"finite": True})]
+IdleSeconds = Annotated[float, Meta(gt=0, le=IDLE_SESSION_CEILING)]
 Wait = Annotated[float, Meta(ge=0, extra={"finite": True})]
 Positive = Annotated[float, Meta(gt=0)]
 Share = Annotated[float, Meta(ge=0, le=1)]
@@ -57,6 +63,10 @@ class Config:
     auto_commit: bool = False
     flush_timeout: Positive | None = 120.0
     session_timeout: Positive | None = 600.0
+    # Seconds an idle session (between episodes) lives untouched before it ends by itself:
+    # whichever working Memory on the store sees it due ends it, so that sessions a process
+    # left behind do not pile up. At most `IDLE_SESSION_CEILING`.
+    idle_session_timeout: IdleSeconds = DEFAULT_IDLE_SESSION_TIMEOUT
     trajectory_threshold: Cosine = 0.75
     max_pending_ops: Count = 5
     append_timeout: Seconds = 60.0
@@ -256,7 +266,8 @@ class _Range:
         elif low is not None and high is not None and self.kind is int:
             text = f"{noun} from {low:,} to {high:,}"
         elif low is not None and high is not None:
-            text = f"{noun} within [{low:g}, {high:g}]"
+            opened, closed = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            text = f"{noun} within {opened}{low:g}, {high:g}{closed}"
         elif low is not None:
             text = f"{noun} {'>' if self.low_open else '>='} {low:g}"
         else:

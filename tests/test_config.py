@@ -49,3 +49,20 @@ def test_optional_fields_take_none() -> None:
     assert config.blas_threads is None
     with pytest.raises(mnemo.InvalidInputError, match=r"Config\.rrf_k must be an integer >= 1,"):
         configured("rrf_k", None)
+
+
+def test_the_idle_session_timeout_is_bounded() -> None:
+    """`idle_session_timeout` defaults to an hour and takes any number of seconds above 0 up
+    to a week, never None (idle sessions always end) nor more; a config stored before the
+    field existed reads the default."""
+    assert mnemo.Config().idle_session_timeout == 3600.0
+    week = 7 * 24 * 3600.0
+    assert mnemo.Config.from_json(configured("idle_session_timeout", week).to_json()) == (
+        configured("idle_session_timeout", week))
+    for bad in (0, None, week + 1, math.inf):
+        with pytest.raises(mnemo.InvalidInputError,
+                           match=r"idle_session_timeout must be a number within \(0, 604800\]"):
+            configured("idle_session_timeout", bad)
+    stored = mnemo.Config().to_json().replace('"idle_session_timeout": 3600.0, ', "")
+    assert "idle_session_timeout" not in stored
+    assert mnemo.Config.from_json(stored).idle_session_timeout == 3600.0

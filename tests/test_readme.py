@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import anyio
 import pytest
+
+import mnemo
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
@@ -26,8 +29,16 @@ RUNNABLE = blocks("python")
 
 
 def run_block(line: int, code: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs the block in `folder`; it must end every session it starts."""
     monkeypatch.chdir(folder)
     exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__main__"})
+
+    async def live(store: Path) -> list[str]:
+        async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(), inspect=True) as mem:
+            return [s.id for s in await mem.list_sessions()]
+
+    for store in folder.glob("*.db"):
+        assert anyio.run(live, store) == [], f"README.md:{line} leaves a session in {store.name}"
 
 
 def test_the_readme_opens_with_a_short_runnable_quickstart() -> None:

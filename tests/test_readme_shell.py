@@ -111,4 +111,5 @@ def test_the_shell_blocks_run_as_written(tmp_path: Path) -> None:
     for name, value in ids.items():
         script = [command.replace(name, value) for command in script]
     bash(activated + "\n".join(script), tmp_path)
-    assert json.loads(bash(activated + "mnemo sessions --json", tmp_path))[0]["state"] == "idle"
+    listed = json.loads(bash(activated + "mnemo sessions --all --json", tmp_path))
+    assert listed[0]["state"] == "idle"

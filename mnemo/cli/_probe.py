@@ -29,6 +29,7 @@ from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.adapters.uri import llm_from_uri, with_settings
+from mnemo.cli._common import close
 from mnemo.cli._database import CliError
 from mnemo.episode.prompts import reward_request, state_request, subgoal_request
 from mnemo.errors import MnemoError, first_error
@@ -127,13 +128,6 @@ async def timed(check: str, work: Callable[[], Awaitable[str]]) -> Finding:
 
 def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
-
-
-async def close(model: object) -> None:
-    aclose = getattr(model, "aclose", None)
-    if aclose is not None:
-        with anyio.move_on_after(2, shield=True):
-            await aclose()
 
 
 def state_probe() -> LLMRequest:

@@ -15,15 +15,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-import anyio
-import anyio.to_thread
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, open_memory, run
+from mnemo.cli._common import (
+    Json,
+    app,
+    check_repo,
+    confirm,
+    open_memory,
+    run,
+)
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
@@ -46,6 +51,7 @@ from mnemo.cli._settings import (
 )
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import hit_json, label, recall_json, session_json
+from mnemo.session.machine import State
 
 
 class ExportFormat(StrEnum):
@@ -90,20 +96,27 @@ def demo(
     db: Annotated[
         Path,
         # Not MNEMO_STORE: the demo deletes its database first, and must not take the user's.
-        typer.Option("--store", "--db", help="The demo's SQLite file; deleted and made anew.",
+        typer.Option("--store", "--db", help="The demo's SQLite file; made anew (a memory "
+                     "already there is deleted once you agree, or with --force).",
                      dir_okay=False),
     ] = Path("demo.db"),
     data: Annotated[
         Path | None,
         typer.Option(help="A conversation JSON (default: the shipped demo conversation)."),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete a memory already at --store without asking.")
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Replay a week of an assistant's work into a fresh database offline, then recall. Each
     session is also saved as conversation thread `demo/N` (for `mnemo search`)."""
-    from mnemo.cli.demo import run_demo
+    from mnemo.cli.demo import holds_memory, run_demo
 
     async def work() -> None:
+        if holds_memory(db):
+            await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
+                          given=force, flag="--force", as_json=as_json)
         # With --json the show goes quiet and only the summary is printed.
         console = Console(quiet=True) if as_json else stdout_console()
         summary = await run_demo(db, data, console=console)
@@ -239,17 +252,29 @@ def recall(
 
 
 @app.command()
-def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
-    """List every live session (not ended) of every process on the store: id, repo, state,
-    goal, steps, and who holds its extraction until when."""
+def sessions(
+    every: Annotated[
+        bool, typer.Option("--all", help="Also the idle sessions, between episodes (with the "
+                                         "goal of their last one).")
+    ] = False,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    as_json: Json = False,
+) -> None:
+    """List the sessions at work (collecting, extracting, ready or failed) of every process
+    on the store: id, repo, state, goal, steps, and who holds its extraction until when."""
 
     async def work() -> None:
         async with open_memory(_settings(store, config)) as mem:
-            live = await mem.list_sessions()
+            found = await mem.list_sessions()
+        live = [s for s in found if every or s.state is not State.IDLE]
         if as_json:
             print_json([session_json(s) for s in live])
             return
-        table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
+        title = "Live sessions" if every else "Sessions at work"
+        idle = len(found) - len(live)
+        hidden = f", {idle} idle not shown: --all" if idle else ""
+        table = Table(title=f"{title} ({len(live)}{hidden})", title_justify="left")
         for column in ("session", "repo", "state", "goal", "steps", "holder", "lease until"):
             # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
             table.add_column(
@@ -266,7 +291,8 @@ def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = F
                 str(s.steps), Text(holders[s.holder] if s.holder else "-"), until,
             )
         if not live:
-            table.add_row("", "", "", Text("(no live sessions)", style="dim"), "", "", "")
+            nothing = "(no live sessions)" if every else "(no session at work)"
+            table.add_row("", "", "", Text(nothing, style="dim"), "", "", "")
         stdout_console().print(table)
 
     run(work)
@@ -387,8 +413,6 @@ def purge(
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
 
     async def work() -> None:
-        if as_json and not yes:
-            raise CliError("--json cannot ask for confirmation: pass --yes")
         settings = _settings(store, config)
         async with open_memory(settings) as mem:
             conversation = mem.conversation()
@@ -397,10 +421,9 @@ def purge(
                 await check_repo(mem, repo)
             elif not messages:
                 raise CliError(f"no thread {thread!r} in {settings.store}")
-            if not yes:
-                also = f" and its source in repo {repo!r}" if repo else ""
-                question = f"Erase thread {thread!r} ({messages} messages){also} for good?"
-                await anyio.to_thread.run_sync(lambda: typer.confirm(question, abort=True))
+            also = f" and its source in repo {repo!r}" if repo else ""
+            await confirm(f"Erase thread {thread!r} ({messages} messages){also} for good?",
+                          given=yes, as_json=as_json)
             await conversation.purge(thread)
             forgotten = await mem.forget(repo, thread) if repo is not None else 0
         if repo is not None and not messages and not forgotten:

@@ -45,6 +45,7 @@ from mnemo.graph.model import NodeType
 from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
 from mnemo.recall.engine import RecallResult
+from mnemo.storage.files import StoreFile, store_file
 
 DEFAULT_REPO = "assistant"
 
@@ -124,6 +125,16 @@ def load_conversation(path: Path) -> Conversation:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CliError(f"{path} is not a demo conversation: {exc!r}") from exc
+
+
+def holds_memory(db: Path) -> bool:
+    """Whether `db` is a mnemo database with tables (something `reset_database` would delete).
+
+    Raises:
+        CliError: `db` exists and is not a mnemo database.
+    """
+    check_database(db, must_exist=False)
+    return store_file(db) is StoreFile.MNEMO
 
 
 def reset_database(db: Path) -> None:

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, open_memory, run
+from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
@@ -80,6 +80,7 @@ def revert(
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
                                  "history`).")
     ],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
@@ -90,7 +91,13 @@ def revert(
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
-            undone = await mem.revert(repo, await _commit_id(mem, repo, commit))
+            commit_id = await _commit_id(mem, repo, commit)
+            record = (await mem.commit_diff(repo, commit_id)).commit
+            await confirm(
+                f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} nodes "
+                f"and {record.link_count} links for good?", given=yes, as_json=as_json,
+            )
+            undone = await mem.revert(repo, commit_id)
         if as_json:
             print_json(diff_json(undone))
             return

@@ -96,12 +96,12 @@ def mcp(
         check_store(settings, writes=True)
         if settings.is_url and memory_dir is None:
             raise CliError("with a store URL, pass --memory-dir for the memory files")
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates, reinforce=reinforce, config=settings.config,
-            http=served,
-        )
+        async with models(settings) as (chosen_llm, chosen_embedder):
+            await serve(
+                settings.store, llm=chosen_llm, embedder=chosen_embedder,
+                memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
+                config=settings.config, http=served,
+            )
 
     run(work)
 
@@ -153,10 +153,11 @@ def ui(
                 f"the web app needs the `ui` extra ({exc}); install it with "
                 "pip install 'pymnemo[ui]'"
             ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, host=host, port=port, allow_writes=allow_writes, llm=chosen_llm,
-            embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
-        )
+        async with models(settings) as (chosen_llm, chosen_embedder):
+            await serve(
+                settings.store, host=host, port=port, allow_writes=allow_writes,
+                llm=chosen_llm, embedder=chosen_embedder, token=token,
+                allow_hosts=allow_host or (),
+            )
 
     run(work)

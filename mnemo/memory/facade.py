@@ -57,6 +57,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
     embedded default embedder. Use it as an async context manager, or call `aclose()`.
+    It closes only what it made: the models passed to it, to `open_repo` or `start_session`
+    stay open for their owner, who may share them with other Memory objects. Opening one that
+    works ends the store's idle sessions past their `Config.idle_session_timeout`, whichever
+    process left them (`session.timers`).
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
     an MCP server's read tools): the Memory does no work of its own. It starts no background
@@ -106,6 +110,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             learn_repo=repos.learn,
             refresh_repo=repos.refresh,
             lease_timeout=self._config.lease_timeout,
+            idle_session_timeout=self._config.idle_session_timeout,
             last_answer=repos.usage.last_answer,
         )
         self._reads = GraphReads(
@@ -137,6 +142,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await self._repos.adopt_profiles(self._sessions_store)
             if self._inspect:
                 return self  # sessions are read from the store when asked, never restored
+            # Idle sessions left behind end before the live ones are restored.
+            await self._service.end_idle()
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
             await self._host.start(self._background)
@@ -163,8 +170,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stops background work (an interrupted extraction resumes on the next open) and
-        closes the database."""
+        """Stops background work (an interrupted extraction resumes on the next open), closes
+        the models this Memory made (never those it was given) and the database."""
         host, self._host = self._host, None
         try:
             if host is not None:

@@ -1,8 +1,10 @@
 """`Repos`: the repos a `Memory` knows and what each runs with.
 
 It holds each repo's `Runtime` (llm, embedder, config, vector dimension), the models recorded
-for repos opened without them, one LLM limiter per provider, the usage book, and
-every adapter the Memory was given (each owns an HTTP client, closed with the Memory).
+for repos opened without them, one LLM limiter per provider, the usage book, and every adapter
+the Memory made itself (from a repo's recorded URIs, or by default), closed with the Memory.
+Adapters a caller passes in (to `Memory`, `open_repo`, `start_session`, `reembed`) stay open:
+their owner closes them, and may share them with other Memory objects.
 """
 
 from __future__ import annotations
@@ -57,17 +59,20 @@ class Repos:
         # The models that learn their servers (`server_profile`), by repo and model object,
         # with the profile last read or written for them.
         self._profiled: dict[tuple[str, int], tuple[object, dict[str, object] | None]] = {}
-        # Every adapter this Memory was given, closed with it (each owns an HTTP client).
+        # Every adapter this Memory made, closed with it (one may own an HTTP client).
         self._adapters: dict[int, object] = {}
-        self.adopt(llm, embedder)  # the caller's; the defaults need no closing
+        if embedder is None:
+            self.adopt(chosen)
 
     def adopt(self, *adapters: object) -> None:
+        """Closes these adapters with the Memory: it made them."""
         for adapter in adapters:
             if adapter is not None:
                 self._adapters.setdefault(id(adapter), adapter)
 
     async def close_adapters(self) -> None:
-        """Closes every adapter adopted; a failure is logged, the others still close."""
+        """Closes every adapter this Memory made; a failure is logged, the others still
+        close."""
         for adapter in list(self._adapters.values()):
             close = getattr(adapter, "aclose", None)
             if close is not None:
@@ -117,7 +122,6 @@ class Repos:
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         chosen_embedder: Embedder = embedder or self._models.embedder(name)
         chosen_llm: LLM = llm or self._models.llm(name)
-        self.adopt(llm, embedder)
         await detect_dim(chosen_embedder)
         known = self._runtimes.get(name)
         refusal = self._models.refusal(name) if known is not None else None
@@ -196,10 +200,12 @@ class Repos:
         if embedder is None and self._models.embedder_given:
             embedder = self.embedder
         if embedder is None:
-            embedder = self._models.successor(name, runtime.dim) or runtime.embedder
+            successor = self._models.successor(name, runtime.dim)
+            if successor is not None and successor is not self.embedder:
+                self.adopt(successor)  # made here for the repo
+            embedder = successor or runtime.embedder
         if isinstance(embedder, UnavailableEmbedder):
             raise EmbeddingError(embedder.problem)
-        self.adopt(embedder)
         await detect_dim(embedder)
         return embedder
 
@@ -313,7 +319,6 @@ class Repos:
             base.check_dim(repo)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
-        self.adopt(llm, embedder)
         if embedder is not None:
             await detect_dim(embedder)
         if embedder is not None and embedder.dim != self._dims[repo]:

@@ -4,6 +4,7 @@ every embedding) is answered by the local `ProviderServer`, healthy or flaky."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,50 @@ async def test_session_with_http_embeddings(server: ProviderServer) -> None:
         nodes = await run_session(llm, embedder)
     assert_nothing_lost(nodes)
     assert any(r.path == "/v1/embeddings" for r in server.requests)
+
+
+TRIP = mnemo.Trajectory("explore the house", [mnemo.Step(obs, act) for obs, act in STEPS])
+
+
+async def test_a_memory_leaves_the_adapters_it_was_given_open(
+    server: ProviderServer, store: str, tmp_path: Path
+) -> None:
+    """Two Memories share one LLM and one embedder over HTTP: the first closing leaves them
+    open for the second's ingest, and for `MemoryFiles.update` once both have closed."""
+    async with (
+        OpenAICompatible("m", base_url=server.openai_url) as llm,
+        OpenAIEmbedder("e", base_url=server.openai_url) as embedder,
+    ):
+        async with mnemo.Memory(store, llm=llm, embedder=embedder) as second:
+            async with mnemo.Memory(store, llm=llm, embedder=embedder) as first:
+                await first.open_repo(REPO)
+                assert (await first.ingest(REPO, TRIP, source_id="first")).node_ids
+            await second.open_repo(REPO)
+            assert (await second.ingest(REPO, TRIP, source_id="second")).node_ids
+        files = mnemo.MemoryFiles(tmp_path / "files", min_iterations=1)
+        history = [{"role": "user", "content": "We deploy on Tuesdays."},
+                   {"role": "assistant", "content": "Noted."}]
+        update = await files.update(history, llm=llm, iterations=1)
+        assert update.error is None
+        assert update.written
+
+
+async def test_a_memory_leaves_the_overrides_it_was_given_open(
+    server: ProviderServer, store: str
+) -> None:
+    """The models given to `open_repo` and to `start_session` stay open once the Memory has
+    closed: their owner may use them again."""
+    async with (
+        OpenAICompatible("repo", base_url=server.openai_url) as repo_llm,
+        OpenAICompatible("session", base_url=server.openai_url) as session_llm,
+        OpenAIEmbedder("e", base_url=server.openai_url) as embedder,
+    ):
+        async with mnemo.Memory(store) as mem:
+            await mem.open_repo(REPO, llm=repo_llm, embedder=embedder)
+            sid = await mem.start_session("explore the house", repo=REPO, llm=session_llm)
+            await mem.append(sid, *STEPS[0])
+            await mem.close_and_commit(sid)
+            await mem.end_session(sid)
+        async with mnemo.Memory(store, llm=session_llm, embedder=embedder) as again:
+            await again.open_repo(REPO, llm=repo_llm)
+            assert (await again.ingest(REPO, TRIP, source_id="again")).node_ids

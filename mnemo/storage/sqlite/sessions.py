@@ -19,6 +19,7 @@ from mnemo.graph.model import Changeset, Vector, now_utc, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
+from mnemo.storage.sqlite.coordination import drop_ended_work
 from mnemo.storage.sqlite.database import Database
 
 
@@ -235,15 +236,7 @@ class SqliteSessions:
                 ).rowcount
                 if version is not None and not ended:
                     raise StaleSession(session_id)  # nothing written
-                # Nobody will run the stored operations nobody took: their Memories answer
-                # them session_ended when they see the end. One taken, or with its result,
-                # stays for its Memory to read (and drop).
-                db.conn.execute(
-                    "DELETE FROM ops WHERE session_id = ? AND taken_by IS NULL"
-                    " AND result IS NULL",
-                    (session_id,),
-                )
-                db.conn.execute("DELETE FROM step_claims WHERE session_id = ?", (session_id,))
+                drop_ended_work(db, [session_id])
 
         await self._database.run(write)
 
@@ -413,7 +406,7 @@ def _load_live(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
                         created, model=model, version=int(version), holder=holder,
                         lease_until=None if until is None else datetime.fromisoformat(until),
-                        active_at=None if active is None else _utc(active))
+                        active_at=None if active is None else _utc(active), goal=goal)
         )
     return live
 

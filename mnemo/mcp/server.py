@@ -208,18 +208,26 @@ class MemoryTools:
         messages: Annotated[
             list[dict[str, Any]],
             Field(description="The thread's whole history so far: dicts with role and content "
-                              "(only those past the stored length are added)."),
+                              "(only those past the stored length are added); with "
+                              "new_only, only the messages to add."),
         ],
+        new_only: Annotated[
+            bool,
+            Field(description="messages holds only new messages, to add after the stored "
+                              "ones (for a client that keeps a window of its history)."),
+        ] = False,
     ) -> str:
         """Stores a conversation thread's messages (for `search_messages` and
         `view_messages`): pass the whole history each time, and only the new messages are
-        appended. Returns how many were added and the thread's length."""
+        appended (a history that does not begin with the stored messages is an error that
+        stores nothing); or, with `new_only`, only the new messages. Returns how many were
+        added and the thread's length."""
         with _as_tool_error():
             conversation = self._mem.conversation()
-            before = len(await conversation.raw(thread_id))
-            await conversation.save(thread_id, messages)
+            store = conversation.append if new_only else conversation.save
+            added = await store(thread_id, messages)
             total = len(await conversation.raw(thread_id))
-            return _dumps({"thread_id": thread_id, "added": total - before, "messages": total})
+            return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
     async def list_repos(
         self,

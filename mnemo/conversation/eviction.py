@@ -3,7 +3,8 @@
 One eviction (Anima's Mneme loop): the context window is rendered compressed in three zones,
 the eviction zone (see `viewport.eviction_zone`), the middle and the recent one (see
 `render.render_window`, bounded whatever the backlog), and given to the LLM (task
-"eviction") with three tools: `save_snapshot(text)`,
+"eviction"; the Memory's, or a model of the eviction's own) with three tools:
+`save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
 `MAX_ROUNDS` rounds, each telling the model what it already did and forcing a tool call
 (`tool_choice`: `save_snapshot` until a snapshot is saved, then any tool), until it calls
@@ -18,10 +19,11 @@ transaction, the level-1 snapshot and the pins are written and the boundary move
 zone.
 
 The boundary always advances and never passes a message that no snapshot covers: if the LLM
-fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds), the
+fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds: replies
+without tool calls, arguments the tool refuses, a structured reply without the summary), the
 snapshot is a note saying the messages left without a summary and that `search_messages`
-still finds them, and `EvictionResult.error` says why. Once
-5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
+still finds them, and `EvictionResult.error` says why (the last refusal, when there was
+one). Once 5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
 "snapshot_fold"); a failed fold is retried after the next eviction.
 """
 
@@ -154,6 +156,10 @@ def _message_ref(raw: object, by_seq: dict[int, str], by_id: set[str]) -> str | 
 NO_TOOL_CALL = (
     "error: your reply called no tool and was discarded; answer only through the tools"
 )
+NO_SNAPSHOT_DATA = (
+    'error: your reply was not save_snapshot\'s arguments {"text": "<the summary>"} and was '
+    "discarded"
+)
 
 
 def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
@@ -248,7 +254,8 @@ async def run_loop(
                     if tools.snapshot_parts:
                         break  # pins are optional; the snapshot covers the zone
                     silent += 1
-                    tools.done.append(NO_TOOL_CALL)
+                    data = choice is None and reply_data(response) is not None
+                    tools.done.append(NO_SNAPSHOT_DATA if data else NO_TOOL_CALL)
                     continue
                 for call in calls:
                     tools.call(call)
@@ -259,9 +266,13 @@ async def run_loop(
         return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
-    if silent == MAX_ROUNDS:
+    # What was wrong with the last reply not used: no tool call, arguments that failed the
+    # tool's schema, a structured reply without the summary.
+    last = next((line for line in reversed(tools.done) if "error:" in line), "")
+    if silent == MAX_ROUNDS and last == NO_TOOL_CALL:
         return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage
-    return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds", usage
+    cause = f" (last: {last})" if last else ""
+    return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds{cause}", usage
 
 
 class Evictor:
@@ -272,21 +283,19 @@ class Evictor:
         self,
         store: ThreadStore,
         *,
-        llm: LLM,
         events: Events,
         clock: Callable[[], datetime],
         timeout: float,
     ) -> None:
         self._store = store
-        self._llm = llm
         self._events = events
         self._clock = clock
         self._timeout = timeout
 
     async def evict(
-        self, thread_id: str, token_budget: int, eviction_fraction: float
+        self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> EvictionResult:
-        """One eviction (see the module doc).
+        """One eviction (see the module doc), its model calls made to `llm`.
 
         Another writer on the store (another `Memory`) may move the boundary while the model
         works: the commit then finds it moved and this re-reads the thread. A boundary that
@@ -307,7 +316,9 @@ class Evictor:
                 return EvictionResult(thread_id, read, inputs.boundary_seq, None, None, 0, 0)
             read = inputs.boundary_seq
             try:
-                return await self._evict_from(inputs, thread_id, token_budget, eviction_fraction)
+                return await self._evict_from(
+                    inputs, thread_id, token_budget, eviction_fraction, llm
+                )
             except ConflictError:
                 attempts += 1
                 if attempts == MAX_ATTEMPTS:
@@ -319,6 +330,7 @@ class Evictor:
         thread_id: str,
         token_budget: int,
         eviction_fraction: float,
+        llm: LLM,
     ) -> EvictionResult:
         boundary, past = inputs.boundary_seq, inputs.past_boundary
         goals = [{"id": g.id, "description": g.description} for g in inputs.goals]
@@ -332,7 +344,7 @@ class Evictor:
             max_words=snapshot_words(token_budget, 1),
         )
         error, usage = await run_loop(
-            self._llm,
+            llm,
             tools,
             window=render_window(
                 zone, *context_zones(past[len(zone):], token_budget, eviction_fraction)
@@ -349,7 +361,7 @@ class Evictor:
             thread_id, boundary_before=boundary, boundary_after=after, zone=span,
             snapshot_text=text, pins=tools.pins, now=now,
         )
-        folded = await self.fold(thread_id, token_budget)
+        folded = await self.fold(thread_id, token_budget, llm)
         pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
         await self._events.emit(
             "thread_evicted", thread_id=thread_id, start_seq=span[0], end_seq=span[1],
@@ -371,7 +383,7 @@ class Evictor:
             usage=usage,
         )
 
-    async def fold(self, thread_id: str, token_budget: int) -> Snapshot | None:
+    async def fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
         """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due.
         A failed fold is logged and left for the next eviction."""
         due = due_for_fold(await self._store.uncovered_snapshots(thread_id))
@@ -382,7 +394,7 @@ class Evictor:
         )
         try:
             with deadline.fail_after(self._timeout):
-                text = await ask(self._llm, request, parse_summary)
+                text = await ask(llm, request, parse_summary)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)

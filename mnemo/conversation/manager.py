@@ -43,6 +43,7 @@ from mnemo.conversation.selection import (
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
+from mnemo.ports import LLM
 
 if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
@@ -62,7 +63,8 @@ class ConversationManager:
     """Saves and loads threads with one retrieval and compression policy.
 
     Get one from `Memory.conversation(...)`. Managers of one Memory share its per-thread
-    locks, so they may be used concurrently, even on the same thread.
+    locks, so they may be used concurrently, even on the same thread. `llm` writes this
+    manager's summaries and runs its automatic evictions.
     """
 
     def __init__(
@@ -75,8 +77,10 @@ class ConversationManager:
         auto_evict_budget: int | None,
         eviction_fraction: float,
         clock: Callable[[], datetime],
+        llm: LLM,
     ) -> None:
         self._service = service
+        self.llm = llm
         self.retrieval = retrieval
         self.compression = compression
         self.ttl = ttl
@@ -168,7 +172,7 @@ class ConversationManager:
     async def _evict(self, thread_id: str, appended: Sequence[Message]) -> None:
         if appended and self.auto_evict_budget is not None:
             await self._service.auto_evict(
-                thread_id, self.auto_evict_budget, self.eviction_fraction
+                thread_id, self.auto_evict_budget, self.eviction_fraction, self.llm
             )
 
     def _check_count(self, new: int) -> None:
@@ -416,7 +420,7 @@ class ConversationManager:
             )
             try:
                 with deadline.fail_after(service.timeout):
-                    summary = await ask(service.llm, request, parse_summary)
+                    summary = await ask(self.llm, request, parse_summary)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)

@@ -208,9 +208,11 @@ The assistant's context window comes in three zones, oldest first, one message p
   conversation is about now, so you can tell what of the zone still matters.
 Use the tools:
 - save_snapshot(text): a summary of the eviction zone of at most max_words words that
-  continues previous_snapshot (the summary of what left before it): goals, decisions,
-  facts, names, numbers, results and open questions that still matter. Do not repeat what
-  the middle and recent zones say.
+  continues previous_snapshot (the summary of what left before it): what was decided and
+  why; the goals and their progress (done, under way, blocked); facts, names, numbers,
+  results and open questions that still matter. Paraphrase in your own words rather than
+  quote. Leave out tool details (which tools ran, their arguments and raw output): keep only
+  what they established. Do not repeat what the middle and recent zones say.
 - attach_messages_to_goals(message_ids, goal_ids): pin messages that must survive word for
   word (instructions, corrections, requirements, exact values) to the open goals they serve.
   Only messages of the eviction zone, only goals listed in goals.

@@ -3,8 +3,8 @@
 One eviction (Anima's Mneme loop): the context window is rendered compressed in three zones,
 the eviction zone (see `viewport.eviction_zone`), the middle and the recent one (see
 `render.render_window`, bounded whatever the backlog), and given to the LLM (task
-"eviction"; the Memory's, or a model of the eviction's own) with three tools:
-`save_snapshot(text)`,
+"eviction"; the Memory's, or a model of the eviction's own) with the messages passive recall
+finds for the open goals, and with three tools: `save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
 `MAX_ROUNDS` rounds, each telling the model what it already did and forcing a tool call
 (`tool_choice`: `save_snapshot` until a snapshot is saved, then any tool), until it calls
@@ -30,16 +30,17 @@ one). Once 5 level-1 snapshots are uncovered, they fold into one level-2 snapsho
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from mnemo import deadline
 from mnemo.calls.tasks import ask, reply_data
-from mnemo.conversation.model import EvictionResult, Message, Snapshot
+from mnemo.conversation.model import EvictionResult, Goal, Message, SearchHit, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
 from mnemo.conversation.render import render_window
+from mnemo.conversation.search import render_hits
 from mnemo.conversation.viewport import (
     FOLD_AFTER,
     context_zones,
@@ -58,6 +59,10 @@ MAX_ATTEMPTS = 3
 # The newest lines of `done` the model is shown: a model making many calls must not grow the
 # prompt without bound.
 MAX_DONE = 20
+
+# Passive recall (`ConversationService.recalled`): a thread's past messages relevant to its
+# open goals, leaving out the ids given.
+Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
 
 
 @dataclass(slots=True)
@@ -206,6 +211,7 @@ async def run_loop(
     zone: tuple[int, int],
     goals: list[dict[str, str]],
     previous_snapshot: str,
+    recalled: str,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
@@ -236,6 +242,7 @@ async def run_loop(
                     zone_end=zone[1],
                     goals=goals,
                     previous_snapshot=previous_snapshot,
+                    recalled=recalled,
                     max_words=tools.max_words,
                     done=tools.done[-MAX_DONE:],
                     tool_choice=choice,
@@ -286,8 +293,10 @@ class Evictor:
         events: Events,
         clock: Callable[[], datetime],
         timeout: float,
+        recall: Recall,
     ) -> None:
         self._store = store
+        self._recall = recall
         self._events = events
         self._clock = clock
         self._timeout = timeout
@@ -343,6 +352,7 @@ class Evictor:
             goal_ids={g["id"] for g in goals},
             max_words=snapshot_words(token_budget, 1),
         )
+        recalled = await self._recall(thread_id, inputs.goals, ()) if inputs.goals else []
         error, usage = await run_loop(
             llm,
             tools,
@@ -352,6 +362,7 @@ class Evictor:
             zone=span,
             goals=goals,
             previous_snapshot=inputs.previous_snapshot,
+            recalled=render_hits(recalled) if recalled else "",
             time_limit=self._timeout,
         )
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")

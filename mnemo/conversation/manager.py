@@ -33,7 +33,12 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.ports import ThreadState
 from mnemo.conversation.prompts import parse_summary, summary_request
-from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
+from mnemo.conversation.render import (
+    compaction_message,
+    flat,
+    prune_tool_outputs,
+    recalled_message,
+)
 from mnemo.conversation.selection import (
     result_ids,
     top_k,
@@ -270,10 +275,13 @@ class ConversationManager:
 
     async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, object]]:
         """The thread for a model: each compaction as one system message holding its summary
-        (marked as untrusted memory), then the retrieval's selection of the uncompacted
-        messages, by seq, less any tool result whose call it does not hold (chat APIs refuse
-        those); tool outputs cut by a `ToolOutputPruner`. With a ttl, messages older than it
-        are erased first. An unknown thread loads as [].
+        (marked as untrusted memory); while the thread has open goals, one system message
+        (marked so too) holding up to 5 past messages of any thread that a search for the
+        goals' words finds, none of those selected next (passive recall); then the
+        retrieval's selection of the uncompacted messages, by seq, less any tool result
+        whose call it does not hold (chat APIs refuse those); tool outputs cut by a
+        `ToolOutputPruner`. With a ttl, messages older than it are erased first. An unknown
+        thread loads as [].
 
         Without a `query`, `Semantic` returns the last k messages.
 
@@ -299,8 +307,14 @@ class ConversationManager:
                 picked = with_tool_pairs(pool[-k:], pool)
         else:
             compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
+        shown = without_orphaned_results(picked)
         out = [compaction_message(c) for c in compactions]
-        out.extend(m.to_dict() for m in without_orphaned_results(picked))
+        goals = await service.store.open_goals(thread_id)
+        if goals:
+            hits = await service.recalled(thread_id, goals, {m.id for m in shown},
+                                          whole_thread=True)
+            out.extend([recalled_message(hits)] if hits else [])
+        out.extend(m.to_dict() for m in shown)
         for policy in self.compression:
             if isinstance(policy, ToolOutputPruner):
                 out = prune_tool_outputs(out, policy.max_chars)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -36,6 +36,7 @@ from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
     Compression,
     EvictionResult,
+    Goal,
     Message,
     MessageView,
     Recent,
@@ -48,7 +49,7 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
-from mnemo.conversation.viewport import layout
+from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
@@ -120,7 +121,7 @@ class ConversationService:
         self.events = events
         self.clock = clock
         self.evictor = Evictor(
-            store, events=events, clock=clock, timeout=self.timeout
+            store, events=events, clock=clock, timeout=self.timeout, recall=self.recalled
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
@@ -256,6 +257,10 @@ class ConversationService:
         check_thread_id(thread_id)
         check_count("token_budget", token_budget, minimum=1)
         view = (await self._layout(thread_id, token_budget))[0]
+        goals = await self.store.open_goals(thread_id)
+        if goals:
+            pinned = {m.id for m in view.pinned}
+            view = with_recalled(view, await self.recalled(thread_id, goals, pinned))
         self._shown[thread_id] = Shown(frozenset(m.id for m in [*view.messages, *view.pinned]))
         self._shown.move_to_end(thread_id)
         while len(self._shown) > SHOWN_KEPT:
@@ -266,6 +271,24 @@ class ConversationService:
         """The viewport, and whether eviction is behind (see `viewport.layout`)."""
         inputs = await self.store.viewport_inputs(thread_id, token_budget)
         return layout(thread_id, token_budget, inputs)
+
+    async def recalled(
+        self, thread_id: str, goals: Sequence[Goal], shown: Collection[str], *,
+        whole_thread: bool = False,
+    ) -> list[SearchHit]:
+        """Passive recall: up to `RECALL_HITS` past messages (of this thread and others, best
+        first) that a search for the words of the thread's open `goals` finds, none of
+        `shown` and none of the thread's from its boundary on (the viewport's), unless
+        `whole_thread`. The search asks for as many more as `shown` names (at most
+        `MAX_SEARCH_LIMIT` in all), so a bounded number of hits is read."""
+        words = query_words(" ".join(goal.description for goal in goals))
+        if not words:
+            return []
+        hits = await self.store.search(
+            words, limit=min(MAX_SEARCH_LIMIT, RECALL_HITS + len(shown)), now=self.clock(),
+            exclude_viewport_of=None if whole_thread else thread_id,
+        )
+        return [hit for hit in hits if hit.message_id not in shown][:RECALL_HITS]
 
     async def evict(
         self, thread_id: str, token_budget: int, eviction_fraction: float,

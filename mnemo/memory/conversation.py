@@ -67,8 +67,9 @@ class ConversationMethods(Parts):
 
     async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
         """What the agent sees of the thread within `token_budget` tokens: the messages from
-        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots and
-        messages pinned to open goals (see `mnemo.Viewport`). An unknown thread is empty.
+        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots,
+        messages pinned to open goals and past messages recalled for them (see
+        `mnemo.Viewport`). An unknown thread is empty.
 
         Raises:
             InvalidInputError: a blank thread id or a budget below 1.

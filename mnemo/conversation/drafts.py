@@ -144,8 +144,7 @@ def message_key(message: Mapping[str, object], index: int) -> bytes:
     and tool_call_id (a key left out differs from one set to None).
 
     Raises:
-        InvalidInputError: they are not JSON-serialisable, or are nested too deep (naming
-            `messages[index]`).
+        InvalidInputError: they are not JSON-serialisable (naming `messages[index]`).
     """
     role, content = message.get("role"), message.get("content")
     if isinstance(role, str) and isinstance(content, str) and not any(
@@ -154,11 +153,9 @@ def message_key(message: Mapping[str, object], index: int) -> bytes:
         # Most messages: a third of the time JSON takes (no "[" starts this form).
         text = f"{len(role)}:{role}{content}"
     else:
-        compared = {k: message[k] for k in COMPARED if k in message}
-        check_tree(compared, f"messages[{index}]")  # before json walks it recursively
         try:
-            text = json.dumps(compared, sort_keys=True)
-        except (TypeError, ValueError) as exc:
+            text = json.dumps({k: message[k] for k in COMPARED if k in message}, sort_keys=True)
+        except (TypeError, ValueError, RecursionError) as exc:
             raise InvalidInputError(f"messages[{index}] is not JSON-serialisable: {exc}") from exc
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 

@@ -134,9 +134,8 @@ class ConversationManager:
         """
         check_thread_name(thread_id)
         history = check_history(messages)
-        keys = [message_key(m, i) for i, m in enumerate(history)]
         async with self._service.thread_lock(thread_id):
-            appended = await self._append_new(thread_id, history, keys)
+            appended = await self._append_new(thread_id, history)
             await self._compress(thread_id, appended)
         await self._evict(thread_id, appended)
         return appended
@@ -206,10 +205,10 @@ class ConversationManager:
         return {i: done[i] for i in drafts}
 
     async def _append_new(
-        self, thread_id: str, history: Sequence[Mapping[str, object]], keys: Sequence[bytes]
+        self, thread_id: str, history: Sequence[Mapping[str, object]]
     ) -> list[Message]:
-        """Appends the messages of `history` (whose keys are `keys`) past the stored length
-        once it is checked to extend the stored history; returns them.
+        """Appends the messages of `history` past the stored length once it is checked to
+        extend the stored history; returns them.
 
         The thread lock serialises this Memory's saves; another Memory on the store may
         append (or clear) between the read of the stored history and the write, which the
@@ -224,11 +223,14 @@ class ConversationManager:
         """
         store = self._service.store
         vectors: dict[int, Vector] = {}  # by index in `history`
+        keys: list[bytes] = []  # of the history's first messages, as far as a check needed
         attempts = 0
         while True:
             state = await store.state(thread_id) or ThreadState(0, 0, 0)
             stored = state.history_len
-            digest = await self._extends(thread_id, keys, state)
+            known = min(stored, len(history))
+            keys += (message_key(history[i], i) for i in range(len(keys), known))
+            digest = await self._extends(thread_id, keys[:stored], state)
             if len(history) <= stored:
                 return []
             self._check_count(len(history) - stored)
@@ -247,23 +249,23 @@ class ConversationManager:
                     raise
 
     async def _extends(self, thread_id: str, keys: Sequence[bytes], state: ThreadState) -> str:
-        """The hash of the history's first `state.history_len` messages (of keys `keys`),
-        once they are checked to be the stored ones: by the stored hash, else (a shorter
-        history, one that differs, a thread stored before hashes were kept) message by
-        message, to name the first that differs.
+        """The hash of the history's first `state.history_len` messages (of keys `keys`, fewer
+        for a shorter history), once they are checked to be the stored ones: by the stored
+        hash, else (a shorter history, one that differs, a thread stored before hashes were
+        kept) message by message, to name the first that differs.
 
         Raises:
             InvalidInputError: the history does not extend the stored one.
         """
         stored = state.history_len
-        digest = history_hash(keys[:stored])
-        if len(keys) >= stored and digest == state.history_hash:
+        digest = history_hash(keys)
+        if len(keys) == stored and digest == state.history_hash:
             return digest
         first = state.next_seq - stored  # the seq of the history's first message
-        seq = await self._service.store.first_difference(thread_id, first, keys[:stored])
+        seq = await self._service.store.first_difference(thread_id, first, keys)
         if seq is not None:
             where = f"messages[{seq - first}] differs from the stored message seq {seq}"
-        elif state.history_hash is not None and len(keys) >= stored:
+        elif state.history_hash is not None and len(keys) == stored:
             where = f"it differs in messages the ttl erased (seq {first} on)"
         else:
             return digest

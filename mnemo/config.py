@@ -139,7 +139,7 @@ class Config:
     # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
     # steps in one `ingest` (LoCoMo's longest session has 47; a step costs about 2 s offline),
     max_steps_per_ingest: Steps = 100
-    # new messages one `save` appends (save a longer history in slices of it),
+    # new messages one `save` or `append` stores (save a longer history in slices of it),
     max_messages_per_save: Messages = 1_000
     # tool calls in one message (128: the most tools OpenAI's chat API takes in one request),
     max_tool_calls_per_message: ToolCalls = 128

@@ -42,9 +42,10 @@ mnemo is long-term memory. Before a task, `recall` what the repo knows about it 
 `close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
 find (`discard_session` drops a failed extraction, `end_session` ends a session). `correct`
 replaces a wrong fact (the old one is kept, retired), `forget` erases memories for good.
-`save_messages` stores a conversation, and `search_messages` and `view_messages` search stored
-conversations; `list_repos` and `list_sessions` show what there is; `persist_memory` files a
-statement to remember under a topic, and `recall_memory` reads those topic files back."""
+`save_messages` stores a conversation (`append_messages` its new messages alone), and
+`search_messages` and `view_messages` search stored conversations; `list_repos` and
+`list_sessions` show what there is; `persist_memory` files a statement to remember under a
+topic, and `recall_memory` reads those topic files back."""
 
 TOOL_NAMES = (
     "recall",
@@ -52,6 +53,7 @@ TOOL_NAMES = (
     "search_messages",
     "view_messages",
     "save_messages",
+    "append_messages",
     "list_repos",
     "list_sessions",
     "start_session",
@@ -250,13 +252,31 @@ class MemoryTools:
     ) -> str:
         """Stores a conversation thread's messages (for `search_messages` and
         `view_messages`): pass the whole history each time, and only the new messages are
-        appended. Returns how many were added and the thread's length."""
+        appended. A history that does not begin with the stored messages (a window of the
+        latest ones) is an error that stores nothing: `append_messages` takes new messages
+        only. Returns how many were added and the thread's length."""
         with _as_tool_error():
-            conversation = self._mem.conversation()
-            before = len(await conversation.raw(thread_id))
-            await conversation.save(thread_id, messages)
-            total = len(await conversation.raw(thread_id))
-            return _dumps({"thread_id": thread_id, "added": total - before, "messages": total})
+            return await self._stored(thread_id, await self._mem.conversation().save(
+                thread_id, messages))
+
+    async def append_messages(
+        self,
+        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        messages: Annotated[
+            list[dict[str, Any]],
+            Field(description="New messages only: dicts with role and content."),
+        ],
+    ) -> str:
+        """Adds messages after a conversation thread's stored ones, all of them (for a client
+        that keeps a window of its history: pass only what is new). Returns how many were
+        added and the thread's length."""
+        with _as_tool_error():
+            return await self._stored(thread_id, await self._mem.conversation().append(
+                thread_id, messages))
+
+    async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
+        total = len(await self._mem.conversation().raw(thread_id))
+        return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
     async def list_repos(
         self,

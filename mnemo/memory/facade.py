@@ -121,9 +121,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
         )
         self._ingests = IngestService(self._graph, self._ingest_runtime, self._events)
+        def limited(llm: LLM) -> LLM:
+            return LimitedLLM(llm, repos.slots(llm, self._config))
+
         self._conversations = ConversationService(
             self._backend.threads,
-            llm=LimitedLLM(repos.llm, repos.slots(repos.llm, self._config)),
+            llm=limited(repos.llm),
+            limit=limited,
             embedder=repos.embedder,
             config=self._config,
             events=self._events,

@@ -182,6 +182,23 @@ async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> No
     assert [h["thread_id"] for h in hits] == ["t1"]
 
 
+async def test_save_messages_refuses_a_window_and_append_messages_adds_it(
+    tools: MemoryTools,
+) -> None:
+    """save_messages of a sliding window is a tool error naming the first seq that differs,
+    and stores nothing; append_messages adds the window's new message, and search finds it."""
+    assert "append_messages" in TOOL_NAMES
+    history = [{"role": "user", "content": f"step {w}"} for w in ("one", "two", "three")]
+    await tools.save_messages("t1", history)
+    window = [*history[1:], {"role": "user", "content": "step four: rotate zebra-cert"}]
+    with pytest.raises(ToolError, match=r"messages\[0\] differs .* seq 0"):
+        await tools.save_messages("t1", window)
+    added = json.loads(await tools.append_messages("t1", window[-1:]))
+    assert added == {"thread_id": "t1", "added": 1, "messages": 4}
+    hits = json.loads(await tools.search_messages("zebra"))
+    assert [h["thread_id"] for h in hits] == ["t1"]
+
+
 async def test_list_repos_pages_with_next_offset(mem: mnemo.Memory, tools: MemoryTools) -> None:
     """list_repos returns at most PAGE_ITEMS a page and a next_offset that reads the rest."""
     from mnemo.mcp.server import PAGE_ITEMS

@@ -35,6 +35,7 @@ TOOLS = {
     "persist_memory",
     "recall_memory",
     "save_messages",
+    "append_messages",
     "list_repos",
     "list_sessions",
     "discard_session",

@@ -522,4 +522,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX staged_vectors_by_repo ON staged_vectors (repo)",
         ),
     ),
+    Migration(
+        # The hash of the history a thread's messages were saved from; NULL (unknown) for a
+        # thread saved before. SQLite's m024_thread_history_hash.
+        "m017_thread_history_hash",
+        (
+            "ALTER TABLE threads ADD COLUMN history_hash text",
+            "UPDATE threads SET history_hash = '' WHERE history_len = 0",
+        ),
+    ),
 )

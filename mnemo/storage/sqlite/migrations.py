@@ -201,3 +201,18 @@ def m023_reembedding(db: Database) -> None:
         );
         """,
     )
+
+
+@MIGRATIONS()
+def m024_thread_history_hash(db: Database) -> None:
+    # The hash of the history a thread's messages were saved from
+    # (`conversation.drafts.history_hash`): a save checks that its history extends the stored
+    # one without reading the stored messages. Unknown (NULL) for a thread saved before: its
+    # next save compares the stored messages one by one, then records the hash.
+    execute_all(
+        db,
+        """
+        ALTER TABLE threads ADD COLUMN history_hash TEXT;
+        UPDATE threads SET history_hash = '' WHERE history_len = 0;
+        """,
+    )

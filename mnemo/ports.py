@@ -22,7 +22,7 @@ class Usage:
     """Tokens spent by one call (or summed over many), and its cost when priced.
 
     `calls` counts the model calls made, of which `retries` were transport retries and
-    `re_asks` were asked again after an unusable reply (`mnemo.retry` says what a task may
+    `re_asks` were asked again after an unusable reply (`mnemo.calls.retry` says what a task may
     spend). `saved_calls`, `saved_input_tokens` and `saved_output_tokens` are what a retried
     extraction did not spend again because a task's earlier result was kept
     (`mnemo.extraction.memo`). Equality compares what was spent (tokens and cost), not how many

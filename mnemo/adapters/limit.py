@@ -30,7 +30,7 @@ nothing new. The limit stays between 1 and `ceiling` (the adapter's `max_concurr
 `pinned` limit never moves. A limit starts at `initial` (2 for a server mnemo has not met;
 `Memory` restores what a repo learned of its server, `state` / `restore`).
 
-Waiting for a slot is mnemo's own queue: it runs under `mnemo.deadline.waiting()`, so it never
+Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.deadline.waiting()`, so it never
 counts against a timeout or a task's retry budget.
 """
 
@@ -45,7 +45,7 @@ from enum import Enum
 
 import anyio
 
-from mnemo import deadline
+from mnemo.calls import deadline
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from mnemo.adapters._schema import reply_cap
+from mnemo.adapters._chat import reply_cap
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 
-from mnemo import deadline
 from mnemo.adapters.uri import model_uri
+from mnemo.calls import deadline
 from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import deliver

@@ -20,10 +20,10 @@ reply), or one `generate` called on its own. Every model call made for a task is
 | `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
 
 (*) Unset, a task may take as long as the work it serves has left (an extraction's, an
-append's deadline: `mnemo.deadline.fail_after`) when that is longer than 120 s.
+append's deadline: `mnemo.calls.deadline.fail_after`) when that is longer than 120 s.
 
 The seconds do not run while a call waits for its turn inside mnemo (a concurrency slot, a
-rate limit: `mnemo.deadline.waiting`).
+rate limit: `mnemo.calls.deadline.waiting`).
 
 A `Retry-After` is waited in full (a retry is never sent before the server allows it), so one
 past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HTTP attempt's
@@ -48,8 +48,8 @@ from typing import Literal, Protocol
 
 import anyio
 
-from mnemo import deadline
-from mnemo.deadline import registered
+from mnemo.calls import deadline
+from mnemo.calls.deadline import registered
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_count
 
@@ -117,7 +117,7 @@ class RetryPolicy:
 
     max_calls: int = 3
     # None: `DEFAULT_SECONDS`, or longer when the work the task serves (an extraction, an
-    # append: `mnemo.deadline.fail_after`) has longer left.
+    # append: `mnemo.calls.deadline.fail_after`) has longer left.
     max_seconds: float | None = None
     backoff: Backoff = field(default_factory=Backoff)
     clock: Clock = field(default_factory=SystemClock, compare=False)
@@ -182,7 +182,7 @@ class Budget:
 
     def pause(self) -> None:
         """Stops the budget's seconds while a call waits for its turn inside mnemo
-        (`mnemo.deadline.waiting`): that wait is not the model's time."""
+        (`mnemo.calls.deadline.waiting`): that wait is not the model's time."""
         if self._paused == 0:
             self._paused_at = self.policy.clock.now()
         self._paused += 1

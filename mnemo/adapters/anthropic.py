@@ -35,7 +35,7 @@ from mnemo.adapters._chat import (
     usage_of,
 )
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
+from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.calls.reply import Cut, decode_json
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMTimeout
@@ -125,11 +125,13 @@ class Anthropic:
 
     def server_profile(self) -> dict[str, object]:
         """What this adapter learned of its server: the concurrency limit."""
-        return {"concurrency": limit_profile(self._http.limit)}
+        return ServerProfile(self._http.limit.state()).as_json()
 
     def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`)."""
-        adopt_limit(self._http.limit, profile.get("concurrency"))
+        stored = ServerProfile.read(profile).concurrency
+        if stored is not None:
+            self._http.limit.restore(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the forced tool's input (or

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from mnemo.adapters._chat import DEFAULT_PRICES, price_of, usage_of
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
+from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
@@ -158,13 +158,15 @@ class OpenAIEmbedder:
     def server_profile(self) -> dict[str, object]:
         """What this embedder learned of its server: the vectors' encoding it accepts and the
         concurrency limit."""
-        return {"encoding": self._encoding, "concurrency": limit_profile(self._http.limit)}
+        return ServerProfile(self._http.limit.state(), encoding=self._encoding).as_json()
 
     def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier embedder learned of this server (`server_profile`)."""
-        if profile.get("encoding") == "float":
+        stored = ServerProfile.read(profile)
+        if stored.encoding == "float":
             self._encoding = "float"
-        adopt_limit(self._http.limit, profile.get("concurrency"))
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
 
     async def detect_dim(self) -> int:
         """The vector dimension, asking the server with one short text if it is not known.

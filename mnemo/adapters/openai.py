@@ -57,7 +57,7 @@ from mnemo.adapters._chat import (
     usage_of,
 )
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
+from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.calls import deadline
 from mnemo.calls.reply import Cut, decode_json, is_cut
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
@@ -182,18 +182,17 @@ class OpenAICompatible:
     def server_profile(self) -> dict[str, object]:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
         the structured mode "auto" settled on, and the concurrency limit."""
-        profile: dict[str, object] = {"concurrency": limit_profile(self._http.limit)}
-        if self._auto and self._confirmed:
-            profile["structured"] = self._mode
-        return profile
+        return ServerProfile(self._http.limit.state(), structured=(
+            self._mode if self._auto and self._confirmed else None)).as_json()
 
     def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`); a
-        mode or concurrency given explicitly stays. Unreadable parts are ignored."""
-        mode = profile.get("structured")
-        if self._auto and not self._confirmed and mode in get_args(Mode):
-            self._mode, self._confirmed = cast(Mode, mode), True
-        adopt_limit(self._http.limit, profile.get("concurrency"))
+        mode or concurrency given explicitly stays. An unreadable profile is ignored."""
+        stored = ServerProfile.read(profile)
+        if self._auto and not self._confirmed and stored.structured in get_args(Mode):
+            self._mode, self._confirmed = cast(Mode, stored.structured), True
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the JSON value it holds (None

@@ -1,21 +1,22 @@
 """The one retry policy of model calls, and the budget each task spends.
 
-A *task* is one thing mnemo asks of a model: one `calls.tasks.ask` (a request and the parsing of its
-reply), or one `generate` called on its own. Every model call made for a task is charged to one
-`Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
+A *task* is one thing mnemo asks of a model: one `calls.tasks.ask` (a request and the reading of
+its reply), or one `generate` called on its own. Every model call made for a task is charged to
+one `Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
 
 | call | made by | counted in |
 | --- | --- | --- |
 | the first | transport (or the LLM, without one) | `calls` |
 | a retry: 408/409/429/5xx, connection error, timeout, cut body | transport | `calls`, `retries` |
-| a re-ask: the reply failed the request's schema | the adapter | `calls`, `re_asks` |
-| a re-ask: the task's parser rejected the reply | `calls.tasks.ask` | `calls`, `re_asks` |
+| a retry: a reply cut at max_tokens, asked with more room | the adapter | `calls`, `retries` |
+| a retry: a prompt too long for the model's context, shortened | `ask` | `calls`, `retries` |
+| a re-ask: the task could not read the reply | `ask` | `calls`, `re_asks` |
 
 `RetryPolicy` sets the budget of one task:
 
 | limit | default | once reached |
 | --- | --- | --- |
-| `max_calls` | 3 | the last failure is raised: HTTP status, or validation problem |
+| `max_calls` | 3 | the last failure is raised: HTTP status, or what was wrong with the reply |
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised ("re-ask once") |
 | `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
 
@@ -204,8 +205,8 @@ class Budget:
         return self.calls < self.policy.max_calls and self.seconds_left() > 0
 
     def can_re_ask(self) -> bool:
-        """Whether an unusable reply may be asked again: a re-ask left (`max_re_asks`, shared
-        by the adapter's schema re-asks and `ask`'s) and a call within the budget."""
+        """Whether an unusable reply may be asked again: a re-ask left (`max_re_asks`) and a
+        call within the budget."""
         return self.re_asks < self.policy.max_re_asks and self.can_call()
 
     def can_wait(self, seconds: float) -> bool:

@@ -149,9 +149,12 @@ async def ask(
 
 
 def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMRequest:
-    """`request` again, followed by the model's unusable reply and what was wrong with it."""
+    """`request` again, followed by the model's unusable reply and what was wrong with it; as
+    it was when the reply was empty (a provider refuses an empty turn)."""
     reply = response.text if response.text.strip() or response.data is None else json.dumps(
         response.data, ensure_ascii=False)
+    if not reply.strip():
+        return request
     return replace(request, messages=[
         *request.messages,
         {"role": "assistant", "content": reply},

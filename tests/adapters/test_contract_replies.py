@@ -1,7 +1,7 @@
 """A provider that answers exactly the shapes the API contract documents, and one that answers
 in JSON mode, held by no grammar: every task mnemo asks goes through the HTTP adapters to it,
 end to end through `Memory` (a session closed and committed, an ingest, a recall that plans,
-re-ranks and reasons), on both backends."""
+re-ranks and reasons, a conversation's eviction through its tools), on both backends."""
 
 from __future__ import annotations
 
@@ -62,6 +62,10 @@ async def test_every_task_accepts_the_documented_shapes(
         ingested = await mem.ingest(REPO, mnemo.Trajectory("explore the house again", [
             mnemo.Step("walk north to the attic", "go north fast")]), source_id="again")
         result = await mem.recall(REPO, "walk north", k=3)
+        await mem.conversation().save("t", [
+            {"role": "user", "content": f"step {i}: deploy the billing service"}
+            for i in range(12)])
+        evicted = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
         procedures = await mem.get_nodes_by_type(REPO, [NodeType.PROCEDURAL])
         [episode] = await mem.episodes(sid)
     assert committed.node_ids
@@ -72,6 +76,8 @@ async def test_every_task_accepts_the_documented_shapes(
     assert result.degraded == []
     assert result.reasoned is not None
     assert result.reasoned.startswith("As memory [1] says")
+    assert evicted.error is None
+    assert evicted.snapshot is not None
     assert TASKS <= set(server.tasks())
     if server.shapes == "loose" and isinstance(llm, OpenAICompatible):
         assert llm.structured_mode == "json"

@@ -217,3 +217,14 @@ async def test_cut_reply_names_the_cap(server: ProviderServer, llm: Anthropic) -
     caps = [r.body["max_tokens"] for r in server.requests]
     assert caps[:2] == [964, 1024]
     assert server.requests[1].body["messages"] == server.requests[0].body["messages"]
+
+
+async def test_a_cut_tool_input_keeps_the_items_before_the_last(server: ProviderServer) -> None:
+    """A forced tool's input stopped at max_tokens with no more room: the items before its
+    list's last (the one it was cut in) are kept, without asking again."""
+    second = {**FACT, "proposition": "The port is 80"}
+    server.script(Answer(data={"facts": [FACT, second]}, finish="max_tokens"))
+    async with Anthropic("claude-x", base_url=server.url, max_tokens=64, api_key="k") as capped:
+        facts = await ask(capped, semantic(), parse_facts)
+    assert [f.proposition for f in facts] == [FACT["proposition"]]
+    assert len(server.requests) == 1

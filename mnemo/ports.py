@@ -22,7 +22,7 @@ class Usage:
     """Tokens spent by one call (or summed over many), and its cost when priced.
 
     `calls` counts the model calls made, of which `retries` were transport retries and
-    `re_asks` were asked again after an unusable reply (`mnemo.retry` says what a task may
+    `re_asks` were asked again after an unusable reply (`mnemo.calls.retry` says what a task may
     spend). `saved_calls`, `saved_input_tokens` and `saved_output_tokens` are what a retried
     extraction did not spend again because a task's earlier result was kept
     (`mnemo.extraction.memo`). Equality compares what was spent (tokens and cost), not how many
@@ -71,7 +71,9 @@ REQUIRED = "required"
 
 @dataclass(frozen=True, slots=True)
 class LLMRequest:
-    """One task for the LLM. When `schema` is set, the reply's `data` must match it.
+    """One task for the LLM. When `schema` is set, the reply's `data` is the JSON value the
+    model answered, asked to match it; the task reads what it needs of it, so a reply may
+    leave out what the task can do without (`mnemo.calls.reply`).
 
     `tool_choice` says which of `tools` the reply must call: None leaves it to the model,
     `REQUIRED` ("required") asks for a call of any of them, and a tool's name for a call of
@@ -90,7 +92,7 @@ class LLMRequest:
 
 @dataclass(frozen=True, slots=True)
 class LLMResponse:
-    """An LLM reply: free `text`, schema-shaped `data`, and tool calls."""
+    """An LLM reply: free `text`, structured `data` (a JSON value), and tool calls."""
 
     text: str = ""
     data: object = None

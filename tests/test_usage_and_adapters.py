@@ -8,7 +8,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.retry import Backoff
+from mnemo.calls.retry import Backoff
 from tests.adapters.provider_server import ProviderServer, rate_limited
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM

@@ -34,8 +34,9 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from mnemo import deadline
-from mnemo.calls.tasks import ask, reply_data
+from mnemo.calls import deadline
+from mnemo.calls.reply import reply_data
+from mnemo.calls.tasks import ask
 from mnemo.conversation.model import EvictionResult, Goal, Message, SearchHit, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
@@ -222,7 +223,7 @@ async def run_loop(
     without a snapshot, that is the failure. Once one is saved, the rounds go on only while
     there are open goals to pin messages to, and end at `everything_ok` or at a reply without
     tool calls. An LLM that raises ends the loop with the failure. All rounds together get
-    `time_limit` seconds (`mnemo.deadline`: a wait for a slot inside mnemo does not count):
+    `time_limit` seconds (`mnemo.calls.deadline`: a wait for a slot inside mnemo does not count):
     past it the round in flight is abandoned and that is the failure (a snapshot saved before
     it is kept). Cancellation is not caught.
     """

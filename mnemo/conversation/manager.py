@@ -11,7 +11,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.calls.tasks import ask
 from mnemo.conversation.drafts import (
     MessageDraft,

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from mnemo.calls.reply import Reply, most_tokens, read_reply, reply_data, reply_schema
 from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Reply, most_tokens, read_reply, reply_schema
 
 
 class SummaryReply(Reply, frozen=True):
@@ -75,15 +75,12 @@ def parse_summary(resp: LLMResponse) -> str:
     Raises:
         ValueError: no non-blank summary in the reply.
     """
-    data = resp.data
-    if isinstance(data, dict):
-        summary = read_reply(data, SummaryReply, "summary").summary
-        if summary.strip():
-            return summary.strip()
-        raise ValueError(f"summary must be a non-empty string, got {summary!r:.80}")
-    if data is None and resp.text.strip():
+    if resp.data is None and not isinstance(reply_data(resp), dict) and resp.text.strip():
         return resp.text.strip()
-    raise ValueError(f"expected {{'summary': str}}, got {data!r:.80}")
+    summary = read_reply(resp, SummaryReply, "summary").summary.strip()
+    if not summary:
+        raise ValueError("summary must be a non-empty string")
+    return summary
 
 
 # ---- snapshot_fold ------------------------------------------------------------------------
@@ -266,7 +263,7 @@ def eviction_request(
         max_tokens=max_words * 2 + 256,
     )
     # The summary's length in the schema: a server's grammar ends a small model's summary
-    # there instead of at max_tokens (`mnemo.reply.text`; not checked when read).
+    # there instead of at max_tokens (`mnemo.calls.reply.text`; not checked when read).
     snapshot = snapshot_schema(max_words)
     max_tokens = max(request.max_tokens or 0, most_tokens(snapshot) or 0)
     if as_data:

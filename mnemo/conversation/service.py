@@ -28,7 +28,7 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.config import Config
 from mnemo.conversation.drafts import check_thread_id, check_thread_name, search_text
 from mnemo.conversation.eviction import Evictor

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, embed, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from mnemo import deadline
 from mnemo.adapters.uri import model_uri
+from mnemo.calls import deadline
 from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
 from mnemo.events import deliver

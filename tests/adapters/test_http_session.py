@@ -13,8 +13,8 @@ from mnemo import NodeType
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.calls.retry import Backoff
 from mnemo.ports import LLM, Embedder
-from mnemo.retry import Backoff
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, rate_limited
 from tests.fakes import FakeEmbedder
 
@@ -84,12 +84,11 @@ async def test_session_through_openai_compatible(server: ProviderServer) -> None
 async def test_an_unusable_reward_is_the_neutral_half(
     server: ProviderServer, adapter: str
 ) -> None:
-    """The API contract: a step's reward is 0.5 when it cannot be parsed. A reply the adapter's
-    schema check refuses even once re-asked ({"reward": "very good"}) failed the append that scored
-    the step before (LLMError), and the whole extraction when it was the last step's. Now
-    every step the "reward" task scores is scored 0.5 and the session commits (a probe of the
-    adapters); the last step is scored by the procedural task, whose score reads "very good"
-    as none, so the "reward" task is asked for it too."""
+    """The API contract: a step's reward is 0.5 when it cannot be parsed. A reward of
+    {"reward": "very good"} scores every step 0.5 and the session commits, each step's reward
+    asked once (the reward's reader never refuses a reply, so nothing is re-asked); the last
+    step is scored by the procedural task, whose score reads "very good" as none, so the
+    "reward" task is asked for it too."""
     server.answer_task("reward", Answer(data={"reward": "very good"}))
     server.last_reward = "very good"
     llm: OpenAICompatible | Anthropic = (
@@ -99,7 +98,7 @@ async def test_an_unusable_reward_is_the_neutral_half(
     async with llm, mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder()) as mem:
         [episode] = await mem.episodes(await record_and_commit(mem))
     assert [step.reward for step in episode.steps] == [0.5] * len(STEPS)
-    assert server.tasks().count("reward") == 2 * len(STEPS)  # each asked, then re-asked
+    assert server.tasks().count("reward") == len(STEPS)
 
 
 async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:

@@ -44,7 +44,8 @@ class ConversationMethods(Parts):
 
         Raises:
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number, or a bad auto-eviction budget or fraction.
+                number of seconds of at most 100 years, or a bad auto-eviction budget or
+                fraction.
         """
         return self._conversations.manager(
             retrieval=retrieval,

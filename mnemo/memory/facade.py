@@ -17,9 +17,9 @@ and ingest. The methods over sessions, the graph and conversation threads are in
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
@@ -36,27 +36,35 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.ports import VectorsMoved
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
-from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.inputs import check_id, check_text
+from mnemo.ingest.service import IngestRuntime, IngestService, check_ingest
+from mnemo.inputs import check_id, check_store, check_text
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
 from mnemo.memory.repos import Repos
 from mnemo.memory.sessions import SessionMethods
-from mnemo.ports import LLM, Embedder, Usage
+from mnemo.ports import LLM, Embedder, Usage, check_models
 from mnemo.recall.engine import RecallResult
-from mnemo.recall.service import RecallRuntime, RecallService
+from mnemo.recall.service import RecallRuntime, RecallService, check_recall
 from mnemo.session.host import TaskHost
 from mnemo.session.service import SessionService
 from mnemo.storage.ports import open_backend
 
 T = TypeVar("T")
 
+# SQLite's `synchronous` settings a Memory takes (WAL makes NORMAL durable against a killed
+# process; FULL and EXTRA against power loss).
+SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
+
 
 class Memory(SessionMethods, GraphMethods, ConversationMethods):
     """An agent's memory in one SQLite file (or `":memory:"`), or a PostgreSQL database.
 
-    `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
-    embedded default embedder. Use it as an async context manager, or call `aclose()`.
+    `path` is a SQLite file's path (a `str` or an `os.PathLike`), `":memory:"`, or a
+    PostgreSQL URL; anything else (a number, bytes, a blank or NUL-holding path, a URL of
+    another scheme), like an `on_event` that is not callable, is `InvalidInputError` before
+    anything is created. `llm=None` is the offline LLM (deterministic heuristics, no
+    network); `embedder=None` the embedded default embedder. Use it as an async context
+    manager, or call `aclose()`.
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
     an MCP server's read tools): the Memory does no work of its own. It starts no background
@@ -71,7 +79,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     def __init__(
         self,
-        path: str | Path = ":memory:",
+        path: str | os.PathLike[str] = ":memory:",
         *,
         llm: LLM | None = None,
         embedder: Embedder | None = None,
@@ -80,8 +88,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         synchronous: str = "NORMAL",
         inspect: bool = False,
     ) -> None:
+        path = check_store(path)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        if on_event is not None and not callable(on_event):
+            raise InvalidInputError(f"on_event must be callable or None, got {on_event!r}")
+        if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS:
+            raise InvalidInputError(
+                f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}"
+            )
         self._config = config or Config()
         self._inspect = inspect
         self._backend = open_backend(
@@ -108,13 +123,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             lease_timeout=self._config.lease_timeout,
             last_answer=repos.usage.last_answer,
         )
-        self._reads = GraphReads(
-            self._graph, known=repos.known, max_chars=repos.max_chars,
-            max_results=repos.max_results,
-        )
-        self._recalls = RecallService(
-            self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
-        )
+        self._reads = GraphReads(self._graph, repos)
+        self._recalls = RecallService(self._graph, self._events, runtime=self._recall_runtime)
         self._ingests = IngestService(self._graph, self._ingest_runtime, self._events)
         self._conversations = ConversationService(
             self._backend.threads,
@@ -198,8 +208,12 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 embedder is given for a repo of the hashed embedder's retired features.
             StorageError: "read_only", a repo the store does not hold on an inspecting Memory.
         """
+        check_id(name, "repo name")
+        check_models(llm, embedder)
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         if self._inspect:
-            await self._repos.learn(name if isinstance(name, str) else None)
+            await self._repos.learn(name)
             if name not in self._repos.names():
                 self._works(f"open_repo of the new repo {name!r}")
         if isinstance(name, str) and name in self._repos.names():
@@ -265,7 +279,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
-        await self._repos.known(repo)
+        await self._repos.checked(repo, lambda c: check_recall(c, query, k, types, as_of))
         if reinforce is None:
             reinforce = not self._inspect
         chosen = reinforce
@@ -330,7 +344,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             PipelineError: "extraction_failed" (nothing was stored).
         """
         self._works("ingest")
-        await self._repos.known(repo)
+        await self._repos.checked(
+            repo, lambda config: check_ingest(trajectory, source_id, progress, config))
         await self._repos.refresh(repo)
         try:
             return await self._ingests.ingest(repo, trajectory, source_id, progress)
@@ -349,6 +364,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: another Memory re-embedded the repo twice while it was forgotten
                 (once, the forget runs again with the repo's new embedder).
         """
+        check_id(source_id, "source_id")
         await self._repos.known(repo)
         await self._repos.refresh(repo)
         return await self._following_switches(
@@ -374,9 +390,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 session id that is not a string.
             ConflictError: as `recall`'s.
         """
-        limit = (await self._repos.known(repo)).config.max_text_chars
-        check_text(query, "query", limit=limit, stored=False)
         check_id(session_id, "session_id")
+
+        def check(config: Config) -> int:
+            check_text(query, "query", limit=config.max_text_chars, stored=False)
+            return config.max_text_chars
+
+        limit = await self._repos.checked(repo, check)
         try:
             context = await self._service.context(session_id, steps=3)
         except NotFoundError:
@@ -386,5 +406,5 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         asked = query
         return await self._following_switches(repo, lambda: self._recalls.recall(
             repo, asked, k=k, types=None, reinforce=not self._inspect,
-            session_id=session_id if isinstance(session_id, str) else None,
+            session_id=session_id,
         ))

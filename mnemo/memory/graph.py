@@ -20,7 +20,7 @@ from mnemo.graph.maintenance import ConsolidationReport, DecayReport, Validation
 from mnemo.graph.model import Link, LinkType, Node, NodeType, Vector
 from mnemo.graph.ports import Unstaged
 from mnemo.graph.reembed import ReembedProgress
-from mnemo.inputs import check_count
+from mnemo.inputs import check_count, check_id
 from mnemo.memory.parts import Parts
 from mnemo.ports import Embedder
 
@@ -107,9 +107,8 @@ class GraphMethods(Parts):
             InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
             NotFoundError: an unknown repo.
         """
-        runtime = await self._repos.known(repo)
-        check_count("limit", limit, minimum=1, maximum=runtime.config.max_results,
-                    setting="Config.max_results")
+        await self._repos.checked(repo, lambda config: check_count(
+            "limit", limit, minimum=1, maximum=config.max_results, setting="Config.max_results"))
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
@@ -120,7 +119,7 @@ class GraphMethods(Parts):
             InvalidInputError: no such commit in the repo.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
@@ -134,7 +133,7 @@ class GraphMethods(Parts):
                 reworded one of its nodes): revert that first.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.revert(self._graph, repo, commit_id)
 
     # ---- maintenance ----------------------------------------------------------------------
@@ -157,8 +156,11 @@ class GraphMethods(Parts):
         links. Safe while sessions commit: it holds the repo's write lock.
 
         Raises:
+            InvalidInputError: a `now` that is not a datetime.
             NotFoundError: an unknown repo.
         """
+        if now is not None and not isinstance(now, datetime):
+            raise InvalidInputError(f"now must be a datetime, got {type(now).__name__}")
         runtime = await self._repos.known(repo)
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
@@ -227,10 +229,10 @@ class GraphMethods(Parts):
             ConflictError: the repo is being re-embedded by another Memory.
         """
         self._works("reembed")
-        runtime = await self._repos.known(repo)
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)
         if progress is not None and not callable(progress):
             raise InvalidInputError(f"progress must be a callable, got {progress!r}")
+        runtime = await self._repos.known(repo)
         await self._repos.refresh(repo)
         target = await self._repos.reembed_target(repo, embedder)
         limit = runtime.config.extraction_timeout

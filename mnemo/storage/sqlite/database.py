@@ -36,6 +36,7 @@ import anyio
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
+from mnemo.storage.sqlite.clock import HostClock
 from mnemo.storage.sqlite.migrations import MIGRATIONS
 from mnemo.storage.started import Queued
 from mnemo.storage.worker import Worker
@@ -111,6 +112,7 @@ class Database:
         self.busy_timeout = max(busy_timeout, 0.0)
         self._db: SqliteUtilsDatabase | None = None
         self._worker: Worker | None = None
+        self.clock = HostClock()  # the store's time, anchored in the file when it opens
 
     @property
     def db(self) -> SqliteUtilsDatabase:
@@ -176,6 +178,7 @@ class Database:
             with db.atomic():
                 if MIGRATIONS.pending(db):
                     MIGRATIONS.apply(db)
+        self.clock.anchor(db)
 
     async def close(self) -> None:
         if self._worker is None:

@@ -201,3 +201,21 @@ def m023_reembedding(db: Database) -> None:
         );
         """,
     )
+
+
+@MIGRATIONS()
+def m024_store_clock(db: Database) -> None:
+    # The store's time (`sqlite.clock.HostClock`): the wall time and the boot time clock's
+    # reading at one moment of the host's current boot, read by every process that opens the
+    # file, so that leases and heartbeats are stamped and judged on a clock no wall clock
+    # step moves.
+    execute_all(
+        db,
+        """
+        CREATE TABLE store_clock (
+            boot TEXT NOT NULL,
+            wall TEXT NOT NULL,
+            at REAL NOT NULL
+        );
+        """,
+    )

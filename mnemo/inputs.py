@@ -186,6 +186,27 @@ def check_store(path: object) -> str:
     return name
 
 
+def check_models(llm: object, embedder: object) -> None:
+    """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
+    object of the port (a model's name given as a string, say: it failed at the first append,
+    or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
+    `OpenAIEmbedder` learns it from its first reply.
+
+    Raises:
+        InvalidInputError: what was given instead, and what to give.
+    """
+    if llm is not None and not callable(getattr(llm, "generate", None)):
+        raise InvalidInputError(
+            f"llm must be an object with an async generate(request) (mnemo.LLM), got "
+            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
+        )
+    if embedder is not None and not callable(getattr(embedder, "embed", None)):
+        raise InvalidInputError(
+            f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
+            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
+        )
+
+
 def check_count(
     name: str, value: object, *, minimum: int = 0, maximum: float = math.inf, setting: str = ""
 ) -> int:

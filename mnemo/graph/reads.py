@@ -60,7 +60,9 @@ class GraphReads:
         await self._checked(repo, lambda _: None)
         return await self._graph.links(repo)
 
-    async def latest(self, repo: str, types: Iterable[NodeType], top_k: int) -> list[Node]:
+    async def latest(
+        self, repo: str, types: Iterable[NodeType | str], top_k: int
+    ) -> list[Node]:
         def check(config: Config) -> list[NodeType]:
             check_count("top_k", top_k, minimum=1, maximum=config.max_results, setting=RESULTS)
             return node_types(types)
@@ -106,7 +108,7 @@ def node_id_list(node_ids: object, config: Config) -> list[str]:
     return [check_id(node_id, "node id") for node_id in ids]
 
 
-def node_types(types: Iterable[NodeType]) -> list[NodeType]:
+def node_types(types: Iterable[NodeType | str]) -> list[NodeType]:
     """`types` as a list of `NodeType`; a lone string is one type, not its letters.
 
     Raises:

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from mnemo.conversation.manager import ConversationManager
-from mnemo.conversation.model import (
-    Compression,
-    EvictionResult,
-    MessageView,
-    Retrieval,
-    SearchHit,
-    ThreadInfo,
-    Viewport,
-)
-from mnemo.conversation.service import DEFAULT_RETRIEVAL
 from mnemo.memory.parts import Parts
+
+if TYPE_CHECKING:
+    from mnemo.conversation.manager import ConversationManager
+    from mnemo.conversation.model import (
+        Compression,
+        EvictionResult,
+        MessageView,
+        Retrieval,
+        SearchHit,
+        ThreadInfo,
+        Viewport,
+    )
 
 
 class ConversationMethods(Parts):
@@ -29,7 +31,7 @@ class ConversationMethods(Parts):
     def conversation(
         self,
         *,
-        retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        retrieval: Retrieval | None = None,
         compression: Compression | Sequence[Compression] | None = None,
         ttl: float | timedelta | None = None,
         auto_evict_budget: int | None = None,
@@ -37,9 +39,10 @@ class ConversationMethods(Parts):
         clock: Callable[[], datetime] | None = None,
     ) -> ConversationManager:
         """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
-        or `Semantic(k)`, `compression` a `Summary`, a `ToolOutputPruner`, a list of both or
-        None, `ttl` seconds after which raw messages are erased (at load). With
-        `auto_evict_budget`, each save evicts when the tokens past the boundary exceed it.
+        or `Semantic(k)` (None: `Recent(k=10)`), `compression` a `Summary`, a
+        `ToolOutputPruner`, a list of both or None, `ttl` seconds after which raw messages
+        are erased (at load). With `auto_evict_budget`, each save evicts when the tokens past
+        the boundary exceed it.
         `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
 
         Raises:
@@ -47,8 +50,10 @@ class ConversationMethods(Parts):
                 number of seconds of at most 100 years, or a bad auto-eviction budget or
                 fraction.
         """
+        from mnemo.conversation.service import DEFAULT_RETRIEVAL
+
         return self._conversations.manager(
-            retrieval=retrieval,
+            retrieval=DEFAULT_RETRIEVAL if retrieval is None else retrieval,
             compression=compression,
             ttl=ttl,
             auto_evict_budget=auto_evict_budget,

@@ -18,36 +18,28 @@ and ingest. The methods over sessions, the graph and conversation threads are in
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
-from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config
-from mnemo.conversation.service import ConversationService
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
-from mnemo.events import EventCallback, Events
-from mnemo.graph.blas import limit_blas_threads
-from mnemo.graph.model import NodeType
-from mnemo.graph.ports import VectorsMoved
-from mnemo.graph.reads import GraphReads
-from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
-from mnemo.ingest.service import IngestRuntime, IngestService, check_ingest
-from mnemo.inputs import check_id, check_store, check_text
+from mnemo.inputs import check_id, check_models, check_store, check_text
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
-from mnemo.memory.repos import Repos
 from mnemo.memory.sessions import SessionMethods
-from mnemo.ports import LLM, Embedder, Usage, check_models
-from mnemo.recall.engine import RecallResult
-from mnemo.recall.service import RecallRuntime, RecallService, check_recall
-from mnemo.session.host import TaskHost
-from mnemo.session.service import SessionService
-from mnemo.storage.ports import open_backend
+
+if TYPE_CHECKING:
+    from mnemo.events import EventCallback
+    from mnemo.graph.model import NodeType
+    from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
+    from mnemo.ports import LLM, Embedder, Usage
+    from mnemo.recall.engine import RecallResult
 
 T = TypeVar("T")
 
@@ -89,6 +81,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         inspect: bool = False,
     ) -> None:
         path = check_store(path)
+        check_models(llm, embedder)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         if on_event is not None and not callable(on_event):
@@ -99,47 +92,30 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             )
         self._config = config or Config()
         self._inspect = inspect
-        self._backend = open_backend(
-            path,
-            dims=self._dim,
-            busy_timeout=self._config.busy_timeout,
-            synchronous=synchronous,
-            lexical_dir=self._config.lexical_dir,
-            ann_dir=self._config.ann_dir,
-        )
-        self._sessions_store = self._backend.sessions
-        self._repos = repos = Repos(self._config, llm, embedder, self._sessions_store.load_repos)
-        self._events = Events(on_event)
-        self._graph = self._backend.graph
-        self._service = SessionService(
-            store=self._sessions_store,
-            coordination=self._backend.coordination,
-            graph=self._graph,
-            events=self._events,
-            repo_runtime=repos.get,
-            llm_for=repos.llm_for,
-            learn_repo=repos.learn,
-            refresh_repo=repos.refresh,
-            lease_timeout=self._config.lease_timeout,
-            last_answer=repos.usage.last_answer,
-        )
-        self._reads = GraphReads(self._graph, repos)
-        self._recalls = RecallService(self._graph, self._events, runtime=self._recall_runtime)
-        self._ingests = IngestService(self._graph, self._ingest_runtime, self._events)
-        self._conversations = ConversationService(
-            self._backend.threads,
-            llm=LimitedLLM(repos.llm, repos.slots(repos.llm, self._config)),
-            embedder=repos.embedder,
-            config=self._config,
-            events=self._events,
-            # A message's age is judged by every Memory on the store: by the store's clock.
-            clock=self._backend.coordination.now,
-        )
-        self._host: TaskHost | None = None
+        self._host = None
+        self._parts = (path, llm, embedder, on_event, synchronous.upper())
+        if _loaded(path):
+            self._build()
+
+    def _build(self) -> None:
+        """Builds the parts (`memory.assembly`), once their modules are imported."""
+        from mnemo.memory import assembly
+
+        path, llm, embedder, on_event, synchronous = self._parts
+        assembly.build(self, path, llm=llm, embedder=embedder, config=self._config,
+                       on_event=on_event, synchronous=synchronous)
 
     # ---- opening and closing --------------------------------------------------------------
 
     async def __aenter__(self) -> Memory:
+        if "_backend" not in vars(self):
+            # A cold start: the parts' modules are imported off the event loop (a first
+            # Memory held the loop 2.6-2.9 s while they imported).
+            await anyio.to_thread.run_sync(_load, self._parts[0])
+            self._build()
+        from mnemo.graph.blas import limit_blas_threads
+        from mnemo.session.host import TaskHost
+
         limit_blas_threads(self._config.blas_threads)
         await self._backend.open()
         try:
@@ -175,6 +151,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
     async def aclose(self) -> None:
         """Stops background work (an interrupted extraction resumes on the next open) and
         closes the database."""
+        if "_backend" not in vars(self):
+            return  # never built: nothing was opened
         host, self._host = self._host, None
         try:
             if host is not None:
@@ -241,9 +219,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """
         return (await self._repos.known(repo)).config
 
-    def _dim(self, name: str) -> int:
-        return self._repos.dim(name)
-
     def usage(self, session_id: str | None = None, *, repo: str | None = None) -> Usage:
         """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
         since this Memory was opened."""
@@ -279,6 +254,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
+        from mnemo.recall.service import check_recall
+
         await self._repos.checked(repo, lambda c: check_recall(c, query, k, types, as_of))
         if reinforce is None:
             reinforce = not self._inspect
@@ -295,6 +272,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         Raises:
             ConflictError: the repo was re-embedded again before the second run.
         """
+        from mnemo.graph.ports import VectorsMoved
+
         for attempt in range(2):
             try:
                 return await call()
@@ -305,14 +284,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                     ) from moved
                 await self._repos.refresh(repo, moved.generation)
         raise AssertionError("the second run returns or raises")
-
-    def _recall_runtime(self, repo: str) -> RecallRuntime:
-        runtime = self._repos.embedding(repo)
-        planner = runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline
-        return RecallRuntime(
-            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo),
-            runtime.generation,
-        )
 
     # ---- ingest and forget ---------------------------------------------------------------
 
@@ -343,6 +314,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
         """
+        from mnemo.ingest.service import check_ingest
+
         self._works("ingest")
         await self._repos.checked(
             repo, lambda config: check_ingest(trajectory, source_id, progress, config))
@@ -369,14 +342,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self._repos.refresh(repo)
         return await self._following_switches(
             repo, lambda: self._ingests.forget(repo, source_id), "forgotten")
-
-    def _ingest_runtime(self, repo: str) -> IngestRuntime:
-        runtime = self._repos.embedding(repo)
-        llm = self._repos.llm_for(runtime, repo)
-        return IngestRuntime(
-            llm, runtime.embedder, runtime.config,
-            self._service.intent_policy(runtime, llm, repo), runtime.generation,
-        )
 
     async def recall_in_context(
         self, repo: str, session_id: str, query: str, *, k: int = 10
@@ -408,3 +373,15 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             repo, asked, k=k, types=None, reinforce=not self._inspect,
             session_id=session_id,
         ))
+
+
+def _loaded(path: str) -> bool:
+    """Whether the parts' modules (with the backend's for `path`) are imported already."""
+    assembly = sys.modules.get("mnemo.memory.assembly")
+    return assembly is not None and assembly.backend_module(path) in sys.modules
+
+
+def _load(path: str) -> None:
+    from mnemo.memory import assembly
+
+    assembly.load(path)

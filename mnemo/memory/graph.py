@@ -5,24 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from mnemo import deadline
-from mnemo.adapters.uri import model_uri
-from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError, InvalidInputError
-from mnemo.events import deliver
-from mnemo.extraction.entities import vector_text
-from mnemo.graph import history as commit_history
-from mnemo.graph import maintenance
-from mnemo.graph import reembed as reembedding
-from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import Link, LinkType, Node, NodeType, Vector
-from mnemo.graph.ports import Unstaged
-from mnemo.graph.reembed import ReembedProgress
 from mnemo.inputs import check_count, check_id
 from mnemo.memory.parts import Parts
-from mnemo.ports import Embedder
+
+if TYPE_CHECKING:
+    from mnemo.graph.history import CommitDiff, CommitRecord
+    from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
+    from mnemo.graph.model import Link, LinkType, Node, NodeType, Vector
+    from mnemo.graph.ports import Unstaged
+    from mnemo.graph.reembed import ReembedProgress
+    from mnemo.ports import Embedder
 
 # Nodes embedded in one call by `reembed`, by default, and at most.
 REEMBED_BATCH = 256
@@ -61,7 +56,7 @@ class GraphMethods(Parts):
         self,
         repo: str,
         *,
-        types: Iterable[NodeType] = (NodeType.SEMANTIC, NodeType.PROCEDURAL),
+        types: Iterable[NodeType | str] = ("semantic", "procedural"),
         top_k: int = 10,
     ) -> list[Node]:
         """The newest nodes of these types, newest first.
@@ -107,6 +102,8 @@ class GraphMethods(Parts):
             InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
             NotFoundError: an unknown repo.
         """
+        from mnemo.graph import history as commit_history
+
         await self._repos.checked(repo, lambda config: check_count(
             "limit", limit, minimum=1, maximum=config.max_results, setting="Config.max_results"))
         return await commit_history.history(self._graph, repo, limit)
@@ -119,6 +116,8 @@ class GraphMethods(Parts):
             InvalidInputError: no such commit in the repo.
             NotFoundError: an unknown repo.
         """
+        from mnemo.graph import history as commit_history
+
         await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.diff(self._graph, repo, commit_id)
 
@@ -133,6 +132,8 @@ class GraphMethods(Parts):
                 reworded one of its nodes): revert that first.
             NotFoundError: an unknown repo.
         """
+        from mnemo.graph import history as commit_history
+
         await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.revert(self._graph, repo, commit_id)
 
@@ -147,6 +148,8 @@ class GraphMethods(Parts):
         Raises:
             NotFoundError: an unknown repo.
         """
+        from mnemo.graph import maintenance
+
         runtime = await self._repos.known(repo)
         return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
 
@@ -161,6 +164,8 @@ class GraphMethods(Parts):
         """
         if now is not None and not isinstance(now, datetime):
             raise InvalidInputError(f"now must be a datetime, got {type(now).__name__}")
+        from mnemo.graph import maintenance
+
         runtime = await self._repos.known(repo)
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
@@ -174,6 +179,8 @@ class GraphMethods(Parts):
         """
         await self._repos.known(repo)
         await self._repos.refresh(repo)
+        from mnemo.graph import maintenance
+
         return await maintenance.validate_episodic(self._graph, repo)
 
     async def reembed(
@@ -228,6 +235,14 @@ class GraphMethods(Parts):
                 repo is then as it was.
             ConflictError: the repo is being re-embedded by another Memory.
         """
+        from mnemo import deadline
+        from mnemo.adapters.uri import model_uri
+        from mnemo.episode.annotation import embed
+        from mnemo.events import deliver
+        from mnemo.extraction.entities import vector_text
+        from mnemo.graph import reembed as reembedding
+        from mnemo.graph.reembed import ReembedProgress
+
         self._works("reembed")
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)
         if progress is not None and not callable(progress):

@@ -20,9 +20,9 @@ from mnemo.adapters.uri import model_uri
 from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.inputs import check_id, check_name
+from mnemo.inputs import check_id, check_models, check_name
 from mnemo.memory.usage import UsageBook
-from mnemo.ports import LLM, Embedder, Usage, check_models, detect_dim, model_name
+from mnemo.ports import LLM, Embedder, Usage, detect_dim, model_name
 from mnemo.session.ports import RepoRow, SessionStore
 from mnemo.session.service import Runtime
 

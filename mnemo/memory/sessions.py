@@ -3,16 +3,20 @@ discarding its episodes (each also queued, with a callback), and reading what it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mnemo.config import DURATION_CEILINGS, Config
-from mnemo.episode.model import EpisodeLog, StepInfo
 from mnemo.errors import InvalidInputError
-from mnemo.graph.model import CommitReceipt
-from mnemo.inputs import check_count, check_id, check_text
+from mnemo.inputs import check_count, check_id, check_models, check_text
 from mnemo.memory.parts import Parts
-from mnemo.ports import LLM, Embedder, check_models
-from mnemo.session.machine import State
-from mnemo.session.queue import Callback
-from mnemo.session.service import SessionContext, SessionInfo
+
+if TYPE_CHECKING:
+    from mnemo.episode.model import EpisodeLog, StepInfo
+    from mnemo.graph.model import CommitReceipt
+    from mnemo.ports import LLM, Embedder
+    from mnemo.session.machine import State
+    from mnemo.session.queue import Callback
+    from mnemo.session.service import SessionContext, SessionInfo
 
 # The most extraction retries one `close_and_commit` may ask for: each runs its model calls
 # again.

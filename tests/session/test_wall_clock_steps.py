@@ -21,7 +21,7 @@ import mnemo
 from mnemo import State
 from tests.backends import sql
 from tests.conftest import REPO
-from tests.fakes import EventLog, FakeEmbedder, FakeLLM
+from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 from tests.storage.postgres.test_server_clock import Looks
 
 STEPS = {"ahead": timedelta(hours=2), "behind": -timedelta(hours=2)}
@@ -40,6 +40,18 @@ async def open_on(
     return mem
 
 
+async def extracting(mem: mnemo.Memory, llm: FakeLLM) -> tuple[str, Hold, str]:
+    """A session of `mem` extracting, its semantic call held: its id, the hold, and the id
+    of its holder (`mem`)."""
+    held = llm.hold("semantic")
+    sid = await mem.start_session("explore the house", repo=REPO)
+    await mem.append(sid, "walk north", "go north")
+    await mem.close(sid)
+    await held.started.wait()
+    [(holder,)] = await sql(mem, "SELECT holder FROM sessions WHERE id = ?", sid)
+    return sid, held, str(holder)
+
+
 @pytest.mark.parametrize("step", STEPS.values(), ids=STEPS.keys())
 async def test_a_step_of_the_wall_clock_leaves_live_work_with_its_holder(
     store: str, monkeypatch: pytest.MonkeyPatch, step: timedelta
@@ -52,12 +64,7 @@ async def test_a_step_of_the_wall_clock_leaves_live_work_with_its_holder(
     async with AsyncExitStack() as stack:
         a = await open_on(stack, store, llm_a, events_a)
         b = await open_on(stack, store, llm_b, EventLog())
-        held = llm_a.hold("semantic")
-        sid = await a.start_session("explore the house", repo=REPO)
-        await a.append(sid, "walk north", "go north")
-        await a.close(sid)
-        await held.started.wait()
-        [(holder,)] = await sql(b, "SELECT holder FROM sessions WHERE id = ?", sid)
+        sid, held, holder = await extracting(a, llm_a)
         with time_machine.travel(datetime.now(UTC) + step, tick=True):
             looks = Looks(monkeypatch, b)
             await b.open_repo(REPO)  # the janitor looks now, before A beats again
@@ -89,12 +96,7 @@ async def test_a_process_whose_wall_clock_is_ahead_leaves_live_work_with_its_hol
     llm_a, events_a = FakeLLM(), EventLog()
     async with AsyncExitStack() as stack:
         a = await open_on(stack, store, llm_a, events_a)
-        held = llm_a.hold("semantic")
-        sid = await a.start_session("explore the house", repo=REPO)
-        await a.append(sid, "walk north", "go north")
-        await a.close(sid)
-        await held.started.wait()
-        [(holder,)] = await sql(a, "SELECT holder FROM sessions WHERE id = ?", sid)
+        sid, held, holder = await extracting(a, llm_a)
         child = spawn(store, hours=2)
         try:
             assert child.stdout is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from mnemo.config import DURATION_CEILINGS
 from mnemo.conversation.drafts import draft
 from mnemo.inputs import check_json
 from tests.conftest import REPO
+from tests.fakes import FakeLLM
 
 BIG = 10_000_000  # items: walking them takes seconds, refusing them must not
 
@@ -168,3 +170,39 @@ async def test_a_ttl_past_a_hundred_years_is_refused_and_the_longest_loads(
     conv = mem.conversation(ttl=most)
     await conv.save("t", [{"role": "user", "content": "hello"}])
     assert [m["content"] for m in await conv.load("t")] == ["hello"]
+
+
+class History(list[dict[str, object]]):
+    """A conversation that counts the messages read from it."""
+
+    read = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        History.read += 1
+        return super().__getitem__(index)
+
+    def __iter__(self) -> Iterator[dict[str, object]]:
+        for message in super().__iter__():
+            History.read += 1
+            yield message
+
+
+async def test_a_memory_file_update_reads_a_long_history_back_to_its_budget(
+    tmp_path: Path,
+) -> None:
+    """`MemoryFiles.update` shows the model the newest messages that fit its budget; a
+    history of 1M messages is read no further back than that (each was checked and joined
+    first), and a message of 10M parts is refused unread."""
+    files = mnemo.MemoryFiles(tmp_path / "memory", min_iterations=1)
+    llm = FakeLLM()
+    llm.fail_tasks.add("memory_update")  # what it is shown is the point, not its answer
+    history = History({"role": "user", "content": f"we use port {i}"} for i in range(1_000_000))
+    await files.update(history, llm=llm, iterations=10)
+    assert [request.task for request in llm.calls] == ["memory_update"]
+    assert History.read < 10_000
+    parts = [{"role": "user", "content": Watched(range(BIG))}]
+    Watched.read = 0
+    update = await files.update(parts, llm=llm, iterations=10)
+    assert update.error is not None
+    assert "parts" in update.error
+    assert Watched.read == 0

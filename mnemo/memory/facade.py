@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
+from importlib.util import find_spec
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,7 +30,7 @@ from anyio.abc import TaskStatus
 
 from mnemo.config import Config
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
-from mnemo.inputs import check_id, check_models, check_store, check_text
+from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store, check_text
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
 from mnemo.memory.sessions import SessionMethods
@@ -94,8 +95,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         self._inspect = inspect
         self._host = None
         self._parts = (path, llm, embedder, on_event, synchronous.upper())
-        if _loaded(path):
-            self._build()
+        if _loaded(path) or _without_driver(path):
+            self._build()  # at once (without the driver: raises what to install)
 
     def _build(self) -> None:
         """Builds the parts (`memory.assembly`), once their modules are imported."""
@@ -379,6 +380,16 @@ def _loaded(path: str) -> bool:
     """Whether the parts' modules (with the backend's for `path`) are imported already."""
     assembly = sys.modules.get("mnemo.memory.assembly")
     return assembly is not None and assembly.backend_module(path) in sys.modules
+
+
+def _without_driver(path: str) -> bool:
+    """Whether `path` is a PostgreSQL URL and PostgreSQL's driver is not installed."""
+    if not path.startswith(POSTGRES_SCHEMES):
+        return False
+    try:
+        return find_spec("psycopg") is None
+    except ValueError:  # a module set to None in sys.modules: as if not installed
+        return True
 
 
 def _load(path: str) -> None:

@@ -23,19 +23,18 @@ from tests.fakes import FakeEmbedder, FakeLLM
 async def run(store: str, hours: float) -> None:
     llm = FakeLLM()
     with time_machine.travel(datetime.now(UTC) + timedelta(hours=hours), tick=True):
-        mem = mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
-                           config=mnemo.Config(lease_timeout=30.0))
-        holding = mem._service._holding
-        take_over, opened, looked = holding._take_over, False, anyio.Event()
+        async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                config=mnemo.Config(lease_timeout=30.0)) as mem:
+            holding = mem._service._holding
+            take_over, opened, looked = holding._take_over, False, anyio.Event()
 
-        async def looking() -> None:
-            after = opened
-            await take_over()
-            if after:
-                looked.set()
+            async def looking() -> None:
+                after = opened
+                await take_over()
+                if after:
+                    looked.set()
 
-        holding._take_over = looking  # type: ignore[method-assign]
-        async with mem:
+            holding._take_over = looking  # type: ignore[method-assign]
             await mem.open_repo("r")  # the janitor looks again, now
             opened = True
             with anyio.fail_after(30):

@@ -36,7 +36,7 @@ DAY = 86_400.0
 # for work or for a lock (an append's annotation, an extraction, another writer, a lease),
 # a time of inactivity (`flush_timeout`, `session_timeout`), and an age (a message's `ttl`,
 # the recency half-life). Past them a duration is a mistake, and a time computed from it
-# may not exist (`conversation(ttl=1e11)` made every load raise OverflowError).
+# may not exist (a ttl of 1e11 s reaches before year 1).
 DURATION_CEILINGS = {"wait": DAY, "inactivity": 365 * DAY, "age": 100 * 365 * DAY}
 
 # The ranges of the fields, by what they measure.

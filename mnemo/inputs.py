@@ -162,7 +162,7 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 def check_store(path: object) -> str:
     """`Memory`'s `path`, checked to name a store: `":memory:"`, a SQLite file's path (a
     `str` or an `os.PathLike` of one), or a PostgreSQL URL; returned as a string. Checked
-    before anything is created: a number, bytes or a blank string made a file of that name.
+    before anything is created: a number, bytes or a blank string would name a file.
 
     Raises:
         InvalidInputError: another type, a blank path, a NUL character (no file system

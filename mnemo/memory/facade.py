@@ -110,8 +110,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def __aenter__(self) -> Memory:
         if "_backend" not in vars(self):
-            # A cold start: the parts' modules are imported off the event loop (a first
-            # Memory held the loop 2.6-2.9 s while they imported).
+            # A cold start: the parts' modules are imported off the event loop (their import
+            # takes seconds on a loaded machine).
             await anyio.to_thread.run_sync(_load, self._parts[0])
             self._build()
         from mnemo.graph.blas import limit_blas_threads

@@ -204,7 +204,7 @@ def m023_reembedding(db: Database) -> None:
 
 
 @MIGRATIONS()
-def m024_store_clock(db: Database) -> None:
+def m025_store_clock(db: Database) -> None:
     # The store's time (`sqlite.database.HostClock`): the wall time and the boot time clock's
     # reading at one moment of the host's current boot, read by every process that opens the
     # file, so that leases and heartbeats are stamped and judged on a clock no wall clock

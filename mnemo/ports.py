@@ -116,27 +116,6 @@ class Embedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
-def check_models(llm: object, embedder: object) -> None:
-    """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
-    object of the port (a model's name given as a string, say: it failed at the first append,
-    or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
-    `OpenAIEmbedder` learns it from its first reply.
-
-    Raises:
-        InvalidInputError: what was given instead, and what to give.
-    """
-    if llm is not None and not callable(getattr(llm, "generate", None)):
-        raise InvalidInputError(
-            f"llm must be an object with an async generate(request) (mnemo.LLM), got "
-            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
-        )
-    if embedder is not None and not callable(getattr(embedder, "embed", None)):
-        raise InvalidInputError(
-            f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
-            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
-        )
-
-
 # The most dimensions an embedder's vectors may have: pgvector's `vector` type holds 16,000
 # (the largest embedding models in use make 3,072-4,096).
 MAX_DIM = 16_000

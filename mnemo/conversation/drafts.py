@@ -21,6 +21,9 @@ from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_id, check_json, check_name, check_text, check_tree
 
+# A message's JSON, at most this many times `Config.max_text_chars`.
+MESSAGE_LIMITS = 3
+
 
 @dataclass(frozen=True, slots=True)
 class MessageDraft:
@@ -87,7 +90,9 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
-    check_tree(message, where)  # before anything below walks or serialises it
+    # Before anything below walks or serialises it: its text and its other keys fit in
+    # `limit` each, so its whole JSON, with the wrapping of its parts, fits in three.
+    check_tree(message, where, limit=MESSAGE_LIMITS * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.calls import deadline
-from mnemo.config import Config
+from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.conversation.drafts import check_thread_id, check_thread_name, search_text
 from mnemo.conversation.eviction import Evictor
 from mnemo.conversation.manager import ConversationManager
@@ -53,8 +53,8 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
-from mnemo.inputs import check_count, check_id, check_text
-from mnemo.ports import LLM, Embedder, check_models, detect_dim
+from mnemo.inputs import check_count, check_id, check_models, check_text
+from mnemo.ports import LLM, Embedder, detect_dim
 from mnemo.text import query_words
 
 Clock = Callable[[], datetime]
@@ -440,8 +440,12 @@ def _ttl(ttl: float | timedelta | None) -> float | None:
     if ttl is None:
         return None
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    most = DURATION_CEILINGS["age"]
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
-        0 < seconds < float("inf")
+        0 < seconds <= most
     ):
-        raise InvalidInputError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        raise InvalidInputError(
+            f"ttl must be a positive number of seconds, at most {most:,.0f} (100 years), "
+            f"got {ttl!r}"
+        )
     return float(seconds)

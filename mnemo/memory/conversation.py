@@ -6,20 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from mnemo.conversation.manager import ConversationManager
-from mnemo.conversation.model import (
-    Compression,
-    EvictionResult,
-    MessageView,
-    Retrieval,
-    SearchHit,
-    ThreadInfo,
-    Viewport,
-)
-from mnemo.conversation.service import DEFAULT_RETRIEVAL
 from mnemo.memory.parts import Parts
 from mnemo.ports import LLM
+
+if TYPE_CHECKING:
+    from mnemo.conversation.manager import ConversationManager
+    from mnemo.conversation.model import (
+        Compression,
+        EvictionResult,
+        MessageView,
+        Retrieval,
+        SearchHit,
+        ThreadInfo,
+        Viewport,
+    )
 
 
 class ConversationMethods(Parts):
@@ -30,7 +32,7 @@ class ConversationMethods(Parts):
     def conversation(
         self,
         *,
-        retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        retrieval: Retrieval | None = None,
         compression: Compression | Sequence[Compression] | None = None,
         ttl: float | timedelta | None = None,
         auto_evict_budget: int | None = None,
@@ -39,19 +41,23 @@ class ConversationMethods(Parts):
         llm: LLM | None = None,
     ) -> ConversationManager:
         """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
-        or `Semantic(k)`, `compression` a `Summary`, a `ToolOutputPruner`, a list of both or
-        None, `ttl` seconds after which raw messages are erased (at load). With
-        `auto_evict_budget`, each save evicts when the tokens past the boundary exceed it.
+        or `Semantic(k)` (None: `Recent(k=10)`), `compression` a `Summary`, a
+        `ToolOutputPruner`, a list of both or None, `ttl` seconds after which raw messages
+        are erased (at load). With `auto_evict_budget`, each save evicts when the tokens past
+        the boundary exceed it.
         `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
         `llm` (a fast model, say) writes the manager's summaries and runs its evictions,
         instead of the Memory's model.
 
         Raises:
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number, a bad auto-eviction budget or fraction, or an `llm` that is not one.
+                number of seconds of at most 100 years, a bad auto-eviction budget or
+                fraction, or an `llm` that is not one.
         """
+        from mnemo.conversation.service import DEFAULT_RETRIEVAL
+
         return self._conversations.manager(
-            retrieval=retrieval,
+            retrieval=DEFAULT_RETRIEVAL if retrieval is None else retrieval,
             compression=compression,
             ttl=ttl,
             auto_evict_budget=auto_evict_budget,

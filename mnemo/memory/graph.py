@@ -6,25 +6,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from mnemo.adapters.uri import model_uri
-from mnemo.calls import deadline
-from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
-from mnemo.events import deliver
-from mnemo.extraction.entities import vector_text
-from mnemo.graph import history as commit_history
-from mnemo.graph import maintenance
-from mnemo.graph import reembed as reembedding
-from mnemo.graph.facts import TEMPORAL, correction
-from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
-from mnemo.graph.ports import Unstaged
-from mnemo.graph.reembed import ReembedProgress
-from mnemo.inputs import check_count, check_text
+from mnemo.inputs import check_count, check_id, check_text
 from mnemo.memory.parts import Parts
-from mnemo.ports import Embedder
+
+if TYPE_CHECKING:
+    from mnemo.graph.history import CommitDiff, CommitRecord
+    from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
+    from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
+    from mnemo.graph.ports import Unstaged
+    from mnemo.graph.reembed import ReembedProgress
+    from mnemo.ports import Embedder
 
 # Nodes embedded in one call by `reembed`, by default, and at most.
 REEMBED_BATCH = 256
@@ -63,7 +57,7 @@ class GraphMethods(Parts):
         self,
         repo: str,
         *,
-        types: Iterable[NodeType] = (NodeType.SEMANTIC, NodeType.PROCEDURAL),
+        types: Iterable[NodeType | str] = ("semantic", "procedural"),
         top_k: int = 10,
     ) -> list[Node]:
         """The newest nodes of these types, newest first.
@@ -113,8 +107,14 @@ class GraphMethods(Parts):
             EmbeddingError: the text could not be embedded within the repo's
                 `Config.extraction_timeout`; nothing was stored.
         """
-        runtime = await self._repos.known(repo)
-        check_text(text, "text", limit=runtime.config.max_text_chars)
+        from mnemo.calls import deadline
+        from mnemo.episode.annotation import embed
+        from mnemo.extraction.entities import vector_text
+        from mnemo.graph.facts import TEMPORAL, correction
+
+        await self._repos.checked(repo, lambda config: check_text(
+            text, "text", limit=config.max_text_chars))
+        check_id(node_id, "node_id")
         old = await self._reads.get_node(repo, node_id)
         if old is None:
             raise NotFoundError("node", node_id)
@@ -147,9 +147,10 @@ class GraphMethods(Parts):
             InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
             NotFoundError: an unknown repo.
         """
-        runtime = await self._repos.known(repo)
-        check_count("limit", limit, minimum=1, maximum=runtime.config.max_results,
-                    setting="Config.max_results")
+        from mnemo.graph import history as commit_history
+
+        await self._repos.checked(repo, lambda config: check_count(
+            "limit", limit, minimum=1, maximum=config.max_results, setting="Config.max_results"))
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
@@ -160,7 +161,9 @@ class GraphMethods(Parts):
             InvalidInputError: no such commit in the repo.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        from mnemo.graph import history as commit_history
+
+        await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
@@ -174,7 +177,9 @@ class GraphMethods(Parts):
                 reworded one of its nodes): revert that first.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        from mnemo.graph import history as commit_history
+
+        await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.revert(self._graph, repo, commit_id)
 
     # ---- maintenance ----------------------------------------------------------------------
@@ -188,6 +193,8 @@ class GraphMethods(Parts):
         Raises:
             NotFoundError: an unknown repo.
         """
+        from mnemo.graph import maintenance
+
         runtime = await self._repos.known(repo)
         return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
 
@@ -197,8 +204,13 @@ class GraphMethods(Parts):
         links. Safe while sessions commit: it holds the repo's write lock.
 
         Raises:
+            InvalidInputError: a `now` that is not a datetime.
             NotFoundError: an unknown repo.
         """
+        if now is not None and not isinstance(now, datetime):
+            raise InvalidInputError(f"now must be a datetime, got {type(now).__name__}")
+        from mnemo.graph import maintenance
+
         runtime = await self._repos.known(repo)
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
@@ -212,6 +224,8 @@ class GraphMethods(Parts):
         """
         await self._repos.known(repo)
         await self._repos.refresh(repo)
+        from mnemo.graph import maintenance
+
         return await maintenance.validate_episodic(self._graph, repo)
 
     async def reembed(
@@ -266,11 +280,19 @@ class GraphMethods(Parts):
                 repo is then as it was.
             ConflictError: the repo is being re-embedded by another Memory.
         """
+        from mnemo.adapters.uri import model_uri
+        from mnemo.calls import deadline
+        from mnemo.episode.annotation import embed
+        from mnemo.events import deliver
+        from mnemo.extraction.entities import vector_text
+        from mnemo.graph import reembed as reembedding
+        from mnemo.graph.reembed import ReembedProgress
+
         self._works("reembed")
-        runtime = await self._repos.known(repo)
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)
         if progress is not None and not callable(progress):
             raise InvalidInputError(f"progress must be a callable, got {progress!r}")
+        runtime = await self._repos.known(repo)
         await self._repos.refresh(repo)
         target = await self._repos.reembed_target(repo, embedder)
         limit = runtime.config.extraction_timeout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 
@@ -19,15 +20,17 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from mnemo.adapters.uri import model_uri
 from mnemo.calls.slots import LimitedLLM
-from mnemo.config import Config, with_longer_timeouts
+from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.inputs import check_id, check_name
+from mnemo.inputs import check_id, check_models, check_name
 from mnemo.memory.usage import UsageBook
-from mnemo.ports import LLM, Embedder, Usage, check_models, detect_dim, model_name
+from mnemo.ports import LLM, Embedder, Usage, detect_dim, model_name
 from mnemo.session.ports import RepoRow, SessionStore
 from mnemo.session.service import Runtime
 
 log = logging.getLogger("mnemo")
+
+T = TypeVar("T")
 
 
 class Repos:
@@ -271,6 +274,23 @@ class Repos:
         await self.learn(check_id(name, "repo"))
         return self.get(name)
 
+    async def checked(self, name: str, check: Callable[[Config], T]) -> T:
+        """`check(config)` before the store is read: with the repo's config as this Memory
+        knows it, or, for a repo it does not know yet, with every bound at its ceiling
+        (`config.ceilings`) and then again with the repo's, once the store has told it.
+        Bad input is refused without a read of the store (a store that is down answers no
+        bad call with `StorageError`).
+
+        Raises:
+            InvalidInputError: a name that is no repo name, or what `check` raises.
+            NotFoundError: no such repo in the store.
+        """
+        runtime = self._runtimes.get(check_id(name, "repo"))
+        if runtime is not None:
+            return check(runtime.config)
+        check(ceilings())
+        return check((await self.known(name)).config)
+
     def get(self, name: str) -> Runtime:
         """Raises InvalidInputError for a name that is no repo name, NotFoundError for an
         unknown repo."""
@@ -308,17 +328,14 @@ class Repos:
         self, repo: str, llm: LLM | None, embedder: Embedder | None, config: Config | None
     ) -> tuple[Runtime | None, Config]:
         """The overrides of a session started with these arguments (None when it runs its
-        repo's models) and its config; checks `Memory.start_session`'s input but the goal.
+        repo's models, checked by `Memory.start_session`) and its config.
 
         Raises:
-            NotFoundError, EmbeddingError, InvalidInputError: as `Memory.start_session`.
+            NotFoundError, EmbeddingError: as `Memory.start_session`.
         """
-        check_models(llm, embedder)
         base = self.get(repo)
         if embedder is None:
             base.check_dim(repo)
-        if config is not None and not isinstance(config, Config):
-            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         if embedder is not None:
             await detect_dim(embedder)
         if embedder is not None and embedder.dim != self._dims[repo]:

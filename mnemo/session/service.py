@@ -384,9 +384,12 @@ class SessionService:
         """Accepts an async operation: runs it now when the session is free, else queues it.
 
         Raises:
+            InvalidInputError: a callback that is neither None nor callable.
             SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
                 "invalid_queued_operation" (the API contract's queue rules).
         """
+        if callback is not None and not callable(callback):
+            raise InvalidInputError(f"callback must be callable or None, got {callback!r}")
         session = await self._live.fetch(session_id, fresh=True)
         try:
             await self._accept(session, kind, args, callback)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
@@ -39,8 +39,9 @@ class SqliteCoordination:
         self._database = database
 
     def now(self) -> datetime:
-        # A SQLite file is shared on one host: its clock is the store's.
-        return datetime.now(UTC)
+        # The host's boot time clock, anchored in the file (`HostClock`): one clock for every
+        # process on the host, which no step of a wall clock moves.
+        return self._database.clock.now()
 
     async def sync_clock(self) -> None:
         return None

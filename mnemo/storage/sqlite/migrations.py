@@ -216,3 +216,21 @@ def m024_thread_history_hash(db: Database) -> None:
         UPDATE threads SET history_hash = '' WHERE history_len = 0;
         """,
     )
+
+
+@MIGRATIONS()
+def m025_store_clock(db: Database) -> None:
+    # The store's time (`sqlite.database.HostClock`): the wall time and the boot time clock's
+    # reading at one moment of the host's current boot, read by every process that opens the
+    # file, so that leases and heartbeats are stamped and judged on a clock no wall clock
+    # step moves.
+    execute_all(
+        db,
+        """
+        CREATE TABLE store_clock (
+            boot TEXT NOT NULL,
+            wall TEXT NOT NULL,
+            at REAL NOT NULL
+        );
+        """,
+    )

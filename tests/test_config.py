@@ -81,7 +81,7 @@ def test_the_idle_session_timeout_is_bounded() -> None:
         configured("idle_session_timeout", week))
     for bad in (0, None, week + 1, math.inf):
         with pytest.raises(mnemo.InvalidInputError,
-                           match=r"idle_session_timeout must be a number within \(0, 604800\]"):
+                           match=r"idle_session_timeout must be a number within \(0, 604,800\]"):
             configured("idle_session_timeout", bad)
     stored = mnemo.Config().to_json().replace('"idle_session_timeout": 3600.0, ', "")
     assert "idle_session_timeout" not in stored

@@ -6,6 +6,7 @@ stored so, on each backend."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import mnemo
 from mnemo.adapters.offline import OfflineLLM
@@ -22,7 +23,7 @@ from tests.conftest import REPO
 IDENTIFIERS = ("test_upload", "tests/test_media.py::test_upload", "AWS_DEFAULT_REGION",
                "https://ci.example.org/runs/12", "`pytest -x`", "conftest.py", "NoRegionError",
                "iPhone", "eu-central-1", "CONN_MAX_AGE")
-STEPS = [
+STEPS: list[dict[str, Any]] = [
     {"index": 0,
      "observation": "test_upload fails on CI about one run in five.",
      "action": "okay, tests/test_media.py::test_upload needs a mock for the S3 bucket."},

@@ -4,24 +4,26 @@ thing of the same subject with another value.
 Each fact is read as its content words in order: the words of one relation made one ("lives",
 "resides", "moved"; "listens", "binds", "runs"; ...), the words that only say something
 changed ("now", "new", "raised") left out, a word after a negation ("not", "never", "instead
-of", "from") marked denied, and a parenthesised aside (a speaker's date stamp, a handle)
-dropped. Two facts that share a subject word and a relation (or whose new one states a change),
-and name no relation the other lacks (the copula aside), contradict when
+of", "from") marked denied where it can be a value (a relation, something specific, the word
+after a relation), and a parenthesised aside (a speaker's date stamp, a handle) dropped. Two
+facts that share a subject word and a relation (or whose new one states a change), and name no
+relation the other lacks (the copula aside), contradict when
 
 - one denies a word the other states: "the cache is enabled" / "the cache is not enabled",
   "gunicorn listens on 127.0.0.1:8001, not 8000" / "Bind gunicorn to 127.0.0.1:8000"; or
 - every run of words one of them says beyond the shared words is a value that stands where the
   other has another (after or before the same shared word): a run of at most
   `MAX_VALUE_WORDS` words naming something specific (a number, a name, an identifier), or one
-  word right after the relation. "Dana lives in Lisbon" / "Dana moved to Porto", "the cache
-  TTL is five minutes" / "the cache TTL is now ten minutes", "Melanie works as a nurse" /
-  "Melanie quit her job and now works as a teacher", "... leaving 271 EUR for food" / "the
-  new trip budget leaves 362 EUR for food".
+  word right after a relation other than the copula. "Dana lives in Lisbon" / "Dana moved to
+  Porto", "the cache TTL is five minutes" / "the cache TTL is now ten minutes", "Melanie works
+  as a nurse" / "Melanie quit her job and now works as a teacher", "... leaving 271 EUR for
+  food" / "the new trip budget leaves 362 EUR for food".
 
 Relations that admit many values ("likes", "went to") never contradict, nor facts about other
 subjects ("Dana lives in Lisbon" / "Sam lives in Porto"), other relations ("Dana lives in
-Lisbon" / "Dana works in Berlin"), nor a fact that only adds to another ("Dana lives in Lisbon
-with her cat"): a model is needed to tell more.
+Lisbon" / "Dana works in Berlin"), a fact that only adds to another ("Dana lives in Lisbon
+with her cat"), nor remarks ("that bowl is gorgeous" / "that bowl is amazing"): a model is
+needed to tell more.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from mnemo import text as _text
 
 _LINKING = frozenset("in at to on as for from with of the a an".split())
 # A run of words one fact says where the other says another is a value when it is at most
-# this long: longer, it is a clause, and the facts say different things.
-MAX_VALUE_WORDS = 5
+# this long: longer, it is a clause, and the facts say different things (measured on LoCoMo
+# dev and the demo: runs of 3-5 words were tool output and chat, never a value).
+MAX_VALUE_WORDS = 2
 
 # The words of one relation, read as one ("=family"); "be" is the copula, which a fact may
 # leave out ("the limit was raised to 500") without naming another relation.
@@ -65,7 +68,7 @@ _CHANGE = frozenset(
 )
 # A word after one of these is denied ("not 8000", "instead of JSON", "moved from Lisbon").
 _DENIAL = frozenset(
-    "not no never none nor isn't aren't wasn't weren't doesn't don't didn't won't can't cannot "
+    "not no never nor isn't aren't wasn't weren't doesn't don't didn't won't can't cannot "
     "hasn't haven't instead from".split()
 )
 _NUMBERS = frozenset(
@@ -100,23 +103,30 @@ def contradicts(existing: str, new: str) -> bool:
 
 
 def _items(fact: str) -> tuple[list[_Item], bool]:
-    """The fact's content words as (key, denied, specific), and whether it states a change."""
+    """The fact's content words as (key, denied, specific), and whether it states a change. A
+    word is denied only where it can be a value: a relation, something specific, or the word
+    right after a relation ("is not enabled"; not "haven't done pottery")."""
     items: list[_Item] = []
     changed = denying = False
     for position, word in enumerate(_text.words(_ASIDE.sub(" ", fact))):
         lower = word.lower()
         if lower in _DENIAL:
             denying = True
-        elif lower in _CHANGE:
+            continue
+        if lower in _CHANGE:
             changed = True
-        elif lower in _RELATIONS:
-            items.append((_RELATIONS[lower], denying, False))
-            denying = False
+            continue
+        if lower in _RELATIONS:
+            key, specific = _RELATIONS[lower], False
         elif not (_text.is_stopword(lower) or lower in _LINKING):
+            key = _text.stem(lower)
             specific = (lower in _NUMBERS or _text.is_identifier(word)
                         or (position > 0 and word[:1].isupper()))
-            items.append((_text.stem(lower), denying, specific))
-            denying = False
+        else:
+            continue
+        value = specific or key[0] == "=" or (bool(items) and items[-1][0][0] == "=")
+        items.append((key, denying and value, specific))
+        denying = False
     return items, changed
 
 
@@ -128,7 +138,7 @@ _Run = tuple[str | None, str | None, bool]
 def _values(items: list[_Item], shared: set[str]) -> list[_Run]:
     """The runs of words outside `shared`, each with the shared words around it and whether
     it can be a value: at most `MAX_VALUE_WORDS` words naming something specific, or one word
-    right after a relation ("works as a nurse")."""
+    right after a relation other than the copula ("works as a nurse"; not "is gorgeous")."""
     runs: list[_Run] = []
     before: str | None = None
     run: list[_Item] = []
@@ -138,7 +148,7 @@ def _values(items: list[_Item], shared: set[str]) -> list[_Run]:
             continue
         if run:
             value = (len(run) <= MAX_VALUE_WORDS and any(s for _, _, s in run)) or (
-                len(run) == 1 and before is not None and before[0] == "=")
+                len(run) == 1 and before is not None and before[0] == "=" and before != _COPULA)
             runs.append((before, key or None, value))
             run = []
         before = key or None

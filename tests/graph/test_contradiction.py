@@ -65,6 +65,15 @@ SUPERSEDES = LinkType.SUPERSEDES
         ("The deploy script still passes --bind 127.0.0.1:8001.",
          "Bind gunicorn to 127.0.0.1:8000.", False),
         ("The blog runs on gunicorn behind nginx.", "The blog runs 12 gunicorn workers.", False),
+        # Remarks and tool output (LoCoMo dev, the demo).
+        ("Caroline: That bowl is gorgeous!", "Caroline: Those bowls are amazing!", False),
+        ("Melanie: I'm a big fan of pottery.",
+         "Caroline: I haven't done pottery yet, but I'm game for trying new art.", False),
+        ("Tool output: test_upload with the moto S3 mock now fails: "
+         "botocore.exceptions.NoRegionError: You must specify a region.",
+         "The S3 mock needs AWS_DEFAULT_REGION set.", False),
+        ("Django now answers 400 Bad Request through the nginx reverse proxy.",
+         'Add `"OPTIONS": {"prepare_threshold": None}` to the Django DATABASES entry.', False),
     ],
 )
 def test_the_offline_heuristic(existing: str, new: str, expected: bool) -> None:

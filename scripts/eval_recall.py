@@ -6,11 +6,15 @@ that extracts exactly the facts written beside each step), then each question is
 `types=None` (every node type, as an agent asks) and the rank of its answer is read.
 
     .venv/bin/python scripts/eval_recall.py [--embedder default|hash|minilm|e5-small-q4]
-        [--set FIELD=VALUE ...] [--store PATH] [--misses]
+        [--set FIELD=VALUE ...] [--store PATH] [--misses] [--suite fact-first|knowledge-update]
 
 `--set` overrides a `mnemo.Config` field (as in `eval_locomo.py`); `--set recall_rerank=true`
 with `--llm URI` measures the opt-in LLM re-ranker with a real model (the suite's extraction
 stays the test model's).
+
+`--suite knowledge-update` runs the knowledge-update set instead
+(`tests/recall/knowledge_update.py`, through the offline LLM): the share of cases whose stale
+fact is retired and whose current value a recall names first.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from _bench import config_of
 
 import mnemo
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
+from tests.recall import knowledge_update
 from tests.recall.fact_first import (
     CASES,
     REPO,
@@ -55,6 +60,9 @@ class _RerankingLLM(SuiteLLM):
 async def main(args: argparse.Namespace) -> None:
     config = config_of(args.set)
     embedder = None if args.embedder == "default" else embedder_from_uri(args.embedder)
+    if args.suite == "knowledge-update":
+        await _updates(embedder, config, args.misses)
+        return
     llm: mnemo.LLM = SuiteLLM() if args.llm is None else _RerankingLLM(llm_from_uri(args.llm))
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store or str(Path(tmp) / "suite.db")
@@ -82,6 +90,19 @@ async def main(args: argparse.Namespace) -> None:
         await _types(args.store, llm, embedder, config, [c for c, r, _ in report.ranks if r != 1])
 
 
+async def _updates(embedder: mnemo.Embedder | None, config: mnemo.Config, misses: bool) -> None:
+    cases = knowledge_update.CASES
+    with tempfile.TemporaryDirectory() as tmp:
+        async with mnemo.Memory(str(Path(tmp) / "updates.db"), embedder=embedder,
+                                config=config) as mem:
+            await knowledge_update.remember(mem)
+            missed = await knowledge_update.evaluate(mem)
+    print(f"{len(cases)} knowledge updates: the current value first in "
+          f"{len(cases) - len(missed)} ({1 - len(missed) / len(cases):.3f})")
+    for case, why in missed if misses else []:
+        print(f"\n{case.question}\n  want: {case.current}, not {case.stale}\n  {why}")
+
+
 async def _types(store: str, llm: mnemo.LLM, embedder: mnemo.Embedder | None,
                  config: mnemo.Config, cases: list[Case]) -> None:
     """The type, phase and score of the top 3 of each question not answered first."""
@@ -102,6 +123,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--store", help="a store to keep (default: a temporary file); one "
                         "that holds the suite already is recalled from as it is")
     parser.add_argument("--misses", action="store_true", help="print each question not first")
+    parser.add_argument("--suite", choices=["fact-first", "knowledge-update"],
+                        default="fact-first")
     args = parser.parse_args()
     args.kept = bool(args.store) and Path(args.store).exists()
     return args

@@ -213,7 +213,8 @@ class Recaller:
         ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
         trace.mark("rank")
         if reranking:
-            ranked = await self._rerank(query, ranked, k, degraded)
+            ranked = temporal.successors_first(await self._rerank(query, ranked, k, degraded),
+                                               ranked)[:k]
             trace.mark("rerank")
         if reranking or config.recall_mmr_lambda < 1.0:
             ranked = _descending(ranked)

@@ -1,14 +1,16 @@
 """Recall that respects time.
 
 By default a recall prefers what holds now: a retired fact (one a later fact contradicted)
-scores `RETIRED_WEIGHT` of its relevance and always ranks below its successor, and says so
-(`Recalled.retired`, `superseded_by`, its validity window). With `as_of`, the recall answers
+scores `RETIRED_WEIGHT` of its relevance and always ranks right below its successor, which is
+brought in when the ranking did not reach it, and says so (`Recalled.retired`,
+`superseded_by`, its validity window). With `as_of`, the recall answers
 as the memory stood then: nodes recorded later are left out, and a fact counts as retired only
 if it was retired by then (transaction time: what mnemo knew at `as_of`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -22,6 +24,8 @@ from mnemo.recall.model import Recalled
 RETIRED_WEIGHT = 0.5
 # How many more candidates to rank when `as_of` may leave some out.
 AS_OF_WIDTH = 3
+# How many retirements in a row a recall follows to the fact that holds now.
+CHAIN = 4
 
 
 def check_as_of(as_of: object) -> datetime | None:
@@ -58,30 +62,47 @@ def weight(node: Node, as_of: datetime | None) -> float:
 async def in_time(
     graph: GraphStore, repo: str, ranked: list[Recalled], as_of: datetime | None
 ) -> list[Recalled]:
-    """`ranked` as of `as_of` (None: now): later nodes left out, retired facts (scored down by
-    `weight`) marked and placed below their successors; best first."""
+    """`ranked` as of `as_of` (None: now): later nodes left out, retired facts marked (their
+    scores already hold `weight`) and each placed right after the fact that succeeded it
+    (`successors_first`): read, when the ranking did not reach it, following a chain of
+    retirements up to `CHAIN` links."""
     if as_of is not None:
         ranked = [r for r in ranked if _recorded(r.node) <= as_of]
-    retired = [r.node.id for r in ranked if retired_by(r.node, as_of)]
-    if not retired:
-        return ranked
-    successor = await _successors(graph, repo, retired, as_of)
-    # Their scores already hold `RETIRED_WEIGHT` (`weight`, applied where recall ranks).
-    marked = [
-        replace(r, retired=True, superseded_by=successor.get(r.node.id))
-        if retired_by(r.node, as_of) else r
-        for r in ranked
-    ]
-    marked.sort(key=lambda r: -r.score)
-    # A retired fact below its successor, whatever their scores.
-    order = [r.node.id for r in marked]
-    for r in list(marked):
-        after = r.superseded_by
-        if after in order and order.index(after) > order.index(r.node.id):
-            order.remove(r.node.id)
-            order.insert(order.index(after) + 1, r.node.id)
-    by_id = {r.node.id: r for r in marked}
-    return [by_id[i] for i in order]
+    pool: dict[str, Recalled] = {r.node.id: r for r in ranked}
+    asked = ranked
+    for _ in range(CHAIN):
+        retired = [r.node.id for r in asked if retired_by(r.node, as_of)]
+        if not retired:
+            break
+        successor = await _successors(graph, repo, retired, as_of)
+        for node_id in retired:
+            pool[node_id] = replace(pool[node_id], retired=True,
+                                    superseded_by=successor.get(node_id))
+        missing = [i for i in dict.fromkeys(successor.values()) if i not in pool]
+        if not missing:
+            break
+        by = {after: pool[before] for before, after in successor.items()}
+        asked = [Recalled(node, by[node.id].score, "hop", by[node.id].hop + 1)
+                 for node in await graph.get_nodes(repo, missing)]
+        pool.update((r.node.id, r) for r in asked)
+    return successors_first([pool[r.node.id] for r in ranked], pool.values())
+
+
+def successors_first(ranked: list[Recalled], pool: Iterable[Recalled]) -> list[Recalled]:
+    """`ranked` with every retired fact right after the fact that succeeded it (from `pool`
+    when `ranked` lacks it), which takes its place, at the better of their scores, when it
+    ranked lower: a rule, whatever the scores; the rest in order."""
+    by_id: dict[str, Recalled] = {r.node.id: r for r in pool}
+    out: dict[str, Recalled] = {}
+    for r in ranked:
+        chain = [r]
+        while (after := by_id.get(chain[-1].superseded_by or "")) is not None and (
+                after.node.id not in out and after not in chain):
+            chain.append(after)
+        for c in reversed(chain):
+            if c.node.id not in out:
+                out[c.node.id] = replace(c, score=max(c.score, r.score))
+    return list(out.values())
 
 
 async def _successors(

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 import mnemo
 from mnemo.graph.model import now_utc
 from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
 
 SEMANTIC = [mnemo.NodeType.SEMANTIC]
 
@@ -55,3 +57,47 @@ async def test_as_of_answers_as_the_memory_stood_then(mem: mnemo.Memory) -> None
     assert (await mem.recall(REPO, "Dana lives", as_of=before)).memories == []
     with pytest.raises(mnemo.InvalidInputError):
         await mem.recall(REPO, "Dana lives", as_of="yesterday")  # type: ignore[arg-type]
+
+
+async def test_a_retired_fact_comes_right_after_its_successor_whatever_their_scores(
+    mem: mnemo.Memory,
+) -> None:
+    """A retired fact that matches the query better than its successor (which holds none of
+    its words) comes right after it: the successor takes its place, at its score, and is the
+    one memory of a recall for one."""
+    await tell(mem, "m", "Dana lives in Lisbon.", "1 March 2023")
+    await tell(mem, "j", "Dana lives in Porto.", "1 June 2023")
+    for k in (1, 2, 10):
+        memories = (await mem.recall(REPO, "Lisbon", k=k, types=SEMANTIC)).memories
+        texts = [m.node.text for m in memories]
+        assert texts == ["fact: Dana lives in Porto.", "fact: Dana lives in Lisbon."][:k]
+    porto, lisbon = memories
+    assert lisbon.retired
+    assert lisbon.superseded_by == porto.node.id
+    assert not porto.retired
+    assert porto.score >= lisbon.score
+
+
+class Reversing(FakeLLM):
+    """The fake LLM, re-ranking every candidate list in reverse."""
+
+    def _answer(self, task: str, inputs: dict[str, Any]) -> mnemo.LLMResponse:
+        if task == "recall_rerank":
+            return mnemo.LLMResponse(data={"order": list(range(len(inputs["memories"]), 0, -1))})
+        return super()._answer(task, inputs)
+
+
+async def test_a_reranking_never_puts_a_retired_fact_above_its_successor(
+    store: str, embedder: FakeEmbedder
+) -> None:
+    """An LLM re-ranking that reverses the results still leaves each retired fact right after
+    its successor."""
+    async with mnemo.Memory(store, llm=Reversing(), embedder=embedder) as mem:
+        await mem.open_repo(REPO, config=mnemo.Config(recall_rerank=True))
+        await tell(mem, "m", "Dana lives in Lisbon.", "1 March 2023")
+        await tell(mem, "o", "The Lisbon office opens at 9.", "1 April 2023")
+        await tell(mem, "j", "Dana lives in Porto.", "1 June 2023")
+        memories = (await mem.recall(REPO, "Dana lives in Lisbon", types=SEMANTIC)).memories
+    texts = [m.node.text for m in memories]
+    porto, lisbon = (texts.index(f"fact: Dana lives in {c}.") for c in ("Porto", "Lisbon"))
+    assert porto == lisbon - 1

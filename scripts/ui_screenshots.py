@@ -142,6 +142,7 @@ def capture(db: Path, fact: str, out: Path) -> None:
         node = f"{base}/node?repo={repo}&id={quote(fact)}"
         pages = {
             "graph": f"{base}/graph?repo={repo}",
+            "graph-focus": f"{base}/graph?repo={repo}&focus={quote(fact)}",
             "node": node,
             "history": f"{base}/history?repo={repo}",
             "commit": commit,

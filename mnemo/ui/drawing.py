@@ -274,6 +274,8 @@ SIZES: dict[NodeType, float] = {
     NodeType.SOURCE: 9.0, NodeType.SUBGOAL: 5.0, NodeType.TAG: 5.0, NodeType.INTENT: 6.0,
 }
 LABELLED = {NodeType.SOURCE: 32, NodeType.TAG: 18, NodeType.INTENT: 24}
+# The pull to the middle: enough to keep unlinked parts near, too weak to crush clusters.
+GRAVITY = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +336,7 @@ def force_layout(
         delta = place[:, None] - place[None, :]
         distance = np.maximum(np.abs(delta), 0.01)
         pull = ideal * ideal / distance**2 - joined * distance / ideal
-        shift = (delta * pull).sum(axis=1) - 2.0 * ideal * count * (place - (0.5 + 0.5j))
+        shift = (delta * pull).sum(axis=1) - GRAVITY * (place - (0.5 + 0.5j))
         length = np.maximum(np.abs(shift), 1e-9)
         place += shift * (np.minimum(length, heat) / length)
         heat -= 0.1 / (iterations + 1)

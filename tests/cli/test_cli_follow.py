@@ -13,9 +13,8 @@ import pytest
 from typer.testing import CliRunner, Result
 
 import mnemo
-from mnemo.adapters.offline import OfflineLLM
 from mnemo.cli import app
-from tests.cli.test_cli_inspection import _leave_extracting, _sessions
+from tests.cli.test_cli_inspection import _leave_extracting, _sessions, count_tasks
 
 REPO = "ops"
 GOAL = "Deploy the blog"
@@ -186,14 +185,7 @@ def test_show_and_diff_take_no_extraction_over(
     sid = anyio.run(_leave_extracting, store)
     before = anyio.run(_sessions, store)
     assert sid in [s.id for s in before]
-    asked: list[str] = []
-    answer = OfflineLLM.generate
-
-    async def counted(self: OfflineLLM, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
-        asked.append(request.task)
-        return await answer(self, request)
-
-    monkeypatch.setattr(OfflineLLM, "generate", counted)
+    asked = count_tasks(monkeypatch)
     commit = ok_json("history", REPO, "--store", store)[-1]
     node = ok_json("diff", commit["id"], "--store", store)["added"][0]
     ok("show", node["id"], "--store", store)

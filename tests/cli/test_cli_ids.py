@@ -105,8 +105,8 @@ async def test_node_ids_are_found_by_a_short_id(mem: mnemo.Memory) -> None:
     assert await mem.node_ids("r", "semantic\\_") == []
     assert len(await mem.node_ids("r", "semantic_", limit=100)) > 1
     assert len(await mem.node_ids("r", "semantic_", limit=1)) == 1
-    for bad in ({"prefix": " "}, {"prefix": "x", "limit": 0}, {"prefix": "x", "limit": 101}):
+    for prefix, limit in ((" ", 2), ("x", 0), ("x", 101)):
         with pytest.raises(mnemo.InvalidInputError):
-            await mem.node_ids("r", bad["prefix"], limit=int(bad.get("limit", 2)))
+            await mem.node_ids("r", prefix, limit=limit)
     with pytest.raises(mnemo.NotFoundError):
         await mem.node_ids("nope", "x")

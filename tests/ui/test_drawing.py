@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import httpx
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import mnemo
-from mnemo.graph.model import LinkType, Node, NodeId, NodeType
+from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType
 from mnemo.ui.app import create_app, subgraph
 from mnemo.ui.drawing import (
     MAX_DRAWN,
@@ -172,7 +173,7 @@ def test_the_picture_holds_each_node_once_and_the_links_among_them() -> None:
     assert drawn.link_types == (LinkType.MEMBERSHIP, LinkType.PROVENANCE)
 
 
-def _within(links: list[mnemo.Link], seeds: list[str], hops: int) -> set[str]:
+def _within(links: Sequence[Link], seeds: Sequence[str], hops: int) -> set[str]:
     """The nodes up to `hops` links from the seeds, by the repo's whole list of links."""
     reached, frontier = set(seeds), set(seeds)
     for _ in range(hops):

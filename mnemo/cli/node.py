@@ -180,7 +180,8 @@ def report_text(report: NodeReport) -> Group:
     node = report.node
     listed = {kind: nodes[:MAX_LISTED] for kind, nodes in report.linked.items()}
     short = short_ids(
-        [node.id, *(n.id for n in (*report.steps, *report.sources)),
+        [node.id, *(n.id for n in (*report.steps, *report.sources, *report.superseded_by,
+                                    *report.supersedes)),
          *(n.id for nodes in listed.values() for n in nodes)],
         kind=False,
     )
@@ -214,7 +215,7 @@ def report_text(report: NodeReport) -> Group:
         Text(node.text), fields,
     ]
     if report.sources or report.steps:
-        table = _section("Provenance", ("", "id", "what"))
+        table = _section("Provenance", 3)
         for source in report.sources:
             session = source.data.get("session_id")
             where = (f"session {sessions[str(session)]}" if session
@@ -225,7 +226,7 @@ def report_text(report: NodeReport) -> Group:
             table.add_row("step", short[step.id], Text(shorten(line, 200)))
         _more(table, len(report.steps))
         parts.append(table)
-    links = _section("Links", ("link", "id", "type", "text"))
+    links = _section("Links", 4)
     for kind, nodes in report.linked.items():
         for number, other in enumerate(listed[kind]):
             links.add_row(f"{kind.value} ({len(nodes)})" if number == 0 else "",
@@ -234,7 +235,7 @@ def report_text(report: NodeReport) -> Group:
     if not any(report.linked.values()):
         links.add_row("", "", "", Text("(no link)", style="dim"))
     parts.append(links)
-    history = _section("History", ("commit", "time", "change", "from"))
+    history = _section("History", 4)
     for commit, changes in report.history:
         history.add_row(commits[commit.id], f"{commit.committed_at:%Y-%m-%d %H:%M}",
                         ", ".join(changes),
@@ -249,11 +250,12 @@ def report_text(report: NodeReport) -> Group:
     return Group(*parts)
 
 
-def _section(title: str, columns: tuple[str, ...]) -> Table:
+def _section(title: str, columns: int) -> Table:
+    """A titled table without borders or header, its last column folded."""
     table = Table(title=f"\n{escape(title)}", title_justify="left", title_style="bold",
                   box=None, show_header=False)
-    for number, _ in enumerate(columns):
-        table.add_column(no_wrap=number < len(columns) - 1, overflow="fold")
+    for number in range(columns):
+        table.add_column(no_wrap=number < columns - 1, overflow="fold")
     return table
 
 

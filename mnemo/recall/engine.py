@@ -40,7 +40,7 @@ from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
 from mnemo.recall.candidates import Candidate as _Candidate
 from mnemo.recall.candidates import ReadContext as _Context
-from mnemo.recall.candidates import restatements_first
+from mnemo.recall.candidates import best_first, restatements_first
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
@@ -418,7 +418,7 @@ class Recaller:
         if restated:
             scored = restatements_first(scored, restated)
         else:
-            scored.sort(key=lambda item: (-item[0], item[1].id))
+            scored.sort(key=best_first)
         leads: list[tuple[float, Node, _Candidate]] = []
         if wanted is None:
             # Routes and sources lead to memories: after every memory, whatever their scores,

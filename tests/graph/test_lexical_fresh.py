@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
-from mnemo.storage.lexical.fresh import Fresh, FreshDoc, idf, unstale_hits
+from mnemo.storage.lexical.fresh import (
+    Fresh,
+    FreshDoc,
+    idf,
+    scores,
+    stem_text,
+    stored_doc,
+    stored_score,
+    unstale_hits,
+)
 from mnemo.storage.ports import Backend
 from tests.backends import open_stores
 from tests.graph._support import DIM, REPO
@@ -29,8 +38,7 @@ _puts = st.tuples(st.sampled_from(["r", "s"]), st.sampled_from("abcdef"), st.boo
 
 @given(st.lists(st.one_of(_puts, st.just("commit")), max_size=40))
 def test_counts_follow_puts_deletions_and_commits(script: list[Any]) -> None:
-    """`len` and `live_count` agree with a recount of what was put since the last commit
-    (the index reads `live_count` on every search, so it is kept, not walked)."""
+    """`len` and `entries` agree with a recount of what was put since the last commit."""
     fresh = Fresh()
     model: dict[tuple[str, str], bool] = {}  # (repo, key) -> a document (not a deletion)
     for step in script:
@@ -44,8 +52,8 @@ def test_counts_follow_puts_deletions_and_commits(script: list[Any]) -> None:
             model[(repo, key)] = live
         assert len(fresh) == len(model)
         for repo in ("r", "s"):
-            assert fresh.live_count(repo) == sum(
-                live for (r, _), live in model.items() if r == repo)
+            assert {k: doc is not None for k, (_, doc) in fresh.entries(repo).items()} == {
+                k: live for (r, k), live in model.items() if r == repo}
 
 
 def test_commit_waits_for_quiet_but_never_past_the_oldest_change() -> None:
@@ -338,3 +346,16 @@ async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the
         if result is None:  # being rebuilt: the store's search answers meanwhile
             await settled(backend)
         assert await found(backend, "saffron") == {"a", "b"}
+
+
+@given(st.lists(st.sampled_from(["job", "jobs", "a", "b", "ab"]), max_size=30),
+       st.lists(st.sampled_from(["job", "a", "b", "c"]), min_size=1, max_size=3, unique=True))
+def test_a_stored_document_scores_as_its_stems_do(stems: list[str], query: list[str]) -> None:
+    """A committed document, scored from its stored stems, scores to the bit what the same
+    document scores before its commit: a stem repeated side by side counts twice (its stored
+    form once counted such a pair as one)."""
+    weights = {stem: 1.0 + n for n, stem in enumerate(query)}
+    doc = FreshDoc.of("n", "semantic", stems)
+    assert stored_doc("n", "semantic", stem_text(stems)).terms == doc.terms
+    found = scores({"k": doc}, weights, None, 4.0)
+    assert stored_score(stem_text(stems), weights, 4.0) == (found[0][2] if found else 0.0)

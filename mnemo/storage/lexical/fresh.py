@@ -1,17 +1,18 @@
-"""The index's changes that are applied but not yet committed, and their BM25 scores.
+"""The index's changes that are applied but not yet committed, and the BM25 every search
+scores with.
 
 A tantivy commit is an fsync and a new segment: tens of milliseconds on a quiet disk, hundreds
 on a busy one (BENCHMARKS.md). A search right after a commit must see its nodes, so rather than
 commit before each search the index keeps what it applied since its last commit here, and a
-search scores these documents itself, with tantivy's BM25 (k1 1.2, b 0.75) and the index's
-document frequencies, beside the committed ones (whose stale copies it drops). The background
-thread commits them within a second, or sooner when they are many.
+search scores these documents beside the committed ones (whose stale copies it drops). The
+background thread commits them within a second, or sooner when they are many.
 
-The one approximation: BM25's average document length, which tantivy does not expose, is
-estimated from a sample of the store's nodes and the documents applied since, so their scores
-may differ from what tantivy gives them once committed by a fraction (tantivy's length norms
-are coarser too; tests/graph/test_lexical.py bounds it); they are only ever compared with
-committed documents' scores, and recall fuses ranks, not scores.
+Every hit, committed or not, is scored here with one BM25 (k1 1.2, b 0.75) over the repo's live
+documents (`Statistics`, kept exact as changes are applied): tantivy's own statistics count the
+copies a change deleted until a merge drops them, and every repo of a slot, so its scores moved
+with when the background thread had committed and merged. A committed document's stems are
+stored beside it (`stems`, as `stem_text` writes them), so a hit is scored from the document a
+search reads anyway, and scores the same committed or not.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 K1, B = 1.2, 0.75
@@ -52,7 +53,6 @@ class Fresh:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
         self._postings: dict[str, dict[str, set[str]]] = {}
         self._holders: dict[str, dict[str, set[str]]] = {}
-        self._live: Counter[str] = Counter()  # per repo, the entries that are documents
         self._version = 0
         self._count = 0
         self._clock = clock
@@ -91,9 +91,6 @@ class Fresh:
             self._count += 1
         elif old[1] is not None:
             self._unlist(repo, key, old[1])
-            self._live[repo] -= 1
-        if doc is not None:
-            self._live[repo] += 1
         entries[key] = (self._version, doc)
         if doc is not None:
             for stem in doc.terms:
@@ -116,13 +113,11 @@ class Fresh:
                 doc = entries.pop(key)[1]
                 if doc is not None:
                     self._unlist(repo, key, doc)
-                    self._live[repo] -= 1
             self._count -= len(gone)
             if not entries:
                 del self._repos[repo]
                 del self._postings[repo]
                 del self._holders[repo]
-                del self._live[repo]
         # Entries put after `upto` (none in the index, where puts and commits hold one
         # lock) wait from now: their own times are not kept.
         self.since = self._clock() if self._count else None
@@ -142,8 +137,9 @@ class Fresh:
         holders = self._holders.get(repo, {})
         return set(self._repos.get(repo, {})), set().union(*(holders.get(k, ()) for k in keys))
 
-    def live_count(self, repo: str) -> int:
-        return self._live[repo]
+    def entries(self, repo: str) -> Mapping[str, tuple[int, FreshDoc | None]]:
+        """The repo's entries by key: (version, the document or None for a deletion)."""
+        return self._repos.get(repo, {})
 
 
 def unstale_hits(
@@ -181,20 +177,52 @@ def document_frequencies(docs: Iterable[FreshDoc], stems: Collection[str]) -> Co
     return counts
 
 
-class AverageLength:
-    """A running mean of documents' lengths in tokens (BM25's average document length)."""
+@dataclass(slots=True)
+class Statistics:
+    """A repo's live documents as BM25 counts them: how many, their tokens, and how many hold
+    each stem."""
 
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.documents = 0
+    documents: int = 0
+    tokens: int = 0
+    frequencies: Counter[str] = field(default_factory=Counter)
 
-    def add(self, length: int) -> None:
-        self.tokens += length
-        self.documents += 1
+    def add(self, doc: FreshDoc, sign: int = 1) -> None:
+        """Counts `doc` in (`sign` 1) or out (-1)."""
+        self.documents += sign
+        self.tokens += sign * doc.length
+        for stem in doc.terms:
+            self.frequencies[stem] += sign
+            if not self.frequencies[stem]:
+                del self.frequencies[stem]
 
     @property
-    def value(self) -> float:
-        return self.tokens / self.documents if self.documents else 12.0
+    def average(self) -> float:
+        return self.tokens / self.documents if self.documents else 1.0
+
+
+def stem_text(stems: list[str]) -> bytes:
+    """A document's stems as its stored `stems` field holds them: each between two spaces of
+    its own, so that a stem's count is the count of " stem " (two of one stem side by side
+    share no space: `bytes.count` counts matches that do not overlap)."""
+    return "".join(f" {stem} " for stem in stems).encode()
+
+
+def stored_doc(node_id: str, kind: str, stored: bytes) -> FreshDoc:
+    """The document a committed copy's stored stems (`stem_text`) describe."""
+    return FreshDoc.of(node_id, kind, stored.decode().split())
+
+
+def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> float:
+    """BM25 of a document `length` tokens long from (idf, term frequency) of each query stem,
+    in the query's order: every hit is scored by this one sum, committed or not."""
+    norm = K1 * (1 - B + B * length / average)
+    return sum(weight * tf * (K1 + 1) / (tf + norm) for weight, tf in counts if tf)
+
+
+def stored_score(stored: bytes, weights: Mapping[str, float], average: float) -> float:
+    """`bm25` of a committed document from its stored stems (`stem_text`)."""
+    return bm25(((w, stored.count(f" {stem} ".encode())) for stem, w in weights.items()),
+                stored.count(b" ") // 2, average)
 
 
 def scores(
@@ -208,21 +236,14 @@ def scores(
     for key, doc in docs.items():
         if kinds is not None and doc.type not in kinds:
             continue
-        norm = K1 * (1 - B + B * doc.length / average)
-        score = sum(
-            weight * tf * (K1 + 1) / (tf + norm)
-            for stem, weight in idf.items()
-            if (tf := doc.terms.get(stem, 0))
-        )
+        score = bm25(((w, doc.terms.get(stem, 0)) for stem, w in idf.items()), doc.length,
+                     average)
         if score > 0:
             found.append((key, doc.id, score))
     return found
 
 
 def idf(documents: int, frequency: int) -> float:
-    """tantivy's (and Lucene's) BM25 idf, never negative: a term's frequency counts deleted
-    copies until tantivy merges their segment, while the count of documents does not, so
-    the frequency can exceed it (a repo's documents rewritten); a negative weight would drop
-    every uncommitted document holding the term from the search."""
+    """BM25's idf as tantivy and Lucene define it, never negative."""
     documents = max(documents, frequency)
     return math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))

@@ -215,6 +215,7 @@ class Recaller:
         if reranking:
             ranked = await self._rerank(query, ranked, k, degraded)
             trace.mark("rerank")
+        ranked = knowledge.above_their_steps(ranked, direct)
         if reranking or config.recall_mmr_lambda < 1.0:
             ranked = _descending(ranked)
         if ranked and reinforce:
@@ -413,8 +414,9 @@ class Recaller:
                 restated[node_id] = tier
         steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
         # A step and a fact made from it are one memory: the fact, when it matches.
-        stand_ins = knowledge.stand_ins(scored, direct, steps, restated,
-                                        procedural=plan.mode == "procedural")
+        stand_ins = (knowledge.stand_ins(scored, direct, context.sources, restated,
+                                         procedural=plan.mode == "procedural")
+                     if config.recall_distinct_steps else {})
         if restated:
             scored = restatements_first(scored, restated)
         else:

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical import fresh as lexical_fresh
 from mnemo.storage.lexical import index as lexical_index
 from mnemo.storage.lexical.fresh import (
     Fresh,
@@ -351,11 +352,16 @@ async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the
 @given(st.lists(st.sampled_from(["job", "jobs", "a", "b", "ab"]), max_size=30),
        st.lists(st.sampled_from(["job", "a", "b", "c"]), min_size=1, max_size=3, unique=True))
 def test_a_stored_document_scores_as_its_stems_do(stems: list[str], query: list[str]) -> None:
-    """A committed document, scored from its stored stems, scores to the bit what the same
-    document scores before its commit: a stem repeated side by side counts twice (its stored
-    form once counted such a pair as one)."""
+    """A committed document, scored from its stored stems (stem by stem, or all counted at
+    once for a long one), scores to the bit what the same document scores before its commit:
+    a stem repeated side by side counts twice (its stored form once counted such a pair as
+    one)."""
     weights = {stem: 1.0 + n for n, stem in enumerate(query)}
     doc = FreshDoc.of("n", "semantic", stems)
     assert stored_doc("n", "semantic", stem_text(stems)).terms == doc.terms
     found = scores({"k": doc}, weights, None, 4.0)
-    assert stored_score(stem_text(stems), weights, 4.0) == (found[0][2] if found else 0.0)
+    expected = found[0][2] if found else 0.0
+    for counted in (0, 10**9):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lexical_fresh, "COUNTED_BYTES", counted)
+            assert stored_score(stem_text(stems), weights, 4.0) == expected

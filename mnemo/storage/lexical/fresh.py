@@ -187,13 +187,13 @@ class Statistics:
     frequencies: Counter[str] = field(default_factory=Counter)
 
     def add(self, doc: FreshDoc, sign: int = 1) -> None:
-        """Counts `doc` in (`sign` 1) or out (-1)."""
+        """Counts `doc` in (`sign` 1) or out (-1); a stem no document holds may stay at 0."""
         self.documents += sign
         self.tokens += sign * doc.length
-        for stem in doc.terms:
-            self.frequencies[stem] += sign
-            if not self.frequencies[stem]:
-                del self.frequencies[stem]
+        if sign > 0:
+            self.frequencies.update(doc.terms.keys())
+        else:
+            self.frequencies.subtract(doc.terms.keys())
 
     @property
     def average(self) -> float:
@@ -220,9 +220,18 @@ def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> fl
 
 
 def stored_score(stored: bytes, weights: Mapping[str, float], average: float) -> float:
-    """`bm25` of a committed document from its stored stems (`stem_text`)."""
-    return bm25(((w, stored.count(f" {stem} ".encode())) for stem, w in weights.items()),
-                stored.count(b" ") // 2, average)
+    """`bm25` of a committed document from its stored stems (`stem_text`): each stem counted
+    in it, or, when that would read more than `COUNTED_BYTES`, its stems counted once."""
+    length = stored.count(b" ") // 2
+    if len(stored) * len(weights) <= COUNTED_BYTES:
+        return bm25(((w, stored.count(f" {stem} ".encode())) for stem, w in weights.items()),
+                    length, average)
+    terms = Counter(stored.decode().split())
+    return bm25(((w, terms[stem]) for stem, w in weights.items()), length, average)
+
+
+# Above this many bytes read to count a document's stems one by one, they are counted once.
+COUNTED_BYTES = 32_000
 
 
 def scores(

@@ -114,13 +114,14 @@ class Recaller:
         types: Iterable[NodeType] | None,
         reinforce: bool = True,
         as_of: datetime | None = None,
+        valid_at: datetime | None = None,
     ) -> RecallResult:
         trace = _Trace()
         # What the store keeps in memory is brought up to it once, here, not at each read.
         async with self.graph.reading(repo):
             trace.mark("look")
             return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
-                                      as_of=as_of, trace=trace)
+                                      when=temporal.When(as_of, valid_at), trace=trace)
 
     async def _recall(
         self,
@@ -130,7 +131,7 @@ class Recaller:
         k: int,
         types: Iterable[NodeType] | None,
         reinforce: bool,
-        as_of: datetime | None,
+        when: temporal.When,
         trace: _Trace,
     ) -> RecallResult:
         config = self.config
@@ -206,11 +207,9 @@ class Recaller:
                                       config.recall_speaker_boost)
         if boosts:
             trace.mark("speaker")
-        # With `as_of`, ranked wider: the nodes recorded since are left out.
-        wide = width * temporal.AS_OF_WIDTH if as_of is not None else width
-        ranked = await self._rank(repo, found, context, parts, plan, wanted, wide, boosts,
-                                  direct, as_of)
-        ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
+        ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
+                                  direct, when)
+        ranked = await temporal.in_time(self.graph, repo, ranked, when.as_of)
         trace.mark("rank")
         if reranking:
             ranked = await self._rerank(query, ranked, k, degraded)
@@ -387,10 +386,14 @@ class Recaller:
         k: int,
         boosts: Mapping[str, float],
         direct: Mapping[str, float],
-        as_of: datetime | None,
+        when: temporal.When,
     ) -> list[Recalled]:
         config = self.config
         nodes, stats = context.nodes, context.stats
+        # Nodes of another time (`as_of`, `valid_at`) are no candidates at all: the k
+        # results are of that time.
+        out = temporal.left_out(nodes.values(), context.sources, when) if (
+            when.as_of or when.valid_at) else set()
         weights = _MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
         query_words = parts.words
@@ -398,13 +401,13 @@ class Recaller:
         restated: dict[str, int] = {}
         for node_id, candidate in found.items():
             node = nodes.get(node_id)
-            if node is None or (wanted is not None and node.type not in wanted):
+            if node is None or (wanted is not None and node.type not in wanted) or node_id in out:
                 continue
             count, last = stats.get(node_id, (0, None))
             value = node_value(node.type, node.data, created_at=node.created_at,
                                last_access=last, access_count=count, now=now, config=config)
             score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
-            score *= boosts.get(node_id, 1.0) * temporal.weight(node, as_of)
+            score *= boosts.get(node_id, 1.0) * temporal.weight(node, when)
             if wanted is None and node.type in ROUTING:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score

@@ -51,12 +51,14 @@ class RecallService:
 
     async def recall(
         self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
-        as_of: datetime | None = None, session_id: str | None = None,
+        as_of: datetime | None = None, valid_at: datetime | None = None,
+        session_id: str | None = None,
     ) -> RecallResult:
         """The recall, reported as "recall_executed" (with `session_id` when it ran in the
         context of a session, `recall_in_context`)."""
         check_text(query, "query", limit=self._max_chars(repo), stored=False)
-        as_of = temporal.check_as_of(as_of)
+        as_of = temporal.check_moment(as_of, "as_of")
+        valid_at = temporal.check_moment(valid_at, "valid_at")
         runtime = self._runtime(repo)
         check_count("k", k, minimum=1, maximum=runtime.config.max_results,
                     setting="Config.max_results")
@@ -66,7 +68,7 @@ class RecallService:
         )
         result = await recaller.recall(
             repo, query, k=k, types=None if types is None else node_types(types),
-            reinforce=reinforce, as_of=as_of,
+            reinforce=reinforce, as_of=as_of, valid_at=valid_at,
         )
         await self._events.emit(
             "recall_executed", session_id=session_id, repo=repo, query=query, k=k,

@@ -354,16 +354,18 @@ CASES: tuple[Case, ...] = (
 class SuiteLLM(FakeLLM):
     """The test model: `FakeLLM`, whose "semantic" and "procedural" tasks extract exactly the
     facts and procedures `SESSIONS` writes beside each step (each from its own step), and
-    whose "contradiction" task knows `CORRECTIONS`."""
+    whose "contradiction" task knows `corrections` (`CORRECTIONS`)."""
 
-    def __init__(self, sessions: Sequence[Session] = SESSIONS) -> None:
+    def __init__(self, sessions: Sequence[Session] = SESSIONS,
+                 corrections: frozenset[tuple[str, str]] = CORRECTIONS) -> None:
         super().__init__()
         self._told = {t.observation: t for s in sessions for t in s.steps}
+        self._corrections = corrections
 
     def _answer(self, task: str, inputs: dict[str, Any]) -> mnemo.LLMResponse:
         if task == "contradiction":
             ended = [p["index"] for p in inputs.get("pairs", [])
-                     if (str(p["existing"]), str(p["new"])) in CORRECTIONS]
+                     if (str(p["existing"]), str(p["new"])) in self._corrections]
             return mnemo.LLMResponse(data={"contradicted": ended},
                                      usage=mnemo.Usage(input_tokens=1, output_tokens=1))
         if task not in ("semantic", "procedural"):

@@ -31,6 +31,7 @@ async def test_an_extracted_fact_or_procedure_answers_first(store: str) -> None:
     assert report.mrr >= 0.9, _misses(report)
 
 
+@pytest.mark.slow
 async def test_rankings_are_the_same_quick_and_slowed(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,8 +13,11 @@ share of questions whose gold answer, normalised (lower case, punctuation and ar
 spaces collapsed), occurs whole in the texts of the top 5 (each node's own text and the turns
 its provenance points to), so that a fact that states the answer counts as much as the turn.
 
-In the same run, over the same turns: a plain FTS5 BM25 baseline (one row per turn) and a
-dense-only baseline (cosine over the embedder's turn vectors).
+In the same run, over the same turns: a plain FTS5 BM25 baseline (one row per turn), a
+dense-only baseline (cosine over the embedder's turn vectors), and engram-search's first stage
+without a model (`chunk_baseline`: sessions cut into chunks of `CHUNK` turns with the
+speakers' names in their text, FTS5 BM25 and dense fused by reciprocal rank), whose rows
+count chunks, not turns: compare its session R@5.
 
     .venv/bin/python scripts/eval_locomo.py [--conversations 0-6]
         [--embedder default|hash|e5-small-q4] [--set FIELD=VALUE ...] [--db PATH]
@@ -281,6 +284,40 @@ def bm25_baseline(conversation: Conversation, scores: Scores) -> None:
                    answered=answered(q.answer, [r[1] for r in rows[:ANSWER_K]]))
 
 
+# Turns per chunk of the chunk baseline: about 250 words, what the default embedder reads.
+CHUNK = 8
+
+
+async def chunk_baseline(embedder: mnemo.Embedder, conversation: Conversation,
+                         scores: Scores) -> None:
+    """Sessions in chunks of `CHUNK` turns, ranked by reciprocal rank fusion (k 60) of FTS5
+    BM25 and the embedder's cosine; each chunk counts for its turns."""
+    chunks = [turns[i:i + CHUNK] for _, turns in conversation.sessions.values()
+              for i in range(0, len(turns), CHUNK)]
+    texts = [" ".join(t.text for t in chunk) for chunk in chunks]
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE c USING fts5(text, tokenize='porter unicode61')")
+    db.executemany("INSERT INTO c(rowid, text) VALUES (?, ?)", list(enumerate(texts)))
+    matrix = np.asarray(await embedder.embed(texts), dtype=np.float32)
+    matrix /= np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    queries = np.asarray(await query_side(embedder).embed(
+        [q.text for q in conversation.questions]), dtype=np.float32)
+    queries /= np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+    for q, vector in zip(conversation.questions, queries, strict=True):
+        match = fts_query(q.text)
+        lexical = [r[0] for r in db.execute(
+            "SELECT rowid FROM c WHERE c MATCH ? ORDER BY bm25(c) LIMIT 50", (match,))
+        ] if match else []
+        dense = [int(i) for i in np.argsort(-(matrix @ vector))[:50]]
+        fused: dict[int, float] = {}
+        for ranking in (lexical, dense):
+            for rank, i in enumerate(ranking, start=1):
+                fused[i] = fused.get(i, 0.0) + 1 / (60 + rank)
+        top = sorted(fused, key=lambda i: -fused[i])[:10]
+        scores.add(q.category, [frozenset(t.dia_id for t in chunks[i]) for i in top],
+                   q.evidence, answered=answered(q.answer, [texts[i] for i in top[:ANSWER_K]]))
+
+
 async def dense_baseline(embedder: mnemo.Embedder, conversation: Conversation,
                          scores: Scores) -> None:
     turns = [t for _, ts in conversation.sessions.values() for t in ts]
@@ -359,7 +396,8 @@ async def main(args: argparse.Namespace) -> None:
     if args.ceiling:
         results[f"best order of the first {args.ceiling}"] = Scores()
     if args.baselines:
-        results |= {"BM25 (FTS5) baseline": Scores(), "dense-only baseline": Scores()}
+        results |= {"BM25 (FTS5) baseline": Scores(), "dense-only baseline": Scores(),
+                    f"chunks of {CHUNK} turns, BM25 + dense": Scores()}
     embedder = pick_embedder(args.embedder)
     config = config_of(args.set)
     console.print(f"embedder {args.embedder}; config overrides: {args.set or 'none'}")
@@ -410,6 +448,8 @@ async def _run(path: Path, conversations: list[Conversation], embedder: mnemo.Em
                 dense_embedder = embedder or mem._repos.get(repo).embedder
                 await dense_baseline(dense_embedder, conversation,
                                      results["dense-only baseline"])
+                await chunk_baseline(dense_embedder, conversation,
+                                     results[f"chunks of {CHUNK} turns, BM25 + dense"])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

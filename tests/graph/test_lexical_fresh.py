@@ -21,6 +21,7 @@ from mnemo.storage.lexical.fresh import (
     Fresh,
     FreshDoc,
     idf,
+    needles,
     scores,
     stem_text,
     stored_doc,
@@ -364,4 +365,4 @@ def test_a_stored_document_scores_as_its_stems_do(stems: list[str], query: list[
     for counted in (0, 10**9):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(lexical_fresh, "COUNTED_BYTES", counted)
-            assert stored_score(stem_text(stems), weights, 4.0) == expected
+            assert stored_score(stem_text(stems), needles(weights), 4.0) == expected

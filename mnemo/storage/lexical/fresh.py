@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,18 +216,28 @@ def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> fl
     """BM25 of a document `length` tokens long from (idf, term frequency) of each query stem,
     in the query's order: every hit is scored by this one sum, committed or not."""
     norm = K1 * (1 - B + B * length / average)
-    return sum(weight * tf * (K1 + 1) / (tf + norm) for weight, tf in counts if tf)
+    score = 0.0
+    for weight, tf in counts:
+        if tf:
+            score += weight * tf * (K1 + 1) / (tf + norm)
+    return score
 
 
-def stored_score(stored: bytes, weights: Mapping[str, float], average: float) -> float:
-    """`bm25` of a committed document from its stored stems (`stem_text`): each stem counted
-    in it, or, when that would read more than `COUNTED_BYTES`, its stems counted once."""
+def stored_score(stored: bytes, needles: Sequence[tuple[str, bytes, float]],
+                 average: float) -> float:
+    """`bm25` of a committed document from its stored stems (`stem_text`), with `needles`,
+    each query stem's (stem, " stem " as bytes, idf) (`needles`): each stem counted in it,
+    or, when that would read more than `COUNTED_BYTES`, its stems counted once."""
     length = stored.count(b" ") // 2
-    if len(stored) * len(weights) <= COUNTED_BYTES:
-        return bm25(((w, stored.count(f" {stem} ".encode())) for stem, w in weights.items()),
-                    length, average)
+    if len(stored) * len(needles) <= COUNTED_BYTES:
+        return bm25([(w, stored.count(needle)) for _, needle, w in needles], length, average)
     terms = Counter(stored.decode().split())
-    return bm25(((w, terms[stem]) for stem, w in weights.items()), length, average)
+    return bm25([(w, terms[stem]) for stem, _, w in needles], length, average)
+
+
+def needles(weights: Mapping[str, float]) -> list[tuple[str, bytes, float]]:
+    """Each stem of `weights` (idf by stem) as `stored_score` looks for it."""
+    return [(stem, f" {stem} ".encode(), w) for stem, w in weights.items()]
 
 
 # Above this many bytes read to count a document's stems one by one, they are counted once.
@@ -245,7 +255,7 @@ def scores(
     for key, doc in docs.items():
         if kinds is not None and doc.type not in kinds:
             continue
-        score = bm25(((w, doc.terms.get(stem, 0)) for stem, w in idf.items()), doc.length,
+        score = bm25([(w, doc.terms.get(stem, 0)) for stem, w in idf.items()], doc.length,
                      average)
         if score > 0:
             found.append((key, doc.id, score))

@@ -45,6 +45,7 @@ from mnemo.storage.lexical.fresh import (
     FreshDoc,
     Statistics,
     idf,
+    needles,
     scores,
     stem_text,
     stored_doc,
@@ -97,10 +98,10 @@ FORMAT = "v6"
 COMMIT_AFTER = 0.5
 COMMIT_WITHIN = 1.0
 COMMIT_ABOVE = 2_000
-# Hits read from tantivy, as a multiple of those asked for: tantivy ranks by its own statistics
-# (deleted copies counted until a merge), and each hit it gives is scored again exactly, so the
-# best of a wider cut are the exact best.
-WIDER = 2
+# Hits read from tantivy beyond those asked for: tantivy ranks by its own statistics (deleted
+# copies counted until a merge, lengths in coarse steps), and each hit it gives is scored again
+# exactly, so the best of a wider cut are the exact best.
+MORE = 10
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
 
@@ -207,9 +208,10 @@ class LexicalIndex:
         # enter the top k (1M nodes: 4.1 -> 1.1 ms); a filter makes it score every match.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
         weights = {s: idf(documents, df) for df, s in kept}
+        wanted = needles(weights)
         found = [(doc["key"][0], doc["id"][0].decode(),
-                  stored_score(doc["stems"][0], weights, average))
-                 for _, doc in unstale_hits(searcher, query, WIDER * limit, stale)]
+                  stored_score(doc["stems"][0], wanted, average))
+                 for _, doc in unstale_hits(searcher, query, limit + MORE, stale)]
         if fresh:
             found += scores(fresh, weights, kinds, average)
         # Ties in the order the nodes were written (their rowids), as the store's own search

@@ -631,21 +631,3 @@ async def test_closing_commits_at_once_instead_of_waiting_for_more_writes(
         await index.aclose()
     assert len(index._fresh) == 0
 
-
-async def test_a_common_word_counts_in_a_small_repo(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A word in most of a small repo's documents still counts (a speaker's name in a
-    conversation): the match of both words first, then those of one; where such a word is in
-    too many documents (`CUT_FROM`), it is left out of the search."""
-    texts = {f"k{i}": f"the kettle number {i}" for i in range(7)}
-    texts |= {"both": "the copper kettle", "copper": "a copper pan", "plain": "a pan"}
-    await add(backend, "c1", texts)
-    found = await lexical(backend).search(REPO, "copper kettle", 20, None)
-    assert found is not None
-    assert found[0][0] == "both"
-    assert {i for i, _ in found} == set(texts) - {"plain"}
-    monkeypatch.setattr(lexical_index, "CUT_FROM", 0)
-    cut = await lexical(backend).search(REPO, "copper kettle", 20, None)
-    assert cut is not None
-    assert {i for i, _ in cut} == {"both", "copper"}

@@ -69,13 +69,12 @@ from mnemo.text import query_words
 
 log = logging.getLogger("mnemo.lexical")
 
-# Query terms in more of the documents than this, and in more than `CUT_FROM` of them, are
-# dropped (unless that leaves none, then the `KEEP_RAREST` rarest stay): at 1M nodes 20 % cuts
-# in-context queries from 12.4 to 3.7 ms (BENCHMARKS.md); a term in fewer documents costs
-# little to score and is kept (LoCoMo dev: R@10 0.772 -> 0.777, answer@5 0.318 -> 0.330,
-# DECISIONS.md "Conversations' first stage").
+# Query terms in more of the documents than this are dropped (unless that leaves none, then
+# the `KEEP_RAREST` rarest stay): measured on LoCoMo, 20 % costs 0.555 -> 0.549 evidence
+# recall@10 and cuts 1M-node in-context queries from 12.4 to 3.7 ms (BENCHMARKS.md); kept in
+# small repos, such a word let a step whose window held a fact's words outrank the fact
+# (DECISIONS.md, "Conversations' first stage").
 DF_CUT = 0.2
-CUT_FROM = 10_000
 KEEP_RAREST = 2
 # Changes applied inline before a search; a longer backlog is applied in the background
 # while the store's own search answers.
@@ -192,8 +191,7 @@ class LexicalIndex:
 
         if not present:
             return []
-        kept = ([(df, s) for df, s in present if df <= max(DF_CUT * documents, CUT_FROM)]
-                or present[:KEEP_RAREST])
+        kept = [(df, s) for df, s in present if df <= DF_CUT * documents] or present[:KEEP_RAREST]
         match = tv.Query.boolean_query(
             [(tv.Occur.Should, tv.Query.term_query(self._schema, "text", s)) for _, s in kept]
         )

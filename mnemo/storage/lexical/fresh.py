@@ -199,6 +199,32 @@ class Statistics:
     def average(self) -> float:
         return self.tokens / self.documents if self.documents else 1.0
 
+    @classmethod
+    def read(cls, searcher: Any, fields: Any, repo: str) -> Statistics:
+        """The repo's statistics in a slot's committed documents: tantivy's filtered term walk
+        and sum over the `length` fast field count live documents only."""
+        import tantivy as tv
+
+        mine = tv.Query.term_query(fields, "repo", repo)
+        counted = searcher.aggregate(mine, {
+            "documents": {"value_count": {"field": "length"}},
+            "tokens": {"sum": {"field": "length"}},
+        })
+        return cls(int(counted["documents"]["value"] or 0), int(counted["tokens"]["value"] or 0),
+                   Counter(dict(searcher.terms_with_prefix("text", "", filter_query=mine))))
+
+
+def committed_docs(searcher: Any, fields: Any, keys: list[str]) -> list[FreshDoc]:
+    """The committed documents of these keys, as their stored stems describe them (each key
+    has at most one: a write deletes by key first)."""
+    import tantivy as tv
+
+    if not keys:
+        return []
+    query = tv.Query.term_set_query(fields, "key", keys)
+    docs = (searcher.doc(a) for _, a in searcher.search(query, len(keys), count=False).hits)
+    return [stored_doc(doc["id"][0].decode(), "", doc["stems"][0]) for doc in docs]
+
 
 def stem_text(stems: list[str]) -> bytes:
     """A document's stems as its stored `stems` field holds them: each between two spaces of

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -44,11 +43,11 @@ from mnemo.storage.lexical.fresh import (
     Fresh,
     FreshDoc,
     Statistics,
+    committed_docs,
     idf,
     needles,
     scores,
     stem_text,
-    stored_doc,
     stored_score,
     unstale_hits,
 )
@@ -222,19 +221,10 @@ class LexicalIndex:
         applied since the first time. Holds the lock."""
         stats = self._stats.get(repo)
         if stats is None:
-            import tantivy as tv
-
             searcher = self._index.searcher()
-            mine = tv.Query.term_query(self._schema, "repo", repo)
-            counted = searcher.aggregate(mine, {
-                "documents": {"value_count": {"field": "length"}},
-                "tokens": {"sum": {"field": "length"}},
-            })
-            stats = self._stats[repo] = Statistics(
-                int(counted["documents"]["value"] or 0), int(counted["tokens"]["value"] or 0),
-                Counter(dict(searcher.terms_with_prefix("text", "", filter_query=mine))))
+            stats = self._stats[repo] = Statistics.read(searcher, self._schema, repo)
             entries = self._fresh.entries(repo)
-            for before in self._committed(list(entries)):
+            for before in committed_docs(searcher, self._schema, list(entries)):
                 stats.add(before, -1)
             for _, doc in entries.values():
                 if doc is not None:
@@ -309,19 +299,8 @@ class LexicalIndex:
         keys = list(dict.fromkeys(keys))
         entries = self._fresh.entries(repo)
         out = [doc for k in keys if k in entries and (doc := entries[k][1]) is not None]
-        return out + self._committed([k for k in keys if k not in entries])
-
-    def _committed(self, keys: list[str]) -> list[FreshDoc]:
-        """The committed documents of these keys (each key has at most one: a write deletes
-        by key first)."""
-        import tantivy as tv
-
-        if not keys:
-            return []
-        searcher = self._index.searcher()
-        query = tv.Query.term_set_query(self._schema, "key", keys)
-        docs = (searcher.doc(a) for _, a in searcher.search(query, len(keys), count=False).hits)
-        return [stored_doc(doc["id"][0].decode(), "", doc["stems"][0]) for doc in docs]
+        return out + committed_docs(self._index.searcher(), self._schema,
+                                    [k for k in keys if k not in entries])
 
     def _holders(self, repo: str, keys: list[str]) -> set[int]:
         """The rowids of the documents, committed or applied since, that hold the text of one

@@ -118,9 +118,9 @@ class _Searcher:
         hits = [(float(-n), _Address(n)) for n in range(min(limit, len(self.keys)))]
         return type("Result", (), {"hits": hits})()
 
-    def doc(self, address: _Address) -> dict[str, list[str]]:
+    def doc(self, address: _Address) -> dict[str, list[Any]]:
         self.read += 1
-        return {"key": [self.keys[address.doc]]}
+        return {"key": [self.keys[address.doc]], "id": [b"n"], "stems": [b" s "]}
 
 
 @given(st.lists(st.booleans(), max_size=60), st.integers(1, 12), st.integers(0, 200))
@@ -134,7 +134,7 @@ def test_unstale_hits_are_the_ranking_without_the_stale(
     stale = {k for k, mark in zip(keys, stale_marks, strict=True) if mark}
     stale |= {f"new{n}" for n in range(new)}
     searcher = _Searcher(keys)
-    got = [doc["key"][0] for _, doc in unstale_hits(searcher, None, limit, stale)]
+    got = [doc[0] for _, doc in unstale_hits(searcher, None, limit, stale, {})]
     assert got == [k for k in keys if k not in stale][:limit]
     assert searcher.read == len({*range(max(searcher.asked))} & {*range(len(keys))})
     assert max(searcher.asked) <= limit + 2 * len(stale & set(keys)) or len(searcher.asked) == 1
@@ -145,9 +145,25 @@ def test_fresh_new_documents_do_not_widen_the_search() -> None:
     2,000 new nodes not yet committed made every search read 2,000 documents."""
     searcher = _Searcher([f"k{n}" for n in range(5_000)])
     stale = {f"new{n}" for n in range(2_000)}
-    assert len(unstale_hits(searcher, None, 10, stale)) == 10
+    assert len(unstale_hits(searcher, None, 10, stale, {})) == 10
     assert searcher.asked == [10]
     assert searcher.read == 10
+
+
+def test_documents_read_are_read_once_until_the_next_commit() -> None:
+    """The documents a search read are kept for the next searches (of the same commit: the
+    index starts a new store of them at each): a second search reads none again, and the
+    store never holds more than `READ_KEEP` of them."""
+    searcher = _Searcher([f"k{n}" for n in range(50)])
+    read: dict[tuple[int, int], Any] = {}
+    first = unstale_hits(searcher, None, 10, set(), read)
+    assert searcher.read == 10
+    assert unstale_hits(searcher, None, 10, set(), read) == first
+    assert searcher.read == 10
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lexical_fresh, "READ_KEEP", 5)
+        unstale_hits(searcher, None, 20, set(), read)
+    assert len(read) <= 5
 
 
 def test_a_key_committed_twice_cannot_keep_the_search_asking() -> None:
@@ -155,8 +171,8 @@ def test_a_key_committed_twice_cannot_keep_the_search_asking() -> None:
     two, the search stops asking once the stale keys could all have been skipped (it asked
     for ever before), and still returns nothing stale."""
     searcher = _Searcher(["s", "s", "s", "s", "a"])
-    got = unstale_hits(searcher, None, 2, {"s"})
-    assert all(doc["key"][0] != "s" for _, doc in got)
+    got = unstale_hits(searcher, None, 2, {"s"}, {})
+    assert all(doc[0] != "s" for _, doc in got)
     assert len(searcher.asked) <= 3
 
 

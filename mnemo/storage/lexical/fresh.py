@@ -142,15 +142,22 @@ class Fresh:
         return self._repos.get(repo, {})
 
 
+# A committed document as a search reads it: its key, its node's id and its stored stems.
+Stored = tuple[str, str, bytes]
+# The most committed documents a slot keeps read between two commits (`unstale_hits`).
+READ_KEEP = 20_000
+
+
 def unstale_hits(
-    searcher: Any, query: Any, limit: int, stale: Collection[str]
-) -> list[tuple[float, Any]]:
+    searcher: Any, query: Any, limit: int, stale: Collection[str],
+    read: dict[tuple[int, int], Stored],
+) -> list[tuple[float, Stored]]:
     """The best `limit` hits of `query` (score, stored document) whose key is not in `stale`
     (committed copies of what changed since). Asks tantivy for `limit` more than the stale
     hits seen so far, round after round, rather than for `limit + len(stale)` at once: the
     stale entries are mostly documents never committed before (a new node), and each hit
-    asked for is a document read."""
-    read: dict[tuple[int, int], Any] = {}  # by (segment, document)
+    asked for is a document read. `read` keeps the documents read, by (segment, document),
+    for the searches of the same commit (at most `READ_KEEP`)."""
     want = limit
     while True:
         hits = searcher.search(query, want, count=False).hits
@@ -159,8 +166,11 @@ def unstale_hits(
             at = (address.segment_ord, address.doc)
             doc = read.get(at)
             if doc is None:
-                doc = read[at] = searcher.doc(address)
-            if doc["key"][0] not in stale:
+                if len(read) >= READ_KEEP:
+                    read.clear()
+                got = searcher.doc(address)
+                doc = read[at] = (got["key"][0], got["id"][0].decode(), got["stems"][0])
+            if doc[0] not in stale:
                 kept.append((score, doc))
         # Some hits were stale: as many again may be further down, never more than all (a
         # key's one committed copy each: should a key have two, the asking stops there).
@@ -168,13 +178,6 @@ def unstale_hits(
         if len(kept) >= limit or len(hits) < want or more <= want:
             return kept[:limit]
         want = more
-
-
-def document_frequencies(docs: Iterable[FreshDoc], stems: Collection[str]) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for doc in docs:
-        counts.update(stem for stem in stems if stem in doc.terms)
-    return counts
 
 
 @dataclass(slots=True)

@@ -43,6 +43,7 @@ from mnemo.storage.lexical.fresh import (
     Fresh,
     FreshDoc,
     Statistics,
+    Stored,
     committed_docs,
     idf,
     needles,
@@ -129,6 +130,9 @@ class LexicalIndex:
         # Per repo, its live documents' BM25 statistics (under `_lock`): read from the slot at
         # the repo's first search, then kept as changes are applied.
         self._stats: dict[str, Statistics] = {}
+        # The committed documents searches read since the last commit (`unstale_hits`; under
+        # `_lock`, or held by a search that took it with its searcher).
+        self._read: dict[tuple[int, int], Stored] = {}
         # The repos with committed documents (at most two named; under `_lock`), read once per
         # commit: None until read.
         self._repos: list[str] | None = None
@@ -182,7 +186,7 @@ class LexicalIndex:
             alone = self._repos in ([], [repo])
             stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
             stale, fresh = self._fresh.of(repo, stems)
-            documents, average = stats.documents, stats.average
+            documents, average, read = stats.documents, stats.average, self._read
             present = sorted((df, s) for s in stems if (df := stats.frequencies.get(s, 0)))
         finally:
             self._lock.release()
@@ -206,9 +210,9 @@ class LexicalIndex:
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
         weights = {s: idf(documents, df) for df, s in kept}
         wanted = needles(weights)
-        found = [(doc["key"][0], doc["id"][0].decode(),
-                  stored_score(doc["stems"][0], wanted, average))
-                 for _, doc in unstale_hits(searcher, query, limit + MORE, stale)]
+        found = [(at, node_id, stored_score(stems, wanted, average))
+                 for _, (at, node_id, stems)
+                 in unstale_hits(searcher, query, limit + MORE, stale, read)]
         if fresh:
             found += scores(fresh, weights, kinds, average)
         # Ties in the order the nodes were written (their rowids), as the store's own search
@@ -313,8 +317,8 @@ class LexicalIndex:
         searcher = self._index.searcher()
         # A node's text is in at most 2 x WINDOW other documents.
         query = tv.Query.term_set_query(self._schema, "holds", keys)
-        hits = unstale_hits(searcher, query, 2 * WINDOW * len(keys) + 1, stale)
-        held |= {doc["key"][0] for _, doc in hits}
+        hits = unstale_hits(searcher, query, 2 * WINDOW * len(keys) + 1, stale, self._read)
+        held |= {at for _, (at, _, _) in hits}
         return {rowid_of(k) for k in held}
 
     def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
@@ -348,6 +352,7 @@ class LexicalIndex:
         upto = self._fresh.version
         self._writer.commit()
         self._index.reload()
+        self._read = {}
         self._repos = None
         self._fresh.committed(upto)
 
@@ -536,7 +541,7 @@ class LexicalIndex:
             index = open_index(folder, self._schema)
             writer = index.writer(heap_size=HEAP, num_threads=1)
         index.config_reader(reload_policy="manual")
-        self._index, self._writer, self._repos = index, writer, None
+        self._index, self._writer, self._repos, self._read = index, writer, None, {}
         searcher = index.searcher()
         marks = searcher.search(tv.Query.term_query(self._schema, "key", _EPOCH), 1).hits
         if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():

@@ -101,3 +101,42 @@ async def test_a_reranking_never_puts_a_retired_fact_above_its_successor(
     texts = [m.node.text for m in memories]
     porto, lisbon = (texts.index(f"fact: Dana lives in {c}.") for c in ("Porto", "Lisbon"))
     assert porto == lisbon - 1
+
+async def test_valid_at_answers_with_the_facts_that_held_then(mem: mnemo.Memory) -> None:
+    """Lisbon told as of 10 January 2023, Porto as of 1 May 2024: asked for June 2023 the
+    recall answers Lisbon, for June 2024 Porto, for 2022 no fact of Dana, and the step that
+    told a fact of another time is left out with it; a non-datetime is invalid input."""
+    await tell(mem, "m", "Dana lives in Lisbon.", "10 January 2023")
+    await tell(mem, "j", "Dana lives in Porto.", "1 May 2024")
+
+    async def dana(moment: datetime, types: list[mnemo.NodeType] | None = SEMANTIC
+                   ) -> list[mnemo.Recalled]:
+        found = await mem.recall(REPO, "where did Dana live?", types=types, valid_at=moment)
+        return [m for m in found.memories if "Dana" in m.node.text]
+
+    june_2023 = await dana(datetime(2023, 6, 1, tzinfo=UTC))
+    assert [m.node.text for m in june_2023] == ["fact: Dana lives in Lisbon."]
+    assert june_2023[0].retired  # since, not then: it is not weighed down for it
+    assert [m.node.text for m in await dana(datetime(2024, 6, 1))] == [
+        "fact: Dana lives in Porto."]
+    assert await dana(datetime(2022, 1, 1, tzinfo=UTC)) == []
+    every_type = await dana(datetime(2023, 6, 1, tzinfo=UTC), None)
+    assert every_type[0].node.text == "fact: Dana lives in Lisbon."
+    assert all("Porto" not in m.node.text for m in every_type)
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.recall(REPO, "Dana", valid_at="June 2023")  # type: ignore[arg-type]
+
+
+async def test_valid_at_and_as_of_answer_together(mem: mnemo.Memory) -> None:
+    """As of a time before Porto was told, Lisbon had no end yet: asked for June 2024 it
+    holds; as of now, it ended on 1 May 2024."""
+    await tell(mem, "m", "Dana lives in Lisbon.", "10 January 2023")
+    between = now_utc()
+    await tell(mem, "j", "Dana lives in Porto.", "1 May 2024")
+    june_2024 = datetime(2024, 6, 1, tzinfo=UTC)
+    then = await mem.recall(REPO, "Dana lives", types=SEMANTIC, as_of=between,
+                            valid_at=june_2024)
+    assert [m.node.text for m in then.memories] == ["fact: Dana lives in Lisbon."]
+    now = await mem.recall(REPO, "Dana lives", types=SEMANTIC, valid_at=june_2024)
+    assert [m.node.text for m in now.memories if "Dana" in m.node.text] == [
+        "fact: Dana lives in Porto."]

@@ -14,7 +14,7 @@ from mnemo.version import DISTRIBUTION, foreign_distributions
 ROOT = Path(__file__).resolve().parent.parent
 NAME = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
 # What `pip install` installs: its first argument that is not an option.
-X
+INSTALL = re.compile(r"pip install (?:-[-\w]+ )*\\?['\"]?([\w.-]+(?:\[[\w,-]+\])?)")
 
 
 def install_lines() -> list[tuple[str, str]]:

@@ -18,8 +18,8 @@ tokens/s), local CPU (1 slot, 15 tokens/s). For each:
    against a fake server with room that answers at once).
 
 Run: `.venv/bin/python scripts/bench_providers.py [--quick] [--profiles hosted,gpu,cpu]`;
-`--quick` runs 5 ingests instead of 20. The full run takes a few minutes (the CPU profile
-answers a request in about 2-4 s). Measure an older checkout with `PYTHONPATH=<its root>`: the
+`--quick` runs 5 ingests instead of 20. The CPU profile's requests make most of a full
+run. Measure an older checkout with `PYTHONPATH=<its root>`: the
 script appends its own root to `sys.path` only to borrow the fake provider.
 """
 

@@ -42,7 +42,7 @@ written into a fresh one in one transaction by `executemany` and by binary `COPY
    and all append to one shared session; appends/s, p50/p99, commits/s and nodes/s.
 
 Run: `.venv/bin/python scripts/bench_sessions.py [--quick] [--profile] [--store URL|embedded]
-[--processes N[,N...]]`. `--quick` shrinks every size (10-20 s on SQLite alone); `--profile`
+[--processes N[,N...]]`. `--quick` shrinks every size; `--profile`
 adds cProfile listings of the append and commit paths (SQLite).
 """
 

@@ -27,8 +27,8 @@ connection on each request and reply, so its cost per call grows with the calls 
 (issue 13, item 4): httpcore then retries `import sniffio`, a failed import that scans
 sys.path, on every connection-pool operation.
 
-Run: `.venv/bin/python scripts/bench_transport.py [--calls 2000] [--hide-sniffio]`
-(about 20 s). With no `--hide-sniffio` it also runs itself with it, in a subprocess, and prints
+Run: `.venv/bin/python scripts/bench_transport.py [--calls 2000] [--hide-sniffio]`.
+With no `--hide-sniffio` it also runs itself with it, in a subprocess, and prints
 both tables.
 """
 

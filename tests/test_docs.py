@@ -39,6 +39,11 @@ HISTORY = re.compile(
 )
 # In mnemo/ also the words of a change story: what the code "used to" do, "Before, it ...".
 CHANGE_STORY = re.compile(r"\bused to\b|\bBefore, (?:it|the|a|each|every|this|that)\b")
+# A timing figure ("took 12 ms", "3x faster"): measurements live in BENCHMARKS.md, where a run
+# can replace them; a setting in seconds ("a 60 s timeout") is what the code does.
+TIMING = re.compile(
+    r"\d\s?(?:ms|µs|us|ns)\b|\b\d+(?:\.\d+)?x (?:faster|slower)\b|\btimes (?:faster|slower)\b"
+)
 
 
 def _files(*suffixes: str) -> Iterator[Path]:
@@ -170,6 +175,27 @@ def test_review_and_probe_words_are_caught(prose: str) -> None:
 def test_what_the_code_does_with_probes_is_not_history(prose: str) -> None:
     """A vector search's probes, a server probe and percentiles are what the code does."""
     assert not HISTORY.search(prose)
+
+
+def test_no_timing_figures_in_the_code() -> None:
+    """No docstring or comment in mnemo/ quotes a measured time: BENCHMARKS.md holds them."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
+        for path in _files(".py")
+        if path.relative_to(ROOT).parts[0] == "mnemo"
+        for line, text in _prose(path.read_text(encoding="utf-8"))
+        if (found := TIMING.search(text))
+    ]
+    assert hits == []
+
+
+def test_a_timing_figure_is_caught() -> None:
+    """Measured times and speed-ups are found; a setting in seconds is not."""
+    assert TIMING.search("a hop costs about 32 us")
+    assert TIMING.search("took 1.5 ms in json.dumps")
+    assert TIMING.search("about 5x slower")
+    assert TIMING.search("three times faster than json")
+    assert not TIMING.search("each attempt may take 60 s, the default timeout")
 
 
 def test_a_change_story_is_caught() -> None:

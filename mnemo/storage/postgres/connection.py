@@ -111,7 +111,7 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
 
 
 def _ms(seconds: float) -> int:
-    # 0 would mean "no timeout" to PostgreSQL; a positive wait shorter than 1 ms means 1 ms.
+    # 0 would mean "no timeout" to PostgreSQL; a positive wait under a millisecond counts one.
     return max(int(seconds * 1000), 1)
 
 

@@ -1,4 +1,4 @@
-"""Where a bench keeps its data: SQLite files, and PostgreSQL databases beside them (issue 10).
+"""Where a bench keeps its data: SQLite files, and PostgreSQL databases beside them.
 
 `--store` chooses the backends of a run:
 

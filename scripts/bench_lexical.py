@@ -1,4 +1,4 @@
-"""Lexical-search candidates for recall at 10k, 100k and 1M nodes, side by side (issue 12).
+"""Lexical-search candidates for recall at 10k, 100k and 1M nodes, side by side.
 
 Recall's lexical channel today is FTS5 over `nodes_fts` (porter unicode61, external content),
 an OR of the query's distinct non-stopword words ranked by bm25: SQLite scores every document

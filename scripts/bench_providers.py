@@ -8,7 +8,7 @@ characters a token), and a request whose client gave up is still worked on to it
 adapter is `OpenAICompatible` with its defaults (no timeout set, `max_concurrency` 8, the
 concurrency adapting below it); the embedder is the in-process `HashEmbedder`.
 
-Profiles (issue 40): hosted API (32 slots, 0.4 s + 60 tokens/s), local GPU (4 slots, 80
+Profiles: hosted API (32 slots, 0.4 s + 60 tokens/s), local GPU (4 slots, 80
 tokens/s), local CPU (1 slot, 15 tokens/s). For each:
 
 1. an 8-step session of 4 topics (2 steps each): appends, then close to ready (timed from

@@ -36,7 +36,7 @@ baselines (scripts/_pg_rows.py) are the same rows written without mnemo: one tra
 `steps` row through psycopg, and the commit's rows read back from mnemo's database and
 written into a fresh one in one transaction by `executemany` and by binary `COPY`.
 
-6. Many processes on one store (issue 11). With `--processes 1,2,4` the run measures only
+6. Many processes on one store. With `--processes 1,2,4` the run measures only
    this (scripts/_procs.py): for each count N, N worker processes, each with its own Memory on
    one fresh store, append to their own sessions, run start/append/close_and_commit cycles,
    and all append to one shared session; appends/s, p50/p99, commits/s and nodes/s.

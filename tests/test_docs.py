@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where docstrings and comments must say what the code does, not its history.
-CODE = ("mnemo", "tests")
+CODE = ("mnemo", "scripts", "tests")
 SKIPPED = {"node_modules", "build", "dist", "__pycache__"}
 
 # A Markdown link's target: `[text](target)` or `[text](target "title")`.
@@ -29,7 +29,7 @@ OUTSIDE = re.compile(r"\b(?:API|STYLE|EMBEDDINGS)\.md\b|\.\.[/\\]shared\b")
 # work item ("p5b"; "p50" is a percentile), a document outside the repository.
 HISTORY = re.compile(
     r"\b[Ii]ssues? \d"
-    r"|(?<!onversation )\b[Ss]essions? \d"
+    r"|(?<!onversation )(?<!-)\b[Ss]essions? \d"
     r"|\b[Rr]eview(?:s|ed|ers?)?\b"
     r"|\((?:a|the)(?: \w+)? probe\)"
     r"|\b(?:[Cc]ontract|[Cc]onversation|[Aa]dapters|[Dd]ifferential) probe\b"
@@ -121,8 +121,8 @@ def _prose(source: str) -> Iterator[tuple[int, str]]:
 
 
 def test_docstrings_and_comments_tell_no_history() -> None:
-    """No docstring or comment in mnemo/ or tests/ names an issue, a work session, a review or
-    a document outside the repository: they say what the code does."""
+    """No docstring or comment in mnemo/, scripts/ or tests/ names an issue, a work session, a
+    review or a document outside the repository: they say what the code does."""
     hits = [
         f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
         for path in _files(".py")
@@ -170,10 +170,12 @@ def test_review_and_probe_words_are_caught(prose: str) -> None:
         "one walk of the graph for all probes",
         "p50 and p99 of an append",
         "What the probe measured of one LLM's server",
+        "bench_auto_commit.py [--sessions 40]",
     ],
 )
 def test_what_the_code_does_with_probes_is_not_history(prose: str) -> None:
-    """A vector search's probes, a server probe and percentiles are what the code does."""
+    """A vector search's probes, a server probe, percentiles and a command's option are what
+    the code does."""
     assert not HISTORY.search(prose)
 
 

@@ -1,6 +1,6 @@
 """The parts of a `Memory`, built (`build`): the storage backend, the repos, and the services
 over them. Importing this module imports every part's module, and numpy, SQLite's and the
-models' libraries with them: 0.5-3 s on a loaded machine, which a `Memory` opened cold spends
+models' libraries with them: seconds on a loaded machine, which a `Memory` opened cold spends
 in a worker thread (`load`), off the event loop, before it builds its parts.
 """
 

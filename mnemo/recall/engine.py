@@ -145,8 +145,7 @@ class Recaller:
         # When the vectors answer on the event loop (a small store), hop 0 has nothing to run
         # beside the words search: it is begun now and runs on its thread while the query is
         # embedded. On a larger store it runs beside the dense channel's thread in hop 0 (begun
-        # here, it took turns at the GIL with an in-process embedder: 10,000 nodes, hop 0
-        # +0.5 ms).
+        # here, it took turns at the GIL with an in-process embedder and slowed hop 0).
         on_loop = self.graph.vectors_on_loop(repo)
         words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
                                               searched) if on_loop else None)

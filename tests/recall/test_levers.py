@@ -122,7 +122,7 @@ def test_mmr_picks_as_the_greedy_definition_does(
 
 def test_mmr_returns_every_item_once_beside_a_vector_that_is_not_finite() -> None:
     """A NaN vector neither penalises nor is picked again: every item comes back once (a
-    review found the faster loop repeating the NaN item)."""
+    faster loop repeated the NaN item)."""
     relevance = {"a": 1.0, "b": 0.9, "c": 0.8, "d": 0.7}
     vectors = {"a": unit(1, 0), "b": np.array([np.nan, 0.0], dtype=np.float32),
                "c": unit(0, 1), "d": unit(1, 1)}

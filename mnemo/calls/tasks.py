@@ -51,17 +51,23 @@ def task_request(
     )
 
 
-def task_inputs(request: LLMRequest) -> dict[str, object]:
-    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+def input_json(request: LLMRequest) -> str:
+    """The JSON text of the inputs `task_request` put into the request's last user message
+    ("{}" when absent)."""
     for message in reversed(request.messages):
         content = message.get("content")
         if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
-            try:
-                value = json.loads(content.rsplit(INPUT_MARKER, 1)[1])
-            except json.JSONDecodeError:
-                return {}
-            return value if isinstance(value, dict) else {}
-    return {}
+            return content.rsplit(INPUT_MARKER, 1)[1]
+    return "{}"
+
+
+def task_inputs(request: LLMRequest) -> dict[str, object]:
+    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+    try:
+        value = json.loads(input_json(request))
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 async def ask(

@@ -123,15 +123,14 @@ class Anthropic:
         """How many requests the API gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
-    def server_profile(self) -> dict[str, object]:
+    def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server: the concurrency limit."""
-        return ServerProfile(self._http.limit.state()).as_json()
+        return ServerProfile(self._http.limit.state())
 
-    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`)."""
-        stored = ServerProfile.read(profile).concurrency
-        if stored is not None:
-            self._http.limit.restore(stored)
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the forced tool's input (or

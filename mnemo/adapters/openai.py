@@ -179,16 +179,15 @@ class OpenAICompatible:
         """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
-    def server_profile(self) -> dict[str, object]:
+    def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
         the structured mode "auto" settled on, and the concurrency limit."""
         return ServerProfile(self._http.limit.state(), structured=(
-            self._mode if self._auto and self._confirmed else None)).as_json()
+            self._mode if self._auto and self._confirmed else None))
 
-    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`); a
         mode or concurrency given explicitly stays. An unreadable profile is ignored."""
-        stored = ServerProfile.read(profile)
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
             self._mode, self._confirmed = cast(Mode, stored.structured), True
         if stored.concurrency is not None:

@@ -37,7 +37,7 @@ from mnemo.conversation.prompts import EVICTION_TOOL_SPECS
 from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
-from mnemo.ports import ToolCall
+from mnemo.ports import JSONObject, ToolCall
 
 if TYPE_CHECKING:
     from mnemo.graph.model import Node
@@ -84,9 +84,9 @@ class ToolSpec:
 
     name: str
     description: str
-    parameters: dict[str, object]
+    parameters: JSONObject
 
-    def openai(self) -> dict[str, object]:
+    def openai(self) -> JSONObject:
         """The tool in OpenAI's chat-completions format."""
         return {
             "type": "function",
@@ -97,7 +97,7 @@ class ToolSpec:
             },
         }
 
-    def anthropic(self) -> dict[str, object]:
+    def anthropic(self) -> JSONObject:
         """The tool in Anthropic's messages format."""
         return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
@@ -187,7 +187,7 @@ def _specs(names: Iterable[str]) -> list[ToolSpec]:
     return [TOOLS[n] for n in wanted]
 
 
-def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]:
+def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in OpenAI's format.
 
     Raises:
@@ -196,7 +196,7 @@ def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]
     return [spec.openai() for spec in _specs(names)]
 
 
-def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]:
+def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in Anthropic's format.
 
     Raises:
@@ -317,7 +317,7 @@ def _render_node(node: Node, offset: int) -> str:
     return "\n".join(lines)
 
 
-def _arguments(raw: object) -> dict[str, object] | None:
+def _arguments(raw: object) -> JSONObject | None:
     # Some providers hand tool arguments over as a JSON string.
     if isinstance(raw, str):
         try:
@@ -361,7 +361,7 @@ class _Node(msgspec.Struct):
 _A = TypeVar("_A", bound=msgspec.Struct)
 
 
-def _read(args: dict[str, object], kind: type[_A]) -> _A:
+def _read(args: JSONObject, kind: type[_A]) -> _A:
     try:
         return msgspec.convert(args, kind, strict=False)
     except msgspec.ValidationError as exc:

@@ -39,7 +39,7 @@ from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.calls.reply import Cut, decode_json
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMTimeout
-from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -175,12 +175,12 @@ class Anthropic:
     async def _structured(
         self,
         request: LLMRequest,
-        schema: dict[str, object],
+        schema: JSONObject,
         system: str,
         messages: list[dict[str, object]],
         budget: Budget,
     ) -> LLMResponse:
-        tool: dict[str, object] = {
+        tool: JSONObject = {
             "name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema,
         }
         cap = reply_cap(request.max_tokens, self.max_tokens)
@@ -340,9 +340,9 @@ def _tool_use(call: Mapping[str, object]) -> dict[str, object]:
             "input": arguments}
 
 
-def _tool(tool: Mapping[str, object]) -> dict[str, object]:
+def _tool(tool: Mapping[str, object]) -> JSONObject:
     name, description, parameters = tool_spec(tool)
-    out: dict[str, object] = {"name": name, "input_schema": parameters}
+    out: JSONObject = {"name": name, "input_schema": parameters}
     if description:
         out["description"] = description
     return out

@@ -62,7 +62,7 @@ from mnemo.calls import deadline
 from mnemo.calls.reply import Cut, decode_json, is_cut
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
-from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
@@ -222,7 +222,7 @@ class OpenAICompatible:
     # ---- structured replies ----------------------------------------------------------------
 
     async def _structured(
-        self, request: LLMRequest, schema: dict[str, object], budget: Budget
+        self, request: LLMRequest, schema: JSONObject, budget: Budget
     ) -> LLMResponse:
         messages = [dict(message) for message in request.messages]
         cap = reply_cap(request.max_tokens, self.max_tokens)
@@ -267,7 +267,7 @@ class OpenAICompatible:
     async def _send_structured(
         self,
         request: LLMRequest,
-        schema: dict[str, object],
+        schema: JSONObject,
         messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
@@ -288,7 +288,7 @@ class OpenAICompatible:
     async def _try_mode(
         self,
         request: LLMRequest,
-        schema: dict[str, object],
+        schema: JSONObject,
         messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
@@ -406,7 +406,7 @@ class OpenAICompatible:
         request: LLMRequest,
         messages: list[dict[str, object]],
         mode: Mode | None,
-        schema: dict[str, object] | None,
+        schema: JSONObject | None,
         cap: int | None = None,
     ) -> dict[str, object]:
         system = request.system
@@ -503,8 +503,8 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
     )
 
 
-def _function(name: str, description: str, parameters: dict[str, object]) -> dict[str, object]:
-    function: dict[str, object] = {"name": name, "parameters": parameters}
+def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:
+    function: JSONObject = {"name": name, "parameters": parameters}
     if description:
         function["description"] = description
     return {"type": "function", "function": function}

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from mnemo.calls.reply import Cut, salvage
 from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
-from mnemo.ports import LLM, LLMRequest, LLMResponse
+from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse
 
 log = logging.getLogger("mnemo")
 
@@ -35,7 +35,7 @@ def task_request(
     system: str,
     instructions: str,
     inputs: Mapping[str, object],
-    schema: dict[str, object] | None = None,
+    schema: JSONObject | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
     """Builds the request for one task: instructions, then the inputs as JSON."""
@@ -61,7 +61,7 @@ def input_json(request: LLMRequest) -> str:
     return "{}"
 
 
-def task_inputs(request: LLMRequest) -> dict[str, object]:
+def task_inputs(request: LLMRequest) -> JSONObject:
     """The inputs `task_request` put into the request's last user message ({} when absent)."""
     try:
         value = json.loads(input_json(request))

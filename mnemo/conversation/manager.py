@@ -48,7 +48,7 @@ from mnemo.conversation.selection import (
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
-from mnemo.ports import LLM
+from mnemo.ports import LLM, JSONObject
 
 if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
@@ -476,10 +476,10 @@ class ConversationManager:
 
 def _summary_inputs(
     chunk: Sequence[Message], inner: Sequence[Compaction]
-) -> list[dict[str, object]]:
+) -> list[JSONObject]:
     """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
     whole as a message of role "summary" at its start seq, in seq order."""
-    items: list[tuple[int, dict[str, object]]] = []
+    items: list[tuple[int, JSONObject]] = []
     for message in chunk:
         limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
         text = flat(message.content, limit)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mnemo.graph.model import Vector
+from mnemo.ports import JSONObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,7 @@ class StepRecord:
     subgoal: str
     subgoal_vec: Vector
     reward: float | None = None
-    metadata: dict[str, object] | None = None
+    metadata: JSONObject | None = None
     committed_in: str | None = None
 
     @property

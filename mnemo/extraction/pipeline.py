@@ -50,7 +50,7 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, JSONObject
 
 log = logging.getLogger("mnemo")
 
@@ -67,7 +67,7 @@ class Source:
 
     node_id: str
     text: str
-    data: dict[str, object]
+    data: JSONObject
     source_id: str | None = None
 
 
@@ -370,7 +370,7 @@ def cumulative_returns(
 
 def _step_dicts(
     steps: list[StepRecord], work: _Round | None = None
-) -> list[dict[str, object]]:
+) -> list[JSONObject]:
     """The steps as the procedural and return tasks see them: with `work`, the deferred
     reward scored at close too; without, only the rewards on the step records."""
     return [
@@ -398,7 +398,7 @@ class _Draft:
     nodes: list[NodeDraft] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     step_ids: list[str] = field(default_factory=list)
-    scores: list[tuple[dict[str, object], int, int]] = field(default_factory=list)
+    scores: list[tuple[JSONObject, int, int]] = field(default_factory=list)
     # The generation of the repo's vectors the nodes' vectors are made for.
     generation: int = 0
 
@@ -425,8 +425,8 @@ async def _draft(
     return scores are the draft's `changeset`'s to write."""
     if not extracted:
         return _Draft(repo, generation=generation)
-    scores: list[tuple[dict[str, object], int, int]] = []
-    pending: list[tuple[str, NodeType, str, dict[str, object], str | None]] = []
+    scores: list[tuple[JSONObject, int, int]] = []
+    pending: list[tuple[str, NodeType, str, JSONObject, str | None]] = []
     links: list[Link] = []
     # When each fact began to hold: a date it names, resolved against its steps'
     # date (their metadata's, else one their text names), else the session's (the goal's).
@@ -436,7 +436,7 @@ async def _draft(
         extracted[0].steps[0].metadata if extracted[0].steps else None
     ) or dates.named_date(episode.goal[:MAX_DATED_CHARS])
 
-    def add(kind: NodeType, text: str, data: dict[str, object], *, node_id: str | None = None,
+    def add(kind: NodeType, text: str, data: JSONObject, *, node_id: str | None = None,
             key: str | None = None) -> str:
         node_id = node_id or _new_id(kind.value)
         pending.append((node_id, kind, text, data, key))
@@ -520,7 +520,7 @@ async def _draft(
             for b in facts[i + 1 :]:
                 links.append(Link(a, b, LinkType.SIBLING))
         for i, ins in enumerate(part.instructions):
-            procedure: dict[str, object] = {
+            procedure: JSONObject = {
                 "intent": ins.intent,
                 "condition": ins.condition,
                 "instruction": ins.instruction,

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.errors import StorageError
+from mnemo.ports import JSONObject
 
 NodeId = NewType("NodeId", str)
 Vector = npt.NDArray[np.float32]
@@ -63,7 +64,7 @@ class Node:
     id: NodeId
     type: NodeType
     text: str
-    data: dict[str, object]
+    data: JSONObject
     created_at: datetime
     # Bi-temporal facts (SEMANTIC and PROCEDURAL nodes): when the fact held in the
     # world, and when mnemo recorded and retired it. None where unknown or still open.
@@ -85,7 +86,7 @@ class NodeDraft:
     id: str
     type: NodeType
     text: str
-    data: dict[str, object]
+    data: JSONObject
     vector: Vector
     key: str | None = None
     source_id: str | None = None
@@ -205,7 +206,7 @@ def vector_from_blob(blob: bytes) -> Vector:
     return np.frombuffer(blob, dtype=np.float32)
 
 
-def _draft_to_dict(node: NodeDraft) -> dict[str, object]:
+def _draft_to_dict(node: NodeDraft) -> JSONObject:
     return {
         "id": node.id,
         "type": node.type.value,
@@ -233,7 +234,7 @@ def _draft_from_dict(raw: dict[str, object]) -> NodeDraft:
     )
 
 
-def _object(value: object) -> dict[str, object]:
+def _object(value: object) -> JSONObject:
     if not isinstance(value, dict):
         raise StorageError("corrupt", f"a stored node's data is a {type(value).__name__}")
     return value

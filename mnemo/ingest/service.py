@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import anyio
 
@@ -34,7 +35,7 @@ from mnemo.graph.ports import (
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_text
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, JSONObject
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]
 
@@ -226,7 +227,7 @@ class IngestService:
                     node_id=f"source_ingest_{key}",
                     text=trajectory.goal,
                     data={"source_id": source_id, "goal": trajectory.goal,
-                          "metadata": trajectory.metadata},
+                          "metadata": cast("JSONObject | None", trajectory.metadata)},
                     source_id=source_id,
                 ),
                 llm=runtime.llm,
@@ -295,7 +296,8 @@ class IngestService:
                     state_summary=note.state_summary,
                     subgoal=note.subgoal,
                     subgoal_vec=note.subgoal_vec,
-                    metadata=step.metadata,
+                    # Checked to be JSON (`check_ingest`).
+                    metadata=cast("JSONObject | None", step.metadata),
                 )
             )
             await report("annotating", index + 1)
@@ -342,3 +344,4 @@ class IngestService:
             repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)],
             generation=runtime.generation,
         )
+

@@ -25,6 +25,7 @@ from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.ports import JSONObject
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.postgres.clock import ServerClock
@@ -428,7 +429,7 @@ def _bytes(value: object) -> bytes:
     return bytes(value)
 
 
-def _dict_or_none(value: object) -> dict[str, object] | None:
+def _dict_or_none(value: object) -> JSONObject | None:
     # jsonb comes back parsed; a step's metadata is always an object.
     if value is None:
         return None

@@ -275,7 +275,7 @@ class ConversationManager:
             "stored. save takes the whole history so far; append takes new messages only"
         )
 
-    async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, object]]:
+    async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:
         """The thread for a model: each compaction as one system message holding its summary
         (marked as untrusted memory); while the thread has open goals, one system message
         (marked so too) holding up to 5 past messages of any thread that a search for the

@@ -117,7 +117,7 @@ class Changeset:
     generation: int = 0
 
     def to_json(self) -> str:
-        raw: dict[str, object] = {
+        raw: JSONObject = {
             "id": self.id,
             "repo": self.repo,
             "nodes": [_draft_to_dict(n) for n in self.nodes],
@@ -157,7 +157,7 @@ class CommitReceipt:
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        raw: dict[str, object] = {
+        raw: JSONObject = {
             "changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids,
         }
         if self.missing:
@@ -219,7 +219,7 @@ def _draft_to_dict(node: NodeDraft) -> JSONObject:
     }
 
 
-def _draft_from_dict(raw: dict[str, object]) -> NodeDraft:
+def _draft_from_dict(raw: JSONObject) -> NodeDraft:
     return NodeDraft(
         id=str(raw["id"]),
         type=NODE_TYPES[str(raw["type"])],

@@ -79,7 +79,7 @@ from mnemo.adapters._offline_conversation import _eviction, _snapshot_fold, _sum
 from mnemo.adapters._offline_memory import _memory_condense, _memory_persist, _memory_update
 from mnemo.adapters._offline_recall import _recall_plan, _recall_rerank, _recall_synthesis
 from mnemo.errors import LLMError
-from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
 _LEADING_PRONOUN = re.compile(
     r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?(?![\w'\u2019])\s*",
@@ -214,7 +214,7 @@ def _confidence(sentence: str) -> float:
 def _semantic(inputs: Inputs) -> LLMResponse:
     topic = (_text.key_phrase(inputs.subgoal.strip())
              or _text.key_phrase(inputs.goal.strip()))
-    facts: list[dict[str, object]] = []
+    facts: list[JSONObject] = []
     seen: set[str] = set()
     for position, step in enumerate(inputs.steps):
         index = position if step.index is None else step.index
@@ -281,8 +281,8 @@ def _is_action(action: str) -> bool:
 def _procedural(inputs: Inputs) -> LLMResponse:
     subgoal = inputs.subgoal.strip()
     steps = inputs.steps
-    instructions: list[dict[str, object]] = []
-    by_text: dict[str, dict[str, object]] = {}
+    instructions: list[JSONObject] = []
+    by_text: dict[str, JSONObject] = {}
     for position, step in enumerate(steps):
         action = step.action.strip()
         if not _is_action(action):
@@ -296,7 +296,7 @@ def _procedural(inputs: Inputs) -> LLMResponse:
             continue
         situation = _text.key_phrase(step.observation.strip(), max_words=5)
         later = steps[position + 1].observation.strip() if position + 1 < len(steps) else ""
-        item: dict[str, object] = {
+        item: JSONObject = {
             "intent": subgoal or _text.key_phrase(action) or action,
             "condition": f"When {situation or subgoal or 'working on the task'}",
             "instruction": action,
@@ -305,7 +305,7 @@ def _procedural(inputs: Inputs) -> LLMResponse:
         }
         by_text[key] = item
         instructions.append(item)
-    data: dict[str, object] = {"instructions": instructions}
+    data: JSONObject = {"instructions": instructions}
     if inputs.score_last_step and steps:
         data["last_reward"] = outcome_reward(steps[-1].observation.strip())
     return LLMResponse(data=data, usage=_NO_USAGE)

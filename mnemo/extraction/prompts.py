@@ -32,13 +32,13 @@ from mnemo.calls.reply import (
 )
 from mnemo.calls.tasks import task_request
 from mnemo.extraction.model import Fact, Instruction
-from mnemo.ports import JSONObject, JSONValue, LLMRequest, LLMResponse
+from mnemo.ports import LLMRequest, LLMResponse
 
 DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10
 
 StepIndices = Annotated[list[int], Meta(description="The indices of the steps this came from.")]
-Steps = Sequence[Mapping[str, JSONValue]]
+Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
@@ -195,7 +195,7 @@ def procedural_request(
     `parse_procedural`.
     """
     instructions = PROCEDURAL_INSTRUCTIONS
-    inputs: JSONObject = {"goal": goal, "subgoal": subgoal, "steps": steps}
+    inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True

@@ -26,7 +26,7 @@ from tests.backends import sql
 from tests.fakes import Hold
 from tests.session.test_many_memories import Called, Worker, extracting, fill, open_worker
 
-COMMITTED = {"ok": True, "value": "committed", "error": None, "cause": None}
+COMMITTED = StoredResult(True, "committed")
 
 
 def holder(holder_id: str, seen_ago: timedelta) -> HolderInfo:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import anyio
+import msgspec
 import pytest
 
 import mnemo
@@ -205,3 +206,13 @@ async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
         it.held.release()  # B's extraction ends with nothing stored left to run
         assert await it.b.events.wait_state(it.b.mem, it.sid, State.READY) is State.READY
         assert await sql(it.b.mem, "SELECT id FROM ops") == []
+
+
+def test_a_stored_result_that_does_not_read_as_one_is_a_failure() -> None:
+    """The JSON text of a stored result reads back the same; one that is not a result (a
+    field of the wrong type, not JSON) is the operation's failure."""
+    result = StoredResult(False, None, "operation_failed", ("LLMError", "down"))
+    assert StoredResult.decode(msgspec.json.encode(result)) == result
+    failed = StoredResult(False, error="operation_failed")
+    assert StoredResult.decode('{"ok": "yes"}') == failed
+    assert StoredResult.decode("{") == failed

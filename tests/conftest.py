@@ -58,11 +58,15 @@ _SERVER_FIXTURES = frozenset({"pg_server", "pg_template", "pg_clones", "pg_reuse
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks `postgres` every test that needs the server (by its fixtures, or its folder), so
-    that `-m "not postgres"` never starts one."""
+    that `-m "not postgres"` never starts one. Puts the modules holding a `slow` test first
+    (each module's tests together, in their order): the long tests start early, and a parallel
+    run ends on short tests the workers share, not on one long test while a core idles."""
     for item in items:
         needs = _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if needs or "storage/postgres/" in item.nodeid:
             item.add_marker(pytest.mark.postgres)
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -136,6 +136,9 @@ def commit_json(commit: CommitRecord) -> dict[str, object]:
         "nodes": commit.node_count,
         "links": commit.link_count,
         "retired": commit.retired_count,
+        "joined": len(commit.joined),
+        "reverted_by": commit.reverted_by,
+        "reverts": commit.reverts,
     }
 
 

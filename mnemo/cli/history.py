@@ -51,7 +51,10 @@ def history(
         sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
         for c in commits:
             origin = (f"session {sessions[c.session_id]}" if c.session_id
-                      else f"source {c.source_id}" if c.source_id else "")
+                      else f"source {c.source_id}" if c.source_id
+                      else f"revert of {c.reverts.removeprefix('changeset_')[:8]}"
+                      if c.reverts else "")
+            origin += " (reverted)" if c.reverted_by else ""
             table.add_row(
                 str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
                 Text(shorten(origin, 60)), str(c.node_count), str(c.link_count),

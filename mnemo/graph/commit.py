@@ -2,12 +2,16 @@
 
 `apply` is the one commit procedure: the backend (`CommitTarget`) gives it reads and one
 write, and it decides what the changeset adds. Tags are deduplicated by key against the batch
-and the graph, intents by raw cosine (`graph.dedup`); nodes already there are skipped; links
-are re-pointed to survivors. The write is one transaction, recorded with the receipt, so
+and the graph, intents, facts and instructions by raw cosine (`graph.dedup`; facts and
+instructions against the live ones of their type, never against one a fact of the changeset
+contradicts); nodes already there are skipped; links are re-pointed to survivors. A fact or
+instruction that joins one of the graph's is recorded among its contributions
+(`graph.shares`). The write is one transaction, recorded with the receipt, so
 applying the same changeset twice returns the first receipt and adds nothing.
 
-Intent merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
-is taken, and under it only looked up. A merge the graph made necessary
+Merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
+is taken, and under it only looked up (the facts' and instructions' after a first look under
+the lock found one needed). A merge the graph made necessary
 meanwhile (another commit added a close intent) is decided after letting the lock go, and the
 commit tries again (one slow provider stalled every commit to the repo).
 """
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -28,6 +32,7 @@ from mnemo.graph.dedup import (
     Resolution,
     TextLookup,
     remap_links,
+    resolve,
     resolve_intents,
     resolve_tags,
 )
@@ -36,6 +41,7 @@ from mnemo.graph.model import (
     CommitReceipt,
     Link,
     LinkType,
+    Node,
     NodeDraft,
     NodeId,
     NodeType,
@@ -49,10 +55,15 @@ from mnemo.graph.ports import (
     SourceTaken,
     StepsCommitted,
 )
+from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
+KNOWLEDGE = (NodeType.SEMANTIC, NodeType.PROCEDURAL)
+# The graph's nodes of its type a new fact or instruction is compared with: the nearest, of
+# which the retired ones and those it contradicts are left out.
+NEAREST = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +84,8 @@ class CommitPlan:
     # Facts the changeset's facts contradict: (id, valid_to as ISO text, None for
     # the commit's time); each gets valid_to and retired_at.
     retired: tuple[tuple[str, str | None], ...] = ()
+    # The graph's facts and instructions the changeset's joined, with what each brought.
+    joined: dict[str, Contribution] = field(default_factory=dict)
 
 
 class CommitTarget(contradiction.FactSearch, Protocol):
@@ -89,6 +102,10 @@ class CommitTarget(contradiction.FactSearch, Protocol):
         ...
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
+
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[list[tuple[str, float]]]: ...
 
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
@@ -191,8 +208,9 @@ async def _apply(
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS
         prepared = None
-        if not last and any(n.type is NodeType.INTENT for n in changeset.nodes):
-            prepared = await _decide_merges(target, changeset, intents, decided)
+        if not last and (attempt or any(n.type is NodeType.INTENT for n in changeset.nodes)):
+            prepared = await _decide_merges(target, changeset, intents, decided, retiring,
+                                            knowledge=attempt > 0)
         try:
             async with target.lock(changeset.repo):
                 return await _apply_locked(
@@ -209,12 +227,16 @@ async def _decide_merges(
     changeset: Changeset,
     intents: IntentPolicy,
     decided: dict[tuple[str, str], tuple[str, Vector] | None],
+    retiring: list[contradiction.Retirement],
+    *,
+    knowledge: bool,
 ) -> tuple[Snapshot, Resolution]:
-    """Runs the intent resolution against the graph as it is now, without the lock, and
-    records what the merges it needs answered: all of one pass asked of the LLM at once (a
-    merge's new wording may call for another, asked in a second pass). Returns the resolution
-    with the vectors it was made against: if they are the same ones under the lock (no commit
-    came between), the resolution stands and is not computed again."""
+    """Runs the intent resolution (and the facts' and instructions', when `knowledge`)
+    against the graph as it is now, without the lock, and records what the merges it needs
+    answered: all of one pass asked of the LLM at once (a merge's new wording may call for
+    another, asked in a second pass). Returns the intents' resolution with the vectors it was
+    made against: if they are the same ones under the lock (no commit came between), it
+    stands and is not computed again."""
     index = await target.vector_index(changeset.repo)
     seen = index.snapshot()
     asked: list[tuple[str, str]] = []
@@ -227,6 +249,8 @@ async def _decide_merges(
     for _ in range(MERGE_ROUNDS):
         asked.clear()
         resolution = await _resolve_intents(target, changeset, index, note, intents)
+        if knowledge:
+            await _resolve_knowledge(target, changeset, note, intents, retiring, Resolution())
         if not asked:
             return seen, resolution
         pairs = list(dict.fromkeys(asked))
@@ -274,6 +298,49 @@ async def _resolve_intents(
     return resolution
 
 
+def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
+    """Checked before comparing and writing: a committed row of the wrong size would make
+    every later load of this repo's vectors fail."""
+    for node_id, vector in vectors:
+        if np.shape(vector) != (dim,):
+            raise ValueError(
+                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
+            )
+
+
+async def _resolve_knowledge(
+    target: CommitTarget,
+    changeset: Changeset,
+    merge: IntentMerger,
+    intents: IntentPolicy,
+    retiring: list[contradiction.Retirement],
+    out: Resolution,
+) -> dict[str, Node]:
+    """Resolves the changeset's facts and instructions against the `NEAREST` graph nodes of
+    their type (the live ones, none that a retirement pairs with the draft) and each other.
+    Returns the graph nodes compared with."""
+    apart = {(r.retired, r.successor) for r in retiring}
+    apart |= {(b, a) for a, b in apart}
+    seen: dict[str, Node] = {}
+    for kind in KNOWLEDGE:
+        drafts = [n for n in changeset.nodes if n.type is kind]
+        if not drafts:
+            continue
+        found = await target.nearest_of_type(
+            changeset.repo, np.stack([d.vector for d in drafts]), kind, NEAREST)
+        ids = sorted({node_id for row in found for node_id, _ in row} - seen.keys())
+        seen.update((n.id, n) for n in await target.get_nodes(changeset.repo, ids))
+        nearest = [
+            [(i, s) for i, s in row if i in seen and not seen[i].retired and i != d.id
+             and (d.id, i) not in apart]
+            for d, row in zip(drafts, found, strict=True)
+        ]
+        await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, _texts(target),
+                      merge, identity_threshold=intents.identity_threshold,
+                      merge_threshold=intents.merge_threshold, out=out, knowledge=True)
+    return seen
+
+
 async def _apply_locked(
     target: CommitTarget,
     changeset: Changeset,
@@ -298,11 +365,14 @@ async def _apply_locked(
     index = await target.vector_index(repo)
     if changeset.nodes and index.generation != changeset.generation:
         raise _Restamped(index.generation)
+    _check_dim(target.dim(repo), [(n.id, n.vector) for n in changeset.nodes])
     if prepared is not None and index.snapshot() is prepared[0]:
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
         resolution = await _resolve_intents(target, changeset, index, merge, intents)
+    graph_nodes = await _resolve_knowledge(target, changeset, merge, intents, retiring or [],
+                                           resolution)
     tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
     resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
     present = await target.present(repo, [n.id for n in changeset.nodes])
@@ -314,17 +384,14 @@ async def _apply_locked(
         for node_id, value in resolution.rewordings.items()
         if node_id not in new_ids
     }
-    # Checked before writing: a committed row of the wrong size would make every later load
-    # of this repo's vectors fail.
-    dim = target.dim(repo)
-    for node_id, vector in [(n.id, v) for n, _, v in nodes] + [
-        (node_id, v) for node_id, (_, v) in rewordings.items()
-    ]:
-        if np.shape(vector) != (dim,):
-            raise ValueError(
-                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
-            )
+    _check_dim(target.dim(repo), [(n.id, v) for n, _, v in nodes] +
+               [(node_id, v) for node_id, (_, v) in rewordings.items()])
     retired = await contradiction.still_live(target, repo, retiring or [], new_ids)
+    joined: dict[str, Contribution] = {}
+    for draft in changeset.nodes:
+        if draft.type in KNOWLEDGE and resolution.survivor(draft.id) in graph_nodes:
+            joined.setdefault(resolution.survivor(draft.id),
+                              Contribution(draft.text, draft.data, draft.source_id))
     plan = CommitPlan(
         repo=repo,
         changeset_id=changeset.id,
@@ -341,6 +408,7 @@ async def _apply_locked(
         retired=tuple(
             (r.retired, None if r.valid_to is None else r.valid_to.isoformat()) for r in retired
         ),
+        joined=joined,
     )
     await target.write_commit(plan, also)
     return plan.receipt

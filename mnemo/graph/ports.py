@@ -414,8 +414,19 @@ class GraphStore(Protocol):
 
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
 
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        """Undoes the commit in one transaction (the caller holds the repo's lock)."""
+    async def revert_commit(
+        self, repo: str, commit_id: str, revert_id: str, *, embed: Embed,
+        refused: Callable[[], Awaitable[None]], generation: int | None = None,
+    ) -> int:
+        """Withdraws the commit's work as `delete_source` withdraws a source's (its shared
+        nodes' new wordings embedded by `embed` before the repo's lock is taken) and records
+        its revert as `revert_id`, in one transaction, once `refused`, run under the lock,
+        has not raised. Returns how many nodes went.
+
+        Raises:
+            Whatever `refused` raises, EmbeddingError and VectorsMoved as `delete_source`;
+                nothing was reverted.
+        """
         ...
 
     async def settle(self, repo: str) -> None:

@@ -11,7 +11,7 @@ from mnemo.adapters.uri import model_uri
 from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.events import deliver
-from mnemo.extraction.entities import vector_text
+from mnemo.extraction.entities import vector_text, wordings
 from mnemo.graph import history as commit_history
 from mnemo.graph import maintenance
 from mnemo.graph import reembed as reembedding
@@ -124,18 +124,27 @@ class GraphMethods(Parts):
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
-        """Undoes one commit in one transaction: the nodes and links it added go, the facts it
-        retired hold again, and it leaves the history (an ingested source's id is free
-        again). Returns what was undone.
+        """Undoes one commit in one transaction: the nodes and links only it made go, those
+        other commits share stay (a fact or instruction another commit joined takes that
+        commit's wording), the facts it retired hold again, and an ingested source's id is
+        free again. The revert is recorded in the history, which keeps the reverted commit,
+        marked `reverted_by` it. Returns what was undone.
 
         Raises:
             InvalidInputError: no such commit in the repo.
-            ConflictError: a later change built on it (linked to, merged into, retired or
-                reworded one of its nodes): revert that first.
+            ConflictError: the commit is a revert or was reverted, or a later commit built on
+                it (retired one of its facts, or linked to a node only it holds): the message
+                names the commit to revert first.
+            EmbeddingError: a shared node's new wording could not be embedded; nothing was
+                reverted.
             NotFoundError: an unknown repo.
         """
         await self._repos.known(repo)
-        return await commit_history.revert(self._graph, repo, commit_id)
+        await self._repos.refresh(repo)
+        runtime = self._repos.embedding(repo)
+        return await commit_history.revert(
+            self._graph, repo, commit_id, generation=runtime.generation,
+            embed=wordings(runtime.embedder, runtime.config.extraction_timeout))
 
     # ---- maintenance ----------------------------------------------------------------------
 

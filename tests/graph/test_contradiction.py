@@ -17,7 +17,7 @@ from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.backends import open_stores
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
-from tests.graph._support import DIM, axis, draft, judged, policy
+from tests.graph._support import DIM, axis, draft, embed, judged, policy
 
 SUPERSEDES = LinkType.SUPERSEDES
 
@@ -83,8 +83,8 @@ async def test_a_contradicted_fact_is_retired_and_revert_brings_it_back(store: s
         assert diff.retired[0].retired
 
         with pytest.raises(mnemo.ConflictError):
-            await history.revert(graph, REPO, "a-cs")
-        await history.revert(graph, REPO, "b-cs")
+            await history.revert(graph, REPO, "a-cs", embed=embed)
+        await history.revert(graph, REPO, "b-cs", embed=embed)
         assert await fact_times(graph, "a-fact") == (march, None, None)
         assert await graph.links(REPO) == []
 

@@ -14,11 +14,11 @@ FTS5 query is.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -26,7 +26,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph import commit, erasure, facts
+from mnemo.graph import commit, erasure, facts, shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Embed, Inherited
 from mnemo.graph.history import CommitRecord
@@ -156,18 +156,28 @@ class PgGraph(PgReembedding):
                 " ON CONFLICT DO NOTHING",
                 [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
             )
+            # Before the rewordings: a node's creator brought the text it has until then.
+            for node_id, brought in plan.joined.items():
+                await cur.execute(
+                    "SELECT text, data, source_id, owners FROM nodes WHERE id = %s", (node_id,))
+                text, data, source, owners = cast(Row, await cur.fetchone())
+                now = shares.Contribution(str(text), cast(dict[str, object], data),
+                                          None if source is None else str(source))
+                await cur.execute("UPDATE nodes SET owners = %s WHERE id = %s", (Jsonb(
+                    shares.joined(cast(shares.Owners | None, owners), now, plan.changeset_id,
+                                  brought)), node_id))
             for node_id, (text, vector) in plan.rewordings.items():
                 await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
                 await cur.execute(
                     "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
                 )
-            added = await history.insert_links(conn, repo, plan.links)
+            await history.add_links(conn, repo, plan.links)
             await cur.execute(
                 "INSERT INTO applied_changesets (id, repo, receipt, applied_at)"
                 " VALUES (%s, %s, %s, %s)",
                 (plan.changeset_id, repo, plan.receipt.to_json(), created),
             )
-            await history.record(conn, plan, added)
+            await history.record(conn, plan)
             await side_writes(conn, also)
         self._vectors.added(repo, len(plan.nodes))
         await self._vectors.index_if_large(repo)
@@ -186,10 +196,24 @@ class PgGraph(PgReembedding):
         async with self._pg.connection() as conn:
             return await history.one(conn, repo, commit_id)
 
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        async with self._pg.transaction() as conn:
-            gone = await history.undo(conn, commit)
-        self._forget(commit.repo, gone)
+    async def revert_commit(
+        self, repo: str, commit_id: str, revert_id: str, *, embed: Embed,
+        refused: Callable[[], Awaitable[None]], generation: int | None = None,
+    ) -> int:
+        """See `GraphStore.revert_commit`."""
+        async def read() -> Inherited:
+            async with self._pg.connection() as conn:
+                return await deletes.inherited(conn, repo, commit_id, one=True)
+
+        async def delete(plan: erasure.Plan) -> list[str]:
+            await refused()
+            async with self._pg.transaction() as conn:
+                gone = await deletes.revert(conn, repo, commit_id, plan, revert_id)
+            self._forget(repo, gone)
+            return gone
+
+        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
+                                        lambda: same_generation(self, repo, generation)))
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",

@@ -522,4 +522,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX staged_vectors_by_repo ON staged_vectors (repo)",
         ),
     ),
+    Migration(
+        # Facts and instructions several commits are evidence for, links counted by the
+        # commits that made them, and reverts recorded. SQLite's m024_shared_knowledge.
+        "m017_shared_knowledge",
+        (
+            "ALTER TABLE nodes ADD COLUMN owners jsonb",
+            "ALTER TABLE links ADD COLUMN refs integer NOT NULL DEFAULT 1",
+            "ALTER TABLE commits ADD COLUMN joined jsonb NOT NULL DEFAULT '[]'",
+            "ALTER TABLE commits ADD COLUMN reverted_by text",
+            "ALTER TABLE commits ADD COLUMN reverts text",
+        ),
+    ),
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +39,7 @@ from mnemo.graph.model import (
     NodeId,
     NodeType,
     Vector,
+    now_utc,
 )
 from mnemo.graph.ports import (
     IntentPolicy,
@@ -214,12 +215,25 @@ class SqliteGraph(SqliteRecallReads):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
 
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        def undo(db: SqliteUtilsDatabase) -> list[str]:
-            with db.atomic():
-                return history.undo(db.conn, commit)
+    async def revert_commit(
+        self, repo: str, commit_id: str, revert_id: str, *, embed: Embed,
+        refused: Callable[[], Awaitable[None]], generation: int | None = None,
+    ) -> int:
+        """See `GraphStore.revert_commit`."""
+        async def read() -> Inherited:
+            return await self._database.run(
+                lambda db: deletes.inherited(db, repo, commit_id, one=True))
 
-        self._forget_vectors(commit.repo, await self._database.run(undo))
+        async def delete(plan: erasure.Plan) -> list[str]:
+            await refused()
+            at = now_utc().isoformat()
+            gone = await self._database.run(
+                lambda db: deletes.revert(db, repo, commit_id, plan, revert_id, at))
+            self._forget_vectors(repo, gone)
+            return gone
+
+        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
+                                        lambda: same_generation(self, repo, generation)))
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""

@@ -11,11 +11,13 @@ from mnemo.recall.candidates import Candidate
 from mnemo.recall.model import Recalled
 
 N = NodeType
+KNOWLEDGE = (N.SEMANTIC, N.PROCEDURAL)
 
 
 class Picks:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
-    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). The
+    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of), one
+    per wording of a fact or an instruction. The
     place of the first of a step and its facts goes to the fact that stands in for them
     (`stand_ins`, by step id) when there is one, at the better of the two scores; a step
     returned stands for the facts made from it; a fact returned stands for its step, and
@@ -36,6 +38,7 @@ class Picks:
         self._claimed: set[str] = set()  # steps a result stands for
         self._returned: set[str] = set()  # steps returned themselves
         self._taken: set[str] = set()
+        self._said: set[str] = set()  # the texts of the facts and instructions returned
 
     def take(self, scored: Iterable[tuple[float, Node, Candidate]], *, defer: bool = True
              ) -> None:
@@ -60,6 +63,12 @@ class Picks:
                 continue
             if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):
                 continue
+            # A fact and an instruction of one wording are one answer: the better placed.
+            said = " ".join(node.text.casefold().split()) if node.type in KNOWLEDGE else None
+            if said is not None and said in self._said:
+                continue
+            if said is not None:
+                self._said.add(said)
             self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
             self._taken.add(node.id)
             if step is not None:

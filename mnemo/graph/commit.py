@@ -384,8 +384,7 @@ async def _apply_locked(
         for node_id, value in resolution.rewordings.items()
         if node_id not in new_ids
     }
-    _check_dim(target.dim(repo), [(n.id, v) for n, _, v in nodes] +
-               [(node_id, v) for node_id, (_, v) in rewordings.items()])
+    _check_dim(target.dim(repo), [(i, v) for i, (_, v) in resolution.rewordings.items()])
     retired = await contradiction.still_live(target, repo, retiring or [], new_ids)
     joined: dict[str, Contribution] = {}
     for draft in changeset.nodes:

@@ -23,7 +23,7 @@ import numpy as np
 from mnemo import text as _text
 from mnemo.graph import ann_calls
 from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, cosine, reaches, unit
+from mnemo.graph.vectors import COSINE_TOLERANCE, VectorIndex, cosine, reaches, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
@@ -116,13 +116,13 @@ async def resolve(
     """Drops, merges or keeps each of `drafts` (of one type) against its `nearest` graph nodes
     (whose texts `known` or `texts_of` gives) and the earlier drafts kept, by the thresholds;
     facts and instructions (`knowledge`) only with one `alike`, merged by `merged_knowledge`.
-    The drafts are compared with each other in one
-    matrix product, not a cosine per pair (a big changeset's dedup was quadratic in Python:
-    BENCHMARKS.md)."""
+    The drafts are compared with each other in one matrix product, not a cosine per pair (a
+    big changeset's dedup was quadratic in Python: BENCHMARKS.md)."""
     vectors = unit(np.stack([d.vector for d in drafts]))
     to_batch = vectors @ vectors.T
     kept: dict[str, str] = {}  # id -> text of the drafts kept
     order: list[int] = []  # positions of kept drafts, in the order they were kept
+    reworded: set[int] = set()  # indices into `order` of kept drafts merged since
 
     async def text(node_id: str) -> str:
         if node_id in out.rewordings:
@@ -135,8 +135,7 @@ async def resolve(
 
     for i, draft in enumerate(drafts):
         sims = to_batch[i, order]
-        close = [n for n, at in enumerate(order)
-                 if reaches(float(sims[n]), merge_threshold) or drafts[at].id in out.rewordings]
+        close = {*np.flatnonzero(sims >= merge_threshold - COSINE_TOLERANCE).tolist(), *reworded}
         options = [*nearest[i], *((drafts[order[n]].id, float(sims[n])) for n in close)]
         # A merged wording is compared by its own vector.
         options = sorted(
@@ -165,6 +164,8 @@ async def resolve(
                         else merge(existing, draft.text))
         if merged is not None:
             out.rewordings[best_id] = merged
+            if best_id in kept:
+                reworded.add(next(n for n, at in enumerate(order) if drafts[at].id == best_id))
 
 
 async def merged_knowledge(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from mnemo.errors import ConflictError, InvalidInputError
 from mnemo.graph.erasure import Embed
 from mnemo.graph.model import Link, Node, NodeType
+from mnemo.graph.ports import Reverting
 from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
@@ -130,7 +131,6 @@ async def revert(
         EmbeddingError: a wording could not be embedded; nothing was reverted.
     """
     undone = await diff(graph, repo, commit_id)
-    revert_id = f"revert_{uuid.uuid4().hex}"
 
     async def refused() -> None:
         record = await _record(graph, repo, commit_id)
@@ -142,8 +142,8 @@ async def revert(
             raise ConflictError(
                 f"commit {commit_id!r} of repo {repo!r} cannot be reverted: {reason}")
 
-    await graph.revert_commit(repo, commit_id, revert_id, embed=embed, refused=refused,
-                              generation=generation)
+    await graph.withdraw(repo, commit_id, embed=embed, generation=generation,
+                         reverting=Reverting(f"revert_{uuid.uuid4().hex}", refused))
     return CommitDiff(await _record(graph, repo, commit_id), undone.nodes, undone.links,
                       undone.retired)
 

@@ -307,16 +307,16 @@ class IngestService:
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, and tags and intents left with no links;
-        an intent another source still uses takes that source's wording, embedded within
-        `extraction_timeout` (`mnemo.graph.erasure`). Returns how many nodes went (0 for an
-        unknown source). The id is then free.
+        an intent, a fact or an instruction another source still uses takes that source's
+        wording, embedded within `extraction_timeout` (`mnemo.graph.erasure`). Returns how
+        many nodes went (0 for an unknown source). The id is then free.
 
         Raises:
             EmbeddingError: such a wording could not be embedded; nothing was forgotten.
         """
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
-        return await self._graph.delete_source(
+        return await self._graph.withdraw(
             repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),
             also=[SourceForgotten(repo, source_id)],
             generation=runtime.generation,

@@ -145,42 +145,30 @@ async def _withdraw(
     return own + orphans
 
 
-async def delete_source(
+async def withdraw(
     conn: Connection,
     repo: str,
-    source_id: str,
+    key: str,
     also: Sequence[SideWrite],
     plan: Plan,
+    revert_id: str | None,
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went (`_withdraw`).
-    The source is an ingested source, a session or an episode (`Scope`): a session's or an
-    episode's stored steps go too (`_erase_steps`), and so do its commits' records; the
-    lexical index's stores are told to start again (`lexical_epoch`). The caller holds the
-    transaction."""
-    scope = await _scope(conn, repo, source_id, one=False)
-    gone = await _withdraw(conn, repo, source_id, scope, plan)
+    """As `mnemo.storage.sqlite.deletes.withdraw` (the lexical index's stores told to start
+    again by `lexical_epoch`). The caller holds the transaction."""
+    scope = await _scope(conn, repo, key, one=revert_id is not None)
+    gone = await _withdraw(conn, repo, key, scope, plan)
+    if revert_id is not None:
+        await history.reverted(conn, repo, key, revert_id)
+        return gone
     # A node the source created that another still uses stays, but no longer names the
     # source (its id is the user's text: erasure).
     await conn.execute(
-        "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s",
-        (repo, source_id),
-    )
+        "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s", (repo, key))
     await history.forget_commits(conn, repo, scope.records)
-    await _erase_steps(conn, source_id, scope.records)
+    await _erase_steps(conn, key, scope.records)
     await side_writes(conn, also)
     if gone or plan.heirs or plan.shared or scope.records:
         await new_epoch(conn)
-    return gone
-
-
-async def revert(
-    conn: Connection, repo: str, commit_id: str, plan: Plan, revert_id: str
-) -> list[str]:
-    """See `GraphStore.revert_commit`: returns the ids of the nodes that went (`_withdraw`).
-    The caller holds the transaction."""
-    scope = await _scope(conn, repo, commit_id, one=True)
-    gone = await _withdraw(conn, repo, commit_id, scope, plan)
-    await history.reverted(conn, repo, commit_id, revert_id)
     return gone
 
 

@@ -14,11 +14,11 @@ FTS5 query is.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -26,7 +26,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from mnemo.config import Config
-from mnemo.graph import commit, erasure, facts, shares
+from mnemo.graph import commit, erasure, facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.erasure import Embed, Inherited
 from mnemo.graph.history import CommitRecord
@@ -47,6 +47,7 @@ from mnemo.graph.ports import (
     More,
     Neighbor,
     NodeContext,
+    Reverting,
     SideWrite,
     Started,
     SweepResult,
@@ -156,16 +157,7 @@ class PgGraph(PgReembedding):
                 " ON CONFLICT DO NOTHING",
                 [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
             )
-            # Before the rewordings: a node's creator brought the text it has until then.
-            for node_id, brought in plan.joined.items():
-                await cur.execute(
-                    "SELECT text, data, source_id, owners FROM nodes WHERE id = %s", (node_id,))
-                text, data, source, owners = cast(Row, await cur.fetchone())
-                now = shares.Contribution(str(text), cast(dict[str, object], data),
-                                          None if source is None else str(source))
-                await cur.execute("UPDATE nodes SET owners = %s WHERE id = %s", (Jsonb(
-                    shares.joined(cast(shares.Owners | None, owners), now, plan.changeset_id,
-                                  brought)), node_id))
+            await history.joined(conn, plan)  # before the rewordings
             for node_id, (text, vector) in plan.rewordings.items():
                 await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
                 await cur.execute(
@@ -195,25 +187,6 @@ class PgGraph(PgReembedding):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         async with self._pg.connection() as conn:
             return await history.one(conn, repo, commit_id)
-
-    async def revert_commit(
-        self, repo: str, commit_id: str, revert_id: str, *, embed: Embed,
-        refused: Callable[[], Awaitable[None]], generation: int | None = None,
-    ) -> int:
-        """See `GraphStore.revert_commit`."""
-        async def read() -> Inherited:
-            async with self._pg.connection() as conn:
-                return await deletes.inherited(conn, repo, commit_id, one=True)
-
-        async def delete(plan: erasure.Plan) -> list[str]:
-            await refused()
-            async with self._pg.transaction() as conn:
-                gone = await deletes.revert(conn, repo, commit_id, plan, revert_id)
-            self._forget(repo, gone)
-            return gone
-
-        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
-                                        lambda: same_generation(self, repo, generation)))
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
@@ -387,20 +360,24 @@ class PgGraph(PgReembedding):
                 await self._erased()
         return len(gone)
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.delete_source`."""
+        """See `GraphStore.withdraw`."""
         async def read() -> Inherited:
             async with self._pg.connection() as conn:
-                return await deletes.inherited(conn, repo, source_id)
+                return await deletes.inherited(conn, repo, key, one=reverting is not None)
 
         async def delete(plan: erasure.Plan) -> list[str]:
+            if reverting is not None:
+                await reverting.refused()
             async with self._pg.transaction() as conn:
-                gone = await deletes.delete_source(conn, repo, source_id, also, plan)
+                gone = await deletes.withdraw(
+                    conn, repo, key, also, plan, reverting.revert_id if reverting else None)
             self._forget(repo, gone)
-            await self._erased()
+            if reverting is None:
+                await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import cast
 
 from psycopg.types.json import Jsonb
 
+from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
@@ -33,6 +35,19 @@ async def add_links(conn: Connection, repo: str, links: Sequence[Link]) -> None:
             (repo, [k.src for k in links], [k.dst for k in links],
              [k.type.value for k in links]),
         )
+
+
+async def joined(conn: Connection, plan: CommitPlan) -> None:
+    """Adds the commit's contribution to each node it joined (`mnemo.graph.shares`); before
+    the commit's rewordings: a node's creator brought the text it has until then."""
+    for node_id, brought in plan.joined.items():
+        cur = await conn.execute(
+            "SELECT text, data, source_id, owners FROM nodes WHERE id = %s", (node_id,))
+        text, data, source, owners = cast(Row, await cur.fetchone())
+        now = shares.Contribution(str(text), cast(dict[str, object], data),
+                                  None if source is None else str(source))
+        await conn.execute("UPDATE nodes SET owners = %s WHERE id = %s", (Jsonb(shares.joined(
+            cast(shares.Owners | None, owners), now, plan.changeset_id, brought)), node_id))
 
 
 async def record(conn: Connection, plan: CommitPlan) -> None:

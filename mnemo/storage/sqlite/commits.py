@@ -11,10 +11,9 @@ from collections.abc import Sequence
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph import facts, shares
+from mnemo.graph import facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.ports import SideWrite
-from mnemo.storage.json_text import loads_object
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
@@ -59,14 +58,7 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
             "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
             [(half_blob(vector), n.id) for n, _, vector in plan.nodes],
         )
-        # Before the rewordings: a node's creator brought the text it has until then.
-        for node_id, brought in plan.joined.items():
-            text, data, source, owners = conn.execute(
-                "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)
-            ).fetchone()
-            now = shares.Contribution(text, loads_object(data), source)
-            conn.execute("UPDATE nodes SET owners = ? WHERE id = ?", (shares.dumps(shares.joined(
-                owners and json.loads(owners), now, plan.changeset_id, brought)), node_id))
+        history.joined(conn, plan)  # before the rewordings
         for node_id, (text, vector) in plan.rewordings.items():
             conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
             conn.execute(

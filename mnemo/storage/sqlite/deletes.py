@@ -189,45 +189,36 @@ def _revector(conn: sqlite3.Connection, node_id: str, vector: Vector) -> None:
                  (half_blob(vector), node_id))
 
 
-def delete_source(
+def withdraw(
     db: SqliteUtilsDatabase,
     repo: str,
-    source_id: str,
+    key: str,
     also: Sequence[SideWrite],
     plan: Plan,
+    revert: tuple[str, str] | None,
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went (`_withdraw`).
-    The source is an ingested source, a session or an episode (`Scope`): a session's or an
-    episode's stored steps go too (`_erase_steps`), and so do its commits' records. The
-    search index is merged (FTS5 keeps a deleted entry's words in its old segments until
-    then) and the lexical index's stores are told to start again (`lexical_epoch`):
-    erasure."""
+    """See `GraphStore.withdraw`: returns the ids of the nodes that went (`_withdraw`). With
+    `revert` (the id and time of its record), the commit `key` is reverted. Else the source
+    `key` is forgotten: an ingested source, a session or an episode (`Scope`), whose stored
+    steps go too (`_erase_steps`), and its commits' records; the search index is merged
+    (FTS5 keeps a deleted entry's words in its old segments until then) and the lexical
+    index's stores are told to start again (`lexical_epoch`): erasure."""
     conn = db.conn
     with db.atomic():
-        scope = _scope(conn, repo, source_id, one=False)
-        gone = _withdraw(conn, repo, source_id, scope, plan)
+        scope = _scope(conn, repo, key, one=revert is not None)
+        gone = _withdraw(conn, repo, key, scope, plan)
+        if revert is not None:
+            history.reverted(conn, repo, key, *revert)
+            return gone
         # A node the source created that another still uses stays, but no longer names the
         # source (its id is the user's text: erasure).
         conn.execute(
-            "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?",
-            (repo, source_id),
-        )
+            "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?", (repo, key))
         history.forget_commits(conn, repo, scope.records)
-        _erase_steps(conn, source_id, scope.records)
+        _erase_steps(conn, key, scope.records)
         side_writes(db, also)
         if gone or plan.heirs or plan.shared or scope.records:
             scrub(conn)
-    return gone
-
-
-def revert(
-    db: SqliteUtilsDatabase, repo: str, commit_id: str, plan: Plan, revert_id: str, at: str
-) -> list[str]:
-    """See `GraphStore.revert_commit`: returns the ids of the nodes that went (`_withdraw`)."""
-    with db.atomic():
-        scope = _scope(db.conn, repo, commit_id, one=True)
-        gone = _withdraw(db.conn, repo, commit_id, scope, plan)
-        history.reverted(db.conn, repo, commit_id, revert_id, at)
     return gone
 
 

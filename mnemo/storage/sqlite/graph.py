@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +44,7 @@ from mnemo.graph.model import (
 from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
+    Reverting,
     SideWrite,
     Staging,
     SweepResult,
@@ -215,26 +216,6 @@ class SqliteGraph(SqliteRecallReads):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
 
-    async def revert_commit(
-        self, repo: str, commit_id: str, revert_id: str, *, embed: Embed,
-        refused: Callable[[], Awaitable[None]], generation: int | None = None,
-    ) -> int:
-        """See `GraphStore.revert_commit`."""
-        async def read() -> Inherited:
-            return await self._database.run(
-                lambda db: deletes.inherited(db, repo, commit_id, one=True))
-
-        async def delete(plan: erasure.Plan) -> list[str]:
-            await refused()
-            at = now_utc().isoformat()
-            gone = await self._database.run(
-                lambda db: deletes.revert(db, repo, commit_id, plan, revert_id, at))
-            self._forget_vectors(repo, gone)
-            return gone
-
-        return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
-                                        lambda: same_generation(self, repo, generation)))
-
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
         found = await self._database.run(lambda db: commits.receipt(db, changeset_id))
@@ -316,19 +297,25 @@ class SqliteGraph(SqliteRecallReads):
                 await self._erased()
             return gone
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.delete_source`."""
+        """See `GraphStore.withdraw`."""
         async def read() -> Inherited:
-            return await self._database.run(lambda db: deletes.inherited(db, repo, source_id))
+            return await self._database.run(
+                lambda db: deletes.inherited(db, repo, key, one=reverting is not None))
 
         async def delete(plan: erasure.Plan) -> list[str]:
-            gone = await self._database.run(lambda db: deletes.delete_source(
-                db, repo, source_id, also, plan))
+            revert = None
+            if reverting is not None:
+                await reverting.refused()
+                revert = (reverting.revert_id, now_utc().isoformat())
+            gone = await self._database.run(
+                lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
             self._forget_vectors(repo, gone)
-            await self._erased()
+            if revert is None:
+                await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,

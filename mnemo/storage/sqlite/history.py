@@ -9,9 +9,11 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
+from mnemo.storage.json_text import loads_object
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
@@ -37,6 +39,18 @@ def add_links(conn: sqlite3.Connection, links: Iterable[Link]) -> None:
         sqlite3.IntegrityError: an end is no node.
     """
     conn.executemany(_ADD_LINK, [(k.src, k.dst, k.type.value, 1) for k in links])
+
+
+def joined(conn: sqlite3.Connection, plan: CommitPlan) -> None:
+    """Adds the commit's contribution to each node it joined (`mnemo.graph.shares`); before
+    the commit's rewordings: a node's creator brought the text it has until then."""
+    for node_id, brought in plan.joined.items():
+        text, data, source, owners = conn.execute(
+            "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)
+        ).fetchone()
+        now = shares.Contribution(text, loads_object(data), source)
+        conn.execute("UPDATE nodes SET owners = ? WHERE id = ?", (shares.dumps(shares.joined(
+            owners and json.loads(owners), now, plan.changeset_id, brought)), node_id))
 
 
 def record(conn: sqlite3.Connection, plan: CommitPlan) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -56,13 +56,17 @@ from mnemo.graph.ports import (
     StepsCommitted,
 )
 from mnemo.graph.shares import Contribution
-from mnemo.graph.vectors import Snapshot, VectorIndex
+from mnemo.graph.vectors import Snapshot, VectorIndex, unit
+
+if TYPE_CHECKING:
+    from mnemo.graph.history import CommitRecord
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
 KNOWLEDGE = (NodeType.SEMANTIC, NodeType.PROCEDURAL)
-# The graph's nodes of its type a new fact or instruction is compared with: the nearest, of
-# which the retired ones and those it contradicts are left out.
+# The graph's nodes of its type a new fact or instruction is compared with: the nearest
+# before the lock and those committed since, of which the retired ones and those it
+# contradicts are left out.
 NEAREST = 4
 
 
@@ -107,6 +111,12 @@ class CommitTarget(contradiction.FactSearch, Protocol):
         self, repo: str, probes: Vector, kind: NodeType, k: int
     ) -> list[list[tuple[str, float]]]: ...
 
+    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]: ...
+
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
@@ -121,6 +131,39 @@ class CommitTarget(contradiction.FactSearch, Protocol):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         """Writes side writes alone, in one transaction (the changeset was applied before)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Before:
+    """What a commit reads before the repo's lock (a search must not hold up the repo's other
+    commits): the facts its facts retire, the graph's facts and instructions nearest to each
+    of its own (by draft id), and the repo's newest commit then (those after it are looked
+    at under the lock)."""
+
+    retiring: list[contradiction.Retirement]
+    nearest: dict[str, list[str]]
+    seq: int
+
+
+async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPolicy) -> _Before:
+    log = await target.commit_log(changeset.repo, limit=1)
+    nearest: dict[str, list[tuple[str, float]]] = {}
+    for kind in KNOWLEDGE:
+        drafts = [n for n in changeset.nodes if n.type is kind]
+        if drafts:
+            found = await target.nearest_of_type(
+                changeset.repo, np.stack([d.vector for d in drafts]), kind,
+                max(NEAREST, intents.contradiction_candidates))
+            nearest.update(zip([d.id for d in drafts], found, strict=True))
+    retiring = (
+        await contradiction.retirements(
+            target, changeset, intents.contradicts, intents.contradiction_candidates,
+            intents.contradiction_similarity, nearest,
+        )
+        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
+    )
+    return _Before(retiring, {i: [j for j, _ in row] for i, row in nearest.items()},
+                   log[0].seq if log else 0)
 
 
 class _Undecided(Exception):
@@ -196,26 +239,19 @@ async def _apply(
     also: Sequence[SideWrite],
 ) -> CommitReceipt:
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
-    # Asked before the lock, as merges are: one slow provider must not stall the
-    # repo's commits.
-    retiring = (
-        await contradiction.retirements(
-            target, changeset, intents.contradicts, intents.contradiction_candidates,
-            intents.contradiction_similarity,
-        )
-        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
-    )
+    _check_dim(target.dim(changeset.repo), [(n.id, n.vector) for n in changeset.nodes])
+    before = await _before(target, changeset, intents)
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS
         prepared = None
         if not last and (attempt or any(n.type is NodeType.INTENT for n in changeset.nodes)):
-            prepared = await _decide_merges(target, changeset, intents, decided, retiring,
+            prepared = await _decide_merges(target, changeset, intents, decided, before,
                                             knowledge=attempt > 0)
         try:
             async with target.lock(changeset.repo):
                 return await _apply_locked(
                     target, changeset, _decided_merge(decided, final=last), intents, also,
-                    prepared=prepared, retiring=retiring,
+                    before, prepared=prepared,
                 )
         except _Undecided:
             continue
@@ -227,7 +263,7 @@ async def _decide_merges(
     changeset: Changeset,
     intents: IntentPolicy,
     decided: dict[tuple[str, str], tuple[str, Vector] | None],
-    retiring: list[contradiction.Retirement],
+    before: _Before,
     *,
     knowledge: bool,
 ) -> tuple[Snapshot, Resolution]:
@@ -250,7 +286,7 @@ async def _decide_merges(
         asked.clear()
         resolution = await _resolve_intents(target, changeset, index, note, intents)
         if knowledge:
-            await _resolve_knowledge(target, changeset, note, intents, retiring, Resolution())
+            await _resolve_knowledge(target, changeset, note, intents, before, Resolution())
         if not asked:
             return seen, resolution
         pairs = list(dict.fromkeys(asked))
@@ -313,27 +349,33 @@ async def _resolve_knowledge(
     changeset: Changeset,
     merge: IntentMerger,
     intents: IntentPolicy,
-    retiring: list[contradiction.Retirement],
+    before: _Before,
     out: Resolution,
 ) -> dict[str, Node]:
-    """Resolves the changeset's facts and instructions against the `NEAREST` graph nodes of
-    their type (the live ones, none that a retirement pairs with the draft) and each other.
-    Returns the graph nodes compared with."""
-    apart = {(r.retired, r.successor) for r in retiring}
+    """Resolves the changeset's facts and instructions against the graph's live ones of
+    their type that were nearest before the lock or came since (none that a retirement
+    pairs with the draft), and against each other. Returns the graph nodes compared with."""
+    if not before.nearest:
+        return {}
+    later = await target.commit_log(changeset.repo, after_seq=before.seq)
+    ids = {i for row in before.nearest.values() for i in row}
+    ids.update(i for record in later for i in record.node_ids)
+    seen: dict[str, Node] = {n.id: n for n in await target.get_nodes(changeset.repo, sorted(ids))
+                             if n.type in KNOWLEDGE and not n.retired}
+    vectors = await target.vectors(changeset.repo, sorted(seen))
+    apart = {(r.retired, r.successor) for r in before.retiring}
     apart |= {(b, a) for a, b in apart}
-    seen: dict[str, Node] = {}
     for kind in KNOWLEDGE:
         drafts = [n for n in changeset.nodes if n.type is kind]
+        graph = [i for i, n in seen.items() if n.type is kind and i in vectors]
         if not drafts:
             continue
-        found = await target.nearest_of_type(
-            changeset.repo, np.stack([d.vector for d in drafts]), kind, NEAREST)
-        ids = sorted({node_id for row in found for node_id, _ in row} - seen.keys())
-        seen.update((n.id, n) for n in await target.get_nodes(changeset.repo, ids))
+        sims = (unit(np.stack([d.vector for d in drafts])) @ np.stack([vectors[i] for i in graph]).T
+                if graph else np.zeros((len(drafts), 0)))
         nearest = [
-            [(i, s) for i, s in row if i in seen and not seen[i].retired and i != d.id
-             and (d.id, i) not in apart]
-            for d, row in zip(drafts, found, strict=True)
+            sorted(((i, float(sim)) for i, sim in zip(graph, row, strict=True)
+                    if i != d.id and (d.id, i) not in apart), key=lambda o: -o[1])[:NEAREST]
+            for d, row in zip(drafts, sims, strict=True)
         ]
         await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, _texts(target),
                       merge, identity_threshold=intents.identity_threshold,
@@ -347,9 +389,9 @@ async def _apply_locked(
     merge: IntentMerger,
     intents: IntentPolicy,
     also: Sequence[SideWrite],
+    before: _Before,
     *,
     prepared: tuple[Snapshot, Resolution] | None = None,
-    retiring: list[contradiction.Retirement] | None = None,
 ) -> CommitReceipt:
     repo = changeset.repo
     done = await target.receipt(changeset.id)
@@ -365,13 +407,12 @@ async def _apply_locked(
     index = await target.vector_index(repo)
     if changeset.nodes and index.generation != changeset.generation:
         raise _Restamped(index.generation)
-    _check_dim(target.dim(repo), [(n.id, n.vector) for n in changeset.nodes])
     if prepared is not None and index.snapshot() is prepared[0]:
         # The intents were resolved against exactly these vectors, before the lock.
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
         resolution = await _resolve_intents(target, changeset, index, merge, intents)
-    graph_nodes = await _resolve_knowledge(target, changeset, merge, intents, retiring or [],
+    graph_nodes = await _resolve_knowledge(target, changeset, merge, intents, before,
                                            resolution)
     tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
     resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
@@ -385,7 +426,7 @@ async def _apply_locked(
         if node_id not in new_ids
     }
     _check_dim(target.dim(repo), [(i, v) for i, (_, v) in resolution.rewordings.items()])
-    retired = await contradiction.still_live(target, repo, retiring or [], new_ids)
+    retired = await contradiction.still_live(target, repo, before.retiring, new_ids)
     joined: dict[str, Contribution] = {}
     for draft in changeset.nodes:
         if draft.type in KNOWLEDGE and resolution.survivor(draft.id) in graph_nodes:

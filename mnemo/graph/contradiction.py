@@ -12,7 +12,7 @@ names an earlier time than the one it contradicts is the one retired: it held be
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -73,19 +73,22 @@ class Retirement:
 async def retirements(
     graph: FactSearch, changeset: Changeset, contradicts: Contradicts,
     candidates: int = CANDIDATES, close: float = CLOSE,
+    nearest: Mapping[str, list[tuple[str, float]]] | None = None,
 ) -> list[Retirement]:
     """The facts the changeset's facts contradict, asked before the commit's lock in one
     call for the whole changeset (none when no live fact is `close` to a new one). Each new
     fact is compared with `candidates` live facts of its type per channel (vector, words)
-    at a cosine of at least `close`."""
+    at a cosine of at least `close`; the vector's are `nearest`'s (by node id, best first)
+    when given."""
     own = {n.id for n in changeset.nodes}
     asked: list[tuple[NodeDraft, list[Node]]] = []
     for node in changeset.nodes:
         if node.type not in TEMPORAL:
             continue
         kinds = [node.type]
-        near = [i for i, similarity in await graph.search_vectors(
-            changeset.repo, node.vector, candidates, kinds) if reaches(similarity, close)]
+        by_vector = (nearest[node.id][:candidates] if nearest is not None else
+                     await graph.search_vectors(changeset.repo, node.vector, candidates, kinds))
+        near = [i for i, similarity in by_vector if reaches(similarity, close)]
         worded = [i for i, _ in await graph.search_text(
             changeset.repo, node.text, candidates, kinds) if i not in near]
         if worded:

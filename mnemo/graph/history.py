@@ -151,19 +151,25 @@ async def revert(
 async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
     """Why later work depends on the commit, naming the later commit: None if it can be
     reverted."""
+    later = [c for c in await graph.commit_log(record.repo, after_seq=record.seq)
+             if not (c.reverted_by or c.reverts)]
     held = {n.id for n in await graph.get_nodes(record.repo, record.node_ids)
             if n.type in _HELD}
-    mine = held | set(record.joined)
-    for other in reversed(await graph.commit_log(record.repo, after_seq=record.seq)):
-        if other.reverted_by or other.reverts:
-            continue
-        retired = sorted(mine & set(other.retired))
+    for other in reversed(later):
+        retired = sorted((held | set(record.joined)) & set(other.retired))
         if retired:
             return f"commit {other.id!r} retired its fact {retired[0]!r}; revert it first"
-        theirs = {*other.node_ids, *other.joined}
-        linked = sorted({end for link in other.links for end in (link.src, link.dst)}
-                        & held - theirs)
-        if linked:
-            return (f"commit {other.id!r} linked to its node {linked[0]!r}; revert it "
-                    "first")
+    # A node only it holds goes: a link another made to one is work built on it.
+    made = {(k.src, k.dst, k.type) for k in record.links}
+    alone = sorted(held - {i for c in later for i in c.joined})
+    for n in await graph.neighbors(record.repo, alone):
+        ends = {(n.origin, n.node_id, n.link_type), (n.node_id, n.origin, n.link_type)}
+        if ends & made:
+            continue
+        by = next((c.id for c in reversed(later)
+                   if ends & {(k.src, k.dst, k.type) for k in c.links}), None)
+        if by is not None:
+            return f"commit {by!r} linked to its node {n.origin!r}; revert it first"
+        return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
+                "that a later change made (consolidate)")
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import mnemo
-from mnemo.graph import history
+from mnemo.graph import history, maintenance
 from mnemo.graph.model import Changeset, Link, LinkType, NodeType
 from mnemo.graph.ports import GraphStore, SourceRecorded
 from tests.backends import open_stores, sql
@@ -140,6 +140,18 @@ async def test_revert_refuses_what_later_commits_built_on(store: str) -> None:
         assert (await state(graph))[0] == ["c-fact", "c-tag"]
         assert [c.reverted_by is not None for c in await history.history(graph, REPO, 10)] == [
             False, False, False, True, True]
+
+
+async def test_revert_refuses_a_fact_consolidate_merged_another_into(store: str) -> None:
+    """A fact another commit's fact was merged into by `consolidate` holds that commit's
+    links: reverting its commit is refused, naming why."""
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        await graph.apply(fact("a", "bees make their honey", "bees"), intents=policy())
+        await graph.apply(fact("b", "bees make our honey", "honey"), intents=policy())
+        assert (await maintenance.consolidate(graph, REPO, mnemo.Config())).merged == 1
+        with pytest.raises(mnemo.ConflictError, match="consolidate"):
+            await history.revert(graph, REPO, "a-cs", embed=embed)
 
 
 async def test_unknown_commits_and_bad_limits_are_invalid_input(store: str) -> None:

@@ -40,7 +40,14 @@ _NEGATIONS = frozenset(
     _text.stem(w) for w in "not no never none nothing nobody neither nor without cannot".split())
 
 
+# Past this length a text is one word of its own (what it says is compared whole): its
+# words would be stemmed on the event loop, and a statement that long is no one fact.
+_SAID_CHARS = 2_000
+
+
 def _said(text: str) -> set[str]:
+    if len(text) > _SAID_CHARS:
+        return {" ".join(text.casefold().split())}
     return {"not" if w.lower().endswith("n't") else _text.stem(w.lower())
             for w in _text.words(text)} - _FILLERS
 

@@ -159,15 +159,16 @@ async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
         retired = sorted((held | set(record.joined)) & set(other.retired))
         if retired:
             return f"commit {other.id!r} retired its fact {retired[0]!r}; revert it first"
-    # A node only it holds goes: a link another made to one is work built on it.
+    # A link to one of its nodes that it did not make is built on it, unless the commit that
+    # made it holds the node too (joined it); one no commit made, `consolidate` moved there.
     made = {(k.src, k.dst, k.type) for k in record.links}
-    alone = sorted(held - {i for c in later for i in c.joined})
-    for n in await graph.neighbors(record.repo, alone):
+    links_of = {c.id: {(k.src, k.dst, k.type) for k in c.links} for c in later}
+    for n in await graph.neighbors(record.repo, sorted(held)):
         ends = {(n.origin, n.node_id, n.link_type), (n.node_id, n.origin, n.link_type)}
-        if ends & made:
+        makers = [c for c in reversed(later) if ends & links_of[c.id]]
+        if ends & made or (makers and all(n.origin in c.joined for c in makers)):
             continue
-        by = next((c.id for c in reversed(later)
-                   if ends & {(k.src, k.dst, k.type) for k in c.links}), None)
+        by = next((c.id for c in makers if n.origin not in c.joined), None)
         if by is not None:
             return f"commit {by!r} linked to its node {n.origin!r}; revert it first"
         return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from mnemo.adapters.offline import OfflineLLM
     from mnemo.adapters.openai import OpenAICompatible
     from mnemo.adapters.uri import ModelURIError, embedder_from_uri, llm_from_uri
+    from mnemo.calls.retry import Backoff, RetryPolicy
     from mnemo.config import Config
     from mnemo.conversation.manager import ConversationManager
     from mnemo.conversation.model import (
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
     from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ToolCall, Usage
     from mnemo.recall.engine import Recalled, RecallResult
-    from mnemo.retry import Backoff, RetryPolicy
     from mnemo.session.machine import State
     from mnemo.session.queue import OpResult
     from mnemo.session.service import SessionContext, SessionInfo
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "AdapterError": "mnemo.errors",
     "Anthropic": "mnemo.adapters.anthropic",
-    "Backoff": "mnemo.retry",
+    "Backoff": "mnemo.calls.retry",
     "CommitDiff": "mnemo.graph.history",
     "CommitReceipt": "mnemo.graph.model",
     "CommitRecord": "mnemo.graph.history",
@@ -122,7 +122,7 @@ _WHERE = {
     "Recalled": "mnemo.recall.engine",
     "Recent": "mnemo.conversation.model",
     "ReembedProgress": "mnemo.graph.reembed",
-    "RetryPolicy": "mnemo.retry",
+    "RetryPolicy": "mnemo.calls.retry",
     "SearchHit": "mnemo.conversation.model",
     "Semantic": "mnemo.conversation.model",
     "SessionContext": "mnemo.session.service",

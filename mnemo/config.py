@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Annotated
+from typing import Annotated, Any
 
 from msgspec import Meta
 
@@ -31,10 +31,24 @@ COUNT_CEILINGS = {
     "max_results": 10_000,
 }
 
+DAY = 86_400.0
+# The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations"): a wait
+# for work or for a lock (an append's annotation, an extraction, another writer, a lease),
+# a time of inactivity (`flush_timeout`, `session_timeout`), and an age (a message's `ttl`,
+# the recency half-life). Past them a duration is a mistake, and a time computed from it
+# may not exist (a ttl of 1e11 s reaches before year 1).
+DURATION_CEILINGS = {"wait": DAY, "inactivity": 365 * DAY, "age": 100 * 365 * DAY}
+# The longest an idle session may wait for its next episode before it ends by itself (a week),
+# and how long it waits by default (`Config.idle_session_timeout`).
+IDLE_SESSION_CEILING = 7 * DAY
+DEFAULT_IDLE_SESSION_TIMEOUT = 3600.0
+
 # The ranges of the fields, by what they measure.
-Seconds = Annotated[float, Meta(gt=0, extra={"finite": True})]
-Wait = Annotated[float, Meta(ge=0, extra={"finite": True})]
-Positive = Annotated[float, Meta(gt=0)]
+Seconds = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["wait"])]
+Wait = Annotated[float, Meta(ge=0, le=DURATION_CEILINGS["wait"])]
+Inactivity = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["inactivity"])]
+IdleSeconds = Annotated[float, Meta(gt=0, le=IDLE_SESSION_CEILING)]
+Days = Annotated[float, Meta(gt=0, le=DURATION_CEILINGS["age"] / DAY)]
 Share = Annotated[float, Meta(ge=0, le=1)]
 Cosine = Annotated[float, Meta(ge=-1, le=1)]
 Whole = Annotated[int, Meta(ge=0)]
@@ -44,6 +58,8 @@ Messages = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_messages_per_save"])
 ToolCalls = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_tool_calls_per_message"])]
 Goals = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_open_goals"])]
 Results = Annotated[int, Meta(ge=1, le=COUNT_CEILINGS["max_results"])]
+# At most what PostgreSQL's full-text search can index (`inputs.MAX_TEXT_CHARS_LIMIT`).
+TextChars = Annotated[int, Meta(ge=1, le=MAX_TEXT_CHARS_LIMIT)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +71,12 @@ class Config:
     """
 
     auto_commit: bool = False
-    flush_timeout: Positive | None = 120.0
-    session_timeout: Positive | None = 600.0
+    flush_timeout: Inactivity | None = 120.0
+    session_timeout: Inactivity | None = 600.0
+    # Seconds an idle session (between episodes) lives untouched before it ends by itself:
+    # whichever working Memory on the store sees it due ends it, so that sessions a process
+    # left behind do not pile up. At most `IDLE_SESSION_CEILING`.
+    idle_session_timeout: IdleSeconds = DEFAULT_IDLE_SESSION_TIMEOUT
     trajectory_threshold: Cosine = 0.75
     max_pending_ops: Count = 5
     append_timeout: Seconds = 60.0
@@ -114,7 +134,7 @@ class Config:
     recall_rerank: bool = False
     recall_rerank_candidates: Count = 20
     # The value function: relevance x recency decay x frequency floor x reward.
-    recency_half_life_days: Positive = 30.0
+    recency_half_life_days: Days = 30.0
     frequency_floor: Cosine = 0.5
     # How much value moves a recall's ranking: score = relevance x value ^ value_weight (0:
     # relevance alone; 1: the full value, which let popular nodes crowd out relevant ones).
@@ -124,12 +144,12 @@ class Config:
     # The longest observation, action, goal, message, query or statement accepted (and the
     # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
     # At most `inputs.MAX_TEXT_CHARS_LIMIT` (120,000), what PostgreSQL can index.
-    max_text_chars: Count = DEFAULT_MAX_TEXT_CHARS
+    max_text_chars: TextChars = DEFAULT_MAX_TEXT_CHARS
     # Per-call bounds, each checked before anything is stored (InvalidInputError), each at
     # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
     # steps in one `ingest` (LoCoMo's longest session has 47; a step costs about 2 s offline),
     max_steps_per_ingest: Steps = 100
-    # new messages one `save` appends (save a longer history in slices of it),
+    # new messages one `save` or `append` stores (save a longer history in slices of it),
     max_messages_per_save: Messages = 1_000
     # tool calls in one message (128: the most tools OpenAI's chat API takes in one request),
     max_tool_calls_per_message: ToolCalls = 128
@@ -193,11 +213,6 @@ class Config:
             raise InvalidInputError(
                 f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
             )
-        if self.max_text_chars > MAX_TEXT_CHARS_LIMIT:
-            raise InvalidInputError(
-                f"Config.max_text_chars is at most {MAX_TEXT_CHARS_LIMIT:,} (PostgreSQL's "
-                f"full-text search refuses longer texts), got {self.max_text_chars:,}"
-            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -210,13 +225,14 @@ class Config:
             raise InvalidInputError(f"a stored Config must be a JSON object, got {text[:80]!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in raw.items() if k in known}
-        wanted = fields.get("max_text_chars")
-        if isinstance(wanted, int) and wanted > MAX_TEXT_CHARS_LIMIT:
-            # Stored before there was a ceiling: the store opens, at the ceiling.
-            logging.getLogger("mnemo").warning(
-                "a stored Config.max_text_chars of %d is lowered to %d (the most PostgreSQL "
-                "can index)", wanted, MAX_TEXT_CHARS_LIMIT)
-            fields["max_text_chars"] = MAX_TEXT_CHARS_LIMIT
+        for name, check in _checks().items():
+            wanted, high = fields.get(name), check.high
+            if isinstance(wanted, int | float) and high is not None and wanted > high:
+                # Stored before there was a ceiling: the store opens, at the ceiling.
+                logging.getLogger("mnemo").warning(
+                    "a stored Config.%s of %s is lowered to its ceiling, %s", name, wanted,
+                    _num(high))
+                fields[name] = type(wanted)(high)
         return cls(**fields)
 
 
@@ -228,7 +244,6 @@ class _Range:
         self.low = meta.ge if meta.ge is not None else meta.gt
         self.high = meta.le if meta.le is not None else meta.lt
         self.low_open, self.high_open = meta.ge is None, meta.le is None
-        self.finite = bool((meta.extra or {}).get("finite"))
         self.wanted = self._phrase()
 
     def __call__(self, name: str, value: object) -> None:
@@ -242,7 +257,7 @@ class _Range:
             return False
         if self.kind is int and not isinstance(value, int):
             return False
-        if math.isnan(value) or (self.finite and math.isinf(value)):
+        if math.isnan(value):
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False
@@ -251,17 +266,20 @@ class _Range:
     def _phrase(self) -> str:
         noun = "an integer" if self.kind is int else "a number"
         low, high = self.low, self.high
-        if self.finite and low is not None:
-            text = f"a finite number {'>' if self.low_open else '>='} {low:g}"
-        elif low is not None and high is not None and self.kind is int:
+        if low is not None and high is not None and self.kind is int:
             text = f"{noun} from {low:,} to {high:,}"
         elif low is not None and high is not None:
-            text = f"{noun} within [{low:g}, {high:g}]"
+            opened, closed = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            text = f"{noun} within {opened}{_num(low)}, {_num(high)}{closed}"
         elif low is not None:
-            text = f"{noun} {'>' if self.low_open else '>='} {low:g}"
+            text = f"{noun} {'>' if self.low_open else '>='} {_num(low)}"
         else:
             text = noun
         return f"{text} or None" if self.optional else text
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if value == int(value) else f"{value:g}"
 
 
 @cache
@@ -277,6 +295,14 @@ def _checks() -> dict[str, _Range]:
                 kind, meta = typing.get_args(part)[:2]
                 checks[name] = _Range(kind, meta, optional)
     return checks
+
+
+@cache
+def ceilings() -> Config:
+    """A Config with every bound at its ceiling: what input to a repo this Memory does not
+    know yet is checked against before the store is asked for the repo's own config."""
+    fields: dict[str, Any] = {"max_text_chars": MAX_TEXT_CHARS_LIMIT, **COUNT_CEILINGS}
+    return Config(**fields)
 
 
 # The timeouts of work (an append's annotation, an extraction): raised, never lowered, by a

@@ -95,8 +95,8 @@ class LLMError(AdapterError):
 
 
 class LLMReplyError(LLMError):
-    """The LLM answered, but not usably: after the task's re-asks its reply still did not
-    match the task's schema, or could not be read."""
+    """The LLM answered, but not usably: after the task's re-asks its task still could not
+    read its reply (the message says what was wrong with it)."""
 
 
 class LLMContextError(LLMError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -60,17 +61,17 @@ def check_text(
     """
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if len(value) > limit:  # first: what follows reads every character
+        raise InvalidInputError(
+            f"{what} is {len(value):,} characters long, more than the {limit:,} allowed "
+            "(Config.max_text_chars)"
+        )
     if stored and "\x00" in value:
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not _encodable(value):
         raise InvalidInputError(f"{what} is not valid Unicode (a lone surrogate)")
     if not blank_ok and not value.strip():
         raise InvalidInputError(f"{what} must not be blank")
-    if len(value) > limit:
-        raise InvalidInputError(
-            f"{what} is {len(value):,} characters long, more than the {limit:,} allowed "
-            "(Config.max_text_chars)"
-        )
     return value
 
 
@@ -88,6 +89,25 @@ def check_id(value: object, what: str) -> str:
     if not value.strip():
         raise InvalidInputError(f"{what} must not be blank, got {value!r}")
     return check_storable(value, what)
+
+
+def split_id(ident: str) -> tuple[str, str, str]:
+    """An id's kind (through its last `_`), its digits, and a step's `:index` (a step node is
+    `episodic_episode_<digits>:<index>`): `("semantic_", "5d3a...", "")`."""
+    kind, sep, rest = ident.rpartition("_")
+    digits, colon, index = rest.partition(":")
+    return kind + sep, digits, colon + index
+
+
+def names_id(given: str, ident: str) -> bool:
+    """Whether `given` names `ident`, as a short id shown by a tool does: a prefix of the id
+    or of its digits, followed by the same step index (`085d80d9:3`; none for an id that has
+    none)."""
+    kind, digits, index = split_id(ident)
+    head, colon, number = given.partition(":")
+    return colon + number == index and (
+        (kind + digits).startswith(head) or digits.startswith(head)
+    )
 
 
 def check_name(value: object, what: str) -> str:
@@ -142,16 +162,68 @@ def check_storable(value: str, what: str) -> str:
     Raises:
         InvalidInputError: it is not.
     """
+    # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unread.
+    if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
+        raise InvalidInputError(
+            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed"
+        )
     if "\x00" in value or not _encodable(value):
         raise InvalidInputError(
             f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
         )
-    size = len(value.encode())
-    if size > MAX_ID_BYTES:
-        raise InvalidInputError(
-            f"{what} is {size:,} bytes long in UTF-8, more than the {MAX_ID_BYTES:,} allowed"
-        )
     return value
+
+
+# The URLs that name a store: a PostgreSQL database (libpq's schemes).
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def check_store(path: object) -> str:
+    """`Memory`'s `path`, checked to name a store: `":memory:"`, a SQLite file's path (a
+    `str` or an `os.PathLike` of one), or a PostgreSQL URL; returned as a string. Checked
+    before anything is created: a number, bytes or a blank string would name a file.
+
+    Raises:
+        InvalidInputError: another type, a blank path, a NUL character (no file system
+            takes it), or a URL of another scheme.
+    """
+    name = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(name, str):
+        raise InvalidInputError(
+            f"path must be a str or os.PathLike naming a SQLite file, \":memory:\" or a "
+            f"postgresql:// URL, got {type(path).__name__}"
+        )
+    if not name.strip():
+        raise InvalidInputError(f"path must not be blank, got {name!r}")
+    if "\x00" in name:
+        raise InvalidInputError("path must not contain a NUL character (U+0000)")
+    if "://" in name and not name.startswith(POSTGRES_SCHEMES):
+        raise InvalidInputError(
+            f"path {name!r} is a URL of a store mnemo does not know: a PostgreSQL URL "
+            "starts with postgresql:// or postgres://"
+        )
+    return name
+
+
+def check_models(llm: object, embedder: object) -> None:
+    """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
+    object of the port (a model's name given as a string, say: it failed at the first append,
+    or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
+    `OpenAIEmbedder` learns it from its first reply.
+
+    Raises:
+        InvalidInputError: what was given instead, and what to give.
+    """
+    if llm is not None and not callable(getattr(llm, "generate", None)):
+        raise InvalidInputError(
+            f"llm must be an object with an async generate(request) (mnemo.LLM), got "
+            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
+        )
+    if embedder is not None and not callable(getattr(embedder, "embed", None)):
+        raise InvalidInputError(
+            f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
+            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
+        )
 
 
 def check_count(
@@ -174,14 +246,15 @@ def check_count(
 def check_json(value: object, what: str, *, limit: int) -> str:
     """The JSON text of `value` (keys sorted), checked to be at most `limit` characters and
     `MAX_JSON_DEPTH` containers deep: how metadata is bounded, since it is stored and shown
-    as that text.
+    as that text. The bound is checked as the value is walked (`check_tree`), before it is
+    encoded: a refusal costs what `limit` allows, not what the caller sent.
 
     Raises:
         InvalidInputError: too deep, not JSON-serialisable (NaN and infinities are not), its
             JSON is longer than `limit`, or it holds a NUL character (escaped in JSON, but
             PostgreSQL's jsonb refuses it) or a lone surrogate.
     """
-    check_tree(value, what)
+    check_tree(value, what, limit=limit)
     try:
         # NaN and Infinity are not JSON: PostgreSQL's jsonb refuses them, SQLite kept them.
         text = json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
@@ -195,24 +268,42 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     return text
 
 
-def check_tree(value: object, what: str) -> None:
+def check_tree(value: object, what: str, *, limit: int) -> None:
     """Checks a JSON-like value (dicts, lists, tuples, scalars) without recursion: at most
-    `MAX_JSON_DEPTH` containers deep, and no string in it (keys included) holding a NUL or a
-    lone surrogate. Run before anything serialises or walks it recursively.
+    `MAX_JSON_DEPTH` containers deep, at most `limit` characters as JSON, and no string in it
+    (keys included) holding a NUL or a lone surrogate. Run before anything serialises or
+    walks it recursively.
+
+    The walk counts what the value's JSON takes at the least (a string its characters and
+    quotes, any other scalar one character, a container its brackets and one separator per
+    item) and stops as the count passes `limit`, before it looks into the container or
+    string that passes it: its cost is bounded by `limit`, whatever the value holds.
 
     Raises:
-        InvalidInputError: it nests deeper, or holds such a string.
+        InvalidInputError: it nests deeper, is longer, or holds such a string.
     """
     stack: list[tuple[object, int]] = [(value, 0)]
+    size = 0
     while stack:
         item, depth = stack.pop()
+        children: Iterable[object] = ()
+        if isinstance(item, str):
+            size += len(item) + 2
+        elif isinstance(item, Mapping | list | tuple):
+            size += 1 + max(len(item), 1)
+        else:
+            size += 1
+        if size > limit:
+            raise InvalidInputError(
+                f"{what} is longer than the {limit:,} characters allowed as JSON "
+                "(Config.max_text_chars)"
+            )
         if isinstance(item, str):
             if "\x00" in item or not _encodable(item):
                 raise InvalidInputError(
                     f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
                 )
             continue
-        children: Iterable[object]
         if isinstance(item, Mapping):
             children = [*item.keys(), *item.values()]
         elif isinstance(item, list | tuple):

@@ -22,7 +22,7 @@ class Usage:
     """Tokens spent by one call (or summed over many), and its cost when priced.
 
     `calls` counts the model calls made, of which `retries` were transport retries and
-    `re_asks` were asked again after an unusable reply (`mnemo.retry` says what a task may
+    `re_asks` were asked again after an unusable reply (`mnemo.calls.retry` says what a task may
     spend). `saved_calls`, `saved_input_tokens` and `saved_output_tokens` are what a retried
     extraction did not spend again because a task's earlier result was kept
     (`mnemo.extraction.memo`). Equality compares what was spent (tokens and cost), not how many
@@ -71,7 +71,9 @@ REQUIRED = "required"
 
 @dataclass(frozen=True, slots=True)
 class LLMRequest:
-    """One task for the LLM. When `schema` is set, the reply's `data` must match it.
+    """One task for the LLM. When `schema` is set, the reply's `data` is the JSON value the
+    model answered, asked to match it; the task reads what it needs of it, so a reply may
+    leave out what the task can do without (`mnemo.calls.reply`).
 
     `tool_choice` says which of `tools` the reply must call: None leaves it to the model,
     `REQUIRED` ("required") asks for a call of any of them, and a tool's name for a call of
@@ -90,7 +92,7 @@ class LLMRequest:
 
 @dataclass(frozen=True, slots=True)
 class LLMResponse:
-    """An LLM reply: free `text`, schema-shaped `data`, and tool calls."""
+    """An LLM reply: free `text`, structured `data` (a JSON value), and tool calls."""
 
     text: str = ""
     data: object = None
@@ -112,27 +114,6 @@ class Embedder(Protocol):
     dim: int
 
     async def embed(self, texts: Sequence[str]) -> Vectors: ...
-
-
-def check_models(llm: object, embedder: object) -> None:
-    """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
-    object of the port (a model's name given as a string, say: it failed at the first append,
-    or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
-    `OpenAIEmbedder` learns it from its first reply.
-
-    Raises:
-        InvalidInputError: what was given instead, and what to give.
-    """
-    if llm is not None and not callable(getattr(llm, "generate", None)):
-        raise InvalidInputError(
-            f"llm must be an object with an async generate(request) (mnemo.LLM), got "
-            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
-        )
-    if embedder is not None and not callable(getattr(embedder, "embed", None)):
-        raise InvalidInputError(
-            f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
-            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
-        )
 
 
 # The most dimensions an embedder's vectors may have: pgvector's `vector` type holds 16,000

@@ -81,7 +81,7 @@ async def _measure(calls: int, warmup: int, bursts: int, latency: float
 
     from mnemo.adapters._http import Transport
     from mnemo.adapters._pool import Pool
-    from mnemo.adapters.openai import OpenAICompatible
+    from mnemo.adapters.openai import Completion, OpenAICompatible
     from mnemo.episode.prompts import reward_request
     from mnemo.errors import LLMError
     from tests.adapters.provider_server import ProviderServer
@@ -116,7 +116,7 @@ async def _measure(calls: int, warmup: int, bursts: int, latency: float
                 response.json()
 
             async def transport_post() -> None:
-                await transport.post_json("/chat/completions", payload)
+                await transport.post_json("/chat/completions", payload, Completion)
 
             async def generate() -> None:
                 await llm.generate(request)

@@ -1,5 +1,6 @@
-"""`calls.tasks.ask`'s `unusable`: a reply that stays unusable once the task's re-asks are spent
-stands for it (a reward's neutral 0.5); a failure of the LLM itself still raises."""
+"""`calls.tasks.ask`: the re-ask of an unusable reply, and `unusable`: a reply that stays
+unusable once the task's re-asks are spent stands for it (a reward's neutral 0.5); a failure of
+the LLM itself still raises."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ class Replies:
     def __init__(self, reply: LLMResponse | Exception) -> None:
         self.reply = reply
         self.calls = 0
+        self.requests: list[LLMRequest] = []
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         self.calls += 1
+        self.requests.append(request)
         if isinstance(self.reply, Exception):
             raise self.reply
         return self.reply
@@ -49,3 +52,19 @@ async def test_an_adapters_refused_reply_stands_for_it_and_a_failed_call_raises(
     with pytest.raises(mnemo.LLMError) as failed:
         await ask(Replies(mnemo.LLMError("HTTP 503")), REQUEST, unreadable, unusable=0.5)
     assert not isinstance(failed.value, mnemo.LLMReplyError)
+
+
+async def test_the_re_ask_shows_the_reply_and_its_problem_unless_it_was_empty() -> None:
+    """The re-ask adds the model's reply and the reader's problem to the request; an empty
+    reply is asked again as it was (a provider refuses an empty turn)."""
+    said = Replies(LLMResponse(text="very good"))
+    with pytest.raises(mnemo.LLMReplyError):
+        await ask(said, REQUEST, unreadable)
+    assert said.requests[1].messages[-2:] == [
+        {"role": "assistant", "content": "very good"},
+        {"role": "user", "content": "Your reply could not be used: not a number. Reply again."},
+    ]
+    silent = Replies(LLMResponse(text=""))
+    with pytest.raises(mnemo.LLMReplyError):
+        await ask(silent, REQUEST, unreadable)
+    assert silent.requests[1] == silent.requests[0]

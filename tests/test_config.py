@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
 import pytest
 
 import mnemo
-from mnemo.config import _checks
+from mnemo.config import DURATION_CEILINGS, _checks
 
 
 def configured(name: str, value: object) -> mnemo.Config:
@@ -35,11 +36,30 @@ def test_a_value_out_of_range_names_its_field(name: str, bad: object) -> None:
         configured(name, bad)
 
 
-@pytest.mark.parametrize("name", ["append_timeout", "extraction_timeout", "busy_timeout"])
-def test_a_timeout_of_work_is_finite(name: str) -> None:
-    """A timeout of work refuses infinity, saying it must be finite."""
-    with pytest.raises(mnemo.InvalidInputError, match=f"Config.{name} must be a finite number"):
-        configured(name, math.inf)
+DURATIONS = {
+    "append_timeout": "wait", "extraction_timeout": "wait", "busy_timeout": "wait",
+    "lease_timeout": "wait", "flush_timeout": "inactivity", "session_timeout": "inactivity",
+}
+
+
+@pytest.mark.parametrize(("name", "kind"), DURATIONS.items())
+def test_every_duration_has_a_ceiling(name: str, kind: str) -> None:
+    """A duration takes up to its kind's ceiling (a day for a wait, a year of inactivity),
+    refuses more and infinity naming the range, and one stored past it is read at it."""
+    ceiling = DURATION_CEILINGS[kind]
+    assert getattr(configured(name, ceiling), name) == ceiling
+    for bad in (ceiling * 1.5, math.inf):
+        with pytest.raises(mnemo.InvalidInputError, match=rf"Config\.{name} must be a number "
+                           rf"within .0, {ceiling:,.0f}\]"):
+            configured(name, bad)
+    stored = json.dumps({**json.loads(mnemo.Config().to_json()), name: ceiling * 10})
+    assert getattr(mnemo.Config.from_json(stored), name) == ceiling
+
+
+def test_the_recency_half_life_is_at_most_a_hundred_years() -> None:
+    assert mnemo.Config(recency_half_life_days=36_500).recency_half_life_days == 36_500
+    with pytest.raises(mnemo.InvalidInputError, match="recency_half_life_days"):
+        mnemo.Config(recency_half_life_days=36_501)
 
 
 def test_optional_fields_take_none() -> None:
@@ -49,3 +69,20 @@ def test_optional_fields_take_none() -> None:
     assert config.blas_threads is None
     with pytest.raises(mnemo.InvalidInputError, match=r"Config\.rrf_k must be an integer >= 1,"):
         configured("rrf_k", None)
+
+
+def test_the_idle_session_timeout_is_bounded() -> None:
+    """`idle_session_timeout` defaults to an hour and takes any number of seconds above 0 up
+    to a week, never None (idle sessions always end) nor more; a config stored before the
+    field existed reads the default."""
+    assert mnemo.Config().idle_session_timeout == 3600.0
+    week = 7 * 24 * 3600.0
+    assert mnemo.Config.from_json(configured("idle_session_timeout", week).to_json()) == (
+        configured("idle_session_timeout", week))
+    for bad in (0, None, week + 1, math.inf):
+        with pytest.raises(mnemo.InvalidInputError,
+                           match=r"idle_session_timeout must be a number within \(0, 604,800\]"):
+            configured("idle_session_timeout", bad)
+    stored = mnemo.Config().to_json().replace('"idle_session_timeout": 3600.0, ', "")
+    assert "idle_session_timeout" not in stored
+    assert mnemo.Config.from_json(stored).idle_session_timeout == 3600.0

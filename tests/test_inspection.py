@@ -156,6 +156,25 @@ async def test_an_mcp_servers_reads_record_no_model(store: str, tmp_path: Path) 
     await _recorded_model_serves_the_next_ingest(store)
 
 
+async def test_an_mcp_servers_edits_call_no_model_and_record_none(
+    store: str, tmp_path: Path
+) -> None:
+    """The MCP server's correct and forget run on its inspecting Memory: with a model that
+    fails every call, a fact is corrected and a source forgotten, and the repo keeps its
+    recorded model for the next ingest."""
+    await _repo_of_the_offline_model(store)
+    step = mnemo.Step("The blog's gunicorn worker binds port 8000 on the web host.", "reload")
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.ingest(REPO, mnemo.Trajectory("Deploy", [step]), source_id="port")
+        (fact, *_) = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    async with open_tools(
+        store, llm=mnemo.llm_from_uri(DEAD), embedder=FakeEmbedder(), memory_dir=tmp_path
+    ) as tools:
+        assert "commit_id" in await tools.correct(REPO, fact.id, "gunicorn binds port 8001")
+        assert '"forgotten": 0' not in await tools.forget(REPO, source_id="port")
+    await _recorded_model_serves_the_next_ingest(store)
+
+
 async def test_the_web_apps_reads_record_no_model(store: str) -> None:
     """The web app (`mnemo ui --llm ...`, with or without --allow-writes) reads and recalls
     with the model it was given, and leaves the repo's recorded one."""

@@ -1,6 +1,6 @@
-"""Usage is summed per session and repo, calls, retries and re-asks included; adapters given to
-a Memory are closed with it, and an embedder that learns its dimension is asked to before the
-repo records it."""
+"""Usage is summed per session and repo, calls, retries and re-asks included; a Memory closes
+the adapters it built, never those it was given, and an embedder that learns its dimension is
+asked to before the repo records it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 import mnemo
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.retry import Backoff
+from mnemo.calls.retry import Backoff
 from tests.adapters.provider_server import ProviderServer, rate_limited
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -110,16 +110,38 @@ class ClosingLLM(FakeLLM):
         self.closed += 1
 
 
-async def test_adapters_are_closed_once_with_the_memory(store: str) -> None:
-    """The Memory's own adapters and those given to open_repo are closed once at aclose."""
-    llm, repo_llm, embedder = ClosingLLM(), ClosingLLM(), ClosingEmbedder()
+async def test_a_memory_closes_the_adapters_it_built_and_no_other(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The models given to a Memory, to open_repo and to start_session stay open (their owner
+    closes them); an adapter the Memory built from a repo's recorded URI is closed once with
+    it."""
+    closed: list[str] = []
+    close = OpenAICompatible.aclose
+
+    async def recorded(adapter: OpenAICompatible) -> None:
+        closed.append(adapter.name)
+        await close(adapter)
+
+    monkeypatch.setattr(OpenAICompatible, "aclose", recorded)
+    llm, repo_llm, session_llm = ClosingLLM(), ClosingLLM(), ClosingLLM()
+    embedder = ClosingEmbedder()
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo("a", llm=repo_llm, embedder=embedder)
         await mem.open_repo("a", llm=repo_llm, embedder=embedder)
         assert embedder.detected
-        sid = await mem.start_session("explore", repo="a")
+        sid = await mem.start_session("explore", repo="a", llm=session_llm)
         await mem.append(sid, "walk north", "go north")
-    assert (llm.closed, repo_llm.closed, embedder.closed) == (1, 1, 1)
+    assert (llm.closed, repo_llm.closed, session_llm.closed, embedder.closed) == (0, 0, 0, 0)
+
+    given = OpenAICompatible("m", base_url="http://127.0.0.1:9/v1")
+    async with mnemo.Memory(store, llm=given, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo("b")  # records the URI of `given`
+    assert closed == []
+    async with mnemo.Memory(store, embedder=FakeEmbedder()):
+        pass  # runs repo b's recorded LLM: an adapter of its own
+    assert closed == [given.name]
+    await given.aclose()
 
 
 async def test_a_repo_reopened_with_an_embedder_of_another_dimension_is_refused(

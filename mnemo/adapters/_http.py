@@ -14,18 +14,18 @@ each attempt:
 3. a timeout on the whole attempt (`anyio.fail_after`, covering connect, upload and download).
 
 Waiting for 1 and 2 is mnemo's own queue: it never counts against the attempt's timeout nor the
-task's retry budget (`mnemo.deadline.waiting`). A timeout, a 429 or 503 and a refused
+task's retry budget (`mnemo.calls.deadline.waiting`). A timeout, a 429 or 503 and a refused
 connection tell the limit the server is overloaded: it drops before the retry waits for a slot.
 
 A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
-HTTP 408, 409, 429 and 5xx, connection errors, timeouts, a 2xx body that is not a JSON object
-(a truncated reply), and one that the caller's `malformed` check rejects (a JSON object without
-the reply's message: a provider's garbage). `Retry-After` (seconds or an HTTP date, and OpenAI's
+HTTP 408, 409, 429 and 5xx, connection errors, timeouts, and a 2xx body that is not the reply
+the caller reads (`post_json`'s `reply`, a msgspec struct): a truncated body, a chat completion
+without its message, a provider's garbage. `Retry-After` (seconds or an HTTP date, and OpenAI's
 `retry-after-ms`) replaces the computed delay and is waited in full, so a retry is never sent
 before the server allows it; one past `Backoff.max_retry_after` fails at once. Any other
 status is final at once, and so is any error reply the caller's `refusal` predicate recognises
 (a local server refusing a request parameter with HTTP 500 will refuse it again). Every attempt
-is charged to the task's `mnemo.retry.Budget`: retries stop when it has no call left or the
+is charged to the task's `mnemo.calls.retry.Budget`: retries stop when it has no call left or the
 wait would end past its seconds (a far `Retry-After` fails at once), and an attempt's timeout
 is cut to the seconds left. Giving up raises the adapter's error class (`LLMError`,
 `EmbeddingError`; `timeout_error` for timeouts) with a message naming the HTTP status and the
@@ -43,16 +43,17 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
+from typing import Protocol, TypeVar
 
 import anyio
 import httpx
 import msgspec
 
-from mnemo import deadline
 from mnemo.adapters._pool import Pool
 from mnemo.adapters.limit import Limit, Ticket
+from mnemo.calls import deadline
+from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 from mnemo.errors import AdapterError, InvalidInputError
-from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -67,6 +68,17 @@ Tokens = tuple[int | None, int | None]
 # Statuses that say the server has more than it can take: the concurrency limit drops.
 OVERLOAD_STATUSES = frozenset({429, 503})
 CHARS_PER_TOKEN = 4
+
+
+class WireReply(Protocol):
+    """A provider's reply as an adapter reads it: a msgspec struct of the fields it uses."""
+
+    def tokens(self) -> Tokens:
+        """The (input, output) tokens the reply says it used."""
+        ...
+
+
+R = TypeVar("R", bound=WireReply)
 
 
 def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str,
@@ -266,12 +278,12 @@ class _Retryable(Exception):
 class Transport:
     """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap.
 
-    `retry` is the retry policy (`mnemo.retry`); `max_retries`, `backoff` and `clock` are
+    `retry` is the retry policy (`mnemo.calls.retry`); `max_retries`, `backoff` and `clock` are
     shorthands that replace its parts. `name` says who the provider is in error messages.
     `error` is the class raised on failure (and `timeout_error` when the last attempt timed
-    out). `tokens_used` reads the tokens a reply really used from its body, (input, output),
-    either None when not reported: they correct the tokens/min estimate (4 characters a token
-    of the request body) and size the reply for the concurrency limit. `max_concurrency` is
+    out). The tokens a reply says it used (`WireReply.tokens`) correct the tokens/min estimate
+    (4 characters a token of the request body) and size the reply for the concurrency limit.
+    `max_concurrency` is
     the most requests in flight at once; below it the number adapts to the server, unless
     `concurrency` pins it.
     """
@@ -292,7 +304,6 @@ class Transport:
         backoff: Backoff | None = None,
         clock: Clock | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        tokens_used: Callable[[Mapping[str, object]], Tokens] | None = None,
         retry: RetryPolicy | None = None,
         concurrency: int | None = None,
     ) -> None:
@@ -308,7 +319,6 @@ class Transport:
         )
         self._backoff = self.retry_policy.backoff
         self._clock: Clock = self.retry_policy.clock
-        self._tokens_used = tokens_used
         self.limit = Limit(max_concurrency, pinned=concurrency)
         self._gate = RateGate(
             requests_per_minute=requests_per_minute,
@@ -349,21 +359,22 @@ class Transport:
         self,
         path: str,
         payload: Mapping[str, object],
+        reply: type[R],
         headers: Mapping[str, str] | None = None,
         *,
         budget: Budget | None = None,
         refusal: Callable[[HTTPFailure], bool] | None = None,
-        malformed: Callable[[Mapping[str, object]], str | None] | None = None,
         kind: str = "",
-    ) -> dict[str, object]:
-        """POSTs `payload` as JSON to `path` (relative to the base URL); returns the JSON reply.
-        `kind` names what is asked (a task), so the concurrency limit compares like with like.
+    ) -> R:
+        """POSTs `payload` as JSON to `path` (relative to the base URL); returns the reply read
+        as `reply` (msgspec, numbers in strings taken). `kind` names what is asked (a task),
+        so the concurrency limit compares like with like.
 
         Every attempt is charged to `budget` (the task's; a new one of `retry_policy` when
         None). Retries as the module doc says, then gives up. An error reply for which
-        `refusal` returns True is final whatever its status: no retry. A 2xx JSON object for
-        which `malformed` returns a problem (it lacks what the caller reads) is retried like a
-        cut body, the problem naming it when the retries run out.
+        `refusal` returns True is final whatever its status: no retry. A 2xx body that is not a
+        `reply` (it lacks what the caller reads) is retried like a cut body, the problem naming
+        it when the retries run out.
 
         Raises:
             AdapterError: (the `error` class) the provider refused the request (a 4xx other than
@@ -383,7 +394,7 @@ class Transport:
             budget.charge(retry=failures > 0)
             try:
                 return await self._attempt(
-                    path, body, headers, estimate, budget, refusal, malformed, kind,
+                    path, body, reply, headers, estimate, budget, refusal, kind,
                 )
             except _Retryable as failed:
                 failures += 1
@@ -425,13 +436,13 @@ class Transport:
         self,
         path: str,
         body: bytes,
+        reply: type[R],
         headers: Mapping[str, str] | None,
         estimate: int,
         budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None,
-        malformed: Callable[[Mapping[str, object]], str | None] | None,
         kind: str,
-    ) -> dict[str, object]:
+    ) -> R:
         allowed = self.attempt_timeout()
         async with self.limit.slot(kind, allowed) as ticket:
             if not self._gate.open:
@@ -454,7 +465,7 @@ class Transport:
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
             except httpx.TransportError as exc:
                 raise _Retryable(f"connection failed: {exc!r}", exc) from exc
-            return self._read(response, estimate, refusal, malformed, ticket)
+            return self._read(response, reply, estimate, refusal, ticket)
 
     async def _send(
         self, path: str, body: bytes, headers: Mapping[str, str] | None
@@ -499,37 +510,28 @@ class Transport:
     def _read(
         self,
         response: httpx.Response,
+        reply: type[R],
         estimate: int,
         refusal: Callable[[HTTPFailure], bool] | None,
-        malformed: Callable[[Mapping[str, object]], str | None] | None,
         ticket: Ticket,
-    ) -> dict[str, object]:
+    ) -> R:
         status = response.status_code
         if status in OVERLOAD_STATUSES:
             ticket.overloaded()
         if 200 <= status < 300:
             try:
-                reply = _decode(response.content)
-            except ValueError:
-                reply = None
-            if not isinstance(reply, dict):
-                # A 2xx without a JSON object is a reply cut short (a proxy, a dropped stream).
-                problem = f"the body is not a JSON object: {_clip(response.text)}"
-                failure = HTTPFailure(status, problem)
-                raise _Retryable(str(failure), failure)
-            used: Tokens = (None, None)
-            if self._tokens_used is not None:
-                used = self._tokens_used(reply)
-                if used != (None, None):
-                    self._gate.settle(estimate, (used[0] or 0) + (used[1] or 0))
+                read = _decode(response.content, reply)
+            except ValueError as exc:
+                # A 2xx without the reply is one cut short (a proxy, a dropped stream) or a
+                # provider's garbage, which another attempt may not repeat (there is no
+                # message to show in a re-ask).
+                failure = HTTPFailure(status, f"{exc}: {_clip(response.text)}")
+                raise _Retryable(str(failure), failure) from None
+            used = read.tokens()
+            if used != (None, None):
+                self._gate.settle(estimate, (used[0] or 0) + (used[1] or 0))
             ticket.answered(*used)
-            garbage = malformed(reply) if malformed is not None else None
-            if garbage is not None:
-                # A complete JSON object without the reply in it: garbage, like a cut body, that
-                # another attempt may not repeat (there is no message to show in a re-ask).
-                failure = HTTPFailure(status, garbage)
-                raise _Retryable(str(failure), failure)
-            return reply
+            return read
         failure = HTTPFailure(status, _error_message(response))
         if refusal is not None and refusal(failure):
             raise self._error(f"{self.name} refused the request: {failure}") from failure
@@ -558,7 +560,6 @@ class Transport:
 _JSON_HEADERS = {"content-type": "application/json"}
 _HTTPX_LOG = logging.getLogger("httpx")
 _ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder()
 
 
 def _encode(payload: Mapping[str, object]) -> bytes:
@@ -573,18 +574,28 @@ def _encode(payload: Mapping[str, object]) -> bytes:
         raise TypeError(str(exc)) from exc
 
 
-def _decode(content: bytes) -> object:
-    """A reply body's JSON; with `json`'s `strict=False` when msgspec refuses it (a raw
-    control character inside a string is a sloppy server's JSON, still a complete reply, not
-    a cut one worth another attempt; so are UTF-16 and integers past 64 bits).
+def _decode(content: bytes, reply: type[R]) -> R:
+    """A reply body read as `reply`; through `json` with `strict=False` when msgspec refuses
+    its JSON (a raw control character inside a string is a sloppy server's JSON, still a
+    complete reply, not a cut one worth another attempt; so is UTF-16).
 
     Raises:
-        ValueError: the body is not JSON.
+        ValueError: the body is not JSON, or not a `reply` (what is wrong, and where).
     """
     try:
-        return _DECODER.decode(content)
+        return msgspec.json.decode(content, type=reply, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"the body is not the reply expected ({exc})") from None
     except msgspec.DecodeError:
-        return json.loads(content, strict=False)
+        pass
+    try:
+        value = json.loads(content, strict=False)
+    except ValueError:
+        raise ValueError("the body is not a JSON object") from None
+    try:
+        return msgspec.convert(value, reply, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"the body is not the reply expected ({exc})") from None
 
 
 def _check_limits(
@@ -618,21 +629,25 @@ def _check_limits(
         )
 
 
+class _Detail(msgspec.Struct):
+    message: str | None = None
+
+
+class _ErrorBody(msgspec.Struct):
+    error: _Detail | str | None = None
+    message: str | None = None
+    detail: str | None = None
+
+
 def _error_message(response: httpx.Response) -> str:
     """The provider's own error message: OpenAI and Anthropic put it at `error.message`,
     Ollama and some proxies at `error` or `message`; else the start of the body."""
     try:
-        body = response.json()
-    except ValueError:
+        body = msgspec.json.decode(response.content, type=_ErrorBody)
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return _clip(response.text) or "(empty body)"
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return _clip(error["message"])
-        for value in (error, body.get("message"), body.get("detail")):
-            if isinstance(value, str) and value:
-                return _clip(value)
-    return _clip(response.text)
+    error = body.error.message if isinstance(body.error, _Detail) else body.error
+    return _clip(error or body.message or body.detail or response.text)
 
 
 def _reason(status: int) -> str:

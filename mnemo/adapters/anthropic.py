@@ -2,10 +2,11 @@
 
 Structured output goes through a forced tool call: the request's schema becomes the input
 schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
-`input` is the data. The data is validated against the schema; an invalid reply is re-asked (a
-`tool_result` marked as an error, carrying the problem) while the task's retry budget lasts
-(`mnemo.retry`), then `LLMError`. A reply without a `content` list is retried by the transport
-like a cut body, within the same budget. A request's own `tools` go out with its `tool_choice`:
+`input` is the data (JSON in the text when the model wrote prose instead), passed up unchecked
+for the task to read (`mnemo.calls.reply`). A reply stopped at its max_tokens is asked again
+with twice the room, up to the adapter's `max_tokens`, then raises `mnemo.calls.reply.Cut`. A
+reply without a `content` list is retried by the transport like a cut body, within the task's
+retry budget (`mnemo.calls.retry`). A request's own `tools` go out with its `tool_choice`:
 `"required"` as `{"type": "any"}`, a tool's name as `{"type": "tool", "name": ...}`.
 
 mnemo's messages are OpenAI-shaped (`role`, `content`, optional `tool_calls` and
@@ -20,27 +21,25 @@ import logging
 from collections.abc import Mapping, Sequence
 
 import httpx
+import msgspec
 
-from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters._schema import (
+from mnemo.adapters._chat import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
     add_usage,
     checked_max_tokens,
     cut_note,
-    decode_json,
     price_of,
-    reask_text,
     reply_cap,
-    schema_problem,
     tool_spec,
     usage_of,
-    whole_items,
 )
-from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
-from mnemo.errors import LLMContextError, LLMError, LLMReplyError, LLMTimeout
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
+from mnemo.adapters.limit import Limit, ServerProfile
+from mnemo.calls.reply import Cut, decode_json
+from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
+from mnemo.errors import LLMContextError, LLMError, LLMTimeout
 from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
-from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -115,7 +114,6 @@ class Anthropic:
             backoff=backoff,
             clock=clock,
             transport=transport,
-            tokens_used=_tokens_used,
             retry=retry,
         )
         self.retry_policy = self._http.retry_policy
@@ -127,20 +125,24 @@ class Anthropic:
 
     def server_profile(self) -> dict[str, object]:
         """What this adapter learned of its server: the concurrency limit."""
-        return {"concurrency": limit_profile(self._http.limit)}
+        return ServerProfile(self._http.limit.state()).as_json()
 
     def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`)."""
-        adopt_limit(self._http.limit, profile.get("concurrency"))
+        stored = ServerProfile.read(profile).concurrency
+        if stored is not None:
+            self._http.limit.restore(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is valid JSON for it.
+        """Sends `request`; with a schema the reply's `data` is the forced tool's input (or
+        the JSON value its text holds; None when neither), for the task to read.
 
         Raises:
             LLMTimeout: the API did not answer in time, on every attempt.
+            LLMContextError: the API refused the prompt as longer than the model's context.
+            Cut: a structured reply stopped at its max_tokens with no more room to ask for.
             LLMError: the API refused the request or kept failing (the message names the HTTP
-                status and the API's message), or the reply did not match the schema when the
-                task's retry budget ran out (the message says where and why).
+                status and the API's message).
         """
         system, messages = _translate(request.system, request.messages)
         with task_budget(self.retry_policy) as budget:
@@ -149,15 +151,14 @@ class Anthropic:
                     request, system, messages, budget, tools=request.tools,
                     force=request.tool_choice if request.tools else None,
                 )
-                blocks = _blocks(reply)
-                if reply.get("stop_reason") == "max_tokens":
+                if reply.stop_reason == "max_tokens":
                     logger.warning(
                         "%s: the reply to task %r was cut short at max_tokens=%d, so it is "
                         "incomplete", self._http.name, request.task,
                         reply_cap(request.max_tokens, self.max_tokens),
                     )
                 return LLMResponse(
-                    text=_text(blocks), tool_calls=self._tool_calls(blocks),
+                    text=_text(reply.content), tool_calls=self._tool_calls(reply.content),
                     usage=self._usage(reply),
                 )
             return await self._structured(request, request.schema, system, messages, budget)
@@ -190,28 +191,23 @@ class Anthropic:
                 request, system, messages, budget, tools=[tool], force=request.task, cap=cap
             )
             usage = add_usage(usage, self._usage(reply))
-            blocks = _blocks(reply)
-            stop = reply.get("stop_reason")
-            data, problem = _check(blocks, request.task, schema, stop, cap)
-            if problem is None:
-                return LLMResponse(text=_text(blocks), data=data, usage=usage)
-            if stop == "max_tokens":
+            text = _text(reply.content)
+            data = next((block.input for block in reply.content
+                         if block.type == "tool_use" and block.name == request.task), None)
+            if reply.stop_reason == "max_tokens":
                 if cap < self.max_tokens and budget.can_call():
                     # Asked again as it was, with room for the whole reply.
                     cap = min(self.max_tokens, cap * 2)
                     budget.next_call("retry")
                     continue
-                kept = whole_items(data, schema)
-                if kept is not None:
-                    return LLMResponse(text=_text(blocks), data=kept, usage=usage)
-            if not budget.can_re_ask():
-                raise LLMReplyError(
-                    f"{self._http.name}: the reply to task {request.task!r} did not match its "
-                    f"schema after {budget.describe()}: {problem}"
-                )
-            messages = [*messages, {"role": "assistant", "content": blocks},
-                        _reask(blocks, request.task, problem)]
-            budget.next_call("re_ask")
+                raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
+                          f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)
+            if data is None:
+                try:
+                    data = decode_json(text)
+                except ValueError:
+                    pass  # no JSON: the task says so
+            return LLMResponse(text=text, data=data, usage=usage)
 
     async def _send(
         self,
@@ -223,7 +219,7 @@ class Anthropic:
         tools: Sequence[Mapping[str, object]] | None,
         force: str | None = None,
         cap: int | None = None,
-    ) -> dict[str, object]:
+    ) -> Message:
         payload: dict[str, object] = {
             "model": self.model,
             "max_tokens": cap or reply_cap(request.max_tokens, self.max_tokens),
@@ -241,80 +237,62 @@ class Anthropic:
             payload["tool_choice"] = {"type": "tool", "name": force}
         try:
             return await self._http.post_json(
-                "/v1/messages", payload, budget=budget, malformed=_no_content,
-                kind=request.task,
+                "/v1/messages", payload, Message, budget=budget, kind=request.task,
             )
         except LLMError as exc:
             if isinstance(exc.__cause__, HTTPFailure) and exc.__cause__.context_overflow:
                 raise LLMContextError(str(exc)) from exc.__cause__
             raise
 
-    def _tool_calls(self, blocks: list[Mapping[str, object]]) -> list[ToolCall]:
+    def _tool_calls(self, blocks: list[_Block]) -> list[ToolCall]:
         calls: list[ToolCall] = []
         for block in blocks:
-            if block.get("type") != "tool_use" or not isinstance(block.get("name"), str):
+            if block.type != "tool_use" or block.name is None:
                 continue
-            arguments = block.get("input")
-            if not isinstance(arguments, dict):
+            if not isinstance(block.input, dict):
                 raise LLMError(
-                    f"{self._http.name}: the input of tool call {block['name']!r} is not a "
-                    f"JSON object: {arguments!r}"
+                    f"{self._http.name}: the input of tool call {block.name!r} is not a "
+                    f"JSON object: {block.input!r}"
                 )
-            block_id = block.get("id")
-            calls.append(ToolCall(str(block["name"]), arguments,
-                                  block_id if isinstance(block_id, str) else None))
+            calls.append(ToolCall(block.name, block.input, block.id))
         return calls
 
-    def _usage(self, reply: Mapping[str, object]) -> Usage | None:
-        raw = reply.get("usage")
-        if not isinstance(raw, Mapping):
+    def _usage(self, reply: Message) -> Usage | None:
+        if reply.usage is None:
             return None
-        usage = usage_of(raw.get("input_tokens"), raw.get("output_tokens"), self._price)
+        usage = usage_of(reply.usage.input_tokens, reply.usage.output_tokens, self._price)
         if usage is not None:
             self.total_usage += usage
         return usage
 
 
-def _check(
-    blocks: list[Mapping[str, object]], task: str, schema: dict[str, object], stop_reason: object,
-    cap: int,
-) -> tuple[object, str | None]:
-    """(data, problem or None): the forced tool's input, else JSON in the text blocks."""
-    data: object = None
-    found = False
-    for block in blocks:
-        if block.get("type") == "tool_use" and block.get("name") == task:
-            data, found = block.get("input"), True
-            break
-    problem: str | None
-    if not found:
-        try:
-            data = decode_json(_text(blocks))
-        except ValueError as exc:
-            problem = f"no {task!r} tool call, and {exc}"
-            return None, _cut_short(problem, stop_reason, cap)
-    problem = schema_problem(data, schema)
-    return data, None if problem is None else _cut_short(problem, stop_reason, cap)
+# ---- the reply, as mnemo reads it --------------------------------------------------------------
 
 
-def _reask(blocks: list[Mapping[str, object]], task: str, problem: str) -> dict[str, object]:
-    """The user turn that answers a bad reply: a `tool_result` error for each tool call (the
-    API requires one per `tool_use`), or plain text when the model did not call the tool."""
-    uses = [b for b in blocks if b.get("type") == "tool_use" and isinstance(b.get("id"), str)]
-    if not uses:
-        return {"role": "user", "content": reask_text(problem)}
-    return {
-        "role": "user",
-        "content": [
-            {
-                "type": "tool_result",
-                "tool_use_id": block["id"],
-                "is_error": True,
-                "content": reask_text(problem) if block.get("name") == task else "Not run.",
-            }
-            for block in uses
-        ],
-    }
+class _Block(msgspec.Struct):
+    type: str = ""
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: object = None
+
+
+class _Counts(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class Message(msgspec.Struct):
+    """A Messages API reply: its content blocks (a reply without a list of them is garbage,
+    which the transport retries), why it stopped, and the tokens it used."""
+
+    content: list[_Block]
+    stop_reason: str | None = None
+    usage: _Counts | None = None
+
+    def tokens(self) -> Tokens:
+        counts = self.usage or _Counts()
+        return counts.input_tokens, counts.output_tokens
 
 
 def _translate(
@@ -371,38 +349,5 @@ def _tool(tool: Mapping[str, object]) -> dict[str, object]:
     return out
 
 
-def _blocks(reply: Mapping[str, object]) -> list[Mapping[str, object]]:
-    """The reply's content blocks (`_send` retried a reply without a content list)."""
-    content = reply.get("content")
-    if not isinstance(content, list):
-        raise LLMError(str(_no_content(reply)))
-    return [block for block in content if isinstance(block, Mapping)]
-
-
-def _no_content(reply: Mapping[str, object]) -> str | None:
-    """Why a Messages API reply is garbage (no content list), or None."""
-    if isinstance(reply.get("content"), list):
-        return None
-    return f"the Messages API reply holds no content list: {str(reply)[:300]}"
-
-
-def _text(blocks: list[Mapping[str, object]]) -> str:
-    return "".join(
-        str(block["text"]) for block in blocks
-        if block.get("type") == "text" and isinstance(block.get("text"), str)
-    )
-
-
-def _cut_short(problem: str, stop_reason: object, cap: int) -> str:
-    return cut_note(problem, cap) if stop_reason == "max_tokens" else problem
-
-
-def _tokens_used(reply: Mapping[str, object]) -> Tokens:
-    usage = reply.get("usage")
-    if not isinstance(usage, Mapping):
-        return None, None
-    return _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _text(blocks: list[_Block]) -> str:
+    return "".join(block.text for block in blocks if block.type == "text" and block.text)

@@ -26,15 +26,16 @@ from typing import Literal
 
 import anyio
 import httpx
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from mnemo.adapters._chat import DEFAULT_PRICES, price_of, usage_of
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters._schema import DEFAULT_PRICES, price_of, usage_of
-from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
+from mnemo.adapters.limit import Limit, ServerProfile
+from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error
 from mnemo.ports import Usage
-from mnemo.retry import Backoff, Budget, Clock, RetryPolicy
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -63,7 +64,7 @@ class OpenAIEmbedder:
     as base64 unless `encoding_format="float"` (see the module's doc). `api_key`
     defaults to `OPENAI_API_KEY`, read when the embedder is created; with no key no
     `Authorization` header is sent. Robustness arguments are `Transport`'s; each batch is one
-    task of the retry policy (`retry`, `retry_policy`; see `mnemo.retry`).
+    task of the retry policy (`retry`, `retry_policy`; see `mnemo.calls.retry`).
 
     Raises:
         InvalidInputError: a bad `dim`, `batch_size` or limit, or no key for OpenAI's own API.
@@ -124,7 +125,6 @@ class OpenAIEmbedder:
             backoff=backoff,
             clock=clock,
             transport=transport,
-            tokens_used=_tokens_used,
             retry=retry,
         )
         self.retry_policy = self._http.retry_policy
@@ -158,13 +158,15 @@ class OpenAIEmbedder:
     def server_profile(self) -> dict[str, object]:
         """What this embedder learned of its server: the vectors' encoding it accepts and the
         concurrency limit."""
-        return {"encoding": self._encoding, "concurrency": limit_profile(self._http.limit)}
+        return ServerProfile(self._http.limit.state(), encoding=self._encoding).as_json()
 
     def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier embedder learned of this server (`server_profile`)."""
-        if profile.get("encoding") == "float":
+        stored = ServerProfile.read(profile)
+        if stored.encoding == "float":
             self._encoding = "float"
-        adopt_limit(self._http.limit, profile.get("concurrency"))
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
 
     async def detect_dim(self) -> int:
         """The vector dimension, asking the server with one short text if it is not known.
@@ -226,14 +228,13 @@ class OpenAIEmbedder:
                     f"{self._http.name} returned vectors of dimension {len(row)}, but the "
                     f"embedder's dimension is {self._dim}"
                 )
-        usage = reply.get("usage")
-        if isinstance(usage, Mapping):
-            counted = usage_of(usage.get("prompt_tokens"), 0, self._price)
+        if reply.usage is not None:
+            counted = usage_of(reply.usage.prompt_tokens, 0, self._price)
             if counted is not None:
                 self.total_usage += counted
         return np.stack(rows).astype(np.float32, copy=False)
 
-    async def _post(self, texts: list[str]) -> dict[str, object]:
+    async def _post(self, texts: list[str]) -> Embeddings:
         """POSTs one batch; a refusal of base64 switches to floats for good and asks again,
         within the batch's one retry budget."""
         budget = Budget(self.retry_policy)
@@ -243,7 +244,7 @@ class OpenAIEmbedder:
             refusal = _refuses_base64 if encoding == "base64" else None
             try:
                 return await self._http.post_json(
-                    "/embeddings", payload, budget=budget, refusal=refusal, malformed=_no_data,
+                    "/embeddings", payload, Embeddings, budget=budget, refusal=refusal,
                     kind="embed")
             except EmbeddingError as exc:
                 failure = exc.__cause__
@@ -261,23 +262,17 @@ class OpenAIEmbedder:
                     raise
                 budget.next_call("retry")
 
-    def _rows(self, reply: Mapping[str, object], count: int) -> list[npt.NDArray[np.float32]]:
+    def _rows(self, reply: Embeddings, count: int) -> list[npt.NDArray[np.float32]]:
         """The reply's vectors ordered by `index`, checked to be one per text."""
-        data = reply.get("data")
-        if not isinstance(data, list):
-            raise EmbeddingError(f"{self._http.name}: the reply holds no data list")
         indexed: dict[int, npt.NDArray[np.float32]] = {}
-        for position, item in enumerate(data):
-            if not isinstance(item, Mapping) or not isinstance(item.get("embedding"),
-                                                               list | str):
-                raise EmbeddingError(f"{self._http.name}: data[{position}] holds no embedding")
-            index = item.get("index", position)
-            if not isinstance(index, int) or not 0 <= index < count or index in indexed:
+        for position, item in enumerate(reply.data):
+            index = position if item.index is None else item.index
+            if not 0 <= index < count or index in indexed:
                 raise EmbeddingError(
                     f"{self._http.name}: data[{position}] has a bad index {index!r} "
                     f"for {count} inputs"
                 )
-            indexed[index] = self._vector(position, item["embedding"])
+            indexed[index] = self._vector(position, item.embedding)
         if len(indexed) != count:
             raise EmbeddingError(
                 f"{self._http.name} returned {len(indexed)} vectors for {count} texts"
@@ -325,21 +320,30 @@ POOLING_FIX = (
 )
 
 
-def _no_data(reply: Mapping[str, object]) -> str | None:
-    """Why a 2xx reply is garbage the transport retries (no data list), or None."""
-    if isinstance(reply.get("data"), list):
-        return None
-    return f"the reply holds no data list: {str(reply)[:300]}"
-
-
 def _refuses_base64(failure: HTTPFailure) -> bool:
     """Whether an error reply is the server refusing base64 vectors."""
     return failure.names_any(_COMPLAINT_WORDS)
 
 
-def _tokens_used(reply: Mapping[str, object]) -> Tokens:
-    usage = reply.get("usage")
-    if not isinstance(usage, Mapping):
-        return None, None
-    total = usage.get("total_tokens", usage.get("prompt_tokens"))
-    return (total if isinstance(total, int) and not isinstance(total, bool) else None), 0
+class _Vector(msgspec.Struct):
+    # JSON numbers, base64 of float32s, or (a server that does not pool) a list per token.
+    embedding: str | list[object]
+    index: int | None = None
+
+
+class _Counts(msgspec.Struct):
+    prompt_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class Embeddings(msgspec.Struct):
+    """An embeddings reply: its vectors (a reply without a list of them is garbage, which the
+    transport retries) and the tokens it read."""
+
+    data: list[_Vector]
+    usage: _Counts | None = None
+
+    def tokens(self) -> Tokens:
+        counts = self.usage or _Counts()
+        total = counts.prompt_tokens if counts.total_tokens is None else counts.total_tokens
+        return total, 0

@@ -30,7 +30,7 @@ nothing new. The limit stays between 1 and `ceiling` (the adapter's `max_concurr
 `pinned` limit never moves. A limit starts at `initial` (2 for a server mnemo has not met;
 `Memory` restores what a repo learned of its server, `state` / `restore`).
 
-Waiting for a slot is mnemo's own queue: it runs under `mnemo.deadline.waiting()`, so it never
+Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.deadline.waiting()`, so it never
 counts against a timeout or a task's retry budget.
 """
 
@@ -42,10 +42,12 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Annotated
 
 import anyio
+import msgspec
 
-from mnemo import deadline
+from mnemo.calls import deadline
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2
@@ -102,12 +104,36 @@ class Ticket:
         self.outcome = Outcome.OVERLOADED
 
 
-@dataclass(frozen=True, slots=True)
-class LimitState:
+class LimitState(msgspec.Struct, frozen=True):
     """What a limit learned of its server, to start from next time (`Limit.restore`)."""
 
-    limit: int
-    slow_start: bool
+    limit: Annotated[int, msgspec.Meta(ge=1)]
+    slow_start: bool = False
+
+
+class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What an adapter learned of its server, kept per repo and model in the store: its
+    concurrency limit, the structured-output mode "auto" settled on (`OpenAICompatible`), the
+    vectors' encoding it accepts (`OpenAIEmbedder`)."""
+
+    concurrency: LimitState | None = None
+    structured: str | None = None
+    encoding: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        """The profile as the store keeps it (`read`, for the next adapter)."""
+        value = msgspec.to_builtins(self)
+        assert isinstance(value, dict)
+        return value
+
+    @classmethod
+    def read(cls, stored: Mapping[str, object]) -> ServerProfile:
+        """A stored profile; one that is not a profile (unreadable) as an empty one: the
+        server is learned again."""
+        try:
+            return msgspec.convert(stored, cls)
+        except msgspec.ValidationError:
+            return cls()
 
 
 class Limit:
@@ -274,18 +300,3 @@ class Limit:
             return 1.0
         return (BASE_TOKENS + (ticket.output_tokens or 0)
                 + PROMPT_WEIGHT * (ticket.input_tokens or 0))
-
-
-def limit_profile(limit: Limit) -> dict[str, object]:
-    """A limit's state as JSON, for a server profile (`adopt_limit` reads it back)."""
-    state = limit.state()
-    return {"limit": state.limit, "slow_start": state.slow_start}
-
-
-def adopt_limit(limit: Limit, profile: object) -> None:
-    """Restores `limit_profile`'s JSON into `limit`; anything unreadable is ignored."""
-    if not isinstance(profile, Mapping):
-        return
-    value, slow_start = profile.get("limit"), profile.get("slow_start")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        limit.restore(LimitState(value, slow_start is True))

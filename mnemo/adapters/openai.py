@@ -24,11 +24,13 @@ Every request carries `max_tokens`: the task's own (sized to its schema), at mos
 `max_tokens`. A reply that stopped there (`finish_reason` "length", or `completion_tokens`
 reaching the cap, for servers that report neither) is incomplete: the error or the log says so.
 
-Whatever the form, the reply is validated against the schema; an invalid reply is shown its
-problem and asked again while the task's retry budget lasts (`mnemo.retry`: transport retries
-and re-asks share it), then the adapter raises `LLMError` saying what was wrong. A reply that
-holds no message at all (no `choices`) has nothing to show in a re-ask: the transport retries it
-like a cut body, within the same budget.
+Whatever the form, the reply's JSON value is passed up as `data` (a fence or prose around it
+tolerated), unchecked: the task reads it into its struct (`mnemo.calls.reply`) and asks again
+when it cannot use it. A reply cut at its max_tokens is asked again as it was with twice the
+room, up to the adapter's `max_tokens`; one cut with no more room, or with room left (the
+model's context filled), raises `mnemo.calls.reply.Cut` holding what came. A reply that holds no
+message at all (no `choices`) is garbage the transport retries like a cut body, within the task's
+retry budget (`mnemo.calls.retry`).
 """
 
 from __future__ import annotations
@@ -36,35 +38,31 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Literal, cast, get_args
+from typing import Annotated, Literal, cast, get_args
 
 import anyio
 import httpx
+import msgspec
 
-from mnemo import deadline
-from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters._schema import (
+from mnemo.adapters._chat import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_PRICES,
     add_usage,
     checked_max_tokens,
     cut_note,
-    decode_json,
     example_of,
-    is_cut,
     price_of,
-    reask_text,
     reply_cap,
-    salvage,
-    schema_problem,
     tool_spec,
     usage_of,
 )
-from mnemo.adapters.limit import Limit, adopt_limit, limit_profile
-from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMReplyError, LLMTimeout
+from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
+from mnemo.adapters.limit import Limit, ServerProfile
+from mnemo.calls import deadline
+from mnemo.calls.reply import Cut, decode_json, is_cut
+from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
+from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
 from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
-from mnemo.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
@@ -95,7 +93,7 @@ class OpenAICompatible:
     has longer left); `max_concurrency` the most requests in flight, below which their number
     adapts to the server unless `concurrency` pins it. Robustness (`timeout`,
     `requests_per_minute`, `tokens_per_minute`, the concurrency) is `Transport`'s. `retry` is
-    the retry policy, the budget of calls and seconds each task may spend (`mnemo.retry`;
+    the retry policy, the budget of calls and seconds each task may spend (`mnemo.calls.retry`;
     `retry_policy` holds it): `max_retries` (calls after the first), `backoff` and `clock` are
     shorthands for its parts.
     `transport` replaces httpx's network transport (tests).
@@ -167,7 +165,6 @@ class OpenAICompatible:
             backoff=backoff,
             clock=clock,
             transport=transport,
-            tokens_used=_tokens_used,
             retry=retry,
         )
         self.retry_policy = self._http.retry_policy
@@ -185,27 +182,28 @@ class OpenAICompatible:
     def server_profile(self) -> dict[str, object]:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
         the structured mode "auto" settled on, and the concurrency limit."""
-        profile: dict[str, object] = {"concurrency": limit_profile(self._http.limit)}
-        if self._auto and self._confirmed:
-            profile["structured"] = self._mode
-        return profile
+        return ServerProfile(self._http.limit.state(), structured=(
+            self._mode if self._auto and self._confirmed else None)).as_json()
 
     def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`); a
-        mode or concurrency given explicitly stays. Unreadable parts are ignored."""
-        mode = profile.get("structured")
-        if self._auto and not self._confirmed and mode in get_args(Mode):
-            self._mode, self._confirmed = cast(Mode, mode), True
-        adopt_limit(self._http.limit, profile.get("concurrency"))
+        mode or concurrency given explicitly stays. An unreadable profile is ignored."""
+        stored = ServerProfile.read(profile)
+        if self._auto and not self._confirmed and stored.structured in get_args(Mode):
+            self._mode, self._confirmed = cast(Mode, stored.structured), True
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        """Sends `request`; with a schema the reply's `data` is valid JSON for it.
+        """Sends `request`; with a schema the reply's `data` is the JSON value it holds (None
+        when it holds none), for the task to read.
 
         Raises:
             LLMTimeout: the server did not answer in time, on every attempt.
+            LLMContextError: the server refused the prompt as longer than the model's context.
+            Cut: a structured reply stopped before its end (see the module doc).
             LLMError: the server refused the request or kept failing (the message names the
-                HTTP status and the server's message), or the reply did not match the schema
-                when the task's retry budget ran out (the message says where and why).
+                HTTP status and the server's message).
         """
         with task_budget(self.retry_policy) as budget:
             if request.schema is None:
@@ -230,48 +228,37 @@ class OpenAICompatible:
         messages = [dict(message) for message in request.messages]
         cap = reply_cap(request.max_tokens, self.max_tokens)
         usage: Usage | None = None
-        kept: object = None  # what the last cut reply held whole
         while True:
             reply, mode = await self._send_structured(request, schema, messages, budget, cap)
             usage = add_usage(usage, self._usage(reply))
-            checked = self._check(reply, mode, request.task, schema, cap)
-            if checked.problem is None:
-                return LLMResponse(text=checked.raw, data=checked.data, usage=usage)
-            if checked.cut:
-                kept = salvage(checked.raw, schema) or kept
-                more = self._more_room(request.task, cap, checked, budget)
-                if more is not None:
-                    # Asked again as it was (a re-ask would add the cut reply to the prompt),
-                    # with room for the whole reply.
-                    cap = more
-                    budget.next_call("retry")
-                    continue
-                if kept is not None:
-                    logger.warning("%s: the reply to task %r was cut short; keeping the %s it "
-                                   "held whole", self._http.name, request.task, "items")
-                    return LLMResponse(text=checked.raw, data=kept, usage=usage)
-                if not checked.at_cap:
-                    raise LLMContextError(
-                        f"{self._http.name}: the reply to task {request.task!r} was cut short "
-                        f"with room left under max_tokens={cap}: the prompt filled the "
-                        f"model's context ({checked.problem})"
-                    )
-            if not budget.can_re_ask():
-                raise LLMReplyError(
-                    f"{self._http.name}: the reply to task {request.task!r} did not match its "
-                    f"schema after {budget.describe()}: {checked.problem}"
-                )
-            # Re-ask, showing the model its own reply and what was wrong with it.
-            messages += [
-                {"role": "assistant", "content": checked.raw},
-                {"role": "user", "content": reask_text(checked.problem)},
-            ]
-            budget.next_call("re_ask")
+            choice = reply.choices[0]
+            raw = _structured_text(choice.message, mode, request.task)
+            try:
+                return LLMResponse(text=raw, data=decode_json(raw), usage=usage)
+            except ValueError as exc:
+                problem = str(exc)
+            at_cap = _was_cut(reply, choice.finish_reason, cap)
+            # Stopped unfinished with room left under the cap: the context filled (llama.cpp
+            # says "length" there, llama-cpp-python ends the tool call).
+            if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
+                                   and is_cut(raw)):
+                return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
+            more = self._more_room(request.task, cap, at_cap, budget)
+            if more is None:
+                where = (f"{self._http.name}: the reply to task {request.task!r} was cut short"
+                         + ("" if at_cap else f" with room left under max_tokens={cap}: the "
+                            "prompt filled the model's context"))
+                raise Cut(f"{where} ({cut_note(problem, cap) if at_cap else problem})",
+                          text=raw, at_cap=at_cap)
+            # Asked again as it was (a re-ask would add the cut reply to the prompt), with
+            # room for the whole reply.
+            cap = more
+            budget.next_call("retry")
 
-    def _more_room(self, task: str, cap: int, checked: Checked, budget: Budget) -> int | None:
+    def _more_room(self, task: str, cap: int, at_cap: bool, budget: Budget) -> int | None:
         """The larger max_tokens to ask a reply cut at `cap` again with; None when it was not
         cut at the cap, the adapter allows no more, or the budget has no call left."""
-        if not checked.at_cap or cap >= self.max_tokens or not budget.can_call():
+        if not at_cap or cap >= self.max_tokens or not budget.can_call():
             return None
         more = min(self.max_tokens, cap * 2)
         logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again "
@@ -285,7 +272,7 @@ class OpenAICompatible:
         messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
-    ) -> tuple[dict[str, object], Mode]:
+    ) -> tuple[Completion, Mode]:
         while True:
             if self._confirmed:
                 reply = await self._try_mode(request, schema, messages, budget, cap)
@@ -306,7 +293,7 @@ class OpenAICompatible:
         messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
-    ) -> tuple[dict[str, object], Mode] | None:
+    ) -> tuple[Completion, Mode] | None:
         """One request in the current mode; None when the server refused the mode and the
         next one is to be tried."""
         mode = self._mode
@@ -344,7 +331,7 @@ class OpenAICompatible:
         refusal: Callable[[HTTPFailure], bool] | None = None,
         *,
         kind: str,
-    ) -> dict[str, object]:
+    ) -> Completion:
         """POSTs a chat completion. OpenAI's reasoning models refuse `max_tokens` (HTTP 400
         naming `max_completion_tokens`): the cap is then sent under that name, from now on."""
         while True:
@@ -352,8 +339,8 @@ class OpenAICompatible:
                 payload[self._tokens_field] = payload.pop("max_tokens")
             try:
                 return await self._http.post_json(
-                    "/chat/completions", payload, budget=budget, refusal=refusal,
-                    malformed=_no_message, kind=kind,
+                    "/chat/completions", payload, Completion, budget=budget, refusal=refusal,
+                    kind=kind,
                 )
             except LLMError as exc:
                 failure = exc.__cause__
@@ -368,28 +355,6 @@ class OpenAICompatible:
                 self._tokens_field = "max_completion_tokens"
                 budget.next_call("retry")
 
-    def _check(
-        self, reply: dict[str, object], mode: Mode, task: str, schema: dict[str, object], cap: int
-    ) -> Checked:
-        message, finish = self._message(reply)
-        raw = _structured_text(message, mode, task)
-        try:
-            data = decode_json(raw)
-        except ValueError as exc:
-            problem = str(exc)
-        else:
-            found = schema_problem(data, schema)
-            if found is None:
-                return Checked(raw, data)
-            problem = found
-        at_cap = _was_cut(reply, finish, cap)
-        if at_cap:
-            problem = cut_note(problem, cap)
-        # Stopped unfinished with room left under the cap: the context filled (llama.cpp says
-        # "length" there, llama-cpp-python ends the tool call).
-        full = not at_cap and finish in ("length", "tool_calls") and is_cut(raw)
-        return Checked(raw, None, problem, cut=at_cap or full, at_cap=at_cap)
-
     # ---- free text and tool calls ------------------------------------------------------------
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
@@ -397,47 +362,42 @@ class OpenAICompatible:
             self._payload(request, [dict(m) for m in request.messages], None, None), budget,
             kind=request.task,
         )
-        message, finish = self._message(reply)
+        choice = reply.choices[0]
         cap = reply_cap(request.max_tokens, self.max_tokens)
-        if _was_cut(reply, finish, cap):
+        if _was_cut(reply, choice.finish_reason, cap):
             logger.warning(
                 "%s: the reply to task %r was cut short at max_tokens=%d, so it is incomplete",
                 self._http.name, request.task, cap,
             )
-        elif finish == "length":
+        elif choice.finish_reason == "length":
             logger.warning("%s: the reply to task %r was cut short: the model's context filled, "
                            "so it is incomplete", self._http.name, request.task)
-        content = message.get("content")
         return LLMResponse(
-            text=content if isinstance(content, str) else "",
-            tool_calls=self._tool_calls(message),
+            text=choice.message.content or "",
+            tool_calls=self._tool_calls(choice.message),
             usage=self._usage(reply),
         )
 
-    def _tool_calls(self, message: Mapping[str, object]) -> list[ToolCall]:
+    def _tool_calls(self, message: _Message) -> list[ToolCall]:
         calls: list[ToolCall] = []
-        for call in _tool_call_items(message):
-            function = call.get("function")
-            if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        for call in message.tool_calls or ():
+            name, arguments = call.function.name, call.function.arguments
+            if name is None:
                 raise LLMError(f"{self._http.name}: a tool call has no function name: {call!r}")
-            arguments = function.get("arguments")
             try:
                 parsed = decode_json(arguments) if isinstance(arguments, str) else arguments
             except ValueError as exc:
                 raise LLMError(
-                    f"{self._http.name}: the arguments of tool call {function['name']!r} "
-                    f"are not JSON: {exc}"
+                    f"{self._http.name}: the arguments of tool call {name!r} are not JSON: {exc}"
                 ) from exc
             if parsed is None:
                 parsed = {}
             if not isinstance(parsed, dict):
                 raise LLMError(
-                    f"{self._http.name}: the arguments of tool call {function['name']!r} "
-                    f"are not a JSON object: {parsed!r}"
+                    f"{self._http.name}: the arguments of tool call {name!r} are not a JSON "
+                    f"object: {parsed!r}"
                 )
-            call_id = call.get("id")
-            calls.append(ToolCall(function["name"], parsed, call_id if isinstance(call_id, str)
-                                  else None))
+            calls.append(ToolCall(name, parsed, call.id))
         return calls
 
     # ---- wire format -------------------------------------------------------------------------
@@ -478,33 +438,54 @@ class OpenAICompatible:
         payload["messages"] = head + messages
         return payload
 
-    def _message(self, reply: Mapping[str, object]) -> tuple[Mapping[str, object], str | None]:
-        """The first choice's message and finish reason (`_post` retried a reply without)."""
-        choice = _first_choice(reply)
-        if choice is None:
-            raise LLMError(f"{self._http.name}: {_no_message(reply)}")
-        return choice
-
-    def _usage(self, reply: Mapping[str, object]) -> Usage | None:
-        raw = reply.get("usage")
-        if not isinstance(raw, Mapping):
+    def _usage(self, reply: Completion) -> Usage | None:
+        if reply.usage is None:
             return None
-        usage = usage_of(raw.get("prompt_tokens"), raw.get("completion_tokens"), self._price)
+        usage = usage_of(reply.usage.prompt_tokens, reply.usage.completion_tokens, self._price)
         if usage is not None:
             self.total_usage += usage
         return usage
 
 
-@dataclass(frozen=True, slots=True)
-class Checked:
-    """A structured reply read: its text, its data when it matched the schema, else what was
-    wrong; whether it was cut short (`cut`), and at its max_tokens (`at_cap`) or before."""
+# ---- the reply, as mnemo reads it --------------------------------------------------------------
 
-    raw: str
-    data: object
-    problem: str | None = None
-    cut: bool = False
-    at_cap: bool = False
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    # A JSON text, as OpenAI sends it; an object from some servers.
+    arguments: str | dict[str, object] | None = None
+
+
+class _Call(msgspec.Struct):
+    function: _Function = msgspec.field(default_factory=_Function)
+    id: str | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_Call] | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _Counts(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class Completion(msgspec.Struct):
+    """A chat completion: its first choice's message (a reply without one is garbage, which
+    the transport retries) and the tokens it used."""
+
+    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+    usage: _Counts | None = None
+
+    def tokens(self) -> Tokens:
+        counts = self.usage or _Counts()
+        return counts.prompt_tokens, counts.completion_tokens
 
 
 _TOOL_DESCRIPTION = "Record your answer. Call this with your complete reply."
@@ -530,44 +511,15 @@ def _function(name: str, description: str, parameters: dict[str, object]) -> dic
     return {"type": "function", "function": function}
 
 
-def _tool_call_items(message: Mapping[str, object]) -> list[Mapping[str, object]]:
-    calls = message.get("tool_calls")
-    if not isinstance(calls, list):
-        return []
-    return [call for call in calls if isinstance(call, Mapping)]
-
-
-def _structured_text(message: Mapping[str, object], mode: Mode, task: str) -> str:
+def _structured_text(message: _Message, mode: Mode, task: str) -> str:
     """The text holding the reply's JSON: the forced tool call's arguments in "tool" mode
     (falling back to the content when the server answered in prose), else the content."""
     if mode == "tool":
-        for call in _tool_call_items(message):
-            function = call.get("function")
-            if isinstance(function, Mapping) and function.get("name") in (task, None):
-                arguments = function.get("arguments")
-                if isinstance(arguments, str):
-                    return arguments
-                if isinstance(arguments, dict):
-                    return json.dumps(arguments)
-    content = message.get("content")
-    return content if isinstance(content, str) else ""
-
-
-def _first_choice(reply: Mapping[str, object]) -> tuple[Mapping[str, object], str | None] | None:
-    choices = reply.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
-        message = choices[0].get("message")
-        finish = choices[0].get("finish_reason")
-        if isinstance(message, Mapping):
-            return message, finish if isinstance(finish, str) else None
-    return None
-
-
-def _no_message(reply: Mapping[str, object]) -> str | None:
-    """Why a chat completion is garbage (no first choice with a message), or None."""
-    if _first_choice(reply) is not None:
-        return None
-    return f"the reply holds no message: {str(reply)[:300]}"
+        for call in message.tool_calls or ():
+            if call.function.name in (task, None) and call.function.arguments is not None:
+                arguments = call.function.arguments
+                return arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return message.content or ""
 
 
 def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
@@ -584,23 +536,11 @@ def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:
     return lambda failure: _refuses(mode, failure)
 
 
-def _was_cut(reply: Mapping[str, object], finish: str | None, cap: int) -> bool:
+def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
     """Whether the reply stopped at the token cap: it used every token it was allowed (some
     servers report "stop" there), or, when the server gives no count, its finish reason says
     "length" (with a count below the cap, "length" means the context filled instead)."""
-    usage = reply.get("usage")
-    completion = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
-    if isinstance(completion, int) and not isinstance(completion, bool):
+    completion = reply.tokens()[1]
+    if completion is not None:
         return completion >= cap
     return finish == "length"
-
-
-def _tokens_used(reply: Mapping[str, object]) -> Tokens:
-    usage = reply.get("usage")
-    if not isinstance(usage, Mapping):
-        return None, None
-    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

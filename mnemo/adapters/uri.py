@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import httpx
 
 # The adapters are imported by the URI that names them: a memory run offline never imports
-# httpx and jsonschema (a third of a command's start-up).
+# httpx.
 
 LLM_FORMS = (
     "offline",

@@ -8,9 +8,9 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from mnemo import deadline
+from mnemo.calls import deadline
+from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
-from mnemo.retry import RetryPolicy, policy_of, task_budget
 
 
 class LimitedLLM:
@@ -28,7 +28,7 @@ class LimitedLLM:
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        """The wrapped LLM's policy (`mnemo.retry.policy_of`)."""
+        """The wrapped LLM's policy (`mnemo.calls.retry.policy_of`)."""
         return policy_of(self._llm)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
@@ -60,7 +60,7 @@ def book(llm: LLM, usage: Usage) -> None:
 async def slot(limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
     """Holds one token of `limiter`, taking a free one without a trip through the event loop
     (anyio's `acquire` always yields once, about 10 µs, which the append path pays per call).
-    Waiting for one counts against no deadline (`mnemo.deadline.waiting`)."""
+    Waiting for one counts against no deadline (`mnemo.calls.deadline.waiting`)."""
     try:
         limiter.acquire_nowait()
     except anyio.WouldBlock:

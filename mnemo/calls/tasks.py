@@ -1,5 +1,7 @@
-"""A task asked of an LLM: the request it is sent as, its reply read, and `ask`, which asks
-again for an unusable reply and shortens a prompt the model's context refused.
+"""A task asked of an LLM: the request it is sent as, and `ask`, which reads its reply (through
+the task's parser, on top of `mnemo.calls.reply`), asks again showing the model what was wrong
+with an unusable one, keeps what a reply cut short holds whole, and shortens a prompt the
+model's context refused.
 
 Every task mnemo asks of an LLM is one `LLMRequest`: a system prompt saying what to do, and one
 user message holding the instructions followed by the task's inputs as a JSON document after
@@ -15,9 +17,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from mnemo.calls.reply import Cut, salvage
+from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
 from mnemo.ports import LLM, LLMRequest, LLMResponse
-from mnemo.retry import RetryPolicy, policy_of, task_budget
 
 log = logging.getLogger("mnemo")
 
@@ -61,23 +64,6 @@ def task_inputs(request: LLMRequest) -> dict[str, object]:
     return {}
 
 
-def reply_data(response: LLMResponse) -> object:
-    """A task reply's `data`, or its `text` parsed as JSON when an adapter left `data` unset
-    (None when neither holds JSON). Every task parser reads its reply through this."""
-    if response.data is not None or not isinstance(response.text, str) or not response.text.strip():
-        return response.data
-    try:
-        return json.loads(response.text)
-    except ValueError:
-        return None
-
-
-def preview(value: object) -> str:
-    """`repr(value)` cut to 120 characters, for a parser's error message."""
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
 async def ask(
     llm: LLM,
     request: LLMRequest,
@@ -89,19 +75,23 @@ async def ask(
 ) -> T:
     """Sends `request` and parses the reply, asking again when the reply is unusable.
 
-    The task has one budget (`policy`, else the LLM's `retry_policy`, else the default; see
-    `mnemo.retry`): the adapter's transport retries and schema re-asks, and the re-asks made
-    here for a reply `parse` rejects with `ValueError`, all count against it. An exception
-    from the LLM is not retried here: the adapter has already spent what it could.
+    `parse` reads the reply (`mnemo.calls.reply.read_reply` into the task's struct) and
+    raises `ValueError` for one it cannot use: the model is then shown its reply and the
+    problem, and asked again. The task has one budget (`policy`, else the LLM's
+    `retry_policy`, else the default; see `mnemo.calls.retry`): the adapter's transport
+    retries and the re-asks made here count against it. An exception from the LLM is not
+    retried here: the adapter has already spent what it could.
+
+    A reply cut short (`mnemo.calls.reply.Cut`) is read for what it holds whole
+    (`salvage`); with nothing whole in it, a reply cut at its max_tokens is unusable like any
+    other, and one cut with room left (the model's context filled) is sent again shortened,
+    as a prompt the model's context refused (`LLMContextError`) is: by `shorten` (default
+    `shorter`), at most `MAX_SHRINKS` times. A task that shortens its own inputs (it knows
+    what may go) passes a `shorten` that returns None, and gets the error.
 
     `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
     for (a reward's neutral 0.5, as the API contract says), returned with a warning instead of
-    the error: the adapter's schema check (`LLMReplyError`) and `parse` alike. A failure of the
-    LLM itself (an HTTP error, a timeout) raises all the same.
-
-    A prompt the model's context refused (`LLMContextError`) is sent again shortened by
-    `shorten` (default `shorter`), at most `MAX_SHRINKS` times; a task that shortens its own
-    inputs (it knows what may go) passes one that returns None, and gets the error.
+    the error. A failure of the LLM itself (an HTTP error, a timeout) raises all the same.
 
     Raises:
         LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
@@ -110,31 +100,42 @@ async def ask(
     """
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0
+        asked = request
         while True:
             before = budget.counts()
             try:
-                response = await llm.generate(request)
+                response = await llm.generate(asked)
             except Exception as exc:
                 budget.charge_bare(before)
-                shrunk = ((shorten or shorter)(request) if isinstance(exc, LLMContextError)
-                          else None)
+                if isinstance(exc, Cut):
+                    kept = _kept(exc, parse)
+                    if kept is not None:
+                        log.warning("task %s: the reply was cut short; keeping the items it "
+                                    "held whole", request.task)
+                        return kept
+                shrunk = ((shorten or shorter)(request)
+                          if isinstance(exc, LLMContextError)
+                          and not (isinstance(exc, Cut) and exc.at_cap) else None)
                 if shrunk is not None and shrinks < MAX_SHRINKS and budget.can_call():
                     log.warning("task %s: the prompt was longer than the model's context; "
                                 "asking again with shorter inputs", request.task)
-                    request, shrinks = shrunk, shrinks + 1
+                    request = asked = shrunk
+                    shrinks += 1
                     budget.next_call("retry")
                     continue
-                not_usable = isinstance(exc, LLMReplyError)  # it answered, not usably
-                if not_usable and unusable is not None:
-                    return _stands_for(request, unusable, exc)
-                kind = (LLMReplyError if not_usable else
-                        LLMContextError if isinstance(exc, LLMContextError) else LLMError)
-                raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
-            budget.charge_bare(before)
-            try:
-                return parse(response)
-            except ValueError as exc:
-                problem = str(exc)
+                if not (isinstance(exc, Cut) and exc.at_cap):
+                    if isinstance(exc, LLMReplyError) and unusable is not None:
+                        return _stands_for(request, unusable, exc)
+                    kind = (LLMContextError if isinstance(exc, LLMContextError) else
+                            LLMReplyError if isinstance(exc, LLMReplyError) else LLMError)
+                    raise kind(f"the LLM failed on task {request.task!r}: {exc!r}") from exc
+                response, problem = LLMResponse(text=exc.text, data=exc.data), str(exc)
+            else:
+                budget.charge_bare(before)
+                try:
+                    return parse(response)
+                except ValueError as exc:
+                    problem = str(exc)
             if not budget.can_re_ask():
                 error = LLMReplyError(
                     f"the LLM's reply to task {request.task!r} was unusable after "
@@ -143,7 +144,34 @@ async def ask(
                 if unusable is not None:
                     return _stands_for(request, unusable, error)
                 raise error
+            asked = re_asked(request, response, problem)
             budget.next_call("re_ask")
+
+
+def re_asked(request: LLMRequest, response: LLMResponse, problem: str) -> LLMRequest:
+    """`request` again, followed by the model's unusable reply and what was wrong with it; as
+    it was when the reply was empty (a provider refuses an empty turn)."""
+    reply = response.text if response.text.strip() or response.data is None else json.dumps(
+        response.data, ensure_ascii=False)
+    if not reply.strip():
+        return request
+    return replace(request, messages=[
+        *request.messages,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": f"Your reply could not be used: {problem}. Reply again"
+         + (" with JSON only." if request.schema is not None else ".")},
+    ])
+
+
+def _kept(cut: Cut, parse: Callable[[LLMResponse], T]) -> T | None:
+    """`parse` of what `cut` holds whole, or None when nothing whole is usable."""
+    whole = salvage(cut)
+    if whole is None:
+        return None
+    try:
+        return parse(LLMResponse(data=whole))
+    except ValueError:
+        return None
 
 
 # How many times `ask` shortens a prompt the model's context refused, and how much of the

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 import anyio
+import anyio.to_thread
 import typer
 
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
@@ -78,18 +79,35 @@ def run(work: Callable[[], Awaitable[None]]) -> None:
         raise typer.Exit(130) from None
 
 
-def models(settings: Settings) -> tuple[LLM | None, Embedder | None]:
+async def close(model: object) -> None:
+    """Closes a model this command built (one may own an HTTP client)."""
+    aclose = getattr(model, "aclose", None)
+    if aclose is not None:
+        with anyio.move_on_after(2, shield=True):
+            await aclose()
+
+
+@asynccontextmanager
+async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
     """The LLM and embedder the settings name (None: each repo's own, else the default), the
-    LLM tuned by the settings' temperature and request timeout.
+    LLM tuned by the settings' temperature and request timeout; closed when the block ends
+    (a `Memory` leaves the models it is given open).
 
     Raises:
         ModelURIError: an unknown provider or a missing key, in one line.
         CliError: a temperature or timeout flag without an LLM chosen.
     """
-    uri = settings.llm_uri
-    llm = llm_from_uri(uri) if uri is not None else None
-    embedder = embedder_from_uri(settings.embedder) if settings.embedder is not None else None
-    return llm, embedder
+    built: list[object] = []
+    try:
+        uri = settings.llm_uri
+        llm = llm_from_uri(uri) if uri is not None else None
+        built.append(llm)
+        embedder = embedder_from_uri(settings.embedder) if settings.embedder else None
+        built.append(embedder)
+        yield llm, embedder
+    finally:
+        for model in built:
+            await close(model)
 
 
 def check_store(settings: Settings, *, writes: bool) -> None:
@@ -112,20 +130,27 @@ async def open_memory(
     inspection (`Memory(inspect=True)`), so a command that looks never resumes or takes over
     an extraction, and a `--llm` given to it applies to its own calls only."""
     # The models first: a mistyped --llm is reported before anything about the store.
-    llm, embedder = models(settings)
-    try:
+    async with models(settings) as (llm, embedder):
         check_store(settings, writes=writes)
-    except BaseException:
-        for model in (llm, embedder):
-            close = getattr(model, "aclose", None)
-            if close is not None:
-                await close()
-        raise
-    async with Memory(
-        settings.store, llm=llm, embedder=embedder, on_event=on_event, config=settings.config,
-        inspect=not works,
-    ) as mem:
-        yield mem
+        async with Memory(
+            settings.store, llm=llm, embedder=embedder, on_event=on_event,
+            config=settings.config, inspect=not works,
+        ) as mem:
+            yield mem
+
+
+async def confirm(question: str, *, given: bool, flag: str = "--yes", as_json: bool) -> None:
+    """Asks `question` before a command destroys data, unless `flag` was `given`; a no (or no
+    answer) aborts the command, exit status 1.
+
+    Raises:
+        CliError: `--json`, which cannot ask, without `flag`.
+    """
+    if given:
+        return
+    if as_json:
+        raise CliError(f"--json cannot ask for confirmation: pass {flag}")
+    await anyio.to_thread.run_sync(lambda: typer.confirm(question, abort=True))
 
 
 async def check_repo(mem: Memory, repo: str) -> None:

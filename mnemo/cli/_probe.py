@@ -24,13 +24,15 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from mnemo.adapters._schema import reply_cap
+from mnemo.adapters._chat import reply_cap
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.adapters.uri import llm_from_uri, with_settings
+from mnemo.calls.reply import read_reply
+from mnemo.cli._common import close
 from mnemo.cli._database import CliError
-from mnemo.episode.prompts import reward_request, state_request, subgoal_request
+from mnemo.episode.prompts import RewardReply, reward_request, state_request, subgoal_request
 from mnemo.errors import MnemoError, first_error
 from mnemo.extraction.prompts import procedural_request, semantic_request
 from mnemo.ports import LLM, LLMRequest
@@ -129,13 +131,6 @@ def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-async def close(model: object) -> None:
-    aclose = getattr(model, "aclose", None)
-    if aclose is not None:
-        with anyio.move_on_after(2, shield=True):
-            await aclose()
-
-
 def state_probe() -> LLMRequest:
     return state_request(goal=GOAL, observation=PROBE, action="nginx -t", previous_state=None)
 
@@ -193,6 +188,10 @@ async def _modes(uri: str, llm: LLM) -> list[Finding]:
 
         async def ask(model: LLM = model) -> str:
             reply = await model.generate(request)
+            try:
+                read_reply(reply, RewardReply, "reward")
+            except ValueError as exc:
+                raise CliError(f"the reply is not the task's: {exc}") from exc
             return f"answered {reply.data!r}"
 
         try:

@@ -1,4 +1,4 @@
-"""The `mnemo` command (typer): look inside a memory, fill it, and serve it over MCP.
+"""The `mnemo` command (typer): look inside a memory and fill it.
 
 Every command takes `--store` (alias `--db`: a SQLite file, or a PostgreSQL URL; see
 `_settings.py` for flags, environment and config file), those that use models `--llm` and
@@ -15,20 +15,26 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-import anyio
-import anyio.to_thread
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, check_store, models, open_memory, run
+from mnemo.cli._common import (
+    Json,
+    app,
+    check_repo,
+    confirm,
+    open_memory,
+    run,
+)
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
     json_text,
     print_json,
+    recall_table,
     shorten,
     stderr_console,
     stdout_console,
@@ -46,6 +52,7 @@ from mnemo.cli._settings import (
 )
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import hit_json, label, recall_json, session_json
+from mnemo.session.machine import State
 
 
 class ExportFormat(StrEnum):
@@ -90,20 +97,27 @@ def demo(
     db: Annotated[
         Path,
         # Not MNEMO_STORE: the demo deletes its database first, and must not take the user's.
-        typer.Option("--store", "--db", help="The demo's SQLite file; deleted and made anew.",
+        typer.Option("--store", "--db", help="The demo's SQLite file; made anew (a memory "
+                     "already there is deleted once you agree, or with --force).",
                      dir_okay=False),
     ] = Path("demo.db"),
     data: Annotated[
         Path | None,
         typer.Option(help="A conversation JSON (default: the shipped demo conversation)."),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete a memory already at --store without asking.")
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Replay a week of an assistant's work into a fresh database offline, then recall. Each
     session is also saved as conversation thread `demo/N` (for `mnemo search`)."""
-    from mnemo.cli.demo import run_demo
+    from mnemo.cli.demo import holds_memory, run_demo
 
     async def work() -> None:
+        if holds_memory(db):
+            await confirm(f"{db} holds a memory: delete it for good and replay the demo there?",
+                          given=force, flag="--force", as_json=as_json)
         # With --json the show goes quiet and only the summary is printed.
         console = Console(quiet=True) if as_json else stdout_console()
         summary = await run_demo(db, data, console=console)
@@ -203,7 +217,8 @@ def recall(
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
-    """Recall a repo's memories for a query: score, type, phase, hop and text."""
+    """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
+    hop and text."""
 
     async def work() -> None:
         wanted = _node_types(types)
@@ -220,36 +235,35 @@ def recall(
         if as_json:
             print_json(recall_json(result))
             return
-        table = Table(title=f"Recall: {escape(query)}", title_justify="left")
-        table.add_column("score", justify="right")
-        table.add_column("type")
-        table.add_column("phase")
-        table.add_column("hop", justify="right")
-        table.add_column("text", overflow="fold")
-        for m in result.memories:
-            table.add_row(
-                f"{m.score:.3f}", label(m.node.type), label(m.phase), str(m.hop),
-                Text(shorten(m.node.text, 200)),
-            )
-        if not result.memories:
-            table.add_row("", "", "", "", Text("(nothing recalled)", style="dim"))
-        stdout_console().print(table)
+        stdout_console().print(recall_table(result, query))
 
     run(work)
 
 
 @app.command()
-def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
-    """List every live session (not ended) of every process on the store: id, repo, state,
-    goal, steps, and who holds its extraction until when."""
+def sessions(
+    every: Annotated[
+        bool, typer.Option("--all", help="Also the idle sessions, between episodes (with the "
+                                         "goal of their last one).")
+    ] = False,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    as_json: Json = False,
+) -> None:
+    """List the sessions at work (collecting, extracting, ready or failed) of every process
+    on the store: id, repo, state, goal, steps, and who holds its extraction until when."""
 
     async def work() -> None:
         async with open_memory(_settings(store, config)) as mem:
-            live = await mem.list_sessions()
+            found = await mem.list_sessions()
+        live = [s for s in found if every or s.state is not State.IDLE]
         if as_json:
             print_json([session_json(s) for s in live])
             return
-        table = Table(title=f"Live sessions ({len(live)})", title_justify="left")
+        title = "Live sessions" if every else "Sessions at work"
+        idle = len(found) - len(live)
+        hidden = f", {idle} idle not shown: --all" if idle else ""
+        table = Table(title=f"{title} ({len(live)}{hidden})", title_justify="left")
         for column in ("session", "repo", "state", "goal", "steps", "holder", "lease until"):
             # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
             table.add_column(
@@ -266,7 +280,8 @@ def sessions(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = F
                 str(s.steps), Text(holders[s.holder] if s.holder else "-"), until,
             )
         if not live:
-            table.add_row("", "", "", Text("(no live sessions)", style="dim"), "", "", "")
+            nothing = "(no live sessions)" if every else "(no session at work)"
+            table.add_row("", "", "", Text(nothing, style="dim"), "", "", "")
         stdout_console().print(table)
 
     run(work)
@@ -387,8 +402,6 @@ def purge(
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
 
     async def work() -> None:
-        if as_json and not yes:
-            raise CliError("--json cannot ask for confirmation: pass --yes")
         settings = _settings(store, config)
         async with open_memory(settings) as mem:
             conversation = mem.conversation()
@@ -397,10 +410,9 @@ def purge(
                 await check_repo(mem, repo)
             elif not messages:
                 raise CliError(f"no thread {thread!r} in {settings.store}")
-            if not yes:
-                also = f" and its source in repo {repo!r}" if repo else ""
-                question = f"Erase thread {thread!r} ({messages} messages){also} for good?"
-                await anyio.to_thread.run_sync(lambda: typer.confirm(question, abort=True))
+            also = f" and its source in repo {repo!r}" if repo else ""
+            await confirm(f"Erase thread {thread!r} ({messages} messages){also} for good?",
+                          given=yes, as_json=as_json)
             await conversation.purge(thread)
             forgotten = await mem.forget(repo, thread) if repo is not None else 0
         if repo is not None and not messages and not forgotten:
@@ -412,109 +424,5 @@ def purge(
         if repo is not None:
             done += f", {forgotten} nodes forgotten in {repo!r}"
         stdout_console().print(Text(done))
-
-    run(work)
-
-
-@app.command()
-def mcp(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    extraction_timeout: ExtractionTimeoutOpt = None,
-    config: ConfigOpt = None,
-    memory_dir: Annotated[
-        Path | None,
-        typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
-                     file_okay=False),
-    ] = None,
-    memory_updates: Annotated[
-        bool,
-        typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
-    ] = True,
-    reinforce: Annotated[
-        bool,
-        typer.Option("--reinforce", help="Count the memories a recall returns as accesses, "
-                                         "as an agent's own recall does."),
-    ] = False,
-) -> None:
-    """Serve the memory to MCP clients over stdin/stdout (created if the file is missing)."""
-
-    async def work() -> None:
-        settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
-        )
-        check_store(settings, writes=True)
-        if settings.is_url and memory_dir is None:
-            raise CliError("with a store URL, pass --memory-dir for the memory files")
-        try:
-            from mnemo.mcp.server import serve
-        except ImportError as exc:
-            raise CliError(
-                f"the MCP server needs the `mcp` package ({exc}); install it with "
-                "pip install --force-reinstall pymnemo"
-            ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, llm=chosen_llm, embedder=chosen_embedder, memory_dir=memory_dir,
-            memory_updates=memory_updates, reinforce=reinforce, config=settings.config,
-        )
-
-    run(work)
-
-
-@app.command()
-def ui(
-    store: StoreOpt = None,
-    llm: LlmOpt = None,
-    embedder: EmbedderOpt = None,
-    temperature: TemperatureOpt = None,
-    llm_timeout: LlmTimeoutOpt = None,
-    config: ConfigOpt = None,
-    host: Annotated[
-        str, typer.Option(help="The address to bind; anything but 127.0.0.1 shows the memory "
-                               "to the network.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="The port to listen on.")] = 8765,
-    allow_writes: Annotated[
-        bool,
-        typer.Option("--allow-writes", help="Let the recall playground count its results as "
-                                            "accesses, and a commit's page revert it."),
-    ] = False,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="MNEMO_UI_TOKEN", show_default=False,
-                     help="Require this access token (16+ characters); prefer the "
-                          "environment variable, as other users can see a command line."),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", show_default=False,
-                     help="Also answer requests for this host name (repeatable; '*.domain' "
-                          "for its subdomains). Others are refused, against DNS rebinding."),
-    ] = None,
-) -> None:
-    """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
-    recall."""
-
-    async def work() -> None:
-        settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, None)
-        )
-        check_store(settings, writes=False)
-        try:
-            from mnemo.ui import serve
-        except ImportError as exc:
-            raise CliError(
-                f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'pymnemo[ui]'"
-            ) from exc
-        chosen_llm, chosen_embedder = models(settings)
-        await serve(
-            settings.store, host=host, port=port, allow_writes=allow_writes, llm=chosen_llm,
-            embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
-        )
 
     run(work)

@@ -39,12 +39,12 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._database import CliError, check_database
-from mnemo.cli._output import shorten
+from mnemo.cli._output import recall_table, shorten
 from mnemo.events import Event
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
-from mnemo.recall.engine import RecallResult
+from mnemo.storage.files import StoreFile, store_file
 
 DEFAULT_REPO = "assistant"
 
@@ -124,6 +124,16 @@ def load_conversation(path: Path) -> Conversation:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CliError(f"{path} is not a demo conversation: {exc!r}") from exc
+
+
+def holds_memory(db: Path) -> bool:
+    """Whether `db` is a mnemo database with tables (something `reset_database` would delete).
+
+    Raises:
+        CliError: `db` exists and is not a mnemo database.
+    """
+    check_database(db, must_exist=False)
+    return store_file(db) is StoreFile.MNEMO
 
 
 def reset_database(db: Path) -> None:
@@ -230,26 +240,6 @@ def committed_table(counts: dict[str, int]) -> Table:
         table.add_row(name, str(count))
     table.add_section()
     table.add_row("[bold]total", f"[bold]{sum(counts.values())}")
-    return table
-
-
-def recall_table(result: RecallResult, query: str) -> Table:
-    table = Table(title=f"Recall: {escape(query)}", title_justify="left")
-    table.add_column("score", justify="right")
-    table.add_column("type")
-    table.add_column("phase")
-    table.add_column("hop", justify="right")
-    table.add_column("text", overflow="fold")
-    for recalled in result.memories:
-        table.add_row(
-            f"{recalled.score:.3f}",
-            label(recalled.node.type),
-            label(recalled.phase),
-            str(recalled.hop),
-            Text(shorten(recalled.node.text)),
-        )
-    if not result.memories:
-        table.add_row("", "", "", "", Text("(nothing recalled)", style="dim"))
     return table
 
 

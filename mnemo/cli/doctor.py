@@ -24,7 +24,7 @@ from mnemo.adapters.hashing import HashEmbedder
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
-from mnemo.cli._common import Json, app, check_store
+from mnemo.cli._common import Json, app, check_store, close
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._probe import (
@@ -32,7 +32,6 @@ from mnemo.cli._probe import (
     PROBE,
     Finding,
     ServerReport,
-    close,
     probe_server,
     state_probe,
     timed,
@@ -70,7 +69,9 @@ async def diagnose(
 
     async def store() -> str:
         check_store(settings, writes=False)
-        async with Memory(settings.store, llm=OfflineLLM(), embedder=HashEmbedder()) as mem:
+        async with Memory(
+            settings.store, llm=OfflineLLM(), embedder=HashEmbedder(), inspect=True
+        ) as mem:
             repos = await mem.list_repos()
             live = await mem.list_sessions()
         names = ", ".join(repos) if repos else "none"

@@ -17,13 +17,12 @@ so that `mnemo search` finds its messages and `mnemo purge` can erase them.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Annotated, TypedDict
 
+import msgspec
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -99,6 +98,38 @@ class IngestReport:
         }
 
 
+# What a file holds, read by msgspec: a shape's every field is checked as it is read.
+NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
+
+
+class _Step(msgspec.Struct):
+    observation: NonBlank
+    action: str
+
+
+class _Session(msgspec.Struct):
+    goal: NonBlank
+    steps: Annotated[list[_Step], msgspec.Meta(min_length=1)]
+
+
+class _Conversation(msgspec.Struct):
+    sessions: Annotated[list[_Session], msgspec.Meta(min_length=1)]
+    repo: NonBlank | None = None
+
+
+class _Turn(msgspec.Struct):
+    speaker: NonBlank
+    text: str
+    dia_id: str | None = None
+    blip_caption: str | None = None
+
+
+class _Sample(msgspec.Struct):
+    # `session_N` turn lists, `session_N_date_time` texts, and the speakers' names.
+    conversation: dict[str, list[_Turn] | str]
+    sample_id: NonBlank | None = None
+
+
 def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
     """Reads and checks a conversation or LoCoMo-style file.
 
@@ -107,106 +138,74 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
             offending entry).
     """
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = msgspec.json.decode(path.read_bytes())
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except msgspec.DecodeError as exc:
         raise CliError(f"{path} is not a JSON file: {exc}") from exc
-    if isinstance(raw, Mapping) and "conversation" in raw:
+    if isinstance(raw, dict) and "conversation" in raw:
         raw = [raw]
-    if isinstance(raw, list) and raw and all(
-        isinstance(item, Mapping) and "conversation" in item for item in raw
-    ):
-        return IngestFile("locomo", None, [_locomo_batch(item, i) for i, item in enumerate(raw)])
-    if isinstance(raw, Mapping) and ("sessions" in raw or "steps" in raw):
-        return _conversation_file(raw, prefix or path.stem, path.stem)
+    try:
+        if isinstance(raw, list) and raw and all(
+            isinstance(item, dict) and "conversation" in item for item in raw
+        ):
+            samples = msgspec.convert(raw, list[_Sample])
+            return IngestFile("locomo", None, [_locomo_batch(s, i) for i, s in enumerate(samples)])
+        if isinstance(raw, dict) and ("sessions" in raw or "steps" in raw):
+            conversation = msgspec.convert(raw if "sessions" in raw else {"sessions": [raw]},
+                                           _Conversation)
+            return _conversation_file(conversation, prefix or path.stem, path.stem)
+    except msgspec.ValidationError as exc:
+        raise CliError(f"{path}: {exc}") from exc
     raise CliError(
         f"{path} is neither a conversation (an object with 'sessions') nor a LoCoMo-style file "
         "(a list of objects with 'conversation')"
     )
 
 
-def _conversation_file(raw: Mapping[str, object], prefix: str, name: str) -> IngestFile:
-    sessions = raw["sessions"] if "sessions" in raw else [raw]
-    if not isinstance(sessions, list) or not sessions:
-        raise CliError("'sessions' must be a non-empty list")
-    repo = raw.get("repo")
-    if repo is not None and (not isinstance(repo, str) or not repo.strip()):
-        raise CliError(f"'repo' must be a non-blank string, got {repo!r}")
+def _conversation_file(conversation: _Conversation, prefix: str, name: str) -> IngestFile:
     sources = []
-    for number, session in enumerate(sessions, start=1):
-        where = f"sessions[{number - 1}]"
-        if not isinstance(session, Mapping):
-            raise CliError(f"{where} must be an object")
-        goal = _text(session, "goal", where)
-        steps_raw = session.get("steps")
-        if not isinstance(steps_raw, list) or not steps_raw:
-            raise CliError(f"{where}.steps must be a non-empty list")
-        steps: list[Step] = []
+    for number, session in enumerate(conversation.sessions, start=1):
+        steps = [Step(step.observation, step.action) for step in session.steps]
         messages: list[dict[str, object]] = []
-        for index, step in enumerate(steps_raw):
-            at = f"{where}.steps[{index}]"
-            if not isinstance(step, Mapping):
-                raise CliError(f"{at} must be an object")
-            observation = _text(step, "observation", at)
-            action = _text(step, "action", at, blank=True)
-            steps.append(Step(observation, action))
-            messages.append({"role": "user", "content": observation})
-            if action.strip():
-                messages.append({"role": "assistant", "content": action})
-        sources.append(Source(f"{prefix}/{number}", Trajectory(goal, steps), messages))
-    return IngestFile("conversation", repo, [Batch(name, sources)])
+        for step in session.steps:
+            messages.append({"role": "user", "content": step.observation})
+            if step.action.strip():
+                messages.append({"role": "assistant", "content": step.action})
+        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps), messages))
+    return IngestFile("conversation", conversation.repo, [Batch(name, sources)])
 
 
-def _locomo_batch(item: Mapping[str, object], index: int) -> Batch:
-    where = f"[{index}]"
-    sample_id = item.get("sample_id", f"conv-{index}")
-    if not isinstance(sample_id, str) or not sample_id.strip():
-        raise CliError(f"{where}.sample_id must be a non-blank string")
-    talk = item["conversation"]
-    if not isinstance(talk, Mapping):
-        raise CliError(f"{where}.conversation must be an object")
+def _locomo_batch(sample: _Sample, index: int) -> Batch:
+    sample_id = sample.sample_id or f"conv-{index}"
+    talk = sample.conversation
     numbered = sorted(
         (int(match.group(1)), key)
         for key in talk
-        if (match := _SESSION_KEY.fullmatch(str(key)))
+        if (match := _SESSION_KEY.fullmatch(key))
     )
     if not numbered:
-        raise CliError(f"{where}.conversation has no session_N turn lists")
+        raise CliError(f"[{index}].conversation has no session_N turn lists")
     sources = []
     for number, key in numbered:
         turns = talk[key]
-        if not isinstance(turns, list):
-            raise CliError(f"{where}.conversation.{key} must be a list of turns")
+        if isinstance(turns, str):
+            raise CliError(f"[{index}].conversation.{key} must be a list of turns")
         date = str(talk.get(f"{key}_date_time", ""))
         steps: list[Step] = []
         messages: list[dict[str, object]] = []
         for t, turn in enumerate(turns):
-            at = f"{where}.conversation.{key}[{t}]"
-            if not isinstance(turn, Mapping):
-                raise CliError(f"{at} must be an object")
-            speaker = _text(turn, "speaker", at)
-            said = _text(turn, "text", at, blank=True)
-            dia_id = _normalise_dia_id(str(turn.get("dia_id", f"D{number}:{t + 1}")))
-            caption = turn.get("blip_caption")
-            shown = f" [shares a photo of {caption}]" if caption else ""
+            dia_id = _normalise_dia_id(turn.dia_id or f"D{number}:{t + 1}")
+            shown = f" [shares a photo of {turn.blip_caption}]" if turn.blip_caption else ""
             # The exact text and metadata of scripts/eval_locomo.py (see the module docstring).
-            steps.append(Step(f"{speaker} ({date}): {said}{shown}", "", {"dia_id": dia_id}))
-            messages.append(
-                {"role": "user", "name": speaker, "content": said + shown, "dia_id": dia_id}
-            )
+            steps.append(Step(f"{turn.speaker} ({date}): {turn.text}{shown}", "",
+                              {"dia_id": dia_id}))
+            messages.append({"role": "user", "name": turn.speaker,
+                             "content": turn.text + shown, "dia_id": dia_id})
         if steps:
             trajectory = Trajectory(f"Conversation session {number} on {date}", steps)
             sources.append(Source(f"{sample_id}/{number}", trajectory, messages))
     return Batch(sample_id, sources)
-
-
-def _text(obj: Mapping[str, object], key: str, where: str, *, blank: bool = False) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str) or (not blank and not value.strip()):
-        wanted = "a string" if blank else "a non-blank string"
-        raise CliError(f"{where}.{key} must be {wanted}, got {value!r}")
-    return value
 
 
 def _normalise_dia_id(raw: str) -> str:

@@ -5,11 +5,14 @@ A session command acts through a `Memory` of its own, so it waits for what it st
 returns once the extraction has ended (`ready`, or `failed`), `commit` of a failed session once
 the retried extraction has. Waiting is on the session's transition events, for at most
 `--wait` seconds (120 by default); an extraction still running then is left to the next `Memory`
-that opens the repo (it resumes it), and the command says so.
+that opens the repo (it resumes it), and the command says so. `end` of a session at work and
+`discard` ask first (`--yes` skips the question): what they drop never reaches the graph.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import Json, app, check_repo, open_memory, run
+from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
 from mnemo.cli._output import print_json, shorten, stderr_console, stdout_console
 from mnemo.cli._settings import (
@@ -224,13 +227,27 @@ class Action(StrEnum):
     END = "end"
 
 
+# What ending or discarding a session in each state drops for good.
+_DROPPED = {
+    State.COLLECTING: "its episode's steps never reach the graph",
+    State.EXTRACTING: "its extraction stops and its steps never reach the graph",
+    State.READY: "its extracted changeset is dropped",
+    State.FAILED: "its steps never reach the graph",
+}
+
+
 async def _act(
-    mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float
+    mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float,
+    ask: Callable[[str], Awaitable[None]],
 ) -> dict[str, object]:
     live = await mem.list_sessions()
     sid = resolve_id(sid, [s.id for s in live], "live session")
     info = next(s for s in live if s.id == sid)
     await check_repo(mem, info.repo)
+    dropped = _DROPPED.get(info.state)
+    if action in (Action.END, Action.DISCARD) and dropped is not None:
+        await ask(f"{action.value.capitalize()} session {sid} ({label(info.state)}, "
+                  f"{info.steps} steps): {dropped}. Go on?")
     # Opening the repo resumes a restored session's interrupted extraction.
     await mem.open_repo(info.repo)
     transitions.session_id = sid
@@ -269,6 +286,10 @@ def _session_command(action: Action) -> None:
         wait: Annotated[
             float, typer.Option(min=0, help="Seconds to wait for an extraction to end.")
         ] = 120.0,
+        yes: Annotated[
+            bool, typer.Option("--yes", "-y", help="Do not ask before work is dropped (end, "
+                                                   "discard).")
+        ] = False,
         as_json: Json = False,
     ) -> None:
         async def work() -> None:
@@ -278,7 +299,10 @@ def _session_command(action: Action) -> None:
             )
             transitions = _Transitions()
             async with open_memory(settings, works=True, on_event=transitions) as mem:
-                out = await _act(mem, transitions, action, session_id, wait)
+                out = await _act(
+                    mem, transitions, action, session_id, wait,
+                    functools.partial(confirm, given=yes, as_json=as_json),
+                )
             if as_json:
                 print_json(out)
                 return

@@ -10,8 +10,9 @@ exactly what was saved.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from mnemo.config import Config
@@ -20,17 +21,21 @@ from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_id, check_json, check_name, check_text, check_tree
 
+# A message's JSON, at most this many times `Config.max_text_chars`.
+MESSAGE_LIMITS = 3
+
 
 @dataclass(frozen=True, slots=True)
 class MessageDraft:
     """A checked message: its text content, the other keys, the text search indexes
-    (content plus tool calls), and its token cost."""
+    (content plus tool calls), its token cost and its key (`message_key`)."""
 
     role: str
     content: str
     data: dict[str, object]
     text: str
     tokens: int
+    key: bytes
 
 
 def check_thread_id(thread_id: object) -> str:
@@ -85,7 +90,9 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     config = config or Config()
     limit = config.max_text_chars
     where = f"messages[{index}]"
-    check_tree(message, where)  # before anything below walks or serialises it
+    # Before anything below walks or serialises it: its text and its other keys fit in
+    # `limit` each, so its whole JSON, with the wrapping of its parts, fits in three.
+    check_tree(message, where, limit=MESSAGE_LIMITS * limit)
     role = check_name(message.get("role"), f"{where}.role")
     raw_content = message.get("content")
     for key in ("name", "tool_call_id"):
@@ -129,7 +136,42 @@ def draft(message: Mapping[str, object], index: int, config: Config | None = Non
     text = check_text(search_text(content, calls or []), f"{where}.content", limit=limit,
                       blank_ok=True)
     check_json({k: v for k, v in data.items() if k != "content"}, where, limit=limit)
-    return MessageDraft(role, content, data, text, count_tokens(text) + MESSAGE_OVERHEAD)
+    return MessageDraft(role, content, data, text, count_tokens(text) + MESSAGE_OVERHEAD,
+                        message_key(message, index))
+
+
+# What `save` compares of a stored message and the message at its place in a history.
+COMPARED = ("role", "content", "name", "tool_calls", "tool_call_id")
+
+
+def message_key(message: Mapping[str, object], index: int) -> bytes:
+    """The digest of what `save` compares of a message: its role, content, name, tool_calls
+    and tool_call_id (a key left out differs from one set to None).
+
+    Raises:
+        InvalidInputError: they are not JSON-serialisable (naming `messages[index]`).
+    """
+    role, content = message.get("role"), message.get("content")
+    if isinstance(role, str) and isinstance(content, str) and not any(
+        key in message for key in COMPARED[2:]
+    ):
+        # Most messages: a third of the time JSON takes (no "[" starts this form).
+        text = f"{len(role)}:{role}{content}"
+    else:
+        try:
+            text = json.dumps({k: message[k] for k in COMPARED if k in message}, sort_keys=True)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidInputError(f"messages[{index}] is not JSON-serialisable: {exc}") from exc
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def history_hash(keys: Iterable[bytes], start: str = "") -> str:
+    """The hash of a history: each message's key chained onto the hash before it, from
+    `start` (the hash of the history before them; "" is the empty history's)."""
+    digest = bytes.fromhex(start)
+    for key in keys:
+        digest = hashlib.sha256(digest + key).digest()
+    return digest.hex()
 
 
 def parts_text(parts: list[object]) -> str:

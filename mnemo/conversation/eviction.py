@@ -3,7 +3,8 @@
 One eviction (Anima's Mneme loop): the context window is rendered compressed in three zones,
 the eviction zone (see `viewport.eviction_zone`), the middle and the recent one (see
 `render.render_window`, bounded whatever the backlog), and given to the LLM (task
-"eviction") with three tools: `save_snapshot(text)`,
+"eviction"; the Memory's, or a model of the eviction's own) with the messages passive recall
+finds for the open goals, and with three tools: `save_snapshot(text)`,
 `attach_messages_to_goals(message_ids, goal_ids)` and `everything_ok()`. The loop runs up to
 `MAX_ROUNDS` rounds, each telling the model what it already did and forcing a tool call
 (`tool_choice`: `save_snapshot` until a snapshot is saved, then any tool), until it calls
@@ -18,26 +19,29 @@ transaction, the level-1 snapshot and the pins are written and the boundary move
 zone.
 
 The boundary always advances and never passes a message that no snapshot covers: if the LLM
-fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds), the
+fails (raises, runs past the deadline, or saves no snapshot in `MAX_ROUNDS` rounds: replies
+without tool calls, arguments the tool refuses, a structured reply without the summary), the
 snapshot is a note saying the messages left without a summary and that `search_messages`
-still finds them, and `EvictionResult.error` says why. Once
-5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
+still finds them, and `EvictionResult.error` says why (the last refusal, when there was
+one). Once 5 level-1 snapshots are uncovered, they fold into one level-2 snapshot (task
 "snapshot_fold"); a failed fold is retried after the next eviction.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from mnemo import deadline
-from mnemo.calls.tasks import ask, reply_data
-from mnemo.conversation.model import EvictionResult, Message, Snapshot
+from mnemo.calls import deadline
+from mnemo.calls.reply import reply_data
+from mnemo.calls.tasks import ask
+from mnemo.conversation.model import EvictionResult, Goal, Message, SearchHit, Snapshot
 from mnemo.conversation.ports import EvictionInputs, ThreadStore
 from mnemo.conversation.prompts import eviction_request, fold_request, parse_summary
 from mnemo.conversation.render import render_window
+from mnemo.conversation.search import render_hits
 from mnemo.conversation.viewport import (
     FOLD_AFTER,
     context_zones,
@@ -56,6 +60,10 @@ MAX_ATTEMPTS = 3
 # The newest lines of `done` the model is shown: a model making many calls must not grow the
 # prompt without bound.
 MAX_DONE = 20
+
+# Passive recall (`ConversationService.recalled`): a thread's past messages relevant to its
+# open goals, leaving out the ids given.
+Recall = Callable[[str, Sequence[Goal], Collection[str]], Awaitable[list[SearchHit]]]
 
 
 @dataclass(slots=True)
@@ -154,6 +162,10 @@ def _message_ref(raw: object, by_seq: dict[int, str], by_id: set[str]) -> str | 
 NO_TOOL_CALL = (
     "error: your reply called no tool and was discarded; answer only through the tools"
 )
+NO_SNAPSHOT_DATA = (
+    'error: your reply was not save_snapshot\'s arguments {"text": "<the summary>"} and was '
+    "discarded"
+)
 
 
 def fallback_note(start_seq: int, end_seq: int, error: str) -> str:
@@ -200,6 +212,7 @@ async def run_loop(
     zone: tuple[int, int],
     goals: list[dict[str, str]],
     previous_snapshot: str,
+    recalled: str,
     time_limit: float,
 ) -> tuple[str | None, Usage | None]:
     """Runs the eviction rounds; returns (the failure, or None) and the usage summed.
@@ -210,7 +223,7 @@ async def run_loop(
     without a snapshot, that is the failure. Once one is saved, the rounds go on only while
     there are open goals to pin messages to, and end at `everything_ok` or at a reply without
     tool calls. An LLM that raises ends the loop with the failure. All rounds together get
-    `time_limit` seconds (`mnemo.deadline`: a wait for a slot inside mnemo does not count):
+    `time_limit` seconds (`mnemo.calls.deadline`: a wait for a slot inside mnemo does not count):
     past it the round in flight is abandoned and that is the failure (a snapshot saved before
     it is kept). Cancellation is not caught.
     """
@@ -230,6 +243,7 @@ async def run_loop(
                     zone_end=zone[1],
                     goals=goals,
                     previous_snapshot=previous_snapshot,
+                    recalled=recalled,
                     max_words=tools.max_words,
                     done=tools.done[-MAX_DONE:],
                     tool_choice=choice,
@@ -248,7 +262,8 @@ async def run_loop(
                     if tools.snapshot_parts:
                         break  # pins are optional; the snapshot covers the zone
                     silent += 1
-                    tools.done.append(NO_TOOL_CALL)
+                    data = choice is None and reply_data(response) is not None
+                    tools.done.append(NO_SNAPSHOT_DATA if data else NO_TOOL_CALL)
                     continue
                 for call in calls:
                     tools.call(call)
@@ -259,9 +274,13 @@ async def run_loop(
         return f"the eviction model timed out after {time_limit:g} s{kept}", usage
     if tools.snapshot_parts:
         return None, usage
-    if silent == MAX_ROUNDS:
+    # What was wrong with the last reply not used: no tool call, arguments that failed the
+    # tool's schema, a structured reply without the summary.
+    last = next((line for line in reversed(tools.done) if "error:" in line), "")
+    if silent == MAX_ROUNDS and last == NO_TOOL_CALL:
         return f"the eviction model replied {MAX_ROUNDS} times without calling a tool", usage
-    return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds", usage
+    cause = f" (last: {last})" if last else ""
+    return f"the eviction model saved no snapshot in {MAX_ROUNDS} rounds{cause}", usage
 
 
 class Evictor:
@@ -272,21 +291,21 @@ class Evictor:
         self,
         store: ThreadStore,
         *,
-        llm: LLM,
         events: Events,
         clock: Callable[[], datetime],
         timeout: float,
+        recall: Recall,
     ) -> None:
         self._store = store
-        self._llm = llm
+        self._recall = recall
         self._events = events
         self._clock = clock
         self._timeout = timeout
 
     async def evict(
-        self, thread_id: str, token_budget: int, eviction_fraction: float
+        self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> EvictionResult:
-        """One eviction (see the module doc).
+        """One eviction (see the module doc), its model calls made to `llm`.
 
         Another writer on the store (another `Memory`) may move the boundary while the model
         works: the commit then finds it moved and this re-reads the thread. A boundary that
@@ -307,7 +326,9 @@ class Evictor:
                 return EvictionResult(thread_id, read, inputs.boundary_seq, None, None, 0, 0)
             read = inputs.boundary_seq
             try:
-                return await self._evict_from(inputs, thread_id, token_budget, eviction_fraction)
+                return await self._evict_from(
+                    inputs, thread_id, token_budget, eviction_fraction, llm
+                )
             except ConflictError:
                 attempts += 1
                 if attempts == MAX_ATTEMPTS:
@@ -319,6 +340,7 @@ class Evictor:
         thread_id: str,
         token_budget: int,
         eviction_fraction: float,
+        llm: LLM,
     ) -> EvictionResult:
         boundary, past = inputs.boundary_seq, inputs.past_boundary
         goals = [{"id": g.id, "description": g.description} for g in inputs.goals]
@@ -331,8 +353,9 @@ class Evictor:
             goal_ids={g["id"] for g in goals},
             max_words=snapshot_words(token_budget, 1),
         )
+        recalled = await self._recall(thread_id, inputs.goals, ()) if inputs.goals else []
         error, usage = await run_loop(
-            self._llm,
+            llm,
             tools,
             window=render_window(
                 zone, *context_zones(past[len(zone):], token_budget, eviction_fraction)
@@ -340,6 +363,7 @@ class Evictor:
             zone=span,
             goals=goals,
             previous_snapshot=inputs.previous_snapshot,
+            recalled=render_hits(recalled) if recalled else "",
             time_limit=self._timeout,
         )
         text = tools.snapshot_text or fallback_note(*span, error or "no snapshot")
@@ -349,7 +373,7 @@ class Evictor:
             thread_id, boundary_before=boundary, boundary_after=after, zone=span,
             snapshot_text=text, pins=tools.pins, now=now,
         )
-        folded = await self.fold(thread_id, token_budget)
+        folded = await self.fold(thread_id, token_budget, llm)
         pinned = list(dict.fromkeys(mid for mid, _ in tools.pins))
         await self._events.emit(
             "thread_evicted", thread_id=thread_id, start_seq=span[0], end_seq=span[1],
@@ -371,7 +395,7 @@ class Evictor:
             usage=usage,
         )
 
-    async def fold(self, thread_id: str, token_budget: int) -> Snapshot | None:
+    async def fold(self, thread_id: str, token_budget: int, llm: LLM) -> Snapshot | None:
         """Folds the oldest 5 uncovered level-1 snapshots into a level-2 one, when due.
         A failed fold is logged and left for the next eviction."""
         due = due_for_fold(await self._store.uncovered_snapshots(thread_id))
@@ -382,7 +406,7 @@ class Evictor:
         )
         try:
             with deadline.fail_after(self._timeout):
-                text = await ask(self._llm, request, parse_summary)
+                text = await ask(llm, request, parse_summary)
         except Exception:
             # Folding is an optimisation of the viewport: the level-1 snapshots stay visible.
             log.warning("folding snapshots of thread %r failed", thread_id, exc_info=True)

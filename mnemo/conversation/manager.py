@@ -11,9 +11,17 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.calls.tasks import ask
-from mnemo.conversation.drafts import check_history, check_thread_id, check_thread_name, draft
+from mnemo.conversation.drafts import (
+    MessageDraft,
+    check_history,
+    check_thread_id,
+    check_thread_name,
+    draft,
+    history_hash,
+    message_key,
+)
 from mnemo.conversation.model import (
     Compaction,
     Compression,
@@ -23,8 +31,14 @@ from mnemo.conversation.model import (
     Summary,
     ToolOutputPruner,
 )
+from mnemo.conversation.ports import ThreadState
 from mnemo.conversation.prompts import parse_summary, summary_request
-from mnemo.conversation.render import compaction_message, flat, prune_tool_outputs
+from mnemo.conversation.render import (
+    compaction_message,
+    flat,
+    prune_tool_outputs,
+    recalled_message,
+)
 from mnemo.conversation.selection import (
     result_ids,
     top_k,
@@ -34,6 +48,7 @@ from mnemo.conversation.selection import (
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.inputs import check_count, check_text
+from mnemo.ports import LLM
 
 if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
@@ -53,7 +68,8 @@ class ConversationManager:
     """Saves and loads threads with one retrieval and compression policy.
 
     Get one from `Memory.conversation(...)`. Managers of one Memory share its per-thread
-    locks, so they may be used concurrently, even on the same thread.
+    locks, so they may be used concurrently, even on the same thread. `llm` writes this
+    manager's summaries and runs its automatic evictions.
     """
 
     def __init__(
@@ -66,8 +82,10 @@ class ConversationManager:
         auto_evict_budget: int | None,
         eviction_fraction: float,
         clock: Callable[[], datetime],
+        llm: LLM,
     ) -> None:
         self._service = service
+        self.llm = llm
         self.retrieval = retrieval
         self.compression = compression
         self.ttl = ttl
@@ -89,18 +107,23 @@ class ConversationManager:
         """Stores the messages of `messages` (the full history so far) past the stored length,
         each with the next seq; returns them ([] when nothing was new).
 
-        The stored length counts every message ever saved to the thread since it was created
-        or cleared, expired ones included, so a history that is not longer than it (a repeat
-        save) appends nothing. With `Semantic` retrieval the new messages are embedded now (an
-        embedder failure is logged; they are embedded when next loaded). With `Summary`, the
-        uncompacted messages may then be summarised; a failed summary is logged and never
-        raised. With `auto_evict_budget`, evictions run until the viewport of that
-        budget shows every message from the boundary on (the seed's rule: evict when the
-        boundary message would leave the viewport).
+        The history must extend the stored one: its first messages are the stored messages,
+        compared by role, content, name, tool_calls and tool_call_id through the hash of the
+        stored history (no stored message is read; see `drafts.history_hash`). The stored
+        length counts every message ever saved to the thread since it was created or
+        cleared, expired ones included, so a repeat save (or one of a shorter history that
+        the stored one extends) appends nothing. With `Semantic` retrieval the new messages
+        are embedded now (an embedder failure is logged; they are embedded when next loaded).
+        With `Summary`, the uncompacted messages may then be summarised; a failed summary is
+        logged and never raised. With `auto_evict_budget`, evictions run until the viewport
+        of that budget shows every message from the boundary on (the seed's rule: evict when
+        the boundary message would leave the viewport).
 
         Raises:
-            InvalidInputError: a thread id that is no name (`inputs.check_name`), more new
-                messages than the Memory's `Config.max_messages_per_save` (save a longer
+            InvalidInputError: a history that does not extend the stored one (a sliding
+                window, an edited message: naming the first seq that differs; `append` takes
+                new messages only), a thread id that is no name (`inputs.check_name`), more
+                new messages than the Memory's `Config.max_messages_per_save` (save a longer
                 history in slices of it), a malformed message (naming it), one whose text or
                 other keys (as JSON) are longer than `Config.max_text_chars`, with more tool
                 calls than `Config.max_tool_calls_per_message` or nested deeper than
@@ -111,76 +134,156 @@ class ConversationManager:
         """
         check_thread_name(thread_id)
         history = check_history(messages)
-        service = self._service
-        async with service.thread_lock(thread_id):
+        async with self._service.thread_lock(thread_id):
             appended = await self._append_new(thread_id, history)
-            if not appended:
-                return []
-            for policy in self.compression:
-                if isinstance(policy, Summary):
-                    await self._summarise(thread_id, policy)
-        if self.auto_evict_budget is not None:
-            await service.auto_evict(thread_id, self.auto_evict_budget, self.eviction_fraction)
+            await self._compress(thread_id, appended)
+        await self._evict(thread_id, appended)
         return appended
+
+    async def append(
+        self, thread_id: str, messages: Sequence[Mapping[str, object]]
+    ) -> list[Message]:
+        """Stores `messages`, new messages only, after the thread's stored ones, each with the
+        next seq; returns them. For an app that keeps a window of its history: nothing is
+        compared with the stored messages. Embedding, compression and auto-eviction follow,
+        as after `save`.
+
+        Raises:
+            InvalidInputError: as `save` does for its new messages (a thread id that is no
+                name, more than `Config.max_messages_per_save` messages, a malformed or too
+                long message); raised before anything is stored.
+        """
+        check_thread_name(thread_id)
+        history = check_history(messages)
+        self._check_count(len(history))
+        drafts = [draft(m, i, self._service.config) for i, m in enumerate(history)]
+        vectors = await self._embed(thread_id, dict(enumerate(drafts)), {})
+        async with self._service.thread_lock(thread_id):
+            appended = await self._service.store.append(
+                thread_id, drafts, recorded_at=self._clock(),
+                vectors=None if vectors is None else list(vectors.values()),
+            ) if drafts else []
+            await self._compress(thread_id, appended)
+        await self._evict(thread_id, appended)
+        return appended
+
+    async def _compress(self, thread_id: str, appended: Sequence[Message]) -> None:
+        """After an append, under the thread lock: the `Summary` policies' summaries."""
+        for policy in self.compression if appended else ():
+            if isinstance(policy, Summary):
+                await self._summarise(thread_id, policy)
+
+    async def _evict(self, thread_id: str, appended: Sequence[Message]) -> None:
+        if appended and self.auto_evict_budget is not None:
+            await self._service.auto_evict(
+                thread_id, self.auto_evict_budget, self.eviction_fraction, self.llm
+            )
+
+    def _check_count(self, new: int) -> None:
+        most = self._service.config.max_messages_per_save
+        if new > most:
+            raise InvalidInputError(
+                f"messages holds {new:,} new messages, more than the {most:,} one call "
+                "stores (Config.max_messages_per_save): save the history in slices of it"
+            )
+
+    async def _embed(
+        self, thread_id: str, drafts: Mapping[int, MessageDraft], done: dict[int, Vector]
+    ) -> dict[int, Vector] | None:
+        """With `Semantic` retrieval, the vectors of `drafts` (by index), embedding those not
+        in `done` (which keeps them); None without it, or when the embedder failed (logged:
+        the log must not lose messages to an embedder outage; load embeds them later)."""
+        if not isinstance(self.retrieval, Semantic):
+            return None
+        missing = [i for i in drafts if i not in done]
+        try:
+            fresh = await self._service.embed([drafts[i].text for i in missing])
+        except EmbeddingError:
+            log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
+            return None
+        done.update(zip(missing, fresh, strict=True))
+        return {i: done[i] for i in drafts}
 
     async def _append_new(
         self, thread_id: str, history: Sequence[Mapping[str, object]]
     ) -> list[Message]:
-        """Appends the messages of `history` past the stored length; returns them.
+        """Appends the messages of `history` past the stored length once it is checked to
+        extend the stored history; returns them.
 
         The thread lock serialises this Memory's saves; another Memory on the store may
-        append (or clear) between the read of the length and the write, which the store's
-        compare-and-set refuses. Then the length is read again and only what is still new is
-        appended (the API contract: "only messages past the stored length are appended"), up to
-        `MAX_SAVE_ATTEMPTS` times. Each message is embedded once across attempts.
+        append (or clear) between the read of the stored history and the write, which the
+        store's compare-and-set (of the length and hash) refuses. Then the stored history is
+        read and checked again and only what is still new is appended (the API contract:
+        "only messages past the stored length are appended"), up to `MAX_SAVE_ATTEMPTS`
+        times. Each message is embedded once across attempts.
 
         Raises:
+            InvalidInputError: `history` does not extend the stored history.
             ConflictError: the thread changed under every one of `MAX_SAVE_ATTEMPTS` attempts.
         """
-        service = self._service
-        config = service.config
-        semantic = isinstance(self.retrieval, Semantic)
+        store = self._service.store
         vectors: dict[int, Vector] = {}  # by index in `history`
+        keys: list[bytes] = []  # of the history's first messages, as far as a check needed
         attempts = 0
         while True:
-            state = await service.store.state(thread_id)
-            stored = state.history_len if state else 0
+            state = await store.state(thread_id) or ThreadState(0, 0, 0)
+            stored = state.history_len
+            known = min(stored, len(history))
+            keys += (message_key(history[i], i) for i in range(len(keys), known))
+            digest = await self._extends(thread_id, keys[:stored], state)
             if len(history) <= stored:
                 return []
-            new = range(stored, len(history))
-            if len(new) > config.max_messages_per_save:
-                raise InvalidInputError(
-                    f"messages holds {len(new):,} new messages past the {stored:,} stored, "
-                    f"more than the {config.max_messages_per_save:,} one save appends "
-                    "(Config.max_messages_per_save): save the history in slices of it"
-                )
-            drafts = [draft(history[i], i, config) for i in new]
-            if semantic:
-                missing = [i for i in new if i not in vectors]
-                try:
-                    fresh = await service.embed([drafts[i - stored].text for i in missing])
-                    vectors.update(zip(missing, fresh, strict=True))
-                except EmbeddingError:
-                    # The log must not lose messages to an embedder outage; load embeds later.
-                    log.warning("embedding new messages of %r failed", thread_id, exc_info=True)
-                    semantic = False
-                    vectors.clear()
+            self._check_count(len(history) - stored)
+            drafts = {i: draft(history[i], i, self._service.config) for i in
+                      range(stored, len(history))}
+            embedded = await self._embed(thread_id, drafts, vectors)
             try:
-                return await service.store.append(
-                    thread_id, drafts, expected_len=stored, recorded_at=self._clock(),
-                    vectors=[vectors[i] for i in new] if semantic else None,
+                return await store.append(
+                    thread_id, list(drafts.values()), recorded_at=self._clock(),
+                    vectors=None if embedded is None else list(embedded.values()),
+                    expected_len=stored, expected_hash=digest,
                 )
             except ConflictError:
                 attempts += 1
                 if attempts == MAX_SAVE_ATTEMPTS:
                     raise
 
+    async def _extends(self, thread_id: str, keys: Sequence[bytes], state: ThreadState) -> str:
+        """The hash of the history's first `state.history_len` messages (of keys `keys`, fewer
+        for a shorter history), once they are checked to be the stored ones: by the stored
+        hash, else (a shorter history, one that differs, a thread stored before hashes were
+        kept) message by message, to name the first that differs.
+
+        Raises:
+            InvalidInputError: the history does not extend the stored one.
+        """
+        stored = state.history_len
+        digest = history_hash(keys)
+        if len(keys) == stored and digest == state.history_hash:
+            return digest
+        first = state.next_seq - stored  # the seq of the history's first message
+        seq = await self._service.store.first_difference(thread_id, first, keys)
+        if seq is not None:
+            where = f"messages[{seq - first}] differs from the stored message seq {seq}"
+        elif state.history_hash is not None and len(keys) == stored:
+            where = f"it differs in messages the ttl erased (seq {first} on)"
+        else:
+            return digest
+        raise InvalidInputError(
+            f"messages does not extend the {stored:,} messages stored in thread {thread_id!r}"
+            f": {where} (role, content, name, tool_calls or tool_call_id); nothing was "
+            "stored. save takes the whole history so far; append takes new messages only"
+        )
+
     async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, object]]:
         """The thread for a model: each compaction as one system message holding its summary
-        (marked as untrusted memory), then the retrieval's selection of the uncompacted
-        messages, by seq, less any tool result whose call it does not hold (chat APIs refuse
-        those); tool outputs cut by a `ToolOutputPruner`. With a ttl, messages older than it
-        are erased first. An unknown thread loads as [].
+        (marked as untrusted memory); while the thread has open goals, one system message
+        (marked so too) holding up to 5 past messages of any thread that a search for the
+        goals' words finds, none of those selected next (passive recall); then the
+        retrieval's selection of the uncompacted messages, by seq, less any tool result
+        whose call it does not hold (chat APIs refuse those); tool outputs cut by a
+        `ToolOutputPruner`. With a ttl, messages older than it are erased first. An unknown
+        thread loads as [].
 
         Without a `query`, `Semantic` returns the last k messages.
 
@@ -206,8 +309,14 @@ class ConversationManager:
                 picked = with_tool_pairs(pool[-k:], pool)
         else:
             compactions, picked = await service.store.recent_turns(thread_id, self.retrieval.k)
+        shown = without_orphaned_results(picked)
         out = [compaction_message(c) for c in compactions]
-        out.extend(m.to_dict() for m in without_orphaned_results(picked))
+        goals = await service.store.open_goals(thread_id)
+        if goals:
+            hits = await service.recalled(thread_id, goals, {m.id for m in shown},
+                                          whole_thread=True)
+            out.extend([recalled_message(hits)] if hits else [])
+        out.extend(m.to_dict() for m in shown)
         for policy in self.compression:
             if isinstance(policy, ToolOutputPruner):
                 out = prune_tool_outputs(out, policy.max_chars)
@@ -257,6 +366,19 @@ class ConversationManager:
         check_thread_id(thread_id)
         await self._expire(thread_id)
         return await self._service.store.raw(thread_id)
+
+    async def pop(self, thread_id: str) -> Message | None:
+        """Erases the thread's newest message and returns it (None when the thread holds
+        none): no load, viewport, search or recall shows it after, and a compaction holding
+        it goes (its messages load uncompacted); a snapshot that an eviction already wrote of
+        it keeps its words. Its seq is not reused, and it still counts in the history `save`
+        compares, as a message the ttl erased does.
+
+        Raises:
+            InvalidInputError: a blank thread id.
+        """
+        check_thread_id(thread_id)
+        return await self._service.pop(thread_id)
 
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and
@@ -327,7 +449,7 @@ class ConversationManager:
             )
             try:
                 with deadline.fail_after(service.timeout):
-                    summary = await ask(service.llm, request, parse_summary)
+                    summary = await ask(self.llm, request, parse_summary)
             except Exception:
                 # The messages stay uncompacted and whole: load shows them, nothing is lost.
                 log.warning("summarising thread %r failed", thread_id, exc_info=True)

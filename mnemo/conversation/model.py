@@ -292,6 +292,10 @@ class Viewport:
     - `pins_left_out`: the ids of pinned messages that did not fit (oldest first): only
       when pins alone pass what the budget can hold beside the messages. Each stays inside a
       snapshot's range and is found by a search that excludes this viewport.
+    - `recalled`: while the thread has open goals, past messages (of this thread, before the
+      boundary, and of other threads) that a search for the goals' words finds, best first,
+      none of them shown or pinned here: up to 5, in the room the rest leaves, up to 10% of
+      the budget (passive recall).
 
     Unused memory goes to the messages, and the messages from the boundary on take memory
     (oldest snapshots first, pins last) rather than leave the view. `tokens` is what all of it
@@ -307,12 +311,14 @@ class Viewport:
     tokens: int
     tokens_past_boundary: int
     pins_left_out: list[str] = field(default_factory=list)
+    recalled: list[SearchHit] = field(default_factory=list)
 
     def to_messages(self) -> list[dict[str, object]]:
-        """The viewport as chat messages: one system message holding the snapshots and pinned
-        messages (marked as untrusted memory), when there are any, then the messages."""
+        """The viewport as chat messages: one system message holding the snapshots, pinned
+        and recalled messages (marked as untrusted memory), when there are any, then the
+        messages."""
         out: list[dict[str, object]] = []
-        block = memory_block(self.snapshots, self.pinned)
+        block = memory_block(self.snapshots, self.pinned, self.recalled)
         if block:
             out.append({"role": "system", "content": block})
         out.extend(m.to_dict() for m in self.messages)

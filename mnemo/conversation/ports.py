@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from mnemo.conversation.drafts import MessageDraft
+from mnemo.conversation.drafts import MessageDraft, history_hash, message_key
 from mnemo.conversation.model import (
     Compaction,
     Goal,
@@ -26,6 +26,7 @@ from mnemo.conversation.model import (
     Snapshot,
     ThreadInfo,
 )
+from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
 
 __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
@@ -34,11 +35,45 @@ __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
 @dataclass(frozen=True, slots=True)
 class ThreadState:
     """A thread's counters: the next seq to give, how many messages of the caller's history
-    are stored, and where the viewport starts."""
+    are stored, where the viewport starts, and the hash of that history
+    (`drafts.history_hash`; None for a thread stored before hashes were kept)."""
 
     next_seq: int
     history_len: int
     boundary_seq: int
+    history_hash: str | None = ""
+
+
+def check_expected(
+    thread_id: str, state: ThreadState, length: int | None, digest: str | None
+) -> None:
+    """Refuses an append (`ThreadStore.append`) whose caller checked its history against
+    another stored history than `state`'s.
+
+    Raises:
+        ConflictError: the length is not `length`, or the hash neither `digest` nor unknown.
+    """
+    if (length is not None and state.history_len != length) or (
+        digest is not None and state.history_hash not in (digest, None)
+    ):
+        raise ConflictError(
+            f"thread {thread_id!r} changed while saving: {state.history_len} messages "
+            f"stored, expected {length}"
+        )
+
+
+def next_hash(state: ThreadState, drafts: Sequence[MessageDraft], digest: str | None) -> (
+    str | None
+):
+    """The history's hash once `drafts` are appended: chained onto `digest`, the caller's
+    checked hash, else onto the stored one (an unknown one stays unknown)."""
+    start = state.history_hash if digest is None else digest
+    return None if start is None else history_hash((d.key for d in drafts), start)
+
+
+def differs(message: Message, from_seq: int, keys: Sequence[bytes]) -> bool:
+    """Whether a stored message is not the one of `keys` at its place (seq - `from_seq`)."""
+    return message_key(message.to_dict(), message.seq - from_seq) != keys[message.seq - from_seq]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,23 +140,43 @@ class ThreadStore(Protocol):
         thread_id: str,
         drafts: Sequence[MessageDraft],
         *,
-        expected_len: int,
         recorded_at: datetime,
         vectors: Sequence[Vector] | None = None,
+        expected_len: int | None = None,
+        expected_hash: str | None = None,
     ) -> list[Message]:
-        """Appends `drafts` after the stored history of length `expected_len`, each with the
-        next seq (creating the thread), with one vector per draft when given.
+        """Appends `drafts` after the stored history, each with the next seq (creating the
+        thread), with one vector per draft when given, and chains their keys onto the
+        history's hash: onto `expected_hash` when given (the hash of the caller's history
+        through `expected_len` messages, checked against the stored one), else onto the
+        stored hash (an unknown one stays unknown).
 
         Raises:
-            ConflictError: the stored history length is no longer `expected_len`; nothing
-                was written.
+            ConflictError: the stored history's length is not `expected_len` (when given), or
+                its hash is neither `expected_hash` (when given) nor unknown; nothing was
+                written.
         """
+        ...
+
+    async def first_difference(
+        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
+    ) -> int | None:
+        """The seq of the first stored message from `from_seq` on whose key
+        (`drafts.message_key`) is not `keys[seq - from_seq]`, reading no message past the
+        keys; None when every stored one matches (erased ones are not compared)."""
         ...
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         """Erases the thread's messages recorded before `cutoff` (with their search entries,
         vectors and pins), and the compactions and snapshots that only covered erased
         messages; the seq counter is untouched. Returns how many messages went."""
+        ...
+
+    async def pop(self, thread_id: str) -> Message | None:
+        """Erases the thread's newest message (with its search entries, vectors and pins) and
+        the compactions whose range holds it; returns it, None when the thread holds none.
+        The seq counter and the history's length are untouched: the message counts as
+        erased, as the ttl's do."""
         ...
 
     async def compactions(self, thread_id: str) -> list[Compaction]:

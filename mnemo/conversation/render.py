@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mnemo.conversation.model import Compaction, Message, MessageView, Snapshot
+    from mnemo.conversation.model import Compaction, Message, MessageView, SearchHit, Snapshot
 
 ZONE_MESSAGE_CHARS = 1200
 # The eviction prompt stays bounded whatever the backlog: the zone to summarise gets the most
@@ -58,20 +58,42 @@ def compaction_message(compaction: Compaction) -> dict[str, object]:
     }
 
 
-def memory_block(snapshots: Sequence[Snapshot], pinned: Sequence[Message]) -> str:
-    """The viewport's memory: snapshots (level 2, then level 1) and pinned messages, or ""."""
-    if not snapshots and not pinned:
-        return ""
+def memory_block(
+    snapshots: Sequence[Snapshot], pinned: Sequence[Message], recalled: Sequence[SearchHit] = ()
+) -> str:
+    """The viewport's memory: snapshots (level 2, then level 1), pinned messages and
+    recalled ones, or ""."""
     lines: list[str] = []
     for snap in snapshots:
         kind = "Long-range summary" if snap.level >= 2 else "Summary"
         lines.append(f"[{kind} of messages {snap.start_seq}-{snap.end_seq}]\n{snap.text}")
     for message in pinned:
         lines.append(f"[Pinned message {message.seq}, {message.role}]\n{message.content}")
+    lines.extend(recalled_line(hit) for hit in recalled)
+    if not lines:
+        return ""
     return untrusted(
         "\n\n".join(lines),
-        title="Earlier parts of this conversation that left the context window.",
+        title="Earlier parts of this conversation that left the context window"
+        + (", and past messages recalled for its open goals." if recalled else "."),
     )
+
+
+def recalled_line(hit: SearchHit) -> str:
+    """A recalled message in a memory block: where it is, and its snippet."""
+    where = f"thread {hit.thread_id}, message {hit.seq}, {hit.role}, id {hit.message_id}"
+    return f"[Recalled: {where}]\n{hit.snippet}"
+
+
+def recalled_message(hits: Sequence[SearchHit]) -> dict[str, object]:
+    """The system message holding recalled messages in `load`."""
+    return {
+        "role": "system",
+        "content": untrusted(
+            "\n\n".join(recalled_line(hit) for hit in hits),
+            title="Past messages recalled for the open goals of this conversation.",
+        ),
+    }
 
 
 def flat(text: str, limit: int = ZONE_MESSAGE_CHARS) -> str:

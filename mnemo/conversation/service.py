@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -28,14 +28,15 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from mnemo import deadline
-from mnemo.config import Config
+from mnemo.calls import deadline
+from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.conversation.drafts import check_thread_id, check_thread_name, search_text
 from mnemo.conversation.eviction import Evictor
 from mnemo.conversation.manager import ConversationManager
 from mnemo.conversation.model import (
     Compression,
     EvictionResult,
+    Goal,
     Message,
     MessageView,
     Recent,
@@ -48,11 +49,11 @@ from mnemo.conversation.model import (
 )
 from mnemo.conversation.ports import Shown, ThreadStore
 from mnemo.conversation.render import reduced
-from mnemo.conversation.viewport import layout
+from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
-from mnemo.inputs import check_count, check_id, check_text
+from mnemo.inputs import check_count, check_id, check_models, check_text
 from mnemo.ports import LLM, Embedder, detect_dim
 from mnemo.text import query_words
 
@@ -92,8 +93,10 @@ class KeyedLocks:
 class ConversationService:
     """Threads, viewports, eviction, goals, search and erasure over one `ThreadStore`.
 
-    `llm` writes summaries, eviction snapshots and folds; `embedder` embeds messages for
-    `Semantic` retrieval; `config.extraction_timeout` bounds each model call.
+    `llm` writes summaries, eviction snapshots and folds unless a manager or an eviction is
+    given a model of its own, which `limit` wraps as it wrapped `llm` (in the provider's
+    concurrency limit); `embedder` embeds messages for `Semantic` retrieval;
+    `config.extraction_timeout` bounds each model call.
     """
 
     def __init__(
@@ -105,9 +108,11 @@ class ConversationService:
         config: Config,
         events: Events,
         clock: Clock = now_utc,
+        limit: Callable[[LLM], LLM] = lambda llm: llm,
     ) -> None:
         self.store = store
         self.llm = llm
+        self._limit = limit
         self.embedder = embedder
         self.timeout = config.extraction_timeout
         # Threads belong to no repo: the Memory's config bounds their texts and counts.
@@ -116,7 +121,7 @@ class ConversationService:
         self.events = events
         self.clock = clock
         self.evictor = Evictor(
-            store, llm=llm, events=events, clock=clock, timeout=self.timeout
+            store, events=events, clock=clock, timeout=self.timeout, recall=self.recalled
         )
         self._thread_locks = KeyedLocks()
         self._evict_locks = KeyedLocks()
@@ -134,12 +139,14 @@ class ConversationService:
         auto_evict_budget: int | None = None,
         eviction_fraction: float = 0.33,
         clock: Clock | None = None,
+        llm: LLM | None = None,
     ) -> ConversationManager:
         """A `ConversationManager` with these policies (see its docstring).
 
         Raises:
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number of seconds, or a bad auto-eviction budget or fraction.
+                number of seconds, a bad auto-eviction budget or fraction, or an `llm` that
+                is not one.
         """
         if not isinstance(retrieval, Recent | Semantic):
             raise InvalidInputError(
@@ -156,7 +163,18 @@ class ConversationService:
             auto_evict_budget=auto_evict_budget,
             eviction_fraction=eviction_fraction,
             clock=clock or self.clock,
+            llm=self.model(llm),
         )
+
+    def model(self, llm: LLM | None) -> LLM:
+        """The model of a manager or an eviction: `llm` inside its provider's limit, else the
+        Memory's.
+
+        Raises:
+            InvalidInputError: `llm` is not an `LLM`.
+        """
+        check_models(llm, None)
+        return self.llm if llm is None else self._limit(llm)
 
     @asynccontextmanager
     async def thread_lock(self, thread_id: str) -> AsyncIterator[None]:
@@ -239,6 +257,10 @@ class ConversationService:
         check_thread_id(thread_id)
         check_count("token_budget", token_budget, minimum=1)
         view = (await self._layout(thread_id, token_budget))[0]
+        goals = await self.store.open_goals(thread_id)
+        if goals:
+            pinned = {m.id for m in view.pinned}
+            view = with_recalled(view, await self.recalled(thread_id, goals, pinned))
         self._shown[thread_id] = Shown(frozenset(m.id for m in [*view.messages, *view.pinned]))
         self._shown.move_to_end(thread_id)
         while len(self._shown) > SHOWN_KEPT:
@@ -250,18 +272,38 @@ class ConversationService:
         inputs = await self.store.viewport_inputs(thread_id, token_budget)
         return layout(thread_id, token_budget, inputs)
 
+    async def recalled(
+        self, thread_id: str, goals: Sequence[Goal], shown: Collection[str], *,
+        whole_thread: bool = False,
+    ) -> list[SearchHit]:
+        """Passive recall: up to `RECALL_HITS` past messages (of this thread and others, best
+        first) that a search for the words of the thread's open `goals` finds, none of
+        `shown` and none of the thread's from its boundary on (the viewport's), unless
+        `whole_thread`. The search asks for as many more as `shown` names (at most
+        `MAX_SEARCH_LIMIT` in all), so a bounded number of hits is read."""
+        words = query_words(" ".join(goal.description for goal in goals))
+        if not words:
+            return []
+        hits = await self.store.search(
+            words, limit=min(MAX_SEARCH_LIMIT, RECALL_HITS + len(shown)), now=self.clock(),
+            exclude_viewport_of=None if whole_thread else thread_id,
+        )
+        return [hit for hit in hits if hit.message_id not in shown][:RECALL_HITS]
+
     async def evict(
-        self, thread_id: str, token_budget: int, eviction_fraction: float
+        self, thread_id: str, token_budget: int, eviction_fraction: float,
+        llm: LLM | None = None,
     ) -> EvictionResult:
         """See `Memory.evict`."""
         check_thread_id(thread_id)
         check_count("token_budget", token_budget, minimum=1)
         check_fraction(eviction_fraction)
+        model = self.model(llm)
         async with self._evict_locks.hold(thread_id):
-            return await self.evictor.evict(thread_id, token_budget, eviction_fraction)
+            return await self.evictor.evict(thread_id, token_budget, eviction_fraction, model)
 
     async def auto_evict(
-        self, thread_id: str, token_budget: int, eviction_fraction: float
+        self, thread_id: str, token_budget: int, eviction_fraction: float, llm: LLM
     ) -> list[EvictionResult]:
         """Evicts until the viewport of `token_budget` shows every message from the boundary
         on beside its pins and snapshots (or nothing more can leave); returns the evictions.
@@ -276,7 +318,7 @@ class ConversationService:
             while (await self._layout(thread_id, token_budget))[1]:
                 try:
                     result = await self.evictor.evict(thread_id, token_budget,
-                                                      eviction_fraction)
+                                                      eviction_fraction, llm)
                 except NotFoundError:
                     break
                 if result.boundary_after == result.boundary_before:
@@ -354,6 +396,10 @@ class ConversationService:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             await self.store.clear(thread_id)
 
+    async def pop(self, thread_id: str) -> Message | None:
+        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+            return await self.store.pop(thread_id)
+
     async def purge(self, thread_id: str) -> int:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)
@@ -398,8 +444,12 @@ def _ttl(ttl: float | timedelta | None) -> float | None:
     if ttl is None:
         return None
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    most = DURATION_CEILINGS["age"]
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not (
-        0 < seconds < float("inf")
+        0 < seconds <= most
     ):
-        raise InvalidInputError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        raise InvalidInputError(
+            f"ttl must be a positive number of seconds, at most {most:,.0f} (100 years), "
+            f"got {ttl!r}"
+        )
     return float(seconds)

@@ -21,6 +21,10 @@ together exceed even that are left out whole, never cut: `Viewport.pins_left_out
 them, and they stay where nothing hides them (before the boundary, inside a snapshot's range,
 and found by a search that excludes the viewport).
 
+Passive recall comes last (`with_recalled`): past messages found for the open goals take
+what room is still left, up to `RECALL_SHARE` of the budget and `RECALL_HITS` messages;
+eviction keeps no room for them, so they never push a message, a pin or a snapshot out.
+
 The eviction zone is the oldest part of what lies past the boundary: messages from the
 boundary until they reach `eviction_fraction` of the budget (or of what is there, when that
 is less), never the newest message unless it alone exceeds the budget, at least one message,
@@ -32,10 +36,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
-from mnemo.conversation.model import Message, Snapshot, Viewport
+from mnemo.conversation.model import Message, SearchHit, Snapshot, Viewport
 from mnemo.conversation.ports import ViewportInputs
+from mnemo.conversation.render import recalled_line
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 
 L1_SHARE = 0.15
@@ -48,6 +54,9 @@ MEMORY_SHARE = 0.25
 PIN_SHARE = 0.5
 # Level-1 snapshots fold into a level-2 one once this many are uncovered.
 FOLD_AFTER = 5
+# Passive recall: at most this many past messages, in at most this share of the budget.
+RECALL_HITS = 5
+RECALL_SHARE = 0.1
 
 T = TypeVar("T")
 
@@ -69,17 +78,16 @@ def _fit_newest(items: Iterable[tuple[int, T]], allowance: float) -> tuple[list[
     return kept, used
 
 
-def _fit_each(pins: Sequence[Message], allowance: float) -> tuple[list[Message], int]:
-    """The pins (given newest first) that fit in `allowance`, newest first, skipping any that
-    does not (pins are no contiguous stretch: a long one left out hides no shorter one);
-    returned oldest first with their cost."""
-    kept: list[Message] = []
+def _fit_each(items: Iterable[tuple[int, T]], allowance: float) -> tuple[list[T], int]:
+    """The items (with their cost, in the order given) that fit in `allowance`, skipping any
+    that does not (pins and recalled messages are no contiguous stretch: a long one left out
+    hides no shorter one), with their cost."""
+    kept: list[T] = []
     used = 0
-    for pin in pins:
-        if used + pin.tokens <= allowance:
-            kept.append(pin)
-            used += pin.tokens
-    kept.reverse()
+    for cost, item in items:
+        if used + cost <= allowance:
+            kept.append(item)
+            used += cost
     return kept, used
 
 
@@ -94,7 +102,9 @@ def layout(
     `token_budget`.
     """
     boundary = inputs.boundary_seq
-    pinned, pins_used = _fit_each(inputs.pinned, token_budget * PIN_SHARE)
+    # Fitted newest first, kept oldest first: the order they are given up in below.
+    pinned, pins_used = _fit_each(((m.tokens, m) for m in inputs.pinned), token_budget * PIN_SHARE)
+    pinned.reverse()
     memory = token_budget * MEMORY_SHARE
     l1, l1_used = _fit_newest(
         ((snapshot_tokens(s), s) for s in inputs.level1),
@@ -136,7 +146,8 @@ def layout(
     # The room left goes to the pins not shown yet (those past their share, or given up).
     shown_ids = {m.id for m in pinned}
     more, more_used = _fit_each(
-        [m for m in inputs.pinned if m.id not in shown_ids], token_budget - memory_used - used
+        ((m.tokens, m) for m in inputs.pinned if m.id not in shown_ids),
+        token_budget - memory_used - used,
     )
     memory_used += more_used
     pinned = sorted([*pinned, *more], key=lambda m: m.seq)
@@ -153,6 +164,16 @@ def layout(
         pins_left_out=[m.id for m in reversed(inputs.pinned) if m.id not in shown_ids],
     )
     return viewport, crowded
+
+
+def with_recalled(view: Viewport, hits: Sequence[SearchHit]) -> Viewport:
+    """`view` with the recalled `hits` (best first) that fit in the room it leaves, up to
+    `RECALL_SHARE` of its budget, skipping any that does not fit."""
+    room = min(view.token_budget * RECALL_SHARE, view.token_budget - view.tokens)
+    kept, used = _fit_each(
+        ((count_tokens(recalled_line(hit)) + MESSAGE_OVERHEAD, hit) for hit in hits), room
+    )
+    return replace(view, recalled=kept, tokens=view.tokens + used)
 
 
 def eviction_zone(

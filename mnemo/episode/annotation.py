@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.calls.tasks import ask
 from mnemo.episode.model import StepRecord
 from mnemo.episode.prompts import (

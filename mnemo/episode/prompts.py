@@ -8,13 +8,12 @@ wrong, while `parse_reward` never raises (an unreadable reward is the neutral 0.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated
 
-from mnemo.calls.tasks import preview, reply_data, task_request
+from mnemo.calls.reply import Meta, Reply, preview, read_reply, reply_data, reply_schema, text
+from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Meta, Reply, read_reply, reply_schema, text
 
 NEUTRAL_REWARD = 0.5
 
@@ -134,7 +133,7 @@ def parse_subgoal(resp: LLMResponse) -> str:
     Raises:
         ValueError: when the reply is not an object or its "subgoal" is missing or blank.
     """
-    subgoal = read_reply(reply_data(resp), SubgoalReply, "subgoal").subgoal
+    subgoal = read_reply(resp, SubgoalReply, "subgoal").subgoal
     if not subgoal.strip():
         raise ValueError("subgoal is blank")
     return subgoal.strip()
@@ -196,13 +195,7 @@ def parse_reward(resp: LLMResponse) -> float:
     Accepts {"reward": number}, a bare number, or a number (or JSON object) in `text`.
     Never raises.
     """
-    data = resp.data
-    if data is None and isinstance(resp.text, str):
-        text = resp.text.strip()
-        try:
-            data = json.loads(text) if text else None
-        except ValueError:
-            data = None
+    data = reply_data(resp)
     if isinstance(data, dict):
         data = data.get("reward")
     if isinstance(data, str):

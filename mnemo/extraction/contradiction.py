@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from mnemo.calls.tasks import reply_data, task_request
+from mnemo.calls.reply import MOST_ITEMS, Reply, bounded, items, read_reply, reply_schema
+from mnemo.calls.tasks import task_request
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import MOST_ITEMS, Reply, bounded, items, read_reply, reply_schema
 
 
 class ContradictionReply(Reply, frozen=True):
@@ -63,7 +63,7 @@ def parse_contradiction(resp: LLMResponse, pairs: Sequence[tuple[int, int]],
     Raises:
         ValueError: when the reply is not {"contradicted": [int, ...]}.
     """
-    listed = read_reply(reply_data(resp), ContradictionReply, "contradiction").contradicted
+    listed = read_reply(resp, ContradictionReply, "contradiction").contradicted
     ended: list[set[int]] = [set() for _ in range(questions)]
     for k in listed:
         if 0 <= k < len(pairs):

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo import text as _text
 from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError

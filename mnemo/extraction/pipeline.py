@@ -32,7 +32,7 @@ from typing import TypeVar
 import anyio
 import anyio.lowlevel
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
 from mnemo.episode.prompts import NEUTRAL_REWARD, parse_reward, reward_request

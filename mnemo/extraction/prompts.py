@@ -16,10 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated
 
-from mnemo.calls.tasks import preview, reply_data, task_request
-from mnemo.extraction.model import Fact, Instruction
-from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import (
+from mnemo.calls.reply import (
     MOST_ITEMS,
     UNSET,
     Meta,
@@ -27,10 +24,15 @@ from mnemo.reply import (
     UnsetType,
     bounded,
     items,
+    preview,
     read_reply,
+    reply_data,
     reply_schema,
     text,
 )
+from mnemo.calls.tasks import task_request
+from mnemo.extraction.model import Fact, Instruction
+from mnemo.ports import LLMRequest, LLMResponse
 
 DEFAULT_CONFIDENCE = 0.5
 MIN_RETURN, MAX_RETURN = 1, 10
@@ -40,8 +42,9 @@ Steps = Sequence[Mapping[str, object]]
 
 # ---- semantic -----------------------------------------------------------------------------
 
-# The bounds of a reply (`mnemo.reply.text`, `items`): what a grammar-bound model may write, so
-# that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded replies".
+# The bounds of a reply (`mnemo.calls.reply.text`, `items`): what a grammar-bound model may
+# write, so that its reply fits the task's max_tokens (`most_tokens`); DECISIONS.md, "Bounded
+# replies".
 class FactReply(Reply, frozen=True):
     proposition: Annotated[str, text(200)]
     concepts: Annotated[list[Annotated[str, text(24)]], items(5)] | None = None
@@ -103,7 +106,7 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    reply = read_reply(reply_data(resp), SemanticReply, "semantic")
+    reply = read_reply(resp, SemanticReply, "semantic")
     facts: list[Fact] = []
     seen: set[str] = set()
     for i, item in enumerate(reply.facts):
@@ -164,11 +167,12 @@ Reply with JSON: {"instructions": [{"intent", "condition", "instruction",
 # The procedural task of the trajectory that ends an episode also scores its last step, whose
 # reward no next observation gave (`close` scores it).
 class ScoringReply(ProceduralReply, frozen=True):
-    # A number from 0 to 1 (clamped when read); a string that reads as one is taken too, and
-    # one that does not only has the "reward" task asked after: never a reason to refuse the
-    # procedures (so `parse_procedural` reads it from the reply as it came). Required in the
-    # schema, so a grammar-bound model writes it (left optional, SmolLM2 left it out 18
-    # times in 20); read as None when a model forgets it.
+    # A number from 0 to 1 (clamped when read); a string that reads as one is taken too.
+    # Asked for, never required: a reply without it, or with one that reads as no number, is
+    # the API contract's procedural reply, and the "reward" task scores the step instead
+    # (`parse_procedural` reads it from the reply as it came, never a reason to refuse the
+    # procedures). Required in the schema, so a grammar-bound model writes it (left optional,
+    # SmolLM2 left it out 18 times in 20).
     last_reward: float | Annotated[str, text(16)] | None = None
 
 
@@ -228,7 +232,7 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    reply = read_reply(reply_data(resp), ProceduralReply, "procedural")
+    reply = read_reply(resp, ProceduralReply, "procedural")
     out: list[Instruction] = []
     seen: set[str] = set()
     for i, item in enumerate(reply.instructions):
@@ -313,7 +317,7 @@ def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
     Raises:
         ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.
     """
-    reply = read_reply(reply_data(resp), ReturnReply, "return")
+    reply = read_reply(resp, ReturnReply, "return")
     scores: dict[int, int] = {}
     for i, item in enumerate(reply.scores):
         if math.isnan(item.return_score):
@@ -357,7 +361,7 @@ def parse_merged_intent(resp: LLMResponse) -> str:
     Raises:
         ValueError: when the reply is not an object with a non-blank "intent" string.
     """
-    reply = read_reply(reply_data(resp), MergedReply, "merge_intent")
+    reply = read_reply(resp, MergedReply, "merge_intent")
     return _required_text(reply.intent, "merge_intent reply.intent")
 
 
@@ -403,7 +407,7 @@ def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
     Raises:
         ValueError: when the reply is not {"intents": [{"index": int, "intent": str}, ...]}.
     """
-    reply = read_reply(reply_data(resp), MergedPairsReply, "merge_intents")
+    reply = read_reply(resp, MergedPairsReply, "merge_intents")
     merged: dict[int, str] = {}
     for item in reply.intents:
         text = item.intent.strip()
@@ -413,10 +417,6 @@ def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:
 
 
 # ---- shared field readers -----------------------------------------------------------------
-
-
-
-
 
 
 def _required_text(value: str, where: str) -> str:

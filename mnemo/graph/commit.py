@@ -155,7 +155,13 @@ async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPol
                 changeset.repo, np.stack([d.vector for d in drafts]), kind,
                 max(NEAREST, intents.contradiction_candidates))
             nearest.update(zip([d.id for d in drafts], found, strict=True))
-    retiring = (
+    # The facts the changeset says its own facts supersede (a correction) are retired as
+    # contradicted ones are, unasked; the others are asked before the lock, as merges are:
+    # one slow provider must not stall the repo's commits.
+    retiring = [
+        contradiction.Retirement(link.dst, link.src, None)
+        for link in changeset.links if link.type is LinkType.SUPERSEDES
+    ] + (
         await contradiction.retirements(
             target, changeset, intents.contradicts, intents.contradiction_candidates,
             intents.contradiction_similarity, nearest,
@@ -437,7 +443,10 @@ async def _apply_locked(
         changeset_id=changeset.id,
         nodes=nodes,
         rewordings=rewordings,
-        links=remap_links(changeset.links, resolution) + [
+        links=remap_links(
+            [link for link in changeset.links if link.type is not LinkType.SUPERSEDES],
+            resolution,
+        ) + [
             Link(r.successor, r.retired, LinkType.SUPERSEDES) for r in retired
         ],
         receipt=CommitReceipt(changeset.id, repo, [NodeId(n.id) for n, _, _ in nodes],

@@ -1,8 +1,11 @@
-"""Bi-temporal facts: the times a SEMANTIC or PROCEDURAL node is stored with."""
+"""Bi-temporal facts: the times a SEMANTIC or PROCEDURAL node is stored with, and a fact's
+correction."""
 
 from __future__ import annotations
 
-from mnemo.graph.model import NodeDraft, NodeType
+import uuid
+
+from mnemo.graph.model import Changeset, Link, LinkType, Node, NodeDraft, NodeType, Vector
 
 TEMPORAL = frozenset({NodeType.SEMANTIC, NodeType.PROCEDURAL})
 
@@ -13,3 +16,17 @@ def times(node: NodeDraft, recorded: str) -> tuple[str | None, str | None]:
     if node.type not in TEMPORAL:
         return None, None
     return recorded, recorded if node.valid_from is None else node.valid_from.isoformat()
+
+
+def correction(repo: str, old: Node, text: str, vector: Vector, generation: int) -> Changeset:
+    """A changeset of one fact, `text` (of `old`'s type and data), that supersedes `old`:
+    committed, it retires `old` as a contradicting fact does (`mnemo.graph.contradiction`:
+    kept, with `valid_to`, linked from its successor by SUPERSEDES)."""
+    new_id = f"{old.type.value}_{uuid.uuid4().hex}"
+    return Changeset(
+        id=f"changeset_{uuid.uuid4().hex}",
+        repo=repo,
+        nodes=[NodeDraft(new_id, old.type, text, dict(old.data), vector)],
+        links=[Link(new_id, old.id, LinkType.SUPERSEDES)],
+        generation=generation,
+    )

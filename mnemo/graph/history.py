@@ -19,6 +19,7 @@ does a fact or an instruction a later commit joined: sharing is not building on.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -174,3 +175,21 @@ async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
         return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
                 "that a later change made (consolidate)")
     return None
+
+
+async def goals(
+    read: Callable[[str], Awaitable[Node | None]], records: Iterable[CommitRecord]
+) -> dict[str, str]:
+    """Each commit's goal, by commit id: the text of the SOURCE node it added (the goal of
+    the session's episode it committed, or of an ingested trajectory), read with `read`.
+    None for a commit that added no source (a correction) or whose source is erased."""
+    found: dict[str, str] = {}
+    for record in records:
+        # A node's id starts with its type (`source_episode_...`, `source_ingest_...`).
+        for node_id in record.node_ids:
+            if node_id.startswith(f"{NodeType.SOURCE.value}_"):
+                node = await read(node_id)
+                if node is not None and node.type is NodeType.SOURCE:
+                    found[record.id] = node.text
+                    break
+    return found

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
@@ -109,6 +109,22 @@ def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
         raise InvalidInputError(f"trajectory is not JSON-serialisable: {exc}") from exc
 
 
+def check_ingest(
+    trajectory: Trajectory, source_id: str, progress: Progress | None, config: Config
+) -> str:
+    """An ingest's input checked against the repo's `config`; returns its payload
+    (`payload_of`).
+
+    Raises:
+        InvalidInputError: a source id that is no name (`inputs.check_name`), a `progress`
+            that is not callable, or what `payload_of` refuses.
+    """
+    check_name(source_id, "source_id")
+    if progress is not None and not callable(progress):
+        raise InvalidInputError(f"progress must be a callable, got {progress!r}")
+    return payload_of(trajectory, config)
+
+
 class IngestService:
     """Ingest and forget for every repo of one `Memory`."""
 
@@ -135,11 +151,8 @@ class IngestService:
             ConflictError: the source id is taken by a different payload.
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
-        check_name(source_id, "source_id")
-        if progress is not None and not callable(progress):
-            raise InvalidInputError(f"progress must be a callable, got {progress!r}")
         runtime = self._runtime(repo)
-        payload = payload_of(trajectory, runtime.config)
+        payload = check_ingest(trajectory, source_id, progress, runtime.config)
         digest = hashlib.sha256(payload.encode()).hexdigest()
         key = (repo, source_id)
         total = len(trajectory.steps)

@@ -1,56 +1,51 @@
-"""`mnemo mcp`: a stdio MCP server (the official `mcp` SDK's `MCPServer`) over a store.
+"""The tools of `mnemo mcp` (`MemoryTools`) over a store, and the Memories they run on
+(`open_tools`); `mnemo.mcp.transport` serves them over stdio or streamable HTTP.
 
 The reads go through a `Memory` opened for inspection, which never resumes or takes over
-work and records no repo's settings; the session tools go through a `Memory` that works,
-opened at the first of them. Both live as long as the server, so sessions started by one tool
-call are there for the next, and what a session commits is recalled by later calls. Every tool
-returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never more than
-`mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its one-line
-message (clipped), which the agent can read and act on; anything else is a crash, logged with
-its traceback, of which the agent sees only the tool's name.
+work and records no repo's settings; so do the edits a caller asks for by name (`forget`,
+`correct`), which need no background work; the session tools go through a `Memory` that
+works, opened at the first of them. Both live as long as the server, so sessions started by
+one tool call are there for the next, and what a session commits is recalled by later calls.
+Every tool returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never
+more than `mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its
+one-line message (clipped), which the agent can read and act on.
 
 Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
 `<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
 that root: the caller is an agent, and a prompt it read must not steer writes elsewhere.
-
-`mcp` is imported only here, when the server starts: it is heavy (pydantic, starlette), and
-`import mnemo` runs nothing it does not need.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import anyio
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from mnemo.config import Config
-from mnemo.errors import MnemoError, NotFoundError
+from mnemo.errors import InvalidInputError, MnemoError, NotFoundError
 from mnemo.jsonable import label, session_json, step_json
 from mnemo.mcp import _output
 from mnemo.memory import Memory
 from mnemo.memoryfiles import MemoryFiles
 from mnemo.ports import LLM, Embedder
 from mnemo.tools import ERROR_CHARS, SNIPPET_CHARS, clip
-from mnemo.version import installed_version
-
-if TYPE_CHECKING:
-    from mcp.server import MCPServer
 
 INSTRUCTIONS = """\
 mnemo is long-term memory. Before a task, `recall` what the repo knows about it (snippets;
 `get_node` reads one memory whole). While working,
 `start_session` with the task's goal, `append` each step (what you observed, what you did), and
 `close_and_commit` at the end: the steps become facts and procedures that later `recall` calls
-find (`discard_session` drops a failed extraction, `end_session` ends a session). `save_messages`
-stores a conversation, and `search_messages` and `view_messages` search stored conversations;
-`list_repos` and `list_sessions` show what there is; `persist_memory` files a statement to
-remember under a topic, and `recall_memory` reads those topic files back."""
+find (`discard_session` drops a failed extraction, `end_session` ends a session). `correct`
+replaces a wrong fact (the old one is kept, retired), `forget` erases memories for good.
+`save_messages` stores a conversation (`append_messages` its new messages alone), and
+`search_messages` and `view_messages` search stored conversations; `list_repos` and
+`list_sessions` show what there is; `persist_memory` files a statement to remember under a
+topic, and `recall_memory` reads those topic files back."""
 
 TOOL_NAMES = (
     "recall",
@@ -58,6 +53,7 @@ TOOL_NAMES = (
     "search_messages",
     "view_messages",
     "save_messages",
+    "append_messages",
     "list_repos",
     "list_sessions",
     "start_session",
@@ -65,6 +61,8 @@ TOOL_NAMES = (
     "close_and_commit",
     "discard_session",
     "end_session",
+    "forget",
+    "correct",
     "persist_memory",
     "recall_memory",
 )
@@ -118,7 +116,7 @@ class MemoryTools:
     ) -> None:
         self._mem = mem
         self._worker = worker
-        self._reinforce = reinforce
+        self.reinforce = reinforce
         # The model the server was started with files memory statements (None: offline).
         self._llm = llm
         self._memory_dir = memory_dir
@@ -140,7 +138,7 @@ class MemoryTools:
         all). Errors: an unknown repo, a blank query."""
         with _as_tool_error():
             await self._check(repo)
-            found = await self._mem.recall(repo, query, k=k, reinforce=self._reinforce)
+            found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce)
             return _dumps(_output.recall_output(found))
 
     async def get_node(
@@ -160,6 +158,47 @@ class MemoryTools:
             if node is None:
                 raise NotFoundError("node", clip(node_id, 100))
             return _dumps(_output.node_output(node, offset))
+
+    async def forget(
+        self,
+        repo: Annotated[str, Field(description="The repo to erase memories from.")],
+        node_ids: Annotated[
+            list[str] | None, Field(description="Nodes to erase (ids from recall or get_node).")
+        ] = None,
+        source_id: Annotated[
+            str | None, Field(description="An ingested source: every node it produced.")
+        ] = None,
+    ) -> str:
+        """Erases memories for good: the nodes named, or everything an ingested source
+        produced, with their links, vectors and search entries (the history keeps no trace of
+        their text). Give node_ids or source_id, not both. Returns how many nodes went; to
+        replace a wrong fact and keep its trail, use `correct`. Errors: an unknown repo."""
+        # TODO(#50): a `where` scope (metadata), through Memory.forget_where once it exists.
+        with _as_tool_error():
+            if (node_ids is None) == (source_id is None):
+                raise InvalidInputError("forget takes node_ids or source_id, one of them")
+            await self._check(repo)
+            if source_id is not None:
+                count = await self._mem.forget(repo, source_id)
+            else:
+                count = await self._mem.delete_nodes(repo, node_ids or [])
+            return _dumps({"forgotten": count})
+
+    async def correct(
+        self,
+        repo: Annotated[str, Field(description="The repo the fact is in.")],
+        node_id: Annotated[str, Field(description="The wrong fact's id (from recall).")],
+        text: Annotated[str, Field(description="The fact as it should read, self-contained.")],
+    ) -> str:
+        """Corrects a fact: stores the text as a new fact and retires the old one, which
+        stays, marked retired and superseded by the new one (recall ranks it below). The
+        correction is a commit of the repo's history. Returns the new fact's id and the
+        commit's. Errors: an unknown repo or node, a node that is not a live fact (semantic
+        or procedural, not retired)."""
+        with _as_tool_error():
+            await self._check(repo)
+            receipt = await self._mem.correct(repo, node_id, text)
+            return _dumps({"node_id": receipt.node_ids[0], "commit_id": receipt.changeset_id})
 
     async def _working(self) -> Memory:
         return self._mem if self._worker is None else await self._worker()
@@ -213,13 +252,31 @@ class MemoryTools:
     ) -> str:
         """Stores a conversation thread's messages (for `search_messages` and
         `view_messages`): pass the whole history each time, and only the new messages are
-        appended. Returns how many were added and the thread's length."""
+        appended. A history that does not begin with the stored messages (a window of the
+        latest ones) is an error that stores nothing: `append_messages` takes new messages
+        only. Returns how many were added and the thread's length."""
         with _as_tool_error():
-            conversation = self._mem.conversation()
-            before = len(await conversation.raw(thread_id))
-            await conversation.save(thread_id, messages)
-            total = len(await conversation.raw(thread_id))
-            return _dumps({"thread_id": thread_id, "added": total - before, "messages": total})
+            return await self._stored(thread_id, await self._mem.conversation().save(
+                thread_id, messages))
+
+    async def append_messages(
+        self,
+        thread_id: Annotated[str, Field(description="The conversation thread's id.")],
+        messages: Annotated[
+            list[dict[str, Any]],
+            Field(description="New messages only: dicts with role and content."),
+        ],
+    ) -> str:
+        """Adds messages after a conversation thread's stored ones, all of them (for a client
+        that keeps a window of its history: pass only what is new). Returns how many were
+        added and the thread's length."""
+        with _as_tool_error():
+            return await self._stored(thread_id, await self._mem.conversation().append(
+                thread_id, messages))
+
+    async def _stored(self, thread_id: str, added: Sequence[object]) -> str:
+        total = len(await self._mem.conversation().raw(thread_id))
+        return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
     async def list_repos(
         self,
@@ -377,45 +434,6 @@ def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
     }
 
 
-def validation_message(tool: str, exc: ValidationError) -> str:
-    """A rejected call's arguments as one line: each field and what is wrong with it (never
-    the value, which is the caller's data)."""
-    problems = [
-        f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-        for error in exc.errors()
-    ]
-    return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
-
-
-def build_server(tools: MemoryTools) -> MCPServer:
-    """An `MCPServer` named "mnemo" (with mnemo's version) exposing `tools`' methods
-    (`TOOL_NAMES`), each described by its docstring without the source's indentation."""
-    from mcp.server import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
-
-    class _Server(MCPServer):
-        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
-            try:
-                return await super().call_tool(name, arguments, context)
-            except ToolError as exc:
-                # pydantic's report spans lines and repeats the input; the agent gets one line.
-                if isinstance(exc.__cause__, ValidationError):
-                    raise ToolError(validation_message(name, exc.__cause__)) from exc.__cause__
-                raise
-
-    server = _Server(
-        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version()
-    )
-    for name in TOOL_NAMES:
-        method = getattr(tools, name)
-        # structured_output=False: the result is the JSON text itself, not wrapped again.
-        server.add_tool(
-            method, name=name, description=inspect.cleandoc(method.__doc__ or ""),
-            structured_output=False,
-        )
-    return server
-
-
 @asynccontextmanager
 async def open_tools(
     store: str | Path,
@@ -449,30 +467,3 @@ async def open_tools(
             reader, memory_dir or default_memory_dir(Path(store)),
             memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm,
         )
-
-
-async def serve(
-    store: str | Path,
-    *,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    memory_dir: Path | None = None,
-    memory_updates: bool = True,
-    reinforce: bool = False,
-    config: Config | None = None,
-) -> None:
-    """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
-    closes it.
-
-    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
-    given, they apply to this server's calls and are recorded only by a repo it creates.
-    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
-    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
-    `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
-    and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
-    """
-    async with open_tools(
-        store, llm=llm, embedder=embedder, memory_dir=memory_dir,
-        memory_updates=memory_updates, reinforce=reinforce, config=config,
-    ) as tools:
-        await build_server(tools).run_stdio_async()

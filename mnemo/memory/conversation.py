@@ -6,19 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from mnemo.conversation.manager import ConversationManager
-from mnemo.conversation.model import (
-    Compression,
-    EvictionResult,
-    MessageView,
-    Retrieval,
-    SearchHit,
-    ThreadInfo,
-    Viewport,
-)
-from mnemo.conversation.service import DEFAULT_RETRIEVAL
 from mnemo.memory.parts import Parts
+from mnemo.ports import LLM
+
+if TYPE_CHECKING:
+    from mnemo.conversation.manager import ConversationManager
+    from mnemo.conversation.model import (
+        Compression,
+        EvictionResult,
+        MessageView,
+        Retrieval,
+        SearchHit,
+        ThreadInfo,
+        Viewport,
+    )
 
 
 class ConversationMethods(Parts):
@@ -29,30 +32,38 @@ class ConversationMethods(Parts):
     def conversation(
         self,
         *,
-        retrieval: Retrieval = DEFAULT_RETRIEVAL,
+        retrieval: Retrieval | None = None,
         compression: Compression | Sequence[Compression] | None = None,
         ttl: float | timedelta | None = None,
         auto_evict_budget: int | None = None,
         eviction_fraction: float = 0.33,
         clock: Callable[[], datetime] | None = None,
+        llm: LLM | None = None,
     ) -> ConversationManager:
         """A `ConversationManager` over this Memory's database: `retrieval` is `Recent(k)`
-        or `Semantic(k)`, `compression` a `Summary`, a `ToolOutputPruner`, a list of both or
-        None, `ttl` seconds after which raw messages are erased (at load). With
-        `auto_evict_budget`, each save evicts when the tokens past the boundary exceed it.
+        or `Semantic(k)` (None: `Recent(k=10)`), `compression` a `Summary`, a
+        `ToolOutputPruner`, a list of both or None, `ttl` seconds after which raw messages
+        are erased (at load). With `auto_evict_budget`, each save evicts when the tokens past
+        the boundary exceed it.
         `clock` (a callable returning an aware datetime) stamps messages and judges the ttl.
+        `llm` (a fast model, say) writes the manager's summaries and runs its evictions,
+        instead of the Memory's model.
 
         Raises:
             InvalidInputError: a policy of the wrong type, a ttl that is not a positive
-                number, or a bad auto-eviction budget or fraction.
+                number of seconds of at most 100 years, a bad auto-eviction budget or
+                fraction, or an `llm` that is not one.
         """
+        from mnemo.conversation.service import DEFAULT_RETRIEVAL
+
         return self._conversations.manager(
-            retrieval=retrieval,
+            retrieval=DEFAULT_RETRIEVAL if retrieval is None else retrieval,
             compression=compression,
             ttl=ttl,
             auto_evict_budget=auto_evict_budget,
             eviction_fraction=eviction_fraction,
             clock=clock,
+            llm=llm,
         )
 
     async def list_threads(self) -> list[ThreadInfo]:
@@ -62,8 +73,9 @@ class ConversationMethods(Parts):
 
     async def viewport(self, thread_id: str, *, token_budget: int) -> Viewport:
         """What the agent sees of the thread within `token_budget` tokens: the messages from
-        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots and
-        messages pinned to open goals (see `mnemo.Viewport`). An unknown thread is empty.
+        the eviction boundary on (the newest that fit), level-1 and level-2 snapshots,
+        messages pinned to open goals and past messages recalled for them (see
+        `mnemo.Viewport`). An unknown thread is empty.
 
         Raises:
             InvalidInputError: a blank thread id or a budget below 1.
@@ -71,18 +83,21 @@ class ConversationMethods(Parts):
         return await self._conversations.viewport(thread_id, token_budget)
 
     async def evict(
-        self, thread_id: str, *, token_budget: int, eviction_fraction: float = 0.33
+        self, thread_id: str, *, token_budget: int, eviction_fraction: float = 0.33,
+        llm: LLM | None = None,
     ) -> EvictionResult:
         """Moves the oldest `eviction_fraction` of the viewport (never its newest message)
-        out of it: the LLM saves a snapshot and pins what must stay word for word, and the
-        boundary always advances, even when the LLM fails. One eviction runs per thread at a
-        time; a second one waits and starts from the new boundary.
+        out of it: the LLM (`llm`, else the Memory's) saves a snapshot and pins what must
+        stay word for word, and the boundary always advances, even when the LLM fails
+        (`EvictionResult.error` then says why). One eviction runs per thread at a time; a
+        second one waits and starts from the new boundary.
 
         Raises:
-            InvalidInputError: a blank thread id, a budget below 1 or a fraction outside (0, 1].
+            InvalidInputError: a blank thread id, a budget below 1, a fraction outside
+                (0, 1], or an `llm` that is not one.
             NotFoundError: the thread was never saved.
         """
-        return await self._conversations.evict(thread_id, token_budget, eviction_fraction)
+        return await self._conversations.evict(thread_id, token_budget, eviction_fraction, llm)
 
     async def add_goal(self, thread_id: str, description: str) -> str:
         """Adds an open goal to the thread; eviction may pin messages to it. Returns its id.

@@ -17,46 +17,50 @@ and ingest. The methods over sessions, the graph and conversation threads are in
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from pathlib import Path
+from importlib.util import find_spec
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from anyio.abc import TaskStatus
 
-from mnemo.calls.slots import LimitedLLM
 from mnemo.config import Config
-from mnemo.conversation.service import ConversationService
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
-from mnemo.events import EventCallback, Events
-from mnemo.graph.blas import limit_blas_threads
-from mnemo.graph.model import NodeType
-from mnemo.graph.ports import VectorsMoved
-from mnemo.graph.reads import GraphReads
-from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
-from mnemo.ingest.service import IngestRuntime, IngestService
-from mnemo.inputs import check_id, check_text
+from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store, check_text
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
-from mnemo.memory.repos import Repos
 from mnemo.memory.sessions import SessionMethods
-from mnemo.ports import LLM, Embedder, Usage
-from mnemo.recall.engine import RecallResult
-from mnemo.recall.service import RecallRuntime, RecallService
-from mnemo.session.host import TaskHost
-from mnemo.session.service import SessionService
-from mnemo.storage.ports import open_backend
+
+if TYPE_CHECKING:
+    from mnemo.events import EventCallback
+    from mnemo.graph.model import NodeType
+    from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
+    from mnemo.ports import LLM, Embedder, Usage
+    from mnemo.recall.engine import RecallResult
 
 T = TypeVar("T")
+
+# SQLite's `synchronous` settings a Memory takes (WAL makes NORMAL durable against a killed
+# process; FULL and EXTRA against power loss).
+SYNCHRONOUS = ("NORMAL", "FULL", "EXTRA")
 
 
 class Memory(SessionMethods, GraphMethods, ConversationMethods):
     """An agent's memory in one SQLite file (or `":memory:"`), or a PostgreSQL database.
 
-    `llm=None` is the offline LLM (deterministic heuristics, no network); `embedder=None` the
-    embedded default embedder. Use it as an async context manager, or call `aclose()`.
+    `path` is a SQLite file's path (a `str` or an `os.PathLike`), `":memory:"`, or a
+    PostgreSQL URL; anything else (a number, bytes, a blank or NUL-holding path, a URL of
+    another scheme), like an `on_event` that is not callable, is `InvalidInputError` before
+    anything is created. `llm=None` is the offline LLM (deterministic heuristics, no
+    network); `embedder=None` the embedded default embedder. Use it as an async context
+    manager, or call `aclose()`. It closes only what it made: the models passed to it, to
+    `open_repo` or `start_session` stay open for their owner, who may share them with other
+    Memory objects. Opening one that works ends the store's idle sessions past their
+    `Config.idle_session_timeout`, whichever process left them (`session.timers`).
 
     `inspect=True` opens the store to look inside it (the command line's reads, the web app,
     an MCP server's read tools): the Memory does no work of its own. It starts no background
@@ -71,7 +75,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     def __init__(
         self,
-        path: str | Path = ":memory:",
+        path: str | os.PathLike[str] = ":memory:",
         *,
         llm: LLM | None = None,
         embedder: Embedder | None = None,
@@ -80,56 +84,42 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         synchronous: str = "NORMAL",
         inspect: bool = False,
     ) -> None:
+        path = check_store(path)
+        check_models(llm, embedder)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        if on_event is not None and not callable(on_event):
+            raise InvalidInputError(f"on_event must be callable or None, got {on_event!r}")
+        if not isinstance(synchronous, str) or synchronous.upper() not in SYNCHRONOUS:
+            raise InvalidInputError(
+                f"synchronous must be one of {', '.join(SYNCHRONOUS)}, got {synchronous!r}"
+            )
         self._config = config or Config()
         self._inspect = inspect
-        self._backend = open_backend(
-            path,
-            dims=self._dim,
-            busy_timeout=self._config.busy_timeout,
-            synchronous=synchronous,
-            lexical_dir=self._config.lexical_dir,
-            ann_dir=self._config.ann_dir,
-        )
-        self._sessions_store = self._backend.sessions
-        self._repos = repos = Repos(self._config, llm, embedder, self._sessions_store.load_repos)
-        self._events = Events(on_event)
-        self._graph = self._backend.graph
-        self._service = SessionService(
-            store=self._sessions_store,
-            coordination=self._backend.coordination,
-            graph=self._graph,
-            events=self._events,
-            repo_runtime=repos.get,
-            llm_for=repos.llm_for,
-            learn_repo=repos.learn,
-            refresh_repo=repos.refresh,
-            lease_timeout=self._config.lease_timeout,
-            last_answer=repos.usage.last_answer,
-        )
-        self._reads = GraphReads(
-            self._graph, known=repos.known, max_chars=repos.max_chars,
-            max_results=repos.max_results,
-        )
-        self._recalls = RecallService(
-            self._graph, self._events, runtime=self._recall_runtime, max_chars=repos.max_chars
-        )
-        self._ingests = IngestService(self._graph, self._ingest_runtime, self._events)
-        self._conversations = ConversationService(
-            self._backend.threads,
-            llm=LimitedLLM(repos.llm, repos.slots(repos.llm, self._config)),
-            embedder=repos.embedder,
-            config=self._config,
-            events=self._events,
-            # A message's age is judged by every Memory on the store: by the store's clock.
-            clock=self._backend.coordination.now,
-        )
-        self._host: TaskHost | None = None
+        self._host = None
+        self._parts = (path, llm, embedder, on_event, synchronous.upper())
+        if _loaded(path) or _without_driver(path):
+            self._build()  # at once (without the driver: raises what to install)
+
+    def _build(self) -> None:
+        """Builds the parts (`memory.assembly`), once their modules are imported."""
+        from mnemo.memory import assembly
+
+        path, llm, embedder, on_event, synchronous = self._parts
+        assembly.build(self, path, llm=llm, embedder=embedder, config=self._config,
+                       on_event=on_event, synchronous=synchronous)
 
     # ---- opening and closing --------------------------------------------------------------
 
     async def __aenter__(self) -> Memory:
+        if "_backend" not in vars(self):
+            # A cold start: the parts' modules are imported off the event loop (their import
+            # takes seconds on a loaded machine).
+            await anyio.to_thread.run_sync(_load, self._parts[0])
+            self._build()
+        from mnemo.graph.blas import limit_blas_threads
+        from mnemo.session.host import TaskHost
+
         limit_blas_threads(self._config.blas_threads)
         await self._backend.open()
         try:
@@ -137,6 +127,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             await self._repos.adopt_profiles(self._sessions_store)
             if self._inspect:
                 return self  # sessions are read from the store when asked, never restored
+            # Idle sessions left behind end before the live ones are restored.
+            await self._service.end_idle()
             live = await self._sessions_store.load_live()
             self._host = TaskHost()
             await self._host.start(self._background)
@@ -163,8 +155,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stops background work (an interrupted extraction resumes on the next open) and
-        closes the database."""
+        """Stops background work (an interrupted extraction resumes on the next open), closes
+        the models this Memory made (never those it was given) and the database."""
+        if "_backend" not in vars(self):
+            return  # never built: nothing was opened
         host, self._host = self._host, None
         try:
             if host is not None:
@@ -198,8 +192,12 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 embedder is given for a repo of the hashed embedder's retired features.
             StorageError: "read_only", a repo the store does not hold on an inspecting Memory.
         """
+        check_id(name, "repo name")
+        check_models(llm, embedder)
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         if self._inspect:
-            await self._repos.learn(name if isinstance(name, str) else None)
+            await self._repos.learn(name)
             if name not in self._repos.names():
                 self._works(f"open_repo of the new repo {name!r}")
         if isinstance(name, str) and name in self._repos.names():
@@ -227,9 +225,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """
         return (await self._repos.known(repo)).config
 
-    def _dim(self, name: str) -> int:
-        return self._repos.dim(name)
-
     def usage(self, session_id: str | None = None, *, repo: str | None = None) -> Usage:
         """Tokens and cost the LLM spent for a session, a repo, or (neither given) everything,
         since this Memory was opened."""
@@ -250,27 +245,34 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         types: Iterable[NodeType] | None = None,
         reinforce: bool | None = None,
         as_of: datetime | None = None,
+        valid_at: datetime | None = None,
     ) -> RecallResult:
         """The repo's memories most relevant to `query`, best first. Each memory returned
         counts as one access (its value grows), unless `reinforce=False`: a look that must not
         change later rankings (an evaluation); on an inspecting Memory, only with
         `reinforce=True`. What holds now comes first: a
         fact a later one contradicted ranks below it and says so (`Recalled.retired`); with
-        `as_of`, the answer is the memory as it stood then (nodes recorded later left out).
+        `as_of`, the answer is the memory as it stood then (nodes recorded later left out);
+        with `valid_at`, the facts that held at that moment (their `valid_from` up to their
+        `valid_to`), alone or with `as_of`.
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, a k below 1, or an `as_of` not a datetime.
+                `Config.max_text_chars`, a k below 1, or an `as_of` or `valid_at` not a
+                datetime.
             NotFoundError: an unknown repo.
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
-        await self._repos.known(repo)
+        from mnemo.recall.service import check_recall
+
+        await self._repos.checked(
+            repo, lambda c: check_recall(c, query, k, types, as_of, valid_at))
         if reinforce is None:
             reinforce = not self._inspect
         chosen = reinforce
         return await self._following_switches(repo, lambda: self._recalls.recall(
-            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of))
+            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of, valid_at=valid_at))
 
     async def _following_switches(
         self, repo: str, call: Callable[[], Awaitable[T]], doing: str = "recalled"
@@ -281,6 +283,8 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         Raises:
             ConflictError: the repo was re-embedded again before the second run.
         """
+        from mnemo.graph.ports import VectorsMoved
+
         for attempt in range(2):
             try:
                 return await call()
@@ -291,14 +295,6 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                     ) from moved
                 await self._repos.refresh(repo, moved.generation)
         raise AssertionError("the second run returns or raises")
-
-    def _recall_runtime(self, repo: str) -> RecallRuntime:
-        runtime = self._repos.embedding(repo)
-        planner = runtime.llm if runtime.config.recall_planner == "llm" else self._repos.offline
-        return RecallRuntime(
-            runtime.embedder, runtime.config, planner, self._repos.llm_for(runtime, repo),
-            runtime.generation,
-        )
 
     # ---- ingest and forget ---------------------------------------------------------------
 
@@ -329,8 +325,11 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
         """
+        from mnemo.ingest.service import check_ingest
+
         self._works("ingest")
-        await self._repos.known(repo)
+        await self._repos.checked(
+            repo, lambda config: check_ingest(trajectory, source_id, progress, config))
         await self._repos.refresh(repo)
         try:
             return await self._ingests.ingest(repo, trajectory, source_id, progress)
@@ -349,18 +348,11 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
             ConflictError: another Memory re-embedded the repo twice while it was forgotten
                 (once, the forget runs again with the repo's new embedder).
         """
+        check_id(source_id, "source_id")
         await self._repos.known(repo)
         await self._repos.refresh(repo)
         return await self._following_switches(
             repo, lambda: self._ingests.forget(repo, source_id), "forgotten")
-
-    def _ingest_runtime(self, repo: str) -> IngestRuntime:
-        runtime = self._repos.embedding(repo)
-        llm = self._repos.llm_for(runtime, repo)
-        return IngestRuntime(
-            llm, runtime.embedder, runtime.config,
-            self._service.intent_policy(runtime, llm, repo), runtime.generation,
-        )
 
     async def recall_in_context(
         self, repo: str, session_id: str, query: str, *, k: int = 10
@@ -374,9 +366,13 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
                 session id that is not a string.
             ConflictError: as `recall`'s.
         """
-        limit = (await self._repos.known(repo)).config.max_text_chars
-        check_text(query, "query", limit=limit, stored=False)
         check_id(session_id, "session_id")
+
+        def check(config: Config) -> int:
+            check_text(query, "query", limit=config.max_text_chars, stored=False)
+            return config.max_text_chars
+
+        limit = await self._repos.checked(repo, check)
         try:
             context = await self._service.context(session_id, steps=3)
         except NotFoundError:
@@ -386,5 +382,27 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         asked = query
         return await self._following_switches(repo, lambda: self._recalls.recall(
             repo, asked, k=k, types=None, reinforce=not self._inspect,
-            session_id=session_id if isinstance(session_id, str) else None,
+            session_id=session_id,
         ))
+
+
+def _loaded(path: str) -> bool:
+    """Whether the parts' modules (with the backend's for `path`) are imported already."""
+    assembly = sys.modules.get("mnemo.memory.assembly")
+    return assembly is not None and assembly.backend_module(path) in sys.modules
+
+
+def _without_driver(path: str) -> bool:
+    """Whether `path` is a PostgreSQL URL and PostgreSQL's driver is not installed."""
+    if not path.startswith(POSTGRES_SCHEMES):
+        return False
+    try:
+        return find_spec("psycopg") is None
+    except ValueError:  # a module set to None in sys.modules: as if not installed
+        return True
+
+
+def _load(path: str) -> None:
+    from mnemo.memory import assembly
+
+    assembly.load(path)

@@ -4,25 +4,21 @@ maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.fa
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from mnemo import deadline
-from mnemo.adapters.uri import model_uri
-from mnemo.episode.annotation import embed
-from mnemo.errors import EmbeddingError, InvalidInputError
-from mnemo.events import deliver
-from mnemo.extraction.entities import vector_text, wordings
-from mnemo.graph import history as commit_history
-from mnemo.graph import maintenance
-from mnemo.graph import reembed as reembedding
-from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
-from mnemo.graph.model import Link, LinkType, Node, NodeType, Vector
-from mnemo.graph.ports import Unstaged
-from mnemo.graph.reembed import ReembedProgress
-from mnemo.inputs import check_count
+from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.inputs import check_count, check_id, check_text
 from mnemo.memory.parts import Parts
-from mnemo.ports import Embedder
+
+if TYPE_CHECKING:
+    from mnemo.graph.history import CommitDiff, CommitRecord
+    from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
+    from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
+    from mnemo.graph.ports import Unstaged
+    from mnemo.graph.reembed import ReembedProgress
+    from mnemo.ports import Embedder
 
 # Nodes embedded in one call by `reembed`, by default, and at most.
 REEMBED_BATCH = 256
@@ -41,6 +37,18 @@ class GraphMethods(Parts):
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
         """Every node of these types, oldest first."""
         return await self._reads.get_nodes_by_type(repo, types)
+
+    async def node_ids(self, repo: str, prefix: str, *, limit: int = 2) -> list[str]:
+        """The ids of the repo's nodes that `prefix` names, sorted, at most `limit` (1..100):
+        those that start with it, or whose digits do (`5d3a43c3` names
+        `semantic_5d3a43c3...`), a step's with its index (`085d80d9:3` names
+        `episodic_episode_085d80d9...:3`). A short id shown by a tool is looked up with it.
+
+        Raises:
+            InvalidInputError: a blank prefix, or a limit outside 1..100.
+            NotFoundError: an unknown repo.
+        """
+        return await self._reads.node_ids(repo, prefix, limit)
 
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
@@ -61,7 +69,7 @@ class GraphMethods(Parts):
         self,
         repo: str,
         *,
-        types: Iterable[NodeType] = (NodeType.SEMANTIC, NodeType.PROCEDURAL),
+        types: Iterable[NodeType | str] = ("semantic", "procedural"),
         top_k: int = 10,
     ) -> list[Node]:
         """The newest nodes of these types, newest first.
@@ -96,6 +104,50 @@ class GraphMethods(Parts):
         """Deletes nodes with their links, vectors and search entries; returns how many."""
         return await self._reads.delete_nodes(repo, node_ids)
 
+    async def correct(self, repo: str, node_id: str, text: str) -> CommitReceipt:
+        """Corrects a fact: commits `text` as a new fact of the old one's type and data, and
+        retires the old one as a contradicting fact does (it stays, with `valid_to`, and
+        the new one SUPERSEDES it; recall ranks it below its successor). The correction is a
+        commit of the history like any other (`revert` undoes it). Calls no model but the
+        repo's embedder. Returns the commit's receipt: its id and the new fact's.
+
+        Raises:
+            InvalidInputError: a blank text or one longer than the repo's
+                `Config.max_text_chars`, or a node that is not a live fact (a SEMANTIC or
+                PROCEDURAL node not retired).
+            NotFoundError: an unknown repo or node.
+            EmbeddingError: the text could not be embedded within the repo's
+                `Config.extraction_timeout`; nothing was stored.
+        """
+        from mnemo.calls import deadline
+        from mnemo.episode.annotation import embed
+        from mnemo.extraction.entities import vector_text
+        from mnemo.graph.facts import TEMPORAL, correction
+
+        await self._repos.checked(repo, lambda config: check_text(
+            text, "text", limit=config.max_text_chars))
+        check_id(node_id, "node_id")
+        old = await self._reads.get_node(repo, node_id)
+        if old is None:
+            raise NotFoundError("node", node_id)
+        if old.type not in TEMPORAL or old.retired:
+            raise InvalidInputError(
+                f"node {node_id!r} is not a live fact (a {old.type.value} node"
+                f"{', retired' if old.retired else ''}): only facts are corrected"
+            )
+        await self._repos.refresh(repo)
+        runtime = self._repos.embedding(repo)
+        limit = runtime.config.extraction_timeout
+        try:
+            with deadline.fail_after(limit):
+                vector = await embed(runtime.embedder, [vector_text(old.type, text)])
+        except TimeoutError as exc:
+            raise EmbeddingError(f"the embedder took more than {limit} s") from exc
+        llm = self._repos.llm_for(runtime, repo)
+        policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
+        changeset = correction(repo, old, text, vector[0], runtime.generation)
+        return await self._graph.apply(changeset, intents=policy)
+
     # ---- history --------------------------------------------------------------------------
 
     async def history(self, repo: str, *, limit: int = 20) -> list[CommitRecord]:
@@ -107,9 +159,10 @@ class GraphMethods(Parts):
             InvalidInputError: a limit below 1 or above the repo's `Config.max_results`.
             NotFoundError: an unknown repo.
         """
-        runtime = await self._repos.known(repo)
-        check_count("limit", limit, minimum=1, maximum=runtime.config.max_results,
-                    setting="Config.max_results")
+        from mnemo.graph import history as commit_history
+
+        await self._repos.checked(repo, lambda config: check_count(
+            "limit", limit, minimum=1, maximum=config.max_results, setting="Config.max_results"))
         return await commit_history.history(self._graph, repo, limit)
 
     async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff:
@@ -120,7 +173,9 @@ class GraphMethods(Parts):
             InvalidInputError: no such commit in the repo.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        from mnemo.graph import history as commit_history
+
+        await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
@@ -139,7 +194,10 @@ class GraphMethods(Parts):
                 reverted.
             NotFoundError: an unknown repo.
         """
-        await self._repos.known(repo)
+        from mnemo.extraction.entities import wordings
+        from mnemo.graph import history as commit_history
+
+        await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
         return await commit_history.revert(
@@ -157,6 +215,8 @@ class GraphMethods(Parts):
         Raises:
             NotFoundError: an unknown repo.
         """
+        from mnemo.graph import maintenance
+
         runtime = await self._repos.known(repo)
         return await maintenance.consolidate(self._graph, repo, runtime.config, full=full)
 
@@ -166,8 +226,13 @@ class GraphMethods(Parts):
         links. Safe while sessions commit: it holds the repo's write lock.
 
         Raises:
+            InvalidInputError: a `now` that is not a datetime.
             NotFoundError: an unknown repo.
         """
+        if now is not None and not isinstance(now, datetime):
+            raise InvalidInputError(f"now must be a datetime, got {type(now).__name__}")
+        from mnemo.graph import maintenance
+
         runtime = await self._repos.known(repo)
         return await maintenance.decay(self._graph, repo, runtime.config, now=now)
 
@@ -181,6 +246,8 @@ class GraphMethods(Parts):
         """
         await self._repos.known(repo)
         await self._repos.refresh(repo)
+        from mnemo.graph import maintenance
+
         return await maintenance.validate_episodic(self._graph, repo)
 
     async def reembed(
@@ -235,11 +302,19 @@ class GraphMethods(Parts):
                 repo is then as it was.
             ConflictError: the repo is being re-embedded by another Memory.
         """
+        from mnemo.adapters.uri import model_uri
+        from mnemo.calls import deadline
+        from mnemo.episode.annotation import embed
+        from mnemo.events import deliver
+        from mnemo.extraction.entities import vector_text
+        from mnemo.graph import reembed as reembedding
+        from mnemo.graph.reembed import ReembedProgress
+
         self._works("reembed")
-        runtime = await self._repos.known(repo)
         check_count("batch_size", batch_size, minimum=1, maximum=MAX_REEMBED_BATCH)
         if progress is not None and not callable(progress):
             raise InvalidInputError(f"progress must be a callable, got {progress!r}")
+        runtime = await self._repos.known(repo)
         await self._repos.refresh(repo)
         target = await self._repos.reembed_target(repo, embedder)
         limit = runtime.config.extraction_timeout

@@ -1,5 +1,5 @@
-"""`Parts`: the parts `Memory.__init__` builds, as every group of its methods sees them, and
-the check that refuses work on an inspecting Memory.
+"""`Parts`: the parts of a `Memory` (`memory.assembly` builds them), as every group of its
+methods sees them, and the check that refuses work on an inspecting Memory.
 
 `Memory` (`mnemo.memory.facade`) inherits its methods from one class per capability,
 `SessionMethods`, `GraphMethods` and `ConversationMethods`; each is a `Parts`, so each reaches
@@ -8,22 +8,33 @@ the same typed parts without importing the facade.
 
 from __future__ import annotations
 
-from mnemo.conversation.service import ConversationService
+from typing import TYPE_CHECKING
+
 from mnemo.errors import StorageError
-from mnemo.events import Events
-from mnemo.graph.ports import GraphStore
-from mnemo.graph.reads import GraphReads
-from mnemo.ingest.service import IngestService
-from mnemo.memory.repos import Repos
-from mnemo.recall.service import RecallService
-from mnemo.session.host import TaskHost
-from mnemo.session.ports import SessionStore
-from mnemo.session.service import SessionService
-from mnemo.storage.ports import Backend
+
+if TYPE_CHECKING:
+    from mnemo.conversation.service import ConversationService
+    from mnemo.events import EventCallback, Events
+    from mnemo.graph.ports import GraphStore
+    from mnemo.graph.reads import GraphReads
+    from mnemo.ingest.service import IngestService
+    from mnemo.memory.repos import Repos
+    from mnemo.ports import LLM, Embedder
+    from mnemo.recall.service import RecallService
+    from mnemo.session.host import TaskHost
+    from mnemo.session.ports import SessionStore
+    from mnemo.session.service import SessionService
+    from mnemo.storage.ports import Backend
+
+# What `memory.assembly.build` sets.
+BUILT = frozenset({
+    "_backend", "_sessions_store", "_repos", "_events", "_graph", "_service", "_reads",
+    "_recalls", "_ingests", "_conversations",
+})
 
 
 class Parts:
-    """The stores and services of one `Memory`; `Memory.__init__` sets every one."""
+    """The stores and services of one `Memory`; `memory.assembly.build` sets every one."""
 
     _inspect: bool
     _backend: Backend
@@ -37,6 +48,17 @@ class Parts:
     _ingests: IngestService
     _conversations: ConversationService
     _host: TaskHost | None
+    # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous.
+    _parts: tuple[str, LLM | None, Embedder | None, EventCallback | None, str]
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> object:
+            # Only for a part not built yet: a Memory opened cold builds its parts when it
+            # is entered (after their modules were imported off the event loop).
+            if name in BUILT:
+                raise StorageError("closed", "the Memory is not open: enter it first")
+            raise AttributeError(name)
 
     def _works(self, call: str) -> None:
         """Refuses a call that would start work on an inspecting Memory.

@@ -1,14 +1,17 @@
 """`Repos`: the repos a `Memory` knows and what each runs with.
 
 It holds each repo's `Runtime` (llm, embedder, config, vector dimension), the models recorded
-for repos opened without them, one LLM limiter per provider, the usage book, and
-every adapter the Memory was given (each owns an HTTP client, closed with the Memory).
+for repos opened without them, one LLM limiter per provider, the usage book, and every adapter
+the Memory made itself (from a repo's recorded URIs, or by default), closed with the Memory.
+Adapters a caller passes in (to `Memory`, `open_repo`, `start_session`, `reembed`) stay open:
+their owner closes them, and may share them with other Memory objects.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 
@@ -17,15 +20,17 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
 from mnemo.adapters.uri import model_uri
 from mnemo.calls.slots import LimitedLLM
-from mnemo.config import Config, with_longer_timeouts
+from mnemo.config import Config, ceilings, with_longer_timeouts
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
-from mnemo.inputs import check_id, check_name
+from mnemo.inputs import check_id, check_models, check_name
 from mnemo.memory.usage import UsageBook
-from mnemo.ports import LLM, Embedder, Usage, check_models, detect_dim, model_name
+from mnemo.ports import LLM, Embedder, Usage, detect_dim, model_name
 from mnemo.session.ports import RepoRow, SessionStore
 from mnemo.session.service import Runtime
 
 log = logging.getLogger("mnemo")
+
+T = TypeVar("T")
 
 
 class Repos:
@@ -57,17 +62,20 @@ class Repos:
         # The models that learn their servers (`server_profile`), by repo and model object,
         # with the profile last read or written for them.
         self._profiled: dict[tuple[str, int], tuple[object, dict[str, object] | None]] = {}
-        # Every adapter this Memory was given, closed with it (each owns an HTTP client).
+        # Every adapter this Memory made, closed with it (one may own an HTTP client).
         self._adapters: dict[int, object] = {}
-        self.adopt(llm, embedder)  # the caller's; the defaults need no closing
+        if embedder is None:
+            self.adopt(chosen)
 
     def adopt(self, *adapters: object) -> None:
+        """Closes these adapters with the Memory: it made them."""
         for adapter in adapters:
             if adapter is not None:
                 self._adapters.setdefault(id(adapter), adapter)
 
     async def close_adapters(self) -> None:
-        """Closes every adapter adopted; a failure is logged, the others still close."""
+        """Closes every adapter this Memory made; a failure is logged, the others still
+        close."""
         for adapter in list(self._adapters.values()):
             close = getattr(adapter, "aclose", None)
             if close is not None:
@@ -117,7 +125,6 @@ class Repos:
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         chosen_embedder: Embedder = embedder or self._models.embedder(name)
         chosen_llm: LLM = llm or self._models.llm(name)
-        self.adopt(llm, embedder)
         await detect_dim(chosen_embedder)
         known = self._runtimes.get(name)
         refusal = self._models.refusal(name) if known is not None else None
@@ -196,10 +203,12 @@ class Repos:
         if embedder is None and self._models.embedder_given:
             embedder = self.embedder
         if embedder is None:
-            embedder = self._models.successor(name, runtime.dim) or runtime.embedder
+            successor = self._models.successor(name, runtime.dim)
+            if successor is not None and successor is not self.embedder:
+                self.adopt(successor)  # made here for the repo
+            embedder = successor or runtime.embedder
         if isinstance(embedder, UnavailableEmbedder):
             raise EmbeddingError(embedder.problem)
-        self.adopt(embedder)
         await detect_dim(embedder)
         return embedder
 
@@ -265,6 +274,23 @@ class Repos:
         await self.learn(check_id(name, "repo"))
         return self.get(name)
 
+    async def checked(self, name: str, check: Callable[[Config], T]) -> T:
+        """`check(config)` before the store is read: with the repo's config as this Memory
+        knows it, or, for a repo it does not know yet, with every bound at its ceiling
+        (`config.ceilings`) and then again with the repo's, once the store has told it.
+        Bad input is refused without a read of the store (a store that is down answers no
+        bad call with `StorageError`).
+
+        Raises:
+            InvalidInputError: a name that is no repo name, or what `check` raises.
+            NotFoundError: no such repo in the store.
+        """
+        runtime = self._runtimes.get(check_id(name, "repo"))
+        if runtime is not None:
+            return check(runtime.config)
+        check(ceilings())
+        return check((await self.known(name)).config)
+
     def get(self, name: str) -> Runtime:
         """Raises InvalidInputError for a name that is no repo name, NotFoundError for an
         unknown repo."""
@@ -302,18 +328,14 @@ class Repos:
         self, repo: str, llm: LLM | None, embedder: Embedder | None, config: Config | None
     ) -> tuple[Runtime | None, Config]:
         """The overrides of a session started with these arguments (None when it runs its
-        repo's models) and its config; checks `Memory.start_session`'s input but the goal.
+        repo's models, checked by `Memory.start_session`) and its config.
 
         Raises:
-            NotFoundError, EmbeddingError, InvalidInputError: as `Memory.start_session`.
+            NotFoundError, EmbeddingError: as `Memory.start_session`.
         """
-        check_models(llm, embedder)
         base = self.get(repo)
         if embedder is None:
             base.check_dim(repo)
-        if config is not None and not isinstance(config, Config):
-            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
-        self.adopt(llm, embedder)
         if embedder is not None:
             await detect_dim(embedder)
         if embedder is not None and embedder.dim != self._dims[repo]:

@@ -3,18 +3,20 @@ discarding its episodes (each also queued, with a callback), and reading what it
 
 from __future__ import annotations
 
-import math
+from typing import TYPE_CHECKING
 
-from mnemo.config import Config
-from mnemo.episode.model import EpisodeLog, StepInfo
+from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.errors import InvalidInputError
-from mnemo.graph.model import CommitReceipt
-from mnemo.inputs import check_count, check_id
+from mnemo.inputs import check_count, check_id, check_models, check_text
 from mnemo.memory.parts import Parts
-from mnemo.ports import LLM, Embedder
-from mnemo.session.machine import State
-from mnemo.session.queue import Callback
-from mnemo.session.service import SessionContext, SessionInfo
+
+if TYPE_CHECKING:
+    from mnemo.episode.model import EpisodeLog, StepInfo
+    from mnemo.graph.model import CommitReceipt
+    from mnemo.ports import LLM, Embedder
+    from mnemo.session.machine import State
+    from mnemo.session.queue import Callback
+    from mnemo.session.service import SessionContext, SessionInfo
 
 # The most extraction retries one `close_and_commit` may ask for: each runs its model calls
 # again.
@@ -42,11 +44,12 @@ class SessionMethods(Parts):
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
         self._works("start_session")
-        if not isinstance(goal, str) or not goal.strip():
-            raise InvalidInputError(f"goal must be a non-blank string, got {goal!r}")
-        await self._repos.learn(check_id(repo, "repo"))
-        if repo in self._repos.names():
-            await self._repos.refresh(repo)  # another Memory may have re-embedded it
+        check_models(llm, embedder)
+        if config is not None and not isinstance(config, Config):
+            raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
+        await self._repos.checked(repo, lambda repo_config: check_text(
+            goal, "goal", limit=(config or repo_config).max_text_chars))
+        await self._repos.refresh(repo)  # another Memory may have re-embedded it
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
             goal, repo=repo, override=override, config=chosen
@@ -110,18 +113,21 @@ class SessionMethods(Parts):
         Raises:
             InvalidInputError: `max_retries` not an integer from 0 to `MAX_RETRIES` (each
                 retry runs the extraction's model calls again), `max_polls` not None or a
-                positive integer, `poll_interval` not a positive number of seconds.
+                positive integer, `poll_interval` not a positive number of seconds (at most
+                a day).
             PipelineError: "extraction_failed" or "extraction_timeout".
         """
         self._works("close_and_commit")
         check_count("max_retries", max_retries, maximum=MAX_RETRIES)
         if max_polls is not None:
             check_count("max_polls", max_polls, minimum=1)
+        most = DURATION_CEILINGS["wait"]
         if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not (
-            0 < poll_interval < math.inf
+            0 < poll_interval <= most
         ):
             raise InvalidInputError(
-                f"poll_interval must be a positive number of seconds, got {poll_interval!r}"
+                f"poll_interval must be a positive number of seconds, at most {most:,.0f}, "
+                f"got {poll_interval!r}"
             )
         try:
             return await self._service.close_and_commit(

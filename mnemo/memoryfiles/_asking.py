@@ -7,8 +7,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from mnemo import deadline
-from mnemo.calls import tasks
+from mnemo.calls import deadline, tasks
 from mnemo.errors import LLMContextError, LLMTimeout
 from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 

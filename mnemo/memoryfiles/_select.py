@@ -62,23 +62,38 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     memory files themselves, which must not be filed again. Tool messages are left out too:
     tool output is none of the four signals.
 
+    Read from the newest back, no further than the budget: what a caller sends past it costs
+    nothing, however long the history.
+
     Raises:
-        InvalidInputError: `history` is not a list of messages, or a message's text is longer
-            than `limit`.
+        InvalidInputError: `history` is not a list of messages, or a message read has more
+            parts than `limit` or a text longer than it.
     """
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InvalidInputError("history must be a list of message dicts")
-    messages: builtins.list[dict[str, str]] = []
-    for index, message in enumerate(history):
+    kept: builtins.list[dict[str, str]] = []
+    total = 0
+    for index in range(len(history) - 1, -1, -1):
+        message = history[index]
         if not isinstance(message, Mapping):
             continue
-        text = check_text(content_text(message.get("content")), f"history[{index}].content",
-                          limit=limit, blank_ok=True).strip()
-        if message.get("role") not in _ROLES:
+        content = message.get("content")
+        if isinstance(content, Sequence) and not isinstance(content, str) and (
+            len(content) > limit
+        ):
+            raise InvalidInputError(
+                f"history[{index}].content holds {len(content):,} parts, more than {limit:,}"
+            )
+        text = check_text(content_text(content), f"history[{index}].content", limit=limit,
+                          blank_ok=True).strip()
+        if message.get("role") not in _ROLES or not text:
             continue
-        if text:
-            messages.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
-    return _newest(messages, _MAX_CONVERSATION_CHARS)
+        total += min(len(text), _MAX_MESSAGE_CHARS)
+        if total > _MAX_CONVERSATION_CHARS and kept:
+            break
+        kept.append({"role": str(message["role"]), "content": text[:_MAX_MESSAGE_CHARS]})
+    kept.reverse()
+    return kept
 
 
 def listing(

@@ -31,7 +31,7 @@ import anyio.to_thread
 
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError
-from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_text
+from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_models, check_text
 from mnemo.memoryfiles import _format, _select
 from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask, ask_fitting
 from mnemo.memoryfiles._folder import Folder, check_directory
@@ -47,7 +47,7 @@ from mnemo.memoryfiles.prompts import (
     parse_update,
     statement_entry,
 )
-from mnemo.ports import LLM, check_models
+from mnemo.ports import LLM
 
 log = logging.getLogger("mnemo")
 

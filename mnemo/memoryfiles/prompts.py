@@ -14,11 +14,19 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from mnemo import text as _text
-from mnemo.calls.tasks import preview, reply_data, task_request
+from mnemo.calls.reply import (
+    Reply,
+    items,
+    most_tokens,
+    preview,
+    read_reply,
+    reply_schema,
+    text,
+)
+from mnemo.calls.tasks import task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Reply, items, most_tokens, read_reply, reply_schema, text
 
 SIGNALS = ("decision", "context", "correction", "preference")
 Signal = Literal["decision", "context", "correction", "preference"]
@@ -150,7 +158,7 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    reply = read_reply(reply_data(resp), UpdateReply, "memory_update")
+    reply = read_reply(resp, UpdateReply, "memory_update")
     changes: list[TopicChange] = []
     for i, item in enumerate(reply.files):
         where = f"files[{i}]"
@@ -214,7 +222,7 @@ def parse_persist(resp: LLMResponse) -> Filed:
     Raises:
         ValueError: naming the first field that does not match the schema.
     """
-    reply = read_reply(reply_data(resp), PersistReply, "memory_persist")
+    reply = read_reply(resp, PersistReply, "memory_persist")
     # An entry of only bullets and punctuation would be dropped as empty when written.
     if not _format.entry_key(reply.entry):
         raise ValueError(f"entry must be a non-empty string, got {preview(reply.entry)}")
@@ -335,7 +343,7 @@ def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:
         ValueError: a field does not match the schema, the content holds no entry, or it is
             still longer than `max_chars`.
     """
-    reply = read_reply(reply_data(resp), CondenseReply, "memory_condense")
+    reply = read_reply(resp, CondenseReply, "memory_condense")
     content = reply.content
     lines = _format.dedupe(_format.entries(content))
     if not lines:

@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from mnemo.calls.reply import Meta, Reply, read_reply, reply_schema
 from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
-from mnemo.reply import Meta, Reply, read_reply, reply_schema
 
 MODES = ("episodic", "semantic", "procedural", "mixed")
 
@@ -62,7 +62,7 @@ def plan_request(*, query: str) -> LLMRequest:
 
 def parse_plan(response: LLMResponse) -> Plan:
     """Raises ValueError when the reply is not a plan."""
-    plan = read_reply(response.data, PlanReply, "recall_plan")
+    plan = read_reply(response, PlanReply, "recall_plan")
     return Plan(plan.mode, tuple(t.strip().lower() for t in plan.tags if t.strip())[:8])
 
 
@@ -82,7 +82,7 @@ def synthesis_request(*, query: str, memories: list[str]) -> LLMRequest:
 
 def parse_synthesis(response: LLMResponse) -> str:
     try:
-        answer = read_reply(response.data, SynthesisReply, "recall_synthesis").answer.strip()
+        answer = read_reply(response, SynthesisReply, "recall_synthesis").answer.strip()
     except ValueError:
         answer = ""
     if answer:
@@ -112,7 +112,7 @@ def parse_rerank(response: LLMResponse, count: int) -> list[int]:
     duplicates and strangers dropped), then the ones it left out in their old order.
 
     Raises ValueError when the reply holds no order."""
-    order = read_reply(response.data, RerankReply, "recall_rerank").order
+    order = read_reply(response, RerankReply, "recall_rerank").order
     chosen: list[int] = []
     for number in order:
         if (isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= count

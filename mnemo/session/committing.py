@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from mnemo import deadline
+from mnemo.calls import deadline
 from mnemo.calls.tasks import ask
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import StepRecord

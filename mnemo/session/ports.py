@@ -53,6 +53,17 @@ class LiveSession:
     lease_until: datetime | None = None
     # When the session was last used (an append, an episode started) through any Memory.
     active_at: datetime | None = None
+    # The goal of its last episode, open or not (an idle session's is its last one's).
+    goal: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSweep:
+    """What `Coordination.end_idle` did: the sessions it ended, as (id, repo), and the seconds
+    until the next idle session comes due (0: more were due than it ended; None: none idle)."""
+
+    ended: list[tuple[str, str]]
+    next_due: float | None
 
 
 class SessionStore(Protocol):
@@ -303,6 +314,13 @@ class Coordination(Protocol):
 
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         """Forgets operations whose results were delivered."""
+        ...
+
+    async def end_idle(self, limit: int) -> IdleSweep:
+        """Ends at most `limit` idle sessions untouched (no change of state) for longer than
+        their config's `idle_session_timeout`, the most overdue first, as
+        `SessionStore.end` ends one; a session that moved meanwhile is left alone. Reads only
+        when none is due."""
         ...
 
     async def change_token(self) -> int:

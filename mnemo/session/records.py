@@ -42,8 +42,9 @@ class SessionContext:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """A live session as `Memory.list_sessions` reports it: `goal` is the open episode's (None
-    when idle) and `steps` counts that episode's steps. `holder` is the `Memory` that holds its
+    """A live session as `Memory.list_sessions` reports it: `goal` is its last episode's (the
+    open one's, or for an idle session the one it last committed or discarded) and `steps`
+    counts the open episode's steps (0 when idle). `holder` is the `Memory` that holds its
     background work (an extraction), until `lease_until` unless its heartbeat renews it."""
 
     id: str

@@ -85,6 +85,11 @@ class Sessions:
         self.closing = False
         self.timer_wake = anyio.Event()
         self.timed: set[str] = set()  # ids of auto-commit sessions, the only ones with timers
+        # The shortest `Config.idle_session_timeout` of the sessions this Memory knows (and of
+        # its own config): the most the idle sweep waits before it looks at the store again
+        # (`timers.sweep`), woken when a session with a shorter one comes.
+        self.shortest_idle = math.inf
+        self.idle_wake = anyio.Event()
 
     def add(
         self, session_id: str, repo: str, state: State, config: Config, override: Runtime | None
@@ -93,7 +98,15 @@ class Sessions:
         self.machines.add(model, state)
         session = SessionRecord(session_id, repo, model, self.repo_runtime(repo), override, config)
         self.by_id[session_id] = session
+        self.idle_within(config.idle_session_timeout)
         return session
+
+    def idle_within(self, seconds: float) -> None:
+        """An idle session may come due `seconds` after its last change: the idle sweep looks
+        at the store at least that often."""
+        if seconds < self.shortest_idle:
+            self.shortest_idle = seconds
+            self.idle_wake.set()
 
     def get(self, session_id: str) -> SessionRecord:
         """The record this Memory holds.
@@ -196,7 +209,7 @@ class Sessions:
         """
         row = await self.store.load_one(session.id)
         if row is None:
-            await self._ended_elsewhere(session)
+            await self.ended_elsewhere(session)
             raise NotFoundError("session", session.id)
         if row.version == session.version or (row.version < session.version and not conflict):
             return
@@ -220,11 +233,12 @@ class Sessions:
             return False
         if await self.store.version(session.id) is not None:
             return True
-        await self._ended_elsewhere(session)
+        await self.ended_elsewhere(session)
         return False
 
-    async def _ended_elsewhere(self, session: SessionRecord) -> None:
-        """Drops a session the store no longer holds and answers what it owed."""
+    async def ended_elsewhere(self, session: SessionRecord) -> None:
+        """Drops a session the store no longer holds (ended by another call, another Memory,
+        or the idle sweep) and answers what it owed."""
         ended = not session.ended
         self.drop(session)
         if ended and self.answer_ended is not None:

@@ -11,7 +11,7 @@ The work is split by concern, each module a set of functions over one shared `Se
 - `committing.py`: commits, and how they deduplicate intents;
 - `operations.py`: the async operation queue;
 - `stored.py`: async operations stored for work another Memory holds;
-- `timers.py`: auto-commit's flush and expiry deadlines.
+- `timers.py`: auto-commit's flush and expiry deadlines, and the end of idle sessions.
 
 Imports point one way, down this list read from the bottom (timers, stored, operations, effects)
 to the top (transitions, committing, records): no module imports one that imports it.
@@ -31,9 +31,15 @@ from typing import Any
 
 import anyio
 
-from mnemo.config import Config
+from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT, Config
 from mnemo.episode.model import EpisodeRecord, StepInfo
-from mnemo.errors import InvalidInputError, NotFoundError, PipelineError, SessionError
+from mnemo.errors import (
+    InvalidInputError,
+    NotFoundError,
+    PipelineError,
+    SessionError,
+    StorageError,
+)
 from mnemo.events import Events
 from mnemo.extraction.pipeline import failure_reason
 from mnemo.graph.model import CommitReceipt
@@ -77,6 +83,7 @@ class SessionService:
         learn_repo: Callable[[str], Awaitable[None]] | None = None,
         refresh_repo: Callable[[str, int], Awaitable[Runtime]] | None = None,
         lease_timeout: float = 30.0,
+        idle_session_timeout: float = DEFAULT_IDLE_SESSION_TIMEOUT,
         last_answer: Callable[[str], float | None] | None = None,
     ) -> None:
         # When a model call of a session last ended here: an extraction still being answered
@@ -87,6 +94,7 @@ class SessionService:
             repo_runtime=repo_runtime, llm_for=llm_for, learn_repo=learn_repo,
             refresh_repo=refresh_repo,
         )
+        self._live.idle_within(idle_session_timeout)
         self._live.start = functools.partial(effects.start, self._live)
         self._holding = Holding(self._live, lease_timeout)
         self._live.answer_ended = self._answer_ended
@@ -100,6 +108,7 @@ class SessionService:
             async with anyio.create_task_group() as tg:
                 live.tg = tg
                 tg.start_soon(timers.run, live, self._expire_end)
+                tg.start_soon(timers.sweep, live)
                 await tg.start(self._holding.run)
                 task_status.started()
                 await anyio.sleep_forever()
@@ -113,6 +122,15 @@ class SessionService:
                     await operations.fail_pending(session, "memory_closed")
                     async with session.storing:
                         await stored.fail_remote(live, session, "memory_closed")
+
+    async def end_idle(self) -> None:
+        """Ends the store's idle sessions that came due (`timers.end_idle`: at most one
+        sweep's worth, the rest after); a store fault is logged, and the sweep tries again
+        once the Memory runs."""
+        try:
+            await timers.end_idle(self._live)
+        except StorageError as exc:
+            log.warning("idle sessions could not be ended: %r", exc)
 
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it
@@ -169,15 +187,15 @@ class SessionService:
         return SessionContext(session.episode.goal, recent)
 
     async def list_sessions(self) -> list[SessionInfo]:
-        """Every live session in the store (started through any Memory), oldest first.
-        Reads only: it never resumes a restored session's extraction, so looking does not
-        start work."""
+        """Every live session in the store (started through any Memory), oldest first; an
+        idle one with its last episode's goal. Reads only: it never resumes a restored
+        session's extraction, nor ends an idle one, so looking does not start work."""
         return [
             SessionInfo(
                 s.id,
                 s.repo,
                 s.state,
-                s.episode.goal if s.episode is not None and s.state is not S.IDLE else None,
+                s.goal,
                 len(s.episode.steps) if s.episode is not None and s.state is not S.IDLE else 0,
                 s.holder if s.state is S.EXTRACTING else None,
                 s.lease_until if s.state is S.EXTRACTING else None,
@@ -366,9 +384,12 @@ class SessionService:
         """Accepts an async operation: runs it now when the session is free, else queues it.
 
         Raises:
+            InvalidInputError: a callback that is neither None nor callable.
             SessionError: "session_failed", "pending_queue_full", "invalid_operation" or
                 "invalid_queued_operation" (the API contract's queue rules).
         """
+        if callback is not None and not callable(callback):
+            raise InvalidInputError(f"callback must be callable or None, got {callback!r}")
         session = await self._live.fetch(session_id, fresh=True)
         try:
             await self._accept(session, kind, args, callback)

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 import anyio
+import msgspec
 
 from mnemo.errors import (
     EmbeddingError,
@@ -287,12 +288,11 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
 
         async def report(result: OpResult) -> None:
             cause = None if result.error is None else result.error.__cause__
-            await _store_result(live, session, op_id, {
-                "ok": result.ok, "value": result.value,
-                "error": None if result.error is None else result.error.reason,
+            await _store_result(live, session, op_id, msgspec.to_builtins(StoredResult(
+                result.ok, result.value, None if result.error is None else result.error.reason,
                 # An exception does not cross processes: its type's name and message do.
-                "cause": None if cause is None else [type(cause).__name__, str(cause)],
-            })
+                None if cause is None else (type(cause).__name__, str(cause)),
+            )))
 
         return report
     [(_, _, mine)] = claimed
@@ -370,17 +370,30 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         await deliver(callback, OpResult(False, None, error))
 
 
+class StoredResult(msgspec.Struct):
+    """An operation's result as one Memory stores it for the Memory that accepted it."""
+
+    ok: bool
+    value: str | None = None
+    error: str | None = None
+    # The type's name and message of the error's cause.
+    cause: tuple[str, str] | None = None
+
+
 def _op_result(stored: dict[str, Any], session: SessionRecord) -> OpResult:
     """The result another Memory stored for an operation this one accepted; an error keeps
-    its cause (`operation_failed`'s LLM or embedder error) as far as the store could."""
-    reason = stored.get("error")
-    error = None if reason is None else SessionError(
-        str(reason), state=session.state, session_id=session.id
+    its cause (`operation_failed`'s LLM or embedder error) as far as the store could. A
+    result that does not read as one is a failure."""
+    try:
+        result = msgspec.convert(stored, StoredResult)
+    except msgspec.ValidationError:
+        result = StoredResult(False, error="operation_failed")
+    error = None if result.error is None else SessionError(
+        result.error, state=session.state, session_id=session.id
     )
-    cause = stored.get("cause")
-    if error is not None and isinstance(cause, list) and len(cause) == 2:
-        error.__cause__ = _remote_cause(str(cause[0]), str(cause[1]))
-    return OpResult(bool(stored.get("ok")), stored.get("value"), error)
+    if error is not None and result.cause is not None:
+        error.__cause__ = _remote_cause(*result.cause)
+    return OpResult(result.ok, result.value, error)
 
 
 def _remote_cause(kind: str, message: str) -> Exception:

@@ -1,6 +1,10 @@
-"""The auto-commit timers: an idle trajectory is flushed (extracted and committed in the
-background) after `Config.flush_timeout`, and an idle session expires after
-`Config.session_timeout`: what is left is committed, then the session ends.
+"""The session timers. Auto-commit's: an idle trajectory is flushed (extracted and committed
+in the background) after `Config.flush_timeout`, and an idle session expires after
+`Config.session_timeout`: what is left is committed, then the session ends. Every mode's: a
+session idle between episodes (state `idle`) and unchanged for `Config.idle_session_timeout`
+ends (`sweep`), whichever working Memory sees it due: one that a process left behind is ended
+by the next Memory that opens the store (`end_idle`, before it restores the live sessions)
+or by any open one's sweep.
 
 Only auto-commit sessions this Memory drives have timers here (`Sessions.timed`): the store
 names one holder per session, the Memory that started it, claimed its work or took it over,
@@ -37,6 +41,44 @@ End = Callable[[str, int], Awaitable[None]]
 
 # Seconds before a deadline is looked at again when the store could not be read.
 STORE_RETRY = 1.0
+# The most idle sessions one sweep ends (one statement): a store that gathered many is swept
+# in rounds, the first while the Memory opens.
+SWEEP_LIMIT = 100
+
+
+async def end_idle(live: Sessions) -> float:
+    """Ends the idle sessions of the store that came due (`Coordination.end_idle`, at most
+    `SWEEP_LIMIT`): their records here are dropped, what they owed is answered, and each is
+    reported as "session_expired". Returns the seconds until the next comes due (0: more are
+    due now; inf: none is idle).
+
+    Raises:
+        StorageError: the store could not be read or written; nothing was ended.
+    """
+    swept = await live.coordination.end_idle(SWEEP_LIMIT)
+    for session_id, repo in swept.ended:
+        session = live.by_id.get(session_id)
+        if session is not None:
+            await live.ended_elsewhere(session)
+        await live.events.emit(
+            "session_expired", session_id=session_id, repo=repo, state=S.IDLE, committed=False
+        )
+    return math.inf if swept.next_due is None else swept.next_due
+
+
+async def sweep(live: Sessions) -> None:
+    """Ends idle sessions as they come due (`end_idle`), looking at the store again when the
+    next is due, and at least every `Sessions.shortest_idle` seconds (a session this Memory,
+    or another, leaves idle later comes due no sooner); runs until cancelled."""
+    while True:
+        live.idle_wake = anyio.Event()
+        try:
+            due = await end_idle(live)
+        except StorageError as exc:
+            log.warning("idle sessions could not be ended: %r", exc)
+            due = STORE_RETRY
+        with anyio.move_on_after(min(due, live.shortest_idle)):
+            await live.idle_wake.wait()
 
 
 async def run(live: Sessions, end: End) -> None:

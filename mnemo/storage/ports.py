@@ -17,9 +17,8 @@ from typing import Protocol
 from mnemo.conversation.ports import ThreadStore
 from mnemo.errors import StorageError
 from mnemo.graph.ports import GraphStore
+from mnemo.inputs import POSTGRES_SCHEMES
 from mnemo.session.ports import Coordination, SessionStore
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 class Backend(Protocol):

@@ -113,7 +113,7 @@ TABLES: tuple[Table, ...] = (
            "source_id", "nodes:json", "links:json", "retired:json", "reworded:json",
            "joined:json", "reverted_by", "reverts"),
     _table("threads", "id", "id", "next_seq:int", "history_len:int", "boundary_seq:int",
-           "created_at:time"),
+           "created_at:time", "history_hash"),
     _table("messages", "id", "rowid:int", "id", "thread_id", "seq:int", "role", "text",
            "content", "data:json", "tokens:int", "recorded_at:time"),
     _table("message_vectors", "message_id", "message_id", "thread_id", "vec:vector"),

@@ -35,23 +35,20 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mnemo.access import (
+    LOOPBACK,
+    WILDCARD_BINDS,
+    check_token,
+    host_pattern,
+    is_loopback,
+)
 from mnemo.errors import InvalidInputError
 
-# The names a loopback client uses; no web page can make a browser send one of them as Host
-# for a name the page controls.
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# Addresses that bind every interface: the bound address names no host to answer.
-WILDCARD_BINDS = ("0.0.0.0", "::", "")
-# A token shorter than this is guessable in an afternoon over the loopback (16 characters of
-# `secrets.token_urlsafe` carry 96 bits).
-MIN_TOKEN_CHARS = 16
-MAX_TOKEN_CHARS = 512
 TOKEN_PARAM = "token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 STATIC_PREFIX = "/static/"
 # A Host header: a name or an IPv4 address, or a bracketed IPv6 address, then an optional port.
 _HOST = re.compile(r"(?P<name>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
-_HOST_PATTERN = re.compile(r"(\*\.)?[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
 _COOKIE_KEY = b"mnemo ui cookie"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 SECURITY_HEADERS = (
@@ -93,62 +90,6 @@ def parse_host(header: str | None) -> Host | None:
     if port is not None and not 0 < port < 65536:
         return None
     return Host(name, port) if name else None
-
-
-def host_pattern(value: str) -> str:
-    """`value` as an allowed-host pattern: a host name, an IP address, `*.domain` (the
-    domain's subdomains) or `*` (any host), lowercased; an IPv6 address loses its brackets.
-
-    Raises:
-        InvalidInputError: anything else (a port, a path, a scheme, a wildcard elsewhere).
-    """
-    if not isinstance(value, str):
-        raise InvalidInputError(f"an allowed host must be a string, got {type(value).__name__}")
-    pattern = value.strip().lower()
-    if pattern == "*":
-        return pattern
-    bare = pattern[1:-1] if pattern.startswith("[") and pattern.endswith("]") else pattern
-    try:
-        return ipaddress.ip_address(bare).compressed
-    except ValueError:
-        pass
-    if len(pattern) > 253 or not _HOST_PATTERN.fullmatch(pattern):
-        raise InvalidInputError(
-            f"{value!r} is not a host name, an IP address, '*.domain' or '*' (no scheme, "
-            "port or path)"
-        )
-    return pattern.rstrip(".")
-
-
-def check_token(token: str) -> str:
-    """`token`, checked to be a usable access token.
-
-    Raises:
-        InvalidInputError: shorter than MIN_TOKEN_CHARS, longer than MAX_TOKEN_CHARS, or
-            holding anything but printable ASCII without spaces (it travels in a header, a
-            cookie and an address).
-    """
-    if not isinstance(token, str):
-        raise InvalidInputError(f"the access token must be a string, got {type(token).__name__}")
-    if not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS:
-        raise InvalidInputError(
-            f"the access token must have {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} characters, "
-            f"got {len(token)} (make one with: python -c \"import secrets; "
-            "print(secrets.token_urlsafe())\")"
-        )
-    if not all("!" <= c <= "~" for c in token):
-        raise InvalidInputError("the access token must be printable ASCII without spaces")
-    return token
-
-
-def is_loopback(bind: str) -> bool:
-    """Whether `bind` (an address or a name to listen on) reaches this machine only."""
-    if bind.lower().rstrip(".") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bind.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anyio.lowlevel
+import msgspec
 
 from mnemo.calls.tasks import INPUT_MARKER
 
@@ -172,6 +173,11 @@ class ProviderServer:
     its usage) to its latency; `context` refuses a request whose prompt (4 characters a
     token) is longer, as llama.cpp does, and cuts a reply at what is left of it, or at the
     request's max_tokens when that is less (with either set, a reply is cut at max_tokens).
+
+    `shapes` says how the default answers are shaped: "mnemo" as the schemas mnemo sends
+    (`task_data`), "contract" exactly as the API contract's task table documents them
+    (`contract_data`: no key beyond it), "loose" as a model in JSON mode writes them, bound
+    by no grammar (`loose_data`).
     """
 
     def __init__(
@@ -188,6 +194,7 @@ class ProviderServer:
         context: int | None = None,
         obeys: frozenset[str] = frozenset({"named", "required"}),
         per_token: bool = False,
+        shapes: str = "mnemo",
     ) -> None:
         self.latency = latency
         self.slots = slots
@@ -206,6 +213,7 @@ class ProviderServer:
         self.tools = tools
         self.obeys = obeys
         self.per_token = per_token
+        self.shapes = shapes
         self.requests: list[Recorded] = []
         self.statuses: list[int] = []
         self.in_flight = 0
@@ -576,10 +584,59 @@ def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
                 if isinstance(m, dict) and m.get("role") == "user"]
         return {"files": [{"topic": "notes", "description": "Notes", "signals": ["context"],
                            "content": f"- {said[-1]}", "remove": []}] if said else []}
+    memories = inputs.get("memories", [])
+    if task == "recall_plan":
+        return {"mode": "mixed", "tags": [first_word(inputs.get("query", "")) or "general"]}
+    if task == "recall_rerank":
+        return {"order": list(range(len(memories), 0, -1))}
+    if task == "recall_synthesis":
+        return {"answer": f"As memory [1] says: {memories[0] if memories else 'nothing'}"}
+    if task in ("summary", "snapshot_fold"):
+        return {"summary": "The conversation so far, in short."}
     if task == "eviction":  # asked as data: save_snapshot's arguments
         zone = f"{inputs.get('zone_start', '?')}-{inputs.get('zone_end', '?')}"
         return {"text": f"Messages {zone} are about the deployment."}
     return None
+
+
+def contract_data(task: str | None, inputs: dict[str, Any]) -> Any:
+    """The answer of the API contract's task table ("The LLM and embedder ports"), exactly its
+    documented shape: facts and procedures without their steps, a procedural reply without
+    the score of the last step it may be asked for. Other tasks as `task_data`."""
+    data = task_data(task, inputs)
+    if task == "semantic":
+        return {"facts": [{k: f[k] for k in ("proposition", "concepts", "confidence")}
+                          for f in data["facts"]]}
+    if task == "procedural":
+        keys = ("intent", "condition", "instruction", "expected_outcome")
+        return {"instructions": [{k: i[k] for k in keys} for i in data["instructions"]]}
+    return data
+
+
+# Keys a loose answer leaves out (mnemo reads them as absent), and keys whose numbers it
+# writes as strings.
+_LEFT_OUT = frozenset({"reasoning", "confidence", "condition", "expected_outcome",
+                       "description", "signals", "remove"})
+_AS_STRINGS = frozenset({"reward", "return_score", "index", "contradicted"})
+
+
+def loose_data(task: str | None, inputs: dict[str, Any]) -> Any:
+    """`contract_data` as a model in JSON mode writes it, held by no grammar: keys in
+    reverse order, numbers as strings, optional keys left out."""
+    return _loosened(contract_data(task, inputs), None)
+
+
+def _loosened(value: Any, key: str | None) -> Any:
+    if isinstance(value, dict):
+        return {k: _loosened(v, k) for k, v in reversed(value.items()) if k not in _LEFT_OUT}
+    if isinstance(value, list):
+        return [_loosened(item, key) for item in value]
+    if key in _AS_STRINGS and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+_ANSWERS = {"mnemo": task_data, "contract": contract_data, "loose": loose_data}
 
 
 def vector(text: str, dim: int) -> list[float]:
@@ -606,7 +663,8 @@ def _render(request: Recorded, answer: Answer, provider: ProviderServer) -> dict
     if data is LONGEST:
         data = _longest(_schema_of(request.body))
     if data is BY_TASK:
-        data = None if text is not None else task_data(request.task, _inputs(request))
+        data = None if text is not None else _ANSWERS[provider.shapes](
+            request.task, _inputs(request))
         if isinstance(data, dict) and "last_reward" in data:
             data["last_reward"] = provider.last_reward
         if data is None and text is None:
@@ -756,6 +814,16 @@ def _sized(reply: dict[str, Any], prompt: int, room: int | None) -> int:
 
 def _packed(floats: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(floats)}f", *floats)).decode()
+
+
+class AnyReply(msgspec.Struct):
+    """Any JSON object as a `Transport`'s reply (for tests of the transport itself); its tokens
+    are its usage's `total_tokens`."""
+
+    usage: dict[str, int] = msgspec.field(default_factory=dict)
+
+    def tokens(self) -> tuple[int | None, int | None]:
+        return self.usage.get("total_tokens"), 0
 
 
 # ---- virtual time ---------------------------------------------------------------------------

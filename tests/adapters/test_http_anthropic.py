@@ -1,5 +1,5 @@
-"""`Anthropic` over a real socket: headers, the forced tool, the re-ask through a tool_result,
-text and tool replies, message translation, usage, retries and keys."""
+"""`Anthropic` over a real socket: headers, the forced tool, a task's re-ask
+(`calls.tasks.ask`), text and tool replies, message translation, usage, retries and keys."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from mnemo.adapters.anthropic import Anthropic, _translate
-from mnemo.errors import InvalidInputError, LLMError
-from mnemo.extraction.prompts import semantic_request
+from mnemo.calls.reply import Cut, decode_json
+from mnemo.calls.tasks import ask
+from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
+from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, ToolCall
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, VirtualClock
 from tests.fakes import js
@@ -71,26 +73,20 @@ async def test_usage_and_cost_from_the_price_table(llm: Anthropic, server: Provi
     assert response.usage.cost == pytest.approx((2000 * 0.80 + 100 * 4.00) / 1e6)
 
 
-async def test_invalid_tool_input_is_reasked_through_a_tool_result(
+async def test_an_unusable_tool_input_is_reasked_with_its_problem(
     server: ProviderServer, llm: Anthropic
 ) -> None:
-    """A bad tool input is answered with an error tool_result naming the problem, once."""
+    """A tool input the task cannot read is shown back to the model with its problem, once."""
     bad = {"facts": [{"proposition": "x", "concepts": "nginx", "confidence": 0.5}]}
     server.script(Answer(data=bad), Answer(data={"facts": [FACT]}))
-    response = await llm.generate(semantic())
-    assert response.data == {"facts": [FACT]}
+    facts = await ask(llm, semantic(), parse_facts)
+    assert [f.proposition for f in facts] == [FACT["proposition"]]
     messages = server.requests[1].messages
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
-    assert messages[1]["content"] == [
-        {"type": "tool_use", "id": "toolu_0", "name": "semantic", "input": bad}
-    ]
-    assert messages[2]["content"] == [{
-        "type": "tool_result",
-        "tool_use_id": "toolu_0",
-        "is_error": True,
-        "content": "Your reply did not match the schema: at $.facts[0].concepts: 'nginx' is not "
-        "of type 'array'. Reply again with JSON only.",
-    }]
+    assert decode_json(messages[1]["content"]) == bad
+    assert messages[2]["content"] == (
+        "Your reply could not be used: facts[0].concepts must be a list or null, got 'nginx'. "
+        "Reply again with JSON only.")
 
 
 async def test_prose_instead_of_the_tool_is_reasked_as_text(
@@ -98,20 +94,27 @@ async def test_prose_instead_of_the_tool_is_reasked_as_text(
 ) -> None:
     """A text reply with no tool call gets a plain-text re-ask."""
     server.script(Answer(text="I think the facts are..."), Answer(data={"facts": []}))
-    response = await llm.generate(semantic())
-    assert response.data == {"facts": []}
+    assert await ask(llm, semantic(), parse_facts) == []
     last = server.requests[1].messages[-1]
     assert last["role"] == "user"
-    assert last["content"].startswith("Your reply did not match the schema: no 'semantic' tool")
+    assert last["content"].startswith("Your reply could not be used: the reply is not valid JSON")
+
+
+async def test_json_in_the_text_is_the_data(server: ProviderServer, llm: Anthropic) -> None:
+    """A model that writes the JSON as text instead of calling the tool is read all the same."""
+    server.script(Answer(text='{"facts": []}'))
+    response = await llm.generate(semantic())
+    assert response.data == {"facts": []}
 
 
 async def test_a_bad_reply_is_reasked_once(server: ProviderServer, llm: Anthropic) -> None:
-    """A bad reply is re-asked once (the API contract), then LLMError names the problem."""
+    """A bad reply is re-asked once (the API contract), then LLMReplyError names the
+    problem."""
     server.script(*[Answer(data={"facts": [{}]})] * 5)
     with pytest.raises(
-        LLMError, match=r"after 2 of 3 calls \(1 of 1 re-asks\).*: at \$\.facts\[0\]: 'propos"
+        LLMReplyError, match=r"after 2 of 3 calls \(1 of 1 re-asks\).*: facts\[0\]\.propos"
     ):
-        await llm.generate(semantic())
+        await ask(llm, semantic(), parse_facts)
     assert len(server.requests) == 2
 
 
@@ -209,9 +212,19 @@ async def test_cut_reply_names_the_cap(server: ProviderServer, llm: Anthropic) -
     server.script(*[Answer(text='{"facts": [', data=None, finish="max_tokens")] * 4)
     async with Anthropic("claude-3-5-haiku-latest", base_url=server.url, max_tokens=1024,
                          api_key="k") as capped:
-        with pytest.raises(LLMError,
-                           match=r"cut short at max_tokens=1024, so it is incomplete"):
+        with pytest.raises(Cut, match=r"cut short at max_tokens=1024, so it is incomplete"):
             await capped.generate(semantic())
     caps = [r.body["max_tokens"] for r in server.requests]
     assert caps[:2] == [964, 1024]
     assert server.requests[1].body["messages"] == server.requests[0].body["messages"]
+
+
+async def test_a_cut_tool_input_keeps_the_items_before_the_last(server: ProviderServer) -> None:
+    """A forced tool's input stopped at max_tokens with no more room: the items before its
+    list's last (the one it was cut in) are kept, without asking again."""
+    second = {**FACT, "proposition": "The port is 80"}
+    server.script(Answer(data={"facts": [FACT, second]}, finish="max_tokens"))
+    async with Anthropic("claude-x", base_url=server.url, max_tokens=64, api_key="k") as capped:
+        facts = await ask(capped, semantic(), parse_facts)
+    assert [f.proposition for f in facts] == [FACT["proposition"]]
+    assert len(server.requests) == 1

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mnemo.adapters.embeddings import DimensionUnknown, OpenAIEmbedder
+from mnemo.calls.retry import Backoff
 from mnemo.errors import EmbeddingError, InvalidInputError
 from mnemo.ports import Embedder
-from mnemo.retry import Backoff
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, Raw, vector
 
 FAST = Backoff(base=0.001)
@@ -220,7 +220,7 @@ async def test_a_reply_without_data_is_retried_within_the_budget(server: Provide
     assert len(server.requests) == 2
     server.script(Raw(json.dumps({"object": "list"}).encode()))
     async with OpenAIEmbedder("e", base_url=server.openai_url, dim=8, max_retries=0) as embedder:
-        with pytest.raises(EmbeddingError, match="no data list"):
+        with pytest.raises(EmbeddingError, match="missing required field `data`"):
             await embedder.embed(["x"])
 
 

@@ -1,5 +1,5 @@
 """`OpenAICompatible` over a real socket: wire format, structured output and its fallbacks,
-validation with one re-ask, tool calls, usage and cost, and keys."""
+a task's reply read with one re-ask (`calls.tasks.ask`), tool calls, usage and cost, and keys."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ from typing import Any
 import httpx
 import pytest
 
-from mnemo.adapters._schema import DEFAULT_PRICES, decode_json, price_of
+from mnemo.adapters._chat import DEFAULT_PRICES, price_of
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.errors import InvalidInputError, LLMError
-from mnemo.extraction.prompts import semantic_request
+from mnemo.calls.reply import Cut, decode_json
+from mnemo.calls.retry import Backoff
+from mnemo.calls.tasks import ask
+from mnemo.errors import InvalidInputError, LLMError, LLMReplyError
+from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, ToolCall, Usage
-from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
     REJECT_RESPONSE_FORMAT,
     REJECT_TOOLS,
@@ -118,26 +120,39 @@ async def test_fenced_json_is_accepted(server: ProviderServer, llm: OpenAICompat
     assert len(server.requests) == 1
 
 
-# ---- validation and the one re-ask ------------------------------------------------------------
-
-
-async def test_schema_violation_is_reasked_once(
+async def test_the_adapter_passes_any_json_up_unchecked(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """An invalid reply is sent back with its problem; the valid second reply is returned."""
+    """A reply the schema would refuse (a key it does not list, one it requires left out) is
+    the adapter's `data` as it came, in one call: the task reads it."""
+    loose = {"facts": [{"proposition": "Nginx is up."}], "extra": True}
+    server.script(Answer(data=loose))
+    response = await llm.generate(semantic())
+    assert response.data == loose
+    assert len(server.requests) == 1
+
+
+# ---- a task's reply read, and the one re-ask -----------------------------------------------
+
+
+async def test_an_unusable_reply_is_reasked_once(
+    server: ProviderServer, llm: OpenAICompatible
+) -> None:
+    """A reply the task cannot read is sent back with its problem; the usable second reply is
+    the answer."""
     bad = {"facts": [{"proposition": 3, "concepts": [], "confidence": 0.5}]}
     server.script(Answer(data=bad), Answer(data={"facts": [FACT]}))
-    response = await llm.generate(semantic())
-    assert response.data == {"facts": [FACT]}
-    assert response.usage == Usage(20, 10, None)
+    facts = await ask(llm, semantic(), parse_facts)
+    assert [f.proposition for f in facts] == [FACT["proposition"]]
+    assert llm.total_usage == Usage(20, 10, None)
     first, second = server.requests
     tail = second.messages[-2:]
     assert tail[0]["role"] == "assistant"
     assert decode_json(tail[0]["content"]) == bad
     assert tail[1] == {
         "role": "user",
-        "content": "Your reply did not match the schema: at $.facts[0].proposition: 3 is not of "
-        "type 'string'. Reply again with JSON only.",
+        "content": "Your reply could not be used: facts[0].proposition must be a string, got 3. "
+        "Reply again with JSON only.",
     }
     assert second.messages[:-2] == first.messages
 
@@ -145,36 +160,38 @@ async def test_schema_violation_is_reasked_once(
 async def test_malformed_json_is_reasked(server: ProviderServer, llm: OpenAICompatible) -> None:
     """A reply that is not JSON gets the re-ask too."""
     server.script(Answer(text='{"facts": [{"proposition": '), Answer(data={"facts": []}))
-    response = await llm.generate(semantic())
-    assert response.data == {"facts": []}
+    assert await ask(llm, semantic(), parse_facts) == []
     assert "not valid JSON" in server.requests[1].messages[-1]["content"]
 
 
 async def test_second_bad_reply_raises_saying_what_was_wrong(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """An invalid reply is re-asked once (the API contract); an invalid second one raises LLMError
-    naming the task and the second reply's problem."""
+    """An unusable reply is re-asked once (the API contract); an unusable second one raises
+    `LLMReplyError` naming the task and the second reply's problem."""
     server.script(
         Answer(data={"facts": "none"}), *[Answer(data={"facts": [{"concepts": []}]})] * 3
     )
     with pytest.raises(
-        LLMError,
-        match=r"task 'semantic' did not match its schema after 2 of 3 calls.*: "
-        r"at \$\.facts\[0\]: 'proposition' is a required property",
+        LLMReplyError,
+        match=r"task 'semantic' was unusable after 2 of 3 calls.*: "
+        r"facts\[0\]\.proposition must be a string, got nothing",
     ):
-        await llm.generate(semantic())
+        await ask(llm, semantic(), parse_facts)
     assert len(server.requests) == 2
 
 
-async def test_cut_short_reply_says_so(server: ProviderServer, llm: OpenAICompatible) -> None:
-    """A reply truncated at max_tokens (and no more room to ask for) says so in the error."""
+async def test_cut_short_reply_says_so(server: ProviderServer) -> None:
+    """A reply truncated at max_tokens (and no more room to ask for) is a `Cut` saying so,
+    holding what came."""
     cap = semantic().max_tokens
     assert cap is not None
     server.script(*[Answer(text='{"facts": [', finish="length", usage=(10, cap))] * 4)
     async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=cap) as capped:
-        with pytest.raises(LLMError, match="cut short at max_tokens"):
+        with pytest.raises(Cut, match="cut short at max_tokens") as cut:
             await capped.generate(semantic())
+    assert cut.value.at_cap
+    assert cut.value.text == '{"facts": ['
 
 
 # ---- structured-output modes and the auto fallback -------------------------------------------
@@ -218,13 +235,12 @@ async def test_auto_falls_back_to_json_mode(server: ProviderServer, llm: OpenAIC
 async def test_tool_mode_reask_shows_the_arguments(
     server: ProviderServer, llm: OpenAICompatible
 ) -> None:
-    """In tool mode a bad tool call is re-asked with its arguments shown."""
-    server.script(REJECT_RESPONSE_FORMAT, Answer(data={"facts": [{"proposition": ""}]}))
-    response = await llm.generate(semantic())
-    assert js(response.data)["facts"]
+    """In tool mode an unusable tool call is re-asked with its arguments shown."""
+    server.script(REJECT_RESPONSE_FORMAT, Answer(data={"facts": [{"concepts": []}]}))
+    assert await ask(llm, semantic(), parse_facts)
     reask = server.requests[2].messages
-    assert decode_json(reask[-2]["content"]) == {"facts": [{"proposition": ""}]}
-    assert reask[-1]["content"].startswith("Your reply did not match the schema: at $.facts[0]")
+    assert decode_json(reask[-2]["content"]) == {"facts": [{"concepts": []}]}
+    assert reask[-1]["content"].startswith("Your reply could not be used: facts[0].proposition")
 
 
 async def test_unrelated_400_does_not_fall_back(
@@ -471,7 +487,7 @@ async def test_reply_using_every_token_is_reported_cut(
     async with OpenAICompatible("m", base_url=server.openai_url, max_tokens=cap) as capped:
         with pytest.raises(LLMError,
                            match=rf"cut short at max_tokens={cap}, so it is incomplete"):
-            await capped.generate(semantic())
+            await ask(capped, semantic(), parse_facts)
     reask = server.requests[1].messages[-1]["content"]
     assert f"cut short at max_tokens={cap}" in reask
 

@@ -4,6 +4,7 @@ every embedding) is answered by the local `ProviderServer`, healthy or flaky."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,8 +13,8 @@ from mnemo import NodeType
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.calls.retry import Backoff
 from mnemo.ports import LLM, Embedder
-from mnemo.retry import Backoff
 from tests.adapters.provider_server import Answer, Fail, ProviderServer, rate_limited
 from tests.fakes import FakeEmbedder
 
@@ -83,12 +84,11 @@ async def test_session_through_openai_compatible(server: ProviderServer) -> None
 async def test_an_unusable_reward_is_the_neutral_half(
     server: ProviderServer, adapter: str
 ) -> None:
-    """The API contract: a step's reward is 0.5 when it cannot be parsed. A reply the adapter's
-    schema check refuses even once re-asked ({"reward": "very good"}) failed the append that scored
-    the step before (LLMError), and the whole extraction when it was the last step's. Now
-    every step the "reward" task scores is scored 0.5 and the session commits (a probe of the
-    adapters); the last step is scored by the procedural task, whose score reads "very good"
-    as none, so the "reward" task is asked for it too."""
+    """The API contract: a step's reward is 0.5 when it cannot be parsed. A reward of
+    {"reward": "very good"} scores every step 0.5 and the session commits, each step's reward
+    asked once (the reward's reader never refuses a reply, so nothing is re-asked); the last
+    step is scored by the procedural task, whose score reads "very good" as none, so the
+    "reward" task is asked for it too."""
     server.answer_task("reward", Answer(data={"reward": "very good"}))
     server.last_reward = "very good"
     llm: OpenAICompatible | Anthropic = (
@@ -98,7 +98,7 @@ async def test_an_unusable_reward_is_the_neutral_half(
     async with llm, mnemo.Memory(":memory:", llm=llm, embedder=FakeEmbedder()) as mem:
         [episode] = await mem.episodes(await record_and_commit(mem))
     assert [step.reward for step in episode.steps] == [0.5] * len(STEPS)
-    assert server.tasks().count("reward") == 2 * len(STEPS)  # each asked, then re-asked
+    assert server.tasks().count("reward") == len(STEPS)
 
 
 async def test_flaky_provider_loses_nothing(server: ProviderServer) -> None:
@@ -154,3 +154,50 @@ async def test_session_with_http_embeddings(server: ProviderServer) -> None:
         nodes = await run_session(llm, embedder)
     assert_nothing_lost(nodes)
     assert any(r.path == "/v1/embeddings" for r in server.requests)
+
+
+TRIP = mnemo.Trajectory("explore the house", [mnemo.Step(obs, act) for obs, act in STEPS])
+
+
+async def test_a_memory_leaves_the_adapters_it_was_given_open(
+    server: ProviderServer, store: str, tmp_path: Path
+) -> None:
+    """Two Memories share one LLM and one embedder over HTTP: the first closing leaves them
+    open for the second's ingest, and for `MemoryFiles.update` once both have closed."""
+    async with (
+        OpenAICompatible("m", base_url=server.openai_url) as llm,
+        OpenAIEmbedder("e", base_url=server.openai_url) as embedder,
+    ):
+        async with mnemo.Memory(store, llm=llm, embedder=embedder) as second:
+            async with mnemo.Memory(store, llm=llm, embedder=embedder) as first:
+                await first.open_repo(REPO)
+                assert (await first.ingest(REPO, TRIP, source_id="first")).node_ids
+            await second.open_repo(REPO)
+            assert (await second.ingest(REPO, TRIP, source_id="second")).node_ids
+        files = mnemo.MemoryFiles(tmp_path / "files", min_iterations=1)
+        history = [{"role": "user", "content": "We deploy on Tuesdays."},
+                   {"role": "assistant", "content": "Noted."}]
+        update = await files.update(history, llm=llm, iterations=1)
+        assert update.error is None
+        assert update.written
+
+
+async def test_a_memory_leaves_the_overrides_it_was_given_open(
+    server: ProviderServer, store: str
+) -> None:
+    """The models given to `open_repo` and to `start_session` stay open once the Memory has
+    closed: their owner may use them again."""
+    async with (
+        OpenAICompatible("repo", base_url=server.openai_url) as repo_llm,
+        OpenAICompatible("session", base_url=server.openai_url) as session_llm,
+        OpenAIEmbedder("e", base_url=server.openai_url) as embedder,
+    ):
+        async with mnemo.Memory(store) as mem:
+            await mem.open_repo(REPO, llm=repo_llm, embedder=embedder)
+            sid = await mem.start_session("explore the house", repo=REPO, llm=session_llm)
+            await mem.append(sid, *STEPS[0])
+            await mem.close_and_commit(sid)
+            await mem.end_session(sid)
+        async with mnemo.Memory(store, llm=session_llm, embedder=embedder) as again:
+            await again.open_repo(REPO, llm=repo_llm)
+            assert (await again.ingest(REPO, TRIP, source_id="again")).node_ids

@@ -18,12 +18,15 @@ import anyio
 import httpx
 import pytest
 
-from mnemo import deadline
 from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
+from mnemo.adapters.embeddings import Embeddings
+from mnemo.adapters.openai import Completion
+from mnemo.calls import deadline
+from mnemo.calls.retry import Backoff
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
-from mnemo.retry import Backoff
 from tests.adapters.provider_server import (
     Answer,
+    AnyReply,
     Fail,
     Hangup,
     ProviderServer,
@@ -33,7 +36,6 @@ from tests.adapters.provider_server import (
     rate_limited,
     retry_at,
 )
-from tests.fakes import js
 
 PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -70,8 +72,8 @@ async def test_retries_5xx_with_exponential_backoff(
     """500 and 502 are retried after base and 2*base delays, then the reply is returned."""
     server.script(Fail(500), Fail(502), Answer(text="hi"))
     async with transport(server.openai_url, clock) as t:
-        reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert js(reply)["choices"][0]["message"]["content"] == "hi"
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+    assert reply.choices[0].message.content == "hi"
     assert clock.sleeps == [0.1, 0.2]
     assert server.statuses == [500, 502, 200]
 
@@ -92,7 +94,7 @@ async def test_retry_after_seconds_is_honoured(server: ProviderServer, clock: Vi
     """A 429 with Retry-After: 3 waits exactly 3 s before the retry."""
     server.script(rate_limited("3"), Answer())
     async with transport(server.openai_url, clock) as t:
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert clock.sleeps == [3.0]
     assert server.statuses == [429, 200]
 
@@ -103,7 +105,7 @@ async def test_retry_after_http_date_is_honoured(
     """A Retry-After HTTP date 30 s ahead waits about 30 s (the date has 1 s resolution)."""
     server.script(retry_at(time.time() + 30), Answer())
     async with transport(server.openai_url, clock) as t:
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert len(clock.sleeps) == 1
     assert 28.0 <= clock.sleeps[0] <= 30.5
 
@@ -115,7 +117,7 @@ async def test_a_long_retry_after_is_waited_in_full(
     server.script(rate_limited("90"), Answer())
     backoff = Backoff(max_retry_after=100.0)
     async with transport(server.openai_url, clock, backoff=backoff) as t:
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert clock.sleeps == [90.0]
     assert server.statuses == [429, 200]
 
@@ -130,7 +132,7 @@ async def test_retry_after_past_max_retry_after_fails_at_once(
         with pytest.raises(
             LLMError, match=r"HTTP 429.*wait 90 s \(Retry-After\), past max_retry_after 60 s"
         ):
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert clock.sleeps == []
     assert server.statuses == [429]
 
@@ -155,7 +157,7 @@ async def test_gives_up_naming_status_and_message(
     server.script(*[Fail(503, "upstream overloaded")] * 3)
     async with transport(server.openai_url, clock, max_retries=2) as t:
         with pytest.raises(LLMError, match=r"3 attempts.*503.*upstream overloaded") as caught:
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert isinstance(caught.value.__cause__, HTTPFailure)
     assert caught.value.__cause__.status == 503
     assert len(server.requests) == 3
@@ -170,7 +172,7 @@ async def test_client_errors_are_not_retried(
     server.script(Fail(status, "field 'messages' is invalid"))
     async with transport(server.openai_url, clock) as t:
         with pytest.raises(LLMError, match=rf"refused.*HTTP {status}.*field 'messages' is invalid"):
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert len(server.requests) == 1
     assert clock.sleeps == []
 
@@ -182,7 +184,7 @@ async def test_transient_statuses_are_retried(
     """408, 409, 429 and 5xx (Anthropic's 529 too) are retried."""
     server.script(Fail(status), Answer())
     async with transport(server.openai_url, clock) as t:
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert server.statuses == [status, 200]
 
 
@@ -191,7 +193,7 @@ async def test_error_class_is_the_callers(server: ProviderServer, clock: Virtual
     server.script(Fail(500), Fail(500))
     async with transport(server.openai_url, clock, error=EmbeddingError, max_retries=1) as t:
         with pytest.raises(EmbeddingError, match="HTTP 500"):
-            await t.post_json("/embeddings", {"model": "e", "input": ["x"]})
+            await t.post_json("/embeddings", {"model": "e", "input": ["x"]}, Embeddings)
 
 
 async def test_ollama_style_error_body_is_read(server: ProviderServer, clock: VirtualClock) -> None:
@@ -199,7 +201,7 @@ async def test_ollama_style_error_body_is_read(server: ProviderServer, clock: Vi
     server.script(Raw(json.dumps({"error": "model 'llama9' not found"}).encode(), status=404))
     async with transport(server.openai_url, clock) as t:
         with pytest.raises(LLMError, match="HTTP 404 Not Found: model 'llama9' not found"):
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
 
 
 # ---- connection errors, timeouts, broken bodies ------------------------------------------------
@@ -209,8 +211,8 @@ async def test_dropped_connection_is_retried(server: ProviderServer, clock: Virt
     """A connection closed without a reply is retried."""
     server.script(Hangup(), Answer(text="back"))
     async with transport(server.openai_url, clock) as t:
-        reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert js(reply)["choices"][0]["message"]["content"] == "back"
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+    assert reply.choices[0].message.content == "back"
     assert len(server.requests) == 2
     assert len(clock.sleeps) == 1
 
@@ -222,7 +224,7 @@ async def test_refused_connection_gives_up(clock: VirtualClock) -> None:
         port = probe.getsockname()[1]
     async with transport(f"http://127.0.0.1:{port}/v1", clock, max_retries=2) as t:
         with pytest.raises(LLMError, match="3 attempts: connection failed"):
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert len(clock.sleeps) == 2
 
 
@@ -234,7 +236,7 @@ async def test_timeout_is_retried_then_raises_llm_timeout(
     # Long enough for a loaded machine's server to take the connection before it is given up.
     async with transport(server.openai_url, clock, timeout=0.5, max_retries=1) as t:
         with pytest.raises(LLMTimeout, match=r"2 attempts: no reply within 0.5s") as caught:
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     assert isinstance(caught.value, LLMError)
     assert isinstance(caught.value, TimeoutError)
     assert len(server.requests) == 2
@@ -246,8 +248,8 @@ async def test_slow_reply_within_timeout_is_fine(
     """A reply that comes before the timeout is used, with no retry."""
     server.script(Slow(0.05, Answer(text="late but fine")))
     async with transport(server.openai_url, clock, timeout=5.0) as t:
-        reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert js(reply)["choices"][0]["message"]["content"] == "late but fine"
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+    assert reply.choices[0].message.content == "late but fine"
     assert clock.sleeps == []
 
 
@@ -257,11 +259,12 @@ async def test_body_that_is_not_json_is_retried(
     """A 200 whose body is cut short is retried; for good, the error quotes the body."""
     server.script(Raw(b'{"choices": [{"mess'), Answer(text="whole"))
     async with transport(server.openai_url, clock, max_retries=1) as t:
-        reply = await t.post_json("/chat/completions", PAYLOAD)
-        assert js(reply)["choices"][0]["message"]["content"] == "whole"
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+        assert reply.choices[0].message.content == "whole"
         server.script(Raw(b"<html>oops</html>", content_type="text/html"), Raw(b"[1, 2]"))
-        with pytest.raises(LLMError, match=r"HTTP 200 OK: the body is not a JSON object: \[1, 2\]"):
-            await t.post_json("/chat/completions", PAYLOAD)
+        with pytest.raises(LLMError, match=r"HTTP 200 OK: the body is not the reply expected "
+                           r"\(Expected `object`, got `array`\): \[1, 2\]"):
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
 
 
 async def test_a_body_that_is_sloppy_but_whole_json_is_read(
@@ -274,8 +277,8 @@ async def test_a_body_that_is_sloppy_but_whole_json_is_read(
                  b'{"choices": [{"message": {"content": "a\\tb"}}], "n": 123456789012345678901}'):
         server.script(Raw(body))
         async with transport(server.openai_url, clock, max_retries=0) as t:
-            reply = await t.post_json("/chat/completions", PAYLOAD)
-        assert js(reply)["choices"][0]["message"]["content"] == "a\tb"
+            reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+        assert reply.choices[0].message.content == "a\tb"
     assert len(server.requests) == 3
 
 
@@ -338,7 +341,7 @@ async def test_transport_applies_requests_per_minute(clock: VirtualClock) -> Non
         "http://provider.test", clock, requests_per_minute=60, transport=_ok_handler(1)
     ) as t:
         for _ in range(3):
-            await t.post_json("/x", PAYLOAD)
+            await t.post_json("/x", PAYLOAD, AnyReply)
     assert clock.sleeps == [1.0, 1.0]
 
 
@@ -348,18 +351,11 @@ async def test_tokens_per_minute_uses_reported_usage(
 ) -> None:
     """The reply's usage corrects the estimate: a reply that used many tokens delays the next."""
 
-    def tokens_used(reply: Any) -> tuple[int | None, int | None]:
-        return int(reply["usage"]["total_tokens"]), 0
-
     async with transport(
-        "http://provider.test",
-        clock,
-        tokens_per_minute=6000,
-        transport=_ok_handler(used),
-        tokens_used=tokens_used,
+        "http://provider.test", clock, tokens_per_minute=6000, transport=_ok_handler(used)
     ) as t:
-        await t.post_json("/x", PAYLOAD)
-        await t.post_json("/x", PAYLOAD)
+        await t.post_json("/x", PAYLOAD, AnyReply)
+        await t.post_json("/x", PAYLOAD, AnyReply)
     assert bool(clock.sleeps) is waits
 
 
@@ -370,7 +366,7 @@ async def test_429_pauses_without_double_waiting(clock: VirtualClock) -> None:
     )
     mock = httpx.MockTransport(lambda request: next(replies))
     async with transport("http://provider.test", clock, transport=mock) as t:
-        await t.post_json("/x", PAYLOAD)
+        await t.post_json("/x", PAYLOAD, AnyReply)
     assert clock.sleeps == [2.0]
 
 
@@ -392,7 +388,7 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
         anyio.create_task_group() as tg,
     ):
         for _ in range(5):
-            tg.start_soon(t.post_json, "/x", PAYLOAD)
+            tg.start_soon(t.post_json, "/x", PAYLOAD, AnyReply)
         await anyio.wait_all_tasks_blocked()
         assert arrived == 2
         assert t.in_flight == 2
@@ -425,11 +421,11 @@ async def test_an_attempt_that_waits_for_nothing_stops_no_clock(
     stops = Stops()
     with deadline.registered(stops):
         async with transport(server.openai_url, clock) as t:
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
         assert stops.stops == 0
         async with transport(server.openai_url, clock, requests_per_minute=60) as t:
             for _ in range(2):
-                await t.post_json("/chat/completions", PAYLOAD)
+                await t.post_json("/chat/completions", PAYLOAD, Completion)
         assert stops.stops >= 1
 
 

@@ -19,8 +19,8 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnemo import deadline
 from mnemo.adapters.limit import INITIAL, Limit, LimitState
+from mnemo.calls import deadline
 
 
 def simulate(main: Callable[[], Awaitable[None]]) -> None:

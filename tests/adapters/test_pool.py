@@ -18,9 +18,9 @@ import pytest
 
 from mnemo.adapters._http import Transport
 from mnemo.adapters._pool import Pool
+from mnemo.adapters.openai import Completion
 from mnemo.errors import LLMError
 from tests.adapters.provider_server import ProviderServer, Raw
-from tests.fakes import js
 
 PAYLOAD = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -42,8 +42,8 @@ async def test_a_transport_without_one_given_sends_through_the_pool(
     JSON body as given."""
     async with _transport(server.openai_url, headers={"authorization": "Bearer k"}) as t:
         assert isinstance(t._client._transport, Pool)
-        reply = await t.post_json("/chat/completions", PAYLOAD, {"x-trace": "1"})
-    assert js(reply)["choices"][0]["message"]["role"] == "assistant"
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion, {"x-trace": "1"})
+    assert reply.choices[0].message.content is not None
     (request,) = server.requests
     assert request.body == PAYLOAD
     assert request.headers["authorization"] == "Bearer k"
@@ -60,7 +60,7 @@ async def test_a_request_without_headers_of_its_own_goes_out_whole(
     caplog.set_level(logging.INFO, logger="httpx")
     async with _transport(server.openai_url, headers={"authorization": "Bearer k"}) as t:
         for _ in range(2):
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     for request in server.requests:
         assert request.body == PAYLOAD
         assert request.headers["authorization"] == "Bearer k"
@@ -78,7 +78,7 @@ async def test_a_cookie_a_server_sets_is_sent_back(server: ProviderServer) -> No
     server.script(Raw(body, headers={"set-cookie": "session=abc; Path=/"}))
     async with _transport(server.openai_url) as t:
         for _ in range(2):
-            await t.post_json("/chat/completions", PAYLOAD)
+            await t.post_json("/chat/completions", PAYLOAD, Completion)
     first, second = server.requests
     assert "cookie" not in first.headers
     assert second.headers["cookie"] == "session=abc"
@@ -90,8 +90,8 @@ async def test_a_compressed_reply_is_decoded(server: ProviderServer) -> None:
     body = gzip.compress(json.dumps({"choices": [{"message": {"content": "zipped"}}]}).encode())
     server.script(Raw(body, headers={"content-encoding": "gzip"}))
     async with _transport(server.openai_url) as t:
-        reply = await t.post_json("/chat/completions", PAYLOAD)
-    assert js(reply)["choices"][0]["message"]["content"] == "zipped"
+        reply = await t.post_json("/chat/completions", PAYLOAD, Completion)
+    assert reply.choices[0].message.content == "zipped"
 
 
 async def test_a_proxy_from_the_environment_is_used(
@@ -103,7 +103,7 @@ async def test_a_proxy_from_the_environment_is_used(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HTTP_PROXY", server.url)
     async with _transport("http://provider.invalid/v1", max_retries=0) as t:
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
     (request,) = server.requests
     assert request.path == "http://provider.invalid/v1/chat/completions"
 
@@ -119,7 +119,7 @@ async def _calls_in_one_request(t: Transport) -> int:
 
     sys.setprofile(profile)
     try:
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
     finally:
         sys.setprofile(None)
     return count
@@ -135,15 +135,15 @@ async def test_a_calls_work_does_not_grow_with_the_idle_connections_held() -> No
             _transport(server.openai_url, max_concurrency=32, concurrency=32) as many,
         ):
             with anyio.fail_after(20):
-                await one.post_json("/chat/completions", PAYLOAD)
+                await one.post_json("/chat/completions", PAYLOAD, Completion)
                 async with anyio.create_task_group() as tg:
                     for _ in range(32):
-                        tg.start_soon(many.post_json, "/chat/completions", PAYLOAD)
+                        tg.start_soon(many.post_json, "/chat/completions", PAYLOAD, Completion)
                 assert server.max_in_flight >= 32  # so `many` holds 32 connections
                 server.latency = 0.0
                 # Warmed once each, then counted.
-                await one.post_json("/chat/completions", PAYLOAD)
-                await many.post_json("/chat/completions", PAYLOAD)
+                await one.post_json("/chat/completions", PAYLOAD, Completion)
+                await many.post_json("/chat/completions", PAYLOAD, Completion)
                 alone = await _calls_in_one_request(one)
                 among_32 = await _calls_in_one_request(many)
     assert among_32 <= 1.2 * alone, (alone, among_32)
@@ -162,7 +162,7 @@ async def test_a_transport_call_costs_less_than_the_httpx_clients_post(
     ):
         body = json.dumps(PAYLOAD).encode()
         headers = {"content-type": "application/json"}
-        await t.post_json("/chat/completions", PAYLOAD)
+        await t.post_json("/chat/completions", PAYLOAD, Completion)
         await client.post("/chat/completions", content=body, headers=headers)
         ours = await _calls_in_one_request(t)
         count = 0

@@ -37,7 +37,7 @@ async def test_a_reopened_repo_runs_its_recorded_models(
     db = tmp_path / "m.db"
     llm = mnemo.OpenAICompatible("chat-m", base_url=server.openai_url)
     embedder = mnemo.OpenAIEmbedder("embed-m", base_url=server.openai_url)
-    async with mnemo.Memory(db, llm=llm, embedder=embedder) as mem:
+    async with llm, embedder, mnemo.Memory(db, llm=llm, embedder=embedder) as mem:
         await mem.open_repo(REPO)
     assert recorded(db)[REPO] == (
         f"openai:embed-m@{server.openai_url}", f"openai-compatible:chat-m@{server.openai_url}", 16

@@ -1,5 +1,5 @@
-"""One retry budget per task (`mnemo.retry`): transport retries, the adapter's schema re-asks and
-`calls.tasks.ask`'s re-asks all draw on it, so no layer multiplies another.
+"""One retry budget per task (`mnemo.calls.retry`): transport retries, the adapter's retries of
+a cut reply and `calls.tasks.ask`'s re-asks all draw on it, so no layer multiplies another.
 
 Adapters run over `httpx.MockTransport`; waits go through a `VirtualClock`, so no test sleeps.
 """
@@ -17,20 +17,20 @@ import pytest
 
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.openai import OpenAICompatible
+from mnemo.calls.retry import Backoff, RetryPolicy, SystemClock, policy_from
 from mnemo.calls.slots import LimitedLLM
 from mnemo.calls.tasks import ask
 from mnemo.episode.prompts import parse_subgoal, subgoal_request
 from mnemo.errors import InvalidInputError, LLMError, LLMTimeout
 from mnemo.extraction.prompts import parse_facts, semantic_request
 from mnemo.ports import LLMRequest, LLMResponse, Usage
-from mnemo.retry import Backoff, RetryPolicy, SystemClock, policy_from
 from tests.adapters.provider_server import VirtualClock
 from tests.fakes import FakeLLM
 
 STEPS = [{"index": 0, "observation": "nginx listens on 8080", "action": "curl localhost:8080"}]
 FACT = {"proposition": "Nginx listens on port 8080.", "concepts": ["nginx"], "confidence": 0.9}
 GOOD: dict[str, Any] = {"facts": [FACT]}
-BAD: dict[str, Any] = {"facts": [{"concepts": []}]}  # no "proposition": fails the semantic schema
+BAD: dict[str, Any] = {"facts": [{"concepts": []}]}  # no "proposition": the semantic task refuses
 FAST = Backoff(base=0.1, jitter=lambda: 1.0)
 
 Reply = tuple[int, dict[str, Any], dict[str, str]]
@@ -96,12 +96,12 @@ def clock() -> VirtualClock:
 async def test_garbage_through_ask_makes_exactly_the_budgeted_calls(
     clock: VirtualClock, max_calls: int, max_re_asks: int, requests: int
 ) -> None:
-    """A model that keeps failing the schema is asked until the calls or the re-asks run out
-    (whichever first), then LLMError."""
+    """A model that keeps answering what the task cannot read is asked until the calls or the
+    re-asks run out (whichever first), then LLMError."""
     policy = RetryPolicy(max_calls=max_calls, max_re_asks=max_re_asks)
     provider = Provider(data(BAD))
     async with openai(provider, clock, retry=policy) as llm:
-        with pytest.raises(LLMError, match=r"'proposition' is a required property"):
+        with pytest.raises(LLMError, match=r"facts\[0\]\.proposition must be a string"):
             await ask(llm, semantic(), parse_facts)
     assert len(provider.requests) == requests
 
@@ -111,22 +111,9 @@ async def test_default_budget_re_asks_a_garbage_reply_once(clock: VirtualClock) 
     once"): 2 requests, then LLMError naming the problem."""
     provider = Provider(data(BAD))
     async with openai(provider, clock) as llm:
-        with pytest.raises(LLMError, match=r"after 2 of 3 calls \(1 of 1 re-asks\).*'proposit"):
+        with pytest.raises(LLMError,
+                           match=r"after 2 of 3 calls \(1 of 1 re-asks\).*proposition must"):
             await ask(llm, semantic(), parse_facts)
-    assert len(provider.requests) == 2
-
-
-async def test_schema_reasks_and_parse_reasks_share_the_budget(clock: VirtualClock) -> None:
-    """Schema re-asks (adapter) and parse re-asks (ask) share the re-asks: the schema's one
-    spent, a reply the parser rejects is not asked again."""
-    provider = Provider(data(BAD), data(GOOD))
-
-    def reject(response: LLMResponse) -> None:
-        raise ValueError("the facts are not about the goal")
-
-    async with openai(provider, clock) as llm:
-        with pytest.raises(LLMError, match="not about the goal"):
-            await ask(llm, semantic(), reject)
     assert len(provider.requests) == 2
 
 
@@ -141,11 +128,11 @@ async def test_a_429_storm_stops_at_the_budget(clock: VirtualClock) -> None:
 
 
 async def test_transport_retries_and_reasks_share_the_budget(clock: VirtualClock) -> None:
-    """Two 500s spend two of the 3 calls, so the invalid reply after them is not re-asked."""
+    """Two 500s spend two of the 3 calls, so the unusable reply after them is not re-asked."""
     provider = Provider(failing(), failing(), data(BAD), data(GOOD))
     async with openai(provider, clock) as llm:
-        with pytest.raises(LLMError, match=r"did not match its schema after 3 of 3 calls"):
-            await llm.generate(semantic())
+        with pytest.raises(LLMError, match=r"was unusable after 3 of 3 calls"):
+            await ask(llm, semantic(), parse_facts)
     assert len(provider.requests) == 3
 
 
@@ -159,7 +146,7 @@ async def test_anthropic_draws_on_the_same_budget(clock: VirtualClock) -> None:
         "claude", api_key="k", base_url="http://provider.test", clock=clock, backoff=FAST,
         transport=httpx.MockTransport(provider),
     ) as llm:
-        with pytest.raises(LLMError, match=r"'proposition' is a required property"):
+        with pytest.raises(LLMError, match=r"facts\[0\]\.proposition must be a string"):
             await ask(llm, semantic(), parse_facts)
     assert len(provider.requests) == 3
 
@@ -192,7 +179,8 @@ async def test_replies_without_a_message_stop_at_the_budget(
     request = semantic() if structured else LLMRequest("state", "s", STEPS, None, None, None)
     async with openai(provider, clock) as llm:
         with pytest.raises(
-            LLMError, match=r"3 attempts: HTTP 200 OK: the reply holds no message.*3 of 3 calls"
+            LLMError, match=r"3 attempts: HTTP 200 OK: the body is not the reply expected "
+            r"\(Object missing required field `choices`\).*3 of 3 calls"
         ):
             await llm.generate(request)
     assert len(provider.requests) == 3
@@ -223,8 +211,8 @@ async def test_anthropic_replies_without_content_stop_at_the_budget(clock: Virtu
     """Only Messages API bodies without content: 3 requests, then LLMError naming it."""
     provider = Provider(NO_CONTENT)
     async with anthropic(provider, clock) as llm:
-        with pytest.raises(LLMError, match=r"3 attempts: HTTP 200 OK: the Messages API reply "
-                           r"holds no content list.*3 of 3 calls"):
+        with pytest.raises(LLMError, match=r"3 attempts: HTTP 200 OK: the body is not the reply "
+                           r"expected \(Object missing required field `content`\).*3 of 3 calls"):
             await llm.generate(semantic())
     assert len(provider.requests) == 3
 

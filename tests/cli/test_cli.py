@@ -445,10 +445,35 @@ def test_demo_replays_a_conversation_and_recalls(tmp_path: Path) -> None:
     for expected in ("Sessions", "What was committed", "Recall: Which port", "events:"):
         assert expected in result.stdout
     assert ok_json("graph", REPO, "--db", str(db))["nodes"]["source"] == 2
-    summary = ok_json("demo", "--db", str(db), "--data", str(data))
+    again = invoke("demo", "--db", str(db), "--data", str(data), input="y\n")
+    assert again.exit_code == 0, again.output
+    assert "holds a memory" in again.stdout
+    summary = ok_json("demo", "--db", str(db), "--data", str(data), "--force")
     assert [s["steps"] for s in summary["sessions"]] == [2, 1]
     assert summary["committed"]["source"] == 2
     assert summary["recalls"][0]["memories"]
+
+
+def test_demo_never_deletes_a_memory_unasked(tmp_path: Path) -> None:
+    """`mnemo demo --store` on a file that holds a memory asks first: a no, or `--json`
+    without `--force`, leaves its repos and its live session as they were."""
+    db = tmp_path / "memory.db"
+
+    async def fill() -> str:
+        async with mnemo.Memory(db, embedder=mnemo.HashEmbedder()) as mem:
+            await mem.open_repo("mine")
+            sid = await mem.start_session("keep me", repo="mine")
+            await mem.append(sid, "An observation worth keeping.", "Keep it.")
+            return sid
+
+    sid = anyio.run(fill)
+    declined = invoke("demo", "--db", str(db), input="n\n")
+    assert declined.exit_code == 1
+    assert "holds a memory" in declined.stdout
+    assert_clear_error(invoke("demo", "--db", str(db), "--json"), "--force")
+    assert [r["repo"] for r in ok_json("repos", "--db", str(db))] == ["mine"]
+    [live] = ok_json("sessions", "--db", str(db))
+    assert (live["id"], live["steps"]) == (sid, 1)
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ runner = CliRunner()
 REPO = "ops"
 
 
-def invoke(*args: str) -> Result:
-    return runner.invoke(app, list(args), env={"MNEMO_STORE": "", "MNEMO_DB": ""})
+def invoke(*args: str, input: str | None = None) -> Result:
+    return runner.invoke(app, list(args), input=input, env={"MNEMO_STORE": "", "MNEMO_DB": ""})
 
 
 def ok_json(*args: str) -> Any:
@@ -27,9 +27,9 @@ def ok_json(*args: str) -> Any:
 
 
 def test_history_lists_and_revert_undoes(store: str) -> None:
-    """history lists an ingest's commit with its source and counts; revert removes its nodes,
-    and history then lists the revert and the commit marked reverted; reverting it again is a
-    clear error."""
+    """history lists an ingest's commit with its source and counts; revert asks first (a no,
+    or --json without --yes, keeps the commit), then removes its nodes, and history then lists
+    the revert and the commit marked reverted; reverting it again is a clear error."""
 
     async def fill() -> list[str]:
         async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
@@ -53,7 +53,15 @@ def test_history_lists_and_revert_undoes(store: str) -> None:
     assert max(len(line) for line in table.stdout.splitlines()) <= 80
     assert invoke("revert", REPO, "0123456789", "--store", store).exit_code == 2
 
-    undone = ok_json("revert", REPO, short, "--store", store)
+    declined = invoke("revert", REPO, short, "--store", store, input="n\n")
+    assert declined.exit_code == 1
+    assert f"remove its {len(node_ids)} nodes" in declined.stdout
+    refused = invoke("revert", REPO, short, "--store", store, "--json")
+    assert refused.exit_code == 2
+    assert "--yes" in refused.stderr
+    assert ok_json("history", REPO, "--store", store) == [commit]
+
+    undone = ok_json("revert", REPO, short, "--yes", "--store", store)
     assert sorted(undone["node_ids"]) == sorted(node_ids)
     revert, reverted = ok_json("history", REPO, "--store", store)
     assert (revert["reverts"], revert["nodes"]) == (commit["id"], 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from typer.testing import CliRunner, Result
 
 import mnemo
 from mnemo.cli import app
+from tests.backends import sql
 from tests.fakes import FakeLLM
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,8 +23,8 @@ runner = CliRunner()
 REPO = "ops"
 
 
-def invoke(*args: str) -> Result:
-    return runner.invoke(app, list(args), env={"MNEMO_STORE": "", "MNEMO_DB": ""})
+def invoke(*args: str, input: str | None = None) -> Result:
+    return runner.invoke(app, list(args), input=input, env={"MNEMO_STORE": "", "MNEMO_DB": ""})
 
 
 def ok_json(*args: str) -> Any:
@@ -95,7 +96,8 @@ def test_sessions_table_shows_short_ids_that_commands_take(db: str) -> None:
     assert row.split("│")[1].strip() == short
     assert max(len(line) for line in table.stdout.splitlines()) <= 80
     assert ok_json("session", "close", short, "--db", str(db))["session_id"] == sid
-    assert ok_json("session", "discard", f"session_{short}", "--db", str(db))["state"] == "idle"
+    discarded = ok_json("session", "discard", f"session_{short}", "--yes", "--db", str(db))
+    assert discarded["state"] == "idle"
 
 
 def test_an_ambiguous_prefix_is_refused_naming_the_candidates(db: str) -> None:
@@ -136,13 +138,70 @@ def test_session_discard_and_errors(db: str) -> None:
     one line on stderr with exit 2."""
     sid = anyio.run(open_session, db)
     ok_json("session", "close", sid, "--db", str(db))
-    assert ok_json("session", "discard", sid, "--db", str(db))["state"] == "idle"
+    assert ok_json("session", "discard", sid, "-y", "--db", str(db))["state"] == "idle"
     refused = invoke("session", "commit", sid, "--db", str(db))
     assert refused.exit_code == 2
     assert "not_ready" in refused.stderr
     unknown = invoke("session", "end", "session_nope", "--db", str(db))
     assert unknown.exit_code == 2
     assert "no live session 'session_nope'" in unknown.stderr
+
+
+def test_session_end_and_discard_ask_before_work_is_dropped(db: str) -> None:
+    """Ending a collecting session, or discarding a ready one, asks first: a no, or --json
+    without --yes, leaves the session as it was; --yes goes on."""
+    sid = anyio.run(open_session, db, 2)
+    declined = invoke("session", "end", sid, "--db", str(db), input="n\n")
+    assert declined.exit_code == 1
+    assert "2 steps" in declined.stdout
+    refused = invoke("session", "end", sid, "--db", str(db), "--json")
+    assert refused.exit_code == 2
+    assert "--yes" in refused.stderr
+    [live] = ok_json("sessions", "--db", str(db))
+    assert (live["id"], live["state"], live["steps"]) == (sid, "collecting", 2)
+
+    assert ok_json("session", "close", sid, "--db", str(db))["state"] == "ready"
+    kept = invoke("session", "discard", sid, "--db", str(db), input="n\n")
+    assert kept.exit_code == 1
+    assert "changeset is dropped" in kept.stdout
+    assert ok_json("sessions", "--db", str(db))[0]["state"] == "ready"
+    assert ok_json("session", "discard", sid, "--yes", "--db", str(db))["state"] == "idle"
+
+    other = anyio.run(open_session, db)
+    assert ok_json("session", "end", other, "--yes", "--db", str(db))["state"] == "ended"
+
+
+async def leave_idle(db: str, goal: str) -> str:
+    """A session committed and left idle, its last change two hours ago (past the default
+    idle timeout of an hour)."""
+    async with mnemo.Memory(db) as mem:
+        sid = await mem.start_session(goal, repo=REPO)
+        await mem.append(sid, "nginx returns 502.", "Start gunicorn.")
+        await mem.close_and_commit(sid)
+        long_ago = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
+        await sql(mem, "UPDATE sessions SET updated_at = ? WHERE id = ?", long_ago, sid)
+        return sid
+
+
+def test_sessions_shows_work_in_progress_and_all_shows_idle_ones(db: str) -> None:
+    """`mnemo sessions` lists the sessions at work and says how many idle ones it leaves out;
+    `--all` lists those too, with their last episode's goal. Neither, nor `repos` nor
+    `doctor`, ends an idle session past its timeout (looking never writes); the next command
+    that works (`session close`) does."""
+    working = anyio.run(open_session, db)
+    idle = anyio.run(leave_idle, db, "Deploy the blog")
+    assert [s["id"] for s in ok_json("sessions", "--db", db)] == [working]
+    table = invoke("sessions", "--db", db)
+    assert table.exit_code == 0
+    assert "1 idle not shown" in table.stdout
+    for command in (["sessions", "--all"], ["repos"], ["doctor", "--quick"], ["sessions"]):
+        assert invoke(*command, "--db", db).exit_code == 0, command
+    listed = {s["id"]: s for s in ok_json("sessions", "--all", "--db", db)}
+    assert listed.keys() == {working, idle}
+    assert (listed[idle]["state"], listed[idle]["goal"], listed[idle]["steps"]) == (
+        "idle", "Deploy the blog", 0)
+    assert ok_json("session", "close", working, "--db", db)["state"] == "ready"
+    assert [s["id"] for s in ok_json("sessions", "--all", "--db", db)] == [working]
 
 
 def test_view_shows_a_message_whole_with_its_neighbours(db: str) -> None:

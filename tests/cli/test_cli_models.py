@@ -139,7 +139,7 @@ def test_a_repo_built_with_openai_embedder_is_queryable_from_the_cli(
 
     async def build() -> None:
         embedder = mnemo.OpenAIEmbedder("embed-m", base_url=server.openai_url)
-        async with mnemo.Memory(db, embedder=embedder) as mem:
+        async with embedder, mnemo.Memory(db, embedder=embedder) as mem:
             await mem.open_repo("r")
             await mem.ingest(
                 "r", mnemo.Trajectory("g", [mnemo.Step("nginx listens on port 80", "ok")]),

@@ -75,6 +75,17 @@ def test_structured_modes_and_task_fits_are_reported() -> None:
     assert measured["ok"]
 
 
+def test_a_mode_whose_reply_the_task_cannot_read_fails() -> None:
+    """A structured mode counts as working only when its reply reads as the task's: a server
+    answering the reward task with prose fails every mode, naming the problem."""
+    with ProviderServer() as server:
+        server.answer_task("reward", Answer(text="The step went well."))
+        _, report = doctor(server)
+    modes = report["server"]["structured_modes"]
+    assert [m["ok"] for m in modes] == [False, False, False]
+    assert all("not the task's" in m["detail"] for m in modes)
+
+
 def test_quick_measures_nothing_and_the_table_shows_the_server() -> None:
     """--quick makes one chat call; without it the table has an "LLM server" part."""
     with ProviderServer() as server:

@@ -31,9 +31,11 @@ def _openai(server: ProviderServer) -> OpenAICompatible:
     return OpenAICompatible("m", base_url=server.openai_url, api_key="k", max_retries=0)
 
 
-async def _evict(store: str, llm: mnemo.LLM, seconds: float = 30.0) -> mnemo.EvictionResult:
+async def _evict(
+    store: str, llm: OpenAICompatible | Anthropic, seconds: float = 30.0
+) -> mnemo.EvictionResult:
     config = mnemo.Config(extraction_timeout=seconds)
-    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
         await mem.conversation().save("t", HISTORY)
         with anyio.fail_after(30):
             return await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
@@ -103,7 +105,7 @@ async def test_with_open_goals_the_second_round_requires_a_tool(
     eviction ends at `everything_ok`."""
     llm = _openai(server)
     config = mnemo.Config(extraction_timeout=30)
-    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
         await mem.conversation().save("t", HISTORY)
         await mem.add_goal("t", "ship the billing service")
         with anyio.fail_after(30):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 
 import mnemo
@@ -65,3 +66,54 @@ async def test_finishing_without_a_snapshot_is_an_error(
     assert result.snapshot is not None
     assert "search_messages" in result.snapshot.text
     assert any("save_snapshot first" in line for line in js(task_inputs(llm.requests[1]))["done"])
+
+
+class Failing(ScriptedEviction):
+    """A scripted eviction model that raises, or sleeps past the model timeout, instead."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(prose())
+        self.how = how
+
+    async def generate(self, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        if request.task == "eviction":
+            self.requests.append(request)
+            if self.how == "raises":
+                raise mnemo.LLMError("HTTP 503 from the model server")
+            await anyio.sleep(30)
+        return await super().generate(request)
+
+
+def bad_arguments() -> mnemo.LLMResponse:
+    return mnemo.LLMResponse(tool_calls=[mnemo.ToolCall("save_snapshot", {"txt": "x"}, "c1")])
+
+
+@pytest.mark.parametrize(
+    ("replies", "cause"),
+    [
+        ([prose()], "replied 3 times without calling a tool"),
+        ([bad_arguments()], "save_snapshot: error: text must be a non-empty string"),
+        ([prose(), prose(), mnemo.LLMResponse(data={"summary": "the deploy"})],
+         "not save_snapshot's arguments"),
+        ([prose(), bad_arguments(), prose()], "rounds (last: error: your reply called no tool"),
+        ("raises", "the eviction model failed: LLMError('HTTP 503"),
+        ("sleeps", "the eviction model timed out after 0.5 s"),
+    ],
+)
+async def test_a_reply_not_used_is_reported(
+    store: str, replies: list[mnemo.LLMResponse] | str, cause: str
+) -> None:
+    """Whenever the model's reply is not used (no tool call, arguments that fail the tool's
+    schema, a structured reply without the summary, a failure, a timeout) the zone still gets
+    the note snapshot, the boundary moves past it, and `error` says why."""
+    llm = ScriptedEviction(*replies) if isinstance(replies, list) else Failing(replies)
+    config = mnemo.Config(extraction_timeout=0.5)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config) as mem:
+        await mem.conversation().save("t", HISTORY)
+        await mem.add_goal("t", "deploy the billing service")
+        result = await mem.evict("t", token_budget=4000, eviction_fraction=0.5)
+    assert cause in (result.error or "")
+    assert result.snapshot is not None
+    assert "search_messages" in result.snapshot.text
+    assert result.snapshot.end_seq == result.boundary_after - 1 >= 0
+    assert llm.requests

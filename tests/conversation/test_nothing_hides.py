@@ -303,9 +303,11 @@ async def test_a_save_whose_thread_is_purged_before_its_eviction_returns(
     evict = evictor.evict
     async with mnemo.Memory(store, embedder=FakeEmbedder()) as other:
 
-        async def purged_first(thread_id: str, token_budget: int, fraction: float) -> Any:
+        async def purged_first(
+            thread_id: str, token_budget: int, fraction: float, llm: mnemo.LLM
+        ) -> Any:
             await other.conversation().purge(thread_id)
-            return await evict(thread_id, token_budget, fraction)
+            return await evict(thread_id, token_budget, fraction, llm)
 
         monkeypatch.setattr(evictor, "evict", purged_first)
         saved = await conv.save("t", [tagged(i, "user", 60) for i in range(6)])

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mnemo.adapters.offline import OfflineLLM
+from mnemo.calls.reply import most_tokens
 from mnemo.conversation.prompts import (
     CHARS_PER_WORD,
     eviction_request,
@@ -15,7 +16,6 @@ from mnemo.conversation.prompts import (
     parse_summary,
     summary_request,
 )
-from mnemo.reply import most_tokens
 from tests.fakes import js
 
 MESSAGES: list[dict[str, Any]] = [

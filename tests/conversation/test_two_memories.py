@@ -129,6 +129,44 @@ async def test_save_appends_what_another_memory_left_new(store: str) -> None:
         assert a_side.embedded[6:] == [m["content"] for m in full[:4]] + ["tag5"]
 
 
+async def test_saves_of_two_extensions_racing_store_one(store: str) -> None:
+    """When B saves [h, x] between A's check of its history [h, y] and A's append, A's save
+    is refused naming the seq where the two part (it stored nothing): the thread holds B's
+    history only, where A's save used to append nothing and return as if it had."""
+    a_side = Interleaving()
+    async with (
+        mnemo.Memory(store, embedder=a_side) as a,
+        mnemo.Memory(store, embedder=FakeEmbedder()) as b,
+    ):
+        full = history(4)
+        await b.conversation().save("t", full[:3])
+        theirs = [*full[:3], tagged(7, "user", 5)]
+        a_side.hook = lambda: b.conversation().save("t", theirs)
+        with pytest.raises(mnemo.InvalidInputError, match=r"messages\[3\] differs .* seq 3"):
+            await a.conversation(retrieval=mnemo.Semantic(k=3)).save("t", full)
+        assert [len(r) for r in a_side.ran] == [1]
+        raw = await a.conversation().raw("t")
+        assert [m.content for m in raw] == [m["content"] for m in theirs]
+
+
+async def test_an_append_racing_a_save_is_kept(store: str) -> None:
+    """When B appends a message between A's check of its history and A's append, A's save
+    (whose history lacks it) is refused; B's message is kept."""
+    a_side = Interleaving()
+    async with (
+        mnemo.Memory(store, embedder=a_side) as a,
+        mnemo.Memory(store, embedder=FakeEmbedder()) as b,
+    ):
+        full = history(4)
+        await b.conversation().save("t", full[:2])
+        a_side.hook = lambda: b.conversation().append("t", [tagged(9, "user", 5)])
+        with pytest.raises(mnemo.InvalidInputError, match=r"messages\[2\] differs .* seq 2"):
+            await a.conversation(retrieval=mnemo.Semantic(k=3)).save("t", full)
+        raw = await a.conversation().raw("t")
+        theirs = [*(m["content"] for m in full[:2]), "tag9" + " filler" * 5]
+        assert [m.content for m in raw] == theirs
+
+
 class SummaryInterleaving(Interleaving):
     """Runs `hook` the first time A asks for a summary."""
 

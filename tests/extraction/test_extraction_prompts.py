@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.calls.reply import with_most_items
 from mnemo.calls.tasks import task_inputs
 from mnemo.extraction.contradiction import contradiction_request, parse_contradiction
 from mnemo.extraction.model import Fact, Instruction
@@ -27,7 +28,6 @@ from mnemo.extraction.prompts import (
 )
 from mnemo.graph.contradiction import Question
 from mnemo.ports import LLMResponse
-from mnemo.reply import with_most_items
 from tests.fakes import js
 
 JSON = st.recursive(
@@ -236,7 +236,7 @@ def test_parse_merged_intent() -> None:
     assert parse_merged_intent(LLMResponse(data={"intent": " restart nginx "})) == "restart nginx"
     with pytest.raises(ValueError, match="intent must be a non-empty string"):
         parse_merged_intent(LLMResponse(data={"intent": "  "}))
-    with pytest.raises(ValueError, match="JSON object"):
+    with pytest.raises(ValueError, match="not valid JSON"):
         parse_merged_intent(LLMResponse(text="restart nginx"))
 
 

@@ -147,7 +147,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     """`mnemo mcp --no-memory-updates` serves with memory-file writes off."""
     from typer.testing import CliRunner
 
-    import mnemo.mcp.server
+    import mnemo.mcp.transport
     from mnemo.cli import app
 
     seen: list[bool] = []
@@ -155,7 +155,7 @@ def test_the_cli_switch_turns_memory_updates_off(
     async def fake_serve(db: str | Path, *, memory_updates: bool, **options: object) -> None:
         seen.append(memory_updates)
 
-    monkeypatch.setattr(mnemo.mcp.server, "serve", fake_serve)
+    monkeypatch.setattr(mnemo.mcp.transport, "serve", fake_serve)
     db = str(tmp_path / "agent.db")
     for args in (["mcp", "--db", db, "--no-memory-updates"], ["mcp", "--db", db]):
         result = CliRunner().invoke(app, args)
@@ -179,6 +179,23 @@ async def test_save_messages_appends_only_the_new_ones(tools: MemoryTools) -> No
     again = json.loads(await tools.save_messages("t1", longer))
     assert again == {"thread_id": "t1", "added": 1, "messages": 3}
     hits = json.loads(await tools.search_messages("gunicorn"))
+    assert [h["thread_id"] for h in hits] == ["t1"]
+
+
+async def test_save_messages_refuses_a_window_and_append_messages_adds_it(
+    tools: MemoryTools,
+) -> None:
+    """save_messages of a sliding window is a tool error naming the first seq that differs,
+    and stores nothing; append_messages adds the window's new message, and search finds it."""
+    assert "append_messages" in TOOL_NAMES
+    history = [{"role": "user", "content": f"step {w}"} for w in ("one", "two", "three")]
+    await tools.save_messages("t1", history)
+    window = [*history[1:], {"role": "user", "content": "step four: rotate zebra-cert"}]
+    with pytest.raises(ToolError, match=r"messages\[0\] differs .* seq 0"):
+        await tools.save_messages("t1", window)
+    added = json.loads(await tools.append_messages("t1", window[-1:]))
+    assert added == {"thread_id": "t1", "added": 1, "messages": 4}
+    hits = json.loads(await tools.search_messages("zebra"))
     assert [h["thread_id"] for h in hits] == ["t1"]
 
 
@@ -226,7 +243,7 @@ def test_validation_errors_are_one_line_naming_the_field() -> None:
     """A pydantic rejection becomes one line naming the field and the rule, not the value."""
     from pydantic import BaseModel, Field, ValidationError
 
-    from mnemo.mcp.server import validation_message
+    from mnemo.mcp.transport import validation_message
 
     class Args(BaseModel):
         k: int = Field(ge=1)

@@ -12,7 +12,8 @@ from mcp import Client
 from mcp.types import TextContent
 
 import mnemo
-from mnemo.mcp.server import MemoryTools, build_server
+from mnemo.mcp.server import MemoryTools
+from mnemo.mcp.transport import build_server
 from tests.fakes import FakeEmbedder
 
 REPO = "r"

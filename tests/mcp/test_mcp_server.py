@@ -16,6 +16,7 @@ import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 from mcp.types import TextContent
 
 from mnemo.storage.ports import is_postgres
@@ -34,10 +35,13 @@ TOOLS = {
     "persist_memory",
     "recall_memory",
     "save_messages",
+    "append_messages",
     "list_repos",
     "list_sessions",
     "discard_session",
     "end_session",
+    "forget",
+    "correct",
 }
 
 
@@ -84,9 +88,11 @@ async def test_a_session_committed_over_mcp_is_recalled(tmp_path: Path, store: s
                 assert tool.description
                 assert "\n    " not in tool.description, tool.name
 
-            bad = await call_failing(session, "recall", repo="assistant", query="x", k=0)
-            assert "\n" not in bad
-            assert "invalid arguments for recall: k:" in bad
+            with pytest.raises(MCPError) as refused:
+                await session.call_tool("recall", {"repo": "assistant", "query": "x", "k": 0})
+            assert refused.value.error.code == -32602
+            assert "\n" not in refused.value.error.message
+            assert "invalid arguments for recall: k:" in refused.value.error.message
 
             started = await call(
                 session, "start_session", goal="Deploy the blog", repo="assistant"

@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo import deadline
 from mnemo.adapters._http import DEFAULT_TIMEOUT, Transport
+from mnemo.calls import deadline
 from mnemo.errors import LLMError
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM

@@ -17,7 +17,7 @@ from tests.storage.filled import NODE_WORD, REPO, fill
 
 # The migrations that made today's layout, undone by `_as_before`.
 LAYOUT = ("m017_links_key_first", "m018_commits_packed", "m019_half_vectors",
-          "m020_receipts_packed", "m022_links_by_rowid", "m024_shared_knowledge")
+          "m020_receipts_packed", "m022_links_by_rowid", "m026_shared_knowledge")
 COMMITS = ("SELECT id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
            " reworded FROM commits")
 VECTORS = "SELECT n.id, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"

@@ -12,17 +12,9 @@ import pytest
 from starlette.types import Message
 
 import mnemo
+from mnemo.access import check_token, host_pattern, is_loopback
 from mnemo.ui.app import create_app
-from mnemo.ui.guard import (
-    Access,
-    Redaction,
-    check_token,
-    exposure,
-    host_pattern,
-    is_loopback,
-    parse_host,
-    redact,
-)
+from mnemo.ui.guard import Access, Redaction, exposure, parse_host, redact
 from mnemo.ui.source import MemorySource
 from tests.ui.conftest import BASE, REPO, THREAD, client_of
 

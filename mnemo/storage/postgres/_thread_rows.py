@@ -129,7 +129,7 @@ async def read_state(conn: Connection, thread_id: str, *, lock: bool = False) ->
     transaction ends, so writers of one thread take turns (SQLite's single writer)."""
     row = await fetch_one(
         conn,
-        "SELECT next_seq, history_len, boundary_seq FROM threads WHERE id = %s"
+        "SELECT next_seq, history_len, boundary_seq, history_hash FROM threads WHERE id = %s"
         + (" FOR UPDATE" if lock else ""),
         (thread_id,),
     )
@@ -158,16 +158,16 @@ async def read_messages(conn: Connection, thread_id: str, *, from_seq: int = 0) 
     return [message_from_row(row) for row in await cur.fetchall()]
 
 
-async def iter_newest(conn: Connection, thread_id: str, *, from_seq: int) -> (
-    AsyncIterator[Message]
-):
-    """The thread's messages from `from_seq` on, newest first, a page at a time (call inside a
-    transaction: the cursor is the server's)."""
-    async with conn.cursor(name="mnemo_newest") as cur:
+async def iter_messages(
+    conn: Connection, thread_id: str, *, from_seq: int, newest_first: bool = True
+) -> AsyncIterator[Message]:
+    """The thread's messages from `from_seq` on, newest first (or oldest first), a page at a
+    time (call inside a transaction: the cursor is the server's)."""
+    async with conn.cursor(name="mnemo_messages") as cur:
         cur.itersize = PAGE
         await cur.execute(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s AND seq >= %s"
-            " ORDER BY seq DESC",
+            f" ORDER BY seq {'DESC' if newest_first else 'ASC'}",
             (thread_id, from_seq),
         )
         async for row in cur:

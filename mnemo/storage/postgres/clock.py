@@ -13,35 +13,21 @@ shortest (a stalled event loop lengthens one, not all).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from mnemo.errors import StorageError
+from mnemo.storage import clock as host_clock
 from mnemo.storage.postgres.connection import Postgres
 
 # Round trips per read of the server's time; the shortest is kept.
 SAMPLES = 3
 
 
-def host_now() -> datetime:
-    """This host's wall clock, in UTC."""
-    return datetime.now(UTC)
-
-
-# Linux's boot time clock counts a suspended host's sleep; elsewhere, the monotonic clock.
-_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
-
-
-def elapsed() -> float:
-    """Seconds on a clock that only moves forward (and never steps with the wall clock)."""
-    return time.monotonic() if _BOOTTIME is None else time.clock_gettime(_BOOTTIME)
-
-
 class ServerClock:
     """The server's time: the last read of it, plus the time elapsed here since."""
 
-    def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_now) -> None:
+    def __init__(self, pg: Postgres, host: Callable[[], datetime] = host_clock.host_now) -> None:
         self._pg = pg
         self.host = host  # before the first read only
         self._read: tuple[datetime, float] | None = None  # the server's time, and when
@@ -51,7 +37,7 @@ class ServerClock:
         if self._read is None:
             return self.host()
         server, at = self._read
-        return server + timedelta(seconds=elapsed() - at)
+        return server + timedelta(seconds=host_clock.elapsed() - at)
 
     async def sync(self) -> None:
         """Reads the server's time again.
@@ -62,9 +48,9 @@ class ServerClock:
         best: tuple[float, datetime, float] | None = None
         async with self._pg.connection() as conn:
             for _ in range(SAMPLES):
-                before = elapsed()
+                before = host_clock.elapsed()
                 cur = await conn.execute("SELECT clock_timestamp()")
-                after = elapsed()
+                after = host_clock.elapsed()
                 row = await cur.fetchone()
                 server = None if row is None else row[0]
                 if not isinstance(server, datetime):

@@ -33,7 +33,15 @@ from mnemo.conversation.model import (
     covered,
     replaced_compactions,
 )
-from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs
+from mnemo.conversation.ports import (
+    EvictionInputs,
+    Shown,
+    ThreadState,
+    ViewportInputs,
+    check_expected,
+    differs,
+    next_hash,
+)
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.storage.postgres import conversation_search
@@ -43,7 +51,7 @@ from mnemo.storage.postgres._thread_rows import (
     fetch,
     fetch_one,
     insert_snapshot,
-    iter_newest,
+    iter_messages,
     message_from_row,
     message_row,
     read_compactions,
@@ -81,8 +89,9 @@ async def _lock_row(conn: Connection, thread_id: str, at: datetime) -> tuple[Thr
     """
     for _ in range(_LOCK_ATTEMPTS):
         cur = await conn.execute(
-            "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at)"
-            " VALUES (%s, 0, 0, 0, %s) ON CONFLICT (id) DO NOTHING RETURNING id",
+            "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at,"
+            " history_hash) VALUES (%s, 0, 0, 0, %s, '') ON CONFLICT (id) DO NOTHING"
+            " RETURNING id",
             (thread_id, at),
         )
         created = await cur.fetchone() is not None
@@ -122,20 +131,17 @@ class PgThreads:
         thread_id: str,
         drafts: Sequence[MessageDraft],
         *,
-        expected_len: int,
         recorded_at: datetime,
         vectors: Sequence[Vector] | None = None,
+        expected_len: int | None = None,
+        expected_hash: str | None = None,
     ) -> list[Message]:
         at = utc(recorded_at)
         ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
         arrays = None if vectors is None else [_vector(v) for v in vectors]
         async with self._pg.transaction() as conn:
             state, _ = await _lock_row(conn, thread_id, at)
-            if state.history_len != expected_len:
-                raise ConflictError(
-                    f"thread {thread_id!r} changed while saving: {state.history_len} "
-                    f"messages stored, expected {expected_len}"
-                )
+            check_expected(thread_id, state, expected_len, expected_hash)
             rows = [
                 message_row(ids[i], thread_id, state.next_seq + i, d.role, d.text, d.content,
                             d.data, at, d.tokens)
@@ -155,8 +161,10 @@ class PgThreads:
                         [(ids[i], thread_id, vec) for i, vec in enumerate(arrays)],
                     )
             await conn.execute(
-                "UPDATE threads SET next_seq = %s, history_len = %s WHERE id = %s",
-                (state.next_seq + len(drafts), state.history_len + len(drafts), thread_id),
+                "UPDATE threads SET next_seq = %s, history_len = %s, history_hash = %s"
+                " WHERE id = %s",
+                (state.next_seq + len(drafts), state.history_len + len(drafts),
+                 next_hash(state, drafts, expected_hash), thread_id),
             )
         # As read back: the data through JSON, as SQLite's append gives it.
         return [
@@ -164,6 +172,18 @@ class PgThreads:
                     json.loads(json.dumps(d.data, sort_keys=True)), at, d.tokens)
             for i, d in enumerate(drafts)
         ]
+
+    async def first_difference(
+        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
+    ) -> int | None:
+        async with reading(self._pg) as conn:
+            async for message in iter_messages(conn, thread_id, from_seq=from_seq,
+                                               newest_first=False):
+                if message.seq - from_seq >= len(keys):
+                    break
+                if differs(message, from_seq, keys):
+                    return message.seq
+        return None
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
@@ -196,6 +216,28 @@ class PgThreads:
                     )
         return gone
 
+    async def pop(self, thread_id: str) -> Message | None:
+        async with self._pg.transaction() as conn:
+            if await read_state(conn, thread_id, lock=True) is None:
+                return None
+            # Vectors and pins go with the row (ON DELETE CASCADE), its search vector is a
+            # column of it.
+            row = await fetch_one(
+                conn,
+                "DELETE FROM messages WHERE id = (SELECT id FROM messages"
+                " WHERE thread_id = %s ORDER BY seq DESC LIMIT 1)"
+                f" RETURNING {MESSAGE_COLUMNS}",
+                (thread_id,),
+            )
+            if row is None:
+                return None
+            await conn.execute(
+                "DELETE FROM compactions WHERE thread_id = %s AND start_seq <= %s"
+                " AND end_seq >= %s",
+                (thread_id, row[2], row[2]),
+            )
+        return message_from_row(row)
+
     async def compactions(self, thread_id: str) -> list[Compaction]:
         async with self._pg.connection() as conn:
             return await read_compactions(conn, thread_id)
@@ -219,7 +261,7 @@ class PgThreads:
             compactions = await read_compactions(conn, thread_id)
             floor = compacted_floor(compactions)
             turns = 0
-            async for message in iter_newest(conn, thread_id, from_seq=floor):
+            async for message in iter_messages(conn, thread_id, from_seq=floor):
                 if covered(message.seq, compactions):
                     continue
                 picked.append(message)
@@ -293,7 +335,8 @@ class PgThreads:
                 return
             await delete_thread_rows(conn, thread_id)
             await conn.execute(
-                "UPDATE threads SET history_len = 0, boundary_seq = next_seq WHERE id = %s",
+                "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
+                " history_hash = '' WHERE id = %s",
                 (thread_id,),
             )
 
@@ -372,7 +415,7 @@ class PgThreads:
             used = 0
             # Newest first, up to and including the first message past the limit: the rows
             # come a page at a time, so a long backlog past the boundary is never read whole.
-            async for message in iter_newest(conn, thread_id, from_seq=boundary):
+            async for message in iter_messages(conn, thread_id, from_seq=boundary):
                 newest.append(message)
                 used += message.tokens
                 if used > token_limit:

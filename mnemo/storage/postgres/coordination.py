@@ -19,13 +19,20 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
+from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.row import Row
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+# Seconds until an idle session comes due (its config's timeout after its last change; a
+# config stored before the setting existed has its default), by the server's clock.
+_IDLE_LEFT = (
+    "extract(epoch FROM updated_at - clock_timestamp()) + coalesce("
+    f"(config->>'idle_session_timeout')::float8, {DEFAULT_IDLE_SESSION_TIMEOUT})"
+)
 
 
 def claims_lock_key(session_id: str) -> int:
@@ -40,6 +47,17 @@ async def lock_claims(conn: Connection, session_id: str) -> None:
     lock claim rows in different orders across their statements deadlock, and a claim could
     take a step a commit in flight was marking committed."""
     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (claims_lock_key(session_id),))
+
+
+async def drop_ended_work(conn: Connection, session_ids: list[str]) -> None:
+    """What nobody will do for these sessions, which have just ended: the stored operations
+    nobody took (their Memories answer them session_ended when they see the end; one taken,
+    or with its result, stays for its Memory to read and drop), and their step claims."""
+    await conn.execute(
+        "DELETE FROM ops WHERE session_id = ANY(%s) AND taken_by IS NULL AND result IS NULL",
+        (session_ids,),
+    )
+    await conn.execute("DELETE FROM step_claims WHERE session_id = ANY(%s)", (session_ids,))
 
 
 def _departed(column: str) -> str:
@@ -270,6 +288,30 @@ class PgCoordination:
             return
         async with self._pg.connection() as conn:
             await conn.execute("DELETE FROM ops WHERE id = ANY(%s)", (list(op_ids),))
+
+    async def end_idle(self, limit: int) -> IdleSweep:
+        # Looked for first, without a lock: most times none is due.
+        rows = await self._pg.fetch_all(
+            f"SELECT id, {_IDLE_LEFT} AS due FROM sessions WHERE NOT ended AND state = 'idle'"
+            " ORDER BY due LIMIT %s", (limit + 1,),
+        )
+        due = [str(sid) for sid, left in rows[:limit] if float(left) <= 0]
+        next_due = max(float(rows[len(due)][1]), 0.0) if len(rows) > len(due) else None
+        if not due:
+            return IdleSweep([], next_due)
+        async with self._pg.transaction() as conn:
+            # A row another writer holds is left for the next sweep: it may be moving on.
+            cur = await conn.execute(
+                "UPDATE sessions SET ended = true, version = version + 1, holder = NULL,"
+                " lease_until = NULL, updated_at = clock_timestamp() WHERE id IN (SELECT id"
+                " FROM sessions WHERE id = ANY(%s) AND NOT ended AND state = 'idle'"
+                f" AND {_IDLE_LEFT} <= 0 FOR UPDATE SKIP LOCKED) RETURNING id, repo",
+                (due,),
+            )
+            ended = [(str(sid), str(repo)) for sid, repo in await cur.fetchall()]
+            # An idle session has no step claim: no claims lock is taken.
+            await drop_ended_work(conn, [sid for sid, _ in ended])
+        return IdleSweep(ended, next_due)
 
     async def change_token(self) -> int:
         rows = await self._pg.fetch_all(

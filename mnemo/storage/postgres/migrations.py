@@ -523,9 +523,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(
+        # The hash of the history a thread's messages were saved from; NULL (unknown) for a
+        # thread saved before. SQLite's m024_thread_history_hash.
+        "m017_thread_history_hash",
+        (
+            "ALTER TABLE threads ADD COLUMN history_hash text",
+            "UPDATE threads SET history_hash = '' WHERE history_len = 0",
+        ),
+    ),
+    Migration(
         # Facts and instructions several commits are evidence for, links counted by the
-        # commits that made them, and reverts recorded. SQLite's m024_shared_knowledge.
-        "m017_shared_knowledge",
+        # commits that made them, and reverts recorded. SQLite's m026_shared_knowledge.
+        "m018_shared_knowledge",
         (
             "ALTER TABLE nodes ADD COLUMN owners jsonb",
             "ALTER TABLE links ADD COLUMN refs integer NOT NULL DEFAULT 1",

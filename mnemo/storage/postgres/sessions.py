@@ -30,7 +30,7 @@ from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, Postgres
-from mnemo.storage.postgres.coordination import lock_claims
+from mnemo.storage.postgres.coordination import drop_ended_work, lock_claims
 
 __all__ = ["PgSessions", "side_writes"]
 
@@ -242,15 +242,7 @@ class PgSessions:
             )
             if version is not None and not cur.rowcount:
                 raise StaleSession(session_id)
-            # Nobody will run the stored operations nobody took: their Memories answer them
-            # session_ended when they see the end. One taken, or with its result, stays for
-            # its Memory to read (and drop).
-            await conn.execute(
-                "DELETE FROM ops WHERE session_id = %s AND taken_by IS NULL"
-                " AND result IS NULL",
-                (session_id,),
-            )
-            await conn.execute("DELETE FROM step_claims WHERE session_id = %s", (session_id,))
+            await drop_ended_work(conn, [session_id])
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         # SQLite's INSERT OR REPLACE: the last reply kept for a key wins.
@@ -328,6 +320,7 @@ class PgSessions:
                     version=_int(version), holder=_str_or_none(holder),
                     lease_until=until if isinstance(until, datetime) else None,
                     active_at=None if active is None else _utc(active),
+                    goal=None if goal is None else str(goal),
                 )
             )
         return live

@@ -60,7 +60,8 @@ def snapshot_from_row(row: Sequence[Any]) -> Snapshot:
 
 def read_state(db: SqliteUtilsDatabase, thread_id: str) -> ThreadState | None:
     row = db.conn.execute(
-        "SELECT next_seq, history_len, boundary_seq FROM threads WHERE id = ?", (thread_id,)
+        "SELECT next_seq, history_len, boundary_seq, history_hash FROM threads WHERE id = ?",
+        (thread_id,),
     ).fetchone()
     return None if row is None else ThreadState(*row)
 

@@ -31,7 +31,15 @@ from mnemo.conversation.model import (
     covered,
     replaced_compactions,
 )
-from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs
+from mnemo.conversation.ports import (
+    EvictionInputs,
+    Shown,
+    ThreadState,
+    ViewportInputs,
+    check_expected,
+    differs,
+    next_hash,
+)
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector, vector_from_blob, vector_to_blob
 from mnemo.storage.sqlite import conversation_search
@@ -83,9 +91,10 @@ class SqliteThreads:
         thread_id: str,
         drafts: Sequence[MessageDraft],
         *,
-        expected_len: int,
         recorded_at: datetime,
         vectors: Sequence[Vector] | None = None,
+        expected_len: int | None = None,
+        expected_hash: str | None = None,
     ) -> list[Message]:
         stamp = timestamp(recorded_at)
         ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
@@ -97,16 +106,12 @@ class SqliteThreads:
                 state = read_state(db, thread_id)
                 if state is None:
                     conn.execute(
-                        "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at)"
-                        " VALUES (?, 0, 0, 0, ?)",
+                        "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at,"
+                        " history_hash) VALUES (?, 0, 0, 0, ?, '')",
                         (thread_id, stamp),
                     )
                     state = ThreadState(0, 0, 0)
-                if state.history_len != expected_len:
-                    raise ConflictError(
-                        f"thread {thread_id!r} changed while saving: {state.history_len} "
-                        f"messages stored, expected {expected_len}"
-                    )
+                check_expected(thread_id, state, expected_len, expected_hash)
                 rows = [
                     (
                         ids[i], thread_id, state.next_seq + i, d.role, d.text,
@@ -120,8 +125,10 @@ class SqliteThreads:
                     rows,
                 )
                 conn.execute(
-                    "UPDATE threads SET next_seq = ?, history_len = ? WHERE id = ?",
-                    (state.next_seq + len(drafts), state.history_len + len(drafts), thread_id),
+                    "UPDATE threads SET next_seq = ?, history_len = ?, history_hash = ?"
+                    " WHERE id = ?",
+                    (state.next_seq + len(drafts), state.history_len + len(drafts),
+                     next_hash(state, drafts, expected_hash), thread_id),
                 )
                 if blobs is not None:
                     conn.executemany(
@@ -131,6 +138,19 @@ class SqliteThreads:
             return [message_from_row(row) for row in rows]
 
         return await self._database.run(write)
+
+    async def first_difference(
+        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
+    ) -> int | None:
+        def read(db: SqliteUtilsDatabase) -> int | None:
+            for message in iter_messages(db, thread_id, from_seq=from_seq):
+                if message.seq - from_seq >= len(keys):
+                    break
+                if differs(message, from_seq, keys):
+                    return message.seq
+            return None
+
+        return await self._database.run(read)
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
         stamp = timestamp(cutoff)
@@ -159,6 +179,29 @@ class SqliteThreads:
                             (thread_id, first),
                         )
             return gone
+
+        return await self._database.run(write)
+
+    async def pop(self, thread_id: str) -> Message | None:
+        def write(db: SqliteUtilsDatabase) -> Message | None:
+            conn = db.conn
+            with db.atomic():
+                # Vectors and pins go with the row (ON DELETE CASCADE), its search entry by
+                # trigger.
+                row = conn.execute(
+                    "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages"
+                    " WHERE thread_id = ? ORDER BY seq DESC LIMIT 1)"
+                    f" RETURNING {MESSAGE_COLUMNS}",
+                    (thread_id,),
+                ).fetchone()
+                if row is None:
+                    return None
+                conn.execute(
+                    "DELETE FROM compactions WHERE thread_id = ? AND start_seq <= ?"
+                    " AND end_seq >= ?",
+                    (thread_id, row[2], row[2]),
+                )
+            return message_from_row(row)
 
         return await self._database.run(write)
 
@@ -265,7 +308,8 @@ class SqliteThreads:
             with db.atomic():
                 delete_thread_rows(db, thread_id)
                 db.conn.execute(
-                    "UPDATE threads SET history_len = 0, boundary_seq = next_seq WHERE id = ?",
+                    "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
+                    " history_hash = '' WHERE id = ?",
                     (thread_id,),
                 )
 

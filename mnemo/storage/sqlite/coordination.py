@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
+from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, SessionLease, StoredOp
+from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import Database
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+# Seconds until an idle session comes due (its config's timeout after its last change; a
+# config stored before the setting existed has its default), from the first parameter, now.
+_IDLE_LEFT = (
+    "(julianday(updated_at) - julianday(?)) * 86400.0"
+    f" + coalesce(json_extract(config, '$.idle_session_timeout'), {DEFAULT_IDLE_SESSION_TIMEOUT})"
+)
 
 
 class SqliteCoordination:
@@ -32,8 +39,9 @@ class SqliteCoordination:
         self._database = database
 
     def now(self) -> datetime:
-        # A SQLite file is shared on one host: its clock is the store's.
-        return datetime.now(UTC)
+        # The host's boot time clock, anchored in the file (`HostClock`): one clock for every
+        # process on the host, which no step of a wall clock moves.
+        return self._database.clock.now()
 
     async def sync_clock(self) -> None:
         return None
@@ -310,11 +318,50 @@ class SqliteCoordination:
 
         await self._database.run(write)
 
+    async def end_idle(self, limit: int) -> IdleSweep:
+        now = _text(self.now())
+
+        def sweep(db: SqliteUtilsDatabase) -> IdleSweep:
+            # Looked for first: a write would wait for another process's write lock, to find
+            # nothing most times.
+            rows = db.conn.execute(
+                f"SELECT id, {_IDLE_LEFT} AS due FROM sessions WHERE ended = 0"
+                " AND state = 'idle' ORDER BY due LIMIT ?", (now, limit + 1),
+            ).fetchall()
+            due = [str(sid) for sid, left in rows[:limit] if left <= 0]
+            next_due = max(float(rows[len(due)][1]), 0.0) if len(rows) > len(due) else None
+            if not due:
+                return IdleSweep([], next_due)
+            with db.atomic():
+                ended = db.conn.execute(
+                    "UPDATE sessions SET ended = 1, version = version + 1, holder = NULL,"
+                    " lease_until = NULL, updated_at = ? WHERE ended = 0 AND state = 'idle'"
+                    f" AND id IN ({','.join('?' * len(due))}) AND {_IDLE_LEFT} <= 0"
+                    " RETURNING id, repo",
+                    (now, *due, now),
+                ).fetchall()
+                drop_ended_work(db, [str(sid) for sid, _ in ended])
+            return IdleSweep([(str(sid), str(repo)) for sid, repo in ended], next_due)
+
+        return await self._database.run(sweep)
+
     async def change_token(self) -> int:
         rows = await self._database.run(
             lambda db: db.conn.execute("PRAGMA data_version").fetchall()
         )
         return int(rows[0][0])
+
+
+def drop_ended_work(db: SqliteUtilsDatabase, session_ids: Sequence[str]) -> None:
+    """What nobody will do for these sessions, which have just ended: the stored operations
+    nobody took (their Memories answer them session_ended when they see the end; one taken,
+    or with its result, stays for its Memory to read and drop), and their step claims."""
+    marks = ",".join("?" * len(session_ids))
+    db.conn.execute(
+        f"DELETE FROM ops WHERE session_id IN ({marks}) AND taken_by IS NULL"
+        " AND result IS NULL", session_ids,
+    )
+    db.conn.execute(f"DELETE FROM step_claims WHERE session_id IN ({marks})", session_ids)
 
 
 def _text(moment: datetime) -> str:

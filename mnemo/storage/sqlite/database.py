@@ -29,13 +29,15 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
+from mnemo.storage.clock import elapsed, host_now
 from mnemo.storage.sqlite.migrations import MIGRATIONS
 from mnemo.storage.started import Queued
 from mnemo.storage.worker import Worker
@@ -49,6 +51,9 @@ WAL_SIZE_LIMIT = 16 * 1024 * 1024
 
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+# mnemo's own random numbers: the global generator is the application's.
+_JITTER = random.Random()
 
 
 class _Connection(SqliteUtilsDatabase):
@@ -111,6 +116,7 @@ class Database:
         self.busy_timeout = max(busy_timeout, 0.0)
         self._db: SqliteUtilsDatabase | None = None
         self._worker: Worker | None = None
+        self.clock = HostClock()  # the store's time, anchored in the file when it opens
 
     @property
     def db(self) -> SqliteUtilsDatabase:
@@ -153,7 +159,7 @@ class Database:
                     # again, in this thread, until the busy timeout is spent.
                     if storage_error(exc).reason != "busy" or time.monotonic() >= deadline:
                         raise
-                    time.sleep(random.uniform(0.005, 0.03))
+                    time.sleep(_JITTER.uniform(0.005, 0.03))
         except BaseException:
             conn.close()
             raise
@@ -176,6 +182,7 @@ class Database:
             with db.atomic():
                 if MIGRATIONS.pending(db):
                     MIGRATIONS.apply(db)
+        self.clock.anchor(db)
 
     async def close(self) -> None:
         if self._worker is None:
@@ -269,6 +276,72 @@ class Database:
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
         return future
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This boot's id ("" where the kernel tells none)."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+class HostClock:
+    """The store's time on SQLite: the same in every process of the host, and never stepped
+    by a wall clock.
+
+    The processes sharing a SQLite file share one host, and one boot time clock
+    (`storage.clock.elapsed`). The file keeps an anchor (`store_clock`): the wall clock's time
+    and the boot time clock's reading at one moment of this boot, written by the first Memory
+    that opens the file after the host booted. The store's time is the anchor's wall time plus
+    the boot time elapsed since: every process computes the same, and no step of a wall clock
+    (NTP, a date set by hand, a process whose clock is faked) moves a lease, a heartbeat or a
+    session's last use, the times Memories judge each other by; judged by a wall clock, a
+    step ahead would make every live holder's lease look ended.
+
+    A new boot (the kernel's boot id changed, or, where there is none, the boot time clock
+    reads less than at the anchor) anchors again; every holder recorded before it is gone
+    then (its process ended with the boot), and so are its leases.
+    """
+
+    def __init__(self, wall: Callable[[], datetime] = host_now) -> None:
+        self.wall = wall  # read to anchor a new boot, and before the file is open
+        self._anchor: tuple[datetime, float] | None = None
+
+    def now(self) -> datetime:
+        if self._anchor is None:
+            return self.wall()
+        wall, at = self._anchor
+        return wall + timedelta(seconds=elapsed() - at)
+
+    def anchor(self, db: SqliteUtilsDatabase) -> None:
+        """Reads the file's anchor, or writes one when it is of another boot (and forgets the
+        holders of that boot). Runs in the connection's thread, when the file opens."""
+        boot = boot_id()
+        row = _anchor_of(db)
+        if not _this_boot(row, boot):
+            with db.atomic():
+                row = _anchor_of(db)  # another process may have anchored meanwhile
+                if not _this_boot(row, boot):
+                    row = (boot, self.wall().isoformat(timespec="microseconds"), elapsed())
+                    db.conn.execute("DELETE FROM store_clock")
+                    db.conn.execute("INSERT INTO store_clock(boot, wall, at) VALUES (?, ?, ?)",
+                                    row)
+                    db.conn.execute("DELETE FROM holders")
+        assert row is not None
+        self._anchor = (datetime.fromisoformat(str(row[1])), float(row[2]))
+
+
+def _anchor_of(db: SqliteUtilsDatabase) -> tuple[Any, ...] | None:
+    row = db.conn.execute("SELECT boot, wall, at FROM store_clock").fetchone()
+    return None if row is None else tuple(row)
+
+
+def _this_boot(row: tuple[Any, ...] | None, boot: str) -> bool:
+    return row is not None and row[0] == boot and elapsed() >= float(row[2])
 
 
 def _translated(exc: BaseException) -> BaseException:

@@ -204,7 +204,40 @@ def m023_reembedding(db: Database) -> None:
 
 
 @MIGRATIONS()
-def m024_shared_knowledge(db: Database) -> None:
+def m024_thread_history_hash(db: Database) -> None:
+    # The hash of the history a thread's messages were saved from
+    # (`conversation.drafts.history_hash`): a save checks that its history extends the stored
+    # one without reading the stored messages. Unknown (NULL) for a thread saved before: its
+    # next save compares the stored messages one by one, then records the hash.
+    execute_all(
+        db,
+        """
+        ALTER TABLE threads ADD COLUMN history_hash TEXT;
+        UPDATE threads SET history_hash = '' WHERE history_len = 0;
+        """,
+    )
+
+
+@MIGRATIONS()
+def m025_store_clock(db: Database) -> None:
+    # The store's time (`sqlite.database.HostClock`): the wall time and the boot time clock's
+    # reading at one moment of the host's current boot, read by every process that opens the
+    # file, so that leases and heartbeats are stamped and judged on a clock no wall clock
+    # step moves.
+    execute_all(
+        db,
+        """
+        CREATE TABLE store_clock (
+            boot TEXT NOT NULL,
+            wall TEXT NOT NULL,
+            at REAL NOT NULL
+        );
+        """,
+    )
+
+
+@MIGRATIONS()
+def m026_shared_knowledge(db: Database) -> None:
     # A fact or instruction committed again joins the node that holds it (mnemo.graph.shares):
     # `owners` lists the contributions of a node that several commits are evidence for; a link
     # counts the commits that made it, so that withdrawing one leaves what another made; a

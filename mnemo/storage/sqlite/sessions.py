@@ -19,6 +19,7 @@ from mnemo.graph.model import Changeset, Vector, now_utc, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
+from mnemo.storage.sqlite.coordination import drop_ended_work
 from mnemo.storage.sqlite.database import Database
 
 
@@ -27,6 +28,10 @@ class SqliteSessions:
 
     def __init__(self, database: Database) -> None:
         self._database = database
+
+    def _now(self) -> str:
+        """The store's time (`HostClock`): a session's last use is judged by other Memories."""
+        return self._database.clock.now().isoformat()
 
     async def load_repos(self) -> list[RepoRow]:
         rows = await self._database.run(
@@ -53,7 +58,7 @@ class SqliteSessions:
                     " ON CONFLICT(name) DO UPDATE SET config = excluded.config,"
                     " embedder = CASE WHEN vectors_generation = ? THEN excluded.embedder"
                     " ELSE embedder END, llm = excluded.llm",
-                    (row.name, row.config.to_json(), row.dim, row.embedder, row.llm, _now(),
+                    (row.name, row.config.to_json(), row.dim, row.embedder, row.llm, self._now(),
                      row.generation),
                 )
 
@@ -80,7 +85,7 @@ class SqliteSessions:
                     "INSERT INTO server_profiles(repo, model, profile, updated_at)"
                     " VALUES (?, ?, ?, ?) ON CONFLICT(repo, model) DO UPDATE SET"
                     " profile = excluded.profile, updated_at = excluded.updated_at",
-                    (repo, model, text, _now()),
+                    (repo, model, text, self._now()),
                 )
 
         await self._database.run(write)
@@ -89,7 +94,7 @@ class SqliteSessions:
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
     ) -> None:
-        now = _now()
+        now = self._now()
         until = None if lease_until is None else lease_until.isoformat(timespec="microseconds")
 
         def write(db: SqliteUtilsDatabase) -> None:
@@ -108,11 +113,11 @@ class SqliteSessions:
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
     ) -> int:
-        now = _now()
+        now = self._now()
 
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                moved = bump(db, session_id, version, state=State.COLLECTING)
+                moved = bump(db, now, session_id, version, state=State.COLLECTING)
                 db.conn.execute(
                     "UPDATE sessions SET episode_id = ?, active_at = ? WHERE id = ?",
                     (episode.id, now, session_id),
@@ -131,7 +136,7 @@ class SqliteSessions:
         *,
         version: int | None = None,
     ) -> int:
-        now = _now()
+        now = self._now()
         rows = [_step_row(session_id, episode_id, step, now)]
         if previous is not None:
             rows.append(_step_row(session_id, episode_id, previous, now))
@@ -148,7 +153,7 @@ class SqliteSessions:
 
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                moved = bump(db, session_id, version, expect=State.COLLECTING,
+                moved = bump(db, now, session_id, version, expect=State.COLLECTING,
                              episode_id=episode_id, active=True)
                 db.conn.execute(sql, params)
                 return moved
@@ -164,10 +169,11 @@ class SqliteSessions:
         version: int | None = None,
     ) -> int:
         """Moves the session to `state`; `model` records the model its extraction starts with."""
+        now = self._now()
 
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                moved = bump(db, session_id, version, state=state)
+                moved = bump(db, now, session_id, version, state=state)
                 if model is not None:
                     db.conn.execute(
                         "UPDATE sessions SET model = ? WHERE id = ?", (model, session_id)
@@ -186,15 +192,16 @@ class SqliteSessions:
     ) -> int:
         """Keeps a ready session's changeset, the rewards scored at close, and the READY state."""
         payload = changeset.to_json()
+        now = self._now()
 
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                moved = bump(db, session_id, version, state=State.READY)
+                moved = bump(db, now, session_id, version, state=State.READY)
                 db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
                 db.conn.execute(
                     "INSERT INTO changesets(id, repo, session_id, payload, created_at)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    (changeset.id, changeset.repo, session_id, payload, _now()),
+                    (changeset.id, changeset.repo, session_id, payload, now),
                 )
                 _save_rewards(db, scored)
                 return moved
@@ -204,9 +211,11 @@ class SqliteSessions:
     async def discard(
         self, session_id: str, episode_id: str | None, *, version: int | None = None
     ) -> int:
+        now = self._now()
+
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
-                moved = bump(db, session_id, version, state=State.IDLE)
+                moved = bump(db, now, session_id, version, state=State.IDLE)
                 db.conn.execute("DELETE FROM changesets WHERE session_id = ?", (session_id,))
                 if episode_id is not None:
                     db.conn.execute(
@@ -214,7 +223,7 @@ class SqliteSessions:
                     )
                     db.conn.execute(
                         "UPDATE episodes SET status = 'discarded', closed_at = ? WHERE id = ?",
-                        (_now(), episode_id),
+                        (now, episode_id),
                     )
                 return moved
 
@@ -222,7 +231,7 @@ class SqliteSessions:
 
     async def end(self, session_id: str, *, version: int | None = None) -> None:
         guard = "" if version is None else " AND ended = 0 AND version = ?"
-        params: tuple[object, ...] = (_now(), session_id)
+        params: tuple[object, ...] = (self._now(), session_id)
         if version is not None:
             params += (version,)
 
@@ -235,21 +244,13 @@ class SqliteSessions:
                 ).rowcount
                 if version is not None and not ended:
                     raise StaleSession(session_id)  # nothing written
-                # Nobody will run the stored operations nobody took: their Memories answer
-                # them session_ended when they see the end. One taken, or with its result,
-                # stays for its Memory to read (and drop).
-                db.conn.execute(
-                    "DELETE FROM ops WHERE session_id = ? AND taken_by IS NULL"
-                    " AND result IS NULL",
-                    (session_id,),
-                )
-                db.conn.execute("DELETE FROM step_claims WHERE session_id = ?", (session_id,))
+                drop_ended_work(db, [session_id])
 
         await self._database.run(write)
 
     async def keep_result(self, episode_id: str, kept: KeptResult) -> None:
         row = (episode_id, kept.trajectory_id, kept.task, kept.digest, kept.reply_json(),
-               kept.cost_json(), _now())
+               kept.cost_json(), self._now())
         await self._database.run(
             lambda db: db.conn.execute(
                 "INSERT OR REPLACE INTO task_results(episode_id, trajectory_id, task, digest,"
@@ -300,8 +301,6 @@ class SqliteSessions:
         return found[0] if found else None
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
 
 
 def _utc(text: str) -> datetime:
@@ -339,6 +338,7 @@ def _insert_episode(db: SqliteUtilsDatabase, session_id: str, episode: EpisodeRe
 
 def bump(
     db: SqliteUtilsDatabase,
+    now: str,
     session_id: str,
     version: int | None,
     *,
@@ -347,14 +347,13 @@ def bump(
     episode_id: str | None = None,
     active: bool = False,
 ) -> int:
-    """Moves the session's version on (and its state to `state`, its last activity to now when
-    `active`), when it is still at `version` and not ended (any, when None), in state `expect`
-    and on episode `episode_id` when given. Returns the new version.
+    """Moves the session's version on at `now` (and its state to `state`, its last activity to
+    `now` when `active`), when it is still at `version` and not ended (any, when None), in
+    state `expect` and on episode `episode_id` when given. Returns the new version.
 
     Raises:
         StaleSession: the session moved (or ended, or is unknown); nothing was written.
     """
-    now = _now()
     sql = "UPDATE sessions SET version = version + 1, updated_at = ?"
     params: list[object] = [now]
     if active:
@@ -413,7 +412,7 @@ def _load_live(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
                         created, model=model, version=int(version), holder=holder,
                         lease_until=None if until is None else datetime.fromisoformat(until),
-                        active_at=None if active is None else _utc(active))
+                        active_at=None if active is None else _utc(active), goal=goal)
         )
     return live
 
@@ -486,7 +485,7 @@ def side_writes(db: SqliteUtilsDatabase, writes: Sequence[SideWrite]) -> None:
             if write.state is not None:
                 now = now_utc().isoformat()
                 conn.execute("DELETE FROM changesets WHERE session_id = ?", (write.session_id,))
-                bump(db, write.session_id, write.version, state=write.state)
+                bump(db, now, write.session_id, write.version, state=write.state)
                 if write.episode_id is not None:
                     conn.execute(
                         "UPDATE episodes SET status = 'committed', closed_at = ? WHERE id = ?",

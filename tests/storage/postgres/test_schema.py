@@ -22,7 +22,9 @@ from tests.pg import PgServer
 
 # What only one side has: SQLite's FTS5 tables and bookkeeping; PostgreSQL's ledger, its
 # generated search vectors, and the insertion order SQLite's implicit rowid gave episodes.
-_SQLITE_ONLY_TABLES = {"_sqlite_migrations", "sqlite_stat1"}
+# `store_clock`: SQLite's store time is the host's boot time clock anchored in the file;
+# PostgreSQL's is the server's own.
+_SQLITE_ONLY_TABLES = {"_sqlite_migrations", "sqlite_stat1", "store_clock"}
 _PG_ONLY_TABLES = {"mnemo_migrations"}
 _PG_ONLY_COLUMNS = {("nodes", "search"), ("messages", "search"), ("episodes", "rowid"),
                     ("vectors", "node_id"), ("vectors", "repo"), ("links", "repo"),

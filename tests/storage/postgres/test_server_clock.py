@@ -16,7 +16,7 @@ import pytest
 
 import mnemo
 from mnemo import State
-from mnemo.storage.postgres import clock as clocks
+from mnemo.storage import clock as clocks
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Postgres
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM

@@ -19,7 +19,7 @@ from psycopg import sql
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 import mnemo
-from mnemo.conversation.drafts import MessageDraft, draft
+from mnemo.conversation.drafts import MessageDraft, draft, history_hash
 from mnemo.conversation.model import Message
 from mnemo.conversation.ports import ThreadState, ThreadStore
 from mnemo.conversation.search import SNIPPET_CHARS
@@ -160,7 +160,8 @@ async def test_append_numbers_and_reads_back(threads: ThreadStore) -> None:
     assert second[0].recorded_at == EPOCH + timedelta(seconds=1)
     assert second[0].recorded_at.tzinfo is not None
     assert second[0].recorded_at.utcoffset() == timedelta(0)
-    assert await threads.state("t") == ThreadState(3, 3, 0)
+    keys = [d.key for d in drafts("hello", "world")] + [call.key]
+    assert await threads.state("t") == ThreadState(3, 3, 0, history_hash(keys))
     [info] = await threads.threads()
     assert (info.id, info.messages, info.next_seq, info.boundary_seq) == ("t", 3, 3, 0)
     assert info.created_at == EPOCH
@@ -254,7 +255,7 @@ async def test_clear_starts_a_new_history(threads: ThreadStore) -> None:
     goal = await threads.add_goal("t", "keep", EPOCH)
     await threads.add_compaction("t", 0, 0, "s", EPOCH)
     await threads.clear("t")
-    assert await threads.state("t") == ThreadState(2, 0, 2)
+    assert await threads.state("t") == ThreadState(2, 0, 2, "")
     assert (await threads.raw("t"), await threads.compactions("t")) == ([], [])
     assert (await threads.vectors("t"), await threads.open_goals("t")) == ({}, [])
     with pytest.raises(mnemo.NotFoundError):
@@ -443,7 +444,10 @@ async def test_racing_appends_one_wins(threads: ThreadStore) -> None:
         outcomes = await race_appends(threads, thread, stored, racers=8)
         assert sorted(outcomes) == ["conflict"] * 7 + ["ok"]
         assert len(await threads.raw(thread)) == stored + 1
-        assert await threads.state(thread) == ThreadState(stored + 1, stored + 1, 0)
+        state = await threads.state(thread)
+        assert state is not None
+        assert (state.next_seq, state.history_len, state.boundary_seq) == (
+            stored + 1, stored + 1, 0)
 
 
 async def test_racing_evictions_one_wins(threads: ThreadStore) -> None:

@@ -4,7 +4,7 @@ A model call may wait inside mnemo before it is sent: for a slot of the adapter'
 limit, of the repo's `Config.llm_concurrency`, or of a client-side rate limit. That wait is
 mnemo's own queue, not the model's time, so it never counts against a timeout:
 `fail_after(seconds)` is `anyio.fail_after` whose clock stands still while any call inside it
-is `waiting()`; a task's retry budget (`mnemo.retry.Budget`) registers itself the same way.
+is `waiting()`; a task's retry budget (`mnemo.calls.retry.Budget`) registers itself the same way.
 Tasks started inside a deadline share it (a context variable carries it), so an extraction's
 time limit stops while any of its calls waits, and runs while one of them is being answered.
 """

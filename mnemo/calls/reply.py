@@ -1,26 +1,29 @@
-"""Task replies as msgspec structs: the JSON schema a model is sent, and the reading of its
-reply, both from one class.
+"""A task's reply, from the schema a model is sent to the typed value read back: both come
+from one msgspec struct per task (`Reply`), and this module is the only place a reply is
+checked.
 
-`reply_schema` turns a `Reply` subclass into a self-contained JSON schema (no `$ref`: the
-adapters walk `properties` to salvage cut replies and to draw an example). Every field is
-required in the schema except one that defaults to `UNSET` (the model may leave it out), and
-null is never offered: a field that takes None (and defaults to it) is still asked for, and
-read as None when a model forgets it or sends null.
+`reply_schema` turns a `Reply` subclass into a self-contained JSON schema (no `$ref`: a server's
+grammar and the JSON mode's example read it whole). Every field is required in the schema except
+one that defaults to `UNSET` (the model may leave it out), and null is never offered: a field
+that takes None (and defaults to it) is still asked for, and read as None when a model forgets
+it or sends null. A schema asks; it never refuses: a reply is whatever its struct reads.
 
 `text(n)` and `items(n)` bound a string's length and a list's items in the schema
 (`maxLength`, `maxItems`), where a server that turns the schema into a grammar (llama.cpp,
 vLLM, Ollama) keeps the model within them: a small model that rambles ends its reply instead
 of running into `max_tokens`. They bound generation only: a reply past them is read all the
-same (msgspec does not check `extra_json_schema`, and the adapters' schema check leaves them
-out). `most_tokens` is the longest reply a bounded schema allows, for the task's `max_tokens`.
+same (msgspec does not check `extra_json_schema`). `most_tokens` is the longest reply a bounded
+schema allows, for the task's `max_tokens`.
 
-`read_reply` converts a reply's JSON value into the class leniently (`strict=False`: a
-numeric string reads as a number, which small models write), and phrases a mismatch as a
-`ValueError` naming the field ("facts[2].proposition must be a string, got 3").
+`read_reply` reads a reply (its `data`, else its text as JSON, `decode_json`) into the class
+leniently (`strict=False`: a numeric string reads as a number, which small models write), and
+phrases a mismatch as a `ValueError` naming the field ("facts[2].proposition must be a string,
+got 3"). A reply cut short is `Cut`, raised by an adapter; `salvage` keeps what it holds whole.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from functools import cache
@@ -29,12 +32,15 @@ from typing import TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 from msgspec import inspect as mi
+from partial_json_parser import Allow, fix_fast
 
-from mnemo.calls.tasks import preview
+from mnemo.errors import LLMContextError, LLMReplyError
+from mnemo.ports import LLMResponse
 
 __all__ = [
-    "UNSET", "Meta", "Reply", "UnsetType", "bounded", "items", "most_tokens", "read_reply",
-    "reply_schema", "text", "with_most_items",
+    "UNSET", "Cut", "Meta", "Reply", "UnsetType", "bounded", "decode_json", "items",
+    "most_tokens", "preview", "read_reply", "reply_data", "reply_schema", "salvage", "text",
+    "with_most_items",
 ]
 
 # The most items a reply's list may hold, whatever its task's inputs.
@@ -139,19 +145,140 @@ def reply_schema(kind: type[Reply]) -> dict[str, object]:
     return schema
 
 
-def read_reply(data: object, kind: type[R], task: str) -> R:
-    """`data` (a reply's JSON value) as a `kind`.
+def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
+    """`response` (its `reply_data`) as a `kind`.
 
     Raises:
-        ValueError: naming the first field that does not match (its path from the reply's
-            root, what it must be, and what it is).
+        ValueError: the reply holds no JSON object, or a field that does not match (named by
+            its path from the reply's root, what it must be, and what it is).
     """
+    data = reply_data(response, strict=True)
     if not isinstance(data, dict):
         raise ValueError(f"{task} reply must be a JSON object, got {preview(data)}")
     try:
         return msgspec.convert(data, kind, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(_problem(str(exc), data, kind, task)) from None
+
+
+def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
+    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`
+    (an LLM of one's own may answer in text); None when neither holds one.
+
+    Raises:
+        ValueError: (`strict` only) saying why the text holds no JSON value.
+    """
+    if response.data is not None or not response.text.strip():
+        return response.data
+    try:
+        return decode_json(response.text)
+    except ValueError:
+        if strict:
+            raise
+        return None
+
+
+def preview(value: object) -> str:
+    """`repr(value)` cut to 120 characters, for a parser's error message."""
+    shown = repr(value)
+    return shown if len(shown) <= 120 else shown[:117] + "..."
+
+
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```\s*$", re.DOTALL)
+_OPEN_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*)$", re.DOTALL)
+_LENIENT = json.JSONDecoder(strict=False)
+_DECODER = msgspec.json.Decoder()
+
+
+def decode_json(text: str) -> object:
+    """The JSON value in a model's reply text.
+
+    Accepts the bare value, the value in a Markdown code fence, or prose around one object, and
+    raw control characters (a newline, a tab) inside strings, which small local models write
+    and strict JSON forbids.
+
+    Raises:
+        ValueError: saying why no JSON value could be read.
+    """
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1).strip()
+    if not stripped:
+        raise ValueError("the reply is empty, expected a JSON object")
+    try:
+        return _DECODER.decode(stripped)
+    except msgspec.DecodeError:
+        pass
+    try:
+        return json.loads(stripped, strict=False)
+    except json.JSONDecodeError as exc:
+        start = stripped.find("{")
+        if start >= 0:
+            try:
+                return _LENIENT.raw_decode(stripped[start:])[0]
+            except json.JSONDecodeError:
+                pass
+        raise ValueError(f"the reply is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+
+
+def is_cut(text: str) -> bool:
+    """Whether `text` is the start of a JSON object that stopped before its end (a reply cut
+    short), rather than JSON with a mistake in it."""
+    stripped = _opened(text)
+    start = stripped.find("{")
+    if start < 0:
+        return False
+    try:
+        _LENIENT.raw_decode(stripped[start:])
+    except json.JSONDecodeError as exc:
+        # The decoder ran out of text: what came was well formed, only unfinished.
+        return exc.pos >= len(stripped) - start - 1 or exc.msg.startswith("Unterminated")
+    return False
+
+
+class Cut(LLMReplyError, LLMContextError):
+    """A structured reply that stopped before its end: at its max_tokens, the adapter allowing
+    no more (`at_cap`), or with room left under it, when the model's context filled. `text` is
+    what came (the start of a JSON value), `data` what the provider read of it (a tool call's
+    input), if anything. Unusable as it is (`LLMReplyError`), and a shorter prompt may go
+    through (`LLMContextError`)."""
+
+    def __init__(self, message: str, *, text: str, data: object = None, at_cap: bool) -> None:
+        super().__init__(message)
+        self.text, self.data, self.at_cap = text, data, at_cap
+
+
+def salvage(cut: Cut) -> dict[str, object] | None:
+    """What a cut reply holds whole: its JSON object without a string or a number cut midway
+    (`partial-json-parser`), and without the last item of its last list when the cut fell
+    inside that item (a provider's own reading, `data`, is taken to be cut inside it); None
+    when no list item is left."""
+    stripped = _opened(cut.text)
+    start = stripped.find("{")
+    value: object = cut.data
+    inside_item = True
+    if start >= 0:
+        try:
+            head, tail = fix_fast(stripped[start:], Allow.OBJ | Allow.ARR)
+            value = json.loads(head + tail)
+        except Exception:  # the parser's own errors: nothing whole in it
+            return None
+        # The containers left open: the root, a list of it, and an item of that list.
+        inside_item = len(tail) > 2
+    if not isinstance(value, dict) or not value:
+        return None
+    last = next(reversed(value))
+    if inside_item and isinstance(value[last], list):
+        value[last] = value[last][:-1]
+    return value if any(isinstance(v, list) and v for v in value.values()) else None
+
+
+def _opened(text: str) -> str:
+    """`text` without the Markdown fence it opens with, if any."""
+    stripped = text.strip()
+    fenced = _OPEN_FENCE.match(stripped)
+    return fenced.group(1).strip().removesuffix("```") if fenced else stripped
 
 
 def _problem(message: str, data: dict[str, object], kind: type[Reply], task: str) -> str:

@@ -1,29 +1,30 @@
 """The one retry policy of model calls, and the budget each task spends.
 
-A *task* is one thing mnemo asks of a model: one `calls.tasks.ask` (a request and the parsing of its
-reply), or one `generate` called on its own. Every model call made for a task is charged to one
-`Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
+A *task* is one thing mnemo asks of a model: one `calls.tasks.ask` (a request and the reading of
+its reply), or one `generate` called on its own. Every model call made for a task is charged to
+one `Budget`, whichever layer makes it, and shows in `Usage` (so in `Memory.usage()`):
 
 | call | made by | counted in |
 | --- | --- | --- |
 | the first | transport (or the LLM, without one) | `calls` |
 | a retry: 408/409/429/5xx, connection error, timeout, cut body | transport | `calls`, `retries` |
-| a re-ask: the reply failed the request's schema | the adapter | `calls`, `re_asks` |
-| a re-ask: the task's parser rejected the reply | `calls.tasks.ask` | `calls`, `re_asks` |
+| a retry: a reply cut at max_tokens, asked with more room | the adapter | `calls`, `retries` |
+| a retry: a prompt too long for the model's context, shortened | `ask` | `calls`, `retries` |
+| a re-ask: the task could not read the reply | `ask` | `calls`, `re_asks` |
 
 `RetryPolicy` sets the budget of one task:
 
 | limit | default | once reached |
 | --- | --- | --- |
-| `max_calls` | 3 | the last failure is raised: HTTP status, or validation problem |
+| `max_calls` | 3 | the last failure is raised: HTTP status, or what was wrong with the reply |
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised ("re-ask once") |
 | `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
 
 (*) Unset, a task may take as long as the work it serves has left (an extraction's, an
-append's deadline: `mnemo.deadline.fail_after`) when that is longer than 120 s.
+append's deadline: `mnemo.calls.deadline.fail_after`) when that is longer than 120 s.
 
 The seconds do not run while a call waits for its turn inside mnemo (a concurrency slot, a
-rate limit: `mnemo.deadline.waiting`).
+rate limit: `mnemo.calls.deadline.waiting`).
 
 A `Retry-After` is waited in full (a retry is never sent before the server allows it), so one
 past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HTTP attempt's
@@ -48,8 +49,8 @@ from typing import Literal, Protocol
 
 import anyio
 
-from mnemo import deadline
-from mnemo.deadline import registered
+from mnemo.calls import deadline
+from mnemo.calls.deadline import registered
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_count
 
@@ -89,7 +90,7 @@ class Backoff:
     base: float = 0.5
     cap: float = 20.0
     max_retry_after: float = 60.0
-    jitter: Callable[[], float] = field(default=random.random)
+    jitter: Callable[[], float] = field(default=random.Random().random)
 
     def delay(self, failures: int, retry_after: float | None) -> float:
         """The wait after `failures` failed attempts (>= 1): the server's Retry-After in full
@@ -117,7 +118,7 @@ class RetryPolicy:
 
     max_calls: int = 3
     # None: `DEFAULT_SECONDS`, or longer when the work the task serves (an extraction, an
-    # append: `mnemo.deadline.fail_after`) has longer left.
+    # append: `mnemo.calls.deadline.fail_after`) has longer left.
     max_seconds: float | None = None
     backoff: Backoff = field(default_factory=Backoff)
     clock: Clock = field(default_factory=SystemClock, compare=False)
@@ -182,7 +183,7 @@ class Budget:
 
     def pause(self) -> None:
         """Stops the budget's seconds while a call waits for its turn inside mnemo
-        (`mnemo.deadline.waiting`): that wait is not the model's time."""
+        (`mnemo.calls.deadline.waiting`): that wait is not the model's time."""
         if self._paused == 0:
             self._paused_at = self.policy.clock.now()
         self._paused += 1
@@ -204,8 +205,8 @@ class Budget:
         return self.calls < self.policy.max_calls and self.seconds_left() > 0
 
     def can_re_ask(self) -> bool:
-        """Whether an unusable reply may be asked again: a re-ask left (`max_re_asks`, shared
-        by the adapter's schema re-asks and `ask`'s) and a call within the budget."""
+        """Whether an unusable reply may be asked again: a re-ask left (`max_re_asks`) and a
+        call within the budget."""
         return self.re_asks < self.policy.max_re_asks and self.can_call()
 
     def can_wait(self, seconds: float) -> bool:

@@ -1,0 +1,141 @@
+"""What the chat adapters share: max_tokens, tools, prices and usage, and an example answer
+drawn from a schema. A structured reply is not checked here: the adapters pass its JSON value
+up, and `mnemo.calls.reply` reads it into its task's struct."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mnemo.errors import InvalidInputError
+from mnemo.ports import Usage
+
+# Prices in US dollars per million tokens (input, output), as published by the providers in
+# 2025. A model matches its own name or the longest entry it starts with followed by "-"
+# ("gpt-4o-mini-2024-07-18" is priced as "gpt-4o-mini"). Pass `prices=` to correct or extend.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "text-embedding-3-small": (0.02, 0.0),
+    "text-embedding-3-large": (0.13, 0.0),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-3-5-sonnet": (3.00, 15.00),
+    "claude-3-7-sonnet": (3.00, 15.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-opus-4": (15.00, 75.00),
+}
+
+# The adapters' default `max_tokens`: the most tokens any reply may use, and what a request
+# that sets none gets. mnemo's own tasks ask for less, sized to their schemas.
+DEFAULT_MAX_TOKENS = 4096
+
+
+def checked_max_tokens(value: int) -> int:
+    """`value`, an adapter's `max_tokens`.
+
+    Raises:
+        InvalidInputError: it is not an integer >= 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"max_tokens must be an integer >= 1, got {value!r}")
+    return value
+
+
+def reply_cap(requested: int | None, ceiling: int) -> int:
+    """The `max_tokens` to send: the request's own, at most the adapter's `ceiling`."""
+    return ceiling if requested is None else max(1, min(requested, ceiling))
+
+
+def cut_note(problem: str, max_tokens: int) -> str:
+    """`problem`, saying the reply stopped at the token cap (so it is incomplete)."""
+    return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
+
+
+def example_of(schema: Mapping[str, object]) -> object:
+    """A value shaped as `schema` says, to show a model what an answer looks like (a small
+    model shown only the schema answered with the schema itself): an object with its
+    required properties (all of them when it lists none), a list of one item, "..." for a
+    string, the minimum (or 0.5 between 0 and 1) for a number, the first alternative but
+    null of an `anyOf`."""
+    choices = schema.get("anyOf")
+    if isinstance(choices, list):
+        # The first alternative that is not null: a model shown null copies it.
+        shown = [c for c in choices if isinstance(c, Mapping) and c.get("type") != "null"]
+        return example_of(shown[0]) if shown else None
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, Mapping) else {}
+        required = schema.get("required")
+        wanted = required if isinstance(required, list) and required else list(properties)
+        return {key: example_of(_mapping(properties.get(key))) for key in wanted}
+    if kind == "array":
+        items = schema.get("items")
+        return [example_of(items)] if isinstance(items, Mapping) else []
+    if kind == "string":
+        return "..."
+    low, high = schema.get("minimum"), schema.get("maximum")
+    low = low if isinstance(low, int | float) else None
+    high = high if isinstance(high, int | float) else None
+    if kind == "integer":
+        return int(low or 0)
+    if kind == "number":
+        return (low + high) / 2 if low is not None and high is not None else low or 0.5
+    if kind == "boolean":
+        return False
+    return None
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, dict[str, object]]:
+    """(name, description, parameters schema) of a tool given in any usual shape.
+
+    Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's
+    {"type": "function", "function": {...}} and Anthropic's {"name", "input_schema"}.
+
+    Raises:
+        ValueError: the tool has no name.
+    """
+    inner = tool.get("function") if tool.get("type") == "function" else tool
+    if not isinstance(inner, Mapping) or not isinstance(inner.get("name"), str):
+        raise ValueError(f"a tool needs a name, got {tool!r}")
+    parameters = inner.get("parameters", inner.get("input_schema"))
+    if not isinstance(parameters, dict):
+        parameters = {"type": "object", "properties": {}}
+    description = inner.get("description")
+    return inner["name"], description if isinstance(description, str) else "", parameters
+
+
+def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[float, float] | None:
+    """The (input, output) $/Mtok of `model`: its own entry or its longest "-" prefix."""
+    if model in prices:
+        return prices[model]
+    matches = [name for name in prices if model.startswith(name + "-")]
+    return prices[max(matches, key=len)] if matches else None
+
+
+def usage_of(
+    input_tokens: object, output_tokens: object, price: tuple[float, float] | None
+) -> Usage | None:
+    """A `Usage` from a reply's token counts (None when the reply gave none), priced if known."""
+    if not isinstance(input_tokens, int) and not isinstance(output_tokens, int):
+        return None
+    inp = input_tokens if isinstance(input_tokens, int) else 0
+    out = output_tokens if isinstance(output_tokens, int) else 0
+    cost = None if price is None else (inp * price[0] + out * price[1]) / 1_000_000
+    return Usage(inp, out, cost)
+
+
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """`total + more`, where None means "not reported"."""
+    if total is None:
+        return more
+    return total if more is None else total + more

@@ -1,0 +1,285 @@
+"""`mnemo mcp`: an MCP server (the official `mcp` SDK's `MCPServer`) over a store, on stdio or
+on streamable HTTP.
+
+Each tool (`mnemo.mcp.server.MemoryTools`) carries MCP's hints: whether it only reads, whether
+it may destroy what is stored, and whether calling it again with the same arguments does
+nothing more. Its arguments are checked before it runs: an argument it does not take, or a
+value of another type than its parameter's, is a JSON-RPC "invalid params" error naming it (the
+SDK would drop the first and turn `"5"` or `true` into 5). Any other failure of mnemo's is a
+tool error carrying its one-line message; anything else is a crash, logged with its traceback,
+of which the agent sees only the tool's name. Every request is answered (`mnemo.mcp._stdio` for
+stdio; the SDK answers malformed HTTP bodies itself, and bounds them to `MAX_REQUEST_BYTES`).
+
+Over HTTP (`Http`), the server listens on the loopback unless told otherwise, answers only the
+Host names it is allowed (a page elsewhere that points its own name at this machine, DNS
+rebinding, is refused), and, when a token is set, only the requests that show it as
+`Authorization: Bearer TOKEN`: a bind beyond the loopback needs one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import signal
+import socket
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+from mcp.server import MCPServer
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from mcp_types import ToolAnnotations
+from pydantic import AnyHttpUrl, ValidationError
+
+from mnemo.access import LOOPBACK, WILDCARD_BINDS, check_token, host_pattern, is_loopback
+from mnemo.config import Config
+from mnemo.errors import InvalidInputError
+from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
+from mnemo.mcp.server import INSTRUCTIONS, TOOL_NAMES, MemoryTools, open_tools
+from mnemo.ports import LLM, Embedder
+from mnemo.tools import ERROR_CHARS, clip
+from mnemo.version import installed_version
+
+# MCP's tool hints. Read-only: changes nothing (recall, unless it counts accesses).
+# Destructive: may erase or overwrite what is stored (a correction retires a fact; a memory
+# file drops or condenses entries to stay within its size). Idempotent: a second identical
+# call changes nothing more.
+READ_ONLY = frozenset({"recall", "get_node", "search_messages", "view_messages", "list_repos",
+                       "list_sessions", "recall_memory"})
+DESTRUCTIVE = frozenset({"discard_session", "end_session", "forget", "correct",
+                         "persist_memory"})
+IDEMPOTENT = READ_ONLY | {"save_messages", "discard_session", "end_session", "forget"}
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8766
+PATH = "/mcp"
+
+
+def validation_message(tool: str, exc: ValidationError) -> str:
+    """A rejected call's arguments as one line: each field and what is wrong with it (never
+    the value, which is the caller's data)."""
+    problems = [
+        f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+        for error in exc.errors()
+    ]
+    return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
+
+
+INVALID_PARAMS = -32602
+
+
+def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
+    """Refuses an argument the tool does not take, and a value of another type than its
+    parameter's (pydantic's strict mode: neither `"5"` nor `true` is an integer), as the
+    JSON-RPC error "invalid params" (-32602), before the tool runs.
+
+    Raises:
+        MCPError: naming the arguments, never their values.
+    """
+    taken = tool.parameters.get("properties", {})
+    unknown = [repr(clip(name, 64)) for name in arguments if name not in taken]
+    if unknown:
+        raise MCPError(INVALID_PARAMS, clip(
+            f"unknown arguments for {tool.name}: {', '.join(unknown)} (it takes "
+            f"{', '.join(taken)})", ERROR_CHARS,
+        ))
+    try:
+        tool.fn_metadata.arg_model.model_validate(arguments, strict=True)
+    except ValidationError as exc:
+        raise MCPError(INVALID_PARAMS, validation_message(tool.name, exc)) from exc
+
+
+class _Bearer:
+    """The SDK's token verifier for one shared token, compared as SHA-256 digests in
+    constant time (its length hidden too)."""
+
+    def __init__(self, token: str) -> None:
+        self._digest = _sha256(token)
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if not hmac.compare_digest(_sha256(token), self._digest):
+            return None
+        return AccessToken(token=token, client_id="mnemo", scopes=[])
+
+
+def _sha256(token: str) -> bytes:
+    return hashlib.sha256(token.encode(errors="replace")).digest()
+
+
+def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "") -> MCPServer:
+    """An `MCPServer` named "mnemo" (with mnemo's version) exposing `tools`' methods
+    (`TOOL_NAMES`), each described by its docstring without the source's indentation, with
+    its hints, and its arguments checked (`check_arguments`). With `token`, every HTTP
+    request must show it (`url`, where the server answers, names it to the SDK)."""
+    read_only = READ_ONLY - ({"recall"} if tools.reinforce else set())
+    checked = {
+        name: Tool.from_function(
+            getattr(tools, name), name=name,
+            description=inspect.cleandoc(getattr(tools, name).__doc__ or ""),
+            annotations=ToolAnnotations(
+                read_only_hint=name in read_only, destructive_hint=name in DESTRUCTIVE,
+                idempotent_hint=name in IDEMPOTENT, open_world_hint=False,
+            ),
+            # The result is the JSON text itself, not wrapped again.
+            structured_output=False,
+        )
+        for name in TOOL_NAMES
+    }
+
+    class _Server(MCPServer):
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            if name in checked:
+                check_arguments(checked[name], arguments)
+            return await super().call_tool(name, arguments, context)
+
+        async def run_stdio_async(self) -> None:
+            # The SDK's own stdio transport leaves malformed lines unanswered (`_stdio`).
+            low = self._lowlevel_server
+            async with stdio_streams() as (read, write):
+                await low.run(read, write, low.create_initialization_options())
+
+    auth: dict[str, Any] = {}
+    if token is not None:
+        # No OAuth server: the issuer is named because the SDK's settings require one.
+        auth = {"token_verifier": _Bearer(token),
+                "auth": AuthSettings(issuer_url=AnyHttpUrl(url), resource_server_url=None)}
+    return _Server(
+        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version(),
+        tools=list(checked.values()), **auth,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Http:
+    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp`: `host` (the
+    loopback by default), `port` (0: any free one), `token` (required as `Authorization:
+    Bearer` on every request when set; a bind beyond the loopback needs one) and
+    `allow_hosts`, the Host names answered besides the loopback names and the bound address
+    (once made, it holds them all).
+
+    Raises:
+        InvalidInputError: a bind beyond the loopback without a token, a malformed token
+            (16 to 512 printable ASCII characters), or an allowed host that is not a name
+            or an address (no wildcard).
+    """
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    allow_hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.token is not None:
+            check_token(self.token)
+        elif not is_loopback(self.host):
+            raise InvalidInputError(
+                f"serving MCP on {self.host!r} needs a bearer token (--token or "
+                "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory"
+            )
+        own = () if self.host.strip() in WILDCARD_BINDS else (self.host,)
+        names = tuple(dict.fromkeys(host_pattern(h) for h in (*LOOPBACK, *own,
+                                                                *self.allow_hosts)))
+        if any(name.startswith("*") for name in names):
+            raise InvalidInputError("an allowed host is a name or an address, not a pattern")
+        object.__setattr__(self, "allow_hosts", names)
+
+    def security(self) -> TransportSecuritySettings:
+        """The SDK's Host and Origin checks, allowing `allow_hosts` on any port."""
+        hosts = [f"[{name}]" if ":" in name else name for name in self.allow_hosts]
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=[h for name in hosts for h in (name, f"{name}:*")],
+            allowed_origins=[f"{scheme}://{h}" for name in hosts for scheme in ("http", "https")
+                             for h in (name, f"{name}:*")],
+        )
+
+
+async def serve(
+    store: str | Path,
+    *,
+    llm: LLM | None = None,
+    embedder: Embedder | None = None,
+    memory_dir: Path | None = None,
+    memory_updates: bool = True,
+    reinforce: bool = False,
+    config: Config | None = None,
+    http: Http | None = None,
+) -> None:
+    """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
+    closes it, or with `http` over streamable HTTP until interrupted (the address it listens
+    on is printed on stderr first).
+
+    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
+    given, they apply to this server's calls and are recorded only by a repo it creates.
+    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
+    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
+    `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
+    and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
+    """
+    async with open_tools(
+        store, llm=llm, embedder=embedder, memory_dir=memory_dir,
+        memory_updates=memory_updates, reinforce=reinforce, config=config,
+    ) as tools:
+        if http is None:
+            await build_server(tools).run_stdio_async()
+        else:
+            await _serve_http(tools, http)
+
+
+class _Listener(uvicorn.Server):
+    """uvicorn's server, stopped by `_serve_http` on SIGINT or SIGTERM: uvicorn's own signal
+    handling raises the signal again once it has stopped, which would end the process before
+    the store is closed."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_http(tools: MemoryTools, http: Http) -> None:
+    shown = f"[{http.host}]" if ":" in http.host else http.host
+    mcp = build_server(tools, token=http.token, url=f"http://{shown}:{http.port}")
+    app = mcp.streamable_http_app(
+        streamable_http_path=PATH, json_response=True, transport_security=http.security(),
+        max_request_body_size=MAX_REQUEST_BYTES,
+    )
+    family = socket.AF_INET6 if ":" in http.host else socket.AF_INET
+    try:
+        sock = socket.create_server((http.host, http.port), family=family)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}"
+        ) from exc
+    for line in _exposure(http, f"http://{shown}:{sock.getsockname()[1]}{PATH}"):
+        print(line, file=sys.stderr, flush=True)
+    listener = _Listener(uvicorn.Config(app, host=http.host, port=http.port, log_level="warning"))
+
+    async def stop_on_signal() -> None:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                listener.should_exit = True
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_on_signal)
+        await listener.serve(sockets=[sock])
+        tg.cancel_scope.cancel()
+
+
+def _exposure(http: Http, url: str) -> Sequence[str]:
+    """What the operator is told on start: where, and who else can reach it."""
+    lines = [f"mnemo mcp: serving MCP over streamable HTTP at {url}"]
+    if not is_loopback(http.host):
+        lines.append(
+            "mnemo mcp: reachable beyond this machine; every request must show the bearer "
+            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one)."
+        )
+    return lines

@@ -1,0 +1,108 @@
+"""The parts of a `Memory`, built (`build`): the storage backend, the repos, and the services
+over them. Importing this module imports every part's module, and numpy, SQLite's and the
+models' libraries with them: 0.5-3 s on a loaded machine, which a `Memory` opened cold spends
+in a worker thread (`load`), off the event loop, before it builds its parts.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from mnemo.adapters.minilm import default_embedder
+from mnemo.calls.slots import LimitedLLM
+from mnemo.config import Config
+from mnemo.conversation.service import ConversationService
+from mnemo.events import EventCallback, Events
+from mnemo.graph.reads import GraphReads
+from mnemo.ingest.service import IngestRuntime, IngestService
+from mnemo.memory.repos import Repos
+from mnemo.ports import LLM, Embedder
+from mnemo.recall.service import RecallRuntime, RecallService
+from mnemo.session.service import SessionService
+from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
+
+if TYPE_CHECKING:
+    from mnemo.memory.parts import Parts
+
+
+def load(path: str) -> None:
+    """Imports the backend's module for `path`, as this module imported every part's, and
+    checks the default embedder's files (their digests are kept: `build` then reads them
+    at no cost). Runs in a worker thread: neither runs event loop code, and the loop goes on
+    meanwhile."""
+    if not is_postgres(path) or has_postgres_driver():  # else `build` says what to install
+        import_module(backend_module(path))
+    default_embedder()
+
+
+def backend_module(path: str) -> str:
+    """The module `open_backend(path)` imports."""
+    return "mnemo.storage.postgres.store" if is_postgres(path) else "mnemo.storage.sqlite"
+
+
+def build(
+    memory: Parts, path: str, *, llm: LLM | None, embedder: Embedder | None, config: Config,
+    on_event: EventCallback | None, synchronous: str,
+) -> None:
+    """Sets every part of `memory` (`Parts`)."""
+    repos: Repos
+
+    def dim(repo: str) -> int:
+        return repos.dim(repo)
+
+    backend = open_backend(
+        path, dims=dim, busy_timeout=config.busy_timeout, synchronous=synchronous,
+        lexical_dir=config.lexical_dir, ann_dir=config.ann_dir,
+    )
+    sessions = backend.sessions
+    repos = Repos(config, llm, embedder, sessions.load_repos)
+    events = Events(on_event)
+
+    def recall_runtime(repo: str) -> RecallRuntime:
+        runtime = repos.embedding(repo)
+        planner = runtime.llm if runtime.config.recall_planner == "llm" else repos.offline
+        return RecallRuntime(
+            runtime.embedder, runtime.config, planner, repos.llm_for(runtime, repo),
+            runtime.generation,
+        )
+
+    def ingest_runtime(repo: str) -> IngestRuntime:
+        runtime = repos.embedding(repo)
+        chosen = repos.llm_for(runtime, repo)
+        return IngestRuntime(
+            chosen, runtime.embedder, runtime.config,
+            service.intent_policy(runtime, chosen, repo), runtime.generation,
+        )
+
+    service = SessionService(
+        store=sessions,
+        coordination=backend.coordination,
+        graph=backend.graph,
+        events=events,
+        repo_runtime=repos.get,
+        llm_for=repos.llm_for,
+        learn_repo=repos.learn,
+        refresh_repo=repos.refresh,
+        lease_timeout=config.lease_timeout,
+        idle_session_timeout=config.idle_session_timeout,
+        last_answer=repos.usage.last_answer,
+    )
+    memory._backend, memory._sessions_store, memory._repos = backend, sessions, repos
+    memory._events, memory._graph, memory._service = events, backend.graph, service
+    memory._reads = GraphReads(backend.graph, repos)
+    memory._recalls = RecallService(backend.graph, events, runtime=recall_runtime)
+    memory._ingests = IngestService(backend.graph, ingest_runtime, events)
+    def limited(llm: LLM) -> LLM:
+        return LimitedLLM(llm, repos.slots(llm, config))
+
+    memory._conversations = ConversationService(
+        backend.threads,
+        llm=limited(repos.llm),
+        limit=limited,
+        embedder=repos.embedder,
+        config=config,
+        events=events,
+        # A message's age is judged by every Memory on the store: by the store's clock.
+        clock=backend.coordination.now,
+    )

@@ -1,0 +1,32 @@
+"""The two clocks of a host that the stores' clocks are made of: the wall clock, read once
+to place the store's time, and a clock that only moves forward, which counts from there.
+
+A step of the wall clock (NTP, a date set by hand, a VM resumed) moves every time read from
+it; the boot time clock never steps. Leases, heartbeats and a session's last use are judged
+by the store's time: on PostgreSQL the server's read plus the time elapsed since
+(`postgres.clock.ServerClock`), on SQLite an anchor kept in the file plus the time elapsed
+since (`sqlite.database.HostClock`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+
+def host_now() -> datetime:
+    """This host's wall clock, in UTC."""
+    return datetime.now(UTC)
+
+
+# Linux's boot time clock counts a suspended host's sleep; elsewhere, the monotonic clock.
+_BOOTTIME: int | None = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+# Seconds on a clock that only moves forward (and never steps with the wall clock), the same
+# for every process on the host. A C function, not a Python one: a step's write reads it.
+elapsed: Callable[[], float] = (
+    time.monotonic if _BOOTTIME is None else functools.partial(time.clock_gettime, _BOOTTIME)
+)

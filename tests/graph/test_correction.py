@@ -1,0 +1,76 @@
+"""`Memory.correct`: a fact's corrected wording retires the old fact as a contradiction does,
+in a commit of the history that revert undoes; on each backend."""
+
+from __future__ import annotations
+
+import pytest
+
+import mnemo
+from mnemo.adapters.hashing import HashEmbedder
+from mnemo.graph.model import Link, LinkType
+
+REPO = "ops"
+STEP = mnemo.Step(
+    "The blog's gunicorn worker binds port 8001 on the web host.",
+    "Point nginx at gunicorn on port 8001 and reload it.",
+)
+
+
+async def a_fact(mem: mnemo.Memory) -> mnemo.Node:
+    await mem.open_repo(REPO)
+    await mem.ingest(REPO, mnemo.Trajectory("Deploy the blog", [STEP]), source_id="log")
+    facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    return next(f for f in facts if "8001" in f.text)
+
+
+async def test_a_correction_retires_the_fact_and_revert_brings_it_back(store: str) -> None:
+    """The corrected wording is a new live fact of the old one's type that SUPERSEDES it; the
+    old one is kept, retired with valid_to; recall ranks the new one first and names it as
+    the old one's successor; the history records the commit, and reverting it makes the old
+    fact live again."""
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
+        old = await a_fact(mem)
+        text = "The blog's gunicorn worker binds port 8000 on the web host."
+        receipt = await mem.correct(REPO, old.id, text)
+        (new_id,) = receipt.node_ids
+        new = await mem.get_node(REPO, new_id)
+        retired = await mem.get_node(REPO, old.id)
+        assert new is not None
+        assert retired is not None
+        assert (new.type, new.text, new.retired) == (old.type, text, False)
+        assert retired.retired
+        assert retired.valid_to is not None
+        assert Link(new_id, old.id, LinkType.SUPERSEDES) in await mem.links(REPO)
+
+        found = (await mem.recall(REPO, "which port does the gunicorn worker bind?")).memories
+        ids = [m.node.id for m in found]
+        assert ids.index(new_id) < ids.index(old.id)
+        assert next(m for m in found if m.node.id == old.id).superseded_by == new_id
+
+        (newest, *_) = await mem.history(REPO, limit=1)
+        assert (newest.id, newest.node_ids, newest.retired) == (
+            receipt.changeset_id, (new_id,), (old.id,))
+        await mem.revert(REPO, receipt.changeset_id)
+        back = await mem.get_node(REPO, old.id)
+        assert back is not None
+        assert not back.retired
+        assert await mem.get_node(REPO, new_id) is None
+
+
+async def test_only_a_live_fact_is_corrected(store: str) -> None:
+    """A node that is not a fact, a retired fact, an unknown node and a blank text are
+    refused, and nothing is committed."""
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
+        old = await a_fact(mem)
+        (step, *_) = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+        await mem.correct(REPO, old.id, "The worker binds port 8000.")
+        commits = len(await mem.history(REPO, limit=100))
+        with pytest.raises(mnemo.InvalidInputError, match="not a live fact"):
+            await mem.correct(REPO, step.id, "The worker binds port 8000.")
+        with pytest.raises(mnemo.InvalidInputError, match="retired"):
+            await mem.correct(REPO, old.id, "The worker binds port 8002.")
+        with pytest.raises(mnemo.NotFoundError):
+            await mem.correct(REPO, "semantic_missing", "The worker binds port 8000.")
+        with pytest.raises(mnemo.InvalidInputError, match="blank"):
+            await mem.correct(REPO, old.id, "  ")
+        assert len(await mem.history(REPO, limit=100)) == commits

@@ -1,0 +1,149 @@
+"""The MCP tools that forget and correct memories, the hints every tool carries, and the
+checks every call's arguments pass (in process, on each backend)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+
+import mnemo
+from mnemo.adapters.hashing import HashEmbedder
+from mnemo.mcp.server import TOOL_NAMES, MemoryTools
+from mnemo.mcp.transport import DESTRUCTIVE, READ_ONLY, build_server
+
+REPO = "ops"
+PORT = mnemo.Step("The blog's gunicorn worker binds port 8001.", "Point nginx at port 8001.")
+DISK = mnemo.Step("The backup disk of the db host is full.", "Prune the old snapshots.")
+
+
+@pytest.fixture
+async def mem(store: str) -> AsyncIterator[mnemo.Memory]:
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as m:
+        await m.open_repo(REPO)
+        await m.ingest(REPO, mnemo.Trajectory("Deploy the blog", [PORT]), source_id="port")
+        await m.ingest(REPO, mnemo.Trajectory("Free the disk", [DISK]), source_id="disk")
+        yield m
+
+
+@pytest.fixture
+def tools(mem: mnemo.Memory, tmp_path: Path) -> MemoryTools:
+    return MemoryTools(mem, tmp_path / "memory")
+
+
+async def fact_about(mem: mnemo.Memory, word: str) -> mnemo.Node:
+    facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+    return next(f for f in facts if word in f.text and not f.retired)
+
+
+async def test_forget_erases_nodes_or_a_source(mem: mnemo.Memory, tools: MemoryTools) -> None:
+    """forget erases the nodes named, or every node of a source, and says how many went;
+    without either, with both, or in an unknown repo it is a tool error that erases
+    nothing."""
+    fact = await fact_about(mem, "8001")
+    assert json.loads(await tools.forget(REPO, node_ids=[fact.id])) == {"forgotten": 1}
+    assert await mem.get_node(REPO, fact.id) is None
+    disk = (await mem.ingest(REPO, mnemo.Trajectory("Free the disk", [DISK]),
+                             source_id="disk")).node_ids
+    with pytest.raises(ToolError, match="node_ids or source_id"):
+        await tools.forget(REPO)
+    with pytest.raises(ToolError, match="node_ids or source_id"):
+        await tools.forget(REPO, node_ids=[disk[0]], source_id="disk")
+    with pytest.raises(ToolError, match="unknown repo"):
+        await tools.forget("nope", source_id="disk")
+    assert json.loads(await tools.forget(REPO, source_id="disk")) == {"forgotten": len(disk)}
+    assert [await mem.get_node(REPO, node_id) for node_id in disk] == [None] * len(disk)
+
+
+async def test_correct_retires_the_fact_in_a_commit(
+    mem: mnemo.Memory, tools: MemoryTools
+) -> None:
+    """correct stores the new wording, retires the old fact (recall ranks it below its
+    successor), and answers with the new fact's id and the commit's, which the history
+    lists; the retired fact cannot be corrected again."""
+    old = await fact_about(mem, "8001")
+    text = "The blog's gunicorn worker binds port 8000."
+    done = json.loads(await tools.correct(REPO, old.id, text))
+    assert set(done) == {"node_id", "commit_id"}
+    assert (await mem.history(REPO, limit=1))[0].id == done["commit_id"]
+    found = json.loads(await tools.recall(REPO, "which port does the gunicorn worker bind?"))
+    ids = [m["node"]["id"] for m in found["memories"]]
+    assert ids.index(done["node_id"]) < ids.index(old.id)
+    with pytest.raises(ToolError, match="not a live fact"):
+        await tools.correct(REPO, old.id, "The worker binds port 8002.")
+
+
+def hints_of(listed: Any) -> dict[str, Any]:
+    return {tool.name: tool.annotations for tool in listed.tools}
+
+
+async def test_every_tool_says_whether_it_reads_or_destroys(
+    mem: mnemo.Memory, tmp_path: Path
+) -> None:
+    """Every tool carries its hints: the reads are read-only (recall only when it counts no
+    access), forget and correct are destructive, the session tools write without
+    destroying, and no tool reaches beyond the memory."""
+    async with Client(build_server(MemoryTools(mem, tmp_path))) as client:
+        hints = hints_of(await client.list_tools())
+    assert set(hints) == set(TOOL_NAMES)
+    assert {n for n, h in hints.items() if h.read_only_hint} == READ_ONLY
+    assert {n for n, h in hints.items() if h.destructive_hint} == DESTRUCTIVE
+    assert {"forget", "correct"} <= DESTRUCTIVE
+    assert not hints["start_session"].read_only_hint
+    assert not hints["append"].destructive_hint
+    assert hints["forget"].idempotent_hint
+    assert not hints["append"].idempotent_hint
+    assert not any(h.open_world_hint for h in hints.values())
+    async with Client(build_server(MemoryTools(mem, tmp_path, reinforce=True))) as client:
+        assert not hints_of(await client.list_tools())["recall"].read_only_hint
+
+
+async def error_of(client: Client, tool: str, arguments: dict[str, Any]) -> str:
+    """The message of the JSON-RPC "invalid params" error a call is refused with."""
+    with pytest.raises(MCPError) as refused:
+        await client.call_tool(tool, arguments)
+    assert refused.value.error.code == -32602
+    return refused.value.error.message
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"k": "5"}, "k"),
+        ({"k": True}, "k"),
+        ({"k": 5.0}, "k"),
+        ({"repo": 7}, "repo"),
+        ({"query": ["gunicorn"]}, "query"),
+    ],
+)
+async def test_arguments_of_another_type_are_refused_not_coerced(
+    mem: mnemo.Memory, tmp_path: Path, arguments: dict[str, Any], named: str
+) -> None:
+    """A recall whose argument is of another type than its parameter's ("5", true or 5.0 for
+    an integer, a number or a list for a string) is a JSON-RPC error naming the argument; the
+    same call with the right type answers."""
+    call = {"repo": REPO, "query": "gunicorn port", "k": 5}
+    async with Client(build_server(MemoryTools(mem, tmp_path))) as client:
+        text = await error_of(client, "recall", {**call, **arguments})
+        assert text.startswith(f"invalid arguments for recall: {named}: ")
+        assert not (await client.call_tool("recall", call)).is_error
+
+
+async def test_unknown_arguments_are_named(mem: mnemo.Memory, tmp_path: Path) -> None:
+    """A call with arguments the tool does not take is a JSON-RPC error naming them (and what
+    the tool takes) instead of a call that drops them; a JSON string for a list is not
+    parsed into one."""
+    async with Client(build_server(MemoryTools(mem, tmp_path))) as client:
+        text = await error_of(client, "recall", {"repo": REPO, "query": "x", "limit": 5,
+                                                 "where": {"user": "a"}})
+        assert text == ("unknown arguments for recall: 'limit', 'where' "
+                        "(it takes repo, query, k)")
+        history = json.dumps([{"role": "user", "content": "hello"}])
+        text = await error_of(client, "save_messages", {"thread_id": "t", "messages": history})
+        assert text.startswith("invalid arguments for save_messages: messages: ")

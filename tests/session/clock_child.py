@@ -1,0 +1,47 @@
+"""A child process for the wall clock test: a Memory on STORE in a process whose wall clock
+is HOURS off (`time_machine`: `datetime.now` and `time.time`, not the monotonic clocks), with
+repo "r" opened with the test's fake models. Once its janitor has looked for work (and taken
+what it found) after the repo opened, it prints the tasks its LLM was asked as JSON, then
+waits for a line on stdin and closes.
+
+    python -m tests.session.clock_child STORE HOURS
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import time_machine
+
+import mnemo
+from tests.fakes import FakeEmbedder, FakeLLM
+
+
+async def run(store: str, hours: float) -> None:
+    llm = FakeLLM()
+    with time_machine.travel(datetime.now(UTC) + timedelta(hours=hours), tick=True):
+        async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
+                                config=mnemo.Config(lease_timeout=30.0)) as mem:
+            holding = mem._service._holding
+            take_over, opened, looked = holding._take_over, False, anyio.Event()
+
+            async def looking() -> None:
+                after = opened
+                await take_over()
+                if after:
+                    looked.set()
+
+            holding._take_over = looking  # type: ignore[method-assign]
+            await mem.open_repo("r")  # the janitor looks again, now
+            opened = True
+            with anyio.fail_after(30):
+                await looked.wait()
+            print(json.dumps(llm.tasks()), flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+
+
+if __name__ == "__main__":
+    anyio.run(run, sys.argv[1], float(sys.argv[2]))

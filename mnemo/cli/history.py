@@ -158,6 +158,10 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     head.add_row("date", f"{record.committed_at:%Y-%m-%d %H:%M:%S} UTC")
     head.add_row("from", Text(origin(record, {}, None) or "-"))
     head.add_row("goal", Text(goal or "-"))
+    if record.reverts:
+        head.add_row("reverts", record.reverts)
+    if record.reverted_by:
+        head.add_row("reverted", f"by {record.reverted_by}")
     console.print(head)
     gone = record.node_count - len(changed.nodes)
     if gone:

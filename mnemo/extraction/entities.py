@@ -16,8 +16,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from mnemo.calls import deadline
 from mnemo import text as _text
+from mnemo.calls import deadline
 from mnemo.episode.annotation import embed
 from mnemo.errors import EmbeddingError
 from mnemo.graph.erasure import Embed

@@ -35,6 +35,7 @@ from mnemo.graph.dedup import (
     resolve,
     resolve_intents,
     resolve_tags,
+    scope,
 )
 from mnemo.graph.model import (
     Changeset,
@@ -360,7 +361,8 @@ async def _resolve_knowledge(
 ) -> dict[str, Node]:
     """Resolves the changeset's facts and instructions against the graph's live ones of
     their type that were nearest before the lock or came since (none that a retirement
-    pairs with the draft), and against each other. Returns the graph nodes compared with."""
+    pairs with the draft, none of another scope), and against each other. Returns the graph
+    nodes compared with."""
     if not before.nearest:
         return {}
     later = await target.commit_log(changeset.repo, after_seq=before.seq)
@@ -380,7 +382,8 @@ async def _resolve_knowledge(
                 if graph else np.zeros((len(drafts), 0)))
         nearest = [
             sorted(((i, float(sim)) for i, sim in zip(graph, row, strict=True)
-                    if i != d.id and (d.id, i) not in apart), key=lambda o: -o[1])[:NEAREST]
+                    if i != d.id and (d.id, i) not in apart
+                    and scope(seen[i].data) == scope(d.data)), key=lambda o: -o[1])[:NEAREST]
             for d, row in zip(drafts, sims, strict=True)
         ]
         await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, _texts(target),

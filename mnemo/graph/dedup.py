@@ -10,12 +10,13 @@ the batch itself and against the graph.
 A fact or an instruction is one with another only when neither says what the other does not
 (`alike`): by cosine alone, "Gunicorn listens on port 8000" and "... port 8001" are one
 (0.96 with the default embedder), and "Dana likes tea" would swallow "Dana likes coffee". Their
-merge keeps every word of the fuller wording (`merged_knowledge`).
+merge keeps every word of the fuller wording (`merged_knowledge`). Nor are two of different
+scopes one (`scope`: the metadata of the session or ingest that said them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,12 @@ def _said(text: str) -> set[str]:
         return {" ".join(text.casefold().split())}
     return {"not" if w.lower().endswith("n't") else _text.stem(w.lower())
             for w in _text.words(text)} - _FILLERS
+
+
+def scope(data: Mapping[str, object]) -> object:
+    """The scope a fact or an instruction belongs to: its node's `data["metadata"]` (None when
+    it has none). Two of different scopes are never one node."""
+    return data.get("metadata")
 
 
 def alike(a: str, b: str) -> bool:
@@ -122,7 +129,8 @@ async def resolve(
 ) -> None:
     """Drops, merges or keeps each of `drafts` (of one type) against its `nearest` graph nodes
     (whose texts `known` or `texts_of` gives) and the earlier drafts kept, by the thresholds;
-    facts and instructions (`knowledge`) only with one `alike`, merged by `merged_knowledge`.
+    facts and instructions (`knowledge`) only with one `alike` (drafts of their `scope`: the
+    caller leaves other scopes' graph nodes out of `nearest`), merged by `merged_knowledge`.
     The drafts are compared with each other in one matrix product, not a cosine per pair (a
     big changeset's dedup was quadratic in Python: BENCHMARKS.md)."""
     vectors = unit(np.stack([d.vector for d in drafts]))
@@ -143,7 +151,9 @@ async def resolve(
     for i, draft in enumerate(drafts):
         sims = to_batch[i, order]
         close = {*np.flatnonzero(sims >= merge_threshold - COSINE_TOLERANCE).tolist(), *reworded}
-        options = [*nearest[i], *((drafts[order[n]].id, float(sims[n])) for n in close)]
+        options = [*nearest[i], *((drafts[order[n]].id, float(sims[n])) for n in close
+                                  if not knowledge or scope(drafts[order[n]].data) == scope(
+                                      draft.data))]
         # A merged wording is compared by its own vector.
         options = sorted(
             ((node_id, cosine(draft.vector, out.rewordings[node_id][1])

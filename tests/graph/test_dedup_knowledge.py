@@ -124,3 +124,20 @@ async def test_the_quickstart_run_twice_recalls_each_sentence_once(store: str) -
                 if m.node.type in (NodeType.SEMANTIC, NodeType.PROCEDURAL)]
         assert "Start gunicorn on port 8000 and reload nginx." in said
         assert len(said) == len(set(said)), said
+
+
+async def test_a_fact_joins_none_of_another_scope(graph: GraphStore) -> None:
+    """The same fact said in two scopes (the metadata of the session or ingest that said it)
+    is two nodes, in the graph and within one changeset; said again in one of them, it joins
+    that scope's node."""
+    def scoped(prefix: str, *users: str) -> Changeset:
+        nodes = [draft(f"{prefix}-{user}{n or ''}", NodeType.SEMANTIC, "Dana likes tea.",
+                       axis(0), {"metadata": {"user_id": user}}) for n, user in enumerate(users)]
+        return Changeset(f"{prefix}-cs", REPO, nodes, [])
+
+    await graph.apply(scoped("a", "alice"), intents=policy())
+    await graph.apply(scoped("b", "bob", "carol", "carol"), intents=policy())  # b-carol2 joins
+    await graph.apply(scoped("c", "alice"), intents=policy())
+    nodes = await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC])
+    assert sorted(n.id for n in nodes) == ["a-alice", "b-bob", "b-carol1"]
+    assert (await history.history(graph, REPO, 1))[0].joined == ("a-alice",)

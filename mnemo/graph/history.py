@@ -12,8 +12,8 @@ wording the others' own), the links it made lose its count, the facts it retired
 The revert is a record of its own (`reverts`), and the reverted record stays, named by it
 (`reverted_by`). It refuses (`ConflictError`, naming the commit to revert first) when later
 work built on the commit: a later commit retired a fact it holds, or linked to a node that only
-it holds. A tag, an intent, a source or a subgoal a later commit also links to stays, and so
-does a fact or an instruction a later commit joined: sharing is not building on.
+it held then. A tag, an intent, a source or a subgoal a later commit also links to stays, and
+so does a fact or an instruction a later commit joined: sharing is not building on.
 """
 
 from __future__ import annotations
@@ -151,29 +151,37 @@ async def revert(
 
 async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
     """Why later work depends on the commit, naming the later commit: None if it can be
-    reverted."""
+    reverted. A later commit that retired one of its facts, or linked to a node only it
+    holds, built on it; not when a commit in between (or that one) joined the node: the
+    node stays, theirs."""
     later = [c for c in await graph.commit_log(record.repo, after_seq=record.seq)
              if not (c.reverted_by or c.reverts)]
     held = {n.id for n in await graph.get_nodes(record.repo, record.node_ids)
             if n.type in _HELD}
+
+    def shared(node_id: str, by: CommitRecord) -> bool:
+        return any(node_id in c.joined for c in later if c.seq <= by.seq)
+
     for other in reversed(later):
-        retired = sorted((held | set(record.joined)) & set(other.retired))
+        retired = sorted(i for i in (held | set(record.joined)) & set(other.retired)
+                         if not shared(i, other))
         if retired:
             return f"commit {other.id!r} retired its fact {retired[0]!r}; revert it first"
-    # A link to one of its nodes that it did not make is built on it, unless the commit that
-    # made it holds the node too (joined it); one no commit made, `consolidate` moved there.
+    # A link to one of its nodes that it did not make is built on it; one no commit made,
+    # `consolidate` moved there.
     made = {(k.src, k.dst, k.type) for k in record.links}
     links_of = {c.id: {(k.src, k.dst, k.type) for k in c.links} for c in later}
     for n in await graph.neighbors(record.repo, sorted(held)):
         ends = {(n.origin, n.node_id, n.link_type), (n.node_id, n.origin, n.link_type)}
-        makers = [c for c in reversed(later) if ends & links_of[c.id]]
-        if ends & made or (makers and all(n.origin in c.joined for c in makers)):
+        if ends & made:
             continue
-        by = next((c.id for c in makers if n.origin not in c.joined), None)
+        makers = [c for c in reversed(later) if ends & links_of[c.id]]
+        by = next((c.id for c in makers if not shared(n.origin, c)), None)
         if by is not None:
             return f"commit {by!r} linked to its node {n.origin!r}; revert it first"
-        return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
-                "that a later change made (consolidate)")
+        if not makers:
+            return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
+                    "that a later change made (consolidate)")
     return None
 
 

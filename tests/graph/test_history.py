@@ -142,6 +142,35 @@ async def test_revert_refuses_what_later_commits_built_on(store: str) -> None:
             False, False, False, True, True]
 
 
+@pytest.mark.parametrize("joined_first", [True, False])
+async def test_a_commit_whose_fact_another_shared_before_a_link_to_it_is_reverted(
+    store: str, joined_first: bool,
+) -> None:
+    """A link a later commit made to a fact that another commit had joined by then is built
+    on the fact, not on its first commit: that one is reverted, the fact and the link stay.
+    Joined after the link, the fact was that commit's alone when linked: refused, naming the
+    linking commit."""
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        linking = fact("c", "cats purr", "cats", 2)
+        linking = Changeset(linking.id, REPO, linking.nodes,
+                            [*linking.links, Link("c-fact", "a-fact", LinkType.SIBLING)])
+        joining = fact("b", "dana lives in lisbon", "dana")
+        later = [joining, linking] if joined_first else [linking, joining]
+        for changeset in (fact("a", "dana lives in lisbon", "dana"), *later):
+            await graph.apply(changeset, intents=policy())
+        assert (await history.history(graph, REPO, 3))[1 - later.index(joining)].joined == (
+            "a-fact",)
+        if not joined_first:
+            with pytest.raises(mnemo.ConflictError, match=r"'c-cs'.*revert it first"):
+                await history.revert(graph, REPO, "a-cs", embed=embed)
+            return
+        await history.revert(graph, REPO, "a-cs", embed=embed)
+        nodes, links = await state(graph)
+        assert nodes == ["a-fact", "a-tag", "c-fact", "c-tag"]
+        assert Link("c-fact", "a-fact", LinkType.SIBLING) in links
+
+
 async def test_revert_refuses_a_fact_consolidate_merged_another_into(store: str) -> None:
     """A fact another commit's fact was merged into by `consolidate` holds that commit's
     links: reverting its commit is refused, naming why."""

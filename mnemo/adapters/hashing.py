@@ -33,8 +33,8 @@ _MASK64 = np.uint64(_HASH_MASK)
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B1), np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
 _S13, _S16 = np.uint64(13), np.uint64(16)
 # Batches larger than this, or holding more characters than `_THREAD_CHARS`, are embedded in a
-# worker thread so the event loop stays responsive: a text's features cost about 0.3 us a
-# character (a query at the 32,000-character limit took 10 ms of the loop).
+# worker thread so the event loop stays responsive: a text's features cost time in
+# proportion to its characters.
 _THREAD_THRESHOLD = 256
 _THREAD_CHARS = 4_000
 

@@ -161,8 +161,8 @@ class OfflineLLM:
         return await anyio.to_thread.run_sync(_answer, handler, request, abandon_on_cancel=True)
 
 
-# The heuristics cost about 0.4 µs per character of a request, a thread hop about 100 µs: past
-# this size (about 1.5 ms of work) the hop is worth it. On the loop, 25,000 sentences
+# The heuristics cost time per character of a request; past this size their work costs more
+# than a thread hop (BENCHMARKS.md, "Figures behind the code"). On the loop, 25,000 sentences
 # kept it blocked for minutes, so no `wait_for` could fire.
 OFF_LOOP_CHARS = 4_000
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -435,12 +435,15 @@ async def _apply_locked(
         if node_id not in new_ids
     }
     _check_dim(target.dim(repo), [(i, v) for i, (_, v) in resolution.rewordings.items()])
-    retired = await contradiction.still_live(target, repo, before.retiring, new_ids)
     joined: dict[str, Contribution] = {}
     for draft in changeset.nodes:
         if draft.type in KNOWLEDGE and resolution.survivor(draft.id) in graph_nodes:
             joined.setdefault(resolution.survivor(draft.id),
                               Contribution(draft.text, draft.data, draft.source_id))
+    # A new fact that joined one of the graph's retires through it what it contradicts.
+    retired = await contradiction.still_live(target, repo, [
+        replace(r, successor=resolution.survivor(r.successor)) for r in before.retiring
+    ], new_ids | set(joined))
     plan = CommitPlan(
         repo=repo,
         changeset_id=changeset.id,

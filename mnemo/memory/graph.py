@@ -109,7 +109,9 @@ class GraphMethods(Parts):
         retires the old one as a contradicting fact does (it stays, with `valid_to`, and
         the new one SUPERSEDES it; recall ranks it below its successor). The correction is a
         commit of the history like any other (`revert` undoes it). Calls no model but the
-        repo's embedder. Returns the commit's receipt: its id and the new fact's.
+        repo's embedder. Returns the commit's receipt: its id and the new fact's, or, when a
+        live fact of the repo says `text` already, that fact's (the correction joins it, and
+        it supersedes the old one).
 
         Raises:
             InvalidInputError: a blank text or one longer than the repo's
@@ -123,6 +125,7 @@ class GraphMethods(Parts):
         from mnemo.episode.annotation import embed
         from mnemo.extraction.entities import vector_text
         from mnemo.graph.facts import TEMPORAL, correction
+        from mnemo.graph.model import NodeId
 
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
@@ -146,7 +149,10 @@ class GraphMethods(Parts):
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
         changeset = correction(repo, old, text, vector[0], runtime.generation)
-        return await self._graph.apply(changeset, intents=policy)
+        receipt = await self._graph.apply(changeset, intents=policy)
+        record = None if receipt.node_ids else await self._graph.commit_record(
+            repo, receipt.changeset_id)
+        return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
 
     # ---- history --------------------------------------------------------------------------
 

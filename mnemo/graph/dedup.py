@@ -16,6 +16,7 @@ scopes one (`scope`: the metadata of the session or ingest that said them).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -59,11 +60,11 @@ def scope(data: Mapping[str, object]) -> object:
     return data.get("metadata")
 
 
-def alike(a: str, b: str) -> bool:
+def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
     """Whether two facts (or instructions) may be one node: the words of one (stemmed, bar
     articles and joiners) are all words of the other, and what the other adds is no
-    negation."""
-    small, big = sorted((_said(a), _said(b)), key=len)
+    negation. `said` reads a text's words (a caller comparing many pairs caches it)."""
+    small, big = sorted((said(a), said(b)), key=len)
     return small <= big and not (big - small) & _NEGATIONS
 
 
@@ -138,6 +139,7 @@ async def resolve(
     kept: dict[str, str] = {}  # id -> text of the drafts kept
     order: list[int] = []  # positions of kept drafts, in the order they were kept
     reworded: set[int] = set()  # indices into `order` of kept drafts merged since
+    said = functools.cache(_said)  # each text's words, read once for this changeset
 
     async def text(node_id: str) -> str:
         if node_id in out.rewordings:
@@ -163,7 +165,7 @@ async def resolve(
         for node_id, similarity in options:
             if not reaches(similarity, merge_threshold):
                 break
-            if not knowledge or alike(await text(node_id), draft.text):
+            if not knowledge or alike(await text(node_id), draft.text, said):
                 chosen = node_id, similarity
                 break
         if chosen is None:
@@ -175,7 +177,7 @@ async def resolve(
         existing = await text(best_id)
         # A fact that says more than the one it is identical to is merged, not dropped.
         if reaches(best_sim, identity_threshold) and (
-                not knowledge or _said(draft.text) <= _said(existing)):
+                not knowledge or said(draft.text) <= said(existing)):
             continue
         merged = await (merged_knowledge(merge, existing, draft) if knowledge
                         else merge(existing, draft.text))

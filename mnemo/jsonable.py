@@ -142,6 +142,9 @@ def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, obje
         "nodes": commit.node_count,
         "links": commit.link_count,
         "retired": commit.retired_count,
+        "joined": len(commit.joined),
+        "reverted_by": commit.reverted_by,
+        "reverts": commit.reverts,
     }
 
 

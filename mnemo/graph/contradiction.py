@@ -13,7 +13,7 @@ names an earlier time than the one it contradicts is the one retired: it held be
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -74,12 +74,14 @@ class Retirement:
 async def retirements(
     graph: FactSearch, changeset: Changeset, contradicts: Contradicts,
     candidates: int = CANDIDATES, close: float = CLOSE,
+    nearest: Mapping[str, list[tuple[str, float]]] | None = None,
 ) -> list[Retirement]:
     """The facts the changeset's facts contradict, asked before the commit's lock in one
     call for the whole changeset (none when no fact is `close` to a new one). Each new fact is
     compared with `candidates` live facts of its type per channel (vector, words) at a cosine
-    of at least `close`, and with the `candidates` closest facts of its type the changeset
-    told before it (a later step corrects an earlier one)."""
+    of at least `close` (the vector's are `nearest`'s, by node id, best first, when given), and
+    with the `candidates` closest facts of its type the changeset told before it (a later step
+    corrects an earlier one)."""
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
     facts = sorted((n for n in changeset.nodes if n.type in TEMPORAL), key=lambda n: told[n.id])
@@ -87,8 +89,9 @@ async def retirements(
     asked: list[tuple[NodeDraft, list[Node | NodeDraft]]] = []
     for node in facts:
         kinds = [node.type]
-        near = [i for i, similarity in await graph.search_vectors(
-            changeset.repo, node.vector, candidates, kinds) if reaches(similarity, close)]
+        by_vector = (nearest[node.id][:candidates] if nearest is not None else
+                     await graph.search_vectors(changeset.repo, node.vector, candidates, kinds))
+        near = [i for i, similarity in by_vector if reaches(similarity, close)]
         worded = [i for i, _ in await graph.search_text(
             changeset.repo, node.text, candidates, kinds) if i not in near]
         if worded:

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
 
 from mnemo.calls import deadline
 from mnemo.config import Config
-from mnemo.episode.annotation import annotate, embed, starts_trajectory
+from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, PipelineError
+from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.events import Events, deliver
-from mnemo.extraction.entities import embedding_text, with_entity_tags
+from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
-from mnemo.graph.model import Vector, now_utc
+from mnemo.graph.model import now_utc
 from mnemo.graph.ports import (
     GraphStore,
     IntentPolicy,
@@ -320,25 +320,17 @@ class IngestService:
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, and tags and intents left with no links;
-        an intent another source still uses takes that source's wording, embedded within
-        `extraction_timeout` (`mnemo.graph.erasure`). Returns how many nodes went (0 for an
-        unknown source). The id is then free.
+        an intent, a fact or an instruction another source still uses takes that source's
+        wording, embedded within `extraction_timeout` (`mnemo.graph.erasure`). Returns how
+        many nodes went (0 for an unknown source). The id is then free.
 
         Raises:
             EmbeddingError: such a wording could not be embedded; nothing was forgotten.
         """
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
-
-        async def embed_wordings(texts: Sequence[str]) -> Vector:
-            timeout = runtime.config.extraction_timeout
-            try:
-                with deadline.fail_after(timeout):
-                    return await embed(runtime.embedder, [embedding_text(t) for t in texts])
-            except TimeoutError as exc:
-                raise EmbeddingError(f"the embedder took more than {timeout} s") from exc
-
-        return await self._graph.delete_source(
-            repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)],
+        return await self._graph.withdraw(
+            repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),
+            also=[SourceForgotten(repo, source_id)],
             generation=runtime.generation,
         )

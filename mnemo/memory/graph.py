@@ -109,7 +109,9 @@ class GraphMethods(Parts):
         retires the old one as a contradicting fact does (it stays, with `valid_to`, and
         the new one SUPERSEDES it; recall ranks it below its successor). The correction is a
         commit of the history like any other (`revert` undoes it). Calls no model but the
-        repo's embedder. Returns the commit's receipt: its id and the new fact's.
+        repo's embedder. Returns the commit's receipt: its id and the new fact's, or, when a
+        live fact of the repo says `text` already, that fact's (the correction joins it, and
+        it supersedes the old one).
 
         Raises:
             InvalidInputError: a blank text or one longer than the repo's
@@ -123,6 +125,7 @@ class GraphMethods(Parts):
         from mnemo.episode.annotation import embed
         from mnemo.extraction.entities import vector_text
         from mnemo.graph.facts import TEMPORAL, correction
+        from mnemo.graph.model import NodeId
 
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
@@ -146,7 +149,10 @@ class GraphMethods(Parts):
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
         changeset = correction(repo, old, text, vector[0], runtime.generation)
-        return await self._graph.apply(changeset, intents=policy)
+        receipt = await self._graph.apply(changeset, intents=policy)
+        record = None if receipt.node_ids else await self._graph.commit_record(
+            repo, receipt.changeset_id)
+        return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
 
     # ---- history --------------------------------------------------------------------------
 
@@ -179,20 +185,30 @@ class GraphMethods(Parts):
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
-        """Undoes one commit in one transaction: the nodes and links it added go, the facts it
-        retired hold again, and it leaves the history (an ingested source's id is free
-        again). Returns what was undone.
+        """Undoes one commit in one transaction: the nodes and links only it made go, those
+        other commits share stay (a fact or instruction another commit joined takes that
+        commit's wording), the facts it retired hold again, and an ingested source's id is
+        free again. The revert is recorded in the history, which keeps the reverted commit,
+        marked `reverted_by` it. Returns what was undone.
 
         Raises:
             InvalidInputError: no such commit in the repo.
-            ConflictError: a later change built on it (linked to, merged into, retired or
-                reworded one of its nodes): revert that first.
+            ConflictError: the commit is a revert or was reverted, or a later commit built on
+                it (retired one of its facts, or linked to a node only it holds): the message
+                names the commit to revert first.
+            EmbeddingError: a shared node's new wording could not be embedded; nothing was
+                reverted.
             NotFoundError: an unknown repo.
         """
+        from mnemo.extraction.entities import wordings
         from mnemo.graph import history as commit_history
 
         await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
-        return await commit_history.revert(self._graph, repo, commit_id)
+        await self._repos.refresh(repo)
+        runtime = self._repos.embedding(repo)
+        return await commit_history.revert(
+            self._graph, repo, commit_id, generation=runtime.generation,
+            embed=wordings(runtime.embedder, runtime.config.extraction_timeout))
 
     # ---- maintenance ----------------------------------------------------------------------
 

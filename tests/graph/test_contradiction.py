@@ -17,7 +17,7 @@ from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.backends import open_stores
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
-from tests.graph._support import DIM, axis, draft, judged, policy
+from tests.graph._support import DIM, axis, draft, embed, judged, policy
 
 SUPERSEDES = LinkType.SUPERSEDES
 
@@ -123,8 +123,8 @@ async def test_a_contradicted_fact_is_retired_and_revert_brings_it_back(store: s
         assert diff.retired[0].retired
 
         with pytest.raises(mnemo.ConflictError):
-            await history.revert(graph, REPO, "a-cs")
-        await history.revert(graph, REPO, "b-cs")
+            await history.revert(graph, REPO, "a-cs", embed=embed)
+        await history.revert(graph, REPO, "b-cs", embed=embed)
         assert await fact_times(graph, "a-fact") == (march, None, None)
         assert await graph.links(REPO) == []
 
@@ -284,5 +284,5 @@ async def test_a_later_step_retires_what_an_earlier_one_of_its_changeset_said(
                 Link("a-3-0", "a-2-0", SUPERSEDES)} <= links
         assert sorted((await history.history(graph, REPO, 1))[0].retired) == [
             "a-0-0", "a-1-0", "a-2-0"]
-        await history.revert(graph, REPO, "a-cs")
+        await history.revert(graph, REPO, "a-cs", embed=embed)
         assert await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC]) == []

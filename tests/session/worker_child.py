@@ -19,7 +19,8 @@ two "walk" steps, then an "open" step that starts a new trajectory, whose commit
 one hangs at "semantic".
 
 "chaos": does OPS random operations (start a session, append, close, commit, start an
-episode, discard) on random live sessions of the store, from any process. Each operation that
+episode, discard) on random live sessions of the store, from any process; some appends say
+what other workers' do (`SHARED`). Each operation that
 returned without error is written to JOURNAL as one JSON line and fsync'd before the worker
 prints "ok" and moves on, so the journal never holds more than the store accepted. A refused
 operation (a `MnemoError`) is not journaled. It exits 0 after OPS operations.
@@ -44,6 +45,7 @@ from mnemo import State
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
 REPO = "r"
+SHARED = 3  # the observations every chaos worker may append
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
 
 
@@ -104,6 +106,12 @@ async def hold_auto(store: str, lease: float) -> None:
         await anyio.sleep_forever()
 
 
+def chaos_embedder() -> mnemo.HashEmbedder:
+    """The chaos workers' embedder: unlike `FakeEmbedder` (a vector per first word), it tells
+    one step's fact from another's, as a commit's dedup needs."""
+    return mnemo.HashEmbedder(64)
+
+
 class Journal:
     """Accepted operations, one fsync'd JSON line each."""
 
@@ -125,7 +133,7 @@ async def chaos(
     # store and a node text seen twice is a step committed twice.
     life = f"{worker}x{seed}"
     async with mnemo.Memory(
-        store, llm=FakeLLM(), embedder=FakeEmbedder(), config=config(lease)
+        store, llm=FakeLLM(), embedder=chaos_embedder(), config=config(lease)
     ) as mem:
         await mem.open_repo(REPO, config=config(lease))
         for n in range(ops):
@@ -146,8 +154,11 @@ async def step(mem: mnemo.Memory, rng: random.Random, journal: Journal, tag: str
     sid = session.id
     if session.state is State.COLLECTING:
         if rng.random() < 0.75:
-            # Every observation starts with "walk": one trajectory per episode.
-            observation, action = f"walk {tag}", f"go {tag}"
+            # Every observation starts with "walk": one trajectory per episode. A few are
+            # every worker's (each of their facts and instructions is one node of the
+            # store's); the others are this one's alone.
+            said = f"shared{rng.randrange(SHARED)}" if rng.random() < 0.3 else tag
+            observation, action = f"walk {said}", f"go {said}"
             info = await mem.append(sid, observation, action)
             journal.write(op="append", sid=sid, index=info.index, observation=observation)
         else:

@@ -128,7 +128,7 @@ def sqlite_rows(path: Path, table: Table, *, raw: bool = False) -> list[tuple[An
     if table.name == "vectors":  # float16, keyed by the node's rowid
         select = "SELECT n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
     elif table.name == "links":  # its ends by their nodes' rowids
-        select = ("SELECT a.repo, a.id, b.id, l.type FROM links l"
+        select = ("SELECT a.repo, a.id, b.id, l.type, l.refs FROM links l"
                   " JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst")
     else:
         select = f"SELECT {columns} FROM {table.name}"

@@ -47,6 +47,7 @@ from mnemo.graph.ports import (
     More,
     Neighbor,
     NodeContext,
+    Reverting,
     SideWrite,
     Started,
     SweepResult,
@@ -156,18 +157,19 @@ class PgGraph(PgReembedding):
                 " ON CONFLICT DO NOTHING",
                 [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
             )
+            await history.joined(conn, plan)  # before the rewordings
             for node_id, (text, vector) in plan.rewordings.items():
                 await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
                 await cur.execute(
                     "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
                 )
-            added = await history.insert_links(conn, repo, plan.links)
+            await history.add_links(conn, repo, plan.links)
             await cur.execute(
                 "INSERT INTO applied_changesets (id, repo, receipt, applied_at)"
                 " VALUES (%s, %s, %s, %s)",
                 (plan.changeset_id, repo, plan.receipt.to_json(), created),
             )
-            await history.record(conn, plan, added)
+            await history.record(conn, plan)
             await side_writes(conn, also)
         self._vectors.added(repo, len(plan.nodes))
         await self._vectors.index_if_large(repo)
@@ -185,11 +187,6 @@ class PgGraph(PgReembedding):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         async with self._pg.connection() as conn:
             return await history.one(conn, repo, commit_id)
-
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        async with self._pg.transaction() as conn:
-            gone = await history.undo(conn, commit)
-        self._forget(commit.repo, gone)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
@@ -371,20 +368,24 @@ class PgGraph(PgReembedding):
                 await self._erased()
         return len(gone)
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.delete_source`."""
+        """See `GraphStore.withdraw`."""
         async def read() -> Inherited:
             async with self._pg.connection() as conn:
-                return await deletes.inherited(conn, repo, source_id)
+                return await deletes.inherited(conn, repo, key, one=reverting is not None)
 
         async def delete(plan: erasure.Plan) -> list[str]:
+            if reverting is not None:
+                await reverting.refused()
             async with self._pg.transaction() as conn:
-                gone = await deletes.delete_source(conn, repo, source_id, also, plan)
+                gone = await deletes.withdraw(
+                    conn, repo, key, also, plan, reverting.revert_id if reverting else None)
             self._forget(repo, gone)
-            await self._erased()
+            if reverting is None:
+                await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,

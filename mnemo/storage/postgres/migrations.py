@@ -531,4 +531,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE threads SET history_hash = '' WHERE history_len = 0",
         ),
     ),
+    Migration(
+        # Facts and instructions several commits are evidence for, links counted by the
+        # commits that made them, and reverts recorded. SQLite's m026_shared_knowledge.
+        "m018_shared_knowledge",
+        (
+            "ALTER TABLE nodes ADD COLUMN owners jsonb",
+            "ALTER TABLE links ADD COLUMN refs integer NOT NULL DEFAULT 1",
+            "ALTER TABLE commits ADD COLUMN joined jsonb NOT NULL DEFAULT '[]'",
+            "ALTER TABLE commits ADD COLUMN reverted_by text",
+            "ALTER TABLE commits ADD COLUMN reverts text",
+        ),
+    ),
 )

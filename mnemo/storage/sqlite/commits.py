@@ -58,19 +58,20 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
             "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
             [(half_blob(vector), n.id) for n, _, vector in plan.nodes],
         )
+        history.joined(conn, plan)  # before the rewordings
         for node_id, (text, vector) in plan.rewordings.items():
             conn.execute("UPDATE nodes SET text = ? WHERE id = ?", (text, node_id))
             conn.execute(
                 "UPDATE vectors SET vec = ? WHERE node = (SELECT rowid FROM nodes WHERE id = ?)",
                 (half_blob(vector), node_id),
             )
-        added = history.insert_links(conn, plan.links)
+        history.add_links(conn, plan.links)
         conn.execute(
             "INSERT INTO applied_changesets(id, repo, receipt, applied_at)"
             " VALUES (?, ?, ?, ?)",
             (plan.changeset_id, repo, pack_text(plan.receipt.to_json()), created),
         )
-        history.record(conn, plan, added)
+        history.record(conn, plan)
         side_writes(db, also)
 
 

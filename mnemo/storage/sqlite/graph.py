@@ -39,10 +39,12 @@ from mnemo.graph.model import (
     NodeId,
     NodeType,
     Vector,
+    now_utc,
 )
 from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
+    Reverting,
     SideWrite,
     Staging,
     SweepResult,
@@ -214,13 +216,6 @@ class SqliteGraph(SqliteRecallReads):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
 
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        def undo(db: SqliteUtilsDatabase) -> list[str]:
-            with db.atomic():
-                return history.undo(db.conn, commit)
-
-        self._forget_vectors(commit.repo, await self._database.run(undo))
-
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
         found = await self._database.run(lambda db: commits.receipt(db, changeset_id))
@@ -312,19 +307,25 @@ class SqliteGraph(SqliteRecallReads):
                 await self._erased()
             return gone
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.delete_source`."""
+        """See `GraphStore.withdraw`."""
         async def read() -> Inherited:
-            return await self._database.run(lambda db: deletes.inherited(db, repo, source_id))
+            return await self._database.run(
+                lambda db: deletes.inherited(db, repo, key, one=reverting is not None))
 
         async def delete(plan: erasure.Plan) -> list[str]:
-            gone = await self._database.run(lambda db: deletes.delete_source(
-                db, repo, source_id, also, plan))
+            revert = None
+            if reverting is not None:
+                await reverting.refused()
+                revert = (reverting.revert_id, now_utc().isoformat())
+            gone = await self._database.run(
+                lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
             self._forget_vectors(repo, gone)
-            await self._erased()
+            if revert is None:
+                await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,

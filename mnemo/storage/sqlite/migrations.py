@@ -234,3 +234,22 @@ def m025_store_clock(db: Database) -> None:
         );
         """,
     )
+
+
+@MIGRATIONS()
+def m026_shared_knowledge(db: Database) -> None:
+    # A fact or instruction committed again joins the node that holds it (mnemo.graph.shares):
+    # `owners` lists the contributions of a node that several commits are evidence for; a link
+    # counts the commits that made it, so that withdrawing one leaves what another made; a
+    # commit names the nodes it joined, and a revert is a record of its own (`reverts`) that
+    # the reverted one names (`reverted_by`).
+    execute_all(
+        db,
+        """
+        ALTER TABLE nodes ADD COLUMN owners TEXT;
+        ALTER TABLE links ADD COLUMN refs INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE commits ADD COLUMN joined TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE commits ADD COLUMN reverted_by TEXT;
+        ALTER TABLE commits ADD COLUMN reverts TEXT;
+        """,
+    )

@@ -172,14 +172,14 @@ async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
     made = {(k.src, k.dst, k.type) for k in record.links}
     links_of = {c.id: {(k.src, k.dst, k.type) for k in c.links} for c in later}
     for n in await graph.neighbors(record.repo, sorted(held)):
+        # A neighbour stands for the links of either direction between the two: those of a
+        # direction the commit did not make are someone else's.
         ends = {(n.origin, n.node_id, n.link_type), (n.node_id, n.origin, n.link_type)}
-        if ends & made:
-            continue
-        makers = [c for c in reversed(later) if ends & links_of[c.id]]
+        makers = [c for c in reversed(later) if (ends - made) & links_of[c.id]]
         by = next((c.id for c in makers if not shared(n.origin, c)), None)
         if by is not None:
             return f"commit {by!r} linked to its node {n.origin!r}; revert it first"
-        if not makers:
+        if not makers and not ends & made:
             return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
                     "that a later change made (consolidate)")
     return None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mnemo
@@ -115,6 +115,10 @@ async def scenario(ops: list[tuple[str, int, int, int]], store: str) -> None:
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=OPS)
+# A later commit linked to the commit's fact in the direction it had not linked, before any
+# other commit joined that fact: the revert is refused.
+@example(ops=[("commit", 0, 0, 1), ("commit", 0, 0, 0), ("commit", 0, 1, 1),
+              ("commit", 0, 0, 0), ("revert", 2, 0, 0)])
 def test_reverts_equal_replaying_the_survivors(
     fresh_stores: Callable[[], str], ops: list[tuple[str, int, int, int]]
 ) -> None:

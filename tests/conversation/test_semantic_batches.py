@@ -1,6 +1,6 @@
-"""A Semantic load (both backends) embeds the messages that have no vector yet in bounded batches, one
+"""A Semantic load embeds the messages that have no vector yet in bounded batches, one
 embedder call (and timeout) each, and keeps every batch it made: a load that fails part way
-leaves the next one only the rest to embed."""
+leaves the next one only the rest to embed (both backends)."""
 
 from __future__ import annotations
 

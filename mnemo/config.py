@@ -147,7 +147,7 @@ class Config:
     max_text_chars: TextChars = DEFAULT_MAX_TEXT_CHARS
     # Per-call bounds, each checked before anything is stored (InvalidInputError), each at
     # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
-    # steps in one `ingest` (LoCoMo's longest session has 47; a step costs about 2 s offline),
+    # steps in one `ingest` (LoCoMo's longest session has 47; BENCHMARKS.md has a step's cost),
     max_steps_per_ingest: Steps = 100
     # new messages one `save` or `append` stores (save a longer history in slices of it),
     max_messages_per_save: Messages = 1_000

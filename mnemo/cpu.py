@@ -1,12 +1,11 @@
 """Python work that runs off the event loop, one piece at a time per event loop.
 
 Pure-Python work gains nothing from a second thread (the GIL runs one at a time), and every
-thread that wants the GIL lengthens the event loop's wait for it: measured on 2 cores, a
-10 ms ticker ran late by 28 ms beside one busy thread, 330 ms beside four and 585 ms beside
-sixteen (the offline LLM's calls, 16 at once under `Config.llm_concurrency`, each took a
-thread). So such work (the offline model's heuristics, the hashed embedder, prompts and
-changesets of long inputs) takes the one slot of `off_loop`; the loop then waits for the GIL
-behind one thread at most, a switch interval (5 ms) at a time.
+thread that wants the GIL lengthens the event loop's wait for it, the more the more threads
+(the offline LLM's calls, 16 at once under `Config.llm_concurrency`, each took a thread;
+BENCHMARKS.md, "Figures behind the code"). So such work (the offline model's heuristics, the
+hashed embedder, prompts and changesets of long inputs) takes the one slot of `off_loop`; the
+loop then waits for the GIL behind one thread at most, a switch interval at a time.
 
 Such work also keeps each C call short: a thread holds the GIL through a whole C call (a
 numpy operation, a `json.dumps`), and the loop waits for all of it.
@@ -37,8 +36,8 @@ def slot() -> anyio.CapacityLimiter:
         return limiter
 
 
-# Work on fewer characters than this stays on the loop: about 1.5 ms of text heuristics (0.4 us
-# a character), against a thread hop's 100 us and a wait for the slot.
+# Work on fewer characters than this stays on the loop: below it, the work costs less than a
+# thread hop and a wait for the slot (BENCHMARKS.md, "Figures behind the code").
 ON_LOOP_CHARS = 4_000
 
 
@@ -58,8 +57,8 @@ async def run(func: Callable[[], T], chars: int, *, abandon_on_cancel: bool = Fa
     return await off_loop(func, abandon_on_cancel=abandon_on_cancel)
 
 
-# The characters one C call of `dumps` encodes at most, about 1 ms (strings counted down to
-# `_DEPTH` levels: deeper ones are those of a step's metadata, bounded by `max_text_chars`).
+# The characters one C call of `dumps` encodes at most (strings counted down to `_DEPTH`
+# levels: deeper ones are those of a step's metadata, bounded by `max_text_chars`).
 _SLICE = 1 << 18
 _DEPTH = 3
 

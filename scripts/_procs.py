@@ -1,4 +1,4 @@
-"""Many worker processes on one store (issue 11, item 5), for `bench_sessions.py --processes`.
+"""Many worker processes on one store, for `bench_sessions.py --processes`.
 
 For each backend and each number of processes N, every case gets a fresh store; the parent
 opens the repo once (and, for the shared case, starts the one session), then starts N worker

@@ -1,4 +1,4 @@
-"""Where a bench keeps its data: SQLite files, and PostgreSQL databases beside them (issue 10).
+"""Where a bench keeps its data: SQLite files, and PostgreSQL databases beside them.
 
 `--store` chooses the backends of a run:
 
@@ -9,7 +9,7 @@
   by `tests/pg.py`'s `start_server`, with its durability settings left as a deployment runs
   them (fsync, synchronous_commit and full_page_writes on; the tests turn them off) and its
   shared buffers sized as a deployment sizes them (a quarter of the memory, at most 8 GB;
-  initdb's 128 MB made a 1M-node pgvector search three times slower).
+  initdb's 128 MB made a 1M-node pgvector search much slower).
 
 Each case asks `fresh` for an empty store, so every case starts as empty as a new SQLite file:
 on PostgreSQL a new database, copied from a template that holds mnemo's schema (a case pays

@@ -6,7 +6,7 @@ DIR holds a `mnemo` package (a link to another checkout's `mnemo/`, or nothing f
 STORE is a SQLite path or a PostgreSQL URL of an empty database. Prints the p50 and p99 in
 microseconds of N appends to one session (after 50 to warm up), with bench_sessions.py's
 instant fake LLM and embedder: mnemo's own cost per append. Run the two versions in turns, on
-fresh stores, and compare medians (BENCHMARKS.md, issue 11). With `async`, each append is an
+fresh stores, and compare medians (BENCHMARKS.md). With `async`, each append is an
 `append_async` timed from the call to its callback (the async operation path).
 """
 

@@ -1,4 +1,4 @@
-"""An auto-commit session's boundaries and close, timed (session 25: step claims).
+"""An auto-commit session's boundaries and close, timed (with step claims).
 
 Each session appends three steps on each of three topics (two trajectory boundaries, so two
 background commits of the finished trajectory), then `close_and_commit` until it is idle. The

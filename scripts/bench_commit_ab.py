@@ -1,5 +1,5 @@
 """What a commit, and the recall after it, cost with the `mnemo` on the path: for A/B runs of
-two versions of mnemo (issue 12: the lexical index's log is written by triggers in every
+two versions of mnemo (the lexical index's log is written by triggers in every
 commit, and the recall after a commit finds the index behind).
 
     PYTHONPATH=DIR .venv/bin/python scripts/bench_commit_ab.py STORE ROUNDS

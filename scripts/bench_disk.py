@@ -1,4 +1,4 @@
-"""Disk used per remembered message, everything mnemo keeps counted (issues 9 and 42).
+"""Disk used per remembered message, everything mnemo keeps counted.
 
 Each message is remembered with one `mem.ingest` (a one-step trajectory), as an app that
 remembers every chat message would, on the embedded defaults' storage (a SQLite file, WAL,
@@ -10,7 +10,7 @@ saved HNSW graphs "<file>.hnsw", the lexical index "<file>.lexical"), per messag
 mem0's bytes per message. With `--tables`, where the file's bytes go, per table and index
 (SQLite's `dbstat`, what `sqlite3_analyzer` reads).
 
-mem0's figure is issue 42's measurement of mem0 2.2.1's default local stores (Qdrant on disk
+mem0's figure is the measurement of mem0 2.2.1's default local stores (Qdrant on disk
 and its SQLite history) after 10,000 `add(..., infer=False)`: about 5 KB a message (one
 1,536-byte vector, the payload and the history row). The goal: at most twice that.
 
@@ -33,7 +33,7 @@ from rich.console import Console
 import mnemo
 
 TOPICS = ["deploy", "database", "billing", "the garden", "travel plans", "the new laptop"]
-# mem0 2.2.1's bytes per message (issue 42), and the goal's factor.
+# mem0 2.2.1's bytes per message, and the goal's factor.
 MEM0_BYTES = 5 * 1024
 GOAL = 2.0
 

@@ -29,7 +29,7 @@ latency.
    the limiter smooths (one second's worth of burst, not a minute's).
 
 Run: `.venv/bin/python scripts/bench_extraction.py [--quick] [--latency 0.1] [--rpm 600]
-[--seconds 30] [--in-process]`. The full run takes about a minute, `--quick` under 20 s.
+[--seconds 30] [--in-process]`. `--quick` is the short run.
 `import mnemo` finds the venv's install (an editable one points at the main checkout): set
 `PYTHONPATH` to measure another checkout, e.g. a worktree of an older commit for a before/after
 pair; the facts table names the `mnemo` measured.

@@ -1,7 +1,7 @@
-"""What it costs to run a durable one-row insert off the event loop (issue 9, item 2).
+"""What it costs to run a durable one-row insert off the event loop.
 
 The same INSERT (WAL, `synchronous=NORMAL`, autocommit) is timed four ways from an asyncio task:
-inline on the loop thread (what appends did before issue 9, and what blocked the loop while
+inline on the loop thread (what appends once did, and what blocked the loop while
 another writer held the lock), through mnemo's own connection thread
 (`storage.sqlite.database._Worker`, what every statement uses now), through
 `anyio.to_thread.run_sync` with a limiter of one, and through a one-thread

@@ -1,4 +1,4 @@
-"""Lexical-search candidates for recall at 10k, 100k and 1M nodes, side by side (issue 12).
+"""Lexical-search candidates for recall at 10k, 100k and 1M nodes, side by side.
 
 Recall's lexical channel today is FTS5 over `nodes_fts` (porter unicode61, external content),
 an OR of the query's distinct non-stopword words ranked by bm25: SQLite scores every document
@@ -29,9 +29,8 @@ Run: `.venv/bin/python scripts/bench_lexical.py [--sizes 10000,100000,1000000]
 [--queries 200] [--context-queries 60] [--cache /tmp/mnemo-lexical-cache]
 [--only fts5,fts5-idf,tantivy,pg] [--df-cut 0.05] [--keep 2] [--budget 20000]`. Corpora,
 indexes and the PostgreSQL data folder are built once under `--cache` and reused (their build
-times are recorded with them): at 1M the corpus takes about 4 minutes (the generator and
-FTS5's triggers), tantivy 7 s, PostgreSQL 13 s; the whole default run took 38 minutes on a
-busy machine, most of it today's FTS5 and PostgreSQL on the in-context queries.
+times are recorded with them; BENCHMARKS.md has them): at 1M most of a default run is FTS5
+and PostgreSQL on the in-context queries.
 `--locomo shared/data/locomo_dev.json` instead measures evidence recall@10 on LoCoMo, and
 `--kill-check` kills a process committing to tantivy and reopens the index.
 """

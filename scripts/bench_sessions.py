@@ -36,13 +36,13 @@ baselines (scripts/_pg_rows.py) are the same rows written without mnemo: one tra
 `steps` row through psycopg, and the commit's rows read back from mnemo's database and
 written into a fresh one in one transaction by `executemany` and by binary `COPY`.
 
-6. Many processes on one store (issue 11). With `--processes 1,2,4` the run measures only
+6. Many processes on one store. With `--processes 1,2,4` the run measures only
    this (scripts/_procs.py): for each count N, N worker processes, each with its own Memory on
    one fresh store, append to their own sessions, run start/append/close_and_commit cycles,
    and all append to one shared session; appends/s, p50/p99, commits/s and nodes/s.
 
 Run: `.venv/bin/python scripts/bench_sessions.py [--quick] [--profile] [--store URL|embedded]
-[--processes N[,N...]]`. `--quick` shrinks every size (10-20 s on SQLite alone); `--profile`
+[--processes N[,N...]]`. `--quick` shrinks every size; `--profile`
 adds cProfile listings of the append and commit paths (SQLite).
 """
 

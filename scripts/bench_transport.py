@@ -23,12 +23,12 @@ answering each after `--latency` (100 ms), `--bursts` times; client CPU per call
 loop thread's CPU over a pair of bursts divided by 48. httpx's own pool scans every pooled
 connection on each request and reply, so its cost per call grows with the calls in flight.
 
-`--hide-sniffio` runs the same with `sniffio` unimportable, as it was before mnemo declared it
-(issue 13, item 4): httpcore then retries `import sniffio`, a failed import that scans
+`--hide-sniffio` runs the same with `sniffio` unimportable, as when mnemo did not declare it:
+httpcore then retries `import sniffio`, a failed import that scans
 sys.path, on every connection-pool operation.
 
-Run: `.venv/bin/python scripts/bench_transport.py [--calls 2000] [--hide-sniffio]`
-(about 20 s). With no `--hide-sniffio` it also runs itself with it, in a subprocess, and prints
+Run: `.venv/bin/python scripts/bench_transport.py [--calls 2000] [--hide-sniffio]`.
+With no `--hide-sniffio` it also runs itself with it, in a subprocess, and prints
 both tables.
 """
 

@@ -28,7 +28,7 @@ copy of it is the same as a fresh ingest's (a recall reinforces what it returns,
 the next one on the same file, unless `--no-reinforce`).
 
 `--set` overrides one `mnemo.Config` field for the repos of the run (repeat it; the value is
-read as JSON, else as a string): every lever of issue 12 is a Config field, so each measured
+read as JSON, else as a string): every recall lever is a Config field, so each measured
 row of BENCHMARKS.md is one command. A recall-side lever can reuse an ingested database
 (`--db`, after copying it: a recall reinforces what it returns, which moves the next run).
 """

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where docstrings and comments must say what the code does, not its history.
-CODE = ("mnemo", "tests")
+CODE = ("mnemo", "scripts", "tests")
 SKIPPED = {"node_modules", "build", "dist", "__pycache__"}
 
 # A Markdown link's target: `[text](target)` or `[text](target "title")`.
@@ -25,12 +25,24 @@ NOT_A_FILE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|#)")
 # The documents beside the repository that a file once named as paths.
 OUTSIDE = re.compile(r"\b(?:API|STYLE|EMBEDDINGS)\.md\b|\.\.[/\\]shared\b")
 # The story of a change: an issue, a work session (LoCoMo's "Conversation session 3" is data),
-# a review, a document outside the repository.
+# a review, a probe that found something (a vector search's probe is a thing the code does), a
+# work item ("p5b"; "p50" is a percentile), a document outside the repository.
 HISTORY = re.compile(
     r"\b[Ii]ssues? \d"
-    r"|(?<!onversation )\b[Ss]essions? \d"
-    r"|\b(?:[Aa]|[Tt]he|second|third|differential) review\b"
+    r"|(?<!onversation )(?<!-)\b[Ss]essions? \d"
+    r"|\b[Rr]eview(?:s|ed|ers?)?\b"
+    r"|\((?:a|the)(?: \w+)? probe\)"
+    r"|\b(?:[Cc]ontract|[Cc]onversation|[Aa]dapters|[Dd]ifferential) probe\b"
+    r"|\b[Aa] probe (?:found|showed|noted|reproduced)\b"
+    r"|\b[Pp]\d+[a-z]\b"
     r"|\b(?:API|STYLE|EMBEDDINGS)\.md\b"
+)
+# In mnemo/ also the words of a change story: what the code "used to" do, "Before, it ...".
+CHANGE_STORY = re.compile(r"\bused to\b|\bBefore, (?:it|the|a|each|every|this|that)\b")
+# A timing figure ("took 12 ms", "3x faster"): measurements live in BENCHMARKS.md, where a run
+# can replace them; a setting in seconds ("a 60 s timeout") is what the code does.
+TIMING = re.compile(
+    r"\d\s?(?:ms|µs|us|ns)\b|\b\d+(?:\.\d+)?x (?:faster|slower)\b|\btimes (?:faster|slower)\b"
 )
 
 
@@ -109,14 +121,15 @@ def _prose(source: str) -> Iterator[tuple[int, str]]:
 
 
 def test_docstrings_and_comments_tell_no_history() -> None:
-    """No docstring or comment in mnemo/ or tests/ names an issue, a work session, a review or
-    a document outside the repository: they say what the code does."""
+    """No docstring or comment in mnemo/, scripts/ or tests/ names an issue, a work session, a
+    review or a document outside the repository: they say what the code does."""
     hits = [
         f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
         for path in _files(".py")
         if path.relative_to(ROOT).parts[0] in CODE and path != Path(__file__).resolve()
         for line, text in _prose(path.read_text(encoding="utf-8"))
         if (found := HISTORY.search(text))
+        or (path.relative_to(ROOT).parts[0] == "mnemo" and (found := CHANGE_STORY.search(text)))
     ]
     assert hits == []
 
@@ -132,3 +145,63 @@ def test_history_in_prose_is_caught() -> None:
     )
     found = [(line, HISTORY.search(text)) for line, text in _prose(source)]
     assert sorted(line for line, match in found if match) == [1, 2, 4]
+
+
+@pytest.mark.parametrize(
+    "prose",
+    [
+        "20 files, not 1 (review p5b)",
+        "found by a review of the change",
+        "a clear kept them (a probe)",
+        "the conversation probe raised it",
+        "A probe found that forget left words",
+        "fixed in p5b",
+    ],
+)
+def test_review_and_probe_words_are_caught(prose: str) -> None:
+    """A review, a probe that found something, or a work item is history in prose."""
+    assert HISTORY.search(prose)
+
+
+@pytest.mark.parametrize(
+    "prose",
+    [
+        "recall probes the tags with the query",
+        "one walk of the graph for all probes",
+        "p50 and p99 of an append",
+        "What the probe measured of one LLM's server",
+        "bench_auto_commit.py [--sessions 40]",
+    ],
+)
+def test_what_the_code_does_with_probes_is_not_history(prose: str) -> None:
+    """A vector search's probes, a server probe, percentiles and a command's option are what
+    the code does."""
+    assert not HISTORY.search(prose)
+
+
+def test_no_timing_figures_in_the_code() -> None:
+    """No docstring or comment in mnemo/ quotes a measured time: BENCHMARKS.md holds them."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{line}: {found.group(0)!r}"
+        for path in _files(".py")
+        if path.relative_to(ROOT).parts[0] == "mnemo"
+        for line, text in _prose(path.read_text(encoding="utf-8"))
+        if (found := TIMING.search(text))
+    ]
+    assert hits == []
+
+
+def test_a_timing_figure_is_caught() -> None:
+    """Measured times and speed-ups are found; a setting in seconds is not."""
+    assert TIMING.search("a hop costs about 32 us")
+    assert TIMING.search("took 1.5 ms in json.dumps")
+    assert TIMING.search("about 5x slower")
+    assert TIMING.search("three times faster than json")
+    assert not TIMING.search("each attempt may take 60 s, the default timeout")
+
+
+def test_a_change_story_is_caught() -> None:
+    """The words of a change story are found; a word that only looks like one is not."""
+    assert CHANGE_STORY.search("an error used to leave `running` set")
+    assert CHANGE_STORY.search("Before, it was seen at the next write")
+    assert not CHANGE_STORY.search("snapshots before, the messages, snapshots after")

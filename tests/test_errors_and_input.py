@@ -288,7 +288,7 @@ def test_node_and_link_types() -> None:
 async def test_a_closed_memory_answers_storage_error_closed_on_both_backends(store: str) -> None:
     """After the Memory closed, each call that reaches the store raises StorageError with
     reason "closed", on both backends alike (SQLite raised a bare RuntimeError, PostgreSQL
-    StorageError("unavailable"): the conversation probe)."""
+    StorageError("unavailable"))."""
     async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(8)) as mem:
         await mem.open_repo(REPO)
         conv = mem.conversation()

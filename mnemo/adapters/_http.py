@@ -473,7 +473,7 @@ class Transport:
         """POSTs `body` as JSON to `path` and reads the whole reply: what `AsyncClient.post`
         does for mnemo's requests, without the steps that do nothing here (auth, redirects,
         which mnemo never follows; event hooks) or that cost without use (the URL merged and
-        the headers built again, cookies parsed from every reply: about 80 us of a call's
+        the headers built again, cookies parsed from every reply: a share of a call's
         client CPU). A reply that sets cookies has them kept, and the requests after it are
         built by the client, which sends them; the "HTTP Request" line is logged as httpx
         logs it."""

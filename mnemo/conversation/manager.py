@@ -98,7 +98,7 @@ class ConversationManager:
 
     def __await__(self) -> Generator[object, None, ConversationManager]:
         """`await mem.conversation(...)` gives the manager too: the factory is synchronous,
-        but callers used to mnemo's async calls may await it."""
+        but a caller that awaits mnemo's async calls may await it."""
         return self._itself().__await__()
 
     async def _itself(self) -> ConversationManager:

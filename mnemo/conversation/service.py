@@ -316,7 +316,7 @@ class ConversationService:
         It waits for an eviction under way instead of skipping: that one may have run for
         another budget, or before the newest messages came, and a skip left them hidden. A
         thread purged meanwhile (by another Memory) has nothing left to evict: the save that
-        asked returns, where it raised the eviction's NotFoundError (a probe).
+        asked returns rather than raise the eviction's NotFoundError.
         """
         done: list[EvictionResult] = []
         async with self._evict_locks.hold(thread_id):

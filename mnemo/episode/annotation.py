@@ -74,7 +74,7 @@ async def annotate(
         results["subgoal"] = await ask(llm, request, parse_subgoal)
 
     # The three calls run at once; the state call runs in this task, which saves starting a
-    # third one (each task costs about 25 µs on the append path).
+    # third one (a task's start is on the append path).
     with first_error():
         async with anyio.create_task_group() as tg:
             tg.start_soon(subgoal)

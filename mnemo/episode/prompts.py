@@ -49,7 +49,7 @@ def state_request(
         },
         schema=None,
         # Under 80 words asked; the cap stops a small model that loops (a state
-        # summary once ran to the 4k context, 91 s, past append_timeout).
+        # summary once ran to the 4k context, past append_timeout).
         max_tokens=256,
     )
 

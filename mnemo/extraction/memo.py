@@ -98,8 +98,8 @@ class TaskMemo:
     """Validated task results of one episode, by (trajectory id, task, request digest).
 
     A request is hashed only when a result of its trajectory and task is kept already, or
-    when its own is stored (`unsaved`): an extraction that succeeds hashes nothing (48
-    requests of 2 KB, 20 us each, before a close's calls went out).
+    when its own is stored (`unsaved`): an extraction that succeeds hashes nothing (a
+    close's requests went out only after each was hashed).
     """
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:

@@ -1,12 +1,10 @@
 """An optional approximate index (faiss HNSW) riding on a repo's `VectorIndex`, for big repos.
 
 Why: the exact numpy scan, on the one BLAS thread a Memory leaves numpy (`mnemo.graph.blas`),
-costs about 0.12 ms per thousand rows (11 ms at 90k), while faiss `IndexHNSWFlat` with M = 32,
-efConstruction = 200 and efSearch = 256 answers in about 2 ms with recall@10 0.95 at 1M
-(measured on this machine when the settings were chosen; mnemo walks at efSearch 64-128, see
-`HnswParams`). faiss-cpu is
-an optional extra (`pymnemo[faiss]`): without it `attach` returns None and every search stays
-exact.
+grows with the rows, while faiss `IndexHNSWFlat` with M = 32, efConstruction = 200 and
+efSearch = 256 answers in a time nearly flat in the rows with recall@10 0.95 at 1M
+(BENCHMARKS.md; mnemo walks at efSearch 64-128, see `HnswParams`). faiss-cpu is an optional
+extra (`pymnemo[faiss]`): without it `attach` returns None and every search stays exact.
 
 How it stays correct:
 
@@ -63,16 +61,16 @@ from mnemo.graph.model import Vector
 from mnemo.graph.vectors import VectorIndex
 
 # Above this many vectors a repo's searches go through the HNSW graphs: the exact scan of
-# 20k rows on one BLAS thread takes about 2.4 ms, about what a walk and its re-rank take, and
-# grows linearly (at 90k, 11 ms).
+# 20k rows on one BLAS thread takes about what a walk and its re-rank take, and grows
+# linearly (BENCHMARKS.md, "Figures behind the code").
 DEFAULT_THRESHOLD = 20_000
 # Searches of fewer rows than this run on the calling thread, the event loop's (a worker
 # thread's round trip would cost more than the product); bigger ones in a worker thread.
 IN_THREAD_FROM = 20_000
 # A probe of a type with fewer rows than this is a product with its rows, not a walk of its
 # graph. A product reads every row of the type, a walk at efSearch 64 (a route's k of 3) a few
-# thousand: at 1M nodes one probe of 12.5k tags took 2.07 ms as a product and 0.42 ms as a
-# walk, of 2,000 rows 0.16 ms as a product.
+# thousand: past this many rows the walk is the shorter (BENCHMARKS.md, "Figures behind the
+# code").
 WALK_FROM = 5_000
 
 
@@ -83,11 +81,11 @@ class HnswParams:
     m: int = 32
     ef_construction: int = 200
     # The broadest walk, hop 0's (50 candidates): at 1M nodes its recall@50 against the exact
-    # scan was 0.992 at 128 and 0.998 at 256, in half the time.
+    # scan was 0.992 at 128 and 0.998 at 256, in less time.
     ef_search: int = 128
     # The narrowest walk: a route probe asks for 3 rows, and at efSearch 64 its recall@3
-    # against the exact scan was 1.000 (tags) and 0.997 (intents) at 1M nodes, at a third of
-    # the time of efSearch 256.
+    # against the exact scan was 1.000 (tags) and 0.997 (intents) at 1M nodes, in less time
+    # than efSearch 256.
     ef_min: int = 64
     # Candidates fetched per result wanted, then re-ranked exactly (4-10x is the usual range),
     # at most `ef_search` (or k) of them per walk.
@@ -97,7 +95,7 @@ class HnswParams:
     # More rows than this waiting for insertion: searches are exact until the worker catches
     # up (scanning a long pending list for every search would cost more than the exact scan).
     max_pending: int = 4096
-    # Inserts per lock hold: at 1M rows one insert costs about 1 ms, and searches wait for it.
+    # Inserts per lock hold: an insert into a big graph is slow, and searches wait for it.
     insert_batch: int = 32
     # Rows added to a graph being built between two checks of the stop flag.
     build_chunk: int = 20_000
@@ -245,8 +243,8 @@ class HnswAccelerator(HnswBuilder):
     ) -> list[list[tuple[str, float]] | None] | None:
         """For each unit row of `queries`, the `k` best rows among these type codes, re-ranked
         exactly, or None for a row the exact scan must answer (see the module docstring);
-        None for all when the graphs cannot answer now. The rows walk each graph in one call
-        (a route's probes: 0.6 ms for four, 1.2 one by one)."""
+        None for all when the graphs cannot answer now. The rows walk each graph in one call,
+        quicker than one walk a row."""
         if not self.ready or k <= 0:
             return None
         snap = self._index.snapshot()
@@ -262,7 +260,7 @@ class HnswAccelerator(HnswBuilder):
             graphs = self._graphs
             wanted, share = walks(graphs, codes)
             # The walk's breadth is efSearch: more candidates than that cost a wider walk for
-            # nothing the re-rank needs (100k rows, k = 50: 4.4 -> 2.1 ms).
+            # nothing the re-rank needs.
             params = self.params
             wanted_rows = min(params.oversample * k, max(params.ef_search, k))
             want = math.ceil(wanted_rows / share)

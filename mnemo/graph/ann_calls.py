@@ -21,8 +21,8 @@ async def nearest_of_type(
 ) -> list[list[tuple[str, float]]]:
     """For each probe row, the `k` rows of one type nearest by cosine (recall probes the tags
     with the query and each search tag at once): one walk of the type's HNSW graph for all
-    probes when the index has one ready (about 0.6 ms for four, where gathering every row of
-    the type costs tens at 1M nodes), else, and for a type of fewer than `WALK_FROM` rows, one
+    probes when the index has one ready (gathering every row of a big type costs far more),
+    else, and for a type of fewer than `WALK_FROM` rows, one
     matrix product for all probes. In a worker thread unless the rows are few."""
     if k <= 0:
         return [[] for _ in range(len(probes))]
@@ -42,16 +42,16 @@ async def nearest_of_type(
 async def of_type(index: VectorIndex, kind: NodeType) -> tuple[list[str], Vector]:
     """`index.of_type(kind)`, in a worker thread when it must gather the rows of a big index:
     the first gather after a change copies every row of the type (113 MB for 74,000 intents
-    at 1M nodes: 80-240 ms the event loop would wait, measured)."""
+    at 1M nodes, a wait the event loop must not take)."""
     if index.has_of_type(kind):
         return index.of_type(kind)
     return await by_size(len(index), lambda: index.of_type(kind))
 
 
-# Below this many rows a repo's vector searches are numpy on the event loop taking about
-# 0.1 ms (4,152 x 384: 50-90 us), less than an anyio task group costs (50-190 us): a recall
-# runs them in turn, with nothing beside them. From 10,000 rows a scan takes long enough (about
-# 0.2 ms, and 1 ms or more on a loaded machine) to hide the words' search in its thread.
+# Below this many rows a repo's vector searches are numpy on the event loop taking less than
+# an anyio task group costs: a recall runs them in turn, with nothing beside them. From
+# 10,000 rows a scan takes long enough to hide the words' search in its thread
+# (BENCHMARKS.md, "Figures behind the code").
 IN_TURN_BELOW = 5_000
 
 

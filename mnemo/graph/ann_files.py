@@ -1,8 +1,8 @@
 """HNSW graphs saved beside the store, so that opening a big repo does not rebuild them.
 
-Why: building the graphs of a 1M-node repo took 26-52 minutes on two cores, and until then
-every search is the exact scan (49 ms at 1M). Every process that opened the store paid it
-again. Reading the saved graphs back takes seconds.
+Why: building the graphs of a 1M-node repo takes long (BENCHMARKS.md), and until then every
+search is the exact scan. Every process that opened the store paid it again. Reading the
+saved graphs back is far quicker.
 
 The store stays the one truth; the files are a cache of it, checked row by row when read:
 
@@ -56,8 +56,8 @@ log = logging.getLogger("mnemo")
 FORMAT = 2
 # Labels compared per chunk at load (a chunk's vectors are copied once: 50k x 384 x 4 bytes).
 _CHUNK = 50_000
-# xz's preset for the links and ids: 1 took the links of 20k rows from 272 to 41 bytes a row
-# at 17 MB/s; zlib's level 6 to 60 at 11 MB/s, xz's preset 6 to 37 at 1.7 MB/s.
+# xz's preset for the links and ids: 1 took the links of 20k rows from 272 to 41 bytes a row,
+# smaller than zlib's level 6 (60) and faster than xz's preset 6 (37; BENCHMARKS.md).
 _PRESET = 1
 
 

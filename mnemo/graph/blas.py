@@ -3,9 +3,9 @@
 mnemo's vector products are small (a hop's cosines, MMR's 40 x 40, an exact scan below the
 HNSW threshold), and a multi-threaded OpenBLAS gains little on them, but after each product
 its threads busy-wait for more work for a while, holding a core. On a 2-core machine that
-halved everything running beside them: a recall's query embedding took 35 ms right after a
-recall and 17 ms after 0.3 s of quiet, and recall p50 on a LoCoMo conversation's store went
-from 70-78 ms to 37 ms with one BLAS thread.
+halved everything running beside them: a recall's query embedding right after a recall took
+twice what it took after a moment of quiet, and one BLAS thread halved recall p50 on a LoCoMo
+conversation's store (BENCHMARKS.md, "Figures behind the code").
 
 The limit is set through threadpoolctl, on the BLAS libraries whose threads are their own
 (threading layer "pthreads": the OpenBLAS of numpy's wheels), not on OpenMP-based ones, whose

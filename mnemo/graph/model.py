@@ -51,7 +51,7 @@ class _StoredNames(dict[str, Member]):
 
 
 # A stored type name's member by a dict lookup: `NodeType(name)` goes through the enum's
-# machinery, about 1 us a call, and a recall hop decodes hundreds of rows.
+# machinery at each call, and a recall hop decodes hundreds of rows.
 NODE_TYPES: dict[str, NodeType] = _StoredNames((kind.value, kind) for kind in NodeType)
 LINK_TYPES: dict[str, LinkType] = _StoredNames((kind.value, kind) for kind in LinkType)
 
@@ -127,9 +127,8 @@ class Changeset:
             raw["missing"] = self.missing
         if self.generation:
             raw["generation"] = self.generation
-        # msgspec, keys sorted as json's sort_keys: a 16-trajectory close's changeset (180
-        # nodes of 512-dimension vectors, 560 KB) took 1.5 ms in json.dumps, 0.15 here, on
-        # the way from the last reply to ready.
+        # msgspec, keys sorted as json's sort_keys: a tenth of json.dumps's time for a close's
+        # changeset (hundreds of KB), on the way from the last reply to ready.
         return _SORTED_JSON.encode(raw).decode()
 
     @classmethod

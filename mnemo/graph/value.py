@@ -76,7 +76,7 @@ def node_value(
     relevance; `decay` deletes what falls below `config.decay_threshold`.
     """
     # `recency`, `frequency` and `reward` written out, the same operations in the same order
-    # (recall values 50-100 nodes a query: the calls took half of its 2.3 us).
+    # (recall values 50-100 nodes a query: the calls took half of its time).
     seen = created_at if created_at.tzinfo is not None else _utc(created_at)
     if last_access is not None:
         last = last_access if last_access.tzinfo is not None else _utc(last_access)

@@ -2,16 +2,15 @@
 
 The rows in SQLite are the truth; this index is built from them when a repo is first searched
 and kept in step by the graph store after each commit or delete. Rows are stored unit-length,
-so a dot product is the raw cosine. Exact numpy search measured 0.14 ms at 10k vectors and
-6 ms at 100k on this machine with all of numpy's BLAS threads; on the
-one thread a Memory leaves it, 11 ms at 90k, so past 20k rows of a SQLite repo HNSW graphs
+so a dot product is the raw cosine. An exact numpy search grows with the rows, on the one
+BLAS thread a Memory leaves numpy (BENCHMARKS.md), so past 20k rows of a SQLite repo HNSW graphs
 answer when faiss is installed (`mnemo.graph.ann`; PostgreSQL's routing vectors get theirs
 from 5k).
 
 Searches may run in a worker thread while the event loop appends: an append writes only past
 the row count a search has already read, and a delete marks its rows dead (type code -1) in
 place, so a search sees each row either live or gone. Dead rows are dropped by one compaction
-once they are a quarter of the rows: copying the arrays on every delete took 5.9 s at 1M rows.
+once they are a quarter of the rows: copying the arrays on every delete took seconds at 1M.
 
 An `Accelerator` (the optional faiss HNSW of `mnemo.graph.ann`) may ride on the index: it hears
 of every add and remove, and answers a search when it can; when it cannot (not built yet, too
@@ -47,8 +46,7 @@ def unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
 def of_codes(codes: npt.NDArray[np.int8], wanted: Iterable[int]) -> npt.NDArray[np.bool_]:
     """Which of `codes` are among the `wanted` type codes (`DEAD` never is): one lookup in a
     256-entry table per code, reading each code once (so a remove marking one dead meanwhile
-    cannot be seen half-way), where `np.isin` sorts both sides and took 82 us for the 24
-    candidates of a route probe."""
+    cannot be seen half-way), where `np.isin` sorts both sides."""
     table = np.zeros(256, dtype=np.bool_)
     table[[code for code in wanted if code != DEAD]] = True
     mask: npt.NDArray[np.bool_] = table[codes.view(np.uint8)]
@@ -303,8 +301,8 @@ def _pairs(
     *, finite: bool = False,
 ) -> list[tuple[str, float]]:
     """(id, score) of each of `rows`, its score the same place of `scores`, as Python floats;
-    with `finite`, those whose score is not finite left out. Converted in one call each: a
-    numpy scalar a row took 30 us for 50 rows."""
+    with `finite`, those whose score is not finite left out. Converted in one call each, not a
+    numpy scalar a row."""
     values = scores.tolist()
     if not finite:
         return [(ids[i], value) for i, value in zip(rows.tolist(), values, strict=True)]

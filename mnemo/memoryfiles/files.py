@@ -6,7 +6,7 @@ its topics from the directory as it is when it writes, and concurrent writes giv
 serial order of them gives. Every `MemoryFiles` object and every process on the directory
 honours it (`_lock.DirectoryLock`: an OS file lock, waited for in a worker thread). Asking
 outside the lock and merging split one topic across files: 20 related statements persisted at
-once made 20 files, not 1 (review p5b). Files are read, merged and written under the shorter
+once made 20 files, not 1. Files are read, merged and written under the shorter
 file lock too, which `recall` takes alone to record a use, so a reader never waits for a model.
 
 A write is atomic: the new text goes to a temporary file in the same directory, is fsynced,

@@ -12,8 +12,8 @@ from mnemo.ports import Embedder
 from mnemo.recall.levers import query_names, without_names
 from mnemo.text import MAX_QUERY_TERMS, query_words
 
-# A query up to this long is split on the event loop (microseconds); a longer one in a worker
-# thread (a query at the size limit took 0.1-0.3 s to split on a busy machine).
+# A query up to this long is split on the event loop; a longer one in a worker thread (one at
+# the size limit would hold the loop on a busy machine).
 INLINE_CHARS = 2_000
 
 
@@ -116,7 +116,7 @@ def restatement(query: Sequence[str], text: str) -> int | None:
 
 # An ASCII text up to this long is turned away before it is split when two of the query's
 # words are not in it (each of its words is a substring of its lower-cased text, `mnemo.text`
-# splits ASCII so): most candidates restate nothing, and splitting one cost 3 us. Another
+# splits ASCII so): most candidates restate nothing, and splitting each would cost. Another
 # text is split as far as the query's length only.
 _TURN_AWAY_CHARS = 1_000
 

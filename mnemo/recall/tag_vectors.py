@@ -2,8 +2,8 @@
 
 A recall embeds its query and its plan's search tags in one call. The tags are a few words
 each ("caroline", "adoption"), and the same ones come back query after query (a speaker's
-name, a topic): on a LoCoMo conversation 4.6 texts a recall, each adding about 2.5 ms to the
-default embedder's call. So each embedder's tag vectors are kept (least recently used out
+name, a topic): on a LoCoMo conversation 4.6 texts a recall, each adding to the default
+embedder's call. So each embedder's tag vectors are kept (least recently used out
 first) and only the query and the tags not seen yet are embedded. An embedder gives a text
 the same vector whenever it is asked (mnemo records a repo's model and refuses another), so
 nothing a recall returns depends on what was kept.

@@ -127,8 +127,8 @@ def _projection(session: SessionRecord, queued: list[Op]) -> State | None:
 
 async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
     """Runs an accepted operation and reports it: exactly one callback, whatever happens
-    (an error that was not a `MnemoError` used to leave `running` set, so the
-    session's queue never moved again and no callback came)."""
+    (an error that is not a `MnemoError` clears `running` too, so the
+    session's queue moves on and the callback comes)."""
     try:
         await _still_taken(live, op)
         await _execute(live, session, op)

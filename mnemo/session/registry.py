@@ -258,7 +258,7 @@ class Sessions:
         token = await self.coordination.change_token()
         # The session is read again after the token is taken: a change between the caller's
         # read and the token (the other Memory's extraction ending) is seen here, and any
-        # later one moves the token. Before, it was seen at the next write by anyone.
+        # later one moves the token, so it is not left for the next write by anyone.
         await self.fetch(session.id, fresh=True)
         if event.is_set() or session.state is not State.EXTRACTING:
             return

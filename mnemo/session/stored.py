@@ -302,7 +302,7 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
             await live.coordination.drop_ops([op_id])
         except StorageError as exc:
             # The row stays, taken, and nobody waits for it: the callback still comes (the
-            # fault used to end the report before it).
+            # fault does not end the report before it).
             log.warning("%s: a finished operation's row left in the store: %s", op_id, exc)
         await deliver(mine, result)
 

@@ -1,5 +1,5 @@
-"""JSON as the stores keep it (node data, on both backends): read with msgspec, three times
-faster than the standard library (7.3 -> 2.2 us for a step's data), which recall pays for
+"""JSON as the stores keep it (node data, on both backends): read with msgspec, faster than
+the standard library (BENCHMARKS.md, "Figures behind the code"), which recall pays for
 every node it reads. msgspec reads integers of any size as `json` does; what it refuses
 (NaN and infinities, which `json.dumps` writes, and escaped lone surrogates) goes to the standard
 library, so that whatever `json.dumps` wrote reads back the same."""

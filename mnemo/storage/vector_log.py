@@ -1,10 +1,10 @@
 """In-memory vectors that follow the store, whichever process or `Memory` wrote to it.
 
-`SqliteVectors` keeps every repo's vectors in memory, `PgVectors` its tags' and intents'. They
-used to be kept in step by their own `Memory`'s writes only, so what another one committed or
-forgot never reached them: a commit then linked a new intent to one forgotten elsewhere (a
-foreign-key error, at every retry), an intent committed elsewhere was not deduplicated against,
-and recall missed what another process had stored.
+`SqliteVectors` keeps every repo's vectors in memory, `PgVectors` its tags' and intents'. Kept in
+step by their own `Memory`'s writes only, what another one committed or forgot would never
+reach them: a commit would link a new intent to one forgotten elsewhere (a foreign-key error,
+at every retry), an intent committed elsewhere would not be deduplicated against, and recall
+would miss what another process had stored.
 
 The store already says what changed: its node log (`lexical_log`, mnemo/storage/lexical), a
 per-repo sequence that triggers move in the writer's own transaction on every insert, text

@@ -1,11 +1,10 @@
 """`Worker`: one thread that runs the jobs given to it, one at a time, in arrival order, for
 callers on the event loop.
 
-A hop to it costs about 32 us (a `queue.SimpleQueue` put, the result back with one
-`call_soon_threadsafe`) against 55-110 us, and a p90 up to 2 ms on a loaded machine, for
-`anyio.to_thread.run_sync` (its pool's Python `Condition` handshake and cancel scopes;
-BENCHMARKS.md, "mnemo beside mem0"): SQLite's connection (`Database`) and the lexical
-index's searches each have one.
+A hop to it (a `queue.SimpleQueue` put, the result back with one `call_soon_threadsafe`)
+costs about half what `anyio.to_thread.run_sync` does (its pool's Python `Condition`
+handshake and cancel scopes; BENCHMARKS.md, "Figures behind the code"): SQLite's connection
+(`Database`) and the lexical index's searches each have one.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 A write picks its topic from the topics it finds: with the offline LLM, a statement joins an
 existing topic sharing its words, else starts one named from its key phrase. One after another,
 related statements therefore make one file; a write that picked its topic from a directory
-another write changed meanwhile split one topic across many files (review p5b: 20 files).
+another write changed meanwhile split one topic across many files (20 files).
 """
 
 from __future__ import annotations

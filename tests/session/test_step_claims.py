@@ -224,9 +224,9 @@ async def test_a_close_waiting_for_claims_stops_when_the_session_ends_elsewhere(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A close waits for a live holder's claim; the session is ended through another Memory
-    (its end drops every claim). The close asks the model nothing and leaves no claim: a
-    review found it claimed every step of the ended session, asked the model about them, and
-    on PostgreSQL left a claim row for good."""
+    (its end drops every claim). The close asks the model nothing and leaves no claim: it
+    must not claim every step of the ended session, ask the model about them, or
+    on PostgreSQL leave a claim row for good."""
     waiting = waiting_for_claims(monkeypatch)
     async with AsyncExitStack() as stack:
         b, b_llm, _ = await opened(stack, store, AUTO)

@@ -23,7 +23,7 @@ per-repo sequence number; the index is a cache that applies that log:
   key in their `holds` field), so an erased step's words leave its neighbours at once.
 
 Why the cost is bounded (BENCHMARKS.md, "Lexical candidates at scale"): tantivy scores a match
-in Rust about 100x faster than FTS5 or `ts_rank`, and query terms in more than
+in Rust far faster than FTS5 or `ts_rank`, and query terms in more than
 `DF_CUT` of the documents are dropped (unless that leaves none), so near-stopwords do not drag
 in half the store.
 """
@@ -71,7 +71,7 @@ log = logging.getLogger("mnemo.lexical")
 
 # Query terms in more of the documents than this are dropped (unless that leaves none, then
 # the `KEEP_RAREST` rarest stay): measured on LoCoMo, 20 % costs 0.555 -> 0.549 evidence
-# recall@10 and cuts 1M-node in-context queries from 12.4 to 3.7 ms (BENCHMARKS.md); kept in
+# recall@10 and cuts 1M-node in-context queries to a third of their time (BENCHMARKS.md); kept in
 # small repos, such a word let a step whose window held a fact's words outrank the fact
 # (DECISIONS.md, "Conversations' first stage").
 DF_CUT = 0.2
@@ -138,7 +138,7 @@ class LexicalIndex:
         self._repos: list[str] | None = None
         self._epoch: str | None = None  # the store's epoch the slot's documents are of
         self.slot: Path | None = None
-        # Searches run here, one at a time (a hop costs about 32 us, against 55-110 for
+        # Searches run here, one at a time (a hop costs less than one through
         # `anyio.to_thread`, and tantivy's searches did not go faster side by side); started
         # at the first.
         self._searcher: Worker | None = None
@@ -206,7 +206,7 @@ class LexicalIndex:
             clauses.append((tv.Occur.Must, tv.Query.const_score_query(
                 tv.Query.term_set_query(self._schema, "type", kinds), 0.0)))
         # The words alone, when nothing else filters, let tantivy skip the blocks that cannot
-        # enter the top k (1M nodes: 4.1 -> 1.1 ms); a filter makes it score every match.
+        # enter the top k; a filter makes it score every match.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
         weights = {s: idf(documents, df) for df, s in kept}
         wanted = needles(weights)

@@ -101,7 +101,7 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
         # timestamptz values come back in UTC, as every time mnemo hands out is.
         "-c timezone=UTC",
         # mnemo's reads are small (a recall hop joins a hundred links): starting parallel
-        # workers costs more than the read (1M nodes: a hop 10.9 ms with two, 2.8 ms without).
+        # workers costs more than the read (a 1M-node hop took four times as long with two).
         "-c max_parallel_workers_per_gather=0",
     ]
     options = str(params.get("options") or "").strip()
@@ -111,7 +111,7 @@ def conninfo(url: str, *, busy_timeout: float, statement_timeout: float | None,
 
 
 def _ms(seconds: float) -> int:
-    # 0 would mean "no timeout" to PostgreSQL; a positive wait shorter than 1 ms means 1 ms.
+    # 0 would mean "no timeout" to PostgreSQL; a positive wait under a millisecond counts one.
     return max(int(seconds * 1000), 1)
 
 
@@ -131,7 +131,7 @@ def vector_from_bytes(data: bytes | bytearray | memoryview) -> npt.NDArray[np.fl
 async def register_vector(conn: Connection) -> None:
     """Teaches `conn` pgvector's `vector` in binary: numpy arrays are sent as vectors (a
     parameter that is an `np.ndarray` must be one) and vectors come back as float32 arrays;
-    and `jsonb` is read by `json_text.loads` (node data, three times faster than the
+    and `jsonb` is read by `json_text.loads` (node data, faster than the
     standard library's `json.loads`, psycopg's default). The vector is left out in a
     database without the extension (before the schema is applied)."""
     set_json_loads(loads, conn)

@@ -79,9 +79,9 @@ _LOCK_ATTEMPTS = 3
 async def _lock_row(conn: Connection, thread_id: str, at: datetime) -> tuple[ThreadState, bool]:
     """Locks the thread's row until the transaction ends, creating it first when there is
     none (True then): the first save and a purge or clear of a new thread take turns on its
-    key, as they do behind SQLite's single writer. They locked nothing when the row was not
-    there yet, and a save that committed between a purge's statements left messages
-    without a thread, or a clear kept them while resetting the count (a probe). A purge that
+    key, as they do behind SQLite's single writer. Locking nothing when the row is not
+    there yet, a save that commits between a purge's statements would leave messages
+    without a thread, or a clear would keep them while resetting the count. A purge that
     deletes the row while this waits for its lock is met by creating the row again.
 
     Raises:

@@ -76,7 +76,7 @@ def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
     """A `w` table of one tsquery per word with its document frequency `df`, the
     collection's size `n` and mean length `avglen` (see the module doc), and its parameters.
     Materialised: inlined, each word's `df` was counted again for every message it matched
-    (130 ms a search at 500 messages, growing with the matches times the cap)."""
+    (a search's time grew with the matches times the cap)."""
     rows = ", ".join(f"({WORD_QUERY})" for _ in words)
     sql = (
         f"words (query) AS (VALUES {rows}),"

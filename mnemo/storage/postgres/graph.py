@@ -69,8 +69,8 @@ from mnemo.storage.started import Later, OrElse
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 from mnemo.text import query_words
 
-# A query up to this long has its words read on the event loop (microseconds); every word of
-# a longer one is read in a worker thread (32,000 characters took 5 ms).
+# A query up to this long has its words read on the event loop; every word of a longer one
+# is read in a worker thread (one at the size limit would hold the loop).
 _INLINE_CHARS = 2_000
 
 

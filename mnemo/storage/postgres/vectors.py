@@ -177,8 +177,8 @@ class PgVectors:
 
     async def _load_routes(self, repo: str) -> Followed:
         # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that many rows is
-        # walked instead of multiplied (faiss, if installed; the first load imports it, about
-        # 90 ms: in a thread): the threshold a probe walks from, so that no type that should
+        # walked instead of multiplied (faiss, if installed; the first load imports it, in a
+        # thread): the threshold a probe walks from, so that no type that should
         # be walked waits for a larger one.
         faiss = await anyio.to_thread.run_sync(ann.load_faiss)
         folder = None if faiss is None else await self._graph_folder(repo)
@@ -314,10 +314,9 @@ def _exact_scan(repo: str, kinds: list[str] | None) -> sql.Composed:
     Without a type filter the distances are ranked on `vectors` alone, ties at the cut kept
     (`WITH TIES`), and only those rows are joined to `nodes` for the insertion order: joined
     first, the planner hashed every vector of the repo when its statistics of `vectors` lagged
-    behind those of `nodes` (during an ingest, before autovacuum's next ANALYZE): 4,152 rows
-    took 10.3 ms, against 4.1, and the same once analyzed. A type filter needs the join; with
-    current statistics it is the faster form there (2.8 ms against 3.8 for a semi-join
-    ranked first)."""
+    behind those of `nodes` (during an ingest, before autovacuum's next ANALYZE), and took
+    more than twice as long. A type filter needs the join; with current statistics it is
+    the faster form there (than a semi-join ranked first)."""
     if kinds is not None:
         return sql.SQL(
             "SELECT v.node_id, v.vec <=> %(q)s AS d FROM vectors v JOIN nodes n ON n.id ="

@@ -157,8 +157,8 @@ class SqliteThreads:
 
         def write(db: SqliteUtilsDatabase) -> int:
             conn = db.conn
-            # Nothing due, no write lock: a ttl manager's reads (each expires first) used to
-            # take it every time, and failed "busy" while another writer held it.
+            # Nothing due, no write lock: a ttl manager's reads (each expires first) would
+            # otherwise take it every time, and fail "busy" while another writer held it.
             if not _any_before(conn, thread_id, stamp):
                 return 0
             with db.atomic():

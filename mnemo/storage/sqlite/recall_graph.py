@@ -139,8 +139,7 @@ class SqliteRecallReads:
         searched on the event loop: fewer than `ann_calls.IN_TURN_BELOW`), read inside a
         `reading` block whose look at the log is done (the look read the file's stamp:
         `RecallCache.valid`). A larger repo's recalls rarely read a node twice: filling the
-        cache cost them more than it saved (10,000 nodes, 200 queries: provenance 0.77 ->
-        0.84 ms, hops 0.47 -> 0.54)."""
+        cache cost them more than it saved (measured at 10,000 nodes)."""
         if not self._vectors.on_loop(repo) or not self._vectors.settled(repo):
             return None
         cache = self._cache
@@ -214,7 +213,7 @@ class SqliteRecallReads:
                 with side_write(db):
                     # One statement a chunk, not one a node: each statement gives the GIL up
                     # and takes it back, and this runs while a recall's Python holds it
-                    # (15 statements took 0.68 ms beside a recall, one takes 0.2).
+                    # (15 statements cost three times what one does beside a recall).
                     for chunk in chunks(ids, 400):
                         db.conn.execute(
                             "UPDATE nodes SET access_count = access_count + 1, last_access = ?"

@@ -281,7 +281,7 @@ def m005_consolidation_marks(db: Database) -> None:
 def m006_planner_statistics(db: Database) -> None:
     # Without statistics SQLite guesses that `repo = ?` selects about ten rows, so it answers
     # `WHERE repo = ? AND id IN (...)` (every read of nodes by id) by scanning the whole repo
-    # through nodes_by_type: 143 ms for 5 ids at 100k nodes (scripts/bench_recall.py). These
+    # through nodes_by_type, slow at 100k nodes (scripts/bench_recall.py). These
     # rows describe the graph tables' usual shape (one repo holding most rows, a type holding a
     # seventh, ids unique, a few links per node), which is all the planner needs; the SQLite
     # docs allow writing sqlite_stat1 by hand, and a later ANALYZE replaces them with measured
@@ -475,7 +475,7 @@ def m013_commit_history(db: Database) -> None:
 def m014_node_types(db: Database) -> None:
     # Recall's hop reads each link with the types of both its ends. Through the id's own
     # index every end costs a read of the node's row (text, data); through (id, type) it
-    # costs none (1M nodes: a hop's read of 283 links 4.5 -> 1.7 ms; BENCHMARKS.md).
+    # costs none (BENCHMARKS.md).
     execute_all(db, "CREATE INDEX nodes_id_type ON nodes(id, type);")
 
 

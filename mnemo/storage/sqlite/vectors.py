@@ -154,7 +154,7 @@ class SqliteVectors:
         followed = Followed(VectorIndex(dim, generation=state.generation), state.seq)
         followed.load(rowids, ids, types, vectors.reshape(len(ids), dim))
         if self._ann_threshold is not None:
-            # The first load imports faiss (about 90 ms): in a thread, not on the loop.
+            # The first load imports faiss: in a thread, not on the loop.
             await anyio.to_thread.run_sync(ann.load_faiss)
             ann.attach(followed.index, threshold=self._ann_threshold,
                        params=self._ann_params, folder=self.graph_folder(repo))

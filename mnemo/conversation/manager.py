@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
+from mnemo import cpu
 from mnemo.calls import deadline
 from mnemo.calls.tasks import ask
+from mnemo.config import Config
 from mnemo.conversation.drafts import (
     MessageDraft,
     check_history,
@@ -156,7 +159,9 @@ class ConversationManager:
         check_thread_name(thread_id)
         history = check_history(messages)
         self._check_count(len(history))
-        drafts = [draft(m, i, self._service.config) for i, m in enumerate(history)]
+        drafted = await cpu.run(partial(_drafts, history, 0, self._service.config),
+                                _chars(history))
+        drafts = list(drafted.values())
         vectors = await self._embed(thread_id, dict(enumerate(drafts)), {})
         async with self._service.thread_lock(thread_id):
             appended = await self._service.store.append(
@@ -229,13 +234,14 @@ class ConversationManager:
             state = await store.state(thread_id) or ThreadState(0, 0, 0)
             stored = state.history_len
             known = min(stored, len(history))
-            keys += (message_key(history[i], i) for i in range(len(keys), known))
+            keys += await cpu.run(partial(_keys, history, len(keys), known),
+                                  _chars(history[len(keys):known]))
             digest = await self._extends(thread_id, keys[:stored], state)
             if len(history) <= stored:
                 return []
             self._check_count(len(history) - stored)
-            drafts = {i: draft(history[i], i, self._service.config) for i in
-                      range(stored, len(history))}
+            drafts = await cpu.run(partial(_drafts, history, stored, self._service.config),
+                                   _chars(history[stored:]))
             embedded = await self._embed(thread_id, drafts, vectors)
             try:
                 return await store.append(
@@ -487,3 +493,18 @@ def _summary_inputs(
     for c in inner:
         items.append((c.start_seq, {"seq": c.start_seq, "role": "summary", "text": c.summary_text}))
     return [item for _, item in sorted(items, key=lambda pair: pair[0])]
+
+
+def _drafts(
+    history: Sequence[Mapping[str, object]], start: int, config: Config
+) -> dict[int, MessageDraft]:
+    return {i: draft(history[i], i, config) for i in range(start, len(history))}
+
+
+def _keys(history: Sequence[Mapping[str, object]], start: int, end: int) -> list[bytes]:
+    return [message_key(history[i], i) for i in range(start, end)]
+
+
+def _chars(messages: Sequence[Mapping[str, object]]) -> int:
+    """About what checking and hashing `messages` reads, in characters (`cpu.run`)."""
+    return sum(len(c) if isinstance(c := m.get("content"), str) else 64 for m in messages)

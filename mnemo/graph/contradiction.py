@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+import numpy as np
+
 from mnemo.graph.facts import TEMPORAL
 from mnemo.graph.model import Changeset, LinkType, Node, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import reaches, unit
+from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, reaches, unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +147,16 @@ def _earlier(
         return found
     similar = unit([n.vector for n in facts])
     similar = similar @ similar.T
+    types = np.array([TYPE_CODES[n.type] for n in facts])
+    # Pairs (i, j) with j told before i, of i's type, close enough: one array operation,
+    # where a pair at a time held the loop for a second at 1,000 facts.
+    pairs = (np.tri(len(facts), k=-1, dtype=bool) & (types[:, None] == types[None, :])
+             & (similar.astype(np.float64) >= close - COSINE_TOLERANCE))
     for i, node in enumerate(facts):
-        before = [j for j in range(i) if facts[j].type is node.type
-                  and reaches(float(similar[i, j]), close)]
-        before.sort(key=lambda j: (-similar[i, j], -j))  # ties: the latest told
-        found[node.id] = [facts[j] for j in before[:candidates]]
+        before = np.flatnonzero(pairs[i])
+        # Closest first; ties: the latest told.
+        before = before[np.lexsort((-before, -similar[i, before]))][:candidates]
+        found[node.id] = [facts[int(j)] for j in before]
     return found
 
 

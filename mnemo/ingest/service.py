@@ -9,12 +9,12 @@ work: the first does it, the others wait for its receipt.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
 
+from mnemo import cpu
 from mnemo.calls import deadline
 from mnemo.config import Config
 from mnemo.episode.annotation import annotate, starts_trajectory
@@ -59,15 +59,28 @@ class _InFlight:
 
 def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
     """The canonical JSON of what identifies an ingest's payload, checked against `config`'s
-    bounds (the defaults when None): at most `max_steps_per_ingest` steps, each text and
-    metadata's JSON at most `max_text_chars`.
+    bounds (the defaults when None; `check_trajectory`).
+
+    Raises:
+        InvalidInputError: as `check_trajectory`.
+    """
+    steps = check_trajectory(trajectory, config or Config())
+    # Built by short C calls (`cpu.dumps`): a payload at the ceilings is 32 MB.
+    return cpu.dumps(
+        {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
+        sort_keys=True,
+    )
+
+
+def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, object]]:
+    """The trajectory's steps as plain dicts, each checked against `config`: at most
+    `max_steps_per_ingest` steps, each text and metadata's JSON at most `max_text_chars`.
 
     Raises:
         InvalidInputError: a field has the wrong type or is not JSON-serialisable, a goal or
             an observation is blank, a text is too long, a metadata nests too deep, or there
             are too many steps.
     """
-    config = config or Config()
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
@@ -99,30 +112,26 @@ def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
         check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
-    try:
-        return json.dumps(
-            {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"trajectory is not JSON-serialisable: {exc}") from exc
+    return steps
 
 
 def check_ingest(
     trajectory: Trajectory, source_id: str, progress: Progress | None, config: Config
-) -> str:
-    """An ingest's input checked against the repo's `config`; returns its payload
-    (`payload_of`).
+) -> None:
+    """An ingest's input checked against the repo's `config`.
 
     Raises:
         InvalidInputError: a source id that is no name (`inputs.check_name`), a `progress`
-            that is not callable, or what `payload_of` refuses.
+            that is not callable, or what `check_trajectory` refuses.
     """
     check_name(source_id, "source_id")
     if progress is not None and not callable(progress):
         raise InvalidInputError(f"progress must be a callable, got {progress!r}")
-    return payload_of(trajectory, config)
+    check_trajectory(trajectory, config)
+
+
+def _digest(trajectory: Trajectory, config: Config) -> str:
+    return hashlib.sha256(payload_of(trajectory, config).encode()).hexdigest()
 
 
 class IngestService:
@@ -152,8 +161,9 @@ class IngestService:
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
         runtime = self._runtime(repo)
-        payload = check_ingest(trajectory, source_id, progress, runtime.config)
-        digest = hashlib.sha256(payload.encode()).hexdigest()
+        check_ingest(trajectory, source_id, progress, runtime.config)
+        chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
+        digest = await cpu.run(lambda: _digest(trajectory, runtime.config), chars)
         key = (repo, source_id)
         total = len(trajectory.steps)
 

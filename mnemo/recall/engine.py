@@ -30,6 +30,7 @@ from datetime import datetime
 
 import anyio
 
+from mnemo import cpu
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
@@ -68,6 +69,10 @@ N = NodeType
 # Nodes that route a search to memories rather than being memories themselves.
 ROUTING = (N.TAG, N.INTENT, N.SUBGOAL)
 MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
+# MMR orders the best 4 x k, at most this many (its cost and memory grow with the square:
+# 40,000 at k = 10,000 took 13 GB); a head longer than `MMR_ON_LOOP` is ordered off the loop.
+MMR_HEAD = 2_000
+MMR_ON_LOOP = 64
 
 # How much each kind of memory counts for a query of each mode.
 _MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
@@ -433,7 +438,8 @@ class Recaller:
             leads = [item for item in scored if item[1].type not in MEMORIES]
             scored = [item for item in scored if item[1].type in MEMORIES]
         if config.recall_mmr_lambda < 1.0:
-            scored = await self._diversify(repo, scored, 4 * k, context.vectors)
+            scored = await self._diversify(repo, scored, min(4 * k, MMR_HEAD),
+                                           context.vectors)
         scored = knowledge.matching_first(scored, direct, restated, k)
         picks = Picks(config, k, steps, context.sources, stand_ins,
                        knowledge.strong(direct, context.nodes))
@@ -460,10 +466,15 @@ class Recaller:
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
         by_id: dict[str, tuple[float, Node, _Candidate]] = {item[1].id: item for item in head}
-        order = maximal_marginal_relevance(
-            list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
-            self.config.recall_mmr_lambda,
-        )
+
+        def diversified() -> list[str]:
+            return maximal_marginal_relevance(
+                list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
+                self.config.recall_mmr_lambda,
+            )
+
+        # Quadratic: a long head is ordered in a worker thread.
+        order = diversified() if len(by_id) <= MMR_ON_LOOP else await cpu.off_loop(diversified)
         return [by_id[i] for i in order] + scored[n:]
 
     async def _rerank(

@@ -279,10 +279,11 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     """A commit, a start_episode and an append accepted here while a child holds the
     extraction are stored for the child, which takes and runs them when its extraction ends:
     the commit and the start call back here with their results; the child is SIGKILLed while
-    the append waits on its LLM, and this Memory's janitor answers the append
-    operation_failed at its next look, once. Before, its callback never came. The session
-    goes on here. This Memory's lease is long: a child late with its heartbeat on a busy
-    machine is not taken for gone while it lives (its pid is what says it died)."""
+    the append's step, stored, waits on its LLM, and this Memory's janitor answers the append
+    operation_failed at its next look, once (its outcome unknown). Before, its callback never
+    came. The session goes on here, with the child's step, annotated here. This Memory's
+    lease is long: a child late with its heartbeat on a busy machine is not taken for gone
+    while it lives (its pid is what says it died)."""
     llm = FakeLLM()
     here = mnemo.Config(lease_timeout=3 * LEASE)
     recorded = Callbacks()
@@ -320,8 +321,13 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 assert failed.error.reason == "operation_failed"
                 assert "left before it recorded a result" in str(failed.error.__cause__)
                 assert await mem.session_state(sid) is State.COLLECTING
-                info = await mem.append(sid, "walk west", "go west")
-                assert info.index == 0
+                # The child stored the step before it asked the model (durable first): it is
+                # kept, and annotated here, before the next one.
+                info = await mem.append(sid, "walk north", "go north")
+                assert (info.index, info.annotated) == (1, True)
+                [*_, episode] = await mem.episodes(sid)
+                assert [(s.line, s.annotated) for s in episode.steps] == [
+                    ("walk west -> go west", True), ("walk north -> go north", True)]
                 assert len(recorded.results) == 3
 
 

@@ -531,4 +531,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE threads SET history_hash = '' WHERE history_len = 0",
         ),
     ),
+    Migration(
+        # A step is stored before it is annotated (its trajectory_id empty until then): the
+        # steps waiting for their annotation, found without reading every step. SQLite's
+        # m026_unannotated_steps.
+        "m018_unannotated_steps",
+        ("CREATE INDEX steps_unannotated ON steps (session_id) WHERE trajectory_id = ''",),
+    ),
 )

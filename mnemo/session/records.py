@@ -21,7 +21,8 @@ import anyio
 
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import EmbeddingError
+from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
+from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.inputs import check_json, check_text
@@ -77,6 +78,20 @@ class Runtime:
                 f"dimension {self.embedder.dim}; open the repo with an embedder of its "
                 "dimension"
             )
+
+    def check_usable(self, repo: str) -> None:
+        """`check_dim`, and the error of a recorded model that cannot be built here
+        (`adapters.recorded`): an append refuses it before it stores a step that no model here
+        could annotate.
+
+        Raises:
+            LLMError, EmbeddingError: the LLM or the embedder cannot work here.
+        """
+        self.check_dim(repo)
+        if isinstance(self.llm, UnavailableLLM):
+            raise LLMError(self.llm.problem)
+        if isinstance(self.embedder, UnavailableEmbedder):
+            raise EmbeddingError(self.embedder.problem)
 
 
 @dataclass(frozen=True, slots=True)

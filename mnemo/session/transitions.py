@@ -231,7 +231,7 @@ class Append:
         """Stores the step (claimed for its annotation by this Memory) and starts the
         annotation; None when the session moved in the store meanwhile (nothing written)."""
         live, session = self.live, self.session
-        session.runtime.check_dim(session.repo)
+        session.runtime.check_usable(session.repo)
         if live.register_holder is not None and not live.registered:
             await live.register_holder()  # a claim lasts while its holder is recorded
         async with session.lock:

@@ -212,6 +212,7 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
             found += f"; a request gets {task.timeout:.0f} s"
         table.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
     if report.tokens_per_second is not None:
-        table.add_row("speed", Text("->"), f"about {report.tokens_per_second:.1f} reply tokens "
-                      "a second, measured (a request's time follows it)")
+        table.add_row("speed", Text("->"), f"about {report.tokens_per_second:.0f} tokens a "
+                      "second (a reply's, with a tenth of its prompt's and its overhead): "
+                      "a request's time follows it")
     console.print(table)

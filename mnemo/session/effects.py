@@ -133,8 +133,8 @@ async def _annotation(live: Sessions, session: SessionRecord) -> None:
 async def _annotate(
     live: Sessions, session: SessionRecord, episode: EpisodeRecord, step: StepRecord
 ) -> None:
-    """Annotates one stored step (the model may take the append's time and the close's)
-    and writes it with the previous step's reward."""
+    """Annotates one stored step (within `Config.annotation_timeout`) and writes it with the
+    previous step's reward."""
     runtime = session.runtime
     config = runtime.config
     note, boundary = await annotate_step(
@@ -145,7 +145,7 @@ async def _annotate(
         action=step.action,
         steps=episode.steps[:step.index],
         threshold=config.trajectory_threshold,
-        time_limit=config.append_timeout + config.extraction_timeout,
+        time_limit=config.annotation_timeout,
         name=f"{session.id} step {step.index}",
     )
     previous = episode.steps[step.index - 1] if step.index else None

@@ -11,6 +11,7 @@ import mnemo
 from mnemo.adapters._http import DEFAULT_TIMEOUT, Transport
 from mnemo.calls import deadline
 from mnemo.errors import LLMError
+from tests.adapters.provider_server import ProviderServer
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
 
@@ -125,3 +126,32 @@ async def test_close_and_commit_waits_while_the_queued_calls_are_answered(store:
         facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
     assert receipt.node_ids
     assert len(facts) == 3
+
+
+@pytest.mark.slow
+async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None:
+    """A local server (one slot) answering fast, then slowing to a few tokens a second (for
+    replies of tens of tokens) mid-session, past what append_timeout allows a step: every
+    append returns, the slow ones with their step stored but not annotated yet; no step is
+    lost, and close_and_commit annotates them in order and commits them all."""
+    steps = [("walk north", "go north"), ("walk east", "go east"), ("open the door", "push"),
+             ("open the window", "lift"), ("climb the stairs", "go up")]
+    with ProviderServer(slots=1, tokens_per_second=1000.0) as server:
+        llm = mnemo.OpenAICompatible("m", base_url=server.openai_url)
+        config = mnemo.Config(append_timeout=0.5, extraction_timeout=60.0)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+            await mem.open_repo(REPO, config=config)
+            sid = await mem.start_session("explore the house", repo=REPO)
+            infos = [await mem.append(sid, *step) for step in steps[:2]]
+            server.tokens_per_second = 20.0
+            infos += [await mem.append(sid, *step) for step in steps[2:]]
+            receipt = await mem.close_and_commit(sid)
+            [episode] = await mem.episodes(sid)
+            facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+    assert [i.index for i in infos] == [0, 1, 2, 3, 4]
+    assert not all(i.annotated for i in infos[2:])
+    assert all(i.trajectory_id is None for i in infos if not i.annotated)
+    assert receipt.node_ids
+    assert [s.line for s in episode.steps] == [f"{o} -> {a}" for o, a in steps]
+    assert all(s.annotated and s.committed_in for s in episode.steps)
+    assert len(facts) == len(steps)

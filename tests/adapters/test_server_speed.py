@@ -10,7 +10,7 @@ import pytest
 from mnemo.adapters import _http
 from mnemo.adapters._http import DEFAULT_TIMEOUT, MOST_TIMEOUT, Transport
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.episode.prompts import parse_state, reward_request, state_request
+from mnemo.episode.prompts import parse_subgoal, reward_request, subgoal_request
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.ports import LLMRequest
 from tests.adapters.provider_server import Answer, ProviderServer
@@ -22,10 +22,15 @@ def reward() -> LLMRequest:
                           next_observation="200 OK")
 
 
-def state() -> tuple[object, ...]:
-    request = state_request(goal="serve the site", observation="nginx listens on 8080",
-                            action="curl localhost:8080", previous_state=None)
-    return (request,)
+def subgoal() -> LLMRequest:
+    return subgoal_request(goal="serve the site", observation="nginx listens on 8080",
+                           action="curl localhost:8080", previous_subgoal=None,
+                           recent_steps=[])
+
+
+# A reply of 52 tokens (4 characters a token).
+LONG = Answer(data={"reasoning": "The step goes on with the same work. " * 5,
+                    "subgoal": "serve the site"})
 
 
 async def test_a_requests_time_is_the_first_guess_then_what_its_tokens_need() -> None:
@@ -53,12 +58,12 @@ async def test_a_server_slower_than_the_first_guess_is_given_the_time_it_needs(
     time, every attempt timed out). The speed learned is kept in the adapter's server profile
     for the next one."""
     with ProviderServer(tokens_per_second=50.0) as server:
-        server.answer_task("state", Answer(data={"state": "The site is up. " * 12}))
+        server.answer_task("subgoal", LONG)
         async with OpenAICompatible("m", base_url=server.openai_url) as llm:
             await llm.generate(reward())  # a short reply first: measured, the connection open
             monkeypatch.setattr(_http, "DEFAULT_TIMEOUT", 0.5)
-            reply = await llm.generate(*state())  # type: ignore[arg-type]
-            assert parse_state(reply).startswith("The site is up.")
+            reply = await llm.generate(subgoal())
+            assert parse_subgoal(reply) == "serve the site"
             profile = llm.server_profile()
     concurrency = profile["concurrency"]
     assert isinstance(concurrency, dict)
@@ -71,7 +76,7 @@ async def test_a_server_slower_than_the_first_guess_is_given_the_time_it_needs(
 async def test_a_timeout_given_to_the_adapter_stays_its_time() -> None:
     """The same slow server with `timeout=0.5` given: every attempt is cut at 0.5 s."""
     with ProviderServer(tokens_per_second=50.0) as server:
-        server.answer_task("state", Answer(data={"state": "The site is up. " * 12}))
+        server.answer_task("subgoal", LONG)
         async with OpenAICompatible("m", base_url=server.openai_url, timeout=0.5) as llm:
             with pytest.raises(LLMTimeout):
-                await llm.generate(*state())  # type: ignore[arg-type]
+                await llm.generate(subgoal())

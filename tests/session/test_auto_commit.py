@@ -366,3 +366,29 @@ async def test_a_store_fault_at_a_deadline_is_a_warning_and_looked_at_again(
     assert not faults
     assert "timers could not read the store" in caplog.text
     assert "background work crashed" not in caplog.text
+
+
+async def test_a_boundary_found_by_a_late_annotation_commits_the_trajectory_before_it(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog
+) -> None:
+    """Steps stored but not annotated yet (their model slower than append_timeout) belong to
+    no trajectory: nothing is committed for them; when the late annotation finds the boundary,
+    the trajectory before it is committed in the background, and the close commits the rest,
+    each step once."""
+    config = mnemo.Config(auto_commit=True, append_timeout=0.3)
+    sid = await auto_mem.start_session("explore", repo=REPO, config=config)
+    await auto_mem.append(sid, "walk north", "go north")
+    await auto_mem.append(sid, "walk east", "go east")
+    held = llm.hold("subgoal")
+    late = [await auto_mem.append(sid, "open door", "push door"),
+            await auto_mem.append(sid, "open window", "push window")]
+    assert [(i.index, i.annotated, i.boundary_detected) for i in late] == [
+        (2, False, None), (3, False, None)]
+    assert await episodic_indices(auto_mem) == []
+    held.release()
+    event = await events.wait_for(lambda e: e.kind == "trajectory_committed")
+    assert js(event.data)["step_indices"] == [0, 1]
+    await auto_mem.close_and_commit(sid)
+    assert await episodic_indices(auto_mem) == [0, 1, 2, 3]
+    assert sorted(extracted_observations(llm)) == sorted(
+        ["walk north", "walk east", "open door", "open window"])

@@ -24,7 +24,7 @@ import uuid
 
 from mnemo.episode.annotation import annotate_step
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import StorageError
+from mnemo.errors import NotFoundError, StorageError
 from mnemo.session import claims, operations, stored
 from mnemo.session.extracting import Ended, Extraction
 from mnemo.session.machine import State
@@ -118,6 +118,8 @@ async def _annotation(live: Sessions, session: SessionRecord) -> None:
             elif mine:
                 session.held.add(step.id)
         session.annotation_failure = None
+    except NotFoundError:
+        pass  # ended through another Memory: nothing is left to annotate
     except Exception as exc:
         log.warning("%s: a step's annotation failed; the step is kept and annotated later: "
                     "%r", session.id, exc)

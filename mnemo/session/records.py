@@ -19,9 +19,9 @@ from typing import Any
 
 import anyio
 
+from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
 from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt

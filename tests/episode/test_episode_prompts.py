@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.calls.reply import most_tokens
 from mnemo.calls.tasks import task_inputs
 from mnemo.episode.prompts import (
     REWARD_SCHEMA,
@@ -28,10 +29,13 @@ JSON = st.recursive(
 
 
 def test_state_request_carries_inputs() -> None:
-    """The state request is task "state", free text, and round-trips its inputs."""
+    """The state request is task "state", its reply one string of at most 400 characters
+    (the `max_tokens` that holds it), and round-trips its inputs."""
     request = state_request(goal="g", observation="o", action="a", previous_state=None)
     assert request.task == "state"
-    assert request.schema is None
+    assert request.schema is not None
+    assert js(request.schema)["properties"]["state"]["maxLength"] == 400
+    assert request.max_tokens == most_tokens(request.schema)
     assert task_inputs(request) == {
         "goal": "g",
         "observation": "o",

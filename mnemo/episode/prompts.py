@@ -72,7 +72,7 @@ def state_request(
 
 def parse_state(resp: LLMResponse) -> str:
     """The state summary of a "state" reply, stripped: `data["state"]` (or the JSON of that
-    shape in `text`), a string in `data`, else the paragraph alone in `text`.
+    shape in `text`), a string in `data`, else, with no `data`, the paragraph in `text`.
 
     Raises:
         ValueError: when the reply holds no non-blank summary.
@@ -80,10 +80,10 @@ def parse_state(resp: LLMResponse) -> str:
     data = reply_data(resp)
     if isinstance(data, dict):
         data = data.get("state")
-    elif data is None:
-        data = resp.text
     if isinstance(data, str) and data.strip():
         return data.strip()
+    if resp.data is None and resp.text.strip():
+        return resp.text.strip()  # the paragraph alone (a JSON object in it is the step's)
     raise ValueError(
         "state reply holds no summary: expected a non-blank \"state\" in data (or the "
         f"paragraph in text), got text={resp.text!r} and data={preview(resp.data)}"

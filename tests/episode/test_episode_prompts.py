@@ -84,11 +84,20 @@ def test_reward_request_carries_inputs() -> None:
         LLMResponse(text="  The server is up.  "),
         LLMResponse(data="The server is up."),
         LLMResponse(data={"state": " The server is up."}),
+        LLMResponse(text='{"state": "The server is up."}'),
     ],
 )
 def test_parse_state_accepts_text_or_data(response: LLMResponse) -> None:
-    """The state is read from text, a data string, or data["state"], stripped."""
+    """The state is read from text, a data string, or data["state"] (also as JSON in text),
+    stripped."""
     assert parse_state(response) == "The server is up."
+
+
+def test_a_state_paragraph_holding_a_json_object_is_the_paragraph() -> None:
+    """A paragraph in text that quotes a JSON object (a step's payload) is the summary: the
+    object is not taken for the reply."""
+    text = 'The webhook got `{"text": "CI failed"}` and answered HTTP 400.'
+    assert parse_state(LLMResponse(text=text)) == text
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,25 @@ def check_id(value: object, what: str) -> str:
     return check_storable(value, what)
 
 
+def split_id(ident: str) -> tuple[str, str, str]:
+    """An id's kind (through its last `_`), its digits, and a step's `:index` (a step node is
+    `episodic_episode_<digits>:<index>`): `("semantic_", "5d3a...", "")`."""
+    kind, sep, rest = ident.rpartition("_")
+    digits, colon, index = rest.partition(":")
+    return kind + sep, digits, colon + index
+
+
+def names_id(given: str, ident: str) -> bool:
+    """Whether `given` names `ident`, as a short id shown by a tool does: a prefix of the id
+    or of its digits, followed by the same step index (`085d80d9:3`; none for an id that has
+    none)."""
+    kind, digits, index = split_id(ident)
+    head, colon, number = given.partition(":")
+    return colon + number == index and (
+        (kind + digits).startswith(head) or digits.startswith(head)
+    )
+
+
 def check_name(value: object, what: str) -> str:
     """`value`, checked to be a name a caller may create (a repo, a thread, a source, a
     role): an identifier (`check_id`) that is already in the canonical form of RFC 8266's

@@ -12,7 +12,7 @@ import enum
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.episode.model import StepInfo
 from mnemo.graph.history import CommitDiff, CommitRecord
-from mnemo.graph.model import Node
+from mnemo.graph.model import Link, Node
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.recall.engine import RecallResult
 from mnemo.session.service import SessionInfo
@@ -31,6 +31,10 @@ def node_json(node: Node) -> dict[str, object]:
         "data": node.data,
         "created_at": node.created_at.isoformat(),
     }
+
+
+def link_json(link: Link) -> dict[str, object]:
+    return {"src": link.src, "dst": link.dst, "type": label(link.type)}
 
 
 def recall_json(result: RecallResult) -> dict[str, object]:
@@ -127,9 +131,11 @@ def step_json(info: StepInfo) -> dict[str, object]:
     }
 
 
-def commit_json(commit: CommitRecord) -> dict[str, object]:
+def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, object]:
+    """A commit's record, and the goal it served (`mnemo.graph.history.goals`) when known."""
     return {
         "id": commit.id,
+        "goal": goal,
         "seq": commit.seq,
         "committed_at": commit.committed_at.isoformat(),
         "session_id": commit.session_id,

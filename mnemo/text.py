@@ -239,6 +239,19 @@ def is_acronym(word: str) -> bool:
     return len(word) >= 2 and word.isupper() and any(c.isalpha() for c in word)
 
 
+def is_identifier(word: str) -> bool:
+    """A word written as code, a path or a name: with an underscore, a dot, a slash, a hyphen,
+    a colon, a digit or a capital after its first character ("test_upload", "nginx.conf",
+    "tests/x.py", "S3", "GitHub", "AWS"). mnemo's heuristics keep such a word as written: never
+    re-cased."""
+    return any(c in "_./-:" or c.isdigit() for c in word) or any(c.isupper() for c in word[1:])
+
+
+def label_case(word: str) -> str:
+    """`word` lower-cased for a label or a key phrase, unless it is an identifier."""
+    return word if is_identifier(word) else word.lower()
+
+
 def is_informative(word: str) -> bool:
     """A content word: not a stopword, and 4+ characters long, or with a digit, or an acronym."""
     if word.lower() in STOPWORDS:
@@ -297,7 +310,8 @@ def _word_score(word: str, *, sentence_initial: bool) -> float:
 
 
 def key_phrase(text: str, *, max_words: int = 4) -> str:
-    """A lower-case key phrase of `text`: its most informative words, in order of appearance.
+    """A key phrase of `text`: its most informative words, in order of appearance, lower-case
+    but for identifiers (`label_case`).
 
     Words of the first sentence get a bonus (that is usually where the topic is named); each
     stem is used once. Falls back to non-stopwords of 3+ letters when fewer than two words are
@@ -314,9 +328,9 @@ def key_phrase(text: str, *, max_words: int = 4) -> str:
                 if key not in picked:
                     score = _word_score(word, sentence_initial=w_index == 0)
                     score += 0.5 if s_index == 0 else 0.0
-                    picked[key] = (score, position, word.lower())
+                    picked[key] = (score, position, label_case(word))
             elif not is_stopword(word) and len(word) >= 3 and key not in fallback:
-                fallback[key] = (0.5, position, word.lower())
+                fallback[key] = (0.5, position, label_case(word))
     if len(picked) < 2:
         for key, value in fallback.items():
             picked.setdefault(key, value)
@@ -325,7 +339,8 @@ def key_phrase(text: str, *, max_words: int = 4) -> str:
 
 
 def concepts(text: str, *, limit: int = 4) -> list[str]:
-    """Up to `limit` lower-case concept labels of `text`, most informative first.
+    """Up to `limit` concept labels of `text`, most informative first, lower-case but for
+    identifiers (`label_case`).
 
     A run of capitalised words after the first word ("Visual Studio Code") is one label of at
     most three words; otherwise labels are single informative words, each without its clitic
@@ -342,9 +357,9 @@ def concepts(text: str, *, limit: int = 4) -> list[str]:
             while j < len(ws) and j - i < 3 and ws[j][:1].isupper() and not is_stopword(ws[j]):
                 j += 1
             if j - i >= 2:
-                label = " ".join(ws[i:j]).lower()
-                if label not in seen:
-                    seen.add(label)
+                label = " ".join(map(label_case, ws[i:j]))
+                if label.lower() not in seen:
+                    seen.add(label.lower())
                     seen.update(stem(w.lower()) for w in ws[i:j])
                     scored.append((2.5 + 0.3 * (j - i), i, label))
                 i = j
@@ -352,7 +367,7 @@ def concepts(text: str, *, limit: int = 4) -> list[str]:
         key = stem(word.lower())
         if key not in seen and (is_informative(word) or is_name(word, sentence_initial=i == 0)):
             seen.add(key)
-            scored.append((_word_score(word, sentence_initial=i == 0), i, word.lower()))
+            scored.append((_word_score(word, sentence_initial=i == 0), i, label_case(word)))
         i += 1
     scored.sort(key=lambda item: (-item[0], item[1]))
     return [label for _, _, label in scored[:limit]]

@@ -108,6 +108,9 @@ def shoot(driver: webdriver.Chrome, url: str, png: Path, size: tuple[int, int]) 
     full = driver.execute_script("return document.documentElement.scrollHeight")
     metrics["height"] = max(height, min(int(full), MAX_HEIGHT))
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+    # The page painted at its new height: a large SVG was shot half drawn otherwise.
+    driver.execute_async_script(
+        "requestAnimationFrame(() => requestAnimationFrame(arguments[0]))")
     driver.save_screenshot(str(png))
 
 
@@ -142,6 +145,7 @@ def capture(db: Path, fact: str, out: Path) -> None:
         node = f"{base}/node?repo={repo}&id={quote(fact)}"
         pages = {
             "graph": f"{base}/graph?repo={repo}",
+            "graph-focus": f"{base}/graph?repo={repo}&focus={quote(fact)}",
             "node": node,
             "history": f"{base}/history?repo={repo}",
             "commit": commit,

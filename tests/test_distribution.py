@@ -14,7 +14,7 @@ from mnemo.version import DISTRIBUTION, foreign_distributions
 ROOT = Path(__file__).resolve().parent.parent
 NAME = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
 # What `pip install` installs: its first argument that is not an option.
-INSTALL = re.compile(r"pip install (?:-[-\w]+ )*\\?['\"]?([\w.-]+(?:\[[\w,]+\])?)")
+INSTALL = re.compile(r"pip install (?:-[-\w]+ )*\\?['\"]?([\w.-]+(?:\[[\w,-]+\])?)")
 
 
 def install_lines() -> list[tuple[str, str]]:
@@ -37,7 +37,7 @@ def test_every_install_line_names_the_distribution() -> None:
     lines = install_lines()
     assert len(lines) >= 5
     for where, target in lines:
-        assert re.fullmatch(rf"({NAME}|\.)(\[[a-z0-9,]+\])?", target), (where, target)
+        assert re.fullmatch(rf"({NAME}|\.)(\[[a-z0-9,-]+\])?", target), (where, target)
 
 
 def test_a_foreign_mnemo_package_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

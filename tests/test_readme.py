@@ -1,5 +1,6 @@
 """README.md's code runs as written: every ```python block is executed (offline, in a fresh
-directory), and every ```python no-run block (those need a model provider) at least compiles."""
+directory; an agent of the OpenAI Agents SDK talks to a local fake server), and every
+```python no-run block (those need a model provider) at least compiles."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from agents import set_tracing_disabled
 
 import mnemo
+from tests.adapters.provider_server import ProviderServer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<body>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
@@ -29,9 +32,17 @@ RUNNABLE = blocks("python")
 
 
 def run_block(line: int, code: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Runs the block in `folder`; it must end every session it starts."""
+    """Runs the block in `folder`; it must end every session it starts. A block that runs an
+    OpenAI Agents SDK agent gets a fake model server on 127.0.0.1 as its OpenAI endpoint
+    (through the variables the SDK reads), with the SDK's tracing off, and must call it."""
     monkeypatch.chdir(folder)
-    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__main__"})
+    with ProviderServer() as server:
+        if "from agents import" in code:
+            set_tracing_disabled(True)
+            monkeypatch.setenv("OPENAI_BASE_URL", server.openai_url)
+            monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+        exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "__main__"})
+    assert bool(server.requests) == ("from agents import" in code)
 
     async def live(store: Path) -> list[str]:
         async with mnemo.Memory(store, embedder=mnemo.HashEmbedder(), inspect=True) as mem:

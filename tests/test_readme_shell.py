@@ -81,7 +81,8 @@ def test_the_shell_blocks_run_as_written(tmp_path: Path) -> None:
     """In a folder holding what a clone holds (`.venv`, `mnemo/`; `scripts/demo` runs its
     `scripts/demo.py` there, the install being the test's own), the setup block and the
     command line's block run in order and do what their comments say; the ids block then runs
-    with a message's, a commit's and a live session's short ids from the listings."""
+    with a recalled node's, a message's, a commit's and a live session's short ids from the
+    listings."""
     for name in (".venv", "mnemo"):
         (tmp_path / name).symlink_to(ROOT / name)
     setup = "\n".join(
@@ -101,11 +102,15 @@ def test_the_shell_blocks_run_as_written(tmp_path: Path) -> None:
     activated = f". .venv/bin/activate\nexport MNEMO_STORE={shlex.quote(str(store))}\n"
     hit = json.loads(bash(activated + 'mnemo search "pgbouncer" --json --limit 1', tmp_path))
     commit = json.loads(bash(activated + "mnemo history assistant --json --limit 1", tmp_path))
+    recalled = json.loads(bash(activated + 'mnemo recall assistant "gunicorn" --json -k 1',
+                               tmp_path))
+    head, _, index = recalled["memories"][0]["node"]["id"].rpartition("_")[2].partition(":")
     session = anyio.run(_leave_a_session, store)
     ids = {
         "MESSAGE_ID": hit[0]["message_id"].removeprefix("msg_")[:8],
         "COMMIT_ID": commit[0]["id"].removeprefix("changeset_")[:8],
         "SESSION_ID": session.removeprefix("session_")[:8],
+        "NODE_ID": head[:8] + (f":{index}" if index else ""),
     }
     script = commands(IDS[0][1])
     for name, value in ids.items():

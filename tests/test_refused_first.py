@@ -67,6 +67,7 @@ def bad_calls(mem: mnemo.Memory, session: str) -> dict[str, Callable[[], Awaitab
         "episodes": lambda: mem.episodes(""),
         "get_node": lambda: mem.get_node(REPO, ""),
         "get_nodes_by_type": lambda: mem.get_nodes_by_type(REPO, ["nope"]),  # type: ignore[list-item]
+        "node_ids": lambda: mem.node_ids(REPO, "x", limit=0),
         "get_linked_nodes": lambda: mem.get_linked_nodes(REPO, "node_abc"),
         "latest": lambda: mem.latest(REPO, top_k=0),
         "search_nodes": lambda: mem.search_nodes(REPO, " "),

@@ -135,10 +135,11 @@ def test_a_clitic_comes_off_a_word(word: str, bare: str) -> None:
 
 def test_concept_labels_are_words_without_their_clitics() -> None:
     """A label names the word, not its possessive ("melanie" for "Melanie's"), and a word that
-    is informative only with its clitic ("lot's") is no label."""
+    is informative only with its clitic ("lot's") is no label; an identifier keeps its case
+    ("McGee")."""
     labels = _text.concepts("Then Melanie's painting's colors won a lot's praise at McGee's",
                             limit=8)
-    assert labels == ["melanie", "mcgee", "painting", "colors", "praise"]
+    assert labels == ["melanie", "McGee", "painting", "colors", "praise"]
 
 
 @pytest.mark.parametrize(

@@ -1,45 +1,165 @@
-"""The offline LLM's "contradiction" heuristic: two facts contradict when they
-share a subject and a functional relation ("lives in", "is", "listens on", "moved to") and
-then name different values: "Dana lives in Lisbon" / "Dana lives in Porto", "the cache is
-enabled" / "the cache is not enabled". Relations that admit many values ("likes", "went to")
-never contradict: a model is needed to tell more.
+"""The offline LLM's "contradiction" heuristic: two facts contradict when they say the same
+thing of the same subject with another value.
+
+Each fact is read as its content words in order: the words of one relation made one ("lives",
+"resides", "moved"; "listens", "binds", "runs"; ...), the words that only say something
+changed ("now", "new", "raised") left out, a word after a negation ("not", "never", "instead
+of", "from") marked denied where it can be a value (a relation, something specific, the word
+after a relation), and a parenthesised aside (a speaker's date stamp, a handle) dropped. Two
+facts that share a subject word and a relation (or whose new one states a change), and name no
+relation the other lacks (the copula aside), contradict when
+
+- one denies a word the other states: "the cache is enabled" / "the cache is not enabled",
+  "gunicorn listens on 127.0.0.1:8001, not 8000" / "Bind gunicorn to 127.0.0.1:8000"; or
+- every run of words one of them says beyond the shared words is a value that stands where the
+  other has another (after or before the same shared word): a run of at most
+  `MAX_VALUE_WORDS` words naming something specific (a number, a name, an identifier), or one
+  word right after a relation other than the copula. "Dana lives in Lisbon" / "Dana moved to
+  Porto", "the cache TTL is five minutes" / "the cache TTL is now ten minutes", "Melanie works
+  as a nurse" / "Melanie quit her job and now works as a teacher", "... leaving 271 EUR for
+  food" / "the new trip budget leaves 362 EUR for food".
+
+Relations that admit many values ("likes", "went to") never contradict, nor facts about other
+subjects ("Dana lives in Lisbon" / "Sam lives in Porto"), other relations ("Dana lives in
+Lisbon" / "Dana works in Berlin"), a fact that only adds to another ("Dana lives in Lisbon
+with her cat"), nor remarks ("that bowl is gorgeous" / "that bowl is amazing"): a model is
+needed to tell more.
 """
 
 from __future__ import annotations
 
+import re
+
 from mnemo import text as _text
 
-# Relations a subject has one value of at a time (the last words of the shared phrase).
-_FUNCTIONAL = frozenset(
-    "is are was were be lives live living resides reside located based moved moves move works "
-    "work working employed runs run listens listen uses use using set costs cost named called "
-    "married engaged dating version port default now became becomes prefers prefer owns own "
-    "drives drive studies study".split()
-)
 _LINKING = frozenset("in at to on as for from with of the a an".split())
-_NEGATION = frozenset("not no never isn't aren't wasn't doesn't don't didn't".split())
-# A value longer than this is a clause, not a value: the facts say more than one thing.
-MAX_VALUE_WORDS = 5
+# A run of words one fact says where the other says another is a value when it is at most
+# this long: longer, it is a clause, and the facts say different things (measured on LoCoMo
+# dev and the demo: runs of 3-5 words were tool output and chat, never a value).
+MAX_VALUE_WORDS = 2
+
+# The words of one relation, read as one ("=family"); "be" is the copula, which a fact may
+# leave out ("the limit was raised to 500") without naming another relation.
+_RELATIONS = {
+    word: f"={family}"
+    for family, words in {
+        "be": "is are am 's",
+        "live": "live lives living lived reside resides resided based located moved moves "
+                "relocated",
+        "serve": "listen listens listening bind binds bound serve serves served run runs",
+        "work": "work works working worked employed",
+        "use": "use uses using switch switched",
+        "cost": "cost costs priced",
+        "own": "own owns owned",
+        "name": "named called",
+        "marry": "married engaged dating",
+        "prefer": "prefer prefers preferred",
+        "study": "study studies studying",
+        "expire": "expire expires",
+    }.items()
+    for word in words.split()
+}
+_COPULA = "=be"
+# Words that say only that something changed: a new fact may state a change with one of them
+# instead of a relation ("the limit was raised to 500").
+_CHANGE = frozenset(
+    "now new newly changed change changes updated raised lowered increased decreased reduced "
+    "bumped set upgraded downgraded pinned replaced renamed currently anymore longer".split()
+)
+# A word after one of these is denied ("not 8000", "instead of JSON", "moved from Lisbon").
+_DENIAL = frozenset(
+    "not no never nor isn't aren't wasn't weren't doesn't don't didn't won't can't cannot "
+    "hasn't haven't instead from".split()
+)
+_NUMBERS = frozenset(
+    "zero one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty "
+    "forty fifty sixty hundred thousand million half once twice".split()
+)
+_ASIDE = re.compile(r"\([^()]*\)")
+
+# A fact as the frame rule reads it: (key, denied, specific) per content word, in order.
+_Item = tuple[str, bool, bool]
 
 
 def contradicts(existing: str, new: str) -> bool:
     """Whether `new` ends `existing` by the heuristic of the module's docstring."""
-    a, b = _text.tokens(existing), _text.tokens(new)
-    shared = 0
-    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
-        shared += 1
-    head, rest_a, rest_b = a[:shared], a[shared:], b[shared:]
-    relation = [w for w in head if w not in _LINKING]
-    if len(relation) < 2 or relation[-1] not in _FUNCTIONAL:
-        return False
-    if not rest_a or not rest_b:
-        return False
-    if len(rest_a) > MAX_VALUE_WORDS or len(rest_b) > MAX_VALUE_WORDS:
-        return False
-    # Negation right after the relation: "is enabled" / "is not enabled".
-    negated_a, negated_b = rest_a[0] in _NEGATION, rest_b[0] in _NEGATION
-    if negated_a != negated_b:
+    (a, _), (b, changed) = _items(existing), _items(new)
+    keys_a, keys_b = {k for k, _, _ in a}, {k for k, _, _ in b}
+    shared = keys_a & keys_b
+    if not any(k[0] != "=" and len(k) >= 3 and any(c.isalpha() for c in k) for k in shared):
+        return False  # no subject in common
+    relations = {k for k in keys_a ^ keys_b if k[0] == "="} - {_COPULA}
+    if relations or not (changed or any(k[0] == "=" for k in shared)):
+        return False  # other relations, or none
+    stated_a, denied_a = {k for k, d, _ in a if not d}, {k for k, d, _ in a if d}
+    stated_b, denied_b = {k for k, d, _ in b if not d}, {k for k, d, _ in b if d}
+    if stated_a & denied_b or denied_a & stated_b:
         return True
-    values_a = {w for w in rest_a if w not in _LINKING and w not in _NEGATION}
-    values_b = {w for w in rest_b if w not in _LINKING and w not in _NEGATION}
-    return bool(values_a) and bool(values_b) and not values_a & values_b
+    values_a, values_b = _values(a, shared), _values(b, shared)
+    if not values_a or not values_b:
+        return False
+    return (all(_replaced(v, values_a) for v in values_b)
+            or all(_replaced(v, values_b) for v in values_a))
+
+
+def _items(fact: str) -> tuple[list[_Item], bool]:
+    """The fact's content words as (key, denied, specific), and whether it states a change. A
+    word is denied only where it can be a value: a relation, something specific, or the word
+    right after a relation ("is not enabled"; not "haven't done pottery")."""
+    items: list[_Item] = []
+    changed = denying = False
+    for position, word in enumerate(_text.words(_ASIDE.sub(" ", fact))):
+        lower = word.lower()
+        if lower in _DENIAL:
+            denying = True
+            continue
+        if lower in _CHANGE:
+            changed = True
+            continue
+        if lower in _RELATIONS:
+            key, specific = _RELATIONS[lower], False
+        elif not (_text.is_stopword(lower) or lower in _LINKING):
+            key = _text.stem(lower)
+            specific = (lower in _NUMBERS or _text.is_identifier(word)
+                        or (position > 0 and word[:1].isupper()))
+        else:
+            continue
+        value = specific or key[0] == "=" or (bool(items) and items[-1][0][0] == "=")
+        items.append((key, denying and value, specific))
+        denying = False
+    return items, changed
+
+
+# A run of words one fact says beyond the shared ones: the shared word before it and after
+# it, and whether it can be a value (`_values`).
+_Run = tuple[str | None, str | None, bool]
+
+
+def _values(items: list[_Item], shared: set[str]) -> list[_Run]:
+    """The runs of words outside `shared`, each with the shared words around it and whether
+    it can be a value: at most `MAX_VALUE_WORDS` words naming something specific, or one word
+    right after a relation other than the copula ("works as a nurse"; not "is gorgeous")."""
+    runs: list[_Run] = []
+    before: str | None = None
+    run: list[_Item] = []
+    for key, denied, specific in [*items, ("", False, False)]:
+        if key and key not in shared:
+            run.append((key, denied, specific))
+            continue
+        if run:
+            value = (len(run) <= MAX_VALUE_WORDS and any(s for _, _, s in run)) or (
+                len(run) == 1 and before is not None and before[0] == "=" and before != _COPULA)
+            runs.append((before, key or None, value))
+            run = []
+        before = key or None
+    return runs
+
+
+def _replaced(run: _Run, others: list[_Run]) -> bool:
+    """Whether `run` is a value where `others` holds another: after or before the same
+    shared word."""
+    before, after, value = run
+    return value and any(
+        other and ((before and other_before == before) or (after and other_after == after))
+        for other_before, other_after, other in others
+    )

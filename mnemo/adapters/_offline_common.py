@@ -74,8 +74,16 @@ _ALWAYS_FILLER = frozenset(
 )
 
 
+def _capitalised(text: str) -> str:
+    """`text` with its first letter upper-case, unless its first word is an identifier
+    ("test_upload fails" stays as written)."""
+    first = text.split(maxsplit=1)[0].rstrip(",;:!?") if text.strip() else ""
+    return text if _text.is_identifier(first) else text[:1].upper() + text[1:]
+
+
 def _strip_filler(sentence: str, *, capitalise: bool = True) -> str:
-    """The sentence without leading interjections like "Okay, so" (capitalised again)."""
+    """The sentence without leading interjections like "Okay, so" (capitalised again, but
+    for an identifier)."""
     rest = sentence
     while match := _OPENER.match(rest):
         word = match.group(1).lower()
@@ -85,7 +93,7 @@ def _strip_filler(sentence: str, *, capitalise: bool = True) -> str:
         elif not (word in _text.FILLER_OPENERS and match.group(2)):
             break
         rest = rest[match.end() :]
-    return rest[:1].upper() + rest[1:] if capitalise else rest
+    return _capitalised(rest) if capitalise else rest
 
 
 def _is_fact(sentence: str) -> bool:

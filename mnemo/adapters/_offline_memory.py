@@ -10,6 +10,7 @@ from mnemo import text as _text
 from mnemo.adapters._offline_common import (
     _NO_USAGE,
     _QUESTION_OPENERS,
+    _capitalised,
     _dicts,
     _field,
     _int,
@@ -101,7 +102,7 @@ def _memory_statement(text: str) -> str:
     text = " ".join(text.split()).strip(" ,;:-\u2014")
     if not text:
         return ""
-    text = text[:1].upper() + text[1:]
+    text = _capitalised(text)
     return text if text[-1] in ".!" else f"{text}."
 
 

@@ -19,7 +19,9 @@ segmentation, extraction and recall to work offline, not a substitute for one:
   opens with "It/This/That/They" gets the subgoal's key phrase as its topic instead of the
   pronoun ("It listens on 8080" -> "Nginx reverse proxy: listens on 8080"; a contraction is
   spelled out: "They've been" -> "...: have been"): a crude stand-in for coreference
-  resolution, which is what makes the fact readable on its own.
+  resolution, which is what makes the fact readable on its own. Words are never reworded, and
+  an identifier (`mnemo.text.is_identifier`: "test_upload", "nginx.conf", "AWS") never
+  re-cased: a sentence it opens stays as written, and key phrases and concepts keep it.
 - `procedural`: one WHEN/DO/EXPECT instruction per step whose action does something (3+ words,
   opening with a verb-like word), expecting the next step's first observed sentence.
 - `return`: 1 + 9 * reward of the step each instruction came from (5 when unknown).
@@ -65,6 +67,7 @@ from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal, outcome_reward
 from mnemo.adapters._offline_common import (
     _NO_USAGE,
+    _capitalised,
     _dicts,
     _field,
     _int,
@@ -202,7 +205,7 @@ def _resolve_pronoun(sentence: str, topic: str) -> str:
         _VERB_AFTER_DEMONSTRATIVE
     ):
         rest = f"the {rest}"
-    return f"{topic[:1].upper()}{topic[1:]}: {rest}"
+    return f"{_capitalised(topic)}: {rest}"
 
 
 def _confidence(sentence: str) -> float:

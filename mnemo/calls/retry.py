@@ -90,7 +90,7 @@ class Backoff:
     base: float = 0.5
     cap: float = 20.0
     max_retry_after: float = 60.0
-    jitter: Callable[[], float] = field(default=random.random)
+    jitter: Callable[[], float] = field(default=random.Random().random)
 
     def delay(self, failures: int, retry_after: float | None) -> float:
         """The wait after `failures` failed attempts (>= 1): the server's Retry-After in full

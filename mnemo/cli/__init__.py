@@ -1,7 +1,7 @@
 """The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `reembed`,
-`sessions`, `session`, `view`, `graph`, `search`, `purge`, `doctor`, `migrate`, `history`,
-`revert`, `mcp` and `ui`. `main` is the console script; `app` the typer application (each
-command module registers its commands on it), built when first asked for.
+`sessions`, `session`, `view`, `show`, `graph`, `search`, `purge`, `doctor`, `migrate`,
+`history`, `diff`, `revert`, `mcp` and `ui`. `main` is the console script; `app` the typer
+application (each command module registers its commands on it), built when first asked for.
 
 `main` imports only the module of the command asked for (`COMMANDS`): `mnemo repos` never
 loads what `mnemo doctor` probes servers with, and `mnemo --version` imports none of it.
@@ -38,7 +38,9 @@ COMMANDS: dict[str, str] = {
     "ui": "serve",
     "doctor": "doctor",
     "history": "history",
+    "diff": "history",
     "revert": "history",
+    "show": "node",
     "repos": "manage",
     "reembed": "manage",
     "view": "manage",

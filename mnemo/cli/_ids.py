@@ -1,54 +1,61 @@
 """Ids as a person reads and types them: shown short, as git shows commit hashes, and taken
 back by any unique prefix.
 
-mnemo's ids are a kind and 32 hex digits (`session_58a4e06e...`, `changeset_...`, `msg_...`):
-41 characters, cut over several lines in a table at 80 columns. A table shows each id as the
-shortest prefix of its digits, 8 at least, that no other id it knows shares (its column's
-title names the kind); a command takes the whole id, or any prefix of it (with or without the
-kind) that names one id.
+mnemo's ids are a kind and 32 hex digits (`session_58a4e06e...`, `changeset_...`,
+`semantic_...`), a step's node its episode's and an index (`episodic_episode_085d...:3`): 41
+characters and more, cut over several lines in a table at 80 columns. A table shows each id
+as the shortest prefix of its digits, 8 at least, that no other id it knows shares, and a
+step's index (`085d80d9:3`; the column's title or the row names the kind); a command takes
+the whole id, or any prefix of it or of its digits, with the step's index
+(`mnemo.inputs.names_id`), that names one id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from mnemo.cli._database import CliError
+from mnemo.inputs import names_id, split_id
 
 MIN_DIGITS = 8
-
-
-def _split(ident: str) -> tuple[str, str]:
-    kind, sep, digits = ident.rpartition("_")
-    return (f"{kind}{sep}", digits) if sep else ("", ident)
 
 
 def short_ids(
     shown: Iterable[str], known: Iterable[str] = (), *, kind: bool = True
 ) -> dict[str, str]:
-    """Each shown id as its kind (unless `kind` is False: a column's title names it) and the
-    shortest prefix of its digits (at least `MIN_DIGITS`) that no other id of `shown` or
-    `known` starts with."""
+    """Each shown id as its kind (unless `kind` is False: a column's title names it), the
+    shortest prefix of its digits (at least `MIN_DIGITS`) that names no other id of `shown`
+    or `known`, and its step index; the whole id where even all its digits name another."""
     shown = list(shown)
     others = {*shown, *known}
     out: dict[str, str] = {}
     for ident in shown:
-        prefix, digits = _split(ident)
-        cut = MIN_DIGITS
-        while cut < len(digits) and any(
-            other != ident and other.startswith(prefix + digits[:cut]) for other in others
-        ):
-            cut += 1
-        out[ident] = (prefix if kind else "") + digits[:cut]
+        prefix, digits, index = split_id(ident)
+        start = prefix if kind else ""
+        for cut in range(min(MIN_DIGITS, len(digits)), len(digits) + 1):
+            short = start + digits[:cut] + index
+            if not any(other != ident and names_id(short, other) for other in others):
+                break
+        else:
+            short = ident
+        out[ident] = short
     return out
 
 
-def matches(given: str, ident: str) -> bool:
-    """Whether `given` names `ident`: a prefix of it, or of its digits."""
-    return ident.startswith(given) or _split(ident)[1].startswith(given)
-
-
 def resolve_id(given: str, candidates: Sequence[str], what: str) -> str:
-    """The one candidate that `given` names (`matches`); the whole id wins over prefixes.
+    """The one candidate that `given` names (`names_id`); the whole id wins over prefixes.
+
+    Raises:
+        CliError: no candidate, or several (naming a few), or a blank `given`.
+    """
+    return resolve_in_repos(given, {"": candidates}, what)[1]
+
+
+def resolve_in_repos(
+    given: str, candidates: Mapping[str, Sequence[str]], what: str
+) -> tuple[str, str]:
+    """The one (repo, id) among each repo's candidates that `given` names; the whole id wins
+    over prefixes. Messages name the repos when there are several (a repo named "" is none).
 
     Raises:
         CliError: no candidate, or several (naming a few), or a blank `given`.
@@ -56,13 +63,17 @@ def resolve_id(given: str, candidates: Sequence[str], what: str) -> str:
     given = given.strip()
     if not given:
         raise CliError(f"no {what} id given")
-    if given in candidates:
-        return given
-    found = sorted({c for c in candidates if matches(given, c)})
+    found = sorted({(repo, c) for repo, ids in candidates.items() for c in ids
+                    if c == given or names_id(given, c)})
+    found = [(repo, c) for repo, c in found if c == given] or found
     if len(found) == 1:
         return found[0]
+    repos = [repo for repo in candidates if repo]
     if not found:
-        raise CliError(f"no {what} {given!r}")
-    listed = ", ".join(short_ids(found[:5]).values())
+        where = f" in repo {repos[0]!r}" if len(repos) == 1 else ""
+        raise CliError(f"no {what} {given!r}{where}")
+    short = short_ids([c for _, c in found])
+    listed = ", ".join(short[c] + (f" ({repo})" if len(repos) > 1 else "")
+                       for repo, c in found[:5])
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
     raise CliError(f"{what} id {given!r} is ambiguous: {listed}{more}; give more of it")

@@ -34,6 +34,7 @@ from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
     json_text,
     print_json,
+    recall_table,
     shorten,
     stderr_console,
     stdout_console,
@@ -216,7 +217,8 @@ def recall(
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
-    """Recall a repo's memories for a query: score, type, phase, hop and text."""
+    """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
+    hop and text."""
 
     async def work() -> None:
         wanted = _node_types(types)
@@ -233,20 +235,7 @@ def recall(
         if as_json:
             print_json(recall_json(result))
             return
-        table = Table(title=f"Recall: {escape(query)}", title_justify="left")
-        table.add_column("score", justify="right")
-        table.add_column("type")
-        table.add_column("phase")
-        table.add_column("hop", justify="right")
-        table.add_column("text", overflow="fold")
-        for m in result.memories:
-            table.add_row(
-                f"{m.score:.3f}", label(m.node.type), label(m.phase), str(m.hop),
-                Text(shorten(m.node.text, 200)),
-            )
-        if not result.memories:
-            table.add_row("", "", "", "", Text("(nothing recalled)", style="dim"))
-        stdout_console().print(table)
+        stdout_console().print(recall_table(result, query))
 
     run(work)
 

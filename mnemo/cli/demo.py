@@ -39,12 +39,11 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._database import CliError, check_database
-from mnemo.cli._output import shorten
+from mnemo.cli._output import recall_table, shorten
 from mnemo.events import Event
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
-from mnemo.recall.engine import RecallResult
 from mnemo.storage.files import StoreFile, store_file
 
 DEFAULT_REPO = "assistant"
@@ -241,26 +240,6 @@ def committed_table(counts: dict[str, int]) -> Table:
         table.add_row(name, str(count))
     table.add_section()
     table.add_row("[bold]total", f"[bold]{sum(counts.values())}")
-    return table
-
-
-def recall_table(result: RecallResult, query: str) -> Table:
-    table = Table(title=f"Recall: {escape(query)}", title_justify="left")
-    table.add_column("score", justify="right")
-    table.add_column("type")
-    table.add_column("phase")
-    table.add_column("hop", justify="right")
-    table.add_column("text", overflow="fold")
-    for recalled in result.memories:
-        table.add_row(
-            f"{recalled.score:.3f}",
-            label(recalled.node.type),
-            label(recalled.phase),
-            str(recalled.hop),
-            Text(shorten(recalled.node.text)),
-        )
-    if not result.memories:
-        table.add_row("", "", "", "", Text("(nothing recalled)", style="dim"))
     return table
 
 

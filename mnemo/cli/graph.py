@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from xml.etree import ElementTree as ET
 
 from mnemo.graph.model import Link, LinkType, Node, NodeType
-from mnemo.jsonable import label, node_json
+from mnemo.jsonable import label, link_json, node_json
 from mnemo.memory import Memory
 
 GRAPHML_NS = "http://graphml.graphdrawing.org/xmlns"
@@ -50,7 +50,7 @@ def to_json(graph: GraphDump) -> dict[str, object]:
         "repo": graph.repo,
         "counts": graph.counts(),
         "nodes": [node_json(n) for n in graph.nodes],
-        "links": [{"src": e.src, "dst": e.dst, "type": label(e.type)} for e in graph.links],
+        "links": [link_json(e) for e in graph.links],
     }
 
 

@@ -1,8 +1,10 @@
-"""`mnemo history REPO` and `mnemo revert REPO COMMIT`: a repo's commits, newest first, and
-undoing one. Both act through the `Memory` facade, so they read any store."""
+"""`mnemo history REPO`, `mnemo diff COMMIT` and `mnemo revert REPO COMMIT`: a repo's commits,
+newest first, each with the goal it served; what one changed; undoing one. They act through
+the `Memory` facade, so they read any store."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 import typer
@@ -11,10 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
-from mnemo.cli._ids import resolve_id, short_ids
+from mnemo.cli._ids import resolve_in_repos, short_ids
 from mnemo.cli._output import print_json, shorten, stdout_console
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
-from mnemo.jsonable import commit_json, diff_json
+from mnemo.errors import InvalidInputError
+from mnemo.graph.history import CommitDiff, CommitRecord
+from mnemo.graph.history import goals as commit_goals
+from mnemo.graph.model import Node, NodeType
+from mnemo.jsonable import commit_json, diff_json, link_json, node_json
 from mnemo.memory import Memory
 
 Repo = Annotated[str, typer.Argument(help="The repo.")]
@@ -30,31 +36,32 @@ def history(
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
-    """List a repo's commits, newest first: id, time, session or source, what each added."""
+    """List a repo's commits, newest first: id, time, session or source and the goal it
+    served, what each added."""
 
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
             commits = await mem.history(repo, limit=limit)
+            goals = await commit_goals(partial(mem.get_node, repo), commits)
         if as_json:
-            print_json([commit_json(c) for c in commits])
+            print_json([commit_json(c, goals.get(c.id)) for c in commits])
             return
         table = Table(title=f"Commits of {escape(repo)} ({len(commits)})", title_justify="left")
         table.add_column("seq", justify="right")
-        # Ids shown short and whole (`mnemo revert` takes any unique prefix).
+        # Ids shown short and whole (`mnemo diff` and `revert` take any unique prefix).
         table.add_column("commit", no_wrap=True)
         table.add_column("time", no_wrap=True)
-        table.add_column("from", no_wrap=True)
+        table.add_column("from", overflow="fold")
         for column in ("nodes", "links", "retired"):
             table.add_column(column, justify="right")
         short = short_ids([c.id for c in commits], kind=False)
         sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
         for c in commits:
-            origin = (f"session {sessions[c.session_id]}" if c.session_id
-                      else f"source {c.source_id}" if c.source_id else "")
             table.add_row(
                 str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
-                Text(shorten(origin, 60)), str(c.node_count), str(c.link_count),
+                Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
+                str(c.link_count),
                 str(c.retired_count),
             )
         if not commits:
@@ -64,13 +71,114 @@ def history(
     run(work)
 
 
-async def _commit_id(mem: Memory, repo: str, given: str) -> str:
-    """The commit `given` names: its id, or a unique prefix of one of the repo's newest
-    `RESOLVED` commits (an older one is named by its whole id)."""
-    if given.startswith("changeset_") and len(given) == len("changeset_") + 32:
-        return given
-    newest = await mem.history(repo, limit=RESOLVED)
-    return resolve_id(given, [c.id for c in newest], "commit")
+def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> str:
+    """Where a commit came from, its session (short) or source, and the goal it served."""
+    origin = (f"session {sessions.get(commit.session_id, commit.session_id)}"
+              if commit.session_id else f"source {commit.source_id}" if commit.source_id
+              else "")
+    return ": ".join(part for part in (origin, goal) if part)
+
+
+async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, str]:
+    """The repo and commit `given` names: a whole id, or a unique prefix of one of the
+    `RESOLVED` newest commits of `repo` (of each repo when None); an older commit is named
+    by its whole id."""
+    repos = [repo] if repo is not None else await mem.list_repos()
+    whole = given.startswith("changeset_") and len(given) == len("changeset_") + 32
+    found: dict[str, list[str]] = {}
+    for name in repos:
+        if whole:
+            try:
+                found[name] = [(await mem.commit_diff(name, given)).commit.id]
+            except InvalidInputError:
+                found[name] = []
+        else:
+            found[name] = [c.id for c in await mem.history(name, limit=RESOLVED)]
+    return resolve_in_repos(given, found, "commit")
+
+
+@app.command()
+def diff(
+    commit: Annotated[
+        str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
+                                 "history`).")
+    ],
+    repo: Annotated[
+        str | None, typer.Option("--repo", "-r", help="The commit's repo (default: every "
+                                                      "repo is searched).")
+    ] = None,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+    as_json: Json = False,
+) -> None:
+    """Show what one commit changed: the nodes it added (by type, short id and text), the
+    facts it retired, the intents it reworded and the links it added."""
+
+    async def work() -> None:
+        async with open_memory(resolve(store=store, config=config)) as mem:
+            if repo is not None:
+                await check_repo(mem, repo)
+            name, commit_id = await _commit_id(mem, repo, commit)
+            changed = await mem.commit_diff(name, commit_id)
+            goal = (await commit_goals(partial(mem.get_node, name), [changed.commit])).get(
+                commit_id)
+            reworded = [n for i in changed.commit.reworded
+                        if (n := await mem.get_node(name, i)) is not None]
+        if as_json:
+            print_json({
+                "repo": name,
+                "commit": commit_json(changed.commit, goal),
+                "added": [node_json(n) for n in changed.nodes],
+                "retired": [node_json(n) for n in changed.retired],
+                "reworded": [node_json(n) for n in reworded],
+                "links": [link_json(link) for link in changed.links],
+            })
+            return
+        print_diff(name, changed, goal, reworded)
+
+    run(work)
+
+
+def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[Node]) -> None:
+    """The commit's header, then its nodes and links as tables, each node by its short id."""
+    record = changed.commit
+    ends = {end for link in changed.links for end in (link.src, link.dst)}
+    short = short_ids(
+        [*(n.id for n in (*changed.nodes, *changed.retired, *reworded)), *sorted(ends)],
+        kind=False,
+    )
+    console = stdout_console()
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column(overflow="fold")
+    head.add_row("commit", f"{record.id} ({escape(repo)}, seq {record.seq})")
+    head.add_row("date", f"{record.committed_at:%Y-%m-%d %H:%M:%S} UTC")
+    head.add_row("from", Text(origin(record, {}, None) or "-"))
+    head.add_row("goal", Text(goal or "-"))
+    console.print(head)
+    gone = record.node_count - len(changed.nodes)
+    if gone:
+        console.print(Text(f"{gone} of the nodes it added are gone since (forgotten or "
+                           "deleted)", style="dim"))
+    sections = (("added", changed.nodes, "+"), ("retired", changed.retired, "-"),
+                ("reworded", reworded, "~"))
+    for title, nodes, mark in sections:
+        if not nodes:
+            continue
+        table = Table(title=f"{title} ({len(nodes)})", title_justify="left", box=None)
+        for column in ("", "id", "type", "text"):
+            table.add_column(column, no_wrap=column != "text", overflow="fold")
+        for node in sorted(nodes, key=lambda n: list(NodeType).index(n.type)):
+            table.add_row(mark, short[node.id], node.type.value, Text(shorten(node.text, 80)))
+        console.print(table)
+    if changed.links:
+        table = Table(title=f"links added ({len(changed.links)})", title_justify="left",
+                      box=None)
+        for column in ("from", "link", "to"):
+            table.add_column(column, no_wrap=True)
+        for link in changed.links:
+            table.add_row(short[link.src], link.type.value, short[link.dst])
+        console.print(table)
 
 
 @app.command()
@@ -91,7 +199,7 @@ def revert(
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
-            commit_id = await _commit_id(mem, repo, commit)
+            _, commit_id = await _commit_id(mem, repo, commit)
             record = (await mem.commit_diff(repo, commit_id)).commit
             await confirm(
                 f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} nodes "

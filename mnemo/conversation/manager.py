@@ -367,6 +367,19 @@ class ConversationManager:
         await self._expire(thread_id)
         return await self._service.store.raw(thread_id)
 
+    async def pop(self, thread_id: str) -> Message | None:
+        """Erases the thread's newest message and returns it (None when the thread holds
+        none): no load, viewport, search or recall shows it after, and a compaction holding
+        it goes (its messages load uncompacted); a snapshot that an eviction already wrote of
+        it keeps its words. Its seq is not reused, and it still counts in the history `save`
+        compares, as a message the ttl erased does.
+
+        Raises:
+            InvalidInputError: a blank thread id.
+        """
+        check_thread_id(thread_id)
+        return await self._service.pop(thread_id)
+
     async def clear(self, thread_id: str) -> None:
         """Deletes the thread's messages, compactions, vectors, snapshots, goals and pins and
         starts a new history (the next save stores from its first message on). Seqs go on

@@ -172,6 +172,13 @@ class ThreadStore(Protocol):
         messages; the seq counter is untouched. Returns how many messages went."""
         ...
 
+    async def pop(self, thread_id: str) -> Message | None:
+        """Erases the thread's newest message (with its search entries, vectors and pins) and
+        the compactions whose range holds it; returns it, None when the thread holds none.
+        The seq counter and the history's length are untouched: the message counts as
+        erased, as the ttl's do."""
+        ...
+
     async def compactions(self, thread_id: str) -> list[Compaction]:
         """The thread's compaction records, by start."""
         ...

@@ -396,6 +396,10 @@ class ConversationService:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             await self.store.clear(thread_id)
 
+    async def pop(self, thread_id: str) -> Message | None:
+        async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
+            return await self.store.pop(thread_id)
+
     async def purge(self, thread_id: str) -> int:
         async with self._thread_locks.hold(thread_id), self._evict_locks.hold(thread_id):
             gone = await self.store.purge(thread_id)

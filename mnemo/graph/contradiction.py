@@ -2,9 +2,10 @@
 
 Before a commit takes the repo's lock, each new SEMANTIC or PROCEDURAL fact is compared with
 the few live facts of its type that recall's two channels find closest to it (its vector, its
-words) and that are close enough to be about the same thing; the decision is the repo's LLM's
-(`IntentPolicy.contradicts`, the "contradiction" task), asked once for the whole commit, and
-not at all when no live fact is close to a new one. A contradicted fact stays, with
+words), and with the few facts of its type the same changeset told before it (a later step
+that corrects an earlier one), that are close enough to be about the same thing; the decision
+is the repo's LLM's (`IntentPolicy.contradicts`, the "contradiction" task), asked once for the
+whole commit, and not at all when no fact is close to a new one. A contradicted fact stays, with
 `valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
 from its successor by SUPERSEDES. A new fact that
 names an earlier time than the one it contradicts is the one retired: it held before.
@@ -18,8 +19,8 @@ from datetime import datetime
 from typing import Protocol
 
 from mnemo.graph.facts import TEMPORAL
-from mnemo.graph.model import Changeset, Node, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import reaches
+from mnemo.graph.model import Changeset, LinkType, Node, NodeDraft, NodeType, Vector
+from mnemo.graph.vectors import reaches, unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +76,16 @@ async def retirements(
     candidates: int = CANDIDATES, close: float = CLOSE,
 ) -> list[Retirement]:
     """The facts the changeset's facts contradict, asked before the commit's lock in one
-    call for the whole changeset (none when no live fact is `close` to a new one). Each new
-    fact is compared with `candidates` live facts of its type per channel (vector, words)
-    at a cosine of at least `close`."""
+    call for the whole changeset (none when no fact is `close` to a new one). Each new fact is
+    compared with `candidates` live facts of its type per channel (vector, words) at a cosine
+    of at least `close`, and with the `candidates` closest facts of its type the changeset
+    told before it (a later step corrects an earlier one)."""
     own = {n.id for n in changeset.nodes}
-    asked: list[tuple[NodeDraft, list[Node]]] = []
-    for node in changeset.nodes:
-        if node.type not in TEMPORAL:
-            continue
+    told = _told(changeset)
+    facts = sorted((n for n in changeset.nodes if n.type in TEMPORAL), key=lambda n: told[n.id])
+    earlier = _earlier(facts, candidates, close)
+    asked: list[tuple[NodeDraft, list[Node | NodeDraft]]] = []
+    for node in facts:
         kinds = [node.type]
         near = [i for i, similarity in await graph.search_vectors(
             changeset.repo, node.vector, candidates, kinds) if reaches(similarity, close)]
@@ -92,7 +95,9 @@ async def retirements(
             similar = await graph.similarities(changeset.repo, worded, node.vector)
             near += [i for i in worded if reaches(similar.get(i, -1.0), close)]
         fresh = [i for i in dict.fromkeys(near) if i not in own]
-        olds = [old for old in await graph.get_nodes(changeset.repo, fresh) if not old.retired]
+        olds: list[Node | NodeDraft] = [
+            old for old in await graph.get_nodes(changeset.repo, fresh) if not old.retired]
+        olds += earlier[node.id]
         if olds:
             asked.append((node, olds))
     if not asked:
@@ -108,9 +113,40 @@ async def retirements(
                 continue
             seen.add(old.id)
             if node.valid_from and old.valid_from and node.valid_from < old.valid_from:
+                seen.add(node.id)
                 found.append(Retirement(node.id, old.id, old.valid_from))
                 break  # the new fact is retired: it ends nothing more
             found.append(Retirement(old.id, node.id, node.valid_from))
+    return found
+
+
+def _told(changeset: Changeset) -> dict[str, tuple[int, int]]:
+    """When the changeset told each of its nodes: the index of the last step it came from
+    (its PROVENANCE; -1 when none), then its place in the changeset."""
+    index = {n.id: n.data.get("index") for n in changeset.nodes if n.type is NodeType.EPISODIC}
+    step: dict[str, int] = {}
+    for link in changeset.links:
+        at = index.get(link.dst)
+        if link.type is LinkType.PROVENANCE and isinstance(at, int):
+            step[link.src] = max(step.get(link.src, at), at)
+    return {n.id: (step.get(n.id, -1), place) for place, n in enumerate(changeset.nodes)}
+
+
+def _earlier(
+    facts: Sequence[NodeDraft], candidates: int, close: float
+) -> dict[str, list[NodeDraft]]:
+    """For each fact (`facts` in the order they were told), the `candidates` closest facts of
+    its type told before it, at a cosine of at least `close`, closest (then latest) first."""
+    found: dict[str, list[NodeDraft]] = {n.id: [] for n in facts}
+    if len(facts) < 2:
+        return found
+    similar = unit([n.vector for n in facts])
+    similar = similar @ similar.T
+    for i, node in enumerate(facts):
+        before = [j for j in range(i) if facts[j].type is node.type
+                  and reaches(float(similar[i, j]), close)]
+        before.sort(key=lambda j: (-similar[i, j], -j))  # ties: the latest told
+        found[node.id] = [facts[j] for j in before[:candidates]]
     return found
 
 
@@ -120,7 +156,7 @@ async def still_live(
     """The retirements that still apply under the lock: the new fact is being added, and
     the existing one is still there and live (another commit may have retired or removed it
     since they were decided)."""
-    pairs = [r for r in planned if (r.retired in added) != (r.successor in added)]
-    existing = [r.successor if r.retired in added else r.retired for r in pairs]
+    pairs = [r for r in planned if r.retired in added or r.successor in added]
+    existing = [i for r in pairs for i in (r.retired, r.successor) if i not in added]
     live = {n.id for n in await graph.get_nodes(repo, existing) if not n.retired}
-    return [r for r, other in zip(pairs, existing, strict=True) if other in live]
+    return [r for r in pairs if {r.retired, r.successor} <= added | live]

@@ -14,12 +14,13 @@ wording: the earlier wording is text, which a record does not keep.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from mnemo.errors import ConflictError, InvalidInputError
-from mnemo.graph.model import Link, Node
+from mnemo.graph.model import Link, Node, NodeType
 from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
@@ -142,3 +143,20 @@ async def _built_on(graph: GraphStore, record: CommitRecord) -> list[str]:
             )
     return reasons
 
+
+async def goals(
+    read: Callable[[str], Awaitable[Node | None]], records: Iterable[CommitRecord]
+) -> dict[str, str]:
+    """Each commit's goal, by commit id: the text of the SOURCE node it added (the goal of
+    the session's episode it committed, or of an ingested trajectory), read with `read`.
+    None for a commit that added no source (a correction) or whose source is erased."""
+    found: dict[str, str] = {}
+    for record in records:
+        # A node's id starts with its type (`source_episode_...`, `source_ingest_...`).
+        for node_id in record.node_ids:
+            if node_id.startswith(f"{NodeType.SOURCE.value}_"):
+                node = await read(node_id)
+                if node is not None and node.type is NodeType.SOURCE:
+                    found[record.id] = node.text
+                    break
+    return found

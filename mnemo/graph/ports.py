@@ -274,6 +274,11 @@ class GraphStore(Protocol):
 
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]: ...
 
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        """The ids of the repo's nodes that match the LIKE pattern `like` and not `unlike`
+        (`\\` escapes), sorted, at most `limit`."""
+        ...
+
     async def neighbors(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Neighbor]: ...

@@ -11,11 +11,13 @@ from mnemo.config import Config
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
-from mnemo.inputs import check_count, check_id, check_text
+from mnemo.inputs import check_count, check_id, check_text, names_id
 
 RESULTS = "Config.max_results"
 # The most node types one call takes (there are seven; a longer list repeats them).
 MAX_TYPES = 100
+# The most ids `node_ids` returns.
+MAX_IDS = 100
 
 T = TypeVar("T")
 
@@ -45,6 +47,20 @@ class GraphReads:
     async def get_nodes_by_type(self, repo: str, types: Iterable[NodeType]) -> list[Node]:
         kinds = await self._checked(repo, lambda _: node_types(types))
         return await self._graph.get_nodes_by_type(repo, kinds)
+
+    async def node_ids(self, repo: str, prefix: str, limit: int) -> list[str]:
+        def check(_: Config) -> None:
+            check_id(prefix, "prefix")
+            check_count("limit", limit, minimum=1, maximum=MAX_IDS)
+
+        await self._checked(repo, check)
+        head, colon, index = prefix.partition(":")
+        # What the store returns holds `head` after an underscore (or at the start, given a
+        # kind); `names_id` keeps those it names.
+        start = _literal(head) if "_" in head else "%\\_" + _literal(head)
+        like = f"{start}%{_literal(colon + index)}"
+        found = await self._graph.node_ids(repo, like, "" if colon else "%:%", limit)
+        return [node_id for node_id in found if names_id(prefix, node_id)]
 
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None
@@ -140,3 +156,8 @@ def _link_type(link_type: LinkType | str | None) -> LinkType | None:
         raise InvalidInputError(
             f"link_type must be a link type ({', '.join(t.value for t in LinkType)}): {exc}"
         ) from exc
+
+
+def _literal(text: str) -> str:
+    """`text` as a LIKE pattern that matches it alone."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

@@ -4,7 +4,8 @@ value = recency decay x frequency floor x reward; a recall ranks by
 relevance x value ^ `Config.value_weight`, and `decay` deletes what is worth less than
 `Config.decay_threshold`.
 
-- recency: 2^(-age / half-life), age counted from the last access (or creation);
+- recency: 2^(-age / half-life), age counted from the last access (or creation) in whole
+  hours, so that the same memories rank alike whether a run took seconds or minutes;
 - frequency: log(1 + accesses) / log(1 + 10), never below `frequency_floor` (so a node
   nobody has recalled yet is not buried, and ten recalls make it count double);
 - reward: what the pipeline learned of the node (an EPISODIC step's reward, a PROCEDURAL
@@ -69,8 +70,8 @@ def node_value(
 ) -> float:
     """A node's worth apart from any query, in (0, 1]: recency decay x frequency floor x reward.
 
-    Recency counts from the last access, or from creation for a node never recalled, with
-    `config.recency_half_life_days`; the frequency factor never drops below
+    Recency counts whole hours from the last access, or from creation for a node never
+    recalled, with `config.recency_half_life_days`; the frequency factor never drops below
     `config.frequency_floor`. Naive datetimes are taken as UTC. Recall multiplies it by the
     relevance; `decay` deletes what falls below `config.decay_threshold`.
     """
@@ -81,7 +82,8 @@ def node_value(
         last = last_access if last_access.tzinfo is not None else _utc(last_access)
         if last > seen:
             seen = last
-    age_days = ((now if now.tzinfo is not None else _utc(now)) - seen).total_seconds() / 86400
+    age_days = (((now if now.tzinfo is not None else _utc(now)) - seen).total_seconds()
+                // 3600 / 24)
     raw = math.log1p(access_count if access_count > 0 else 0) / _LOG_FULL_FREQUENCY
     floor = config.frequency_floor
     return (

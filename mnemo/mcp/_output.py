@@ -70,13 +70,14 @@ def recall_output(result: RecallResult) -> dict[str, object]:
 
 
 def node_output(node: Node, offset: int) -> dict[str, object]:
-    """One page of a node's text (`next_offset` reads on) and its data."""
+    """One page of a node's text (`next_offset` reads on), whether it is retired, and its data."""
     part = page(node.text, offset)
     data = json.dumps(node.data, sort_keys=True, ensure_ascii=False, default=str)
     out: dict[str, object] = {
         "id": node.id,
         "type": label(node.type),
         "created_at": node.created_at.isoformat(),
+        "retired": node.retired,
         "text": part.text,
         "offset": part.offset,
         "chars": part.total,

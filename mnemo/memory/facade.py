@@ -245,29 +245,34 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         types: Iterable[NodeType] | None = None,
         reinforce: bool | None = None,
         as_of: datetime | None = None,
+        valid_at: datetime | None = None,
     ) -> RecallResult:
         """The repo's memories most relevant to `query`, best first. Each memory returned
         counts as one access (its value grows), unless `reinforce=False`: a look that must not
         change later rankings (an evaluation); on an inspecting Memory, only with
         `reinforce=True`. What holds now comes first: a
         fact a later one contradicted ranks below it and says so (`Recalled.retired`); with
-        `as_of`, the answer is the memory as it stood then (nodes recorded later left out).
+        `as_of`, the answer is the memory as it stood then (nodes recorded later left out);
+        with `valid_at`, the facts that held at that moment (their `valid_from` up to their
+        `valid_to`), alone or with `as_of`.
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, a k below 1, or an `as_of` not a datetime.
+                `Config.max_text_chars`, a k below 1, or an `as_of` or `valid_at` not a
+                datetime.
             NotFoundError: an unknown repo.
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
         from mnemo.recall.service import check_recall
 
-        await self._repos.checked(repo, lambda c: check_recall(c, query, k, types, as_of))
+        await self._repos.checked(
+            repo, lambda c: check_recall(c, query, k, types, as_of, valid_at))
         if reinforce is None:
             reinforce = not self._inspect
         chosen = reinforce
         return await self._following_switches(repo, lambda: self._recalls.recall(
-            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of))
+            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of, valid_at=valid_at))
 
     async def _following_switches(
         self, repo: str, call: Callable[[], Awaitable[T]], doing: str = "recalled"

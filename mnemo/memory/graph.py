@@ -38,6 +38,18 @@ class GraphMethods(Parts):
         """Every node of these types, oldest first."""
         return await self._reads.get_nodes_by_type(repo, types)
 
+    async def node_ids(self, repo: str, prefix: str, *, limit: int = 2) -> list[str]:
+        """The ids of the repo's nodes that `prefix` names, sorted, at most `limit` (1..100):
+        those that start with it, or whose digits do (`5d3a43c3` names
+        `semantic_5d3a43c3...`), a step's with its index (`085d80d9:3` names
+        `episodic_episode_085d80d9...:3`). A short id shown by a tool is looked up with it.
+
+        Raises:
+            InvalidInputError: a blank prefix, or a limit outside 1..100.
+            NotFoundError: an unknown repo.
+        """
+        return await self._reads.node_ids(repo, prefix, limit)
+
     async def get_linked_nodes(
         self, repo: str, node_ids: Sequence[str], link_type: LinkType | None = None
     ) -> list[Node]:

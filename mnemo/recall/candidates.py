@@ -59,10 +59,21 @@ def restatements_first(
     the rest, the usual order."""
     best = max(score for score, _, _ in scored)
     others = 2
-    scored.sort(key=lambda item: (restated.get(item[1].id, others), -item[0], item[1].id))
+    scored.sort(key=lambda item: (restated.get(item[1].id, others), *best_first(item)))
     out = []
     for score, node, candidate in scored:
         if node.id in restated:
             candidate.score = score = max(score, best)
         out.append((score, node, candidate))
     return out
+
+
+_TIES = {N.SEMANTIC: 0, N.PROCEDURAL: 0, N.EPISODIC: 1}
+
+
+def best_first(item: tuple[float, Node, Candidate]) -> tuple[float, int, float, str, str]:
+    """The sort key of a scored memory, best first. An exact tie goes to knowledge before a
+    step, then the newer, then by text: the same memories rank alike in any store that holds
+    them, whatever their random ids (the id decides only between two of one text)."""
+    score, node, _ = item
+    return (-score, _TIES.get(node.type, 2), -node.created_at.timestamp(), node.text, node.id)

@@ -40,7 +40,7 @@ from mnemo.ports import LLM, Embedder
 from mnemo.recall import hops, knowledge, temporal
 from mnemo.recall.candidates import Candidate as _Candidate
 from mnemo.recall.candidates import ReadContext as _Context
-from mnemo.recall.candidates import restatements_first
+from mnemo.recall.candidates import best_first, restatements_first
 from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
@@ -114,13 +114,14 @@ class Recaller:
         types: Iterable[NodeType] | None,
         reinforce: bool = True,
         as_of: datetime | None = None,
+        valid_at: datetime | None = None,
     ) -> RecallResult:
         trace = _Trace()
         # What the store keeps in memory is brought up to it once, here, not at each read.
         async with self.graph.reading(repo):
             trace.mark("look")
             return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
-                                      as_of=as_of, trace=trace)
+                                      when=temporal.When(as_of, valid_at), trace=trace)
 
     async def _recall(
         self,
@@ -130,7 +131,7 @@ class Recaller:
         k: int,
         types: Iterable[NodeType] | None,
         reinforce: bool,
-        as_of: datetime | None,
+        when: temporal.When,
         trace: _Trace,
     ) -> RecallResult:
         config = self.config
@@ -206,15 +207,16 @@ class Recaller:
                                       config.recall_speaker_boost)
         if boosts:
             trace.mark("speaker")
-        # With `as_of`, ranked wider: the nodes recorded since are left out.
-        wide = width * temporal.AS_OF_WIDTH if as_of is not None else width
-        ranked = await self._rank(repo, found, context, parts, plan, wanted, wide, boosts,
-                                  direct, as_of)
-        ranked = (await temporal.in_time(self.graph, repo, ranked, as_of))[:width]
+        ranked = await self._rank(repo, found, context, parts, plan, wanted, width, boosts,
+                                  direct, when)
+        ranked = (await temporal.in_time(self.graph, repo, ranked, when))[:width]
         trace.mark("rank")
         if reranking:
-            ranked = await self._rerank(query, ranked, k, degraded)
+            reordered = await self._rerank(query, ranked, k, degraded)
+            ranked = (reordered if when.valid_at is not None
+                      else temporal.successors_first(reordered, ranked)[:k])
             trace.mark("rerank")
+        ranked = knowledge.above_their_steps(ranked, direct)
         if reranking or config.recall_mmr_lambda < 1.0:
             ranked = _descending(ranked)
         if ranked and reinforce:
@@ -386,10 +388,14 @@ class Recaller:
         k: int,
         boosts: Mapping[str, float],
         direct: Mapping[str, float],
-        as_of: datetime | None,
+        when: temporal.When,
     ) -> list[Recalled]:
         config = self.config
         nodes, stats = context.nodes, context.stats
+        # Nodes of another time (`as_of`, `valid_at`) are no candidates at all: the k
+        # results are of that time.
+        out = temporal.left_out(nodes.values(), context.sources, when) if (
+            when.as_of or when.valid_at) else set()
         weights = _MODE_WEIGHTS.get(plan.mode, {})
         now = now_utc()
         query_words = parts.words
@@ -397,13 +403,13 @@ class Recaller:
         restated: dict[str, int] = {}
         for node_id, candidate in found.items():
             node = nodes.get(node_id)
-            if node is None or (wanted is not None and node.type not in wanted):
+            if node is None or (wanted is not None and node.type not in wanted) or node_id in out:
                 continue
             count, last = stats.get(node_id, (0, None))
             value = node_value(node.type, node.data, created_at=node.created_at,
                                last_access=last, access_count=count, now=now, config=config)
             score = candidate.score * value**config.value_weight * weights.get(node.type, 1.0)
-            score *= boosts.get(node_id, 1.0) * temporal.weight(node, as_of)
+            score *= boosts.get(node_id, 1.0) * temporal.weight(node, when)
             if wanted is None and node.type in ROUTING:
                 score *= config.hop_decay  # a route, not a memory: below what it leads to
             candidate.score = score
@@ -413,12 +419,13 @@ class Recaller:
                 restated[node_id] = tier
         steps = context.steps_of([n for _, n, _ in scored]) if config.recall_distinct_steps else {}
         # A step and a fact made from it are one memory: the fact, when it matches.
-        stand_ins = knowledge.stand_ins(scored, direct, steps, restated,
-                                        procedural=plan.mode == "procedural")
+        stand_ins = (knowledge.stand_ins(scored, direct, context.sources, restated,
+                                         procedural=plan.mode == "procedural")
+                     if config.recall_distinct_steps else {})
         if restated:
             scored = restatements_first(scored, restated)
         else:
-            scored.sort(key=lambda item: (-item[0], item[1].id))
+            scored.sort(key=best_first)
         leads: list[tuple[float, Node, _Candidate]] = []
         if wanted is None:
             # Routes and sources lead to memories: after every memory, whatever their scores,

@@ -4,15 +4,19 @@ Extraction turns a step into the facts and procedures it told; recall finds both
 step, longer and holding every word, often matches a query better than the fact made from it.
 The rules (docs/DECISIONS.md, "Knowledge first"):
 
-- **The step is the fact's evidence.** Of a step and the facts or procedures extracted from it
-  alone, one result stands for them, at the place of the first of them: the one of those
-  facts that the query's own channels matched best, when it matched at least
-  `EVIDENCE_SHARE` as well as its step; the step is reachable from it (`Recalled.evidence`).
-  Otherwise the step. Its other facts come after one result of every other step, unless
-  one matched about as well as the best memory (`SIBLING_SHARE`). The place
-  is the ranking's: only which node fills it changes
-  (measured: folding the step into the fact before ranking moved LoCoMo evidence recall
-  0.772 -> 0.767-0.771, docs/DECISIONS.md).
+- **The step is the fact's evidence.** Where a step ranks, the fact or procedure extracted
+  from it (alone or with other steps) that answers the query best takes its place: of those
+  the query's own channels matched at least `EVIDENCE_SHARE` as well as the step, the one
+  they matched best; the step is reachable from it (`Recalled.evidence`). Otherwise the
+  step. A fact made from that step alone stands for it (the step is not returned beside
+  it); its other facts come after one result of every other step, unless one matched about
+  as well as the best memory (`SIBLING_SHARE`). The place is the ranking's: only which node
+  fills it changes (measured: folding the step into the fact before ranking moved LoCoMo
+  evidence recall 0.772 -> 0.767-0.771, docs/DECISIONS.md).
+- **A fact that answers is never below its steps** (`above_their_steps`, the last word on
+  the order): a live fact or procedure returned with one of the steps it came from, which it
+  answers at least `EVIDENCE_SHARE` as well as, takes the place of the first of those steps,
+  whatever the scores, the levers or a re-ranking made of them.
 - **Levers never lift an unrelated step above a matching fact.** A fact or procedure that the
   query's own channels (hop 0) matched at least `MATCHING_SHARE` as well as the best memory
   matches; a step they matched less (or not at all: a neighbour, a hop) is unrelated. Among
@@ -26,10 +30,12 @@ Pure: the engine passes what it scored.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from mnemo.graph.model import Node, NodeType
+from mnemo.recall.model import Recalled
 
 N = NodeType
 KNOWLEDGE = (N.SEMANTIC, N.PROCEDURAL)
@@ -47,36 +53,56 @@ Scored = tuple[float, Node, C]
 
 
 def stand_ins(
-    scored: list[Scored[C]], direct: Mapping[str, float], steps: Mapping[str, str],
+    scored: list[Scored[C]], direct: Mapping[str, float], sources: Mapping[str, Sequence[str]],
     restated: Mapping[str, int], *, procedural: bool = False,
-) -> dict[str, Scored[C]]:
-    """For each step that facts or procedures of `scored` were made from alone, the one that
-    stands in for the step and its facts wherever the first of them ranks: of those that
-    matched the query at least `EVIDENCE_SHARE` as well as the step, the one the query's own
-    channels matched best; by the step's id. `steps` maps a fact made from
-    one step to that step (`ReadContext.steps_of`); `direct` holds hop-0 relevance. A step
+) -> dict[str, list[Scored[C]]]:
+    """For each step that facts or procedures of `scored` were made from (`sources`: their
+    PROVENANCE steps, `ReadContext.sources`), those that may take its place, best first: the
+    ones the query's own channels (`direct`, hop-0 relevance) matched at least
+    `EVIDENCE_SHARE` as well as the step, the best matched first; by the step's id. A step
     that restates the query stands for itself, unless a fact of it restates it as closely. A
     query that asks what to do (`procedural`, the plan's mode) is answered by the step's
-    procedure, however little of the query its instruction's words hold (the query names the
-    situation, the instruction what to do)."""
-    best: dict[str, Scored[C]] = {}
+    procedure first, however little of the query its instruction's words hold (the query
+    names the situation, the instruction what to do)."""
+    found: dict[str, list[tuple[tuple[bool, float, float], Scored[C]]]] = {}
     for item in scored:
         score, node, _ = item
-        step = steps.get(node.id)
-        if node.type not in KNOWLEDGE or step is None or step == node.id:
+        if node.type not in KNOWLEDGE:
             continue
-        if step in restated and restated.get(node.id, 2) > restated[step]:
-            continue  # the step restates the query more closely than the fact
         own = direct.get(node.id, 0.0)
         asked = procedural and node.type is N.PROCEDURAL
-        if not asked and (own <= 0.0 or own < EVIDENCE_SHARE * direct.get(step, 0.0)):
+        for step in sources.get(node.id, ()):
+            if step == node.id or (step in restated
+                                   and restated.get(node.id, 2) > restated[step]):
+                continue  # the step restates the query more closely than the fact
+            if not asked and not answers(own, direct.get(step, 0.0)):
+                continue
+            found.setdefault(step, []).append(((asked, own, score), item))
+    return {step: [item for _, item in sorted(ranked, key=lambda r: r[0], reverse=True)]
+            for step, ranked in found.items()}
+
+
+def answers(fact: float, step: float) -> bool:
+    """Whether a fact the query's own channels matched `fact` well answers the query in
+    place of a step they matched `step` well: at least `EVIDENCE_SHARE` as well."""
+    return fact > 0.0 and fact >= EVIDENCE_SHARE * step
+
+
+def above_their_steps(ranked: list[Recalled], direct: Mapping[str, float]) -> list[Recalled]:
+    """`ranked` with each live fact or procedure placed above the steps it came from
+    (`Recalled.evidence`) that rank before it and that it `answers` for: at the place of the
+    first of them, at the better of the two scores. The rest keep their order."""
+    out = list(ranked)
+    for r in ranked:
+        if r.node.type not in KNOWLEDGE or r.retired or not r.evidence:
             continue
-        current = best.get(step)
-        rank = (asked, own, score)
-        if current is None or rank > (procedural and current[1].type is N.PROCEDURAL,
-                                      direct.get(current[1].id, 0.0), current[0]):
-            best[step] = item
-    return best
+        at = next(i for i, o in enumerate(out) if o.node.id == r.node.id)
+        own = direct.get(r.node.id, 0.0)
+        first = next((i for i, o in enumerate(out[:at]) if o.node.id in r.evidence
+                      and answers(own, direct.get(o.node.id, 0.0))), None)
+        if first is not None:
+            out.insert(first, replace(out.pop(at), score=max(r.score, out[first].score)))
+    return out
 
 
 def strong(direct: Mapping[str, float], nodes: Mapping[str, Node]) -> set[str]:

@@ -16,15 +16,15 @@ N = NodeType
 class Picks:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
     its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). The
-    place of the first of a step and its facts goes to the fact that stands in for them
-    (`stand_ins`, by step id) when there is one, at the better of the two scores; a step
-    returned stands for the facts made from it; a fact returned stands for its step, and
-    further facts of that step are `deferred` (taken after every other step's result) unless
-    `strong` (`knowledge.strong`)."""
+    place of a step, or of the first of a step and its facts, goes to the first fact not
+    taken yet of those that may stand in for it (`stand_ins`, by step id), at the better of
+    the two scores; a step returned stands for the facts made from it alone; a fact returned
+    stands for its step, and further facts of that step are `deferred` (taken after every
+    other step's result) unless `strong` (`knowledge.strong`)."""
 
     def __init__(
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
-        stand_ins: Mapping[str, tuple[float, Node, Candidate]], strong: set[str],
+        stand_ins: Mapping[str, list[tuple[float, Node, Candidate]]], strong: set[str],
     ) -> None:
         self.config, self.k, self.steps, self.sources = config, k, steps, sources
         self.stand_ins, self.strong = stand_ins, strong
@@ -43,9 +43,10 @@ class Picks:
             if len(self.ranked) == self.k:
                 return
             score, node, candidate = item
-            stand_in = self.stand_ins.get(self.steps.get(node.id, node.id))
-            if stand_in is not None and stand_in[1].id not in self._taken and (
-                    self.steps.get(node.id, node.id) not in self._claimed):
+            place = self.steps.get(node.id, node.id)
+            stand_in = None if place in self._claimed else next(
+                (s for s in self.stand_ins.get(place, ()) if s[1].id not in self._taken), None)
+            if stand_in is not None:
                 node, candidate = stand_in[1], stand_in[2]
                 score = max(score, stand_in[0])
             if node.id in self._taken or score < self._min_score.get(node.type, 0.0):
@@ -62,6 +63,8 @@ class Picks:
                 continue
             self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
             self._taken.add(node.id)
+            if stand_in is not None:
+                self._claimed.add(place)
             if step is not None:
                 self._claimed.add(step)
                 if node.type is N.EPISODIC:

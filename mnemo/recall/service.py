@@ -49,18 +49,19 @@ class RecallService:
 
     async def recall(
         self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
-        as_of: datetime | None = None, session_id: str | None = None,
+        as_of: datetime | None = None, valid_at: datetime | None = None,
+        session_id: str | None = None,
     ) -> RecallResult:
         """The recall, reported as "recall_executed" (with `session_id` when it ran in the
         context of a session, `recall_in_context`)."""
         runtime = self._runtime(repo)
-        kinds, as_of = check_recall(runtime.config, query, k, types, as_of)
+        kinds, as_of, valid_at = check_recall(runtime.config, query, k, types, as_of, valid_at)
         recaller = Recaller(
             self._graph, runtime.embedder, runtime.config, planner=runtime.planner,
             llm=runtime.llm, tag_vectors=self._tag_vectors, generation=runtime.generation,
         )
         result = await recaller.recall(
-            repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of,
+            repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of, valid_at=valid_at,
         )
         await self._events.emit(
             "recall_executed", session_id=session_id, repo=repo, query=query, k=k,
@@ -71,16 +72,17 @@ class RecallService:
 
 def check_recall(
     config: Config, query: object, k: object, types: Iterable[NodeType] | None,
-    as_of: object,
-) -> tuple[list[NodeType] | None, datetime | None]:
+    as_of: object, valid_at: object = None,
+) -> tuple[list[NodeType] | None, datetime | None, datetime | None]:
     """A recall's input checked against the repo's `config`: the types asked for and the
-    moment (`as_of`, made aware).
+    moments (`as_of` and `valid_at`, made aware).
 
     Raises:
         InvalidInputError: a blank query or one past `Config.max_text_chars`, a `k` below 1
             or past `Config.max_results`, types that are not node types, an `as_of` that is
-            not a datetime.
+            not a datetime, or a `valid_at` that is not one.
     """
     check_text(query, "query", limit=config.max_text_chars, stored=False)
     check_count("k", k, minimum=1, maximum=config.max_results, setting="Config.max_results")
-    return None if types is None else node_types(types), temporal.check_as_of(as_of)
+    return (None if types is None else node_types(types), temporal.check_moment(as_of, "as_of"),
+            temporal.check_moment(valid_at, "valid_at"))

@@ -24,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.ui import history as history_pages
-from mnemo.ui.drawing import NARROW, WIDE, neighbourhood
+from mnemo.ui.drawing import NARROW, WIDE, neighbourhood, picture
 from mnemo.ui.guard import Access, Gate
 from mnemo.ui.render import (
     HERE,
@@ -41,6 +41,11 @@ from mnemo.ui.source import LinkedNode, MemoryView
 
 # The graph page lists this many of the newest nodes of a type; search and recall cap too.
 LIST_LIMIT = 100
+# The graph page's picture: the newest facts and procedures (or the node asked for) and the
+# nodes up to two links away, at most PICTURE_NODES (the force layout costs their square).
+PICTURE_SEEDS = 24
+PICTURE_NODES = 160
+PICTURE_HOPS = 2
 SEARCH_LIMIT = 50
 MAX_K = 50
 # The thread page's default budget: a typical agent's context share for its history.
@@ -136,12 +141,23 @@ async def index(request: Request) -> Response:
 
 
 async def graph(request: Request) -> Response:
-    """A repo's graph: a search box, the newest nodes of one type, its tags and intents."""
+    """A repo's graph: a picture of its newest facts and procedures and what they link to (or
+    of the part around `focus`, a node), a search box, the newest nodes of one type, its tags
+    and intents."""
     view = view_of(request)
-    repo = await known_repo(view, request.query_params)
-    shown = node_types([request.query_params.get("type", NodeType.SEMANTIC.value)])[0]
-    query = request.query_params.get("q", "").strip()
+    params = request.query_params
+    repo = await known_repo(view, params)
+    shown = node_types([params.get("type", NodeType.SEMANTIC.value)])[0]
+    query = params.get("q", "").strip()
     found = await view.search_nodes(repo, query, SEARCH_LIMIT) if query else None
+    focus = None
+    if params.get("focus", "").strip():
+        focus = await view.node(repo, params["focus"])
+        if focus is None:
+            raise NotFoundError("node", params["focus"])
+    seeds = [focus] if focus else await view.latest(
+        repo, [NodeType.SEMANTIC, NodeType.PROCEDURAL], PICTURE_SEEDS)
+    nodes, links = await subgraph(view, repo, seeds, hops=PICTURE_HOPS, limit=PICTURE_NODES)
     return page(
         request,
         "graph.html",
@@ -151,11 +167,37 @@ async def graph(request: Request) -> Response:
             "found": found,
             "shown": shown,
             "types": list(NodeType),
+            "focus": focus,
+            "picture": picture(nodes, links, focus.id if focus else None),
             "nodes": await view.latest(repo, [shown], LIST_LIMIT),
             "tags": await view.nodes_of_type(repo, NodeType.TAG),
             "intents": await view.nodes_of_type(repo, NodeType.INTENT),
         },
     )
+
+
+async def subgraph(
+    view: MemoryView, repo: str, seeds: list[Node], *, hops: int, limit: int
+) -> tuple[list[Node], list[tuple[str, str, LinkType]]]:
+    """The seeds and the nodes up to `hops` links away (nearest first, at most `limit` in
+    all), and every link among them, each once (its ends in sorted order)."""
+    nodes = {node.id: node for node in seeds[:limit]}
+    links: set[tuple[str, str, LinkType]] = set()
+    frontier = list(nodes)
+    for hop in range(hops + 1):
+        reached = []
+        for node_id in frontier:
+            for linked in await view.links(repo, node_id):
+                other = linked.node.id
+                # The last round reads the links of the nodes reached last: among them only.
+                if other not in nodes and len(nodes) < limit and hop < hops:
+                    nodes[other] = linked.node
+                    reached.append(other)
+                if other in nodes:
+                    low, high = sorted((node_id, other))
+                    links.add((low, high, linked.link_type))
+        frontier = reached
+    return list(nodes.values()), sorted(links)
 
 
 async def node_page(request: Request) -> Response:

@@ -1,11 +1,17 @@
-"""A node's neighbourhood laid out for an SVG drawn on the server (no script, no network).
+"""Pictures of the graph laid out for SVG drawn on the server (no script, no network).
 
-The nodes one link away stand in a column, grouped by the type of the link, each group under
-its link type's name; the node itself stands in a box, left of the column on a wide screen
-(`WIDE`, a curve to each neighbour) and above it on a phone (`NARROW`, a tree's branches), so
-that the text stays readable at either width. A node's type is its marker's shape and colour
-(a shape for readers who cannot tell the colours apart); a retired fact's marker is dashed.
-The layout is pure: `neighbourhood` returns coordinates, and `drawing.html` writes the SVG.
+- A node's neighbourhood (`neighbourhood`, the node page): the nodes one link away stand in a
+  column, grouped by the type of the link, each group under its link type's name; the node
+  itself stands in a box, left of the column on a wide screen (`WIDE`, a curve to each
+  neighbour) and above it on a phone (`NARROW`, a tree's branches), so that the text stays
+  readable at either width.
+- A part of a repo's graph (`picture`, the graph page): up to a few hundred nodes and every
+  link among them, placed by a force-directed layout (Fruchterman-Reingold, numpy, a fixed
+  seed: the same graph gives the same picture), each link a line coloured by its type.
+
+A node's type is its marker's shape and colour (a shape for readers who cannot tell the
+colours apart); a retired fact's marker is dashed. The layouts are pure: they return
+coordinates, and `drawing.html` writes the SVG.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import zip_longest
+
+import numpy as np
+import numpy.typing as npt
 
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.ui.source import LinkedNode
@@ -253,3 +262,124 @@ def _curve(layout: Layout, box_y: float, box_height: float, mark_y: float) -> st
     turn = min(10.0, end_x - TRUNK_X)
     return (f"M{TRUNK_X:.1f},{box_y + box_height:.1f}V{mark_y - turn:.1f}"
             f"Q{TRUNK_X:.1f},{mark_y:.1f} {TRUNK_X + turn:.1f},{mark_y:.1f}H{end_x:.1f}")
+
+
+# The graph page's picture: its size, the radius of each type's marker, and the label a
+# routing or source node carries (facts and steps are long: their text is the title).
+PICTURE_WIDTH = 960
+PICTURE_HEIGHT = 640
+PICTURE_MARGIN = 24
+SIZES: dict[NodeType, float] = {
+    NodeType.SEMANTIC: 7.0, NodeType.PROCEDURAL: 7.5, NodeType.EPISODIC: 6.0,
+    NodeType.SOURCE: 9.0, NodeType.SUBGOAL: 5.0, NodeType.TAG: 5.0, NodeType.INTENT: 6.0,
+}
+LABELLED = {NodeType.SOURCE: 32, NodeType.TAG: 18, NodeType.INTENT: 24}
+# The pull to the middle: enough to keep unlinked parts near, too weak to crush clusters.
+GRAVITY = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Spot:
+    """A node of the picture: its marker centred on (x, y), and its label ("" for none) from
+    (label_x, y + 4), on the left of the marker near the right edge (`anchor` "end")."""
+
+    node: Node
+    x: float
+    y: float
+    path: str
+    label: str
+    label_x: float
+    anchor: str
+    focus: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """A link of the picture, between the centres of its two nodes' markers."""
+
+    path: str
+    link_type: LinkType
+    title: str
+
+
+@dataclass(frozen=True, slots=True)
+class Picture:
+    """What the graph page draws: the nodes, the links among them, the node and link types
+    present (for the legend)."""
+
+    width: int
+    height: int
+    spots: tuple[Spot, ...]
+    lines: tuple[Line, ...]
+    node_types: tuple[NodeType, ...]
+    link_types: tuple[LinkType, ...]
+
+
+def force_layout(
+    count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300, seed: int = 7
+) -> npt.NDArray[np.float64]:
+    """Positions in the unit square for `count` nodes joined by `pairs` (indexes): linked
+    nodes pull together, every two push apart, a weak pull to the middle keeps unlinked
+    parts near (Fruchterman-Reingold, with a temperature that cools linearly)."""
+    rng = np.random.default_rng(seed)
+    # A position is a complex number: one array op moves both coordinates.
+    place = rng.random(count) + 1j * rng.random(count)
+    if count < 2:
+        return np.full((count, 2), 0.5)
+    joined = np.zeros((count, count))
+    for a, b in pairs:
+        if a != b:
+            joined[a, b] = joined[b, a] = 1.0
+    ideal = 1.0 / math.sqrt(count)
+    heat = 0.1
+    for _ in range(iterations):
+        delta = place[:, None] - place[None, :]
+        distance = np.maximum(np.abs(delta), 0.01)
+        pull = ideal * ideal / distance**2 - joined * distance / ideal
+        shift = (delta * pull).sum(axis=1) - GRAVITY * (place - (0.5 + 0.5j))
+        length = np.maximum(np.abs(shift), 1e-9)
+        place += shift * (np.minimum(length, heat) / length)
+        heat -= 0.1 / (iterations + 1)
+    points = np.stack([place.real, place.imag], axis=1)
+    low, high = points.min(axis=0), points.max(axis=0)
+    return np.asarray((points - low) / np.maximum(high - low, 1e-9), dtype=np.float64)
+
+
+def picture(
+    nodes: Sequence[Node],
+    links: Sequence[tuple[str, str, LinkType]],
+    focus: str | None = None,
+    *,
+    width: int = PICTURE_WIDTH,
+    height: int = PICTURE_HEIGHT,
+) -> Picture:
+    """`nodes` and the `links` among them (src, dst, type; a link to a node not in `nodes`
+    is left out), placed by `force_layout`; `focus` is the id of a node to stand out."""
+    index: dict[str, int] = {node.id: number for number, node in enumerate(nodes)}
+    drawn = [(src, dst, kind) for src, dst, kind in links if src in index and dst in index]
+    place = force_layout(len(nodes), [(index[src], index[dst]) for src, dst, _ in drawn])
+    inner = np.array([width - 2 * PICTURE_MARGIN, height - 2 * PICTURE_MARGIN])
+    at = PICTURE_MARGIN + place * inner
+    spots = []
+    for node, (x, y) in zip(nodes, at, strict=True):
+        chars = LABELLED.get(node.type, 0) or (40 if node.id == focus else 0)
+        radius = SIZES.get(node.type, RADIUS) * (1.6 if node.id == focus else 1.0)
+        left = x > 0.7 * width
+        spots.append(Spot(
+            node, float(x), float(y), shape(node.type, float(x), float(y), radius),
+            shorten(node.text, chars) if chars else "",
+            float(x - radius - 3 if left else x + radius + 3), "end" if left else "start",
+            node.id == focus,
+        ))
+    lines = []
+    for src, dst, kind in drawn:
+        (x1, y1), (x2, y2) = at[index[src]], at[index[dst]]
+        ends = f"{shorten(nodes[index[src]].text, 40)} → {shorten(nodes[index[dst]].text, 40)}"
+        lines.append(Line(f"M{x1:.1f},{y1:.1f}L{x2:.1f},{y2:.1f}", kind,
+                          f"{kind.value}: {ends}"))
+    present = {node.type for node in nodes}
+    kinds = {kind for _, _, kind in drawn}
+    return Picture(
+        width, height, tuple(spots), tuple(lines),
+        tuple(t for t in NodeType if t in present), tuple(k for k in LinkType if k in kinds),
+    )

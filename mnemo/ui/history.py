@@ -4,11 +4,14 @@ app's gate accepts only from the app's own pages (`mnemo.ui.guard`)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff
+from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import Link, Node, NodeType
 from mnemo.ui.render import form, href, known_repo, page, required, view_of, whole
 from mnemo.ui.source import MemoryView
@@ -21,19 +24,22 @@ MAX_LINKS_SHOWN = 300
 
 
 async def history(request: Request) -> Response:
-    """A repo's commits, newest first: each one's id (to its diff), time, origin and counts."""
+    """A repo's commits, newest first: each one's id (to its diff), time, origin (the session
+    or source, and the goal it served) and counts."""
     view = view_of(request)
     params = request.query_params
     repo = await known_repo(view, params)
     limit = whole(params, "limit", DEFAULT_COMMITS, low=1, high=MAX_COMMITS)
     commits = await view.history(repo, limit)
     more = min(limit * 2, MAX_COMMITS) if len(commits) == limit < MAX_COMMITS else None
+    goals = await commit_goals(partial(view.node, repo), commits)
     return page(
         request,
         "history.html",
         {
             "repo": repo,
             "commits": commits,
+            "goals": goals,
             "more": more,
             "reverted": params.get("reverted", ""),
         },
@@ -54,6 +60,7 @@ async def commit(request: Request) -> Response:
     for node in diff.nodes:
         by_type.setdefault(node.type, []).append(node)
     reworded = [n for n in [await view.node(repo, i) for i in diff.commit.reworded] if n]
+    goal = (await commit_goals(partial(view.node, repo), [diff.commit])).get(diff.commit.id)
     return page(
         request,
         "commit.html",
@@ -61,6 +68,7 @@ async def commit(request: Request) -> Response:
             "repo": repo,
             "diff": diff,
             "record": diff.commit,
+            "goal": goal,
             "nodes_by_type": [(t, by_type[t]) for t in NodeType if t in by_type],
             "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
             "links_hidden": len(diff.links) - len(shown),

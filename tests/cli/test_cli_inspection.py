@@ -54,6 +54,19 @@ async def _sessions(store: str) -> list[SessionInfo]:
         return await mem.list_sessions()
 
 
+def count_tasks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The tasks the offline LLM is asked from now on, as they are asked."""
+    asked: list[str] = []
+    answer = OfflineLLM.generate
+
+    async def counted(self: OfflineLLM, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
+        asked.append(request.task)
+        return await answer(self, request)
+
+    monkeypatch.setattr(OfflineLLM, "generate", counted)
+    return asked
+
+
 READS = [
     ["recall", REPO, "kitchen"], ["sessions"], ["repos"], ["history", REPO], ["graph", REPO],
     ["search", "kitchen"],
@@ -69,14 +82,7 @@ def test_the_read_commands_take_no_extraction_over(
     sid = anyio.run(_leave_extracting, store)
     before = anyio.run(_sessions, store)
     assert [(s.id, s.state) for s in before] == [(sid, mnemo.State.EXTRACTING)]
-    asked: list[str] = []
-    answer = OfflineLLM.generate
-
-    async def counted(self: OfflineLLM, request: mnemo.LLMRequest) -> mnemo.LLMResponse:
-        asked.append(request.task)
-        return await answer(self, request)
-
-    monkeypatch.setattr(OfflineLLM, "generate", counted)
+    asked = count_tasks(monkeypatch)
     for command in READS:
         result = invoke(*command, "--db", store)
         assert result.exit_code == 0, result.output

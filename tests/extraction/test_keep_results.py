@@ -89,14 +89,16 @@ async def test_close_and_commit_retry_reasks_only_the_failed_call(
     events: EventLog, store: str
 ) -> None:
     """`close_and_commit`'s retry after one failed procedural call asks that one task again:
-    every other task of the episode is asked exactly once in all."""
+    every other task of the episode is asked exactly once in all (the commit's contradiction
+    question, for the close facts of its trajectories, once)."""
     llm = FailsOnce("procedural")
     async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
         await mem.open_repo(REPO)
         sid = await _collect(mem)
         mark = len(llm.calls)
         receipt = await mem.close_and_commit(sid, max_retries=1)
-        assert Counter(llm.tasks()[mark:]) == {"semantic": 2, "procedural": 3, "return": 1}
+        assert Counter(llm.tasks()[mark:]) == {"semantic": 2, "procedural": 3, "return": 1,
+                                               "contradiction": 1}
         assert mem.usage(sid).saved_calls >= 2
         nodes = [await mem.get_node(REPO, node_id) for node_id in receipt.node_ids]
         assert Counter(n.type for n in nodes if n is not None)[N.PROCEDURAL] == 3
@@ -135,7 +137,8 @@ async def test_auto_commit_close_reasks_only_what_the_background_commit_failed(
         del llm.holds["procedural"]
         mark = len(llm.calls)
         await mem.close_and_commit(sid)
-        assert Counter(llm.tasks()[mark:]) == {"semantic": 1, "procedural": 2, "return": 1}
+        assert Counter(llm.tasks()[mark:]) == {"semantic": 1, "procedural": 2, "return": 1,
+                                               "contradiction": 1}
         assert mem.usage(sid).saved_calls == 1
 
 

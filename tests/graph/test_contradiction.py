@@ -35,11 +35,51 @@ SUPERSEDES = LinkType.SUPERSEDES
         ("Dana lives in Lisbon.", "Dana lives in Lisbon with her cat.", False),
         ("Caroline (8 May, 2023): I went to a support group and it was great",
          "Caroline (8 May, 2023): I went to the beach with friends", False),
+        # Same subject, other value, in other words.
+        ("Dana lives in Lisbon.", "Dana moved to Porto.", True),
+        ("Dana lives in Lisbon.", "Dana moved from Lisbon to Porto in June.", True),
+        ("Dana lives in Lisbon.", "Dana no longer lives in Lisbon.", True),
+        ("gunicorn listens on 127.0.0.1:8001, not 8000.", "Bind gunicorn to 127.0.0.1:8000.",
+         True),
+        ("The cache TTL is five minutes.", "The cache TTL is now ten minutes.", True),
+        ("The API rate limit is 120 requests per minute.",
+         "The API rate limit was raised to 500 requests per minute.", True),
+        ("Deploys happen every Tuesday at 10am.", "Deploys now happen on Wednesdays at 9am.",
+         True),
+        ("We use MySQL.", "We switched from MySQL to Postgres.", True),
+        ("Melanie works as a nurse.", "Melanie quit her job and now works as a teacher.", True),
+        ("Compute the trip budget: 189 EUR flights plus 4 nights at 110 EUR is 629 EUR, "
+         "leaving 271 EUR for food and transport.",
+         "The new trip budget leaves 362 EUR for food and transport.", True),
+        # Other relations, other subjects, or not a value.
+        ("Dana likes Lisbon.", "Dana likes Porto.", False),
+        ("Dana lives in Lisbon.", "Dana works in Berlin.", False),
+        ("Dana lives in Lisbon.", "Dana now works in Porto.", False),
+        ("Dana is vegetarian and eats no fish.", "Dana is allergic to nuts.", False),
+        ("The staging database runs on port 5433.", "The production database runs on port 5432.",
+         False),
+        ("Lena (@lena-ops) is the on-call engineer.", "Tom (@tom-sre) is the on-call engineer.",
+         False),
+        ("Caroline (8 May, 2023): I am so excited about the pride parade",
+         "Caroline (20 May, 2023): I am so excited about my new job", False),
+        ("The deploy script still passes --bind 127.0.0.1:8001.",
+         "Bind gunicorn to 127.0.0.1:8000.", False),
+        ("The blog runs on gunicorn behind nginx.", "The blog runs 12 gunicorn workers.", False),
+        # Remarks and tool output (LoCoMo dev, the demo).
+        ("Caroline: That bowl is gorgeous!", "Caroline: Those bowls are amazing!", False),
+        ("Melanie: I'm a big fan of pottery.",
+         "Caroline: I haven't done pottery yet, but I'm game for trying new art.", False),
+        ("Tool output: test_upload with the moto S3 mock now fails: "
+         "botocore.exceptions.NoRegionError: You must specify a region.",
+         "The S3 mock needs AWS_DEFAULT_REGION set.", False),
+        ("Django now answers 400 Bad Request through the nginx reverse proxy.",
+         'Add `"OPTIONS": {"prepare_threshold": None}` to the Django DATABASES entry.', False),
     ],
 )
 def test_the_offline_heuristic(existing: str, new: str, expected: bool) -> None:
-    """Same subject and functional relation with another value contradicts; relations that
-    admit many values, other subjects and additions do not."""
+    """Same subject and relation with another value contradicts, however the new fact words
+    the change; relations that admit many values, other relations, other subjects and
+    additions do not."""
     assert contradicts(existing, new) is expected
 
 
@@ -203,3 +243,46 @@ async def test_facts_far_from_every_live_one_ask_nothing(store: str) -> None:
         await graph.apply(facts("new", ("Dana lives in Porto", 3)), intents=counting)
         assert asked == []
         assert (await fact_times(graph, "old-0"))[2] is None
+
+
+def told(prefix: str, *steps: tuple[str, ...]) -> Changeset:
+    """One changeset of a session: a step per item (its index), each with facts (all on one
+    axis: close to each other) linked to it by PROVENANCE, listed newest step first."""
+    nodes: list[NodeDraft] = []
+    links: list[Link] = []
+    for index, texts in reversed(list(enumerate(steps))):
+        step = draft(f"{prefix}-step{index}", NodeType.EPISODIC, f"step {index}", axis(1),
+                     {"index": index})
+        nodes.append(step)
+        for i, text in enumerate(texts):
+            nodes.append(draft(f"{prefix}-{index}-{i}", NodeType.SEMANTIC, text, axis(0)))
+            links.append(Link(f"{prefix}-{index}-{i}", step.id, LinkType.PROVENANCE))
+    return Changeset(f"{prefix}-cs", REPO, nodes, links)
+
+
+async def test_a_later_step_retires_what_an_earlier_one_of_its_changeset_said(
+    store: str,
+) -> None:
+    """Within one changeset, a fact of a later step (or later in the same step) retires the
+    fact it contradicts from an earlier one, whatever their order in the changeset; a chain of
+    corrections retires each in turn; revert takes the whole commit away."""
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        await graph.apply(told("a", ("gunicorn listens on 127.0.0.1:8001, not 8000.",
+                                     "Bind gunicorn to 127.0.0.1:8000."),
+                               ("The cache TTL is five minutes.",),
+                               ("The cache TTL is now ten minutes.",),
+                               ("The cache TTL is now twenty minutes.",)),
+                          intents=judging())
+        retired = {n.text: n for n in await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC])
+                   if n.retired}
+        assert sorted(retired) == ["The cache TTL is five minutes.",
+                                   "The cache TTL is now ten minutes.",
+                                   "gunicorn listens on 127.0.0.1:8001, not 8000."]
+        links = set(await graph.links(REPO))
+        assert {Link("a-0-1", "a-0-0", SUPERSEDES), Link("a-2-0", "a-1-0", SUPERSEDES),
+                Link("a-3-0", "a-2-0", SUPERSEDES)} <= links
+        assert sorted((await history.history(graph, REPO, 1))[0].retired) == [
+            "a-0-0", "a-1-0", "a-2-0"]
+        await history.revert(graph, REPO, "a-cs")
+        assert await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC]) == []

@@ -27,6 +27,8 @@ from mnemo.graph import commit
 from mnemo.graph.model import Changeset, NodeType, step_window
 from mnemo.storage.lexical import LOG_KEEP, LexicalIndex
 from mnemo.storage.lexical import index as lexical_index
+from mnemo.storage.lexical.fresh import bm25, idf
+from mnemo.storage.lexical.schema import analyzer
 from mnemo.storage.lexical.windows import WINDOW
 from mnemo.storage.ports import Backend, open_backend
 from mnemo.text import query_words
@@ -357,7 +359,8 @@ class IndexRules(RuleBasedStateMachine):
     """Nodes and an episode's steps added, deleted, renamed (with and without an index
     running, the latter like a process that wrote and was killed before applying), the index
     reopened: a search for a word returns exactly the nodes whose document holds it now (its
-    text, or a step's window's texts)."""
+    text, or a step's window's texts), each scored by BM25 over the documents as they are now
+    (never over the copies a change deleted, whether or not tantivy merged them away)."""
 
     def __init__(self, store: str) -> None:
         super().__init__()
@@ -433,7 +436,22 @@ class IndexRules(RuleBasedStateMachine):
             self.portal.call(settled, backend)
             result = self.portal.call(lexical(backend).search, REPO, word, 100, None)
         assert result is not None
-        assert {node_id for node_id, _ in result} == holding(self.texts, self.steps, word)
+        assert dict(result) == self.scores(word)
+
+    def scores(self, word: str) -> dict[str, float]:
+        """BM25 of each node whose document holds `word`, recounted from the model."""
+        analyze = analyzer().analyze
+        docs = {i: analyze(" ".join([text, *(self.texts[n] for n in step_window(i, WINDOW)
+                                            if i in self.steps and n in self.steps)]))
+                for i, text in self.texts.items()}
+        [stem] = analyze(word)
+        if not docs:
+            return {}
+        frequency = sum(stem in stems for stems in docs.values())
+        average = sum(map(len, docs.values())) / len(docs)
+        weight = idf(len(docs), frequency)
+        return {i: bm25([(weight, stems.count(stem))], len(stems), average)
+                for i, stems in docs.items() if stem in stems}
 
     def teardown(self) -> None:
         with self.stack:
@@ -545,7 +563,8 @@ async def test_changes_not_yet_committed_rank_as_they_will_once_committed(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A search right after a write scores what the index has not committed yet itself
-    (mnemo/storage/lexical/fresh.py, tantivy's BM25): the same order as once committed."""
+    (mnemo/storage/lexical/fresh.py): the same order and the same scores, to the bit, as once
+    committed (and merged or not: deleted copies count for neither)."""
     await add(backend, "c0", {f"f{i}": f"filler words number {i}" for i in range(30)})
     await backend.graph.settle(REPO)
     monkeypatch.setattr(lexical_index, "COMMIT_AFTER", 3600.0)  # nothing commits meanwhile
@@ -565,11 +584,7 @@ async def test_changes_not_yet_committed_rank_as_they_will_once_committed(
     committed = await index.search(REPO, "wren heron", 10, None)
     assert fresh is not None
     assert committed is not None
-    assert [i for i, _ in fresh] == [i for i, _ in committed]
-    for (_, a), (_, b) in zip(fresh, committed, strict=True):
-        # Within a third: the average length is estimated from the uncommitted documents
-        # (tantivy's own is not exposed), and tantivy's length norms are coarser.
-        assert a == pytest.approx(b, rel=0.33)
+    assert fresh == committed
 
 
 class _Watched(threading.Event):
@@ -615,3 +630,4 @@ async def test_closing_commits_at_once_instead_of_waiting_for_more_writes(
     with anyio.fail_after(5):
         await index.aclose()
     assert len(index._fresh) == 0
+

@@ -15,8 +15,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.lexical import fresh as lexical_fresh
 from mnemo.storage.lexical import index as lexical_index
-from mnemo.storage.lexical.fresh import Fresh, FreshDoc, idf, unstale_hits
+from mnemo.storage.lexical.fresh import (
+    Fresh,
+    FreshDoc,
+    idf,
+    needles,
+    scores,
+    stem_text,
+    stored_doc,
+    stored_score,
+    unstale_hits,
+)
 from mnemo.storage.ports import Backend
 from tests.backends import open_stores
 from tests.graph._support import DIM, REPO
@@ -29,8 +40,7 @@ _puts = st.tuples(st.sampled_from(["r", "s"]), st.sampled_from("abcdef"), st.boo
 
 @given(st.lists(st.one_of(_puts, st.just("commit")), max_size=40))
 def test_counts_follow_puts_deletions_and_commits(script: list[Any]) -> None:
-    """`len` and `live_count` agree with a recount of what was put since the last commit
-    (the index reads `live_count` on every search, so it is kept, not walked)."""
+    """`len` and `entries` agree with a recount of what was put since the last commit."""
     fresh = Fresh()
     model: dict[tuple[str, str], bool] = {}  # (repo, key) -> a document (not a deletion)
     for step in script:
@@ -44,8 +54,8 @@ def test_counts_follow_puts_deletions_and_commits(script: list[Any]) -> None:
             model[(repo, key)] = live
         assert len(fresh) == len(model)
         for repo in ("r", "s"):
-            assert fresh.live_count(repo) == sum(
-                live for (r, _), live in model.items() if r == repo)
+            assert {k: doc is not None for k, (_, doc) in fresh.entries(repo).items()} == {
+                k: live for (r, k), live in model.items() if r == repo}
 
 
 def test_commit_waits_for_quiet_but_never_past_the_oldest_change() -> None:
@@ -108,9 +118,9 @@ class _Searcher:
         hits = [(float(-n), _Address(n)) for n in range(min(limit, len(self.keys)))]
         return type("Result", (), {"hits": hits})()
 
-    def doc(self, address: _Address) -> dict[str, list[str]]:
+    def doc(self, address: _Address) -> dict[str, list[Any]]:
         self.read += 1
-        return {"key": [self.keys[address.doc]]}
+        return {"key": [self.keys[address.doc]], "id": [b"n"], "stems": [b" s "]}
 
 
 @given(st.lists(st.booleans(), max_size=60), st.integers(1, 12), st.integers(0, 200))
@@ -124,7 +134,7 @@ def test_unstale_hits_are_the_ranking_without_the_stale(
     stale = {k for k, mark in zip(keys, stale_marks, strict=True) if mark}
     stale |= {f"new{n}" for n in range(new)}
     searcher = _Searcher(keys)
-    got = [doc["key"][0] for _, doc in unstale_hits(searcher, None, limit, stale)]
+    got = [doc[0] for _, doc in unstale_hits(searcher, None, limit, stale, {})]
     assert got == [k for k in keys if k not in stale][:limit]
     assert searcher.read == len({*range(max(searcher.asked))} & {*range(len(keys))})
     assert max(searcher.asked) <= limit + 2 * len(stale & set(keys)) or len(searcher.asked) == 1
@@ -135,9 +145,25 @@ def test_fresh_new_documents_do_not_widen_the_search() -> None:
     2,000 new nodes not yet committed made every search read 2,000 documents."""
     searcher = _Searcher([f"k{n}" for n in range(5_000)])
     stale = {f"new{n}" for n in range(2_000)}
-    assert len(unstale_hits(searcher, None, 10, stale)) == 10
+    assert len(unstale_hits(searcher, None, 10, stale, {})) == 10
     assert searcher.asked == [10]
     assert searcher.read == 10
+
+
+def test_documents_read_are_read_once_until_the_next_commit() -> None:
+    """The documents a search read are kept for the next searches (of the same commit: the
+    index starts a new store of them at each): a second search reads none again, and the
+    store never holds more than `READ_KEEP` of them."""
+    searcher = _Searcher([f"k{n}" for n in range(50)])
+    read: dict[tuple[int, int], Any] = {}
+    first = unstale_hits(searcher, None, 10, set(), read)
+    assert searcher.read == 10
+    assert unstale_hits(searcher, None, 10, set(), read) == first
+    assert searcher.read == 10
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lexical_fresh, "READ_KEEP", 5)
+        unstale_hits(searcher, None, 20, set(), read)
+    assert len(read) <= 5
 
 
 def test_a_key_committed_twice_cannot_keep_the_search_asking() -> None:
@@ -145,8 +171,8 @@ def test_a_key_committed_twice_cannot_keep_the_search_asking() -> None:
     two, the search stops asking once the stale keys could all have been skipped (it asked
     for ever before), and still returns nothing stale."""
     searcher = _Searcher(["s", "s", "s", "s", "a"])
-    got = unstale_hits(searcher, None, 2, {"s"})
-    assert all(doc["key"][0] != "s" for _, doc in got)
+    got = unstale_hits(searcher, None, 2, {"s"}, {})
+    assert all(doc[0] != "s" for _, doc in got)
     assert len(searcher.asked) <= 3
 
 
@@ -338,3 +364,21 @@ async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the
         if result is None:  # being rebuilt: the store's search answers meanwhile
             await settled(backend)
         assert await found(backend, "saffron") == {"a", "b"}
+
+
+@given(st.lists(st.sampled_from(["job", "jobs", "a", "b", "ab"]), max_size=30),
+       st.lists(st.sampled_from(["job", "a", "b", "c"]), min_size=1, max_size=3, unique=True))
+def test_a_stored_document_scores_as_its_stems_do(stems: list[str], query: list[str]) -> None:
+    """A committed document, scored from its stored stems (stem by stem, or all counted at
+    once for a long one), scores to the bit what the same document scores before its commit:
+    a stem repeated side by side counts twice (its stored form once counted such a pair as
+    one)."""
+    weights = {stem: 1.0 + n for n, stem in enumerate(query)}
+    doc = FreshDoc.of("n", "semantic", stems)
+    assert stored_doc("n", "semantic", stem_text(stems)).terms == doc.terms
+    found = scores({"k": doc}, weights, None, 4.0)
+    expected = found[0][2] if found else 0.0
+    for counted in (0, 10**9):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(lexical_fresh, "COUNTED_BYTES", counted)
+            assert stored_score(stem_text(stems), needles(weights), 4.0) == expected

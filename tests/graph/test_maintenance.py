@@ -152,12 +152,13 @@ def test_value_is_recency_times_frequency_times_reward(
     data: dict[str, Any],
 ) -> None:
     """`node_value` is its definition to the last bit: recency from the later of creation
-    and last access, times the frequency factor, times the reward (naive times as UTC)."""
+    and last access in whole hours, times the frequency factor, times the reward (naive times
+    as UTC)."""
     def utc(moment: datetime) -> datetime:
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
     seen = utc(created) if last is None else max(utc(created), utc(last))
-    age = (utc(now) - seen).total_seconds() / 86400
+    age = (utc(now) - seen).total_seconds() // 3600 / 24
     expected = (value.recency(age, CONFIG.recency_half_life_days)
                 * value.frequency(count, CONFIG.frequency_floor) * value.reward(kind, data))
     found = node_value(kind, data, created_at=created, last_access=last, access_count=count,

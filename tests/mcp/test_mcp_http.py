@@ -112,7 +112,7 @@ async def test_the_sdk_client_works_a_memory_over_http(store: str, tmp_path: Pat
                    action="Bind gunicorn to port 8000 and reload nginx.")
         committed = (await call(session, "close_and_commit", session_id=sid))["node_ids"]
         nodes = [await call(session, "get_node", repo=REPO, node_id=n) for n in committed]
-        fact = next(n for n in nodes if n["type"] == "semantic")
+        fact = next(n for n in nodes if n["type"] == "semantic" and not n["retired"])
         corrected = await call(session, "correct", repo=REPO, node_id=fact["id"],
                                text="gunicorn listens on port 8000 on the blog host.")
         found = await call(session, "recall", repo=REPO, query="which port does gunicorn use?")

@@ -402,9 +402,10 @@ async def test_malformed_history_is_reported(files: mnemo.MemoryFiles, history: 
 
 
 async def test_persist_offline_files_under_key_phrase(files: mnemo.MemoryFiles) -> None:
-    """Offline, persist files the statement itself under a topic named from its key phrase."""
+    """Offline, persist files the statement itself under a topic named from its key phrase
+    (an acronym as written)."""
     stored = await files.persist("  The VPN password rotates every 90 days.  ", llm=None)
-    assert stored.topic == "vpn password 90"
+    assert stored.topic == "VPN password 90"
     assert stored.content == "- The VPN password rotates every 90 days.\n"
     assert stored.path.name == "vpn-password-90.md"
     assert stored.updated.tzinfo is not None
@@ -459,7 +460,7 @@ async def test_list_is_newest_first(files: mnemo.MemoryFiles, directory: Path) -
     await files.persist("Our wiki lives at wiki.acme.io.", llm=None)
     await files.persist("Ask Bob for a new VPN token.", llm=None)
     listed = files.list()
-    assert [f.topic for f in listed] == ["vpn password 90", "wiki lives wiki.acme.io"]
+    assert [f.topic for f in listed] == ["VPN password 90", "wiki lives wiki.acme.io"]
     assert listed[0].updated > listed[1].updated
 
 

@@ -229,7 +229,7 @@ async def test_offline_persist_names_topic_from_key_phrase() -> None:
     fresh = parse_persist(
         await llm.generate(memory_persist_request(statement="Ask Bob for VPN tokens.", files=[]))
     )
-    assert fresh == Filed("vpn tokens", "Ask Bob for VPN tokens.", "Ask Bob for VPN tokens.")
+    assert fresh == Filed("VPN tokens", "Ask Bob for VPN tokens.", "Ask Bob for VPN tokens.")
     files = [{"topic": "vpn access", "description": "How to get on the VPN"}]
     joined = parse_persist(
         await llm.generate(memory_persist_request(statement="Ask Bob for VPN tokens.", files=files))

@@ -354,16 +354,18 @@ CASES: tuple[Case, ...] = (
 class SuiteLLM(FakeLLM):
     """The test model: `FakeLLM`, whose "semantic" and "procedural" tasks extract exactly the
     facts and procedures `SESSIONS` writes beside each step (each from its own step), and
-    whose "contradiction" task knows `CORRECTIONS`."""
+    whose "contradiction" task knows `corrections` (`CORRECTIONS`)."""
 
-    def __init__(self, sessions: Sequence[Session] = SESSIONS) -> None:
+    def __init__(self, sessions: Sequence[Session] = SESSIONS,
+                 corrections: frozenset[tuple[str, str]] = CORRECTIONS) -> None:
         super().__init__()
         self._told = {t.observation: t for s in sessions for t in s.steps}
+        self._corrections = corrections
 
     def _answer(self, task: str, inputs: dict[str, Any]) -> mnemo.LLMResponse:
         if task == "contradiction":
             ended = [p["index"] for p in inputs.get("pairs", [])
-                     if (str(p["existing"]), str(p["new"])) in CORRECTIONS]
+                     if (str(p["existing"]), str(p["new"])) in self._corrections]
             return mnemo.LLMResponse(data={"contradicted": ended},
                                      usage=mnemo.Usage(input_tokens=1, output_tokens=1))
         if task not in ("semantic", "procedural"):
@@ -389,6 +391,8 @@ class Report:
     """Each case's rank of its answer (None: not in the top k), with MRR and hit@1."""
 
     ranks: list[tuple[Case, int | None, list[str]]] = field(default_factory=list)
+    # Each question's results as (type, text, score), best first.
+    rankings: list[list[tuple[str, str, float]]] = field(default_factory=list)
 
     @property
     def hit_at_1(self) -> float:
@@ -402,11 +406,12 @@ class Report:
 REPO = "agent"
 
 
-async def remember(mem: mnemo.Memory, sessions: Sequence[Session] = SESSIONS) -> None:
-    """Opens `REPO` and runs and commits every session of `sessions`, in order."""
-    await mem.open_repo(REPO)
+async def remember(mem: mnemo.Memory, sessions: Sequence[Session] = SESSIONS, *,
+                   repo: str = REPO) -> None:
+    """Opens `repo` and runs and commits every session of `sessions`, in order."""
+    await mem.open_repo(repo)
     for session in sessions:
-        sid = await mem.start_session(session.goal, repo=REPO)
+        sid = await mem.start_session(session.goal, repo=repo)
         for told in session.steps:
             await mem.append(sid, told.observation, told.action)
         await mem.close_and_commit(sid)
@@ -415,15 +420,17 @@ async def remember(mem: mnemo.Memory, sessions: Sequence[Session] = SESSIONS) ->
 
 async def evaluate(
     mem: mnemo.Memory, cases: Sequence[Case] = CASES, *, k: int = 10,
-    types: Sequence[mnemo.NodeType] | None = None,
+    types: Sequence[mnemo.NodeType] | None = None, repo: str = REPO,
 ) -> Report:
     """Recalls each case's question (without reinforcing) and ranks its answer."""
     report = Report()
     for case in cases:
-        result = await mem.recall(REPO, case.question, k=k, types=types, reinforce=False)
+        result = await mem.recall(repo, case.question, k=k, types=types, reinforce=False)
         texts = [m.node.text for m in result.memories]
         rank = next((i for i, m in enumerate(result.memories, start=1)
                      if m.node.type in (mnemo.NodeType.SEMANTIC, mnemo.NodeType.PROCEDURAL)
                      and m.node.text == case.answer), None)
         report.ranks.append((case, rank, texts))
+        report.rankings.append([(m.node.type.value, m.node.text, m.score)
+                                for m in result.memories])
     return report

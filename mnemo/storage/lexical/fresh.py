@@ -1,17 +1,18 @@
-"""The index's changes that are applied but not yet committed, and their BM25 scores.
+"""The index's changes that are applied but not yet committed, and the BM25 every search
+scores with.
 
 A tantivy commit is an fsync and a new segment: tens of milliseconds on a quiet disk, hundreds
 on a busy one (BENCHMARKS.md). A search right after a commit must see its nodes, so rather than
 commit before each search the index keeps what it applied since its last commit here, and a
-search scores these documents itself, with tantivy's BM25 (k1 1.2, b 0.75) and the index's
-document frequencies, beside the committed ones (whose stale copies it drops). The background
-thread commits them within a second, or sooner when they are many.
+search scores these documents beside the committed ones (whose stale copies it drops). The
+background thread commits them within a second, or sooner when they are many.
 
-The one approximation: BM25's average document length, which tantivy does not expose, is
-estimated from a sample of the store's nodes and the documents applied since, so their scores
-may differ from what tantivy gives them once committed by a fraction (tantivy's length norms
-are coarser too; tests/graph/test_lexical.py bounds it); they are only ever compared with
-committed documents' scores, and recall fuses ranks, not scores.
+Every hit, committed or not, is scored here with one BM25 (k1 1.2, b 0.75) over the repo's live
+documents (`Statistics`, kept exact as changes are applied): tantivy's own statistics count the
+copies a change deleted until a merge drops them, and every repo of a slot, so its scores moved
+with when the background thread had committed and merged. A committed document's stems are
+stored beside it (`stems`, as `stem_text` writes them), so a hit is scored from the document a
+search reads anyway, and scores the same committed or not.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 K1, B = 1.2, 0.75
@@ -52,7 +53,6 @@ class Fresh:
         self._repos: dict[str, dict[str, tuple[int, FreshDoc | None]]] = {}
         self._postings: dict[str, dict[str, set[str]]] = {}
         self._holders: dict[str, dict[str, set[str]]] = {}
-        self._live: Counter[str] = Counter()  # per repo, the entries that are documents
         self._version = 0
         self._count = 0
         self._clock = clock
@@ -91,9 +91,6 @@ class Fresh:
             self._count += 1
         elif old[1] is not None:
             self._unlist(repo, key, old[1])
-            self._live[repo] -= 1
-        if doc is not None:
-            self._live[repo] += 1
         entries[key] = (self._version, doc)
         if doc is not None:
             for stem in doc.terms:
@@ -116,13 +113,11 @@ class Fresh:
                 doc = entries.pop(key)[1]
                 if doc is not None:
                     self._unlist(repo, key, doc)
-                    self._live[repo] -= 1
             self._count -= len(gone)
             if not entries:
                 del self._repos[repo]
                 del self._postings[repo]
                 del self._holders[repo]
-                del self._live[repo]
         # Entries put after `upto` (none in the index, where puts and commits hold one
         # lock) wait from now: their own times are not kept.
         self.since = self._clock() if self._count else None
@@ -142,19 +137,27 @@ class Fresh:
         holders = self._holders.get(repo, {})
         return set(self._repos.get(repo, {})), set().union(*(holders.get(k, ()) for k in keys))
 
-    def live_count(self, repo: str) -> int:
-        return self._live[repo]
+    def entries(self, repo: str) -> Mapping[str, tuple[int, FreshDoc | None]]:
+        """The repo's entries by key: (version, the document or None for a deletion)."""
+        return self._repos.get(repo, {})
+
+
+# A committed document as a search reads it: its key, its node's id and its stored stems.
+Stored = tuple[str, str, bytes]
+# The most committed documents a slot keeps read between two commits (`unstale_hits`).
+READ_KEEP = 20_000
 
 
 def unstale_hits(
-    searcher: Any, query: Any, limit: int, stale: Collection[str]
-) -> list[tuple[float, Any]]:
+    searcher: Any, query: Any, limit: int, stale: Collection[str],
+    read: dict[tuple[int, int], Stored],
+) -> list[tuple[float, Stored]]:
     """The best `limit` hits of `query` (score, stored document) whose key is not in `stale`
     (committed copies of what changed since). Asks tantivy for `limit` more than the stale
     hits seen so far, round after round, rather than for `limit + len(stale)` at once: the
     stale entries are mostly documents never committed before (a new node), and each hit
-    asked for is a document read."""
-    read: dict[tuple[int, int], Any] = {}  # by (segment, document)
+    asked for is a document read. `read` keeps the documents read, by (segment, document),
+    for the searches of the same commit (at most `READ_KEEP`)."""
     want = limit
     while True:
         hits = searcher.search(query, want, count=False).hits
@@ -163,8 +166,11 @@ def unstale_hits(
             at = (address.segment_ord, address.doc)
             doc = read.get(at)
             if doc is None:
-                doc = read[at] = searcher.doc(address)
-            if doc["key"][0] not in stale:
+                if len(read) >= READ_KEEP:
+                    read.clear()
+                got = searcher.doc(address)
+                doc = read[at] = (got["key"][0], got["id"][0].decode(), got["stems"][0])
+            if doc[0] not in stale:
                 kept.append((score, doc))
         # Some hits were stale: as many again may be further down, never more than all (a
         # key's one committed copy each: should a key have two, the asking stops there).
@@ -174,27 +180,97 @@ def unstale_hits(
         want = more
 
 
-def document_frequencies(docs: Iterable[FreshDoc], stems: Collection[str]) -> Counter[str]:
-    counts: Counter[str] = Counter()
-    for doc in docs:
-        counts.update(stem for stem in stems if stem in doc.terms)
-    return counts
+@dataclass(slots=True)
+class Statistics:
+    """A repo's live documents as BM25 counts them: how many, their tokens, and how many hold
+    each stem."""
 
+    documents: int = 0
+    tokens: int = 0
+    frequencies: Counter[str] = field(default_factory=Counter)
 
-class AverageLength:
-    """A running mean of documents' lengths in tokens (BM25's average document length)."""
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.documents = 0
-
-    def add(self, length: int) -> None:
-        self.tokens += length
-        self.documents += 1
+    def add(self, doc: FreshDoc, sign: int = 1) -> None:
+        """Counts `doc` in (`sign` 1) or out (-1); a stem no document holds may stay at 0."""
+        self.documents += sign
+        self.tokens += sign * doc.length
+        if sign > 0:
+            self.frequencies.update(doc.terms.keys())
+        else:
+            self.frequencies.subtract(doc.terms.keys())
 
     @property
-    def value(self) -> float:
-        return self.tokens / self.documents if self.documents else 12.0
+    def average(self) -> float:
+        return self.tokens / self.documents if self.documents else 1.0
+
+    @classmethod
+    def read(cls, searcher: Any, fields: Any, repo: str) -> Statistics:
+        """The repo's statistics in a slot's committed documents: tantivy's filtered term walk
+        and sum over the `length` fast field count live documents only."""
+        import tantivy as tv
+
+        mine = tv.Query.term_query(fields, "repo", repo)
+        counted = searcher.aggregate(mine, {
+            "documents": {"value_count": {"field": "length"}},
+            "tokens": {"sum": {"field": "length"}},
+        })
+        return cls(int(counted["documents"]["value"] or 0), int(counted["tokens"]["value"] or 0),
+                   Counter(dict(searcher.terms_with_prefix("text", "", filter_query=mine))))
+
+
+def committed_docs(searcher: Any, fields: Any, keys: list[str]) -> list[FreshDoc]:
+    """The committed documents of these keys, as their stored stems describe them (each key
+    has at most one: a write deletes by key first)."""
+    import tantivy as tv
+
+    if not keys:
+        return []
+    query = tv.Query.term_set_query(fields, "key", keys)
+    docs = (searcher.doc(a) for _, a in searcher.search(query, len(keys), count=False).hits)
+    return [stored_doc(doc["id"][0].decode(), "", doc["stems"][0]) for doc in docs]
+
+
+def stem_text(stems: list[str]) -> bytes:
+    """A document's stems as its stored `stems` field holds them: each between two spaces of
+    its own, so that a stem's count is the count of " stem " (two of one stem side by side
+    share no space: `bytes.count` counts matches that do not overlap)."""
+    return "".join(f" {stem} " for stem in stems).encode()
+
+
+def stored_doc(node_id: str, kind: str, stored: bytes) -> FreshDoc:
+    """The document a committed copy's stored stems (`stem_text`) describe."""
+    return FreshDoc.of(node_id, kind, stored.decode().split())
+
+
+def bm25(counts: Iterable[tuple[float, int]], length: int, average: float) -> float:
+    """BM25 of a document `length` tokens long from (idf, term frequency) of each query stem,
+    in the query's order: every hit is scored by this one sum, committed or not."""
+    norm = K1 * (1 - B + B * length / average)
+    score = 0.0
+    for weight, tf in counts:
+        if tf:
+            score += weight * tf * (K1 + 1) / (tf + norm)
+    return score
+
+
+def stored_score(stored: bytes, needles: Sequence[tuple[str, bytes, float]],
+                 average: float) -> float:
+    """`bm25` of a committed document from its stored stems (`stem_text`), with `needles`,
+    each query stem's (stem, " stem " as bytes, idf) (`needles`): each stem counted in it,
+    or, when that would read more than `COUNTED_BYTES`, its stems counted once."""
+    length = stored.count(b" ") // 2
+    if len(stored) * len(needles) <= COUNTED_BYTES:
+        return bm25([(w, stored.count(needle)) for _, needle, w in needles], length, average)
+    terms = Counter(stored.decode().split())
+    return bm25([(w, terms[stem]) for stem, _, w in needles], length, average)
+
+
+def needles(weights: Mapping[str, float]) -> list[tuple[str, bytes, float]]:
+    """Each stem of `weights` (idf by stem) as `stored_score` looks for it."""
+    return [(stem, f" {stem} ".encode(), w) for stem, w in weights.items()]
+
+
+# Above this many bytes read to count a document's stems one by one, they are counted once.
+COUNTED_BYTES = 32_000
 
 
 def scores(
@@ -208,21 +284,14 @@ def scores(
     for key, doc in docs.items():
         if kinds is not None and doc.type not in kinds:
             continue
-        norm = K1 * (1 - B + B * doc.length / average)
-        score = sum(
-            weight * tf * (K1 + 1) / (tf + norm)
-            for stem, weight in idf.items()
-            if (tf := doc.terms.get(stem, 0))
-        )
+        score = bm25([(w, doc.terms.get(stem, 0)) for stem, w in idf.items()], doc.length,
+                     average)
         if score > 0:
             found.append((key, doc.id, score))
     return found
 
 
 def idf(documents: int, frequency: int) -> float:
-    """tantivy's (and Lucene's) BM25 idf, never negative: a term's frequency counts deleted
-    copies until tantivy merges their segment, while the count of documents does not, so
-    the frequency can exceed it (a repo's documents rewritten); a negative weight would drop
-    every uncommitted document holding the term from the search."""
+    """BM25's idf as tantivy and Lucene define it, never negative."""
     documents = max(documents, frequency)
     return math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))

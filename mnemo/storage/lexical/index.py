@@ -40,12 +40,16 @@ from typing import Any
 import anyio.to_thread
 
 from mnemo.storage.lexical.fresh import (
-    AverageLength,
     Fresh,
     FreshDoc,
-    document_frequencies,
+    Statistics,
+    Stored,
+    committed_docs,
     idf,
+    needles,
     scores,
+    stem_text,
+    stored_score,
     unstale_hits,
 )
 from mnemo.storage.lexical.schema import analyzer, open_index, schema
@@ -67,7 +71,9 @@ log = logging.getLogger("mnemo.lexical")
 
 # Query terms in more of the documents than this are dropped (unless that leaves none, then
 # the `KEEP_RAREST` rarest stay): measured on LoCoMo, 20 % costs 0.555 -> 0.549 evidence
-# recall@10 and cuts 1M-node in-context queries from 12.4 to 3.7 ms (BENCHMARKS.md).
+# recall@10 and cuts 1M-node in-context queries from 12.4 to 3.7 ms (BENCHMARKS.md); kept in
+# small repos, such a word let a step whose window held a fact's words outrank the fact
+# (DECISIONS.md, "Conversations' first stage").
 DF_CUT = 0.2
 KEEP_RAREST = 2
 # Changes applied inline before a search; a longer backlog is applied in the background
@@ -80,9 +86,10 @@ LOCK_WAIT = 5.0
 LOG_KEEP = 50_000
 SLOTS = 16
 # The folder's layout (v4: accents folded, texts composed, words of up to 255 bytes kept; v5:
-# node ids stored, not indexed): a change goes to a new folder (the older ones are deleted at
-# the next erasure, `slots.wipe_free`).
-FORMAT = "v5"
+# node ids stored, not indexed; v6: each document's stems stored and its length a fast field,
+# for the exact BM25): a change goes to a new folder (the older ones are deleted at the next
+# erasure, `slots.wipe_free`).
+FORMAT = "v6"
 # Applied changes wait this long for more before they are committed, never longer than
 # `COMMIT_WITHIN` after the oldest of them (under steady writes a search would otherwise score
 # ever more of them itself, and skip ever more stale copies), and
@@ -90,7 +97,10 @@ FORMAT = "v5"
 COMMIT_AFTER = 0.5
 COMMIT_WITHIN = 1.0
 COMMIT_ABOVE = 2_000
-SAMPLE = 500  # nodes read to estimate the average document length
+# Hits read from tantivy beyond those asked for: tantivy ranks by its own statistics (deleted
+# copies counted until a merge, lengths in coarse steps), and each hit it gives is scored again
+# exactly, so the best of a wider cut are the exact best.
+MORE = 10
 _META = "\x01meta/"
 _EPOCH = "\x01epoch"
 
@@ -117,7 +127,12 @@ class LexicalIndex:
         self._closing = threading.Event()
         self._wake = threading.Event()  # new work for the background thread
         self._fresh = Fresh()  # applied, not yet committed (under `_lock`)
-        self._lengths: AverageLength | None = None  # sampled at the first search
+        # Per repo, its live documents' BM25 statistics (under `_lock`): read from the slot at
+        # the repo's first search, then kept as changes are applied.
+        self._stats: dict[str, Statistics] = {}
+        # The committed documents searches read since the last commit (`unstale_hits`; under
+        # `_lock`, or held by a search that took it with its searcher).
+        self._read: dict[tuple[int, int], Stored] = {}
         # The repos with committed documents (at most two named; under `_lock`), read once per
         # commit: None until read.
         self._repos: list[str] | None = None
@@ -164,22 +179,19 @@ class LexicalIndex:
         try:
             if not self._open() or not self._current(repo):
                 return None
+            stats = self._statistics(repo)
             searcher = self._index.searcher()
             if self._repos is None:
                 self._repos = [t for t, _ in searcher.terms_with_prefix("repo", "", limit=2)]
             alone = self._repos in ([], [repo])
             stems = list(dict.fromkeys(t for w in words for t in self._analyzer.analyze(w)))
             stale, fresh = self._fresh.of(repo, stems)
-            documents = searcher.num_docs + self._fresh.live_count(repo)
-            average = self._average_length(repo)
+            documents, average, read = stats.documents, stats.average, self._read
+            present = sorted((df, s) for s in stems if (df := stats.frequencies.get(s, 0)))
         finally:
             self._lock.release()
         import tantivy as tv
 
-        added = document_frequencies(fresh.values(), stems)
-        present = sorted(
-            (df, stem) for stem in stems if (df := searcher.doc_freq("text", stem) + added[stem])
-        )
         if not present:
             return []
         kept = [(df, s) for df, s in present if df <= DF_CUT * documents] or present[:KEEP_RAREST]
@@ -196,24 +208,32 @@ class LexicalIndex:
         # The words alone, when nothing else filters, let tantivy skip the blocks that cannot
         # enter the top k (1M nodes: 4.1 -> 1.1 ms); a filter makes it score every match.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)
-        found = [(doc["key"][0], doc["id"][0].decode(), float(score))
-                 for score, doc in unstale_hits(searcher, query, limit, stale)]
+        weights = {s: idf(documents, df) for df, s in kept}
+        wanted = needles(weights)
+        found = [(at, node_id, stored_score(stems, wanted, average))
+                 for _, (at, node_id, stems)
+                 in unstale_hits(searcher, query, limit + MORE, stale, read)]
         if fresh:
-            weights = {s: idf(documents, df) for df, s in kept}
             found += scores(fresh, weights, kinds, average)
         # Ties in the order the nodes were written (their rowids), as the store's own search
         # and the dense channel break them: fused, the channels then agree on equal matches.
         found.sort(key=lambda hit: (-hit[2], rowid_of(hit[0])))
         return [(node_id, score) for _, node_id, score in found[:limit]]
 
-    def _average_length(self, repo: str) -> float:
-        """BM25's average document length for uncommitted documents: a sample of the repo's
-        nodes, and every document applied since. Holds the lock."""
-        if self._lengths is None:
-            self._lengths = AverageLength()
-            for doc in documents(self._source, repo, self._source.nodes(repo, 0, SAMPLE)):
-                self._lengths.add(len(self._analyzer.analyze(doc.text)))
-        return self._lengths.value
+    def _statistics(self, repo: str) -> Statistics:
+        """The repo's BM25 statistics, read from the slot's committed documents and what was
+        applied since the first time. Holds the lock."""
+        stats = self._stats.get(repo)
+        if stats is None:
+            searcher = self._index.searcher()
+            stats = self._stats[repo] = Statistics.read(searcher, self._schema, repo)
+            entries = self._fresh.entries(repo)
+            for before in committed_docs(searcher, self._schema, list(entries)):
+                stats.add(before, -1)
+            for _, doc in entries.values():
+                if doc is not None:
+                    stats.add(doc)
+        return stats
 
     def _current(self, repo: str) -> bool:
         """Brings the repo's documents up to the log (inline if the backlog is short);
@@ -248,23 +268,43 @@ class LexicalIndex:
 
     def _apply(self, repo: str, after: int, upto: int) -> None:
         """Applies the log's entries in (after, upto]: the changed nodes' documents, and
-        those of the steps whose windows hold (or should now hold) a changed node's text."""
-        present, gone = self._source.changes(repo, after, upto)
-        for rowid in gone:
-            self._writer.delete_documents_by_term("key", key(repo, rowid))
-            self._fresh.put(repo, key(repo, rowid), None)
-        changed = [key(repo, r) for r in gone] + [key(repo, row.rowid) for row in present]
-        rows = {row.rowid: row for row in present}
-        held = self._holders(repo, changed) - rows.keys()
-        rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
-        # The changed steps' neighbours not read yet: mostly the documents that held them
-        # already are; those that did not (a step just written) are read here.
-        read = {row.id for row in rows.values()}
-        around = [i for i in to_rewrite(present) if i not in read]
-        rows.update((row.rowid, row) for row in self._source.rows(repo, around))
-        for doc in documents(self._source, repo, rows.values()):
-            self._put(repo, doc, fresh=True)
+        those of the steps whose windows hold (or should now hold) a changed node's text;
+        the repo's statistics follow (they are read again if this fails halfway)."""
+        try:
+            present, gone = self._source.changes(repo, after, upto)
+            changed = [key(repo, r) for r in gone] + [key(repo, row.rowid) for row in present]
+            rows = {row.rowid: row for row in present}
+            held = self._holders(repo, changed) - rows.keys()
+            rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
+            # The changed steps' neighbours not read yet: mostly the documents that held them
+            # already are; those that did not (a step just written) are read here.
+            read = {row.id for row in rows.values()}
+            around = [i for i in to_rewrite(present) if i not in read]
+            rows.update((row.rowid, row) for row in self._source.rows(repo, around))
+            docs = documents(self._source, repo, rows.values())
+            stats = self._stats.get(repo)
+            if stats is not None:
+                for before in self._live(repo, [*(key(repo, r) for r in gone),
+                                                *(key(repo, d.row.rowid) for d in docs)]):
+                    stats.add(before, -1)
+            for rowid in gone:
+                self._writer.delete_documents_by_term("key", key(repo, rowid))
+                self._fresh.put(repo, key(repo, rowid), None)
+            for doc in docs:
+                self._put(repo, doc, fresh=True)
+        except BaseException:
+            self._stats.pop(repo, None)
+            raise
         self._mark(repo, upto)
+
+    def _live(self, repo: str, keys: list[str]) -> list[FreshDoc]:
+        """The documents these keys name now: applied since the last commit, else
+        committed."""
+        keys = list(dict.fromkeys(keys))
+        entries = self._fresh.entries(repo)
+        out = [doc for k in keys if k in entries and (doc := entries[k][1]) is not None]
+        return out + committed_docs(self._index.searcher(), self._schema,
+                                    [k for k in keys if k not in entries])
 
     def _holders(self, repo: str, keys: list[str]) -> set[int]:
         """The rowids of the documents, committed or applied since, that hold the text of one
@@ -277,8 +317,8 @@ class LexicalIndex:
         searcher = self._index.searcher()
         # A node's text is in at most 2 x WINDOW other documents.
         query = tv.Query.term_set_query(self._schema, "holds", keys)
-        hits = unstale_hits(searcher, query, 2 * WINDOW * len(keys) + 1, stale)
-        held |= {doc["key"][0] for _, doc in hits}
+        hits = unstale_hits(searcher, query, 2 * WINDOW * len(keys) + 1, stale, self._read)
+        held |= {at for _, (at, _, _) in hits}
         return {rowid_of(k) for k in held}
 
     def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
@@ -287,16 +327,18 @@ class LexicalIndex:
         import tantivy as tv
 
         row, at = doc.row, key(repo, doc.row.rowid)
+        stems = self._analyzer.analyze(doc.text)
         self._writer.delete_documents_by_term("key", at)
         self._writer.add_document(tv.Document(
             key=at, id=row.id.encode(), repo=repo, type=row.type, text=doc.text,
-            holds=list(doc.holds)
+            holds=list(doc.holds), stems=stem_text(stems), length=len(stems),
         ))
+        made = FreshDoc.of(row.id, row.type, stems, doc.holds)
         if fresh:
-            stems = self._analyzer.analyze(doc.text)
-            self._fresh.put(repo, at, FreshDoc.of(row.id, row.type, stems, doc.holds))
-            if self._lengths is not None:
-                self._lengths.add(len(stems))
+            self._fresh.put(repo, at, made)
+        stats = self._stats.get(repo)
+        if stats is not None:
+            stats.add(made)
 
     def _mark(self, repo: str, seq: int) -> None:
         import tantivy as tv
@@ -310,6 +352,7 @@ class LexicalIndex:
         upto = self._fresh.version
         self._writer.commit()
         self._index.reload()
+        self._read = {}
         self._repos = None
         self._fresh.committed(upto)
 
@@ -336,6 +379,7 @@ class LexicalIndex:
             self._writer.delete_documents_by_term("repo", repo)
             self._writer.delete_documents_by_term("key", _META + repo)
             self._applied.pop(repo, None)
+            self._stats[repo] = Statistics()  # counted as the documents are written again
             cursor = (seq, 0)
             if seq > BATCH:
                 # Marked before the first batch when it will not be the last (a repo wiped by
@@ -356,6 +400,7 @@ class LexicalIndex:
                 # Its documents are not scored as uncommitted: until a commit holds them the
                 # repo is not current (the next search brings it up again).
                 self._applied.pop(repo, None)
+                self._stats.pop(repo, None)
                 raise
         else:
             self._rebuilds[repo] = (target, rows[-1].rowid)
@@ -430,6 +475,7 @@ class LexicalIndex:
                 log.exception("lexical index: bringing repo %r up failed", repo)
                 with self._lock:
                     self._rebuilds.pop(repo, None)
+                    self._stats.pop(repo, None)
                 current = True
             if current:
                 with self._queue:
@@ -495,7 +541,7 @@ class LexicalIndex:
             index = open_index(folder, self._schema)
             writer = index.writer(heap_size=HEAP, num_threads=1)
         index.config_reader(reload_policy="manual")
-        self._index, self._writer, self._repos = index, writer, None
+        self._index, self._writer, self._repos, self._read = index, writer, None, {}
         searcher = index.searcher()
         marks = searcher.search(tv.Query.term_query(self._schema, "key", _EPOCH), 1).hits
         if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():
@@ -520,6 +566,7 @@ class LexicalIndex:
         self._writer.add_document(tv.Document(key=_EPOCH, id=epoch.encode()))
         self._applied.clear()
         self._rebuilds.clear()
+        self._stats.clear()
         self._fresh = Fresh()
         self._epoch = epoch
         self._commit()

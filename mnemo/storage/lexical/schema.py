@@ -36,6 +36,10 @@ def schema() -> Any:
     builder.add_text_field("type", tokenizer_name="raw", index_option="basic")
     builder.add_text_field("text", tokenizer_name=TOKENIZER, index_option="freq")
     builder.add_text_field("holds", tokenizer_name="raw", index_option="basic")
+    # `stems`, the document's stems as `fresh.stem_text` writes them (stored only: a hit is
+    # scored from them); `length`, how many (summed for BM25's average length).
+    builder.add_bytes_field("stems", stored=True, indexed=False)
+    builder.add_integer_field("length", fast=True)
     builder.add_integer_field("seq", stored=True)
     return builder.build()
 

@@ -216,6 +216,28 @@ class PgThreads:
                     )
         return gone
 
+    async def pop(self, thread_id: str) -> Message | None:
+        async with self._pg.transaction() as conn:
+            if await read_state(conn, thread_id, lock=True) is None:
+                return None
+            # Vectors and pins go with the row (ON DELETE CASCADE), its search vector is a
+            # column of it.
+            row = await fetch_one(
+                conn,
+                "DELETE FROM messages WHERE id = (SELECT id FROM messages"
+                " WHERE thread_id = %s ORDER BY seq DESC LIMIT 1)"
+                f" RETURNING {MESSAGE_COLUMNS}",
+                (thread_id,),
+            )
+            if row is None:
+                return None
+            await conn.execute(
+                "DELETE FROM compactions WHERE thread_id = %s AND start_seq <= %s"
+                " AND end_seq >= %s",
+                (thread_id, row[2], row[2]),
+            )
+        return message_from_row(row)
+
     async def compactions(self, thread_id: str) -> list[Compaction]:
         async with self._pg.connection() as conn:
             return await read_compactions(conn, thread_id)

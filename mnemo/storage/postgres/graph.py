@@ -313,6 +313,14 @@ class PgGraph(PgReembedding):
         )
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
 
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        rows = await self._all(
+            "SELECT id FROM nodes WHERE repo = %s AND id LIKE %s ESCAPE '\\'"
+            " AND id NOT LIKE %s ESCAPE '\\' ORDER BY id LIMIT %s",
+            (repo, like, unlike, limit),
+        )
+        return [str(row[0]) for row in rows]
+
     async def access_stats(
         self, repo: str, node_ids: Sequence[str]
     ) -> dict[str, tuple[int, datetime | None]]:

@@ -182,6 +182,29 @@ class SqliteThreads:
 
         return await self._database.run(write)
 
+    async def pop(self, thread_id: str) -> Message | None:
+        def write(db: SqliteUtilsDatabase) -> Message | None:
+            conn = db.conn
+            with db.atomic():
+                # Vectors and pins go with the row (ON DELETE CASCADE), its search entry by
+                # trigger.
+                row = conn.execute(
+                    "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages"
+                    " WHERE thread_id = ? ORDER BY seq DESC LIMIT 1)"
+                    f" RETURNING {MESSAGE_COLUMNS}",
+                    (thread_id,),
+                ).fetchone()
+                if row is None:
+                    return None
+                conn.execute(
+                    "DELETE FROM compactions WHERE thread_id = ? AND start_seq <= ?"
+                    " AND end_seq >= ?",
+                    (thread_id, row[2], row[2]),
+                )
+            return message_from_row(row)
+
+        return await self._database.run(write)
+
     async def compactions(self, thread_id: str) -> list[Compaction]:
         return await self._database.run(lambda db: read_compactions(db, thread_id))
 

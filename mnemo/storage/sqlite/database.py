@@ -52,6 +52,9 @@ WAL_SIZE_LIMIT = 16 * 1024 * 1024
 _BUSY_CODES = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 
+# mnemo's own random numbers: the global generator is the application's.
+_JITTER = random.Random()
+
 
 class _Connection(SqliteUtilsDatabase):
     """sqlite-utils' `Database` whose outermost `atomic()` takes the write lock up front."""
@@ -156,7 +159,7 @@ class Database:
                     # again, in this thread, until the busy timeout is spent.
                     if storage_error(exc).reason != "busy" or time.monotonic() >= deadline:
                         raise
-                    time.sleep(random.uniform(0.005, 0.03))
+                    time.sleep(_JITTER.uniform(0.005, 0.03))
         except BaseException:
             conn.close()
             raise

@@ -290,6 +290,16 @@ class SqliteGraph(SqliteRecallReads):
         )
         return [Link(src, dst, LinkType(kind)) for src, dst, kind in rows]
 
+    async def node_ids(self, repo: str, like: str, unlike: str, limit: int) -> list[str]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                "SELECT id FROM nodes WHERE repo = ? AND id LIKE ? ESCAPE '\\'"
+                " AND id NOT LIKE ? ESCAPE '\\' ORDER BY id LIMIT ?",
+                (repo, like, unlike, limit),
+            ).fetchall()
+        )
+        return [str(row[0]) for row in rows]
+
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many went."""
         ids = list(dict.fromkeys(node_ids))

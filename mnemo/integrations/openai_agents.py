@@ -1,0 +1,149 @@
+"""`MnemoSession`: the OpenAI Agents SDK's `Session` protocol over a mnemo thread.
+
+```python
+session = MnemoSession(mem, "user-42")
+result = await Runner.run(agent, "Hello", session=session)
+```
+
+The session id is the thread id. Each input item the SDK adds (a Responses API item) is one
+message of the thread: an item with a `role` (a message) is stored as it is; any other item
+(`function_call`, `function_call_output`, `reasoning`, ...) is stored whole under the key
+`openai_item` of a message whose role is "tool" for a `*_output` item and "assistant" for
+the rest, and whose content is the item's text (its output, summary or call), which search
+and eviction read. `get_items` gives back exactly the items added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
+
+from mnemo.conversation.drafts import check_thread_name, parts_text
+from mnemo.conversation.manager import ConversationManager
+from mnemo.conversation.model import Message
+from mnemo.inputs import check_count
+
+try:
+    from agents.memory import SessionSettings
+except ImportError as exc:
+    raise ImportError(
+        'mnemo.integrations.openai_agents needs the OpenAI Agents SDK: pip install '
+        '"pymnemo[openai-agents]"'
+    ) from exc
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+
+    from mnemo.memory import Memory
+
+__all__ = ["ITEM_KEY", "MnemoSession"]
+
+# Where a message keeps an input item that has no role of its own.
+ITEM_KEY = "openai_item"
+
+
+class MnemoSession:
+    """The OpenAI Agents SDK's `Session` (`agents.memory.Session`) over the mnemo thread
+    `session_id` of `mem`: `Runner.run(agent, input, session=MnemoSession(mem, "user-42"))`.
+
+    `conversation` is the `ConversationManager` that stores the items (its ttl, compression
+    and auto-eviction apply); by default `mem.conversation(auto_evict_budget=token_budget)`.
+    With `token_budget`, `get_items()` without a limit gives what mnemo's viewport of that
+    budget shows: one system item holding the snapshots of evicted history, pinned and
+    recalled messages (when there are any), then the newest items that fit. A limit (the
+    argument, else `session_settings.limit`) always gives the newest items of the log, which
+    is what the SDK's own bookkeeping reads.
+
+    Raises:
+        InvalidInputError: a `session_id` that is no thread name, or a `token_budget` below 1.
+    """
+
+    session_settings: SessionSettings | None
+
+    def __init__(
+        self,
+        mem: Memory,
+        session_id: str,
+        *,
+        conversation: ConversationManager | None = None,
+        token_budget: int | None = None,
+        session_settings: SessionSettings | None = None,
+    ) -> None:
+        self.session_id = check_thread_name(session_id)
+        if token_budget is not None:
+            check_count("token_budget", token_budget, minimum=1)
+        self.session_settings = session_settings
+        self._mem = mem
+        self._token_budget = token_budget
+        self._conversation = conversation or mem.conversation(auto_evict_budget=token_budget)
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The session's items, oldest first; with `limit`, the newest `limit` of them (0:
+        none). Without one, `session_settings.limit` applies, and else the viewport when the
+        session has a `token_budget`.
+
+        Raises:
+            InvalidInputError: a limit that is not an integer >= 0.
+        """
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+        if limit is None and self._token_budget is not None:
+            view = await self._mem.viewport(self.session_id, token_budget=self._token_budget)
+            shown = view.to_messages()
+            memory = cast("list[TResponseInputItem]", shown[: len(shown) - len(view.messages)])
+            return memory + [_item(m) for m in view.messages]
+        if limit is not None:
+            check_count("limit", limit)
+        messages = await self._conversation.raw(self.session_id)
+        start = 0 if limit is None else max(len(messages) - limit, 0)
+        return [_item(m) for m in messages[start:]]
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Appends `items` after the session's items, in one write: items added by
+        concurrent calls (of any Memory on the store) are all kept, each call's together.
+
+        Raises:
+            InvalidInputError: an item that is not a JSON dict, or one past the Memory's
+                bounds (`Config.max_text_chars`, `Config.max_messages_per_save` items a
+                call); nothing of the call is stored then.
+        """
+        messages = [_message(item) for item in items]
+        await self._conversation.append(self.session_id, messages)
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Removes the newest item and returns it (None for an empty session): its message is
+        erased, so no search or recall finds it after (`ConversationManager.pop`)."""
+        message = await self._conversation.pop(self.session_id)
+        return None if message is None else _item(message)
+
+    async def clear_session(self) -> None:
+        """Erases the thread without a trace (`ConversationManager.purge`)."""
+        await self._conversation.purge(self.session_id)
+
+
+def _message(item: Mapping[str, object]) -> Mapping[str, object]:
+    """The message that stores `item` (anything but a dict is left for `append` to refuse)."""
+    if not isinstance(item, Mapping) or "role" in item:
+        return item
+    kind = item.get("type")
+    role = "tool" if isinstance(kind, str) and kind.endswith("_output") else "assistant"
+    return {"role": role, "content": _text(item), ITEM_KEY: dict(item)}
+
+
+def _text(item: Mapping[str, object]) -> str:
+    """What search and eviction read of an item without a role."""
+    for key in ("output", "summary", "content"):
+        value = item.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value:
+            return parts_text(value)
+    if isinstance(item.get("name"), str):
+        return f"{item['name']}({item.get('arguments') or ''})"
+    return str(item.get("type") or "")
+
+
+def _item(message: Message) -> TResponseInputItem:
+    """The input item a stored message holds."""
+    return cast("TResponseInputItem",
+                message.data[ITEM_KEY] if ITEM_KEY in message.data else message.to_dict())

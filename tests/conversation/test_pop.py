@@ -1,0 +1,79 @@
+"""`ConversationManager.pop`: the newest message erased and returned, on both backends."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import mnemo
+from tests.conversation._support import user
+from tests.fakes import FakeEmbedder
+
+
+async def test_pop_erases_the_newest_message_from_every_view(cmem: mnemo.Memory) -> None:
+    """The popped message is returned and then neither raw, load, search nor a vector holds
+    it; the one before it stays, and the next message takes a new seq."""
+    conv = cmem.conversation(retrieval=mnemo.Semantic(k=5))
+    await conv.append("t", [user("the parrot is green"), user("the walrus is purple")])
+
+    popped = await conv.pop("t")
+
+    assert popped is not None
+    assert (popped.seq, popped.to_dict()) == (1, user("the walrus is purple"))
+    assert [m.to_dict() for m in await conv.raw("t")] == [user("the parrot is green")]
+    assert await conv.load("t") == [user("the parrot is green")]
+    assert await conv.load("t", query="walrus purple") == [user("the parrot is green")]
+    assert await cmem.search_messages("walrus") == []
+    assert len(await cmem.search_messages("parrot")) == 1
+    assert popped.id not in await cmem._conversations.store.vectors("t")
+    [after] = await conv.append("t", [user("the owl is brown")])
+    assert after.seq == 2
+
+
+async def test_pop_of_an_empty_or_unknown_thread_is_none(cmem: mnemo.Memory) -> None:
+    """Nothing to pop gives None; a thread popped empty stays a thread whose seqs go on."""
+    conv = cmem.conversation()
+    assert await conv.pop("nobody") is None
+    await conv.append("t", [user("one")])
+    assert await conv.pop("t") is not None
+    assert await conv.pop("t") is None
+    [again] = await conv.append("t", [user("two")])
+    assert again.seq == 1
+    with pytest.raises(mnemo.InvalidInputError):
+        await conv.pop(" ")
+
+
+async def test_pop_drops_the_compaction_that_holds_the_message(cmem: mnemo.Memory) -> None:
+    """A summary covering the popped message goes (it quotes the message); the messages it
+    covered load uncompacted, and a compaction before it stays."""
+    conv = cmem.conversation()
+    await conv.append("t", [user(f"message {i}") for i in range(4)])
+    await conv.save_compaction("t", 0, 1, "zero and one")
+    await conv.save_compaction("t", 2, 3, "two and three")
+
+    await conv.pop("t")
+
+    assert [(c.start_seq, c.end_seq) for c in await conv.compactions("t")] == [(0, 1)]
+    assert [m["content"] for m in await conv.load("t")][1:] == ["message 2"]
+
+
+async def test_concurrent_pops_of_two_memories_take_different_messages(
+    store: str, embedder: FakeEmbedder
+) -> None:
+    """Two Memory objects on one store popping at once each take one message: the two
+    newest, none twice."""
+    async with mnemo.Memory(store, embedder=embedder) as one, \
+            mnemo.Memory(store, embedder=embedder) as two:
+        await one.conversation().append("t", [user(f"m{i}") for i in range(3)])
+        popped: list[str] = []
+
+        async def pop(mem: mnemo.Memory) -> None:
+            message = await mem.conversation().pop("t")
+            assert message is not None
+            popped.append(message.content)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pop, one)
+            tg.start_soon(pop, two)
+        assert sorted(popped) == ["m1", "m2"]
+        assert [m.content for m in await two.conversation().raw("t")] == ["m0"]

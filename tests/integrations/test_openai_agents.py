@@ -1,0 +1,210 @@
+"""`MnemoSession` under the real OpenAI Agents SDK: its runner, its Session protocol, items kept
+exactly, pop and clear as erasure, concurrent writers, the viewport; on both backends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import pytest
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from agents.memory import Session, SessionSettings
+from openai import AsyncOpenAI
+
+import mnemo
+from mnemo.integrations.openai_agents import ITEM_KEY, MnemoSession
+from tests.adapters.provider_server import Answer, ProviderServer
+
+# One item of each kind a run may store: a user message, an output message with its parts,
+# a function call and its output, a reasoning item, a hosted tool's call and an item without
+# a type's role mapping.
+ITEMS: list[Any] = [
+    {"role": "user", "content": "Where is my parcel 7781?"},
+    {"type": "reasoning", "id": "rs_1", "summary": [
+        {"type": "summary_text", "text": "The user asks about a parcel."}]},
+    {"type": "function_call", "call_id": "call_1", "name": "track_parcel",
+     "arguments": '{"parcel": "7781"}', "id": "fc_1", "status": "completed"},
+    {"type": "function_call_output", "call_id": "call_1", "output": "in Rotterdam depot"},
+    {"type": "web_search_call", "id": "ws_1", "status": "completed",
+     "action": {"type": "search", "query": "Rotterdam depot hours"}},
+    {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+     "content": [{"type": "output_text", "text": "It waits in Rotterdam.", "annotations": []}]},
+    {"type": "item_reference", "id": "msg_0"},
+]
+
+
+@pytest.fixture(autouse=True)
+def no_tracing() -> None:
+    """The SDK's traces would go to OpenAI's servers: off for every test here."""
+    set_tracing_disabled(True)
+
+
+@pytest.fixture
+async def mem(store: str) -> AsyncIterator[mnemo.Memory]:
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as m:
+        yield m
+
+
+@pytest.fixture
+def server() -> Iterator[ProviderServer]:
+    with ProviderServer() as fake:
+        yield fake
+
+
+@function_tool
+def track_parcel(parcel: str) -> str:
+    """Where a parcel is now."""
+    return f"parcel {parcel} is in the Rotterdam depot"
+
+
+async def test_a_runner_keeps_two_turns_then_pops_and_clears(
+    mem: mnemo.Memory, server: ProviderServer
+) -> None:
+    """Under `Runner.run`, the second turn's request holds the first turn (its user message,
+    tool call, tool output and answer); pop_item takes the last answer out of the session and
+    of search; clear_session leaves nothing of the thread."""
+    client = AsyncOpenAI(base_url=server.openai_url, api_key="x")
+    agent = Agent(
+        name="Support", instructions="Answer briefly.", tools=[track_parcel],
+        model=OpenAIChatCompletionsModel(model="fake-model", openai_client=client),
+    )
+    session = MnemoSession(mem, "user-42")
+    server.script(
+        Answer(text="", tool_calls=(("track_parcel", {"parcel": "7781"}),)),
+        Answer(text="Your parcel waits in Rotterdam."),
+        Answer(text="It was parcel 7781, now swallowed by a quokka."),
+    )
+    try:
+        first = await Runner.run(agent, "Where is my parcel 7781?", session=session)
+        second = await Runner.run(agent, "Which parcel was it?", session=session)
+    finally:
+        await client.close()
+
+    assert first.final_output == "Your parcel waits in Rotterdam."
+    assert second.final_output == "It was parcel 7781, now swallowed by a quokka."
+    sent = server.requests[-1].messages
+    assert [m["role"] for m in sent] == [
+        "system", "user", "assistant", "tool", "assistant", "user"]
+    assert sent[1]["content"] == "Where is my parcel 7781?"
+    assert sent[2]["tool_calls"][0]["function"]["name"] == "track_parcel"
+    assert sent[3]["content"] == "parcel 7781 is in the Rotterdam depot"
+    assert sent[4]["content"] == "Your parcel waits in Rotterdam."
+    items = await session.get_items()
+    assert [i.get("role", i.get("type")) for i in items] == [
+        "user", "function_call", "function_call_output", "assistant", "user", "assistant"]
+
+    popped = await session.pop_item()
+
+    assert popped == items[-1]
+    assert await session.get_items() == items[:-1]
+    assert await mem.search_messages("quokka") == []
+    assert await mem.search_messages("Rotterdam")
+
+    await session.clear_session()
+
+    assert await session.get_items() == []
+    assert await mem.conversation().raw("user-42") == []
+    assert await mem.search_messages("Rotterdam") == []
+    assert "user-42" not in [t.id for t in await mem.list_threads()]
+
+
+async def test_items_come_back_exactly_as_added(mem: mnemo.Memory) -> None:
+    """Every kind of item comes back equal to what was added, a limit gives the newest ones
+    in order, and an item without a role is a message whose role and text mnemo reads."""
+    session = MnemoSession(mem, "s")
+    await session.add_items(ITEMS[:4])
+    await session.add_items([])
+    await session.add_items(ITEMS[4:])
+
+    assert await session.get_items() == ITEMS
+    assert await session.get_items(limit=2) == ITEMS[-2:]
+    assert await session.get_items(limit=100) == ITEMS
+    assert await session.get_items(limit=0) == []
+    stored = await mem.conversation().raw("s")
+    assert [m.role for m in stored] == [
+        "user", "assistant", "assistant", "tool", "assistant", "assistant", "assistant"]
+    assert [m.content for m in stored[1:4]] == [
+        "The user asks about a parcel.", 'track_parcel({"parcel": "7781"})',
+        "in Rotterdam depot"]
+    assert stored[2].data[ITEM_KEY] == ITEMS[2]
+    assert [h.seq for h in await mem.search_messages("track_parcel")] == [2]
+
+
+async def test_bad_input_is_refused_before_anything_is_stored(mem: mnemo.Memory) -> None:
+    """A session id that is no thread name, a budget or limit out of range, an item that is
+    no dict: InvalidInputError, and the session stays as it was."""
+    for bad in ("", "a\x00b", 7):
+        with pytest.raises(mnemo.InvalidInputError):
+            MnemoSession(mem, bad)  # type: ignore[arg-type]
+    with pytest.raises(mnemo.InvalidInputError):
+        MnemoSession(mem, "s", token_budget=0)
+    session = MnemoSession(mem, "s")
+    await session.add_items(ITEMS[:1])
+    with pytest.raises(mnemo.InvalidInputError):
+        await session.add_items([ITEMS[1], "not an item"])  # type: ignore[list-item]
+    with pytest.raises(mnemo.InvalidInputError):
+        await session.get_items(limit=-1)
+    assert await session.get_items() == ITEMS[:1]
+
+
+async def test_it_is_the_sdks_session(mem: mnemo.Memory) -> None:
+    """The SDK's runtime-checkable `Session` protocol recognises it, and a `SessionSettings`
+    limit applies when get_items has none."""
+    session: Session = MnemoSession(mem, "s", session_settings=SessionSettings(limit=1))
+    assert isinstance(session, Session)
+    await session.add_items(ITEMS[:3])
+    assert await session.get_items() == ITEMS[2:3]
+    assert await session.get_items(limit=2) == ITEMS[1:3]
+
+
+async def test_concurrent_adds_of_two_memories_are_all_kept(
+    store: str, mem: mnemo.Memory
+) -> None:
+    """Sessions of one thread in two Memory objects adding at once keep every item, each
+    call's items together and in order."""
+    async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as other:
+        batches = [[{"role": "user", "content": f"{who} {i}"} for i in range(5)]
+                   for who in ("ann", "bob", "cy", "dee")]
+
+        async def add(m: mnemo.Memory, batch: list[Any]) -> None:
+            await MnemoSession(m, "shared").add_items(batch)
+
+        async with anyio.create_task_group() as tg:
+            for i, batch in enumerate(batches):
+                tg.start_soon(add, (mem, other)[i % 2], batch)
+
+        items: list[Any] = await MnemoSession(mem, "shared").get_items()
+    assert len(items) == 20
+    runs = [items[i:i + 5] for i in range(0, 20, 5)]
+    assert sorted(runs, key=lambda run: run[0]["content"]) == batches
+
+
+async def test_a_token_budget_gives_the_viewport(mem: mnemo.Memory) -> None:
+    """With a token budget, adds evict old history into snapshots: get_items() starts with
+    one system item holding them and ends with the newest items, while a limit still reads
+    the log's newest items."""
+    session = MnemoSession(mem, "long", token_budget=200)
+    added: list[Any] = [{"role": "user" if i % 2 == 0 else "assistant",
+              "content": f"note {i}: the deployment of service {i} went to the staging cluster"}
+             for i in range(30)]
+    for i in range(0, 30, 2):
+        await session.add_items(added[i:i + 2])
+
+    items: list[Any] = await session.get_items()
+
+    view = await mem.viewport("long", token_budget=200)
+    assert view.snapshots
+    assert items == view.to_messages()
+    assert items[0]["role"] == "system"
+    assert "Summary of messages" in str(items[0]["content"])
+    shown = items[1:]
+    assert 0 < len(shown) < 30
+    assert shown == added[-len(shown):]
+    assert await session.get_items(limit=30) == added

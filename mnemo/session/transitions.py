@@ -177,19 +177,21 @@ class Append:
         live, session = self.live, self.session
         await session.turnstile.wait(ticket)
         try:
-            step, episode_id = await self._store()
+            try:
+                step, episode_id = await self._store()
+            finally:
+                session.turnstile.leave(ticket)
+            with anyio.move_on_after(session.runtime.config.append_timeout):
+                while True:
+                    changed = session.changed
+                    now = step_at(session, episode_id, step.index)
+                    if now is None or now.annotated or not session.annotating:
+                        break
+                    await changed.wait()
         finally:
-            session.turnstile.leave(ticket)
-            # An append is activity, whatever came of it: an expiry that waited for it
-            # (`timers._working`) finds the session used, not idle.
+            # An append is activity until it returns, whatever came of it: an expiry that
+            # waited for it (`timers._working`) finds the session used, not idle.
             live.touch(session)
-        with anyio.move_on_after(session.runtime.config.append_timeout):
-            while True:
-                changed = session.changed
-                now = step_at(session, episode_id, step.index)
-                if now is None or now.annotated or not session.annotating:
-                    break
-                await changed.wait()
         info = StepInfo(step.index, None, None, annotated=False)
         now = step_at(session, episode_id, step.index)
         if now is not None and now.annotated:

@@ -155,3 +155,30 @@ async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None
     assert [s.line for s in episode.steps] == [f"{o} -> {a}" for o, a in steps]
     assert all(s.annotated and s.committed_in for s in episode.steps)
     assert len(facts) == len(steps)
+
+
+async def test_a_close_waits_for_a_steps_annotation_within_the_extractions_time(
+    store: str,
+) -> None:
+    """A step whose model answers neither within its append nor within the close's
+    extraction_timeout: the append returns it unannotated, the close fails, the step kept
+    unannotated; retried once the model answers, the close annotates and commits it."""
+    llm = FakeLLM()
+    held = llm.hold("state")
+    config = mnemo.Config(append_timeout=0.1, extraction_timeout=0.5)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        info = await mem.append(sid, "walk north", "go north")
+        assert (info.index, info.annotated, info.trajectory_id) == (0, False, None)
+        with pytest.raises(mnemo.PipelineError, match="not annotated|annotation timed out"):
+            await mem.close_and_commit(sid, max_retries=0)
+        assert await mem.session_state(sid) is mnemo.State.FAILED
+        [episode] = await mem.episodes(sid)
+        assert [(s.line, s.annotated) for s in episode.steps] == [
+            ("walk north -> go north", False)]
+        held.release()
+        receipt = await mem.close_and_commit(sid)
+        [episode] = await mem.episodes(sid)
+    assert receipt.node_ids
+    assert [(s.annotated, bool(s.committed_in)) for s in episode.steps] == [(True, True)]

@@ -353,9 +353,17 @@ class Transport:
             return self._timeout
         work = deadline.remaining()
         guess = DEFAULT_TIMEOUT if work is None else max(DEFAULT_TIMEOUT, work)
-        needed = None if max_tokens is None else self.limit.request_time(max_tokens,
-                                                                         prompt_tokens)
-        return guess if needed is None else max(guess, min(MOST_TIMEOUT, needed))
+        needed = self.needed_time(max_tokens, prompt_tokens)
+        return guess if needed is None else max(guess, needed)
+
+    def needed_time(self, max_tokens: int | None, prompt_tokens: int = 0) -> float | None:
+        """The seconds the server's measured speed says a request for `max_tokens` reply
+        tokens needs (`Limit.request_time`, at most `MOST_TIMEOUT`); None when the adapter
+        has a `timeout` of its own, the request no `max_tokens`, or the speed is not measured."""
+        if self._timeout is not None or max_tokens is None:
+            return None
+        needed = self.limit.request_time(max_tokens, prompt_tokens)
+        return None if needed is None else min(MOST_TIMEOUT, needed)
 
     @property
     def in_flight(self) -> int:
@@ -461,6 +469,11 @@ class Transport:
                 # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
                 with deadline.waiting():
                     await self._gate.acquire(estimate)
+            needed = self.needed_time(max_tokens, estimate)
+            if needed is not None:
+                # The work this request serves (an annotation, an extraction) gives it the
+                # time the server's speed says it needs: its deadline was only a first guess.
+                deadline.allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = ticket.timeout = min(allowed, budget.seconds_left())
             try:

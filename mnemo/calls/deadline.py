@@ -50,6 +50,13 @@ class Deadline:
         if self._paused == 0:
             self.scope.deadline = anyio.current_time() + self._left
 
+    def allow(self, seconds: float) -> None:
+        """Leaves at least `seconds` before the deadline, waits excluded."""
+        if self._paused:
+            self._left = max(self._left, seconds)
+        else:
+            self.scope.deadline = max(self.scope.deadline, anyio.current_time() + seconds)
+
     def left(self) -> float:
         """Seconds left, not counting waits."""
         if self._paused:
@@ -62,6 +69,15 @@ def remaining() -> float | None:
     counting waits; None outside any."""
     left = [clock.left() for clock in _OPEN.get() if isinstance(clock, Deadline)]
     return min(left) if left else None
+
+
+def allow(seconds: float) -> None:
+    """Leaves every deadline open in this context at least `seconds`: a request the server's
+    measured speed says needs that long (`Transport.needed_time`) is not cut by the work it
+    serves, whose time follows the server's speed too."""
+    for clock in _OPEN.get():
+        if isinstance(clock, Deadline):
+            clock.allow(seconds)
 
 
 @contextmanager

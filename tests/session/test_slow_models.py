@@ -171,7 +171,7 @@ async def test_a_close_waits_for_a_steps_annotation_within_the_extractions_time(
         sid = await mem.start_session("explore", repo=REPO)
         info = await mem.append(sid, "walk north", "go north")
         assert (info.index, info.annotated, info.trajectory_id) == (0, False, None)
-        with pytest.raises(mnemo.PipelineError, match="not annotated|annotation timed out"):
+        with pytest.raises(mnemo.PipelineError, match=r"not annotated|annotation timed out"):
             await mem.close_and_commit(sid, max_retries=0)
         assert await mem.session_state(sid) is mnemo.State.FAILED
         [episode] = await mem.episodes(sid)
@@ -182,3 +182,27 @@ async def test_a_close_waits_for_a_steps_annotation_within_the_extractions_time(
         [episode] = await mem.episodes(sid)
     assert receipt.node_ids
     assert [(s.annotated, bool(s.committed_in)) for s in episode.steps] == [(True, True)]
+
+
+@pytest.mark.slow
+async def test_an_extraction_on_a_server_measured_slow_gets_the_time_its_calls_need(
+    store: str,
+) -> None:
+    """A server measured slow (50 tokens a second: each extraction call takes longer than
+    the whole extraction_timeout of 0.3 s allows): each request is given the time the
+    speed says it needs, and so is the extraction it serves; the close commits every step
+    (with the fixed deadline, "took more than 0.3 s of its calls' time")."""
+    steps = [("walk north", "go north"), ("walk east", "go east")]
+    with ProviderServer(slots=1, tokens_per_second=50.0) as server:
+        llm = mnemo.OpenAICompatible("m", base_url=server.openai_url)
+        config = mnemo.Config(append_timeout=30.0, extraction_timeout=0.3)
+        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+            await mem.open_repo(REPO, config=config)
+            sid = await mem.start_session("explore the house", repo=REPO)
+            infos = [await mem.append(sid, *step) for step in steps]  # measured meanwhile
+            assert llm.concurrency.unit_seconds is not None
+            receipt = await mem.close_and_commit(sid, max_retries=0)
+            [episode] = await mem.episodes(sid)
+    assert all(i.annotated for i in infos)
+    assert receipt.node_ids
+    assert all(s.committed_in for s in episode.steps)

@@ -4,6 +4,9 @@ failed, counting only this call's extractions; on each backend."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 
@@ -128,6 +131,17 @@ async def test_close_and_commit_waits_while_the_queued_calls_are_answered(store:
     assert len(facts) == 3
 
 
+@asynccontextmanager
+async def served_session(
+    store: str, server: ProviderServer, config: mnemo.Config
+) -> AsyncIterator[tuple[mnemo.OpenAICompatible, mnemo.Memory, str]]:
+    """A Memory on `store` whose model is `server`'s, and a session of its repo."""
+    llm = mnemo.OpenAICompatible("m", base_url=server.openai_url)
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        yield llm, mem, await mem.start_session("explore the house", repo=REPO)
+
+
 @pytest.mark.slow
 async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None:
     """A local server (one slot) answering fast, then slowing to a few tokens a second (for
@@ -136,12 +150,9 @@ async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None
     lost, and close_and_commit annotates them in order and commits them all."""
     steps = [("walk north", "go north"), ("walk east", "go east"), ("open the door", "push"),
              ("open the window", "lift"), ("climb the stairs", "go up")]
+    config = mnemo.Config(append_timeout=0.5, extraction_timeout=60.0)
     with ProviderServer(slots=1, tokens_per_second=1000.0) as server:
-        llm = mnemo.OpenAICompatible("m", base_url=server.openai_url)
-        config = mnemo.Config(append_timeout=0.5, extraction_timeout=60.0)
-        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
-            await mem.open_repo(REPO, config=config)
-            sid = await mem.start_session("explore the house", repo=REPO)
+        async with served_session(store, server, config) as (_, mem, sid):
             infos = [await mem.append(sid, *step) for step in steps[:2]]
             server.tokens_per_second = 20.0
             infos += [await mem.append(sid, *step) for step in steps[2:]]
@@ -193,12 +204,9 @@ async def test_an_extraction_on_a_server_measured_slow_gets_the_time_its_calls_n
     speed says it needs, and so is the extraction it serves; the close commits every step
     (with the fixed deadline, "took more than 0.3 s of its calls' time")."""
     steps = [("walk north", "go north"), ("walk east", "go east")]
+    config = mnemo.Config(append_timeout=30.0, extraction_timeout=0.3)
     with ProviderServer(slots=1, tokens_per_second=50.0) as server:
-        llm = mnemo.OpenAICompatible("m", base_url=server.openai_url)
-        config = mnemo.Config(append_timeout=30.0, extraction_timeout=0.3)
-        async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
-            await mem.open_repo(REPO, config=config)
-            sid = await mem.start_session("explore the house", repo=REPO)
+        async with served_session(store, server, config) as (llm, mem, sid):
             infos = [await mem.append(sid, *step) for step in steps]  # measured meanwhile
             assert llm.concurrency.unit_seconds is not None
             receipt = await mem.close_and_commit(sid, max_retries=0)

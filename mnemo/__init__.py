@@ -62,8 +62,9 @@ if TYPE_CHECKING:
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
     from mnemo.memory import Memory
     from mnemo.memoryfiles import MemoryFile, MemoryFiles, MemoryUpdate
-    from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, ToolCall, Usage
+    from mnemo.ports import LLM, Embedder, LLMRequest, LLMResponse, Reranker, ToolCall, Usage
     from mnemo.recall.engine import Recalled, RecallResult
+    from mnemo.recall.prompts import LLMReranker
     from mnemo.session.machine import State
     from mnemo.session.queue import OpResult
     from mnemo.session.service import SessionContext, SessionInfo
@@ -84,6 +85,8 @@ _WHERE = {
     "DecayReport": "mnemo.graph.maintenance",
     "E5SmallEmbedder": "mnemo.adapters.e5",
     "Embedder": "mnemo.ports",
+    "Reranker": "mnemo.ports",
+    "LLMReranker": "mnemo.recall.prompts",
     "EmbeddingError": "mnemo.errors",
     "EpisodeLog": "mnemo.episode.model",
     "Event": "mnemo.events",
@@ -174,6 +177,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "LLMError",
     "LLMReplyError",
     "LLMRequest",
+    "LLMReranker",
     "LLMResponse",
     "LLMTimeout",
     "LinkType",
@@ -199,6 +203,7 @@ __all__ = [  # noqa: RUF022 - plain sorted(), which a test checks
     "Recalled",
     "Recent",
     "ReembedProgress",
+    "Reranker",
     "RetryPolicy",
     "SearchHit",
     "Semantic",

@@ -205,7 +205,7 @@ def check_store(path: object) -> str:
     return name
 
 
-def check_models(llm: object, embedder: object) -> None:
+def check_models(llm: object, embedder: object, reranker: object = None) -> None:
     """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
     object of the port (a model's name given as a string, say: it failed at the first append,
     or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
@@ -224,6 +224,10 @@ def check_models(llm: object, embedder: object) -> None:
             f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
             f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
         )
+    if reranker is not None and not callable(getattr(reranker, "rerank", None)):
+        raise InvalidInputError(
+            f"reranker must be an object with an async rerank(query, texts) (mnemo.Reranker), "
+            f"got {reranker!r}")
 
 
 def check_count(

@@ -105,6 +105,14 @@ class LLM(Protocol):
     async def generate(self, request: LLMRequest) -> LLMResponse: ...
 
 
+@runtime_checkable
+class Reranker(Protocol):
+    """Orders a recall's best candidates for its query: the indexes of `texts`, best first.
+    Indexes out of range or repeated are ignored; those left out follow in their order."""
+
+    async def rerank(self, query: str, texts: Sequence[str]) -> Sequence[int]: ...
+
+
 # What an embedder returns: one vector per text, as nested sequences or a 2-D numpy array.
 Vectors = Sequence[Sequence[float]] | npt.NDArray[np.floating[Any]]
 

@@ -17,7 +17,8 @@ from mnemo.events import EventCallback, Events
 from mnemo.graph.reads import GraphReads
 from mnemo.ingest.service import IngestRuntime, IngestService
 from mnemo.memory.repos import Repos
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, Reranker
+from mnemo.recall.prompts import LLMReranker
 from mnemo.recall.service import RecallRuntime, RecallService
 from mnemo.session.service import SessionService
 from mnemo.storage.ports import has_postgres_driver, is_postgres, open_backend
@@ -43,7 +44,7 @@ def backend_module(path: str) -> str:
 
 def build(
     memory: Parts, path: str, *, llm: LLM | None, embedder: Embedder | None, config: Config,
-    on_event: EventCallback | None, synchronous: str,
+    on_event: EventCallback | None, synchronous: str, reranker: Reranker | None = None,
 ) -> None:
     """Sets every part of `memory` (`Parts`)."""
     repos: Repos
@@ -62,10 +63,10 @@ def build(
     def recall_runtime(repo: str) -> RecallRuntime:
         runtime = repos.embedding(repo)
         planner = runtime.llm if runtime.config.recall_planner == "llm" else repos.offline
+        llm = repos.llm_for(runtime, repo)
+        chosen = reranker or (LLMReranker(llm) if runtime.config.recall_rerank else None)
         return RecallRuntime(
-            runtime.embedder, runtime.config, planner, repos.llm_for(runtime, repo),
-            runtime.generation,
-        )
+            runtime.embedder, runtime.config, planner, llm, runtime.generation, chosen)
 
     def ingest_runtime(repo: str) -> IngestRuntime:
         runtime = repos.embedding(repo)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from mnemo.events import EventCallback
     from mnemo.graph.model import NodeType
     from mnemo.ingest.model import IngestProgress, IngestReceipt, Trajectory
-    from mnemo.ports import LLM, Embedder, Usage
+    from mnemo.ports import LLM, Embedder, Reranker, Usage
     from mnemo.recall.engine import RecallResult
 
 T = TypeVar("T")
@@ -83,9 +83,10 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         on_event: EventCallback | None = None,
         synchronous: str = "NORMAL",
         inspect: bool = False,
+        reranker: Reranker | None = None,
     ) -> None:
         path = check_store(path)
-        check_models(llm, embedder)
+        check_models(llm, embedder, reranker)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         if on_event is not None and not callable(on_event):
@@ -97,7 +98,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         self._config = config or Config()
         self._inspect = inspect
         self._host = None
-        self._parts = (path, llm, embedder, on_event, synchronous.upper())
+        self._parts = (path, llm, embedder, on_event, synchronous.upper(), reranker)
         if _loaded(path) or _without_driver(path):
             self._build()  # at once (without the driver: raises what to install)
 
@@ -105,9 +106,9 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         """Builds the parts (`memory.assembly`), once their modules are imported."""
         from mnemo.memory import assembly
 
-        path, llm, embedder, on_event, synchronous = self._parts
+        path, llm, embedder, on_event, synchronous, reranker = self._parts
         assembly.build(self, path, llm=llm, embedder=embedder, config=self._config,
-                       on_event=on_event, synchronous=synchronous)
+                       on_event=on_event, synchronous=synchronous, reranker=reranker)
 
     # ---- opening and closing --------------------------------------------------------------
 

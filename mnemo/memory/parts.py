@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mnemo.graph.reads import GraphReads
     from mnemo.ingest.service import IngestService
     from mnemo.memory.repos import Repos
-    from mnemo.ports import LLM, Embedder
+    from mnemo.ports import LLM, Embedder, Reranker
     from mnemo.recall.service import RecallService
     from mnemo.session.host import TaskHost
     from mnemo.session.ports import SessionStore
@@ -48,8 +48,9 @@ class Parts:
     _ingests: IngestService
     _conversations: ConversationService
     _host: TaskHost | None
-    # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous.
-    _parts: tuple[str, LLM | None, Embedder | None, EventCallback | None, str]
+    # What `build` builds the parts from: the path, llm, embedder, on_event, synchronous,
+    # reranker.
+    _parts: tuple[str, LLM | None, Embedder | None, EventCallback | None, str, Reranker | None]
 
     if not TYPE_CHECKING:
 

@@ -36,7 +36,7 @@ from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore, NodeContext, Started, VectorsMoved
 from mnemo.graph.value import node_value
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, Reranker
 from mnemo.recall import hops, knowledge, temporal
 from mnemo.recall.candidates import Candidate as _Candidate
 from mnemo.recall.candidates import ReadContext as _Context
@@ -50,11 +50,10 @@ from mnemo.recall.model import Recalled, RecallResult, Touched
 from mnemo.recall.picks import Picks
 from mnemo.recall.prompts import (
     Plan,
+    full_order,
     parse_plan,
-    parse_rerank,
     parse_synthesis,
     plan_request,
-    rerank_request,
     synthesis_request,
 )
 from mnemo.recall.query import INLINE_CHARS, QueryParts, restatement, split
@@ -104,6 +103,8 @@ class Recaller:
     tag_vectors: TagVectors = field(default_factory=TagVectors)
     # The generation of the repo's vectors `embedder` makes (None: not checked).
     generation: int | None = None
+    # Orders the best `Config.recall_rerank_candidates` (None: the retrieval's order stands).
+    reranker: Reranker | None = None
 
     async def recall(
         self,
@@ -194,7 +195,7 @@ class Recaller:
         # What the query's own channels made of each candidate, before any hop or lever.
         direct = {node_id: c.score for node_id, c in found.items()}
         trace.mark("hop0")
-        reranking = config.recall_rerank
+        reranking = self.reranker is not None
         width = max(k, config.recall_rerank_candidates) if reranking else k
         # What ranking can pick from: the best `depth` candidates are read, the others only
         # touched; the hops bring in nothing that could not be among them.
@@ -469,13 +470,13 @@ class Recaller:
     async def _rerank(
         self, query: str, ranked: list[Recalled], k: int, degraded: list[str]
     ) -> list[Recalled]:
-        """`ranked` in the order the LLM gives (task "recall_rerank"), cut to `k`; on any
-        failure the retrieval's order. One call; its prompt holds one snippet per candidate."""
-        if len(ranked) < 2:
+        """`ranked` in the order the reranker gives, cut to `k`; on any failure the
+        retrieval's order."""
+        if len(ranked) < 2 or self.reranker is None:
             return ranked[:k]
         try:
-            request = rerank_request(query=query, memories=[r.node.text for r in ranked])
-            order = await ask(self.llm, request, lambda r: parse_rerank(r, len(ranked)))
+            given = await self.reranker.rerank(query, [r.node.text for r in ranked])
+            order = full_order(list(given), len(ranked))
         except Exception as exc:  # optional: the retrieval's order stands without it
             log.warning("recall re-ranking failed: %r", exc)
             degraded.append(f"rerank: {exc!r}")

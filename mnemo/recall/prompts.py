@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import msgspec
 
 from mnemo.calls.reply import Meta, Reply, read_reply, reply_schema
-from mnemo.calls.tasks import task_request
-from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.calls.tasks import ask, task_request
+from mnemo.ports import LLM, LLMRequest, LLMResponse
 
 MODES = ("episodic", "semantic", "procedural", "mixed")
 
@@ -107,15 +108,30 @@ def rerank_request(*, query: str, memories: list[str]) -> LLMRequest:
     )
 
 
-def parse_rerank(response: LLMResponse, count: int) -> list[int]:
-    """0-based indexes into the `count` memories, best first: the reply's numbers (1-based,
-    duplicates and strangers dropped), then the ones it left out in their old order.
+def parse_rerank(response: LLMResponse) -> list[int]:
+    """The reply's order as 0-based indexes (its numbers are 1-based; what is not an integer
+    is dropped).
 
     Raises ValueError when the reply holds no order."""
     order = read_reply(response, RerankReply, "recall_rerank").order
-    chosen: list[int] = []
-    for number in order:
-        if (isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= count
-                and number - 1 not in chosen):
-            chosen.append(number - 1)
-    return chosen + [i for i in range(count) if i not in chosen]
+    return [n - 1 for n in order if isinstance(n, int) and not isinstance(n, bool)]
+
+
+def full_order(order: Sequence[object], count: int) -> list[int]:
+    """Every index below `count` once: those of `order` first (strangers and repeats
+    dropped), then the ones it left out, in their old order."""
+    chosen = dict.fromkeys(
+        i for i in order if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count)
+    return [*chosen, *(i for i in range(count) if i not in chosen)]
+
+
+@dataclass(frozen=True, slots=True)
+class LLMReranker:
+    """The `Reranker` a model makes: one call (task "recall_rerank") per recall, its prompt
+    one snippet per candidate."""
+
+    llm: LLM
+
+    async def rerank(self, query: str, texts: Sequence[str]) -> list[int]:
+        return await ask(self.llm, rerank_request(query=query, memories=list(texts)),
+                         parse_rerank)

@@ -13,7 +13,7 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.reads import node_types
 from mnemo.inputs import check_count, check_text
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, Reranker
 from mnemo.recall import temporal
 from mnemo.recall.engine import Recaller, RecallResult
 from mnemo.recall.tag_vectors import TagVectors
@@ -22,7 +22,7 @@ from mnemo.recall.tag_vectors import TagVectors
 @dataclass(frozen=True, slots=True)
 class RecallRuntime:
     """What a recall in one repo runs with: its embedder and config, the LLM that plans the
-    query and the one that synthesises."""
+    query and the one that synthesises, and the reranker if recalls are re-ranked."""
 
     embedder: Embedder
     config: Config
@@ -30,6 +30,7 @@ class RecallRuntime:
     llm: LLM
     # The generation of the repo's vectors `embedder` makes (`RepoRow.generation`).
     generation: int | None = None
+    reranker: Reranker | None = None
 
 
 class RecallService:
@@ -59,6 +60,7 @@ class RecallService:
         recaller = Recaller(
             self._graph, runtime.embedder, runtime.config, planner=runtime.planner,
             llm=runtime.llm, tag_vectors=self._tag_vectors, generation=runtime.generation,
+            reranker=runtime.reranker,
         )
         result = await recaller.recall(
             repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of, valid_at=valid_at,

@@ -14,6 +14,7 @@ from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.ports import LLMRequest, LLMResponse
 from mnemo.recall.engine import Recaller, RecallResult
+from mnemo.recall.prompts import LLMReranker
 from tests.backends import open_stores
 from tests.graph._support import policy
 
@@ -247,7 +248,8 @@ async def test_a_failing_planner_or_synthesis_does_not_fail_the_recall(
     which it did without (`degraded`; it said nothing but a log line before)."""
     llm = PlanningLLM(fail=True)
     config = mnemo.Config(recall_synthesis=True, recall_rerank=True)
-    result = await Recaller(graph, EMBEDDER, config, planner=llm, llm=llm).recall(
+    result = await Recaller(graph, EMBEDDER, config, planner=llm, llm=llm,
+                            reranker=LLMReranker(llm)).recall(
         REPO, "postgres data", k=5, types=None
     )
     assert result.mode == "mixed"

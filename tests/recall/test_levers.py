@@ -19,7 +19,7 @@ from mnemo.recall.context import adjacent_steps
 from mnemo.recall.engine import Recaller
 from mnemo.recall.feedback import feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance
-from mnemo.recall.prompts import parse_rerank
+from mnemo.recall.prompts import LLMReranker, full_order, parse_rerank
 from mnemo.recall.query import query_side
 from tests.backends import open_stores
 from tests.fakes import js
@@ -164,12 +164,13 @@ def test_feedback_terms_are_whole_words_as_a_search_splits_them() -> None:
     assert feedback_terms("server", chat, 3) == ["max_connections"]
 
 
-def test_parse_rerank_keeps_every_candidate_once() -> None:
+def test_a_reranker_order_keeps_every_candidate_once() -> None:
     """The reply's numbers first (1-based, strangers and repeats dropped), then the rest."""
     reply = LLMResponse(data={"order": [3, 3, 9, 1, True]})
-    assert parse_rerank(reply, 4) == [2, 0, 1, 3]
+    assert full_order(parse_rerank(reply), 4) == [2, 0, 1, 3]
+    assert full_order([-1, 1, "0", 1.0], 3) == [1, 0, 2]
     with pytest.raises(ValueError, match="order"):
-        parse_rerank(LLMResponse(data={"ranking": [1]}), 2)
+        parse_rerank(LLMResponse(data={"ranking": [1]}))
 
 
 class PrefixedEmbedder:
@@ -207,7 +208,8 @@ class Reranker:
 
 async def recall(graph: GraphStore, config: mnemo.Config, llm: mnemo.LLM, k: int) -> list[str]:
     offline = mnemo.OfflineLLM()
-    recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=llm)
+    recaller = Recaller(graph, EMBEDDER, config, planner=offline, llm=llm,
+                        reranker=LLMReranker(llm) if config.recall_rerank else None)
     result = await recaller.recall(REPO, "nginx postgres webserver database error", k=k,
                                    types=None)
     check_invariants(result, k, config)

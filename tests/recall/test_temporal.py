@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -101,6 +102,36 @@ async def test_a_reranking_never_puts_a_retired_fact_above_its_successor(
     texts = [m.node.text for m in memories]
     porto, lisbon = (texts.index(f"fact: Dana lives in {c}.") for c in ("Porto", "Lisbon"))
     assert porto == lisbon - 1
+
+
+class Longest:
+    """A custom re-ranker: the longest text first (no model), against BM25's bent for short
+    texts."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    async def rerank(self, query: str, texts: Sequence[str]) -> list[int]:
+        self.queries.append(query)
+        return sorted(range(len(texts)), key=lambda i: (-len(texts[i]), i))
+
+
+async def test_a_custom_reranker_orders_the_recall(store: str, embedder: FakeEmbedder) -> None:
+    """`Memory(reranker=...)` re-ranks every recall by its order (no Config switch, no model
+    call); an object without `rerank` is refused at once."""
+    ranker = Longest()
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=embedder, reranker=ranker) as mem:
+        await mem.open_repo(REPO)
+        await tell(mem, "m", "Dana moved to Lisbon with her two cats and a piano.", "1 May 2023")
+        await tell(mem, "o", "The Lisbon office opens at 9.", "1 April 2023")
+        await tell(mem, "p", "Lisbon trams run late on the weekend.", "1 June 2023")
+        found = await mem.recall(REPO, "Lisbon", k=3, types=[mnemo.NodeType.EPISODIC])
+        texts = [m.node.text for m in found.memories]
+    assert ranker.queries == ["Lisbon"]
+    assert len(texts) == 3
+    assert [len(t) for t in texts] == sorted((len(t) for t in texts), reverse=True)
+    with pytest.raises(mnemo.InvalidInputError, match="reranker"):
+        mnemo.Memory(store, reranker="cross-encoder")  # type: ignore[arg-type]
 
 async def test_valid_at_answers_with_the_facts_that_held_then(mem: mnemo.Memory) -> None:
     """Lisbon told as of 10 January 2023, Porto as of 1 May 2024: asked for June 2023 the

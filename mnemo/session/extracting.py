@@ -129,10 +129,11 @@ class Extraction:
 
     async def _annotated(self) -> None:
         """Waits until every stored step of the episode is annotated (starting their
-        annotation here when it does not run), at most `extraction_timeout` seconds.
+        annotation here when it does not run), at most `extraction_timeout` seconds for each:
+        the wait goes on while steps keep being annotated.
 
         Raises:
-            LLMTimeout: steps still unannotated after that long.
+            LLMTimeout: no step annotated for that long.
             Exception: what stopped their annotation (the model's error).
         """
         live, session = self.live, self.session
@@ -140,16 +141,21 @@ class Extraction:
             return
         live.start(session, Annotate())
         limit = session.runtime.config.extraction_timeout
-        with anyio.move_on_after(limit):
-            while unannotated(session) and session.annotating:
-                changed = session.changed
-                await changed.wait()
+        left = -1
+        while unannotated(session) and left != len(unannotated(session)) and (
+            session.annotating
+        ):
+            left = len(unannotated(session))
+            with anyio.move_on_after(limit):
+                while len(unannotated(session)) == left and session.annotating:
+                    changed = session.changed
+                    await changed.wait()
         if not unannotated(session):
             return
         if not session.annotating and session.annotation_failure is not None:
             raise session.annotation_failure
-        raise LLMTimeout(f"{session.id}: {len(unannotated(session))} steps not annotated "
-                         f"within {limit}s")
+        raise LLMTimeout(f"{session.id}: {len(unannotated(session))} steps not annotated, "
+                         f"none for {limit}s")
 
     async def _changeset(self, steps: list[StepRecord]) -> Changeset:
         session = self.session

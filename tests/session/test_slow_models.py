@@ -214,3 +214,22 @@ async def test_an_extraction_on_a_server_measured_slow_gets_the_time_its_calls_n
     assert all(i.annotated for i in infos)
     assert receipt.node_ids
     assert all(s.committed_in for s in episode.steps)
+
+
+async def test_a_close_waits_while_the_steps_keep_being_annotated(store: str) -> None:
+    """Six steps appended faster than their model annotates them (each under 1 s, the six
+    past the close's extraction_timeout of 2 s): the close waits while steps keep being
+    annotated, at most that long for each, and commits them all."""
+    llm = Timed(0.5)
+    config = mnemo.Config(append_timeout=0.05, extraction_timeout=2.0)
+    steps = [("walk north", "go north"), ("walk east", "go east"), ("open the door", "push"),
+             ("open the window", "lift"), ("climb the stairs", "go up"), ("sit down", "sit")]
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        infos = [await mem.append(sid, *step) for step in steps]
+        receipt = await mem.close_and_commit(sid, max_retries=0)
+        [episode] = await mem.episodes(sid)
+    assert not all(i.annotated for i in infos)
+    assert receipt.node_ids
+    assert all(s.annotated and s.committed_in for s in episode.steps)

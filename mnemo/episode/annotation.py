@@ -114,7 +114,7 @@ async def annotate_step(
     """
     previous = steps[-1] if steps else None
     try:
-        with deadline.fail_after(time_limit):
+        with deadline.fail_after(time_limit, stretches=True):
             note = await annotate(
                 llm(),
                 embedder,

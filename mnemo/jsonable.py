@@ -127,6 +127,7 @@ def step_json(info: StepInfo) -> dict[str, object]:
         "index": info.index,
         "trajectory_id": info.trajectory_id,
         "boundary_detected": info.boundary_detected,
+        "annotated": info.annotated,
     }
 
 

@@ -157,7 +157,7 @@ async def extract(
         scores = deferred if deferred is not None and group[-1] is deferred else None
         trajectory = _Trajectory(i + 1, group)
         try:
-            with deadline.fail_after(time_limit):
+            with deadline.fail_after(time_limit, stretches=True):
                 await _extract_trajectory(work, trajectory, parts[i], first_round.one_in,
                                           scores_last=scores)
         except TimeoutError as exc:

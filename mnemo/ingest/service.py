@@ -277,7 +277,7 @@ class IngestService:
             if resolve is not None:
                 step = Step(resolve(step.observation), resolve(step.action), step.metadata)
             previous = episode.steps[-1] if episode.steps else None
-            with deadline.fail_after(runtime.config.append_timeout):
+            with deadline.fail_after(runtime.config.annotation_timeout, stretches=True):
                 note = await annotate(
                     llm,
                     runtime.embedder,

@@ -63,13 +63,18 @@ class SessionMethods(Parts):
         *,
         metadata: dict[str, object] | None = None,
     ) -> StepInfo:
-        """Annotates and stores one step; returns once it is durable.
+        """Stores one step (durable before the model is asked), then waits for its annotation
+        at most `Config.append_timeout`: `StepInfo.annotated` is False when the model has not
+        answered by then, or failed (the step is kept and annotated later, by close at the
+        latest).
 
         Raises:
             InvalidInputError: observation or action is not a string or is longer than the
                 session's `Config.max_text_chars` (metadata: its JSON); no step was added.
             SessionError: the session is not collecting.
-            LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
+            LLMError, EmbeddingError: a model that cannot work here at all (an embedder of
+                another dimension, a recorded model that cannot be built); no step was added.
+            StorageError: the step could not be stored.
         """
         if self._inspect:  # checked here, not through `_works`: one file less per step
             self._works("append")

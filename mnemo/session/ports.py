@@ -92,12 +92,26 @@ class SessionStore(Protocol):
         session_id: str,
         episode_id: str,
         step: StepRecord,
-        previous: StepRecord | None,
         *,
         version: int | None = None,
+        holder: str | None = None,
     ) -> int:
-        """Stores the step (and the previous one's deferred reward) while the session is
-        still collecting this episode."""
+        """Stores the step (before its annotation) while the session is still collecting
+        this episode; `holder` claims its annotation (`Coordination.claim_steps`)."""
+        ...
+    async def annotate_step(
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        holder: str | None = None,
+    ) -> int | None:
+        """Writes a stored step's annotation and the previous step's reward, once, while the
+        episode is the session's (its state may have moved on: a close waits for it), and
+        drops `holder`'s claim on it; returns the session's new version, None when the step
+        was annotated already or its episode is gone."""
         ...
     async def set_state(
         self,
@@ -264,6 +278,14 @@ class Coordination(Protocol):
     ) -> None:
         """Drops `holder_id`'s claims on the session's `step_ids`: it will not commit them
         after all."""
+        ...
+
+    async def unannotated(
+        self, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        """The collecting sessions with a step of their open episode not annotated yet and
+        not claimed by a live holder (one not retired, seen since `unseen_since`, not in
+        `gone`): work to take over. Reads only."""
         ...
 
     async def queue_op(self, op: StoredOp) -> None:

@@ -252,15 +252,12 @@ class SessionService:
         session.appends_in_flight += 1
         ticket = session.turnstile.take()
         try:
-            info, effect = await transitions.Append(
+            return await transitions.Append(
                 self._live, session, observation, action, metadata
             ).run(ticket)
         finally:
             session.appends_in_flight -= 1
             session.notify()  # an expiry waits for appends to end (`timers._working`)
-        if effect is not None:
-            self._live.start(session, effect)
-        return info
 
     async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
         """`transitions.refuse_unless`, for the calls that start from the record this Memory

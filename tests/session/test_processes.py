@@ -273,6 +273,64 @@ async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
                     "fact: open door", "fact: walk east", "fact: walk north"]
 
 
+async def annotated_steps(mem: mnemo.Memory, sid: str) -> list[tuple[str, bool]]:
+    [*_, episode] = await mem.episodes(sid)
+    return [(s.line, s.annotated) for s in episode.steps]
+
+
+@pytest.mark.slow
+async def test_a_killed_memorys_stored_step_is_annotated_by_another_without_a_call(
+    store: str, tmp_path: Path
+) -> None:
+    """A child stores a step and is SIGKILLed while the model annotates it: the step is in
+    the store, left alone while the child lives (it holds its claim), then annotated by a
+    Memory open here without being asked (its janitor takes the claim over)."""
+    llm = FakeLLM()
+    async with children() as tg:
+        async with holding(tg, tmp_path, store, "annotating") as (holder, sid):
+            async with mnemo.Memory(
+                store, llm=llm, embedder=FakeEmbedder(), config=config()
+            ) as mem:
+                await mem.open_repo(REPO, config=config())
+                assert await annotated_steps(mem, sid) == [("walk north -> go north", False)]
+                held = llm.hold("state")
+                with anyio.move_on_after(LEASE):  # two looks of the janitor, the child alive
+                    await held.started.wait()
+                assert not held.started.is_set()
+                await holder.kill()
+                with anyio.fail_after(LEASE * 5):
+                    await held.started.wait()
+                held.release()
+                assert await mem.session_state(sid) is State.COLLECTING
+                receipt = await mem.close_and_commit(sid)
+                assert receipt.node_ids
+                assert extracted_observations(llm) == ["walk north"]
+                assert await annotated_steps(mem, sid) == [("walk north -> go north", True)]
+
+
+@pytest.mark.slow
+async def test_a_step_stored_before_a_kill_is_annotated_after_a_restart(
+    store: str, tmp_path: Path
+) -> None:
+    """Killed between storing a step and its annotation: after a restart (a new Memory on
+    the store, nothing else open) the step is there and gets annotated without a call."""
+    async with children() as tg:
+        async with holding(tg, tmp_path, store, "annotating") as (holder, sid):
+            await holder.kill()
+    llm = FakeLLM()
+    held = llm.hold("state")
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config()) as mem:
+        await mem.open_repo(REPO, config=config())
+        assert await annotated_steps(mem, sid) == [("walk north -> go north", False)]
+        with anyio.fail_after(LEASE * 5):
+            await held.started.wait()  # no call asked for it
+        held.release()
+        info = await mem.append(sid, "walk east", "go east")
+        assert (info.index, info.annotated, info.boundary_detected) == (1, True, False)
+        assert await annotated_steps(mem, sid) == [("walk north -> go north", True),
+                                                   ("walk east -> go east", True)]
+
+
 @pytest.mark.slow
 async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     store: str, tmp_path: Path
@@ -280,10 +338,11 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     """A commit, a start_episode and an append accepted here while a child holds the
     extraction are stored for the child, which takes and runs them when its extraction ends:
     the commit and the start call back here with their results; the child is SIGKILLed while
-    the append waits on its LLM, and this Memory's janitor answers the append
-    operation_failed at its next look, once. Before, its callback never came. The session
-    goes on here. This Memory's lease is long: a child late with its heartbeat on a busy
-    machine is not taken for gone while it lives (its pid is what says it died)."""
+    the append's step, stored, waits on its LLM, and this Memory's janitor answers the append
+    operation_failed at its next look, once (its outcome unknown). Before, its callback never
+    came. The session goes on here, with the child's step, annotated here. This Memory's
+    lease is long: a child late with its heartbeat on a busy machine is not taken for gone
+    while it lives (its pid is what says it died)."""
     llm = FakeLLM()
     here = mnemo.Config(lease_timeout=3 * LEASE)
     recorded = Callbacks()
@@ -321,8 +380,13 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 assert failed.error.reason == "operation_failed"
                 assert "left before it recorded a result" in str(failed.error.__cause__)
                 assert await mem.session_state(sid) is State.COLLECTING
-                info = await mem.append(sid, "walk west", "go west")
-                assert info.index == 0
+                # The child stored the step before it asked the model (durable first): it is
+                # kept, and annotated here, before the next one.
+                info = await mem.append(sid, "walk north", "go north")
+                assert (info.index, info.annotated) == (1, True)
+                [*_, episode] = await mem.episodes(sid)
+                assert [(s.line, s.annotated) for s in episode.steps] == [
+                    ("walk west -> go west", True), ("walk north -> go north", True)]
                 assert len(recorded.results) == 3
 
 

@@ -3,6 +3,7 @@ the tests' fakes, doing what one worker of a multi-process app would.
 
     python -m tests.session.worker_child STORE hold LEASE
     python -m tests.session.worker_child STORE hold_auto LEASE
+    python -m tests.session.worker_child STORE annotating LEASE
     python -m tests.session.worker_child STORE chaos LEASE JOURNAL WORKER SEED OPS
 
 "hold": starts a session in repo "r", appends three steps and closes it while its "semantic"
@@ -17,6 +18,10 @@ then takes, and holds the first append among them at its "state" task: once aske
 "hold_auto": the same as "hold" in an auto-commit session, held at the boundary's background commit:
 two "walk" steps, then an "open" step that starts a new trajectory, whose commit of the first
 one hangs at "semantic".
+
+"annotating": starts a session in repo "r" and appends one step whose annotation hangs (its
+"state" task): once the task is asked (the step is stored first), it prints the session id and
+waits forever.
 
 "chaos": does OPS random operations (start a session, append, close, commit, start an
 episode, discard) on random live sessions of the store, from any process; some appends say
@@ -87,6 +92,20 @@ async def run_ops(store: str, lease: float) -> None:
             await append.started.wait()
         print("held", flush=True)
         await anyio.sleep_forever()
+
+
+async def annotating(store: str, lease: float) -> None:
+    llm = FakeLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config(lease)) as mem:
+        await mem.open_repo(REPO, config=config(lease))
+        sid = await mem.start_session("explore the house", repo=REPO)
+        held = llm.hold("state")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mem.append, sid, "walk north", "go north")
+            with anyio.fail_after(30):
+                await held.started.wait()
+            print(sid, flush=True)
+            await anyio.sleep_forever()
 
 
 async def hold_auto(store: str, lease: float) -> None:
@@ -186,6 +205,8 @@ def main(argv: list[str]) -> None:
         anyio.run(run_ops, store, lease)
     elif mode == "hold_auto":
         anyio.run(hold_auto, store, lease)
+    elif mode == "annotating":
+        anyio.run(annotating, store, lease)
     elif mode == "chaos":
         path, worker, seed, ops = argv[3], argv[4], int(argv[5]), int(argv[6])
         # The journal's writes block on purpose: an operation is journaled (fsync'd) before

@@ -543,4 +543,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE commits ADD COLUMN reverts text",
         ),
     ),
+    Migration(
+        # A step is stored before it is annotated (its trajectory_id empty until then): the
+        # steps waiting for their annotation, found without reading every step. SQLite's
+        # m027_unannotated_steps.
+        "m019_unannotated_steps",
+        ("CREATE INDEX steps_unannotated ON steps (session_id) WHERE trajectory_id = ''",),
+    ),
 )

@@ -138,41 +138,77 @@ class PgSessions:
         session_id: str,
         episode_id: str,
         step: StepRecord,
-        previous: StepRecord | None,
         *,
         version: int | None = None,
+        holder: str | None = None,
     ) -> int:
         now = self._clock.now()
-        rows = [_step_row(session_id, episode_id, step, now)]
-        if previous is not None:
-            rows.append(_step_row(session_id, episode_id, previous, now))
-        values = ", ".join([_STEP_VALUES] * len(rows))
         guard = " AND NOT ended AND version = %s" if version is not None else ""
+        claim = (
+            ", claimed AS (INSERT INTO step_claims(step_id, session_id, holder)"
+            " SELECT %s, %s, %s FROM moved)" if holder is not None else ""
+        )
         # One statement in autocommit, so one round trip (a transaction of two cost the
         # append 40 % more, BENCHMARKS.md): the session's version moves on, checked to be
         # still collecting this episode at the version the caller read, and only then the
-        # new step goes in with the previous step's deferred reward as an upsert.
+        # new step goes in (claimed for its annotation by `holder`).
         statement = (
             "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = %s,"
             " active_at = %s"
             f" WHERE id = %s AND state = 'collecting' AND episode_id = %s{guard}"
-            " RETURNING version)"
+            f" RETURNING version){claim}"
             " INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id, observation,"
             " action, state_summary, subgoal, subgoal_vec, reward, metadata, recorded_at)"
-            f" SELECT v.* FROM (VALUES {values}) AS v, moved"
-            " ON CONFLICT (id) DO UPDATE SET reward = excluded.reward"
+            f" SELECT v.* FROM (VALUES {_STEP_VALUES}) AS v, moved"
             " RETURNING (SELECT version FROM moved)"
         )
         params: list[object] = [now, now, session_id, episode_id]
         if version is not None:
             params.append(version)
-        params.extend(value for row in rows for value in row)
+        if holder is not None:
+            params.extend((step.id, session_id, holder))
+        params.extend(_step_row(session_id, episode_id, step, now))
         async with self._pg.connection() as conn:
             cur = await conn.execute(statement, params)
             row = await cur.fetchone()
         if row is None:
             raise StaleSession(session_id)
         return int(str(row[0]))
+
+    async def annotate_step(
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        holder: str | None = None,
+    ) -> int | None:
+        async with self._pg.transaction() as conn:
+            # The claims first, as an end takes them before the session's row.
+            await lock_claims(conn, session_id)
+            if holder is not None:
+                await conn.execute(
+                    "DELETE FROM step_claims WHERE step_id = %s AND holder = %s",
+                    (step.id, holder),
+                )
+            cur = await conn.execute(
+                "WITH done AS (UPDATE steps SET trajectory_id = %s, state_summary = %s,"
+                " subgoal = %s, subgoal_vec = %s WHERE id = %s AND trajectory_id = ''"
+                " AND EXISTS (SELECT 1 FROM sessions WHERE id = %s AND episode_id = %s"
+                " AND NOT ended AND state IN ('collecting', 'extracting')) RETURNING id)"
+                " UPDATE sessions SET version = version + 1, updated_at = clock_timestamp()"
+                " WHERE id = %s AND EXISTS (SELECT 1 FROM done) RETURNING version",
+                (step.trajectory_id, step.state_summary, step.subgoal,
+                 vector_to_blob(step.subgoal_vec), step.id, session_id, episode_id,
+                 session_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            if previous is not None:
+                await _save_rewards(conn, [(previous.id, previous.reward)])
+            return int(str(row[0]))
 
     async def set_state(
         self,

@@ -253,3 +253,14 @@ def m026_shared_knowledge(db: Database) -> None:
         ALTER TABLE commits ADD COLUMN reverts TEXT;
         """,
     )
+
+
+@MIGRATIONS()
+def m027_unannotated_steps(db: Database) -> None:
+    # A step is stored before it is annotated (its trajectory_id empty until then): the steps
+    # still waiting for their annotation, which another Memory takes over when their holder
+    # is gone (`Coordination.unannotated`), are found without reading every step.
+    execute_all(
+        db,
+        "CREATE INDEX steps_unannotated ON steps(session_id) WHERE trajectory_id = '';",
+    )

@@ -132,31 +132,66 @@ class SqliteSessions:
         session_id: str,
         episode_id: str,
         step: StepRecord,
-        previous: StepRecord | None,
         *,
         version: int | None = None,
+        holder: str | None = None,
     ) -> int:
         now = self._now()
-        rows = [_step_row(session_id, episode_id, step, now)]
-        if previous is not None:
-            rows.append(_step_row(session_id, episode_id, previous, now))
-        values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(rows))
-        # The new step, and the previous step's deferred reward as an upsert of its
-        # (existing) row, in one statement after the session's version moved on (checked:
-        # the session is still collecting this episode at the version the caller read).
-        sql = (
-            "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id, observation,"
-            " action, state_summary, subgoal, subgoal_vec, reward, metadata, recorded_at)"
-            f" VALUES {values} ON CONFLICT(id) DO UPDATE SET reward = excluded.reward"
-        )
-        params = [value for row in rows for value in row]
+        row = _step_row(session_id, episode_id, step, now)
 
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
+                # Checked first: the session is still collecting this episode at the version
+                # the caller read.
                 moved = bump(db, now, session_id, version, expect=State.COLLECTING,
                              episode_id=episode_id, active=True)
-                db.conn.execute(sql, params)
+                db.conn.execute(
+                    "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id,"
+                    " observation, action, state_summary, subgoal, subgoal_vec, reward,"
+                    " metadata, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+                if holder is not None:
+                    db.conn.execute(
+                        "INSERT INTO step_claims(step_id, session_id, holder) VALUES (?, ?, ?)",
+                        (step.id, session_id, holder),
+                    )
                 return moved
+
+        return await self._database.run(write)
+
+    async def annotate_step(
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        holder: str | None = None,
+    ) -> int | None:
+        now = self._now()
+        annotation = (step.trajectory_id, step.state_summary, step.subgoal,
+                      _blob(step.subgoal_vec), step.id, session_id, episode_id)
+
+        def write(db: SqliteUtilsDatabase) -> int | None:
+            with db.atomic():
+                written = db.conn.execute(
+                    "UPDATE steps SET trajectory_id = ?, state_summary = ?, subgoal = ?,"
+                    " subgoal_vec = ? WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1"
+                    " FROM sessions WHERE id = ? AND episode_id = ? AND ended = 0"
+                    " AND state IN ('collecting', 'extracting'))",
+                    annotation,
+                ).rowcount
+                if holder is not None:
+                    db.conn.execute(
+                        "DELETE FROM step_claims WHERE step_id = ? AND holder = ?",
+                        (step.id, holder),
+                    )
+                if not written:
+                    return None
+                if previous is not None:
+                    _save_rewards(db, [previous])
+                return bump(db, now, session_id, None)
 
         return await self._database.run(write)
 

@@ -14,9 +14,10 @@ commit tries again (one slow provider stalled every commit to the repo).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -49,6 +50,7 @@ from mnemo.graph.ports import (
     SourceTaken,
     StepsCommitted,
 )
+from mnemo.graph.scope import Metadata, canonical
 from mnemo.graph.vectors import Snapshot, VectorIndex
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
@@ -73,6 +75,8 @@ class CommitPlan:
     # Facts the changeset's facts contradict: (id, valid_to as ISO text, None for
     # the commit's time); each gets valid_to and retired_at.
     retired: tuple[tuple[str, str | None], ...] = ()
+    # The scope every new node carries (`Changeset.metadata`).
+    metadata: Metadata = field(default_factory=dict)
 
 
 class CommitTarget(contradiction.FactSearch, Protocol):
@@ -307,10 +311,11 @@ async def _apply_locked(
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
         resolution = await _resolve_intents(target, changeset, index, merge, intents)
-    tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
-    resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
+    drafts = _scoped_tags(changeset)
+    tag_keys = [n.key for n in drafts if n.type is NodeType.TAG and n.key]
+    resolve_tags(drafts, await target.tag_owners(repo, tag_keys), resolution)
     present = await target.present(repo, [n.id for n in changeset.nodes])
-    drafts = [n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present]
+    drafts = [n for n in drafts if n.id not in resolution.remap and n.id not in present]
     nodes = [(n, *resolution.rewordings.get(n.id, (n.text, n.vector))) for n in drafts]
     new_ids = {n.id for n in drafts}
     rewordings = {
@@ -348,6 +353,19 @@ async def _apply_locked(
         retired=tuple(
             (r.retired, None if r.valid_to is None else r.valid_to.isoformat()) for r in retired
         ),
+        metadata=dict(changeset.metadata),
     )
     await target.write_commit(plan, also)
     return plan.receipt
+
+
+def _scoped_tags(changeset: Changeset) -> list[NodeDraft]:
+    """The changeset's drafts, a tag's key made its scope's: a tag is shared only by the
+    nodes of one scope, so that a scope's routes and erasure never reach another's."""
+    fingerprint = canonical(changeset.metadata)
+    if fingerprint is None:
+        return changeset.nodes
+    # A digest: a key must fit an index entry, and a metadata may be several KB.
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:32]
+    return [replace(n, key=f"{n.key}\x1f{digest}") if n.type is NodeType.TAG and n.key
+            else n for n in changeset.nodes]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -31,6 +31,7 @@ from mnemo.graph.ports import (
     SourceRecorded,
     SourceTaken,
 )
+from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_text
@@ -140,7 +141,8 @@ class IngestService:
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
     async def ingest(
-        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None
+        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None,
+        metadata: Metadata | None = None,
     ) -> IngestReceipt:
         """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
         far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`).
@@ -153,7 +155,8 @@ class IngestService:
         """
         runtime = self._runtime(repo)
         payload = check_ingest(trajectory, source_id, progress, runtime.config)
-        digest = hashlib.sha256(payload.encode()).hexdigest()
+        # The scope is part of what the source is: the same steps under another scope conflict.
+        digest = hashlib.sha256((payload + (canonical(metadata or {}) or "")).encode()).hexdigest()
         key = (repo, source_id)
         total = len(trajectory.steps)
 
@@ -176,7 +179,7 @@ class IngestService:
         self._inflight[key] = mine
         try:
             mine.receipt = await self._ingest_once(
-                repo, trajectory, source_id, digest, runtime, report
+                repo, trajectory, source_id, digest, runtime, report, metadata or {}
             )
             await report("done", total)
             return mine.receipt
@@ -207,6 +210,7 @@ class IngestService:
     async def _ingest_once(
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
         runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
+        metadata: Metadata,
     ) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
@@ -238,6 +242,7 @@ class IngestService:
             )
             if runtime.config.ingest_entity_tags:
                 changeset = await with_entity_tags(changeset, runtime.embedder)
+            changeset = replace(changeset, metadata=metadata)
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
         record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())

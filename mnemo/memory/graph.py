@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.graph.scope import check_where
 from mnemo.inputs import check_count, check_id, check_text
 from mnemo.memory.parts import Parts
 
@@ -88,17 +89,19 @@ class GraphMethods(Parts):
         *,
         limit: int = 20,
         types: Iterable[NodeType] | None = None,
+        where: dict[str, object] | None = None,
     ) -> list[Node]:
         """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
-        lookup, without recall's embedding, hops, value or reinforcement.
+        lookup, without recall's embedding, hops, value or reinforcement; with `where`, of
+        that scope only (as `recall`'s).
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, or a limit below 1 or above its
-                `Config.max_results`.
+                `Config.max_text_chars`, a limit below 1 or above its `Config.max_results`,
+                or a malformed `where`.
             NotFoundError: an unknown repo.
         """
-        return await self._reads.search_nodes(repo, query, limit, types)
+        return await self._reads.search_nodes(repo, query, limit, types, check_where(where))
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""

@@ -531,4 +531,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE threads SET history_hash = '' WHERE history_len = 0",
         ),
     ),
+    Migration(
+        # Who a memory belongs to: a node's, a session's and a message's metadata, and each
+        # node's (key, value) pairs in an index that a `where` reads. SQLite's m026_scopes.
+        "m018_scopes",
+        (
+            "ALTER TABLE nodes ADD COLUMN metadata jsonb",
+            "ALTER TABLE sessions ADD COLUMN metadata jsonb",
+            "ALTER TABLE messages ADD COLUMN metadata jsonb",
+            """CREATE TABLE node_scopes (
+                repo text NOT NULL,
+                key text NOT NULL,
+                value text NOT NULL,
+                node bigint NOT NULL REFERENCES nodes(rowid) ON DELETE CASCADE,
+                PRIMARY KEY (repo, key, value, node)
+            )""",
+            "CREATE INDEX node_scopes_by_node ON node_scopes (node)",
+        ),
+    ),
 )

@@ -234,3 +234,26 @@ def m025_store_clock(db: Database) -> None:
         );
         """,
     )
+
+
+@MIGRATIONS()
+def m026_scopes(db: Database) -> None:
+    # Who a memory belongs to (`mnemo.graph.scope`): a node's, a session's and a message's
+    # metadata as sorted JSON (NULL: none), and each node's (key, value) pairs in an index that
+    # a `where` reads, so that a filtered recall or search reads its scope, never the repo.
+    execute_all(
+        db,
+        """
+        ALTER TABLE nodes ADD COLUMN metadata TEXT;
+        ALTER TABLE sessions ADD COLUMN metadata TEXT;
+        ALTER TABLE messages ADD COLUMN metadata TEXT;
+        CREATE TABLE node_scopes (
+            repo TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            node INTEGER NOT NULL REFERENCES nodes(rowid) ON DELETE CASCADE,
+            PRIMARY KEY (repo, key, value, node)
+        ) WITHOUT ROWID;
+        CREATE INDEX node_scopes_by_node ON node_scopes(node);
+        """,
+    )

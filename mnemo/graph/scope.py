@@ -32,7 +32,8 @@ MAX_WHERE_VALUES = 1_000
 
 
 def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
-    """`metadata` checked (None is `{}`), as a new dict.
+    """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer,
+    which is what it matches).
 
     Raises:
         InvalidInputError: not a dict, more than `MAX_KEYS` keys, a key that is not a
@@ -45,8 +46,10 @@ def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
         raise InvalidInputError(f"{what} must be a dict, got {type(metadata).__name__}")
     if len(metadata) > MAX_KEYS:
         raise InvalidInputError(f"{what} has {len(metadata)} keys, more than {MAX_KEYS}")
-    return {_key(key, what): _value(value, f"{what}[{key!r}]") for key, value in
-            metadata.items()}
+    checked = {_key(key, what): _value(value, f"{what}[{key!r}]")
+               for key, value in metadata.items()}
+    return {key: int(value) if isinstance(value, float) and value.is_integer() else value
+            for key, value in checked.items()}
 
 
 def check_where(where: object) -> Where | None:

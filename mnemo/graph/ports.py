@@ -352,9 +352,10 @@ class GraphStore(Protocol):
         ...
 
     async def scope_sources(
-        self, repo: str, where: Where
+        self, repo: str, where: Where, limit: int | None = None
     ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of every node inside `where`."""
+        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
+        in the order they were added; all for None)."""
         ...
 
     async def search_text(

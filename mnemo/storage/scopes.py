@@ -49,15 +49,16 @@ def inside(repo: str, where: Where, node_ids: Sequence[str]) -> tuple[str, list[
     )
 
 
-def sources(repo: str, where: Where) -> tuple[str, list[object]]:
-    """(SQL, params) of `where`'s nodes as (source_id or NULL, node id, type)."""
+def sources(repo: str, where: Where, limit: int) -> tuple[str, list[object]]:
+    """(SQL, params) of `where`'s nodes as (source_id or NULL, node id, type), at most
+    `limit`."""
     (key, values), *_ = where.items()
     others, params = exists(repo, where, "s.node", 1)
     return (
         "SELECT n.source_id, n.id, n.type FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
         f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({', '.join('?' * len(values))})"
-        f"{others}",
-        [repo, key, *values, *params],
+        f"{others} ORDER BY s.node LIMIT ?",
+        [repo, key, *values, *params, limit],
     )
 
 
@@ -94,11 +95,12 @@ class ScopeReads:
         return found
 
     async def scope_sources(
-        self, repo: str, where: Where
+        self, repo: str, where: Where, limit: int | None = None
     ) -> list[tuple[str | None, str, str]]:
-        """(source id or None, node id, type) of every node inside `where`."""
-        return [(None if s is None else str(s), str(i), str(t))
-                for s, i, t in await self._scope_rows(*sources(repo, where))]
+        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
+        in the order they were added; all for None)."""
+        return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
+                await self._scope_rows(*sources(repo, where, 2**62 if limit is None else limit))]
 
     async def scoped(
         self, repo: str, scope: Scope, limit: int, kinds: Collection[str] | None,

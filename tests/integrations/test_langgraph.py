@@ -119,7 +119,7 @@ async def test_search_by_prefix_filter_and_namespaces(mem: mnemo.Memory) -> None
     assert all(isinstance(i, SearchItem) for i in docs)
     assert [i.key for i in await store.asearch(("docs",), filter={"kind": "note"})] == ["1", "3"]
     assert [i.key for i in await store.asearch(("docs",), limit=1, offset=1)] == ["2"]
-    assert [i.key for i in await store.asearch(("docs", "a"), query="second")][0] == "2"
+    assert next(i.key for i in await store.asearch(("docs", "a"), query="second")) == "2"
     assert await store.alist_namespaces() == [
         ("docs", "a", "v1"), ("docs", "a", "v2"), ("docs", "b", "v1"), ("other",)]
     assert await store.alist_namespaces(prefix=("docs",), max_depth=2) == [

@@ -4,7 +4,7 @@ viewport, eviction, goals and message search (`Memory` inherits them; see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -126,7 +126,7 @@ class ConversationMethods(Parts):
         thread_id: str | None = None,
         limit: int = 5,
         exclude_viewport_of: str | None = None,
-        where: dict[str, object] | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> list[SearchHit]:
         """Messages of every thread (or of `thread_id`) matching the query's words, best
         first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from importlib.util import find_spec
 from types import TracebackType
@@ -247,7 +247,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         reinforce: bool | None = None,
         as_of: datetime | None = None,
         valid_at: datetime | None = None,
-        where: dict[str, object] | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> RecallResult:
         """The repo's memories most relevant to `query`, best first; with `where` (metadata
         key -> a value or a list of values), only the nodes of that scope (`Node.metadata`).
@@ -365,7 +365,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         return await self._following_switches(
             repo, lambda: self._ingests.forget(repo, source_id), "forgotten")
 
-    async def forget_where(self, repo: str, where: dict[str, object]) -> int:
+    async def forget_where(self, repo: str, where: Mapping[str, object]) -> int:
         """Erases everything in the scope `where` selects, as `forget` erases a source: each
         ingest and session whose nodes are in it is forgotten (no byte of it left), then any
         node of the scope still there (a correction's) is deleted. Returns how many nodes
@@ -396,7 +396,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
     async def recall_in_context(
         self, repo: str, session_id: str, query: str, *, k: int = 10,
-        where: dict[str, object] | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> RecallResult:
         """`recall` with the session's goal and last 3 steps added to the query; an unknown or
         idle session falls back to the plain query. The context is cut to keep the whole

@@ -3,7 +3,7 @@ maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.fa
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -89,7 +89,7 @@ class GraphMethods(Parts):
         *,
         limit: int = 20,
         types: Iterable[NodeType] | None = None,
-        where: dict[str, object] | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> list[Node]:
         """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
         lookup, without recall's embedding, hops, value or reinforcement; with `where`, of
@@ -204,7 +204,7 @@ class GraphMethods(Parts):
         return vector[0], runtime.generation, policy
 
     async def nodes_where(
-        self, repo: str, where: dict[str, object], *, limit: int = 100
+        self, repo: str, where: Mapping[str, object], *, limit: int = 100
     ) -> list[Node]:
         """The first `limit` nodes of the scope `where` (as `recall`'s), in the order they
         were added: read through the scope index, never a scan of the repo.

@@ -3,7 +3,6 @@ one-line error rule, and opening the `Memory` its settings choose."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -69,27 +68,6 @@ Where = Annotated[
                                  "keys, or a key for any of its values."),
 ]
 
-
-def parse_where(pairs: list[str] | None) -> dict[str, object] | None:
-    """`--where` options as a `where` (None when there are none).
-
-    Raises:
-        CliError: a pair without "=", or a KEY:=VALUE that is not JSON.
-    """
-    where: dict[str, list[object]] = {}
-    for pair in pairs or ():
-        key, sign, value = pair.partition("=")
-        if not sign:
-            raise CliError(f"--where {pair!r}: expected KEY=VALUE")
-        parsed: object = value
-        if key.endswith(":"):
-            key = key[:-1]
-            try:
-                parsed = json.loads(value)
-            except ValueError as exc:
-                raise CliError(f"--where {pair!r}: {value!r} is not JSON") from exc
-        where.setdefault(key, []).append(parsed)
-    return {k: v[0] if len(v) == 1 else v for k, v in where.items()} or None
 
 
 def run(work: Callable[[], Awaitable[None]]) -> None:

@@ -28,7 +28,6 @@ from mnemo.cli._common import (
     check_repo,
     confirm,
     open_memory,
-    parse_where,
     run,
 )
 from mnemo.cli._database import CliError
@@ -53,6 +52,7 @@ from mnemo.cli._settings import (
     resolve,
 )
 from mnemo.graph.model import NodeType
+from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
 from mnemo.session.machine import State
 
@@ -225,7 +225,7 @@ def recall(
 
     async def work() -> None:
         wanted = _node_types(types)
-        scope = parse_where(where)
+        scope = parse_where(where or ())
         settings = _settings(
             store, config, llm, embedder, (temperature, llm_timeout, None)
         )
@@ -370,7 +370,7 @@ def search(
     """Search the conversation threads' messages (full text, best first)."""
 
     async def work() -> None:
-        scope = parse_where(where)
+        scope = parse_where(where or ())
         async with open_memory(_settings(store, config)) as mem:
             hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
         if as_json:
@@ -452,7 +452,7 @@ def forget(
     (`--where user_id=alice`: `forget_where`)."""
 
     async def work() -> None:
-        scope = parse_where(where)
+        scope = parse_where(where or ())
         if (source is None) == (scope is None):
             raise CliError("give a source id or --where, one of them")
         async with open_memory(_settings(store, config, embedder=embedder)) as mem:

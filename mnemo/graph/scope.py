@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from mnemo.errors import InvalidInputError
@@ -74,6 +74,30 @@ def check_where(where: object) -> Where | None:
                 f"where[{key!r}] lists {len(values)} values: between 1 and {MAX_WHERE_VALUES}")
         out[name] = tuple(sorted({encoded(_value(v, f"where[{key!r}]")) for v in values}))
     return out or None
+
+
+def parse_where(pairs: Iterable[str]) -> dict[str, object] | None:
+    """"KEY=VALUE" texts (a string value; "KEY:=JSON" for a number or true/false) as a
+    `where`, a key given twice meaning any of its values; None when there are none (what the
+    command line's and the web app's `--where`/`where` give).
+
+    Raises:
+        InvalidInputError: a text without "=", or a KEY:=VALUE that is not JSON.
+    """
+    where: dict[str, list[object]] = {}
+    for pair in pairs:
+        key, sign, value = pair.strip().partition("=")
+        if not sign:
+            raise InvalidInputError(f"where {pair!r}: expected KEY=VALUE")
+        parsed: object = value
+        if key.endswith(":"):
+            key = key[:-1]
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise InvalidInputError(f"where {pair!r}: {value!r} is not JSON") from exc
+        where.setdefault(key, []).append(parsed)
+    return {k: v[0] if len(v) == 1 else v for k, v in where.items()} or None
 
 
 def encoded(value: Scalar) -> str:

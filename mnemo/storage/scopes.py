@@ -27,14 +27,16 @@ def exists(repo: str, where: Where, node: str, skip: int) -> tuple[str, list[obj
     return "".join(f" AND {c}" for c in clauses), params
 
 
-def members(repo: str, where: Where, limit: int) -> tuple[str, list[object]]:
-    """(SQL, params) of the (id, rowid, type) of at most `limit` nodes inside `where`."""
+def members(repo: str, where: Where, limit: int, columns: str = "n.id, n.rowid, n.type"
+            ) -> tuple[str, list[object]]:
+    """(SQL, params) of `columns` of the first `limit` nodes inside `where`, by rowid (the
+    order they were added)."""
     (key, values), *_ = where.items()
     others, params = exists(repo, where, "s.node", 1)
     return (
-        "SELECT n.id, n.rowid, n.type FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
+        f"SELECT {columns} FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
         f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({', '.join('?' * len(values))})"
-        f"{others} LIMIT ?",
+        f"{others} ORDER BY s.node LIMIT ?",
         [repo, key, *values, *params, limit],
     )
 
@@ -46,19 +48,6 @@ def inside(repo: str, where: Where, node_ids: Sequence[str]) -> tuple[str, list[
         f"SELECT n.id FROM nodes n WHERE n.repo = ? AND n.id IN ({', '.join('?' * len(node_ids))})"
         f"{others}",
         [repo, *node_ids, *params],
-    )
-
-
-def sources(repo: str, where: Where, limit: int) -> tuple[str, list[object]]:
-    """(SQL, params) of `where`'s nodes as (source_id or NULL, node id, type), at most
-    `limit`."""
-    (key, values), *_ = where.items()
-    others, params = exists(repo, where, "s.node", 1)
-    return (
-        "SELECT n.source_id, n.id, n.type FROM node_scopes s JOIN nodes n ON n.rowid = s.node"
-        f" WHERE s.repo = ? AND s.key = ? AND s.value IN ({', '.join('?' * len(values))})"
-        f"{others} ORDER BY s.node LIMIT ?",
-        [repo, key, *values, *params, limit],
     )
 
 
@@ -100,7 +89,8 @@ class ScopeReads:
         """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
         in the order they were added; all for None)."""
         return [(None if s is None else str(s), str(i), str(t)) for s, i, t in
-                await self._scope_rows(*sources(repo, where, 2**62 if limit is None else limit))]
+                await self._scope_rows(*members(repo, where, 2**62 if limit is None else limit,
+                                                "n.source_id, n.id, n.type"))]
 
     async def scoped(
         self, repo: str, scope: Scope, limit: int, kinds: Collection[str] | None,

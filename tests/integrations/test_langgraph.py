@@ -4,7 +4,6 @@ both backends."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, TypedDict
 
 import anyio
@@ -14,16 +13,7 @@ from langgraph.store.base import BaseStore, Item, SearchItem
 
 import mnemo
 from mnemo.integrations.langgraph import MnemoStore
-from tests.fakes import FakeEmbedder
-
-REPO = "agent"
-
-
-@pytest.fixture
-async def mem(store: str) -> AsyncIterator[mnemo.Memory]:
-    async with mnemo.Memory(store, embedder=FakeEmbedder()) as m:
-        await m.open_repo(REPO)
-        yield m
+from tests.conftest import REPO
 
 
 class State(TypedDict):

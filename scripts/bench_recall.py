@@ -97,7 +97,7 @@ from mnemo.storage.postgres.vectors import EXACT_BELOW
 REPO = "bench"
 DIM = 384
 GOAL_MS = 20.0
-# A filtered recall's p50, at most this many times the unfiltered one's (issue 50).
+# A filtered recall's p50, at most this many times the unfiltered one's.
 WHERE_GOAL = 1.5
 console = Console(width=None if sys.stdout.isatty() else 120)
 

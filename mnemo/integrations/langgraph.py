@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from mnemo.config import Config
 from mnemo.graph.model import Node, NodeType
+from mnemo.graph.scope import Metadata
 
 try:
     from langgraph.store.base import (
@@ -113,7 +114,7 @@ class MnemoStore(BaseStore):
                 raise TypeError(f"MnemoStore cannot run a {type(op).__name__}")
         return results
 
-    def _where(self, prefix: Sequence[str]) -> dict[str, object]:
+    def _where(self, prefix: Sequence[str]) -> Metadata:
         """The scope of a namespace prefix."""
         return {MARK: True, **{self._label(i): label for i, label in enumerate(prefix)}}
 
@@ -138,7 +139,7 @@ class MnemoStore(BaseStore):
         created = None if old is None else old.data.get("created_at") or old.created_at.isoformat()
         metadata = {**self._where(namespace), NAMESPACE: ".".join(namespace), KEY: key}
         await self._mem.remember(
-            self._repo, _text(value), source_id=source, metadata=metadata,  # type: ignore[arg-type]
+            self._repo, _text(value), source_id=source, metadata=metadata,
             data={"value": dict(value), "created_at": created})
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:

@@ -4,6 +4,7 @@ bi-temporal ones)."""
 
 from __future__ import annotations
 
+import json
 import zlib
 from datetime import datetime
 
@@ -27,7 +28,7 @@ def node(row: Row) -> Node:
         NodeId(node_id), NODE_TYPES[kind], text, loads_object(data),
         datetime.fromisoformat(created_at),
         _moment(valid_from), _moment(valid_to), _moment(recorded_at), _moment(retired_at),
-        {} if metadata is None else loads_object(metadata),  # type: ignore[arg-type]
+        {} if metadata is None else json.loads(metadata),
     )
 
 

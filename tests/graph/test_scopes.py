@@ -171,3 +171,20 @@ async def test_every_search_path_keeps_to_the_scope(
         found = await mem.search_nodes(REPO, "kettle", where={"user_id": "alice"})
         assert found
         assert {n.id for n in found} <= alice
+
+
+async def test_a_session_committed_through_another_memory_keeps_its_metadata(
+    store: str,
+) -> None:
+    """The metadata is stored with the session: a second Memory on the store that closes and
+    commits it gives its nodes that metadata."""
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as first:
+        await first.open_repo(REPO)
+        sid = await first.start_session("cook", repo=REPO, metadata={"user_id": "erin"})
+        await first.append(sid, "the oven is hot", "open the window")
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as second:
+        receipt = await second.close_and_commit(sid)
+        assert receipt.node_ids
+        for node in await second.get_nodes_by_type(REPO, list(N)):
+            assert node.metadata == {"user_id": "erin"}
+        assert (await second.recall(REPO, "oven", where={"user_id": "erin"})).memories

@@ -29,6 +29,7 @@ def node_json(node: Node) -> dict[str, object]:
         "type": label(node.type),
         "text": node.text,
         "data": node.data,
+        "metadata": node.metadata,
         "created_at": node.created_at.isoformat(),
     }
 

@@ -117,6 +117,13 @@ def _root(
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
+Where = Annotated[
+    list[str] | None,
+    typer.Option("--where", help="Only the scope whose metadata has KEY=VALUE (a string; "
+                                 "KEY:=JSON for a number or true/false); repeat it for more "
+                                 "keys, or a key for any of its values."),
+]
+
 
 
 def run(work: Callable[[], Awaitable[None]]) -> None:

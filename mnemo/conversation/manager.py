@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING
@@ -50,6 +51,7 @@ from mnemo.conversation.selection import (
 )
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
+from mnemo.graph.scope import Metadata, check_metadata
 from mnemo.inputs import check_count, check_text
 from mnemo.ports import LLM
 
@@ -105,7 +107,8 @@ class ConversationManager:
         return self
 
     async def save(
-        self, thread_id: str, messages: Sequence[Mapping[str, object]]
+        self, thread_id: str, messages: Sequence[Mapping[str, object]],
+        metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
         """Stores the messages of `messages` (the full history so far) past the stored length,
         each with the next seq; returns them ([] when nothing was new).
@@ -120,7 +123,8 @@ class ConversationManager:
         With `Summary`, the uncompacted messages may then be summarised; a failed summary is
         logged and never raised. With `auto_evict_budget`, evictions run until the viewport
         of that budget shows every message from the boundary on (the seed's rule: evict when
-        the boundary message would leave the viewport).
+        the boundary message would leave the viewport). Each new message carries `metadata`
+        (`Message.metadata`, what `search_messages(where=)` selects).
 
         Raises:
             InvalidInputError: a history that does not extend the stored one (a sliding
@@ -137,14 +141,16 @@ class ConversationManager:
         """
         check_thread_name(thread_id)
         history = check_history(messages)
+        scoped = check_metadata(metadata)
         async with self._service.thread_lock(thread_id):
-            appended = await self._append_new(thread_id, history)
+            appended = await self._append_new(thread_id, history, scoped)
             await self._compress(thread_id, appended)
         await self._evict(thread_id, appended)
         return appended
 
     async def append(
-        self, thread_id: str, messages: Sequence[Mapping[str, object]]
+        self, thread_id: str, messages: Sequence[Mapping[str, object]],
+        metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
         """Stores `messages`, new messages only, after the thread's stored ones, each with the
         next seq; returns them. For an app that keeps a window of its history: nothing is
@@ -158,8 +164,9 @@ class ConversationManager:
         """
         check_thread_name(thread_id)
         history = check_history(messages)
+        scoped = check_metadata(metadata)
         self._check_count(len(history))
-        drafted = await cpu.run(partial(_drafts, history, 0, self._service.config),
+        drafted = await cpu.run(partial(_drafts, history, 0, self._service.config, scoped),
                                 _chars(history))
         drafts = list(drafted.values())
         vectors = await self._embed(thread_id, dict(enumerate(drafts)), {})
@@ -210,7 +217,7 @@ class ConversationManager:
         return {i: done[i] for i in drafts}
 
     async def _append_new(
-        self, thread_id: str, history: Sequence[Mapping[str, object]]
+        self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
     ) -> list[Message]:
         """Appends the messages of `history` past the stored length once it is checked to
         extend the stored history; returns them.
@@ -240,8 +247,9 @@ class ConversationManager:
             if len(history) <= stored:
                 return []
             self._check_count(len(history) - stored)
-            drafts = await cpu.run(partial(_drafts, history, stored, self._service.config),
-                                   _chars(history[stored:]))
+            drafts = await cpu.run(
+                partial(_drafts, history, stored, self._service.config, metadata),
+                _chars(history[stored:]))
             embedded = await self._embed(thread_id, drafts, vectors)
             try:
                 return await store.append(
@@ -496,9 +504,10 @@ def _summary_inputs(
 
 
 def _drafts(
-    history: Sequence[Mapping[str, object]], start: int, config: Config
+    history: Sequence[Mapping[str, object]], start: int, config: Config, metadata: Metadata,
 ) -> dict[int, MessageDraft]:
-    return {i: draft(history[i], i, config) for i in range(start, len(history))}
+    return {i: replace(draft(history[i], i, config), metadata=metadata)
+            for i in range(start, len(history))}
 
 
 def _keys(history: Sequence[Mapping[str, object]], start: int, end: int) -> list[bytes]:

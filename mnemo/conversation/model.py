@@ -129,6 +129,8 @@ class Message:
     data: dict[str, object]
     recorded_at: datetime
     tokens: int = 0
+    # Who the message belongs to (`save`/`append`'s `metadata`; `mnemo.graph.scope`).
+    metadata: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """The message as it was saved: `role`, `content` (unless it had none) and the other

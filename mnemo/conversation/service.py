@@ -53,6 +53,7 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
+from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_id, check_models, check_text
 from mnemo.ports import LLM, Embedder, detect_dim
 from mnemo.text import query_words
@@ -360,6 +361,7 @@ class ConversationService:
         thread_id: str | None,
         limit: int,
         exclude_viewport_of: str | None,
+        where: Where | None = None,
     ) -> list[SearchHit]:
         """See `Memory.search_messages`. `exclude_viewport_of` leaves out what that thread's
         viewport shows: when a viewport of it was laid out through this Memory, exactly the
@@ -379,6 +381,7 @@ class ConversationService:
             words, limit=limit, now=self.clock(), thread_id=thread_id,
             exclude_viewport_of=exclude_viewport_of,
             shown=None if exclude_viewport_of is None else self._shown.get(exclude_viewport_of),
+            where=where,
         )
 
     async def message_ids(self, prefix: str, *, limit: int) -> list[str]:

@@ -18,6 +18,7 @@ commit tries again (one slow provider stalled every commit to the repo).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,6 @@ from mnemo.graph.dedup import (
     resolve,
     resolve_intents,
     resolve_tags,
-    scope,
 )
 from mnemo.graph.model import (
     Changeset,
@@ -56,6 +56,7 @@ from mnemo.graph.ports import (
     SourceTaken,
     StepsCommitted,
 )
+from mnemo.graph.scope import Metadata, canonical, same
 from mnemo.graph.shares import Contribution
 from mnemo.graph.vectors import Snapshot, VectorIndex, unit
 
@@ -91,6 +92,8 @@ class CommitPlan:
     retired: tuple[tuple[str, str | None], ...] = ()
     # The graph's facts and instructions the changeset's joined, with what each brought.
     joined: dict[str, Contribution] = field(default_factory=dict)
+    # The scope every new node carries (`Changeset.metadata`).
+    metadata: Metadata = field(default_factory=dict)
 
 
 class CommitTarget(contradiction.FactSearch, Protocol):
@@ -383,7 +386,8 @@ async def _resolve_knowledge(
         nearest = [
             sorted(((i, float(sim)) for i, sim in zip(graph, row, strict=True)
                     if i != d.id and (d.id, i) not in apart
-                    and scope(seen[i].data) == scope(d.data)), key=lambda o: -o[1])[:NEAREST]
+                    and same(seen[i].metadata, changeset.metadata)),
+                   key=lambda o: -o[1])[:NEAREST]
             for d, row in zip(drafts, sims, strict=True)
         ]
         await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, _texts(target),
@@ -423,10 +427,11 @@ async def _apply_locked(
         resolution = await _resolve_intents(target, changeset, index, merge, intents)
     graph_nodes = await _resolve_knowledge(target, changeset, merge, intents, before,
                                            resolution)
-    tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
-    resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
+    drafts = _scoped_tags(changeset)
+    tag_keys = [n.key for n in drafts if n.type is NodeType.TAG and n.key]
+    resolve_tags(drafts, await target.tag_owners(repo, tag_keys), resolution)
     present = await target.present(repo, [n.id for n in changeset.nodes])
-    drafts = [n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present]
+    drafts = [n for n in drafts if n.id not in resolution.remap and n.id not in present]
     nodes = [(n, *resolution.rewordings.get(n.id, (n.text, n.vector))) for n in drafts]
     new_ids = {n.id for n in drafts}
     rewordings = {
@@ -464,6 +469,19 @@ async def _apply_locked(
             (r.retired, None if r.valid_to is None else r.valid_to.isoformat()) for r in retired
         ),
         joined=joined,
+        metadata=dict(changeset.metadata),
     )
     await target.write_commit(plan, also)
     return plan.receipt
+
+
+def _scoped_tags(changeset: Changeset) -> list[NodeDraft]:
+    """The changeset's drafts, a tag's key made its scope's: a tag is shared only by the
+    nodes of one scope, so that a scope's routes and erasure never reach another's."""
+    fingerprint = canonical(changeset.metadata)
+    if fingerprint is None:
+        return changeset.nodes
+    # A digest: a key must fit an index entry, and a metadata may be several KB.
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:32]
+    return [replace(n, key=f"{n.key}\x1f{digest}") if n.type is NodeType.TAG and n.key
+            else n for n in changeset.nodes]

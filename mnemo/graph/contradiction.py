@@ -22,6 +22,7 @@ import numpy as np
 
 from mnemo.graph.facts import TEMPORAL
 from mnemo.graph.model import Changeset, LinkType, Node, NodeDraft, NodeType, Vector
+from mnemo.graph.scope import Scope, Where, check_where, same
 from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, reaches, unit
 
 
@@ -48,12 +49,16 @@ CLOSE = 0.6
 
 
 class FactSearch(Protocol):
+    async def scope(self, repo: str, where: Where) -> Scope: ...
+
     async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]: ...
 
     async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]: ...
 
     async def similarities(
@@ -86,22 +91,28 @@ async def retirements(
     corrects an earlier one)."""
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
+    # A fact ends only facts of its own scope: searched inside it, then checked exactly.
+    where = check_where(changeset.metadata)
+    scope = None if where is None else await graph.scope(changeset.repo, where)
     facts = sorted((n for n in changeset.nodes if n.type in TEMPORAL), key=lambda n: told[n.id])
     earlier = _earlier(facts, candidates, close)
     asked: list[tuple[NodeDraft, list[Node | NodeDraft]]] = []
     for node in facts:
         kinds = [node.type]
-        by_vector = (nearest[node.id][:candidates] if nearest is not None else
-                     await graph.search_vectors(changeset.repo, node.vector, candidates, kinds))
+        # The repo-wide nearest (`nearest`) serve an unscoped changeset only.
+        by_vector = (nearest[node.id][:candidates] if nearest is not None and scope is None
+                     else await graph.search_vectors(changeset.repo, node.vector, candidates,
+                                                     kinds, scope))
         near = [i for i, similarity in by_vector if reaches(similarity, close)]
         worded = [i for i, _ in await graph.search_text(
-            changeset.repo, node.text, candidates, kinds) if i not in near]
+            changeset.repo, node.text, candidates, kinds, scope) if i not in near]
         if worded:
             similar = await graph.similarities(changeset.repo, worded, node.vector)
             near += [i for i in worded if reaches(similar.get(i, -1.0), close)]
         fresh = [i for i in dict.fromkeys(near) if i not in own]
         olds: list[Node | NodeDraft] = [
-            old for old in await graph.get_nodes(changeset.repo, fresh) if not old.retired]
+            old for old in await graph.get_nodes(changeset.repo, fresh)
+            if not old.retired and same(old.metadata, changeset.metadata)]
         olds += earlier[node.id]
         if olds:
             asked.append((node, olds))

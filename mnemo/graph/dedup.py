@@ -17,7 +17,7 @@ scopes one (`scope`: the metadata of the session or ingest that said them).
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,12 +52,6 @@ def _said(text: str) -> set[str]:
         return {" ".join(text.casefold().split())}
     return {"not" if w.lower().endswith("n't") else _text.stem(w.lower())
             for w in _text.words(text)} - _FILLERS
-
-
-def scope(data: Mapping[str, object]) -> object:
-    """The scope a fact or an instruction belongs to: its node's `data["metadata"]` (None when
-    it has none). Two of different scopes are never one node."""
-    return data.get("metadata")
 
 
 def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
@@ -153,9 +147,8 @@ async def resolve(
     for i, draft in enumerate(drafts):
         sims = to_batch[i, order]
         close = {*np.flatnonzero(sims >= merge_threshold - COSINE_TOLERANCE).tolist(), *reworded}
-        options = [*nearest[i], *((drafts[order[n]].id, float(sims[n])) for n in close
-                                  if not knowledge or scope(drafts[order[n]].data) == scope(
-                                      draft.data))]
+        # The drafts of one changeset are of one scope (`Changeset.metadata`).
+        options = [*nearest[i], *((drafts[order[n]].id, float(sims[n])) for n in close)]
         # A merged wording is compared by its own vector.
         options = sorted(
             ((node_id, cosine(draft.vector, out.rewordings[node_id][1])

@@ -30,6 +30,7 @@ from mnemo.graph.model import (
     NodeType,
     Vector,
 )
+from mnemo.graph.scope import Scope, Where
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitRecord
@@ -354,12 +355,30 @@ class GraphStore(Protocol):
         """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
         ...
 
+    async def scope(self, repo: str, where: Where) -> Scope:
+        """`where` resolved for the reads of one recall or search: its nodes, read from the
+        scope index, when they are few enough to search over (`Scope`)."""
+        ...
+
+    async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
+        """Those of `node_ids` inside the scope."""
+        ...
+
+    async def scope_sources(
+        self, repo: str, where: Where, limit: int | None = None
+    ) -> list[tuple[str | None, str, str]]:
+        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
+        in the order they were added; all for None)."""
+        ...
+
     async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]: ...
 
     def start_search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> Started[list[tuple[str, float]]]:
         """`search_text`, begun now where the store can (its lexical index's search, queued
         on that index's thread) and finished by `result`; what cannot begin now (the store's
@@ -367,7 +386,8 @@ class GraphStore(Protocol):
         ...
 
     async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]: ...
 
     async def nearest_of_type(

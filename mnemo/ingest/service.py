@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anyio
 
@@ -31,6 +31,7 @@ from mnemo.graph.ports import (
     SourceRecorded,
     SourceTaken,
 )
+from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_text
@@ -130,8 +131,11 @@ def check_ingest(
     check_trajectory(trajectory, config)
 
 
-def _digest(trajectory: Trajectory, config: Config) -> str:
-    return hashlib.sha256(payload_of(trajectory, config).encode()).hexdigest()
+def _digest(trajectory: Trajectory, config: Config, metadata: Metadata | None) -> str:
+    """The digest that identifies a source: its payload and its scope (the same steps under
+    another scope conflict)."""
+    payload = payload_of(trajectory, config) + (canonical(metadata or {}) or "")
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 class IngestService:
@@ -149,7 +153,8 @@ class IngestService:
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
     async def ingest(
-        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None
+        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None,
+        metadata: Metadata | None = None,
     ) -> IngestReceipt:
         """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
         far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`).
@@ -163,7 +168,7 @@ class IngestService:
         runtime = self._runtime(repo)
         check_ingest(trajectory, source_id, progress, runtime.config)
         chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
-        digest = await cpu.run(lambda: _digest(trajectory, runtime.config), chars)
+        digest = await cpu.run(lambda: _digest(trajectory, runtime.config, metadata), chars)
         key = (repo, source_id)
         total = len(trajectory.steps)
 
@@ -186,7 +191,7 @@ class IngestService:
         self._inflight[key] = mine
         try:
             mine.receipt = await self._ingest_once(
-                repo, trajectory, source_id, digest, runtime, report
+                repo, trajectory, source_id, digest, runtime, report, metadata or {}
             )
             await report("done", total)
             return mine.receipt
@@ -217,6 +222,7 @@ class IngestService:
     async def _ingest_once(
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
         runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
+        metadata: Metadata,
     ) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
@@ -248,6 +254,7 @@ class IngestService:
             )
             if runtime.config.ingest_entity_tags:
                 changeset = await with_entity_tags(changeset, runtime.embedder)
+            changeset = replace(changeset, metadata=metadata)
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
         record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())

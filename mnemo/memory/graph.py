@@ -3,20 +3,21 @@ maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.fa
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
-from mnemo.inputs import check_count, check_id, check_text
+from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.graph.scope import check_metadata, check_where
+from mnemo.inputs import check_count, check_id, check_json, check_name, check_text
 from mnemo.memory.parts import Parts
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
-    from mnemo.graph.ports import Unstaged
+    from mnemo.graph.ports import IntentPolicy, Unstaged
     from mnemo.graph.reembed import ReembedProgress
     from mnemo.ports import Embedder
 
@@ -88,17 +89,19 @@ class GraphMethods(Parts):
         *,
         limit: int = 20,
         types: Iterable[NodeType] | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> list[Node]:
         """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
-        lookup, without recall's embedding, hops, value or reinforcement.
+        lookup, without recall's embedding, hops, value or reinforcement; with `where`, of
+        that scope only (as `recall`'s).
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, or a limit below 1 or above its
-                `Config.max_results`.
+                `Config.max_text_chars`, a limit below 1 or above its `Config.max_results`,
+                or a malformed `where`.
             NotFoundError: an unknown repo.
         """
-        return await self._reads.search_nodes(repo, query, limit, types)
+        return await self._reads.search_nodes(repo, query, limit, types, check_where(where))
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
@@ -121,9 +124,6 @@ class GraphMethods(Parts):
             EmbeddingError: the text could not be embedded within the repo's
                 `Config.extraction_timeout`; nothing was stored.
         """
-        from mnemo.calls import deadline
-        from mnemo.episode.annotation import embed
-        from mnemo.extraction.entities import vector_text
         from mnemo.graph.facts import TEMPORAL, correction
         from mnemo.graph.model import NodeId
 
@@ -138,21 +138,97 @@ class GraphMethods(Parts):
                 f"node {node_id!r} is not a live fact (a {old.type.value} node"
                 f"{', retired' if old.retired else ''}): only facts are corrected"
             )
+        vector, generation, policy = await self._fact_vector(repo, old.type, text)
+        changeset = correction(repo, old, text, vector, generation)
+        receipt = await self._graph.apply(changeset, intents=policy)
+        # A correction to the wording of another live fact joins it: the receipt names it.
+        record = None if receipt.node_ids else await self._graph.commit_record(
+            repo, receipt.changeset_id)
+        return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
+
+    async def remember(
+        self, repo: str, text: str, *, source_id: str, data: dict[str, object] | None = None,
+        metadata: dict[str, str | int | float | bool] | None = None,
+    ) -> CommitReceipt:
+        """Stores `text` as it is, one SEMANTIC fact (no model but the repo's embedder; no
+        fact is retired by it), with `data` as its data and `metadata` as its scope, recorded
+        as the source `source_id` as an ingest is: `forget(source_id)` erases it and frees
+        the id. Returns the commit's receipt (the fact's id).
+
+        Raises:
+            InvalidInputError: a blank text or one past `Config.max_text_chars`, a source id
+                that is no name, data that is not JSON within that bound, or a bad metadata.
+            ConflictError: the source id is taken (forget it first).
+            NotFoundError: an unknown repo.
+            EmbeddingError: as `correct`'s; nothing was stored.
+        """
+        import hashlib
+        import json
+        import uuid
+
+        from mnemo.graph.model import Changeset, NodeDraft, NodeType, now_utc
+        from mnemo.graph.ports import SourceRecorded, SourceTaken
+
+        scoped = check_metadata(metadata)
+        check_name(source_id, "source_id")
+        body = dict(data or {})
+        await self._repos.checked(repo, lambda config: (
+            check_text(text, "text", limit=config.max_text_chars),
+            check_json(body, "data", limit=config.max_text_chars)))
+        vector, generation, policy = await self._fact_vector(repo, NodeType.SEMANTIC, text)
+        node = NodeDraft(f"semantic_{uuid.uuid4().hex}", NodeType.SEMANTIC, text, body, vector,
+                         source_id=source_id)
+        changeset = Changeset(f"changeset_{uuid.uuid4().hex}", repo, [node],
+                              generation=generation, metadata=scoped)
+        digest = hashlib.sha256(json.dumps([text, body, scoped], sort_keys=True).encode())
+        record = SourceRecorded(repo, source_id, digest.hexdigest(), changeset.id,
+                                now_utc().isoformat())
+        try:
+            return await self._graph.apply(changeset, intents=policy, also=[record])
+        except SourceTaken as exc:
+            raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken") from exc
+
+    async def _fact_vector(
+        self, repo: str, kind: NodeType, text: str
+    ) -> tuple[Vector, int, IntentPolicy]:
+        """The vector of a fact's text by the repo's embedder (within its
+        `extraction_timeout`), its generation, and the commit policy of a fact stated as it
+        is (no contradiction asked)."""
+        from mnemo.calls import deadline
+        from mnemo.episode.annotation import embed
+        from mnemo.extraction.entities import vector_text
+
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
         limit = runtime.config.extraction_timeout
         try:
             with deadline.fail_after(limit):
-                vector = await embed(runtime.embedder, [vector_text(old.type, text)])
+                vector = await embed(runtime.embedder, [vector_text(kind, text)])
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder took more than {limit} s") from exc
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
-        changeset = correction(repo, old, text, vector[0], runtime.generation)
-        receipt = await self._graph.apply(changeset, intents=policy)
-        record = None if receipt.node_ids else await self._graph.commit_record(
-            repo, receipt.changeset_id)
-        return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
+        return vector[0], runtime.generation, policy
+
+    async def nodes_where(
+        self, repo: str, where: Mapping[str, object], *, limit: int = 100
+    ) -> list[Node]:
+        """The first `limit` nodes of the scope `where` (as `recall`'s), in the order they
+        were added: read through the scope index, never a scan of the repo.
+
+        Raises:
+            InvalidInputError: a malformed or empty `where`, or a limit below 1 or above the
+                repo's `Config.max_results`.
+            NotFoundError: an unknown repo.
+        """
+        scope = check_where(where)
+        if scope is None:
+            raise InvalidInputError("nodes_where needs a where with at least one key")
+        await self._repos.checked(repo, lambda config: check_count(
+            "limit", limit, minimum=1, maximum=config.max_results,
+            setting="Config.max_results"))
+        found = await self._graph.scope_sources(repo, scope, limit)
+        return await self._graph.get_nodes(repo, [i for _, i, _ in found])
 
     # ---- history --------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import anyio
@@ -79,7 +79,7 @@ class Extraction:
             # What an earlier extraction of this episode kept (here, or in a Memory before a
             # restart) is asked no more.
             session.memo = TaskMemo(episode.id, await live.store.kept_results(episode.id))
-        return await extract(
+        changeset = await extract(
             episode,
             steps,
             repo=session.repo,
@@ -92,6 +92,7 @@ class Extraction:
             memo=session.memo,
             partial=runtime.config.partial_commits,
         )
+        return replace(changeset, metadata=session.metadata) if session.metadata else changeset
 
     async def run(self) -> Ended:
         """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
@@ -161,7 +162,8 @@ class Extraction:
         session = self.session
         episode = session.episode
         if episode is None:
-            return Changeset(f"changeset_{uuid.uuid4().hex}", session.repo)
+            return Changeset(f"changeset_{uuid.uuid4().hex}", session.repo,
+                             metadata=session.metadata)
         return await self._extract_steps(episode, steps)
 
     async def _auto_commit_rest(self, started: float) -> bool:

@@ -8,7 +8,7 @@ it returns; `load_live` brings back every session that had not ended. Implementa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -55,6 +55,7 @@ class LiveSession:
     active_at: datetime | None = None
     # The goal of its last episode, open or not (an idle session's is its last one's).
     goal: str | None = None
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +81,10 @@ class SessionStore(Protocol):
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         """Stores a new session, collecting `episode`, used now, and held by `holder` (its
-        auto-commit timers) until `lease_until`."""
+        auto-commit timers) until `lease_until`, its nodes to carry `metadata`."""
         ...
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None

@@ -177,6 +177,8 @@ class SessionRecord:
     config: Config
     episode: EpisodeRecord | None = None
     changeset: Changeset | None = None
+    # The scope its nodes carry (`Node.metadata`).
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
     last_receipt: CommitReceipt | None = None
     failure: BaseException | None = None
     lock: anyio.Lock = field(default_factory=anyio.Lock)

@@ -161,6 +161,7 @@ class Sessions:
         session.recorded = True
         session.episode = row.episode
         session.changeset = row.changeset
+        session.metadata = dict(row.metadata)
         session.extraction_model = row.model
         session.version = row.version
         # Restored or read, it is not this Memory's to drive: its holder drives its timers

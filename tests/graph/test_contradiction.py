@@ -4,6 +4,7 @@ that retires, and its revert; on each backend."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -141,6 +142,22 @@ async def test_a_fact_of_an_earlier_time_is_the_one_retired(store: str) -> None:
         assert (await fact_times(graph, "a-fact"))[2] is not None
         assert (await fact_times(graph, "b-fact"))[1:] == (None, None)
         assert Link("b-fact", "a-fact", SUPERSEDES) in await graph.links(REPO)
+
+
+async def test_a_fact_retires_only_facts_of_its_own_scope(store: str) -> None:
+    """Bob's "Dana lives in Porto" leaves Alice's "Dana lives in Lisbon" live; Alice's own
+    later fact retires it."""
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        for prefix, text, user in (("a", "Dana lives in Lisbon", "alice"),
+                                   ("b", "Dana lives in Porto", "bob")):
+            await graph.apply(replace(fact(prefix, text), metadata={"user_id": user}),
+                              intents=judging())
+        assert (await fact_times(graph, "a-fact"))[1:] == (None, None)
+        await graph.apply(replace(fact("c", "Dana lives in Porto"),
+                                  metadata={"user_id": "alice"}), intents=judging())
+        assert (await fact_times(graph, "a-fact"))[2] is not None
+        assert (await fact_times(graph, "b-fact"))[1:] == (None, None)
 
 
 async def test_without_a_judge_nothing_is_retired(store: str) -> None:

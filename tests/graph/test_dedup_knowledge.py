@@ -128,16 +128,18 @@ async def test_the_quickstart_run_twice_recalls_each_sentence_once(store: str) -
 
 async def test_a_fact_joins_none_of_another_scope(graph: GraphStore) -> None:
     """The same fact said in two scopes (the metadata of the session or ingest that said it)
-    is two nodes, in the graph and within one changeset; said again in one of them, it joins
-    that scope's node."""
-    def scoped(prefix: str, *users: str) -> Changeset:
+    is two nodes; said twice in one changeset, or again in one of the scopes, it joins that
+    scope's node."""
+    def scoped(prefix: str, user: str, count: int = 1) -> Changeset:
         nodes = [draft(f"{prefix}-{user}{n or ''}", NodeType.SEMANTIC, "Dana likes tea.",
-                       axis(0), {"metadata": {"user_id": user}}) for n, user in enumerate(users)]
-        return Changeset(f"{prefix}-cs", REPO, nodes, [])
+                       axis(0)) for n in range(count)]
+        return Changeset(f"{prefix}-cs", REPO, nodes, [], metadata={"user_id": user})
 
     await graph.apply(scoped("a", "alice"), intents=policy())
-    await graph.apply(scoped("b", "bob", "carol", "carol"), intents=policy())  # b-carol2 joins
+    await graph.apply(scoped("b", "bob"), intents=policy())
+    await graph.apply(scoped("d", "carol", 2), intents=policy())  # d-carol1 joins d-carol
     await graph.apply(scoped("c", "alice"), intents=policy())
     nodes = await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC])
-    assert sorted(n.id for n in nodes) == ["a-alice", "b-bob", "b-carol1"]
+    assert sorted(n.id for n in nodes) == ["a-alice", "b-bob", "d-carol"]
+    assert {n.id: n.metadata for n in nodes}["b-bob"] == {"user_id": "bob"}
     assert (await history.history(graph, REPO, 1))[0].joined == ("a-alice",)

@@ -34,7 +34,8 @@ async def fill(path: Path) -> None:
     llm = ScriptedEviction()
     async with mnemo.Memory(path, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
-        sid = await mem.start_session("Fix the blog deploy", repo=REPO)
+        sid = await mem.start_session("Fix the blog deploy", repo=REPO,
+                                      metadata={"user_id": "ops-team", "tier": 2})
         await mem.append(sid, "nginx returns 502: gunicorn listens on 8001.", "Bind it to 8000.")
         await mem.append(sid, "The blog answers 200 again.", "Close the ticket.")
         await mem.close_and_commit(sid)
@@ -52,7 +53,7 @@ async def fill(path: Path) -> None:
             else assistant(f"done, step {i} is out; the {MESSAGE_WORD} case is packed")
             for i in range(12)
         ]
-        await conv.save(THREAD, history)
+        await conv.save(THREAD, history, metadata={"user_id": "ops-team"})
         await conv.save_compaction(THREAD, 0, 1, "the first turn")
         goal = await mem.add_goal(THREAD, "ship billing")
         first = (await conv.raw(THREAD))[0].id

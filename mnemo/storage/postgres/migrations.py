@@ -550,4 +550,22 @@ MIGRATIONS: tuple[Migration, ...] = (
         "m019_unannotated_steps",
         ("CREATE INDEX steps_unannotated ON steps (session_id) WHERE trajectory_id = ''",),
     ),
+    Migration(
+        # Who a memory belongs to: a node's, a session's and a message's metadata, and each
+        # node's (key, value) pairs in an index that a `where` reads. SQLite's m028_scopes.
+        "m020_scopes",
+        (
+            "ALTER TABLE nodes ADD COLUMN metadata jsonb",
+            "ALTER TABLE sessions ADD COLUMN metadata jsonb",
+            "ALTER TABLE messages ADD COLUMN metadata jsonb",
+            """CREATE TABLE node_scopes (
+                repo text NOT NULL,
+                key text NOT NULL,
+                value text NOT NULL,
+                node bigint NOT NULL REFERENCES nodes(rowid) ON DELETE CASCADE,
+                PRIMARY KEY (repo, key, value, node)
+            )""",
+            "CREATE INDEX node_scopes_by_node ON node_scopes (node)",
+        ),
+    ),
 )

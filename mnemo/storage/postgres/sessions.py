@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from psycopg.types.json import Jsonb
@@ -108,15 +108,17 @@ class PgSessions:
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         now = self._clock.now()
         async with self._pg.transaction() as conn:
             await conn.execute(
                 "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
-                " updated_at, active_at, holder, lease_until)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                " updated_at, active_at, holder, lease_until, metadata)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (session_id, repo, State.COLLECTING.value, _jsonb(config.to_json()),
-                 episode.id, now, now, now, holder, lease_until),
+                 episode.id, now, now, now, holder, lease_until,
+                 Jsonb(dict(metadata)) if metadata else None),
             )
             await _insert_episode(conn, session_id, episode, now)
 
@@ -330,7 +332,7 @@ class PgSessions:
             cur = await conn.execute(
                 "SELECT s.id, s.repo, s.state, s.config::text, s.created_at, e.id, e.goal,"
                 " e.status, s.model, c.payload::text, s.version, s.holder, s.lease_until,"
-                " s.active_at"
+                " s.active_at, s.metadata"
                 " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
                 " LEFT JOIN LATERAL (SELECT payload FROM changesets"
                 "   WHERE session_id = s.id LIMIT 1) c ON true"
@@ -343,7 +345,7 @@ class PgSessions:
             steps = await _load_steps(conn, open_ids)
         live: list[LiveSession] = []
         for (sid, repo, state, config, created, episode_id, goal, status, model,
-             payload, version, holder, until, active) in sessions:
+             payload, version, holder, until, active, metadata) in sessions:
             episode = None
             if episode_id is not None and status == "open":
                 episode = EpisodeRecord(str(episode_id), str(goal),
@@ -357,6 +359,7 @@ class PgSessions:
                     lease_until=until if isinstance(until, datetime) else None,
                     active_at=None if active is None else _utc(active),
                     goal=None if goal is None else str(goal),
+                    metadata=metadata if isinstance(metadata, dict) else {},
                 )
             )
         return live

@@ -14,6 +14,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.graph import facts
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.ports import SideWrite
+from mnemo.graph.scope import canonical, pairs
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text
@@ -47,12 +48,20 @@ def write_commit(db: SqliteUtilsDatabase, plan: CommitPlan, also: Sequence[SideW
         conn = db.conn
         conn.executemany(
             "INSERT OR IGNORE INTO nodes(id, repo, type, text, data, key, source_id,"
-            " created_at, recorded_at, valid_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " created_at, recorded_at, valid_from, metadata)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (n.id, repo, n.type.value, text, json.dumps(n.data, sort_keys=True),
-                 n.key, n.source_id, created, *facts.times(n, created))
+                 n.key, n.source_id, created, *facts.times(n, created),
+                 canonical(plan.metadata))
                 for n, text, _ in plan.nodes
             ],
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO node_scopes(repo, key, value, node)"
+            " SELECT ?, ?, ?, rowid FROM nodes WHERE id = ?",
+            [(repo, key, value, n.id) for n, _, _ in plan.nodes
+             for key, value in pairs(plan.metadata)],
         )
         conn.executemany(
             "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",

@@ -202,7 +202,7 @@ class SqliteCoordination:
     ) -> list[str]:
         rows = await self._database.run(
             lambda db: db.conn.execute(
-                # Through the partial index of unannotated steps (m026).
+                # Through the partial index of unannotated steps (m027).
                 "SELECT DISTINCT st.session_id FROM steps st JOIN sessions s"
                 " ON s.id = st.session_id AND s.episode_id = st.episode_id"
                 " WHERE st.trajectory_id = '' AND s.ended = 0 AND s.state = 'collecting'"

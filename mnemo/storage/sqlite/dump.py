@@ -30,7 +30,7 @@ from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
-_WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results"}
+_WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
 # Tables whose vectors are float16.
 _HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).

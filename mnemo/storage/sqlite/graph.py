@@ -51,6 +51,7 @@ from mnemo.graph.ports import (
     Unstaged,
     same_generation,
 )
+from mnemo.graph.scope import Scope
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
@@ -339,10 +340,16 @@ class SqliteGraph(SqliteRecallReads):
             await self._lexical.erase()
 
     async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine, best first."""
-        return await self._vectors.search(repo, vector, limit, types)
+        """Nodes nearest to `vector` by cosine, best first (inside `scope`, when given)."""
+        if scope is None:
+            return await self._vectors.search(repo, vector, limit, types)
+        kinds = None if types is None else [NodeType(t).value for t in types]
+        return await self.scoped_vectors(
+            repo, scope, vector, limit, kinds,
+            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int

@@ -264,3 +264,26 @@ def m027_unannotated_steps(db: Database) -> None:
         db,
         "CREATE INDEX steps_unannotated ON steps(session_id) WHERE trajectory_id = '';",
     )
+
+
+@MIGRATIONS()
+def m028_scopes(db: Database) -> None:
+    # Who a memory belongs to (`mnemo.graph.scope`): a node's, a session's and a message's
+    # metadata as sorted JSON (NULL: none), and each node's (key, value) pairs in an index that
+    # a `where` reads, so that a filtered recall or search reads its scope, never the repo.
+    execute_all(
+        db,
+        """
+        ALTER TABLE nodes ADD COLUMN metadata TEXT;
+        ALTER TABLE sessions ADD COLUMN metadata TEXT;
+        ALTER TABLE messages ADD COLUMN metadata TEXT;
+        CREATE TABLE node_scopes (
+            repo TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            node INTEGER NOT NULL REFERENCES nodes(rowid) ON DELETE CASCADE,
+            PRIMARY KEY (repo, key, value, node)
+        ) WITHOUT ROWID;
+        CREATE INDEX node_scopes_by_node ON node_scopes(node);
+        """,
+    )

@@ -6,7 +6,7 @@ Every statement runs in the database's own thread (see `mnemo.storage.sqlite.dat
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -17,6 +17,7 @@ from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, Vector, now_utc, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.graph.scope import canonical
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.sqlite.coordination import drop_ended_work
@@ -93,6 +94,7 @@ class SqliteSessions:
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         now = self._now()
         until = None if lease_until is None else lease_until.isoformat(timespec="microseconds")
@@ -101,10 +103,10 @@ class SqliteSessions:
             with db.atomic():
                 db.conn.execute(
                     "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
-                    " updated_at, active_at, holder, lease_until)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " updated_at, active_at, holder, lease_until, metadata)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (session_id, repo, State.COLLECTING.value, config.to_json(), episode.id,
-                     now, now, now, holder, until),
+                     now, now, now, holder, until, canonical(metadata or {})),
                 )
                 _insert_episode(db, session_id, episode, now)
 
@@ -427,13 +429,13 @@ def _load_live(
     live: list[LiveSession] = []
     sessions = db.conn.execute(
         "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model,"
-        " s.version, s.holder, s.lease_until, s.active_at"
+        " s.version, s.holder, s.lease_until, s.active_at, s.metadata"
         " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
         f" WHERE {where}",
         params,
     ).fetchall()
     for (sid, repo, state, config, created, episode_id, goal, status, model, version, holder,
-         until, active) in sessions:
+         until, active, metadata) in sessions:
         episode = None
         if episode_id is not None and status == "open":
             episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
@@ -447,7 +449,8 @@ def _load_live(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
                         created, model=model, version=int(version), holder=holder,
                         lease_until=None if until is None else datetime.fromisoformat(until),
-                        active_at=None if active is None else _utc(active), goal=goal)
+                        active_at=None if active is None else _utc(active), goal=goal,
+                        metadata={} if metadata is None else json.loads(metadata))
         )
     return live
 

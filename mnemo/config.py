@@ -214,6 +214,12 @@ class Config:
                 f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
             )
 
+    @property
+    def annotation_timeout(self) -> float:
+        """Seconds one step's annotation may take (its model calls' time, waits for a turn
+        excluded): what its append waits for it, then what a close waits for it."""
+        return self.append_timeout + self.extraction_timeout
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

@@ -29,6 +29,7 @@ def node_json(node: Node) -> dict[str, object]:
         "type": label(node.type),
         "text": node.text,
         "data": node.data,
+        "metadata": node.metadata,
         "created_at": node.created_at.isoformat(),
     }
 
@@ -127,6 +128,7 @@ def step_json(info: StepInfo) -> dict[str, object]:
         "index": info.index,
         "trajectory_id": info.trajectory_id,
         "boundary_detected": info.boundary_detected,
+        "annotated": info.annotated,
     }
 
 
@@ -142,6 +144,9 @@ def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, obje
         "nodes": commit.node_count,
         "links": commit.link_count,
         "retired": commit.retired_count,
+        "joined": len(commit.joined),
+        "reverted_by": commit.reverted_by,
+        "reverts": commit.reverts,
     }
 
 

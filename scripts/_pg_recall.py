@@ -11,6 +11,7 @@ pgvector's notice that it no longer fits is kept and reported).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,10 +45,12 @@ async def prepare(
     url: str, repo: str, dim: int, embedder: mnemo.Embedder,
     nodes: Sequence[tuple[Any, ...]], links: Sequence[tuple[str, str, str, str]],
     vectors_from: Callable[[int], npt.NDArray[np.float32]], chunk: int,
+    users: Sequence[str] | None = None,
 ) -> Prepared:
     """Writes `nodes` (id, type, text, data JSON, key, source, created ISO) with their vectors
-    (`vectors_from(start)` gives the `chunk` from `start` on) and `links`, then builds the
-    HNSW index; returns the seconds of each."""
+    (`vectors_from(start)` gives the `chunk` from `start` on) and `links` (and, given `users`,
+    each node's user as its metadata and in the scope index), then builds the HNSW index;
+    returns the seconds of each."""
     started = time.perf_counter()
     async with mnemo.Memory(url, embedder=embedder) as mem:
         await mem.open_repo(repo)
@@ -58,9 +61,15 @@ async def prepare(
         await register_vector(conn)
         conn.add_notice_handler(lambda notice: notices.append(str(notice.message_primary)))
         async with conn.transaction(), conn.cursor() as cur:
-            async with cur.copy(f"COPY nodes ({NODE_COLUMNS}) FROM STDIN") as copy:
-                for node_id, kind, text, data, key, source, created in nodes:
-                    await copy.write_row((node_id, repo, kind, text, data, key, source, created))
+            async with cur.copy(f"COPY nodes ({NODE_COLUMNS}, metadata) FROM STDIN") as copy:
+                for i, (node_id, kind, text, data, key, source, created) in enumerate(nodes):
+                    scope = None if users is None else json.dumps({"user_id": users[i]})
+                    await copy.write_row(
+                        (node_id, repo, kind, text, data, key, source, created, scope))
+            if users is not None:  # mnemo's scope index (`mnemo.graph.scope`)
+                await cur.execute(
+                    "INSERT INTO node_scopes (repo, key, value, node) SELECT repo, 'user_id',"
+                    " (metadata -> 'user_id')::text, rowid FROM nodes WHERE repo = %s", (repo,))
             async with cur.copy("COPY vectors (node_id, repo, vec) FROM STDIN (FORMAT BINARY)"
                                 ) as copy:
                 copy.set_types(["text", "text", "vector"])

@@ -9,19 +9,24 @@ like, e.g. `python -m venv /tmp/llama && /tmp/llama/bin/pip install llama-cpp-bi
 (one request at a time) and extra buffer types off (`--no-repack`: a CPU that advertises AMX
 crashes llama.cpp's AMX kernel).
 
-It runs, through `OpenAICompatible` with its defaults but `--temperature`:
+It runs, through `OpenAICompatible` with its defaults (a local server's temperature, 0.2,
+unless `--temperature`):
 1. a 7-step session (the README's deploy, as an agent would record it), close and commit:
-   each append's time, close-to-ready, the calls and tokens, the final state and the nodes;
+   each append's time and whether it came back annotated, close-to-ready, the calls and
+   tokens, the final state, the nodes and the steps lost (7 less the episodic nodes);
 2. 20 one-step ingests: calls and tokens per remembered message;
 3. a conversation eviction (a 40-message thread into a 600-token viewport);
 4. memory-file updates: one from 10 user messages into an empty folder, then one from the
    next 10 (a correction among them) merged into the files the first wrote: the calls, the
    seconds, and each file written with its size (the files' text is printed).
-`--only memory-files` runs only the last part (a few minutes on two cores).
+`--only memory-files` runs only the last part (a few minutes on two cores). `--contend N`
+runs N busy processes (a Python loop each) beside the server for the whole run: the CPU share
+a model gets on a developer's machine while a test suite runs.
 Every HTTP exchange is recorded (`--record FILE`, in `tests/adapters/recordings`' format).
 
 Run: `.venv/bin/python scripts/bench_real_model.py --llama-python /tmp/llama/bin/python
-[--ingests 20] [--only memory-files] [--record tests/adapters/recordings/llama_server_real.json]`.
+[--ingests 20] [--contend 2] [--only memory-files]
+[--record tests/adapters/recordings/llama_server_real.json]`.
 """
 
 from __future__ import annotations
@@ -150,9 +155,23 @@ def server(binary: Path, model: Path, context: int, parallel: int | None) -> Ite
         process.wait(timeout=30)
 
 
+@contextmanager
+def contention(processes: int) -> Iterator[None]:
+    """`processes` busy loops beside the server until the block ends."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait(timeout=30)
+
+
 @dataclass(slots=True)
 class Report:
     appends_s: list[float] = field(default_factory=list)
+    unannotated: int = 0
     close_s: float = 0.0
     state: str = ""
     session_error: str = ""
@@ -169,8 +188,10 @@ class Report:
 
 
 async def run(url: str, args: argparse.Namespace, recorder: Recorder, report: Report) -> None:
-    llm = OpenAICompatible("smollm2", base_url=url, temperature=args.temperature,
-                           transport=recorder)
+    llm = OpenAICompatible(
+        "smollm2", base_url=url, transport=recorder,
+        temperature="default" if args.temperature is None else args.temperature,
+    )
     config = mnemo.Config(partial_commits=args.partial)
     with tempfile.TemporaryDirectory() as folder:
         async with llm:
@@ -187,13 +208,16 @@ async def session(mem: mnemo.Memory, report: Report) -> None:
     sid = await mem.start_session("Deploy the blog", repo=REPO)
     for observation, action in SESSION:
         started = time.perf_counter()
+        annotated = "failed"
         try:
-            await mem.append(sid, observation, action)
+            info = await mem.append(sid, observation, action)
+            annotated = "annotated" if info.annotated else "stored, not annotated yet"
+            report.unannotated += not info.annotated
         except mnemo.MnemoError as exc:
             report.append_failures += 1
             console.log(f"append failed: {exc}"[:200])
         report.appends_s.append(time.perf_counter() - started)
-        console.log(f"append {len(report.appends_s)}: {report.appends_s[-1]:.1f} s")
+        console.log(f"append {len(report.appends_s)}: {report.appends_s[-1]:.1f} s, {annotated}")
     started = time.perf_counter()
     try:
         await mem.close_and_commit(sid, max_retries=1)
@@ -274,7 +298,9 @@ def table(report: Report, ingests: int) -> str:
     rows = [
         ["appends (7 steps)", f"median {sorted(appends)[len(appends) // 2]:.1f} s, "
                               f"{min(appends):.1f}-{max(appends):.1f} s, "
-                              f"{report.append_failures} failed"],
+                              f"{report.append_failures} failed, {report.unannotated} "
+                              "returned before their annotation"],
+        ["steps lost", str(len(SESSION) - report.nodes.get("episodic", 0))],
         ["close-to-committed", f"{report.close_s:.1f} s, state {report.state}"
          + (f" ({report.session_error})" if report.session_error else "")],
         ["session calls / tokens in, out", f"{report.session_usage.calls} / "
@@ -298,7 +324,10 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--parallel", type=int, default=None,
                         help="the server's slots (-np; default: the server's own, 4 today)")
-    parser.add_argument("--temperature", type=float, default=0.2)
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="default: the adapter's for a local server (0.2)")
+    parser.add_argument("--contend", type=int, default=0, metavar="N",
+                        help="N busy processes beside the server for the whole run")
     parser.add_argument("--partial", action="store_true",
                         help="Config(partial_commits=True): commit what the tasks produced")
     parser.add_argument("--record", type=Path, default=None)
@@ -306,10 +335,12 @@ def main() -> None:
                         help="run only this part")
     args = parser.parse_args()
     binary, model, build = locate(args.llama_python)
-    console.print(facts_table({**machine_facts(), "llama-server": build, "model": model.name}))
+    console.print(facts_table({**machine_facts(), "llama-server": build, "model": model.name,
+                               "busy processes beside it": str(args.contend)}))
     recorder, report = Recorder(), Report()
     try:
-        with server(binary, model, args.context, args.parallel) as url:
+        with server(binary, model, args.context, args.parallel) as url, \
+                contention(args.contend):
             anyio.run(run, url, args, recorder, report)
         console.rule("Summary (Markdown, for BENCHMARKS.md)")
         console.print(table(report, args.ingests), markup=False)

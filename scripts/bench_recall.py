@@ -35,6 +35,12 @@ Then `mnemo.Memory(path, embedder=WordVectorEmbedder())` opens the file and, per
 
 Goal: recall p50 <= 20 ms at 1M nodes, flat in N.
 
+With `--where`, every node carries the metadata `{"user_id": "user<n>"}` of its trajectory's
+user (`--users`, 1,000 by default: trajectory t is user t mod users; a shared tag or intent is
+its first trajectory's user's), written with the scope index as mnemo writes it, and each
+size also times `mem.recall(repo, query, k=10, where={"user_id": ...})` over the same queries,
+each for one user in turn. Goal: a filtered recall's p50 within 1.5x of the unfiltered one's.
+
 With `--store URL|embedded` (scripts/_stores.py), each size is also measured on PostgreSQL
 in the same run: the same graph and vectors are copied into a fresh database
 (scripts/_pg_recall.py), the repo's pgvector HNSW index is built and timed, and the same
@@ -42,7 +48,8 @@ queries run through `mnemo.Memory(url)`; pgvector's dense search is compared wit
 numpy scan of the same vectors.
 
 Run: `.venv/bin/python scripts/bench_recall.py [--sizes 10000,50000,100000,1000000] [--quick]
-[--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...] [--store URL|embedded]`.
+[--queries 200] [--dir DIR] [--exact] [--set FIELD=VALUE ...] [--store URL|embedded]
+[--where [--users 1000]]`.
 `--set` overrides a Config field of the Memory and the repo, to time a recall lever.
 The 1M size takes long to prepare and, with faiss, to build the HNSW graphs on 2 cores;
 leave it out with `--sizes`. `--quick` is 10k with 50 queries. `--exact` hides faiss,
@@ -90,6 +97,8 @@ from mnemo.storage.postgres.vectors import EXACT_BELOW
 REPO = "bench"
 DIM = 384
 GOAL_MS = 20.0
+# A filtered recall's p50, at most this many times the unfiltered one's.
+WHERE_GOAL = 1.5
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 PEOPLE = (
@@ -217,9 +226,16 @@ class Graph:
     words: list[list[int]] = field(default_factory=list)
     links: list[tuple[str, str, str, str]] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
+    # The user of each node (its trajectory's; `--where`).
+    users: list[int] = field(default_factory=list)
 
 
-def generate(target: int, embedder: WordVectorEmbedder, seed: int = 1) -> Graph:
+def user_name(user: int) -> str:
+    return f"user{user:04d}"
+
+
+def generate(target: int, embedder: WordVectorEmbedder, seed: int = 1, users: int = 1000
+             ) -> Graph:
     """Trajectories until the graph holds at least `target` nodes."""
     rng = np.random.default_rng(seed)
     now = datetime.now(UTC)
@@ -234,6 +250,7 @@ def generate(target: int, embedder: WordVectorEmbedder, seed: int = 1) -> Graph:
             (node_id, kind, text, json.dumps(data, sort_keys=True), key, source, created)
         )
         graph.words.append([ids[w] for w in words if w in ids])
+        graph.users.append(t % users)
 
     def link(src: str, dst: str, kind: str) -> None:
         graph.links.append((REPO, src, dst, kind))
@@ -339,8 +356,10 @@ def node_vectors(graph: Graph, embedder: WordVectorEmbedder, start: int) -> npt.
     return embedder.vectors(graph.words[start : start + CHUNK], noise=0.25, seed=start)
 
 
-async def prepare(path: Path, graph: Graph, embedder: WordVectorEmbedder) -> tuple[int, float]:
-    """Writes the synthetic graph into a fresh file; returns its node count and seconds."""
+async def prepare(path: Path, graph: Graph, embedder: WordVectorEmbedder, scoped: bool = False
+                  ) -> tuple[int, float]:
+    """Writes the synthetic graph into a fresh file (with `scoped`, each node's user as its
+    metadata and in the scope index); returns its node count and seconds."""
     started = time.perf_counter()
     async with mnemo.Memory(path, embedder=embedder) as mem:
         await mem.open_repo(REPO)
@@ -353,12 +372,22 @@ async def prepare(path: Path, graph: Graph, embedder: WordVectorEmbedder) -> tup
             for start in range(0, len(graph.nodes), chunk):
                 rows = graph.nodes[start : start + chunk]
                 vectors = node_vectors(graph, embedder, start)
+                users = graph.users[start : start + chunk]
                 conn.executemany(
-                    "INSERT INTO nodes(id, repo, type, text, data, key, source_id, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(i, REPO, kind, text, data, key, source, created)
-                     for i, kind, text, data, key, source, created in rows],
+                    "INSERT INTO nodes(id, repo, type, text, data, key, source_id, created_at,"
+                    " metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(i, REPO, kind, text, data, key, source, created,
+                      json.dumps({"user_id": user_name(u)}) if scoped else None)
+                     for (i, kind, text, data, key, source, created), u
+                     in zip(rows, users, strict=True)],
                 )
+                if scoped:  # mnemo's scope index (`mnemo.graph.scope`)
+                    conn.executemany(
+                        "INSERT INTO node_scopes(repo, key, value, node)"
+                        " SELECT ?, 'user_id', ?, rowid FROM nodes WHERE id = ?",
+                        [(REPO, json.dumps(user_name(u)), row[0])
+                         for row, u in zip(rows, users, strict=True)],
+                    )
                 # mnemo's layout: float16, keyed by the node's rowid.
                 conn.executemany(
                     "INSERT INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?",
@@ -391,6 +420,8 @@ class Result:
     lexical_s: float
     ann_used: bool
     recall_ms: list[float]
+    where_ms: list[float]
+    where_memories: float
     dense_ms: list[float]
     typed_ms: list[float]
     exact_ms: list[float]
@@ -415,7 +446,7 @@ def pct(samples: Sequence[float], q: float) -> float:
 async def measure(
     store: Path | str, size: int, prepare_s: float | None, texts: list[str],
     embedder: WordVectorEmbedder, config: mnemo.Config | None = None,
-    pg: _pg_recall.Prepared | None = None,
+    pg: _pg_recall.Prepared | None = None, users: int | None = None,
 ) -> Result:
     """Recall and dense search over a prepared store; `pg` (a PostgreSQL store) brings the
     vectors for the exact scan and the HNSW build time, which SQLite's index has itself."""
@@ -464,6 +495,15 @@ async def measure(
             if isinstance(trace, dict):
                 for stage, seconds in trace.items():
                     stages.setdefault(stage, []).append(float(seconds) * 1000)
+        where_ms: list[float] = []
+        scoped = 0
+        for i, text in enumerate(texts if users else ()):
+            # Each query for another user, spread over them (7919 is prime).
+            where = {"user_id": user_name(i * 7919 % (users or 1))}
+            started = time.perf_counter()
+            result = await mem.recall(REPO, text, k=10, where=where)
+            where_ms.append((time.perf_counter() - started) * 1000)
+            scoped += len(result.memories)
         vectors = await embedder.embed(texts)
         if pg is None:
             snap = index.snapshot()
@@ -503,6 +543,8 @@ async def measure(
             lexical_s=lexical_s,
             ann_used=ann_used,
             recall_ms=recall_ms,
+            where_ms=where_ms,
+            where_memories=scoped / len(texts),
             dense_ms=dense_ms,
             typed_ms=typed_ms,
             exact_ms=exact_ms,
@@ -519,11 +561,14 @@ async def measure(
 OLDER_STEPS = "SELECT 1 FROM nodes WHERE type = 'episodic' AND id LIKE 'step%' LIMIT 1"
 OLDER = ("prepared by an older bench_recall.py (steps named step_<t>_<i>, which get no "
          "windows or neighbours); delete it to prepare it again")
+UNSCOPED = "SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM node_scopes)"
+NO_SCOPES = "prepared without --where (no node has a user); delete it to prepare it again"
 
 
 async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
     embedder = WordVectorEmbedder()
     texts = queries(args.queries)
+    users = args.users if args.where else None
     results = []
     keep = Path(args.dir) if args.dir else None
     async with open_stores(args.store, "mnemo-bench-recall-") as stores:
@@ -541,21 +586,24 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
                 conn = sqlite3.connect(path)
                 nodes = int(conn.execute("SELECT count(*) FROM nodes").fetchone()[0])
                 older = conn.execute(OLDER_STEPS).fetchone()
+                unscoped = conn.execute(UNSCOPED).fetchone()
                 conn.close()
                 if older:
                     raise SystemExit(f"{path}: {OLDER}")
+                if users and unscoped:
+                    raise SystemExit(f"{path}: {NO_SCOPES}")
             else:
                 path.unlink(missing_ok=True)
                 shutil.rmtree(f"{path}.hnsw", ignore_errors=True)  # graphs of an older file
                 console.print(f"[bold]{size:,} nodes[/]: preparing {path} ...")
                 started = time.perf_counter()
-                graph = generate(size, embedder)
-                nodes, _ = await prepare(path, graph, embedder)
+                graph = generate(size, embedder, users=args.users)
+                nodes, _ = await prepare(path, graph, embedder, scoped=bool(users))
                 prepare_s = time.perf_counter() - started  # with generating the graph, as before
                 console.print(f"  {nodes:,} nodes written in {prepare_s:,.1f} s")
             if not (args.skip_sqlite and POSTGRES in stores.backends):
                 results.append(await measure(path, nodes, prepare_s, texts, embedder,
-                                             args.config))
+                                             args.config, users=users))
                 _say(results[-1])
             if POSTGRES not in stores.backends:
                 continue
@@ -564,7 +612,9 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
             # Refused before the graph is generated (minutes at 1M), not after.
             if reuse and await _pg_recall.holds(stores.url(kept), OLDER_STEPS):
                 raise SystemExit(f"database {kept}: {OLDER}")
-            graph = graph or generate(size, embedder)
+            if reuse and users and await _pg_recall.holds(stores.url(kept), UNSCOPED):
+                raise SystemExit(f"database {kept}: {NO_SCOPES}")
+            graph = graph or generate(size, embedder, users=args.users)
             if reuse:
                 url = stores.url(kept)
                 console.print(f"[bold]{size:,} nodes[/]: reusing the PostgreSQL database {kept}")
@@ -579,13 +629,14 @@ async def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, str]]:
                 console.print(f"[bold]{size:,} nodes[/]: preparing a PostgreSQL database ...")
                 pg = await _pg_recall.prepare(
                     url, REPO, DIM, embedder, graph.nodes, graph.links,
-                    partial(node_vectors, graph, embedder), CHUNK)
+                    partial(node_vectors, graph, embedder), CHUNK,
+                    [user_name(u) for u in graph.users] if users else None)
                 console.print(f"  {pg.nodes:,} nodes copied in {pg.prepare_s:,.1f} s, HNSW "
                               f"index built in {pg.build_s:,.1f} s" +
                               "".join(f"\n  notice: {n}" for n in pg.notices))
             facts[f"pgvector notices at {size:,}"] = "; ".join(pg.notices) or "none"
             results.append(await measure(url, pg.nodes, pg.prepare_s, texts, embedder,
-                                         args.config, pg))
+                                         args.config, pg, users))
             _say(results[-1])
             del pg
     return results, facts
@@ -595,6 +646,8 @@ def _say(result: Result) -> None:
     console.print(
         f"  {result.backend}: recall p50 {result.p50:.2f} ms, p95 {result.p95:.2f} ms; dense "
         f"recall@10 {result.dense_recall:.3f}; exact scan p50 {pct(result.exact_ms, 50):.2f} ms"
+        + (f"; filtered recall p50 {pct(result.where_ms, 50):.2f} ms "
+           f"({pct(result.where_ms, 50) / result.p50:.2f}x)" if result.where_ms else "")
     )
 
 
@@ -614,6 +667,10 @@ def report(results: list[Result], args: argparse.Namespace, facts: dict[str, str
         "exact numpy p50 / p95 ms",
         "dense recall@10 vs exact", "memories / recall", "RSS GiB",
     ]
+    scoped = any(r.where_ms for r in results)
+    if scoped:
+        headers += ["filtered p50 / p95 ms", "filtered / unfiltered p50",
+                    "memories / filtered recall"]
     rows = []
     for r in results:
         rows.append([
@@ -632,6 +689,9 @@ def report(results: list[Result], args: argparse.Namespace, facts: dict[str, str
             f"{r.dense_recall:.3f}",
             f"{r.memories:.1f}",
             f"{r.rss_gib:.2f}",
+            *([f"{pct(r.where_ms, 50):.2f} / {pct(r.where_ms, 95):.2f}",
+               f"{pct(r.where_ms, 50) / r.p50:.2f}x", f"{r.where_memories:.1f}"]
+              if scoped else []),
         ])
     table = Table(title=f"mnemo recall, {args.queries} queries per size, k=10")
     for header in headers:
@@ -665,6 +725,14 @@ def report(results: list[Result], args: argparse.Namespace, facts: dict[str, str
             verdict(largest.p50 <= GOAL_MS) if largest.size >= 1_000_000 else
             "[yellow]not measured at 1M[/]",
         ])
+        if largest.where_ms:
+            ratio = pct(largest.where_ms, 50) / largest.p50
+            goal_rows.append([
+                f"{backend}: filtered / unfiltered p50 at {largest.size:,} nodes, "
+                f"{args.users:,} users", f"{ratio:.2f}x", f"<= {WHERE_GOAL}x",
+                verdict(ratio <= WHERE_GOAL) if largest.size >= 1_000_000 else
+                "[yellow]not measured at 1M[/]",
+            ])
         if len(mine) > 1:
             growth = largest.p50 / smallest.p50
             goal_rows.append([
@@ -730,6 +798,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-sqlite", action="store_true",
                         help="with --store: measure PostgreSQL only (a 1M SQLite run takes "
                         "its own half hour)")
+    parser.add_argument("--where", action="store_true",
+                        help="give every node a user_id and also time recall with where=")
+    parser.add_argument("--users", type=int, default=1000,
+                        help="with --where: how many users the trajectories belong to")
     parser.add_argument("--store", type=store_argument, default=None,
                         help="also measure on PostgreSQL: a postgresql:// URL of a server "
                              "whose role may CREATE DATABASE, or 'embedded'")

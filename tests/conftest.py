@@ -26,19 +26,20 @@ from mnemo import State
 from tests.backends import BACKENDS
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM
 from tests.pg import (
-    Clones,
-    PgServer,
+    Reused,
     pg_clones,
     pg_empty_url,
     pg_own_url,
     pg_reused,
     pg_server,
+    pg_spare,
     pg_template,
     pg_url,
 )
 
 __all__ = [
-    "pg_clones", "pg_empty_url", "pg_own_url", "pg_reused", "pg_server", "pg_template", "pg_url",
+    "pg_clones", "pg_empty_url", "pg_own_url", "pg_reused", "pg_server", "pg_spare", "pg_template",
+    "pg_url",
 ]
 
 REPO = "r"
@@ -51,17 +52,21 @@ settings.load_profile("mnemo")
 Enter = Callable[[State], Awaitable[str]]
 
 
-_SERVER_FIXTURES = frozenset({"pg_server", "pg_template", "pg_clones", "pg_reused", "pg_url",
-                              "pg_own_url", "pg_empty_url"})
+_SERVER_FIXTURES = frozenset({"pg_server", "pg_template", "pg_clones", "pg_reused", "pg_spare",
+                              "pg_url", "pg_own_url", "pg_empty_url"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks `postgres` every test that needs the server (by its fixtures, or its folder), so
-    that `-m "not postgres"` never starts one."""
+    that `-m "not postgres"` never starts one. Puts the modules holding a `slow` test first
+    (each module's tests together, in their order): the long tests start early, and a parallel
+    run ends on short tests the workers share, not on one long test while a core idles."""
     for item in items:
         needs = _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if needs or "storage/postgres/" in item.nodeid:
             item.add_marker(pytest.mark.postgres)
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -119,25 +124,19 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(params=BACKENDS)
-def fresh_stores(request: pytest.FixtureRequest) -> Iterator[Callable[[], str]]:
-    """A factory of new, empty stores of one backend, for tests that need one per hypothesis
-    example: `":memory:"` databases, or copies of the migrated template (dropped after)."""
+def fresh_stores(request: pytest.FixtureRequest) -> Callable[[], str]:
+    """A factory of empty stores of one backend, for tests that need one per hypothesis
+    example: `":memory:"` databases, or this worker's spare PostgreSQL database (`pg_spare`),
+    emptied by each call. One at a time: a call empties the store the previous one gave."""
     if request.param == "sqlite":
-        yield lambda: ":memory:"
-        return
-    server: PgServer = request.getfixturevalue("pg_server")
-    clones: Clones = request.getfixturevalue("pg_clones")
-    taken: list[str] = []
+        return lambda: ":memory:"
+    spare: Reused = request.getfixturevalue("pg_spare")
 
     def make() -> str:
-        taken.append(clones.take())
-        return server.url(taken[-1])
+        spare.empty()
+        return spare.url
 
-    try:
-        yield make
-    finally:
-        for name in taken:
-            clones.give_back(name)
+    return make
 
 
 @pytest.fixture

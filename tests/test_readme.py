@@ -74,6 +74,20 @@ def test_the_quickstart_prints_what_it_recalled(
     assert (tmp_path / "memory.db").exists()
 
 
+def test_the_quickstart_run_twice_recalls_each_sentence_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run again on the same store, the quickstart recalls what it recalled the first time,
+    each sentence once (its fact and its instruction are stored once)."""
+    run_block(*RUNNABLE[0], tmp_path, monkeypatch)
+    first = capsys.readouterr().out.splitlines()
+    run_block(*RUNNABLE[0], tmp_path, monkeypatch)
+    second = capsys.readouterr().out.splitlines()
+    said = [line.split(" ", 2)[2] for line in second]
+    assert len(said) == len(set(said)), second
+    assert {line.split(" ", 2)[2] for line in first} <= set(said)
+
+
 @pytest.mark.parametrize(("line", "code"), RUNNABLE[1:], ids=[f"line{n}" for n, _ in RUNNABLE[1:]])
 def test_every_python_block_runs(
     line: int,

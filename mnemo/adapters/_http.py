@@ -61,8 +61,9 @@ logger = logging.getLogger("mnemo.adapters")
 # failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
 RETRY_STATUSES = frozenset({408, 409, 429})
 # One attempt's seconds when the adapter sets none and the work it serves has no longer
-# deadline.
+# deadline: the first guess, until the server's speed is measured; the most the measure gives.
 DEFAULT_TIMEOUT = 60.0
+MOST_TIMEOUT = 600.0
 # A reply's (input, output) tokens, each None when the server did not say.
 Tokens = tuple[int | None, int | None]
 # Statuses that say the server has more than it can take: the concurrency limit drops.
@@ -341,14 +342,28 @@ class Transport:
         self._templates: dict[
             str, tuple[httpx.URL, list[tuple[bytes, bytes]], dict[str, object]]] = {}
 
-    def attempt_timeout(self) -> float:
-        """The seconds one attempt may take: the adapter's `timeout`, or when it set none
+    def attempt_timeout(self, max_tokens: int | None = None, prompt_tokens: int = 0) -> float:
+        """The seconds one attempt of a request for `max_tokens` reply tokens (with a prompt
+        of about `prompt_tokens`) may take: the adapter's `timeout`; or, when it set none,
         `DEFAULT_TIMEOUT`, longer when the work it serves has longer left (a slow server's
-        extraction given 900 s does not have each request cut at 60)."""
+        extraction given 900 s does not have each request cut at 60), and longer again when
+        the server's measured speed says its `max_tokens` need more (`Limit.request_time`,
+        at most `MOST_TIMEOUT`): a server that slows under load is given the time it needs."""
         if self._timeout is not None:
             return self._timeout
         work = deadline.remaining()
-        return DEFAULT_TIMEOUT if work is None else max(DEFAULT_TIMEOUT, work)
+        guess = DEFAULT_TIMEOUT if work is None else max(DEFAULT_TIMEOUT, work)
+        needed = self.needed_time(max_tokens, prompt_tokens)
+        return guess if needed is None else max(guess, needed)
+
+    def needed_time(self, max_tokens: int | None, prompt_tokens: int = 0) -> float | None:
+        """The seconds the server's measured speed says a request for `max_tokens` reply
+        tokens needs (`Limit.request_time`, at most `MOST_TIMEOUT`); None when the adapter
+        has a `timeout` of its own, the request no `max_tokens`, or the speed is not measured."""
+        if self._timeout is not None or max_tokens is None:
+            return None
+        needed = self.limit.request_time(max_tokens, prompt_tokens)
+        return None if needed is None else min(MOST_TIMEOUT, needed)
 
     @property
     def in_flight(self) -> int:
@@ -389,12 +404,15 @@ class Transport:
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
         body = _encode(payload)
         estimate = max(1, len(body) // CHARS_PER_TOKEN)
+        # The reply's cap, as the chat providers name it (embeddings have none).
+        cap = payload.get("max_tokens", payload.get("max_completion_tokens"))
+        max_tokens = cap if isinstance(cap, int) else None
         failures = 0
         while True:
             budget.charge(retry=failures > 0)
             try:
                 return await self._attempt(
-                    path, body, reply, headers, estimate, budget, refusal, kind,
+                    path, body, reply, headers, estimate, budget, refusal, kind, max_tokens,
                 )
             except _Retryable as failed:
                 failures += 1
@@ -442,23 +460,30 @@ class Transport:
         budget: Budget,
         refusal: Callable[[HTTPFailure], bool] | None,
         kind: str,
+        max_tokens: int | None,
     ) -> R:
-        allowed = self.attempt_timeout()
-        async with self.limit.slot(kind, allowed) as ticket:
+        allowed = self.attempt_timeout(max_tokens, estimate)
+        async with self.limit.slot(kind, allowed, max_tokens=max_tokens,
+                                   prompt_tokens=estimate) as ticket:
             if not self._gate.open:
                 # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
                 with deadline.waiting():
                     await self._gate.acquire(estimate)
+            needed = self.needed_time(max_tokens, estimate)
+            if needed is not None:
+                # The work this request serves (an annotation, an extraction) gives it the
+                # time the server's speed says it needs: its deadline was only a first guess.
+                deadline.allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
-            seconds = min(allowed, budget.seconds_left())
+            seconds = ticket.timeout = min(allowed, budget.seconds_left())
             try:
                 with anyio.fail_after(seconds):
                     response = await self._send(path, body, headers)
             except TimeoutError as exc:
-                ticket.overloaded()
+                ticket.overloaded(timed_out=True)
                 raise _Retryable(f"no reply within {seconds:g}s", exc, timed_out=True) from exc
             except httpx.TimeoutException as exc:
-                ticket.overloaded()
+                ticket.overloaded(timed_out=True)
                 raise _Retryable(f"timed out ({exc!r})", exc, timed_out=True) from exc
             except httpx.ConnectError as exc:
                 ticket.overloaded()

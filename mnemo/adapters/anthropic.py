@@ -123,6 +123,11 @@ class Anthropic:
         """How many requests the API gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
+    @property
+    def transport(self) -> Transport:
+        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
+        return self._http
+
     def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server: the concurrency limit."""
         return ServerProfile(self._http.limit.state())

@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
+from mnemo import cpu
 from mnemo import text as _text
 
 _UNIGRAM, _BIGRAM, _TRIGRAM = 0, 1, 2
@@ -32,11 +32,13 @@ _CACHE_LIMIT = 200_000
 _MASK64 = np.uint64(_HASH_MASK)
 _GOLDEN, _M1, _M2 = np.uint64(0x9E3779B1), np.uint64(0x85EBCA6B), np.uint64(0xC2B2AE35)
 _S13, _S16 = np.uint64(13), np.uint64(16)
-# Batches larger than this, or holding more characters than `_THREAD_CHARS`, are embedded in a
-# worker thread so the event loop stays responsive: a text's features cost time in
-# proportion to its characters.
-_THREAD_THRESHOLD = 256
-_THREAD_CHARS = 4_000
+# A text's features cost time in proportion to its characters, and a text costs at least
+# what this many characters do.
+_TEXT_CHARS = 16
+# Texts are embedded in slices of about this many characters: numpy holds the GIL through
+# each array operation, and one over a whole batch of long texts kept every other thread,
+# the event loop's included, waiting (BENCHMARKS.md, "Figures behind the code").
+_SLICE_CHARS = 64_000
 
 
 def _hash(feature: str) -> int:
@@ -81,13 +83,23 @@ class HashEmbedder:
         self._tokens: dict[str, tuple[bool, int, tuple[int, ...]]] = {}
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, one unit-norm (or zero) float32 row each."""
-        if len(texts) > _THREAD_THRESHOLD or sum(map(len, texts)) > _THREAD_CHARS:
-            return await anyio.to_thread.run_sync(self.embed_sync, texts)
-        return self.embed_sync(texts)
+        """The embeddings of `texts`, one unit-norm (or zero) float32 row each; a long batch
+        is embedded in a worker thread (`mnemo.cpu.run`)."""
+        chars = sum(map(len, texts)) + _TEXT_CHARS * len(texts)
+        return await cpu.run(lambda: self.embed_sync(texts), chars)
 
     def embed_sync(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """`embed` without the event loop, for callers already in a worker thread."""
+        slices: list[npt.NDArray[np.float32]] = []
+        start = chars = 0
+        for end, text in enumerate(texts, 1):
+            chars += len(text)
+            if chars >= _SLICE_CHARS or end == len(texts):
+                slices.append(self._embed_slice(texts[start:end]))
+                start, chars = end, 0
+        return np.concatenate(slices) if slices else np.zeros((0, self.dim), np.float32)
+
+    def _embed_slice(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         unigrams: list[int] = []
         trigrams: list[int] = []
         unigram_counts: list[int] = []

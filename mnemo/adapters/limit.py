@@ -30,6 +30,14 @@ nothing new. The limit stays between 1 and `ceiling` (the adapter's `max_concurr
 `pinned` limit never moves. A limit starts at `initial` (2 for a server mnemo has not met;
 `Memory` restores what a repo learned of its server, `state` / `restore`).
 
+The limit also learns the server's speed: the seconds a unit of work takes (a reply token,
+`_work`), from each reply's wall time, the server's queue and the prompt included (what a
+request's timeout must cover). A slower reply is learned at once, a faster one over a few
+(`FOLLOW`); a timeout doubles it. `request_time` is the time a request's `max_tokens` needs
+at that speed, `MARGIN` times over; None until a reply was measured
+(`Transport.attempt_timeout` gives a request that time when it is longer than its first
+guess).
+
 Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.deadline.waiting()`, so it never
 counts against a timeout or a task's retry budget.
 """
@@ -71,6 +79,11 @@ TIMEOUT_SHARE = 0.5
 # A reply less than this much slower than the fastest shows no queue, whatever the ratio: the
 # jitter of a server that answers in milliseconds (a queue that short endangers no timeout).
 NOISE = 0.05
+# A request gets this many times the time its max_tokens needs at the measured speed (more than
+# twice: a reply that used half its time counts as slow, above).
+MARGIN = 3.0
+# The share of the way to a faster measure a reply moves the speed (a slower one: all of it).
+FOLLOW = 0.25
 
 
 class Outcome(Enum):
@@ -94,27 +107,34 @@ class Ticket:
     input_tokens: int | None = None
     output_tokens: int | None = None
     timeout: float | None = None
+    # The request's max_tokens and its prompt's estimated tokens, and whether it timed out.
+    max_tokens: int | None = None
+    prompt_tokens: int = 0
+    timed_out: bool = False
     done: bool = field(default=False, repr=False)
 
     def answered(self, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
         self.outcome = Outcome.ANSWERED
         self.input_tokens, self.output_tokens = input_tokens, output_tokens
 
-    def overloaded(self) -> None:
+    def overloaded(self, *, timed_out: bool = False) -> None:
         self.outcome = Outcome.OVERLOADED
+        self.timed_out = timed_out
 
 
 class LimitState(msgspec.Struct, frozen=True):
-    """What a limit learned of its server, to start from next time (`Limit.restore`)."""
+    """What a limit learned of its server, to start from next time (`Limit.restore`): how
+    many requests it serves at once, and the seconds a unit of work takes there."""
 
     limit: Annotated[int, msgspec.Meta(ge=1)]
     slow_start: bool = False
+    unit_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
 
 class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
     """What an adapter learned of its server, kept per repo and model in the store: its
-    concurrency limit, the structured-output mode "auto" settled on (`OpenAICompatible`), the
-    vectors' encoding it accepts (`OpenAIEmbedder`)."""
+    concurrency limit and speed, the structured-output mode "auto" settled on
+    (`OpenAICompatible`), the vectors' encoding it accepts (`OpenAIEmbedder`)."""
 
     concurrency: LimitState | None = None
     structured: str | None = None
@@ -161,6 +181,8 @@ class Limit:
         self._sized: set[str] = set()  # the kinds whose replies reported their tokens
         self._out: set[Ticket] = set()
         self.decreases = 0
+        # Seconds a unit of work takes at this server (the module doc); None: not measured.
+        self.unit_seconds: float | None = None
 
     @property
     def current(self) -> int:
@@ -172,17 +194,29 @@ class Limit:
         return self._in_flight
 
     def state(self) -> LimitState:
-        return LimitState(self.current, self._slow_start)
+        return LimitState(self.current, self._slow_start, self.unit_seconds)
 
     def restore(self, state: LimitState) -> None:
-        """Starts from what an earlier limit learned of this server (a pinned one stays)."""
+        """Starts from what an earlier limit learned of this server (a pinned one's number
+        stays)."""
+        if self.unit_seconds is None:
+            self.unit_seconds = state.unit_seconds
         if self.pinned is None:
             self._limit = float(max(1, min(state.limit, self.ceiling)))
             self._slow_start = state.slow_start
             self._wake()
 
+    def request_time(self, max_tokens: int, prompt_tokens: int = 0) -> float | None:
+        """The seconds a request of `max_tokens` reply tokens and `prompt_tokens` prompt
+        tokens gets at the measured speed (the module doc); None while none is measured."""
+        if self.unit_seconds is None:
+            return None
+        return MARGIN * self.unit_seconds * (BASE_TOKENS + max_tokens
+                                             + PROMPT_WEIGHT * prompt_tokens)
+
     @asynccontextmanager
-    async def slot(self, kind: str, request_timeout: float | None = None
+    async def slot(self, kind: str, request_timeout: float | None = None, *,
+                   max_tokens: int | None = None, prompt_tokens: int = 0
                    ) -> AsyncIterator[Ticket]:
         """Holds one slot for a request of `kind` (its task), waiting in line for one (a wait
         no timeout counts); the caller marks the ticket `answered` or `overloaded`."""
@@ -190,6 +224,7 @@ class Limit:
             with deadline.waiting():
                 await self._wait_turn()
         ticket = self.begin(kind, request_timeout)
+        ticket.max_tokens, ticket.prompt_tokens = max_tokens, prompt_tokens
         try:
             yield ticket
         finally:
@@ -241,8 +276,22 @@ class Limit:
 
     # ---- learning ---------------------------------------------------------------------------
 
+    def _learn_speed(self, ticket: Ticket, took: float) -> None:
+        """Moves the measured speed by how long `ticket`'s request took (the module doc)."""
+        if ticket.timed_out and ticket.timeout is not None and ticket.max_tokens is not None:
+            # Its reply needed longer than it had: at least that, and twice what was thought.
+            needed = ticket.timeout / (BASE_TOKENS + ticket.max_tokens
+                                       + PROMPT_WEIGHT * ticket.prompt_tokens)
+            self.unit_seconds = max(needed, 2 * (self.unit_seconds or 0.0))
+        elif ticket.outcome is Outcome.ANSWERED and ticket.output_tokens is not None:
+            cost = took / self._work(ticket)
+            known = self.unit_seconds
+            self.unit_seconds = cost if known is None or cost > known else (
+                known + FOLLOW * (cost - known))
+
     def _learn(self, ticket: Ticket, now: float) -> None:
         """Moves the limit by what `ticket`'s request says of the server's queue."""
+        self._learn_speed(ticket, now - ticket.sent)
         if self.pinned is not None or ticket.outcome is Outcome.FAILED:
             return
         if ticket.outcome is Outcome.OVERLOADED:

@@ -59,9 +59,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-import anyio
-import anyio.to_thread
-
+from mnemo import cpu
 from mnemo import text as _text
 from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal, outcome_reward
@@ -147,31 +145,22 @@ class OfflineLLM:
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Answers `request` from its inputs, with zero usage.
 
-        A long request is answered in a worker thread, so the event loop keeps running and a
-        `fail_after` around the call can fire (the thread then finishes on its own).
+        A long request is answered in a worker thread (`mnemo.cpu.run`), so the event loop
+        keeps running and a `fail_after` around the call can fire (the thread then finishes
+        on its own).
         """
         handler = _HANDLERS.get(request.task)
         if handler is None:
             raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
-        if _request_chars(request) < OFF_LOOP_CHARS:
-            return handler(Inputs.of(request))
-        return await anyio.to_thread.run_sync(_answer, handler, request, abandon_on_cancel=True)
-
-
-# The heuristics cost time per character of a request; past this size their work costs more
-# than a thread hop (BENCHMARKS.md, "Figures behind the code"). On the loop, 25,000 sentences
-# kept it blocked for minutes, so no `wait_for` could fire.
-OFF_LOOP_CHARS = 4_000
+        # On the loop, a long request kept it blocked, so no `wait_for` could fire.
+        return await cpu.run(lambda: handler(Inputs.of(request)), _request_chars(request),
+                             abandon_on_cancel=True)
 
 
 def _request_chars(request: LLMRequest) -> int:
     return sum(
         len(content) for m in request.messages if isinstance(content := m.get("content"), str)
     )
-
-
-def _answer(handler: Callable[[Inputs], LLMResponse], request: LLMRequest) -> LLMResponse:
-    return handler(Inputs.of(request))
 
 
 # ---- semantic -----------------------------------------------------------------------------

@@ -70,6 +70,10 @@ Mode = Literal["json_schema", "tool", "json"]
 logger = logging.getLogger("mnemo.adapters")
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
+# The sampling temperature a server on this machine gets by default: the small models local
+# servers run repeat themselves at 0 until their token cap (SmolLM2's model card samples at
+# 0.2); a hosted API gets 0.
+LOCAL_TEMPERATURE = 0.2
 # The mode to try next when a server refuses one, and the words its error message must contain
 # for the refusal to be about that mode (rather than, say, an unknown model).
 _NEXT_MODE: dict[Mode, Mode] = {"json_schema": "tool", "tool": "json"}
@@ -85,13 +89,14 @@ class OpenAICompatible:
     `api_key` defaults to the environment's `OPENAI_API_KEY`, read here, when the adapter is
     created; with no key at all no `Authorization` header is sent (fine for local servers).
     `prices` maps model names to (input, output) dollars per million tokens, on top of
-    `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature=None`
-    leaves it to the server (small local models loop at 0; their servers' defaults are
-    sampled). `max_tokens` is the most tokens any reply may use: the cap on each request's own
-    `max_tokens`, and the value sent when a request has none. `timeout` is the seconds one
-    request may take (None: 60, or longer when the work it serves, an extraction given more,
-    has longer left); `max_concurrency` the most requests in flight, below which their number
-    adapts to the server unless `concurrency` pins it. Robustness (`timeout`,
+    `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature`
+    "default" is `LOCAL_TEMPERATURE` for a server on this machine (a loopback `base_url`) and
+    0 elsewhere; None leaves it to the server. `max_tokens` is the most tokens any reply may
+    use: the cap on each request's own `max_tokens`, and the value sent when a request has
+    none. `timeout` is the seconds one request may take (None: 60 s, longer when the work it
+    serves has longer left or when the server's measured speed says its `max_tokens` need
+    more: `Transport.attempt_timeout`); `max_concurrency` the most requests in flight, below
+    which their number adapts to the server unless `concurrency` pins it. Robustness (`timeout`,
     `requests_per_minute`, `tokens_per_minute`, the concurrency) is `Transport`'s. `retry` is
     the retry policy, the budget of calls and seconds each task may spend (`mnemo.calls.retry`;
     `retry_policy` holds it): `max_retries` (calls after the first), `backoff` and `clock` are
@@ -118,7 +123,7 @@ class OpenAICompatible:
         structured: Structured = "auto",
         prices: Mapping[str, tuple[float, float]] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
-        temperature: float | None = 0.0,
+        temperature: float | Literal["default"] | None = "default",
         max_tokens: int = DEFAULT_MAX_TOKENS,
         backoff: Backoff | None = None,
         clock: Clock | None = None,
@@ -145,7 +150,10 @@ class OpenAICompatible:
         # it: a server that refuses it then refuses one request, not every one in flight.
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
-        self._temperature = temperature
+        self._temperature = (
+            (LOCAL_TEMPERATURE if _loopback(base_url) else 0.0) if temperature == "default"
+            else temperature
+        )
         self.max_tokens = checked_max_tokens(max_tokens)
         self._tokens_field = "max_tokens"
         self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
@@ -178,6 +186,11 @@ class OpenAICompatible:
     def concurrency(self) -> Limit:
         """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
+
+    @property
+    def transport(self) -> Transport:
+        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
+        return self._http
 
     def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
@@ -501,6 +514,12 @@ def json_instructions(task: str, schema: Mapping[str, object]) -> str:
         f'It must match this JSON schema (named "{task}"):\n'
         f"{json.dumps(schema, ensure_ascii=False)}"
     )
+
+
+def _loopback(base_url: str) -> bool:
+    """Whether `base_url` is a server on this machine."""
+    host = httpx.URL(base_url).host
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:

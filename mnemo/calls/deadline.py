@@ -32,10 +32,12 @@ _OPEN: ContextVar[tuple[Pausable, ...]] = ContextVar("mnemo_deadlines", default=
 
 
 class Deadline:
-    """One deadline's cancel scope, its deadline pushed back by the time calls inside it wait."""
+    """One deadline's cancel scope, its deadline pushed back by the time calls inside it wait
+    (and, when it `stretches`, by what a request inside it needs: `allow`)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, *, stretches: bool = False) -> None:
         self.scope = anyio.CancelScope(deadline=anyio.current_time() + seconds)
+        self.stretches = stretches
         self._paused = 0
         self._left = seconds
 
@@ -49,6 +51,13 @@ class Deadline:
         self._paused -= 1
         if self._paused == 0:
             self.scope.deadline = anyio.current_time() + self._left
+
+    def allow(self, seconds: float) -> None:
+        """Leaves at least `seconds` before the deadline, waits excluded."""
+        if self._paused:
+            self._left = max(self._left, seconds)
+        else:
+            self.scope.deadline = max(self.scope.deadline, anyio.current_time() + seconds)
 
     def left(self) -> float:
         """Seconds left, not counting waits."""
@@ -64,6 +73,17 @@ def remaining() -> float | None:
     return min(left) if left else None
 
 
+def allow(seconds: float) -> None:
+    """Leaves every deadline open in this context that `stretches` at least `seconds`: a
+    request the server's measured speed says needs that long (`Transport.needed_time`) is not
+    cut by the work it serves (a step's annotation, a trajectory's extraction), whose time
+    follows the server's speed too. A deadline that does not stretch is the caller's fixed
+    time."""
+    for clock in _OPEN.get():
+        if isinstance(clock, Deadline) and clock.stretches:
+            clock.allow(seconds)
+
+
 @contextmanager
 def registered(clock: Pausable) -> Iterator[None]:
     """Makes `clock` stop while a call in this context (or a task started from it) waits."""
@@ -75,13 +95,14 @@ def registered(clock: Pausable) -> Iterator[None]:
 
 
 @contextmanager
-def fail_after(seconds: float) -> Iterator[anyio.CancelScope]:
-    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`.
+def fail_after(seconds: float, *, stretches: bool = False) -> Iterator[anyio.CancelScope]:
+    """`anyio.fail_after(seconds)`, not counting the time calls inside it spend `waiting()`;
+    with `stretches`, `seconds` is a first guess a slow server's requests lengthen (`allow`).
 
     Raises:
         TimeoutError: the work inside took longer than `seconds`, waits excluded.
     """
-    deadline = Deadline(seconds)
+    deadline = Deadline(seconds, stretches=stretches)
     with registered(deadline), deadline.scope:
         yield deadline.scope
     if deadline.scope.cancelled_caught and anyio.current_time() >= deadline.scope.deadline:

@@ -4,7 +4,7 @@ usage is booked; `slot` takes a limiter's token without a trip through the event
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 
 import anyio
 
@@ -16,15 +16,19 @@ from mnemo.ports import LLM, LLMRequest, LLMResponse, Usage
 class LimitedLLM:
     """An LLM whose calls each wait for a slot of its provider's limiter
     (`Config.llm_concurrency`), and whose replies' usage goes to `meter`, with the calls
-    (retries and re-asks among them) each `generate` charged to its task's budget."""
+    (retries and re-asks among them) each `generate` charged to its task's budget; each
+    `generate` runs inside `calling()`, when given (who waits on the calls sees them under
+    way)."""
 
     def __init__(
         self,
         llm: LLM,
         slots: anyio.CapacityLimiter,
         meter: Callable[[Usage], None] | None = None,
+        calling: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self._llm, self._slots, self._meter = llm, slots, meter
+        self._calling = calling or nullcontext
 
     @property
     def retry_policy(self) -> RetryPolicy:
@@ -32,7 +36,7 @@ class LimitedLLM:
         return policy_of(self._llm)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
-        with task_budget(self.retry_policy) as budget:
+        with task_budget(self.retry_policy) as budget, self._calling():
             before = budget.counts()
             try:
                 async with slot(self._slots):

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from mnemo import cpu
 from mnemo.calls.reply import Cut, salvage
 from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
@@ -39,9 +40,9 @@ def task_request(
     max_tokens: int | None = None,
 ) -> LLMRequest:
     """Builds the request for one task: instructions, then the inputs as JSON."""
-    # Compact JSON: `indent` would switch json.dumps to its slow pure-Python encoder, on the
-    # append path (BENCHMARKS.md).
-    content = instructions.strip() + INPUT_MARKER + json.dumps(inputs, ensure_ascii=False)
+    # No `indent`: it would switch json.dumps to its slow pure-Python encoder, on the append
+    # path (BENCHMARKS.md). `cpu.dumps` keeps each C call short for a long trajectory's steps.
+    content = instructions.strip() + INPUT_MARKER + cpu.dumps(inputs)
     return LLMRequest(
         task=task,
         system=system,

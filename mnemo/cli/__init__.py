@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "graph": "commands",
     "search": "commands",
     "purge": "commands",
+    "forget": "commands",
     "mcp": "serve",
     "ui": "serve",
     "doctor": "doctor",

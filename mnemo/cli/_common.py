@@ -3,13 +3,15 @@ one-line error rule, and opening the `Memory` its settings choose."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Annotated
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Annotated, Any, NoReturn
 
 import anyio
 import anyio.to_thread
 import typer
+from typer.core import TyperGroup
 
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri
 from mnemo.cli._database import CliError, check_database
@@ -30,13 +32,67 @@ def _show_version(value: bool) -> None:
         raise typer.Exit()
 
 
+class _Commands(TyperGroup):
+    """mnemo's commands, each of whose failures ends in one line on stderr, `error: ...`
+    (`one_line`), where click printed a usage box and Python a traceback."""
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None,
+                     **extra: Any) -> Any:
+        with one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with one_line():
+            return super().invoke(ctx)
+
+
+# Click's errors, as the typer installed raises them (typer 0.29 carries its own click).
+def _click_error(name: str) -> type[Exception]:
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_CLICK_ERROR, _USAGE_ERROR = _click_error("ClickException"), _click_error("UsageError")
+
+
+@contextmanager
+def one_line() -> Iterator[None]:
+    """Turns what the block raises into one `error:` line and an exit status: 2 for a
+    parameter click refuses (a number out of range, a missing file), a problem the user can
+    fix (`CliError`, `MnemoError`) or one the system reports (`OSError`: no such folder, no
+    permission); 1 for any other exception, a bug, whose traceback `--verbose` prints."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except _CLICK_ERROR as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise  # the help, shown for no arguments
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if isinstance(
+            exc, _USAGE_ERROR) and ctx is not None else ""
+        _fail(f"{getattr(exc, 'format_message', exc.__str__)()}{where}", 2)
+    except (CliError, MnemoError) as exc:
+        _fail(str(exc) or type(exc).__name__, 2)
+    except OSError as exc:
+        named = f"{exc.filename}: " if exc.filename is not None else ""
+        _fail(f"{named}{exc.strerror or exc}", 2)
+    except Exception as exc:
+        if _verbose:
+            traceback.print_exc()
+        _fail(f"{type(exc).__name__}: {exc} (a bug in mnemo; --verbose shows where)", 1)
+
+
+def _fail(message: str, status: int) -> NoReturn:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(status)
+
+
 app = typer.Typer(
     name="mnemo",
+    cls=_Commands,
     help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
     no_args_is_help=True,
     add_completion=False,
-    # Expected problems are reported in one line by `run`; what escapes it is a bug, and a
-    # plain traceback is what a bug report needs.
     pretty_exceptions_enable=False,
 )
 
@@ -61,17 +117,21 @@ def _root(
 
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
+Where = Annotated[
+    list[str] | None,
+    typer.Option("--where", help="Only the scope whose metadata has KEY=VALUE (a string; "
+                                 "KEY:=JSON for a number or true/false); repeat it for more "
+                                 "keys, or a key for any of its values."),
+]
+
 
 
 def run(work: Callable[[], Awaitable[None]]) -> None:
-    """Runs a command's coroutine; a problem the user can fix exits 2 with one line."""
+    """Runs a command's coroutine with the command's logging; what it raises ends in one
+    line (`one_line`)."""
     try:
         with command_logging(verbose=_verbose):
             anyio.run(work)
-    except (CliError, MnemoError) as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        typer.echo(f"error: {message}", err=True)
-        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         # Nothing is half-written: every store is transactional and an ingest is idempotent,
         # so running the command again carries on.

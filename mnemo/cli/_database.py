@@ -24,14 +24,17 @@ def check_database(path: Path, *, must_exist: bool) -> None:
 
     Raises:
         CliError: a missing file (when `must_exist`), a directory, a file that is not SQLite,
-            or a SQLite file that is not mnemo's.
+            a SQLite file that is not mnemo's, or one that cannot be opened (a read-only
+            folder).
     """
     try:
         found = store_file(path)
     except StorageError as exc:
         if isinstance(exc.__cause__, OSError):
             raise CliError(f"cannot read {path}: {exc.__cause__.strerror or exc}") from exc
-        raise CliError(f"{path} is not a readable SQLite database: {exc}") from exc
+        if exc.reason == "corrupt":
+            raise CliError(f"{path} is not a readable SQLite database: {exc}") from exc
+        raise CliError(f"cannot open {path}: {exc}") from exc
     if found is StoreFile.MISSING and must_exist:
         raise CliError(
             f"no database at {path} (create one with `mnemo ingest` or `mnemo demo`, "

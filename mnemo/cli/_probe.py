@@ -11,20 +11,25 @@
 - the tasks: annotation's `state`, `subgoal` and `reward` and extraction's `semantic` and
   `procedural`, each asked once with a one-step input through the adapter as mnemo asks it;
   each reports the tokens its reply used against its `max_tokens` (a reply that reached the
-  cap was cut, and mnemo would re-ask it).
+  cap was cut, and mnemo would re-ask it);
+- the speed: the reply tokens a second the adapter measured over those calls
+  (`mnemo.adapters.limit.Limit`), and the seconds one request of each task then gets
+  (`Transport.attempt_timeout`: a slow server is given the time its replies need).
 
 Each call runs under `CALL_SECONDS`: a slow server is a finding, not a hang.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 
 from mnemo.adapters._chat import reply_cap
+from mnemo.adapters._http import CHARS_PER_TOKEN, Transport
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible
@@ -70,6 +75,7 @@ class TaskFit:
     output_tokens: int | None
     detail: str
     seconds: float
+    timeout: float | None = None  # what one request of the task gets, once measured
 
     @property
     def fits(self) -> bool | None:
@@ -81,7 +87,8 @@ class TaskFit:
     def as_json(self) -> dict[str, object]:
         return {"task": self.task, "ok": self.ok, "max_tokens": self.max_tokens,
                 "output_tokens": self.output_tokens, "fits": self.fits, "detail": self.detail,
-                "seconds": round(self.seconds, 3)}
+                "seconds": round(self.seconds, 3),
+                "timeout_seconds": None if self.timeout is None else round(self.timeout, 1)}
 
 
 @dataclass(slots=True)
@@ -94,6 +101,7 @@ class ServerReport:
     served_at_once: int | None = None
     concurrency: int | None = None
     tasks: list[TaskFit] = field(default_factory=list)
+    tokens_per_second: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -110,6 +118,8 @@ class ServerReport:
             "served_at_once": self.served_at_once,
             "concurrency": self.concurrency,
             "tasks": [t.as_json() for t in self.tasks],
+            "tokens_per_second": (None if self.tokens_per_second is None
+                                  else round(self.tokens_per_second, 1)),
         }
 
 
@@ -141,9 +151,25 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
     report.modes = await _modes(uri, llm)
     await _at_once(uri, report)
     report.concurrency = planned_concurrency(llm, report.served_at_once)
-    for request in _task_requests():
+    requests = _task_requests()
+    for request in requests:
         report.tasks.append(await _fit(llm, request))
+    transport = getattr(llm, "transport", None)
+    if isinstance(transport, Transport) and transport.limit.unit_seconds:
+        report.tokens_per_second = 1 / transport.limit.unit_seconds
+        cap = getattr(llm, "max_tokens", 0)
+        report.tasks = [
+            replace(fit, timeout=transport.attempt_timeout(
+                reply_cap(request.max_tokens, cap), _prompt_tokens(request)))
+            for fit, request in zip(report.tasks, requests, strict=True)
+        ]
     return report
+
+
+def _prompt_tokens(request: LLMRequest) -> int:
+    """A request's prompt in tokens, counted as the transport estimates it (its JSON)."""
+    shown = json.dumps([request.system, request.messages, request.schema])
+    return len(shown) // CHARS_PER_TOKEN
 
 
 # ---- the concurrency mnemo will use ---------------------------------------------------------

@@ -212,8 +212,10 @@ def read_config(path: Path) -> dict[str, str]:
         raise CliError(f"no config file at {path}") from None
     except OSError as exc:
         raise CliError(f"cannot read the config file {path}: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CliError(f"the config file {path} is not valid TOML: {exc}") from exc
+    except RecursionError as exc:
+        raise CliError(f"the config file {path} nests too deep to read") from exc
     out: dict[str, str] = {}
     for key, value in data.items():
         if key not in FILE_KEYS:

@@ -23,6 +23,7 @@ from rich.text import Text
 
 from mnemo.cli._common import (
     Json,
+    Where,
     app,
     check_repo,
     confirm,
@@ -51,6 +52,7 @@ from mnemo.cli._settings import (
     resolve,
 )
 from mnemo.graph.model import NodeType
+from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
 from mnemo.session.machine import State
 
@@ -209,6 +211,7 @@ def recall(
         typer.Option("--reinforce", help="Count the memories recalled as accesses, as an "
                                          "agent's own recall does (a look counts none)."),
     ] = False,
+    where: Where = None,
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
@@ -222,6 +225,7 @@ def recall(
 
     async def work() -> None:
         wanted = _node_types(types)
+        scope = parse_where(where or ())
         settings = _settings(
             store, config, llm, embedder, (temperature, llm_timeout, None)
         )
@@ -231,7 +235,8 @@ def recall(
             # written with the hashed embedder is 512, MiniLM 384): a clear EmbeddingError
             # instead of a shape error deep in the vector search.
             await mem.open_repo(repo)
-            result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce)
+            result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce,
+                                      where=scope)
         if as_json:
             print_json(recall_json(result))
             return
@@ -357,6 +362,7 @@ def search(
         str | None, typer.Option("--thread", "-t", help="Only this thread.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
+    where: Where = None,
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
@@ -364,8 +370,9 @@ def search(
     """Search the conversation threads' messages (full text, best first)."""
 
     async def work() -> None:
+        scope = parse_where(where or ())
         async with open_memory(_settings(store, config)) as mem:
-            hits = await mem.search_messages(query, thread_id=thread, limit=limit)
+            hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
         if as_json:
             print_json([hit_json(h) for h in hits])
             return
@@ -424,5 +431,41 @@ def purge(
         if repo is not None:
             done += f", {forgotten} nodes forgotten in {repo!r}"
         stdout_console().print(Text(done))
+
+    run(work)
+
+
+@app.command()
+def forget(
+    repo: Annotated[str, typer.Argument(help="The repo to erase from.")],
+    source: Annotated[
+        str | None, typer.Argument(help="An ingest's source id, or a session's id.")
+    ] = None,
+    where: Where = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    store: StoreOpt = None,
+    embedder: EmbedderOpt = None,
+    config: ConfigOpt = None,
+    as_json: Json = False,
+) -> None:
+    """Erase for good what a source committed (`forget`), or everything in a scope
+    (`--where user_id=alice`: `forget_where`)."""
+
+    async def work() -> None:
+        scope = parse_where(where or ())
+        if (source is None) == (scope is None):
+            raise CliError("give a source id or --where, one of them")
+        async with open_memory(_settings(store, config, embedder=embedder)) as mem:
+            await check_repo(mem, repo)
+            await mem.open_repo(repo)
+            what = f"source {source!r}" if scope is None else f"the scope {scope}"
+            await confirm(f"Erase {what} from repo {repo!r} for good?", given=yes,
+                          as_json=as_json)
+            gone = (await mem.forget(repo, source) if source is not None
+                    else await mem.forget_where(repo, scope or {}))
+        if as_json:
+            print_json({"repo": repo, "source": source, "where": scope, "nodes": gone})
+            return
+        stdout_console().print(Text(f"erased {what} from {repo!r}: {gone} nodes"))
 
     run(work)

@@ -123,7 +123,7 @@ def load_conversation(path: Path) -> Conversation:
         )
     except OSError as exc:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CliError(f"{path} is not a demo conversation: {exc!r}") from exc
 
 

@@ -4,10 +4,11 @@ real calls, measures the LLM's server, and prints what it found (exit 1 when a c
 The LLM is asked the `"state"` task (one short paragraph, which every provider and the offline
 LLM answer) about one line: its latency. Then, for a model served over HTTP and unless
 `--quick`, `_probe` measures the server: which structured-output modes work, how many requests
-it serves at once, the concurrency mnemo will use with it, and whether each task's reply fits
-its `max_tokens`. The embedder embeds one short text. A store that does not exist is reported,
-not created. The first check names the installed distribution and fails when another one
-ships a `mnemo` package of its own into the same environment.
+it serves at once, the concurrency mnemo will use with it, whether each task's reply fits its
+`max_tokens`, its speed, and the seconds a request of each task gets at that speed. The embedder
+embeds one short text. A store that does not exist is reported, not created. The first check names
+the installed distribution and fails when another one ships a `mnemo` package of its own into the
+same environment.
 """
 
 from __future__ import annotations
@@ -207,5 +208,11 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
             found = f"{task.output_tokens} of max_tokens {task.max_tokens} tokens"
             if not task.fits:
                 found += ": the reply reached the cap and was cut"
+        if task.timeout is not None:
+            found += f"; a request gets {task.timeout:.0f} s"
         table.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
+    if report.tokens_per_second is not None:
+        table.add_row("speed", Text("->"), f"about {report.tokens_per_second:.0f} tokens a "
+                      "second (a reply's, with a tenth of its prompt's and its overhead): "
+                      "a request's time follows it")
     console.print(table)

@@ -72,11 +72,14 @@ def history(
 
 
 def origin(commit: CommitRecord, sessions: dict[str, str], goal: str | None) -> str:
-    """Where a commit came from, its session (short) or source, and the goal it served."""
+    """Where a commit came from, its session (short) or source, or the commit it reverts, the
+    goal it served, and whether it was reverted."""
     origin = (f"session {sessions.get(commit.session_id, commit.session_id)}"
               if commit.session_id else f"source {commit.source_id}" if commit.source_id
-              else "")
-    return ": ".join(part for part in (origin, goal) if part)
+              else f"revert of {commit.reverts.removeprefix('changeset_')[:8]}"
+              if commit.reverts else "")
+    origin = ": ".join(part for part in (origin, goal) if part)
+    return f"{origin} (reverted)" if commit.reverted_by else origin
 
 
 async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, str]:
@@ -155,6 +158,10 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     head.add_row("date", f"{record.committed_at:%Y-%m-%d %H:%M:%S} UTC")
     head.add_row("from", Text(origin(record, {}, None) or "-"))
     head.add_row("goal", Text(goal or "-"))
+    if record.reverts:
+        head.add_row("reverts", record.reverts)
+    if record.reverted_by:
+        head.add_row("reverted", f"by {record.reverted_by}")
     console.print(head)
     gone = record.node_count - len(changed.nodes)
     if gone:
@@ -201,18 +208,21 @@ def revert(
             await check_repo(mem, repo)
             _, commit_id = await _commit_id(mem, repo, commit)
             record = (await mem.commit_diff(repo, commit_id)).commit
-            await confirm(
-                f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} nodes "
-                f"and {record.link_count} links for good?", given=yes, as_json=as_json,
-            )
+            if not (record.reverts or record.reverted_by):  # else refused unasked
+                await confirm(
+                    f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} "
+                    f"nodes and {record.link_count} links for good (those another commit "
+                    "shares stay)?", given=yes, as_json=as_json,
+                )
             undone = await mem.revert(repo, commit_id)
+            kept = [n.id for n in undone.nodes if await mem.get_node(repo, n.id) is not None]
         if as_json:
             print_json(diff_json(undone))
             return
         stdout_console().print(Text(
-            f"reverted {undone.commit.id}: {undone.commit.node_count} nodes and "
-            f"{undone.commit.link_count} links removed, {undone.commit.retired_count} facts "
-            "restored"
+            f"reverted {undone.commit.id} (revert {undone.commit.reverted_by}): "
+            f"{len(undone.nodes) - len(kept)} nodes removed, {len(kept)} shared with other "
+            f"commits kept, {undone.commit.retired_count} facts restored"
         ))
 
     run(work)

@@ -144,6 +144,8 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except msgspec.DecodeError as exc:
         raise CliError(f"{path} is not a JSON file: {exc}") from exc
+    except RecursionError as exc:
+        raise CliError(f"{path} nests too deep to read") from exc
     if isinstance(raw, dict) and "conversation" in raw:
         raw = [raw]
     try:

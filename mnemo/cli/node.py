@@ -105,8 +105,10 @@ async def _commits(mem: Memory, repo: str, node: Node) -> tuple[list[CommitRecor
 
 
 def _changes(commit: CommitRecord, node_id: str) -> list[str]:
-    """What `commit` did to the node: added, retired, reworded it, or linked it."""
-    changes = [what for what, ids in (("added", commit.node_ids), ("retired", commit.retired),
+    """What `commit` did to the node: added, joined (said it again), retired, reworded it, or
+    linked it."""
+    changes = [what for what, ids in (("added", commit.node_ids), ("joined", commit.joined),
+                                      ("retired", commit.retired),
                                       ("reworded", commit.reworded)) if node_id in ids]
     if not changes:
         linked = sum(node_id in (link.src, link.dst) for link in commit.links)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mnemo.config import Config
 from mnemo.conversation.model import NO_CONTENT
@@ -37,6 +37,8 @@ class MessageDraft:
     text: str
     tokens: int
     key: bytes
+    # Who it belongs to (`mnemo.graph.scope`), set by the save that stores it.
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
 
 def check_thread_id(thread_id: object) -> str:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING
 
+from mnemo import cpu
 from mnemo.calls import deadline
 from mnemo.calls.tasks import ask
+from mnemo.config import Config
 from mnemo.conversation.drafts import (
     MessageDraft,
     check_history,
@@ -47,6 +51,7 @@ from mnemo.conversation.selection import (
 )
 from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
+from mnemo.graph.scope import Metadata, check_metadata
 from mnemo.inputs import check_count, check_text
 from mnemo.ports import LLM, JSONObject
 
@@ -102,7 +107,8 @@ class ConversationManager:
         return self
 
     async def save(
-        self, thread_id: str, messages: Sequence[Mapping[str, object]]
+        self, thread_id: str, messages: Sequence[Mapping[str, object]],
+        metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
         """Stores the messages of `messages` (the full history so far) past the stored length,
         each with the next seq; returns them ([] when nothing was new).
@@ -117,7 +123,8 @@ class ConversationManager:
         With `Summary`, the uncompacted messages may then be summarised; a failed summary is
         logged and never raised. With `auto_evict_budget`, evictions run until the viewport
         of that budget shows every message from the boundary on (the seed's rule: evict when
-        the boundary message would leave the viewport).
+        the boundary message would leave the viewport). Each new message carries `metadata`
+        (`Message.metadata`, what `search_messages(where=)` selects).
 
         Raises:
             InvalidInputError: a history that does not extend the stored one (a sliding
@@ -134,14 +141,16 @@ class ConversationManager:
         """
         check_thread_name(thread_id)
         history = check_history(messages)
+        scoped = check_metadata(metadata)
         async with self._service.thread_lock(thread_id):
-            appended = await self._append_new(thread_id, history)
+            appended = await self._append_new(thread_id, history, scoped)
             await self._compress(thread_id, appended)
         await self._evict(thread_id, appended)
         return appended
 
     async def append(
-        self, thread_id: str, messages: Sequence[Mapping[str, object]]
+        self, thread_id: str, messages: Sequence[Mapping[str, object]],
+        metadata: Mapping[str, object] | None = None,
     ) -> list[Message]:
         """Stores `messages`, new messages only, after the thread's stored ones, each with the
         next seq; returns them. For an app that keeps a window of its history: nothing is
@@ -155,8 +164,11 @@ class ConversationManager:
         """
         check_thread_name(thread_id)
         history = check_history(messages)
+        scoped = check_metadata(metadata)
         self._check_count(len(history))
-        drafts = [draft(m, i, self._service.config) for i, m in enumerate(history)]
+        drafted = await cpu.run(partial(_drafts, history, 0, self._service.config, scoped),
+                                _chars(history))
+        drafts = list(drafted.values())
         vectors = await self._embed(thread_id, dict(enumerate(drafts)), {})
         async with self._service.thread_lock(thread_id):
             appended = await self._service.store.append(
@@ -205,7 +217,7 @@ class ConversationManager:
         return {i: done[i] for i in drafts}
 
     async def _append_new(
-        self, thread_id: str, history: Sequence[Mapping[str, object]]
+        self, thread_id: str, history: Sequence[Mapping[str, object]], metadata: Metadata
     ) -> list[Message]:
         """Appends the messages of `history` past the stored length once it is checked to
         extend the stored history; returns them.
@@ -229,13 +241,15 @@ class ConversationManager:
             state = await store.state(thread_id) or ThreadState(0, 0, 0)
             stored = state.history_len
             known = min(stored, len(history))
-            keys += (message_key(history[i], i) for i in range(len(keys), known))
+            keys += await cpu.run(partial(_keys, history, len(keys), known),
+                                  _chars(history[len(keys):known]))
             digest = await self._extends(thread_id, keys[:stored], state)
             if len(history) <= stored:
                 return []
             self._check_count(len(history) - stored)
-            drafts = {i: draft(history[i], i, self._service.config) for i in
-                      range(stored, len(history))}
+            drafts = await cpu.run(
+                partial(_drafts, history, stored, self._service.config, metadata),
+                _chars(history[stored:]))
             embedded = await self._embed(thread_id, drafts, vectors)
             try:
                 return await store.append(
@@ -487,3 +501,19 @@ def _summary_inputs(
     for c in inner:
         items.append((c.start_seq, {"seq": c.start_seq, "role": "summary", "text": c.summary_text}))
     return [item for _, item in sorted(items, key=lambda pair: pair[0])]
+
+
+def _drafts(
+    history: Sequence[Mapping[str, object]], start: int, config: Config, metadata: Metadata,
+) -> dict[int, MessageDraft]:
+    return {i: replace(draft(history[i], i, config), metadata=metadata)
+            for i in range(start, len(history))}
+
+
+def _keys(history: Sequence[Mapping[str, object]], start: int, end: int) -> list[bytes]:
+    return [message_key(history[i], i) for i in range(start, end)]
+
+
+def _chars(messages: Sequence[Mapping[str, object]]) -> int:
+    """About what checking and hashing `messages` reads, in characters (`cpu.run`)."""
+    return sum(len(c) if isinstance(c := m.get("content"), str) else 64 for m in messages)

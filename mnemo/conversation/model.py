@@ -13,6 +13,7 @@ from datetime import datetime
 
 from mnemo.conversation.render import memory_block, render_view
 from mnemo.errors import ConflictError, InvalidInputError
+from mnemo.graph.scope import Metadata
 from mnemo.ports import JSONObject, ToolCall, Usage
 
 # ---- policies -----------------------------------------------------------------------------
@@ -129,6 +130,8 @@ class Message:
     data: JSONObject
     recorded_at: datetime
     tokens: int = 0
+    # Who the message belongs to (`save`/`append`'s `metadata`; `mnemo.graph.scope`).
+    metadata: Metadata = field(default_factory=dict)
 
     def to_dict(self) -> JSONObject:
         """The message as it was saved: `role`, `content` (unless it had none) and the other

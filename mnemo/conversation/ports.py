@@ -28,6 +28,7 @@ from mnemo.conversation.model import (
 )
 from mnemo.errors import ConflictError
 from mnemo.graph.model import Vector
+from mnemo.graph.scope import Where
 
 __all__ = ["EvictionInputs", "ThreadState", "ThreadStore", "ViewportInputs"]
 
@@ -315,6 +316,7 @@ class ThreadStore(Protocol):
         thread_id: str | None = None,
         exclude_viewport_of: str | None = None,
         shown: Shown | None = None,
+        where: Where | None = None,
     ) -> list[SearchHit]:
         """The best `limit` messages matching any of `words` (stemmed full-text search),
         ranked as `search.rank_by_recency` does with the backend's relevance score, within
@@ -322,7 +324,7 @@ class ThreadStore(Protocol):
         the messages `shown` names that it still shows (from the boundary on, or pinned: an
         eviction since moved the others into a snapshot only), else (no viewport of it
         known) its messages from the boundary on; each hit with a snippet of at most
-        `search.SNIPPET_CHARS` characters."""
+        `search.SNIPPET_CHARS` characters; with `where`, only messages of that scope."""
         ...
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:

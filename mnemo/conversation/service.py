@@ -53,6 +53,7 @@ from mnemo.conversation.viewport import RECALL_HITS, layout, with_recalled
 from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError, StorageError
 from mnemo.events import Events
 from mnemo.graph.model import now_utc
+from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_id, check_models, check_text
 from mnemo.ports import LLM, Embedder, detect_dim
 from mnemo.text import query_words
@@ -195,13 +196,17 @@ class ConversationService:
         return await self._call_embedder(detect_dim(self.embedder))
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """The embeddings of `texts`, shape (len(texts), dim), float32.
+        """The embeddings of `texts`, shape (len(texts), dim), float32: one embedder call
+        per batch (`batches`), each within the timeout.
 
         Raises:
             EmbeddingError: the embedder failed, timed out or gave the wrong shape.
         """
-        if not texts:
-            return np.zeros((0, await self.dimension()), dtype=np.float32)
+        parts = [await self._embed_batch(texts[part]) for part in batches(texts)]
+        return np.concatenate(parts) if parts else np.zeros((0, await self.dimension()),
+                                                             dtype=np.float32)
+
+    async def _embed_batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         raw = await self._call_embedder(self.embedder.embed(list(texts)))
         vectors = np.asarray(raw, dtype=np.float32)
         # After a reply, so an embedder detecting its dimension knows it without asking again.
@@ -236,11 +241,12 @@ class ConversationService:
             return np.zeros((0, dim), dtype=np.float32)
         stored = await self.store.vectors(messages[0].thread_id)
         missing = [m for m in messages if m.id not in stored or stored[m.id].shape != (dim,)]
-        if missing:
-            fresh = await self.embed(
-                [search_text(m.content, m.data.get("tool_calls")) for m in missing]
-            )
-            rows = [(m.id, fresh[i]) for i, m in enumerate(missing)]
+        texts = [search_text(m.content, m.data.get("tool_calls")) for m in missing]
+        # Stored batch by batch: a load that fails or times out part way keeps what it made,
+        # and the next embeds only the rest.
+        for part in batches(texts):
+            fresh = await self._embed_batch(texts[part])
+            rows = [(m.id, fresh[i]) for i, m in enumerate(missing[part])]
             try:
                 await self.store.save_vectors(messages[0].thread_id, rows)
             except StorageError as exc:
@@ -355,6 +361,7 @@ class ConversationService:
         thread_id: str | None,
         limit: int,
         exclude_viewport_of: str | None,
+        where: Where | None = None,
     ) -> list[SearchHit]:
         """See `Memory.search_messages`. `exclude_viewport_of` leaves out what that thread's
         viewport shows: when a viewport of it was laid out through this Memory, exactly the
@@ -374,6 +381,7 @@ class ConversationService:
             words, limit=limit, now=self.clock(), thread_id=thread_id,
             exclude_viewport_of=exclude_viewport_of,
             shown=None if exclude_viewport_of is None else self._shown.get(exclude_viewport_of),
+            where=where,
         )
 
     async def message_ids(self, prefix: str, *, limit: int) -> list[str]:
@@ -453,3 +461,25 @@ def _ttl(ttl: float | timedelta | None) -> float | None:
             f"got {ttl!r}"
         )
     return float(seconds)
+
+
+
+# One embedder call takes at most this many messages, and this many characters (past one
+# message): 1,000 messages of 32,000 characters in one call outlasted the 60 s timeout.
+BATCH_TEXTS = 64
+BATCH_CHARS = 256_000
+
+
+def batches(texts: Sequence[str]) -> list[slice]:
+    """`texts` cut into consecutive batches of at most `BATCH_TEXTS` texts and
+    `BATCH_CHARS` characters (a longer text is a batch of its own)."""
+    out: list[slice] = []
+    start = chars = 0
+    for end, text in enumerate(texts):
+        if end > start and (end - start == BATCH_TEXTS or chars + len(text) > BATCH_CHARS):
+            out.append(slice(start, end))
+            start, chars = end, 0
+        chars += len(text)
+    if start < len(texts):
+        out.append(slice(start, len(texts)))
+    return out

@@ -114,7 +114,7 @@ async def annotate_step(
     """
     previous = steps[-1] if steps else None
     try:
-        with deadline.fail_after(time_limit):
+        with deadline.fail_after(time_limit, stretches=True):
             note = await annotate(
                 llm(),
                 embedder,
@@ -127,7 +127,7 @@ async def annotate_step(
     except TimeoutError as exc:
         if isinstance(exc, MnemoError):
             raise
-        raise LLMTimeout(f"{name}: append timed out after {time_limit}s") from exc
+        raise LLMTimeout(f"{name}: the annotation timed out after {time_limit}s") from exc
     return note, starts_trajectory(previous, note.subgoal_vec, threshold)
 
 

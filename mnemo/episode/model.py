@@ -5,22 +5,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import numpy as np
+
 from mnemo.graph.model import Vector
 from mnemo.ports import JSONObject
 
 
 @dataclass(frozen=True, slots=True)
 class StepInfo:
-    """What `append` returns once the step is annotated and stored."""
+    """What `append` returns once the step is stored: its trajectory and whether it starts
+    one, once annotated; while the model has not answered, `annotated` is False and both are
+    None (the step is annotated later, by close at the latest)."""
 
     index: int
-    trajectory_id: str
-    boundary_detected: bool
+    trajectory_id: str | None
+    boundary_detected: bool | None
+    annotated: bool = True
+
+
+# The subgoal vector of a step not annotated yet.
+NO_VECTOR = np.zeros(0, np.float32)
+NO_VECTOR.flags.writeable = False
 
 
 @dataclass(slots=True)
 class StepRecord:
-    """One annotated step of an episode. `reward` is scored by the next append (or close)."""
+    """One step of an episode, stored before it is annotated: until then its trajectory,
+    state summary and subgoal are empty and its vector is `NO_VECTOR` (`annotated`).
+    `reward` is scored by the next step's annotation (or the close)."""
 
     id: str
     index: int
@@ -33,6 +45,10 @@ class StepRecord:
     reward: float | None = None
     metadata: JSONObject | None = None
     committed_in: str | None = None
+
+    @property
+    def annotated(self) -> bool:
+        return bool(self.trajectory_id)
 
     @property
     def line(self) -> str:

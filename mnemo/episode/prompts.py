@@ -11,7 +11,16 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from mnemo.calls.reply import Meta, Reply, preview, read_reply, reply_data, reply_schema, text
+from mnemo.calls.reply import (
+    Meta,
+    Reply,
+    most_tokens,
+    preview,
+    read_reply,
+    reply_data,
+    reply_schema,
+    text,
+)
 from mnemo.calls.tasks import task_request
 from mnemo.ports import LLMRequest, LLMResponse
 
@@ -19,6 +28,12 @@ NEUTRAL_REWARD = 0.5
 
 # ---- state --------------------------------------------------------------------------------
 
+class StateReply(Reply, frozen=True):
+    state: Annotated[str, text(
+        400, "The environment's state right after the step: one short paragraph of facts.")]
+
+
+STATE_SCHEMA = reply_schema(StateReply)
 STATE_SYSTEM = (
     "You keep track of the state of the environment an agent is working in. "
     "You write short, factual state summaries."
@@ -28,15 +43,18 @@ Summarise the state of the environment right after the agent's latest step.
 - goal: what the agent is trying to achieve overall.
 - previous_state: your summary before this step (null for the first step); keep what still holds.
 - observation: what the agent saw at this step; action: what the agent did in response.
-Write one short paragraph (at most three sentences, under 80 words) stating the current
+Write one short paragraph (at most three sentences, under 60 words) stating the current
 situation and the action just taken. Facts only: no advice, no speculation, no lists or headings.
-Reply with the paragraph alone."""
+Reply with JSON: {"state": "<the paragraph>"}."""
 
 
 def state_request(
     *, goal: str, observation: str, action: str, previous_state: str | None
 ) -> LLMRequest:
-    """The "state" task: the reply's `text` summarises the environment state in one paragraph."""
+    """The "state" task: the reply's `data` is {"state": str}, one paragraph (a reply of the
+    paragraph alone in `text` is read too). Its length is bound in the schema, which a local
+    server's grammar enforces: a small model that repeats itself ends its reply there, short
+    of `max_tokens`."""
     return task_request(
         "state",
         system=STATE_SYSTEM,
@@ -47,31 +65,28 @@ def state_request(
             "action": action,
             "previous_state": previous_state,
         },
-        schema=None,
-        # Under 80 words asked; the cap stops a small model that loops (a state
-        # summary once ran to the 4k context, past append_timeout).
-        max_tokens=256,
+        schema=STATE_SCHEMA,
+        max_tokens=most_tokens(STATE_SCHEMA),
     )
 
 
 def parse_state(resp: LLMResponse) -> str:
-    """The state summary of a "state" reply, stripped.
-
-    Read from `text`, else from `data` when it is a string or an object with a "state" string.
+    """The state summary of a "state" reply, stripped: `data["state"]` (or the JSON of that
+    shape in `text`), a string in `data`, else, with no `data`, the paragraph in `text`.
 
     Raises:
         ValueError: when the reply holds no non-blank summary.
     """
-    if isinstance(resp.text, str) and resp.text.strip():
-        return resp.text.strip()
-    data = resp.data
+    data = reply_data(resp)
     if isinstance(data, dict):
         data = data.get("state")
     if isinstance(data, str) and data.strip():
         return data.strip()
+    if resp.data is None and resp.text.strip():
+        return resp.text.strip()  # the paragraph alone (a JSON object in it is the step's)
     raise ValueError(
-        "state reply holds no summary: expected a non-blank paragraph in text "
-        f"(or data.state), got text={resp.text!r} and data={preview(resp.data)}"
+        "state reply holds no summary: expected a non-blank \"state\" in data (or the "
+        f"paragraph in text), got text={resp.text!r} and data={preview(resp.data)}"
     )
 
 

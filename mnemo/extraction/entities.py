@@ -17,8 +17,19 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from mnemo import text as _text
+from mnemo.calls import deadline
 from mnemo.episode.annotation import embed
-from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
+from mnemo.errors import EmbeddingError
+from mnemo.graph.erasure import Embed
+from mnemo.graph.model import (
+    Changeset,
+    Link,
+    LinkType,
+    NodeDraft,
+    NodeType,
+    Vector,
+    normalise_label,
+)
 from mnemo.ports import Embedder
 
 # A speaker's name, and the time that may follow it: "Caroline (1:56 pm on 8 May, 2023)".
@@ -51,6 +62,23 @@ def vector_text(kind: NodeType, text: str) -> str:
     makes it: a subgoal's text whole (as its step's subgoal was embedded), every other
     node's `embedding_text` (a tag's label and an intent are their own)."""
     return text if kind is NodeType.SUBGOAL else embedding_text(text)
+
+
+def wordings(embedder: Embedder, timeout: float) -> Embed:
+    """How a forget or a revert embeds the wordings nodes take (`mnemo.graph.erasure`):
+    `embedding_text` of each, within `timeout` seconds.
+
+    Raises (the returned callable):
+        EmbeddingError: the embedder failed or took longer.
+    """
+    async def embed_wordings(texts: Sequence[str]) -> Vector:
+        try:
+            with deadline.fail_after(timeout):
+                return await embed(embedder, [embedding_text(t) for t in texts])
+        except TimeoutError as exc:
+            raise EmbeddingError(f"the embedder took more than {timeout} s") from exc
+
+    return embed_wordings
 
 
 async def embedded_again(changeset: Changeset, embedder: Embedder, generation: int) -> Changeset:

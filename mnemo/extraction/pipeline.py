@@ -32,6 +32,7 @@ from typing import TypeVar
 import anyio
 import anyio.lowlevel
 
+from mnemo import cpu
 from mnemo.calls import deadline
 from mnemo.episode.annotation import embed
 from mnemo.episode.model import EpisodeRecord, StepRecord
@@ -156,7 +157,7 @@ async def extract(
         scores = deferred if deferred is not None and group[-1] is deferred else None
         trajectory = _Trajectory(i + 1, group)
         try:
-            with deadline.fail_after(time_limit):
+            with deadline.fail_after(time_limit, stretches=True):
                 await _extract_trajectory(work, trajectory, parts[i], first_round.one_in,
                                           scores_last=scores)
         except TimeoutError as exc:
@@ -242,6 +243,7 @@ async def _extract_trajectory(
     steps = trajectory.steps
     key = steps[0].trajectory_id
     subgoal = steps[0].subgoal
+    chars = _chars(steps)
     first_round_left = 2
 
     def one_in() -> None:
@@ -266,14 +268,14 @@ async def _extract_trajectory(
         # writes a request in a task of its own (aiohttp on Python 3.11) would otherwise write
         # this trajectory's procedural request after this task has built and sent its own.
         await anyio.lowlevel.checkpoint()
-        request = semantic_request(
+        request = await cpu.run(lambda: semantic_request(
             goal=work.goal,
             subgoal=subgoal,
             steps=[
                 {"index": i, "observation": s.observation, "action": s.action}
                 for i, s in enumerate(steps)
             ],
-        )
+        ), chars)
         facts = await asked("semantic", work.memo.ask(work.llm, key, request, parse_facts))
         if facts is not None:
             part.facts.extend(facts)
@@ -282,8 +284,10 @@ async def _extract_trajectory(
     async def procedural() -> None:
         # Only the records' rewards go in, never one scored meanwhile: a retry must build the
         # same request.
-        request = procedural_request(goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps),
-                                     score_last=scores_last is not None)
+        request = await cpu.run(lambda: procedural_request(
+            goal=work.goal, subgoal=subgoal, steps=_step_dicts(steps),
+            score_last=scores_last is not None,
+        ), chars)
         reply = await asked("procedural",
                             work.memo.ask(work.llm, key, request, parse_procedural))
         if reply is not None:
@@ -309,8 +313,10 @@ async def _extract_trajectory(
 async def _score_alone(work: _Round, step: StepRecord) -> float:
     """The last step's reward through the "reward" task (a model whose procedural reply
     left it out)."""
-    request = reward_request(goal=work.goal, subgoal=step.subgoal, observation=step.observation,
-                             action=step.action, next_observation=None)
+    request = await cpu.run(lambda: reward_request(
+        goal=work.goal, subgoal=step.subgoal, observation=step.observation,
+        action=step.action, next_observation=None,
+    ), _chars([step]))
     return await work.memo.ask(work.llm, step.trajectory_id, request, parse_reward,
                                unusable=NEUTRAL_REWARD)
 
@@ -320,7 +326,7 @@ async def _scored_returns(
 ) -> dict[int, int]:
     """The "return" task's scores; {} when it fails (the cumulative scores stand: the task is
     optional, and failing the episode for it would throw the rest away)."""
-    request = return_request(
+    request = await cpu.run(lambda: return_request(
         goal=work.goal,
         subgoal=steps[0].subgoal,
         instructions=[
@@ -334,7 +340,7 @@ async def _scored_returns(
             for i, ins in enumerate(instructions)
         ],
         steps=_step_dicts(steps, work),
-    )
+    ), _chars(steps))
     count = len(instructions)
     try:
         return await work.memo.ask(
@@ -366,6 +372,12 @@ def cumulative_returns(
         mean = sum(known) / len(known)
         scores[i] = min(10, max(1, int(1 + 9 * mean + 0.5)))
     return scores
+
+
+def _chars(steps: Sequence[StepRecord]) -> int:
+    """The characters of the steps' texts: what a request of them costs to build
+    (`cpu.run`)."""
+    return sum(len(s.observation) + len(s.action) for s in steps)
 
 
 def _step_dicts(
@@ -411,6 +423,13 @@ class _Draft:
                          generation=self.generation)
 
 
+# (node id, type, text, data, dedup key) of a node not embedded yet.
+_Pending = tuple[str, NodeType, str, JSONObject, str | None]
+# A draft of more steps, facts and instructions than this is drawn up in a worker thread
+# (1,000 one-step trajectories took a quarter of a second of the loop).
+_ON_LOOP_ITEMS = 200
+
+
 async def _draft(
     repo: str,
     episode: EpisodeRecord,
@@ -425,8 +444,44 @@ async def _draft(
     return scores are the draft's `changeset`'s to write."""
     if not extracted:
         return _Draft(repo, generation=generation)
+
+    def draw() -> tuple[_Draft, list[_Pending], dict[str, datetime]]:
+        return _draw(repo, episode, source, extracted, rewards, generation)
+
+    items = sum(len(p.steps) + len(p.facts) + len(p.instructions) for p in extracted)
+    draft, pending, valid = draw() if items <= _ON_LOOP_ITEMS else await cpu.off_loop(draw)
+    # Every node is embedded here, in one call, subgoals too: their steps' vectors may have
+    # been made before the repo was re-embedded (a session open across it), and a changeset's
+    # vectors are all of one embedder, the one `generation` names.
+    vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
+    draft.nodes = [
+        NodeDraft(
+            id=node_id,
+            type=kind,
+            text=text,
+            data=data,
+            vector=vector,
+            key=key,
+            source_id=source.source_id,
+            valid_from=valid.get(node_id),
+        )
+        for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)
+    ]
+    return draft
+
+
+def _draw(
+    repo: str,
+    episode: EpisodeRecord,
+    source: Source,
+    extracted: list[_Extracted],
+    rewards: dict[str, float],
+    generation: int,
+) -> tuple[_Draft, list[_Pending], dict[str, datetime]]:
+    """The draft's links, step ids and scores; its nodes to embed; when each fact began to
+    hold."""
     scores: list[tuple[JSONObject, int, int]] = []
-    pending: list[tuple[str, NodeType, str, JSONObject, str | None]] = []
+    pending: list[_Pending] = []
     links: list[Link] = []
     # When each fact began to hold: a date it names, resolved against its steps'
     # date (their metadata's, else one their text names), else the session's (the goal's).
@@ -538,24 +593,7 @@ async def _draft(
             intent_id = add(NodeType.INTENT, ins.intent, {"intent": ins.intent})
             links.append(Link(intent_id, proc_id, LinkType.HIERARCHICAL))
 
-    # Every node is embedded here, in one call, subgoals too: their steps' vectors may have
-    # been made before the repo was re-embedded (a session open across it), and a changeset's
-    # vectors are all of one embedder, the one `generation` names.
-    vectors = await embed(embedder, [vector_text(kind, text) for _, kind, text, _, _ in pending])
-    nodes = [
-        NodeDraft(
-            id=node_id,
-            type=kind,
-            text=text,
-            data=data,
-            vector=vector,
-            key=key,
-            source_id=source.source_id,
-            valid_from=valid.get(node_id),
-        )
-        for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)
-    ]
-    return _Draft(repo, nodes, links, step_ids, scores, generation)
+    return _Draft(repo, [], links, step_ids, scores, generation), pending, valid
 
 
 # How much of a step's observation may carry its date stamp, and of a fact its date.

@@ -2,22 +2,27 @@
 
 `apply` is the one commit procedure: the backend (`CommitTarget`) gives it reads and one
 write, and it decides what the changeset adds. Tags are deduplicated by key against the batch
-and the graph, intents by raw cosine (`graph.dedup`); nodes already there are skipped; links
-are re-pointed to survivors. The write is one transaction, recorded with the receipt, so
+and the graph, intents, facts and instructions by raw cosine (`graph.dedup`; facts and
+instructions against the live ones of their type, never against one a fact of the changeset
+contradicts); nodes already there are skipped; links are re-pointed to survivors. A fact or
+instruction that joins one of the graph's is recorded among its contributions
+(`graph.shares`). The write is one transaction, recorded with the receipt, so
 applying the same changeset twice returns the first receipt and adds nothing.
 
-Intent merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
-is taken, and under it only looked up. A merge the graph made necessary
+Merges ask the LLM, all of a commit's at once: they are decided before the repo's lock
+is taken, and under it only looked up (the facts' and instructions' after a first look under
+the lock found one needed). A merge the graph made necessary
 meanwhile (another commit added a close intent) is decided after letting the lock go, and the
 commit tries again (one slow provider stalled every commit to the repo).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -28,6 +33,7 @@ from mnemo.graph.dedup import (
     Resolution,
     TextLookup,
     remap_links,
+    resolve,
     resolve_intents,
     resolve_tags,
 )
@@ -36,6 +42,7 @@ from mnemo.graph.model import (
     CommitReceipt,
     Link,
     LinkType,
+    Node,
     NodeDraft,
     NodeId,
     NodeType,
@@ -49,10 +56,20 @@ from mnemo.graph.ports import (
     SourceTaken,
     StepsCommitted,
 )
-from mnemo.graph.vectors import Snapshot, VectorIndex
+from mnemo.graph.scope import Metadata, canonical, same
+from mnemo.graph.shares import Contribution
+from mnemo.graph.vectors import Snapshot, VectorIndex, unit
+
+if TYPE_CHECKING:
+    from mnemo.graph.history import CommitRecord
 
 # How often a commit lets the lock go to ask the LLM for merges the graph newly needs.
 MERGE_ROUNDS = 2
+KNOWLEDGE = (NodeType.SEMANTIC, NodeType.PROCEDURAL)
+# The graph's nodes of its type a new fact or instruction is compared with: the nearest
+# before the lock and those committed since, of which the retired ones and those it
+# contradicts are left out.
+NEAREST = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +90,10 @@ class CommitPlan:
     # Facts the changeset's facts contradict: (id, valid_to as ISO text, None for
     # the commit's time); each gets valid_to and retired_at.
     retired: tuple[tuple[str, str | None], ...] = ()
+    # The graph's facts and instructions the changeset's joined, with what each brought.
+    joined: dict[str, Contribution] = field(default_factory=dict)
+    # The scope every new node carries (`Changeset.metadata`).
+    metadata: Metadata = field(default_factory=dict)
 
 
 class CommitTarget(contradiction.FactSearch, Protocol):
@@ -90,6 +111,16 @@ class CommitTarget(contradiction.FactSearch, Protocol):
 
     async def texts(self, node_ids: list[str]) -> dict[str, str]: ...
 
+    async def nearest_of_type(
+        self, repo: str, probes: Vector, kind: NodeType, k: int
+    ) -> list[list[tuple[str, float]]]: ...
+
+    async def vectors(self, repo: str, node_ids: Sequence[str]) -> dict[str, Vector]: ...
+
+    async def commit_log(
+        self, repo: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[CommitRecord]: ...
+
     async def tag_owners(self, repo: str, keys: list[str]) -> dict[str, str]: ...
 
     async def present(self, repo: str, node_ids: list[str]) -> set[str]: ...
@@ -104,6 +135,45 @@ class CommitTarget(contradiction.FactSearch, Protocol):
     async def write_side(self, also: Sequence[SideWrite]) -> None:
         """Writes side writes alone, in one transaction (the changeset was applied before)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Before:
+    """What a commit reads before the repo's lock (a search must not hold up the repo's other
+    commits): the facts its facts retire, the graph's facts and instructions nearest to each
+    of its own (by draft id), and the repo's newest commit then (those after it are looked
+    at under the lock)."""
+
+    retiring: list[contradiction.Retirement]
+    nearest: dict[str, list[str]]
+    seq: int
+
+
+async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPolicy) -> _Before:
+    log = await target.commit_log(changeset.repo, limit=1)
+    nearest: dict[str, list[tuple[str, float]]] = {}
+    for kind in KNOWLEDGE:
+        drafts = [n for n in changeset.nodes if n.type is kind]
+        if drafts:
+            found = await target.nearest_of_type(
+                changeset.repo, np.stack([d.vector for d in drafts]), kind,
+                max(NEAREST, intents.contradiction_candidates))
+            nearest.update(zip([d.id for d in drafts], found, strict=True))
+    # The facts the changeset says its own facts supersede (a correction) are retired as
+    # contradicted ones are, unasked; the others are asked before the lock, as merges are:
+    # one slow provider must not stall the repo's commits.
+    retiring = [
+        contradiction.Retirement(link.dst, link.src, None)
+        for link in changeset.links if link.type is LinkType.SUPERSEDES
+    ] + (
+        await contradiction.retirements(
+            target, changeset, intents.contradicts, intents.contradiction_candidates,
+            intents.contradiction_similarity, nearest,
+        )
+        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
+    )
+    return _Before(retiring, {i: [j for j, _ in row] for i, row in nearest.items()},
+                   log[0].seq if log else 0)
 
 
 class _Undecided(Exception):
@@ -179,29 +249,19 @@ async def _apply(
     also: Sequence[SideWrite],
 ) -> CommitReceipt:
     decided: dict[tuple[str, str], tuple[str, Vector] | None] = {}
-    # The facts the changeset says its own facts supersede (a correction) are retired as
-    # contradicted ones are, unasked; the others are asked before the lock, as merges are:
-    # one slow provider must not stall the repo's commits.
-    retiring = [
-        contradiction.Retirement(link.dst, link.src, None)
-        for link in changeset.links if link.type is LinkType.SUPERSEDES
-    ] + (
-        await contradiction.retirements(
-            target, changeset, intents.contradicts, intents.contradiction_candidates,
-            intents.contradiction_similarity,
-        )
-        if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
-    )
+    _check_dim(target.dim(changeset.repo), [(n.id, n.vector) for n in changeset.nodes])
+    before = await _before(target, changeset, intents)
     for attempt in range(MERGE_ROUNDS + 1):
         last = attempt == MERGE_ROUNDS
         prepared = None
-        if not last and any(n.type is NodeType.INTENT for n in changeset.nodes):
-            prepared = await _decide_merges(target, changeset, intents, decided)
+        if not last and (attempt or any(n.type is NodeType.INTENT for n in changeset.nodes)):
+            prepared = await _decide_merges(target, changeset, intents, decided, before,
+                                            knowledge=attempt > 0)
         try:
             async with target.lock(changeset.repo):
                 return await _apply_locked(
                     target, changeset, _decided_merge(decided, final=last), intents, also,
-                    prepared=prepared, retiring=retiring,
+                    before, prepared=prepared,
                 )
         except _Undecided:
             continue
@@ -213,12 +273,16 @@ async def _decide_merges(
     changeset: Changeset,
     intents: IntentPolicy,
     decided: dict[tuple[str, str], tuple[str, Vector] | None],
+    before: _Before,
+    *,
+    knowledge: bool,
 ) -> tuple[Snapshot, Resolution]:
-    """Runs the intent resolution against the graph as it is now, without the lock, and
-    records what the merges it needs answered: all of one pass asked of the LLM at once (a
-    merge's new wording may call for another, asked in a second pass). Returns the resolution
-    with the vectors it was made against: if they are the same ones under the lock (no commit
-    came between), the resolution stands and is not computed again."""
+    """Runs the intent resolution (and the facts' and instructions', when `knowledge`)
+    against the graph as it is now, without the lock, and records what the merges it needs
+    answered: all of one pass asked of the LLM at once (a merge's new wording may call for
+    another, asked in a second pass). Returns the intents' resolution with the vectors it was
+    made against: if they are the same ones under the lock (no commit came between), it
+    stands and is not computed again."""
     index = await target.vector_index(changeset.repo)
     seen = index.snapshot()
     asked: list[tuple[str, str]] = []
@@ -231,6 +295,8 @@ async def _decide_merges(
     for _ in range(MERGE_ROUNDS):
         asked.clear()
         resolution = await _resolve_intents(target, changeset, index, note, intents)
+        if knowledge:
+            await _resolve_knowledge(target, changeset, note, intents, before, Resolution())
         if not asked:
             return seen, resolution
         pairs = list(dict.fromkeys(asked))
@@ -278,15 +344,67 @@ async def _resolve_intents(
     return resolution
 
 
+def _check_dim(dim: int, vectors: list[tuple[str, Vector]]) -> None:
+    """Checked before comparing and writing: a committed row of the wrong size would make
+    every later load of this repo's vectors fail."""
+    for node_id, vector in vectors:
+        if np.shape(vector) != (dim,):
+            raise ValueError(
+                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
+            )
+
+
+async def _resolve_knowledge(
+    target: CommitTarget,
+    changeset: Changeset,
+    merge: IntentMerger,
+    intents: IntentPolicy,
+    before: _Before,
+    out: Resolution,
+) -> dict[str, Node]:
+    """Resolves the changeset's facts and instructions against the graph's live ones of
+    their type that were nearest before the lock or came since (none that a retirement
+    pairs with the draft, none of another scope), and against each other. Returns the graph
+    nodes compared with."""
+    if not before.nearest:
+        return {}
+    later = await target.commit_log(changeset.repo, after_seq=before.seq)
+    ids = {i for row in before.nearest.values() for i in row}
+    ids.update(i for record in later for i in record.node_ids)
+    seen: dict[str, Node] = {n.id: n for n in await target.get_nodes(changeset.repo, sorted(ids))
+                             if n.type in KNOWLEDGE and not n.retired}
+    vectors = await target.vectors(changeset.repo, sorted(seen))
+    apart = {(r.retired, r.successor) for r in before.retiring}
+    apart |= {(b, a) for a, b in apart}
+    for kind in KNOWLEDGE:
+        drafts = [n for n in changeset.nodes if n.type is kind]
+        graph = [i for i, n in seen.items() if n.type is kind and i in vectors]
+        if not drafts:
+            continue
+        sims = (unit(np.stack([d.vector for d in drafts])) @ np.stack([vectors[i] for i in graph]).T
+                if graph else np.zeros((len(drafts), 0)))
+        nearest = [
+            sorted(((i, float(sim)) for i, sim in zip(graph, row, strict=True)
+                    if i != d.id and (d.id, i) not in apart
+                    and same(seen[i].metadata, changeset.metadata)),
+                   key=lambda o: -o[1])[:NEAREST]
+            for d, row in zip(drafts, sims, strict=True)
+        ]
+        await resolve(drafts, nearest, {i: n.text for i, n in seen.items()}, _texts(target),
+                      merge, identity_threshold=intents.identity_threshold,
+                      merge_threshold=intents.merge_threshold, out=out, knowledge=True)
+    return seen
+
+
 async def _apply_locked(
     target: CommitTarget,
     changeset: Changeset,
     merge: IntentMerger,
     intents: IntentPolicy,
     also: Sequence[SideWrite],
+    before: _Before,
     *,
     prepared: tuple[Snapshot, Resolution] | None = None,
-    retiring: list[contradiction.Retirement] | None = None,
 ) -> CommitReceipt:
     repo = changeset.repo
     done = await target.receipt(changeset.id)
@@ -307,10 +425,13 @@ async def _apply_locked(
         resolution = Resolution(dict(prepared[1].remap), dict(prepared[1].rewordings))
     else:
         resolution = await _resolve_intents(target, changeset, index, merge, intents)
-    tag_keys = [n.key for n in changeset.nodes if n.type is NodeType.TAG and n.key]
-    resolve_tags(changeset.nodes, await target.tag_owners(repo, tag_keys), resolution)
+    graph_nodes = await _resolve_knowledge(target, changeset, merge, intents, before,
+                                           resolution)
+    drafts = _scoped_tags(changeset)
+    tag_keys = [n.key for n in drafts if n.type is NodeType.TAG and n.key]
+    resolve_tags(drafts, await target.tag_owners(repo, tag_keys), resolution)
     present = await target.present(repo, [n.id for n in changeset.nodes])
-    drafts = [n for n in changeset.nodes if n.id not in resolution.remap and n.id not in present]
+    drafts = [n for n in drafts if n.id not in resolution.remap and n.id not in present]
     nodes = [(n, *resolution.rewordings.get(n.id, (n.text, n.vector))) for n in drafts]
     new_ids = {n.id for n in drafts}
     rewordings = {
@@ -318,17 +439,16 @@ async def _apply_locked(
         for node_id, value in resolution.rewordings.items()
         if node_id not in new_ids
     }
-    # Checked before writing: a committed row of the wrong size would make every later load
-    # of this repo's vectors fail.
-    dim = target.dim(repo)
-    for node_id, vector in [(n.id, v) for n, _, v in nodes] + [
-        (node_id, v) for node_id, (_, v) in rewordings.items()
-    ]:
-        if np.shape(vector) != (dim,):
-            raise ValueError(
-                f"node {node_id}: vector of shape {np.shape(vector)}, expected ({dim},)"
-            )
-    retired = await contradiction.still_live(target, repo, retiring or [], new_ids)
+    _check_dim(target.dim(repo), [(i, v) for i, (_, v) in resolution.rewordings.items()])
+    joined: dict[str, Contribution] = {}
+    for draft in changeset.nodes:
+        if draft.type in KNOWLEDGE and resolution.survivor(draft.id) in graph_nodes:
+            joined.setdefault(resolution.survivor(draft.id),
+                              Contribution(draft.text, draft.data, draft.source_id))
+    # A new fact that joined one of the graph's retires through it what it contradicts.
+    retired = await contradiction.still_live(target, repo, [
+        replace(r, successor=resolution.survivor(r.successor)) for r in before.retiring
+    ], new_ids | set(joined))
     plan = CommitPlan(
         repo=repo,
         changeset_id=changeset.id,
@@ -348,6 +468,20 @@ async def _apply_locked(
         retired=tuple(
             (r.retired, None if r.valid_to is None else r.valid_to.isoformat()) for r in retired
         ),
+        joined=joined,
+        metadata=dict(changeset.metadata),
     )
     await target.write_commit(plan, also)
     return plan.receipt
+
+
+def _scoped_tags(changeset: Changeset) -> list[NodeDraft]:
+    """The changeset's drafts, a tag's key made its scope's: a tag is shared only by the
+    nodes of one scope, so that a scope's routes and erasure never reach another's."""
+    fingerprint = canonical(changeset.metadata)
+    if fingerprint is None:
+        return changeset.nodes
+    # A digest: a key must fit an index entry, and a metadata may be several KB.
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:32]
+    return [replace(n, key=f"{n.key}\x1f{digest}") if n.type is NodeType.TAG and n.key
+            else n for n in changeset.nodes]

@@ -1,22 +1,31 @@
-"""How a changeset's TAG and INTENT nodes meet the ones already there.
+"""How a changeset's TAG, INTENT, SEMANTIC and PROCEDURAL nodes meet the ones already there.
 
-Tags are the same when their normalised labels are equal. Intents are compared by raw cosine:
-at or above the identity threshold the new one is dropped, at or above the merge threshold the
-two are merged into one wording by the LLM (the existing wording stays when that fails), below
-it the new intent is kept. Either way whatever linked to a dropped or merged node is linked to
-the survivor. Both checks run against the batch itself and against the graph.
+Tags are the same when their normalised labels are equal. Intents, facts and instructions are
+compared by raw cosine with nodes of their own type: at or above the identity threshold the
+new one is dropped, at or above the merge threshold the two are merged into one wording by the
+LLM (the existing wording stays when that fails), below it the new one is kept. Either way
+whatever linked to a dropped or merged node is linked to the survivor. Both checks run against
+the batch itself and against the graph.
+
+A fact or an instruction is one with another only when neither says what the other does not
+(`alike`): by cosine alone, "Gunicorn listens on port 8000" and "... port 8001" are one
+(0.96 with the default embedder), and "Dana likes tea" would swallow "Dana likes coffee". Their
+merge keeps every word of the fuller wording (`merged_knowledge`). Nor are two of different
+scopes one (`scope`: the metadata of the session or ingest that said them).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mnemo import text as _text
 from mnemo.graph import ann_calls
 from mnemo.graph.model import Link, LinkType, NodeDraft, NodeType, Vector
-from mnemo.graph.vectors import VectorIndex, cosine, reaches, unit
+from mnemo.graph.vectors import COSINE_TOLERANCE, VectorIndex, cosine, reaches, unit
 
 # Merges two intent wordings into one, with its vector; None keeps the existing wording.
 IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
@@ -24,6 +33,33 @@ IntentMerger = Callable[[str, str], Awaitable[tuple[str, Vector] | None]]
 IntentMerges = Callable[[Sequence[tuple[str, str]]], Awaitable[list[tuple[str, Vector] | None]]]
 # Looks up (id, text) of existing intents by id.
 TextLookup = Callable[[list[str]], Awaitable[dict[str, str]]]
+# For each draft, graph nodes of its type near it: (id, raw cosine), best first.
+Nearest = list[list[tuple[str, float]]]
+
+# Words that join or order a statement's parts without changing what it says.
+_FILLERS = frozenset("an the and then also so just".split())
+_NEGATIONS = frozenset(
+    _text.stem(w) for w in "not no never none nothing nobody neither nor without cannot".split())
+
+
+# Past this length a text is one word of its own (what it says is compared whole): its
+# words would be stemmed on the event loop, and a statement that long is no one fact.
+_SAID_CHARS = 2_000
+
+
+def _said(text: str) -> set[str]:
+    if len(text) > _SAID_CHARS:
+        return {" ".join(text.casefold().split())}
+    return {"not" if w.lower().endswith("n't") else _text.stem(w.lower())
+            for w in _text.words(text)} - _FILLERS
+
+
+def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
+    """Whether two facts (or instructions) may be one node: the words of one (stemmed, bar
+    articles and joiners) are all words of the other, and what the other adds is no
+    negation. `said` reads a text's words (a caller comparing many pairs caches it)."""
+    small, big = sorted((said(a), said(b)), key=len)
+    return small <= big and not (big - small) & _NEGATIONS
 
 
 @dataclass(slots=True)
@@ -58,57 +94,104 @@ async def resolve_intents(
     merge_threshold: float,
     out: Resolution,
 ) -> None:
-    """Drops, merges or keeps each INTENT draft against the graph's intents and earlier drafts.
-
-    Similarities come from two matrix products (drafts by graph intents, drafts by drafts), not
-    a cosine per pair: a big changeset's dedup was quadratic in Python (BENCHMARKS.md).
-    """
+    """Drops, merges or keeps each INTENT draft against the graph's intents (all of them, one
+    matrix product) and earlier drafts (`resolve`)."""
     intents = [d for d in drafts if d.type is NodeType.INTENT]
     if not intents:
         return
-    vectors = unit(np.stack([d.vector for d in intents]))
     graph_ids, graph_matrix = await ann_calls.of_type(index, NodeType.INTENT)
-    to_graph = (
-        await ann_calls.by_size(len(graph_ids), lambda: vectors @ graph_matrix.T)
-        if graph_ids else np.zeros((len(intents), 0))
-    )
+    nearest: Nearest = [[] for _ in intents]
+    if graph_ids:
+        vectors = unit(np.stack([d.vector for d in intents]))
+        to_graph = await ann_calls.by_size(len(graph_ids), lambda: vectors @ graph_matrix.T)
+        best = np.argmax(to_graph, axis=1)
+        nearest = [[(graph_ids[j], float(to_graph[i, j]))] for i, j in enumerate(best)]
+    await resolve(intents, nearest, {}, texts_of, merge, identity_threshold=identity_threshold,
+                  merge_threshold=merge_threshold, out=out)
+
+
+async def resolve(
+    drafts: list[NodeDraft],
+    nearest: Nearest,
+    known: dict[str, str],
+    texts_of: TextLookup,
+    merge: IntentMerger,
+    *,
+    identity_threshold: float,
+    merge_threshold: float,
+    out: Resolution,
+    knowledge: bool = False,
+) -> None:
+    """Drops, merges or keeps each of `drafts` (of one type) against its `nearest` graph nodes
+    (whose texts `known` or `texts_of` gives) and the earlier drafts kept, by the thresholds;
+    facts and instructions (`knowledge`) only with one `alike` (drafts of their `scope`: the
+    caller leaves other scopes' graph nodes out of `nearest`), merged by `merged_knowledge`.
+    The drafts are compared with each other in one matrix product, not a cosine per pair (a
+    big changeset's dedup was quadratic in Python: BENCHMARKS.md)."""
+    vectors = unit(np.stack([d.vector for d in drafts]))
     to_batch = vectors @ vectors.T
-    kept: dict[int, tuple[str, Vector]] = {}  # draft position -> (text, vector) of survivors
-    position = {d.id: i for i, d in enumerate(intents)}
+    kept: dict[str, str] = {}  # id -> text of the drafts kept
     order: list[int] = []  # positions of kept drafts, in the order they were kept
-    reworded: set[int] = set()  # indices into `order` whose wording was merged
-    for i, draft in enumerate(intents):
-        best_id, best_sim = None, -2.0
-        if graph_ids:
-            j = int(np.argmax(to_graph[i]))
-            best_id, best_sim = graph_ids[j], float(to_graph[i, j])
-            if best_id in out.rewordings:
-                best_sim = cosine(draft.vector, out.rewordings[best_id][1])
-        if order:
-            sims = to_batch[i, order]
-            for n in reworded:  # a merged wording has its own vector
-                sims[n] = cosine(draft.vector, out.rewordings[intents[order[n]].id][1])
-            n = int(np.argmax(sims))
-            if float(sims[n]) > best_sim:
-                best_id, best_sim = intents[order[n]].id, float(sims[n])
-        if best_id is None or not reaches(best_sim, merge_threshold):
-            kept[i] = (draft.text, draft.vector)
+    reworded: set[int] = set()  # indices into `order` of kept drafts merged since
+    said = functools.cache(_said)  # each text's words, read once for this changeset
+
+    async def text(node_id: str) -> str:
+        if node_id in out.rewordings:
+            return out.rewordings[node_id][0]
+        if node_id in kept:
+            return kept[node_id]
+        if node_id in known:
+            return known[node_id]
+        return (await texts_of([node_id])).get(node_id, "")
+
+    for i, draft in enumerate(drafts):
+        sims = to_batch[i, order]
+        close = {*np.flatnonzero(sims >= merge_threshold - COSINE_TOLERANCE).tolist(), *reworded}
+        # The drafts of one changeset are of one scope (`Changeset.metadata`).
+        options = [*nearest[i], *((drafts[order[n]].id, float(sims[n])) for n in close)]
+        # A merged wording is compared by its own vector.
+        options = sorted(
+            ((node_id, cosine(draft.vector, out.rewordings[node_id][1])
+              if node_id in out.rewordings else similarity) for node_id, similarity in options),
+            key=lambda option: -option[1])
+        chosen: tuple[str, float] | None = None
+        for node_id, similarity in options:
+            if not reaches(similarity, merge_threshold):
+                break
+            if not knowledge or alike(await text(node_id), draft.text, said):
+                chosen = node_id, similarity
+                break
+        if chosen is None:
+            kept[draft.id] = draft.text
             order.append(i)
             continue
+        best_id, best_sim = chosen
         out.remap[draft.id] = best_id
-        if reaches(best_sim, identity_threshold):
+        existing = await text(best_id)
+        # A fact that says more than the one it is identical to is merged, not dropped.
+        if reaches(best_sim, identity_threshold) and (
+                not knowledge or said(draft.text) <= said(existing)):
             continue
-        if best_id in out.rewordings:
-            existing_text = out.rewordings[best_id][0]
-        elif best_id in position:
-            existing_text = kept[position[best_id]][0]
-        else:
-            existing_text = (await texts_of([best_id])).get(best_id, "")
-        merged = await merge(existing_text, draft.text)
+        merged = await (merged_knowledge(merge, existing, draft) if knowledge
+                        else merge(existing, draft.text))
         if merged is not None:
             out.rewordings[best_id] = merged
-            if best_id in position:
-                reworded.add(order.index(position[best_id]))
+            if best_id in kept:
+                reworded.add(next(n for n, at in enumerate(order) if drafts[at].id == best_id))
+
+
+async def merged_knowledge(
+    merge: IntentMerger, existing: str, draft: NodeDraft
+) -> tuple[str, Vector] | None:
+    """The wording of a fact (an instruction) merged with one `alike`: the LLM is asked with
+    the fuller of the two as the existing wording, and an answer that drops a word of it is
+    not taken: the fuller wording is (None: the existing one)."""
+    new_fuller = len(_said(draft.text)) > len(_said(existing))
+    fuller, other = (draft.text, existing) if new_fuller else (existing, draft.text)
+    merged = await merge(fuller, other)
+    if merged is not None and _said(fuller) <= _said(merged[0]):
+        return merged
+    return (draft.text, draft.vector) if new_fuller else None
 
 
 def remap_links(links: list[Link], resolution: Resolution) -> list[Link]:

@@ -1,4 +1,6 @@
-"""What `forget` must re-word: an intent that outlives the source it has words of.
+"""What withdrawing commits (`forget` of a source, `revert` of a commit) must re-word: an
+intent that outlives the source it has words of, and a fact or instruction that other commits
+are evidence for too (`mnemo.graph.shares`).
 
 An INTENT is shared: a new one at or above `intent_identity_threshold` of an existing one is
 dropped for it, and one at or above `intent_merge_threshold` is merged into it through the LLM
@@ -19,11 +21,12 @@ rule is here, once.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mnemo.graph.model import Vector
+from mnemo.graph.shares import Contribution, Left, Owners, withdraw
 
 # The repo's embedder as a forget needs it: texts -> a float32 matrix, one row a text.
 Embed = Callable[[Sequence[str]], Awaitable[Vector]]
@@ -65,29 +68,56 @@ def heirs(
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """What a source committed: its commits, the nodes they added, the intents they
-    re-worded. The source is an ingested source (its commits name it), a session (its
-    commits name it) or an episode (the commits its steps were committed in)."""
+    """What is withdrawn: the commits (`records`: all of them, to erase; `commits`: those
+    not reverted yet, whose work goes), the nodes they added, the intents they re-worded,
+    the facts and instructions they joined, the links they made, the facts they retired.
+    For a forget, the commits of an ingested source (its commits name it), of a session (its
+    commits name it) or of an episode (the commits its steps were committed in); for a
+    revert, the one commit."""
 
+    records: list[str]
     commits: list[str]
     added: set[str]
     reworded: set[str]
+    joined: set[str] = field(default_factory=set)
+    links: list[tuple[str, str, str]] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
 
 
-# (intents the source created or re-worded, (intent, data, source) of other sources'
-# procedures linked to them, oldest first): what `heirs` reads.
-Inherited = tuple[list[str], list[tuple[str, object, str | None]]]
+# A fact or instruction the withdrawn commits created or joined: its id, what it reads now,
+# its owners as stored, and whether they created it.
+Shared = tuple[str, Contribution, Owners | None, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Inherited:
+    """What `heirs` and `shares.withdraw` read: the intents the withdrawn commits created or
+    re-worded, (intent, procedure, its data, its source) of the procedures linked to them
+    (oldest first), the facts and instructions the commits created or joined, and the
+    commits. A procedure among those takes part as it reads once they are withdrawn."""
+
+    intents: list[str]
+    procedures: list[tuple[str, str, object, str | None]]
+    shared: list[Shared] = field(default_factory=list)
+    commits: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a forget does to the intents beside deleting the source's own nodes: `intents`
-    (those the source created or re-worded) are deleted when left without links, `heirs`
-    re-worded (with their wording's vector), `dropped` deleted though linked."""
+    """What a withdrawal does beside deleting the commits' own nodes: `intents` (those they
+    created or re-worded) are deleted when left without links, `heirs` re-worded (with their
+    wording's vector), `dropped` deleted though linked; each of `shared` goes (None) or
+    stays as `Left` says, with the vector of its new wording if it changed."""
 
     intents: list[str]
     heirs: dict[str, tuple[Heir, Vector]]
     dropped: list[str]
+    shared: dict[str, tuple[Left | None, Vector | None]] = field(default_factory=dict)
+
+    @property
+    def embedded(self) -> bool:
+        """Whether it writes vectors made by the embedder."""
+        return bool(self.heirs) or any(v is not None for _, v in self.shared.values())
 
 
 # The delete itself, in one transaction: the ids of the nodes that went.
@@ -121,32 +151,43 @@ async def forget(
         Whatever `check` raises; nothing was deleted.
     """
     async def checked(plan: Plan) -> list[str]:
-        if check is not None and plan.heirs:
+        if check is not None and plan.embedded:
             await check()
         return await delete(plan)
 
     for _ in range(ATTEMPTS - 1):
         seen = await read()
-        plan = await inheritance(*seen, embed)
+        plan = await inheritance(seen, embed)
         async with lock():
             if await read() == seen:
                 return await checked(plan)
     async with lock():
-        return await checked(await inheritance(*await read(), embed))
+        return await checked(await inheritance(await read(), embed))
 
 
-async def inheritance(
-    intents: list[str], procedures: Iterable[tuple[str, object, str | None]], embed: Embed
-) -> Plan:
-    """The plan of `heirs`, each with the vector of its wording (one call of `embed` for
-    all).
+async def inheritance(inherited: Inherited, embed: Embed) -> Plan:
+    """The plan of `heirs` and of `shares.withdraw`, each new wording with its vector (one
+    call of `embed` for all).
 
     Raises:
         EmbeddingError: as `embed`.
     """
-    found, dropped = heirs(intents, procedures)
-    if not found:
-        return Plan(intents, {}, dropped)
-    vectors = await embed([h.text for h in found.values()])
-    return Plan(intents, {i: (h, vectors[n]) for n, (i, h) in enumerate(found.items())},
-                dropped)
+    commits = set(inherited.commits)
+    left = {node_id: withdraw(owners, now, created=created, commits=commits)
+            for node_id, now, owners, created in inherited.shared}
+    procedures: list[tuple[str, object, str | None]] = []
+    for intent_id, node_id, data, source in inherited.procedures:
+        kept = left.get(node_id)
+        if kept is not None:  # withdrawn from, it stays: as it will read
+            data, source = kept.heir.data, kept.heir.source_id
+        if kept is not None or node_id not in left:
+            procedures.append((intent_id, data, source))
+    found, dropped = heirs(inherited.intents, procedures)
+    stays = {i: x for i, x in left.items() if x is not None}
+    reworded = [i for i, x in stays.items() if x.reworded]
+    texts = [h.text for h in found.values()] + [stays[i].heir.text for i in reworded]
+    made: Iterator[Vector] = iter(await embed(texts) if texts else ())
+    shared: dict[str, tuple[Left | None, Vector | None]] = {i: (x, None) for i, x in left.items()}
+    found_with = {i: (h, next(made)) for i, h in found.items()}
+    shared.update((i, (stays[i], next(made))) for i in reworded)
+    return Plan(inherited.intents, found_with, dropped, shared)

@@ -19,9 +19,10 @@ def times(node: NodeDraft, recorded: str) -> tuple[str | None, str | None]:
 
 
 def correction(repo: str, old: Node, text: str, vector: Vector, generation: int) -> Changeset:
-    """A changeset of one fact, `text` (of `old`'s type and data), that supersedes `old`:
-    committed, it retires `old` as a contradicting fact does (`mnemo.graph.contradiction`:
-    kept, with `valid_to`, linked from its successor by SUPERSEDES)."""
+    """A changeset of one fact, `text` (of `old`'s type, data and scope), that supersedes
+    `old`: committed, it retires `old` as a contradicting fact does
+    (`mnemo.graph.contradiction`: kept, with `valid_to`, linked from its successor by
+    SUPERSEDES)."""
     new_id = f"{old.type.value}_{uuid.uuid4().hex}"
     return Changeset(
         id=f"changeset_{uuid.uuid4().hex}",
@@ -29,4 +30,5 @@ def correction(repo: str, old: Node, text: str, vector: Vector, generation: int)
         nodes=[NodeDraft(new_id, old.type, text, dict(old.data), vector)],
         links=[Link(new_id, old.id, LinkType.SUPERSEDES)],
         generation=generation,
+        metadata=dict(old.metadata),
     )

@@ -1,37 +1,50 @@
 """A repo's commits as a history: list them, see what one changed, undo one.
 
 Every changeset applied through `mnemo.graph.commit` leaves a `CommitRecord`, written in the
-same transaction as its nodes: the ids of the nodes and links it added, of the facts it
-retired and of the intents it reworded, never their text. Erasing a node (`forget`,
-`delete_nodes`) so erases it from the history as well: a record only names it.
+same transaction as its nodes: the ids of the nodes it added, of the facts and instructions
+it joined (`mnemo.graph.shares`), of the links it made, of the facts it retired and of the
+intents it reworded, never their text. Erasing a node (`forget`, `delete_nodes`) so erases it
+from the history as well: a record only names it.
 
-`revert` undoes one commit: the nodes and links it added go, the facts it retired hold again.
-It refuses (`ConflictError`) when later work built on the commit: a node it added has a link
-it did not add (a later commit linked to it, merged a node into it, or retired it), or a later
-commit reworded one of its intents. The intents the commit itself reworded keep their merged
-wording: the earlier wording is text, which a record does not keep.
+`revert` undoes one commit: its work is withdrawn as a forget withdraws a source's
+(`mnemo.graph.erasure`): the nodes only it made go, those other commits share stay (their
+wording the others' own), the links it made lose its count, the facts it retired hold again.
+The revert is a record of its own (`reverts`), and the reverted record stays, named by it
+(`reverted_by`). It refuses (`ConflictError`, naming the commit to revert first) when later
+work built on the commit: a later commit retired a fact it holds, or linked to a node that only
+it held then. A tag, an intent, a source or a subgoal a later commit also links to stays, and
+so does a fact or an instruction a later commit joined: sharing is not building on.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from mnemo.errors import ConflictError, InvalidInputError
+from mnemo.graph.erasure import Embed
 from mnemo.graph.model import Link, Node, NodeType
+from mnemo.graph.ports import Reverting
 from mnemo.inputs import check_count, check_id
 
 if TYPE_CHECKING:
     from mnemo.graph.ports import GraphStore
 
+# The nodes a revert deletes when only its commit holds them: a later commit's link to one of
+# them is work built on it. The others stay while something links to them.
+_HELD = (NodeType.EPISODIC, NodeType.SEMANTIC, NodeType.PROCEDURAL)
+
 
 @dataclass(frozen=True, slots=True)
 class CommitRecord:
-    """One applied changeset of a repo: its id (the changeset's), its place in the repo's
-    order (`seq`), when it was applied, the session or ingested source it came from, and the
-    ids of what it added, retired and reworded."""
+    """One applied changeset of a repo, or the revert of one: its id (the changeset's), its
+    place in the repo's order (`seq`), when it was applied, the session or ingested source it
+    came from, and the ids of what it added, linked, retired, reworded and joined (facts and
+    instructions of the graph it is evidence for too). A reverted commit names its revert
+    (`reverted_by`); a revert names the commit it undid (`reverts`) and adds nothing."""
 
     id: str
     repo: str
@@ -43,6 +56,9 @@ class CommitRecord:
     links: tuple[Link, ...] = ()
     retired: tuple[str, ...] = ()
     reworded: tuple[str, ...] = ()
+    joined: tuple[str, ...] = ()
+    reverted_by: str | None = None
+    reverts: str | None = None
 
     @property
     def node_count(self) -> int:
@@ -60,7 +76,7 @@ class CommitRecord:
 @dataclass(frozen=True, slots=True)
 class CommitDiff:
     """What one commit changed: the nodes it added and the facts it retired that are still in
-    the graph (erased ones are left out), and the links it added."""
+    the graph (erased or reverted ones are left out), and the links it made."""
 
     commit: CommitRecord
     nodes: list[Node] = field(default_factory=list)
@@ -101,47 +117,72 @@ async def diff(graph: GraphStore, repo: str, commit_id: str) -> CommitDiff:
     )
 
 
-async def revert(graph: GraphStore, repo: str, commit_id: str) -> CommitDiff:
-    """Undoes the commit in one transaction: its nodes and links go, the facts it retired
-    hold again, its record leaves the history (and an ingested source's id is free again).
-    Returns what was undone.
+async def revert(
+    graph: GraphStore, repo: str, commit_id: str, *, embed: Embed, generation: int | None = None
+) -> CommitDiff:
+    """Undoes the commit in one transaction (see the module's docstring) and records the
+    revert; an ingested source's id is free again. `embed` makes the vectors of the wordings
+    shared nodes take (`generation`: of the repo's vectors it makes). Returns what was undone,
+    its record naming the revert.
 
     Raises:
         InvalidInputError: a blank id, or no such commit in the repo.
-        ConflictError: later work built on the commit (see the module's docstring).
+        ConflictError: the commit is a revert or was reverted, or later work built on it
+            (the message names the commit to revert first).
+        EmbeddingError: a wording could not be embedded; nothing was reverted.
     """
-    check_id(commit_id, "commit_id")
-    async with graph.lock(repo):
-        undone = await diff(graph, repo, commit_id)
-        record = undone.commit
-        reasons = await _built_on(graph, record)
-        if reasons:
+    undone = await diff(graph, repo, commit_id)
+
+    async def refused() -> None:
+        record = await _record(graph, repo, commit_id)
+        done = record.reverts or record.reverted_by
+        reason = (f"it is a revert of {record.reverts!r}" if record.reverts else
+                  f"it was reverted by {record.reverted_by!r}" if done else
+                  await _built_on(graph, record))
+        if reason:
             raise ConflictError(
-                f"commit {commit_id!r} of repo {repo!r} cannot be reverted: {reasons[0]}"
-                + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else "")
-            )
-        await graph.undo_commit(record)
-    return undone
+                f"commit {commit_id!r} of repo {repo!r} cannot be reverted: {reason}")
+
+    await graph.withdraw(repo, commit_id, embed=embed, generation=generation,
+                         reverting=Reverting(f"revert_{uuid.uuid4().hex}", refused))
+    return CommitDiff(await _record(graph, repo, commit_id), undone.nodes, undone.links,
+                      undone.retired)
 
 
-async def _built_on(graph: GraphStore, record: CommitRecord) -> list[str]:
-    """Why later work depends on the commit: nothing if it can be reverted."""
-    own = set(record.node_ids)
-    reasons = []
-    later = await graph.commit_log(record.repo, after_seq=record.seq)
-    for other in later:
-        touched = sorted(own & {*other.reworded, *other.retired})
-        if touched:
-            reasons.append(f"commit {other.id!r} changed its node {touched[0]!r}")
-    added = {(link.src, link.dst, link.type) for link in record.links}
-    for neighbor in await graph.neighbors(record.repo, sorted(own)):
-        ends = (neighbor.origin, neighbor.node_id, neighbor.link_type)
-        if ends not in added and (ends[1], ends[0], ends[2]) not in added:
-            reasons.append(
-                f"its node {neighbor.origin!r} has a {neighbor.link_type.value} link to "
-                f"{neighbor.node_id!r} that a later change made"
-            )
-    return reasons
+async def _built_on(graph: GraphStore, record: CommitRecord) -> str | None:
+    """Why later work depends on the commit, naming the later commit: None if it can be
+    reverted. A later commit that retired one of its facts, or linked to a node only it
+    holds, built on it; not when a commit in between (or that one) joined the node: the
+    node stays, theirs."""
+    later = [c for c in await graph.commit_log(record.repo, after_seq=record.seq)
+             if not (c.reverted_by or c.reverts)]
+    held = {n.id for n in await graph.get_nodes(record.repo, record.node_ids)
+            if n.type in _HELD}
+
+    def shared(node_id: str, by: CommitRecord) -> bool:
+        return any(node_id in c.joined for c in later if c.seq <= by.seq)
+
+    for other in reversed(later):
+        retired = sorted(i for i in (held | set(record.joined)) & set(other.retired)
+                         if not shared(i, other))
+        if retired:
+            return f"commit {other.id!r} retired its fact {retired[0]!r}; revert it first"
+    # A link to one of its nodes that it did not make is built on it; one no commit made,
+    # `consolidate` moved there.
+    made = {(k.src, k.dst, k.type) for k in record.links}
+    links_of = {c.id: {(k.src, k.dst, k.type) for k in c.links} for c in later}
+    for n in await graph.neighbors(record.repo, sorted(held)):
+        # A neighbour stands for the links of either direction between the two: those of a
+        # direction the commit did not make are someone else's.
+        ends = {(n.origin, n.node_id, n.link_type), (n.node_id, n.origin, n.link_type)}
+        makers = [c for c in reversed(later) if (ends - made) & links_of[c.id]]
+        by = next((c.id for c in makers if not shared(n.origin, c)), None)
+        if by is not None:
+            return f"commit {by!r} linked to its node {n.origin!r}; revert it first"
+        if not makers and not ends & made:
+            return (f"its node {n.origin!r} has a {n.link_type.value} link to {n.node_id!r} "
+                    "that a later change made (consolidate)")
+    return None
 
 
 async def goals(

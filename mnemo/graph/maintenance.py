@@ -23,6 +23,7 @@ import numpy.typing as npt
 from mnemo.config import Config
 from mnemo.graph.model import NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
+from mnemo.graph.scope import same
 from mnemo.graph.vectors import COSINE_TOLERANCE
 from mnemo.ports import JSONObject
 
@@ -101,7 +102,7 @@ async def consolidate(
     union of their concepts, the highest confidence, the sum of access counts, the latest
     access, and their ids in `data["merged_from"]`; they are deleted with their vectors and
     search entries. Tags left with no links are deleted too. Nodes of two ingest sources
-    are never merged (`merge_groups`).
+    (`merge_groups`) or of two scopes (`Node.metadata`) are never merged.
 
     Raises:
         StorageError: the transaction failed; nothing was changed.
@@ -116,6 +117,11 @@ async def consolidate(
         new_rows = np.array([i for i, node_id in enumerate(ids) if node_id in fresh], np.int64)
         pairs = await anyio.to_thread.run_sync(_similar_pairs, matrix, new_rows, threshold)
         named = [(ids[i], ids[j]) for i, j in pairs]
+        if named:  # never across scopes (`scope.same`)
+            scopes = {str(n.id): n.metadata for n in await graph.get_nodes(
+                repo, list({i for pair in named for i in pair}))}
+            named = [(a, b) for a, b in named if a in scopes and b in scopes
+                     and same(scopes[a], scopes[b])]
         result = await graph.merge_duplicates(repo, named, [ids[i] for i in new_rows.tolist()])
         return ConsolidationReport(
             examined=len(new_rows),

@@ -72,6 +72,9 @@ class Node:
     valid_to: datetime | None = None
     recorded_at: datetime | None = None
     retired_at: datetime | None = None
+    # Who the node belongs to: the metadata of the session, ingest or correction that made it
+    # (`mnemo.graph.scope`); `{}` for none.
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
     @property
     def retired(self) -> bool:
@@ -115,6 +118,8 @@ class Changeset:
     # The generation of the repo's vectors its nodes' vectors were made for (`RepoRow.
     # generation`): a commit to a repo re-embedded since embeds them again first.
     generation: int = 0
+    # The scope every node it adds carries (`Node.metadata`).
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
     def to_json(self) -> str:
         raw: JSONObject = {
@@ -128,6 +133,8 @@ class Changeset:
             raw["missing"] = self.missing
         if self.generation:
             raw["generation"] = self.generation
+        if self.metadata:
+            raw["metadata"] = self.metadata
         # msgspec, keys sorted as json's sort_keys: a tenth of json.dumps's time for a close's
         # changeset (hundreds of KB), on the way from the last reply to ready.
         return _SORTED_JSON.encode(raw).decode()
@@ -143,6 +150,7 @@ class Changeset:
             step_ids=list(raw["step_ids"]),
             missing=[str(m) for m in raw.get("missing", [])],
             generation=int(raw.get("generation", 0)),
+            metadata=dict(raw.get("metadata", {})),
         )
 
 

@@ -30,6 +30,7 @@ from mnemo.graph.model import (
     NodeType,
     Vector,
 )
+from mnemo.graph.scope import Scope, Where
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitRecord
@@ -42,6 +43,7 @@ __all__ = [
     "Neighbor",
     "NodeContext",
     "Restamp",
+    "Reverting",
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
@@ -161,6 +163,15 @@ class SourceForgotten:
 
 
 SideWrite = StepsCommitted | SourceRecorded | SourceForgotten
+
+
+@dataclass(frozen=True, slots=True)
+class Reverting:
+    """A withdrawal that reverts a commit (`GraphStore.withdraw`): the id its record takes,
+    and the check, run under the repo's lock, that raises to refuse it."""
+
+    revert_id: str
+    refused: Callable[[], Awaitable[None]]
 
 
 class VectorsMoved(Exception):
@@ -319,21 +330,24 @@ class GraphStore(Protocol):
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int: ...
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """Deletes every node a source produced, then the tags and intents that this left
-        without links (a tag a source created but another still uses stays, without the
-        source's id); an intent that keeps links and has words of the source takes the
-        wording of a procedure still linked to it, embedded by `embed` before the repo's lock
-        is taken (`mnemo.graph.erasure`). `generation`: the generation of the repo's vectors
-        `embed` makes, checked under the lock. Returns how many nodes went.
+        """Forgets the source `key`: deletes every node it produced, then the tags, intents,
+        sources and subgoals this left without links (one another source still uses stays,
+        without the source's id), and its commits' records; a node another source shares
+        (an intent, a fact, an instruction: `mnemo.graph.erasure`) that has words of the source
+        takes the other's, embedded by `embed` before the repo's lock is taken. With
+        `reverting`, withdraws the work of the commit `key` alike, records its revert, and
+        erases nothing else. `generation`: the generation of the repo's vectors `embed` makes,
+        checked under the lock. Returns how many nodes went.
 
         Raises:
             EmbeddingError: `embed` failed; nothing was deleted.
             VectorsMoved: the repo's vectors are of another generation than `generation`;
                 nothing was deleted.
+            Whatever `reverting.refused` raises; nothing was deleted.
         """
         ...
 
@@ -341,12 +355,30 @@ class GraphStore(Protocol):
         """(payload hash, node ids of its commit) of an ingested source, None if unknown."""
         ...
 
+    async def scope(self, repo: str, where: Where) -> Scope:
+        """`where` resolved for the reads of one recall or search: its nodes, read from the
+        scope index, when they are few enough to search over (`Scope`)."""
+        ...
+
+    async def inside(self, repo: str, scope: Scope, node_ids: Sequence[str]) -> set[str]:
+        """Those of `node_ids` inside the scope."""
+        ...
+
+    async def scope_sources(
+        self, repo: str, where: Where, limit: int | None = None
+    ) -> list[tuple[str | None, str, str]]:
+        """(source id or None, node id, type) of the nodes inside `where` (the first `limit`
+        in the order they were added; all for None)."""
+        ...
+
     async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]: ...
 
     def start_search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> Started[list[tuple[str, float]]]:
         """`search_text`, begun now where the store can (its lexical index's search, queued
         on that index's thread) and finished by `result`; what cannot begin now (the store's
@@ -354,7 +386,8 @@ class GraphStore(Protocol):
         ...
 
     async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]: ...
 
     async def nearest_of_type(
@@ -418,10 +451,6 @@ class GraphStore(Protocol):
         ...
 
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None: ...
-
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        """Undoes the commit in one transaction (the caller holds the repo's lock)."""
-        ...
 
     async def settle(self, repo: str) -> None:
         """Waits until the repo's indexes built in the background have caught up."""

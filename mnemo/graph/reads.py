@@ -11,6 +11,7 @@ from mnemo.config import Config
 from mnemo.errors import InvalidInputError
 from mnemo.graph.model import Link, LinkType, Node, NodeType
 from mnemo.graph.ports import GraphStore
+from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_id, check_text, names_id
 
 RESULTS = "Config.max_results"
@@ -86,7 +87,8 @@ class GraphReads:
         return await self._graph.latest(repo, await self._checked(repo, check), top_k)
 
     async def search_nodes(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None,
+        where: Where | None = None,
     ) -> list[Node]:
         def check(config: Config) -> list[NodeType] | None:
             check_text(query, "query", limit=config.max_text_chars, stored=False)
@@ -94,7 +96,8 @@ class GraphReads:
             return None if types is None else node_types(types)
 
         kinds = await self._checked(repo, check)
-        found = await self._graph.search_text(repo, query, limit, kinds)
+        scope = None if where is None else await self._graph.scope(repo, where)
+        found = await self._graph.search_text(repo, query, limit, kinds, scope)
         return await self._graph.get_nodes(repo, [node_id for node_id, _ in found])
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:

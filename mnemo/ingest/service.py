@@ -9,22 +9,22 @@ work: the first does it, the others wait for its receipt.
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import cast
 
 import anyio
 
+from mnemo import cpu
 from mnemo.calls import deadline
 from mnemo.config import Config
-from mnemo.episode.annotation import annotate, embed, starts_trajectory
+from mnemo.episode.annotation import annotate, starts_trajectory
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, PipelineError
+from mnemo.errors import ConflictError, InvalidInputError, PipelineError
 from mnemo.events import Events, deliver
-from mnemo.extraction.entities import embedding_text, with_entity_tags
+from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
-from mnemo.graph.model import Vector, now_utc
+from mnemo.graph.model import now_utc
 from mnemo.graph.ports import (
     GraphStore,
     IntentPolicy,
@@ -32,6 +32,7 @@ from mnemo.graph.ports import (
     SourceRecorded,
     SourceTaken,
 )
+from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_text
@@ -60,15 +61,28 @@ class _InFlight:
 
 def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
     """The canonical JSON of what identifies an ingest's payload, checked against `config`'s
-    bounds (the defaults when None): at most `max_steps_per_ingest` steps, each text and
-    metadata's JSON at most `max_text_chars`.
+    bounds (the defaults when None; `check_trajectory`).
+
+    Raises:
+        InvalidInputError: as `check_trajectory`.
+    """
+    steps = check_trajectory(trajectory, config or Config())
+    # Built by short C calls (`cpu.dumps`): a payload at the ceilings is 32 MB.
+    return cpu.dumps(
+        {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
+        sort_keys=True,
+    )
+
+
+def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, object]]:
+    """The trajectory's steps as plain dicts, each checked against `config`: at most
+    `max_steps_per_ingest` steps, each text and metadata's JSON at most `max_text_chars`.
 
     Raises:
         InvalidInputError: a field has the wrong type or is not JSON-serialisable, a goal or
             an observation is blank, a text is too long, a metadata nests too deep, or there
             are too many steps.
     """
-    config = config or Config()
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
@@ -100,30 +114,29 @@ def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
         check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
-    try:
-        return json.dumps(
-            {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-    except (TypeError, ValueError) as exc:
-        raise InvalidInputError(f"trajectory is not JSON-serialisable: {exc}") from exc
+    return steps
 
 
 def check_ingest(
     trajectory: Trajectory, source_id: str, progress: Progress | None, config: Config
-) -> str:
-    """An ingest's input checked against the repo's `config`; returns its payload
-    (`payload_of`).
+) -> None:
+    """An ingest's input checked against the repo's `config`.
 
     Raises:
         InvalidInputError: a source id that is no name (`inputs.check_name`), a `progress`
-            that is not callable, or what `payload_of` refuses.
+            that is not callable, or what `check_trajectory` refuses.
     """
     check_name(source_id, "source_id")
     if progress is not None and not callable(progress):
         raise InvalidInputError(f"progress must be a callable, got {progress!r}")
-    return payload_of(trajectory, config)
+    check_trajectory(trajectory, config)
+
+
+def _digest(trajectory: Trajectory, config: Config, metadata: Metadata | None) -> str:
+    """The digest that identifies a source: its payload and its scope (the same steps under
+    another scope conflict)."""
+    payload = payload_of(trajectory, config) + (canonical(metadata or {}) or "")
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 class IngestService:
@@ -141,7 +154,8 @@ class IngestService:
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
     async def ingest(
-        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None
+        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None,
+        metadata: Metadata | None = None,
     ) -> IngestReceipt:
         """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
         far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`).
@@ -153,8 +167,9 @@ class IngestService:
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
         runtime = self._runtime(repo)
-        payload = check_ingest(trajectory, source_id, progress, runtime.config)
-        digest = hashlib.sha256(payload.encode()).hexdigest()
+        check_ingest(trajectory, source_id, progress, runtime.config)
+        chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
+        digest = await cpu.run(lambda: _digest(trajectory, runtime.config, metadata), chars)
         key = (repo, source_id)
         total = len(trajectory.steps)
 
@@ -177,7 +192,7 @@ class IngestService:
         self._inflight[key] = mine
         try:
             mine.receipt = await self._ingest_once(
-                repo, trajectory, source_id, digest, runtime, report
+                repo, trajectory, source_id, digest, runtime, report, metadata or {}
             )
             await report("done", total)
             return mine.receipt
@@ -208,6 +223,7 @@ class IngestService:
     async def _ingest_once(
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
         runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
+        metadata: Metadata,
     ) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
@@ -239,6 +255,7 @@ class IngestService:
             )
             if runtime.config.ingest_entity_tags:
                 changeset = await with_entity_tags(changeset, runtime.embedder)
+            changeset = replace(changeset, metadata=metadata)
         except Exception as exc:
             raise PipelineError(failure_reason(exc), f"ingest of {source_id!r}: {exc!r}") from exc
         record = SourceRecorded(repo, source_id, digest, changeset.id, now_utc().isoformat())
@@ -268,7 +285,7 @@ class IngestService:
             if resolve is not None:
                 step = Step(resolve(step.observation), resolve(step.action), step.metadata)
             previous = episode.steps[-1] if episode.steps else None
-            with deadline.fail_after(runtime.config.append_timeout):
+            with deadline.fail_after(runtime.config.annotation_timeout, stretches=True):
                 note = await annotate(
                     llm,
                     runtime.embedder,
@@ -322,26 +339,17 @@ class IngestService:
 
     async def forget(self, repo: str, source_id: str) -> int:
         """Removes every node the source produced, and tags and intents left with no links;
-        an intent another source still uses takes that source's wording, embedded within
-        `extraction_timeout` (`mnemo.graph.erasure`). Returns how many nodes went (0 for an
-        unknown source). The id is then free.
+        an intent, a fact or an instruction another source still uses takes that source's
+        wording, embedded within `extraction_timeout` (`mnemo.graph.erasure`). Returns how
+        many nodes went (0 for an unknown source). The id is then free.
 
         Raises:
             EmbeddingError: such a wording could not be embedded; nothing was forgotten.
         """
         check_id(source_id, "source_id")
         runtime = self._runtime(repo)
-
-        async def embed_wordings(texts: Sequence[str]) -> Vector:
-            timeout = runtime.config.extraction_timeout
-            try:
-                with deadline.fail_after(timeout):
-                    return await embed(runtime.embedder, [embedding_text(t) for t in texts])
-            except TimeoutError as exc:
-                raise EmbeddingError(f"the embedder took more than {timeout} s") from exc
-
-        return await self._graph.delete_source(
-            repo, source_id, embed=embed_wordings, also=[SourceForgotten(repo, source_id)],
+        return await self._graph.withdraw(
+            repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),
+            also=[SourceForgotten(repo, source_id)],
             generation=runtime.generation,
         )
-

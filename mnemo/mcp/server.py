@@ -66,6 +66,12 @@ TOOL_NAMES = (
     "persist_memory",
     "recall_memory",
 )
+# A scope: metadata key -> a value, or a list of values any of which matches.
+Where = Annotated[
+    dict[str, str | int | float | bool | list[str | int | float | bool]] | None,
+    Field(description="Only the memories of this scope: metadata key -> value (or a list of "
+                      "values), e.g. {\"user_id\": \"alice\"}; every key must match."),
+]
 # At most this many repos or sessions a page (`offset` reads on).
 PAGE_ITEMS = 50
 # Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
@@ -131,14 +137,16 @@ class MemoryTools:
         repo: Annotated[str, Field(description="The repo (knowledge graph) to search.")],
         query: Annotated[str, Field(description="What you want to know, in words.")],
         k: Annotated[int, Field(description="How many memories to return.", ge=1, le=50)] = 10,
+        where: Where = None,
     ) -> str:
         """Recalls the repo's memories (facts, procedures, steps) most relevant to the query,
         best first, each with its score, the phase that found it, its hop, and its node: id,
         type and a snippet of its text (`chars` is the whole length; `get_node` reads it
-        all). Errors: an unknown repo, a blank query."""
+        all). Errors: an unknown repo, a blank query, a malformed where."""
         with _as_tool_error():
             await self._check(repo)
-            found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce)
+            found = await self._mem.recall(repo, query, k=k, reinforce=self.reinforce,
+                                           where=where)
             return _dumps(_output.recall_output(found))
 
     async def get_node(
@@ -168,17 +176,20 @@ class MemoryTools:
         source_id: Annotated[
             str | None, Field(description="An ingested source: every node it produced.")
         ] = None,
+        where: Where = None,
     ) -> str:
-        """Erases memories for good: the nodes named, or everything an ingested source
-        produced, with their links, vectors and search entries (the history keeps no trace of
-        their text). Give node_ids or source_id, not both. Returns how many nodes went; to
-        replace a wrong fact and keep its trail, use `correct`. Errors: an unknown repo."""
-        # TODO(#50): a `where` scope (metadata), through Memory.forget_where once it exists.
+        """Erases memories for good: the nodes named, everything an ingested source
+        produced, or everything in a scope (`where`), with their links, vectors and search
+        entries (the history keeps no trace of their text). Give one of node_ids, source_id
+        and where. Returns how many nodes went; to replace a wrong fact and keep its trail,
+        use `correct`. Errors: an unknown repo, a malformed where."""
         with _as_tool_error():
-            if (node_ids is None) == (source_id is None):
-                raise InvalidInputError("forget takes node_ids or source_id, one of them")
+            if [node_ids, source_id, where].count(None) != 2:
+                raise InvalidInputError("forget takes node_ids or source_id or where, one of them")
             await self._check(repo)
-            if source_id is not None:
+            if where is not None:
+                count = await self._mem.forget_where(repo, where)
+            elif source_id is not None:
                 count = await self._mem.forget(repo, source_id)
             else:
                 count = await self._mem.delete_nodes(repo, node_ids or [])
@@ -216,11 +227,13 @@ class MemoryTools:
             str | None, Field(description="Only this conversation thread (default: all).")
         ] = None,
         limit: Annotated[int, Field(description="How many hits.", ge=1, le=100)] = 5,
+        where: Where = None,
     ) -> str:
         """Full-text search over stored conversation messages (every thread, or one), best
         first: each hit has its message_id (for `view_messages`), thread, seq and a snippet."""
         with _as_tool_error():
-            hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit)
+            hits = await self._mem.search_messages(query, thread_id=thread_id, limit=limit,
+                                                   where=where)
             return _dumps(_output.hits_output(hits))
 
     async def view_messages(
@@ -326,6 +339,11 @@ class MemoryTools:
         self,
         goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
         repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
+        metadata: Annotated[
+            dict[str, str | int | float | bool] | None,
+            Field(description="Who its memories belong to, e.g. {\"user_id\": \"alice\"}: "
+                              "every node it commits carries it (what `where` selects)."),
+        ] = None,
     ) -> str:
         """Starts a session collecting steps towards the goal; returns its session_id for
         `append` and `close_and_commit`. An unknown repo is created."""
@@ -333,7 +351,7 @@ class MemoryTools:
             mem = await self._working()
             if repo not in await mem.list_repos():
                 await mem.open_repo(repo)
-            session_id = await mem.start_session(goal, repo=repo)
+            session_id = await mem.start_session(goal, repo=repo, metadata=metadata)
             return _dumps({"session_id": session_id, "repo": repo})
 
     async def append(

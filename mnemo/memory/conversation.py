@@ -4,10 +4,11 @@ viewport, eviction, goals and message search (`Memory` inherits them; see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from mnemo.graph.scope import check_where
 from mnemo.memory.parts import Parts
 from mnemo.ports import LLM
 
@@ -125,20 +126,23 @@ class ConversationMethods(Parts):
         thread_id: str | None = None,
         limit: int = 5,
         exclude_viewport_of: str | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> list[SearchHit]:
         """Messages of every thread (or of `thread_id`) matching the query's words, best
         first: FTS5 with porter stemming, each word quoted and OR-combined (AND, OR and NOT
         are words like any other), bm25 weighted by recency, ~300-character snippets. Any
         text is a safe query; one without a word finds nothing. `exclude_viewport_of` leaves out
         only what that thread's viewport shows: its messages from the boundary on (all shown
-        while eviction keeps up); pinned messages stay findable.
+        while eviction keeps up); pinned messages stay findable. With `where`, only the
+        messages saved with that scope's metadata (`Message.metadata`).
 
         Raises:
-            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
-                limit outside 1..100.
+            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, a
+                limit outside 1..100, or a malformed `where`.
         """
         return await self._conversations.search_messages(
-            query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of
+            query, thread_id=thread_id, limit=limit, exclude_viewport_of=exclude_viewport_of,
+            where=check_where(where),
         )
 
     async def message_ids(self, prefix: str, *, limit: int = 2) -> list[str]:

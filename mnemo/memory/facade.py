@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from importlib.util import find_spec
 from types import TracebackType
@@ -30,6 +30,7 @@ from anyio.abc import TaskStatus
 
 from mnemo.config import Config
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
+from mnemo.graph.scope import check_metadata, check_where
 from mnemo.inputs import POSTGRES_SCHEMES, check_id, check_models, check_store, check_text
 from mnemo.memory.conversation import ConversationMethods
 from mnemo.memory.graph import GraphMethods
@@ -247,9 +248,12 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         reinforce: bool | None = None,
         as_of: datetime | None = None,
         valid_at: datetime | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> RecallResult:
-        """The repo's memories most relevant to `query`, best first. Each memory returned
-        counts as one access (its value grows), unless `reinforce=False`: a look that must not
+        """The repo's memories most relevant to `query`, best first; with `where` (metadata
+        key -> a value or a list of values), only the nodes of that scope (`Node.metadata`).
+        Each memory returned counts as one access (its value grows), unless
+        `reinforce=False`: a look that must not
         change later rankings (an evaluation); on an inspecting Memory, only with
         `reinforce=True`. What holds now comes first: a
         fact a later one contradicted ranks below it and says so (`Recalled.retired`); with
@@ -259,21 +263,23 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, a k below 1, or an `as_of` or `valid_at` not a
-                datetime.
+                `Config.max_text_chars`, a k below 1, an `as_of` or `valid_at` not a
+                datetime, or a malformed `where` (`mnemo.graph.scope.check_where`).
             NotFoundError: an unknown repo.
             ConflictError: another Memory re-embedded the repo, then again before the recall
                 ran once more with the repo's new embedder (`Memory.reembed`).
         """
         from mnemo.recall.service import check_recall
 
+        scope = check_where(where)
         await self._repos.checked(
             repo, lambda c: check_recall(c, query, k, types, as_of, valid_at))
         if reinforce is None:
             reinforce = not self._inspect
         chosen = reinforce
         return await self._following_switches(repo, lambda: self._recalls.recall(
-            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of, valid_at=valid_at))
+            repo, query, k=k, types=types, reinforce=chosen, as_of=as_of, valid_at=valid_at,
+            where=scope))
 
     async def _following_switches(
         self, repo: str, call: Callable[[], Awaitable[T]], doing: str = "recalled"
@@ -306,6 +312,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         *,
         source_id: str,
         progress: Callable[[IngestProgress], Awaitable[None] | None] | None = None,
+        metadata: dict[str, str | int | float | bool] | None = None,
     ) -> IngestReceipt:
         """Stores a complete trajectory in one call (annotation, segmentation, extraction,
         commit with the repo's llm and embedder); returns when its nodes are durable.
@@ -315,13 +322,16 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         once. `progress` (sync or async) gets an `IngestProgress` before the first step, after
         each step, at extraction, at the commit and when done; each also goes to `on_event`
         as an `"ingest_progress"` event. An exception it raises is logged, never propagated.
+        Every node it commits carries `metadata` (`Node.metadata`, what `where=` selects); the
+        same source under another metadata is another payload.
 
         Raises:
             InvalidInputError: a malformed trajectory or source id (see `check_name`), a blank
                 goal or observation, more steps than the repo's
                 `Config.max_steps_per_ingest`, a goal, observation, action or metadata (as
                 JSON) longer than its `Config.max_text_chars`, or metadata nested deeper than
-                `inputs.MAX_JSON_DEPTH`; nothing was stored.
+                `inputs.MAX_JSON_DEPTH`, or a `metadata` outside `mnemo.graph.scope`'s
+                bounds; nothing was stored.
             NotFoundError: an unknown repo.
             ConflictError: the source id was used with a different payload.
             PipelineError: "extraction_failed" (nothing was stored).
@@ -329,11 +339,12 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         from mnemo.ingest.service import check_ingest
 
         self._works("ingest")
+        scoped = check_metadata(metadata)
         await self._repos.checked(
             repo, lambda config: check_ingest(trajectory, source_id, progress, config))
         await self._repos.refresh(repo)
         try:
-            return await self._ingests.ingest(repo, trajectory, source_id, progress)
+            return await self._ingests.ingest(repo, trajectory, source_id, progress, scoped)
         finally:
             await self._save_profiles()
 
@@ -355,19 +366,50 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         return await self._following_switches(
             repo, lambda: self._ingests.forget(repo, source_id), "forgotten")
 
+    async def forget_where(self, repo: str, where: Mapping[str, object]) -> int:
+        """Erases everything in the scope `where` selects, as `forget` erases a source: each
+        ingest and session whose nodes are in it is forgotten (no byte of it left), then any
+        node of the scope still there (a correction's) is deleted. Returns how many nodes
+        went.
+
+        Raises:
+            InvalidInputError: a malformed or empty `where`.
+            NotFoundError: an unknown repo.
+            EmbeddingError: as `forget`'s.
+        """
+        scope = check_where(where)
+        if scope is None:
+            raise InvalidInputError("forget_where needs a where with at least one key")
+        await self._repos.checked(repo, lambda config: None)
+        found = await self._graph.scope_sources(repo, scope)
+        sources = {s for s, _, _ in found if s is not None}
+        steps = [i for _, i, kind in found if kind == "source"]
+        for node in await self._graph.get_nodes(repo, steps):
+            if isinstance(session := node.data.get("session_id"), str):
+                sources.add(session)
+        gone = 0
+        for source in sorted(sources):
+            gone += await self.forget(repo, source)
+        rest = [i for _, i, _ in await self._graph.scope_sources(repo, scope)]
+        for at in range(0, len(rest), 500):
+            gone += await self._graph.delete_nodes(repo, rest[at:at + 500])
+        return gone
+
     async def recall_in_context(
-        self, repo: str, session_id: str, query: str, *, k: int = 10
+        self, repo: str, session_id: str, query: str, *, k: int = 10,
+        where: Mapping[str, object] | None = None,
     ) -> RecallResult:
         """`recall` with the session's goal and last 3 steps added to the query; an unknown or
         idle session falls back to the plain query. The context is cut to keep the whole
         within the repo's `Config.max_text_chars`.
 
         Raises:
-            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, or a
-                session id that is not a string.
+            InvalidInputError: a blank query, one longer than `Config.max_text_chars`, a
+                session id that is not a string, or a malformed `where`.
             ConflictError: as `recall`'s.
         """
         check_id(session_id, "session_id")
+        scope = check_where(where)
 
         def check(config: Config) -> int:
             check_text(query, "query", limit=config.max_text_chars, stored=False)
@@ -383,7 +425,7 @@ class Memory(SessionMethods, GraphMethods, ConversationMethods):
         asked = query
         return await self._following_switches(repo, lambda: self._recalls.recall(
             repo, asked, k=k, types=None, reinforce=not self._inspect,
-            session_id=session_id,
+            session_id=session_id, where=scope,
         ))
 
 

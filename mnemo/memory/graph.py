@@ -3,22 +3,23 @@ maintenance, re-embedding included (`Memory` inherits them; see `mnemo.memory.fa
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from mnemo.errors import EmbeddingError, InvalidInputError, NotFoundError
-from mnemo.inputs import check_count, check_id, check_text
+from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError, NotFoundError
+from mnemo.graph.scope import check_metadata, check_where
+from mnemo.inputs import check_count, check_id, check_json, check_name, check_text
 from mnemo.memory.parts import Parts
 
 if TYPE_CHECKING:
     from mnemo.graph.history import CommitDiff, CommitRecord
     from mnemo.graph.maintenance import ConsolidationReport, DecayReport, ValidationReport
     from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
-    from mnemo.graph.ports import Unstaged
+    from mnemo.graph.ports import IntentPolicy, Unstaged
     from mnemo.graph.reembed import ReembedProgress
-    from mnemo.ports import Embedder
+    from mnemo.ports import Embedder, JSONObject, JSONValue
 
 # Nodes embedded in one call by `reembed`, by default, and at most.
 REEMBED_BATCH = 256
@@ -88,17 +89,19 @@ class GraphMethods(Parts):
         *,
         limit: int = 20,
         types: Iterable[NodeType] | None = None,
+        where: Mapping[str, object] | None = None,
     ) -> list[Node]:
         """Nodes whose text holds any word of `query` (full text, BM25), best first: a plain
-        lookup, without recall's embedding, hops, value or reinforcement.
+        lookup, without recall's embedding, hops, value or reinforcement; with `where`, of
+        that scope only (as `recall`'s).
 
         Raises:
             InvalidInputError: a blank query, one longer than the repo's
-                `Config.max_text_chars`, or a limit below 1 or above its
-                `Config.max_results`.
+                `Config.max_text_chars`, a limit below 1 or above its `Config.max_results`,
+                or a malformed `where`.
             NotFoundError: an unknown repo.
         """
-        return await self._reads.search_nodes(repo, query, limit, types)
+        return await self._reads.search_nodes(repo, query, limit, types, check_where(where))
 
     async def delete_nodes(self, repo: str, node_ids: Sequence[str]) -> int:
         """Deletes nodes with their links, vectors and search entries; returns how many."""
@@ -109,7 +112,9 @@ class GraphMethods(Parts):
         retires the old one as a contradicting fact does (it stays, with `valid_to`, and
         the new one SUPERSEDES it; recall ranks it below its successor). The correction is a
         commit of the history like any other (`revert` undoes it). Calls no model but the
-        repo's embedder. Returns the commit's receipt: its id and the new fact's.
+        repo's embedder. Returns the commit's receipt: its id and the new fact's, or, when a
+        live fact of the repo says `text` already, that fact's (the correction joins it, and
+        it supersedes the old one).
 
         Raises:
             InvalidInputError: a blank text or one longer than the repo's
@@ -119,10 +124,8 @@ class GraphMethods(Parts):
             EmbeddingError: the text could not be embedded within the repo's
                 `Config.extraction_timeout`; nothing was stored.
         """
-        from mnemo.calls import deadline
-        from mnemo.episode.annotation import embed
-        from mnemo.extraction.entities import vector_text
         from mnemo.graph.facts import TEMPORAL, correction
+        from mnemo.graph.model import NodeId
 
         await self._repos.checked(repo, lambda config: check_text(
             text, "text", limit=config.max_text_chars))
@@ -135,18 +138,97 @@ class GraphMethods(Parts):
                 f"node {node_id!r} is not a live fact (a {old.type.value} node"
                 f"{', retired' if old.retired else ''}): only facts are corrected"
             )
+        vector, generation, policy = await self._fact_vector(repo, old.type, text)
+        changeset = correction(repo, old, text, vector, generation)
+        receipt = await self._graph.apply(changeset, intents=policy)
+        # A correction to the wording of another live fact joins it: the receipt names it.
+        record = None if receipt.node_ids else await self._graph.commit_record(
+            repo, receipt.changeset_id)
+        return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
+
+    async def remember(
+        self, repo: str, text: str, *, source_id: str, data: Mapping[str, JSONValue] | None = None,
+        metadata: dict[str, str | int | float | bool] | None = None,
+    ) -> CommitReceipt:
+        """Stores `text` as it is, one SEMANTIC fact (no model but the repo's embedder; no
+        fact is retired by it), with `data` as its data and `metadata` as its scope, recorded
+        as the source `source_id` as an ingest is: `forget(source_id)` erases it and frees
+        the id. Returns the commit's receipt (the fact's id).
+
+        Raises:
+            InvalidInputError: a blank text or one past `Config.max_text_chars`, a source id
+                that is no name, data that is not JSON within that bound, or a bad metadata.
+            ConflictError: the source id is taken (forget it first).
+            NotFoundError: an unknown repo.
+            EmbeddingError: as `correct`'s; nothing was stored.
+        """
+        import hashlib
+        import json
+        import uuid
+
+        from mnemo.graph.model import Changeset, NodeDraft, NodeType, now_utc
+        from mnemo.graph.ports import SourceRecorded, SourceTaken
+
+        scoped = check_metadata(metadata)
+        check_name(source_id, "source_id")
+        body: JSONObject = dict(data or {})
+        await self._repos.checked(repo, lambda config: (
+            check_text(text, "text", limit=config.max_text_chars),
+            check_json(body, "data", limit=config.max_text_chars)))
+        vector, generation, policy = await self._fact_vector(repo, NodeType.SEMANTIC, text)
+        node = NodeDraft(f"semantic_{uuid.uuid4().hex}", NodeType.SEMANTIC, text, body, vector,
+                         source_id=source_id)
+        changeset = Changeset(f"changeset_{uuid.uuid4().hex}", repo, [node],
+                              generation=generation, metadata=scoped)
+        digest = hashlib.sha256(json.dumps([text, body, scoped], sort_keys=True).encode())
+        record = SourceRecorded(repo, source_id, digest.hexdigest(), changeset.id,
+                                now_utc().isoformat())
+        try:
+            return await self._graph.apply(changeset, intents=policy, also=[record])
+        except SourceTaken as exc:
+            raise ConflictError(f"source {source_id!r} of repo {repo!r} is taken") from exc
+
+    async def _fact_vector(
+        self, repo: str, kind: NodeType, text: str
+    ) -> tuple[Vector, int, IntentPolicy]:
+        """The vector of a fact's text by the repo's embedder (within its
+        `extraction_timeout`), its generation, and the commit policy of a fact stated as it
+        is (no contradiction asked)."""
+        from mnemo.calls import deadline
+        from mnemo.episode.annotation import embed
+        from mnemo.extraction.entities import vector_text
+
         await self._repos.refresh(repo)
         runtime = self._repos.embedding(repo)
         limit = runtime.config.extraction_timeout
         try:
             with deadline.fail_after(limit):
-                vector = await embed(runtime.embedder, [vector_text(old.type, text)])
+                vector = await embed(runtime.embedder, [vector_text(kind, text)])
         except TimeoutError as exc:
             raise EmbeddingError(f"the embedder took more than {limit} s") from exc
         llm = self._repos.llm_for(runtime, repo)
         policy = replace(self._service.intent_policy(runtime, llm, repo), contradicts=None)
-        changeset = correction(repo, old, text, vector[0], runtime.generation)
-        return await self._graph.apply(changeset, intents=policy)
+        return vector[0], runtime.generation, policy
+
+    async def nodes_where(
+        self, repo: str, where: Mapping[str, object], *, limit: int = 100
+    ) -> list[Node]:
+        """The first `limit` nodes of the scope `where` (as `recall`'s), in the order they
+        were added: read through the scope index, never a scan of the repo.
+
+        Raises:
+            InvalidInputError: a malformed or empty `where`, or a limit below 1 or above the
+                repo's `Config.max_results`.
+            NotFoundError: an unknown repo.
+        """
+        scope = check_where(where)
+        if scope is None:
+            raise InvalidInputError("nodes_where needs a where with at least one key")
+        await self._repos.checked(repo, lambda config: check_count(
+            "limit", limit, minimum=1, maximum=config.max_results,
+            setting="Config.max_results"))
+        found = await self._graph.scope_sources(repo, scope, limit)
+        return await self._graph.get_nodes(repo, [i for _, i, _ in found])
 
     # ---- history --------------------------------------------------------------------------
 
@@ -179,20 +261,30 @@ class GraphMethods(Parts):
         return await commit_history.diff(self._graph, repo, commit_id)
 
     async def revert(self, repo: str, commit_id: str) -> CommitDiff:
-        """Undoes one commit in one transaction: the nodes and links it added go, the facts it
-        retired hold again, and it leaves the history (an ingested source's id is free
-        again). Returns what was undone.
+        """Undoes one commit in one transaction: the nodes and links only it made go, those
+        other commits share stay (a fact or instruction another commit joined takes that
+        commit's wording), the facts it retired hold again, and an ingested source's id is
+        free again. The revert is recorded in the history, which keeps the reverted commit,
+        marked `reverted_by` it. Returns what was undone.
 
         Raises:
             InvalidInputError: no such commit in the repo.
-            ConflictError: a later change built on it (linked to, merged into, retired or
-                reworded one of its nodes): revert that first.
+            ConflictError: the commit is a revert or was reverted, or a later commit built on
+                it (retired one of its facts, or linked to a node only it holds): the message
+                names the commit to revert first.
+            EmbeddingError: a shared node's new wording could not be embedded; nothing was
+                reverted.
             NotFoundError: an unknown repo.
         """
+        from mnemo.extraction.entities import wordings
         from mnemo.graph import history as commit_history
 
         await self._repos.checked(repo, lambda _: check_id(commit_id, "commit_id"))
-        return await commit_history.revert(self._graph, repo, commit_id)
+        await self._repos.refresh(repo)
+        runtime = self._repos.embedding(repo)
+        return await commit_history.revert(
+            self._graph, repo, commit_id, generation=runtime.generation,
+            embed=wordings(runtime.embedder, runtime.config.extraction_timeout))
 
     # ---- maintenance ----------------------------------------------------------------------
 

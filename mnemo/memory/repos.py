@@ -373,4 +373,5 @@ class Repos:
         def meter(usage: Usage) -> None:
             self.usage.add(repo, session_id, usage)
 
-        return LimitedLLM(runtime.llm, self.slots(runtime.llm, runtime.config), meter)
+        return LimitedLLM(runtime.llm, self.slots(runtime.llm, runtime.config), meter,
+                          lambda: self.usage.calling(session_id))

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from mnemo.config import DURATION_CEILINGS, Config
 from mnemo.errors import InvalidInputError
+from mnemo.graph.scope import check_metadata
 from mnemo.inputs import check_count, check_id, check_models, check_text
 from mnemo.memory.parts import Parts
 
@@ -34,17 +35,21 @@ class SessionMethods(Parts):
         llm: LLM | None = None,
         embedder: Embedder | None = None,
         config: Config | None = None,
+        metadata: dict[str, str | int | float | bool] | None = None,
     ) -> str:
-        """Opens a session collecting its first episode towards `goal`; returns its id.
+        """Opens a session collecting its first episode towards `goal`; returns its id. Every
+        node it commits carries `metadata` (`Node.metadata`, what `where=` selects).
 
         Raises:
-            InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, or a
-                config that is not a `Config`.
+            InvalidInputError: a blank goal, one longer than `Config.max_text_chars`, a
+                config that is not a `Config`, or a metadata that is not a flat dict of
+                str -> str | int | float | bool within `mnemo.graph.scope`'s bounds.
             NotFoundError: an unknown repo.
             EmbeddingError: the embedder override's dimension differs from the repo's.
         """
         self._works("start_session")
         check_models(llm, embedder)
+        scoped = check_metadata(metadata)
         if config is not None and not isinstance(config, Config):
             raise InvalidInputError(f"config must be a mnemo.Config, got {type(config).__name__}")
         await self._repos.checked(repo, lambda repo_config: check_text(
@@ -52,7 +57,7 @@ class SessionMethods(Parts):
         await self._repos.refresh(repo)  # another Memory may have re-embedded it
         override, chosen = await self._repos.session_runtime(repo, llm, embedder, config)
         return await self._service.start_session(
-            goal, repo=repo, override=override, config=chosen
+            goal, repo=repo, override=override, config=chosen, metadata=scoped
         )
 
     async def append(
@@ -63,13 +68,18 @@ class SessionMethods(Parts):
         *,
         metadata: dict[str, object] | None = None,
     ) -> StepInfo:
-        """Annotates and stores one step; returns once it is durable.
+        """Stores one step (durable before the model is asked), then waits for its annotation
+        at most `Config.append_timeout`: `StepInfo.annotated` is False when the model has not
+        answered by then, or failed (the step is kept and annotated later, by close at the
+        latest).
 
         Raises:
             InvalidInputError: observation or action is not a string or is longer than the
                 session's `Config.max_text_chars` (metadata: its JSON); no step was added.
             SessionError: the session is not collecting.
-            LLMError, EmbeddingError: annotation failed (or timed out); no step was added.
+            LLMError, EmbeddingError: a model that cannot work here at all (an embedder of
+                another dimension, a recorded model that cannot be built); no step was added.
+            StorageError: the step could not be stored.
         """
         if self._inspect:  # checked here, not through `_works`: one file less per step
             self._works("append")

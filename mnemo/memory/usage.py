@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import anyio
 
 from mnemo.ports import Usage
@@ -17,6 +20,7 @@ class UsageBook:
         self._repos: dict[str, Usage] = {}
         self._sessions: dict[str, Usage] = {}
         self._active: dict[str, float] = {}
+        self._calls: dict[str, int] = {}  # each session's model calls under way
 
     def add(self, repo: str, session_id: str | None, usage: Usage) -> None:
         self._repos[repo] = self._repos.get(repo, Usage()) + usage
@@ -24,9 +28,25 @@ class UsageBook:
             self._sessions[session_id] = self._sessions.get(session_id, Usage()) + usage
             self._active[session_id] = anyio.current_time()
 
+    @contextmanager
+    def calling(self, session_id: str | None) -> Iterator[None]:
+        """Marks a model call of the session under way (`last_answer`)."""
+        if session_id is None:
+            yield
+            return
+        self._calls[session_id] = self._calls.get(session_id, 0) + 1
+        try:
+            yield
+        finally:
+            self._calls[session_id] -= 1
+            if not self._calls[session_id]:
+                del self._calls[session_id]
+
     def last_answer(self, session_id: str) -> float | None:
-        """When (`anyio.current_time`) a model call of the session last ended here; None
-        when none did."""
+        """When (`anyio.current_time`) a model call of the session last ended here, now while
+        one is under way (a slow server's long reply); None when none did."""
+        if session_id in self._calls:
+            return anyio.current_time()
         return self._active.get(session_id)
 
     def of_repo(self, repo: str) -> Usage:

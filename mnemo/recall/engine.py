@@ -30,11 +30,13 @@ from datetime import datetime
 
 import anyio
 
+from mnemo import cpu
 from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore, NodeContext, Started, VectorsMoved
+from mnemo.graph.scope import Scope, Where
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, Reranker
 from mnemo.recall import hops, knowledge, temporal
@@ -68,6 +70,10 @@ N = NodeType
 # Nodes that route a search to memories rather than being memories themselves.
 ROUTING = (N.TAG, N.INTENT, N.SUBGOAL)
 MEMORIES = (N.SEMANTIC, N.EPISODIC, N.PROCEDURAL)
+# MMR orders the best 4 x k, at most this many (its cost and memory grow with the square:
+# 40,000 at k = 10,000 took 13 GB); a head longer than `MMR_ON_LOOP` is ordered off the loop.
+MMR_HEAD = 2_000
+MMR_ON_LOOP = 64
 
 # How much each kind of memory counts for a query of each mode.
 _MODE_WEIGHTS: dict[str, dict[NodeType, float]] = {
@@ -116,13 +122,19 @@ class Recaller:
         reinforce: bool = True,
         as_of: datetime | None = None,
         valid_at: datetime | None = None,
+        where: Where | None = None,
     ) -> RecallResult:
+        """With `where`, every candidate comes from inside that scope (`GraphStore.scope`):
+        the channels search its nodes only, and what routes, hops and provenance bring in
+        from outside it is dropped before anything is ranked, returned or touched."""
         trace = _Trace()
         # What the store keeps in memory is brought up to it once, here, not at each read.
         async with self.graph.reading(repo):
+            scope = None if where is None else await self.graph.scope(repo, where)
             trace.mark("look")
             return await self._recall(repo, query, k=k, types=types, reinforce=reinforce,
-                                      when=temporal.When(as_of, valid_at), trace=trace)
+                                      when=temporal.When(as_of, valid_at), trace=trace,
+                                      scope=scope)
 
     async def _recall(
         self,
@@ -134,6 +146,7 @@ class Recaller:
         reinforce: bool,
         when: temporal.When,
         trace: _Trace,
+        scope: Scope | None,
     ) -> RecallResult:
         config = self.config
         wanted = None if types is None else {NodeType(t) for t in types}
@@ -148,7 +161,7 @@ class Recaller:
         # here, it took turns at the GIL with an in-process embedder and slowed hop 0).
         on_loop = self.graph.vectors_on_loop(repo)
         words = (self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
-                                              searched) if on_loop else None)
+                                              searched, scope) if on_loop else None)
         try:
             vectors = await self.tag_vectors.embed(self.embedder, parts.dense, plan.tags)
         except BaseException:
@@ -166,7 +179,7 @@ class Recaller:
         routes: list[tuple[str, _Candidate]] = []
         if words is None:
             words = self.graph.start_search_text(repo, parts.terms, _hop_zero_width(config, k),
-                                                 searched)
+                                                 searched, scope)
         if self.generation is not None:
             # Before any vector is compared: the look begun at the block's start ends here at
             # the latest, and says whether another Memory re-embedded the repo since.
@@ -181,11 +194,14 @@ class Recaller:
         async def zero() -> None:
             assert words is not None
             found.update(await self._hop_zero(repo, parts.terms, words, query_vector, searched,
-                                              k, on_loop))
+                                              k, on_loop, scope))
 
         async def route() -> None:
-            routes.extend(await hops.routes(self.graph, self.config, repo, query_vector,
-                                            tag_vectors))
+            probed = await hops.routes(self.graph, self.config, repo, query_vector, tag_vectors)
+            if scope is not None:
+                keep = await self.graph.inside(repo, scope, [i for i, _ in probed])
+                probed = [(i, c) for i, c in probed if i in keep]
+            routes.extend(probed)
 
         try:
             await _in_turn(route, zero) if on_loop else await _side_by_side(zero, route)
@@ -201,8 +217,13 @@ class Recaller:
         depth = max(4 * width, config.recall_candidates)
         followed = await hops.follow(self.graph, config, repo, found, routes, query_vector, k,
                                      depth)
+        if scope is not None:
+            await _keep_inside(self.graph, repo, scope, found)
+            followed = [(i, c) for i, c in followed if i in found]
         trace.mark("hops")
         context = await self._context(repo, found, followed, k, depth, trace)
+        if scope is not None:  # what provenance and neighbours brought in
+            await _keep_inside(self.graph, repo, scope, found)
         boosts = await speaker_boosts(self.graph, repo, parts.names, context,
                                       config.recall_speaker_boost)
         if boosts:
@@ -256,7 +277,7 @@ class Recaller:
 
     async def _hop_zero(
         self, repo: str, terms: str, words: Started[list[tuple[str, float]]], vector: Vector,
-        searched: list[NodeType] | None, k: int, on_loop: bool,
+        searched: list[NodeType] | None, k: int, on_loop: bool, scope: Scope | None,
     ) -> dict[str, _Candidate]:
         """Hop 0's candidates: the words search begun before (`words`, of `terms`) and the
         dense channel, fused by reciprocal rank (with pseudo-relevance feedback when on)."""
@@ -272,7 +293,7 @@ class Recaller:
             lexical.extend(await words.result())
 
         async def by_meaning() -> None:
-            dense.extend(await self.graph.search_vectors(repo, vector, width, searched))
+            dense.extend(await self.graph.search_vectors(repo, vector, width, searched, scope))
 
         await _in_turn(by_meaning, by_words) if on_loop else await _side_by_side(by_words,
                                                                                by_meaning)
@@ -281,7 +302,7 @@ class Recaller:
         rankings, weights = [lexical_ids, dense_ids], [1.0, config.recall_dense_weight]
         expanded = []
         if config.recall_prf_terms and lexical_ids:
-            expanded = await self._feedback(repo, terms, lexical_ids, width, searched)
+            expanded = await self._feedback(repo, terms, lexical_ids, width, searched, scope)
         if expanded:  # nothing added (or found by it): nothing to weigh
             # Below the query's own ranking: the added words are guesses.
             rankings.append(expanded)
@@ -300,7 +321,8 @@ class Recaller:
         }
 
     async def _feedback(
-        self, repo: str, terms: str, best: list[str], width: int, searched: list[NodeType] | None
+        self, repo: str, terms: str, best: list[str], width: int, searched: list[NodeType] | None,
+        scope: Scope | None,
     ) -> list[str]:
         """The ranking of a second lexical query: `terms` and the words the best hits share."""
         documents = [n.text for n in await self.graph.get_nodes(repo, best[:FEEDBACK_DOCS])]
@@ -311,7 +333,8 @@ class Recaller:
             extra = await anyio.to_thread.run_sync(lambda: feedback_terms(terms, documents, n))
         if not extra:
             return []
-        found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched)
+        found = await self.graph.search_text(repo, f"{terms} {' '.join(extra)}", width, searched,
+                                             scope)
         return [node_id for node_id, _ in found]
 
     async def _context(
@@ -433,7 +456,8 @@ class Recaller:
             leads = [item for item in scored if item[1].type not in MEMORIES]
             scored = [item for item in scored if item[1].type in MEMORIES]
         if config.recall_mmr_lambda < 1.0:
-            scored = await self._diversify(repo, scored, 4 * k, context.vectors)
+            scored = await self._diversify(repo, scored, min(4 * k, MMR_HEAD),
+                                           context.vectors)
         scored = knowledge.matching_first(scored, direct, restated, k)
         picks = Picks(config, k, steps, context.sources, stand_ins,
                        knowledge.strong(direct, context.nodes))
@@ -460,10 +484,15 @@ class Recaller:
         if missing:
             vectors.update(await self.graph.vectors(repo, missing))
         by_id: dict[str, tuple[float, Node, _Candidate]] = {item[1].id: item for item in head}
-        order = maximal_marginal_relevance(
-            list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
-            self.config.recall_mmr_lambda,
-        )
+
+        def diversified() -> list[str]:
+            return maximal_marginal_relevance(
+                list(by_id), {i: item[0] for i, item in by_id.items()}, vectors,
+                self.config.recall_mmr_lambda,
+            )
+
+        # Quadratic: a long head is ordered in a worker thread.
+        order = diversified() if len(by_id) <= MMR_ON_LOOP else await cpu.off_loop(diversified)
         return [by_id[i] for i in order] + scored[n:]
 
     async def _rerank(
@@ -494,6 +523,15 @@ class Recaller:
             log.warning("recall synthesis failed: %r", exc)
             degraded.append(f"synthesis: {exc!r}")
             return None
+
+
+async def _keep_inside(
+    graph: GraphStore, repo: str, scope: Scope, found: dict[str, _Candidate]
+) -> None:
+    """Drops from `found` the candidates outside the scope."""
+    keep = await graph.inside(repo, scope, list(found))
+    for node_id in [i for i in found if i not in keep]:
+        del found[node_id]
 
 
 def _hop_zero_width(config: Config, k: int) -> int:

@@ -62,11 +62,10 @@ def maximal_marginal_relevance(
         vector = vectors.get(item)
         if vector is not None:
             rows[row] = vector
-    # Every pairwise cosine in one product; an item without a vector is a zero row, so it
-    # neither penalises nor is penalised. einsum, not `@`: a product this small is slower in
-    # OpenBLAS's threads than in one loop, by milliseconds when the cores are busy.
-    # A row that is not finite counts as no vector (its NaN would win every argmax below).
-    cosines = np.nan_to_num(np.einsum("id,jd->ij", rows, rows), nan=0.0, posinf=0.0, neginf=0.0)
+    # Every pairwise cosine; an item without a vector is a zero row, so it neither penalises
+    # nor is penalised. A row that is not finite counts as no vector (its NaN would win every
+    # argmax below).
+    cosines = np.nan_to_num(_cosines(rows), nan=0.0, posinf=0.0, neginf=0.0)
     # Each item's score to pick it: lam x relevance - (1 - lam) x its highest cosine to the
     # items chosen so far (never below 0). A chosen item's gain becomes -inf, so its score
     # stays -inf: four numpy calls a pick, on arrays this small each costs its call alone.
@@ -83,3 +82,21 @@ def maximal_marginal_relevance(
         np.maximum(nearest, penalties[best], out=nearest)
         np.subtract(gain, nearest, out=score)
     return chosen
+
+
+# Rows of cosines one product computes: a whole head of thousands in one call held the GIL
+# (and so the event loop) for seconds.
+_BLOCK = 256
+
+
+def _cosines(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """`rows @ rows.T`. A small product by einsum (in OpenBLAS's threads it was slower, by
+    milliseconds when the cores are busy), a large one by `_BLOCK` rows a call."""
+    out: npt.NDArray[np.float32]
+    if len(rows) <= _BLOCK:
+        out = np.einsum("id,jd->ij", rows, rows)
+        return out
+    out = np.empty((len(rows), len(rows)), dtype=np.float32)
+    for start in range(0, len(rows), _BLOCK):
+        np.matmul(rows[start:start + _BLOCK], rows.T, out=out[start:start + _BLOCK])
+    return out

@@ -15,12 +15,13 @@ N = NodeType
 
 class Picks:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
-    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of). The
-    place of a step, or of the first of a step and its facts, goes to the first fact not
-    taken yet of those that may stand in for it (`stand_ins`, by step id), at the better of
-    the two scores; a step returned stands for the facts made from it alone; a fact returned
-    stands for its step, and further facts of that step are `deferred` (taken after every
-    other step's result) unless `strong` (`knowledge.strong`)."""
+    its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of), one
+    per wording of the other nodes. The place of a step, or of the first of a step and
+    its facts, goes to the first fact not taken yet of those that may stand in for it
+    (`stand_ins`, by step id), at the better of the two scores; a step returned stands for the
+    facts made from it alone; a fact returned stands for its step, and further facts of that
+    step are `deferred` (taken after every other step's result) unless `strong`
+    (`knowledge.strong`)."""
 
     def __init__(
         self, config: Config, k: int, steps: Mapping[str, str], sources: Mapping[str, list[str]],
@@ -36,6 +37,7 @@ class Picks:
         self._claimed: set[str] = set()  # steps a result stands for
         self._returned: set[str] = set()  # steps returned themselves
         self._taken: set[str] = set()
+        self._said: set[str] = set()  # the texts returned (of nodes other than steps)
 
     def take(self, scored: Iterable[tuple[float, Node, Candidate]], *, defer: bool = True
              ) -> None:
@@ -61,6 +63,14 @@ class Picks:
                 continue
             if self._per_type.get(node.type, 0) >= self._top_k.get(node.type, 1_000_000):
                 continue
+            # Nodes of one wording are one answer, the better placed: a fact and an instruction
+            # the offline model made of one action, the goal of two sessions, a subgoal and
+            # its intent. Steps are events, each its own.
+            said = " ".join(node.text.casefold().split()) if node.type is not N.EPISODIC else None
+            if said is not None and said in self._said:
+                continue
+            if said is not None:
+                self._said.add(said)
             self._per_type[node.type] = self._per_type.get(node.type, 0) + 1
             self._taken.add(node.id)
             if stand_in is not None:

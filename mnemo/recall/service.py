@@ -12,6 +12,7 @@ from mnemo.events import Events
 from mnemo.graph.model import NodeType
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.reads import node_types
+from mnemo.graph.scope import Where
 from mnemo.inputs import check_count, check_text
 from mnemo.ports import LLM, Embedder, Reranker
 from mnemo.recall import temporal
@@ -51,7 +52,7 @@ class RecallService:
     async def recall(
         self, repo: str, query: str, *, k: int, types: Iterable[NodeType] | None, reinforce: bool,
         as_of: datetime | None = None, valid_at: datetime | None = None,
-        session_id: str | None = None,
+        session_id: str | None = None, where: Where | None = None,
     ) -> RecallResult:
         """The recall, reported as "recall_executed" (with `session_id` when it ran in the
         context of a session, `recall_in_context`)."""
@@ -64,6 +65,7 @@ class RecallService:
         )
         result = await recaller.recall(
             repo, query, k=k, types=kinds, reinforce=reinforce, as_of=as_of, valid_at=valid_at,
+            where=where,
         )
         await self._events.emit(
             "recall_executed", session_id=session_id, repo=repo, query=query, k=k,

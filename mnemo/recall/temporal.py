@@ -85,12 +85,12 @@ def holds(node: Node, when: When) -> bool:
 def left_out(nodes: Iterable[Node], sources: Mapping[str, Sequence[str]], when: When) -> set[str]:
     """The ids a recall at `when` leaves out, of `nodes` and the steps the facts among them
     were made from (`sources`): those it does not keep (`holds`), and, for a moment
-    (`valid_at`), the steps only facts of other times were made from."""
+    (`valid_at`), the steps a fact of another time was made from (what a step says is of its
+    time whole, though an instruction it repeats held earlier)."""
     nodes = list(nodes)
     out: set[str] = {n.id for n in nodes if not holds(n, when)}
     if when.valid_at is not None:
-        kept = {step for n in nodes if n.id not in out for step in sources.get(n.id, ())}
-        out |= {step for n in out for step in sources.get(n, ())} - kept
+        out |= {step for n in out for step in sources.get(n, ())}
     return out
 
 

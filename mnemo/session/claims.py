@@ -103,18 +103,28 @@ async def settle(
                 open_steps = [s for s in open_steps if s.id not in mine]
                 if not open_steps:
                     return
-                waited = 0.0
-                while waited < RECHECK:
-                    await anyio.sleep(SETTLE_INTERVAL)
-                    waited += SETTLE_INTERVAL
-                    if await co.change_token() != token:
-                        break
+                await store_moved(live, token)
             except StorageError as exc:
                 # Busy, or away for a moment: the wait goes on, and looks again.
                 log.warning("%s: could not look at the claims of others: %r", session.id, exc)
                 await anyio.sleep(RECHECK)
     log.warning("%s: %d steps still claimed by another Memory after %.0f s: extracted here",
                 session.id, len(open_steps), within)
+
+
+async def store_moved(live: Sessions, token: int) -> None:
+    """Returns once the store's change token is no longer `token` (looked at every
+    `SETTLE_INTERVAL` seconds), or after `RECHECK` seconds: a claimer that died writes nothing.
+
+    Raises:
+        StorageError: the store could not be read.
+    """
+    waited = 0.0
+    while waited < RECHECK:
+        await anyio.sleep(SETTLE_INTERVAL)
+        waited += SETTLE_INTERVAL
+        if await live.coordination.change_token() != token:
+            return
 
 
 async def take_commits(live: Sessions, session: SessionRecord) -> None:

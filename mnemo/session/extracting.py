@@ -20,20 +20,20 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import anyio
 
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import StorageError
+from mnemo.errors import LLMTimeout, StorageError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.extraction.pipeline import Source, extract
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.session import claims, committing, transitions
 from mnemo.session.machine import State
 from mnemo.session.ports import StepsCommittedElsewhere
-from mnemo.session.records import SessionRecord, uncommitted
+from mnemo.session.records import Annotate, SessionRecord, unannotated, uncommitted
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -79,7 +79,7 @@ class Extraction:
             # What an earlier extraction of this episode kept (here, or in a Memory before a
             # restart) is asked no more.
             session.memo = TaskMemo(episode.id, await live.store.kept_results(episode.id))
-        return await extract(
+        changeset = await extract(
             episode,
             steps,
             repo=session.repo,
@@ -92,6 +92,7 @@ class Extraction:
             memo=session.memo,
             partial=runtime.config.partial_commits,
         )
+        return replace(changeset, metadata=session.metadata) if session.metadata else changeset
 
     async def run(self) -> Ended:
         """The close's extraction: ready (or, in auto-commit, committed and idle) or failed.
@@ -101,6 +102,7 @@ class Extraction:
         live, session = self.live, self.session
         started = anyio.current_time()
         try:
+            await self._annotated()
             while session.background:
                 await session.changed.wait()
             if session.config.auto_commit:
@@ -126,11 +128,42 @@ class Extraction:
             return await self._extraction_failed()
         return Ended.MOVED if moved else Ended.STALE
 
+    async def _annotated(self) -> None:
+        """Waits until every stored step of the episode is annotated (starting their
+        annotation here when it does not run), at most `extraction_timeout` seconds for each:
+        the wait goes on while steps keep being annotated.
+
+        Raises:
+            LLMTimeout: no step annotated for that long.
+            Exception: what stopped their annotation (the model's error).
+        """
+        live, session = self.live, self.session
+        if not unannotated(session):
+            return
+        live.start(session, Annotate())
+        limit = session.runtime.config.extraction_timeout
+        left = -1
+        while unannotated(session) and left != len(unannotated(session)) and (
+            session.annotating
+        ):
+            left = len(unannotated(session))
+            with anyio.move_on_after(limit):
+                while len(unannotated(session)) == left and session.annotating:
+                    changed = session.changed
+                    await changed.wait()
+        if not unannotated(session):
+            return
+        if not session.annotating and session.annotation_failure is not None:
+            raise session.annotation_failure
+        raise LLMTimeout(f"{session.id}: {len(unannotated(session))} steps not annotated, "
+                         f"none for {limit}s")
+
     async def _changeset(self, steps: list[StepRecord]) -> Changeset:
         session = self.session
         episode = session.episode
         if episode is None:
-            return Changeset(f"changeset_{uuid.uuid4().hex}", session.repo)
+            return Changeset(f"changeset_{uuid.uuid4().hex}", session.repo,
+                             metadata=session.metadata)
         return await self._extract_steps(episode, steps)
 
     async def _auto_commit_rest(self, started: float) -> bool:

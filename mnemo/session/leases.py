@@ -6,7 +6,8 @@ an extraction claims the session with a compare-and-set on its version, so that 
 holds it. A janitor in every Memory looks for extractions nobody holds any more (a lease that
 ended, a holder not seen for a lease, one that closed, or, on this host, one whose process is
 gone) and takes one over by the same compare-and-set, if its model for the repo is the one
-the work started with. It also calls back, as failed, the operations this Memory stored that
+the work started with; so is the annotation of stored steps whose claim such a holder left.
+It also calls back, as failed, the operations this Memory stored that
 such a holder took and left without a result. It looks when the Memory opens, when a repo is
 opened, and twice a lease; a Memory closing retires, and its leases end at once.
 """
@@ -28,7 +29,13 @@ from mnemo.ports import model_name
 from mnemo.session import stored
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo
-from mnemo.session.records import CommitSteps, Extract, SessionRecord, finished_steps
+from mnemo.session.records import (
+    Annotate,
+    CommitSteps,
+    Extract,
+    SessionRecord,
+    finished_steps,
+)
 from mnemo.session.registry import Sessions
 
 log = logging.getLogger("mnemo")
@@ -91,6 +98,7 @@ class Holding:
                     HolderInfo(self.id, HOST, os.getpid(), now, now)
                 )
                 self._registered.set()
+                self._live.registered = True
 
     def look(self) -> None:
         """Asks the janitor to look for work now (a repo was opened)."""
@@ -167,17 +175,21 @@ class Holding:
                 continue
             if session.state is not State.EXTRACTING or session.scopes:
                 continue  # moved on, or its work already runs here
-            try:
-                here = model_name(session.repo_runtime.llm)
-            except NotFoundError:
-                continue  # a repo this Memory has not opened
-            if session.extraction_model is not None and session.extraction_model != here:
-                log.info("%s: extraction started with %s, not %s: left to a Memory with "
-                         "that model", session.id, session.extraction_model, here)
+            if not _same_model(session):
                 continue
             if await self.claim(session):
                 log.info("%s: taking over its extraction", session.id)
                 live.start(session, Extract())
+        for session_id in await co.unannotated(now - self._lease, gone):
+            try:
+                session = await live.fetch(session_id, fresh=True)
+            except MnemoError:
+                continue
+            if session.state is State.COLLECTING and not session.annotating and (
+                _same_model(session)
+            ):
+                log.info("%s: taking over the annotation of its stored steps", session.id)
+                live.start(session, Annotate())
         try:
             await stored.answer_abandoned(live, now - self._lease, gone)
         except MnemoError as exc:
@@ -208,11 +220,7 @@ class Holding:
             finished_steps(session)
         ):
             return  # no timers and nothing started: nothing to drive, so nothing written
-        try:
-            here = model_name(session.repo_runtime.llm)
-        except NotFoundError:
-            return  # a repo this Memory has not opened
-        if session.extraction_model is not None and session.extraction_model != here:
+        if not _same_model(session):
             return
         if await self.claim(session):
             log.info("%s: taking over its auto-commit timers", session.id)
@@ -221,6 +229,20 @@ class Holding:
             finished = finished_steps(session)
             if finished:
                 self._live.start(session, CommitSteps(finished))
+
+
+def _same_model(session: SessionRecord) -> bool:
+    """Whether this Memory's model for the session's repo is the one its work started with
+    (the API contract: work is taken over only by a matching model)."""
+    try:
+        here = model_name(session.repo_runtime.llm)
+    except NotFoundError:
+        return False  # a repo this Memory has not opened
+    if session.extraction_model is not None and session.extraction_model != here:
+        log.info("%s: its work started with %s, not %s: left to a Memory with that model",
+                 session.id, session.extraction_model, here)
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:

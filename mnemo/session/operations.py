@@ -208,11 +208,7 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         assert op.ticket is not None
         observation, action = op.args
-        _, effect = await transitions.Append(live, session, observation, action, None).run(
-            op.ticket
-        )
-        if effect is not None:
-            live.start(session, effect)
+        await transitions.Append(live, session, observation, action, None).run(op.ticket)
     elif op.kind == "close":
         transitions.refuse_close(session, queued=True)
         await transitions.close(live, session, op)

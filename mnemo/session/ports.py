@@ -8,7 +8,7 @@ it returns; `load_live` brings back every session that had not ended. Implementa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -57,6 +57,7 @@ class LiveSession:
     active_at: datetime | None = None
     # The goal of its last episode, open or not (an idle session's is its last one's).
     goal: str | None = None
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +83,10 @@ class SessionStore(Protocol):
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         """Stores a new session, collecting `episode`, used now, and held by `holder` (its
-        auto-commit timers) until `lease_until`."""
+        auto-commit timers) until `lease_until`, its nodes to carry `metadata`."""
         ...
     async def start_episode(
         self, session_id: str, episode: EpisodeRecord, *, version: int | None = None
@@ -94,12 +96,26 @@ class SessionStore(Protocol):
         session_id: str,
         episode_id: str,
         step: StepRecord,
-        previous: StepRecord | None,
         *,
         version: int | None = None,
+        holder: str | None = None,
     ) -> int:
-        """Stores the step (and the previous one's deferred reward) while the session is
-        still collecting this episode."""
+        """Stores the step (before its annotation) while the session is still collecting
+        this episode; `holder` claims its annotation (`Coordination.claim_steps`)."""
+        ...
+    async def annotate_step(
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        holder: str | None = None,
+    ) -> int | None:
+        """Writes a stored step's annotation and the previous step's reward, once, while the
+        episode is the session's (its state may have moved on: a close waits for it), and
+        drops `holder`'s claim on it; returns the session's new version, None when the step
+        was annotated already or its episode is gone."""
         ...
     async def set_state(
         self,
@@ -284,6 +300,14 @@ class Coordination(Protocol):
     ) -> None:
         """Drops `holder_id`'s claims on the session's `step_ids`: it will not commit them
         after all."""
+        ...
+
+    async def unannotated(
+        self, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        """The collecting sessions with a step of their open episode not annotated yet and
+        not claimed by a live holder (one not retired, seen since `unseen_since`, not in
+        `gone`): work to take over. Reads only."""
         ...
 
     async def queue_op(self, op: StoredOp) -> None:

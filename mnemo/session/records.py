@@ -1,8 +1,8 @@
 """The values the session service works with: a live session's record (`SessionRecord`), the
 `Runtime` it runs with, and what callers read of a session (`SessionContext`, `SessionInfo`).
 
-The effects a move starts are values here too (`Extract`, `CommitSteps`): the machine's moves
-(`transitions`) name them, and the service starts them (`Sessions.start`).
+The effects a move starts are values here too (`Extract`, `CommitSteps`, `Annotate`): the
+machine's moves (`transitions`) name them, and the service starts them (`Sessions.start`).
 
 A `SessionRecord` is the in-memory side of one live session: its machine model, the episode it
 collects, its operation queue and its background work. Busy, for the async queue, means:
@@ -19,9 +19,10 @@ from typing import Any
 
 import anyio
 
+from mnemo.adapters.recorded import UnavailableEmbedder, UnavailableLLM
 from mnemo.config import Config, with_longer_timeouts
 from mnemo.episode.model import EpisodeRecord, StepRecord
-from mnemo.errors import EmbeddingError
+from mnemo.errors import EmbeddingError, LLMError
 from mnemo.extraction.memo import TaskMemo
 from mnemo.graph.model import Changeset, CommitReceipt
 from mnemo.inputs import check_json, check_text
@@ -78,6 +79,20 @@ class Runtime:
                 "dimension"
             )
 
+    def check_usable(self, repo: str) -> None:
+        """`check_dim`, and the error of a recorded model that cannot be built here
+        (`adapters.recorded`): an append refuses it before it stores a step that no model here
+        could annotate.
+
+        Raises:
+            LLMError, EmbeddingError: the LLM or the embedder cannot work here.
+        """
+        self.check_dim(repo)
+        if isinstance(self.llm, UnavailableLLM):
+            raise LLMError(self.llm.problem)
+        if isinstance(self.embedder, UnavailableEmbedder):
+            raise EmbeddingError(self.embedder.problem)
+
 
 @dataclass(frozen=True, slots=True)
 class Extract:
@@ -92,7 +107,14 @@ class CommitSteps:
     steps: list[StepRecord]
 
 
-Effect = Extract | CommitSteps
+@dataclass(frozen=True, slots=True)
+class Annotate:
+    """The effect of a stored step: annotate the open episode's stored steps, in order, in
+    the background (one task a session; started again by the next append or the close when
+    an annotation failed)."""
+
+
+Effect = Extract | CommitSteps | Annotate
 
 
 class Turnstile:
@@ -155,6 +177,8 @@ class SessionRecord:
     config: Config
     episode: EpisodeRecord | None = None
     changeset: Changeset | None = None
+    # The scope its nodes carry (`Node.metadata`).
+    metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
     last_receipt: CommitReceipt | None = None
     failure: BaseException | None = None
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -207,6 +231,11 @@ class SessionRecord:
     # The open episode's validated extraction results, so a retry re-asks only what failed,
     # stored with the episode too.
     memo: TaskMemo | None = None
+    # The stored steps' annotation runs here (`Annotate`); the ids of the steps whose
+    # annotation this Memory claimed in the store; what stopped the last one.
+    annotating: bool = False
+    held: set[str] = field(default_factory=set)
+    annotation_failure: BaseException | None = None
 
     @property
     def state(self) -> State:
@@ -259,11 +288,25 @@ def check_step(
 
 
 def extractable(session: SessionRecord, step: StepRecord) -> bool:
-    return step.committed_in is None and step.id not in session.claimed
+    return step.annotated and step.committed_in is None and step.id not in session.claimed
+
+
+def step_at(session: SessionRecord, episode_id: str, index: int) -> StepRecord | None:
+    """The step `index` of episode `episode_id` as the record holds it now (a read of the
+    store replaces the records), None once the episode is not the session's."""
+    episode = session.episode
+    if episode is None or episode.id != episode_id or index >= len(episode.steps):
+        return None
+    return episode.steps[index]
+
+
+def unannotated(session: SessionRecord) -> list[StepRecord]:
+    episode = session.episode
+    return [s for s in episode.steps if not s.annotated] if episode else []
 
 
 def uncommitted(session: SessionRecord) -> list[StepRecord]:
-    """The open episode's steps that no commit has and no background commit here is
+    """The open episode's annotated steps that no commit has and no background commit here is
     extracting: what a flush or a close extracts."""
     episode = session.episode
     return [s for s in episode.steps if extractable(session, s)] if episode else []
@@ -271,9 +314,10 @@ def uncommitted(session: SessionRecord) -> list[StepRecord]:
 
 def finished_steps(session: SessionRecord) -> list[StepRecord]:
     """The steps a boundary hands to a background commit: the uncommitted ones of every
-    trajectory of the open episode but the last."""
+    trajectory of the open episode but the last annotated one."""
     episode = session.episode
-    if episode is None or not episode.steps:
+    annotated = [s for s in episode.steps if s.annotated] if episode else []
+    if not annotated:
         return []
-    current = episode.steps[-1].trajectory_id
-    return [s for s in episode.steps if s.trajectory_id != current and extractable(session, s)]
+    current = annotated[-1].trajectory_id
+    return [s for s in annotated if s.trajectory_id != current and extractable(session, s)]

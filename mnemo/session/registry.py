@@ -58,6 +58,7 @@ class Sessions:
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
+        self.registered = False  # `register_holder` has recorded this Memory
         # Claims steps for this Memory's extraction in the store (`leases.Holding`): the ids
         # among those asked that it holds now; None where no holder was set up.
         self.claim_steps: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
@@ -160,6 +161,7 @@ class Sessions:
         session.recorded = True
         session.episode = row.episode
         session.changeset = row.changeset
+        session.metadata = dict(row.metadata)
         session.extraction_model = row.model
         session.version = row.version
         # Restored or read, it is not this Memory's to drive: its holder drives its timers

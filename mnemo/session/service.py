@@ -44,6 +44,7 @@ from mnemo.events import Events
 from mnemo.extraction.pipeline import failure_reason
 from mnemo.graph.model import CommitReceipt
 from mnemo.graph.ports import GraphStore, IntentPolicy
+from mnemo.graph.scope import Metadata
 from mnemo.inputs import check_text
 from mnemo.ports import LLM
 from mnemo.session import committing, effects, operations, stored, timers, transitions
@@ -149,7 +150,8 @@ class SessionService:
     # ---- sessions --------------------------------------------------------------------------
 
     async def start_session(
-        self, goal: str, *, repo: str, override: Runtime | None, config: Config
+        self, goal: str, *, repo: str, override: Runtime | None, config: Config,
+        metadata: Metadata | None = None,
     ) -> str:
         check_text(goal, "goal", limit=config.max_text_chars)
         session_id = f"session_{uuid.uuid4().hex}"
@@ -163,9 +165,11 @@ class SessionService:
             await live.register_holder()
             holder, until = live.holder_id, live.lease_until()
         await live.store.create_session(
-            session_id, repo, config, episode, holder=holder, lease_until=until
+            session_id, repo, config, episode, holder=holder, lease_until=until,
+            metadata=metadata,
         )
         session = live.add(session_id, repo, S.COLLECTING, config, override)
+        session.metadata = dict(metadata or {})
         session.episode = episode
         session.driven = holder is not None
         live.touch(session)
@@ -252,15 +256,12 @@ class SessionService:
         session.appends_in_flight += 1
         ticket = session.turnstile.take()
         try:
-            info, effect = await transitions.Append(
+            return await transitions.Append(
                 self._live, session, observation, action, metadata
             ).run(ticket)
         finally:
             session.appends_in_flight -= 1
             session.notify()  # an expiry waits for appends to end (`timers._working`)
-        if effect is not None:
-            self._live.start(session, effect)
-        return info
 
     async def _refuse_unless(self, session: SessionRecord, event: str) -> None:
         """`transitions.refuse_unless`, for the calls that start from the record this Memory

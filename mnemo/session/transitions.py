@@ -6,22 +6,22 @@ persists, fires the trigger, starts what the move asks for (`then`, an `Effect`,
 (`start_episode`, `append`, `close`, `commit`, `discard`) check the table first
 (`refuse_unless`) and move through `move`, except `commit`, which fires under the lock it
 applies the changeset in. A close moves the session to `extracting` (`start_extraction`) and
-asks for its extraction (`Extract`); an append that ends a trajectory in auto-commit returns
-the background commit of the finished ones (`CommitSteps`) for its caller to start. Nothing
-here runs an extraction or an operation queue: those modules sit above this one.
+asks for its extraction (`Extract`); an append stores its step and asks for the annotation of
+what is stored (`Annotate`). Nothing here runs an extraction, an annotation or an operation
+queue: those modules sit above this one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mnemo.episode.annotation import annotate_step
-from mnemo.episode.model import EpisodeRecord, StepInfo, StepRecord
+import anyio
+
+from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepInfo, StepRecord
 from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.graph.model import CommitReceipt
 from mnemo.ports import model_name
@@ -30,11 +30,11 @@ from mnemo.session.machine import REFUSALS, Machines, Refuse, Stale, State, answ
 from mnemo.session.ports import StaleSession
 from mnemo.session.queue import Op
 from mnemo.session.records import (
-    CommitSteps,
+    Annotate,
     Effect,
     Extract,
     SessionRecord,
-    finished_steps,
+    step_at,
 )
 from mnemo.session.registry import Sessions
 
@@ -162,7 +162,7 @@ async def start_episode(
 @dataclass(frozen=True, slots=True)
 class Append:
     """One step on its way into a collecting session: what the caller gave, and the session
-    (with the Memory's sessions) it goes to. `run` stores it."""
+    (with the Memory's sessions) it goes to. `run` stores it, then waits for its annotation."""
 
     live: Sessions
     session: SessionRecord
@@ -170,21 +170,42 @@ class Append:
     action: str
     metadata: dict[str, Any] | None
 
-    async def run(self, ticket: int) -> tuple[StepInfo, CommitSteps | None]:
-        """Stores the step when the turnstile reaches `ticket`, so steps keep their call order.
-        Returns it, with the background commit a trajectory boundary in auto-commit asks for
-        (the caller starts it: `Sessions.start`)."""
+    async def run(self, ticket: int) -> StepInfo:
+        """Stores the step when the turnstile reaches `ticket`, so steps keep their call order,
+        and starts the annotation of what is stored (`Annotate`); returns once the step is
+        annotated, or `append_timeout` after it was stored, unannotated (annotated later)."""
         live, session = self.live, self.session
         await session.turnstile.wait(ticket)
         try:
-            return await self._annotate_and_store()
+            try:
+                step, episode_id = await self._store()
+            finally:
+                session.turnstile.leave(ticket)
+            with anyio.move_on_after(session.runtime.config.append_timeout):
+                while True:
+                    changed = session.changed
+                    now = step_at(session, episode_id, step.index)
+                    if now is None or now.annotated or not session.annotating:
+                        break
+                    await changed.wait()
         finally:
-            session.turnstile.leave(ticket)
-            # An append is activity, whatever came of it: an expiry that waited for it
-            # (`timers._working`) finds the session used, not idle.
+            # An append is activity until it returns, whatever came of it: an expiry that
+            # waited for it (`timers._working`) finds the session used, not idle.
             live.touch(session)
+        info = StepInfo(step.index, None, None, annotated=False)
+        now = step_at(session, episode_id, step.index)
+        if now is not None and now.annotated:
+            before = step_at(session, episode_id, step.index - 1) if step.index else None
+            boundary = before is not None and before.trajectory_id != now.trajectory_id
+            info = StepInfo(step.index, now.trajectory_id, boundary)
+        await live.events.emit(
+            "step_appended", session_id=session.id, repo=session.repo, index=info.index,
+            trajectory_id=info.trajectory_id, boundary_detected=info.boundary_detected,
+            annotated=info.annotated,
+        )
+        return info
 
-    async def _annotate_and_store(self) -> tuple[StepInfo, CommitSteps | None]:
+    async def _store(self) -> tuple[StepRecord, str]:
         live, session = self.live, self.session
         # The store's state, once this append's turn came: a move another Memory made before
         # (a close, say) is answered by the state table as the store holds it
@@ -201,81 +222,41 @@ class Append:
             refuse_unless(session, "append")
             stored = await self._try()
             if stored is not None:
-                break
+                return stored
             # Another Memory moved the session (appended, or closed it): read it again, and
-            # annotate against the episode as it now is, or be refused. Each round one of the
-            # racing appends lands; each try is bounded by the append timeout.
+            # store against the episode as it now is, or be refused.
             async with session.lock:
                 await live.reload(session, conflict=True)
             moved = True
-        step, boundary = stored
-        live.touch(session)
-        info = StepInfo(step.index, step.trajectory_id, boundary)
-        await live.events.emit(
-            "step_appended", session_id=session.id, repo=session.repo, index=step.index,
-            trajectory_id=step.trajectory_id, boundary_detected=boundary,
-        )
-        if boundary and session.config.auto_commit:
-            ready = finished_steps(session)
-            if ready:
-                return info, CommitSteps(ready)
-        return info, None
 
-    async def _try(self) -> tuple[StepRecord, bool] | None:
-        """Annotates and stores the step; None when the session moved in the store meanwhile
-        (nothing written)."""
+    async def _try(self) -> tuple[StepRecord, str] | None:
+        """Stores the step (claimed for its annotation by this Memory) and starts the
+        annotation; None when the session moved in the store meanwhile (nothing written)."""
         live, session = self.live, self.session
-        observation, action, metadata = self.observation, self.action, self.metadata
-        episode = session.episode
-        assert episode is not None, "a collecting session has an episode"
-        runtime = session.runtime
-        runtime.check_dim(session.repo)
-        previous = episode.steps[-1] if episode.steps else None
-        note, boundary = await annotate_step(
-            lambda: live.llm_for(runtime, session.repo, session.id),
-            runtime.embedder,
-            goal=episode.goal,
-            observation=observation,
-            action=action,
-            steps=episode.steps,
-            threshold=runtime.config.trajectory_threshold,
-            time_limit=runtime.config.append_timeout,
-            name=session.id,
-        )
-        trajectory = (
-            f"trajectory_{uuid.uuid4().hex}"
-            if previous is None or boundary
-            else previous.trajectory_id
-        )
-        step = StepRecord(
-            id=f"{episode.id}:{len(episode.steps)}",
-            index=len(episode.steps),
-            trajectory_id=trajectory,
-            observation=observation,
-            action=action,
-            state_summary=note.state_summary,
-            subgoal=note.subgoal,
-            subgoal_vec=note.subgoal_vec,
-            metadata=metadata,
-        )
+        session.runtime.check_usable(session.repo)
+        if live.register_holder is not None and not live.registered:
+            await live.register_holder()  # a claim lasts while its holder is recorded
         async with session.lock:
             refuse_unless(session, "append")
-            if session.episode is not episode or len(episode.steps) != step.index:
-                return None  # read again meanwhile: annotate against what the store holds
-            scored = None
-            if previous is not None:
-                scored = dataclasses.replace(previous, reward=note.previous_reward)
+            episode = session.episode
+            assert episode is not None, "a collecting session has an episode"
+            index = len(episode.steps)
+            step = StepRecord(f"{episode.id}:{index}", index, "", self.observation,
+                              self.action, "", "", NO_VECTOR, metadata=self.metadata)
             try:
-                version = await live.store.add_step(
-                    session.id, episode.id, step, scored, version=session.version
+                session.version = await live.store.add_step(
+                    session.id, episode.id, step, version=session.version,
+                    holder=live.holder_id,
                 )
             except StaleSession:
                 return None
-            session.version = version
-            if previous is not None:
-                previous.reward = note.previous_reward
+            if live.holder_id is not None:
+                session.held.add(step.id)
             episode.steps.append(step)
-        return step, boundary
+            # Started at once, nothing awaited in between: a cancelled append leaves no
+            # stored step whose claim nobody works on.
+            live.start(session, Annotate())
+        return step, episode.id
 
 
 async def start_extraction(

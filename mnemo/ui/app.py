@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
 from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.graph.scope import parse_where
 from mnemo.ui import history as history_pages
 from mnemo.ui.drawing import NARROW, WIDE, neighbourhood, picture
 from mnemo.ui.guard import Access, Gate
@@ -148,8 +149,9 @@ async def graph(request: Request) -> Response:
     params = request.query_params
     repo = await known_repo(view, params)
     shown = node_types([params.get("type", NodeType.SEMANTIC.value)])[0]
-    query = params.get("q", "").strip()
-    found = await view.search_nodes(repo, query, SEARCH_LIMIT) if query else None
+    query, where = params.get("q", "").strip(), params.get("where", "")
+    found = (await view.search_nodes(repo, query, SEARCH_LIMIT, scope_of(where)) if query
+             else None)
     focus = None
     if params.get("focus", "").strip():
         focus = await view.node(repo, params["focus"])
@@ -164,6 +166,7 @@ async def graph(request: Request) -> Response:
         {
             "repo": repo,
             "query": query,
+            "where": where,
             "found": found,
             "shown": shown,
             "types": list(NodeType),
@@ -275,11 +278,12 @@ async def recall(request: Request) -> Response:
         return page(request, "error.html", {"error": refused, "status": 403}, 403)
     params: Params = await form(request) if writing else request.query_params
     repo = await known_repo(view, params)
-    query = params.get("q", "").strip()
+    query, where = params.get("q", "").strip(), params.get("where", "")
     k = whole(params, "k", 10, low=1, high=MAX_K)
     types = node_types(params.getlist("types"))
     result = (
-        await view.recall(repo, query, k, types or None, reinforce=writing) if query else None
+        await view.recall(repo, query, k, types or None, reinforce=writing,
+                          where=scope_of(where)) if query else None
     )
     return page(
         request,
@@ -287,6 +291,7 @@ async def recall(request: Request) -> Response:
         {
             "repo": repo,
             "query": query,
+            "where": where,
             "k": k,
             "types": list(NodeType),
             "chosen": types,
@@ -347,3 +352,9 @@ async def thread_page(request: Request) -> Response:
             "pinned_ids": pinned,
         },
     )
+
+
+def scope_of(text: str) -> dict[str, object] | None:
+    """The `where` of a form's field: "KEY=VALUE" pairs (KEY:=JSON for a number or
+    true/false) separated by commas (`mnemo.graph.scope.parse_where`)."""
+    return parse_where(p for p in text.split(",") if p.strip())

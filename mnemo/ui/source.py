@@ -10,7 +10,7 @@ the source was made with `writes=True`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -41,7 +41,9 @@ class MemoryView(Protocol):
 
     async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]: ...
 
-    async def search_nodes(self, repo: str, query: str, limit: int) -> list[Node]: ...
+    async def search_nodes(
+        self, repo: str, query: str, limit: int, where: Mapping[str, object] | None = None
+    ) -> list[Node]: ...
 
     async def node(self, repo: str, node_id: str) -> Node | None: ...
 
@@ -67,6 +69,7 @@ class MemoryView(Protocol):
         types: Sequence[NodeType] | None,
         *,
         reinforce: bool = False,
+        where: Mapping[str, object] | None = None,
     ) -> RecallResult: ...
 
     async def history(self, repo: str, limit: int) -> list[CommitRecord]: ...
@@ -97,8 +100,10 @@ class MemorySource:
     async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]:
         return await self._memory.get_nodes_by_type(repo, [node_type])
 
-    async def search_nodes(self, repo: str, query: str, limit: int) -> list[Node]:
-        return await self._memory.search_nodes(repo, query, limit=limit)
+    async def search_nodes(
+        self, repo: str, query: str, limit: int, where: Mapping[str, object] | None = None
+    ) -> list[Node]:
+        return await self._memory.search_nodes(repo, query, limit=limit, where=where)
 
     async def node(self, repo: str, node_id: str) -> Node | None:
         return await self._memory.get_node(repo, node_id)
@@ -136,9 +141,10 @@ class MemorySource:
         types: Sequence[NodeType] | None,
         *,
         reinforce: bool = False,
+        where: Mapping[str, object] | None = None,
     ) -> RecallResult:
         return await self._memory.recall(
-            repo, query, k=k, types=types, reinforce=reinforce and self._writes
+            repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where
         )
 
     async def history(self, repo: str, limit: int) -> list[CommitRecord]:

@@ -547,6 +547,8 @@ def first_word(text: str) -> str:
 def task_data(task: str | None, inputs: dict[str, Any]) -> Any:
     """A valid answer to one of mnemo's tasks (None for an unknown or free-text task)."""
     steps = [s for s in inputs.get("steps", []) if isinstance(s, dict)]
+    if task == "state":
+        return {"state": f"The agent is at: {inputs.get('observation', 'somewhere')}"}
     if task == "subgoal":
         return {"reasoning": "same topic", "subgoal": first_word(inputs.get("observation", ""))}
     if task == "reward":

@@ -294,9 +294,80 @@ def test_tasks_started_inside_a_deadline_share_it() -> None:
 
 
 def test_a_stored_profile_reads_back_and_an_unreadable_one_is_empty() -> None:
-    """A server profile as the store keeps it (JSON text) reads back the same; text that is
-    no profile reads as an empty one (the server is learned again)."""
-    profile = ServerProfile(LimitState(6, slow_start=True), structured="tool")
+    """A server profile as the store keeps it (JSON text) reads back the same, its speed
+    too; text that is no profile reads as an empty one (the server is learned again)."""
+    profile = ServerProfile(LimitState(6, slow_start=True, unit_seconds=0.02), structured="tool")
     assert ServerProfile.decode(profile.encode()) == profile
     assert ServerProfile.decode('{"concurrency": {"limit": 0}}') == ServerProfile()
     assert ServerProfile.decode("not json") == ServerProfile()
+
+
+class Manual:
+    """A clock moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def one_reply(limit: Limit, clock: Manual, seconds: float, *, out: int = 0, prompt: int = 0,
+              max_tokens: int | None = None, timeout: float | None = None) -> None:
+    """One request through `limit` taking `seconds`: a reply of `out` tokens, or (with a
+    `timeout`) a timeout."""
+    ticket = limit.begin("state", timeout)
+    ticket.max_tokens, ticket.prompt_tokens = max_tokens, prompt
+    clock.now += seconds
+    if timeout is not None:
+        ticket.overloaded(timed_out=True)
+    else:
+        ticket.answered(prompt, out)
+    limit.end(ticket)
+
+
+def test_a_limit_learns_the_servers_speed_and_the_time_a_request_needs() -> None:
+    """Unmeasured, a request's time is unknown; a reply of 92 tokens in 1 s (100 units of
+    work with its overhead) makes a unit 10 ms and a request of 192 tokens 3 x 2 s; a slower
+    reply is taken at once, a faster one a quarter of the way."""
+    clock = Manual()
+    limit = Limit(8, clock=clock)
+    assert limit.request_time(192) is None
+    one_reply(limit, clock, 1.0, out=92)
+    assert limit.unit_seconds == pytest.approx(0.01)
+    assert limit.request_time(192) == pytest.approx(6.0)
+    assert limit.request_time(192, prompt_tokens=1000) == pytest.approx(9.0)
+    one_reply(limit, clock, 4.0, out=92)
+    assert limit.unit_seconds == pytest.approx(0.04)
+    one_reply(limit, clock, 1.0, out=92)
+    assert limit.unit_seconds == pytest.approx(0.0325)
+
+
+def test_a_timeout_makes_the_next_request_of_its_size_get_longer() -> None:
+    """A request that timed out after 6 s needed more than 6 s for its 192 tokens: the speed
+    becomes at least that slow and twice what it was; the next such request gets 3 x 6 s."""
+    clock = Manual()
+    limit = Limit(8, clock=clock)
+    one_reply(limit, clock, 1.0, out=92)
+    one_reply(limit, clock, 6.0, max_tokens=192, timeout=6.0)
+    assert limit.unit_seconds == pytest.approx(0.03)
+    assert limit.request_time(192) == pytest.approx(18.0)
+    one_reply(limit, clock, 6.0, max_tokens=192, timeout=18.0)
+    assert limit.unit_seconds == pytest.approx(0.09)
+
+
+def test_a_limits_speed_is_kept_and_restored() -> None:
+    """The measured speed is part of what a limit learned (`state`), restored into a limit
+    that has measured none yet, a pinned one too; a measure of its own is kept."""
+    clock = Manual()
+    measured = Limit(8, clock=clock)
+    one_reply(measured, clock, 1.0, out=92)
+    state = measured.state()
+    assert state.unit_seconds == pytest.approx(0.01)
+    fresh, pinned = Limit(8), Limit(8, pinned=1)
+    fresh.restore(state)
+    pinned.restore(state)
+    assert fresh.unit_seconds == pinned.unit_seconds == pytest.approx(0.01)
+    assert pinned.current == 1
+    measured.restore(LimitState(2, unit_seconds=5.0))
+    assert measured.unit_seconds == pytest.approx(0.01)

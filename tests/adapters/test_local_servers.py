@@ -1,16 +1,19 @@
 """`OpenAICompatible` against recorded replies of the local servers people run: llama.cpp
-(llama-cpp-python's server and an older llama-server), Ollama and vLLM."""
+(llama-cpp-python's server and an older llama-server), Ollama and vLLM; and what a small model
+on a local server needs: a bounded state summary, a sampled temperature."""
 
 from __future__ import annotations
 
+import json
 import logging
 
+import httpx
 import pytest
 
 from mnemo.adapters.openai import OpenAICompatible
-from mnemo.episode.prompts import parse_reward, reward_request, state_request
+from mnemo.episode.prompts import parse_reward, parse_state, reward_request, state_request
 from mnemo.ports import LLMRequest
-from tests.adapters.provider_server import VirtualClock
+from tests.adapters.provider_server import LONGEST, Answer, ProviderServer, VirtualClock
 from tests.adapters.replay_server import ReplayServer
 
 
@@ -18,11 +21,6 @@ def reward() -> LLMRequest:
     return reward_request(goal="serve the site", subgoal="configure nginx",
                           observation="nginx listens on 8080", action="curl localhost:8080",
                           next_observation="200 OK")
-
-
-def state() -> LLMRequest:
-    return state_request(goal="serve the site", observation="nginx listens on 8080",
-                         action="curl localhost:8080", previous_state=None)
 
 
 @pytest.mark.parametrize(
@@ -58,22 +56,45 @@ async def test_each_server_gets_a_mode_that_works(
     assert not [r for r in caplog.records if "retry" in r.getMessage()]
 
 
-async def test_llama_cpp_python_state_summary_is_capped(caplog: pytest.LogCaptureFixture) -> None:
-    """A looping state summary stops at the task's 256 tokens, and the log says it was cut."""
-    with ReplayServer("llama_cpp_python") as server, caplog.at_level(logging.WARNING):
-        async with OpenAICompatible("m", base_url=server.url, clock=VirtualClock()) as llm:
-            response = await llm.generate(state())
-    assert response.text.startswith("The agent is serving the site.")
-    [(mode, body)] = server.requests
-    assert (mode, body["max_tokens"]) == ("text", 256)
-    assert any("'state' was cut short at max_tokens=256" in r.getMessage()
-               for r in caplog.records)
+async def test_a_state_summary_that_runs_on_ends_at_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A small model that repeats itself writes the state summary to the length its schema
+    allows, where a server's grammar ends it: the reply is whole, under the request's
+    max_tokens, read, and nothing is cut or asked again (as free text it ran to its cap)."""
+    request = state_request(goal="serve the site", observation="nginx listens on 8080",
+                            action="curl localhost:8080", previous_state=None)
+    with ProviderServer(tokens_per_second=100_000.0) as server, caplog.at_level(logging.WARNING):
+        server.answer_task("state", Answer(data=LONGEST))
+        async with OpenAICompatible("m", base_url=server.openai_url) as llm:
+            reply = await llm.generate(request)
+    [sent] = server.requests
+    assert sent.mode == "json_schema"
+    assert reply.usage is not None
+    assert request.max_tokens is not None
+    assert reply.usage.output_tokens < request.max_tokens <= 160
+    assert parse_state(reply).startswith("and the model keeps writing")
+    assert not [r for r in caplog.records if "cut short" in r.getMessage()]
 
 
-async def test_ollama_state_summary_is_not_flagged(caplog: pytest.LogCaptureFixture) -> None:
-    """A summary that ended on its own is returned with no warning."""
-    with ReplayServer("ollama") as server, caplog.at_level(logging.WARNING):
-        async with OpenAICompatible("m", base_url=server.url, clock=VirtualClock()) as llm:
-            response = await llm.generate(state())
-    assert "nginx listens on port 8080" in response.text
-    assert not caplog.records
+@pytest.mark.parametrize(("base_url", "sent"), [
+    ("http://127.0.0.1:8080/v1", 0.2), ("http://localhost:11434/v1", 0.2),
+    ("https://llm.example.com/v1", 0.0),
+])
+async def test_a_local_server_samples_at_the_temperature_small_models_need(
+    base_url: str, sent: float
+) -> None:
+    """By default a server on this machine is asked for temperature 0.2 (a 135M model at 0
+    repeats itself to its cap), any other for 0; one given explicitly is sent as given."""
+    bodies: list[dict[str, object]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"message": {"content": "{}"}}]})
+
+    transport = httpx.MockTransport(answer)
+    for temperature in ("default", 0.7):
+        async with OpenAICompatible("m", base_url=base_url, api_key="k", transport=transport,
+                                    temperature=temperature) as llm:
+            await llm.generate(reward())
+    assert [body["temperature"] for body in bodies] == [sent, 0.7]

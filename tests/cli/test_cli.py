@@ -194,6 +194,20 @@ def test_ingest_rejects_bad_input(tmp_path: Path) -> None:
     assert not db.exists()
 
 
+def test_ingest_of_a_file_no_parser_can_read_is_one_line(tmp_path: Path) -> None:
+    """JSON nested 100,000 deep and an integer of 5,000 digits are each one `error:` line,
+    not a traceback (RecursionError, an integer out of range), and store nothing."""
+    db = tmp_path / "never.db"
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    assert_clear_error(invoke("ingest", str(deep), "--repo", "r", "--db", str(db)), "deep.json")
+    huge = tmp_path / "huge.json"
+    step = '{"observation": "o", "action": "a", "metadata": {"n": ' + "9" * 5_000 + "}}"
+    huge.write_text('{"sessions": [{"goal": "g", "steps": [' + step + "]}]}")
+    assert_clear_error(invoke("ingest", str(huge), "--repo", "r", "--db", str(db)), "huge.json")
+    assert not db.exists()
+
+
 def test_ingest_checks_every_source_before_storing_any(tmp_path: Path) -> None:
     """A file whose second session has more steps than Config.max_steps_per_ingest (100) is
     a clear error naming that source and the bound, and the first session is not stored
@@ -342,6 +356,12 @@ def test_graph_exports_json_and_graphml(filled: str, tmp_path: Path) -> None:
         invoke("graph", REPO, "--out", str(tmp_path / "graph.txt"), "--db", str(filled)),
         "--export",
     )
+
+
+def test_graph_export_into_a_missing_folder_is_one_line(filled: str) -> None:
+    """--out in a folder that does not exist names the path in one line."""
+    assert_clear_error(invoke("graph", REPO, "--export", "json", "--out",
+                              "/nonexistent/x.json", "--db", str(filled)), "/nonexistent/x.json")
 
 
 # ---- search and purge -----------------------------------------------------------------------

@@ -192,3 +192,43 @@ def test_show_and_diff_take_no_extraction_over(
     ok("diff", commit["id"], "--repo", REPO, "--store", store)
     assert asked == []
     assert anyio.run(_sessions, store) == before
+
+
+def test_history_diff_and_show_say_what_was_reverted(store: str) -> None:
+    """A fact said by two ingests is one node: show lists the second commit as joining it.
+    Once the first is reverted, history lists the revert (what it reverts) and the first
+    marked reverted; diff of either says so; show keeps the node, its adding commit marked
+    reverted."""
+    trajectory = mnemo.Trajectory("Tune postgres", [mnemo.Step(
+        "Postgres refuses connections above 100 clients.", "Put pgbouncer in front.")])
+
+    async def fill() -> None:
+        async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
+            await mem.open_repo(REPO)
+            for source in ("doc-1", "doc-2"):
+                await mem.ingest(REPO, trajectory, source_id=source)
+
+    anyio.run(fill)
+    second, first = ok_json("history", REPO, "--store", store)
+    added = ok_json("diff", first["id"], "--store", store)["added"]
+    knowledge = [n for n in added if n["type"] in ("semantic", "procedural")]
+    assert (second["joined"], first["reverted_by"]) == (len(knowledge), None)
+    fact = next(n for n in knowledge if n["type"] == "semantic")
+    shown = ok_json("show", fact["id"], "--store", store)["history"]
+    assert [(h["id"], h["changes"]) for h in shown] == [
+        (first["id"], ["added"]), (second["id"], ["joined"])]
+
+    ok("revert", REPO, first["id"], "--yes", "--store", store)
+    revert, joined, reverted = ok_json("history", REPO, "--store", store)
+    assert (revert["reverts"], reverted["reverted_by"]) == (first["id"], revert["id"])
+    assert joined["reverted_by"] is None
+    short = first["id"].removeprefix("changeset_")[:8]
+    assert _column(ok("history", REPO, "--store", store), 3) == [
+        f"revert of {short}", "source doc-2: Tune postgres",
+        "source doc-1 (reverted)"]  # its goal, its source node's text, went with it
+    assert re.search(rf"reverted +by {revert['id']}", ok("diff", first["id"], "--store", store))
+    assert re.search(rf"reverts +{first['id']}", ok("diff", revert["id"], "--store", store))
+    assert ok_json("diff", first["id"], "--store", store)["commit"]["reverted_by"] == revert["id"]
+    text = ok("show", fact["id"], "--store", store)
+    assert "(reverted)" in text
+    assert "joined" in text

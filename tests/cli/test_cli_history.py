@@ -28,8 +28,8 @@ def ok_json(*args: str) -> Any:
 
 def test_history_lists_and_revert_undoes(store: str) -> None:
     """history lists an ingest's commit with its source and counts; revert asks first (a no,
-    or --json without --yes, keeps the commit), then removes its nodes and the commit;
-    reverting it again is a clear error."""
+    or --json without --yes, keeps the commit), then removes its nodes, and history then lists
+    the revert and the commit marked reverted; reverting it again is a clear error."""
 
     async def fill() -> list[str]:
         async with mnemo.Memory(store, embedder=mnemo.HashEmbedder()) as mem:
@@ -63,12 +63,16 @@ def test_history_lists_and_revert_undoes(store: str) -> None:
 
     undone = ok_json("revert", REPO, short, "--yes", "--store", store)
     assert sorted(undone["node_ids"]) == sorted(node_ids)
-    assert ok_json("history", REPO, "--store", store) == []
+    revert, reverted = ok_json("history", REPO, "--store", store)
+    assert (revert["reverts"], revert["nodes"]) == (commit["id"], 0)
+    assert (reverted["id"], reverted["reverted_by"]) == (commit["id"], revert["id"])
+    assert undone["reverted_by"] == revert["id"]
+    assert "(reverted)" in invoke("history", REPO, "--store", store).stdout
     assert ok_json("graph", REPO, "--store", store)["nodes"]["source"] == 0
 
     again = invoke("revert", REPO, commit["id"], "--store", store)
     assert again.exit_code == 2
-    assert "no commit" in again.output
+    assert "was reverted by" in again.output
     assert invoke("history", "nope", "--store", store).exit_code == 2
 
 

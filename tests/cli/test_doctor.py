@@ -111,3 +111,22 @@ def test_an_embedder_answering_one_vector_per_token_is_explained() -> None:
     assert not checks["embedder"]["ok"]
     assert "one per token" in checks["embedder"]["detail"]
     assert "--pooling mean" in checks["embedder"]["detail"]
+
+
+def test_the_servers_speed_and_each_tasks_time_are_reported() -> None:
+    """The probe's calls measure the server's speed (tokens a second, a reply's tokens with a
+    tenth of its prompt's and its overhead), and each task is reported with the seconds one
+    of its requests then gets: at least the first guess of 60 s, and no less for a task of
+    more max_tokens; the table says both."""
+    with ProviderServer(tokens_per_second=40.0, latency=0.05) as server:
+        _, report = doctor(server)
+        table = invoke("doctor", "--llm", f"openai-compatible:m@{server.openai_url}")
+    measured = report["server"]
+    assert measured["tokens_per_second"] > 0
+    times = {t["task"]: t["timeout_seconds"] for t in measured["tasks"]}
+    assert list(times) == TASKS
+    assert all(seconds >= 60.0 for seconds in times.values())
+    assert times["semantic"] >= times["reward"]
+    shown = " ".join(table.stdout.replace("│", " ").split())  # cells wrap across lines
+    assert "tokens a second" in shown
+    assert "a request gets" in shown

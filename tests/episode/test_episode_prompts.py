@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mnemo.calls.reply import most_tokens
 from mnemo.calls.tasks import task_inputs
 from mnemo.episode.prompts import (
     REWARD_SCHEMA,
@@ -28,10 +29,13 @@ JSON = st.recursive(
 
 
 def test_state_request_carries_inputs() -> None:
-    """The state request is task "state", free text, and round-trips its inputs."""
+    """The state request is task "state", its reply one string of at most 400 characters
+    (the `max_tokens` that holds it), and round-trips its inputs."""
     request = state_request(goal="g", observation="o", action="a", previous_state=None)
     assert request.task == "state"
-    assert request.schema is None
+    assert request.schema is not None
+    assert js(request.schema)["properties"]["state"]["maxLength"] == 400
+    assert request.max_tokens == most_tokens(request.schema)
     assert task_inputs(request) == {
         "goal": "g",
         "observation": "o",
@@ -80,11 +84,20 @@ def test_reward_request_carries_inputs() -> None:
         LLMResponse(text="  The server is up.  "),
         LLMResponse(data="The server is up."),
         LLMResponse(data={"state": " The server is up."}),
+        LLMResponse(text='{"state": "The server is up."}'),
     ],
 )
 def test_parse_state_accepts_text_or_data(response: LLMResponse) -> None:
-    """The state is read from text, a data string, or data["state"], stripped."""
+    """The state is read from text, a data string, or data["state"] (also as JSON in text),
+    stripped."""
     assert parse_state(response) == "The server is up."
+
+
+def test_a_state_paragraph_holding_a_json_object_is_the_paragraph() -> None:
+    """A paragraph in text that quotes a JSON object (a step's payload) is the summary: the
+    object is not taken for the reply."""
+    text = 'The webhook got `{"text": "CI failed"}` and answered HTTP 400.'
+    assert parse_state(LLMResponse(text=text)) == text
 
 
 @pytest.mark.parametrize(

@@ -296,7 +296,8 @@ async def test_intent_merge_uses_the_llm_and_keeps_links(
     llm: FakeLLM, events: EventLog, store: str
 ) -> None:
     """An intent between the merge and identity thresholds is merged through the LLM into the
-    existing node, which then links both procedures."""
+    existing node; the one procedure both sessions hold ("go") is linked to it, from both
+    sessions' steps."""
 
     class TiltedEmbedder:
         """Intents "do walk" and "do run" at cosine 0.9; everything else orthogonal."""
@@ -318,6 +319,7 @@ async def test_intent_merge_uses_the_llm_and_keeps_links(
         assert [i.text for i in intents] == ["do walk"]
         merges = [task_inputs(r) for r in llm.calls if r.task == "merge_intent"]
         assert merges == [{"existing": "do walk", "new": "do run"}]
-        procedures = await mem.get_linked_nodes(REPO, [intents[0].id], L.HIERARCHICAL)
-        assert sorted(p.text for p in procedures) == ["go", "go"]
-        assert len(procedures) == 2
+        (procedure,) = await mem.get_linked_nodes(REPO, [intents[0].id], L.HIERARCHICAL)
+        assert procedure.text == "go"
+        steps = await mem.get_linked_nodes(REPO, [procedure.id], L.PROVENANCE)
+        assert sorted(str(s.data["observation"]) for s in steps) == ["run east", "walk north"]

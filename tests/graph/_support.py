@@ -117,3 +117,9 @@ def searches_of(index: VectorIndex, monkeypatch: pytest.MonkeyPatch) -> list[int
 
     monkeypatch.setattr(index, "search_rows", recorded)
     return calls
+
+
+async def embed(texts: Sequence[str]) -> Vector:
+    """The graph tests' `mnemo.graph.erasure.Embed`: a text's vector is the axis its length
+    picks."""
+    return np.stack([axis(len(text) % DIM) for text in texts])

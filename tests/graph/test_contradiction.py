@@ -4,6 +4,7 @@ that retires, and its revert; on each backend."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -17,7 +18,7 @@ from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.backends import open_stores
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
-from tests.graph._support import DIM, axis, draft, judged, policy
+from tests.graph._support import DIM, axis, draft, embed, judged, policy
 
 SUPERSEDES = LinkType.SUPERSEDES
 
@@ -123,8 +124,8 @@ async def test_a_contradicted_fact_is_retired_and_revert_brings_it_back(store: s
         assert diff.retired[0].retired
 
         with pytest.raises(mnemo.ConflictError):
-            await history.revert(graph, REPO, "a-cs")
-        await history.revert(graph, REPO, "b-cs")
+            await history.revert(graph, REPO, "a-cs", embed=embed)
+        await history.revert(graph, REPO, "b-cs", embed=embed)
         assert await fact_times(graph, "a-fact") == (march, None, None)
         assert await graph.links(REPO) == []
 
@@ -141,6 +142,22 @@ async def test_a_fact_of_an_earlier_time_is_the_one_retired(store: str) -> None:
         assert (await fact_times(graph, "a-fact"))[2] is not None
         assert (await fact_times(graph, "b-fact"))[1:] == (None, None)
         assert Link("b-fact", "a-fact", SUPERSEDES) in await graph.links(REPO)
+
+
+async def test_a_fact_retires_only_facts_of_its_own_scope(store: str) -> None:
+    """Bob's "Dana lives in Porto" leaves Alice's "Dana lives in Lisbon" live; Alice's own
+    later fact retires it."""
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        for prefix, text, user in (("a", "Dana lives in Lisbon", "alice"),
+                                   ("b", "Dana lives in Porto", "bob")):
+            await graph.apply(replace(fact(prefix, text), metadata={"user_id": user}),
+                              intents=judging())
+        assert (await fact_times(graph, "a-fact"))[1:] == (None, None)
+        await graph.apply(replace(fact("c", "Dana lives in Porto"),
+                                  metadata={"user_id": "alice"}), intents=judging())
+        assert (await fact_times(graph, "a-fact"))[2] is not None
+        assert (await fact_times(graph, "b-fact"))[1:] == (None, None)
 
 
 async def test_without_a_judge_nothing_is_retired(store: str) -> None:
@@ -284,5 +301,5 @@ async def test_a_later_step_retires_what_an_earlier_one_of_its_changeset_said(
                 Link("a-3-0", "a-2-0", SUPERSEDES)} <= links
         assert sorted((await history.history(graph, REPO, 1))[0].retired) == [
             "a-0-0", "a-1-0", "a-2-0"]
-        await history.revert(graph, REPO, "a-cs")
+        await history.revert(graph, REPO, "a-cs", embed=embed)
         assert await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC]) == []

@@ -74,3 +74,30 @@ async def test_only_a_live_fact_is_corrected(store: str) -> None:
         with pytest.raises(mnemo.InvalidInputError, match="blank"):
             await mem.correct(REPO, old.id, "  ")
         assert len(await mem.history(REPO, limit=100)) == commits
+
+
+async def test_a_correction_to_what_a_live_fact_says_joins_it_and_retires_the_old(
+    store: str,
+) -> None:
+    """Corrected to the wording of another live fact, the fact is retired and superseded by
+    that one, whose id the receipt names (no second node of that wording); reverting the
+    correction makes the old fact live again and leaves the other as it was."""
+    async with mnemo.Memory(store, embedder=HashEmbedder()) as mem:
+        old = await a_fact(mem)
+        other = mnemo.Trajectory("Cache", [mnemo.Step("The cache TTL is ten minutes.", "ok")])
+        await mem.ingest(REPO, other, source_id="cache")
+        facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+        said = next(f for f in facts if "TTL" in f.text)
+        receipt = await mem.correct(REPO, old.id, said.text)
+        assert receipt.node_ids == [said.id]
+        retired = await mem.get_node(REPO, old.id)
+        assert retired is not None
+        assert retired.retired
+        assert Link(said.id, old.id, LinkType.SUPERSEDES) in await mem.links(REPO)
+        texts = [f.text for f in await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])]
+        assert texts.count(said.text) == 1
+        await mem.revert(REPO, receipt.changeset_id)
+        back = await mem.get_node(REPO, old.id)
+        assert back is not None
+        assert not back.retired
+        assert await mem.get_node(REPO, said.id) == said

@@ -388,7 +388,8 @@ class IndexRules(RuleBasedStateMachine):
     def add(self, words: list[str]) -> None:
         self.count += 1
         node_id = f"n{self.count}"
-        self.texts[node_id] = " ".join(words)
+        # The id among its words: two commits of one fact would be one node.
+        self.texts[node_id] = " ".join([*words, node_id])
         assert self.backend is not None
         self.portal.call(add, self.backend, f"c{self.count}", {node_id: self.texts[node_id]})
 
@@ -417,10 +418,10 @@ class IndexRules(RuleBasedStateMachine):
     @rule(data=st.data(), word=st.sampled_from(WORDS))
     def rename(self, data: st.DataObject, word: str) -> None:
         node_id = data.draw(st.sampled_from(sorted(self.texts)))
-        self.texts[node_id] = word
+        self.texts[node_id] = f"{word} {node_id}"
         assert self.backend is not None
-        self.portal.call(sql, self.backend, "UPDATE nodes SET text = ? WHERE id = ?", word,
-                         node_id)
+        self.portal.call(sql, self.backend, "UPDATE nodes SET text = ? WHERE id = ?",
+                         self.texts[node_id], node_id)
 
     @rule(indexed=st.booleans())
     def reopen_store(self, indexed: bool) -> None:

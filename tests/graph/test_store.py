@@ -738,13 +738,10 @@ async def test_a_merge_the_graph_needs_after_the_lock_is_decided_outside_it(
             await anyio.wait_all_tasks_blocked()
             assert merger.calls == []
             # Another commit lands meanwhile, holding the lock as every commit does.
-            await commit._apply_locked(
-                cast(commit.CommitTarget, graph),
-                procedure_with_intent("a", "restart the web server", axis(0)),
-                Merger().one,
-                policy(),
-                (),
-            )
+            target = cast(commit.CommitTarget, graph)
+            landed = procedure_with_intent("a", "restart the web server", axis(0))
+            await commit._apply_locked(target, landed, Merger().one, policy(), (),
+                                       await commit._before(target, landed, policy()))
     assert merger.calls == [("restart the web server", "reload nginx config")]
     texts = sorted(n.text for n in await graph.get_nodes_by_type(REPO, [NodeType.INTENT]))
     assert texts == ["reload or restart nginx"]

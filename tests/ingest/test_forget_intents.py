@@ -187,7 +187,7 @@ async def test_forget_embeds_outside_the_repo_lock(store: str) -> None:
 
         async def commit_meanwhile() -> None:
             embedder.hold = None
-            steps = [mnemo.Step(TECHNICIAN, "note that 0")]
+            steps = [mnemo.Step(TECHNICIAN, "write it down")]
             await b.ingest(REPO, mnemo.Trajectory("fix it again", steps), source_id="c")
 
         embedder.hold = commit_meanwhile

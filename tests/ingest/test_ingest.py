@@ -8,10 +8,12 @@ import anyio
 import pytest
 
 import mnemo
+from tests.backends import sql
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM, js
 
 N = mnemo.NodeType
+L = mnemo.LinkType
 
 
 def trajectory(*observations: str, goal: str = "explore") -> mnemo.Trajectory:
@@ -241,20 +243,27 @@ async def test_one_source_ingested_through_two_memories_at_once(
         assert sorted(n.id for n in stored) == sorted(first.node_ids)
 
 
-async def test_forget_after_consolidate_keeps_what_another_source_said(
+async def test_a_fact_two_sources_state_is_one_node_that_outlives_either(
     mem: mnemo.Memory,
 ) -> None:
-    """Two sources state the same fact; consolidate leaves one fact per source (merging them
-    would make one source's fact the other's), so forgetting one keeps the other's: it was
-    removed with the source its duplicate had been merged into."""
+    """Two sources state the same fact, each in its own case: one node, both sources' steps
+    its evidence (consolidate has nothing to merge). Forgetting the first leaves it in the
+    second's wording, source and evidence only; forgetting the second removes it."""
     first = await mem.ingest(REPO, trajectory("the kettle is in the kitchen"), source_id="a")
-    second = await mem.ingest(REPO, trajectory("the kettle is in the kitchen"), source_id="b")
-    facts = {n.id for n in await mem.get_nodes_by_type(REPO, [N.SEMANTIC])}
-    assert facts & set(first.node_ids)
-    assert facts & set(second.node_ids)
+    second = await mem.ingest(REPO, trajectory("The kettle is in the kitchen"), source_id="b")
+    [fact] = await mem.get_nodes_by_type(REPO, [N.SEMANTIC])
+    assert fact.id in first.node_ids
+    assert fact.id not in second.node_ids
+    steps = {n.id for n in await mem.get_linked_nodes(REPO, [fact.id], L.PROVENANCE)}
+    assert steps == {i for i in (*first.node_ids, *second.node_ids) if i.startswith("episodic")}
     assert (await mem.consolidate(REPO)).merged == 0
     await mem.forget(REPO, "a")
-    kept = {n.id for n in await mem.get_nodes_by_type(REPO, [N.SEMANTIC])}
-    assert kept == facts & set(second.node_ids)
+    [kept] = await mem.get_nodes_by_type(REPO, [N.SEMANTIC])
+    assert (kept.id, kept.text) == (fact.id, "fact: The kettle is in the kitchen")
+    assert {n.id for n in await mem.get_linked_nodes(REPO, [fact.id], L.PROVENANCE)} == {
+        i for i in second.node_ids if i.startswith("episodic")}
+    assert await sql(mem, "SELECT source_id FROM nodes WHERE id = ?", fact.id) == [("b",)]
     hits = await mem.recall(REPO, "the kettle is in the kitchen", types=[N.SEMANTIC])
-    assert {m.node.id for m in hits.memories} == kept
+    assert {m.node.id for m in hits.memories} == {fact.id}
+    await mem.forget(REPO, "b")
+    assert await mem.get_nodes_by_type(REPO, [N.SEMANTIC, N.PROCEDURAL]) == []

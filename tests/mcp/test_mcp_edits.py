@@ -141,9 +141,9 @@ async def test_unknown_arguments_are_named(mem: mnemo.Memory, tmp_path: Path) ->
     parsed into one."""
     async with Client(build_server(MemoryTools(mem, tmp_path))) as client:
         text = await error_of(client, "recall", {"repo": REPO, "query": "x", "limit": 5,
-                                                 "where": {"user": "a"}})
-        assert text == ("unknown arguments for recall: 'limit', 'where' "
-                        "(it takes repo, query, k)")
+                                                 "filter": {"user": "a"}})
+        assert text == ("unknown arguments for recall: 'limit', 'filter' "
+                        "(it takes repo, query, k, where)")
         history = json.dumps([{"role": "user", "content": "hello"}])
         text = await error_of(client, "save_messages", {"thread_id": "t", "messages": history})
         assert text.startswith("invalid arguments for save_messages: messages: ")

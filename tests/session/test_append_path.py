@@ -6,10 +6,10 @@ source files under mnemo/ of the Python functions called (`sys.setprofile` "call
 the event loop's thread while one `Memory.append` runs (a frame counts when `Memory.append`'s
 frame is on its stack: other tasks of the Memory running meanwhile are left out), from the
 call until the session store's `add_step` returns, that is once the SQLite transaction that
-holds the step has committed. Left out: what the step's annotation runs, the call into
-`mnemo.episode.annotation.annotate_step` and everything under it (the model asked through
-its adapter, the embedder, the trajectory boundary), and the statements SQLite runs in its
-worker thread (functions defined in the storage files counted on the loop's side). The
+holds the step has committed (the step is stored before it is annotated, so its annotation
+comes after). Left out: the call into `mnemo.episode.annotation.annotate_step` and everything
+under it, should it run on the way, and the statements SQLite runs in its worker thread
+(functions defined in the storage files counted on the loop's side). The
 append is a second one (the first has the session's record and the store warmed up), on an
 offline model and a hashing embedder, to a SQLite file.
 """

@@ -293,6 +293,32 @@ async def test_a_session_whose_close_outlasts_its_timeout_expires_once_committed
         assert await episodic_indices(mem) == [0]
 
 
+async def test_an_append_is_activity_until_it_returns_from_its_annotation(
+    llm: FakeLLM, events: EventLog, store: str
+) -> None:
+    """session_timeout passes while an append waits for its step's annotation (the step
+    stored): the expiry waits for the append, and its idle time runs from the append's
+    return, so a close right after is the caller's (the expiry had closed it under them)."""
+    timeout = 1.0
+    config = mnemo.Config(auto_commit=True, flush_timeout=None, session_timeout=timeout)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), on_event=events) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        record = mem._service._live.by_id[sid]
+        held = llm.hold("state")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mem.append, sid, "walk north", "go north")
+            with anyio.fail_after(5):
+                await held.started.wait()
+            with anyio.fail_after(timeout * 5):
+                while record.last_activity != math.inf:  # the expiry is due, and waits
+                    await anyio.wait_all_tasks_blocked()
+            held.release()
+        await mem.close(sid)
+        assert await mem.session_state(sid) in (mnemo.State.EXTRACTING, mnemo.State.IDLE)
+        assert not [e for e in events.events if e.kind == "session_expired"]
+
+
 async def test_a_read_during_the_closes_commit_loses_no_transition(
     auto_mem: mnemo.Memory, events: EventLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -366,3 +392,29 @@ async def test_a_store_fault_at_a_deadline_is_a_warning_and_looked_at_again(
     assert not faults
     assert "timers could not read the store" in caplog.text
     assert "background work crashed" not in caplog.text
+
+
+async def test_a_boundary_found_by_a_late_annotation_commits_the_trajectory_before_it(
+    auto_mem: mnemo.Memory, llm: FakeLLM, events: EventLog
+) -> None:
+    """Steps stored but not annotated yet (their model slower than append_timeout) belong to
+    no trajectory: nothing is committed for them; when the late annotation finds the boundary,
+    the trajectory before it is committed in the background, and the close commits the rest,
+    each step once."""
+    config = mnemo.Config(auto_commit=True, append_timeout=0.3)
+    sid = await auto_mem.start_session("explore", repo=REPO, config=config)
+    await auto_mem.append(sid, "walk north", "go north")
+    await auto_mem.append(sid, "walk east", "go east")
+    held = llm.hold("subgoal")
+    late = [await auto_mem.append(sid, "open door", "push door"),
+            await auto_mem.append(sid, "open window", "push window")]
+    assert [(i.index, i.annotated, i.boundary_detected) for i in late] == [
+        (2, False, None), (3, False, None)]
+    assert await episodic_indices(auto_mem) == []
+    held.release()
+    event = await events.wait_for(lambda e: e.kind == "trajectory_committed")
+    assert js(event.data)["step_indices"] == [0, 1]
+    await auto_mem.close_and_commit(sid)
+    assert await episodic_indices(auto_mem) == [0, 1, 2, 3]
+    assert sorted(extracted_observations(llm)) == sorted(
+        ["walk north", "walk east", "open door", "open window"])

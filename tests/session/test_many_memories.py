@@ -28,7 +28,7 @@ from mnemo.session.queue import Op
 from mnemo.session.records import SessionRecord
 from mnemo.session.registry import Sessions
 from tests.backends import sql
-from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, Hold
+from tests.fakes import Callbacks, EventLog, FakeEmbedder, FakeLLM, Hold, extracted_observations
 
 REPO = "r"
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
@@ -208,23 +208,21 @@ async def test_recall_in_context_bounds_its_query_by_the_repos_config(store: str
         await b.recall(REPO, query)
 
 
-async def test_an_append_racing_a_close_through_another_memory_is_not_collecting(
+async def test_an_append_stored_before_a_close_through_another_memory_lands(
     store: str,
 ) -> None:
-    """An append through A, under way (its annotation held), while B closes the session:
-    it raises not_collecting (the API contract's race rule; it raised the state table's
-    extraction_in_progress) and stores nothing; B's close extracts the step before it."""
+    """An append through A, its step stored and its annotation held, while B closes the
+    session: the step landed before the close (durable first), so B's close waits for A's
+    annotation of it (A holds its claim) and extracts both steps; A's append returns it
+    annotated."""
     async with workers(store, 2) as (a, b):
         sid = await a.mem.start_session("explore the house", repo=REPO)
         await a.mem.append(sid, "walk north", "go north")
         held = a.llm.hold("state")
-        outcome: list[BaseException] = []
+        infos: list[mnemo.StepInfo] = []
 
         async def append() -> None:
-            try:
-                await a.mem.append(sid, "walk east", "go east")
-            except mnemo.SessionError as exc:
-                outcome.append(exc)
+            infos.append(await a.mem.append(sid, "walk east", "go east"))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(append)
@@ -232,11 +230,11 @@ async def test_an_append_racing_a_close_through_another_memory_is_not_collecting
                 await held.started.wait()
             await b.mem.close(sid)
             held.release()
-        [error] = outcome
-        assert isinstance(error, mnemo.SessionError)
-        assert error.reason == "not_collecting"
-        [episode] = await b.mem.episodes(sid)
-        assert [s.observation for s in episode.steps] == ["walk north"]
+        assert [(i.index, i.annotated) for i in infos] == [(1, True)]
+        landed = await b.events.wait_state(b.mem, sid, State.READY, State.FAILED)
+        assert landed is State.READY
+        assert "state" not in b.llm.tasks()  # A's step was annotated by A alone
+        assert extracted_observations(b.llm) == ["walk north", "walk east"]
 
 
 async def test_appends_through_several_memories_are_serialised(store: str) -> None:
@@ -456,8 +454,8 @@ async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(
     store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An append accepted through A, run by B (which held the extraction) and failed by B's
-    LLM: A's callback gets operation_failed with the LLMError as its cause (the cause was
-    lost on the way through the store)."""
+    store: A's callback gets operation_failed with the StorageError as its cause, named (the
+    cause was lost on the way through the store)."""
     async with AsyncExitStack() as stack:
         a = await open_worker(stack, store)
         sid = await fill(a.mem)
@@ -467,7 +465,11 @@ async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(
         await a.mem.commit_async(sid, called["commit"])
         await a.mem.start_episode_async(sid, "next", called["start"])
         await a.mem.append_async(sid, "walk west", "go west", called["append"])
-        b.llm.fail_tasks.add("state")
+
+        async def refused(*args: object, **kwargs: object) -> int:
+            raise mnemo.StorageError("busy", "the step's write was refused")
+
+        monkeypatch.setattr(b.mem._sessions_store, "add_step", refused)
         the_holder_takes_first(monkeypatch, a, b)
         held.release()
         with anyio.fail_after(10):
@@ -477,8 +479,9 @@ async def test_a_failure_run_in_another_memory_calls_back_with_its_cause(
         [failed] = called["append"].results
         assert failed.error is not None
         assert failed.error.reason == "operation_failed"
-        assert isinstance(failed.error.__cause__, mnemo.LLMError)
-        assert "state" in str(failed.error.__cause__)
+        assert isinstance(failed.error.__cause__, mnemo.MnemoError)
+        assert "StorageError" in str(failed.error.__cause__)
+        assert "refused" in str(failed.error.__cause__)
 
 
 async def test_end_session_calls_back_the_operations_it_stored_for_another(store: str) -> None:

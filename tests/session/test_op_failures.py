@@ -112,29 +112,40 @@ async def test_ops_still_queued_when_the_memory_closes_get_their_callback(
     assert results.got["commit"].error.reason == "memory_closed"
 
 
-@pytest.mark.parametrize("failing", ["llm", "embedder"])
-async def test_a_model_failure_in_an_async_append_arrives_as_operation_failed(
-    mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str
+@pytest.mark.parametrize("failing", ["llm", "embedder", "store"])
+async def test_a_failure_in_an_async_append(
+    mem: mnemo.Memory, llm: FakeLLM, embedder: FakeEmbedder, failing: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The API contract: an error that is not a session error arrives as
-    SessionError("operation_failed") with it as `__cause__` (an LLM or embedder failure was
-    reported as "llm_failed" / "embedding_failed"); the step is not added."""
+    """A model failure does not fail an async append: its step is stored first and kept,
+    unannotated ("appended"). A store that refuses the step is an error that is not a
+    session error: it arrives as SessionError("operation_failed") with it as `__cause__`,
+    and no step is added."""
     sid = await mem.start_session("explore the house", repo=REPO)
     if failing == "llm":
         llm.fail_tasks.add("state")
-    else:
+    elif failing == "embedder":
         embedder.fail = True
+    else:
+        async def refused(*args: object, **kwargs: object) -> int:
+            raise mnemo.StorageError("busy", "the step's write was refused")
+
+        monkeypatch.setattr(mem._sessions_store, "add_step", refused)
     results = Results()
     await mem.append_async(sid, "walk north", "go north", callback=results("append"))
     await results.wait("append")
-    error = results.got["append"].error
-    assert error is not None
-    assert error.reason == "operation_failed"
-    assert isinstance(error.__cause__, mnemo.LLMError if failing == "llm" else mnemo.EmbeddingError)
+    result = results.got["append"]
     assert await mem.session_state(sid) is State.COLLECTING
     context = await mem.session_context(sid)
     assert context is not None
-    assert context.recent_steps == []
+    if failing == "store":
+        assert result.error is not None
+        assert result.error.reason == "operation_failed"
+        assert isinstance(result.error.__cause__, mnemo.StorageError)
+        assert context.recent_steps == []
+    else:
+        assert (result.ok, result.value) == (True, "appended")
+        assert context.recent_steps == ["walk north -> go north"]
 
 
 @pytest.mark.parametrize("auto_commit", [False, True], ids=["manual", "auto_commit"])

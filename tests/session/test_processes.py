@@ -30,6 +30,7 @@ from tests.fakes import (
     extracted_observations,
     waiting_for_claims,
 )
+from tests.session.worker_child import chaos_embedder
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "r"
@@ -272,6 +273,64 @@ async def test_a_close_takes_over_the_steps_a_killed_memorys_commit_claimed(
                     "fact: open door", "fact: walk east", "fact: walk north"]
 
 
+async def annotated_steps(mem: mnemo.Memory, sid: str) -> list[tuple[str, bool]]:
+    [*_, episode] = await mem.episodes(sid)
+    return [(s.line, s.annotated) for s in episode.steps]
+
+
+@pytest.mark.slow
+async def test_a_killed_memorys_stored_step_is_annotated_by_another_without_a_call(
+    store: str, tmp_path: Path
+) -> None:
+    """A child stores a step and is SIGKILLed while the model annotates it: the step is in
+    the store, left alone while the child lives (it holds its claim), then annotated by a
+    Memory open here without being asked (its janitor takes the claim over)."""
+    llm = FakeLLM()
+    async with children() as tg:
+        async with holding(tg, tmp_path, store, "annotating") as (holder, sid):
+            async with mnemo.Memory(
+                store, llm=llm, embedder=FakeEmbedder(), config=config()
+            ) as mem:
+                await mem.open_repo(REPO, config=config())
+                assert await annotated_steps(mem, sid) == [("walk north -> go north", False)]
+                held = llm.hold("state")
+                with anyio.move_on_after(LEASE):  # two looks of the janitor, the child alive
+                    await held.started.wait()
+                assert not held.started.is_set()
+                await holder.kill()
+                with anyio.fail_after(LEASE * 5):
+                    await held.started.wait()
+                held.release()
+                assert await mem.session_state(sid) is State.COLLECTING
+                receipt = await mem.close_and_commit(sid)
+                assert receipt.node_ids
+                assert extracted_observations(llm) == ["walk north"]
+                assert await annotated_steps(mem, sid) == [("walk north -> go north", True)]
+
+
+@pytest.mark.slow
+async def test_a_step_stored_before_a_kill_is_annotated_after_a_restart(
+    store: str, tmp_path: Path
+) -> None:
+    """Killed between storing a step and its annotation: after a restart (a new Memory on
+    the store, nothing else open) the step is there and gets annotated without a call."""
+    async with children() as tg:
+        async with holding(tg, tmp_path, store, "annotating") as (holder, sid):
+            await holder.kill()
+    llm = FakeLLM()
+    held = llm.hold("state")
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config()) as mem:
+        await mem.open_repo(REPO, config=config())
+        assert await annotated_steps(mem, sid) == [("walk north -> go north", False)]
+        with anyio.fail_after(LEASE * 5):
+            await held.started.wait()  # no call asked for it
+        held.release()
+        info = await mem.append(sid, "walk east", "go east")
+        assert (info.index, info.annotated, info.boundary_detected) == (1, True, False)
+        assert await annotated_steps(mem, sid) == [("walk north -> go north", True),
+                                                   ("walk east -> go east", True)]
+
+
 @pytest.mark.slow
 async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     store: str, tmp_path: Path
@@ -279,10 +338,11 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     """A commit, a start_episode and an append accepted here while a child holds the
     extraction are stored for the child, which takes and runs them when its extraction ends:
     the commit and the start call back here with their results; the child is SIGKILLed while
-    the append waits on its LLM, and this Memory's janitor answers the append
-    operation_failed at its next look, once. Before, its callback never came. The session
-    goes on here. This Memory's lease is long: a child late with its heartbeat on a busy
-    machine is not taken for gone while it lives (its pid is what says it died)."""
+    the append's step, stored, waits on its LLM, and this Memory's janitor answers the append
+    operation_failed at its next look, once (its outcome unknown). Before, its callback never
+    came. The session goes on here, with the child's step, annotated here. This Memory's
+    lease is long: a child late with its heartbeat on a busy machine is not taken for gone
+    while it lives (its pid is what says it died)."""
     llm = FakeLLM()
     here = mnemo.Config(lease_timeout=3 * LEASE)
     recorded = Callbacks()
@@ -320,8 +380,13 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 assert failed.error.reason == "operation_failed"
                 assert "left before it recorded a result" in str(failed.error.__cause__)
                 assert await mem.session_state(sid) is State.COLLECTING
-                info = await mem.append(sid, "walk west", "go west")
-                assert info.index == 0
+                # The child stored the step before it asked the model (durable first): it is
+                # kept, and annotated here, before the next one.
+                info = await mem.append(sid, "walk north", "go north")
+                assert (info.index, info.annotated) == (1, True)
+                [*_, episode] = await mem.episodes(sid)
+                assert [(s.line, s.annotated) for s in episode.steps] == [
+                    ("walk west -> go west", True), ("walk north -> go north", True)]
                 assert len(recorded.results) == 3
 
 
@@ -348,7 +413,9 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
 ) -> None:
     """Three worker processes append, close and commit random sessions of one store while
     random ones are SIGKILLed and restarted; then every journaled step is in its episode
-    once, every episode's indexes are contiguous, and no node text is in the repo twice."""
+    once, every episode's indexes are contiguous, no step's node is in the repo twice, and
+    no fact or instruction is either, though the workers' sessions say some of them
+    again and again, concurrently."""
     rng = random.Random(11)
     paths = [tmp_path / f"journal-{w}.jsonl" for w in range(WORKERS)]
     seeds = iter(range(1000))
@@ -357,7 +424,7 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
         return [store, "chaos", str(LEASE), str(paths[w]), f"w{w}", str(next(seeds)), str(OPS)]
 
     # The store and repo exist before the workers race to open them.
-    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as first:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=chaos_embedder()) as first:
         await first.open_repo(REPO, config=config())
     async with children() as tg, AsyncExitStack() as stack:
         logs = [tmp_path / f"worker-{w}.log" for w in range(WORKERS)]
@@ -379,7 +446,7 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
             assert worker.process.returncode == 0, logs[w].read_text()
     entries = [entry for path in paths for entry in journal(path)]
     assert any(entry["op"] == "commit" for entry in entries), "no commit: too small to test"
-    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as mem:
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=chaos_embedder()) as mem:
         await mem.open_repo(REPO, config=config())
         episodes = {
             sid: await mem.episodes(sid) for sid in {entry["sid"] for entry in entries}
@@ -404,8 +471,14 @@ async def test_chaos_kills_lose_no_accepted_step_and_commit_nothing_twice(
         nodes = await mem.get_nodes_by_type(
             REPO, [mnemo.NodeType.SEMANTIC, mnemo.NodeType.PROCEDURAL, mnemo.NodeType.EPISODIC]
         )
-        twice = {text: n for text, n in Counter(node.text for node in nodes).items() if n > 1}
+        # A step said in several sessions is several steps; a fact or an instruction is one.
+        twice = {text: n for text, n in Counter(
+            node.text for node in nodes
+            if node.type is not mnemo.NodeType.EPISODIC or "shared" not in node.text
+        ).items() if n > 1}
         assert twice == {}, "nodes committed twice"
+        shared = [n for n in nodes if n.type is mnemo.NodeType.SEMANTIC and "shared" in n.text]
+        assert shared, "no shared fact committed: too small to test"
         facts = Counter(node.text for node in nodes if node.type is mnemo.NodeType.SEMANTIC)
         for logs_of in episodes.values():
             for episode in logs_of:

@@ -329,7 +329,8 @@ async def test_extraction_failure_fails_queued_ops(
 
 
 async def test_failing_queued_op_fails_the_ones_after_it(
-    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, callbacks: Callbacks
+    mem: mnemo.Memory, llm: FakeLLM, enter: Enter, callbacks: Callbacks,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A queued op failing as it runs gets its own error, and the later ones preceding_op_failed."""
     sid = await enter(State.EXTRACTING)
@@ -337,8 +338,13 @@ async def test_failing_queued_op_fails_the_ones_after_it(
         await submit(mem, sid, op, callbacks)
     await submit(mem, sid, "append", callbacks, label="later append")
     await submit(mem, sid, "close", callbacks)
-    # Only appends annotate with the "state" task, so this fails the first queued append alone.
-    llm.fail_tasks.add("state")
+
+    # The store refuses the first queued append's step (a model failure would not fail it:
+    # the step is stored before it is annotated).
+    async def refused(*args: object, **kwargs: object) -> int:
+        raise mnemo.StorageError("busy", "the step's write was refused")
+
+    monkeypatch.setattr(mem._sessions_store, "add_step", refused)
     llm.holds["semantic"].release()
     results = dict(await callbacks.wait(5))
     assert callbacks.labels() == ["commit", "start_episode", "append", "later append", "close"]

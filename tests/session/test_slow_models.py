@@ -4,6 +4,9 @@ failed, counting only this call's extractions; on each backend."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 
@@ -11,6 +14,7 @@ import mnemo
 from mnemo.adapters._http import DEFAULT_TIMEOUT, Transport
 from mnemo.calls import deadline
 from mnemo.errors import LLMError
+from tests.adapters.provider_server import ProviderServer
 from tests.conftest import REPO
 from tests.fakes import FakeEmbedder, FakeLLM
 
@@ -125,3 +129,107 @@ async def test_close_and_commit_waits_while_the_queued_calls_are_answered(store:
         facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
     assert receipt.node_ids
     assert len(facts) == 3
+
+
+@asynccontextmanager
+async def served_session(
+    store: str, server: ProviderServer, config: mnemo.Config
+) -> AsyncIterator[tuple[mnemo.OpenAICompatible, mnemo.Memory, str]]:
+    """A Memory on `store` whose model is `server`'s, and a session of its repo."""
+    llm = mnemo.OpenAICompatible("m", base_url=server.openai_url)
+    async with llm, mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        yield llm, mem, await mem.start_session("explore the house", repo=REPO)
+
+
+@pytest.mark.slow
+async def test_a_server_that_slows_mid_session_loses_no_step(store: str) -> None:
+    """A local server (one slot) answering fast, then slowing to a few tokens a second (for
+    replies of tens of tokens) mid-session, past what append_timeout allows a step: every
+    append returns, the slow ones with their step stored but not annotated yet; no step is
+    lost, and close_and_commit annotates them in order and commits them all."""
+    steps = [("walk north", "go north"), ("walk east", "go east"), ("open the door", "push"),
+             ("open the window", "lift"), ("climb the stairs", "go up")]
+    config = mnemo.Config(append_timeout=0.5, extraction_timeout=60.0)
+    with ProviderServer(slots=1, tokens_per_second=1000.0) as server:
+        async with served_session(store, server, config) as (_, mem, sid):
+            infos = [await mem.append(sid, *step) for step in steps[:2]]
+            server.tokens_per_second = 20.0
+            infos += [await mem.append(sid, *step) for step in steps[2:]]
+            receipt = await mem.close_and_commit(sid)
+            [episode] = await mem.episodes(sid)
+            facts = await mem.get_nodes_by_type(REPO, [mnemo.NodeType.EPISODIC])
+    assert [i.index for i in infos] == [0, 1, 2, 3, 4]
+    assert not all(i.annotated for i in infos[2:])
+    assert all(i.trajectory_id is None for i in infos if not i.annotated)
+    assert receipt.node_ids
+    assert [s.line for s in episode.steps] == [f"{o} -> {a}" for o, a in steps]
+    assert all(s.annotated and s.committed_in for s in episode.steps)
+    assert len(facts) == len(steps)
+
+
+async def test_a_close_waits_for_a_steps_annotation_within_the_extractions_time(
+    store: str,
+) -> None:
+    """A step whose model answers neither within its append nor within the close's
+    extraction_timeout: the append returns it unannotated, the close fails, the step kept
+    unannotated; retried once the model answers, the close annotates and commits it."""
+    llm = FakeLLM()
+    held = llm.hold("state")
+    config = mnemo.Config(append_timeout=0.1, extraction_timeout=0.5)
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        info = await mem.append(sid, "walk north", "go north")
+        assert (info.index, info.annotated, info.trajectory_id) == (0, False, None)
+        with pytest.raises(mnemo.PipelineError, match=r"not annotated|annotation timed out"):
+            await mem.close_and_commit(sid, max_retries=0)
+        assert await mem.session_state(sid) is mnemo.State.FAILED
+        [episode] = await mem.episodes(sid)
+        assert [(s.line, s.annotated) for s in episode.steps] == [
+            ("walk north -> go north", False)]
+        held.release()
+        receipt = await mem.close_and_commit(sid)
+        [episode] = await mem.episodes(sid)
+    assert receipt.node_ids
+    assert [(s.annotated, bool(s.committed_in)) for s in episode.steps] == [(True, True)]
+
+
+@pytest.mark.slow
+async def test_an_extraction_on_a_server_measured_slow_gets_the_time_its_calls_need(
+    store: str,
+) -> None:
+    """A server measured slow (50 tokens a second: each extraction call takes longer than
+    the whole extraction_timeout of 0.3 s allows): each request is given the time the
+    speed says it needs, and so is the extraction it serves; the close commits every step
+    (with the fixed deadline, "took more than 0.3 s of its calls' time")."""
+    steps = [("walk north", "go north"), ("walk east", "go east")]
+    config = mnemo.Config(append_timeout=30.0, extraction_timeout=0.3)
+    with ProviderServer(slots=1, tokens_per_second=50.0) as server:
+        async with served_session(store, server, config) as (llm, mem, sid):
+            infos = [await mem.append(sid, *step) for step in steps]  # measured meanwhile
+            assert llm.concurrency.unit_seconds is not None
+            receipt = await mem.close_and_commit(sid, max_retries=0)
+            [episode] = await mem.episodes(sid)
+    assert all(i.annotated for i in infos)
+    assert receipt.node_ids
+    assert all(s.committed_in for s in episode.steps)
+
+
+async def test_a_close_waits_while_the_steps_keep_being_annotated(store: str) -> None:
+    """Six steps appended faster than their model annotates them (each under 1 s, the six
+    past the close's extraction_timeout of 2 s): the close waits while steps keep being
+    annotated, at most that long for each, and commits them all."""
+    llm = Timed(0.5)
+    config = mnemo.Config(append_timeout=0.05, extraction_timeout=2.0)
+    steps = [("walk north", "go north"), ("walk east", "go east"), ("open the door", "push"),
+             ("open the window", "lift"), ("climb the stairs", "go up"), ("sit down", "sit")]
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO, config=config)
+        sid = await mem.start_session("explore", repo=REPO)
+        infos = [await mem.append(sid, *step) for step in steps]
+        receipt = await mem.close_and_commit(sid, max_retries=0)
+        [episode] = await mem.episodes(sid)
+    assert not all(i.annotated for i in infos)
+    assert receipt.node_ids
+    assert all(s.annotated and s.committed_in for s in episode.steps)

@@ -3,6 +3,7 @@ the tests' fakes, doing what one worker of a multi-process app would.
 
     python -m tests.session.worker_child STORE hold LEASE
     python -m tests.session.worker_child STORE hold_auto LEASE
+    python -m tests.session.worker_child STORE annotating LEASE
     python -m tests.session.worker_child STORE chaos LEASE JOURNAL WORKER SEED OPS
 
 "hold": starts a session in repo "r", appends three steps and closes it while its "semantic"
@@ -18,8 +19,13 @@ then takes, and holds the first append among them at its "state" task: once aske
 two "walk" steps, then an "open" step that starts a new trajectory, whose commit of the first
 one hangs at "semantic".
 
+"annotating": starts a session in repo "r" and appends one step whose annotation hangs (its
+"state" task): once the task is asked (the step is stored first), it prints the session id and
+waits forever.
+
 "chaos": does OPS random operations (start a session, append, close, commit, start an
-episode, discard) on random live sessions of the store, from any process. Each operation that
+episode, discard) on random live sessions of the store, from any process; some appends say
+what other workers' do (`SHARED`). Each operation that
 returned without error is written to JOURNAL as one JSON line and fsync'd before the worker
 prints "ok" and moves on, so the journal never holds more than the store accepted. A refused
 operation (a `MnemoError`) is not journaled. It exits 0 after OPS operations.
@@ -44,6 +50,7 @@ from mnemo import State
 from tests.fakes import EventLog, FakeEmbedder, FakeLLM, Hold
 
 REPO = "r"
+SHARED = 3  # the observations every chaos worker may append
 STEPS = [("walk north", "go north"), ("walk east", "go east"), ("walk south", "go south")]
 
 
@@ -87,6 +94,20 @@ async def run_ops(store: str, lease: float) -> None:
         await anyio.sleep_forever()
 
 
+async def annotating(store: str, lease: float) -> None:
+    llm = FakeLLM()
+    async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(), config=config(lease)) as mem:
+        await mem.open_repo(REPO, config=config(lease))
+        sid = await mem.start_session("explore the house", repo=REPO)
+        held = llm.hold("state")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(mem.append, sid, "walk north", "go north")
+            with anyio.fail_after(30):
+                await held.started.wait()
+            print(sid, flush=True)
+            await anyio.sleep_forever()
+
+
 async def hold_auto(store: str, lease: float) -> None:
     llm = FakeLLM()
     auto = mnemo.Config(lease_timeout=lease, auto_commit=True)
@@ -102,6 +123,12 @@ async def hold_auto(store: str, lease: float) -> None:
             await held.started.wait()
         print(sid, flush=True)
         await anyio.sleep_forever()
+
+
+def chaos_embedder() -> mnemo.HashEmbedder:
+    """The chaos workers' embedder: unlike `FakeEmbedder` (a vector per first word), it tells
+    one step's fact from another's, as a commit's dedup needs."""
+    return mnemo.HashEmbedder(64)
 
 
 class Journal:
@@ -125,7 +152,7 @@ async def chaos(
     # store and a node text seen twice is a step committed twice.
     life = f"{worker}x{seed}"
     async with mnemo.Memory(
-        store, llm=FakeLLM(), embedder=FakeEmbedder(), config=config(lease)
+        store, llm=FakeLLM(), embedder=chaos_embedder(), config=config(lease)
     ) as mem:
         await mem.open_repo(REPO, config=config(lease))
         for n in range(ops):
@@ -146,8 +173,11 @@ async def step(mem: mnemo.Memory, rng: random.Random, journal: Journal, tag: str
     sid = session.id
     if session.state is State.COLLECTING:
         if rng.random() < 0.75:
-            # Every observation starts with "walk": one trajectory per episode.
-            observation, action = f"walk {tag}", f"go {tag}"
+            # Every observation starts with "walk": one trajectory per episode. A few are
+            # every worker's (each of their facts and instructions is one node of the
+            # store's); the others are this one's alone.
+            said = f"shared{rng.randrange(SHARED)}" if rng.random() < 0.3 else tag
+            observation, action = f"walk {said}", f"go {said}"
             info = await mem.append(sid, observation, action)
             journal.write(op="append", sid=sid, index=info.index, observation=observation)
         else:
@@ -175,6 +205,8 @@ def main(argv: list[str]) -> None:
         anyio.run(run_ops, store, lease)
     elif mode == "hold_auto":
         anyio.run(hold_auto, store, lease)
+    elif mode == "annotating":
+        anyio.run(annotating, store, lease)
     elif mode == "chaos":
         path, worker, seed, ops = argv[3], argv[4], int(argv[5]), int(argv[6])
         # The journal's writes block on purpose: an operation is journaled (fsync'd) before

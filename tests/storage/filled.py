@@ -34,7 +34,8 @@ async def fill(path: Path) -> None:
     llm = ScriptedEviction()
     async with mnemo.Memory(path, llm=llm, embedder=FakeEmbedder()) as mem:
         await mem.open_repo(REPO)
-        sid = await mem.start_session("Fix the blog deploy", repo=REPO)
+        sid = await mem.start_session("Fix the blog deploy", repo=REPO,
+                                      metadata={"user_id": "ops-team", "tier": 2})
         await mem.append(sid, "nginx returns 502: gunicorn listens on 8001.", "Bind it to 8000.")
         await mem.append(sid, "The blog answers 200 again.", "Close the ticket.")
         await mem.close_and_commit(sid)
@@ -52,7 +53,7 @@ async def fill(path: Path) -> None:
             else assistant(f"done, step {i} is out; the {MESSAGE_WORD} case is packed")
             for i in range(12)
         ]
-        await conv.save(THREAD, history)
+        await conv.save(THREAD, history, metadata={"user_id": "ops-team"})
         await conv.save_compaction(THREAD, 0, 1, "the first turn")
         goal = await mem.add_goal(THREAD, "ship billing")
         first = (await conv.raw(THREAD))[0].id
@@ -128,7 +129,7 @@ def sqlite_rows(path: Path, table: Table, *, raw: bool = False) -> list[tuple[An
     if table.name == "vectors":  # float16, keyed by the node's rowid
         select = "SELECT n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
     elif table.name == "links":  # its ends by their nodes' rowids
-        select = ("SELECT a.repo, a.id, b.id, l.type FROM links l"
+        select = ("SELECT a.repo, a.id, b.id, l.type, l.refs FROM links l"
                   " JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst")
     else:
         select = f"SELECT {columns} FROM {table.name}"

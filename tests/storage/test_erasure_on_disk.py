@@ -113,6 +113,34 @@ async def test_forget_of_a_session_removes_what_it_committed_and_leaves_no_byte(
         assert await mem.forget(REPO, sid) == 0
 
 
+async def test_forget_of_a_source_whose_words_a_shared_fact_took_leaves_no_byte(
+    store: str, tmp_path: Path
+) -> None:
+    """A source that says a fact again with one word more joins it, and the fact takes its
+    fuller wording; forgetting that source leaves the fact, in the first source's wording,
+    and no file holds the word."""
+    word, needle = planted()
+    async with mnemo.Memory(store, embedder=FakeEmbedder()) as mem:
+        await mem.open_repo(REPO)
+        for source, said in (("first", "The tomatoes need water daily."),
+                             ("second", f"The tomatoes need water daily {word}.")):
+            await mem.ingest(REPO, mnemo.Trajectory("water the garden", [mnemo.Step(
+                said, "Water them.")]), source_id=source)
+        [fact] = [n for n in await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+                  if "tomatoes" in n.text]
+        assert word in fact.text
+        assert await searched(mem, word)
+        assert holding(tmp_path, word, needle)
+
+        await mem.forget(REPO, "second")
+
+        [kept] = [n for n in await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])
+                  if "tomatoes" in n.text]
+        assert (kept.id, kept.text) == (fact.id, "The tomatoes need water daily.")
+        assert holding(tmp_path, word, needle) == []
+        assert await searched(mem, "tomatoes")
+
+
 async def test_forget_of_an_episode_removes_that_episode_only(store: str, tmp_path: Path) -> None:
     """An episode's id forgets what that episode committed and its stored steps; the same
     session's other episode stays, words and all."""

@@ -47,10 +47,12 @@ def test_reads_what_json_wrote_as_json_reads_it(value: Any) -> None:
 
 
 def test_a_node_row_is_decoded_whole() -> None:
-    """A SQLite row of NODE_COLUMNS becomes its node: type, data and every moment."""
+    """A SQLite row of NODE_COLUMNS becomes its node: type, data, every moment and its
+    metadata."""
     data = {"reward": float("nan"), "big": 2**80, "text": "caf\u00e9"}
     row = ("n1", "semantic", "a fact", json.dumps(data), "2026-11-23T08:00:00+00:00",
-           None, "2026-11-24T00:00:00+00:00", None, "2026-11-25T00:00:00+00:00", 3, None)
+           None, "2026-11-24T00:00:00+00:00", None, "2026-11-25T00:00:00+00:00",
+           '{"user_id": "a"}', 3, None)
     decoded = node(row)
     assert isinstance(decoded, Node)
     assert decoded.type is NodeType.SEMANTIC
@@ -61,3 +63,4 @@ def test_a_node_row_is_decoded_whole() -> None:
     assert decoded.valid_to.day == 24
     assert decoded.retired_at is not None
     assert decoded.retired_at.day == 25
+    assert decoded.metadata == {"user_id": "a"}

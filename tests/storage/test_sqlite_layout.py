@@ -17,7 +17,9 @@ from tests.storage.filled import NODE_WORD, REPO, fill
 
 # The migrations that made today's layout, undone by `_as_before`.
 LAYOUT = ("m017_links_key_first", "m018_commits_packed", "m019_half_vectors",
-          "m020_receipts_packed", "m022_links_by_rowid")
+          "m020_receipts_packed", "m022_links_by_rowid", "m026_shared_knowledge")
+COMMITS = ("SELECT id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
+           " reworded FROM commits")
 VECTORS = "SELECT n.id, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 LINKS = ("SELECT a.repo, a.id, b.id, l.type FROM links l JOIN nodes a ON a.rowid = l.src"
          " JOIN nodes b ON b.rowid = l.dst")
@@ -107,6 +109,7 @@ def _as_before(path: Path) -> None:
         DROP INDEX nodes_by_type;
         CREATE INDEX nodes_by_type ON nodes(repo, type, created_at);
         CREATE INDEX nodes_id_type ON nodes(id, type);
+        ALTER TABLE nodes DROP COLUMN owners;
         CREATE TABLE old_commits (
             id TEXT PRIMARY KEY, repo TEXT NOT NULL, seq INTEGER NOT NULL,
             committed_at TEXT NOT NULL, session_id TEXT, source_id TEXT, nodes TEXT NOT NULL,
@@ -151,7 +154,7 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
     await fill(path)
     with sqlite3.connect(path) as conn:
         links = sorted(conn.execute(LINKS).fetchall())
-        commits = sorted(conn.execute("SELECT * FROM commits").fetchall())
+        commits = sorted(conn.execute(COMMITS).fetchall())
         receipts = sorted(conn.execute("SELECT * FROM applied_changesets").fetchall())
         vectors = dict(conn.execute(VECTORS).fetchall())
     conn.close()
@@ -164,7 +167,7 @@ async def test_a_store_of_the_layout_before_is_migrated_with_its_rows(tmp_path: 
         assert sorted(conn.execute(LINKS)) == links
         indexes = {name for (name,) in conn.execute(
             "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'nodes'")}
-        assert sorted(conn.execute("SELECT * FROM commits")) == commits
+        assert sorted(conn.execute(COMMITS)) == commits
         assert sorted(conn.execute("SELECT * FROM applied_changesets")) == receipts
         after = dict(conn.execute(VECTORS).fetchall())
         applied = {name for (name,) in conn.execute("SELECT name FROM _sqlite_migrations")}

@@ -83,7 +83,7 @@ async def test_tables_are_both_schemas_tables(tmp_path: Path, pg_url: str) -> No
         # SQLite keys a vector by its node's rowid, and names a link's ends by their nodes'
         # rowids (its dump reads and writes the nodes' ids and repo).
         expected = ({"node", "vec"} if table.name == "vectors"
-                    else {"src", "dst", "type"} if table.name == "links"
+                    else {"src", "dst", "type", "refs"} if table.name == "links"
                     else set(table.names) - {"rowid"})
         assert set(sqlite_columns[table.name]) - {"rowid"} - HELD == expected
         assert not (table.has_rowid and table.name in _WITHOUT_ROWID)

@@ -50,7 +50,7 @@ async def build_sample(db: Path) -> Sample:
             mnemo.Trajectory("Plan the Lisbon trip", [
                 mnemo.Step("Dana is vegetarian and prefers quiet restaurants.", "Note it."),
             ]),
-            source_id="chat-1",
+            source_id="chat-1", metadata={"user_id": "dana"},
         )
         # An instruction in the evicted part: the offline eviction pins it to the goal.
         history = [{"role": "user", "content": "Never run the orders_stage migration on a "

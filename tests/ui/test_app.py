@@ -293,3 +293,25 @@ def test_create_app_takes_one_view() -> None:
     """create_app refuses neither or both of a view and a view factory."""
     with pytest.raises(mnemo.InvalidInputError):
         create_app()
+
+
+async def test_recall_and_search_take_a_scope(client: httpx.AsyncClient) -> None:
+    """The playground's and the graph search's `where` keep to the scope (Dana's ingest);
+    a malformed one is a 400 page that says why."""
+    dana = await client.get("/recall", params={"repo": REPO, "q": "restaurants gunicorn",
+                                               "where": "user_id=dana"})
+    table = dana.text.split('id="recalled"')[1].split("</table>")[0]
+    assert "vegetarian" in table
+    assert "gunicorn" not in table
+    assert 'value="user_id=dana"' in dana.text
+    nobody = await client.get("/recall", params={"repo": REPO, "q": "restaurants",
+                                                 "where": "user_id=bob"})
+    assert "Nothing recalled." in nobody.text
+    found = await client.get("/graph", params={"repo": REPO, "q": "nginx vegetarian",
+                                               "where": "user_id=dana"})
+    listed = found.text.split('class="nodes"')[1].split("</ul>")[0]
+    assert "vegetarian" in listed
+    assert "nginx" not in listed
+    bad = await client.get("/recall", params={"repo": REPO, "q": "x", "where": "user_id"})
+    assert bad.status_code == 400
+    assert "KEY=VALUE" in bad.text

@@ -139,7 +139,8 @@ async def test_a_revert_from_the_commit_page_undoes_it(
     writer: httpx.AsyncClient, memory: mnemo.Memory
 ) -> None:
     """With --allow-writes, the commit page's form reverts the commit: its nodes go, the
-    history no longer lists it, and the history page says so."""
+    history lists the revert and the commit marked reverted, and the history page says so;
+    the commit's page names its revert and offers no form."""
     newest = (await memory.history(REPO))[0]
     page = await writer.get("/commit", params={"repo": REPO, "id": newest.id})
     form = page.text.split('id="revert"')[1].split("</form>")[0]
@@ -151,33 +152,40 @@ async def test_a_revert_from_the_commit_page_undoes_it(
     done = await writer.post("/revert", data={"repo": REPO, "id": newest.id, "confirm": "yes"})
     assert done.status_code == 303
     assert done.headers["location"] == f"/history?repo={REPO}&reverted={newest.id}"
-    assert newest.id not in [c.id for c in await memory.history(REPO)]
+    revert, reverted, *_ = await memory.history(REPO)
+    assert (revert.reverts, reverted.id, reverted.reverted_by) == (newest.id, newest.id,
+                                                                   revert.id)
     assert await memory.get_node(REPO, newest.node_ids[0]) is None
     shown = await writer.get(done.headers["location"])
     assert f"Reverted commit <code>{newest.id}</code>" in shown.text
-    assert newest.id not in _commit_links(shown.text)[0]
+    rows = shown.text.split('class="commit"')[1:]
+    assert "revert of" in rows[0]
+    assert "(reverted)" in rows[1]
+    page = await writer.get("/commit", params={"repo": REPO, "id": newest.id})
+    assert "Reverted by <a" in page.text
+    assert 'id="revert"' not in page.text
 
 
 async def test_a_revert_that_later_work_built_on_is_a_409(
     writer: httpx.AsyncClient, memory: mnemo.Memory
 ) -> None:
-    """Reverting a commit a later ingest linked to is refused with the reason (409), and
-    nothing changes."""
+    """Reverting a commit whose fact a later ingest retired is refused with the reason
+    (409), and nothing changes."""
     await memory.ingest(
         REPO,
         mnemo.Trajectory("Fix the blog again", [
-            mnemo.Step("gunicorn listens on port 8001 again after the upgrade.",
-                       "Bind gunicorn to 127.0.0.1:8000 again."),
-        ]),
+            mnemo.Step("Nginx returns 502: gunicorn listens on port 8000.", "ok")]),
         source_id="chat-2",
     )
     log = await memory.history(REPO)
     session_commit = next(c for c in log if c.session_id)
+    assert log[0].retired
     page = await writer.post(
         "/revert", data={"repo": REPO, "id": session_commit.id, "confirm": "yes"}
     )
     assert page.status_code == 409
     assert "cannot be reverted" in page.text
+    assert log[0].id in page.text
     assert [c.id for c in await memory.history(REPO)] == [c.id for c in log]
 
 

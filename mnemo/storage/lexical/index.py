@@ -146,24 +146,30 @@ class LexicalIndex:
     # ---- searching -------------------------------------------------------------------------
 
     async def search(
-        self, repo: str, query: str, limit: int, types: Iterable[str] | None
+        self, repo: str, query: str, limit: int, types: Iterable[str] | None,
+        within: Iterable[int] | None = None,
     ) -> list[tuple[str, float]] | None:
-        """Node ids matching `query`, best BM25 first; None when the index cannot answer for
-        this repo now (unavailable, or being brought up in the background)."""
-        return await self.start_search(repo, query, limit, types).result()
+        """Node ids matching `query`, best BM25 first (of the nodes of rowids `within` only,
+        when given); None when the index cannot answer for this repo now (unavailable, or
+        being brought up in the background)."""
+        return await self.start_search(repo, query, limit, types, within).result()
 
     def start_search(
-        self, repo: str, query: str, limit: int, types: Iterable[str] | None
+        self, repo: str, query: str, limit: int, types: Iterable[str] | None,
+        within: Iterable[int] | None = None,
     ) -> Queued[list[tuple[str, float]] | None]:
         """`search`, queued on the index's thread now: its answer is awaited later (the
         query's words are read there too, off the event loop)."""
         kinds = None if types is None else list(types)
+        keys = None if within is None else {key(repo, rowid) for rowid in within}
         if self._searcher is None:
             self._searcher = Worker("mnemo-lexical")
-        return Queued(self._searcher.start(lambda: self._search(repo, query, limit, kinds)))
+        return Queued(self._searcher.start(
+            lambda: self._search(repo, query, limit, kinds, keys)))
 
     def _search(
-        self, repo: str, text: str, limit: int, kinds: list[str] | None
+        self, repo: str, text: str, limit: int, kinds: list[str] | None,
+        keys: set[str] | None = None,
     ) -> list[tuple[str, float]] | None:
         words = query_words(text)
         if not words or limit <= 0:
@@ -205,6 +211,10 @@ class LexicalIndex:
         if kinds is not None:
             clauses.append((tv.Occur.Must, tv.Query.const_score_query(
                 tv.Query.term_set_query(self._schema, "type", kinds), 0.0)))
+        if keys is not None:  # a scope's nodes: its keys' postings, never the repo's
+            clauses.append((tv.Occur.Must, tv.Query.const_score_query(
+                tv.Query.term_set_query(self._schema, "key", sorted(keys)), 0.0)))
+            fresh = {k: doc for k, doc in fresh.items() if k in keys}
         # The words alone, when nothing else filters, let tantivy skip the blocks that cannot
         # enter the top k; a filter makes it score every match.
         query = match if len(clauses) == 1 else tv.Query.boolean_query(clauses)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -22,7 +22,7 @@ from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, Snaps
 from mnemo.conversation.ports import ThreadState
 from mnemo.storage.postgres.connection import Connection, Postgres
 
-MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens"
+MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
 
 # A bounded read (the viewport's newest messages, the last k turns) fetches this many rows at
@@ -79,6 +79,7 @@ def _jsonb_keeps(value: object) -> bool:
 def message_row(
     message_id: str, thread_id: str, seq: int, role: str, text: str, content: str,
     data: dict[str, Any], recorded_at: datetime, tokens: int,
+    metadata: Mapping[str, object] | None = None,
 ) -> tuple[Any, ...]:
     """The parameters of a row of `MESSAGE_COLUMNS` for a message (see `message_from_row`).
 
@@ -94,12 +95,13 @@ def message_row(
                             ensure_ascii=False)
     kept = None if nul or content == text else content
     return (message_id, thread_id, seq, role.replace("\x00", "\ufffd"),
-            text.replace("\x00", "\ufffd"), kept, Jsonb(stored), recorded_at, tokens)
+            text.replace("\x00", "\ufffd"), kept, Jsonb(stored), recorded_at, tokens,
+            Jsonb(dict(metadata)) if metadata else None)
 
 
 def message_from_row(row: Sequence[Any]) -> Message:
     """A `Message` from a row of `MESSAGE_COLUMNS`."""
-    message_id, thread_id, seq, role, text, content, data, recorded_at, tokens = row
+    message_id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata = row
     content = text if content is None else content
     if isinstance(data, str):
         data = json.loads(data)
@@ -114,6 +116,7 @@ def message_from_row(row: Sequence[Any]) -> Message:
         data=data,
         recorded_at=utc(recorded_at),
         tokens=tokens,
+        metadata=dict(metadata or {}),
     )
 
 

@@ -213,6 +213,7 @@ class Postgres:
         )
         self._conninfo = conninfo(url, busy_timeout=busy_timeout,
                                   statement_timeout=statement_timeout, ef_search=HNSW_EF_SEARCH)
+        self._lent = 0  # connections in the callers' hands
 
     async def open(self, *, migrate: bool = False) -> None:
         """Opens the pool and waits for its first connections. With `migrate`, first applies
@@ -260,26 +261,54 @@ class Postgres:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """A pooled connection (autocommit) for the block; driver errors raised in the block
-        become `StorageError`.
+        become `StorageError`. When the pool has none to give within `busy_timeout` while
+        some of its connections are free (it is still remaking those a restarted server
+        ended: psycopg_pool waits up to seconds between tries), a connection of the block's
+        own is made.
 
         Raises:
-            StorageError: `"busy"` when every connection stayed taken for `busy_timeout`
-                seconds, `"unavailable"` when none could be made, `"closed"` after `close`.
+            StorageError: `"busy"` when every connection stayed taken (the pool's, by this
+                Memory's work, or the server's, by other clients) for `busy_timeout`
+                seconds; `"unavailable"` when none could be made; `"closed"` after `close`.
         """
         try:
-            conn = await self._live_connection()
+            try:
+                conn, pooled = await self._live_connection(), True
+            except PoolTimeout as exc:
+                conn, pooled = await self._own_connection(exc), False
+            self._lent += 1
             try:
                 async with conn:  # as the pool's `connection()`: ends a transaction left open
                     yield conn
             finally:
-                await self._pool.putconn(conn)
+                self._lent -= 1
+                await (self._pool.putconn(conn) if pooled else conn.close())
         except PoolClosed as exc:
             raise StorageError("closed", "the database is not open") from exc
-        except PoolTimeout as exc:
-            reason = "busy" if await self._reachable() else "unavailable"
-            raise storage_error(exc, reason) from exc
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
+
+    async def _own_connection(self, waited: PoolTimeout) -> Connection:
+        """A connection of its own for a caller the pool made wait `waited`, made as the
+        pool's are.
+
+        Raises:
+            StorageError: "busy" when every pooled connection is lent out, or the server has
+                no connection left ("too many clients"); "unavailable" when none can be
+                made.
+        """
+        if self._lent >= self.max_size:
+            raise storage_error(waited, "busy")
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
+            )
+        except psycopg.Error as exc:
+            # libpq's connection errors carry no SQLSTATE: the message says it.
+            full = "too many clients" in str(exc) or exc.sqlstate == "53300"
+            raise storage_error(exc, "busy" if full else "unavailable") from exc
+        await register_vector(conn)
+        return conn
 
     async def _live_connection(self) -> Connection:
         """A pooled connection whose server is still there. A server that restarted (or
@@ -304,23 +333,6 @@ class Postgres:
                 continue
             return conn
         return await self._pool.getconn(timeout=max(deadline - anyio.current_time(), 0.001))
-
-    async def _reachable(self) -> bool:
-        """Whether the server takes a new connection: when the pool had none to give, either
-        every one was taken (busy) or none could be made (unavailable). The pool's own count
-        cannot tell: it counts the connections it is still trying to remake."""
-        if self._pool.get_stats().get("pool_size", 0) == 0:
-            return False
-        try:
-            probe = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=max(1, int(self.connect_timeout))
-            )
-        except psycopg.Error as exc:
-            # A server at its connection limit is there, and as full as the pool (libpq's
-            # connection errors carry no SQLSTATE: the message says it).
-            return "too many clients" in str(exc) or exc.sqlstate == "53300"
-        await probe.close()
-        return True
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

@@ -44,6 +44,7 @@ from mnemo.conversation.ports import (
 )
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
+from mnemo.graph.scope import Where
 from mnemo.storage.postgres import conversation_search
 from mnemo.storage.postgres._thread_rows import (
     MESSAGE_COLUMNS,
@@ -144,14 +145,14 @@ class PgThreads:
             check_expected(thread_id, state, expected_len, expected_hash)
             rows = [
                 message_row(ids[i], thread_id, state.next_seq + i, d.role, d.text, d.content,
-                            d.data, at, d.tokens)
+                            d.data, at, d.tokens, d.metadata)
                 for i, d in enumerate(drafts)
             ]
             async with conn.cursor() as cur:
                 if rows:
                     await cur.executemany(
                         f"INSERT INTO messages({MESSAGE_COLUMNS})"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                         rows,
                     )
                 if arrays:
@@ -503,13 +504,14 @@ class PgThreads:
         thread_id: str | None = None,
         exclude_viewport_of: str | None = None,
         shown: Shown | None = None,
+        where: Where | None = None,
     ) -> list[SearchHit]:
         if not words:
             return []
         async with reading(self._pg) as conn:
             return await conversation_search.search(
                 conn, words, limit=limit, now=now, thread_id=thread_id,
-                exclude_viewport_of=exclude_viewport_of, shown=shown,
+                exclude_viewport_of=exclude_viewport_of, shown=shown, where=where,
             )
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:

@@ -34,6 +34,7 @@ from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.ports import Shown
 from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import NotFoundError
+from mnemo.graph.scope import Where
 from mnemo.storage.postgres._thread_rows import (
     MESSAGE_COLUMNS,
     SNAPSHOT_COLUMNS,
@@ -108,6 +109,7 @@ def scoring_query(
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
     shown: Shown | None = None,
+    where: Where | None = None,
 ) -> tuple[str, list[object]]:
     """The statement ranking the best `limit` candidates (rowid, bm25, recorded_at) for the
     words, and its parameters (see `search`)."""
@@ -116,6 +118,9 @@ def scoring_query(
     if thread_id is not None:
         conditions.append("m.thread_id = %s")
         filters.append(thread_id)
+    for key, values in (where or {}).items():
+        conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
+        filters += [key, list(values)]
     if exclude_viewport_of is not None:
         boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
         if shown is not None:
@@ -148,6 +153,7 @@ async def search(
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
     shown: Shown | None = None,
+    where: Where | None = None,
 ) -> list[SearchHit]:
     """The best `limit` messages for the words (see the module doc); call inside one read
     transaction, so the hits' snippets come from the rows that were ranked."""
@@ -156,7 +162,7 @@ async def search(
         return []
     scoring, scoring_params = scoring_query(
         words, limit=pool_size(limit), thread_id=thread_id,
-        exclude_viewport_of=exclude_viewport_of, shown=shown,
+        exclude_viewport_of=exclude_viewport_of, shown=shown, where=where,
     )
     rows = await fetch(conn, scoring, scoring_params)
     scored = rank_by_recency(

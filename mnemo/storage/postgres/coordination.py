@@ -209,6 +209,20 @@ class PgCoordination:
                 (holder_id, ids),
             )
 
+    async def unannotated(
+        self, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        rows = await self._pg.fetch_all(
+            # Through the partial index of unannotated steps (m019).
+            "SELECT DISTINCT st.session_id FROM steps st JOIN sessions s"
+            " ON s.id = st.session_id AND s.episode_id = st.episode_id"
+            " WHERE st.trajectory_id = '' AND NOT s.ended AND s.state = 'collecting'"
+            " AND NOT EXISTS (SELECT 1 FROM step_claims c WHERE c.step_id = st.id"
+            f" AND NOT {_departed('c.holder')})",
+            (unseen_since, list(gone)),
+        )
+        return [str(session_id) for session_id, in rows]
+
     async def queue_op(self, op: StoredOp) -> None:
         async with self._pg.connection() as conn:
             await conn.execute(

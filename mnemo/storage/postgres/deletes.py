@@ -1,92 +1,119 @@
-"""The SQL of forgetting a source on PostgreSQL (as `mnemo/storage/sqlite/deletes.py`): run by
-`PgGraph` under the repo's lock, the read before the embedding of the intents' new wordings,
-the delete in one transaction after it."""
+"""The SQL of forgetting a source and of reverting a commit on PostgreSQL (as
+`mnemo/storage/sqlite/deletes.py`): run by `PgGraph` under the repo's lock, the read before the
+embedding of the nodes' new wordings, the delete in one transaction after it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import cast
 
-from mnemo.graph.erasure import Inherited, Plan, Scope
+from psycopg.types.json import Jsonb
+
+from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.ports import SideWrite
+from mnemo.graph.shares import Contribution, Owners
+from mnemo.ports import JSONObject
 from mnemo.storage.postgres import history
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import as_array
 
 # What a source committed (`mnemo.graph.erasure.Scope`): the commits of an ingested
-# source, of a session, or of an episode (those its steps were committed in).
+# source, of a session, or of an episode (those its steps were committed in); or one
+# commit, to revert.
 _SCOPE = (
-    "SELECT id, nodes, reworded FROM commits WHERE repo = %(repo)s AND (source_id = %(id)s"
-    " OR session_id = %(id)s OR id IN (SELECT committed_in FROM steps"
-    " WHERE episode_id = %(id)s AND committed_in IS NOT NULL))"
+    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+    " WHERE repo = %(repo)s AND reverts IS NULL AND (source_id = %(id)s OR session_id = %(id)s"
+    " OR id IN (SELECT committed_in FROM steps WHERE episode_id = %(id)s"
+    " AND committed_in IS NOT NULL))"
 )
+_ONE = (
+    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+    " WHERE repo = %(repo)s AND id = %(id)s AND reverted_by IS NULL"
+)
+# As `mnemo.storage.sqlite.deletes`: the nodes kept while something links to them.
+_ROUTES = ["tag", "intent", "source", "subgoal"]
+_KNOWLEDGE = ["semantic", "procedural"]
 
 
-async def _scope(conn: Connection, repo: str, source_id: str) -> Scope:
-    commits: list[str] = []
-    added: set[str] = set()
-    reworded: set[str] = set()
-    cur = await conn.execute(_SCOPE, {"repo": repo, "id": source_id})
-    for commit_id, nodes, words in await cur.fetchall():
-        commits.append(str(commit_id))
-        added.update(str(i) for i in cast(list[object], nodes))
-        reworded.update(str(i) for i in cast(list[object], words))
-    return Scope(commits, added, reworded)
+async def _scope(conn: Connection, repo: str, key: str, *, one: bool) -> Scope:
+    scope = Scope([], [], set(), set())
+    cur = await conn.execute(_ONE if one else _SCOPE, {"repo": repo, "id": key})
+    for commit_id, nodes, words, joined, links, retired, reverted_by in await cur.fetchall():
+        scope.records.append(str(commit_id))
+        if reverted_by is not None:  # its work went with its revert
+            continue
+        scope.commits.append(str(commit_id))
+        scope.added.update(str(i) for i in cast(list[object], nodes))
+        scope.reworded.update(str(i) for i in cast(list[object], words))
+        scope.joined.update(str(i) for i in cast(list[object], joined))
+        scope.links.extend((str(s), str(d), str(t))
+                           for s, d, t in cast(list[list[object]], links))
+        scope.retired.extend(str(i) for i in cast(list[object], retired))
+    return scope
 
 
 async def inherited(
-    conn: Connection, repo: str, source_id: str
+    conn: Connection, repo: str, key: str, *, one: bool = False
 ) -> Inherited:
-    """The intents the source created or re-worded, and (intent, data, source) of each
-    procedure of another source linked to them, oldest first (`mnemo.graph.erasure.heirs`).
-    The source is an ingested source, a session or an episode (`Scope`)."""
-    scope = await _scope(conn, repo, source_id)
+    """As `mnemo.storage.sqlite.deletes.inherited`."""
+    scope = await _scope(conn, repo, key, one=one)
     cur = await conn.execute(
         "SELECT id FROM nodes WHERE repo = %s AND type = 'intent'"
         " AND (source_id = %s OR id = ANY(%s))",
-        (repo, source_id, sorted(scope.added)),
+        (repo, key, sorted(scope.added)),
     )
     intents = sorted({str(i) for (i,) in await cur.fetchall()} | scope.reworded)
-    if not intents:
-        return [], []
     cur = await conn.execute(
         "SELECT l.src, n.id, n.data, n.source_id FROM links l JOIN nodes n ON n.id = l.dst"
         " WHERE l.src = ANY(%s) AND l.type = 'hierarchical' AND n.type = 'procedural'"
-        " AND n.source_id IS DISTINCT FROM %s ORDER BY n.created_at, n.rowid",
-        (intents, source_id),
+        " ORDER BY n.created_at, n.rowid",
+        (intents,),
     )
-    procedures = [(str(i), data, None if owner is None else str(owner))
-                  for i, node_id, data, owner in await cur.fetchall()
-                  if str(node_id) not in scope.added]
-    return intents, procedures
+    procedures = [(str(i), str(node_id), data, None if owner is None else str(owner))
+                  for i, node_id, data, owner in await cur.fetchall()]
+    cur = await conn.execute(
+        "SELECT id, text, data, source_id, owners FROM nodes WHERE repo = %s"
+        " AND type = ANY(%s) AND (source_id = %s OR id = ANY(%s)) ORDER BY id",
+        (repo, _KNOWLEDGE, key, sorted(scope.added | scope.joined)),
+    )
+    shared: list[Shared] = [
+        (str(i), Contribution(str(text), cast(JSONObject, data),
+                              None if source is None else str(source)),
+         cast(Owners | None, owners), str(i) in scope.added or source == key)
+        for i, text, data, source, owners in await cur.fetchall()
+    ]
+    return Inherited(intents, procedures, shared, frozenset(scope.commits))
 
 
-async def delete_source(
-    conn: Connection,
-    repo: str,
-    source_id: str,
-    also: Sequence[SideWrite],
-    plan: Plan,
+async def _withdraw(
+    conn: Connection, repo: str, key: str, scope: Scope, plan: Plan
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `plan` says
-    what becomes of the intents the source created or re-worded (`inherited`). The source is
-    an ingested source, a session or an episode (`Scope`): a session's or an episode's
-    stored steps go too (`_erase_steps`), and the lexical index's stores are told to start
-    again (`lexical_epoch`). The caller holds the transaction."""
-    scope = await _scope(conn, repo, source_id)
+    """As `mnemo.storage.sqlite.deletes._withdraw`."""
     cur = await conn.execute(
-        "SELECT id, type IN ('tag', 'intent') FROM nodes WHERE repo = %s"
-        " AND (source_id = %s OR id = ANY(%s))",
-        (repo, source_id, sorted(scope.added)),
+        "SELECT id, type FROM nodes WHERE repo = %s AND (source_id = %s OR id = ANY(%s))",
+        (repo, key, sorted(scope.added)),
     )
-    rows = await cur.fetchall()
-    own = [str(i) for i, route in rows if not route] + plan.dropped
-    routes = {str(i) for i, route in rows if route} | set(plan.intents)
+    mine = {str(i): str(kind) for i, kind in await cur.fetchall()}
+    own = sorted(i for i, kind in mine.items() if kind not in (*_ROUTES, *_KNOWLEDGE))
+    own += sorted(i for i, (left, _) in plan.shared.items() if left is None) + plan.dropped
+    routes = {i for i, kind in mine.items() if kind in _ROUTES} | set(plan.intents)
+    if scope.links:
+        ends = [list(column) for column in zip(*scope.links, strict=True)]
+        await conn.execute(
+            "UPDATE links l SET refs = l.refs - x.n FROM (SELECT s, d, t, count(*) AS n"
+            " FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(s, d, t) GROUP BY s, d, t)"
+            " x WHERE l.src = x.s AND l.dst = x.d AND l.type = x.t", ends)
+        await conn.execute(
+            "DELETE FROM links WHERE refs <= 0 AND (src = ANY(%s) OR dst = ANY(%s))",
+            (ends[0], ends[1]))
+        cur = await conn.execute("SELECT id FROM nodes WHERE id = ANY(%s) AND type = ANY(%s)",
+                                 (ends[0] + ends[1], _ROUTES))
+        routes.update(str(i) for (i,) in await cur.fetchall())
     cur = await conn.execute(
-        "SELECT DISTINCT n.id FROM links l JOIN nodes n ON n.id = l.src"
-        " WHERE l.dst = ANY(%s) AND n.type IN ('tag', 'intent')",
-        (own,),
+        "SELECT DISTINCT n.id FROM links l JOIN nodes n ON n.id IN (l.src, l.dst)"
+        " WHERE (l.dst = ANY(%s) OR l.src = ANY(%s)) AND n.type = ANY(%s)",
+        (own, own, _ROUTES),
     )
     routes.update(str(i) for (i,) in await cur.fetchall())
     await conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (own,))
@@ -99,24 +126,51 @@ async def delete_source(
         await conn.execute(
             "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), intent_id)
         )
+    for node_id, (left, made) in plan.shared.items():
+        if left is not None:
+            await conn.execute(
+                "UPDATE nodes SET text = %s, data = %s, source_id = %s, owners = %s"
+                " WHERE id = %s", (left.heir.text, Jsonb(left.heir.data), left.heir.source_id,
+                                   None if left.owners is None else Jsonb(left.owners),
+                                   node_id))
+            if made is not None:
+                await conn.execute("UPDATE vectors SET vec = %s WHERE node_id = %s",
+                                   (as_array(made), node_id))
     cur = await conn.execute(
         "DELETE FROM nodes n WHERE n.id = ANY(%s) AND NOT EXISTS"
         " (SELECT 1 FROM links l WHERE l.src = n.id OR l.dst = n.id) RETURNING id",
         (sorted(routes - set(own)),),
     )
     orphans = [str(i) for (i,) in await cur.fetchall()]
-    # A tag or intent the source created that another still uses stays, but no longer names
-    # the source (its id is the user's text: erasure).
-    await conn.execute(
-        "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s",
-        (repo, source_id),
-    )
-    await history.forget_commits(conn, repo, scope.commits)
-    await _erase_steps(conn, source_id, scope.commits)
-    await side_writes(conn, also)
-    if own or orphans or plan.heirs or scope.commits:
-        await new_epoch(conn)
+    await history.unretire(conn, repo, scope.retired)
     return own + orphans
+
+
+async def withdraw(
+    conn: Connection,
+    repo: str,
+    key: str,
+    also: Sequence[SideWrite],
+    plan: Plan,
+    revert_id: str | None,
+) -> list[str]:
+    """As `mnemo.storage.sqlite.deletes.withdraw` (the lexical index's stores told to start
+    again by `lexical_epoch`). The caller holds the transaction."""
+    scope = await _scope(conn, repo, key, one=revert_id is not None)
+    gone = await _withdraw(conn, repo, key, scope, plan)
+    if revert_id is not None:
+        await history.reverted(conn, repo, key, revert_id)
+        return gone
+    # A node the source created that another still uses stays, but no longer names the
+    # source (its id is the user's text: erasure).
+    await conn.execute(
+        "UPDATE nodes SET source_id = NULL WHERE repo = %s AND source_id = %s", (repo, key))
+    await history.forget_commits(conn, repo, scope.records)
+    await _erase_steps(conn, key, scope.records)
+    await side_writes(conn, also)
+    if gone or plan.heirs or plan.shared or scope.records:
+        await new_epoch(conn)
+    return gone
 
 
 async def _erase_steps(conn: Connection, source_id: str, commits: Sequence[str]) -> None:

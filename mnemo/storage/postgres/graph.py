@@ -47,13 +47,16 @@ from mnemo.graph.ports import (
     More,
     Neighbor,
     NodeContext,
+    Reverting,
     SideWrite,
     Started,
     SweepResult,
     TypedLink,
     same_generation,
 )
+from mnemo.graph.scope import Scope, Where, pairs
 from mnemo.graph.vectors import VectorIndex
+from mnemo.storage import scopes
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.postgres import deletes, history, maintenance, recall_reads
 from mnemo.storage.postgres.connection import Postgres
@@ -65,6 +68,7 @@ from mnemo.storage.postgres.sessions import side_writes
 from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kind_values
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row
+from mnemo.storage.scopes import ScopeReads
 from mnemo.storage.started import Later, OrElse
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 from mnemo.text import query_words
@@ -80,7 +84,7 @@ def repo_lock_key(repo: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-class PgGraph(PgReembedding):
+class PgGraph(PgReembedding, ScopeReads):
     """`GraphStore` over a PostgreSQL database."""
 
     def __init__(
@@ -142,32 +146,43 @@ class PgGraph(PgReembedding):
 
     async def write_commit(self, plan: CommitPlan, also: Sequence[SideWrite]) -> None:
         repo, created = plan.repo, datetime.fromisoformat(plan.created_at)
+        scoped = Jsonb(plan.metadata) if plan.metadata else None
         async with self._pg.transaction() as conn, conn.cursor() as cur:
             await cur.executemany(
                 "INSERT INTO nodes (id, repo, type, text, data, key, source_id, created_at,"
-                " recorded_at, valid_from) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
-                " %s::timestamptz, %s::timestamptz) ON CONFLICT DO NOTHING",
+                " recorded_at, valid_from, metadata) VALUES (%s, %s, %s, %s, %s, %s, %s, %s,"
+                " %s::timestamptz, %s::timestamptz, %s) ON CONFLICT DO NOTHING",
                 [(n.id, repo, n.type.value, text, Jsonb(n.data), n.key, n.source_id, created,
-                  *facts.times(n, plan.created_at))
+                  *facts.times(n, plan.created_at), scoped)
                  for n, text, _ in plan.nodes],
             )
+            if plan.metadata and plan.nodes:
+                await cur.execute(
+                    "INSERT INTO node_scopes (repo, key, value, node)"
+                    " SELECT %s, p.key, p.value, n.rowid FROM nodes n,"
+                    " unnest(%s::text[], %s::text[]) AS p(key, value)"
+                    " WHERE n.id = ANY(%s) ON CONFLICT DO NOTHING",
+                    (repo, *map(list, zip(*pairs(plan.metadata), strict=True)),
+                     [n.id for n, _, _ in plan.nodes]),
+                )
             await cur.executemany(
                 "INSERT INTO vectors (node_id, repo, vec) VALUES (%s, %s, %s)"
                 " ON CONFLICT DO NOTHING",
                 [(n.id, repo, as_array(vector)) for n, _, vector in plan.nodes],
             )
+            await history.joined(conn, plan)  # before the rewordings
             for node_id, (text, vector) in plan.rewordings.items():
                 await cur.execute("UPDATE nodes SET text = %s WHERE id = %s", (text, node_id))
                 await cur.execute(
                     "UPDATE vectors SET vec = %s WHERE node_id = %s", (as_array(vector), node_id)
                 )
-            added = await history.insert_links(conn, repo, plan.links)
+            await history.add_links(conn, repo, plan.links)
             await cur.execute(
                 "INSERT INTO applied_changesets (id, repo, receipt, applied_at)"
                 " VALUES (%s, %s, %s, %s)",
                 (plan.changeset_id, repo, plan.receipt.to_json(), created),
             )
-            await history.record(conn, plan, added)
+            await history.record(conn, plan)
             await side_writes(conn, also)
         self._vectors.added(repo, len(plan.nodes))
         await self._vectors.index_if_large(repo)
@@ -185,11 +200,6 @@ class PgGraph(PgReembedding):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         async with self._pg.connection() as conn:
             return await history.one(conn, repo, commit_id)
-
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        async with self._pg.transaction() as conn:
-            gone = await history.undo(conn, commit)
-        self._forget(commit.repo, gone)
 
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         row = await self._one("SELECT receipt FROM applied_changesets WHERE id = %s",
@@ -371,20 +381,24 @@ class PgGraph(PgReembedding):
                 await self._erased()
         return len(gone)
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.delete_source`."""
+        """See `GraphStore.withdraw`."""
         async def read() -> Inherited:
             async with self._pg.connection() as conn:
-                return await deletes.inherited(conn, repo, source_id)
+                return await deletes.inherited(conn, repo, key, one=reverting is not None)
 
         async def delete(plan: erasure.Plan) -> list[str]:
+            if reverting is not None:
+                await reverting.refused()
             async with self._pg.transaction() as conn:
-                gone = await deletes.delete_source(conn, repo, source_id, also, plan)
+                gone = await deletes.withdraw(
+                    conn, repo, key, also, plan, reverting.revert_id if reverting else None)
             self._forget(repo, gone)
-            await self._erased()
+            if reverting is None:
+                await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
@@ -403,28 +417,44 @@ class PgGraph(PgReembedding):
     # ---- search ---------------------------------------------------------------------------
 
     async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]:
         """Nodes matching words of `query` by BM25, best first: from the lexical index, or
         from PostgreSQL's full-text search (stemmed, `ts_rank_cd`) when there is none or it
         cannot answer now, each word the phrase of its parts (`WORD_QUERY`), as in message
         search and FTS5 (`plainto_tsquery` found "snake_case_name" in "name the snake's
         case")."""
-        return await self.start_search_text(repo, query, limit, types).result()
+        return await self.start_search_text(repo, query, limit, types, scope).result()
 
     def start_search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> Started[list[tuple[str, float]]]:
         """`search_text` begun now on the lexical index's thread; PostgreSQL's own search,
-        when there is no index or it cannot answer, runs when the answer is awaited."""
+        when there is no index or it cannot answer, runs when the answer is awaited. Inside
+        a `scope`, read when the answer is awaited (`ScopeReads.scoped_text`)."""
         kinds = None if types is None else kind_values(types)
+        if scope is not None:
+            return Later(lambda: self.scoped_text(
+                repo, query, limit, kinds, scope,
+                lambda n: self.start_search_text(repo, query, n, types).result()))
         if self._lexical is None:
             return Later(lambda: self._full_text(repo, query, limit, kinds))
         return OrElse(self._lexical.start_search(repo, query, limit, kinds),
                       lambda: self._full_text(repo, query, limit, kinds))
 
+    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+        return await self._all(statement.replace("?", "%s"), params)
+
+    async def _store_text(
+        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
+    ) -> list[tuple[str, float]]:
+        return await self._full_text(repo, query, limit, kinds, where)
+
     async def _full_text(
-        self, repo: str, query: str, limit: int, kinds: list[str] | None
+        self, repo: str, query: str, limit: int, kinds: list[str] | None,
+        where: Where | None = None,
     ) -> list[tuple[str, float]]:
         """PostgreSQL's full-text search (see `search_text`)."""
         # Every word of a long query is read in a worker thread, not on the event loop.
@@ -433,19 +463,28 @@ class PgGraph(PgReembedding):
         if not words or limit <= 0:
             return []
         tsquery = sql.SQL(" || ".join(WORD_QUERY for _ in words))
+        scoped, inside = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
         statement = sql.SQL(
-            "SELECT id, ts_rank_cd(search, q) AS score FROM nodes, (SELECT {}) AS query(q)"
-            " WHERE repo = %s AND search @@ q{} ORDER BY score DESC, rowid LIMIT %s"
-        ).format(tsquery, sql.SQL("" if kinds is None else " AND type = ANY(%s)"))
-        params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]), limit]
+            "SELECT id, ts_rank_cd(search, q) AS score FROM nodes n, (SELECT {}) AS query(q)"
+            " WHERE repo = %s AND search @@ q{}{} ORDER BY score DESC, rowid LIMIT %s"
+        ).format(tsquery, sql.SQL("" if kinds is None else " AND type = ANY(%s)"),
+                 sql.SQL(scoped.replace("?", "%s")))
+        params: list[Column] = [*words, repo, *([] if kinds is None else [kinds]),
+                                *inside, limit]
         rows = await self._all(statement, params)
         return [(str(i), float(score)) for i, score in rows]
 
     async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine (similarity, best first)."""
-        return await self._vectors.search(repo, vector, limit, types)
+        """Nodes nearest to `vector` by cosine (similarity, best first; inside `scope`, when
+        given)."""
+        if scope is None:
+            return await self._vectors.search(repo, vector, limit, types)
+        return await self.scoped_vectors(
+            repo, scope, vector, limit, None if types is None else kind_values(types),
+            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int

@@ -531,4 +531,41 @@ MIGRATIONS: tuple[Migration, ...] = (
             "UPDATE threads SET history_hash = '' WHERE history_len = 0",
         ),
     ),
+    Migration(
+        # Facts and instructions several commits are evidence for, links counted by the
+        # commits that made them, and reverts recorded. SQLite's m026_shared_knowledge.
+        "m018_shared_knowledge",
+        (
+            "ALTER TABLE nodes ADD COLUMN owners jsonb",
+            "ALTER TABLE links ADD COLUMN refs integer NOT NULL DEFAULT 1",
+            "ALTER TABLE commits ADD COLUMN joined jsonb NOT NULL DEFAULT '[]'",
+            "ALTER TABLE commits ADD COLUMN reverted_by text",
+            "ALTER TABLE commits ADD COLUMN reverts text",
+        ),
+    ),
+    Migration(
+        # A step is stored before it is annotated (its trajectory_id empty until then): the
+        # steps waiting for their annotation, found without reading every step. SQLite's
+        # m027_unannotated_steps.
+        "m019_unannotated_steps",
+        ("CREATE INDEX steps_unannotated ON steps (session_id) WHERE trajectory_id = ''",),
+    ),
+    Migration(
+        # Who a memory belongs to: a node's, a session's and a message's metadata, and each
+        # node's (key, value) pairs in an index that a `where` reads. SQLite's m028_scopes.
+        "m020_scopes",
+        (
+            "ALTER TABLE nodes ADD COLUMN metadata jsonb",
+            "ALTER TABLE sessions ADD COLUMN metadata jsonb",
+            "ALTER TABLE messages ADD COLUMN metadata jsonb",
+            """CREATE TABLE node_scopes (
+                repo text NOT NULL,
+                key text NOT NULL,
+                value text NOT NULL,
+                node bigint NOT NULL REFERENCES nodes(rowid) ON DELETE CASCADE,
+                PRIMARY KEY (repo, key, value, node)
+            )""",
+            "CREATE INDEX node_scopes_by_node ON node_scopes (node)",
+        ),
+    ),
 )

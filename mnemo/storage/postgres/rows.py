@@ -7,11 +7,15 @@ from __future__ import annotations
 from mnemo.graph.model import NODE_TYPES, Node, NodeId
 from mnemo.storage.row import Row
 
-NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
+NODE_COLUMNS = (
+    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
+)
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 
 def node(row: Row) -> Node:
     """The node of a row that starts with NODE_COLUMNS."""
-    node_id, kind, text, data, created_at, *times = row[:NODE_WIDTH]
-    return Node(NodeId(str(node_id)), NODE_TYPES[kind], str(text), dict(data), created_at, *times)
+    node_id, kind, text, data, created_at, start, end, recorded, retired, metadata = (
+        row[:NODE_WIDTH])
+    return Node(NodeId(str(node_id)), NODE_TYPES[kind], str(text), dict(data), created_at, start,
+                end, recorded, retired, dict(metadata or {}))

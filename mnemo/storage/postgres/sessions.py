@@ -15,7 +15,7 @@ in one REPEATABLE READ transaction, so it sees one snapshot even while other tas
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from psycopg.types.json import Jsonb
@@ -105,15 +105,17 @@ class PgSessions:
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         now = self._clock.now()
         async with self._pg.transaction() as conn:
             await conn.execute(
                 "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
-                " updated_at, active_at, holder, lease_until)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                " updated_at, active_at, holder, lease_until, metadata)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (session_id, repo, State.COLLECTING.value, _jsonb(config.to_json()),
-                 episode.id, now, now, now, holder, lease_until),
+                 episode.id, now, now, now, holder, lease_until,
+                 Jsonb(dict(metadata)) if metadata else None),
             )
             await _insert_episode(conn, session_id, episode, now)
 
@@ -135,41 +137,77 @@ class PgSessions:
         session_id: str,
         episode_id: str,
         step: StepRecord,
-        previous: StepRecord | None,
         *,
         version: int | None = None,
+        holder: str | None = None,
     ) -> int:
         now = self._clock.now()
-        rows = [_step_row(session_id, episode_id, step, now)]
-        if previous is not None:
-            rows.append(_step_row(session_id, episode_id, previous, now))
-        values = ", ".join([_STEP_VALUES] * len(rows))
         guard = " AND NOT ended AND version = %s" if version is not None else ""
+        claim = (
+            ", claimed AS (INSERT INTO step_claims(step_id, session_id, holder)"
+            " SELECT %s, %s, %s FROM moved)" if holder is not None else ""
+        )
         # One statement in autocommit, so one round trip (a transaction of two cost the
         # append 40 % more, BENCHMARKS.md): the session's version moves on, checked to be
         # still collecting this episode at the version the caller read, and only then the
-        # new step goes in with the previous step's deferred reward as an upsert.
+        # new step goes in (claimed for its annotation by `holder`).
         statement = (
             "WITH moved AS (UPDATE sessions SET version = version + 1, updated_at = %s,"
             " active_at = %s"
             f" WHERE id = %s AND state = 'collecting' AND episode_id = %s{guard}"
-            " RETURNING version)"
+            f" RETURNING version){claim}"
             " INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id, observation,"
             " action, state_summary, subgoal, subgoal_vec, reward, metadata, recorded_at)"
-            f" SELECT v.* FROM (VALUES {values}) AS v, moved"
-            " ON CONFLICT (id) DO UPDATE SET reward = excluded.reward"
+            f" SELECT v.* FROM (VALUES {_STEP_VALUES}) AS v, moved"
             " RETURNING (SELECT version FROM moved)"
         )
         params: list[object] = [now, now, session_id, episode_id]
         if version is not None:
             params.append(version)
-        params.extend(value for row in rows for value in row)
+        if holder is not None:
+            params.extend((step.id, session_id, holder))
+        params.extend(_step_row(session_id, episode_id, step, now))
         async with self._pg.connection() as conn:
             cur = await conn.execute(statement, params)
             row = await cur.fetchone()
         if row is None:
             raise StaleSession(session_id)
         return int(str(row[0]))
+
+    async def annotate_step(
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        holder: str | None = None,
+    ) -> int | None:
+        async with self._pg.transaction() as conn:
+            # The claims first, as an end takes them before the session's row.
+            await lock_claims(conn, session_id)
+            if holder is not None:
+                await conn.execute(
+                    "DELETE FROM step_claims WHERE step_id = %s AND holder = %s",
+                    (step.id, holder),
+                )
+            cur = await conn.execute(
+                "WITH done AS (UPDATE steps SET trajectory_id = %s, state_summary = %s,"
+                " subgoal = %s, subgoal_vec = %s WHERE id = %s AND trajectory_id = ''"
+                " AND EXISTS (SELECT 1 FROM sessions WHERE id = %s AND episode_id = %s"
+                " AND NOT ended AND state IN ('collecting', 'extracting')) RETURNING id)"
+                " UPDATE sessions SET version = version + 1, updated_at = clock_timestamp()"
+                " WHERE id = %s AND EXISTS (SELECT 1 FROM done) RETURNING version",
+                (step.trajectory_id, step.state_summary, step.subgoal,
+                 vector_to_blob(step.subgoal_vec), step.id, session_id, episode_id,
+                 session_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            if previous is not None:
+                await _save_rewards(conn, [(previous.id, previous.reward)])
+            return int(str(row[0]))
 
     async def set_state(
         self,
@@ -291,7 +329,7 @@ class PgSessions:
             cur = await conn.execute(
                 "SELECT s.id, s.repo, s.state, s.config::text, s.created_at, e.id, e.goal,"
                 " e.status, s.model, c.payload::text, s.version, s.holder, s.lease_until,"
-                " s.active_at"
+                " s.active_at, s.metadata"
                 " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
                 " LEFT JOIN LATERAL (SELECT payload FROM changesets"
                 "   WHERE session_id = s.id LIMIT 1) c ON true"
@@ -304,7 +342,7 @@ class PgSessions:
             steps = await _load_steps(conn, open_ids)
         live: list[LiveSession] = []
         for (sid, repo, state, config, created, episode_id, goal, status, model,
-             payload, version, holder, until, active) in sessions:
+             payload, version, holder, until, active, metadata) in sessions:
             episode = None
             if episode_id is not None and status == "open":
                 episode = EpisodeRecord(str(episode_id), str(goal),
@@ -318,6 +356,7 @@ class PgSessions:
                     lease_until=until if isinstance(until, datetime) else None,
                     active_at=None if active is None else _utc(active),
                     goal=None if goal is None else str(goal),
+                    metadata=metadata if isinstance(metadata, dict) else {},
                 )
             )
         return live

@@ -19,7 +19,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 from mnemo.conversation.model import GOAL_OPEN, Compaction, Goal, Message, Snapshot
 from mnemo.conversation.ports import ThreadState
 
-MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens"
+MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
 
 
@@ -33,7 +33,7 @@ def timestamp(moment: datetime) -> str:
 
 def message_from_row(row: Sequence[Any]) -> Message:
     """A `Message` from a row of `MESSAGE_COLUMNS`."""
-    message_id, thread_id, seq, role, text, content, data, recorded_at, tokens = row
+    message_id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata = row
     return Message(
         id=message_id,
         thread_id=thread_id,
@@ -43,6 +43,7 @@ def message_from_row(row: Sequence[Any]) -> Message:
         data=json.loads(data),
         recorded_at=datetime.fromisoformat(recorded_at),
         tokens=tokens,
+        metadata={} if metadata is None else json.loads(metadata),
     )
 
 

@@ -42,6 +42,7 @@ from mnemo.conversation.ports import (
 )
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector, vector_from_blob, vector_to_blob
+from mnemo.graph.scope import Where, canonical
 from mnemo.storage.sqlite import conversation_search
 from mnemo.storage.sqlite._thread_rows import (
     MESSAGE_COLUMNS,
@@ -117,11 +118,13 @@ class SqliteThreads:
                         ids[i], thread_id, state.next_seq + i, d.role, d.text,
                         None if d.content == d.text else d.content,
                         json.dumps(d.data, sort_keys=True), stamp, d.tokens,
+                        canonical(d.metadata),
                     )
                     for i, d in enumerate(drafts)
                 ]
                 conn.executemany(
-                    f"INSERT INTO messages({MESSAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO messages({MESSAGE_COLUMNS})"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     rows,
                 )
                 conn.execute(
@@ -534,13 +537,14 @@ class SqliteThreads:
         thread_id: str | None = None,
         exclude_viewport_of: str | None = None,
         shown: Shown | None = None,
+        where: Where | None = None,
     ) -> list[SearchHit]:
         if not words:
             return []
         return await self._database.run(
             lambda db: conversation_search.search(
                 db, words, limit=limit, now=now, thread_id=thread_id,
-                exclude_viewport_of=exclude_viewport_of, shown=shown,
+                exclude_viewport_of=exclude_viewport_of, shown=shown, where=where,
             )
         )
 

@@ -18,6 +18,7 @@ from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.conversation.ports import Shown
 from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import NotFoundError
+from mnemo.graph.scope import Where
 from mnemo.storage.sqlite._thread_rows import (
     MESSAGE_COLUMNS,
     SNAPSHOT_COLUMNS,
@@ -49,6 +50,7 @@ def search(
     thread_id: str | None = None,
     exclude_viewport_of: str | None = None,
     shown: Shown | None = None,
+    where: Where | None = None,
 ) -> list[SearchHit]:
     """The best `limit` messages for the words of a query (see the module doc)."""
     match = match_expression(words)
@@ -72,6 +74,13 @@ def search(
             return []
         conditions.append("messages_fts.rowid BETWEEN ? AND ?")
         params += [span[0], span[1]]
+    for key, values in (where or {}).items():
+        # Each of the scope's keys: the message's metadata value at that key, as JSON text.
+        conditions.append(
+            "EXISTS (SELECT 1 FROM json_each(m.metadata) j WHERE j.key = ? AND"
+            " (CASE WHEN j.type IN ('true', 'false') THEN j.type ELSE json_quote(j.value) END)"
+            f" IN ({', '.join('?' * len(values))}))")
+        params += [key, *values]
     if exclude_viewport_of is not None:
         state = read_state(db, exclude_viewport_of)
         boundary = state.boundary_seq if state else 0

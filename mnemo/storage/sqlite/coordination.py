@@ -198,6 +198,22 @@ class SqliteCoordination:
 
         await self._database.run(write)
 
+    async def unannotated(
+        self, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        rows = await self._database.run(
+            lambda db: db.conn.execute(
+                # Through the partial index of unannotated steps (m027).
+                "SELECT DISTINCT st.session_id FROM steps st JOIN sessions s"
+                " ON s.id = st.session_id AND s.episode_id = st.episode_id"
+                " WHERE st.trajectory_id = '' AND s.ended = 0 AND s.state = 'collecting'"
+                " AND NOT EXISTS (SELECT 1 FROM step_claims c WHERE c.step_id = st.id"
+                f" AND NOT {_departed('c.holder', gone)})",
+                (_text(unseen_since), *gone),
+            ).fetchall()
+        )
+        return [str(session_id) for session_id, in rows]
+
     async def queue_op(self, op: StoredOp) -> None:
         row = (op.id, op.session_id, op.kind, json.dumps(op.args), op.accepted_by,
                _text(op.created_at))

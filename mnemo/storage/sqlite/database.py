@@ -84,16 +84,21 @@ class _Connection(SqliteUtilsDatabase):
 
 
 def storage_error(exc: sqlite3.Error) -> StorageError:
-    """The `StorageError` for a driver error (it becomes the `__cause__`)."""
+    """The `StorageError` for a driver error (it becomes the `__cause__`): "busy", "corrupt",
+    else "unavailable", whose message says when the file or its folder is read-only."""
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
+    note = ""
     if primary in _BUSY_CODES or "locked" in str(exc) or "busy" in str(exc):
         reason = "busy"
     elif primary in _CORRUPT_CODES:
         reason = "corrupt"
     else:
         reason = "unavailable"
-    error = StorageError(reason, f"SQLite: {exc}")
+        if primary == sqlite3.SQLITE_READONLY:
+            note = (" (read-only: mnemo writes the file, and its -wal and -shm files in its"
+                    " folder, even to read it)")
+    error = StorageError(reason, f"SQLite: {exc}{note}")
     error.__cause__ = exc
     return error
 
@@ -404,8 +409,9 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
     that looking never changes the file (the CLI checks a path before `Memory` migrates it).
 
     Raises:
-        StorageError: "corrupt", the file cannot be opened or read as SQLite (the driver's
-            error is the cause).
+        StorageError: "corrupt", the file cannot be read as SQLite; "unavailable", it cannot
+            be opened (a read-only folder: see `storage_error`). The driver's error is the
+            cause.
     """
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
@@ -424,7 +430,7 @@ def inspect_file(path: Path) -> tuple[bool, bool]:
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        raise StorageError("corrupt", str(exc)) from exc
+        raise storage_error(exc) from exc
 
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:

@@ -1,7 +1,7 @@
-"""The SQL of the graph's deletes on SQLite: nodes by id, and everything a source (an ingested
-source, a session, an episode) committed. Each function is one transaction, run by
-`SqliteGraph` under the repo's lock (which also forgets the vectors of what went); each is an
-erasure, and ends with `scrub`."""
+"""The SQL of the graph's deletes on SQLite: nodes by id, everything a source (an ingested
+source, a session, an episode) committed, and the work of one commit (a revert). Each
+function is one transaction, run by `SqliteGraph` under the repo's lock (which also forgets
+the vectors of what went); the first two are erasures, and end with `scrub`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ from collections.abc import Iterable, Sequence
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
-from mnemo.graph.erasure import Inherited, Plan, Scope
+from mnemo.graph import shares
+from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
+from mnemo.graph.model import Vector
 from mnemo.graph.ports import SideWrite
+from mnemo.graph.shares import Contribution
+from mnemo.storage.json_text import loads_object
 from mnemo.storage.sqlite import history
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import half_blob, unpack_text
@@ -35,23 +39,37 @@ def delete_nodes(db: SqliteUtilsDatabase, repo: str, ids: list[str]) -> int:
 
 
 # What a source committed: the commits of an ingested source, of a session, or of an
-# episode (those its steps were committed in).
+# episode (those its steps were committed in); or one commit, to revert.
 _SCOPE = (
-    "SELECT id, nodes, reworded FROM commits WHERE repo = ?1 AND (source_id = ?2"
-    " OR session_id = ?2 OR id IN (SELECT committed_in FROM steps WHERE episode_id = ?2"
+    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+    " WHERE repo = ?1 AND reverts IS NULL AND (source_id = ?2 OR session_id = ?2"
+    " OR id IN (SELECT committed_in FROM steps WHERE episode_id = ?2"
     " AND committed_in IS NOT NULL))"
 )
+_ONE = (
+    "SELECT id, nodes, reworded, joined, links, retired, reverted_by FROM commits"
+    " WHERE repo = ?1 AND id = ?2 AND reverted_by IS NULL"
+)
+# The nodes kept while something links to them (a tag or an intent another commit uses, an
+# episode's source and a trajectory's subgoal its later commits link to).
+_ROUTES = ("tag", "intent", "source", "subgoal")
+_KNOWLEDGE = ("semantic", "procedural")
 
 
-def _scope(conn: sqlite3.Connection, repo: str, source_id: str) -> Scope:
-    commits: list[str] = []
-    added: set[str] = set()
-    reworded: set[str] = set()
-    for commit_id, nodes, words in conn.execute(_SCOPE, (repo, source_id)):
-        commits.append(commit_id)
-        added.update(json.loads(unpack_text(nodes)))
-        reworded.update(json.loads(words))
-    return Scope(commits, added, reworded)
+def _scope(conn: sqlite3.Connection, repo: str, key: str, *, one: bool) -> Scope:
+    scope = Scope([], [], set(), set())
+    for commit_id, nodes, words, joined, links, retired, reverted_by in conn.execute(
+            _ONE if one else _SCOPE, (repo, key)):
+        scope.records.append(commit_id)
+        if reverted_by is not None:  # its work went with its revert
+            continue
+        scope.commits.append(commit_id)
+        scope.added.update(json.loads(unpack_text(nodes)))
+        scope.reworded.update(json.loads(words))
+        scope.joined.update(json.loads(joined))
+        scope.links.extend(tuple(k) for k in json.loads(unpack_text(links)))
+        scope.retired.extend(json.loads(retired))
+    return scope
 
 
 def _types(conn: sqlite3.Connection, repo: str, ids: Iterable[str]) -> dict[str, str]:
@@ -65,99 +83,143 @@ def _types(conn: sqlite3.Connection, repo: str, ids: Iterable[str]) -> dict[str,
 
 
 def inherited(
-    db: SqliteUtilsDatabase, repo: str, source_id: str
+    db: SqliteUtilsDatabase, repo: str, key: str, *, one: bool = False
 ) -> Inherited:
-    """The intents the source created or re-worded, and (intent, data, source) of each
-    procedure of another source linked to them, oldest first (`mnemo.graph.erasure.heirs`).
-    The source is an ingested source, a session or an episode (`Scope`)."""
+    """What withdrawing the commits of the source `key` (with `one`, the commit `key`)
+    re-words (`mnemo.graph.erasure.Inherited`): the intents they created or re-worded with the
+    procedures linked to them (oldest first), and the facts and instructions they created or
+    joined. A revert's `key` is its commit's id, which no node names as its source."""
     conn = db.conn
-    scope = _scope(conn, repo, source_id)
+    scope = _scope(conn, repo, key, one=one)
     intents = {row[0] for row in conn.execute(
         "SELECT id FROM nodes WHERE repo = ? AND source_id = ? AND type = 'intent'",
-        (repo, source_id))}
+        (repo, key))}
     intents.update(i for i, kind in _types(conn, repo, scope.added).items() if kind == "intent")
     intents.update(scope.reworded)
     ordered = sorted(intents)
-    procedures: list[tuple[str, object, str | None]] = []
+    procedures: list[tuple[str, str, object, str | None]] = []
     for chunk in chunks(ordered, 400):
         marks = ",".join("?" * len(chunk))
         procedures.extend(
-            (intent_id, json.loads(data), owner)
+            (intent_id, node_id, json.loads(data), owner)
             for intent_id, node_id, data, owner in conn.execute(
                 f"SELECT i.id, n.id, n.data, n.source_id FROM nodes i"
                 f" JOIN links l ON l.src = i.rowid JOIN nodes n ON n.rowid = l.dst"
                 f" WHERE i.id IN ({marks}) AND l.type = 'hierarchical'"
-                f" AND n.type = 'procedural' AND n.source_id IS NOT ?"
-                f" ORDER BY n.created_at, n.rowid",
-                [*chunk, source_id])
-            if node_id not in scope.added)
-    return ordered, procedures
+                f" AND n.type = 'procedural' ORDER BY n.created_at, n.rowid", chunk))
+    shared: list[Shared] = []
+    rows = list(conn.execute(
+        "SELECT id, text, data, source_id, owners FROM nodes WHERE repo = ? AND source_id = ?"
+        " AND type IN ('semantic', 'procedural')", (repo, key)))
+    for chunk in chunks(sorted(scope.added | scope.joined), 400):
+        marks = ",".join("?" * len(chunk))
+        rows.extend(conn.execute(
+            f"SELECT id, text, data, source_id, owners FROM nodes WHERE repo = ? AND id IN"
+            f" ({marks}) AND type IN ('semantic', 'procedural')", [repo, *chunk]))
+    for node_id, text, data, source, owners in sorted(dict.fromkeys(rows)):
+        shared.append((node_id, Contribution(text, loads_object(data), source),
+                       owners and json.loads(owners),
+                       node_id in scope.added or source == key))
+    return Inherited(ordered, procedures, shared, frozenset(scope.commits))
 
 
-def delete_source(
+def _withdraw(
+    conn: sqlite3.Connection, repo: str, key: str, scope: Scope, plan: Plan
+) -> list[str]:
+    """Takes the work of `scope`'s commits off the graph (`Inherited`'s `key`, `plan`):
+    their links one commit fewer each (those no commit makes any more go), their steps, the
+    facts and instructions no other commit is evidence for, and the routes (`_ROUTES`) this
+    left without links; the others re-worded as `plan` says; the facts they retired hold
+    again. Returns the ids of the nodes that went."""
+    mine = dict(conn.execute(
+        "SELECT id, type FROM nodes WHERE repo = ? AND source_id = ?", (repo, key)))
+    mine.update(_types(conn, repo, scope.added))
+    own = [i for i, kind in sorted(mine.items()) if kind not in (*_ROUTES, *_KNOWLEDGE)]
+    own += [i for i, (left, _) in sorted(plan.shared.items()) if left is None] + plan.dropped
+    routes = {i for i, kind in mine.items() if kind in _ROUTES} | set(plan.intents)
+    ends = {end for src, dst, _ in scope.links for end in (src, dst)}
+    routes.update(i for i, kind in _types(conn, repo, ends).items() if kind in _ROUTES)
+    ends_of = "src = (SELECT rowid FROM nodes WHERE id = ?) AND dst = (SELECT rowid FROM nodes" \
+        " WHERE id = ?) AND type = ?"
+    conn.executemany(f"UPDATE links SET refs = refs - 1 WHERE {ends_of}", scope.links)
+    conn.executemany(f"DELETE FROM links WHERE {ends_of} AND refs <= 0", scope.links)
+    kinds = ",".join(f"'{kind}'" for kind in _ROUTES)
+    for chunk in chunks(own, 400):
+        marks = ",".join("?" * len(chunk))
+        routes.update(row[0] for row in conn.execute(
+            f"SELECT n.id FROM nodes d JOIN links l ON l.dst = d.rowid"
+            f" JOIN nodes n ON n.rowid = l.src WHERE d.id IN ({marks}) AND n.type IN ({kinds})"
+            f" UNION SELECT n.id FROM nodes d JOIN links l ON l.src = d.rowid"
+            f" JOIN nodes n ON n.rowid = l.dst WHERE d.id IN ({marks}) AND n.type IN ({kinds})",
+            [*chunk, *chunk]))
+        conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+    for intent_id, (heir, vector) in plan.heirs.items():
+        conn.execute(
+            "UPDATE nodes SET text = ?, data = json_set(data, '$.intent', ?),"
+            " source_id = ? WHERE repo = ? AND id = ?",
+            (heir.text, heir.text, heir.source_id, repo, intent_id))
+        _revector(conn, intent_id, vector)
+    for node_id, (left, made) in plan.shared.items():
+        if left is not None:
+            conn.execute(
+                "UPDATE nodes SET text = ?, data = ?, source_id = ?, owners = ? WHERE id = ?",
+                (left.heir.text, json.dumps(left.heir.data, sort_keys=True),
+                 left.heir.source_id, shares.dumps(left.owners), node_id))
+            if made is not None:
+                _revector(conn, node_id, made)
+    # Of the routes still there (not deleted above, not already gone: an intent a
+    # record names may be), those without links; counted once.
+    orphans = [
+        node_id for node_id in sorted(routes - set(own))
+        if conn.execute(
+            "SELECT 1 FROM nodes n WHERE n.id = ? AND NOT EXISTS"
+            " (SELECT 1 FROM links WHERE src = n.rowid OR dst = n.rowid)",
+            (node_id,),
+        ).fetchone() is not None
+    ]
+    for chunk in chunks(orphans, 400):
+        marks = ",".join("?" * len(chunk))
+        conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
+    history.unretire(conn, repo, scope.retired)
+    return own + orphans
+
+
+def _revector(conn: sqlite3.Connection, node_id: str, vector: Vector) -> None:
+    conn.execute("UPDATE vectors SET vec = ? WHERE node = (SELECT rowid FROM nodes WHERE id = ?)",
+                 (half_blob(vector), node_id))
+
+
+def withdraw(
     db: SqliteUtilsDatabase,
     repo: str,
-    source_id: str,
+    key: str,
     also: Sequence[SideWrite],
     plan: Plan,
+    revert: tuple[str, str] | None,
 ) -> list[str]:
-    """See `GraphStore.delete_source`: returns the ids of the nodes that went. `plan` says
-    what becomes of the intents the source created or re-worded (`inherited`). The source is
-    an ingested source, a session or an episode (`Scope`): a session's or an episode's
-    stored steps go too (`_erase_steps`). The search index is merged (FTS5 keeps a deleted
-    entry's words in its old segments until then) and the lexical index's stores are told
-    to start again (`lexical_epoch`): erasure."""
+    """See `GraphStore.withdraw`: returns the ids of the nodes that went (`_withdraw`). With
+    `revert` (the id and time of its record), the commit `key` is reverted. Else the source
+    `key` is forgotten: an ingested source, a session or an episode (`Scope`), whose stored
+    steps go too (`_erase_steps`), and its commits' records; the search index is merged
+    (FTS5 keeps a deleted entry's words in its old segments until then) and the lexical
+    index's stores are told to start again (`lexical_epoch`): erasure."""
     conn = db.conn
     with db.atomic():
-        scope = _scope(conn, repo, source_id)
-        mine = dict(conn.execute(
-            "SELECT id, type FROM nodes WHERE repo = ? AND source_id = ?", (repo, source_id)))
-        mine.update(_types(conn, repo, scope.added))
-        own = [i for i, kind in sorted(mine.items()) if kind not in ("tag", "intent")]
-        routes = {i for i, kind in mine.items() if kind in ("tag", "intent")}
-        routes.update(plan.intents)
-        own.extend(plan.dropped)
-        for chunk in chunks(own, 400):
-            marks = ",".join("?" * len(chunk))
-            routes.update(row[0] for row in conn.execute(
-                f"SELECT n.id FROM nodes d JOIN links l ON l.dst = d.rowid"
-                f" JOIN nodes n ON n.rowid = l.src"
-                f" WHERE d.id IN ({marks}) AND n.type IN ('tag', 'intent')",
-                chunk))
-            conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
-        for intent_id, (heir, vector) in plan.heirs.items():
-            conn.execute(
-                "UPDATE nodes SET text = ?, data = json_set(data, '$.intent', ?),"
-                " source_id = ? WHERE repo = ? AND id = ?",
-                (heir.text, heir.text, heir.source_id, repo, intent_id))
-            conn.execute("UPDATE vectors SET vec = ? WHERE node ="
-                         " (SELECT rowid FROM nodes WHERE id = ?)",
-                         (half_blob(vector), intent_id))
-        # Of the routes still there (not deleted above, not already gone: an intent a
-        # record names may be), those without links; counted once.
-        orphans = [
-            node_id for node_id in sorted(routes - set(own))
-            if conn.execute(
-                "SELECT 1 FROM nodes n WHERE n.id = ? AND NOT EXISTS"
-                " (SELECT 1 FROM links WHERE src = n.rowid OR dst = n.rowid)",
-                (node_id,),
-            ).fetchone() is not None
-        ]
-        for chunk in chunks(orphans, 400):
-            marks = ",".join("?" * len(chunk))
-            conn.execute(f"DELETE FROM nodes WHERE id IN ({marks})", chunk)
-        # A tag or intent the source created that another still uses stays, but
-        # no longer names the source (its id is the user's text: erasure).
+        scope = _scope(conn, repo, key, one=revert is not None)
+        gone = _withdraw(conn, repo, key, scope, plan)
+        if revert is not None:
+            history.reverted(conn, repo, key, *revert)
+            return gone
+        # A node the source created that another still uses stays, but no longer names the
+        # source (its id is the user's text: erasure).
         conn.execute(
-            "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?",
-            (repo, source_id),
-        )
-        history.forget_commits(conn, repo, scope.commits)
-        _erase_steps(conn, source_id, scope.commits)
+            "UPDATE nodes SET source_id = NULL WHERE repo = ? AND source_id = ?", (repo, key))
+        history.forget_commits(conn, repo, scope.records)
+        _erase_steps(conn, key, scope.records)
         side_writes(db, also)
-        if own or orphans or plan.heirs or scope.commits:
+        if gone or plan.heirs or plan.shared or scope.records:
             scrub(conn)
-    return own + orphans
+    return gone
 
 
 def _erase_steps(conn: sqlite3.Connection, source_id: str, commits: Sequence[str]) -> None:

@@ -30,7 +30,7 @@ from mnemo.storage.sqlite.rows import half_blob, pack_text, unpack_text, vector_
 from mnemo.storage.transfer import Kind, NodeChecksum, Row, Table
 
 # Declared WITHOUT ROWID in schema.py: read in key order.
-_WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results"}
+_WITHOUT_ROWID = {"compactions", "pins", "ingests", "task_results", "node_scopes"}
 # Tables whose vectors are float16.
 _HALF = {"vectors"}
 # JSON columns kept packed (`rows.pack_text`).
@@ -41,10 +41,10 @@ _VECTORS_READ = (
     "SELECT v.node, n.id, n.repo, v.vec FROM vectors v JOIN nodes n ON n.rowid = v.node"
 )
 _VECTORS_WRITE = "INSERT OR IGNORE INTO vectors(node, vec) SELECT rowid, ? FROM nodes WHERE id = ?"
-# Links name their ends by rowid: read as the neutral (repo, src, dst, type) of their ends'
-# ids, in key order, and written to the nodes of those ids (`history.INSERT_LINK`).
+# Links name their ends by rowid: read as the neutral (repo, src, dst, type, refs) of their
+# ends' ids, in key order, and written to the nodes of those ids (`history.INSERT_LINK`).
 _LINKS_READ = (
-    "SELECT l.src, l.dst, l.type, a.repo, a.id, b.id, l.type FROM links l"
+    "SELECT l.src, l.dst, l.type, a.repo, a.id, b.id, l.type, l.refs FROM links l"
     " JOIN nodes a ON a.rowid = l.src JOIN nodes b ON b.rowid = l.dst"
 )
 
@@ -166,7 +166,7 @@ class SqliteDump:
             stored = [(row[vec], row[node_id]) for row in stored]
         if table.name == "links":
             statement = INSERT_LINK
-            ends = [table.names.index(name) for name in ("src", "dst", "type")]
+            ends = [table.names.index(name) for name in ("src", "dst", "type", "refs")]
             stored = [tuple(row[i] for i in ends) for row in stored]
 
         def work(db: SqliteUtilsDatabase) -> int:

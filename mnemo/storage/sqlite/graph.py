@@ -39,16 +39,19 @@ from mnemo.graph.model import (
     NodeId,
     NodeType,
     Vector,
+    now_utc,
 )
 from mnemo.graph.ports import (
     IntentPolicy,
     MergeResult,
+    Reverting,
     SideWrite,
     Staging,
     SweepResult,
     Unstaged,
     same_generation,
 )
+from mnemo.graph.scope import Scope
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.reembed_claims import Claims
@@ -214,13 +217,6 @@ class SqliteGraph(SqliteRecallReads):
     async def commit_record(self, repo: str, commit_id: str) -> CommitRecord | None:
         return await self._database.run(lambda db: history.one(db.conn, repo, commit_id))
 
-    async def undo_commit(self, commit: CommitRecord) -> None:
-        def undo(db: SqliteUtilsDatabase) -> list[str]:
-            with db.atomic():
-                return history.undo(db.conn, commit)
-
-        self._forget_vectors(commit.repo, await self._database.run(undo))
-
     async def receipt(self, changeset_id: str) -> CommitReceipt | None:
         """The receipt of an applied changeset, None if it was never applied."""
         found = await self._database.run(lambda db: commits.receipt(db, changeset_id))
@@ -312,19 +308,25 @@ class SqliteGraph(SqliteRecallReads):
                 await self._erased()
             return gone
 
-    async def delete_source(
-        self, repo: str, source_id: str, *, embed: Embed, also: Sequence[SideWrite] = (),
-        generation: int | None = None,
+    async def withdraw(
+        self, repo: str, key: str, *, embed: Embed, also: Sequence[SideWrite] = (),
+        generation: int | None = None, reverting: Reverting | None = None,
     ) -> int:
-        """See `GraphStore.delete_source`."""
+        """See `GraphStore.withdraw`."""
         async def read() -> Inherited:
-            return await self._database.run(lambda db: deletes.inherited(db, repo, source_id))
+            return await self._database.run(
+                lambda db: deletes.inherited(db, repo, key, one=reverting is not None))
 
         async def delete(plan: erasure.Plan) -> list[str]:
-            gone = await self._database.run(lambda db: deletes.delete_source(
-                db, repo, source_id, also, plan))
+            revert = None
+            if reverting is not None:
+                await reverting.refused()
+                revert = (reverting.revert_id, now_utc().isoformat())
+            gone = await self._database.run(
+                lambda db: deletes.withdraw(db, repo, key, also, plan, revert))
             self._forget_vectors(repo, gone)
-            await self._erased()
+            if revert is None:
+                await self._erased()
             return gone
 
         return len(await erasure.forget(lambda: self.lock(repo), read, embed, delete,
@@ -338,10 +340,16 @@ class SqliteGraph(SqliteRecallReads):
             await self._lexical.erase()
 
     async def search_vectors(
-        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, vector: Vector, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]:
-        """Nodes nearest to `vector` by cosine, best first."""
-        return await self._vectors.search(repo, vector, limit, types)
+        """Nodes nearest to `vector` by cosine, best first (inside `scope`, when given)."""
+        if scope is None:
+            return await self._vectors.search(repo, vector, limit, types)
+        kinds = None if types is None else [NodeType(t).value for t in types]
+        return await self.scoped_vectors(
+            repo, scope, vector, limit, kinds,
+            self.similarities, lambda n: self._vectors.search(repo, vector, n, types))
 
     async def nearest_of_type(
         self, repo: str, probes: Vector, kind: NodeType, k: int

@@ -1,6 +1,6 @@
 """The commit history's rows in SQLite (`mnemo.graph.history`): written in a commit's own
-transaction, read back, and undone. A record holds ids only (JSON lists, `sort_keys`; its
-nodes and links packed, `rows.pack_text`)."""
+transaction, read back, and marked reverted. A record holds ids only (JSON lists,
+`sort_keys`; its nodes and links packed, `rows.pack_text`)."""
 
 from __future__ import annotations
 
@@ -9,51 +9,61 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
+from mnemo.storage.json_text import loads_object
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import pack_text, unpack_text
 
-_COLUMNS = "id, repo, seq, committed_at, session_id, source_id, nodes, links, retired, reworded"
+_COLUMNS = ("id, repo, seq, committed_at, session_id, source_id, nodes, links, retired,"
+            " reworded, joined, reverted_by, reverts")
 
 
 # A link names its ends by their rowids. An end that is no node makes a NULL, which fails
-# (NOT NULL constraint) as the foreign key did: DO NOTHING skips only a link already there.
-INSERT_LINK = (
-    "INSERT INTO links(src, dst, type) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
-    " (SELECT rowid FROM nodes WHERE id = ?), ?) ON CONFLICT DO NOTHING"
+# (NOT NULL constraint) as the foreign key did. `refs` counts the commits that made it.
+_LINK = (
+    "INSERT INTO links(src, dst, type, refs) VALUES ((SELECT rowid FROM nodes WHERE id = ?),"
+    " (SELECT rowid FROM nodes WHERE id = ?), ?, ?) ON CONFLICT DO "
 )
+INSERT_LINK = _LINK + "NOTHING"
+_ADD_LINK = _LINK + "UPDATE SET refs = refs + 1"
 
 
-def insert_links(conn: sqlite3.Connection, links: Iterable[Link]) -> list[Link]:
-    """Inserts the links not there yet; returns those it inserted (what the commit added).
+def add_links(conn: sqlite3.Connection, links: Iterable[Link]) -> None:
+    """Inserts the commit's links; one already there counts one more commit.
 
     Raises:
         sqlite3.IntegrityError: an end is no node.
     """
-    added = []
-    for link in links:
-        cursor = conn.execute(INSERT_LINK, (link.src, link.dst, link.type.value))
-        if cursor.rowcount == 1:
-            added.append(link)
-    return added
+    conn.executemany(_ADD_LINK, [(k.src, k.dst, k.type.value, 1) for k in links])
 
 
-def record(conn: sqlite3.Connection, plan: CommitPlan, links: Sequence[Link]) -> None:
+def joined(conn: sqlite3.Connection, plan: CommitPlan) -> None:
+    """Adds the commit's contribution to each node it joined (`mnemo.graph.shares`); before
+    the commit's rewordings: a node's creator brought the text it has until then."""
+    for node_id, brought in plan.joined.items():
+        text, data, source, owners = conn.execute(
+            "SELECT text, data, source_id, owners FROM nodes WHERE id = ?", (node_id,)
+        ).fetchone()
+        now = shares.Contribution(text, loads_object(data), source)
+        conn.execute("UPDATE nodes SET owners = ? WHERE id = ?", (shares.dumps(shares.joined(
+            owners and json.loads(owners), now, plan.changeset_id, brought)), node_id))
+
+
+def record(conn: sqlite3.Connection, plan: CommitPlan) -> None:
     """Writes the commit's record (the caller holds the repo's lock: `seq` is max + 1)."""
-    (seq,) = conn.execute(
-        "SELECT COALESCE(MAX(seq), 0) + 1 FROM commits WHERE repo = ?", (plan.repo,)
-    ).fetchone()
     conn.execute(
-        f"INSERT INTO commits({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO commits({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
         (
-            plan.changeset_id, plan.repo, seq, plan.created_at, plan.session_id, plan.source_id,
+            plan.changeset_id, plan.repo, _next_seq(conn, plan.repo), plan.created_at,
+            plan.session_id, plan.source_id,
             pack_text(json.dumps([n.id for n, _, _ in plan.nodes])),
-            pack_text(json.dumps([[link.src, link.dst, link.type.value] for link in links])),
+            pack_text(json.dumps([[k.src, k.dst, k.type.value] for k in plan.links])),
             json.dumps([node_id for node_id, _ in plan.retired]),
-            json.dumps(sorted(plan.rewordings)),
+            json.dumps(sorted(plan.rewordings)), json.dumps(sorted(plan.joined)),
         ),
     )
     conn.executemany(
@@ -87,28 +97,22 @@ def one(conn: sqlite3.Connection, repo: str, commit_id: str) -> CommitRecord | N
     return None if row is None else _record(row)
 
 
-def undo(conn: sqlite3.Connection, commit: CommitRecord) -> list[str]:
-    """Deletes the commit's nodes (their links, vectors and search entries with them) and
-    links, brings back the facts it retired, and forgets that it was applied; returns the ids
-    of the nodes deleted. The caller holds the repo's lock and the transaction."""
-    gone = []
-    for node_id in commit.node_ids:
-        if conn.execute(
-            "DELETE FROM nodes WHERE repo = ? AND id = ?", (commit.repo, node_id)
-        ).rowcount:
-            gone.append(node_id)
-    conn.executemany(
-        "DELETE FROM links WHERE src = (SELECT rowid FROM nodes WHERE repo = ?1 AND id = ?2)"
-        " AND dst = (SELECT rowid FROM nodes WHERE repo = ?1 AND id = ?3) AND type = ?4",
-        [(commit.repo, link.src, link.dst, link.type.value) for link in commit.links],
-    )
-    unretire(conn, commit.repo, commit.retired)
-    conn.execute("DELETE FROM commits WHERE id = ?", (commit.id,))
-    conn.execute("DELETE FROM applied_changesets WHERE id = ?", (commit.id,))
+def _next_seq(conn: sqlite3.Connection, repo: str) -> int:
+    (seq,) = conn.execute(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM commits WHERE repo = ?", (repo,)).fetchone()
+    return int(seq)
+
+
+def reverted(conn: sqlite3.Connection, repo: str, commit_id: str, revert_id: str, at: str) -> None:
+    """Records the revert of a commit whose work was withdrawn: a record of its own, named by
+    the reverted one's; an ingested source's id is free again."""
     conn.execute(
-        "DELETE FROM ingests WHERE repo = ? AND changeset_id = ?", (commit.repo, commit.id)
-    )
-    return gone
+        f"INSERT INTO commits({_COLUMNS}) VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, '[]', '[]',"
+        " '[]', NULL, ?)",
+        (revert_id, repo, _next_seq(conn, repo), at, pack_text("[]"), pack_text("[]"),
+         commit_id))
+    conn.execute("UPDATE commits SET reverted_by = ? WHERE id = ?", (revert_id, commit_id))
+    conn.execute("DELETE FROM ingests WHERE repo = ? AND changeset_id = ?", (repo, commit_id))
 
 
 def unretire(conn: sqlite3.Connection, repo: str, node_ids: Sequence[str]) -> None:
@@ -119,20 +123,17 @@ def unretire(conn: sqlite3.Connection, repo: str, node_ids: Sequence[str]) -> No
 
 
 def forget_commits(conn: sqlite3.Connection, repo: str, commit_ids: Sequence[str]) -> None:
-    """Removes the records of a forgotten source's commits (a source id is the user's text,
-    a record names the nodes that held the source's words) and brings back the facts they
-    retired (their successors are gone)."""
+    """Removes the records of a forgotten source's commits and of their reverts (a source id
+    is the user's text, a record names the nodes that held the source's words)."""
     for chunk in chunks(commit_ids, 400):
         marks = ",".join("?" * len(chunk))
-        for row in conn.execute(
-            f"SELECT {_COLUMNS} FROM commits WHERE repo = ? AND id IN ({marks})", [repo, *chunk]
-        ).fetchall():
-            unretire(conn, repo, _record(row).retired)
-        conn.execute(f"DELETE FROM commits WHERE repo = ? AND id IN ({marks})", [repo, *chunk])
+        conn.execute(f"DELETE FROM commits WHERE repo = ? AND (id IN ({marks})"
+                     f" OR reverts IN ({marks}))", [repo, *chunk, *chunk])
 
 
 def _record(row: Row) -> CommitRecord:
-    commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded = row
+    (commit_id, repo, seq, at, session_id, source_id, nodes, links, retired, reworded, joined,
+     reverted_by, reverts) = row
     return CommitRecord(
         id=commit_id,
         repo=repo,
@@ -144,4 +145,7 @@ def _record(row: Row) -> CommitRecord:
         links=tuple(Link(s, d, LinkType(t)) for s, d, t in json.loads(unpack_text(links))),
         retired=tuple(json.loads(retired)),
         reworded=tuple(json.loads(reworded)),
+        joined=tuple(json.loads(joined)),
+        reverted_by=reverted_by,
+        reverts=reverts,
     )

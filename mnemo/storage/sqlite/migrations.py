@@ -234,3 +234,56 @@ def m025_store_clock(db: Database) -> None:
         );
         """,
     )
+
+
+@MIGRATIONS()
+def m026_shared_knowledge(db: Database) -> None:
+    # A fact or instruction committed again joins the node that holds it (mnemo.graph.shares):
+    # `owners` lists the contributions of a node that several commits are evidence for; a link
+    # counts the commits that made it, so that withdrawing one leaves what another made; a
+    # commit names the nodes it joined, and a revert is a record of its own (`reverts`) that
+    # the reverted one names (`reverted_by`).
+    execute_all(
+        db,
+        """
+        ALTER TABLE nodes ADD COLUMN owners TEXT;
+        ALTER TABLE links ADD COLUMN refs INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE commits ADD COLUMN joined TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE commits ADD COLUMN reverted_by TEXT;
+        ALTER TABLE commits ADD COLUMN reverts TEXT;
+        """,
+    )
+
+
+@MIGRATIONS()
+def m027_unannotated_steps(db: Database) -> None:
+    # A step is stored before it is annotated (its trajectory_id empty until then): the steps
+    # still waiting for their annotation, which another Memory takes over when their holder
+    # is gone (`Coordination.unannotated`), are found without reading every step.
+    execute_all(
+        db,
+        "CREATE INDEX steps_unannotated ON steps(session_id) WHERE trajectory_id = '';",
+    )
+
+
+@MIGRATIONS()
+def m028_scopes(db: Database) -> None:
+    # Who a memory belongs to (`mnemo.graph.scope`): a node's, a session's and a message's
+    # metadata as sorted JSON (NULL: none), and each node's (key, value) pairs in an index that
+    # a `where` reads, so that a filtered recall or search reads its scope, never the repo.
+    execute_all(
+        db,
+        """
+        ALTER TABLE nodes ADD COLUMN metadata TEXT;
+        ALTER TABLE sessions ADD COLUMN metadata TEXT;
+        ALTER TABLE messages ADD COLUMN metadata TEXT;
+        CREATE TABLE node_scopes (
+            repo TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value TEXT NOT NULL,
+            node INTEGER NOT NULL REFERENCES nodes(rowid) ON DELETE CASCADE,
+            PRIMARY KEY (repo, key, value, node)
+        ) WITHOUT ROWID;
+        CREATE INDEX node_scopes_by_node ON node_scopes(node);
+        """,
+    )

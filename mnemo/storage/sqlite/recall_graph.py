@@ -12,18 +12,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
 from mnemo.graph.ports import More, Neighbor, NodeContext, Started
+from mnemo.graph.scope import Scope, Where
 from mnemo.storage.lexical import LexicalIndex
+from mnemo.storage.scopes import ScopeReads
 from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
-from mnemo.storage.started import OrElse
+from mnemo.storage.started import Later, OrElse
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo")
@@ -37,7 +40,7 @@ def fts_query(text: str) -> str:
     return " OR ".join('"' + word.replace('"', '""') + '"' for word in words)
 
 
-class SqliteRecallReads:
+class SqliteRecallReads(ScopeReads):
     """Recall's reads of a `SqliteGraph` (its database, vectors, lexical index and cache)."""
 
     _database: Database
@@ -147,18 +150,36 @@ class SqliteRecallReads:
         return cache
 
     async def search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> list[tuple[str, float]]:
         """Nodes matching words of `query` by BM25, best first (higher is better): from the
         lexical index, or from FTS5 when there is none or it cannot answer now."""
-        return await self.start_search_text(repo, query, limit, types).result()
+        return await self.start_search_text(repo, query, limit, types, scope).result()
+
+    async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:
+        return await self._database.run(lambda db: db.conn.execute(statement, params).fetchall())
+
+    async def _store_text(
+        self, repo: str, query: str, limit: int, kinds: list[str] | None, where: Where
+    ) -> list[tuple[str, float]]:
+        match = fts_query(query)
+        return await self._database.run(
+            lambda db: recall_reads.fts_search(db, repo, match, kinds, limit, where)
+        ) if match else []
 
     def start_search_text(
-        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None
+        self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
+        scope: Scope | None = None,
     ) -> Started[list[tuple[str, float]]]:
         """`search_text` begun now: on the lexical index's thread, or on the connection's
-        (FTS5) when there is no index; FTS5 when the index cannot answer is asked then."""
+        (FTS5) when there is no index; FTS5 when the index cannot answer is asked then.
+        Inside a `scope`, read when the answer is awaited (`ScopeReads.scoped_text`)."""
         kinds = None if types is None else [NodeType(t).value for t in types]
+        if scope is not None:
+            return Later(lambda: self.scoped_text(
+                repo, query, limit, kinds, scope,
+                lambda n: self.start_search_text(repo, query, n, types).result()))
 
         def fts(db: SqliteUtilsDatabase) -> list[tuple[str, float]]:
             match = fts_query(query)

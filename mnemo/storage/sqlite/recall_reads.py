@@ -12,6 +12,8 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.ports import More, Neighbor, NodeContext, TypedLink
+from mnemo.graph.scope import Where
+from mnemo.storage import scopes
 from mnemo.storage.sqlite.database import chunks
 from mnemo.storage.sqlite.rows import NODE_COLUMNS, NODE_WIDTH, node
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
@@ -126,16 +128,18 @@ def neighbors(
 
 
 def fts_search(
-    db: SqliteUtilsDatabase, repo: str, match: str, kinds: list[str] | None, limit: int
+    db: SqliteUtilsDatabase, repo: str, match: str, kinds: list[str] | None, limit: int,
+    where: Where | None = None,
 ) -> list[tuple[str, float]]:
     """The store's own BM25 search (FTS5), for when the lexical index cannot answer: node ids
-    matching `match`, best first, with scores where higher is better."""
+    matching `match` (inside `where`), best first, with scores where higher is better."""
     type_filter = "" if kinds is None else f" AND n.type IN ({','.join('?' * len(kinds))})"
+    scoped, params = ("", []) if where is None else scopes.exists(repo, where, "n.rowid", 0)
     rows = db.conn.execute(
         "SELECT n.id, bm25(nodes_fts) AS score FROM nodes_fts"
         " JOIN nodes n ON n.rowid = nodes_fts.rowid"
-        f" WHERE nodes_fts MATCH ? AND n.repo = ?{type_filter}"
+        f" WHERE nodes_fts MATCH ? AND n.repo = ?{type_filter}{scoped}"
         " ORDER BY score LIMIT ?",
-        [match, repo, *(kinds or []), limit],
+        [match, repo, *(kinds or []), *params, limit],
     ).fetchall()
     return [(node_id, -float(score)) for node_id, score in rows]

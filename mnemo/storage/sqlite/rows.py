@@ -4,6 +4,7 @@ bi-temporal ones)."""
 
 from __future__ import annotations
 
+import json
 import zlib
 from datetime import datetime
 
@@ -13,19 +14,21 @@ from mnemo.graph.model import NODE_TYPES, Node, NodeId, Vector
 from mnemo.storage.json_text import loads_object
 from mnemo.storage.row import Row
 
-NODE_COLUMNS = "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at"
+NODE_COLUMNS = (
+    "id, type, text, data, created_at, valid_from, valid_to, recorded_at, retired_at, metadata"
+)
 NODE_WIDTH = len(NODE_COLUMNS.split(","))
 
 
 def node(row: Row) -> Node:
     """The node of a row that starts with NODE_COLUMNS."""
-    node_id, kind, text, data, created_at, valid_from, valid_to, recorded_at, retired_at = (
-        row[:NODE_WIDTH]
-    )
+    (node_id, kind, text, data, created_at, valid_from, valid_to, recorded_at, retired_at,
+     metadata) = row[:NODE_WIDTH]
     return Node(
         NodeId(node_id), NODE_TYPES[kind], text, loads_object(data),
         datetime.fromisoformat(created_at),
         _moment(valid_from), _moment(valid_to), _moment(recorded_at), _moment(retired_at),
+        {} if metadata is None else json.loads(metadata),
     )
 
 

@@ -6,7 +6,7 @@ Every statement runs in the database's own thread (see `mnemo.storage.sqlite.dat
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -17,6 +17,7 @@ from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, Vector, now_utc, vector_from_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.graph.scope import canonical
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.sqlite.coordination import drop_ended_work
@@ -89,6 +90,7 @@ class SqliteSessions:
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
     ) -> None:
         now = self._now()
         until = None if lease_until is None else lease_until.isoformat(timespec="microseconds")
@@ -97,10 +99,10 @@ class SqliteSessions:
             with db.atomic():
                 db.conn.execute(
                     "INSERT INTO sessions(id, repo, state, config, episode_id, created_at,"
-                    " updated_at, active_at, holder, lease_until)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " updated_at, active_at, holder, lease_until, metadata)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (session_id, repo, State.COLLECTING.value, config.to_json(), episode.id,
-                     now, now, now, holder, until),
+                     now, now, now, holder, until, canonical(metadata or {})),
                 )
                 _insert_episode(db, session_id, episode, now)
 
@@ -128,31 +130,66 @@ class SqliteSessions:
         session_id: str,
         episode_id: str,
         step: StepRecord,
-        previous: StepRecord | None,
         *,
         version: int | None = None,
+        holder: str | None = None,
     ) -> int:
         now = self._now()
-        rows = [_step_row(session_id, episode_id, step, now)]
-        if previous is not None:
-            rows.append(_step_row(session_id, episode_id, previous, now))
-        values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(rows))
-        # The new step, and the previous step's deferred reward as an upsert of its
-        # (existing) row, in one statement after the session's version moved on (checked:
-        # the session is still collecting this episode at the version the caller read).
-        sql = (
-            "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id, observation,"
-            " action, state_summary, subgoal, subgoal_vec, reward, metadata, recorded_at)"
-            f" VALUES {values} ON CONFLICT(id) DO UPDATE SET reward = excluded.reward"
-        )
-        params = [value for row in rows for value in row]
+        row = _step_row(session_id, episode_id, step, now)
 
         def write(db: SqliteUtilsDatabase) -> int:
             with db.atomic():
+                # Checked first: the session is still collecting this episode at the version
+                # the caller read.
                 moved = bump(db, now, session_id, version, expect=State.COLLECTING,
                              episode_id=episode_id, active=True)
-                db.conn.execute(sql, params)
+                db.conn.execute(
+                    "INSERT INTO steps(id, session_id, episode_id, idx, trajectory_id,"
+                    " observation, action, state_summary, subgoal, subgoal_vec, reward,"
+                    " metadata, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+                if holder is not None:
+                    db.conn.execute(
+                        "INSERT INTO step_claims(step_id, session_id, holder) VALUES (?, ?, ?)",
+                        (step.id, session_id, holder),
+                    )
                 return moved
+
+        return await self._database.run(write)
+
+    async def annotate_step(
+        self,
+        session_id: str,
+        episode_id: str,
+        step: StepRecord,
+        previous: StepRecord | None,
+        *,
+        holder: str | None = None,
+    ) -> int | None:
+        now = self._now()
+        annotation = (step.trajectory_id, step.state_summary, step.subgoal,
+                      _blob(step.subgoal_vec), step.id, session_id, episode_id)
+
+        def write(db: SqliteUtilsDatabase) -> int | None:
+            with db.atomic():
+                written = db.conn.execute(
+                    "UPDATE steps SET trajectory_id = ?, state_summary = ?, subgoal = ?,"
+                    " subgoal_vec = ? WHERE id = ? AND trajectory_id = '' AND EXISTS (SELECT 1"
+                    " FROM sessions WHERE id = ? AND episode_id = ? AND ended = 0"
+                    " AND state IN ('collecting', 'extracting'))",
+                    annotation,
+                ).rowcount
+                if holder is not None:
+                    db.conn.execute(
+                        "DELETE FROM step_claims WHERE step_id = ? AND holder = ?",
+                        (step.id, holder),
+                    )
+                if not written:
+                    return None
+                if previous is not None:
+                    _save_rewards(db, [previous])
+                return bump(db, now, session_id, None)
 
         return await self._database.run(write)
 
@@ -388,13 +425,13 @@ def _load_live(
     live: list[LiveSession] = []
     sessions = db.conn.execute(
         "SELECT s.id, s.repo, s.state, s.config, s.created_at, e.id, e.goal, e.status, s.model,"
-        " s.version, s.holder, s.lease_until, s.active_at"
+        " s.version, s.holder, s.lease_until, s.active_at, s.metadata"
         " FROM sessions s LEFT JOIN episodes e ON e.id = s.episode_id"
         f" WHERE {where}",
         params,
     ).fetchall()
     for (sid, repo, state, config, created, episode_id, goal, status, model, version, holder,
-         until, active) in sessions:
+         until, active, metadata) in sessions:
         episode = None
         if episode_id is not None and status == "open":
             episode = EpisodeRecord(episode_id, goal, _load_steps(db, episode_id))
@@ -408,7 +445,8 @@ def _load_live(
             LiveSession(sid, repo, State(state), Config.from_json(config), episode, changeset,
                         created, model=model, version=int(version), holder=holder,
                         lease_until=None if until is None else datetime.fromisoformat(until),
-                        active_at=None if active is None else _utc(active), goal=goal)
+                        active_at=None if active is None else _utc(active), goal=goal,
+                        metadata={} if metadata is None else json.loads(metadata))
         )
     return live
 

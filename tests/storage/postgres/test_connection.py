@@ -93,8 +93,10 @@ async def test_an_exhausted_pool_is_busy(pg_url: str) -> None:
 
 async def test_a_server_refusing_connections_is_unavailable(pg_url: str) -> None:
     """Once the server refuses new connections (here its database stops allowing them and
-    the pool's are ended), every call is "unavailable", not "busy": the pool still counted
-    the connections it was remaking, and that read as every connection taken."""
+    the pool's are ended, as a restart does), every call is "unavailable", not "busy": the
+    pool still counted the connections it was remaking, and that read as every connection
+    taken. Once it takes them again, the next call gets one at once, though the pool waits
+    seconds before it tries again (that wait was "busy")."""
     async with Postgres(pg_url, busy_timeout=0.3, min_size=1, max_size=2) as pg:
         async with pg.connection() as conn:
             await conn.execute("SELECT 1")
@@ -116,6 +118,9 @@ async def test_a_server_refusing_connections_is_unavailable(pg_url: str) -> None
                 admin.execute(
                     sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database)
                 )
+        for _ in range(4):
+            async with pg.connection() as conn:
+                await conn.execute("SELECT 1")
     assert reasons == ["unavailable"] * 4
 
 

@@ -1,16 +1,22 @@
 """Erasure on PostgreSQL: after `purge` and `forget`, no row of any table holds the content
-or a token of it (search vectors and JSON included), read through each row's text form."""
+or a token of it (search vectors and JSON included), read through each row's text form; and
+after README's recipe, no file of the data directory holds a byte of it."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
+from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 import mnemo
 from tests.conversation._support import OfflineFake, assistant, tool_call, tool_result, user
 from tests.fakes import FakeEmbedder
+from tests.pg import start_server
 
 
 async def rows_holding(url: str, needle: str) -> dict[str, int]:
@@ -95,3 +101,55 @@ async def test_forget_leaves_no_row_holding_the_source(pg_url: str) -> None:
         assert await rows_holding(pg_url, needle) == {}
         found = await mem.recall("r", "tomatoes water", k=5)
         assert any("tomatoes" in m.node.text for m in found.memories)
+
+
+def readme_recipe() -> list[str]:
+    """The statements of README's PostgreSQL erasure recipe (its one ```sql block)."""
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    block = readme.split("```sql\n", 1)[1].split("```", 1)[0]
+    lines = (line.split("--", 1)[0] for line in block.splitlines())
+    return [s.strip() for s in " ".join(lines).split(";") if s.strip()]
+
+
+@pytest.mark.slow
+async def test_readme_erasure_recipe_leaves_no_byte_in_the_data_directory() -> None:
+    """On a server of its own (deployment settings: full-page writes on), a word ingested,
+    saved in a thread and analysed is in the data directory; after `forget`, `purge` and
+    README's recipe it is in no file of it, WAL and statistics included, and the rest stays."""
+    marker = f"zq{uuid.uuid4().hex}qz"
+    needle = marker[4:].encode()
+    folder = Path(tempfile.mkdtemp(prefix="mnemo-erase-"))
+    server = start_server(folder / "data", fast=False)
+    try:
+        server.admin(sql.SQL("CREATE DATABASE erased"))
+        url = server.url("erased")
+
+        def holding() -> list[str]:
+            return sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
+                          if path.is_file() and needle in path.read_bytes())
+
+        async with mnemo.Memory(url, embedder=mnemo.HashEmbedder()) as mem:
+            await mem.open_repo("r")
+            await mem.ingest("r", mnemo.Trajectory(f"deploy {marker}", [
+                mnemo.Step(f"The {marker} service listens on port 9090.", f"restart {marker}"),
+            ]), source_id="gone")
+            await mem.ingest("r", mnemo.Trajectory("water the garden", [
+                mnemo.Step("The tomatoes need water.", "water them"),
+            ]), source_id="kept")
+            conv = mem.conversation()
+            await conv.save("t", [user(f"tag the build {marker}"), assistant(f"tagged {marker}")])
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                await conn.execute("ANALYZE")  # the statistics hold sampled values
+                await conn.execute("CHECKPOINT")
+            assert holding(), "sanity: the word is on disk before the erasure"
+            await mem.forget("r", "gone")
+            await conv.purge("t")
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                for statement in readme_recipe():
+                    await conn.execute(statement)
+            assert holding() == []
+            found = await mem.recall("r", "tomatoes water", k=5)
+            assert any("tomatoes" in m.node.text for m in found.memories)
+    finally:
+        server.handle.cleanup()
+        shutil.rmtree(folder, ignore_errors=True)

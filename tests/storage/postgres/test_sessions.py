@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeRecord
+from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepRecord
 from mnemo.errors import StorageError
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType
@@ -89,20 +89,29 @@ async def test_create_session_of_an_unknown_repo_is_a_storage_error(backend: Bac
     assert await backend.sessions.episode("e1") is None
 
 
-async def test_add_step_appends_and_upserts_the_previous_reward(backend: Backend) -> None:
-    """The previous step passed with a new one gets its reward; steps come back by index with
-    their vectors, metadata and no changeset."""
+async def test_a_step_stored_then_annotated_with_the_previous_reward(backend: Backend) -> None:
+    """A step is stored before its annotation (empty trajectory, state, subgoal, vector),
+    then annotated once, with the previous step's reward; steps come back by index with
+    their vectors and metadata, and a second annotation of the same step writes nothing."""
     await _session(backend)
     store = backend.sessions
     first = step("st1", 0, metadata={"tool": "door", "n": [1, 2.5, None]})
-    await store.add_step("s1", "e1", first, None)
+    await store.add_step("s1", "e1", first)
+    stored = StepRecord("st2", 1, "", "obs 1", "act 1", "", "", NO_VECTOR)
+    before = await store.add_step("s1", "e1", stored)
+    [live] = await store.load_live()
+    assert live.episode is not None
+    assert not live.episode.steps[1].annotated
+    assert live.episode.steps[1].subgoal_vec.size == 0
     scored = step("st1", 0, reward=0.75, metadata={"tool": "door", "n": [1, 2.5, None]})
     second = step("st2", 1, trajectory="t2")
-    await store.add_step("s1", "e1", second, scored)
+    assert await store.annotate_step("s1", "e1", second, scored) == before + 1
+    assert await store.annotate_step("s1", "e1", step("st2", 1, trajectory="t9"), None) is None
     [live] = await store.load_live()
     assert live.episode is not None
     assert [step_view(s) for s in live.episode.steps] == [step_view(scored), step_view(second)]
     assert live.episode.steps[0].subgoal_vec.dtype == np.float32
+    assert live.version == before + 1
 
 
 async def test_add_step_to_another_episode_is_refused(backend: Backend) -> None:
@@ -110,7 +119,7 @@ async def test_add_step_to_another_episode_is_refused(backend: Backend) -> None:
     and the writer learns that the session moved (StaleSession)."""
     await _session(backend)
     with pytest.raises(StaleSession):
-        await backend.sessions.add_step("s1", "nope", step("st1", 0), None)
+        await backend.sessions.add_step("s1", "nope", step("st1", 0))
     assert [e.steps for e in await backend.sessions.episodes("s1")] == [[]]
 
 
@@ -129,7 +138,7 @@ async def test_save_extraction_keeps_one_changeset_rewards_and_ready(backend: Ba
     session is READY."""
     await _session(backend)
     store = backend.sessions
-    await store.add_step("s1", "e1", step("st1", 0), None)
+    await store.add_step("s1", "e1", step("st1", 0))
     await store.save_extraction("s1", _changeset("c0", []), [])
     await store.save_extraction("s1", _changeset("c1", ["st1"]), [step("st1", 0, reward=-0.5)])
     [live] = await store.load_live()
@@ -146,7 +155,7 @@ async def test_discard_drops_changeset_kept_results_and_the_episode(backend: Bac
     leaves the session IDLE with no episode."""
     await _session(backend)
     store = backend.sessions
-    await store.add_step("s1", "e1", step("st1", 0), None)
+    await store.add_step("s1", "e1", step("st1", 0))
     await store.keep_result("e1", _kept("semantic", "a fact"))
     await store.save_extraction("s1", _changeset("c1", ["st1"]), [])
     await store.discard("s1", "e1")
@@ -199,10 +208,10 @@ async def test_start_episode_replaces_the_open_one_and_episodes_lists_all(
     first, ending with the open one, with its steps; an unknown session has none."""
     await _session(backend)
     store = backend.sessions
-    await store.add_step("s1", "e1", step("st1", 0), None)
+    await store.add_step("s1", "e1", step("st1", 0))
     await store.discard("s1", "e1")
     await store.start_episode("s1", EpisodeRecord("e0-second", "second goal"))
-    await store.add_step("s1", "e0-second", step("st2", 0), None)
+    await store.add_step("s1", "e0-second", step("st2", 0))
     [live] = await store.load_live()
     assert live.state is State.COLLECTING
     assert live.episode is not None
@@ -220,7 +229,7 @@ async def test_start_episode_replaces_the_open_one_and_episodes_lists_all(
 async def test_episode_reads_one_log_or_none(backend: Backend) -> None:
     """`episode` returns a stored episode with its steps and None for an unknown id."""
     await _session(backend)
-    await backend.sessions.add_step("s1", "e1", step("st1", 0), None)
+    await backend.sessions.add_step("s1", "e1", step("st1", 0))
     log = await backend.sessions.episode("e1")
     assert log is not None
     assert (log.id, log.session_id, log.goal, log.status) == ("e1", "s1", "goal", "open")
@@ -246,8 +255,9 @@ async def test_a_nan_reward_reads_back_as_none(backend: Backend) -> None:
     """A NaN reward, appended or scored, is stored as no reward (SQLite's REAL keeps no NaN)."""
     await _session(backend)
     store = backend.sessions
-    await store.add_step("s1", "e1", step("st1", 0, reward=float("nan")), None)
-    await store.add_step("s1", "e1", step("st2", 1), step("st1", 0, reward=float("nan")))
+    await store.add_step("s1", "e1", step("st1", 0, reward=float("nan")))
+    await store.add_step("s1", "e1", StepRecord("st2", 1, "", "obs 1", "act 1", "", "", NO_VECTOR))
+    await store.annotate_step("s1", "e1", step("st2", 1), step("st1", 0, reward=float("nan")))
     await store.save_extraction("s1", _changeset("c1", []), [step("st2", 1, reward=float("nan"))])
     [live] = await store.load_live()
     assert live.episode is not None
@@ -264,5 +274,5 @@ async def test_a_nul_character_is_a_storage_error_on_postgres(pg_url: str) -> No
         bad = step("st1", 0)
         bad.observation = "a\x00b"
         with pytest.raises(StorageError):
-            await store.add_step("s1", "e1", bad, None)
+            await store.add_step("s1", "e1", bad)
         assert await opened.rows("SELECT count(*) FROM steps") == [(0,)]

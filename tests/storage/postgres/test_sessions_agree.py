@@ -24,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from mnemo.config import Config
-from mnemo.episode.model import EpisodeRecord, StepRecord
+from mnemo.episode.model import NO_VECTOR, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset
 from mnemo.graph.ports import SideWrite, StepsCommitted
@@ -140,16 +140,26 @@ class SessionStoresAgree(RuleBasedStateMachine):
             previous = StepRecord(last.id, last.index, last.trajectory_id, last.observation,
                                   last.action, last.state_summary, last.subgoal,
                                   last.subgoal_vec, reward, last.metadata)
+        stored = StepRecord(new.id, new.index, "", new.observation, new.action, "", "",
+                            NO_VECTOR, metadata=meta)
         refused = []
         for backend in self.backends:
             try:
-                self.portal.call(backend.sessions.add_step, sid, episode, new, previous)
+                self.portal.call(backend.sessions.add_step, sid, episode, stored)
             except StaleSession:
                 refused.append(backend)
         # A step lands only while the session collects that episode: on both or on neither.
         assert len(refused) in (0, len(self.backends))
-        if not refused:
-            steps.append(new)
+        if refused:
+            return
+        steps.append(stored)
+        # Then its annotation, with the previous step's reward.
+        versions = [self.portal.call(b.sessions.annotate_step, sid, episode, new, previous)
+                    for b in self.backends]
+        assert [v is None for v in versions] == [False, False]
+        steps[-1] = new
+        if previous is not None:
+            steps[-2] = previous
 
     @rule(sid=sessions, state=states, model=st.none() | st.sampled_from(["a:llm", "b:llm"]))
     def set_state(self, sid: str, state: State, model: str | None) -> None:

@@ -38,8 +38,8 @@ async def _collected(backend: Backend) -> None:
     """A READY session with two steps, a changeset and a kept result."""
     store = backend.sessions
     await store.create_session("s1", REPO, Config(), EpisodeRecord("e1", "goal"))
-    await store.add_step("s1", "e1", step("st1", 0), None)
-    await store.add_step("s1", "e1", step("st2", 1), None)
+    await store.add_step("s1", "e1", step("st1", 0))
+    await store.add_step("s1", "e1", step("st2", 1))
     await store.keep_result(
         "e1", KeptResult("t1", "semantic", "d", "fact", None, Usage(1, 1, calls=1))
     )

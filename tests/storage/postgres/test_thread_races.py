@@ -31,7 +31,8 @@ async def first_save_in_flight(conn: psycopg.AsyncConnection[Any], thread: str) 
         " VALUES (%s, 1, 1, 0, %s)", (thread, EPOCH))
     one = draft({"role": "user", "content": "hello there"}, 0)
     await conn.execute(
-        f"INSERT INTO messages({MESSAGE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        f"INSERT INTO messages({MESSAGE_COLUMNS})"
+        f" VALUES ({', '.join(['%s'] * len(MESSAGE_COLUMNS.split(',')))})",
         message_row(f"msg_{uuid.uuid4().hex}", thread, 0, one.role, one.text, one.content,
                     one.data, EPOCH, one.tokens))
 

@@ -1,0 +1,168 @@
+"""Scopes: the flat metadata a session, an ingest or a thread's messages carry (who a memory
+belongs to), and the `where` filter that selects by it.
+
+A metadata is a dict of str -> str | int | float | bool, bounded in keys and sizes. It is
+stored as its canonical JSON (`canonical`): two nodes are of one scope exactly when those texts
+are equal, which is what any deduplication compares (`same`). Each pair is also indexed as
+(key, `encoded` value), which a `where` (`check_where`: key -> the encoded values any of which
+matches) reads: a value keeps its JSON type ("1", "true" and '"1"' are three values; an
+integral float is its integer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from mnemo.errors import InvalidInputError
+from mnemo.inputs import check_text
+
+Scalar = str | int | float | bool
+Metadata = dict[str, Scalar]
+# key -> the encoded values any of which matches; every key must match.
+Where = dict[str, tuple[str, ...]]
+
+MAX_KEYS = 32
+MAX_KEY_CHARS = 64
+MAX_VALUE_CHARS = 512
+# The most values one key of a `where` may list.
+MAX_WHERE_VALUES = 1_000
+
+
+def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
+    """`metadata` checked (None is `{}`), as a new dict (an integral float as its integer,
+    which is what it matches).
+
+    Raises:
+        InvalidInputError: not a dict, more than `MAX_KEYS` keys, a key that is not a
+            non-blank string of at most `MAX_KEY_CHARS`, or a value that is not a str (at most
+            `MAX_VALUE_CHARS`), an int, a finite float or a bool.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError(f"{what} must be a dict, got {type(metadata).__name__}")
+    if len(metadata) > MAX_KEYS:
+        raise InvalidInputError(f"{what} has {len(metadata)} keys, more than {MAX_KEYS}")
+    checked = {_key(key, what): _value(value, f"{what}[{key!r}]")
+               for key, value in metadata.items()}
+    return {key: int(value) if isinstance(value, float) and value.is_integer() else value
+            for key, value in checked.items()}
+
+
+def check_where(where: object) -> Where | None:
+    """`where` as key -> encoded values; None for None or `{}` (no filter).
+
+    Raises:
+        InvalidInputError: not a dict, a bad key or value (as `check_metadata`), or a list of
+            values that is empty or longer than `MAX_WHERE_VALUES`.
+    """
+    if where is None:
+        return None
+    if not isinstance(where, Mapping):
+        raise InvalidInputError(f"where must be a dict, got {type(where).__name__}")
+    if len(where) > MAX_KEYS:
+        raise InvalidInputError(f"where has {len(where)} keys, more than {MAX_KEYS}")
+    out: Where = {}
+    for key, wanted in where.items():
+        name = _key(key, "where")
+        values = list(wanted) if isinstance(wanted, list | tuple | set | frozenset) else [wanted]
+        if not values or len(values) > MAX_WHERE_VALUES:
+            raise InvalidInputError(
+                f"where[{key!r}] lists {len(values)} values: between 1 and {MAX_WHERE_VALUES}")
+        out[name] = tuple(sorted({encoded(_value(v, f"where[{key!r}]")) for v in values}))
+    return out or None
+
+
+def parse_where(pairs: Iterable[str]) -> dict[str, object] | None:
+    """"KEY=VALUE" texts (a string value; "KEY:=JSON" for a number or true/false) as a
+    `where`, a key given twice meaning any of its values; None when there are none (what the
+    command line's and the web app's `--where`/`where` give).
+
+    Raises:
+        InvalidInputError: a text without "=", or a KEY:=VALUE that is not JSON.
+    """
+    where: dict[str, list[object]] = {}
+    for pair in pairs:
+        key, sign, value = pair.strip().partition("=")
+        if not sign:
+            raise InvalidInputError(f"where {pair!r}: expected KEY=VALUE")
+        parsed: object = value
+        if key.endswith(":"):
+            key = key[:-1]
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise InvalidInputError(f"where {pair!r}: {value!r} is not JSON") from exc
+        where.setdefault(key, []).append(parsed)
+    return {k: v[0] if len(v) == 1 else v for k, v in where.items()} or None
+
+
+def encoded(value: Scalar) -> str:
+    """A value as the scope index holds it: its JSON, an integral float as its integer."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return json.dumps(value)
+
+
+def canonical(metadata: Mapping[str, Scalar]) -> str | None:
+    """The stored text of a metadata (sorted JSON), None for an empty one."""
+    return json.dumps(dict(metadata), sort_keys=True) if metadata else None
+
+
+def pairs(metadata: Mapping[str, Scalar]) -> list[tuple[str, str]]:
+    """The (key, encoded value) rows the scope index holds for a node of this metadata."""
+    return [(key, encoded(value)) for key, value in sorted(metadata.items())]
+
+
+def matches(metadata: Mapping[str, Scalar], where: Where | None) -> bool:
+    """Whether a metadata is inside `where` (every key present with one of its values)."""
+    return where is None or all(
+        key in metadata and encoded(metadata[key]) in values for key, values in where.items())
+
+
+def same(a: Mapping[str, Scalar], b: Mapping[str, Scalar]) -> bool:
+    """Whether two metadata are one scope (what a deduplication may join across)."""
+    return canonical(a) == canonical(b)
+
+
+def _key(key: object, what: str) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidInputError(f"{what}'s keys must be non-blank strings, got {key!r}")
+    return check_text(key, f"{what} key", limit=MAX_KEY_CHARS)
+
+
+def _value(value: object, what: str) -> Scalar:
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInputError(f"{what} must be a finite number, got {value!r}")
+        return value
+    if isinstance(value, str):
+        return check_text(value, what, limit=MAX_VALUE_CHARS, blank_ok=True)
+    raise InvalidInputError(
+        f"{what} must be a str, int, float or bool, got {type(value).__name__}")
+
+
+# A scope of at most this many nodes is searched over its own nodes (exact cosine over their
+# vectors, BM25 over their documents); a larger one by a search of the repo `WIDEN` times as
+# wide whose hits outside it are dropped.
+SCOPE_LIMIT = 10_000
+WIDEN = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """A `where` as a store resolved it for one read (`GraphStore.scope`): its nodes, id ->
+    (rowid, type), when they are at most `SCOPE_LIMIT`, else None."""
+
+    where: Where
+    members: dict[str, tuple[int, str]] | None
+
+    def ids(self, kinds: Collection[str] | None) -> list[str]:
+        """The members (of `kinds`); only when `members` is known."""
+        assert self.members is not None
+        return [i for i, (_, kind) in self.members.items() if kinds is None or kind in kinds]

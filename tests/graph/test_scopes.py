@@ -1,0 +1,190 @@
+"""Scopes: the metadata a session or an ingest gives every node it commits, and `where=`
+selecting by it in recall, search and forget (mnemo/graph/scope.py, mnemo/storage/scopes.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import mnemo
+from mnemo.graph import scope as scopes
+from tests.conftest import REPO
+from tests.fakes import FakeEmbedder, FakeLLM
+
+N = mnemo.NodeType
+
+
+def trajectory(*observations: str, goal: str = "explore") -> mnemo.Trajectory:
+    return mnemo.Trajectory(goal, [mnemo.Step(o, f"do {o}") for o in observations])
+
+
+async def _ingest(mem: mnemo.Memory, source: str, user: str, *observations: str) -> list[str]:
+    receipt = await mem.ingest(REPO, trajectory(*observations), source_id=source,
+                               metadata={"user_id": user, "turn": 1})
+    return list(receipt.node_ids)
+
+
+async def test_every_node_of_an_ingest_carries_its_metadata(mem: mnemo.Memory) -> None:
+    """Each node an ingest commits has the ingest's metadata as `Node.metadata`; others {}."""
+    scoped = await _ingest(mem, "a", "alice", "the kettle is blue")
+    plain = await mem.ingest(REPO, trajectory("the kettle is red"), source_id="b")
+    for node_id in scoped:
+        node = await mem.get_node(REPO, node_id)
+        assert node is not None
+        assert node.metadata == {"user_id": "alice", "turn": 1}
+    for node_id in plain.node_ids:
+        node = await mem.get_node(REPO, node_id)
+        assert node is not None
+        assert node.metadata == {}
+
+
+async def test_a_session_s_nodes_carry_its_metadata(mem: mnemo.Memory) -> None:
+    """start_session(metadata=) reaches every node its commit adds."""
+    sid = await mem.start_session("cook", repo=REPO, metadata={"user_id": "bob", "vip": True})
+    await mem.append(sid, "the stove is hot", "turn it down")
+    receipt = await mem.close_and_commit(sid)
+    assert receipt.node_ids
+    for node in await mem.get_nodes_by_type(REPO, list(N)):
+        assert node.metadata == {"user_id": "bob", "vip": True}
+
+
+async def test_recall_where_returns_only_the_scope(mem: mnemo.Memory) -> None:
+    """A recall with where= returns and touches nothing outside the scope; a list of values
+    means any of them; a scope with no node returns nothing."""
+    alice = set(await _ingest(mem, "a", "alice", "the kettle is blue", "the door is open"))
+    bob = set(await _ingest(mem, "b", "bob", "the kettle is red", "the door is shut"))
+    everyone = await mem.recall(REPO, "kettle door", k=20)
+    assert {m.node.id for m in everyone.memories} & bob  # unfiltered, bob's are found
+    mine = await mem.recall(REPO, "kettle door", k=20, where={"user_id": "alice"})
+    assert mine.memories
+    assert {m.node.id for m in mine.memories} <= alice
+    assert {t.node_id for t in mine.touched} <= alice
+    both = await mem.recall(REPO, "kettle", k=20, where={"user_id": ["alice", "bob"]})
+    assert {m.node.id for m in both.memories} & alice
+    assert {m.node.id for m in both.memories} & bob
+    none = await mem.recall(REPO, "kettle", where={"user_id": "carol"})
+    assert none.memories == []
+    assert none.touched == []
+    typed = await mem.recall(REPO, "kettle", where={"turn": 1.0, "user_id": "bob"})
+    assert typed.memories
+    assert {m.node.id for m in typed.memories} <= bob
+    assert (await mem.recall(REPO, "kettle", where={"turn": "1"})).memories == []
+
+
+async def test_recall_in_context_and_search_nodes_take_where(mem: mnemo.Memory) -> None:
+    """recall_in_context and search_nodes keep to the scope too."""
+    alice = set(await _ingest(mem, "a", "alice", "the kettle is blue"))
+    await _ingest(mem, "b", "bob", "the kettle is red")
+    found = await mem.search_nodes(REPO, "kettle", where={"user_id": "alice"})
+    assert found
+    assert {n.id for n in found} <= alice
+    sid = await mem.start_session("tea", repo=REPO)
+    hits = await mem.recall_in_context(REPO, sid, "kettle", where={"user_id": "alice"})
+    assert hits.memories
+    assert {m.node.id for m in hits.memories} <= alice
+
+
+async def test_forget_where_erases_the_scope_only(mem: mnemo.Memory) -> None:
+    """forget_where erases every node of the scope (and the sources' ids are free again);
+    the other scopes keep theirs."""
+    await _ingest(mem, "a", "alice", "the kettle is blue")
+    await _ingest(mem, "a2", "alice", "the toaster is green")
+    bob = set(await _ingest(mem, "b", "bob", "the kettle is red"))
+    gone = await mem.forget_where(REPO, {"user_id": "alice"})
+    assert gone > 0
+    left = {n.id for n in await mem.get_nodes_by_type(REPO, list(N))}
+    assert bob <= left
+    assert all(n.metadata.get("user_id") != "alice"
+               for n in await mem.get_nodes_by_type(REPO, list(N)))
+    assert (await mem.recall(REPO, "kettle toaster", where={"user_id": "alice"})).memories == []
+    again = await mem.ingest(REPO, trajectory("the kettle is blue"), source_id="a",
+                             metadata={"user_id": "alice", "turn": 1})
+    assert again.created
+
+
+async def test_tags_are_not_shared_across_scopes(mem: mnemo.Memory, llm: FakeLLM) -> None:
+    """A tag of one label in two scopes is two nodes, each of its own scope."""
+    await _ingest(mem, "a", "alice", "the kettle is blue")
+    await _ingest(mem, "b", "bob", "the kettle is blue")
+    tags = await mem.get_nodes_by_type(REPO, [N.TAG])
+    by_label: dict[str, list[dict[str, object]]] = {}
+    for tag in tags:
+        by_label.setdefault(tag.text.lower(), []).append(dict(tag.metadata))
+    for owners in by_label.values():
+        assert len({str(sorted(o.items())) for o in owners}) == len(owners)
+
+
+@pytest.mark.parametrize("bad", [
+    "alice", {"": 1}, {"k": None}, {"k": [1]}, {"k": float("nan")}, {"k": "x" * 600},
+    {f"k{i}": 1 for i in range(40)}, {"k" * 100: 1},
+])
+async def test_bad_metadata_is_refused_before_anything_is_stored(
+    mem: mnemo.Memory, bad: object
+) -> None:
+    """A metadata that is not a bounded flat dict of scalars is InvalidInputError, nothing
+    stored."""
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.ingest(REPO, trajectory("x"), source_id="s", metadata=bad)  # type: ignore[arg-type]
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.start_session("g", repo=REPO, metadata=bad)  # type: ignore[arg-type]
+    assert await mem.get_nodes_by_type(REPO, list(N)) == []
+    assert await mem.list_sessions() == []
+
+
+@pytest.mark.parametrize("bad", ["alice", {"k": []}, {"k": {"a": 1}}, {1: "a"}, {"k": None}])
+async def test_bad_where_is_refused(mem: mnemo.Memory, bad: object) -> None:
+    """A malformed where is InvalidInputError for recall, search_nodes and forget_where."""
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.recall(REPO, "q", where=bad)  # type: ignore[arg-type]
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.search_nodes(REPO, "q", where=bad)  # type: ignore[arg-type]
+    with pytest.raises(mnemo.InvalidInputError):
+        await mem.forget_where(REPO, bad)  # type: ignore[arg-type]
+
+
+def test_values_keep_their_json_type() -> None:
+    """1, True and "1" are three values; an integral float is its integer."""
+    where = scopes.check_where({"k": [1, True, "1", 2.0]})
+    assert where == {"k": tuple(sorted(['1', 'true', '"1"', '2']))}
+    assert scopes.matches({"k": 2}, where)
+    assert not scopes.matches({"k": "2"}, where)
+    assert scopes.check_where({}) is None
+
+
+@pytest.mark.parametrize("path", ["store's own search", "scope too large to list"])
+async def test_every_search_path_keeps_to_the_scope(
+    store: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the lexical index (the store's full-text search with the scope's condition),
+    and for a scope past SCOPE_LIMIT (the repo's search widened, then cut to the scope),
+    recall and search_nodes return only the scope's nodes."""
+    config = mnemo.Config(lexical_dir="") if path == "store's own search" else None
+    if path == "scope too large to list":
+        monkeypatch.setattr("mnemo.storage.scopes.SCOPE_LIMIT", 0)
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder(),
+                            config=config) as mem:
+        await mem.open_repo(REPO)
+        alice = set(await _ingest(mem, "a", "alice", "the kettle is blue"))
+        await _ingest(mem, "b", "bob", "the kettle is red", "a kettle boils")
+        hits = await mem.recall(REPO, "kettle", where={"user_id": "alice"})
+        assert hits.memories
+        assert {m.node.id for m in hits.memories} <= alice
+        found = await mem.search_nodes(REPO, "kettle", where={"user_id": "alice"})
+        assert found
+        assert {n.id for n in found} <= alice
+
+
+async def test_a_session_committed_through_another_memory_keeps_its_metadata(
+    store: str,
+) -> None:
+    """The metadata is stored with the session: a second Memory on the store that closes and
+    commits it gives its nodes that metadata."""
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as first:
+        await first.open_repo(REPO)
+        sid = await first.start_session("cook", repo=REPO, metadata={"user_id": "erin"})
+        await first.append(sid, "the oven is hot", "open the window")
+    async with mnemo.Memory(store, llm=FakeLLM(), embedder=FakeEmbedder()) as second:
+        receipt = await second.close_and_commit(sid)
+        assert receipt.node_ids
+        for node in await second.get_nodes_by_type(REPO, list(N)):
+            assert node.metadata == {"user_id": "erin"}
+        assert (await second.recall(REPO, "oven", where={"user_id": "erin"})).memories

@@ -1,0 +1,131 @@
+"""`MnemoStore` under the real LangGraph: a compiled graph's nodes write and read memories
+through it (async and sync), items kept exactly and replaced by key, namespaces as scopes; on
+both backends."""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import anyio
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.store.base import BaseStore, Item, SearchItem
+
+import mnemo
+from mnemo.integrations.langgraph import MnemoStore
+from tests.conftest import REPO
+
+
+class State(TypedDict):
+    user: str
+    said: str
+    recalled: list[str]
+
+
+def graph(store: BaseStore, *, sync: bool = False) -> Any:
+    """remember (puts what the user said under ("memories", user)) -> recall (searches it)."""
+
+    async def remember(state: State, *, store: BaseStore) -> dict[str, Any]:
+        await store.aput(("memories", state["user"]), "said", {"text": state["said"]})
+        return {}
+
+    async def recall(state: State, *, store: BaseStore) -> dict[str, Any]:
+        found = await store.asearch(("memories", state["user"]), query=state["said"])
+        return {"recalled": [item.value["text"] for item in found]}
+
+    def remember_sync(state: State, *, store: BaseStore) -> dict[str, Any]:
+        store.put(("memories", state["user"]), "said", {"text": state["said"]})
+        return {}
+
+    def recall_sync(state: State, *, store: BaseStore) -> dict[str, Any]:
+        found = store.search(("memories", state["user"]), query=state["said"])
+        return {"recalled": [item.value["text"] for item in found]}
+
+    builder = StateGraph(State)
+    builder.add_node("remember", remember_sync if sync else remember)
+    builder.add_node("recall", recall_sync if sync else recall)
+    builder.add_edge(START, "remember")
+    builder.add_edge("remember", "recall")
+    builder.add_edge("recall", END)
+    return builder.compile(store=store)
+
+
+async def test_a_compiled_graph_writes_and_reads_memories(mem: mnemo.Memory) -> None:
+    """ainvoke: the graph's nodes put and search through the store; each user sees only
+    their own memories, and mnemo's recall sees them under the namespace's metadata."""
+    store = MnemoStore(mem, REPO, keys=("kind", "user_id"))
+    app = graph(store)
+    out = await app.ainvoke({"user": "alice", "said": "I like green tea", "recalled": []})
+    assert out["recalled"] == ["I like green tea"]
+    out = await app.ainvoke({"user": "bob", "said": "I like black tea", "recalled": []})
+    assert out["recalled"] == ["I like black tea"]
+    hits = await mem.recall(REPO, "tea", where={"user_id": "alice"})
+    assert [m.node.data["value"] for m in hits.memories] == [{"text": "I like green tea"}]
+    assert hits.memories[0].node.metadata["kind"] == "memories"
+
+
+async def test_sync_invoke_from_a_thread(mem: mnemo.Memory) -> None:
+    """invoke in a worker thread: sync nodes' put and search run on the Memory's loop."""
+    store = MnemoStore(mem, REPO)
+    app = graph(store, sync=True)
+    out = await anyio.to_thread.run_sync(
+        app.invoke, {"user": "carol", "said": "my flat is on floor 4", "recalled": []})
+    assert out["recalled"] == ["my flat is on floor 4"]
+    with pytest.raises(RuntimeError, match="block"):
+        store.put(("x",), "k", {"a": 1})  # on the loop's own thread
+
+
+async def test_put_get_replace_delete(mem: mnemo.Memory) -> None:
+    """A value comes back exactly; a put of the same namespace and key replaces it (one
+    item, created_at kept); a put of None deletes it and erases its node."""
+    store = MnemoStore(mem, REPO)
+    value = {"food": "pizza", "n": 3, "tags": ["a", "b"], "nested": {"x": 1.5, "y": None}}
+    await store.aput(("prefs", "alice"), "food", value)
+    first = await store.aget(("prefs", "alice"), "food")
+    assert isinstance(first, Item)
+    assert (first.value, first.key, first.namespace) == (value, "food", ("prefs", "alice"))
+    await store.aput(("prefs", "alice"), "food", {"food": "sushi"})
+    second = await store.aget(("prefs", "alice"), "food")
+    assert second is not None
+    assert second.value == {"food": "sushi"}
+    assert second.created_at == first.created_at
+    assert len(await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC])) == 1
+    assert await store.aget(("prefs", "bob"), "food") is None
+    await store.adelete(("prefs", "alice"), "food")
+    assert await store.aget(("prefs", "alice"), "food") is None
+    assert await mem.get_nodes_by_type(REPO, [mnemo.NodeType.SEMANTIC]) == []
+
+
+async def test_search_by_prefix_filter_and_namespaces(mem: mnemo.Memory) -> None:
+    """search without a query lists a prefix's items, a filter keeps equal fields, limit and
+    offset cut; list_namespaces matches prefixes, suffixes and depths."""
+    store = MnemoStore(mem, REPO)
+    await store.aput(("docs", "a", "v1"), "1", {"kind": "note", "text": "first"})
+    await store.aput(("docs", "a", "v2"), "2", {"kind": "todo", "text": "second"})
+    await store.aput(("docs", "b", "v1"), "3", {"kind": "note", "text": "third"})
+    await store.aput(("other",), "4", {"kind": "note", "text": "fourth"})
+    docs = await store.asearch(("docs",))
+    assert [i.key for i in docs] == ["1", "2", "3"]
+    assert all(isinstance(i, SearchItem) for i in docs)
+    assert [i.key for i in await store.asearch(("docs",), filter={"kind": "note"})] == ["1", "3"]
+    assert [i.key for i in await store.asearch(("docs",), limit=1, offset=1)] == ["2"]
+    assert next(i.key for i in await store.asearch(("docs", "a"), query="second")) == "2"
+    assert await store.alist_namespaces() == [
+        ("docs", "a", "v1"), ("docs", "a", "v2"), ("docs", "b", "v1"), ("other",)]
+    assert await store.alist_namespaces(prefix=("docs",), max_depth=2) == [
+        ("docs", "a"), ("docs", "b")]
+    assert await store.alist_namespaces(suffix=("v1",)) == [
+        ("docs", "a", "v1"), ("docs", "b", "v1")]
+    assert await store.alist_namespaces(prefix=("docs", "*", "v2")) == [("docs", "a", "v2")]
+    batch = await store.abatch([])
+    assert batch == []
+
+
+async def test_forget_where_erases_a_user_s_items(mem: mnemo.Memory) -> None:
+    """The namespace is the scope: forget_where on it erases that user's items only."""
+    store = MnemoStore(mem, REPO, keys=("user_id",))
+    await store.aput(("alice",), "k", {"text": "alice's secret"})
+    await store.aput(("bob",), "k", {"text": "bob's secret"})
+    assert await mem.forget_where(REPO, {"user_id": "alice"}) == 1
+    assert await store.aget(("alice",), "k") is None
+    assert await store.aget(("bob",), "k") is not None

@@ -8,7 +8,7 @@ from collections import Counter
 
 import mnemo
 from mnemo.graph import history
-from mnemo.graph.model import Changeset, Link, LinkType, NodeId, NodeType, Vector
+from mnemo.graph.model import Changeset, Link, LinkType, NodeType, Vector
 from mnemo.graph.ports import GraphStore, IntentPolicy
 from tests.graph._support import REPO, Merger, at_cosine, axis, draft, judged, policy
 
@@ -141,5 +141,5 @@ async def test_a_fact_joins_none_of_another_scope(graph: GraphStore) -> None:
     await graph.apply(scoped("c", "alice"), intents=policy())
     nodes = await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC])
     assert sorted(n.id for n in nodes) == ["a-alice", "b-bob", "d-carol"]
-    assert {n.id: n.metadata for n in nodes}[NodeId("b-bob")] == {"user_id": "bob"}
+    assert {str(n.id): n.metadata for n in nodes}["b-bob"] == {"user_id": "bob"}
     assert (await history.history(graph, REPO, 1))[0].joined == ("a-alice",)

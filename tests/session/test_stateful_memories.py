@@ -132,7 +132,15 @@ class TwoMemories(RuleBasedStateMachine):
         if state is State.COLLECTING:
             self.call(0, "append", sid, "walk south", "go south")
         elif state is State.READY:
-            assert self.call(1, "commit", sid) is not None
+            try:
+                assert self.call(1, "commit", sid) is not None
+            except mnemo.SessionError as moved:
+                # A commit accepted through a Memory that closed since was answered
+                # memory_closed (effect unknown) and may still run where the extraction
+                # ended: the session went on to idle, where it takes an episode. (The commit
+                # may as well succeed: no pytest.raises.)
+                assert (moved.reason, moved.state) == ("not_ready", State.IDLE)  # noqa: PT017
+                self.call(1, "start_episode", sid, "read the note")
         elif state is State.FAILED:
             self.call(0, "discard", sid)
         else:

@@ -74,7 +74,7 @@ def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
     )
 
 
-def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, object]]:
+def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]:
     """The trajectory's steps as plain dicts, each checked against `config`: at most
     `max_steps_per_ingest` steps, each text and metadata's JSON at most `max_text_chars`.
 
@@ -99,7 +99,7 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, o
         )
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
-    steps: list[dict[str, object]] = []
+    steps: list[JSONObject] = []
     for i, step in enumerate(trajectory.steps):
         check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
         check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
@@ -107,9 +107,9 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, o
             raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
         if step.metadata is not None:
             check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
-        steps.append(
-            {"observation": step.observation, "action": step.action, "metadata": step.metadata}
-        )
+        # The metadata was checked to be JSON just above.
+        steps.append({"observation": step.observation, "action": step.action,
+                      "metadata": cast("JSONObject | None", step.metadata)})
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:

@@ -10,6 +10,8 @@ from typing import TypeVar
 
 import anyio
 
+from mnemo.ports import JSONObject, JSONValue
+
 log = logging.getLogger("mnemo")
 
 T = TypeVar("T")
@@ -23,7 +25,7 @@ class Event:
     kind: str
     session_id: str | None
     repo: str | None
-    data: dict[str, object] = field(default_factory=dict)
+    data: JSONObject = field(default_factory=dict)
 
 
 EventCallback = Callable[[Event], Awaitable[None] | None]
@@ -40,7 +42,8 @@ class Events:
         self._callback = callback
 
     async def emit(
-        self, kind: str, *, session_id: str | None = None, repo: str | None = None, **data: object
+        self, kind: str, *, session_id: str | None = None, repo: str | None = None,
+        **data: JSONValue,
     ) -> None:
         if self._callback is None:
             return

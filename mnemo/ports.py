@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -56,12 +56,20 @@ class Usage:
         )
 
 
+# A JSON value (what `json` and msgspec read and write), and a JSON object: a JSON schema, a
+# tool call's arguments, a task's inputs. For annotations only: a msgspec struct's field cannot
+# take this recursive alias (msgspec reads `object` for any JSON value).
+JSONValue: TypeAlias = (
+    "str | int | float | bool | Sequence[JSONValue] | Mapping[str, JSONValue] | None")
+JSONObject: TypeAlias = "dict[str, JSONValue]"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One tool call in an LLM reply."""
 
     name: str
-    arguments: dict[str, object]
+    arguments: JSONObject
     id: str | None = None
 
 
@@ -84,7 +92,7 @@ class LLMRequest:
     task: str
     system: str
     messages: Sequence[Mapping[str, object]]
-    schema: dict[str, object] | None = None
+    schema: JSONObject | None = None
     tools: Sequence[Mapping[str, object]] | None = None
     max_tokens: int | None = None
     tool_choice: str | None = None

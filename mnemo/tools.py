@@ -27,7 +27,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import msgspec
 
 from mnemo.conversation.eviction import EvictionTools
 from mnemo.conversation.model import Message
@@ -35,7 +37,7 @@ from mnemo.conversation.prompts import EVICTION_TOOL_SPECS
 from mnemo.conversation.render import ZONE_MESSAGE_CHARS
 from mnemo.conversation.search import render_hits
 from mnemo.errors import InvalidInputError, NotFoundError
-from mnemo.ports import ToolCall
+from mnemo.ports import JSONObject, ToolCall
 
 if TYPE_CHECKING:
     from mnemo.graph.model import Node
@@ -82,9 +84,9 @@ class ToolSpec:
 
     name: str
     description: str
-    parameters: dict[str, object]
+    parameters: JSONObject
 
-    def openai(self) -> dict[str, object]:
+    def openai(self) -> JSONObject:
         """The tool in OpenAI's chat-completions format."""
         return {
             "type": "function",
@@ -95,7 +97,7 @@ class ToolSpec:
             },
         }
 
-    def anthropic(self) -> dict[str, object]:
+    def anthropic(self) -> JSONObject:
         """The tool in Anthropic's messages format."""
         return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
@@ -185,7 +187,7 @@ def _specs(names: Iterable[str]) -> list[ToolSpec]:
     return [TOOLS[n] for n in wanted]
 
 
-def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]:
+def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in OpenAI's format.
 
     Raises:
@@ -194,7 +196,7 @@ def openai_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]
     return [spec.openai() for spec in _specs(names)]
 
 
-def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[dict[str, object]]:
+def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
     """The named tools (default: the memory tools) in Anthropic's format.
 
     Raises:
@@ -225,17 +227,15 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
         return "error: the arguments must be a JSON object"
     try:
         if call.name == "search_messages":
+            search = _read(args, _Search)
             hits = await mem.search_messages(
-                _text(args, "query"),
-                thread_id=_optional_text(args, "thread_id"),
-                limit=_integer(args, "limit", 5),
+                search.query, thread_id=search.thread_id, limit=search.limit,
                 exclude_viewport_of=_context_thread(context),
             )
             return render_hits(hits)
         if call.name == "view_messages":
-            found = await mem.view_messages(
-                _text(args, "message_id"), radius=_integer(args, "radius", 10)
-            )
+            view = _read(args, _View)
+            found = await mem.view_messages(view.message_id, radius=view.radius)
             # Each message renders at most ZONE_MESSAGE_CHARS; the nearest fill the answer.
             kept = nearest(
                 found.messages,
@@ -248,17 +248,18 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
             repo = context.get("repo")
             if not isinstance(repo, str):
                 return "error: recall is not available here (no repo)"
-            result = await mem.recall(repo, _text(args, "query"), k=_integer(args, "k", 10))
+            recall = _read(args, _Recall)
+            result = await mem.recall(repo, recall.query, k=recall.k)
             return _render_recall(result.memories)
         if call.name == "get_node":
             repo = context.get("repo")
             if not isinstance(repo, str):
                 return "error: get_node is not available here (no repo)"
-            node_id = _text(args, "node_id")
-            node = await mem.get_node(repo, node_id)
+            wanted = _read(args, _Node)
+            node = await mem.get_node(repo, wanted.node_id)
             if node is None:
-                return f"error: no memory {clip(node_id, 100)!r} in this repo"
-            return _render_node(node, _integer(args, "offset", 0))
+                return f"error: no memory {clip(wanted.node_id, 100)!r} in this repo"
+            return _render_node(node, wanted.offset)
         if call.name in EVICTION_TOOL_NAMES:
             eviction = context.get("eviction")
             if not isinstance(eviction, EvictionTools):
@@ -316,12 +317,12 @@ def _render_node(node: Node, offset: int) -> str:
     return "\n".join(lines)
 
 
-def _arguments(raw: object) -> dict[str, object] | None:
+def _arguments(raw: object) -> JSONObject | None:
     # Some providers hand tool arguments over as a JSON string.
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError:
+            raw = msgspec.json.decode(raw) if raw.strip() else {}
+        except msgspec.DecodeError:
             return None
     return raw if isinstance(raw, dict) else None
 
@@ -331,25 +332,37 @@ def _context_thread(context: dict[str, object]) -> str | None:
     return thread if isinstance(thread, str) else None
 
 
-def _text(args: dict[str, object], key: str) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInputError(f"{key} must be a non-empty string")
-    return value
+# Each tool's arguments. Models often send numbers as strings ("5") or floats (5.0): read
+# leniently (`strict=False`).
+_NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
 
 
-def _optional_text(args: dict[str, object], key: str) -> str | None:
-    value = args.get(key)
-    return None if value is None else _text(args, key)
+class _Search(msgspec.Struct):
+    query: _NonBlank
+    thread_id: _NonBlank | None = None
+    limit: int = 5
 
 
-def _integer(args: dict[str, object], key: str, default: int) -> int:
-    value = args.get(key, default)
-    # Models often send numbers as strings ("5") or floats (5.0).
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInputError(f"{key} must be an integer, got {value!r}")
-    return value
+class _View(msgspec.Struct):
+    message_id: _NonBlank
+    radius: int = 10
+
+
+class _Recall(msgspec.Struct):
+    query: _NonBlank
+    k: int = 10
+
+
+class _Node(msgspec.Struct):
+    node_id: _NonBlank
+    offset: int = 0
+
+
+_A = TypeVar("_A", bound=msgspec.Struct)
+
+
+def _read(args: JSONObject, kind: type[_A]) -> _A:
+    try:
+        return msgspec.convert(args, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(f"bad arguments: {exc}") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mnemo.errors import InvalidInputError
-from mnemo.ports import Usage
+from mnemo.ports import JSONObject, Usage
 
 # Prices in US dollars per million tokens (input, output), as published by the providers in
 # 2025. A model matches its own name or the longest entry it starts with followed by "-"
@@ -95,7 +95,7 @@ def _mapping(value: object) -> Mapping[str, object]:
     return value if isinstance(value, Mapping) else {}
 
 
-def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, dict[str, object]]:
+def tool_spec(tool: Mapping[str, object]) -> tuple[str, str, JSONObject]:
     """(name, description, parameters schema) of a tool given in any usual shape.
 
     Accepts mnemo's neutral {"name", "description", "parameters"}, OpenAI's

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from mnemo import text as _text
-from mnemo.adapters._offline_common import _NO_USAGE, _str, _str_list
+from mnemo.adapters._offline_common import _NO_USAGE, Inputs
 from mnemo.ports import LLMResponse
 
 _TOPIC_SHIFT = re.compile(
@@ -54,13 +54,13 @@ _SUBGOAL_WORDS = 5
 # ---- state --------------------------------------------------------------------------------
 
 
-def _state(inputs: dict[str, object]) -> LLMResponse:
-    observed = _text.first_sentence(_str(inputs, "observation"))
+def _state(inputs: Inputs) -> LLMResponse:
+    observed = _text.first_sentence(inputs.observation.strip())
     if not observed:
-        observed = _str(inputs, "previous_state") or "Nothing new was observed."
+        observed = (inputs.previous_state or "").strip() or "Nothing new was observed."
     if observed[-1] not in ".!?":
         observed += "."
-    action = _text.clip_words(_str(inputs, "action"), _MAX_ACTION_WORDS_IN_STATE)
+    action = _text.clip_words(inputs.action.strip(), _MAX_ACTION_WORDS_IN_STATE)
     text = f"{observed} Last action: {action}" if action else observed
     return LLMResponse(text=text, usage=_NO_USAGE)
 
@@ -68,14 +68,14 @@ def _state(inputs: dict[str, object]) -> LLMResponse:
 # ---- subgoal ------------------------------------------------------------------------------
 
 
-def _subgoal(inputs: dict[str, object]) -> LLMResponse:
-    observation = _str(inputs, "observation")
-    previous = _str(inputs, "previous_subgoal")
-    recent = _str_list(inputs, "recent_steps")
+def _subgoal(inputs: Inputs) -> LLMResponse:
+    observation = inputs.observation.strip()
+    previous = (inputs.previous_subgoal or "").strip()
+    recent = inputs.recent_steps
     fresh = (
         _text.key_phrase(observation, max_words=_SUBGOAL_WORDS)
-        or _text.key_phrase(_str(inputs, "action"), max_words=_SUBGOAL_WORDS)
-        or _text.key_phrase(_str(inputs, "goal"), max_words=_SUBGOAL_WORDS)
+        or _text.key_phrase(inputs.action.strip(), max_words=_SUBGOAL_WORDS)
+        or _text.key_phrase(inputs.goal.strip(), max_words=_SUBGOAL_WORDS)
         or "continue the task"
     )
     if not previous:
@@ -134,6 +134,6 @@ def outcome_reward(text: str) -> float:
     return 0.6
 
 
-def _reward_task(inputs: dict[str, object]) -> LLMResponse:
-    judged = _str(inputs, "next_observation") or _str(inputs, "observation")
+def _reward_task(inputs: Inputs) -> LLMResponse:
+    judged = (inputs.next_observation or "").strip() or inputs.observation.strip()
     return LLMResponse(data={"reward": outcome_reward(judged)}, usage=_NO_USAGE)

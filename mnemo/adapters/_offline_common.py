@@ -1,49 +1,91 @@
-"""What the offline heuristics share (`mnemo.adapters.offline`): typed access to a task's JSON
-inputs, and the tests of a sentence (a fact, filler, a question, a greeting, how informative)."""
+"""What the offline heuristics share (`mnemo.adapters.offline`): a task's JSON inputs read into
+`Inputs`, and the tests of a sentence (a fact, filler, a question, a greeting, how informative)."""
 
 from __future__ import annotations
 
 import math
 import re
 
+import msgspec
+
 from mnemo import text as _text
-from mnemo.ports import Usage
+from mnemo.calls.tasks import input_json
+from mnemo.ports import LLMRequest, Usage
 
 
-def _str(inputs: dict[str, object], key: str) -> str:
-    value = inputs.get(key)
-    return value.strip() if isinstance(value, str) else ""
+class Step(msgspec.Struct):
+    index: int | None = None
+    observation: str = ""
+    action: str = ""
+    reward: float | None = None
 
 
-def _str_list(inputs: dict[str, object], key: str) -> list[str]:
-    value = inputs.get(key)
-    if not isinstance(value, list):
-        return []
-    return [item for item in value if isinstance(item, str)]
+class Indexed(msgspec.Struct):
+    """An instruction to score, or an existing and a new text to merge or compare."""
+
+    index: int | None = None
+    instruction: str = ""
+    existing: str = ""
+    new: str = ""
 
 
-def _dicts(inputs: dict[str, object], key: str) -> list[dict[str, object]]:
-    value = inputs.get(key)
-    if not isinstance(value, list):
-        return []
-    return [item for item in value if isinstance(item, dict)]
+class Entry(msgspec.Struct):
+    """A message (`role`, `text` or `content`), a snapshot, a goal or a memory file."""
+
+    role: str = ""
+    text: str = ""
+    content: str = ""
+    id: str = ""
+    topic: str = ""
+    description: str = ""
 
 
-def _int(item: dict[str, object], key: str, default: int) -> int:
-    value = item.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+class Inputs(msgspec.Struct):
+    """A task's inputs (`mnemo.calls.tasks.task_request`), each field as the tasks that have it
+    write it, and empty where a task has none."""
+
+    goal: str = ""
+    subgoal: str = ""
+    observation: str = ""
+    action: str = ""
+    next_observation: str | None = None
+    previous_state: str | None = None
+    previous_subgoal: str | None = None
+    recent_steps: list[str] = []
+    steps: list[Step] = []
+    score_last_step: bool = False
+    instructions: list[Indexed] = []
+    pairs: list[Indexed] = []
+    existing: str = ""
+    new: str = ""
+    messages: list[Entry] = []
+    snapshots: list[Entry] = []
+    goals: list[Entry] = []
+    files: list[Entry] = []
+    conversation: list[Entry] = []
+    previous_summary: str = ""
+    max_words: int | None = None
+    max_chars: int = 4000
+    done: list[str] = []
+    zone: str = ""
+    statement: str = ""
+    entries: list[str] = []
+    description: str = ""
+    query: str = ""
+    memories: list[str] = []
+
+    @classmethod
+    def of(cls, request: LLMRequest) -> Inputs:
+        """The inputs `request` holds; none (every field empty) when they do not read as these."""
+        try:
+            return msgspec.json.decode(input_json(request), type=cls, strict=False)
+        except msgspec.DecodeError:
+            return cls()
 
 
-def _field(item: dict[str, object], key: str) -> str:
-    value = item.get(key)
-    return value.strip() if isinstance(value, str) else ""
-
-
-def _reward(item: dict[str, object]) -> float | None:
-    value = item.get("reward")
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return min(1.0, max(0.0, float(value)))
-    return None
+def _reward(step: Step) -> float | None:
+    value = step.reward
+    return None if value is None or not math.isfinite(value) else min(1.0, max(0.0, value))
 
 
 _NO_USAGE = Usage(0, 0, 0.0)

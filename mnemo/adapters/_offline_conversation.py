@@ -9,12 +9,9 @@ from mnemo import text as _text
 from mnemo.adapters._offline_common import (
     _GREETING,
     _NO_USAGE,
-    _dicts,
-    _field,
-    _int,
+    Entry,
+    Inputs,
     _sentence_score,
-    _str,
-    _str_list,
     _strip_filler,
 )
 from mnemo.ports import LLMResponse, ToolCall
@@ -109,21 +106,21 @@ def _speaker(role: str) -> str:
     return _SPEAKERS.get(role, "Tool")
 
 
-def _summary_task(inputs: dict[str, object]) -> LLMResponse:
-    messages = _dicts(inputs, "messages")
-    items = [(_speaker(_field(m, "role")), _field(m, "text")) for m in messages]
-    max_words = max(16, _int(inputs, "max_words", 200))
-    summary = _extractive_summary(items, max_words, _str(inputs, "previous_summary"))
+def _summary_task(inputs: Inputs) -> LLMResponse:
+    messages = inputs.messages
+    items = [(_speaker(m.role.strip()), m.text.strip()) for m in messages]
+    max_words = max(16, inputs.max_words or 200)
+    summary = _extractive_summary(items, max_words, inputs.previous_summary.strip())
     if not summary:
         # Nothing informative was said: say so rather than invent content.
         summary = f"{len(messages)} earlier messages held no informative statement."
     return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
 
 
-def _snapshot_fold(inputs: dict[str, object]) -> LLMResponse:
-    snapshots = _dicts(inputs, "snapshots")
-    items = [("", _field(s, "text")) for s in snapshots]
-    max_words = max(16, _int(inputs, "max_words", 200))
+def _snapshot_fold(inputs: Inputs) -> LLMResponse:
+    snapshots = inputs.snapshots
+    items = [("", s.text.strip()) for s in snapshots]
+    max_words = max(16, inputs.max_words or 200)
     summary = _extractive_summary(items, max_words) or _text.clip_words(
         " ".join(text for _, text in items), max_words
     )
@@ -132,24 +129,24 @@ def _snapshot_fold(inputs: dict[str, object]) -> LLMResponse:
     return LLMResponse(data={"summary": summary}, usage=_NO_USAGE)
 
 
-def _eviction(inputs: dict[str, object]) -> LLMResponse:
-    if _str_list(inputs, "done"):
+def _eviction(inputs: Inputs) -> LLMResponse:
+    if inputs.done:
         # The tools already ran in an earlier round: finish.
         return LLMResponse(tool_calls=[ToolCall("everything_ok", {}, "call_0")], usage=_NO_USAGE)
     messages: list[tuple[int, str, str]] = []
-    for line in _str(inputs, "zone").splitlines():
+    for line in inputs.zone.splitlines():
         found = _ZONE_LINE.match(line.strip())
         if not found or found.group(2):
             continue  # a collapsed run of tool calls carries no sentence
         said = _ZONE_ROLE.match(found.group(3))
         if said:
             messages.append((int(found.group(1)), said.group(1), said.group(2)))
-    max_words = max(16, _int(inputs, "max_words", 100))
+    max_words = max(16, 100 if inputs.max_words is None else inputs.max_words)
     calls: list[ToolCall] = []
     snapshot = _extractive_summary([(_speaker(r), t) for _, r, t in messages], max_words)
     if snapshot:
         calls.append(ToolCall("save_snapshot", {"text": snapshot}, f"call_{len(calls)}"))
-    goals = _dicts(inputs, "goals")
+    goals = inputs.goals
     for seq, role, text in messages:
         if role not in {"user", "system", "developer"} or not _states_instruction(text):
             continue
@@ -166,10 +163,10 @@ def _eviction(inputs: dict[str, object]) -> LLMResponse:
     return LLMResponse(tool_calls=calls, usage=_NO_USAGE)
 
 
-def _goals_for(text: str, goals: list[dict[str, object]]) -> list[str]:
+def _goals_for(text: str, goals: list[Entry]) -> list[str]:
     """The goals sharing a content word with `text`, else the newest goal (the current one)."""
     stems = _text.content_stems(text)
-    ids = [_field(g, "id") for g in goals if stems & _text.content_stems(_field(g, "description"))]
+    ids = [g.id.strip() for g in goals if stems & _text.content_stems(g.description)]
     if not ids and goals:
-        ids = [_field(goals[-1], "id")]
+        ids = [goals[-1].id.strip()]
     return [gid for gid in ids if gid]

@@ -10,13 +10,10 @@ from mnemo import text as _text
 from mnemo.adapters._offline_common import (
     _NO_USAGE,
     _QUESTION_OPENERS,
+    Entry,
+    Inputs,
     _capitalised,
-    _dicts,
-    _field,
-    _int,
     _is_fact,
-    _str,
-    _str_list,
     _strip_filler,
 )
 from mnemo.ports import LLMResponse
@@ -155,11 +152,11 @@ def _memory_signal(sentence: str) -> tuple[str | None, str, str]:
     return None, "", ""
 
 
-def _memory_signals(conversation: list[dict[str, object]]) -> list[tuple[str, str, str]]:
+def _memory_signals(conversation: list[Entry]) -> list[tuple[str, str, str]]:
     """(kind, statement, topic words) for every qualifying sentence, in conversation order."""
     found: list[tuple[str, str, str]] = []
     for message in conversation:
-        role, content = _field(message, "role"), _field(message, "content")
+        role, content = message.role.strip(), message.content.strip()
         remember = False
         if role == "assistant":
             confirmation = _MEMORY_CONFIRMATION.match(content)
@@ -225,20 +222,20 @@ class _MemoryTopic:
     removed: list[str] = field(default_factory=list)
 
 
-def _memory_update(inputs: dict[str, object]) -> LLMResponse:
+def _memory_update(inputs: Inputs) -> LLMResponse:
     topics = [
         _MemoryTopic(
-            topic=_field(item, "topic"),
-            description=_field(item, "description"),
-            stems=_topic_stems(_field(item, "topic")),
+            topic=item.topic.strip(),
+            description=item.description.strip(),
+            stems=_topic_stems(item.topic),
             # A file's shown entries, to leave out what it already says and find what a
             # correction replaces; the reply holds only the changes.
-            lines=[line.strip() for line in _field(item, "content").splitlines() if line.strip()],
+            lines=[line.strip() for line in item.content.splitlines() if line.strip()],
         )
-        for item in _dicts(inputs, "files")
-        if _field(item, "topic")
+        for item in inputs.files
+        if item.topic.strip()
     ]
-    for kind, statement, topic_words in _memory_signals(_dicts(inputs, "conversation")):
+    for kind, statement, topic_words in _memory_signals(inputs.conversation):
         stems = _text.content_stems(statement)
         if any(_near_duplicate(stems, line) for t in topics for line in t.lines):
             continue
@@ -277,16 +274,16 @@ def _memory_update(inputs: dict[str, object]) -> LLMResponse:
     return LLMResponse(data={"files": files}, usage=_NO_USAGE)
 
 
-def _memory_persist(inputs: dict[str, object]) -> LLMResponse:
-    statement = " ".join(_str(inputs, "statement").split())
+def _memory_persist(inputs: Inputs) -> LLMResponse:
+    statement = " ".join(inputs.statement.split())
     stems = _topic_stems(statement)
-    best: tuple[int, dict[str, object]] | None = None
-    for item in _dicts(inputs, "files"):
-        overlap = len(stems & _topic_stems(_field(item, "topic")))
+    best: tuple[int, Entry] | None = None
+    for item in inputs.files:
+        overlap = len(stems & _topic_stems(item.topic))
         if overlap and (best is None or overlap > best[0]):
             best = (overlap, item)
     if best is not None:
-        topic, description = _field(best[1], "topic"), _field(best[1], "description")
+        topic, description = best[1].topic.strip(), best[1].description.strip()
     else:
         topic = _text.key_phrase(statement, max_words=_MEMORY_TOPIC_WORDS) or "notes"
         description = _text.clip_words(statement, _MEMORY_DESCRIPTION_WORDS)
@@ -294,9 +291,9 @@ def _memory_persist(inputs: dict[str, object]) -> LLMResponse:
     return LLMResponse(data=data, usage=_NO_USAGE)
 
 
-def _memory_condense(inputs: dict[str, object]) -> LLMResponse:
-    limit = _int(inputs, "max_chars", 4000)
-    texts = [_MEMORY_BULLET.sub("", e).strip() for e in _str_list(inputs, "entries")]
+def _memory_condense(inputs: Inputs) -> LLMResponse:
+    limit = inputs.max_chars
+    texts = [_MEMORY_BULLET.sub("", e).strip() for e in inputs.entries]
     texts = [t for t in texts if t]
     stems = [_entry_stems(t) for t in texts]
     # Merging: an entry that says nothing a later entry does not say goes.
@@ -315,7 +312,7 @@ def _memory_condense(inputs: dict[str, object]) -> LLMResponse:
             kept.append(text if text.startswith("#") else f"- {text}")
             room -= len(text) + 3
     kept.reverse()
-    description = _str(inputs, "description")
+    description = inputs.description.strip()
     said = set().union(*(_entry_stems(line) for line in kept))
     if kept and not _text.content_stems(description) & said:
         description = _text.clip_words(kept[0][2:], _MEMORY_DESCRIPTION_WORDS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from mnemo import text as _text
-from mnemo.adapters._offline_common import _NO_USAGE, _str, _str_list
+from mnemo.adapters._offline_common import _NO_USAGE, Inputs
 from mnemo.ports import LLMResponse
 
 _PROCEDURAL_QUERY = re.compile(
@@ -26,10 +26,10 @@ _SEMANTIC_QUERY = re.compile(
 )
 
 
-def _recall_plan(inputs: dict[str, object]) -> LLMResponse:
+def _recall_plan(inputs: Inputs) -> LLMResponse:
     """Mode from the query's question form (how-to: procedural; when/did: episodic; what/who/
     which: semantic; else mixed); tags are its concept labels."""
-    query = _str(inputs, "query")
+    query = inputs.query.strip()
     if _PROCEDURAL_QUERY.search(query):
         mode = "procedural"
     elif _EPISODIC_QUERY.search(query):
@@ -43,14 +43,14 @@ def _recall_plan(inputs: dict[str, object]) -> LLMResponse:
     )
 
 
-def _recall_synthesis(inputs: dict[str, object]) -> LLMResponse:
+def _recall_synthesis(inputs: Inputs) -> LLMResponse:
     """Extractive: the first memory, quoted, since no model is there to reason over them."""
-    memories = _str_list(inputs, "memories")
+    memories = inputs.memories
     answer = memories[0] if memories else "No memory answers this."
     return LLMResponse(data={"answer": answer}, usage=_NO_USAGE)
 
 
-def _recall_rerank(inputs: dict[str, object]) -> LLMResponse:
+def _recall_rerank(inputs: Inputs) -> LLMResponse:
     """The retrieval's order: no model is there to judge relevance better than it."""
-    memories = _str_list(inputs, "memories")
+    memories = inputs.memories
     return LLMResponse(data={"order": list(range(1, len(memories) + 1))}, usage=_NO_USAGE)

@@ -39,7 +39,7 @@ from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.calls.reply import Cut, decode_json
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMTimeout
-from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -128,15 +128,14 @@ class Anthropic:
         """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
         return self._http
 
-    def server_profile(self) -> dict[str, object]:
+    def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server: the concurrency limit."""
-        return ServerProfile(self._http.limit.state()).as_json()
+        return ServerProfile(self._http.limit.state())
 
-    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`)."""
-        stored = ServerProfile.read(profile).concurrency
-        if stored is not None:
-            self._http.limit.restore(stored)
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the forced tool's input (or
@@ -181,12 +180,12 @@ class Anthropic:
     async def _structured(
         self,
         request: LLMRequest,
-        schema: dict[str, object],
+        schema: JSONObject,
         system: str,
         messages: list[dict[str, object]],
         budget: Budget,
     ) -> LLMResponse:
-        tool: dict[str, object] = {
+        tool: JSONObject = {
             "name": request.task, "description": _TOOL_DESCRIPTION, "input_schema": schema,
         }
         cap = reply_cap(request.max_tokens, self.max_tokens)
@@ -346,9 +345,9 @@ def _tool_use(call: Mapping[str, object]) -> dict[str, object]:
             "input": arguments}
 
 
-def _tool(tool: Mapping[str, object]) -> dict[str, object]:
+def _tool(tool: Mapping[str, object]) -> JSONObject:
     name, description, parameters = tool_spec(tool)
-    out: dict[str, object] = {"name": name, "input_schema": parameters}
+    out: JSONObject = {"name": name, "input_schema": parameters}
     if description:
         out["description"] = description
     return out

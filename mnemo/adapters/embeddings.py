@@ -155,14 +155,13 @@ class OpenAIEmbedder:
         """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
         return self._http.limit
 
-    def server_profile(self) -> dict[str, object]:
+    def server_profile(self) -> ServerProfile:
         """What this embedder learned of its server: the vectors' encoding it accepts and the
         concurrency limit."""
-        return ServerProfile(self._http.limit.state(), encoding=self._encoding).as_json()
+        return ServerProfile(self._http.limit.state(), encoding=self._encoding)
 
-    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from what an earlier embedder learned of this server (`server_profile`)."""
-        stored = ServerProfile.read(profile)
         if stored.encoding == "float":
             self._encoding = "float"
         if stored.concurrency is not None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -140,19 +140,17 @@ class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
     structured: str | None = None
     encoding: str | None = None
 
-    def as_json(self) -> dict[str, object]:
-        """The profile as the store keeps it (`read`, for the next adapter)."""
-        value = msgspec.to_builtins(self)
-        assert isinstance(value, dict)
-        return value
+    def encode(self) -> str:
+        """The profile as the store keeps it, JSON text (`decode`, for the next adapter)."""
+        return msgspec.json.encode(self).decode()
 
     @classmethod
-    def read(cls, stored: Mapping[str, object]) -> ServerProfile:
+    def decode(cls, stored: str) -> ServerProfile:
         """A stored profile; one that is not a profile (unreadable) as an empty one: the
         server is learned again."""
         try:
-            return msgspec.convert(stored, cls)
-        except msgspec.ValidationError:
+            return msgspec.json.decode(stored, type=cls)
+        except msgspec.DecodeError:
             return cls()
 
 

@@ -65,22 +65,19 @@ from mnemo.adapters import _contradiction
 from mnemo.adapters._offline_annotation import _reward_task, _state, _subgoal, outcome_reward
 from mnemo.adapters._offline_common import (
     _NO_USAGE,
+    Inputs,
+    Step,
     _capitalised,
-    _dicts,
-    _field,
-    _int,
     _is_fact,
     _reward,
     _sentence_score,
-    _str,
     _strip_filler,
 )
 from mnemo.adapters._offline_conversation import _eviction, _snapshot_fold, _summary_task
 from mnemo.adapters._offline_memory import _memory_condense, _memory_persist, _memory_update
 from mnemo.adapters._offline_recall import _recall_plan, _recall_rerank, _recall_synthesis
-from mnemo.calls.tasks import task_inputs
 from mnemo.errors import LLMError
-from mnemo.ports import LLMRequest, LLMResponse
+from mnemo.ports import JSONObject, LLMRequest, LLMResponse
 
 _LEADING_PRONOUN = re.compile(
     r"^(it|they|this|that|these|those)(?:['\u2019](s|re|ve|ll|d))?(?![\w'\u2019])\s*",
@@ -156,7 +153,7 @@ class OfflineLLM:
         if handler is None:
             raise LLMError(f"the offline LLM has no heuristic for task {request.task!r}")
         # On the loop, a long request kept it blocked, so no `wait_for` could fire.
-        return await cpu.run(lambda: handler(task_inputs(request)), _request_chars(request),
+        return await cpu.run(lambda: handler(Inputs.of(request)), _request_chars(request),
                              abandon_on_cancel=True)
 
 
@@ -203,13 +200,14 @@ def _confidence(sentence: str) -> float:
     return round(min(0.9, score), 2)
 
 
-def _semantic(inputs: dict[str, object]) -> LLMResponse:
-    topic = _text.key_phrase(_str(inputs, "subgoal")) or _text.key_phrase(_str(inputs, "goal"))
-    facts: list[dict[str, object]] = []
+def _semantic(inputs: Inputs) -> LLMResponse:
+    topic = (_text.key_phrase(inputs.subgoal.strip())
+             or _text.key_phrase(inputs.goal.strip()))
+    facts: list[JSONObject] = []
     seen: set[str] = set()
-    for position, step in enumerate(_dicts(inputs, "steps")):
-        index = _int(step, "index", position)
-        for part in (_field(step, "observation"), _field(step, "action")):
+    for position, step in enumerate(inputs.steps):
+        index = position if step.index is None else step.index
+        for part in (step.observation.strip(), step.action.strip()):
             for raw in _text.sentences(part):
                 sentence = _strip_filler(raw)
                 if not _is_fact(sentence):
@@ -269,25 +267,25 @@ def _is_action(action: str) -> bool:
     return first.islower() and first not in _NOT_AN_ACTION and not _text.is_stopword(first)
 
 
-def _procedural(inputs: dict[str, object]) -> LLMResponse:
-    subgoal = _str(inputs, "subgoal")
-    steps = _dicts(inputs, "steps")
-    instructions: list[dict[str, object]] = []
-    by_text: dict[str, dict[str, object]] = {}
+def _procedural(inputs: Inputs) -> LLMResponse:
+    subgoal = inputs.subgoal.strip()
+    steps = inputs.steps
+    instructions: list[JSONObject] = []
+    by_text: dict[str, JSONObject] = {}
     for position, step in enumerate(steps):
-        action = _field(step, "action")
+        action = step.action.strip()
         if not _is_action(action):
             continue
-        index = _int(step, "index", position)
+        index = position if step.index is None else step.index
         key = " ".join(action.lower().split())
         if key in by_text:
             seen = by_text[key]["steps"]
             if isinstance(seen, list):
                 seen.append(index)
             continue
-        situation = _text.key_phrase(_field(step, "observation"), max_words=5)
-        later = _field(steps[position + 1], "observation") if position + 1 < len(steps) else ""
-        item: dict[str, object] = {
+        situation = _text.key_phrase(step.observation.strip(), max_words=5)
+        later = steps[position + 1].observation.strip() if position + 1 < len(steps) else ""
+        item: JSONObject = {
             "intent": subgoal or _text.key_phrase(action) or action,
             "condition": f"When {situation or subgoal or 'working on the task'}",
             "instruction": action,
@@ -296,27 +294,26 @@ def _procedural(inputs: dict[str, object]) -> LLMResponse:
         }
         by_text[key] = item
         instructions.append(item)
-    data: dict[str, object] = {"instructions": instructions}
-    if inputs.get("score_last_step") is True and steps:
-        data["last_reward"] = outcome_reward(_field(steps[-1], "observation"))
+    data: JSONObject = {"instructions": instructions}
+    if inputs.score_last_step and steps:
+        data["last_reward"] = outcome_reward(steps[-1].observation.strip())
     return LLMResponse(data=data, usage=_NO_USAGE)
 
 
 # ---- return -------------------------------------------------------------------------------
 
 
-def _return(inputs: dict[str, object]) -> LLMResponse:
-    steps = _dicts(inputs, "steps")
+def _return(inputs: Inputs) -> LLMResponse:
     scores: list[dict[str, int]] = []
-    for position, item in enumerate(_dicts(inputs, "instructions")):
-        index = _int(item, "index", position)
-        reward = _matched_reward(_field(item, "instruction"), steps)
+    for position, item in enumerate(inputs.instructions):
+        index = position if item.index is None else item.index
+        reward = _matched_reward(item.instruction.strip(), inputs.steps)
         score = 5 if reward is None else round(1 + 9 * reward)
         scores.append({"index": index, "return_score": score})
     return LLMResponse(data={"scores": scores}, usage=_NO_USAGE)
 
 
-def _matched_reward(instruction: str, steps: list[dict[str, object]]) -> float | None:
+def _matched_reward(instruction: str, steps: list[Step]) -> float | None:
     """The mean reward of the steps whose action is the instruction (or, failing that, of the
     step whose action shares the most words with it, if at least half)."""
     wanted = " ".join(instruction.lower().split())
@@ -325,7 +322,7 @@ def _matched_reward(instruction: str, steps: list[dict[str, object]]) -> float |
     exact = [
         r
         for step in steps
-        if " ".join(_field(step, "action").lower().split()) == wanted
+        if " ".join(step.action.lower().split()) == wanted
         and (r := _reward(step)) is not None
     ]
     if exact:
@@ -333,7 +330,7 @@ def _matched_reward(instruction: str, steps: list[dict[str, object]]) -> float |
     wanted_tokens = set(_text.tokens(wanted))
     best: tuple[float, float | None] = (0.0, None)
     for step in steps:
-        got = set(_text.tokens(_field(step, "action")))
+        got = set(_text.tokens(step.action.strip()))
         if not got or not wanted_tokens:
             continue
         overlap = len(got & wanted_tokens) / len(got | wanted_tokens)
@@ -345,36 +342,31 @@ def _matched_reward(instruction: str, steps: list[dict[str, object]]) -> float |
 # ---- merge_intent -------------------------------------------------------------------------
 
 
-def _merge_intent(inputs: dict[str, object]) -> LLMResponse:
+def _merge_intent(inputs: Inputs) -> LLMResponse:
     # The surviving INTENT node keeps its text: rewording it on every merge would drift the
     # node's embedding and make the identity/merge thresholds unstable.
-    intent = _str(inputs, "existing") or _str(inputs, "new")
+    intent = inputs.existing.strip() or inputs.new.strip()
     return LLMResponse(data={"intent": intent}, usage=_NO_USAGE)
 
 
-def _merge_intents(inputs: dict[str, object]) -> LLMResponse:
+def _merge_intents(inputs: Inputs) -> LLMResponse:
     intents = [
-        {"index": pair.get("index", i),
-         "intent": _str(pair, "existing") or _str(pair, "new")}
-        for i, pair in enumerate(_pairs(inputs))
+        {"index": i if pair.index is None else pair.index,
+         "intent": pair.existing.strip() or pair.new.strip()}
+        for i, pair in enumerate(inputs.pairs)
     ]
     return LLMResponse(data={"intents": intents}, usage=_NO_USAGE)
 
 
-def _contradiction_task(inputs: dict[str, object]) -> LLMResponse:
+def _contradiction_task(inputs: Inputs) -> LLMResponse:
     contradicted = [
-        pair.get("index", i) for i, pair in enumerate(_pairs(inputs))
-        if _contradiction.contradicts(_str(pair, "existing"), _str(pair, "new"))
+        i if pair.index is None else pair.index for i, pair in enumerate(inputs.pairs)
+        if _contradiction.contradicts(pair.existing.strip(), pair.new.strip())
     ]
     return LLMResponse(data={"contradicted": contradicted}, usage=_NO_USAGE)
 
 
-def _pairs(inputs: dict[str, object]) -> list[dict[str, object]]:
-    pairs = inputs.get("pairs")
-    return [p for p in pairs if isinstance(p, dict)] if isinstance(pairs, list) else []
-
-
-_HANDLERS: dict[str, Callable[[dict[str, object]], LLMResponse]] = {
+_HANDLERS: dict[str, Callable[[Inputs], LLMResponse]] = {
     "state": _state,
     "subgoal": _subgoal,
     "reward": _reward_task,

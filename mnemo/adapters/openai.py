@@ -62,7 +62,7 @@ from mnemo.calls import deadline
 from mnemo.calls.reply import Cut, decode_json, is_cut
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
-from mnemo.ports import REQUIRED, LLMRequest, LLMResponse, ToolCall, Usage
+from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
 Mode = Literal["json_schema", "tool", "json"]
@@ -192,16 +192,15 @@ class OpenAICompatible:
         """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
         return self._http
 
-    def server_profile(self) -> dict[str, object]:
+    def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
         the structured mode "auto" settled on, and the concurrency limit."""
         return ServerProfile(self._http.limit.state(), structured=(
-            self._mode if self._auto and self._confirmed else None)).as_json()
+            self._mode if self._auto and self._confirmed else None))
 
-    def adopt_server_profile(self, profile: Mapping[str, object]) -> None:
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
         """Starts from what an earlier adapter learned of this server (`server_profile`); a
         mode or concurrency given explicitly stays. An unreadable profile is ignored."""
-        stored = ServerProfile.read(profile)
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
             self._mode, self._confirmed = cast(Mode, stored.structured), True
         if stored.concurrency is not None:
@@ -236,7 +235,7 @@ class OpenAICompatible:
     # ---- structured replies ----------------------------------------------------------------
 
     async def _structured(
-        self, request: LLMRequest, schema: dict[str, object], budget: Budget
+        self, request: LLMRequest, schema: JSONObject, budget: Budget
     ) -> LLMResponse:
         messages = [dict(message) for message in request.messages]
         cap = reply_cap(request.max_tokens, self.max_tokens)
@@ -281,7 +280,7 @@ class OpenAICompatible:
     async def _send_structured(
         self,
         request: LLMRequest,
-        schema: dict[str, object],
+        schema: JSONObject,
         messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
@@ -302,7 +301,7 @@ class OpenAICompatible:
     async def _try_mode(
         self,
         request: LLMRequest,
-        schema: dict[str, object],
+        schema: JSONObject,
         messages: list[dict[str, object]],
         budget: Budget,
         cap: int,
@@ -420,7 +419,7 @@ class OpenAICompatible:
         request: LLMRequest,
         messages: list[dict[str, object]],
         mode: Mode | None,
-        schema: dict[str, object] | None,
+        schema: JSONObject | None,
         cap: int | None = None,
     ) -> dict[str, object]:
         system = request.system
@@ -523,8 +522,8 @@ def _loopback(base_url: str) -> bool:
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
-def _function(name: str, description: str, parameters: dict[str, object]) -> dict[str, object]:
-    function: dict[str, object] = {"name": name, "parameters": parameters}
+def _function(name: str, description: str, parameters: JSONObject) -> JSONObject:
+    function: JSONObject = {"name": name, "parameters": parameters}
     if description:
         function["description"] = description
     return {"type": "function", "function": function}

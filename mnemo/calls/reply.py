@@ -35,7 +35,7 @@ from msgspec import inspect as mi
 from partial_json_parser import Allow, fix_fast
 
 from mnemo.errors import LLMContextError, LLMReplyError
-from mnemo.ports import LLMResponse
+from mnemo.ports import JSONObject, JSONValue, LLMResponse
 
 __all__ = [
     "UNSET", "Cut", "Meta", "Reply", "UnsetType", "bounded", "decode_json", "items",
@@ -61,7 +61,7 @@ def items(at_most: int) -> Meta:
     return Meta(extra_json_schema={"maxItems": at_most})
 
 
-def with_most_items(schema: dict[str, object], field: str, at_most: int) -> dict[str, object]:
+def with_most_items(schema: JSONObject, field: str, at_most: int) -> JSONObject:
     """A copy of `schema` whose top-level list `field` allows at most `at_most` items (a
     reply's length in proportion to its task's inputs)."""
     properties = schema.get("properties")
@@ -72,9 +72,9 @@ def with_most_items(schema: dict[str, object], field: str, at_most: int) -> dict
 
 
 def bounded(
-    schema: dict[str, object], field: str, count: int, *, most: int | None = MOST_ITEMS,
+    schema: JSONObject, field: str, count: int, *, most: int | None = MOST_ITEMS,
     floor: int = 64,
-) -> tuple[dict[str, object], int]:
+) -> tuple[JSONObject, int]:
     """A request's schema, its list `field` holding at most `count` items (at least one, at
     most `most`: None for a list that answers its inputs one by one), and the max_tokens that
     holds the longest reply it allows (at least `floor`, at most 4096)."""
@@ -132,7 +132,7 @@ _STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
 @cache
-def reply_schema(kind: type[Reply]) -> dict[str, object]:
+def reply_schema(kind: type[Reply]) -> JSONObject:
     """The JSON schema of `kind`, with every struct inlined and its `required` as the module
     docstring says. Cached: treat the result as read-only."""
     (root,), defs = msgspec.json.schema_components([kind], ref_template="{name}")
@@ -249,7 +249,7 @@ class Cut(LLMReplyError, LLMContextError):
         self.text, self.data, self.at_cap = text, data, at_cap
 
 
-def salvage(cut: Cut) -> dict[str, object] | None:
+def salvage(cut: Cut) -> JSONObject | None:
     """What a cut reply holds whole: its JSON object without a string or a number cut midway
     (`partial-json-parser`), and without the last item of its last list when the cut fell
     inside that item (a provider's own reading, `data`, is taken to be cut inside it); None
@@ -281,7 +281,7 @@ def _opened(text: str) -> str:
     return fenced.group(1).strip().removesuffix("```") if fenced else stripped
 
 
-def _problem(message: str, data: dict[str, object], kind: type[Reply], task: str) -> str:
+def _problem(message: str, data: JSONObject, kind: type[Reply], task: str) -> str:
     missing = _MISSING.match(message)
     if missing:
         name, at = missing.group(1), _where(missing.group(2) or "$")
@@ -363,7 +363,7 @@ def _structs(info: mi.Type) -> list[mi.StructType]:
     return found
 
 
-def _inline(node: object, defs: dict[str, object], optional: dict[str, set[str]]) -> object:
+def _inline(node: JSONValue, defs: JSONObject, optional: dict[str, set[str]]) -> JSONValue:
     """`node` (a schema) with each `$ref` replaced by its definition, without msgspec's
     `title` and `default` annotations."""
     if isinstance(node, list):
@@ -381,7 +381,7 @@ def _inline(node: object, defs: dict[str, object], optional: dict[str, set[str]]
             rest = {k: v for k, v in node.items() if k != "anyOf"}
             return _inline({**rest, **shown[0]}, defs, optional)
         node = {**node, "anyOf": shown}
-    out: dict[str, object] = {}
+    out: JSONObject = {}
     for key, value in node.items():
         if key == "properties" and isinstance(value, dict):
             out[key] = {name: _inline(sub, defs, optional) for name, sub in value.items()}

@@ -21,7 +21,7 @@ from mnemo import cpu
 from mnemo.calls.reply import Cut, salvage
 from mnemo.calls.retry import RetryPolicy, policy_of, task_budget
 from mnemo.errors import LLMContextError, LLMError, LLMReplyError
-from mnemo.ports import LLM, LLMRequest, LLMResponse
+from mnemo.ports import LLM, JSONObject, LLMRequest, LLMResponse
 
 log = logging.getLogger("mnemo")
 
@@ -36,7 +36,7 @@ def task_request(
     system: str,
     instructions: str,
     inputs: Mapping[str, object],
-    schema: dict[str, object] | None = None,
+    schema: JSONObject | None = None,
     max_tokens: int | None = None,
 ) -> LLMRequest:
     """Builds the request for one task: instructions, then the inputs as JSON."""
@@ -52,17 +52,23 @@ def task_request(
     )
 
 
-def task_inputs(request: LLMRequest) -> dict[str, object]:
-    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+def input_json(request: LLMRequest) -> str:
+    """The JSON text of the inputs `task_request` put into the request's last user message
+    ("{}" when absent)."""
     for message in reversed(request.messages):
         content = message.get("content")
         if message.get("role") == "user" and isinstance(content, str) and INPUT_MARKER in content:
-            try:
-                value = json.loads(content.rsplit(INPUT_MARKER, 1)[1])
-            except json.JSONDecodeError:
-                return {}
-            return value if isinstance(value, dict) else {}
-    return {}
+            return content.rsplit(INPUT_MARKER, 1)[1]
+    return "{}"
+
+
+def task_inputs(request: LLMRequest) -> JSONObject:
+    """The inputs `task_request` put into the request's last user message ({} when absent)."""
+    try:
+        value = json.loads(input_json(request))
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 async def ask(

@@ -40,7 +40,7 @@ from mnemo.cli._database import CliError
 from mnemo.episode.prompts import RewardReply, reward_request, state_request, subgoal_request
 from mnemo.errors import MnemoError, first_error
 from mnemo.extraction.prompts import procedural_request, semantic_request
-from mnemo.ports import LLM, LLMRequest
+from mnemo.ports import LLM, JSONObject, LLMRequest
 
 # Each real call (or batch sent at once) gets this long.
 CALL_SECONDS = 60.0
@@ -271,7 +271,7 @@ def served_at_once(walls: dict[int, float]) -> int | None:
 
 
 def _task_requests() -> list[LLMRequest]:
-    step = {"index": 0, "observation": PROBE, "action": "nginx -t"}
+    step: JSONObject = {"index": 0, "observation": PROBE, "action": "nginx -t"}
     subgoal = "check the configuration"
     return [
         state_probe(),

@@ -44,6 +44,7 @@ from mnemo.events import Event
 from mnemo.graph.model import NodeType
 from mnemo.jsonable import label, recall_json
 from mnemo.memory import Memory
+from mnemo.ports import JSONObject
 from mnemo.storage.files import StoreFile, store_file
 
 DEFAULT_REPO = "assistant"
@@ -174,7 +175,7 @@ async def run_session(
     await mem.end_session(session_id)
     # The same session as a conversation thread (what `mnemo ingest` saves too), so that
     # `mnemo search` and the web app's threads have something to show.
-    messages: list[dict[str, object]] = []
+    messages: list[JSONObject] = []
     for observation, action in script.steps:
         messages += [{"role": "user", "content": observation},
                      {"role": "assistant", "content": action}]

@@ -39,6 +39,7 @@ from mnemo.ingest.model import IngestProgress, Step, Trajectory
 from mnemo.ingest.service import payload_of
 from mnemo.inputs import check_name
 from mnemo.memory import Memory
+from mnemo.ports import JSONObject
 
 _SESSION_KEY = re.compile(r"session_(\d+)")
 
@@ -49,7 +50,7 @@ class Source:
 
     source_id: str
     trajectory: Trajectory
-    messages: list[dict[str, object]]
+    messages: list[JSONObject]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ def _conversation_file(conversation: _Conversation, prefix: str, name: str) -> I
     sources = []
     for number, session in enumerate(conversation.sessions, start=1):
         steps = [Step(step.observation, step.action) for step in session.steps]
-        messages: list[dict[str, object]] = []
+        messages: list[JSONObject] = []
         for step in session.steps:
             messages.append({"role": "user", "content": step.observation})
             if step.action.strip():
@@ -195,7 +196,7 @@ def _locomo_batch(sample: _Sample, index: int) -> Batch:
             raise CliError(f"[{index}].conversation.{key} must be a list of turns")
         date = str(talk.get(f"{key}_date_time", ""))
         steps: list[Step] = []
-        messages: list[dict[str, object]] = []
+        messages: list[JSONObject] = []
         for t, turn in enumerate(turns):
             dia_id = _normalise_dia_id(turn.dia_id or f"D{number}:{t + 1}")
             shown = f" [shares a photo of {turn.blip_caption}]" if turn.blip_caption else ""

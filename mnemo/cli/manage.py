@@ -38,6 +38,7 @@ from mnemo.cli._settings import (
 from mnemo.events import Event
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
+from mnemo.ports import JSONObject
 from mnemo.session.machine import State
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ def reembed(
 
     async def work() -> None:
         settings = resolve(store=store, embedder=embedder, config=config)
-        done: dict[str, object] = {}
+        done: JSONObject = {}
 
         def switched(event: Event) -> None:
             if event.kind == "repo_reembedded" and event.repo == repo:

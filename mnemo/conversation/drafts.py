@@ -20,6 +20,7 @@ from mnemo.conversation.model import NO_CONTENT
 from mnemo.conversation.tokens import MESSAGE_OVERHEAD, count_tokens
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_id, check_json, check_name, check_text, check_tree
+from mnemo.ports import JSONObject
 
 # A message's JSON, at most this many times `Config.max_text_chars`.
 MESSAGE_LIMITS = 3
@@ -32,7 +33,7 @@ class MessageDraft:
 
     role: str
     content: str
-    data: dict[str, object]
+    data: JSONObject
     text: str
     tokens: int
     key: bytes

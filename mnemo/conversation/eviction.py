@@ -50,7 +50,7 @@ from mnemo.conversation.viewport import (
 )
 from mnemo.errors import ConflictError
 from mnemo.events import Events
-from mnemo.ports import LLM, REQUIRED, LLMResponse, ToolCall, Usage
+from mnemo.ports import LLM, REQUIRED, JSONObject, LLMResponse, ToolCall, Usage
 
 log = logging.getLogger("mnemo")
 
@@ -415,7 +415,7 @@ class Evictor:
         return await self._store.commit_fold(thread_id, due, text, now)
 
 
-def fold_inputs(snapshots: Sequence[Snapshot]) -> list[dict[str, object]]:
+def fold_inputs(snapshots: Sequence[Snapshot]) -> list[JSONObject]:
     return [{"start_seq": s.start_seq, "end_seq": s.end_seq, "text": s.text} for s in snapshots]
 
 

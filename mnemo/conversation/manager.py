@@ -53,7 +53,7 @@ from mnemo.errors import ConflictError, EmbeddingError, InvalidInputError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Metadata, check_metadata
 from mnemo.inputs import check_count, check_text
-from mnemo.ports import LLM
+from mnemo.ports import LLM, JSONObject
 
 if TYPE_CHECKING:
     from mnemo.conversation.service import ConversationService
@@ -289,7 +289,7 @@ class ConversationManager:
             "stored. save takes the whole history so far; append takes new messages only"
         )
 
-    async def load(self, thread_id: str, query: str | None = None) -> list[dict[str, object]]:
+    async def load(self, thread_id: str, query: str | None = None) -> list[JSONObject]:
         """The thread for a model: each compaction as one system message holding its summary
         (marked as untrusted memory); while the thread has open goals, one system message
         (marked so too) holding up to 5 past messages of any thread that a search for the
@@ -490,10 +490,10 @@ class ConversationManager:
 
 def _summary_inputs(
     chunk: Sequence[Message], inner: Sequence[Compaction]
-) -> list[dict[str, object]]:
+) -> list[JSONObject]:
     """The "summary" task's messages: the chunk's, each cut short, and each inner compaction
     whole as a message of role "summary" at its start seq, in seq order."""
-    items: list[tuple[int, dict[str, object]]] = []
+    items: list[tuple[int, JSONObject]] = []
     for message in chunk:
         limit = SUMMARY_TOOL_CHARS if message.is_tool_result else SUMMARY_MESSAGE_CHARS
         text = flat(message.content, limit)

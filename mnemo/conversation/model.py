@@ -13,7 +13,8 @@ from datetime import datetime
 
 from mnemo.conversation.render import memory_block, render_view
 from mnemo.errors import ConflictError, InvalidInputError
-from mnemo.ports import ToolCall, Usage
+from mnemo.graph.scope import Metadata
+from mnemo.ports import JSONObject, ToolCall, Usage
 
 # ---- policies -----------------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ Compression = Summary | ToolOutputPruner
 # `data["content"]` of a message saved without a content key. No content is a JSON object, so
 # the marker cannot be mistaken for one; a message stored before it has None there instead
 # and loads with `"content": None`, which chat APIs take as no content.
-NO_CONTENT: dict[str, object] = {"mnemo": "no content key"}
+NO_CONTENT: JSONObject = {"mnemo": "no content key"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +127,13 @@ class Message:
     seq: int
     role: str
     content: str
-    data: dict[str, object]
+    data: JSONObject
     recorded_at: datetime
     tokens: int = 0
     # Who the message belongs to (`save`/`append`'s `metadata`; `mnemo.graph.scope`).
-    metadata: dict[str, object] = field(default_factory=dict)
+    metadata: Metadata = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JSONObject:
         """The message as it was saved: `role`, `content` (unless it had none) and the other
         keys."""
         out = {"role": self.role, "content": self.content, **self.data}
@@ -315,11 +316,11 @@ class Viewport:
     pins_left_out: list[str] = field(default_factory=list)
     recalled: list[SearchHit] = field(default_factory=list)
 
-    def to_messages(self) -> list[dict[str, object]]:
+    def to_messages(self) -> list[JSONObject]:
         """The viewport as chat messages: one system message holding the snapshots, pinned
         and recalled messages (marked as untrusted memory), when there are any, then the
         messages."""
-        out: list[dict[str, object]] = []
+        out: list[JSONObject] = []
         block = memory_block(self.snapshots, self.pinned, self.recalled)
         if block:
             out.append({"role": "system", "content": block})

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mnemo.conversation.model import Compaction, Message, MessageView, SearchHit, Snapshot
+    from mnemo.ports import JSONObject, JSONValue
 
 ZONE_MESSAGE_CHARS = 1200
 # The eviction prompt stays bounded whatever the backlog: the zone to summarise gets the most
@@ -44,7 +45,7 @@ def untrusted(text: str, *, title: str) -> str:
     )
 
 
-def compaction_message(compaction: Compaction) -> dict[str, object]:
+def compaction_message(compaction: Compaction) -> JSONObject:
     """The system message that stands for a compacted range in `load`."""
     return {
         "role": "system",
@@ -85,7 +86,7 @@ def recalled_line(hit: SearchHit) -> str:
     return f"[Recalled: {where}]\n{hit.snippet}"
 
 
-def recalled_message(hits: Sequence[SearchHit]) -> dict[str, object]:
+def recalled_message(hits: Sequence[SearchHit]) -> JSONObject:
     """The system message holding recalled messages in `load`."""
     return {
         "role": "system",
@@ -206,11 +207,11 @@ def reduced(message: Message) -> Message:
 
 
 def prune_tool_outputs(
-    messages: Iterable[dict[str, object]], max_chars: int
-) -> list[dict[str, object]]:
+    messages: Iterable[JSONObject], max_chars: int
+) -> list[JSONObject]:
     """Copies of `messages` with each tool output longer than `max_chars` cut, and a note of
     how many characters were cut. Inputs are not modified."""
-    out: list[dict[str, object]] = []
+    out: list[JSONObject] = []
     for message in messages:
         role = message.get("role")
         content = message.get("content")
@@ -230,13 +231,13 @@ def _cut(text: str, max_chars: int) -> str:
     return f"{text[:max_chars]}\n... [{len(text) - max_chars} characters cut]"
 
 
-def _cut_output(output: str | list[object], max_chars: int) -> str | list[object]:
+def _cut_output(output: str | list[JSONValue], max_chars: int) -> str | list[JSONValue]:
     """A tool output cut: a string, or a list whose text parts (and strings) share the
     `max_chars`, in order; its other parts (images, ...) stay."""
     if isinstance(output, str):
         return _cut(output, max_chars)
     left = max_chars
-    cut: list[object] = []
+    cut: list[JSONValue] = []
     for part in output:
         if isinstance(part, str):
             cut.append(_cut(part, left))
@@ -249,7 +250,7 @@ def _cut_output(output: str | list[object], max_chars: int) -> str | list[object
     return cut
 
 
-def _cut_part(part: object, max_chars: int) -> object:
+def _cut_part(part: JSONValue, max_chars: int) -> JSONValue:
     if not (isinstance(part, dict) and part.get("type") == "tool_result"):
         return part
     inner = part.get("content")

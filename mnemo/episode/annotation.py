@@ -52,7 +52,7 @@ async def annotate(
         LLMError: the LLM failed or kept answering unusably.
         EmbeddingError: the embedder failed or returned a vector of the wrong dimension.
     """
-    results: dict[str, object] = {}
+    results: dict[str, str | float] = {}
 
     async def state() -> None:
         request = state_request(
@@ -132,7 +132,7 @@ async def annotate_step(
 
 
 async def _reward_into(
-    results: dict[str, object], llm: LLM, goal: str, step: StepRecord, next_observation: str
+    results: dict[str, str | float], llm: LLM, goal: str, step: StepRecord, next_observation: str
 ) -> None:
     results["reward"] = await score_reward(llm, goal, step, next_observation)
 

@@ -8,6 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from mnemo.graph.model import Vector
+from mnemo.ports import JSONObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,7 @@ class StepRecord:
     subgoal: str
     subgoal_vec: Vector
     reward: float | None = None
-    metadata: dict[str, object] | None = None
+    metadata: JSONObject | None = None
     committed_in: str | None = None
 
     @property

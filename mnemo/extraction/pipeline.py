@@ -51,7 +51,7 @@ from mnemo.extraction.prompts import (
     semantic_request,
 )
 from mnemo.graph.model import Changeset, Link, LinkType, NodeDraft, NodeType, normalise_label
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, JSONObject
 
 log = logging.getLogger("mnemo")
 
@@ -68,7 +68,7 @@ class Source:
 
     node_id: str
     text: str
-    data: dict[str, object]
+    data: JSONObject
     source_id: str | None = None
 
 
@@ -382,7 +382,7 @@ def _chars(steps: Sequence[StepRecord]) -> int:
 
 def _step_dicts(
     steps: list[StepRecord], work: _Round | None = None
-) -> list[dict[str, object]]:
+) -> list[JSONObject]:
     """The steps as the procedural and return tasks see them: with `work`, the deferred
     reward scored at close too; without, only the rewards on the step records."""
     return [
@@ -410,7 +410,7 @@ class _Draft:
     nodes: list[NodeDraft] = field(default_factory=list)
     links: list[Link] = field(default_factory=list)
     step_ids: list[str] = field(default_factory=list)
-    scores: list[tuple[dict[str, object], int, int]] = field(default_factory=list)
+    scores: list[tuple[JSONObject, int, int]] = field(default_factory=list)
     # The generation of the repo's vectors the nodes' vectors are made for.
     generation: int = 0
 
@@ -424,7 +424,7 @@ class _Draft:
 
 
 # (node id, type, text, data, dedup key) of a node not embedded yet.
-_Pending = tuple[str, NodeType, str, dict[str, object], str | None]
+_Pending = tuple[str, NodeType, str, JSONObject, str | None]
 # A draft of more steps, facts and instructions than this is drawn up in a worker thread
 # (1,000 one-step trajectories took a quarter of a second of the loop).
 _ON_LOOP_ITEMS = 200
@@ -480,7 +480,7 @@ def _draw(
 ) -> tuple[_Draft, list[_Pending], dict[str, datetime]]:
     """The draft's links, step ids and scores; its nodes to embed; when each fact began to
     hold."""
-    scores: list[tuple[dict[str, object], int, int]] = []
+    scores: list[tuple[JSONObject, int, int]] = []
     pending: list[_Pending] = []
     links: list[Link] = []
     # When each fact began to hold: a date it names, resolved against its steps'
@@ -491,7 +491,7 @@ def _draw(
         extracted[0].steps[0].metadata if extracted[0].steps else None
     ) or dates.named_date(episode.goal[:MAX_DATED_CHARS])
 
-    def add(kind: NodeType, text: str, data: dict[str, object], *, node_id: str | None = None,
+    def add(kind: NodeType, text: str, data: JSONObject, *, node_id: str | None = None,
             key: str | None = None) -> str:
         node_id = node_id or _new_id(kind.value)
         pending.append((node_id, kind, text, data, key))
@@ -575,7 +575,7 @@ def _draw(
             for b in facts[i + 1 :]:
                 links.append(Link(a, b, LinkType.SIBLING))
         for i, ins in enumerate(part.instructions):
-            procedure: dict[str, object] = {
+            procedure: JSONObject = {
                 "intent": ins.intent,
                 "condition": ins.condition,
                 "instruction": ins.instruction,

@@ -195,7 +195,7 @@ def procedural_request(
     `parse_procedural`.
     """
     instructions = PROCEDURAL_INSTRUCTIONS
-    inputs: dict[str, object] = {"goal": goal, "subgoal": subgoal, "steps": steps}
+    inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True

@@ -25,6 +25,7 @@ from mnemo.graph.model import NodeType, Vector, now_utc
 from mnemo.graph.ports import GraphStore
 from mnemo.graph.scope import same
 from mnemo.graph.vectors import COSINE_TOLERANCE
+from mnemo.ports import JSONObject
 
 # Similarity scores held at once while consolidating (block rows x all rows): 128 MB.
 _BLOCK_CELLS = 32_000_000
@@ -158,7 +159,7 @@ def _similar_pairs(
 
 def merge_groups(
     pairs: list[tuple[str, str]],
-    rows: Mapping[str, tuple[int, dict[str, object], int, str | None]],
+    rows: Mapping[str, tuple[int, JSONObject, int, str | None]],
     sources: Mapping[str, str | None],
 ) -> dict[str, list[str]]:
     """Survivor -> the nodes merged into it. A node joins the best-ranked similar node still
@@ -198,8 +199,8 @@ def merge_groups(
 
 
 def merged_data(
-    survivor: dict[str, object], member: dict[str, object], member_id: str
-) -> dict[str, object]:
+    survivor: JSONObject, member: JSONObject, member_id: str
+) -> JSONObject:
     data = dict(survivor)
     concepts = [*_strings(survivor.get("concepts")), *_strings(member.get("concepts"))]
     if concepts:

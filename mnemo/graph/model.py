@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.errors import StorageError
+from mnemo.ports import JSONObject
 
 NodeId = NewType("NodeId", str)
 Vector = npt.NDArray[np.float32]
@@ -63,7 +64,7 @@ class Node:
     id: NodeId
     type: NodeType
     text: str
-    data: dict[str, object]
+    data: JSONObject
     created_at: datetime
     # Bi-temporal facts (SEMANTIC and PROCEDURAL nodes): when the fact held in the
     # world, and when mnemo recorded and retired it. None where unknown or still open.
@@ -88,7 +89,7 @@ class NodeDraft:
     id: str
     type: NodeType
     text: str
-    data: dict[str, object]
+    data: JSONObject
     vector: Vector
     key: str | None = None
     source_id: str | None = None
@@ -121,7 +122,7 @@ class Changeset:
     metadata: dict[str, str | int | float | bool] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        raw: dict[str, object] = {
+        raw: JSONObject = {
             "id": self.id,
             "repo": self.repo,
             "nodes": [_draft_to_dict(n) for n in self.nodes],
@@ -164,7 +165,7 @@ class CommitReceipt:
     missing: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        raw: dict[str, object] = {
+        raw: JSONObject = {
             "changeset_id": self.changeset_id, "repo": self.repo, "node_ids": self.node_ids,
         }
         if self.missing:
@@ -213,7 +214,7 @@ def vector_from_blob(blob: bytes) -> Vector:
     return np.frombuffer(blob, dtype=np.float32)
 
 
-def _draft_to_dict(node: NodeDraft) -> dict[str, object]:
+def _draft_to_dict(node: NodeDraft) -> JSONObject:
     return {
         "id": node.id,
         "type": node.type.value,
@@ -226,7 +227,7 @@ def _draft_to_dict(node: NodeDraft) -> dict[str, object]:
     }
 
 
-def _draft_from_dict(raw: dict[str, object]) -> NodeDraft:
+def _draft_from_dict(raw: JSONObject) -> NodeDraft:
     return NodeDraft(
         id=str(raw["id"]),
         type=NODE_TYPES[str(raw["type"])],
@@ -241,7 +242,7 @@ def _draft_from_dict(raw: dict[str, object]) -> NodeDraft:
     )
 
 
-def _object(value: object) -> dict[str, object]:
+def _object(value: object) -> JSONObject:
     if not isinstance(value, dict):
         raise StorageError("corrupt", f"a stored node's data is a {type(value).__name__}")
     return value

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from mnemo.errors import InvalidInputError
 from mnemo.inputs import check_text
+from mnemo.ports import JSONObject, JSONValue
 
 Scalar = str | int | float | bool
 Metadata = dict[str, Scalar]
@@ -76,7 +77,7 @@ def check_where(where: object) -> Where | None:
     return out or None
 
 
-def parse_where(pairs: Iterable[str]) -> dict[str, object] | None:
+def parse_where(pairs: Iterable[str]) -> JSONObject | None:
     """"KEY=VALUE" texts (a string value; "KEY:=JSON" for a number or true/false) as a
     `where`, a key given twice meaning any of its values; None when there are none (what the
     command line's and the web app's `--where`/`where` give).
@@ -84,12 +85,12 @@ def parse_where(pairs: Iterable[str]) -> dict[str, object] | None:
     Raises:
         InvalidInputError: a text without "=", or a KEY:=VALUE that is not JSON.
     """
-    where: dict[str, list[object]] = {}
+    where: dict[str, list[JSONValue]] = {}
     for pair in pairs:
         key, sign, value = pair.strip().partition("=")
         if not sign:
             raise InvalidInputError(f"where {pair!r}: expected KEY=VALUE")
-        parsed: object = value
+        parsed: JSONValue = value
         if key.endswith(":"):
             key = key[:-1]
             try:

@@ -19,13 +19,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from mnemo.ports import JSONObject
+
 
 @dataclass(frozen=True, slots=True)
 class Contribution:
     """What one commit brought to a fact or an instruction: its own wording, data, source."""
 
     text: str
-    data: dict[str, object]
+    data: JSONObject
     source_id: str | None
 
 

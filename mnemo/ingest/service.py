@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import cast
 
 import anyio
 
@@ -35,7 +36,7 @@ from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
 from mnemo.inputs import check_id, check_json, check_name, check_text
-from mnemo.ports import LLM, Embedder
+from mnemo.ports import LLM, Embedder, JSONObject
 
 Progress = Callable[[IngestProgress], Awaitable[None] | None]
 
@@ -73,7 +74,7 @@ def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
     )
 
 
-def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, object]]:
+def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]:
     """The trajectory's steps as plain dicts, each checked against `config`: at most
     `max_steps_per_ingest` steps, each text and metadata's JSON at most `max_text_chars`.
 
@@ -98,7 +99,7 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, o
         )
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
-    steps: list[dict[str, object]] = []
+    steps: list[JSONObject] = []
     for i, step in enumerate(trajectory.steps):
         check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
         check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
@@ -106,9 +107,9 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[dict[str, o
             raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
         if step.metadata is not None:
             check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
-        steps.append(
-            {"observation": step.observation, "action": step.action, "metadata": step.metadata}
-        )
+        # The metadata was checked to be JSON just above.
+        steps.append({"observation": step.observation, "action": step.action,
+                      "metadata": cast("JSONObject | None", step.metadata)})
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
@@ -242,7 +243,7 @@ class IngestService:
                     node_id=f"source_ingest_{key}",
                     text=trajectory.goal,
                     data={"source_id": source_id, "goal": trajectory.goal,
-                          "metadata": trajectory.metadata},
+                          "metadata": cast("JSONObject | None", trajectory.metadata)},
                     source_id=source_id,
                 ),
                 llm=runtime.llm,
@@ -312,7 +313,8 @@ class IngestService:
                     state_summary=note.state_summary,
                     subgoal=note.subgoal,
                     subgoal_vec=note.subgoal_vec,
-                    metadata=step.metadata,
+                    # Checked to be JSON (`check_ingest`).
+                    metadata=cast("JSONObject | None", step.metadata),
                 )
             )
             await report("annotating", index + 1)

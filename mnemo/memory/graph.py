@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from mnemo.graph.model import CommitReceipt, Link, LinkType, Node, NodeType, Vector
     from mnemo.graph.ports import IntentPolicy, Unstaged
     from mnemo.graph.reembed import ReembedProgress
-    from mnemo.ports import Embedder
+    from mnemo.ports import Embedder, JSONObject, JSONValue
 
 # Nodes embedded in one call by `reembed`, by default, and at most.
 REEMBED_BATCH = 256
@@ -147,7 +147,7 @@ class GraphMethods(Parts):
         return replace(receipt, node_ids=[NodeId(i) for i in record.joined]) if record else receipt
 
     async def remember(
-        self, repo: str, text: str, *, source_id: str, data: dict[str, object] | None = None,
+        self, repo: str, text: str, *, source_id: str, data: Mapping[str, JSONValue] | None = None,
         metadata: dict[str, str | int | float | bool] | None = None,
     ) -> CommitReceipt:
         """Stores `text` as it is, one SEMANTIC fact (no model but the repo's embedder; no
@@ -171,7 +171,7 @@ class GraphMethods(Parts):
 
         scoped = check_metadata(metadata)
         check_name(source_id, "source_id")
-        body = dict(data or {})
+        body: JSONObject = dict(data or {})
         await self._repos.checked(repo, lambda config: (
             check_text(text, "text", limit=config.max_text_chars),
             check_json(body, "data", limit=config.max_text_chars)))

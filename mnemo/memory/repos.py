@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import anyio
 
+from mnemo.adapters.limit import ServerProfile
 from mnemo.adapters.minilm import default_embedder
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.recorded import RepoModels, UnavailableEmbedder
@@ -61,7 +62,7 @@ class Repos:
         self.usage = UsageBook()
         # The models that learn their servers (`server_profile`), by repo and model object,
         # with the profile last read or written for them.
-        self._profiled: dict[tuple[str, int], tuple[object, dict[str, object] | None]] = {}
+        self._profiled: dict[tuple[str, int], tuple[object, ServerProfile | None]] = {}
         # Every adapter this Memory made, closed with it (one may own an HTTP client).
         self._adapters: dict[int, object] = {}
         if embedder is None:
@@ -235,11 +236,12 @@ class Repos:
                 if adopt is None or (repo, id(model)) in self._profiled:
                     continue
                 try:
-                    stored = await store.load_profile(repo, model_name(model))
+                    text = await store.load_profile(repo, model_name(model))
                 except StorageError as exc:
                     log.warning("the server profile of %s is unreadable: %r", repo, exc)
-                    stored = None
-                if stored:
+                    text = None
+                stored = None if text is None else ServerProfile.decode(text)
+                if stored is not None:
                     adopt(stored)
                 self._profiled[(repo, id(model))] = (model, stored)
 
@@ -248,10 +250,10 @@ class Repos:
         best effort (a store fault is logged)."""
         for key, (model, saved) in list(self._profiled.items()):
             profile = getattr(model, "server_profile", lambda: None)()
-            if not isinstance(profile, dict) or profile == saved:
+            if not isinstance(profile, ServerProfile) or profile == saved:
                 continue
             try:
-                await store.save_profile(key[0], model_name(model), profile)
+                await store.save_profile(key[0], model_name(model), profile.encode())
             except StorageError as exc:
                 log.warning("the server profile of %s was not recorded: %r", key[0], exc)
                 continue

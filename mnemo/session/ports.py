@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+import msgspec
+
 from mnemo.config import Config
 from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
@@ -74,10 +76,10 @@ class SessionStore(Protocol):
 
     async def load_repos(self) -> list[RepoRow]: ...
     async def save_repo(self, row: RepoRow) -> None: ...
-    async def load_profile(self, repo: str, model: str) -> dict[str, Any] | None:
-        """What `model` learned of its server for `repo` (`save_profile`), or None."""
+    async def load_profile(self, repo: str, model: str) -> str | None:
+        """What `model` learned of its server for `repo` (`save_profile`, JSON text), or None."""
         ...
-    async def save_profile(self, repo: str, model: str, profile: dict[str, Any]) -> None: ...
+    async def save_profile(self, repo: str, model: str, profile: str) -> None: ...
     async def create_session(
         self, session_id: str, repo: str, config: Config, episode: EpisodeRecord, *,
         holder: str | None = None, lease_until: datetime | None = None,
@@ -197,6 +199,24 @@ class StoredOp:
     created_at: datetime
 
 
+class StoredResult(msgspec.Struct):
+    """An operation's result as one Memory stores it for the Memory that accepted it."""
+
+    ok: bool
+    value: str | None = None
+    error: str | None = None
+    # The type's name and message of the error's cause.
+    cause: tuple[str, str] | None = None
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> StoredResult:
+        """A stored result's JSON text; one that does not read as a result is a failure."""
+        try:
+            return msgspec.json.decode(text, type=cls)
+        except msgspec.DecodeError:
+            return cls(False, error="operation_failed")
+
+
 class Coordination(Protocol):
     """How the `Memory` objects on one store agree on who does what: holders with a heartbeat,
     and sessions moved by compare-and-set on their version, with times on the store's clock
@@ -299,7 +319,7 @@ class Coordination(Protocol):
         the order they were accepted."""
         ...
 
-    async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
+    async def finish_op(self, op_id: str, result: StoredResult) -> None:
         """Records a taken operation's result for the Memory that accepted it (forgets the
         operation when that Memory closed: nobody is left to call back)."""
         ...
@@ -309,7 +329,7 @@ class Coordination(Protocol):
         others are forgotten once done."""
         ...
 
-    async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
         """The results recorded so far of these operations."""
         ...
 

@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-import msgspec
 
 from mnemo.errors import (
     EmbeddingError,
@@ -35,7 +34,7 @@ from mnemo.errors import (
 )
 from mnemo.session import operations
 from mnemo.session.machine import State
-from mnemo.session.ports import StoredOp
+from mnemo.session.ports import StoredOp, StoredResult
 from mnemo.session.queue import Callback, Op, OpResult, deliver, project
 from mnemo.session.records import SessionRecord
 from mnemo.session.registry import POLL_INTERVAL, Sessions
@@ -288,11 +287,11 @@ def _result_to(live: Sessions, session: SessionRecord, op_id: str) -> Callback:
 
         async def report(result: OpResult) -> None:
             cause = None if result.error is None else result.error.__cause__
-            await _store_result(live, session, op_id, msgspec.to_builtins(StoredResult(
+            await _store_result(live, session, op_id, StoredResult(
                 result.ok, result.value, None if result.error is None else result.error.reason,
                 # An exception does not cross processes: its type's name and message do.
                 None if cause is None else (type(cause).__name__, str(cause)),
-            )))
+            ))
 
         return report
     [(_, _, mine)] = claimed
@@ -317,7 +316,7 @@ FINISH_BUDGET = 10.0
 
 
 async def _store_result(
-    live: Sessions, session: SessionRecord, op_id: str, result: dict[str, Any]
+    live: Sessions, session: SessionRecord, op_id: str, result: StoredResult
 ) -> None:
     """Stores the result of an operation another Memory accepted, trying again after a fault
     (a single fault lost it, and that Memory waited for its callback for good): for up to
@@ -338,7 +337,7 @@ async def _store_result(
               FINISH_BUDGET)
 
 
-async def _keep_storing(live: Sessions, op_id: str, result: dict[str, Any]) -> None:
+async def _keep_storing(live: Sessions, op_id: str, result: StoredResult) -> None:
     attempt = 0
     while True:
         try:
@@ -370,24 +369,9 @@ async def fail_remote(live: Sessions, session: SessionRecord, reason: str) -> No
         await deliver(callback, OpResult(False, None, error))
 
 
-class StoredResult(msgspec.Struct):
-    """An operation's result as one Memory stores it for the Memory that accepted it."""
-
-    ok: bool
-    value: str | None = None
-    error: str | None = None
-    # The type's name and message of the error's cause.
-    cause: tuple[str, str] | None = None
-
-
-def _op_result(stored: dict[str, Any], session: SessionRecord) -> OpResult:
+def _op_result(result: StoredResult, session: SessionRecord) -> OpResult:
     """The result another Memory stored for an operation this one accepted; an error keeps
-    its cause (`operation_failed`'s LLM or embedder error) as far as the store could. A
-    result that does not read as one is a failure."""
-    try:
-        result = msgspec.convert(stored, StoredResult)
-    except msgspec.ValidationError:
-        result = StoredResult(False, error="operation_failed")
+    its cause (`operation_failed`'s LLM or embedder error) as far as the store could."""
     error = None if result.error is None else SessionError(
         result.error, state=session.state, session_id=session.id
     )

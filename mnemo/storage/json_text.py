@@ -11,6 +11,7 @@ import json
 import msgspec
 
 from mnemo.errors import StorageError
+from mnemo.ports import JSONObject
 
 _DECODER = msgspec.json.Decoder()
 
@@ -23,7 +24,7 @@ def loads(text: str | bytes | bytearray | memoryview) -> object:
         return json.loads(bytes(text) if isinstance(text, memoryview) else text)
 
 
-def loads_object(text: str | bytes | bytearray | memoryview) -> dict[str, object]:
+def loads_object(text: str | bytes | bytearray | memoryview) -> JSONObject:
     """The JSON object `text` holds (a node's data).
 
     Raises:

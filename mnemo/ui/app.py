@@ -24,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 from mnemo.errors import ConflictError, InvalidInputError, MnemoError, NotFoundError
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.graph.scope import parse_where
+from mnemo.ports import JSONObject
 from mnemo.ui import history as history_pages
 from mnemo.ui.drawing import NARROW, WIDE, neighbourhood, picture
 from mnemo.ui.guard import Access, Gate
@@ -354,7 +355,7 @@ async def thread_page(request: Request) -> Response:
     )
 
 
-def scope_of(text: str) -> dict[str, object] | None:
+def scope_of(text: str) -> JSONObject | None:
     """The `where` of a form's field: "KEY=VALUE" pairs (KEY:=JSON for a number or
     true/false) separated by commas (`mnemo.graph.scope.parse_where`)."""
     return parse_where(p for p in text.split(",") if p.strip())

@@ -19,7 +19,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mnemo.adapters.limit import INITIAL, Limit, LimitState
+from mnemo.adapters.limit import INITIAL, Limit, LimitState, ServerProfile
 from mnemo.calls import deadline
 
 
@@ -291,6 +291,15 @@ def test_tasks_started_inside_a_deadline_share_it() -> None:
 
     simulate(main)
     assert ended[:2] == [pytest.approx(2.5), pytest.approx(6.0)]
+
+
+def test_a_stored_profile_reads_back_and_an_unreadable_one_is_empty() -> None:
+    """A server profile as the store keeps it (JSON text) reads back the same, its speed
+    too; text that is no profile reads as an empty one (the server is learned again)."""
+    profile = ServerProfile(LimitState(6, slow_start=True, unit_seconds=0.02), structured="tool")
+    assert ServerProfile.decode(profile.encode()) == profile
+    assert ServerProfile.decode('{"concurrency": {"limit": 0}}') == ServerProfile()
+    assert ServerProfile.decode("not json") == ServerProfile()
 
 
 class Manual:

@@ -65,12 +65,13 @@ async def test_a_server_slower_than_the_first_guess_is_given_the_time_it_needs(
             reply = await llm.generate(subgoal())
             assert parse_subgoal(reply) == "serve the site"
             profile = llm.server_profile()
-    concurrency = profile["concurrency"]
-    assert isinstance(concurrency, dict)
-    assert concurrency["unit_seconds"] > 0
+    concurrency = profile.concurrency
+    assert concurrency is not None
+    assert concurrency.unit_seconds is not None
+    assert concurrency.unit_seconds > 0
     async with OpenAICompatible("m", base_url=server.openai_url) as again:
         again.adopt_server_profile(profile)
-        assert again.concurrency.unit_seconds == concurrency["unit_seconds"]
+        assert again.concurrency.unit_seconds == concurrency.unit_seconds
 
 
 async def test_a_timeout_given_to_the_adapter_stays_its_time() -> None:

@@ -16,6 +16,7 @@ from mnemo.conversation.prompts import (
     parse_summary,
     summary_request,
 )
+from mnemo.ports import JSONObject
 from tests.fakes import js
 
 MESSAGES: list[dict[str, Any]] = [
@@ -120,7 +121,7 @@ async def test_eviction_without_goals_pins_nothing_and_finishes_when_done() -> N
 
 async def test_fold_is_bounded() -> None:
     """Folding keeps the snapshots' most informative sentences within max_words."""
-    snapshots = [
+    snapshots: list[JSONObject] = [
         {"start_seq": i * 10, "end_seq": i * 10 + 9,
          "text": f"User: Release {i} shipped the invoice export for customer{i}. Assistant: ok."}
         for i in range(5)

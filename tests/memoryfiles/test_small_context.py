@@ -13,6 +13,7 @@ from mnemo.adapters.openai import OpenAICompatible
 from mnemo.calls.tasks import task_inputs
 from mnemo.memoryfiles import _select
 from mnemo.memoryfiles.prompts import MAX_NEW_CHARS, MAX_UPDATE_FILES
+from mnemo.ports import JSONObject
 from tests.adapters.provider_server import LONGEST, Answer, ProviderServer, Recorded
 from tests.memoryfiles.fakes import write
 
@@ -38,7 +39,7 @@ def _file(directory: Path, topic: str, entries: int) -> list[str]:
     return lines
 
 
-def _inputs(request: Recorded) -> dict[str, object]:
+def _inputs(request: Recorded) -> JSONObject:
     return task_inputs(mnemo.LLMRequest("memory_update", "", request.messages))
 
 

@@ -249,7 +249,7 @@ async def test_mmr_and_feedback_recall_within_the_invariants(graph: GraphStore) 
     assert len(ids) == 4
 
 
-def step_node(episode: str, index: object) -> Node:
+def step_node(episode: str, index: int | str) -> Node:
     return Node(NodeId(f"episodic_{episode}:{index}"), NodeType.EPISODIC, "t",
                 {"episode_id": episode, "index": index}, now_utc())
 

@@ -14,20 +14,20 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 import mnemo
 from mnemo import State
 from mnemo.session import leases, stored
-from mnemo.session.ports import HolderInfo, StoredOp
+from mnemo.session.ports import HolderInfo, StoredOp, StoredResult
 from tests.backends import sql
 from tests.fakes import Hold
 from tests.session.test_many_memories import Called, Worker, extracting, fill, open_worker
 
-COMMITTED = {"ok": True, "value": "committed", "error": None, "cause": None}
+COMMITTED = StoredResult(True, "committed")
 
 
 def holder(holder_id: str, seen_ago: timedelta) -> HolderInfo:
@@ -106,7 +106,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
         a, b, sid, commit, start = it.a, it.b, it.sid, it.commit, it.start
         runner = b.mem._backend.coordination
         finish_op = runner.finish_op
-        reported: list[dict[str, Any]] = []
+        reported: list[StoredResult] = []
 
         async def took_nothing(session_id: str, holder_id: str) -> list[StoredOp]:
             return []
@@ -116,7 +116,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
         monkeypatch.setattr(a.mem._backend.coordination, "take_ops", took_nothing)
         storing, go, second = anyio.Event(), anyio.Event(), anyio.Event()
 
-        async def held_once(op_id: str, result: dict[str, Any]) -> None:
+        async def held_once(op_id: str, result: StoredResult) -> None:
             reported.append(result)
             if len(reported) == 1:
                 storing.set()
@@ -140,8 +140,8 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
         go.set()
         with anyio.fail_after(5):
             await second.wait()
-        assert reported[0]["value"] == "committed"
-        assert (reported[1]["ok"], reported[1]["error"]) == (False, "operation_failed")
+        assert reported[0].value == "committed"
+        assert (reported[1].ok, reported[1].error) == (False, "operation_failed")
         assert await b.mem.session_state(sid) is State.IDLE  # committed, never started
         assert await sql(a.mem, "SELECT id FROM ops") == []
         assert (len(commit.results), len(start.results)) == (1, 1)
@@ -206,3 +206,13 @@ async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
         it.held.release()  # B's extraction ends with nothing stored left to run
         assert await it.b.events.wait_state(it.b.mem, it.sid, State.READY) is State.READY
         assert await sql(it.b.mem, "SELECT id FROM ops") == []
+
+
+def test_a_stored_result_that_does_not_read_as_one_is_a_failure() -> None:
+    """The JSON text of a stored result reads back the same; one that is not a result (a
+    field of the wrong type, not JSON) is the operation's failure."""
+    result = StoredResult(False, None, "operation_failed", ("LLMError", "down"))
+    assert StoredResult.decode(msgspec.json.encode(result)) == result
+    failed = StoredResult(False, error="operation_failed")
+    assert StoredResult.decode('{"ok": "yes"}') == failed
+    assert StoredResult.decode("{") == failed

@@ -12,7 +12,7 @@ import pytest
 
 import mnemo
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, StoredOp
+from mnemo.session.ports import HolderInfo, StoredOp, StoredResult
 from mnemo.storage.ports import Backend
 from tests.backends import open_stores, sql
 from tests.fakes import FakeEmbedder, FakeLLM
@@ -161,7 +161,7 @@ async def test_abandon_ops_forgets_only_what_a_departed_taker_left_without_a_res
         await co.queue_op(StoredOp(f"op{n}", sid, "commit", [], "a", T0))
         if taker is not None:
             assert [op.id for op in await co.take_ops(sid, taker)] == [f"op{n}"]
-    await co.finish_op("op4", {"ok": True, "value": "committed"})
+    await co.finish_op("op4", StoredResult(True, "committed"))
     asked = [f"op{n}" for n in range(6)]
     assert await co.abandon_ops(["op1"], cut, me="late") == []  # never what `me` took
     assert [await co.still_taken("op1", who) for who in ("late", "alive")] == [True, False]

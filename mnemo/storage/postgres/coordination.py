@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
+import msgspec
 from psycopg.types.json import Jsonb
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp
+from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, Postgres
 from mnemo.storage.row import Row
@@ -243,11 +243,11 @@ class PgCoordination:
                for i, s, k, a, by, at in rows]
         return sorted(ops, key=lambda op: (op.created_at, op.id))
 
-    async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
+    async def finish_op(self, op_id: str, result: StoredResult) -> None:
         async with self._pg.transaction() as conn:
             await conn.execute("DELETE FROM ops WHERE id = %s AND accepted_by = ''", (op_id,))
-            await conn.execute("UPDATE ops SET result = %s WHERE id = %s",
-                               (Jsonb(result), op_id))
+            await conn.execute("UPDATE ops SET result = %s::jsonb WHERE id = %s",
+                               (msgspec.json.encode(result).decode(), op_id))
 
     async def orphan_ops(self, op_ids: Sequence[str]) -> None:
         if not op_ids:
@@ -258,14 +258,14 @@ class PgCoordination:
             await conn.execute("UPDATE ops SET accepted_by = '' WHERE id = ANY(%s)",
                                (list(op_ids),))
 
-    async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
         if not op_ids:
             return {}
         rows = await self._pg.fetch_all(
-            "SELECT id, result FROM ops WHERE id = ANY(%s) AND result IS NOT NULL",
+            "SELECT id, result::text FROM ops WHERE id = ANY(%s) AND result IS NOT NULL",
             (list(op_ids),),
         )
-        return {str(i): dict(r) for i, r in rows}
+        return {str(i): StoredResult.decode(str(r)) for i, r in rows}
 
     async def abandon_ops(
         self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,

@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 from mnemo.graph.erasure import Inherited, Plan, Scope, Shared
 from mnemo.graph.ports import SideWrite
 from mnemo.graph.shares import Contribution, Owners
+from mnemo.ports import JSONObject
 from mnemo.storage.postgres import history
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.sessions import side_writes
@@ -77,7 +78,7 @@ async def inherited(
         (repo, _KNOWLEDGE, key, sorted(scope.added | scope.joined)),
     )
     shared: list[Shared] = [
-        (str(i), Contribution(str(text), cast(dict[str, object], data),
+        (str(i), Contribution(str(text), cast(JSONObject, data),
                               None if source is None else str(source)),
          cast(Owners | None, owners), str(i) in scope.added or source == key)
         for i, text, data, source, owners in await cur.fetchall()

@@ -13,6 +13,7 @@ from mnemo.graph import shares
 from mnemo.graph.commit import CommitPlan
 from mnemo.graph.history import CommitRecord
 from mnemo.graph.model import Link, LinkType
+from mnemo.ports import JSONObject
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.row import Row
 
@@ -44,7 +45,7 @@ async def joined(conn: Connection, plan: CommitPlan) -> None:
         cur = await conn.execute(
             "SELECT text, data, source_id, owners FROM nodes WHERE id = %s", (node_id,))
         text, data, source, owners = cast(Row, await cur.fetchone())
-        now = shares.Contribution(str(text), cast(dict[str, object], data),
+        now = shares.Contribution(str(text), cast(JSONObject, data),
                                   None if source is None else str(source))
         await conn.execute("UPDATE nodes SET owners = %s WHERE id = %s", (Jsonb(shares.joined(
             cast(shares.Owners | None, owners), now, plan.changeset_id, brought)), node_id))

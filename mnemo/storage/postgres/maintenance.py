@@ -20,6 +20,7 @@ from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
 from mnemo.graph.model import NodeType
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.graph.value import node_value
+from mnemo.ports import JSONObject
 from mnemo.storage.postgres.connection import Connection
 from mnemo.storage.postgres.migrations import SEARCH_VECTOR
 
@@ -45,7 +46,7 @@ async def merge_duplicates(
     latest access), deletes the members and the tags left with no link, and marks `examined`
     as consolidated."""
     involved = sorted({node_id for pair in pairs for node_id in pair})
-    rows: dict[str, tuple[int, dict[str, object], int, str | None]] = {}
+    rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
     # The survivor keeps the latest access as a time, not as text: compared as datetimes.
     lasts: dict[str, datetime | None] = {}
     sources: dict[str, str | None] = {}
@@ -357,7 +358,7 @@ async def _delete(conn: Connection, node_ids: list[str]) -> None:
         await conn.execute("DELETE FROM nodes WHERE id = ANY(%s)", (node_ids,))
 
 
-def _mapping(value: object) -> dict[str, object]:
+def _mapping(value: object) -> JSONObject:
     if not isinstance(value, dict):
         raise TypeError(f"nodes.data must be a JSON object, got {type(value).__name__}")
     return value

@@ -14,7 +14,6 @@ in one REPEATABLE READ transaction, so it sees one snapshot even while other tas
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from mnemo.episode.model import EpisodeLog, EpisodeRecord, StepRecord
 from mnemo.extraction.memo import KeptResult
 from mnemo.graph.model import Changeset, vector_from_blob, vector_to_blob
 from mnemo.graph.ports import SideWrite, SourceRecorded, StepsCommitted
+from mnemo.ports import JSONObject
 from mnemo.session.machine import State
 from mnemo.session.ports import LiveSession, RepoRow, StaleSession, StepsCommittedElsewhere
 from mnemo.storage.postgres.clock import ServerClock
@@ -84,25 +84,22 @@ class PgSessions:
                  self._clock.now(), row.generation),
             )
 
-    async def load_profile(self, repo: str, model: str) -> dict[str, object] | None:
+    async def load_profile(self, repo: str, model: str) -> str | None:
         async with self._pg.connection() as conn:
             cur = await conn.execute(
                 "SELECT profile::text FROM server_profiles WHERE repo = %s AND model = %s",
                 (repo, model),
             )
             row = await cur.fetchone()
-        if row is None:
-            return None
-        profile = json.loads(str(row[0]))
-        return profile if isinstance(profile, dict) else None
+        return None if row is None else str(row[0])
 
-    async def save_profile(self, repo: str, model: str, profile: dict[str, object]) -> None:
+    async def save_profile(self, repo: str, model: str, profile: str) -> None:
         async with self._pg.connection() as conn:
             await conn.execute(
                 "INSERT INTO server_profiles(repo, model, profile, updated_at)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (repo, model) DO UPDATE SET"
                 " profile = excluded.profile, updated_at = excluded.updated_at",
-                (repo, model, _jsonb(json.dumps(profile, sort_keys=True)), self._clock.now()),
+                (repo, model, _jsonb(profile), self._clock.now()),
             )
 
     async def create_session(
@@ -471,7 +468,7 @@ def _bytes(value: object) -> bytes:
     return bytes(value)
 
 
-def _dict_or_none(value: object) -> dict[str, object] | None:
+def _dict_or_none(value: object) -> JSONObject | None:
     # jsonb comes back parsed; a step's metadata is always an object.
     if value is None:
         return None

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import msgspec
 from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.session.machine import State
-from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp
+from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.row import Row
 from mnemo.storage.sqlite.database import Database
 
@@ -241,13 +242,12 @@ class SqliteCoordination:
                for i, s, k, a, by, at in rows]
         return sorted(ops, key=lambda op: (op.created_at, op.id))
 
-    async def finish_op(self, op_id: str, result: dict[str, Any]) -> None:
+    async def finish_op(self, op_id: str, result: StoredResult) -> None:
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
                 db.conn.execute("DELETE FROM ops WHERE id = ? AND accepted_by = ''", (op_id,))
-                db.conn.execute(
-                    "UPDATE ops SET result = ? WHERE id = ?", (json.dumps(result), op_id)
-                )
+                db.conn.execute("UPDATE ops SET result = ? WHERE id = ?",
+                                (msgspec.json.encode(result).decode(), op_id))
 
         await self._database.run(write)
 
@@ -266,7 +266,7 @@ class SqliteCoordination:
 
         await self._database.run(write)
 
-    async def op_results(self, op_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
         ids = list(op_ids)
         if not ids:
             return {}
@@ -277,7 +277,7 @@ class SqliteCoordination:
                 ids,
             ).fetchall()
         )
-        return {str(i): dict(json.loads(r)) for i, r in rows}
+        return {str(i): StoredResult.decode(r) for i, r in rows}
 
     async def abandon_ops(
         self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,

@@ -15,6 +15,7 @@ from mnemo.graph.maintenance import ValidationReport, merge_groups, merged_data
 from mnemo.graph.model import NodeType
 from mnemo.graph.ports import MergeResult, SweepResult
 from mnemo.graph.value import node_value
+from mnemo.ports import JSONObject
 from mnemo.storage.sqlite.database import chunks
 
 # Nodes that route a search to memories; never valued, deleted only once nothing links them.
@@ -41,7 +42,7 @@ def merge_duplicates(
     conn = db.conn
     with db.atomic():
         involved = sorted({node_id for pair in pairs for node_id in pair})
-        rows: dict[str, tuple[int, dict[str, object], int, str | None]] = {}
+        rows: dict[str, tuple[int, JSONObject, int, str | None]] = {}
         sources: dict[str, str | None] = {}
         for chunk in chunks(involved, _SQL_CHUNK):
             marks = ",".join("?" * len(chunk))

@@ -65,20 +65,16 @@ class SqliteSessions:
 
         await self._database.run(write)
 
-    async def load_profile(self, repo: str, model: str) -> dict[str, object] | None:
+    async def load_profile(self, repo: str, model: str) -> str | None:
         rows = await self._database.run(
             lambda db: db.conn.execute(
                 "SELECT profile FROM server_profiles WHERE repo = ? AND model = ?",
                 (repo, model),
             ).fetchall()
         )
-        if not rows:
-            return None
-        profile = json.loads(rows[0][0])
-        return profile if isinstance(profile, dict) else None
+        return str(rows[0][0]) if rows else None
 
-    async def save_profile(self, repo: str, model: str, profile: dict[str, object]) -> None:
-        text = json.dumps(profile, sort_keys=True)
+    async def save_profile(self, repo: str, model: str, profile: str) -> None:
 
         def write(db: SqliteUtilsDatabase) -> None:
             with db.atomic():
@@ -86,7 +82,7 @@ class SqliteSessions:
                     "INSERT INTO server_profiles(repo, model, profile, updated_at)"
                     " VALUES (?, ?, ?, ?) ON CONFLICT(repo, model) DO UPDATE SET"
                     " profile = excluded.profile, updated_at = excluded.updated_at",
-                    (repo, model, text, self._now()),
+                    (repo, model, profile, self._now()),
                 )
 
         await self._database.run(write)

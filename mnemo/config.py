@@ -195,10 +195,10 @@ class Config:
     ingest_entity_tags: bool = False
     # Recall: a candidate whose speaker ("Melanie (8 May): ...", or the step a fact
     # came from) the query names scores 1 + this times more than the others; 0: off
-    # (recall.levers). 0.5 measured best of 0.5 / 1.0 on LoCoMo 0-1, and won on 2-6 too.
+    # (recall.speakers). 0.5 measured best of 0.5 / 1.0 on LoCoMo 0-1, and won on 2-6 too.
     recall_speaker_boost: Share = 0.5
     # Recall: the dense channel embeds the query without the names it mentions
-    # (recall.levers.without_names); the words channel and the speaker match still use them.
+    # (recall.speakers.without_names); the words channel and the speaker match still use them.
     recall_dense_without_names: bool = True
 
     def __post_init__(self) -> None:

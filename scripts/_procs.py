@@ -45,7 +45,7 @@ CASES = ("append", "commit", "shared")
 # machine four of them can take tens of seconds.
 READY_LIMIT_S = 180.0
 OBSERVATION = "The test run shows 3 failures in tests/session/test_machine.py; step {j}."
-ACTION = "open mnemo/session/queue.py and read Turnstile.leave ({j})"
+ACTION = "open mnemo/session/queue.py and read TicketQueue.leave ({j})"
 
 Factory = Callable[[], Any]
 

@@ -33,7 +33,7 @@ Embed = Callable[[Sequence[str]], Awaitable[Vector]]
 
 
 @dataclass(frozen=True, slots=True)
-class Heir:
+class IntentWording:
     """The wording an intent takes once a source is forgotten, and whose it is."""
 
     text: str
@@ -42,7 +42,7 @@ class Heir:
 
 def heirs(
     intents: Iterable[str], procedures: Iterable[tuple[str, object, str | None]]
-) -> tuple[dict[str, Heir], list[str]]:
+) -> tuple[dict[str, IntentWording], list[str]]:
     """(intent -> its heir, intents to delete) for `intents` (the ones the forgotten source
     created or re-worded), from `procedures`: (intent id, data, source id) of each procedure
     of another source linked to one of them, oldest first. An intent with no such procedure
@@ -50,7 +50,7 @@ def heirs(
     linked: dict[str, list[tuple[object, str | None]]] = {}
     for intent_id, data, source_id in procedures:
         linked.setdefault(intent_id, []).append((data, source_id))
-    found: dict[str, Heir] = {}
+    found: dict[str, IntentWording] = {}
     dropped: list[str] = []
     for intent_id in dict.fromkeys(intents):
         candidates = linked.get(intent_id)
@@ -59,7 +59,7 @@ def heirs(
         for data, source_id in candidates:
             wording = data.get("intent") if isinstance(data, dict) else None
             if isinstance(wording, str) and wording.strip():
-                found[intent_id] = Heir(wording, source_id)
+                found[intent_id] = IntentWording(wording, source_id)
                 break
         else:
             dropped.append(intent_id)
@@ -110,7 +110,7 @@ class Plan:
     stays as `Left` says, with the vector of its new wording if it changed."""
 
     intents: list[str]
-    heirs: dict[str, tuple[Heir, Vector]]
+    heirs: dict[str, tuple[IntentWording, Vector]]
     dropped: list[str]
     shared: dict[str, tuple[Left | None, Vector | None]] = field(default_factory=dict)
 

@@ -42,13 +42,13 @@ __all__ = [
     "MergeResult",
     "Neighbor",
     "NodeContext",
+    "PendingRead",
     "Restamp",
     "Reverting",
     "SideWrite",
     "SourceForgotten",
     "SourceRecorded",
     "Staging",
-    "Started",
     "StepsCommitted",
     "SweepResult",
     "TypedLink",
@@ -72,7 +72,7 @@ TypedLink = tuple[str, NodeType, str, NodeType, LinkType]
 T_co = TypeVar("T_co", covariant=True)
 
 
-class Started(Protocol[T_co]):
+class PendingRead(Protocol[T_co]):
     """A read begun (where the store can: a job queued on a worker thread) and finished
     later: its caller goes on meanwhile."""
 
@@ -379,7 +379,7 @@ class GraphStore(Protocol):
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
-    ) -> Started[list[tuple[str, float]]]:
+    ) -> PendingRead[list[tuple[str, float]]]:
         """`search_text`, begun now where the store can (its lexical index's search, queued
         on that index's thread) and finished by `result`; what cannot begin now (the store's
         own full-text search) runs then. Every word of `query` is read off the event loop."""

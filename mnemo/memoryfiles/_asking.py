@@ -18,7 +18,7 @@ log = logging.getLogger("mnemo")
 LLM_TIMEOUT_S = 120.0
 
 
-class Metered:
+class CountingLLM:
     """An LLM wrapper that sums the usage of every reply, retries included."""
 
     def __init__(self, llm: LLM) -> None:

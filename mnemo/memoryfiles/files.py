@@ -33,7 +33,7 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.errors import InvalidInputError, LLMError
 from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT, check_models, check_text
 from mnemo.memoryfiles import _format, _select
-from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, Metered, ask, ask_fitting
+from mnemo.memoryfiles._asking import LLM_TIMEOUT_S, CountingLLM, ask, ask_fitting
 from mnemo.memoryfiles._folder import Folder, check_directory
 from mnemo.memoryfiles._lock import WRITER_LOCK_FILE, DirectoryLock
 from mnemo.memoryfiles.model import MemoryFile, MemoryUpdate
@@ -214,7 +214,7 @@ class MemoryFiles:
         Never raises (cancellation aside): a failure is logged and returned in `error`, along
         with the topics written before it and the usage of every LLM call made.
         """
-        metered: Metered | None = None
+        metered: CountingLLM | None = None
         written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []
         try:
@@ -226,7 +226,7 @@ class MemoryFiles:
             conversation = _select.conversation(history, self.max_text_chars)
             if not conversation:
                 return MemoryUpdate()
-            metered = Metered(llm if llm is not None else OfflineLLM())
+            metered = CountingLLM(llm if llm is not None else OfflineLLM())
             async with self._writer.held():
                 stored = await anyio.to_thread.run_sync(self._scan)
                 views = _select.views(conversation, _select.listing(stored, conversation))

@@ -35,7 +35,7 @@ from mnemo.calls.tasks import ask
 from mnemo.config import Config
 from mnemo.errors import StorageError, first_error
 from mnemo.graph.model import LinkType, Node, NodeId, NodeType, Vector, now_utc
-from mnemo.graph.ports import GraphStore, NodeContext, Started, VectorsMoved
+from mnemo.graph.ports import GraphStore, NodeContext, PendingRead, VectorsMoved
 from mnemo.graph.scope import Scope, Where
 from mnemo.graph.value import node_value
 from mnemo.ports import LLM, Embedder, Reranker
@@ -47,9 +47,8 @@ from mnemo.recall.context import adjacent_steps
 from mnemo.recall.feedback import FEEDBACK_DOCS, feedback_terms
 from mnemo.recall.fusion import maximal_marginal_relevance, reciprocal_rank_fusion
 from mnemo.recall.hops import best, offer
-from mnemo.recall.levers import speaker_boosts
 from mnemo.recall.model import Recalled, RecallResult, Touched
-from mnemo.recall.picks import Picks
+from mnemo.recall.picks import ResultSelection
 from mnemo.recall.prompts import (
     Plan,
     full_order,
@@ -59,6 +58,7 @@ from mnemo.recall.prompts import (
     synthesis_request,
 )
 from mnemo.recall.query import INLINE_CHARS, QueryParts, restatement, split
+from mnemo.recall.speakers import speaker_boosts
 from mnemo.recall.tag_vectors import TagVectors
 
 # The result types live in recall.model and are re-exported, where callers import them from.
@@ -276,7 +276,7 @@ class Recaller:
             return Plan("mixed", ())
 
     async def _hop_zero(
-        self, repo: str, terms: str, words: Started[list[tuple[str, float]]], vector: Vector,
+        self, repo: str, terms: str, words: PendingRead[list[tuple[str, float]]], vector: Vector,
         searched: list[NodeType] | None, k: int, on_loop: bool, scope: Scope | None,
     ) -> dict[str, _Candidate]:
         """Hop 0's candidates: the words search begun before (`words`, of `terms`) and the
@@ -459,7 +459,7 @@ class Recaller:
             scored = await self._diversify(repo, scored, min(4 * k, MMR_HEAD),
                                            context.vectors)
         scored = knowledge.matching_first(scored, direct, restated, k)
-        picks = Picks(config, k, steps, context.sources, stand_ins,
+        picks = ResultSelection(config, k, steps, context.sources, stand_ins,
                        knowledge.strong(direct, context.nodes))
         # Further facts of a step come after one result of every other step, routes last.
         picks.take(scored)

@@ -13,7 +13,7 @@ from mnemo.recall.model import Recalled
 N = NodeType
 
 
-class Picks:
+class ResultSelection:
     """The results, best first, chosen from scored candidates: at most `k`, each type within
     its minimum score and its top-k, one result per step (`steps`: ReadContext.steps_of), one
     per wording of the other nodes. The place of a step, or of the first of a step and

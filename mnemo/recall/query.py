@@ -9,7 +9,7 @@ import anyio.to_thread
 
 from mnemo import text as _text
 from mnemo.ports import Embedder
-from mnemo.recall.levers import query_names, without_names
+from mnemo.recall.speakers import query_names, without_names
 from mnemo.text import MAX_QUERY_TERMS, query_words
 
 # A query up to this long is split on the event loop; a longer one in a worker thread (one at
@@ -21,7 +21,7 @@ INLINE_CHARS = 2_000
 class QueryParts:
     """What recall makes of a query: `terms` for BM25 (`keywords`), `words` for restatements
     (`words`), `dense` for the dense channel (the query, or `without_names` of it), and the
-    `names` it mentions for the speaker match (`levers.query_names`)."""
+    `names` it mentions for the speaker match (`speakers.query_names`)."""
 
     terms: str
     words: list[str]

@@ -13,7 +13,7 @@ store (`claims`: the Memory that stored it holds the claim), so that two Memorie
 the model about one step: a step another live Memory holds is waited for, one whose holder is
 gone is taken over. A step whose annotation fails stays stored, unannotated, and its claim is
 given up: the next append, the close (which waits for every step, `Extraction`) or another
-Memory's janitor (`leases`) starts it again.
+Memory's takeover task (`leases`) starts it again.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ async def _background_commit(
     """A background commit, then the queue: what waited behind it runs, or, when it failed,
     fails with "extraction_failed"."""
     if await Extraction(live, session).commit_in_background(steps):
-        operations.kick(live, session)
+        operations.start_next(live, session)
     else:
         await operations.fail_pending(session, "extraction_failed")
 

@@ -3,7 +3,7 @@
 Each open Memory is a holder (`Coordination.register`), alive while its heartbeat renews
 `seen_at` and the leases it holds, every third of `Config.lease_timeout`. A Memory that starts
 an extraction claims the session with a compare-and-set on its version, so that exactly one
-holds it. A janitor in every Memory looks for extractions nobody holds any more (a lease that
+holds it. A takeover task in every Memory looks for extractions nobody holds any more (a lease that
 ended, a holder not seen for a lease, one that closed, or, on this host, one whose process is
 gone) and takes one over by the same compare-and-set, if its model for the repo is the one
 the work started with; so is the annotation of stored steps whose claim such a holder left.
@@ -47,8 +47,8 @@ HOST = socket.gethostname()
 ORPHAN_GRACE = timedelta(hours=1)
 
 
-class Holding:
-    """This Memory as a holder of background work: its heartbeat and its janitor."""
+class Holder:
+    """This Memory as a holder of background work: its heartbeat and its takeover task."""
 
     def __init__(self, live: Sessions, lease_timeout: float) -> None:
         self.id = f"holder_{uuid.uuid4().hex}"
@@ -77,7 +77,7 @@ class Holding:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._beat)
-                tg.start_soon(self._janitor)
+                tg.start_soon(self._takeover_loop)
                 task_status.started()
         finally:
             if self._registered.is_set():
@@ -101,7 +101,7 @@ class Holding:
                 self._live.registered = True
 
     def look(self) -> None:
-        """Asks the janitor to look for work now (a repo was opened)."""
+        """Asks the takeover task to look for work now (a repo was opened)."""
         self._look.set()
 
     async def claim_steps(self, session_id: str, step_ids: Sequence[str]) -> set[str]:
@@ -140,7 +140,7 @@ class Holding:
                 log.warning("%s: heartbeat failed: %r", self.id, exc)
             await anyio.sleep(period)
 
-    async def _janitor(self) -> None:
+    async def _takeover_loop(self) -> None:
         period = self._lease.total_seconds() / 2
         while True:
             self._look = anyio.Event()

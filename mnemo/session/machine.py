@@ -114,7 +114,7 @@ class SessionModel:
         self.session_id = session_id
 
 
-class Machines:
+class SharedMachine:
     """One `transitions.Machine` shared by every session model.
 
     Sharing keeps an idle session to a few small objects (BENCHMARKS.md: RSS per session).

@@ -2,7 +2,7 @@
 
 `submit` accepts an operation: it runs now when the session is free, else it waits in the
 session's `pending` queue, accepted only if the projected state (`queue.project`) allows it.
-`kick` starts the next one once nothing holds the session (no running operation, no
+`start_next` starts the next one once nothing holds the session (no running operation, no
 extraction, no background commit). Each accepted operation gets exactly one callback: its
 result, or a `SessionError` when it, or one before it, failed, or the session ended.
 """
@@ -82,7 +82,7 @@ def check_args(session: SessionRecord, kind: str, args: tuple[Any, ...]) -> None
 def accept(session: SessionRecord, op: Op) -> None:
     if op.kind == "append":
         session.appends_in_flight += 1
-        op.ticket = session.turnstile.take()
+        op.ticket = session.ticket_queue.take()
 
 
 def awaits_handover(live: Sessions, session: SessionRecord) -> bool:
@@ -103,7 +103,7 @@ def handing_over(live: Sessions, session: SessionRecord) -> Iterator[None]:
     finally:
         session.handing_over -= 1
         session.notify()
-        kick(live, session)
+        start_next(live, session)
 
 
 def _stored_here(live: Sessions, session: SessionRecord) -> list[Op]:
@@ -160,7 +160,7 @@ async def _run_op(live: Sessions, session: SessionRecord, op: Op) -> None:
         raise
     else:
         await _finish_op(session, op, OpResult(True, VALUES[op.kind]))
-    kick(live, session)
+    start_next(live, session)
 
 
 async def _still_live(live: Sessions, session: SessionRecord) -> bool:
@@ -222,7 +222,7 @@ async def _execute(live: Sessions, session: SessionRecord, op: Op) -> None:
             await transitions.start_episode(live, session, op.args[0], op=op)
 
 
-def kick(live: Sessions, session: SessionRecord) -> None:
+def start_next(live: Sessions, session: SessionRecord) -> None:
     """Starts the next queued operation if nothing holds the session."""
     if session.ended or session.running is not None or not session.pending:
         return
@@ -249,7 +249,7 @@ def _take_pending(session: SessionRecord) -> list[Op]:
         if op.kind == "append":
             session.appends_in_flight -= 1
             if op.ticket is not None:
-                session.turnstile.leave(op.ticket)
+                session.ticket_queue.leave(op.ticket)
     if taken:
         session.notify()
     return taken

@@ -117,7 +117,7 @@ class Annotate:
 Effect = Extract | CommitSteps | Annotate
 
 
-class Turnstile:
+class TicketQueue:
     """Lets holders of numbered tickets through one at a time, in ticket order.
 
     A ticket taken and then abandoned (its operation failed or was cancelled before its turn)
@@ -182,7 +182,7 @@ class SessionRecord:
     last_receipt: CommitReceipt | None = None
     failure: BaseException | None = None
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    turnstile: Turnstile = field(default_factory=Turnstile)
+    ticket_queue: TicketQueue = field(default_factory=TicketQueue)
     appends_in_flight: int = 0
     pending: deque[Op] = field(default_factory=deque)
     running: Op | None = None

@@ -22,7 +22,7 @@ from mnemo.events import Events
 from mnemo.graph.ports import GraphStore
 from mnemo.inputs import check_id
 from mnemo.ports import LLM
-from mnemo.session.machine import Machines, SessionModel, State
+from mnemo.session.machine import SessionModel, SharedMachine, State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.queue import Callback
 from mnemo.session.records import Effect, Runtime, SessionRecord
@@ -54,12 +54,12 @@ class Sessions:
         # (`Repos.refresh`): a commit of work embedded before then embeds it again.
         self.refresh_repo = refresh_repo
         # Who this Memory is as a holder of background work, and until when a claim made now
-        # holds (`leases.Holding` sets both when it starts).
+        # holds (`leases.Holder` sets both when it starts).
         self.holder_id: str | None = None
         self.lease_until: Callable[[], datetime] | None = None
         self.register_holder: Callable[[], Awaitable[None]] | None = None
         self.registered = False  # `register_holder` has recorded this Memory
-        # Claims steps for this Memory's extraction in the store (`leases.Holding`): the ids
+        # Claims steps for this Memory's extraction in the store (`leases.Holder`): the ids
         # among those asked that it holds now; None where no holder was set up.
         self.claim_steps: Callable[[str, Sequence[str]], Awaitable[set[str]]] | None = None
         # Starts what a move asks for (`records.Effect`: an extraction, a background commit),
@@ -78,7 +78,7 @@ class Sessions:
         self.events = events
         self.repo_runtime = repo_runtime
         self.llm_for = llm_for
-        self.machines = Machines()
+        self.machines = SharedMachine()
         self.by_id: dict[str, SessionRecord] = {}
         self.tg: TaskGroup | None = None
         # The Memory is closing: its tasks have ended, and what it owed is being answered
@@ -165,7 +165,7 @@ class Sessions:
         session.extraction_model = row.model
         session.version = row.version
         # Restored or read, it is not this Memory's to drive: its holder drives its timers
-        # (a holder that vanished leaves them to the janitor, `leases.Holding`).
+        # (a holder that vanished leaves them to the takeover task, `leases.Holder`).
         session.driven = row.holder is not None and row.holder == self.holder_id
         # Idle since its last use as stored, or, for a row without one, since now (a record
         # starts at 0 on the loop's clock: such a session expired the moment it was read).

@@ -48,7 +48,7 @@ from mnemo.graph.scope import Metadata
 from mnemo.inputs import check_text
 from mnemo.ports import LLM
 from mnemo.session import committing, effects, operations, stored, timers, transitions
-from mnemo.session.leases import Holding
+from mnemo.session.leases import Holder
 from mnemo.session.machine import State
 from mnemo.session.ports import Coordination, LiveSession, SessionStore
 from mnemo.session.queue import Callback
@@ -97,7 +97,7 @@ class SessionService:
         )
         self._live.idle_within(idle_session_timeout)
         self._live.start = functools.partial(effects.start, self._live)
-        self._holding = Holding(self._live, lease_timeout)
+        self._holder = Holder(self._live, lease_timeout)
         self._live.answer_ended = self._answer_ended
 
     # ---- life of the service -------------------------------------------------------------
@@ -110,7 +110,7 @@ class SessionService:
                 live.tg = tg
                 tg.start_soon(timers.run, live, self._expire_end)
                 tg.start_soon(timers.sweep, live)
-                await tg.start(self._holding.run)
+                await tg.start(self._holder.run)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -136,16 +136,16 @@ class SessionService:
     def restore(self, live: list[LiveSession]) -> None:
         """Knows the sessions that had not ended. An extraction among them goes on when it
         is nobody's any more and this Memory's model for its repo is the one it started with
-        (`leases.Holding`: the API contract, work is resumed only by a matching model)."""
+        (`leases.Holder`: the API contract, work is resumed only by a matching model)."""
         for row in live:
-            if row.id not in self._live.by_id:  # the janitor may have taken it already
+            if row.id not in self._live.by_id:  # the takeover task may have taken it already
                 self._live.adopt(row)
-        self._holding.look()
+        self._holder.look()
 
     def resume_repo(self, repo: str) -> None:
         """A repo was opened (perhaps with the model an interrupted extraction needs): the
-        janitor looks for work again."""
-        self._holding.look()
+        takeover task looks for work again."""
+        self._holder.look()
 
     # ---- sessions --------------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ class SessionService:
         if config.auto_commit and live.register_holder is not None and live.lease_until:
             # Its timers are this Memory's: the store says so, so that no other Memory that
             # reads or restores it flushes or expires it, and another takes them over when
-            # this one goes (`leases.Holding`).
+            # this one goes (`leases.Holder`).
             await live.register_holder()
             holder, until = live.holder_id, live.lease_until()
         await live.store.create_session(
@@ -254,7 +254,7 @@ class SessionService:
         check_step(session.config, observation, action, metadata)
         await self._refuse_unless(session, "append")
         session.appends_in_flight += 1
-        ticket = session.turnstile.take()
+        ticket = session.ticket_queue.take()
         try:
             return await transitions.Append(
                 self._live, session, observation, action, metadata
@@ -286,7 +286,7 @@ class SessionService:
         write of this Memory's own is under way (under the session's lock, which a fresh
         `fetch` skips the reload for: the refusal survived while this Memory committed).
         Taken in only when newer than the record, as any read (a claim by this Memory's
-        janitor writes outside the lock, and a read racing it may answer with the row before).
+        takeover task writes outside the lock, and a read racing it may answer with the row before).
 
         Raises:
             NotFoundError: the session ended meanwhile.

@@ -6,7 +6,7 @@ here is stored in the store's `ops` table (`submit_remote`), and this Memory wai
 (`watch`). Whoever ends that work takes the stored operations (`run_stored`), runs them in the
 order they were accepted, and records each result for the Memory that accepted it, whose
 callback then runs (`deliver_results`). When the taker leaves without recording a result,
-the accepting Memory's janitor answers for it (`answer_abandoned`). Every path that calls back
+the accepting Memory's takeover task answers for it (`answer_abandoned`). Every path that calls back
 a waiting operation takes it out of `Sessions.remote` first, at once: the chosen ones
 (`_claim_waiting`), or all of a session's when it ended or this Memory closes (`fail_remote`,
 which an entry kept after an end meets in `submit_remote`): one callback each, never none and
@@ -173,8 +173,8 @@ async def answer_abandoned(
     records goes nowhere and, were it only late, it runs none of them it had not started
     (`operations._still_taken`). Each gets `operation_failed`, with a cause that says
     whether it took effect is unknown (the session's state tells); none is run again, which
-    could do it twice. The janitor asks, twice a lease (`leases.Holding`); the callbacks run in the
-    sessions' own tasks, not the janitor's."""
+    could do it twice. The takeover task asks, twice a lease (`leases.Holder`); the callbacks
+    run in the sessions' own tasks, not the takeover task's."""
     waiting = {op_id: session_id for session_id, entries in live.remote.items()
                for op_id, _, _ in entries}
     if not waiting:

@@ -26,7 +26,7 @@ from mnemo.errors import NotFoundError, SessionError, StorageError
 from mnemo.graph.model import CommitReceipt
 from mnemo.ports import model_name
 from mnemo.session import committing
-from mnemo.session.machine import REFUSALS, Machines, Refuse, Stale, State, answer
+from mnemo.session.machine import REFUSALS, Refuse, SharedMachine, Stale, State, answer
 from mnemo.session.ports import StaleSession
 from mnemo.session.queue import Op
 from mnemo.session.records import (
@@ -121,7 +121,7 @@ async def move(
             # with its event and what waits behind it (a lost transition left a queued
             # operation without its callback).
             live.machines.force(session.model, before)
-        after = Machines.fire(session.model, event)
+        after = SharedMachine.fire(session.model, event)
         if then is not None:
             live.start(session, then)
         if op is not None:
@@ -171,16 +171,16 @@ class Append:
     metadata: dict[str, Any] | None
 
     async def run(self, ticket: int) -> StepInfo:
-        """Stores the step when the turnstile reaches `ticket`, so steps keep their call order,
+        """Stores the step when the ticket queue reaches `ticket`, so steps keep their call order,
         and starts the annotation of what is stored (`Annotate`); returns once the step is
         annotated, or `append_timeout` after it was stored, unannotated (annotated later)."""
         live, session = self.live, self.session
-        await session.turnstile.wait(ticket)
+        await session.ticket_queue.wait(ticket)
         try:
             try:
                 step, episode_id = await self._store()
             finally:
-                session.turnstile.leave(ticket)
+                session.ticket_queue.leave(ticket)
             with anyio.move_on_after(session.runtime.config.append_timeout):
                 while True:
                     changed = session.changed
@@ -278,7 +278,7 @@ async def start_extraction(
             )
         else:
             # Extracting and held by this Memory in one compare-and-set: no moment in which
-            # the row is extracting and nobody's (a janitor would take it over).
+            # the row is extracting and nobody's (a takeover task would take it over).
             await live.register_holder()
             claimed = await live.coordination.claim(
                 session.id, version=session.version, holder_id=live.holder_id,
@@ -338,7 +338,7 @@ async def commit(
         if session.state is not S.READY:
             # A read took in this very write while it was being made, as `move` allows for.
             live.machines.force(session.model, S.READY)
-        Machines.fire(session.model, "commit")
+        SharedMachine.fire(session.model, "commit")
         if op is not None:
             op.applied = True
         session.changeset = None

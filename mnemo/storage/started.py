@@ -1,4 +1,4 @@
-"""Reads begun now and finished later (`mnemo.graph.ports.Started`): a job queued on a worker
+"""Reads begun now and finished later (`mnemo.graph.ports.PendingRead`): a job queued on a worker
 thread runs while its caller goes on (recall embeds its query meanwhile), and the caller
 awaits its answer only where it needs it."""
 
@@ -43,7 +43,7 @@ class Queued(Generic[T]):
             self._future.add_done_callback(_retrieve)
 
 
-class Later(Generic[T]):
+class DeferredRead(Generic[T]):
     """A read that runs when its result is asked for: for a store that cannot begin it early."""
 
     def __init__(self, read: Callable[[], Awaitable[T]]) -> None:
@@ -56,7 +56,7 @@ class Later(Generic[T]):
         return None
 
 
-class OrElse(Generic[T]):
+class FallbackRead(Generic[T]):
     """`first`'s result, or, when it is None, the result of `otherwise` (run then)."""
 
     def __init__(

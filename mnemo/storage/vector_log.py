@@ -8,8 +8,8 @@ would miss what another process had stored.
 
 The store already says what changed: its node log (`lexical_log`, mnemo/storage/lexical), a
 per-repo sequence that triggers move in the writer's own transaction on every insert, text
-change and delete of a node. A `Followed` repo records the sequence its vectors reflect and
-the rowid of each node it holds; before each use (`Follower.index`) its owner reads the repo's
+change and delete of a node. A `RepoVectors` repo records the sequence its vectors reflect and
+the rowid of each node it holds; before each use (`VectorCache.index`) its owner reads the repo's
 sequence (one row, with the generation of the repo's vectors: `VECTOR_STATE`) and, when it
 moved, the changed nodes with their vectors, and applies them. Applying is idempotent (a
 node's vector is replaced or removed), so a read racing a write is caught up by the next one;
@@ -20,7 +20,7 @@ again (`Memory.reembed`), which the log of the nodes' texts does not say.
 
 A read of one keyed row is a trip to the database's thread (SQLite) or server (PostgreSQL), and
 a recall uses the vectors five to seven times: one look per recall is enough for what it
-promises (it sees every write that returned before it started). `one_look` brings a repo up
+promises (it sees every write that returned before it started). `reading_block` brings a repo up
 once, at the start of a block, and the uses inside it (in its child tasks too) skip the read.
 """
 
@@ -36,7 +36,7 @@ import numpy as np
 
 from mnemo.graph import ann_calls
 from mnemo.graph.model import NodeType, Vector
-from mnemo.graph.ports import Started
+from mnemo.graph.ports import PendingRead
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage.lexical.source import LOGGED
 
@@ -86,7 +86,7 @@ def _whole(value: object) -> int:
 
 
 @dataclass(slots=True)
-class Followed:
+class RepoVectors:
     """A repo's vectors in memory: the log sequence they reflect, and each node's rowid.
     `kinds`: the node types kept (None: all). The index's `generation` is the vectors' (see
     `behind`)."""
@@ -150,20 +150,20 @@ def moved(since: int, seq: int, horizon: int) -> bool:
     return True
 
 
-# What a backend gives a `Follower`: a repo's changes since a `Followed`'s sequence (None when
+# What a backend gives a `VectorCache`: a repo's changes since a `RepoVectors`'s sequence (None when
 # the log did not move; raises `Reload` when it no longer reaches back), and a repo's first load.
-Changes = Callable[[str, Followed], Awaitable[tuple[int, list[Change]] | None]]
-Load = Callable[[str], Awaitable[Followed]]
-# Optionally, the same read started at once and awaited later (`Started`), for the changes
+Changes = Callable[[str, RepoVectors], Awaitable[tuple[int, list[Change]] | None]]
+Load = Callable[[str], Awaitable[RepoVectors]]
+# Optionally, the same read started at once and awaited later (`PendingRead`), for the changes
 # since a given sequence of vectors of a given generation (`Reload` when they are of another):
 # a `reading` block then starts its look and waits for it only at its first use of the
 # vectors (SQLite: a job queued on the connection's thread).
-Look = Started[tuple[int, list[Change]] | None]
+Look = PendingRead[tuple[int, list[Change]] | None]
 Start = Callable[[str, int, int], Look]
 
 
-class Follower:
-    """One owner's `Followed` repos: loaded on first use, brought up to the log at every use
+class VectorCache:
+    """One owner's `RepoVectors` repos: loaded on first use, brought up to the log at every use
     after, unless a `reading` block of the repo did at its start (with `start`: began to, at
     its start, and finished at its first use)."""
 
@@ -171,7 +171,7 @@ class Follower:
         self._changes = changes
         self._load = load
         self._start = start
-        self._held: dict[str, Followed] = {}
+        self._held: dict[str, RepoVectors] = {}
         self._locks: dict[str, anyio.Lock] = {}
 
     def loaded(self, repo: str) -> VectorIndex | None:
@@ -190,7 +190,7 @@ class Follower:
     def reading(self, repo: str) -> AbstractAsyncContextManager[None]:
         """A block whose uses of the repo's vectors share one look at the log, taken at its
         start: they see every write that returned before it began."""
-        return one_look(self, repo, lambda: self.index(repo), lambda: self._started(repo))
+        return reading_block(self, repo, lambda: self.index(repo), lambda: self._started(repo))
 
     def _started(self, repo: str) -> Look | None:
         """The look at the log since the repo's sequence, under way (None: no `start`, or the
@@ -260,12 +260,12 @@ def _look(owner: object, repo: str) -> _Look | None:
 
 def looked(owner: object, repo: str) -> bool:
     """Whether `owner`'s vectors of `repo` were brought up (or began to be) at the start of an
-    open block (`one_look`) this task is in."""
+    open block (`reading_block`) this task is in."""
     return _look(owner, repo) is not None
 
 
 @asynccontextmanager
-async def one_look(
+async def reading_block(
     owner: object, repo: str, catch_up: Callable[[], Awaitable[object]],
     start: Callable[[], Look | None] = lambda: None,
 ) -> AsyncIterator[None]:

@@ -21,7 +21,7 @@ import mnemo
 from mnemo.graph.model import NodeType
 from mnemo.graph.vectors import VectorIndex
 from mnemo.storage import vector_log
-from mnemo.storage.vector_log import Change, Followed, Reload, looked, one_look
+from mnemo.storage.vector_log import Change, Reload, RepoVectors, looked, reading_block
 from tests.backends import sql
 from tests.graph._support import pairwise
 
@@ -169,7 +169,7 @@ def test_followed_vectors_are_the_stores_at_every_look(script: list[Any], routes
     kinds = (N.TAG, N.INTENT) if routes else None
     store: dict[int, tuple[str, NodeType]] = {}
     changed: set[int] = set()
-    followed = Followed(VectorIndex(DIM), 0, kinds)
+    followed = RepoVectors(VectorIndex(DIM), 0, kinds)
     seq = 0
     for op in [*script, ("look",)]:
         if op[0] == "put":
@@ -201,7 +201,7 @@ def test_followed_vectors_are_the_stores_at_every_look(script: list[Any], routes
 
 
 def test_a_log_that_no_longer_reaches_back_asks_for_a_reload() -> None:
-    followed = Followed(VectorIndex(DIM), 5)
+    followed = RepoVectors(VectorIndex(DIM), 5)
     assert not followed.behind(5, 3)
     assert followed.behind(7, 5)
     with pytest.raises(Reload):
@@ -211,7 +211,7 @@ def test_a_log_that_no_longer_reaches_back_asks_for_a_reload() -> None:
 
 
 async def test_one_look_holds_inside_its_block_and_its_tasks_only() -> None:
-    """Inside `one_look` (and in tasks started there) the repo counts as looked at; after the
+    """Inside `reading_block` (and in tasks started there) the repo counts as looked at; after the
     block, even in a task started inside that outlives it, it does not; another owner or
     repo never does."""
     owner, other = object(), object()
@@ -228,11 +228,11 @@ async def test_one_look_holds_inside_its_block_and_its_tasks_only() -> None:
         seen.append(looked(owner, REPO))
 
     async with anyio.create_task_group() as tg:
-        async with one_look(owner, REPO, catch_up):
+        async with reading_block(owner, REPO, catch_up):
             assert looked(owner, REPO)
             assert not looked(other, REPO)
             assert not looked(owner, "another")
-            async with one_look(owner, REPO, catch_up):  # nested: no second look
+            async with reading_block(owner, REPO, catch_up):  # nested: no second look
                 pass
             tg.start_soon(outliving)
             await anyio.wait_all_tasks_blocked()

@@ -14,7 +14,7 @@ import mnemo
 from mnemo.adapters.offline import OfflineLLM
 from mnemo.calls.tasks import task_inputs
 from mnemo.graph import erasure
-from mnemo.graph.erasure import Heir, heirs
+from mnemo.graph.erasure import IntentWording, heirs
 from tests.backends import sql
 
 REPO = "r"
@@ -239,5 +239,5 @@ def test_the_heir_is_the_oldest_linked_procedure_with_a_wording() -> None:
         ("i2", None, "s2"),
     ]
     found, dropped = heirs(["i1", "i2", "i3", "i1"], rows)
-    assert found == {"i1": Heir("boil water", None)}
+    assert found == {"i1": IntentWording("boil water", None)}
     assert dropped == ["i2"]

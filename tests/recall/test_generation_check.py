@@ -2,7 +2,7 @@
 words search has begun (`Recaller`), on both backends: another Memory's switch makes it run
 again with the repo's new embedder, a second switch meanwhile is a ConflictError, and on every
 way out of the check (a moved generation, a store fault, a cancellation) the words search
-begun is let go (`Started.discard`), never left with a result no one retrieves."""
+begun is let go (`PendingRead.discard`), never left with a result no one retrieves."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import mnemo
-from mnemo.graph.ports import Started
+from mnemo.graph.ports import PendingRead
 
 REPO = "r"
 
@@ -22,7 +22,7 @@ REPO = "r"
 class Spied:
     """A begun words search that counts its `discard`s."""
 
-    def __init__(self, inner: Started[Any], discards: list[int]) -> None:
+    def __init__(self, inner: PendingRead[Any], discards: list[int]) -> None:
         self.inner, self.discards = inner, discards
 
     async def result(self) -> Any:

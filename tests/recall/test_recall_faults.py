@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import mnemo
-from mnemo.storage.started import Later
+from mnemo.storage.started import DeferredRead
 from tests.fakes import FakeEmbedder, FakeLLM
 
 REPO = "r"
@@ -37,8 +37,8 @@ async def test_a_storage_fault_in_any_read_is_a_storage_error(
         async def fails(*args: Any, **kwargs: Any) -> Any:
             raise mnemo.StorageError("unavailable", "the store is away")
 
-        def begun(*args: Any, **kwargs: Any) -> Later[Any]:
-            return Later(fails)
+        def begun(*args: Any, **kwargs: Any) -> DeferredRead[Any]:
+            return DeferredRead(fails)
 
         monkeypatch.setattr(graph, read, begun if read.startswith("start_") else fails)
         with pytest.raises(mnemo.StorageError, match="away"):

@@ -1,6 +1,6 @@
 """A child process for the wall clock test: a Memory on STORE in a process whose wall clock
 is HOURS off (`time_machine`: `datetime.now` and `time.time`, not the monotonic clocks), with
-repo "r" opened with the test's fake models. Once its janitor has looked for work (and taken
+repo "r" opened with the test's fake models. Once its takeover task has looked for work (and taken
 what it found) after the repo opened, it prints the tasks its LLM was asked as JSON, then
 waits for a line on stdin and closes.
 
@@ -25,7 +25,7 @@ async def run(store: str, hours: float) -> None:
     with time_machine.travel(datetime.now(UTC) + timedelta(hours=hours), tick=True):
         async with mnemo.Memory(store, llm=llm, embedder=FakeEmbedder(),
                                 config=mnemo.Config(lease_timeout=30.0)) as mem:
-            holding = mem._service._holding
+            holding = mem._service._holder
             take_over, opened, looked = holding._take_over, False, anyio.Event()
 
             async def looking() -> None:
@@ -35,7 +35,7 @@ async def run(store: str, hours: float) -> None:
                     looked.set()
 
             holding._take_over = looking  # type: ignore[method-assign]
-            await mem.open_repo("r")  # the janitor looks again, now
+            await mem.open_repo("r")  # the takeover task looks again, now
             opened = True
             with anyio.fail_after(30):
                 await looked.wait()

@@ -4,7 +4,7 @@
 A Memory that accepts an async operation while another holds the session's work stores it;
 whoever ends that work takes it and records its result, and the accepting Memory calls back.
 When the taker is killed, or closes or loses the store before it records the result, nobody
-else would: the accepting Memory's janitor answers it as failed (whether it took effect is
+else would: the accepting Memory's takeover task answers it as failed (whether it took effect is
 unknown, so it is not run again). Before, its callback never came.
 """
 
@@ -69,7 +69,7 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
     store: str, taker: str
 ) -> None:
     """A's commit and start_episode, stored while B extracts, are taken by a Memory that then
-    left (retired: no holder row; unseen: not seen for a day). A's janitor answers each
+    left (retired: no holder row; unseen: not seen for a day). A's takeover task answers each
     operation_failed, once, its cause saying the taker left; the rows are gone, and neither
     ran (B's extraction ends ready, nothing committed)."""
     async with stored_while_b_extracts(store, start=True) as it:
@@ -78,7 +78,7 @@ async def test_operations_taken_by_a_memory_that_left_are_called_back_as_failed(
         if taker == "unseen":
             await coordination.register(holder("holder_left", timedelta(days=1)))
         assert len(await coordination.take_ops(sid, "holder_left")) == 2
-        await a.mem._service._holding._take_over()
+        await a.mem._service._holder._take_over()
         with anyio.fail_after(5):
             await commit.done.wait()
             await start.done.wait()
@@ -148,7 +148,7 @@ async def test_a_late_taker_runs_none_of_what_was_answered_for_it(
 
 
 async def test_operations_a_live_memory_took_are_left_to_it(store: str) -> None:
-    """Taken by a Memory seen a moment ago, the operations are its to finish: A's janitor
+    """Taken by a Memory seen a moment ago, the operations are its to finish: A's takeover task
     neither calls back nor drops them, and the result it records reaches A's callback."""
     async with stored_while_b_extracts(store) as it:
         a, sid, commit = it.a, it.sid, it.commit
@@ -157,7 +157,7 @@ async def test_operations_a_live_memory_took_are_left_to_it(store: str) -> None:
         runner = it.b.mem._backend.coordination
         await runner.register(holder("holder_alive", timedelta(0)))
         [taken] = await runner.take_ops(sid, "holder_alive")
-        await a.mem._service._holding._take_over()
+        await a.mem._service._holder._take_over()
         assert commit.results == []
         assert [row[0] for row in await sql(a.mem, "SELECT id FROM ops")] == [taken.id]
         await runner.finish_op(taken.id, COMMITTED)
@@ -177,7 +177,7 @@ async def test_a_result_recorded_before_its_taker_left_is_delivered_as_it_is(
         [taken] = await runner.take_ops(it.sid, "holder_left")
         await runner.finish_op(taken.id, COMMITTED)
         await runner.retire("holder_left", datetime.now(UTC))
-        await it.a.mem._service._holding._take_over()
+        await it.a.mem._service._holder._take_over()
         with anyio.fail_after(5):
             await it.commit.done.wait()
         assert it.commit.results == [mnemo.OpResult(ok=True, value="committed", error=None)]
@@ -188,8 +188,8 @@ async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
 ) -> None:
     """A commit A stored while B extracts; A closes (nobody waits for it now), and a holder
     took it without a result. While that holder is only late (unseen for more than a lease,
-    less than `ORPHAN_GRACE`) B's janitor leaves the row to it; once it is gone for good,
-    the janitor forgets the row: nobody would take it again or read it. Before, it stayed
+    less than `ORPHAN_GRACE`) B's takeover task leaves the row to it; once it is gone for good,
+    the takeover task forgets the row: nobody would take it again or read it. Before, it stayed
     in the store for good."""
     async with stored_while_b_extracts(store) as it:
         await it.a.mem.aclose()
@@ -198,10 +198,10 @@ async def test_an_operation_of_a_closed_memory_left_by_its_taker_is_forgotten(
         assert accepted_by == ""  # left to whoever runs the work
         await co.register(holder("taker", seen_ago=timedelta(minutes=10)))
         assert [op.kind for op in await co.take_ops(it.sid, "taker")] == ["commit"]
-        await it.b.mem._service._holding._take_over()  # the janitor's look, at once
+        await it.b.mem._service._holder._take_over()  # the takeover task's look, at once
         assert len(await sql(it.b.mem, "SELECT id FROM ops")) == 1  # late, not gone
         await co.register(holder("taker", seen_ago=leases.ORPHAN_GRACE * 2))
-        await it.b.mem._service._holding._take_over()
+        await it.b.mem._service._holder._take_over()
         assert await sql(it.b.mem, "SELECT id FROM ops") == []
         it.held.release()  # B's extraction ends with nothing stored left to run
         assert await it.b.events.wait_state(it.b.mem, it.sid, State.READY) is State.READY

@@ -9,10 +9,10 @@ from mnemo.session.machine import (
     CALLS,
     REFUSALS,
     RESULTS,
-    Machines,
     Move,
     Refuse,
     SessionModel,
+    SharedMachine,
     Stale,
     State,
     answer,
@@ -75,10 +75,10 @@ MOVES = [
 @pytest.mark.parametrize(("state", "event", "dest"), MOVES)
 def test_the_machine_fires_exactly_the_moves(state: State, event: str, dest: State) -> None:
     """The transitions machine reaches the table's destination for every allowed move."""
-    machines = Machines()
+    machines = SharedMachine()
     model = SessionModel("s")
     machines.add(model, state)
-    assert Machines.fire(model, event) is dest
+    assert SharedMachine.fire(model, event) is dest
 
 
 def test_an_unknown_event_is_an_error() -> None:

@@ -284,7 +284,7 @@ async def test_a_killed_memorys_stored_step_is_annotated_by_another_without_a_ca
 ) -> None:
     """A child stores a step and is SIGKILLed while the model annotates it: the step is in
     the store, left alone while the child lives (it holds its claim), then annotated by a
-    Memory open here without being asked (its janitor takes the claim over)."""
+    Memory open here without being asked (its takeover task takes the claim over)."""
     llm = FakeLLM()
     async with children() as tg:
         async with holding(tg, tmp_path, store, "annotating") as (holder, sid):
@@ -294,7 +294,7 @@ async def test_a_killed_memorys_stored_step_is_annotated_by_another_without_a_ca
                 await mem.open_repo(REPO, config=config())
                 assert await annotated_steps(mem, sid) == [("walk north -> go north", False)]
                 held = llm.hold("state")
-                with anyio.move_on_after(LEASE):  # two looks of the janitor, the child alive
+                with anyio.move_on_after(LEASE):  # two looks of the takeover task, the child alive
                     await held.started.wait()
                 assert not held.started.is_set()
                 await holder.kill()
@@ -338,7 +338,7 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
     """A commit, a start_episode and an append accepted here while a child holds the
     extraction are stored for the child, which takes and runs them when its extraction ends:
     the commit and the start call back here with their results; the child is SIGKILLed while
-    the append's step, stored, waits on its LLM, and this Memory's janitor answers the append
+    the append's step, stored, waits on its LLM, and this Memory's takeover task answers the append
     operation_failed at its next look, once (its outcome unknown). Before, its callback never
     came. The session goes on here, with the child's step, annotated here. This Memory's
     lease is long: a child late with its heartbeat on a busy machine is not taken for gone
@@ -372,7 +372,7 @@ async def test_operations_a_killed_memory_took_are_called_back_as_failed(
                 assert [(label, r.value) for label, r in recorded.results] == [
                     ("commit", "committed"), ("start", "started")]
                 await runner.kill()
-                # The janitor looks every half lease.
+                # The takeover task looks every half lease.
                 await recorded.wait(3, within=LEASE * 3)
                 [(label, failed)] = recorded.results[2:]
                 assert label == "append"

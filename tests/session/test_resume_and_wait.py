@@ -73,9 +73,9 @@ async def test_reads_through_another_model_never_resume_an_extraction(tmp_path: 
         assert [s.id for s in await mem.list_sessions()] == [sid]
         await mem.recall(REPO, "kitchen")
         await mem.open_repo(REPO)
-        # One look of the janitor run to its end here (the one the open asked for may still
+        # One look of the takeover task run to its end here (the one the open asked for may still
         # be on its thread when the tasks look blocked).
-        await mem._service._holding._take_over()
+        await mem._service._holder._take_over()
         await anyio.wait_all_tasks_blocked()
         assert await mem.session_state(sid) is State.EXTRACTING
     assert other.calls == []

@@ -221,7 +221,7 @@ async def test_a_reader_takes_over_no_session_without_timers(store: str) -> None
         b, _, _ = await opened(stack, store)
         coordination = b._service._live.coordination
         before = await coordination.lease(sid)
-        await b._service._holding._take_over()  # the janitor's look, at once
+        await b._service._holder._take_over()  # the takeover task's look, at once
         after = await coordination.lease(sid)
         assert before is not None
         assert after is not None

@@ -67,7 +67,7 @@ async def test_a_step_of_the_wall_clock_leaves_live_work_with_its_holder(
         sid, held, holder = await extracting(a, llm_a)
         with time_machine.travel(datetime.now(UTC) + step, tick=True):
             looks = Looks(monkeypatch, b)
-            await b.open_repo(REPO)  # the janitor looks now, before A beats again
+            await b.open_repo(REPO)  # the takeover task looks now, before A beats again
             await looks.after(1)
             assert not [found for found in looks.found if sid in found]
             assert await sql(b, "SELECT holder FROM sessions WHERE id = ?", sid) == [(holder,)]

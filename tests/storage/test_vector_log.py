@@ -1,4 +1,4 @@
-"""A `Follower` whose backend can begin a look at the node log (`start`): a `reading` block
+"""A `VectorCache` whose backend can begin a look at the node log (`start`): a `reading` block
 begins it at its start and finishes it at its first use of the vectors; a look read at an
 older sequence never takes the vectors back."""
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from mnemo.graph.model import NodeType
 from mnemo.graph.vectors import VectorIndex
-from mnemo.storage.vector_log import Change, Followed, Follower, Reload
+from mnemo.storage.vector_log import Change, Reload, RepoVectors, VectorCache
 
 REPO = "r"
 DIM = 4
@@ -28,12 +28,12 @@ class Log:
         self.loads = 0
         self.begun: list[tuple[int, Gate]] = []  # (the sequence looked from, its answer)
 
-    async def changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
+    async def changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         raise AssertionError("a reading block with `start` does not look again")
 
-    async def load(self, repo: str) -> Followed:
+    async def load(self, repo: str) -> RepoVectors:
         self.loads += 1
-        return Followed(VectorIndex(DIM), 0)
+        return RepoVectors(VectorIndex(DIM), 0)
 
     def start(self, repo: str, since: int, generation: int) -> Gate:
         gate = Gate()
@@ -63,8 +63,8 @@ class Gate:
         self.discarded = True
 
 
-async def loaded(log: Log) -> Follower:
-    follower = Follower(log.changes, log.load, log.start)
+async def loaded(log: Log) -> VectorCache:
+    follower = VectorCache(log.changes, log.load, log.start)
     await follower.index(REPO)  # the first use loads the repo
     return follower
 
@@ -131,7 +131,7 @@ async def test_a_look_past_the_logs_horizon_loads_the_repo_again() -> None:
 async def test_a_repo_not_loaded_yet_is_loaded_at_the_blocks_start() -> None:
     """Nothing to look from: the block loads the repo at its start, and begins no look."""
     log = Log()
-    follower = Follower(log.changes, log.load, log.start)
+    follower = VectorCache(log.changes, log.load, log.start)
     async with follower.reading(REPO):
         assert log.loads == 1
         assert log.begun == []

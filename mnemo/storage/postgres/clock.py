@@ -5,7 +5,7 @@ Memory on the database, on any number of hosts. Stamped and judged with each hos
 clock, a host whose clock ran ahead by more than a lease took over the others' live work
 (their leases looked ended), and one behind had its own taken (its heartbeats looked old).
 So every such time is the server's: each Memory reads the server's `clock_timestamp()` when
-it opens and at each janitor look (twice a lease), and between two reads counts the time
+it opens and at each takeover task look (twice a lease), and between two reads counts the time
 elapsed on this host's monotonic clock, which a step of the wall clock (NTP, a date set by
 hand) does not move. A read is the best of `SAMPLES` round trips, known within half of the
 shortest (a stalled event loop lengthens one, not all).

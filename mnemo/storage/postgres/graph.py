@@ -47,9 +47,9 @@ from mnemo.graph.ports import (
     More,
     Neighbor,
     NodeContext,
+    PendingRead,
     Reverting,
     SideWrite,
-    Started,
     SweepResult,
     TypedLink,
     same_generation,
@@ -69,7 +69,7 @@ from mnemo.storage.postgres.vectors import EXACT_BELOW, PgVectors, as_array, kin
 from mnemo.storage.reembed_claims import Claims
 from mnemo.storage.row import Column, Row
 from mnemo.storage.scopes import ScopeReads
-from mnemo.storage.started import Later, OrElse
+from mnemo.storage.started import DeferredRead, FallbackRead
 from mnemo.storage.typed_links import neighbors_seen_from_asked, seen_from_asked
 from mnemo.text import query_words
 
@@ -430,18 +430,18 @@ class PgGraph(PgReembedding, ScopeReads):
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
-    ) -> Started[list[tuple[str, float]]]:
+    ) -> PendingRead[list[tuple[str, float]]]:
         """`search_text` begun now on the lexical index's thread; PostgreSQL's own search,
         when there is no index or it cannot answer, runs when the answer is awaited. Inside
         a `scope`, read when the answer is awaited (`ScopeReads.scoped_text`)."""
         kinds = None if types is None else kind_values(types)
         if scope is not None:
-            return Later(lambda: self.scoped_text(
+            return DeferredRead(lambda: self.scoped_text(
                 repo, query, limit, kinds, scope,
                 lambda n: self.start_search_text(repo, query, n, types).result()))
         if self._lexical is None:
-            return Later(lambda: self._full_text(repo, query, limit, kinds))
-        return OrElse(self._lexical.start_search(repo, query, limit, kinds),
+            return DeferredRead(lambda: self._full_text(repo, query, limit, kinds))
+        return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
                       lambda: self._full_text(repo, query, limit, kinds))
 
     async def _scope_rows(self, statement: str, params: list[object]) -> list[Any]:

@@ -34,9 +34,9 @@ from mnemo.storage.vector_log import (
     CHANGED_OF_KINDS,
     VECTOR_STATE,
     Change,
-    Followed,
-    Follower,
     Reload,
+    RepoVectors,
+    VectorCache,
     VectorState,
 )
 
@@ -69,7 +69,7 @@ class PgVectors:
         self._exact_below = exact_below
         self._ann_dir = ann_dir
         self._place: str | None = None  # the database's folder name, read once
-        self._routes = Follower(self._changes, self._load_routes)
+        self._routes = VectorCache(self._changes, self._load_routes)
         self._sizes: dict[str, int] = {}
         self._indexed: set[str] = set()
 
@@ -172,10 +172,10 @@ class PgVectors:
 
     async def routes(self, repo: str) -> VectorIndex:
         """The repo's TAG and INTENT vectors as the store holds them now
-        (`vector_log.Follower`)."""
+        (`vector_log.VectorCache`)."""
         return await self._routes.index(repo)
 
-    async def _load_routes(self, repo: str) -> Followed:
+    async def _load_routes(self, repo: str) -> RepoVectors:
         # Past `ann.WALK_FROM` routes, HNSW graphs are built, and a type of that many rows is
         # walked instead of multiplied (faiss, if installed; the first load imports it, in a
         # thread): the threshold a probe walks from, so that no type that should
@@ -193,7 +193,7 @@ class PgVectors:
             if after.generation == state.generation:
                 break
             state = after
-        followed = Followed(VectorIndex(matrix.shape[1], generation=state.generation),
+        followed = RepoVectors(VectorIndex(matrix.shape[1], generation=state.generation),
                             state.seq, ROUTES)
         followed.load(rowids, ids, types, matrix)
         # `attach` builds past its threshold; a type is walked from WALK_FROM rows.
@@ -203,7 +203,7 @@ class PgVectors:
     async def _state(self, repo: str) -> VectorState:
         return VectorState.of(await self._pg.fetch_all(VECTOR_STATE.replace("?", "%s"), (repo,)))
 
-    async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
+    async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         """What the node log holds past `followed`'s sequence (see `vector_log.Changes`)."""
         state = await self._state(repo)
         seq = state.seq

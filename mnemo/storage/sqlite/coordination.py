@@ -305,7 +305,7 @@ class SqliteCoordination:
         params = (me, _text(unseen_since), *gone)
 
         def write(db: SqliteUtilsDatabase) -> int:
-            # Looked for first: the janitor asks twice a lease, and a write would wait for
+            # Looked for first: the takeover task asks twice a lease, and a write would wait for
             # another process's write lock every time, to find nothing.
             if db.conn.execute(f"SELECT 1 {where} LIMIT 1", params).fetchone() is None:
                 return 0

@@ -18,7 +18,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.graph.model import LinkType, NodeType, Vector
-from mnemo.graph.ports import More, Neighbor, NodeContext, Started
+from mnemo.graph.ports import More, Neighbor, NodeContext, PendingRead
 from mnemo.graph.scope import Scope, Where
 from mnemo.storage.lexical import LexicalIndex
 from mnemo.storage.scopes import ScopeReads
@@ -26,7 +26,7 @@ from mnemo.storage.sqlite import recall_reads
 from mnemo.storage.sqlite.database import Database, chunks, side_write
 from mnemo.storage.sqlite.recall_cache import RecallCache
 from mnemo.storage.sqlite.vectors import SqliteVectors
-from mnemo.storage.started import Later, OrElse
+from mnemo.storage.started import DeferredRead, FallbackRead
 from mnemo.text import query_words
 
 log = logging.getLogger("mnemo")
@@ -171,13 +171,13 @@ class SqliteRecallReads(ScopeReads):
     def start_search_text(
         self, repo: str, query: str, limit: int, types: Iterable[NodeType] | None = None,
         scope: Scope | None = None,
-    ) -> Started[list[tuple[str, float]]]:
+    ) -> PendingRead[list[tuple[str, float]]]:
         """`search_text` begun now: on the lexical index's thread, or on the connection's
         (FTS5) when there is no index; FTS5 when the index cannot answer is asked then.
         Inside a `scope`, read when the answer is awaited (`ScopeReads.scoped_text`)."""
         kinds = None if types is None else [NodeType(t).value for t in types]
         if scope is not None:
-            return Later(lambda: self.scoped_text(
+            return DeferredRead(lambda: self.scoped_text(
                 repo, query, limit, kinds, scope,
                 lambda n: self.start_search_text(repo, query, n, types).result()))
 
@@ -189,7 +189,7 @@ class SqliteRecallReads(ScopeReads):
 
         if self._lexical is None:
             return self._database.start(fts)
-        return OrElse(self._lexical.start_search(repo, query, limit, kinds),
+        return FallbackRead(self._lexical.start_search(repo, query, limit, kinds),
                       lambda: self._database.run(fts))
 
     async def access_stats(

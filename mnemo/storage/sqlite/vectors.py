@@ -30,9 +30,9 @@ from mnemo.storage.vector_log import (
     CHANGED,
     VECTOR_STATE,
     Change,
-    Followed,
-    Follower,
     Reload,
+    RepoVectors,
+    VectorCache,
     VectorState,
 )
 
@@ -58,7 +58,7 @@ class SqliteVectors:
         self._ann_threshold = ann_threshold
         self._ann_params = ann_params
         self._ann_dir = ann_dir
-        self._follower = Follower(self._changes, self._load, self._start)
+        self._follower = VectorCache(self._changes, self._load, self._start)
 
     def loaded(self, repo: str) -> VectorIndex | None:
         """The repo's index if it is loaded."""
@@ -79,7 +79,7 @@ class SqliteVectors:
         return self._follower.reading(repo)
 
     async def index(self, repo: str) -> VectorIndex:
-        """The repo's in-memory vectors as the store holds them now (`vector_log.Follower`)."""
+        """The repo's in-memory vectors as the store holds them now (`vector_log.VectorCache`)."""
         return await self._follower.index(repo)
 
     async def search(
@@ -120,10 +120,10 @@ class SqliteVectors:
 
     def settled(self, repo: str) -> bool:
         """Whether this task is in a `reading` block of the repo whose look at the log is
-        done (`Follower.settled`)."""
+        done (`VectorCache.settled`)."""
         return self._follower.settled(repo)
 
-    async def _changes(self, repo: str, followed: Followed) -> tuple[int, list[Change]] | None:
+    async def _changes(self, repo: str, followed: RepoVectors) -> tuple[int, list[Change]] | None:
         since, generation = followed.seq, followed.index.generation
         return await self._database.run(lambda db: self._look(db, repo, since, generation))
 
@@ -139,7 +139,7 @@ class SqliteVectors:
         _snapshot(db)
         return _changes(db, repo, since, generation)
 
-    async def _load(self, repo: str) -> Followed:
+    async def _load(self, repo: str) -> RepoVectors:
         known = self._dims(repo)
 
         def load(db: SqliteUtilsDatabase) -> tuple[VectorState, list[int], list[str],
@@ -151,7 +151,7 @@ class SqliteVectors:
         state, rowids, ids, types, vectors = await self._database.run(load)
         # The dimension the store records: another Memory may have made the vectors again.
         dim = state.dim or known
-        followed = Followed(VectorIndex(dim, generation=state.generation), state.seq)
+        followed = RepoVectors(VectorIndex(dim, generation=state.generation), state.seq)
         followed.load(rowids, ids, types, vectors.reshape(len(ids), dim))
         if self._ann_threshold is not None:
             # The first load imports faiss: in a thread, not on the loop.

@@ -103,7 +103,7 @@ async def test_a_memory_whose_first_read_of_the_servers_time_fails_leaves_nothin
 
 
 class Looks:
-    """What a Memory's janitor found to take over, look by look (`Coordination.takeable`)."""
+    """What a Memory's takeover task found to take over, look by look (`Coordination.takeable`)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, mem: mnemo.Memory) -> None:
         self.found: list[set[str]] = []
@@ -132,7 +132,7 @@ async def open_on(
     stack: AsyncExitStack, pg_url: str, llm: FakeLLM, events: EventLog, skew: timedelta
 ) -> mnemo.Memory:
     """A Memory on a host whose clock is `skew` off, with repo "r" and a short lease (its
-    janitor looks every 1.5 s)."""
+    takeover task looks every 1.5 s)."""
     mem = mnemo.Memory(pg_url, llm=llm, embedder=FakeEmbedder(), on_event=events,
                        config=mnemo.Config(lease_timeout=3.0))
     mem._backend.clock.host = off_by(skew)  # type: ignore[attr-defined]
@@ -200,7 +200,7 @@ async def test_a_conversation_is_timed_by_the_stores_clock(
         mem = await open_on(stack, pg_url, FakeLLM(), EventLog(), timedelta(0))
         clock: ServerClock = mem._backend.clock  # type: ignore[attr-defined]
 
-        async def read_kept() -> None:  # the janitor's looks leave the read below alone
+        async def read_kept() -> None:  # the takeover task's looks leave the read below alone
             return None
 
         monkeypatch.setattr(clock, "sync", read_kept)

@@ -173,7 +173,7 @@ async def test_a_host_whose_clock_is_off_leaves_live_work_with_its_holder(
         assert "semantic" not in llms[watcher].tasks()
 
 
-async def test_the_janitor_reads_the_servers_time_again_at_each_look(
+async def test_the_takeover_task_reads_the_servers_time_again_at_each_look(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read gone wrong (here: an hour off) is mended by the next look, which a host

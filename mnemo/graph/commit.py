@@ -168,7 +168,7 @@ async def _before(target: CommitTarget, changeset: Changeset, intents: IntentPol
     ] + (
         await contradiction.retirements(
             target, changeset, intents.contradicts, intents.contradiction_candidates,
-            intents.contradiction_similarity, nearest,
+            intents.contradiction_similarity, nearest, intents.merge_threshold,
         )
         if intents.contradicts is not None and intents.contradiction_candidates > 0 else []
     )

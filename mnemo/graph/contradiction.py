@@ -5,7 +5,9 @@ the few live facts of its type that recall's two channels find closest to it (it
 words), and with the few facts of its type the same changeset told before it (a later step
 that corrects an earlier one), that are close enough to be about the same thing; the decision
 is the repo's LLM's (`IntentPolicy.contradicts`, the "contradiction" task), asked once for the
-whole commit, and not at all when no fact is close to a new one. A contradicted fact stays, with
+whole commit, and not at all when no fact is close to a new one. A new fact that says nothing
+an existing one does not (close, its words all the other's: a repeat, a part of it) ends
+nothing and is not asked about; deduplication joins the two. A contradicted fact stays, with
 `valid_to` (when its successor began to hold) and `retired_at` (the commit's time), linked
 from its successor by SUPERSEDES. A new fact that
 names an earlier time than the one it contradicts is the one retired: it held before.
@@ -20,10 +22,11 @@ from typing import Protocol
 
 import numpy as np
 
+from mnemo.graph.dedup import says_no_more
 from mnemo.graph.facts import TEMPORAL
 from mnemo.graph.model import Changeset, LinkType, Node, NodeDraft, NodeType, Vector
 from mnemo.graph.scope import Scope, Where, check_where, same
-from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, reaches, unit
+from mnemo.graph.vectors import COSINE_TOLERANCE, TYPE_CODES, cosine, reaches, unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +85,15 @@ async def retirements(
     graph: FactSearch, changeset: Changeset, contradicts: Contradicts,
     candidates: int = CANDIDATES, close: float = CLOSE,
     nearest: Mapping[str, list[tuple[str, float]]] | None = None,
+    joined: float | None = None,
 ) -> list[Retirement]:
     """The facts the changeset's facts contradict, asked before the commit's lock in one
     call for the whole changeset (none when no fact is `close` to a new one). Each new fact is
     compared with `candidates` live facts of its type per channel (vector, words) at a cosine
     of at least `close` (the vector's are `nearest`'s, by node id, best first, when given), and
     with the `candidates` closest facts of its type the changeset told before it (a later step
-    corrects an earlier one)."""
+    corrects an earlier one). A new fact at a cosine of at least `joined` (the commit's merge
+    threshold) to an old one, whose words are all the old one's, is not asked about."""
     own = {n.id for n in changeset.nodes}
     told = _told(changeset)
     # A fact ends only facts of its own scope: searched inside it, then checked exactly.
@@ -103,17 +108,19 @@ async def retirements(
         by_vector = (nearest[node.id][:candidates] if nearest is not None and scope is None
                      else await graph.search_vectors(changeset.repo, node.vector, candidates,
                                                      kinds, scope))
-        near = [i for i, similarity in by_vector if reaches(similarity, close)]
+        similarity = {i: s for i, s in by_vector if reaches(s, close)}
         worded = [i for i, _ in await graph.search_text(
-            changeset.repo, node.text, candidates, kinds, scope) if i not in near]
+            changeset.repo, node.text, candidates, kinds, scope) if i not in similarity]
         if worded:
             similar = await graph.similarities(changeset.repo, worded, node.vector)
-            near += [i for i in worded if reaches(similar.get(i, -1.0), close)]
-        fresh = [i for i in dict.fromkeys(near) if i not in own]
+            similarity |= {i: similar[i] for i in worded if reaches(similar.get(i, -1.0), close)}
+        fresh = [i for i in similarity if i not in own]
         olds: list[Node | NodeDraft] = [
             old for old in await graph.get_nodes(changeset.repo, fresh)
-            if not old.retired and same(old.metadata, changeset.metadata)]
-        olds += earlier[node.id]
+            if not old.retired and same(old.metadata, changeset.metadata)
+            and not _one_fact(node.text, old.text, similarity[old.id], joined)]
+        olds += [old for old in earlier[node.id]
+                 if not _one_fact(node.text, old.text, cosine(node.vector, old.vector), joined)]
         if olds:
             asked.append((node, olds))
     if not asked:
@@ -134,6 +141,12 @@ async def retirements(
                 break  # the new fact is retired: it ends nothing more
             found.append(Retirement(old.id, node.id, node.valid_from))
     return found
+
+
+def _one_fact(new: str, old: str, similarity: float, joined: float | None) -> bool:
+    """Whether `new` is `old` again: at least `joined` close (None: never) and saying nothing
+    more."""
+    return joined is not None and reaches(similarity, joined) and says_no_more(new, old)
 
 
 def _told(changeset: Changeset) -> dict[str, tuple[int, int]]:

@@ -62,6 +62,12 @@ def alike(a: str, b: str, said: Callable[[str], set[str]] = _said) -> bool:
     return small <= big and not (big - small) & _NEGATIONS
 
 
+def says_no_more(new: str, old: str) -> bool:
+    """Whether every word of `new` (stemmed, bar articles and joiners) is one of `old`'s: a
+    repeat, a rewording or a part of it, which deduplication drops into `old` when close."""
+    return _said(new) <= _said(old)
+
+
 @dataclass(slots=True)
 class Resolution:
     """What survives of a changeset: drafts to insert, id remaps, and rewordings."""

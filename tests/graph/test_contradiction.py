@@ -303,3 +303,28 @@ async def test_a_later_step_retires_what_an_earlier_one_of_its_changeset_said(
             "a-0-0", "a-1-0", "a-2-0"]
         await history.revert(graph, REPO, "a-cs", embed=embed)
         assert await graph.get_nodes_by_type(REPO, [NodeType.SEMANTIC]) == []
+
+
+async def test_a_fact_saying_nothing_new_is_not_asked_about(store: str) -> None:
+    """A new fact close to a live one or to an earlier one of its changeset, whose words are
+    all that one's (a small model's repeat, a part of it), ends nothing: the model is not
+    asked about the pair (deduplication joins them); a fact that says something else is."""
+    asked: list[Question] = []
+
+    async def recording(questions: Sequence[Question]) -> list[set[int]]:
+        asked.extend(questions)
+        return [set() for _ in questions]
+
+    base = policy()
+    intents = IntentPolicy(base.identity_threshold, base.merge_threshold, base.merge, recording)
+    async with open_stores(store, DIM) as backend:
+        graph = backend.graph
+        await graph.apply(fact("a", "The blog runs on gunicorn behind nginx."), intents=intents)
+        assert asked == []
+        await graph.apply(told("b", ("The blog runs on gunicorn behind nginx",
+                                     "the blog runs on gunicorn.")), intents=intents)
+        assert asked == []
+        await graph.apply(fact("c", "The blog runs on uvicorn behind nginx."), intents=intents)
+        assert [(q.new, q.existing) for q in asked] == [
+            ("The blog runs on uvicorn behind nginx.",
+             ("The blog runs on gunicorn behind nginx.",))]

@@ -3,7 +3,9 @@
 Tags are the same when their normalised labels are equal. Intents, facts and instructions are
 compared by raw cosine with nodes of their own type: at or above the identity threshold the
 new one is dropped, at or above the merge threshold the two are merged into one wording by the
-LLM (the existing wording stays when that fails), below it the new one is kept. Either way
+LLM (the existing wording stays when that fails), below it the new one is kept. A new one whose
+words (stemmed, bar articles and joiners) are all the existing one's is dropped from the merge
+threshold up: no merge could add to the wording, so the model is not asked. Either way
 whatever linked to a dropped or merged node is linked to the survivor. Both checks run against
 the batch itself and against the graph.
 
@@ -174,9 +176,10 @@ async def resolve(
         best_id, best_sim = chosen
         out.remap[draft.id] = best_id
         existing = await text(best_id)
-        # A fact that says more than the one it is identical to is merged, not dropped.
-        if reaches(best_sim, identity_threshold) and (
-                not knowledge or said(draft.text) <= said(existing)):
+        # A draft that says nothing more is dropped (no merge could add to the wording); an
+        # intent identical to the other too; a fact that says more is merged.
+        if said(draft.text) <= said(existing) or (
+                not knowledge and reaches(best_sim, identity_threshold)):
             continue
         merged = await (merged_knowledge(merge, existing, draft) if knowledge
                         else merge(existing, draft.text))

@@ -282,12 +282,26 @@ async def test_a_commit_asks_all_its_intent_merges_at_once(graph: GraphStore) ->
                       intents=policy(merger))
     both = Changeset("b-cs", REPO, [
         *procedure_with_intent("b", "reload nginx config", at_cosine(0.9)).nodes,
-        *procedure_with_intent("d", "rotate logs", at_cosine(0.9, base=3, other=4)).nodes,
+        *procedure_with_intent("d", "rotate logs daily", at_cosine(0.9, base=3, other=4)).nodes,
     ])
     await graph.apply(both, intents=policy(merger))
     assert merger.batches == 1
     assert sorted(merger.calls) == [("restart the web server", "reload nginx config"),
-                                    ("rotate the log files", "rotate logs")]
+                                    ("rotate the log files", "rotate logs daily")]
+
+
+async def test_an_intent_saying_nothing_more_joins_without_a_merge(graph: GraphStore) -> None:
+    """Between the thresholds, a new intent whose words are all the existing one's ("Noted."
+    after "Noted", "rotate logs" after "rotate the log files") joins it as it is: the merger
+    is not asked, the existing wording stays."""
+    merger = Merger(None)
+    await graph.apply(procedure_with_intent("a", "rotate the log files", axis(0)),
+                      intents=policy(merger))
+    await graph.apply(procedure_with_intent("b", "Rotate logs.", at_cosine(0.9)),
+                      intents=policy(merger))
+    assert merger.calls == []
+    intents = await graph.get_nodes_by_type(REPO, [NodeType.INTENT])
+    assert [n.text for n in intents] == ["rotate the log files"]
 
 
 async def test_similar_intent_is_merged_into_the_existing_one(

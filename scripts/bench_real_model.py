@@ -126,9 +126,11 @@ def locate(python: str) -> tuple[Path, Path, str]:
 
 
 @contextmanager
-def server(binary: Path, model: Path, context: int, parallel: int | None) -> Iterator[str]:
+def server(binary: Path, model: Path, context: int, parallel: int | None,
+           threads: int | None = None) -> Iterator[str]:
     port = free_port()
     slots = [] if parallel is None else ["-np", str(parallel)]
+    slots += [] if threads is None else ["-t", str(threads)]
     log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
     process = subprocess.Popen(
         [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
@@ -324,6 +326,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--parallel", type=int, default=None,
                         help="the server's slots (-np; default: the server's own, 4 today)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the server's CPU threads (-t; default: the server's own, one a "
+                             "core); on a busy machine 1 is many times faster than 2")
     parser.add_argument("--temperature", type=float, default=None,
                         help="default: the adapter's for a local server (0.2)")
     parser.add_argument("--contend", type=int, default=0, metavar="N",
@@ -336,10 +341,11 @@ def main() -> None:
     args = parser.parse_args()
     binary, model, build = locate(args.llama_python)
     console.print(facts_table({**machine_facts(), "llama-server": build, "model": model.name,
-                               "busy processes beside it": str(args.contend)}))
+                               "busy processes beside it": str(args.contend),
+                               "server threads": str(args.threads or "default")}))
     recorder, report = Recorder(), Report()
     try:
-        with server(binary, model, args.context, args.parallel) as url, \
+        with server(binary, model, args.context, args.parallel, args.threads) as url, \
                 contention(args.contend):
             anyio.run(run, url, args, recorder, report)
         console.rule("Summary (Markdown, for BENCHMARKS.md)")

@@ -28,7 +28,7 @@ import contextlib
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +38,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.storage.clock import elapsed, host_now
+from mnemo.storage.row import Row
+from mnemo.storage.sql import Work as StatementsWork
+from mnemo.storage.sql import drive
 from mnemo.storage.sqlite.migrations import MIGRATIONS
 from mnemo.storage.started import Queued
 from mnemo.storage.worker import Worker
@@ -220,6 +223,20 @@ class Database:
 
         return await self._call(job)
 
+    async def read(self, work: StatementsWork[T]) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, outside a transaction."""
+        return await self.run(lambda db: drive(work(SqliteStatements(db.conn))))
+
+    async def write(self, work: StatementsWork[T], *, side: bool = False) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, in one transaction
+        (`atomic`; `side_write` with `side`)."""
+
+        def job(db: SqliteUtilsDatabase) -> T:
+            with side_write(db) if side else db.atomic():
+                return drive(work(SqliteStatements(db.conn)))
+
+        return await self.run(job)
+
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
         """Queues `work(db)` on the connection's thread and returns at once, without waiting
         for it: it runs after every call given before and before every call given after, so
@@ -281,6 +298,34 @@ class Database:
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
         return future
+
+
+class SqliteStatements:
+    """`storage.sql.Statements` on the connection, run at once in its thread."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self._conn.execute(query, params).fetchall()
+
+    async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
+        row: Row | None = self._conn.execute(query, params).fetchone()
+        return row
+
+    async def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        return max(self._conn.execute(query, params).rowcount, 0)
+
+    async def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
+        self._conn.executemany(query, params)
+
+    async def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
+        cursor = self._conn.execute(query, params)
+        try:
+            for row in cursor:
+                yield row
+        finally:
+            cursor.close()
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

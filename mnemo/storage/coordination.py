@@ -15,16 +15,14 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, Work, marks
-
-T = TypeVar("T")
+from mnemo.storage.sql import Driver, Statements, marks
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
@@ -71,17 +69,8 @@ class SqlCoordination(ABC):
     # The change token's statement.
     CHANGE_TOKEN = ""
 
-    @abstractmethod
-    async def _read(self, work: Work[T]) -> T:
-        """Runs `work`, a read."""
-
-    @abstractmethod
-    async def _write(self, work: Work[T]) -> T:
-        """Runs `work` in one transaction."""
-
-    async def _one(self, work: Work[T]) -> T:
-        """Runs `work`, a write of one statement."""
-        return await self._write(work)
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
 
     @abstractmethod
     def now(self) -> datetime: ...
@@ -114,7 +103,7 @@ class SqlCoordination(ABC):
         return None
 
     async def register(self, holder: HolderInfo) -> None:
-        await self._one(lambda sql: sql.run(
+        await self._driver.one(lambda sql: sql.run(
             "INSERT INTO holders(id, host, pid, started_at, seen_at) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
             " started_at = excluded.started_at, seen_at = excluded.seen_at",
@@ -131,7 +120,7 @@ class SqlCoordination(ABC):
                 (self._stamp(lease_until), holder_id),
             )
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     async def retire(self, holder_id: str, now: datetime) -> None:
         async def write(sql: Statements) -> None:
@@ -139,10 +128,10 @@ class SqlCoordination(ABC):
             await sql.run("UPDATE sessions SET lease_until = ? WHERE holder = ?",
                           (self._stamp(now), holder_id))
 
-        await self._write(write)
+        await self._driver.write(write)
 
     async def holders(self) -> list[HolderInfo]:
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             "SELECT id, host, pid, started_at, seen_at FROM holders ORDER BY started_at, id"
         ))
         return [
@@ -151,7 +140,7 @@ class SqlCoordination(ABC):
         ]
 
     async def lease(self, session_id: str) -> SessionLease | None:
-        row = await self._read(lambda sql: sql.row(
+        row = await self._driver.read(lambda sql: sql.row(
             f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
         ))
         return None if row is None else self._lease(row)
@@ -166,7 +155,7 @@ class SqlCoordination(ABC):
         state: State | None = None,
         model: str | None = None,
     ) -> int | None:
-        moved = await self._one(lambda sql: sql.run(
+        moved = await self._driver.one(lambda sql: sql.run(
             "UPDATE sessions SET version = version + 1, holder = ?, lease_until = ?,"
             " state = coalesce(?, state), model = coalesce(?, model)"
             " WHERE id = ? AND version = ?",
@@ -178,7 +167,7 @@ class SqlCoordination(ABC):
     async def takeable(
         self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[SessionLease]:
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = false"
             f" AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
             f" AND {self.AUTO_COMMIT}))"
@@ -222,7 +211,7 @@ class SqlCoordination(ABC):
             )
             return {str(step_id) for step_id, in rows}
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     async def release_steps(
         self, session_id: str, holder_id: str, step_ids: Sequence[str]
@@ -239,12 +228,12 @@ class SqlCoordination(ABC):
                 (session_id, holder_id, *ids),
             )
 
-        await self._write(write)
+        await self._driver.write(write)
 
     async def unannotated(
         self, unseen_since: datetime, gone: Sequence[str] = ()
     ) -> list[str]:
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             # Through the partial index of unannotated steps.
             "SELECT DISTINCT st.session_id FROM steps st JOIN sessions s"
             " ON s.id = st.session_id AND s.episode_id = st.episode_id"
@@ -256,7 +245,7 @@ class SqlCoordination(ABC):
         return [str(session_id) for session_id, in rows]
 
     async def queue_op(self, op: StoredOp) -> None:
-        await self._one(lambda sql: sql.run(
+        await self._driver.one(lambda sql: sql.run(
             "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (op.id, op.session_id, op.kind, self._json(op.args), op.accepted_by,
@@ -264,7 +253,7 @@ class SqlCoordination(ABC):
         ))
 
     async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
-        rows = await self._one(lambda sql: sql.rows(
+        rows = await self._driver.one(lambda sql: sql.rows(
             "UPDATE ops SET taken_by = ? WHERE session_id = ? AND taken_by IS NULL"
             " RETURNING id, session_id, kind, args, accepted_by, created_at",
             (holder_id, session_id),
@@ -280,7 +269,7 @@ class SqlCoordination(ABC):
             await sql.run(f"UPDATE ops SET result = {self.RESULT_PARAM} WHERE id = ?",
                           (msgspec.json.encode(result).decode(), op_id))
 
-        await self._write(write)
+        await self._driver.write(write)
 
     async def orphan_ops(self, op_ids: Sequence[str]) -> None:
         ids = list(op_ids)
@@ -293,13 +282,13 @@ class SqlCoordination(ABC):
             await sql.run(f"UPDATE ops SET accepted_by = '' WHERE id IN ({marks(len(ids))})",
                           ids)
 
-        await self._write(write)
+        await self._driver.write(write)
 
     async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
         ids = list(op_ids)
         if not ids:
             return {}
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT id, {self.RESULT_TEXT} FROM ops WHERE id IN ({marks(len(ids))})"
             " AND result IS NOT NULL", ids,
         ))
@@ -320,7 +309,7 @@ class SqlCoordination(ABC):
         ids = list(op_ids)
         if not ids:
             return []
-        rows = await self._one(lambda sql: sql.rows(
+        rows = await self._driver.one(lambda sql: sql.rows(
             f"DELETE FROM ops WHERE id IN ({marks(len(ids))}) AND {self._left(gone)}"
             " RETURNING id",
             (*ids, me, self._stamp(unseen_since), *gone),
@@ -334,12 +323,13 @@ class SqlCoordination(ABC):
         params = (me, self._stamp(unseen_since), *gone)
         # Looked for first: the takeover task asks twice a lease, and a write would wait for
         # another writer's lock every time, to find nothing.
-        if await self._read(lambda sql: sql.row(f"SELECT 1 {where} LIMIT 1", params)) is None:
+        found = await self._driver.read(lambda sql: sql.row(f"SELECT 1 {where} LIMIT 1", params))
+        if found is None:
             return 0
-        return await self._one(lambda sql: sql.run(f"DELETE {where}", params))
+        return await self._driver.one(lambda sql: sql.run(f"DELETE {where}", params))
 
     async def still_taken(self, op_id: str, holder_id: str) -> bool:
-        row = await self._read(lambda sql: sql.row(
+        row = await self._driver.read(lambda sql: sql.row(
             "SELECT 1 FROM ops WHERE id = ? AND taken_by = ?", (op_id, holder_id)
         ))
         return row is not None
@@ -347,13 +337,13 @@ class SqlCoordination(ABC):
     async def drop_ops(self, op_ids: Sequence[str]) -> None:
         ids = list(op_ids)
         if ids:
-            await self._one(lambda sql: sql.run(
+            await self._driver.one(lambda sql: sql.run(
                 f"DELETE FROM ops WHERE id IN ({marks(len(ids))})", ids))
 
     async def end_idle(self, limit: int) -> IdleSweep:
         now = self.now()
         # Looked for first, without a lock: most times none is due.
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT id, {self.IDLE_LEFT} AS due FROM sessions WHERE ended = false"
             " AND state = 'idle' ORDER BY due LIMIT ?", (*self._idle_params(now), limit + 1),
         ))
@@ -368,10 +358,10 @@ class SqlCoordination(ABC):
             await drop_ended_work(sql, [sid for sid, _ in ended])
             return ended
 
-        return IdleSweep(await self._write(write), next_due)
+        return IdleSweep(await self._driver.write(write), next_due)
 
     async def change_token(self) -> int:
-        row = await self._read(lambda sql: sql.row(self.CHANGE_TOKEN))
+        row = await self._driver.read(lambda sql: sql.row(self.CHANGE_TOKEN))
         assert row is not None
         return int(row[0])
 

@@ -48,6 +48,32 @@ class Statements(Protocol):
 Work = Callable[[Statements], Coroutine[Any, Any, T]]
 
 
+class Driver(Protocol):
+    """How a backend runs a store's work (`storage.sqlite.database.Database`,
+    `storage.postgres.connection.Postgres`)."""
+
+    async def read(self, work: Work[T]) -> T:
+        """Runs `work`, a read."""
+        ...
+
+    async def together(self, work: Work[T]) -> T:
+        """Runs `work`, a read of several statements, on one snapshot."""
+        ...
+
+    async def write(self, work: Work[T]) -> T:
+        """Runs `work` in one transaction."""
+        ...
+
+    async def one(self, work: Work[T]) -> T:
+        """Runs `work`, a write of one statement (its own transaction)."""
+        ...
+
+    async def side_write(self, work: Work[T]) -> T:
+        """Runs a read's side write in one transaction (on SQLite it waits for another
+        writer a tenth of a second, not the busy timeout)."""
+        ...
+
+
 def drive(work: Coroutine[Any, Any, T]) -> T:
     """Runs a coroutine that never waits (every statement it awaits runs at once in this
     thread) to its end, and returns its result.

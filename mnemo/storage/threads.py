@@ -1,7 +1,7 @@
 """`SqlThreads`: the conversation store (`mnemo.conversation.ports.ThreadStore`), written once
 for both backends over `storage.sql.Statements`. A backend
 (`storage.sqlite.conversation.SqliteThreads`, `storage.postgres.conversation.PgThreads`) gives
-its driver (`_read`, `_together`, `_write`), its dialect's few words (`LOCK`, `BYTE_ORDER`,
+its driver (`storage.sql.Driver`), its dialect's few words (`LOCK`, `BYTE_ORDER`,
 `VECTOR_UPSERT`), how its values are stored, and its full-text search (`_candidates`,
 `_snippets`).
 
@@ -10,7 +10,7 @@ pop, compaction, eviction, clear, purge) first locks the thread's row (`_lock_ro
 ... FOR UPDATE` on PostgreSQL; SQLite's transaction holds the file's write lock from its
 start), so writers of one thread take turns: of two appends racing with the same expected
 length, the second reads the first's count and raises `ConflictError`. A read of several
-statements reads them together (`_together`: one REPEATABLE READ transaction on PostgreSQL,
+statements reads them together (`Driver.together`: one REPEATABLE READ transaction on PostgreSQL,
 one call on SQLite's one connection). The tables are described in `storage.thread_rows`.
 """
 
@@ -20,10 +20,8 @@ import json
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
-from contextlib import aclosing
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.conversation.model import (
@@ -36,8 +34,6 @@ from mnemo.conversation.model import (
     SearchHit,
     Snapshot,
     ThreadInfo,
-    compacted_floor,
-    covered,
     replaced_compactions,
 )
 from mnemo.conversation.ports import (
@@ -46,47 +42,15 @@ from mnemo.conversation.ports import (
     ThreadState,
     ViewportInputs,
     check_expected,
-    differs,
     next_hash,
 )
-from mnemo.conversation.search import VIEW_SNAPSHOTS, hit_snippet, pool_size, rank_by_recency
+from mnemo.conversation.search import hit_snippet, pool_size, rank_by_recency
 from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
 from mnemo.graph.scope import Where
+from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, Work, marks
-from mnemo.storage.thread_rows import (
-    MESSAGE_COLUMNS,
-    SNAPSHOT_COLUMNS,
-    delete_thread_rows,
-    message_from_row,
-    moment,
-    read_messages,
-    read_open_goals,
-    read_snapshots,
-    read_state,
-    read_uncovered_l1,
-    stream_messages,
-    utc,
-)
-
-T = TypeVar("T")
-
-# Times a write takes the thread's row again after a purge deleted it under the lock wait.
-_LOCK_ATTEMPTS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class SearchQuery:
-    """What a search asks a backend's full-text index for (see `ThreadStore.search`): the
-    best `pool` candidates for the words."""
-
-    words: Sequence[str]
-    pool: int
-    thread_id: str | None
-    exclude_viewport_of: str | None
-    shown: Shown | None
-    where: Where | None
+from mnemo.storage.sql import Driver, Statements, marks
 
 
 class SqlThreads(ABC):
@@ -100,23 +64,10 @@ class SqlThreads(ABC):
     # id again), replacing its vector.
     VECTOR_UPSERT = ""
 
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+
     # ---- what a backend gives -------------------------------------------------------------
-
-    @abstractmethod
-    async def _read(self, work: Work[T]) -> T:
-        """Runs `work` on a connection: a read of one statement."""
-
-    @abstractmethod
-    async def _together(self, work: Work[T]) -> T:
-        """Runs `work`, a read of several statements, on one snapshot."""
-
-    @abstractmethod
-    async def _write(self, work: Work[T]) -> T:
-        """Runs `work` in one transaction."""
-
-    async def _side_write(self, work: Work[T]) -> T:
-        """Runs a read's side write in one transaction."""
-        return await self._write(work)
 
     @abstractmethod
     def _stamp(self, at: datetime) -> object:
@@ -125,7 +76,7 @@ class SqlThreads(ABC):
     @abstractmethod
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
                      at: datetime) -> Row:
-        """The parameters of a row of `MESSAGE_COLUMNS` for a draft."""
+        """The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft."""
 
     @abstractmethod
     def _vector(self, vector: Vector) -> object:
@@ -140,7 +91,7 @@ class SqlThreads(ABC):
         """The condition on `id` (and its parameters) of the ids starting with `prefix`."""
 
     @abstractmethod
-    async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
+    async def _candidates(self, sql: Statements, query: reads.SearchQuery) -> list[Row]:
         """The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words,
         higher relevance for a better match."""
 
@@ -156,45 +107,17 @@ class SqlThreads(ABC):
 
     # ---- the log --------------------------------------------------------------------------
 
-    async def _lock_row(self, sql: Statements, thread_id: str, at: datetime) -> (
-        tuple[ThreadState, bool]
-    ):
-        """Locks the thread's row until the transaction ends, creating it first when there
-        is none (True then): the first save and a purge or clear of a new thread take turns
-        on its key. Locking nothing when the row is not there yet, a save that commits
-        between a purge's statements would leave messages without a thread, or a clear
-        would keep them while resetting the count. A purge that deletes the row while this
-        waits for its lock is met by creating the row again.
-
-        Raises:
-            ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.
-        """
-        for _ in range(_LOCK_ATTEMPTS):
-            state = await read_state(sql, thread_id, self.LOCK)
-            if state is not None:
-                return state, False
-            created = await sql.row(
-                "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at,"
-                " history_hash) VALUES (?, 0, 0, 0, ?, '') ON CONFLICT (id) DO NOTHING"
-                " RETURNING id",
-                (thread_id, self._stamp(at)),
-            )
-            state = await read_state(sql, thread_id, self.LOCK)
-            if state is not None:
-                return state, created is not None
-        raise ConflictError(f"thread {thread_id!r} was purged while waiting for it, each time")
-
     async def state(self, thread_id: str) -> ThreadState | None:
-        return await self._read(lambda sql: read_state(sql, thread_id))
+        return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
 
     async def threads(self) -> list[ThreadInfo]:
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             "SELECT t.id, (SELECT count(*) FROM messages m WHERE m.thread_id = t.id),"
             f" t.next_seq, t.boundary_seq, t.created_at FROM threads t"
             f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}"
         ))
         return [
-            ThreadInfo(thread_id, int(messages), next_seq, boundary, moment(created))
+            ThreadInfo(thread_id, int(messages), next_seq, boundary, reads.moment(created))
             for thread_id, messages, next_seq, boundary, created in rows
         ]
 
@@ -208,15 +131,15 @@ class SqlThreads(ABC):
         expected_len: int | None = None,
         expected_hash: str | None = None,
     ) -> list[Message]:
-        at = utc(recorded_at)
+        at = reads.utc(recorded_at)
         ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
         stored = None if vectors is None else [self._vector(v) for v in vectors]
 
         async def write(sql: Statements) -> ThreadState:
-            state, _ = await self._lock_row(sql, thread_id, at)
+            state, _ = await reads.lock_row(sql, thread_id, self._stamp(at), self.LOCK)
             check_expected(thread_id, state, expected_len, expected_hash)
             await sql.run_many(
-                f"INSERT INTO messages({MESSAGE_COLUMNS}) VALUES ({marks(10)})",
+                f"INSERT INTO messages({reads.MESSAGE_COLUMNS}) VALUES ({marks(10)})",
                 [self._message_row(ids[i], thread_id, state.next_seq + i, d, at)
                  for i, d in enumerate(drafts)],
             )
@@ -233,7 +156,7 @@ class SqlThreads(ABC):
             )
             return state
 
-        state = await self._write(write)
+        state = await self._driver.write(write)
         # As read back: the data through JSON.
         return [
             Message(ids[i], thread_id, state.next_seq + i, d.role, d.content,
@@ -245,24 +168,15 @@ class SqlThreads(ABC):
     async def first_difference(
         self, thread_id: str, from_seq: int, keys: Sequence[bytes]
     ) -> int | None:
-        async def read(sql: Statements) -> int | None:
-            rows = stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
-            async with aclosing(rows):
-                async for row in rows:
-                    message = message_from_row(row)
-                    if message.seq - from_seq >= len(keys):
-                        break
-                    if differs(message, from_seq, keys):
-                        return message.seq
-            return None
-
-        return await self._together(read)
+        return await self._driver.together(
+            lambda sql: reads.first_difference(sql, thread_id, from_seq, keys)
+        )
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
-        at = self._stamp(utc(cutoff))
+        at = self._stamp(reads.utc(cutoff))
         # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
         # would otherwise wait behind, and fail for, another writer of the thread.
-        due = await self._read(lambda sql: sql.row(
+        due = await self._driver.read(lambda sql: sql.row(
             "SELECT 1 FROM messages WHERE thread_id = ? AND recorded_at < ? LIMIT 1",
             (thread_id, at),
         ))
@@ -270,7 +184,7 @@ class SqlThreads(ABC):
             return 0
 
         async def write(sql: Statements) -> int:
-            state = await read_state(sql, thread_id, self.LOCK)
+            state = await reads.read_state(sql, thread_id, self.LOCK)
             if state is None:
                 return 0
             # Vectors and pins of the deleted messages go with them (ON DELETE CASCADE).
@@ -286,16 +200,16 @@ class SqlThreads(ABC):
                                   (thread_id, first))
             return gone
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     async def pop(self, thread_id: str) -> Message | None:
         async def write(sql: Statements) -> Message | None:
-            if await read_state(sql, thread_id, self.LOCK) is None:
+            if await reads.read_state(sql, thread_id, self.LOCK) is None:
                 return None
             # Vectors and pins go with the row (ON DELETE CASCADE), its search entry too.
             row = await sql.row(
-                "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages"
-                f" WHERE thread_id = ? ORDER BY seq DESC LIMIT 1) RETURNING {MESSAGE_COLUMNS}",
+                "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages WHERE"
+                f" thread_id = ? ORDER BY seq DESC LIMIT 1) RETURNING {reads.MESSAGE_COLUMNS}",
                 (thread_id,),
             )
             if row is None:
@@ -305,66 +219,32 @@ class SqlThreads(ABC):
                 " AND end_seq >= ?",
                 (thread_id, row[2], row[2]),
             )
-            return message_from_row(row)
+            return reads.message_from_row(row)
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     async def compactions(self, thread_id: str) -> list[Compaction]:
-        return await self._read(lambda sql: self._read_compactions(sql, thread_id))
-
-    @staticmethod
-    async def _read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
-        rows = await sql.rows(
-            "SELECT start_seq, end_seq, summary_text, created_at FROM compactions"
-            " WHERE thread_id = ? ORDER BY start_seq",
-            (thread_id,),
-        )
-        return [Compaction(thread_id, start, end, text, moment(created))
-                for start, end, text, created in rows]
+        return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
 
     async def raw(self, thread_id: str) -> list[Message]:
-        return await self._read(lambda sql: read_messages(sql, thread_id))
+        return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
 
     async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
-        async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
-            compactions = await self._read_compactions(sql, thread_id)
-            messages = await read_messages(sql, thread_id, from_seq=compacted_floor(compactions))
-            return compactions, [m for m in messages if not covered(m.seq, compactions)]
-
-        return await self._together(read)
+        return await self._driver.together(lambda sql: reads.uncompacted(sql, thread_id))
 
     async def recent_turns(
         self, thread_id: str, k: int
     ) -> tuple[list[Compaction], list[Message]]:
-        async def read(sql: Statements) -> tuple[list[Compaction], list[Message]]:
-            compactions = await self._read_compactions(sql, thread_id)
-            picked: list[Message] = []
-            turns = 0
-            rows = stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
-                                   newest_first=True)
-            async with aclosing(rows):
-                async for row in rows:
-                    message = message_from_row(row)
-                    if covered(message.seq, compactions):
-                        continue
-                    picked.append(message)
-                    if message.starts_turn:
-                        turns += 1
-                        if turns == k:
-                            break
-            picked.reverse()
-            return compactions, picked
-
-        return await self._together(read)
+        return await self._driver.together(lambda sql: reads.recent_turns(sql, thread_id, k))
 
     async def add_compaction(
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
         *, replaces: Collection[int] | None = None,
     ) -> Compaction:
-        at = utc(now)
+        at = reads.utc(now)
 
         async def write(sql: Statements) -> None:
-            state = await read_state(sql, thread_id, self.LOCK)
+            state = await reads.read_state(sql, thread_id, self.LOCK)
             if state is None:
                 raise NotFoundError("thread", thread_id)
             if end_seq >= state.next_seq:
@@ -389,11 +269,11 @@ class SqlThreads(ABC):
                 (thread_id, start_seq, end_seq, summary_text, self._stamp(at)),
             )
 
-        await self._write(write)
+        await self._driver.write(write)
         return Compaction(thread_id, start_seq, end_seq, summary_text, at)
 
     async def vectors(self, thread_id: str) -> dict[str, Vector]:
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             "SELECT message_id, vec FROM message_vectors WHERE thread_id = ?", (thread_id,)
         ))
         return {message_id: self._vector_of(vec) for message_id, vec in rows}
@@ -401,12 +281,13 @@ class SqlThreads(ABC):
     async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
         params = [(mid, thread_id, self._vector(vec), mid) for mid, vec in rows]
         if params:
-            await self._side_write(lambda sql: sql.run_many(self.VECTOR_UPSERT, params))
+            await self._driver.side_write(lambda sql: sql.run_many(self.VECTOR_UPSERT, params))
 
     async def clear(self, thread_id: str) -> None:
         async def write(sql: Statements) -> None:
-            _, created = await self._lock_row(sql, thread_id, datetime.now(UTC))
-            await delete_thread_rows(sql, thread_id)  # goals of a thread never saved too
+            _, created = await reads.lock_row(
+                sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
+            await reads.delete_thread_rows(sql, thread_id)  # goals of a thread never saved too
             if created:  # no thread was saved: none made by clearing it
                 await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
                 return
@@ -416,7 +297,7 @@ class SqlThreads(ABC):
                 (thread_id,),
             )
 
-        await self._write(write)
+        await self._driver.write(write)
 
     async def purge(self, thread_id: str) -> int:
         """Erases the thread without a trace; returns how many messages went. Every row of
@@ -424,22 +305,22 @@ class SqlThreads(ABC):
         does more (`_erased`)."""
 
         async def write(sql: Statements) -> int:
-            await self._lock_row(sql, thread_id, datetime.now(UTC))
-            gone = await delete_thread_rows(sql, thread_id)
+            await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
+            gone = await reads.delete_thread_rows(sql, thread_id)
             await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
             await self._erased(sql, gone)
             return gone
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     # ---- goals and pins -------------------------------------------------------------------
 
     async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
         goal_id = f"goal_{uuid.uuid4().hex}"
-        await self._write(lambda sql: sql.run(
+        await self._driver.write(lambda sql: sql.run(
             "INSERT INTO goals(id, thread_id, description, status, created_at)"
             " VALUES (?, ?, ?, ?, ?)",
-            (goal_id, thread_id, description, GOAL_OPEN, self._stamp(utc(now))),
+            (goal_id, thread_id, description, GOAL_OPEN, self._stamp(reads.utc(now))),
         ))
         return goal_id
 
@@ -447,66 +328,30 @@ class SqlThreads(ABC):
         async def write(sql: Statements) -> int:
             updated = await sql.run(
                 "UPDATE goals SET status = ?, completed_at = ? WHERE id = ? AND status = ?",
-                (GOAL_COMPLETED, self._stamp(utc(now)), goal_id, GOAL_OPEN),
+                (GOAL_COMPLETED, self._stamp(reads.utc(now)), goal_id, GOAL_OPEN),
             )
             if not updated and await sql.row("SELECT 1 FROM goals WHERE id = ?",
                                              (goal_id,)) is None:
                 raise NotFoundError("goal", goal_id)
             return await sql.run("DELETE FROM pins WHERE goal_id = ?", (goal_id,))
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     async def open_goals(self, thread_id: str) -> list[Goal]:
-        return await self._read(lambda sql: read_open_goals(sql, thread_id, self.BYTE_ORDER))
+        return await self._driver.read(
+            lambda sql: reads.read_open_goals(sql, thread_id, self.BYTE_ORDER))
 
     # ---- viewport, eviction and snapshots -------------------------------------------------
 
     async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
-        async def read(sql: Statements) -> ViewportInputs:
-            state = await read_state(sql, thread_id)
-            boundary = state.boundary_seq if state else 0
-            pinned = await read_messages(
-                sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
-                " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
-            )
-            level1 = await read_snapshots(
-                sql, thread_id, "level = 1 AND covered_by IS NULL", "start_seq DESC"
-            )
-            level2 = await read_snapshots(sql, thread_id, "level = 2", "start_seq DESC")
-            row = await sql.row(
-                "SELECT coalesce(sum(tokens), 0) FROM messages WHERE thread_id = ?"
-                " AND seq >= ?",
-                (thread_id, boundary),
-            )
-            past = int(row[0]) if row else 0
-            newest: list[Message] = []
-            used = 0
-            # Newest first, up to and including the first message past the limit: the rows
-            # are read lazily, so a long backlog past the boundary is never read whole.
-            rows = stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
-            async with aclosing(rows):
-                async for message_row in rows:
-                    message = message_from_row(message_row)
-                    newest.append(message)
-                    used += message.tokens
-                    if used > token_limit:
-                        break
-            return ViewportInputs(boundary, pinned, level1, level2, past, newest)
-
-        return await self._together(read)
+        return await self._driver.together(
+            lambda sql: reads.viewport_inputs(sql, thread_id, token_limit)
+        )
 
     async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
-        async def read(sql: Statements) -> EvictionInputs:
-            state = await read_state(sql, thread_id)
-            if state is None:
-                raise NotFoundError("thread", thread_id)
-            past = await read_messages(sql, thread_id, from_seq=state.boundary_seq)
-            last = await read_uncovered_l1(sql, thread_id)
-            goals = await read_open_goals(sql, thread_id, self.BYTE_ORDER)
-            return EvictionInputs(state.boundary_seq, past, goals,
-                                  last[-1].text if last else "")
-
-        return await self._together(read)
+        return await self._driver.together(
+            lambda sql: reads.eviction_inputs(sql, thread_id, self.BYTE_ORDER)
+        )
 
     async def commit_eviction(
         self,
@@ -519,7 +364,7 @@ class SqlThreads(ABC):
         pins: Sequence[tuple[str, str]],
         now: datetime,
     ) -> Snapshot | None:
-        at = utc(now)
+        at = reads.utc(now)
         snapshot = None
         if snapshot_text.strip():
             snapshot = Snapshot(
@@ -527,7 +372,7 @@ class SqlThreads(ABC):
             )
 
         async def write(sql: Statements) -> None:
-            state = await read_state(sql, thread_id, self.LOCK)
+            state = await reads.read_state(sql, thread_id, self.LOCK)
             if state is None or state.boundary_seq != boundary_before:
                 raise ConflictError(f"thread {thread_id!r} changed during eviction")
             await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ?",
@@ -544,25 +389,25 @@ class SqlThreads(ABC):
             if snapshot is not None:
                 await self._insert_snapshot(sql, snapshot)
 
-        await self._write(write)
+        await self._driver.write(write)
         return snapshot
 
     async def _insert_snapshot(self, sql: Statements, s: Snapshot) -> None:
         await sql.run(
-            f"INSERT INTO snapshots({SNAPSHOT_COLUMNS}) VALUES ({marks(8)})",
+            f"INSERT INTO snapshots({reads.SNAPSHOT_COLUMNS}) VALUES ({marks(8)})",
             (s.id, s.thread_id, s.level, s.start_seq, s.end_seq, s.text,
              self._stamp(s.created_at), s.covered_by),
         )
 
     async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
-        return await self._read(lambda sql: read_uncovered_l1(sql, thread_id))
+        return await self._driver.read(lambda sql: reads.read_uncovered_l1(sql, thread_id))
 
     async def commit_fold(
         self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
     ) -> Snapshot | None:
         level2 = Snapshot(
             f"snap_{uuid.uuid4().hex}", thread_id, 2, min(s.start_seq for s in covered),
-            max(s.end_seq for s in covered), text, utc(now),
+            max(s.end_seq for s in covered), text, reads.utc(now),
         )
         ids = [s.id for s in covered]
 
@@ -581,11 +426,11 @@ class SqlThreads(ABC):
                           (level2.id, *ids))
             return level2
 
-        return await self._write(write)
+        return await self._driver.write(write)
 
     async def snapshots(self, thread_id: str) -> list[Snapshot]:
-        return await self._read(
-            lambda sql: read_snapshots(sql, thread_id, "1 = 1", "level, start_seq"))
+        return await self._driver.read(
+            lambda sql: reads.read_snapshots(sql, thread_id, "1 = 1", "level, start_seq"))
 
     # ---- search and drill-down ------------------------------------------------------------
 
@@ -602,13 +447,13 @@ class SqlThreads(ABC):
     ) -> list[SearchHit]:
         if not words:
             return []
-        query = SearchQuery(words, pool_size(limit), thread_id, exclude_viewport_of, shown,
-                            where)
+        query = reads.SearchQuery(
+            words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
 
         # One read: the hits' snippets come from the rows that were ranked.
         async def read(sql: Statements) -> list[SearchHit]:
             scored = rank_by_recency(
-                ((int(rowid), float(score), moment(at))
+                ((int(rowid), float(score), reads.moment(at))
                  for rowid, score, at in await self._candidates(sql, query)),
                 now=now, limit=limit,
             )
@@ -623,46 +468,15 @@ class SqlThreads(ABC):
                         SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role))
             return hits
 
-        return await self._together(read)
+        return await self._driver.together(read)
 
     async def message_ids(self, prefix: str, limit: int) -> list[str]:
         condition, params = self._prefix(prefix)
-        rows = await self._read(lambda sql: sql.rows(
+        rows = await self._driver.read(lambda sql: sql.rows(
             f"SELECT id FROM messages WHERE {condition} ORDER BY id{self.BYTE_ORDER} LIMIT ?",
             (*params, limit),
         ))
         return [str(row[0]) for row in rows]
 
     async def view(self, message_id: str, radius: int) -> MessageView:
-        """`radius` messages on each side of the message, as stored, and the
-        `VIEW_SNAPSHOTS` nearest level-1 snapshots on each side.
-
-        Raises:
-            NotFoundError: no such message.
-        """
-
-        async def read(sql: Statements) -> MessageView:
-            row = await sql.row(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
-                                (message_id,))
-            if row is None:
-                raise NotFoundError("message", message_id)
-            target = message_from_row(row)
-            near = [
-                await read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
-                                    order=order, params=(target.seq,), limit=radius)
-                if radius else []
-                for op, order in (("<", "DESC"), (">", "ASC"))
-            ]
-            snapshots = [
-                await read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
-                                     f"start_seq {order} LIMIT ?", (target.seq, VIEW_SNAPSHOTS))
-                for op, order in (("<=", "DESC"), (">", "ASC"))
-            ]
-            return MessageView(
-                target=target,
-                messages=[*reversed(near[0]), target, *near[1]],
-                snapshots_before=list(reversed(snapshots[0])),
-                snapshots_after=snapshots[1],
-            )
-
-        return await self._together(read)
+        return await self._driver.together(lambda sql: reads.view(sql, message_id, radius))

@@ -23,7 +23,6 @@ import select
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -258,12 +257,7 @@ class Postgres:
         await self.open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     @asynccontextmanager
@@ -365,16 +359,24 @@ class Postgres:
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             yield conn
 
-    async def read(self, work: Work[T], *, together: bool = False) -> T:
-        """Runs `work` (`storage.sql`) on a pooled connection, in autocommit (`together`:
-        inside `reading`)."""
-        async with self.reading() if together else self.connection() as conn:
+    async def read(self, work: Work[T]) -> T:
+        """Runs `work` (`storage.sql`) on a pooled connection, in autocommit."""
+        async with self.connection() as conn:
+            return await work(PgStatements(conn))
+
+    one = read  # in autocommit, a statement is its own transaction
+
+    async def together(self, work: Work[T]) -> T:
+        """Runs `work` (`storage.sql`) inside `reading`."""
+        async with self.reading() as conn:
             return await work(PgStatements(conn))
 
     async def write(self, work: Work[T]) -> T:
         """Runs `work` (`storage.sql`) in one transaction."""
         async with self.transaction() as conn:
             return await work(PgStatements(conn))
+
+    side_write = write
 
     async def fetch_all(
         self, statement: Any, params: Any = None, *, binary: bool = False

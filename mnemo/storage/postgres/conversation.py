@@ -36,20 +36,18 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import Vector
-from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG, WORD_QUERY
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, Work
-from mnemo.storage.threads import SearchQuery, SqlThreads
-
-T = TypeVar("T")
+from mnemo.storage.sql import Statements
+from mnemo.storage.thread_rows import SearchQuery
+from mnemo.storage.threads import SqlThreads
 
 # bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
 K1 = 1.2
@@ -192,18 +190,6 @@ class PgThreads(SqlThreads):
         " ON CONFLICT (message_id) DO UPDATE"
         " SET thread_id = excluded.thread_id, vec = excluded.vec"
     )
-
-    def __init__(self, pg: Postgres) -> None:
-        self._pg = pg
-
-    async def _read(self, work: Work[T]) -> T:
-        return await self._pg.read(work)
-
-    async def _together(self, work: Work[T]) -> T:
-        return await self._pg.read(work, together=True)
-
-    async def _write(self, work: Work[T]) -> T:
-        return await self._pg.write(work)
 
     def _stamp(self, at: datetime) -> object:
         return at

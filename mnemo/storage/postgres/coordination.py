@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -24,9 +24,7 @@ from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.postgres.clock import ServerClock
 from mnemo.storage.postgres.connection import Connection, PgStatements, Postgres
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, Work
-
-T = TypeVar("T")
+from mnemo.storage.sql import Statements
 
 
 def claims_lock_key(session_id: str) -> int:
@@ -63,17 +61,8 @@ class PgCoordination(SqlCoordination):
     CHANGE_TOKEN = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"
 
     def __init__(self, pg: Postgres, clock: ServerClock) -> None:
-        self._pg = pg
+        super().__init__(pg)
         self._clock = clock
-
-    async def _read(self, work: Work[T]) -> T:
-        return await self._pg.read(work)
-
-    async def _write(self, work: Work[T]) -> T:
-        return await self._pg.write(work)
-
-    async def _one(self, work: Work[T]) -> T:
-        return await self._pg.read(work)  # in autocommit: the statement's own transaction
 
     def now(self) -> datetime:
         return self._clock.now()

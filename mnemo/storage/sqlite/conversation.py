@@ -17,18 +17,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import Vector, vector_from_blob, vector_to_blob
 from mnemo.graph.scope import canonical
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, Work
+from mnemo.storage.sql import Statements
 from mnemo.storage.sqlite.database import Database, truncate_wal
-from mnemo.storage.thread_rows import read_state
-from mnemo.storage.threads import SearchQuery, SqlThreads
-
-T = TypeVar("T")
+from mnemo.storage.thread_rows import SearchQuery, read_state
+from mnemo.storage.threads import SqlThreads
 
 SNIPPET_TOKENS = 48
 
@@ -60,18 +58,8 @@ class SqliteThreads(SqlThreads):
     )
 
     def __init__(self, database: Database) -> None:
+        super().__init__(database)
         self._database = database
-
-    async def _read(self, work: Work[T]) -> T:
-        return await self._database.read(work)
-
-    _together = _read
-
-    async def _write(self, work: Work[T]) -> T:
-        return await self._database.write(work)
-
-    async def _side_write(self, work: Work[T]) -> T:
-        return await self._database.write(work, side=True)
 
     def _stamp(self, at: datetime) -> object:
         return timestamp(at)

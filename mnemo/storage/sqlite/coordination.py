@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -20,10 +20,8 @@ from mnemo.config import DEFAULT_IDLE_SESSION_TIMEOUT
 from mnemo.storage import coordination
 from mnemo.storage.coordination import SqlCoordination
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements, Work, drive, marks
+from mnemo.storage.sql import Statements, drive, marks
 from mnemo.storage.sqlite.database import Database, SqliteStatements
-
-T = TypeVar("T")
 
 
 def drop_ended_work(db: SqliteUtilsDatabase, session_ids: Sequence[str]) -> None:
@@ -43,13 +41,8 @@ class SqliteCoordination(SqlCoordination):
     CHANGE_TOKEN = "PRAGMA data_version"
 
     def __init__(self, database: Database) -> None:
+        super().__init__(database)
         self._database = database
-
-    async def _read(self, work: Work[T]) -> T:
-        return await self._database.read(work)
-
-    async def _write(self, work: Work[T]) -> T:
-        return await self._database.write(work)
 
     def now(self) -> datetime:
         # The host's boot time clock, anchored in the file (`HostClock`): one clock for every

@@ -227,15 +227,17 @@ class Database:
         """Runs `work` (`storage.sql`) in the connection's thread, outside a transaction."""
         return await self.run(lambda db: drive(work(SqliteStatements(db.conn))))
 
-    async def write(self, work: StatementsWork[T], *, side: bool = False) -> T:
-        """Runs `work` (`storage.sql`) in the connection's thread, in one transaction
-        (`atomic`; `side_write` with `side`)."""
+    together = read
 
-        def job(db: SqliteUtilsDatabase) -> T:
-            with side_write(db) if side else db.atomic():
-                return drive(work(SqliteStatements(db.conn)))
+    async def write(self, work: StatementsWork[T]) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, in one `atomic()`."""
+        return await self.run(lambda db: _within(db.atomic(), db, work))
 
-        return await self.run(job)
+    one = write
+
+    async def side_write(self, work: StatementsWork[T]) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, in one `side_write`."""
+        return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
         """Queues `work(db)` on the connection's thread and returns at once, without waiting
@@ -298,6 +300,14 @@ class Database:
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
         return future
+
+
+def _within(
+    transaction: contextlib.AbstractContextManager[object], db: SqliteUtilsDatabase,
+    work: StatementsWork[T],
+) -> T:
+    with transaction:
+        return drive(work(SqliteStatements(db.conn)))
 
 
 class SqliteStatements:

@@ -17,7 +17,6 @@ import pytest
 import mnemo
 from mnemo.conversation.drafts import draft
 from mnemo.storage import thread_rows
-from mnemo.storage import threads as shared
 from mnemo.storage.postgres.connection import Postgres
 from mnemo.storage.postgres.conversation import PgThreads, message_row
 from mnemo.storage.thread_rows import MESSAGE_COLUMNS
@@ -74,7 +73,7 @@ async def test_an_erasure_of_a_thread_being_created_takes_its_turn(
         await committed.wait()
         return gone
 
-    monkeypatch.setattr(shared, "delete_thread_rows", delete_then_wait)
+    monkeypatch.setattr(thread_rows, "delete_thread_rows", delete_then_wait)
     async with Postgres(pg_url) as pg, await psycopg.AsyncConnection.connect(pg_url) as other:
         threads = PgThreads(pg)
         await first_save_in_flight(other, thread)

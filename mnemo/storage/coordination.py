@@ -12,17 +12,16 @@ reads without locking: taking the work is a `claim`, which only one `Memory` win
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 import msgspec
 
 from mnemo.session.machine import State
 from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Driver, Statements, marks
+from mnemo.storage.sql import SqlStore, Statements, marks, moment
 
 _LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
 
@@ -51,13 +50,11 @@ def _departed(column: str, gone: Sequence[str]) -> str:
     )
 
 
-class SqlCoordination(ABC):
+class SqlCoordination(SqlStore):
     """`Coordination` over SQL tables; a backend's subclass gives what differs."""
 
     # `a{DISTINCT}b`: a and b differ, NULL being a value.
     DISTINCT = " IS DISTINCT FROM "
-    # Appended to an ORDER BY of ids: text compared byte by byte, as SQLite compares it.
-    BYTE_ORDER = ""
     # A session's config asks for auto-commit.
     AUTO_COMMIT = ""
     # A stored operation's result as a parameter, and as JSON text read back.
@@ -69,19 +66,8 @@ class SqlCoordination(ABC):
     # The change token's statement.
     CHANGE_TOKEN = ""
 
-    def __init__(self, driver: Driver) -> None:
-        self._driver = driver
-
     @abstractmethod
     def now(self) -> datetime: ...
-
-    @abstractmethod
-    def _stamp(self, at: datetime) -> object:
-        """A time as a statement's parameter."""
-
-    @abstractmethod
-    def _moment(self, value: Any) -> datetime:
-        """A stored time as it is read back."""
 
     @abstractmethod
     def _json(self, value: object) -> object:
@@ -135,7 +121,7 @@ class SqlCoordination(ABC):
             "SELECT id, host, pid, started_at, seen_at FROM holders ORDER BY started_at, id"
         ))
         return [
-            HolderInfo(str(i), str(host), int(pid), self._moment(started), self._moment(seen))
+            HolderInfo(str(i), str(host), int(pid), moment(started), moment(seen))
             for i, host, pid, started, seen in rows
         ]
 
@@ -259,7 +245,7 @@ class SqlCoordination(ABC):
             (holder_id, session_id),
         ))
         ops = [StoredOp(str(i), str(s), str(k), list(json.loads(a) if isinstance(a, str) else a),
-                        str(by), self._moment(at))
+                        str(by), moment(at))
                for i, s, k, a, by, at in rows]
         return sorted(ops, key=lambda op: (op.created_at, op.id))
 
@@ -370,6 +356,6 @@ class SqlCoordination(ABC):
         return SessionLease(
             str(session_id), str(repo), State(state), int(version),
             None if holder is None else str(holder),
-            None if until is None else self._moment(until),
+            None if until is None else moment(until),
             None if model is None else str(model), bool(ended),
         )

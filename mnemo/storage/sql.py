@@ -9,7 +9,9 @@ work made of them to its end inside that thread, in one `Database.run`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from mnemo.storage.row import Row
@@ -72,6 +74,32 @@ class Driver(Protocol):
         """Runs a read's side write in one transaction (on SQLite it waits for another
         writer a tenth of a second, not the busy timeout)."""
         ...
+
+
+class SqlStore(ABC):
+    """A store written once over `Statements`; a backend's subclass gives what differs."""
+
+    # Appended to an ORDER BY of ids: text compared byte by byte, as SQLite compares it.
+    BYTE_ORDER = ""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+
+    @abstractmethod
+    def _stamp(self, at: datetime) -> object:
+        """A time as a statement's parameter."""
+
+
+def utc(moment: datetime) -> datetime:
+    """`moment` in UTC (a naive datetime is taken as UTC)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def moment(value: str | datetime) -> datetime:
+    """A stored time: SQLite's ISO-8601 text, or PostgreSQL's datetime in UTC."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else utc(value)
 
 
 def drive(work: Coroutine[Any, Any, T]) -> T:

@@ -15,7 +15,6 @@ import json
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from mnemo.conversation.model import (
@@ -33,22 +32,10 @@ from mnemo.conversation.search import VIEW_SNAPSHOTS
 from mnemo.errors import ConflictError, NotFoundError
 from mnemo.graph.scope import Where
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Statements, moment
 
 MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
 SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
-
-
-def utc(moment: datetime) -> datetime:
-    """`moment` in UTC (a naive datetime is taken as UTC)."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
-
-
-def moment(value: str | datetime) -> datetime:
-    """A stored time in UTC: SQLite's ISO-8601 text, or PostgreSQL's datetime."""
-    return datetime.fromisoformat(value) if isinstance(value, str) else utc(value)
 
 
 def message_from_row(row: Sequence[Any]) -> Message:

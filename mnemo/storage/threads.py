@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -50,28 +50,19 @@ from mnemo.graph.model import Vector
 from mnemo.graph.scope import Where
 from mnemo.storage import thread_rows as reads
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Driver, Statements, marks
+from mnemo.storage.sql import SqlStore, Statements, marks, moment, utc
 
 
-class SqlThreads(ABC):
+class SqlThreads(SqlStore):
     """`ThreadStore` over SQL tables; a backend's subclass gives what differs."""
 
     # Appended to a SELECT whose rows stay locked until the transaction ends.
     LOCK = ""
-    # Appended to an ORDER BY of ids: text compared byte by byte, as SQLite compares it.
-    BYTE_ORDER = ""
     # Stores (message_id, thread_id, vec) of a message that exists (the 4th parameter is its
     # id again), replacing its vector.
     VECTOR_UPSERT = ""
 
-    def __init__(self, driver: Driver) -> None:
-        self._driver = driver
-
     # ---- what a backend gives -------------------------------------------------------------
-
-    @abstractmethod
-    def _stamp(self, at: datetime) -> object:
-        """A time as a statement's parameter (UTC)."""
 
     @abstractmethod
     def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
@@ -117,7 +108,7 @@ class SqlThreads(ABC):
             f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}"
         ))
         return [
-            ThreadInfo(thread_id, int(messages), next_seq, boundary, reads.moment(created))
+            ThreadInfo(thread_id, int(messages), next_seq, boundary, moment(created))
             for thread_id, messages, next_seq, boundary, created in rows
         ]
 
@@ -131,7 +122,7 @@ class SqlThreads(ABC):
         expected_len: int | None = None,
         expected_hash: str | None = None,
     ) -> list[Message]:
-        at = reads.utc(recorded_at)
+        at = utc(recorded_at)
         ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
         stored = None if vectors is None else [self._vector(v) for v in vectors]
 
@@ -173,7 +164,7 @@ class SqlThreads(ABC):
         )
 
     async def expire(self, thread_id: str, cutoff: datetime) -> int:
-        at = self._stamp(reads.utc(cutoff))
+        at = self._stamp(utc(cutoff))
         # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
         # would otherwise wait behind, and fail for, another writer of the thread.
         due = await self._driver.read(lambda sql: sql.row(
@@ -241,7 +232,7 @@ class SqlThreads(ABC):
         self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
         *, replaces: Collection[int] | None = None,
     ) -> Compaction:
-        at = reads.utc(now)
+        at = utc(now)
 
         async def write(sql: Statements) -> None:
             state = await reads.read_state(sql, thread_id, self.LOCK)
@@ -320,7 +311,7 @@ class SqlThreads(ABC):
         await self._driver.write(lambda sql: sql.run(
             "INSERT INTO goals(id, thread_id, description, status, created_at)"
             " VALUES (?, ?, ?, ?, ?)",
-            (goal_id, thread_id, description, GOAL_OPEN, self._stamp(reads.utc(now))),
+            (goal_id, thread_id, description, GOAL_OPEN, self._stamp(utc(now))),
         ))
         return goal_id
 
@@ -328,7 +319,7 @@ class SqlThreads(ABC):
         async def write(sql: Statements) -> int:
             updated = await sql.run(
                 "UPDATE goals SET status = ?, completed_at = ? WHERE id = ? AND status = ?",
-                (GOAL_COMPLETED, self._stamp(reads.utc(now)), goal_id, GOAL_OPEN),
+                (GOAL_COMPLETED, self._stamp(utc(now)), goal_id, GOAL_OPEN),
             )
             if not updated and await sql.row("SELECT 1 FROM goals WHERE id = ?",
                                              (goal_id,)) is None:
@@ -364,7 +355,7 @@ class SqlThreads(ABC):
         pins: Sequence[tuple[str, str]],
         now: datetime,
     ) -> Snapshot | None:
-        at = reads.utc(now)
+        at = utc(now)
         snapshot = None
         if snapshot_text.strip():
             snapshot = Snapshot(
@@ -407,7 +398,7 @@ class SqlThreads(ABC):
     ) -> Snapshot | None:
         level2 = Snapshot(
             f"snap_{uuid.uuid4().hex}", thread_id, 2, min(s.start_seq for s in covered),
-            max(s.end_seq for s in covered), text, reads.utc(now),
+            max(s.end_seq for s in covered), text, utc(now),
         )
         ids = [s.id for s in covered]
 
@@ -453,7 +444,7 @@ class SqlThreads(ABC):
         # One read: the hits' snippets come from the rows that were ranked.
         async def read(sql: Statements) -> list[SearchHit]:
             scored = rank_by_recency(
-                ((int(rowid), float(score), reads.moment(at))
+                ((int(rowid), float(score), moment(at))
                  for rowid, score, at in await self._candidates(sql, query)),
                 now=now, limit=limit,
             )

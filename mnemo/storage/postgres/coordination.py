@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -72,10 +71,6 @@ class PgCoordination(SqlCoordination):
 
     def _stamp(self, at: datetime) -> object:
         return at
-
-    def _moment(self, value: Any) -> datetime:
-        moment: datetime = value
-        return moment
 
     def _json(self, value: object) -> object:
         return Jsonb(value)

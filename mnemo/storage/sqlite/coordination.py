@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlite_utils import Database as SqliteUtilsDatabase
 
@@ -51,9 +50,6 @@ class SqliteCoordination(SqlCoordination):
 
     def _stamp(self, at: datetime) -> object:
         return at.isoformat(timespec="microseconds")
-
-    def _moment(self, value: Any) -> datetime:
-        return datetime.fromisoformat(str(value))
 
     def _json(self, value: object) -> object:
         return json.dumps(value)

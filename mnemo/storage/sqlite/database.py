@@ -212,16 +212,7 @@ class Database:
         Raises:
             StorageError: SQLite failed (the transaction `work` opened is rolled back).
         """
-        db = self.db
-
-        def job() -> T:
-            try:
-                return work(db)
-            finally:
-                if db.conn.in_transaction:  # `work` failed inside a transaction of its own
-                    db.conn.rollback()
-
-        return await self._call(job)
+        return await self._call(_alone(self.db, work))
 
     async def read(self, work: StatementsWork[T]) -> T:
         """Runs `work` (`storage.sql`) in the connection's thread, outside a transaction."""
@@ -271,16 +262,7 @@ class Database:
         Raises:
             StorageError: "closed", the database is not open.
         """
-        db = self.db
-
-        def job() -> T:
-            try:
-                return work(db)
-            finally:
-                if db.conn.in_transaction:
-                    db.conn.rollback()
-
-        return Queued(self._queue(job), _translated)
+        return Queued(self._queue(_alone(self.db, work)), _translated)
 
     async def _call(self, fn: Callable[[], T]) -> T:
         future = self._queue(fn)
@@ -300,6 +282,20 @@ class Database:
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
         return future
+
+
+def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:
+    """`work(db)` as a job of the connection's thread: a transaction it leaves open (it
+    failed inside one of its own) is rolled back."""
+
+    def job() -> T:
+        try:
+            return work(db)
+        finally:
+            if db.conn.in_transaction:
+                db.conn.rollback()
+
+    return job
 
 
 def _within(

@@ -264,6 +264,16 @@ async def test_clear_starts_a_new_history(threads: ThreadStore) -> None:
     assert again.seq == 2
 
 
+async def test_clear_of_a_thread_never_saved_deletes_its_goals(threads: ThreadStore) -> None:
+    """A goal may be set on a thread before its first save; clearing the thread deletes it on
+    both backends (PostgreSQL kept it: its clear stopped at the missing thread row), and
+    makes no thread."""
+    await threads.add_goal("t", "plan", EPOCH)
+    await threads.clear("t")
+    assert await threads.open_goals("t") == []
+    assert await threads.state("t") is None
+
+
 # ---- goals, viewport, eviction, snapshots -------------------------------------------------
 
 

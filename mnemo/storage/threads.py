@@ -6,12 +6,12 @@ its driver (`storage.sql.Driver`), its dialect's few words (`LOCK`, `BYTE_ORDER`
 `_snippets`).
 
 Every write is one transaction. A write that depends on a thread's counters (append, expire,
-pop, compaction, eviction, clear, purge) first locks the thread's row (`_lock_row`: `SELECT
-... FOR UPDATE` on PostgreSQL; SQLite's transaction holds the file's write lock from its
-start), so writers of one thread take turns: of two appends racing with the same expected
-length, the second reads the first's count and raises `ConflictError`. A read of several
-statements reads them together (`Driver.together`: one REPEATABLE READ transaction on PostgreSQL,
-one call on SQLite's one connection). The tables are described in `storage.thread_rows`.
+pop, compaction, eviction, clear, purge) first locks the thread's row (`LOCK`, `SELECT ...
+FOR UPDATE` on PostgreSQL; SQLite's transaction holds the file's write lock from its start),
+so writers of one thread take turns: of two appends racing with the same expected length, the
+second reads the first's count and raises `ConflictError`. A read of several statements reads
+them together (`Driver.together`: one REPEATABLE READ transaction on PostgreSQL, one call on
+SQLite's one connection). The tables, and the reads, are in `storage.thread_rows`.
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from mnemo.conversation.drafts import MessageDraft
 from mnemo.graph.model import Vector, vector_from_blob, vector_to_blob
 from mnemo.graph.scope import canonical
 from mnemo.storage.row import Row
-from mnemo.storage.sql import Statements
+from mnemo.storage.sql import Statements, utc
 from mnemo.storage.sqlite.database import Database, truncate_wal
 from mnemo.storage.thread_rows import SearchQuery, read_state
 from mnemo.storage.threads import SqlThreads
@@ -33,9 +33,7 @@ SNIPPET_TOKENS = 48
 
 def timestamp(moment: datetime) -> str:
     """UTC ISO-8601 text with microseconds (a naive datetime is taken as UTC)."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+    return utc(moment).isoformat(timespec="microseconds")
 
 
 def match_expression(words: Sequence[str]) -> str:

@@ -5,6 +5,7 @@ log) keep the order they were given in."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -152,4 +153,4 @@ async def test_sqlite_work_runs_whole_in_the_connections_thread(tmp_path: Path) 
     work = waits()
     with pytest.raises(RuntimeError, match="waited"):
         drive(work)
-    assert work.cr_frame is None  # closed
+    assert inspect.getcoroutinestate(work) == inspect.CORO_CLOSED

@@ -20,31 +20,29 @@ from mnemo.conversation.model import Message
 
 def call_ids(message: Message) -> set[str]:
     """The ids of the tool calls a message makes."""
-    ids: set[str] = set()
     calls = message.data.get("tool_calls")
-    for call in calls if isinstance(calls, list) else []:
-        if isinstance(call, dict) and isinstance(call.get("id"), str):
-            ids.add(call["id"])
-    parts = message.data.get("content")
-    for part in parts if isinstance(parts, list) else []:
-        if isinstance(part, dict) and part.get("type") == "tool_use":
-            if isinstance(part.get("id"), str):
-                ids.add(part["id"])
-    return ids
+    return _ids(calls if isinstance(calls, list) else [], "id") | _part_ids(
+        message, "tool_use", "id")
 
 
 def result_ids(message: Message) -> set[str]:
     """The ids of the tool calls a message answers."""
-    ids: set[str] = set()
     answered = message.data.get("tool_call_id")
-    if isinstance(answered, str):
-        ids.add(answered)
+    return ({answered} if isinstance(answered, str) else set()) | _part_ids(
+        message, "tool_result", "tool_use_id")
+
+
+def _part_ids(message: Message, kind: str, field: str) -> set[str]:
+    """The `field` of each content part of type `kind`."""
     parts = message.data.get("content")
-    for part in parts if isinstance(parts, list) else []:
-        if isinstance(part, dict) and part.get("type") == "tool_result":
-            if isinstance(part.get("tool_use_id"), str):
-                ids.add(part["tool_use_id"])
-    return ids
+    return _ids([p for p in parts if isinstance(p, dict) and p.get("type") == kind]
+                if isinstance(parts, list) else [], field)
+
+
+def _ids(items: list[object], field: str) -> set[str]:
+    """The string `field` of each dict among `items`."""
+    return {item[field] for item in items
+            if isinstance(item, dict) and isinstance(item.get(field), str)}
 
 
 def with_tool_pairs(picked: Sequence[Message], pool: Sequence[Message]) -> list[Message]:

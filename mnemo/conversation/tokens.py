@@ -46,8 +46,3 @@ def count_tokens(text: str) -> int:
     """Tokens in `text`: exact with tiktoken (cl100k_base), else `estimate_tokens`."""
     encode = _encoder()
     return encode(text) if encode is not None else estimate_tokens(text)
-
-
-def tokenizer_name() -> str:
-    """What `count_tokens` uses: "tiktoken:cl100k_base" or "estimate"."""
-    return "tiktoken:cl100k_base" if _encoder() is not None else "estimate"

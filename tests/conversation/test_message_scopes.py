@@ -1,5 +1,5 @@
 """A thread's messages carry the metadata they were saved with, and search_messages(where=)
-finds only the messages of that scope (mnemo/storage/*/conversation_search.py)."""
+finds only the messages of that scope (mnemo/storage/*/conversation.py)."""
 
 from __future__ import annotations
 

@@ -271,7 +271,7 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
     mark (the log's sequence it had applied) beside half its documents: a process killed
     then would reopen the slot as current up to that mark and apply only the log after it,
     never the documents the rebuild had not written back yet."""
-    from mnemo.storage.lexical.index import _META
+    from mnemo.storage.lexical.slots import META
 
     index = lexical(backend)
     await add(backend, "c0", {"a": "teal mug", "b": "teal cup", "c": "teal pot"})
@@ -288,7 +288,7 @@ async def test_a_rebuild_committed_halfway_leaves_no_mark_of_the_repo(
         if repo in index._rebuilds and not marks:  # halfway: commit, look at the index
             index._commit()
             searcher = index._index.searcher()
-            meta = tv.Query.term_query(index._schema, "key", _META + repo)
+            meta = tv.Query.term_query(index._schema, "key", META + repo)
             marks.append(len(searcher.search(meta, 1).hits))
         return current
 
@@ -342,7 +342,7 @@ async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the
     not apply the log from its start over them: the log of a store restored from a backup
     never names a document the rebuild wrote for a node the backup does not hold, and that
     document stayed searchable. Such a repo is rebuilt."""
-    from mnemo.storage.lexical.index import _META
+    from mnemo.storage.lexical.slots import META
     from mnemo.storage.lexical.source import Row
     from mnemo.storage.lexical.windows import Document
 
@@ -356,7 +356,7 @@ async def test_a_repo_with_documents_and_no_mark_is_rebuilt_not_applied_from_the
         with index._lock:
             ghost = Row(rowid=10**6, id="ghost", type="semantic", text="saffron ghost")
             index._put(REPO, Document(ghost, ghost.text, ()))
-            index._writer.delete_documents_by_term("key", _META + REPO)
+            index._writer.delete_documents_by_term("key", META + REPO)
             index._applied.pop(REPO)
             index._commit()
     async with open_stores(store, DIM, lexical_dir=folder) as backend:

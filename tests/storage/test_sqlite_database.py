@@ -4,6 +4,8 @@ log) keep the order they were given in."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -17,6 +19,7 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 import mnemo
 from mnemo.graph.model import Changeset, NodeType, now_utc
 from mnemo.storage.ports import Backend
+from mnemo.storage.sql import Statements, drive
 from mnemo.storage.sqlite import SqliteBackend
 from mnemo.storage.sqlite.database import Database
 from tests.backends import open_stores
@@ -124,3 +127,30 @@ async def test_a_started_call_that_fails_raises_a_storage_error_when_awaited(
 
     with pytest.raises(mnemo.StorageError):
         await database.start(broken).result()
+
+
+async def test_sqlite_work_runs_whole_in_the_connections_thread(tmp_path: Path) -> None:
+    """A store's work over `Statements` runs to its end in the database's thread (its
+    statements never wait), with its result; work that waits for something else is refused
+    there, closed, rather than left half done."""
+    database = Database(tmp_path / "m.db")
+    await database.open()
+
+    async def count(sql: Statements) -> int:
+        row = await sql.row("SELECT count(*) FROM threads")
+        assert row is not None
+        return int(row[0])
+
+    try:
+        assert await database.read(count) == 0
+        assert await database.write(count) == 0
+    finally:
+        await database.close()
+
+    async def waits() -> None:
+        await asyncio.sleep(0)
+
+    work = waits()
+    with pytest.raises(RuntimeError, match="waited"):
+        drive(work)
+    assert inspect.getcoroutinestate(work) == inspect.CORO_CLOSED

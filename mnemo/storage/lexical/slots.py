@@ -1,20 +1,246 @@
-"""The lexical index's slots as folders (`mnemo.storage.lexical.index`): what a process does
-to the slots it does not hold."""
+"""The lexical index's slots (`mnemo.storage.lexical.index`): `Slot`, the one a process holds
+(its tantivy writer, what it has applied of the store's log, and the writes under its lock),
+and what a process does to the slots it does not hold (`wipe_free`, `drop_older`)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
+import threading
 from pathlib import Path
+from typing import Any
 
 import filelock
 
+from mnemo.storage.lexical.fresh import (
+    Fresh,
+    FreshDoc,
+    Statistics,
+    Stored,
+    committed_docs,
+    stem_text,
+    unstale_hits,
+)
 from mnemo.storage.lexical.schema import open_index, schema
+from mnemo.storage.lexical.source import LexicalSource
+from mnemo.storage.lexical.windows import (
+    WINDOW,
+    Document,
+    documents,
+    key,
+    rowid_of,
+    to_rewrite,
+)
+
+log = logging.getLogger("mnemo.lexical")
 
 # The writer's memory budget (tantivy splits it between its threads).
 HEAP = 32_000_000
 # tantivy's writer lock in a slot's folder: an OS lock (flock) its holder keeps while it lives.
 WRITER_LOCK = ".tantivy-writer.lock"
+# The keys of a repo's mark (the log's last sequence applied) and of the slot's epoch.
+META = "\x01meta/"
+EPOCH = "\x01epoch"
+
+
+class Slot:
+    """One process's slot of the index for one store; every method holds `_lock`."""
+
+    def __init__(self, folder: Path, source: LexicalSource) -> None:
+        self._base = folder
+        self._folder = folder
+        self._source = source
+        self._lock = threading.Lock()  # the writer, `_applied`, the source's connection
+        self._opened = False
+        self._index: Any = None
+        self._writer: Any = None
+        self._schema: Any = None
+        self._analyzer: Any = None
+        self._applied: dict[str, int] = {}
+        self._rebuilds: dict[str, tuple[int, int]] = {}  # repo -> (its seq, last rowid done)
+        self._fresh = Fresh()  # applied, not yet committed
+        # Per repo, its live documents' BM25 statistics: read from the slot at the repo's
+        # first search, then kept as changes are applied.
+        self._stats: dict[str, Statistics] = {}
+        # The committed documents searches read since the last commit (`unstale_hits`; or
+        # held by a search that took it with its searcher).
+        self._read: dict[tuple[int, int], Stored] = {}
+        # The repos with committed documents (at most two named), read once per commit:
+        # None until read.
+        self._repos: list[str] | None = None
+        self._epoch: str | None = None  # the store's epoch the slot's documents are of
+        self.slot: Path | None = None
+
+    def _log_state(self, repo: str) -> tuple[int, int, int]:
+        """The repo's (sequence, horizon) in the store's log and the sequence the slot has
+        applied, the slot started over first when the store's epoch moved."""
+        seq, horizon, epoch = self._source.state(repo)
+        if epoch != self._epoch:
+            self._restart(epoch)
+        return seq, horizon, self._applied.get(repo, 0)
+
+    def _statistics(self, repo: str) -> Statistics:
+        """The repo's BM25 statistics, read from the slot's committed documents and what was
+        applied since the first time. Holds the lock."""
+        stats = self._stats.get(repo)
+        if stats is None:
+            searcher = self._index.searcher()
+            stats = self._stats[repo] = Statistics.read(searcher, self._schema, repo)
+            entries = self._fresh.entries(repo)
+            for before in committed_docs(searcher, self._schema, list(entries)):
+                stats.add(before, -1)
+            for _, doc in entries.values():
+                if doc is not None:
+                    stats.add(doc)
+        return stats
+
+    def _holds_any(self, repo: str) -> bool:
+        """Whether the slot's last commit has documents of `repo`. Without the repo's mark
+        they are a rebuild's, cut short (its process killed): the log from its start need
+        not name them (a store restored from a backup), so the repo is rebuilt rather than
+        brought up from the log. Holds the lock."""
+        return bool(self._index.searcher().doc_freq("repo", repo))
+
+    def _apply(self, repo: str, after: int, upto: int) -> None:
+        """Applies the log's entries in (after, upto]: the changed nodes' documents, and
+        those of the steps whose windows hold (or should now hold) a changed node's text;
+        the repo's statistics follow (they are read again if this fails halfway)."""
+        try:
+            present, gone = self._source.changes(repo, after, upto)
+            changed = [key(repo, r) for r in gone] + [key(repo, row.rowid) for row in present]
+            rows = {row.rowid: row for row in present}
+            held = self._holders(repo, changed) - rows.keys()
+            rows.update((row.rowid, row) for row in self._source.at(repo, sorted(held)))
+            # The changed steps' neighbours not read yet: mostly the documents that held them
+            # already are; those that did not (a step just written) are read here.
+            read = {row.id for row in rows.values()}
+            around = [i for i in to_rewrite(present) if i not in read]
+            rows.update((row.rowid, row) for row in self._source.rows(repo, around))
+            docs = documents(self._source, repo, rows.values())
+            stats = self._stats.get(repo)
+            if stats is not None:
+                for before in self._live(repo, [*(key(repo, r) for r in gone),
+                                                *(key(repo, d.row.rowid) for d in docs)]):
+                    stats.add(before, -1)
+            for rowid in gone:
+                self._writer.delete_documents_by_term("key", key(repo, rowid))
+                self._fresh.put(repo, key(repo, rowid), None)
+            for doc in docs:
+                self._put(repo, doc, fresh=True)
+        except BaseException:
+            self._stats.pop(repo, None)
+            raise
+        self._mark(repo, upto)
+
+    def _live(self, repo: str, keys: list[str]) -> list[FreshDoc]:
+        """The documents these keys name now: applied since the last commit, else
+        committed."""
+        keys = list(dict.fromkeys(keys))
+        entries = self._fresh.entries(repo)
+        out = [doc for k in keys if k in entries and (doc := entries[k][1]) is not None]
+        return out + committed_docs(self._index.searcher(), self._schema,
+                                    [k for k in keys if k not in entries])
+
+    def _holders(self, repo: str, keys: list[str]) -> set[int]:
+        """The rowids of the documents, committed or applied since, that hold the text of one
+        of the nodes `keys`."""
+        import tantivy as tv
+
+        if not keys:
+            return set()
+        stale, held = self._fresh.holding(repo, keys)
+        searcher = self._index.searcher()
+        # A node's text is in at most 2 x WINDOW other documents.
+        query = tv.Query.term_set_query(self._schema, "holds", keys)
+        hits = unstale_hits(searcher, query, 2 * WINDOW * len(keys) + 1, stale, self._read)
+        held |= {at for _, (at, _, _) in hits}
+        return {rowid_of(k) for k in held}
+
+    def _put(self, repo: str, doc: Document, *, fresh: bool = False) -> None:
+        """Adds (or replaces) a node's document; `fresh`: searches see it before the next
+        commit (a rebuild's documents wait for theirs: the store's search answers)."""
+        import tantivy as tv
+
+        row, at = doc.row, key(repo, doc.row.rowid)
+        stems = self._analyzer.analyze(doc.text)
+        self._writer.delete_documents_by_term("key", at)
+        self._writer.add_document(tv.Document(
+            key=at, id=row.id.encode(), repo=repo, type=row.type, text=doc.text,
+            holds=list(doc.holds), stems=stem_text(stems), length=len(stems),
+        ))
+        made = FreshDoc.of(row.id, row.type, stems, doc.holds)
+        if fresh:
+            self._fresh.put(repo, at, made)
+        stats = self._stats.get(repo)
+        if stats is not None:
+            stats.add(made)
+
+    def _mark(self, repo: str, seq: int) -> None:
+        import tantivy as tv
+
+        self._writer.delete_documents_by_term("key", META + repo)
+        self._writer.add_document(
+            tv.Document(key=META + repo, id=repo.encode(), type=META, seq=seq))
+        self._applied[repo] = seq
+
+    def _commit(self) -> None:
+        upto = self._fresh.version
+        self._writer.commit()
+        self._index.reload()
+        self._read = {}
+        self._repos = None
+        self._fresh.committed(upto)
+
+    def _take(self, folder: Path, epoch: str) -> bool:
+        import tantivy as tv
+
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            index = open_index(folder, self._schema)
+            writer = index.writer(heap_size=HEAP, num_threads=1)
+        except ValueError as error:
+            if "LockBusy" in str(error):
+                return False
+            # Unreadable (a disk that lost the last write): the store has it all, start over.
+            log.warning("lexical index: %s is unreadable (%s); rebuilding it", folder, error)
+            shutil.rmtree(folder)
+            folder.mkdir(parents=True)
+            index = open_index(folder, self._schema)
+            writer = index.writer(heap_size=HEAP, num_threads=1)
+        index.config_reader(reload_policy="manual")
+        self._index, self._writer, self._repos, self._read = index, writer, None, {}
+        searcher = index.searcher()
+        marks = searcher.search(tv.Query.term_query(self._schema, "key", EPOCH), 1).hits
+        if not marks or searcher.doc(marks[0][1])["id"][0] != epoch.encode():
+            self._restart(epoch)
+            return True
+        self._epoch = epoch
+        meta = tv.Query.term_query(self._schema, "type", META)
+        for _, address in searcher.search(meta, max(1, searcher.num_docs)).hits:
+            doc = searcher.doc(address)
+            self._applied[doc["id"][0].decode()] = int(doc["seq"][0])
+        return True
+
+    def _restart(self, epoch: str) -> None:
+        """Wipes the slot (another store's, or this store's of before an erasure: a document
+        may hold erased words, and tantivy keeps a deleted document's words in its segment
+        until a merge) and marks it as of `epoch`; every repo is then brought up again from
+        the store. The old segments' files are deleted. Holds the lock."""
+        import tantivy as tv
+
+        self._writer.rollback()  # what was applied and not committed is of the old epoch
+        self._writer.delete_all_documents()
+        self._writer.add_document(tv.Document(key=EPOCH, id=epoch.encode()))
+        self._applied.clear()
+        self._rebuilds.clear()
+        self._stats.clear()
+        self._fresh = Fresh()
+        self._epoch = epoch
+        self._commit()
+        self._writer.garbage_collect_files()
+
+
 
 
 def wipe_free(place: Path, layout: str, *, keep: Path | None) -> None:

@@ -18,12 +18,12 @@ deadlock (retrying may succeed), `"extension_missing"` when pgvector is absent, 
 
 from __future__ import annotations
 
+import functools
 import select
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import anyio
 import numpy as np
@@ -38,8 +38,15 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 from mnemo.errors import StorageError
 from mnemo.storage.json_text import loads
 from mnemo.storage.row import Row
+from mnemo.storage.sql import Work
 
 Connection = psycopg.AsyncConnection[tuple[object, ...]]
+
+T = TypeVar("T")
+
+# A lazy read (`Statements.stream`) fetches this many rows at a time from a server-side
+# cursor, so a bounded read of a long table is never read whole.
+PAGE = 64
 
 # SQLSTATEs that mean "another transaction was in the way; try again later": lock_not_available
 # (lock_timeout), query_canceled (statement_timeout), serialization_failure, deadlock_detected.
@@ -250,12 +257,7 @@ class Postgres:
         await self.open()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     @asynccontextmanager
@@ -349,6 +351,33 @@ class Postgres:
             except psycopg.Error as exc:
                 raise storage_error(exc) from exc
 
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[Connection]:
+        """A connection inside one read-only REPEATABLE READ transaction: every statement of
+        the block sees the same snapshot, as a read "together" promises."""
+        async with self.transaction() as conn:
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield conn
+
+    async def read(self, work: Work[T]) -> T:
+        """Runs `work` (`storage.sql`) on a pooled connection, in autocommit."""
+        async with self.connection() as conn:
+            return await work(PgStatements(conn))
+
+    one = read  # in autocommit, a statement is its own transaction
+
+    async def together(self, work: Work[T]) -> T:
+        """Runs `work` (`storage.sql`) inside `reading`."""
+        async with self.reading() as conn:
+            return await work(PgStatements(conn))
+
+    async def write(self, work: Work[T]) -> T:
+        """Runs `work` (`storage.sql`) in one transaction."""
+        async with self.transaction() as conn:
+            return await work(PgStatements(conn))
+
+    side_write = write
+
     async def fetch_all(
         self, statement: Any, params: Any = None, *, binary: bool = False
     ) -> list[Row]:
@@ -361,3 +390,40 @@ class Postgres:
         async with self.connection() as conn, conn.cursor(binary=binary) as cur:
             await cur.execute(statement, params)
             return await cur.fetchall()
+
+
+@functools.lru_cache(maxsize=512)
+def placeholders(query: str) -> str:
+    """`query` with psycopg's `%s` for `storage.sql`'s `?` placeholders."""
+    return query.replace("?", "%s")
+
+
+class PgStatements:
+    """`storage.sql.Statements` on one connection."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
+        cur = await self.conn.execute(placeholders(query), params)
+        return cast(list[Row], await cur.fetchall())
+
+    async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
+        cur = await self.conn.execute(placeholders(query), params)
+        return cast(Row | None, await cur.fetchone())
+
+    async def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        cur = await self.conn.execute(placeholders(query), params)
+        return max(cur.rowcount, 0)
+
+    async def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
+        if params:
+            async with self.conn.cursor() as cur:
+                await cur.executemany(placeholders(query), params)
+
+    async def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
+        async with self.conn.cursor(name="mnemo_rows") as cur:
+            cur.itersize = PAGE
+            await cur.execute(placeholders(query), params)
+            async for row in cur:
+                yield row

@@ -1,528 +1,234 @@
-"""`PgThreads`: the conversation store (`mnemo.conversation.ports.ThreadStore`) over mnemo's
-PostgreSQL database.
+"""`PgThreads`: the conversation store (`storage.threads.SqlThreads`) on mnemo's PostgreSQL
+database: its driver, how it stores data and vectors, and its search.
 
-Every write is one transaction. A write that depends on a thread's counters (append, expire,
-compaction, eviction, clear, purge) first locks the thread's row (`SELECT ... FOR UPDATE`), so
-writers of one thread take turns as they do behind SQLite's single writer: of two appends
-racing with the same expected length, the second reads the first's count and raises
-`ConflictError`. A read of several statements runs in one REPEATABLE READ transaction. The
-tables are described in `_thread_rows`; search and drill-down are in `conversation_search`.
+A write is one transaction; a write that depends on a thread's counters locks the thread's row
+(`SELECT ... FOR UPDATE`), so writers of one thread take turns as they do behind SQLite's
+single writer. A read of several statements runs in one REPEATABLE READ transaction. Times go
+in as aware datetimes and come back in UTC; ids are ordered byte by byte (`COLLATE "C"`), as
+SQLite compares text.
+
+Search runs on the messages' generated `search` column (`SEARCH_VECTOR`, GIN-indexed):
+Snowball's English stemmer, case folded, no stop word dropped. Each word of the query becomes
+`WORD_QUERY`, `phraseto_tsquery('mnemo_english', word)` of the word split as a text is (a
+parameter, so nothing in it is query syntax; a word split into parts, such as `foo_bar`, stays
+one phrase, as a quoted FTS5 string does) and a message matches when it holds any of them. Its
+relevance is bm25, as FTS5's: per word, its idf `ln(1 + (N - df + 0.5) / (df + 0.5))` times the
+saturating term frequency `tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))`, summed. `tf` is
+read through `ts_rank` without normalisation (`TS_RANK_ONE`: 1 for one occurrence, saturating
+below 1.64; counting positions by unnesting each vector cost five times the search), `len` is
+the message's distinct lexemes (`length(tsvector)`) and `avglen` their mean over up to
+`COUNT_CAP` messages. Without the idf a word in every message repeated three times outranked a
+rare one; with `ts_rank`'s division by the length's log instead of bm25's
+saturation, a one-word message holding one query word outranked a sentence holding all of them.
+`df` is counted through the GIN index up to `COUNT_CAP` messages, N is the
+table's row estimate or its count up to the cap, whichever is larger (a capped count keeps a
+large table's search bounded; its idf is near its floor there anyway). The best candidates are
+reordered by `rank_by_recency` (see `mnemo.conversation.search`); `ts_headline` is asked only
+for the hits returned (docs/DECISIONS.md).
+
+Accents are folded as well (`unaccent` ahead of the stemmer, migration m012), in the query and
+the text alike, as FTS5's `unicode61` folds them; `ts_headline` shows the text as written.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
 import numpy as np
+from psycopg.types.json import Jsonb
 
 from mnemo.conversation.drafts import MessageDraft
-from mnemo.conversation.model import (
-    GOAL_COMPLETED,
-    GOAL_OPEN,
-    Compaction,
-    Goal,
-    Message,
-    MessageView,
-    SearchHit,
-    Snapshot,
-    ThreadInfo,
-    compacted_floor,
-    covered,
-    replaced_compactions,
-)
-from mnemo.conversation.ports import (
-    EvictionInputs,
-    Shown,
-    ThreadState,
-    ViewportInputs,
-    check_expected,
-    differs,
-    next_hash,
-)
-from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
 from mnemo.graph.model import Vector
-from mnemo.graph.scope import Where
-from mnemo.storage.postgres import conversation_search
-from mnemo.storage.postgres._thread_rows import (
-    MESSAGE_COLUMNS,
-    delete_thread_rows,
-    fetch,
-    fetch_one,
-    insert_snapshot,
-    iter_messages,
-    message_from_row,
-    message_row,
-    read_compactions,
-    read_messages,
-    read_open_goals,
-    read_snapshots,
-    read_state,
-    read_uncovered_l1,
-    reading,
-    utc,
-    write_pins,
-)
-from mnemo.storage.postgres.connection import Connection, Postgres
+from mnemo.storage.postgres.migrations import TEXT_SEARCH_CONFIG, WORD_QUERY
+from mnemo.storage.row import Row
+from mnemo.storage.sql import Statements
+from mnemo.storage.thread_rows import SearchQuery
+from mnemo.storage.threads import SqlThreads
+
+# bm25's parameters, FTS5's: term-frequency saturation and length normalisation.
+K1 = 1.2
+B = 0.75
+# `ts_rank` (no normalisation) of a word found once (its weight D, 0.1, times 6 / pi^2). A
+# word found n times ranks 1 + 1/4 + ... + 1/n^2 times that, so the ratio is a term frequency
+# that saturates by itself (1, 1.25, 1.36, ... below pi^2 / 6 = 1.64), read in C from the
+# vector without unnesting it.
+TS_RANK_ONE = 0.1 * 6 / math.pi**2
+
+# About SQLite's 48-token snippet; `clip` then bounds it to SNIPPET_CHARS.
+HEADLINE_OPTIONS = 'StartSel="", StopSel="", MaxWords=48, MinWords=24, ShortWord=0'
 
 
-def _vector(vector: Vector) -> Vector:
-    # `register_vector` sends exactly the numpy arrays as pgvector's `vector`.
-    return np.asarray(vector, dtype=np.float32).reshape(-1)
+# Messages counted at most, for a word's document frequency and the table's size.
+COUNT_CAP = 10_000
 
 
-# Times a write takes the thread's row again after a purge deleted it under the lock wait.
-_LOCK_ATTEMPTS = 3
+def tsquery(words: Sequence[str]) -> tuple[str, list[str]]:
+    """The SQL of a tsquery ORing every word, and its parameters ("" when there are none).
 
-
-async def _lock_row(conn: Connection, thread_id: str, at: datetime) -> tuple[ThreadState, bool]:
-    """Locks the thread's row until the transaction ends, creating it first when there is
-    none (True then): the first save and a purge or clear of a new thread take turns on its
-    key, as they do behind SQLite's single writer. Locking nothing when the row is not
-    there yet, a save that commits between a purge's statements would leave messages
-    without a thread, or a clear would keep them while resetting the count. A purge that
-    deletes the row while this waits for its lock is met by creating the row again.
-
-    Raises:
-        ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.
+    >>> tsquery(["nginx", "NOT"])[0].count("phraseto_tsquery")
+    2
     """
-    for _ in range(_LOCK_ATTEMPTS):
-        cur = await conn.execute(
-            "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at,"
-            " history_hash) VALUES (%s, 0, 0, 0, %s, '') ON CONFLICT (id) DO NOTHING"
-            " RETURNING id",
-            (thread_id, at),
-        )
-        created = await cur.fetchone() is not None
-        state = await read_state(conn, thread_id, lock=True)
-        if state is not None:
-            return state, created
-    raise ConflictError(f"thread {thread_id!r} was purged while waiting for it, each time")
+    sql = " || ".join(WORD_QUERY for _ in words)
+    return sql, list(words)
 
 
-class PgThreads:
+def _per_word(words: Sequence[str]) -> tuple[str, list[object]]:
+    """A `w` table of one tsquery per word with its document frequency `df`, the
+    collection's size `n` and mean length `avglen` (see the module doc), and its parameters.
+    Materialised: inlined, each word's `df` was counted again for every message it matched
+    (a search's time grew with the matches times the cap)."""
+    rows = ", ".join(f"({WORD_QUERY})" for _ in words)
+    sql = (
+        f"words (query) AS (VALUES {rows}),"
+        " size (n, avglen) AS MATERIALIZED (SELECT greatest(1,"
+        " (SELECT reltuples FROM pg_class WHERE oid = 'messages'::regclass),"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages LIMIT %s) c)),"
+        " (SELECT greatest(avg(length(search)), 1)::float8 FROM"
+        " (SELECT search FROM messages LIMIT %s) l)),"
+        " w AS MATERIALIZED (SELECT words.query, size.n, size.avglen,"
+        " (SELECT count(*) FROM (SELECT 1 FROM messages d"
+        " WHERE d.search @@ words.query LIMIT %s) c) AS df FROM words, size)"
+    )
+    return sql, [*words, COUNT_CAP, COUNT_CAP, COUNT_CAP]
+
+
+# One word's bm25 in message `m` (see the module doc), from `w` of `_per_word` and the word's
+# term frequency `tf.f` (`_TF`, computed once a row).
+_TF = f"LATERAL (SELECT ts_rank(m.search, w.query, 0) / {TS_RANK_ONE} AS f) tf"
+_BM25 = (
+    "ln(1 + (w.n - w.df + 0.5) / (w.df + 0.5))"
+    f" * tf.f * ({K1} + 1) / (tf.f + {K1} * (1 - {B} + {B} * length(m.search) / w.avglen))"
+)
+
+
+def scoring_query(query: SearchQuery) -> tuple[str, list[object]]:
+    """The statement ranking the best `query.pool` candidates (rowid, bm25, recorded_at) for
+    the query's words, and its parameters."""
+    words, thread_id, where = query.words, query.thread_id, query.where
+    exclude_viewport_of, shown = query.exclude_viewport_of, query.shown
+    conditions = ["m.search @@ w.query"]
+    filters: list[object] = []
+    if thread_id is not None:
+        conditions.append("m.thread_id = %s")
+        filters.append(thread_id)
+    for key, values in (where or {}).items():
+        conditions.append("m.metadata -> %s = ANY(%s::jsonb[])")
+        filters += [key, list(values)]
+    if exclude_viewport_of is not None:
+        boundary = "coalesce((SELECT boundary_seq FROM threads WHERE id = %s), 0)"
+        if shown is not None:
+            # What the viewport showed and still would: an eviction since moved some of it
+            # behind the boundary, into a snapshot only (as SQLite's search).
+            conditions.append(
+                f"NOT (m.thread_id = %s AND m.id = ANY(%s) AND (m.seq >= {boundary}"
+                " OR EXISTS (SELECT 1 FROM pins p WHERE p.message_id = m.id)))"
+            )
+            filters += [exclude_viewport_of, sorted(shown.ids), exclude_viewport_of]
+        else:
+            conditions.append(f"NOT (m.thread_id = %s AND m.seq >= {boundary})")
+            filters += [exclude_viewport_of, exclude_viewport_of]
+    per_word, word_params = _per_word(words)
+    return (
+        f"WITH {per_word}"
+        f" SELECT m.rowid, sum({_BM25}), m.recorded_at"
+        f" FROM messages m JOIN w ON {' AND '.join(conditions)} CROSS JOIN {_TF}"
+        " GROUP BY m.rowid, m.recorded_at ORDER BY 2 DESC, m.rowid DESC LIMIT %s",
+        [*word_params, *filters, query.pool],
+    )
+
+
+def _jsonb_keeps(value: object) -> bool:
+    """Whether jsonb gives `value` back equal and of the same types: it refuses NUL in
+    strings, stores numbers as `numeric` (1e16 comes back as the integer 10000000000000000,
+    -0.0 as 0.0) and has no NaN or infinity."""
+    if isinstance(value, str):
+        return "\x00" not in value
+    if isinstance(value, float):
+        return math.isfinite(value) and "e+" not in repr(value) and math.copysign(1, value) > 0
+    if isinstance(value, dict):
+        return all(_jsonb_keeps(k) and _jsonb_keeps(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_jsonb_keeps(v) for v in value)
+    return True
+
+
+def message_row(
+    message_id: str, thread_id: str, seq: int, role: str, text: str, content: str,
+    data: dict[str, Any], recorded_at: datetime, tokens: int,
+    metadata: Mapping[str, object] | None = None,
+) -> tuple[Any, ...]:
+    """The parameters of a row of `MESSAGE_COLUMNS` for a message (see `message_from_row`).
+
+    A message's `data` is stored as a jsonb object, except when jsonb would not give it back
+    exactly, or the role or content holds NUL (which no PostgreSQL text may): then the jsonb
+    is a string, the JSON text of `data`, or of `[data, content, role]` (SQLite's text, which
+    keeps everything). The search text has NUL as U+FFFD: it is only searched and quoted.
+    """
+    nul = "\x00" in content or "\x00" in role
+    stored: object = data
+    if nul or not _jsonb_keeps(data):
+        stored = json.dumps([data, content, role] if nul else data, sort_keys=True,
+                            ensure_ascii=False)
+    kept = None if nul or content == text else content
+    return (message_id, thread_id, seq, role.replace("\x00", "\ufffd"),
+            text.replace("\x00", "\ufffd"), kept, Jsonb(stored), recorded_at, tokens,
+            Jsonb(dict(metadata)) if metadata else None)
+
+
+class PgThreads(SqlThreads):
     """`ThreadStore` over mnemo's PostgreSQL database."""
 
-    def __init__(self, pg: Postgres) -> None:
-        self._pg = pg
+    LOCK = " FOR UPDATE"
+    BYTE_ORDER = ' COLLATE "C"'
+    VECTOR_UPSERT = (
+        "INSERT INTO message_vectors(message_id, thread_id, vec)"
+        " SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ?)"
+        " ON CONFLICT (message_id) DO UPDATE"
+        " SET thread_id = excluded.thread_id, vec = excluded.vec"
+    )
 
-    # ---- the log --------------------------------------------------------------------------
+    def _stamp(self, at: datetime) -> object:
+        return at
 
-    async def state(self, thread_id: str) -> ThreadState | None:
-        async with self._pg.connection() as conn:
-            return await read_state(conn, thread_id)
+    def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
+                     at: datetime) -> Row:
+        return message_row(message_id, thread_id, seq, draft.role, draft.text, draft.content,
+                           draft.data, at, draft.tokens, draft.metadata)
 
-    async def threads(self) -> list[ThreadInfo]:
-        async with self._pg.connection() as conn:
-            rows = await fetch(
-                conn,
-                "SELECT t.id, (SELECT count(*) FROM messages m WHERE m.thread_id = t.id),"
-                " t.next_seq, t.boundary_seq, t.created_at FROM threads t"
-                ' ORDER BY t.created_at, t.id COLLATE "C"',
-            )
-        return [
-            ThreadInfo(tid, int(n), next_seq, boundary, utc(created))
-            for tid, n, next_seq, boundary, created in rows
-        ]
+    def _vector(self, vector: Vector) -> object:
+        # `register_vector` sends exactly the numpy arrays as pgvector's `vector`.
+        return np.asarray(vector, dtype=np.float32).reshape(-1)
 
-    async def append(
-        self,
-        thread_id: str,
-        drafts: Sequence[MessageDraft],
-        *,
-        recorded_at: datetime,
-        vectors: Sequence[Vector] | None = None,
-        expected_len: int | None = None,
-        expected_hash: str | None = None,
-    ) -> list[Message]:
-        at = utc(recorded_at)
-        ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
-        arrays = None if vectors is None else [_vector(v) for v in vectors]
-        async with self._pg.transaction() as conn:
-            state, _ = await _lock_row(conn, thread_id, at)
-            check_expected(thread_id, state, expected_len, expected_hash)
-            rows = [
-                message_row(ids[i], thread_id, state.next_seq + i, d.role, d.text, d.content,
-                            d.data, at, d.tokens, d.metadata)
-                for i, d in enumerate(drafts)
-            ]
-            async with conn.cursor() as cur:
-                if rows:
-                    await cur.executemany(
-                        f"INSERT INTO messages({MESSAGE_COLUMNS})"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                        rows,
-                    )
-                if arrays:
-                    await cur.executemany(
-                        "INSERT INTO message_vectors(message_id, thread_id, vec)"
-                        " VALUES (%s, %s, %s)",
-                        [(ids[i], thread_id, vec) for i, vec in enumerate(arrays)],
-                    )
-            await conn.execute(
-                "UPDATE threads SET next_seq = %s, history_len = %s, history_hash = %s"
-                " WHERE id = %s",
-                (state.next_seq + len(drafts), state.history_len + len(drafts),
-                 next_hash(state, drafts, expected_hash), thread_id),
-            )
-        # As read back: the data through JSON, as SQLite's append gives it.
-        return [
-            Message(ids[i], thread_id, state.next_seq + i, d.role, d.content,
-                    json.loads(json.dumps(d.data, sort_keys=True)), at, d.tokens)
-            for i, d in enumerate(drafts)
-        ]
+    def _vector_of(self, value: Any) -> Vector:
+        vector: Vector = value
+        return vector
 
-    async def first_difference(
-        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
-    ) -> int | None:
-        async with reading(self._pg) as conn:
-            async for message in iter_messages(conn, thread_id, from_seq=from_seq,
-                                               newest_first=False):
-                if message.seq - from_seq >= len(keys):
-                    break
-                if differs(message, from_seq, keys):
-                    return message.seq
-        return None
+    def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
+        return "starts_with(id, ?)", (prefix,)
 
-    async def expire(self, thread_id: str, cutoff: datetime) -> int:
-        # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
-        # would otherwise wait behind, and fail for, another writer of the thread.
-        due = await self._pg.fetch_all(
-            "SELECT 1 FROM messages WHERE thread_id = %s AND recorded_at < %s LIMIT 1",
-            (thread_id, utc(cutoff)),
+    async def _erased(self, sql: Statements, messages: int) -> None:
+        """Nothing more: a message's search vector is a column of its row, so no index entry
+        names the thread's words once the deletion commits. The deleted row versions stay
+        in the table's pages until VACUUM reclaims them (and in the WAL until it is
+        recycled): what an operator does about those is in the README."""
+
+    async def _candidates(self, sql: Statements, query: SearchQuery) -> list[Row]:
+        scoring, params = scoring_query(query)
+        return await sql.rows(scoring, params)
+
+    async def _snippets(
+        self, sql: Statements, words: Sequence[str], rowids: list[int]
+    ) -> dict[int, Row]:
+        query, params = tsquery(words)
+        rows = await sql.rows(
+            f"WITH q AS (SELECT {query} AS query)"
+            " SELECT m.rowid, m.id, m.thread_id, m.seq, m.role,"
+            f" ts_headline('{TEXT_SEARCH_CONFIG}', m.text, q.query, %s), m.text"
+            " FROM messages m, q WHERE m.rowid = ANY(%s)",
+            [*params, HEADLINE_OPTIONS, rowids],
         )
-        if not due:
-            return 0
-        async with self._pg.transaction() as conn:
-            state = await read_state(conn, thread_id, lock=True)
-            if state is None:
-                return 0
-            # Vectors and pins of the deleted messages go with them (ON DELETE CASCADE).
-            cur = await conn.execute(
-                "DELETE FROM messages WHERE thread_id = %s AND recorded_at < %s",
-                (thread_id, utc(cutoff)),
-            )
-            gone = max(cur.rowcount, 0)
-            if gone:
-                row = await fetch_one(
-                    conn, "SELECT min(seq) FROM messages WHERE thread_id = %s", (thread_id,)
-                )
-                first = state.next_seq if row is None or row[0] is None else int(row[0])
-                for table in ("compactions", "snapshots"):
-                    await conn.execute(
-                        f"DELETE FROM {table} WHERE thread_id = %s AND end_seq < %s",
-                        (thread_id, first),
-                    )
-        return gone
-
-    async def pop(self, thread_id: str) -> Message | None:
-        async with self._pg.transaction() as conn:
-            if await read_state(conn, thread_id, lock=True) is None:
-                return None
-            # Vectors and pins go with the row (ON DELETE CASCADE), its search vector is a
-            # column of it.
-            row = await fetch_one(
-                conn,
-                "DELETE FROM messages WHERE id = (SELECT id FROM messages"
-                " WHERE thread_id = %s ORDER BY seq DESC LIMIT 1)"
-                f" RETURNING {MESSAGE_COLUMNS}",
-                (thread_id,),
-            )
-            if row is None:
-                return None
-            await conn.execute(
-                "DELETE FROM compactions WHERE thread_id = %s AND start_seq <= %s"
-                " AND end_seq >= %s",
-                (thread_id, row[2], row[2]),
-            )
-        return message_from_row(row)
-
-    async def compactions(self, thread_id: str) -> list[Compaction]:
-        async with self._pg.connection() as conn:
-            return await read_compactions(conn, thread_id)
-
-    async def raw(self, thread_id: str) -> list[Message]:
-        async with self._pg.connection() as conn:
-            return await read_messages(conn, thread_id)
-
-    async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
-        async with reading(self._pg) as conn:
-            compactions = await read_compactions(conn, thread_id)
-            floor = compacted_floor(compactions)
-            messages = await read_messages(conn, thread_id, from_seq=floor)
-        return compactions, [m for m in messages if not covered(m.seq, compactions)]
-
-    async def recent_turns(
-        self, thread_id: str, k: int
-    ) -> tuple[list[Compaction], list[Message]]:
-        picked: list[Message] = []
-        async with reading(self._pg) as conn:
-            compactions = await read_compactions(conn, thread_id)
-            floor = compacted_floor(compactions)
-            turns = 0
-            async for message in iter_messages(conn, thread_id, from_seq=floor):
-                if covered(message.seq, compactions):
-                    continue
-                picked.append(message)
-                if message.starts_turn:
-                    turns += 1
-                    if turns == k:
-                        break
-        picked.reverse()
-        return compactions, picked
-
-    async def add_compaction(
-        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
-        *, replaces: Collection[int] | None = None,
-    ) -> Compaction:
-        at = utc(now)
-        async with self._pg.transaction() as conn:
-            state = await read_state(conn, thread_id, lock=True)
-            if state is None:
-                raise NotFoundError("thread", thread_id)
-            if end_seq >= state.next_seq:
-                raise InvalidInputError(
-                    f"end_seq {end_seq} is past the last message of thread {thread_id!r}"
-                    f" (seq {state.next_seq - 1})"
-                )
-            overlapping = await fetch(
-                conn,
-                "SELECT start_seq, end_seq FROM compactions WHERE thread_id = %s"
-                " AND start_seq <= %s AND end_seq >= %s",
-                (thread_id, end_seq, start_seq),
-            )
-            inside = replaced_compactions(
-                thread_id, start_seq, end_seq, [(s, e) for s, e in overlapping], replaces)
-            await conn.execute(
-                "DELETE FROM compactions WHERE thread_id = %s AND start_seq = ANY(%s)",
-                (thread_id, inside),
-            )
-            await conn.execute(
-                "INSERT INTO compactions(thread_id, start_seq, end_seq, summary_text,"
-                " created_at) VALUES (%s, %s, %s, %s, %s)",
-                (thread_id, start_seq, end_seq, summary_text, at),
-            )
-        return Compaction(thread_id, start_seq, end_seq, summary_text, at)
-
-    async def vectors(self, thread_id: str) -> dict[str, Vector]:
-        async with self._pg.connection() as conn:
-            rows = await fetch(
-                conn,
-                "SELECT message_id, vec FROM message_vectors WHERE thread_id = %s",
-                (thread_id,),
-            )
-        return {mid: vec for mid, vec in rows}
-
-    async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
-        params = [(mid, thread_id, _vector(vec), mid) for mid, vec in rows]
-        if not params:
-            return
-        async with self._pg.transaction() as conn, conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO message_vectors(message_id, thread_id, vec)"
-                " SELECT %s, %s, %s WHERE EXISTS (SELECT 1 FROM messages WHERE id = %s)"
-                " ON CONFLICT (message_id) DO UPDATE"
-                " SET thread_id = excluded.thread_id, vec = excluded.vec",
-                params,
-            )
-
-    async def clear(self, thread_id: str) -> None:
-        async with self._pg.transaction() as conn:
-            _, created = await _lock_row(conn, thread_id, datetime.now(UTC))
-            if created:  # no thread: nothing to clear, and no thread made by it
-                await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
-                return
-            await delete_thread_rows(conn, thread_id)
-            await conn.execute(
-                "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
-                " history_hash = '' WHERE id = %s",
-                (thread_id,),
-            )
-
-    async def purge(self, thread_id: str) -> int:
-        """Erases the thread without a trace; returns how many messages went.
-
-        Every row of the thread is deleted in one transaction, its counter row too; a
-        message's search vector is a column of its row, so no index entry names the thread's
-        words once the deletion commits. The deleted row versions stay in the table's pages
-        until VACUUM reclaims them (and in the WAL until it is recycled): what an operator
-        does about those is in the README.
-        """
-        async with self._pg.transaction() as conn:
-            await _lock_row(conn, thread_id, datetime.now(UTC))
-            gone = await delete_thread_rows(conn, thread_id)
-            await conn.execute("DELETE FROM threads WHERE id = %s", (thread_id,))
-        return gone
-
-    # ---- goals and pins -------------------------------------------------------------------
-
-    async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
-        goal_id = f"goal_{uuid.uuid4().hex}"
-        async with self._pg.transaction() as conn:
-            await conn.execute(
-                "INSERT INTO goals(id, thread_id, description, status, created_at)"
-                " VALUES (%s, %s, %s, %s, %s)",
-                (goal_id, thread_id, description, GOAL_OPEN, utc(now)),
-            )
-        return goal_id
-
-    async def complete_goal(self, goal_id: str, now: datetime) -> int:
-        async with self._pg.transaction() as conn:
-            cur = await conn.execute(
-                "UPDATE goals SET status = %s, completed_at = %s WHERE id = %s AND status = %s",
-                (GOAL_COMPLETED, utc(now), goal_id, GOAL_OPEN),
-            )
-            if cur.rowcount <= 0:
-                cur = await conn.execute("SELECT 1 FROM goals WHERE id = %s", (goal_id,))
-                if await cur.fetchone() is None:
-                    raise NotFoundError("goal", goal_id)
-            cur = await conn.execute("DELETE FROM pins WHERE goal_id = %s", (goal_id,))
-            return max(cur.rowcount, 0)
-
-    async def open_goals(self, thread_id: str) -> list[Goal]:
-        async with self._pg.connection() as conn:
-            return await read_open_goals(conn, thread_id)
-
-    # ---- viewport, eviction and snapshots -------------------------------------------------
-
-    async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
-        async with reading(self._pg) as conn:
-            state = await read_state(conn, thread_id)
-            boundary = state.boundary_seq if state else 0
-            pinned = [
-                message_from_row(row)
-                for row in await fetch(
-                    conn,
-                    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = %s AND seq < %s"
-                    " AND id IN (SELECT message_id FROM pins WHERE thread_id = %s)"
-                    " ORDER BY seq DESC",
-                    (thread_id, boundary, thread_id),
-                )
-            ]
-            level1 = await read_snapshots(
-                conn, thread_id, "level = 1 AND covered_by IS NULL", "start_seq DESC"
-            )
-            level2 = await read_snapshots(conn, thread_id, "level = 2", "start_seq DESC")
-            row = await fetch_one(
-                conn,
-                "SELECT coalesce(sum(tokens), 0) FROM messages WHERE thread_id = %s"
-                " AND seq >= %s",
-                (thread_id, boundary),
-            )
-            past = int(row[0]) if row else 0
-            newest: list[Message] = []
-            used = 0
-            # Newest first, up to and including the first message past the limit: the rows
-            # come a page at a time, so a long backlog past the boundary is never read whole.
-            async for message in iter_messages(conn, thread_id, from_seq=boundary):
-                newest.append(message)
-                used += message.tokens
-                if used > token_limit:
-                    break
-        return ViewportInputs(boundary, pinned, level1, level2, past, newest)
-
-    async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
-        async with reading(self._pg) as conn:
-            state = await read_state(conn, thread_id)
-            if state is None:
-                raise NotFoundError("thread", thread_id)
-            past = await read_messages(conn, thread_id, from_seq=state.boundary_seq)
-            last = await read_uncovered_l1(conn, thread_id)
-            goals = await read_open_goals(conn, thread_id)
-        return EvictionInputs(state.boundary_seq, past, goals, last[-1].text if last else "")
-
-    async def commit_eviction(
-        self,
-        thread_id: str,
-        *,
-        boundary_before: int,
-        boundary_after: int,
-        zone: tuple[int, int],
-        snapshot_text: str,
-        pins: Sequence[tuple[str, str]],
-        now: datetime,
-    ) -> Snapshot | None:
-        snapshot = None
-        if snapshot_text.strip():
-            snapshot = Snapshot(
-                f"snap_{uuid.uuid4().hex}", thread_id, 1, zone[0], zone[1], snapshot_text,
-                utc(now),
-            )
-        async with self._pg.transaction() as conn:
-            state = await read_state(conn, thread_id, lock=True)
-            if state is None or state.boundary_seq != boundary_before:
-                raise ConflictError(f"thread {thread_id!r} changed during eviction")
-            await conn.execute(
-                "UPDATE threads SET boundary_seq = %s WHERE id = %s", (boundary_after, thread_id)
-            )
-            await write_pins(conn, thread_id, pins, now)
-            if snapshot is not None:
-                await insert_snapshot(conn, snapshot)
-        return snapshot
-
-    async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
-        async with self._pg.connection() as conn:
-            return await read_uncovered_l1(conn, thread_id)
-
-    async def commit_fold(
-        self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
-    ) -> Snapshot | None:
-        level2 = Snapshot(
-            f"snap_{uuid.uuid4().hex}", thread_id, 2, min(s.start_seq for s in covered),
-            max(s.end_seq for s in covered), text, utc(now),
-        )
-        ids = [s.id for s in covered]
-        async with self._pg.transaction() as conn:
-            # Locking the rows makes a racing fold wait, then re-check `covered_by` on the
-            # version this one committed, and find them covered.
-            cur = await conn.execute(
-                "SELECT id FROM snapshots WHERE id = ANY(%s) AND covered_by IS NULL FOR UPDATE",
-                (ids,),
-            )
-            if len(await cur.fetchall()) != len(ids):
-                return None
-            await insert_snapshot(conn, level2)
-            await conn.execute(
-                "UPDATE snapshots SET covered_by = %s WHERE id = ANY(%s)", (level2.id, ids)
-            )
-        return level2
-
-    async def snapshots(self, thread_id: str) -> list[Snapshot]:
-        async with self._pg.connection() as conn:
-            return await read_snapshots(conn, thread_id, "true", "level, start_seq")
-
-    # ---- search and drill-down ------------------------------------------------------------
-
-    async def search(
-        self,
-        words: Sequence[str],
-        *,
-        limit: int,
-        now: datetime,
-        thread_id: str | None = None,
-        exclude_viewport_of: str | None = None,
-        shown: Shown | None = None,
-        where: Where | None = None,
-    ) -> list[SearchHit]:
-        if not words:
-            return []
-        async with reading(self._pg) as conn:
-            return await conversation_search.search(
-                conn, words, limit=limit, now=now, thread_id=thread_id,
-                exclude_viewport_of=exclude_viewport_of, shown=shown, where=where,
-            )
-
-    async def message_ids(self, prefix: str, limit: int) -> list[str]:
-        async with reading(self._pg) as conn:
-            rows = await fetch(
-                conn, "SELECT id FROM messages WHERE starts_with(id, %s) ORDER BY id LIMIT %s",
-                (prefix, limit),
-            )
-        return [str(row[0]) for row in rows]
-
-    async def view(self, message_id: str, radius: int) -> MessageView:
-        async with reading(self._pg) as conn:
-            return await conversation_search.view(conn, message_id, radius)
-
+        return {int(row[0]): row[1:] for row in rows}

@@ -28,7 +28,7 @@ import contextlib
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +38,9 @@ from sqlite_utils import Database as SqliteUtilsDatabase
 
 from mnemo.errors import StorageError
 from mnemo.storage.clock import elapsed, host_now
+from mnemo.storage.row import Row
+from mnemo.storage.sql import Work as StatementsWork
+from mnemo.storage.sql import drive
 from mnemo.storage.sqlite.migrations import MIGRATIONS
 from mnemo.storage.started import Queued
 from mnemo.storage.worker import Worker
@@ -209,16 +212,23 @@ class Database:
         Raises:
             StorageError: SQLite failed (the transaction `work` opened is rolled back).
         """
-        db = self.db
+        return await self._call(_alone(self.db, work))
 
-        def job() -> T:
-            try:
-                return work(db)
-            finally:
-                if db.conn.in_transaction:  # `work` failed inside a transaction of its own
-                    db.conn.rollback()
+    async def read(self, work: StatementsWork[T]) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, outside a transaction."""
+        return await self.run(lambda db: drive(work(SqliteStatements(db.conn))))
 
-        return await self._call(job)
+    together = read
+
+    async def write(self, work: StatementsWork[T]) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, in one `atomic()`."""
+        return await self.run(lambda db: _within(db.atomic(), db, work))
+
+    one = write
+
+    async def side_write(self, work: StatementsWork[T]) -> T:
+        """Runs `work` (`storage.sql`) in the connection's thread, in one `side_write`."""
+        return await self.run(lambda db: _within(side_write(db), db, work))
 
     def post(self, work: Work[object], failed: Callable[[StorageError], object]) -> None:
         """Queues `work(db)` on the connection's thread and returns at once, without waiting
@@ -252,16 +262,7 @@ class Database:
         Raises:
             StorageError: "closed", the database is not open.
         """
-        db = self.db
-
-        def job() -> T:
-            try:
-                return work(db)
-            finally:
-                if db.conn.in_transaction:
-                    db.conn.rollback()
-
-        return Queued(self._queue(job), _translated)
+        return Queued(self._queue(_alone(self.db, work)), _translated)
 
     async def _call(self, fn: Callable[[], T]) -> T:
         future = self._queue(fn)
@@ -281,6 +282,56 @@ class Database:
         future: asyncio.Future[T] = loop.create_future()
         worker.jobs.put((fn, future, loop))
         return future
+
+
+def _alone(db: SqliteUtilsDatabase, work: Work[T]) -> Callable[[], T]:
+    """`work(db)` as a job of the connection's thread: a transaction it leaves open (it
+    failed inside one of its own) is rolled back."""
+
+    def job() -> T:
+        try:
+            return work(db)
+        finally:
+            if db.conn.in_transaction:
+                db.conn.rollback()
+
+    return job
+
+
+def _within(
+    transaction: contextlib.AbstractContextManager[object], db: SqliteUtilsDatabase,
+    work: StatementsWork[T],
+) -> T:
+    with transaction:
+        return drive(work(SqliteStatements(db.conn)))
+
+
+class SqliteStatements:
+    """`storage.sql.Statements` on the connection, run at once in its thread."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def rows(self, query: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self._conn.execute(query, params).fetchall()
+
+    async def row(self, query: str, params: Sequence[Any] = ()) -> Row | None:
+        row: Row | None = self._conn.execute(query, params).fetchone()
+        return row
+
+    async def run(self, query: str, params: Sequence[Any] = ()) -> int:
+        return max(self._conn.execute(query, params).rowcount, 0)
+
+    async def run_many(self, query: str, params: Sequence[Sequence[Any]]) -> None:
+        self._conn.executemany(query, params)
+
+    async def stream(self, query: str, params: Sequence[Any] = ()) -> AsyncGenerator[Row, None]:
+        cursor = self._conn.execute(query, params)
+        try:
+            for row in cursor:
+                yield row
+        finally:
+            cursor.close()
 
 
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")

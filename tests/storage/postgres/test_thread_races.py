@@ -16,10 +16,10 @@ import pytest
 
 import mnemo
 from mnemo.conversation.drafts import draft
-from mnemo.storage.postgres import _thread_rows, conversation
-from mnemo.storage.postgres._thread_rows import MESSAGE_COLUMNS, message_row
+from mnemo.storage import thread_rows
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.conversation import PgThreads
+from mnemo.storage.postgres.conversation import PgThreads, message_row
+from mnemo.storage.thread_rows import MESSAGE_COLUMNS
 from tests.pg import until_a_lock_wait
 from tests.storage.postgres.test_threads import EPOCH, drafts, save
 
@@ -65,7 +65,7 @@ async def test_an_erasure_of_a_thread_being_created_takes_its_turn(
     messages must agree afterwards."""
     thread = f"t-{uuid.uuid4().hex}"
     deleted, committed = anyio.Event(), anyio.Event()
-    delete_rows = _thread_rows.delete_thread_rows
+    delete_rows = thread_rows.delete_thread_rows
 
     async def delete_then_wait(conn: Any, thread_id: str) -> int:
         gone = await delete_rows(conn, thread_id)
@@ -73,7 +73,7 @@ async def test_an_erasure_of_a_thread_being_created_takes_its_turn(
         await committed.wait()
         return gone
 
-    monkeypatch.setattr(conversation, "delete_thread_rows", delete_then_wait)
+    monkeypatch.setattr(thread_rows, "delete_thread_rows", delete_then_wait)
     async with Postgres(pg_url) as pg, await psycopg.AsyncConnection.connect(pg_url) as other:
         threads = PgThreads(pg)
         await first_save_in_flight(other, thread)

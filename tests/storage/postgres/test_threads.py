@@ -23,11 +23,11 @@ from mnemo.conversation.drafts import MessageDraft, draft, history_hash
 from mnemo.conversation.model import Message
 from mnemo.conversation.ports import ThreadState, ThreadStore
 from mnemo.conversation.search import SNIPPET_CHARS
-from mnemo.storage.postgres import conversation_search
 from mnemo.storage.postgres.connection import Postgres
-from mnemo.storage.postgres.conversation import PgThreads
+from mnemo.storage.postgres.conversation import PgThreads, scoring_query
 from mnemo.storage.sqlite.conversation import SqliteThreads
 from mnemo.storage.sqlite.database import Database
+from mnemo.storage.thread_rows import SearchQuery
 from mnemo.text import query_words
 from tests.fakes import js
 from tests.strategies import json_values, texts
@@ -262,6 +262,16 @@ async def test_clear_starts_a_new_history(threads: ThreadStore) -> None:
         await threads.complete_goal(goal + "x", EPOCH)
     [again] = await threads.append("t", drafts("c"), expected_len=0, recorded_at=EPOCH)
     assert again.seq == 2
+
+
+async def test_clear_of_a_thread_never_saved_deletes_its_goals(threads: ThreadStore) -> None:
+    """A goal may be set on a thread before its first save; clearing the thread deletes it on
+    both backends (PostgreSQL kept it: its clear stopped at the missing thread row), and
+    makes no thread."""
+    await threads.add_goal("t", "plan", EPOCH)
+    await threads.clear("t")
+    assert await threads.open_goals("t") == []
+    assert await threads.state("t") is None
 
 
 # ---- goals, viewport, eviction, snapshots -------------------------------------------------
@@ -670,7 +680,7 @@ async def test_message_search_counts_each_words_df_once(pg_url: str) -> None:
             "t", [{"role": "user", "content": f"nginx cache python note {i}"} for i in range(60)]
         )
     words = ["nginx", "cache", "python"]
-    statement, params = conversation_search.scoring_query(words, limit=50)
+    statement, params = scoring_query(SearchQuery(words, 50, None, None, None, None))
     async with Postgres(pg_url) as pg, pg.connection() as conn:
         cur = await conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
         row = await cur.fetchone()

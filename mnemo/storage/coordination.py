@@ -1,0 +1,361 @@
+"""`SqlCoordination`: the `Coordination` port (`mnemo.session.ports`), written once for both
+backends over `storage.sql.Statements`, for the `Memory` objects sharing one store. A backend
+(`storage.sqlite.coordination`, `storage.postgres.coordination`) gives its driver, its clock,
+its dialect's few words and its change token.
+
+A compare-and-set is one `UPDATE ... WHERE version = ?`: two racers are serialised by the
+write lock (SQLite's, taken when the transaction begins; PostgreSQL's row lock, after which
+READ COMMITTED re-reads the committed row) and the second finds the version moved. `takeable`
+reads without locking: taking the work is a `claim`, which only one `Memory` wins.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+
+from mnemo.session.machine import State
+from mnemo.session.ports import HolderInfo, IdleSweep, SessionLease, StoredOp, StoredResult
+from mnemo.storage.row import Row
+from mnemo.storage.sql import SqlStore, Statements, marks, moment
+
+_LEASE_COLUMNS = "id, repo, state, version, holder, lease_until, model, ended"
+
+
+async def drop_ended_work(sql: Statements, session_ids: Sequence[str]) -> None:
+    """What nobody will do for these sessions, which have just ended: the stored operations
+    nobody took (their Memories answer them session_ended when they see the end; one taken,
+    or with its result, stays for its Memory to read and drop), and their step claims."""
+    if not session_ids:
+        return
+    await sql.run(
+        f"DELETE FROM ops WHERE session_id IN ({marks(len(session_ids))})"
+        " AND taken_by IS NULL AND result IS NULL", session_ids,
+    )
+    await sql.run(f"DELETE FROM step_claims WHERE session_id IN ({marks(len(session_ids))})",
+                  session_ids)
+
+
+def _departed(column: str, gone: Sequence[str]) -> str:
+    """The condition that the holder in `column` has left: it retired, was last seen before
+    the first parameter, or is among `gone` (the parameters after)."""
+    also = f" OR {column} IN ({marks(len(gone))})" if gone else ""
+    return (
+        f"(NOT EXISTS (SELECT 1 FROM holders h WHERE h.id = {column} AND h.seen_at >= ?)"
+        f"{also})"
+    )
+
+
+class SqlCoordination(SqlStore):
+    """`Coordination` over SQL tables; a backend's subclass gives what differs."""
+
+    # `a{DISTINCT}b`: a and b differ, NULL being a value.
+    DISTINCT = " IS DISTINCT FROM "
+    # A session's config asks for auto-commit.
+    AUTO_COMMIT = ""
+    # A stored operation's result as a parameter, and as JSON text read back.
+    RESULT_PARAM = "?"
+    RESULT_TEXT = "result"
+    # Seconds until an idle session comes due (its config's timeout after its last change;
+    # a config stored before the setting existed has its default), from `_idle_params`.
+    IDLE_LEFT = ""
+    # The change token's statement.
+    CHANGE_TOKEN = ""
+
+    @abstractmethod
+    def now(self) -> datetime: ...
+
+    @abstractmethod
+    def _json(self, value: object) -> object:
+        """A JSON value as a statement's parameter."""
+
+    def _idle_params(self, now: datetime) -> tuple[object, ...]:
+        """The parameters `IDLE_LEFT` takes."""
+        return ()
+
+    @abstractmethod
+    async def _lock_claims(self, sql: Statements, session_id: str) -> None:
+        """Serialises the writes of the session's step claims until the transaction ends."""
+
+    @abstractmethod
+    async def _end_due(self, sql: Statements, due: list[str], now: datetime) -> list[Row]:
+        """Ends the idle sessions of `due` still due; returns their (id, repo)."""
+
+    async def sync_clock(self) -> None:
+        return None
+
+    async def register(self, holder: HolderInfo) -> None:
+        await self._driver.one(lambda sql: sql.run(
+            "INSERT INTO holders(id, host, pid, started_at, seen_at) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
+            " started_at = excluded.started_at, seen_at = excluded.seen_at",
+            (holder.id, holder.host, holder.pid, self._stamp(holder.started_at),
+             self._stamp(holder.seen_at)),
+        ))
+
+    async def beat(self, holder_id: str, now: datetime, lease_until: datetime) -> int:
+        async def write(sql: Statements) -> int:
+            await sql.run("UPDATE holders SET seen_at = ? WHERE id = ?",
+                          (self._stamp(now), holder_id))
+            return await sql.run(
+                "UPDATE sessions SET lease_until = ? WHERE holder = ? AND ended = false",
+                (self._stamp(lease_until), holder_id),
+            )
+
+        return await self._driver.write(write)
+
+    async def retire(self, holder_id: str, now: datetime) -> None:
+        async def write(sql: Statements) -> None:
+            await sql.run("DELETE FROM holders WHERE id = ?", (holder_id,))
+            await sql.run("UPDATE sessions SET lease_until = ? WHERE holder = ?",
+                          (self._stamp(now), holder_id))
+
+        await self._driver.write(write)
+
+    async def holders(self) -> list[HolderInfo]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            "SELECT id, host, pid, started_at, seen_at FROM holders ORDER BY started_at, id"
+        ))
+        return [
+            HolderInfo(str(i), str(host), int(pid), moment(started), moment(seen))
+            for i, host, pid, started, seen in rows
+        ]
+
+    async def lease(self, session_id: str) -> SessionLease | None:
+        row = await self._driver.read(lambda sql: sql.row(
+            f"SELECT {_LEASE_COLUMNS} FROM sessions WHERE id = ?", (session_id,)
+        ))
+        return None if row is None else self._lease(row)
+
+    async def claim(
+        self,
+        session_id: str,
+        *,
+        version: int,
+        holder_id: str | None,
+        lease_until: datetime | None,
+        state: State | None = None,
+        model: str | None = None,
+    ) -> int | None:
+        moved = await self._driver.one(lambda sql: sql.run(
+            "UPDATE sessions SET version = version + 1, holder = ?, lease_until = ?,"
+            " state = coalesce(?, state), model = coalesce(?, model)"
+            " WHERE id = ? AND version = ?",
+            (holder_id, None if lease_until is None else self._stamp(lease_until),
+             None if state is None else state.value, model, session_id, version),
+        ))
+        return version + 1 if moved else None
+
+    async def takeable(
+        self, now: datetime, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[SessionLease]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT {_LEASE_COLUMNS} FROM sessions s WHERE ended = false"
+            f" AND (state = 'extracting' OR (state IN ('collecting', 'idle')"
+            f" AND {self.AUTO_COMMIT}))"
+            " AND (lease_until IS NULL OR lease_until < ? OR holder IS NULL"
+            f" OR {_departed('s.holder', gone)})"
+            f" ORDER BY created_at, id{self.BYTE_ORDER}",
+            (self._stamp(now), self._stamp(unseen_since), *gone),
+        ))
+        return [self._lease(row) for row in rows]
+
+    async def claim_steps(
+        self, session_id: str, step_ids: Sequence[str], holder_id: str, *,
+        unseen_since: datetime, gone: Sequence[str] = (),
+    ) -> set[str]:
+        ids = list(step_ids)
+        if not ids:
+            return set()
+
+        async def write(sql: Statements) -> set[str]:
+            # Each statement after the lock reads what the session's last claim-row writer
+            # committed: a commit of a step in flight is waited for, then seen.
+            await self._lock_claims(sql, session_id)
+            await sql.run(
+                f"DELETE FROM step_claims WHERE step_id IN ({marks(len(ids))}) AND holder <> ?"
+                f" AND {_departed('step_claims.holder', gone)}",
+                (*ids, holder_id, self._stamp(unseen_since), *gone),
+            )
+            # Not for an ended session: its end dropped every claim, a live holder's too.
+            await sql.run(
+                "INSERT INTO step_claims(step_id, session_id, holder)"
+                " SELECT s.id, s.session_id, ? FROM steps s JOIN sessions ss"
+                f" ON ss.id = s.session_id WHERE s.id IN ({marks(len(ids))})"
+                " AND s.session_id = ? AND s.committed_in IS NULL AND ss.ended = false"
+                " ON CONFLICT DO NOTHING",
+                (holder_id, *ids, session_id),
+            )
+            rows = await sql.rows(
+                f"SELECT step_id FROM step_claims WHERE step_id IN ({marks(len(ids))})"
+                " AND holder = ?",
+                (*ids, holder_id),
+            )
+            return {str(step_id) for step_id, in rows}
+
+        return await self._driver.write(write)
+
+    async def release_steps(
+        self, session_id: str, holder_id: str, step_ids: Sequence[str]
+    ) -> None:
+        ids = list(step_ids)
+        if not ids:
+            return
+
+        async def write(sql: Statements) -> None:
+            await self._lock_claims(sql, session_id)
+            await sql.run(
+                "DELETE FROM step_claims WHERE session_id = ? AND holder = ?"
+                f" AND step_id IN ({marks(len(ids))})",
+                (session_id, holder_id, *ids),
+            )
+
+        await self._driver.write(write)
+
+    async def unannotated(
+        self, unseen_since: datetime, gone: Sequence[str] = ()
+    ) -> list[str]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            # Through the partial index of unannotated steps.
+            "SELECT DISTINCT st.session_id FROM steps st JOIN sessions s"
+            " ON s.id = st.session_id AND s.episode_id = st.episode_id"
+            " WHERE st.trajectory_id = '' AND s.ended = false AND s.state = 'collecting'"
+            " AND NOT EXISTS (SELECT 1 FROM step_claims c WHERE c.step_id = st.id"
+            f" AND NOT {_departed('c.holder', gone)})",
+            (self._stamp(unseen_since), *gone),
+        ))
+        return [str(session_id) for session_id, in rows]
+
+    async def queue_op(self, op: StoredOp) -> None:
+        await self._driver.one(lambda sql: sql.run(
+            "INSERT INTO ops(id, session_id, kind, args, accepted_by, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (op.id, op.session_id, op.kind, self._json(op.args), op.accepted_by,
+             self._stamp(op.created_at)),
+        ))
+
+    async def take_ops(self, session_id: str, holder_id: str) -> list[StoredOp]:
+        rows = await self._driver.one(lambda sql: sql.rows(
+            "UPDATE ops SET taken_by = ? WHERE session_id = ? AND taken_by IS NULL"
+            " RETURNING id, session_id, kind, args, accepted_by, created_at",
+            (holder_id, session_id),
+        ))
+        ops = [StoredOp(str(i), str(s), str(k), list(json.loads(a) if isinstance(a, str) else a),
+                        str(by), moment(at))
+               for i, s, k, a, by, at in rows]
+        return sorted(ops, key=lambda op: (op.created_at, op.id))
+
+    async def finish_op(self, op_id: str, result: StoredResult) -> None:
+        async def write(sql: Statements) -> None:
+            await sql.run("DELETE FROM ops WHERE id = ? AND accepted_by = ''", (op_id,))
+            await sql.run(f"UPDATE ops SET result = {self.RESULT_PARAM} WHERE id = ?",
+                          (msgspec.json.encode(result).decode(), op_id))
+
+        await self._driver.write(write)
+
+    async def orphan_ops(self, op_ids: Sequence[str]) -> None:
+        ids = list(op_ids)
+        if not ids:
+            return
+
+        async def write(sql: Statements) -> None:
+            await sql.run(f"DELETE FROM ops WHERE id IN ({marks(len(ids))})"
+                          " AND result IS NOT NULL", ids)
+            await sql.run(f"UPDATE ops SET accepted_by = '' WHERE id IN ({marks(len(ids))})",
+                          ids)
+
+        await self._driver.write(write)
+
+    async def op_results(self, op_ids: Sequence[str]) -> dict[str, StoredResult]:
+        ids = list(op_ids)
+        if not ids:
+            return {}
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT id, {self.RESULT_TEXT} FROM ops WHERE id IN ({marks(len(ids))})"
+            " AND result IS NOT NULL", ids,
+        ))
+        return {str(i): StoredResult.decode(str(r)) for i, r in rows}
+
+    def _left(self, gone: Sequence[str]) -> str:
+        """The condition on an `ops` row that a holder other than the first parameter (`me`)
+        took and left without a result (`_departed`, with the parameters after)."""
+        return (
+            f"result IS NULL AND taken_by IS NOT NULL AND taken_by{self.DISTINCT}?"
+            f" AND {_departed('ops.taken_by', gone)}"
+        )
+
+    async def abandon_ops(
+        self, op_ids: Sequence[str], unseen_since: datetime, gone: Sequence[str] = (), *,
+        me: str | None = None,
+    ) -> list[str]:
+        ids = list(op_ids)
+        if not ids:
+            return []
+        rows = await self._driver.one(lambda sql: sql.rows(
+            f"DELETE FROM ops WHERE id IN ({marks(len(ids))}) AND {self._left(gone)}"
+            " RETURNING id",
+            (*ids, me, self._stamp(unseen_since), *gone),
+        ))
+        return [str(op_id) for op_id, in rows]
+
+    async def forget_orphans(
+        self, unseen_since: datetime, gone: Sequence[str] = (), *, me: str | None = None
+    ) -> int:
+        where = f"FROM ops WHERE accepted_by = '' AND {self._left(gone)}"
+        params = (me, self._stamp(unseen_since), *gone)
+        # Looked for first: the takeover task asks twice a lease, and a write would wait for
+        # another writer's lock every time, to find nothing.
+        found = await self._driver.read(lambda sql: sql.row(f"SELECT 1 {where} LIMIT 1", params))
+        if found is None:
+            return 0
+        return await self._driver.one(lambda sql: sql.run(f"DELETE {where}", params))
+
+    async def still_taken(self, op_id: str, holder_id: str) -> bool:
+        row = await self._driver.read(lambda sql: sql.row(
+            "SELECT 1 FROM ops WHERE id = ? AND taken_by = ?", (op_id, holder_id)
+        ))
+        return row is not None
+
+    async def drop_ops(self, op_ids: Sequence[str]) -> None:
+        ids = list(op_ids)
+        if ids:
+            await self._driver.one(lambda sql: sql.run(
+                f"DELETE FROM ops WHERE id IN ({marks(len(ids))})", ids))
+
+    async def end_idle(self, limit: int) -> IdleSweep:
+        now = self.now()
+        # Looked for first, without a lock: most times none is due.
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT id, {self.IDLE_LEFT} AS due FROM sessions WHERE ended = false"
+            " AND state = 'idle' ORDER BY due LIMIT ?", (*self._idle_params(now), limit + 1),
+        ))
+        due = [str(sid) for sid, left in rows[:limit] if float(left) <= 0]
+        next_due = max(float(rows[len(due)][1]), 0.0) if len(rows) > len(due) else None
+        if not due:
+            return IdleSweep([], next_due)
+
+        async def write(sql: Statements) -> list[tuple[str, str]]:
+            ended = [(str(sid), str(repo)) for sid, repo in await self._end_due(sql, due, now)]
+            # An idle session has no step claim: no claims lock is taken.
+            await drop_ended_work(sql, [sid for sid, _ in ended])
+            return ended
+
+        return IdleSweep(await self._driver.write(write), next_due)
+
+    async def change_token(self) -> int:
+        row = await self._driver.read(lambda sql: sql.row(self.CHANGE_TOKEN))
+        assert row is not None
+        return int(row[0])
+
+    def _lease(self, row: Row) -> SessionLease:
+        session_id, repo, state, version, holder, until, model, ended = row
+        return SessionLease(
+            str(session_id), str(repo), State(state), int(version),
+            None if holder is None else str(holder),
+            None if until is None else moment(until),
+            None if model is None else str(model), bool(ended),
+        )

@@ -1,0 +1,331 @@
+"""Rows of conversation memory, on both backends, and the reads of `storage.threads.SqlThreads`
+(each over one connection, its statements seeing one snapshot where the driver runs it
+`together`).
+
+Tables (SQLite's migration `m003_conversation`, PostgreSQL's `m004_conversation`): `threads`
+(the seq counter, the caller's history length, the eviction boundary and the history's hash),
+`messages` (with the backend's search index), `message_vectors`, `compactions`, `snapshots`,
+`goals` and `pins`. Message rows are inserted and deleted, never updated. Times read back in
+UTC (`moment`): SQLite keeps them as ISO-8601 text, PostgreSQL as `timestamptz`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from mnemo.conversation.model import (
+    GOAL_OPEN,
+    Compaction,
+    Goal,
+    Message,
+    MessageView,
+    Snapshot,
+    compacted_floor,
+    covered,
+)
+from mnemo.conversation.ports import EvictionInputs, Shown, ThreadState, ViewportInputs, differs
+from mnemo.conversation.search import VIEW_SNAPSHOTS
+from mnemo.errors import ConflictError, NotFoundError
+from mnemo.graph.scope import Where
+from mnemo.storage.row import Row
+from mnemo.storage.sql import Statements, moment
+
+MESSAGE_COLUMNS = "id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata"
+SNAPSHOT_COLUMNS = "id, thread_id, level, start_seq, end_seq, text, created_at, covered_by"
+
+
+def message_from_row(row: Sequence[Any]) -> Message:
+    """A `Message` from a row of `MESSAGE_COLUMNS`. The data is JSON text on SQLite, a jsonb
+    object on PostgreSQL, or there a string: the JSON text of the data, or of
+    `[data, content, role]` when they hold NUL (`storage.postgres.conversation.message_row`)."""
+    message_id, thread_id, seq, role, text, content, data, recorded_at, tokens, metadata = row
+    content = text if content is None else content
+    if isinstance(data, str):
+        data = json.loads(data)
+        if isinstance(data, list):
+            data, content, role = data
+    return Message(
+        id=message_id,
+        thread_id=thread_id,
+        seq=seq,
+        role=role,
+        content=content,
+        data=data,
+        recorded_at=moment(recorded_at),
+        tokens=tokens,
+        metadata=json.loads(metadata) if isinstance(metadata, str) else dict(metadata or {}),
+    )
+
+
+def snapshot_from_row(row: Sequence[Any]) -> Snapshot:
+    sid, thread_id, level, start, end, text, created_at, covered_by = row
+    return Snapshot(sid, thread_id, level, start, end, text, moment(created_at), covered_by)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    """What a search asks a backend's full-text index for (see `ThreadStore.search`): the
+    best `pool` candidates for the words."""
+
+    words: Sequence[str]
+    pool: int
+    thread_id: str | None
+    exclude_viewport_of: str | None
+    shown: Shown | None
+    where: Where | None
+
+
+# Times a write takes the thread's row again after a purge deleted it under the lock wait.
+_LOCK_ATTEMPTS = 3
+
+
+async def lock_row(
+    sql: Statements, thread_id: str, stamp: object, lock: str
+) -> tuple[ThreadState, bool]:
+    """Locks the thread's row until the transaction ends (`lock`: the backend's
+    `SqlThreads.LOCK`), creating it first at `stamp` when there is none (True then): the
+    first save and a purge or clear of a new thread take turns on its key. Locking nothing
+    when the row is not there yet, a save that commits between a purge's statements would
+    leave messages without a thread, or a clear would keep them while resetting the count.
+    A purge that deletes the row while this waits for its lock is met by creating it again.
+
+    Raises:
+        ConflictError: purges deleted the row under each of `_LOCK_ATTEMPTS` waits.
+    """
+    for _ in range(_LOCK_ATTEMPTS):
+        state = await read_state(sql, thread_id, lock)
+        if state is not None:
+            return state, False
+        created = await sql.row(
+            "INSERT INTO threads(id, next_seq, history_len, boundary_seq, created_at,"
+            " history_hash) VALUES (?, 0, 0, 0, ?, '') ON CONFLICT (id) DO NOTHING"
+            " RETURNING id",
+            (thread_id, stamp),
+        )
+        state = await read_state(sql, thread_id, lock)
+        if state is not None:
+            return state, created is not None
+    raise ConflictError(f"thread {thread_id!r} was purged while waiting for it, each time")
+
+
+async def read_state(sql: Statements, thread_id: str, lock: str = "") -> ThreadState | None:
+    """The thread's counters; with `lock` (the backend's `SqlThreads.LOCK`), the thread's row
+    stays locked until the transaction ends, so writers of one thread take turns."""
+    row = await sql.row(
+        "SELECT next_seq, history_len, boundary_seq, history_hash FROM threads WHERE id = ?"
+        + lock,
+        (thread_id,),
+    )
+    return None if row is None else ThreadState(*row)
+
+
+async def read_messages(
+    sql: Statements, thread_id: str, *, from_seq: int = 0, where: str = "", order: str = "ASC",
+    params: Sequence[Any] = (), limit: int | None = None,
+) -> list[Message]:
+    """The thread's messages from `from_seq` on matching `where` (SQL after AND, with
+    `params`), by seq in `order`, at most `limit`."""
+    rows = await sql.rows(
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?{where}"
+        f" ORDER BY seq {order}" + ("" if limit is None else " LIMIT ?"),
+        (thread_id, from_seq, *params, *(() if limit is None else (limit,))),
+    )
+    return [message_from_row(row) for row in rows]
+
+
+def stream_messages(
+    sql: Statements, thread_id: str, *, from_seq: int, newest_first: bool
+) -> AsyncGenerator[Row, None]:
+    """The thread's messages' rows from `from_seq` on, oldest or newest first, read lazily
+    (`Statements.stream`)."""
+    return sql.stream(
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE thread_id = ? AND seq >= ?"
+        f" ORDER BY seq {'DESC' if newest_first else 'ASC'}",
+        (thread_id, from_seq),
+    )
+
+
+async def read_snapshots(
+    sql: Statements, thread_id: str, where: str, order: str, params: Sequence[Any] = ()
+) -> list[Snapshot]:
+    """The thread's snapshots matching `where` (SQL over the snapshot's columns), in `order`
+    (`params`: those of both)."""
+    rows = await sql.rows(
+        f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE thread_id = ? AND {where}"
+        f" ORDER BY {order}",
+        (thread_id, *params),
+    )
+    return [snapshot_from_row(row) for row in rows]
+
+
+async def read_uncovered_l1(sql: Statements, thread_id: str) -> list[Snapshot]:
+    """The thread's level-1 snapshots no level-2 one covers, oldest first."""
+    return await read_snapshots(sql, thread_id, "level = 1 AND covered_by IS NULL", "start_seq")
+
+
+async def read_open_goals(sql: Statements, thread_id: str, byte_order: str) -> list[Goal]:
+    """The thread's open goals, oldest first (ids tie-break in `byte_order`)."""
+    rows = await sql.rows(
+        "SELECT id, description, status, created_at FROM goals"
+        f" WHERE thread_id = ? AND status = ? ORDER BY created_at, id{byte_order}",
+        (thread_id, GOAL_OPEN),
+    )
+    return [
+        Goal(gid, thread_id, description, status, moment(created_at))
+        for gid, description, status, created_at in rows
+    ]
+
+
+async def delete_thread_rows(sql: Statements, thread_id: str) -> int:
+    """Deletes everything a thread holds except its counter row; returns messages deleted.
+    The search entries go with the messages (SQLite's by trigger, PostgreSQL's are a column
+    of the row)."""
+    for table in ("pins", "goals", "snapshots", "compactions", "message_vectors"):
+        await sql.run(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
+    return await sql.run("DELETE FROM messages WHERE thread_id = ?", (thread_id,))
+
+
+async def read_compactions(sql: Statements, thread_id: str) -> list[Compaction]:
+    rows = await sql.rows(
+        "SELECT start_seq, end_seq, summary_text, created_at FROM compactions"
+        " WHERE thread_id = ? ORDER BY start_seq",
+        (thread_id,),
+    )
+    return [Compaction(thread_id, start, end, text, moment(created))
+            for start, end, text, created in rows]
+
+
+async def first_difference(
+    sql: Statements, thread_id: str, from_seq: int, keys: Sequence[bytes]
+) -> int | None:
+    """The seq of the first stored message from `from_seq` on whose key is not
+    `keys[seq - from_seq]` (`ThreadStore.first_difference`)."""
+    rows = stream_messages(sql, thread_id, from_seq=from_seq, newest_first=False)
+    async with aclosing(rows):
+        async for row in rows:
+            message = message_from_row(row)
+            if message.seq - from_seq >= len(keys):
+                break
+            if differs(message, from_seq, keys):
+                return message.seq
+    return None
+
+
+async def uncompacted(sql: Statements, thread_id: str) -> (
+    tuple[list[Compaction], list[Message]]
+):
+    """The compactions and every message none of them covers, by seq."""
+    compactions = await read_compactions(sql, thread_id)
+    messages = await read_messages(sql, thread_id, from_seq=compacted_floor(compactions))
+    return compactions, [m for m in messages if not covered(m.seq, compactions)]
+
+
+async def recent_turns(
+    sql: Statements, thread_id: str, k: int
+) -> tuple[list[Compaction], list[Message]]:
+    """The compactions and the uncompacted messages of the last `k` turns, by seq."""
+    compactions = await read_compactions(sql, thread_id)
+    picked: list[Message] = []
+    turns = 0
+    rows = stream_messages(sql, thread_id, from_seq=compacted_floor(compactions),
+                           newest_first=True)
+    async with aclosing(rows):
+        async for row in rows:
+            message = message_from_row(row)
+            if covered(message.seq, compactions):
+                continue
+            picked.append(message)
+            if message.starts_turn:
+                turns += 1
+                if turns == k:
+                    break
+    picked.reverse()
+    return compactions, picked
+
+
+async def viewport_inputs(sql: Statements, thread_id: str, token_limit: int) -> (
+    ViewportInputs
+):
+    """What the viewport of a thread is laid out from (`ThreadStore.viewport_inputs`)."""
+    state = await read_state(sql, thread_id)
+    boundary = state.boundary_seq if state else 0
+    pinned = await read_messages(
+        sql, thread_id, where=" AND seq < ? AND id IN (SELECT message_id FROM pins"
+        " WHERE thread_id = ?)", order="DESC", params=(boundary, thread_id),
+    )
+    level1 = await read_snapshots(
+        sql, thread_id, "level = 1 AND covered_by IS NULL", "start_seq DESC"
+    )
+    level2 = await read_snapshots(sql, thread_id, "level = 2", "start_seq DESC")
+    row = await sql.row(
+        "SELECT coalesce(sum(tokens), 0) FROM messages WHERE thread_id = ?"
+        " AND seq >= ?",
+        (thread_id, boundary),
+    )
+    past = int(row[0]) if row else 0
+    newest: list[Message] = []
+    used = 0
+    # Newest first, up to and including the first message past the limit: the rows
+    # are read lazily, so a long backlog past the boundary is never read whole.
+    rows = stream_messages(sql, thread_id, from_seq=boundary, newest_first=True)
+    async with aclosing(rows):
+        async for message_row in rows:
+            message = message_from_row(message_row)
+            newest.append(message)
+            used += message.tokens
+            if used > token_limit:
+                break
+    return ViewportInputs(boundary, pinned, level1, level2, past, newest)
+
+
+async def eviction_inputs(sql: Statements, thread_id: str, byte_order: str) -> (
+    EvictionInputs
+):
+    """What an eviction of the thread starts from (`ThreadStore.eviction_inputs`).
+
+    Raises:
+        NotFoundError: the thread was never saved.
+    """
+    state = await read_state(sql, thread_id)
+    if state is None:
+        raise NotFoundError("thread", thread_id)
+    past = await read_messages(sql, thread_id, from_seq=state.boundary_seq)
+    last = await read_uncovered_l1(sql, thread_id)
+    goals = await read_open_goals(sql, thread_id, byte_order)
+    return EvictionInputs(state.boundary_seq, past, goals,
+                          last[-1].text if last else "")
+
+
+async def view(sql: Statements, message_id: str, radius: int) -> MessageView:
+    """`radius` messages on each side of the message, as stored, and the `VIEW_SNAPSHOTS`
+    nearest level-1 snapshots on each side.
+
+    Raises:
+        NotFoundError: no such message.
+    """
+    row = await sql.row(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?",
+                        (message_id,))
+    if row is None:
+        raise NotFoundError("message", message_id)
+    target = message_from_row(row)
+    near = [
+        await read_messages(sql, target.thread_id, where=f" AND seq {op} ?",
+                            order=order, params=(target.seq,), limit=radius)
+        if radius else []
+        for op, order in (("<", "DESC"), (">", "ASC"))
+    ]
+    snapshots = [
+        await read_snapshots(sql, target.thread_id, f"level = 1 AND start_seq {op} ?",
+                             f"start_seq {order} LIMIT ?", (target.seq, VIEW_SNAPSHOTS))
+        for op, order in (("<=", "DESC"), (">", "ASC"))
+    ]
+    return MessageView(
+        target=target,
+        messages=[*reversed(near[0]), target, *near[1]],
+        snapshots_before=list(reversed(snapshots[0])),
+        snapshots_after=snapshots[1],
+    )

@@ -1,0 +1,473 @@
+"""`SqlThreads`: the conversation store (`mnemo.conversation.ports.ThreadStore`), written once
+for both backends over `storage.sql.Statements`. A backend
+(`storage.sqlite.conversation.SqliteThreads`, `storage.postgres.conversation.PgThreads`) gives
+its driver (`storage.sql.Driver`), its dialect's few words (`LOCK`, `BYTE_ORDER`,
+`VECTOR_UPSERT`), how its values are stored, and its full-text search (`_candidates`,
+`_snippets`).
+
+Every write is one transaction. A write that depends on a thread's counters (append, expire,
+pop, compaction, eviction, clear, purge) first locks the thread's row (`LOCK`, `SELECT ...
+FOR UPDATE` on PostgreSQL; SQLite's transaction holds the file's write lock from its start),
+so writers of one thread take turns: of two appends racing with the same expected length, the
+second reads the first's count and raises `ConflictError`. A read of several statements reads
+them together (`Driver.together`: one REPEATABLE READ transaction on PostgreSQL, one call on
+SQLite's one connection). The tables, and the reads, are in `storage.thread_rows`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import abstractmethod
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from mnemo.conversation.drafts import MessageDraft
+from mnemo.conversation.model import (
+    GOAL_COMPLETED,
+    GOAL_OPEN,
+    Compaction,
+    Goal,
+    Message,
+    MessageView,
+    SearchHit,
+    Snapshot,
+    ThreadInfo,
+    replaced_compactions,
+)
+from mnemo.conversation.ports import (
+    EvictionInputs,
+    Shown,
+    ThreadState,
+    ViewportInputs,
+    check_expected,
+    next_hash,
+)
+from mnemo.conversation.search import hit_snippet, pool_size, rank_by_recency
+from mnemo.errors import ConflictError, InvalidInputError, NotFoundError
+from mnemo.graph.model import Vector
+from mnemo.graph.scope import Where
+from mnemo.storage import thread_rows as reads
+from mnemo.storage.row import Row
+from mnemo.storage.sql import SqlStore, Statements, marks, moment, utc
+
+
+class SqlThreads(SqlStore):
+    """`ThreadStore` over SQL tables; a backend's subclass gives what differs."""
+
+    # Appended to a SELECT whose rows stay locked until the transaction ends.
+    LOCK = ""
+    # Stores (message_id, thread_id, vec) of a message that exists (the 4th parameter is its
+    # id again), replacing its vector.
+    VECTOR_UPSERT = ""
+
+    # ---- what a backend gives -------------------------------------------------------------
+
+    @abstractmethod
+    def _message_row(self, message_id: str, thread_id: str, seq: int, draft: MessageDraft,
+                     at: datetime) -> Row:
+        """The parameters of a row of `reads.MESSAGE_COLUMNS` for a draft."""
+
+    @abstractmethod
+    def _vector(self, vector: Vector) -> object:
+        """A vector as a statement's parameter."""
+
+    @abstractmethod
+    def _vector_of(self, value: Any) -> Vector:
+        """A stored vector as it is read back."""
+
+    @abstractmethod
+    def _prefix(self, prefix: str) -> tuple[str, tuple[object, ...]]:
+        """The condition on `id` (and its parameters) of the ids starting with `prefix`."""
+
+    @abstractmethod
+    async def _candidates(self, sql: Statements, query: reads.SearchQuery) -> list[Row]:
+        """The best `query.pool` (rowid, relevance, recorded_at) rows for the query's words,
+        higher relevance for a better match."""
+
+    @abstractmethod
+    async def _snippets(
+        self, sql: Statements, words: Sequence[str], rowids: list[int]
+    ) -> dict[int, Row]:
+        """By rowid, (id, thread_id, seq, role, snippet, text) of the messages."""
+
+    @abstractmethod
+    async def _erased(self, sql: Statements, messages: int) -> None:
+        """What a purge of `messages` messages does more, inside its transaction."""
+
+    # ---- the log --------------------------------------------------------------------------
+
+    async def state(self, thread_id: str) -> ThreadState | None:
+        return await self._driver.read(lambda sql: reads.read_state(sql, thread_id))
+
+    async def threads(self) -> list[ThreadInfo]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            "SELECT t.id, (SELECT count(*) FROM messages m WHERE m.thread_id = t.id),"
+            f" t.next_seq, t.boundary_seq, t.created_at FROM threads t"
+            f" ORDER BY t.created_at, t.id{self.BYTE_ORDER}"
+        ))
+        return [
+            ThreadInfo(thread_id, int(messages), next_seq, boundary, moment(created))
+            for thread_id, messages, next_seq, boundary, created in rows
+        ]
+
+    async def append(
+        self,
+        thread_id: str,
+        drafts: Sequence[MessageDraft],
+        *,
+        recorded_at: datetime,
+        vectors: Sequence[Vector] | None = None,
+        expected_len: int | None = None,
+        expected_hash: str | None = None,
+    ) -> list[Message]:
+        at = utc(recorded_at)
+        ids = [f"msg_{uuid.uuid4().hex}" for _ in drafts]
+        stored = None if vectors is None else [self._vector(v) for v in vectors]
+
+        async def write(sql: Statements) -> ThreadState:
+            state, _ = await reads.lock_row(sql, thread_id, self._stamp(at), self.LOCK)
+            check_expected(thread_id, state, expected_len, expected_hash)
+            await sql.run_many(
+                f"INSERT INTO messages({reads.MESSAGE_COLUMNS}) VALUES ({marks(10)})",
+                [self._message_row(ids[i], thread_id, state.next_seq + i, d, at)
+                 for i, d in enumerate(drafts)],
+            )
+            if stored:
+                await sql.run_many(
+                    "INSERT INTO message_vectors(message_id, thread_id, vec) VALUES (?, ?, ?)",
+                    [(ids[i], thread_id, vec) for i, vec in enumerate(stored)],
+                )
+            await sql.run(
+                "UPDATE threads SET next_seq = ?, history_len = ?, history_hash = ?"
+                " WHERE id = ?",
+                (state.next_seq + len(drafts), state.history_len + len(drafts),
+                 next_hash(state, drafts, expected_hash), thread_id),
+            )
+            return state
+
+        state = await self._driver.write(write)
+        # As read back: the data through JSON.
+        return [
+            Message(ids[i], thread_id, state.next_seq + i, d.role, d.content,
+                    json.loads(json.dumps(d.data, sort_keys=True)), at, d.tokens,
+                    dict(d.metadata))
+            for i, d in enumerate(drafts)
+        ]
+
+    async def first_difference(
+        self, thread_id: str, from_seq: int, keys: Sequence[bytes]
+    ) -> int | None:
+        return await self._driver.together(
+            lambda sql: reads.first_difference(sql, thread_id, from_seq, keys)
+        )
+
+    async def expire(self, thread_id: str, cutoff: datetime) -> int:
+        at = self._stamp(utc(cutoff))
+        # Nothing due, no lock on the thread: a ttl manager's reads (each expires first)
+        # would otherwise wait behind, and fail for, another writer of the thread.
+        due = await self._driver.read(lambda sql: sql.row(
+            "SELECT 1 FROM messages WHERE thread_id = ? AND recorded_at < ? LIMIT 1",
+            (thread_id, at),
+        ))
+        if due is None:
+            return 0
+
+        async def write(sql: Statements) -> int:
+            state = await reads.read_state(sql, thread_id, self.LOCK)
+            if state is None:
+                return 0
+            # Vectors and pins of the deleted messages go with them (ON DELETE CASCADE).
+            gone = await sql.run(
+                "DELETE FROM messages WHERE thread_id = ? AND recorded_at < ?", (thread_id, at)
+            )
+            if gone:
+                row = await sql.row("SELECT min(seq) FROM messages WHERE thread_id = ?",
+                                    (thread_id,))
+                first = state.next_seq if row is None or row[0] is None else int(row[0])
+                for table in ("compactions", "snapshots"):
+                    await sql.run(f"DELETE FROM {table} WHERE thread_id = ? AND end_seq < ?",
+                                  (thread_id, first))
+            return gone
+
+        return await self._driver.write(write)
+
+    async def pop(self, thread_id: str) -> Message | None:
+        async def write(sql: Statements) -> Message | None:
+            if await reads.read_state(sql, thread_id, self.LOCK) is None:
+                return None
+            # Vectors and pins go with the row (ON DELETE CASCADE), its search entry too.
+            row = await sql.row(
+                "DELETE FROM messages WHERE rowid = (SELECT rowid FROM messages WHERE"
+                f" thread_id = ? ORDER BY seq DESC LIMIT 1) RETURNING {reads.MESSAGE_COLUMNS}",
+                (thread_id,),
+            )
+            if row is None:
+                return None
+            await sql.run(
+                "DELETE FROM compactions WHERE thread_id = ? AND start_seq <= ?"
+                " AND end_seq >= ?",
+                (thread_id, row[2], row[2]),
+            )
+            return reads.message_from_row(row)
+
+        return await self._driver.write(write)
+
+    async def compactions(self, thread_id: str) -> list[Compaction]:
+        return await self._driver.read(lambda sql: reads.read_compactions(sql, thread_id))
+
+    async def raw(self, thread_id: str) -> list[Message]:
+        return await self._driver.read(lambda sql: reads.read_messages(sql, thread_id))
+
+    async def uncompacted(self, thread_id: str) -> tuple[list[Compaction], list[Message]]:
+        return await self._driver.together(lambda sql: reads.uncompacted(sql, thread_id))
+
+    async def recent_turns(
+        self, thread_id: str, k: int
+    ) -> tuple[list[Compaction], list[Message]]:
+        return await self._driver.together(lambda sql: reads.recent_turns(sql, thread_id, k))
+
+    async def add_compaction(
+        self, thread_id: str, start_seq: int, end_seq: int, summary_text: str, now: datetime,
+        *, replaces: Collection[int] | None = None,
+    ) -> Compaction:
+        at = utc(now)
+
+        async def write(sql: Statements) -> None:
+            state = await reads.read_state(sql, thread_id, self.LOCK)
+            if state is None:
+                raise NotFoundError("thread", thread_id)
+            if end_seq >= state.next_seq:
+                raise InvalidInputError(
+                    f"end_seq {end_seq} is past the last message of thread {thread_id!r}"
+                    f" (seq {state.next_seq - 1})"
+                )
+            overlapping = await sql.rows(
+                "SELECT start_seq, end_seq FROM compactions WHERE thread_id = ?"
+                " AND start_seq <= ? AND end_seq >= ?",
+                (thread_id, end_seq, start_seq),
+            )
+            inside = replaced_compactions(
+                thread_id, start_seq, end_seq, [(s, e) for s, e in overlapping], replaces)
+            await sql.run_many(
+                "DELETE FROM compactions WHERE thread_id = ? AND start_seq = ?",
+                [(thread_id, s) for s in inside],
+            )
+            await sql.run(
+                "INSERT INTO compactions(thread_id, start_seq, end_seq, summary_text,"
+                " created_at) VALUES (?, ?, ?, ?, ?)",
+                (thread_id, start_seq, end_seq, summary_text, self._stamp(at)),
+            )
+
+        await self._driver.write(write)
+        return Compaction(thread_id, start_seq, end_seq, summary_text, at)
+
+    async def vectors(self, thread_id: str) -> dict[str, Vector]:
+        rows = await self._driver.read(lambda sql: sql.rows(
+            "SELECT message_id, vec FROM message_vectors WHERE thread_id = ?", (thread_id,)
+        ))
+        return {message_id: self._vector_of(vec) for message_id, vec in rows}
+
+    async def save_vectors(self, thread_id: str, rows: Sequence[tuple[str, Vector]]) -> None:
+        params = [(mid, thread_id, self._vector(vec), mid) for mid, vec in rows]
+        if params:
+            await self._driver.side_write(lambda sql: sql.run_many(self.VECTOR_UPSERT, params))
+
+    async def clear(self, thread_id: str) -> None:
+        async def write(sql: Statements) -> None:
+            _, created = await reads.lock_row(
+                sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
+            await reads.delete_thread_rows(sql, thread_id)  # goals of a thread never saved too
+            if created:  # no thread was saved: none made by clearing it
+                await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
+                return
+            await sql.run(
+                "UPDATE threads SET history_len = 0, boundary_seq = next_seq,"
+                " history_hash = '' WHERE id = ?",
+                (thread_id,),
+            )
+
+        await self._driver.write(write)
+
+    async def purge(self, thread_id: str) -> int:
+        """Erases the thread without a trace; returns how many messages went. Every row of
+        the thread is deleted in one transaction, its counter row too, with what the backend
+        does more (`_erased`)."""
+
+        async def write(sql: Statements) -> int:
+            await reads.lock_row(sql, thread_id, self._stamp(datetime.now(UTC)), self.LOCK)
+            gone = await reads.delete_thread_rows(sql, thread_id)
+            await sql.run("DELETE FROM threads WHERE id = ?", (thread_id,))
+            await self._erased(sql, gone)
+            return gone
+
+        return await self._driver.write(write)
+
+    # ---- goals and pins -------------------------------------------------------------------
+
+    async def add_goal(self, thread_id: str, description: str, now: datetime) -> str:
+        goal_id = f"goal_{uuid.uuid4().hex}"
+        await self._driver.write(lambda sql: sql.run(
+            "INSERT INTO goals(id, thread_id, description, status, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (goal_id, thread_id, description, GOAL_OPEN, self._stamp(utc(now))),
+        ))
+        return goal_id
+
+    async def complete_goal(self, goal_id: str, now: datetime) -> int:
+        async def write(sql: Statements) -> int:
+            updated = await sql.run(
+                "UPDATE goals SET status = ?, completed_at = ? WHERE id = ? AND status = ?",
+                (GOAL_COMPLETED, self._stamp(utc(now)), goal_id, GOAL_OPEN),
+            )
+            if not updated and await sql.row("SELECT 1 FROM goals WHERE id = ?",
+                                             (goal_id,)) is None:
+                raise NotFoundError("goal", goal_id)
+            return await sql.run("DELETE FROM pins WHERE goal_id = ?", (goal_id,))
+
+        return await self._driver.write(write)
+
+    async def open_goals(self, thread_id: str) -> list[Goal]:
+        return await self._driver.read(
+            lambda sql: reads.read_open_goals(sql, thread_id, self.BYTE_ORDER))
+
+    # ---- viewport, eviction and snapshots -------------------------------------------------
+
+    async def viewport_inputs(self, thread_id: str, token_limit: int) -> ViewportInputs:
+        return await self._driver.together(
+            lambda sql: reads.viewport_inputs(sql, thread_id, token_limit)
+        )
+
+    async def eviction_inputs(self, thread_id: str) -> EvictionInputs:
+        return await self._driver.together(
+            lambda sql: reads.eviction_inputs(sql, thread_id, self.BYTE_ORDER)
+        )
+
+    async def commit_eviction(
+        self,
+        thread_id: str,
+        *,
+        boundary_before: int,
+        boundary_after: int,
+        zone: tuple[int, int],
+        snapshot_text: str,
+        pins: Sequence[tuple[str, str]],
+        now: datetime,
+    ) -> Snapshot | None:
+        at = utc(now)
+        snapshot = None
+        if snapshot_text.strip():
+            snapshot = Snapshot(
+                f"snap_{uuid.uuid4().hex}", thread_id, 1, zone[0], zone[1], snapshot_text, at
+            )
+
+        async def write(sql: Statements) -> None:
+            state = await reads.read_state(sql, thread_id, self.LOCK)
+            if state is None or state.boundary_seq != boundary_before:
+                raise ConflictError(f"thread {thread_id!r} changed during eviction")
+            await sql.run("UPDATE threads SET boundary_seq = ? WHERE id = ?",
+                          (boundary_after, thread_id))
+            # Pins whose message and open goal belong to the thread.
+            await sql.run_many(
+                "INSERT INTO pins(message_id, goal_id, thread_id, created_at)"
+                " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM messages WHERE id = ? AND"
+                " thread_id = ?) AND EXISTS (SELECT 1 FROM goals WHERE id = ? AND thread_id = ?"
+                " AND status = ?) ON CONFLICT DO NOTHING",
+                [(message_id, goal_id, thread_id, self._stamp(at), message_id, thread_id,
+                  goal_id, thread_id, GOAL_OPEN) for message_id, goal_id in pins],
+            )
+            if snapshot is not None:
+                await self._insert_snapshot(sql, snapshot)
+
+        await self._driver.write(write)
+        return snapshot
+
+    async def _insert_snapshot(self, sql: Statements, s: Snapshot) -> None:
+        await sql.run(
+            f"INSERT INTO snapshots({reads.SNAPSHOT_COLUMNS}) VALUES ({marks(8)})",
+            (s.id, s.thread_id, s.level, s.start_seq, s.end_seq, s.text,
+             self._stamp(s.created_at), s.covered_by),
+        )
+
+    async def uncovered_snapshots(self, thread_id: str) -> list[Snapshot]:
+        return await self._driver.read(lambda sql: reads.read_uncovered_l1(sql, thread_id))
+
+    async def commit_fold(
+        self, thread_id: str, covered: Sequence[Snapshot], text: str, now: datetime
+    ) -> Snapshot | None:
+        level2 = Snapshot(
+            f"snap_{uuid.uuid4().hex}", thread_id, 2, min(s.start_seq for s in covered),
+            max(s.end_seq for s in covered), text, utc(now),
+        )
+        ids = [s.id for s in covered]
+
+        async def write(sql: Statements) -> Snapshot | None:
+            # Locking the rows makes a racing fold wait, then re-check `covered_by` on the
+            # version this one committed, and find them covered.
+            still = await sql.rows(
+                f"SELECT id FROM snapshots WHERE id IN ({marks(len(ids))})"
+                f" AND covered_by IS NULL{self.LOCK}",
+                ids,
+            )
+            if len(still) != len(ids):
+                return None
+            await self._insert_snapshot(sql, level2)
+            await sql.run(f"UPDATE snapshots SET covered_by = ? WHERE id IN ({marks(len(ids))})",
+                          (level2.id, *ids))
+            return level2
+
+        return await self._driver.write(write)
+
+    async def snapshots(self, thread_id: str) -> list[Snapshot]:
+        return await self._driver.read(
+            lambda sql: reads.read_snapshots(sql, thread_id, "1 = 1", "level, start_seq"))
+
+    # ---- search and drill-down ------------------------------------------------------------
+
+    async def search(
+        self,
+        words: Sequence[str],
+        *,
+        limit: int,
+        now: datetime,
+        thread_id: str | None = None,
+        exclude_viewport_of: str | None = None,
+        shown: Shown | None = None,
+        where: Where | None = None,
+    ) -> list[SearchHit]:
+        if not words:
+            return []
+        query = reads.SearchQuery(
+            words, pool_size(limit), thread_id, exclude_viewport_of, shown, where)
+
+        # One read: the hits' snippets come from the rows that were ranked.
+        async def read(sql: Statements) -> list[SearchHit]:
+            scored = rank_by_recency(
+                ((int(rowid), float(score), moment(at))
+                 for rowid, score, at in await self._candidates(sql, query)),
+                now=now, limit=limit,
+            )
+            if not scored:
+                return []
+            found = await self._snippets(sql, words, [rowid for _, rowid in scored])
+            hits: list[SearchHit] = []
+            for rank, rowid in scored:
+                if rowid in found:
+                    mid, tid, seq, role, snippet, text = found[rowid]
+                    hits.append(
+                        SearchHit(mid, tid, seq, hit_snippet(snippet, text, words), rank, role))
+            return hits
+
+        return await self._driver.together(read)
+
+    async def message_ids(self, prefix: str, limit: int) -> list[str]:
+        condition, params = self._prefix(prefix)
+        rows = await self._driver.read(lambda sql: sql.rows(
+            f"SELECT id FROM messages WHERE {condition} ORDER BY id{self.BYTE_ORDER} LIMIT ?",
+            (*params, limit),
+        ))
+        return [str(row[0]) for row in rows]
+
+    async def view(self, message_id: str, radius: int) -> MessageView:
+        return await self._driver.together(lambda sql: reads.view(sql, message_id, radius))

@@ -284,28 +284,24 @@ def resolve(
 def _temperature(value: str | None, source: str) -> str | None:
     if value is None or value.strip().lower() == "server":
         return None if value is None else "server"
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number >= 0):
-        raise CliError(
-            f"the temperature from {source} must be a number >= 0 or server, got {value!r}"
-        )
+    number = _number(value, 0, f"the temperature from {source} must be a number >= 0 or server")
     return f"{number:g}"
 
 
 def _seconds(value: str | None, key: str, sources: Mapping[str, str]) -> float | None:
     if value is None:
         return None
+    return _number(value, math.ulp(0), f"{key} from {sources[key]} must be a number of "
+                                       "seconds > 0")
+
+
+def _number(value: str, least: float, rule: str) -> float:
     try:
         number = float(value)
     except ValueError:
         number = math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise CliError(
-            f"{key} from {sources[key]} must be a number of seconds > 0, got {value!r}"
-        )
+    if not (math.isfinite(number) and number >= least):
+        raise CliError(f"{rule}, got {value!r}")
     return number
 
 

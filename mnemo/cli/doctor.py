@@ -18,7 +18,6 @@ from typing import Annotated
 import anyio
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from mnemo.adapters.hashing import HashEmbedder
@@ -27,7 +26,7 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
 from mnemo.cli._common import Json, app, check_store, close
 from mnemo.cli._database import CliError
-from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._output import print_json, shorten, stdout_console, table
 from mnemo.cli._probe import (
     AT_ONCE,
     PROBE,
@@ -131,14 +130,8 @@ def doctor(
     """Check the store, the LLM and the embedder, and measure the LLM's server: latency,
     structured modes, requests served at once, and whether each task's reply fits."""
 
-    try:
-        settings = resolve(
-            store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
-            llm_timeout=llm_timeout,
-        )
-    except CliError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings = resolve(store=store, llm=llm, embedder=embedder, config=config,
+                       temperature=temperature, llm_timeout=llm_timeout)
     findings, report = anyio.run(lambda: diagnose(settings, measure=not quick))
     ok = all(f.ok for f in findings) and (report is None or report.ok)
     if as_json:
@@ -150,17 +143,9 @@ def doctor(
         })
     else:
         console = stdout_console()
-        table = Table(title="mnemo doctor", title_justify="left")
-        table.add_column("check")
-        table.add_column("result")
-        table.add_column("from")
-        table.add_column("found", overflow="fold")
-        for f in findings:
-            table.add_row(
-                f.check, _verdict(f.ok, "FAIL"), settings.sources.get(f.check, ""),
-                Text(f"{f.detail} ({f.seconds:.2f} s)"),
-            )
-        console.print(table)
+        console.print(table("mnemo doctor", ("check", "result", "from", "found~"), [
+            (f.check, _verdict(f.ok, "FAIL"), settings.sources.get(f.check, ""),
+             Text(f"{f.detail} ({f.seconds:.2f} s)")) for f in findings]))
         if report is not None:
             _print_server(console, report, findings[2].seconds)
     if not ok:
@@ -175,13 +160,10 @@ def _verdict(ok: bool | None, warn: str = "CUT") -> Text:
 
 def _print_server(console: Console, report: ServerReport, latency: float) -> None:
     """The server's measurements as a table of measure, result, found."""
-    table = Table(title="LLM server", title_justify="left")
-    table.add_column("measure")
-    table.add_column("result")
-    table.add_column("found", overflow="fold")
-    table.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
+    shown = table("LLM server", ("measure", "result", "found~"))
+    shown.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
     for mode in report.modes:
-        table.add_row(
+        shown.add_row(
             f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
             Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"),
         )
@@ -189,11 +171,11 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
     if report.at_once_error is not None:
         walls = f"{walls}; then {report.at_once_error}" if walls else report.at_once_error
     served = report.served_at_once
-    table.add_row(
+    shown.add_row(
         "requests at once", _verdict(served is not None, "FAIL"),
         Text(f"{walls} -> serves about {served} at once" if served else walls),
     )
-    table.add_row(
+    shown.add_row(
         "concurrency", Text("->"),
         f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)",
     )
@@ -210,9 +192,9 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
                 found += ": the reply reached the cap and was cut"
         if task.timeout is not None:
             found += f"; a request gets {task.timeout:.0f} s"
-        table.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
+        shown.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
     if report.tokens_per_second is not None:
-        table.add_row("speed", Text("->"), f"about {report.tokens_per_second:.0f} tokens a "
+        shown.add_row("speed", Text("->"), f"about {report.tokens_per_second:.0f} tokens a "
                       "second (a reply's, with a tenth of its prompt's and its overhead): "
                       "a request's time follows it")
-    console.print(table)
+    console.print(shown)

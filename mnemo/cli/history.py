@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._output import print_json, shorten, stdout_console, table
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff, CommitRecord
@@ -47,26 +47,17 @@ def history(
         if as_json:
             print_json([commit_json(c, goals.get(c.id)) for c in commits])
             return
-        table = Table(title=f"Commits of {escape(repo)} ({len(commits)})", title_justify="left")
-        table.add_column("seq", justify="right")
         # Ids shown short and whole (`mnemo diff` and `revert` take any unique prefix).
-        table.add_column("commit", no_wrap=True)
-        table.add_column("time", no_wrap=True)
-        table.add_column("from", overflow="fold")
-        for column in ("nodes", "links", "retired"):
-            table.add_column(column, justify="right")
         short = short_ids([c.id for c in commits], kind=False)
         sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
-        for c in commits:
-            table.add_row(
-                str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
-                Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
-                str(c.link_count),
-                str(c.retired_count),
-            )
-        if not commits:
-            table.add_row("", Text("(no commits)", style="dim"), "", "", "", "", "")
-        stdout_console().print(table)
+        stdout_console().print(table(
+            f"Commits of {escape(repo)} ({len(commits)})",
+            ("seq>", "commit!", "time!", "from~", "nodes>", "links>", "retired>"),
+            [(str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
+              Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
+              str(c.link_count), str(c.retired_count)) for c in commits],
+            empty=(1, "(no commits)"),
+        ))
 
     run(work)
 
@@ -170,22 +161,17 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     sections = (("added", changed.nodes, "+"), ("retired", changed.retired, "-"),
                 ("reworded", reworded, "~"))
     for title, nodes, mark in sections:
-        if not nodes:
-            continue
-        table = Table(title=f"{title} ({len(nodes)})", title_justify="left", box=None)
-        for column in ("", "id", "type", "text"):
-            table.add_column(column, no_wrap=column != "text", overflow="fold")
-        for node in sorted(nodes, key=lambda n: list(NodeType).index(n.type)):
-            table.add_row(mark, short[node.id], node.type.value, Text(shorten(node.text, 80)))
-        console.print(table)
+        if nodes:
+            console.print(table(
+                f"{title} ({len(nodes)})", ("~!", "id~!", "type~!", "text~"),
+                [(mark, short[node.id], node.type.value, Text(shorten(node.text, 80)))
+                 for node in sorted(nodes, key=lambda n: list(NodeType).index(n.type))],
+                box=None,
+            ))
     if changed.links:
-        table = Table(title=f"links added ({len(changed.links)})", title_justify="left",
-                      box=None)
-        for column in ("from", "link", "to"):
-            table.add_column(column, no_wrap=True)
-        for link in changed.links:
-            table.add_row(short[link.src], link.type.value, short[link.dst])
-        console.print(table)
+        console.print(table(f"links added ({len(changed.links)})", ("from!", "link!", "to!"),
+                            [(short[link.src], link.type.value, short[link.dst])
+                             for link in changed.links], box=None))
 
 
 @app.command()

@@ -24,16 +24,10 @@ from typing import Annotated, TypedDict
 
 import msgspec
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 
 from mnemo.cli._database import CliError
+from mnemo.cli._output import progress as bars
 from mnemo.errors import InvalidInputError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
 from mnemo.ingest.service import payload_of
@@ -108,14 +102,15 @@ class _Step(msgspec.Struct):
     action: str
 
 
-class _Session(msgspec.Struct):
+class Session(msgspec.Struct):
     goal: NonBlank
     steps: Annotated[list[_Step], msgspec.Meta(min_length=1)]
 
 
-class _Conversation(msgspec.Struct):
-    sessions: Annotated[list[_Session], msgspec.Meta(min_length=1)]
+class Conversation(msgspec.Struct):
+    sessions: Annotated[list[Session], msgspec.Meta(min_length=1)]
     repo: NonBlank | None = None
+    queries: list[str] = []  # the demo's questions
 
 
 class _Turn(msgspec.Struct):
@@ -131,6 +126,22 @@ class _Sample(msgspec.Struct):
     sample_id: NonBlank | None = None
 
 
+def read_json(path: Path) -> object:
+    """The JSON value in the file at `path`.
+
+    Raises:
+        CliError: the file cannot be read, or is not JSON.
+    """
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise CliError(f"{path} is not a JSON file: {exc}") from exc
+    except RecursionError as exc:
+        raise CliError(f"{path} nests too deep to read") from exc
+
+
 def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
     """Reads and checks a conversation or LoCoMo-style file.
 
@@ -138,14 +149,7 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         CliError: the file cannot be read, is not JSON, or has neither shape (naming the first
             offending entry).
     """
-    try:
-        raw = msgspec.json.decode(path.read_bytes())
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise CliError(f"{path} is not a JSON file: {exc}") from exc
-    except RecursionError as exc:
-        raise CliError(f"{path} nests too deep to read") from exc
+    raw = read_json(path)
     if isinstance(raw, dict) and "conversation" in raw:
         raw = [raw]
     try:
@@ -156,7 +160,7 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
             return IngestFile("locomo", None, [_locomo_batch(s, i) for i, s in enumerate(samples)])
         if isinstance(raw, dict) and ("sessions" in raw or "steps" in raw):
             conversation = msgspec.convert(raw if "sessions" in raw else {"sessions": [raw]},
-                                           _Conversation)
+                                           Conversation)
             return _conversation_file(conversation, prefix or path.stem, path.stem)
     except msgspec.ValidationError as exc:
         raise CliError(f"{path}: {exc}") from exc
@@ -166,17 +170,24 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
     )
 
 
-def _conversation_file(conversation: _Conversation, prefix: str, name: str) -> IngestFile:
+def _conversation_file(conversation: Conversation, prefix: str, name: str) -> IngestFile:
     sources = []
     for number, session in enumerate(conversation.sessions, start=1):
         steps = [Step(step.observation, step.action) for step in session.steps]
-        messages: list[JSONObject] = []
-        for step in session.steps:
-            messages.append({"role": "user", "content": step.observation})
-            if step.action.strip():
-                messages.append({"role": "assistant", "content": step.action})
-        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps), messages))
+        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps),
+                              messages(session)))
     return IngestFile("conversation", conversation.repo, [Batch(name, sources)])
+
+
+def messages(session: Session) -> list[JSONObject]:
+    """A session's steps as conversation messages: the observation the user's, the action
+    (when not blank) the assistant's."""
+    out: list[JSONObject] = []
+    for step in session.steps:
+        out.append({"role": "user", "content": step.observation})
+        if step.action.strip():
+            out.append({"role": "assistant", "content": step.action})
+    return out
 
 
 def _locomo_batch(sample: _Sample, index: int) -> Batch:
@@ -248,13 +259,7 @@ async def ingest_file(
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()
     report = IngestReport(repo, parsed.shape)
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, disable=not show_progress) as progress:
+    with bars(console, disable=not show_progress) as progress:
         for batch in parsed.batches:
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
             for source in batch.sources:

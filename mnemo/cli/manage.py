@@ -12,19 +12,25 @@ that opens the repo (it resumes it), and the command says so. `end` of a session
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
-from mnemo.cli._output import print_json, shorten, stderr_console, stdout_console
+from mnemo.cli._output import (
+    print_json,
+    progress,
+    shorten,
+    stderr_console,
+    stdout_console,
+    table,
+)
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
@@ -35,6 +41,7 @@ from mnemo.cli._settings import (
     TemperatureOpt,
     resolve,
 )
+from mnemo.conversation.model import Snapshot
 from mnemo.events import Event
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
@@ -70,14 +77,9 @@ def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = Fals
         if as_json:
             print_json([{"repo": name, "live_sessions": n} for name, n in rows])
             return
-        table = Table(title=f"Repos ({len(rows)})", title_justify="left")
-        table.add_column("repo", overflow="fold")
-        table.add_column("live sessions", justify="right")
-        for name, n in rows:
-            table.add_row(Text(name), str(n))
-        if not rows:
-            table.add_row(Text("(no repos)", style="dim"), "")
-        stdout_console().print(table)
+        stdout_console().print(table(f"Repos ({len(rows)})", ("repo~", "live sessions>"),
+                                     [(Text(name), str(n)) for name, n in rows],
+                                     empty=(0, "(no repos)")))
 
     run(work)
 
@@ -100,15 +102,6 @@ def reembed(
     and written as usual meanwhile; interrupted, it keeps its old vectors, and running the
     command again carries on."""
 
-    # What `repos`, `view` and `session` do not need: imported when this command runs.
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
     async def work() -> None:
         settings = resolve(store=store, embedder=embedder, config=config)
         done: JSONObject = {}
@@ -117,12 +110,10 @@ def reembed(
             if event.kind == "repo_reembedded" and event.repo == repo:
                 done.update(event.data)
 
-        columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn())
         # A writing command: a working Memory (an inspecting one records no model).
         async with open_memory(settings, works=True, on_event=switched) as mem:
             await check_repo(mem, repo)
-            with Progress(*columns, console=stderr_console(), disable=as_json) as bar:
+            with progress(stderr_console(), disable=as_json) as bar:
                 task = bar.add_task(f"reembed {repo}", total=None)
 
                 def advance(update: ReembedProgress) -> None:
@@ -170,29 +161,25 @@ def view(
             print_json(view_json(shown))
             return
         console = stdout_console()
-        for snapshot in shown.snapshots_before:
-            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
-                               f"{shorten(snapshot.text, 300)}", style="dim"))
-        table = Table(title=f"Thread {escape(shown.target.thread_id)}", title_justify="left")
-        table.add_column("seq", justify="right")
-        table.add_column("role")
-        table.add_column("content", overflow="fold")
-        table.add_column("message", no_wrap=True)
+
+        def snapshots(found: Sequence[Snapshot]) -> None:
+            for snapshot in found:
+                console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
+                                   f"{shorten(snapshot.text, 300)}", style="dim"))
+
+        snapshots(shown.snapshots_before)
         short = short_ids([m.id for m in shown.messages], kind=False)
-        for m in shown.messages:
-            target = m.id == shown.target.id
-            table.add_row(
-                str(m.seq), Text(m.role),
-                Text(shorten(m.content, 200), style="bold" if target else ""), short[m.id],
-            )
-        console.print(table)
+        console.print(table(
+            f"Thread {escape(shown.target.thread_id)}", ("seq>", "role", "content~", "message!"),
+            [(str(m.seq), Text(m.role), Text(shorten(m.content, 200),
+                                             style="bold" if m.id == shown.target.id else ""),
+              short[m.id]) for m in shown.messages],
+        ))
         # The target whole, below the table: its content is what the command is for.
         whole = shown.target
         console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
         console.print(Text(whole.content), soft_wrap=True)
-        for snapshot in shown.snapshots_after:
-            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
-                               f"{shorten(snapshot.text, 300)}", style="dim"))
+        snapshots(shown.snapshots_after)
 
     run(work)
 

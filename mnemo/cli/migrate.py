@@ -18,19 +18,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
+from rich.progress import Progress, TaskID, TextColumn
 
 from mnemo.cli._common import Json, app, run
 from mnemo.cli._database import CliError, check_database
-from mnemo.cli._output import print_json, stderr_console, stdout_console
+from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
 from mnemo.errors import StorageError
 from mnemo.storage.ports import has_postgres_driver, is_postgres
 from mnemo.storage.transfer import TransferReport, open_dump, same_store, transfer
@@ -108,15 +100,13 @@ def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None
 
     async def work() -> None:
         check_stores(source, target)
-        progress = Progress(
-            TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=stderr_console(),
-        )
+        bars = progress(stderr_console())
+        bars.columns = (TextColumn("{task.description:<20}"), *bars.columns[1:])
         try:
             async with open_dump(source, must_exist=True) as src, \
                     open_dump(target, must_exist=False) as dst:
-                with progress:
-                    report = await transfer(src, dst, progress=_Bars(progress))
+                with bars:
+                    report = await transfer(src, dst, progress=_Bars(bars))
         except StorageError as exc:
             if exc.reason != "mismatch":
                 raise
@@ -126,13 +116,10 @@ def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None
             print_json(report_json(source, target, report))
             return
         console = stdout_console()
-        table = Table(title=f"{display(source)} -> {display(target)}", title_justify="left")
-        table.add_column("table")
-        for column in ("source", "copied", "target"):
-            table.add_column(column, justify="right")
-        for t in report.tables:
-            table.add_row(t.table, str(t.source), str(t.copied), str(t.target))
-        console.print(table)
+        console.print(table(f"{display(source)} -> {display(target)}",
+                            ("table", "source>", "copied>", "target>"),
+                            [(t.table, str(t.source), str(t.copied), str(t.target))
+                             for t in report.tables]))
         console.print(f"node checksum (sha256 of ids and texts), equal on both: {report.checksum}")
         if report.copied:
             console.print(f"Copied {report.copied} rows; verified.")

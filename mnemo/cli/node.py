@@ -19,7 +19,7 @@ from rich.text import Text
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._output import print_json, shorten, stdout_console, table
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
@@ -254,11 +254,8 @@ def report_text(report: NodeReport) -> Group:
 
 def _section(title: str, columns: int) -> Table:
     """A titled table without borders or header, its last column folded."""
-    table = Table(title=f"\n{escape(title)}", title_justify="left", title_style="bold",
-                  box=None, show_header=False)
-    for number in range(columns):
-        table.add_column(no_wrap=number < columns - 1, overflow="fold")
-    return table
+    return table(f"\n{escape(title)}", ("~!",) * (columns - 1) + ("~",), box=None,
+                 show_header=False, title_style="bold")
 
 
 def _more(table: Table, count: int, width: int = 3) -> None:

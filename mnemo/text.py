@@ -289,6 +289,13 @@ def first_sentence(text: str, *, max_words: int = 40) -> str:
     return clip_words(found[0], max_words)
 
 
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line (whitespace collapsed), cut to `limit` characters with an
+    ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
 def clip_words(text: str, max_words: int) -> str:
     """`text` with whitespace collapsed, cut after `max_words` words (marked with "...")."""
     parts = text.split()

@@ -15,11 +15,11 @@ from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._ids import short_ids
+from mnemo.text import shorten
 
 if TYPE_CHECKING:
     from mnemo.recall.engine import RecallResult
 
-TEXT_WIDTH = 100
 
 
 def stdout_console() -> Console:
@@ -39,12 +39,6 @@ def json_text(value: object) -> str:
 
 def print_json(value: object) -> None:
     sys.stdout.write(json_text(value))
-
-
-def shorten(text: str, width: int = TEXT_WIDTH) -> str:
-    """The text on one line, cut at `width` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
 
 
 def table(

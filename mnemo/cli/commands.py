@@ -18,7 +18,6 @@ from mnemo.cli._output import (
     json_text,
     print_json,
     recall_table,
-    shorten,
     stderr_console,
     stdout_console,
     table,
@@ -37,6 +36,7 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
 from mnemo.session.machine import State
+from mnemo.text import shorten
 
 
 class ExportFormat(StrEnum):

@@ -26,7 +26,7 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
 from mnemo.cli._common import Json, app, check_store, close
 from mnemo.cli._database import CliError
-from mnemo.cli._output import print_json, shorten, stdout_console, table
+from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._probe import (
     AT_ONCE,
     PROBE,
@@ -48,6 +48,7 @@ from mnemo.cli._settings import (
 )
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
+from mnemo.text import shorten
 from mnemo.version import DISTRIBUTION, foreign_distributions, installed_version
 
 

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console, table
+from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff, CommitRecord
@@ -22,6 +22,7 @@ from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import Node, NodeType
 from mnemo.jsonable import commit_json, diff_json, link_json, node_json
 from mnemo.memory import Memory
+from mnemo.text import shorten
 
 Repo = Annotated[str, typer.Argument(help="The repo.")]
 # How many of a repo's newest commits a prefix given to `revert` is looked for among.

@@ -23,14 +23,7 @@ from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
-from mnemo.cli._output import (
-    print_json,
-    progress,
-    shorten,
-    stderr_console,
-    stdout_console,
-    table,
-)
+from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
@@ -47,6 +40,7 @@ from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
 from mnemo.ports import JSONObject
 from mnemo.session.machine import State
+from mnemo.text import shorten
 
 if TYPE_CHECKING:
     from mnemo.graph.reembed import ReembedProgress

@@ -19,7 +19,7 @@ from rich.text import Text
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console, table
+from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
@@ -27,6 +27,7 @@ from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.jsonable import commit_json, node_json
 from mnemo.memory import Memory
+from mnemo.text import shorten
 
 # Linked nodes the table lists for each link type (the JSON lists them all), and steps.
 MAX_LISTED = 10

@@ -18,8 +18,6 @@ rebinding, is refused), and, when a token is set, only the requests that show it
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import inspect
 import signal
 import socket
@@ -41,7 +39,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
 from pydantic import AnyHttpUrl, ValidationError
 
-from mnemo.access import LOOPBACK, WILDCARD_BINDS, check_token, host_pattern, is_loopback
+from mnemo.access import check_token, hosts_of, is_loopback, same_token
 from mnemo.config import Config
 from mnemo.errors import InvalidInputError
 from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
@@ -99,20 +97,15 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
 
 
 class _Bearer:
-    """The SDK's token verifier for one shared token, compared as SHA-256 digests in
-    constant time (its length hidden too)."""
+    """The SDK's token verifier for one shared token (`same_token`)."""
 
     def __init__(self, token: str) -> None:
-        self._digest = _sha256(token)
+        self._token = token
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        if not hmac.compare_digest(_sha256(token), self._digest):
+        if not same_token(token, self._token):
             return None
         return AccessToken(token=token, client_id="mnemo", scopes=[])
-
-
-def _sha256(token: str) -> bytes:
-    return hashlib.sha256(token.encode(errors="replace")).digest()
 
 
 def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "") -> MCPServer:
@@ -185,9 +178,7 @@ class Http:
                 f"serving MCP on {self.host!r} needs a bearer token (--token or "
                 "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory"
             )
-        own = () if self.host.strip() in WILDCARD_BINDS else (self.host,)
-        names = tuple(dict.fromkeys(host_pattern(h) for h in (*LOOPBACK, *own,
-                                                                *self.allow_hosts)))
+        names = hosts_of(self.host, self.allow_hosts)
         if any(name.startswith("*") for name in names):
             raise InvalidInputError("an allowed host is a name or an address, not a pattern")
         object.__setattr__(self, "allow_hosts", names)

@@ -16,7 +16,7 @@ from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
 from mnemo.ui.app import create_app
 from mnemo.ui.guard import Access, Redaction, exposure
-from mnemo.ui.source import MemorySource, MemoryView
+from mnemo.ui.source import MemorySource
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
@@ -29,8 +29,8 @@ async def open_view(
     allow_writes: bool = False,
     llm: LLM | None = None,
     embedder: Embedder | None = None,
-) -> AsyncIterator[MemoryView]:
-    """A `MemoryView` over the memory at `db`, open while the block runs. Without models, each
+) -> AsyncIterator[MemorySource]:
+    """A `MemorySource` over the memory at `db`, open while the block runs. Without models, each
     repo's recorded ones are used (as by every other entry point). The Memory is opened for
     inspection, `--allow-writes` or not: it never resumes or takes over work, and records no
     repo's settings."""

@@ -26,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.text import shorten
 from mnemo.ui.source import LinkedNode
 
 MARGIN = 10
@@ -90,8 +91,9 @@ class Mark:
 
 
 @dataclass(frozen=True, slots=True)
-class Curve:
-    """A link from the middle node's box to a neighbour, coloured by its (first) type."""
+class Line:
+    """A link drawn, coloured by its (first) type: from the middle node's box to a
+    neighbour, or between two nodes' markers in a picture."""
 
     path: str
     link_type: LinkType
@@ -120,7 +122,7 @@ class Drawing:
     box_y: float
     box_height: float
     box_lines: tuple[str, ...]
-    curves: tuple[Curve, ...]
+    curves: tuple[Line, ...]
     headings: tuple[Heading, ...]
     marks: tuple[Mark, ...]
     heading_x: float
@@ -139,12 +141,6 @@ def shape(node_type: NodeType, x: float, y: float, radius: float = RADIUS) -> st
         angle = math.radians(start + 360 * i / corners)
         points.append(f"{x + radius * math.cos(angle):.1f},{y + radius * math.sin(angle):.1f}")
     return "M" + "L".join(points) + "Z"
-
-
-def shorten(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
 def _grouped(linked: Sequence[LinkedNode]) -> list[tuple[LinkType, list[Node]]]:
@@ -226,28 +222,12 @@ def neighbourhood(
         label = shorten(member.text, layout.label_chars - len(retired)) + retired
         marks.append(Mark(member, layout.mark_x, mark_y, label, layout.label_x, mark_y + 5,
                           kinds, shape(member.type, layout.mark_x, mark_y)))
-        curves.append(Curve(
-            _curve(layout, box_y, box_height, mark_y),
-            link_type,
-            ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}",
-        ))
+        curves.append(Line(_curve(layout, box_y, box_height, mark_y), link_type,
+                           ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}"))
     present = {node.type, *(m.node.type for m in marks)}
-    return Drawing(
-        width=layout.width,
-        height=math.ceil(height),
-        node=node,
-        box_x=MARGIN,
-        box_width=layout.box_width,
-        box_y=box_y,
-        box_height=box_height,
-        box_lines=box_lines,
-        curves=tuple(curves),
-        headings=tuple(headings),
-        marks=tuple(marks),
-        heading_x=layout.mark_x - RADIUS,
-        hidden=hidden,
-        node_types=tuple(t for t in NodeType if t in present),
-    )
+    return Drawing(layout.width, math.ceil(height), node, MARGIN, layout.box_width, box_y,
+                   box_height, box_lines, tuple(curves), tuple(headings), tuple(marks),
+                   layout.mark_x - RADIUS, hidden, tuple(t for t in NodeType if t in present))
 
 
 def _curve(layout: Layout, box_y: float, box_height: float, mark_y: float) -> str:
@@ -291,15 +271,6 @@ class Spot:
     label_x: float
     anchor: str
     focus: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """A link of the picture, between the centres of its two nodes' markers."""
-
-    path: str
-    link_type: LinkType
-    title: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,9 @@ from mnemo.access import (
     WILDCARD_BINDS,
     check_token,
     host_pattern,
+    hosts_of,
     is_loopback,
+    same_token,
 )
 from mnemo.errors import InvalidInputError
 
@@ -122,8 +124,7 @@ class Access:
     def bound(cls, bind: str, allow: Iterable[str] = (), token: str | None = None) -> Access:
         """The access of a server listening on `bind`: the loopback names, the bound address
         itself (unless it binds every interface) and the `allow` patterns."""
-        own = () if bind.strip() in WILDCARD_BINDS else (bind.strip(),)
-        return cls((*LOOPBACK, *own, *allow), token)
+        return cls(hosts_of(bind, allow), token)
 
     def answers(self, name: str) -> bool:
         """Whether a request with this Host name (as `parse_host` gives it) is served."""
@@ -237,7 +238,7 @@ class Gate:
                           keep_blank_values=True)
         offered = [v for k, v in query if k == TOKEN_PARAM]
         if offered and method in ("GET", "HEAD"):
-            if not _equal(offered[-1], self.access.token):
+            if not same_token(offered[-1], self.access.token):
                 return _ask_for_token(scope["path"], wrong=True)
             rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
             target = quote(scope.get("root_path", "") + scope["path"])
@@ -248,21 +249,12 @@ class Gate:
             )
             return response
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and _equal(credentials.strip(), self.access.token):
+        if scheme.lower() == "bearer" and same_token(credentials.strip(), self.access.token):
             return None
         held = _cookies(headers).get(cookie)
-        if held is not None and _equal(held, self.access.cookie_value()):
+        if held is not None and same_token(held, self.access.cookie_value()):
             return None
         return _ask_for_token(scope["path"], wrong=False)
-
-
-def _equal(given: str, expected: str) -> bool:
-    """Whether two texts are equal, in a time that tells nothing of either: their digests
-    (of one length whatever the texts' lengths) are compared in constant time."""
-    return hmac.compare_digest(
-        hashlib.sha256(given.encode("utf-8", "replace")).digest(),
-        hashlib.sha256(expected.encode()).digest(),
-    )
 
 
 def _cookies(headers: Headers) -> dict[str, str]:

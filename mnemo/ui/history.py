@@ -14,7 +14,7 @@ from mnemo.graph.history import CommitDiff
 from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import Link, Node, NodeType
 from mnemo.ui.render import form, href, known_repo, page, required, view_of, whole
-from mnemo.ui.source import MemoryView
+from mnemo.ui.source import MemorySource
 
 DEFAULT_COMMITS = 50
 MAX_COMMITS = 1000
@@ -79,7 +79,7 @@ async def commit(request: Request) -> Response:
 
 
 async def _texts(
-    view: MemoryView, repo: str, diff: CommitDiff, links: list[Link]
+    view: MemorySource, repo: str, diff: CommitDiff, links: list[Link]
 ) -> dict[str, Node]:
     """The nodes at the ends of `links`: those of the diff, the others read one by one."""
     known: dict[str, Node] = {n.id: n for n in (*diff.nodes, *diff.retired)}

@@ -16,7 +16,7 @@ from starlette.templating import Jinja2Templates
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.graph.model import NodeType
 from mnemo.ui.drawing import shape
-from mnemo.ui.source import MemoryView
+from mnemo.ui.source import MemorySource
 
 HERE = Path(__file__).parent
 # A form the app's pages post is a few short fields: more is not one of them.
@@ -63,9 +63,9 @@ def _templates() -> Jinja2Templates:
 TEMPLATES = _templates()
 
 
-def view_of(request: Request) -> MemoryView:
-    """The `MemoryView` the app reads through."""
-    view: MemoryView = request.app.state.view
+def view_of(request: Request) -> MemorySource:
+    """The `MemorySource` the app reads through."""
+    view: MemorySource = request.app.state.view
     return view
 
 
@@ -134,7 +134,7 @@ def whole(params: Params, name: str, default: int, *, low: int, high: int) -> in
     return value
 
 
-async def known_repo(view: MemoryView, params: Params) -> str:
+async def known_repo(view: MemorySource, params: Params) -> str:
     """The `repo` parameter, a repo of the memory.
 
     Raises:

@@ -30,8 +30,7 @@ from mnemo.cli._database import CliError
 from mnemo.cli._output import progress as bars
 from mnemo.errors import InvalidInputError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
-from mnemo.ingest.service import payload_of
-from mnemo.inputs import check_name
+from mnemo.ingest.service import check_ingest
 from mnemo.memory import Memory
 from mnemo.ports import JSONObject
 
@@ -253,8 +252,7 @@ async def ingest_file(
     for batch in parsed.batches:
         for source in batch.sources:
             try:
-                check_name(source.source_id, "source id")
-                payload_of(source.trajectory, config)
+                check_ingest(source.trajectory, source.source_id, None, config)
             except InvalidInputError as exc:
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()

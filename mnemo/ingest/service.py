@@ -59,24 +59,19 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
-    """The canonical JSON of what identifies an ingest's payload, checked against `config`'s
-    bounds (the defaults when None; `check_trajectory`).
-
-    Raises:
-        InvalidInputError: as `check_trajectory`.
-    """
-    steps = check_trajectory(trajectory, config or Config())
-    # Built by short C calls (`cpu.dumps`): a payload at the ceilings is 32 MB.
-    return cpu.dumps(
-        {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
-        sort_keys=True,
-    )
+def payload_of(trajectory: Trajectory) -> str:
+    """The canonical JSON of what identifies an ingest's payload (a trajectory
+    `check_trajectory` passed). Built by short C calls (`cpu.dumps`): a payload at the
+    ceilings is 32 MB."""
+    steps = [{"observation": step.observation, "action": step.action,
+              "metadata": step.metadata} for step in trajectory.steps]
+    return cpu.dumps({"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
+                     sort_keys=True)
 
 
-def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]:
-    """The trajectory's steps as plain dicts, each checked against `config`: at most
-    `max_steps_per_ingest` steps, each text and metadata's JSON at most `max_text_chars`.
+def check_trajectory(trajectory: Trajectory, config: Config) -> None:
+    """Checks the trajectory against `config`: at most `max_steps_per_ingest` steps, each
+    text and metadata's JSON at most `max_text_chars`.
 
     Raises:
         InvalidInputError: a field has the wrong type or is not JSON-serialisable, a goal or
@@ -99,7 +94,6 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]
         )
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
-    steps: list[JSONObject] = []
     for i, step in enumerate(trajectory.steps):
         check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
         check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
@@ -107,20 +101,17 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]
             raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
         if step.metadata is not None:
             check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
-        # The metadata was checked to be JSON just above.
-        steps.append({"observation": step.observation, "action": step.action,
-                      "metadata": cast("JSONObject | None", step.metadata)})
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
         check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
-    return steps
 
 
 def check_ingest(
     trajectory: Trajectory, source_id: str, progress: Progress | None, config: Config
 ) -> None:
-    """An ingest's input checked against the repo's `config`.
+    """An ingest's input checked against the repo's `config`: `Memory.ingest` checks it once,
+    before the store is read; `IngestService.ingest` takes it checked.
 
     Raises:
         InvalidInputError: a source id that is no name (`inputs.check_name`), a `progress`
@@ -132,10 +123,10 @@ def check_ingest(
     check_trajectory(trajectory, config)
 
 
-def _digest(trajectory: Trajectory, config: Config, metadata: Metadata | None) -> str:
+def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:
     """The digest that identifies a source: its payload and its scope (the same steps under
     another scope conflict)."""
-    payload = payload_of(trajectory, config) + (canonical(metadata or {}) or "")
+    payload = payload_of(trajectory) + (canonical(metadata or {}) or "")
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -158,18 +149,16 @@ class IngestService:
         metadata: Metadata | None = None,
     ) -> IngestReceipt:
         """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
-        far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`).
+        far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`). The
+        input is `check_ingest`ed by the caller.
 
         Raises:
-            InvalidInputError: a malformed trajectory or source id, or a bound of the repo's
-                config passed (nothing stored).
             ConflictError: the source id is taken by a different payload.
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
         runtime = self._runtime(repo)
-        check_ingest(trajectory, source_id, progress, runtime.config)
         chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
-        digest = await cpu.run(lambda: _digest(trajectory, runtime.config, metadata), chars)
+        digest = await cpu.run(lambda: _digest(trajectory, metadata), chars)
         key = (repo, source_id)
         total = len(trajectory.steps)
 

@@ -48,23 +48,10 @@ replaces a wrong fact (the old one is kept, retired), `forget` erases memories f
 topic, and `recall_memory` reads those topic files back."""
 
 TOOL_NAMES = (
-    "recall",
-    "get_node",
-    "search_messages",
-    "view_messages",
-    "save_messages",
-    "append_messages",
-    "list_repos",
-    "list_sessions",
-    "start_session",
-    "append",
-    "close_and_commit",
-    "discard_session",
-    "end_session",
-    "forget",
-    "correct",
-    "persist_memory",
-    "recall_memory",
+    "recall", "get_node", "search_messages", "view_messages", "save_messages",
+    "append_messages", "list_repos", "list_sessions", "start_session", "append",
+    "close_and_commit", "discard_session", "end_session", "forget", "correct",
+    "persist_memory", "recall_memory",
 )
 # A scope: metadata key -> a value, or a list of values any of which matches.
 Where = Annotated[
@@ -72,6 +59,11 @@ Where = Annotated[
     Field(description="Only the memories of this scope: metadata key -> value (or a list of "
                       "values), e.g. {\"user_id\": \"alice\"}; every key must match."),
 ]
+SessionId = Annotated[str, Field(description="From start_session.")]
+Directory = Annotated[
+    str | None, Field(description="A sub-folder of the memory directory (default: its root).")
+]
+Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)]
 # At most this many repos or sessions a page (`offset` reads on).
 PAGE_ITEMS = 50
 # Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
@@ -293,7 +285,7 @@ class MemoryTools:
 
     async def list_repos(
         self,
-        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+        offset: Offset = 0,
     ) -> str:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
@@ -304,7 +296,7 @@ class MemoryTools:
     async def list_sessions(
         self,
         repo: Annotated[str | None, Field(description="Only this repo's (default: all).")] = None,
-        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+        offset: Offset = 0,
     ) -> str:
         """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
         the open episode's goal (a snippet) and its number of steps."""
@@ -316,9 +308,7 @@ class MemoryTools:
             ]
             return _dumps(_page(rows, offset, "sessions"))
 
-    async def discard_session(
-        self, session_id: Annotated[str, Field(description="From start_session.")]
-    ) -> str:
+    async def discard_session(self, session_id: SessionId) -> str:
         """Drops a session's ready changeset or failed extraction (then `end_session`, or
         keep it). Errors: a session that is neither ready nor failed."""
         with _as_tool_error():
@@ -327,9 +317,7 @@ class MemoryTools:
             state = await mem.session_state(session_id)
             return _dumps({"session_id": session_id, "state": label(state)})
 
-    async def end_session(
-        self, session_id: Annotated[str, Field(description="From start_session.")]
-    ) -> str:
+    async def end_session(self, session_id: SessionId) -> str:
         """Ends a session for good (what it committed stays); its id is then unknown."""
         with _as_tool_error():
             await (await self._working()).end_session(session_id)
@@ -356,7 +344,7 @@ class MemoryTools:
 
     async def append(
         self,
-        session_id: Annotated[str, Field(description="From start_session.")],
+        session_id: SessionId,
         observation: Annotated[str, Field(description="What you saw: output, error, reply.")],
         action: Annotated[str, Field(description="What you did about it.")],
     ) -> str:
@@ -366,9 +354,7 @@ class MemoryTools:
             mem = await self._working()
             return _dumps(step_json(await mem.append(session_id, observation, action)))
 
-    async def close_and_commit(
-        self, session_id: Annotated[str, Field(description="From start_session.")]
-    ) -> str:
+    async def close_and_commit(self, session_id: SessionId) -> str:
         """Ends the session: extracts facts and procedures from its steps, commits them to the
         repo's graph (then `recall` finds them) and returns the committed node ids."""
         with _as_tool_error():
@@ -388,10 +374,7 @@ class MemoryTools:
     async def persist_memory(
         self,
         what: Annotated[str, Field(description="The statement to remember, self-contained.")],
-        directory: Annotated[
-            str | None,
-            Field(description="A sub-folder of the memory directory (default: its root)."),
-        ] = None,
+        directory: Directory = None,
     ) -> str:
         """Files a statement in the long-term topic memory files (one Markdown file per
         topic); returns the file it went to, and what keeping it within its size cost: the
@@ -405,10 +388,7 @@ class MemoryTools:
     async def recall_memory(
         self,
         query: Annotated[str, Field(description="Words describing the topic.")],
-        directory: Annotated[
-            str | None,
-            Field(description="A sub-folder of the memory directory (default: its root)."),
-        ] = None,
+        directory: Directory = None,
         limit: Annotated[int, Field(description="How many files.", ge=1, le=50)] = 5,
     ) -> str:
         """The topic memory files matching the query (topic, description, content), most

@@ -44,9 +44,7 @@ ON_LOOP_CHARS = 4_000
 async def off_loop(func: Callable[[], T], *, abandon_on_cancel: bool = False) -> T:
     """`func()` in a worker thread, when the slot is free. With `abandon_on_cancel`, a
     cancelled caller returns at once and the thread finishes on its own."""
-    return await anyio.to_thread.run_sync(
-        func, limiter=slot(), abandon_on_cancel=abandon_on_cancel
-    )
+    return await anyio.to_thread.run_sync(func, limiter=slot(), abandon_on_cancel=abandon_on_cancel)
 
 
 async def run(func: Callable[[], T], chars: int, *, abandon_on_cancel: bool = False) -> T:

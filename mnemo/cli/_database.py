@@ -1,10 +1,6 @@
-"""Which file a command works on, checked before `Memory` touches it
-(`mnemo.storage.files.store_file` says what a file holds):
-
-- a read command needs an existing mnemo database;
-- a write command (ingest, demo, mcp) may create a missing or empty file, and may use a
-  database with no tables at all, but never a file that holds something else.
-"""
+"""Which file a command works on, checked before `Memory` touches it: a read command needs an
+existing mnemo database; a write command may create a missing or empty file, or use a database
+with no tables, but never a file that holds something else."""
 
 from __future__ import annotations
 

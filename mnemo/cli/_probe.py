@@ -1,23 +1,9 @@
-"""What `mnemo doctor` measures of an LLM's server, with a few small real calls.
-
-- latency: one free-text call (the `"state"` task about one line);
-- structured modes: one small structured task (`"reward"`) in each form the adapter knows
-  (`json_schema`, `tool`, `json` for an OpenAI-compatible server; the forced tool for
-  Anthropic), each through its own adapter built from the URI with `structured=`;
-- requests at once: 1, then 2, then 4 copies of one short request sent together (after an
-  unmeasured batch of 4 that opens the connections); a server that serves n at once answers
-  k <= n of them in about the time of one, so the estimate is the best `k * one / wall(k)`,
-  rounded, at most k;
-- the tasks: annotation's `state`, `subgoal` and `reward` and extraction's `semantic` and
-  `procedural`, each asked once with a one-step input through the adapter as mnemo asks it;
-  each reports the tokens its reply used against its `max_tokens` (a reply that reached the
-  cap was cut, and mnemo would re-ask it);
-- the speed: the reply tokens a second the adapter measured over those calls
-  (`mnemo.adapters.limit.Limit`), and the seconds one request of each task then gets
-  (`Transport.attempt_timeout`: a slow server is given the time its replies need).
-
-Each call runs under `CALL_SECONDS`: a slow server is a finding, not a hang.
-"""
+"""What `mnemo doctor` measures of an LLM's server, with a few small real calls, each under
+`CALL_SECONDS`: the structured-output modes the adapter knows (each through an adapter of its
+own), how many requests it serves at once (1, 2 and 4 copies sent together after a warm-up
+batch: the best `k * one / wall(k)`), whether each annotation and extraction task's reply fits
+its `max_tokens`, and its speed (`mnemo.adapters.limit.Limit`) with the seconds a request of
+each task then gets (`Transport.attempt_timeout`)."""
 
 from __future__ import annotations
 
@@ -233,9 +219,7 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     and the estimate of how many the server serves at once."""
     # An adapter of its own, pinned so that every copy goes out at once (an adapting limit
     # would start at 2 and measure itself).
-    model = llm_from_uri(
-        with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE))
-    )
+    model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
     base = state_probe()
     request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
     try:

@@ -1,31 +1,8 @@
-"""Which store and which models a command uses: flags, then environment, then a config file,
-then the defaults (the order most command-line tools follow).
-
-| setting            | flag                   | environment                | file key             |
-| ------------------ | ---------------------- | -------------------------- | -------------------- |
-| store              | `--store` (`--db`)     | `MNEMO_STORE` (`MNEMO_DB`) | `store`              |
-| LLM                | `--llm`                | `MNEMO_LLM`                | `llm`                |
-| embedder           | `--embedder`           | `MNEMO_EMBEDDER`           | `embedder`           |
-| temperature        | `--temperature`        | `MNEMO_TEMPERATURE`        | `temperature`        |
-| LLM timeout        | `--llm-timeout`        | `MNEMO_LLM_TIMEOUT`        | `llm_timeout`        |
-| extraction timeout | `--extraction-timeout` | `MNEMO_EXTRACTION_TIMEOUT` | `extraction_timeout` |
-
-The store defaults to `memory.db`, the models as below, the temperature and the LLM timeout to
-the LLM URI's own or the adapter's (0, 60 s), the extraction timeout to 60 s.
-The temperature (a number >= 0, or `server` for the server's own default) and the request
-timeout tune the chosen LLM: they join its URI as settings (`?temperature=...&timeout=...`,
-see `mnemo.adapters.uri`), overriding those the URI carries, and without an LLM chosen a flag
-giving one is an error. The extraction timeout is the `Config.extraction_timeout` of the
-command's `Memory`: it bounds the conversation memory's model calls and each extraction of a
-repo the command creates. Like `--llm`, a setting given to a command that only reads applies
-to that command alone.
-
-The config file is TOML: `--config PATH`, else `$MNEMO_CONFIG`, else `./mnemo.toml`, else
-`$XDG_CONFIG_HOME/mnemo/config.toml` (`~/.config/mnemo/config.toml`); a relative `store` in it
-is relative to the file. It holds no keys: those come from the providers' usual variables
-(`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`). With no model chosen anywhere, each repo runs the
-models it recorded, and a new repo the defaults (`offline`, the embedded embedder).
-"""
+"""Which store and which models a command uses: flags, then environment (`MNEMO_STORE`, ...),
+then a TOML config file (`--config`, `$MNEMO_CONFIG`, `./mnemo.toml`, then
+`$XDG_CONFIG_HOME/mnemo/config.toml`; a relative `store` is relative to it), then the
+defaults. README's "Command line" lists them. The temperature and LLM timeout join the chosen
+LLM's URI (`mnemo.adapters.uri`); the extraction timeout is the command's `Config`."""
 
 from __future__ import annotations
 
@@ -183,9 +160,7 @@ class Settings:
         return Path(self.store)
 
 
-def config_file(
-    given: Path | None, env: Mapping[str, str], cwd: Path
-) -> tuple[Path | None, bool]:
+def config_file(given: Path | None, env: Mapping[str, str], cwd: Path) -> tuple[Path | None, bool]:
     """The config file to read, and whether it was asked for (then it must exist)."""
     if given is not None:
         return given, True

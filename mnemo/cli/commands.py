@@ -257,9 +257,7 @@ def graph(
     """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
     fmt = export
     if fmt is None and out is not None:
-        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(
-            out.suffix.lower()
-        )
+        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
 
     from mnemo.cli import graph as graph_export
 
@@ -300,9 +298,7 @@ def graph(
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Words to find in stored messages.")],
-    thread: Annotated[
-        str | None, typer.Option("--thread", "-t", help="Only this thread.")
-    ] = None,
+    thread: Annotated[str | None, typer.Option("--thread", "-t", help="Only this thread.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
     where: Where = None,
     store: StoreOpt = None,

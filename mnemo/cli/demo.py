@@ -1,19 +1,7 @@
-"""`mnemo demo`: an assistant's working week, remembered and recalled, fully offline.
-
-The demo replays a multi-day conversation (`data/demo_conversation.json` beside this module)
-through mnemo's public API on the embedded defaults: the offline LLM and the embedded embedder,
-so it needs no network and no API key. It shows:
-
-- sessions living their whole life: `start_session`, one `append` per step, `close_and_commit`;
-- trajectory segmentation: each topic shift inside a session ("Now let's ...") should open a new
-  trajectory (`StepInfo.boundary_detected`);
-- what extraction committed to the knowledge graph, counted by node type;
-- recall: a few questions answered from the graph, with each memory's score, phase and hop;
-- each session saved as conversation thread `demo/N` too, for `mnemo search` and the web app;
-- the event stream, tallied by kind through `on_event`.
-
-`scripts/demo` and `mnemo demo` both run `run_demo`.
-"""
+"""`mnemo demo`: an assistant's working week (`data/demo_conversation.json`), remembered and
+recalled through the public API, offline: sessions start, append and commit (trajectory
+boundaries shown as they are found), then what was committed, a few recalls and the events,
+each session also saved as conversation thread `demo/N`. `scripts/demo` runs it too."""
 
 from __future__ import annotations
 

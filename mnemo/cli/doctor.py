@@ -1,15 +1,7 @@
-"""`mnemo doctor`: checks the store, the LLM and the embedder the settings choose, with small
-real calls, measures the LLM's server, and prints what it found (exit 1 when a check fails).
-
-The LLM is asked the `"state"` task (one short paragraph, which every provider and the offline
-LLM answer) about one line: its latency. Then, for a model served over HTTP and unless
-`--quick`, `_probe` measures the server: which structured-output modes work, how many requests
-it serves at once, the concurrency mnemo will use with it, whether each task's reply fits its
-`max_tokens`, its speed, and the seconds a request of each task gets at that speed. The embedder
-embeds one short text. A store that does not exist is reported, not created. The first check names
-the installed distribution and fails when another one ships a `mnemo` package of its own into the
-same environment.
-"""
+"""`mnemo doctor`: checks the installed distribution, the store, the LLM (the `"state"` task:
+its latency) and the embedder the settings choose, with small real calls, and unless `--quick`
+measures an HTTP model's server (`_probe`); exit 1 when a check fails. A missing store is
+reported, not created."""
 
 from __future__ import annotations
 

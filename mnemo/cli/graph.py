@@ -1,8 +1,4 @@
-"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML.
-
-Nodes and links come through the `Memory` facade (`get_nodes_by_type`, `links`), so the
-command reads any store, SQLite or PostgreSQL.
-"""
+"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML."""
 
 from __future__ import annotations
 

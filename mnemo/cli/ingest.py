@@ -1,18 +1,14 @@
 """`mnemo ingest FILE`: the two file shapes it reads, and the ingest itself.
 
-- **A conversation** (the demo's shape, `mnemo/cli/data/demo_conversation.json`): an object
-  with `sessions`, each `{"goal": str, "steps": [{"observation": str, "action": str}]}`, and
-  optionally `repo` and `queries`. A single session object (`goal` and `steps`) is accepted too.
-  Session N becomes source `<prefix>/<N>` (the prefix is the file's stem unless given).
-- **LoCoMo-style**: a list of conversations (or one), each with `sample_id` and a
-  `conversation` object holding `session_N` turn lists (`speaker`, `text`, `dia_id`, optional
-  `blip_caption`) and `session_N_date_time`. Session N of a conversation becomes source
-  `<sample_id>/<N>`, with the very payload `scripts/eval_locomo.py` builds, so either can
-  reuse a database the other filled.
+- A conversation (`mnemo/cli/data/demo_conversation.json`): `sessions` of `goal` and `steps`
+  (`observation`, `action`), optionally `repo` and `queries`; or one session. Session N is
+  source `<prefix>/<N>` (the prefix: the file's stem unless given).
+- LoCoMo-style: conversations with `sample_id` and `session_N` turn lists; session N is source
+  `<sample_id>/<N>`, with the payload `scripts/eval_locomo.py` builds (either can reuse a
+  database the other filled).
 
-Each source is one `Memory.ingest` (idempotent by source id: ingesting a file again adds
-nothing) and, unless disabled, the same session saved as a conversation thread of the same id,
-so that `mnemo search` finds its messages and `mnemo purge` can erase them.
+Each source is one idempotent `Memory.ingest` and, unless disabled, a conversation thread of
+the same id (`mnemo search` finds it, `mnemo purge` erases it).
 """
 
 from __future__ import annotations

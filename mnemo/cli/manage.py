@@ -1,13 +1,7 @@
 """`mnemo repos`, `mnemo reembed REPO`, `mnemo view MESSAGE_ID` and
-`mnemo session close|commit|discard|end ID`.
-
-A session command acts through a `Memory` of its own, so it waits for what it started: `close`
-returns once the extraction has ended (`ready`, or `failed`), `commit` of a failed session once
-the retried extraction has. Waiting is on the session's transition events, for at most
-`--wait` seconds (120 by default); an extraction still running then is left to the next `Memory`
-that opens the repo (it resumes it), and the command says so. `end` of a session at work and
-`discard` ask first (`--yes` skips the question): what they drop never reaches the graph.
-"""
+`mnemo session close|commit|discard|end ID`. A session command waits for what it started (an
+extraction's end, at most `--wait` seconds, else the next `Memory` on the repo resumes it);
+`end` of a session at work and `discard` ask first (`--yes` skips the question)."""
 
 from __future__ import annotations
 
@@ -148,9 +142,7 @@ def view(
             found = await mem.message_ids(message_id.strip() or "?", limit=2)
             if not found and "_" not in message_id:
                 found = await mem.message_ids(f"msg_{message_id.strip()}", limit=2)
-            shown = await mem.view_messages(
-                resolve_id(message_id, found, "message"), radius=radius
-            )
+            shown = await mem.view_messages(resolve_id(message_id, found, "message"), radius=radius)
         if as_json:
             print_json(view_json(shown))
             return

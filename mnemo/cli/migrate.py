@@ -1,15 +1,7 @@
-"""`mnemo migrate --from SRC --to DST`: copy a memory to another store, and verify the copy.
-
-SRC and DST are each a SQLite file or a `postgresql://` URL (the day a memory
-outgrows one machine, and back). The target is created or migrated to this mnemo's schema
-first; every row whose key it holds already is skipped, so running the command again copies
-nothing and says so. Progress is one bar per table on stderr; the result is a table of counts
-and the checksum of the nodes' ids and texts, both verified equal on the two sides.
-
-Exit status: 0 when copied and verified; 2 when refused before copying (no source, the same
-store twice, a node id the target holds with another text); 1 when the copy does not verify
-(a table's counts or the checksums differ: the message names the table).
-"""
+"""`mnemo migrate --from SRC --to DST`: copy a memory to another store (SQLite file or
+`postgresql://` URL), skipping the rows the target holds already, and verify the copy by
+counts and a checksum. Exit status 0 when verified; 2 when refused before copying; 1 when the
+copy does not verify."""
 
 from __future__ import annotations
 
@@ -53,9 +45,7 @@ def check_stores(source: str, target: str) -> None:
     """
     for store in (source, target):
         if is_postgres(store) and not has_postgres_driver():
-            raise CliError(
-                "PostgreSQL needs the driver: pip install \"pymnemo[postgres]\""
-            )
+            raise CliError("PostgreSQL needs the driver: pip install \"pymnemo[postgres]\"")
     if not is_postgres(source):
         if not Path(source).exists():
             raise CliError(f"no database at {source}")

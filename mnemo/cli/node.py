@@ -1,8 +1,5 @@
-"""`mnemo show ID`: one node whole, where it came from (the steps, episode and session or
-ingested source its PROVENANCE links lead to), the nodes linked to it by link type, and the
-commits that added, retired, reworded or linked it. A read through the `Memory` facade, so it
-reads any store and never takes work over.
-"""
+"""`mnemo show ID`: one node whole, where it came from (steps, episode, session or source), the
+nodes linked to it by link type, and the commits that touched it."""
 
 from __future__ import annotations
 

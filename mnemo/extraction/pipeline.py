@@ -327,9 +327,7 @@ def _chars(steps: Sequence[StepRecord]) -> int:
     return sum(len(s.observation) + len(s.action) for s in steps)
 
 
-def _step_dicts(
-    steps: list[StepRecord], work: _Round | None = None
-) -> list[JSONObject]:
+def _step_dicts(steps: list[StepRecord], work: _Round | None = None) -> list[JSONObject]:
     """The steps as the procedural and return tasks see them: with `work`, the deferred
     reward scored at close too; without, only the rewards on the step records."""
     return [

@@ -285,13 +285,7 @@ Score every procedure exactly once.
 Reply with JSON: {"scores": [{"index": <int>, "return_score": <int 1-10>}, ...]}."""
 
 
-def return_request(
-    *,
-    goal: str,
-    subgoal: str,
-    instructions: Steps,
-    steps: Steps,
-) -> LLMRequest:
+def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps) -> LLMRequest:
     """The "return" task: scores each extracted instruction 1..10.
 
     `instructions` are {"index", "intent", "condition", "instruction", "expected_outcome"}

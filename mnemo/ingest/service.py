@@ -192,16 +192,12 @@ class IngestService:
             del self._inflight[key]
             mine.done.set()
 
-    async def _join(
-        self, running: _InFlight, digest: str, source_id: str
-    ) -> IngestReceipt | None:
+    async def _join(self, running: _InFlight, digest: str, source_id: str) -> IngestReceipt | None:
         """The outcome of an identical call already running: its receipt (created=False) or
         its error, the same one (a `ConflictError` stays one, as a future's awaiters all get
         its exception); None if it was cancelled."""
         if running.payload_hash != digest:
-            raise ConflictError(
-                f"source {source_id!r} is being ingested with a different payload"
-            )
+            raise ConflictError(f"source {source_id!r} is being ingested with a different payload")
         await running.done.wait()
         if running.receipt is not None:
             return IngestReceipt(source_id, running.receipt.node_ids, created=False)

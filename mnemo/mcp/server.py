@@ -283,10 +283,7 @@ class MemoryTools:
         total = len(await self._mem.conversation().raw(thread_id))
         return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
-    async def list_repos(
-        self,
-        offset: Offset = 0,
-    ) -> str:
+    async def list_repos(self, offset: Offset = 0) -> str:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
         with _as_tool_error():

@@ -88,12 +88,9 @@ def _fail(message: str, status: int) -> NoReturn:
 
 
 app = typer.Typer(
-    name="mnemo",
-    cls=_Commands,
+    name="mnemo", cls=_Commands,
     help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
 
 
@@ -179,10 +176,7 @@ def check_store(settings: Settings, *, writes: bool) -> None:
 
 @asynccontextmanager
 async def open_memory(
-    settings: Settings,
-    *,
-    writes: bool = False,
-    works: bool = False,
+    settings: Settings, *, writes: bool = False, works: bool = False,
     on_event: EventCallback | None = None,
 ) -> AsyncIterator[Memory]:
     """The Memory the settings choose, after checking the store. `writes`: the store may be

@@ -42,12 +42,8 @@ def print_json(value: object) -> None:
 
 
 def table(
-    title: str,
-    columns: Sequence[str],
-    rows: Iterable[Sequence[RenderableType]] = (),
-    *,
-    empty: tuple[int, str] | None = None,
-    **options: object,
+    title: str, columns: Sequence[str], rows: Iterable[Sequence[RenderableType]] = (), *,
+    empty: tuple[int, str] | None = None, **options: object,
 ) -> Table:
     """A table titled `title` (markup: escape what a user wrote) with `rows`. A column's name
     may end in marks: `>` right-justified, `~` folded, `!` never wrapped; `empty` puts its

@@ -210,15 +210,9 @@ def read_config(path: Path) -> dict[str, str]:
 
 
 def resolve(
-    *,
-    store: str | None = None,
-    llm: str | None = None,
-    embedder: str | None = None,
-    config: Path | None = None,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    temperature: str | None = None,
-    llm_timeout: float | None = None,
+    *, store: str | None = None, llm: str | None = None, embedder: str | None = None,
+    config: Path | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+    temperature: str | None = None, llm_timeout: float | None = None,
     extraction_timeout: float | None = None,
 ) -> Settings:
     """The settings from flags (the arguments), `env`, the config file and the defaults.
@@ -246,11 +240,8 @@ def resolve(
             value, source = from_file[key], str(path)
         chosen[key], sources[key] = value, source if value is not None else "default"
     return Settings(
-        store=chosen["store"] or DEFAULT_STORE,
-        llm=chosen["llm"],
-        embedder=chosen["embedder"],
-        sources=sources,
-        temperature=_temperature(chosen["temperature"], sources["temperature"]),
+        store=chosen["store"] or DEFAULT_STORE, llm=chosen["llm"], embedder=chosen["embedder"],
+        sources=sources, temperature=_temperature(chosen["temperature"], sources["temperature"]),
         llm_timeout=_seconds(chosen["llm_timeout"], "llm_timeout", sources),
         extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources),
     )

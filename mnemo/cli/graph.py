@@ -59,8 +59,7 @@ def to_graphml(graph: GraphDump) -> str:
             ("edge", "type")]
     for scope, name in keys:
         ET.SubElement(
-            root,
-            f"{{{GRAPHML_NS}}}key",
+            root, f"{{{GRAPHML_NS}}}key",
             {"id": f"{scope}_{name}", "for": scope, "attr.name": name, "attr.type": "string"},
         )
     body = ET.SubElement(
@@ -78,8 +77,7 @@ def to_graphml(graph: GraphDump) -> str:
             _data(element, f"node_{name}", value)
     for number, edge in enumerate(graph.links):
         element = ET.SubElement(
-            body,
-            f"{{{GRAPHML_NS}}}edge",
+            body, f"{{{GRAPHML_NS}}}edge",
             {"id": f"e{number}", "source": edge.src, "target": edge.dst},
         )
         _data(element, "edge_type", label(edge.type))

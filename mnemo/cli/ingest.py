@@ -224,12 +224,7 @@ def _normalise_dia_id(raw: str) -> str:
 
 
 async def ingest_file(
-    mem: Memory,
-    repo: str,
-    parsed: IngestFile,
-    *,
-    threads: bool,
-    console: Console,
+    mem: Memory, repo: str, parsed: IngestFile, *, threads: bool, console: Console,
     show_progress: bool,
 ) -> IngestReport:
     """Ingests every source of the file into `repo` (created if needed), one progress bar per

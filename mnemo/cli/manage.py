@@ -40,8 +40,7 @@ if TYPE_CHECKING:
     from mnemo.graph.reembed import ReembedProgress
 
 session_app = typer.Typer(
-    name="session",
-    help="Act on one live session: close, commit, discard or end it.",
+    name="session", help="Act on one live session: close, commit, discard or end it.",
     no_args_is_help=True,
 )
 app.add_typer(session_app, name="session")

@@ -156,8 +156,7 @@ def ui(
         async with models(settings) as (chosen_llm, chosen_embedder):
             await serve(
                 settings.store, host=host, port=port, allow_writes=allow_writes,
-                llm=chosen_llm, embedder=chosen_embedder, token=token,
-                allow_hosts=allow_host or (),
+                llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
             )
 
     run(work)

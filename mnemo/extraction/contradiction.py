@@ -45,12 +45,8 @@ def contradiction_request(
         CONTRADICTION_SCHEMA, "contradicted", len(pairs), most=None, floor=32
     )
     request = task_request(
-        "contradiction",
-        system=CONTRADICTION_SYSTEM,
-        instructions=CONTRADICTION_INSTRUCTIONS,
-        inputs=inputs,
-        schema=schema,
-        max_tokens=max_tokens,
+        "contradiction", system=CONTRADICTION_SYSTEM, instructions=CONTRADICTION_INSTRUCTIONS,
+        inputs=inputs, schema=schema, max_tokens=max_tokens,
     )
     return request, pairs
 

@@ -81,13 +81,8 @@ _ON_LOOP_ITEMS = 200
 
 
 async def draw_up(
-    repo: str,
-    episode: EpisodeRecord,
-    source: Source,
-    extracted: list[Extracted],
-    embedder: Embedder,
-    rewards: dict[str, float],
-    generation: int,
+    repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
+    embedder: Embedder, rewards: dict[str, float], generation: int,
 ) -> Draft:
     """Turns worker output into nodes and links; embeds every node's text in one call.
     `rewards` are the deferred rewards scored at close (not yet on their step records); the
@@ -113,12 +108,8 @@ async def draw_up(
 
 
 def _draw(
-    repo: str,
-    episode: EpisodeRecord,
-    source: Source,
-    extracted: list[Extracted],
-    rewards: dict[str, float],
-    generation: int,
+    repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
+    rewards: dict[str, float], generation: int,
 ) -> tuple[Draft, list[_Pending], dict[str, datetime]]:
     """The draft's links, step ids and scores; its nodes to embed; when each fact began to
     hold."""

@@ -139,13 +139,8 @@ class TaskMemo:
         return self._kept.get((trajectory_id, request.task, request_digest(request)))
 
     async def ask(
-        self,
-        llm: LLM,
-        trajectory_id: str,
-        request: LLMRequest,
-        parse: Callable[[LLMResponse], T],
-        *,
-        unusable: T | None = None,
+        self, llm: LLM, trajectory_id: str, request: LLMRequest, parse: Callable[[LLMResponse], T],
+        *, unusable: T | None = None,
     ) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (booking its cost
         as saved on `llm`'s meter), else asked through `calls.tasks.ask` and kept. A reply that

@@ -82,18 +82,9 @@ class _Round:
 
 
 async def extract(
-    episode: EpisodeRecord,
-    steps: Sequence[StepRecord],
-    *,
-    repo: str,
-    source: Source,
-    llm: LLM,
-    embedder: Embedder,
-    time_limit: float,
-    score_last_step: bool,
-    memo: TaskMemo | None = None,
-    partial: bool = False,
-    generation: int = 0,
+    episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: str, source: Source, llm: LLM,
+    embedder: Embedder, time_limit: float, score_last_step: bool, memo: TaskMemo | None = None,
+    partial: bool = False, generation: int = 0,
 ) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
     `embedder` for the repo's vectors of `generation` (`Changeset.generation`).
@@ -195,11 +186,7 @@ class _Trajectory:
 
 
 async def _extract_trajectory(
-    work: _Round,
-    trajectory: _Trajectory,
-    part: Extracted,
-    first_round_in: Callable[[], None],
-    *,
+    work: _Round, trajectory: _Trajectory, part: Extracted, first_round_in: Callable[[], None], *,
     scores_last: StepRecord | None,
 ) -> None:
     """One trajectory's facts, instructions and returns, into `part`; a task that failed for

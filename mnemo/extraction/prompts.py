@@ -86,11 +86,8 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     """
     schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
     return task_request(
-        "semantic",
-        system=SEMANTIC_SYSTEM,
-        instructions=SEMANTIC_INSTRUCTIONS,
-        inputs={"goal": goal, "subgoal": subgoal, "steps": steps},
-        schema=schema,
+        "semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
+        inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
         max_tokens=max_tokens,
     )
 
@@ -119,10 +116,8 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
         seen.add(proposition.casefold())
         facts.append(
             Fact(
-                proposition=proposition,
-                concepts=_concepts(item.concepts),
-                confidence=_confidence(item.confidence),
-                steps=_steps(item.steps),
+                proposition=proposition, concepts=_concepts(item.concepts),
+                confidence=_confidence(item.confidence), steps=_steps(item.steps),
             )
         )
     return facts
@@ -204,12 +199,8 @@ def procedural_request(
         2 + len(steps),
     )
     return task_request(
-        "procedural",
-        system=PROCEDURAL_SYSTEM,
-        instructions=instructions,
-        inputs=inputs,
-        schema=schema,
-        max_tokens=max_tokens,
+        "procedural", system=PROCEDURAL_SYSTEM, instructions=instructions, inputs=inputs,
+        schema=schema, max_tokens=max_tokens,
     )
 
 
@@ -246,11 +237,8 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
         seen.add(instruction.casefold())
         out.append(
             Instruction(
-                intent=intent,
-                condition=(item.condition or "").strip(),
-                instruction=instruction,
-                expected_outcome=(item.expected_outcome or "").strip(),
-                steps=_steps(item.steps),
+                intent=intent, condition=(item.condition or "").strip(), instruction=instruction,
+                expected_outcome=(item.expected_outcome or "").strip(), steps=_steps(item.steps),
             )
         )
     return out
@@ -293,12 +281,9 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
     """
     schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
     return task_request(
-        "return",
-        system=RETURN_SYSTEM,
-        instructions=RETURN_INSTRUCTIONS,
+        "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "instructions": instructions, "steps": steps},
-        schema=schema,
-        max_tokens=max_tokens,
+        schema=schema, max_tokens=max_tokens,
     )
 
 
@@ -340,12 +325,8 @@ Reply with JSON: {"intent": <the merged intent>}."""
 def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
     """The "merge_intent" task: the reply's `data` is {"intent": str} covering both intents."""
     return task_request(
-        "merge_intent",
-        system=MERGE_INTENT_SYSTEM,
-        instructions=MERGE_INTENT_INSTRUCTIONS,
-        inputs={"existing": existing, "new": new},
-        schema=MERGE_INTENT_SCHEMA,
-        max_tokens=256,
+        "merge_intent", system=MERGE_INTENT_SYSTEM, instructions=MERGE_INTENT_INSTRUCTIONS,
+        inputs={"existing": existing, "new": new}, schema=MERGE_INTENT_SCHEMA, max_tokens=256,
     )
 
 

@@ -134,9 +134,7 @@ class IngestService:
     """Ingest and forget for every repo of one `Memory`."""
 
     def __init__(
-        self,
-        graph: GraphStore,
-        runtime: Callable[[str], IngestRuntime],
+        self, graph: GraphStore, runtime: Callable[[str], IngestRuntime],
         events: Events | None = None,
     ) -> None:
         self._graph = graph
@@ -207,8 +205,7 @@ class IngestService:
 
     async def _ingest_once(
         self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
-        runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
-        metadata: Metadata,
+        runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]], metadata: Metadata,
     ) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
@@ -272,12 +269,8 @@ class IngestService:
             previous = episode.steps[-1] if episode.steps else None
             with deadline.fail_after(runtime.config.annotation_timeout, stretches=True):
                 note = await annotate(
-                    llm,
-                    runtime.embedder,
-                    goal=episode.goal,
-                    observation=step.observation,
-                    action=step.action,
-                    previous=previous,
+                    llm, runtime.embedder, goal=episode.goal, observation=step.observation,
+                    action=step.action, previous=previous,
                     recent=[s.line for s in episode.steps[-3:]],
                 )
             boundary = starts_trajectory(
@@ -335,6 +328,5 @@ class IngestService:
         runtime = self._runtime(repo)
         return await self._graph.withdraw(
             repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),
-            also=[SourceForgotten(repo, source_id)],
-            generation=runtime.generation,
+            also=[SourceForgotten(repo, source_id)], generation=runtime.generation,
         )

@@ -61,13 +61,8 @@ class MnemoSession:
     session_settings: SessionSettings | None
 
     def __init__(
-        self,
-        mem: Memory,
-        session_id: str,
-        *,
-        conversation: ConversationManager | None = None,
-        token_budget: int | None = None,
-        session_settings: SessionSettings | None = None,
+        self, mem: Memory, session_id: str, *, conversation: ConversationManager | None = None,
+        token_budget: int | None = None, session_settings: SessionSettings | None = None,
     ) -> None:
         self.session_id = check_thread_name(session_id)
         if token_budget is not None:

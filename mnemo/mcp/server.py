@@ -103,13 +103,8 @@ class MemoryTools:
     """
 
     def __init__(
-        self,
-        mem: Memory,
-        memory_dir: Path,
-        *,
-        memory_updates: bool = True,
-        worker: Callable[[], Awaitable[Memory]] | None = None,
-        reinforce: bool = False,
+        self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True,
+        worker: Callable[[], Awaitable[Memory]] | None = None, reinforce: bool = False,
         llm: LLM | None = None,
     ) -> None:
         self._mem = mem
@@ -431,13 +426,8 @@ def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
 
 @asynccontextmanager
 async def open_tools(
-    store: str | Path,
-    *,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    memory_dir: Path | None = None,
-    memory_updates: bool = True,
-    reinforce: bool = False,
+    store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
+    memory_dir: Path | None = None, memory_updates: bool = True, reinforce: bool = False,
     config: Config | None = None,
 ) -> AsyncIterator[MemoryTools]:
     """The server's tools over the store, open while the block runs: the reads through a

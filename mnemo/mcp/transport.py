@@ -195,15 +195,9 @@ class Http:
 
 
 async def serve(
-    store: str | Path,
-    *,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    memory_dir: Path | None = None,
-    memory_updates: bool = True,
-    reinforce: bool = False,
-    config: Config | None = None,
-    http: Http | None = None,
+    store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
+    memory_dir: Path | None = None, memory_updates: bool = True, reinforce: bool = False,
+    config: Config | None = None, http: Http | None = None,
 ) -> None:
     """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
     closes it, or with `http` over streamable HTTP until interrupted (the address it listens

@@ -33,10 +33,7 @@ class CountingLLM:
 
 
 async def ask(
-    llm: LLM,
-    request: LLMRequest,
-    parse: Callable[[LLMResponse], T],
-    *,
+    llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], *,
     shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
 ) -> T:
     """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S`.

@@ -130,11 +130,8 @@ def parse(text: str) -> Parsed:
             rest = text[end + 5 :]
     topic = one_line(fields.get("topic", ""), MAX_TOPIC_CHARS) or None
     return Parsed(
-        topic=topic,
-        description=one_line(fields.get("description", ""), MAX_DESCRIPTION_CHARS),
-        updated=_time(fields.get("updated")),
-        used=_time(fields.get("used")),
-        body=rest,
+        topic=topic, description=one_line(fields.get("description", ""), MAX_DESCRIPTION_CHARS),
+        updated=_time(fields.get("updated")), used=_time(fields.get("used")), body=rest,
     )
 
 
@@ -224,11 +221,7 @@ def follow(description: str, lines: list[str]) -> str:
 
 
 def merge(
-    current: list[str],
-    proposed: list[str],
-    base: list[str] | None,
-    *,
-    allow_removal: bool,
+    current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
     removed: Sequence[str] = (),
 ) -> list[str]:
     """The entries of a file after a change, merged three ways.

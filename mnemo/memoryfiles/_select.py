@@ -206,11 +206,9 @@ def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
             combined[key] = change
             continue
         combined[key] = TopicChange(
-            topic=seen.topic,
-            description=seen.description or change.description,
+            topic=seen.topic, description=seen.description or change.description,
             signals=tuple(dict.fromkeys(seen.signals + change.signals)),
-            content=f"{seen.content}\n{change.content}",
-            remove=seen.remove + change.remove,
+            content=f"{seen.content}\n{change.content}", remove=seen.remove + change.remove,
         )
     return builtins.list(combined.values())
 
@@ -221,9 +219,7 @@ def stems(text: str) -> set[str]:
 
 def relevance(wanted: set[str], stored: Stored) -> int:
     topic, description, content = (
-        stems(stored.topic),
-        stems(stored.description),
-        stems(stored.body),
+        stems(stored.topic), stems(stored.description), stems(stored.body),
     )
     score = 0
     for word in wanted:

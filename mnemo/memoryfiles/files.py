@@ -91,15 +91,9 @@ class MemoryFiles:
     """
 
     def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        max_chars: int = 4000,
-        min_iterations: int = 10,
-        enabled: bool = True,
-        clock: Callable[[], datetime] | None = None,
-        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
-        root: str | os.PathLike[str] | None = None,
+        self, directory: str | os.PathLike[str], *, max_chars: int = 4000, min_iterations: int = 10,
+        enabled: bool = True, clock: Callable[[], datetime] | None = None,
+        max_text_chars: int = DEFAULT_MAX_TEXT_CHARS, root: str | os.PathLike[str] | None = None,
     ) -> None:
         check_count("max_chars", max_chars, minimum=MIN_MAX_CHARS, maximum=MAX_TEXT_CHARS_LIMIT)
         check_count("min_iterations", min_iterations)
@@ -155,11 +149,7 @@ class MemoryFiles:
     # ---- writing --------------------------------------------------------------------------
 
     async def update(
-        self,
-        history: Sequence[Mapping[str, object]],
-        *,
-        llm: LLM | None,
-        iterations: int,
+        self, history: Sequence[Mapping[str, object]], *, llm: LLM | None, iterations: int,
         is_subagent: bool = False,
     ) -> MemoryUpdate:
         """Files what the conversation in `history` decided, established, corrected or
@@ -192,8 +182,7 @@ class MemoryFiles:
                 stored = await anyio.to_thread.run_sync(self._scan)
                 views = _select.views(conversation, _select.listing(stored, conversation))
                 changes = await ask_fitting(
-                    metered,
-                    [memory_update_request(conversation=m, files=f) for m, f in views],
+                    metered, [memory_update_request(conversation=m, files=f) for m, f in views],
                     parse_update,
                 )
                 planned = [
@@ -283,10 +272,7 @@ class MemoryFiles:
         return _Planned(change, current, True, gone)
 
     async def _commit(
-        self,
-        planned: builtins.list[_Planned],
-        llm: LLM,
-        written: builtins.list[str],
+        self, planned: builtins.list[_Planned], llm: LLM, written: builtins.list[str],
         results: builtins.list[tuple[bool, MemoryFile]],
     ) -> None:
         """Writes each change into its topic's file, condensed first when it would not fit;

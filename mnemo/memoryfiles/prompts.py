@@ -131,11 +131,8 @@ def memory_update_request(
     reply with `parse_update`.
     """
     return task_request(
-        "memory_update",
-        system=MEMORY_UPDATE_SYSTEM,
-        instructions=MEMORY_UPDATE_INSTRUCTIONS,
-        inputs={"files": files, "conversation": conversation},
-        schema=MEMORY_UPDATE_SCHEMA,
+        "memory_update", system=MEMORY_UPDATE_SYSTEM, instructions=MEMORY_UPDATE_INSTRUCTIONS,
+        inputs={"files": files, "conversation": conversation}, schema=MEMORY_UPDATE_SCHEMA,
         max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA),
     )
 
@@ -158,8 +155,7 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
             TopicChange(
                 topic=_topic(item.topic, where),
                 description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
-                signals=tuple(dict.fromkeys(item.signals or ())),
-                content=item.content,
+                signals=tuple(dict.fromkeys(item.signals or ())), content=item.content,
                 remove=tuple(item.remove or ()),
             )
         )
@@ -199,11 +195,8 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
     `parse_persist`.
     """
     return task_request(
-        "memory_persist",
-        system=MEMORY_PERSIST_SYSTEM,
-        instructions=MEMORY_PERSIST_INSTRUCTIONS,
-        inputs={"statement": statement, "files": files},
-        schema=MEMORY_PERSIST_SCHEMA,
+        "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
+        inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
         max_tokens=512,
     )
 

@@ -24,10 +24,7 @@ DEFAULT_PORT = 8765
 
 @asynccontextmanager
 async def open_view(
-    db: Path | str,
-    *,
-    allow_writes: bool = False,
-    llm: LLM | None = None,
+    db: Path | str, *, allow_writes: bool = False, llm: LLM | None = None,
     embedder: Embedder | None = None,
 ) -> AsyncIterator[MemorySource]:
     """A `MemorySource` over the memory at `db`, open while the block runs. Without models, each
@@ -39,15 +36,9 @@ async def open_view(
 
 
 async def serve(
-    db: Path | str,
-    *,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    allow_writes: bool = False,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    token: str | None = None,
-    allow_hosts: Sequence[str] = (),
+    db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+    allow_writes: bool = False, llm: LLM | None = None, embedder: Embedder | None = None,
+    token: str | None = None, allow_hosts: Sequence[str] = (),
 ) -> None:
     """Serves the web app over the memory at `db` until interrupted. Binds 127.0.0.1 unless
     told otherwise: the pages show everything the memory holds, to whoever can connect.
@@ -62,8 +53,7 @@ async def serve(
     access = Access.bound(host, allow_hosts, token)
     app = create_app(
         open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),
-        allow_writes=allow_writes,
-        access=access,
+        allow_writes=allow_writes, access=access,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     # After uvicorn.Config, which configures these loggers.

@@ -60,11 +60,8 @@ ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
 
 
 def create_app(
-    view: MemorySource | None = None,
-    *,
-    open_view: ViewFactory | None = None,
-    allow_writes: bool = False,
-    access: Access | None = None,
+    view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
+    allow_writes: bool = False, access: Access | None = None,
 ) -> Starlette:
     """The web app over `view`, or over the view `open_view` opens for the app's life
     (entered at startup, left at shutdown): exactly one of the two.

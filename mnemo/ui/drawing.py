@@ -177,10 +177,7 @@ def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[s
 
 
 def neighbourhood(
-    node: Node,
-    linked: Sequence[LinkedNode],
-    limit: int = MAX_DRAWN,
-    layout: Layout = WIDE,
+    node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRAWN, layout: Layout = WIDE,
 ) -> Drawing:
     """The layout of `node` and the nodes one link away (`linked`, a node once per link type
     that reaches it), at most `limit` of them drawn."""
@@ -317,12 +314,8 @@ def force_layout(
 
 
 def picture(
-    nodes: Sequence[Node],
-    links: Sequence[tuple[str, str, LinkType]],
-    focus: str | None = None,
-    *,
-    width: int = PICTURE_WIDTH,
-    height: int = PICTURE_HEIGHT,
+    nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]], focus: str | None = None, *,
+    width: int = PICTURE_WIDTH, height: int = PICTURE_HEIGHT,
 ) -> Picture:
     """`nodes` and the `links` among them (src, dst, type; a link to a node not in `nodes`
     is left out), placed by `force_layout`; `focus` is the id of a node to stand out."""

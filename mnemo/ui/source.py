@@ -85,14 +85,8 @@ class MemorySource:
         return await self._memory.viewport(thread_id, token_budget=token_budget)
 
     async def recall(
-        self,
-        repo: str,
-        query: str,
-        k: int,
-        types: Sequence[NodeType] | None,
-        *,
-        reinforce: bool = False,
-        where: Mapping[str, object] | None = None,
+        self, repo: str, query: str, k: int, types: Sequence[NodeType] | None, *,
+        reinforce: bool = False, where: Mapping[str, object] | None = None,
     ) -> RecallResult:
         return await self._memory.recall(
             repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where

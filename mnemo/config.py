@@ -24,11 +24,8 @@ from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 # The highest value of each per-call bound (`Config.max_steps_per_ingest`, ...): a caller may
 # raise a bound, never past what one call can carry (docs/DECISIONS.md, "Per-call bounds").
 COUNT_CEILINGS = {
-    "max_steps_per_ingest": 1_000,
-    "max_messages_per_save": 100_000,
-    "max_tool_calls_per_message": 1_024,
-    "max_open_goals": 10_000,
-    "max_results": 10_000,
+    "max_steps_per_ingest": 1_000, "max_messages_per_save": 100_000,
+    "max_tool_calls_per_message": 1_024, "max_open_goals": 10_000, "max_results": 10_000,
 }
 
 DAY = 86_400.0

@@ -72,8 +72,7 @@ def snapshot_json(snapshot: Snapshot) -> dict[str, object]:
 
 def view_json(view: MessageView) -> dict[str, object]:
     return {
-        "target": message_json(view.target),
-        "messages": [message_json(m) for m in view.messages],
+        "target": message_json(view.target), "messages": [message_json(m) for m in view.messages],
         "snapshots_before": [snapshot_json(s) for s in view.snapshots_before],
         "snapshots_after": [snapshot_json(s) for s in view.snapshots_after],
     }
@@ -95,7 +94,6 @@ def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, obje
 
 def diff_json(diff: CommitDiff) -> dict[str, object]:
     return {
-        **commit_json(diff.commit),
-        "node_ids": list(diff.commit.node_ids),
+        **commit_json(diff.commit), "node_ids": list(diff.commit.node_ids),
         "retired_ids": list(diff.commit.retired),
     }

@@ -91,9 +91,7 @@ class ToolSpec:
         return {
             "type": "function",
             "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
+                "name": self.name, "description": self.description, "parameters": self.parameters,
             },
         }
 
@@ -168,10 +166,7 @@ GET_NODE = ToolSpec(
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [
-        SEARCH_MESSAGES,
-        VIEW_MESSAGES,
-        RECALL,
-        GET_NODE,
+        SEARCH_MESSAGES, VIEW_MESSAGES, RECALL, GET_NODE,
         *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS),
     ]
 }

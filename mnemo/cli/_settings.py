@@ -25,16 +25,12 @@ DEFAULT_STORE = "memory.db"
 MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
 FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
 _ENV = {
-    "store": ("MNEMO_STORE", "MNEMO_DB"),
-    "llm": ("MNEMO_LLM",),
-    "embedder": ("MNEMO_EMBEDDER",),
-    "temperature": ("MNEMO_TEMPERATURE",),
-    "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
+    "store": ("MNEMO_STORE", "MNEMO_DB"), "llm": ("MNEMO_LLM",), "embedder": ("MNEMO_EMBEDDER",),
+    "temperature": ("MNEMO_TEMPERATURE",), "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
     "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",),
 }
 _FLAGS = {
-    "temperature": "--temperature",
-    "llm_timeout": "--llm-timeout",
+    "temperature": "--temperature", "llm_timeout": "--llm-timeout",
     "extraction_timeout": "--extraction-timeout",
 }
 

@@ -168,11 +168,6 @@ async def run_demo(
                                 or "none"))
     console.print(f"wall time: {seconds:.2f}s")
     return {
-        "db": str(db),
-        "repo": repo,
-        "sessions": [asdict(o) for o in outcomes],
-        "committed": counts,
-        "recalls": recalls,
-        "events": dict(events),
-        "seconds": seconds,
+        "db": str(db), "repo": repo, "sessions": [asdict(o) for o in outcomes], "committed": counts,
+        "recalls": recalls, "events": dict(events), "seconds": seconds,
     }

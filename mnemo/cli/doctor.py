@@ -129,9 +129,7 @@ def doctor(
     ok = all(f.ok for f in findings) and (report is None or report.ok)
     if as_json:
         print_json({
-            "ok": ok,
-            "sources": dict(settings.sources),
-            "checks": [f.as_json() for f in findings],
+            "ok": ok, "sources": dict(settings.sources), "checks": [f.as_json() for f in findings],
             "server": report.as_json() if report is not None else None,
         })
     else:

@@ -43,9 +43,7 @@ async def dump_graph(mem: Memory, repo: str) -> GraphDump:
 
 def to_json(graph: GraphDump) -> dict[str, object]:
     return {
-        "repo": graph.repo,
-        "counts": graph.counts(),
-        "nodes": [node_json(n) for n in graph.nodes],
+        "repo": graph.repo, "counts": graph.counts(), "nodes": [node_json(n) for n in graph.nodes],
         "links": [link_json(e) for e in graph.links],
     }
 
@@ -68,9 +66,7 @@ def to_graphml(graph: GraphDump) -> str:
     for node in graph.nodes:
         element = ET.SubElement(body, f"{{{GRAPHML_NS}}}node", {"id": node.id})
         values = {
-            "type": label(node.type),
-            "text": node.text,
-            "created_at": node.created_at.isoformat(),
+            "type": label(node.type), "text": node.text, "created_at": node.created_at.isoformat(),
             "data": json.dumps(node.data, sort_keys=True, ensure_ascii=False),
         }
         for name, value in values.items():

@@ -121,8 +121,7 @@ def diff(
                         if (n := await mem.get_node(name, i)) is not None]
         if as_json:
             print_json({
-                "repo": name,
-                "commit": commit_json(changed.commit, goal),
+                "repo": name, "commit": commit_json(changed.commit, goal),
                 "added": [node_json(n) for n in changed.nodes],
                 "retired": [node_json(n) for n in changed.retired],
                 "reworded": [node_json(n) for n in reworded],

@@ -80,9 +80,7 @@ class IngestReport:
 
     def as_json(self) -> dict[str, object]:
         return {
-            "repo": self.repo,
-            "format": self.shape,
-            "sources": self.sources,
+            "repo": self.repo, "format": self.shape, "sources": self.sources,
             "created": sum(1 for s in self.sources if s["created"]),
             "nodes": sum(s["nodes"] for s in self.sources),
         }
@@ -271,12 +269,9 @@ async def ingest_file(
                     saved = len(await conversation.save(source.source_id, source.messages))
                 report.sources.append(
                     {
-                        "source_id": source.source_id,
-                        "created": receipt.created,
-                        "nodes": len(receipt.node_ids),
-                        "steps": len(source.trajectory.steps),
-                        "thread_id": source.source_id if threads else None,
-                        "messages_saved": saved,
+                        "source_id": source.source_id, "created": receipt.created,
+                        "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),
+                        "thread_id": source.source_id if threads else None, "messages_saved": saved,
                     }
                 )
                 progress.advance(task)

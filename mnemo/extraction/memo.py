@@ -158,8 +158,7 @@ class TaskMemo:
                 pass  # kept under another parser's rules: ask again
             else:
                 book(llm, Usage(
-                    saved_calls=kept.cost.calls,
-                    saved_input_tokens=kept.cost.input_tokens,
+                    saved_calls=kept.cost.calls, saved_input_tokens=kept.cost.input_tokens,
                     saved_output_tokens=kept.cost.output_tokens,
                 ))
                 return value

@@ -97,10 +97,8 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
     target = {**_message(view.target, PAGE_CHARS), "content": part.text, "offset": part.offset,
               "next_offset": part.next_offset, "truncated": len(part.text) < part.total}
     out: dict[str, object] = {
-        "target": target,
-        "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
-        "snapshots_after": [_snapshot(s) for s in view.snapshots_after],
-        "messages": [],
+        "target": target, "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
+        "snapshots_after": [_snapshot(s) for s in view.snapshots_after], "messages": [],
         "messages_left_out": 0,
     }
     shown = {m.id: _message(m, MESSAGE_CHARS) for m in view.messages}
@@ -117,10 +115,8 @@ def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, o
         **fields(file, "topic description updated"), "path": str(file.path),
         **_text(file.content, limit, "content"),
         "dropped": [clip(line, SNIPPET_CHARS) for line in file.dropped[:MAX_LISTED]],
-        "dropped_count": len(file.dropped),
-        "condensed": file.condensed,
-        "entry_truncated": file.truncated,
-        "skipped": file.skipped,
+        "dropped_count": len(file.dropped), "condensed": file.condensed,
+        "entry_truncated": file.truncated, "skipped": file.skipped,
     }
 
 

@@ -357,8 +357,7 @@ class MemoryTools:
             await mem.end_session(session_id)
             return _dumps(
                 {
-                    "session_id": session_id,
-                    "node_ids": receipt.node_ids[: _output.MAX_LISTED],
+                    "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
                     "node_count": len(receipt.node_ids),
                 }
             )
@@ -417,9 +416,7 @@ def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
     """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
     end = offset + PAGE_ITEMS
     return {
-        key: items[offset:end],
-        "total": len(items),
-        "offset": offset,
+        key: items[offset:end], "total": len(items), "offset": offset,
         "next_offset": end if end < len(items) else None,
     }
 

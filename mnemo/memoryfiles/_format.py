@@ -98,9 +98,7 @@ def render(
 ) -> str:
     """The full text of a topic file: the front matter, then `content` as it is."""
     head = [
-        "---",
-        f"topic: {_quote(topic)}",
-        f"description: {_quote(description)}",
+        "---", f"topic: {_quote(topic)}", f"description: {_quote(description)}",
         f"updated: {_stamp(updated)}",
     ]
     if used is not None:

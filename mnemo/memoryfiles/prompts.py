@@ -311,10 +311,7 @@ def memory_condense_request(
         system=MEMORY_CONDENSE_SYSTEM,
         instructions=MEMORY_CONDENSE_INSTRUCTIONS,
         inputs={
-            "topic": topic,
-            "description": description,
-            "entries": entries,
-            "max_chars": max_chars,
+            "topic": topic, "description": description, "entries": entries, "max_chars": max_chars,
         },
         schema=MEMORY_CONDENSE_SCHEMA,
         max_tokens=256 + max_chars // 3,

@@ -88,8 +88,7 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/", index, name="index"),
-            Route("/graph", graph, name="graph"),
+            Route("/", index, name="index"), Route("/graph", graph, name="graph"),
             Route("/node", node_page, name="node"),
             Route("/recall", recall, name="recall", methods=["GET", "POST"]),
             Route("/history", history_pages.history, name="history"),

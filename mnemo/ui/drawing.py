@@ -38,12 +38,8 @@ MAX_DRAWN = 24
 RADIUS = 7.0
 # Corners of each type's marker, as (angle of the first corner, corners); 0 is a circle.
 SHAPES: dict[NodeType, tuple[float, int]] = {
-    NodeType.SEMANTIC: (0.0, 0),
-    NodeType.PROCEDURAL: (45.0, 4),
-    NodeType.EPISODIC: (0.0, 4),
-    NodeType.SUBGOAL: (-90.0, 3),
-    NodeType.TAG: (90.0, 3),
-    NodeType.SOURCE: (0.0, 6),
+    NodeType.SEMANTIC: (0.0, 0), NodeType.PROCEDURAL: (45.0, 4), NodeType.EPISODIC: (0.0, 4),
+    NodeType.SUBGOAL: (-90.0, 3), NodeType.TAG: (90.0, 3), NodeType.SOURCE: (0.0, 6),
     NodeType.INTENT: (-90.0, 5),
 }
 

@@ -37,10 +37,7 @@ async def history(request: Request) -> Response:
         request,
         "history.html",
         {
-            "repo": repo,
-            "commits": commits,
-            "goals": goals,
-            "more": more,
+            "repo": repo, "commits": commits, "goals": goals, "more": more,
             "reverted": params.get("reverted", ""),
         },
     )
@@ -65,15 +62,11 @@ async def commit(request: Request) -> Response:
         request,
         "commit.html",
         {
-            "repo": repo,
-            "diff": diff,
-            "record": diff.commit,
-            "goal": goal,
+            "repo": repo, "diff": diff, "record": diff.commit, "goal": goal,
             "nodes_by_type": [(t, by_type[t]) for t in NodeType if t in by_type],
             "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
             "links_hidden": len(diff.links) - len(shown),
-            "gone": diff.commit.node_count - len(diff.nodes),
-            "reworded": reworded,
+            "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded,
         },
     )
 

@@ -1,25 +1,9 @@
-"""Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic, and one executor.
-
-Memory tools an agent calls itself:
-
-- `search_messages(query, thread_id?, limit?)`: keyword search over every thread's messages;
-- `view_messages(message_id, radius?)`: the messages around a search hit, and snapshots;
-- `recall(query, k?)`: the knowledge graph of a repo, a snippet of each memory and its id;
-- `get_node(node_id, offset?)`: one memory whole, a page at a time.
-
-Eviction tools, for a model that manages a context window (what `Memory.evict` gives its
-LLM): `save_snapshot(text)`, `attach_messages_to_goals(message_ids, goal_ids)`,
-`everything_ok()`.
-
-```python
-tools = mnemo.tools.openai_tools()            # or anthropic_tools(); pass to the provider
-text = await mnemo.tools.execute_tool(mem, call, thread_id="t1", repo="my-repo")
-```
-
-`execute_tool` always answers with a string for the model: a bad argument, an unknown id or
-tool comes back as "error: ..." text (so the model can correct itself), never as an
-exception. Every answer is bounded (the constants below): what is cut says how to get the
-rest.
+"""Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic (`openai_tools`,
+`anthropic_tools`), and one executor (`execute_tool`). The memory tools: `search_messages`,
+`view_messages`, `recall`, `get_node`; the eviction tools (what `Memory.evict` gives its LLM):
+`save_snapshot`, `attach_messages_to_goals`, `everything_ok`. `execute_tool` always answers
+with a string for the model, a bad argument or an unknown id or tool as "error: ..." text, and
+every answer is bounded (the constants below): what is cut says how to get the rest.
 """
 
 from __future__ import annotations
@@ -201,18 +185,11 @@ def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
 
 
 async def execute_tool(mem: Memory, call: ToolCall, **context: object) -> str:
-    """Runs one tool call against `mem`; returns the text to give back to the model.
-
-    Context (keyword arguments, each optional):
-    - `thread_id`: the calling agent's thread; `search_messages` then leaves out what its
-      viewport already shows.
-    - `repo`: the repo `recall` searches (without it, recall answers with an error text).
-    - `eviction`: the `EvictionTools` of an eviction in progress, which the eviction tools
-      act on (without it, they answer with an error text).
-
-    Errors the model can fix (bad arguments, unknown ids, an unknown tool) come back as text
-    starting with "error:"; nothing is raised for them. No answer passes `MAX_OUTPUT_CHARS`.
-    """
+    """Runs one tool call against `mem`; returns the text to give back to the model (at most
+    `MAX_OUTPUT_CHARS`; what the model can fix as "error: ..."). Context, each optional:
+    `thread_id` (the agent's thread: `search_messages` leaves out what its viewport shows),
+    `repo` (what `recall` and `get_node` read), `eviction` (the `EvictionTools` of an eviction
+    in progress, which the eviction tools act on)."""
     return clip(await _execute(mem, call, context), MAX_OUTPUT_CHARS)
 
 

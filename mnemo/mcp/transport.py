@@ -1,19 +1,11 @@
-"""`mnemo mcp`: an MCP server (the official `mcp` SDK's `MCPServer`) over a store, on stdio or
-on streamable HTTP.
-
-Each tool (`mnemo.mcp.server.MemoryTools`) carries MCP's hints: whether it only reads, whether
-it may destroy what is stored, and whether calling it again with the same arguments does
-nothing more. Its arguments are checked before it runs: an argument it does not take, or a
-value of another type than its parameter's, is a JSON-RPC "invalid params" error naming it (the
-SDK would drop the first and turn `"5"` or `true` into 5). Any other failure of mnemo's is a
-tool error carrying its one-line message; anything else is a crash, logged with its traceback,
-of which the agent sees only the tool's name. Every request is answered (`mnemo.mcp._stdio` for
-stdio; the SDK answers malformed HTTP bodies itself, and bounds them to `MAX_REQUEST_BYTES`).
-
-Over HTTP (`Http`), the server listens on the loopback unless told otherwise, answers only the
-Host names it is allowed (a page elsewhere that points its own name at this machine, DNS
-rebinding, is refused), and, when a token is set, only the requests that show it as
-`Authorization: Bearer TOKEN`: a bind beyond the loopback needs one.
+"""`mnemo mcp`: an MCP server (the `mcp` SDK's `MCPServer`) over a store, on stdio or on
+streamable HTTP. Each tool carries MCP's hints (read-only, destructive, idempotent), and its
+arguments are checked strictly before it runs (an unknown argument or a value of another type
+is a JSON-RPC "invalid params" error; the SDK would drop or coerce it). A `MnemoError` is a
+tool error with its one-line message; every request is answered (`_stdio`). Over HTTP
+(`Http`) the server answers only its allowed Host names (against DNS rebinding) and, with a
+token, only requests that show it (`Authorization: Bearer`): a bind beyond the loopback needs
+one.
 """
 
 from __future__ import annotations
@@ -153,11 +145,9 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
 
 @dataclass(frozen=True, slots=True)
 class Http:
-    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp`: `host` (the
-    loopback by default), `port` (0: any free one), `token` (required as `Authorization:
-    Bearer` on every request when set; a bind beyond the loopback needs one) and
-    `allow_hosts`, the Host names answered besides the loopback names and the bound address
-    (once made, it holds them all).
+    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp` (port 0: any free
+    one), the `token` every request must show, and `allow_hosts`, the Host names answered
+    besides the loopback names and the bound address (once made, it holds them all).
 
     Raises:
         InvalidInputError: a bind beyond the loopback without a token, a malformed token
@@ -200,16 +190,10 @@ async def serve(
     config: Config | None = None, http: Http | None = None,
 ) -> None:
     """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
-    closes it, or with `http` over streamable HTTP until interrupted (the address it listens
-    on is printed on stderr first).
-
-    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
-    given, they apply to this server's calls and are recorded only by a repo it creates.
-    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
-    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
-    `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
-    and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
-    """
+    closes it, or with `http` over streamable HTTP until interrupted (its address printed on
+    stderr first). `llm`/`embedder` None: each repo runs the models it recorded; `llm` also
+    files `persist_memory`'s statements. `memory_updates=False` turns memory-file writes off;
+    `reinforce`: recalls count as accesses."""
     async with open_tools(
         store, llm=llm, embedder=embedder, memory_dir=memory_dir,
         memory_updates=memory_updates, reinforce=reinforce, config=config,

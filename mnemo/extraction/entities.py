@@ -1,12 +1,7 @@
-"""Speakers and named entities of a step, as TAG nodes the step belongs to.
-
-The extraction already files facts under their concept labels; a step itself reaches a tag
-only through a fact made from it. With entity tags, each EPISODIC node also gets a MEMBERSHIP
-link to a tag per name it mentions, and one for its speaker: "Caroline: ..." or "Caroline (8
-May 2023): ..." at the start of a transcript line. Recall's routes then lead from a name in
-the query straight to the steps that mention it (one hop instead of tag -> fact -> step).
-Names are found with the offline heuristics: capitalised words that are neither stopwords
-nor the first word of a sentence, a run of them ("Visual Studio Code") being one name.
+"""Speakers and named entities of a step, as TAG nodes the step belongs to: with entity tags,
+each EPISODIC node gets a MEMBERSHIP link to a tag per name it mentions (capitalised words,
+not the first of a sentence, a run of them one name) and one for its speaker ("Caroline (8
+May 2023): ..."), so recall leads from a name in the query straight to its steps.
 """
 
 from __future__ import annotations
@@ -50,10 +45,8 @@ MAX_NAMES = 6
 
 def embedding_text(text: str) -> str:
     """What a node's vector is made of: its text, a transcript line without the time of its
-    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"). The time stays in the
-    node's text, where the words channel finds it; in the vector, the same date opening
-    every line of a session made the lines of one day alike whatever they said (measured on
-    LoCoMo dev)."""
+    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"): one date opening every
+    line of a session made them alike in the vector (the words channel still finds it)."""
     return _TIMED_SPEAKER.sub(r"\1: ", text, count=1)
 
 

@@ -1,20 +1,8 @@
-"""`TaskMemo`: the validated result of each extraction task, kept with its episode.
-
-An extraction asks several tasks per trajectory (semantic, procedural, the optional return
-scoring) and one for the episode (the last step's deferred reward). When one of them fails, the
-others' results stay here, so the retry (`commit` on a failed session, `close_and_commit`'s
-retries, the next auto-commit flush) re-asks only what failed. A result is
-found again only for the same trajectory, task and request (`request_digest`): when a step or
-an earlier result changed, the request differs and the task is asked anew.
-
-What a kept result cost when it was asked is booked again, as saved, each time a retry uses it
-(`Usage.saved_calls`, `saved_input_tokens`, `saved_output_tokens`; see `Memory.usage`).
-
-When an extraction fails, the session stores what it kept with the episode (`unsaved`), as the
-replies that passed validation, until the episode is committed or discarded: a `Memory`
-reopened on the store, or one taking the work over, starts from what was kept (the reply is
-parsed again, so no parsed type needs a format of its own). A successful extraction stores its
-changeset instead, so nothing is written per task.
+"""`TaskMemo`: the validated result of each extraction task, kept with its episode, so a
+retry re-asks only what failed. A result is found again only for the same trajectory, task and
+request (`request_digest`); its cost is booked again as saved each time a retry uses it
+(`Usage.saved_calls`, ...). A failed extraction's results are stored with the episode as the
+replies that passed validation (`unsaved`), parsed again when a Memory resumes the work.
 """
 
 from __future__ import annotations
@@ -95,12 +83,9 @@ class _Fresh:
 
 
 class TaskMemo:
-    """Validated task results of one episode, by (trajectory id, task, request digest).
-
-    A request is hashed only when a result of its trajectory and task is kept already, or
-    when its own is stored (`unsaved`): an extraction that succeeds hashes nothing (a
-    close's requests went out only after each was hashed).
-    """
+    """Validated task results of one episode, by (trajectory id, task, request digest). A
+    request is hashed only when a result of its task is kept already or its own is stored:
+    an extraction that succeeds hashes nothing."""
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id
@@ -142,10 +127,9 @@ class TaskMemo:
         self, llm: LLM, trajectory_id: str, request: LLMRequest, parse: Callable[[LLMResponse], T],
         *, unusable: T | None = None,
     ) -> T:
-        """The parsed reply to `request` for `trajectory_id`: the kept one (booking its cost
-        as saved on `llm`'s meter), else asked through `calls.tasks.ask` and kept. A reply that
-        stayed unusable and stands for `unusable` (`calls.tasks.ask`) is not kept: a retry asks
-        again.
+        """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
+        saved), else asked through `calls.tasks.ask` and kept (not when it stands for
+        `unusable`: a retry asks again).
 
         Raises:
             LLMError: as `calls.tasks.ask`; nothing is kept then.

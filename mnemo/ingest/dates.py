@@ -1,10 +1,6 @@
-"""Relative dates in a step's text, resolved against the day the trajectory happened.
-
-"I went to a support group yesterday", said on 8 May 2023, is stored as "... yesterday
-(7 May 2023)": a search that names the day, the month or the year then finds the step, and
-whoever reads the memory later no longer has to know when it was said (LoCoMo's
-temporal questions). English only, and only expressions with one clear answer: "a few days
-ago" or "recently" stay as they are. The original words are kept; the date follows them.
+"""Relative dates in a step's text, resolved against the day the trajectory happened: "...
+yesterday", said on 8 May 2023, is stored as "... yesterday (7 May 2023)", so a search naming
+the day finds it. English only, and only expressions with one clear answer ("recently" stays).
 """
 
 from __future__ import annotations

@@ -5,16 +5,13 @@ store = MnemoStore(mem, "agent", keys=("user_id",))
 graph = builder.compile(store=store)
 ```
 
-An item is one SEMANTIC fact of the repo (`Memory.remember`): its text, what recall searches,
-is the value's fields ("food: pizza; ..."), its data holds the value exactly, and its scope
-(`Node.metadata`) is its namespace: label i under `keys[i]` (`langgraph.<i>` past them), the
-whole namespace under `langgraph.namespace` and the item's key under `langgraph.key`. So
-`mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored under
-`("alice", ...)` and `mem.forget_where` erases it. A put replaces the item of the same
-namespace and key (the old one is forgotten, then the new one stored); a put of None deletes
-it. `search(query=...)` runs mnemo's recall inside the namespace prefix; without a query it
-lists the prefix's items, oldest first. A `filter` keeps the items whose value has those
-fields equal. TTLs are not supported (`supports_ttl` is False).
+An item is one SEMANTIC fact (`Memory.remember`): its text the value's fields ("food: pizza;
+..."), its data the value, its scope (`Node.metadata`) its namespace (label i under `keys[i]`,
+`langgraph.<i>` past them, the whole under `langgraph.namespace`, the key under
+`langgraph.key`): `mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored
+under `("alice", ...)`. A put replaces the item (None deletes it); `search(query=...)` is
+mnemo's recall inside the namespace prefix, without a query a listing, oldest first; `filter`
+keeps items whose value has those fields equal. No TTLs.
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@ session = MnemoSession(mem, "user-42")
 result = await Runner.run(agent, "Hello", session=session)
 ```
 
-The session id is the thread id. Each input item the SDK adds (a Responses API item) is one
-message of the thread: an item with a `role` (a message) is stored as it is; any other item
-(`function_call`, `function_call_output`, `reasoning`, ...) is stored whole under the key
-`openai_item` of a message whose role is "tool" for a `*_output` item and "assistant" for
-the rest, and whose content is the item's text (its output, summary or call), which search
-and eviction read. `get_items` gives back exactly the items added.
+The session id is the thread id; each item the SDK adds is one message: an item with a `role`
+as it is, any other stored whole under `openai_item` of a "tool" (`*_output`) or "assistant"
+message whose content is the item's text. `get_items` gives back exactly the items added.
 """
 
 from __future__ import annotations

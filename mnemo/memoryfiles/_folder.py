@@ -1,14 +1,9 @@
 """`Folder`: a memory-files directory, read and written without following a link inside it.
 
-Every file mnemo keeps there (a topic file, a lock file, a temporary file) is opened relative
-to the directory's own descriptor with `O_NOFOLLOW`, and only a regular file is read: a link
-planted in the folder sends no write, and no read, outside it, and a FIFO planted as a topic
-file hangs no reader. With a `root`, each folder between the root and the directory is opened
-the same way, so a sub-folder that is a link is refused, not followed: the descriptors pin
-every step, so a link swapped in meanwhile changes nothing (no check-then-use race).
-
-Where the system has no descriptor-relative calls (Windows), the same rules are checked on
-paths (`os.lstat`), which a concurrent swap could race.
+Every file is opened relative to the directory's descriptor with `O_NOFOLLOW`, and only a
+regular file is read: a planted link sends no read or write outside, a FIFO hangs no reader.
+With a `root`, each folder from it down is opened the same way (no check-then-use race).
+Without descriptor-relative calls (Windows) the rules are checked on paths (`os.lstat`).
 """
 
 from __future__ import annotations

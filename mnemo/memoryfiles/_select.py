@@ -56,14 +56,9 @@ def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
 
 
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
-    """The user and assistant messages of `history` that carry text, newest within budget.
-
-    System messages are left out on purpose: an agent's system prompt usually holds the
-    memory files themselves, which must not be filed again. Tool messages are left out too:
-    tool output is none of the four signals.
-
-    Read from the newest back, no further than the budget: what a caller sends past it costs
-    nothing, however long the history.
+    """The user and assistant messages of `history` that carry text, newest within budget,
+    read from the newest back (system messages hold the memory files themselves, tool output
+    is none of the signals).
 
     Raises:
         InvalidInputError: `history` is not a list of messages, or a message read has more
@@ -119,14 +114,9 @@ def listing(
 def views(
     conversation: builtins.list[dict[str, str]], files: builtins.list[dict[str, str]]
 ) -> Iterator[tuple[builtins.list[dict[str, str]], builtins.list[dict[str, str]]]]:
-    """The inputs of a `memory_update`, whole, then each time about half as long, for a
-    model whose context refused the longer ones (`_VIEWS` in all).
-
-    Each smaller view keeps the newest messages within its share of the conversation's text
-    (always the newest one), and the first (most related) files within its share of the
-    files' text: their names first, then their content, cut to its newest entries when only
-    part of it fits and left out when none does.
-    """
+    """The inputs of a `memory_update`, whole, then each time about half as long (`_VIEWS`
+    in all): the newest messages within the share (always the newest one) and the most
+    related files' names, then as much of their newest entries as fits."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
     for level in range(_VIEWS):
@@ -191,11 +181,8 @@ def _overlap(stored: Stored, said: set[str]) -> int:
 
 
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
-    """One change per topic key, in first-seen order; changes without a signal are dropped.
-
-    The LLM may name one topic twice ("Database", "database"): merging here is what keeps a
-    topic in one file.
-    """
+    """One change per topic key (the LLM may name one twice), in first-seen order; changes
+    without a signal are dropped."""
     combined: dict[str, TopicChange] = {}
     for change in changes:
         if not change.signals:

@@ -1,10 +1,6 @@
 """The memory-file tasks for the LLM (`memory_update`, `memory_persist`, `memory_condense`) and
-their parsers.
-
-Both go through `task_request`, so the offline LLM reads the same inputs a real model does.
-The parsers are strict about shape (a reply that does not match raises `ValueError` naming the
-first offending field, and `ask` asks again) and clean up what they keep: topics and
-descriptions become one printable line.
+their parsers: strict about shape (`ValueError` naming the first offending field, and `ask`
+asks again), and topics and descriptions become one printable line.
 """
 
 from __future__ import annotations
@@ -219,17 +215,10 @@ def parse_persist(resp: LLMResponse) -> Filed:
 
 
 def statement_entry(entry: str, statement: str) -> str:
-    """The entry to file for `statement`: the model's `entry` when it keeps the statement's
-    content, else the statement itself.
-
-    The model may reword (name what "it" is, write "the user" for "I", spell out "pw") but not
-    replace: the entry keeps every number of the statement, all its content words but one in
-    five (at least one may go: "remember: ..."), and adds at most one content word plus one
-    for every three of the statement's. A word counts as kept when the entry has it (stemmed),
-    a longer form of it, or, for a word of up to four letters, a word it abbreviates. A small
-    model asked to file "The blog runs on port 8000." may answer with a sentence of its own;
-    what the user asked to remember is then filed as written.
-    """
+    """The entry to file for `statement`: the model's `entry` when it rewords rather than
+    replaces it (it keeps every number, all content words but one in five, at least one, and
+    adds at most one plus one for every three; a word is kept as itself stemmed, a longer
+    form, or for up to four letters a word it abbreviates), else the statement itself."""
     if not set(_NUMBER.findall(statement)) <= set(_NUMBER.findall(entry)):
         return statement
     said, wrote = _words(statement), _words(entry)

@@ -40,12 +40,10 @@ async def serve(
     allow_writes: bool = False, llm: LLM | None = None, embedder: Embedder | None = None,
     token: str | None = None, allow_hosts: Sequence[str] = (),
 ) -> None:
-    """Serves the web app over the memory at `db` until interrupted. Binds 127.0.0.1 unless
-    told otherwise: the pages show everything the memory holds, to whoever can connect.
-
-    Requests are answered only for the bound address, the loopback names and `allow_hosts`
-    (see `mnemo.ui.guard`), and only with `token` when one is given. A bind beyond the
-    loopback is warned about on stderr; `token=` values never reach the access log.
+    """Serves the web app over the memory at `db` until interrupted, answering only the bound
+    address, the loopback names and `allow_hosts`, and only with `token` when one is given
+    (`mnemo.ui.guard`). A bind beyond the loopback is warned about; `token=` values never
+    reach the access log.
 
     Raises:
         InvalidInputError: a malformed allowed host or token (before anything is opened).

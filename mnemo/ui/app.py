@@ -1,12 +1,8 @@
-"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2 templates, htmx).
-
-Every page is a GET that reads through a `MemorySource` and never writes; pages are rendered on
-the server and work without JavaScript. htmx (vendored under `static/`, no CDN) only swaps the
-results of the search and recall forms in place. With `allow_writes`, two POSTs write: a
-recall that counts its results as accesses, and a revert (`mnemo.ui.history`). A `Gate`
-(`mnemo.ui.guard`) stands in front of every route: the Host names answered, the optional
-access token, and POSTs from the app's own pages only. Identifiers travel as query
-parameters, never as path segments: thread ids such as "week/1" hold slashes.
+"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2, vendored htmx). Every
+page is a GET that reads through a `MemorySource`, rendered on the server; with `allow_writes`
+two POSTs write (a recall that counts accesses, a revert). A `Gate` (`mnemo.ui.guard`) stands
+in front of every route. Ids travel as query parameters: thread ids such as "week/1" hold
+slashes.
 """
 
 from __future__ import annotations
@@ -63,13 +59,9 @@ def create_app(
     view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
     allow_writes: bool = False, access: Access | None = None,
 ) -> Starlette:
-    """The web app over `view`, or over the view `open_view` opens for the app's life
-    (entered at startup, left at shutdown): exactly one of the two.
-
-    No GET writes. `allow_writes` adds what the view allows to write: a recall that counts
-    its results as accesses (a POST of the playground) and a revert (a POST of a commit's
-    page). `access` says which Host names are answered and which token is required (default:
-    the loopback names, no token).
+    """The web app over `view`, or over the view `open_view` opens for the app's life: exactly
+    one of the two. `allow_writes` adds the two POSTs that write; `access` says which Host
+    names are answered and which token is required (default: the loopback names, no token).
 
     Raises:
         InvalidInputError: neither or both of `view` and `open_view`.

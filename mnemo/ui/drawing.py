@@ -1,17 +1,8 @@
-"""Pictures of the graph laid out for SVG drawn on the server (no script, no network).
-
-- A node's neighbourhood (`neighbourhood`, the node page): the nodes one link away stand in a
-  column, grouped by the type of the link, each group under its link type's name; the node
-  itself stands in a box, left of the column on a wide screen (`WIDE`, a curve to each
-  neighbour) and above it on a phone (`NARROW`, a tree's branches), so that the text stays
-  readable at either width.
-- A part of a repo's graph (`picture`, the graph page): up to a few hundred nodes and every
-  link among them, placed by a force-directed layout (Fruchterman-Reingold, numpy, a fixed
-  seed: the same graph gives the same picture), each link a line coloured by its type.
-
-A node's type is its marker's shape and colour (a shape for readers who cannot tell the
-colours apart); a retired fact's marker is dashed. The layouts are pure: they return
-coordinates, and `drawing.html` writes the SVG.
+"""Pictures of the graph laid out for SVG drawn on the server (pure: coordinates, which the
+templates draw). `neighbourhood` (the node page): the nodes one link away in a column grouped
+by link type, the node's box beside it (`WIDE`) or above it (`NARROW`). `picture` (the graph
+page): a few hundred nodes and their links placed by a seeded force-directed layout. A node's
+type is its marker's shape and colour; a retired fact's marker is dashed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The web app's gate: the Host names it answers, an optional access token, and no write from
 another site. One ASGI middleware, `Gate`, in front of every route, static files included.
 
-- **Host.** A web page on any site can point a name of its own at 127.0.0.1 (DNS rebinding)
-  and then read what that name serves, the whole memory; the browser still sends the page's
-  name as Host. So a request whose Host names none of the allowed hosts is refused (400)
-  before any route runs: by default the bound address and the loopback names.
-- **Token.** When one is set, every request shows it: `Authorization: Bearer TOKEN`, the
-  cookie the server sets, or once `?token=TOKEN` in a GET's address, which sets that cookie
-  and redirects to the same address without it (so the token leaves the address bar, the
-  browser's history and any Referer). Compared in constant time; the cookie holds an HMAC of
-  the token, not the token, and is HttpOnly and SameSite=Lax (no GET writes).
-- **Writes.** A request other than GET/HEAD is refused (403) unless its Origin header names
-  this very server (scheme, host and port): a form or a script on another site, or on another
-  port of this host, cannot make the app write (no CSRF). Clients that are not browsers send
-  the header themselves.
-- Every answer carries headers that keep the pages out of frames, caches and other sites'
-  Referers, and a Content-Security-Policy that lets a page load only this server's own files.
+- Host: a request whose Host names none of the allowed hosts is refused (400), against DNS
+  rebinding (a page pointing a name of its own at 127.0.0.1 would read the whole memory).
+- Token: when set, every request shows it as `Authorization: Bearer`, the cookie the server
+  sets (an HMAC of it, HttpOnly, SameSite=Lax), or once `?token=` in a GET's address, which
+  sets the cookie and redirects without it. Compared in constant time.
+- Writes: a request other than GET/HEAD is refused (403) unless its Origin names this very
+  server (no CSRF).
+- Every answer keeps the pages out of frames, caches and other sites' Referers, and its
+  Content-Security-Policy lets a page load only this server's files.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""What the web app reads: `MemorySource`, its reads over `Memory`.
-
-The app knows no SQL and no store: every page is drawn from these reads, through `Memory`'s
-public methods only; none of them starts or resumes work (no
-`open_repo`, no call that touches a session), so looking never changes what a session does.
-The two that write (a recall that counts its results as accesses, a revert) do so only when
-the source was made with `writes=True`.
-"""
+"""What the web app reads: `MemorySource`, through `Memory`'s public methods only, none of
+which starts or resumes work; the two that write do so only with `writes=True`."""
 
 from __future__ import annotations
 
@@ -31,12 +25,8 @@ class LinkedNode:
 
 
 class MemorySource:
-    """The web app's reads over an open `Memory`.
-
-    `writes` is whether the two writing calls may write: a recall with `reinforce` (its
-    results count as accesses, as an agent's recall does) and `revert`. Without it (the
-    default), a recall never reinforces and `revert` raises InvalidInputError.
-    """
+    """The web app's reads over an open `Memory`; without `writes`, a recall never counts
+    accesses and `revert` raises InvalidInputError."""
 
     def __init__(self, memory: Memory, *, writes: bool = False) -> None:
         self._memory = memory

@@ -44,8 +44,7 @@ def host_pattern(value: str) -> str:
     if len(pattern) > 253 or not _HOST_PATTERN.fullmatch(pattern):
         raise InvalidInputError(
             f"{value!r} is not a host name, an IP address, '*.domain' or '*' (no scheme, "
-            "port or path)"
-        )
+            "port or path)")
     return pattern.rstrip(".")
 
 
@@ -63,8 +62,7 @@ def check_token(token: str) -> str:
         raise InvalidInputError(
             f"the access token must have {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} characters, "
             f"got {len(token)} (make one with: python -c \"import secrets; "
-            "print(secrets.token_urlsafe())\")"
-        )
+            "print(secrets.token_urlsafe())\")")
     if not all("!" <= c <= "~" for c in token):
         raise InvalidInputError("the access token must be printable ASCII without spaces")
     return token

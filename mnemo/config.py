@@ -25,8 +25,7 @@ from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 # raise a bound, never past what one call can carry (docs/DECISIONS.md, "Per-call bounds").
 COUNT_CEILINGS = {
     "max_steps_per_ingest": 1_000, "max_messages_per_save": 100_000,
-    "max_tool_calls_per_message": 1_024, "max_open_goals": 10_000, "max_results": 10_000,
-}
+    "max_tool_calls_per_message": 1_024, "max_open_goals": 10_000, "max_results": 10_000}
 
 DAY = 86_400.0
 # The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations"): a wait (for
@@ -175,12 +174,10 @@ class Config:
         if self.intent_merge_threshold > self.intent_identity_threshold:
             raise InvalidInputError(
                 "Config.intent_merge_threshold must not exceed intent_identity_threshold "
-                f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
-            )
+                f"({self.intent_merge_threshold} > {self.intent_identity_threshold})")
         if self.recall_planner not in ("offline", "llm"):
             raise InvalidInputError(
-                f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
-            )
+                f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}')
 
     @property
     def annotation_timeout(self) -> float:

@@ -49,8 +49,7 @@ def check_text(
     if len(value) > limit:  # first: what follows reads every character
         raise InvalidInputError(
             f"{what} is {len(value):,} characters long, more than the {limit:,} allowed "
-            "(Config.max_text_chars)"
-        )
+            "(Config.max_text_chars)")
     if stored and "\x00" in value:
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not _encodable(value):
@@ -89,8 +88,7 @@ def names_id(given: str, ident: str) -> bool:
     kind, digits, index = split_id(ident)
     head, colon, number = given.partition(":")
     return colon + number == index and (
-        (kind + digits).startswith(head) or digits.startswith(head)
-    )
+        (kind + digits).startswith(head) or digits.startswith(head))
 
 
 def check_name(value: object, what: str) -> str:
@@ -118,8 +116,7 @@ def check_name(value: object, what: str) -> str:
     if canonical != name:
         raise InvalidInputError(
             f"{what} is not in canonical form (no leading, trailing, doubled or non-ASCII "
-            f"spaces, composed characters, no compatibility forms): write it as {canonical!r}"
-        )
+            f"spaces, composed characters, no compatibility forms): write it as {canonical!r}")
     return name
 
 
@@ -141,12 +138,10 @@ def check_storable(value: str, what: str) -> str:
     # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unread.
     if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
         raise InvalidInputError(
-            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed"
-        )
+            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed")
     if "\x00" in value or not _encodable(value):
         raise InvalidInputError(
-            f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
-        )
+            f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
     return value
 
 
@@ -166,8 +161,7 @@ def check_store(path: object) -> str:
     if not isinstance(name, str):
         raise InvalidInputError(
             f"path must be a str or os.PathLike naming a SQLite file, \":memory:\" or a "
-            f"postgresql:// URL, got {type(path).__name__}"
-        )
+            f"postgresql:// URL, got {type(path).__name__}")
     if not name.strip():
         raise InvalidInputError(f"path must not be blank, got {name!r}")
     if "\x00" in name:
@@ -175,8 +169,7 @@ def check_store(path: object) -> str:
     if "://" in name and not name.startswith(POSTGRES_SCHEMES):
         raise InvalidInputError(
             f"path {name!r} is a URL of a store mnemo does not know: a PostgreSQL URL "
-            "starts with postgresql:// or postgres://"
-        )
+            "starts with postgresql:// or postgres://")
     return name
 
 
@@ -191,13 +184,11 @@ def check_models(llm: object, embedder: object, reranker: object = None) -> None
     if llm is not None and not callable(getattr(llm, "generate", None)):
         raise InvalidInputError(
             f"llm must be an object with an async generate(request) (mnemo.LLM), got "
-            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
-        )
+            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri")
     if embedder is not None and not callable(getattr(embedder, "embed", None)):
         raise InvalidInputError(
             f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
-            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
-        )
+            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri")
     if reranker is not None and not callable(getattr(reranker, "rerank", None)):
         raise InvalidInputError(
             f"reranker must be an object with an async rerank(query, texts) (mnemo.Reranker), "
@@ -238,8 +229,7 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     if len(text) > limit:
         raise InvalidInputError(
             f"{what} is {len(text):,} characters long as JSON, more than the {limit:,} "
-            "allowed (Config.max_text_chars)"
-        )
+            "allowed (Config.max_text_chars)")
     return text
 
 
@@ -266,13 +256,11 @@ def check_tree(value: object, what: str, *, limit: int) -> None:
         if size > limit:
             raise InvalidInputError(
                 f"{what} is longer than the {limit:,} characters allowed as JSON "
-                "(Config.max_text_chars)"
-            )
+                "(Config.max_text_chars)")
         if isinstance(item, str):
             if "\x00" in item or not _encodable(item):
                 raise InvalidInputError(
-                    f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
-                )
+                    f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
             continue
         if isinstance(item, Mapping):
             children = [*item.keys(), *item.values()]
@@ -282,8 +270,7 @@ def check_tree(value: object, what: str, *, limit: int) -> None:
             continue
         if depth == MAX_JSON_DEPTH:
             raise InvalidInputError(
-                f"{what} nests more than {MAX_JSON_DEPTH} levels of dicts and lists"
-            )
+                f"{what} nests more than {MAX_JSON_DEPTH} levels of dicts and lists")
         stack.extend((child, depth + 1) for child in children)
 
 

@@ -74,8 +74,7 @@ def view_json(view: MessageView) -> dict[str, object]:
     return {
         "target": message_json(view.target), "messages": [message_json(m) for m in view.messages],
         "snapshots_before": [snapshot_json(s) for s in view.snapshots_before],
-        "snapshots_after": [snapshot_json(s) for s in view.snapshots_after],
-    }
+        "snapshots_after": [snapshot_json(s) for s in view.snapshots_after]}
 
 
 def step_json(info: StepInfo) -> dict[str, object]:
@@ -88,12 +87,10 @@ def commit_json(commit: CommitRecord, goal: str | None = None) -> dict[str, obje
         "id": commit.id, "goal": goal,
         **fields(commit, "seq committed_at session_id source_id", nodes="node_count",
                  links="link_count", retired="retired_count"),
-        "joined": len(commit.joined), **fields(commit, "reverted_by reverts"),
-    }
+        "joined": len(commit.joined), **fields(commit, "reverted_by reverts")}
 
 
 def diff_json(diff: CommitDiff) -> dict[str, object]:
     return {
         **commit_json(diff.commit), "node_ids": list(diff.commit.node_ids),
-        "retired_ids": list(diff.commit.retired),
-    }
+        "retired_ids": list(diff.commit.retired)}

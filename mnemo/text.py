@@ -68,8 +68,7 @@ STOPWORDS: frozenset[str] = frozenset(
     your yours yourself yourselves
     hi hello hey thanks thank thx cheers bye goodbye great awesome cool nice perfect alright
     sounds hmm hm uh um ah wow lol
-    """.split()
-)
+    """.split())
 
 # A contraction written with the modifier letter apostrophe (U+02BC, a letter to `\w`, so one
 # word to every search) is a stopword too.
@@ -80,8 +79,7 @@ FILLER_OPENERS: frozenset[str] = frozenset(
     """
     okay ok so well alright right sure yes yeah yep hmm hm oh ah um uh great cool nice perfect
     awesome also actually anyway anyways basically now then thanks
-    """.split()
-)
+    """.split())
 
 
 def normalise(text: str) -> str:
@@ -161,8 +159,7 @@ def _within_words(between: re.Match[str]) -> str:
     return "".join(
         character if (_in_word(character) and (inside or not _is_format(character)))
         or (joins and character in JOINERS) else " "
-        for character in run
-    )
+        for character in run)
 
 
 def _in_word(character: str) -> bool:

@@ -75,9 +75,7 @@ class ToolSpec:
         return {
             "type": "function",
             "function": {
-                "name": self.name, "description": self.description, "parameters": self.parameters,
-            },
-        }
+                "name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def anthropic(self) -> JSONObject:
         """The tool in Anthropic's messages format."""
@@ -95,14 +93,10 @@ SEARCH_MESSAGES = ToolSpec(
             "query": {"type": "string", "description": "Keywords to look for."},
             "thread_id": {
                 "type": "string",
-                "description": "Only this thread (omit to search every thread).",
-            },
-            "limit": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5},
-        },
+                "description": "Only this thread (omit to search every thread)."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5}},
         "required": ["query"],
-        "additionalProperties": False,
-    },
-)
+        "additionalProperties": False})
 VIEW_MESSAGES = ToolSpec(
     "view_messages",
     "Show a message found by search_messages with the messages around it (tool outputs "
@@ -111,12 +105,9 @@ VIEW_MESSAGES = ToolSpec(
         "type": "object",
         "properties": {
             "message_id": {"type": "string", "description": "An id from search_messages."},
-            "radius": {"type": "integer", "minimum": 0, "maximum": 30, "default": 10},
-        },
+            "radius": {"type": "integer", "minimum": 0, "maximum": 30, "default": 10}},
         "required": ["message_id"],
-        "additionalProperties": False,
-    },
-)
+        "additionalProperties": False})
 RECALL = ToolSpec(
     "recall",
     "Recall long-term knowledge (facts and procedures learned in earlier work) relevant to a "
@@ -125,12 +116,9 @@ RECALL = ToolSpec(
         "type": "object",
         "properties": {
             "query": {"type": "string", "description": "What to recall."},
-            "k": {"type": "integer", "minimum": 1, "maximum": 30, "default": 10},
-        },
+            "k": {"type": "integer", "minimum": 1, "maximum": 30, "default": 10}},
         "required": ["query"],
-        "additionalProperties": False,
-    },
-)
+        "additionalProperties": False})
 
 GET_NODE = ToolSpec(
     "get_node",
@@ -140,20 +128,15 @@ GET_NODE = ToolSpec(
         "type": "object",
         "properties": {
             "node_id": {"type": "string", "description": "An id from recall."},
-            "offset": {"type": "integer", "minimum": 0, "default": 0},
-        },
+            "offset": {"type": "integer", "minimum": 0, "default": 0}},
         "required": ["node_id"],
-        "additionalProperties": False,
-    },
-)
+        "additionalProperties": False})
 
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [
         SEARCH_MESSAGES, VIEW_MESSAGES, RECALL, GET_NODE,
-        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS),
-    ]
-}
+        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS)]}
 MEMORY_TOOLS = ("search_messages", "view_messages", "recall", "get_node")
 EVICTION_TOOL_NAMES = ("save_snapshot", "attach_messages_to_goals", "everything_ok")
 
@@ -202,8 +185,7 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
             search = _read(args, _Search)
             hits = await mem.search_messages(
                 search.query, thread_id=search.thread_id, limit=search.limit,
-                exclude_viewport_of=_context_thread(context),
-            )
+                exclude_viewport_of=_context_thread(context))
             return render_hits(hits)
         if call.name == "view_messages":
             view = _read(args, _View)
@@ -213,8 +195,7 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
                 found.messages,
                 found.target.seq,
                 MAX_OUTPUT_CHARS - 4_000,  # room for the six snapshot lines
-                lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60,
-            )
+                lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60)
             return replace(found, messages=kept).render()
         if call.name == "recall":
             repo = context.get("repo")

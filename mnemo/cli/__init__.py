@@ -26,8 +26,7 @@ COMMANDS: dict[str, str] = {
     "graph": "commands", "search": "commands", "purge": "commands", "forget": "commands",
     "mcp": "serve", "ui": "serve", "doctor": "doctor", "history": "history", "diff": "history",
     "revert": "history", "show": "node", "repos": "manage", "reembed": "manage", "view": "manage",
-    "session": "manage", "migrate": "migrate",
-}
+    "session": "manage", "migrate": "migrate"}
 
 
 def main() -> None:

@@ -90,8 +90,7 @@ def _fail(message: str, status: int) -> NoReturn:
 app = typer.Typer(
     name="mnemo", cls=_Commands,
     help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-)
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 @app.callback()
@@ -99,8 +98,7 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
-        ),
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
     ] = False,
     verbose: Annotated[
         bool,
@@ -118,8 +116,7 @@ Where = Annotated[
     list[str] | None,
     typer.Option("--where", help="Only the scope whose metadata has KEY=VALUE (a string; "
                                  "KEY:=JSON for a number or true/false); repeat it for more "
-                                 "keys, or a key for any of its values."),
-]
+                                 "keys, or a key for any of its values.")]
 
 
 

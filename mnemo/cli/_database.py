@@ -34,8 +34,7 @@ def check_database(path: Path, *, must_exist: bool) -> None:
     if found is StoreFile.MISSING and must_exist:
         raise CliError(
             f"no database at {path} (create one with `mnemo ingest` or `mnemo demo`, "
-            "or pass --store)"
-        )
+            "or pass --store)")
     if found is StoreFile.DIRECTORY:
         raise CliError(f"{path} is a directory, not a database file")
     if found is StoreFile.EMPTY and must_exist:

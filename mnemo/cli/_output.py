@@ -77,5 +77,4 @@ def recall_table(result: RecallResult, query: str) -> Table:
         f"Recall: {escape(query)}", ("score>", "id!", "type", "phase", "hop>", "text~"),
         [(f"{m.score:.3f}", ids[m.node.id], m.node.type.value, str(m.phase), str(m.hop),
           Text(shorten(m.node.text, 200))) for m in result.memories],
-        empty=(5, "(nothing recalled)"),
-    )
+        empty=(5, "(nothing recalled)"))

@@ -105,8 +105,7 @@ class ServerReport:
             "concurrency": self.concurrency,
             "tasks": [t.as_json() for t in self.tasks],
             "tokens_per_second": (None if self.tokens_per_second is None
-                                  else round(self.tokens_per_second, 1)),
-        }
+                                  else round(self.tokens_per_second, 1))}
 
 
 async def timed(check: str, work: Callable[[], Awaitable[str]]) -> Finding:
@@ -147,8 +146,7 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
         report.tasks = [
             replace(fit, timeout=transport.attempt_timeout(
                 reply_cap(request.max_tokens, cap), _prompt_tokens(request)))
-            for fit, request in zip(report.tasks, requests, strict=True)
-        ]
+            for fit, request in zip(report.tasks, requests, strict=True)]
     return report
 
 
@@ -191,12 +189,10 @@ async def _modes(uri: str, llm: LLM) -> list[Finding]:
     findings = []
     request = reward_request(
         goal=GOAL, subgoal="check the configuration", observation=PROBE, action="nginx -t",
-        next_observation=None,
-    )
+        next_observation=None)
     for mode in _mode_names(llm):
         model = llm if isinstance(llm, Anthropic) else llm_from_uri(
-            with_settings(uri, structured=mode)
-        )
+            with_settings(uri, structured=mode))
 
         async def ask(model: LLM = model) -> str:
             reply = await model.generate(request)
@@ -264,8 +260,7 @@ def _task_requests() -> list[LLMRequest]:
         reward_request(goal=GOAL, subgoal=subgoal, observation=PROBE, action="nginx -t",
                        next_observation=None),
         semantic_request(goal=GOAL, subgoal=subgoal, steps=[step]),
-        procedural_request(goal=GOAL, subgoal=subgoal, steps=[step]),
-    ]
+        procedural_request(goal=GOAL, subgoal=subgoal, steps=[step])]
 
 
 async def _fit(llm: LLM, request: LLMRequest) -> TaskFit:

@@ -27,12 +27,10 @@ FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
 _ENV = {
     "store": ("MNEMO_STORE", "MNEMO_DB"), "llm": ("MNEMO_LLM",), "embedder": ("MNEMO_EMBEDDER",),
     "temperature": ("MNEMO_TEMPERATURE",), "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
-    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",),
-}
+    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",)}
 _FLAGS = {
     "temperature": "--temperature", "llm_timeout": "--llm-timeout",
-    "extraction_timeout": "--extraction-timeout",
-}
+    "extraction_timeout": "--extraction-timeout"}
 
 StoreOpt = Annotated[
     str | None,
@@ -40,18 +38,14 @@ StoreOpt = Annotated[
         "--store", "--db",
         help="The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default "
              "memory.db).",
-        show_default=False,
-    ),
-]
+        show_default=False)]
 LlmOpt = Annotated[
     str | None,
     typer.Option(
         "--llm",
         help="The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL "
              "(env MNEMO_LLM; default: each repo's own).",
-        show_default=False,
-    ),
-]
+        show_default=False)]
 EmbedderOpt = Annotated[
     str | None,
     typer.Option(
@@ -59,9 +53,7 @@ EmbedderOpt = Annotated[
         help="The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] "
              "(env MNEMO_EMBEDDER; "
              "default: each repo's own).",
-        show_default=False,
-    ),
-]
+        show_default=False)]
 TemperatureOpt = Annotated[
     str | None,
     typer.Option(
@@ -69,36 +61,28 @@ TemperatureOpt = Annotated[
         help="The LLM's sampling temperature: a number >= 0, or server for the server's own "
              "(env MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models "
              "do better above 0).",
-        show_default=False,
-    ),
-]
+        show_default=False)]
 LlmTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--llm-timeout",
         help="Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM "
              "URI's, else 60).",
-        show_default=False,
-    ),
-]
+        show_default=False)]
 ExtractionTimeoutOpt = Annotated[
     float | None,
     typer.Option(
         "--extraction-timeout",
         help="Seconds an extraction, and each conversation-memory model call, may take (env "
              "MNEMO_EXTRACTION_TIMEOUT; default 60).",
-        show_default=False,
-    ),
-]
+        show_default=False)]
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
         "--config",
         help="A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml "
              "or ~/.config/mnemo/config.toml).",
-        dir_okay=False, show_default=False,
-    ),
-]
+        dir_okay=False, show_default=False)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +111,12 @@ class Settings:
         if self.llm is None:
             flagged = [
                 _FLAGS[key] for key in ("temperature", "llm_timeout")
-                if self.sources.get(key) == _FLAGS[key]
-            ]
+                if self.sources.get(key) == _FLAGS[key]]
             if flagged:
                 raise CliError(
                     f"{' and '.join(flagged)} tune the LLM chosen with --llm (or MNEMO_LLM, or "
                     "llm in the config file); none is chosen, and each repo's recorded model "
-                    "keeps its own settings"
-                )
+                    "keeps its own settings")
             return None
         return with_settings(self.llm, **given)
 
@@ -192,8 +174,7 @@ def read_config(path: Path) -> dict[str, str]:
         if key not in FILE_KEYS:
             hint = " (keys come from OPENAI_API_KEY / ANTHROPIC_API_KEY)" if "key" in key else ""
             raise CliError(
-                f"unknown setting {key!r} in {path} (known: {', '.join(FILE_KEYS)}){hint}"
-            )
+                f"unknown setting {key!r} in {path} (known: {', '.join(FILE_KEYS)}){hint}")
         if key in MODEL_KEYS and isinstance(value, int | float) and not isinstance(value, bool):
             value = str(value)
         if not isinstance(value, str) or not value.strip():
@@ -225,8 +206,7 @@ def resolve(
     flags: dict[str, str | None] = {
         "store": store, "llm": llm, "embedder": embedder, "temperature": temperature,
         "llm_timeout": None if llm_timeout is None else repr(llm_timeout),
-        "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout),
-    }
+        "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout)}
     for key, flag in flags.items():
         value, source = flag, _FLAGS.get(key, f"--{key}")
         for name in _ENV[key]:
@@ -239,8 +219,7 @@ def resolve(
         store=chosen["store"] or DEFAULT_STORE, llm=chosen["llm"], embedder=chosen["embedder"],
         sources=sources, temperature=_temperature(chosen["temperature"], sources["temperature"]),
         llm_timeout=_seconds(chosen["llm_timeout"], "llm_timeout", sources),
-        extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources),
-    )
+        extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources))
 
 
 def _temperature(value: str | None, source: str) -> str | None:
@@ -276,5 +255,4 @@ def check_backend(settings: Settings) -> None:
     if settings.is_url and not has_postgres_driver():
         raise CliError(
             "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "
-            "pip install 'pymnemo[postgres]', or pass a SQLite file with --store"
-        )
+            "pip install 'pymnemo[postgres]', or pass a SQLite file with --store")

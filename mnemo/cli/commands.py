@@ -135,8 +135,7 @@ def ingest(
         async with open_memory(settings, writes=True, works=True) as mem:
             report = await ingest_file(
                 mem, target, parsed, threads=threads, console=stderr_console(),
-                show_progress=not as_json,
-            )
+                show_progress=not as_json)
         if as_json:
             print_json(report.as_json())
             return
@@ -146,11 +145,9 @@ def ingest(
             f"Ingested into {escape(target)} ({parsed.shape})",
             ("source~", "new>~", "nodes>~", "steps>~", "messages saved>~"),
             [(Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
-              str(s["steps"]), str(s["messages_saved"])) for s in report.sources],
-        ))
+              str(s["steps"]), str(s["messages_saved"])) for s in report.sources]))
         console.print(
-            f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes"
-        )
+            f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes")
 
     run(work)
 
@@ -232,8 +229,7 @@ def sessions(
               str(s.steps), Text(holders[s.holder] if s.holder else "-"),
               "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S"))
              for s in live],
-            empty=(3, "(no live sessions)" if every else "(no session at work)"),
-        ))
+            empty=(3, "(no live sessions)" if every else "(no session at work)")))
 
     run(work)
 
@@ -271,16 +267,14 @@ def graph(
         if fmt is not None:
             text = (
                 graph_export.to_graphml(dumped) if fmt is ExportFormat.GRAPHML
-                else json_text(graph_export.to_json(dumped))
-            )
+                else json_text(graph_export.to_json(dumped)))
             if out is None:
                 typer.echo(text, nl=False)
                 return
             out.write_text(text, encoding="utf-8")
             stderr_console().print(
                 f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
-                f"{escape(str(out))}"
-            )
+                f"{escape(str(out))}")
         if as_json:
             print_json({"repo": repo, **counts, **({"out": str(out)} if out else {})})
             return
@@ -321,8 +315,7 @@ def search(
             ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),
             [(f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
               Text(shorten(h.snippet, 200)), ids[h.message_id]) for h in hits],
-            empty=(4, "(no message matches)"),
-        ))
+            empty=(4, "(no message matches)")))
 
     run(work)
 

@@ -133,8 +133,7 @@ async def run_demo(
     console.rule("[bold]mnemo demo")
     console.print(
         f"{len(conversation.sessions)} sessions, {n_steps} steps into repo "
-        f"[bold]{escape(repo)}[/] at {escape(str(db))} (offline LLM, embedded embedder)"
-    )
+        f"[bold]{escape(repo)}[/] at {escape(str(db))} (offline LLM, embedded embedder)")
     recalls: list[dict[str, object]] = []
 
     def tally(event: Event) -> None:
@@ -169,5 +168,4 @@ async def run_demo(
     console.print(f"wall time: {seconds:.2f}s")
     return {
         "db": str(db), "repo": repo, "sessions": [asdict(o) for o in outcomes], "committed": counts,
-        "recalls": recalls, "events": dict(events), "seconds": seconds,
-    }
+        "recalls": recalls, "events": dict(events), "seconds": seconds}

@@ -19,15 +19,7 @@ from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
 from mnemo.cli._common import Json, app, check_store, close
 from mnemo.cli._database import CliError
 from mnemo.cli._output import print_json, stdout_console, table
-from mnemo.cli._probe import (
-    AT_ONCE,
-    PROBE,
-    Finding,
-    ServerReport,
-    probe_server,
-    state_probe,
-    timed,
-)
+from mnemo.cli._probe import AT_ONCE, PROBE, Finding, ServerReport, probe_server, state_probe, timed
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
@@ -56,8 +48,7 @@ async def diagnose(
             raise CliError(
                 f"{', '.join(foreign)} also installed here, with a `mnemo` package of its own "
                 f"that overwrites {DISTRIBUTION}'s files or is overwritten by them: install "
-                f"{DISTRIBUTION} in an environment without it"
-            )
+                f"{DISTRIBUTION} in an environment without it")
         return f"{DISTRIBUTION} {installed_version()}"
 
     async def store() -> str:
@@ -82,8 +73,7 @@ async def diagnose(
     async def embedder() -> str:
         model: Embedder = (
             embedder_from_uri(settings.embedder) if settings.embedder is not None
-            else default_embedder()
-        )
+            else default_embedder())
         try:
             vectors = await model.embed([PROBE])
         finally:
@@ -130,8 +120,7 @@ def doctor(
     if as_json:
         print_json({
             "ok": ok, "sources": dict(settings.sources), "checks": [f.as_json() for f in findings],
-            "server": report.as_json() if report is not None else None,
-        })
+            "server": report.as_json() if report is not None else None})
     else:
         console = stdout_console()
         console.print(table("mnemo doctor", ("check", "result", "from", "found~"), [
@@ -156,20 +145,17 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
     for mode in report.modes:
         shown.add_row(
             f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
-            Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"),
-        )
+            Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"))
     walls = ", ".join(f"{n} in {report.at_once[n]:.2f} s" for n in AT_ONCE if n in report.at_once)
     if report.at_once_error is not None:
         walls = f"{walls}; then {report.at_once_error}" if walls else report.at_once_error
     served = report.served_at_once
     shown.add_row(
         "requests at once", _verdict(served is not None, "FAIL"),
-        Text(f"{walls} -> serves about {served} at once" if served else walls),
-    )
+        Text(f"{walls} -> serves about {served} at once" if served else walls))
     shown.add_row(
         "concurrency", Text("->"),
-        f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)",
-    )
+        f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)")
     for task in report.tasks:
         if not task.ok:
             verdict, found = _verdict(False, "FAIL"), shorten(task.detail, 160)

@@ -31,8 +31,7 @@ class GraphDump:
         links = Counter(label(e.type) for e in self.links)
         return {
             "nodes": {t.value: nodes[t.value] for t in NodeType},
-            "links": {t.value: links[t.value] for t in LinkType},
-        }
+            "links": {t.value: links[t.value] for t in LinkType}}
 
 
 async def dump_graph(mem: Memory, repo: str) -> GraphDump:
@@ -44,8 +43,7 @@ async def dump_graph(mem: Memory, repo: str) -> GraphDump:
 def to_json(graph: GraphDump) -> dict[str, object]:
     return {
         "repo": graph.repo, "counts": graph.counts(), "nodes": [node_json(n) for n in graph.nodes],
-        "links": [link_json(e) for e in graph.links],
-    }
+        "links": [link_json(e) for e in graph.links]}
 
 
 def to_graphml(graph: GraphDump) -> str:
@@ -58,24 +56,20 @@ def to_graphml(graph: GraphDump) -> str:
     for scope, name in keys:
         ET.SubElement(
             root, f"{{{GRAPHML_NS}}}key",
-            {"id": f"{scope}_{name}", "for": scope, "attr.name": name, "attr.type": "string"},
-        )
+            {"id": f"{scope}_{name}", "for": scope, "attr.name": name, "attr.type": "string"})
     body = ET.SubElement(
-        root, f"{{{GRAPHML_NS}}}graph", {"id": graph.repo, "edgedefault": "directed"}
-    )
+        root, f"{{{GRAPHML_NS}}}graph", {"id": graph.repo, "edgedefault": "directed"})
     for node in graph.nodes:
         element = ET.SubElement(body, f"{{{GRAPHML_NS}}}node", {"id": node.id})
         values = {
             "type": label(node.type), "text": node.text, "created_at": node.created_at.isoformat(),
-            "data": json.dumps(node.data, sort_keys=True, ensure_ascii=False),
-        }
+            "data": json.dumps(node.data, sort_keys=True, ensure_ascii=False)}
         for name, value in values.items():
             _data(element, f"node_{name}", value)
     for number, edge in enumerate(graph.links):
         element = ET.SubElement(
             body, f"{{{GRAPHML_NS}}}edge",
-            {"id": f"e{number}", "source": edge.src, "target": edge.dst},
-        )
+            {"id": f"e{number}", "source": edge.src, "target": edge.dst})
         _data(element, "edge_type", label(edge.type))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

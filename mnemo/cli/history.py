@@ -57,8 +57,7 @@ def history(
             [(str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
               Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
               str(c.link_count), str(c.retired_count)) for c in commits],
-            empty=(1, "(no commits)"),
-        ))
+            empty=(1, "(no commits)")))
 
     run(work)
 
@@ -96,8 +95,7 @@ async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, st
 def diff(
     commit: Annotated[
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
-                                 "history`).")
-    ],
+                                 "history`).")],
     repo: Annotated[
         str | None, typer.Option("--repo", "-r", help="The commit's repo (default: every "
                                                       "repo is searched).")
@@ -125,8 +123,7 @@ def diff(
                 "added": [node_json(n) for n in changed.nodes],
                 "retired": [node_json(n) for n in changed.retired],
                 "reworded": [node_json(n) for n in reworded],
-                "links": [link_json(link) for link in changed.links],
-            })
+                "links": [link_json(link) for link in changed.links]})
             return
         print_diff(name, changed, goal, reworded)
 
@@ -139,8 +136,7 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     ends = {end for link in changed.links for end in (link.src, link.dst)}
     short = short_ids(
         [*(n.id for n in (*changed.nodes, *changed.retired, *reworded)), *sorted(ends)],
-        kind=False,
-    )
+        kind=False)
     console = stdout_console()
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -166,8 +162,7 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
                 f"{title} ({len(nodes)})", ("~!", "id~!", "type~!", "text~"),
                 [(mark, short[node.id], node.type.value, Text(shorten(node.text, 80)))
                  for node in sorted(nodes, key=lambda n: list(NodeType).index(n.type))],
-                box=None,
-            ))
+                box=None))
     if changed.links:
         console.print(table(f"links added ({len(changed.links)})", ("from!", "link!", "to!"),
                             [(short[link.src], link.type.value, short[link.dst])
@@ -179,8 +174,7 @@ def revert(
     repo: Repo,
     commit: Annotated[
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
-                                 "history`).")
-    ],
+                                 "history`).")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
@@ -198,8 +192,7 @@ def revert(
                 await confirm(
                     f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} "
                     f"nodes and {record.link_count} links for good (those another commit "
-                    "shares stay)?", given=yes, as_json=as_json,
-                )
+                    "shares stay)?", given=yes, as_json=as_json)
             undone = await mem.revert(repo, commit_id)
             kept = [n.id for n in undone.nodes if await mem.get_node(repo, n.id) is not None]
         if as_json:
@@ -208,7 +201,6 @@ def revert(
         stdout_console().print(Text(
             f"reverted {undone.commit.id} (revert {undone.commit.reverted_by}): "
             f"{len(undone.nodes) - len(kept)} nodes removed, {len(kept)} shared with other "
-            f"commits kept, {undone.commit.retired_count} facts restored"
-        ))
+            f"commits kept, {undone.commit.retired_count} facts restored"))
 
     run(work)

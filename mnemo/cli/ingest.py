@@ -82,8 +82,7 @@ class IngestReport:
         return {
             "repo": self.repo, "format": self.shape, "sources": self.sources,
             "created": sum(1 for s in self.sources if s["created"]),
-            "nodes": sum(s["nodes"] for s in self.sources),
-        }
+            "nodes": sum(s["nodes"] for s in self.sources)}
 
 
 # What a file holds, read by msgspec: a shape's every field is checked as it is read.
@@ -147,8 +146,7 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         raw = [raw]
     try:
         if isinstance(raw, list) and raw and all(
-            isinstance(item, dict) and "conversation" in item for item in raw
-        ):
+            isinstance(item, dict) and "conversation" in item for item in raw):
             samples = msgspec.convert(raw, list[_Sample])
             return IngestFile("locomo", None, [_locomo_batch(s, i) for i, s in enumerate(samples)])
         if isinstance(raw, dict) and ("sessions" in raw or "steps" in raw):
@@ -159,8 +157,7 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         raise CliError(f"{path}: {exc}") from exc
     raise CliError(
         f"{path} is neither a conversation (an object with 'sessions') nor a LoCoMo-style file "
-        "(a list of objects with 'conversation')"
-    )
+        "(a list of objects with 'conversation')")
 
 
 def _conversation_file(conversation: Conversation, prefix: str, name: str) -> IngestFile:
@@ -189,8 +186,7 @@ def _locomo_batch(sample: _Sample, index: int) -> Batch:
     numbered = sorted(
         (int(match.group(1)), key)
         for key in talk
-        if (match := _SESSION_KEY.fullmatch(key))
-    )
+        if (match := _SESSION_KEY.fullmatch(key)))
     if not numbered:
         raise CliError(f"[{index}].conversation has no session_N turn lists")
     sources = []
@@ -251,16 +247,14 @@ async def ingest_file(
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
             for source in batch.sources:
                 steps = progress.add_task(
-                    f"  {source.source_id}", total=len(source.trajectory.steps)
-                )
+                    f"  {source.source_id}", total=len(source.trajectory.steps))
 
                 def advance(update: IngestProgress, steps: TaskID = steps) -> None:
                     progress.update(steps, completed=update.done,
                                     description=f"  {update.source_id}: {update.stage}")
 
                 receipt = await mem.ingest(
-                    repo, source.trajectory, source_id=source.source_id, progress=advance
-                )
+                    repo, source.trajectory, source_id=source.source_id, progress=advance)
                 progress.remove_task(steps)
                 saved = 0
                 if threads:
@@ -271,8 +265,7 @@ async def ingest_file(
                     {
                         "source_id": source.source_id, "created": receipt.created,
                         "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),
-                        "thread_id": source.source_id if threads else None, "messages_saved": saved,
-                    }
+                        "thread_id": source.source_id if threads else None, "messages_saved": saved}
                 )
                 progress.advance(task)
     return report

@@ -41,13 +41,11 @@ if TYPE_CHECKING:
 
 session_app = typer.Typer(
     name="session", help="Act on one live session: close, commit, discard or end it.",
-    no_args_is_help=True,
-)
+    no_args_is_help=True)
 app.add_typer(session_app, name="session")
 
 SessionId = Annotated[
-    str, typer.Argument(help="The session's id, or a unique prefix of it (see `mnemo sessions`).")
-]
+    str, typer.Argument(help="The session's id, or a unique prefix of it (see `mnemo sessions`).")]
 # A close's extraction ends in one of these.
 _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 
@@ -116,8 +114,7 @@ def reembed(
         carried = " (carried on from an earlier run)" if out["resumed"] else ""
         stdout_console().print(Text(
             f"re-embedded {nodes} nodes of {repo} with {out['embedder']} "
-            f"({out['dim']} dimensions){carried}"
-        ))
+            f"({out['dim']} dimensions){carried}"))
 
     run(work)
 
@@ -125,8 +122,7 @@ def reembed(
 @app.command()
 def view(
     message_id: Annotated[
-        str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")
-    ],
+        str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")],
     radius: Annotated[
         int, typer.Option(min=0, max=100, help="Messages to show on each side.")
     ] = 10,
@@ -158,8 +154,7 @@ def view(
             f"Thread {escape(shown.target.thread_id)}", ("seq>", "role", "content~", "message!"),
             [(str(m.seq), Text(m.role), Text(shorten(m.content, 200),
                                              style="bold" if m.id == shown.target.id else ""),
-              short[m.id]) for m in shown.messages],
-        ))
+              short[m.id]) for m in shown.messages]))
         # The target whole, below the table: its content is what the command is for.
         whole = shown.target
         console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
@@ -205,8 +200,7 @@ _DROPPED = {
     State.COLLECTING: "its episode's steps never reach the graph",
     State.EXTRACTING: "its extraction stops and its steps never reach the graph",
     State.READY: "its extracted changeset is dropped",
-    State.FAILED: "its steps never reach the graph",
-}
+    State.FAILED: "its steps never reach the graph"}
 
 
 async def _act(
@@ -268,14 +262,12 @@ def _session_command(action: Action) -> None:
         async def work() -> None:
             settings = resolve(
                 store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
-                llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
-            )
+                llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
             transitions = _Transitions()
             async with open_memory(settings, works=True, on_event=transitions) as mem:
                 out = await _act(
                     mem, transitions, action, session_id, wait,
-                    functools.partial(confirm, given=yes, as_json=as_json),
-                )
+                    functools.partial(confirm, given=yes, as_json=as_json))
             if as_json:
                 print_json(out)
                 return

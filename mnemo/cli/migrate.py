@@ -22,13 +22,11 @@ from mnemo.storage.transfer import TransferReport, open_dump, same_store, transf
 SourceOpt = Annotated[
     str,
     typer.Option("--from", help="The memory to copy: a SQLite file or a postgresql:// URL.",
-                 show_default=False),
-]
+                 show_default=False)]
 TargetOpt = Annotated[
     str,
     typer.Option("--to", help="Where to copy it: a SQLite file (created if missing) or a "
-                 "postgresql:// URL (its schema is created if missing).", show_default=False),
-]
+                 "postgresql:// URL (its schema is created if missing).", show_default=False)]
 
 
 def display(store: str) -> str:
@@ -78,9 +76,7 @@ def report_json(source: str, target: str, report: TransferReport) -> dict[str, o
         "checksum": report.checksum,
         "tables": [
             {"table": t.table, "source": t.source, "copied": t.copied, "target": t.target}
-            for t in report.tables
-        ],
-    }
+            for t in report.tables]}
 
 
 @app.command()

@@ -119,8 +119,7 @@ def _changes(commit: CommitRecord, node_id: str) -> list[str]:
 def show(
     node_id: Annotated[
         str, typer.Argument(metavar="ID", help="The node's id, or a unique prefix of it or "
-                            "of its digits (the short id `mnemo recall` shows).")
-    ],
+                            "of its digits (the short id `mnemo recall` shows).")],
     repo: Annotated[
         str | None, typer.Option("--repo", "-r", help="The node's repo (default: every repo "
                                                       "is searched).")
@@ -163,16 +162,14 @@ def report_json(report: NodeReport) -> dict[str, object]:
         "node": {
             **node_json(node), **times, "retired": node.retired,
             "superseded_by": None if successor is None else successor.id,
-            "supersedes": [n.id for n in report.supersedes],
-        },
+            "supersedes": [n.id for n in report.supersedes]},
         "provenance": {"steps": [node_json(s) for s in report.steps],
                        "sources": [node_json(s) for s in report.sources]},
         "links": {kind.value: [_brief(n) for n in nodes]
                   for kind, nodes in report.linked.items() if nodes},
         "history": [{**commit_json(c, report.goals.get(c.id)), "changes": changes}
                     for c, changes in report.history],
-        "history_complete": report.complete,
-    }
+        "history_complete": report.complete}
 
 
 def report_text(report: NodeReport) -> Group:
@@ -183,13 +180,11 @@ def report_text(report: NodeReport) -> Group:
         [node.id, *(n.id for n in (*report.steps, *report.sources, *report.superseded_by,
                                     *report.supersedes)),
          *(n.id for nodes in listed.values() for n in nodes)],
-        kind=False,
-    )
+        kind=False)
     sessions = short_ids(
         {*(str(s.data["session_id"]) for s in report.sources if s.data.get("session_id")),
          *(c.session_id for c, _ in report.history if c.session_id)},
-        kind=False,
-    )
+        kind=False)
     commits = short_ids([c.id for c, _ in report.history], kind=False)
     fields = Table.grid(padding=(0, 2))
     fields.add_column(style="bold", no_wrap=True)
@@ -212,8 +207,7 @@ def report_text(report: NodeReport) -> Group:
     parts: list[RenderableType] = [
         Text.assemble((f"{node.type.value} {short[node.id]}", "bold"),
                       (" (retired)" if node.retired else "", "red")),
-        Text(node.text), fields,
-    ]
+        Text(node.text), fields]
     if report.sources or report.steps:
         table = _section("Provenance", 3)
         for source in report.sources:

@@ -78,8 +78,7 @@ def mcp(
     async def work() -> None:
         settings = resolve(
             store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-            llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
-        )
+            llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
         if not http and (host, port, allow_host) != (None, None, None):
             raise CliError("--host, --port and --allow-host go with --http")
         try:
@@ -87,8 +86,7 @@ def mcp(
         except ImportError as exc:
             raise CliError(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
-                "pip install --force-reinstall pymnemo"
-            ) from exc
+                "pip install --force-reinstall pymnemo") from exc
         served = Http(
             host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
             tuple(allow_host or ()),
@@ -100,8 +98,7 @@ def mcp(
             await serve(
                 settings.store, llm=chosen_llm, embedder=chosen_embedder,
                 memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
-                config=settings.config, http=served,
-            )
+                config=settings.config, http=served)
 
     run(work)
 
@@ -143,20 +140,17 @@ def ui(
     async def work() -> None:
         settings = resolve(
             store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-            llm_timeout=llm_timeout,
-        )
+            llm_timeout=llm_timeout)
         check_store(settings, writes=False)
         try:
             from mnemo.ui import serve
         except ImportError as exc:
             raise CliError(
                 f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'pymnemo[ui]'"
-            ) from exc
+                "pip install 'pymnemo[ui]'") from exc
         async with models(settings) as (chosen_llm, chosen_embedder):
             await serve(
                 settings.store, host=host, port=port, allow_writes=allow_writes,
-                llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or (),
-            )
+                llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or ())
 
     run(work)

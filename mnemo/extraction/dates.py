@@ -17,36 +17,29 @@ _MONTHS = {
          ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
          ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
          ("december", "dec")],
-        start=1,
-    )
-    for name in names
-}
+        start=1)
+    for name in names}
 _MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _TIME = r"(?:(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<ampm>am|pm)\s+on\s+)?"
 _ISO = re.compile(
-    r"\b(?P<year>\d{4})-(?P<month>\d{2})-(?P<day>\d{2})(?:[T ](?P<hour>\d{2}):(?P<minute>\d{2}))?"
-)
+    r"\b(?P<year>\d{4})-(?P<month>\d{2})-(?P<day>\d{2})(?:[T ](?P<hour>\d{2}):(?P<minute>\d{2}))?")
 _DAY_MONTH_YEAR = re.compile(
     _TIME + r"\b(?P<day>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTH
-    + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE,
-)
+    + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE)
 _MONTH_DAY_YEAR = re.compile(
     _TIME + r"\b" + _MONTH + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?P<year>\d{4})\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _MONTH_YEAR = re.compile(r"\b" + _MONTH + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE)
 _NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
             "seven": 7, "eight": 8, "nine": 9, "ten": 10, "few": 3, "couple of": 2}
 _UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
 _AGO = re.compile(
     r"\b(?P<n>\d+|" + "|".join(_NUMBERS) + r")\s+(?P<unit>day|week|month|year)s?\s+ago\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _RELATIVE = re.compile(
     r"\b(?P<word>yesterday|today|tomorrow|tonight|(?:last|next|this)\s+"
     r"(?:week|month|year|weekend))\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _SHIFT = {"yesterday": -1, "today": 0, "tonight": 0, "tomorrow": 1}
 # Metadata keys that may carry a step's or trajectory's time.
 TIME_KEYS = ("date", "datetime", "time", "timestamp", "date_time", "when")
@@ -68,8 +61,7 @@ def _absolute(text: str) -> datetime | None:
         try:
             return datetime(
                 int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
-                int(parts.get("minute") or 0), tzinfo=UTC,
-            )
+                int(parts.get("minute") or 0), tzinfo=UTC)
         except ValueError:
             continue
     return None

@@ -102,8 +102,7 @@ async def draw_up(
     draft.nodes = [
         NodeDraft(id=node_id, type=kind, text=text, data=data, vector=vector, key=key,
                   source_id=source.source_id, valid_from=valid.get(node_id))
-        for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)
-    ]
+        for (node_id, kind, text, data, key), vector in zip(pending, vectors, strict=True)]
     return draft
 
 

@@ -37,8 +37,7 @@ _TIMED_SPEAKER = re.compile(rf"^(\s*{_NAME})\s*{_TIME}\s*:\s")
 # Capitalised, but a date rather than an entity.
 _CALENDAR = frozenset(
     "january february march april may june july august september october november december "
-    "monday tuesday wednesday thursday friday saturday sunday".split()
-)
+    "monday tuesday wednesday thursday friday saturday sunday".split())
 # The most tags one step gets: a long tool output names dozens of things.
 MAX_NAMES = 6
 
@@ -147,8 +146,7 @@ async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changese
         NodeDraft(id=_tag_id(changeset, key), type=NodeType.TAG, text=labels[key],
                   data={"label": labels[key]}, vector=vector, key=key,
                   source_id=_source_of(changeset.nodes))
-        for key, vector in zip(keys, vectors, strict=True)
-    ]
+        for key, vector in zip(keys, vectors, strict=True)]
     return replace(changeset, nodes=[*changeset.nodes, *tags], links=[*changeset.links, *links])
 
 

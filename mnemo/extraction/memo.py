@@ -47,8 +47,7 @@ class KeptResult:
         return json.dumps(
             {"calls": cost.calls, "input_tokens": cost.input_tokens,
              "output_tokens": cost.output_tokens},
-            sort_keys=True,
-        )
+            sort_keys=True)
 
     @classmethod
     def from_json(
@@ -58,8 +57,7 @@ class KeptResult:
         return cls(
             trajectory_id, task, digest, str(answer.get("text") or ""), answer.get("data"),
             Usage(int(spent["input_tokens"]), int(spent["output_tokens"]),
-                  calls=int(spent["calls"])),
-        )
+                  calls=int(spent["calls"])))
 
 
 
@@ -143,8 +141,7 @@ class TaskMemo:
             else:
                 book(llm, Usage(
                     saved_calls=kept.cost.calls, saved_input_tokens=kept.cost.input_tokens,
-                    saved_output_tokens=kept.cost.output_tokens,
-                ))
+                    saved_output_tokens=kept.cost.output_tokens))
                 return value
         tokens = _Tokens(llm)
         passed: list[LLMResponse] = []
@@ -191,6 +188,5 @@ def request_digest(request: LLMRequest) -> str:
     payload = json.dumps(
         [request.task, request.system, request.messages, request.schema, request.tools,
          request.max_tokens],
-        sort_keys=True, ensure_ascii=False, default=str,
-    )
+        sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()

@@ -123,8 +123,7 @@ async def extract(
             unanswered = ", ".join(sorted(trajectory.pending)) or "none"
             raise TimeoutError(
                 f"{trajectory.name} took more than {time_limit:g} s of its calls' time "
-                f"(unanswered: {unanswered})"
-            ) from exc
+                f"(unanswered: {unanswered})") from exc
 
     async def draft() -> None:
         await first_round.done.wait()
@@ -278,8 +277,7 @@ async def _scored_returns(
     count = len(instructions)
     try:
         return await work.memo.ask(
-            work.llm, steps[0].trajectory_id, request, lambda r: parse_returns(r, count)
-        )
+            work.llm, steps[0].trajectory_id, request, lambda r: parse_returns(r, count))
     except LLMError as exc:
         log.warning("return scoring failed, keeping the cumulative-reward scores: %r", exc)
         return {}
@@ -320,8 +318,7 @@ def _step_dicts(steps: list[StepRecord], work: _Round | None = None) -> list[JSO
     return [
         {"index": i, "observation": s.observation, "action": s.action,
          "reward": work.reward(s) if work is not None else s.reward}
-        for i, s in enumerate(steps)
-    ]
+        for i, s in enumerate(steps)]
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -60,8 +60,7 @@ class SemanticReply(Reply, frozen=True):
 SEMANTIC_SCHEMA = reply_schema(SemanticReply)
 SEMANTIC_SYSTEM = (
     "You extract durable facts from an agent's work so they can be remembered and recalled "
-    "later, out of context."
-)
+    "later, out of context.")
 SEMANTIC_INSTRUCTIONS = """\
 Extract the facts worth remembering from these steps of the agent's work on one subgoal.
 Each step has an index, the observation the agent saw and the action it took.
@@ -88,8 +87,7 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     return task_request(
         "semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
-        max_tokens=max_tokens,
-    )
+        max_tokens=max_tokens)
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
@@ -117,9 +115,7 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
         facts.append(
             Fact(
                 proposition=proposition, concepts=_concepts(item.concepts),
-                confidence=_confidence(item.confidence), steps=_steps(item.steps),
-            )
-        )
+                confidence=_confidence(item.confidence), steps=_steps(item.steps)))
     return facts
 
 
@@ -140,8 +136,7 @@ class ProceduralReply(Reply, frozen=True):
 PROCEDURAL_SCHEMA = reply_schema(ProceduralReply)
 PROCEDURAL_SYSTEM = (
     "You turn an agent's actions into reusable procedures: when a situation arises, what to "
-    "do, and what to expect."
-)
+    "do, and what to expect.")
 PROCEDURAL_INSTRUCTIONS = """\
 Extract reusable procedures from these steps of the agent's work on one subgoal.
 Each step has an index, the observation the agent saw, the action it took, and a reward from
@@ -196,12 +191,10 @@ def procedural_request(
         inputs["score_last_step"] = True
     schema, max_tokens = bounded(
         PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA, "instructions",
-        2 + len(steps),
-    )
+        2 + len(steps))
     return task_request(
         "procedural", system=PROCEDURAL_SYSTEM, instructions=instructions, inputs=inputs,
-        schema=schema, max_tokens=max_tokens,
-    )
+        schema=schema, max_tokens=max_tokens)
 
 
 def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None]:
@@ -238,9 +231,7 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
         out.append(
             Instruction(
                 intent=intent, condition=(item.condition or "").strip(), instruction=instruction,
-                expected_outcome=(item.expected_outcome or "").strip(), steps=_steps(item.steps),
-            )
-        )
+                expected_outcome=(item.expected_outcome or "").strip(), steps=_steps(item.steps)))
     return out
 
 
@@ -250,8 +241,7 @@ class ScoreReply(Reply, frozen=True):
     index: int
     # Read as a number, then rounded and clamped into 1..10.
     return_score: Annotated[
-        float, Meta(extra_json_schema={"type": "integer", "minimum": 1, "maximum": 10})
-    ]
+        float, Meta(extra_json_schema={"type": "integer", "minimum": 1, "maximum": 10})]
 
 
 class ReturnReply(Reply, frozen=True):
@@ -283,8 +273,7 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
     return task_request(
         "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "instructions": instructions, "steps": steps},
-        schema=schema, max_tokens=max_tokens,
-    )
+        schema=schema, max_tokens=max_tokens)
 
 
 def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
@@ -326,8 +315,7 @@ def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
     """The "merge_intent" task: the reply's `data` is {"intent": str} covering both intents."""
     return task_request(
         "merge_intent", system=MERGE_INTENT_SYSTEM, instructions=MERGE_INTENT_INSTRUCTIONS,
-        inputs={"existing": existing, "new": new}, schema=MERGE_INTENT_SCHEMA, max_tokens=256,
-    )
+        inputs={"existing": existing, "new": new}, schema=MERGE_INTENT_SCHEMA, max_tokens=256)
 
 
 def parse_merged_intent(resp: LLMResponse) -> str:
@@ -371,8 +359,7 @@ def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
         inputs={"pairs": [{"index": i, "existing": existing, "new": new}
                           for i, (existing, new) in enumerate(pairs)]},
         schema=schema,
-        max_tokens=max_tokens,
-    )
+        max_tokens=max_tokens)
 
 
 def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:

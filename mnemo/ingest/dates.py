@@ -23,8 +23,7 @@ _ABSOLUTE = re.compile(
     rf"|{_MONTH.replace('month', 'month2')}\.?\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?,?\s+"
     r"(?P<year2>\d{4})"
     r"|(?P<iso>\d{4}-\d{2}-\d{2}))\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _COUNT = r"(?P<count>\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|a couple of)"
 _RELATIVE = re.compile(
     r"\b(?:(?P<day_word>yesterday|today|tonight|tomorrow|last night|this morning"
@@ -32,8 +31,7 @@ _RELATIVE = re.compile(
     rf"|{_COUNT}\s+(?P<unit>day|week|month|year)s?\s+ago"
     r"|(?P<which>last|this|next)\s+(?P<span>week(?:end)?|month|year)"
     rf"|(?P<which_day>last|next)\s+(?P<weekday>{'|'.join(_WEEKDAYS)}))\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 # Already followed by a date in brackets (written by hand, or resolved before): left alone.
 _RESOLVED = re.compile(r"\s*\((?:the )?(?:week(?:end)? of )?[^()]*\d{4}\)")
 

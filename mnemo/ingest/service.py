@@ -25,13 +25,7 @@ from mnemo.events import Events, deliver
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
-from mnemo.graph.ports import (
-    GraphStore,
-    IntentPolicy,
-    SourceForgotten,
-    SourceRecorded,
-    SourceTaken,
-)
+from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded, SourceTaken
 from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
@@ -81,8 +75,7 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
-            f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}"
-        )
+            f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}")
     check_text(trajectory.goal, "trajectory.goal", limit=limit)
     if not isinstance(trajectory.steps, list | tuple):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
@@ -90,8 +83,7 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
         raise InvalidInputError(
             f"trajectory has {len(trajectory.steps):,} steps, more than the "
             f"{config.max_steps_per_ingest:,} one ingest takes (Config.max_steps_per_ingest): "
-            "ingest it as several sources"
-        )
+            "ingest it as several sources")
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
     for i, step in enumerate(trajectory.steps):
@@ -166,8 +158,7 @@ class IngestService:
                 await deliver(progress, update, "ingest progress")
             await self._events.emit(
                 "ingest_progress", repo=repo, source_id=source_id, stage=stage, done=done,
-                total=total,
-            )
+                total=total)
 
         while (running := self._inflight.get(key)) is not None:
             joined = await self._join(running, digest, source_id)
@@ -179,8 +170,7 @@ class IngestService:
         self._inflight[key] = mine
         try:
             mine.receipt = await self._ingest_once(
-                repo, trajectory, source_id, digest, runtime, report, metadata or {}
-            )
+                repo, trajectory, source_id, digest, runtime, report, metadata or {})
             await report("done", total)
             return mine.receipt
         except BaseException as exc:
@@ -226,15 +216,13 @@ class IngestService:
                     text=trajectory.goal,
                     data={"source_id": source_id, "goal": trajectory.goal,
                           "metadata": cast("JSONObject | None", trajectory.metadata)},
-                    source_id=source_id,
-                ),
+                    source_id=source_id),
                 llm=runtime.llm,
                 embedder=runtime.embedder,
                 generation=runtime.generation,
                 time_limit=runtime.config.extraction_timeout,
                 score_last_step=bool(episode.steps),
-                partial=runtime.config.partial_commits,
-            )
+                partial=runtime.config.partial_commits)
             if runtime.config.ingest_entity_tags:
                 changeset = await with_entity_tags(changeset, runtime.embedder)
             changeset = replace(changeset, metadata=metadata)
@@ -271,11 +259,9 @@ class IngestService:
                 note = await annotate(
                     llm, runtime.embedder, goal=episode.goal, observation=step.observation,
                     action=step.action, previous=previous,
-                    recent=[s.line for s in episode.steps[-3:]],
-                )
+                    recent=[s.line for s in episode.steps[-3:]])
             boundary = starts_trajectory(
-                previous, note.subgoal_vec, runtime.config.trajectory_threshold
-            )
+                previous, note.subgoal_vec, runtime.config.trajectory_threshold)
             if previous is not None:
                 previous.reward = note.previous_reward
             episode.steps.append(
@@ -284,17 +270,14 @@ class IngestService:
                     index=index,
                     trajectory_id=(
                         f"{episode.id}:t{index}" if previous is None or boundary
-                        else previous.trajectory_id
-                    ),
+                        else previous.trajectory_id),
                     observation=step.observation,
                     action=step.action,
                     state_summary=note.state_summary,
                     subgoal=note.subgoal,
                     subgoal_vec=note.subgoal_vec,
                     # Checked to be JSON (`check_ingest`).
-                    metadata=cast("JSONObject | None", step.metadata),
-                )
-            )
+                    metadata=cast("JSONObject | None", step.metadata)))
             await report("annotating", index + 1)
 
     async def _known(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
@@ -311,8 +294,7 @@ class IngestService:
         if known_digest != digest:
             raise ConflictError(
                 f"source {source_id!r} of repo {repo!r} was ingested with a different "
-                "payload; forget it first to replace it"
-            )
+                "payload; forget it first to replace it")
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
@@ -328,5 +310,4 @@ class IngestService:
         runtime = self._runtime(repo)
         return await self._graph.withdraw(
             repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),
-            also=[SourceForgotten(repo, source_id)], generation=runtime.generation,
-        )
+            also=[SourceForgotten(repo, source_id)], generation=runtime.generation)

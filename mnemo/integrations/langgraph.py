@@ -41,8 +41,7 @@ try:
     )
 except ImportError as exc:
     raise ImportError(
-        'mnemo.integrations.langgraph needs LangGraph: pip install "pymnemo[langgraph]"'
-    ) from exc
+        'mnemo.integrations.langgraph needs LangGraph: pip install "pymnemo[langgraph]"') from exc
 
 if TYPE_CHECKING:
     from mnemo.memory import Memory

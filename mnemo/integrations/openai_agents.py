@@ -25,8 +25,7 @@ try:
 except ImportError as exc:
     raise ImportError(
         'mnemo.integrations.openai_agents needs the OpenAI Agents SDK: pip install '
-        '"pymnemo[openai-agents]"'
-    ) from exc
+        '"pymnemo[openai-agents]"') from exc
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem

@@ -67,8 +67,7 @@ def node_output(node: Node, offset: int) -> dict[str, object]:
     data = json.dumps(node.data, sort_keys=True, ensure_ascii=False, default=str)
     out: dict[str, object] = {
         **fields(node, "id type created_at retired"), "text": part.text, "offset": part.offset,
-        "chars": part.total, "next_offset": part.next_offset,
-    }
+        "chars": part.total, "next_offset": part.next_offset}
     if len(data) <= DATA_CHARS:
         return {**out, "data": node.data}
     return {**out, "data": None, "data_preview": clip(data, DATA_CHARS)}
@@ -99,8 +98,7 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
     out: dict[str, object] = {
         "target": target, "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
         "snapshots_after": [_snapshot(s) for s in view.snapshots_after], "messages": [],
-        "messages_left_out": 0,
-    }
+        "messages_left_out": 0}
     shown = {m.id: _message(m, MESSAGE_CHARS) for m in view.messages}
     kept = nearest(view.messages, view.target.seq, MAX_OUTPUT_CHARS - size(out) - 100,
                    lambda m: size(shown[m.id]) + 2)
@@ -116,8 +114,7 @@ def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, o
         **_text(file.content, limit, "content"),
         "dropped": [clip(line, SNIPPET_CHARS) for line in file.dropped[:MAX_LISTED]],
         "dropped_count": len(file.dropped), "condensed": file.condensed,
-        "entry_truncated": file.truncated, "skipped": file.skipped,
-    }
+        "entry_truncated": file.truncated, "skipped": file.skipped}
 
 
 def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, object]]:

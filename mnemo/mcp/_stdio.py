@@ -27,13 +27,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.message import SessionMessage
-from mcp_types import (
-    INVALID_REQUEST,
-    PARSE_ERROR,
-    ErrorData,
-    JSONRPCError,
-    jsonrpc_message_adapter,
-)
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from mnemo.tools import ERROR_CHARS, clip
@@ -91,8 +85,7 @@ def _error(line: bytes, code: int, message: str) -> SessionMessage:
 @asynccontextmanager
 async def stdio_streams() -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
-          MemoryObjectSendStream[SessionMessage]]
-]:
+          MemoryObjectSendStream[SessionMessage]]]:
     """The messages read from stdin, and a stream whose messages are written to stdout, for
     as long as the block runs; a line that is no message is answered on stdout directly."""
     wire = os.fdopen(os.dup(1), "wb")

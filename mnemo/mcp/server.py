@@ -51,18 +51,15 @@ TOOL_NAMES = (
     "recall", "get_node", "search_messages", "view_messages", "save_messages",
     "append_messages", "list_repos", "list_sessions", "start_session", "append",
     "close_and_commit", "discard_session", "end_session", "forget", "correct",
-    "persist_memory", "recall_memory",
-)
+    "persist_memory", "recall_memory")
 # A scope: metadata key -> a value, or a list of values any of which matches.
 Where = Annotated[
     dict[str, str | int | float | bool | list[str | int | float | bool]] | None,
     Field(description="Only the memories of this scope: metadata key -> value (or a list of "
-                      "values), e.g. {\"user_id\": \"alice\"}; every key must match."),
-]
+                      "values), e.g. {\"user_id\": \"alice\"}; every key must match.")]
 SessionId = Annotated[str, Field(description="From start_session.")]
 Directory = Annotated[
-    str | None, Field(description="A sub-folder of the memory directory (default: its root).")
-]
+    str | None, Field(description="A sub-folder of the memory directory (default: its root).")]
 Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)]
 # At most this many repos or sessions a page (`offset` reads on).
 PAGE_ITEMS = 50
@@ -247,8 +244,7 @@ class MemoryTools:
         messages: Annotated[
             list[dict[str, Any]],
             Field(description="The thread's whole history so far: dicts with role and content "
-                              "(only those past the stored length are added)."),
-        ],
+                              "(only those past the stored length are added).")],
     ) -> str:
         """Stores a conversation thread's messages (for `search_messages` and
         `view_messages`): pass the whole history each time, and only the new messages are
@@ -264,8 +260,7 @@ class MemoryTools:
         thread_id: Annotated[str, Field(description="The conversation thread's id.")],
         messages: Annotated[
             list[dict[str, Any]],
-            Field(description="New messages only: dicts with role and content."),
-        ],
+            Field(description="New messages only: dicts with role and content.")],
     ) -> str:
         """Adds messages after a conversation thread's stored ones, all of them (for a client
         that keeps a window of its history: pass only what is new). Returns how many were
@@ -296,8 +291,7 @@ class MemoryTools:
             live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
             rows = [
                 {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
-                for s in live
-            ]
+                for s in live]
             return _dumps(_page(rows, offset, "sessions"))
 
     async def discard_session(self, session_id: SessionId) -> str:
@@ -358,9 +352,7 @@ class MemoryTools:
             return _dumps(
                 {
                     "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
-                    "node_count": len(receipt.node_ids),
-                }
-            )
+                    "node_count": len(receipt.node_ids)})
 
     async def persist_memory(
         self,
@@ -398,8 +390,7 @@ class MemoryTools:
             if relative.is_absolute() or ".." in relative.parts:
                 raise ToolError(
                     f"directory must be a relative folder inside the memory directory, "
-                    f"got {clip(directory, 100)!r}"
-                )
+                    f"got {clip(directory, 100)!r}")
             path = path / relative
         files = self._files.pop(path, None)
         if files is None:
@@ -417,8 +408,7 @@ def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
     end = offset + PAGE_ITEMS
     return {
         key: items[offset:end], "total": len(items), "offset": offset,
-        "next_offset": end if end < len(items) else None,
-    }
+        "next_offset": end if end < len(items) else None}
 
 
 @asynccontextmanager
@@ -432,8 +422,7 @@ async def open_tools(
     that works, opened at the first of them."""
     async with AsyncExitStack() as stack:
         reader = await stack.enter_async_context(
-            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True)
-        )
+            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True))
         opening = anyio.Lock()
         opened: list[Memory] = []
 
@@ -441,11 +430,9 @@ async def open_tools(
             async with opening:
                 if not opened:
                     opened.append(await stack.enter_async_context(
-                        Memory(store, llm=llm, embedder=embedder, config=config)
-                    ))
+                        Memory(store, llm=llm, embedder=embedder, config=config)))
             return opened[0]
 
         yield MemoryTools(
             reader, memory_dir or default_memory_dir(Path(store)),
-            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm,
-        )
+            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm)

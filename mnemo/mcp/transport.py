@@ -59,8 +59,7 @@ def validation_message(tool: str, exc: ValidationError) -> str:
     the value, which is the caller's data)."""
     problems = [
         f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-        for error in exc.errors()
-    ]
+        for error in exc.errors()]
     return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
 
 
@@ -80,8 +79,7 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
     if unknown:
         raise MCPError(INVALID_PARAMS, clip(
             f"unknown arguments for {tool.name}: {', '.join(unknown)} (it takes "
-            f"{', '.join(taken)})", ERROR_CHARS,
-        ))
+            f"{', '.join(taken)})", ERROR_CHARS))
     try:
         tool.fn_metadata.arg_model.model_validate(arguments, strict=True)
     except ValidationError as exc:
@@ -112,13 +110,10 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
             description=inspect.cleandoc(getattr(tools, name).__doc__ or ""),
             annotations=ToolAnnotations(
                 read_only_hint=name in read_only, destructive_hint=name in DESTRUCTIVE,
-                idempotent_hint=name in IDEMPOTENT, open_world_hint=False,
-            ),
+                idempotent_hint=name in IDEMPOTENT, open_world_hint=False),
             # The result is the JSON text itself, not wrapped again.
-            structured_output=False,
-        )
-        for name in TOOL_NAMES
-    }
+            structured_output=False)
+        for name in TOOL_NAMES}
 
     class _Server(MCPServer):
         async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
@@ -139,8 +134,7 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
                 "auth": AuthSettings(issuer_url=AnyHttpUrl(url), resource_server_url=None)}
     return _Server(
         "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version(),
-        tools=list(checked.values()), **auth,
-    )
+        tools=list(checked.values()), **auth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +160,7 @@ class Http:
         elif not is_loopback(self.host):
             raise InvalidInputError(
                 f"serving MCP on {self.host!r} needs a bearer token (--token or "
-                "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory"
-            )
+                "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory")
         names = hosts_of(self.host, self.allow_hosts)
         if any(name.startswith("*") for name in names):
             raise InvalidInputError("an allowed host is a name or an address, not a pattern")
@@ -180,8 +173,7 @@ class Http:
             enable_dns_rebinding_protection=True,
             allowed_hosts=[h for name in hosts for h in (name, f"{name}:*")],
             allowed_origins=[f"{scheme}://{h}" for name in hosts for scheme in ("http", "https")
-                             for h in (name, f"{name}:*")],
-        )
+                             for h in (name, f"{name}:*")])
 
 
 async def serve(
@@ -219,15 +211,13 @@ async def _serve_http(tools: MemoryTools, http: Http) -> None:
     mcp = build_server(tools, token=http.token, url=f"http://{shown}:{http.port}")
     app = mcp.streamable_http_app(
         streamable_http_path=PATH, json_response=True, transport_security=http.security(),
-        max_request_body_size=MAX_REQUEST_BYTES,
-    )
+        max_request_body_size=MAX_REQUEST_BYTES)
     family = socket.AF_INET6 if ":" in http.host else socket.AF_INET
     try:
         sock = socket.create_server((http.host, http.port), family=family)
     except OSError as exc:
         raise InvalidInputError(
-            f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}"
-        ) from exc
+            f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}") from exc
     for line in _exposure(http, f"http://{shown}:{sock.getsockname()[1]}{PATH}"):
         print(line, file=sys.stderr, flush=True)
     listener = _Listener(uvicorn.Config(app, host=http.host, port=http.port, log_level="warning"))
@@ -249,6 +239,5 @@ def _exposure(http: Http, url: str) -> Sequence[str]:
     if not is_loopback(http.host):
         lines.append(
             "mnemo mcp: reachable beyond this machine; every request must show the bearer "
-            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one)."
-        )
+            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one).")
     return lines

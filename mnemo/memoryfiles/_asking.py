@@ -47,8 +47,7 @@ async def ask(
             return await tasks.ask(llm, request, parse, shorten=shorten)
     except TimeoutError as exc:
         raise LLMTimeout(
-            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
-        ) from exc
+            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s") from exc
 
 
 async def ask_fitting(

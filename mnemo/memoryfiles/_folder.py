@@ -24,8 +24,7 @@ NAME_MAX = 255
 PATH_MAX = 4_095
 # Whether this system opens files relative to a folder's descriptor (POSIX does).
 RELATIVE = {os.open, os.stat, os.mkdir, os.unlink}.issubset(os.supports_dir_fd) and hasattr(
-    os, "O_NOFOLLOW"
-)
+    os, "O_NOFOLLOW")
 _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -46,14 +45,12 @@ def check_directory(directory: str | os.PathLike[str], what: str = "directory") 
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if len(raw) > PATH_MAX:
         raise InvalidInputError(
-            f"{what} is {len(raw):,} bytes long, more than the {PATH_MAX:,} a path may be"
-        )
+            f"{what} is {len(raw):,} bytes long, more than the {PATH_MAX:,} a path may be")
     for part in path.parts:
         if len(os.fsencode(part)) > NAME_MAX:
             raise InvalidInputError(
                 f"{what} holds a name of {len(os.fsencode(part)):,} bytes, more than the "
-                f"{NAME_MAX} a file system takes"
-            )
+                f"{NAME_MAX} a file system takes")
     return path
 
 
@@ -133,8 +130,7 @@ class Folder:
         below = "/".join(self._below)
         return InvalidInputError(
             f"{name!r} (of {below!r}, in the memory directory) is a link or not a folder: "
-            "memory files never follow a link out of their root"
-        )
+            "memory files never follow a link out of their root")
 
     def _check_path(self, *, create: bool) -> None:
         """The path-based rule where there are no relative calls (see the module doc)."""

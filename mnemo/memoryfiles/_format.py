@@ -36,8 +36,7 @@ _MAX_SLUG = 60
 _ELLIPSIS = "\u2026"
 # Names Windows refuses as file stems, whatever the extension.
 _RESERVED = frozenset(
-    ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)]
-)
+    ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)])
 _BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)])\s+|^[-*+\u2022]$")
 _FRONT_LINE = re.compile(r"^([A-Za-z_][\w-]*)\s*:\s?(.*)$")
 
@@ -91,8 +90,7 @@ def render(
     """The full text of a topic file: the front matter, then `content` as it is."""
     head = [
         "---", f"topic: {_quote(topic)}", f"description: {_quote(description)}",
-        f"updated: {_stamp(updated)}",
-    ]
+        f"updated: {_stamp(updated)}"]
     if used is not None:
         head.append(f"used: {_stamp(used)}")
     head.append("---")
@@ -118,8 +116,7 @@ def parse(text: str) -> Parsed:
     topic = one_line(fields.get("topic", ""), MAX_TOPIC_CHARS) or None
     return Parsed(
         topic=topic, description=one_line(fields.get("description", ""), MAX_DESCRIPTION_CHARS),
-        updated=_time(fields.get("updated")), used=_time(fields.get("used")), body=rest,
-    )
+        updated=_time(fields.get("updated")), used=_time(fields.get("used")), body=rest)
 
 
 def entries(text: str) -> list[str]:
@@ -189,8 +186,7 @@ def bound(lines: list[str], max_chars: int) -> Fitted:
     return Fitted(
         lines=[line for i, line in enumerate(cut) if i not in dropped],
         dropped=tuple(line for i, line in enumerate(lines) if i in dropped),
-        truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped),
-    )
+        truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped))
 
 
 def follow(description: str, lines: list[str]) -> str:
@@ -226,16 +222,14 @@ def merge(
         kept = [
             line
             for line in current
-            if entry_key(line) not in proposed_keys and entry_key(line) not in left_out
-        ]
+            if entry_key(line) not in proposed_keys and entry_key(line) not in left_out]
         return kept + proposed
     current_keys = {entry_key(line) for line in current}
     # A proposed line that was in `base` but is gone now was removed by the other writer.
     added = [
         line
         for line in proposed
-        if entry_key(line) not in current_keys and entry_key(line) not in base_keys
-    ]
+        if entry_key(line) not in current_keys and entry_key(line) not in base_keys]
     return [line for line in current if entry_key(line) not in left_out] + added
 
 

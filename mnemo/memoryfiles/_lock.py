@@ -52,8 +52,7 @@ class DirectoryLock:
         self._local = anyio.Lock()
         # Not thread-local: taken in a worker thread, released on the event loop's.
         self._path_lock = None if fcntl is not None else filelock.FileLock(
-            str(self.path), thread_local=False
-        )
+            str(self.path), thread_local=False)
         self._fd = -1
 
     @asynccontextmanager

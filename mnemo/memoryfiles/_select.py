@@ -74,11 +74,9 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
             continue
         content = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str) and (
-            len(content) > limit
-        ):
+            len(content) > limit):
             raise InvalidInputError(
-                f"history[{index}].content holds {len(content):,} parts, more than {limit:,}"
-            )
+                f"history[{index}].content holds {len(content):,} parts, more than {limit:,}")
         text = check_text(content_text(content), f"history[{index}].content", limit=limit,
                           blank_ok=True).strip()
         if message.get("role") not in _ROLES or not text:
@@ -107,8 +105,7 @@ def listing(
     return [
         {"topic": s.topic, "description": s.description}
         | ({"content": s.body} if s.path in visible else {})
-        for s in related
-    ]
+        for s in related]
 
 
 def views(
@@ -195,8 +192,7 @@ def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
         combined[key] = TopicChange(
             topic=seen.topic, description=seen.description or change.description,
             signals=tuple(dict.fromkeys(seen.signals + change.signals)),
-            content=f"{seen.content}\n{change.content}", remove=seen.remove + change.remove,
-        )
+            content=f"{seen.content}\n{change.content}", remove=seen.remove + change.remove)
     return builtins.list(combined.values())
 
 
@@ -206,8 +202,7 @@ def stems(text: str) -> set[str]:
 
 def relevance(wanted: set[str], stored: Stored) -> int:
     topic, description, content = (
-        stems(stored.topic), stems(stored.description), stems(stored.body),
-    )
+        stems(stored.topic), stems(stored.description), stems(stored.body))
     score = 0
     for word in wanted:
         if word in topic:

@@ -101,8 +101,7 @@ class MemoryFiles:
         self.max_text_chars = max_text_chars
         self.directory = check_directory(directory)
         self._folder = Folder(
-            self.directory, None if root is None else check_directory(root, "root")
-        )
+            self.directory, None if root is None else check_directory(root, "root"))
         self.max_chars = max_chars
         self.min_iterations = min_iterations
         self.enabled = bool(enabled)
@@ -183,11 +182,9 @@ class MemoryFiles:
                 views = _select.views(conversation, _select.listing(stored, conversation))
                 changes = await ask_fitting(
                     metered, [memory_update_request(conversation=m, files=f) for m, f in views],
-                    parse_update,
-                )
+                    parse_update)
                 planned = [
-                    _Planned(c, None, "correction" in c.signals) for c in _select.combine(changes)
-                ]
+                    _Planned(c, None, "correction" in c.signals) for c in _select.combine(changes)]
                 await self._commit(planned, metered, written, results)
         except Exception as exc:
             log.warning("memory update in %s failed: %r", self.directory, exc)
@@ -227,15 +224,13 @@ class MemoryFiles:
             stored = await anyio.to_thread.run_sync(self._scan)
             request = memory_persist_request(
                 statement=statement,
-                files=[{"topic": s.topic, "description": s.description} for s in stored],
-            )
+                files=[{"topic": s.topic, "description": s.description} for s in stored])
             filed = await ask(model, request, parse_persist)
             entry = statement_entry(filed.entry, statement)
             if entry != filed.entry:
                 log.warning(
                     "memory_persist: the model's entry %r does not keep the statement; filing "
-                    "the statement as given", filed.entry[:200],
-                )
+                    "the statement as given", filed.entry[:200])
             change = TopicChange(filed.topic, filed.description, ("context",), f"- {entry}")
             await self._commit([_Planned(change, None, False)], model, [], results)
         return results[0][1]
@@ -260,8 +255,7 @@ class MemoryFiles:
             description=description, entries=lines, max_chars=self.max_chars)
         try:
             condensed = await ask(
-                llm, request, functools.partial(parse_condense, max_chars=self.max_chars)
-            )
+                llm, request, functools.partial(parse_condense, max_chars=self.max_chars))
         except LLMError as exc:
             log.warning("condensing memory file %r failed: %r", planned.change.topic, exc)
             return planned

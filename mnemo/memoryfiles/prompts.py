@@ -70,8 +70,7 @@ class FileReply(Reply, frozen=True, kw_only=True):
     signals: Annotated[list[Signal], items(len(SIGNALS))] | None = None
     content: Annotated[str, text(MAX_NEW_CHARS)]
     remove: Annotated[list[Annotated[str, text(MAX_REMOVED_CHARS)]], items(MAX_REMOVED)] | None = (
-        None
-    )
+        None)
 
 
 class UpdateReply(Reply, frozen=True):
@@ -82,8 +81,7 @@ MEMORY_UPDATE_SCHEMA = reply_schema(UpdateReply)
 MEMORY_UPDATE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
     "reads before future work. You update them from a conversation, keeping only what will "
-    "still matter in later conversations."
-)
+    "still matter in later conversations.")
 MEMORY_UPDATE_INSTRUCTIONS = f"""\
 Read the conversation, decide which memory topics it touched, and give the new entries of \
 each topic's file.
@@ -129,8 +127,7 @@ def memory_update_request(
     return task_request(
         "memory_update", system=MEMORY_UPDATE_SYSTEM, instructions=MEMORY_UPDATE_INSTRUCTIONS,
         inputs={"files": files, "conversation": conversation}, schema=MEMORY_UPDATE_SCHEMA,
-        max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA),
-    )
+        max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA))
 
 
 def parse_update(resp: LLMResponse) -> list[TopicChange]:
@@ -152,9 +149,7 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
                 topic=_topic(item.topic, where),
                 description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
                 signals=tuple(dict.fromkeys(item.signals or ())), content=item.content,
-                remove=tuple(item.remove or ()),
-            )
-        )
+                remove=tuple(item.remove or ())))
     return changes
 
 
@@ -169,8 +164,7 @@ class PersistReply(Reply, frozen=True, kw_only=True):
 MEMORY_PERSIST_SCHEMA = reply_schema(PersistReply)
 MEMORY_PERSIST_SYSTEM = (
     "You file statements into an agent's long-term memory: Markdown files, one per topic, "
-    "that the agent reads before future work."
-)
+    "that the agent reads before future work.")
 MEMORY_PERSIST_INSTRUCTIONS = """\
 The user explicitly asked to remember `statement`. File it under one topic.
 - `files` lists the existing memory files by topic and description. A topic lives in exactly
@@ -193,8 +187,7 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
-        max_tokens=512,
-    )
+        max_tokens=512)
 
 
 def parse_persist(resp: LLMResponse) -> Filed:
@@ -210,8 +203,7 @@ def parse_persist(resp: LLMResponse) -> Filed:
     return Filed(
         topic=_topic(reply.topic, "reply"),
         description=one_line(reply.description or "", MAX_DESCRIPTION_CHARS),
-        entry=" ".join(reply.entry.split()),
-    )
+        entry=" ".join(reply.entry.split()))
 
 
 def statement_entry(entry: str, statement: str) -> str:
@@ -238,8 +230,7 @@ def _words(text: str) -> set[str]:
     """The stems of `text`'s words that are neither function words nor hold a digit."""
     return {
         _text.stem(word) for word in _text.tokens(text)
-        if not _text.is_stopword(word) and not any(c.isdigit() for c in word)
-    }
+        if not _text.is_stopword(word) and not any(c.isdigit() for c in word)}
 
 
 def _same_word(said: str, wrote: str) -> bool:
@@ -270,8 +261,7 @@ class CondenseReply(Reply, frozen=True, kw_only=True):
 MEMORY_CONDENSE_SCHEMA = reply_schema(CondenseReply)
 MEMORY_CONDENSE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
-    "reads before future work. Each file has a size limit."
-)
+    "reads before future work. Each file has a size limit.")
 MEMORY_CONDENSE_INSTRUCTIONS = """\
 The memory file on `topic` would grow past its limit of `max_chars` characters. `entries` holds
 all of its entries, oldest (least important) first; the last ones were just added. Rewrite the
@@ -300,11 +290,9 @@ def memory_condense_request(
         system=MEMORY_CONDENSE_SYSTEM,
         instructions=MEMORY_CONDENSE_INSTRUCTIONS,
         inputs={
-            "topic": topic, "description": description, "entries": entries, "max_chars": max_chars,
-        },
+            "topic": topic, "description": description, "entries": entries, "max_chars": max_chars},
         schema=MEMORY_CONDENSE_SCHEMA,
-        max_tokens=256 + max_chars // 3,
-    )
+        max_tokens=256 + max_chars // 3)
 
 
 def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:

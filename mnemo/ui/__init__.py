@@ -51,8 +51,7 @@ async def serve(
     access = Access.bound(host, allow_hosts, token)
     app = create_app(
         open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),
-        allow_writes=allow_writes, access=access,
-    )
+        allow_writes=allow_writes, access=access)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     # After uvicorn.Config, which configures these loggers.
     access_log = logging.getLogger("uvicorn.access")

@@ -90,12 +90,10 @@ def create_app(
             Route("/session", session_page, name="session"),
             Route("/threads", threads, name="threads"),
             Route("/thread", thread_page, name="thread"),
-            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        ],
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static")],
         middleware=[Middleware(Gate, access=access or Access())],
         exception_handlers={MnemoError: _mnemo_error},
-        lifespan=lifespan,
-    )
+        lifespan=lifespan)
     app.state.allow_writes = allow_writes
     # Set now, so that a client running no lifespan (httpx's ASGITransport) has it.
     app.state.view = view
@@ -142,8 +140,7 @@ async def graph(request: Request) -> Response:
         "picture": picture(nodes, links, focus.id if focus else None),
         "nodes": await view.latest(repo, [shown], LIST_LIMIT),
         "tags": await view.nodes_of_type(repo, NodeType.TAG),
-        "intents": await view.nodes_of_type(repo, NodeType.INTENT),
-    })
+        "intents": await view.nodes_of_type(repo, NodeType.INTENT)})
 
 
 async def subgraph(
@@ -187,8 +184,7 @@ async def node_page(request: Request) -> Response:
     steps = [
         linked.node
         for linked in links
-        if linked.link_type is LinkType.PROVENANCE and linked.node.type is NodeType.EPISODIC
-    ]
+        if linked.link_type is LinkType.PROVENANCE and linked.node.type is NodeType.EPISODIC]
     if node.type is NodeType.EPISODIC:
         steps = [node]
     steps.sort(key=lambda n: (str(n.data.get("episode_id", "")), n.data.get("index", 0)))
@@ -196,8 +192,7 @@ async def node_page(request: Request) -> Response:
         "repo": repo, "node": node, "links": by_type, "steps": steps,
         "step_sessions": await _sessions_of(view, steps), "members": _members(node, by_type),
         "drawings": {"wide": neighbourhood(node, links, layout=WIDE),
-                     "narrow": neighbourhood(node, links, layout=NARROW)},
-    })
+                     "narrow": neighbourhood(node, links, layout=NARROW)}})
 
 
 async def _sessions_of(view: MemorySource, steps: list[Node]) -> dict[str, str]:
@@ -241,8 +236,7 @@ async def recall(request: Request) -> Response:
                                 where=scope_of(where)) if query else None)
     return page(request, "recall.html", {
         "repo": repo, "query": query, "where": where, "k": k, "types": list(NodeType),
-        "chosen": types, "result": result, "counted": writing,
-    })
+        "chosen": types, "result": result, "counted": writing})
 
 
 async def sessions(request: Request) -> Response:
@@ -281,8 +275,7 @@ async def thread_page(request: Request) -> Response:
         "thread": known[thread_id], "budget": budget, "viewport": seen,
         "snapshots": everything.snapshots, "pinned": everything.pinned,
         "messages": await view.messages(thread_id), "shown": {m.id for m in seen.messages},
-        "pinned_ids": {m.id for m in everything.pinned},
-    })
+        "pinned_ids": {m.id for m in everything.pinned}})
 
 
 def scope_of(text: str) -> JSONObject | None:

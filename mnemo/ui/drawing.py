@@ -31,8 +31,7 @@ RADIUS = 7.0
 SHAPES: dict[NodeType, tuple[float, int]] = {
     NodeType.SEMANTIC: (0.0, 0), NodeType.PROCEDURAL: (45.0, 4), NodeType.EPISODIC: (0.0, 4),
     NodeType.SUBGOAL: (-90.0, 3), NodeType.TAG: (90.0, 3), NodeType.SOURCE: (0.0, 6),
-    NodeType.INTENT: (-90.0, 5),
-}
+    NodeType.INTENT: (-90.0, 5)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +145,7 @@ def _grouped(linked: Sequence[LinkedNode]) -> list[tuple[LinkType, list[Node]]]:
     return [
         (link_type, sorted(groups[link_type], key=lambda n: (kinds.index(n.type), n.text, n.id)))
         for link_type in order
-        if link_type in groups
-    ]
+        if link_type in groups]
 
 
 def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[str]]:
@@ -235,8 +233,7 @@ PICTURE_HEIGHT = 640
 PICTURE_MARGIN = 24
 SIZES: dict[NodeType, float] = {
     NodeType.SEMANTIC: 7.0, NodeType.PROCEDURAL: 7.5, NodeType.EPISODIC: 6.0,
-    NodeType.SOURCE: 9.0, NodeType.SUBGOAL: 5.0, NodeType.TAG: 5.0, NodeType.INTENT: 6.0,
-}
+    NodeType.SOURCE: 9.0, NodeType.SUBGOAL: 5.0, NodeType.TAG: 5.0, NodeType.INTENT: 6.0}
 LABELLED = {NodeType.SOURCE: 32, NodeType.TAG: 18, NodeType.INTENT: 24}
 # The pull to the middle: enough to keep unlinked parts near, too weak to crush clusters.
 GRAVITY = 0.1
@@ -320,8 +317,7 @@ def picture(
             node, float(x), float(y), shape(node.type, float(x), float(y), radius),
             shorten(node.text, chars) if chars else "",
             float(x - radius - 3 if left else x + radius + 3), "end" if left else "start",
-            node.id == focus,
-        ))
+            node.id == focus))
     lines = []
     for src, dst, kind in drawn:
         (x1, y1), (x2, y2) = at[index[src]], at[index[dst]]
@@ -332,5 +328,4 @@ def picture(
     kinds = {kind for _, _, kind in drawn}
     return Picture(
         width, height, tuple(spots), tuple(lines),
-        tuple(t for t in NodeType if t in present), tuple(k for k in LinkType if k in kinds),
-    )
+        tuple(t for t in NodeType if t in present), tuple(k for k in LinkType if k in kinds))

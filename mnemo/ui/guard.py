@@ -52,13 +52,11 @@ SECURITY_HEADERS = (
         "content-security-policy",
         "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-        "frame-ancestors 'none'",
-    ),
+        "frame-ancestors 'none'"),
     ("x-frame-options", "DENY"),
     ("x-content-type-options", "nosniff"),
     # Not "no-referrer": with it a browser sends `Origin: null` on a same-origin form POST.
-    ("referrer-policy", "same-origin"),
-)
+    ("referrer-policy", "same-origin"))
 
 
 class Host(NamedTuple):
@@ -108,8 +106,7 @@ class Access:
             raise InvalidInputError("the web app needs at least one allowed host")
         if "*" in hosts and self.token is None:
             raise InvalidInputError(
-                "allowing any host ('*') turns the Host check off: it needs an access token"
-            )
+                "allowing any host ('*') turns the Host check off: it needs an access token")
         if self.token is not None:
             check_token(self.token)
         object.__setattr__(self, "hosts", hosts)
@@ -144,17 +141,14 @@ def exposure(bind: str, access: Access) -> list[str]:
         where = "every interface" if bind.strip() in WILDCARD_BINDS else bind
         lines.append(
             f"mnemo ui listens on {where}: any machine that can reach this one can read the "
-            "whole memory through it."
-        )
+            "whole memory through it.")
         if access.token is None:
             lines.append(
                 "No access token is set: anyone who connects sees everything. Set "
-                "MNEMO_UI_TOKEN (or --token) to require one."
-            )
+                "MNEMO_UI_TOKEN (or --token) to require one.")
         lines.append(
             "Host names answered: " + ", ".join(access.hosts)
-            + " (add the names clients use with --allow-host)."
-        )
+            + " (add the names clients use with --allow-host).")
     if "*" in access.hosts:
         lines.append("Any Host is answered ('*'): only the access token keeps other sites out.")
     return lines
@@ -206,21 +200,18 @@ class Gate:
             return PlainTextResponse(
                 "mnemo ui answers only the host names it was started for (--allow-host); "
                 "this request named another one.\n",
-                status_code=400,
-            )
+                status_code=400)
         method = scope["method"]
         if self.access.token is not None:
             refusal = self._token_refusal(scope, headers, host, method)
             if refusal is not None:
                 return refusal
         if method not in SAFE_METHODS and not _same_origin(
-            headers.get("origin"), scope.get("scheme", "http"), host
-        ):
+            headers.get("origin"), scope.get("scheme", "http"), host):
             return PlainTextResponse(
                 "mnemo ui takes a change only from its own pages: this request's Origin "
                 "header is missing or names another site.\n",
-                status_code=403,
-            )
+                status_code=403)
         return None
 
     def _token_refusal(
@@ -239,8 +230,7 @@ class Gate:
             target += f"?{rest}" if rest else ""
             response = RedirectResponse(target, status_code=303)
             response.set_cookie(
-                cookie, self.access.cookie_value(), httponly=True, samesite="lax", path="/"
-            )
+                cookie, self.access.cookie_value(), httponly=True, samesite="lax", path="/")
             return response
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and same_token(credentials.strip(), self.access.token):
@@ -289,8 +279,7 @@ def _ask_for_token(path: str, *, wrong: bool) -> Response:
         "<code>?token=…</code> once, or enter the token:</p>"
         f'<form method="get" action="{escape(quote(path))}"><label>token '
         '<input type="password" name="token" autocomplete="off" required></label> '
-        '<button type="submit">Open</button></form></body></html>'
-    )
+        '<button type="submit">Open</button></form></body></html>')
     return HTMLResponse(page, status_code=401, headers={"www-authenticate": "Bearer"})
 
 

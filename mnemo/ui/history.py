@@ -38,9 +38,7 @@ async def history(request: Request) -> Response:
         "history.html",
         {
             "repo": repo, "commits": commits, "goals": goals, "more": more,
-            "reverted": params.get("reverted", ""),
-        },
-    )
+            "reverted": params.get("reverted", "")})
 
 
 async def commit(request: Request) -> Response:
@@ -66,9 +64,7 @@ async def commit(request: Request) -> Response:
             "nodes_by_type": [(t, by_type[t]) for t in NodeType if t in by_type],
             "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
             "links_hidden": len(diff.links) - len(shown),
-            "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded,
-        },
-    )
+            "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
 
 
 async def _texts(

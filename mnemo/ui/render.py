@@ -48,8 +48,7 @@ def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
 def _templates() -> Jinja2Templates:
     env = Environment(
         loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
-        trim_blocks=True, lstrip_blocks=True,
-    )
+        trim_blocks=True, lstrip_blocks=True)
     env.globals["href"] = href
     env.globals["shape"] = shape
     env.filters["label"] = lambda value: getattr(value, "value", value)
@@ -73,8 +72,7 @@ def page(
     """The template `name` rendered with `context` (and whether writes are allowed)."""
     return TEMPLATES.TemplateResponse(
         request, name, {"allow_writes": request.app.state.allow_writes, **context},
-        status_code=status_code,
-    )
+        status_code=status_code)
 
 
 async def form(request: Request) -> Params:

@@ -79,8 +79,7 @@ class MemorySource:
         reinforce: bool = False, where: Mapping[str, object] | None = None,
     ) -> RecallResult:
         return await self._memory.recall(
-            repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where
-        )
+            repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where)
 
     async def history(self, repo: str, limit: int) -> list[CommitRecord]:
         return await self._memory.history(repo, limit=limit)

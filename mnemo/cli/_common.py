@@ -100,11 +100,9 @@ def _root(
         typer.Option(
             "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
     ] = False,
-    verbose: Annotated[
-        bool,
-        typer.Option("--verbose", "-v", help="Log what mnemo and its drivers do (INFO) on "
-                                             "stderr."),
-    ] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log what mnemo and its drivers do (INFO) on "
+                                "stderr.")] = False,
 ) -> None:
     """mnemo: memory for LLM agents. Look inside a memory, fill it, serve it."""
     global _verbose

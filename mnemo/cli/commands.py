@@ -68,10 +68,8 @@ def demo(
                      "already there is deleted once you agree, or with --force).",
                      dir_okay=False),
     ] = Path("demo.db"),
-    data: Annotated[
-        Path | None,
-        typer.Option(help="A conversation JSON (default: the shipped demo conversation)."),
-    ] = None,
+    data: Annotated[Path | None, typer.Option(
+        help="A conversation JSON (default: the shipped demo conversation).")] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Delete a memory already at --store without asking.")
     ] = False,
@@ -97,18 +95,12 @@ def demo(
 @app.command()
 def ingest(
     file: Annotated[Path, typer.Argument(help="A conversation JSON or a LoCoMo-style file.")],
-    repo: Annotated[
-        str | None,
-        typer.Option("--repo", "-r", help="The repo to fill (default: the file's 'repo')."),
-    ] = None,
-    prefix: Annotated[
-        str | None,
-        typer.Option(help="Source id prefix for a conversation file (default: its stem)."),
-    ] = None,
-    threads: Annotated[
-        bool,
-        typer.Option(help="Also save each session as a conversation thread (for search)."),
-    ] = True,
+    repo: Annotated[str | None, typer.Option(
+        "--repo", "-r", help="The repo to fill (default: the file's 'repo').")] = None,
+    prefix: Annotated[str | None, typer.Option(
+        help="Source id prefix for a conversation file (default: its stem).")] = None,
+    threads: Annotated[bool, typer.Option(
+        help="Also save each session as a conversation thread (for search).")] = True,
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
@@ -157,15 +149,11 @@ def recall(
     repo: Annotated[str, typer.Argument(help="The repo to search.")],
     query: Annotated[str, typer.Argument(help="What to recall.")],
     k: Annotated[int, typer.Option("-k", "--k", min=1, help="How many memories.")] = 10,
-    types: Annotated[
-        str | None,
-        typer.Option(help="Comma-separated node types, e.g. semantic,episodic (default: all)."),
-    ] = None,
-    reinforce: Annotated[
-        bool,
-        typer.Option("--reinforce", help="Count the memories recalled as accesses, as an "
-                                         "agent's own recall does (a look counts none)."),
-    ] = False,
+    types: Annotated[str | None, typer.Option(
+        help="Comma-separated node types, e.g. semantic,episodic (default: all).")] = None,
+    reinforce: Annotated[bool, typer.Option(
+        "--reinforce", help="Count the memories recalled as accesses, as an "
+                            "agent's own recall does (a look counts none).")] = False,
     where: Where = None,
     store: StoreOpt = None,
     llm: LlmOpt = None,
@@ -237,15 +225,11 @@ def sessions(
 @app.command()
 def graph(
     repo: Annotated[str, typer.Argument(help="The repo whose graph to show.")],
-    export: Annotated[
-        ExportFormat | None,
-        typer.Option(help="Export every node and link (to stdout, or to --out)."),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Write the export here (format from --export or the suffix).",
-                     dir_okay=False),
-    ] = None,
+    export: Annotated[ExportFormat | None, typer.Option(
+        help="Export every node and link (to stdout, or to --out).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Write the export here (format from --export or the suffix).",
+        dir_okay=False)] = None,
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
@@ -324,11 +308,9 @@ def search(
 def purge(
     thread: Annotated[str, typer.Argument(help="The thread to erase.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-    repo: Annotated[
-        str | None,
-        typer.Option(help="Also forget the graph source of the same id in this repo "
-                          "(what `mnemo ingest` made from the session)."),
-    ] = None,
+    repo: Annotated[str | None, typer.Option(
+        help="Also forget the graph source of the same id in this repo "
+             "(what `mnemo ingest` made from the session).")] = None,
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,

@@ -104,10 +104,8 @@ def doctor(
     temperature: TemperatureOpt = None,
     llm_timeout: LlmTimeoutOpt = None,
     config: ConfigOpt = None,
-    quick: Annotated[
-        bool,
-        typer.Option("--quick", help="One call each; do not measure the LLM's server."),
-    ] = False,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="One call each; do not measure the LLM's server.")] = False,
     as_json: Json = False,
 ) -> None:
     """Check the store, the LLM and the embedder, and measure the LLM's server: latency,

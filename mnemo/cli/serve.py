@@ -31,46 +31,32 @@ def mcp(
     llm_timeout: LlmTimeoutOpt = None,
     extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
-    memory_dir: Annotated[
-        Path | None,
-        typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
-                     file_okay=False),
-    ] = None,
-    memory_updates: Annotated[
-        bool,
-        typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
-    ] = True,
-    reinforce: Annotated[
-        bool,
-        typer.Option("--reinforce", help="Count the memories a recall returns as accesses, "
-                                         "as an agent's own recall does."),
-    ] = False,
+    memory_dir: Annotated[Path | None, typer.Option(
+        help="Root of the memory files (default: <db>.memory beside the db).",
+        file_okay=False)] = None,
+    memory_updates: Annotated[bool, typer.Option(
+        help="Let persist_memory write memory files (off: it writes nothing).")] = True,
+    reinforce: Annotated[bool, typer.Option(
+        "--reinforce", help="Count the memories a recall returns as accesses, "
+                            "as an agent's own recall does.")] = False,
     http: Annotated[
         bool, typer.Option("--http", help="Serve over streamable HTTP (at /mcp) instead of "
                                           "stdin/stdout.")
     ] = False,
-    host: Annotated[
-        str | None,
-        typer.Option(help="With --http, the address to bind (default 127.0.0.1); any other "
-                          "needs a token.", show_default=False),
-    ] = None,
-    port: Annotated[
-        int | None,
-        typer.Option(min=0, max=65535, show_default=False,
-                     help="With --http, the port to listen on (default 8766; 0: a free one)."),
-    ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="MNEMO_MCP_TOKEN", show_default=False,
-                     help="With --http, require this bearer token (16+ characters); prefer "
-                          "the environment variable, as other users can see a command line."),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", show_default=False,
-                     help="With --http, also answer requests for this host name (repeatable). "
-                          "Others are refused, against DNS rebinding."),
-    ] = None,
+    host: Annotated[str | None, typer.Option(
+        help="With --http, the address to bind (default 127.0.0.1); any other "
+             "needs a token.", show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        min=0, max=65535, show_default=False,
+        help="With --http, the port to listen on (default 8766; 0: a free one).")] = None,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="MNEMO_MCP_TOKEN", show_default=False,
+        help="With --http, require this bearer token (16+ characters); prefer "
+             "the environment variable, as other users can see a command line.")] = None,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", show_default=False,
+        help="With --http, also answer requests for this host name (repeatable). "
+             "Others are refused, against DNS rebinding.")] = None,
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout, or over streamable HTTP with --http
     (created if the file is missing)."""
@@ -116,23 +102,17 @@ def ui(
                                "to the network.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="The port to listen on.")] = 8765,
-    allow_writes: Annotated[
-        bool,
-        typer.Option("--allow-writes", help="Let the recall playground count its results as "
-                                            "accesses, and a commit's page revert it."),
-    ] = False,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="MNEMO_UI_TOKEN", show_default=False,
-                     help="Require this access token (16+ characters); prefer the "
-                          "environment variable, as other users can see a command line."),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", show_default=False,
-                     help="Also answer requests for this host name (repeatable; '*.domain' "
-                          "for its subdomains). Others are refused, against DNS rebinding."),
-    ] = None,
+    allow_writes: Annotated[bool, typer.Option(
+        "--allow-writes", help="Let the recall playground count its results as "
+                               "accesses, and a commit's page revert it.")] = False,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="MNEMO_UI_TOKEN", show_default=False,
+        help="Require this access token (16+ characters); prefer the "
+             "environment variable, as other users can see a command line.")] = None,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", show_default=False,
+        help="Also answer requests for this host name (repeatable; '*.domain' "
+             "for its subdomains). Others are refused, against DNS rebinding.")] = None,
 ) -> None:
     """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
     recall."""

@@ -313,11 +313,9 @@ class MemoryTools:
         self,
         goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
         repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
-        metadata: Annotated[
-            dict[str, str | int | float | bool] | None,
-            Field(description="Who its memories belong to, e.g. {\"user_id\": \"alice\"}: "
-                              "every node it commits carries it (what `where` selects)."),
-        ] = None,
+        metadata: Annotated[dict[str, str | int | float | bool] | None, Field(
+            description="Who its memories belong to, e.g. {\"user_id\": \"alice\"}: "
+                        "every node it commits carries it (what `where` selects).")] = None,
     ) -> str:
         """Starts a session collecting steps towards the goal; returns its session_id for
         `append` and `close_and_commit`. An unknown repo is created."""

@@ -87,14 +87,10 @@ async def extract(
     partial: bool = False, generation: int = 0,
 ) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
-    `embedder` for the repo's vectors of `generation` (`Changeset.generation`).
-
-    When `score_last_step`, the last step's deferred reward is scored with its trajectory's
-    procedural task; it is written onto the step record when the extraction succeeds.
-    Results found in `memo` are not asked again, and every result validated here is kept
-    there, also when another task fails. With `partial`, a task that failed for good leaves
-    its part out instead of failing the extraction: the changeset holds every step and what
-    the other tasks produced, and its `missing` names each task left out and why.
+    `embedder` for the repo's vectors of `generation`. With `score_last_step`, the last step's
+    deferred reward is scored too (written onto its record on success). Results in `memo` are
+    not asked again, and every result validated is kept there. With `partial`, a task that
+    failed for good is left out (the changeset's `missing` names it) instead of failing it all.
 
     Raises:
         LLMError, EmbeddingError: a task failed for good (the first failure, naming its task
@@ -188,12 +184,10 @@ async def _extract_trajectory(
     work: _Round, trajectory: _Trajectory, part: Extracted, first_round_in: Callable[[], None], *,
     scores_last: StepRecord | None,
 ) -> None:
-    """One trajectory's facts, instructions and returns, into `part`; a task that failed for
-    good leaves its part empty, and its failure (named) is in `work.failures`. With
-    `scores_last` (its last step, whose reward close scores), the procedural task scores it
-    too; a reply without that score has it asked of the "reward" task after. The "return" task
-    is asked once the procedural reply is in, whatever the semantic one does;
-    `first_round_in` is called once both (and the reward) are in."""
+    """One trajectory's facts, instructions and returns, into `part` (a task that failed for
+    good leaves its part empty, its failure in `work.failures`); the procedural task also
+    scores `scores_last`, else the "reward" task does. The "return" task is asked once the
+    procedural reply is in; `first_round_in` is called once both first replies are in."""
     steps = trajectory.steps
     key, subgoal, chars = steps[0].trajectory_id, steps[0].subgoal, _chars(steps)
     one_in = _Countdown(2, first_round_in).one_in
@@ -286,13 +280,9 @@ async def _scored_returns(
 def cumulative_returns(
     instructions: Sequence[Instruction], rewards: Sequence[float | None]
 ) -> dict[int, int]:
-    """Each instruction's return score (1..10) from the trajectory's cumulative reward.
-
-    An instruction's return is the reward to go from the first step it came from (its
-    `steps`, else the trajectory's first step) to the trajectory's end, averaged over the
-    steps with a known reward and mapped from 0..1 onto 1..10; `NEUTRAL_RETURN` when no
-    step there has a reward.
-    """
+    """Each instruction's return score (1..10): the mean known reward from the first step it
+    came from to the trajectory's end, mapped from 0..1 onto 1..10 (`NEUTRAL_RETURN` when no
+    step there has one)."""
     scores: dict[int, int] = {}
     for i, ins in enumerate(instructions):
         valid = [k for k in ins.steps or () if 0 <= k < len(rewards)]

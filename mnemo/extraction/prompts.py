@@ -1,12 +1,9 @@
 """The extraction tasks: facts, procedures, their returns and intent merges, with parsers.
 
-Each `*_request` builds one `LLMRequest` through `task_request`, so its `inputs` are exactly
-the keyword arguments; each reply is a `Reply` struct beside the request that uses it, and its
-schema is generated from it (`reply_schema`). The parsers are strict: a reply that does not
-match raises `ValueError` naming the first offending field (for example
-"facts[2].proposition must be a non-empty string"); what matches it but says nothing (a
-proposition of punctuation, a concept that is a JSON fragment) is left out. An empty `facts`
-or `instructions` list is a valid answer.
+Each `*_request` builds one `LLMRequest` through `task_request` (its `inputs` are the keyword
+arguments), its schema generated from the `Reply` struct beside it. The parsers are strict (a
+`ValueError` names the first offending field) and leave out what says nothing (a proposition
+of punctuation); an empty list is a valid answer.
 """
 
 from __future__ import annotations
@@ -78,11 +75,8 @@ Reply with JSON: {"facts": [{"proposition", "concepts", "confidence", "steps"}, 
 
 
 def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
-    """The "semantic" task over one trajectory's steps.
-
-    `steps` are {"index": int, "observation": str, "action": str}, index 0-based within the
-    trajectory. The reply's `data` is {"facts": [...]}; read it with `parse_facts`.
-    """
+    """The "semantic" task over one trajectory's steps ({"index", "observation", "action"});
+    read the reply with `parse_facts`."""
     schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
     return task_request(
         "semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
@@ -91,12 +85,8 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
-    """The facts of a "semantic" reply, in order.
-
-    Confidence is clamped to [0, 1] (0.5 when missing or null); concepts are stripped, blanks
-    dropped and case-insensitive duplicates removed in order (missing or null: none); steps
-    are kept as a tuple of ints (missing or null: None). A proposition repeated (whatever
-    its case) is kept once, the first time.
+    """The facts of a "semantic" reply, in order, each proposition once: confidence clamped to
+    [0, 1] (0.5 when missing), concepts stripped and without blanks or repeats, steps a tuple.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
@@ -177,13 +167,9 @@ Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 def procedural_request(
     *, goal: str, subgoal: str, steps: Steps, score_last: bool = False
 ) -> LLMRequest:
-    """The "procedural" task over one trajectory's steps; with `score_last`, the reply also
-    scores the last step (`last_reward`).
-
-    `steps` are {"index": int, "observation": str, "action": str, "reward": float | None}.
-    The reply's `data` is {"instructions": [...]} (and "last_reward"); read it with
-    `parse_procedural`.
-    """
+    """The "procedural" task over one trajectory's steps ({"index", "observation", "action",
+    "reward"}); with `score_last`, the reply also scores the last step (`last_reward`). Read
+    the reply with `parse_procedural`."""
     instructions = PROCEDURAL_INSTRUCTIONS
     inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
@@ -207,11 +193,8 @@ def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
-    """The instructions of a "procedural" reply, in order.
-
-    `intent` and `instruction` must be non-blank; `condition` and `expected_outcome` may be
-    empty (missing or null reads as ""). Texts are stripped; steps as in `parse_facts`. An
-    instruction repeated (whatever its case) is kept once, the first time.
+    """The instructions of a "procedural" reply, in order, each once: `intent` and
+    `instruction` non-blank, `condition` and `expected_outcome` "" when missing, all stripped.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
@@ -277,10 +260,8 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
 
 
 def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
-    """Instruction index -> return score (rounded, clamped to 1..10) of a "return" reply.
-
-    Indices outside 0..count-1 are ignored; when an index repeats, its first score counts.
-    Instructions the reply does not score are simply absent.
+    """Instruction index -> return score (rounded, clamped to 1..10) of a "return" reply; an
+    index outside 0..count-1 is ignored, a repeated one's first score counts.
 
     Raises:
         ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.

@@ -1,10 +1,6 @@
-"""The MCP tools' answers as bounded JSON values (one `recall` returned 2 MB).
-
-An answer goes straight into an agent's context, so none passes `MAX_OUTPUT_CHARS` (the
-bounds are `mnemo.tools`'): a list shares that budget among its items, a text too long for
-its share is cut and says how long it was (`chars`, `truncated`), and what is cut can be read
-whole: a node with `get_node`, a viewed message a page at a time with `offset`. Nothing echoes
-the caller's input back.
+"""The MCP tools' answers as bounded JSON values: none passes `MAX_OUTPUT_CHARS`, a list shares
+it among its items, a text cut says how long it was (`chars`, `truncated`) and can be read
+whole (`get_node`, a viewed message by `offset`). Nothing echoes the caller's input back.
 """
 
 from __future__ import annotations

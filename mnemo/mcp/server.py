@@ -1,18 +1,9 @@
 """The tools of `mnemo mcp` (`MemoryTools`) over a store, and the Memories they run on
-(`open_tools`); `mnemo.mcp.transport` serves them over stdio or streamable HTTP.
-
-The reads go through a `Memory` opened for inspection, which never resumes or takes over
-work and records no repo's settings; so do the edits a caller asks for by name (`forget`,
-`correct`), which need no background work; the session tools go through a `Memory` that
-works, opened at the first of them. Both live as long as the server, so sessions started by
-one tool call are there for the next, and what a session commits is recalled by later calls.
-Every tool returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never
-more than `mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its
-one-line message (clipped), which the agent can read and act on.
-
-Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
-`<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
-that root: the caller is an agent, and a prompt it read must not steer writes elsewhere.
+(`open_tools`). Reads and edits by name go through a `Memory` opened for inspection, the
+session tools through one that works, opened at the first of them; both live as long as the
+server. Every tool returns bounded JSON text (`_output`); a `MnemoError` becomes a tool error
+with its one-line message. Memory files live under one root (`<db>.memory/` by default), and a
+tool's `directory` may only name a folder inside it: a prompt must not steer writes elsewhere.
 """
 
 from __future__ import annotations
@@ -89,15 +80,9 @@ def _as_tool_error() -> Iterator[None]:
 
 
 class MemoryTools:
-    """The server's tools over an open `Memory`; each returns JSON text.
-
-    `mem` answers the reads (and `save_messages`); the session tools go to `worker()`, the
-    Memory that works (by default `mem` itself). `serve` opens `mem` for inspection and the
-    worker only when a session tool is first called, so a server that only reads never takes
-    work over. `reinforce`: a recall counts its memories as accesses. `llm` is the model the
-    server was started with, which `persist_memory` asks (None: the offline LLM, as memory
-    files belong to no repo whose recorded model could be used).
-    """
+    """The server's tools over an open `Memory` `mem`; the session tools go to `worker()`,
+    the Memory that works (by default `mem`). `reinforce`: a recall counts accesses. `llm`
+    files `persist_memory`'s statements (None: the offline LLM)."""
 
     def __init__(
         self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True,

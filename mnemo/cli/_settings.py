@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -32,57 +32,31 @@ _FLAGS = {
     "temperature": "--temperature", "llm_timeout": "--llm-timeout",
     "extraction_timeout": "--extraction-timeout"}
 
-StoreOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--store", "--db",
-        help="The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default "
-             "memory.db).",
-        show_default=False)]
-LlmOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--llm",
-        help="The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL "
-             "(env MNEMO_LLM; default: each repo's own).",
-        show_default=False)]
-EmbedderOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--embedder",
-        help="The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] "
-             "(env MNEMO_EMBEDDER; "
-             "default: each repo's own).",
-        show_default=False)]
-TemperatureOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--temperature",
-        help="The LLM's sampling temperature: a number >= 0, or server for the server's own "
-             "(env MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models "
-             "do better above 0).",
-        show_default=False)]
-LlmTimeoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--llm-timeout",
-        help="Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM "
-             "URI's, else 60).",
-        show_default=False)]
-ExtractionTimeoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--extraction-timeout",
-        help="Seconds an extraction, and each conversation-memory model call, may take (env "
-             "MNEMO_EXTRACTION_TIMEOUT; default 60).",
-        show_default=False)]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        help="A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml "
-             "or ~/.config/mnemo/config.toml).",
-        dir_okay=False, show_default=False)]
+def _option(*flags: str, help: str, **more: Any) -> Any:
+    return typer.Option(*flags, help=help, show_default=False, **more)
+
+
+StoreOpt = Annotated[str | None, _option("--store", "--db", help=(
+    "The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default memory.db)."))]
+LlmOpt = Annotated[str | None, _option("--llm", help=(
+    "The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL (env "
+    "MNEMO_LLM; default: each repo's own)."))]
+EmbedderOpt = Annotated[str | None, _option("--embedder", help=(
+    "The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] (env MNEMO_EMBEDDER; "
+    "default: each repo's own)."))]
+TemperatureOpt = Annotated[str | None, _option("--temperature", help=(
+    "The LLM's sampling temperature: a number >= 0, or server for the server's own (env "
+    "MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models do better above "
+    "0)."))]
+LlmTimeoutOpt = Annotated[float | None, _option("--llm-timeout", help=(
+    "Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM URI's, else "
+    "60)."))]
+ExtractionTimeoutOpt = Annotated[float | None, _option("--extraction-timeout", help=(
+    "Seconds an extraction, and each conversation-memory model call, may take (env "
+    "MNEMO_EXTRACTION_TIMEOUT; default 60)."))]
+ConfigOpt = Annotated[Path | None, _option("--config", dir_okay=False, help=(
+    "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
+    "~/.config/mnemo/config.toml)."))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,17 +63,20 @@ TRUNK_X = 22.0
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A neighbour drawn: its marker at (x, y), its label's text and baseline, and the types
-    of the links that join it to the middle node."""
+    """A node drawn: its marker (`path`) centred on (x, y), its label ("" for none) from
+    (label_x, label_y), anchored at its `anchor` end; in a neighbourhood, the types of the
+    links that join it to the middle node; in a picture, whether it is the `focus`."""
 
     node: Node
     x: float
     y: float
+    path: str
     label: str
     label_x: float
     label_y: float
-    links: tuple[LinkType, ...]
-    path: str
+    links: tuple[LinkType, ...] = ()
+    anchor: str = "start"
+    focus: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +205,8 @@ def neighbourhood(
         kinds = tuple(links_of[member.id])
         retired = " (retired)" if member.retired else ""
         label = shorten(member.text, layout.label_chars - len(retired)) + retired
-        marks.append(Mark(member, layout.mark_x, mark_y, label, layout.label_x, mark_y + 5,
-                          kinds, shape(member.type, layout.mark_x, mark_y)))
+        marks.append(Mark(member, layout.mark_x, mark_y, shape(member.type, layout.mark_x, mark_y),
+                          label, layout.label_x, mark_y + 5, kinds))
         curves.append(Line(_curve(layout, box_y, box_height, mark_y), link_type,
                            ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}"))
     present = {node.type, *(m.node.type for m in marks)}
@@ -240,28 +243,13 @@ GRAVITY = 0.1
 
 
 @dataclass(frozen=True, slots=True)
-class Spot:
-    """A node of the picture: its marker centred on (x, y), and its label ("" for none) from
-    (label_x, y + 4), on the left of the marker near the right edge (`anchor` "end")."""
-
-    node: Node
-    x: float
-    y: float
-    path: str
-    label: str
-    label_x: float
-    anchor: str
-    focus: bool
-
-
-@dataclass(frozen=True, slots=True)
 class Picture:
     """What the graph page draws: the nodes, the links among them, the node and link types
     present (for the legend)."""
 
     width: int
     height: int
-    spots: tuple[Spot, ...]
+    spots: tuple[Mark, ...]
     lines: tuple[Line, ...]
     node_types: tuple[NodeType, ...]
     link_types: tuple[LinkType, ...]
@@ -313,11 +301,11 @@ def picture(
         chars = LABELLED.get(node.type, 0) or (40 if node.id == focus else 0)
         radius = SIZES.get(node.type, RADIUS) * (1.6 if node.id == focus else 1.0)
         left = x > 0.7 * width
-        spots.append(Spot(
+        spots.append(Mark(
             node, float(x), float(y), shape(node.type, float(x), float(y), radius),
             shorten(node.text, chars) if chars else "",
-            float(x - radius - 3 if left else x + radius + 3), "end" if left else "start",
-            node.id == focus))
+            float(x - radius - 3 if left else x + radius + 3), float(y) + 4, (),
+            "end" if left else "start", node.id == focus))
     lines = []
     for src, dst, kind in drawn:
         (x1, y1), (x2, y2) = at[index[src]], at[index[dst]]

@@ -82,56 +82,41 @@ class ToolSpec:
         return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
 
+def _object(required: str, **properties: JSONObject) -> JSONObject:
+    """The JSON schema of an object of `properties`, of which `required` is required."""
+    return {"type": "object", "properties": dict(properties), "required": [required],
+            "additionalProperties": False}
+
+
+_INTEGER = {"type": "integer"}
 SEARCH_MESSAGES = ToolSpec(
     "search_messages",
     "Search earlier conversation messages (this thread and others) by keywords. Each word is "
     "matched with stemming and any word may match (AND, OR and NOT are plain words). "
     "Returns snippets with message ids for view_messages.",
-    {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "Keywords to look for."},
-            "thread_id": {
-                "type": "string",
-                "description": "Only this thread (omit to search every thread)."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5}},
-        "required": ["query"],
-        "additionalProperties": False})
+    _object("query", query={"type": "string", "description": "Keywords to look for."},
+            thread_id={"type": "string",
+                       "description": "Only this thread (omit to search every thread)."},
+            limit={**_INTEGER, "minimum": 1, "maximum": 20, "default": 5}))
 VIEW_MESSAGES = ToolSpec(
     "view_messages",
     "Show a message found by search_messages with the messages around it (tool outputs "
     "reduced to ok/error) and the summaries written just before and after it.",
-    {
-        "type": "object",
-        "properties": {
-            "message_id": {"type": "string", "description": "An id from search_messages."},
-            "radius": {"type": "integer", "minimum": 0, "maximum": 30, "default": 10}},
-        "required": ["message_id"],
-        "additionalProperties": False})
+    _object("message_id",
+            message_id={"type": "string", "description": "An id from search_messages."},
+            radius={**_INTEGER, "minimum": 0, "maximum": 30, "default": 10}))
 RECALL = ToolSpec(
     "recall",
     "Recall long-term knowledge (facts and procedures learned in earlier work) relevant to a "
     "query. Each memory is shown as a snippet with its id; get_node shows one whole.",
-    {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "What to recall."},
-            "k": {"type": "integer", "minimum": 1, "maximum": 30, "default": 10}},
-        "required": ["query"],
-        "additionalProperties": False})
-
+    _object("query", query={"type": "string", "description": "What to recall."},
+            k={**_INTEGER, "minimum": 1, "maximum": 30, "default": 10}))
 GET_NODE = ToolSpec(
     "get_node",
     f"Show one memory (an id from recall) whole: its text a page of {PAGE_CHARS} characters "
     "at a time (pass the next_offset it gives to read on), and its data.",
-    {
-        "type": "object",
-        "properties": {
-            "node_id": {"type": "string", "description": "An id from recall."},
-            "offset": {"type": "integer", "minimum": 0, "default": 0}},
-        "required": ["node_id"],
-        "additionalProperties": False})
-
+    _object("node_id", node_id={"type": "string", "description": "An id from recall."},
+            offset={**_INTEGER, "minimum": 0, "default": 0}))
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [

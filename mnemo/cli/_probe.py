@@ -265,15 +265,13 @@ def _task_requests() -> list[LLMRequest]:
 
 async def _fit(llm: LLM, request: LLMRequest) -> TaskFit:
     cap = reply_cap(request.max_tokens, getattr(llm, "max_tokens", request.max_tokens or 0))
-    start = time.monotonic()
-    try:
-        with anyio.fail_after(CALL_SECONDS):
-            reply = await llm.generate(request)
-    except TimeoutError:
-        return TaskFit(request.task, False, cap, None,
-                       f"no answer within {CALL_SECONDS:.0f} s", time.monotonic() - start)
-    except MnemoError as exc:
-        return TaskFit(request.task, False, cap, None, one_line(exc), time.monotonic() - start)
-    # Summed over the re-asks of an unusable reply, if there were any.
-    used = reply.usage.output_tokens if reply.usage is not None else None
-    return TaskFit(request.task, True, cap, used, "answered", time.monotonic() - start)
+    used: list[int | None] = [None]
+
+    async def ask() -> str:
+        reply = await llm.generate(request)
+        # Summed over the re-asks of an unusable reply, if there were any.
+        used[0] = reply.usage.output_tokens if reply.usage is not None else None
+        return "answered"
+
+    found = await timed(request.task, ask)
+    return TaskFit(request.task, found.ok, cap, used[0], found.detail, found.seconds)

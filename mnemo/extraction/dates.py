@@ -7,7 +7,7 @@ from its session's date, else from when it was recorded.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 _MONTHS = {
@@ -112,11 +112,3 @@ def metadata_date(metadata: Mapping[str, object] | None) -> datetime | None:
             return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     return None
 
-
-def first_date(texts: Iterable[str], anchor: datetime | None = None) -> datetime | None:
-    """The first date any of `texts` names."""
-    for text in texts:
-        found = named_date(text, anchor)
-        if found is not None:
-            return found
-    return None

@@ -68,9 +68,8 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
     text and metadata's JSON at most `max_text_chars`.
 
     Raises:
-        InvalidInputError: a field has the wrong type or is not JSON-serialisable, a goal or
-            an observation is blank, a text is too long, a metadata nests too deep, or there
-            are too many steps.
+        InvalidInputError: a field of the wrong type, a blank goal or observation, a text or a
+            metadata too long or too deep, or too many steps.
     """
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):

@@ -84,10 +84,8 @@ class MemoryFiles:
     (what an agent names, as the MCP server's `directory`, cannot lead out).
 
     Raises:
-        InvalidInputError: `max_chars` is not an int from 20 to `MAX_TEXT_CHARS_LIMIT`,
-            `min_iterations` not a non-negative int, `max_text_chars` not a positive int, or
-            `directory` not a path the system can name (a NUL, a name past 255 bytes), or
-            not inside `root`.
+        InvalidInputError: a bound out of its range, or a `directory` the system cannot name
+            or not inside `root`.
     """
 
     def __init__(
@@ -124,8 +122,7 @@ class MemoryFiles:
         files returned get `used` set to now.
 
         Raises:
-            InvalidInputError: `query` is not a string, is blank or is longer than
-                `max_text_chars`, or `limit` is not a positive int.
+            InvalidInputError: a blank or too long `query`, or a `limit` below 1.
             TimeoutError: another writer held the directory's lock for 60 s.
         """
         check_text(query, "query", limit=self.max_text_chars, stored=False)
@@ -202,13 +199,11 @@ class MemoryFiles:
         there, and the file bounded like any write. Disabled: `skipped="disabled"`.
 
         Raises:
-            InvalidInputError: `what` is not a string, has no words (blank, or only
-                punctuation), or is longer than `max_text_chars`; `llm` is not an LLM.
-            LLMError: the LLM failed or kept answering something unusable.
-            LLMTimeout: the LLM did not answer within `LLM_TIMEOUT_S` (120) seconds.
-            OSError: the file could not be written (the old file is left intact), or
-                (`TimeoutError`) the writes before it held the directory's writer lock for
-                `WRITER_WAIT_S` seconds, or one held its file lock for 60 s.
+            InvalidInputError: `what` has no words or is too long; `llm` is not an LLM.
+            LLMError: the LLM failed or kept answering something unusable (`LLMTimeout`:
+                not within `LLM_TIMEOUT_S`).
+            OSError: the file could not be written (the old one is left intact), or
+                (`TimeoutError`) a lock was held too long.
         """
         if not isinstance(what, str) or not _format.entry_key(what):
             # Only bullets and punctuation (".") leave nothing to file.

@@ -56,9 +56,8 @@ class SessionError(MnemoError):
     imports no part of mnemo).
     """
 
-    def __init__(
-        self, reason: str, *, state: StrEnum | None, session_id: str | None = None
-    ) -> None:
+    def __init__(self, reason: str, *, state: StrEnum | None,
+                 session_id: str | None = None) -> None:
         where = f"{session_id}: " if session_id else ""
         super().__init__(f"{where}{reason} (state {state})")
         self.reason = reason

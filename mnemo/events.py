@@ -41,10 +41,8 @@ class Events:
     def __init__(self, callback: EventCallback | None) -> None:
         self._callback = callback
 
-    async def emit(
-        self, kind: str, *, session_id: str | None = None, repo: str | None = None,
-        **data: JSONValue,
-    ) -> None:
+    async def emit(self, kind: str, *, session_id: str | None = None, repo: str | None = None,
+                   **data: JSONValue) -> None:
         if self._callback is None:
             return
         await deliver(self._callback, Event(kind, session_id, repo, data), f"on_event ({kind})")

@@ -34,9 +34,8 @@ MAX_ID_BYTES = 1_000
 MAX_JSON_DEPTH = 64
 
 
-def check_text(
-    value: object, what: str, *, limit: int, blank_ok: bool = False, stored: bool = True
-) -> str:
+def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
+               stored: bool = True) -> str:
     """`value`, checked to be a string of at most `limit` characters, not blank unless
     `blank_ok`, and without NUL when `stored` (PostgreSQL's text cannot store it; a query's
     words never hold it).
@@ -87,8 +86,7 @@ def names_id(given: str, ident: str) -> bool:
     none)."""
     kind, digits, index = split_id(ident)
     head, colon, number = given.partition(":")
-    return colon + number == index and (
-        (kind + digits).startswith(head) or digits.startswith(head))
+    return colon + number == index and ((kind + digits).startswith(head) or digits.startswith(head))
 
 
 def check_name(value: object, what: str) -> str:
@@ -195,9 +193,8 @@ def check_models(llm: object, embedder: object, reranker: object = None) -> None
             f"got {reranker!r}")
 
 
-def check_count(
-    name: str, value: object, *, minimum: int = 0, maximum: float = math.inf, setting: str = ""
-) -> int:
+def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf,
+                setting: str = "") -> int:
     """An integer argument within [minimum, maximum]; `setting` names where the maximum comes
     from (e.g. "Config.max_results"), for the message.
 

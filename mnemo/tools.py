@@ -208,9 +208,8 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
     return f"error: unknown tool {call.name!r}; known: {', '.join(sorted(TOOLS))}"
 
 
-def nearest(
-    messages: Sequence[Message], seq: int, budget: int, size: Callable[[Message], int]
-) -> list[Message]:
+def nearest(messages: Sequence[Message], seq: int, budget: int,
+            size: Callable[[Message], int]) -> list[Message]:
     """The messages nearest to `seq` (the target first) whose sizes fit in `budget`, in
     their order: a bounded view drops the far ends, never the target."""
     kept: set[int] = set()

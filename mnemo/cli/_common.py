@@ -87,10 +87,9 @@ def _fail(message: str, status: int) -> NoReturn:
     raise typer.Exit(status)
 
 
-app = typer.Typer(
-    name="mnemo", cls=_Commands,
-    help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app = typer.Typer(name="mnemo", cls=_Commands,
+                  help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 @app.callback()
@@ -170,10 +169,8 @@ def check_store(settings: Settings, *, writes: bool) -> None:
 
 
 @asynccontextmanager
-async def open_memory(
-    settings: Settings, *, writes: bool = False, works: bool = False,
-    on_event: EventCallback | None = None,
-) -> AsyncIterator[Memory]:
+async def open_memory(settings: Settings, *, writes: bool = False, works: bool = False,
+                      on_event: EventCallback | None = None) -> AsyncIterator[Memory]:
     """The Memory the settings choose, after checking the store. `writes`: the store may be
     created. `works`: the Memory does work (sessions, ingest); otherwise it is opened for
     inspection (`Memory(inspect=True)`), so a command that looks never resumes or takes over
@@ -181,10 +178,8 @@ async def open_memory(
     # The models first: a mistyped --llm is reported before anything about the store.
     async with models(settings) as (llm, embedder):
         check_store(settings, writes=writes)
-        async with Memory(
-            settings.store, llm=llm, embedder=embedder, on_event=on_event,
-            config=settings.config, inspect=not works,
-        ) as mem:
+        async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event,
+                          config=settings.config, inspect=not works) as mem:
             yield mem
 
 

@@ -13,9 +13,8 @@ from mnemo.inputs import names_id, split_id
 MIN_DIGITS = 8
 
 
-def short_ids(
-    shown: Iterable[str], known: Iterable[str] = (), *, kind: bool = True
-) -> dict[str, str]:
+def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
+              kind: bool = True) -> dict[str, str]:
     """Each shown id as its kind (unless `kind` is False: a column's title names it), the
     shortest prefix of its digits (at least `MIN_DIGITS`) that names no other id of `shown`
     or `known`, and its step index; the whole id where even all its digits name another."""
@@ -44,9 +43,8 @@ def resolve_id(given: str, candidates: Sequence[str], what: str) -> str:
     return resolve_in_repos(given, {"": candidates}, what)[1]
 
 
-def resolve_in_repos(
-    given: str, candidates: Mapping[str, Sequence[str]], what: str
-) -> tuple[str, str]:
+def resolve_in_repos(given: str, candidates: Mapping[str, Sequence[str]],
+                     what: str) -> tuple[str, str]:
     """The one (repo, id) among each repo's candidates that `given` names; the whole id wins
     over prefixes. Messages name the repos when there are several (a repo named "" is none).
 

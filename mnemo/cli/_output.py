@@ -41,10 +41,8 @@ def print_json(value: object) -> None:
     sys.stdout.write(json_text(value))
 
 
-def table(
-    title: str, columns: Sequence[str], rows: Iterable[Sequence[RenderableType]] = (), *,
-    empty: tuple[int, str] | None = None, **options: object,
-) -> Table:
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[RenderableType]] = (), *,
+          empty: tuple[int, str] | None = None, **options: object) -> Table:
     """A table titled `title` (markup: escape what a user wrote) with `rows`. A column's name
     may end in marks: `>` right-justified, `~` folded, `!` never wrapped; `empty` puts its
     text, dimmed, in that column of the one row of a table without rows."""

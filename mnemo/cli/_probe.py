@@ -187,9 +187,8 @@ def _mode_names(llm: LLM) -> tuple[str, ...]:
 
 async def _modes(uri: str, llm: LLM) -> list[Finding]:
     findings = []
-    request = reward_request(
-        goal=GOAL, subgoal="check the configuration", observation=PROBE, action="nginx -t",
-        next_observation=None)
+    request = reward_request(goal=GOAL, subgoal="check the configuration", observation=PROBE,
+                             action="nginx -t", next_observation=None)
     for mode in _mode_names(llm):
         model = llm if isinstance(llm, Anthropic) else llm_from_uri(
             with_settings(uri, structured=mode))

@@ -160,12 +160,10 @@ def read_config(path: Path) -> dict[str, str]:
     return out
 
 
-def resolve(
-    *, store: str | None = None, llm: str | None = None, embedder: str | None = None,
-    config: Path | None = None, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-    temperature: str | None = None, llm_timeout: float | None = None,
-    extraction_timeout: float | None = None,
-) -> Settings:
+def resolve(*, store: str | None = None, llm: str | None = None, embedder: str | None = None,
+            config: Path | None = None, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None, temperature: str | None = None,
+            llm_timeout: float | None = None, extraction_timeout: float | None = None) -> Settings:
     """The settings from flags (the arguments), `env`, the config file and the defaults.
 
     Raises:

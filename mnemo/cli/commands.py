@@ -125,9 +125,8 @@ def ingest(
                            temperature=temperature, llm_timeout=llm_timeout,
                            extraction_timeout=extraction_timeout)
         async with open_memory(settings, writes=True, works=True) as mem:
-            report = await ingest_file(
-                mem, target, parsed, threads=threads, console=stderr_console(),
-                show_progress=not as_json)
+            report = await ingest_file(mem, target, parsed, threads=threads,
+                                       console=stderr_console(), show_progress=not as_json)
         if as_json:
             print_json(report.as_json())
             return

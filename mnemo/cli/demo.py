@@ -85,9 +85,8 @@ def reset_database(db: Path) -> None:
         Path(f"{db}{suffix}").unlink(missing_ok=True)
 
 
-async def run_session(
-    mem: Memory, repo: str, script: Session, number: int, bars: Progress
-) -> SessionOutcome:
+async def run_session(mem: Memory, repo: str, script: Session, number: int,
+                      bars: Progress) -> SessionOutcome:
     """Runs one session through its whole life: start, append every step, close and commit;
     then saves it as a conversation thread too (what `mnemo ingest` does), for `mnemo search`
     and the web app's threads."""
@@ -114,9 +113,8 @@ async def run_session(
                           len(receipt.node_ids), time.perf_counter() - started)
 
 
-async def run_demo(
-    db: Path, data: Path | None = None, *, console: Console | None = None
-) -> dict[str, object]:
+async def run_demo(db: Path, data: Path | None = None, *,
+                   console: Console | None = None) -> dict[str, object]:
     """Replays the conversation into a fresh `db`, prints what was committed and recalled,
     and returns the same as JSON-ready values (sessions, committed counts, recalls, events).
 

@@ -36,9 +36,8 @@ from mnemo.text import shorten
 from mnemo.version import DISTRIBUTION, foreign_distributions, installed_version
 
 
-async def diagnose(
-    settings: Settings, *, measure: bool = True
-) -> tuple[list[Finding], ServerReport | None]:
+async def diagnose(settings: Settings, *,
+                   measure: bool = True) -> tuple[list[Finding], ServerReport | None]:
     """One finding each for the store, the LLM and the embedder, and the LLM server's
     measurements (None for the offline LLM, with `measure=False`, or when the LLM failed)."""
 
@@ -53,9 +52,8 @@ async def diagnose(
 
     async def store() -> str:
         check_store(settings, writes=False)
-        async with Memory(
-            settings.store, llm=OfflineLLM(), embedder=HashEmbedder(), inspect=True
-        ) as mem:
+        async with Memory(settings.store, llm=OfflineLLM(), embedder=HashEmbedder(),
+                          inspect=True) as mem:
             repos = await mem.list_repos()
             live = await mem.list_sessions()
         names = ", ".join(repos) if repos else "none"
@@ -141,19 +139,16 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
     shown = table("LLM server", ("measure", "result", "found~"))
     shown.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
     for mode in report.modes:
-        shown.add_row(
-            f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
-            Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"))
+        shown.add_row(f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
+                      Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"))
     walls = ", ".join(f"{n} in {report.at_once[n]:.2f} s" for n in AT_ONCE if n in report.at_once)
     if report.at_once_error is not None:
         walls = f"{walls}; then {report.at_once_error}" if walls else report.at_once_error
     served = report.served_at_once
-    shown.add_row(
-        "requests at once", _verdict(served is not None, "FAIL"),
-        Text(f"{walls} -> serves about {served} at once" if served else walls))
-    shown.add_row(
-        "concurrency", Text("->"),
-        f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)")
+    shown.add_row("requests at once", _verdict(served is not None, "FAIL"),
+                  Text(f"{walls} -> serves about {served} at once" if served else walls))
+    shown.add_row("concurrency", Text("->"),
+                  f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)")
     for task in report.tasks:
         if not task.ok:
             verdict, found = _verdict(False, "FAIL"), shorten(task.detail, 160)

@@ -67,9 +67,8 @@ def to_graphml(graph: GraphDump) -> str:
         for name, value in values.items():
             _data(element, f"node_{name}", value)
     for number, edge in enumerate(graph.links):
-        element = ET.SubElement(
-            body, f"{{{GRAPHML_NS}}}edge",
-            {"id": f"e{number}", "source": edge.src, "target": edge.dst})
+        element = ET.SubElement(body, f"{{{GRAPHML_NS}}}edge",
+                                {"id": f"e{number}", "source": edge.src, "target": edge.dst})
         _data(element, "edge_type", label(edge.type))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -30,13 +30,9 @@ RESOLVED = 1_000
 
 
 @app.command()
-def history(
-    repo: Repo,
-    limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
-    as_json: Json = False,
-) -> None:
+def history(repo: Repo,
+            limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
+            store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
     """List a repo's commits, newest first: id, time, session or source and the goal it
     served, what each added."""
 

@@ -217,10 +217,8 @@ def _normalise_dia_id(raw: str) -> str:
     return f"D{digits[0]}:{digits[1]}" if len(digits) >= 2 else raw.strip()
 
 
-async def ingest_file(
-    mem: Memory, repo: str, parsed: IngestFile, *, threads: bool, console: Console,
-    show_progress: bool,
-) -> IngestReport:
+async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
+                      console: Console, show_progress: bool) -> IngestReport:
     """Ingests every source of the file into `repo` (created if needed), one progress bar per
     conversation and one for the steps of the source being ingested; with `threads`, also
     saves each session as a conversation thread.

@@ -203,10 +203,8 @@ _DROPPED = {
     State.FAILED: "its steps never reach the graph"}
 
 
-async def _act(
-    mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float,
-    ask: Callable[[str], Awaitable[None]],
-) -> dict[str, object]:
+async def _act(mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float,
+               ask: Callable[[str], Awaitable[None]]) -> dict[str, object]:
     live = await mem.list_sessions()
     sid = resolve_id(sid, [s.id for s in live], "live session")
     info = next(s for s in live if s.id == sid)
@@ -265,9 +263,8 @@ def _session_command(action: Action) -> None:
                 llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
             transitions = _Transitions()
             async with open_memory(settings, works=True, on_event=transitions) as mem:
-                out = await _act(
-                    mem, transitions, action, session_id, wait,
-                    functools.partial(confirm, given=yes, as_json=as_json))
+                out = await _act(mem, transitions, action, session_id, wait,
+                                 functools.partial(confirm, given=yes, as_json=as_json))
             if as_json:
                 print_json(out)
                 return

@@ -73,18 +73,15 @@ def mcp(
             raise CliError(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
                 "pip install --force-reinstall pymnemo") from exc
-        served = Http(
-            host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
-            tuple(allow_host or ()),
-        ) if http else None
+        served = Http(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
+                      tuple(allow_host or ())) if http else None
         check_store(settings, writes=True)
         if settings.is_url and memory_dir is None:
             raise CliError("with a store URL, pass --memory-dir for the memory files")
         async with models(settings) as (chosen_llm, chosen_embedder):
-            await serve(
-                settings.store, llm=chosen_llm, embedder=chosen_embedder,
-                memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
-                config=settings.config, http=served)
+            await serve(settings.store, llm=chosen_llm, embedder=chosen_embedder,
+                        memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
+                        config=settings.config, http=served)
 
     run(work)
 
@@ -118,9 +115,8 @@ def ui(
     recall."""
 
     async def work() -> None:
-        settings = resolve(
-            store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-            llm_timeout=llm_timeout)
+        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
+                           temperature=temperature, llm_timeout=llm_timeout)
         check_store(settings, writes=False)
         try:
             from mnemo.ui import serve

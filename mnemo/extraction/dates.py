@@ -59,9 +59,8 @@ def _absolute(text: str) -> datetime | None:
         elif (parts.get("ampm") or "").lower() == "am" and hour == 12:
             hour = 0
         try:
-            return datetime(
-                int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
-                int(parts.get("minute") or 0), tzinfo=UTC)
+            return datetime(int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
+                            int(parts.get("minute") or 0), tzinfo=UTC)
         except ValueError:
             continue
     return None

@@ -80,10 +80,8 @@ _Pending = tuple[str, NodeType, str, JSONObject, str | None]
 _ON_LOOP_ITEMS = 200
 
 
-async def draw_up(
-    repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
-    embedder: Embedder, rewards: dict[str, float], generation: int,
-) -> Draft:
+async def draw_up(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
+                  embedder: Embedder, rewards: dict[str, float], generation: int) -> Draft:
     """Turns worker output into nodes and links; embeds every node's text in one call.
     `rewards` are the deferred rewards scored at close (not yet on their step records); the
     return scores are the draft's `changeset`'s to write."""
@@ -106,10 +104,9 @@ async def draw_up(
     return draft
 
 
-def _draw(
-    repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
-    rewards: dict[str, float], generation: int,
-) -> tuple[Draft, list[_Pending], dict[str, datetime]]:
+def _draw(repo: str, episode: EpisodeRecord, source: Source, extracted: list[Extracted],
+          rewards: dict[str, float],
+          generation: int) -> tuple[Draft, list[_Pending], dict[str, datetime]]:
     """The draft's links, step ids and scores; its nodes to embed; when each fact began to
     hold."""
     scores: list[tuple[JSONObject, int, int]] = []

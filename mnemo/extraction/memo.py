@@ -50,9 +50,8 @@ class KeptResult:
             sort_keys=True)
 
     @classmethod
-    def from_json(
-        cls, trajectory_id: str, task: str, digest: str, reply: str, cost: str
-    ) -> KeptResult:
+    def from_json(cls, trajectory_id: str, task: str, digest: str, reply: str,
+                  cost: str) -> KeptResult:
         answer, spent = json.loads(reply), json.loads(cost)
         return cls(
             trajectory_id, task, digest, str(answer.get("text") or ""), answer.get("data"),
@@ -121,10 +120,8 @@ class TaskMemo:
             return None
         return self._kept.get((trajectory_id, request.task, request_digest(request)))
 
-    async def ask(
-        self, llm: LLM, trajectory_id: str, request: LLMRequest, parse: Callable[[LLMResponse], T],
-        *, unusable: T | None = None,
-    ) -> T:
+    async def ask(self, llm: LLM, trajectory_id: str, request: LLMRequest,
+                  parse: Callable[[LLMResponse], T], *, unusable: T | None = None) -> T:
         """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
         saved), else asked through `calls.tasks.ask` and kept (not when it stands for
         `unusable`: a retry asks again).

@@ -81,11 +81,10 @@ class _Round:
         return self.rewards.get(step.id, step.reward)
 
 
-async def extract(
-    episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: str, source: Source, llm: LLM,
-    embedder: Embedder, time_limit: float, score_last_step: bool, memo: TaskMemo | None = None,
-    partial: bool = False, generation: int = 0,
-) -> Changeset:
+async def extract(episode: EpisodeRecord, steps: Sequence[StepRecord], *, repo: str, source: Source,
+                  llm: LLM, embedder: Embedder, time_limit: float, score_last_step: bool,
+                  memo: TaskMemo | None = None, partial: bool = False,
+                  generation: int = 0) -> Changeset:
     """Extracts `steps` (grouped by trajectory) into one changeset, its vectors made by
     `embedder` for the repo's vectors of `generation`. With `score_last_step`, the last step's
     deferred reward is scored too (written onto its record on success). Results in `memo` are
@@ -180,10 +179,9 @@ class _Trajectory:
         return f"trajectory {self.number} ({self.steps[0].subgoal!r})"
 
 
-async def _extract_trajectory(
-    work: _Round, trajectory: _Trajectory, part: Extracted, first_round_in: Callable[[], None], *,
-    scores_last: StepRecord | None,
-) -> None:
+async def _extract_trajectory(work: _Round, trajectory: _Trajectory, part: Extracted,
+                              first_round_in: Callable[[], None], *,
+                              scores_last: StepRecord | None) -> None:
     """One trajectory's facts, instructions and returns, into `part` (a task that failed for
     good leaves its part empty, its failure in `work.failures`); the procedural task also
     scores `scores_last`, else the "reward" task does. The "return" task is asked once the
@@ -258,9 +256,8 @@ async def _score_alone(work: _Round, step: StepRecord) -> float:
                                unusable=NEUTRAL_REWARD)
 
 
-async def _scored_returns(
-    work: _Round, steps: list[StepRecord], instructions: list[Instruction]
-) -> dict[int, int]:
+async def _scored_returns(work: _Round, steps: list[StepRecord],
+                          instructions: list[Instruction]) -> dict[int, int]:
     """The "return" task's scores; {} when it fails (the cumulative scores stand: the task is
     optional, and failing the episode for it would throw the rest away)."""
     request = await cpu.run(lambda: return_request(
@@ -277,9 +274,8 @@ async def _scored_returns(
         return {}
 
 
-def cumulative_returns(
-    instructions: Sequence[Instruction], rewards: Sequence[float | None]
-) -> dict[int, int]:
+def cumulative_returns(instructions: Sequence[Instruction],
+                       rewards: Sequence[float | None]) -> dict[int, int]:
     """Each instruction's return score (1..10): the mean known reward from the first step it
     came from to the trajectory's end, mapped from 0..1 onto 1..10 (`NEUTRAL_RETURN` when no
     step there has one)."""

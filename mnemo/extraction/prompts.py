@@ -78,10 +78,9 @@ def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
     """The "semantic" task over one trajectory's steps ({"index", "observation", "action"});
     read the reply with `parse_facts`."""
     schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
-    return task_request(
-        "semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
-        inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
-        max_tokens=max_tokens)
+    return task_request("semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
+                        inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
+                        max_tokens=max_tokens)
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
@@ -103,9 +102,8 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
             continue  # a small model's repeat of a fact it already gave
         seen.add(proposition.casefold())
         facts.append(
-            Fact(
-                proposition=proposition, concepts=_concepts(item.concepts),
-                confidence=_confidence(item.confidence), steps=_steps(item.steps)))
+            Fact(proposition=proposition, concepts=_concepts(item.concepts),
+                 confidence=_confidence(item.confidence), steps=_steps(item.steps)))
     return facts
 
 
@@ -164,9 +162,8 @@ failed or made things worse).
 Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 
 
-def procedural_request(
-    *, goal: str, subgoal: str, steps: Steps, score_last: bool = False
-) -> LLMRequest:
+def procedural_request(*, goal: str, subgoal: str, steps: Steps,
+                       score_last: bool = False) -> LLMRequest:
     """The "procedural" task over one trajectory's steps ({"index", "observation", "action",
     "reward"}); with `score_last`, the reply also scores the last step (`last_reward`). Read
     the reply with `parse_procedural`."""
@@ -175,12 +172,10 @@ def procedural_request(
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True
-    schema, max_tokens = bounded(
-        PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA, "instructions",
-        2 + len(steps))
-    return task_request(
-        "procedural", system=PROCEDURAL_SYSTEM, instructions=instructions, inputs=inputs,
-        schema=schema, max_tokens=max_tokens)
+    schema, max_tokens = bounded(PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA,
+                                 "instructions", 2 + len(steps))
+    return task_request("procedural", system=PROCEDURAL_SYSTEM, instructions=instructions,
+                        inputs=inputs, schema=schema, max_tokens=max_tokens)
 
 
 def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None]:

@@ -98,9 +98,8 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> None:
         check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
 
 
-def check_ingest(
-    trajectory: Trajectory, source_id: str, progress: Progress | None, config: Config
-) -> None:
+def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | None,
+                 config: Config) -> None:
     """An ingest's input checked against the repo's `config`: `Memory.ingest` checks it once,
     before the store is read; `IngestService.ingest` takes it checked.
 
@@ -124,19 +123,16 @@ def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:
 class IngestService:
     """Ingest and forget for every repo of one `Memory`."""
 
-    def __init__(
-        self, graph: GraphStore, runtime: Callable[[str], IngestRuntime],
-        events: Events | None = None,
-    ) -> None:
+    def __init__(self, graph: GraphStore, runtime: Callable[[str], IngestRuntime],
+                 events: Events | None = None) -> None:
         self._graph = graph
         self._runtime = runtime
         self._events = events or Events(None)
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
-    async def ingest(
-        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None,
-        metadata: Metadata | None = None,
-    ) -> IngestReceipt:
+    async def ingest(self, repo: str, trajectory: Trajectory, source_id: str,
+                     progress: Progress | None = None,
+                     metadata: Metadata | None = None) -> IngestReceipt:
         """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
         far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`). The
         input is `check_ingest`ed by the caller.
@@ -155,9 +151,8 @@ class IngestService:
             update = IngestProgress(source_id, stage, done, total)
             if progress is not None:
                 await deliver(progress, update, "ingest progress")
-            await self._events.emit(
-                "ingest_progress", repo=repo, source_id=source_id, stage=stage, done=done,
-                total=total)
+            await self._events.emit("ingest_progress", repo=repo, source_id=source_id, stage=stage,
+                                    done=done, total=total)
 
         while (running := self._inflight.get(key)) is not None:
             joined = await self._join(running, digest, source_id)
@@ -192,10 +187,9 @@ class IngestService:
             raise running.error
         return None
 
-    async def _ingest_once(
-        self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
-        runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]], metadata: Metadata,
-    ) -> IngestReceipt:
+    async def _ingest_once(self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
+                           runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
+                           metadata: Metadata) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
             return known
@@ -243,10 +237,9 @@ class IngestService:
                 if known is not None:
                     return known
 
-    async def _annotate(
-        self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime,
-        report: Callable[[str, int], Awaitable[None]],
-    ) -> None:
+    async def _annotate(self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM,
+                        runtime: IngestRuntime,
+                        report: Callable[[str, int], Awaitable[None]]) -> None:
         """Annotates and segments the steps as appends would, one after another."""
         resolve = resolver(trajectory.goal, trajectory.metadata) \
             if runtime.config.ingest_resolve_dates else None

@@ -122,9 +122,8 @@ class MnemoStore(BaseStore):
             self._repo, {MARK: True, NAMESPACE: ".".join(namespace), KEY: key}, limit=1)
         return found[0] if found else None
 
-    async def _put(
-        self, namespace: Sequence[str], key: str, value: Mapping[str, Any] | None
-    ) -> None:
+    async def _put(self, namespace: Sequence[str], key: str,
+                   value: Mapping[str, Any] | None) -> None:
         old = await self._node(namespace, key)
         digest = hashlib.sha256(json.dumps([list(namespace), key]).encode()).hexdigest()
         source = f"langgraph-{digest[:40]}"
@@ -134,9 +133,8 @@ class MnemoStore(BaseStore):
             return
         created = None if old is None else old.data.get("created_at") or old.created_at.isoformat()
         metadata = {**self._where(namespace), NAMESPACE: ".".join(namespace), KEY: key}
-        await self._mem.remember(
-            self._repo, _text(value), source_id=source, metadata=metadata,
-            data={"value": dict(value), "created_at": created})
+        await self._mem.remember(self._repo, _text(value), source_id=source, metadata=metadata,
+                                 data={"value": dict(value), "created_at": created})
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:
         want = max(op.offset, 0) + max(op.limit, 0)

@@ -56,10 +56,9 @@ class MnemoSession:
 
     session_settings: SessionSettings | None
 
-    def __init__(
-        self, mem: Memory, session_id: str, *, conversation: ConversationManager | None = None,
-        token_budget: int | None = None, session_settings: SessionSettings | None = None,
-    ) -> None:
+    def __init__(self, mem: Memory, session_id: str, *,
+                 conversation: ConversationManager | None = None, token_budget: int | None = None,
+                 session_settings: SessionSettings | None = None) -> None:
         self.session_id = check_thread_name(session_id)
         if token_budget is not None:
             check_count("token_budget", token_budget, minimum=1)

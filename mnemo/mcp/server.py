@@ -38,11 +38,10 @@ replaces a wrong fact (the old one is kept, retired), `forget` erases memories f
 `list_sessions` show what there is; `persist_memory` files a statement to remember under a
 topic, and `recall_memory` reads those topic files back."""
 
-TOOL_NAMES = (
-    "recall", "get_node", "search_messages", "view_messages", "save_messages",
-    "append_messages", "list_repos", "list_sessions", "start_session", "append",
-    "close_and_commit", "discard_session", "end_session", "forget", "correct",
-    "persist_memory", "recall_memory")
+TOOL_NAMES = ("recall", "get_node", "search_messages", "view_messages", "save_messages",
+              "append_messages", "list_repos", "list_sessions", "start_session", "append",
+              "close_and_commit", "discard_session", "end_session", "forget", "correct",
+              "persist_memory", "recall_memory")
 # A scope: metadata key -> a value, or a list of values any of which matches.
 Where = Annotated[
     dict[str, str | int | float | bool | list[str | int | float | bool]] | None,
@@ -84,11 +83,9 @@ class MemoryTools:
     the Memory that works (by default `mem`). `reinforce`: a recall counts accesses. `llm`
     files `persist_memory`'s statements (None: the offline LLM)."""
 
-    def __init__(
-        self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True,
-        worker: Callable[[], Awaitable[Memory]] | None = None, reinforce: bool = False,
-        llm: LLM | None = None,
-    ) -> None:
+    def __init__(self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True,
+                 worker: Callable[[], Awaitable[Memory]] | None = None, reinforce: bool = False,
+                 llm: LLM | None = None) -> None:
         self._mem = mem
         self._worker = worker
         self.reinforce = reinforce
@@ -395,11 +392,10 @@ def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
 
 
 @asynccontextmanager
-async def open_tools(
-    store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
-    memory_dir: Path | None = None, memory_updates: bool = True, reinforce: bool = False,
-    config: Config | None = None,
-) -> AsyncIterator[MemoryTools]:
+async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
+                     memory_dir: Path | None = None, memory_updates: bool = True,
+                     reinforce: bool = False,
+                     config: Config | None = None) -> AsyncIterator[MemoryTools]:
     """The server's tools over the store, open while the block runs: the reads through a
     Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
     that works, opened at the first of them."""

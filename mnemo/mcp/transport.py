@@ -132,9 +132,8 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
         # No OAuth server: the issuer is named because the SDK's settings require one.
         auth = {"token_verifier": _Bearer(token),
                 "auth": AuthSettings(issuer_url=AnyHttpUrl(url), resource_server_url=None)}
-    return _Server(
-        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version(),
-        tools=list(checked.values()), **auth)
+    return _Server("mnemo", instructions=INSTRUCTIONS, log_level="WARNING",
+                   version=installed_version(), tools=list(checked.values()), **auth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,20 +175,18 @@ class Http:
                              for h in (name, f"{name}:*")])
 
 
-async def serve(
-    store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
-    memory_dir: Path | None = None, memory_updates: bool = True, reinforce: bool = False,
-    config: Config | None = None, http: Http | None = None,
-) -> None:
+async def serve(store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
+                memory_dir: Path | None = None, memory_updates: bool = True,
+                reinforce: bool = False, config: Config | None = None,
+                http: Http | None = None) -> None:
     """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
     closes it, or with `http` over streamable HTTP until interrupted (its address printed on
     stderr first). `llm`/`embedder` None: each repo runs the models it recorded; `llm` also
     files `persist_memory`'s statements. `memory_updates=False` turns memory-file writes off;
     `reinforce`: recalls count as accesses."""
-    async with open_tools(
-        store, llm=llm, embedder=embedder, memory_dir=memory_dir,
-        memory_updates=memory_updates, reinforce=reinforce, config=config,
-    ) as tools:
+    async with open_tools(store, llm=llm, embedder=embedder, memory_dir=memory_dir,
+                          memory_updates=memory_updates, reinforce=reinforce,
+                          config=config) as tools:
         if http is None:
             await build_server(tools).run_stdio_async()
         else:

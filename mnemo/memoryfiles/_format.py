@@ -84,9 +84,8 @@ def slug(topic: str) -> str:
     return stem
 
 
-def render(
-    *, topic: str, description: str, updated: datetime, used: datetime | None, content: str
-) -> str:
+def render(*, topic: str, description: str, updated: datetime, used: datetime | None,
+           content: str) -> str:
     """The full text of a topic file: the front matter, then `content` as it is."""
     head = [
         "---", f"topic: {_quote(topic)}", f"description: {_quote(description)}",
@@ -183,10 +182,9 @@ def bound(lines: list[str], max_chars: int) -> Fitted:
             break
         dropped.add(i)
         total -= len(cut[i]) + 1
-    return Fitted(
-        lines=[line for i, line in enumerate(cut) if i not in dropped],
-        dropped=tuple(line for i, line in enumerate(lines) if i in dropped),
-        truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped))
+    return Fitted(lines=[line for i, line in enumerate(cut) if i not in dropped],
+                  dropped=tuple(line for i, line in enumerate(lines) if i in dropped),
+                  truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped))
 
 
 def follow(description: str, lines: list[str]) -> str:
@@ -199,10 +197,8 @@ def follow(description: str, lines: list[str]) -> str:
     return one_line(first, MAX_DESCRIPTION_CHARS)
 
 
-def merge(
-    current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
-    removed: Sequence[str] = (),
-) -> list[str]:
+def merge(current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
+          removed: Sequence[str] = ()) -> list[str]:
     """The entries of a file after a change, merged three ways: `current` (the file now),
     `proposed` (what the LLM wrote) and `base` (what it was shown; None: `proposed` only
     adds). Unchanged since the LLM saw it, the file takes the LLM's order, what it left out

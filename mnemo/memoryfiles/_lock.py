@@ -42,9 +42,8 @@ class DirectoryLock:
     """A lock of `folder` held on the file `name` in it (both created when the lock is first
     taken); a wait for another process's hold gives up after `wait_s` seconds."""
 
-    def __init__(
-        self, folder: Folder, name: str = LOCK_FILE, *, wait_s: float = LOCK_WAIT_S
-    ) -> None:
+    def __init__(self, folder: Folder, name: str = LOCK_FILE, *,
+                 wait_s: float = LOCK_WAIT_S) -> None:
         self.folder = folder
         self.name = name
         self.path = folder.path / name

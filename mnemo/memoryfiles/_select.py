@@ -89,9 +89,8 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     return kept
 
 
-def listing(
-    stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]
-) -> builtins.list[dict[str, str]]:
+def listing(stored: builtins.list[Stored],
+            conversation: builtins.list[dict[str, str]]) -> builtins.list[dict[str, str]]:
     """Every file as the `memory_update` task is shown it, the most related to the
     conversation first (sharing the most words with it, then the most recently updated):
     {"topic", "description"}, plus "content" for the files whose content the LLM sees, all of
@@ -124,9 +123,8 @@ def views(
         yield _newest(conversation, int(said * share)), _first(files, int(filed * share))
 
 
-def _newest(
-    conversation: builtins.list[dict[str, str]], budget: int
-) -> builtins.list[dict[str, str]]:
+def _newest(conversation: builtins.list[dict[str, str]],
+            budget: int) -> builtins.list[dict[str, str]]:
     kept: builtins.list[dict[str, str]] = []
     total = 0
     for message in reversed(conversation):

@@ -144,10 +144,8 @@ class MemoryFiles:
 
     # ---- writing --------------------------------------------------------------------------
 
-    async def update(
-        self, history: Sequence[Mapping[str, object]], *, llm: LLM | None, iterations: int,
-        is_subagent: bool = False,
-    ) -> MemoryUpdate:
+    async def update(self, history: Sequence[Mapping[str, object]], *, llm: LLM | None,
+                     iterations: int, is_subagent: bool = False) -> MemoryUpdate:
         """Files what the conversation in `history` decided, established, corrected or
         preferred; nothing when disabled, for a sub-agent, below `min_iterations`, or without
         user or assistant text.
@@ -260,10 +258,8 @@ class MemoryFiles:
         gone = tuple(line for line in lines if _format.entry_key(line) not in kept)
         return _Planned(change, current, True, gone)
 
-    async def _commit(
-        self, planned: builtins.list[_Planned], llm: LLM, written: builtins.list[str],
-        results: builtins.list[tuple[bool, MemoryFile]],
-    ) -> None:
+    async def _commit(self, planned: builtins.list[_Planned], llm: LLM, written: builtins.list[str],
+                      results: builtins.list[tuple[bool, MemoryFile]]) -> None:
         """Writes each change into its topic's file, condensed first when it would not fit;
         `written` and `results` (each file, and whether it changed) fill as files change, so a
         failure part-way still reports them. The caller holds the writer lock."""
@@ -291,16 +287,14 @@ class MemoryFiles:
                 if file is not None:
                     results.append((changed, file))
 
-    def _merge_write(
-        self, path: Path, topic: str, planned: _Planned
-    ) -> tuple[bool, MemoryFile | None]:
+    def _merge_write(self, path: Path, topic: str,
+                     planned: _Planned) -> tuple[bool, MemoryFile | None]:
         """Merges the change into the file at `path` and writes it; returns whether it changed
         and the file as it now is (None: an empty file is never created)."""
         current = self._read(path)
         current_lines = _format.entries(current.body) if current else []
-        lines = _format.merge(
-            current_lines, _format.entries(planned.change.content), planned.base,
-            allow_removal=planned.allow_removal, removed=planned.change.remove)
+        lines = _format.merge(current_lines, _format.entries(planned.change.content), planned.base,
+                              allow_removal=planned.allow_removal, removed=planned.change.remove)
         fitted = _format.bound(_format.dedupe(lines), self.max_chars)
         if not fitted.lines:
             return False, current.file() if current else None

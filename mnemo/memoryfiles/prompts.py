@@ -115,9 +115,8 @@ At most {MAX_UPDATE_FILES} files, only those that change, the most important fir
 Reply with JSON: {{"files": [{{"topic", "description", "signals", "content", "remove"}}, ...]}}."""
 
 
-def memory_update_request(
-    *, conversation: list[dict[str, str]], files: list[dict[str, str]]
-) -> LLMRequest:
+def memory_update_request(*, conversation: list[dict[str, str]],
+                          files: list[dict[str, str]]) -> LLMRequest:
     """The "memory_update" task.
 
     `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
@@ -145,11 +144,10 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
     for i, item in enumerate(reply.files):
         where = f"files[{i}]"
         changes.append(
-            TopicChange(
-                topic=_topic(item.topic, where),
-                description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
-                signals=tuple(dict.fromkeys(item.signals or ())), content=item.content,
-                remove=tuple(item.remove or ())))
+            TopicChange(topic=_topic(item.topic, where),
+                        description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
+                        signals=tuple(dict.fromkeys(item.signals or ())), content=item.content,
+                        remove=tuple(item.remove or ())))
     return changes
 
 
@@ -200,10 +198,9 @@ def parse_persist(resp: LLMResponse) -> Filed:
     # An entry of only bullets and punctuation would be dropped as empty when written.
     if not _format.entry_key(reply.entry):
         raise ValueError(f"entry must be a non-empty string, got {preview(reply.entry)}")
-    return Filed(
-        topic=_topic(reply.topic, "reply"),
-        description=one_line(reply.description or "", MAX_DESCRIPTION_CHARS),
-        entry=" ".join(reply.entry.split()))
+    return Filed(topic=_topic(reply.topic, "reply"),
+                 description=one_line(reply.description or "", MAX_DESCRIPTION_CHARS),
+                 entry=" ".join(reply.entry.split()))
 
 
 def statement_entry(entry: str, statement: str) -> str:
@@ -278,9 +275,8 @@ file so that it fits, deciding what matters:
 Reply with JSON: {"description", "content"}."""
 
 
-def memory_condense_request(
-    *, topic: str, description: str, entries: list[str], max_chars: int
-) -> LLMRequest:
+def memory_condense_request(*, topic: str, description: str, entries: list[str],
+                            max_chars: int) -> LLMRequest:
     """The "memory_condense" task: `entries` rewritten to fit in `max_chars` characters.
 
     Read the reply with `parse_condense`.

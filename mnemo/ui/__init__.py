@@ -23,10 +23,8 @@ DEFAULT_PORT = 8765
 
 
 @asynccontextmanager
-async def open_view(
-    db: Path | str, *, allow_writes: bool = False, llm: LLM | None = None,
-    embedder: Embedder | None = None,
-) -> AsyncIterator[MemorySource]:
+async def open_view(db: Path | str, *, allow_writes: bool = False, llm: LLM | None = None,
+                    embedder: Embedder | None = None) -> AsyncIterator[MemorySource]:
     """A `MemorySource` over the memory at `db`, open while the block runs. Without models, each
     repo's recorded ones are used (as by every other entry point). The Memory is opened for
     inspection, `--allow-writes` or not: it never resumes or takes over work, and records no
@@ -35,11 +33,10 @@ async def open_view(
         yield MemorySource(memory, writes=allow_writes)
 
 
-async def serve(
-    db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-    allow_writes: bool = False, llm: LLM | None = None, embedder: Embedder | None = None,
-    token: str | None = None, allow_hosts: Sequence[str] = (),
-) -> None:
+async def serve(db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                allow_writes: bool = False, llm: LLM | None = None,
+                embedder: Embedder | None = None, token: str | None = None,
+                allow_hosts: Sequence[str] = ()) -> None:
     """Serves the web app over the memory at `db` until interrupted, answering only the bound
     address, the loopback names and `allow_hosts`, and only with `token` when one is given
     (`mnemo.ui.guard`). A bind beyond the loopback is warned about; `token=` values never

@@ -55,10 +55,8 @@ _STATUS = ((NotFoundError, 404), (InvalidInputError, 400), (ConflictError, 409))
 ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
 
 
-def create_app(
-    view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
-    allow_writes: bool = False, access: Access | None = None,
-) -> Starlette:
+def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
+               allow_writes: bool = False, access: Access | None = None) -> Starlette:
     """The web app over `view`, or over the view `open_view` opens for the app's life: exactly
     one of the two. `allow_writes` adds the two POSTs that write; `access` says which Host
     names are answered and which token is required (default: the loopback names, no token).
@@ -143,9 +141,8 @@ async def graph(request: Request) -> Response:
         "intents": await view.nodes_of_type(repo, NodeType.INTENT)})
 
 
-async def subgraph(
-    view: MemorySource, repo: str, seeds: list[Node], *, hops: int, limit: int
-) -> tuple[list[Node], list[tuple[str, str, LinkType]]]:
+async def subgraph(view: MemorySource, repo: str, seeds: list[Node], *, hops: int,
+                   limit: int) -> tuple[list[Node], list[tuple[str, str, LinkType]]]:
     """The seeds and the nodes up to `hops` links away (nearest first, at most `limit` in
     all), and every link among them, each once (its ends in sorted order)."""
     nodes = {node.id: node for node in seeds[:limit]}

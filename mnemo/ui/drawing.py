@@ -164,9 +164,8 @@ def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[s
     return chosen
 
 
-def neighbourhood(
-    node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRAWN, layout: Layout = WIDE,
-) -> Drawing:
+def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRAWN,
+                  layout: Layout = WIDE) -> Drawing:
     """The layout of `node` and the nodes one link away (`linked`, a node once per link type
     that reaches it), at most `limit` of them drawn."""
     groups = _grouped(linked)
@@ -255,9 +254,8 @@ class Picture:
     link_types: tuple[LinkType, ...]
 
 
-def force_layout(
-    count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300, seed: int = 7
-) -> npt.NDArray[np.float64]:
+def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300,
+                 seed: int = 7) -> npt.NDArray[np.float64]:
     """Positions in the unit square for `count` nodes joined by `pairs` (indexes): linked
     nodes pull together, every two push apart, a weak pull to the middle keeps unlinked
     parts near (Fruchterman-Reingold, with a temperature that cools linearly)."""
@@ -285,10 +283,9 @@ def force_layout(
     return np.asarray((points - low) / np.maximum(high - low, 1e-9), dtype=np.float64)
 
 
-def picture(
-    nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]], focus: str | None = None, *,
-    width: int = PICTURE_WIDTH, height: int = PICTURE_HEIGHT,
-) -> Picture:
+def picture(nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]],
+            focus: str | None = None, *, width: int = PICTURE_WIDTH,
+            height: int = PICTURE_HEIGHT) -> Picture:
     """`nodes` and the `links` among them (src, dst, type; a link to a node not in `nodes`
     is left out), placed by `force_layout`; `focus` is the id of a node to stand out."""
     index: dict[str, int] = {node.id: number for number, node in enumerate(nodes)}
@@ -301,11 +298,10 @@ def picture(
         chars = LABELLED.get(node.type, 0) or (40 if node.id == focus else 0)
         radius = SIZES.get(node.type, RADIUS) * (1.6 if node.id == focus else 1.0)
         left = x > 0.7 * width
-        spots.append(Mark(
-            node, float(x), float(y), shape(node.type, float(x), float(y), radius),
-            shorten(node.text, chars) if chars else "",
-            float(x - radius - 3 if left else x + radius + 3), float(y) + 4, (),
-            "end" if left else "start", node.id == focus))
+        spots.append(Mark(node, float(x), float(y), shape(node.type, float(x), float(y), radius),
+                          shorten(node.text, chars) if chars else "",
+                          float(x - radius - 3 if left else x + radius + 3), float(y) + 4, (),
+                          "end" if left else "start", node.id == focus))
     lines = []
     for src, dst, kind in drawn:
         (x1, y1), (x2, y2) = at[index[src]], at[index[dst]]

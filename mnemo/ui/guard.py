@@ -214,9 +214,8 @@ class Gate:
                 status_code=403)
         return None
 
-    def _token_refusal(
-        self, scope: Scope, headers: Headers, host: Host, method: str
-    ) -> Response | None:
+    def _token_refusal(self, scope: Scope, headers: Headers, host: Host,
+                       method: str) -> Response | None:
         assert self.access.token is not None
         cookie = f"mnemo_ui_{host.port or _DEFAULT_PORTS.get(scope.get('scheme', 'http'), 0)}"
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"),

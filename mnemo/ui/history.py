@@ -67,9 +67,8 @@ async def commit(request: Request) -> Response:
             "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
 
 
-async def _texts(
-    view: MemorySource, repo: str, diff: CommitDiff, links: list[Link]
-) -> dict[str, Node]:
+async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
+                 links: list[Link]) -> dict[str, Node]:
     """The nodes at the ends of `links`: those of the diff, the others read one by one."""
     known: dict[str, Node] = {n.id: n for n in (*diff.nodes, *diff.retired)}
     for end in dict.fromkeys(end for link in links for end in (link.src, link.dst)):

@@ -46,9 +46,8 @@ def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
 
 
 def _templates() -> Jinja2Templates:
-    env = Environment(
-        loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]),
-        trim_blocks=True, lstrip_blocks=True)
+    env = Environment(loader=FileSystemLoader(HERE / "templates"),
+                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
     env.globals["href"] = href
     env.globals["shape"] = shape
     env.filters["label"] = lambda value: getattr(value, "value", value)
@@ -66,9 +65,8 @@ def view_of(request: Request) -> MemorySource:
     return view
 
 
-def page(
-    request: Request, name: str, context: Mapping[str, object], status_code: int = 200
-) -> Response:
+def page(request: Request, name: str, context: Mapping[str, object],
+         status_code: int = 200) -> Response:
     """The template `name` rendered with `context` (and whether writes are allowed)."""
     return TEMPLATES.TemplateResponse(
         request, name, {"allow_writes": request.app.state.allow_writes, **context},

@@ -41,9 +41,8 @@ class MemorySource:
     async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]:
         return await self._memory.get_nodes_by_type(repo, [node_type])
 
-    async def search_nodes(
-        self, repo: str, query: str, limit: int, where: Mapping[str, object] | None = None
-    ) -> list[Node]:
+    async def search_nodes(self, repo: str, query: str, limit: int,
+                           where: Mapping[str, object] | None = None) -> list[Node]:
         return await self._memory.search_nodes(repo, query, limit=limit, where=where)
 
     async def node(self, repo: str, node_id: str) -> Node | None:
@@ -74,10 +73,9 @@ class MemorySource:
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
         return await self._memory.viewport(thread_id, token_budget=token_budget)
 
-    async def recall(
-        self, repo: str, query: str, k: int, types: Sequence[NodeType] | None, *,
-        reinforce: bool = False, where: Mapping[str, object] | None = None,
-    ) -> RecallResult:
+    async def recall(self, repo: str, query: str, k: int, types: Sequence[NodeType] | None, *,
+                     reinforce: bool = False,
+                     where: Mapping[str, object] | None = None) -> RecallResult:
         return await self._memory.recall(
             repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where)
 

@@ -1,8 +1,7 @@
 """`Config`: every tunable of a repo or session, frozen, with defaults.
 
 Each field's range sits beside it, as a `msgspec.Meta` in its annotation (`Share`,
-`Cosine`, ...); `Config.__post_init__` checks every field against its own.
-"""
+`Cosine`, ...); `Config.__post_init__` checks every field against its own."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ class Config:
     """Settings for a repo, inherited by its sessions.
 
     An unknown field is a `TypeError` (dataclass behaviour); a value out of range is an
-    `InvalidInputError`. Times are seconds; `None` means never.
-    """
+    `InvalidInputError`. Times are seconds; `None` means never."""
 
     auto_commit: bool = False
     flush_timeout: Inactivity | None = 120.0

@@ -2,8 +2,7 @@
 
 Pure-Python work gains nothing from a second thread, and every thread that wants the GIL
 lengthens the loop's wait for it (BENCHMARKS.md, "Figures behind the code"): such work takes
-the one slot of `off_loop`, and keeps each C call short (the loop waits for all of one).
-"""
+the one slot of `off_loop`, and keeps each C call short (the loop waits for all of one)."""
 
 from __future__ import annotations
 

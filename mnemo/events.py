@@ -35,8 +35,7 @@ class Events:
     """Delivers events to the user's callback, in order, in the task that caused them.
 
     A callback that raises is logged, never propagated into the session; once called, it
-    runs to its end, whatever is cancelled meanwhile.
-    """
+    runs to its end, whatever is cancelled meanwhile."""
 
     def __init__(self, callback: EventCallback | None) -> None:
         self._callback = callback

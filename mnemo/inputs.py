@@ -2,8 +2,7 @@
 no NUL, valid Unicode), identifiers (`check_id` for any lookup, the stricter `check_name` for
 what a caller creates and a listing shows), JSON (serialisable, `MAX_JSON_DEPTH` deep at most,
 bounded) and counts (`check_count`; the per-call bounds live in `Config`). Every check raises
-`InvalidInputError` naming the argument; docs/DECISIONS.md has the reasons for each bound.
-"""
+`InvalidInputError` naming the argument; docs/DECISIONS.md has the reasons for each bound."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 tools answer with bounded versions of (`mnemo.mcp._output`); neither imports the other.
 
 Each shape names its fields, so that the machine output is a stable shape and not whatever
-fields a value grows: `fields` reads them, an enum as its value, a time as ISO-8601 text.
-"""
+fields a value grows: `fields` reads them, an enum as its value, a time as ISO-8601 text."""
 
 from __future__ import annotations
 

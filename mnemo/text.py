@@ -7,8 +7,7 @@ text module"). Deterministic, English-centric and cheap: no models.
 - `text_words` / `query_words`: the same words cut at their joiners (`parts`), as every search
   (FTS5, tantivy, PostgreSQL) splits; a query keeps at most `MAX_QUERY_TERMS` distinct words.
 - `stem` (Snowball English through PyStemmer, as tantivy and PostgreSQL stem), stopwords, a
-  sentence splitter, and how informative a word is, for key phrases and concept labels.
-"""
+  sentence splitter, and how informative a word is, for key phrases and concept labels."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 `view_messages`, `recall`, `get_node`; the eviction tools (what `Memory.evict` gives its LLM):
 `save_snapshot`, `attach_messages_to_goals`, `everything_ok`. `execute_tool` always answers
 with a string for the model, a bad argument or an unknown id or tool as "error: ..." text, and
-every answer is bounded (the constants below): what is cut says how to get the rest.
-"""
+every answer is bounded (the constants below): what is cut says how to get the rest."""
 
 from __future__ import annotations
 

@@ -165,8 +165,7 @@ def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
     The one place `mnemo doctor` asks it: the adapter's pinned `concurrency` when it has one;
     otherwise the parallel probe's estimate of what the server serves at once (1 when there
     is none), which the adapter's adaptive limit (`mnemo.adapters.limit.Limit`) converges to,
-    at most its `max_concurrency` ceiling.
-    """
+    at most its `max_concurrency` ceiling."""
     limit = getattr(llm, "concurrency", None)
     if isinstance(limit, Limit) and limit.pinned is not None:
         return limit.pinned

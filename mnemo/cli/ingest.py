@@ -8,8 +8,7 @@
   database the other filled).
 
 Each source is one idempotent `Memory.ingest` and, unless disabled, a conversation thread of
-the same id (`mnemo search` finds it, `mnemo purge` erases it).
-"""
+the same id (`mnemo search` finds it, `mnemo purge` erases it)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The date a text names, for bi-temporal facts: "2023-05-08", "8 May, 2023",
 "May 8 2023", "May 2023", and, against an anchor (the session's date), "yesterday", "last
 week", "three days ago", "next month". No model: a fact holds from the date it names, else
-from its session's date, else from when it was recorded.
-"""
+from its session's date, else from when it was recorded."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Speakers and named entities of a step, as TAG nodes the step belongs to: with entity tags,
 each EPISODIC node gets a MEMBERSHIP link to a tag per name it mentions (capitalised words,
 not the first of a sentence, a run of them one name) and one for its speaker ("Caroline (8
-May 2023): ..."), so recall leads from a name in the query straight to its steps.
-"""
+May 2023): ..."), so recall leads from a name in the query straight to its steps."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def wordings(embedder: Embedder, timeout: float) -> Embed:
     `embedding_text` of each, within `timeout` seconds.
 
     Raises (the returned callable):
-        EmbeddingError: the embedder failed or took longer.
-    """
+        EmbeddingError: the embedder failed or took longer."""
     async def embed_wordings(texts: Sequence[str]) -> Vector:
         try:
             with deadline.fail_after(timeout):

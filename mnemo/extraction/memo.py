@@ -2,8 +2,7 @@
 retry re-asks only what failed. A result is found again only for the same trajectory, task and
 request (`request_digest`); its cost is booked again as saved each time a retry uses it
 (`Usage.saved_calls`, ...). A failed extraction's results are stored with the episode as the
-replies that passed validation (`unsaved`), parsed again when a Memory resumes the work.
-"""
+replies that passed validation (`unsaved`), parsed again when a Memory resumes the work."""
 
 from __future__ import annotations
 

@@ -9,8 +9,7 @@ changeset is drawn up and embedded while the returns are still out, their scores
 it at the end: the close's own work overlaps the model's second round.
 
 A failed task does not cancel its siblings: each validated result is kept in the episode's
-`TaskMemo`, so the retry re-asks only what failed.
-"""
+`TaskMemo`, so the retry re-asks only what failed."""
 
 from __future__ import annotations
 

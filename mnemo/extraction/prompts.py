@@ -3,8 +3,7 @@
 Each `*_request` builds one `LLMRequest` through `task_request` (its `inputs` are the keyword
 arguments), its schema generated from the `Reply` struct beside it. The parsers are strict (a
 `ValueError` names the first offending field) and leave out what says nothing (a proposition
-of punctuation); an empty list is a valid answer.
-"""
+of punctuation); an empty list is a valid answer."""
 
 from __future__ import annotations
 
@@ -245,8 +244,7 @@ def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps
     """The "return" task: scores each extracted instruction 1..10.
 
     `instructions` are {"index", "intent", "condition", "instruction", "expected_outcome"}
-    and `steps` as for `procedural_request`. Read the reply with `parse_returns`.
-    """
+    and `steps` as for `procedural_request`. Read the reply with `parse_returns`."""
     schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
     return task_request(
         "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,

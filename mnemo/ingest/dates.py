@@ -1,7 +1,6 @@
 """Relative dates in a step's text, resolved against the day the trajectory happened: "...
 yesterday", said on 8 May 2023, is stored as "... yesterday (7 May 2023)", so a search naming
-the day finds it. English only, and only expressions with one clear answer ("recently" stays).
-"""
+the day finds it. English only, and only expressions with one clear answer ("recently" stays)."""
 
 from __future__ import annotations
 

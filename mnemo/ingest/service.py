@@ -3,8 +3,7 @@
 An ingest runs the session pipeline in memory (annotation, segmentation, extraction) and
 commits the changeset with its `ingests` row in one transaction, so a source is either fully
 stored with its receipt or not at all. Concurrent identical ingests of one source share the
-work: the first does it, the others wait for its receipt.
-"""
+work: the first does it, the others wait for its receipt."""
 
 from __future__ import annotations
 

@@ -61,8 +61,7 @@ class MnemoStore(BaseStore):
 
     The async calls (`aput`, `asearch`, ..., `abatch`) run on the Memory's event loop; the
     sync ones (`put`, ..., `batch`, what a graph's `invoke` calls) from any other thread,
-    handing the work to that loop: make the store inside the running loop of the Memory.
-    """
+    handing the work to that loop: make the store inside the running loop of the Memory."""
 
     supports_ttl = False
 

@@ -1,7 +1,6 @@
 """The MCP tools' answers as bounded JSON values: none passes `MAX_OUTPUT_CHARS`, a list shares
 it among its items, a text cut says how long it was (`chars`, `truncated`) and can be read
-whole (`get_node`, a viewed message by `offset`). Nothing echoes the caller's input back.
-"""
+whole (`get_node`, a viewed message by `offset`). Nothing echoes the caller's input back."""
 
 from __future__ import annotations
 

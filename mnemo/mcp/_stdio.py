@@ -4,8 +4,7 @@ answer to every line.
 A line the SDK's own transport would drop unanswered (unreadable, too deep, not JSON-RPC) is
 answered at once with a parse error or an invalid request carrying the line's top-level id; a
 line past `MAX_REQUEST_BYTES` so without being parsed or held whole. While it runs, file
-descriptor 1 points at stderr: a stray print never lands in the protocol's stream.
-"""
+descriptor 1 points at stderr: a stray print never lands in the protocol's stream."""
 
 from __future__ import annotations
 

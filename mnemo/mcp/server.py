@@ -3,8 +3,7 @@
 session tools through one that works, opened at the first of them; both live as long as the
 server. Every tool returns bounded JSON text (`_output`); a `MnemoError` becomes a tool error
 with its one-line message. Memory files live under one root (`<db>.memory/` by default), and a
-tool's `directory` may only name a folder inside it: a prompt must not steer writes elsewhere.
-"""
+tool's `directory` may only name a folder inside it: a prompt must not steer writes elsewhere."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ is a JSON-RPC "invalid params" error; the SDK would drop or coerce it). A `Mnemo
 tool error with its one-line message; every request is answered (`_stdio`). Over HTTP
 (`Http`) the server answers only its allowed Host names (against DNS rebinding) and, with a
 token, only requests that show it (`Authorization: Bearer`): a bind beyond the loopback needs
-one.
-"""
+one."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Every file is opened relative to the directory's descriptor with `O_NOFOLLOW`, and only a
 regular file is read: a planted link sends no read or write outside, a FIFO hangs no reader.
 With a `root`, each folder from it down is opened the same way (no check-then-use race).
-Without descriptor-relative calls (Windows) the rules are checked on paths (`os.lstat`).
-"""
+Without descriptor-relative calls (Windows) the rules are checked on paths (`os.lstat`)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ hidden file opened through the folder's descriptor without following a link (fil
 takes a path, only where there is no `fcntl`), tried in short tries in a worker thread so a
 wait never blocks the loop. A directory has two: the writer lock, held by a write through its
 model calls, and the file lock, held only for a read-merge-write or `recall`'s use stamps.
-Order: writer lock, then file lock.
-"""
+Order: writer lock, then file lock."""
 
 from __future__ import annotations
 

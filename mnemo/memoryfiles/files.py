@@ -5,8 +5,7 @@ process) from its scan of the topics through its model calls to its last file wr
 concurrent writes give what some serial order of them gives and a topic never splits across
 files. Files are read, merged and written under the shorter file lock, which `recall` takes
 alone to record a use: a reader never waits for a model. A write is atomic (a fsynced
-temporary file replaces the old one), and nothing is followed through a link (`_folder`).
-"""
+temporary file replaces the old one), and nothing is followed through a link (`_folder`)."""
 
 from __future__ import annotations
 
@@ -157,8 +156,7 @@ class MemoryFiles:
         A topic's file is found by `_format.topic_key`; `files` reports what bounding cost.
 
         Never raises (cancellation aside): a failure is logged and returned in `error`, with
-        the topics written before it and the usage of every call made.
-        """
+        the topics written before it and the usage of every call made."""
         metered: CountingLLM | None = None
         written: builtins.list[str] = []
         results: builtins.list[tuple[bool, MemoryFile]] = []

@@ -33,8 +33,7 @@ class MemoryUpdate:
     """What one `MemoryFiles.update` did: `written`, the topics whose files changed, in order
     (also when a later step failed); `usage`, what every LLM call reported (None: none did);
     `error`, why it stopped early; `files`, each changed file as written; `skipped`,
-    `"disabled"` when writing is off (a skipped sub-agent's update is a plain `MemoryUpdate()`).
-    """
+    `"disabled"` when writing is off (a skipped sub-agent's update is a plain `MemoryUpdate()`)."""
 
     written: list[str] = field(default_factory=list)
     usage: Usage | None = None

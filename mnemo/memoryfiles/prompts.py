@@ -1,7 +1,6 @@
 """The memory-file tasks for the LLM (`memory_update`, `memory_persist`, `memory_condense`) and
 their parsers: strict about shape (`ValueError` naming the first offending field, and `ask`
-asks again), and topics and descriptions become one printable line.
-"""
+asks again), and topics and descriptions become one printable line."""
 
 from __future__ import annotations
 
@@ -121,8 +120,7 @@ def memory_update_request(*, conversation: list[dict[str, str]],
 
     `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
     for existing files, plus "content" (all or part of it) for those most related. Read the
-    reply with `parse_update`.
-    """
+    reply with `parse_update`."""
     return task_request(
         "memory_update", system=MEMORY_UPDATE_SYSTEM, instructions=MEMORY_UPDATE_INSTRUCTIONS,
         inputs={"files": files, "conversation": conversation}, schema=MEMORY_UPDATE_SCHEMA,
@@ -180,8 +178,7 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
     """The "memory_persist" task: which topic `statement` belongs to, and its entry.
 
     `files` holds {"topic", "description"} for every existing file. Read the reply with
-    `parse_persist`.
-    """
+    `parse_persist`."""
     return task_request(
         "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
         inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
@@ -279,8 +276,7 @@ def memory_condense_request(*, topic: str, description: str, entries: list[str],
                             max_chars: int) -> LLMRequest:
     """The "memory_condense" task: `entries` rewritten to fit in `max_chars` characters.
 
-    Read the reply with `parse_condense`.
-    """
+    Read the reply with `parse_condense`."""
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,

@@ -1,7 +1,6 @@
 """`mnemo ui`: a small local web app to look inside a memory (see `mnemo.ui.app`).
 
-Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "pymnemo[ui]"`.
-"""
+Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "pymnemo[ui]"`."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 page is a GET that reads through a `MemorySource`, rendered on the server; with `allow_writes`
 two POSTs write (a recall that counts accesses, a revert). A `Gate` (`mnemo.ui.guard`) stands
 in front of every route. Ids travel as query parameters: thread ids such as "week/1" hold
-slashes.
-"""
+slashes."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 templates draw). `neighbourhood` (the node page): the nodes one link away in a column grouped
 by link type, the node's box beside it (`WIDE`) or above it (`NARROW`). `picture` (the graph
 page): a few hundred nodes and their links placed by a seeded force-directed layout. A node's
-type is its marker's shape and colour; a retired fact's marker is dashed.
-"""
+type is its marker's shape and colour; a retired fact's marker is dashed."""
 
 from __future__ import annotations
 

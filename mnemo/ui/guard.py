@@ -9,8 +9,7 @@ another site. One ASGI middleware, `Gate`, in front of every route, static files
 - Writes: a request other than GET/HEAD is refused (403) unless its Origin names this very
   server (no CSRF).
 - Every answer keeps the pages out of frames, caches and other sites' Referers, and its
-  Content-Security-Policy lets a page load only this server's files.
-"""
+  Content-Security-Policy lets a page load only this server's files."""
 
 from __future__ import annotations
 

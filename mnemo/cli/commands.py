@@ -111,7 +111,6 @@ def ingest(
     as_json: Json = False,
 ) -> None:
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
-
     from mnemo.cli.ingest import ingest_file, load_file
 
     async def work() -> None:
@@ -164,7 +163,6 @@ def recall(
 ) -> None:
     """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
     hop and text."""
-
     async def work() -> None:
         wanted = _node_types(types)
         scope = parse_where(where or ())
@@ -195,7 +193,6 @@ def sessions(
 ) -> None:
     """List the sessions at work (collecting, extracting, ready or failed) of every process
     on the store: id, repo, state, goal, steps, and who holds its extraction until when."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             found = await mem.list_sessions()
@@ -283,7 +280,6 @@ def search(
     as_json: Json = False,
 ) -> None:
     """Search the conversation threads' messages (full text, best first)."""
-
     async def work() -> None:
         scope = parse_where(where or ())
         async with open_memory(resolve(store=store, config=config)) as mem:
@@ -315,7 +311,6 @@ def purge(
     as_json: Json = False,
 ) -> None:
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
-
     async def work() -> None:
         settings = resolve(store=store, config=config)
         async with open_memory(settings) as mem:
@@ -358,7 +353,6 @@ def forget(
 ) -> None:
     """Erase for good what a source committed (`forget`), or everything in a scope
     (`--where user_id=alice`: `forget_where`)."""
-
     async def work() -> None:
         scope = parse_where(where or ())
         if (source is None) == (scope is None):

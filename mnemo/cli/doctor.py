@@ -40,7 +40,6 @@ async def diagnose(settings: Settings, *,
                    measure: bool = True) -> tuple[list[Finding], ServerReport | None]:
     """One finding each for the store, the LLM and the embedder, and the LLM server's
     measurements (None for the offline LLM, with `measure=False`, or when the LLM failed)."""
-
     async def package() -> str:
         foreign = foreign_distributions()
         if foreign:
@@ -108,7 +107,6 @@ def doctor(
 ) -> None:
     """Check the store, the LLM and the embedder, and measure the LLM's server: latency,
     structured modes, requests served at once, and whether each task's reply fits."""
-
     settings = resolve(store=store, llm=llm, embedder=embedder, config=config,
                        temperature=temperature, llm_timeout=llm_timeout)
     findings, report = anyio.run(lambda: diagnose(settings, measure=not quick))

@@ -35,7 +35,6 @@ def history(repo: Repo,
             store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
     """List a repo's commits, newest first: id, time, session or source and the goal it
     served, what each added."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
@@ -102,7 +101,6 @@ def diff(
 ) -> None:
     """Show what one commit changed: the nodes it added (by type, short id and text), the
     facts it retired, the intents it reworded and the links it added."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             if repo is not None:
@@ -178,7 +176,6 @@ def revert(
 ) -> None:
     """Undo one commit: its nodes and links go, the facts it retired hold again. Refused when
     a later commit built on it."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)

@@ -53,7 +53,6 @@ _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 @app.command()
 def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
     """List the repos: name and live sessions."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             names = await mem.list_repos()
@@ -86,7 +85,6 @@ def reembed(
     a repo of the hashed embedder's retired features gets today's (hash2). The repo is read
     and written as usual meanwhile; interrupted, it keeps its old vectors, and running the
     command again carries on."""
-
     async def work() -> None:
         settings = resolve(store=store, embedder=embedder, config=config)
         done: JSONObject = {}
@@ -131,7 +129,6 @@ def view(
     as_json: Json = False,
 ) -> None:
     """Show a stored message whole, with the messages and snapshots around it."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             found = await mem.message_ids(message_id.strip() or "?", limit=2)

@@ -83,7 +83,6 @@ def report_json(source: str, target: str, report: TransferReport) -> dict[str, o
 def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None:
     """Copy a memory to another store (SQLite <-> PostgreSQL), verified by counts and a
     checksum; running it again copies nothing."""
-
     async def work() -> None:
         check_stores(source, target)
         bars = progress(stderr_console())

@@ -130,7 +130,6 @@ def show(
 ) -> None:
     """Show one node: its text, data and validity, where it came from (steps, episode,
     session or source), the nodes linked to it, and the commits that added or changed it."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             if repo is not None:

@@ -60,7 +60,6 @@ def mcp(
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout, or over streamable HTTP with --http
     (created if the file is missing)."""
-
     async def work() -> None:
         settings = resolve(
             store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
@@ -113,7 +112,6 @@ def ui(
 ) -> None:
     """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
     recall."""
-
     async def work() -> None:
         settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
                            temperature=temperature, llm_timeout=llm_timeout)

@@ -291,7 +291,6 @@ def _secured(response: Response) -> Response:
 def _with_security_headers(send: Send, *, cached: bool) -> Send:
     """`send`, adding the security headers to the response; `no-store` unless `cached` (the
     app's own static files hold nothing of the memory)."""
-
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             headers = MutableHeaders(scope=message)

@@ -140,9 +140,8 @@ async def close(model: object) -> None:
 
 @asynccontextmanager
 async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
-    """The LLM and embedder the settings name (None: each repo's own, else the default), the
-    LLM tuned by the settings' temperature and request timeout; closed when the block ends
-    (a `Memory` leaves the models it is given open).
+    """The LLM (tuned by the settings) and embedder the settings name (None: each repo's own),
+    closed when the block ends (a `Memory` leaves the models it is given open).
 
     Raises:
         ModelURIError: an unknown provider or a missing key, in one line.

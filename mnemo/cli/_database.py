@@ -15,13 +15,11 @@ class CliError(Exception):
 
 
 def check_database(path: Path, *, must_exist: bool) -> None:
-    """Checks that `path` is a mnemo database, or (when `must_exist` is False) a place where one
-    may be created.
+    """Checks that `path` is a mnemo database, or (unless `must_exist`) where one may be made.
 
     Raises:
-        CliError: a missing file (when `must_exist`), a directory, a file that is not SQLite,
-            a SQLite file that is not mnemo's, or one that cannot be opened (a read-only
-            folder).
+        CliError: a missing file (when `must_exist`), a directory, a file that is not a mnemo
+            database, or one that cannot be opened.
     """
     try:
         found = store_file(path)

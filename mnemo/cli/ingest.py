@@ -218,13 +218,10 @@ def _normalise_dia_id(raw: str) -> str:
 
 async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
                       console: Console, show_progress: bool) -> IngestReport:
-    """Ingests every source of the file into `repo` (created if needed), one progress bar per
-    conversation and one for the steps of the source being ingested; with `threads`, also
-    saves each session as a conversation thread.
-
-    Every source is checked against the repo's bounds (`Config.max_steps_per_ingest`, the
-    text bound, the rule for source ids) before the first is ingested, so a file that cannot
-    go in whole stores nothing.
+    """Ingests every source of the file into `repo` (created if needed), with progress bars;
+    with `threads`, also saves each session as a conversation thread. Every source is checked
+    (`check_ingest`) before the first is ingested: a file that cannot go in whole stores
+    nothing.
 
     Raises:
         CliError: a source that does not pass the checks, naming it.

@@ -132,9 +132,8 @@ class IngestService:
     async def ingest(self, repo: str, trajectory: Trajectory, source_id: str,
                      progress: Progress | None = None,
                      metadata: Metadata | None = None) -> IngestReceipt:
-        """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
-        far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`). The
-        input is `check_ingest`ed by the caller.
+        """Stores the trajectory (`check_ingest`ed by the caller) durably, once per (repo,
+        source_id), reporting progress to `progress` and as `"ingest_progress"` events.
 
         Raises:
             ConflictError: the source id is taken by a different payload.
@@ -289,10 +288,8 @@ class IngestService:
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
-        """Removes every node the source produced, and tags and intents left with no links;
-        an intent, a fact or an instruction another source still uses takes that source's
-        wording, embedded within `extraction_timeout` (`mnemo.graph.erasure`). Returns how
-        many nodes went (0 for an unknown source). The id is then free.
+        """Removes every node the source produced (what another source still uses takes its
+        wording: `mnemo.graph.erasure`); returns how many went (0 for an unknown source).
 
         Raises:
             EmbeddingError: such a wording could not be embedded; nothing was forgotten.

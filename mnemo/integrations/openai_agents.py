@@ -42,13 +42,10 @@ class MnemoSession:
     """The OpenAI Agents SDK's `Session` (`agents.memory.Session`) over the mnemo thread
     `session_id` of `mem`: `Runner.run(agent, input, session=MnemoSession(mem, "user-42"))`.
 
-    `conversation` is the `ConversationManager` that stores the items (its ttl, compression
-    and auto-eviction apply); by default `mem.conversation(auto_evict_budget=token_budget)`.
-    With `token_budget`, `get_items()` without a limit gives what mnemo's viewport of that
-    budget shows: one system item holding the snapshots of evicted history, pinned and
-    recalled messages (when there are any), then the newest items that fit. A limit (the
-    argument, else `session_settings.limit`) always gives the newest items of the log, which
-    is what the SDK's own bookkeeping reads.
+    `conversation` stores the items (default: `mem.conversation(auto_evict_budget=
+    token_budget)`). With `token_budget`, `get_items()` without a limit gives mnemo's viewport
+    of that budget (one system item of snapshots, pinned and recalled messages, then the
+    newest items that fit); a limit always gives the newest items of the log.
 
     Raises:
         InvalidInputError: a `session_id` that is no thread name, or a `token_budget` below 1.
@@ -93,9 +90,8 @@ class MnemoSession:
         concurrent calls (of any Memory on the store) are all kept, each call's together.
 
         Raises:
-            InvalidInputError: an item that is not a JSON dict, or one past the Memory's
-                bounds (`Config.max_text_chars`, `Config.max_messages_per_save` items a
-                call); nothing of the call is stored then.
+            InvalidInputError: an item that is not a JSON dict, or past the Memory's bounds;
+                nothing of the call is stored then.
         """
         messages = [_message(item) for item in items]
         await self._conversation.append(self.session_id, messages)

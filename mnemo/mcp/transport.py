@@ -142,9 +142,8 @@ class Http:
     besides the loopback names and the bound address (once made, it holds them all).
 
     Raises:
-        InvalidInputError: a bind beyond the loopback without a token, a malformed token
-            (16 to 512 printable ASCII characters), or an allowed host that is not a name
-            or an address (no wildcard).
+        InvalidInputError: a bind beyond the loopback without a token, a malformed token, or
+            an allowed host that is not a name or an address.
     """
 
     host: str = DEFAULT_HOST

@@ -71,16 +71,11 @@ class MemoryFiles:
     """Long-term memory as one Markdown file per topic in `directory` (created when first
     written): a front matter (`topic`, `description`, `updated`, and `used`, the last time
     `recall` returned it) and a body of one entry per line, oldest first, at most `max_chars`
-    characters. `update` files what a conversation decided, established, corrected or
-    preferred; `persist` files one statement; `list` and `recall` read them back.
-
-    A write that would pass `max_chars` first asks the `memory_condense` task to merge and
-    shorten the entries; only when that fails are the oldest dropped. `enabled=False` turns
-    writing off (results say `skipped="disabled"`). `clock` stamps `updated` and `used`;
-    `max_text_chars` bounds every text given, as `Config.max_text_chars` does for `Memory`.
-    A topic file that is not a regular file (a link, a FIFO) is neither listed nor read, and
-    a write replaces it. With `root`, no folder from `root` down to `directory` may be a link
-    (what an agent names, as the MCP server's `directory`, cannot lead out).
+    characters. A write that would pass `max_chars` asks the `memory_condense` task first;
+    only when that fails are the oldest entries dropped. `enabled=False` turns writing off;
+    `clock` stamps `updated` and `used`; `max_text_chars` bounds every text given. A topic
+    file that is not a regular file is neither listed nor read; with `root`, no folder from
+    `root` down to `directory` may be a link.
 
     Raises:
         InvalidInputError: a bound out of its range, or a `directory` the system cannot name

@@ -128,11 +128,8 @@ def memory_update_request(*, conversation: list[dict[str, str]],
 
 
 def parse_update(resp: LLMResponse) -> list[TopicChange]:
-    """The file changes of a "memory_update" reply, in order.
-
-    A missing or null `description` is "", missing or null `signals` or `remove` none, and
-    repeated signals are dropped; a change without signals is returned as is (the caller
-    skips it).
+    """The file changes of a "memory_update" reply, in order: a missing `description` is "",
+    missing `signals` or `remove` none, repeated signals dropped.
 
     Raises:
         ValueError: naming the first field that does not match the schema.

@@ -91,9 +91,8 @@ class Access:
     `host_pattern`), and, when `token` is set, only those that show it.
 
     Raises:
-        InvalidInputError: a malformed host pattern or token, or `*` without a token (it
-            turns the Host check off, and only the token would then keep a rebinding page
-            out).
+        InvalidInputError: a malformed host pattern or token, or `*` (no Host check) without a
+            token.
     """
 
     hosts: tuple[str, ...] = LOOPBACK

@@ -22,11 +22,11 @@ __all__ = ["app", "main"]
 # (the modules' import order). tests/cli/test_cli_startup.py checks it against the commands
 # the modules register.
 COMMANDS: dict[str, str] = {
-    "demo": "commands", "ingest": "commands", "recall": "commands", "sessions": "commands",
-    "graph": "commands", "search": "commands", "purge": "commands", "forget": "commands",
-    "mcp": "serve", "ui": "serve", "doctor": "doctor", "history": "history", "diff": "history",
-    "revert": "history", "show": "node", "repos": "manage", "reembed": "manage", "view": "manage",
-    "session": "manage", "migrate": "migrate"}
+    **dict.fromkeys(("demo", "ingest", "recall", "sessions", "graph", "search", "purge",
+                     "forget"), "commands"),
+    "mcp": "serve", "ui": "serve", "doctor": "doctor",
+    **dict.fromkeys(("history", "diff", "revert"), "history"), "show": "node",
+    **dict.fromkeys(("repos", "reembed", "view", "session"), "manage"), "migrate": "migrate"}
 
 
 def main() -> None:

@@ -4,8 +4,11 @@ the rule for an access token."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import re
+from collections.abc import Iterable
 
 from mnemo.errors import InvalidInputError
 
@@ -41,8 +44,7 @@ def host_pattern(value: str) -> str:
     if len(pattern) > 253 or not _HOST_PATTERN.fullmatch(pattern):
         raise InvalidInputError(
             f"{value!r} is not a host name, an IP address, '*.domain' or '*' (no scheme, "
-            "port or path)"
-        )
+            "port or path)")
     return pattern.rstrip(".")
 
 
@@ -60,11 +62,28 @@ def check_token(token: str) -> str:
         raise InvalidInputError(
             f"the access token must have {MIN_TOKEN_CHARS} to {MAX_TOKEN_CHARS} characters, "
             f"got {len(token)} (make one with: python -c \"import secrets; "
-            "print(secrets.token_urlsafe())\")"
-        )
+            "print(secrets.token_urlsafe())\")")
     if not all("!" <= c <= "~" for c in token):
         raise InvalidInputError("the access token must be printable ASCII without spaces")
     return token
+
+
+def hosts_of(bind: str, allow: Iterable[str]) -> tuple[str, ...]:
+    """The host patterns a server listening on `bind` answers: the loopback names, the bound
+    address itself (unless it binds every interface) and `allow`, each once.
+
+    Raises:
+        InvalidInputError: a malformed pattern (`host_pattern`).
+    """
+    own = () if bind.strip() in WILDCARD_BINDS else (bind.strip(),)
+    return tuple(dict.fromkeys(host_pattern(h) for h in (*LOOPBACK, *own, *allow)))
+
+
+def same_token(given: str, expected: str) -> bool:
+    """Whether two texts are equal, in a time that tells nothing of either: their SHA-256
+    digests (of one length whatever the texts' lengths) are compared in constant time."""
+    return hmac.compare_digest(hashlib.sha256(given.encode(errors="replace")).digest(),
+                               hashlib.sha256(expected.encode(errors="replace")).digest())
 
 
 def is_loopback(bind: str) -> bool:

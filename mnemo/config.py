@@ -1,8 +1,7 @@
 """`Config`: every tunable of a repo or session, frozen, with defaults.
 
 Each field's range sits beside it, as a `msgspec.Meta` in its annotation (`Share`,
-`Cosine`, ...); `Config.__post_init__` checks every field against its own.
-"""
+`Cosine`, ...); `Config.__post_init__` checks every field against its own."""
 
 from __future__ import annotations
 
@@ -24,22 +23,14 @@ from mnemo.inputs import DEFAULT_MAX_TEXT_CHARS, MAX_TEXT_CHARS_LIMIT
 # The highest value of each per-call bound (`Config.max_steps_per_ingest`, ...): a caller may
 # raise a bound, never past what one call can carry (docs/DECISIONS.md, "Per-call bounds").
 COUNT_CEILINGS = {
-    "max_steps_per_ingest": 1_000,
-    "max_messages_per_save": 100_000,
-    "max_tool_calls_per_message": 1_024,
-    "max_open_goals": 10_000,
-    "max_results": 10_000,
-}
+    "max_steps_per_ingest": 1_000, "max_messages_per_save": 100_000,
+    "max_tool_calls_per_message": 1_024, "max_open_goals": 10_000, "max_results": 10_000}
 
 DAY = 86_400.0
-# The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations"): a wait
-# for work or for a lock (an append's annotation, an extraction, another writer, a lease),
-# a time of inactivity (`flush_timeout`, `session_timeout`), and an age (a message's `ttl`,
-# the recency half-life). Past them a duration is a mistake, and a time computed from it
-# may not exist (a ttl of 1e11 s reaches before year 1).
+# The longest duration of each kind, in seconds (docs/DECISIONS.md, "Durations"): a wait (for
+# work or a lock), a time of inactivity, an age (a `ttl`, the recency half-life).
 DURATION_CEILINGS = {"wait": DAY, "inactivity": 365 * DAY, "age": 100 * 365 * DAY}
-# The longest an idle session may wait for its next episode before it ends by itself (a week),
-# and how long it waits by default (`Config.idle_session_timeout`).
+# The longest and the default `Config.idle_session_timeout`.
 IDLE_SESSION_CEILING = 7 * DAY
 DEFAULT_IDLE_SESSION_TIMEOUT = 3600.0
 
@@ -67,15 +58,13 @@ class Config:
     """Settings for a repo, inherited by its sessions.
 
     An unknown field is a `TypeError` (dataclass behaviour); a value out of range is an
-    `InvalidInputError`. Times are seconds; `None` means never.
-    """
+    `InvalidInputError`. Times are seconds; `None` means never."""
 
     auto_commit: bool = False
     flush_timeout: Inactivity | None = 120.0
     session_timeout: Inactivity | None = 600.0
-    # Seconds an idle session (between episodes) lives untouched before it ends by itself:
-    # whichever working Memory on the store sees it due ends it, so that sessions a process
-    # left behind do not pile up. At most `IDLE_SESSION_CEILING`.
+    # Seconds an idle session (between episodes) lives untouched before whichever working
+    # Memory sees it due ends it, so that sessions a process left behind do not pile up.
     idle_session_timeout: IdleSeconds = DEFAULT_IDLE_SESSION_TIMEOUT
     trajectory_threshold: Cosine = 0.75
     max_pending_ops: Count = 5
@@ -114,20 +103,14 @@ class Config:
     recall_planner: str = "offline"
     # Ask the LLM to synthesise an answer from the memories (RecallResult.reasoned).
     recall_synthesis: bool = False
-    # Maximal marginal relevance: the next result maximises lambda x relevance -
-    # (1 - lambda) x its cosine to those already chosen; 1.0 ranks by relevance alone.
-    # 0.7 measured best of 0.5 / 0.7 / 0.85 on LoCoMo (BENCHMARKS.md).
+    # Maximal marginal relevance's lambda (1.0: relevance alone; 0.7 measured best on LoCoMo).
     recall_mmr_lambda: Share = 0.7
-    # Pseudo-relevance feedback: words shared by the best lexical hits, added to a
-    # second lexical query; 0 turns it off.
+    # Pseudo-relevance feedback: words of the best lexical hits for a second query (0: off).
     recall_prf_terms: Whole = 0
-    # The steps before and after each of the best episodic hits join the candidates at this
-    # share of its score (evidence is often the adjacent turn); 0: off. 0.5 never
-    # reached the top 10 on LoCoMo, 0.8 did; with two steps each side, 0.9 did best (LoCoMo
-    # dev R@10 0.752; 1.0 lost R@1).
+    # The steps around each of the best episodic hits join the candidates at this share of
+    # its score (evidence is often the adjacent turn; 0: off; 0.9 measured best on LoCoMo).
     recall_neighbour_weight: Share = 0.9
-    # How many steps on each side of a hit are its neighbours: LoCoMo dev R@10 0.725 at 1,
-    # 0.742 at 2, 0.736 at 3 (at weight 0.8).
+    # How many steps on each side of a hit are its neighbours (2 measured best on LoCoMo).
     recall_neighbour_width: Count = 2
     # Re-rank the best `recall_rerank_candidates` by the repo's LLM (task "recall_rerank",
     # one call per recall); meant for a real LLM: the offline one keeps the order.
@@ -136,69 +119,51 @@ class Config:
     # The value function: relevance x recency decay x frequency floor x reward.
     recency_half_life_days: Days = 30.0
     frequency_floor: Cosine = 0.5
-    # How much value moves a recall's ranking: score = relevance x value ^ value_weight (0:
-    # relevance alone; 1: the full value, which let popular nodes crowd out relevant ones).
+    # score = relevance x value ^ value_weight (0: relevance alone; 1 let popular nodes crowd
+    # out relevant ones).
     value_weight: Share = 0.25
     decay_threshold: Cosine = 0.1
     consolidate_threshold: Cosine = 0.85
-    # The longest observation, action, goal, message, query or statement accepted (and the
-    # longest step metadata as JSON); longer is an InvalidInputError before anything is stored.
-    # At most `inputs.MAX_TEXT_CHARS_LIMIT` (120,000), what PostgreSQL can index.
+    # The longest text (and metadata as JSON) accepted; at most `MAX_TEXT_CHARS_LIMIT`.
     max_text_chars: TextChars = DEFAULT_MAX_TEXT_CHARS
-    # Per-call bounds, each checked before anything is stored (InvalidInputError), each at
-    # most its `COUNT_CEILINGS` entry (docs/DECISIONS.md, "Per-call bounds"):
-    # steps in one `ingest` (LoCoMo's longest session has 47; BENCHMARKS.md has a step's cost),
+    # Per-call bounds, each at most its `COUNT_CEILINGS` entry (DECISIONS.md, "Per-call
+    # bounds"): steps in one `ingest`,
     max_steps_per_ingest: Steps = 100
-    # new messages one `save` or `append` stores (save a longer history in slices of it),
+    # new messages one `save` or `append` stores,
     max_messages_per_save: Messages = 1_000
-    # tool calls in one message (128: the most tools OpenAI's chat API takes in one request),
+    # tool calls in one message,
     max_tool_calls_per_message: ToolCalls = 128
     # open goals of one thread (each is in every eviction prompt),
     max_open_goals: Goals = 100
-    # and what one read may ask for: recall's `k`, `latest`'s `top_k`, `history`'s and
-    # `search_nodes`' `limit`, the ids one `get_linked_nodes` or `delete_nodes` takes.
+    # and what one read may ask for (recall's `k`, a `limit`, the ids of one call).
     max_results: Results = 1_000
-    # Where recall's lexical index (a cache of the store's node texts) lives: None is beside a
-    # SQLite file, or `$MNEMO_LEXICAL_DIR` / the user's cache folder for PostgreSQL; "" turns
-    # it off (the store's own full-text search answers). Read from the Memory's config only.
+    # Where recall's lexical index (a cache) lives: None is beside a SQLite file, else
+    # `$MNEMO_LEXICAL_DIR` or the user's cache folder; "" turns it off. The Memory's only.
     lexical_dir: str | None = None
-    # Where the HNSW graphs are saved, so that opening a big repo reads them back instead of
-    # building them again (minutes at 1M nodes): None is beside a SQLite file
-    # ("<file>.hnsw"), or the lexical index's default folder for PostgreSQL (its routing
-    # graphs); "" turns saving off. A cache, checked against the store when read
-    # (mnemo.graph.ann_files). Read from the Memory's config only.
+    # Where the HNSW graphs are saved (a cache, checked when read: mnemo.graph.ann_files):
+    # None is beside a SQLite file, else the lexical index's folder; "" turns saving off.
     ann_dir: str | None = None
-    # The threads numpy's BLAS may use in this process, set when a Memory opens: its threads
-    # busy-wait after each product and held a core that recall's embedding needed
-    # (mnemo/graph/blas.py). None, or any of OPENBLAS_NUM_THREADS, OMP_NUM_THREADS,
-    # MKL_NUM_THREADS, BLIS_NUM_THREADS set, leaves them alone. Read from the Memory's config.
+    # The threads numpy's BLAS may use, set when a Memory opens (mnemo/graph/blas.py); None,
+    # or a BLAS thread variable in the environment, leaves them alone.
     blas_threads: Count | None = 1
-    # The live facts of its type each new fact is compared with, per recall channel (vector,
-    # words), by the LLM's "contradiction" task (one call for a whole commit); 0: facts are
-    # never retired.
+    # Live facts each new fact is compared with per recall channel by the "contradiction"
+    # task (one call a commit); 0: facts are never retired.
     contradiction_candidates: Whole = 3
-    # How close (cosine) a live fact must be to a new one to be compared with it: with none
-    # that close, a commit asks nothing. Pairs that contradict measured 0.68-0.97 with the
-    # default embedder, unrelated facts of one person or topic 0.16-0.48.
+    # The cosine a live fact must reach to be compared (contradicting pairs measured 0.68-0.97,
+    # unrelated facts 0.16-0.48).
     contradiction_similarity: Cosine = 0.6
-    # An extraction task that fails for good (its model's replies stay unusable, it times
-    # out): False fails the extraction (the session goes to `failed`, an ingest stores
-    # nothing); True commits every step and what the other tasks produced, and the receipt's
-    # `missing` names each task left out and why.
+    # An extraction task that fails for good: False fails the extraction; True commits the
+    # rest, the receipt's `missing` naming each task left out and why.
     partial_commits: bool = False
-    # Ingest: relative dates in a step ("yesterday", "last month") are followed by
-    # the date they mean, reckoned from the trajectory's day (its metadata's "date", else the
-    # first date in its goal), so a search naming the day finds the step.
+    # Ingest: a relative date in a step ("yesterday") is followed by the date it means,
+    # reckoned from the trajectory's day, so a search naming the day finds the step.
     ingest_resolve_dates: bool = False
-    # Ingest: each step also joins a TAG per speaker and name it mentions
-    # (extraction.entities), a route from a name in a query straight to its steps.
+    # Ingest: each step joins a TAG per speaker and name it mentions (extraction.entities).
     ingest_entity_tags: bool = False
-    # Recall: a candidate whose speaker ("Melanie (8 May): ...", or the step a fact
-    # came from) the query names scores 1 + this times more than the others; 0: off
-    # (recall.speakers). 0.5 measured best of 0.5 / 1.0 on LoCoMo 0-1, and won on 2-6 too.
+    # Recall: a candidate whose speaker the query names scores 1 + this times more
+    # (recall.speakers; 0: off; 0.5 measured best on LoCoMo).
     recall_speaker_boost: Share = 0.5
-    # Recall: the dense channel embeds the query without the names it mentions
-    # (recall.speakers.without_names); the words channel and the speaker match still use them.
+    # Recall: the dense channel embeds the query without the names it mentions.
     recall_dense_without_names: bool = True
 
     def __post_init__(self) -> None:
@@ -207,12 +172,10 @@ class Config:
         if self.intent_merge_threshold > self.intent_identity_threshold:
             raise InvalidInputError(
                 "Config.intent_merge_threshold must not exceed intent_identity_threshold "
-                f"({self.intent_merge_threshold} > {self.intent_identity_threshold})"
-            )
+                f"({self.intent_merge_threshold} > {self.intent_identity_threshold})")
         if self.recall_planner not in ("offline", "llm"):
             raise InvalidInputError(
-                f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}'
-            )
+                f'Config.recall_planner must be "offline" or "llm", got {self.recall_planner!r}')
 
     @property
     def annotation_timeout(self) -> float:

@@ -1,15 +1,8 @@
 """Python work that runs off the event loop, one piece at a time per event loop.
 
-Pure-Python work gains nothing from a second thread (the GIL runs one at a time), and every
-thread that wants the GIL lengthens the event loop's wait for it, the more the more threads
-(the offline LLM's calls, 16 at once under `Config.llm_concurrency`, each took a thread;
-BENCHMARKS.md, "Figures behind the code"). So such work (the offline model's heuristics, the
-hashed embedder, prompts and changesets of long inputs) takes the one slot of `off_loop`; the
-loop then waits for the GIL behind one thread at most, a switch interval at a time.
-
-Such work also keeps each C call short: a thread holds the GIL through a whole C call (a
-numpy operation, a `json.dumps`), and the loop waits for all of it.
-"""
+Pure-Python work gains nothing from a second thread, and every thread that wants the GIL
+lengthens the loop's wait for it (BENCHMARKS.md, "Figures behind the code"): such work takes
+the one slot of `off_loop`, and keeps each C call short (the loop waits for all of one)."""
 
 from __future__ import annotations
 
@@ -44,9 +37,7 @@ ON_LOOP_CHARS = 4_000
 async def off_loop(func: Callable[[], T], *, abandon_on_cancel: bool = False) -> T:
     """`func()` in a worker thread, when the slot is free. With `abandon_on_cancel`, a
     cancelled caller returns at once and the thread finishes on its own."""
-    return await anyio.to_thread.run_sync(
-        func, limiter=slot(), abandon_on_cancel=abandon_on_cancel
-    )
+    return await anyio.to_thread.run_sync(func, limiter=slot(), abandon_on_cancel=abandon_on_cancel)
 
 
 async def run(func: Callable[[], T], chars: int, *, abandon_on_cancel: bool = False) -> T:
@@ -65,9 +56,7 @@ _DEPTH = 3
 
 def dumps(value: object, *, sort_keys: bool = False) -> str:
     """`json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)`, the same text, built by
-    short C calls: a long value's list items and object values are encoded each by a call of
-    its own, and a long string a slice at a time. One call over a trajectory of 1,000 steps
-    of 32,000 characters held the GIL for a quarter of a second.
+    short C calls: each item of a long value by a call of its own, a long string by slices.
 
     Raises:
         TypeError, ValueError: as `json.dumps`.

@@ -11,13 +11,9 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Replaces the file at `path` with `text`, all or nothing.
-
-    The temporary file lives in the same directory (so `os.replace` is a rename on one file
-    system) and is fsynced before the rename, so a crash leaves the old or the new file. A
-    replaced file keeps its permission bits; a new one gets mkstemp's 0600, fitting for notes
-    about a user.
-    """
+    """Replaces the file at `path` with `text`, all or nothing: a fsynced temporary file in
+    the same directory is renamed over it. A replaced file keeps its permission bits; a new
+    one gets mkstemp's 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

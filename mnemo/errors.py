@@ -53,12 +53,10 @@ class SessionError(MnemoError):
     """A session call that its state refuses, or an async operation that did not run.
 
     `state` is the session's `mnemo.State` (typed as its base, `StrEnum`: the exception tree
-    imports no part of mnemo).
-    """
+    imports no part of mnemo)."""
 
-    def __init__(
-        self, reason: str, *, state: StrEnum | None, session_id: str | None = None
-    ) -> None:
+    def __init__(self, reason: str, *, state: StrEnum | None,
+                 session_id: str | None = None) -> None:
         where = f"{session_id}: " if session_id else ""
         super().__init__(f"{where}{reason} (state {state})")
         self.reason = reason
@@ -119,8 +117,7 @@ def first_error() -> Iterator[None]:
 
     mnemo's task groups run sibling calls of one operation (state ∥ subgoal ∥ reward, or
     semantic ∥ procedural); when one fails the others are cancelled, and the caller wants the
-    failure, not a group of one.
-    """
+    failure, not a group of one."""
     try:
         yield
     except BaseExceptionGroup as group:

@@ -35,29 +35,22 @@ class Events:
     """Delivers events to the user's callback, in order, in the task that caused them.
 
     A callback that raises is logged, never propagated into the session; once called, it
-    runs to its end, whatever is cancelled meanwhile.
-    """
+    runs to its end, whatever is cancelled meanwhile."""
 
     def __init__(self, callback: EventCallback | None) -> None:
         self._callback = callback
 
-    async def emit(
-        self, kind: str, *, session_id: str | None = None, repo: str | None = None,
-        **data: JSONValue,
-    ) -> None:
+    async def emit(self, kind: str, *, session_id: str | None = None, repo: str | None = None,
+                   **data: JSONValue) -> None:
         if self._callback is None:
             return
         await deliver(self._callback, Event(kind, session_id, repo, data), f"on_event ({kind})")
 
 
 async def deliver(callback: Callable[[T], Awaitable[None] | None], value: T, what: str) -> None:
-    """Calls the user's sync or async `callback` with `value`; an exception it raises is
-    logged (naming `what`), never propagated.
-
-    Shielded, as an operation's callback (`session.queue.deliver`): the task that reports may
-    be cancelled by the very change it reports (an expiry ends its own session), and an async
-    callback cut off at its first await never saw the value.
-    """
+    """Calls the user's sync or async `callback` with `value`, shielded (the task that
+    reports may be cancelled by the change it reports); an exception it raises is logged
+    (naming `what`), never propagated."""
     with anyio.CancelScope(shield=True):
         try:
             result = callback(value)

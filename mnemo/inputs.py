@@ -1,20 +1,8 @@
-"""What callers hand mnemo, checked in one place before anything is stored.
-
-- Texts: the size of every public text (`Config.max_text_chars`), no NUL, valid Unicode.
-- Identifiers: what any lookup takes (`check_id`: a non-blank string a store can hold), and
-  the stricter rule for the names a caller creates and a listing shows (`check_name`: a repo,
-  a thread, a source, a role), so that no name spoofs another in a listing.
-- JSON (metadata, tool calls, messages): serialisable, at most `MAX_JSON_DEPTH` containers
-  deep, its text bounded.
-- Counts: an integer within its bounds (`check_count`); the per-call counts live in `Config`
-  (`max_steps_per_ingest`, `max_messages_per_save`, `max_tool_calls_per_message`, ...).
-- Query terms: a lexical query keeps at most `text.MAX_QUERY_TERMS` distinct terms
-  (`mnemo.text.query_words`), so what a recall or a search costs is bounded by the input
-  bound, not by what a caller sent.
-
-Every check raises `InvalidInputError` naming the argument; docs/DECISIONS.md has the measured
-reasons for each bound.
-"""
+"""What callers hand mnemo, checked in one place before anything is stored: texts (bounded,
+no NUL, valid Unicode), identifiers (`check_id` for any lookup, the stricter `check_name` for
+what a caller creates and a listing shows), JSON (serialisable, `MAX_JSON_DEPTH` deep at most,
+bounded) and counts (`check_count`; the per-call bounds live in `Config`). Every check raises
+`InvalidInputError` naming the argument; docs/DECISIONS.md has the reasons for each bound."""
 
 from __future__ import annotations
 
@@ -31,13 +19,10 @@ from mnemo.errors import InvalidInputError
 # About 8,000 tokens: a long tool output or several pages of text, while the worst input the
 # offline heuristics see still costs them tens of milliseconds (docs/DECISIONS.md).
 DEFAULT_MAX_TEXT_CHARS = 32_000
-# The highest `Config.max_text_chars`. PostgreSQL's full-text search refuses a text whose
-# lexemes and positions pass 1 MB ("string is too long for tsvector"), and a step's node holds
-# its observation and its action. The densest text costs 4 bytes a character: distinct words
-# of four-byte characters (CJK Extension B), each character 4 bytes and each word 4 more of
-# count and position for its separator (ASCII four-letter words cost 1.6). Two texts of
-# 120,000 make 0.96 MB. SQLite has no such limit; one bound keeps the backends alike (a probe
-# found PostgreSQL refusing, as a storage fault, what SQLite stored). About 30,000 tokens.
+# The highest `Config.max_text_chars`: PostgreSQL's full-text search refuses a text whose
+# lexemes and positions pass 1 MB, a step's node holds its observation and its action, and the
+# densest text costs 4 bytes a character (two texts of 120,000 make 0.96 MB). One bound keeps
+# the backends alike. About 30,000 tokens.
 MAX_TEXT_CHARS_LIMIT = 120_000
 # The longest identifier (a repo name, source_id, thread_id, ...), in UTF-8 bytes: PostgreSQL's
 # btree index entries hold at most 2,704 bytes, and a repo name with a source id is one entry.
@@ -48,24 +33,21 @@ MAX_ID_BYTES = 1_000
 MAX_JSON_DEPTH = 64
 
 
-def check_text(
-    value: object, what: str, *, limit: int, blank_ok: bool = False, stored: bool = True
-) -> str:
-    """`value`, checked to be a string of at most `limit` characters (and not blank, unless
-    `blank_ok`). A text that is `stored` must not hold NUL; a query (not stored) may, as its
-    words never do.
+def check_text(value: object, what: str, *, limit: int, blank_ok: bool = False,
+               stored: bool = True) -> str:
+    """`value`, checked to be a string of at most `limit` characters, not blank unless
+    `blank_ok`, and without NUL when `stored` (PostgreSQL's text cannot store it; a query's
+    words never hold it).
 
     Raises:
-        InvalidInputError: not a string, blank, longer than `limit`, or holding a NUL
-            character (U+0000: PostgreSQL's text cannot store it, so no backend takes it).
+        InvalidInputError: it is not.
     """
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if len(value) > limit:  # first: what follows reads every character
         raise InvalidInputError(
             f"{what} is {len(value):,} characters long, more than the {limit:,} allowed "
-            "(Config.max_text_chars)"
-        )
+            "(Config.max_text_chars)")
     if stored and "\x00" in value:
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if not _encodable(value):
@@ -76,10 +58,8 @@ def check_text(
 
 
 def check_id(value: object, what: str) -> str:
-    """`value`, checked to be an identifier mnemo can store and look up on every backend: a
-    non-blank string without NUL or a lone surrogate (PostgreSQL's text takes neither, and
-    SQLite's driver cannot encode the second). What every lookup takes: an id of another
-    type is bad input, not an unknown one.
+    """`value`, checked to be an identifier every backend can store and look up: a non-blank
+    string that `check_storable` passes. An id of another type is bad input, not unknown.
 
     Raises:
         InvalidInputError: it is not.
@@ -105,23 +85,15 @@ def names_id(given: str, ident: str) -> bool:
     none)."""
     kind, digits, index = split_id(ident)
     head, colon, number = given.partition(":")
-    return colon + number == index and (
-        (kind + digits).startswith(head) or digits.startswith(head)
-    )
+    return colon + number == index and ((kind + digits).startswith(head) or digits.startswith(head))
 
 
 def check_name(value: object, what: str) -> str:
     """`value`, checked to be a name a caller may create (a repo, a thread, a source, a
-    role): an identifier (`check_id`) that is already in the canonical form of RFC 8266's
-    nickname profile (PRECIS, case preserved).
-
-    So a name holds no control, format or bidirectional character (a right-to-left override
-    reorders a listing), nothing invisible (zero-width spaces and joiners, variation
-    selectors, Hangul fillers), no unassigned or private-use character, no space other than
-    U+0020, no leading, trailing or doubled space, and no compatibility form (a fullwidth
-    letter, a ligature, a superscript digit): two names that print alike are one name or
-    one of them is refused. Lookups (`check_id`) stay lenient, so a name stored before the
-    rule can still be read and erased.
+    role): an identifier already in the canonical form of RFC 8266's nickname profile (PRECIS,
+    case preserved). So no control, format, bidirectional, invisible, unassigned or
+    compatibility character, and no space but single inner U+0020: two names that print alike
+    are one name. Lookups (`check_id`) stay lenient, so an older name can still be erased.
 
     Raises:
         InvalidInputError: naming the first offending character, or the canonical form.
@@ -141,8 +113,7 @@ def check_name(value: object, what: str) -> str:
     if canonical != name:
         raise InvalidInputError(
             f"{what} is not in canonical form (no leading, trailing, doubled or non-ASCII "
-            f"spaces, composed characters, no compatibility forms): write it as {canonical!r}"
-        )
+            f"spaces, composed characters, no compatibility forms): write it as {canonical!r}")
     return name
 
 
@@ -155,9 +126,8 @@ def _nickname() -> Any:
 
 
 def check_storable(value: str, what: str) -> str:
-    """`value`, checked to hold no NUL and no lone surrogate and to be at most `MAX_ID_BYTES`
-    long: a key that no store can hold, so no lookup may send it (PostgreSQL refuses a NUL,
-    SQLite's driver a lone surrogate, PostgreSQL's indexes a key past 2,704 bytes).
+    """`value`, checked to hold no NUL (PostgreSQL refuses it) and no lone surrogate (SQLite's
+    driver) and to be at most `MAX_ID_BYTES` long (PostgreSQL's index entries).
 
     Raises:
         InvalidInputError: it is not.
@@ -165,12 +135,10 @@ def check_storable(value: str, what: str) -> str:
     # A character is 1 to 4 bytes of UTF-8: the length alone refuses a long key unread.
     if len(value) > MAX_ID_BYTES or len(value.encode("utf-8", "replace")) > MAX_ID_BYTES:
         raise InvalidInputError(
-            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed"
-        )
+            f"{what} is longer than the {MAX_ID_BYTES:,} bytes of UTF-8 allowed")
     if "\x00" in value or not _encodable(value):
         raise InvalidInputError(
-            f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
-        )
+            f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
     return value
 
 
@@ -179,9 +147,8 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 def check_store(path: object) -> str:
-    """`Memory`'s `path`, checked to name a store: `":memory:"`, a SQLite file's path (a
-    `str` or an `os.PathLike` of one), or a PostgreSQL URL; returned as a string. Checked
-    before anything is created: a number, bytes or a blank string would name a file.
+    """`Memory`'s `path` as a string, checked to name a store: `":memory:"`, a SQLite file's
+    path (`str` or `os.PathLike`) or a PostgreSQL URL.
 
     Raises:
         InvalidInputError: another type, a blank path, a NUL character (no file system
@@ -191,8 +158,7 @@ def check_store(path: object) -> str:
     if not isinstance(name, str):
         raise InvalidInputError(
             f"path must be a str or os.PathLike naming a SQLite file, \":memory:\" or a "
-            f"postgresql:// URL, got {type(path).__name__}"
-        )
+            f"postgresql:// URL, got {type(path).__name__}")
     if not name.strip():
         raise InvalidInputError(f"path must not be blank, got {name!r}")
     if "\x00" in name:
@@ -200,16 +166,14 @@ def check_store(path: object) -> str:
     if "://" in name and not name.startswith(POSTGRES_SCHEMES):
         raise InvalidInputError(
             f"path {name!r} is a URL of a store mnemo does not know: a PostgreSQL URL "
-            "starts with postgresql:// or postgres://"
-        )
+            "starts with postgresql:// or postgres://")
     return name
 
 
 def check_models(llm: object, embedder: object, reranker: object = None) -> None:
-    """Refuses, before anything is stored, an `llm` or `embedder` that is neither None nor an
-    object of the port (a model's name given as a string, say: it failed at the first append,
-    or with a raw AttributeError at `open_repo`). The embedder's `dim` is not read: an
-    `OpenAIEmbedder` learns it from its first reply.
+    """Refuses, before anything is stored, an `llm`, `embedder` or `reranker` that is neither
+    None nor an object of its port (a model's name as a string, say). An embedder's `dim` is
+    not read: an `OpenAIEmbedder` learns it from its first reply.
 
     Raises:
         InvalidInputError: what was given instead, and what to give.
@@ -217,22 +181,19 @@ def check_models(llm: object, embedder: object, reranker: object = None) -> None
     if llm is not None and not callable(getattr(llm, "generate", None)):
         raise InvalidInputError(
             f"llm must be an object with an async generate(request) (mnemo.LLM), got "
-            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri"
-        )
+            f"{llm!r}; a model's URI goes through mnemo.llm_from_uri")
     if embedder is not None and not callable(getattr(embedder, "embed", None)):
         raise InvalidInputError(
             f"embedder must be an object with dim and an async embed(texts) (mnemo.Embedder), "
-            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri"
-        )
+            f"got {embedder!r}; a model's URI goes through mnemo.embedder_from_uri")
     if reranker is not None and not callable(getattr(reranker, "rerank", None)):
         raise InvalidInputError(
             f"reranker must be an object with an async rerank(query, texts) (mnemo.Reranker), "
             f"got {reranker!r}")
 
 
-def check_count(
-    name: str, value: object, *, minimum: int = 0, maximum: float = math.inf, setting: str = ""
-) -> int:
+def check_count(name: str, value: object, *, minimum: int = 0, maximum: float = math.inf,
+                setting: str = "") -> int:
     """An integer argument within [minimum, maximum]; `setting` names where the maximum comes
     from (e.g. "Config.max_results"), for the message.
 
@@ -248,15 +209,12 @@ def check_count(
 
 
 def check_json(value: object, what: str, *, limit: int) -> str:
-    """The JSON text of `value` (keys sorted), checked to be at most `limit` characters and
-    `MAX_JSON_DEPTH` containers deep: how metadata is bounded, since it is stored and shown
-    as that text. The bound is checked as the value is walked (`check_tree`), before it is
-    encoded: a refusal costs what `limit` allows, not what the caller sent.
+    """The JSON text of `value` (keys sorted), checked (`check_tree` first, before it is
+    encoded) to be at most `limit` characters and `MAX_JSON_DEPTH` containers deep.
 
     Raises:
-        InvalidInputError: too deep, not JSON-serialisable (NaN and infinities are not), its
-            JSON is longer than `limit`, or it holds a NUL character (escaped in JSON, but
-            PostgreSQL's jsonb refuses it) or a lone surrogate.
+        InvalidInputError: what `check_tree` refuses, or not JSON-serialisable (NaN and
+            infinities are not: PostgreSQL's jsonb refuses them).
     """
     check_tree(value, what, limit=limit)
     try:
@@ -267,21 +225,15 @@ def check_json(value: object, what: str, *, limit: int) -> str:
     if len(text) > limit:
         raise InvalidInputError(
             f"{what} is {len(text):,} characters long as JSON, more than the {limit:,} "
-            "allowed (Config.max_text_chars)"
-        )
+            "allowed (Config.max_text_chars)")
     return text
 
 
 def check_tree(value: object, what: str, *, limit: int) -> None:
-    """Checks a JSON-like value (dicts, lists, tuples, scalars) without recursion: at most
-    `MAX_JSON_DEPTH` containers deep, at most `limit` characters as JSON, and no string in it
-    (keys included) holding a NUL or a lone surrogate. Run before anything serialises or
-    walks it recursively.
-
-    The walk counts what the value's JSON takes at the least (a string its characters and
-    quotes, any other scalar one character, a container its brackets and one separator per
-    item) and stops as the count passes `limit`, before it looks into the container or
-    string that passes it: its cost is bounded by `limit`, whatever the value holds.
+    """Checks a JSON-like value without recursion: at most `MAX_JSON_DEPTH` containers deep,
+    at most `limit` characters as JSON, and no string (keys included) with a NUL or a lone
+    surrogate. The walk counts the least its JSON takes and stops as that passes `limit`, so
+    its cost is bounded by `limit`, whatever the value holds.
 
     Raises:
         InvalidInputError: it nests deeper, is longer, or holds such a string.
@@ -300,13 +252,11 @@ def check_tree(value: object, what: str, *, limit: int) -> None:
         if size > limit:
             raise InvalidInputError(
                 f"{what} is longer than the {limit:,} characters allowed as JSON "
-                "(Config.max_text_chars)"
-            )
+                "(Config.max_text_chars)")
         if isinstance(item, str):
             if "\x00" in item or not _encodable(item):
                 raise InvalidInputError(
-                    f"{what} must not contain a NUL character (U+0000) or a lone surrogate"
-                )
+                    f"{what} must not contain a NUL character (U+0000) or a lone surrogate")
             continue
         if isinstance(item, Mapping):
             children = [*item.keys(), *item.values()]
@@ -316,8 +266,7 @@ def check_tree(value: object, what: str, *, limit: int) -> None:
             continue
         if depth == MAX_JSON_DEPTH:
             raise InvalidInputError(
-                f"{what} nests more than {MAX_JSON_DEPTH} levels of dicts and lists"
-            )
+                f"{what} nests more than {MAX_JSON_DEPTH} levels of dicts and lists")
         stack.extend((child, depth + 1) for child in children)
 
 

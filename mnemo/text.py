@@ -1,22 +1,13 @@
-"""Words: mnemo's one home for splitting, stemming and weighing text.
+"""Words: mnemo's one home for splitting, stemming and weighing text (docs/DECISIONS.md, "One
+text module"). Deterministic, English-centric and cheap: no models.
 
-One tokenizer, with one mode:
-
-- `words` / `tokens`: a word is a run of word characters (letters, digits, the underscore)
-  with the combining marks among them and the format characters inside them, and two such
-  runs joined by one apostrophe, dot or hyphen are one word ("don't", "nginx.conf", "3.11",
-  "e-mail"). What mnemo's own heuristics read: the offline LLM, the hashed embedder, recall's
-  stopwords and restatements, memory files' matching.
-- `text_words` / `query_words`: the same words cut at their joiners (`parts`), which is how
-  every search splits a query and a text (SQLite FTS5, tantivy and PostgreSQL split at the
-  apostrophe, the dot and the hyphen); a query keeps at most `MAX_QUERY_TERMS` distinct words.
-
-One stemmer, `stem`: Snowball English (the C library through PyStemmer), as tantivy and
-PostgreSQL stem; and a stopword list, a sentence splitter and a score for how informative a
-word is, from which key phrases and concept labels are built. docs/DECISIONS.md ("One text
-module") has the measurements. Everything is deterministic, English-centric and cheap (regular
-expressions, dict lookups and a C stemmer; no models).
-"""
+- `words` / `tokens`: runs of word characters (with their combining marks and inner format
+  characters), two runs joined by one apostrophe, dot or hyphen being one word ("don't",
+  "nginx.conf", "3.11"): what mnemo's own heuristics read.
+- `text_words` / `query_words`: the same words cut at their joiners (`parts`), as every search
+  (FTS5, tantivy, PostgreSQL) splits; a query keeps at most `MAX_QUERY_TERMS` distinct words.
+- `stem` (Snowball English through PyStemmer, as tantivy and PostgreSQL stem), stopwords, a
+  sentence splitter, and how informative a word is, for key phrases and concept labels."""
 
 from __future__ import annotations
 
@@ -76,8 +67,7 @@ STOPWORDS: frozenset[str] = frozenset(
     your yours yourself yourselves
     hi hello hey thanks thank thx cheers bye goodbye great awesome cool nice perfect alright
     sounds hmm hm uh um ah wow lol
-    """.split()
-)
+    """.split())
 
 # A contraction written with the modifier letter apostrophe (U+02BC, a letter to `\w`, so one
 # word to every search) is a stopword too.
@@ -88,8 +78,7 @@ FILLER_OPENERS: frozenset[str] = frozenset(
     """
     okay ok so well alright right sure yes yeah yep hmm hm oh ah um uh great cool nice perfect
     awesome also actually anyway anyways basically now then thanks
-    """.split()
-)
+    """.split())
 
 
 def normalise(text: str) -> str:
@@ -102,17 +91,9 @@ def normalise(text: str) -> str:
 
 def words(text: str) -> list[str]:
     """The words of `text` in order, case preserved, read from the text composed (NFC) with
-    its typographic apostrophes made ASCII.
-
-    A word is a run of word characters (`\\w`: letters, digits, the underscore) with the
-    combining marks among them (Unicode's M*: a virama, a vowel sign, a decomposed accent) and
-    the format characters between them (Cf: a zero-width non-joiner, a soft hyphen); two runs
-    joined by one of `JOINERS` are one word. `\\w` alone cuts "हिन्दी" into ह, न and द, which
-    PostgreSQL (whose parser keeps marks in a word) finds in no text.
-
-    >>> words("Don't edit /etc/nginx.conf on 3.11 -- ask the e-mail_admin.")
-    ["Don't", 'edit', 'etc', 'nginx.conf', 'on', '3.11', 'ask', 'the', 'e-mail_admin']
-    """
+    its typographic apostrophes made ASCII: runs of `\\w` with the combining marks (M*) among
+    them and the format characters (Cf) between them (`\\w` alone cuts "हिन्दी" into pieces
+    PostgreSQL finds in no text), two runs joined by one of `JOINERS` being one word."""
     text = normalise(text)
     if text.isascii():
         return _ASCII_WORD.findall(text)
@@ -128,8 +109,7 @@ def tokens(text: str) -> list[str]:
 
 
 def first_tokens(text: str, n: int) -> list[str]:
-    """The first `n` of `tokens(text)`, reading little more of `text` than they take: the
-    cost is bounded by the words wanted, not by the text's length."""
+    """The first `n` of `tokens(text)`, reading little more of `text` than they take."""
     if n <= 0:
         return []
     text = normalise(text)
@@ -157,15 +137,14 @@ def parts(word: str) -> list[str]:
 
 
 def _spaced(text: str) -> str:
-    """`text` (apostrophes already ASCII) composed, with every character that is no part of
-    a word made a space: the same length, so a word's place in it is its place in the text
-    composed."""
+    """`text` (apostrophes already ASCII) composed, every character that is no part of a word
+    made a space (the same length: a word's place is its place in the text composed)."""
     return _BETWEEN_WORDS.sub(_within_words, unicodedata.normalize("NFC", text))
 
 
 def _within_words(between: re.Match[str]) -> str:
-    """A run of characters that are neither word characters nor spaces, with what belongs to
-    the words around it kept (see `words`) and the rest made spaces, one for one."""
+    """A run of characters neither word characters nor spaces: what belongs to the words
+    around it kept (see `words`), the rest made spaces, one for one."""
     run = between.group()
     text, start, end = between.string, between.start(), between.end()
     # The run is as long as it can be: a neighbour that is no space is a word character.
@@ -179,8 +158,7 @@ def _within_words(between: re.Match[str]) -> str:
     return "".join(
         character if (_in_word(character) and (inside or not _is_format(character)))
         or (joins and character in JOINERS) else " "
-        for character in run
-    )
+        for character in run)
 
 
 def _in_word(character: str) -> bool:
@@ -203,11 +181,9 @@ _STEMMERS = threading.local()
 
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """The Snowball English stem of a lower-cased word, as tantivy and PostgreSQL stem it:
-    "proxies" -> "proxi", "configured", "configures", "configuring" -> "configur",
-    "stopped" -> "stop", "melanie's" -> "melani". A word of other characters than letters
-    and apostrophes ("3.11", "nginx.conf", "max_connections") is its own stem.
-    """
+    """The Snowball English stem of a lower-cased word, as tantivy and PostgreSQL stem it
+    ("configuring" -> "configur"); a word of other characters than letters and apostrophes
+    ("3.11", "nginx.conf") is its own stem."""
     if not word.replace("'", "").isalpha():
         return word
     stemmer = getattr(_STEMMERS, "english", None)
@@ -223,8 +199,7 @@ def is_stopword(word: str) -> bool:
 
 
 def without_stopwords(text: str) -> str:
-    """`text` composed (NFC) with each word of `words` that is a stopword made a space, the
-    rest as written (a stopword inside a longer word stays: "the" in "the_end")."""
+    """`text` composed (NFC), each word of `words` that is a stopword made a space."""
     text = unicodedata.normalize("NFC", normalise(text))
     spaced, word_in = (text, _ASCII_WORD) if text.isascii() else (_spaced(text), _NON_SPACE)
     kept = list(text)
@@ -240,10 +215,8 @@ def is_acronym(word: str) -> bool:
 
 
 def is_identifier(word: str) -> bool:
-    """A word written as code, a path or a name: with an underscore, a dot, a slash, a hyphen,
-    a colon, a digit or a capital after its first character ("test_upload", "nginx.conf",
-    "tests/x.py", "S3", "GitHub", "AWS"). mnemo's heuristics keep such a word as written: never
-    re-cased."""
+    """A word written as code, a path or a name, which is never re-cased: with one of `_./-:`,
+    a digit or a capital after its first character ("test_upload", "S3", "GitHub")."""
     return any(c in "_./-:" or c.isdigit() for c in word) or any(c.isupper() for c in word[1:])
 
 
@@ -265,10 +238,8 @@ def content_stems(text: str) -> set[str]:
 
 
 def sentences(text: str) -> list[str]:
-    """The sentences of `text`: split at line breaks and at sentence-ending punctuation.
-
-    Bullet and numbering markers at the start of a line are dropped; blank pieces are skipped.
-    """
+    """The sentences of `text`, split at line breaks and sentence-ending punctuation, without
+    a line's bullet or number and without blank pieces."""
     out: list[str] = []
     for line in normalise(text).splitlines():
         line = _BULLET.sub("", line).strip()
@@ -287,6 +258,13 @@ def first_sentence(text: str, *, max_words: int = 40) -> str:
     if not found:
         return ""
     return clip_words(found[0], max_words)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` on one line (whitespace collapsed), cut to `limit` characters with an
+    ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
 def clip_words(text: str, max_words: int) -> str:
@@ -310,13 +288,9 @@ def _word_score(word: str, *, sentence_initial: bool) -> float:
 
 
 def key_phrase(text: str, *, max_words: int = 4) -> str:
-    """A key phrase of `text`: its most informative words, in order of appearance, lower-case
-    but for identifiers (`label_case`).
-
-    Words of the first sentence get a bonus (that is usually where the topic is named); each
-    stem is used once. Falls back to non-stopwords of 3+ letters when fewer than two words are
-    informative, and returns "" when the text has no content word at all.
-    """
+    """A key phrase of `text`: its most informative words (those of the first sentence, where
+    the topic is usually named, first), each stem once, in order of appearance, lower-case but
+    for identifiers; non-stopwords of 3+ letters when fewer than two words are informative."""
     picked: dict[str, tuple[float, int, str]] = {}
     fallback: dict[str, tuple[float, int, str]] = {}
     position = 0
@@ -340,12 +314,8 @@ def key_phrase(text: str, *, max_words: int = 4) -> str:
 
 def concepts(text: str, *, limit: int = 4) -> list[str]:
     """Up to `limit` concept labels of `text`, most informative first, lower-case but for
-    identifiers (`label_case`).
-
-    A run of capitalised words after the first word ("Visual Studio Code") is one label of at
-    most three words; otherwise labels are single informative words, each without its clitic
-    ("Melanie's" is "melanie", "lot's" no label). Each stem appears once.
-    """
+    identifiers, each stem once: a run of capitalised words after the first ("Visual Studio
+    Code", three at most) is one label, else single informative words without their clitic."""
     ws = [without_clitic(word) for word in words(text)]
     scored: list[tuple[float, int, str]] = []
     seen: set[str] = set()
@@ -382,13 +352,9 @@ def is_name(word: str, *, sentence_initial: bool) -> bool:
 
 
 def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str]:
-    """The distinct words of a query (case-insensitively; the first spelling is kept), at
-    most `cap` of them, in query order.
-
-    Past the cap the longest words are kept (ties: the earlier one): without corpus
-    statistics, a word's length is the cheapest sign of how specific it is (frequent words are
-    short), and "the first 32" would let a long preamble push out the words that matter.
-    """
+    """The distinct words of a query (case-insensitively; the first spelling kept), at most
+    `cap`, in query order; past the cap the longest are kept (ties: the earlier), a word's
+    length being the cheapest sign of how specific it is."""
     first: dict[str, tuple[int, str]] = {}
     for position, word in enumerate(words):
         first.setdefault(word.casefold(), (position, word))
@@ -400,18 +366,10 @@ def query_terms(words: Iterable[str], *, cap: int = MAX_QUERY_TERMS) -> list[str
 
 
 def query_words(query: str) -> list[str]:
-    """The words a query searches for ([] when it has none): distinct and capped
-    (`query_terms`), in query order. Every search splits its query here.
-
-    Its words are the `parts` of its `words`, read from the query composed (NFC, so "e" and a
-    combining acute accent are the "é" a text mostly holds; the lexical index composes its
-    texts too). A backend searches a word as the phrase of the parts its own parser makes of
-    it, as it searches a `snake_case_name`: FTS5 splits at most marks, every engine at a
-    format character (PostgreSQL's through `SEARCH_VECTOR` and `WORD_QUERY`).
-
-    >>> query_words('nginx "proxy" AND NOT port)')
-    ['nginx', 'proxy', 'AND', 'NOT', 'port']
-    """
+    """The words a query searches for, distinct and capped (`query_terms`), in query order:
+    the `parts` of its `words` (read composed, NFC, as the lexical index composes its texts).
+    Every search splits its query here; a backend searches a word as the phrase of the parts
+    its own parser makes of it (`'nginx "proxy" AND' -> ['nginx', 'proxy', 'AND']`)."""
     return query_terms(text_words(query))
 
 

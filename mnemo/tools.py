@@ -1,26 +1,9 @@
-"""Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic, and one executor.
-
-Memory tools an agent calls itself:
-
-- `search_messages(query, thread_id?, limit?)`: keyword search over every thread's messages;
-- `view_messages(message_id, radius?)`: the messages around a search hit, and snapshots;
-- `recall(query, k?)`: the knowledge graph of a repo, a snippet of each memory and its id;
-- `get_node(node_id, offset?)`: one memory whole, a page at a time.
-
-Eviction tools, for a model that manages a context window (what `Memory.evict` gives its
-LLM): `save_snapshot(text)`, `attach_messages_to_goals(message_ids, goal_ids)`,
-`everything_ok()`.
-
-```python
-tools = mnemo.tools.openai_tools()            # or anthropic_tools(); pass to the provider
-text = await mnemo.tools.execute_tool(mem, call, thread_id="t1", repo="my-repo")
-```
-
-`execute_tool` always answers with a string for the model: a bad argument, an unknown id or
-tool comes back as "error: ..." text (so the model can correct itself), never as an
-exception. Every answer is bounded (the constants below): what is cut says how to get the
-rest.
-"""
+"""Agent tools over a `Memory`: JSON-schema specs for OpenAI and Anthropic (`openai_tools`,
+`anthropic_tools`), and one executor (`execute_tool`). The memory tools: `search_messages`,
+`view_messages`, `recall`, `get_node`; the eviction tools (what `Memory.evict` gives its LLM):
+`save_snapshot`, `attach_messages_to_goals`, `everything_ok`. `execute_tool` always answers
+with a string for the model, a bad argument or an unknown id or tool as "error: ..." text, and
+every answer is bounded (the constants below): what is cut says how to get the rest."""
 
 from __future__ import annotations
 
@@ -91,90 +74,53 @@ class ToolSpec:
         return {
             "type": "function",
             "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+                "name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def anthropic(self) -> JSONObject:
         """The tool in Anthropic's messages format."""
         return {"name": self.name, "description": self.description, "input_schema": self.parameters}
 
 
+def _object(required: str, **properties: JSONObject) -> JSONObject:
+    """The JSON schema of an object of `properties`, of which `required` is required."""
+    return {"type": "object", "properties": dict(properties), "required": [required],
+            "additionalProperties": False}
+
+
+_INTEGER = {"type": "integer"}
 SEARCH_MESSAGES = ToolSpec(
     "search_messages",
     "Search earlier conversation messages (this thread and others) by keywords. Each word is "
     "matched with stemming and any word may match (AND, OR and NOT are plain words). "
     "Returns snippets with message ids for view_messages.",
-    {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "Keywords to look for."},
-            "thread_id": {
-                "type": "string",
-                "description": "Only this thread (omit to search every thread).",
-            },
-            "limit": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-)
+    _object("query", query={"type": "string", "description": "Keywords to look for."},
+            thread_id={"type": "string",
+                       "description": "Only this thread (omit to search every thread)."},
+            limit={**_INTEGER, "minimum": 1, "maximum": 20, "default": 5}))
 VIEW_MESSAGES = ToolSpec(
     "view_messages",
     "Show a message found by search_messages with the messages around it (tool outputs "
     "reduced to ok/error) and the summaries written just before and after it.",
-    {
-        "type": "object",
-        "properties": {
-            "message_id": {"type": "string", "description": "An id from search_messages."},
-            "radius": {"type": "integer", "minimum": 0, "maximum": 30, "default": 10},
-        },
-        "required": ["message_id"],
-        "additionalProperties": False,
-    },
-)
+    _object("message_id",
+            message_id={"type": "string", "description": "An id from search_messages."},
+            radius={**_INTEGER, "minimum": 0, "maximum": 30, "default": 10}))
 RECALL = ToolSpec(
     "recall",
     "Recall long-term knowledge (facts and procedures learned in earlier work) relevant to a "
     "query. Each memory is shown as a snippet with its id; get_node shows one whole.",
-    {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "What to recall."},
-            "k": {"type": "integer", "minimum": 1, "maximum": 30, "default": 10},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-)
-
+    _object("query", query={"type": "string", "description": "What to recall."},
+            k={**_INTEGER, "minimum": 1, "maximum": 30, "default": 10}))
 GET_NODE = ToolSpec(
     "get_node",
     f"Show one memory (an id from recall) whole: its text a page of {PAGE_CHARS} characters "
     "at a time (pass the next_offset it gives to read on), and its data.",
-    {
-        "type": "object",
-        "properties": {
-            "node_id": {"type": "string", "description": "An id from recall."},
-            "offset": {"type": "integer", "minimum": 0, "default": 0},
-        },
-        "required": ["node_id"],
-        "additionalProperties": False,
-    },
-)
-
+    _object("node_id", node_id={"type": "string", "description": "An id from recall."},
+            offset={**_INTEGER, "minimum": 0, "default": 0}))
 TOOLS: dict[str, ToolSpec] = {
     spec.name: spec
     for spec in [
-        SEARCH_MESSAGES,
-        VIEW_MESSAGES,
-        RECALL,
-        GET_NODE,
-        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS),
-    ]
-}
+        SEARCH_MESSAGES, VIEW_MESSAGES, RECALL, GET_NODE,
+        *(ToolSpec(t["name"], t["description"], t["parameters"]) for t in EVICTION_TOOL_SPECS)]}
 MEMORY_TOOLS = ("search_messages", "view_messages", "recall", "get_node")
 EVICTION_TOOL_NAMES = ("save_snapshot", "attach_messages_to_goals", "everything_ok")
 
@@ -206,18 +152,11 @@ def anthropic_tools(names: Iterable[str] = MEMORY_TOOLS) -> list[JSONObject]:
 
 
 async def execute_tool(mem: Memory, call: ToolCall, **context: object) -> str:
-    """Runs one tool call against `mem`; returns the text to give back to the model.
-
-    Context (keyword arguments, each optional):
-    - `thread_id`: the calling agent's thread; `search_messages` then leaves out what its
-      viewport already shows.
-    - `repo`: the repo `recall` searches (without it, recall answers with an error text).
-    - `eviction`: the `EvictionTools` of an eviction in progress, which the eviction tools
-      act on (without it, they answer with an error text).
-
-    Errors the model can fix (bad arguments, unknown ids, an unknown tool) come back as text
-    starting with "error:"; nothing is raised for them. No answer passes `MAX_OUTPUT_CHARS`.
-    """
+    """Runs one tool call against `mem`; returns the text to give back to the model (at most
+    `MAX_OUTPUT_CHARS`; what the model can fix as "error: ..."). Context, each optional:
+    `thread_id` (the agent's thread: `search_messages` leaves out what its viewport shows),
+    `repo` (what `recall` and `get_node` read), `eviction` (the `EvictionTools` of an eviction
+    in progress, which the eviction tools act on)."""
     return clip(await _execute(mem, call, context), MAX_OUTPUT_CHARS)
 
 
@@ -230,8 +169,7 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
             search = _read(args, _Search)
             hits = await mem.search_messages(
                 search.query, thread_id=search.thread_id, limit=search.limit,
-                exclude_viewport_of=_context_thread(context),
-            )
+                exclude_viewport_of=_context_thread(context))
             return render_hits(hits)
         if call.name == "view_messages":
             view = _read(args, _View)
@@ -241,8 +179,7 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
                 found.messages,
                 found.target.seq,
                 MAX_OUTPUT_CHARS - 4_000,  # room for the six snapshot lines
-                lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60,
-            )
+                lambda m: min(len(m.content), ZONE_MESSAGE_CHARS) + 60)
             return replace(found, messages=kept).render()
         if call.name == "recall":
             repo = context.get("repo")
@@ -270,9 +207,8 @@ async def _execute(mem: Memory, call: ToolCall, context: dict[str, object]) -> s
     return f"error: unknown tool {call.name!r}; known: {', '.join(sorted(TOOLS))}"
 
 
-def nearest(
-    messages: Sequence[Message], seq: int, budget: int, size: Callable[[Message], int]
-) -> list[Message]:
+def nearest(messages: Sequence[Message], seq: int, budget: int,
+            size: Callable[[Message], int]) -> list[Message]:
     """The messages nearest to `seq` (the target first) whose sizes fit in `budget`, in
     their order: a bounded view drops the far ends, never the target."""
     kept: set[int] = set()

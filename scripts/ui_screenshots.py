@@ -63,8 +63,8 @@ async def fill(db: Path) -> str:
         await mem.open_repo(DEFAULT_REPO)
         for script in conversation.sessions:
             done = await mem.start_session(script.goal, repo=DEFAULT_REPO)
-            for observation, action in script.steps:
-                await mem.append(done, observation, action)
+            for step in script.steps:
+                await mem.append(done, step.observation, step.action)
             # A generous wait: the offline extraction of a long session takes seconds.
             await mem.close_and_commit(done, max_polls=2400)
         sid = await mem.start_session("Prepare the orders migration", repo=DEFAULT_REPO)

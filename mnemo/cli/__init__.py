@@ -1,12 +1,7 @@
-"""The `mnemo` command line (typer + rich): `demo`, `ingest`, `recall`, `repos`, `reembed`,
-`sessions`, `session`, `view`, `show`, `graph`, `search`, `purge`, `doctor`, `migrate`,
-`history`, `diff`, `revert`, `mcp` and `ui`. `main` is the console script; `app` the typer
-application (each command module registers its commands on it), built when first asked for.
-
-`main` imports only the module of the command asked for (`COMMANDS`): `mnemo repos` never
-loads what `mnemo doctor` probes servers with, and `mnemo --version` imports none of it.
-Without a command, or with one it does not know (`mnemo --help`, a typo), every module is
-imported, so the help lists every command and typer names the unknown one."""
+"""The `mnemo` command line (typer + rich). `main` is the console script; `app` the typer
+application, built when first asked for. `main` imports only the module of the command asked
+for (`COMMANDS`), so `mnemo repos` never loads what `mnemo doctor` probes with; without a
+command, or with an unknown one, every module is, so the help lists every command."""
 
 from __future__ import annotations
 
@@ -27,27 +22,11 @@ __all__ = ["app", "main"]
 # (the modules' import order). tests/cli/test_cli_startup.py checks it against the commands
 # the modules register.
 COMMANDS: dict[str, str] = {
-    "demo": "commands",
-    "ingest": "commands",
-    "recall": "commands",
-    "sessions": "commands",
-    "graph": "commands",
-    "search": "commands",
-    "purge": "commands",
-    "forget": "commands",
-    "mcp": "serve",
-    "ui": "serve",
-    "doctor": "doctor",
-    "history": "history",
-    "diff": "history",
-    "revert": "history",
-    "show": "node",
-    "repos": "manage",
-    "reembed": "manage",
-    "view": "manage",
-    "session": "manage",
-    "migrate": "migrate",
-}
+    **dict.fromkeys(("demo", "ingest", "recall", "sessions", "graph", "search", "purge",
+                     "forget"), "commands"),
+    "mcp": "serve", "ui": "serve", "doctor": "doctor",
+    **dict.fromkeys(("history", "diff", "revert"), "history"), "show": "node",
+    **dict.fromkeys(("repos", "reembed", "view", "session"), "manage"), "migrate": "migrate"}
 
 
 def main() -> None:

@@ -87,14 +87,9 @@ def _fail(message: str, status: int) -> NoReturn:
     raise typer.Exit(status)
 
 
-app = typer.Typer(
-    name="mnemo",
-    cls=_Commands,
-    help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+app = typer.Typer(name="mnemo", cls=_Commands,
+                  help="mnemo: memory for LLM agents. Look inside a memory, fill it, serve it.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 @app.callback()
@@ -102,14 +97,11 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
-        ),
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
     ] = False,
-    verbose: Annotated[
-        bool,
-        typer.Option("--verbose", "-v", help="Log what mnemo and its drivers do (INFO) on "
-                                             "stderr."),
-    ] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Log what mnemo and its drivers do (INFO) on "
+                                "stderr.")] = False,
 ) -> None:
     """mnemo: memory for LLM agents. Look inside a memory, fill it, serve it."""
     global _verbose
@@ -121,8 +113,7 @@ Where = Annotated[
     list[str] | None,
     typer.Option("--where", help="Only the scope whose metadata has KEY=VALUE (a string; "
                                  "KEY:=JSON for a number or true/false); repeat it for more "
-                                 "keys, or a key for any of its values."),
-]
+                                 "keys, or a key for any of its values.")]
 
 
 
@@ -149,9 +140,8 @@ async def close(model: object) -> None:
 
 @asynccontextmanager
 async def models(settings: Settings) -> AsyncIterator[tuple[LLM | None, Embedder | None]]:
-    """The LLM and embedder the settings name (None: each repo's own, else the default), the
-    LLM tuned by the settings' temperature and request timeout; closed when the block ends
-    (a `Memory` leaves the models it is given open).
+    """The LLM (tuned by the settings) and embedder the settings name (None: each repo's own),
+    closed when the block ends (a `Memory` leaves the models it is given open).
 
     Raises:
         ModelURIError: an unknown provider or a missing key, in one line.
@@ -178,13 +168,8 @@ def check_store(settings: Settings, *, writes: bool) -> None:
 
 
 @asynccontextmanager
-async def open_memory(
-    settings: Settings,
-    *,
-    writes: bool = False,
-    works: bool = False,
-    on_event: EventCallback | None = None,
-) -> AsyncIterator[Memory]:
+async def open_memory(settings: Settings, *, writes: bool = False, works: bool = False,
+                      on_event: EventCallback | None = None) -> AsyncIterator[Memory]:
     """The Memory the settings choose, after checking the store. `writes`: the store may be
     created. `works`: the Memory does work (sessions, ingest); otherwise it is opened for
     inspection (`Memory(inspect=True)`), so a command that looks never resumes or takes over
@@ -192,10 +177,8 @@ async def open_memory(
     # The models first: a mistyped --llm is reported before anything about the store.
     async with models(settings) as (llm, embedder):
         check_store(settings, writes=writes)
-        async with Memory(
-            settings.store, llm=llm, embedder=embedder, on_event=on_event,
-            config=settings.config, inspect=not works,
-        ) as mem:
+        async with Memory(settings.store, llm=llm, embedder=embedder, on_event=on_event,
+                          config=settings.config, inspect=not works) as mem:
             yield mem
 
 

@@ -1,10 +1,6 @@
-"""Which file a command works on, checked before `Memory` touches it
-(`mnemo.storage.files.store_file` says what a file holds):
-
-- a read command needs an existing mnemo database;
-- a write command (ingest, demo, mcp) may create a missing or empty file, and may use a
-  database with no tables at all, but never a file that holds something else.
-"""
+"""Which file a command works on, checked before `Memory` touches it: a read command needs an
+existing mnemo database; a write command may create a missing or empty file, or use a database
+with no tables, but never a file that holds something else."""
 
 from __future__ import annotations
 
@@ -19,13 +15,11 @@ class CliError(Exception):
 
 
 def check_database(path: Path, *, must_exist: bool) -> None:
-    """Checks that `path` is a mnemo database, or (when `must_exist` is False) a place where one
-    may be created.
+    """Checks that `path` is a mnemo database, or (unless `must_exist`) where one may be made.
 
     Raises:
-        CliError: a missing file (when `must_exist`), a directory, a file that is not SQLite,
-            a SQLite file that is not mnemo's, or one that cannot be opened (a read-only
-            folder).
+        CliError: a missing file (when `must_exist`), a directory, a file that is not a mnemo
+            database, or one that cannot be opened.
     """
     try:
         found = store_file(path)
@@ -38,8 +32,7 @@ def check_database(path: Path, *, must_exist: bool) -> None:
     if found is StoreFile.MISSING and must_exist:
         raise CliError(
             f"no database at {path} (create one with `mnemo ingest` or `mnemo demo`, "
-            "or pass --store)"
-        )
+            "or pass --store)")
     if found is StoreFile.DIRECTORY:
         raise CliError(f"{path} is a directory, not a database file")
     if found is StoreFile.EMPTY and must_exist:

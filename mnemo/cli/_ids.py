@@ -1,14 +1,7 @@
-"""Ids as a person reads and types them: shown short, as git shows commit hashes, and taken
-back by any unique prefix.
-
-mnemo's ids are a kind and 32 hex digits (`session_58a4e06e...`, `changeset_...`,
-`semantic_...`), a step's node its episode's and an index (`episodic_episode_085d...:3`): 41
-characters and more, cut over several lines in a table at 80 columns. A table shows each id
-as the shortest prefix of its digits, 8 at least, that no other id it knows shares, and a
-step's index (`085d80d9:3`; the column's title or the row names the kind); a command takes
-the whole id, or any prefix of it or of its digits, with the step's index
-(`mnemo.inputs.names_id`), that names one id.
-"""
+"""Ids as a person reads and types them: a table shows each id as the shortest prefix of its
+digits, 8 at least, that no other id it knows shares (and a step's `:index`), as git shows
+commit hashes; a command takes the whole id, or any prefix of it or of its digits that names
+one id (`mnemo.inputs.names_id`)."""
 
 from __future__ import annotations
 
@@ -20,9 +13,8 @@ from mnemo.inputs import names_id, split_id
 MIN_DIGITS = 8
 
 
-def short_ids(
-    shown: Iterable[str], known: Iterable[str] = (), *, kind: bool = True
-) -> dict[str, str]:
+def short_ids(shown: Iterable[str], known: Iterable[str] = (), *,
+              kind: bool = True) -> dict[str, str]:
     """Each shown id as its kind (unless `kind` is False: a column's title names it), the
     shortest prefix of its digits (at least `MIN_DIGITS`) that names no other id of `shown`
     or `known`, and its step index; the whole id where even all its digits name another."""
@@ -51,9 +43,8 @@ def resolve_id(given: str, candidates: Sequence[str], what: str) -> str:
     return resolve_in_repos(given, {"": candidates}, what)[1]
 
 
-def resolve_in_repos(
-    given: str, candidates: Mapping[str, Sequence[str]], what: str
-) -> tuple[str, str]:
+def resolve_in_repos(given: str, candidates: Mapping[str, Sequence[str]],
+                     what: str) -> tuple[str, str]:
     """The one (repo, id) among each repo's candidates that `given` names; the whole id wins
     over prefixes. Messages name the repos when there are several (a repo named "" is none).
 

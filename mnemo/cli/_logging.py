@@ -1,16 +1,8 @@
-"""Where log records go while a command runs.
-
-Without a handler, Python prints every library's warnings bare on stderr. The PostgreSQL
-driver warns each time a query is cancelled (`query cancellation interrupted`), and its pool
-each time it drops the connection that left (`discarding closed connection`): a command
-that closes its Memory cancels the background queries still waiting, so every command on a
-PostgreSQL store printed both, and nothing was wrong. While a command runs:
-
-- every logger's warnings and errors go to stderr, one line each, `warning: NAME: message`;
-- the driver's and its pool's (`psycopg`, `psycopg.pool`) only from ERROR up: a connection
-  that really fails reaches the command as a `StorageError` (one line, exit 2) all the same;
-- `mnemo --verbose ...` shows mnemo's INFO records too, and the driver's warnings.
-"""
+"""Where log records go while a command runs: every logger's warnings on stderr, one line each
+(`warning: NAME: message`), the PostgreSQL driver's and its pool's only from ERROR up (a
+command that closes its Memory cancels waiting queries, and they warned each time; a real
+failure reaches the command as a `StorageError`); with `--verbose`, mnemo's INFO records and
+the driver's warnings too."""
 
 from __future__ import annotations
 
@@ -27,9 +19,7 @@ class _Stderr(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            sys.stderr.write(
-                f"{record.levelname.lower()}: {record.name}: {record.getMessage()}\n"
-            )
+            sys.stderr.write(f"{record.levelname.lower()}: {record.name}: {record.getMessage()}\n")
         except Exception:
             self.handleError(record)
 

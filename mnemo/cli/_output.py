@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._ids import short_ids
+from mnemo.text import shorten
 
 if TYPE_CHECKING:
     from mnemo.recall.engine import RecallResult
 
-TEXT_WIDTH = 100
 
 
 def stdout_console() -> Console:
@@ -39,28 +41,38 @@ def print_json(value: object) -> None:
     sys.stdout.write(json_text(value))
 
 
-def shorten(text: str, width: int = TEXT_WIDTH) -> str:
-    """The text on one line, cut at `width` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[RenderableType]] = (), *,
+          empty: tuple[int, str] | None = None, **options: object) -> Table:
+    """A table titled `title` (markup: escape what a user wrote) with `rows`. A column's name
+    may end in marks: `>` right-justified, `~` folded, `!` never wrapped; `empty` puts its
+    text, dimmed, in that column of the one row of a table without rows."""
+    shown = Table(title=title, **{"title_justify": "left", **options})  # type: ignore[arg-type]
+    for column in columns:
+        name = column.rstrip(">~!")
+        marks = column[len(name):]
+        shown.add_column(name, justify="right" if ">" in marks else "left",
+                         overflow="fold" if "~" in marks else "ellipsis", no_wrap="!" in marks)
+    for row in rows:
+        shown.add_row(*row)
+    if empty is not None and not shown.rows:
+        cells: list[RenderableType] = [""] * len(columns)
+        cells[empty[0]] = Text(empty[1], style="dim")
+        shown.add_row(*cells)
+    return shown
+
+
+def progress(console: Console, *, disable: bool = False) -> Progress:
+    """A progress display of bars (description, bar, done of total, time) on `console`."""
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console, disable=disable)
 
 
 def recall_table(result: RecallResult, query: str) -> Table:
     """A recall's memories, best first: score, short id (`mnemo show` takes it), type, phase,
     hop and text."""
-    table = Table(title=f"Recall: {escape(query)}", title_justify="left")
-    table.add_column("score", justify="right")
-    table.add_column("id", no_wrap=True)
-    for column in ("type", "phase"):
-        table.add_column(column)
-    table.add_column("hop", justify="right")
-    table.add_column("text", overflow="fold")
     ids = short_ids([m.node.id for m in result.memories], kind=False)
-    for m in result.memories:
-        table.add_row(
-            f"{m.score:.3f}", ids[m.node.id], m.node.type.value, str(m.phase), str(m.hop),
-            Text(shorten(m.node.text, 200)),
-        )
-    if not result.memories:
-        table.add_row("", "", "", "", "", Text("(nothing recalled)", style="dim"))
-    return table
+    return table(
+        f"Recall: {escape(query)}", ("score>", "id!", "type", "phase", "hop>", "text~"),
+        [(f"{m.score:.3f}", ids[m.node.id], m.node.type.value, str(m.phase), str(m.hop),
+          Text(shorten(m.node.text, 200))) for m in result.memories],
+        empty=(5, "(nothing recalled)"))

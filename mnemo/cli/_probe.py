@@ -1,23 +1,9 @@
-"""What `mnemo doctor` measures of an LLM's server, with a few small real calls.
-
-- latency: one free-text call (the `"state"` task about one line);
-- structured modes: one small structured task (`"reward"`) in each form the adapter knows
-  (`json_schema`, `tool`, `json` for an OpenAI-compatible server; the forced tool for
-  Anthropic), each through its own adapter built from the URI with `structured=`;
-- requests at once: 1, then 2, then 4 copies of one short request sent together (after an
-  unmeasured batch of 4 that opens the connections); a server that serves n at once answers
-  k <= n of them in about the time of one, so the estimate is the best `k * one / wall(k)`,
-  rounded, at most k;
-- the tasks: annotation's `state`, `subgoal` and `reward` and extraction's `semantic` and
-  `procedural`, each asked once with a one-step input through the adapter as mnemo asks it;
-  each reports the tokens its reply used against its `max_tokens` (a reply that reached the
-  cap was cut, and mnemo would re-ask it);
-- the speed: the reply tokens a second the adapter measured over those calls
-  (`mnemo.adapters.limit.Limit`), and the seconds one request of each task then gets
-  (`Transport.attempt_timeout`: a slow server is given the time its replies need).
-
-Each call runs under `CALL_SECONDS`: a slow server is a finding, not a hang.
-"""
+"""What `mnemo doctor` measures of an LLM's server, with a few small real calls, each under
+`CALL_SECONDS`: the structured-output modes the adapter knows (each through an adapter of its
+own), how many requests it serves at once (1, 2 and 4 copies sent together after a warm-up
+batch: the best `k * one / wall(k)`), whether each annotation and extraction task's reply fits
+its `max_tokens`, and its speed (`mnemo.adapters.limit.Limit`) with the seconds a request of
+each task then gets (`Transport.attempt_timeout`)."""
 
 from __future__ import annotations
 
@@ -119,8 +105,7 @@ class ServerReport:
             "concurrency": self.concurrency,
             "tasks": [t.as_json() for t in self.tasks],
             "tokens_per_second": (None if self.tokens_per_second is None
-                                  else round(self.tokens_per_second, 1)),
-        }
+                                  else round(self.tokens_per_second, 1))}
 
 
 async def timed(check: str, work: Callable[[], Awaitable[str]]) -> Finding:
@@ -161,8 +146,7 @@ async def probe_server(uri: str, llm: LLM) -> ServerReport:
         report.tasks = [
             replace(fit, timeout=transport.attempt_timeout(
                 reply_cap(request.max_tokens, cap), _prompt_tokens(request)))
-            for fit, request in zip(report.tasks, requests, strict=True)
-        ]
+            for fit, request in zip(report.tasks, requests, strict=True)]
     return report
 
 
@@ -181,8 +165,7 @@ def planned_concurrency(llm: LLM, served_at_once: int | None) -> int:
     The one place `mnemo doctor` asks it: the adapter's pinned `concurrency` when it has one;
     otherwise the parallel probe's estimate of what the server serves at once (1 when there
     is none), which the adapter's adaptive limit (`mnemo.adapters.limit.Limit`) converges to,
-    at most its `max_concurrency` ceiling.
-    """
+    at most its `max_concurrency` ceiling."""
     limit = getattr(llm, "concurrency", None)
     if isinstance(limit, Limit) and limit.pinned is not None:
         return limit.pinned
@@ -203,14 +186,11 @@ def _mode_names(llm: LLM) -> tuple[str, ...]:
 
 async def _modes(uri: str, llm: LLM) -> list[Finding]:
     findings = []
-    request = reward_request(
-        goal=GOAL, subgoal="check the configuration", observation=PROBE, action="nginx -t",
-        next_observation=None,
-    )
+    request = reward_request(goal=GOAL, subgoal="check the configuration", observation=PROBE,
+                             action="nginx -t", next_observation=None)
     for mode in _mode_names(llm):
         model = llm if isinstance(llm, Anthropic) else llm_from_uri(
-            with_settings(uri, structured=mode)
-        )
+            with_settings(uri, structured=mode))
 
         async def ask(model: LLM = model) -> str:
             reply = await model.generate(request)
@@ -233,9 +213,7 @@ async def _at_once(uri: str, report: ServerReport) -> None:
     and the estimate of how many the server serves at once."""
     # An adapter of its own, pinned so that every copy goes out at once (an adapting limit
     # would start at 2 and measure itself).
-    model = llm_from_uri(
-        with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE))
-    )
+    model = llm_from_uri(with_settings(uri, max_concurrency=max(AT_ONCE), concurrency=max(AT_ONCE)))
     base = state_probe()
     request = LLMRequest(base.task, base.system, base.messages, max_tokens=_PARALLEL_TOKENS)
     try:
@@ -280,21 +258,18 @@ def _task_requests() -> list[LLMRequest]:
         reward_request(goal=GOAL, subgoal=subgoal, observation=PROBE, action="nginx -t",
                        next_observation=None),
         semantic_request(goal=GOAL, subgoal=subgoal, steps=[step]),
-        procedural_request(goal=GOAL, subgoal=subgoal, steps=[step]),
-    ]
+        procedural_request(goal=GOAL, subgoal=subgoal, steps=[step])]
 
 
 async def _fit(llm: LLM, request: LLMRequest) -> TaskFit:
     cap = reply_cap(request.max_tokens, getattr(llm, "max_tokens", request.max_tokens or 0))
-    start = time.monotonic()
-    try:
-        with anyio.fail_after(CALL_SECONDS):
-            reply = await llm.generate(request)
-    except TimeoutError:
-        return TaskFit(request.task, False, cap, None,
-                       f"no answer within {CALL_SECONDS:.0f} s", time.monotonic() - start)
-    except MnemoError as exc:
-        return TaskFit(request.task, False, cap, None, one_line(exc), time.monotonic() - start)
-    # Summed over the re-asks of an unusable reply, if there were any.
-    used = reply.usage.output_tokens if reply.usage is not None else None
-    return TaskFit(request.task, True, cap, used, "answered", time.monotonic() - start)
+    used: list[int | None] = [None]
+
+    async def ask() -> str:
+        reply = await llm.generate(request)
+        # Summed over the re-asks of an unusable reply, if there were any.
+        used[0] = reply.usage.output_tokens if reply.usage is not None else None
+        return "answered"
+
+    found = await timed(request.task, ask)
+    return TaskFit(request.task, found.ok, cap, used[0], found.detail, found.seconds)

@@ -1,31 +1,8 @@
-"""Which store and which models a command uses: flags, then environment, then a config file,
-then the defaults (the order most command-line tools follow).
-
-| setting            | flag                   | environment                | file key             |
-| ------------------ | ---------------------- | -------------------------- | -------------------- |
-| store              | `--store` (`--db`)     | `MNEMO_STORE` (`MNEMO_DB`) | `store`              |
-| LLM                | `--llm`                | `MNEMO_LLM`                | `llm`                |
-| embedder           | `--embedder`           | `MNEMO_EMBEDDER`           | `embedder`           |
-| temperature        | `--temperature`        | `MNEMO_TEMPERATURE`        | `temperature`        |
-| LLM timeout        | `--llm-timeout`        | `MNEMO_LLM_TIMEOUT`        | `llm_timeout`        |
-| extraction timeout | `--extraction-timeout` | `MNEMO_EXTRACTION_TIMEOUT` | `extraction_timeout` |
-
-The store defaults to `memory.db`, the models as below, the temperature and the LLM timeout to
-the LLM URI's own or the adapter's (0, 60 s), the extraction timeout to 60 s.
-The temperature (a number >= 0, or `server` for the server's own default) and the request
-timeout tune the chosen LLM: they join its URI as settings (`?temperature=...&timeout=...`,
-see `mnemo.adapters.uri`), overriding those the URI carries, and without an LLM chosen a flag
-giving one is an error. The extraction timeout is the `Config.extraction_timeout` of the
-command's `Memory`: it bounds the conversation memory's model calls and each extraction of a
-repo the command creates. Like `--llm`, a setting given to a command that only reads applies
-to that command alone.
-
-The config file is TOML: `--config PATH`, else `$MNEMO_CONFIG`, else `./mnemo.toml`, else
-`$XDG_CONFIG_HOME/mnemo/config.toml` (`~/.config/mnemo/config.toml`); a relative `store` in it
-is relative to the file. It holds no keys: those come from the providers' usual variables
-(`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`). With no model chosen anywhere, each repo runs the
-models it recorded, and a new repo the defaults (`offline`, the embedded embedder).
-"""
+"""Which store and which models a command uses: flags, then environment (`MNEMO_STORE`, ...),
+then a TOML config file (`--config`, `$MNEMO_CONFIG`, `./mnemo.toml`, then
+`$XDG_CONFIG_HOME/mnemo/config.toml`; a relative `store` is relative to it), then the
+defaults. README's "Command line" lists them. The temperature and LLM timeout join the chosen
+LLM's URI (`mnemo.adapters.uri`); the extraction timeout is the command's `Config`."""
 
 from __future__ import annotations
 
@@ -35,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -48,84 +25,38 @@ DEFAULT_STORE = "memory.db"
 MODEL_KEYS = ("temperature", "llm_timeout", "extraction_timeout")
 FILE_KEYS = ("store", "llm", "embedder", *MODEL_KEYS)
 _ENV = {
-    "store": ("MNEMO_STORE", "MNEMO_DB"),
-    "llm": ("MNEMO_LLM",),
-    "embedder": ("MNEMO_EMBEDDER",),
-    "temperature": ("MNEMO_TEMPERATURE",),
-    "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
-    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",),
-}
+    "store": ("MNEMO_STORE", "MNEMO_DB"), "llm": ("MNEMO_LLM",), "embedder": ("MNEMO_EMBEDDER",),
+    "temperature": ("MNEMO_TEMPERATURE",), "llm_timeout": ("MNEMO_LLM_TIMEOUT",),
+    "extraction_timeout": ("MNEMO_EXTRACTION_TIMEOUT",)}
 _FLAGS = {
-    "temperature": "--temperature",
-    "llm_timeout": "--llm-timeout",
-    "extraction_timeout": "--extraction-timeout",
-}
+    "temperature": "--temperature", "llm_timeout": "--llm-timeout",
+    "extraction_timeout": "--extraction-timeout"}
 
-StoreOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--store", "--db",
-        help="The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default "
-             "memory.db).",
-        show_default=False,
-    ),
-]
-LlmOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--llm",
-        help="The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL "
-             "(env MNEMO_LLM; default: each repo's own).",
-        show_default=False,
-    ),
-]
-EmbedderOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--embedder",
-        help="The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] "
-             "(env MNEMO_EMBEDDER; "
-             "default: each repo's own).",
-        show_default=False,
-    ),
-]
-TemperatureOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--temperature",
-        help="The LLM's sampling temperature: a number >= 0, or server for the server's own "
-             "(env MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models "
-             "do better above 0).",
-        show_default=False,
-    ),
-]
-LlmTimeoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--llm-timeout",
-        help="Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM "
-             "URI's, else 60).",
-        show_default=False,
-    ),
-]
-ExtractionTimeoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--extraction-timeout",
-        help="Seconds an extraction, and each conversation-memory model call, may take (env "
-             "MNEMO_EXTRACTION_TIMEOUT; default 60).",
-        show_default=False,
-    ),
-]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config",
-        help="A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml "
-             "or ~/.config/mnemo/config.toml).",
-        dir_okay=False, show_default=False,
-    ),
-]
+def _option(*flags: str, help: str, **more: Any) -> Any:
+    return typer.Option(*flags, help=help, show_default=False, **more)
+
+
+StoreOpt = Annotated[str | None, _option("--store", "--db", help=(
+    "The store: a SQLite file or a postgresql:// URL (env MNEMO_STORE; default memory.db)."))]
+LlmOpt = Annotated[str | None, _option("--llm", help=(
+    "The LLM: offline, openai:MODEL, anthropic:MODEL, openai-compatible:MODEL@URL (env "
+    "MNEMO_LLM; default: each repo's own)."))]
+EmbedderOpt = Annotated[str | None, _option("--embedder", help=(
+    "The embedder: minilm, e5-small-q4, hash[:DIM], openai:MODEL[@URL] (env MNEMO_EMBEDDER; "
+    "default: each repo's own)."))]
+TemperatureOpt = Annotated[str | None, _option("--temperature", help=(
+    "The LLM's sampling temperature: a number >= 0, or server for the server's own (env "
+    "MNEMO_TEMPERATURE; default: the LLM URI's, else 0; small local models do better above "
+    "0)."))]
+LlmTimeoutOpt = Annotated[float | None, _option("--llm-timeout", help=(
+    "Seconds one LLM request may take (env MNEMO_LLM_TIMEOUT; default: the LLM URI's, else "
+    "60)."))]
+ExtractionTimeoutOpt = Annotated[float | None, _option("--extraction-timeout", help=(
+    "Seconds an extraction, and each conversation-memory model call, may take (env "
+    "MNEMO_EXTRACTION_TIMEOUT; default 60)."))]
+ConfigOpt = Annotated[Path | None, _option("--config", dir_okay=False, help=(
+    "A TOML file with store, llm and embedder (env MNEMO_CONFIG; default ./mnemo.toml or "
+    "~/.config/mnemo/config.toml)."))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +85,12 @@ class Settings:
         if self.llm is None:
             flagged = [
                 _FLAGS[key] for key in ("temperature", "llm_timeout")
-                if self.sources.get(key) == _FLAGS[key]
-            ]
+                if self.sources.get(key) == _FLAGS[key]]
             if flagged:
                 raise CliError(
                     f"{' and '.join(flagged)} tune the LLM chosen with --llm (or MNEMO_LLM, or "
                     "llm in the config file); none is chosen, and each repo's recorded model "
-                    "keeps its own settings"
-                )
+                    "keeps its own settings")
             return None
         return with_settings(self.llm, **given)
 
@@ -183,9 +112,7 @@ class Settings:
         return Path(self.store)
 
 
-def config_file(
-    given: Path | None, env: Mapping[str, str], cwd: Path
-) -> tuple[Path | None, bool]:
+def config_file(given: Path | None, env: Mapping[str, str], cwd: Path) -> tuple[Path | None, bool]:
     """The config file to read, and whether it was asked for (then it must exist)."""
     if given is not None:
         return given, True
@@ -221,8 +148,7 @@ def read_config(path: Path) -> dict[str, str]:
         if key not in FILE_KEYS:
             hint = " (keys come from OPENAI_API_KEY / ANTHROPIC_API_KEY)" if "key" in key else ""
             raise CliError(
-                f"unknown setting {key!r} in {path} (known: {', '.join(FILE_KEYS)}){hint}"
-            )
+                f"unknown setting {key!r} in {path} (known: {', '.join(FILE_KEYS)}){hint}")
         if key in MODEL_KEYS and isinstance(value, int | float) and not isinstance(value, bool):
             value = str(value)
         if not isinstance(value, str) or not value.strip():
@@ -234,18 +160,10 @@ def read_config(path: Path) -> dict[str, str]:
     return out
 
 
-def resolve(
-    *,
-    store: str | None = None,
-    llm: str | None = None,
-    embedder: str | None = None,
-    config: Path | None = None,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-    temperature: str | None = None,
-    llm_timeout: float | None = None,
-    extraction_timeout: float | None = None,
-) -> Settings:
+def resolve(*, store: str | None = None, llm: str | None = None, embedder: str | None = None,
+            config: Path | None = None, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None, temperature: str | None = None,
+            llm_timeout: float | None = None, extraction_timeout: float | None = None) -> Settings:
     """The settings from flags (the arguments), `env`, the config file and the defaults.
 
     Raises:
@@ -260,8 +178,7 @@ def resolve(
     flags: dict[str, str | None] = {
         "store": store, "llm": llm, "embedder": embedder, "temperature": temperature,
         "llm_timeout": None if llm_timeout is None else repr(llm_timeout),
-        "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout),
-    }
+        "extraction_timeout": None if extraction_timeout is None else repr(extraction_timeout)}
     for key, flag in flags.items():
         value, source = flag, _FLAGS.get(key, f"--{key}")
         for name in _ENV[key]:
@@ -271,41 +188,33 @@ def resolve(
             value, source = from_file[key], str(path)
         chosen[key], sources[key] = value, source if value is not None else "default"
     return Settings(
-        store=chosen["store"] or DEFAULT_STORE,
-        llm=chosen["llm"],
-        embedder=chosen["embedder"],
-        sources=sources,
-        temperature=_temperature(chosen["temperature"], sources["temperature"]),
+        store=chosen["store"] or DEFAULT_STORE, llm=chosen["llm"], embedder=chosen["embedder"],
+        sources=sources, temperature=_temperature(chosen["temperature"], sources["temperature"]),
         llm_timeout=_seconds(chosen["llm_timeout"], "llm_timeout", sources),
-        extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources),
-    )
+        extraction_timeout=_seconds(chosen["extraction_timeout"], "extraction_timeout", sources))
 
 
 def _temperature(value: str | None, source: str) -> str | None:
     if value is None or value.strip().lower() == "server":
         return None if value is None else "server"
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number >= 0):
-        raise CliError(
-            f"the temperature from {source} must be a number >= 0 or server, got {value!r}"
-        )
+    number = _number(value, 0, f"the temperature from {source} must be a number >= 0 or server")
     return f"{number:g}"
 
 
 def _seconds(value: str | None, key: str, sources: Mapping[str, str]) -> float | None:
     if value is None:
         return None
+    return _number(value, math.ulp(0), f"{key} from {sources[key]} must be a number of "
+                                       "seconds > 0")
+
+
+def _number(value: str, least: float, rule: str) -> float:
     try:
         number = float(value)
     except ValueError:
         number = math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise CliError(
-            f"{key} from {sources[key]} must be a number of seconds > 0, got {value!r}"
-        )
+    if not (math.isfinite(number) and number >= least):
+        raise CliError(f"{rule}, got {value!r}")
     return number
 
 
@@ -318,5 +227,4 @@ def check_backend(settings: Settings) -> None:
     if settings.is_url and not has_postgres_driver():
         raise CliError(
             "this mnemo has no PostgreSQL driver, so it cannot open a postgresql:// store: "
-            "pip install 'pymnemo[postgres]', or pass a SQLite file with --store"
-        )
+            "pip install 'pymnemo[postgres]', or pass a SQLite file with --store")

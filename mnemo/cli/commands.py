@@ -1,13 +1,4 @@
-"""The `mnemo` command (typer): look inside a memory and fill it.
-
-Every command takes `--store` (alias `--db`: a SQLite file, or a PostgreSQL URL; see
-`_settings.py` for flags, environment and config file), those that use models `--llm` and
-`--embedder`, and those that print results `--json` for one JSON document on stdout. A problem
-the user can fix (a missing or foreign database file, an unknown repo, a malformed input file,
-a rejected argument, an unknown model provider or a missing key) prints one line,
-`error: ...`, on stderr and exits with status 2, as usage errors do; anything else is a bug
-and keeps its traceback.
-"""
+"""The `mnemo` commands that look inside a memory and fill it (see `mnemo.cli`)."""
 
 from __future__ import annotations
 
@@ -18,27 +9,18 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
-from mnemo.cli._common import (
-    Json,
-    Where,
-    app,
-    check_repo,
-    confirm,
-    open_memory,
-    run,
-)
+from mnemo.cli._common import Json, Where, app, check_repo, confirm, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import short_ids
 from mnemo.cli._output import (
     json_text,
     print_json,
     recall_table,
-    shorten,
     stderr_console,
     stdout_console,
+    table,
 )
 from mnemo.cli._settings import (
     ConfigOpt,
@@ -46,7 +28,6 @@ from mnemo.cli._settings import (
     ExtractionTimeoutOpt,
     LlmOpt,
     LlmTimeoutOpt,
-    Settings,
     StoreOpt,
     TemperatureOpt,
     resolve,
@@ -55,6 +36,7 @@ from mnemo.graph.model import NodeType
 from mnemo.graph.scope import parse_where
 from mnemo.jsonable import hit_json, label, recall_json, session_json
 from mnemo.session.machine import State
+from mnemo.text import shorten
 
 
 class ExportFormat(StrEnum):
@@ -62,30 +44,13 @@ class ExportFormat(StrEnum):
     GRAPHML = "graphml"
 
 
-def _settings(
-    store: str | None,
-    config: Path | None,
-    llm: str | None = None,
-    embedder: str | None = None,
-    tuning: tuple[str | None, float | None, float | None] = (None, None, None),
-) -> Settings:
-    temperature, llm_timeout, extraction_timeout = tuning
-    return resolve(
-        store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-        llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
-    )
-
-
 def _node_types(spec: str | None) -> list[NodeType] | None:
     if spec is None:
         return None
     types: list[NodeType] = []
-    for part in spec.split(","):
-        name = part.strip().lower()
-        if not name:
-            continue
+    for part in filter(str.strip, spec.split(",")):
         try:
-            types.append(NodeType(name))
+            types.append(NodeType(part.strip().lower()))
         except ValueError:
             choices = ", ".join(t.value for t in NodeType)
             raise CliError(f"unknown node type {part.strip()!r} (choose from {choices})") from None
@@ -103,10 +68,8 @@ def demo(
                      "already there is deleted once you agree, or with --force).",
                      dir_okay=False),
     ] = Path("demo.db"),
-    data: Annotated[
-        Path | None,
-        typer.Option(help="A conversation JSON (default: the shipped demo conversation)."),
-    ] = None,
+    data: Annotated[Path | None, typer.Option(
+        help="A conversation JSON (default: the shipped demo conversation).")] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Delete a memory already at --store without asking.")
     ] = False,
@@ -132,18 +95,12 @@ def demo(
 @app.command()
 def ingest(
     file: Annotated[Path, typer.Argument(help="A conversation JSON or a LoCoMo-style file.")],
-    repo: Annotated[
-        str | None,
-        typer.Option("--repo", "-r", help="The repo to fill (default: the file's 'repo')."),
-    ] = None,
-    prefix: Annotated[
-        str | None,
-        typer.Option(help="Source id prefix for a conversation file (default: its stem)."),
-    ] = None,
-    threads: Annotated[
-        bool,
-        typer.Option(help="Also save each session as a conversation thread (for search)."),
-    ] = True,
+    repo: Annotated[str | None, typer.Option(
+        "--repo", "-r", help="The repo to fill (default: the file's 'repo').")] = None,
+    prefix: Annotated[str | None, typer.Option(
+        help="Source id prefix for a conversation file (default: its stem).")] = None,
+    threads: Annotated[bool, typer.Option(
+        help="Also save each session as a conversation thread (for search).")] = True,
     store: StoreOpt = None,
     llm: LlmOpt = None,
     embedder: EmbedderOpt = None,
@@ -154,7 +111,6 @@ def ingest(
     as_json: Json = False,
 ) -> None:
     """Ingest a file: each session becomes one source (idempotent: again adds nothing)."""
-
     from mnemo.cli.ingest import ingest_file, load_file
 
     async def work() -> None:
@@ -164,35 +120,24 @@ def ingest(
         target = repo or parsed.repo
         if not target:
             raise CliError(f"{file} names no repo: pass --repo")
-        settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, extraction_timeout)
-        )
+        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
+                           temperature=temperature, llm_timeout=llm_timeout,
+                           extraction_timeout=extraction_timeout)
         async with open_memory(settings, writes=True, works=True) as mem:
-            report = await ingest_file(
-                mem, target, parsed, threads=threads, console=stderr_console(),
-                show_progress=not as_json,
-            )
+            report = await ingest_file(mem, target, parsed, threads=threads,
+                                       console=stderr_console(), show_progress=not as_json)
         if as_json:
             print_json(report.as_json())
             return
-        table = Table(
-            title=f"Ingested into {escape(target)} ({parsed.shape})", title_justify="left"
-        )
-        for column in ("source", "new", "nodes", "steps", "messages saved"):
-            table.add_column(
-                column, justify="left" if column == "source" else "right", overflow="fold"
-            )
-        for s in report.sources:
-            table.add_row(
-                Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
-                str(s["steps"]), str(s["messages_saved"]),
-            )
         summary = report.as_json()
         console = stdout_console()
-        console.print(table)
+        console.print(table(
+            f"Ingested into {escape(target)} ({parsed.shape})",
+            ("source~", "new>~", "nodes>~", "steps>~", "messages saved>~"),
+            [(Text(s["source_id"]), "yes" if s["created"] else "no", str(s["nodes"]),
+              str(s["steps"]), str(s["messages_saved"])) for s in report.sources]))
         console.print(
-            f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes"
-        )
+            f"{len(report.sources)} sources, {summary['created']} new, {summary['nodes']} nodes")
 
     run(work)
 
@@ -202,15 +147,11 @@ def recall(
     repo: Annotated[str, typer.Argument(help="The repo to search.")],
     query: Annotated[str, typer.Argument(help="What to recall.")],
     k: Annotated[int, typer.Option("-k", "--k", min=1, help="How many memories.")] = 10,
-    types: Annotated[
-        str | None,
-        typer.Option(help="Comma-separated node types, e.g. semantic,episodic (default: all)."),
-    ] = None,
-    reinforce: Annotated[
-        bool,
-        typer.Option("--reinforce", help="Count the memories recalled as accesses, as an "
-                                         "agent's own recall does (a look counts none)."),
-    ] = False,
+    types: Annotated[str | None, typer.Option(
+        help="Comma-separated node types, e.g. semantic,episodic (default: all).")] = None,
+    reinforce: Annotated[bool, typer.Option(
+        "--reinforce", help="Count the memories recalled as accesses, as an "
+                            "agent's own recall does (a look counts none).")] = False,
     where: Where = None,
     store: StoreOpt = None,
     llm: LlmOpt = None,
@@ -222,19 +163,14 @@ def recall(
 ) -> None:
     """Recall a repo's memories for a query: score, short id (for `mnemo show`), type, phase,
     hop and text."""
-
     async def work() -> None:
         wanted = _node_types(types)
         scope = parse_where(where or ())
-        settings = _settings(
-            store, config, llm, embedder, (temperature, llm_timeout, None)
-        )
+        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
+                           temperature=temperature, llm_timeout=llm_timeout)
         async with open_memory(settings) as mem:
             await check_repo(mem, repo)
-            # `open_repo` checks that this Memory's embedder makes the repo's dimension (a repo
-            # written with the hashed embedder is 512, MiniLM 384): a clear EmbeddingError
-            # instead of a shape error deep in the vector search.
-            await mem.open_repo(repo)
+            await mem.open_repo(repo)  # checks the embedder makes the repo's dimension
             result = await mem.recall(repo, query, k=k, types=wanted, reinforce=reinforce,
                                       where=scope)
         if as_json:
@@ -257,9 +193,8 @@ def sessions(
 ) -> None:
     """List the sessions at work (collecting, extracting, ready or failed) of every process
     on the store: id, repo, state, goal, steps, and who holds its extraction until when."""
-
     async def work() -> None:
-        async with open_memory(_settings(store, config)) as mem:
+        async with open_memory(resolve(store=store, config=config)) as mem:
             found = await mem.list_sessions()
         live = [s for s in found if every or s.state is not State.IDLE]
         if as_json:
@@ -268,26 +203,17 @@ def sessions(
         title = "Live sessions" if every else "Sessions at work"
         idle = len(found) - len(live)
         hidden = f", {idle} idle not shown: --all" if idle else ""
-        table = Table(title=f"{title} ({len(live)}{hidden})", title_justify="left")
-        for column in ("session", "repo", "state", "goal", "steps", "holder", "lease until"):
-            # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
-            table.add_column(
-                column, justify="right" if column == "steps" else "left",
-                overflow="fold" if column in ("repo",) else "ellipsis",
-                no_wrap=column not in ("repo", "goal"),
-            )
+        # An id is shown short, never cut: `mnemo session ...` takes any unique prefix.
         ids = short_ids([s.id for s in live], kind=False)
         holders = short_ids({s.holder for s in live if s.holder}, kind=False)
-        for s in live:
-            until = "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S")
-            table.add_row(
-                ids[s.id], Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
-                str(s.steps), Text(holders[s.holder] if s.holder else "-"), until,
-            )
-        if not live:
-            nothing = "(no live sessions)" if every else "(no session at work)"
-            table.add_row("", "", "", Text(nothing, style="dim"), "", "", "")
-        stdout_console().print(table)
+        stdout_console().print(table(
+            f"{title} ({len(live)}{hidden})",
+            ("session!", "repo~", "state!", "goal", "steps>!", "holder!", "lease until!"),
+            [(ids[s.id], Text(s.repo), label(s.state), Text(shorten(s.goal or "-", 60)),
+              str(s.steps), Text(holders[s.holder] if s.holder else "-"),
+              "-" if s.lease_until is None else s.lease_until.strftime("%H:%M:%S"))
+             for s in live],
+            empty=(3, "(no live sessions)" if every else "(no session at work)")))
 
     run(work)
 
@@ -295,15 +221,11 @@ def sessions(
 @app.command()
 def graph(
     repo: Annotated[str, typer.Argument(help="The repo whose graph to show.")],
-    export: Annotated[
-        ExportFormat | None,
-        typer.Option(help="Export every node and link (to stdout, or to --out)."),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Write the export here (format from --export or the suffix).",
-                     dir_okay=False),
-    ] = None,
+    export: Annotated[ExportFormat | None, typer.Option(
+        help="Export every node and link (to stdout, or to --out).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Write the export here (format from --export or the suffix).",
+        dir_okay=False)] = None,
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
@@ -311,46 +233,38 @@ def graph(
     """Count a repo's nodes and links by type, or export the graph as JSON or GraphML."""
     fmt = export
     if fmt is None and out is not None:
-        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(
-            out.suffix.lower()
-        )
+        fmt = {".json": ExportFormat.JSON, ".graphml": ExportFormat.GRAPHML}.get(out.suffix.lower())
 
     from mnemo.cli import graph as graph_export
 
     async def work() -> None:
         if out is not None and fmt is None:
             raise CliError(f"cannot tell the export format of {out}: pass --export json|graphml")
-        settings = _settings(store, config)
-        async with open_memory(settings) as mem:
+        async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
             dumped = await graph_export.dump_graph(mem, repo)
         counts = dumped.counts()
         if fmt is not None:
             text = (
                 graph_export.to_graphml(dumped) if fmt is ExportFormat.GRAPHML
-                else json_text(graph_export.to_json(dumped))
-            )
+                else json_text(graph_export.to_json(dumped)))
             if out is None:
                 typer.echo(text, nl=False)
                 return
             out.write_text(text, encoding="utf-8")
             stderr_console().print(
                 f"wrote {len(dumped.nodes)} nodes and {len(dumped.links)} links to "
-                f"{escape(str(out))}"
-            )
+                f"{escape(str(out))}")
         if as_json:
             print_json({"repo": repo, **counts, **({"out": str(out)} if out else {})})
             return
-        table = Table(title=f"Graph of {escape(repo)}", title_justify="left")
-        table.add_column("kind")
-        table.add_column("type")
-        table.add_column("count", justify="right")
+        shown = table(f"Graph of {escape(repo)}", ("kind", "type", "count>"))
         for kind in ("nodes", "links"):
             for name, n in counts[kind].items():
-                table.add_row(kind[:-1], name, str(n))
-            table.add_row(f"[bold]{kind}", "[bold]total", f"[bold]{sum(counts[kind].values())}")
-            table.add_section()
-        stdout_console().print(table)
+                shown.add_row(kind[:-1], name, str(n))
+            shown.add_row(f"[bold]{kind}", "[bold]total", f"[bold]{sum(counts[kind].values())}")
+            shown.add_section()
+        stdout_console().print(shown)
 
     run(work)
 
@@ -358,9 +272,7 @@ def graph(
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="Words to find in stored messages.")],
-    thread: Annotated[
-        str | None, typer.Option("--thread", "-t", help="Only this thread.")
-    ] = None,
+    thread: Annotated[str | None, typer.Option("--thread", "-t", help="Only this thread.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="How many hits.")] = 5,
     where: Where = None,
     store: StoreOpt = None,
@@ -368,27 +280,21 @@ def search(
     as_json: Json = False,
 ) -> None:
     """Search the conversation threads' messages (full text, best first)."""
-
     async def work() -> None:
         scope = parse_where(where or ())
-        async with open_memory(_settings(store, config)) as mem:
+        async with open_memory(resolve(store=store, config=config)) as mem:
             hits = await mem.search_messages(query, thread_id=thread, limit=limit, where=scope)
         if as_json:
             print_json([hit_json(h) for h in hits])
             return
-        table = Table(title=f"Messages matching: {escape(query)}", title_justify="left")
-        for column in ("rank", "thread", "seq", "role", "snippet", "message"):
-            # The message id shown short, whole: `mnemo view` takes any unique prefix.
-            table.add_column(column, overflow="fold", no_wrap=column == "message")
+        # The message id shown short, whole: `mnemo view` takes any unique prefix.
         ids = short_ids([h.message_id for h in hits], kind=False)
-        for h in hits:
-            table.add_row(
-                f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
-                Text(shorten(h.snippet, 200)), ids[h.message_id],
-            )
-        if not hits:
-            table.add_row("", "", "", "", Text("(no message matches)", style="dim"), "")
-        stdout_console().print(table)
+        stdout_console().print(table(
+            f"Messages matching: {escape(query)}",
+            ("rank~", "thread~", "seq~", "role~", "snippet~", "message~!"),
+            [(f"{h.rank:.3f}", Text(h.thread_id), str(h.seq), Text(h.role),
+              Text(shorten(h.snippet, 200)), ids[h.message_id]) for h in hits],
+            empty=(4, "(no message matches)")))
 
     run(work)
 
@@ -397,19 +303,16 @@ def search(
 def purge(
     thread: Annotated[str, typer.Argument(help="The thread to erase.")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
-    repo: Annotated[
-        str | None,
-        typer.Option(help="Also forget the graph source of the same id in this repo "
-                          "(what `mnemo ingest` made from the session)."),
-    ] = None,
+    repo: Annotated[str | None, typer.Option(
+        help="Also forget the graph source of the same id in this repo "
+             "(what `mnemo ingest` made from the session).")] = None,
     store: StoreOpt = None,
     config: ConfigOpt = None,
     as_json: Json = False,
 ) -> None:
     """Erase a conversation thread for good: messages, summaries, snapshots, search entries."""
-
     async def work() -> None:
-        settings = _settings(store, config)
+        settings = resolve(store=store, config=config)
         async with open_memory(settings) as mem:
             conversation = mem.conversation()
             messages = len(await conversation.raw(thread))
@@ -450,12 +353,11 @@ def forget(
 ) -> None:
     """Erase for good what a source committed (`forget`), or everything in a scope
     (`--where user_id=alice`: `forget_where`)."""
-
     async def work() -> None:
         scope = parse_where(where or ())
         if (source is None) == (scope is None):
             raise CliError("give a source id or --where, one of them")
-        async with open_memory(_settings(store, config, embedder=embedder)) as mem:
+        async with open_memory(resolve(store=store, config=config, embedder=embedder)) as mem:
             await check_repo(mem, repo)
             await mem.open_repo(repo)
             what = f"source {source!r}" if scope is None else f"the scope {scope}"

@@ -1,15 +1,7 @@
-"""`mnemo doctor`: checks the store, the LLM and the embedder the settings choose, with small
-real calls, measures the LLM's server, and prints what it found (exit 1 when a check fails).
-
-The LLM is asked the `"state"` task (one short paragraph, which every provider and the offline
-LLM answer) about one line: its latency. Then, for a model served over HTTP and unless
-`--quick`, `_probe` measures the server: which structured-output modes work, how many requests
-it serves at once, the concurrency mnemo will use with it, whether each task's reply fits its
-`max_tokens`, its speed, and the seconds a request of each task gets at that speed. The embedder
-embeds one short text. A store that does not exist is reported, not created. The first check names
-the installed distribution and fails when another one ships a `mnemo` package of its own into the
-same environment.
-"""
+"""`mnemo doctor`: checks the installed distribution, the store, the LLM (the `"state"` task:
+its latency) and the embedder the settings choose, with small real calls, and unless `--quick`
+measures an HTTP model's server (`_probe`); exit 1 when a check fails. A missing store is
+reported, not created."""
 
 from __future__ import annotations
 
@@ -18,7 +10,6 @@ from typing import Annotated
 import anyio
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from mnemo.adapters.hashing import HashEmbedder
@@ -27,16 +18,8 @@ from mnemo.adapters.offline import OfflineLLM
 from mnemo.adapters.uri import embedder_from_uri, llm_from_uri, model_uri
 from mnemo.cli._common import Json, app, check_store, close
 from mnemo.cli._database import CliError
-from mnemo.cli._output import print_json, shorten, stdout_console
-from mnemo.cli._probe import (
-    AT_ONCE,
-    PROBE,
-    Finding,
-    ServerReport,
-    probe_server,
-    state_probe,
-    timed,
-)
+from mnemo.cli._output import print_json, stdout_console, table
+from mnemo.cli._probe import AT_ONCE, PROBE, Finding, ServerReport, probe_server, state_probe, timed
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
@@ -49,30 +32,27 @@ from mnemo.cli._settings import (
 )
 from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
+from mnemo.text import shorten
 from mnemo.version import DISTRIBUTION, foreign_distributions, installed_version
 
 
-async def diagnose(
-    settings: Settings, *, measure: bool = True
-) -> tuple[list[Finding], ServerReport | None]:
+async def diagnose(settings: Settings, *,
+                   measure: bool = True) -> tuple[list[Finding], ServerReport | None]:
     """One finding each for the store, the LLM and the embedder, and the LLM server's
     measurements (None for the offline LLM, with `measure=False`, or when the LLM failed)."""
-
     async def package() -> str:
         foreign = foreign_distributions()
         if foreign:
             raise CliError(
                 f"{', '.join(foreign)} also installed here, with a `mnemo` package of its own "
                 f"that overwrites {DISTRIBUTION}'s files or is overwritten by them: install "
-                f"{DISTRIBUTION} in an environment without it"
-            )
+                f"{DISTRIBUTION} in an environment without it")
         return f"{DISTRIBUTION} {installed_version()}"
 
     async def store() -> str:
         check_store(settings, writes=False)
-        async with Memory(
-            settings.store, llm=OfflineLLM(), embedder=HashEmbedder(), inspect=True
-        ) as mem:
+        async with Memory(settings.store, llm=OfflineLLM(), embedder=HashEmbedder(),
+                          inspect=True) as mem:
             repos = await mem.list_repos()
             live = await mem.list_sessions()
         names = ", ".join(repos) if repos else "none"
@@ -90,8 +70,7 @@ async def diagnose(
     async def embedder() -> str:
         model: Embedder = (
             embedder_from_uri(settings.embedder) if settings.embedder is not None
-            else default_embedder()
-        )
+            else default_embedder())
         try:
             vectors = await model.embed([PROBE])
         finally:
@@ -122,45 +101,25 @@ def doctor(
     temperature: TemperatureOpt = None,
     llm_timeout: LlmTimeoutOpt = None,
     config: ConfigOpt = None,
-    quick: Annotated[
-        bool,
-        typer.Option("--quick", help="One call each; do not measure the LLM's server."),
-    ] = False,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="One call each; do not measure the LLM's server.")] = False,
     as_json: Json = False,
 ) -> None:
     """Check the store, the LLM and the embedder, and measure the LLM's server: latency,
     structured modes, requests served at once, and whether each task's reply fits."""
-
-    try:
-        settings = resolve(
-            store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
-            llm_timeout=llm_timeout,
-        )
-    except CliError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings = resolve(store=store, llm=llm, embedder=embedder, config=config,
+                       temperature=temperature, llm_timeout=llm_timeout)
     findings, report = anyio.run(lambda: diagnose(settings, measure=not quick))
     ok = all(f.ok for f in findings) and (report is None or report.ok)
     if as_json:
         print_json({
-            "ok": ok,
-            "sources": dict(settings.sources),
-            "checks": [f.as_json() for f in findings],
-            "server": report.as_json() if report is not None else None,
-        })
+            "ok": ok, "sources": dict(settings.sources), "checks": [f.as_json() for f in findings],
+            "server": report.as_json() if report is not None else None})
     else:
         console = stdout_console()
-        table = Table(title="mnemo doctor", title_justify="left")
-        table.add_column("check")
-        table.add_column("result")
-        table.add_column("from")
-        table.add_column("found", overflow="fold")
-        for f in findings:
-            table.add_row(
-                f.check, _verdict(f.ok, "FAIL"), settings.sources.get(f.check, ""),
-                Text(f"{f.detail} ({f.seconds:.2f} s)"),
-            )
-        console.print(table)
+        console.print(table("mnemo doctor", ("check", "result", "from", "found~"), [
+            (f.check, _verdict(f.ok, "FAIL"), settings.sources.get(f.check, ""),
+             Text(f"{f.detail} ({f.seconds:.2f} s)")) for f in findings]))
         if report is not None:
             _print_server(console, report, findings[2].seconds)
     if not ok:
@@ -175,28 +134,19 @@ def _verdict(ok: bool | None, warn: str = "CUT") -> Text:
 
 def _print_server(console: Console, report: ServerReport, latency: float) -> None:
     """The server's measurements as a table of measure, result, found."""
-    table = Table(title="LLM server", title_justify="left")
-    table.add_column("measure")
-    table.add_column("result")
-    table.add_column("found", overflow="fold")
-    table.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
+    shown = table("LLM server", ("measure", "result", "found~"))
+    shown.add_row("latency", _verdict(True), f"one call in {latency:.2f} s")
     for mode in report.modes:
-        table.add_row(
-            f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
-            Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"),
-        )
+        shown.add_row(f"structured: {mode.check}", _verdict(mode.ok, "FAIL"),
+                      Text(f"{shorten(mode.detail, 160)} ({mode.seconds:.2f} s)"))
     walls = ", ".join(f"{n} in {report.at_once[n]:.2f} s" for n in AT_ONCE if n in report.at_once)
     if report.at_once_error is not None:
         walls = f"{walls}; then {report.at_once_error}" if walls else report.at_once_error
     served = report.served_at_once
-    table.add_row(
-        "requests at once", _verdict(served is not None, "FAIL"),
-        Text(f"{walls} -> serves about {served} at once" if served else walls),
-    )
-    table.add_row(
-        "concurrency", Text("->"),
-        f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)",
-    )
+    shown.add_row("requests at once", _verdict(served is not None, "FAIL"),
+                  Text(f"{walls} -> serves about {served} at once" if served else walls))
+    shown.add_row("concurrency", Text("->"),
+                  f"mnemo will keep {report.concurrency} request(s) in flight (probe estimate)")
     for task in report.tasks:
         if not task.ok:
             verdict, found = _verdict(False, "FAIL"), shorten(task.detail, 160)
@@ -210,9 +160,9 @@ def _print_server(console: Console, report: ServerReport, latency: float) -> Non
                 found += ": the reply reached the cap and was cut"
         if task.timeout is not None:
             found += f"; a request gets {task.timeout:.0f} s"
-        table.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
+        shown.add_row(f"task: {task.task}", verdict, Text(f"{found} ({task.seconds:.2f} s)"))
     if report.tokens_per_second is not None:
-        table.add_row("speed", Text("->"), f"about {report.tokens_per_second:.0f} tokens a "
+        shown.add_row("speed", Text("->"), f"about {report.tokens_per_second:.0f} tokens a "
                       "second (a reply's, with a tenth of its prompt's and its overhead): "
                       "a request's time follows it")
-    console.print(table)
+    console.print(shown)

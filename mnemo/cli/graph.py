@@ -1,8 +1,4 @@
-"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML.
-
-Nodes and links come through the `Memory` facade (`get_nodes_by_type`, `links`), so the
-command reads any store, SQLite or PostgreSQL.
-"""
+"""`mnemo graph REPO`: counts by node and link type, and the whole graph as JSON or GraphML."""
 
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ class GraphDump:
         links = Counter(label(e.type) for e in self.links)
         return {
             "nodes": {t.value: nodes[t.value] for t in NodeType},
-            "links": {t.value: links[t.value] for t in LinkType},
-        }
+            "links": {t.value: links[t.value] for t in LinkType}}
 
 
 async def dump_graph(mem: Memory, repo: str) -> GraphDump:
@@ -47,11 +42,8 @@ async def dump_graph(mem: Memory, repo: str) -> GraphDump:
 
 def to_json(graph: GraphDump) -> dict[str, object]:
     return {
-        "repo": graph.repo,
-        "counts": graph.counts(),
-        "nodes": [node_json(n) for n in graph.nodes],
-        "links": [link_json(e) for e in graph.links],
-    }
+        "repo": graph.repo, "counts": graph.counts(), "nodes": [node_json(n) for n in graph.nodes],
+        "links": [link_json(e) for e in graph.links]}
 
 
 def to_graphml(graph: GraphDump) -> str:
@@ -63,29 +55,20 @@ def to_graphml(graph: GraphDump) -> str:
             ("edge", "type")]
     for scope, name in keys:
         ET.SubElement(
-            root,
-            f"{{{GRAPHML_NS}}}key",
-            {"id": f"{scope}_{name}", "for": scope, "attr.name": name, "attr.type": "string"},
-        )
+            root, f"{{{GRAPHML_NS}}}key",
+            {"id": f"{scope}_{name}", "for": scope, "attr.name": name, "attr.type": "string"})
     body = ET.SubElement(
-        root, f"{{{GRAPHML_NS}}}graph", {"id": graph.repo, "edgedefault": "directed"}
-    )
+        root, f"{{{GRAPHML_NS}}}graph", {"id": graph.repo, "edgedefault": "directed"})
     for node in graph.nodes:
         element = ET.SubElement(body, f"{{{GRAPHML_NS}}}node", {"id": node.id})
         values = {
-            "type": label(node.type),
-            "text": node.text,
-            "created_at": node.created_at.isoformat(),
-            "data": json.dumps(node.data, sort_keys=True, ensure_ascii=False),
-        }
+            "type": label(node.type), "text": node.text, "created_at": node.created_at.isoformat(),
+            "data": json.dumps(node.data, sort_keys=True, ensure_ascii=False)}
         for name, value in values.items():
             _data(element, f"node_{name}", value)
     for number, edge in enumerate(graph.links):
-        element = ET.SubElement(
-            body,
-            f"{{{GRAPHML_NS}}}edge",
-            {"id": f"e{number}", "source": edge.src, "target": edge.dst},
-        )
+        element = ET.SubElement(body, f"{{{GRAPHML_NS}}}edge",
+                                {"id": f"e{number}", "source": edge.src, "target": edge.dst})
         _data(element, "edge_type", label(edge.type))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

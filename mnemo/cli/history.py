@@ -14,7 +14,7 @@ from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
 from mnemo.errors import InvalidInputError
 from mnemo.graph.history import CommitDiff, CommitRecord
@@ -22,6 +22,7 @@ from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import Node, NodeType
 from mnemo.jsonable import commit_json, diff_json, link_json, node_json
 from mnemo.memory import Memory
+from mnemo.text import shorten
 
 Repo = Annotated[str, typer.Argument(help="The repo.")]
 # How many of a repo's newest commits a prefix given to `revert` is looked for among.
@@ -29,16 +30,11 @@ RESOLVED = 1_000
 
 
 @app.command()
-def history(
-    repo: Repo,
-    limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
-    store: StoreOpt = None,
-    config: ConfigOpt = None,
-    as_json: Json = False,
-) -> None:
+def history(repo: Repo,
+            limit: Annotated[int, typer.Option(min=1, help="How many commits, newest first.")] = 20,
+            store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
     """List a repo's commits, newest first: id, time, session or source and the goal it
     served, what each added."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
@@ -47,26 +43,16 @@ def history(
         if as_json:
             print_json([commit_json(c, goals.get(c.id)) for c in commits])
             return
-        table = Table(title=f"Commits of {escape(repo)} ({len(commits)})", title_justify="left")
-        table.add_column("seq", justify="right")
         # Ids shown short and whole (`mnemo diff` and `revert` take any unique prefix).
-        table.add_column("commit", no_wrap=True)
-        table.add_column("time", no_wrap=True)
-        table.add_column("from", overflow="fold")
-        for column in ("nodes", "links", "retired"):
-            table.add_column(column, justify="right")
         short = short_ids([c.id for c in commits], kind=False)
         sessions = short_ids({c.session_id for c in commits if c.session_id}, kind=False)
-        for c in commits:
-            table.add_row(
-                str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
-                Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
-                str(c.link_count),
-                str(c.retired_count),
-            )
-        if not commits:
-            table.add_row("", Text("(no commits)", style="dim"), "", "", "", "", "")
-        stdout_console().print(table)
+        stdout_console().print(table(
+            f"Commits of {escape(repo)} ({len(commits)})",
+            ("seq>", "commit!", "time!", "from~", "nodes>", "links>", "retired>"),
+            [(str(c.seq), short[c.id], c.committed_at.strftime("%m-%d %H:%M"),
+              Text(shorten(origin(c, sessions, goals.get(c.id)), 120)), str(c.node_count),
+              str(c.link_count), str(c.retired_count)) for c in commits],
+            empty=(1, "(no commits)")))
 
     run(work)
 
@@ -104,8 +90,7 @@ async def _commit_id(mem: Memory, repo: str | None, given: str) -> tuple[str, st
 def diff(
     commit: Annotated[
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
-                                 "history`).")
-    ],
+                                 "history`).")],
     repo: Annotated[
         str | None, typer.Option("--repo", "-r", help="The commit's repo (default: every "
                                                       "repo is searched).")
@@ -116,7 +101,6 @@ def diff(
 ) -> None:
     """Show what one commit changed: the nodes it added (by type, short id and text), the
     facts it retired, the intents it reworded and the links it added."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             if repo is not None:
@@ -129,13 +113,11 @@ def diff(
                         if (n := await mem.get_node(name, i)) is not None]
         if as_json:
             print_json({
-                "repo": name,
-                "commit": commit_json(changed.commit, goal),
+                "repo": name, "commit": commit_json(changed.commit, goal),
                 "added": [node_json(n) for n in changed.nodes],
                 "retired": [node_json(n) for n in changed.retired],
                 "reworded": [node_json(n) for n in reworded],
-                "links": [link_json(link) for link in changed.links],
-            })
+                "links": [link_json(link) for link in changed.links]})
             return
         print_diff(name, changed, goal, reworded)
 
@@ -148,8 +130,7 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     ends = {end for link in changed.links for end in (link.src, link.dst)}
     short = short_ids(
         [*(n.id for n in (*changed.nodes, *changed.retired, *reworded)), *sorted(ends)],
-        kind=False,
-    )
+        kind=False)
     console = stdout_console()
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -170,22 +151,16 @@ def print_diff(repo: str, changed: CommitDiff, goal: str | None, reworded: list[
     sections = (("added", changed.nodes, "+"), ("retired", changed.retired, "-"),
                 ("reworded", reworded, "~"))
     for title, nodes, mark in sections:
-        if not nodes:
-            continue
-        table = Table(title=f"{title} ({len(nodes)})", title_justify="left", box=None)
-        for column in ("", "id", "type", "text"):
-            table.add_column(column, no_wrap=column != "text", overflow="fold")
-        for node in sorted(nodes, key=lambda n: list(NodeType).index(n.type)):
-            table.add_row(mark, short[node.id], node.type.value, Text(shorten(node.text, 80)))
-        console.print(table)
+        if nodes:
+            console.print(table(
+                f"{title} ({len(nodes)})", ("~!", "id~!", "type~!", "text~"),
+                [(mark, short[node.id], node.type.value, Text(shorten(node.text, 80)))
+                 for node in sorted(nodes, key=lambda n: list(NodeType).index(n.type))],
+                box=None))
     if changed.links:
-        table = Table(title=f"links added ({len(changed.links)})", title_justify="left",
-                      box=None)
-        for column in ("from", "link", "to"):
-            table.add_column(column, no_wrap=True)
-        for link in changed.links:
-            table.add_row(short[link.src], link.type.value, short[link.dst])
-        console.print(table)
+        console.print(table(f"links added ({len(changed.links)})", ("from!", "link!", "to!"),
+                            [(short[link.src], link.type.value, short[link.dst])
+                             for link in changed.links], box=None))
 
 
 @app.command()
@@ -193,8 +168,7 @@ def revert(
     repo: Repo,
     commit: Annotated[
         str, typer.Argument(help="The commit's id, or a unique prefix of it (see `mnemo "
-                                 "history`).")
-    ],
+                                 "history`).")],
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
@@ -202,7 +176,6 @@ def revert(
 ) -> None:
     """Undo one commit: its nodes and links go, the facts it retired hold again. Refused when
     a later commit built on it."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             await check_repo(mem, repo)
@@ -212,8 +185,7 @@ def revert(
                 await confirm(
                     f"Revert commit {commit_id} of {repo!r}: remove its {record.node_count} "
                     f"nodes and {record.link_count} links for good (those another commit "
-                    "shares stay)?", given=yes, as_json=as_json,
-                )
+                    "shares stay)?", given=yes, as_json=as_json)
             undone = await mem.revert(repo, commit_id)
             kept = [n.id for n in undone.nodes if await mem.get_node(repo, n.id) is not None]
         if as_json:
@@ -222,7 +194,6 @@ def revert(
         stdout_console().print(Text(
             f"reverted {undone.commit.id} (revert {undone.commit.reverted_by}): "
             f"{len(undone.nodes) - len(kept)} nodes removed, {len(kept)} shared with other "
-            f"commits kept, {undone.commit.retired_count} facts restored"
-        ))
+            f"commits kept, {undone.commit.retired_count} facts restored"))
 
     run(work)

@@ -1,19 +1,14 @@
 """`mnemo ingest FILE`: the two file shapes it reads, and the ingest itself.
 
-- **A conversation** (the demo's shape, `mnemo/cli/data/demo_conversation.json`): an object
-  with `sessions`, each `{"goal": str, "steps": [{"observation": str, "action": str}]}`, and
-  optionally `repo` and `queries`. A single session object (`goal` and `steps`) is accepted too.
-  Session N becomes source `<prefix>/<N>` (the prefix is the file's stem unless given).
-- **LoCoMo-style**: a list of conversations (or one), each with `sample_id` and a
-  `conversation` object holding `session_N` turn lists (`speaker`, `text`, `dia_id`, optional
-  `blip_caption`) and `session_N_date_time`. Session N of a conversation becomes source
-  `<sample_id>/<N>`, with the very payload `scripts/eval_locomo.py` builds, so either can
-  reuse a database the other filled.
+- A conversation (`mnemo/cli/data/demo_conversation.json`): `sessions` of `goal` and `steps`
+  (`observation`, `action`), optionally `repo` and `queries`; or one session. Session N is
+  source `<prefix>/<N>` (the prefix: the file's stem unless given).
+- LoCoMo-style: conversations with `sample_id` and `session_N` turn lists; session N is source
+  `<sample_id>/<N>`, with the payload `scripts/eval_locomo.py` builds (either can reuse a
+  database the other filled).
 
-Each source is one `Memory.ingest` (idempotent by source id: ingesting a file again adds
-nothing) and, unless disabled, the same session saved as a conversation thread of the same id,
-so that `mnemo search` finds its messages and `mnemo purge` can erase them.
-"""
+Each source is one idempotent `Memory.ingest` and, unless disabled, a conversation thread of
+the same id (`mnemo search` finds it, `mnemo purge` erases it)."""
 
 from __future__ import annotations
 
@@ -24,20 +19,13 @@ from typing import Annotated, TypedDict
 
 import msgspec
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import TaskID
 
 from mnemo.cli._database import CliError
+from mnemo.cli._output import progress as bars
 from mnemo.errors import InvalidInputError
 from mnemo.ingest.model import IngestProgress, Step, Trajectory
-from mnemo.ingest.service import payload_of
-from mnemo.inputs import check_name
+from mnemo.ingest.service import check_ingest
 from mnemo.memory import Memory
 from mnemo.ports import JSONObject
 
@@ -91,12 +79,9 @@ class IngestReport:
 
     def as_json(self) -> dict[str, object]:
         return {
-            "repo": self.repo,
-            "format": self.shape,
-            "sources": self.sources,
+            "repo": self.repo, "format": self.shape, "sources": self.sources,
             "created": sum(1 for s in self.sources if s["created"]),
-            "nodes": sum(s["nodes"] for s in self.sources),
-        }
+            "nodes": sum(s["nodes"] for s in self.sources)}
 
 
 # What a file holds, read by msgspec: a shape's every field is checked as it is read.
@@ -108,14 +93,15 @@ class _Step(msgspec.Struct):
     action: str
 
 
-class _Session(msgspec.Struct):
+class Session(msgspec.Struct):
     goal: NonBlank
     steps: Annotated[list[_Step], msgspec.Meta(min_length=1)]
 
 
-class _Conversation(msgspec.Struct):
-    sessions: Annotated[list[_Session], msgspec.Meta(min_length=1)]
+class Conversation(msgspec.Struct):
+    sessions: Annotated[list[Session], msgspec.Meta(min_length=1)]
     repo: NonBlank | None = None
+    queries: list[str] = []  # the demo's questions
 
 
 class _Turn(msgspec.Struct):
@@ -131,6 +117,22 @@ class _Sample(msgspec.Struct):
     sample_id: NonBlank | None = None
 
 
+def read_json(path: Path) -> object:
+    """The JSON value in the file at `path`.
+
+    Raises:
+        CliError: the file cannot be read, or is not JSON.
+    """
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise CliError(f"{path} is not a JSON file: {exc}") from exc
+    except RecursionError as exc:
+        raise CliError(f"{path} nests too deep to read") from exc
+
+
 def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
     """Reads and checks a conversation or LoCoMo-style file.
 
@@ -138,45 +140,43 @@ def load_file(path: Path, *, prefix: str | None = None) -> IngestFile:
         CliError: the file cannot be read, is not JSON, or has neither shape (naming the first
             offending entry).
     """
-    try:
-        raw = msgspec.json.decode(path.read_bytes())
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise CliError(f"{path} is not a JSON file: {exc}") from exc
-    except RecursionError as exc:
-        raise CliError(f"{path} nests too deep to read") from exc
+    raw = read_json(path)
     if isinstance(raw, dict) and "conversation" in raw:
         raw = [raw]
     try:
         if isinstance(raw, list) and raw and all(
-            isinstance(item, dict) and "conversation" in item for item in raw
-        ):
+            isinstance(item, dict) and "conversation" in item for item in raw):
             samples = msgspec.convert(raw, list[_Sample])
             return IngestFile("locomo", None, [_locomo_batch(s, i) for i, s in enumerate(samples)])
         if isinstance(raw, dict) and ("sessions" in raw or "steps" in raw):
             conversation = msgspec.convert(raw if "sessions" in raw else {"sessions": [raw]},
-                                           _Conversation)
+                                           Conversation)
             return _conversation_file(conversation, prefix or path.stem, path.stem)
     except msgspec.ValidationError as exc:
         raise CliError(f"{path}: {exc}") from exc
     raise CliError(
         f"{path} is neither a conversation (an object with 'sessions') nor a LoCoMo-style file "
-        "(a list of objects with 'conversation')"
-    )
+        "(a list of objects with 'conversation')")
 
 
-def _conversation_file(conversation: _Conversation, prefix: str, name: str) -> IngestFile:
+def _conversation_file(conversation: Conversation, prefix: str, name: str) -> IngestFile:
     sources = []
     for number, session in enumerate(conversation.sessions, start=1):
         steps = [Step(step.observation, step.action) for step in session.steps]
-        messages: list[JSONObject] = []
-        for step in session.steps:
-            messages.append({"role": "user", "content": step.observation})
-            if step.action.strip():
-                messages.append({"role": "assistant", "content": step.action})
-        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps), messages))
+        sources.append(Source(f"{prefix}/{number}", Trajectory(session.goal, steps),
+                              messages(session)))
     return IngestFile("conversation", conversation.repo, [Batch(name, sources)])
+
+
+def messages(session: Session) -> list[JSONObject]:
+    """A session's steps as conversation messages: the observation the user's, the action
+    (when not blank) the assistant's."""
+    out: list[JSONObject] = []
+    for step in session.steps:
+        out.append({"role": "user", "content": step.observation})
+        if step.action.strip():
+            out.append({"role": "assistant", "content": step.action})
+    return out
 
 
 def _locomo_batch(sample: _Sample, index: int) -> Batch:
@@ -185,8 +185,7 @@ def _locomo_batch(sample: _Sample, index: int) -> Batch:
     numbered = sorted(
         (int(match.group(1)), key)
         for key in talk
-        if (match := _SESSION_KEY.fullmatch(key))
-    )
+        if (match := _SESSION_KEY.fullmatch(key)))
     if not numbered:
         raise CliError(f"[{index}].conversation has no session_N turn lists")
     sources = []
@@ -217,22 +216,12 @@ def _normalise_dia_id(raw: str) -> str:
     return f"D{digits[0]}:{digits[1]}" if len(digits) >= 2 else raw.strip()
 
 
-async def ingest_file(
-    mem: Memory,
-    repo: str,
-    parsed: IngestFile,
-    *,
-    threads: bool,
-    console: Console,
-    show_progress: bool,
-) -> IngestReport:
-    """Ingests every source of the file into `repo` (created if needed), one progress bar per
-    conversation and one for the steps of the source being ingested; with `threads`, also
-    saves each session as a conversation thread.
-
-    Every source is checked against the repo's bounds (`Config.max_steps_per_ingest`, the
-    text bound, the rule for source ids) before the first is ingested, so a file that cannot
-    go in whole stores nothing.
+async def ingest_file(mem: Memory, repo: str, parsed: IngestFile, *, threads: bool,
+                      console: Console, show_progress: bool) -> IngestReport:
+    """Ingests every source of the file into `repo` (created if needed), with progress bars;
+    with `threads`, also saves each session as a conversation thread. Every source is checked
+    (`check_ingest`) before the first is ingested: a file that cannot go in whole stores
+    nothing.
 
     Raises:
         CliError: a source that does not pass the checks, naming it.
@@ -242,33 +231,24 @@ async def ingest_file(
     for batch in parsed.batches:
         for source in batch.sources:
             try:
-                check_name(source.source_id, "source id")
-                payload_of(source.trajectory, config)
+                check_ingest(source.trajectory, source.source_id, None, config)
             except InvalidInputError as exc:
                 raise CliError(f"source {source.source_id!r}: {exc}") from exc
     conversation = mem.conversation()
     report = IngestReport(repo, parsed.shape)
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, disable=not show_progress) as progress:
+    with bars(console, disable=not show_progress) as progress:
         for batch in parsed.batches:
             task = progress.add_task(f"ingest {batch.name}", total=len(batch.sources))
             for source in batch.sources:
                 steps = progress.add_task(
-                    f"  {source.source_id}", total=len(source.trajectory.steps)
-                )
+                    f"  {source.source_id}", total=len(source.trajectory.steps))
 
                 def advance(update: IngestProgress, steps: TaskID = steps) -> None:
                     progress.update(steps, completed=update.done,
                                     description=f"  {update.source_id}: {update.stage}")
 
                 receipt = await mem.ingest(
-                    repo, source.trajectory, source_id=source.source_id, progress=advance
-                )
+                    repo, source.trajectory, source_id=source.source_id, progress=advance)
                 progress.remove_task(steps)
                 saved = 0
                 if threads:
@@ -277,13 +257,9 @@ async def ingest_file(
                     saved = len(await conversation.save(source.source_id, source.messages))
                 report.sources.append(
                     {
-                        "source_id": source.source_id,
-                        "created": receipt.created,
-                        "nodes": len(receipt.node_ids),
-                        "steps": len(source.trajectory.steps),
-                        "thread_id": source.source_id if threads else None,
-                        "messages_saved": saved,
-                    }
+                        "source_id": source.source_id, "created": receipt.created,
+                        "nodes": len(receipt.node_ids), "steps": len(source.trajectory.steps),
+                        "thread_id": source.source_id if threads else None, "messages_saved": saved}
                 )
                 progress.advance(task)
     return report

@@ -1,30 +1,23 @@
 """`mnemo repos`, `mnemo reembed REPO`, `mnemo view MESSAGE_ID` and
-`mnemo session close|commit|discard|end ID`.
-
-A session command acts through a `Memory` of its own, so it waits for what it started: `close`
-returns once the extraction has ended (`ready`, or `failed`), `commit` of a failed session once
-the retried extraction has. Waiting is on the session's transition events, for at most
-`--wait` seconds (120 by default); an extraction still running then is left to the next `Memory`
-that opens the repo (it resumes it), and the command says so. `end` of a session at work and
-`discard` ask first (`--yes` skips the question): what they drop never reaches the graph.
-"""
+`mnemo session close|commit|discard|end ID`. A session command waits for what it started (an
+extraction's end, at most `--wait` seconds, else the next `Memory` on the repo resumes it);
+`end` of a session at work and `discard` ask first (`--yes` skips the question)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
 import anyio
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from mnemo.cli._common import Json, app, check_repo, confirm, open_memory, run
 from mnemo.cli._ids import resolve_id, short_ids
-from mnemo.cli._output import print_json, shorten, stderr_console, stdout_console
+from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
 from mnemo.cli._settings import (
     ConfigOpt,
     EmbedderOpt,
@@ -35,25 +28,24 @@ from mnemo.cli._settings import (
     TemperatureOpt,
     resolve,
 )
+from mnemo.conversation.model import Snapshot
 from mnemo.events import Event
 from mnemo.jsonable import label, view_json
 from mnemo.memory import Memory
 from mnemo.ports import JSONObject
 from mnemo.session.machine import State
+from mnemo.text import shorten
 
 if TYPE_CHECKING:
     from mnemo.graph.reembed import ReembedProgress
 
 session_app = typer.Typer(
-    name="session",
-    help="Act on one live session: close, commit, discard or end it.",
-    no_args_is_help=True,
-)
+    name="session", help="Act on one live session: close, commit, discard or end it.",
+    no_args_is_help=True)
 app.add_typer(session_app, name="session")
 
 SessionId = Annotated[
-    str, typer.Argument(help="The session's id, or a unique prefix of it (see `mnemo sessions`).")
-]
+    str, typer.Argument(help="The session's id, or a unique prefix of it (see `mnemo sessions`).")]
 # A close's extraction ends in one of these.
 _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 
@@ -61,7 +53,6 @@ _SETTLED = {State.READY, State.FAILED, State.IDLE, State.COLLECTING}
 @app.command()
 def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = False) -> None:
     """List the repos: name and live sessions."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             names = await mem.list_repos()
@@ -70,14 +61,9 @@ def repos(store: StoreOpt = None, config: ConfigOpt = None, as_json: Json = Fals
         if as_json:
             print_json([{"repo": name, "live_sessions": n} for name, n in rows])
             return
-        table = Table(title=f"Repos ({len(rows)})", title_justify="left")
-        table.add_column("repo", overflow="fold")
-        table.add_column("live sessions", justify="right")
-        for name, n in rows:
-            table.add_row(Text(name), str(n))
-        if not rows:
-            table.add_row(Text("(no repos)", style="dim"), "")
-        stdout_console().print(table)
+        stdout_console().print(table(f"Repos ({len(rows)})", ("repo~", "live sessions>"),
+                                     [(Text(name), str(n)) for name, n in rows],
+                                     empty=(0, "(no repos)")))
 
     run(work)
 
@@ -99,16 +85,6 @@ def reembed(
     a repo of the hashed embedder's retired features gets today's (hash2). The repo is read
     and written as usual meanwhile; interrupted, it keeps its old vectors, and running the
     command again carries on."""
-
-    # What `repos`, `view` and `session` do not need: imported when this command runs.
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
     async def work() -> None:
         settings = resolve(store=store, embedder=embedder, config=config)
         done: JSONObject = {}
@@ -117,12 +93,10 @@ def reembed(
             if event.kind == "repo_reembedded" and event.repo == repo:
                 done.update(event.data)
 
-        columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
-                   MofNCompleteColumn(), TimeElapsedColumn())
         # A writing command: a working Memory (an inspecting one records no model).
         async with open_memory(settings, works=True, on_event=switched) as mem:
             await check_repo(mem, repo)
-            with Progress(*columns, console=stderr_console(), disable=as_json) as bar:
+            with progress(stderr_console(), disable=as_json) as bar:
                 task = bar.add_task(f"reembed {repo}", total=None)
 
                 def advance(update: ReembedProgress) -> None:
@@ -138,8 +112,7 @@ def reembed(
         carried = " (carried on from an earlier run)" if out["resumed"] else ""
         stdout_console().print(Text(
             f"re-embedded {nodes} nodes of {repo} with {out['embedder']} "
-            f"({out['dim']} dimensions){carried}"
-        ))
+            f"({out['dim']} dimensions){carried}"))
 
     run(work)
 
@@ -147,8 +120,7 @@ def reembed(
 @app.command()
 def view(
     message_id: Annotated[
-        str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")
-    ],
+        str, typer.Argument(help="A message id from `mnemo search`, or a unique prefix of it.")],
     radius: Annotated[
         int, typer.Option(min=0, max=100, help="Messages to show on each side.")
     ] = 10,
@@ -157,42 +129,34 @@ def view(
     as_json: Json = False,
 ) -> None:
     """Show a stored message whole, with the messages and snapshots around it."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             found = await mem.message_ids(message_id.strip() or "?", limit=2)
             if not found and "_" not in message_id:
                 found = await mem.message_ids(f"msg_{message_id.strip()}", limit=2)
-            shown = await mem.view_messages(
-                resolve_id(message_id, found, "message"), radius=radius
-            )
+            shown = await mem.view_messages(resolve_id(message_id, found, "message"), radius=radius)
         if as_json:
             print_json(view_json(shown))
             return
         console = stdout_console()
-        for snapshot in shown.snapshots_before:
-            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
-                               f"{shorten(snapshot.text, 300)}", style="dim"))
-        table = Table(title=f"Thread {escape(shown.target.thread_id)}", title_justify="left")
-        table.add_column("seq", justify="right")
-        table.add_column("role")
-        table.add_column("content", overflow="fold")
-        table.add_column("message", no_wrap=True)
+
+        def snapshots(found: Sequence[Snapshot]) -> None:
+            for snapshot in found:
+                console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
+                                   f"{shorten(snapshot.text, 300)}", style="dim"))
+
+        snapshots(shown.snapshots_before)
         short = short_ids([m.id for m in shown.messages], kind=False)
-        for m in shown.messages:
-            target = m.id == shown.target.id
-            table.add_row(
-                str(m.seq), Text(m.role),
-                Text(shorten(m.content, 200), style="bold" if target else ""), short[m.id],
-            )
-        console.print(table)
+        console.print(table(
+            f"Thread {escape(shown.target.thread_id)}", ("seq>", "role", "content~", "message!"),
+            [(str(m.seq), Text(m.role), Text(shorten(m.content, 200),
+                                             style="bold" if m.id == shown.target.id else ""),
+              short[m.id]) for m in shown.messages]))
         # The target whole, below the table: its content is what the command is for.
         whole = shown.target
         console.print(Text(f"message {whole.id} (seq {whole.seq}, {whole.role}):", style="bold"))
         console.print(Text(whole.content), soft_wrap=True)
-        for snapshot in shown.snapshots_after:
-            console.print(Text(f"[snapshot {snapshot.start_seq}..{snapshot.end_seq}] "
-                               f"{shorten(snapshot.text, 300)}", style="dim"))
+        snapshots(shown.snapshots_after)
 
     run(work)
 
@@ -233,14 +197,11 @@ _DROPPED = {
     State.COLLECTING: "its episode's steps never reach the graph",
     State.EXTRACTING: "its extraction stops and its steps never reach the graph",
     State.READY: "its extracted changeset is dropped",
-    State.FAILED: "its steps never reach the graph",
-}
+    State.FAILED: "its steps never reach the graph"}
 
 
-async def _act(
-    mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float,
-    ask: Callable[[str], Awaitable[None]],
-) -> dict[str, object]:
+async def _act(mem: Memory, transitions: _Transitions, action: Action, sid: str, wait: float,
+               ask: Callable[[str], Awaitable[None]]) -> dict[str, object]:
     live = await mem.list_sessions()
     sid = resolve_id(sid, [s.id for s in live], "live session")
     info = next(s for s in live if s.id == sid)
@@ -296,14 +257,11 @@ def _session_command(action: Action) -> None:
         async def work() -> None:
             settings = resolve(
                 store=store, llm=llm, embedder=embedder, config=config, temperature=temperature,
-                llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
-            )
+                llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
             transitions = _Transitions()
             async with open_memory(settings, works=True, on_event=transitions) as mem:
-                out = await _act(
-                    mem, transitions, action, session_id, wait,
-                    functools.partial(confirm, given=yes, as_json=as_json),
-                )
+                out = await _act(mem, transitions, action, session_id, wait,
+                                 functools.partial(confirm, given=yes, as_json=as_json))
             if as_json:
                 print_json(out)
                 return

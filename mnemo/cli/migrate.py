@@ -1,15 +1,7 @@
-"""`mnemo migrate --from SRC --to DST`: copy a memory to another store, and verify the copy.
-
-SRC and DST are each a SQLite file or a `postgresql://` URL (the day a memory
-outgrows one machine, and back). The target is created or migrated to this mnemo's schema
-first; every row whose key it holds already is skipped, so running the command again copies
-nothing and says so. Progress is one bar per table on stderr; the result is a table of counts
-and the checksum of the nodes' ids and texts, both verified equal on the two sides.
-
-Exit status: 0 when copied and verified; 2 when refused before copying (no source, the same
-store twice, a node id the target holds with another text); 1 when the copy does not verify
-(a table's counts or the checksums differ: the message names the table).
-"""
+"""`mnemo migrate --from SRC --to DST`: copy a memory to another store (SQLite file or
+`postgresql://` URL), skipping the rows the target holds already, and verify the copy by
+counts and a checksum. Exit status 0 when verified; 2 when refused before copying; 1 when the
+copy does not verify."""
 
 from __future__ import annotations
 
@@ -18,19 +10,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
+from rich.progress import Progress, TaskID, TextColumn
 
 from mnemo.cli._common import Json, app, run
 from mnemo.cli._database import CliError, check_database
-from mnemo.cli._output import print_json, stderr_console, stdout_console
+from mnemo.cli._output import print_json, progress, stderr_console, stdout_console, table
 from mnemo.errors import StorageError
 from mnemo.storage.ports import has_postgres_driver, is_postgres
 from mnemo.storage.transfer import TransferReport, open_dump, same_store, transfer
@@ -38,13 +22,11 @@ from mnemo.storage.transfer import TransferReport, open_dump, same_store, transf
 SourceOpt = Annotated[
     str,
     typer.Option("--from", help="The memory to copy: a SQLite file or a postgresql:// URL.",
-                 show_default=False),
-]
+                 show_default=False)]
 TargetOpt = Annotated[
     str,
     typer.Option("--to", help="Where to copy it: a SQLite file (created if missing) or a "
-                 "postgresql:// URL (its schema is created if missing).", show_default=False),
-]
+                 "postgresql:// URL (its schema is created if missing).", show_default=False)]
 
 
 def display(store: str) -> str:
@@ -61,9 +43,7 @@ def check_stores(source: str, target: str) -> None:
     """
     for store in (source, target):
         if is_postgres(store) and not has_postgres_driver():
-            raise CliError(
-                "PostgreSQL needs the driver: pip install \"pymnemo[postgres]\""
-            )
+            raise CliError("PostgreSQL needs the driver: pip install \"pymnemo[postgres]\"")
     if not is_postgres(source):
         if not Path(source).exists():
             raise CliError(f"no database at {source}")
@@ -96,27 +76,22 @@ def report_json(source: str, target: str, report: TransferReport) -> dict[str, o
         "checksum": report.checksum,
         "tables": [
             {"table": t.table, "source": t.source, "copied": t.copied, "target": t.target}
-            for t in report.tables
-        ],
-    }
+            for t in report.tables]}
 
 
 @app.command()
 def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None:
     """Copy a memory to another store (SQLite <-> PostgreSQL), verified by counts and a
     checksum; running it again copies nothing."""
-
     async def work() -> None:
         check_stores(source, target)
-        progress = Progress(
-            TextColumn("{task.description:<20}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=stderr_console(),
-        )
+        bars = progress(stderr_console())
+        bars.columns = (TextColumn("{task.description:<20}"), *bars.columns[1:])
         try:
             async with open_dump(source, must_exist=True) as src, \
                     open_dump(target, must_exist=False) as dst:
-                with progress:
-                    report = await transfer(src, dst, progress=_Bars(progress))
+                with bars:
+                    report = await transfer(src, dst, progress=_Bars(bars))
         except StorageError as exc:
             if exc.reason != "mismatch":
                 raise
@@ -126,13 +101,10 @@ def migrate(source: SourceOpt, target: TargetOpt, as_json: Json = False) -> None
             print_json(report_json(source, target, report))
             return
         console = stdout_console()
-        table = Table(title=f"{display(source)} -> {display(target)}", title_justify="left")
-        table.add_column("table")
-        for column in ("source", "copied", "target"):
-            table.add_column(column, justify="right")
-        for t in report.tables:
-            table.add_row(t.table, str(t.source), str(t.copied), str(t.target))
-        console.print(table)
+        console.print(table(f"{display(source)} -> {display(target)}",
+                            ("table", "source>", "copied>", "target>"),
+                            [(t.table, str(t.source), str(t.copied), str(t.target))
+                             for t in report.tables]))
         console.print(f"node checksum (sha256 of ids and texts), equal on both: {report.checksum}")
         if report.copied:
             console.print(f"Copied {report.copied} rows; verified.")

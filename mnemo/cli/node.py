@@ -1,8 +1,5 @@
-"""`mnemo show ID`: one node whole, where it came from (the steps, episode and session or
-ingested source its PROVENANCE links lead to), the nodes linked to it by link type, and the
-commits that added, retired, reworded or linked it. A read through the `Memory` facade, so it
-reads any store and never takes work over.
-"""
+"""`mnemo show ID`: one node whole, where it came from (steps, episode, session or source), the
+nodes linked to it by link type, and the commits that touched it."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from rich.text import Text
 from mnemo.cli._common import Json, app, check_repo, open_memory, run
 from mnemo.cli._database import CliError
 from mnemo.cli._ids import resolve_in_repos, short_ids
-from mnemo.cli._output import print_json, shorten, stdout_console
+from mnemo.cli._output import print_json, stdout_console, table
 from mnemo.cli._settings import ConfigOpt, StoreOpt, resolve
 from mnemo.cli.history import RESOLVED, origin
 from mnemo.graph.history import CommitRecord
@@ -27,6 +24,7 @@ from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import LinkType, Node, NodeType
 from mnemo.jsonable import commit_json, node_json
 from mnemo.memory import Memory
+from mnemo.text import shorten
 
 # Linked nodes the table lists for each link type (the JSON lists them all), and steps.
 MAX_LISTED = 10
@@ -121,8 +119,7 @@ def _changes(commit: CommitRecord, node_id: str) -> list[str]:
 def show(
     node_id: Annotated[
         str, typer.Argument(metavar="ID", help="The node's id, or a unique prefix of it or "
-                            "of its digits (the short id `mnemo recall` shows).")
-    ],
+                            "of its digits (the short id `mnemo recall` shows).")],
     repo: Annotated[
         str | None, typer.Option("--repo", "-r", help="The node's repo (default: every repo "
                                                       "is searched).")
@@ -133,7 +130,6 @@ def show(
 ) -> None:
     """Show one node: its text, data and validity, where it came from (steps, episode,
     session or source), the nodes linked to it, and the commits that added or changed it."""
-
     async def work() -> None:
         async with open_memory(resolve(store=store, config=config)) as mem:
             if repo is not None:
@@ -165,16 +161,14 @@ def report_json(report: NodeReport) -> dict[str, object]:
         "node": {
             **node_json(node), **times, "retired": node.retired,
             "superseded_by": None if successor is None else successor.id,
-            "supersedes": [n.id for n in report.supersedes],
-        },
+            "supersedes": [n.id for n in report.supersedes]},
         "provenance": {"steps": [node_json(s) for s in report.steps],
                        "sources": [node_json(s) for s in report.sources]},
         "links": {kind.value: [_brief(n) for n in nodes]
                   for kind, nodes in report.linked.items() if nodes},
         "history": [{**commit_json(c, report.goals.get(c.id)), "changes": changes}
                     for c, changes in report.history],
-        "history_complete": report.complete,
-    }
+        "history_complete": report.complete}
 
 
 def report_text(report: NodeReport) -> Group:
@@ -185,13 +179,11 @@ def report_text(report: NodeReport) -> Group:
         [node.id, *(n.id for n in (*report.steps, *report.sources, *report.superseded_by,
                                     *report.supersedes)),
          *(n.id for nodes in listed.values() for n in nodes)],
-        kind=False,
-    )
+        kind=False)
     sessions = short_ids(
         {*(str(s.data["session_id"]) for s in report.sources if s.data.get("session_id")),
          *(c.session_id for c, _ in report.history if c.session_id)},
-        kind=False,
-    )
+        kind=False)
     commits = short_ids([c.id for c, _ in report.history], kind=False)
     fields = Table.grid(padding=(0, 2))
     fields.add_column(style="bold", no_wrap=True)
@@ -214,8 +206,7 @@ def report_text(report: NodeReport) -> Group:
     parts: list[RenderableType] = [
         Text.assemble((f"{node.type.value} {short[node.id]}", "bold"),
                       (" (retired)" if node.retired else "", "red")),
-        Text(node.text), fields,
-    ]
+        Text(node.text), fields]
     if report.sources or report.steps:
         table = _section("Provenance", 3)
         for source in report.sources:
@@ -254,11 +245,8 @@ def report_text(report: NodeReport) -> Group:
 
 def _section(title: str, columns: int) -> Table:
     """A titled table without borders or header, its last column folded."""
-    table = Table(title=f"\n{escape(title)}", title_justify="left", title_style="bold",
-                  box=None, show_header=False)
-    for number in range(columns):
-        table.add_column(no_wrap=number < columns - 1, overflow="fold")
-    return table
+    return table(f"\n{escape(title)}", ("~!",) * (columns - 1) + ("~",), box=None,
+                 show_header=False, title_style="bold")
 
 
 def _more(table: Table, count: int, width: int = 3) -> None:

@@ -31,55 +31,39 @@ def mcp(
     llm_timeout: LlmTimeoutOpt = None,
     extraction_timeout: ExtractionTimeoutOpt = None,
     config: ConfigOpt = None,
-    memory_dir: Annotated[
-        Path | None,
-        typer.Option(help="Root of the memory files (default: <db>.memory beside the db).",
-                     file_okay=False),
-    ] = None,
-    memory_updates: Annotated[
-        bool,
-        typer.Option(help="Let persist_memory write memory files (off: it writes nothing)."),
-    ] = True,
-    reinforce: Annotated[
-        bool,
-        typer.Option("--reinforce", help="Count the memories a recall returns as accesses, "
-                                         "as an agent's own recall does."),
-    ] = False,
+    memory_dir: Annotated[Path | None, typer.Option(
+        help="Root of the memory files (default: <db>.memory beside the db).",
+        file_okay=False)] = None,
+    memory_updates: Annotated[bool, typer.Option(
+        help="Let persist_memory write memory files (off: it writes nothing).")] = True,
+    reinforce: Annotated[bool, typer.Option(
+        "--reinforce", help="Count the memories a recall returns as accesses, "
+                            "as an agent's own recall does.")] = False,
     http: Annotated[
         bool, typer.Option("--http", help="Serve over streamable HTTP (at /mcp) instead of "
                                           "stdin/stdout.")
     ] = False,
-    host: Annotated[
-        str | None,
-        typer.Option(help="With --http, the address to bind (default 127.0.0.1); any other "
-                          "needs a token.", show_default=False),
-    ] = None,
-    port: Annotated[
-        int | None,
-        typer.Option(min=0, max=65535, show_default=False,
-                     help="With --http, the port to listen on (default 8766; 0: a free one)."),
-    ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="MNEMO_MCP_TOKEN", show_default=False,
-                     help="With --http, require this bearer token (16+ characters); prefer "
-                          "the environment variable, as other users can see a command line."),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", show_default=False,
-                     help="With --http, also answer requests for this host name (repeatable). "
-                          "Others are refused, against DNS rebinding."),
-    ] = None,
+    host: Annotated[str | None, typer.Option(
+        help="With --http, the address to bind (default 127.0.0.1); any other "
+             "needs a token.", show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        min=0, max=65535, show_default=False,
+        help="With --http, the port to listen on (default 8766; 0: a free one).")] = None,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="MNEMO_MCP_TOKEN", show_default=False,
+        help="With --http, require this bearer token (16+ characters); prefer "
+             "the environment variable, as other users can see a command line.")] = None,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", show_default=False,
+        help="With --http, also answer requests for this host name (repeatable). "
+             "Others are refused, against DNS rebinding.")] = None,
 ) -> None:
     """Serve the memory to MCP clients over stdin/stdout, or over streamable HTTP with --http
     (created if the file is missing)."""
-
     async def work() -> None:
         settings = resolve(
             store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-            llm_timeout=llm_timeout, extraction_timeout=extraction_timeout,
-        )
+            llm_timeout=llm_timeout, extraction_timeout=extraction_timeout)
         if not http and (host, port, allow_host) != (None, None, None):
             raise CliError("--host, --port and --allow-host go with --http")
         try:
@@ -87,21 +71,16 @@ def mcp(
         except ImportError as exc:
             raise CliError(
                 f"the MCP server needs the `mcp` package ({exc}); install it with "
-                "pip install --force-reinstall pymnemo"
-            ) from exc
-        served = Http(
-            host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
-            tuple(allow_host or ()),
-        ) if http else None
+                "pip install --force-reinstall pymnemo") from exc
+        served = Http(host or DEFAULT_HOST, DEFAULT_PORT if port is None else port, token,
+                      tuple(allow_host or ())) if http else None
         check_store(settings, writes=True)
         if settings.is_url and memory_dir is None:
             raise CliError("with a store URL, pass --memory-dir for the memory files")
         async with models(settings) as (chosen_llm, chosen_embedder):
-            await serve(
-                settings.store, llm=chosen_llm, embedder=chosen_embedder,
-                memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
-                config=settings.config, http=served,
-            )
+            await serve(settings.store, llm=chosen_llm, embedder=chosen_embedder,
+                        memory_dir=memory_dir, memory_updates=memory_updates, reinforce=reinforce,
+                        config=settings.config, http=served)
 
     run(work)
 
@@ -119,45 +98,33 @@ def ui(
                                "to the network.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535, help="The port to listen on.")] = 8765,
-    allow_writes: Annotated[
-        bool,
-        typer.Option("--allow-writes", help="Let the recall playground count its results as "
-                                            "accesses, and a commit's page revert it."),
-    ] = False,
-    token: Annotated[
-        str | None,
-        typer.Option("--token", envvar="MNEMO_UI_TOKEN", show_default=False,
-                     help="Require this access token (16+ characters); prefer the "
-                          "environment variable, as other users can see a command line."),
-    ] = None,
-    allow_host: Annotated[
-        list[str] | None,
-        typer.Option("--allow-host", show_default=False,
-                     help="Also answer requests for this host name (repeatable; '*.domain' "
-                          "for its subdomains). Others are refused, against DNS rebinding."),
-    ] = None,
+    allow_writes: Annotated[bool, typer.Option(
+        "--allow-writes", help="Let the recall playground count its results as "
+                               "accesses, and a commit's page revert it.")] = False,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="MNEMO_UI_TOKEN", show_default=False,
+        help="Require this access token (16+ characters); prefer the "
+             "environment variable, as other users can see a command line.")] = None,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", show_default=False,
+        help="Also answer requests for this host name (repeatable; '*.domain' "
+             "for its subdomains). Others are refused, against DNS rebinding.")] = None,
 ) -> None:
     """Serve a local web app to browse a memory: repos, graph, history, sessions, threads,
     recall."""
-
     async def work() -> None:
-        settings = resolve(
-            store=store, config=config, llm=llm, embedder=embedder, temperature=temperature,
-            llm_timeout=llm_timeout,
-        )
+        settings = resolve(store=store, config=config, llm=llm, embedder=embedder,
+                           temperature=temperature, llm_timeout=llm_timeout)
         check_store(settings, writes=False)
         try:
             from mnemo.ui import serve
         except ImportError as exc:
             raise CliError(
                 f"the web app needs the `ui` extra ({exc}); install it with "
-                "pip install 'pymnemo[ui]'"
-            ) from exc
+                "pip install 'pymnemo[ui]'") from exc
         async with models(settings) as (chosen_llm, chosen_embedder):
             await serve(
                 settings.store, host=host, port=port, allow_writes=allow_writes,
-                llm=chosen_llm, embedder=chosen_embedder, token=token,
-                allow_hosts=allow_host or (),
-            )
+                llm=chosen_llm, embedder=chosen_embedder, token=token, allow_hosts=allow_host or ())
 
     run(work)

@@ -39,19 +39,12 @@ def contradiction_request(
              for p in range(len(question.existing))]
     inputs = {"pairs": [
         {"index": k, "existing": questions[q].existing[p], "new": questions[q].new}
-        for k, (q, p) in enumerate(pairs)
-    ]}
+        for k, (q, p) in enumerate(pairs)]}
     schema, max_tokens = bounded(
-        CONTRADICTION_SCHEMA, "contradicted", len(pairs), most=None, floor=32
-    )
+        CONTRADICTION_SCHEMA, "contradicted", len(pairs), most=None, floor=32)
     request = task_request(
-        "contradiction",
-        system=CONTRADICTION_SYSTEM,
-        instructions=CONTRADICTION_INSTRUCTIONS,
-        inputs=inputs,
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+        "contradiction", system=CONTRADICTION_SYSTEM, instructions=CONTRADICTION_INSTRUCTIONS,
+        inputs=inputs, schema=schema, max_tokens=max_tokens)
     return request, pairs
 
 

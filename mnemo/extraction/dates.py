@@ -1,13 +1,12 @@
 """The date a text names, for bi-temporal facts: "2023-05-08", "8 May, 2023",
 "May 8 2023", "May 2023", and, against an anchor (the session's date), "yesterday", "last
 week", "three days ago", "next month". No model: a fact holds from the date it names, else
-from its session's date, else from when it was recorded.
-"""
+from its session's date, else from when it was recorded."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 _MONTHS = {
@@ -17,36 +16,29 @@ _MONTHS = {
          ("may",), ("june", "jun"), ("july", "jul"), ("august", "aug"),
          ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
          ("december", "dec")],
-        start=1,
-    )
-    for name in names
-}
+        start=1)
+    for name in names}
 _MONTH = r"(?P<month>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _TIME = r"(?:(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<ampm>am|pm)\s+on\s+)?"
 _ISO = re.compile(
-    r"\b(?P<year>\d{4})-(?P<month>\d{2})-(?P<day>\d{2})(?:[T ](?P<hour>\d{2}):(?P<minute>\d{2}))?"
-)
+    r"\b(?P<year>\d{4})-(?P<month>\d{2})-(?P<day>\d{2})(?:[T ](?P<hour>\d{2}):(?P<minute>\d{2}))?")
 _DAY_MONTH_YEAR = re.compile(
     _TIME + r"\b(?P<day>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTH
-    + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE,
-)
+    + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE)
 _MONTH_DAY_YEAR = re.compile(
     _TIME + r"\b" + _MONTH + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?P<year>\d{4})\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _MONTH_YEAR = re.compile(r"\b" + _MONTH + r",?\s+(?P<year>\d{4})\b", re.IGNORECASE)
 _NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
             "seven": 7, "eight": 8, "nine": 9, "ten": 10, "few": 3, "couple of": 2}
 _UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
 _AGO = re.compile(
     r"\b(?P<n>\d+|" + "|".join(_NUMBERS) + r")\s+(?P<unit>day|week|month|year)s?\s+ago\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _RELATIVE = re.compile(
     r"\b(?P<word>yesterday|today|tomorrow|tonight|(?:last|next|this)\s+"
     r"(?:week|month|year|weekend))\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _SHIFT = {"yesterday": -1, "today": 0, "tonight": 0, "tomorrow": 1}
 # Metadata keys that may carry a step's or trajectory's time.
 TIME_KEYS = ("date", "datetime", "time", "timestamp", "date_time", "when")
@@ -66,10 +58,8 @@ def _absolute(text: str) -> datetime | None:
         elif (parts.get("ampm") or "").lower() == "am" and hour == 12:
             hour = 0
         try:
-            return datetime(
-                int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
-                int(parts.get("minute") or 0), tzinfo=UTC,
-            )
+            return datetime(int(parts["year"]), month_number, int(parts.get("day") or 1), hour,
+                            int(parts.get("minute") or 0), tzinfo=UTC)
         except ValueError:
             continue
     return None
@@ -120,11 +110,3 @@ def metadata_date(metadata: Mapping[str, object] | None) -> datetime | None:
             return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
     return None
 
-
-def first_date(texts: Iterable[str], anchor: datetime | None = None) -> datetime | None:
-    """The first date any of `texts` names."""
-    for text in texts:
-        found = named_date(text, anchor)
-        if found is not None:
-            return found
-    return None

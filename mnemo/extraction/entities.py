@@ -1,13 +1,7 @@
-"""Speakers and named entities of a step, as TAG nodes the step belongs to.
-
-The extraction already files facts under their concept labels; a step itself reaches a tag
-only through a fact made from it. With entity tags, each EPISODIC node also gets a MEMBERSHIP
-link to a tag per name it mentions, and one for its speaker: "Caroline: ..." or "Caroline (8
-May 2023): ..." at the start of a transcript line. Recall's routes then lead from a name in
-the query straight to the steps that mention it (one hop instead of tag -> fact -> step).
-Names are found with the offline heuristics: capitalised words that are neither stopwords
-nor the first word of a sentence, a run of them ("Visual Studio Code") being one name.
-"""
+"""Speakers and named entities of a step, as TAG nodes the step belongs to: with entity tags,
+each EPISODIC node gets a MEMBERSHIP link to a tag per name it mentions (capitalised words,
+not the first of a sentence, a run of them one name) and one for its speaker ("Caroline (8
+May 2023): ..."), so recall leads from a name in the query straight to its steps."""
 
 from __future__ import annotations
 
@@ -42,18 +36,15 @@ _TIMED_SPEAKER = re.compile(rf"^(\s*{_NAME})\s*{_TIME}\s*:\s")
 # Capitalised, but a date rather than an entity.
 _CALENDAR = frozenset(
     "january february march april may june july august september october november december "
-    "monday tuesday wednesday thursday friday saturday sunday".split()
-)
+    "monday tuesday wednesday thursday friday saturday sunday".split())
 # The most tags one step gets: a long tool output names dozens of things.
 MAX_NAMES = 6
 
 
 def embedding_text(text: str) -> str:
     """What a node's vector is made of: its text, a transcript line without the time of its
-    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"). The time stays in the
-    node's text, where the words channel finds it; in the vector, the same date opening
-    every line of a session made the lines of one day alike whatever they said (measured on
-    LoCoMo dev)."""
+    opening ("Caroline (8 May 2023): I paint" -> "Caroline: I paint"): one date opening every
+    line of a session made them alike in the vector (the words channel still finds it)."""
     return _TIMED_SPEAKER.sub(r"\1: ", text, count=1)
 
 
@@ -69,8 +60,7 @@ def wordings(embedder: Embedder, timeout: float) -> Embed:
     `embedding_text` of each, within `timeout` seconds.
 
     Raises (the returned callable):
-        EmbeddingError: the embedder failed or took longer.
-    """
+        EmbeddingError: the embedder failed or took longer."""
     async def embed_wordings(texts: Sequence[str]) -> Vector:
         try:
             with deadline.fail_after(timeout):
@@ -154,8 +144,7 @@ async def with_entity_tags(changeset: Changeset, embedder: Embedder) -> Changese
         NodeDraft(id=_tag_id(changeset, key), type=NodeType.TAG, text=labels[key],
                   data={"label": labels[key]}, vector=vector, key=key,
                   source_id=_source_of(changeset.nodes))
-        for key, vector in zip(keys, vectors, strict=True)
-    ]
+        for key, vector in zip(keys, vectors, strict=True)]
     return replace(changeset, nodes=[*changeset.nodes, *tags], links=[*changeset.links, *links])
 
 

@@ -1,21 +1,8 @@
-"""`TaskMemo`: the validated result of each extraction task, kept with its episode.
-
-An extraction asks several tasks per trajectory (semantic, procedural, the optional return
-scoring) and one for the episode (the last step's deferred reward). When one of them fails, the
-others' results stay here, so the retry (`commit` on a failed session, `close_and_commit`'s
-retries, the next auto-commit flush) re-asks only what failed. A result is
-found again only for the same trajectory, task and request (`request_digest`): when a step or
-an earlier result changed, the request differs and the task is asked anew.
-
-What a kept result cost when it was asked is booked again, as saved, each time a retry uses it
-(`Usage.saved_calls`, `saved_input_tokens`, `saved_output_tokens`; see `Memory.usage`).
-
-When an extraction fails, the session stores what it kept with the episode (`unsaved`), as the
-replies that passed validation, until the episode is committed or discarded: a `Memory`
-reopened on the store, or one taking the work over, starts from what was kept (the reply is
-parsed again, so no parsed type needs a format of its own). A successful extraction stores its
-changeset instead, so nothing is written per task.
-"""
+"""`TaskMemo`: the validated result of each extraction task, kept with its episode, so a
+retry re-asks only what failed. A result is found again only for the same trajectory, task and
+request (`request_digest`); its cost is booked again as saved each time a retry uses it
+(`Usage.saved_calls`, ...). A failed extraction's results are stored with the episode as the
+replies that passed validation (`unsaved`), parsed again when a Memory resumes the work."""
 
 from __future__ import annotations
 
@@ -59,19 +46,16 @@ class KeptResult:
         return json.dumps(
             {"calls": cost.calls, "input_tokens": cost.input_tokens,
              "output_tokens": cost.output_tokens},
-            sort_keys=True,
-        )
+            sort_keys=True)
 
     @classmethod
-    def from_json(
-        cls, trajectory_id: str, task: str, digest: str, reply: str, cost: str
-    ) -> KeptResult:
+    def from_json(cls, trajectory_id: str, task: str, digest: str, reply: str,
+                  cost: str) -> KeptResult:
         answer, spent = json.loads(reply), json.loads(cost)
         return cls(
             trajectory_id, task, digest, str(answer.get("text") or ""), answer.get("data"),
             Usage(int(spent["input_tokens"]), int(spent["output_tokens"]),
-                  calls=int(spent["calls"])),
-        )
+                  calls=int(spent["calls"])))
 
 
 
@@ -95,12 +79,9 @@ class _Fresh:
 
 
 class TaskMemo:
-    """Validated task results of one episode, by (trajectory id, task, request digest).
-
-    A request is hashed only when a result of its trajectory and task is kept already, or
-    when its own is stored (`unsaved`): an extraction that succeeds hashes nothing (a
-    close's requests went out only after each was hashed).
-    """
+    """Validated task results of one episode, by (trajectory id, task, request digest). A
+    request is hashed only when a result of its task is kept already or its own is stored:
+    an extraction that succeeds hashes nothing."""
 
     def __init__(self, episode_id: str, kept: Iterable[KeptResult] = ()) -> None:
         self.episode_id = episode_id
@@ -138,19 +119,11 @@ class TaskMemo:
             return None
         return self._kept.get((trajectory_id, request.task, request_digest(request)))
 
-    async def ask(
-        self,
-        llm: LLM,
-        trajectory_id: str,
-        request: LLMRequest,
-        parse: Callable[[LLMResponse], T],
-        *,
-        unusable: T | None = None,
-    ) -> T:
-        """The parsed reply to `request` for `trajectory_id`: the kept one (booking its cost
-        as saved on `llm`'s meter), else asked through `calls.tasks.ask` and kept. A reply that
-        stayed unusable and stands for `unusable` (`calls.tasks.ask`) is not kept: a retry asks
-        again.
+    async def ask(self, llm: LLM, trajectory_id: str, request: LLMRequest,
+                  parse: Callable[[LLMResponse], T], *, unusable: T | None = None) -> T:
+        """The parsed reply to `request` for `trajectory_id`: the kept one (its cost booked as
+        saved), else asked through `calls.tasks.ask` and kept (not when it stands for
+        `unusable`: a retry asks again).
 
         Raises:
             LLMError: as `calls.tasks.ask`; nothing is kept then.
@@ -163,10 +136,8 @@ class TaskMemo:
                 pass  # kept under another parser's rules: ask again
             else:
                 book(llm, Usage(
-                    saved_calls=kept.cost.calls,
-                    saved_input_tokens=kept.cost.input_tokens,
-                    saved_output_tokens=kept.cost.output_tokens,
-                ))
+                    saved_calls=kept.cost.calls, saved_input_tokens=kept.cost.input_tokens,
+                    saved_output_tokens=kept.cost.output_tokens))
                 return value
         tokens = _Tokens(llm)
         passed: list[LLMResponse] = []
@@ -213,6 +184,5 @@ def request_digest(request: LLMRequest) -> str:
     payload = json.dumps(
         [request.task, request.system, request.messages, request.schema, request.tools,
          request.max_tokens],
-        sort_keys=True, ensure_ascii=False, default=str,
-    )
+        sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 class Fact:
     """A semantic memory: one self-contained proposition.
 
-    `steps` are the trajectory-local indices of the steps it came from (None: all of them).
-    """
+    `steps` are the trajectory-local indices of the steps it came from (None: all of them)."""
 
     proposition: str
     concepts: tuple[str, ...]

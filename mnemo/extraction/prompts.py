@@ -1,13 +1,9 @@
 """The extraction tasks: facts, procedures, their returns and intent merges, with parsers.
 
-Each `*_request` builds one `LLMRequest` through `task_request`, so its `inputs` are exactly
-the keyword arguments; each reply is a `Reply` struct beside the request that uses it, and its
-schema is generated from it (`reply_schema`). The parsers are strict: a reply that does not
-match raises `ValueError` naming the first offending field (for example
-"facts[2].proposition must be a non-empty string"); what matches it but says nothing (a
-proposition of punctuation, a concept that is a JSON fragment) is left out. An empty `facts`
-or `instructions` list is a valid answer.
-"""
+Each `*_request` builds one `LLMRequest` through `task_request` (its `inputs` are the keyword
+arguments), its schema generated from the `Reply` struct beside it. The parsers are strict (a
+`ValueError` names the first offending field) and leave out what says nothing (a proposition
+of punctuation); an empty list is a valid answer."""
 
 from __future__ import annotations
 
@@ -60,8 +56,7 @@ class SemanticReply(Reply, frozen=True):
 SEMANTIC_SCHEMA = reply_schema(SemanticReply)
 SEMANTIC_SYSTEM = (
     "You extract durable facts from an agent's work so they can be remembered and recalled "
-    "later, out of context."
-)
+    "later, out of context.")
 SEMANTIC_INSTRUCTIONS = """\
 Extract the facts worth remembering from these steps of the agent's work on one subgoal.
 Each step has an index, the observation the agent saw and the action it took.
@@ -79,29 +74,17 @@ Reply with JSON: {"facts": [{"proposition", "concepts", "confidence", "steps"}, 
 
 
 def semantic_request(*, goal: str, subgoal: str, steps: Steps) -> LLMRequest:
-    """The "semantic" task over one trajectory's steps.
-
-    `steps` are {"index": int, "observation": str, "action": str}, index 0-based within the
-    trajectory. The reply's `data` is {"facts": [...]}; read it with `parse_facts`.
-    """
+    """The "semantic" task over one trajectory's steps ({"index", "observation", "action"});
+    read the reply with `parse_facts`."""
     schema, max_tokens = bounded(SEMANTIC_SCHEMA, "facts", 3 + 2 * len(steps))
-    return task_request(
-        "semantic",
-        system=SEMANTIC_SYSTEM,
-        instructions=SEMANTIC_INSTRUCTIONS,
-        inputs={"goal": goal, "subgoal": subgoal, "steps": steps},
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+    return task_request("semantic", system=SEMANTIC_SYSTEM, instructions=SEMANTIC_INSTRUCTIONS,
+                        inputs={"goal": goal, "subgoal": subgoal, "steps": steps}, schema=schema,
+                        max_tokens=max_tokens)
 
 
 def parse_facts(resp: LLMResponse) -> list[Fact]:
-    """The facts of a "semantic" reply, in order.
-
-    Confidence is clamped to [0, 1] (0.5 when missing or null); concepts are stripped, blanks
-    dropped and case-insensitive duplicates removed in order (missing or null: none); steps
-    are kept as a tuple of ints (missing or null: None). A proposition repeated (whatever
-    its case) is kept once, the first time.
+    """The facts of a "semantic" reply, in order, each proposition once: confidence clamped to
+    [0, 1] (0.5 when missing), concepts stripped and without blanks or repeats, steps a tuple.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
@@ -118,13 +101,8 @@ def parse_facts(resp: LLMResponse) -> list[Fact]:
             continue  # a small model's repeat of a fact it already gave
         seen.add(proposition.casefold())
         facts.append(
-            Fact(
-                proposition=proposition,
-                concepts=_concepts(item.concepts),
-                confidence=_confidence(item.confidence),
-                steps=_steps(item.steps),
-            )
-        )
+            Fact(proposition=proposition, concepts=_concepts(item.concepts),
+                 confidence=_confidence(item.confidence), steps=_steps(item.steps)))
     return facts
 
 
@@ -145,8 +123,7 @@ class ProceduralReply(Reply, frozen=True):
 PROCEDURAL_SCHEMA = reply_schema(ProceduralReply)
 PROCEDURAL_SYSTEM = (
     "You turn an agent's actions into reusable procedures: when a situation arises, what to "
-    "do, and what to expect."
-)
+    "do, and what to expect.")
 PROCEDURAL_INSTRUCTIONS = """\
 Extract reusable procedures from these steps of the agent's work on one subgoal.
 Each step has an index, the observation the agent saw, the action it took, and a reward from
@@ -184,33 +161,20 @@ failed or made things worse).
 Reply with JSON: {"instructions": [...], "last_reward": <number 0-1>}."""
 
 
-def procedural_request(
-    *, goal: str, subgoal: str, steps: Steps, score_last: bool = False
-) -> LLMRequest:
-    """The "procedural" task over one trajectory's steps; with `score_last`, the reply also
-    scores the last step (`last_reward`).
-
-    `steps` are {"index": int, "observation": str, "action": str, "reward": float | None}.
-    The reply's `data` is {"instructions": [...]} (and "last_reward"); read it with
-    `parse_procedural`.
-    """
+def procedural_request(*, goal: str, subgoal: str, steps: Steps,
+                       score_last: bool = False) -> LLMRequest:
+    """The "procedural" task over one trajectory's steps ({"index", "observation", "action",
+    "reward"}); with `score_last`, the reply also scores the last step (`last_reward`). Read
+    the reply with `parse_procedural`."""
     instructions = PROCEDURAL_INSTRUCTIONS
     inputs: dict[str, str | bool | Steps] = {"goal": goal, "subgoal": subgoal, "steps": steps}
     if score_last:
         instructions = f"{instructions}\n{LAST_REWARD_INSTRUCTIONS}"
         inputs["score_last_step"] = True
-    schema, max_tokens = bounded(
-        PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA, "instructions",
-        2 + len(steps),
-    )
-    return task_request(
-        "procedural",
-        system=PROCEDURAL_SYSTEM,
-        instructions=instructions,
-        inputs=inputs,
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+    schema, max_tokens = bounded(PROCEDURAL_SCORING_SCHEMA if score_last else PROCEDURAL_SCHEMA,
+                                 "instructions", 2 + len(steps))
+    return task_request("procedural", system=PROCEDURAL_SYSTEM, instructions=instructions,
+                        inputs=inputs, schema=schema, max_tokens=max_tokens)
 
 
 def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None]:
@@ -223,11 +187,8 @@ def parse_procedural(resp: LLMResponse) -> tuple[list[Instruction], float | None
 
 
 def parse_instructions(resp: LLMResponse) -> list[Instruction]:
-    """The instructions of a "procedural" reply, in order.
-
-    `intent` and `instruction` must be non-blank; `condition` and `expected_outcome` may be
-    empty (missing or null reads as ""). Texts are stripped; steps as in `parse_facts`. An
-    instruction repeated (whatever its case) is kept once, the first time.
+    """The instructions of a "procedural" reply, in order, each once: `intent` and
+    `instruction` non-blank, `condition` and `expected_outcome` "" when missing, all stripped.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
@@ -246,13 +207,8 @@ def parse_instructions(resp: LLMResponse) -> list[Instruction]:
         seen.add(instruction.casefold())
         out.append(
             Instruction(
-                intent=intent,
-                condition=(item.condition or "").strip(),
-                instruction=instruction,
-                expected_outcome=(item.expected_outcome or "").strip(),
-                steps=_steps(item.steps),
-            )
-        )
+                intent=intent, condition=(item.condition or "").strip(), instruction=instruction,
+                expected_outcome=(item.expected_outcome or "").strip(), steps=_steps(item.steps)))
     return out
 
 
@@ -262,8 +218,7 @@ class ScoreReply(Reply, frozen=True):
     index: int
     # Read as a number, then rounded and clamped into 1..10.
     return_score: Annotated[
-        float, Meta(extra_json_schema={"type": "integer", "minimum": 1, "maximum": 10})
-    ]
+        float, Meta(extra_json_schema={"type": "integer", "minimum": 1, "maximum": 10})]
 
 
 class ReturnReply(Reply, frozen=True):
@@ -285,34 +240,21 @@ Score every procedure exactly once.
 Reply with JSON: {"scores": [{"index": <int>, "return_score": <int 1-10>}, ...]}."""
 
 
-def return_request(
-    *,
-    goal: str,
-    subgoal: str,
-    instructions: Steps,
-    steps: Steps,
-) -> LLMRequest:
+def return_request(*, goal: str, subgoal: str, instructions: Steps, steps: Steps) -> LLMRequest:
     """The "return" task: scores each extracted instruction 1..10.
 
     `instructions` are {"index", "intent", "condition", "instruction", "expected_outcome"}
-    and `steps` as for `procedural_request`. Read the reply with `parse_returns`.
-    """
+    and `steps` as for `procedural_request`. Read the reply with `parse_returns`."""
     schema, max_tokens = bounded(RETURN_SCHEMA, "scores", len(instructions), most=None)
     return task_request(
-        "return",
-        system=RETURN_SYSTEM,
-        instructions=RETURN_INSTRUCTIONS,
+        "return", system=RETURN_SYSTEM, instructions=RETURN_INSTRUCTIONS,
         inputs={"goal": goal, "subgoal": subgoal, "instructions": instructions, "steps": steps},
-        schema=schema,
-        max_tokens=max_tokens,
-    )
+        schema=schema, max_tokens=max_tokens)
 
 
 def parse_returns(resp: LLMResponse, count: int) -> dict[int, int]:
-    """Instruction index -> return score (rounded, clamped to 1..10) of a "return" reply.
-
-    Indices outside 0..count-1 are ignored; when an index repeats, its first score counts.
-    Instructions the reply does not score are simply absent.
+    """Instruction index -> return score (rounded, clamped to 1..10) of a "return" reply; an
+    index outside 0..count-1 is ignored, a repeated one's first score counts.
 
     Raises:
         ValueError: when the reply is not {"scores": [{"index": int, "return_score": number}]}.
@@ -346,13 +288,8 @@ Reply with JSON: {"intent": <the merged intent>}."""
 def merge_intent_request(*, existing: str, new: str) -> LLMRequest:
     """The "merge_intent" task: the reply's `data` is {"intent": str} covering both intents."""
     return task_request(
-        "merge_intent",
-        system=MERGE_INTENT_SYSTEM,
-        instructions=MERGE_INTENT_INSTRUCTIONS,
-        inputs={"existing": existing, "new": new},
-        schema=MERGE_INTENT_SCHEMA,
-        max_tokens=256,
-    )
+        "merge_intent", system=MERGE_INTENT_SYSTEM, instructions=MERGE_INTENT_INSTRUCTIONS,
+        inputs={"existing": existing, "new": new}, schema=MERGE_INTENT_SCHEMA, max_tokens=256)
 
 
 def parse_merged_intent(resp: LLMResponse) -> str:
@@ -396,8 +333,7 @@ def merge_intents_request(pairs: list[tuple[str, str]]) -> LLMRequest:
         inputs={"pairs": [{"index": i, "existing": existing, "new": new}
                           for i, (existing, new) in enumerate(pairs)]},
         schema=schema,
-        max_tokens=max_tokens,
-    )
+        max_tokens=max_tokens)
 
 
 def parse_merged_intents(resp: LLMResponse, count: int) -> dict[int, str]:

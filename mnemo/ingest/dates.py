@@ -1,11 +1,6 @@
-"""Relative dates in a step's text, resolved against the day the trajectory happened.
-
-"I went to a support group yesterday", said on 8 May 2023, is stored as "... yesterday
-(7 May 2023)": a search that names the day, the month or the year then finds the step, and
-whoever reads the memory later no longer has to know when it was said (LoCoMo's
-temporal questions). English only, and only expressions with one clear answer: "a few days
-ago" or "recently" stay as they are. The original words are kept; the date follows them.
-"""
+"""Relative dates in a step's text, resolved against the day the trajectory happened: "...
+yesterday", said on 8 May 2023, is stored as "... yesterday (7 May 2023)", so a search naming
+the day finds it. English only, and only expressions with one clear answer ("recently" stays)."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ _ABSOLUTE = re.compile(
     rf"|{_MONTH.replace('month', 'month2')}\.?\s+(?P<day2>\d{{1,2}})(?:st|nd|rd|th)?,?\s+"
     r"(?P<year2>\d{4})"
     r"|(?P<iso>\d{4}-\d{2}-\d{2}))\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 _COUNT = r"(?P<count>\d{1,3}|an?|one|two|three|four|five|six|seven|eight|nine|ten|a couple of)"
 _RELATIVE = re.compile(
     r"\b(?:(?P<day_word>yesterday|today|tonight|tomorrow|last night|this morning"
@@ -36,8 +30,7 @@ _RELATIVE = re.compile(
     rf"|{_COUNT}\s+(?P<unit>day|week|month|year)s?\s+ago"
     r"|(?P<which>last|this|next)\s+(?P<span>week(?:end)?|month|year)"
     rf"|(?P<which_day>last|next)\s+(?P<weekday>{'|'.join(_WEEKDAYS)}))\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 # Already followed by a date in brackets (written by hand, or resolved before): left alone.
 _RESOLVED = re.compile(r"\s*\((?:the )?(?:week(?:end)? of )?[^()]*\d{4}\)")
 

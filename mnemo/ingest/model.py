@@ -39,15 +39,9 @@ class IngestReceipt:
 
 @dataclass(frozen=True, slots=True)
 class IngestProgress:
-    """How far an ingest has got, as its `progress` callback and the `"ingest_progress"` event
-    report it.
-
-    `stage` is `"annotating"` (once before the first step, with `done=0`, then after each
-    step: `done` steps of `total` annotated), `"extracting"` (every step annotated; facts and
-    procedures are being extracted), `"committing"` (the changeset is being written), then
-    `"done"` (durable; also the only report of an ingest that finds its source already
-    stored).
-    """
+    """How far an ingest has got (its `progress` callback, the `"ingest_progress"` event):
+    `stage` is `"annotating"` (`done` of `total` steps, from 0), `"extracting"`,
+    `"committing"`, then `"done"` (durable; the only report of a source already stored)."""
 
     source_id: str
     stage: str

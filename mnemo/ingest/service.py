@@ -3,8 +3,7 @@
 An ingest runs the session pipeline in memory (annotation, segmentation, extraction) and
 commits the changeset with its `ingests` row in one transaction, so a source is either fully
 stored with its receipt or not at all. Concurrent identical ingests of one source share the
-work: the first does it, the others wait for its receipt.
-"""
+work: the first does it, the others wait for its receipt."""
 
 from __future__ import annotations
 
@@ -25,13 +24,7 @@ from mnemo.events import Events, deliver
 from mnemo.extraction.entities import with_entity_tags, wordings
 from mnemo.extraction.pipeline import Source, extract, failure_reason
 from mnemo.graph.model import now_utc
-from mnemo.graph.ports import (
-    GraphStore,
-    IntentPolicy,
-    SourceForgotten,
-    SourceRecorded,
-    SourceTaken,
-)
+from mnemo.graph.ports import GraphStore, IntentPolicy, SourceForgotten, SourceRecorded, SourceTaken
 from mnemo.graph.scope import Metadata, canonical
 from mnemo.ingest.dates import resolver
 from mnemo.ingest.model import IngestProgress, IngestReceipt, Step, Trajectory
@@ -59,35 +52,28 @@ class _InFlight:
     error: BaseException | None = None
 
 
-def payload_of(trajectory: Trajectory, config: Config | None = None) -> str:
-    """The canonical JSON of what identifies an ingest's payload, checked against `config`'s
-    bounds (the defaults when None; `check_trajectory`).
+def payload_of(trajectory: Trajectory) -> str:
+    """The canonical JSON of what identifies an ingest's payload (a trajectory
+    `check_trajectory` passed). Built by short C calls (`cpu.dumps`): a payload at the
+    ceilings is 32 MB."""
+    steps = [{"observation": step.observation, "action": step.action,
+              "metadata": step.metadata} for step in trajectory.steps]
+    return cpu.dumps({"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
+                     sort_keys=True)
+
+
+def check_trajectory(trajectory: Trajectory, config: Config) -> None:
+    """Checks the trajectory against `config`: at most `max_steps_per_ingest` steps, each
+    text and metadata's JSON at most `max_text_chars`.
 
     Raises:
-        InvalidInputError: as `check_trajectory`.
-    """
-    steps = check_trajectory(trajectory, config or Config())
-    # Built by short C calls (`cpu.dumps`): a payload at the ceilings is 32 MB.
-    return cpu.dumps(
-        {"goal": trajectory.goal, "steps": steps, "metadata": trajectory.metadata},
-        sort_keys=True,
-    )
-
-
-def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]:
-    """The trajectory's steps as plain dicts, each checked against `config`: at most
-    `max_steps_per_ingest` steps, each text and metadata's JSON at most `max_text_chars`.
-
-    Raises:
-        InvalidInputError: a field has the wrong type or is not JSON-serialisable, a goal or
-            an observation is blank, a text is too long, a metadata nests too deep, or there
-            are too many steps.
+        InvalidInputError: a field of the wrong type, a blank goal or observation, a text or a
+            metadata too long or too deep, or too many steps.
     """
     limit = config.max_text_chars
     if not isinstance(trajectory, Trajectory):
         raise InvalidInputError(
-            f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}"
-        )
+            f"trajectory must be a mnemo.Trajectory, got {type(trajectory).__name__}")
     check_text(trajectory.goal, "trajectory.goal", limit=limit)
     if not isinstance(trajectory.steps, list | tuple):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
@@ -95,11 +81,9 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]
         raise InvalidInputError(
             f"trajectory has {len(trajectory.steps):,} steps, more than the "
             f"{config.max_steps_per_ingest:,} one ingest takes (Config.max_steps_per_ingest): "
-            "ingest it as several sources"
-        )
+            "ingest it as several sources")
     if not all(isinstance(step, Step) for step in trajectory.steps):
         raise InvalidInputError("trajectory.steps must be a list of mnemo.Step")
-    steps: list[JSONObject] = []
     for i, step in enumerate(trajectory.steps):
         check_text(step.observation, f"trajectory.steps[{i}].observation", limit=limit)
         check_text(step.action, f"trajectory.steps[{i}].action", limit=limit, blank_ok=True)
@@ -107,20 +91,16 @@ def check_trajectory(trajectory: Trajectory, config: Config) -> list[JSONObject]
             raise InvalidInputError(f"trajectory.steps[{i}].metadata must be a dict or None")
         if step.metadata is not None:
             check_json(step.metadata, f"trajectory.steps[{i}].metadata", limit=limit)
-        # The metadata was checked to be JSON just above.
-        steps.append({"observation": step.observation, "action": step.action,
-                      "metadata": cast("JSONObject | None", step.metadata)})
     if trajectory.metadata is not None and not isinstance(trajectory.metadata, dict):
         raise InvalidInputError("trajectory.metadata must be a dict or None")
     if trajectory.metadata is not None:
         check_json(trajectory.metadata, "trajectory.metadata", limit=limit)
-    return steps
 
 
-def check_ingest(
-    trajectory: Trajectory, source_id: str, progress: Progress | None, config: Config
-) -> None:
-    """An ingest's input checked against the repo's `config`.
+def check_ingest(trajectory: Trajectory, source_id: str, progress: Progress | None,
+                 config: Config) -> None:
+    """An ingest's input checked against the repo's `config`: `Memory.ingest` checks it once,
+    before the store is read; `IngestService.ingest` takes it checked.
 
     Raises:
         InvalidInputError: a source id that is no name (`inputs.check_name`), a `progress`
@@ -132,44 +112,36 @@ def check_ingest(
     check_trajectory(trajectory, config)
 
 
-def _digest(trajectory: Trajectory, config: Config, metadata: Metadata | None) -> str:
+def _digest(trajectory: Trajectory, metadata: Metadata | None) -> str:
     """The digest that identifies a source: its payload and its scope (the same steps under
     another scope conflict)."""
-    payload = payload_of(trajectory, config) + (canonical(metadata or {}) or "")
+    payload = payload_of(trajectory) + (canonical(metadata or {}) or "")
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 class IngestService:
     """Ingest and forget for every repo of one `Memory`."""
 
-    def __init__(
-        self,
-        graph: GraphStore,
-        runtime: Callable[[str], IngestRuntime],
-        events: Events | None = None,
-    ) -> None:
+    def __init__(self, graph: GraphStore, runtime: Callable[[str], IngestRuntime],
+                 events: Events | None = None) -> None:
         self._graph = graph
         self._runtime = runtime
         self._events = events or Events(None)
         self._inflight: dict[tuple[str, str], _InFlight] = {}
 
-    async def ingest(
-        self, repo: str, trajectory: Trajectory, source_id: str, progress: Progress | None = None,
-        metadata: Metadata | None = None,
-    ) -> IngestReceipt:
-        """Stores the trajectory's nodes durably, once per (repo, source_id), reporting how
-        far it got to `progress` and as `"ingest_progress"` events (`IngestProgress`).
+    async def ingest(self, repo: str, trajectory: Trajectory, source_id: str,
+                     progress: Progress | None = None,
+                     metadata: Metadata | None = None) -> IngestReceipt:
+        """Stores the trajectory (`check_ingest`ed by the caller) durably, once per (repo,
+        source_id), reporting progress to `progress` and as `"ingest_progress"` events.
 
         Raises:
-            InvalidInputError: a malformed trajectory or source id, or a bound of the repo's
-                config passed (nothing stored).
             ConflictError: the source id is taken by a different payload.
             PipelineError: "extraction_failed" or "extraction_timeout" (nothing stored).
         """
         runtime = self._runtime(repo)
-        check_ingest(trajectory, source_id, progress, runtime.config)
         chars = sum(len(step.observation) + len(step.action) for step in trajectory.steps)
-        digest = await cpu.run(lambda: _digest(trajectory, runtime.config, metadata), chars)
+        digest = await cpu.run(lambda: _digest(trajectory, metadata), chars)
         key = (repo, source_id)
         total = len(trajectory.steps)
 
@@ -177,10 +149,8 @@ class IngestService:
             update = IngestProgress(source_id, stage, done, total)
             if progress is not None:
                 await deliver(progress, update, "ingest progress")
-            await self._events.emit(
-                "ingest_progress", repo=repo, source_id=source_id, stage=stage, done=done,
-                total=total,
-            )
+            await self._events.emit("ingest_progress", repo=repo, source_id=source_id, stage=stage,
+                                    done=done, total=total)
 
         while (running := self._inflight.get(key)) is not None:
             joined = await self._join(running, digest, source_id)
@@ -192,8 +162,7 @@ class IngestService:
         self._inflight[key] = mine
         try:
             mine.receipt = await self._ingest_once(
-                repo, trajectory, source_id, digest, runtime, report, metadata or {}
-            )
+                repo, trajectory, source_id, digest, runtime, report, metadata or {})
             await report("done", total)
             return mine.receipt
         except BaseException as exc:
@@ -203,16 +172,12 @@ class IngestService:
             del self._inflight[key]
             mine.done.set()
 
-    async def _join(
-        self, running: _InFlight, digest: str, source_id: str
-    ) -> IngestReceipt | None:
+    async def _join(self, running: _InFlight, digest: str, source_id: str) -> IngestReceipt | None:
         """The outcome of an identical call already running: its receipt (created=False) or
         its error, the same one (a `ConflictError` stays one, as a future's awaiters all get
         its exception); None if it was cancelled."""
         if running.payload_hash != digest:
-            raise ConflictError(
-                f"source {source_id!r} is being ingested with a different payload"
-            )
+            raise ConflictError(f"source {source_id!r} is being ingested with a different payload")
         await running.done.wait()
         if running.receipt is not None:
             return IngestReceipt(source_id, running.receipt.node_ids, created=False)
@@ -220,11 +185,9 @@ class IngestService:
             raise running.error
         return None
 
-    async def _ingest_once(
-        self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
-        runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
-        metadata: Metadata,
-    ) -> IngestReceipt:
+    async def _ingest_once(self, repo: str, trajectory: Trajectory, source_id: str, digest: str,
+                           runtime: IngestRuntime, report: Callable[[str, int], Awaitable[None]],
+                           metadata: Metadata) -> IngestReceipt:
         known = await self._known(repo, source_id, digest)
         if known is not None:
             return known
@@ -244,15 +207,13 @@ class IngestService:
                     text=trajectory.goal,
                     data={"source_id": source_id, "goal": trajectory.goal,
                           "metadata": cast("JSONObject | None", trajectory.metadata)},
-                    source_id=source_id,
-                ),
+                    source_id=source_id),
                 llm=runtime.llm,
                 embedder=runtime.embedder,
                 generation=runtime.generation,
                 time_limit=runtime.config.extraction_timeout,
                 score_last_step=bool(episode.steps),
-                partial=runtime.config.partial_commits,
-            )
+                partial=runtime.config.partial_commits)
             if runtime.config.ingest_entity_tags:
                 changeset = await with_entity_tags(changeset, runtime.embedder)
             changeset = replace(changeset, metadata=metadata)
@@ -274,10 +235,9 @@ class IngestService:
                 if known is not None:
                     return known
 
-    async def _annotate(
-        self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM, runtime: IngestRuntime,
-        report: Callable[[str, int], Awaitable[None]],
-    ) -> None:
+    async def _annotate(self, episode: EpisodeRecord, trajectory: Trajectory, llm: LLM,
+                        runtime: IngestRuntime,
+                        report: Callable[[str, int], Awaitable[None]]) -> None:
         """Annotates and segments the steps as appends would, one after another."""
         resolve = resolver(trajectory.goal, trajectory.metadata) \
             if runtime.config.ingest_resolve_dates else None
@@ -287,17 +247,11 @@ class IngestService:
             previous = episode.steps[-1] if episode.steps else None
             with deadline.fail_after(runtime.config.annotation_timeout, stretches=True):
                 note = await annotate(
-                    llm,
-                    runtime.embedder,
-                    goal=episode.goal,
-                    observation=step.observation,
-                    action=step.action,
-                    previous=previous,
-                    recent=[s.line for s in episode.steps[-3:]],
-                )
+                    llm, runtime.embedder, goal=episode.goal, observation=step.observation,
+                    action=step.action, previous=previous,
+                    recent=[s.line for s in episode.steps[-3:]])
             boundary = starts_trajectory(
-                previous, note.subgoal_vec, runtime.config.trajectory_threshold
-            )
+                previous, note.subgoal_vec, runtime.config.trajectory_threshold)
             if previous is not None:
                 previous.reward = note.previous_reward
             episode.steps.append(
@@ -306,17 +260,14 @@ class IngestService:
                     index=index,
                     trajectory_id=(
                         f"{episode.id}:t{index}" if previous is None or boundary
-                        else previous.trajectory_id
-                    ),
+                        else previous.trajectory_id),
                     observation=step.observation,
                     action=step.action,
                     state_summary=note.state_summary,
                     subgoal=note.subgoal,
                     subgoal_vec=note.subgoal_vec,
                     # Checked to be JSON (`check_ingest`).
-                    metadata=cast("JSONObject | None", step.metadata),
-                )
-            )
+                    metadata=cast("JSONObject | None", step.metadata)))
             await report("annotating", index + 1)
 
     async def _known(self, repo: str, source_id: str, digest: str) -> IngestReceipt | None:
@@ -333,15 +284,12 @@ class IngestService:
         if known_digest != digest:
             raise ConflictError(
                 f"source {source_id!r} of repo {repo!r} was ingested with a different "
-                "payload; forget it first to replace it"
-            )
+                "payload; forget it first to replace it")
         return IngestReceipt(source_id, node_ids, created=False)
 
     async def forget(self, repo: str, source_id: str) -> int:
-        """Removes every node the source produced, and tags and intents left with no links;
-        an intent, a fact or an instruction another source still uses takes that source's
-        wording, embedded within `extraction_timeout` (`mnemo.graph.erasure`). Returns how
-        many nodes went (0 for an unknown source). The id is then free.
+        """Removes every node the source produced (what another source still uses takes its
+        wording: `mnemo.graph.erasure`); returns how many went (0 for an unknown source).
 
         Raises:
             EmbeddingError: such a wording could not be embedded; nothing was forgotten.
@@ -350,6 +298,4 @@ class IngestService:
         runtime = self._runtime(repo)
         return await self._graph.withdraw(
             repo, source_id, embed=wordings(runtime.embedder, runtime.config.extraction_timeout),
-            also=[SourceForgotten(repo, source_id)],
-            generation=runtime.generation,
-        )
+            also=[SourceForgotten(repo, source_id)], generation=runtime.generation)

@@ -5,16 +5,13 @@ store = MnemoStore(mem, "agent", keys=("user_id",))
 graph = builder.compile(store=store)
 ```
 
-An item is one SEMANTIC fact of the repo (`Memory.remember`): its text, what recall searches,
-is the value's fields ("food: pizza; ..."), its data holds the value exactly, and its scope
-(`Node.metadata`) is its namespace: label i under `keys[i]` (`langgraph.<i>` past them), the
-whole namespace under `langgraph.namespace` and the item's key under `langgraph.key`. So
-`mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored under
-`("alice", ...)` and `mem.forget_where` erases it. A put replaces the item of the same
-namespace and key (the old one is forgotten, then the new one stored); a put of None deletes
-it. `search(query=...)` runs mnemo's recall inside the namespace prefix; without a query it
-lists the prefix's items, oldest first. A `filter` keeps the items whose value has those
-fields equal. TTLs are not supported (`supports_ttl` is False).
+An item is one SEMANTIC fact (`Memory.remember`): its text the value's fields ("food: pizza;
+..."), its data the value, its scope (`Node.metadata`) its namespace (label i under `keys[i]`,
+`langgraph.<i>` past them, the whole under `langgraph.namespace`, the key under
+`langgraph.key`): `mem.recall(repo, q, where={"user_id": "alice"})` finds what a graph stored
+under `("alice", ...)`. A put replaces the item (None deletes it); `search(query=...)` is
+mnemo's recall inside the namespace prefix, without a query a listing, oldest first; `filter`
+keeps items whose value has those fields equal. No TTLs.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ try:
     )
 except ImportError as exc:
     raise ImportError(
-        'mnemo.integrations.langgraph needs LangGraph: pip install "pymnemo[langgraph]"'
-    ) from exc
+        'mnemo.integrations.langgraph needs LangGraph: pip install "pymnemo[langgraph]"') from exc
 
 if TYPE_CHECKING:
     from mnemo.memory import Memory
@@ -65,8 +61,7 @@ class MnemoStore(BaseStore):
 
     The async calls (`aput`, `asearch`, ..., `abatch`) run on the Memory's event loop; the
     sync ones (`put`, ..., `batch`, what a graph's `invoke` calls) from any other thread,
-    handing the work to that loop: make the store inside the running loop of the Memory.
-    """
+    handing the work to that loop: make the store inside the running loop of the Memory."""
 
     supports_ttl = False
 
@@ -126,9 +121,8 @@ class MnemoStore(BaseStore):
             self._repo, {MARK: True, NAMESPACE: ".".join(namespace), KEY: key}, limit=1)
         return found[0] if found else None
 
-    async def _put(
-        self, namespace: Sequence[str], key: str, value: Mapping[str, Any] | None
-    ) -> None:
+    async def _put(self, namespace: Sequence[str], key: str,
+                   value: Mapping[str, Any] | None) -> None:
         old = await self._node(namespace, key)
         digest = hashlib.sha256(json.dumps([list(namespace), key]).encode()).hexdigest()
         source = f"langgraph-{digest[:40]}"
@@ -138,9 +132,8 @@ class MnemoStore(BaseStore):
             return
         created = None if old is None else old.data.get("created_at") or old.created_at.isoformat()
         metadata = {**self._where(namespace), NAMESPACE: ".".join(namespace), KEY: key}
-        await self._mem.remember(
-            self._repo, _text(value), source_id=source, metadata=metadata,
-            data={"value": dict(value), "created_at": created})
+        await self._mem.remember(self._repo, _text(value), source_id=source, metadata=metadata,
+                                 data={"value": dict(value), "created_at": created})
 
     async def _search(self, op: SearchOp) -> list[SearchItem]:
         want = max(op.offset, 0) + max(op.limit, 0)

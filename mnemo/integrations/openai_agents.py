@@ -5,12 +5,9 @@ session = MnemoSession(mem, "user-42")
 result = await Runner.run(agent, "Hello", session=session)
 ```
 
-The session id is the thread id. Each input item the SDK adds (a Responses API item) is one
-message of the thread: an item with a `role` (a message) is stored as it is; any other item
-(`function_call`, `function_call_output`, `reasoning`, ...) is stored whole under the key
-`openai_item` of a message whose role is "tool" for a `*_output` item and "assistant" for
-the rest, and whose content is the item's text (its output, summary or call), which search
-and eviction read. `get_items` gives back exactly the items added.
+The session id is the thread id; each item the SDK adds is one message: an item with a `role`
+as it is, any other stored whole under `openai_item` of a "tool" (`*_output`) or "assistant"
+message whose content is the item's text. `get_items` gives back exactly the items added.
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ try:
 except ImportError as exc:
     raise ImportError(
         'mnemo.integrations.openai_agents needs the OpenAI Agents SDK: pip install '
-        '"pymnemo[openai-agents]"'
-    ) from exc
+        '"pymnemo[openai-agents]"') from exc
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -46,13 +42,10 @@ class MnemoSession:
     """The OpenAI Agents SDK's `Session` (`agents.memory.Session`) over the mnemo thread
     `session_id` of `mem`: `Runner.run(agent, input, session=MnemoSession(mem, "user-42"))`.
 
-    `conversation` is the `ConversationManager` that stores the items (its ttl, compression
-    and auto-eviction apply); by default `mem.conversation(auto_evict_budget=token_budget)`.
-    With `token_budget`, `get_items()` without a limit gives what mnemo's viewport of that
-    budget shows: one system item holding the snapshots of evicted history, pinned and
-    recalled messages (when there are any), then the newest items that fit. A limit (the
-    argument, else `session_settings.limit`) always gives the newest items of the log, which
-    is what the SDK's own bookkeeping reads.
+    `conversation` stores the items (default: `mem.conversation(auto_evict_budget=
+    token_budget)`). With `token_budget`, `get_items()` without a limit gives mnemo's viewport
+    of that budget (one system item of snapshots, pinned and recalled messages, then the
+    newest items that fit); a limit always gives the newest items of the log.
 
     Raises:
         InvalidInputError: a `session_id` that is no thread name, or a `token_budget` below 1.
@@ -60,15 +53,9 @@ class MnemoSession:
 
     session_settings: SessionSettings | None
 
-    def __init__(
-        self,
-        mem: Memory,
-        session_id: str,
-        *,
-        conversation: ConversationManager | None = None,
-        token_budget: int | None = None,
-        session_settings: SessionSettings | None = None,
-    ) -> None:
+    def __init__(self, mem: Memory, session_id: str, *,
+                 conversation: ConversationManager | None = None, token_budget: int | None = None,
+                 session_settings: SessionSettings | None = None) -> None:
         self.session_id = check_thread_name(session_id)
         if token_budget is not None:
             check_count("token_budget", token_budget, minimum=1)
@@ -103,9 +90,8 @@ class MnemoSession:
         concurrent calls (of any Memory on the store) are all kept, each call's together.
 
         Raises:
-            InvalidInputError: an item that is not a JSON dict, or one past the Memory's
-                bounds (`Config.max_text_chars`, `Config.max_messages_per_save` items a
-                call); nothing of the call is stored then.
+            InvalidInputError: an item that is not a JSON dict, or past the Memory's bounds;
+                nothing of the call is stored then.
         """
         messages = [_message(item) for item in items]
         await self._conversation.append(self.session_id, messages)

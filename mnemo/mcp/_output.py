@@ -1,11 +1,6 @@
-"""The MCP tools' answers as bounded JSON values (one `recall` returned 2 MB).
-
-An answer goes straight into an agent's context, so none passes `MAX_OUTPUT_CHARS` (the
-bounds are `mnemo.tools`'): a list shares that budget among its items, a text too long for
-its share is cut and says how long it was (`chars`, `truncated`), and what is cut can be read
-whole: a node with `get_node`, a viewed message a page at a time with `offset`. Nothing echoes
-the caller's input back.
-"""
+"""The MCP tools' answers as bounded JSON values: none passes `MAX_OUTPUT_CHARS`, a list shares
+it among its items, a text cut says how long it was (`chars`, `truncated`) and can be read
+whole (`get_node`, a viewed message by `offset`). Nothing echoes the caller's input back."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ from collections.abc import Sequence
 
 from mnemo.conversation.model import Message, MessageView, SearchHit, Snapshot
 from mnemo.graph.model import Node
-from mnemo.jsonable import hit_json, label, message_json, snapshot_json, with_degraded
+from mnemo.jsonable import fields, hit_json, message_json, snapshot_json, with_degraded
 from mnemo.memoryfiles.model import MemoryFile
 from mnemo.recall.engine import RecallResult
 from mnemo.tools import (
@@ -54,19 +49,11 @@ def recall_output(result: RecallResult) -> dict[str, object]:
     """Each memory's score, phase, hop and node (id, type, a snippet of its text); the
     query is not echoed (`recall_in_context` makes it the goal and steps again)."""
     limit = _share(len(result.memories), SNIPPET_CHARS)
-    out: dict[str, object] = {
-        "reasoned": None if result.reasoned is None else clip(result.reasoned, SNIPPET_CHARS * 4),
-        "memories": [
-            {
-                "score": m.score,
-                "phase": label(m.phase),
-                "hop": m.hop,
-                "node": {"id": m.node.id, "type": label(m.node.type), **_text(m.node.text, limit)},
-            }
-            for m in result.memories
-        ],
-    }
-    return with_degraded(out, result)
+    memories = [{**fields(m, "score phase hop"),
+                 "node": {**fields(m.node, "id type"), **_text(m.node.text, limit)}}
+                for m in result.memories]
+    reasoned = None if result.reasoned is None else clip(result.reasoned, SNIPPET_CHARS * 4)
+    return with_degraded({"reasoned": reasoned, "memories": memories}, result)
 
 
 def node_output(node: Node, offset: int) -> dict[str, object]:
@@ -74,21 +61,11 @@ def node_output(node: Node, offset: int) -> dict[str, object]:
     part = page(node.text, offset)
     data = json.dumps(node.data, sort_keys=True, ensure_ascii=False, default=str)
     out: dict[str, object] = {
-        "id": node.id,
-        "type": label(node.type),
-        "created_at": node.created_at.isoformat(),
-        "retired": node.retired,
-        "text": part.text,
-        "offset": part.offset,
-        "chars": part.total,
-        "next_offset": part.next_offset,
-    }
+        **fields(node, "id type created_at retired"), "text": part.text, "offset": part.offset,
+        "chars": part.total, "next_offset": part.next_offset}
     if len(data) <= DATA_CHARS:
-        out["data"] = node.data
-    else:
-        out["data"] = None
-        out["data_preview"] = clip(data, DATA_CHARS)
-    return out
+        return {**out, "data": node.data}
+    return {**out, "data": None, "data_preview": clip(data, DATA_CHARS)}
 
 
 def hits_output(hits: Sequence[SearchHit]) -> list[dict[str, object]]:
@@ -111,27 +88,15 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
     """The target (a page of its content), the snapshots around it, and as many of the
     messages around it as fit, nearest first; `messages_left_out` counts the rest."""
     part = page(view.target.content, offset)
-    target = {
-        **_message(view.target, PAGE_CHARS),
-        "content": part.text,
-        "offset": part.offset,
-        "next_offset": part.next_offset,
-        "truncated": len(part.text) < part.total,
-    }
+    target = {**_message(view.target, PAGE_CHARS), "content": part.text, "offset": part.offset,
+              "next_offset": part.next_offset, "truncated": len(part.text) < part.total}
     out: dict[str, object] = {
-        "target": target,
-        "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
-        "snapshots_after": [_snapshot(s) for s in view.snapshots_after],
-        "messages": [],
-        "messages_left_out": 0,
-    }
+        "target": target, "snapshots_before": [_snapshot(s) for s in view.snapshots_before],
+        "snapshots_after": [_snapshot(s) for s in view.snapshots_after], "messages": [],
+        "messages_left_out": 0}
     shown = {m.id: _message(m, MESSAGE_CHARS) for m in view.messages}
-    kept = nearest(
-        view.messages,
-        view.target.seq,
-        MAX_OUTPUT_CHARS - size(out) - 100,
-        lambda m: size(shown[m.id]) + 2,
-    )
+    kept = nearest(view.messages, view.target.seq, MAX_OUTPUT_CHARS - size(out) - 100,
+                   lambda m: size(shown[m.id]) + 2)
     out["messages"] = [shown[m.id] for m in kept]
     out["messages_left_out"] = len(view.messages) - len(kept)
     return out
@@ -140,17 +105,11 @@ def view_output(view: MessageView, offset: int) -> dict[str, object]:
 def memory_file_output(file: MemoryFile, limit: int = PAGE_CHARS) -> dict[str, object]:
     """A memory file with its content within `limit`, and what writing it cost."""
     return {
-        "topic": file.topic,
-        "description": file.description,
-        "path": str(file.path),
-        "updated": file.updated.isoformat(),
+        **fields(file, "topic description updated"), "path": str(file.path),
         **_text(file.content, limit, "content"),
         "dropped": [clip(line, SNIPPET_CHARS) for line in file.dropped[:MAX_LISTED]],
-        "dropped_count": len(file.dropped),
-        "condensed": file.condensed,
-        "entry_truncated": file.truncated,
-        "skipped": file.skipped,
-    }
+        "dropped_count": len(file.dropped), "condensed": file.condensed,
+        "entry_truncated": file.truncated, "skipped": file.skipped}
 
 
 def memory_files_output(files: Sequence[MemoryFile]) -> list[dict[str, object]]:

@@ -1,17 +1,10 @@
 """The MCP server's stdio transport: one JSON-RPC message a line on stdin and stdout, and an
 answer to every line.
 
-The SDK's stdio transport drops a line it cannot read (a lone surrogate escape, JSON nested
-deeper than its parser goes, invalid UTF-8, something that is not a JSON-RPC message), and the
-client waits for an answer until its own timeout. Here such a line is answered at once with a
-JSON-RPC error: a parse error (-32700) or an invalid request (-32600), carrying the request's
-id when the line names one at its top level (null otherwise, as JSON-RPC says). A line longer
-than `MAX_REQUEST_BYTES` is answered so without being parsed, and never held whole: what
-passes the bound is read and dropped.
-
-While it runs, file descriptor 1 points at stderr and the protocol writes to a copy of the
-original: a stray print from any library lands on stderr, not in the protocol's stream.
-"""
+A line the SDK's own transport would drop unanswered (unreadable, too deep, not JSON-RPC) is
+answered at once with a parse error or an invalid request carrying the line's top-level id; a
+line past `MAX_REQUEST_BYTES` so without being parsed or held whole. While it runs, file
+descriptor 1 points at stderr: a stray print never lands in the protocol's stream."""
 
 from __future__ import annotations
 
@@ -27,13 +20,7 @@ import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.message import SessionMessage
-from mcp_types import (
-    INVALID_REQUEST,
-    PARSE_ERROR,
-    ErrorData,
-    JSONRPCError,
-    jsonrpc_message_adapter,
-)
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, jsonrpc_message_adapter
 from pydantic import ValidationError
 
 from mnemo.tools import ERROR_CHARS, clip
@@ -91,8 +78,7 @@ def _error(line: bytes, code: int, message: str) -> SessionMessage:
 @asynccontextmanager
 async def stdio_streams() -> AsyncIterator[
     tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
-          MemoryObjectSendStream[SessionMessage]]
-]:
+          MemoryObjectSendStream[SessionMessage]]]:
     """The messages read from stdin, and a stream whose messages are written to stdout, for
     as long as the block runs; a line that is no message is answered on stdout directly."""
     wire = os.fdopen(os.dup(1), "wb")

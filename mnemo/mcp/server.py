@@ -1,19 +1,9 @@
 """The tools of `mnemo mcp` (`MemoryTools`) over a store, and the Memories they run on
-(`open_tools`); `mnemo.mcp.transport` serves them over stdio or streamable HTTP.
-
-The reads go through a `Memory` opened for inspection, which never resumes or takes over
-work and records no repo's settings; so do the edits a caller asks for by name (`forget`,
-`correct`), which need no background work; the session tools go through a `Memory` that
-works, opened at the first of them. Both live as long as the server, so sessions started by
-one tool call are there for the next, and what a session commits is recalled by later calls.
-Every tool returns JSON text, bounded (`_output`: snippets with ids, pages with offsets, never
-more than `mnemo.tools.MAX_OUTPUT_CHARS`). A `MnemoError` becomes a tool error carrying its
-one-line message (clipped), which the agent can read and act on.
-
-Memory files (`persist_memory`, `recall_memory`) live under one root directory, by default
-`<db>.memory/` beside the database. A tool's `directory` argument may only name a folder inside
-that root: the caller is an agent, and a prompt it read must not steer writes elsewhere.
-"""
+(`open_tools`). Reads and edits by name go through a `Memory` opened for inspection, the
+session tools through one that works, opened at the first of them; both live as long as the
+server. Every tool returns bounded JSON text (`_output`); a `MnemoError` becomes a tool error
+with its one-line message. Memory files live under one root (`<db>.memory/` by default), and a
+tool's `directory` may only name a folder inside it: a prompt must not steer writes elsewhere."""
 
 from __future__ import annotations
 
@@ -47,31 +37,19 @@ replaces a wrong fact (the old one is kept, retired), `forget` erases memories f
 `list_sessions` show what there is; `persist_memory` files a statement to remember under a
 topic, and `recall_memory` reads those topic files back."""
 
-TOOL_NAMES = (
-    "recall",
-    "get_node",
-    "search_messages",
-    "view_messages",
-    "save_messages",
-    "append_messages",
-    "list_repos",
-    "list_sessions",
-    "start_session",
-    "append",
-    "close_and_commit",
-    "discard_session",
-    "end_session",
-    "forget",
-    "correct",
-    "persist_memory",
-    "recall_memory",
-)
+TOOL_NAMES = ("recall", "get_node", "search_messages", "view_messages", "save_messages",
+              "append_messages", "list_repos", "list_sessions", "start_session", "append",
+              "close_and_commit", "discard_session", "end_session", "forget", "correct",
+              "persist_memory", "recall_memory")
 # A scope: metadata key -> a value, or a list of values any of which matches.
 Where = Annotated[
     dict[str, str | int | float | bool | list[str | int | float | bool]] | None,
     Field(description="Only the memories of this scope: metadata key -> value (or a list of "
-                      "values), e.g. {\"user_id\": \"alice\"}; every key must match."),
-]
+                      "values), e.g. {\"user_id\": \"alice\"}; every key must match.")]
+SessionId = Annotated[str, Field(description="From start_session.")]
+Directory = Annotated[
+    str | None, Field(description="A sub-folder of the memory directory (default: its root).")]
+Offset = Annotated[int, Field(description="Where to start (next_offset).", ge=0)]
 # At most this many repos or sessions a page (`offset` reads on).
 PAGE_ITEMS = 50
 # Memory-file folders whose `MemoryFiles` the server keeps (an agent names any number).
@@ -100,26 +78,13 @@ def _as_tool_error() -> Iterator[None]:
 
 
 class MemoryTools:
-    """The server's tools over an open `Memory`; each returns JSON text.
+    """The server's tools over an open `Memory` `mem`; the session tools go to `worker()`,
+    the Memory that works (by default `mem`). `reinforce`: a recall counts accesses. `llm`
+    files `persist_memory`'s statements (None: the offline LLM)."""
 
-    `mem` answers the reads (and `save_messages`); the session tools go to `worker()`, the
-    Memory that works (by default `mem` itself). `serve` opens `mem` for inspection and the
-    worker only when a session tool is first called, so a server that only reads never takes
-    work over. `reinforce`: a recall counts its memories as accesses. `llm` is the model the
-    server was started with, which `persist_memory` asks (None: the offline LLM, as memory
-    files belong to no repo whose recorded model could be used).
-    """
-
-    def __init__(
-        self,
-        mem: Memory,
-        memory_dir: Path,
-        *,
-        memory_updates: bool = True,
-        worker: Callable[[], Awaitable[Memory]] | None = None,
-        reinforce: bool = False,
-        llm: LLM | None = None,
-    ) -> None:
+    def __init__(self, mem: Memory, memory_dir: Path, *, memory_updates: bool = True,
+                 worker: Callable[[], Awaitable[Memory]] | None = None, reinforce: bool = False,
+                 llm: LLM | None = None) -> None:
         self._mem = mem
         self._worker = worker
         self.reinforce = reinforce
@@ -260,8 +225,7 @@ class MemoryTools:
         messages: Annotated[
             list[dict[str, Any]],
             Field(description="The thread's whole history so far: dicts with role and content "
-                              "(only those past the stored length are added)."),
-        ],
+                              "(only those past the stored length are added).")],
     ) -> str:
         """Stores a conversation thread's messages (for `search_messages` and
         `view_messages`): pass the whole history each time, and only the new messages are
@@ -277,8 +241,7 @@ class MemoryTools:
         thread_id: Annotated[str, Field(description="The conversation thread's id.")],
         messages: Annotated[
             list[dict[str, Any]],
-            Field(description="New messages only: dicts with role and content."),
-        ],
+            Field(description="New messages only: dicts with role and content.")],
     ) -> str:
         """Adds messages after a conversation thread's stored ones, all of them (for a client
         that keeps a window of its history: pass only what is new). Returns how many were
@@ -291,10 +254,7 @@ class MemoryTools:
         total = len(await self._mem.conversation().raw(thread_id))
         return _dumps({"thread_id": thread_id, "added": len(added), "messages": total})
 
-    async def list_repos(
-        self,
-        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
-    ) -> str:
+    async def list_repos(self, offset: Offset = 0) -> str:
         """The repos (knowledge graphs) in this memory, oldest first, a page at a time
         (`next_offset` reads on; null on the last page)."""
         with _as_tool_error():
@@ -304,7 +264,7 @@ class MemoryTools:
     async def list_sessions(
         self,
         repo: Annotated[str | None, Field(description="Only this repo's (default: all).")] = None,
-        offset: Annotated[int, Field(description="Where to start (next_offset).", ge=0)] = 0,
+        offset: Offset = 0,
     ) -> str:
         """The live sessions (not ended), oldest first, a page at a time: id, repo, state,
         the open episode's goal (a snippet) and its number of steps."""
@@ -312,13 +272,10 @@ class MemoryTools:
             live = [s for s in await self._mem.list_sessions() if repo is None or s.repo == repo]
             rows = [
                 {**session_json(s), "goal": None if s.goal is None else clip(s.goal, SNIPPET_CHARS)}
-                for s in live
-            ]
+                for s in live]
             return _dumps(_page(rows, offset, "sessions"))
 
-    async def discard_session(
-        self, session_id: Annotated[str, Field(description="From start_session.")]
-    ) -> str:
+    async def discard_session(self, session_id: SessionId) -> str:
         """Drops a session's ready changeset or failed extraction (then `end_session`, or
         keep it). Errors: a session that is neither ready nor failed."""
         with _as_tool_error():
@@ -327,9 +284,7 @@ class MemoryTools:
             state = await mem.session_state(session_id)
             return _dumps({"session_id": session_id, "state": label(state)})
 
-    async def end_session(
-        self, session_id: Annotated[str, Field(description="From start_session.")]
-    ) -> str:
+    async def end_session(self, session_id: SessionId) -> str:
         """Ends a session for good (what it committed stays); its id is then unknown."""
         with _as_tool_error():
             await (await self._working()).end_session(session_id)
@@ -339,11 +294,9 @@ class MemoryTools:
         self,
         goal: Annotated[str, Field(description="What this piece of work is trying to do.")],
         repo: Annotated[str, Field(description="The repo to commit into (created if new).")],
-        metadata: Annotated[
-            dict[str, str | int | float | bool] | None,
-            Field(description="Who its memories belong to, e.g. {\"user_id\": \"alice\"}: "
-                              "every node it commits carries it (what `where` selects)."),
-        ] = None,
+        metadata: Annotated[dict[str, str | int | float | bool] | None, Field(
+            description="Who its memories belong to, e.g. {\"user_id\": \"alice\"}: "
+                        "every node it commits carries it (what `where` selects).")] = None,
     ) -> str:
         """Starts a session collecting steps towards the goal; returns its session_id for
         `append` and `close_and_commit`. An unknown repo is created."""
@@ -356,7 +309,7 @@ class MemoryTools:
 
     async def append(
         self,
-        session_id: Annotated[str, Field(description="From start_session.")],
+        session_id: SessionId,
         observation: Annotated[str, Field(description="What you saw: output, error, reply.")],
         action: Annotated[str, Field(description="What you did about it.")],
     ) -> str:
@@ -366,9 +319,7 @@ class MemoryTools:
             mem = await self._working()
             return _dumps(step_json(await mem.append(session_id, observation, action)))
 
-    async def close_and_commit(
-        self, session_id: Annotated[str, Field(description="From start_session.")]
-    ) -> str:
+    async def close_and_commit(self, session_id: SessionId) -> str:
         """Ends the session: extracts facts and procedures from its steps, commits them to the
         repo's graph (then `recall` finds them) and returns the committed node ids."""
         with _as_tool_error():
@@ -379,19 +330,13 @@ class MemoryTools:
             await mem.end_session(session_id)
             return _dumps(
                 {
-                    "session_id": session_id,
-                    "node_ids": receipt.node_ids[: _output.MAX_LISTED],
-                    "node_count": len(receipt.node_ids),
-                }
-            )
+                    "session_id": session_id, "node_ids": receipt.node_ids[: _output.MAX_LISTED],
+                    "node_count": len(receipt.node_ids)})
 
     async def persist_memory(
         self,
         what: Annotated[str, Field(description="The statement to remember, self-contained.")],
-        directory: Annotated[
-            str | None,
-            Field(description="A sub-folder of the memory directory (default: its root)."),
-        ] = None,
+        directory: Directory = None,
     ) -> str:
         """Files a statement in the long-term topic memory files (one Markdown file per
         topic); returns the file it went to, and what keeping it within its size cost: the
@@ -405,10 +350,7 @@ class MemoryTools:
     async def recall_memory(
         self,
         query: Annotated[str, Field(description="Words describing the topic.")],
-        directory: Annotated[
-            str | None,
-            Field(description="A sub-folder of the memory directory (default: its root)."),
-        ] = None,
+        directory: Directory = None,
         limit: Annotated[int, Field(description="How many files.", ge=1, le=50)] = 5,
     ) -> str:
         """The topic memory files matching the query (topic, description, content), most
@@ -427,8 +369,7 @@ class MemoryTools:
             if relative.is_absolute() or ".." in relative.parts:
                 raise ToolError(
                     f"directory must be a relative folder inside the memory directory, "
-                    f"got {clip(directory, 100)!r}"
-                )
+                    f"got {clip(directory, 100)!r}")
             path = path / relative
         files = self._files.pop(path, None)
         if files is None:
@@ -445,31 +386,21 @@ def _page(items: Sequence[object], offset: int, key: str) -> dict[str, object]:
     """One page of `items` (at most PAGE_ITEMS), the total, and where the next page starts."""
     end = offset + PAGE_ITEMS
     return {
-        key: items[offset:end],
-        "total": len(items),
-        "offset": offset,
-        "next_offset": end if end < len(items) else None,
-    }
+        key: items[offset:end], "total": len(items), "offset": offset,
+        "next_offset": end if end < len(items) else None}
 
 
 @asynccontextmanager
-async def open_tools(
-    store: str | Path,
-    *,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    memory_dir: Path | None = None,
-    memory_updates: bool = True,
-    reinforce: bool = False,
-    config: Config | None = None,
-) -> AsyncIterator[MemoryTools]:
+async def open_tools(store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
+                     memory_dir: Path | None = None, memory_updates: bool = True,
+                     reinforce: bool = False,
+                     config: Config | None = None) -> AsyncIterator[MemoryTools]:
     """The server's tools over the store, open while the block runs: the reads through a
     Memory opened for inspection (`Memory(inspect=True)`), the session tools through a Memory
     that works, opened at the first of them."""
     async with AsyncExitStack() as stack:
         reader = await stack.enter_async_context(
-            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True)
-        )
+            Memory(store, llm=llm, embedder=embedder, config=config, inspect=True))
         opening = anyio.Lock()
         opened: list[Memory] = []
 
@@ -477,11 +408,9 @@ async def open_tools(
             async with opening:
                 if not opened:
                     opened.append(await stack.enter_async_context(
-                        Memory(store, llm=llm, embedder=embedder, config=config)
-                    ))
+                        Memory(store, llm=llm, embedder=embedder, config=config)))
             return opened[0]
 
         yield MemoryTools(
             reader, memory_dir or default_memory_dir(Path(store)),
-            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm,
-        )
+            memory_updates=memory_updates, worker=worker, reinforce=reinforce, llm=llm)

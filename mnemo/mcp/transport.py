@@ -1,25 +1,14 @@
-"""`mnemo mcp`: an MCP server (the official `mcp` SDK's `MCPServer`) over a store, on stdio or
-on streamable HTTP.
-
-Each tool (`mnemo.mcp.server.MemoryTools`) carries MCP's hints: whether it only reads, whether
-it may destroy what is stored, and whether calling it again with the same arguments does
-nothing more. Its arguments are checked before it runs: an argument it does not take, or a
-value of another type than its parameter's, is a JSON-RPC "invalid params" error naming it (the
-SDK would drop the first and turn `"5"` or `true` into 5). Any other failure of mnemo's is a
-tool error carrying its one-line message; anything else is a crash, logged with its traceback,
-of which the agent sees only the tool's name. Every request is answered (`mnemo.mcp._stdio` for
-stdio; the SDK answers malformed HTTP bodies itself, and bounds them to `MAX_REQUEST_BYTES`).
-
-Over HTTP (`Http`), the server listens on the loopback unless told otherwise, answers only the
-Host names it is allowed (a page elsewhere that points its own name at this machine, DNS
-rebinding, is refused), and, when a token is set, only the requests that show it as
-`Authorization: Bearer TOKEN`: a bind beyond the loopback needs one.
-"""
+"""`mnemo mcp`: an MCP server (the `mcp` SDK's `MCPServer`) over a store, on stdio or on
+streamable HTTP. Each tool carries MCP's hints (read-only, destructive, idempotent), and its
+arguments are checked strictly before it runs (an unknown argument or a value of another type
+is a JSON-RPC "invalid params" error; the SDK would drop or coerce it). A `MnemoError` is a
+tool error with its one-line message; every request is answered (`_stdio`). Over HTTP
+(`Http`) the server answers only its allowed Host names (against DNS rebinding) and, with a
+token, only requests that show it (`Authorization: Bearer`): a bind beyond the loopback needs
+one."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import inspect
 import signal
 import socket
@@ -41,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import ToolAnnotations
 from pydantic import AnyHttpUrl, ValidationError
 
-from mnemo.access import LOOPBACK, WILDCARD_BINDS, check_token, host_pattern, is_loopback
+from mnemo.access import check_token, hosts_of, is_loopback, same_token
 from mnemo.config import Config
 from mnemo.errors import InvalidInputError
 from mnemo.mcp._stdio import MAX_REQUEST_BYTES, stdio_streams
@@ -69,8 +58,7 @@ def validation_message(tool: str, exc: ValidationError) -> str:
     the value, which is the caller's data)."""
     problems = [
         f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-        for error in exc.errors()
-    ]
+        for error in exc.errors()]
     return clip(f"invalid arguments for {tool}: {'; '.join(problems)}", ERROR_CHARS)
 
 
@@ -90,8 +78,7 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
     if unknown:
         raise MCPError(INVALID_PARAMS, clip(
             f"unknown arguments for {tool.name}: {', '.join(unknown)} (it takes "
-            f"{', '.join(taken)})", ERROR_CHARS,
-        ))
+            f"{', '.join(taken)})", ERROR_CHARS))
     try:
         tool.fn_metadata.arg_model.model_validate(arguments, strict=True)
     except ValidationError as exc:
@@ -99,20 +86,15 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
 
 
 class _Bearer:
-    """The SDK's token verifier for one shared token, compared as SHA-256 digests in
-    constant time (its length hidden too)."""
+    """The SDK's token verifier for one shared token (`same_token`)."""
 
     def __init__(self, token: str) -> None:
-        self._digest = _sha256(token)
+        self._token = token
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        if not hmac.compare_digest(_sha256(token), self._digest):
+        if not same_token(token, self._token):
             return None
         return AccessToken(token=token, client_id="mnemo", scopes=[])
-
-
-def _sha256(token: str) -> bytes:
-    return hashlib.sha256(token.encode(errors="replace")).digest()
 
 
 def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "") -> MCPServer:
@@ -127,13 +109,10 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
             description=inspect.cleandoc(getattr(tools, name).__doc__ or ""),
             annotations=ToolAnnotations(
                 read_only_hint=name in read_only, destructive_hint=name in DESTRUCTIVE,
-                idempotent_hint=name in IDEMPOTENT, open_world_hint=False,
-            ),
+                idempotent_hint=name in IDEMPOTENT, open_world_hint=False),
             # The result is the JSON text itself, not wrapped again.
-            structured_output=False,
-        )
-        for name in TOOL_NAMES
-    }
+            structured_output=False)
+        for name in TOOL_NAMES}
 
     class _Server(MCPServer):
         async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
@@ -152,24 +131,19 @@ def build_server(tools: MemoryTools, *, token: str | None = None, url: str = "")
         # No OAuth server: the issuer is named because the SDK's settings require one.
         auth = {"token_verifier": _Bearer(token),
                 "auth": AuthSettings(issuer_url=AnyHttpUrl(url), resource_server_url=None)}
-    return _Server(
-        "mnemo", instructions=INSTRUCTIONS, log_level="WARNING", version=installed_version(),
-        tools=list(checked.values()), **auth,
-    )
+    return _Server("mnemo", instructions=INSTRUCTIONS, log_level="WARNING",
+                   version=installed_version(), tools=list(checked.values()), **auth)
 
 
 @dataclass(frozen=True, slots=True)
 class Http:
-    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp`: `host` (the
-    loopback by default), `port` (0: any free one), `token` (required as `Authorization:
-    Bearer` on every request when set; a bind beyond the loopback needs one) and
-    `allow_hosts`, the Host names answered besides the loopback names and the bound address
-    (once made, it holds them all).
+    """Where `serve` answers over streamable HTTP, at `http://HOST:PORT/mcp` (port 0: any free
+    one), the `token` every request must show, and `allow_hosts`, the Host names answered
+    besides the loopback names and the bound address (once made, it holds them all).
 
     Raises:
-        InvalidInputError: a bind beyond the loopback without a token, a malformed token
-            (16 to 512 printable ASCII characters), or an allowed host that is not a name
-            or an address (no wildcard).
+        InvalidInputError: a bind beyond the loopback without a token, a malformed token, or
+            an allowed host that is not a name or an address.
     """
 
     host: str = DEFAULT_HOST
@@ -183,11 +157,8 @@ class Http:
         elif not is_loopback(self.host):
             raise InvalidInputError(
                 f"serving MCP on {self.host!r} needs a bearer token (--token or "
-                "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory"
-            )
-        own = () if self.host.strip() in WILDCARD_BINDS else (self.host,)
-        names = tuple(dict.fromkeys(host_pattern(h) for h in (*LOOPBACK, *own,
-                                                                *self.allow_hosts)))
+                "MNEMO_MCP_TOKEN): whoever reaches the port could read and erase the memory")
+        names = hosts_of(self.host, self.allow_hosts)
         if any(name.startswith("*") for name in names):
             raise InvalidInputError("an allowed host is a name or an address, not a pattern")
         object.__setattr__(self, "allow_hosts", names)
@@ -199,36 +170,21 @@ class Http:
             enable_dns_rebinding_protection=True,
             allowed_hosts=[h for name in hosts for h in (name, f"{name}:*")],
             allowed_origins=[f"{scheme}://{h}" for name in hosts for scheme in ("http", "https")
-                             for h in (name, f"{name}:*")],
-        )
+                             for h in (name, f"{name}:*")])
 
 
-async def serve(
-    store: str | Path,
-    *,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    memory_dir: Path | None = None,
-    memory_updates: bool = True,
-    reinforce: bool = False,
-    config: Config | None = None,
-    http: Http | None = None,
-) -> None:
+async def serve(store: str | Path, *, llm: LLM | None = None, embedder: Embedder | None = None,
+                memory_dir: Path | None = None, memory_updates: bool = True,
+                reinforce: bool = False, config: Config | None = None,
+                http: Http | None = None) -> None:
     """Opens the store (`open_tools`) and serves MCP over stdin/stdout until the client
-    closes it, or with `http` over streamable HTTP until interrupted (the address it listens
-    on is printed on stderr first).
-
-    `llm`/`embedder` None: each repo runs the models it recorded (new repos the defaults);
-    given, they apply to this server's calls and are recorded only by a repo it creates.
-    `llm` also files `persist_memory`'s statements (the offline LLM when None). `config` is
-    the Memory's (`mnemo mcp --extraction-timeout` sets its `extraction_timeout`).
-    `memory_updates=False` turns memory-file writes off (`persist_memory` then files nothing
-    and says so); `recall_memory` still reads. `reinforce`: recalls count as accesses.
-    """
-    async with open_tools(
-        store, llm=llm, embedder=embedder, memory_dir=memory_dir,
-        memory_updates=memory_updates, reinforce=reinforce, config=config,
-    ) as tools:
+    closes it, or with `http` over streamable HTTP until interrupted (its address printed on
+    stderr first). `llm`/`embedder` None: each repo runs the models it recorded; `llm` also
+    files `persist_memory`'s statements. `memory_updates=False` turns memory-file writes off;
+    `reinforce`: recalls count as accesses."""
+    async with open_tools(store, llm=llm, embedder=embedder, memory_dir=memory_dir,
+                          memory_updates=memory_updates, reinforce=reinforce,
+                          config=config) as tools:
         if http is None:
             await build_server(tools).run_stdio_async()
         else:
@@ -250,15 +206,13 @@ async def _serve_http(tools: MemoryTools, http: Http) -> None:
     mcp = build_server(tools, token=http.token, url=f"http://{shown}:{http.port}")
     app = mcp.streamable_http_app(
         streamable_http_path=PATH, json_response=True, transport_security=http.security(),
-        max_request_body_size=MAX_REQUEST_BYTES,
-    )
+        max_request_body_size=MAX_REQUEST_BYTES)
     family = socket.AF_INET6 if ":" in http.host else socket.AF_INET
     try:
         sock = socket.create_server((http.host, http.port), family=family)
     except OSError as exc:
         raise InvalidInputError(
-            f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}"
-        ) from exc
+            f"cannot listen on {http.host} port {http.port}: {exc.strerror or exc}") from exc
     for line in _exposure(http, f"http://{shown}:{sock.getsockname()[1]}{PATH}"):
         print(line, file=sys.stderr, flush=True)
     listener = _Listener(uvicorn.Config(app, host=http.host, port=http.port, log_level="warning"))
@@ -280,6 +234,5 @@ def _exposure(http: Http, url: str) -> Sequence[str]:
     if not is_loopback(http.host):
         lines.append(
             "mnemo mcp: reachable beyond this machine; every request must show the bearer "
-            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one)."
-        )
+            f"token. Host names answered: {', '.join(http.allow_hosts)} (--allow-host adds one).")
     return lines

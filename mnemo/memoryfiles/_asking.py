@@ -32,13 +32,8 @@ class CountingLLM:
         return response
 
 
-async def ask(
-    llm: LLM,
-    request: LLMRequest,
-    parse: Callable[[LLMResponse], T],
-    *,
-    shorten: Callable[[LLMRequest], LLMRequest | None] | None = None,
-) -> T:
+async def ask(llm: LLM, request: LLMRequest, parse: Callable[[LLMResponse], T], *,
+              shorten: Callable[[LLMRequest], LLMRequest | None] | None = None) -> T:
     """`calls.tasks.ask` (with `shorten`) within `LLM_TIMEOUT_S`.
 
     Raises:
@@ -50,13 +45,11 @@ async def ask(
             return await tasks.ask(llm, request, parse, shorten=shorten)
     except TimeoutError as exc:
         raise LLMTimeout(
-            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s"
-        ) from exc
+            f"the LLM did not answer task {request.task!r} within {LLM_TIMEOUT_S:g} s") from exc
 
 
-async def ask_fitting(
-    llm: LLM, requests: Sequence[LLMRequest], parse: Callable[[LLMResponse], T]
-) -> T:
+async def ask_fitting(llm: LLM, requests: Sequence[LLMRequest],
+                      parse: Callable[[LLMResponse], T]) -> T:
     """`ask` the first of `requests` (one task's inputs, each smaller than the one before),
     and the next while the model's context refuses them (`LLMContextError`). The requests
     are not shortened otherwise: the task knows what may go.

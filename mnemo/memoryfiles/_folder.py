@@ -1,15 +1,9 @@
 """`Folder`: a memory-files directory, read and written without following a link inside it.
 
-Every file mnemo keeps there (a topic file, a lock file, a temporary file) is opened relative
-to the directory's own descriptor with `O_NOFOLLOW`, and only a regular file is read: a link
-planted in the folder sends no write, and no read, outside it, and a FIFO planted as a topic
-file hangs no reader. With a `root`, each folder between the root and the directory is opened
-the same way, so a sub-folder that is a link is refused, not followed: the descriptors pin
-every step, so a link swapped in meanwhile changes nothing (no check-then-use race).
-
-Where the system has no descriptor-relative calls (Windows), the same rules are checked on
-paths (`os.lstat`), which a concurrent swap could race.
-"""
+Every file is opened relative to the directory's descriptor with `O_NOFOLLOW`, and only a
+regular file is read: a planted link sends no read or write outside, a FIFO hangs no reader.
+With a `root`, each folder from it down is opened the same way (no check-then-use race).
+Without descriptor-relative calls (Windows) the rules are checked on paths (`os.lstat`)."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ NAME_MAX = 255
 PATH_MAX = 4_095
 # Whether this system opens files relative to a folder's descriptor (POSIX does).
 RELATIVE = {os.open, os.stat, os.mkdir, os.unlink}.issubset(os.supports_dir_fd) and hasattr(
-    os, "O_NOFOLLOW"
-)
+    os, "O_NOFOLLOW")
 _DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -51,14 +44,12 @@ def check_directory(directory: str | os.PathLike[str], what: str = "directory") 
         raise InvalidInputError(f"{what} must not contain a NUL character (U+0000)")
     if len(raw) > PATH_MAX:
         raise InvalidInputError(
-            f"{what} is {len(raw):,} bytes long, more than the {PATH_MAX:,} a path may be"
-        )
+            f"{what} is {len(raw):,} bytes long, more than the {PATH_MAX:,} a path may be")
     for part in path.parts:
         if len(os.fsencode(part)) > NAME_MAX:
             raise InvalidInputError(
                 f"{what} holds a name of {len(os.fsencode(part)):,} bytes, more than the "
-                f"{NAME_MAX} a file system takes"
-            )
+                f"{NAME_MAX} a file system takes")
     return path
 
 
@@ -138,8 +129,7 @@ class Folder:
         below = "/".join(self._below)
         return InvalidInputError(
             f"{name!r} (of {below!r}, in the memory directory) is a link or not a folder: "
-            "memory files never follow a link out of their root"
-        )
+            "memory files never follow a link out of their root")
 
     def _check_path(self, *, create: bool) -> None:
         """The path-based rule where there are no relative calls (see the module doc)."""

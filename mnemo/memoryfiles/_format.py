@@ -36,8 +36,7 @@ _MAX_SLUG = 60
 _ELLIPSIS = "\u2026"
 # Names Windows refuses as file stems, whatever the extension.
 _RESERVED = frozenset(
-    ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)]
-)
+    ["con", "prn", "aux", "nul"] + [f"com{i}" for i in range(10)] + [f"lpt{i}" for i in range(10)])
 _BULLET = re.compile(r"^(?:[-*+\u2022]|\d+[.)])\s+|^[-*+\u2022]$")
 _FRONT_LINE = re.compile(r"^([A-Za-z_][\w-]*)\s*:\s?(.*)$")
 
@@ -54,22 +53,16 @@ class Parsed:
 
 
 def one_line(text: str, max_chars: int) -> str:
-    """`text` as one printable line: whitespace collapsed, control characters dropped, clipped.
-
-    Control and format characters go because the front matter must stay one line per key
-    and readable as YAML.
-    """
+    """`text` as one printable line (the front matter stays one line per key, readable as
+    YAML): whitespace collapsed, control and format characters dropped, clipped."""
     printable = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
     return " ".join(printable.split())[:max_chars].rstrip()
 
 
 def topic_key(topic: str) -> str:
-    """The identity of a topic: its content words' stems, sorted and deduplicated.
-
-    "Database backups", "database backup" and "Backups of the database" are one topic, so a
-    topic never splits across files over wording. Falls back to all words, then to the
-    case-folded text, for topics made only of function words or symbols.
-    """
+    """The identity of a topic: its content words' stems, sorted and deduplicated ("Database
+    backups" and "Backups of the database" are one topic); all its words, else its case-folded
+    text, for a topic of only function words or symbols."""
     toks = _text.tokens(topic)
     content = [t for t in toks if not _text.is_stopword(t)] or toks
     if not content:
@@ -78,11 +71,9 @@ def topic_key(topic: str) -> str:
 
 
 def slug(topic: str) -> str:
-    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes.
-
-    Never empty, never starting with "." or "-", at most 60 characters, never a name Windows
-    reserves; a topic with no ASCII letter or digit gets "topic-" and a hash of its key.
-    """
+    """A safe file stem for `topic`: lower-case ASCII letters, digits and single dashes, at
+    most 60 characters, never empty, never a name Windows reserves ("topic-" and a hash of its
+    key for a topic without ASCII letters or digits)."""
     ascii_text = unicodedata.normalize("NFKD", topic).encode("ascii", "ignore").decode("ascii")
     stem = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")[:_MAX_SLUG].rstrip("-")
     if not stem:
@@ -93,16 +84,12 @@ def slug(topic: str) -> str:
     return stem
 
 
-def render(
-    *, topic: str, description: str, updated: datetime, used: datetime | None, content: str
-) -> str:
+def render(*, topic: str, description: str, updated: datetime, used: datetime | None,
+           content: str) -> str:
     """The full text of a topic file: the front matter, then `content` as it is."""
     head = [
-        "---",
-        f"topic: {_quote(topic)}",
-        f"description: {_quote(description)}",
-        f"updated: {_stamp(updated)}",
-    ]
+        "---", f"topic: {_quote(topic)}", f"description: {_quote(description)}",
+        f"updated: {_stamp(updated)}"]
     if used is not None:
         head.append(f"used: {_stamp(used)}")
     head.append("---")
@@ -110,11 +97,8 @@ def render(
 
 
 def parse(text: str) -> Parsed:
-    """Reads a topic file; a file without front matter is all body.
-
-    Lenient on purpose, since people edit these files by hand: unknown keys are ignored, a
-    value may be bare or quoted, and an unreadable time is None.
-    """
+    """Reads a topic file, leniently (people edit them by hand): no front matter, all body;
+    unknown keys ignored; a value bare or quoted; an unreadable time None."""
     text = text.replace("\r\n", "\n")
     fields: dict[str, str] = {}
     rest = text
@@ -130,12 +114,8 @@ def parse(text: str) -> Parsed:
             rest = text[end + 5 :]
     topic = one_line(fields.get("topic", ""), MAX_TOPIC_CHARS) or None
     return Parsed(
-        topic=topic,
-        description=one_line(fields.get("description", ""), MAX_DESCRIPTION_CHARS),
-        updated=_time(fields.get("updated")),
-        used=_time(fields.get("used")),
-        body=rest,
-    )
+        topic=topic, description=one_line(fields.get("description", ""), MAX_DESCRIPTION_CHARS),
+        updated=_time(fields.get("updated")), used=_time(fields.get("used")), body=rest)
 
 
 def entries(text: str) -> list[str]:
@@ -188,12 +168,8 @@ def fit(lines: list[str], max_chars: int) -> list[str]:
 
 def bound(lines: list[str], max_chars: int) -> Fitted:
     """`lines` cut down so that `body(lines)` has at most `max_chars` characters, saying what
-    was dropped (as it was) and whether a line was truncated.
-
-    A line too long to fit alone is truncated (marked with an ellipsis). Then the oldest
-    entries are dropped first, headings only after every entry, and the newest line always
-    stays: the body is ordered least important first (see the module doc).
-    """
+    was dropped and whether a line was truncated: a line too long alone is truncated, then
+    the oldest entries go, headings last, and the newest line always stays."""
     limit = max_chars - 1  # each line carries its newline
     cut = [_truncate(line, limit) for line in lines]
     total = sum(len(line) + 1 for line in cut)
@@ -206,11 +182,9 @@ def bound(lines: list[str], max_chars: int) -> Fitted:
             break
         dropped.add(i)
         total -= len(cut[i]) + 1
-    return Fitted(
-        lines=[line for i, line in enumerate(cut) if i not in dropped],
-        dropped=tuple(line for i, line in enumerate(lines) if i in dropped),
-        truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped),
-    )
+    return Fitted(lines=[line for i, line in enumerate(cut) if i not in dropped],
+                  dropped=tuple(line for i, line in enumerate(lines) if i in dropped),
+                  truncated=any(cut[i] != lines[i] for i in range(len(cut)) if i not in dropped))
 
 
 def follow(description: str, lines: list[str]) -> str:
@@ -223,24 +197,13 @@ def follow(description: str, lines: list[str]) -> str:
     return one_line(first, MAX_DESCRIPTION_CHARS)
 
 
-def merge(
-    current: list[str],
-    proposed: list[str],
-    base: list[str] | None,
-    *,
-    allow_removal: bool,
-    removed: Sequence[str] = (),
-) -> list[str]:
-    """The entries of a file after a change, merged three ways.
-
-    `current` is the file now, `proposed` what the LLM wrote, `base` what the LLM was shown
-    (None: it saw no content, so `proposed` holds only additions). When the file has not
-    changed since the LLM saw it, the LLM's order is kept and entries it left out stay in
-    front (they are older); when another writer changed it meanwhile, that writer's entries
-    stay and only the LLM's additions are appended, so concurrent updates lose nothing.
-    Entries the LLM dropped, and those it names in `removed` (matched by `entry_key`), are
-    removed only when `allow_removal` (a correction).
-    """
+def merge(current: list[str], proposed: list[str], base: list[str] | None, *, allow_removal: bool,
+          removed: Sequence[str] = ()) -> list[str]:
+    """The entries of a file after a change, merged three ways: `current` (the file now),
+    `proposed` (what the LLM wrote) and `base` (what it was shown; None: `proposed` only
+    adds). Unchanged since the LLM saw it, the file takes the LLM's order, what it left out
+    staying in front; changed meanwhile, it keeps the other writer's entries and appends the
+    LLM's additions. Entries left out or named in `removed` go only when `allow_removal`."""
     if allow_removal and removed:
         gone = {entry_key(line) for line in removed}
         current = [line for line in current if entry_key(line) not in gone]
@@ -255,16 +218,14 @@ def merge(
         kept = [
             line
             for line in current
-            if entry_key(line) not in proposed_keys and entry_key(line) not in left_out
-        ]
+            if entry_key(line) not in proposed_keys and entry_key(line) not in left_out]
         return kept + proposed
     current_keys = {entry_key(line) for line in current}
     # A proposed line that was in `base` but is gone now was removed by the other writer.
     added = [
         line
         for line in proposed
-        if entry_key(line) not in current_keys and entry_key(line) not in base_keys
-    ]
+        if entry_key(line) not in current_keys and entry_key(line) not in base_keys]
     return [line for line in current if entry_key(line) not in left_out] + added
 
 

@@ -1,19 +1,11 @@
 """`DirectoryLock`: a lock of a memory-files directory, honoured across processes.
 
-This instance's `anyio.Lock` first (so one task of a process waits for the file at a time),
-then an OS lock (`flock`) on a hidden file in the directory, which every `MemoryFiles` object
-and every process on the directory takes; the OS releases it when a process dies, so it never
-goes stale. The lock file is opened through the folder's descriptor without following a link
-(`_folder.Folder.open_lock`): filelock takes a path, whose folders a planted link could
-redirect. Where there is no `fcntl` (Windows), filelock locks the path. The OS lock is tried
-in a worker thread in short tries, so a wait never blocks the event loop and a cancelled wait
-ends promptly.
-
-A directory has two: the writer lock (`WRITER_LOCK_FILE`), held by a write from its scan of the
-topics through its model calls to its last file written, so writes run one at a time; and the
-file lock (`LOCK_FILE`), held only for a read-merge-write of files or `recall`'s use stamps, so
-a reader stamping a use never waits for a writer's model. Order: writer lock, then file lock.
-"""
+This instance's `anyio.Lock`, then an OS lock (`flock`, released when a process dies) on a
+hidden file opened through the folder's descriptor without following a link (filelock, which
+takes a path, only where there is no `fcntl`), tried in short tries in a worker thread so a
+wait never blocks the loop. A directory has two: the writer lock, held by a write through its
+model calls, and the file lock, held only for a read-merge-write or `recall`'s use stamps.
+Order: writer lock, then file lock."""
 
 from __future__ import annotations
 
@@ -49,9 +41,8 @@ class DirectoryLock:
     """A lock of `folder` held on the file `name` in it (both created when the lock is first
     taken); a wait for another process's hold gives up after `wait_s` seconds."""
 
-    def __init__(
-        self, folder: Folder, name: str = LOCK_FILE, *, wait_s: float = LOCK_WAIT_S
-    ) -> None:
+    def __init__(self, folder: Folder, name: str = LOCK_FILE, *,
+                 wait_s: float = LOCK_WAIT_S) -> None:
         self.folder = folder
         self.name = name
         self.path = folder.path / name
@@ -59,8 +50,7 @@ class DirectoryLock:
         self._local = anyio.Lock()
         # Not thread-local: taken in a worker thread, released on the event loop's.
         self._path_lock = None if fcntl is not None else filelock.FileLock(
-            str(self.path), thread_local=False
-        )
+            str(self.path), thread_local=False)
         self._fd = -1
 
     @asynccontextmanager

@@ -56,14 +56,9 @@ def newest_first(stored: builtins.list[Stored]) -> builtins.list[Stored]:
 
 
 def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
-    """The user and assistant messages of `history` that carry text, newest within budget.
-
-    System messages are left out on purpose: an agent's system prompt usually holds the
-    memory files themselves, which must not be filed again. Tool messages are left out too:
-    tool output is none of the four signals.
-
-    Read from the newest back, no further than the budget: what a caller sends past it costs
-    nothing, however long the history.
+    """The user and assistant messages of `history` that carry text, newest within budget,
+    read from the newest back (system messages hold the memory files themselves, tool output
+    is none of the signals).
 
     Raises:
         InvalidInputError: `history` is not a list of messages, or a message read has more
@@ -79,11 +74,9 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
             continue
         content = message.get("content")
         if isinstance(content, Sequence) and not isinstance(content, str) and (
-            len(content) > limit
-        ):
+            len(content) > limit):
             raise InvalidInputError(
-                f"history[{index}].content holds {len(content):,} parts, more than {limit:,}"
-            )
+                f"history[{index}].content holds {len(content):,} parts, more than {limit:,}")
         text = check_text(content_text(content), f"history[{index}].content", limit=limit,
                           blank_ok=True).strip()
         if message.get("role") not in _ROLES or not text:
@@ -96,9 +89,8 @@ def conversation(history: object, limit: int) -> builtins.list[dict[str, str]]:
     return kept
 
 
-def listing(
-    stored: builtins.list[Stored], conversation: builtins.list[dict[str, str]]
-) -> builtins.list[dict[str, str]]:
+def listing(stored: builtins.list[Stored],
+            conversation: builtins.list[dict[str, str]]) -> builtins.list[dict[str, str]]:
     """Every file as the `memory_update` task is shown it, the most related to the
     conversation first (sharing the most words with it, then the most recently updated):
     {"topic", "description"}, plus "content" for the files whose content the LLM sees, all of
@@ -112,21 +104,15 @@ def listing(
     return [
         {"topic": s.topic, "description": s.description}
         | ({"content": s.body} if s.path in visible else {})
-        for s in related
-    ]
+        for s in related]
 
 
 def views(
     conversation: builtins.list[dict[str, str]], files: builtins.list[dict[str, str]]
 ) -> Iterator[tuple[builtins.list[dict[str, str]], builtins.list[dict[str, str]]]]:
-    """The inputs of a `memory_update`, whole, then each time about half as long, for a
-    model whose context refused the longer ones (`_VIEWS` in all).
-
-    Each smaller view keeps the newest messages within its share of the conversation's text
-    (always the newest one), and the first (most related) files within its share of the
-    files' text: their names first, then their content, cut to its newest entries when only
-    part of it fits and left out when none does.
-    """
+    """The inputs of a `memory_update`, whole, then each time about half as long (`_VIEWS`
+    in all): the newest messages within the share (always the newest one) and the most
+    related files' names, then as much of their newest entries as fits."""
     said = sum(len(m["content"]) for m in conversation)
     filed = sum(_size(f) for f in files)
     for level in range(_VIEWS):
@@ -137,9 +123,8 @@ def views(
         yield _newest(conversation, int(said * share)), _first(files, int(filed * share))
 
 
-def _newest(
-    conversation: builtins.list[dict[str, str]], budget: int
-) -> builtins.list[dict[str, str]]:
+def _newest(conversation: builtins.list[dict[str, str]],
+            budget: int) -> builtins.list[dict[str, str]]:
     kept: builtins.list[dict[str, str]] = []
     total = 0
     for message in reversed(conversation):
@@ -191,11 +176,8 @@ def _overlap(stored: Stored, said: set[str]) -> int:
 
 
 def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
-    """One change per topic key, in first-seen order; changes without a signal are dropped.
-
-    The LLM may name one topic twice ("Database", "database"): merging here is what keeps a
-    topic in one file.
-    """
+    """One change per topic key (the LLM may name one twice), in first-seen order; changes
+    without a signal are dropped."""
     combined: dict[str, TopicChange] = {}
     for change in changes:
         if not change.signals:
@@ -206,12 +188,9 @@ def combine(changes: builtins.list[TopicChange]) -> builtins.list[TopicChange]:
             combined[key] = change
             continue
         combined[key] = TopicChange(
-            topic=seen.topic,
-            description=seen.description or change.description,
+            topic=seen.topic, description=seen.description or change.description,
             signals=tuple(dict.fromkeys(seen.signals + change.signals)),
-            content=f"{seen.content}\n{change.content}",
-            remove=seen.remove + change.remove,
-        )
+            content=f"{seen.content}\n{change.content}", remove=seen.remove + change.remove)
     return builtins.list(combined.values())
 
 
@@ -221,10 +200,7 @@ def stems(text: str) -> set[str]:
 
 def relevance(wanted: set[str], stored: Stored) -> int:
     topic, description, content = (
-        stems(stored.topic),
-        stems(stored.description),
-        stems(stored.body),
-    )
+        stems(stored.topic), stems(stored.description), stems(stored.body))
     score = 0
     for word in wanted:
         if word in topic:

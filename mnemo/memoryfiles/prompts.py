@@ -1,11 +1,6 @@
 """The memory-file tasks for the LLM (`memory_update`, `memory_persist`, `memory_condense`) and
-their parsers.
-
-Both go through `task_request`, so the offline LLM reads the same inputs a real model does.
-The parsers are strict about shape (a reply that does not match raises `ValueError` naming the
-first offending field, and `ask` asks again) and clean up what they keep: topics and
-descriptions become one printable line.
-"""
+their parsers: strict about shape (`ValueError` naming the first offending field, and `ask`
+asks again), and topics and descriptions become one printable line."""
 
 from __future__ import annotations
 
@@ -14,15 +9,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from mnemo import text as _text
-from mnemo.calls.reply import (
-    Reply,
-    items,
-    most_tokens,
-    preview,
-    read_reply,
-    reply_schema,
-    text,
-)
+from mnemo.calls.reply import Reply, items, most_tokens, preview, read_reply, reply_schema, text
 from mnemo.calls.tasks import task_request
 from mnemo.memoryfiles import _format
 from mnemo.memoryfiles._format import MAX_DESCRIPTION_CHARS, MAX_TOPIC_CHARS, one_line
@@ -82,8 +69,7 @@ class FileReply(Reply, frozen=True, kw_only=True):
     signals: Annotated[list[Signal], items(len(SIGNALS))] | None = None
     content: Annotated[str, text(MAX_NEW_CHARS)]
     remove: Annotated[list[Annotated[str, text(MAX_REMOVED_CHARS)]], items(MAX_REMOVED)] | None = (
-        None
-    )
+        None)
 
 
 class UpdateReply(Reply, frozen=True):
@@ -94,8 +80,7 @@ MEMORY_UPDATE_SCHEMA = reply_schema(UpdateReply)
 MEMORY_UPDATE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
     "reads before future work. You update them from a conversation, keeping only what will "
-    "still matter in later conversations."
-)
+    "still matter in later conversations.")
 MEMORY_UPDATE_INSTRUCTIONS = f"""\
 Read the conversation, decide which memory topics it touched, and give the new entries of \
 each topic's file.
@@ -129,31 +114,22 @@ At most {MAX_UPDATE_FILES} files, only those that change, the most important fir
 Reply with JSON: {{"files": [{{"topic", "description", "signals", "content", "remove"}}, ...]}}."""
 
 
-def memory_update_request(
-    *, conversation: list[dict[str, str]], files: list[dict[str, str]]
-) -> LLMRequest:
+def memory_update_request(*, conversation: list[dict[str, str]],
+                          files: list[dict[str, str]]) -> LLMRequest:
     """The "memory_update" task.
 
     `conversation` holds {"role", "content"} messages; `files` holds {"topic", "description"}
     for existing files, plus "content" (all or part of it) for those most related. Read the
-    reply with `parse_update`.
-    """
+    reply with `parse_update`."""
     return task_request(
-        "memory_update",
-        system=MEMORY_UPDATE_SYSTEM,
-        instructions=MEMORY_UPDATE_INSTRUCTIONS,
-        inputs={"files": files, "conversation": conversation},
-        schema=MEMORY_UPDATE_SCHEMA,
-        max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA),
-    )
+        "memory_update", system=MEMORY_UPDATE_SYSTEM, instructions=MEMORY_UPDATE_INSTRUCTIONS,
+        inputs={"files": files, "conversation": conversation}, schema=MEMORY_UPDATE_SCHEMA,
+        max_tokens=most_tokens(MEMORY_UPDATE_SCHEMA))
 
 
 def parse_update(resp: LLMResponse) -> list[TopicChange]:
-    """The file changes of a "memory_update" reply, in order.
-
-    A missing or null `description` is "", missing or null `signals` or `remove` none, and
-    repeated signals are dropped; a change without signals is returned as is (the caller
-    skips it).
+    """The file changes of a "memory_update" reply, in order: a missing `description` is "",
+    missing `signals` or `remove` none, repeated signals dropped.
 
     Raises:
         ValueError: naming the first field that does not match the schema.
@@ -163,14 +139,10 @@ def parse_update(resp: LLMResponse) -> list[TopicChange]:
     for i, item in enumerate(reply.files):
         where = f"files[{i}]"
         changes.append(
-            TopicChange(
-                topic=_topic(item.topic, where),
-                description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
-                signals=tuple(dict.fromkeys(item.signals or ())),
-                content=item.content,
-                remove=tuple(item.remove or ()),
-            )
-        )
+            TopicChange(topic=_topic(item.topic, where),
+                        description=one_line(item.description or "", MAX_DESCRIPTION_CHARS),
+                        signals=tuple(dict.fromkeys(item.signals or ())), content=item.content,
+                        remove=tuple(item.remove or ())))
     return changes
 
 
@@ -185,8 +157,7 @@ class PersistReply(Reply, frozen=True, kw_only=True):
 MEMORY_PERSIST_SCHEMA = reply_schema(PersistReply)
 MEMORY_PERSIST_SYSTEM = (
     "You file statements into an agent's long-term memory: Markdown files, one per topic, "
-    "that the agent reads before future work."
-)
+    "that the agent reads before future work.")
 MEMORY_PERSIST_INSTRUCTIONS = """\
 The user explicitly asked to remember `statement`. File it under one topic.
 - `files` lists the existing memory files by topic and description. A topic lives in exactly
@@ -204,16 +175,11 @@ def memory_persist_request(*, statement: str, files: list[dict[str, str]]) -> LL
     """The "memory_persist" task: which topic `statement` belongs to, and its entry.
 
     `files` holds {"topic", "description"} for every existing file. Read the reply with
-    `parse_persist`.
-    """
+    `parse_persist`."""
     return task_request(
-        "memory_persist",
-        system=MEMORY_PERSIST_SYSTEM,
-        instructions=MEMORY_PERSIST_INSTRUCTIONS,
-        inputs={"statement": statement, "files": files},
-        schema=MEMORY_PERSIST_SCHEMA,
-        max_tokens=512,
-    )
+        "memory_persist", system=MEMORY_PERSIST_SYSTEM, instructions=MEMORY_PERSIST_INSTRUCTIONS,
+        inputs={"statement": statement, "files": files}, schema=MEMORY_PERSIST_SCHEMA,
+        max_tokens=512)
 
 
 def parse_persist(resp: LLMResponse) -> Filed:
@@ -226,25 +192,16 @@ def parse_persist(resp: LLMResponse) -> Filed:
     # An entry of only bullets and punctuation would be dropped as empty when written.
     if not _format.entry_key(reply.entry):
         raise ValueError(f"entry must be a non-empty string, got {preview(reply.entry)}")
-    return Filed(
-        topic=_topic(reply.topic, "reply"),
-        description=one_line(reply.description or "", MAX_DESCRIPTION_CHARS),
-        entry=" ".join(reply.entry.split()),
-    )
+    return Filed(topic=_topic(reply.topic, "reply"),
+                 description=one_line(reply.description or "", MAX_DESCRIPTION_CHARS),
+                 entry=" ".join(reply.entry.split()))
 
 
 def statement_entry(entry: str, statement: str) -> str:
-    """The entry to file for `statement`: the model's `entry` when it keeps the statement's
-    content, else the statement itself.
-
-    The model may reword (name what "it" is, write "the user" for "I", spell out "pw") but not
-    replace: the entry keeps every number of the statement, all its content words but one in
-    five (at least one may go: "remember: ..."), and adds at most one content word plus one
-    for every three of the statement's. A word counts as kept when the entry has it (stemmed),
-    a longer form of it, or, for a word of up to four letters, a word it abbreviates. A small
-    model asked to file "The blog runs on port 8000." may answer with a sentence of its own;
-    what the user asked to remember is then filed as written.
-    """
+    """The entry to file for `statement`: the model's `entry` when it rewords rather than
+    replaces it (it keeps every number, all content words but one in five, at least one, and
+    adds at most one plus one for every three; a word is kept as itself stemmed, a longer
+    form, or for up to four letters a word it abbreviates), else the statement itself."""
     if not set(_NUMBER.findall(statement)) <= set(_NUMBER.findall(entry)):
         return statement
     said, wrote = _words(statement), _words(entry)
@@ -264,8 +221,7 @@ def _words(text: str) -> set[str]:
     """The stems of `text`'s words that are neither function words nor hold a digit."""
     return {
         _text.stem(word) for word in _text.tokens(text)
-        if not _text.is_stopword(word) and not any(c.isdigit() for c in word)
-    }
+        if not _text.is_stopword(word) and not any(c.isdigit() for c in word)}
 
 
 def _same_word(said: str, wrote: str) -> bool:
@@ -296,8 +252,7 @@ class CondenseReply(Reply, frozen=True, kw_only=True):
 MEMORY_CONDENSE_SCHEMA = reply_schema(CondenseReply)
 MEMORY_CONDENSE_SYSTEM = (
     "You maintain an agent's long-term memory: Markdown files, one per topic, that the agent "
-    "reads before future work. Each file has a size limit."
-)
+    "reads before future work. Each file has a size limit.")
 MEMORY_CONDENSE_INSTRUCTIONS = """\
 The memory file on `topic` would grow past its limit of `max_chars` characters. `entries` holds
 all of its entries, oldest (least important) first; the last ones were just added. Rewrite the
@@ -314,26 +269,19 @@ file so that it fits, deciding what matters:
 Reply with JSON: {"description", "content"}."""
 
 
-def memory_condense_request(
-    *, topic: str, description: str, entries: list[str], max_chars: int
-) -> LLMRequest:
+def memory_condense_request(*, topic: str, description: str, entries: list[str],
+                            max_chars: int) -> LLMRequest:
     """The "memory_condense" task: `entries` rewritten to fit in `max_chars` characters.
 
-    Read the reply with `parse_condense`.
-    """
+    Read the reply with `parse_condense`."""
     return task_request(
         "memory_condense",
         system=MEMORY_CONDENSE_SYSTEM,
         instructions=MEMORY_CONDENSE_INSTRUCTIONS,
         inputs={
-            "topic": topic,
-            "description": description,
-            "entries": entries,
-            "max_chars": max_chars,
-        },
+            "topic": topic, "description": description, "entries": entries, "max_chars": max_chars},
         schema=MEMORY_CONDENSE_SCHEMA,
-        max_tokens=256 + max_chars // 3,
-    )
+        max_tokens=256 + max_chars // 3)
 
 
 def parse_condense(resp: LLMResponse, *, max_chars: int) -> Condensed:

@@ -1,7 +1,6 @@
 """`mnemo ui`: a small local web app to look inside a memory (see `mnemo.ui.app`).
 
-Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "pymnemo[ui]"`.
-"""
+Needs the `ui` extra (Starlette, Jinja2, uvicorn): `pip install "pymnemo[ui]"`."""
 
 from __future__ import annotations
 
@@ -16,21 +15,16 @@ from mnemo.memory import Memory
 from mnemo.ports import LLM, Embedder
 from mnemo.ui.app import create_app
 from mnemo.ui.guard import Access, Redaction, exposure
-from mnemo.ui.source import MemorySource, MemoryView
+from mnemo.ui.source import MemorySource
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
 
 
 @asynccontextmanager
-async def open_view(
-    db: Path | str,
-    *,
-    allow_writes: bool = False,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-) -> AsyncIterator[MemoryView]:
-    """A `MemoryView` over the memory at `db`, open while the block runs. Without models, each
+async def open_view(db: Path | str, *, allow_writes: bool = False, llm: LLM | None = None,
+                    embedder: Embedder | None = None) -> AsyncIterator[MemorySource]:
+    """A `MemorySource` over the memory at `db`, open while the block runs. Without models, each
     repo's recorded ones are used (as by every other entry point). The Memory is opened for
     inspection, `--allow-writes` or not: it never resumes or takes over work, and records no
     repo's settings."""
@@ -38,23 +32,14 @@ async def open_view(
         yield MemorySource(memory, writes=allow_writes)
 
 
-async def serve(
-    db: Path | str,
-    *,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    allow_writes: bool = False,
-    llm: LLM | None = None,
-    embedder: Embedder | None = None,
-    token: str | None = None,
-    allow_hosts: Sequence[str] = (),
-) -> None:
-    """Serves the web app over the memory at `db` until interrupted. Binds 127.0.0.1 unless
-    told otherwise: the pages show everything the memory holds, to whoever can connect.
-
-    Requests are answered only for the bound address, the loopback names and `allow_hosts`
-    (see `mnemo.ui.guard`), and only with `token` when one is given. A bind beyond the
-    loopback is warned about on stderr; `token=` values never reach the access log.
+async def serve(db: Path | str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                allow_writes: bool = False, llm: LLM | None = None,
+                embedder: Embedder | None = None, token: str | None = None,
+                allow_hosts: Sequence[str] = ()) -> None:
+    """Serves the web app over the memory at `db` until interrupted, answering only the bound
+    address, the loopback names and `allow_hosts`, and only with `token` when one is given
+    (`mnemo.ui.guard`). A bind beyond the loopback is warned about; `token=` values never
+    reach the access log.
 
     Raises:
         InvalidInputError: a malformed allowed host or token (before anything is opened).
@@ -62,9 +47,7 @@ async def serve(
     access = Access.bound(host, allow_hosts, token)
     app = create_app(
         open_view=lambda: open_view(db, allow_writes=allow_writes, llm=llm, embedder=embedder),
-        allow_writes=allow_writes,
-        access=access,
-    )
+        allow_writes=allow_writes, access=access)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info"))
     # After uvicorn.Config, which configures these loggers.
     access_log = logging.getLogger("uvicorn.access")

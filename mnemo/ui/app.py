@@ -1,13 +1,8 @@
-"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2 templates, htmx).
-
-Every page is a GET that reads through a `MemoryView` and never writes; pages are rendered on
-the server and work without JavaScript. htmx (vendored under `static/`, no CDN) only swaps the
-results of the search and recall forms in place. With `allow_writes`, two POSTs write: a
-recall that counts its results as accesses, and a revert (`mnemo.ui.history`). A `Gate`
-(`mnemo.ui.guard`) stands in front of every route: the Host names answered, the optional
-access token, and POSTs from the app's own pages only. Identifiers travel as query
-parameters, never as path segments: thread ids such as "week/1" hold slashes.
-"""
+"""`mnemo ui`: a small local web app over a memory (Starlette, Jinja2, vendored htmx). Every
+page is a GET that reads through a `MemorySource`, rendered on the server; with `allow_writes`
+two POSTs write (a recall that counts accesses, a revert). A `Gate` (`mnemo.ui.guard`) stands
+in front of every route. Ids travel as query parameters: thread ids such as "week/1" hold
+slashes."""
 
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ from mnemo.ui.render import (
     view_of,
     whole,
 )
-from mnemo.ui.source import LinkedNode, MemoryView
+from mnemo.ui.source import LinkedNode, MemorySource
 
 # The graph page lists this many of the newest nodes of a type; search and recall cap too.
 LIST_LIMIT = 100
@@ -54,25 +49,16 @@ MAX_K = 50
 DEFAULT_BUDGET = 8000
 # A budget no thread reaches: the viewport at it lists every snapshot and pin.
 ALL_TOKENS = 10**12
-MEMORY_TYPES = (NodeType.SEMANTIC, NodeType.PROCEDURAL, NodeType.EPISODIC)
 
-ViewFactory = Callable[[], AbstractAsyncContextManager[MemoryView]]
+_STATUS = ((NotFoundError, 404), (InvalidInputError, 400), (ConflictError, 409))
+ViewFactory = Callable[[], AbstractAsyncContextManager[MemorySource]]
 
 
-def create_app(
-    view: MemoryView | None = None,
-    *,
-    open_view: ViewFactory | None = None,
-    allow_writes: bool = False,
-    access: Access | None = None,
-) -> Starlette:
-    """The web app over `view`, or over the view `open_view` opens for the app's life
-    (entered at startup, left at shutdown): exactly one of the two.
-
-    No GET writes. `allow_writes` adds what the view allows to write: a recall that counts
-    its results as accesses (a POST of the playground) and a revert (a POST of a commit's
-    page). `access` says which Host names are answered and which token is required (default:
-    the loopback names, no token).
+def create_app(view: MemorySource | None = None, *, open_view: ViewFactory | None = None,
+               allow_writes: bool = False, access: Access | None = None) -> Starlette:
+    """The web app over `view`, or over the view `open_view` opens for the app's life: exactly
+    one of the two. `allow_writes` adds the two POSTs that write; `access` says which Host
+    names are answered and which token is required (default: the loopback names, no token).
 
     Raises:
         InvalidInputError: neither or both of `view` and `open_view`.
@@ -91,8 +77,7 @@ def create_app(
 
     app = Starlette(
         routes=[
-            Route("/", index, name="index"),
-            Route("/graph", graph, name="graph"),
+            Route("/", index, name="index"), Route("/graph", graph, name="graph"),
             Route("/node", node_page, name="node"),
             Route("/recall", recall, name="recall", methods=["GET", "POST"]),
             Route("/history", history_pages.history, name="history"),
@@ -102,12 +87,10 @@ def create_app(
             Route("/session", session_page, name="session"),
             Route("/threads", threads, name="threads"),
             Route("/thread", thread_page, name="thread"),
-            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        ],
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static")],
         middleware=[Middleware(Gate, access=access or Access())],
         exception_handlers={MnemoError: _mnemo_error},
-        lifespan=lifespan,
-    )
+        lifespan=lifespan)
     app.state.allow_writes = allow_writes
     # Set now, so that a client running no lifespan (httpx's ASGITransport) has it.
     app.state.view = view
@@ -115,14 +98,7 @@ def create_app(
 
 
 async def _mnemo_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, NotFoundError):
-        status = 404
-    elif isinstance(exc, InvalidInputError):
-        status = 400
-    elif isinstance(exc, ConflictError):
-        status = 409
-    else:
-        status = 500
+    status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
     return page(request, "error.html", {"error": exc, "status": status}, status)
 
 
@@ -131,15 +107,9 @@ async def _mnemo_error(request: Request, exc: Exception) -> Response:
 
 async def index(request: Request) -> Response:
     view = view_of(request)
-    return page(
-        request,
-        "index.html",
-        {
-            "repos": await view.repos(),
-            "sessions": await view.sessions(),
-            "threads": await view.threads(),
-        },
-    )
+    return page(request, "index.html", {"repos": await view.repos(),
+                                        "sessions": await view.sessions(),
+                                        "threads": await view.threads()})
 
 
 async def graph(request: Request) -> Response:
@@ -161,28 +131,17 @@ async def graph(request: Request) -> Response:
     seeds = [focus] if focus else await view.latest(
         repo, [NodeType.SEMANTIC, NodeType.PROCEDURAL], PICTURE_SEEDS)
     nodes, links = await subgraph(view, repo, seeds, hops=PICTURE_HOPS, limit=PICTURE_NODES)
-    return page(
-        request,
-        "graph.html",
-        {
-            "repo": repo,
-            "query": query,
-            "where": where,
-            "found": found,
-            "shown": shown,
-            "types": list(NodeType),
-            "focus": focus,
-            "picture": picture(nodes, links, focus.id if focus else None),
-            "nodes": await view.latest(repo, [shown], LIST_LIMIT),
-            "tags": await view.nodes_of_type(repo, NodeType.TAG),
-            "intents": await view.nodes_of_type(repo, NodeType.INTENT),
-        },
-    )
+    return page(request, "graph.html", {
+        "repo": repo, "query": query, "where": where, "found": found, "shown": shown,
+        "types": list(NodeType), "focus": focus,
+        "picture": picture(nodes, links, focus.id if focus else None),
+        "nodes": await view.latest(repo, [shown], LIST_LIMIT),
+        "tags": await view.nodes_of_type(repo, NodeType.TAG),
+        "intents": await view.nodes_of_type(repo, NodeType.INTENT)})
 
 
-async def subgraph(
-    view: MemoryView, repo: str, seeds: list[Node], *, hops: int, limit: int
-) -> tuple[list[Node], list[tuple[str, str, LinkType]]]:
+async def subgraph(view: MemorySource, repo: str, seeds: list[Node], *, hops: int,
+                   limit: int) -> tuple[list[Node], list[tuple[str, str, LinkType]]]:
     """The seeds and the nodes up to `hops` links away (nearest first, at most `limit` in
     all), and every link among them, each once (its ends in sorted order)."""
     nodes = {node.id: node for node in seeds[:limit]}
@@ -221,31 +180,18 @@ async def node_page(request: Request) -> Response:
     steps = [
         linked.node
         for linked in links
-        if linked.link_type is LinkType.PROVENANCE and linked.node.type is NodeType.EPISODIC
-    ]
+        if linked.link_type is LinkType.PROVENANCE and linked.node.type is NodeType.EPISODIC]
     if node.type is NodeType.EPISODIC:
         steps = [node]
     steps.sort(key=lambda n: (str(n.data.get("episode_id", "")), n.data.get("index", 0)))
-    sessions = await _sessions_of(view, steps)
-    return page(
-        request,
-        "node.html",
-        {
-            "repo": repo,
-            "node": node,
-            "links": by_type,
-            "steps": steps,
-            "step_sessions": sessions,
-            "members": _members(node, by_type),
-            "drawings": {
-                "wide": neighbourhood(node, links, layout=WIDE),
-                "narrow": neighbourhood(node, links, layout=NARROW),
-            },
-        },
-    )
+    return page(request, "node.html", {
+        "repo": repo, "node": node, "links": by_type, "steps": steps,
+        "step_sessions": await _sessions_of(view, steps), "members": _members(node, by_type),
+        "drawings": {"wide": neighbourhood(node, links, layout=WIDE),
+                     "narrow": neighbourhood(node, links, layout=NARROW)}})
 
 
-async def _sessions_of(view: MemoryView, steps: list[Node]) -> dict[str, str]:
+async def _sessions_of(view: MemorySource, steps: list[Node]) -> dict[str, str]:
     """Episode id -> the session that stored it, for the episodes of these steps (an
     ingest's episodes have none)."""
     owners: dict[str, str] = {}
@@ -282,24 +228,11 @@ async def recall(request: Request) -> Response:
     query, where = params.get("q", "").strip(), params.get("where", "")
     k = whole(params, "k", 10, low=1, high=MAX_K)
     types = node_types(params.getlist("types"))
-    result = (
-        await view.recall(repo, query, k, types or None, reinforce=writing,
-                          where=scope_of(where)) if query else None
-    )
-    return page(
-        request,
-        "recall.html",
-        {
-            "repo": repo,
-            "query": query,
-            "where": where,
-            "k": k,
-            "types": list(NodeType),
-            "chosen": types,
-            "result": result,
-            "counted": writing,
-        },
-    )
+    result = (await view.recall(repo, query, k, types or None, reinforce=writing,
+                                where=scope_of(where)) if query else None)
+    return page(request, "recall.html", {
+        "repo": repo, "query": query, "where": where, "k": k, "types": list(NodeType),
+        "chosen": types, "result": result, "counted": writing})
 
 
 async def sessions(request: Request) -> Response:
@@ -315,11 +248,8 @@ async def session_page(request: Request) -> Response:
     episodes = await view.episodes(session_id)
     if not episodes and session_id not in live:
         raise NotFoundError("session", session_id)
-    return page(
-        request,
-        "session.html",
-        {"session_id": session_id, "info": live.get(session_id), "episodes": episodes},
-    )
+    return page(request, "session.html",
+                {"session_id": session_id, "info": live.get(session_id), "episodes": episodes})
 
 
 async def threads(request: Request) -> Response:
@@ -337,22 +267,11 @@ async def thread_page(request: Request) -> Response:
         raise NotFoundError("thread", thread_id)
     seen = await view.viewport(thread_id, budget)
     everything = await view.viewport(thread_id, ALL_TOKENS)
-    shown = {m.id for m in seen.messages}
-    pinned = {m.id for m in everything.pinned}
-    return page(
-        request,
-        "thread.html",
-        {
-            "thread": known[thread_id],
-            "budget": budget,
-            "viewport": seen,
-            "snapshots": everything.snapshots,
-            "pinned": everything.pinned,
-            "messages": await view.messages(thread_id),
-            "shown": shown,
-            "pinned_ids": pinned,
-        },
-    )
+    return page(request, "thread.html", {
+        "thread": known[thread_id], "budget": budget, "viewport": seen,
+        "snapshots": everything.snapshots, "pinned": everything.pinned,
+        "messages": await view.messages(thread_id), "shown": {m.id for m in seen.messages},
+        "pinned_ids": {m.id for m in everything.pinned}})
 
 
 def scope_of(text: str) -> JSONObject | None:

@@ -1,18 +1,8 @@
-"""Pictures of the graph laid out for SVG drawn on the server (no script, no network).
-
-- A node's neighbourhood (`neighbourhood`, the node page): the nodes one link away stand in a
-  column, grouped by the type of the link, each group under its link type's name; the node
-  itself stands in a box, left of the column on a wide screen (`WIDE`, a curve to each
-  neighbour) and above it on a phone (`NARROW`, a tree's branches), so that the text stays
-  readable at either width.
-- A part of a repo's graph (`picture`, the graph page): up to a few hundred nodes and every
-  link among them, placed by a force-directed layout (Fruchterman-Reingold, numpy, a fixed
-  seed: the same graph gives the same picture), each link a line coloured by its type.
-
-A node's type is its marker's shape and colour (a shape for readers who cannot tell the
-colours apart); a retired fact's marker is dashed. The layouts are pure: they return
-coordinates, and `drawing.html` writes the SVG.
-"""
+"""Pictures of the graph laid out for SVG drawn on the server (pure: coordinates, which the
+templates draw). `neighbourhood` (the node page): the nodes one link away in a column grouped
+by link type, the node's box beside it (`WIDE`) or above it (`NARROW`). `picture` (the graph
+page): a few hundred nodes and their links placed by a seeded force-directed layout. A node's
+type is its marker's shape and colour; a retired fact's marker is dashed."""
 
 from __future__ import annotations
 
@@ -26,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from mnemo.graph.model import LinkType, Node, NodeType
+from mnemo.text import shorten
 from mnemo.ui.source import LinkedNode
 
 MARGIN = 10
@@ -37,14 +28,9 @@ MAX_DRAWN = 24
 RADIUS = 7.0
 # Corners of each type's marker, as (angle of the first corner, corners); 0 is a circle.
 SHAPES: dict[NodeType, tuple[float, int]] = {
-    NodeType.SEMANTIC: (0.0, 0),
-    NodeType.PROCEDURAL: (45.0, 4),
-    NodeType.EPISODIC: (0.0, 4),
-    NodeType.SUBGOAL: (-90.0, 3),
-    NodeType.TAG: (90.0, 3),
-    NodeType.SOURCE: (0.0, 6),
-    NodeType.INTENT: (-90.0, 5),
-}
+    NodeType.SEMANTIC: (0.0, 0), NodeType.PROCEDURAL: (45.0, 4), NodeType.EPISODIC: (0.0, 4),
+    NodeType.SUBGOAL: (-90.0, 3), NodeType.TAG: (90.0, 3), NodeType.SOURCE: (0.0, 6),
+    NodeType.INTENT: (-90.0, 5)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,22 +62,26 @@ TRUNK_X = 22.0
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """A neighbour drawn: its marker at (x, y), its label's text and baseline, and the types
-    of the links that join it to the middle node."""
+    """A node drawn: its marker (`path`) centred on (x, y), its label ("" for none) from
+    (label_x, label_y), anchored at its `anchor` end; in a neighbourhood, the types of the
+    links that join it to the middle node; in a picture, whether it is the `focus`."""
 
     node: Node
     x: float
     y: float
+    path: str
     label: str
     label_x: float
     label_y: float
-    links: tuple[LinkType, ...]
-    path: str
+    links: tuple[LinkType, ...] = ()
+    anchor: str = "start"
+    focus: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Curve:
-    """A link from the middle node's box to a neighbour, coloured by its (first) type."""
+class Line:
+    """A link drawn, coloured by its (first) type: from the middle node's box to a
+    neighbour, or between two nodes' markers in a picture."""
 
     path: str
     link_type: LinkType
@@ -120,7 +110,7 @@ class Drawing:
     box_y: float
     box_height: float
     box_lines: tuple[str, ...]
-    curves: tuple[Curve, ...]
+    curves: tuple[Line, ...]
     headings: tuple[Heading, ...]
     marks: tuple[Mark, ...]
     heading_x: float
@@ -141,12 +131,6 @@ def shape(node_type: NodeType, x: float, y: float, radius: float = RADIUS) -> st
     return "M" + "L".join(points) + "Z"
 
 
-def shorten(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
-
-
 def _grouped(linked: Sequence[LinkedNode]) -> list[tuple[LinkType, list[Node]]]:
     """Neighbours by the first link type that reaches them (in `LinkType` order), each node
     once, each group's nodes by type, then text."""
@@ -163,8 +147,7 @@ def _grouped(linked: Sequence[LinkedNode]) -> list[tuple[LinkType, list[Node]]]:
     return [
         (link_type, sorted(groups[link_type], key=lambda n: (kinds.index(n.type), n.text, n.id)))
         for link_type in order
-        if link_type in groups
-    ]
+        if link_type in groups]
 
 
 def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[str]]:
@@ -180,12 +163,8 @@ def _chosen(groups: list[tuple[LinkType, list[Node]]], limit: int) -> list[set[s
     return chosen
 
 
-def neighbourhood(
-    node: Node,
-    linked: Sequence[LinkedNode],
-    limit: int = MAX_DRAWN,
-    layout: Layout = WIDE,
-) -> Drawing:
+def neighbourhood(node: Node, linked: Sequence[LinkedNode], limit: int = MAX_DRAWN,
+                  layout: Layout = WIDE) -> Drawing:
     """The layout of `node` and the nodes one link away (`linked`, a node once per link type
     that reaches it), at most `limit` of them drawn."""
     groups = _grouped(linked)
@@ -224,30 +203,14 @@ def neighbourhood(
         kinds = tuple(links_of[member.id])
         retired = " (retired)" if member.retired else ""
         label = shorten(member.text, layout.label_chars - len(retired)) + retired
-        marks.append(Mark(member, layout.mark_x, mark_y, label, layout.label_x, mark_y + 5,
-                          kinds, shape(member.type, layout.mark_x, mark_y)))
-        curves.append(Curve(
-            _curve(layout, box_y, box_height, mark_y),
-            link_type,
-            ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}",
-        ))
+        marks.append(Mark(member, layout.mark_x, mark_y, shape(member.type, layout.mark_x, mark_y),
+                          label, layout.label_x, mark_y + 5, kinds))
+        curves.append(Line(_curve(layout, box_y, box_height, mark_y), link_type,
+                           ", ".join(k.value for k in kinds) + f": {shorten(member.text, 80)}"))
     present = {node.type, *(m.node.type for m in marks)}
-    return Drawing(
-        width=layout.width,
-        height=math.ceil(height),
-        node=node,
-        box_x=MARGIN,
-        box_width=layout.box_width,
-        box_y=box_y,
-        box_height=box_height,
-        box_lines=box_lines,
-        curves=tuple(curves),
-        headings=tuple(headings),
-        marks=tuple(marks),
-        heading_x=layout.mark_x - RADIUS,
-        hidden=hidden,
-        node_types=tuple(t for t in NodeType if t in present),
-    )
+    return Drawing(layout.width, math.ceil(height), node, MARGIN, layout.box_width, box_y,
+                   box_height, box_lines, tuple(curves), tuple(headings), tuple(marks),
+                   layout.mark_x - RADIUS, hidden, tuple(t for t in NodeType if t in present))
 
 
 def _curve(layout: Layout, box_y: float, box_height: float, mark_y: float) -> str:
@@ -271,35 +234,10 @@ PICTURE_HEIGHT = 640
 PICTURE_MARGIN = 24
 SIZES: dict[NodeType, float] = {
     NodeType.SEMANTIC: 7.0, NodeType.PROCEDURAL: 7.5, NodeType.EPISODIC: 6.0,
-    NodeType.SOURCE: 9.0, NodeType.SUBGOAL: 5.0, NodeType.TAG: 5.0, NodeType.INTENT: 6.0,
-}
+    NodeType.SOURCE: 9.0, NodeType.SUBGOAL: 5.0, NodeType.TAG: 5.0, NodeType.INTENT: 6.0}
 LABELLED = {NodeType.SOURCE: 32, NodeType.TAG: 18, NodeType.INTENT: 24}
 # The pull to the middle: enough to keep unlinked parts near, too weak to crush clusters.
 GRAVITY = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class Spot:
-    """A node of the picture: its marker centred on (x, y), and its label ("" for none) from
-    (label_x, y + 4), on the left of the marker near the right edge (`anchor` "end")."""
-
-    node: Node
-    x: float
-    y: float
-    path: str
-    label: str
-    label_x: float
-    anchor: str
-    focus: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """A link of the picture, between the centres of its two nodes' markers."""
-
-    path: str
-    link_type: LinkType
-    title: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,15 +247,14 @@ class Picture:
 
     width: int
     height: int
-    spots: tuple[Spot, ...]
+    spots: tuple[Mark, ...]
     lines: tuple[Line, ...]
     node_types: tuple[NodeType, ...]
     link_types: tuple[LinkType, ...]
 
 
-def force_layout(
-    count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300, seed: int = 7
-) -> npt.NDArray[np.float64]:
+def force_layout(count: int, pairs: Sequence[tuple[int, int]], *, iterations: int = 300,
+                 seed: int = 7) -> npt.NDArray[np.float64]:
     """Positions in the unit square for `count` nodes joined by `pairs` (indexes): linked
     nodes pull together, every two push apart, a weak pull to the middle keeps unlinked
     parts near (Fruchterman-Reingold, with a temperature that cools linearly)."""
@@ -345,14 +282,9 @@ def force_layout(
     return np.asarray((points - low) / np.maximum(high - low, 1e-9), dtype=np.float64)
 
 
-def picture(
-    nodes: Sequence[Node],
-    links: Sequence[tuple[str, str, LinkType]],
-    focus: str | None = None,
-    *,
-    width: int = PICTURE_WIDTH,
-    height: int = PICTURE_HEIGHT,
-) -> Picture:
+def picture(nodes: Sequence[Node], links: Sequence[tuple[str, str, LinkType]],
+            focus: str | None = None, *, width: int = PICTURE_WIDTH,
+            height: int = PICTURE_HEIGHT) -> Picture:
     """`nodes` and the `links` among them (src, dst, type; a link to a node not in `nodes`
     is left out), placed by `force_layout`; `focus` is the id of a node to stand out."""
     index: dict[str, int] = {node.id: number for number, node in enumerate(nodes)}
@@ -365,12 +297,10 @@ def picture(
         chars = LABELLED.get(node.type, 0) or (40 if node.id == focus else 0)
         radius = SIZES.get(node.type, RADIUS) * (1.6 if node.id == focus else 1.0)
         left = x > 0.7 * width
-        spots.append(Spot(
-            node, float(x), float(y), shape(node.type, float(x), float(y), radius),
-            shorten(node.text, chars) if chars else "",
-            float(x - radius - 3 if left else x + radius + 3), "end" if left else "start",
-            node.id == focus,
-        ))
+        spots.append(Mark(node, float(x), float(y), shape(node.type, float(x), float(y), radius),
+                          shorten(node.text, chars) if chars else "",
+                          float(x - radius - 3 if left else x + radius + 3), float(y) + 4, (),
+                          "end" if left else "start", node.id == focus))
     lines = []
     for src, dst, kind in drawn:
         (x1, y1), (x2, y2) = at[index[src]], at[index[dst]]
@@ -381,5 +311,4 @@ def picture(
     kinds = {kind for _, _, kind in drawn}
     return Picture(
         width, height, tuple(spots), tuple(lines),
-        tuple(t for t in NodeType if t in present), tuple(k for k in LinkType if k in kinds),
-    )
+        tuple(t for t in NodeType if t in present), tuple(k for k in LinkType if k in kinds))

@@ -1,22 +1,15 @@
 """The web app's gate: the Host names it answers, an optional access token, and no write from
 another site. One ASGI middleware, `Gate`, in front of every route, static files included.
 
-- **Host.** A web page on any site can point a name of its own at 127.0.0.1 (DNS rebinding)
-  and then read what that name serves, the whole memory; the browser still sends the page's
-  name as Host. So a request whose Host names none of the allowed hosts is refused (400)
-  before any route runs: by default the bound address and the loopback names.
-- **Token.** When one is set, every request shows it: `Authorization: Bearer TOKEN`, the
-  cookie the server sets, or once `?token=TOKEN` in a GET's address, which sets that cookie
-  and redirects to the same address without it (so the token leaves the address bar, the
-  browser's history and any Referer). Compared in constant time; the cookie holds an HMAC of
-  the token, not the token, and is HttpOnly and SameSite=Lax (no GET writes).
-- **Writes.** A request other than GET/HEAD is refused (403) unless its Origin header names
-  this very server (scheme, host and port): a form or a script on another site, or on another
-  port of this host, cannot make the app write (no CSRF). Clients that are not browsers send
-  the header themselves.
-- Every answer carries headers that keep the pages out of frames, caches and other sites'
-  Referers, and a Content-Security-Policy that lets a page load only this server's own files.
-"""
+- Host: a request whose Host names none of the allowed hosts is refused (400), against DNS
+  rebinding (a page pointing a name of its own at 127.0.0.1 would read the whole memory).
+- Token: when set, every request shows it as `Authorization: Bearer`, the cookie the server
+  sets (an HMAC of it, HttpOnly, SameSite=Lax), or once `?token=` in a GET's address, which
+  sets the cookie and redirects without it. Compared in constant time.
+- Writes: a request other than GET/HEAD is refused (403) unless its Origin names this very
+  server (no CSRF).
+- Every answer keeps the pages out of frames, caches and other sites' Referers, and its
+  Content-Security-Policy lets a page load only this server's files."""
 
 from __future__ import annotations
 
@@ -40,7 +33,9 @@ from mnemo.access import (
     WILDCARD_BINDS,
     check_token,
     host_pattern,
+    hosts_of,
     is_loopback,
+    same_token,
 )
 from mnemo.errors import InvalidInputError
 
@@ -56,13 +51,11 @@ SECURITY_HEADERS = (
         "content-security-policy",
         "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
         "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-        "frame-ancestors 'none'",
-    ),
+        "frame-ancestors 'none'"),
     ("x-frame-options", "DENY"),
     ("x-content-type-options", "nosniff"),
     # Not "no-referrer": with it a browser sends `Origin: null` on a same-origin form POST.
-    ("referrer-policy", "same-origin"),
-)
+    ("referrer-policy", "same-origin"))
 
 
 class Host(NamedTuple):
@@ -98,9 +91,8 @@ class Access:
     `host_pattern`), and, when `token` is set, only those that show it.
 
     Raises:
-        InvalidInputError: a malformed host pattern or token, or `*` without a token (it
-            turns the Host check off, and only the token would then keep a rebinding page
-            out).
+        InvalidInputError: a malformed host pattern or token, or `*` (no Host check) without a
+            token.
     """
 
     hosts: tuple[str, ...] = LOOPBACK
@@ -112,8 +104,7 @@ class Access:
             raise InvalidInputError("the web app needs at least one allowed host")
         if "*" in hosts and self.token is None:
             raise InvalidInputError(
-                "allowing any host ('*') turns the Host check off: it needs an access token"
-            )
+                "allowing any host ('*') turns the Host check off: it needs an access token")
         if self.token is not None:
             check_token(self.token)
         object.__setattr__(self, "hosts", hosts)
@@ -122,8 +113,7 @@ class Access:
     def bound(cls, bind: str, allow: Iterable[str] = (), token: str | None = None) -> Access:
         """The access of a server listening on `bind`: the loopback names, the bound address
         itself (unless it binds every interface) and the `allow` patterns."""
-        own = () if bind.strip() in WILDCARD_BINDS else (bind.strip(),)
-        return cls((*LOOPBACK, *own, *allow), token)
+        return cls(hosts_of(bind, allow), token)
 
     def answers(self, name: str) -> bool:
         """Whether a request with this Host name (as `parse_host` gives it) is served."""
@@ -149,17 +139,14 @@ def exposure(bind: str, access: Access) -> list[str]:
         where = "every interface" if bind.strip() in WILDCARD_BINDS else bind
         lines.append(
             f"mnemo ui listens on {where}: any machine that can reach this one can read the "
-            "whole memory through it."
-        )
+            "whole memory through it.")
         if access.token is None:
             lines.append(
                 "No access token is set: anyone who connects sees everything. Set "
-                "MNEMO_UI_TOKEN (or --token) to require one."
-            )
+                "MNEMO_UI_TOKEN (or --token) to require one.")
         lines.append(
             "Host names answered: " + ", ".join(access.hosts)
-            + " (add the names clients use with --allow-host)."
-        )
+            + " (add the names clients use with --allow-host).")
     if "*" in access.hosts:
         lines.append("Any Host is answered ('*'): only the access token keeps other sites out.")
     return lines
@@ -211,58 +198,44 @@ class Gate:
             return PlainTextResponse(
                 "mnemo ui answers only the host names it was started for (--allow-host); "
                 "this request named another one.\n",
-                status_code=400,
-            )
+                status_code=400)
         method = scope["method"]
         if self.access.token is not None:
             refusal = self._token_refusal(scope, headers, host, method)
             if refusal is not None:
                 return refusal
         if method not in SAFE_METHODS and not _same_origin(
-            headers.get("origin"), scope.get("scheme", "http"), host
-        ):
+            headers.get("origin"), scope.get("scheme", "http"), host):
             return PlainTextResponse(
                 "mnemo ui takes a change only from its own pages: this request's Origin "
                 "header is missing or names another site.\n",
-                status_code=403,
-            )
+                status_code=403)
         return None
 
-    def _token_refusal(
-        self, scope: Scope, headers: Headers, host: Host, method: str
-    ) -> Response | None:
+    def _token_refusal(self, scope: Scope, headers: Headers, host: Host,
+                       method: str) -> Response | None:
         assert self.access.token is not None
         cookie = f"mnemo_ui_{host.port or _DEFAULT_PORTS.get(scope.get('scheme', 'http'), 0)}"
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"),
                           keep_blank_values=True)
         offered = [v for k, v in query if k == TOKEN_PARAM]
         if offered and method in ("GET", "HEAD"):
-            if not _equal(offered[-1], self.access.token):
+            if not same_token(offered[-1], self.access.token):
                 return _ask_for_token(scope["path"], wrong=True)
             rest = urlencode([(k, v) for k, v in query if k != TOKEN_PARAM])
             target = quote(scope.get("root_path", "") + scope["path"])
             target += f"?{rest}" if rest else ""
             response = RedirectResponse(target, status_code=303)
             response.set_cookie(
-                cookie, self.access.cookie_value(), httponly=True, samesite="lax", path="/"
-            )
+                cookie, self.access.cookie_value(), httponly=True, samesite="lax", path="/")
             return response
         scheme, _, credentials = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and _equal(credentials.strip(), self.access.token):
+        if scheme.lower() == "bearer" and same_token(credentials.strip(), self.access.token):
             return None
         held = _cookies(headers).get(cookie)
-        if held is not None and _equal(held, self.access.cookie_value()):
+        if held is not None and same_token(held, self.access.cookie_value()):
             return None
         return _ask_for_token(scope["path"], wrong=False)
-
-
-def _equal(given: str, expected: str) -> bool:
-    """Whether two texts are equal, in a time that tells nothing of either: their digests
-    (of one length whatever the texts' lengths) are compared in constant time."""
-    return hmac.compare_digest(
-        hashlib.sha256(given.encode("utf-8", "replace")).digest(),
-        hashlib.sha256(expected.encode()).digest(),
-    )
 
 
 def _cookies(headers: Headers) -> dict[str, str]:
@@ -303,8 +276,7 @@ def _ask_for_token(path: str, *, wrong: bool) -> Response:
         "<code>?token=…</code> once, or enter the token:</p>"
         f'<form method="get" action="{escape(quote(path))}"><label>token '
         '<input type="password" name="token" autocomplete="off" required></label> '
-        '<button type="submit">Open</button></form></body></html>'
-    )
+        '<button type="submit">Open</button></form></body></html>')
     return HTMLResponse(page, status_code=401, headers={"www-authenticate": "Bearer"})
 
 
@@ -318,7 +290,6 @@ def _secured(response: Response) -> Response:
 def _with_security_headers(send: Send, *, cached: bool) -> Send:
     """`send`, adding the security headers to the response; `no-store` unless `cached` (the
     app's own static files hold nothing of the memory)."""
-
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             headers = MutableHeaders(scope=message)

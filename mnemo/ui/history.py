@@ -14,7 +14,7 @@ from mnemo.graph.history import CommitDiff
 from mnemo.graph.history import goals as commit_goals
 from mnemo.graph.model import Link, Node, NodeType
 from mnemo.ui.render import form, href, known_repo, page, required, view_of, whole
-from mnemo.ui.source import MemoryView
+from mnemo.ui.source import MemorySource
 
 DEFAULT_COMMITS = 50
 MAX_COMMITS = 1000
@@ -37,13 +37,8 @@ async def history(request: Request) -> Response:
         request,
         "history.html",
         {
-            "repo": repo,
-            "commits": commits,
-            "goals": goals,
-            "more": more,
-            "reverted": params.get("reverted", ""),
-        },
-    )
+            "repo": repo, "commits": commits, "goals": goals, "more": more,
+            "reverted": params.get("reverted", "")})
 
 
 async def commit(request: Request) -> Response:
@@ -65,22 +60,15 @@ async def commit(request: Request) -> Response:
         request,
         "commit.html",
         {
-            "repo": repo,
-            "diff": diff,
-            "record": diff.commit,
-            "goal": goal,
+            "repo": repo, "diff": diff, "record": diff.commit, "goal": goal,
             "nodes_by_type": [(t, by_type[t]) for t in NodeType if t in by_type],
             "links": [(link, texts.get(link.src), texts.get(link.dst)) for link in shown],
             "links_hidden": len(diff.links) - len(shown),
-            "gone": diff.commit.node_count - len(diff.nodes),
-            "reworded": reworded,
-        },
-    )
+            "gone": diff.commit.node_count - len(diff.nodes), "reworded": reworded})
 
 
-async def _texts(
-    view: MemoryView, repo: str, diff: CommitDiff, links: list[Link]
-) -> dict[str, Node]:
+async def _texts(view: MemorySource, repo: str, diff: CommitDiff,
+                 links: list[Link]) -> dict[str, Node]:
     """The nodes at the ends of `links`: those of the diff, the others read one by one."""
     known: dict[str, Node] = {n.id: n for n in (*diff.nodes, *diff.retired)}
     for end in dict.fromkeys(end for link in links for end in (link.src, link.dst)):

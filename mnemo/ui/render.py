@@ -16,7 +16,7 @@ from starlette.templating import Jinja2Templates
 from mnemo.errors import InvalidInputError, NotFoundError
 from mnemo.graph.model import NodeType
 from mnemo.ui.drawing import shape
-from mnemo.ui.source import MemoryView
+from mnemo.ui.source import MemorySource
 
 HERE = Path(__file__).parent
 # A form the app's pages post is a few short fields: more is not one of them.
@@ -46,12 +46,8 @@ def short_id(value: str, keep: int = 8, prefix: bool = True) -> str:
 
 
 def _templates() -> Jinja2Templates:
-    env = Environment(
-        loader=FileSystemLoader(HERE / "templates"),
-        autoescape=select_autoescape(["html"]),
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = Environment(loader=FileSystemLoader(HERE / "templates"),
+                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
     env.globals["href"] = href
     env.globals["shape"] = shape
     env.filters["label"] = lambda value: getattr(value, "value", value)
@@ -63,22 +59,18 @@ def _templates() -> Jinja2Templates:
 TEMPLATES = _templates()
 
 
-def view_of(request: Request) -> MemoryView:
-    """The `MemoryView` the app reads through."""
-    view: MemoryView = request.app.state.view
+def view_of(request: Request) -> MemorySource:
+    """The `MemorySource` the app reads through."""
+    view: MemorySource = request.app.state.view
     return view
 
 
-def page(
-    request: Request, name: str, context: Mapping[str, object], status_code: int = 200
-) -> Response:
+def page(request: Request, name: str, context: Mapping[str, object],
+         status_code: int = 200) -> Response:
     """The template `name` rendered with `context` (and whether writes are allowed)."""
     return TEMPLATES.TemplateResponse(
-        request,
-        name,
-        {"allow_writes": request.app.state.allow_writes, **context},
-        status_code=status_code,
-    )
+        request, name, {"allow_writes": request.app.state.allow_writes, **context},
+        status_code=status_code)
 
 
 async def form(request: Request) -> Params:
@@ -134,7 +126,7 @@ def whole(params: Params, name: str, default: int, *, low: int, high: int) -> in
     return value
 
 
-async def known_repo(view: MemoryView, params: Params) -> str:
+async def known_repo(view: MemorySource, params: Params) -> str:
     """The `repo` parameter, a repo of the memory.
 
     Raises:

@@ -1,18 +1,10 @@
-"""What the web app reads, as a Protocol of its own, and its implementation over `Memory`.
-
-The app knows no SQL and no store: every page is drawn from these reads, so a test can hand
-it a fake, and a later storage backend needs nothing UI-specific. `MemorySource` implements
-them through `Memory`'s public methods only; none of them starts or resumes work (no
-`open_repo`, no call that touches a session), so looking never changes what a session does.
-The two that write (a recall that counts its results as accesses, a revert) do so only when
-the source was made with `writes=True`.
-"""
+"""What the web app reads: `MemorySource`, through `Memory`'s public methods only, none of
+which starts or resumes work; the two that write do so only with `writes=True`."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from mnemo.conversation.model import Message, ThreadInfo, Viewport
 from mnemo.episode.model import EpisodeLog
@@ -32,60 +24,9 @@ class LinkedNode:
     node: Node
 
 
-class MemoryView(Protocol):
-    """The reads the web app draws its pages from."""
-
-    async def repos(self) -> list[str]: ...
-
-    async def latest(self, repo: str, types: Sequence[NodeType], limit: int) -> list[Node]: ...
-
-    async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]: ...
-
-    async def search_nodes(
-        self, repo: str, query: str, limit: int, where: Mapping[str, object] | None = None
-    ) -> list[Node]: ...
-
-    async def node(self, repo: str, node_id: str) -> Node | None: ...
-
-    async def links(self, repo: str, node_id: str) -> list[LinkedNode]: ...
-
-    async def episode(self, episode_id: str) -> EpisodeLog | None: ...
-
-    async def sessions(self) -> list[SessionInfo]: ...
-
-    async def episodes(self, session_id: str) -> list[EpisodeLog]: ...
-
-    async def threads(self) -> list[ThreadInfo]: ...
-
-    async def messages(self, thread_id: str) -> list[Message]: ...
-
-    async def viewport(self, thread_id: str, token_budget: int) -> Viewport: ...
-
-    async def recall(
-        self,
-        repo: str,
-        query: str,
-        k: int,
-        types: Sequence[NodeType] | None,
-        *,
-        reinforce: bool = False,
-        where: Mapping[str, object] | None = None,
-    ) -> RecallResult: ...
-
-    async def history(self, repo: str, limit: int) -> list[CommitRecord]: ...
-
-    async def commit_diff(self, repo: str, commit_id: str) -> CommitDiff: ...
-
-    async def revert(self, repo: str, commit_id: str) -> CommitDiff: ...
-
-
 class MemorySource:
-    """`MemoryView` over an open `Memory`.
-
-    `writes` is whether the two writing calls may write: a recall with `reinforce` (its
-    results count as accesses, as an agent's recall does) and `revert`. Without it (the
-    default), a recall never reinforces and `revert` raises InvalidInputError.
-    """
+    """The web app's reads over an open `Memory`; without `writes`, a recall never counts
+    accesses and `revert` raises InvalidInputError."""
 
     def __init__(self, memory: Memory, *, writes: bool = False) -> None:
         self._memory = memory
@@ -100,9 +41,8 @@ class MemorySource:
     async def nodes_of_type(self, repo: str, node_type: NodeType) -> list[Node]:
         return await self._memory.get_nodes_by_type(repo, [node_type])
 
-    async def search_nodes(
-        self, repo: str, query: str, limit: int, where: Mapping[str, object] | None = None
-    ) -> list[Node]:
+    async def search_nodes(self, repo: str, query: str, limit: int,
+                           where: Mapping[str, object] | None = None) -> list[Node]:
         return await self._memory.search_nodes(repo, query, limit=limit, where=where)
 
     async def node(self, repo: str, node_id: str) -> Node | None:
@@ -133,19 +73,11 @@ class MemorySource:
     async def viewport(self, thread_id: str, token_budget: int) -> Viewport:
         return await self._memory.viewport(thread_id, token_budget=token_budget)
 
-    async def recall(
-        self,
-        repo: str,
-        query: str,
-        k: int,
-        types: Sequence[NodeType] | None,
-        *,
-        reinforce: bool = False,
-        where: Mapping[str, object] | None = None,
-    ) -> RecallResult:
+    async def recall(self, repo: str, query: str, k: int, types: Sequence[NodeType] | None, *,
+                     reinforce: bool = False,
+                     where: Mapping[str, object] | None = None) -> RecallResult:
         return await self._memory.recall(
-            repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where
-        )
+            repo, query, k=k, types=types, reinforce=reinforce and self._writes, where=where)
 
     async def history(self, repo: str, limit: int) -> list[CommitRecord]:
         return await self._memory.history(repo, limit=limit)
@@ -157,3 +89,4 @@ class MemorySource:
         if not self._writes:
             raise InvalidInputError("this view of the memory is read-only: no revert")
         return await self._memory.revert(repo, commit_id)
+

@@ -49,6 +49,25 @@ async def test_same_payload_again_adds_nothing(mem: mnemo.Memory, llm: FakeLLM) 
     assert len(await mem.get_nodes_by_type(REPO, list(N))) == len(first.node_ids)
 
 
+async def test_an_ingest_checks_its_trajectory_once(
+    mem: mnemo.Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Memory.ingest` checks the trajectory once, before the store is read; the service and
+    the payload's digest take it checked (each walked it again, a 32 MB payload three times)."""
+    from mnemo.ingest import service
+
+    checks: list[mnemo.Trajectory] = []
+    check = service.check_trajectory
+
+    def counted(given: mnemo.Trajectory, config: mnemo.Config) -> None:
+        checks.append(given)
+        check(given, config)
+
+    monkeypatch.setattr(service, "check_trajectory", counted)
+    await mem.ingest(REPO, trajectory("walk north", "open door"), source_id="s1")
+    assert len(checks) == 1
+
+
 async def test_different_payload_under_the_same_id_conflicts(mem: mnemo.Memory) -> None:
     """A different payload under a used source id raises ConflictError and stores nothing."""
     await mem.ingest(REPO, trajectory("walk north"), source_id="s1")

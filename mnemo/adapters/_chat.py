@@ -1,6 +1,6 @@
 """What the chat adapters share: max_tokens, tools, prices and usage, and an example answer
 drawn from a schema. A structured reply is not checked here: the adapters pass its JSON value
-up, and `mnemo.calls.reply` reads it into its task's struct."""
+up, and `mnemo.calls.tasks` reads it into its task's struct."""
 
 from __future__ import annotations
 

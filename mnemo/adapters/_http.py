@@ -14,7 +14,7 @@ each attempt:
 3. a timeout on the whole attempt (`anyio.fail_after`, covering connect, upload and download).
 
 Waiting for 1 and 2 is mnemo's own queue: it never counts against the attempt's timeout nor the
-task's retry budget (`mnemo.calls.deadline.waiting`). A timeout, a 429 or 503 and a refused
+task's retry budget (`mnemo.calls.retry.waiting`). A timeout, a 429 or 503 and a refused
 connection tell the limit the server is overloaded: it drops before the retry waits for a slot.
 
 A failed attempt is retried with exponential backoff and full jitter when it may succeed later:
@@ -51,8 +51,16 @@ import msgspec
 
 from mnemo.adapters._pool import Pool
 from mnemo.adapters.limit import Limit, Ticket
-from mnemo.calls import deadline
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, policy_from
+from mnemo.calls.retry import (
+    Backoff,
+    Budget,
+    Clock,
+    RetryPolicy,
+    allow,
+    policy_from,
+    remaining,
+    waiting,
+)
 from mnemo.errors import AdapterError, InvalidInputError
 
 logger = logging.getLogger("mnemo.adapters")
@@ -351,7 +359,7 @@ class Transport:
         at most `MOST_TIMEOUT`): a server that slows under load is given the time it needs."""
         if self._timeout is not None:
             return self._timeout
-        work = deadline.remaining()
+        work = remaining()
         guess = DEFAULT_TIMEOUT if work is None else max(DEFAULT_TIMEOUT, work)
         needed = self.needed_time(max_tokens, prompt_tokens)
         return guess if needed is None else max(guess, needed)
@@ -467,13 +475,13 @@ class Transport:
                                    prompt_tokens=estimate) as ticket:
             if not self._gate.open:
                 # Only a wait stops the clocks: each stop and start moves the deadlines' timers.
-                with deadline.waiting():
+                with waiting():
                     await self._gate.acquire(estimate)
             needed = self.needed_time(max_tokens, estimate)
             if needed is not None:
                 # The work this request serves (an annotation, an extraction) gives it the
                 # time the server's speed says it needs: its deadline was only a first guess.
-                deadline.allow(needed)
+                allow(needed)
             # Cut to the budget's seconds only now: the waits above did not spend them.
             seconds = ticket.timeout = min(allowed, budget.seconds_left())
             try:

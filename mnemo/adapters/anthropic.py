@@ -3,8 +3,8 @@
 Structured output goes through a forced tool call: the request's schema becomes the input
 schema of a tool named after the task, `tool_choice` forces it, and the `tool_use` block's
 `input` is the data (JSON in the text when the model wrote prose instead), passed up unchecked
-for the task to read (`mnemo.calls.reply`). A reply stopped at its max_tokens is asked again
-with twice the room, up to the adapter's `max_tokens`, then raises `mnemo.calls.reply.Cut`. A
+for the task to read (`mnemo.calls.tasks`). A reply stopped at its max_tokens is asked again
+with twice the room, up to the adapter's `max_tokens`, then raises `mnemo.calls.tasks.Cut`. A
 reply without a `content` list is retried by the transport like a cut body, within the task's
 retry budget (`mnemo.calls.retry`). A request's own `tools` go out with its `tool_choice`:
 `"required"` as `{"type": "any"}`, a tool's name as `{"type": "tool", "name": ...}`.
@@ -36,8 +36,8 @@ from mnemo.adapters._chat import (
 )
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls.reply import Cut, decode_json
 from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
+from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import LLMContextError, LLMError, LLMTimeout
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 

@@ -38,7 +38,7 @@ at that speed, `MARGIN` times over; None until a reply was measured
 (`Transport.attempt_timeout` gives a request that time when it is longer than its first
 guess).
 
-Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.deadline.waiting()`, so it never
+Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.retry.waiting()`, so it never
 counts against a timeout or a task's retry budget.
 """
 
@@ -55,7 +55,7 @@ from typing import Annotated
 import anyio
 import msgspec
 
-from mnemo.calls import deadline
+from mnemo.calls.retry import waiting
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2
@@ -221,7 +221,7 @@ class Limit:
         """Holds one slot for a request of `kind` (its task), waiting in line for one (a wait
         no timeout counts); the caller marks the ticket `answered` or `overloaded`."""
         if self._in_flight >= self.current or self._waiters:
-            with deadline.waiting():
+            with waiting():
                 await self._wait_turn()
         ticket = self.begin(kind, request_timeout)
         ticket.max_tokens, ticket.prompt_tokens = max_tokens, prompt_tokens

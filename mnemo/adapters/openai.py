@@ -25,10 +25,10 @@ Every request carries `max_tokens`: the task's own (sized to its schema), at mos
 reaching the cap, for servers that report neither) is incomplete: the error or the log says so.
 
 Whatever the form, the reply's JSON value is passed up as `data` (a fence or prose around it
-tolerated), unchecked: the task reads it into its struct (`mnemo.calls.reply`) and asks again
+tolerated), unchecked: the task reads it into its struct (`mnemo.calls.tasks`) and asks again
 when it cannot use it. A reply cut at its max_tokens is asked again as it was with twice the
 room, up to the adapter's `max_tokens`; one cut with no more room, or with room left (the
-model's context filled), raises `mnemo.calls.reply.Cut` holding what came. A reply that holds no
+model's context filled), raises `mnemo.calls.tasks.Cut` holding what came. A reply that holds no
 message at all (no `choices`) is garbage the transport retries like a cut body, within the task's
 retry budget (`mnemo.calls.retry`).
 """
@@ -58,9 +58,8 @@ from mnemo.adapters._chat import (
 )
 from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
 from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls import deadline
-from mnemo.calls.reply import Cut, decode_json, is_cut
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget
+from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget, waiting
+from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
@@ -253,7 +252,7 @@ class OpenAICompatible:
             # Stopped unfinished with room left under the cap: the context filled (llama.cpp
             # says "length" there, llama-cpp-python ends the tool call).
             if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
-                                   and is_cut(raw)):
+                                   and _is_cut(raw)):
                 return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
             more = self._more_room(request.task, cap, at_cap, budget)
             if more is None:
@@ -289,7 +288,7 @@ class OpenAICompatible:
             if self._confirmed:
                 reply = await self._try_mode(request, schema, messages, budget, cap)
             else:
-                with deadline.waiting():
+                with waiting():
                     await self._probing.acquire()
                 try:
                     reply = await self._try_mode(request, schema, messages, budget, cap)
@@ -562,3 +561,18 @@ def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:
     if completion is not None:
         return completion >= cap
     return finish == "length"
+
+
+def _is_cut(text: str) -> bool:
+    """Whether `text` holds the start of a JSON object that stopped before its end (a reply
+    cut short), rather than JSON with a mistake in it."""
+    stripped = text.strip()
+    start = stripped.find("{")
+    if start < 0:
+        return False
+    try:
+        json.JSONDecoder(strict=False).raw_decode(stripped[start:])
+    except json.JSONDecodeError as exc:
+        # The decoder ran out of text: what came was well formed, only unfinished.
+        return exc.pos >= len(stripped) - start - 1 or exc.msg.startswith("Unterminated")
+    return False

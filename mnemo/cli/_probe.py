@@ -34,7 +34,7 @@ from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible
 from mnemo.adapters.uri import llm_from_uri, with_settings
-from mnemo.calls.reply import read_reply
+from mnemo.calls.tasks import read_reply
 from mnemo.cli._common import close
 from mnemo.cli._database import CliError
 from mnemo.episode.prompts import RewardReply, reward_request, state_request, subgoal_request

@@ -21,8 +21,7 @@ import pytest
 from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
 from mnemo.adapters.embeddings import Embeddings
 from mnemo.adapters.openai import Completion
-from mnemo.calls import deadline
-from mnemo.calls.retry import Backoff
+from mnemo.calls.retry import Backoff, registered
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout
 from tests.adapters.provider_server import (
     Answer,
@@ -401,7 +400,7 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
 
 
 class Stops:
-    """A `deadline.Pausable` that counts how often a wait stopped it."""
+    """A `Pausable` that counts how often a wait stopped it."""
 
     def __init__(self) -> None:
         self.stops = 0
@@ -419,7 +418,7 @@ async def test_an_attempt_that_waits_for_nothing_stops_no_clock(
     """A request with a free slot and an open gate stops no deadline (each stop and start
     moved the deadlines' timers on every call); one that waits for the rate limit does."""
     stops = Stops()
-    with deadline.registered(stops):
+    with registered(stops):
         async with transport(server.openai_url, clock) as t:
             await t.post_json("/chat/completions", PAYLOAD, Completion)
         assert stops.stops == 0

@@ -96,11 +96,12 @@ def most_tokens(schema: Mapping[str, object]) -> int | None:
     if kind == "object":
         properties = schema.get("properties")
         fields = properties.items() if isinstance(properties, Mapping) else ()
-        sizes = [(name, most_tokens(sub) if isinstance(sub, Mapping) else None)
-                 for name, sub in fields]
-        if any(size is None for _, size in sizes):
+        each_field = [(name, most_tokens(sub) if isinstance(sub, Mapping) else None)
+                      for name, sub in fields]
+        if any(size is None for _, size in each_field):
             return None
-        return 2 + sum(len(name) // _CHARS_PER_TOKEN + 4 + (size or 0) for name, size in sizes)
+        return 2 + sum(len(name) // _CHARS_PER_TOKEN + 4 + (size or 0)
+                       for name, size in each_field)
     return 6 if kind == "number" else 4  # a confidence; an index, a score, a boolean
 
 

@@ -43,14 +43,15 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Protocol, TypeVar
+from typing import Protocol, Self, TypedDict, TypeVar
 
 import anyio
 import httpx
 import msgspec
 
+from mnemo.adapters._chat import DEFAULT_PRICES, price_of, usage_of
 from mnemo.adapters._pool import Pool
-from mnemo.adapters.limit import Limit, Ticket
+from mnemo.adapters.limit import Limit, RateGate, ServerProfile, Ticket
 from mnemo.calls.retry import (
     Backoff,
     Budget,
@@ -61,7 +62,8 @@ from mnemo.calls.retry import (
     remaining,
     waiting,
 )
-from mnemo.errors import AdapterError, InvalidInputError
+from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
+from mnemo.ports import Usage
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -88,24 +90,6 @@ class WireReply(Protocol):
 
 
 R = TypeVar("R", bound=WireReply)
-
-
-def resolve_key(given: str | None, env: str, *, base_url: str, provider_url: str,
-            provider: str, transport: object | None = None) -> str | None:
-    """The key to send: the argument, else the environment variable `env` (read now, when
-    the adapter is made, never at import).
-
-    Raises:
-        InvalidInputError: there is none, `base_url` is the provider's own API (a local
-            server such as Ollama needs no key) and the requests would go there over the
-            network: no `transport`, or httpx's own network one (a replacement such as
-            `httpx.MockTransport` needs none).
-    """
-    key = given if given is not None else os.environ.get(env)
-    networked = transport is None or isinstance(transport, httpx.AsyncHTTPTransport)
-    if not key and base_url == provider_url and networked:
-        raise InvalidInputError(f"the {provider} API needs a key: pass api_key= or set {env}")
-    return key or None
 
 
 # What servers say when a prompt does not fit the model's context (llama.cpp, vLLM, OpenAI,
@@ -167,101 +151,17 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     return max(seconds, 0.0) if math.isfinite(seconds) else None
 
 
-class _Bucket:
-    """A token bucket: `per_minute` units refill continuously up to `capacity`.
+class Closing:
+    """An async context manager that closes itself (`aclose`) on the way out."""
 
-    The level may go negative: a request larger than the bucket is let through when the bucket
-    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
-    then delays later requests, so the average rate still holds.
-    """
+    async def aclose(self) -> None:
+        raise NotImplementedError
 
-    def __init__(self, per_minute: float, capacity: float, now: float) -> None:
-        self.rate = per_minute / 60.0
-        self.capacity = capacity
-        self.level = capacity
-        self.stamp = now
+    async def __aenter__(self) -> Self:
+        return self
 
-    def refill(self, now: float) -> None:
-        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-        self.stamp = now
-
-    def wait_for(self, amount: float) -> float:
-        need = min(amount, self.capacity)
-        return 0.0 if self.level >= need else (need - self.level) / self.rate
-
-
-class RateGate:
-    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
-
-    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
-    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
-    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
-    so a large request is not starved by small ones.
-    """
-
-    def __init__(
-        self,
-        *,
-        requests_per_minute: float | None,
-        tokens_per_minute: float | None,
-        clock: Clock,
-        burst_seconds: float = 1.0,
-    ) -> None:
-        now = clock.now()
-        self._clock = clock
-        self._requests = (
-            _Bucket(requests_per_minute, max(1.0, requests_per_minute / 60.0 * burst_seconds), now)
-            if requests_per_minute
-            else None
-        )
-        self._tokens = (
-            _Bucket(tokens_per_minute, max(1.0, tokens_per_minute / 60.0 * burst_seconds), now)
-            if tokens_per_minute
-            else None
-        )
-        self._paused_until = -math.inf
-        self._lock = anyio.Lock()
-
-    @property
-    def open(self) -> bool:
-        """Whether `acquire` has nothing to wait for: no limits, no pause, nobody in line."""
-        return self._requests is None and self._tokens is None and not self._lock.locked() \
-            and self._paused_until <= self._clock.now()
-
-    async def acquire(self, tokens: int) -> None:
-        """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
-        if self.open:
-            # No trip through the event loop (anyio's Lock yields once even when free).
-            return
-        async with self._lock:
-            while True:
-                wait = self._wait(tokens)
-                if wait <= 0:
-                    break
-                await self._clock.sleep(wait)
-            if self._requests is not None:
-                self._requests.level -= 1
-            if self._tokens is not None:
-                self._tokens.level -= tokens
-
-    def settle(self, estimated: int, actual: int) -> None:
-        """Corrects the tokens charged for a request once its real usage is known."""
-        if self._tokens is not None:
-            self._tokens.refill(self._clock.now())
-            self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)
-
-    def pause(self, seconds: float) -> None:
-        """Holds every request back for `seconds` from now (never shortens a longer pause)."""
-        self._paused_until = max(self._paused_until, self._clock.now() + seconds)
-
-    def _wait(self, tokens: int) -> float:
-        now = self._clock.now()
-        wait = self._paused_until - now
-        for bucket, amount in ((self._requests, 1), (self._tokens, tokens)):
-            if bucket is not None:
-                bucket.refill(now)
-                wait = max(wait, bucket.wait_for(amount))
-        return wait
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class _Retryable(Exception):
@@ -284,7 +184,7 @@ class _Retryable(Exception):
         self.rate_limited = rate_limited
 
 
-class Transport:
+class Transport(Closing):
     """JSON over HTTP POST to one provider, with timeouts, retries, rate limits and a cap.
 
     `retry` is the retry policy (`mnemo.calls.retry`); `max_retries`, `backoff` and `clock` are
@@ -452,12 +352,6 @@ class Transport:
         """Closes the HTTP client and its connections."""
         await self._client.aclose()
 
-    async def __aenter__(self) -> Transport:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     async def _attempt(
         self,
         path: str,
@@ -588,6 +482,114 @@ class Transport:
             f"{self.name} failed after {attempts} attempts: {failed.problem} "
             f"({budget.describe()}{wait})"
         )
+
+
+class HTTPOptions(TypedDict, total=False):
+    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one request may
+    take; None: 60 s, longer when the work it serves has longer left or the server's measured
+    speed says its `max_tokens` need more: `Transport.attempt_timeout`), `requests_per_minute`
+    and `tokens_per_minute` (client-side rate limits), `max_concurrency` (the most requests in
+    flight, below which their number adapts to the server unless `concurrency` pins it), the
+    retry policy `retry` (the budget of calls and seconds each task may spend,
+    `mnemo.calls.retry`) with its shorthands `max_retries` (calls after the first), `backoff`
+    and `clock`, and `transport`, which replaces httpx's network transport (tests)."""
+
+    timeout: float | None
+    max_retries: int | None
+    requests_per_minute: float | None
+    tokens_per_minute: float | None
+    max_concurrency: int
+    concurrency: int | None
+    transport: httpx.AsyncBaseTransport | None
+    backoff: Backoff | None
+    clock: Clock | None
+    retry: RetryPolicy | None
+
+
+class HTTPModel(Closing):
+    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`,
+    read when the adapter is made; with none, no key is sent), one `Transport` to `base_url`,
+    the prices of `model` (`prices` on top of `DEFAULT_PRICES`: a reply's `Usage.cost` is None
+    for an unpriced model), the usage of its replies (`total_usage`), what it learned of its
+    server (`server_profile`) and closing.
+
+    Raises:
+        InvalidInputError: a bad limit, or no key for the provider's own API (`provider_url`)
+            that the requests would reach over the network (no `transport`, or httpx's own).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        api_key: str | None,
+        prices: Mapping[str, tuple[float, float]] | None,
+        options: HTTPOptions,
+        *,
+        provider: str,
+        provider_url: str,
+        key_variable: str,
+        error: type[AdapterError],
+        timeout_error: type[AdapterError] | None = None,
+        kind: str = "model",
+    ) -> None:
+        self.model = model
+        self.base_url = base_url = base_url.rstrip("/")
+        key = api_key if api_key is not None else os.environ.get(key_variable)
+        network = options.get("transport")
+        if not key and base_url == provider_url and (
+                network is None or isinstance(network, httpx.AsyncHTTPTransport)):
+            raise InvalidInputError(
+                f"the {provider} API needs a key: pass api_key= or set {key_variable}")
+        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
+        self.total_usage = Usage()
+        self._http = Transport(base_url, name=f"{base_url} ({kind} {model})", error=error,
+                               timeout_error=timeout_error, headers=self._headers(key or None),
+                               **options)
+        self.retry_policy = self._http.retry_policy
+
+    def _headers(self, key: str | None) -> dict[str, str]:
+        """The headers every request carries: the key as a bearer token."""
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @property
+    def concurrency(self) -> Limit:
+        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
+        return self._http.limit
+
+    def server_profile(self) -> ServerProfile:
+        """What this adapter learned of its server, for the next one: the concurrency limit."""
+        return ServerProfile(self._http.limit.state())
+
+    def adopt_server_profile(self, stored: ServerProfile) -> None:
+        """Starts from what an earlier adapter learned of this server (`server_profile`); a
+        concurrency given explicitly stays."""
+        if stored.concurrency is not None:
+            self._http.limit.restore(stored.concurrency)
+
+    def _usage(self, input_tokens: int | None, output_tokens: int | None) -> Usage | None:
+        """A reply's usage, priced, and added to `total_usage`; None when it reported none."""
+        usage = usage_of(input_tokens, output_tokens, self._price)
+        if usage is not None:
+            self.total_usage += usage
+        return usage
+
+    async def _post(self, path: str, payload: Mapping[str, object], reply: type[R], *,
+                    budget: Budget, refusal: Callable[[HTTPFailure], bool] | None = None,
+                    kind: str) -> R:
+        """`Transport.post_json`; a prompt longer than the model's context raises
+        `LLMContextError`."""
+        try:
+            return await self._http.post_json(path, payload, reply, budget=budget,
+                                              refusal=refusal, kind=kind)
+        except LLMError as exc:
+            if isinstance(exc.__cause__, HTTPFailure) and exc.__cause__.context_overflow:
+                raise LLMContextError(str(exc)) from exc.__cause__
+            raise
+
+    async def aclose(self) -> None:
+        """Closes the HTTP client and its connections."""
+        await self._http.aclose()
 
 
 _JSON_HEADERS = {"content-type": "application/json"}

@@ -1,4 +1,5 @@
-"""`Limit`: how many requests one model server gets at once, adapted to the server it meets.
+"""`Limit`: how many requests one model server gets at once, adapted to the server it meets;
+`RateGate`: the client-side rate limits (requests and tokens per minute).
 
 A server answers a number of requests at once (llama.cpp's and Ollama's default: one) and
 queues the rest; a queued request's time counts against its timeout all the same. So mnemo
@@ -55,7 +56,7 @@ from typing import Annotated
 import anyio
 import msgspec
 
-from mnemo.calls.retry import waiting
+from mnemo.calls.retry import Clock, waiting
 
 # A server mnemo has not met gets this many requests at once (the adapter's ceiling if lower).
 INITIAL = 2
@@ -347,3 +348,100 @@ class Limit:
             return 1.0
         return (BASE_TOKENS + (ticket.output_tokens or 0)
                 + PROMPT_WEIGHT * (ticket.input_tokens or 0))
+
+
+class _Bucket:
+    """A token bucket: `per_minute` units refill continuously up to `capacity`.
+
+    The level may go negative: a request larger than the bucket is let through when the bucket
+    is full, and a reply that used more tokens than estimated is charged afterwards; the debt
+    then delays later requests, so the average rate still holds.
+    """
+
+    def __init__(self, per_minute: float, capacity: float, now: float) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = capacity
+        self.level = capacity
+        self.stamp = now
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def wait_for(self, amount: float) -> float:
+        need = min(amount, self.capacity)
+        return 0.0 if self.level >= need else (need - self.level) / self.rate
+
+
+class RateGate:
+    """Client-side rate limits: requests/min and tokens/min, and a shared pause after a 429.
+
+    Each bucket holds `burst_seconds` worth of its rate (at least one request), not a whole
+    minute: providers enforce per-minute limits over shorter windows, so a minute's burst at
+    once would be refused. Callers pass the gate one at a time, in arrival order (a fair lock),
+    so a large request is not starved by small ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        requests_per_minute: float | None,
+        tokens_per_minute: float | None,
+        clock: Clock,
+        burst_seconds: float = 1.0,
+    ) -> None:
+        now = clock.now()
+        self._clock = clock
+        self._requests = (
+            _Bucket(requests_per_minute, max(1.0, requests_per_minute / 60.0 * burst_seconds), now)
+            if requests_per_minute
+            else None
+        )
+        self._tokens = (
+            _Bucket(tokens_per_minute, max(1.0, tokens_per_minute / 60.0 * burst_seconds), now)
+            if tokens_per_minute
+            else None
+        )
+        self._paused_until = -math.inf
+        self._lock = anyio.Lock()
+
+    @property
+    def open(self) -> bool:
+        """Whether `acquire` has nothing to wait for: no limits, no pause, nobody in line."""
+        return self._requests is None and self._tokens is None and not self._lock.locked() \
+            and self._paused_until <= self._clock.now()
+
+    async def acquire(self, tokens: int) -> None:
+        """Waits until one more request of about `tokens` tokens fits the limits, and takes it."""
+        if self.open:
+            # No trip through the event loop (anyio's Lock yields once even when free).
+            return
+        async with self._lock:
+            while True:
+                wait = self._wait(tokens)
+                if wait <= 0:
+                    break
+                await self._clock.sleep(wait)
+            if self._requests is not None:
+                self._requests.level -= 1
+            if self._tokens is not None:
+                self._tokens.level -= tokens
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Corrects the tokens charged for a request once its real usage is known."""
+        if self._tokens is not None:
+            self._tokens.refill(self._clock.now())
+            self._tokens.level = min(self._tokens.capacity, self._tokens.level + estimated - actual)
+
+    def pause(self, seconds: float) -> None:
+        """Holds every request back for `seconds` from now (never shortens a longer pause)."""
+        self._paused_until = max(self._paused_until, self._clock.now() + seconds)
+
+    def _wait(self, tokens: int) -> float:
+        now = self._clock.now()
+        wait = self._paused_until - now
+        for bucket, amount in ((self._requests, 1), (self._tokens, tokens)):
+            if bucket is not None:
+                bucket.refill(now)
+                wait = max(wait, bucket.wait_for(amount))
+        return wait

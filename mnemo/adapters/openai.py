@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from typing import Annotated, Literal, cast, get_args
+from typing import Annotated, Literal, Unpack, cast, get_args
 
 import anyio
 import httpx
@@ -46,19 +46,16 @@ import msgspec
 
 from mnemo.adapters._chat import (
     DEFAULT_MAX_TOKENS,
-    DEFAULT_PRICES,
     add_usage,
     checked_max_tokens,
     cut_note,
     example_of,
-    price_of,
     reply_cap,
     tool_spec,
-    usage_of,
 )
-from mnemo.adapters._http import HTTPFailure, Tokens, Transport, resolve_key
-from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy, task_budget, waiting
+from mnemo.adapters._http import HTTPFailure, HTTPModel, HTTPOptions, Tokens
+from mnemo.adapters.limit import ServerProfile
+from mnemo.calls.retry import Budget, task_budget, waiting
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
@@ -82,25 +79,17 @@ _COMPLAINT_WORDS: dict[Mode, tuple[str, ...]] = {
 }
 
 
-class OpenAICompatible:
+class OpenAICompatible(HTTPModel):
     """An `LLM` speaking OpenAI's `POST {base_url}/chat/completions`.
 
-    `api_key` defaults to the environment's `OPENAI_API_KEY`, read here, when the adapter is
-    created; with no key at all no `Authorization` header is sent (fine for local servers).
-    `prices` maps model names to (input, output) dollars per million tokens, on top of
-    `DEFAULT_PRICES`; a reply's `Usage.cost` is None for an unpriced model. `temperature`
+    `api_key` defaults to the environment's `OPENAI_API_KEY`, read here; with no key at all no
+    `Authorization` header is sent (fine for local servers). `prices` maps model names to
+    (input, output) dollars per million tokens, on top of `DEFAULT_PRICES`. `temperature`
     "default" is `LOCAL_TEMPERATURE` for a server on this machine (a loopback `base_url`) and
     0 elsewhere; None leaves it to the server. `max_tokens` is the most tokens any reply may
     use: the cap on each request's own `max_tokens`, and the value sent when a request has
-    none. `timeout` is the seconds one request may take (None: 60 s, longer when the work it
-    serves has longer left or when the server's measured speed says its `max_tokens` need
-    more: `Transport.attempt_timeout`); `max_concurrency` the most requests in flight, below
-    which their number adapts to the server unless `concurrency` pins it. Robustness (`timeout`,
-    `requests_per_minute`, `tokens_per_minute`, the concurrency) is `Transport`'s. `retry` is
-    the retry policy, the budget of calls and seconds each task may spend (`mnemo.calls.retry`;
-    `retry_policy` holds it): `max_retries` (calls after the first), `backoff` and `clock` are
-    shorthands for its parts.
-    `transport` replaces httpx's network transport (tests).
+    none. The other keywords (`timeout`, `max_concurrency`, the retry policy `retry`, ...) are
+    every HTTP adapter's (`mnemo.adapters._http.HTTPOptions`); `retry_policy` holds the policy.
 
     Raises:
         InvalidInputError: an unknown `structured` mode, a bad limit or `max_tokens`, or no API
@@ -113,36 +102,23 @@ class OpenAICompatible:
         *,
         base_url: str = OPENAI_BASE_URL,
         api_key: str | None = None,
-        timeout: float | None = None,
-        max_retries: int | None = None,
-        requests_per_minute: float | None = None,
-        tokens_per_minute: float | None = None,
-        max_concurrency: int = 8,
-        concurrency: int | None = None,
         structured: Structured = "auto",
         prices: Mapping[str, tuple[float, float]] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         temperature: float | Literal["default"] | None = "default",
         max_tokens: int = DEFAULT_MAX_TOKENS,
-        backoff: Backoff | None = None,
-        clock: Clock | None = None,
-        retry: RetryPolicy | None = None,
+        **options: Unpack[HTTPOptions],
     ) -> None:
         if structured not in get_args(Structured):
             raise InvalidInputError(
                 f"structured must be one of {get_args(Structured)}, got {structured!r}"
             )
-        base_url = base_url.rstrip("/")
-        key = resolve_key(
-            api_key, "OPENAI_API_KEY", base_url=base_url, provider_url=OPENAI_BASE_URL,
-            provider="OpenAI", transport=transport,
-        )
-        self.model = model
+        self.max_tokens = checked_max_tokens(max_tokens)
+        super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
+                         provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
+                         error=LLMError, timeout_error=LLMTimeout)
         # The URI that `mnemo.llm_from_uri` builds this from again (a repo records it).
-        self.name = (
-            f"openai:{model}" if base_url == OPENAI_BASE_URL
-            else f"openai-compatible:{model}@{base_url}"
-        )
+        self.name = (f"openai:{model}" if self.base_url == OPENAI_BASE_URL
+                     else f"openai-compatible:{model}@{self.base_url}")
         self._auto = structured == "auto"
         self._mode: Mode = "json_schema" if structured == "auto" else structured
         # Until a structured reply came in the mode "auto" chose, one request at a time tries
@@ -150,46 +126,15 @@ class OpenAICompatible:
         self._confirmed = not self._auto
         self._probing = anyio.Lock()
         self._temperature = (
-            (LOCAL_TEMPERATURE if _loopback(base_url) else 0.0) if temperature == "default"
-            else temperature
+            (LOCAL_TEMPERATURE if _loopback(self.base_url) else 0.0)
+            if temperature == "default" else temperature
         )
-        self.max_tokens = checked_max_tokens(max_tokens)
         self._tokens_field = "max_tokens"
-        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
-        self.total_usage = Usage()
-        self._http = Transport(
-            base_url,
-            name=f"{base_url} (model {model})",
-            error=LLMError,
-            timeout_error=LLMTimeout,
-            headers={"Authorization": f"Bearer {key}"} if key else None,
-            timeout=timeout,
-            max_retries=max_retries,
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
-            max_concurrency=max_concurrency,
-            concurrency=concurrency,
-            backoff=backoff,
-            clock=clock,
-            transport=transport,
-            retry=retry,
-        )
-        self.retry_policy = self._http.retry_policy
 
     @property
     def structured_mode(self) -> Mode:
         """The structured-output form in use (after any "auto" fallback)."""
         return self._mode
-
-    @property
-    def concurrency(self) -> Limit:
-        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
-        return self._http.limit
-
-    @property
-    def transport(self) -> Transport:
-        """The HTTP transport: its timeouts (`Transport.attempt_timeout`), retries, limits."""
-        return self._http
 
     def server_profile(self) -> ServerProfile:
         """What this adapter learned of its server, for the next one (`adopt_server_profile`):
@@ -202,8 +147,7 @@ class OpenAICompatible:
         mode or concurrency given explicitly stays. An unreadable profile is ignored."""
         if self._auto and not self._confirmed and stored.structured in get_args(Mode):
             self._mode, self._confirmed = cast(Mode, stored.structured), True
-        if stored.concurrency is not None:
-            self._http.limit.restore(stored.concurrency)
+        super().adopt_server_profile(stored)
 
     async def generate(self, request: LLMRequest) -> LLMResponse:
         """Sends `request`; with a schema the reply's `data` is the JSON value it holds (None
@@ -221,16 +165,6 @@ class OpenAICompatible:
                 return await self._free(request, budget)
             return await self._structured(request, request.schema, budget)
 
-    async def aclose(self) -> None:
-        """Closes the HTTP client."""
-        await self._http.aclose()
-
-    async def __aenter__(self) -> OpenAICompatible:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
     # ---- structured replies ----------------------------------------------------------------
 
     async def _structured(
@@ -241,7 +175,7 @@ class OpenAICompatible:
         usage: Usage | None = None
         while True:
             reply, mode = await self._send_structured(request, schema, messages, budget, cap)
-            usage = add_usage(usage, self._usage(reply))
+            usage = add_usage(usage, self._usage(*reply.tokens()))
             choice = reply.choices[0]
             raw = _structured_text(choice.message, mode, request.task)
             try:
@@ -311,7 +245,7 @@ class OpenAICompatible:
         payload = self._payload(request, messages, mode, schema, cap)
         can_fall_back = self._auto and mode in _NEXT_MODE
         try:
-            reply = await self._post(
+            reply = await self._complete(
                 payload, budget, _refusal_of(mode) if can_fall_back else None,
                 kind=request.task,
             )
@@ -335,7 +269,7 @@ class OpenAICompatible:
             budget.next_call("retry")
             return None
 
-    async def _post(
+    async def _complete(
         self,
         payload: dict[str, object],
         budget: Budget,
@@ -349,15 +283,11 @@ class OpenAICompatible:
             if self._tokens_field != "max_tokens" and "max_tokens" in payload:
                 payload[self._tokens_field] = payload.pop("max_tokens")
             try:
-                return await self._http.post_json(
-                    "/chat/completions", payload, Completion, budget=budget, refusal=refusal,
-                    kind=kind,
-                )
+                return await self._post("/chat/completions", payload, Completion,
+                                        budget=budget, refusal=refusal, kind=kind)
             except LLMError as exc:
                 failure = exc.__cause__
-                if isinstance(failure, HTTPFailure) and failure.context_overflow:
-                    raise LLMContextError(str(exc)) from failure
-                if not (
+                if isinstance(exc, LLMContextError) or not (
                     self._tokens_field == "max_tokens" and "max_tokens" in payload
                     and isinstance(failure, HTTPFailure) and failure.status == 400
                     and "max_completion_tokens" in failure.message
@@ -369,7 +299,7 @@ class OpenAICompatible:
     # ---- free text and tool calls ------------------------------------------------------------
 
     async def _free(self, request: LLMRequest, budget: Budget) -> LLMResponse:
-        reply = await self._post(
+        reply = await self._complete(
             self._payload(request, [dict(m) for m in request.messages], None, None), budget,
             kind=request.task,
         )
@@ -386,7 +316,7 @@ class OpenAICompatible:
         return LLMResponse(
             text=choice.message.content or "",
             tool_calls=self._tool_calls(choice.message),
-            usage=self._usage(reply),
+            usage=self._usage(*reply.tokens()),
         )
 
     def _tool_calls(self, message: _Message) -> list[ToolCall]:
@@ -448,14 +378,6 @@ class OpenAICompatible:
         head = [{"role": "system", "content": system}] if system else []
         payload["messages"] = head + messages
         return payload
-
-    def _usage(self, reply: Completion) -> Usage | None:
-        if reply.usage is None:
-            return None
-        usage = usage_of(reply.usage.prompt_tokens, reply.usage.completion_tokens, self._price)
-        if usage is not None:
-            self.total_usage += usage
-        return usage
 
 
 # ---- the reply, as mnemo reads it --------------------------------------------------------------

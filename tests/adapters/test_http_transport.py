@@ -18,8 +18,9 @@ import anyio
 import httpx
 import pytest
 
-from mnemo.adapters._http import HTTPFailure, RateGate, Transport, parse_retry_after
+from mnemo.adapters._http import HTTPFailure, Transport, parse_retry_after
 from mnemo.adapters.embeddings import Embeddings
+from mnemo.adapters.limit import RateGate
 from mnemo.adapters.openai import Completion
 from mnemo.calls.retry import Backoff, registered
 from mnemo.errors import EmbeddingError, LLMError, LLMTimeout

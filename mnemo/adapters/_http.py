@@ -39,19 +39,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Protocol, Self, TypedDict, TypeVar
+from typing import Protocol, Self, TypeVar
 
 import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._chat import DEFAULT_PRICES, price_of, usage_of
 from mnemo.adapters._pool import Pool
-from mnemo.adapters.limit import Limit, RateGate, ServerProfile, Ticket
+from mnemo.adapters.limit import Limit, RateGate, Ticket
 from mnemo.calls.retry import (
     Backoff,
     Budget,
@@ -62,8 +60,7 @@ from mnemo.calls.retry import (
     remaining,
     waiting,
 )
-from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
-from mnemo.ports import Usage
+from mnemo.errors import AdapterError, InvalidInputError
 
 logger = logging.getLogger("mnemo.adapters")
 
@@ -482,114 +479,6 @@ class Transport(Closing):
             f"{self.name} failed after {attempts} attempts: {failed.problem} "
             f"({budget.describe()}{wait})"
         )
-
-
-class HTTPOptions(TypedDict, total=False):
-    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one request may
-    take; None: 60 s, longer when the work it serves has longer left or the server's measured
-    speed says its `max_tokens` need more: `Transport.attempt_timeout`), `requests_per_minute`
-    and `tokens_per_minute` (client-side rate limits), `max_concurrency` (the most requests in
-    flight, below which their number adapts to the server unless `concurrency` pins it), the
-    retry policy `retry` (the budget of calls and seconds each task may spend,
-    `mnemo.calls.retry`) with its shorthands `max_retries` (calls after the first), `backoff`
-    and `clock`, and `transport`, which replaces httpx's network transport (tests)."""
-
-    timeout: float | None
-    max_retries: int | None
-    requests_per_minute: float | None
-    tokens_per_minute: float | None
-    max_concurrency: int
-    concurrency: int | None
-    transport: httpx.AsyncBaseTransport | None
-    backoff: Backoff | None
-    clock: Clock | None
-    retry: RetryPolicy | None
-
-
-class HTTPModel(Closing):
-    """What the HTTP adapters share: the key (`api_key`, else the environment's `key_variable`,
-    read when the adapter is made; with none, no key is sent), one `Transport` to `base_url`,
-    the prices of `model` (`prices` on top of `DEFAULT_PRICES`: a reply's `Usage.cost` is None
-    for an unpriced model), the usage of its replies (`total_usage`), what it learned of its
-    server (`server_profile`) and closing.
-
-    Raises:
-        InvalidInputError: a bad limit, or no key for the provider's own API (`provider_url`)
-            that the requests would reach over the network (no `transport`, or httpx's own).
-    """
-
-    def __init__(
-        self,
-        model: str,
-        base_url: str,
-        api_key: str | None,
-        prices: Mapping[str, tuple[float, float]] | None,
-        options: HTTPOptions,
-        *,
-        provider: str,
-        provider_url: str,
-        key_variable: str,
-        error: type[AdapterError],
-        timeout_error: type[AdapterError] | None = None,
-        kind: str = "model",
-    ) -> None:
-        self.model = model
-        self.base_url = base_url = base_url.rstrip("/")
-        key = api_key if api_key is not None else os.environ.get(key_variable)
-        network = options.get("transport")
-        if not key and base_url == provider_url and (
-                network is None or isinstance(network, httpx.AsyncHTTPTransport)):
-            raise InvalidInputError(
-                f"the {provider} API needs a key: pass api_key= or set {key_variable}")
-        self._price = price_of(model, {**DEFAULT_PRICES, **(prices or {})})
-        self.total_usage = Usage()
-        self._http = Transport(base_url, name=f"{base_url} ({kind} {model})", error=error,
-                               timeout_error=timeout_error, headers=self._headers(key or None),
-                               **options)
-        self.retry_policy = self._http.retry_policy
-
-    def _headers(self, key: str | None) -> dict[str, str]:
-        """The headers every request carries: the key as a bearer token."""
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    @property
-    def concurrency(self) -> Limit:
-        """How many requests the server gets at once (`mnemo.adapters.limit.Limit`)."""
-        return self._http.limit
-
-    def server_profile(self) -> ServerProfile:
-        """What this adapter learned of its server, for the next one: the concurrency limit."""
-        return ServerProfile(self._http.limit.state())
-
-    def adopt_server_profile(self, stored: ServerProfile) -> None:
-        """Starts from what an earlier adapter learned of this server (`server_profile`); a
-        concurrency given explicitly stays."""
-        if stored.concurrency is not None:
-            self._http.limit.restore(stored.concurrency)
-
-    def _usage(self, input_tokens: int | None, output_tokens: int | None) -> Usage | None:
-        """A reply's usage, priced, and added to `total_usage`; None when it reported none."""
-        usage = usage_of(input_tokens, output_tokens, self._price)
-        if usage is not None:
-            self.total_usage += usage
-        return usage
-
-    async def _post(self, path: str, payload: Mapping[str, object], reply: type[R], *,
-                    budget: Budget, refusal: Callable[[HTTPFailure], bool] | None = None,
-                    kind: str) -> R:
-        """`Transport.post_json`; a prompt longer than the model's context raises
-        `LLMContextError`."""
-        try:
-            return await self._http.post_json(path, payload, reply, budget=budget,
-                                              refusal=refusal, kind=kind)
-        except LLMError as exc:
-            if isinstance(exc.__cause__, HTTPFailure) and exc.__cause__.context_overflow:
-                raise LLMContextError(str(exc)) from exc.__cause__
-            raise
-
-    async def aclose(self) -> None:
-        """Closes the HTTP client and its connections."""
-        await self._http.aclose()
 
 
 _JSON_HEADERS = {"content-type": "application/json"}

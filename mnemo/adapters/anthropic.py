@@ -23,15 +23,17 @@ from typing import Unpack
 
 import msgspec
 
-from mnemo.adapters._chat import (
+from mnemo.adapters._http import Tokens
+from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    HTTPModel,
+    HTTPOptions,
     add_usage,
     checked_max_tokens,
     cut_note,
     reply_cap,
     tool_spec,
 )
-from mnemo.adapters._http import HTTPModel, HTTPOptions, Tokens
 from mnemo.calls.retry import Budget, task_budget
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import LLMError, LLMTimeout

@@ -44,8 +44,11 @@ import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._chat import (
+from mnemo.adapters._http import HTTPFailure, Tokens
+from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
+    HTTPModel,
+    HTTPOptions,
     add_usage,
     checked_max_tokens,
     cut_note,
@@ -53,7 +56,6 @@ from mnemo.adapters._chat import (
     reply_cap,
     tool_spec,
 )
-from mnemo.adapters._http import HTTPFailure, HTTPModel, HTTPOptions, Tokens
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget, task_budget, waiting
 from mnemo.calls.tasks import Cut, decode_json

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 
 import anyio
 
-from mnemo.adapters._chat import reply_cap
 from mnemo.adapters._http import CHARS_PER_TOKEN, Transport
+from mnemo.adapters._model import reply_cap
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.limit import Limit
 from mnemo.adapters.openai import OpenAICompatible

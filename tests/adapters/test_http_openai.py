@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mnemo.adapters._chat import DEFAULT_PRICES, price_of
+from mnemo.adapters._model import DEFAULT_PRICES, price_of
 from mnemo.adapters.anthropic import Anthropic
 from mnemo.adapters.embeddings import OpenAIEmbedder
 from mnemo.adapters.openai import OpenAICompatible

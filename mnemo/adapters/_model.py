@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TypedDict
 
 import httpx
 
-from mnemo.adapters._http import Closing, HTTPFailure, R, Transport
+from mnemo.adapters._http import Closing, HTTPFailure, HTTPOptions, R, Transport
 from mnemo.adapters.limit import Limit, ServerProfile
-from mnemo.calls.retry import Backoff, Budget, Clock, RetryPolicy
+from mnemo.calls.retry import Budget
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
 from mnemo.ports import JSONObject, Usage
 
@@ -147,28 +146,6 @@ def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
     if total is None:
         return more
     return total if more is None else total + more
-
-
-class HTTPOptions(TypedDict, total=False):
-    """What every HTTP adapter passes to its `Transport`: `timeout` (seconds one request may
-    take; None: 60 s, longer when the work it serves has longer left or the server's measured
-    speed says its `max_tokens` need more: `Transport.attempt_timeout`), `requests_per_minute`
-    and `tokens_per_minute` (client-side rate limits), `max_concurrency` (the most requests in
-    flight, below which their number adapts to the server unless `concurrency` pins it), the
-    retry policy `retry` (the budget of calls and seconds each task may spend,
-    `mnemo.calls.retry`) with its shorthands `max_retries` (calls after the first), `backoff`
-    and `clock`, and `transport`, which replaces httpx's network transport (tests)."""
-
-    timeout: float | None
-    max_retries: int | None
-    requests_per_minute: float | None
-    tokens_per_minute: float | None
-    max_concurrency: int
-    concurrency: int | None
-    transport: httpx.AsyncBaseTransport | None
-    backoff: Backoff | None
-    clock: Clock | None
-    retry: RetryPolicy | None
 
 
 class HTTPModel(Closing):

@@ -23,11 +23,10 @@ from typing import Unpack
 
 import msgspec
 
-from mnemo.adapters._http import Tokens
+from mnemo.adapters._http import HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
-    HTTPOptions,
     add_usage,
     checked_max_tokens,
     cut_note,

@@ -29,8 +29,8 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import HTTPFailure, Tokens
-from mnemo.adapters._model import HTTPModel, HTTPOptions
+from mnemo.adapters._http import HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._model import HTTPModel
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import EmbeddingError, InvalidInputError, first_error

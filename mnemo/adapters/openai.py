@@ -44,11 +44,10 @@ import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._http import HTTPFailure, Tokens
+from mnemo.adapters._http import HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
-    HTTPOptions,
     add_usage,
     checked_max_tokens,
     cut_note,

@@ -391,10 +391,10 @@ async def test_concurrency_cap(clock: VirtualClock) -> None:
             tg.start_soon(t.post_json, "/x", PAYLOAD, AnyReply)
         await anyio.wait_all_tasks_blocked()
         assert arrived == 2
-        assert t.in_flight == 2
+        assert t.limit.in_flight == 2
         release.set()
     assert arrived == 5
-    assert t.in_flight == 0
+    assert t.limit.in_flight == 0
 
 
 # ---- the HTTP path's own cost --------------------------------------------------------------------

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Annotated, Literal, Unpack, cast, get_args
 
 import anyio
@@ -219,56 +220,41 @@ class OpenAICompatible(HTTPModel):
         budget: Budget,
         cap: int,
     ) -> tuple[Completion, Mode]:
+        """One structured completion, in the current mode; when the server refuses the mode
+        "auto" chose, the next mode is tried (within the budget). Until a mode is confirmed,
+        one request at a time tries it."""
         while True:
-            if self._confirmed:
-                reply = await self._try_mode(request, schema, messages, budget, cap)
-            else:
+            probing = not self._confirmed
+            if probing:
                 with waiting():
                     await self._probing.acquire()
-                try:
-                    reply = await self._try_mode(request, schema, messages, budget, cap)
-                finally:
+            mode = self._mode
+            can_fall_back = self._auto and mode in _NEXT_MODE
+            try:
+                reply = await self._complete(
+                    self._payload(request, messages, mode, schema, cap), budget,
+                    partial(_refuses, mode) if can_fall_back else None,
+                    kind=request.task)
+            except LLMError as exc:
+                failure = exc.__cause__
+                if not (can_fall_back and isinstance(failure, HTTPFailure)
+                        and _refuses(mode, failure)):
+                    raise
+                # Concurrent calls may see the same refusal: only the first one moves on.
+                if self._mode == mode:
+                    self._mode = _NEXT_MODE[mode]
+                    logger.warning("%s refused structured output %r (%s); using %r from now on",
+                                   self._http.name, mode, failure, self._mode)
+                if not budget.can_call():
+                    raise
+                budget.next_call("retry")
+                continue
+            finally:
+                if probing:
                     self._probing.release()
-            if reply is not None:
-                return reply
-
-    async def _try_mode(
-        self,
-        request: LLMRequest,
-        schema: JSONObject,
-        messages: list[dict[str, object]],
-        budget: Budget,
-        cap: int,
-    ) -> tuple[Completion, Mode] | None:
-        """One request in the current mode; None when the server refused the mode and the
-        next one is to be tried."""
-        mode = self._mode
-        payload = self._payload(request, messages, mode, schema, cap)
-        can_fall_back = self._auto and mode in _NEXT_MODE
-        try:
-            reply = await self._complete(
-                payload, budget, _refusal_of(mode) if can_fall_back else None,
-                kind=request.task,
-            )
             if self._mode == mode:
                 self._confirmed = True
             return reply, mode
-        except LLMError as exc:
-            failure = exc.__cause__
-            if not (can_fall_back and isinstance(failure, HTTPFailure)
-                    and _refuses(mode, failure)):
-                raise
-            # Concurrent calls may see the same refusal: only the first one moves on.
-            if self._mode == mode:
-                self._mode = _NEXT_MODE[mode]
-                logger.warning(
-                    "%s refused structured output %r (%s); using %r from now on",
-                    self._http.name, mode, failure, self._mode,
-                )
-            if not budget.can_call():
-                raise
-            budget.next_call("retry")
-            return None
 
     async def _complete(
         self,
@@ -470,10 +456,6 @@ def _refuses(mode: Mode, failure: HTTPFailure) -> bool:
     rate-limit and timeout ones, which say nothing about the request.
     """
     return mode in _COMPLAINT_WORDS and failure.names_any(_COMPLAINT_WORDS[mode])
-
-
-def _refusal_of(mode: Mode) -> Callable[[HTTPFailure], bool]:
-    return lambda failure: _refuses(mode, failure)
 
 
 def _was_cut(reply: Completion, finish: str | None, cap: int) -> bool:

@@ -1,46 +1,29 @@
 """`Limit`: how many requests one model server gets at once, adapted to the server it meets;
 `RateGate`: the client-side rate limits (requests and tokens per minute).
 
-A server answers a number of requests at once (llama.cpp's and Ollama's default: one) and
-queues the rest; a queued request's time counts against its timeout all the same. So mnemo
-sends no more at once than the server serves, learned from how it answers (a Vegas-style
-limit, after TCP Vegas and Netflix's concurrency-limits):
+A server answers some requests at once (llama.cpp's and Ollama's default: one) and queues the
+rest, whose time counts against their timeout all the same. So mnemo sends no more at once than
+the server serves, learned from how it answers (a Vegas-style limit, after TCP Vegas and
+Netflix's concurrency-limits):
 
-- Each reply's time is compared with the fastest recent reply of the same kind (the task:
-  "state", "semantic", ...), per unit of work: the tokens it read and wrote, when the server
-  reports them, since a reply twice as long takes about twice as long; and never with more
-  than 1.5 times the fastest of any kind, which a kind first seen under load would take for
-  the server's own speed. A request that had up
-  to n in flight beside it (itself included) and took r times the fastest stood behind about
-  `n * (1 - 1/r)` others in the server's queue. Only a request alone with the server may make
-  the baseline slower (a server that got slower): one that stood in a queue would hide the
-  queue it measures.
-- No queue, and at least half the limit in use (the request went out with that many in
-  flight, or others wait; Netflix VegasLimit's rule): the limit grows, by one a reply until the
-  first sign of a queue (slow start), then by one a round trip. So room is found before a
-  burst larger than the last one needs it, while a limit far above what mnemo sends stays.
-- A queue of two or more (6 log10 n with n in flight, as TCP Vegas: a server answering many at
-  once jitters), or a reply that used half its timeout: the limit drops by one; the first one
-  ends slow start and halves it (slow start grew it by a request a reply while the queue's
-  first replies were on their way, so it overshot by up to that much).
-- A timeout, a 429 or 503, or a connection refused: the limit halves before the request is
-  sent again, and the retry waits for a slot like any other request.
+- Each reply's time per unit of work (the tokens it read and wrote, when reported) is compared
+  with the fastest recent reply of the same kind (the task), and never with more than `SLACK`
+  times the fastest of any kind. A request that had n in flight beside it (itself included) and
+  took r times the fastest stood behind about `n * (1 - 1/r)` others. Only a request alone with
+  the server may make the baseline slower.
+- No queue, and at least half the limit in use: the limit grows, by one a reply until the first
+  sign of a queue (slow start), then by one a round trip.
+- A queue of two or more (6 log10 n with n in flight), or a reply that used half its timeout:
+  the limit drops by one; the first one ends slow start and halves it.
+- A timeout, a 429 or 503, or a refused connection: the limit halves before the retry.
 
-At most one decrease per round trip: replies to requests sent before the last decrease say
-nothing new. The limit stays between 1 and `ceiling` (the adapter's `max_concurrency`); a
-`pinned` limit never moves. A limit starts at `initial` (2 for a server mnemo has not met;
-`Memory` restores what a repo learned of its server, `state` / `restore`).
-
-The limit also learns the server's speed: the seconds a unit of work takes (a reply token,
-`_work`), from each reply's wall time, the server's queue and the prompt included (what a
-request's timeout must cover). A slower reply is learned at once, a faster one over a few
-(`FOLLOW`); a timeout doubles it. `request_time` is the time a request's `max_tokens` needs
-at that speed, `MARGIN` times over; None until a reply was measured
-(`Transport.attempt_timeout` gives a request that time when it is longer than its first
-guess).
-
-Waiting for a slot is mnemo's own queue: it runs under `mnemo.calls.retry.waiting()`, so it never
-counts against a timeout or a task's retry budget.
+At most one decrease per round trip. The limit stays between 1 and `ceiling` (the adapter's
+`max_concurrency`); a `pinned` one never moves; it starts at `initial` (`Memory` restores what
+a repo learned of its server: `state` / `restore`). The limit also learns the server's speed,
+the seconds a reply token takes (`_work`), slower replies at once and faster ones over a few
+(`FOLLOW`), a timeout doubling it: `request_time` is the time a request's `max_tokens` needs at
+that speed, `MARGIN` times over (`Transport.attempt_timeout`). Waiting for a slot runs under
+`mnemo.calls.retry.waiting()`: it counts against no timeout or retry budget.
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
 """`OpenAICompatible`: an `LLM` over the chat-completions protocol (OpenAI, Ollama, vLLM,
 llama.cpp server, and the many hosted services that speak it).
 
-Structured output, when a request has a schema, takes one of three forms (`structured=`):
+Structured output takes one of three forms (`structured=`): "json_schema" (`response_format` of
+that type), "tool" (a function tool whose parameters are the schema, forced with `tool_choice`),
+or "json" (`response_format: {"type": "json_object"}`, the schema and an example written into
+the system prompt). "auto" (the default) starts with "json_schema" and, when the server refuses
+a mode (an error reply naming it, whatever its status), moves on to the next, logs the switch
+and keeps the mode that worked (`structured_mode`). A request's own `tools` go out with its
+`tool_choice`: "required" as is, a tool's name as `{"type": "function", "function": {...}}`.
 
-- "json_schema": `response_format: {"type": "json_schema", ...}` (OpenAI, recent Ollama, vLLM
-  and llama.cpp);
-- "tool": a function tool whose parameters are the schema, forced with `tool_choice`; the
-  reply's tool-call arguments are the data;
-- "json": `response_format: {"type": "json_object"}` with the schema written into the system
-  prompt, for servers that only know JSON mode.
-
-"auto" (the default) starts with "json_schema"; when the server refuses it (an error reply
-about `response_format`, whatever its status: llama-cpp-python's server answers HTTP 500) it
-switches to "tool", and from "tool" to "json" on a refusal of tools, logs the switch, and keeps
-the mode that worked for the rest of the adapter's life (`structured_mode`). A refusal is never
-retried as if it were a server failure.
-
-A request's own `tools` go out as function tools with its `tool_choice`: `"required"` as is, a
-tool's name as `{"type": "function", "function": {"name": ...}}` (the form llama-cpp-python's
-server obeys; llama.cpp's own server obeys only "required").
-
-Every request carries `max_tokens`: the task's own (sized to its schema), at most the adapter's
-`max_tokens`. A reply that stopped there (`finish_reason` "length", or `completion_tokens`
-reaching the cap, for servers that report neither) is incomplete: the error or the log says so.
-
-Whatever the form, the reply's JSON value is passed up as `data` (a fence or prose around it
-tolerated), unchecked: the task reads it into its struct (`mnemo.calls.tasks`) and asks again
-when it cannot use it. A reply cut at its max_tokens is asked again as it was with twice the
-room, up to the adapter's `max_tokens`; one cut with no more room, or with room left (the
-model's context filled), raises `mnemo.calls.tasks.Cut` holding what came. A reply that holds no
-message at all (no `choices`) is garbage the transport retries like a cut body, within the task's
-retry budget (`mnemo.calls.retry`).
+Every request carries `max_tokens`: the task's own, at most the adapter's. The reply's JSON
+value is passed up as `data` unchecked (the task reads it, `mnemo.calls.tasks`). A reply cut at
+its max_tokens is asked again with twice the room, up to the adapter's `max_tokens`; one cut
+with no more room, or with room left (the context filled), raises `mnemo.calls.tasks.Cut`.
 """
 
 from __future__ import annotations

@@ -396,25 +396,18 @@ async def ask(
 ) -> T:
     """Sends `request` and parses the reply, asking again when the reply is unusable.
 
-    `parse` reads the reply (`read_reply` into the task's struct) and raises `ValueError` for
-    one it cannot use: the model is then shown its reply and the problem, and asked again. The
-    task has one budget (`policy`, else the LLM's `retry_policy`; `mnemo.calls.retry`): the
-    transport's retries and the re-asks made here count against it. An exception from the LLM
-    is not retried here: the adapter has already spent what it could.
-
-    A reply cut short (`Cut`) is read for what it holds whole (`salvage`); with nothing whole
-    in it, one cut at its max_tokens is unusable like any other, and one cut with room left
-    (the context filled) is sent again shortened, as a prompt the model's context refused
-    (`LLMContextError`) is: by `shorten` (default `shorter`), at most `MAX_SHRINKS` times. A
-    task that shortens its own inputs passes a `shorten` that returns None, and gets the error.
-
-    `unusable`, when given, is what a reply still unusable once the re-asks are spent stands
-    for (a reward's neutral 0.5), returned with a warning instead of the error.
+    `parse` (`read_reply` into the task's struct) raises `ValueError` for a reply it cannot
+    use: the model is shown its reply and the problem, and asked again, within the task's one
+    budget (`policy`, else the LLM's; `mnemo.calls.retry`). A reply cut short (`Cut`) is read
+    for what it holds whole (`salvage`); else one cut at its max_tokens is unusable like any
+    other, and one cut with room left is sent again shortened, as a prompt the model's context
+    refused (`LLMContextError`) is: by `shorten` (default `shorter`; a task that shortens its
+    own inputs passes one that returns None), at most `MAX_SHRINKS` times. `unusable`, when
+    given, is returned (with a warning) for a reply still unusable once the re-asks are spent.
 
     Raises:
         LLMError: the LLM raised (its exception is the `__cause__`), or the budget ran out on
-            unusable replies (`LLMReplyError`, saying what was wrong with the last one) and no
-            `unusable` was given.
+            unusable replies (`LLMReplyError`) and no `unusable` was given.
     """
     with task_budget(policy or policy_of(llm)) as budget:
         shrinks = 0

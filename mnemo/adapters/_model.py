@@ -5,6 +5,7 @@ schema. A structured reply is not checked here: the adapters pass its JSON value
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping
 
@@ -15,6 +16,8 @@ from mnemo.adapters.limit import Limit, ServerProfile
 from mnemo.calls.retry import Budget
 from mnemo.errors import AdapterError, InvalidInputError, LLMContextError, LLMError
 from mnemo.ports import JSONObject, Usage
+
+logger = logging.getLogger("mnemo.adapters")
 
 # Prices in US dollars per million tokens (input, output), as published by the providers in
 # 2025. A model matches its own name or the longest entry it starts with followed by "-"
@@ -58,6 +61,27 @@ def reply_cap(requested: int | None, ceiling: int) -> int:
 def cut_note(problem: str, max_tokens: int) -> str:
     """`problem`, saying the reply stopped at the token cap (so it is incomplete)."""
     return f"{problem} (the reply was cut short at max_tokens={max_tokens}, so it is incomplete)"
+
+
+def more_room(name: str, task: str, cap: int, ceiling: int, budget: Budget) -> int | None:
+    """The max_tokens (twice `cap`, at most `ceiling`) to ask a reply cut at `cap` again with,
+    as it was (a re-ask would add the cut reply to the prompt), the call marked a retry; None
+    when the adapter allows no more or the budget has no call left."""
+    if cap >= ceiling or not budget.can_call():
+        return None
+    more = min(ceiling, cap * 2)
+    logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again with "
+                   "%d", name, task, cap, more)
+    budget.next_call("retry")
+    return more
+
+
+def warn_cut(name: str, task: str, cap: int | None) -> None:
+    """Logs that a free-text reply stopped before its end: at `cap`, or (None) when the model's
+    context filled."""
+    why = "the model's context filled" if cap is None else f"at max_tokens={cap}"
+    logger.warning("%s: the reply to task %r was cut short %s, so it is incomplete", name, task,
+                   why)
 
 
 def example_of(schema: Mapping[str, object]) -> object:

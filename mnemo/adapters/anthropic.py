@@ -30,8 +30,10 @@ from mnemo.adapters._model import (
     add_usage,
     checked_max_tokens,
     cut_note,
+    more_room,
     reply_cap,
     tool_spec,
+    warn_cut,
 )
 from mnemo.calls.retry import Budget, task_budget
 from mnemo.calls.tasks import Cut, decode_json
@@ -100,11 +102,8 @@ class Anthropic(HTTPModel):
                     force=request.tool_choice if request.tools else None,
                 )
                 if reply.stop_reason == "max_tokens":
-                    logger.warning(
-                        "%s: the reply to task %r was cut short at max_tokens=%d, so it is "
-                        "incomplete", self._http.name, request.task,
-                        reply_cap(request.max_tokens, self.max_tokens),
-                    )
+                    warn_cut(self._http.name, request.task,
+                             reply_cap(request.max_tokens, self.max_tokens))
                 return LLMResponse(
                     text=_text(reply.content), tool_calls=self._tool_calls(reply.content),
                     usage=self._usage(*reply.tokens()),
@@ -133,10 +132,9 @@ class Anthropic(HTTPModel):
             data = next((block.input for block in reply.content
                          if block.type == "tool_use" and block.name == request.task), None)
             if reply.stop_reason == "max_tokens":
-                if cap < self.max_tokens and budget.can_call():
-                    # Asked again as it was, with room for the whole reply.
-                    cap = min(self.max_tokens, cap * 2)
-                    budget.next_call("retry")
+                more = more_room(self._http.name, request.task, cap, self.max_tokens, budget)
+                if more is not None:
+                    cap = more
                     continue
                 raise Cut(f"{self._http.name}: the reply to task {request.task!r} was "
                           f"{cut_note('cut short', cap)}", text=text, data=data, at_cap=True)

@@ -35,8 +35,10 @@ from mnemo.adapters._model import (
     checked_max_tokens,
     cut_note,
     example_of,
+    more_room,
     reply_cap,
     tool_spec,
+    warn_cut,
 )
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget, task_budget, waiting
@@ -172,27 +174,15 @@ class OpenAICompatible(HTTPModel):
             if not at_cap and not (choice.finish_reason in ("length", "tool_calls")
                                    and _is_cut(raw)):
                 return LLMResponse(text=raw, usage=usage)  # no JSON: the task says so
-            more = self._more_room(request.task, cap, at_cap, budget)
+            more = more_room(self._http.name, request.task, cap, self.max_tokens,
+                             budget) if at_cap else None
             if more is None:
                 where = (f"{self._http.name}: the reply to task {request.task!r} was cut short"
                          + ("" if at_cap else f" with room left under max_tokens={cap}: the "
                             "prompt filled the model's context"))
                 raise Cut(f"{where} ({cut_note(problem, cap) if at_cap else problem})",
                           text=raw, at_cap=at_cap)
-            # Asked again as it was (a re-ask would add the cut reply to the prompt), with
-            # room for the whole reply.
             cap = more
-            budget.next_call("retry")
-
-    def _more_room(self, task: str, cap: int, at_cap: bool, budget: Budget) -> int | None:
-        """The larger max_tokens to ask a reply cut at `cap` again with; None when it was not
-        cut at the cap, the adapter allows no more, or the budget has no call left."""
-        if not at_cap or cap >= self.max_tokens or not budget.can_call():
-            return None
-        more = min(self.max_tokens, cap * 2)
-        logger.warning("%s: the reply to task %r was cut short at max_tokens=%d; asking again "
-                       "with %d", self._http.name, task, cap, more)
-        return more
 
     async def _send_structured(
         self,
@@ -274,14 +264,9 @@ class OpenAICompatible(HTTPModel):
         )
         choice = reply.choices[0]
         cap = reply_cap(request.max_tokens, self.max_tokens)
-        if _was_cut(reply, choice.finish_reason, cap):
-            logger.warning(
-                "%s: the reply to task %r was cut short at max_tokens=%d, so it is incomplete",
-                self._http.name, request.task, cap,
-            )
-        elif choice.finish_reason == "length":
-            logger.warning("%s: the reply to task %r was cut short: the model's context filled, "
-                           "so it is incomplete", self._http.name, request.task)
+        at_cap = _was_cut(reply, choice.finish_reason, cap)
+        if at_cap or choice.finish_reason == "length":
+            warn_cut(self._http.name, request.task, cap if at_cap else None)
         return LLMResponse(
             text=choice.message.content or "",
             tool_calls=self._tool_calls(choice.message),

@@ -17,7 +17,6 @@ assistant's tool calls become `tool_use` blocks, and a "tool" message a `tool_re
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Unpack
 
@@ -39,8 +38,6 @@ from mnemo.calls.retry import Budget, task_budget
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import LLMError, LLMTimeout
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
-
-logger = logging.getLogger("mnemo.adapters")
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 ANTHROPIC_VERSION = "2023-06-01"

@@ -83,10 +83,11 @@ class OpenAIEmbedder(HTTPModel):
         if encoding_format not in ("base64", "float"):
             raise InvalidInputError(
                 f"encoding_format must be 'base64' or 'float', got {encoding_format!r}")
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 1):
-            raise InvalidInputError(f"dim must be a positive integer or None, got {dim!r}")
         if batch_size < 1:
             raise InvalidInputError(f"batch_size must be >= 1, got {batch_size!r}")
+        self._dim: int | None = None
+        if dim is not None:
+            self.dim = dim
         options.setdefault("max_concurrency", 4)
         super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
                          provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
@@ -94,7 +95,6 @@ class OpenAIEmbedder(HTTPModel):
         # The URI that `mnemo.embedder_from_uri` builds this from again (a repo records it).
         self.name = f"openai:{model}" + (
             "" if self.base_url == OPENAI_BASE_URL else f"@{self.base_url}")
-        self._dim = dim
         self._batch_size = batch_size
         self._encoding: Encoding = encoding_format
 

@@ -281,7 +281,10 @@ class Transport(Closing):
         budget = budget if budget is not None else Budget(self.retry_policy)
         if not budget.can_call():
             raise self._error(f"{self.name}: no call left in {budget.describe()}")
-        body = _encode(payload)
+        try:  # msgspec: a twentieth of `json.dumps`'s time
+            body = _ENCODER.encode(payload)
+        except msgspec.EncodeError as exc:
+            raise TypeError(str(exc)) from exc
         estimate = max(1, len(body) // CHARS_PER_TOKEN)
         # The reply's cap, as the chat providers name it (embeddings have none).
         cap = payload.get("max_tokens", payload.get("max_completion_tokens"))
@@ -433,32 +436,16 @@ class Transport(Closing):
         self, failed: _Retryable, attempts: int, budget: Budget, *, beyond: str | None = None
     ) -> AdapterError:
         error = self._timeout_error if failed.timed_out else self._error
-        wait = (
-            "" if failed.retry_after is None
-            else f"; the provider asked to wait {failed.retry_after:g} s (Retry-After)"
-            + ("" if beyond is None else f", past {beyond}")
-        )
-        return error(
-            f"{self.name} failed after {attempts} attempts: {failed.problem} "
-            f"({budget.describe()}{wait})"
-        )
+        wait = "" if failed.retry_after is None else (
+            f"; the provider asked to wait {failed.retry_after:g} s (Retry-After)"
+            + ("" if beyond is None else f", past {beyond}"))
+        return error(f"{self.name} failed after {attempts} attempts: {failed.problem} "
+                     f"({budget.describe()}{wait})")
 
 
 _JSON_HEADERS = {"content-type": "application/json"}
 _HTTPX_LOG = logging.getLogger("httpx")
 _ENCODER = msgspec.json.Encoder()
-
-
-def _encode(payload: Mapping[str, object]) -> bytes:
-    """`payload` as compact JSON in UTF-8 (msgspec: a twentieth of `json.dumps`'s time).
-
-    Raises:
-        TypeError: a value JSON cannot hold.
-    """
-    try:
-        return _ENCODER.encode(payload)
-    except msgspec.EncodeError as exc:
-        raise TypeError(str(exc)) from exc
 
 
 def _decode(content: bytes, reply: type[R]) -> R:

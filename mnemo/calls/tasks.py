@@ -514,15 +514,12 @@ def shorter(request: LLMRequest) -> LLMRequest | None:
         holder[key] = f"{text[: keep // 2]} … {text[len(text) - keep // 2:]}"
         total -= len(text) - len(holder[key])
     content = request.messages[-1].get("content") if request.messages else None
-    if not isinstance(content, str) or INPUT_MARKER not in content:
-        return None
-    head = content.rsplit(INPUT_MARKER, 1)[0]
+    head, marker, before = (content if isinstance(content, str) else "").rpartition(INPUT_MARKER)
     body = json.dumps(inputs, ensure_ascii=False)
-    if len(body) >= len(content.rsplit(INPUT_MARKER, 1)[1]):
+    if not marker or len(body) >= len(before):
         return None
-    messages = [*request.messages[:-1], {**request.messages[-1],
-                                         "content": head + INPUT_MARKER + body}]
-    return replace(request, messages=messages)
+    return replace(request, messages=[*request.messages[:-1], {
+        **request.messages[-1], "content": head + marker + body}])
 
 
 def _texts(value: Any) -> Iterator[tuple[Any, Any, str]]:

@@ -151,8 +151,8 @@ def read_reply(response: LLMResponse, kind: type[R], task: str) -> R:
 
 
 def reply_data(response: LLMResponse, *, strict: bool = False) -> object:
-    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`
-    (an LLM of one's own may answer in text); None when neither holds one.
+    """A structured reply's JSON value: its `data`, else its `text` read by `decode_json`;
+    None when neither holds one.
 
     Raises:
         ValueError: (`strict` only) saying why the text holds no JSON value.
@@ -179,19 +179,15 @@ _DECODER = msgspec.json.Decoder()
 
 
 def decode_json(text: str) -> object:
-    """The JSON value in a model's reply text.
-
-    Accepts the bare value, the value in a Markdown code fence, or prose around one object, and
-    raw control characters (a newline, a tab) inside strings, which small local models write
-    and strict JSON forbids.
+    """The JSON value in a model's reply text: bare, in a Markdown code fence, or one object
+    with prose around it; raw control characters inside strings (small models write them) are
+    taken.
 
     Raises:
         ValueError: saying why no JSON value could be read.
     """
-    stripped = text.strip()
-    fenced = _FENCE.match(stripped)
-    if fenced:
-        stripped = fenced.group(1).strip()
+    fenced = _FENCE.match(text.strip())
+    stripped = fenced.group(1).strip() if fenced else text.strip()
     if not stripped:
         raise ValueError("the reply is empty, expected a JSON object")
     try:

@@ -45,8 +45,7 @@ from mnemo.inputs import check_count
 
 logger = logging.getLogger("mnemo.adapters")
 
-# Statuses worth another attempt: the server timed out, hit a conflict, rate-limited us, or
-# failed. Every other 4xx means the request itself is wrong; sending it again cannot help.
+# Statuses worth another attempt (and 5xx); any other 4xx says the request itself is wrong.
 RETRY_STATUSES = frozenset({408, 409, 429})
 # One attempt's seconds when the adapter sets none and the work it serves has no longer
 # deadline: the first guess, until the server's speed is measured; the most the measure gives.
@@ -60,14 +59,23 @@ CHARS_PER_TOKEN = 4
 
 
 class WireReply(Protocol):
-    """A provider's reply as an adapter reads it: a msgspec struct of the fields it uses."""
+    """A provider's reply as an adapter reads it: a msgspec struct of the fields it uses, and
+    the (input, output) tokens it says it used."""
 
-    def tokens(self) -> Tokens:
-        """The (input, output) tokens the reply says it used."""
-        ...
+    def tokens(self) -> Tokens: ...
 
 
 R = TypeVar("R", bound=WireReply)
+
+
+class Counts(msgspec.Struct):
+    """A reply's token counts, under each provider's names."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
 
 
 # What servers say when a prompt does not fit the model's context (llama.cpp, vLLM, OpenAI,
@@ -77,11 +85,8 @@ _CONTEXT_WORDS = ("context size", "context length", "context window", "exceed_co
 
 
 class HTTPFailure(Exception):
-    """A provider's HTTP error reply: `status` and the error `message` from its body.
-
-    It is the `__cause__` of the `AdapterError` a `Transport` raises, so an adapter can react to
-    a given status (the OpenAI adapter's structured-output fallback does).
-    """
+    """A provider's HTTP error reply: `status` and the error `message` from its body; the
+    `__cause__` of the `AdapterError` a `Transport` raises, for an adapter to react to."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status} {_reason(status)}: {message}")

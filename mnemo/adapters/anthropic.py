@@ -22,7 +22,7 @@ from typing import Unpack
 
 import msgspec
 
-from mnemo.adapters._http import HTTPOptions, Tokens
+from mnemo.adapters._http import Counts, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
@@ -196,21 +196,16 @@ class _Block(msgspec.Struct):
     input: object = None
 
 
-class _Counts(msgspec.Struct):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-
-
 class Message(msgspec.Struct):
     """A Messages API reply: its content blocks (a reply without a list of them is garbage,
     which the transport retries), why it stopped, and the tokens it used."""
 
     content: list[_Block]
     stop_reason: str | None = None
-    usage: _Counts | None = None
+    usage: Counts | None = None
 
     def tokens(self) -> Tokens:
-        counts = self.usage or _Counts()
+        counts = self.usage or Counts()
         return counts.input_tokens, counts.output_tokens
 
 

@@ -29,7 +29,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from mnemo.adapters._http import HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import HTTPModel
 from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget
@@ -281,19 +281,14 @@ class _Vector(msgspec.Struct):
     index: int | None = None
 
 
-class _Counts(msgspec.Struct):
-    prompt_tokens: int | None = None
-    total_tokens: int | None = None
-
-
 class Embeddings(msgspec.Struct):
     """An embeddings reply: its vectors (a reply without a list of them is garbage, which the
     transport retries) and the tokens it read."""
 
     data: list[_Vector]
-    usage: _Counts | None = None
+    usage: Counts | None = None
 
     def tokens(self) -> Tokens:
-        counts = self.usage or _Counts()
+        counts = self.usage or Counts()
         total = counts.prompt_tokens if counts.total_tokens is None else counts.total_tokens
         return total, 0

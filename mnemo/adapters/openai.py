@@ -27,7 +27,7 @@ import anyio
 import httpx
 import msgspec
 
-from mnemo.adapters._http import HTTPFailure, HTTPOptions, Tokens
+from mnemo.adapters._http import Counts, HTTPFailure, HTTPOptions, Tokens
 from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
@@ -358,20 +358,15 @@ class _Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
-class _Counts(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
 class Completion(msgspec.Struct):
     """A chat completion: its first choice's message (a reply without one is garbage, which
     the transport retries) and the tokens it used."""
 
     choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
-    usage: _Counts | None = None
+    usage: Counts | None = None
 
     def tokens(self) -> Tokens:
-        counts = self.usage or _Counts()
+        counts = self.usage or Counts()
         return counts.prompt_tokens, counts.completion_tokens
 
 

@@ -42,17 +42,6 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 DEFAULT_MAX_TOKENS = 4096
 
 
-def checked_max_tokens(value: int) -> int:
-    """`value`, an adapter's `max_tokens`.
-
-    Raises:
-        InvalidInputError: it is not an integer >= 1.
-    """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"max_tokens must be an integer >= 1, got {value!r}")
-    return value
-
-
 def reply_cap(requested: int | None, ceiling: int) -> int:
     """The `max_tokens` to send: the request's own, at most the adapter's `ceiling`."""
     return ceiling if requested is None else max(1, min(requested, ceiling))
@@ -153,18 +142,6 @@ def price_of(model: str, prices: Mapping[str, tuple[float, float]]) -> tuple[flo
     return prices[max(matches, key=len)] if matches else None
 
 
-def usage_of(
-    input_tokens: object, output_tokens: object, price: tuple[float, float] | None
-) -> Usage | None:
-    """A `Usage` from a reply's token counts (None when the reply gave none), priced if known."""
-    if not isinstance(input_tokens, int) and not isinstance(output_tokens, int):
-        return None
-    inp = input_tokens if isinstance(input_tokens, int) else 0
-    out = output_tokens if isinstance(output_tokens, int) else 0
-    cost = None if price is None else (inp * price[0] + out * price[1]) / 1_000_000
-    return Usage(inp, out, cost)
-
-
 def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
     """`total + more`, where None means "not reported"."""
     if total is None:
@@ -239,10 +216,13 @@ class HTTPModel(Closing):
             self._http.limit.restore(stored.concurrency)
 
     def _usage(self, input_tokens: int | None, output_tokens: int | None) -> Usage | None:
-        """A reply's usage, priced, and added to `total_usage`; None when it reported none."""
-        usage = usage_of(input_tokens, output_tokens, self._price)
-        if usage is not None:
-            self.total_usage += usage
+        """A reply's usage, priced if known, and added to `total_usage`; None when it reported
+        none."""
+        if input_tokens is None and output_tokens is None:
+            return None
+        inp, out, price = input_tokens or 0, output_tokens or 0, self._price
+        usage = Usage(inp, out, None if price is None else (inp * price[0] + out * price[1]) / 1e6)
+        self.total_usage += usage
         return usage
 
     async def _post(self, path: str, payload: Mapping[str, object], reply: type[R], *,

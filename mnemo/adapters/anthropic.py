@@ -27,7 +27,6 @@ from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
     add_usage,
-    checked_max_tokens,
     cut_note,
     more_room,
     reply_cap,
@@ -37,6 +36,7 @@ from mnemo.adapters._model import (
 from mnemo.calls.retry import Budget, task_budget
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import LLMError, LLMTimeout
+from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
@@ -68,7 +68,7 @@ class Anthropic(HTTPModel):
         temperature: float | None = 0.0,
         **options: Unpack[HTTPOptions],
     ) -> None:
-        self.max_tokens = checked_max_tokens(max_tokens)
+        self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
         super().__init__(model, base_url, api_key, prices, options, provider="Anthropic",
                          provider_url=ANTHROPIC_BASE_URL, key_variable="ANTHROPIC_API_KEY",
                          error=LLMError, timeout_error=LLMTimeout)

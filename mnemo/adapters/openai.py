@@ -32,7 +32,6 @@ from mnemo.adapters._model import (
     DEFAULT_MAX_TOKENS,
     HTTPModel,
     add_usage,
-    checked_max_tokens,
     cut_note,
     example_of,
     more_room,
@@ -44,6 +43,7 @@ from mnemo.adapters.limit import ServerProfile
 from mnemo.calls.retry import Budget, task_budget, waiting
 from mnemo.calls.tasks import Cut, decode_json
 from mnemo.errors import InvalidInputError, LLMContextError, LLMError, LLMTimeout
+from mnemo.inputs import check_count
 from mnemo.ports import REQUIRED, JSONObject, LLMRequest, LLMResponse, ToolCall, Usage
 
 Structured = Literal["auto", "json_schema", "tool", "json"]
@@ -98,7 +98,7 @@ class OpenAICompatible(HTTPModel):
             raise InvalidInputError(
                 f"structured must be one of {get_args(Structured)}, got {structured!r}"
             )
-        self.max_tokens = checked_max_tokens(max_tokens)
+        self.max_tokens = check_count("max_tokens", max_tokens, minimum=1)
         super().__init__(model, base_url, api_key, prices, options, provider="OpenAI",
                          provider_url=OPENAI_BASE_URL, key_variable="OPENAI_API_KEY",
                          error=LLMError, timeout_error=LLMTimeout)

@@ -21,16 +21,13 @@ shows in `Usage` (so in `Memory.usage()`):
 | `max_re_asks` | 1 | an unusable reply after that many re-asks is raised ("re-ask once") |
 | `max_seconds` | 120 (or longer: *) | no call starts and no wait begins that would end past it |
 
-(*) Unset, a task may take as long as the work it serves has left (`fail_after`) when that is
-longer than 120 s.
+(*) Unset, a task may take as long as the work it serves has left (`fail_after`), if longer.
 
-A `Retry-After` is waited in full (a retry is never sent before the server allows it), so one
-past the seconds left, or past `Backoff.max_retry_after`, fails at once. Each HTTP attempt's
-timeout is cut to the seconds left. A single call of an LLM without a transport is not cut short
-(the caller's own `fail_after` bounds it); the budget is checked before each further call.
-Layers share the budget through a context variable: `ask` opens it, and the adapter's `generate`
-(and `LimitedLLM`) join it, so no layer multiplies another. The policy comes from the LLM
-(`retry_policy`, which every adapter has), else `RetryPolicy()`.
+A `Retry-After` is waited in full, so one past the seconds left, or past
+`Backoff.max_retry_after`, fails at once; each HTTP attempt's timeout is cut to the seconds
+left. Layers share the budget through a context variable (`task_budget`): `ask` opens it, and
+the adapter's `generate` (and `LimitedLLM`) join it, so no layer multiplies another. The policy
+comes from the LLM (`retry_policy`, which every adapter has), else `RetryPolicy()`.
 
 A call may wait inside mnemo before it is sent: for a slot of the adapter's concurrency limit,
 of the repo's `Config.llm_concurrency`, or of a client-side rate limit. That wait is mnemo's
@@ -378,10 +375,9 @@ def task_budget(policy: RetryPolicy) -> Iterator[Budget]:
 
 class LimitedLLM:
     """An LLM whose calls each wait for a slot of its provider's limiter
-    (`Config.llm_concurrency`), and whose replies' usage goes to `meter`, with the calls
-    (retries and re-asks among them) each `generate` charged to its task's budget; each
-    `generate` runs inside `calling()`, when given (who waits on the calls sees them under
-    way)."""
+    (`Config.llm_concurrency`), whose usage (the calls, retries and re-asks each `generate`
+    charged to its task's budget, and the replies' tokens) goes to `meter`, and whose
+    `generate` runs inside `calling()`, when given."""
 
     def __init__(
         self,

@@ -139,19 +139,12 @@ class ServerProfile(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Limit:
-    """The adaptive concurrency limit of one server (see the module doc).
-
-    Raises:
-        ValueError: `ceiling` below 1, or `pinned` outside 1..`ceiling`.
-    """
+    """The adaptive concurrency limit of one server (see the module doc): at most `ceiling`
+    (>= 1), `pinned` (within 1..`ceiling`, as `Transport` checks) when given."""
 
     def __init__(self, ceiling: int, *, pinned: int | None = None,
                  initial: int | None = None,
                  clock: Callable[[], float] = anyio.current_time) -> None:
-        if ceiling < 1:
-            raise ValueError(f"ceiling must be >= 1, got {ceiling}")
-        if pinned is not None and not 1 <= pinned <= ceiling:
-            raise ValueError(f"pinned must be within 1..{ceiling}, got {pinned}")
         self.ceiling = ceiling
         self.pinned = pinned
         self._clock = clock

@@ -188,6 +188,7 @@ class Transport(Closing):
 
     Raises:
         InvalidInputError: a bad limit or retry policy.
+        TypeError: a keyword `HTTPOptions` does not name.
     """
 
     def __init__(
@@ -200,6 +201,9 @@ class Transport(Closing):
         headers: Mapping[str, str] | None = None,
         **options: Unpack[HTTPOptions],
     ) -> None:
+        unknown = sorted(set(options) - HTTPOptions.__optional_keys__)
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
         timeout = options.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not (
                 isinstance(timeout, int | float) and timeout > 0)):
